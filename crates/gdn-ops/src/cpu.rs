@@ -1,0 +1,139 @@
+//! The reference recurrence on the CPU: one pass over time per state row, rows in parallel.
+//!
+//! Every row `S[b, hv, dv, :]` of the state evolves independently (its memory read uses
+//! only itself), so rows are the unit of parallelism and each keeps its `Dk` values in a
+//! local f32 buffer for the whole time loop, like a GPU lane's registers.
+
+use super::GdnDims;
+use anyhow::Result;
+use candle_core::{CpuStorage, DType, InplaceOp1, Layout, Tensor};
+use half::bf16;
+use rayon::prelude::*;
+use std::sync::Mutex;
+
+fn to_f32_vec(t: &Tensor) -> Result<Vec<f32>> {
+    Ok(t.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?)
+}
+
+pub(crate) fn gated_delta_update(
+    dims: GdnDims,
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    g: &Tensor,
+    beta: &Tensor,
+    state: &Tensor,
+) -> Result<Tensor> {
+    let op = Recurrence {
+        dims,
+        q: to_f32_vec(q)?,
+        k: to_f32_vec(k)?,
+        v: to_f32_vec(v)?,
+        g: to_f32_vec(g)?,
+        beta: to_f32_vec(beta)?,
+        y: Mutex::new(vec![]),
+    };
+    state.inplace_op1(&op)?;
+    let y = op.y.into_inner().expect("no other holder of the output lock");
+    let shape = (dims.batch, dims.steps, dims.value_heads, dims.value_dim);
+    Ok(Tensor::from_vec(y, shape, q.device())?.to_dtype(q.dtype())?)
+}
+
+struct Recurrence {
+    dims: GdnDims,
+    q: Vec<f32>,
+    k: Vec<f32>,
+    v: Vec<f32>,
+    g: Vec<f32>,
+    beta: Vec<f32>,
+    /// Filled by the op: `y` as `[B, T, Hv, Dv]`.
+    y: Mutex<Vec<f32>>,
+}
+
+/// How the state is stored between calls.
+trait StateElem: Copy + Send + Sync {
+    fn load(self) -> f32;
+    fn store(x: f32) -> Self;
+}
+
+impl StateElem for f32 {
+    fn load(self) -> f32 {
+        self
+    }
+    fn store(x: f32) -> Self {
+        x
+    }
+}
+
+impl StateElem for bf16 {
+    fn load(self) -> f32 {
+        self.to_f32()
+    }
+    fn store(x: f32) -> Self {
+        bf16::from_f32(x)
+    }
+}
+
+impl Recurrence {
+    fn run<S: StateElem>(&self, state: &mut [S]) {
+        let d = self.dims;
+        let (t_len, dk, dv, hv_n) = (d.steps, d.key_dim, d.value_dim, d.value_heads);
+        let group = d.value_heads / d.key_heads;
+        // Per-row outputs `[rows, T]`, transposed into `[B, T, Hv, Dv]` afterwards.
+        let mut y_rows = vec![0f32; state.len() / dk * t_len];
+        state.par_chunks_mut(dk).zip(y_rows.par_chunks_mut(t_len.max(1))).enumerate().for_each(|(row, (s_row, y))| {
+            let (b, hv, dv_i) = (row / (hv_n * dv), (row / dv) % hv_n, row % dv);
+            let hk = hv / group;
+            let mut s: Vec<f32> = s_row.iter().map(|x| x.load()).collect();
+            for t in 0..t_len {
+                let qk_at = ((b * t_len + t) * d.key_heads + hk) * dk;
+                let (q, k) = (&self.q[qk_at..qk_at + dk], &self.k[qk_at..qk_at + dk]);
+                let gate_at = (b * t_len + t) * hv_n + hv;
+                let (g, beta) = (self.g[gate_at], self.beta[gate_at]);
+                let v = self.v[gate_at * dv + dv_i];
+                // Decay and memory read in one pass over the decayed state.
+                let mut acc = [0f32; 8];
+                for (j, (sj, kj)) in s.iter_mut().zip(k).enumerate() {
+                    *sj *= g;
+                    acc[j % 8] += *sj * kj;
+                }
+                let delta = (v - acc.iter().sum::<f32>()) * beta;
+                let mut out = [0f32; 8];
+                for (j, ((sj, kj), qj)) in s.iter_mut().zip(k).zip(q).enumerate() {
+                    *sj += kj * delta;
+                    out[j % 8] += *sj * qj;
+                }
+                y[t] = out.iter().sum();
+            }
+            for (dst, x) in s_row.iter_mut().zip(&s) {
+                *dst = S::store(*x);
+            }
+        });
+        let mut y = vec![0f32; y_rows.len()];
+        for (row, ys) in y_rows.chunks_exact(t_len.max(1)).enumerate() {
+            let (b, hv, dv_i) = (row / (hv_n * dv), (row / dv) % hv_n, row % dv);
+            for (t, &val) in ys.iter().enumerate().take(t_len) {
+                y[((b * t_len + t) * hv_n + hv) * dv + dv_i] = val;
+            }
+        }
+        *self.y.lock().expect("output lock") = y;
+    }
+}
+
+impl InplaceOp1 for Recurrence {
+    fn name(&self) -> &'static str {
+        "gated-delta-update"
+    }
+
+    fn cpu_fwd(&self, storage: &mut CpuStorage, layout: &Layout) -> candle_core::Result<()> {
+        let Some((start, end)) = layout.contiguous_offsets() else {
+            candle_core::bail!("gated_delta_update: the state must be contiguous")
+        };
+        match storage {
+            CpuStorage::F32(data) => self.run(&mut data[start..end]),
+            CpuStorage::BF16(data) => self.run(&mut data[start..end]),
+            _ => candle_core::bail!("gated_delta_update: the state must be f32 or bf16"),
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,76 @@
+//! Custom ops for qwen-gdn: the fused gated-delta recurrence of Gated DeltaNet layers.
+//!
+//! [`gated_delta_update`] is the single entry point. It dispatches on the device of the
+//! state; the CPU implementation in [`cpu`] is the reference every faster path is tested
+//! against.
+
+pub mod cpu;
+
+use anyhow::{bail, ensure, Result};
+use candle_core::{DType, Device, Tensor};
+
+/// Storage dtype of the GDN recurrent state. fp32 is the default: writing the state back in
+/// bf16 every step is what made Qwen3.5 output incoherent elsewhere.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum StateDtype {
+    #[default]
+    F32,
+    Bf16,
+}
+
+impl StateDtype {
+    pub fn dtype(self) -> DType {
+        match self {
+            Self::F32 => DType::F32,
+            Self::Bf16 => DType::BF16,
+        }
+    }
+}
+
+/// Shapes of one gated-delta call, read off its inputs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GdnDims {
+    pub batch: usize,
+    pub steps: usize,
+    pub key_heads: usize,
+    pub value_heads: usize,
+    pub key_dim: usize,
+    pub value_dim: usize,
+}
+
+impl GdnDims {
+    fn of(q: &Tensor, k: &Tensor, v: &Tensor, g: &Tensor, beta: &Tensor, state: &Tensor) -> Result<Self> {
+        let (batch, steps, key_heads, key_dim) = q.dims4()?;
+        let (_, _, value_heads, value_dim) = v.dims4()?;
+        let d = Self { batch, steps, key_heads, value_heads, key_dim, value_dim };
+        ensure!(k.dims() == q.dims(), "gated_delta_update: k {:?} must match q {:?}", k.dims(), q.dims());
+        ensure!(v.dims()[..2] == [batch, steps], "gated_delta_update: v {:?} does not match q {:?}", v.dims(), q.dims());
+        ensure!(value_heads % key_heads == 0, "gated_delta_update: {value_heads} value heads not a multiple of {key_heads} key heads");
+        for (name, t) in [("g", g), ("beta", beta)] {
+            ensure!(t.dims() == [batch, steps, value_heads], "gated_delta_update: {name} {:?}, expected {:?}", t.dims(), [batch, steps, value_heads]);
+        }
+        ensure!(
+            state.dims() == [batch, value_heads, value_dim, key_dim],
+            "gated_delta_update: state {:?}, expected {:?}",
+            state.dims(),
+            [batch, value_heads, value_dim, key_dim]
+        );
+        Ok(d)
+    }
+}
+
+/// Advances `state` `[B, Hv, Dv, Dk]` in place over `T` tokens and returns `y`
+/// `[B, T, Hv, Dv]` in q's dtype.
+///
+/// Inputs: `q`, `k` `[B, T, Hk, Dk]` (already L2-normalised, q scaled by 1/√Dk), `v`
+/// `[B, T, Hv, Dv]`, decay `g` and `beta` `[B, T, Hv]`. Value head `hv` uses key head
+/// `hv / (Hv / Hk)`. Per token, in mlx-lm's order: `S ← g·S`; `kv = S·k`;
+/// `δ = (v − kv)·β`; `S ← S + δ⊗k`; `y = S·q`. Arithmetic is f32; the state is read
+/// once and written once per call in its own dtype (f32, or bf16 when opted in).
+pub fn gated_delta_update(q: &Tensor, k: &Tensor, v: &Tensor, g: &Tensor, beta: &Tensor, state: &Tensor) -> Result<Tensor> {
+    let dims = GdnDims::of(q, k, v, g, beta, state)?;
+    match state.device() {
+        Device::Cpu => cpu::gated_delta_update(dims, q, k, v, g, beta, state),
+        other => bail!("gated_delta_update: no kernel for device {other:?} yet"),
+    }
+}

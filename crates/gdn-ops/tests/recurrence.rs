@@ -1,0 +1,113 @@
+//! The fused CPU recurrence against a direct transcription of the update in f64, over
+//! shapes that exercise GQA, batches, several steps and state carried across calls.
+
+use candle_core::{DType, Device, Tensor};
+use gdn_ops::gated_delta_update;
+
+struct Case {
+    b: usize,
+    t: usize,
+    hk: usize,
+    hv: usize,
+    dk: usize,
+    dv: usize,
+}
+
+fn pseudo_random(n: usize, seed: u64, lo: f32, hi: f32) -> Vec<f32> {
+    let mut x = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+    (0..n)
+        .map(|_| {
+            x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            lo + (hi - lo) * ((x >> 40) as f32 / (1u64 << 24) as f32)
+        })
+        .collect()
+}
+
+/// S ← gS; kv = Sk; δ = (v − kv)β; S ← S + δkᵀ; y = Sq — written as plainly as possible.
+#[allow(clippy::too_many_arguments)]
+fn naive(c: &Case, q: &[f32], k: &[f32], v: &[f32], g: &[f32], beta: &[f32], state: &mut [f64]) -> Vec<f64> {
+    let mut y = vec![0f64; c.b * c.t * c.hv * c.dv];
+    for b in 0..c.b {
+        for hv in 0..c.hv {
+            let hk = hv / (c.hv / c.hk);
+            for t in 0..c.t {
+                let qk = |i: usize| ((b * c.t + t) * c.hk + hk) * c.dk + i;
+                let gi = (b * c.t + t) * c.hv + hv;
+                let s = |d: usize, j: usize| ((b * c.hv + hv) * c.dv + d) * c.dk + j;
+                for d in 0..c.dv {
+                    for j in 0..c.dk {
+                        state[s(d, j)] *= g[gi] as f64;
+                    }
+                }
+                for d in 0..c.dv {
+                    let kv: f64 = (0..c.dk).map(|j| state[s(d, j)] * k[qk(j)] as f64).sum();
+                    let delta = (v[gi * c.dv + d] as f64 - kv) * beta[gi] as f64;
+                    for j in 0..c.dk {
+                        state[s(d, j)] += delta * k[qk(j)] as f64;
+                    }
+                    y[gi * c.dv + d] = (0..c.dk).map(|j| state[s(d, j)] * q[qk(j)] as f64).sum();
+                }
+            }
+        }
+    }
+    y
+}
+
+fn check(c: Case, calls: usize) {
+    let dev = Device::Cpu;
+    let state_len = c.b * c.hv * c.dv * c.dk;
+    let mut want_state = vec![0f64; state_len];
+    let state = Tensor::zeros((c.b, c.hv, c.dv, c.dk), DType::F32, &dev).unwrap();
+    for call in 0..calls {
+        let seed = call as u64 * 10;
+        let qk_n = c.b * c.t * c.hk * c.dk;
+        let (q, k) = (pseudo_random(qk_n, seed + 1, -0.3, 0.3), pseudo_random(qk_n, seed + 2, -0.3, 0.3));
+        let v = pseudo_random(c.b * c.t * c.hv * c.dv, seed + 3, -1.0, 1.0);
+        let g = pseudo_random(c.b * c.t * c.hv, seed + 4, 0.5, 1.0);
+        let beta = pseudo_random(c.b * c.t * c.hv, seed + 5, 0.0, 1.0);
+        let want_y = naive(&c, &q, &k, &v, &g, &beta, &mut want_state);
+        let t = |x: &[f32], s: &[usize]| Tensor::from_slice(x, s, &dev).unwrap();
+        let y = gated_delta_update(
+            &t(&q, &[c.b, c.t, c.hk, c.dk]),
+            &t(&k, &[c.b, c.t, c.hk, c.dk]),
+            &t(&v, &[c.b, c.t, c.hv, c.dv]),
+            &t(&g, &[c.b, c.t, c.hv]),
+            &t(&beta, &[c.b, c.t, c.hv]),
+            &state,
+        )
+        .unwrap();
+        let y = y.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+        let got_state = state.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+        let max_err = |a: &[f32], b: &[f64]| a.iter().zip(b).map(|(x, y)| (*x as f64 - y).abs()).fold(0.0, f64::max);
+        assert!(max_err(&y, &want_y) < 1e-5, "y differs by {}", max_err(&y, &want_y));
+        assert!(max_err(&got_state, &want_state) < 1e-5, "state differs by {}", max_err(&got_state, &want_state));
+    }
+}
+
+#[test]
+fn decode_steps_with_gqa() {
+    check(Case { b: 1, t: 1, hk: 2, hv: 4, dk: 32, dv: 16 }, 5);
+}
+
+#[test]
+fn prefill_chunks_batched() {
+    check(Case { b: 2, t: 7, hk: 1, hv: 3, dk: 40, dv: 8 }, 2);
+}
+
+#[test]
+fn bf16_state_is_rounded_once_per_call() {
+    let dev = Device::Cpu;
+    let (q, k) = (Tensor::ones((1, 3, 1, 8), DType::F32, &dev).unwrap(), Tensor::ones((1, 3, 1, 8), DType::F32, &dev).unwrap());
+    let v = Tensor::full(1.0f32 / 3.0, (1, 3, 1, 2), &dev).unwrap();
+    let g = Tensor::ones((1, 3, 1), DType::F32, &dev).unwrap();
+    let beta = Tensor::full(0.01f32, (1, 3, 1), &dev).unwrap();
+    let s32 = Tensor::zeros((1, 1, 2, 8), DType::F32, &dev).unwrap();
+    let s16 = Tensor::zeros((1, 1, 2, 8), DType::BF16, &dev).unwrap();
+    gated_delta_update(&q, &k, &v, &g, &beta, &s32).unwrap();
+    gated_delta_update(&q, &k, &v, &g, &beta, &s16).unwrap();
+    let a = s32.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+    let b = s16.to_dtype(DType::F32).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap();
+    for (x, y) in a.iter().zip(&b) {
+        assert_eq!(half::bf16::from_f32(*x).to_f32(), *y, "bf16 state must be the f32 result rounded once");
+    }
+}

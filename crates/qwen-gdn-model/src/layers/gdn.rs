@@ -1,0 +1,169 @@
+//! Gated DeltaNet linear attention (mlx-lm-reference.md §3.1–3.5).
+//!
+//! ```text
+//! [q k v | z | b | a] = in_proj(x)
+//! q, k, v  = silu(causal_depthwise_conv([conv_state; qkv]))
+//! q = rms(q)/Dk,  k = rms(k)/√Dk            (L2 norm, attention scale folded into q)
+//! β = sigmoid(b),  g = exp(−exp(A_log) · softplus(a + dt_bias))
+//! y = gated_delta_update(q, k, v, g, β, state)        (state advanced in place)
+//! out = out_proj(rms_norm(y) · w · silu(z))
+//! ```
+//! Both families reach the same `[q k v | z | b | a]` projection: Qwen3-Next's per-key-head
+//! interleaved `in_proj_qkvz` / `in_proj_ba` rows are permuted at load (lossless, also for
+//! quantized weights), Qwen3.5's separate projections are stacked.
+
+use super::linear::{FusedLinear, Linear};
+use super::norm::{scaled_rms, GatedRmsNorm, RmsNorm};
+use crate::cache::GdnCache;
+use crate::config::Family;
+use crate::weights::Checkpoint;
+use crate::{Config, StateDtype};
+use anyhow::Result;
+use candle_core::{DType, Device, Tensor, D};
+
+#[derive(Debug, Clone)]
+pub struct GatedDeltaNet {
+    in_proj: FusedLinear,
+    /// `[conv_dim, K]`.
+    conv_weight: Tensor,
+    a_log_exp: Tensor,
+    dt_bias: Tensor,
+    norm: GatedRmsNorm,
+    out_proj: Linear,
+    key_heads: usize,
+    value_heads: usize,
+    key_dim: usize,
+    value_dim: usize,
+    kernel: usize,
+    state_dtype: StateDtype,
+}
+
+/// Row order that turns Qwen3-Next's per-key-head groups
+/// `[q_j | k_j | v_j (r·Dv) | z_j (r·Dv)]` into `[all q | all k | all v | all z]`.
+fn qkvz_rows(hk: usize, dk: usize, r_dv: usize) -> Vec<usize> {
+    let group = 2 * dk + 2 * r_dv;
+    let pieces = [(0, dk), (dk, dk), (2 * dk, r_dv), (2 * dk + r_dv, r_dv)];
+    pieces
+        .iter()
+        .flat_map(|&(start, len)| (0..hk).flat_map(move |j| (0..len).map(move |i| j * group + start + i)))
+        .collect()
+}
+
+/// Row order that turns per-key-head `[b_j (r) | a_j (r)]` into `[all b | all a]`.
+fn ba_rows(hk: usize, r: usize) -> Vec<usize> {
+    [0, r].iter().flat_map(|&start| (0..hk).flat_map(move |j| (0..r).map(move |i| j * 2 * r + start + i))).collect()
+}
+
+impl GatedDeltaNet {
+    pub fn load(ckpt: &Checkpoint, prefix: &str, cfg: &Config, state_dtype: StateDtype) -> Result<Self> {
+        let h = cfg.hidden_size;
+        let (hk, hv, dk, dv) =
+            (cfg.linear_num_key_heads, cfg.linear_num_value_heads, cfg.linear_key_head_dim, cfg.linear_value_head_dim);
+        let (key_dim, value_dim, conv_dim) = (cfg.key_dim(), cfg.value_dim(), cfg.conv_dim());
+        let r = hv / hk;
+        let dev = &Device::Cpu;
+        let lin = |name: &str, out: usize, inp: usize| Linear::load(ckpt, &format!("{prefix}.{name}"), out, inp, cfg);
+        let parts = match cfg.family {
+            Family::Qwen3Next => {
+                let qkvz = lin("in_proj_qkvz", 2 * key_dim + 2 * value_dim, h)?;
+                let ba = lin("in_proj_ba", 2 * hv, h)?;
+                let qkvz = qkvz.weight.select_rows(&qkvz_rows(hk, dk, r * dv));
+                let ba = ba.weight.select_rows(&ba_rows(hk, r));
+                // Split so that every projection keeps its own output width.
+                let take = |m: &crate::weights::Matrix, start: usize, n: usize| Linear {
+                    weight: m.select_rows(&(start..start + n).collect::<Vec<_>>()),
+                    bias: None,
+                };
+                vec![take(&qkvz, 0, conv_dim), take(&qkvz, conv_dim, value_dim), take(&ba, 0, hv), take(&ba, hv, hv)]
+            }
+            Family::Qwen35 => vec![
+                lin("in_proj_qkv", conv_dim, h)?,
+                lin("in_proj_z", value_dim, h)?,
+                lin("in_proj_b", hv, h)?,
+                lin("in_proj_a", hv, h)?,
+            ],
+        };
+        let a_log = ckpt.tensor(&format!("{prefix}.A_log"), &[hv], dev)?;
+        Ok(Self {
+            in_proj: FusedLinear::new(parts),
+            conv_weight: ckpt.conv1d(&format!("{prefix}.conv1d.weight"), conv_dim, cfg.linear_conv_kernel_dim, dev)?,
+            a_log_exp: a_log.exp()?,
+            dt_bias: ckpt.tensor(&format!("{prefix}.dt_bias"), &[hv], dev)?,
+            norm: GatedRmsNorm {
+                norm: RmsNorm { weight: ckpt.norm(&format!("{prefix}.norm.weight"), dv, dev)?, eps: cfg.rms_norm_eps as f32 },
+            },
+            out_proj: lin("out_proj", h, value_dim)?,
+            key_heads: hk,
+            value_heads: hv,
+            key_dim: dk,
+            value_dim: dv,
+            kernel: cfg.linear_conv_kernel_dim,
+            state_dtype,
+        })
+    }
+
+    /// Causal depthwise conv over `[conv_state; x]`, `x` `[B, S, C]`; keeps the last K−1 rows.
+    fn conv(&self, x: &Tensor, cache: &mut GdnCache) -> Result<Tensor> {
+        let (b, s, c) = x.dims3()?;
+        let k = self.kernel;
+        let prev = match &cache.conv {
+            Some(p) => p.clone(),
+            None => Tensor::zeros((b, k - 1, c), x.dtype(), x.device())?,
+        };
+        let padded = Tensor::cat(&[&prev, x], 1)?; // [B, S+K-1, C]
+        cache.conv = Some(padded.narrow(1, s, k - 1)?.contiguous()?);
+        let w = self.conv_weight.to_dtype(x.dtype())?;
+        let mut out = padded.narrow(1, 0, s)?.broadcast_mul(&w.narrow(1, 0, 1)?.squeeze(1)?)?;
+        for m in 1..k {
+            out = (out + padded.narrow(1, m, s)?.broadcast_mul(&w.narrow(1, m, 1)?.squeeze(1)?)?)?;
+        }
+        Ok(out)
+    }
+
+    /// `x`: `[B, S, H]`.
+    pub fn forward(&self, x: &Tensor, cache: &mut GdnCache) -> Result<Tensor> {
+        let (b, s, _) = x.dims3()?;
+        let (hk, hv, dk, dv) = (self.key_heads, self.value_heads, self.key_dim, self.value_dim);
+        let [qkv, z, beta_in, a]: [Tensor; 4] = self.in_proj.forward(x)?.try_into().expect("four projections");
+        let conv = self.conv(&qkv, cache)?.silu()?;
+        let q = conv.narrow(D::Minus1, 0, hk * dk)?.reshape((b, s, hk, dk))?;
+        let k = conv.narrow(D::Minus1, hk * dk, hk * dk)?.reshape((b, s, hk, dk))?;
+        let v = conv.narrow(D::Minus1, 2 * hk * dk, hv * dv)?.reshape((b, s, hv, dv))?;
+        let q = scaled_rms(&q, 1e-6, 1.0 / dk as f64)?;
+        let k = scaled_rms(&k, 1e-6, (dk as f64).powf(-0.5))?;
+        let beta = candle_nn::ops::sigmoid(&beta_in.to_dtype(DType::F32)?)?;
+        let g = decay(&a.to_dtype(DType::F32)?, &self.dt_bias, &self.a_log_exp)?;
+        let state = match &cache.state {
+            Some(st) if st.dtype() == self.state_dtype.dtype() => st.clone(),
+            // A state made with the other dtype is converted, never rejected.
+            Some(st) => st.to_dtype(self.state_dtype.dtype())?,
+            None => Tensor::zeros((b, hv, dv, dk), self.state_dtype.dtype(), x.device())?,
+        };
+        let y = gdn_ops::gated_delta_update(&q.contiguous()?, &k.contiguous()?, &v.contiguous()?, &g, &beta, &state)?;
+        cache.state = Some(state);
+        let z = z.reshape((b, s, hv, dv))?;
+        let out = self.norm.forward(&y, &z)?.reshape((b, s, hv * dv))?;
+        self.out_proj.forward(&out)
+    }
+}
+
+/// `g = exp(−exp(A_log) · softplus(a + dt_bias))` in f32: the per-token decay in (0, 1].
+fn decay(a: &Tensor, dt_bias: &Tensor, a_log_exp: &Tensor) -> Result<Tensor> {
+    let x = a.broadcast_add(dt_bias)?;
+    // softplus(x) = max(x, 0) + log(1 + exp(−|x|)), stable for large |x|.
+    let softplus = (x.relu()? + (x.abs()?.neg()?.exp()? + 1.0)?.log()?)?;
+    Ok(softplus.broadcast_mul(a_log_exp)?.neg()?.exp()?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn qwen3_next_row_permutation() {
+        // Hk=2, Dk=1, r·Dv=2: groups [q k v v z z], [q k v v z z].
+        assert_eq!(qkvz_rows(2, 1, 2), vec![0, 6, 1, 7, 2, 3, 8, 9, 4, 5, 10, 11]);
+        // Hk=2, r=2: [b b a a], [b b a a].
+        assert_eq!(ba_rows(2, 2), vec![0, 1, 4, 5, 2, 3, 6, 7]);
+    }
+}

@@ -1,0 +1,31 @@
+//! Dense SwiGLU MLP: `down(silu(gate(x)) · up(x))`.
+
+use super::linear::{FusedLinear, Linear};
+use crate::weights::Checkpoint;
+use crate::Config;
+use anyhow::Result;
+use candle_core::Tensor;
+
+#[derive(Debug, Clone)]
+pub struct Mlp {
+    /// `[gate_proj | up_proj]`, one pass over x.
+    gate_up: FusedLinear,
+    down: Linear,
+}
+
+impl Mlp {
+    pub fn load(ckpt: &Checkpoint, prefix: &str, hidden: usize, inner: usize, cfg: &Config) -> Result<Self> {
+        Ok(Self {
+            gate_up: FusedLinear::new(vec![
+                Linear::load(ckpt, &format!("{prefix}.gate_proj"), inner, hidden, cfg)?,
+                Linear::load(ckpt, &format!("{prefix}.up_proj"), inner, hidden, cfg)?,
+            ]),
+            down: Linear::load(ckpt, &format!("{prefix}.down_proj"), hidden, inner, cfg)?,
+        })
+    }
+
+    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let [gate, up]: [Tensor; 2] = self.gate_up.forward(x)?.try_into().expect("two projections");
+        self.down.forward(&(gate.silu()? * up)?)
+    }
+}

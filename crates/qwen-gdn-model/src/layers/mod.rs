@@ -1,0 +1,9 @@
+//! The layers of the hybrid model, one concept per file.
+
+pub mod attention;
+pub mod gdn;
+pub mod linear;
+pub mod mlp;
+pub mod moe;
+pub mod norm;
+pub mod rope;

@@ -1,0 +1,45 @@
+//! Partial rotary embeddings: the first `dims` features of each head rotate in the
+//! non-interleaved ("rotate half") layout, the rest pass through (mlx-lm-reference.md §3.7).
+
+use anyhow::Result;
+use candle_core::{Device, Tensor, D};
+
+#[derive(Debug, Clone)]
+pub struct PartialRope {
+    dims: usize,
+    /// `base^(-2i/dims)` for `i < dims/2`, kept in f64 so angles stay exact at long range.
+    inv_freq: Vec<f64>,
+}
+
+impl PartialRope {
+    pub fn new(dims: usize, base: f64) -> Self {
+        let inv_freq = (0..dims / 2).map(|i| base.powf(-((2 * i) as f64) / dims as f64)).collect();
+        Self { dims, inv_freq }
+    }
+
+    fn tables(&self, offset: usize, len: usize, device: &Device) -> Result<(Tensor, Tensor)> {
+        let half = self.dims / 2;
+        let (mut cos, mut sin) = (Vec::with_capacity(len * half), Vec::with_capacity(len * half));
+        for p in offset..offset + len {
+            for f in &self.inv_freq {
+                let angle = p as f64 * f;
+                cos.push(angle.cos() as f32);
+                sin.push(angle.sin() as f32);
+            }
+        }
+        Ok((Tensor::from_vec(cos, (len, half), device)?, Tensor::from_vec(sin, (len, half), device)?))
+    }
+
+    /// `x`: `[B, heads, S, head_dim]` at absolute positions `offset..offset+S`.
+    pub fn forward(&self, x: &Tensor, offset: usize) -> Result<Tensor> {
+        let (_, _, seq, head_dim) = x.dims4()?;
+        let (cos, sin) = self.tables(offset, seq, x.device())?;
+        let (cos, sin) = (cos.to_dtype(x.dtype())?, sin.to_dtype(x.dtype())?);
+        let rotated = candle_nn::rotary_emb::rope(&x.narrow(D::Minus1, 0, self.dims)?.contiguous()?, &cos, &sin)?;
+        if self.dims == head_dim {
+            return Ok(rotated);
+        }
+        let pass = x.narrow(D::Minus1, self.dims, head_dim - self.dims)?;
+        Ok(Tensor::cat(&[&rotated, &pass], D::Minus1)?)
+    }
+}

@@ -1,0 +1,181 @@
+//! The whole model: embeddings, decoder layers (GDN or gated attention, then dense MLP or
+//! MoE, each behind a pre-norm and a residual add), final norm and output head.
+
+use crate::cache::{Cache, GdnCache, KvCache, LayerCache};
+use crate::config::LayerKind;
+use crate::layers::attention::Attention;
+use crate::layers::gdn::GatedDeltaNet;
+use crate::layers::linear::{Embedding, Linear};
+use crate::layers::mlp::Mlp;
+use crate::layers::moe::SparseMoe;
+use crate::layers::norm::RmsNorm;
+use crate::weights::Checkpoint;
+use crate::{Config, LoadOptions};
+use anyhow::{bail, ensure, Context, Result};
+use candle_core::{DType, Device, Tensor};
+use std::path::Path;
+
+#[derive(Debug, Clone)]
+pub enum Mixer {
+    Gdn(GatedDeltaNet),
+    Attention(Attention),
+}
+
+#[derive(Debug, Clone)]
+pub enum FeedForward {
+    Dense(Mlp),
+    Moe(SparseMoe),
+}
+
+#[derive(Debug, Clone)]
+pub struct DecoderLayer {
+    input_norm: RmsNorm,
+    pub mixer: Mixer,
+    post_norm: RmsNorm,
+    pub feed_forward: FeedForward,
+}
+
+impl DecoderLayer {
+    fn load(ckpt: &Checkpoint, i: usize, cfg: &Config, opts: &LoadOptions) -> Result<Self> {
+        let p = format!("model.layers.{i}");
+        let dev = &Device::Cpu;
+        let eps = cfg.rms_norm_eps as f32;
+        let mixer = match cfg.layer_kind(i) {
+            LayerKind::LinearAttention => {
+                Mixer::Gdn(GatedDeltaNet::load(ckpt, &format!("{p}.linear_attn"), cfg, opts.gdn_state_dtype)?)
+            }
+            LayerKind::FullAttention => Mixer::Attention(Attention::load(ckpt, &format!("{p}.self_attn"), cfg)?),
+        };
+        let feed_forward = if cfg.is_moe_layer(i) {
+            FeedForward::Moe(SparseMoe::load(ckpt, &format!("{p}.mlp"), cfg)?)
+        } else {
+            FeedForward::Dense(Mlp::load(ckpt, &format!("{p}.mlp"), cfg.hidden_size, cfg.intermediate_size, cfg)?)
+        };
+        Ok(Self {
+            input_norm: RmsNorm { weight: ckpt.norm(&format!("{p}.input_layernorm.weight"), cfg.hidden_size, dev)?, eps },
+            mixer,
+            post_norm: RmsNorm {
+                weight: ckpt.norm(&format!("{p}.post_attention_layernorm.weight"), cfg.hidden_size, dev)?,
+                eps,
+            },
+            feed_forward,
+        })
+    }
+
+    fn new_cache(&self) -> LayerCache {
+        match self.mixer {
+            Mixer::Gdn(_) => LayerCache::Gdn(GdnCache::default()),
+            Mixer::Attention(_) => LayerCache::Attention(KvCache::default()),
+        }
+    }
+
+    /// The mixer's contribution to the residual stream: `mixer(input_norm(h))`.
+    pub fn mixer_forward(&self, h: &Tensor, cache: &mut LayerCache, offset: usize) -> Result<Tensor> {
+        let x = self.input_norm.forward(h)?;
+        match (&self.mixer, cache) {
+            (Mixer::Gdn(m), LayerCache::Gdn(c)) => m.forward(&x, c),
+            (Mixer::Attention(m), LayerCache::Attention(c)) => m.forward(&x, c, offset),
+            _ => bail!("cache does not belong to this model"),
+        }
+    }
+
+    /// The feed-forward contribution: `mlp(post_attention_norm(h))`.
+    pub fn feed_forward(&self, h: &Tensor) -> Result<Tensor> {
+        let x = self.post_norm.forward(h)?;
+        match &self.feed_forward {
+            FeedForward::Dense(m) => m.forward(&x),
+            FeedForward::Moe(m) => m.forward(&x),
+        }
+    }
+
+    pub fn forward(&self, h: &Tensor, cache: &mut LayerCache, offset: usize) -> Result<Tensor> {
+        let h = (h + self.mixer_forward(h, cache, offset)?)?;
+        Ok((&h + self.feed_forward(&h)?)?)
+    }
+}
+
+pub struct Model {
+    config: Config,
+    device: Device,
+    dtype: DType,
+    embed: Embedding,
+    layers: Vec<DecoderLayer>,
+    norm: RmsNorm,
+    lm_head: Linear,
+}
+
+impl Model {
+    /// Loads a checkpoint folder: mlx-community (quantized or not) or raw HF layout.
+    pub fn load(dir: &Path, device: &Device, opts: &LoadOptions) -> Result<Self> {
+        if !dir.is_dir() {
+            bail!("{}: model folder does not exist", dir.display());
+        }
+        if !device.is_cpu() {
+            bail!("only the CPU device is supported so far");
+        }
+        ensure!(opts.dtype == DType::F32, "the CPU path computes in f32 (got {:?})", opts.dtype);
+        let cfg = Config::from_dir(dir)?;
+        let ckpt = Checkpoint::open(dir, &cfg)?;
+        let (v, h) = (cfg.vocab_size, cfg.hidden_size);
+        let embed = Embedding { table: ckpt.matrix("model.embed_tokens", v, h, &cfg)? };
+        let lm_head = if cfg.tie_word_embeddings {
+            embed.as_linear()
+        } else {
+            Linear::load(&ckpt, "lm_head", v, h, &cfg)?
+        };
+        let layers = (0..cfg.num_hidden_layers)
+            .map(|i| DecoderLayer::load(&ckpt, i, &cfg, opts).with_context(|| format!("loading layer {i}")))
+            .collect::<Result<Vec<_>>>()?;
+        let norm = RmsNorm { weight: ckpt.norm("model.norm.weight", h, device)?, eps: cfg.rms_norm_eps as f32 };
+        Ok(Self { config: cfg, device: device.clone(), dtype: opts.dtype, embed, layers, norm, lm_head })
+    }
+
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    pub fn device(&self) -> &Device {
+        &self.device
+    }
+
+    pub fn layers(&self) -> &[DecoderLayer] {
+        &self.layers
+    }
+
+    pub fn new_cache(&self) -> Cache {
+        Cache { offset: 0, layers: self.layers.iter().map(DecoderLayer::new_cache).collect() }
+    }
+
+    /// `[S]` ids → `[1, S, H]` embeddings.
+    pub fn embed(&self, tokens: &[u32]) -> Result<Tensor> {
+        Ok(self.embed.forward(tokens, &self.device)?.to_dtype(self.dtype)?.unsqueeze(0)?)
+    }
+
+    pub fn final_norm(&self, h: &Tensor) -> Result<Tensor> {
+        self.norm.forward(h)
+    }
+
+    /// Runs `tokens` (one sequence) after what `cache` already holds, updating it in place.
+    /// Returns f32 logits of shape `[tokens.len(), vocab_size]`.
+    pub fn forward(&self, tokens: &[u32], cache: &mut Cache) -> Result<Tensor> {
+        ensure!(!tokens.is_empty(), "forward needs at least one token");
+        ensure!(cache.layers.len() == self.layers.len(), "cache does not belong to this model");
+        let mut h = self.embed(tokens)?;
+        for (layer, c) in self.layers.iter().zip(cache.layers.iter_mut()) {
+            h = layer.forward(&h, c, cache.offset)?;
+        }
+        cache.offset += tokens.len();
+        let logits = self.lm_head.forward(&self.norm.forward(&h)?)?;
+        Ok(logits.squeeze(0)?.to_dtype(DType::F32)?)
+    }
+
+    /// Runs a prompt in chunks of at most `chunk` tokens; returns the last chunk's logits.
+    pub fn prefill(&self, tokens: &[u32], cache: &mut Cache, chunk: usize) -> Result<Tensor> {
+        ensure!(chunk > 0, "prefill chunk size must be positive");
+        let mut last = None;
+        for part in tokens.chunks(chunk) {
+            last = Some(self.forward(part, cache)?);
+        }
+        last.context("prefill needs at least one token")
+    }
+}

@@ -1,0 +1,337 @@
+//! Memory-mapped safetensors checkpoints, single-file or sharded, and every checkpoint
+//! quirk in one place (what mlx-lm's `sanitize` does, mlx-lm-reference.md §5.1):
+//!
+//! - key prefixes differ per family and per layout (`language_model.model.*` in mlx
+//!   Qwen3.5, `model.language_model.*` in raw HF); all are mapped to `model.*` / `lm_head.*`;
+//! - `mtp.*` and vision tensors are skipped;
+//! - raw HF layout (detected as mlx-lm does) needs norm weights shifted by +1, conv1d
+//!   weights transposed from `[C,1,K]`, and experts stacked (Qwen3-Next stores them one by
+//!   one, Qwen3.5-MoE fuses gate and up).
+//!
+//! Layers ask for tensors by their canonical (mlx) names and get them already sanitized.
+
+use super::affine::AffineMatrix;
+use super::matrix::{FloatData, FloatMatrix, Matrix};
+use crate::config::{Config, Family};
+use anyhow::{anyhow, bail, Context, Result};
+use candle_core::{Device, Tensor};
+use half::{bf16, f16};
+use memmap2::Mmap;
+use safetensors::tensor::{Dtype, TensorInfo};
+use safetensors::SafeTensors;
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+struct ShardFile {
+    path: PathBuf,
+    mmap: Mmap,
+    /// Byte offset of the data section (8-byte length + header).
+    data_start: usize,
+}
+
+struct Entry {
+    file: usize,
+    info: TensorInfo,
+    /// The key as spelled in the file, for error messages and quantization overrides.
+    original: String,
+}
+
+pub struct Checkpoint {
+    files: Vec<ShardFile>,
+    entries: HashMap<String, Entry>,
+    /// Raw HF layout (not converted by mlx-lm): apply mlx-lm's sanitize transforms.
+    pub raw_hf: bool,
+    family: Family,
+}
+
+/// Norm weights that HF stores zero-centred and mlx-lm shifts by +1 (the gated GDN norm is
+/// not among them).
+const SHIFTED_NORMS: [&str; 5] = [
+    ".input_layernorm.weight",
+    ".post_attention_layernorm.weight",
+    "model.norm.weight",
+    ".q_norm.weight",
+    ".k_norm.weight",
+];
+
+/// The files that make up the checkpoint in `dir`.
+fn shard_paths(dir: &Path) -> Result<Vec<PathBuf>> {
+    let index = dir.join("model.safetensors.index.json");
+    if index.exists() {
+        let text = std::fs::read_to_string(&index).with_context(|| format!("{}: cannot read", index.display()))?;
+        let json: serde_json::Value =
+            serde_json::from_str(&text).map_err(|e| anyhow!("{}: invalid JSON: {e}", index.display()))?;
+        let map = json
+            .get("weight_map")
+            .and_then(|m| m.as_object())
+            .ok_or_else(|| anyhow!("{}: missing `weight_map`", index.display()))?;
+        let mut shards: Vec<String> = map.values().filter_map(|v| v.as_str().map(String::from)).collect();
+        shards.sort();
+        shards.dedup();
+        let paths: Vec<PathBuf> = shards.iter().map(|s| dir.join(s)).collect();
+        for p in &paths {
+            if !p.exists() {
+                bail!("{}: missing shard {} listed in {}", p.display(), p.file_name().unwrap().to_string_lossy(), index.display());
+            }
+        }
+        return Ok(paths);
+    }
+    let single = dir.join("model.safetensors");
+    if single.exists() {
+        return Ok(vec![single]);
+    }
+    let mut found: Vec<PathBuf> = std::fs::read_dir(dir)
+        .with_context(|| format!("{}: cannot list model folder", dir.display()))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|e| e == "safetensors"))
+        .collect();
+    found.sort();
+    if found.is_empty() {
+        bail!("{}: no model.safetensors or model.safetensors.index.json", dir.display());
+    }
+    Ok(found)
+}
+
+/// Maps a key as stored to its canonical mlx name, or `None` for tensors we never use.
+fn canonical_name(key: &str, family: Family) -> Option<String> {
+    if key.contains("mtp.") || key.starts_with("vision_tower") || key.starts_with("model.visual") || key.starts_with("visual.")
+    {
+        return None;
+    }
+    if family == Family::Qwen3Next {
+        return Some(key.to_string());
+    }
+    let name = if let Some(rest) = key.strip_prefix("model.language_model.") {
+        format!("model.{rest}")
+    } else if let Some(rest) = key.strip_prefix("language_model.") {
+        rest.to_string()
+    } else {
+        key.to_string()
+    };
+    Some(name)
+}
+
+impl Checkpoint {
+    pub fn open(dir: &Path, config: &Config) -> Result<Self> {
+        let mut files = vec![];
+        let mut entries = HashMap::new();
+        for path in shard_paths(dir)? {
+            let file = std::fs::File::open(&path).with_context(|| format!("{}: cannot open", path.display()))?;
+            // SAFETY: the mapping is read-only; a checkpoint modified while we run is the
+            // user's error and at worst yields wrong numbers, as with any mmap-based loader.
+            let mmap = unsafe { Mmap::map(&file) }.with_context(|| format!("{}: cannot map", path.display()))?;
+            let (header_len, meta) = SafeTensors::read_metadata(&mmap).map_err(|e| {
+                anyhow!("{}: not a valid safetensors file (truncated or corrupt: {e})", path.display())
+            })?;
+            let idx = files.len();
+            for (key, info) in meta.tensors() {
+                if let Some(name) = canonical_name(&key, config.family) {
+                    entries.insert(name, Entry { file: idx, info: info.clone(), original: key });
+                }
+            }
+            files.push(ShardFile { path, mmap, data_start: 8 + header_len });
+        }
+        let conv_is_raw = entries
+            .iter()
+            .any(|(k, e)| k.ends_with("conv1d.weight") && e.info.shape.last().is_some_and(|&d| d != 1));
+        let raw_hf = conv_is_raw
+            || (config.family == Family::Qwen3Next && entries.contains_key("model.layers.0.mlp.experts.0.up_proj.weight"));
+        Ok(Self { files, entries, raw_hf, family: config.family })
+    }
+
+    pub fn contains(&self, name: &str) -> bool {
+        self.entries.contains_key(name)
+    }
+
+    fn entry(&self, name: &str) -> Result<&Entry> {
+        self.entries.get(name).ok_or_else(|| {
+            let files: Vec<String> = self.files.iter().map(|f| f.path.display().to_string()).collect();
+            anyhow!("missing tensor `{name}` in {}", files.join(", "))
+        })
+    }
+
+    fn location(&self, e: &Entry) -> String {
+        format!("tensor `{}` in {}", e.original, self.files[e.file].path.display())
+    }
+
+    fn bytes(&self, e: &Entry) -> &[u8] {
+        let f = &self.files[e.file];
+        let (a, b) = e.info.data_offsets;
+        &f.mmap[f.data_start + a..f.data_start + b]
+    }
+
+    fn check_shape(&self, e: &Entry, want: &[usize]) -> Result<()> {
+        if e.info.shape != want {
+            bail!("{}: shape {:?}, expected {:?}", self.location(e), e.info.shape, want);
+        }
+        Ok(())
+    }
+
+    /// Float tensor data converted to f32, with its shape checked.
+    fn f32_data(&self, name: &str, want: &[usize]) -> Result<Vec<f32>> {
+        let e = self.entry(name)?;
+        self.check_shape(e, want)?;
+        self.float_data(e).map(|d| {
+            let mut out = vec![0f32; want.iter().product()];
+            match d {
+                FloatData::F32(v) => out.copy_from_slice(&v),
+                FloatData::Bf16(v) => out.iter_mut().zip(v).for_each(|(o, x)| *o = x.to_f32()),
+                FloatData::F16(v) => out.iter_mut().zip(v).for_each(|(o, x)| *o = x.to_f32()),
+            }
+            out
+        })
+    }
+
+    fn float_data(&self, e: &Entry) -> Result<FloatData> {
+        let raw = self.bytes(e);
+        Ok(match e.info.dtype {
+            Dtype::F32 => FloatData::F32(raw.chunks_exact(4).map(|b| f32::from_le_bytes(b.try_into().unwrap())).collect()),
+            Dtype::BF16 => FloatData::Bf16(raw.chunks_exact(2).map(|b| bf16::from_le_bytes([b[0], b[1]])).collect()),
+            Dtype::F16 => FloatData::F16(raw.chunks_exact(2).map(|b| f16::from_le_bytes([b[0], b[1]])).collect()),
+            other => bail!("{}: dtype {other:?}, expected a float tensor (f32, bf16 or f16)", self.location(e)),
+        })
+    }
+
+    /// A plain float tensor (A_log, dt_bias, gated-norm weight...), as f32 on `device`.
+    pub fn tensor(&self, name: &str, shape: &[usize], device: &Device) -> Result<Tensor> {
+        let data = self.f32_data(name, shape)?;
+        Ok(Tensor::from_vec(data, shape, device)?)
+    }
+
+    /// An RMSNorm weight, used as a plain multiplier (shifted by +1 here for raw HF layout).
+    pub fn norm(&self, name: &str, dim: usize, device: &Device) -> Result<Tensor> {
+        let mut data = self.f32_data(name, &[dim])?;
+        if self.raw_hf && SHIFTED_NORMS.iter().any(|s| name.ends_with(s)) {
+            // mlx-lm adds 1 in the checkpoint dtype; round the same way so both match.
+            let dtype = self.entry(name)?.info.dtype;
+            for v in data.iter_mut() {
+                *v = match dtype {
+                    Dtype::BF16 => bf16::from_f32(*v + 1.0).to_f32(),
+                    Dtype::F16 => f16::from_f32(*v + 1.0).to_f32(),
+                    _ => *v + 1.0,
+                };
+            }
+        }
+        Ok(Tensor::from_vec(data, dim, device)?)
+    }
+
+    /// The depthwise conv1d weight as `[channels, kernel]` (mlx `[C,K,1]`, HF `[C,1,K]`).
+    pub fn conv1d(&self, name: &str, channels: usize, kernel: usize, device: &Device) -> Result<Tensor> {
+        let e = self.entry(name)?;
+        let (mlx, hf) = ([channels, kernel, 1], [channels, 1, kernel]);
+        let shape: &[usize] = if e.info.shape == hf && kernel != 1 { &hf } else { &mlx };
+        let data = self.f32_data(name, shape)?;
+        Ok(Tensor::from_vec(data, (channels, kernel), device)?)
+    }
+
+    /// A linear layer's weight `[rows, cols]`: quantized when `<module>.scales` exists.
+    pub fn matrix(&self, module: &str, rows: usize, cols: usize, config: &Config) -> Result<Matrix> {
+        if self.contains(&format!("{module}.scales")) {
+            return self.affine(module, &[rows], cols, config);
+        }
+        let e = self.entry(&format!("{module}.weight"))?;
+        self.check_shape(e, &[rows, cols])?;
+        Ok(Matrix::Float(FloatMatrix::new(1, rows, cols, self.float_data(e)?)?))
+    }
+
+    /// Optional bias of a linear layer.
+    pub fn bias(&self, module: &str, rows: usize) -> Result<Option<Vec<f32>>> {
+        let name = format!("{module}.bias");
+        if !self.contains(&name) {
+            return Ok(None);
+        }
+        self.f32_data(&name, &[rows]).map(Some)
+    }
+
+    /// Quantized `[lead.., rows, cols]`; bits and group size follow from the packed shapes
+    /// and must agree with config.json's `quantization` block where it names them.
+    fn affine(&self, module: &str, lead_rows: &[usize], cols: usize, config: &Config) -> Result<Matrix> {
+        let w = self.entry(&format!("{module}.weight"))?;
+        let s = self.entry(&format!("{module}.scales"))?;
+        let b = self.entry(&format!("{module}.biases")).map_err(|_| {
+            anyhow!("{}: quantized without `.biases` (only MLX affine quantization is supported)", self.location(s))
+        })?;
+        let rank = lead_rows.len() + 1;
+        let packed_cols = *w.info.shape.last().unwrap_or(&0);
+        let groups = *s.info.shape.last().unwrap_or(&0);
+        if w.info.shape.len() != rank || w.info.shape[..rank - 1] != *lead_rows || packed_cols == 0 || groups == 0 {
+            bail!("{}: shape {:?} does not fit a quantized {:?}x{cols} weight", self.location(w), w.info.shape, lead_rows);
+        }
+        if w.info.dtype != Dtype::U32 {
+            bail!("{}: quantized weights must be uint32, got {:?}", self.location(w), w.info.dtype);
+        }
+        let bits = packed_cols * 32 / cols;
+        let group_size = cols / groups;
+        if packed_cols * 32 != bits * cols || groups * group_size != cols {
+            bail!("{}: packed width {packed_cols} and {groups} groups do not fit {cols} inputs", self.location(w));
+        }
+        let module_path = w.original.trim_end_matches(".weight");
+        let declared = config.quant_spec_for(module_path).flatten().or(config.quantization);
+        if let Some(spec) = declared {
+            if (spec.bits, spec.group_size) != (bits, group_size) {
+                bail!(
+                    "{}: stored as {bits}-bit group {group_size}, but config.json declares {}-bit group {}",
+                    self.location(w),
+                    spec.bits,
+                    spec.group_size
+                );
+            }
+        }
+        let mut group_shape = lead_rows.to_vec();
+        group_shape.push(groups);
+        self.check_shape(s, &group_shape)?;
+        self.check_shape(b, &group_shape)?;
+        let packed: Vec<u32> =
+            self.bytes(w).chunks_exact(4).map(|c| u32::from_le_bytes(c.try_into().unwrap())).collect();
+        let scales = self.f32_data(&format!("{module}.scales"), &group_shape)?;
+        let biases = self.f32_data(&format!("{module}.biases"), &group_shape)?;
+        let (experts, rows) = match lead_rows {
+            [r] => (1, *r),
+            [e, r] => (*e, *r),
+            _ => unreachable!("matrices have one or two leading axes"),
+        };
+        AffineMatrix::new(bits, group_size, experts, rows, cols, packed, scales, biases)
+            .map(Matrix::Affine)
+            .with_context(|| self.location(w))
+    }
+
+    /// Stacked expert weights `[experts, rows, cols]` for projection `proj` (`gate_proj`,
+    /// `up_proj` or `down_proj`) of the MoE block at `mlp` (e.g. `model.layers.3.mlp`).
+    pub fn experts(&self, mlp: &str, proj: &str, experts: usize, rows: usize, cols: usize, config: &Config) -> Result<Matrix> {
+        let stacked = format!("{mlp}.switch_mlp.{proj}");
+        if self.contains(&format!("{stacked}.scales")) {
+            return self.affine(&stacked, &[experts, rows], cols, config);
+        }
+        if self.contains(&format!("{stacked}.weight")) {
+            let e = self.entry(&format!("{stacked}.weight"))?;
+            self.check_shape(e, &[experts, rows, cols])?;
+            return Ok(Matrix::Float(FloatMatrix::new(experts, rows, cols, self.float_data(e)?)?));
+        }
+        match self.family {
+            // Raw Qwen3-Next: one tensor per expert, stacked here.
+            Family::Qwen3Next => {
+                let mut data = vec![];
+                for i in 0..experts {
+                    data.extend(self.f32_data(&format!("{mlp}.experts.{i}.{proj}.weight"), &[rows, cols])?);
+                }
+                Ok(Matrix::Float(FloatMatrix::new(experts, rows, cols, FloatData::F32(data))?))
+            }
+            // Raw Qwen3.5-MoE: `gate_up_proj [E, 2*I, H]` (gate first) and `down_proj [E, H, I]`.
+            Family::Qwen35 => {
+                if proj == "down_proj" {
+                    let data = self.f32_data(&format!("{mlp}.experts.down_proj"), &[experts, rows, cols])?;
+                    return Ok(Matrix::Float(FloatMatrix::new(experts, rows, cols, FloatData::F32(data))?));
+                }
+                let fused = self.f32_data(&format!("{mlp}.experts.gate_up_proj"), &[experts, 2 * rows, cols])?;
+                let half = if proj == "gate_proj" { 0 } else { rows };
+                let data: Vec<f32> = (0..experts)
+                    .flat_map(|e| {
+                        let start = (e * 2 * rows + half) * cols;
+                        fused[start..start + rows * cols].iter().copied()
+                    })
+                    .collect();
+                Ok(Matrix::Float(FloatMatrix::new(experts, rows, cols, FloatData::F32(data))?))
+            }
+        }
+    }
+}

@@ -1,0 +1,256 @@
+//! Weight matrices as the CPU path uses them, and the dequantize-and-dot matmul kernel.
+//!
+//! A [`Matrix`] holds one or more stacked `[rows, cols]` matrices (experts stack on a
+//! leading axis) either MLX-affine-quantized or in their checkpoint float dtype. Products
+//! are computed in f32 on exactly dequantized rows: each task dequantizes one row into a
+//! small buffer and dots it with every activation row, so no whole f32 matrix ever exists.
+
+use super::affine::AffineMatrix;
+use half::{bf16, f16};
+use rayon::prelude::*;
+
+/// Unquantized weights, kept in the checkpoint's dtype to keep memory at checkpoint size.
+#[derive(Debug, Clone)]
+pub enum FloatData {
+    F32(Vec<f32>),
+    Bf16(Vec<bf16>),
+    F16(Vec<f16>),
+}
+
+impl FloatData {
+    fn len(&self) -> usize {
+        match self {
+            Self::F32(v) => v.len(),
+            Self::Bf16(v) => v.len(),
+            Self::F16(v) => v.len(),
+        }
+    }
+
+    fn copy_into(&self, start: usize, out: &mut [f32]) {
+        let end = start + out.len();
+        match self {
+            Self::F32(v) => out.copy_from_slice(&v[start..end]),
+            Self::Bf16(v) => out.iter_mut().zip(&v[start..end]).for_each(|(o, x)| *o = x.to_f32()),
+            Self::F16(v) => out.iter_mut().zip(&v[start..end]).for_each(|(o, x)| *o = x.to_f32()),
+        }
+    }
+
+    fn gather_rows(&self, cols: usize, rows: impl Iterator<Item = usize> + Clone) -> Self {
+        fn pick<T: Copy>(v: &[T], cols: usize, rows: impl Iterator<Item = usize>) -> Vec<T> {
+            rows.flat_map(|r| v[r * cols..(r + 1) * cols].iter().copied()).collect()
+        }
+        match self {
+            Self::F32(v) => Self::F32(pick(v, cols, rows)),
+            Self::Bf16(v) => Self::Bf16(pick(v, cols, rows)),
+            Self::F16(v) => Self::F16(pick(v, cols, rows)),
+        }
+    }
+
+    fn bytes(&self) -> usize {
+        match self {
+            Self::F32(v) => 4 * v.len(),
+            Self::Bf16(v) => 2 * v.len(),
+            Self::F16(v) => 2 * v.len(),
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct FloatMatrix {
+    pub experts: usize,
+    pub rows: usize,
+    pub cols: usize,
+    pub data: FloatData,
+}
+
+impl FloatMatrix {
+    pub fn new(experts: usize, rows: usize, cols: usize, data: FloatData) -> anyhow::Result<Self> {
+        anyhow::ensure!(data.len() == experts * rows * cols, "float matrix size mismatch");
+        Ok(Self { experts, rows, cols, data })
+    }
+}
+
+#[derive(Debug, Clone)]
+pub enum Matrix {
+    Affine(AffineMatrix),
+    Float(FloatMatrix),
+}
+
+/// Output rows handled by one parallel task: large enough to amortise scheduling, small
+/// enough to balance two to many cores.
+const ROWS_PER_TASK: usize = 16;
+
+impl Matrix {
+    pub fn rows(&self) -> usize {
+        match self {
+            Self::Affine(m) => m.rows,
+            Self::Float(m) => m.rows,
+        }
+    }
+
+    pub fn cols(&self) -> usize {
+        match self {
+            Self::Affine(m) => m.cols,
+            Self::Float(m) => m.cols,
+        }
+    }
+
+    pub fn experts(&self) -> usize {
+        match self {
+            Self::Affine(m) => m.experts,
+            Self::Float(m) => m.experts,
+        }
+    }
+
+    /// Bytes of weight data (what one full pass over this matrix reads).
+    pub fn bytes(&self) -> usize {
+        match self {
+            Self::Affine(m) => m.bytes(),
+            Self::Float(m) => m.data.bytes(),
+        }
+    }
+
+    /// Writes row `row` of expert `expert` in f32 into `out`.
+    pub fn row_into(&self, expert: usize, row: usize, out: &mut [f32]) {
+        let global = expert * self.rows() + row;
+        match self {
+            Self::Affine(m) => m.dequantize_row(global, out),
+            Self::Float(m) => m.data.copy_into(global * m.cols, out),
+        }
+    }
+
+    /// Keeps the listed rows of every expert, in that order.
+    pub fn select_rows(&self, rows: &[usize]) -> Self {
+        match self {
+            Self::Affine(m) => Self::Affine(m.select_rows(rows)),
+            Self::Float(m) => {
+                let it = (0..m.experts).flat_map(|e| rows.iter().map(move |&r| e * m.rows + r));
+                Self::Float(FloatMatrix { rows: rows.len(), data: m.data.gather_rows(m.cols, it), ..*m })
+            }
+        }
+    }
+
+    /// Stacks single matrices of identical format along the row axis, so that several
+    /// projections of the same input run as one product. `None` if formats differ.
+    pub fn concat_rows(parts: &[&Self]) -> Option<Self> {
+        match parts.first()? {
+            Self::Affine(_) => {
+                let inner: Option<Vec<&AffineMatrix>> = parts
+                    .iter()
+                    .map(|m| match m {
+                        Self::Affine(a) => Some(a),
+                        Self::Float(_) => None,
+                    })
+                    .collect();
+                AffineMatrix::concat_rows(&inner?).map(Self::Affine)
+            }
+            Self::Float(first) => {
+                let mut rows = 0;
+                let mut data: Vec<f32> = vec![];
+                for m in parts {
+                    let Self::Float(f) = m else { return None };
+                    if f.cols != first.cols || f.experts != 1 {
+                        return None;
+                    }
+                    let mut buf = vec![0f32; f.rows * f.cols];
+                    f.data.copy_into(0, &mut buf);
+                    data.extend_from_slice(&buf);
+                    rows += f.rows;
+                }
+                let data = match first.data {
+                    FloatData::F32(_) => FloatData::F32(data),
+                    FloatData::Bf16(_) => FloatData::Bf16(data.iter().map(|&x| bf16::from_f32(x)).collect()),
+                    FloatData::F16(_) => FloatData::F16(data.iter().map(|&x| f16::from_f32(x)).collect()),
+                };
+                Some(Self::Float(FloatMatrix { experts: 1, rows, cols: first.cols, data }))
+            }
+        }
+    }
+
+    /// `y = x · W[expert]ᵀ` for `x` of shape `[m, cols]` (row-major); returns `[m, rows]`.
+    pub fn matmul_t(&self, expert: usize, x: &[f32], m: usize) -> Vec<f32> {
+        let (rows, cols) = (self.rows(), self.cols());
+        assert_eq!(x.len(), m * cols, "activation width does not match the weight");
+        // Computed transposed ([rows, m]) so that each task owns a contiguous output slice.
+        let mut yt = vec![0f32; rows * m];
+        yt.par_chunks_mut(ROWS_PER_TASK * m).enumerate().for_each(|(task, out)| {
+            let mut w = vec![0f32; cols];
+            for (i, out_row) in out.chunks_exact_mut(m).enumerate() {
+                self.row_into(expert, task * ROWS_PER_TASK + i, &mut w);
+                for (o, xr) in out_row.iter_mut().zip(x.chunks_exact(cols)) {
+                    *o = dot(&w, xr);
+                }
+            }
+        });
+        if m == 1 {
+            return yt;
+        }
+        let mut y = vec![0f32; m * rows];
+        for (r, col) in yt.chunks_exact(m).enumerate() {
+            for (i, &v) in col.iter().enumerate() {
+                y[i * rows + r] = v;
+            }
+        }
+        y
+    }
+}
+
+/// f32 dot product with eight independent accumulators, which the compiler turns into
+/// SIMD lanes (a single running sum would serialise on the add latency).
+#[inline]
+pub fn dot(a: &[f32], b: &[f32]) -> f32 {
+    let mut acc = [0f32; 8];
+    let (ca, cb) = (a.chunks_exact(8), b.chunks_exact(8));
+    let tail: f32 = ca.remainder().iter().zip(cb.remainder()).map(|(x, y)| x * y).sum();
+    for (xa, xb) in ca.zip(cb) {
+        for l in 0..8 {
+            acc[l] += xa[l] * xb[l];
+        }
+    }
+    acc.iter().sum::<f32>() + tail
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::affine::pack_row;
+    use super::*;
+
+    fn small_affine() -> Matrix {
+        // 3 rows x 64 cols, 4-bit, group 32.
+        let q: Vec<u32> = (0..192u32).map(|j| (j * 5) % 16).collect();
+        let packed: Vec<u32> = q.chunks(64).flat_map(|r| pack_row(r, 4)).collect();
+        let scales = vec![0.5, -0.25, 1.0, 0.125, -1.0, 2.0];
+        let biases = vec![-1.0, 0.5, 0.0, 0.25, 3.0, -2.0];
+        Matrix::Affine(AffineMatrix::new(4, 32, 1, 3, 64, packed, scales, biases).unwrap())
+    }
+
+    #[test]
+    fn matmul_matches_dequantized_reference() {
+        let w = small_affine();
+        let x: Vec<f32> = (0..128).map(|i| (i as f32 * 0.37).sin()).collect();
+        let y = w.matmul_t(0, &x, 2);
+        let mut row = vec![0f32; 64];
+        for r in 0..3 {
+            w.row_into(0, r, &mut row);
+            for i in 0..2 {
+                let want: f64 = row.iter().zip(&x[i * 64..(i + 1) * 64]).map(|(a, b)| (*a as f64) * (*b as f64)).sum();
+                assert!((y[i * 3 + r] as f64 - want).abs() < 1e-4, "row {r} x {i}");
+            }
+        }
+    }
+
+    #[test]
+    fn select_and_concat_rows_are_lossless() {
+        let w = small_affine();
+        let picked = w.select_rows(&[2, 0]);
+        let (mut a, mut b) = (vec![0f32; 64], vec![0f32; 64]);
+        picked.row_into(0, 0, &mut a);
+        w.row_into(0, 2, &mut b);
+        assert_eq!(a, b);
+        let both = Matrix::concat_rows(&[&w, &picked]).unwrap();
+        assert_eq!(both.rows(), 5);
+        both.row_into(0, 4, &mut a);
+        w.row_into(0, 0, &mut b);
+        assert_eq!(a, b);
+    }
+}

@@ -1,0 +1,11 @@
+//! From checkpoint files to weight matrices: safetensors mapping and sanitizing
+//! ([`checkpoint`]), MLX affine quantization ([`affine`]), and the matrices the CPU
+//! kernels consume ([`matrix`]).
+
+pub mod affine;
+pub mod checkpoint;
+pub mod matrix;
+
+pub use affine::AffineMatrix;
+pub use checkpoint::Checkpoint;
+pub use matrix::{FloatData, FloatMatrix, Matrix};
