@@ -23,8 +23,10 @@ pub(crate) fn gated_delta_update(
     g: &Tensor,
     beta: &Tensor,
     state: &Tensor,
+    mask: Option<&Tensor>,
 ) -> Result<Tensor> {
     let op = Recurrence {
+        mask: mask.map(to_f32_vec).transpose()?,
         dims,
         q: to_f32_vec(q)?,
         k: to_f32_vec(k)?,
@@ -46,6 +48,8 @@ struct Recurrence {
     v: Vec<f32>,
     g: Vec<f32>,
     beta: Vec<f32>,
+    /// `[B, T]`, 0 where a token is padding.
+    mask: Option<Vec<f32>>,
     /// Filled by the op: `y` as `[B, T, Hv, Dv]`.
     y: Mutex<Vec<f32>>,
 }
@@ -88,6 +92,10 @@ impl Recurrence {
             for t in 0..t_len {
                 let qk_at = ((b * t_len + t) * d.key_heads + hk) * dk;
                 let (q, k) = (&self.q[qk_at..qk_at + dk], &self.k[qk_at..qk_at + dk]);
+                if self.mask.as_ref().is_some_and(|m| m[b * t_len + t] == 0.0) {
+                    y[t] = 0.0;
+                    continue;
+                }
                 let gate_at = (b * t_len + t) * hv_n + hv;
                 let (g, beta) = (self.g[gate_at], self.beta[gate_at]);
                 let v = self.v[gate_at * dv + dv_i];

@@ -68,9 +68,26 @@ impl GdnDims {
 /// `δ = (v − kv)·β`; `S ← S + δ⊗k`; `y = S·q`. Arithmetic is f32; the state is read
 /// once and written once per call in its own dtype (f32, or bf16 when opted in).
 pub fn gated_delta_update(q: &Tensor, k: &Tensor, v: &Tensor, g: &Tensor, beta: &Tensor, state: &Tensor) -> Result<Tensor> {
+    gated_delta_update_masked(q, k, v, g, beta, state, None)
+}
+
+/// As [`gated_delta_update`], with an optional `[B, T]` mask for padded batches: where the
+/// mask is 0 the state is left untouched and `y` is 0.
+pub fn gated_delta_update_masked(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    g: &Tensor,
+    beta: &Tensor,
+    state: &Tensor,
+    mask: Option<&Tensor>,
+) -> Result<Tensor> {
     let dims = GdnDims::of(q, k, v, g, beta, state)?;
+    if let Some(m) = mask {
+        ensure!(m.dims() == [dims.batch, dims.steps], "gated_delta_update: mask {:?}, expected {:?}", m.dims(), [dims.batch, dims.steps]);
+    }
     match state.device() {
-        Device::Cpu => cpu::gated_delta_update(dims, q, k, v, g, beta, state),
+        Device::Cpu => cpu::gated_delta_update(dims, q, k, v, g, beta, state, mask),
         other => bail!("gated_delta_update: no kernel for device {other:?} yet"),
     }
 }

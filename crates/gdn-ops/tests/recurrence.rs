@@ -111,3 +111,30 @@ fn bf16_state_is_rounded_once_per_call() {
         assert_eq!(half::bf16::from_f32(*x).to_f32(), *y, "bf16 state must be the f32 result rounded once");
     }
 }
+
+#[test]
+fn masked_tokens_leave_state_untouched_and_output_zero() {
+    let dev = Device::Cpu;
+    let (b, t, h, d) = (1, 3, 2, 32);
+    let r = |n: usize, seed: u64, lo: f32, hi: f32| pseudo_random(n, seed, lo, hi);
+    let q = Tensor::from_vec(r(b * t * h * d, 1, -0.3, 0.3), (b, t, h, d), &dev).unwrap();
+    let k = Tensor::from_vec(r(b * t * h * d, 2, -0.3, 0.3), (b, t, h, d), &dev).unwrap();
+    let v = Tensor::from_vec(r(b * t * h * d, 3, -1.0, 1.0), (b, t, h, d), &dev).unwrap();
+    let g = Tensor::from_vec(r(b * t * h, 4, 0.5, 1.0), (b, t, h), &dev).unwrap();
+    let beta = Tensor::from_vec(r(b * t * h, 5, 0.0, 1.0), (b, t, h), &dev).unwrap();
+    let mask = Tensor::from_vec(vec![1f32, 0., 1.], (b, t), &dev).unwrap();
+    let masked_state = Tensor::zeros((b, h, d, d), DType::F32, &dev).unwrap();
+    let y = gdn_ops::gated_delta_update_masked(&q, &k, &v, &g, &beta, &masked_state, Some(&mask)).unwrap();
+    // The same without the middle token, one call per kept token.
+    let plain_state = Tensor::zeros((b, h, d, d), DType::F32, &dev).unwrap();
+    let mut kept = vec![];
+    for i in [0, 2] {
+        let s = |x: &Tensor| x.narrow(1, i, 1).unwrap().contiguous().unwrap();
+        kept.push(gated_delta_update(&s(&q), &s(&k), &s(&v), &s(&g), &s(&beta), &plain_state).unwrap());
+    }
+    let f = |x: &Tensor| x.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+    assert_eq!(f(&masked_state), f(&plain_state));
+    assert_eq!(f(&y.narrow(1, 0, 1).unwrap()), f(&kept[0]));
+    assert!(f(&y.narrow(1, 1, 1).unwrap()).iter().all(|&x| x == 0.0));
+    assert_eq!(f(&y.narrow(1, 2, 1).unwrap()), f(&kept[1]));
+}
