@@ -542,6 +542,36 @@ def safetensors_dtypes(path: Path) -> dict:
     return {k: (v["dtype"], v["shape"]) for k, v in header.items()}
 
 
+def bf16_state_quality(model, tf_ids: list[int]) -> dict:
+    """mlx-lm's own numbers for the bf16-state quality gate (issue: fused gated-delta op).
+
+    The teacher-forced text runs twice in decode mode (one token per forward call): once with
+    the fp32 recurrent state, once with the state rounded to bf16 after every token (what a
+    kernel storing StT = bf16 does). Per position: KL(p_f32 || p_bf16) and top-1 agreement.
+    """
+    runs = []
+    for round_state in (False, True):
+        cache = model.make_cache()
+        rows = []
+        for t in tf_ids:
+            logits = model(mx.array([[t]]), cache=cache)
+            if round_state:
+                for c in cache:
+                    if not isinstance(c, KVCache):
+                        c[1] = c[1].astype(mx.bfloat16).astype(mx.float32)
+            mx.eval(logits, [c.state for c in cache])
+            rows.append(np.array(logits[0, -1], dtype=np.float64))
+        runs.append(np.stack(rows))
+    def log_softmax(x):
+        x = x - x.max(-1, keepdims=True)
+        return x - np.log(np.exp(x).sum(-1, keepdims=True))
+    lp32, lp16 = log_softmax(runs[0]), log_softmax(runs[1])
+    kl = (np.exp(lp32) * (lp32 - lp16)).sum(-1)
+    top1 = (runs[0].argmax(-1) == runs[1].argmax(-1)).mean()
+    return {"kl_mean": float(kl.mean()), "kl_max": float(kl.max()), "top1_match": float(top1), "n": len(tf_ids),
+            "method": "decode mode, recurrent state rounded to bf16 after every token, fp32 activations"}
+
+
 def record_reference(ckpt: Path, name: str, d: Dims, notes: list[str], per_layer: bool = True) -> dict:
     """Record the reference of one checkpoint.
 
@@ -654,6 +684,7 @@ def record_reference(ckpt: Path, name: str, d: Dims, notes: list[str], per_layer
         "stored_dtypes": gdn_dtypes,
         "quantization": config.get("quantization"),
         "stats": stats,
+        "bf16_state": bf16_state_quality(model, tf_ids),
         "notes": notes,
     }
     write_json(REF / f"{name}.json", meta)
