@@ -18,11 +18,38 @@ pub enum StateDtype {
     Bf16,
 }
 
+/// The opt-in environment variable for a bf16 recurrent state (the name mlx-lm users know).
+pub const STATE_BF16_ENV: &str = "MLX_LM_GDN_STATE_BF16";
+
 impl StateDtype {
+    /// bf16 only when `MLX_LM_GDN_STATE_BF16` is exactly `1`; anything else keeps fp32.
+    pub fn from_env() -> Self {
+        Self::from_env_value(std::env::var(STATE_BF16_ENV).ok().as_deref())
+    }
+
+    pub fn from_env_value(value: Option<&str>) -> Self {
+        if value == Some("1") {
+            Self::Bf16
+        } else {
+            Self::F32
+        }
+    }
+
     pub fn dtype(self) -> DType {
         match self {
             Self::F32 => DType::F32,
             Self::Bf16 => DType::BF16,
+        }
+    }
+}
+
+impl std::str::FromStr for StateDtype {
+    type Err = anyhow::Error;
+    fn from_str(s: &str) -> Result<Self> {
+        match s {
+            "f32" | "fp32" | "float32" => Ok(Self::F32),
+            "bf16" | "bfloat16" => Ok(Self::Bf16),
+            other => bail!("invalid GDN state dtype `{other}` (expected f32 or bf16)"),
         }
     }
 }
