@@ -51,3 +51,36 @@ fn qwen35_dense() {
 fn qwen35_moe() {
     check("qwen3.5-moe-tiny-4bit");
 }
+
+/// A cache made with an fp32 state and resumed by a model that stores bf16 states (and the
+/// other way round) is converted on first use, not rejected.
+#[test]
+fn cache_resumes_across_state_dtypes() {
+    use candle_core::{DType, Device};
+    use qwen_gdn_model::cache::LayerCache;
+    use qwen_gdn_model::{LoadOptions, Model, StateDtype};
+    let dir = models_dir().join("qwen3.5-tiny-4bit");
+    let opts = |s| LoadOptions { gdn_state_dtype: s, ..LoadOptions::default() };
+    let f32_model = Model::load(&dir, &Device::Cpu, &opts(StateDtype::F32)).unwrap();
+    let bf16_model = Model::load(&dir, &Device::Cpu, &opts(StateDtype::Bf16)).unwrap();
+    let ids = Reference::load("qwen3.5-tiny-4bit").ids("tf_ids");
+    let state_dtypes = |c: &qwen_gdn_model::Cache| -> Vec<DType> {
+        c.layers
+            .iter()
+            .filter_map(|l| match l {
+                LayerCache::Gdn(g) => g.state.as_ref().map(|s| s.dtype()),
+                LayerCache::Attention(_) => None,
+            })
+            .collect()
+    };
+    let reference = f32_model.forward(&ids, &mut f32_model.new_cache()).unwrap();
+    for (first, second, want) in [(&f32_model, &bf16_model, DType::BF16), (&bf16_model, &f32_model, DType::F32)] {
+        let mut cache = first.new_cache();
+        first.forward(&ids[..50], &mut cache).unwrap();
+        let tail = second.forward(&ids[50..], &mut cache).unwrap();
+        assert!(state_dtypes(&cache).iter().all(|&d| d == want), "{:?}", state_dtypes(&cache));
+        let d = rel_max_diff(&tail, &reference.narrow(0, 50, ids.len() - 50).unwrap());
+        // One bf16 rounding of the state: close to, but not exactly, the fp32 run.
+        assert!(d > 0.0 && d < 2e-2, "resumed logits differ by {d:e}");
+    }
+}
