@@ -5,6 +5,8 @@
 //! against.
 
 pub mod cpu;
+#[cfg(any(feature = "metal", target_os = "macos"))]
+pub mod metal;
 
 use anyhow::{bail, ensure, Result};
 use candle_core::{DType, Device, Tensor};
@@ -115,6 +117,8 @@ pub fn gated_delta_update_masked(
     }
     match state.device() {
         Device::Cpu => cpu::gated_delta_update(dims, q, k, v, g, beta, state, mask),
+        #[cfg(any(feature = "metal", target_os = "macos"))]
+        Device::Metal(_) => metal::gated_delta_update(dims, q, k, v, g, beta, state, mask),
         other => bail!("gated_delta_update: no kernel for device {other:?} yet"),
     }
 }
