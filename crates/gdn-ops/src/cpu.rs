@@ -15,6 +15,7 @@ fn to_f32_vec(t: &Tensor) -> Result<Vec<f32>> {
     Ok(t.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?)
 }
 
+#[allow(clippy::too_many_arguments)] // the op's inputs, as in the public signature
 pub(crate) fn gated_delta_update(
     dims: GdnDims,
     q: &Tensor,

@@ -94,6 +94,7 @@ fn metal_buffer(t: &Tensor) -> Result<(Buffer, usize)> {
     Ok((m.buffer().clone(), layout.start_offset() * t.dtype().size_in_bytes()))
 }
 
+#[allow(clippy::too_many_arguments)] // the op's inputs, as in the public signature
 pub(crate) fn gated_delta_update(
     dims: GdnDims,
     q: &Tensor,

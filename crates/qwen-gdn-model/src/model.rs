@@ -11,7 +11,7 @@ use crate::layers::moe::SparseMoe;
 use crate::layers::norm::RmsNorm;
 use crate::weights::Checkpoint;
 use crate::{Config, LoadOptions};
-use anyhow::{bail, ensure, Context, Result};
+use anyhow::{bail, ensure, Result};
 use candle_core::{DType, Device, Tensor};
 use std::path::Path;
 
@@ -124,7 +124,7 @@ impl Model {
             Linear::load(&ckpt, "lm_head", v, h, &cfg)?
         };
         let layers = (0..cfg.num_hidden_layers)
-            .map(|i| DecoderLayer::load(&ckpt, i, &cfg, opts).with_context(|| format!("loading layer {i}")))
+            .map(|i| DecoderLayer::load(&ckpt, i, &cfg, opts).map_err(|e| e.context(format!("loading layer {i}"))))
             .collect::<Result<Vec<_>>>()?;
         let norm = RmsNorm { weight: ckpt.norm("model.norm.weight", h, device)?, eps: cfg.rms_norm_eps as f32 };
         Ok(Self { config: cfg, device: device.clone(), dtype: opts.dtype, embed, layers, norm, lm_head })
@@ -155,9 +155,9 @@ impl Model {
         self.norm.forward(h)
     }
 
-    /// Runs `tokens` (one sequence) after what `cache` already holds, updating it in place.
-    /// Returns f32 logits of shape `[tokens.len(), vocab_size]`.
-    pub fn forward(&self, tokens: &[u32], cache: &mut Cache) -> Result<Tensor> {
+    /// Runs `tokens` through the decoder layers after what `cache` holds, updating it in
+    /// place; returns the final hidden states `[1, S, H]` before the final norm.
+    fn run_layers(&self, tokens: &[u32], cache: &mut Cache) -> Result<Tensor> {
         ensure!(!tokens.is_empty(), "forward needs at least one token");
         ensure!(cache.layers.len() == self.layers.len(), "cache does not belong to this model");
         let mut h = self.embed(tokens)?;
@@ -165,17 +165,35 @@ impl Model {
             h = layer.forward(&h, c, cache.offset)?;
         }
         cache.offset += tokens.len();
-        let logits = self.lm_head.forward(&self.norm.forward(&h)?)?;
+        Ok(h)
+    }
+
+    fn logits(&self, h: &Tensor) -> Result<Tensor> {
+        let logits = self.lm_head.forward(&self.norm.forward(h)?)?;
         Ok(logits.squeeze(0)?.to_dtype(DType::F32)?)
     }
 
-    /// Runs a prompt in chunks of at most `chunk` tokens; returns the last chunk's logits.
-    pub fn prefill(&self, tokens: &[u32], cache: &mut Cache, chunk: usize) -> Result<Tensor> {
+    /// Runs `tokens` (one sequence) after what `cache` already holds, updating it in place.
+    /// Returns f32 logits of shape `[tokens.len(), vocab_size]` (every position: scoring).
+    pub fn forward(&self, tokens: &[u32], cache: &mut Cache) -> Result<Tensor> {
+        let h = self.run_layers(tokens, cache)?;
+        self.logits(&h)
+    }
+
+    /// As [`Model::forward`], but only the last position goes through the output head:
+    /// returns `[1, vocab_size]` (generation needs no more).
+    pub fn forward_last(&self, tokens: &[u32], cache: &mut Cache) -> Result<Tensor> {
+        let h = self.run_layers(tokens, cache)?;
+        let s = h.dim(1)?;
+        self.logits(&h.narrow(1, s - 1, 1)?)
+    }
+
+    /// Runs a prompt in chunks of at most `chunk` tokens, without computing any logits.
+    pub fn prefill(&self, tokens: &[u32], cache: &mut Cache, chunk: usize) -> Result<()> {
         ensure!(chunk > 0, "prefill chunk size must be positive");
-        let mut last = None;
         for part in tokens.chunks(chunk) {
-            last = Some(self.forward(part, cache)?);
+            self.run_layers(part, cache)?;
         }
-        last.context("prefill needs at least one token")
+        Ok(())
     }
 }

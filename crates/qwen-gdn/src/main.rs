@@ -1,1 +1,84 @@
-fn main() {}
+//! `qwen-gdn`: run Qwen3-Next / Qwen3.5 hybrid models from a local folder or the Hugging Face
+//! Hub. The flags follow `mlx_lm.generate` so that users of mlx-lm and llama.cpp feel at home.
+
+mod chat_template;
+mod eval;
+mod generate;
+mod hub;
+mod load;
+mod sampler;
+mod stream;
+
+use clap::{Parser, Subcommand};
+use std::process::ExitCode;
+
+#[derive(Parser)]
+#[command(
+    name = "qwen-gdn",
+    version,
+    about = "Inference for Qwen3-Next / Qwen3.5 hybrid (Gated DeltaNet + attention) models"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Generate text from a prompt, streaming it to stdout (like mlx_lm.generate).
+    Generate(generate::Args),
+    /// Score a text teacher-forced: per-token log-probabilities and perplexity.
+    Eval(eval::Args),
+}
+
+fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        // --help and --version are "errors" to clap; they print to stdout and succeed.
+        Err(e) if !e.use_stderr() => {
+            let _ = e.print();
+            return ExitCode::SUCCESS;
+        }
+        // A bare `qwen-gdn` shows the help rather than a one-line error.
+        Err(e) if e.kind() == clap::error::ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand => {
+            let _ = e.print();
+            return ExitCode::from(2);
+        }
+        Err(e) => {
+            eprintln!("error: {}", clap_one_line(&e));
+            return ExitCode::from(2);
+        }
+    };
+    let result = match cli.command {
+        Command::Generate(args) => generate::run(args),
+        Command::Eval(args) => eval::run(args),
+    };
+    match result {
+        Ok(code) => code,
+        Err(e) => {
+            // `{:#}` joins the context chain with ": "; any newline inside a message
+            // (e.g. from a template error) is folded so that the error stays one line.
+            eprintln!(
+                "error: {}",
+                format!("{e:#}")
+                    .split_whitespace()
+                    .collect::<Vec<_>>()
+                    .join(" ")
+            );
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// clap's errors span several lines (usage, tips); scripts and users get one line instead,
+/// which still names the flag and the bad value.
+fn clap_one_line(e: &clap::Error) -> String {
+    let text = e.render().to_string();
+    let parts: Vec<&str> = text
+        .lines()
+        .map(str::trim)
+        .take_while(|l| !l.starts_with("Usage:") && !l.starts_with("For more information"))
+        .filter(|l| !l.is_empty() && !l.starts_with("tip:"))
+        .collect();
+    parts.join(" ").trim_start_matches("error: ").to_string()
+}

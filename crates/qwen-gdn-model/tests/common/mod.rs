@@ -65,7 +65,7 @@ pub fn greedy(model: &Model, prompt: &[u32], n: usize) -> Vec<u32> {
     let mut last = *prompt.last().unwrap();
     let mut out = vec![];
     for _ in 0..n {
-        let logits = model.forward(&[last], &mut cache).unwrap();
+        let logits = model.forward_last(&[last], &mut cache).unwrap();
         last = argmax_rows(&logits)[0];
         out.push(last);
     }

@@ -1,0 +1,521 @@
+//! Chat templates rendered with minijinja the way transformers renders them with jinja2, byte for
+//! byte: trim_blocks + lstrip_blocks, Python's `str()` when printing values, `tojson` as
+//! `json.dumps(ensure_ascii=False)`, `raise_exception`, `strftime_now`, and the Python string /
+//! dict methods (minijinja-contrib's pycompat).
+
+use anyhow::{bail, Context, Result};
+use minijinja::value::{Kwargs, Value, ValueKind};
+use minijinja::{Environment, Error, ErrorKind};
+use serde_json::{Map, Value as Json};
+use std::path::Path;
+
+pub struct ChatTemplate {
+    env: Environment<'static>,
+    name: String,
+}
+
+impl ChatTemplate {
+    /// The model's template: `chat_template.jinja`, else `chat_template` of tokenizer_config.json
+    /// (a string, or a list of `{name, template}` of which "default" is used). `None` when the
+    /// model has none.
+    pub fn from_dir(dir: &Path, tokenizer_config: Option<&Json>) -> Result<Option<Self>> {
+        let file = dir.join("chat_template.jinja");
+        if file.is_file() {
+            let source = std::fs::read_to_string(&file)
+                .with_context(|| format!("cannot read {}", file.display()))?;
+            return Self::new(file.display().to_string(), source).map(Some);
+        }
+        let name = dir.join("tokenizer_config.json").display().to_string();
+        let source = match tokenizer_config.and_then(|c| c.get("chat_template")) {
+            None | Some(Json::Null) => return Ok(None),
+            Some(Json::String(s)) => s.clone(),
+            Some(Json::Array(list)) => list
+                .iter()
+                .find(|t| t.get("name").and_then(Json::as_str) == Some("default"))
+                .and_then(|t| t.get("template")?.as_str())
+                .with_context(|| format!("{name}: chat_template lists no \"default\" template"))?
+                .to_string(),
+            Some(_) => bail!("{name}: chat_template is neither a string nor a list of templates"),
+        };
+        Self::new(format!("{name} (chat_template)"), source).map(Some)
+    }
+
+    /// `name` (the file it came from) labels errors.
+    pub fn new(name: String, source: String) -> Result<Self> {
+        let mut env = Environment::new();
+        env.set_trim_blocks(true);
+        env.set_lstrip_blocks(true);
+        // Debug info would put the template source into the (one-line) error message.
+        env.set_debug(false);
+        env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
+        env.set_formatter(|out, _state, value| out.write_str(&py_str(value)).map_err(Error::from));
+        env.add_filter("tojson", tojson);
+        env.add_filter("string", |v: Value| py_str(&v));
+        env.add_function("raise_exception", |msg: String| -> Result<Value, Error> {
+            Err(Error::new(ErrorKind::InvalidOperation, msg))
+        });
+        env.add_function("strftime_now", strftime_now);
+        env.add_template_owned("chat", source)
+            .with_context(|| format!("cannot parse chat template {name}"))?;
+        Ok(Self { env, name })
+    }
+
+    /// Renders `messages` as transformers' `apply_chat_template(tokenize=False)` does; `extra`
+    /// holds the other template variables (special tokens, `enable_thinking`, ...).
+    pub fn render(
+        &self,
+        messages: &[Json],
+        tools: Option<&Json>,
+        add_generation_prompt: bool,
+        extra: &Map<String, Json>,
+    ) -> Result<String> {
+        let mut ctx = Map::new();
+        ctx.insert(
+            "messages".into(),
+            messages.iter().map(alias_reasoning).collect(),
+        );
+        ctx.insert("tools".into(), tools.cloned().unwrap_or(Json::Null));
+        ctx.insert("documents".into(), Json::Null);
+        ctx.insert("add_generation_prompt".into(), add_generation_prompt.into());
+        ctx.extend(extra.iter().map(|(k, v)| (k.clone(), v.clone())));
+        let template = self.env.get_template("chat")?;
+        template
+            .render(Value::from_serialize(&ctx))
+            .with_context(|| format!("chat template {}", self.name))
+    }
+}
+
+/// transformers 5.x fills `reasoning_content` and `thinking` of a message from the first
+/// non-null of `reasoning_content` / `thinking` / `reasoning`, as `{"thinking": r, **m,
+/// "reasoning_content": r}` (the key order matters to `tojson`).
+fn alias_reasoning(message: &Json) -> Json {
+    let Some(m) = message.as_object() else {
+        return message.clone();
+    };
+    let Some(r) = ["reasoning_content", "thinking", "reasoning"]
+        .iter()
+        .find_map(|k| m.get(*k).filter(|v| !v.is_null()))
+    else {
+        return message.clone();
+    };
+    let mut out = Map::new();
+    out.insert("thinking".into(), r.clone());
+    out.extend(m.iter().map(|(k, v)| (k.clone(), v.clone())));
+    out.insert("reasoning_content".into(), r.clone());
+    Json::Object(out)
+}
+
+/// Python's `str(value)`, which is what jinja2 prints for `{{ value }}` and `|string`.
+fn py_str(v: &Value) -> String {
+    match v.kind() {
+        ValueKind::String => v.as_str().unwrap_or_default().to_string(),
+        ValueKind::Undefined => String::new(),
+        _ => py_repr(v),
+    }
+}
+
+/// Python's `repr(value)` for the types a template sees (True, None, ['a'], {'k': 1}).
+fn py_repr(v: &Value) -> String {
+    match v.kind() {
+        ValueKind::Undefined => String::new(),
+        ValueKind::None => "None".into(),
+        ValueKind::Bool => if v.is_true() { "True" } else { "False" }.into(),
+        ValueKind::Number if !v.is_integer() => {
+            py_float(f64::try_from(v.clone()).unwrap_or(f64::NAN), false)
+        }
+        ValueKind::String => {
+            let s = v.as_str().unwrap_or_default();
+            let q = if s.contains('\'') && !s.contains('"') {
+                '"'
+            } else {
+                '\''
+            };
+            let mut out = String::from(q);
+            for c in s.chars() {
+                match c {
+                    '\\' => out.push_str("\\\\"),
+                    '\n' => out.push_str("\\n"),
+                    '\r' => out.push_str("\\r"),
+                    '\t' => out.push_str("\\t"),
+                    c if c == q => out.extend(['\\', c]),
+                    c if (c as u32) < 0x20 || c as u32 == 0x7f => {
+                        out.push_str(&format!("\\x{:02x}", c as u32))
+                    }
+                    c => out.push(c),
+                }
+            }
+            out.push(q);
+            out
+        }
+        ValueKind::Seq | ValueKind::Iterable => {
+            let items: Vec<String> = v
+                .try_iter()
+                .into_iter()
+                .flatten()
+                .map(|x| py_repr(&x))
+                .collect();
+            format!("[{}]", items.join(", "))
+        }
+        ValueKind::Map => {
+            let items: Vec<String> = v
+                .try_iter()
+                .into_iter()
+                .flatten()
+                .map(|k| {
+                    format!(
+                        "{}: {}",
+                        py_repr(&k),
+                        py_repr(&v.get_item(&k).unwrap_or_default())
+                    )
+                })
+                .collect();
+            format!("{{{}}}", items.join(", "))
+        }
+        _ => v.to_string(),
+    }
+}
+
+/// Python's `repr(float)`: shortest round-trip digits, positional for 1e-4 <= |x| < 1e16 (with a
+/// `.0` when integral), else `1e-05` style. `json` spells the non-finite values as json.dumps does.
+fn py_float(f: f64, json: bool) -> String {
+    if !f.is_finite() {
+        let s = match (f.is_nan(), f > 0.0, json) {
+            (true, _, false) => "nan",
+            (true, _, true) => "NaN",
+            (_, true, false) => "inf",
+            (_, true, true) => "Infinity",
+            (_, false, false) => "-inf",
+            (_, false, true) => "-Infinity",
+        };
+        return s.into();
+    }
+    let sci = format!("{f:e}");
+    let (mantissa, exp) = sci.split_once('e').expect("{:e} has an exponent");
+    let exp: i32 = exp.parse().expect("{:e} exponent is an integer");
+    if (-4..16).contains(&exp) {
+        let s = f.to_string();
+        if s.contains('.') {
+            s
+        } else {
+            s + ".0"
+        }
+    } else {
+        format!(
+            "{mantissa}e{}{:02}",
+            if exp < 0 { '-' } else { '+' },
+            exp.abs()
+        )
+    }
+}
+
+/// transformers' `tojson`: `json.dumps(x, ensure_ascii=False, indent=None, separators=None,
+/// sort_keys=False)` — ", " and ": " separators, insertion order, no HTML escaping.
+fn tojson(value: &Value, kwargs: Kwargs) -> Result<String, Error> {
+    let indent: Option<Value> = kwargs.get("indent")?;
+    let indent = match indent {
+        None => None,
+        Some(v) if v.is_none() => None,
+        Some(v) if v.kind() == ValueKind::String => {
+            Some(v.as_str().unwrap_or_default().to_string())
+        }
+        Some(v) => Some(
+            " ".repeat(
+                v.as_usize()
+                    .ok_or_else(|| Error::new(ErrorKind::InvalidOperation, "tojson: bad indent"))?,
+            ),
+        ),
+    };
+    let (item_sep, key_sep) = match kwargs.get::<Option<Vec<String>>>("separators")? {
+        Some(pair) if pair.len() == 2 => (pair[0].clone(), pair[1].clone()),
+        Some(_) => {
+            return Err(Error::new(
+                ErrorKind::InvalidOperation,
+                "tojson: separators must be a pair",
+            ))
+        }
+        // json.dumps puts no space before the newline of an indented item.
+        None => (
+            if indent.is_some() { "," } else { ", " }.to_string(),
+            ": ".to_string(),
+        ),
+    };
+    let style = JsonStyle {
+        indent,
+        item_sep,
+        key_sep,
+        sort_keys: kwargs.get::<Option<bool>>("sort_keys")?.unwrap_or(false),
+        ensure_ascii: kwargs.get::<Option<bool>>("ensure_ascii")?.unwrap_or(false),
+    };
+    kwargs.assert_all_used()?;
+    let mut out = String::new();
+    style.write(value, 0, &mut out)?;
+    Ok(out)
+}
+
+struct JsonStyle {
+    indent: Option<String>,
+    item_sep: String,
+    key_sep: String,
+    sort_keys: bool,
+    ensure_ascii: bool,
+}
+
+impl JsonStyle {
+    fn write(&self, v: &Value, level: usize, out: &mut String) -> Result<(), Error> {
+        match v.kind() {
+            ValueKind::None => out.push_str("null"),
+            ValueKind::Bool => out.push_str(if v.is_true() { "true" } else { "false" }),
+            ValueKind::Number if v.is_integer() => out.push_str(&v.to_string()),
+            ValueKind::Number => out.push_str(&py_float(f64::try_from(v.clone())?, true)),
+            ValueKind::String => self.write_str(v.as_str().unwrap_or_default(), out),
+            ValueKind::Seq | ValueKind::Iterable => {
+                let items: Vec<Value> = v.try_iter()?.collect();
+                self.write_container(out, level, ('[', ']'), &items, |item, out| {
+                    self.write(item, level + 1, out)
+                })?;
+            }
+            ValueKind::Map => {
+                let mut entries = Vec::new();
+                for k in v.try_iter()? {
+                    entries.push((self.key(&k)?, v.get_item(&k)?));
+                }
+                if self.sort_keys {
+                    entries.sort_by(|a, b| a.0.cmp(&b.0));
+                }
+                self.write_container(out, level, ('{', '}'), &entries, |(k, val), out| {
+                    self.write_str(k, out);
+                    out.push_str(&self.key_sep);
+                    self.write(val, level + 1, out)
+                })?;
+            }
+            kind => {
+                return Err(Error::new(
+                    ErrorKind::InvalidOperation,
+                    format!("Object of type {kind} is not JSON serializable"),
+                ))
+            }
+        }
+        Ok(())
+    }
+
+    fn write_container<T>(
+        &self,
+        out: &mut String,
+        level: usize,
+        (open, close): (char, char),
+        items: &[T],
+        mut each: impl FnMut(&T, &mut String) -> Result<(), Error>,
+    ) -> Result<(), Error> {
+        out.push(open);
+        if items.is_empty() {
+            out.push(close);
+            return Ok(());
+        }
+        let newline = |out: &mut String, level: usize| {
+            if let Some(indent) = &self.indent {
+                out.push('\n');
+                out.push_str(&indent.repeat(level));
+            }
+        };
+        for (i, item) in items.iter().enumerate() {
+            if i > 0 {
+                out.push_str(&self.item_sep);
+            }
+            newline(out, level + 1);
+            each(item, out)?;
+        }
+        newline(out, level);
+        out.push(close);
+        Ok(())
+    }
+
+    /// json.dumps turns non-string keys into strings: 1 -> "1", True -> "true", None -> "null".
+    fn key(&self, k: &Value) -> Result<String, Error> {
+        Ok(match k.kind() {
+            ValueKind::String => k.as_str().unwrap_or_default().to_string(),
+            ValueKind::None | ValueKind::Bool | ValueKind::Number => {
+                let mut s = String::new();
+                self.write(k, 0, &mut s)?;
+                s
+            }
+            kind => {
+                return Err(Error::new(
+                    ErrorKind::InvalidOperation,
+                    format!("keys must be str, int, float, bool or None, not {kind}"),
+                ))
+            }
+        })
+    }
+
+    fn write_str(&self, s: &str, out: &mut String) {
+        out.push('"');
+        for c in s.chars() {
+            match c {
+                '"' => out.push_str("\\\""),
+                '\\' => out.push_str("\\\\"),
+                '\n' => out.push_str("\\n"),
+                '\r' => out.push_str("\\r"),
+                '\t' => out.push_str("\\t"),
+                '\u{8}' => out.push_str("\\b"),
+                '\u{c}' => out.push_str("\\f"),
+                c if (c as u32) < 0x20 || (self.ensure_ascii && !c.is_ascii()) => {
+                    let mut buf = [0u16; 2];
+                    for unit in c.encode_utf16(&mut buf) {
+                        out.push_str(&format!("\\u{unit:04x}"));
+                    }
+                }
+                c => out.push(c),
+            }
+        }
+        out.push('"');
+    }
+}
+
+/// `strftime_now(fmt)`: the local time formatted by C's strftime, as Python's
+/// `datetime.now().strftime(fmt)` (templates use it for "Today's date").
+fn strftime_now(format: String) -> Result<String, Error> {
+    let fmt = std::ffi::CString::new(format)
+        .map_err(|e| Error::new(ErrorKind::InvalidOperation, e.to_string()))?;
+    let mut buf = [0u8; 256];
+    // SAFETY: plain libc calls on stack values; strftime writes at most buf.len() bytes.
+    let n = unsafe {
+        let t = libc::time(std::ptr::null_mut());
+        let mut tm: libc::tm = std::mem::zeroed();
+        libc::localtime_r(&t, &mut tm);
+        libc::strftime(buf.as_mut_ptr().cast(), buf.len(), fmt.as_ptr(), &tm)
+    };
+    Ok(String::from_utf8_lossy(&buf[..n]).into_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn data_dir() -> std::path::PathBuf {
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/data/chat-templates")
+    }
+
+    /// Every reference rendering made by transformers (gen_vectors.py) must match byte for byte,
+    /// and every expected template error must be raised.
+    #[test]
+    fn all_reference_vectors_match() {
+        let dir = data_dir();
+        let doc: Json =
+            serde_json::from_str(&std::fs::read_to_string(dir.join("vectors.json")).unwrap())
+                .unwrap();
+        let vectors = doc["vectors"].as_array().unwrap();
+        let (mut texts, mut errors, mut failures) = (0, 0, Vec::new());
+        for v in vectors {
+            let id = v["id"].as_str().unwrap();
+            let file = v["template"].as_str().unwrap();
+            let source = std::fs::read_to_string(dir.join(file)).unwrap();
+            let template = ChatTemplate::new(file.into(), source).unwrap();
+            let messages = v["messages"].as_array().unwrap();
+            let tools = Some(&v["tools"]).filter(|t| !t.is_null());
+            let kwargs = v["kwargs"].as_object().unwrap();
+            let got = template.render(
+                messages,
+                tools,
+                v["add_generation_prompt"].as_bool().unwrap(),
+                kwargs,
+            );
+            match (v.get("expected_text").and_then(Json::as_str), got) {
+                (Some(want), Ok(got)) if got == want => texts += 1,
+                (Some(want), Ok(got)) => {
+                    failures.push(format!("{id}: rendered\n{got:?}\nwant\n{want:?}"))
+                }
+                (Some(_), Err(e)) => failures.push(format!("{id}: {e:#}")),
+                (None, Ok(got)) => {
+                    failures.push(format!("{id}: expected an error, rendered {got:?}"))
+                }
+                (None, Err(e)) => {
+                    // "TemplateError: <msg>" comes from raise_exception and must carry the message.
+                    let want = v["expected_error"].as_str().unwrap();
+                    match want.strip_prefix("TemplateError: ") {
+                        Some(msg) if !format!("{e:#}").contains(msg) => {
+                            failures.push(format!("{id}: {e:#} lacks {msg:?}"))
+                        }
+                        _ => errors += 1,
+                    }
+                }
+            }
+        }
+        assert!(
+            failures.is_empty(),
+            "{} of {} vectors fail:\n{}",
+            failures.len(),
+            vectors.len(),
+            failures.join("\n\n")
+        );
+        assert_eq!((texts, errors), (79, 8), "vectors.json changed size");
+    }
+
+    fn render(source: &str, ctx: Json) -> String {
+        let t = ChatTemplate::new("t".into(), source.into()).unwrap();
+        let extra = ctx.as_object().unwrap().clone();
+        t.render(&[], None, false, &extra).unwrap()
+    }
+
+    #[test]
+    fn python_semantics() {
+        let ctx =
+            serde_json::json!({"x": {"b": [1, 2.5, true, null, "é\"<&>"], "a": 1e-7}, "f": 3.0});
+        assert_eq!(
+            render("{{ x | tojson }}", ctx.clone()),
+            r#"{"b": [1, 2.5, true, null, "é\"<&>"], "a": 1e-07}"#
+        );
+        assert_eq!(
+            render("{{ x | tojson(indent=2, sort_keys=true) }}", ctx.clone()),
+            "{\n  \"a\": 1e-07,\n  \"b\": [\n    1,\n    2.5,\n    true,\n    null,\n    \"é\\\"<&>\"\n  ]\n}"
+        );
+        assert_eq!(
+            render("{{ x.b }}|{{ x.b[2] }}|{{ f }}|{{ none }}", ctx.clone()),
+            r#"[1, 2.5, True, None, 'é"<&>']|True|3.0|None"#
+        );
+        assert_eq!(
+            render("{{ x.b[2] | string }} {{ '  a b '.strip() }}", ctx.clone()),
+            "True a b"
+        );
+        assert_eq!(
+            render("{{ 'x\n' }}\n", ctx),
+            "x\n",
+            "one trailing newline of the template is dropped"
+        );
+        assert_eq!(py_float(1e16, false), "1e+16");
+        assert_eq!(py_float(123456.0, false), "123456.0");
+        assert_eq!(py_float(-0.0001, false), "-0.0001");
+        assert!(render("{{ strftime_now('%Y') }}", serde_json::json!({})).starts_with("20"));
+    }
+
+    #[test]
+    fn template_from_tokenizer_config() {
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = serde_json::json!({"chat_template": [
+            {"name": "tool_use", "template": "T"},
+            {"name": "default", "template": "D{{ messages|length }}"},
+        ]});
+        let t = ChatTemplate::from_dir(dir.path(), Some(&cfg))
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            t.render(
+                &[serde_json::json!({"role": "user", "content": "hi"})],
+                None,
+                true,
+                &Map::new()
+            )
+            .unwrap(),
+            "D1"
+        );
+        assert!(ChatTemplate::from_dir(dir.path(), None).unwrap().is_none());
+        std::fs::write(dir.path().join("chat_template.jinja"), "F").unwrap();
+        let t = ChatTemplate::from_dir(dir.path(), Some(&cfg))
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            t.render(&[], None, true, &Map::new()).unwrap(),
+            "F",
+            "chat_template.jinja wins"
+        );
+    }
+}

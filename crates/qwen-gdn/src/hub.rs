@@ -1,0 +1,360 @@
+//! Resolves `--model` to a checkpoint folder: a local folder, or a Hugging Face Hub repo id
+//! looked up in (and downloaded into) the standard HF cache, so that files fetched by mlx-lm or
+//! huggingface-cli are reused and ours are reused by them.
+
+use anyhow::{bail, Context, Result};
+use std::path::{Path, PathBuf};
+
+/// Files a checkpoint folder must have before the weights are opened.
+const REQUIRED: [&str; 2] = ["config.json", "tokenizer.json"];
+/// Fetched when the repo has them; everything else in a repo (README, images, ...) is skipped.
+const OPTIONAL: [&str; 3] = [
+    "generation_config.json",
+    "tokenizer_config.json",
+    "chat_template.jinja",
+];
+const INDEX: &str = "model.safetensors.index.json";
+const SINGLE: &str = "model.safetensors";
+
+/// Returns the folder holding config.json, the tokenizer and the weights.
+pub fn resolve(model: &str, revision: Option<&str>) -> Result<PathBuf> {
+    let path = expand_home(model);
+    if path.is_dir() {
+        if revision.is_some() {
+            bail!("--revision only applies to Hub repo ids, but --model {model} is a local folder");
+        }
+        check_folder(&path)?;
+        return Ok(path);
+    }
+    if path.exists() {
+        bail!("--model {model} is a file; pass the folder that holds config.json");
+    }
+    if !is_repo_id(model) {
+        bail!("model folder {model} does not exist");
+    }
+    let dir = HubEnv::from_env()
+        .resolve(model, revision.unwrap_or("main"))
+        .with_context(|| format!("--model {model} (not a local folder, so a Hub repo id)"))?;
+    check_folder(&dir)?;
+    Ok(dir)
+}
+
+fn check_folder(dir: &Path) -> Result<()> {
+    for file in REQUIRED {
+        if !dir.join(file).is_file() {
+            bail!("model folder {} has no {file}", dir.display());
+        }
+    }
+    Ok(())
+}
+
+fn expand_home(model: &str) -> PathBuf {
+    match (model.strip_prefix("~/"), std::env::var_os("HOME")) {
+        (Some(rest), Some(home)) => Path::new(&home).join(rest),
+        _ => PathBuf::from(model),
+    }
+}
+
+/// `org/name` with Hub-legal characters; anything else that does not exist is a missing folder.
+fn is_repo_id(s: &str) -> bool {
+    let legal = |p: &str| {
+        !p.is_empty()
+            && !p.starts_with('.')
+            && p.chars()
+                .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
+    };
+    matches!(s.split_once('/'), Some((org, name)) if legal(org) && legal(name))
+}
+
+/// What the Hub client takes from the environment, read in one place (tests build it directly).
+#[cfg_attr(not(feature = "hub"), allow(dead_code))] // token and endpoint serve downloads only
+struct HubEnv {
+    cache: PathBuf,
+    offline: bool,
+    token: Option<String>,
+    endpoint: Option<String>,
+}
+
+impl HubEnv {
+    /// huggingface_hub's rules: HF_HUB_CACHE, else $HF_HOME/hub, else
+    /// $XDG_CACHE_HOME/huggingface/hub, else ~/.cache/huggingface/hub. hf-hub 0.5 ignores
+    /// HF_HUB_CACHE, HF_HUB_OFFLINE and HF_TOKEN, hence this.
+    fn from_env() -> Self {
+        let var = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
+        let home = var("HF_HOME").map(PathBuf::from).unwrap_or_else(|| {
+            let cache = var("XDG_CACHE_HOME").map(PathBuf::from);
+            cache
+                .unwrap_or_else(|| expand_home("~/.cache"))
+                .join("huggingface")
+        });
+        let token = var("HF_TOKEN").or_else(|| {
+            let file = std::fs::read_to_string(home.join("token")).ok()?;
+            Some(file.trim().to_string()).filter(|t| !t.is_empty())
+        });
+        let offline = var("HF_HUB_OFFLINE")
+            .is_some_and(|v| ["1", "on", "yes", "true"].contains(&v.to_lowercase().as_str()));
+        Self {
+            cache: var("HF_HUB_CACHE")
+                .map(PathBuf::from)
+                .unwrap_or(home.join("hub")),
+            offline,
+            token,
+            endpoint: var("HF_ENDPOINT"),
+        }
+    }
+
+    fn resolve(&self, repo: &str, revision: &str) -> Result<PathBuf> {
+        if self.offline {
+            return self.cached(repo, revision).map_err(|e| {
+                anyhow::anyhow!(
+                    "{e:#} (HF_HUB_OFFLINE=1 reads only the cache: fetch the model once online, \
+                     or pass a local folder)"
+                )
+            });
+        }
+        self.download(repo, revision)
+    }
+
+    /// `models--org--name/snapshots/<sha>` for a commit sha, or for the sha a branch/tag points to.
+    fn snapshot(&self, repo: &str, revision: &str) -> Option<PathBuf> {
+        let root = self
+            .cache
+            .join(format!("models--{}", repo.replace('/', "--")));
+        let sha = if is_commit(revision) {
+            revision.to_string()
+        } else {
+            let sha = std::fs::read_to_string(root.join("refs").join(revision)).ok()?;
+            sha.trim().to_string()
+        };
+        Some(root.join("snapshots").join(sha))
+    }
+
+    /// Cache lookup only: no network.
+    fn cached(&self, repo: &str, revision: &str) -> Result<PathBuf> {
+        let snapshot = self.snapshot(repo, revision);
+        fetch_checkpoint(&mut |file, required| {
+            let path = snapshot
+                .as_ref()
+                .map(|s| s.join(file))
+                .filter(|p| p.is_file());
+            if path.is_none() && required {
+                bail!(
+                    "{file} of {repo}@{revision} is not in the Hugging Face cache {}",
+                    self.cache.display()
+                );
+            }
+            Ok(path)
+        })
+    }
+
+    #[cfg(not(feature = "hub"))]
+    fn download(&self, repo: &str, revision: &str) -> Result<PathBuf> {
+        self.cached(repo, revision).map_err(|e| {
+            anyhow::anyhow!(
+                "{e:#} (this qwen-gdn was built without the `hub` feature: fetch the model with \
+                 huggingface-cli, or pass a local folder)"
+            )
+        })
+    }
+
+    #[cfg(feature = "hub")]
+    fn download(&self, repo: &str, revision: &str) -> Result<PathBuf> {
+        use hf_hub::{api::sync::ApiBuilder, Repo, RepoType};
+        use std::io::IsTerminal;
+
+        let mut builder = ApiBuilder::from_env()
+            .with_cache_dir(self.cache.clone())
+            .with_token(self.token.clone())
+            .with_progress(std::io::stderr().is_terminal());
+        if let Some(endpoint) = &self.endpoint {
+            builder = builder.with_endpoint(endpoint.clone());
+        }
+        let api = builder.build().context("starting the Hub client")?;
+        let api_repo = api.repo(Repo::with_revision(
+            repo.to_string(),
+            RepoType::Model,
+            revision.to_string(),
+        ));
+        // One listing call tells which optional files exist (no 404 probing) and the commit
+        // whose snapshot may already be cached.
+        let endpoint = self.endpoint.as_deref().unwrap_or("https://huggingface.co");
+        let info = match api_repo.info() {
+            Ok(info) => info,
+            Err(hf_hub::api::sync::ApiError::RequestError(e))
+                if matches!(*e, ureq::Error::StatusCode(_)) =>
+            {
+                bail!(
+                    "{endpoint} answered {e} for {repo}@{revision}: check the repo id and \
+                     --revision (gated or private repos need HF_TOKEN)"
+                )
+            }
+            Err(e) => {
+                // As with huggingface_hub, a complete cached copy works while the Hub is away.
+                return self.cached(repo, revision).map_err(|cache_err| {
+                    anyhow::anyhow!(
+                        "cannot reach {endpoint} ({e}), and {cache_err:#}; once the model is cached, \
+                         HF_HUB_OFFLINE=1 runs without the network; or pass a local folder"
+                    )
+                });
+            }
+        };
+        let listed: std::collections::HashSet<&str> =
+            info.siblings.iter().map(|s| s.rfilename.as_str()).collect();
+        let snapshot = self
+            .snapshot(repo, &info.sha)
+            .context("a commit sha needs no ref")?;
+        fetch_checkpoint(&mut |file, required| {
+            if !listed.contains(file) {
+                if required {
+                    bail!("{repo}@{revision} on the Hub has no {file}");
+                }
+                return Ok(None);
+            }
+            let path = snapshot.join(file);
+            if path.is_file() {
+                return Ok(Some(path));
+            }
+            let got = api_repo
+                .download(file)
+                .with_context(|| format!("downloading {file} of {repo}@{revision}"))?;
+            // A file fetched by branch name lands in the snapshot of the commit the branch has
+            // now; after a push during the download it would split the checkpoint.
+            if got != path {
+                bail!("{repo}@{revision} changed on the Hub while downloading; run again");
+            }
+            Ok(Some(path))
+        })
+    }
+}
+
+fn is_commit(revision: &str) -> bool {
+    revision.len() == 40 && revision.chars().all(|c| c.is_ascii_hexdigit())
+}
+
+/// Fetches what a checkpoint needs through `fetch(file, required)` and returns the folder of
+/// config.json. Shards are listed by the safetensors index, so nothing else is downloaded.
+fn fetch_checkpoint(
+    fetch: &mut dyn FnMut(&str, bool) -> Result<Option<PathBuf>>,
+) -> Result<PathBuf> {
+    let config = fetch("config.json", true)?.context("config.json")?;
+    let dir = config
+        .parent()
+        .context("config.json has no parent folder")?
+        .to_path_buf();
+    fetch("tokenizer.json", true)?;
+    for file in OPTIONAL {
+        fetch(file, false)?;
+    }
+    match fetch(INDEX, false)? {
+        Some(index) => {
+            for shard in shard_names(&index)? {
+                fetch(&shard, true)?;
+            }
+        }
+        None => {
+            fetch(SINGLE, true)?;
+        }
+    }
+    Ok(dir)
+}
+
+/// Unique shard file names of a `model.safetensors.index.json`, in first-seen order.
+fn shard_names(index: &Path) -> Result<Vec<String>> {
+    let read = || -> Result<Vec<String>> {
+        let json: serde_json::Value = serde_json::from_slice(&std::fs::read(index)?)?;
+        let map = json
+            .get("weight_map")
+            .and_then(|m| m.as_object())
+            .context("no \"weight_map\" object")?;
+        let mut names: Vec<String> = Vec::new();
+        for file in map.values() {
+            let file = file
+                .as_str()
+                .context("a weight_map value is not a string")?;
+            if !names.iter().any(|n| n == file) {
+                names.push(file.to_string());
+            }
+        }
+        Ok(names)
+    };
+    read().with_context(|| format!("reading {}", index.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SHA: &str = "0123456789abcdef0123456789abcdef01234567";
+
+    /// A cache laid out like huggingface_hub's: refs/main -> snapshots/<sha>/files.
+    fn fake_cache(files: &[&str]) -> (tempfile::TempDir, HubEnv) {
+        let tmp = tempfile::tempdir().unwrap();
+        let root = tmp.path().join("models--org--tiny");
+        let snap = root.join("snapshots").join(SHA);
+        std::fs::create_dir_all(&snap).unwrap();
+        std::fs::create_dir_all(root.join("refs")).unwrap();
+        std::fs::write(root.join("refs/main"), SHA).unwrap();
+        for f in files {
+            let body = if *f == INDEX {
+                r#"{"weight_map": {"a": "s1.safetensors", "b": "s2.safetensors", "c": "s1.safetensors"}}"#
+            } else {
+                "{}"
+            };
+            std::fs::write(snap.join(f), body).unwrap();
+        }
+        let env = HubEnv {
+            cache: tmp.path().to_path_buf(),
+            offline: true,
+            token: None,
+            endpoint: None,
+        };
+        (tmp, env)
+    }
+
+    #[test]
+    fn offline_cache_hit_resolves_to_the_snapshot() {
+        let (tmp, env) = fake_cache(&[
+            "config.json",
+            "tokenizer.json",
+            INDEX,
+            "s1.safetensors",
+            "s2.safetensors",
+        ]);
+        let dir = env.resolve("org/tiny", "main").unwrap();
+        assert_eq!(
+            dir,
+            tmp.path().join("models--org--tiny/snapshots").join(SHA)
+        );
+        // A commit sha needs no ref.
+        assert_eq!(env.resolve("org/tiny", SHA).unwrap(), dir);
+    }
+
+    #[test]
+    fn offline_cache_miss_names_the_file() {
+        let (_tmp, env) = fake_cache(&["config.json", "tokenizer.json", INDEX, "s1.safetensors"]);
+        let err = format!("{:#}", env.resolve("org/tiny", "main").unwrap_err());
+        assert!(
+            err.contains("s2.safetensors of org/tiny@main is not in the Hugging Face cache"),
+            "{err}"
+        );
+        assert!(err.contains("HF_HUB_OFFLINE"), "{err}");
+        let err = format!("{:#}", env.resolve("org/other", "main").unwrap_err());
+        assert!(err.contains("config.json of org/other@main"), "{err}");
+    }
+
+    #[test]
+    fn single_file_checkpoint() {
+        let (_tmp, env) = fake_cache(&["config.json", "tokenizer.json", SINGLE]);
+        assert!(env.resolve("org/tiny", "main").is_ok());
+    }
+
+    #[test]
+    fn repo_ids() {
+        assert!(is_repo_id("mlx-community/Qwen3-Next-80B-A3B-Instruct-4bit"));
+        for s in [
+            "models", "./a/b", "/a/b", "~/a/b", "a/b/c", "a/", "/b", "a b/c", "../x",
+        ] {
+            assert!(!is_repo_id(s), "{s}");
+        }
+    }
+}

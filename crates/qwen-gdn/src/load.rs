@@ -1,0 +1,137 @@
+//! What `generate` and `eval` share: which checkpoint to open and how to load its model.
+
+use anyhow::{bail, Context, Result};
+use candle_core::Device;
+use qwen_gdn_model::{LoadOptions, Model, StateDtype};
+use serde_json::Value as Json;
+use std::path::{Path, PathBuf};
+use tokenizers::Tokenizer;
+
+#[derive(clap::Args)]
+pub struct ModelArgs {
+    /// A local model folder, or a Hugging Face repo id (org/name) fetched into or reused from the
+    /// HF cache ($HF_HUB_CACHE, else $HF_HOME/hub, else ~/.cache/huggingface/hub).
+    /// HF_HUB_OFFLINE=1 uses the cache only; HF_TOKEN and HF_ENDPOINT are honoured.
+    #[arg(long, value_name = "FOLDER|REPO")]
+    pub model: String,
+    /// Branch, tag or commit of a Hub repo id [default: main]
+    #[arg(long)]
+    pub revision: Option<String>,
+    /// Tokens per forward pass over the prompt (or the scored text); bounds peak memory
+    #[arg(long, default_value_t = 2048, value_name = "N", value_parser = positive_usize)]
+    pub prefill_chunk_size: usize,
+    /// Storage dtype of the Gated DeltaNet recurrent state [default: f32, or bf16 when
+    /// MLX_LM_GDN_STATE_BF16=1]
+    #[arg(long, value_enum)]
+    pub gdn_state_dtype: Option<GdnStateDtype>,
+}
+
+#[derive(Clone, Copy, clap::ValueEnum)]
+pub enum GdnStateDtype {
+    F32,
+    Bf16,
+}
+
+/// A resolved checkpoint folder with its tokenizer: cheap to open, so prompts are checked
+/// before gigabytes of weights are mapped.
+pub struct Checkpoint {
+    pub dir: PathBuf,
+    pub tokenizer: Tokenizer,
+    /// tokenizer_config.json, when present: chat template and special tokens.
+    pub tokenizer_config: Option<Json>,
+}
+
+impl ModelArgs {
+    pub fn open(&self) -> Result<Checkpoint> {
+        let dir = crate::hub::resolve(&self.model, self.revision.as_deref())?;
+        let path = dir.join("tokenizer.json");
+        let tokenizer = Tokenizer::from_file(&path)
+            .map_err(|e| anyhow::anyhow!("cannot load tokenizer {}: {e}", path.display()))?;
+        let tokenizer_config = read_json_opt(&dir.join("tokenizer_config.json"))?;
+        Ok(Checkpoint {
+            dir,
+            tokenizer,
+            tokenizer_config,
+        })
+    }
+
+    pub fn load_model(&self, checkpoint: &Checkpoint) -> Result<Model> {
+        // The flag overrides mlx-lm's environment switch.
+        let (gdn_state_dtype, source) = match self.gdn_state_dtype {
+            Some(GdnStateDtype::F32) => (StateDtype::F32, "--gdn-state-dtype f32"),
+            Some(GdnStateDtype::Bf16) => (StateDtype::Bf16, "--gdn-state-dtype bf16"),
+            None => (StateDtype::from_env(), "MLX_LM_GDN_STATE_BF16=1"),
+        };
+        // The one place to lift once the fused op stores bf16 state.
+        if gdn_state_dtype == StateDtype::Bf16 {
+            bail!("{source} (bf16 GDN state) is not implemented yet; see the fused-op work");
+        }
+        let opts = LoadOptions {
+            gdn_state_dtype,
+            ..LoadOptions::default()
+        };
+        Model::load(&checkpoint.dir, &device()?, &opts)
+    }
+}
+
+impl Checkpoint {
+    /// Errors when `n` tokens do not fit the model's context; `what` names the input.
+    pub fn check_fits(&self, model: &Model, n: usize, what: &str) -> Result<()> {
+        let max = model.config().max_position_embeddings;
+        if n > max {
+            bail!(
+                "{what} is {n} tokens, more than max_position_embeddings = {max} in {}",
+                self.dir.join("config.json").display()
+            );
+        }
+        Ok(())
+    }
+}
+
+/// The model runs on the CPU so far (the Metal and CUDA model paths are open work: the
+/// `--device` flag arrives with them), whatever candle was built with.
+fn device() -> Result<Device> {
+    Ok(Device::Cpu)
+}
+
+/// Reads an optional JSON file: `None` when it does not exist, an error naming it if invalid.
+pub fn read_json_opt(path: &Path) -> Result<Option<Json>> {
+    match std::fs::read(path) {
+        Ok(bytes) => serde_json::from_slice(&bytes)
+            .map(Some)
+            .with_context(|| format!("invalid JSON in {}", path.display())),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(e).with_context(|| format!("cannot read {}", path.display())),
+    }
+}
+
+/// The text of `--flag` (`-` = stdin) or of `--flag-file`, with a name for it in errors.
+/// Blank input is an error.
+pub fn read_input(text: Option<&str>, file: Option<&Path>, flag: &str) -> Result<(String, String)> {
+    let (body, what) = match (text, file) {
+        (Some("-"), _) => {
+            let mut s = String::new();
+            std::io::Read::read_to_string(&mut std::io::stdin(), &mut s)
+                .context("reading stdin")?;
+            (s, format!("{flag} from stdin"))
+        }
+        (Some(t), _) => (t.to_string(), flag.to_string()),
+        (None, Some(f)) => {
+            let s = std::fs::read_to_string(f)
+                .with_context(|| format!("cannot read {flag}-file {}", f.display()))?;
+            (s, format!("{flag}-file {}", f.display()))
+        }
+        (None, None) => bail!("pass {flag} or {flag}-file"),
+    };
+    if body.trim().is_empty() {
+        bail!("{what} is empty");
+    }
+    Ok((body, what))
+}
+
+pub fn positive_usize(s: &str) -> Result<usize, String> {
+    match s.parse::<usize>() {
+        Ok(n) if n > 0 => Ok(n),
+        _ => Err("expected a whole number of at least 1".into()),
+    }
+}

@@ -1,0 +1,264 @@
+//! Every failure exits non-zero with one `error:` line naming the flag or file, never a panic.
+
+mod common;
+
+use common::*;
+use serde_json::Value as Json;
+use std::path::Path;
+
+const MODEL: &str = "qwen3.5-tiny-4bit";
+
+fn generate(model: &Path, extra: &[&str]) -> std::process::Output {
+    let mut args = vec!["generate", "--model", model.to_str().unwrap()];
+    if !extra.iter().any(|a| a.starts_with("--prompt")) {
+        args.extend(["--prompt", "Hello there"]);
+    }
+    args.extend(extra);
+    run(&args)
+}
+
+fn edit_json(path: &Path, edit: impl FnOnce(&mut Json)) {
+    let mut json: Json = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    edit(&mut json);
+    std::fs::write(path, json.to_string()).unwrap();
+}
+
+fn display(p: &Path) -> String {
+    p.display().to_string()
+}
+
+#[test]
+fn missing_model_folder() {
+    assert_error(
+        &run(&["generate", "--model", "./no/such/model", "--prompt", "hi"]),
+        &["model folder ./no/such/model does not exist"],
+    );
+    assert_error(
+        &run(&["eval", "--model", "/no/such/model", "--text", "hi there"]),
+        &["/no/such/model"],
+    );
+    // `org/name` could be a Hub repo: with HF_HUB_OFFLINE=1 the error says it is neither.
+    let tmp = tempfile::tempdir().unwrap();
+    let out = command(&[
+        "generate",
+        "--model",
+        "models/no-such-model",
+        "--prompt",
+        "hi",
+    ])
+    .env("HF_HUB_CACHE", tmp.path())
+    .output()
+    .unwrap();
+    assert_error(
+        &out,
+        &[
+            "--model models/no-such-model",
+            "not a local folder",
+            "config.json",
+            "HF_HUB_OFFLINE",
+        ],
+    );
+    let file = tmp.path().join("file");
+    std::fs::write(&file, "x").unwrap();
+    assert_error(&generate(&file, &[]), &[&display(&file), "is a file"]);
+}
+
+#[test]
+fn folder_without_config_json() {
+    let (_tmp, dir) = copy_fixture(MODEL);
+    std::fs::remove_file(dir.join("config.json")).unwrap();
+    assert_error(&generate(&dir, &[]), &[&display(&dir), "config.json"]);
+}
+
+#[test]
+fn invalid_json_in_config_json() {
+    let (_tmp, dir) = copy_fixture(MODEL);
+    std::fs::write(dir.join("config.json"), "{\"model_type\": ").unwrap();
+    assert_error(
+        &generate(&dir, &[]),
+        &[&display(&dir.join("config.json")), "JSON"],
+    );
+}
+
+#[test]
+fn unknown_model_type() {
+    let (_tmp, dir) = copy_fixture(MODEL);
+    edit_json(&dir.join("config.json"), |c| {
+        c["model_type"] = "llama".into()
+    });
+    assert_error(
+        &generate(&dir, &[]),
+        &[&display(&dir.join("config.json")), "model_type", "llama"],
+    );
+}
+
+#[test]
+fn truncated_shard() {
+    let (_tmp, dir) = copy_fixture(MODEL);
+    let shard = dir.join("model.safetensors");
+    let len = std::fs::metadata(&shard).unwrap().len();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&shard)
+        .unwrap()
+        .set_len(len / 2)
+        .unwrap();
+    assert_error(&generate(&dir, &[]), &[&display(&shard)]);
+}
+
+#[test]
+fn missing_or_broken_tokenizer() {
+    let (_tmp, dir) = copy_fixture(MODEL);
+    let tokenizer = dir.join("tokenizer.json");
+    std::fs::write(&tokenizer, "{ not json").unwrap();
+    assert_error(&generate(&dir, &[]), &[&display(&tokenizer)]);
+    std::fs::remove_file(&tokenizer).unwrap();
+    assert_error(&generate(&dir, &[]), &[&display(&dir), "tokenizer.json"]);
+}
+
+#[test]
+fn broken_side_files() {
+    let (_tmp, dir) = copy_fixture(MODEL);
+    std::fs::write(dir.join("chat_template.jinja"), "{% if %}").unwrap();
+    assert_error(
+        &generate(&dir, &[]),
+        &["chat template", "chat_template.jinja"],
+    );
+    std::fs::remove_file(dir.join("chat_template.jinja")).unwrap();
+    let gen_config = dir.join("generation_config.json");
+    std::fs::write(&gen_config, "[").unwrap();
+    assert_error(&generate(&dir, &[]), &[&display(&gen_config)]);
+}
+
+#[test]
+fn prompt_longer_than_the_context() {
+    let (_tmp, dir) = copy_fixture(MODEL);
+    edit_json(&dir.join("config.json"), |c| {
+        let text = if c.get("text_config").is_some() {
+            &mut c["text_config"]
+        } else {
+            c
+        };
+        text["max_position_embeddings"] = 8.into();
+    });
+    let long = "one two three four five six seven eight nine ten";
+    assert_error(
+        &generate(&dir, &["--prompt", long]),
+        &["--prompt", "max_position_embeddings", "config.json"],
+    );
+    let out = run(&["eval", "--model", dir.to_str().unwrap(), "--text", long]);
+    assert_error(&out, &["--text", "max_position_embeddings"]);
+}
+
+#[test]
+fn max_tokens_zero() {
+    assert_error(
+        &generate(&fixture(MODEL), &["--max-tokens", "0"]),
+        &["--max-tokens"],
+    );
+}
+
+#[test]
+fn empty_prompt() {
+    let model = fixture(MODEL);
+    assert_error(&generate(&model, &["--prompt", ""]), &["--prompt is empty"]);
+    assert_error(
+        &generate(&model, &["--prompt", "  \n "]),
+        &["--prompt is empty"],
+    );
+    assert_error(
+        &generate(&model, &["--prompt", "-"]),
+        &["--prompt from stdin is empty"],
+    );
+    let tmp = tempfile::tempdir().unwrap();
+    let file = tmp.path().join("empty.txt");
+    std::fs::write(&file, "\n").unwrap();
+    assert_error(
+        &generate(&model, &["--prompt-file", file.to_str().unwrap()]),
+        &["--prompt-file", &display(&file), "empty"],
+    );
+    let missing = tmp.path().join("missing.txt");
+    assert_error(
+        &generate(&model, &["--prompt-file", missing.to_str().unwrap()]),
+        &["--prompt-file", &display(&missing)],
+    );
+    assert_error(
+        &run(&["eval", "--model", model.to_str().unwrap(), "--text", ""]),
+        &["--text is empty"],
+    );
+    assert_error(
+        &run(&["eval", "--model", model.to_str().unwrap(), "--text", "a"]),
+        &["--text", "at least 2"],
+    );
+}
+
+#[test]
+fn invalid_flag_values() {
+    let model = fixture(MODEL);
+    let cases: &[(&[&str], &str)] = &[
+        (&["--temp", "-1"], "--temp"),
+        (&["--temp", "nan"], "--temp"),
+        (&["--top-p", "2"], "--top-p"),
+        (&["--top-p", "0"], "--top-p"),
+        (&["--min-p", "1.5"], "--min-p"),
+        (&["--top-k", "-1"], "--top-k"),
+        (&["--repetition-penalty", "0"], "--repetition-penalty"),
+        (
+            &["--repetition-context-size", "0"],
+            "--repetition-context-size",
+        ),
+        (&["--prefill-chunk-size", "0"], "--prefill-chunk-size"),
+        (&["--gdn-state-dtype", "fp8"], "--gdn-state-dtype"),
+        (&["--enable-thinking", "maybe"], "--enable-thinking"),
+        (&["--chat-template-args", "[1]"], "--chat-template-args"),
+        (&["--chat-template-args", "{oops"], "--chat-template-args"),
+        (&["--seed", "x"], "--seed"),
+        (&["--no-such-flag"], "--no-such-flag"),
+        (
+            &["--prompt", "x", "--prompt-file", "a.txt"],
+            "--prompt-file",
+        ),
+    ];
+    for (extra, flag) in cases {
+        assert_error(&generate(&model, extra), &[flag]);
+    }
+    assert_error(&run(&["generate", "--prompt", "hi"]), &["--model"]);
+    assert_error(
+        &run(&["eval", "--model", model.to_str().unwrap()]),
+        &["--text"],
+    );
+    assert_error(
+        &generate(&model, &["--revision", "main"]),
+        &["--revision", "local folder"],
+    );
+}
+
+#[test]
+fn bf16_state_is_refused_for_now() {
+    let model = fixture(MODEL);
+    assert_error(
+        &generate(&model, &["--gdn-state-dtype", "bf16"]),
+        &["--gdn-state-dtype bf16", "not implemented yet"],
+    );
+    let mut cmd = command(&[
+        "generate",
+        "--model",
+        model.to_str().unwrap(),
+        "--prompt",
+        "hi",
+        "--max-tokens",
+        "2",
+    ]);
+    cmd.env("MLX_LM_GDN_STATE_BF16", "1");
+    assert_error(
+        &cmd.output().unwrap(),
+        &["MLX_LM_GDN_STATE_BF16=1", "not implemented yet"],
+    );
+    // The flag overrides the environment.
+    assert!(cmd
+        .args(["--gdn-state-dtype", "f32"])
+        .output()
+        .unwrap()
+        .status
+        .success());
+}

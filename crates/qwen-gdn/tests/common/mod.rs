@@ -1,0 +1,82 @@
+//! Helpers shared by the integration tests: run the built binary and locate the fixtures.
+#![allow(dead_code)] // each test file uses a different subset
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+
+pub fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../..")
+        .canonicalize()
+        .unwrap()
+}
+
+/// A tiny checkpoint under models/ (made by scripts/gen_fixtures.py).
+pub fn fixture(name: &str) -> PathBuf {
+    let dir = repo_root().join("models").join(name);
+    assert!(
+        dir.join("config.json").is_file(),
+        "fixture {} is missing; run scripts/gen-fixtures.sh",
+        dir.display()
+    );
+    dir
+}
+
+pub fn command(args: &[&str]) -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_qwen-gdn"));
+    cmd.args(args);
+    // Keep the tests off the user's Hugging Face cache and token.
+    cmd.env("HF_HUB_OFFLINE", "1").env(
+        "HF_HOME",
+        std::env::temp_dir().join("qwen-gdn-tests-no-hf-home"),
+    );
+    cmd.env_remove("HF_HUB_CACHE")
+        .env_remove("HF_TOKEN")
+        .env_remove("MLX_LM_GDN_STATE_BF16");
+    cmd
+}
+
+pub fn run(args: &[&str]) -> Output {
+    command(args).stdin(Stdio::null()).output().unwrap()
+}
+
+pub fn stderr(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+/// The failure contract: non-zero exit, exactly one stderr line `error: ...` that mentions
+/// every `needle` (the flag or file at fault), and no panic.
+pub fn assert_error(out: &Output, needles: &[&str]) {
+    let err = stderr(out);
+    assert!(
+        !out.status.success(),
+        "expected a failure, got success; stderr: {err}"
+    );
+    assert!(!err.contains("panicked"), "panic: {err}");
+    assert!(
+        err.starts_with("error: ") && err.ends_with('\n') && err.lines().count() == 1,
+        "not one `error:` line: {err:?}"
+    );
+    for needle in needles {
+        assert!(
+            err.contains(needle),
+            "error does not mention {needle:?}: {err}"
+        );
+    }
+}
+
+/// Copies a checkpoint folder into a fresh temp dir, to break it.
+pub fn copy_fixture(name: &str) -> (tempfile::TempDir, PathBuf) {
+    let tmp = tempfile::tempdir().unwrap();
+    let dst = tmp.path().join(name);
+    copy_dir(&fixture(name), &dst);
+    (tmp, dst)
+}
+
+pub fn copy_dir(src: &Path, dst: &Path) {
+    std::fs::create_dir_all(dst).unwrap();
+    for entry in std::fs::read_dir(src).unwrap() {
+        let entry = entry.unwrap();
+        std::fs::copy(entry.path(), dst.join(entry.file_name())).unwrap();
+    }
+}
