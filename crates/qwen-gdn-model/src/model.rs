@@ -10,7 +10,7 @@ use crate::layers::mlp::Mlp;
 use crate::layers::moe::SparseMoe;
 use crate::layers::norm::RmsNorm;
 use crate::weights::Checkpoint;
-use crate::{Config, LoadOptions};
+use crate::{Config, LoadOptions, StateDtype};
 use anyhow::{bail, ensure, Result};
 use candle_core::{DType, Device, Tensor};
 use std::path::Path;
@@ -36,13 +36,13 @@ pub struct DecoderLayer {
 }
 
 impl DecoderLayer {
-    fn load(ckpt: &Checkpoint, i: usize, cfg: &Config, opts: &LoadOptions) -> Result<Self> {
+    fn load(ckpt: &Checkpoint, i: usize, cfg: &Config) -> Result<Self> {
         let p = format!("model.layers.{i}");
         let dev = &Device::Cpu;
         let eps = cfg.rms_norm_eps as f32;
         let mixer = match cfg.layer_kind(i) {
             LayerKind::LinearAttention => {
-                Mixer::Gdn(GatedDeltaNet::load(ckpt, &format!("{p}.linear_attn"), cfg, opts.gdn_state_dtype)?)
+                Mixer::Gdn(GatedDeltaNet::load(ckpt, &format!("{p}.linear_attn"), cfg)?)
             }
             LayerKind::FullAttention => Mixer::Attention(Attention::load(ckpt, &format!("{p}.self_attn"), cfg)?),
         };
@@ -62,9 +62,9 @@ impl DecoderLayer {
         })
     }
 
-    fn new_cache(&self) -> LayerCache {
+    fn new_cache(&self, state_dtype: StateDtype) -> LayerCache {
         match self.mixer {
-            Mixer::Gdn(_) => LayerCache::Gdn(GdnCache::default()),
+            Mixer::Gdn(_) => LayerCache::Gdn(GdnCache { state_dtype, ..GdnCache::default() }),
             Mixer::Attention(_) => LayerCache::Attention(KvCache::default()),
         }
     }
@@ -98,6 +98,7 @@ pub struct Model {
     config: Config,
     device: Device,
     dtype: DType,
+    gdn_state_dtype: StateDtype,
     embed: Embedding,
     layers: Vec<DecoderLayer>,
     norm: RmsNorm,
@@ -124,10 +125,19 @@ impl Model {
             Linear::load(&ckpt, "lm_head", v, h, &cfg)?
         };
         let layers = (0..cfg.num_hidden_layers)
-            .map(|i| DecoderLayer::load(&ckpt, i, &cfg, opts).map_err(|e| e.context(format!("loading layer {i}"))))
+            .map(|i| DecoderLayer::load(&ckpt, i, &cfg).map_err(|e| e.context(format!("loading layer {i}"))))
             .collect::<Result<Vec<_>>>()?;
         let norm = RmsNorm { weight: ckpt.norm("model.norm.weight", h, device)?, eps: cfg.rms_norm_eps as f32 };
-        Ok(Self { config: cfg, device: device.clone(), dtype: opts.dtype, embed, layers, norm, lm_head })
+        Ok(Self {
+            config: cfg,
+            device: device.clone(),
+            dtype: opts.dtype,
+            gdn_state_dtype: opts.gdn_state_dtype,
+            embed,
+            layers,
+            norm,
+            lm_head,
+        })
     }
 
     pub fn config(&self) -> &Config {
@@ -142,8 +152,14 @@ impl Model {
         &self.layers
     }
 
+    /// A fresh cache whose GDN states are stored in the dtype the model was loaded with.
     pub fn new_cache(&self) -> Cache {
-        Cache { offset: 0, layers: self.layers.iter().map(DecoderLayer::new_cache).collect() }
+        self.new_cache_with(self.gdn_state_dtype)
+    }
+
+    /// A fresh cache with GDN states stored in `state_dtype`.
+    pub fn new_cache_with(&self, state_dtype: StateDtype) -> Cache {
+        Cache { offset: 0, layers: self.layers.iter().map(|l| l.new_cache(state_dtype)).collect() }
     }
 
     /// `[S]` ids → `[1, S, H]` embeddings.

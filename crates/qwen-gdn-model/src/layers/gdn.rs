@@ -17,7 +17,7 @@ use super::norm::{scaled_rms, GatedRmsNorm, RmsNorm};
 use crate::cache::GdnCache;
 use crate::config::Family;
 use crate::weights::Checkpoint;
-use crate::{Config, StateDtype};
+use crate::Config;
 use anyhow::Result;
 use candle_core::{DType, Device, Tensor, D};
 
@@ -35,7 +35,6 @@ pub struct GatedDeltaNet {
     key_dim: usize,
     value_dim: usize,
     kernel: usize,
-    state_dtype: StateDtype,
 }
 
 /// Row order that turns Qwen3-Next's per-key-head groups
@@ -55,7 +54,7 @@ fn ba_rows(hk: usize, r: usize) -> Vec<usize> {
 }
 
 impl GatedDeltaNet {
-    pub fn load(ckpt: &Checkpoint, prefix: &str, cfg: &Config, state_dtype: StateDtype) -> Result<Self> {
+    pub fn load(ckpt: &Checkpoint, prefix: &str, cfg: &Config) -> Result<Self> {
         let h = cfg.hidden_size;
         let (hk, hv, dk, dv) =
             (cfg.linear_num_key_heads, cfg.linear_num_value_heads, cfg.linear_key_head_dim, cfg.linear_value_head_dim);
@@ -98,7 +97,6 @@ impl GatedDeltaNet {
             key_dim: dk,
             value_dim: dv,
             kernel: cfg.linear_conv_kernel_dim,
-            state_dtype,
         })
     }
 
@@ -134,10 +132,10 @@ impl GatedDeltaNet {
         let beta = candle_nn::ops::sigmoid(&beta_in.to_dtype(DType::F32)?)?;
         let g = decay(&a.to_dtype(DType::F32)?, &self.dt_bias, &self.a_log_exp)?;
         let state = match &cache.state {
-            Some(st) if st.dtype() == self.state_dtype.dtype() => st.clone(),
+            Some(st) if st.dtype() == cache.state_dtype.dtype() => st.clone(),
             // A state made with the other dtype is converted, never rejected.
-            Some(st) => st.to_dtype(self.state_dtype.dtype())?,
-            None => Tensor::zeros((b, hv, dv, dk), self.state_dtype.dtype(), x.device())?,
+            Some(st) => st.to_dtype(cache.state_dtype.dtype())?,
+            None => Tensor::zeros((b, hv, dv, dk), cache.state_dtype.dtype(), x.device())?,
         };
         let y = gdn_ops::gated_delta_update(&q.contiguous()?, &k.contiguous()?, &v.contiguous()?, &g, &beta, &state)?;
         cache.state = Some(state);
