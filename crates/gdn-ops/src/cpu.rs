@@ -4,7 +4,7 @@
 //! only itself), so rows are the unit of parallelism and each keeps its `Dk` values in a
 //! local f32 buffer for the whole time loop, like a GPU lane's registers.
 
-use super::GdnDims;
+use super::{GdnDims, Inputs};
 use anyhow::Result;
 use candle_core::{CpuStorage, DType, InplaceOp1, Layout, Tensor};
 use half::bf16;
@@ -15,17 +15,15 @@ fn to_f32_vec(t: &Tensor) -> Result<Vec<f32>> {
     Ok(t.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?)
 }
 
-#[allow(clippy::too_many_arguments)] // the op's inputs, as in the public signature
-pub(crate) fn gated_delta_update(
-    dims: GdnDims,
-    q: &Tensor,
-    k: &Tensor,
-    v: &Tensor,
-    g: &Tensor,
-    beta: &Tensor,
-    state: &Tensor,
-    mask: Option<&Tensor>,
-) -> Result<Tensor> {
+pub(crate) fn gated_delta_update(dims: GdnDims, inputs: &Inputs, state: &Tensor) -> Result<Tensor> {
+    let Inputs {
+        q,
+        k,
+        v,
+        g,
+        beta,
+        mask,
+    } = *inputs;
     let op = Recurrence {
         mask: mask.map(to_f32_vec).transpose()?,
         dims,
@@ -37,7 +35,9 @@ pub(crate) fn gated_delta_update(
         y: Mutex::new(vec![]),
     };
     state.inplace_op1(&op)?;
-    let y = op.y.into_inner().expect("no other holder of the output lock");
+    let y =
+        op.y.into_inner()
+            .expect("no other holder of the output lock");
     let shape = (dims.batch, dims.steps, dims.value_heads, dims.value_dim);
     Ok(Tensor::from_vec(y, shape, q.device())?.to_dtype(q.dtype())?)
 }
@@ -86,27 +86,31 @@ impl Recurrence {
         let group = d.value_heads / d.key_heads;
         // Per-row outputs `[rows, T]`, transposed into `[B, T, Hv, Dv]` afterwards.
         let mut y_rows = vec![0f32; state.len() / dk * t_len];
-        state.par_chunks_mut(dk).zip(y_rows.par_chunks_mut(t_len.max(1))).enumerate().for_each(|(row, (s_row, y))| {
-            let (b, hv, dv_i) = (row / (hv_n * dv), (row / dv) % hv_n, row % dv);
-            let hk = hv / group;
-            let mut s: Vec<f32> = s_row.iter().map(|x| x.load()).collect();
-            for t in 0..t_len {
-                let qk_at = ((b * t_len + t) * d.key_heads + hk) * dk;
-                let (q, k) = (&self.q[qk_at..qk_at + dk], &self.k[qk_at..qk_at + dk]);
-                if self.mask.as_ref().is_some_and(|m| m[b * t_len + t] == 0.0) {
-                    y[t] = 0.0;
-                    continue;
+        state
+            .par_chunks_mut(dk)
+            .zip(y_rows.par_chunks_mut(t_len.max(1)))
+            .enumerate()
+            .for_each(|(row, (s_row, y))| {
+                let (b, hv, dv_i) = (row / (hv_n * dv), (row / dv) % hv_n, row % dv);
+                let hk = hv / group;
+                let mut s: Vec<f32> = s_row.iter().map(|x| x.load()).collect();
+                for t in 0..t_len {
+                    let qk_at = ((b * t_len + t) * d.key_heads + hk) * dk;
+                    let (q, k) = (&self.q[qk_at..qk_at + dk], &self.k[qk_at..qk_at + dk]);
+                    if self.mask.as_ref().is_some_and(|m| m[b * t_len + t] == 0.0) {
+                        y[t] = 0.0;
+                        continue;
+                    }
+                    let gate_at = (b * t_len + t) * hv_n + hv;
+                    let (g, beta) = (self.g[gate_at], self.beta[gate_at]);
+                    let v = self.v[gate_at * dv + dv_i];
+                    let delta = (v - decay_and_read(&mut s, k, g)) * beta;
+                    y[t] = write_and_read(&mut s, k, q, delta);
                 }
-                let gate_at = (b * t_len + t) * hv_n + hv;
-                let (g, beta) = (self.g[gate_at], self.beta[gate_at]);
-                let v = self.v[gate_at * dv + dv_i];
-                let delta = (v - decay_and_read(&mut s, k, g)) * beta;
-                y[t] = write_and_read(&mut s, k, q, delta);
-            }
-            for (dst, x) in s_row.iter_mut().zip(&s) {
-                *dst = S::store(*x);
-            }
-        });
+                for (dst, x) in s_row.iter_mut().zip(&s) {
+                    *dst = S::store(*x);
+                }
+            });
         let mut y = vec![0f32; y_rows.len()];
         for (row, ys) in y_rows.chunks_exact(t_len.max(1)).enumerate() {
             let (b, hv, dv_i) = (row / (hv_n * dv), (row / dv) % hv_n, row % dv);
@@ -170,7 +174,12 @@ fn write_and_read(s: &mut [f32], k: &[f32], q: &[f32], delta: f32) -> f32 {
             acc[l] += sv[l] * qv[l];
         }
     }
-    for ((sv, kv), qv) in sc.into_remainder().iter_mut().zip(kc.remainder()).zip(qc.remainder()) {
+    for ((sv, kv), qv) in sc
+        .into_remainder()
+        .iter_mut()
+        .zip(kc.remainder())
+        .zip(qc.remainder())
+    {
         *sv += kv * delta;
         tail += *sv * qv;
     }

@@ -56,6 +56,16 @@ impl std::str::FromStr for StateDtype {
     }
 }
 
+/// The read-only inputs of one call, as the device backends receive them.
+pub(crate) struct Inputs<'a> {
+    q: &'a Tensor,
+    k: &'a Tensor,
+    v: &'a Tensor,
+    g: &'a Tensor,
+    beta: &'a Tensor,
+    mask: Option<&'a Tensor>,
+}
+
 /// Shapes of one gated-delta call, read off its inputs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct GdnDims {
@@ -68,15 +78,47 @@ pub struct GdnDims {
 }
 
 impl GdnDims {
-    fn of(q: &Tensor, k: &Tensor, v: &Tensor, g: &Tensor, beta: &Tensor, state: &Tensor) -> Result<Self> {
+    fn of(
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        g: &Tensor,
+        beta: &Tensor,
+        state: &Tensor,
+    ) -> Result<Self> {
         let (batch, steps, key_heads, key_dim) = q.dims4()?;
         let (_, _, value_heads, value_dim) = v.dims4()?;
-        let d = Self { batch, steps, key_heads, value_heads, key_dim, value_dim };
-        ensure!(k.dims() == q.dims(), "gated_delta_update: k {:?} must match q {:?}", k.dims(), q.dims());
-        ensure!(v.dims()[..2] == [batch, steps], "gated_delta_update: v {:?} does not match q {:?}", v.dims(), q.dims());
-        ensure!(value_heads % key_heads == 0, "gated_delta_update: {value_heads} value heads not a multiple of {key_heads} key heads");
+        let d = Self {
+            batch,
+            steps,
+            key_heads,
+            value_heads,
+            key_dim,
+            value_dim,
+        };
+        ensure!(
+            k.dims() == q.dims(),
+            "gated_delta_update: k {:?} must match q {:?}",
+            k.dims(),
+            q.dims()
+        );
+        ensure!(
+            v.dims()[..2] == [batch, steps],
+            "gated_delta_update: v {:?} does not match q {:?}",
+            v.dims(),
+            q.dims()
+        );
+        ensure!(
+            value_heads % key_heads == 0,
+            "gated_delta_update: {value_heads} value heads not a multiple of {key_heads} key heads"
+        );
         for (name, t) in [("g", g), ("beta", beta)] {
-            ensure!(t.dims() == [batch, steps, value_heads], "gated_delta_update: {name} {:?}, expected {:?}", t.dims(), [batch, steps, value_heads]);
+            ensure!(
+                t.dims() == [batch, steps, value_heads],
+                "gated_delta_update: {name} {:?}, expected {:?}",
+                t.dims(),
+                [batch, steps, value_heads]
+            );
         }
         ensure!(
             state.dims() == [batch, value_heads, value_dim, key_dim],
@@ -96,7 +138,14 @@ impl GdnDims {
 /// `hv / (Hv / Hk)`. Per token, in mlx-lm's order: `S ← g·S`; `kv = S·k`;
 /// `δ = (v − kv)·β`; `S ← S + δ⊗k`; `y = S·q`. Arithmetic is f32; the state is read
 /// once and written once per call in its own dtype (f32, or bf16 when opted in).
-pub fn gated_delta_update(q: &Tensor, k: &Tensor, v: &Tensor, g: &Tensor, beta: &Tensor, state: &Tensor) -> Result<Tensor> {
+pub fn gated_delta_update(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    g: &Tensor,
+    beta: &Tensor,
+    state: &Tensor,
+) -> Result<Tensor> {
     gated_delta_update_masked(q, k, v, g, beta, state, None)
 }
 
@@ -113,12 +162,25 @@ pub fn gated_delta_update_masked(
 ) -> Result<Tensor> {
     let dims = GdnDims::of(q, k, v, g, beta, state)?;
     if let Some(m) = mask {
-        ensure!(m.dims() == [dims.batch, dims.steps], "gated_delta_update: mask {:?}, expected {:?}", m.dims(), [dims.batch, dims.steps]);
+        ensure!(
+            m.dims() == [dims.batch, dims.steps],
+            "gated_delta_update: mask {:?}, expected {:?}",
+            m.dims(),
+            [dims.batch, dims.steps]
+        );
     }
+    let inputs = Inputs {
+        q,
+        k,
+        v,
+        g,
+        beta,
+        mask,
+    };
     match state.device() {
-        Device::Cpu => cpu::gated_delta_update(dims, q, k, v, g, beta, state, mask),
+        Device::Cpu => cpu::gated_delta_update(dims, &inputs, state),
         #[cfg(any(feature = "metal", target_os = "macos"))]
-        Device::Metal(_) => metal::gated_delta_update(dims, q, k, v, g, beta, state, mask),
+        Device::Metal(_) => metal::gated_delta_update(dims, &inputs, state),
         other => bail!("gated_delta_update: no kernel for device {other:?} yet"),
     }
 }

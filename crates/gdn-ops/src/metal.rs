@@ -5,7 +5,7 @@
 //! three-input custom-op limit), declares every buffer it reads or writes to candle's
 //! encoder so that hazards are tracked, and advances the state buffer in place.
 
-use super::GdnDims;
+use super::{GdnDims, Inputs};
 use anyhow::{anyhow, bail, ensure, Context, Result};
 use candle_core::op::BackpropOp;
 use candle_core::{DType, MetalDevice, MetalStorage, Storage, Tensor};
@@ -46,7 +46,9 @@ fn kernels() -> &'static Mutex<HashMap<u64, DeviceKernels>> {
 }
 
 fn pipeline(dev: &MetalDevice, name: &str) -> Result<ComputePipeline> {
-    let mut cache = kernels().lock().map_err(|_| anyhow!("gated-delta pipeline cache poisoned"))?;
+    let mut cache = kernels()
+        .lock()
+        .map_err(|_| anyhow!("gated-delta pipeline cache poisoned"))?;
     let key = dev.device().registry_id();
     if !cache.contains_key(&key) {
         let options = MTLCompileOptions::new();
@@ -56,13 +58,22 @@ fn pipeline(dev: &MetalDevice, name: &str) -> Result<ComputePipeline> {
             .device()
             .new_library_with_source(SOURCE, Some(&options))
             .map_err(|e| anyhow!("compiling kernels/gated_delta.metal: {e}"))?;
-        cache.insert(key, DeviceKernels { library, pipelines: HashMap::new() });
+        cache.insert(
+            key,
+            DeviceKernels {
+                library,
+                pipelines: HashMap::new(),
+            },
+        );
     }
     let entry = cache.get_mut(&key).expect("inserted above");
     if let Some(p) = entry.pipelines.get(name) {
         return Ok(p.clone());
     }
-    let function = entry.library.get_function(name, None).map_err(|e| anyhow!("kernel {name}: {e}"))?;
+    let function = entry
+        .library
+        .get_function(name, None)
+        .map_err(|e| anyhow!("kernel {name}: {e}"))?;
     let p = dev
         .device()
         .new_compute_pipeline_state_with_function(&function)
@@ -82,49 +93,76 @@ fn dtype_tag(dtype: DType) -> Result<&'static str> {
 
 /// The kernel instantiation for activations of `input` and a state of `state` dtype.
 pub fn kernel_name(input: DType, state: DType) -> Result<String> {
-    ensure!(matches!(state, DType::F32 | DType::BF16), "gated_delta_update: the state must be f32 or bf16");
-    Ok(format!("gated_delta_step_{}_{}", dtype_tag(input)?, dtype_tag(state)?))
+    ensure!(
+        matches!(state, DType::F32 | DType::BF16),
+        "gated_delta_update: the state must be f32 or bf16"
+    );
+    Ok(format!(
+        "gated_delta_step_{}_{}",
+        dtype_tag(input)?,
+        dtype_tag(state)?
+    ))
 }
 
 /// A contiguous Metal tensor's buffer and byte offset.
 fn metal_buffer(t: &Tensor) -> Result<(Buffer, usize)> {
     let (storage, layout) = t.storage_and_layout();
-    let Storage::Metal(m) = &*storage else { bail!("gated_delta_update: expected a Metal tensor") };
-    ensure!(layout.is_contiguous(), "gated_delta_update: inputs must be contiguous");
-    Ok((m.buffer().clone(), layout.start_offset() * t.dtype().size_in_bytes()))
+    let Storage::Metal(m) = &*storage else {
+        bail!("gated_delta_update: expected a Metal tensor")
+    };
+    ensure!(
+        layout.is_contiguous(),
+        "gated_delta_update: inputs must be contiguous"
+    );
+    Ok((
+        m.buffer().clone(),
+        layout.start_offset() * t.dtype().size_in_bytes(),
+    ))
 }
 
-#[allow(clippy::too_many_arguments)] // the op's inputs, as in the public signature
-pub(crate) fn gated_delta_update(
-    dims: GdnDims,
-    q: &Tensor,
-    k: &Tensor,
-    v: &Tensor,
-    g: &Tensor,
-    beta: &Tensor,
-    state: &Tensor,
-    mask: Option<&Tensor>,
-) -> Result<Tensor> {
-    let candle_core::Device::Metal(dev) = state.device() else { bail!("gated_delta_update: state is not on Metal") };
+pub(crate) fn gated_delta_update(dims: GdnDims, inputs: &Inputs, state: &Tensor) -> Result<Tensor> {
+    let Inputs {
+        q,
+        k,
+        v,
+        g,
+        beta,
+        mask,
+    } = *inputs;
+    let candle_core::Device::Metal(dev) = state.device() else {
+        bail!("gated_delta_update: state is not on Metal")
+    };
     ensure!(
         dims.key_dim % 32 == 0 && dims.key_dim <= MAX_KEY_DIM,
         "gated_delta_update: the Metal kernel needs a key head dim that is a multiple of 32 up to {MAX_KEY_DIM} (got {})",
         dims.key_dim
     );
-    ensure!(state.is_contiguous(), "gated_delta_update: the state must be contiguous to be updated in place");
+    ensure!(
+        state.is_contiguous(),
+        "gated_delta_update: the state must be contiguous to be updated in place"
+    );
     let in_dtype = q.dtype();
     let name = kernel_name(in_dtype, state.dtype())?;
     let pipeline = pipeline(dev, &name)?;
     // Inputs in the kernel's layouts and dtypes. Done before taking the encoder: candle ops
     // lock the same command state.
-    let (q, k, v) = (q.contiguous()?, k.to_dtype(in_dtype)?.contiguous()?, v.to_dtype(in_dtype)?.contiguous()?);
-    let (g, beta) = (g.to_dtype(DType::F32)?.contiguous()?, beta.to_dtype(DType::F32)?.contiguous()?);
+    let (q, k, v) = (
+        q.contiguous()?,
+        k.to_dtype(in_dtype)?.contiguous()?,
+        v.to_dtype(in_dtype)?.contiguous()?,
+    );
+    let (g, beta) = (
+        g.to_dtype(DType::F32)?.contiguous()?,
+        beta.to_dtype(DType::F32)?.contiguous()?,
+    );
     let mask = match mask {
         Some(m) => Some(m.to_dtype(DType::F32)?.contiguous()?),
         None => None,
     };
     let y_len = dims.batch * dims.steps * dims.value_heads * dims.value_dim;
-    let y_buffer = dev.new_buffer(y_len, in_dtype, "gated_delta_y").context("allocating y")?;
+    let y_buffer = dev
+        .new_buffer(y_len, in_dtype, "gated_delta_y")
+        .context("allocating y")?;
     let params = GdnParams {
         batch: dims.batch as u32,
         steps: dims.steps as u32,
@@ -134,7 +172,13 @@ pub(crate) fn gated_delta_update(
         value_dim: dims.value_dim as u32,
         has_mask: mask.is_some() as u32,
     };
-    let inputs = [metal_buffer(&q)?, metal_buffer(&k)?, metal_buffer(&v)?, metal_buffer(&g)?, metal_buffer(&beta)?];
+    let inputs = [
+        metal_buffer(&q)?,
+        metal_buffer(&k)?,
+        metal_buffer(&v)?,
+        metal_buffer(&g)?,
+        metal_buffer(&beta)?,
+    ];
     let state_buf = metal_buffer(state)?;
     // Without a mask the kernel never reads buffer 7; bind g so the slot is valid.
     let mask_buf = match &mask {
@@ -158,10 +202,19 @@ pub(crate) fn gated_delta_update(
             height: dims.value_dim.div_ceil(ROWS_PER_THREADGROUP),
             depth: dims.batch * dims.value_heads,
         };
-        let threads = MTLSize { width: 32, height: ROWS_PER_THREADGROUP, depth: 1 };
+        let threads = MTLSize {
+            width: 32,
+            height: ROWS_PER_THREADGROUP,
+            depth: 1,
+        };
         encoder.dispatch_thread_groups(groups, threads);
     }
     let storage = MetalStorage::new(y_buffer, dev.clone(), y_len, in_dtype);
     let shape = (dims.batch, dims.steps, dims.value_heads, dims.value_dim);
-    Ok(Tensor::from_storage(Storage::Metal(storage), shape, BackpropOp::none(), false))
+    Ok(Tensor::from_storage(
+        Storage::Metal(storage),
+        shape,
+        BackpropOp::none(),
+        false,
+    ))
 }

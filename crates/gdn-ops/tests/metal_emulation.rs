@@ -64,7 +64,11 @@ impl In {
             In::F16 => (10, -14),
             In::Bf16 => (7, -126),
         };
-        let exp = if x == 0.0 { min_exp } else { (x.abs().log2().floor() as i32).max(min_exp) };
+        let exp = if x == 0.0 {
+            min_exp
+        } else {
+            (x.abs().log2().floor() as i32).max(min_exp)
+        };
         2f32.powi(exp - mantissa_bits)
     }
 }
@@ -81,11 +85,20 @@ impl St {
     }
 }
 
-const INSTANTIATIONS: [(In, St); 6] =
-    [(In::F32, St::F32), (In::F32, St::Bf16), (In::F16, St::F32), (In::F16, St::Bf16), (In::Bf16, St::F32), (In::Bf16, St::Bf16)];
+const INSTANTIATIONS: [(In, St); 6] = [
+    (In::F32, St::F32),
+    (In::F32, St::Bf16),
+    (In::F16, St::F32),
+    (In::F16, St::Bf16),
+    (In::Bf16, St::F32),
+    (In::Bf16, St::Bf16),
+];
 
 fn workspace_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..").canonicalize().expect("workspace root")
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../..")
+        .canonicalize()
+        .expect("workspace root")
 }
 
 /// Compiles the harness once per test binary.
@@ -165,25 +178,47 @@ impl Rng {
 }
 
 #[allow(clippy::too_many_arguments)]
-fn make_case(inp: In, st: St, t: usize, ratio: usize, dk: usize, dv: usize, masked: bool, seed: u64) -> Case {
+fn make_case(
+    inp: In,
+    st: St,
+    t: usize,
+    ratio: usize,
+    dk: usize,
+    dv: usize,
+    masked: bool,
+    seed: u64,
+) -> Case {
     let (b, hk) = (2, 2);
     let hv = hk * ratio;
     let mut rng = Rng(seed);
     // Unit-norm keys, as the model feeds them: (I - beta k k^T) then contracts, and long
     // sequences stay bounded. q carries the 1/sqrt(Dk) scale.
     let mut unit_rows = |scale: f32| -> Vec<f32> {
-        let mut x: Vec<f32> = (0..b * t * hk * dk).map(|_| rng.signed(0.05, 1.0)).collect();
+        let mut x: Vec<f32> = (0..b * t * hk * dk)
+            .map(|_| rng.signed(0.05, 1.0))
+            .collect();
         for row in x.chunks_exact_mut(dk) {
             let norm = row.iter().map(|v| v * v).sum::<f32>().sqrt();
-            row.iter_mut().for_each(|v| *v = inp.round(*v / norm * scale));
+            row.iter_mut()
+                .for_each(|v| *v = inp.round(*v / norm * scale));
         }
         x
     };
     let q = unit_rows(1.0 / (dk as f32).sqrt());
     let k = unit_rows(1.0);
-    let v = (0..b * t * hv * dv).map(|_| inp.round(rng.signed(0.05, 1.0))).collect();
+    let v = (0..b * t * hv * dv)
+        .map(|_| inp.round(rng.signed(0.05, 1.0)))
+        .collect();
     // Decays in [0.6, 1], some exactly 1 (no decay).
-    let g = (0..b * t * hv).map(|_| if rng.next() & 7 == 0 { 1.0 } else { rng.uniform(0.6, 1.0) }).collect();
+    let g = (0..b * t * hv)
+        .map(|_| {
+            if rng.next() & 7 == 0 {
+                1.0
+            } else {
+                rng.uniform(0.6, 1.0)
+            }
+        })
+        .collect();
     let beta = (0..b * t * hv).map(|_| rng.uniform(0.05, 0.95)).collect();
     let state = (0..b * hv * dv * dk)
         .map(|_| {
@@ -205,7 +240,21 @@ fn make_case(inp: In, st: St, t: usize, ratio: usize, dk: usize, dv: usize, mask
         }
         m
     });
-    Case { b, t, hk, hv, dk, dv, q, k, v, g, beta, state, mask }
+    Case {
+        b,
+        t,
+        hk,
+        hv,
+        dk,
+        dv,
+        q,
+        k,
+        v,
+        g,
+        beta,
+        state,
+        mask,
+    }
 }
 
 struct Out {
@@ -215,13 +264,24 @@ struct Out {
 
 fn run_harness(c: &Case, inp: In, st: St) -> Result<Out, String> {
     let mut bytes = b"GDNEMU01".to_vec();
-    let header = [c.b, c.t, c.hk, c.hv, c.dk, c.dv, c.mask.is_some() as usize, inp.code() as usize, st.code() as usize];
+    let header = [
+        c.b,
+        c.t,
+        c.hk,
+        c.hv,
+        c.dk,
+        c.dv,
+        c.mask.is_some() as usize,
+        inp.code() as usize,
+        st.code() as usize,
+    ];
     for h in header {
         bytes.extend_from_slice(&(h as u32).to_le_bytes());
     }
     let arrays = [&c.q, &c.k, &c.v, &c.g, &c.beta, &c.state];
     for x in arrays.into_iter().chain(c.mask.as_ref()) {
-        x.iter().for_each(|f| bytes.extend_from_slice(&f.to_le_bytes()));
+        x.iter()
+            .for_each(|f| bytes.extend_from_slice(&f.to_le_bytes()));
     }
     let mut child = Command::new(harness())
         .stdin(Stdio::piped())
@@ -230,23 +290,54 @@ fn run_harness(c: &Case, inp: In, st: St) -> Result<Out, String> {
         .spawn()
         .map_err(|e| format!("cannot start the harness: {e}"))?;
     // The harness reads all of its input before writing anything.
-    child.stdin.take().expect("stdin").write_all(&bytes).map_err(|e| format!("writing the case: {e}"))?;
-    let out = child.wait_with_output().map_err(|e| format!("harness: {e}"))?;
+    child
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(&bytes)
+        .map_err(|e| format!("writing the case: {e}"))?;
+    let out = child
+        .wait_with_output()
+        .map_err(|e| format!("harness: {e}"))?;
     if !out.status.success() {
-        return Err(format!("harness failed ({}): {}", out.status, String::from_utf8_lossy(&out.stderr).trim()));
+        return Err(format!(
+            "harness failed ({}): {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        ));
     }
-    let floats: Vec<f32> = out.stdout.chunks_exact(4).map(|w| f32::from_le_bytes([w[0], w[1], w[2], w[3]])).collect();
+    let floats: Vec<f32> = out
+        .stdout
+        .chunks_exact(4)
+        .map(|w| f32::from_le_bytes([w[0], w[1], w[2], w[3]]))
+        .collect();
     let y_len = c.b * c.t * c.hv * c.dv;
     if floats.len() != y_len + c.state.len() {
-        return Err(format!("harness wrote {} floats, expected {}", floats.len(), y_len + c.state.len()));
+        return Err(format!(
+            "harness wrote {} floats, expected {}",
+            floats.len(),
+            y_len + c.state.len()
+        ));
     }
-    Ok(Out { y: floats[..y_len].to_vec(), state: floats[y_len..].to_vec() })
+    Ok(Out {
+        y: floats[..y_len].to_vec(),
+        state: floats[y_len..].to_vec(),
+    })
 }
 
 fn reference(c: &Case, inp: In, st: St) -> Out {
     let dev = Device::Cpu;
-    let t = |x: &[f32], shape: &[usize], dtype: DType| Tensor::from_slice(x, shape, &dev).unwrap().to_dtype(dtype).unwrap();
-    let (qk, v, gate) = (&[c.b, c.t, c.hk, c.dk][..], &[c.b, c.t, c.hv, c.dv][..], &[c.b, c.t, c.hv][..]);
+    let t = |x: &[f32], shape: &[usize], dtype: DType| {
+        Tensor::from_slice(x, shape, &dev)
+            .unwrap()
+            .to_dtype(dtype)
+            .unwrap()
+    };
+    let (qk, v, gate) = (
+        &[c.b, c.t, c.hk, c.dk][..],
+        &[c.b, c.t, c.hv, c.dv][..],
+        &[c.b, c.t, c.hv][..],
+    );
     let state = t(&c.state, &[c.b, c.hv, c.dv, c.dk], st.dtype());
     let mask = c.mask.as_ref().map(|m| t(m, &[c.b, c.t], DType::F32));
     let y = gdn_ops::gated_delta_update_masked(
@@ -259,9 +350,23 @@ fn reference(c: &Case, inp: In, st: St) -> Out {
         mask.as_ref(),
     )
     .unwrap();
-    assert_eq!(y.dtype(), inp.dtype(), "the reference returns y in q's dtype");
-    let f = |x: &Tensor| x.to_dtype(DType::F32).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap();
-    Out { y: f(&y), state: f(&state) }
+    assert_eq!(
+        y.dtype(),
+        inp.dtype(),
+        "the reference returns y in q's dtype"
+    );
+    let f = |x: &Tensor| {
+        x.to_dtype(DType::F32)
+            .unwrap()
+            .flatten_all()
+            .unwrap()
+            .to_vec1::<f32>()
+            .unwrap()
+    };
+    Out {
+        y: f(&y),
+        state: f(&state),
+    }
 }
 
 fn max_abs(x: &[f32]) -> f32 {
@@ -271,14 +376,21 @@ fn max_abs(x: &[f32]) -> f32 {
 /// Largest |got - want| as a fraction of max |want|, with where it is.
 fn rel_err(got: &[f32], want: &[f32]) -> (f32, usize) {
     let scale = max_abs(want).max(f32::MIN_POSITIVE);
-    got.iter().zip(want).enumerate().fold((0f32, 0), |(m, at), (i, (a, b))| {
-        let e = if a.is_nan() { f32::INFINITY } else { (a - b).abs() / scale };
-        if e > m {
-            (e, i)
-        } else {
-            (m, at)
-        }
-    })
+    got.iter()
+        .zip(want)
+        .enumerate()
+        .fold((0f32, 0), |(m, at), (i, (a, b))| {
+            let e = if a.is_nan() {
+                f32::INFINITY
+            } else {
+                (a - b).abs() / scale
+            };
+            if e > m {
+                (e, i)
+            } else {
+                (m, at)
+            }
+        })
 }
 
 const REL_TOL: f32 = 1e-5;
@@ -297,7 +409,11 @@ fn check(c: &Case, inp: In, st: St) -> Vec<String> {
     let (mut worst, mut worst_at) = (0f32, 0);
     for (i, (&a, &b)) in got.y.iter().zip(&want.y).enumerate() {
         let allowed = inp.ulp(a.abs().max(b.abs())).max(REL_TOL * y_scale);
-        let excess = if a.is_nan() { f32::INFINITY } else { (a - b).abs() / allowed };
+        let excess = if a.is_nan() {
+            f32::INFINITY
+        } else {
+            (a - b).abs() / allowed
+        };
         if excess > worst {
             (worst, worst_at) = (excess, i);
         }
@@ -312,7 +428,9 @@ fn check(c: &Case, inp: In, st: St) -> Vec<String> {
     }
     if let Some(m) = &c.mask {
         let per_bt = c.hv * c.dv;
-        let nonzero = (0..got.y.len()).filter(|&i| m[i / per_bt] == 0.0 && got.y[i] != 0.0).count();
+        let nonzero = (0..got.y.len())
+            .filter(|&i| m[i / per_bt] == 0.0 && got.y[i] != 0.0)
+            .count();
         if nonzero > 0 {
             bad.push(format!("{nonzero} y values at padded tokens are not 0"));
         }
@@ -322,7 +440,10 @@ fn check(c: &Case, inp: In, st: St) -> Vec<String> {
         St::F32 => {
             let (e, at) = rel_err(&got.state, &want.state);
             if e > REL_TOL {
-                bad.push(format!("f32 state[{at}] = {} vs reference {}: {e:.3e} of max|S| > {REL_TOL:e}", got.state[at], want.state[at]));
+                bad.push(format!(
+                    "f32 state[{at}] = {} vs reference {}: {e:.3e} of max|S| > {REL_TOL:e}",
+                    got.state[at], want.state[at]
+                ));
             }
         }
         St::Bf16 => {
@@ -334,10 +455,17 @@ fn check(c: &Case, inp: In, st: St) -> Vec<String> {
             let want32 = reference(c, inp, St::F32).state;
             let (e, at) = rel_err(&got32, &want32);
             if e > REL_TOL {
-                bad.push(format!("f32-state sibling: state[{at}] {e:.3e} of max|S| from the reference"));
+                bad.push(format!(
+                    "f32-state sibling: state[{at}] {e:.3e} of max|S| from the reference"
+                ));
             }
             let round = |x: f32| bf16::from_f32(x).to_f32();
-            let not_once = got.state.iter().zip(&got32).filter(|(a, b)| a.to_bits() != round(**b).to_bits()).count();
+            let not_once = got
+                .state
+                .iter()
+                .zip(&got32)
+                .filter(|(a, b)| a.to_bits() != round(**b).to_bits())
+                .count();
             if not_once > 0 {
                 bad.push(format!("{not_once} bf16 state values are not the kernel's f32 state rounded once to bf16"));
             }
@@ -368,7 +496,10 @@ fn check(c: &Case, inp: In, st: St) -> Vec<String> {
             // A rounding tie broken differently by f32 summation order is rare; many of them
             // would mean something else is wrong.
             if straddles * 1000 > got.state.len() {
-                bad.push(format!("{straddles} of {} bf16 state values sit on a rounding boundary", got.state.len()));
+                bad.push(format!(
+                    "{straddles} of {} bf16 state values sit on a rounding boundary",
+                    got.state.len()
+                ));
             }
             STRADDLES.fetch_add(straddles, Ordering::Relaxed);
         }
@@ -391,7 +522,8 @@ fn shipped_kernel_matches_the_cpu_reference() {
                         // Each T and each GQA ratio meets every Dv, 6 among them (not a
                         // multiple of 4: a threadgroup with idle rows).
                         let dv = [8, 6, 16][(ti + ri) % 3];
-                        let seed = ((ii * 3 + ti) * 3 + ri) as u64 * 1000 + dk as u64 + masked as u64;
+                        let seed =
+                            ((ii * 3 + ti) * 3 + ri) as u64 * 1000 + dk as u64 + masked as u64;
                         jobs.push((inp, st, t, ratio, dk, dv, masked, seed));
                     }
                 }
@@ -400,17 +532,27 @@ fn shipped_kernel_matches_the_cpu_reference() {
     }
     let next = AtomicUsize::new(0);
     let failures = Mutex::new(vec![]);
-    let workers = std::thread::available_parallelism().map_or(2, |n| n.get()).min(8);
+    let workers = std::thread::available_parallelism()
+        .map_or(2, |n| n.get())
+        .min(8);
     std::thread::scope(|s| {
         for _ in 0..workers {
             s.spawn(|| loop {
                 let i = next.fetch_add(1, Ordering::Relaxed);
-                let Some(&(inp, st, t, ratio, dk, dv, masked, seed)) = jobs.get(i) else { break };
+                let Some(&(inp, st, t, ratio, dk, dv, masked, seed)) = jobs.get(i) else {
+                    break;
+                };
                 let c = make_case(inp, st, t, ratio, dk, dv, masked, seed);
                 let bad = check(&c, inp, st);
                 if !bad.is_empty() {
-                    let shape = format!("B={} T={t} Hk={} Hv={} Dk={dk} Dv={dv} mask={masked}", c.b, c.hk, c.hv);
-                    failures.lock().unwrap().push((i, format!("[{shape}] {}", bad.join("; "))));
+                    let shape = format!(
+                        "B={} T={t} Hk={} Hv={} Dk={dk} Dv={dv} mask={masked}",
+                        c.b, c.hk, c.hv
+                    );
+                    failures
+                        .lock()
+                        .unwrap()
+                        .push((i, format!("[{shape}] {}", bad.join("; "))));
                 }
             });
         }
@@ -426,10 +568,18 @@ fn shipped_kernel_matches_the_cpu_reference() {
     // Per kernel: how many of its cases fail, and the first failure.
     let mut report = vec![];
     for (inp, st) in INSTANTIATIONS {
-        let mine: Vec<_> = failures.iter().filter(|(i, _)| (jobs[*i].0, jobs[*i].1) == (inp, st)).collect();
+        let mine: Vec<_> = failures
+            .iter()
+            .filter(|(i, _)| (jobs[*i].0, jobs[*i].1) == (inp, st))
+            .collect();
         if let Some((_, first)) = mine.first() {
             let total = jobs.iter().filter(|j| (j.0, j.1) == (inp, st)).count();
-            report.push(format!("gated_delta_step_{}_{}: {} of {total} cases fail, first {first}", inp.name(), st.name(), mine.len()));
+            report.push(format!(
+                "gated_delta_step_{}_{}: {} of {total} cases fail, first {first}",
+                inp.name(),
+                st.name(),
+                mine.len()
+            ));
         }
     }
     assert!(
@@ -450,12 +600,17 @@ fn kernel_abi_in_source() {
     let flat = squash(&src);
     let params =
         "struct GdnParams { uint batch; uint steps; uint key_heads; uint value_heads; uint key_dim; uint value_dim; uint has_mask; };";
-    assert!(flat.contains(params), "GdnParams must stay exactly: {params}");
+    assert!(
+        flat.contains(params),
+        "GdnParams must stay exactly: {params}"
+    );
     let mut from = 0;
     let buffers = ["q", "k", "v", "g", "beta", "state", "y", "mask", "p"];
     for (i, name) in buffers.iter().enumerate() {
         let needle = format!("{name} [[buffer({i})]]");
-        let at = flat[from..].find(&needle).unwrap_or_else(|| panic!("`{needle}` missing or out of order"));
+        let at = flat[from..]
+            .find(&needle)
+            .unwrap_or_else(|| panic!("`{needle}` missing or out of order"));
         from += at + needle.len();
     }
     for (inp, st) in INSTANTIATIONS {
@@ -464,7 +619,13 @@ fn kernel_abi_in_source() {
             "f16" => "half",
             _ => "bfloat",
         };
-        let line = format!("GDN_KERNEL(gated_delta_step_{}_{}, {}, {})", inp.name(), st.name(), ty(inp.name()), ty(st.name()));
+        let line = format!(
+            "GDN_KERNEL(gated_delta_step_{}_{}, {}, {})",
+            inp.name(),
+            st.name(),
+            ty(inp.name()),
+            ty(st.name())
+        );
         assert!(flat.contains(&line), "missing `{line}`");
     }
 }

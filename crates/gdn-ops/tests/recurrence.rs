@@ -14,10 +14,14 @@ struct Case {
 }
 
 fn pseudo_random(n: usize, seed: u64, lo: f32, hi: f32) -> Vec<f32> {
-    let mut x = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+    let mut x = seed
+        .wrapping_mul(6364136223846793005)
+        .wrapping_add(1442695040888963407);
     (0..n)
         .map(|_| {
-            x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            x = x
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
             lo + (hi - lo) * ((x >> 40) as f32 / (1u64 << 24) as f32)
         })
         .collect()
@@ -25,7 +29,15 @@ fn pseudo_random(n: usize, seed: u64, lo: f32, hi: f32) -> Vec<f32> {
 
 /// S ← gS; kv = Sk; δ = (v − kv)β; S ← S + δkᵀ; y = Sq — written as plainly as possible.
 #[allow(clippy::too_many_arguments)]
-fn naive(c: &Case, q: &[f32], k: &[f32], v: &[f32], g: &[f32], beta: &[f32], state: &mut [f64]) -> Vec<f64> {
+fn naive(
+    c: &Case,
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    g: &[f32],
+    beta: &[f32],
+    state: &mut [f64],
+) -> Vec<f64> {
     let mut y = vec![0f64; c.b * c.t * c.hv * c.dv];
     for b in 0..c.b {
         for hv in 0..c.hv {
@@ -61,7 +73,10 @@ fn check(c: Case, calls: usize) {
     for call in 0..calls {
         let seed = call as u64 * 10;
         let qk_n = c.b * c.t * c.hk * c.dk;
-        let (q, k) = (pseudo_random(qk_n, seed + 1, -0.3, 0.3), pseudo_random(qk_n, seed + 2, -0.3, 0.3));
+        let (q, k) = (
+            pseudo_random(qk_n, seed + 1, -0.3, 0.3),
+            pseudo_random(qk_n, seed + 2, -0.3, 0.3),
+        );
         let v = pseudo_random(c.b * c.t * c.hv * c.dv, seed + 3, -1.0, 1.0);
         let g = pseudo_random(c.b * c.t * c.hv, seed + 4, 0.5, 1.0);
         let beta = pseudo_random(c.b * c.t * c.hv, seed + 5, 0.0, 1.0);
@@ -78,26 +93,62 @@ fn check(c: Case, calls: usize) {
         .unwrap();
         let y = y.flatten_all().unwrap().to_vec1::<f32>().unwrap();
         let got_state = state.flatten_all().unwrap().to_vec1::<f32>().unwrap();
-        let max_err = |a: &[f32], b: &[f64]| a.iter().zip(b).map(|(x, y)| (*x as f64 - y).abs()).fold(0.0, f64::max);
-        assert!(max_err(&y, &want_y) < 1e-5, "y differs by {}", max_err(&y, &want_y));
-        assert!(max_err(&got_state, &want_state) < 1e-5, "state differs by {}", max_err(&got_state, &want_state));
+        let max_err = |a: &[f32], b: &[f64]| {
+            a.iter()
+                .zip(b)
+                .map(|(x, y)| (*x as f64 - y).abs())
+                .fold(0.0, f64::max)
+        };
+        assert!(
+            max_err(&y, &want_y) < 1e-5,
+            "y differs by {}",
+            max_err(&y, &want_y)
+        );
+        assert!(
+            max_err(&got_state, &want_state) < 1e-5,
+            "state differs by {}",
+            max_err(&got_state, &want_state)
+        );
     }
 }
 
 #[test]
 fn decode_steps_with_gqa() {
-    check(Case { b: 1, t: 1, hk: 2, hv: 4, dk: 32, dv: 16 }, 5);
+    check(
+        Case {
+            b: 1,
+            t: 1,
+            hk: 2,
+            hv: 4,
+            dk: 32,
+            dv: 16,
+        },
+        5,
+    );
 }
 
 #[test]
 fn prefill_chunks_batched() {
-    check(Case { b: 2, t: 7, hk: 1, hv: 3, dk: 40, dv: 8 }, 2);
+    check(
+        Case {
+            b: 2,
+            t: 7,
+            hk: 1,
+            hv: 3,
+            dk: 40,
+            dv: 8,
+        },
+        2,
+    );
 }
 
 #[test]
 fn bf16_state_is_rounded_once_per_call() {
     let dev = Device::Cpu;
-    let (q, k) = (Tensor::ones((1, 3, 1, 8), DType::F32, &dev).unwrap(), Tensor::ones((1, 3, 1, 8), DType::F32, &dev).unwrap());
+    let (q, k) = (
+        Tensor::ones((1, 3, 1, 8), DType::F32, &dev).unwrap(),
+        Tensor::ones((1, 3, 1, 8), DType::F32, &dev).unwrap(),
+    );
     let v = Tensor::full(1.0f32 / 3.0, (1, 3, 1, 2), &dev).unwrap();
     let g = Tensor::ones((1, 3, 1), DType::F32, &dev).unwrap();
     let beta = Tensor::full(0.01f32, (1, 3, 1), &dev).unwrap();
@@ -106,9 +157,19 @@ fn bf16_state_is_rounded_once_per_call() {
     gated_delta_update(&q, &k, &v, &g, &beta, &s32).unwrap();
     gated_delta_update(&q, &k, &v, &g, &beta, &s16).unwrap();
     let a = s32.flatten_all().unwrap().to_vec1::<f32>().unwrap();
-    let b = s16.to_dtype(DType::F32).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap();
+    let b = s16
+        .to_dtype(DType::F32)
+        .unwrap()
+        .flatten_all()
+        .unwrap()
+        .to_vec1::<f32>()
+        .unwrap();
     for (x, y) in a.iter().zip(&b) {
-        assert_eq!(half::bf16::from_f32(*x).to_f32(), *y, "bf16 state must be the f32 result rounded once");
+        assert_eq!(
+            half::bf16::from_f32(*x).to_f32(),
+            *y,
+            "bf16 state must be the f32 result rounded once"
+        );
     }
 }
 
@@ -124,13 +185,16 @@ fn masked_tokens_leave_state_untouched_and_output_zero() {
     let beta = Tensor::from_vec(r(b * t * h, 5, 0.0, 1.0), (b, t, h), &dev).unwrap();
     let mask = Tensor::from_vec(vec![1f32, 0., 1.], (b, t), &dev).unwrap();
     let masked_state = Tensor::zeros((b, h, d, d), DType::F32, &dev).unwrap();
-    let y = gdn_ops::gated_delta_update_masked(&q, &k, &v, &g, &beta, &masked_state, Some(&mask)).unwrap();
+    let y = gdn_ops::gated_delta_update_masked(&q, &k, &v, &g, &beta, &masked_state, Some(&mask))
+        .unwrap();
     // The same without the middle token, one call per kept token.
     let plain_state = Tensor::zeros((b, h, d, d), DType::F32, &dev).unwrap();
     let mut kept = vec![];
     for i in [0, 2] {
         let s = |x: &Tensor| x.narrow(1, i, 1).unwrap().contiguous().unwrap();
-        kept.push(gated_delta_update(&s(&q), &s(&k), &s(&v), &s(&g), &s(&beta), &plain_state).unwrap());
+        kept.push(
+            gated_delta_update(&s(&q), &s(&k), &s(&v), &s(&g), &s(&beta), &plain_state).unwrap(),
+        );
     }
     let f = |x: &Tensor| x.flatten_all().unwrap().to_vec1::<f32>().unwrap();
     assert_eq!(f(&masked_state), f(&plain_state));
@@ -144,10 +208,18 @@ fn state_dtype_selection() {
     use gdn_ops::StateDtype;
     assert_eq!(StateDtype::from_env_value(Some("1")), StateDtype::Bf16);
     for other in [None, Some("0"), Some("true"), Some("1 "), Some("")] {
-        assert_eq!(StateDtype::from_env_value(other), StateDtype::F32, "{other:?}");
+        assert_eq!(
+            StateDtype::from_env_value(other),
+            StateDtype::F32,
+            "{other:?}"
+        );
     }
     assert_eq!("bf16".parse::<StateDtype>().unwrap(), StateDtype::Bf16);
-    assert!("fp8".parse::<StateDtype>().unwrap_err().to_string().contains("fp8"));
+    assert!("fp8"
+        .parse::<StateDtype>()
+        .unwrap_err()
+        .to_string()
+        .contains("fp8"));
 }
 
 /// 512 decode steps on random inputs: the bf16-stored state stays within 5% (relative to
@@ -168,19 +240,49 @@ fn bf16_state_drift_over_512_steps() {
         x
     };
     for step in 0..512u64 {
-        let q = Tensor::from_vec(unit(pseudo_random(hk * dk, 7 * step + 1, -1.0, 1.0)), (1, 1, hk, dk), &dev).unwrap();
-        let k = Tensor::from_vec(unit(pseudo_random(hk * dk, 7 * step + 2, -1.0, 1.0)), (1, 1, hk, dk), &dev).unwrap();
-        let v = Tensor::from_vec(pseudo_random(hv * dv, 7 * step + 3, -1.0, 1.0), (1, 1, hv, dv), &dev).unwrap();
-        let g = Tensor::from_vec(pseudo_random(hv, 7 * step + 4, 0.9, 1.0), (1, 1, hv), &dev).unwrap();
-        let beta = Tensor::from_vec(pseudo_random(hv, 7 * step + 5, 0.0, 1.0), (1, 1, hv), &dev).unwrap();
+        let q = Tensor::from_vec(
+            unit(pseudo_random(hk * dk, 7 * step + 1, -1.0, 1.0)),
+            (1, 1, hk, dk),
+            &dev,
+        )
+        .unwrap();
+        let k = Tensor::from_vec(
+            unit(pseudo_random(hk * dk, 7 * step + 2, -1.0, 1.0)),
+            (1, 1, hk, dk),
+            &dev,
+        )
+        .unwrap();
+        let v = Tensor::from_vec(
+            pseudo_random(hv * dv, 7 * step + 3, -1.0, 1.0),
+            (1, 1, hv, dv),
+            &dev,
+        )
+        .unwrap();
+        let g =
+            Tensor::from_vec(pseudo_random(hv, 7 * step + 4, 0.9, 1.0), (1, 1, hv), &dev).unwrap();
+        let beta =
+            Tensor::from_vec(pseudo_random(hv, 7 * step + 5, 0.0, 1.0), (1, 1, hv), &dev).unwrap();
         gated_delta_update(&q, &k, &v, &g, &beta, &s32).unwrap();
         gated_delta_update(&q, &k, &v, &g, &beta, &s16).unwrap();
     }
     let a = s32.flatten_all().unwrap().to_vec1::<f32>().unwrap();
-    let b = s16.to_dtype(DType::F32).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap();
+    let b = s16
+        .to_dtype(DType::F32)
+        .unwrap()
+        .flatten_all()
+        .unwrap()
+        .to_vec1::<f32>()
+        .unwrap();
     let scale = a.iter().fold(0f32, |m, x| m.max(x.abs()));
-    let err = a.iter().zip(&b).fold(0f32, |m, (x, y)| m.max((x - y).abs())) / scale;
+    let err = a
+        .iter()
+        .zip(&b)
+        .fold(0f32, |m, (x, y)| m.max((x - y).abs()))
+        / scale;
     assert!(scale > 0.1, "the state should have grown (max {scale})");
-    assert!(err > 0.0 && err <= 0.05, "bf16 state drifted by {err} of max|S|");
+    assert!(
+        err > 0.0 && err <= 0.05,
+        "bf16 state drifted by {err} of max|S|"
+    );
     eprintln!("bf16 state drift after 512 steps: {err:.4} of max|S| ({scale:.3})");
 }

@@ -88,9 +88,12 @@ impl Fields<'_> {
         let v = self
             .value(key)
             .ok_or_else(|| anyhow!("{}: missing required key `{key}`", self.origin))?;
-        v.as_u64()
-            .map(|x| x as usize)
-            .ok_or_else(|| anyhow!("{}: `{key}` must be a non-negative integer, got {v}", self.origin))
+        v.as_u64().map(|x| x as usize).ok_or_else(|| {
+            anyhow!(
+                "{}: `{key}` must be a non-negative integer, got {v}",
+                self.origin
+            )
+        })
     }
     fn usize_or(&self, key: &str, default: usize) -> Result<usize> {
         match self.value(key) {
@@ -124,12 +127,20 @@ impl Fields<'_> {
 fn parse_ids(v: Option<&Value>) -> Vec<u32> {
     match v {
         Some(Value::Number(n)) => n.as_u64().map(|x| vec![x as u32]).unwrap_or_default(),
-        Some(Value::Array(a)) => a.iter().filter_map(|x| x.as_u64().map(|x| x as u32)).collect(),
+        Some(Value::Array(a)) => a
+            .iter()
+            .filter_map(|x| x.as_u64().map(|x| x as u32))
+            .collect(),
         _ => vec![],
     }
 }
 
-fn parse_quant_spec(v: &Value, default: QuantSpec, origin: &str, key: &str) -> Result<Option<QuantSpec>> {
+fn parse_quant_spec(
+    v: &Value,
+    default: QuantSpec,
+    origin: &str,
+    key: &str,
+) -> Result<Option<QuantSpec>> {
     match v {
         Value::Bool(false) => Ok(None),
         Value::Bool(true) => Ok(Some(default)),
@@ -139,14 +150,19 @@ fn parse_quant_spec(v: &Value, default: QuantSpec, origin: &str, key: &str) -> R
                     bail!("{origin}: quantization mode `{mode}` of `{key}` is not supported (only MLX affine)");
                 }
             }
-            let bits = m.get("bits").and_then(Value::as_u64).map_or(default.bits, |b| b as usize);
+            let bits = m
+                .get("bits")
+                .and_then(Value::as_u64)
+                .map_or(default.bits, |b| b as usize);
             let group_size = m
                 .get("group_size")
                 .and_then(Value::as_u64)
                 .map_or(default.group_size, |g| g as usize);
             Ok(Some(QuantSpec { bits, group_size }))
         }
-        other => bail!("{origin}: quantization entry `{key}` must be an object or false, got {other}"),
+        other => {
+            bail!("{origin}: quantization entry `{key}` must be an object or false, got {other}")
+        }
     }
 }
 
@@ -171,7 +187,8 @@ impl Config {
 
     /// Parses config.json text; `origin` names the file in error messages.
     pub fn from_json_str(text: &str, origin: &str) -> Result<Self> {
-        let root: Value = serde_json::from_str(text).map_err(|e| anyhow!("{origin}: invalid JSON: {e}"))?;
+        let root: Value =
+            serde_json::from_str(text).map_err(|e| anyhow!("{origin}: invalid JSON: {e}"))?;
         let root = root
             .as_object()
             .ok_or_else(|| anyhow!("{origin}: expected a JSON object"))?;
@@ -234,8 +251,13 @@ impl Config {
             norm_topk_prob: f.bool_or("norm_topk_prob", false)?,
             decoder_sparse_step: f.usize_req("decoder_sparse_step")?,
             mlp_only_layers: match root.get("mlp_only_layers") {
-                Some(Value::Array(a)) => a.iter().filter_map(|x| x.as_u64().map(|x| x as usize)).collect(),
-                None | Some(Value::Null) => bail!("{origin}: missing required key `mlp_only_layers`"),
+                Some(Value::Array(a)) => a
+                    .iter()
+                    .filter_map(|x| x.as_u64().map(|x| x as usize))
+                    .collect(),
+                None | Some(Value::Null) => {
+                    bail!("{origin}: missing required key `mlp_only_layers`")
+                }
                 Some(other) => bail!("{origin}: `mlp_only_layers` must be a list, got {other}"),
             },
             eos_token_id: parse_ids(root.get("eos_token_id")),
@@ -261,12 +283,15 @@ impl Config {
         let rope_num = |key: &str, default: f64| -> Result<f64> {
             match rope.and_then(|m| m.get(key)) {
                 None | Some(Value::Null) => Ok(default),
-                Some(v) => v
-                    .as_f64()
-                    .ok_or_else(|| anyhow!("{origin}: `rope_parameters.{key}` must be a number, got {v}")),
+                Some(v) => v.as_f64().ok_or_else(|| {
+                    anyhow!("{origin}: `rope_parameters.{key}` must be a number, got {v}")
+                }),
             }
         };
-        if let Some(kind) = rope.and_then(|m| m.get("type").or(m.get("rope_type"))).and_then(Value::as_str) {
+        if let Some(kind) = rope
+            .and_then(|m| m.get("type").or(m.get("rope_type")))
+            .and_then(Value::as_str)
+        {
             if !matches!(kind, "default" | "mrope") {
                 bail!("{origin}: rope type `{kind}` is not supported (only default / mrope)");
             }
@@ -329,21 +354,30 @@ impl Config {
                 bail!("{origin}: `{key}` must be positive");
             }
         }
-        if self.num_attention_heads % self.num_key_value_heads != 0 {
+        if !self
+            .num_attention_heads
+            .is_multiple_of(self.num_key_value_heads)
+        {
             bail!(
                 "{origin}: num_attention_heads ({}) is not a multiple of num_key_value_heads ({})",
                 self.num_attention_heads,
                 self.num_key_value_heads
             );
         }
-        if self.linear_num_value_heads % self.linear_num_key_heads != 0 {
+        if !self
+            .linear_num_value_heads
+            .is_multiple_of(self.linear_num_key_heads)
+        {
             bail!(
                 "{origin}: linear_num_value_heads ({}) is not a multiple of linear_num_key_heads ({})",
                 self.linear_num_value_heads,
                 self.linear_num_key_heads
             );
         }
-        if self.rope_dims() == 0 || self.rope_dims() % 2 != 0 || self.rope_dims() > self.head_dim {
+        if self.rope_dims() == 0
+            || !self.rope_dims().is_multiple_of(2)
+            || self.rope_dims() > self.head_dim
+        {
             bail!(
                 "{origin}: partial_rotary_factor {} gives {} rotary dims for head_dim {}; need an even number in 2..=head_dim",
                 self.partial_rotary_factor,
@@ -372,7 +406,7 @@ impl Config {
 
     /// mlx-lm: layer `i` is full attention iff `(i + 1) % full_attention_interval == 0`.
     pub fn layer_kind(&self, i: usize) -> LayerKind {
-        if (i + 1) % self.full_attention_interval == 0 {
+        if (i + 1).is_multiple_of(self.full_attention_interval) {
             LayerKind::FullAttention
         } else {
             LayerKind::LinearAttention
@@ -384,7 +418,7 @@ impl Config {
             Family::Qwen3Next => {
                 self.num_experts > 0
                     && !self.mlp_only_layers.contains(&i)
-                    && (i + 1) % self.decoder_sparse_step.max(1) == 0
+                    && (i + 1).is_multiple_of(self.decoder_sparse_step.max(1))
             }
             Family::Qwen35 => self.num_experts > 0,
         }
@@ -420,7 +454,10 @@ impl Config {
 type QuantBlock = (Option<QuantSpec>, Vec<(String, Option<QuantSpec>)>);
 
 fn parse_quantization(root: &Map<String, Value>, origin: &str) -> Result<QuantBlock> {
-    let block = match root.get("quantization").or_else(|| root.get("quantization_config")) {
+    let block = match root
+        .get("quantization")
+        .or_else(|| root.get("quantization_config"))
+    {
         None | Some(Value::Null) => return Ok((None, vec![])),
         Some(Value::Object(m)) => m,
         Some(other) => bail!("{origin}: `quantization` must be an object, got {other}"),
@@ -431,12 +468,18 @@ fn parse_quantization(root: &Map<String, Value>, origin: &str) -> Result<QuantBl
         }
     }
     if block.contains_key("quant_method") && !block.contains_key("bits") {
-        let method = block.get("quant_method").and_then(Value::as_str).unwrap_or("?");
+        let method = block
+            .get("quant_method")
+            .and_then(Value::as_str)
+            .unwrap_or("?");
         bail!("{origin}: quantization method `{method}` is not supported (only MLX affine)");
     }
     let global = QuantSpec {
         bits: block.get("bits").and_then(Value::as_u64).unwrap_or(4) as usize,
-        group_size: block.get("group_size").and_then(Value::as_u64).unwrap_or(64) as usize,
+        group_size: block
+            .get("group_size")
+            .and_then(Value::as_u64)
+            .unwrap_or(64) as usize,
     };
     let mut overrides = vec![];
     for (key, v) in block {
@@ -480,7 +523,10 @@ mod tests {
         assert_eq!(cfg.eos_token_id, vec![7]);
         assert_eq!(
             cfg.quant_spec_for("model.layers.0.mlp.gate"),
-            Some(Some(QuantSpec { bits: 8, group_size: 64 }))
+            Some(Some(QuantSpec {
+                bits: 8,
+                group_size: 64
+            }))
         );
     }
 
@@ -502,7 +548,12 @@ mod tests {
 
     #[test]
     fn clear_errors() {
-        let err = |j: Value| format!("{:#}", Config::from_json_str(&j.to_string(), "cfg.json").unwrap_err());
+        let err = |j: Value| {
+            format!(
+                "{:#}",
+                Config::from_json_str(&j.to_string(), "cfg.json").unwrap_err()
+            )
+        };
         let mut j = next_json();
         j["model_type"] = "llama".into();
         assert!(err(j).contains("unsupported model_type `llama`"));
@@ -515,7 +566,10 @@ mod tests {
         let mut j = next_json();
         j["linear_num_value_heads"] = 3.into();
         assert!(err(j).contains("linear_num_value_heads (3)"));
-        let e = format!("{:#}", Config::from_json_str("{not json", "cfg.json").unwrap_err());
+        let e = format!(
+            "{:#}",
+            Config::from_json_str("{not json", "cfg.json").unwrap_err()
+        );
         assert!(e.starts_with("cfg.json: invalid JSON"));
     }
 }

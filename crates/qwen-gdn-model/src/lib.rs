@@ -28,6 +28,9 @@ pub struct LoadOptions {
 
 impl Default for LoadOptions {
     fn default() -> Self {
-        Self { dtype: DType::F32, gdn_state_dtype: StateDtype::F32 }
+        Self {
+            dtype: DType::F32,
+            gdn_state_dtype: StateDtype::F32,
+        }
     }
 }

@@ -24,7 +24,7 @@ pub enum Mixer {
 #[derive(Debug, Clone)]
 pub enum FeedForward {
     Dense(Mlp),
-    Moe(SparseMoe),
+    Moe(Box<SparseMoe>),
 }
 
 #[derive(Debug, Clone)]
@@ -44,18 +44,33 @@ impl DecoderLayer {
             LayerKind::LinearAttention => {
                 Mixer::Gdn(GatedDeltaNet::load(ckpt, &format!("{p}.linear_attn"), cfg)?)
             }
-            LayerKind::FullAttention => Mixer::Attention(Attention::load(ckpt, &format!("{p}.self_attn"), cfg)?),
+            LayerKind::FullAttention => {
+                Mixer::Attention(Attention::load(ckpt, &format!("{p}.self_attn"), cfg)?)
+            }
         };
         let feed_forward = if cfg.is_moe_layer(i) {
-            FeedForward::Moe(SparseMoe::load(ckpt, &format!("{p}.mlp"), cfg)?)
+            FeedForward::Moe(Box::new(SparseMoe::load(ckpt, &format!("{p}.mlp"), cfg)?))
         } else {
-            FeedForward::Dense(Mlp::load(ckpt, &format!("{p}.mlp"), cfg.hidden_size, cfg.intermediate_size, cfg)?)
+            FeedForward::Dense(Mlp::load(
+                ckpt,
+                &format!("{p}.mlp"),
+                cfg.hidden_size,
+                cfg.intermediate_size,
+                cfg,
+            )?)
         };
         Ok(Self {
-            input_norm: RmsNorm { weight: ckpt.norm(&format!("{p}.input_layernorm.weight"), cfg.hidden_size, dev)?, eps },
+            input_norm: RmsNorm {
+                weight: ckpt.norm(&format!("{p}.input_layernorm.weight"), cfg.hidden_size, dev)?,
+                eps,
+            },
             mixer,
             post_norm: RmsNorm {
-                weight: ckpt.norm(&format!("{p}.post_attention_layernorm.weight"), cfg.hidden_size, dev)?,
+                weight: ckpt.norm(
+                    &format!("{p}.post_attention_layernorm.weight"),
+                    cfg.hidden_size,
+                    dev,
+                )?,
                 eps,
             },
             feed_forward,
@@ -64,13 +79,21 @@ impl DecoderLayer {
 
     fn new_cache(&self, state_dtype: StateDtype) -> LayerCache {
         match self.mixer {
-            Mixer::Gdn(_) => LayerCache::Gdn(GdnCache { state_dtype, ..GdnCache::default() }),
+            Mixer::Gdn(_) => LayerCache::Gdn(GdnCache {
+                state_dtype,
+                ..GdnCache::default()
+            }),
             Mixer::Attention(_) => LayerCache::Attention(KvCache::default()),
         }
     }
 
     /// The mixer's contribution to the residual stream: `mixer(input_norm(h))`.
-    pub fn mixer_forward(&self, h: &Tensor, cache: &mut LayerCache, offset: usize) -> Result<Tensor> {
+    pub fn mixer_forward(
+        &self,
+        h: &Tensor,
+        cache: &mut LayerCache,
+        offset: usize,
+    ) -> Result<Tensor> {
         let x = self.input_norm.forward(h)?;
         match (&self.mixer, cache) {
             (Mixer::Gdn(m), LayerCache::Gdn(c)) => m.forward(&x, c),
@@ -114,20 +137,32 @@ impl Model {
         if !device.is_cpu() {
             bail!("only the CPU device is supported so far");
         }
-        ensure!(opts.dtype == DType::F32, "the CPU path computes in f32 (got {:?})", opts.dtype);
+        ensure!(
+            opts.dtype == DType::F32,
+            "the CPU path computes in f32 (got {:?})",
+            opts.dtype
+        );
         let cfg = Config::from_dir(dir)?;
         let ckpt = Checkpoint::open(dir, &cfg)?;
         let (v, h) = (cfg.vocab_size, cfg.hidden_size);
-        let embed = Embedding { table: ckpt.matrix("model.embed_tokens", v, h, &cfg)? };
+        let embed = Embedding {
+            table: ckpt.matrix("model.embed_tokens", v, h, &cfg)?,
+        };
         let lm_head = if cfg.tie_word_embeddings {
             embed.as_linear()
         } else {
             Linear::load(&ckpt, "lm_head", v, h, &cfg)?
         };
         let layers = (0..cfg.num_hidden_layers)
-            .map(|i| DecoderLayer::load(&ckpt, i, &cfg).map_err(|e| e.context(format!("loading layer {i}"))))
+            .map(|i| {
+                DecoderLayer::load(&ckpt, i, &cfg)
+                    .map_err(|e| e.context(format!("loading layer {i}")))
+            })
             .collect::<Result<Vec<_>>>()?;
-        let norm = RmsNorm { weight: ckpt.norm("model.norm.weight", h, device)?, eps: cfg.rms_norm_eps as f32 };
+        let norm = RmsNorm {
+            weight: ckpt.norm("model.norm.weight", h, device)?,
+            eps: cfg.rms_norm_eps as f32,
+        };
         Ok(Self {
             config: cfg,
             device: device.clone(),
@@ -159,12 +194,23 @@ impl Model {
 
     /// A fresh cache with GDN states stored in `state_dtype`.
     pub fn new_cache_with(&self, state_dtype: StateDtype) -> Cache {
-        Cache { offset: 0, layers: self.layers.iter().map(|l| l.new_cache(state_dtype)).collect() }
+        Cache {
+            offset: 0,
+            layers: self
+                .layers
+                .iter()
+                .map(|l| l.new_cache(state_dtype))
+                .collect(),
+        }
     }
 
     /// `[S]` ids → `[1, S, H]` embeddings.
     pub fn embed(&self, tokens: &[u32]) -> Result<Tensor> {
-        Ok(self.embed.forward(tokens, &self.device)?.to_dtype(self.dtype)?.unsqueeze(0)?)
+        Ok(self
+            .embed
+            .forward(tokens, &self.device)?
+            .to_dtype(self.dtype)?
+            .unsqueeze(0)?)
     }
 
     pub fn final_norm(&self, h: &Tensor) -> Result<Tensor> {
@@ -175,7 +221,10 @@ impl Model {
     /// place; returns the final hidden states `[1, S, H]` before the final norm.
     fn run_layers(&self, tokens: &[u32], cache: &mut Cache) -> Result<Tensor> {
         ensure!(!tokens.is_empty(), "forward needs at least one token");
-        ensure!(cache.layers.len() == self.layers.len(), "cache does not belong to this model");
+        ensure!(
+            cache.layers.len() == self.layers.len(),
+            "cache does not belong to this model"
+        );
         let mut h = self.embed(tokens)?;
         for (layer, c) in self.layers.iter().zip(cache.layers.iter_mut()) {
             h = layer.forward(&h, c, cache.offset)?;

@@ -7,7 +7,11 @@ use common::*;
 
 const GATE: f32 = 1e-4;
 
-fn logits_in_chunks(model: &qwen_gdn_model::Model, ids: &[u32], sizes: &mut dyn Iterator<Item = usize>) -> Tensor {
+fn logits_in_chunks(
+    model: &qwen_gdn_model::Model,
+    ids: &[u32],
+    sizes: &mut dyn Iterator<Item = usize>,
+) -> Tensor {
     let mut cache = model.new_cache();
     let mut rows = vec![];
     let mut start = 0;
@@ -29,7 +33,10 @@ fn check(name: &str) {
     let mut pattern = std::iter::once(split).chain(std::iter::repeat(1));
     let decoded = logits_in_chunks(&model, &ids, &mut pattern);
     let d = rel_max_diff(&decoded, &whole);
-    assert!(d <= GATE, "{name}: prefill+decode differs from one prefill by {d:e}");
+    assert!(
+        d <= GATE,
+        "{name}: prefill+decode differs from one prefill by {d:e}"
+    );
     for chunk in [1, 5, 16, 64] {
         let chunked = logits_in_chunks(&model, &ids, &mut std::iter::repeat(chunk));
         let d = rel_max_diff(&chunked, &whole);
@@ -71,12 +78,19 @@ fn cache_resumes_across_state_dtypes() {
             .collect()
     };
     let reference = model.forward(&ids, &mut model.new_cache()).unwrap();
-    for (first, second, want) in [(StateDtype::F32, StateDtype::Bf16, DType::BF16), (StateDtype::Bf16, StateDtype::F32, DType::F32)] {
+    for (first, second, want) in [
+        (StateDtype::F32, StateDtype::Bf16, DType::BF16),
+        (StateDtype::Bf16, StateDtype::F32, DType::F32),
+    ] {
         let mut cache = model.new_cache_with(first);
         model.forward(&ids[..50], &mut cache).unwrap();
         cache.set_gdn_state_dtype(second);
         let tail = model.forward(&ids[50..], &mut cache).unwrap();
-        assert!(state_dtypes(&cache).iter().all(|&d| d == want), "{:?}", state_dtypes(&cache));
+        assert!(
+            state_dtypes(&cache).iter().all(|&d| d == want),
+            "{:?}",
+            state_dtypes(&cache)
+        );
         let d = rel_max_diff(&tail, &reference.narrow(0, 50, ids.len() - 50).unwrap());
         // One bf16 rounding of the state: close to, but not exactly, the fp32 run.
         assert!(d > 0.0 && d < 2e-2, "resumed logits differ by {d:e}");

@@ -22,12 +22,18 @@ fn check_layers(name: &str) -> Vec<String> {
         let mixer = layer.mixer_forward(&h, &mut cache.layers[i], 0).unwrap();
         let want_mixer = r.get(&format!("tf_mixer.{i}")).unsqueeze(0).unwrap();
         let d = rel_max_diff(&mixer, &want_mixer);
-        assert!(d <= LAYER_GATE, "{name}: mixer of layer {i} differs by {d:e}");
+        assert!(
+            d <= LAYER_GATE,
+            "{name}: mixer of layer {i} differs by {d:e}"
+        );
         let h_mid = (&h + &want_mixer).unwrap();
         let mlp = layer.feed_forward(&h_mid).unwrap();
         let want_mlp = r.get(&format!("tf_mlp.{i}")).unsqueeze(0).unwrap();
         let d = rel_max_diff(&mlp, &want_mlp);
-        assert!(d <= LAYER_GATE, "{name}: feed-forward of layer {i} differs by {d:e}");
+        assert!(
+            d <= LAYER_GATE,
+            "{name}: feed-forward of layer {i} differs by {d:e}"
+        );
         h = (h_mid + want_mlp).unwrap();
         seen.push(format!(
             "{}+{}",
@@ -41,7 +47,10 @@ fn check_layers(name: &str) -> Vec<String> {
             }
         ));
     }
-    let d = rel_max_diff(&model.final_norm(&h).unwrap(), &r.get("tf_final_norm").unsqueeze(0).unwrap());
+    let d = rel_max_diff(
+        &model.final_norm(&h).unwrap(),
+        &r.get("tf_final_norm").unsqueeze(0).unwrap(),
+    );
     assert!(d <= LAYER_GATE, "{name}: final norm differs by {d:e}");
     seen
 }
@@ -49,24 +58,36 @@ fn check_layers(name: &str) -> Vec<String> {
 #[test]
 fn qwen3_next_gdn_attention_moe_layers() {
     let kinds = check_layers("qwen3-next-tiny-4bit");
-    assert!(kinds.contains(&"gdn+moe".into()) && kinds.contains(&"attention+moe".into()), "{kinds:?}");
+    assert!(
+        kinds.contains(&"gdn+moe".into()) && kinds.contains(&"attention+moe".into()),
+        "{kinds:?}"
+    );
 }
 
 #[test]
 fn qwen35_dense_layers() {
     let kinds = check_layers("qwen3.5-tiny-4bit");
-    assert!(kinds.contains(&"gdn+mlp".into()) && kinds.contains(&"attention+mlp".into()), "{kinds:?}");
+    assert!(
+        kinds.contains(&"gdn+mlp".into()) && kinds.contains(&"attention+mlp".into()),
+        "{kinds:?}"
+    );
 }
 
 #[test]
 fn qwen35_moe_layers() {
     let kinds = check_layers("qwen3.5-moe-tiny-4bit");
-    assert!(kinds.contains(&"gdn+moe".into()) && kinds.contains(&"attention+moe".into()), "{kinds:?}");
+    assert!(
+        kinds.contains(&"gdn+moe".into()) && kinds.contains(&"attention+moe".into()),
+        "{kinds:?}"
+    );
 }
 
 #[test]
 fn layered_list_matches_references() {
     for name in LAYERED {
-        assert!(Reference::load(name).0.contains_key("tf_mixer.0"), "{name} lacks per-layer activations");
+        assert!(
+            Reference::load(name).0.contains_key("tf_mixer.0"),
+            "{name} lacks per-layer activations"
+        );
     }
 }

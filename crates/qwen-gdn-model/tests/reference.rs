@@ -20,17 +20,30 @@ fn check_logits(name: &str) {
     let want = reference.get("tf_logits");
     let diff = rel_max_diff(&logits, want);
     eprintln!("{name}: logits rel diff {diff:e}");
-    assert!(diff <= LOGIT_GATE, "{name}: logits differ by {diff:e} of max|logit|");
-    assert_eq!(argmax_rows(&logits), argmax_rows(want), "{name}: argmax disagrees");
+    assert!(
+        diff <= LOGIT_GATE,
+        "{name}: logits differ by {diff:e} of max|logit|"
+    );
+    assert_eq!(
+        argmax_rows(&logits),
+        argmax_rows(want),
+        "{name}: argmax disagrees"
+    );
 
     // Caches after the prefill.
     for (i, layer) in cache.layers.iter().enumerate() {
         let pairs: Vec<(&str, &Option<Tensor>)> = match layer {
-            qwen_gdn_model::cache::LayerCache::Gdn(c) => vec![("state_conv", &c.conv), ("state_recurrent", &c.state)],
-            qwen_gdn_model::cache::LayerCache::Attention(c) => vec![("state_keys", &c.keys), ("state_values", &c.values)],
+            qwen_gdn_model::cache::LayerCache::Gdn(c) => {
+                vec![("state_conv", &c.conv), ("state_recurrent", &c.state)]
+            }
+            qwen_gdn_model::cache::LayerCache::Attention(c) => {
+                vec![("state_keys", &c.keys), ("state_values", &c.values)]
+            }
         };
         for (key, got) in pairs {
-            let got = got.as_ref().unwrap_or_else(|| panic!("{name}: layer {i} has no {key}"));
+            let got = got
+                .as_ref()
+                .unwrap_or_else(|| panic!("{name}: layer {i} has no {key}"));
             let d = rel_max_diff(got, reference.get(&format!("{key}.{i}")));
             eprintln!("{name}: {key}.{i} rel diff {d:e}");
             assert!(d <= STATE_GATE, "{name}: {key}.{i} differs by {d:e}");
@@ -40,9 +53,16 @@ fn check_logits(name: &str) {
 
 fn check_greedy(name: &str) {
     let (model, reference) = (load(name), Reference::load(name));
-    for (prompt, want) in [("greedy_prompt_ids", "greedy_ids"), ("chat_prompt_ids", "chat_greedy_ids")] {
+    for (prompt, want) in [
+        ("greedy_prompt_ids", "greedy_ids"),
+        ("chat_prompt_ids", "chat_greedy_ids"),
+    ] {
         let got = greedy(&model, &reference.ids(prompt), 32);
-        assert_eq!(got, reference.ids(want), "{name}: greedy tokens from {prompt}");
+        assert_eq!(
+            got,
+            reference.ids(want),
+            "{name}: greedy tokens from {prompt}"
+        );
     }
 }
 
@@ -65,10 +85,20 @@ per_checkpoint! {
 fn every_reference_is_tested() {
     let mut on_disk: Vec<String> = std::fs::read_dir(models_dir().join("reference"))
         .unwrap()
-        .filter_map(|e| e.unwrap().file_name().into_string().ok()?.strip_suffix(".json").map(String::from))
+        .filter_map(|e| {
+            e.unwrap()
+                .file_name()
+                .into_string()
+                .ok()?
+                .strip_suffix(".json")
+                .map(String::from)
+        })
         .collect();
     on_disk.sort();
     let mut listed: Vec<String> = CHECKPOINTS.iter().map(|s| s.to_string()).collect();
     listed.sort();
-    assert_eq!(on_disk, listed, "models/reference and the test list disagree");
+    assert_eq!(
+        on_disk, listed,
+        "models/reference and the test list disagree"
+    );
 }

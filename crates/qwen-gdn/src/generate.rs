@@ -300,22 +300,10 @@ fn print_stats(
         "Generation: {generated} tokens, {:.3} tokens-per-sec",
         rate(generated, generation_time)
     );
-    eprintln!("Peak memory: {:.3} GB", peak_rss_bytes() as f64 / 1e9);
-}
-
-/// Peak resident set size of this process (getrusage's ru_maxrss: KiB on Linux, bytes on macOS).
-fn peak_rss_bytes() -> u64 {
-    // SAFETY: getrusage only writes the struct it is given.
-    let maxrss = unsafe {
-        let mut usage: libc::rusage = std::mem::zeroed();
-        libc::getrusage(libc::RUSAGE_SELF, &mut usage);
-        usage.ru_maxrss as u64
-    };
-    if cfg!(target_os = "macos") {
-        maxrss
-    } else {
-        maxrss * 1024
-    }
+    eprintln!(
+        "Peak memory: {:.3} GB",
+        crate::memory::peak_rss_bytes() as f64 / 1e9
+    );
 }
 
 fn parse_f32(s: &str) -> Result<f32, String> {

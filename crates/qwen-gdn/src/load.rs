@@ -32,6 +32,15 @@ pub enum GdnStateDtype {
     Bf16,
 }
 
+impl From<GdnStateDtype> for StateDtype {
+    fn from(d: GdnStateDtype) -> Self {
+        match d {
+            GdnStateDtype::F32 => StateDtype::F32,
+            GdnStateDtype::Bf16 => StateDtype::Bf16,
+        }
+    }
+}
+
 /// A resolved checkpoint folder with its tokenizer: cheap to open, so prompts are checked
 /// before gigabytes of weights are mapped.
 pub struct Checkpoint {
@@ -57,15 +66,10 @@ impl ModelArgs {
 
     pub fn load_model(&self, checkpoint: &Checkpoint) -> Result<Model> {
         // The flag overrides mlx-lm's environment switch.
-        let (gdn_state_dtype, source) = match self.gdn_state_dtype {
-            Some(GdnStateDtype::F32) => (StateDtype::F32, "--gdn-state-dtype f32"),
-            Some(GdnStateDtype::Bf16) => (StateDtype::Bf16, "--gdn-state-dtype bf16"),
-            None => (StateDtype::from_env(), "MLX_LM_GDN_STATE_BF16=1"),
+        let gdn_state_dtype = match self.gdn_state_dtype {
+            Some(d) => d.into(),
+            None => StateDtype::from_env(),
         };
-        // The one place to lift once the fused op stores bf16 state.
-        if gdn_state_dtype == StateDtype::Bf16 {
-            bail!("{source} (bf16 GDN state) is not implemented yet; see the fused-op work");
-        }
         let opts = LoadOptions {
             gdn_state_dtype,
             ..LoadOptions::default()

@@ -1,11 +1,14 @@
 //! `qwen-gdn`: run Qwen3-Next / Qwen3.5 hybrid models from a local folder or the Hugging Face
 //! Hub. The flags follow `mlx_lm.generate` so that users of mlx-lm and llama.cpp feel at home.
 
+mod bench;
 mod chat_template;
+mod compare_state;
 mod eval;
 mod generate;
 mod hub;
 mod load;
+mod memory;
 mod sampler;
 mod stream;
 
@@ -29,6 +32,8 @@ enum Command {
     Generate(generate::Args),
     /// Score a text teacher-forced: per-token log-probabilities and perplexity.
     Eval(eval::Args),
+    /// Measure prompt and generation speed and peak memory (like llama-bench).
+    Bench(bench::Args),
 }
 
 fn main() -> ExitCode {
@@ -52,6 +57,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Generate(args) => generate::run(args),
         Command::Eval(args) => eval::run(args),
+        Command::Bench(args) => bench::run(args),
     };
     match result {
         Ok(code) => code,

@@ -232,33 +232,3 @@ fn invalid_flag_values() {
         &["--revision", "local folder"],
     );
 }
-
-#[test]
-fn bf16_state_is_refused_for_now() {
-    let model = fixture(MODEL);
-    assert_error(
-        &generate(&model, &["--gdn-state-dtype", "bf16"]),
-        &["--gdn-state-dtype bf16", "not implemented yet"],
-    );
-    let mut cmd = command(&[
-        "generate",
-        "--model",
-        model.to_str().unwrap(),
-        "--prompt",
-        "hi",
-        "--max-tokens",
-        "2",
-    ]);
-    cmd.env("MLX_LM_GDN_STATE_BF16", "1");
-    assert_error(
-        &cmd.output().unwrap(),
-        &["MLX_LM_GDN_STATE_BF16=1", "not implemented yet"],
-    );
-    // The flag overrides the environment.
-    assert!(cmd
-        .args(["--gdn-state-dtype", "f32"])
-        .output()
-        .unwrap()
-        .status
-        .success());
-}

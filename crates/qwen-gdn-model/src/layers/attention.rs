@@ -26,7 +26,12 @@ pub struct Attention {
 
 impl Attention {
     pub fn load(ckpt: &Checkpoint, prefix: &str, cfg: &Config) -> Result<Self> {
-        let (h, nq, nkv, dh) = (cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim);
+        let (h, nq, nkv, dh) = (
+            cfg.hidden_size,
+            cfg.num_attention_heads,
+            cfg.num_key_value_heads,
+            cfg.head_dim,
+        );
         let dev = &candle_core::Device::Cpu;
         let eps = cfg.rms_norm_eps as f32;
         Ok(Self {
@@ -36,8 +41,14 @@ impl Attention {
                 Linear::load(ckpt, &format!("{prefix}.v_proj"), nkv * dh, h, cfg)?,
             ]),
             o_proj: Linear::load(ckpt, &format!("{prefix}.o_proj"), h, nq * dh, cfg)?,
-            q_norm: RmsNorm { weight: ckpt.norm(&format!("{prefix}.q_norm.weight"), dh, dev)?, eps },
-            k_norm: RmsNorm { weight: ckpt.norm(&format!("{prefix}.k_norm.weight"), dh, dev)?, eps },
+            q_norm: RmsNorm {
+                weight: ckpt.norm(&format!("{prefix}.q_norm.weight"), dh, dev)?,
+                eps,
+            },
+            k_norm: RmsNorm {
+                weight: ckpt.norm(&format!("{prefix}.k_norm.weight"), dh, dev)?,
+                eps,
+            },
             rope: PartialRope::new(cfg.rope_dims(), cfg.rope_theta),
             heads: nq,
             kv_heads: nkv,
@@ -51,9 +62,15 @@ impl Attention {
         let (nq, nkv, dh) = (self.heads, self.kv_heads, self.head_dim);
         let [qg, k, v]: [Tensor; 3] = self.qkv.forward(x)?.try_into().expect("three projections");
         let qg = qg.reshape((b, s, nq, 2 * dh))?;
-        let (q, gate) = (qg.narrow(D::Minus1, 0, dh)?, qg.narrow(D::Minus1, dh, dh)?.reshape((b, s, nq * dh))?);
+        let (q, gate) = (
+            qg.narrow(D::Minus1, 0, dh)?,
+            qg.narrow(D::Minus1, dh, dh)?.reshape((b, s, nq * dh))?,
+        );
         let q = self.q_norm.forward(&q)?.transpose(1, 2)?;
-        let k = self.k_norm.forward(&k.reshape((b, s, nkv, dh))?)?.transpose(1, 2)?;
+        let k = self
+            .k_norm
+            .forward(&k.reshape((b, s, nkv, dh))?)?
+            .transpose(1, 2)?;
         let v = v.reshape((b, s, nkv, dh))?.transpose(1, 2)?.contiguous()?;
         let q = self.rope.forward(&q, offset)?;
         let k = self.rope.forward(&k, offset)?;

@@ -44,24 +44,35 @@ fn qkvz_rows(hk: usize, dk: usize, r_dv: usize) -> Vec<usize> {
     let pieces = [(0, dk), (dk, dk), (2 * dk, r_dv), (2 * dk + r_dv, r_dv)];
     pieces
         .iter()
-        .flat_map(|&(start, len)| (0..hk).flat_map(move |j| (0..len).map(move |i| j * group + start + i)))
+        .flat_map(|&(start, len)| {
+            (0..hk).flat_map(move |j| (0..len).map(move |i| j * group + start + i))
+        })
         .collect()
 }
 
 /// Row order that turns per-key-head `[b_j (r) | a_j (r)]` into `[all b | all a]`.
 fn ba_rows(hk: usize, r: usize) -> Vec<usize> {
-    [0, r].iter().flat_map(|&start| (0..hk).flat_map(move |j| (0..r).map(move |i| j * 2 * r + start + i))).collect()
+    [0, r]
+        .iter()
+        .flat_map(|&start| (0..hk).flat_map(move |j| (0..r).map(move |i| j * 2 * r + start + i)))
+        .collect()
 }
 
 impl GatedDeltaNet {
     pub fn load(ckpt: &Checkpoint, prefix: &str, cfg: &Config) -> Result<Self> {
         let h = cfg.hidden_size;
-        let (hk, hv, dk, dv) =
-            (cfg.linear_num_key_heads, cfg.linear_num_value_heads, cfg.linear_key_head_dim, cfg.linear_value_head_dim);
+        let (hk, hv, dk, dv) = (
+            cfg.linear_num_key_heads,
+            cfg.linear_num_value_heads,
+            cfg.linear_key_head_dim,
+            cfg.linear_value_head_dim,
+        );
         let (key_dim, value_dim, conv_dim) = (cfg.key_dim(), cfg.value_dim(), cfg.conv_dim());
         let r = hv / hk;
         let dev = &Device::Cpu;
-        let lin = |name: &str, out: usize, inp: usize| Linear::load(ckpt, &format!("{prefix}.{name}"), out, inp, cfg);
+        let lin = |name: &str, out: usize, inp: usize| {
+            Linear::load(ckpt, &format!("{prefix}.{name}"), out, inp, cfg)
+        };
         let parts = match cfg.family {
             Family::Qwen3Next => {
                 let qkvz = lin("in_proj_qkvz", 2 * key_dim + 2 * value_dim, h)?;
@@ -73,7 +84,12 @@ impl GatedDeltaNet {
                     weight: m.select_rows(&(start..start + n).collect::<Vec<_>>()),
                     bias: None,
                 };
-                vec![take(&qkvz, 0, conv_dim), take(&qkvz, conv_dim, value_dim), take(&ba, 0, hv), take(&ba, hv, hv)]
+                vec![
+                    take(&qkvz, 0, conv_dim),
+                    take(&qkvz, conv_dim, value_dim),
+                    take(&ba, 0, hv),
+                    take(&ba, hv, hv),
+                ]
             }
             Family::Qwen35 => vec![
                 lin("in_proj_qkv", conv_dim, h)?,
@@ -85,11 +101,19 @@ impl GatedDeltaNet {
         let a_log = ckpt.tensor(&format!("{prefix}.A_log"), &[hv], dev)?;
         Ok(Self {
             in_proj: FusedLinear::new(parts),
-            conv_weight: ckpt.conv1d(&format!("{prefix}.conv1d.weight"), conv_dim, cfg.linear_conv_kernel_dim, dev)?,
+            conv_weight: ckpt.conv1d(
+                &format!("{prefix}.conv1d.weight"),
+                conv_dim,
+                cfg.linear_conv_kernel_dim,
+                dev,
+            )?,
             a_log_exp: a_log.exp()?,
             dt_bias: ckpt.tensor(&format!("{prefix}.dt_bias"), &[hv], dev)?,
             norm: GatedRmsNorm {
-                norm: RmsNorm { weight: ckpt.norm(&format!("{prefix}.norm.weight"), dv, dev)?, eps: cfg.rms_norm_eps as f32 },
+                norm: RmsNorm {
+                    weight: ckpt.norm(&format!("{prefix}.norm.weight"), dv, dev)?,
+                    eps: cfg.rms_norm_eps as f32,
+                },
             },
             out_proj: lin("out_proj", h, value_dim)?,
             key_heads: hk,
@@ -111,9 +135,14 @@ impl GatedDeltaNet {
         let padded = Tensor::cat(&[&prev, x], 1)?; // [B, S+K-1, C]
         cache.conv = Some(padded.narrow(1, s, k - 1)?.contiguous()?);
         let w = self.conv_weight.to_dtype(x.dtype())?;
-        let mut out = padded.narrow(1, 0, s)?.broadcast_mul(&w.narrow(1, 0, 1)?.squeeze(1)?)?;
+        let mut out = padded
+            .narrow(1, 0, s)?
+            .broadcast_mul(&w.narrow(1, 0, 1)?.squeeze(1)?)?;
         for m in 1..k {
-            out = (out + padded.narrow(1, m, s)?.broadcast_mul(&w.narrow(1, m, 1)?.squeeze(1)?)?)?;
+            out = (out
+                + padded
+                    .narrow(1, m, s)?
+                    .broadcast_mul(&w.narrow(1, m, 1)?.squeeze(1)?)?)?;
         }
         Ok(out)
     }
@@ -121,12 +150,27 @@ impl GatedDeltaNet {
     /// `x`: `[B, S, H]`.
     pub fn forward(&self, x: &Tensor, cache: &mut GdnCache) -> Result<Tensor> {
         let (b, s, _) = x.dims3()?;
-        let (hk, hv, dk, dv) = (self.key_heads, self.value_heads, self.key_dim, self.value_dim);
-        let [qkv, z, beta_in, a]: [Tensor; 4] = self.in_proj.forward(x)?.try_into().expect("four projections");
+        let (hk, hv, dk, dv) = (
+            self.key_heads,
+            self.value_heads,
+            self.key_dim,
+            self.value_dim,
+        );
+        let [qkv, z, beta_in, a]: [Tensor; 4] = self
+            .in_proj
+            .forward(x)?
+            .try_into()
+            .expect("four projections");
         let conv = self.conv(&qkv, cache)?.silu()?;
-        let q = conv.narrow(D::Minus1, 0, hk * dk)?.reshape((b, s, hk, dk))?;
-        let k = conv.narrow(D::Minus1, hk * dk, hk * dk)?.reshape((b, s, hk, dk))?;
-        let v = conv.narrow(D::Minus1, 2 * hk * dk, hv * dv)?.reshape((b, s, hv, dv))?;
+        let q = conv
+            .narrow(D::Minus1, 0, hk * dk)?
+            .reshape((b, s, hk, dk))?;
+        let k = conv
+            .narrow(D::Minus1, hk * dk, hk * dk)?
+            .reshape((b, s, hk, dk))?;
+        let v = conv
+            .narrow(D::Minus1, 2 * hk * dk, hv * dv)?
+            .reshape((b, s, hv, dv))?;
         let q = scaled_rms(&q, 1e-6, 1.0 / dk as f64)?;
         let k = scaled_rms(&k, 1e-6, (dk as f64).powf(-0.5))?;
         let beta = candle_nn::ops::sigmoid(&beta_in.to_dtype(DType::F32)?)?;
@@ -137,7 +181,14 @@ impl GatedDeltaNet {
             Some(st) => st.to_dtype(cache.state_dtype.dtype())?,
             None => Tensor::zeros((b, hv, dv, dk), cache.state_dtype.dtype(), x.device())?,
         };
-        let y = gdn_ops::gated_delta_update(&q.contiguous()?, &k.contiguous()?, &v.contiguous()?, &g, &beta, &state)?;
+        let y = gdn_ops::gated_delta_update(
+            &q.contiguous()?,
+            &k.contiguous()?,
+            &v.contiguous()?,
+            &g,
+            &beta,
+            &state,
+        )?;
         cache.state = Some(state);
         let z = z.reshape((b, s, hv, dv))?;
         let out = self.norm.forward(&y, &z)?.reshape((b, s, hv * dv))?;
@@ -160,7 +211,10 @@ mod tests {
     #[test]
     fn qwen3_next_row_permutation() {
         // Hk=2, Dk=1, r·Dv=2: groups [q k v v z z], [q k v v z z].
-        assert_eq!(qkvz_rows(2, 1, 2), vec![0, 6, 1, 7, 2, 3, 8, 9, 4, 5, 10, 11]);
+        assert_eq!(
+            qkvz_rows(2, 1, 2),
+            vec![0, 6, 1, 7, 2, 3, 8, 9, 4, 5, 10, 11]
+        );
         // Hk=2, r=2: [b b a a], [b b a a].
         assert_eq!(ba_rows(2, 2), vec![0, 1, 4, 5, 2, 3, 6, 7]);
     }

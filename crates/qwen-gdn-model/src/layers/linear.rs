@@ -13,8 +13,17 @@ pub struct Linear {
 }
 
 impl Linear {
-    pub fn load(ckpt: &Checkpoint, module: &str, out: usize, inp: usize, config: &Config) -> Result<Self> {
-        Ok(Self { weight: ckpt.matrix(module, out, inp, config)?, bias: ckpt.bias(module, out)? })
+    pub fn load(
+        ckpt: &Checkpoint,
+        module: &str,
+        out: usize,
+        inp: usize,
+        config: &Config,
+    ) -> Result<Self> {
+        Ok(Self {
+            weight: ckpt.matrix(module, out, inp, config)?,
+            bias: ckpt.bias(module, out)?,
+        })
     }
 
     pub fn out_dim(&self) -> usize {
@@ -23,10 +32,18 @@ impl Linear {
 
     /// `x`: `[..., in]` → `[..., out]`, in x's dtype.
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        ensure!(x.device().is_cpu(), "quantized matmul runs on the CPU only so far (got {:?})", x.device());
+        ensure!(
+            x.device().is_cpu(),
+            "quantized matmul runs on the CPU only so far (got {:?})",
+            x.device()
+        );
         let (rows, cols) = (self.weight.rows(), self.weight.cols());
         let mut out_shape = x.dims().to_vec();
-        ensure!(out_shape.last() == Some(&cols), "linear: input {:?} does not end in {cols}", x.dims());
+        ensure!(
+            out_shape.last() == Some(&cols),
+            "linear: input {:?} does not end in {cols}",
+            x.dims()
+        );
         *out_shape.last_mut().unwrap() = rows;
         let m = x.elem_count() / cols;
         let xs = x.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?;
@@ -63,13 +80,24 @@ impl FusedLinear {
             }
             merged.push(p);
         }
-        Self { parts: merged, out_dims }
+        Self {
+            parts: merged,
+            out_dims,
+        }
     }
 
     /// Returns each projection's output, in the order given to [`FusedLinear::new`].
     pub fn forward(&self, x: &Tensor) -> Result<Vec<Tensor>> {
-        let outs = self.parts.iter().map(|p| p.forward(x)).collect::<Result<Vec<_>>>()?;
-        let all = if outs.len() == 1 { outs.into_iter().next().unwrap() } else { Tensor::cat(&outs, D::Minus1)? };
+        let outs = self
+            .parts
+            .iter()
+            .map(|p| p.forward(x))
+            .collect::<Result<Vec<_>>>()?;
+        let all = if outs.len() == 1 {
+            outs.into_iter().next().unwrap()
+        } else {
+            Tensor::cat(&outs, D::Minus1)?
+        };
         let mut start = 0;
         self.out_dims
             .iter()
@@ -94,7 +122,10 @@ impl Embedding {
         let (vocab, hidden) = (self.table.rows(), self.table.cols());
         let mut out = vec![0f32; ids.len() * hidden];
         for (&id, row) in ids.iter().zip(out.chunks_exact_mut(hidden)) {
-            ensure!((id as usize) < vocab, "token id {id} is outside the vocabulary ({vocab})");
+            ensure!(
+                (id as usize) < vocab,
+                "token id {id} is outside the vocabulary ({vocab})"
+            );
             self.table.row_into(0, id as usize, row);
         }
         Ok(Tensor::from_vec(out, (ids.len(), hidden), device)?)
@@ -102,6 +133,9 @@ impl Embedding {
 
     /// Tied output head: `h Eᵀ`.
     pub fn as_linear(&self) -> Linear {
-        Linear { weight: self.table.clone(), bias: None }
+        Linear {
+            weight: self.table.clone(),
+            bias: None,
+        }
     }
 }

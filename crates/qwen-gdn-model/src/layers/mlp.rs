@@ -14,7 +14,13 @@ pub struct Mlp {
 }
 
 impl Mlp {
-    pub fn load(ckpt: &Checkpoint, prefix: &str, hidden: usize, inner: usize, cfg: &Config) -> Result<Self> {
+    pub fn load(
+        ckpt: &Checkpoint,
+        prefix: &str,
+        hidden: usize,
+        inner: usize,
+        cfg: &Config,
+    ) -> Result<Self> {
         Ok(Self {
             gate_up: FusedLinear::new(vec![
                 Linear::load(ckpt, &format!("{prefix}.gate_proj"), inner, hidden, cfg)?,
@@ -25,7 +31,11 @@ impl Mlp {
     }
 
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let [gate, up]: [Tensor; 2] = self.gate_up.forward(x)?.try_into().expect("two projections");
+        let [gate, up]: [Tensor; 2] = self
+            .gate_up
+            .forward(x)?
+            .try_into()
+            .expect("two projections");
         self.down.forward(&(gate.silu()? * up)?)
     }
 }

@@ -37,8 +37,12 @@ pub fn route(probs: &[f32], k: usize, renormalise: bool) -> Vec<(usize, f32)> {
 
 impl SparseMoe {
     pub fn load(ckpt: &Checkpoint, prefix: &str, cfg: &Config) -> Result<Self> {
-        let (h, e, im, is) =
-            (cfg.hidden_size, cfg.num_experts, cfg.moe_intermediate_size, cfg.shared_expert_intermediate_size);
+        let (h, e, im, is) = (
+            cfg.hidden_size,
+            cfg.num_experts,
+            cfg.moe_intermediate_size,
+            cfg.shared_expert_intermediate_size,
+        );
         let shared_expert = if is > 0 {
             Some((
                 Mlp::load(ckpt, &format!("{prefix}.shared_expert"), h, is, cfg)?,
@@ -60,10 +64,14 @@ impl SparseMoe {
 
     /// `x`: `[B, S, H]` (already post-attention-normed).
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        ensure!(x.device().is_cpu(), "the MoE block runs on the CPU only so far");
+        ensure!(
+            x.device().is_cpu(),
+            "the MoE block runs on the CPU only so far"
+        );
         let h = x.dim(candle_core::D::Minus1)?;
         let n_experts = self.gate_proj.experts();
-        let probs = candle_nn::ops::softmax_last_dim(&self.router.forward(x)?.to_dtype(DType::F32)?)?;
+        let probs =
+            candle_nn::ops::softmax_last_dim(&self.router.forward(x)?.to_dtype(DType::F32)?)?;
         let probs = probs.flatten_to(1)?.to_vec2::<f32>()?;
         let xs = x.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?;
         // Tokens per expert: (token index, routing weight).
@@ -76,13 +84,23 @@ impl SparseMoe {
         let mut out = vec![0f32; xs.len()];
         for (e, tokens) in assigned.iter().enumerate().filter(|(_, t)| !t.is_empty()) {
             let m = tokens.len();
-            let rows: Vec<f32> = tokens.iter().flat_map(|&(t, _)| xs[t * h..(t + 1) * h].iter().copied()).collect();
+            let rows: Vec<f32> = tokens
+                .iter()
+                .flat_map(|&(t, _)| xs[t * h..(t + 1) * h].iter().copied())
+                .collect();
             let gate = self.gate_proj.matmul_t(e, &rows, m);
             let up = self.up_proj.matmul_t(e, &rows, m);
-            let act: Vec<f32> = gate.iter().zip(&up).map(|(g, u)| g / (1.0 + (-g).exp()) * u).collect();
+            let act: Vec<f32> = gate
+                .iter()
+                .zip(&up)
+                .map(|(g, u)| g / (1.0 + (-g).exp()) * u)
+                .collect();
             let down = self.down_proj.matmul_t(e, &act, m);
             for (&(t, w), y) in tokens.iter().zip(down.chunks_exact(h)) {
-                out[t * h..(t + 1) * h].iter_mut().zip(y).for_each(|(o, y)| *o += w * y);
+                out[t * h..(t + 1) * h]
+                    .iter_mut()
+                    .zip(y)
+                    .for_each(|(o, y)| *o += w * y);
             }
         }
         let routed = Tensor::from_vec(out, x.dims(), x.device())?.to_dtype(x.dtype())?;

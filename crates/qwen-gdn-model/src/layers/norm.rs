@@ -12,7 +12,11 @@ pub struct RmsNorm {
 
 impl RmsNorm {
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        Ok(candle_nn::ops::rms_norm(&x.contiguous()?, &self.weight.to_dtype(x.dtype())?, self.eps)?)
+        Ok(candle_nn::ops::rms_norm(
+            &x.contiguous()?,
+            &self.weight.to_dtype(x.dtype())?,
+            self.eps,
+        )?)
     }
 }
 

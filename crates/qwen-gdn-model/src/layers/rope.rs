@@ -13,13 +13,18 @@ pub struct PartialRope {
 
 impl PartialRope {
     pub fn new(dims: usize, base: f64) -> Self {
-        let inv_freq = (0..dims / 2).map(|i| base.powf(-((2 * i) as f64) / dims as f64)).collect();
+        let inv_freq = (0..dims / 2)
+            .map(|i| base.powf(-((2 * i) as f64) / dims as f64))
+            .collect();
         Self { dims, inv_freq }
     }
 
     fn tables(&self, offset: usize, len: usize, device: &Device) -> Result<(Tensor, Tensor)> {
         let half = self.dims / 2;
-        let (mut cos, mut sin) = (Vec::with_capacity(len * half), Vec::with_capacity(len * half));
+        let (mut cos, mut sin) = (
+            Vec::with_capacity(len * half),
+            Vec::with_capacity(len * half),
+        );
         for p in offset..offset + len {
             for f in &self.inv_freq {
                 let angle = p as f64 * f;
@@ -27,7 +32,10 @@ impl PartialRope {
                 sin.push(angle.sin() as f32);
             }
         }
-        Ok((Tensor::from_vec(cos, (len, half), device)?, Tensor::from_vec(sin, (len, half), device)?))
+        Ok((
+            Tensor::from_vec(cos, (len, half), device)?,
+            Tensor::from_vec(sin, (len, half), device)?,
+        ))
     }
 
     /// `x`: `[B, heads, S, head_dim]` at absolute positions `offset..offset+S`.
@@ -35,7 +43,11 @@ impl PartialRope {
         let (_, _, seq, head_dim) = x.dims4()?;
         let (cos, sin) = self.tables(offset, seq, x.device())?;
         let (cos, sin) = (cos.to_dtype(x.dtype())?, sin.to_dtype(x.dtype())?);
-        let rotated = candle_nn::rotary_emb::rope(&x.narrow(D::Minus1, 0, self.dims)?.contiguous()?, &cos, &sin)?;
+        let rotated = candle_nn::rotary_emb::rope(
+            &x.narrow(D::Minus1, 0, self.dims)?.contiguous()?,
+            &cos,
+            &sin,
+        )?;
         if self.dims == head_dim {
             return Ok(rotated);
         }

@@ -27,13 +27,12 @@ pub struct AffineMatrix {
 }
 
 impl AffineMatrix {
-    /// Checks the geometry and wraps the parts. `packed`, `scales` and `biases` are row-major.
+    /// Checks the geometry and wraps the parts of a `[experts, rows, cols]` matrix; `packed`,
+    /// `scales` and `biases` are row-major.
     pub fn new(
         bits: usize,
         group_size: usize,
-        experts: usize,
-        rows: usize,
-        cols: usize,
+        [experts, rows, cols]: [usize; 3],
         packed: Vec<u32>,
         scales: Vec<f32>,
         biases: Vec<f32>,
@@ -41,14 +40,27 @@ impl AffineMatrix {
         if !SUPPORTED_BITS.contains(&bits) {
             bail!("unsupported quantization: {bits} bits (supported: 2, 3, 4, 5, 6, 8)");
         }
-        if group_size == 0 || cols % group_size != 0 || (cols * bits) % 32 != 0 {
+        if group_size == 0 || !cols.is_multiple_of(group_size) || !(cols * bits).is_multiple_of(32)
+        {
             bail!("quantized width {cols} does not fit {bits}-bit groups of {group_size}");
         }
         let n = experts * rows;
-        if packed.len() != n * cols * bits / 32 || scales.len() != n * cols / group_size || biases.len() != scales.len() {
+        if packed.len() != n * cols * bits / 32
+            || scales.len() != n * cols / group_size
+            || biases.len() != scales.len()
+        {
             bail!("quantized tensor parts have inconsistent sizes");
         }
-        Ok(Self { bits, group_size, rows, cols, experts, packed, scales, biases })
+        Ok(Self {
+            bits,
+            group_size,
+            rows,
+            cols,
+            experts,
+            packed,
+            scales,
+            biases,
+        })
     }
 
     pub fn words_per_row(&self) -> usize {
@@ -66,7 +78,11 @@ impl AffineMatrix {
         let scales = &self.scales[row * gpr..(row + 1) * gpr];
         let biases = &self.biases[row * gpr..(row + 1) * gpr];
         unpack_row(words, self.bits, out);
-        for ((chunk, &s), &b) in out.chunks_exact_mut(self.group_size).zip(scales).zip(biases) {
+        for ((chunk, &s), &b) in out
+            .chunks_exact_mut(self.group_size)
+            .zip(scales)
+            .zip(biases)
+        {
             for v in chunk {
                 *v = s * *v + b;
             }
@@ -87,19 +103,34 @@ impl AffineMatrix {
                 biases.extend_from_slice(&self.biases[g * gpr..(g + 1) * gpr]);
             }
         }
-        Self { rows: rows.len(), packed, scales, biases, ..*self }
+        Self {
+            rows: rows.len(),
+            packed,
+            scales,
+            biases,
+            ..*self
+        }
     }
 
     /// Stacks single matrices with identical format along the row axis.
     pub fn concat_rows(parts: &[&Self]) -> Option<Self> {
         let first = parts.first()?;
         let same = |m: &&Self| {
-            m.bits == first.bits && m.group_size == first.group_size && m.cols == first.cols && m.experts == 1
+            m.bits == first.bits
+                && m.group_size == first.group_size
+                && m.cols == first.cols
+                && m.experts == 1
         };
         if !parts.iter().all(same) {
             return None;
         }
-        let mut out = Self { rows: 0, packed: vec![], scales: vec![], biases: vec![], ..**first };
+        let mut out = Self {
+            rows: 0,
+            packed: vec![],
+            scales: vec![],
+            biases: vec![],
+            ..**first
+        };
         for m in parts {
             out.rows += m.rows;
             out.packed.extend_from_slice(&m.packed);
@@ -182,7 +213,8 @@ mod tests {
     #[test]
     fn negative_scales_dequantize() {
         let q: Vec<u32> = (0..32).map(|j| j % 16).collect();
-        let m = AffineMatrix::new(4, 32, 1, 1, 32, pack_row(&q, 4), vec![-0.5], vec![2.0]).unwrap();
+        let m =
+            AffineMatrix::new(4, 32, [1, 1, 32], pack_row(&q, 4), vec![-0.5], vec![2.0]).unwrap();
         let mut out = vec![0f32; 32];
         m.dequantize_row(0, &mut out);
         assert_eq!(out[0], 2.0);

@@ -58,20 +58,29 @@ const SHIFTED_NORMS: [&str; 5] = [
 fn shard_paths(dir: &Path) -> Result<Vec<PathBuf>> {
     let index = dir.join("model.safetensors.index.json");
     if index.exists() {
-        let text = std::fs::read_to_string(&index).with_context(|| format!("{}: cannot read", index.display()))?;
-        let json: serde_json::Value =
-            serde_json::from_str(&text).map_err(|e| anyhow!("{}: invalid JSON: {e}", index.display()))?;
+        let text = std::fs::read_to_string(&index)
+            .with_context(|| format!("{}: cannot read", index.display()))?;
+        let json: serde_json::Value = serde_json::from_str(&text)
+            .map_err(|e| anyhow!("{}: invalid JSON: {e}", index.display()))?;
         let map = json
             .get("weight_map")
             .and_then(|m| m.as_object())
             .ok_or_else(|| anyhow!("{}: missing `weight_map`", index.display()))?;
-        let mut shards: Vec<String> = map.values().filter_map(|v| v.as_str().map(String::from)).collect();
+        let mut shards: Vec<String> = map
+            .values()
+            .filter_map(|v| v.as_str().map(String::from))
+            .collect();
         shards.sort();
         shards.dedup();
         let paths: Vec<PathBuf> = shards.iter().map(|s| dir.join(s)).collect();
         for p in &paths {
             if !p.exists() {
-                bail!("{}: missing shard {} listed in {}", p.display(), p.file_name().unwrap().to_string_lossy(), index.display());
+                bail!(
+                    "{}: missing shard {} listed in {}",
+                    p.display(),
+                    p.file_name().unwrap().to_string_lossy(),
+                    index.display()
+                );
             }
         }
         return Ok(paths);
@@ -87,14 +96,20 @@ fn shard_paths(dir: &Path) -> Result<Vec<PathBuf>> {
         .collect();
     found.sort();
     if found.is_empty() {
-        bail!("{}: no model.safetensors or model.safetensors.index.json", dir.display());
+        bail!(
+            "{}: no model.safetensors or model.safetensors.index.json",
+            dir.display()
+        );
     }
     Ok(found)
 }
 
 /// Maps a key as stored to its canonical mlx name, or `None` for tensors we never use.
 fn canonical_name(key: &str, family: Family) -> Option<String> {
-    if key.contains("mtp.") || key.starts_with("vision_tower") || key.starts_with("model.visual") || key.starts_with("visual.")
+    if key.contains("mtp.")
+        || key.starts_with("vision_tower")
+        || key.starts_with("model.visual")
+        || key.starts_with("visual.")
     {
         return None;
     }
@@ -116,27 +131,49 @@ impl Checkpoint {
         let mut files = vec![];
         let mut entries = HashMap::new();
         for path in shard_paths(dir)? {
-            let file = std::fs::File::open(&path).with_context(|| format!("{}: cannot open", path.display()))?;
+            let file = std::fs::File::open(&path)
+                .with_context(|| format!("{}: cannot open", path.display()))?;
             // SAFETY: the mapping is read-only; a checkpoint modified while we run is the
             // user's error and at worst yields wrong numbers, as with any mmap-based loader.
-            let mmap = unsafe { Mmap::map(&file) }.with_context(|| format!("{}: cannot map", path.display()))?;
+            let mmap = unsafe { Mmap::map(&file) }
+                .with_context(|| format!("{}: cannot map", path.display()))?;
             let (header_len, meta) = SafeTensors::read_metadata(&mmap).map_err(|e| {
-                anyhow!("{}: not a valid safetensors file (truncated or corrupt: {e})", path.display())
+                anyhow!(
+                    "{}: not a valid safetensors file (truncated or corrupt: {e})",
+                    path.display()
+                )
             })?;
             let idx = files.len();
             for (key, info) in meta.tensors() {
                 if let Some(name) = canonical_name(&key, config.family) {
-                    entries.insert(name, Entry { file: idx, info: info.clone(), original: key });
+                    entries.insert(
+                        name,
+                        Entry {
+                            file: idx,
+                            info: info.clone(),
+                            original: key,
+                        },
+                    );
                 }
             }
-            files.push(ShardFile { path, mmap, data_start: 8 + header_len });
+            files.push(ShardFile {
+                path,
+                mmap,
+                data_start: 8 + header_len,
+            });
         }
-        let conv_is_raw = entries
-            .iter()
-            .any(|(k, e)| k.ends_with("conv1d.weight") && e.info.shape.last().is_some_and(|&d| d != 1));
+        let conv_is_raw = entries.iter().any(|(k, e)| {
+            k.ends_with("conv1d.weight") && e.info.shape.last().is_some_and(|&d| d != 1)
+        });
         let raw_hf = conv_is_raw
-            || (config.family == Family::Qwen3Next && entries.contains_key("model.layers.0.mlp.experts.0.up_proj.weight"));
-        Ok(Self { files, entries, raw_hf, family: config.family })
+            || (config.family == Family::Qwen3Next
+                && entries.contains_key("model.layers.0.mlp.experts.0.up_proj.weight"));
+        Ok(Self {
+            files,
+            entries,
+            raw_hf,
+            family: config.family,
+        })
     }
 
     pub fn contains(&self, name: &str) -> bool {
@@ -145,13 +182,21 @@ impl Checkpoint {
 
     fn entry(&self, name: &str) -> Result<&Entry> {
         self.entries.get(name).ok_or_else(|| {
-            let files: Vec<String> = self.files.iter().map(|f| f.path.display().to_string()).collect();
+            let files: Vec<String> = self
+                .files
+                .iter()
+                .map(|f| f.path.display().to_string())
+                .collect();
             anyhow!("missing tensor `{name}` in {}", files.join(", "))
         })
     }
 
     fn location(&self, e: &Entry) -> String {
-        format!("tensor `{}` in {}", e.original, self.files[e.file].path.display())
+        format!(
+            "tensor `{}` in {}",
+            e.original,
+            self.files[e.file].path.display()
+        )
     }
 
     fn bytes(&self, e: &Entry) -> &[u8] {
@@ -162,7 +207,12 @@ impl Checkpoint {
 
     fn check_shape(&self, e: &Entry, want: &[usize]) -> Result<()> {
         if e.info.shape != want {
-            bail!("{}: shape {:?}, expected {:?}", self.location(e), e.info.shape, want);
+            bail!(
+                "{}: shape {:?}, expected {:?}",
+                self.location(e),
+                e.info.shape,
+                want
+            );
         }
         Ok(())
     }
@@ -185,10 +235,25 @@ impl Checkpoint {
     fn float_data(&self, e: &Entry) -> Result<FloatData> {
         let raw = self.bytes(e);
         Ok(match e.info.dtype {
-            Dtype::F32 => FloatData::F32(raw.chunks_exact(4).map(|b| f32::from_le_bytes(b.try_into().unwrap())).collect()),
-            Dtype::BF16 => FloatData::Bf16(raw.chunks_exact(2).map(|b| bf16::from_le_bytes([b[0], b[1]])).collect()),
-            Dtype::F16 => FloatData::F16(raw.chunks_exact(2).map(|b| f16::from_le_bytes([b[0], b[1]])).collect()),
-            other => bail!("{}: dtype {other:?}, expected a float tensor (f32, bf16 or f16)", self.location(e)),
+            Dtype::F32 => FloatData::F32(
+                raw.chunks_exact(4)
+                    .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
+                    .collect(),
+            ),
+            Dtype::BF16 => FloatData::Bf16(
+                raw.chunks_exact(2)
+                    .map(|b| bf16::from_le_bytes([b[0], b[1]]))
+                    .collect(),
+            ),
+            Dtype::F16 => FloatData::F16(
+                raw.chunks_exact(2)
+                    .map(|b| f16::from_le_bytes([b[0], b[1]]))
+                    .collect(),
+            ),
+            other => bail!(
+                "{}: dtype {other:?}, expected a float tensor (f32, bf16 or f16)",
+                self.location(e)
+            ),
         })
     }
 
@@ -216,22 +281,43 @@ impl Checkpoint {
     }
 
     /// The depthwise conv1d weight as `[channels, kernel]` (mlx `[C,K,1]`, HF `[C,1,K]`).
-    pub fn conv1d(&self, name: &str, channels: usize, kernel: usize, device: &Device) -> Result<Tensor> {
+    pub fn conv1d(
+        &self,
+        name: &str,
+        channels: usize,
+        kernel: usize,
+        device: &Device,
+    ) -> Result<Tensor> {
         let e = self.entry(name)?;
         let (mlx, hf) = ([channels, kernel, 1], [channels, 1, kernel]);
-        let shape: &[usize] = if e.info.shape == hf && kernel != 1 { &hf } else { &mlx };
+        let shape: &[usize] = if e.info.shape == hf && kernel != 1 {
+            &hf
+        } else {
+            &mlx
+        };
         let data = self.f32_data(name, shape)?;
         Ok(Tensor::from_vec(data, (channels, kernel), device)?)
     }
 
     /// A linear layer's weight `[rows, cols]`: quantized when `<module>.scales` exists.
-    pub fn matrix(&self, module: &str, rows: usize, cols: usize, config: &Config) -> Result<Matrix> {
+    pub fn matrix(
+        &self,
+        module: &str,
+        rows: usize,
+        cols: usize,
+        config: &Config,
+    ) -> Result<Matrix> {
         if self.contains(&format!("{module}.scales")) {
             return self.affine(module, &[rows], cols, config);
         }
         let e = self.entry(&format!("{module}.weight"))?;
         self.check_shape(e, &[rows, cols])?;
-        Ok(Matrix::Float(FloatMatrix::new(1, rows, cols, self.float_data(e)?)?))
+        Ok(Matrix::Float(FloatMatrix::new(
+            1,
+            rows,
+            cols,
+            self.float_data(e)?,
+        )?))
     }
 
     /// Optional bias of a linear layer.
@@ -245,28 +331,56 @@ impl Checkpoint {
 
     /// Quantized `[lead.., rows, cols]`; bits and group size follow from the packed shapes
     /// and must agree with config.json's `quantization` block where it names them.
-    fn affine(&self, module: &str, lead_rows: &[usize], cols: usize, config: &Config) -> Result<Matrix> {
+    fn affine(
+        &self,
+        module: &str,
+        lead_rows: &[usize],
+        cols: usize,
+        config: &Config,
+    ) -> Result<Matrix> {
         let w = self.entry(&format!("{module}.weight"))?;
         let s = self.entry(&format!("{module}.scales"))?;
         let b = self.entry(&format!("{module}.biases")).map_err(|_| {
-            anyhow!("{}: quantized without `.biases` (only MLX affine quantization is supported)", self.location(s))
+            anyhow!(
+                "{}: quantized without `.biases` (only MLX affine quantization is supported)",
+                self.location(s)
+            )
         })?;
         let rank = lead_rows.len() + 1;
         let packed_cols = *w.info.shape.last().unwrap_or(&0);
         let groups = *s.info.shape.last().unwrap_or(&0);
-        if w.info.shape.len() != rank || w.info.shape[..rank - 1] != *lead_rows || packed_cols == 0 || groups == 0 {
-            bail!("{}: shape {:?} does not fit a quantized {:?}x{cols} weight", self.location(w), w.info.shape, lead_rows);
+        if w.info.shape.len() != rank
+            || w.info.shape[..rank - 1] != *lead_rows
+            || packed_cols == 0
+            || groups == 0
+        {
+            bail!(
+                "{}: shape {:?} does not fit a quantized {:?}x{cols} weight",
+                self.location(w),
+                w.info.shape,
+                lead_rows
+            );
         }
         if w.info.dtype != Dtype::U32 {
-            bail!("{}: quantized weights must be uint32, got {:?}", self.location(w), w.info.dtype);
+            bail!(
+                "{}: quantized weights must be uint32, got {:?}",
+                self.location(w),
+                w.info.dtype
+            );
         }
         let bits = packed_cols * 32 / cols;
         let group_size = cols / groups;
         if packed_cols * 32 != bits * cols || groups * group_size != cols {
-            bail!("{}: packed width {packed_cols} and {groups} groups do not fit {cols} inputs", self.location(w));
+            bail!(
+                "{}: packed width {packed_cols} and {groups} groups do not fit {cols} inputs",
+                self.location(w)
+            );
         }
         let module_path = w.original.trim_end_matches(".weight");
-        let declared = config.quant_spec_for(module_path).flatten().or(config.quantization);
+        let declared = config
+            .quant_spec_for(module_path)
+            .flatten()
+            .or(config.quantization);
         if let Some(spec) = declared {
             if (spec.bits, spec.group_size) != (bits, group_size) {
                 bail!(
@@ -281,8 +395,11 @@ impl Checkpoint {
         group_shape.push(groups);
         self.check_shape(s, &group_shape)?;
         self.check_shape(b, &group_shape)?;
-        let packed: Vec<u32> =
-            self.bytes(w).chunks_exact(4).map(|c| u32::from_le_bytes(c.try_into().unwrap())).collect();
+        let packed: Vec<u32> = self
+            .bytes(w)
+            .chunks_exact(4)
+            .map(|c| u32::from_le_bytes(c.try_into().unwrap()))
+            .collect();
         let scales = self.f32_data(&format!("{module}.scales"), &group_shape)?;
         let biases = self.f32_data(&format!("{module}.biases"), &group_shape)?;
         let (experts, rows) = match lead_rows {
@@ -290,14 +407,29 @@ impl Checkpoint {
             [e, r] => (*e, *r),
             _ => unreachable!("matrices have one or two leading axes"),
         };
-        AffineMatrix::new(bits, group_size, experts, rows, cols, packed, scales, biases)
-            .map(Matrix::Affine)
-            .with_context(|| self.location(w))
+        AffineMatrix::new(
+            bits,
+            group_size,
+            [experts, rows, cols],
+            packed,
+            scales,
+            biases,
+        )
+        .map(Matrix::Affine)
+        .with_context(|| self.location(w))
     }
 
     /// Stacked expert weights `[experts, rows, cols]` for projection `proj` (`gate_proj`,
     /// `up_proj` or `down_proj`) of the MoE block at `mlp` (e.g. `model.layers.3.mlp`).
-    pub fn experts(&self, mlp: &str, proj: &str, experts: usize, rows: usize, cols: usize, config: &Config) -> Result<Matrix> {
+    pub fn experts(
+        &self,
+        mlp: &str,
+        proj: &str,
+        experts: usize,
+        rows: usize,
+        cols: usize,
+        config: &Config,
+    ) -> Result<Matrix> {
         let stacked = format!("{mlp}.switch_mlp.{proj}");
         if self.contains(&format!("{stacked}.scales")) {
             return self.affine(&stacked, &[experts, rows], cols, config);
@@ -305,24 +437,45 @@ impl Checkpoint {
         if self.contains(&format!("{stacked}.weight")) {
             let e = self.entry(&format!("{stacked}.weight"))?;
             self.check_shape(e, &[experts, rows, cols])?;
-            return Ok(Matrix::Float(FloatMatrix::new(experts, rows, cols, self.float_data(e)?)?));
+            return Ok(Matrix::Float(FloatMatrix::new(
+                experts,
+                rows,
+                cols,
+                self.float_data(e)?,
+            )?));
         }
         match self.family {
             // Raw Qwen3-Next: one tensor per expert, stacked here.
             Family::Qwen3Next => {
                 let mut data = vec![];
                 for i in 0..experts {
-                    data.extend(self.f32_data(&format!("{mlp}.experts.{i}.{proj}.weight"), &[rows, cols])?);
+                    data.extend(
+                        self.f32_data(&format!("{mlp}.experts.{i}.{proj}.weight"), &[rows, cols])?,
+                    );
                 }
-                Ok(Matrix::Float(FloatMatrix::new(experts, rows, cols, FloatData::F32(data))?))
+                Ok(Matrix::Float(FloatMatrix::new(
+                    experts,
+                    rows,
+                    cols,
+                    FloatData::F32(data),
+                )?))
             }
             // Raw Qwen3.5-MoE: `gate_up_proj [E, 2*I, H]` (gate first) and `down_proj [E, H, I]`.
             Family::Qwen35 => {
                 if proj == "down_proj" {
-                    let data = self.f32_data(&format!("{mlp}.experts.down_proj"), &[experts, rows, cols])?;
-                    return Ok(Matrix::Float(FloatMatrix::new(experts, rows, cols, FloatData::F32(data))?));
+                    let data =
+                        self.f32_data(&format!("{mlp}.experts.down_proj"), &[experts, rows, cols])?;
+                    return Ok(Matrix::Float(FloatMatrix::new(
+                        experts,
+                        rows,
+                        cols,
+                        FloatData::F32(data),
+                    )?));
                 }
-                let fused = self.f32_data(&format!("{mlp}.experts.gate_up_proj"), &[experts, 2 * rows, cols])?;
+                let fused = self.f32_data(
+                    &format!("{mlp}.experts.gate_up_proj"),
+                    &[experts, 2 * rows, cols],
+                )?;
                 let half = if proj == "gate_proj" { 0 } else { rows };
                 let data: Vec<f32> = (0..experts)
                     .flat_map(|e| {
@@ -330,7 +483,12 @@ impl Checkpoint {
                         fused[start..start + rows * cols].iter().copied()
                     })
                     .collect();
-                Ok(Matrix::Float(FloatMatrix::new(experts, rows, cols, FloatData::F32(data))?))
+                Ok(Matrix::Float(FloatMatrix::new(
+                    experts,
+                    rows,
+                    cols,
+                    FloatData::F32(data),
+                )?))
             }
         }
     }

@@ -30,14 +30,21 @@ impl FloatData {
         let end = start + out.len();
         match self {
             Self::F32(v) => out.copy_from_slice(&v[start..end]),
-            Self::Bf16(v) => out.iter_mut().zip(&v[start..end]).for_each(|(o, x)| *o = x.to_f32()),
-            Self::F16(v) => out.iter_mut().zip(&v[start..end]).for_each(|(o, x)| *o = x.to_f32()),
+            Self::Bf16(v) => out
+                .iter_mut()
+                .zip(&v[start..end])
+                .for_each(|(o, x)| *o = x.to_f32()),
+            Self::F16(v) => out
+                .iter_mut()
+                .zip(&v[start..end])
+                .for_each(|(o, x)| *o = x.to_f32()),
         }
     }
 
     fn gather_rows(&self, cols: usize, rows: impl Iterator<Item = usize> + Clone) -> Self {
         fn pick<T: Copy>(v: &[T], cols: usize, rows: impl Iterator<Item = usize>) -> Vec<T> {
-            rows.flat_map(|r| v[r * cols..(r + 1) * cols].iter().copied()).collect()
+            rows.flat_map(|r| v[r * cols..(r + 1) * cols].iter().copied())
+                .collect()
         }
         match self {
             Self::F32(v) => Self::F32(pick(v, cols, rows)),
@@ -65,8 +72,16 @@ pub struct FloatMatrix {
 
 impl FloatMatrix {
     pub fn new(experts: usize, rows: usize, cols: usize, data: FloatData) -> anyhow::Result<Self> {
-        anyhow::ensure!(data.len() == experts * rows * cols, "float matrix size mismatch");
-        Ok(Self { experts, rows, cols, data })
+        anyhow::ensure!(
+            data.len() == experts * rows * cols,
+            "float matrix size mismatch"
+        );
+        Ok(Self {
+            experts,
+            rows,
+            cols,
+            data,
+        })
     }
 }
 
@@ -125,7 +140,11 @@ impl Matrix {
             Self::Affine(m) => Self::Affine(m.select_rows(rows)),
             Self::Float(m) => {
                 let it = (0..m.experts).flat_map(|e| rows.iter().map(move |&r| e * m.rows + r));
-                Self::Float(FloatMatrix { rows: rows.len(), data: m.data.gather_rows(m.cols, it), ..*m })
+                Self::Float(FloatMatrix {
+                    rows: rows.len(),
+                    data: m.data.gather_rows(m.cols, it),
+                    ..*m
+                })
             }
         }
     }
@@ -159,10 +178,19 @@ impl Matrix {
                 }
                 let data = match first.data {
                     FloatData::F32(_) => FloatData::F32(data),
-                    FloatData::Bf16(_) => FloatData::Bf16(data.iter().map(|&x| bf16::from_f32(x)).collect()),
-                    FloatData::F16(_) => FloatData::F16(data.iter().map(|&x| f16::from_f32(x)).collect()),
+                    FloatData::Bf16(_) => {
+                        FloatData::Bf16(data.iter().map(|&x| bf16::from_f32(x)).collect())
+                    }
+                    FloatData::F16(_) => {
+                        FloatData::F16(data.iter().map(|&x| f16::from_f32(x)).collect())
+                    }
                 };
-                Some(Self::Float(FloatMatrix { experts: 1, rows, cols: first.cols, data }))
+                Some(Self::Float(FloatMatrix {
+                    experts: 1,
+                    rows,
+                    cols: first.cols,
+                    data,
+                }))
             }
         }
     }
@@ -170,18 +198,24 @@ impl Matrix {
     /// `y = x · W[expert]ᵀ` for `x` of shape `[m, cols]` (row-major); returns `[m, rows]`.
     pub fn matmul_t(&self, expert: usize, x: &[f32], m: usize) -> Vec<f32> {
         let (rows, cols) = (self.rows(), self.cols());
-        assert_eq!(x.len(), m * cols, "activation width does not match the weight");
+        assert_eq!(
+            x.len(),
+            m * cols,
+            "activation width does not match the weight"
+        );
         // Computed transposed ([rows, m]) so that each task owns a contiguous output slice.
         let mut yt = vec![0f32; rows * m];
-        yt.par_chunks_mut(ROWS_PER_TASK * m).enumerate().for_each(|(task, out)| {
-            let mut w = vec![0f32; cols];
-            for (i, out_row) in out.chunks_exact_mut(m).enumerate() {
-                self.row_into(expert, task * ROWS_PER_TASK + i, &mut w);
-                for (o, xr) in out_row.iter_mut().zip(x.chunks_exact(cols)) {
-                    *o = dot(&w, xr);
+        yt.par_chunks_mut(ROWS_PER_TASK * m)
+            .enumerate()
+            .for_each(|(task, out)| {
+                let mut w = vec![0f32; cols];
+                for (i, out_row) in out.chunks_exact_mut(m).enumerate() {
+                    self.row_into(expert, task * ROWS_PER_TASK + i, &mut w);
+                    for (o, xr) in out_row.iter_mut().zip(x.chunks_exact(cols)) {
+                        *o = dot(&w, xr);
+                    }
                 }
-            }
-        });
+            });
         if m == 1 {
             return yt;
         }
@@ -201,7 +235,12 @@ impl Matrix {
 pub fn dot(a: &[f32], b: &[f32]) -> f32 {
     let mut acc = [0f32; 8];
     let (ca, cb) = (a.chunks_exact(8), b.chunks_exact(8));
-    let tail: f32 = ca.remainder().iter().zip(cb.remainder()).map(|(x, y)| x * y).sum();
+    let tail: f32 = ca
+        .remainder()
+        .iter()
+        .zip(cb.remainder())
+        .map(|(x, y)| x * y)
+        .sum();
     for (xa, xb) in ca.zip(cb) {
         for l in 0..8 {
             acc[l] += xa[l] * xb[l];
@@ -221,7 +260,7 @@ mod tests {
         let packed: Vec<u32> = q.chunks(64).flat_map(|r| pack_row(r, 4)).collect();
         let scales = vec![0.5, -0.25, 1.0, 0.125, -1.0, 2.0];
         let biases = vec![-1.0, 0.5, 0.0, 0.25, 3.0, -2.0];
-        Matrix::Affine(AffineMatrix::new(4, 32, 1, 3, 64, packed, scales, biases).unwrap())
+        Matrix::Affine(AffineMatrix::new(4, 32, [1, 3, 64], packed, scales, biases).unwrap())
     }
 
     #[test]
@@ -233,7 +272,11 @@ mod tests {
         for r in 0..3 {
             w.row_into(0, r, &mut row);
             for i in 0..2 {
-                let want: f64 = row.iter().zip(&x[i * 64..(i + 1) * 64]).map(|(a, b)| (*a as f64) * (*b as f64)).sum();
+                let want: f64 = row
+                    .iter()
+                    .zip(&x[i * 64..(i + 1) * 64])
+                    .map(|(a, b)| (*a as f64) * (*b as f64))
+                    .sum();
                 assert!((y[i * 3 + r] as f64 - want).abs() < 1e-4, "row {r} x {i}");
             }
         }

@@ -7,40 +7,72 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 
 /// Every checkpoint under models/ with a recorded mlx-lm reference.
-pub const CHECKPOINTS: [&str; 5] =
-    ["qwen3-next-tiny-4bit", "qwen3.5-tiny-4bit", "qwen3.5-moe-tiny-4bit", "qwen3-next-tiny-bf16", "qwen3.5-moe-tiny-hf"];
+pub const CHECKPOINTS: [&str; 5] = [
+    "qwen3-next-tiny-4bit",
+    "qwen3.5-tiny-4bit",
+    "qwen3.5-moe-tiny-4bit",
+    "qwen3-next-tiny-bf16",
+    "qwen3.5-moe-tiny-hf",
+];
 
 /// The checkpoints whose references carry per-layer activations.
-pub const LAYERED: [&str; 3] = ["qwen3-next-tiny-4bit", "qwen3.5-tiny-4bit", "qwen3.5-moe-tiny-4bit"];
+pub const LAYERED: [&str; 3] = [
+    "qwen3-next-tiny-4bit",
+    "qwen3.5-tiny-4bit",
+    "qwen3.5-moe-tiny-4bit",
+];
 
 pub fn models_dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../models")
 }
 
 pub fn load(name: &str) -> Model {
-    Model::load(&models_dir().join(name), &Device::Cpu, &LoadOptions::default())
-        .unwrap_or_else(|e| panic!("loading {name}: {e:#}"))
+    Model::load(
+        &models_dir().join(name),
+        &Device::Cpu,
+        &LoadOptions::default(),
+    )
+    .unwrap_or_else(|e| panic!("loading {name}: {e:#}"))
 }
 
 pub struct Reference(pub HashMap<String, Tensor>);
 
 impl Reference {
     pub fn load(name: &str) -> Self {
-        let path = models_dir().join("reference").join(format!("{name}.safetensors"));
-        Self(candle_core::safetensors::load(&path, &Device::Cpu).unwrap_or_else(|e| panic!("{}: {e}", path.display())))
+        let path = models_dir()
+            .join("reference")
+            .join(format!("{name}.safetensors"));
+        Self(
+            candle_core::safetensors::load(&path, &Device::Cpu)
+                .unwrap_or_else(|e| panic!("{}: {e}", path.display())),
+        )
     }
 
     pub fn get(&self, key: &str) -> &Tensor {
-        self.0.get(key).unwrap_or_else(|| panic!("reference tensor `{key}` missing"))
+        self.0
+            .get(key)
+            .unwrap_or_else(|| panic!("reference tensor `{key}` missing"))
     }
 
     pub fn ids(&self, key: &str) -> Vec<u32> {
-        self.get(key).to_dtype(candle_core::DType::I64).unwrap().to_vec1::<i64>().unwrap().iter().map(|&x| x as u32).collect()
+        self.get(key)
+            .to_dtype(candle_core::DType::I64)
+            .unwrap()
+            .to_vec1::<i64>()
+            .unwrap()
+            .iter()
+            .map(|&x| x as u32)
+            .collect()
     }
 }
 
 pub fn flat(t: &Tensor) -> Vec<f32> {
-    t.to_dtype(candle_core::DType::F32).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap()
+    t.to_dtype(candle_core::DType::F32)
+        .unwrap()
+        .flatten_all()
+        .unwrap()
+        .to_vec1::<f32>()
+        .unwrap()
 }
 
 /// Largest |a − b| relative to the largest |b|: the tolerance measure used throughout.
@@ -48,11 +80,18 @@ pub fn rel_max_diff(got: &Tensor, want: &Tensor) -> f32 {
     assert_eq!(got.dims(), want.dims(), "shape mismatch");
     let (a, b) = (flat(got), flat(want));
     let scale = b.iter().fold(0f32, |m, x| m.max(x.abs())).max(1e-30);
-    a.iter().zip(&b).fold(0f32, |m, (x, y)| m.max((x - y).abs())) / scale
+    a.iter()
+        .zip(&b)
+        .fold(0f32, |m, (x, y)| m.max((x - y).abs()))
+        / scale
 }
 
 pub fn argmax_rows(logits: &Tensor) -> Vec<u32> {
-    logits.argmax(candle_core::D::Minus1).unwrap().to_vec1::<u32>().unwrap()
+    logits
+        .argmax(candle_core::D::Minus1)
+        .unwrap()
+        .to_vec1::<u32>()
+        .unwrap()
 }
 
 /// mlx-lm's generate loop: prefill all but the last prompt token, run the last one alone,
@@ -60,7 +99,9 @@ pub fn argmax_rows(logits: &Tensor) -> Vec<u32> {
 pub fn greedy(model: &Model, prompt: &[u32], n: usize) -> Vec<u32> {
     let mut cache = model.new_cache();
     if prompt.len() > 1 {
-        model.prefill(&prompt[..prompt.len() - 1], &mut cache, 2048).unwrap();
+        model
+            .prefill(&prompt[..prompt.len() - 1], &mut cache, 2048)
+            .unwrap();
     }
     let mut last = *prompt.last().unwrap();
     let mut out = vec![];

@@ -1,0 +1,355 @@
+//! `qwen-gdn bench`: prompt-processing and generation speed, in the spirit of llama-bench and
+//! mlx_lm.benchmark. A seeded random prompt of `-p` token ids is prefilled in chunks (the last
+//! chunk through the output head, so the first token is sampled from it), then `-g` tokens are
+//! decoded greedily one at a time. One warm-up repetition (not reported), then `-r` timed ones;
+//! each starts from an empty cache.
+
+use crate::load::{positive_usize, ModelArgs};
+use anyhow::{Context, Result};
+use candle_core::{Tensor, D};
+use qwen_gdn_model::{cache::LayerCache, Model, StateDtype};
+use rand::{rngs::StdRng, Rng, SeedableRng};
+use serde_json::json;
+use std::path::Path;
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+use tokenizers::Tokenizer;
+
+/// Seed of the random prompt: every run and every repetition uses the same token ids.
+const PROMPT_SEED: u64 = 0;
+
+#[derive(clap::Args)]
+#[command(
+    allow_negative_numbers = true,
+    after_help = "\
+The prompt is -p random token ids (fixed seed, below the tokenizer's special tokens). Prompt speed \
+is -p tokens over the time to prefill them and compute the logits of the last one; generation \
+speed is -g tokens over the time of -g greedy single-token decode steps right after the prompt \
+(at context depth -p, as mlx_lm.benchmark does; llama-bench's tg starts from an empty context). \
+Each repetition starts from an empty cache; one warm-up repetition runs first and is not \
+reported. The table shows the median ± the sample standard deviation and the min – max over \
+the repetitions.
+
+--json prints one object:
+  model              --model as given
+  model_type         config.json's model_type
+  size_bytes         total size of the checkpoint's *.safetensors files
+  backend            \"cpu\"
+  prompt_tokens      -p
+  gen_tokens         -g
+  repetitions        -r (timed repetitions; the warm-up is not counted)
+  prefill_chunk_size --prefill-chunk-size
+  gdn_state_dtype    \"f32\" or \"bf16\"
+  prompt_tps         {median, stddev, min, max, samples}: prompt tokens per second
+  generation_tps     {median, stddev, min, max, samples}: generated tokens per second
+  peak_memory_bytes  peak resident set size of the process (getrusage), loading included
+(samples: one value per timed repetition, in order; stddev: sample standard deviation, 0 for \
+one repetition)."
+)]
+pub struct Args {
+    #[command(flatten)]
+    model: ModelArgs,
+    /// Prompt length in tokens (the pp test)
+    #[arg(short = 'p', long, default_value_t = 512, value_name = "N", value_parser = positive_usize)]
+    prompt_tokens: usize,
+    /// Tokens to generate after the prompt (the tg test)
+    #[arg(short = 'g', long, default_value_t = 128, value_name = "N", value_parser = positive_usize)]
+    gen_tokens: usize,
+    /// Timed repetitions, after one warm-up
+    #[arg(short = 'r', long, default_value_t = 3, value_name = "N", value_parser = positive_usize)]
+    repetitions: usize,
+    /// Print one JSON object (keys below) instead of the table
+    #[arg(long)]
+    json: bool,
+}
+
+pub fn run(args: Args) -> Result<ExitCode> {
+    let checkpoint = args.model.open()?;
+    let model = args.model.load_model(&checkpoint)?;
+    let (p, g) = (args.prompt_tokens, args.gen_tokens);
+    checkpoint.check_fits(&model, p + g, &format!("-p {p} plus -g {g}"))?;
+    let bound = token_bound(&checkpoint.tokenizer, model.config().vocab_size);
+    let mut rng = StdRng::seed_from_u64(PROMPT_SEED);
+    let prompt: Vec<u32> = (0..p).map(|_| rng.random_range(0..bound)).collect();
+    let chunk = args.model.prefill_chunk_size;
+
+    repetition(&model, &prompt, g, chunk).context("warm-up repetition")?;
+    let (mut pp, mut tg) = (Vec::new(), Vec::new());
+    for i in 0..args.repetitions {
+        let (prompt_time, gen_time) = repetition(&model, &prompt, g, chunk)
+            .with_context(|| format!("repetition {}", i + 1))?;
+        pp.push(rate(p, prompt_time));
+        tg.push(rate(g, gen_time));
+    }
+    let (pp, tg) = (Stats::new(pp), Stats::new(tg));
+    let peak = crate::memory::peak_rss_bytes();
+    let size = checkpoint_size(&checkpoint.dir)?;
+    let state_dtype = match gdn_state_dtype(&model) {
+        StateDtype::F32 => "f32",
+        StateDtype::Bf16 => "bf16",
+    };
+
+    if args.json {
+        let report = json!({
+            "model": args.model.model,
+            "model_type": model.config().model_type,
+            "size_bytes": size,
+            "backend": "cpu",
+            "prompt_tokens": p,
+            "gen_tokens": g,
+            "repetitions": args.repetitions,
+            "prefill_chunk_size": chunk,
+            "gdn_state_dtype": state_dtype,
+            "prompt_tps": pp,
+            "generation_tps": tg,
+            "peak_memory_bytes": peak,
+        });
+        println!("{report}");
+    } else {
+        let name = display_name(&args.model.model);
+        let rows = [(format!("pp{p}"), &pp), (format!("tg{g}"), &tg)];
+        print_table(&name, size, &rows);
+        println!();
+        println!(
+            "t/s: median ± stddev over {} repetition(s) after 1 warm-up; tg{g} runs at depth {p}; \
+             GDN state {state_dtype}; prefill chunk {chunk}",
+            args.repetitions
+        );
+        println!("peak memory: {:.3} GB", peak as f64 / 1e9);
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// One repetition from an empty cache: (prompt time, generation time).
+fn repetition(
+    model: &Model,
+    prompt: &[u32],
+    gen_tokens: usize,
+    chunk: usize,
+) -> Result<(Duration, Duration)> {
+    let mut cache = model.new_cache();
+    let start = Instant::now();
+    // All chunks but the last skip the output head; the last one gives the first token.
+    let chunks: Vec<&[u32]> = prompt.chunks(chunk).collect();
+    let (last, head) = chunks.split_last().context("empty prompt")?;
+    for part in head {
+        model.prefill(part, &mut cache, chunk)?;
+    }
+    let mut token = greedy(&model.forward_last(last, &mut cache)?)?;
+    let prompt_time = start.elapsed();
+
+    let start = Instant::now();
+    for _ in 0..gen_tokens {
+        token = greedy(&model.forward_last(&[token], &mut cache)?)?;
+    }
+    Ok((prompt_time, start.elapsed()))
+}
+
+/// Argmax of `[1, vocab]` logits.
+fn greedy(logits: &Tensor) -> Result<u32> {
+    let ids = logits.argmax(D::Minus1)?.flatten_all()?.to_vec1::<u32>()?;
+    ids.first().copied().context("empty logits")
+}
+
+/// Random prompt ids stay below the first special token (so that the prompt is ordinary text,
+/// as in a real prompt) and below the model's vocab_size.
+fn token_bound(tokenizer: &Tokenizer, vocab_size: usize) -> u32 {
+    let vocab = u32::try_from(vocab_size).unwrap_or(u32::MAX);
+    let first_special = tokenizer
+        .get_added_tokens_decoder()
+        .iter()
+        .filter(|(_, t)| t.special)
+        .map(|(&id, _)| id)
+        .min();
+    match first_special {
+        Some(id) if id > 0 && id < vocab => id,
+        _ => vocab,
+    }
+}
+
+/// The dtype the GDN states of a fresh cache are stored in (f32 for a model without GDN).
+fn gdn_state_dtype(model: &Model) -> StateDtype {
+    model
+        .new_cache()
+        .layers
+        .iter()
+        .find_map(|l| match l {
+            LayerCache::Gdn(c) => Some(c.state_dtype),
+            LayerCache::Attention(_) => None,
+        })
+        .unwrap_or_default()
+}
+
+fn rate(tokens: usize, time: Duration) -> f64 {
+    tokens as f64 / time.as_secs_f64().max(1e-9)
+}
+
+#[derive(serde::Serialize)]
+struct Stats {
+    median: f64,
+    stddev: f64,
+    min: f64,
+    max: f64,
+    samples: Vec<f64>,
+}
+
+impl Stats {
+    fn new(samples: Vec<f64>) -> Self {
+        let mut sorted = samples.clone();
+        sorted.sort_by(f64::total_cmp);
+        let n = sorted.len();
+        let median = if n % 2 == 1 {
+            sorted[n / 2]
+        } else {
+            (sorted[n / 2 - 1] + sorted[n / 2]) / 2.0
+        };
+        let mean = sorted.iter().sum::<f64>() / n as f64;
+        let stddev = if n > 1 {
+            (sorted.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / (n - 1) as f64).sqrt()
+        } else {
+            0.0
+        };
+        Stats {
+            median,
+            stddev,
+            min: sorted[0],
+            max: sorted[n - 1],
+            samples,
+        }
+    }
+}
+
+/// Bytes of the checkpoint's weight files (symlinks followed, as in the HF cache).
+fn checkpoint_size(dir: &Path) -> Result<u64> {
+    let mut total = 0;
+    let entries =
+        std::fs::read_dir(dir).with_context(|| format!("cannot list {}", dir.display()))?;
+    for entry in entries {
+        let path = entry?.path();
+        if path.extension().is_some_and(|e| e == "safetensors") {
+            total += std::fs::metadata(&path)
+                .with_context(|| format!("cannot stat {}", path.display()))?
+                .len();
+        }
+    }
+    Ok(total)
+}
+
+/// The folder or repo name, without the parent path or the org.
+fn display_name(model: &str) -> String {
+    let trimmed = model.trim_end_matches('/');
+    Path::new(trimmed)
+        .file_name()
+        .map_or(trimmed.to_string(), |n| n.to_string_lossy().into_owned())
+}
+
+fn human_size(bytes: u64) -> String {
+    const UNITS: [&str; 4] = ["B", "KiB", "MiB", "GiB"];
+    let mut value = bytes as f64;
+    let mut unit = 0;
+    while value >= 1024.0 && unit + 1 < UNITS.len() {
+        value /= 1024.0;
+        unit += 1;
+    }
+    format!("{value:.2} {}", UNITS[unit])
+}
+
+/// llama-bench's Markdown table.
+fn print_table(model: &str, size: u64, rows: &[(String, &Stats)]) {
+    let header = ["model", "size", "backend", "test", "t/s", "min – max"];
+    let body: Vec<[String; 6]> = rows
+        .iter()
+        .map(|(test, s)| {
+            [
+                model.to_string(),
+                human_size(size),
+                "CPU".to_string(),
+                test.clone(),
+                format!("{:.2} ± {:.2}", s.median, s.stddev),
+                format!("{:.2} – {:.2}", s.min, s.max),
+            ]
+        })
+        .collect();
+    let width = |i: usize| {
+        body.iter()
+            .map(|r| r[i].chars().count())
+            .chain([header[i].chars().count()])
+            .max()
+            .unwrap_or(0)
+    };
+    let widths: Vec<usize> = (0..header.len()).map(width).collect();
+    // Text columns left-aligned, numbers right-aligned.
+    let right = |i: usize| i == 1 || i >= 4;
+    let cell = |i: usize, text: &str| {
+        let pad = widths[i] - text.chars().count();
+        if right(i) {
+            format!(" {}{text} ", " ".repeat(pad))
+        } else {
+            format!(" {text}{} ", " ".repeat(pad))
+        }
+    };
+    let line = |cells: Vec<String>| format!("|{}|", cells.join("|"));
+    println!(
+        "{}",
+        line((0..header.len()).map(|i| cell(i, header[i])).collect())
+    );
+    println!(
+        "{}",
+        line(
+            widths
+                .iter()
+                .enumerate()
+                .map(|(i, &w)| if right(i) {
+                    format!(" {}: ", "-".repeat(w - 1))
+                } else {
+                    format!(" {} ", "-".repeat(w))
+                })
+                .collect()
+        )
+    );
+    for row in &body {
+        println!(
+            "{}",
+            line((0..row.len()).map(|i| cell(i, &row[i])).collect())
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stats_median_spread() {
+        let s = Stats::new(vec![3.0, 1.0, 2.0, 10.0]);
+        assert_eq!((s.median, s.min, s.max), (2.5, 1.0, 10.0));
+        assert_eq!(s.samples, [3.0, 1.0, 2.0, 10.0]);
+        let mean = 4.0f64;
+        let want = (([3.0f64, 1.0, 2.0, 10.0]
+            .iter()
+            .map(|x| (x - mean).powi(2))
+            .sum::<f64>())
+            / 3.0)
+            .sqrt();
+        assert!((s.stddev - want).abs() < 1e-12);
+        let one = Stats::new(vec![5.0]);
+        assert_eq!(
+            (one.median, one.stddev, one.min, one.max),
+            (5.0, 0.0, 5.0, 5.0)
+        );
+    }
+
+    #[test]
+    fn names_and_sizes() {
+        assert_eq!(
+            display_name("models/qwen3.5-moe-tiny-4bit/"),
+            "qwen3.5-moe-tiny-4bit"
+        );
+        assert_eq!(
+            display_name("mlx-community/Qwen3-Next-80B-A3B-Instruct-4bit"),
+            "Qwen3-Next-80B-A3B-Instruct-4bit"
+        );
+        assert_eq!(human_size(512), "512.00 B");
+        assert_eq!(human_size(3 << 29), "1.50 GiB");
+    }
+}

@@ -1,0 +1,117 @@
+//! `qwen-gdn bench`: the shape of its `--json` object and its errors. No timing assertions:
+//! only that the speeds are positive, finite numbers.
+
+mod common;
+
+use common::*;
+use serde_json::Value as Json;
+
+fn bench(extra: &[&str]) -> std::process::Output {
+    let model = fixture("qwen3.5-moe-tiny-4bit");
+    let mut args = vec!["bench", "--model", model.to_str().unwrap()];
+    args.extend(extra);
+    run(&args)
+}
+
+fn positive_finite(v: &Json, what: &str) -> f64 {
+    let x = v
+        .as_f64()
+        .unwrap_or_else(|| panic!("{what} is not a number: {v}"));
+    assert!(x.is_finite() && x > 0.0, "{what} = {x}");
+    x
+}
+
+#[test]
+fn json_report() {
+    let out = bench(&["-p", "16", "-g", "8", "-r", "2", "--json"]);
+    assert!(out.status.success(), "stderr: {}", stderr(&out));
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    assert_eq!(stdout.lines().count(), 1, "not one line: {stdout}");
+    let report: Json = serde_json::from_str(&stdout).unwrap();
+    let keys: Vec<&str> = report
+        .as_object()
+        .unwrap()
+        .keys()
+        .map(String::as_str)
+        .collect();
+    assert_eq!(
+        keys,
+        [
+            "model",
+            "model_type",
+            "size_bytes",
+            "backend",
+            "prompt_tokens",
+            "gen_tokens",
+            "repetitions",
+            "prefill_chunk_size",
+            "gdn_state_dtype",
+            "prompt_tps",
+            "generation_tps",
+            "peak_memory_bytes",
+        ]
+    );
+    assert!(report["model"]
+        .as_str()
+        .unwrap()
+        .ends_with("qwen3.5-moe-tiny-4bit"));
+    assert_eq!(report["model_type"], "qwen3_5_moe");
+    assert_eq!(report["backend"], "cpu");
+    assert_eq!(report["prompt_tokens"], 16);
+    assert_eq!(report["gen_tokens"], 8);
+    assert_eq!(report["repetitions"], 2);
+    assert_eq!(report["prefill_chunk_size"], 2048);
+    assert_eq!(report["gdn_state_dtype"], "f32");
+    positive_finite(&report["size_bytes"], "size_bytes");
+    positive_finite(&report["peak_memory_bytes"], "peak_memory_bytes");
+    for key in ["prompt_tps", "generation_tps"] {
+        let s = &report[key];
+        let samples: Vec<f64> = s["samples"]
+            .as_array()
+            .unwrap_or_else(|| panic!("{key}.samples: {s}"))
+            .iter()
+            .map(|v| positive_finite(v, key))
+            .collect();
+        assert_eq!(samples.len(), 2, "{key}: {s}");
+        let (min, max) = (
+            positive_finite(&s["min"], key),
+            positive_finite(&s["max"], key),
+        );
+        let median = positive_finite(&s["median"], key);
+        let stddev = s["stddev"].as_f64().unwrap();
+        assert!(stddev.is_finite() && stddev >= 0.0, "{key}: {s}");
+        assert!(min <= median && median <= max, "{key}: {s}");
+        assert_eq!(min, samples.iter().copied().fold(f64::INFINITY, f64::min));
+        assert_eq!(max, samples.iter().copied().fold(0.0, f64::max));
+    }
+}
+
+#[test]
+fn table_report() {
+    let out = bench(&["-p", "4", "-g", "2", "-r", "1", "--prefill-chunk-size", "3"]);
+    assert!(out.status.success(), "stderr: {}", stderr(&out));
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    let rows: Vec<&str> = stdout.lines().filter(|l| l.starts_with('|')).collect();
+    assert_eq!(rows.len(), 4, "{stdout}"); // header, separator, pp4, tg2
+    assert!(
+        rows[2].contains("| pp4 ") && rows[3].contains("| tg2 "),
+        "{stdout}"
+    );
+    assert!(stdout.contains("peak memory: "), "{stdout}");
+}
+
+#[test]
+fn errors() {
+    for (flag, long) in [
+        ("-p", "--prompt-tokens"),
+        ("-g", "--gen-tokens"),
+        ("-r", "--repetitions"),
+    ] {
+        assert_error(&bench(&[flag, "0"]), &[long, "'0'"]);
+    }
+    // The prompt and the generated tokens must fit the context (4096 in the tiny models).
+    assert_error(
+        &bench(&["-p", "4000", "-g", "100"]),
+        &["-p 4000 plus -g 100", "max_position_embeddings"],
+    );
+}

@@ -1,0 +1,149 @@
+//! The GDN state dtype switches (MLX_LM_GDN_STATE_BF16, --gdn-state-dtype) and the bf16
+//! quality gate (`eval --compare-state-dtype bf16`) against mlx-lm's own numbers.
+
+mod common;
+use common::*;
+use serde_json::Value;
+
+const CHECKPOINTS: [&str; 5] = [
+    "qwen3-next-tiny-4bit",
+    "qwen3.5-tiny-4bit",
+    "qwen3.5-moe-tiny-4bit",
+    "qwen3-next-tiny-bf16",
+    "qwen3.5-moe-tiny-hf",
+];
+
+fn reference_json(name: &str) -> Value {
+    let path = repo_root()
+        .join("models/reference")
+        .join(format!("{name}.json"));
+    serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+}
+
+/// `eval --json` in decode mode (one token per call, so the state is stored every token).
+fn eval_logprobs(model: &str, extra: &[&str], env: Option<&str>) -> Vec<f64> {
+    let dir = fixture(model);
+    let text = reference_json(model)["text"].as_str().unwrap().to_string();
+    let mut args = vec![
+        "eval",
+        "--model",
+        dir.to_str().unwrap(),
+        "--text",
+        &text,
+        "--json",
+        "--prefill-chunk-size",
+        "1",
+    ];
+    args.extend_from_slice(extra);
+    let mut cmd = command(&args);
+    if let Some(v) = env {
+        cmd.env("MLX_LM_GDN_STATE_BF16", v);
+    }
+    let out = cmd.output().unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    let json: Value = serde_json::from_slice(&out.stdout).unwrap();
+    json["logprobs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_f64().unwrap())
+        .collect()
+}
+
+#[test]
+fn environment_and_flag_select_the_state_dtype() {
+    let model = "qwen3.5-tiny-4bit";
+    let f32_run = eval_logprobs(model, &[], None);
+    let bf16_env = eval_logprobs(model, &[], Some("1"));
+    assert_ne!(
+        f32_run, bf16_env,
+        "MLX_LM_GDN_STATE_BF16=1 must store the state in bf16"
+    );
+    let max_diff = f32_run
+        .iter()
+        .zip(&bf16_env)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0.0, f64::max);
+    assert!(max_diff < 0.5, "bf16 state moved log-probs by {max_diff}");
+    // Only the exact value "1" opts in.
+    assert_eq!(eval_logprobs(model, &[], Some("true")), f32_run);
+    assert_eq!(eval_logprobs(model, &[], Some("0")), f32_run);
+    // The flag overrides the environment, both ways.
+    assert_eq!(
+        eval_logprobs(model, &["--gdn-state-dtype", "f32"], Some("1")),
+        f32_run
+    );
+    assert_eq!(
+        eval_logprobs(model, &["--gdn-state-dtype", "bf16"], None),
+        bf16_env
+    );
+}
+
+#[test]
+fn bf16_quality_gate_matches_mlx_lm_on_every_tiny_checkpoint() {
+    for name in CHECKPOINTS {
+        let reference = reference_json(name);
+        let want = &reference["bf16_state"];
+        let text = reference["text"].as_str().unwrap();
+        let dir = fixture(name);
+        let out = run(&[
+            "eval",
+            "--model",
+            dir.to_str().unwrap(),
+            "--text",
+            text,
+            "--json",
+            "--compare-state-dtype",
+            "bf16",
+        ]);
+        assert!(out.status.success(), "{name}: {}", stderr(&out));
+        let json: Value = serde_json::from_slice(&out.stdout).unwrap();
+        let got = &json["compare"];
+        let (kl, mlx_kl) = (
+            got["kl_mean"].as_f64().unwrap(),
+            want["kl_mean"].as_f64().unwrap(),
+        );
+        let (top1, mlx_top1) = (
+            got["top1_match"].as_f64().unwrap(),
+            want["top1_match"].as_f64().unwrap(),
+        );
+        let n = got["n"].as_u64().unwrap();
+        eprintln!("{name}: kl_mean {kl:.3e} (mlx-lm {mlx_kl:.3e}), top-1 {top1:.3} (mlx-lm {mlx_top1:.3}), n {n}");
+        assert!(n >= 96, "{name}: only {n} positions");
+        assert!(kl > 0.0, "{name}: KL is 0: the bf16 state was not used");
+        assert!(
+            kl <= 3.0 * mlx_kl && kl >= mlx_kl / 3.0,
+            "{name}: KL {kl:e} not within 3x of mlx-lm's {mlx_kl:e}"
+        );
+        assert!(
+            top1 >= mlx_top1 - 0.03,
+            "{name}: top-1 {top1} more than 3 points below mlx-lm's {mlx_top1}"
+        );
+        let pass = kl <= 0.01 && top1 >= 0.95;
+        assert_eq!(
+            got["pass"].as_bool(),
+            Some(pass),
+            "{name}: PASS/FAIL verdict"
+        );
+    }
+}
+
+#[test]
+fn human_output_prints_the_verdict() {
+    let dir = fixture("qwen3.5-tiny-4bit");
+    let out = run(&[
+        "eval",
+        "--model",
+        dir.to_str().unwrap(),
+        "--text",
+        "The old lighthouse keeper climbed the stairs.",
+        "--compare-state-dtype",
+        "bf16",
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(
+        text.contains("GDN state bf16 vs f32") && (text.contains("PASS") || text.contains("FAIL")),
+        "{text}"
+    );
+}

@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Installs what the Metal checks need on Debian bookworm (root): clang-19 with compiler-rt
+# (the kernel emulation test compiles kernels/gated_delta.metal as C++; compiler-rt has the
+# bf16 conversions libgcc 12 lacks), and Debian's rustc-web toolchain with its std sources
+# (scripts/check-metal.sh builds std for aarch64-apple-darwin).
+set -euo pipefail
+need=()
+command -v clang++-19 >/dev/null || need+=(clang-19 libclang-rt-19-dev)
+[[ -x /usr/bin/rustc && -d /usr/lib/rustlib/src/rust/library ]] || need+=(rustc-web cargo-web rust-web-src)
+if [[ ${#need[@]} -eq 0 ]]; then
+  exit 0
+fi
+if [[ $(id -u) -ne 0 ]]; then
+  echo "install-test-deps: missing ${need[*]}; run this script as root (apt-get)" >&2
+  exit 1
+fi
+echo "install-test-deps: installing ${need[*]}"
+export DEBIAN_FRONTEND=noninteractive
+apt-get update -qq
+apt-get install -y -qq -t bookworm-security "${need[@]}" >/dev/null
