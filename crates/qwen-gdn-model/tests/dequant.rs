@@ -53,6 +53,35 @@ fn every_bit_width_and_group_size_matches_mlx() {
                 d <= 1e-5,
                 "{bits}-bit group {group}: matmul differs by {d:e}"
             );
+            // Both kernels: decode-shaped products dot the packed weights directly (4/8-bit),
+            // larger ones dequantize rows. Every activation row alone, and all of them
+            // repeated past the fused kernel's row limit, must agree with MLX.
+            let xs = flat(x);
+            let want = flat(r.get(&key("y")));
+            for i in 0..n {
+                let one = m.matmul_t(0, &xs[i * cols..(i + 1) * cols], 1);
+                let d = one
+                    .iter()
+                    .zip(&want[i * rows..(i + 1) * rows])
+                    .fold(0f32, |a, (p, q)| a.max((p - q).abs()));
+                let scale = want.iter().fold(0f32, |a, v| a.max(v.abs()));
+                assert!(
+                    d <= 1e-5 * scale,
+                    "{bits}-bit group {group}: row {i} alone differs by {d:e}"
+                );
+            }
+            let many: Vec<f32> = xs.iter().copied().cycle().take(xs.len() * 3).collect();
+            let y_many = m.matmul_t(0, &many, 3 * n);
+            let d = y_many
+                .iter()
+                .zip(want.iter().cycle())
+                .fold(0f32, |a, (p, q)| a.max((p - q).abs()));
+            let scale = want.iter().fold(0f32, |a, v| a.max(v.abs()));
+            assert!(
+                d <= 1e-5 * scale,
+                "{bits}-bit group {group}: {} rows differ by {d:e}",
+                3 * n
+            );
             checked += 1;
         }
     }

@@ -89,6 +89,38 @@ impl AffineMatrix {
         }
     }
 
+    /// Whether [`AffineMatrix::row_dot`] has a fused kernel for this bit width.
+    pub fn has_fused_dot(&self) -> bool {
+        matches!(self.bits, 4 | 8)
+    }
+
+    /// `Σ_j w[row, j] · x[j]` without materialising the dequantized row: per group
+    /// `scale · Σ q_j x_j + bias · Σ x_j` (the form MLX's qmv uses), with the integer
+    /// unpacking fused into the dot product. `group_sums` holds `Σ x_j` per group of `x`.
+    /// Only for 4- and 8-bit rows (see [`AffineMatrix::has_fused_dot`]).
+    pub fn row_dot(&self, row: usize, x: &[f32], group_sums: &[f32]) -> f32 {
+        let wpr = self.words_per_row();
+        let gpr = self.groups_per_row();
+        let words = &self.packed[row * wpr..(row + 1) * wpr];
+        let scales = &self.scales[row * gpr..(row + 1) * gpr];
+        let biases = &self.biases[row * gpr..(row + 1) * gpr];
+        let words_per_group = self.group_size * self.bits / 32;
+        let mut total = 0f32;
+        for (g, (gw, gx)) in words
+            .chunks_exact(words_per_group)
+            .zip(x.chunks_exact(self.group_size))
+            .enumerate()
+        {
+            let qx = match self.bits {
+                4 => dot_u4(gw, gx),
+                8 => dot_u8(gw, gx),
+                _ => unreachable!("row_dot needs 4 or 8 bits"),
+            };
+            total += scales[g] * qx + biases[g] * group_sums[g];
+        }
+        total
+    }
+
     /// Keeps the listed rows of every expert, in that order (lossless: groups run along cols).
     pub fn select_rows(&self, rows: &[usize]) -> Self {
         let (wpr, gpr) = (self.words_per_row(), self.groups_per_row());
@@ -144,6 +176,31 @@ impl AffineMatrix {
     pub fn bytes(&self) -> usize {
         4 * (self.packed.len() + self.scales.len() + self.biases.len())
     }
+}
+
+/// `Σ q_j x_j` for 4-bit values, eight per word: one lane per nibble position, so the
+/// shifts and the multiply-adds vectorise.
+#[inline]
+fn dot_u4(words: &[u32], x: &[f32]) -> f32 {
+    let mut acc = [0f32; 8];
+    for (w, xs) in words.iter().zip(x.chunks_exact(8)) {
+        for l in 0..8 {
+            acc[l] += ((w >> (4 * l)) & 0xF) as f32 * xs[l];
+        }
+    }
+    acc.iter().sum()
+}
+
+/// `Σ q_j x_j` for 8-bit values, two words (eight bytes) per step.
+#[inline]
+fn dot_u8(words: &[u32], x: &[f32]) -> f32 {
+    let mut acc = [0f32; 8];
+    for (w, xs) in words.chunks_exact(2).zip(x.chunks_exact(8)) {
+        for l in 0..8 {
+            acc[l] += ((w[l / 4] >> (8 * (l % 4))) & 0xFF) as f32 * xs[l];
+        }
+    }
+    acc.iter().sum()
 }
 
 /// Unpacks one row's bitstream into unsigned integers stored as f32.

@@ -203,6 +203,11 @@ impl Matrix {
             m * cols,
             "activation width does not match the weight"
         );
+        if let Self::Affine(w) = self {
+            if w.has_fused_dot() && m <= FUSED_DOT_MAX_ROWS {
+                return fused_affine_matmul_t(w, expert, x, m);
+            }
+        }
         // Computed transposed ([rows, m]) so that each task owns a contiguous output slice.
         let mut yt = vec![0f32; rows * m];
         yt.par_chunks_mut(ROWS_PER_TASK * m)
@@ -216,17 +221,51 @@ impl Matrix {
                     }
                 }
             });
-        if m == 1 {
-            return yt;
-        }
-        let mut y = vec![0f32; m * rows];
-        for (r, col) in yt.chunks_exact(m).enumerate() {
-            for (i, &v) in col.iter().enumerate() {
-                y[i * rows + r] = v;
-            }
-        }
-        y
+        transpose_rows(yt, rows, m)
     }
+}
+
+/// Up to this many activation rows, 4/8-bit weights are dotted straight from their packed
+/// form; beyond it, dequantizing each weight row once and reusing it for every activation
+/// row is cheaper (prefill).
+const FUSED_DOT_MAX_ROWS: usize = 4;
+
+/// Decode-shaped products: `y = x · W[expert]ᵀ` from packed weights, no dequantized rows.
+fn fused_affine_matmul_t(a: &AffineMatrix, expert: usize, x: &[f32], m: usize) -> Vec<f32> {
+    let (rows, cols, group) = (a.rows, a.cols, a.group_size);
+    let group_sums: Vec<f32> = x.chunks_exact(group).map(|g| g.iter().sum()).collect();
+    let gpr = cols / group;
+    // Transposed ([rows, m]) as in `Matrix::matmul_t`, so each task owns a contiguous slice.
+    let mut yt = vec![0f32; rows * m];
+    yt.par_chunks_mut(ROWS_PER_TASK * m)
+        .enumerate()
+        .for_each(|(task, out)| {
+            for (i, out_row) in out.chunks_exact_mut(m).enumerate() {
+                let row = expert * rows + task * ROWS_PER_TASK + i;
+                for (j, o) in out_row.iter_mut().enumerate() {
+                    *o = a.row_dot(
+                        row,
+                        &x[j * cols..(j + 1) * cols],
+                        &group_sums[j * gpr..(j + 1) * gpr],
+                    );
+                }
+            }
+        });
+    transpose_rows(yt, rows, m)
+}
+
+/// `[rows, m]` → `[m, rows]` (a no-op for a single activation row).
+fn transpose_rows(yt: Vec<f32>, rows: usize, m: usize) -> Vec<f32> {
+    if m == 1 {
+        return yt;
+    }
+    let mut y = vec![0f32; m * rows];
+    for (r, col) in yt.chunks_exact(m).enumerate() {
+        for (i, &v) in col.iter().enumerate() {
+            y[i * rows + r] = v;
+        }
+    }
+    y
 }
 
 /// f32 dot product with eight independent accumulators, which the compiler turns into
