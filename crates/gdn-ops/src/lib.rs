@@ -78,14 +78,10 @@ pub struct GdnDims {
 }
 
 impl GdnDims {
-    fn of(
-        q: &Tensor,
-        k: &Tensor,
-        v: &Tensor,
-        g: &Tensor,
-        beta: &Tensor,
-        state: &Tensor,
-    ) -> Result<Self> {
+    fn of(inputs: &Inputs, state: &Tensor) -> Result<Self> {
+        let Inputs {
+            q, k, v, g, beta, ..
+        } = *inputs;
         let (batch, steps, key_heads, key_dim) = q.dims4()?;
         let (_, _, value_heads, value_dim) = v.dims4()?;
         let d = Self {
@@ -160,15 +156,6 @@ pub fn gated_delta_update_masked(
     state: &Tensor,
     mask: Option<&Tensor>,
 ) -> Result<Tensor> {
-    let dims = GdnDims::of(q, k, v, g, beta, state)?;
-    if let Some(m) = mask {
-        ensure!(
-            m.dims() == [dims.batch, dims.steps],
-            "gated_delta_update: mask {:?}, expected {:?}",
-            m.dims(),
-            [dims.batch, dims.steps]
-        );
-    }
     let inputs = Inputs {
         q,
         k,
@@ -177,6 +164,15 @@ pub fn gated_delta_update_masked(
         beta,
         mask,
     };
+    let dims = GdnDims::of(&inputs, state)?;
+    if let Some(m) = mask {
+        ensure!(
+            m.dims() == [dims.batch, dims.steps],
+            "gated_delta_update: mask {:?}, expected {:?}",
+            m.dims(),
+            [dims.batch, dims.steps]
+        );
+    }
     match state.device() {
         Device::Cpu => cpu::gated_delta_update(dims, &inputs, state),
         #[cfg(any(feature = "metal", target_os = "macos"))]

@@ -444,7 +444,7 @@ impl Checkpoint {
                 self.float_data(e)?,
             )?));
         }
-        match self.family {
+        let data = match self.family {
             // Raw Qwen3-Next: one tensor per expert, stacked here.
             Family::Qwen3Next => {
                 let mut data = vec![];
@@ -453,43 +453,31 @@ impl Checkpoint {
                         self.f32_data(&format!("{mlp}.experts.{i}.{proj}.weight"), &[rows, cols])?,
                     );
                 }
-                Ok(Matrix::Float(FloatMatrix::new(
-                    experts,
-                    rows,
-                    cols,
-                    FloatData::F32(data),
-                )?))
+                data
             }
             // Raw Qwen3.5-MoE: `gate_up_proj [E, 2*I, H]` (gate first) and `down_proj [E, H, I]`.
+            Family::Qwen35 if proj == "down_proj" => {
+                self.f32_data(&format!("{mlp}.experts.down_proj"), &[experts, rows, cols])?
+            }
             Family::Qwen35 => {
-                if proj == "down_proj" {
-                    let data =
-                        self.f32_data(&format!("{mlp}.experts.down_proj"), &[experts, rows, cols])?;
-                    return Ok(Matrix::Float(FloatMatrix::new(
-                        experts,
-                        rows,
-                        cols,
-                        FloatData::F32(data),
-                    )?));
-                }
                 let fused = self.f32_data(
                     &format!("{mlp}.experts.gate_up_proj"),
                     &[experts, 2 * rows, cols],
                 )?;
                 let half = if proj == "gate_proj" { 0 } else { rows };
-                let data: Vec<f32> = (0..experts)
+                (0..experts)
                     .flat_map(|e| {
                         let start = (e * 2 * rows + half) * cols;
                         fused[start..start + rows * cols].iter().copied()
                     })
-                    .collect();
-                Ok(Matrix::Float(FloatMatrix::new(
-                    experts,
-                    rows,
-                    cols,
-                    FloatData::F32(data),
-                )?))
+                    .collect()
             }
-        }
+        };
+        Ok(Matrix::Float(FloatMatrix::new(
+            experts,
+            rows,
+            cols,
+            FloatData::F32(data),
+        )?))
     }
 }
