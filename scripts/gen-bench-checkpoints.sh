@@ -12,15 +12,4 @@
 # the real tokenizers in <repo>/../shared/tokenizers (QWEN_GDN_SHARED overrides ../shared).
 set -euo pipefail
 
-repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-venv="${VENV:-$repo/.venv}"
-req="$repo/scripts/requirements-fixtures.txt"
-
-if [ ! -x "$venv/bin/python" ]; then
-    echo "[gen-bench-checkpoints] creating $venv" >&2
-    "${PYTHON:-python3}" -m venv "$venv"
-fi
-"$venv/bin/python" -m pip install --disable-pip-version-check -q -r "$req"
-
-cd "$repo"
-exec "$venv/bin/python" "$repo/scripts/gen_bench_checkpoints.py" "$@"
+exec bash "$(dirname "${BASH_SOURCE[0]}")/with-fixture-venv.sh" "$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/gen_bench_checkpoints.py" "$@"

@@ -10,15 +10,4 @@
 # Environment: VENV (default <repo>/.venv), PYTHON (interpreter used to create the venv).
 set -euo pipefail
 
-repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-venv="${VENV:-$repo/.venv}"
-req="$repo/scripts/requirements-fixtures.txt"
-
-if [ ! -x "$venv/bin/python" ]; then
-    echo "[gen-fixtures] creating $venv" >&2
-    "${PYTHON:-python3}" -m venv "$venv"
-fi
-"$venv/bin/python" -m pip install --disable-pip-version-check -q -r "$req"
-
-cd "$repo"
-exec "$venv/bin/python" "$repo/scripts/gen_fixtures.py" "$@"
+exec bash "$(dirname "${BASH_SOURCE[0]}")/with-fixture-venv.sh" "$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/gen_fixtures.py" "$@"
