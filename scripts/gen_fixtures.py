@@ -572,6 +572,32 @@ def bf16_state_quality(model, tf_ids: list[int]) -> dict:
             "method": "decode mode, recurrent state rounded to bf16 after every token, fp32 activations"}
 
 
+def bf16_activation_quality(ckpt: Path, tf_ids: list[int], fp32_logits: np.ndarray) -> dict:
+    """mlx-lm's own numbers for bf16 activations (issue: Metal backend): the checkpoint loaded
+    fresh, model.set_dtype(mx.bfloat16), the teacher-forced text in one forward call;
+    KL(p_fp32 || p_bf16) and top-1 agreement against the fp32 reference logits.
+
+    mlx's CPU GatherMM is f32-only, so unquantized MoE checkpoints cannot run in bf16 here:
+    those record the reason instead of numbers.
+    """
+    model, _ = load(str(ckpt))
+    model.set_dtype(mx.bfloat16)
+    try:
+        logits = model(mx.array(tf_ids)[None])[0].astype(mx.float32)
+        got = np.array(logits, dtype=np.float64)
+    except RuntimeError as e:
+        return {"unavailable": str(e)}
+    def log_softmax(x):
+        x = x - x.max(-1, keepdims=True)
+        return x - np.log(np.exp(x).sum(-1, keepdims=True))
+    want = fp32_logits.astype(np.float64)
+    lw, lg = log_softmax(want), log_softmax(got)
+    kl = (np.exp(lw) * (lw - lg)).sum(-1)
+    top1 = (want.argmax(-1) == got.argmax(-1)).mean()
+    return {"kl_mean": float(kl.mean()), "top1_match": float(top1), "n": len(tf_ids),
+            "method": "model.set_dtype(mx.bfloat16), one teacher-forced forward, vs fp32 logits"}
+
+
 def record_reference(ckpt: Path, name: str, d: Dims, notes: list[str], per_layer: bool = True) -> dict:
     """Record the reference of one checkpoint.
 
@@ -685,6 +711,7 @@ def record_reference(ckpt: Path, name: str, d: Dims, notes: list[str], per_layer
         "quantization": config.get("quantization"),
         "stats": stats,
         "bf16_state": bf16_state_quality(model, tf_ids),
+        "bf16_activations": bf16_activation_quality(ckpt, tf_ids, np.array(logits[0])),
         "notes": notes,
     }
     write_json(REF / f"{name}.json", meta)

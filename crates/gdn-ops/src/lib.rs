@@ -1,10 +1,14 @@
-//! Custom ops for qwen-gdn: the fused gated-delta recurrence of Gated DeltaNet layers.
+//! Custom ops for qwen-gdn: the fused gated-delta recurrence of Gated DeltaNet layers, and
+//! MLX affine-quantized matrices ([`affine`]).
 //!
 //! [`gated_delta_update`] is the single entry point. It dispatches on the device of the
 //! state; the CPU implementation in [`cpu`] is the reference every faster path is tested
 //! against.
 
+pub mod affine;
+pub mod affine_tensor;
 pub mod cpu;
+pub mod launches;
 #[cfg(any(feature = "metal", target_os = "macos"))]
 pub mod metal;
 
@@ -173,6 +177,7 @@ pub fn gated_delta_update_masked(
             [dims.batch, dims.steps]
         );
     }
+    launches::record(1);
     match state.device() {
         Device::Cpu => cpu::gated_delta_update(dims, &inputs, state),
         #[cfg(any(feature = "metal", target_os = "macos"))]

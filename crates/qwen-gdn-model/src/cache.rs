@@ -2,7 +2,9 @@
 //! pre-conv rows and the recurrent state, for each attention layer its keys and values.
 
 use crate::StateDtype;
+use anyhow::Result;
 use candle_core::Tensor;
+use gdn_ops::launches::record;
 
 #[derive(Debug, Clone, Default)]
 pub struct GdnCache {
@@ -15,11 +17,76 @@ pub struct GdnCache {
     pub state: Option<Tensor>,
 }
 
+/// Keys and values of one attention layer, in buffers that grow by [`KV_STEP`] positions at a
+/// time (a copy per step instead of per token); positions past `len` are unused.
 #[derive(Debug, Clone, Default)]
 pub struct KvCache {
-    /// `[B, Nkv, T, Dh]`, post-RoPE.
-    pub keys: Option<Tensor>,
-    pub values: Option<Tensor>,
+    /// `[B, Nkv, capacity, Dh]`, post-RoPE.
+    keys: Option<Tensor>,
+    values: Option<Tensor>,
+    len: usize,
+}
+
+/// Positions a KV buffer grows by when full.
+pub const KV_STEP: usize = 256;
+
+impl KvCache {
+    /// Number of cached positions.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Positions the buffers hold before they grow again.
+    pub fn capacity(&self) -> usize {
+        self.keys.as_ref().map_or(0, |k| k.dim(2).unwrap_or(0))
+    }
+
+    /// The cached keys `[B, Nkv, len, Dh]` (a view of the buffer).
+    pub fn keys(&self) -> Option<Tensor> {
+        self.keys
+            .as_ref()
+            .map(|k| k.narrow(2, 0, self.len).expect("len ≤ capacity"))
+    }
+
+    pub fn values(&self) -> Option<Tensor> {
+        self.values
+            .as_ref()
+            .map(|v| v.narrow(2, 0, self.len).expect("len ≤ capacity"))
+    }
+
+    /// Appends `k`, `v` `[B, Nkv, S, Dh]` and returns views of all cached keys and values.
+    pub fn append(&mut self, k: &Tensor, v: &Tensor) -> Result<(Tensor, Tensor)> {
+        let s = k.dim(2)?;
+        let needed = self.len + s;
+        if needed > self.capacity() {
+            let capacity = needed.div_ceil(KV_STEP) * KV_STEP;
+            let grow = |old: &Option<Tensor>, like: &Tensor| -> Result<Tensor> {
+                let (b, h, _, d) = like.dims4()?;
+                let buf = Tensor::zeros((b, h, capacity, d), like.dtype(), like.device())?;
+                record(1);
+                if let Some(old) = old {
+                    buf.slice_set(&old.narrow(2, 0, self.len)?, 2, 0)?;
+                    record(1);
+                }
+                Ok(buf)
+            };
+            self.keys = Some(grow(&self.keys, k)?);
+            self.values = Some(grow(&self.values, v)?);
+        }
+        let (keys, values) = (
+            self.keys.as_ref().expect("grown"),
+            self.values.as_ref().expect("grown"),
+        );
+        keys.slice_set(&k.contiguous()?, 2, self.len)?;
+        values.slice_set(&v.contiguous()?, 2, self.len)?;
+        record(2);
+        self.len = needed;
+        Ok((self.keys().expect("set"), self.values().expect("set")))
+    }
 }
 
 #[derive(Debug, Clone)]

@@ -6,6 +6,7 @@
 
 pub mod cache;
 pub mod config;
+pub mod footprint;
 pub mod layers;
 pub mod model;
 pub mod weights;
@@ -14,16 +15,42 @@ pub use cache::Cache;
 pub use config::Config;
 pub use gdn_ops::StateDtype;
 pub use model::Model;
+pub use weights::Weight;
 
 use candle_core::DType;
+
+/// Where weights live and how products run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Plan {
+    /// Weights in host memory, f32 products by the CPU kernels, MoE routed on the host: the
+    /// exact path every other is tested against. CPU only, f32 only.
+    Reference,
+    /// Weights as tensors on the compute device (quantized ones stay quantized), every op on
+    /// the device, MoE routed there: one host synchronisation per generated token. The plan
+    /// of Metal (and CUDA); it also runs on the CPU, which is how its logic is tested.
+    Device,
+}
+
+impl Plan {
+    /// The reference plan for f32 on the CPU, the device plan otherwise.
+    pub fn for_device(device: &candle_core::Device, dtype: DType) -> Self {
+        if device.is_cpu() && dtype == DType::F32 {
+            Self::Reference
+        } else {
+            Self::Device
+        }
+    }
+}
 
 /// How to load a model.
 #[derive(Debug, Clone)]
 pub struct LoadOptions {
-    /// Activation dtype. The CPU reference path computes in f32.
+    /// Activation dtype: f32 on the CPU, bf16 on Metal by default.
     pub dtype: DType,
     /// Storage dtype of the GDN recurrent state (fp32 unless asked otherwise).
     pub gdn_state_dtype: StateDtype,
+    /// `None` picks [`Plan::for_device`].
+    pub plan: Option<Plan>,
 }
 
 impl Default for LoadOptions {
@@ -31,6 +58,7 @@ impl Default for LoadOptions {
         Self {
             dtype: DType::F32,
             gdn_state_dtype: StateDtype::F32,
+            plan: None,
         }
     }
 }

@@ -8,9 +8,10 @@ use crate::layers::gdn::GatedDeltaNet;
 use crate::layers::linear::{Embedding, Linear};
 use crate::layers::mlp::Mlp;
 use crate::layers::moe::SparseMoe;
+use crate::layers::norm::cast;
 use crate::layers::norm::RmsNorm;
 use crate::weights::Checkpoint;
-use crate::{Config, LoadOptions, StateDtype};
+use crate::{Config, LoadOptions, Plan, StateDtype};
 use anyhow::{bail, ensure, Result};
 use candle_core::{DType, Device, Tensor};
 use std::path::Path;
@@ -77,6 +78,22 @@ impl DecoderLayer {
         })
     }
 
+    /// The device plan's copy of this layer; the host copy is dropped as it goes.
+    fn into_device(self, device: &Device, dtype: DType) -> Result<Self> {
+        Ok(Self {
+            input_norm: self.input_norm.into_device(device, dtype)?,
+            mixer: match self.mixer {
+                Mixer::Gdn(m) => Mixer::Gdn(m.into_device(device, dtype)?),
+                Mixer::Attention(m) => Mixer::Attention(m.into_device(device, dtype)?),
+            },
+            post_norm: self.post_norm.into_device(device, dtype)?,
+            feed_forward: match self.feed_forward {
+                FeedForward::Dense(m) => FeedForward::Dense(m.into_device(device, dtype)?),
+                FeedForward::Moe(m) => FeedForward::Moe(Box::new(m.into_device(device, dtype)?)),
+            },
+        })
+    }
+
     fn new_cache(&self, state_dtype: StateDtype) -> LayerCache {
         match self.mixer {
             Mixer::Gdn(_) => LayerCache::Gdn(GdnCache {
@@ -113,6 +130,7 @@ impl DecoderLayer {
 
     pub fn forward(&self, h: &Tensor, cache: &mut LayerCache, offset: usize) -> Result<Tensor> {
         let h = (h + self.mixer_forward(h, cache, offset)?)?;
+        gdn_ops::launches::record(2);
         Ok((&h + self.feed_forward(&h)?)?)
     }
 }
@@ -121,6 +139,7 @@ pub struct Model {
     config: Config,
     device: Device,
     dtype: DType,
+    plan: Plan,
     gdn_state_dtype: StateDtype,
     embed: Embedding,
     layers: Vec<DecoderLayer>,
@@ -134,45 +153,87 @@ impl Model {
         if !dir.is_dir() {
             bail!("{}: model folder does not exist", dir.display());
         }
-        if !device.is_cpu() {
-            bail!("only the CPU device is supported so far");
+        let plan = opts
+            .plan
+            .unwrap_or_else(|| Plan::for_device(device, opts.dtype));
+        match plan {
+            Plan::Reference => {
+                ensure!(
+                    device.is_cpu(),
+                    "the reference plan runs on the CPU only (got {device:?})"
+                );
+                ensure!(
+                    opts.dtype == DType::F32,
+                    "the reference plan computes in f32 (got {:?})",
+                    opts.dtype
+                );
+            }
+            Plan::Device => ensure!(
+                matches!(opts.dtype, DType::F32 | DType::BF16 | DType::F16),
+                "unsupported compute dtype {:?} (use f32, bf16 or f16)",
+                opts.dtype
+            ),
         }
-        ensure!(
-            opts.dtype == DType::F32,
-            "the CPU path computes in f32 (got {:?})",
-            opts.dtype
-        );
         let cfg = Config::from_dir(dir)?;
         let ckpt = Checkpoint::open(dir, &cfg)?;
+        // Each part moves to the device as soon as it is built, so that the host holds at
+        // most one layer beyond the mapped files.
+        let place = |w: crate::weights::Weight| match plan {
+            Plan::Reference => Ok(w),
+            Plan::Device => w.into_device(device, opts.dtype),
+        };
         let (v, h) = (cfg.vocab_size, cfg.hidden_size);
         let embed = Embedding {
-            table: ckpt.matrix("model.embed_tokens", v, h, &cfg)?,
+            table: place(crate::weights::Weight::Host(ckpt.matrix(
+                "model.embed_tokens",
+                v,
+                h,
+                &cfg,
+            )?))?,
         };
         let lm_head = if cfg.tie_word_embeddings {
             embed.as_linear()
         } else {
-            Linear::load(&ckpt, "lm_head", v, h, &cfg)?
+            let head = Linear::load(&ckpt, "lm_head", v, h, &cfg)?;
+            match plan {
+                Plan::Reference => head,
+                Plan::Device => head.into_device(device, opts.dtype)?,
+            }
         };
         let layers = (0..cfg.num_hidden_layers)
             .map(|i| {
-                DecoderLayer::load(&ckpt, i, &cfg)
-                    .map_err(|e| e.context(format!("loading layer {i}")))
+                let layer = DecoderLayer::load(&ckpt, i, &cfg)?;
+                match plan {
+                    Plan::Reference => Ok(layer),
+                    Plan::Device => layer.into_device(device, opts.dtype),
+                }
+                .map_err(|e| e.context(format!("loading layer {i}")))
             })
             .collect::<Result<Vec<_>>>()?;
         let norm = RmsNorm {
-            weight: ckpt.norm("model.norm.weight", h, device)?,
+            weight: ckpt.norm("model.norm.weight", h, &Device::Cpu)?,
             eps: cfg.rms_norm_eps as f32,
-        };
+        }
+        .into_device(device, opts.dtype)?;
         Ok(Self {
             config: cfg,
             device: device.clone(),
             dtype: opts.dtype,
+            plan,
             gdn_state_dtype: opts.gdn_state_dtype,
             embed,
             layers,
             norm,
             lm_head,
         })
+    }
+
+    pub fn plan(&self) -> Plan {
+        self.plan
+    }
+
+    pub fn dtype(&self) -> DType {
+        self.dtype
     }
 
     pub fn config(&self) -> &Config {
@@ -208,8 +269,7 @@ impl Model {
     pub fn embed(&self, tokens: &[u32]) -> Result<Tensor> {
         Ok(self
             .embed
-            .forward(tokens, &self.device)?
-            .to_dtype(self.dtype)?
+            .forward(tokens, &self.device, self.dtype)?
             .unsqueeze(0)?)
     }
 
@@ -235,7 +295,7 @@ impl Model {
 
     fn logits(&self, h: &Tensor) -> Result<Tensor> {
         let logits = self.lm_head.forward(&self.norm.forward(h)?)?;
-        Ok(logits.squeeze(0)?.to_dtype(DType::F32)?)
+        cast(&logits.squeeze(0)?, DType::F32)
     }
 
     /// Runs `tokens` (one sequence) after what `cache` already holds, updating it in place.

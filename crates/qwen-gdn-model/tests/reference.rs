@@ -32,12 +32,15 @@ fn check_logits(name: &str) {
 
     // Caches after the prefill.
     for (i, layer) in cache.layers.iter().enumerate() {
-        let pairs: Vec<(&str, &Option<Tensor>)> = match layer {
+        let pairs: Vec<(&str, Option<Tensor>)> = match layer {
             qwen_gdn_model::cache::LayerCache::Gdn(c) => {
-                vec![("state_conv", &c.conv), ("state_recurrent", &c.state)]
+                vec![
+                    ("state_conv", c.conv.clone()),
+                    ("state_recurrent", c.state.clone()),
+                ]
             }
             qwen_gdn_model::cache::LayerCache::Attention(c) => {
-                vec![("state_keys", &c.keys), ("state_values", &c.values)]
+                vec![("state_keys", c.keys()), ("state_values", c.values())]
             }
         };
         for (key, got) in pairs {

@@ -1,7 +1,7 @@
 //! What `generate` and `eval` share: which checkpoint to open and how to load its model.
 
 use anyhow::{bail, Context, Result};
-use candle_core::Device;
+use candle_core::{DType, Device};
 use qwen_gdn_model::{LoadOptions, Model, StateDtype};
 use serde_json::Value as Json;
 use std::path::{Path, PathBuf};
@@ -24,6 +24,42 @@ pub struct ModelArgs {
     /// MLX_LM_GDN_STATE_BF16=1]
     #[arg(long, value_enum)]
     pub gdn_state_dtype: Option<GdnStateDtype>,
+    /// Compute device: `auto` is Metal when this build has it and a GPU is present, else CPU
+    #[arg(long, value_enum, default_value_t = DeviceChoice::Auto)]
+    pub device: DeviceChoice,
+    /// Activation dtype [default: f32 on CPU (the exact reference path), bf16 on Metal].
+    /// On CPU, bf16/f16 run the device path (weights as tensors, MoE routed by tensor ops)
+    #[arg(long, value_enum, default_value_t = ComputeDtype::Auto)]
+    pub dtype: ComputeDtype,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum DeviceChoice {
+    Auto,
+    Cpu,
+    Metal,
+    Cuda,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum ComputeDtype {
+    Auto,
+    F32,
+    Bf16,
+    F16,
+}
+
+impl ComputeDtype {
+    /// The dtype on `device`: `auto` is f32 on the CPU and bf16 on a GPU.
+    pub fn resolve(self, device: &Device) -> DType {
+        match self {
+            Self::Auto if device.is_cpu() => DType::F32,
+            Self::Auto => DType::BF16,
+            Self::F32 => DType::F32,
+            Self::Bf16 => DType::BF16,
+            Self::F16 => DType::F16,
+        }
+    }
 }
 
 #[derive(Clone, Copy, clap::ValueEnum)]
@@ -70,11 +106,13 @@ impl ModelArgs {
             Some(d) => d.into(),
             None => StateDtype::from_env(),
         };
+        let device = select_device(self.device)?;
         let opts = LoadOptions {
             gdn_state_dtype,
-            ..LoadOptions::default()
+            dtype: self.dtype.resolve(&device),
+            plan: None,
         };
-        Model::load(&checkpoint.dir, &device()?, &opts)
+        Model::load(&checkpoint.dir, &device, &opts)
     }
 }
 
@@ -92,10 +130,27 @@ impl Checkpoint {
     }
 }
 
-/// The model runs on the CPU so far (the Metal and CUDA model paths are open work: the
-/// `--device` flag arrives with them), whatever candle was built with.
-fn device() -> Result<Device> {
-    Ok(Device::Cpu)
+/// The device `--device` names; `auto` falls back to the CPU when there is no Metal.
+pub fn select_device(choice: DeviceChoice) -> Result<Device> {
+    match choice {
+        DeviceChoice::Cpu => Ok(Device::Cpu),
+        DeviceChoice::Metal => metal_device(),
+        DeviceChoice::Auto => Ok(metal_device().unwrap_or(Device::Cpu)),
+        DeviceChoice::Cuda => {
+            bail!("--device cuda: CUDA support is not built yet (use cpu or metal)")
+        }
+    }
+}
+
+#[cfg(any(feature = "metal", target_os = "macos"))]
+fn metal_device() -> Result<Device> {
+    Device::new_metal(0)
+        .map_err(|e| anyhow::anyhow!("--device metal: no Metal device available ({e})"))
+}
+
+#[cfg(not(any(feature = "metal", target_os = "macos")))]
+fn metal_device() -> Result<Device> {
+    bail!("--device metal: this qwen-gdn was built without Metal (build it on macOS, or with --features metal)")
 }
 
 /// Reads an optional JSON file: `None` when it does not exist, an error naming it if invalid.

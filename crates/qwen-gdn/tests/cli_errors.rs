@@ -232,3 +232,20 @@ fn invalid_flag_values() {
         &["--revision", "local folder"],
     );
 }
+
+#[test]
+fn devices_this_build_lacks() {
+    let model = fixture(MODEL);
+    if !cfg!(any(feature = "metal", target_os = "macos")) {
+        assert_error(
+            &generate(&model, &["--device", "metal"]),
+            &["--device metal", "built without Metal"],
+        );
+    }
+    assert_error(&generate(&model, &["--device", "cuda"]), &["--device cuda"]);
+    assert_error(
+        &generate(&model, &["--device", "tpu"]),
+        &["--device", "tpu"],
+    );
+    assert_error(&generate(&model, &["--dtype", "f64"]), &["--dtype", "f64"]);
+}

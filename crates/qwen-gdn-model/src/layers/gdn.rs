@@ -13,13 +13,14 @@
 //! quantized weights), Qwen3.5's separate projections are stacked.
 
 use super::linear::{FusedLinear, Linear};
-use super::norm::{scaled_rms, GatedRmsNorm, RmsNorm};
+use super::norm::{cast, contiguous, GatedRmsNorm, RmsNorm, ScaledRms};
 use crate::cache::GdnCache;
 use crate::config::Family;
 use crate::weights::Checkpoint;
 use crate::Config;
 use anyhow::Result;
 use candle_core::{DType, Device, Tensor, D};
+use gdn_ops::launches::record;
 
 #[derive(Debug, Clone)]
 pub struct GatedDeltaNet {
@@ -29,6 +30,9 @@ pub struct GatedDeltaNet {
     a_log_exp: Tensor,
     dt_bias: Tensor,
     norm: GatedRmsNorm,
+    /// L2 normalisation of q (scaled by 1/Dk) and k (by 1/√Dk).
+    q_norm: ScaledRms,
+    k_norm: ScaledRms,
     out_proj: Linear,
     key_heads: usize,
     value_heads: usize,
@@ -77,12 +81,11 @@ impl GatedDeltaNet {
             Family::Qwen3Next => {
                 let qkvz = lin("in_proj_qkvz", 2 * key_dim + 2 * value_dim, h)?;
                 let ba = lin("in_proj_ba", 2 * hv, h)?;
-                let qkvz = qkvz.weight.select_rows(&qkvz_rows(hk, dk, r * dv));
-                let ba = ba.weight.select_rows(&ba_rows(hk, r));
+                let qkvz = qkvz.weight.host()?.select_rows(&qkvz_rows(hk, dk, r * dv));
+                let ba = ba.weight.host()?.select_rows(&ba_rows(hk, r));
                 // Split so that every projection keeps its own output width.
-                let take = |m: &crate::weights::Matrix, start: usize, n: usize| Linear {
-                    weight: m.select_rows(&(start..start + n).collect::<Vec<_>>()),
-                    bias: None,
+                let take = |m: &crate::weights::Matrix, start: usize, n: usize| {
+                    Linear::from_matrix(m.select_rows(&(start..start + n).collect::<Vec<_>>()))
                 };
                 vec![
                     take(&qkvz, 0, conv_dim),
@@ -115,6 +118,8 @@ impl GatedDeltaNet {
                     eps: cfg.rms_norm_eps as f32,
                 },
             },
+            q_norm: ScaledRms::new(dk, 1.0 / dk as f64, 1e-6)?,
+            k_norm: ScaledRms::new(dk, (dk as f64).powf(-0.5), 1e-6)?,
             out_proj: lin("out_proj", h, value_dim)?,
             key_heads: hk,
             value_heads: hv,
@@ -124,17 +129,44 @@ impl GatedDeltaNet {
         })
     }
 
+    /// The device plan's copy: weights on `device`, activations in `dtype`; the decay
+    /// parameters stay f32 as the recurrence's inputs are.
+    pub fn into_device(self, device: &Device, dtype: DType) -> Result<Self> {
+        let norm = |n: RmsNorm| n.into_device(device, dtype);
+        Ok(Self {
+            in_proj: self.in_proj.into_device(device, dtype)?,
+            conv_weight: self.conv_weight.to_device(device)?.to_dtype(dtype)?,
+            a_log_exp: self.a_log_exp.to_device(device)?,
+            dt_bias: self.dt_bias.to_device(device)?,
+            norm: GatedRmsNorm {
+                norm: norm(self.norm.norm)?,
+            },
+            q_norm: ScaledRms {
+                norm: norm(self.q_norm.norm)?,
+            },
+            k_norm: ScaledRms {
+                norm: norm(self.k_norm.norm)?,
+            },
+            out_proj: self.out_proj.into_device(device, dtype)?,
+            ..self
+        })
+    }
+
     /// Causal depthwise conv over `[conv_state; x]`, `x` `[B, S, C]`; keeps the last K−1 rows.
     fn conv(&self, x: &Tensor, cache: &mut GdnCache) -> Result<Tensor> {
         let (b, s, c) = x.dims3()?;
         let k = self.kernel;
         let prev = match &cache.conv {
             Some(p) => p.clone(),
-            None => Tensor::zeros((b, k - 1, c), x.dtype(), x.device())?,
+            None => {
+                record(1);
+                Tensor::zeros((b, k - 1, c), x.dtype(), x.device())?
+            }
         };
+        record(2);
         let padded = Tensor::cat(&[&prev, x], 1)?; // [B, S+K-1, C]
-        cache.conv = Some(padded.narrow(1, s, k - 1)?.contiguous()?);
-        let w = self.conv_weight.to_dtype(x.dtype())?;
+        cache.conv = Some(contiguous(&padded.narrow(1, s, k - 1)?)?);
+        let w = cast(&self.conv_weight, x.dtype())?;
         let mut out = padded
             .narrow(1, 0, s)?
             .broadcast_mul(&w.narrow(1, 0, 1)?.squeeze(1)?)?;
@@ -144,6 +176,7 @@ impl GatedDeltaNet {
                     .narrow(1, m, s)?
                     .broadcast_mul(&w.narrow(1, m, 1)?.squeeze(1)?)?)?;
         }
+        record(2 * k - 1);
         Ok(out)
     }
 
@@ -162,35 +195,29 @@ impl GatedDeltaNet {
             .try_into()
             .expect("four projections");
         let conv = self.conv(&qkv, cache)?.silu()?;
-        let q = conv
-            .narrow(D::Minus1, 0, hk * dk)?
-            .reshape((b, s, hk, dk))?;
-        let k = conv
-            .narrow(D::Minus1, hk * dk, hk * dk)?
-            .reshape((b, s, hk, dk))?;
-        let v = conv
-            .narrow(D::Minus1, 2 * hk * dk, hv * dv)?
-            .reshape((b, s, hv, dv))?;
-        let q = scaled_rms(&q, 1e-6, 1.0 / dk as f64)?;
-        let k = scaled_rms(&k, 1e-6, (dk as f64).powf(-0.5))?;
-        let beta = candle_nn::ops::sigmoid(&beta_in.to_dtype(DType::F32)?)?;
-        let g = decay(&a.to_dtype(DType::F32)?, &self.dt_bias, &self.a_log_exp)?;
+        record(1);
+        // Head views of the conv output: each is copied once, by the normalisation or here.
+        let q = contiguous(&conv.narrow(D::Minus1, 0, hk * dk)?)?.reshape((b, s, hk, dk))?;
+        let k = contiguous(&conv.narrow(D::Minus1, hk * dk, hk * dk)?)?.reshape((b, s, hk, dk))?;
+        let v =
+            contiguous(&conv.narrow(D::Minus1, 2 * hk * dk, hv * dv)?)?.reshape((b, s, hv, dv))?;
+        let q = self.q_norm.norm.forward(&q)?;
+        let k = self.k_norm.norm.forward(&k)?;
+        let beta = candle_nn::ops::sigmoid(&cast(&beta_in, DType::F32)?)?;
+        record(1);
+        let g = decay(&cast(&a, DType::F32)?, &self.dt_bias, &self.a_log_exp)?;
         let state = match &cache.state {
             Some(st) if st.dtype() == cache.state_dtype.dtype() => st.clone(),
             // A state made with the other dtype is converted, never rejected.
-            Some(st) => st.to_dtype(cache.state_dtype.dtype())?,
-            None => Tensor::zeros((b, hv, dv, dk), cache.state_dtype.dtype(), x.device())?,
+            Some(st) => cast(st, cache.state_dtype.dtype())?,
+            None => {
+                record(1);
+                Tensor::zeros((b, hv, dv, dk), cache.state_dtype.dtype(), x.device())?
+            }
         };
-        let y = gdn_ops::gated_delta_update(
-            &q.contiguous()?,
-            &k.contiguous()?,
-            &v.contiguous()?,
-            &g,
-            &beta,
-            &state,
-        )?;
+        let y = gdn_ops::gated_delta_update(&q, &k, &v, &g, &beta, &state)?;
         cache.state = Some(state);
-        let z = z.reshape((b, s, hv, dv))?;
+        let z = contiguous(&z)?.reshape((b, s, hv, dv))?;
         let out = self.norm.forward(&y, &z)?.reshape((b, s, hv * dv))?;
         self.out_proj.forward(&out)
     }
@@ -201,6 +228,7 @@ fn decay(a: &Tensor, dt_bias: &Tensor, a_log_exp: &Tensor) -> Result<Tensor> {
     let x = a.broadcast_add(dt_bias)?;
     // softplus(x) = max(x, 0) + log(1 + exp(−|x|)), stable for large |x|.
     let softplus = (x.relu()? + (x.abs()?.neg()?.exp()? + 1.0)?.log()?)?;
+    record(11);
     Ok(softplus.broadcast_mul(a_log_exp)?.neg()?.exp()?)
 }
 

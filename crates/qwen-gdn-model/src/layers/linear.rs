@@ -1,15 +1,16 @@
-//! Linear layers and embeddings over [`Matrix`] weights.
+//! Linear layers and embeddings over [`Weight`]s.
 
-use crate::weights::{Checkpoint, Matrix};
+use crate::weights::{Checkpoint, Matrix, Weight};
 use crate::Config;
-use anyhow::{ensure, Result};
+use anyhow::Result;
 use candle_core::{DType, Device, Tensor, D};
 
-/// `y = x Wᵀ (+ b)` with W quantized or float, computed in f32.
+/// `y = x Wᵀ (+ b)`, in x's dtype.
 #[derive(Debug, Clone)]
 pub struct Linear {
-    pub weight: Matrix,
-    pub bias: Option<Vec<f32>>,
+    pub weight: Weight,
+    /// `[out]`, f32 in the reference plan, the compute dtype on the device.
+    pub bias: Option<Tensor>,
 }
 
 impl Linear {
@@ -20,9 +21,31 @@ impl Linear {
         inp: usize,
         config: &Config,
     ) -> Result<Self> {
+        let bias = match ckpt.bias(module, out)? {
+            Some(b) => Some(Tensor::from_vec(b, out, &Device::Cpu)?),
+            None => None,
+        };
         Ok(Self {
-            weight: ckpt.matrix(module, out, inp, config)?,
-            bias: ckpt.bias(module, out)?,
+            weight: Weight::Host(ckpt.matrix(module, out, inp, config)?),
+            bias,
+        })
+    }
+
+    /// A host matrix without bias (loaders that permute or split rows build these).
+    pub fn from_matrix(m: Matrix) -> Self {
+        Self {
+            weight: Weight::Host(m),
+            bias: None,
+        }
+    }
+
+    pub fn into_device(self, device: &Device, dtype: DType) -> Result<Self> {
+        Ok(Self {
+            weight: self.weight.into_device(device, dtype)?,
+            bias: self
+                .bias
+                .map(|b| b.to_device(device)?.to_dtype(dtype))
+                .transpose()?,
         })
     }
 
@@ -30,35 +53,21 @@ impl Linear {
         self.weight.rows()
     }
 
-    /// `x`: `[..., in]` → `[..., out]`, in x's dtype.
+    /// `x`: `[..., in]` → `[..., out]`.
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        ensure!(
-            x.device().is_cpu(),
-            "quantized matmul runs on the CPU only so far (got {:?})",
-            x.device()
-        );
-        let (rows, cols) = (self.weight.rows(), self.weight.cols());
-        let mut out_shape = x.dims().to_vec();
-        ensure!(
-            out_shape.last() == Some(&cols),
-            "linear: input {:?} does not end in {cols}",
-            x.dims()
-        );
-        *out_shape.last_mut().unwrap() = rows;
-        let m = x.elem_count() / cols;
-        let xs = x.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?;
-        let mut y = self.weight.matmul_t(0, &xs, m);
-        if let Some(b) = &self.bias {
-            for row in y.chunks_exact_mut(rows) {
-                row.iter_mut().zip(b).for_each(|(v, b)| *v += b);
+        let y = self.weight.matmul_t(x)?;
+        match &self.bias {
+            Some(b) => {
+                gdn_ops::launches::record(1);
+                Ok(y.broadcast_add(&b.to_dtype(y.dtype())?)?)
             }
+            None => Ok(y),
         }
-        Ok(Tensor::from_vec(y, out_shape, x.device())?.to_dtype(x.dtype())?)
     }
 }
 
 /// Several projections of the same input. Compatible neighbours are merged into one matrix at
-/// load so that they cost one pass over the input; outputs are concatenated in order.
+/// load so that they cost one pass over the input; outputs are returned as views of it.
 #[derive(Debug, Clone)]
 pub struct FusedLinear {
     parts: Vec<Linear>,
@@ -66,14 +75,17 @@ pub struct FusedLinear {
 }
 
 impl FusedLinear {
+    /// Merges host matrices; call before [`FusedLinear::into_device`].
     pub fn new(parts: Vec<Linear>) -> Self {
         let out_dims = parts.iter().map(Linear::out_dim).collect();
         let mut merged: Vec<Linear> = vec![];
         for p in parts {
             if let Some(last) = merged.last_mut() {
-                if last.bias.is_none() && p.bias.is_none() {
-                    if let Some(w) = Matrix::concat_rows(&[&last.weight, &p.weight]) {
-                        last.weight = w;
+                if let (None, None, Weight::Host(a), Weight::Host(b)) =
+                    (&last.bias, &p.bias, &last.weight, &p.weight)
+                {
+                    if let Some(w) = Matrix::concat_rows(&[a, b]) {
+                        last.weight = Weight::Host(w);
                         continue;
                     }
                 }
@@ -86,6 +98,17 @@ impl FusedLinear {
         }
     }
 
+    pub fn into_device(self, device: &Device, dtype: DType) -> Result<Self> {
+        Ok(Self {
+            parts: self
+                .parts
+                .into_iter()
+                .map(|p| p.into_device(device, dtype))
+                .collect::<Result<_>>()?,
+            out_dims: self.out_dims,
+        })
+    }
+
     /// Returns each projection's output, in the order given to [`FusedLinear::new`].
     pub fn forward(&self, x: &Tensor) -> Result<Vec<Tensor>> {
         let outs = self
@@ -94,8 +117,9 @@ impl FusedLinear {
             .map(|p| p.forward(x))
             .collect::<Result<Vec<_>>>()?;
         let all = if outs.len() == 1 {
-            outs.into_iter().next().unwrap()
+            outs.into_iter().next().expect("one output")
         } else {
+            gdn_ops::launches::record(outs.len());
             Tensor::cat(&outs, D::Minus1)?
         };
         let mut start = 0;
@@ -113,22 +137,13 @@ impl FusedLinear {
 /// Token embeddings; quantized tables dequantize only the looked-up rows.
 #[derive(Debug, Clone)]
 pub struct Embedding {
-    pub table: Matrix,
+    pub table: Weight,
 }
 
 impl Embedding {
-    /// `[n]` ids → `[n, hidden]` f32.
-    pub fn forward(&self, ids: &[u32], device: &Device) -> Result<Tensor> {
-        let (vocab, hidden) = (self.table.rows(), self.table.cols());
-        let mut out = vec![0f32; ids.len() * hidden];
-        for (&id, row) in ids.iter().zip(out.chunks_exact_mut(hidden)) {
-            ensure!(
-                (id as usize) < vocab,
-                "token id {id} is outside the vocabulary ({vocab})"
-            );
-            self.table.row_into(0, id as usize, row);
-        }
-        Ok(Tensor::from_vec(out, (ids.len(), hidden), device)?)
+    /// `[n]` ids → `[n, hidden]` in `dtype` on `device`.
+    pub fn forward(&self, ids: &[u32], device: &Device, dtype: DType) -> Result<Tensor> {
+        self.table.rows_of(ids, device, dtype)
     }
 
     /// Tied output head: `h Eᵀ`.

@@ -30,12 +30,24 @@ impl Mlp {
         })
     }
 
+    pub fn into_device(
+        self,
+        device: &candle_core::Device,
+        dtype: candle_core::DType,
+    ) -> Result<Self> {
+        Ok(Self {
+            gate_up: self.gate_up.into_device(device, dtype)?,
+            down: self.down.into_device(device, dtype)?,
+        })
+    }
+
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let [gate, up]: [Tensor; 2] = self
             .gate_up
             .forward(x)?
             .try_into()
             .expect("two projections");
+        gdn_ops::launches::record(2);
         self.down.forward(&(gate.silu()? * up)?)
     }
 }

@@ -1,23 +1,30 @@
 //! Sparse MoE block (mlx-lm-reference.md §3.8): softmax router, top-k experts with optional
 //! renormalisation, SwiGLU experts, plus a shared expert scaled by `sigmoid(shared_gate(x))`.
 //!
-//! On the CPU the routing is read on the host and tokens are grouped per selected expert,
-//! so each expert's weights are read once per call and unselected experts not at all.
+//! Two executions of the same block:
+//! - reference plan (host weights): the routing is read on the host and tokens are grouped
+//!   per selected expert, so each expert's weights are read once per call and unselected
+//!   experts not at all;
+//! - device plan: softmax, top-k and the expert products all stay on the device (the experts
+//!   are picked by a gathered product reading the top-k ids there), so a layer never waits
+//!   for the host.
 
 use super::linear::Linear;
 use super::mlp::Mlp;
-use crate::weights::{Checkpoint, Matrix};
+use super::norm::{cast, contiguous};
+use crate::weights::{Checkpoint, Matrix, Weight};
 use crate::Config;
-use anyhow::{ensure, Result};
-use candle_core::{DType, Tensor};
+use anyhow::Result;
+use candle_core::{DType, Device, Tensor, D};
+use gdn_ops::launches::record;
 
 #[derive(Debug, Clone)]
 pub struct SparseMoe {
     router: Linear,
     /// Stacked `[E, Im, H]`, `[E, Im, H]`, `[E, H, Im]`.
-    gate_proj: Matrix,
-    up_proj: Matrix,
-    down_proj: Matrix,
+    gate_proj: Weight,
+    up_proj: Weight,
+    down_proj: Weight,
     shared_expert: Option<(Mlp, Linear)>,
     top_k: usize,
     norm_topk_prob: bool,
@@ -53,26 +60,95 @@ impl SparseMoe {
         };
         Ok(Self {
             router: Linear::load(ckpt, &format!("{prefix}.gate"), e, h, cfg)?,
-            gate_proj: ckpt.experts(prefix, "gate_proj", e, im, h, cfg)?,
-            up_proj: ckpt.experts(prefix, "up_proj", e, im, h, cfg)?,
-            down_proj: ckpt.experts(prefix, "down_proj", e, h, im, cfg)?,
+            gate_proj: Weight::Host(ckpt.experts(prefix, "gate_proj", e, im, h, cfg)?),
+            up_proj: Weight::Host(ckpt.experts(prefix, "up_proj", e, im, h, cfg)?),
+            down_proj: Weight::Host(ckpt.experts(prefix, "down_proj", e, h, im, cfg)?),
             shared_expert,
             top_k: cfg.num_experts_per_tok,
             norm_topk_prob: cfg.norm_topk_prob,
         })
     }
 
+    pub fn into_device(self, device: &Device, dtype: DType) -> Result<Self> {
+        Ok(Self {
+            router: self.router.into_device(device, dtype)?,
+            gate_proj: self.gate_proj.into_device(device, dtype)?,
+            up_proj: self.up_proj.into_device(device, dtype)?,
+            down_proj: self.down_proj.into_device(device, dtype)?,
+            shared_expert: self
+                .shared_expert
+                .map(|(mlp, gate)| -> Result<_> {
+                    Ok((
+                        mlp.into_device(device, dtype)?,
+                        gate.into_device(device, dtype)?,
+                    ))
+                })
+                .transpose()?,
+            ..self
+        })
+    }
+
     /// `x`: `[B, S, H]` (already post-attention-normed).
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        ensure!(
-            x.device().is_cpu(),
-            "the MoE block runs on the CPU only so far"
-        );
-        let h = x.dim(candle_core::D::Minus1)?;
-        let n_experts = self.gate_proj.experts();
-        let probs =
-            candle_nn::ops::softmax_last_dim(&self.router.forward(x)?.to_dtype(DType::F32)?)?;
-        let probs = probs.flatten_to(1)?.to_vec2::<f32>()?;
+        let routed = match (&self.gate_proj, &self.up_proj, &self.down_proj) {
+            (Weight::Host(g), Weight::Host(u), Weight::Host(d)) => {
+                self.routed_on_host(x, [g, u, d])?
+            }
+            _ => self.routed_on_device(x)?,
+        };
+        match &self.shared_expert {
+            Some((mlp, gate)) => {
+                let scale = candle_nn::ops::sigmoid(&gate.forward(x)?)?;
+                record(3);
+                Ok((routed + mlp.forward(x)?.broadcast_mul(&scale)?)?)
+            }
+            None => Ok(routed),
+        }
+    }
+
+    /// Router probabilities `[N, E]` in f32 for `x` `[N, H]`.
+    fn probabilities(&self, x: &Tensor) -> Result<Tensor> {
+        let logits = cast(&self.router.forward(x)?, DType::F32)?;
+        record(1);
+        Ok(candle_nn::ops::softmax_last_dim(&logits)?)
+    }
+
+    fn routed_on_device(&self, x: &Tensor) -> Result<Tensor> {
+        let dims = x.dims().to_vec();
+        let x = x.flatten_to(D::Minus2)?; // [N, H]
+        let probs = self.probabilities(&x)?;
+        // Top-k: a descending argsort, cut to k. Ties (equal f32 probabilities) may order
+        // differently from the host's lowest-index-first; both are valid top-k sets.
+        let ids = contiguous(
+            &probs
+                .arg_sort_last_dim(false)?
+                .narrow(D::Minus1, 0, self.top_k)?,
+        )?; // [N, k] u32
+        let mut weights = probs.gather(&ids, D::Minus1)?; // [N, k]
+        record(2);
+        if self.norm_topk_prob {
+            weights = weights.broadcast_div(&weights.sum_keepdim(D::Minus1)?)?;
+            record(2);
+        }
+        let gate = self.gate_proj.gather_matmul_t(&x, &ids)?; // [N, k, Im]
+        let up = self.up_proj.gather_matmul_t(&x, &ids)?;
+        let act = (gate.silu()? * up)?;
+        let down = self.down_proj.gather_matmul_t(&act, &ids)?; // [N, k, H]
+        let weighted = cast(&down, DType::F32)?.broadcast_mul(&weights.unsqueeze(D::Minus1)?)?;
+        record(4);
+        Ok(cast(&weighted.sum(1)?, x.dtype())?.reshape(dims)?)
+    }
+
+    fn routed_on_host(
+        &self,
+        x: &Tensor,
+        [gate_proj, up_proj, down_proj]: [&Matrix; 3],
+    ) -> Result<Tensor> {
+        let h = x.dim(D::Minus1)?;
+        let n_experts = gate_proj.experts();
+        let probs = self
+            .probabilities(&x.flatten_to(D::Minus2)?)?
+            .to_vec2::<f32>()?;
         let xs = x.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?;
         // Tokens per expert: (token index, routing weight).
         let mut assigned: Vec<Vec<(usize, f32)>> = vec![vec![]; n_experts];
@@ -88,14 +164,14 @@ impl SparseMoe {
                 .iter()
                 .flat_map(|&(t, _)| xs[t * h..(t + 1) * h].iter().copied())
                 .collect();
-            let gate = self.gate_proj.matmul_t(e, &rows, m);
-            let up = self.up_proj.matmul_t(e, &rows, m);
+            let gate = gate_proj.matmul_t(e, &rows, m);
+            let up = up_proj.matmul_t(e, &rows, m);
             let act: Vec<f32> = gate
                 .iter()
                 .zip(&up)
                 .map(|(g, u)| g / (1.0 + (-g).exp()) * u)
                 .collect();
-            let down = self.down_proj.matmul_t(e, &act, m);
+            let down = down_proj.matmul_t(e, &act, m);
             for (&(t, w), y) in tokens.iter().zip(down.chunks_exact(h)) {
                 out[t * h..(t + 1) * h]
                     .iter_mut()
@@ -103,14 +179,7 @@ impl SparseMoe {
                     .for_each(|(o, y)| *o += w * y);
             }
         }
-        let routed = Tensor::from_vec(out, x.dims(), x.device())?.to_dtype(x.dtype())?;
-        match &self.shared_expert {
-            Some((mlp, gate)) => {
-                let scale = candle_nn::ops::sigmoid(&gate.forward(x)?)?;
-                Ok((routed + mlp.forward(x)?.broadcast_mul(&scale)?)?)
-            }
-            None => Ok(routed),
-        }
+        Ok(Tensor::from_vec(out, x.dims(), x.device())?.to_dtype(x.dtype())?)
     }
 }
 

@@ -1,8 +1,10 @@
 //! Partial rotary embeddings: the first `dims` features of each head rotate in the
 //! non-interleaved ("rotate half") layout, the rest pass through (mlx-lm-reference.md §3.7).
 
+use super::norm::contiguous;
 use anyhow::Result;
-use candle_core::{Device, Tensor, D};
+use candle_core::{DType, Device, Tensor, D};
+use gdn_ops::launches::record;
 
 #[derive(Debug, Clone)]
 pub struct PartialRope {
@@ -19,7 +21,15 @@ impl PartialRope {
         Self { dims, inv_freq }
     }
 
-    fn tables(&self, offset: usize, len: usize, device: &Device) -> Result<(Tensor, Tensor)> {
+    /// cos and sin `[len, dims/2]` in `dtype` on `device`, computed and cast on the host so
+    /// that the device only receives them.
+    fn tables(
+        &self,
+        offset: usize,
+        len: usize,
+        dtype: DType,
+        device: &Device,
+    ) -> Result<(Tensor, Tensor)> {
         let half = self.dims / 2;
         let (mut cos, mut sin) = (
             Vec::with_capacity(len * half),
@@ -32,26 +42,29 @@ impl PartialRope {
                 sin.push(angle.sin() as f32);
             }
         }
-        Ok((
-            Tensor::from_vec(cos, (len, half), device)?,
-            Tensor::from_vec(sin, (len, half), device)?,
-        ))
+        let place = |v: Vec<f32>| -> Result<Tensor> {
+            Ok(Tensor::from_vec(v, (len, half), &Device::Cpu)?
+                .to_dtype(dtype)?
+                .to_device(device)?)
+        };
+        Ok((place(cos)?, place(sin)?))
     }
 
     /// `x`: `[B, heads, S, head_dim]` at absolute positions `offset..offset+S`.
     pub fn forward(&self, x: &Tensor, offset: usize) -> Result<Tensor> {
         let (_, _, seq, head_dim) = x.dims4()?;
-        let (cos, sin) = self.tables(offset, seq, x.device())?;
-        let (cos, sin) = (cos.to_dtype(x.dtype())?, sin.to_dtype(x.dtype())?);
+        let (cos, sin) = self.tables(offset, seq, x.dtype(), x.device())?;
         let rotated = candle_nn::rotary_emb::rope(
-            &x.narrow(D::Minus1, 0, self.dims)?.contiguous()?,
+            &contiguous(&x.narrow(D::Minus1, 0, self.dims)?)?,
             &cos,
             &sin,
         )?;
+        record(1);
         if self.dims == head_dim {
             return Ok(rotated);
         }
         let pass = x.narrow(D::Minus1, self.dims, head_dim - self.dims)?;
+        record(2);
         Ok(Tensor::cat(&[&rotated, &pass], D::Minus1)?)
     }
 }

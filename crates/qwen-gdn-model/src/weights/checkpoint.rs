@@ -55,6 +55,15 @@ const SHIFTED_NORMS: [&str; 5] = [
 ];
 
 /// The files that make up the checkpoint in `dir`.
+/// The candle dtype of a float safetensors dtype (scales are f32, f16 or bf16).
+fn dtype_of(d: Dtype) -> candle_core::DType {
+    match d {
+        Dtype::BF16 => candle_core::DType::BF16,
+        Dtype::F16 => candle_core::DType::F16,
+        _ => candle_core::DType::F32,
+    }
+}
+
 fn shard_paths(dir: &Path) -> Result<Vec<PathBuf>> {
     let index = dir.join("model.safetensors.index.json");
     if index.exists() {
@@ -415,7 +424,7 @@ impl Checkpoint {
             scales,
             biases,
         )
-        .map(Matrix::Affine)
+        .map(|m| Matrix::Affine(m.with_scale_dtype(dtype_of(s.info.dtype))))
         .with_context(|| self.location(w))
     }
 

@@ -2,10 +2,12 @@
 //! ([`checkpoint`]), MLX affine quantization ([`affine`]), and the matrices the CPU
 //! kernels consume ([`matrix`]).
 
-pub mod affine;
+pub use gdn_ops::affine;
 pub mod checkpoint;
 pub mod matrix;
+pub mod weight;
 
 pub use affine::AffineMatrix;
 pub use checkpoint::Checkpoint;
 pub use matrix::{FloatData, FloatMatrix, Matrix};
+pub use weight::Weight;

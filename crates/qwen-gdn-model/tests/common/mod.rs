@@ -27,12 +27,12 @@ pub fn models_dir() -> PathBuf {
 }
 
 pub fn load(name: &str) -> Model {
-    Model::load(
-        &models_dir().join(name),
-        &Device::Cpu,
-        &LoadOptions::default(),
-    )
-    .unwrap_or_else(|e| panic!("loading {name}: {e:#}"))
+    load_with(name, &LoadOptions::default())
+}
+
+pub fn load_with(name: &str, opts: &LoadOptions) -> Model {
+    Model::load(&models_dir().join(name), &Device::Cpu, opts)
+        .unwrap_or_else(|e| panic!("loading {name}: {e:#}"))
 }
 
 pub struct Reference(pub HashMap<String, Tensor>);

@@ -6,6 +6,7 @@
 //! (scales may be negative).
 
 use anyhow::{bail, Result};
+use candle_core::DType;
 
 /// Bit widths MLX's affine mode produces.
 pub const SUPPORTED_BITS: [usize; 6] = [2, 3, 4, 5, 6, 8];
@@ -24,6 +25,9 @@ pub struct AffineMatrix {
     /// `[experts * rows, cols / group_size]`, upcast to f32 once at load.
     scales: Vec<f32>,
     biases: Vec<f32>,
+    /// The checkpoint's dtype of scales and biases: device copies keep it (the f32 values
+    /// here are exact upcasts of it), so they cost what the checkpoint costs.
+    scale_dtype: DType,
 }
 
 impl AffineMatrix {
@@ -60,7 +64,32 @@ impl AffineMatrix {
             packed,
             scales,
             biases,
+            scale_dtype: DType::F32,
         })
+    }
+
+    /// Records the dtype the scales and biases were stored in (f32, f16 or bf16).
+    pub fn with_scale_dtype(mut self, dtype: DType) -> Self {
+        self.scale_dtype = dtype;
+        self
+    }
+
+    pub fn scale_dtype(&self) -> DType {
+        self.scale_dtype
+    }
+
+    /// `[experts * rows, words_per_row]` packed words, row-major.
+    pub fn packed(&self) -> &[u32] {
+        &self.packed
+    }
+
+    /// `[experts * rows, groups_per_row]`, upcast to f32.
+    pub fn scales(&self) -> &[f32] {
+        &self.scales
+    }
+
+    pub fn biases(&self) -> &[f32] {
+        &self.biases
     }
 
     pub fn words_per_row(&self) -> usize {
@@ -77,16 +106,7 @@ impl AffineMatrix {
         let gpr = self.groups_per_row();
         let scales = &self.scales[row * gpr..(row + 1) * gpr];
         let biases = &self.biases[row * gpr..(row + 1) * gpr];
-        unpack_row(words, self.bits, out);
-        for ((chunk, &s), &b) in out
-            .chunks_exact_mut(self.group_size)
-            .zip(scales)
-            .zip(biases)
-        {
-            for v in chunk {
-                *v = s * *v + b;
-            }
-        }
+        dequantize_row(words, scales, biases, self.bits, out);
     }
 
     /// Whether [`AffineMatrix::row_dot`] has a fused kernel for this bit width.
@@ -201,6 +221,18 @@ fn dot_u8(words: &[u32], x: &[f32]) -> f32 {
         }
     }
     acc.iter().sum()
+}
+
+/// Dequantizes one row: `out[j] = scales[g] · q_j + biases[g]`, `g = j / group_size`, where
+/// the group size is `out.len() / scales.len()`.
+pub fn dequantize_row(words: &[u32], scales: &[f32], biases: &[f32], bits: usize, out: &mut [f32]) {
+    let group_size = out.len() / scales.len();
+    unpack_row(words, bits, out);
+    for ((chunk, &s), &b) in out.chunks_exact_mut(group_size).zip(scales).zip(biases) {
+        for v in chunk {
+            *v = s * *v + b;
+        }
+    }
 }
 
 /// Unpacks one row's bitstream into unsigned integers stored as f32.

@@ -1,21 +1,15 @@
 //! Metal host side of the fused gated-delta kernel (`kernels/gated_delta.metal`).
 //!
-//! The kernel source is compiled at run time (no Xcode needed), once per device, and its
-//! pipelines are cached by name. A call binds any number of tensors (beyond candle's
+//! A call binds any number of tensors (beyond candle's
 //! three-input custom-op limit), declares every buffer it reads or writes to candle's
 //! encoder so that hazards are tracked, and advances the state buffer in place.
 
-use super::{GdnDims, Inputs};
-use anyhow::{anyhow, bail, ensure, Context, Result};
+use super::{metal_buffer, metal_device, pipeline, KernelSource};
+use crate::{GdnDims, Inputs};
+use anyhow::{bail, ensure, Context, Result};
 use candle_core::op::BackpropOp;
-use candle_core::{DType, MetalDevice, MetalStorage, Storage, Tensor};
-use candle_metal_kernels::metal::{Buffer, ComputePipeline, Library};
-use objc2_metal::{MTLCompileOptions, MTLLanguageVersion, MTLSize};
-use std::collections::HashMap;
-use std::sync::{Mutex, OnceLock};
-
-/// The shipped kernel source: the same bytes the emulation test compiles as C++.
-pub const SOURCE: &str = include_str!("../../../kernels/gated_delta.metal");
+use candle_core::{DType, MetalStorage, Storage, Tensor};
+use objc2_metal::MTLSize;
 
 /// Must match `GdnParams` in the kernel source field for field.
 #[repr(C)]
@@ -34,53 +28,6 @@ struct GdnParams {
 const ROWS_PER_THREADGROUP: usize = 4;
 /// Each lane keeps `Dk / 32` state values in registers; the kernel holds at most 8.
 const MAX_KEY_DIM: usize = 256;
-
-struct DeviceKernels {
-    library: Library,
-    pipelines: HashMap<String, ComputePipeline>,
-}
-
-fn kernels() -> &'static Mutex<HashMap<u64, DeviceKernels>> {
-    static CACHE: OnceLock<Mutex<HashMap<u64, DeviceKernels>>> = OnceLock::new();
-    CACHE.get_or_init(|| Mutex::new(HashMap::new()))
-}
-
-fn pipeline(dev: &MetalDevice, name: &str) -> Result<ComputePipeline> {
-    let mut cache = kernels()
-        .lock()
-        .map_err(|_| anyhow!("gated-delta pipeline cache poisoned"))?;
-    let key = dev.device().registry_id();
-    if !cache.contains_key(&key) {
-        let options = MTLCompileOptions::new();
-        // bfloat needs MSL 3.1 (macOS 14).
-        options.setLanguageVersion(MTLLanguageVersion::Version3_1);
-        let library = dev
-            .device()
-            .new_library_with_source(SOURCE, Some(&options))
-            .map_err(|e| anyhow!("compiling kernels/gated_delta.metal: {e}"))?;
-        cache.insert(
-            key,
-            DeviceKernels {
-                library,
-                pipelines: HashMap::new(),
-            },
-        );
-    }
-    let entry = cache.get_mut(&key).expect("inserted above");
-    if let Some(p) = entry.pipelines.get(name) {
-        return Ok(p.clone());
-    }
-    let function = entry
-        .library
-        .get_function(name, None)
-        .map_err(|e| anyhow!("kernel {name}: {e}"))?;
-    let p = dev
-        .device()
-        .new_compute_pipeline_state_with_function(&function)
-        .map_err(|e| anyhow!("pipeline {name}: {e}"))?;
-    entry.pipelines.insert(name.to_string(), p.clone());
-    Ok(p)
-}
 
 fn dtype_tag(dtype: DType) -> Result<&'static str> {
     Ok(match dtype {
@@ -104,22 +51,6 @@ pub fn kernel_name(input: DType, state: DType) -> Result<String> {
     ))
 }
 
-/// A contiguous Metal tensor's buffer and byte offset.
-fn metal_buffer(t: &Tensor) -> Result<(Buffer, usize)> {
-    let (storage, layout) = t.storage_and_layout();
-    let Storage::Metal(m) = &*storage else {
-        bail!("gated_delta_update: expected a Metal tensor")
-    };
-    ensure!(
-        layout.is_contiguous(),
-        "gated_delta_update: inputs must be contiguous"
-    );
-    Ok((
-        m.buffer().clone(),
-        layout.start_offset() * t.dtype().size_in_bytes(),
-    ))
-}
-
 pub(crate) fn gated_delta_update(dims: GdnDims, inputs: &Inputs, state: &Tensor) -> Result<Tensor> {
     let Inputs {
         q,
@@ -129,9 +60,8 @@ pub(crate) fn gated_delta_update(dims: GdnDims, inputs: &Inputs, state: &Tensor)
         beta,
         mask,
     } = *inputs;
-    let candle_core::Device::Metal(dev) = state.device() else {
-        bail!("gated_delta_update: state is not on Metal")
-    };
+    const OP: &str = "gated_delta_update";
+    let dev = &metal_device(state, OP)?;
     ensure!(
         dims.key_dim % 32 == 0 && dims.key_dim <= MAX_KEY_DIM,
         "gated_delta_update: the Metal kernel needs a key head dim that is a multiple of 32 up to {MAX_KEY_DIM} (got {})",
@@ -143,7 +73,7 @@ pub(crate) fn gated_delta_update(dims: GdnDims, inputs: &Inputs, state: &Tensor)
     );
     let in_dtype = q.dtype();
     let name = kernel_name(in_dtype, state.dtype())?;
-    let pipeline = pipeline(dev, &name)?;
+    let pipeline = pipeline(dev, KernelSource::GatedDelta, &name)?;
     // Inputs in the kernel's layouts and dtypes. Done before taking the encoder: candle ops
     // lock the same command state.
     let (q, k, v) = (
@@ -173,16 +103,16 @@ pub(crate) fn gated_delta_update(dims: GdnDims, inputs: &Inputs, state: &Tensor)
         has_mask: mask.is_some() as u32,
     };
     let inputs = [
-        metal_buffer(&q)?,
-        metal_buffer(&k)?,
-        metal_buffer(&v)?,
-        metal_buffer(&g)?,
-        metal_buffer(&beta)?,
+        metal_buffer(&q, OP)?,
+        metal_buffer(&k, OP)?,
+        metal_buffer(&v, OP)?,
+        metal_buffer(&g, OP)?,
+        metal_buffer(&beta, OP)?,
     ];
-    let state_buf = metal_buffer(state)?;
+    let state_buf = metal_buffer(state, OP)?;
     // Without a mask the kernel never reads buffer 7; bind g so the slot is valid.
     let mask_buf = match &mask {
-        Some(m) => metal_buffer(m)?,
+        Some(m) => metal_buffer(m, OP)?,
         None => inputs[3].clone(),
     };
     {

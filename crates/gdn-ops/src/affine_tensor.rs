@@ -1,0 +1,269 @@
+//! MLX affine-quantized matrices held as device tensors, and the products the model needs
+//! from them. The packed words, scales and biases are the checkpoint's own (scales keep their
+//! dtype), so a device copy costs what the checkpoint costs.
+//!
+//! On Metal the products run `kernels/affine.metal`; on the CPU a plain twin computes the same
+//! function, so the device-resident code path of the model can be tested on any machine.
+
+use crate::affine::{dequantize_row, AffineMatrix};
+use crate::launches;
+use anyhow::{bail, ensure, Result};
+use candle_core::{DType, Device, Storage, Tensor};
+
+/// Up to this many activation rows, products read the packed weights directly (one pass per
+/// row, the decode case); beyond it the weight is dequantized once and multiplied densely.
+pub const MATVEC_MAX_ROWS: usize = 4;
+
+/// A `[experts, rows, cols]` affine matrix on a device.
+#[derive(Debug, Clone)]
+pub struct AffineTensor {
+    pub bits: usize,
+    pub group_size: usize,
+    pub experts: usize,
+    pub rows: usize,
+    pub cols: usize,
+    /// `[experts * rows, cols * bits / 32]` u32.
+    pub packed: Tensor,
+    /// `[experts * rows, cols / group_size]` in the checkpoint's scale dtype.
+    pub scales: Tensor,
+    pub biases: Tensor,
+}
+
+impl AffineTensor {
+    /// Copies a host matrix onto `device`, scales back in the dtype they were stored in.
+    pub fn upload(m: &AffineMatrix, device: &Device) -> Result<Self> {
+        let n = m.experts * m.rows;
+        let packed = Tensor::from_slice(m.packed(), (n, m.words_per_row()), device)?;
+        let groups = (n, m.groups_per_row());
+        let scales = Tensor::from_slice(m.scales(), groups, device)?.to_dtype(m.scale_dtype())?;
+        let biases = Tensor::from_slice(m.biases(), groups, device)?.to_dtype(m.scale_dtype())?;
+        Ok(Self {
+            bits: m.bits,
+            group_size: m.group_size,
+            experts: m.experts,
+            rows: m.rows,
+            cols: m.cols,
+            packed,
+            scales,
+            biases,
+        })
+    }
+
+    pub fn device(&self) -> &Device {
+        self.packed.device()
+    }
+
+    /// Bytes one full pass over the matrix reads.
+    pub fn bytes(&self) -> usize {
+        [&self.packed, &self.scales, &self.biases]
+            .iter()
+            .map(|t| t.elem_count() * t.dtype().size_in_bytes())
+            .sum()
+    }
+
+    /// `x Wᵀ` for a single matrix: `x` `[..., cols]` → `[..., rows]` in x's dtype.
+    pub fn matmul_t(&self, x: &Tensor) -> Result<Tensor> {
+        ensure!(
+            self.experts == 1,
+            "matmul_t on a stack of {} experts",
+            self.experts
+        );
+        let x_rows = self.check_input(x, "affine matmul")?;
+        let mut out_shape = x.dims().to_vec();
+        *out_shape.last_mut().expect("checked rank") = self.rows;
+        let y = if x_rows <= MATVEC_MAX_ROWS {
+            let x2 = x.reshape((x_rows, self.cols))?;
+            self.products(&x2, None, 1, x_rows)?
+        } else {
+            // Prefill: dequantizing once beats reading the packed weights per row.
+            let w = self.dequantize(None, self.rows, x.dtype())?;
+            launches::record(1);
+            x.reshape((x_rows, self.cols))?.matmul(&w.t()?)?
+        };
+        Ok(y.reshape(out_shape)?)
+    }
+
+    /// Expert products selected on the device: `x` `[N, cols]` (every slot of a token reads
+    /// its row) or `[N, k, cols]` (one row per slot), `ids` `[N, k]` u32 expert indices →
+    /// `[N, k, rows]`, slot `(n, j)` computed with expert `ids[n, j]`.
+    pub fn gather_matmul_t(&self, x: &Tensor, ids: &Tensor) -> Result<Tensor> {
+        let (n, k) = ids.dims2()?;
+        ensure!(ids.dtype() == DType::U32, "expert ids must be u32");
+        let x_rows = self.check_input(x, "expert matmul")?;
+        let x_div = match x.rank() {
+            2 if x_rows == n => k,
+            3 if x.dims()[..2] == [n, k] => 1,
+            _ => bail!(
+                "expert matmul: input {:?} does not match ids {:?}",
+                x.dims(),
+                ids.dims()
+            ),
+        };
+        let x2 = x.reshape((x_rows, self.cols))?;
+        let ids = ids.flatten_all()?;
+        Ok(self
+            .products(&x2, Some(&ids), x_div, n * k)?
+            .reshape((n, k, self.rows))?)
+    }
+
+    /// Rows of the stacked `[experts * rows, cols]` matrix, dequantized into `dtype`: the rows
+    /// listed in `ids` (u32, e.g. token ids of an embedding table) or the first `count`.
+    pub fn dequantize(&self, ids: Option<&Tensor>, count: usize, dtype: DType) -> Result<Tensor> {
+        if let Some(ids) = ids {
+            ensure!(ids.dtype() == DType::U32, "row ids must be u32");
+            ensure!(
+                ids.rank() == 1 && ids.dim(0)? == count,
+                "row ids must be [{count}]"
+            );
+        }
+        launches::record(1);
+        match self.device() {
+            Device::Cpu => cpu_dequantize(self, ids, count, dtype),
+            #[cfg(any(feature = "metal", target_os = "macos"))]
+            Device::Metal(_) => crate::metal::affine::dequantize(self, ids, count, dtype),
+            other => bail!("affine dequantize: no kernel for {other:?} yet"),
+        }
+    }
+
+    /// Rows of x the input stands for, after checking its width and device.
+    fn check_input(&self, x: &Tensor, op: &str) -> Result<usize> {
+        ensure!(
+            x.dims().last() == Some(&self.cols),
+            "{op}: input {:?} does not end in {}",
+            x.dims(),
+            self.cols
+        );
+        ensure!(
+            x.device().same_device(self.device()),
+            "{op}: input and weights are on different devices"
+        );
+        Ok(x.elem_count() / self.cols)
+    }
+
+    /// `out_rows` products; output row `i` reads x row `i / x_div` and expert `ids[i]` (or 0).
+    fn products(
+        &self,
+        x: &Tensor,
+        ids: Option<&Tensor>,
+        x_div: usize,
+        out_rows: usize,
+    ) -> Result<Tensor> {
+        launches::record(1);
+        match self.device() {
+            Device::Cpu => cpu_products(self, x, ids, x_div, out_rows),
+            #[cfg(any(feature = "metal", target_os = "macos"))]
+            Device::Metal(_) => crate::metal::affine::products(self, x, ids, x_div, out_rows),
+            other => bail!("affine matmul: no kernel for {other:?} yet"),
+        }
+    }
+}
+
+/// The launch parameters shared by every backend (`AffineParams` in `kernels/affine.metal`).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AffineParams {
+    pub rows: u32,
+    pub cols: u32,
+    pub bits: u32,
+    pub group_size: u32,
+    pub out_rows: u32,
+    pub x_div: u32,
+    pub has_ids: u32,
+}
+
+/// A CPU tensor's f32 values (any float dtype), or its u32 values.
+fn cpu_f32(t: &Tensor) -> Result<Vec<f32>> {
+    Ok(t.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?)
+}
+
+/// Runs `f` on the packed words of a CPU tensor without copying them.
+fn with_words<R>(t: &Tensor, f: impl FnOnce(&[u32]) -> R) -> Result<R> {
+    let (storage, layout) = t.storage_and_layout();
+    let Storage::Cpu(cpu) = &*storage else {
+        bail!("expected a CPU tensor")
+    };
+    ensure!(layout.is_contiguous(), "packed weights must be contiguous");
+    let words = cpu.as_slice::<u32>()?;
+    Ok(f(
+        &words[layout.start_offset()..layout.start_offset() + t.elem_count()]
+    ))
+}
+
+/// Stacked row `row` of `m`, dequantized in f32.
+fn cpu_row(
+    m: &AffineTensor,
+    words: &[u32],
+    scales: &[f32],
+    biases: &[f32],
+    row: usize,
+) -> Vec<f32> {
+    let (wpr, gpr) = (m.cols * m.bits / 32, m.cols / m.group_size);
+    let mut out = vec![0f32; m.cols];
+    dequantize_row(
+        &words[row * wpr..(row + 1) * wpr],
+        &scales[row * gpr..(row + 1) * gpr],
+        &biases[row * gpr..(row + 1) * gpr],
+        m.bits,
+        &mut out,
+    );
+    out
+}
+
+fn cpu_products(
+    m: &AffineTensor,
+    x: &Tensor,
+    ids: Option<&Tensor>,
+    x_div: usize,
+    out_rows: usize,
+) -> Result<Tensor> {
+    let xs = cpu_f32(x)?;
+    let ids: Option<Vec<u32>> = ids.map(|t| t.to_vec1::<u32>()).transpose()?;
+    let (scales, biases) = (cpu_f32(&m.scales)?, cpu_f32(&m.biases)?);
+    let y = with_words(&m.packed, |words| -> Result<Vec<f32>> {
+        let mut y = vec![0f32; out_rows * m.rows];
+        for (i, out) in y.chunks_exact_mut(m.rows).enumerate() {
+            let e = ids.as_ref().map_or(0, |ids| ids[i] as usize);
+            ensure!(
+                e < m.experts,
+                "expert id {e} out of range ({} experts)",
+                m.experts
+            );
+            let xr = &xs[(i / x_div) * m.cols..(i / x_div + 1) * m.cols];
+            for (r, o) in out.iter_mut().enumerate() {
+                let w = cpu_row(m, words, &scales, &biases, e * m.rows + r);
+                *o = w.iter().zip(xr).map(|(w, x)| w * x).sum();
+            }
+        }
+        Ok(y)
+    })??;
+    Ok(Tensor::from_vec(y, (out_rows, m.rows), x.device())?.to_dtype(x.dtype())?)
+}
+
+fn cpu_dequantize(
+    m: &AffineTensor,
+    ids: Option<&Tensor>,
+    count: usize,
+    dtype: DType,
+) -> Result<Tensor> {
+    let ids: Option<Vec<u32>> = ids.map(|t| t.to_vec1::<u32>()).transpose()?;
+    let (scales, biases) = (cpu_f32(&m.scales)?, cpu_f32(&m.biases)?);
+    let total = m.experts * m.rows;
+    let out = with_words(&m.packed, |words| -> Result<Vec<f32>> {
+        let mut out = Vec::with_capacity(count * m.cols);
+        for i in 0..count {
+            let row = ids.as_ref().map_or(i, |ids| ids[i] as usize);
+            ensure!(
+                row < total,
+                "row {row} is outside the matrix ({total} rows)"
+            );
+            out.extend(cpu_row(m, words, &scales, &biases, row));
+        }
+        Ok(out)
+    })??;
+    let t = Tensor::from_vec(out, (count, m.cols), m.device())?;
+    // One rounding from f32, as the kernel does.
+    Ok(match dtype {
+        DType::BF16 | DType::F16 | DType::F32 => t.to_dtype(dtype)?,
+        other => bail!("affine dequantize: unsupported output dtype {other:?}"),
+    })
+}

@@ -1,0 +1,792 @@
+//! The shipped Metal kernels `kernels/affine.metal`, compiled as C++ with clang-19 and the
+//! Metal emulation header (`kernels/emu/`), run on the CPU for all nine
+//! `affine_qmv_{in}_{sc}` and nine `affine_dequant_{out}_{sc}` kernels and compared with the
+//! Rust reference of MLX affine quantization, [`gdn_ops::affine::AffineMatrix`].
+//!
+//! Needs Debian's `clang-19` and `libclang-rt-19-dev` (the harness links with
+//! `--rtlib=compiler-rt`, for bf16 conversions that libgcc 12 lacks). Without them this test
+//! fails; it never skips. `GDN_EMU_CXX` overrides the compiler.
+//!
+//! The harness launches the geometry of `crates/gdn-ops/src/metal/affine.rs` and guards every
+//! buffer: a read past an input's end or a write to an input faults, a write outside an
+//! output or an output element left unwritten fails the case.
+//!
+//! Gates, per case:
+//! - qmv: every `y` within `(n + 3)·2⁻²⁴·Σⱼ(|s·qⱼ| + |b|)·|xⱼ| + 1 ulp of InT` of the exact
+//!   `Σⱼ wⱼ·xⱼ` (f64, over the reference's f32 `dequantize_row` values). `n = 46 + ⌈K/256⌉`
+//!   bounds the f32 roundings any one term passes through in the kernel (product, 8-term
+//!   chunk sum, scale or bias product, their sum, one accumulation per 256 columns, and a
+//!   simd_sum that is at worst sequential over 32 lanes); the 3 covers the reference's own
+//!   f32 `s·q + b`; the ulp is the one rounding to InT. The bound is relative to the terms
+//!   before cancellation, so it is sound whatever the signs, and tight enough (about 3e-6 of
+//!   that sum) that dropping one column of 2048 fails it.
+//! - dequant: bit for bit the reference's f32 `s·q + b` rounded once to OutT (NaN for a row
+//!   id past the stacked matrix). Exact because the harness is built with
+//!   `-ffp-contract=off`, so the kernel's `s * q + b` is the same multiply and add as the
+//!   reference's. On a GPU the Metal compiler may fuse it into one fma: with f16 or bf16
+//!   scales (MLX checkpoints) that changes nothing, since `s·q` is exact in f32, but with
+//!   f32 scales it can move the f32 value by one ulp before the rounding, so bit-exactness
+//!   there is a property of the emulation only. (Built with fma, the f32-scale cases fail
+//!   this gate: it does tell the two apart.)
+
+use gdn_ops::affine::{dequantize_row, pack_row, unpack_row, AffineMatrix};
+use half::{bf16, f16};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Mutex, OnceLock};
+use std::time::Instant;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Ty {
+    F32,
+    F16,
+    Bf16,
+}
+
+impl Ty {
+    fn code(self) -> u32 {
+        self as u32
+    }
+    fn name(self) -> &'static str {
+        ["f32", "f16", "bf16"][self as usize]
+    }
+    fn msl(self) -> &'static str {
+        ["float", "half", "bfloat"][self as usize]
+    }
+    fn round(self, x: f32) -> f32 {
+        match self {
+            Ty::F32 => x,
+            Ty::F16 => f16::from_f32(x).to_f32(),
+            Ty::Bf16 => bf16::from_f32(x).to_f32(),
+        }
+    }
+    /// Spacing of values of this type at magnitude |x|.
+    fn ulp(self, x: f64) -> f64 {
+        let (mantissa_bits, min_exp) = match self {
+            Ty::F32 => (23, -126),
+            Ty::F16 => (10, -14),
+            Ty::Bf16 => (7, -126),
+        };
+        let exp = if x == 0.0 {
+            min_exp
+        } else {
+            (x.abs().log2().floor() as i32).max(min_exp)
+        };
+        2f64.powi(exp - mantissa_bits)
+    }
+}
+
+const TYPES: [Ty; 3] = [Ty::F32, Ty::F16, Ty::Bf16];
+
+/// All nine (value type, scale type) instantiations, value type first as in the names.
+fn pairs() -> Vec<(Ty, Ty)> {
+    TYPES
+        .iter()
+        .flat_map(|&v| TYPES.iter().map(move |&s| (v, s)))
+        .collect()
+}
+
+const BITS: [usize; 6] = [2, 3, 4, 5, 6, 8];
+const GROUPS: [usize; 3] = [32, 64, 128];
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Kernel {
+    Qmv,
+    Dequant,
+}
+
+impl Kernel {
+    fn name(self) -> &'static str {
+        ["affine_qmv", "affine_dequant"][self as usize]
+    }
+}
+
+fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../..")
+        .canonicalize()
+        .expect("workspace root")
+}
+
+/// Compiles the harness once per test binary.
+fn harness() -> &'static Path {
+    static HARNESS: OnceLock<PathBuf> = OnceLock::new();
+    HARNESS.get_or_init(|| {
+        let root = workspace_root();
+        let emu = root.join("kernels/emu");
+        let out = Path::new(env!("CARGO_TARGET_TMPDIR"))
+            .join(format!("affine_harness-{}", std::process::id()));
+        let cxx = std::env::var("GDN_EMU_CXX").unwrap_or_else(|_| "clang++-19".into());
+        let started = Instant::now();
+        let result = Command::new(&cxx)
+            .args([
+                "-std=c++17",
+                "-O2",
+                "-Wall",
+                "-Wextra",
+                "-Werror",
+                // The dequant gate is bit for bit: no fma contraction of s * q + b.
+                "-ffp-contract=off",
+                "--rtlib=compiler-rt",
+                "-I",
+            ])
+            .arg(&emu)
+            .arg(emu.join("affine_harness.cpp"))
+            .arg("-o")
+            .arg(&out)
+            .output();
+        let output = match result {
+            Ok(o) => o,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => panic!(
+                "affine emulation test: `{cxx}` not found. It needs clang 19 with compiler-rt: \
+                 `apt-get install clang-19 libclang-rt-19-dev` (Debian bookworm), or set GDN_EMU_CXX"
+            ),
+            Err(e) => panic!("affine emulation test: cannot run `{cxx}`: {e}"),
+        };
+        assert!(
+            output.status.success(),
+            "affine emulation test: compiling kernels/affine.metal through kernels/emu failed \
+             (is libclang-rt-19-dev installed? --rtlib=compiler-rt needs it):\n{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        eprintln!("harness compiled in {:.1}s", started.elapsed().as_secs_f32());
+        out
+    })
+}
+
+/// splitmix64, so that inputs need no dependency and are the same everywhere.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+    fn below(&mut self, n: usize) -> usize {
+        (self.next() % n as u64) as usize
+    }
+    fn uniform(&mut self, lo: f32, hi: f32) -> f32 {
+        lo + (hi - lo) * ((self.next() >> 40) as f32 / (1u64 << 24) as f32)
+    }
+    /// Magnitude in [lo, hi], random sign: never zero.
+    fn signed(&mut self, lo: f32, hi: f32) -> f32 {
+        let x = self.uniform(lo, hi);
+        if self.next() & 1 == 0 {
+            x
+        } else {
+            -x
+        }
+    }
+}
+
+/// Everything one emulated launch needs.
+struct Case {
+    kernel: Kernel,
+    /// InT (qmv) or OutT (dequant).
+    vt: Ty,
+    /// ScT.
+    st: Ty,
+    m: AffineMatrix,
+    /// qmv: `[x_rows, cols]`, rounded to InT. Empty for dequant.
+    x: Vec<f32>,
+    x_rows: usize,
+    x_div: usize,
+    ids: Option<Vec<u32>>,
+    out_rows: usize,
+    label: String,
+}
+
+/// How a case's matrix and x are drawn.
+#[derive(Clone, Copy)]
+struct Shape {
+    experts: usize,
+    rows: usize,
+    cols: usize,
+    bits: usize,
+    group_size: usize,
+    /// Magnitude of the scales: `None` is MLX-like (weights of about ±0.1), `Some(s)` puts
+    /// every |scale| in [s/2, s] and biases of the same order as `s·q`.
+    scale_mag: Option<f32>,
+    x_mag: f32,
+}
+
+impl Shape {
+    fn new(experts: usize, rows: usize, cols: usize, bits: usize, group_size: usize) -> Self {
+        Self {
+            experts,
+            rows,
+            cols,
+            bits,
+            group_size,
+            scale_mag: None,
+            x_mag: 1.0,
+        }
+    }
+}
+
+/// A random `[experts, rows, cols]` matrix with scales and biases exactly representable in
+/// `st` (the AffineMatrix holds them as f32).
+fn matrix(rng: &mut Rng, s: Shape, st: Ty) -> AffineMatrix {
+    let stacked = s.experts * s.rows;
+    let levels = (1u32 << s.bits) - 1;
+    let mut packed = Vec::with_capacity(stacked * s.cols * s.bits / 32);
+    for _ in 0..stacked {
+        let q: Vec<u32> = (0..s.cols)
+            .map(|_| (rng.next() % (levels as u64 + 1)) as u32)
+            .collect();
+        packed.extend(pack_row(&q, s.bits));
+    }
+    let groups = stacked * s.cols / s.group_size;
+    let (mut scales, mut biases) = (Vec::with_capacity(groups), Vec::with_capacity(groups));
+    for _ in 0..groups {
+        // As MLX quantizes: bias = min of the group, scale = (max - min) / levels (negative
+        // scales occur too), so w spans about [bias, bias + scale·levels].
+        let mag = s.scale_mag.unwrap_or(0.2 / levels as f32);
+        let scale = rng.signed(0.5 * mag, mag);
+        let bias = -scale * levels as f32 * rng.uniform(0.3, 0.7);
+        scales.push(st.round(scale));
+        biases.push(st.round(bias));
+    }
+    AffineMatrix::new(
+        s.bits,
+        s.group_size,
+        [s.experts, s.rows, s.cols],
+        packed,
+        scales,
+        biases,
+    )
+    .expect("valid matrix")
+}
+
+fn tag(v: Ty, s: Ty) -> String {
+    format!("{}_{}", v.name(), s.name())
+}
+
+#[allow(clippy::too_many_arguments)]
+fn qmv_case(
+    seed: u64,
+    vt: Ty,
+    st: Ty,
+    shape: Shape,
+    x_rows: usize,
+    x_div: usize,
+    ids: Option<Vec<u32>>,
+    out_rows: usize,
+) -> Case {
+    let mut rng = Rng(seed);
+    let m = matrix(&mut rng, shape, st);
+    let x = (0..x_rows * shape.cols)
+        .map(|_| vt.round(rng.signed(0.05, 1.0) * shape.x_mag))
+        .collect();
+    let label = format!(
+        "affine_qmv_{} E={} R={} K={} bits={} gs={} M={out_rows} x_rows={x_rows} x_div={x_div} ids={ids:?} scale_mag={:?} x_mag={}",
+        tag(vt, st),
+        shape.experts,
+        shape.rows,
+        shape.cols,
+        shape.bits,
+        shape.group_size,
+        shape.scale_mag,
+        shape.x_mag
+    );
+    Case {
+        kernel: Kernel::Qmv,
+        vt,
+        st,
+        m,
+        x,
+        x_rows,
+        x_div,
+        ids,
+        out_rows,
+        label,
+    }
+}
+
+fn dequant_case(
+    seed: u64,
+    vt: Ty,
+    st: Ty,
+    shape: Shape,
+    ids: Option<Vec<u32>>,
+    out_rows: usize,
+) -> Case {
+    let mut rng = Rng(seed);
+    let m = matrix(&mut rng, shape, st);
+    let label = format!(
+        "affine_dequant_{} E={} R={} K={} bits={} gs={} M={out_rows} ids={ids:?} scale_mag={:?}",
+        tag(vt, st),
+        shape.experts,
+        shape.rows,
+        shape.cols,
+        shape.bits,
+        shape.group_size,
+        shape.scale_mag
+    );
+    Case {
+        kernel: Kernel::Dequant,
+        vt,
+        st,
+        m,
+        x: vec![],
+        x_rows: 0,
+        x_div: 1,
+        ids,
+        out_rows,
+        label,
+    }
+}
+
+/// Widths of x that a group size allows, most not a multiple of the 256 columns one
+/// simdgroup covers per step (nor of the 512 of a dequant threadgroup).
+fn widths(group_size: usize) -> [usize; 4] {
+    match group_size {
+        32 => [96, 160, 320, 256],
+        64 => [64, 192, 320, 512],
+        _ => [128, 384, 640, 256],
+    }
+}
+
+fn cases() -> Vec<Case> {
+    let mut out = vec![];
+    let pairs = pairs();
+    let mut seed = 0u64;
+    let mut next_seed = || {
+        seed += 1;
+        seed * 7919
+    };
+
+    // qmv: every width x group size x instantiation; R = 13 and 21 leave idle simdgroups
+    // and rows, R = 8 fills a threadgroup, R = 3 leaves the second simdgroup idle.
+    for (bi, &bits) in BITS.iter().enumerate() {
+        for (gi, &gs) in GROUPS.iter().enumerate() {
+            for (pi, &(vt, st)) in pairs.iter().enumerate() {
+                let k = widths(gs)[(bi + pi) % 4];
+                let r = [13, 8, 21, 3][(gi + pi) % 4];
+                let m = [1, 3][(bi + gi + pi) % 2];
+                let shape = Shape::new(1, r, k, bits, gs);
+                out.push(qmv_case(next_seed(), vt, st, shape, m, 1, None, m));
+            }
+        }
+    }
+    // Long rows: several steps per lane, K = 2176 not a multiple of 256.
+    for (bi, &bits) in BITS.iter().enumerate() {
+        let (vt, st) = pairs[(bi * 4) % 9];
+        let k = if bi % 2 == 0 { 2048 } else { 2176 };
+        let shape = Shape::new(1, 13, k, bits, GROUPS[bi % 3]);
+        out.push(qmv_case(next_seed(), vt, st, shape, 3, 1, None, 3));
+    }
+    // Gathers: 5 experts, repeated ids; x_div = 2 is two slots per x row, x_div = 1 one
+    // x row per slot.
+    for (pi, &(vt, st)) in pairs.iter().enumerate() {
+        for x_div in [1, 2] {
+            let bits = BITS[(pi + x_div) % 6];
+            let gs = GROUPS[pi % 3];
+            let shape = Shape::new(
+                5,
+                [13, 8, 6][pi % 3],
+                widths(gs)[(pi + x_div) % 4],
+                bits,
+                gs,
+            );
+            let ids = vec![3, 0, 3, 4, 1, 1];
+            let x_rows = ids.len() / x_div;
+            out.push(qmv_case(
+                next_seed(),
+                vt,
+                st,
+                shape,
+                x_rows,
+                x_div,
+                Some(ids),
+                6,
+            ));
+        }
+    }
+    // One slot, the last expert.
+    out.push(qmv_case(
+        next_seed(),
+        Ty::Bf16,
+        Ty::Bf16,
+        Shape::new(5, 13, 256, 4, 64),
+        1,
+        1,
+        Some(vec![4]),
+        1,
+    ));
+    // bf16 scales outside the f16 range: a conversion through half would flush or overflow.
+    for (i, &vt) in TYPES.iter().enumerate() {
+        // With f16 y, x is scaled so that y stays normal (1e-6) and finite (3e5) in f16.
+        let f16_y = vt == Ty::F16;
+        for (mag, x_mag) in [
+            (1e-6f32, if f16_y { 100.0 } else { 1.0f32 }),
+            (3e5, if f16_y { 1e-4 } else { 1.0 }),
+        ] {
+            let mut shape = Shape::new(1, 13, 320, BITS[(i * 2 + (mag > 1.0) as usize) % 6], 32);
+            shape.scale_mag = Some(mag);
+            shape.x_mag = x_mag;
+            out.push(qmv_case(next_seed(), vt, Ty::Bf16, shape, 3, 1, None, 3));
+        }
+    }
+
+    // dequant: every width x group size x instantiation, with and without row ids.
+    for (bi, &bits) in BITS.iter().enumerate() {
+        for (gi, &gs) in GROUPS.iter().enumerate() {
+            for (pi, &(vt, st)) in pairs.iter().enumerate() {
+                let k = widths(gs)[(bi + gi + pi) % 4];
+                let (e, r) = [(1, 13), (3, 5), (2, 1)][(bi + pi) % 3];
+                let shape = Shape::new(e, r, k, bits, gs);
+                let seed = next_seed();
+                if (bi + gi + pi) % 2 == 0 {
+                    let mut rng = Rng(seed ^ 0xABCD);
+                    let mut ids: Vec<u32> = (0..4).map(|_| rng.below(e * r) as u32).collect();
+                    ids[3] = ids[0]; // a repeat
+                    out.push(dequant_case(seed, vt, st, shape, Some(ids), 4));
+                } else {
+                    // The first rows, or all of them.
+                    let m = if pi % 2 == 0 { e * r } else { 1 };
+                    out.push(dequant_case(seed, vt, st, shape, None, m));
+                }
+            }
+        }
+    }
+    for (i, &vt) in TYPES.iter().enumerate() {
+        for mag in [1e-6f32, 3e5] {
+            let mut shape = Shape::new(1, 4, 640, BITS[(i * 2 + (mag > 1.0) as usize) % 6], 128);
+            shape.scale_mag = Some(mag);
+            out.push(dequant_case(next_seed(), vt, Ty::Bf16, shape, None, 4));
+        }
+    }
+    // A row id past the stacked matrix (E*R = 6): that row is NaN, the others as usual.
+    out.push(dequant_case(
+        next_seed(),
+        Ty::F16,
+        Ty::F32,
+        Shape::new(2, 3, 192, 3, 64),
+        Some(vec![5, 6, 0]),
+        3,
+    ));
+    out
+}
+
+fn run_harness(c: &Case) -> Result<Vec<f32>, String> {
+    let m = &c.m;
+    let mut bytes = b"AFFEMU01".to_vec();
+    let header = [
+        c.kernel as usize,
+        c.vt.code() as usize,
+        c.st.code() as usize,
+        m.experts,
+        m.rows,
+        m.cols,
+        m.bits,
+        m.group_size,
+        c.out_rows,
+        c.x_div,
+        c.ids.is_some() as usize,
+        c.x_rows,
+    ];
+    for h in header {
+        bytes.extend_from_slice(&(h as u32).to_le_bytes());
+    }
+    for w in m.packed() {
+        bytes.extend_from_slice(&w.to_le_bytes());
+    }
+    for f in m.scales().iter().chain(m.biases()).chain(&c.x) {
+        bytes.extend_from_slice(&f.to_le_bytes());
+    }
+    for id in c.ids.iter().flatten() {
+        bytes.extend_from_slice(&id.to_le_bytes());
+    }
+    let mut child = Command::new(harness())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| format!("cannot start the harness: {e}"))?;
+    // The harness reads all of its input before writing anything.
+    child
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(&bytes)
+        .map_err(|e| format!("writing the case: {e}"))?;
+    let out = child
+        .wait_with_output()
+        .map_err(|e| format!("harness: {e}"))?;
+    if !out.status.success() {
+        return Err(format!(
+            "harness failed ({}): {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        ));
+    }
+    let floats: Vec<f32> = out
+        .stdout
+        .chunks_exact(4)
+        .map(|w| f32::from_le_bytes([w[0], w[1], w[2], w[3]]))
+        .collect();
+    let want = c.out_rows
+        * match c.kernel {
+            Kernel::Qmv => m.rows,
+            Kernel::Dequant => m.cols,
+        };
+    if floats.len() != want || out.stdout.len() % 4 != 0 {
+        return Err(format!(
+            "harness wrote {} bytes, expected {want} floats",
+            out.stdout.len()
+        ));
+    }
+    Ok(floats)
+}
+
+/// Checks a qmv case; returns a description of what is wrong.
+fn check_qmv(c: &Case, got: &[f32]) -> Option<String> {
+    let m = &c.m;
+    let (k, r, gs) = (m.cols, m.rows, m.group_size);
+    let (wpr, gpr) = (m.words_per_row(), m.groups_per_row());
+    // Roundings a term can pass through in the kernel, plus 3 for the reference's s*q + b.
+    let n = 46 + k.div_ceil(256) + 3;
+    let gamma = n as f64 * 2f64.powi(-24) * 1.001;
+    let (mut w, mut q) = (vec![0f32; k], vec![0f32; k]);
+    let (mut worst, mut report) = (0f64, None);
+    for i in 0..c.out_rows {
+        let e = c.ids.as_ref().map_or(0, |ids| ids[i] as usize);
+        let x = &c.x[(i / c.x_div) * k..][..k];
+        for row_in_expert in 0..r {
+            let row = e * r + row_in_expert;
+            m.dequantize_row(row, &mut w);
+            unpack_row(&m.packed()[row * wpr..][..wpr], m.bits, &mut q);
+            let (mut want, mut magnitude) = (0f64, 0f64);
+            for j in 0..k {
+                let (s, b) = (
+                    m.scales()[row * gpr + j / gs],
+                    m.biases()[row * gpr + j / gs],
+                );
+                want += w[j] as f64 * x[j] as f64;
+                magnitude +=
+                    ((s as f64 * q[j] as f64).abs() + (b as f64).abs()) * (x[j] as f64).abs();
+            }
+            let y = got[i * r + row_in_expert] as f64;
+            let allowed = gamma * magnitude + c.vt.ulp(y.abs().max(want.abs()));
+            let excess = if y.is_finite() {
+                (y - want).abs() / allowed
+            } else {
+                f64::INFINITY
+            };
+            if excess > worst {
+                worst = excess;
+                report = Some(format!(
+                    "y[{i}, {row_in_expert}] = {y:e} vs exact {want:e}: off by {:.3e}, {excess:.3e}x the allowed {allowed:.3e}",
+                    (y - want).abs()
+                ));
+            }
+        }
+    }
+    let mut w = WORST_QMV.lock().unwrap();
+    *w = w.max(worst);
+    if worst > 1.0 {
+        report
+    } else {
+        None
+    }
+}
+
+/// The largest qmv error seen, as a fraction of its allowance (how tight the gate is).
+static WORST_QMV: Mutex<f64> = Mutex::new(0.0);
+
+/// Checks a dequant case bit for bit; returns a description of what is wrong.
+fn check_dequant(c: &Case, got: &[f32]) -> Option<String> {
+    let m = &c.m;
+    let k = m.cols;
+    let (wpr, gpr) = (m.words_per_row(), m.groups_per_row());
+    let mut row_values = vec![0f32; k];
+    let (mut bad, mut first) = (0, None);
+    for i in 0..c.out_rows {
+        let src = c.ids.as_ref().map_or(i, |ids| ids[i] as usize);
+        let valid = src < m.experts * m.rows;
+        if valid {
+            // Through the free function too, so both reference entry points agree.
+            dequantize_row(
+                &m.packed()[src * wpr..][..wpr],
+                &m.scales()[src * gpr..][..gpr],
+                &m.biases()[src * gpr..][..gpr],
+                m.bits,
+                &mut row_values,
+            );
+        }
+        for j in 0..k {
+            let g = got[i * k + j];
+            let ok = if valid {
+                g.to_bits() == c.vt.round(row_values[j]).to_bits()
+            } else {
+                g.is_nan()
+            };
+            if !ok {
+                bad += 1;
+                first.get_or_insert(format!(
+                    "out[{i}, {j}] = {g:e} vs {}",
+                    if valid {
+                        format!("{:e}", c.vt.round(row_values[j]))
+                    } else {
+                        "NaN (row id out of range)".into()
+                    }
+                ));
+            }
+        }
+    }
+    first.map(|f| format!("{bad} of {} values differ, first {f}", got.len()))
+}
+
+#[test]
+fn shipped_affine_kernels_match_the_cpu_reference() {
+    let started = Instant::now();
+    harness();
+    let jobs = cases();
+    // Coverage the cases are meant to have.
+    for kernel in [Kernel::Qmv, Kernel::Dequant] {
+        for (v, s) in pairs() {
+            assert!(jobs
+                .iter()
+                .any(|c| (c.kernel, c.vt, c.st) == (kernel, v, s)));
+        }
+        for bits in BITS {
+            for gs in GROUPS {
+                assert!(jobs
+                    .iter()
+                    .any(|c| c.kernel == kernel && c.m.bits == bits && c.m.group_size == gs));
+            }
+        }
+    }
+    let next = AtomicUsize::new(0);
+    let failures = Mutex::new(vec![]);
+    let workers = std::thread::available_parallelism()
+        .map_or(2, |n| n.get())
+        .min(8);
+    std::thread::scope(|s| {
+        for _ in 0..workers {
+            s.spawn(|| loop {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                let Some(c) = jobs.get(i) else {
+                    break;
+                };
+                let bad = match run_harness(c) {
+                    Err(e) => Some(e),
+                    Ok(got) => match c.kernel {
+                        Kernel::Qmv => check_qmv(c, &got),
+                        Kernel::Dequant => check_dequant(c, &got),
+                    },
+                };
+                if let Some(bad) = bad {
+                    failures
+                        .lock()
+                        .unwrap()
+                        .push((i, format!("[{}] {bad}", c.label)));
+                }
+            });
+        }
+    });
+    let mut failures = failures.into_inner().unwrap();
+    failures.sort();
+    eprintln!(
+        "{} cases ({} qmv, {} dequant) in {:.1}s; worst qmv error {:.3} of its allowance",
+        jobs.len(),
+        jobs.iter().filter(|c| c.kernel == Kernel::Qmv).count(),
+        jobs.iter().filter(|c| c.kernel == Kernel::Dequant).count(),
+        started.elapsed().as_secs_f32(),
+        *WORST_QMV.lock().unwrap()
+    );
+    // Per kernel: how many of its cases fail, and the first failure.
+    let mut report = vec![];
+    for kernel in [Kernel::Qmv, Kernel::Dequant] {
+        for (v, s) in pairs() {
+            let of = |i: usize| (jobs[i].kernel, jobs[i].vt, jobs[i].st) == (kernel, v, s);
+            let mine: Vec<_> = failures.iter().filter(|(i, _)| of(*i)).collect();
+            if let Some((_, first)) = mine.first() {
+                let total = (0..jobs.len()).filter(|&i| of(i)).count();
+                report.push(format!(
+                    "{}_{}: {} of {total} cases fail, first {first}",
+                    kernel.name(),
+                    tag(v, s),
+                    mine.len()
+                ));
+            }
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "{} of {} emulated kernel runs disagree with the reference:\n{}",
+        failures.len(),
+        jobs.len(),
+        report.join("\n")
+    );
+}
+
+/// What the C++ build cannot see: the buffer indices (attributes, ignored by clang) and the
+/// parameter struct the Rust host side mirrors.
+#[test]
+fn kernel_abi_in_source() {
+    let src = std::fs::read_to_string(workspace_root().join("kernels/affine.metal")).unwrap();
+    // Without comments: the field comments are documentation, not ABI.
+    let code: String = src
+        .lines()
+        .map(|l| l.split("//").next().unwrap())
+        .collect::<Vec<_>>()
+        .join("\n");
+    let squash = |s: &str| s.split_whitespace().collect::<Vec<_>>().join(" ");
+    let flat = squash(&code);
+    let params = "struct AffineParams { uint rows; uint cols; uint bits; uint group_size; \
+                  uint out_rows; uint x_div; uint has_ids; };";
+    assert!(
+        flat.contains(&squash(params)),
+        "AffineParams must stay exactly: {params}"
+    );
+    let kernels = [
+        (
+            "#define AFFINE_QMV(",
+            &["w", "scales", "biases", "x", "ids", "y", "p"][..],
+        ),
+        (
+            "#define AFFINE_DEQUANT(",
+            &["w", "scales", "biases", "ids", "out", "p"][..],
+        ),
+    ];
+    for (start, buffers) in kernels {
+        let mut from = flat
+            .find(start)
+            .unwrap_or_else(|| panic!("`{start}` missing"));
+        for (i, name) in buffers.iter().enumerate() {
+            let needle = format!("{name} [[buffer({i})]]");
+            let at = flat[from..]
+                .find(&needle)
+                .unwrap_or_else(|| panic!("{start}: `{needle}` missing or out of order"));
+            from += at + needle.len();
+        }
+        // Nothing bound past the last index.
+        let body_end = flat[from..].find('{').map_or(flat.len(), |e| from + e);
+        assert!(
+            !flat[from..body_end].contains("[[buffer("),
+            "{start}: more buffers than the host binds"
+        );
+    }
+    for (v, s) in pairs() {
+        for (kernel, mac) in [
+            (Kernel::Qmv, "AFFINE_QMV"),
+            (Kernel::Dequant, "AFFINE_DEQUANT"),
+        ] {
+            let line = format!(
+                "{mac}({}_{}, {}, {})",
+                kernel.name(),
+                tag(v, s),
+                v.msl(),
+                s.msl()
+            );
+            assert!(flat.contains(&line), "missing `{line}`");
+        }
+    }
+}

@@ -1,0 +1,64 @@
+//! What one decoded token costs on the device plan, counted on the CPU: kernel launches (the
+//! ops record what they would dispatch, `gdn_ops::launches`) and bytes (`DecodeFootprint`).
+
+mod common;
+use candle_core::DType;
+use common::*;
+use qwen_gdn_model::footprint::DecodeFootprint;
+use qwen_gdn_model::{Config, LoadOptions, Plan, StateDtype};
+
+/// Sum of the tensor payloads of a checkpoint's safetensors files.
+fn payload_bytes(name: &str) -> usize {
+    let dir = models_dir().join(name);
+    let mut total = 0;
+    for entry in std::fs::read_dir(&dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_some_and(|e| e == "safetensors") {
+            let bytes = std::fs::read(&path).unwrap();
+            let header = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+            total += bytes.len() - 8 - header;
+        }
+    }
+    total
+}
+
+/// The byte model counts every tensor of an mlx-community checkpoint exactly.
+#[test]
+fn footprint_accounts_for_every_checkpoint_byte() {
+    for name in [
+        "qwen3-next-tiny-4bit",
+        "qwen3.5-tiny-4bit",
+        "qwen3.5-moe-tiny-4bit",
+    ] {
+        let cfg = Config::from_dir(&models_dir().join(name)).unwrap();
+        let f = DecodeFootprint::of(&cfg, 0, StateDtype::F32);
+        assert_eq!(f.all_weights, payload_bytes(name), "{name}");
+        assert!(
+            f.active_weights < f.all_weights || cfg.num_experts == 0,
+            "{name}"
+        );
+    }
+}
+
+/// Launches per decoded token are the same at every step: nothing grows with the context
+/// between KV steps, and decode never falls into a prefill-only path.
+#[test]
+fn launches_per_token_are_constant() {
+    let opts = LoadOptions {
+        dtype: DType::BF16,
+        plan: Some(Plan::Device),
+        ..LoadOptions::default()
+    };
+    let model = load_with("qwen3-next-tiny-4bit", &opts);
+    let mut cache = model.new_cache();
+    model.prefill(&[1, 2, 3, 4, 5], &mut cache, 16).unwrap();
+    let mut per_step = vec![];
+    for t in 0..3u32 {
+        gdn_ops::launches::take();
+        model.forward_last(&[7 + t], &mut cache).unwrap();
+        per_step.push(gdn_ops::launches::take());
+    }
+    assert!(per_step.iter().all(|&n| n == per_step[0]), "{per_step:?}");
+    // At least the projections, norms and recurrence of every layer.
+    assert!(per_step[0] > 10 * model.layers().len(), "{per_step:?}");
+}
