@@ -121,24 +121,14 @@ impl AffineMatrix {
     pub fn row_dot(&self, row: usize, x: &[f32], group_sums: &[f32]) -> f32 {
         let wpr = self.words_per_row();
         let gpr = self.groups_per_row();
-        let words = &self.packed[row * wpr..(row + 1) * wpr];
-        let scales = &self.scales[row * gpr..(row + 1) * gpr];
-        let biases = &self.biases[row * gpr..(row + 1) * gpr];
-        let words_per_group = self.group_size * self.bits / 32;
-        let mut total = 0f32;
-        for (g, (gw, gx)) in words
-            .chunks_exact(words_per_group)
-            .zip(x.chunks_exact(self.group_size))
-            .enumerate()
-        {
-            let qx = match self.bits {
-                4 => dot_u4(gw, gx),
-                8 => dot_u8(gw, gx),
-                _ => unreachable!("row_dot needs 4 or 8 bits"),
-            };
-            total += scales[g] * qx + biases[g] * group_sums[g];
-        }
-        total
+        packed_row_dot(
+            &self.packed[row * wpr..(row + 1) * wpr],
+            &self.scales[row * gpr..(row + 1) * gpr],
+            &self.biases[row * gpr..(row + 1) * gpr],
+            x,
+            group_sums,
+            self.bits,
+        )
     }
 
     /// Keeps the listed rows of every expert, in that order (lossless: groups run along cols).
@@ -200,7 +190,7 @@ impl AffineMatrix {
 
 /// `Σ q_j x_j` for 4-bit values, eight per word: one lane per nibble position, so the
 /// shifts and the multiply-adds vectorise.
-#[inline]
+#[inline(always)]
 fn dot_u4(words: &[u32], x: &[f32]) -> f32 {
     let mut acc = [0f32; 8];
     for (w, xs) in words.iter().zip(x.chunks_exact(8)) {
@@ -212,7 +202,7 @@ fn dot_u4(words: &[u32], x: &[f32]) -> f32 {
 }
 
 /// `Σ q_j x_j` for 8-bit values, two words (eight bytes) per step.
-#[inline]
+#[inline(always)]
 fn dot_u8(words: &[u32], x: &[f32]) -> f32 {
     let mut acc = [0f32; 8];
     for (w, xs) in words.chunks_exact(2).zip(x.chunks_exact(8)) {
@@ -223,19 +213,52 @@ fn dot_u8(words: &[u32], x: &[f32]) -> f32 {
     acc.iter().sum()
 }
 
-/// Dequantizes one row: `out[j] = scales[g] · q_j + biases[g]`, `g = j / group_size`, where
-/// the group size is `out.len() / scales.len()`.
-pub fn dequantize_row(words: &[u32], scales: &[f32], biases: &[f32], bits: usize, out: &mut [f32]) {
-    let group_size = out.len() / scales.len();
-    unpack_row(words, bits, out);
-    for ((chunk, &s), &b) in out.chunks_exact_mut(group_size).zip(scales).zip(biases) {
-        for v in chunk {
-            *v = s * *v + b;
+crate::multiversion! {
+    /// Dequantizes one row: `out[j] = scales[g] · q_j + biases[g]`, `g = j / group_size`,
+    /// where the group size is `out.len() / scales.len()`.
+    pub fn dequantize_row(words: &[u32], scales: &[f32], biases: &[f32], bits: usize, out: &mut [f32]) -> () {
+        let group_size = out.len() / scales.len();
+        unpack_row(words, bits, out);
+        for ((chunk, &s), &b) in out.chunks_exact_mut(group_size).zip(scales).zip(biases) {
+            for v in chunk {
+                *v = s * *v + b;
+            }
         }
     }
 }
 
+crate::multiversion! {
+    /// `Σ_j w_j x_j` over one packed 4- or 8-bit row, per group `scale · Σ q x + bias · Σ x`
+    /// (`group_sums` holds `Σ x` per group of `x`).
+    fn packed_row_dot(
+        words: &[u32],
+        scales: &[f32],
+        biases: &[f32],
+        x: &[f32],
+        group_sums: &[f32],
+        bits: usize,
+    ) -> f32 {
+        let group_size = x.len() / scales.len();
+        let words_per_group = group_size * bits / 32;
+        let mut total = 0f32;
+        for (g, (gw, gx)) in words
+            .chunks_exact(words_per_group)
+            .zip(x.chunks_exact(group_size))
+            .enumerate()
+        {
+            let qx = match bits {
+                4 => dot_u4(gw, gx),
+                8 => dot_u8(gw, gx),
+                _ => unreachable!("row_dot needs 4 or 8 bits"),
+            };
+            total += scales[g] * qx + biases[g] * group_sums[g];
+        }
+        total
+    }
+}
+
 /// Unpacks one row's bitstream into unsigned integers stored as f32.
+#[inline(always)]
 pub fn unpack_row(words: &[u32], bits: usize, out: &mut [f32]) {
     match bits {
         // The common widths never straddle a word: a straight shift-and-mask loop.

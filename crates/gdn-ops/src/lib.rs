@@ -6,11 +6,13 @@
 //! against.
 
 pub mod affine;
+pub mod affine_q8;
 pub mod affine_tensor;
 pub mod cpu;
 pub mod launches;
 #[cfg(any(feature = "metal", target_os = "macos"))]
 pub mod metal;
+pub mod simd;
 
 use anyhow::{bail, ensure, Result};
 use candle_core::{DType, Device, Tensor};

@@ -104,6 +104,34 @@ pub struct Cache {
 }
 
 impl Cache {
+    /// A copy that shares no storage with `self`: recurrent states and KV buffers are
+    /// updated in place, so a plain `clone` would advance both caches together.
+    pub fn deep_clone(&self) -> anyhow::Result<Self> {
+        let copy = |t: &Option<Tensor>| t.as_ref().map(Tensor::copy).transpose();
+        let layers = self
+            .layers
+            .iter()
+            .map(|l| -> anyhow::Result<LayerCache> {
+                Ok(match l {
+                    LayerCache::Gdn(c) => LayerCache::Gdn(GdnCache {
+                        state_dtype: c.state_dtype,
+                        conv: copy(&c.conv)?,
+                        state: copy(&c.state)?,
+                    }),
+                    LayerCache::Attention(c) => LayerCache::Attention(KvCache {
+                        keys: copy(&c.keys)?,
+                        values: copy(&c.values)?,
+                        len: c.len,
+                    }),
+                })
+            })
+            .collect::<anyhow::Result<_>>()?;
+        Ok(Self {
+            offset: self.offset,
+            layers,
+        })
+    }
+
     /// Switches the storage dtype of every GDN recurrent state from the next forward on.
     pub fn set_gdn_state_dtype(&mut self, dtype: StateDtype) {
         for layer in &mut self.layers {

@@ -51,6 +51,9 @@ pub struct LoadOptions {
     pub gdn_state_dtype: StateDtype,
     /// `None` picks [`Plan::for_device`].
     pub plan: Option<Plan>,
+    /// Reference plan only: decode-shaped 4-bit products round each activation row to i8
+    /// per 64 values and dot in integers (faster; judged by the KL gate, not exact).
+    pub q8_activations: bool,
 }
 
 impl Default for LoadOptions {
@@ -59,6 +62,7 @@ impl Default for LoadOptions {
             dtype: DType::F32,
             gdn_state_dtype: StateDtype::F32,
             plan: None,
+            q8_activations: false,
         }
     }
 }

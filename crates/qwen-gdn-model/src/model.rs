@@ -140,6 +140,7 @@ pub struct Model {
     device: Device,
     dtype: DType,
     plan: Plan,
+    q8_activations: bool,
     gdn_state_dtype: StateDtype,
     embed: Embedding,
     layers: Vec<DecoderLayer>,
@@ -168,11 +169,17 @@ impl Model {
                     opts.dtype
                 );
             }
-            Plan::Device => ensure!(
-                matches!(opts.dtype, DType::F32 | DType::BF16 | DType::F16),
-                "unsupported compute dtype {:?} (use f32, bf16 or f16)",
-                opts.dtype
-            ),
+            Plan::Device => {
+                ensure!(
+                    matches!(opts.dtype, DType::F32 | DType::BF16 | DType::F16),
+                    "unsupported compute dtype {:?} (use f32, bf16 or f16)",
+                    opts.dtype
+                );
+                ensure!(
+                    !opts.q8_activations,
+                    "8-bit activations are a CPU reference-plan mode (use --dtype f32 on the CPU)"
+                );
+            }
         }
         let cfg = Config::from_dir(dir)?;
         let ckpt = Checkpoint::open(dir, &cfg)?;
@@ -220,6 +227,7 @@ impl Model {
             device: device.clone(),
             dtype: opts.dtype,
             plan,
+            q8_activations: opts.q8_activations,
             gdn_state_dtype: opts.gdn_state_dtype,
             embed,
             layers,
@@ -285,6 +293,7 @@ impl Model {
             cache.layers.len() == self.layers.len(),
             "cache does not belong to this model"
         );
+        let _q8 = gdn_ops::affine_q8::Scope::enter(self.q8_activations);
         let mut h = self.embed(tokens)?;
         for (layer, c) in self.layers.iter().zip(cache.layers.iter_mut()) {
             h = layer.forward(&h, c, cache.offset)?;
@@ -294,6 +303,7 @@ impl Model {
     }
 
     fn logits(&self, h: &Tensor) -> Result<Tensor> {
+        let _q8 = gdn_ops::affine_q8::Scope::enter(self.q8_activations);
         let logits = self.lm_head.forward(&self.norm.forward(h)?)?;
         cast(&logits.squeeze(0)?, DType::F32)
     }

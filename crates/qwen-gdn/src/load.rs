@@ -31,6 +31,10 @@ pub struct ModelArgs {
     /// On CPU, bf16/f16 run the device path (weights as tensors, MoE routed by tensor ops)
     #[arg(long, value_enum, default_value_t = ComputeDtype::Auto)]
     pub dtype: ComputeDtype,
+    /// CPU f32 path: round activations to 8 bits per 64 values for 4-bit decode products and
+    /// dot in integers (as llama.cpp does): faster, not exact (KL-gated in the tests)
+    #[arg(long)]
+    pub q8_activations: bool,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -111,6 +115,7 @@ impl ModelArgs {
             gdn_state_dtype,
             dtype: self.dtype.resolve(&device),
             plan: None,
+            q8_activations: self.q8_activations,
         };
         Model::load(&checkpoint.dir, &device, &opts)
     }

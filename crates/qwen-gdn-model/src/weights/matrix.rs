@@ -208,6 +208,9 @@ impl Matrix {
                 return fused_affine_matmul_t(w, expert, x, m);
             }
         }
+        if m >= GEMM_MIN_ROWS {
+            return self.gemm_matmul_t(expert, x, m);
+        }
         // Computed transposed ([rows, m]) so that each task owns a contiguous output slice.
         let mut yt = vec![0f32; rows * m];
         yt.par_chunks_mut(ROWS_PER_TASK * m)
@@ -225,6 +228,40 @@ impl Matrix {
     }
 }
 
+impl Matrix {
+    /// Prefill-shaped products: blocks of weight rows are dequantized into f32 (in parallel)
+    /// and multiplied by a cache-blocked GEMM (candle's CPU matmul), so the work is matmul-
+    /// bound rather than bound by one dot product per (weight row, activation row).
+    fn gemm_matmul_t(&self, expert: usize, x: &[f32], m: usize) -> Vec<f32> {
+        let (rows, cols) = (self.rows(), self.cols());
+        let dev = &candle_core::Device::Cpu;
+        let xt = candle_core::Tensor::from_slice(x, (m, cols), dev).expect("shape checked");
+        let mut y = vec![0f32; m * rows];
+        let mut block = vec![0f32; GEMM_BLOCK_ROWS.min(rows) * cols];
+        for start in (0..rows).step_by(GEMM_BLOCK_ROWS) {
+            let n = GEMM_BLOCK_ROWS.min(rows - start);
+            let w = &mut block[..n * cols];
+            w.par_chunks_mut(cols)
+                .enumerate()
+                .for_each(|(i, row)| self.row_into(expert, start + i, row));
+            let wt = candle_core::Tensor::from_slice(w, (n, cols), dev).expect("block shape");
+            let part = xt
+                .matmul(&wt.t().expect("rank 2"))
+                .and_then(|t| t.flatten_all()?.to_vec1::<f32>())
+                .expect("f32 CPU matmul");
+            for (out, src) in y.chunks_exact_mut(rows).zip(part.chunks_exact(n)) {
+                out[start..start + n].copy_from_slice(src);
+            }
+        }
+        y
+    }
+}
+
+/// From this many activation rows on, products go through [`Matrix::gemm_matmul_t`].
+const GEMM_MIN_ROWS: usize = 8;
+/// Weight rows dequantized per GEMM: 256 × 2048 f32 is 2 MiB, about an L2's worth.
+const GEMM_BLOCK_ROWS: usize = 256;
+
 /// Up to this many activation rows, 4/8-bit weights are dotted straight from their packed
 /// form; beyond it, dequantizing each weight row once and reusing it for every activation
 /// row is cheaper (prefill).
@@ -235,6 +272,12 @@ fn fused_affine_matmul_t(a: &AffineMatrix, expert: usize, x: &[f32], m: usize) -
     let (rows, cols, group) = (a.rows, a.cols, a.group_size);
     let group_sums: Vec<f32> = x.chunks_exact(group).map(|g| g.iter().sum()).collect();
     let gpr = cols / group;
+    // Read on the calling thread: the rayon workers below do not see its thread-locals.
+    let q8 = (gdn_ops::affine_q8::enabled() && gdn_ops::affine_q8::supports(a)).then(|| {
+        x.chunks_exact(cols)
+            .map(gdn_ops::affine_q8::Q8Row::quantize)
+            .collect::<Vec<_>>()
+    });
     // Transposed ([rows, m]) as in `Matrix::matmul_t`, so each task owns a contiguous slice.
     let mut yt = vec![0f32; rows * m];
     yt.par_chunks_mut(ROWS_PER_TASK * m)
@@ -243,11 +286,11 @@ fn fused_affine_matmul_t(a: &AffineMatrix, expert: usize, x: &[f32], m: usize) -
             for (i, out_row) in out.chunks_exact_mut(m).enumerate() {
                 let row = expert * rows + task * ROWS_PER_TASK + i;
                 for (j, o) in out_row.iter_mut().enumerate() {
-                    *o = a.row_dot(
-                        row,
-                        &x[j * cols..(j + 1) * cols],
-                        &group_sums[j * gpr..(j + 1) * gpr],
-                    );
+                    let sums = &group_sums[j * gpr..(j + 1) * gpr];
+                    *o = match &q8 {
+                        Some(rows) => gdn_ops::affine_q8::row_dot(a, row, &rows[j], sums),
+                        None => a.row_dot(row, &x[j * cols..(j + 1) * cols], sums),
+                    };
                 }
             }
         });
@@ -268,24 +311,25 @@ fn transpose_rows(yt: Vec<f32>, rows: usize, m: usize) -> Vec<f32> {
     y
 }
 
-/// f32 dot product with eight independent accumulators, which the compiler turns into
-/// SIMD lanes (a single running sum would serialise on the add latency).
-#[inline]
-pub fn dot(a: &[f32], b: &[f32]) -> f32 {
-    let mut acc = [0f32; 8];
-    let (ca, cb) = (a.chunks_exact(8), b.chunks_exact(8));
-    let tail: f32 = ca
-        .remainder()
-        .iter()
-        .zip(cb.remainder())
-        .map(|(x, y)| x * y)
-        .sum();
-    for (xa, xb) in ca.zip(cb) {
-        for l in 0..8 {
-            acc[l] += xa[l] * xb[l];
+gdn_ops::multiversion! {
+    /// f32 dot product with eight independent accumulators, which the compiler turns into
+    /// SIMD lanes (a single running sum would serialise on the add latency).
+    pub fn dot(a: &[f32], b: &[f32]) -> f32 {
+        let mut acc = [0f32; 8];
+        let (ca, cb) = (a.chunks_exact(8), b.chunks_exact(8));
+        let tail: f32 = ca
+            .remainder()
+            .iter()
+            .zip(cb.remainder())
+            .map(|(x, y)| x * y)
+            .sum();
+        for (xa, xb) in ca.zip(cb) {
+            for l in 0..8 {
+                acc[l] += xa[l] * xb[l];
+            }
         }
+        acc.iter().sum::<f32>() + tail
     }
-    acc.iter().sum::<f32>() + tail
 }
 
 #[cfg(test)]

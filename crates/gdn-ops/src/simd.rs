@@ -1,0 +1,42 @@
+//! Hot CPU loops compiled twice: for the baseline target and, picked at run time, for AVX2 +
+//! FMA. The loops are written as plain eight-lane arithmetic that the compiler vectorises; the
+//! second copy lets it use 256-bit registers and variable shifts without building the whole
+//! binary for one CPU (llama.cpp's GGML_NATIVE, without its portability cost).
+
+/// Defines `pub fn $name(..) -> $ret` that runs `$body` compiled with AVX2 and FMA when the
+/// CPU has them, else compiled for the baseline target. The body must be safe code.
+#[macro_export]
+macro_rules! multiversion {
+    ($(#[$meta:meta])* $vis:vis fn $name:ident($($arg:ident: $ty:ty),* $(,)?) -> $ret:ty $body:block) => {
+        $(#[$meta])*
+        $vis fn $name($($arg: $ty),*) -> $ret {
+            #[inline(always)]
+            fn portable($($arg: $ty),*) -> $ret $body
+            #[cfg(target_arch = "x86_64")]
+            {
+                #[target_feature(enable = "avx2,fma")]
+                fn avx2($($arg: $ty),*) -> $ret {
+                    portable($($arg),*)
+                }
+                if $crate::simd::has_avx2_fma() {
+                    // SAFETY: the CPU supports the features `avx2` was compiled for.
+                    return unsafe { avx2($($arg),*) };
+                }
+            }
+            portable($($arg),*)
+        }
+    };
+}
+
+/// Whether this CPU runs the AVX2 + FMA copies (checked once; cached by std).
+#[inline]
+pub fn has_avx2_fma() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
