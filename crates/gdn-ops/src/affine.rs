@@ -191,26 +191,26 @@ impl AffineMatrix {
 /// `Σ q_j x_j` for 4-bit values, eight per word: one lane per nibble position, so the
 /// shifts and the multiply-adds vectorise.
 #[inline(always)]
-fn dot_u4(words: &[u32], x: &[f32]) -> f32 {
+fn dot_u4(words: &[u32], x: &[f32]) -> [f32; 8] {
     let mut acc = [0f32; 8];
     for (w, xs) in words.iter().zip(x.chunks_exact(8)) {
         for l in 0..8 {
             acc[l] += ((w >> (4 * l)) & 0xF) as f32 * xs[l];
         }
     }
-    acc.iter().sum()
+    acc
 }
 
 /// `Σ q_j x_j` for 8-bit values, two words (eight bytes) per step.
 #[inline(always)]
-fn dot_u8(words: &[u32], x: &[f32]) -> f32 {
+fn dot_u8(words: &[u32], x: &[f32]) -> [f32; 8] {
     let mut acc = [0f32; 8];
     for (w, xs) in words.chunks_exact(2).zip(x.chunks_exact(8)) {
         for l in 0..8 {
             acc[l] += ((w[l / 4] >> (8 * (l % 4))) & 0xFF) as f32 * xs[l];
         }
     }
-    acc.iter().sum()
+    acc
 }
 
 crate::multiversion! {
@@ -240,7 +240,10 @@ crate::multiversion! {
     ) -> f32 {
         let group_size = x.len() / scales.len();
         let words_per_group = group_size * bits / 32;
-        let mut total = 0f32;
+        // Eight lanes carried across groups (scaled per group, summed once per row): a
+        // horizontal sum per group would cost as much as the group's products.
+        let mut lanes = [0f32; 8];
+        let mut bias_total = 0f32;
         for (g, (gw, gx)) in words
             .chunks_exact(words_per_group)
             .zip(x.chunks_exact(group_size))
@@ -251,9 +254,12 @@ crate::multiversion! {
                 8 => dot_u8(gw, gx),
                 _ => unreachable!("row_dot needs 4 or 8 bits"),
             };
-            total += scales[g] * qx + biases[g] * group_sums[g];
+            for l in 0..8 {
+                lanes[l] += scales[g] * qx[l];
+            }
+            bias_total += biases[g] * group_sums[g];
         }
-        total
+        lanes.iter().sum::<f32>() + bias_total
     }
 }
 
