@@ -29,11 +29,11 @@
 //!   there is a property of the emulation only. (Built with fma, the f32-scale cases fail
 //!   this gate: it does tell the two apart.)
 
+mod emu;
+
 use gdn_ops::affine::{dequantize_row, pack_row, unpack_row, AffineMatrix};
 use half::{bf16, f16};
-use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Mutex, OnceLock};
 use std::time::Instant;
@@ -103,57 +103,11 @@ impl Kernel {
     }
 }
 
-fn workspace_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../..")
-        .canonicalize()
-        .expect("workspace root")
-}
-
 /// Compiles the harness once per test binary.
 fn harness() -> &'static Path {
     static HARNESS: OnceLock<PathBuf> = OnceLock::new();
-    HARNESS.get_or_init(|| {
-        let root = workspace_root();
-        let emu = root.join("kernels/emu");
-        let out = Path::new(env!("CARGO_TARGET_TMPDIR"))
-            .join(format!("affine_harness-{}", std::process::id()));
-        let cxx = std::env::var("GDN_EMU_CXX").unwrap_or_else(|_| "clang++-19".into());
-        let started = Instant::now();
-        let result = Command::new(&cxx)
-            .args([
-                "-std=c++17",
-                "-O2",
-                "-Wall",
-                "-Wextra",
-                "-Werror",
-                // The dequant gate is bit for bit: no fma contraction of s * q + b.
-                "-ffp-contract=off",
-                "--rtlib=compiler-rt",
-                "-I",
-            ])
-            .arg(&emu)
-            .arg(emu.join("affine_harness.cpp"))
-            .arg("-o")
-            .arg(&out)
-            .output();
-        let output = match result {
-            Ok(o) => o,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => panic!(
-                "affine emulation test: `{cxx}` not found. It needs clang 19 with compiler-rt: \
-                 `apt-get install clang-19 libclang-rt-19-dev` (Debian bookworm), or set GDN_EMU_CXX"
-            ),
-            Err(e) => panic!("affine emulation test: cannot run `{cxx}`: {e}"),
-        };
-        assert!(
-            output.status.success(),
-            "affine emulation test: compiling kernels/affine.metal through kernels/emu failed \
-             (is libclang-rt-19-dev installed? --rtlib=compiler-rt needs it):\n{}",
-            String::from_utf8_lossy(&output.stderr)
-        );
-        eprintln!("harness compiled in {:.1}s", started.elapsed().as_secs_f32());
-        out
-    })
+    // The dequant gate is bit for bit: no fma contraction of s * q + b.
+    HARNESS.get_or_init(|| emu::compile_harness("affine_harness", &["-ffp-contract=off"]))
 }
 
 /// splitmix64, so that inputs need no dependency and are the same everywhere.
@@ -503,43 +457,16 @@ fn run_harness(c: &Case) -> Result<Vec<f32>, String> {
     for id in c.ids.iter().flatten() {
         bytes.extend_from_slice(&id.to_le_bytes());
     }
-    let mut child = Command::new(harness())
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .map_err(|e| format!("cannot start the harness: {e}"))?;
-    // The harness reads all of its input before writing anything.
-    child
-        .stdin
-        .take()
-        .expect("stdin")
-        .write_all(&bytes)
-        .map_err(|e| format!("writing the case: {e}"))?;
-    let out = child
-        .wait_with_output()
-        .map_err(|e| format!("harness: {e}"))?;
-    if !out.status.success() {
-        return Err(format!(
-            "harness failed ({}): {}",
-            out.status,
-            String::from_utf8_lossy(&out.stderr).trim()
-        ));
-    }
-    let floats: Vec<f32> = out
-        .stdout
-        .chunks_exact(4)
-        .map(|w| f32::from_le_bytes([w[0], w[1], w[2], w[3]]))
-        .collect();
+    let floats = emu::run_harness(harness(), &bytes)?;
     let want = c.out_rows
         * match c.kernel {
             Kernel::Qmv => m.rows,
             Kernel::Dequant => m.cols,
         };
-    if floats.len() != want || out.stdout.len() % 4 != 0 {
+    if floats.len() != want {
         return Err(format!(
-            "harness wrote {} bytes, expected {want} floats",
-            out.stdout.len()
+            "harness wrote {} floats, expected {want}",
+            floats.len()
         ));
     }
     Ok(floats)
@@ -731,7 +658,7 @@ fn shipped_affine_kernels_match_the_cpu_reference() {
 /// parameter struct the Rust host side mirrors.
 #[test]
 fn kernel_abi_in_source() {
-    let src = std::fs::read_to_string(workspace_root().join("kernels/affine.metal")).unwrap();
+    let src = std::fs::read_to_string(emu::workspace_root().join("kernels/affine.metal")).unwrap();
     // Without comments: the field comments are documentation, not ABI.
     let code: String = src
         .lines()

@@ -18,11 +18,11 @@
 //! - y: within one ulp of InT of the reference's y (itself rounded to InT), or 1e-5 of max
 //!   |y|; exactly 0 at padded tokens.
 
+mod emu;
+
 use candle_core::{DType, Device, Tensor};
 use half::{bf16, f16};
-use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Mutex, OnceLock};
 use std::time::Instant;
@@ -94,46 +94,10 @@ const INSTANTIATIONS: [(In, St); 6] = [
     (In::Bf16, St::Bf16),
 ];
 
-fn workspace_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../..")
-        .canonicalize()
-        .expect("workspace root")
-}
-
 /// Compiles the harness once per test binary.
 fn harness() -> &'static Path {
     static HARNESS: OnceLock<PathBuf> = OnceLock::new();
-    HARNESS.get_or_init(|| {
-        let root = workspace_root();
-        let emu = root.join("kernels/emu");
-        let out = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("gated_delta_harness-{}", std::process::id()));
-        let cxx = std::env::var("GDN_EMU_CXX").unwrap_or_else(|_| "clang++-19".into());
-        let started = Instant::now();
-        let result = Command::new(&cxx)
-            .args(["-std=c++17", "-O2", "-Wall", "-Wextra", "-Werror", "--rtlib=compiler-rt", "-I"])
-            .arg(&emu)
-            .arg(emu.join("gated_delta_harness.cpp"))
-            .arg("-o")
-            .arg(&out)
-            .output();
-        let output = match result {
-            Ok(o) => o,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => panic!(
-                "metal emulation test: `{cxx}` not found. It needs clang 19 with compiler-rt: \
-                 `apt-get install clang-19 libclang-rt-19-dev` (Debian bookworm), or set GDN_EMU_CXX"
-            ),
-            Err(e) => panic!("metal emulation test: cannot run `{cxx}`: {e}"),
-        };
-        assert!(
-            output.status.success(),
-            "metal emulation test: compiling kernels/gated_delta.metal through kernels/emu failed \
-             (is libclang-rt-19-dev installed? --rtlib=compiler-rt needs it):\n{}",
-            String::from_utf8_lossy(&output.stderr)
-        );
-        eprintln!("harness compiled in {:.1}s", started.elapsed().as_secs_f32());
-        out
-    })
+    HARNESS.get_or_init(|| emu::compile_harness("gated_delta_harness", &[]))
 }
 
 struct Case {
@@ -283,34 +247,7 @@ fn run_harness(c: &Case, inp: In, st: St) -> Result<Out, String> {
         x.iter()
             .for_each(|f| bytes.extend_from_slice(&f.to_le_bytes()));
     }
-    let mut child = Command::new(harness())
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .map_err(|e| format!("cannot start the harness: {e}"))?;
-    // The harness reads all of its input before writing anything.
-    child
-        .stdin
-        .take()
-        .expect("stdin")
-        .write_all(&bytes)
-        .map_err(|e| format!("writing the case: {e}"))?;
-    let out = child
-        .wait_with_output()
-        .map_err(|e| format!("harness: {e}"))?;
-    if !out.status.success() {
-        return Err(format!(
-            "harness failed ({}): {}",
-            out.status,
-            String::from_utf8_lossy(&out.stderr).trim()
-        ));
-    }
-    let floats: Vec<f32> = out
-        .stdout
-        .chunks_exact(4)
-        .map(|w| f32::from_le_bytes([w[0], w[1], w[2], w[3]]))
-        .collect();
+    let floats = emu::run_harness(harness(), &bytes)?;
     let y_len = c.b * c.t * c.hv * c.dv;
     if floats.len() != y_len + c.state.len() {
         return Err(format!(
@@ -595,7 +532,8 @@ fn shipped_kernel_matches_the_cpu_reference() {
 /// parameter struct the Rust host side mirrors.
 #[test]
 fn kernel_abi_in_source() {
-    let src = std::fs::read_to_string(workspace_root().join("kernels/gated_delta.metal")).unwrap();
+    let src =
+        std::fs::read_to_string(emu::workspace_root().join("kernels/gated_delta.metal")).unwrap();
     let squash = |s: &str| s.split_whitespace().collect::<Vec<_>>().join(" ");
     let flat = squash(&src);
     let params =

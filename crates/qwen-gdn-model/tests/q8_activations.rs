@@ -12,7 +12,7 @@
 //! `affine_q8` unit tests.
 
 mod common;
-use candle_core::{DType, Tensor, D};
+use candle_core::Tensor;
 use common::*;
 use qwen_gdn_model::{LoadOptions, Model};
 
@@ -56,30 +56,9 @@ fn check(name: &str) {
     let exact = decode_logits(&exact_model, &ids);
     let compounded = decode_logits(&q8, &ids);
     let want = reference.get("tf_logits");
-    let lp = |t: &Tensor| {
-        candle_nn::ops::log_softmax(&t.to_dtype(DType::F32).unwrap(), D::Minus1).unwrap()
-    };
-    let (lg, lw) = (lp(&got), lp(want));
-    let kl = (lw.exp().unwrap() * (&lw - &lg).unwrap())
-        .unwrap()
-        .sum(D::Minus1)
-        .unwrap()
-        .mean_all()
-        .unwrap()
-        .to_scalar::<f32>()
-        .unwrap();
-    let (a, b) = (argmax_rows(&got), argmax_rows(want));
-    let top1 = a.iter().zip(&b).filter(|(x, y)| x == y).count() as f32 / a.len() as f32;
+    let (kl, top1) = kl_and_top1(&got, want);
     let moved = rel_max_diff(&got, &exact);
-    let lc = lp(&compounded);
-    let kl_c = (lw.exp().unwrap() * (&lw - &lc).unwrap())
-        .unwrap()
-        .sum(D::Minus1)
-        .unwrap()
-        .mean_all()
-        .unwrap()
-        .to_scalar::<f32>()
-        .unwrap();
+    let (kl_c, _) = kl_and_top1(&compounded, want);
     eprintln!("{name}: q8 activations one-step KL {kl:.2e}, top-1 {top1:.3}, vs exact {moved:.1e}; compounded KL {kl_c:.2e}");
     assert!(moved > 1e-6, "{name}: q8 mode did not change the products");
     assert!(

@@ -8,7 +8,8 @@ use super::{metal_buffer, metal_device, pipeline, KernelSource};
 use crate::affine_tensor::{AffineParams, AffineTensor};
 use anyhow::{bail, Context, Result};
 use candle_core::op::BackpropOp;
-use candle_core::{DType, MetalStorage, Storage, Tensor};
+use candle_core::{DType, MetalDevice, MetalStorage, Storage, Tensor};
+use candle_metal_kernels::metal::{Buffer, ComputePipeline};
 use objc2_metal::MTLSize;
 
 /// Output rows one simdgroup of `affine_qmv_*` computes.
@@ -41,13 +42,55 @@ fn params(m: &AffineTensor, rows: usize, out_rows: usize, x_div: usize, ids: boo
 }
 
 fn output(
-    dev: &candle_core::MetalDevice,
-    buffer: std::sync::Arc<candle_metal_kernels::metal::Buffer>,
+    dev: &MetalDevice,
+    buffer: std::sync::Arc<Buffer>,
     shape: (usize, usize),
     dtype: DType,
 ) -> Tensor {
     let storage = MetalStorage::new(buffer, dev.clone(), shape.0 * shape.1, dtype);
     Tensor::from_storage(Storage::Metal(storage), shape, BackpropOp::none(), false)
+}
+
+/// One launch: `inputs` bound to slots 0.., the output buffer and the parameters after them.
+fn encode(
+    dev: &MetalDevice,
+    pipeline: &ComputePipeline,
+    inputs: &[(Buffer, usize)],
+    out: &Buffer,
+    params: &AffineParams,
+    groups: MTLSize,
+    threads: MTLSize,
+) -> Result<()> {
+    let guard = dev.command_encoder()?;
+    let encoder: &candle_metal_kernels::metal::ComputeCommandEncoder = guard.as_ref();
+    encoder.set_compute_pipeline_state(pipeline);
+    for (slot, (buf, offset)) in inputs.iter().enumerate() {
+        encoder.set_input_buffer(slot, Some(buf), *offset);
+    }
+    encoder.set_output_buffer(inputs.len(), Some(out), 0);
+    encoder.set_bytes(inputs.len() + 1, params);
+    encoder.dispatch_thread_groups(groups, threads);
+    Ok(())
+}
+
+/// The packed words, scales and biases, then the ids (or, without ids, the words again: the
+/// kernel never reads that slot, but it must be bound).
+fn weight_buffers(
+    m: &AffineTensor,
+    ids: Option<&Tensor>,
+    op: &str,
+) -> Result<[(Buffer, usize); 4]> {
+    let w = metal_buffer(&m.packed, op)?;
+    let ids = match ids {
+        Some(t) => metal_buffer(t, op)?,
+        None => w.clone(),
+    };
+    Ok([
+        w,
+        metal_buffer(&m.scales, op)?,
+        metal_buffer(&m.biases, op)?,
+        ids,
+    ])
 }
 
 /// `out_rows` products: row `i` reads x row `i / x_div` with expert `ids[i]` (or expert 0).
@@ -66,46 +109,31 @@ pub(crate) fn products(
         tag(m.scales.dtype(), "scale")?
     );
     let pipeline = pipeline(&dev, KernelSource::Affine, &name)?;
+    // Before the encoder is taken: candle ops lock the same command state.
     let x = x.contiguous()?;
     let ids = ids.map(|t| t.contiguous()).transpose()?;
     let y = dev
         .new_buffer(out_rows * m.rows, x.dtype(), "affine_qmv_y")
         .context("allocating the product")?;
-    let p = params(m, m.rows, out_rows, x_div, ids.is_some());
-    let (w, s, b, xb) = (
-        metal_buffer(&m.packed, OP)?,
-        metal_buffer(&m.scales, OP)?,
-        metal_buffer(&m.biases, OP)?,
-        metal_buffer(&x, OP)?,
-    );
-    // Without ids the kernel never reads slot 4; bind the weights so the slot is valid.
-    let idb = match &ids {
-        Some(t) => metal_buffer(t, OP)?,
-        None => w.clone(),
-    };
-    {
-        let guard = dev.command_encoder()?;
-        let encoder: &candle_metal_kernels::metal::ComputeCommandEncoder = guard.as_ref();
-        encoder.set_compute_pipeline_state(&pipeline);
-        for (slot, (buf, offset)) in [&w, &s, &b, &xb, &idb].into_iter().enumerate() {
-            encoder.set_input_buffer(slot, Some(buf), *offset);
-        }
-        encoder.set_output_buffer(5, Some(&y), 0);
-        encoder.set_bytes(6, &p);
-        let rows_per_group = QMV_ROWS_PER_SIMDGROUP * QMV_SIMDGROUPS;
-        encoder.dispatch_thread_groups(
-            MTLSize {
-                width: m.rows.div_ceil(rows_per_group),
-                height: out_rows,
-                depth: 1,
-            },
-            MTLSize {
-                width: 32,
-                height: QMV_SIMDGROUPS,
-                depth: 1,
-            },
-        );
-    }
+    let [w, s, b, idb] = weight_buffers(m, ids.as_ref(), OP)?;
+    let rows_per_group = QMV_ROWS_PER_SIMDGROUP * QMV_SIMDGROUPS;
+    encode(
+        &dev,
+        &pipeline,
+        &[w, s, b, metal_buffer(&x, OP)?, idb],
+        &y,
+        &params(m, m.rows, out_rows, x_div, ids.is_some()),
+        MTLSize {
+            width: m.rows.div_ceil(rows_per_group),
+            height: out_rows,
+            depth: 1,
+        },
+        MTLSize {
+            width: 32,
+            height: QMV_SIMDGROUPS,
+            depth: 1,
+        },
+    )?;
     Ok(output(&dev, y, (out_rows, m.rows), x.dtype()))
 }
 
@@ -128,38 +156,23 @@ pub(crate) fn dequantize(
     let out = dev
         .new_buffer(count * m.cols, dtype, "affine_dequant_out")
         .context("allocating dequantized rows")?;
-    let p = params(m, m.experts * m.rows, count, 1, ids.is_some());
-    let (w, s, b) = (
-        metal_buffer(&m.packed, OP)?,
-        metal_buffer(&m.scales, OP)?,
-        metal_buffer(&m.biases, OP)?,
-    );
-    let idb = match &ids {
-        Some(t) => metal_buffer(t, OP)?,
-        None => w.clone(),
-    };
-    {
-        let guard = dev.command_encoder()?;
-        let encoder: &candle_metal_kernels::metal::ComputeCommandEncoder = guard.as_ref();
-        encoder.set_compute_pipeline_state(&pipeline);
-        for (slot, (buf, offset)) in [&w, &s, &b, &idb].into_iter().enumerate() {
-            encoder.set_input_buffer(slot, Some(buf), *offset);
-        }
-        encoder.set_output_buffer(4, Some(&out), 0);
-        encoder.set_bytes(5, &p);
-        let per_group = DEQUANT_THREADS * DEQUANT_VALUES_PER_THREAD;
-        encoder.dispatch_thread_groups(
-            MTLSize {
-                width: m.cols.div_ceil(per_group),
-                height: count,
-                depth: 1,
-            },
-            MTLSize {
-                width: DEQUANT_THREADS,
-                height: 1,
-                depth: 1,
-            },
-        );
-    }
+    let per_group = DEQUANT_THREADS * DEQUANT_VALUES_PER_THREAD;
+    encode(
+        &dev,
+        &pipeline,
+        &weight_buffers(m, ids.as_ref(), OP)?,
+        &out,
+        &params(m, m.experts * m.rows, count, 1, ids.is_some()),
+        MTLSize {
+            width: m.cols.div_ceil(per_group),
+            height: count,
+            depth: 1,
+        },
+        MTLSize {
+            width: DEQUANT_THREADS,
+            height: 1,
+            depth: 1,
+        },
+    )?;
     Ok(output(&dev, out, (count, m.cols), dtype))
 }

@@ -112,3 +112,24 @@ pub fn greedy(model: &Model, prompt: &[u32], n: usize) -> Vec<u32> {
     }
     out
 }
+
+/// Mean KL(p_want ‖ p_got) over rows of logits, and the fraction of equal argmaxes.
+pub fn kl_and_top1(got: &Tensor, want: &Tensor) -> (f32, f32) {
+    use candle_core::D;
+    let lp = |t: &Tensor| {
+        candle_nn::ops::log_softmax(&t.to_dtype(candle_core::DType::F32).unwrap(), D::Minus1)
+            .unwrap()
+    };
+    let (lg, lw) = (lp(got), lp(want));
+    let kl = (lw.exp().unwrap() * (&lw - &lg).unwrap())
+        .unwrap()
+        .sum(D::Minus1)
+        .unwrap()
+        .mean_all()
+        .unwrap()
+        .to_scalar::<f32>()
+        .unwrap();
+    let (a, b) = (argmax_rows(got), argmax_rows(want));
+    let same = a.iter().zip(&b).filter(|(x, y)| x == y).count();
+    (kl, same as f32 / a.len() as f32)
+}

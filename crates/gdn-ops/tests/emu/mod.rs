@@ -1,0 +1,93 @@
+//! Shared by the Metal emulation tests: compiling a harness from `kernels/emu/` with clang-19
+//! and running it on one case (binary input on stdin, f32 results on stdout).
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Instant;
+
+pub fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../..")
+        .canonicalize()
+        .expect("workspace root")
+}
+
+/// Compiles `kernels/emu/<name>.cpp` (which includes a shipped `.metal` file) into the test's
+/// temporary folder. Panics, never skips, when clang-19 or compiler-rt is missing.
+pub fn compile_harness(name: &str, extra_flags: &[&str]) -> PathBuf {
+    let emu = workspace_root().join("kernels/emu");
+    let out = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("{name}-{}", std::process::id()));
+    let cxx = std::env::var("GDN_EMU_CXX").unwrap_or_else(|_| "clang++-19".into());
+    let started = Instant::now();
+    let result = Command::new(&cxx)
+        .args([
+            "-std=c++17",
+            "-O2",
+            "-Wall",
+            "-Wextra",
+            "-Werror",
+            "--rtlib=compiler-rt",
+        ])
+        .args(extra_flags)
+        .arg("-I")
+        .arg(&emu)
+        .arg(emu.join(format!("{name}.cpp")))
+        .arg("-o")
+        .arg(&out)
+        .output();
+    let output = match result {
+        Ok(o) => o,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => panic!(
+            "{name}: `{cxx}` not found. The emulation tests need clang 19 with compiler-rt: \
+             `apt-get install clang-19 libclang-rt-19-dev` (Debian bookworm), or set GDN_EMU_CXX"
+        ),
+        Err(e) => panic!("{name}: cannot run `{cxx}`: {e}"),
+    };
+    assert!(
+        output.status.success(),
+        "{name}: compiling through kernels/emu failed (is libclang-rt-19-dev installed? \
+         --rtlib=compiler-rt needs it):\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    eprintln!("{name} compiled in {:.1}s", started.elapsed().as_secs_f32());
+    out
+}
+
+/// Runs a compiled harness on one case and returns the f32 values it printed.
+pub fn run_harness(harness: &Path, input: &[u8]) -> Result<Vec<f32>, String> {
+    let mut child = Command::new(harness)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| format!("cannot start the harness: {e}"))?;
+    // The harness reads all of its input before writing anything.
+    child
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(input)
+        .map_err(|e| format!("writing the case: {e}"))?;
+    let out = child
+        .wait_with_output()
+        .map_err(|e| format!("harness: {e}"))?;
+    if !out.status.success() {
+        return Err(format!(
+            "harness failed ({}): {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        ));
+    }
+    if out.stdout.len() % 4 != 0 {
+        return Err(format!(
+            "harness printed {} bytes, not f32s",
+            out.stdout.len()
+        ));
+    }
+    Ok(out
+        .stdout
+        .chunks_exact(4)
+        .map(|w| f32::from_le_bytes([w[0], w[1], w[2], w[3]]))
+        .collect())
+}
