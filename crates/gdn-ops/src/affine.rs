@@ -190,15 +190,19 @@ impl AffineMatrix {
 
 /// `Σ q_j x_j` for 4-bit values, eight per word: one lane per nibble position, so the
 /// shifts and the multiply-adds vectorise.
+/// `Σ q_j x_j` for 4-bit values, eight per word, left in eight lanes (one per nibble
+/// position) so that the shifts and the multiply-adds vectorise. Groups hold an even number
+/// of words (at least 32 values).
 #[inline(always)]
 fn dot_u4(words: &[u32], x: &[f32]) -> [f32; 8] {
-    let mut acc = [0f32; 8];
-    for (w, xs) in words.iter().zip(x.chunks_exact(8)) {
-        for l in 0..8 {
-            acc[l] += ((w >> (4 * l)) & 0xF) as f32 * xs[l];
+    // Two words per step: sixteen lanes, one AVX-512 register.
+    let mut acc = [0f32; 16];
+    for (w, xs) in words.chunks_exact(2).zip(x.chunks_exact(16)) {
+        for l in 0..16 {
+            acc[l] += ((w[l / 8] >> (4 * (l % 8))) & 0xF) as f32 * xs[l];
         }
     }
-    acc
+    std::array::from_fn(|l| acc[l] + acc[l + 8])
 }
 
 /// `Σ q_j x_j` for 8-bit values, two words (eight bytes) per step.

@@ -1,10 +1,11 @@
-//! Hot CPU loops compiled twice: for the baseline target and, picked at run time, for AVX2 +
-//! FMA. The loops are written as plain eight-lane arithmetic that the compiler vectorises; the
+//! Hot CPU loops compiled three times: for the baseline target and, picked at run time, for
+//! AVX2 + FMA and for AVX-512. The loops are written as plain eight-lane arithmetic that the compiler vectorises; the
 //! second copy lets it use 256-bit registers and variable shifts without building the whole
 //! binary for one CPU (llama.cpp's GGML_NATIVE, without its portability cost).
 
-/// Defines `pub fn $name(..) -> $ret` that runs `$body` compiled with AVX2 and FMA when the
-/// CPU has them, else compiled for the baseline target. The body must be safe code.
+/// Defines `pub fn $name(..) -> $ret` that runs `$body` compiled with AVX-512 (F, BW, VL) or
+/// else AVX2 and FMA when the CPU has them, else for the baseline target. The body must be
+/// safe code; loops over 16 lanes fill one AVX-512 register or two AVX2 ones.
 #[macro_export]
 macro_rules! multiversion {
     ($(#[$meta:meta])* $vis:vis fn $name:ident($($arg:ident: $ty:ty),* $(,)?) -> $ret:ty $body:block) => {
@@ -14,9 +15,17 @@ macro_rules! multiversion {
             fn portable($($arg: $ty),*) -> $ret $body
             #[cfg(target_arch = "x86_64")]
             {
+                #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma")]
+                fn avx512($($arg: $ty),*) -> $ret {
+                    portable($($arg),*)
+                }
                 #[target_feature(enable = "avx2,fma")]
                 fn avx2($($arg: $ty),*) -> $ret {
                     portable($($arg),*)
+                }
+                if $crate::simd::has_avx512() {
+                    // SAFETY: the CPU supports the features `avx512` was compiled for.
+                    return unsafe { avx512($($arg),*) };
                 }
                 if $crate::simd::has_avx2_fma() {
                     // SAFETY: the CPU supports the features `avx2` was compiled for.
@@ -26,6 +35,22 @@ macro_rules! multiversion {
             portable($($arg),*)
         }
     };
+}
+
+/// Whether this CPU runs the AVX-512 copies (checked once; cached by std).
+#[inline]
+pub fn has_avx512() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        std::arch::is_x86_feature_detected!("avx512f")
+            && std::arch::is_x86_feature_detected!("avx512bw")
+            && std::arch::is_x86_feature_detected!("avx512vl")
+            && has_avx2_fma()
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
 }
 
 /// Whether this CPU runs the AVX2 + FMA copies (checked once; cached by std).
