@@ -108,7 +108,7 @@ pub fn row_dot(m: &AffineMatrix, row: usize, x: &Q8Row, group_sums: &[f32]) -> f
 #[inline]
 fn chunk_dot(words: &[u32], xq: &[i8]) -> (i32, i32) {
     #[cfg(target_arch = "x86_64")]
-    if crate::simd::has_avx2_fma() {
+    if crate::simd::level() >= crate::simd::Level::Avx2 {
         // SAFETY: AVX2 is present; both slices hold exactly one chunk.
         return unsafe { chunk_dot_avx2(words, xq) };
     }

@@ -23,11 +23,12 @@ macro_rules! multiversion {
                 fn avx2($($arg: $ty),*) -> $ret {
                     portable($($arg),*)
                 }
-                if $crate::simd::has_avx512() {
+                let level = $crate::simd::level();
+                if level == $crate::simd::Level::Avx512 {
                     // SAFETY: the CPU supports the features `avx512` was compiled for.
                     return unsafe { avx512($($arg),*) };
                 }
-                if $crate::simd::has_avx2_fma() {
+                if level == $crate::simd::Level::Avx2 {
                     // SAFETY: the CPU supports the features `avx2` was compiled for.
                     return unsafe { avx2($($arg),*) };
                 }
@@ -64,4 +65,36 @@ pub fn has_avx2_fma() -> bool {
     {
         false
     }
+}
+
+/// Which compiled copy the hot loops run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Level {
+    Portable,
+    Avx2,
+    Avx512,
+}
+
+/// Caps the level below what the CPU offers (`portable`, `avx2`): how the tests run every
+/// copy on one machine. Read once per process.
+pub const LEVEL_ENV: &str = "QWEN_GDN_CPU_LEVEL";
+
+/// The best copy this CPU runs, capped by `QWEN_GDN_CPU_LEVEL`.
+pub fn level() -> Level {
+    static LEVEL: std::sync::OnceLock<Level> = std::sync::OnceLock::new();
+    *LEVEL.get_or_init(|| {
+        let detected = if has_avx512() {
+            Level::Avx512
+        } else if has_avx2_fma() {
+            Level::Avx2
+        } else {
+            Level::Portable
+        };
+        let cap = match std::env::var(LEVEL_ENV).as_deref() {
+            Ok("portable") => Level::Portable,
+            Ok("avx2") => Level::Avx2,
+            _ => Level::Avx512,
+        };
+        detected.min(cap)
+    })
 }
