@@ -48,7 +48,10 @@ fn every_compiled_copy_computes_the_same() {
                 .zip(&best)
                 .map(|(a, b)| (a - b).abs())
                 .fold(0.0, f64::max);
-            assert!(worst <= 1e-4, "{level} {extra:?}: log-probs differ by {worst}");
+            assert!(
+                worst <= 1e-4,
+                "{level} {extra:?}: log-probs differ by {worst}"
+            );
         }
     }
 }
