@@ -2,7 +2,7 @@
 # Generate the random-weight benchmark checkpoints (Qwen3-Next-80B-A3B and Qwen3.5-35B-A3B layer
 # shapes, 8 layers, 64 experts) under build/bench-models/: a raw HF bf16 folder and its
 # mlx-community 4-bit conversion for each. See scripts/gen_bench_checkpoints.py for the details
-# (the GGUF conversion with llama.cpp is not done yet).
+# (the GGUF twin, <name>-q4_0.gguf from the same -hf folder, is scripts/gen-bench-gguf.sh's job).
 #
 #   bash scripts/gen-bench-checkpoints.sh                       # both, full size (~14 GB disk)
 #   bash scripts/gen-bench-checkpoints.sh --family qwen3-next --layers 1 --experts 2   # small
