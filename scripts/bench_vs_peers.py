@@ -11,7 +11,8 @@ Subcommands:
   roofline   (stdlib only) bytes touched per decoded token for an MLX 4-bit checkpoint, from its
              config.json and safetensors headers; prints JSON.
   run        (.venv-llama: gguf-py from the vendored llama.cpp source) alternates `qwen-gdn bench`
-             and `llama-bench` rounds, reads an optional mlx JSON, prints the table; its last two
+             (with --q8-activations, the ratios' mode, and without: the exact path) and
+             `llama-bench` rounds, reads an optional mlx JSON, prints the table; its last two
              lines are `decode ratio vs llama.cpp: X.XX` and `prefill ratio vs llama.cpp: Y.YY`.
 
 Roofline (bytes per decoded token, all read once from memory; compute is assumed free):
@@ -223,23 +224,27 @@ def cmd_run(a) -> None:
     log = open(out_dir / "runs.log", "a")
     qg_cmd = [a.qwen_gdn, "bench", "--model", a.model, "-p", str(a.p), "-g", str(a.g), "-r", "1", "--json"]
     lb_cmd = [a.llama_bench, "-m", a.gguf, "-p", str(a.p), "-n", str(a.g), "-t", str(a.threads), "-r", "1", "-o", "json"]
+    # qwen-gdn runs twice per round: its exact f32 reference path, and its 8-bit-activation
+    # mode (the precision tier llama.cpp's CPU path runs at: Q8 activations against Q4_0).
+    exact = {"pp": [], "tg": [], "rss": [], "peak": []}
     qg = {"pp": [], "tg": [], "rss": [], "peak": []}
     lb = {"pp": [], "tg": [], "rss": []}
     for i in range(a.rounds):
-        order = [("qwen-gdn", qg_cmd), ("llama.cpp", lb_cmd)]
+        order = [("qwen-gdn q8", qg_cmd + ["--q8-activations"]), ("llama.cpp", lb_cmd), ("qwen-gdn f32", qg_cmd)]
         if i % 2:
-            order.reverse()  # alternate who goes first, so drift hits both alike
+            order.reverse()  # alternate who goes first, so drift hits all alike
         for engine, cmd in order:
             print(f"[bench-vs-peers] round {i + 1}/{a.rounds}: {engine}", file=sys.stderr, flush=True)
             out, rss, wall = run_timed(cmd, log)
-            if engine == "qwen-gdn":
+            if engine.startswith("qwen-gdn"):
+                qg_run = qg if engine == "qwen-gdn q8" else exact
                 j = json.loads(out)
-                qg["pp"].append(j["prompt_tps"]["median"])
-                qg["tg"].append(j["generation_tps"]["median"])
-                qg["peak"].append(j["peak_memory_bytes"])
-                qg["rss"].append(rss)
-                qg["size"] = j["size_bytes"]
-                pp, tg = qg["pp"][-1], qg["tg"][-1]
+                qg_run["pp"].append(j["prompt_tps"]["median"])
+                qg_run["tg"].append(j["generation_tps"]["median"])
+                qg_run["peak"].append(j["peak_memory_bytes"])
+                qg_run["rss"].append(rss)
+                qg_run["size"] = j["size_bytes"]
+                pp, tg = qg_run["pp"][-1], qg_run["tg"][-1]
             else:
                 tests = json.loads(out)
                 pp = next(t["avg_ts"] for t in tests if t["n_prompt"] == a.p and t["n_gen"] == 0)
@@ -263,8 +268,10 @@ def cmd_run(a) -> None:
 
     rows = [
         ("engine", "weights", "size", f"prefill t/s (pp{a.p})", f"decode t/s (tg{a.g})", "peak RSS", "decode % roofline"),
-        ("qwen-gdn", f"{Path(a.model).name} (MLX 4-bit g64)", gb(qg["size"]), fmt_rate(qg["pp"]), fmt_rate(qg["tg"]),
-         gb(max(qg["peak"])), f"{100 * statistics.median(qg['tg']) / roof:.0f}%"),
+        ("qwen-gdn --q8-activations", f"{Path(a.model).name} (MLX 4-bit g64)", gb(qg["size"]), fmt_rate(qg["pp"]),
+         fmt_rate(qg["tg"]), gb(max(qg["peak"])), f"{100 * statistics.median(qg['tg']) / roof:.0f}%"),
+        ("qwen-gdn (f32, exact)", f"{Path(a.model).name} (MLX 4-bit g64)", gb(exact["size"]), fmt_rate(exact["pp"]),
+         fmt_rate(exact["tg"]), gb(max(exact["peak"])), f"{100 * statistics.median(exact['tg']) / roof:.0f}%"),
         ("llama.cpp", f"{Path(a.gguf).name} (Q4_0)", gb(lb["size"]), fmt_rate(lb["pp"]), fmt_rate(lb["tg"]),
          gb(max(lb["rss"])), f"{100 * statistics.median(lb['tg']) / roof:.0f}%"),
     ]
@@ -282,7 +289,7 @@ def cmd_run(a) -> None:
     print(f"memory bandwidth: {bw / 1e9:.2f} GB/s (STREAM-style copy, {a.threads} threads, read + written bytes, best of 10)")
     print(f"model: {Path(a.model).name}: {rf['layers']} layers ({rf['gdn_layers']} GDN + {rf['attention_layers']} attention), "
           f"{rf['experts']} experts, top-{rf['top_k']}, hidden {cfg['hidden_size']}, vocab {cfg['vocab_size']}")
-    print(f"runs: {a.rounds} alternated rounds, each `qwen-gdn bench -p {a.p} -g {a.g} -r 1` "
+    print(f"runs: {a.rounds} alternated rounds, each `qwen-gdn bench -p {a.p} -g {a.g} -r 1` (with and without --q8-activations) "
           f"and `llama-bench -p {a.p} -n {a.g} -t {a.threads} -r 1` (one warm-up each); "
           f"median (min-max) over rounds")
     print(f"llama.cpp: llama-cpp-python 0.3.36 vendored source, commit {lb.get('commit')}, GGML_NATIVE, CPU backend")
@@ -305,10 +312,12 @@ def cmd_run(a) -> None:
     print("  note: qwen-gdn's tg runs at depth -p (mlx_lm.benchmark style), llama-bench's from an empty context;"
           " the KV read of the 2 attention layers is small here, so the difference is too.")
     (out_dir / "result.json").write_text(json.dumps({
-        "qwen_gdn": qg, "llama_cpp": lb, "mlx_lm": mlx, "roofline": rf, "gguf": gg,
+        "qwen_gdn": qg, "qwen_gdn_exact": exact, "llama_cpp": lb, "mlx_lm": mlx, "roofline": rf, "gguf": gg,
         "bandwidth_bytes_per_s": bw, "roofline_tps": roof, "roofline_gguf_tps": roof_gguf,
         "p": a.p, "g": a.g, "rounds": a.rounds, "threads": a.threads,
     }, indent=1))
+    print(f"exact f32 path: decode ratio {statistics.median(exact['tg']) / statistics.median(lb['tg']):.2f}, "
+          f"prefill ratio {statistics.median(exact['pp']) / statistics.median(lb['pp']):.2f} (the ratios below are --q8-activations)")
     print(f"decode ratio vs llama.cpp: {statistics.median(qg['tg']) / statistics.median(lb['tg']):.2f}")
     print(f"prefill ratio vs llama.cpp: {statistics.median(qg['pp']) / statistics.median(lb['pp']):.2f}")
 

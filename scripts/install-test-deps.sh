@@ -17,4 +17,9 @@ fi
 echo "install-test-deps: installing ${need[*]}"
 export DEBIAN_FRONTEND=noninteractive
 apt-get update -qq
-apt-get install -y -qq -t bookworm-security "${need[@]}" >/dev/null
+# No `-t bookworm-security`: rustc-web is in both pockets, and pinning the security pocket
+# drags in its older libc6-i386 (libclang-rt-19-dev needs it) against the newer libc6 that
+# is installed, which apt refuses ("held broken packages"). Fall back to the pin only when
+# the plain install fails.
+apt-get install -y -qq "${need[@]}" >/dev/null ||
+  apt-get install -y -qq -t bookworm-security "${need[@]}" >/dev/null

@@ -6,7 +6,9 @@
 //! (scales may be negative).
 
 use anyhow::{bail, Result};
-use candle_core::DType;
+use candle_core::{DType, Device, Tensor};
+use half::slice::HalfFloatSliceExt;
+use half::{bf16, f16};
 
 /// Bit widths MLX's affine mode produces.
 pub const SUPPORTED_BITS: [usize; 6] = [2, 3, 4, 5, 6, 8];
@@ -22,12 +24,115 @@ pub struct AffineMatrix {
     pub experts: usize,
     /// `[experts * rows, cols * bits / 32]`.
     packed: Vec<u32>,
-    /// `[experts * rows, cols / group_size]`, upcast to f32 once at load.
-    scales: Vec<f32>,
-    biases: Vec<f32>,
-    /// The checkpoint's dtype of scales and biases: device copies keep it (the f32 values
-    /// here are exact upcasts of it), so they cost what the checkpoint costs.
-    scale_dtype: DType,
+    /// `[experts * rows, groups_per_row]`, in the checkpoint's dtype.
+    scales: GroupParams,
+    biases: GroupParams,
+}
+
+/// Per-group scales or biases, kept in the dtype they were stored in: f32 copies of bf16
+/// values would add a ninth to a 4-bit group-64 matrix (8 bytes per 64 weights instead of
+/// 4), to resident memory and to the bytes every decoded token reads. Kernels widen one
+/// row's worth at a time.
+#[derive(Debug, Clone)]
+pub enum GroupParams {
+    F32(Vec<f32>),
+    Bf16(Vec<bf16>),
+    F16(Vec<f16>),
+}
+
+impl From<Vec<f32>> for GroupParams {
+    fn from(v: Vec<f32>) -> Self {
+        Self::F32(v)
+    }
+}
+
+impl From<Vec<bf16>> for GroupParams {
+    fn from(v: Vec<bf16>) -> Self {
+        Self::Bf16(v)
+    }
+}
+
+impl From<Vec<f16>> for GroupParams {
+    fn from(v: Vec<f16>) -> Self {
+        Self::F16(v)
+    }
+}
+
+impl GroupParams {
+    pub fn len(&self) -> usize {
+        match self {
+            Self::F32(v) => v.len(),
+            Self::Bf16(v) => v.len(),
+            Self::F16(v) => v.len(),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    pub fn dtype(&self) -> DType {
+        match self {
+            Self::F32(_) => DType::F32,
+            Self::Bf16(_) => DType::BF16,
+            Self::F16(_) => DType::F16,
+        }
+    }
+
+    pub fn bytes(&self) -> usize {
+        self.len() * self.dtype().size_in_bytes()
+    }
+
+    /// Widens elements `start .. start + out.len()` into `out` (exactly: f32 holds every
+    /// bf16 and f16 value).
+    #[inline]
+    pub fn widen_into(&self, start: usize, out: &mut [f32]) {
+        let range = start..start + out.len();
+        match self {
+            Self::F32(v) => out.copy_from_slice(&v[range]),
+            // A bf16 is the top half of an f32: a shift the compiler vectorises.
+            Self::Bf16(v) => out
+                .iter_mut()
+                .zip(&v[range])
+                .for_each(|(o, x)| *o = f32::from_bits((x.to_bits() as u32) << 16)),
+            Self::F16(v) => v[range].convert_to_f32_slice(out),
+        }
+    }
+
+    /// Every element widened to f32.
+    pub fn to_f32_vec(&self) -> Vec<f32> {
+        let mut out = vec![0f32; self.len()];
+        self.widen_into(0, &mut out);
+        out
+    }
+
+    /// A tensor of `shape` on `device`, in this dtype.
+    pub fn to_tensor(&self, shape: (usize, usize), device: &Device) -> Result<Tensor> {
+        Ok(match self {
+            Self::F32(v) => Tensor::from_slice(v, shape, device)?,
+            Self::Bf16(v) => Tensor::from_slice(v, shape, device)?,
+            Self::F16(v) => Tensor::from_slice(v, shape, device)?,
+        })
+    }
+
+    fn empty_like(&self) -> Self {
+        match self {
+            Self::F32(_) => Self::F32(vec![]),
+            Self::Bf16(_) => Self::Bf16(vec![]),
+            Self::F16(_) => Self::F16(vec![]),
+        }
+    }
+
+    /// Appends `other[range]`; `None` if the dtypes differ.
+    fn extend_from(&mut self, other: &Self, range: std::ops::Range<usize>) -> Option<()> {
+        match (self, other) {
+            (Self::F32(a), Self::F32(b)) => a.extend_from_slice(&b[range]),
+            (Self::Bf16(a), Self::Bf16(b)) => a.extend_from_slice(&b[range]),
+            (Self::F16(a), Self::F16(b)) => a.extend_from_slice(&b[range]),
+            _ => return None,
+        }
+        Some(())
+    }
 }
 
 impl AffineMatrix {
@@ -38,9 +143,10 @@ impl AffineMatrix {
         group_size: usize,
         [experts, rows, cols]: [usize; 3],
         packed: Vec<u32>,
-        scales: Vec<f32>,
-        biases: Vec<f32>,
+        scales: impl Into<GroupParams>,
+        biases: impl Into<GroupParams>,
     ) -> Result<Self> {
+        let (scales, biases) = (scales.into(), biases.into());
         if !SUPPORTED_BITS.contains(&bits) {
             bail!("unsupported quantization: {bits} bits (supported: 2, 3, 4, 5, 6, 8)");
         }
@@ -64,18 +170,12 @@ impl AffineMatrix {
             packed,
             scales,
             biases,
-            scale_dtype: DType::F32,
         })
     }
 
-    /// Records the dtype the scales and biases were stored in (f32, f16 or bf16).
-    pub fn with_scale_dtype(mut self, dtype: DType) -> Self {
-        self.scale_dtype = dtype;
-        self
-    }
-
+    /// The dtype the scales were stored in (f32, f16 or bf16).
     pub fn scale_dtype(&self) -> DType {
-        self.scale_dtype
+        self.scales.dtype()
     }
 
     /// `[experts * rows, words_per_row]` packed words, row-major.
@@ -83,13 +183,32 @@ impl AffineMatrix {
         &self.packed
     }
 
-    /// `[experts * rows, groups_per_row]`, upcast to f32.
-    pub fn scales(&self) -> &[f32] {
+    /// `[experts * rows, groups_per_row]`, in their stored dtype.
+    pub fn scales(&self) -> &GroupParams {
         &self.scales
     }
 
-    pub fn biases(&self) -> &[f32] {
+    pub fn biases(&self) -> &GroupParams {
         &self.biases
+    }
+
+    /// Runs `f` on row `row`'s scales and biases widened to f32 (on the stack for rows of
+    /// up to 64 groups, the common case).
+    #[inline]
+    pub fn with_row_params<R>(&self, row: usize, f: impl FnOnce(&[f32], &[f32]) -> R) -> R {
+        const ON_STACK: usize = 64;
+        let gpr = self.groups_per_row();
+        let (mut stack_s, mut stack_b) = ([0f32; ON_STACK], [0f32; ON_STACK]);
+        let (mut heap_s, mut heap_b);
+        let (s, b): (&mut [f32], &mut [f32]) = if gpr <= ON_STACK {
+            (&mut stack_s[..gpr], &mut stack_b[..gpr])
+        } else {
+            (heap_s, heap_b) = (vec![0f32; gpr], vec![0f32; gpr]);
+            (&mut heap_s, &mut heap_b)
+        };
+        self.scales.widen_into(row * gpr, s);
+        self.biases.widen_into(row * gpr, b);
+        f(s, b)
     }
 
     pub fn words_per_row(&self) -> usize {
@@ -103,10 +222,9 @@ impl AffineMatrix {
     /// Dequantizes row `row` of the stacked `[experts * rows]` matrix into `out` (`cols` long).
     pub fn dequantize_row(&self, row: usize, out: &mut [f32]) {
         let words = &self.packed[row * self.words_per_row()..(row + 1) * self.words_per_row()];
-        let gpr = self.groups_per_row();
-        let scales = &self.scales[row * gpr..(row + 1) * gpr];
-        let biases = &self.biases[row * gpr..(row + 1) * gpr];
-        dequantize_row(words, scales, biases, self.bits, out);
+        self.with_row_params(row, |scales, biases| {
+            dequantize_row(words, scales, biases, self.bits, out)
+        });
     }
 
     /// Whether [`AffineMatrix::row_dot`] has a fused kernel for this bit width.
@@ -120,29 +238,31 @@ impl AffineMatrix {
     /// Only for 4- and 8-bit rows (see [`AffineMatrix::has_fused_dot`]).
     pub fn row_dot(&self, row: usize, x: &[f32], group_sums: &[f32]) -> f32 {
         let wpr = self.words_per_row();
-        let gpr = self.groups_per_row();
-        packed_row_dot(
-            &self.packed[row * wpr..(row + 1) * wpr],
-            &self.scales[row * gpr..(row + 1) * gpr],
-            &self.biases[row * gpr..(row + 1) * gpr],
-            x,
-            group_sums,
-            self.bits,
-        )
+        self.with_row_params(row, |scales, biases| {
+            packed_row_dot(
+                &self.packed[row * wpr..(row + 1) * wpr],
+                scales,
+                biases,
+                x,
+                group_sums,
+                self.bits,
+            )
+        })
     }
 
     /// Keeps the listed rows of every expert, in that order (lossless: groups run along cols).
     pub fn select_rows(&self, rows: &[usize]) -> Self {
         let (wpr, gpr) = (self.words_per_row(), self.groups_per_row());
         let mut packed = Vec::with_capacity(self.experts * rows.len() * wpr);
-        let mut scales = Vec::with_capacity(self.experts * rows.len() * gpr);
-        let mut biases = Vec::with_capacity(scales.capacity());
+        let mut scales = self.scales.empty_like();
+        let mut biases = self.biases.empty_like();
         for e in 0..self.experts {
             for &r in rows {
                 let g = e * self.rows + r;
                 packed.extend_from_slice(&self.packed[g * wpr..(g + 1) * wpr]);
-                scales.extend_from_slice(&self.scales[g * gpr..(g + 1) * gpr]);
-                biases.extend_from_slice(&self.biases[g * gpr..(g + 1) * gpr]);
+                let groups = g * gpr..(g + 1) * gpr;
+                scales.extend_from(&self.scales, groups.clone());
+                biases.extend_from(&self.biases, groups);
             }
         }
         Self {
@@ -169,27 +289,25 @@ impl AffineMatrix {
         let mut out = Self {
             rows: 0,
             packed: vec![],
-            scales: vec![],
-            biases: vec![],
+            scales: first.scales.empty_like(),
+            biases: first.biases.empty_like(),
             ..**first
         };
         for m in parts {
             out.rows += m.rows;
             out.packed.extend_from_slice(&m.packed);
-            out.scales.extend_from_slice(&m.scales);
-            out.biases.extend_from_slice(&m.biases);
+            out.scales.extend_from(&m.scales, 0..m.scales.len())?;
+            out.biases.extend_from(&m.biases, 0..m.biases.len())?;
         }
         Some(out)
     }
 
-    /// Bytes this matrix reads per full pass (packed weights plus f32 scales and biases).
+    /// Bytes this matrix reads per full pass (packed weights, scales and biases).
     pub fn bytes(&self) -> usize {
-        4 * (self.packed.len() + self.scales.len() + self.biases.len())
+        4 * self.packed.len() + self.scales.bytes() + self.biases.bytes()
     }
 }
 
-/// `Σ q_j x_j` for 4-bit values, eight per word: one lane per nibble position, so the
-/// shifts and the multiply-adds vectorise.
 /// `Σ q_j x_j` for 4-bit values, eight per word, left in eight lanes (one per nibble
 /// position) so that the shifts and the multiply-adds vectorise. Groups hold an even number
 /// of words (at least 32 values).

@@ -35,8 +35,8 @@ impl AffineTensor {
         let n = m.experts * m.rows;
         let packed = Tensor::from_slice(m.packed(), (n, m.words_per_row()), device)?;
         let groups = (n, m.groups_per_row());
-        let scales = Tensor::from_slice(m.scales(), groups, device)?.to_dtype(m.scale_dtype())?;
-        let biases = Tensor::from_slice(m.biases(), groups, device)?.to_dtype(m.scale_dtype())?;
+        let scales = m.scales().to_tensor(groups, device)?;
+        let biases = m.biases().to_tensor(groups, device)?;
         Ok(Self {
             bits: m.bits,
             group_size: m.group_size,

@@ -13,6 +13,7 @@ pub mod launches;
 #[cfg(any(feature = "metal", target_os = "macos"))]
 pub mod metal;
 pub mod simd;
+pub mod threads;
 
 use anyhow::{bail, ensure, Result};
 use candle_core::{DType, Device, Tensor};

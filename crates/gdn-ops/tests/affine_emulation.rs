@@ -451,7 +451,8 @@ fn run_harness(c: &Case) -> Result<Vec<f32>, String> {
     for w in m.packed() {
         bytes.extend_from_slice(&w.to_le_bytes());
     }
-    for f in m.scales().iter().chain(m.biases()).chain(&c.x) {
+    let (scales, biases) = (m.scales().to_f32_vec(), m.biases().to_f32_vec());
+    for f in scales.iter().chain(&biases).chain(&c.x) {
         bytes.extend_from_slice(&f.to_le_bytes());
     }
     for id in c.ids.iter().flatten() {
@@ -481,6 +482,7 @@ fn check_qmv(c: &Case, got: &[f32]) -> Option<String> {
     let n = 46 + k.div_ceil(256) + 3;
     let gamma = n as f64 * 2f64.powi(-24) * 1.001;
     let (mut w, mut q) = (vec![0f32; k], vec![0f32; k]);
+    let (scales, biases) = (m.scales().to_f32_vec(), m.biases().to_f32_vec());
     let (mut worst, mut report) = (0f64, None);
     for i in 0..c.out_rows {
         let e = c.ids.as_ref().map_or(0, |ids| ids[i] as usize);
@@ -491,10 +493,7 @@ fn check_qmv(c: &Case, got: &[f32]) -> Option<String> {
             unpack_row(&m.packed()[row * wpr..][..wpr], m.bits, &mut q);
             let (mut want, mut magnitude) = (0f64, 0f64);
             for j in 0..k {
-                let (s, b) = (
-                    m.scales()[row * gpr + j / gs],
-                    m.biases()[row * gpr + j / gs],
-                );
+                let (s, b) = (scales[row * gpr + j / gs], biases[row * gpr + j / gs]);
                 want += w[j] as f64 * x[j] as f64;
                 magnitude +=
                     ((s as f64 * q[j] as f64).abs() + (b as f64).abs()) * (x[j] as f64).abs();
@@ -533,6 +532,7 @@ fn check_dequant(c: &Case, got: &[f32]) -> Option<String> {
     let k = m.cols;
     let (wpr, gpr) = (m.words_per_row(), m.groups_per_row());
     let mut row_values = vec![0f32; k];
+    let (scales, biases) = (m.scales().to_f32_vec(), m.biases().to_f32_vec());
     let (mut bad, mut first) = (0, None);
     for i in 0..c.out_rows {
         let src = c.ids.as_ref().map_or(i, |ids| ids[i] as usize);
@@ -541,8 +541,8 @@ fn check_dequant(c: &Case, got: &[f32]) -> Option<String> {
             // Through the free function too, so both reference entry points agree.
             dequantize_row(
                 &m.packed()[src * wpr..][..wpr],
-                &m.scales()[src * gpr..][..gpr],
-                &m.biases()[src * gpr..][..gpr],
+                &scales[src * gpr..][..gpr],
+                &biases[src * gpr..][..gpr],
                 m.bits,
                 &mut row_values,
             );

@@ -293,19 +293,33 @@ impl Model {
             cache.layers.len() == self.layers.len(),
             "cache does not belong to this model"
         );
-        let _q8 = gdn_ops::affine_q8::Scope::enter(self.q8_activations);
-        let mut h = self.embed(tokens)?;
-        for (layer, c) in self.layers.iter().zip(cache.layers.iter_mut()) {
-            h = layer.forward(&h, c, cache.offset)?;
-        }
-        cache.offset += tokens.len();
-        Ok(h)
+        self.on_host_workers(|| {
+            let _q8 = gdn_ops::affine_q8::Scope::enter(self.q8_activations);
+            let mut h = self.embed(tokens)?;
+            for (layer, c) in self.layers.iter().zip(cache.layers.iter_mut()) {
+                h = layer.forward(&h, c, cache.offset)?;
+            }
+            cache.offset += tokens.len();
+            Ok(h)
+        })
     }
 
     fn logits(&self, h: &Tensor) -> Result<Tensor> {
-        let _q8 = gdn_ops::affine_q8::Scope::enter(self.q8_activations);
-        let logits = self.lm_head.forward(&self.norm.forward(h)?)?;
-        cast(&logits.squeeze(0)?, DType::F32)
+        self.on_host_workers(|| {
+            let _q8 = gdn_ops::affine_q8::Scope::enter(self.q8_activations);
+            let logits = self.lm_head.forward(&self.norm.forward(h)?)?;
+            cast(&logits.squeeze(0)?, DType::F32)
+        })
+    }
+
+    /// The reference plan's products are host loops split over rayon: they run from a
+    /// worker of the CPU pool (see `gdn_ops::threads`). The device plan stays on the
+    /// caller's thread, where its per-thread launch counter and device queues live.
+    fn on_host_workers<R: Send>(&self, work: impl FnOnce() -> Result<R> + Send) -> Result<R> {
+        match self.plan {
+            Plan::Reference => gdn_ops::threads::on_cpu_pool(work),
+            Plan::Device => work(),
+        }
     }
 
     /// Runs `tokens` (one sequence) after what `cache` already holds, updating it in place.

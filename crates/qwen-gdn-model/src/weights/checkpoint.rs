@@ -10,7 +10,7 @@
 //!
 //! Layers ask for tensors by their canonical (mlx) names and get them already sanitized.
 
-use super::affine::AffineMatrix;
+use super::affine::{AffineMatrix, GroupParams};
 use super::matrix::{FloatData, FloatMatrix, Matrix};
 use crate::config::{Config, Family};
 use anyhow::{anyhow, bail, Context, Result};
@@ -55,15 +55,6 @@ const SHIFTED_NORMS: [&str; 5] = [
 ];
 
 /// The files that make up the checkpoint in `dir`.
-/// The candle dtype of a float safetensors dtype (scales are f32, f16 or bf16).
-fn dtype_of(d: Dtype) -> candle_core::DType {
-    match d {
-        Dtype::BF16 => candle_core::DType::BF16,
-        Dtype::F16 => candle_core::DType::F16,
-        _ => candle_core::DType::F32,
-    }
-}
-
 fn shard_paths(dir: &Path) -> Result<Vec<PathBuf>> {
     let index = dir.join("model.safetensors.index.json");
     if index.exists() {
@@ -208,10 +199,28 @@ impl Checkpoint {
         )
     }
 
-    fn bytes(&self, e: &Entry) -> &[u8] {
+    /// Runs `copy` on the tensor's bytes, then gives the mapped pages back to the kernel.
+    ///
+    /// Every loader copies what it reads (into host matrices or device buffers), so keeping
+    /// the pages resident would hold the checkpoint in memory twice, and peak RSS at twice
+    /// its size. The mapping is read-only and backed by the file, so a later read of the same
+    /// range (a tensor read twice, a neighbour sharing the edge page) faults it back in.
+    fn with_bytes<T>(&self, e: &Entry, copy: impl FnOnce(&[u8]) -> T) -> T {
         let f = &self.files[e.file];
         let (a, b) = e.info.data_offsets;
-        &f.mmap[f.data_start + a..f.data_start + b]
+        let out = copy(&f.mmap[f.data_start + a..f.data_start + b]);
+        #[cfg(unix)]
+        // SAFETY: no slice of this range outlives `copy`; dropping pages of a read-only
+        // file mapping only makes the next access read them from the file again. Failure
+        // (an unsupported advice) leaves the pages resident, which is merely what we had.
+        let _ = unsafe {
+            f.mmap.unchecked_advise_range(
+                memmap2::UncheckedAdvice::DontNeed,
+                f.data_start + a,
+                b - a,
+            )
+        };
+        out
     }
 
     fn check_shape(&self, e: &Entry, want: &[usize]) -> Result<()> {
@@ -241,8 +250,21 @@ impl Checkpoint {
         })
     }
 
+    /// Quantization scales or biases in their stored dtype, shape checked.
+    fn group_params(&self, e: &Entry, want: &[usize]) -> Result<GroupParams> {
+        self.check_shape(e, want)?;
+        Ok(match self.float_data(e)? {
+            FloatData::F32(v) => v.into(),
+            FloatData::Bf16(v) => v.into(),
+            FloatData::F16(v) => v.into(),
+        })
+    }
+
     fn float_data(&self, e: &Entry) -> Result<FloatData> {
-        let raw = self.bytes(e);
+        self.with_bytes(e, |raw| self.decode_floats(e, raw))
+    }
+
+    fn decode_floats(&self, e: &Entry, raw: &[u8]) -> Result<FloatData> {
         Ok(match e.info.dtype {
             Dtype::F32 => FloatData::F32(
                 raw.chunks_exact(4)
@@ -404,13 +426,13 @@ impl Checkpoint {
         group_shape.push(groups);
         self.check_shape(s, &group_shape)?;
         self.check_shape(b, &group_shape)?;
-        let packed: Vec<u32> = self
-            .bytes(w)
-            .chunks_exact(4)
-            .map(|c| u32::from_le_bytes(c.try_into().unwrap()))
-            .collect();
-        let scales = self.f32_data(&format!("{module}.scales"), &group_shape)?;
-        let biases = self.f32_data(&format!("{module}.biases"), &group_shape)?;
+        let packed: Vec<u32> = self.with_bytes(w, |raw| {
+            raw.chunks_exact(4)
+                .map(|c| u32::from_le_bytes(c.try_into().unwrap()))
+                .collect()
+        });
+        let scales = self.group_params(s, &group_shape)?;
+        let biases = self.group_params(b, &group_shape)?;
         let (experts, rows) = match lead_rows {
             [r] => (1, *r),
             [e, r] => (*e, *r),
@@ -424,7 +446,7 @@ impl Checkpoint {
             scales,
             biases,
         )
-        .map(|m| Matrix::Affine(m.with_scale_dtype(dtype_of(s.info.dtype))))
+        .map(Matrix::Affine)
         .with_context(|| self.location(w))
     }
 

@@ -278,6 +278,21 @@ fn fused_affine_matmul_t(a: &AffineMatrix, expert: usize, x: &[f32], m: usize) -
             .map(gdn_ops::affine_q8::Q8Row::quantize)
             .collect::<Vec<_>>()
     });
+    if let Some(q8) = q8 {
+        // [m, rows]: each activation row's products for a task's weight rows are contiguous.
+        let mut y = vec![0f32; m * rows];
+        for (j, (xq, y_row)) in q8.iter().zip(y.chunks_exact_mut(rows)).enumerate() {
+            let sums = &group_sums[j * gpr..(j + 1) * gpr];
+            y_row
+                .par_chunks_mut(ROWS_PER_TASK)
+                .enumerate()
+                .for_each(|(task, out)| {
+                    let first = expert * rows + task * ROWS_PER_TASK;
+                    gdn_ops::affine_q8::rows_dot(a, first, xq, sums, out);
+                });
+        }
+        return y;
+    }
     // Transposed ([rows, m]) as in `Matrix::matmul_t`, so each task owns a contiguous slice.
     let mut yt = vec![0f32; rows * m];
     yt.par_chunks_mut(ROWS_PER_TASK * m)
@@ -287,10 +302,7 @@ fn fused_affine_matmul_t(a: &AffineMatrix, expert: usize, x: &[f32], m: usize) -
                 let row = expert * rows + task * ROWS_PER_TASK + i;
                 for (j, o) in out_row.iter_mut().enumerate() {
                     let sums = &group_sums[j * gpr..(j + 1) * gpr];
-                    *o = match &q8 {
-                        Some(rows) => gdn_ops::affine_q8::row_dot(a, row, &rows[j], sums),
-                        None => a.row_dot(row, &x[j * cols..(j + 1) * cols], sums),
-                    };
+                    *o = a.row_dot(row, &x[j * cols..(j + 1) * cols], sums);
                 }
             }
         });
