@@ -1,8 +1,8 @@
-//! The reference recurrence on the CPU: one pass over time per state row, rows in parallel.
+//! The reference recurrence on the CPU: one pass over time per head, heads in parallel.
 //!
 //! Every row `S[b, hv, dv, :]` of the state evolves independently (its memory read uses
-//! only itself), so rows are the unit of parallelism and each keeps its `Dk` values in a
-//! local f32 buffer for the whole time loop, like a GPU lane's registers.
+//! only itself), as a GPU lane's registers would hold it; a head's rows are walked together
+//! so that they share each step's `q` and `k` loads.
 
 use super::{GdnDims, Inputs};
 use anyhow::Result;
@@ -80,45 +80,68 @@ impl StateElem for bf16 {
 }
 
 impl Recurrence {
+    /// One task per (batch, value head): its `Dv × Dk` state (64 KiB at Qwen3-Next's
+    /// shapes) stays in cache while the steps go by, and each step's `q` and `k` are read
+    /// once for all of its rows. Within a row the arithmetic is the row-by-row recurrence's.
     fn run<S: StateElem>(&self, state: &mut [S]) {
         let d = self.dims;
         let (t_len, dk, dv, hv_n) = (d.steps, d.key_dim, d.value_dim, d.value_heads);
         let group = d.value_heads / d.key_heads;
-        // Per-row outputs `[rows, T]`, transposed into `[B, T, Hv, Dv]` afterwards.
-        let mut y_rows = vec![0f32; state.len() / dk * t_len];
+        // Per-head outputs `[T, Dv]`, scattered into `[B, T, Hv, Dv]` afterwards.
+        let mut y_heads = vec![0f32; state.len() / dk * t_len];
         state
-            .par_chunks_mut(dk)
-            .zip(y_rows.par_chunks_mut(t_len.max(1)))
+            .par_chunks_mut(dv * dk)
+            .zip(y_heads.par_chunks_mut((t_len * dv).max(1)))
             .enumerate()
-            .for_each(|(row, (s_row, y))| {
-                let (b, hv, dv_i) = (row / (hv_n * dv), (row / dv) % hv_n, row % dv);
+            .for_each(|(head, (s_head, y))| {
+                let (b, hv) = (head / hv_n, head % hv_n);
                 let hk = hv / group;
-                let mut s: Vec<f32> = s_row.iter().map(|x| x.load()).collect();
+                let mut s: Vec<f32> = s_head.iter().map(|x| x.load()).collect();
                 for t in 0..t_len {
-                    let qk_at = ((b * t_len + t) * d.key_heads + hk) * dk;
-                    let (q, k) = (&self.q[qk_at..qk_at + dk], &self.k[qk_at..qk_at + dk]);
+                    let y_t = &mut y[t * dv..(t + 1) * dv];
                     if self.mask.as_ref().is_some_and(|m| m[b * t_len + t] == 0.0) {
-                        y[t] = 0.0;
+                        y_t.fill(0.0);
                         continue;
                     }
+                    let qk_at = ((b * t_len + t) * d.key_heads + hk) * dk;
+                    let (q, k) = (&self.q[qk_at..qk_at + dk], &self.k[qk_at..qk_at + dk]);
                     let gate_at = (b * t_len + t) * hv_n + hv;
                     let (g, beta) = (self.g[gate_at], self.beta[gate_at]);
-                    let v = self.v[gate_at * dv + dv_i];
-                    let delta = (v - decay_and_read(&mut s, k, g)) * beta;
-                    y[t] = write_and_read(&mut s, k, q, delta);
+                    let v = &self.v[gate_at * dv..(gate_at + 1) * dv];
+                    step(&mut s, q, k, v, g, beta, y_t);
                 }
-                for (dst, x) in s_row.iter_mut().zip(&s) {
+                for (dst, x) in s_head.iter_mut().zip(&s) {
                     *dst = S::store(*x);
                 }
             });
-        let mut y = vec![0f32; y_rows.len()];
-        for (row, ys) in y_rows.chunks_exact(t_len.max(1)).enumerate() {
-            let (b, hv, dv_i) = (row / (hv_n * dv), (row / dv) % hv_n, row % dv);
-            for (t, &val) in ys.iter().enumerate().take(t_len) {
-                y[((b * t_len + t) * hv_n + hv) * dv + dv_i] = val;
+        let mut y = vec![0f32; y_heads.len()];
+        for (head, ys) in y_heads.chunks_exact((t_len * dv).max(1)).enumerate() {
+            let (b, hv) = (head / hv_n, head % hv_n);
+            for (t, y_t) in ys.chunks_exact(dv).enumerate().take(t_len) {
+                let at = ((b * t_len + t) * hv_n + hv) * dv;
+                y[at..at + dv].copy_from_slice(y_t);
             }
         }
         *self.y.lock().expect("output lock") = y;
+    }
+}
+
+crate::multiversion! {
+    /// One time step of one head, row by row (`s` is `[Dv, Dk]`): decay and read the memory,
+    /// correct it towards `v` by `β`, read it with `q`.
+    fn step(
+        s: &mut [f32],
+        q: &[f32],
+        k: &[f32],
+        v: &[f32],
+        g: f32,
+        beta: f32,
+        y: &mut [f32],
+    ) -> () {
+        for ((row, &v), y) in s.chunks_exact_mut(k.len()).zip(v).zip(y) {
+            let delta = (v - decay_and_read(row, k, g)) * beta;
+            *y = write_and_read(row, k, q, delta);
+        }
     }
 }
 
@@ -142,7 +165,7 @@ impl InplaceOp1 for Recurrence {
 
 /// `s ← g·s`, returns `s·k`: decay and memory read in one pass over the row. Eight
 /// independent accumulators let the compiler use SIMD lanes.
-#[inline]
+#[inline(always)]
 fn decay_and_read(s: &mut [f32], k: &[f32], g: f32) -> f32 {
     let mut acc = [0f32; 8];
     let mut tail = 0f32;
@@ -162,7 +185,7 @@ fn decay_and_read(s: &mut [f32], k: &[f32], g: f32) -> f32 {
 }
 
 /// `s ← s + δ·k`, returns `s·q`.
-#[inline]
+#[inline(always)]
 fn write_and_read(s: &mut [f32], k: &[f32], q: &[f32], delta: f32) -> f32 {
     let mut acc = [0f32; 8];
     let mut tail = 0f32;

@@ -197,34 +197,157 @@ impl Matrix {
 
     /// `y = x · W[expert]ᵀ` for `x` of shape `[m, cols]` (row-major); returns `[m, rows]`.
     pub fn matmul_t(&self, expert: usize, x: &[f32], m: usize) -> Vec<f32> {
-        let (rows, cols) = (self.rows(), self.cols());
+        Self::matmul_t_many(&[Product {
+            matrix: self,
+            expert,
+            x,
+            m,
+        }])
+        .pop()
+        .expect("one product in, one out")
+    }
+
+    /// Several independent products (the selected experts of a MoE layer) in one parallel
+    /// pass: the workers are woken once for all of them rather than once per product, and
+    /// small products share the cores instead of each being split in two.
+    pub fn matmul_t_many(products: &[Product]) -> Vec<Vec<f32>> {
+        // Read on the calling thread: the rayon workers below do not see its thread-locals.
+        let q8 = gdn_ops::affine_q8::enabled();
+        let prepared: Vec<Option<Prepared>> =
+            products.iter().map(|p| Prepared::new(p, q8)).collect();
+        let mut outputs: Vec<Vec<f32>> = products
+            .iter()
+            .map(|p| vec![0f32; p.matrix.rows() * p.m])
+            .collect();
+        // Every product's output, `[rows, m]`, cut into tasks of ROWS_PER_TASK rows.
+        let mut tasks: Vec<(&Prepared, usize, &mut [f32])> = vec![];
+        for (prep, yt) in prepared.iter().zip(outputs.iter_mut()) {
+            if let Some(prep) = prep {
+                let per_task = ROWS_PER_TASK * prep.m;
+                for (i, out) in yt.chunks_mut(per_task.max(1)).enumerate() {
+                    tasks.push((prep, i * ROWS_PER_TASK, out));
+                }
+            }
+        }
+        tasks
+            .into_par_iter()
+            .for_each(|(prep, first, out)| prep.fill(first, out));
+        products
+            .iter()
+            .zip(prepared)
+            .zip(outputs)
+            .map(|((p, prep), yt)| match prep {
+                Some(_) => transpose_rows(yt, p.matrix.rows(), p.m),
+                None => p.matrix.gemm_matmul_t(p.expert, p.x, p.m),
+            })
+            .collect()
+    }
+}
+
+/// One `x · W[expert]ᵀ` for [`Matrix::matmul_t_many`].
+#[derive(Clone, Copy)]
+pub struct Product<'a> {
+    pub matrix: &'a Matrix,
+    pub expert: usize,
+    /// `[m, cols]`, row-major.
+    pub x: &'a [f32],
+    pub m: usize,
+}
+
+/// A product ready to be computed a block of weight rows at a time, with what every block
+/// needs from the activations computed once.
+struct Prepared<'a> {
+    product: Product<'a>,
+    m: usize,
+    kind: Kernel<'a>,
+}
+
+enum Kernel<'a> {
+    /// 8-bit activations against 4-bit weights, in integers (any `m`).
+    Q8 {
+        matrix: &'a AffineMatrix,
+        xs: Vec<gdn_ops::affine_q8::Q8Row>,
+        group_sums: Vec<f32>,
+    },
+    /// 4/8-bit weights dotted from their packed form (few activation rows).
+    Packed {
+        matrix: &'a AffineMatrix,
+        group_sums: Vec<f32>,
+    },
+    /// Any weights, each row dequantized to f32 and dotted (few activation rows).
+    Dequantized,
+}
+
+impl<'a> Prepared<'a> {
+    /// `None`: the product is prefill-shaped and goes through the blocked GEMM.
+    fn new(p: &Product<'a>, q8: bool) -> Option<Self> {
+        let (m, cols) = (p.m, p.matrix.cols());
         assert_eq!(
-            x.len(),
+            p.x.len(),
             m * cols,
             "activation width does not match the weight"
         );
-        if let Self::Affine(w) = self {
-            if w.has_fused_dot() && m <= FUSED_DOT_MAX_ROWS {
-                return fused_affine_matmul_t(w, expert, x, m);
+        let sums = |group: usize| p.x.chunks_exact(group).map(|g| g.iter().sum()).collect();
+        let kind = match p.matrix {
+            Matrix::Affine(a) if q8 && gdn_ops::affine_q8::supports(a) => Kernel::Q8 {
+                matrix: a,
+                xs: p
+                    .x
+                    .chunks_exact(cols)
+                    .map(gdn_ops::affine_q8::Q8Row::quantize)
+                    .collect(),
+                group_sums: sums(a.group_size),
+            },
+            Matrix::Affine(a) if a.has_fused_dot() && m <= FUSED_DOT_MAX_ROWS => Kernel::Packed {
+                matrix: a,
+                group_sums: sums(a.group_size),
+            },
+            _ if m >= GEMM_MIN_ROWS => return None,
+            _ => Kernel::Dequantized,
+        };
+        Some(Self {
+            product: *p,
+            m,
+            kind,
+        })
+    }
+
+    /// Rows `first .. first + out.len() / m` of the product, transposed: `out` is
+    /// `[rows, m]`.
+    fn fill(&self, first: usize, out: &mut [f32]) {
+        let Product {
+            matrix, expert, x, ..
+        } = self.product;
+        let (m, cols) = (self.m, matrix.cols());
+        let rows = out.len() / m;
+        match &self.kind {
+            Kernel::Q8 {
+                matrix,
+                xs,
+                group_sums,
+            } => {
+                let at = expert * matrix.rows + first;
+                gdn_ops::affine_q8::rows_dot(matrix, at, rows, xs, group_sums, out);
             }
-        }
-        if m >= GEMM_MIN_ROWS {
-            return self.gemm_matmul_t(expert, x, m);
-        }
-        // Computed transposed ([rows, m]) so that each task owns a contiguous output slice.
-        let mut yt = vec![0f32; rows * m];
-        yt.par_chunks_mut(ROWS_PER_TASK * m)
-            .enumerate()
-            .for_each(|(task, out)| {
+            Kernel::Packed { matrix, group_sums } => {
+                let gpr = cols / matrix.group_size;
+                for (i, out_row) in out.chunks_exact_mut(m).enumerate() {
+                    let row = expert * matrix.rows + first + i;
+                    for (j, (o, xr)) in out_row.iter_mut().zip(x.chunks_exact(cols)).enumerate() {
+                        *o = matrix.row_dot(row, xr, &group_sums[j * gpr..(j + 1) * gpr]);
+                    }
+                }
+            }
+            Kernel::Dequantized => {
                 let mut w = vec![0f32; cols];
                 for (i, out_row) in out.chunks_exact_mut(m).enumerate() {
-                    self.row_into(expert, task * ROWS_PER_TASK + i, &mut w);
+                    matrix.row_into(expert, first + i, &mut w);
                     for (o, xr) in out_row.iter_mut().zip(x.chunks_exact(cols)) {
                         *o = dot(&w, xr);
                     }
                 }
-            });
-        transpose_rows(yt, rows, m)
+            }
+        }
     }
 }
 
@@ -267,59 +390,17 @@ const GEMM_BLOCK_ROWS: usize = 256;
 /// row is cheaper (prefill).
 const FUSED_DOT_MAX_ROWS: usize = 4;
 
-/// Decode-shaped products: `y = x · W[expert]ᵀ` from packed weights, no dequantized rows.
-fn fused_affine_matmul_t(a: &AffineMatrix, expert: usize, x: &[f32], m: usize) -> Vec<f32> {
-    let (rows, cols, group) = (a.rows, a.cols, a.group_size);
-    let group_sums: Vec<f32> = x.chunks_exact(group).map(|g| g.iter().sum()).collect();
-    let gpr = cols / group;
-    // Read on the calling thread: the rayon workers below do not see its thread-locals.
-    let q8 = (gdn_ops::affine_q8::enabled() && gdn_ops::affine_q8::supports(a)).then(|| {
-        x.chunks_exact(cols)
-            .map(gdn_ops::affine_q8::Q8Row::quantize)
-            .collect::<Vec<_>>()
-    });
-    if let Some(q8) = q8 {
-        // [m, rows]: each activation row's products for a task's weight rows are contiguous.
-        let mut y = vec![0f32; m * rows];
-        for (j, (xq, y_row)) in q8.iter().zip(y.chunks_exact_mut(rows)).enumerate() {
-            let sums = &group_sums[j * gpr..(j + 1) * gpr];
-            y_row
-                .par_chunks_mut(ROWS_PER_TASK)
-                .enumerate()
-                .for_each(|(task, out)| {
-                    let first = expert * rows + task * ROWS_PER_TASK;
-                    gdn_ops::affine_q8::rows_dot(a, first, xq, sums, out);
-                });
-        }
-        return y;
-    }
-    // Transposed ([rows, m]) as in `Matrix::matmul_t`, so each task owns a contiguous slice.
-    let mut yt = vec![0f32; rows * m];
-    yt.par_chunks_mut(ROWS_PER_TASK * m)
-        .enumerate()
-        .for_each(|(task, out)| {
-            for (i, out_row) in out.chunks_exact_mut(m).enumerate() {
-                let row = expert * rows + task * ROWS_PER_TASK + i;
-                for (j, o) in out_row.iter_mut().enumerate() {
-                    let sums = &group_sums[j * gpr..(j + 1) * gpr];
-                    *o = a.row_dot(row, &x[j * cols..(j + 1) * cols], sums);
-                }
-            }
-        });
-    transpose_rows(yt, rows, m)
-}
-
-/// `[rows, m]` → `[m, rows]` (a no-op for a single activation row).
+/// `[rows, m]` → `[m, rows]` (a no-op for a single activation row), one output row per task.
 fn transpose_rows(yt: Vec<f32>, rows: usize, m: usize) -> Vec<f32> {
     if m == 1 {
         return yt;
     }
     let mut y = vec![0f32; m * rows];
-    for (r, col) in yt.chunks_exact(m).enumerate() {
-        for (i, &v) in col.iter().enumerate() {
-            y[i * rows + r] = v;
+    y.par_chunks_mut(rows).enumerate().for_each(|(i, out)| {
+        for (o, col) in out.iter_mut().zip(yt.chunks_exact(m)) {
+            *o = col[i];
         }
-    }
+    });
     y
 }
 
