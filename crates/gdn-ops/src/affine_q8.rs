@@ -416,7 +416,11 @@ mod tests {
             // SAFETY: as above.
             let alone = unsafe { row_dots_avx2(w, std::array::from_ref(x)) };
             for (got, how) in [(alone[0], "alone"), (together[a], "batched")] {
-                assert_eq!(got.to_bits(), want.to_bits(), "{what}, {how}: {got} vs {want}");
+                assert_eq!(
+                    got.to_bits(),
+                    want.to_bits(),
+                    "{what}, {how}: {got} vs {want}"
+                );
             }
         }
     }
@@ -509,12 +513,14 @@ mod row_tests {
     #[test]
     fn batched_rows_match_single_rows() {
         let (rows, cols, group, n) = (3, 256, 64, 6);
-        let q: Vec<u32> = (0..(rows * cols) as u32).map(|j| (j * 7 + 1) % 16).collect();
+        let q: Vec<u32> = (0..(rows * cols) as u32)
+            .map(|j| (j * 7 + 1) % 16)
+            .collect();
         let groups = rows * cols / group;
         let scales: Vec<f32> = (0..groups).map(|g| 0.03 + 0.002 * g as f32).collect();
         let biases: Vec<f32> = (0..groups).map(|g| 0.01 * g as f32 - 0.05).collect();
-        let m = AffineMatrix::new(4, group, [1, rows, cols], pack_row(&q, 4), scales, biases)
-            .unwrap();
+        let m =
+            AffineMatrix::new(4, group, [1, rows, cols], pack_row(&q, 4), scales, biases).unwrap();
         let x: Vec<f32> = (0..n * cols)
             .map(|j| ((j * 17 % 61) as f32 - 30.0) / 11.0)
             .collect();

@@ -18,9 +18,6 @@ pub fn on_cpu_pool<R: Send>(work: impl FnOnce() -> R + Send) -> R {
             .build()
             .ok()
     });
-    if std::env::var_os("TMP_NO_POOL").is_some() {
-        return work();
-    }
     match pool {
         Some(pool) => pool.install(work),
         // No threads could be started: the caller's thread does the work (rayon falls back

@@ -9,6 +9,7 @@ mod generate;
 mod hub;
 mod load;
 mod memory;
+mod process;
 mod sampler;
 mod stream;
 
@@ -37,6 +38,7 @@ enum Command {
 }
 
 fn main() -> ExitCode {
+    process::configure();
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         // --help and --version are "errors" to clap; they print to stdout and succeed.

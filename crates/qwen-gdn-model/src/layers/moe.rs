@@ -12,7 +12,7 @@
 use super::linear::Linear;
 use super::mlp::Mlp;
 use super::norm::{cast, contiguous};
-use crate::weights::{Checkpoint, Matrix, Weight};
+use crate::weights::{Checkpoint, Matrix, Product, Weight};
 use crate::Config;
 use anyhow::Result;
 use candle_core::{DType, Device, Tensor, D};
@@ -157,21 +157,57 @@ impl SparseMoe {
                 assigned[e].push((tok, w));
             }
         }
+        let chosen: Vec<(usize, &[(usize, f32)])> = assigned
+            .iter()
+            .enumerate()
+            .filter(|(_, t)| !t.is_empty())
+            .map(|(e, t)| (e, t.as_slice()))
+            .collect();
+        let inputs: Vec<Vec<f32>> = chosen
+            .iter()
+            .map(|(_, tokens)| {
+                tokens
+                    .iter()
+                    .flat_map(|&(t, _)| xs[t * h..(t + 1) * h].iter().copied())
+                    .collect()
+            })
+            .collect();
+        // Every chosen expert's gate and up products in one parallel pass, then every down
+        // product in another: two wake-ups of the workers per layer, not three per expert.
+        fn product<'a>(matrix: &'a Matrix, expert: usize, x: &'a [f32], m: usize) -> Product<'a> {
+            Product {
+                matrix,
+                expert,
+                x,
+                m,
+            }
+        }
+        let gate_up: Vec<Product> = chosen
+            .iter()
+            .zip(&inputs)
+            .flat_map(|(&(e, tokens), x)| {
+                let m = tokens.len();
+                [product(gate_proj, e, x, m), product(up_proj, e, x, m)]
+            })
+            .collect();
+        let gate_up = Matrix::matmul_t_many(&gate_up);
+        let acts: Vec<Vec<f32>> = gate_up
+            .chunks_exact(2)
+            .map(|gu| {
+                gu[0]
+                    .iter()
+                    .zip(&gu[1])
+                    .map(|(g, u)| g / (1.0 + (-g).exp()) * u)
+                    .collect()
+            })
+            .collect();
+        let down: Vec<Product> = chosen
+            .iter()
+            .zip(&acts)
+            .map(|(&(e, tokens), act)| product(down_proj, e, act, tokens.len()))
+            .collect();
         let mut out = vec![0f32; xs.len()];
-        for (e, tokens) in assigned.iter().enumerate().filter(|(_, t)| !t.is_empty()) {
-            let m = tokens.len();
-            let rows: Vec<f32> = tokens
-                .iter()
-                .flat_map(|&(t, _)| xs[t * h..(t + 1) * h].iter().copied())
-                .collect();
-            let gate = gate_proj.matmul_t(e, &rows, m);
-            let up = up_proj.matmul_t(e, &rows, m);
-            let act: Vec<f32> = gate
-                .iter()
-                .zip(&up)
-                .map(|(g, u)| g / (1.0 + (-g).exp()) * u)
-                .collect();
-            let down = down_proj.matmul_t(e, &act, m);
+        for ((_, tokens), down) in chosen.iter().zip(Matrix::matmul_t_many(&down)) {
             for (&(t, w), y) in tokens.iter().zip(down.chunks_exact(h)) {
                 out[t * h..(t + 1) * h]
                     .iter_mut()

@@ -9,5 +9,5 @@ pub mod weight;
 
 pub use affine::AffineMatrix;
 pub use checkpoint::Checkpoint;
-pub use matrix::{FloatData, FloatMatrix, Matrix};
+pub use matrix::{FloatData, FloatMatrix, Matrix, Product};
 pub use weight::Weight;
