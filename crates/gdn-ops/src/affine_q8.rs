@@ -177,8 +177,13 @@ fn rows_dot_in<P: Widen>(
     }
 }
 
-/// The AVX2 kernel where the CPU has it, else the portable one.
+/// The VNNI kernel or else the AVX2 one where the CPU has it, else the portable one.
 fn dispatch<P: Widen, const A: usize>(w: &WeightRow<P>, xs: &[Activation; A]) -> [f32; A] {
+    #[cfg(target_arch = "x86_64")]
+    if crate::simd::has_vnni() {
+        // SAFETY: the CPU has AVX-512 F, VL and VNNI, and AVX2 and FMA.
+        return unsafe { row_dots_vnni(w, xs) };
+    }
     #[cfg(target_arch = "x86_64")]
     if crate::simd::level() >= crate::simd::Level::Avx2 {
         // SAFETY: AVX2 and FMA are present (the level says so).
@@ -272,80 +277,124 @@ fn row_dot_portable<P: Widen>(w: &WeightRow<P>, x: &Activation) -> f32 {
 /// summed in i16: at most 2 · 15 · 127, no saturation), widened to eight i32 partial sums,
 /// converted and scaled into that row's f32 accumulator: one horizontal sum per pair, none
 /// per chunk, and `A` independent FMA chains that hide each other's latency.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn row_dots_avx2<P: Widen, const A: usize>(
-    w: &WeightRow<P>,
-    xs: &[Activation; A],
-) -> [f32; A] {
-    use std::arch::x86_64::*;
-    let groups = w.scales.len();
-    let chunks_per_group = w.chunks_per_group;
-    let chunks = groups * chunks_per_group;
-    assert!(w.words.len() == 8 * chunks && w.biases.len() == groups);
-    for x in xs {
-        assert!(x.q.values.len() == CHUNK * chunks && x.q.lane_scales.len() == 8 * chunks);
-        assert!(x.group_sums.len() == groups);
-    }
-    // Group sizes are powers of two (64 or 128 here), so a chunk's group is a shift away.
-    assert!(chunks_per_group.is_power_of_two());
-    let group_shift = chunks_per_group.trailing_zeros();
-    let low_mask = _mm256_set1_epi8(0x0F);
-    let ones = _mm256_set1_epi16(1);
-    let packed_at = w.words.as_ptr() as *const __m256i;
-    // The bias terms first, as the portable copy sums them: eight groups per step, a
-    // multiply then an add (not fused), the tail lane by lane.
-    let mut acc = [_mm256_setzero_ps(); A];
-    let whole = groups / 8 * 8;
-    for g in (0..whole).step_by(8) {
-        let b: [f32; 8] = std::array::from_fn(|l| w.biases[g + l].widen());
-        let b = _mm256_loadu_ps(b.as_ptr());
-        for a in 0..A {
-            let sums = _mm256_loadu_ps(xs[a].group_sums.as_ptr().add(g));
-            acc[a] = _mm256_add_ps(acc[a], _mm256_mul_ps(b, sums));
-        }
-    }
-    if whole < groups {
-        for a in 0..A {
-            let mut lanes = [0f32; 8];
-            _mm256_storeu_ps(lanes.as_mut_ptr(), acc[a]);
-            for g in whole..groups {
-                lanes[g - whole] += w.biases[g].widen() * xs[a].group_sums[g];
+///
+/// The kernel is written once and compiled twice (`row_dots_kernel!`): for AVX2, and for
+/// AVX-512 VNNI, where one `vpdpbusd` does the u8 × i8 products and their four-way i32 sums
+/// (the same integers: nothing saturates in either form, so the results are bit-identical).
+macro_rules! row_dots_kernel {
+    ($name:ident, $features:literal, $chunk_dot:ident) => {
+        #[cfg(target_arch = "x86_64")]
+        #[target_feature(enable = $features)]
+        unsafe fn $name<P: Widen, const A: usize>(
+            w: &WeightRow<P>,
+            xs: &[Activation; A],
+        ) -> [f32; A] {
+            use std::arch::x86_64::*;
+            let groups = w.scales.len();
+            let chunks_per_group = w.chunks_per_group;
+            let chunks = groups * chunks_per_group;
+            assert!(w.words.len() == 8 * chunks && w.biases.len() == groups);
+            for x in xs {
+                assert!(x.q.values.len() == CHUNK * chunks && x.q.lane_scales.len() == 8 * chunks);
+                assert!(x.group_sums.len() == groups);
             }
-            acc[a] = _mm256_loadu_ps(lanes.as_ptr());
+            // Group sizes are powers of two (64 or 128 here), so a chunk's group is a shift away.
+            assert!(chunks_per_group.is_power_of_two());
+            let group_shift = chunks_per_group.trailing_zeros();
+            let low_mask = _mm256_set1_epi8(0x0F);
+            let packed_at = w.words.as_ptr() as *const __m256i;
+            // The bias terms first, as the portable copy sums them: eight groups per step, a
+            // multiply then an add (not fused), the tail lane by lane.
+            let mut acc = [_mm256_setzero_ps(); A];
+            let whole = groups / 8 * 8;
+            for g in (0..whole).step_by(8) {
+                let b: [f32; 8] = std::array::from_fn(|l| w.biases[g + l].widen());
+                let b = _mm256_loadu_ps(b.as_ptr());
+                for a in 0..A {
+                    let sums = _mm256_loadu_ps(xs[a].group_sums.as_ptr().add(g));
+                    acc[a] = _mm256_add_ps(acc[a], _mm256_mul_ps(b, sums));
+                }
+            }
+            if whole < groups {
+                for a in 0..A {
+                    let mut lanes = [0f32; 8];
+                    _mm256_storeu_ps(lanes.as_mut_ptr(), acc[a]);
+                    for g in whole..groups {
+                        lanes[g - whole] += w.biases[g].widen() * xs[a].group_sums[g];
+                    }
+                    acc[a] = _mm256_loadu_ps(lanes.as_ptr());
+                }
+            }
+            for c in 0..chunks {
+                // SAFETY: c < chunks, and the asserts above bound every read.
+                let packed = _mm256_loadu_si256(packed_at.add(c));
+                let lo = _mm256_and_si256(packed, low_mask);
+                let hi = _mm256_and_si256(_mm256_srli_epi16(packed, 4), low_mask);
+                let scale = _mm256_set1_ps(w.scales.get_unchecked(c >> group_shift).widen());
+                for a in 0..A {
+                    let xq = xs[a].q.values.as_ptr() as *const __m256i;
+                    let x_even = _mm256_loadu_si256(xq.add(2 * c));
+                    let x_odd = _mm256_loadu_si256(xq.add(2 * c + 1));
+                    let x_scales = _mm256_loadu_ps(xs[a].q.lane_scales.as_ptr().add(8 * c));
+                    // Lanes 0..4 sum elements 0..32 of the chunk, lanes 4..8 elements 32..64.
+                    let sum32 = _mm256_cvtepi32_ps($chunk_dot(lo, hi, x_even, x_odd));
+                    let dx = _mm256_mul_ps(x_scales, scale);
+                    acc[a] = _mm256_fmadd_ps(sum32, dx, acc[a]);
+                }
+            }
+            let mut out = [0f32; A];
+            for a in 0..A {
+                let v = acc[a];
+                let v = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+                let v = _mm_add_ps(v, _mm_movehl_ps(v, v));
+                let v = _mm_add_ss(v, _mm_movehdup_ps(v));
+                out[a] = _mm_cvtss_f32(v);
+            }
+            out
         }
-    }
-    for c in 0..chunks {
-        // SAFETY: c < chunks, and the asserts above bound every read.
-        let packed = _mm256_loadu_si256(packed_at.add(c));
-        let lo = _mm256_and_si256(packed, low_mask);
-        let hi = _mm256_and_si256(_mm256_srli_epi16(packed, 4), low_mask);
-        let scale = _mm256_set1_ps(w.scales.get_unchecked(c >> group_shift).widen());
-        for a in 0..A {
-            let xq = xs[a].q.values.as_ptr() as *const __m256i;
-            let x_even = _mm256_loadu_si256(xq.add(2 * c));
-            let x_odd = _mm256_loadu_si256(xq.add(2 * c + 1));
-            let x_scales = _mm256_loadu_ps(xs[a].q.lane_scales.as_ptr().add(8 * c));
-            let sum16 = _mm256_add_epi16(
-                _mm256_maddubs_epi16(lo, x_even),
-                _mm256_maddubs_epi16(hi, x_odd),
-            );
-            // Lanes 0..4 sum elements 0..32 of the chunk, lanes 4..8 elements 32..64.
-            let sum32 = _mm256_cvtepi32_ps(_mm256_madd_epi16(sum16, ones));
-            let dx = _mm256_mul_ps(x_scales, scale);
-            acc[a] = _mm256_fmadd_ps(sum32, dx, acc[a]);
-        }
-    }
-    let mut out = [0f32; A];
-    for a in 0..A {
-        let v = acc[a];
-        let v = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-        let v = _mm_add_ps(v, _mm_movehl_ps(v, v));
-        let v = _mm_add_ss(v, _mm_movehdup_ps(v));
-        out[a] = _mm_cvtss_f32(v);
-    }
-    out
+    };
 }
+
+/// Four-byte sums of `lo · x_even + hi · x_odd` (u8 × i8) in i32 lanes, in AVX2: pairs summed
+/// in i16 by `maddubs` (at most 2 · 2 · 15 · 127: no saturation), then widened by `madd`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+#[inline]
+unsafe fn chunk_dot_avx2(
+    lo: std::arch::x86_64::__m256i,
+    hi: std::arch::x86_64::__m256i,
+    x_even: std::arch::x86_64::__m256i,
+    x_odd: std::arch::x86_64::__m256i,
+) -> std::arch::x86_64::__m256i {
+    use std::arch::x86_64::*;
+    let sum16 = _mm256_add_epi16(
+        _mm256_maddubs_epi16(lo, x_even),
+        _mm256_maddubs_epi16(hi, x_odd),
+    );
+    _mm256_madd_epi16(sum16, _mm256_set1_epi16(1))
+}
+
+/// The same sums with AVX-512 VNNI (256-bit form): two `vpdpbusd`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,avx512f,avx512vl,avx512vnni")]
+#[inline]
+unsafe fn chunk_dot_vnni(
+    lo: std::arch::x86_64::__m256i,
+    hi: std::arch::x86_64::__m256i,
+    x_even: std::arch::x86_64::__m256i,
+    x_odd: std::arch::x86_64::__m256i,
+) -> std::arch::x86_64::__m256i {
+    use std::arch::x86_64::*;
+    let even = _mm256_dpbusd_epi32(_mm256_setzero_si256(), lo, x_even);
+    _mm256_dpbusd_epi32(even, hi, x_odd)
+}
+
+row_dots_kernel!(row_dots_avx2, "avx2,fma", chunk_dot_avx2);
+row_dots_kernel!(
+    row_dots_vnni,
+    "avx2,fma,avx512f,avx512vl,avx512vnni",
+    chunk_dot_vnni
+);
 
 #[cfg(test)]
 mod tests {
@@ -409,18 +458,29 @@ mod tests {
             q: &xs[a],
             group_sums: &group_sums[a * groups..(a + 1) * groups],
         });
-        // SAFETY: the caller checked that AVX2 is present.
-        let together = unsafe { row_dots_avx2(w, &acts) };
-        for (a, x) in acts.iter().enumerate() {
-            let want = row_dot_portable(w, x);
-            // SAFETY: as above.
-            let alone = unsafe { row_dots_avx2(w, std::array::from_ref(x)) };
-            for (got, how) in [(alone[0], "alone"), (together[a], "batched")] {
-                assert_eq!(
-                    got.to_bits(),
-                    want.to_bits(),
-                    "{what}, {how}: {got} vs {want}"
-                );
+        type Kernel<P> = unsafe fn(&WeightRow<P>, &[Activation; 3]) -> [f32; 3];
+        type Single<P> = unsafe fn(&WeightRow<P>, &[Activation; 1]) -> [f32; 1];
+        let mut kernels: Vec<(&str, Kernel<P>, Single<P>)> =
+            vec![("avx2", row_dots_avx2::<P, 3>, row_dots_avx2::<P, 1>)];
+        if crate::simd::has_vnni() {
+            kernels.push(("vnni", row_dots_vnni::<P, 3>, row_dots_vnni::<P, 1>));
+        } else {
+            eprintln!("no AVX-512 VNNI here: only the AVX2 kernel is compared");
+        }
+        for (name, batched, single) in kernels {
+            // SAFETY: the caller checked that AVX2 is present, and has_vnni() the rest.
+            let together = unsafe { batched(w, &acts) };
+            for (a, x) in acts.iter().enumerate() {
+                let want = row_dot_portable(w, x);
+                // SAFETY: as above.
+                let alone = unsafe { single(w, std::array::from_ref(x)) };
+                for (got, how) in [(alone[0], "alone"), (together[a], "batched")] {
+                    assert_eq!(
+                        got.to_bits(),
+                        want.to_bits(),
+                        "{what}, {name} {how}: {got} vs {want}"
+                    );
+                }
             }
         }
     }

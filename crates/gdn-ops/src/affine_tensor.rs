@@ -2,8 +2,9 @@
 //! from them. The packed words, scales and biases are the checkpoint's own (scales keep their
 //! dtype), so a device copy costs what the checkpoint costs.
 //!
-//! On Metal the products run `kernels/affine.metal`; on the CPU a plain twin computes the same
-//! function, so the device-resident code path of the model can be tested on any machine.
+//! On Metal the products run `kernels/affine.metal`, on CUDA `kernels/affine.cu`; on the CPU a
+//! plain twin computes the same function, so the device-resident code path of the model can
+//! be tested on any machine.
 
 use crate::affine::{dequantize_row, AffineMatrix};
 use crate::launches;
@@ -121,6 +122,8 @@ impl AffineTensor {
             Device::Cpu => cpu_dequantize(self, ids, count, dtype),
             #[cfg(any(feature = "metal", target_os = "macos"))]
             Device::Metal(_) => crate::metal::affine::dequantize(self, ids, count, dtype),
+            #[cfg(feature = "cuda")]
+            Device::Cuda(_) => crate::cuda::affine::dequantize(self, ids, count, dtype),
             other => bail!("affine dequantize: no kernel for {other:?} yet"),
         }
     }
@@ -153,6 +156,8 @@ impl AffineTensor {
             Device::Cpu => cpu_products(self, x, ids, x_div, out_rows),
             #[cfg(any(feature = "metal", target_os = "macos"))]
             Device::Metal(_) => crate::metal::affine::products(self, x, ids, x_div, out_rows),
+            #[cfg(feature = "cuda")]
+            Device::Cuda(_) => crate::cuda::affine::products(self, x, ids, x_div, out_rows),
             other => bail!("affine matmul: no kernel for {other:?} yet"),
         }
     }

@@ -9,6 +9,8 @@ pub mod affine;
 pub mod affine_q8;
 pub mod affine_tensor;
 pub mod cpu;
+#[cfg(feature = "cuda")]
+pub mod cuda;
 pub mod launches;
 #[cfg(any(feature = "metal", target_os = "macos"))]
 pub mod metal;
@@ -185,6 +187,8 @@ pub fn gated_delta_update_masked(
         Device::Cpu => cpu::gated_delta_update(dims, &inputs, state),
         #[cfg(any(feature = "metal", target_os = "macos"))]
         Device::Metal(_) => metal::gated_delta_update(dims, &inputs, state),
+        #[cfg(feature = "cuda")]
+        Device::Cuda(_) => cuda::gated_delta_update(dims, &inputs, state),
         other => bail!("gated_delta_update: no kernel for device {other:?} yet"),
     }
 }

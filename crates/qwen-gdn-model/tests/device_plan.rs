@@ -3,6 +3,9 @@
 //! references. This is the code Metal runs, minus the kernels themselves (emulated in
 //! gdn-ops' tests) and candle's own Metal ops.
 //!
+//! With `QWEN_GDN_TEST_DEVICE=cuda` (a `cuda` build, run on the GPU machine by
+//! scripts/gpu/test-cuda.sh) the same tests run the plan on CUDA with the same gates.
+//!
 //! Gates: in f32, the model issue's (logits within 1e-3 of max|logit|, every argmax, 32
 //! identical greedy tokens). In bf16 activations, teacher-forced KL(mlx-lm fp32 ‖ ours) and
 //! top-1 agreement no worse than mlx-lm's own bf16 run of the same checkpoint (recorded as
@@ -24,7 +27,7 @@ fn device_plan(dtype: DType) -> LoadOptions {
 }
 
 fn check_f32(name: &str) {
-    let model = load_with(name, &device_plan(DType::F32));
+    let model = load_on(name, &device_plan(DType::F32), &device_under_test());
     assert_eq!(model.plan(), Plan::Device);
     let reference = Reference::load(name);
     let mut cache = model.new_cache();
@@ -39,7 +42,7 @@ fn check_f32(name: &str) {
 }
 
 fn check_bf16(name: &str) {
-    let model = load_with(name, &device_plan(DType::BF16));
+    let model = load_on(name, &device_plan(DType::BF16), &device_under_test());
     let reference = Reference::load(name);
     let mut cache = model.new_cache();
     let logits = model.forward(&reference.ids("tf_ids"), &mut cache).unwrap();
@@ -86,7 +89,11 @@ per_checkpoint! {
 #[test]
 fn kv_buffers_grow_in_steps() {
     use qwen_gdn_model::cache::{LayerCache, KV_STEP};
-    let model = load_with("qwen3.5-tiny-4bit", &device_plan(DType::F32));
+    let model = load_on(
+        "qwen3.5-tiny-4bit",
+        &device_plan(DType::F32),
+        &device_under_test(),
+    );
     let n = KV_STEP + 3;
     let ids: Vec<u32> = (0..n as u32).map(|i| (i * 37 + 11) % 200).collect();
     let whole = model.forward(&ids, &mut model.new_cache()).unwrap();

@@ -6,7 +6,7 @@
 
 use crate::load::{positive_usize, ModelArgs};
 use anyhow::{Context, Result};
-use candle_core::{Tensor, D};
+use candle_core::{Device, Tensor, D};
 use qwen_gdn_model::{cache::LayerCache, Model, StateDtype};
 use rand::{rngs::StdRng, Rng, SeedableRng};
 use serde_json::json;
@@ -34,7 +34,7 @@ the repetitions.
   model              --model as given
   model_type         config.json's model_type
   size_bytes         total size of the checkpoint's *.safetensors files
-  backend            \"cpu\"
+  backend            \"cpu\", \"cuda\" or \"metal\" (--device)
   prompt_tokens      -p
   gen_tokens         -g
   repetitions        -r (timed repetitions; the warm-up is not counted)
@@ -94,7 +94,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
             "model": args.model.model,
             "model_type": model.config().model_type,
             "size_bytes": size,
-            "backend": "cpu",
+            "backend": backend_name(model.device()),
             "prompt_tokens": p,
             "gen_tokens": g,
             "repetitions": args.repetitions,
@@ -108,7 +108,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
     } else {
         let name = display_name(&args.model.model);
         let rows = [(format!("pp{p}"), &pp), (format!("tg{g}"), &tg)];
-        print_table(&name, size, &rows);
+        print_table(&name, size, backend_name(model.device()), &rows);
         println!();
         println!(
             "t/s: median ± stddev over {} repetition(s) after 1 warm-up; tg{g} runs at depth {p}; \
@@ -143,6 +143,15 @@ fn repetition(
         token = greedy(&model.forward_last(&[token], &mut cache)?)?;
     }
     Ok((prompt_time, start.elapsed()))
+}
+
+/// The backend column: the device the forward passes run on.
+fn backend_name(device: &Device) -> &'static str {
+    match device {
+        Device::Cpu => "cpu",
+        Device::Cuda(_) => "cuda",
+        Device::Metal(_) => "metal",
+    }
 }
 
 /// Argmax of `[1, vocab]` logits.
@@ -255,7 +264,7 @@ fn human_size(bytes: u64) -> String {
 }
 
 /// llama-bench's Markdown table.
-fn print_table(model: &str, size: u64, rows: &[(String, &Stats)]) {
+fn print_table(model: &str, size: u64, backend: &str, rows: &[(String, &Stats)]) {
     let header = ["model", "size", "backend", "test", "t/s", "min – max"];
     let body: Vec<[String; 6]> = rows
         .iter()
@@ -263,7 +272,7 @@ fn print_table(model: &str, size: u64, rows: &[(String, &Stats)]) {
             [
                 model.to_string(),
                 human_size(size),
-                "CPU".to_string(),
+                backend.to_uppercase(),
                 test.clone(),
                 format!("{:.2} ± {:.2}", s.median, s.stddev),
                 format!("{:.2} – {:.2}", s.min, s.max),

@@ -31,8 +31,9 @@ pub struct ModelArgs {
     /// On CPU, bf16/f16 run the device path (weights as tensors, MoE routed by tensor ops)
     #[arg(long, value_enum, default_value_t = ComputeDtype::Auto)]
     pub dtype: ComputeDtype,
-    /// CPU f32 path: round activations to 8 bits per 64 values for 4-bit decode products and
-    /// dot in integers (as llama.cpp does): faster, not exact (KL-gated in the tests)
+    /// CPU f32 path: round activations to 8 bits (one scale per 32 values) for 4-bit
+    /// products, prefill and decode, and dot in integers (as llama.cpp does): faster, not
+    /// exact (KL-gated in the tests)
     #[arg(long)]
     pub q8_activations: bool,
 }
@@ -141,10 +142,25 @@ pub fn select_device(choice: DeviceChoice) -> Result<Device> {
         DeviceChoice::Cpu => Ok(Device::Cpu),
         DeviceChoice::Metal => metal_device(),
         DeviceChoice::Auto => Ok(metal_device().unwrap_or(Device::Cpu)),
-        DeviceChoice::Cuda => {
-            bail!("--device cuda: CUDA support is not built yet (use cpu or metal)")
-        }
+        DeviceChoice::Cuda => cuda_device(),
     }
+}
+
+#[cfg(feature = "cuda")]
+fn cuda_device() -> Result<Device> {
+    Device::new_cuda(0).map_err(|e| {
+        // The one-line cause, without the backtrace candle attaches when RUST_BACKTRACE is set.
+        let cause = match e {
+            candle_core::Error::WithBacktrace { inner, .. } => inner.to_string(),
+            other => other.to_string(),
+        };
+        anyhow::anyhow!("--device cuda: no CUDA device available ({cause})")
+    })
+}
+
+#[cfg(not(feature = "cuda"))]
+fn cuda_device() -> Result<Device> {
+    bail!("--device cuda: this qwen-gdn was built without CUDA (build it with scripts/gpu/build-cuda.sh)")
 }
 
 #[cfg(any(feature = "metal", target_os = "macos"))]

@@ -22,8 +22,25 @@ pub const LAYERED: [&str; 3] = [
     "qwen3.5-moe-tiny-4bit",
 ];
 
+/// models/ of this checkout, or `$QWEN_GDN_MODELS_DIR` (test binaries built here and run on
+/// the GPU machine, scripts/gpu/test-cuda.sh, find the fixtures through it).
 pub fn models_dir() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../models")
+    match std::env::var_os("QWEN_GDN_MODELS_DIR") {
+        Some(dir) => PathBuf::from(dir),
+        None => PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../models"),
+    }
+}
+
+/// The device the device-plan tests run on: the CPU, or the first CUDA GPU with
+/// `QWEN_GDN_TEST_DEVICE=cuda` (a `cuda` build on the GPU machine). Asking for CUDA where
+/// there is none fails the test rather than falling back.
+pub fn device_under_test() -> Device {
+    match std::env::var("QWEN_GDN_TEST_DEVICE").as_deref() {
+        Err(_) | Ok("cpu") => Device::Cpu,
+        Ok("cuda") => Device::new_cuda(0)
+            .unwrap_or_else(|e| panic!("QWEN_GDN_TEST_DEVICE=cuda: no CUDA device ({e})")),
+        Ok(other) => panic!("QWEN_GDN_TEST_DEVICE={other}: expected cpu or cuda"),
+    }
 }
 
 pub fn load(name: &str) -> Model {
@@ -31,7 +48,11 @@ pub fn load(name: &str) -> Model {
 }
 
 pub fn load_with(name: &str, opts: &LoadOptions) -> Model {
-    Model::load(&models_dir().join(name), &Device::Cpu, opts)
+    load_on(name, opts, &Device::Cpu)
+}
+
+pub fn load_on(name: &str, opts: &LoadOptions, device: &Device) -> Model {
+    Model::load(&models_dir().join(name), device, opts)
         .unwrap_or_else(|e| panic!("loading {name}: {e:#}"))
 }
 
@@ -117,6 +138,7 @@ pub fn greedy(model: &Model, prompt: &[u32], n: usize) -> Vec<u32> {
 pub fn kl_and_top1(got: &Tensor, want: &Tensor) -> (f32, f32) {
     use candle_core::D;
     let lp = |t: &Tensor| {
+        let t = t.to_device(&Device::Cpu).unwrap();
         candle_nn::ops::log_softmax(&t.to_dtype(candle_core::DType::F32).unwrap(), D::Minus1)
             .unwrap()
     };

@@ -1,0 +1,37 @@
+//! With the `cuda` feature, compiles `kernels/*.cu` to PTX (sm_90) into OUT_DIR for
+//! `include_str!`. nvcc is `$NVCC`, else `nvcc` on PATH (scripts/gpu/build-cuda.sh provides
+//! CUDA 13.0's from PyPI; a newer nvcc emits PTX that the device's driver may reject).
+//! Without the feature it does nothing.
+
+use std::path::Path;
+use std::process::Command;
+
+const KERNELS: [&str; 2] = ["gated_delta", "affine"];
+
+fn main() {
+    println!("cargo:rerun-if-changed=build.rs");
+    println!("cargo:rerun-if-env-changed=NVCC");
+    println!("cargo:rerun-if-env-changed=CUDA_COMPUTE_CAP");
+    if std::env::var_os("CARGO_FEATURE_CUDA").is_none() {
+        return;
+    }
+    let out_dir = std::env::var("OUT_DIR").expect("cargo sets OUT_DIR");
+    let nvcc = std::env::var("NVCC").unwrap_or_else(|_| "nvcc".into());
+    let arch = format!(
+        "-arch=sm_{}",
+        std::env::var("CUDA_COMPUTE_CAP").unwrap_or_else(|_| "90".into())
+    );
+    for name in KERNELS {
+        let source = Path::new("../../kernels").join(format!("{name}.cu"));
+        println!("cargo:rerun-if-changed={}", source.display());
+        let ptx = Path::new(&out_dir).join(format!("{name}.ptx"));
+        let status = Command::new(&nvcc)
+            .args(["-ptx", &arch, "-O3"])
+            .arg(&source)
+            .arg("-o")
+            .arg(&ptx)
+            .status()
+            .unwrap_or_else(|e| panic!("cannot run {nvcc} (set NVCC or PATH): {e}"));
+        assert!(status.success(), "{nvcc} failed on {}", source.display());
+    }
+}

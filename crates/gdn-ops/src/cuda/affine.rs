@@ -1,0 +1,221 @@
+//! CUDA host side of `kernels/affine.cu`: the two operations the device plan needs from an
+//! [`AffineTensor`] (direct products for few activation rows, row dequantization for the
+//! rest), with the same meaning as the CPU twin in `affine_tensor.rs`.
+
+use super::{cuda_device, dtype_tag, function, tensor, view, KernelSource};
+use crate::affine_tensor::{AffineParams, AffineTensor};
+use anyhow::{bail, ensure, Result};
+use candle_core::cuda_backend::cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg};
+use candle_core::cuda_backend::CudaDType;
+use candle_core::{CudaDevice, DType, Tensor};
+use half::{bf16, f16};
+
+// SAFETY: `AffineParams` is `repr(C)` of seven u32, as the kernel's struct.
+unsafe impl DeviceRepr for AffineParams {}
+
+/// Warps (output values) per block of the products kernel.
+const WARPS_PER_BLOCK: u32 = 8;
+/// Threads per block of the dequantize kernel.
+const DEQUANTIZE_BLOCK: u32 = 256;
+
+fn params(m: &AffineTensor, out_rows: usize, x_div: usize, has_ids: bool) -> AffineParams {
+    AffineParams {
+        rows: m.rows as u32,
+        cols: m.cols as u32,
+        bits: m.bits as u32,
+        group_size: m.group_size as u32,
+        out_rows: out_rows as u32,
+        x_div: x_div as u32,
+        has_ids: has_ids as u32,
+    }
+}
+
+/// Calls `$body` with `$X` and `$S` bound to the Rust types of two float dtypes (values and
+/// scales): the nine instantiations of each kernel.
+macro_rules! with_float_types {
+    ($x:expr, $s:expr, $op:expr, |$X:ident, $S:ident| $body:expr) => {
+        with_float_type!($x, $op, |$X| with_float_type!($s, $op, |$S| $body))
+    };
+}
+
+/// Calls `$body` with `$T` bound to the Rust type of a float dtype.
+macro_rules! with_float_type {
+    ($dtype:expr, $op:expr, |$T:ident| $body:expr) => {
+        match $dtype {
+            DType::F32 => {
+                type $T = f32;
+                $body
+            }
+            DType::F16 => {
+                type $T = f16;
+                $body
+            }
+            DType::BF16 => {
+                type $T = bf16;
+                $body
+            }
+            other => bail!("{}: no CUDA kernel for {other:?}", $op),
+        }
+    };
+}
+
+/// `out_rows` products; output row `i` reads x row `i / x_div` and expert `ids[i]` (or 0).
+pub(crate) fn products(
+    m: &AffineTensor,
+    x: &Tensor,
+    ids: Option<&Tensor>,
+    x_div: usize,
+    out_rows: usize,
+) -> Result<Tensor> {
+    const OP: &str = "affine matmul";
+    let dev = cuda_device(x, OP)?;
+    ensure!(
+        out_rows <= 65535,
+        "{OP}: {out_rows} output rows exceed the CUDA grid"
+    );
+    let x = x.contiguous()?;
+    let ids = ids.map(|t| t.contiguous()).transpose()?;
+    with_float_types!(x.dtype(), m.scales.dtype(), OP, |X, S| {
+        products_as::<X, S>(m, &x, ids.as_ref(), x_div, out_rows, &dev)
+    })
+}
+
+fn products_as<X, S>(
+    m: &AffineTensor,
+    x: &Tensor,
+    ids: Option<&Tensor>,
+    x_div: usize,
+    out_rows: usize,
+    dev: &CudaDevice,
+) -> Result<Tensor>
+where
+    X: CudaDType + DeviceRepr,
+    S: CudaDType + DeviceRepr,
+{
+    const OP: &str = "affine matmul";
+    let name = format!(
+        "affine_products_{}_{}",
+        dtype_tag(x.dtype(), OP)?,
+        dtype_tag(m.scales.dtype(), OP)?
+    );
+    let func = function(dev, KernelSource::Affine, &name)?;
+    // SAFETY: the kernel writes every element of y.
+    let y = unsafe { dev.alloc::<X>(out_rows * m.rows)? };
+    {
+        let (ps, pl) = m.packed.storage_and_layout();
+        let (ss, sl) = m.scales.storage_and_layout();
+        let (bs, bl) = m.biases.storage_and_layout();
+        let (xs, xl) = x.storage_and_layout();
+        let packed = view::<u32>(&ps, pl, OP)?;
+        let (scales, biases) = (view::<S>(&ss, sl, OP)?, view::<S>(&bs, bl, OP)?);
+        let x_view = view::<X>(&xs, xl, OP)?;
+        let ids_guard = ids.map(|t| t.storage_and_layout());
+        let ids_view = match &ids_guard {
+            Some((is, il)) => view::<u32>(is, il, OP)?,
+            // Never read without ids (has_ids = 0).
+            None => view::<u32>(&ps, pl, OP)?,
+        };
+        let p = params(m, out_rows, x_div, ids.is_some());
+        let experts = m.experts as u32;
+        let stream = dev.cuda_stream();
+        let mut args = stream.launch_builder(&func);
+        args.arg(&packed)
+            .arg(&scales)
+            .arg(&biases)
+            .arg(&x_view)
+            .arg(&ids_view)
+            .arg(&y)
+            .arg(&p)
+            .arg(&experts);
+        let config = LaunchConfig {
+            grid_dim: (
+                (m.rows as u32).div_ceil(WARPS_PER_BLOCK),
+                out_rows as u32,
+                1,
+            ),
+            block_dim: (32, WARPS_PER_BLOCK, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: arguments in the order and types of `affine_products_*` in
+        // kernels/affine.cu; x holds (out_rows - 1) / x_div + 1 rows of cols values.
+        unsafe { args.launch(config) }?;
+    }
+    Ok(tensor(y, dev, (out_rows, m.rows)))
+}
+
+/// Rows of the stacked matrix dequantized into `dtype`: the rows listed in `ids` or the
+/// first `count`.
+pub(crate) fn dequantize(
+    m: &AffineTensor,
+    ids: Option<&Tensor>,
+    count: usize,
+    dtype: DType,
+) -> Result<Tensor> {
+    const OP: &str = "affine dequantize";
+    let dev = cuda_device(&m.packed, OP)?;
+    let ids = ids.map(|t| t.contiguous()).transpose()?;
+    with_float_types!(dtype, m.scales.dtype(), OP, |O, S| {
+        dequantize_as::<O, S>(m, ids.as_ref(), count, dtype, &dev)
+    })
+}
+
+fn dequantize_as<O, S>(
+    m: &AffineTensor,
+    ids: Option<&Tensor>,
+    count: usize,
+    dtype: DType,
+    dev: &CudaDevice,
+) -> Result<Tensor>
+where
+    O: CudaDType + DeviceRepr,
+    S: CudaDType + DeviceRepr,
+{
+    const OP: &str = "affine dequantize";
+    let name = format!(
+        "affine_dequantize_{}_{}",
+        dtype_tag(dtype, OP)?,
+        dtype_tag(m.scales.dtype(), OP)?
+    );
+    let func = function(dev, KernelSource::Affine, &name)?;
+    let len = count * m.cols;
+    ensure!(
+        len <= u32::MAX as usize,
+        "{OP}: {count} rows of {} values exceed the CUDA grid",
+        m.cols
+    );
+    // SAFETY: the kernel writes every element of out.
+    let out = unsafe { dev.alloc::<O>(len)? };
+    if len > 0 {
+        let (ps, pl) = m.packed.storage_and_layout();
+        let (ss, sl) = m.scales.storage_and_layout();
+        let (bs, bl) = m.biases.storage_and_layout();
+        let packed = view::<u32>(&ps, pl, OP)?;
+        let (scales, biases) = (view::<S>(&ss, sl, OP)?, view::<S>(&bs, bl, OP)?);
+        let ids_guard = ids.map(|t| t.storage_and_layout());
+        let ids_view = match &ids_guard {
+            Some((is, il)) => view::<u32>(is, il, OP)?,
+            None => view::<u32>(&ps, pl, OP)?,
+        };
+        let p = params(m, count, 1, ids.is_some());
+        let (count32, total_rows) = (count as u32, (m.experts * m.rows) as u32);
+        let stream = dev.cuda_stream();
+        let mut args = stream.launch_builder(&func);
+        args.arg(&packed)
+            .arg(&scales)
+            .arg(&biases)
+            .arg(&ids_view)
+            .arg(&out)
+            .arg(&p)
+            .arg(&count32)
+            .arg(&total_rows);
+        let config = LaunchConfig {
+            grid_dim: ((len as u32).div_ceil(DEQUANTIZE_BLOCK), 1, 1),
+            block_dim: (DEQUANTIZE_BLOCK, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: arguments in the order and types of `affine_dequantize_*` in
+        // kernels/affine.cu.
+        unsafe { args.launch(config) }?;
+    }
+    Ok(tensor(out, dev, (count, m.cols)))
+}

@@ -1,0 +1,89 @@
+#!/usr/bin/env bash
+# The GPU benchmark (issue 6), run ON the GPU machine. One device call (~8 min on an H100):
+#   on the dev box, once:  bash scripts/gpu/build-cuda.sh
+#                          python3 -m pip download fla-core==0.6.0 --no-deps -d gpu-artefacts/wheels
+#                          bash scripts/gen-bench-checkpoints.sh --family qwen3-next
+#                          python3 scripts/gpu/full_checkpoint.py skeleton \
+#                            --template build/bench-models/qwen3-next-bench-4bit --out gpu-artefacts/full-skeleton
+#   run tool: carry ["gpu-artefacts/cuda", "gpu-artefacts/wheels", "gpu-artefacts/full-skeleton"],
+#             command: bash scripts/gpu/bench-cuda.sh
+# 1. Kernels (scripts/gpu/run.sh bench): the GDN decode step at Qwen3-Next-80B shapes (B 1 and
+#    4, f32 and bf16 state) against the bytes floor at the measured copy bandwidth and against
+#    fla's fused_recurrent_gated_delta_rule; prefill T 512 and 4096 against fla's
+#    chunk_gated_delta_rule. CUDA events / CUDA graphs, medians after warm-up, random data.
+# 2. End to end: a random 4-bit checkpoint at the full Qwen3-Next-80B-A3B size (48 layers, 512
+#    experts, top-10, ~45 GB; scripts/gpu/full_checkpoint.py write) on the device's disk, then
+#    `qwen-gdn bench --device cuda -p $P -g $G -r $R`, the peak GPU memory (nvidia-smi, sampled),
+#    and the decode roofline: bytes per decoded token (scripts/bench_vs_peers.py roofline) over
+#    the 1 GiB device copy bandwidth.
+# Logs go to $OUT; the last lines are the two tables. P, G, R, SKIP_KERNELS=1 and CKPT override.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+source scripts/gpu/common.sh
+P=${P:-512} G=${G:-128} R=${R:-3}
+CKPT=${CKPT:-/tmp/qwen3-next-80b-a3b-4bit}
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/env.txt"
+
+if [ "${SKIP_KERNELS:-0}" != 1 ]; then
+  echo "== kernels: scripts/gpu/run.sh bench"
+  OUT=$OUT/kernels bash scripts/gpu/run.sh bench >"$OUT/kernels.log" 2>&1 || echo "kernel bench failed (see kernels.log)"
+fi
+
+echo "== full-size checkpoint -> $CKPT"
+python3 scripts/gpu/full_checkpoint.py write --skeleton gpu-artefacts/full-skeleton --out "$CKPT" \
+  --layers 48 --experts 512 || exit 1
+du -sh "$CKPT"
+
+echo "== copy bandwidth (1 GiB device to device, read + write)"
+bandwidth=$(python3 - <<'PY'
+import statistics, torch
+n = 1 << 30
+src = torch.randint(0, 255, (n,), dtype=torch.uint8, device="cuda")
+dst = torch.empty_like(src)
+times = []
+for i in range(23):
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    a.record(); dst.copy_(src); b.record(); b.synchronize()
+    if i >= 3:
+        times.append(a.elapsed_time(b) / 1e3)
+print(2 * n / statistics.median(times))
+PY
+)
+echo "copy bandwidth: $(python3 -c "print(f'{$bandwidth / 1e9:.0f}')") GB/s"
+
+echo "== qwen-gdn bench --device cuda -p $P -g $G -r $R"
+nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 500 >"$OUT/gpu_mem.txt" &
+smi=$!
+t0=$SECONDS
+"$bin/qwen-gdn" bench --model "$CKPT" --device cuda -p "$P" -g "$G" -r "$R" --json \
+  >"$OUT/bench.json" 2>"$OUT/bench.err"
+rc=$?
+kill $smi 2>/dev/null
+echo "bench: rc=$rc in $((SECONDS - t0)) s (loading included)"
+[ $rc -eq 0 ] || { tail -5 "$OUT/bench.err"; exit 1; }
+python3 scripts/bench_vs_peers.py roofline --model "$CKPT" --context $((P + G / 2)) >"$OUT/roofline.json"
+
+python3 - "$OUT" "$bandwidth" <<'PY'
+import json, sys
+out, bw = sys.argv[1], float(sys.argv[2])
+b = json.load(open(f"{out}/bench.json"))
+r = json.load(open(f"{out}/roofline.json"))
+mem = max((int(l) for l in open(f"{out}/gpu_mem.txt") if l.strip().isdigit()), default=0)
+roof = bw / r["bytes_per_token"]
+tg, pp = b["generation_tps"], b["prompt_tps"]
+print()
+print(f"Qwen3-Next-80B-A3B shapes, random 4-bit (mlx-community layout), {r['stored_bytes'] / 1e9:.1f} GB, "
+      f"{r['layers']} layers, {r['experts']} experts, top-{r['top_k']}; GDN state {b['gdn_state_dtype']}")
+print(f"| test | qwen-gdn t/s (median, min-max over {b['repetitions']}) | roofline t/s | of roofline |")
+print("|---|---|---|---|")
+print(f"| pp{b['prompt_tokens']} | {pp['median']:.1f} ({pp['min']:.1f}-{pp['max']:.1f}) | | |")
+print(f"| tg{b['gen_tokens']} | {tg['median']:.1f} ({tg['min']:.1f}-{tg['max']:.1f}) | {roof:.0f} | {tg['median'] / roof * 100:.1f}% |")
+print(f"decode bytes/token {r['bytes_per_token'] / 1e6:.1f} MB (weights {r['weights_total'] / 1e6:.1f} MB); "
+      f"copy bandwidth {bw / 1e9:.0f} GB/s; peak GPU memory {mem / 1024:.1f} GiB; "
+      f"peak host RSS {b['peak_memory_bytes'] / 1e9:.1f} GB")
+PY
+if [ -s "$OUT/kernels.log" ]; then
+  echo
+  echo "== kernel table"
+  tail -n 30 "$OUT/kernels.log"
+fi

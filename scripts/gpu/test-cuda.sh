@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# The CUDA device test (issue 6), run ON the GPU machine with the binaries that
+# scripts/gpu/build-cuda.sh packed here:
+#   run tool: carry ["gpu-artefacts/cuda"], command: bash scripts/gpu/test-cuda.sh
+# 1. warm-up: one short generate on CUDA (a fresh machine JIT-compiles candle's PTX, ~15 s);
+# 2. every CUDA kernel against the CPU reference on random inputs (cuda_kernels);
+# 3. the device plan on CUDA against mlx-lm's references on every tiny checkpoint, with the
+#    model issue's gates (device_plan with QWEN_GDN_TEST_DEVICE=cuda);
+# 4. `qwen-gdn eval --device cuda --compare-state-dtype bf16` on every tiny checkpoint.
+# Logs go to $OUT (or gpu-artefacts/out); the last lines are a summary. Exit 1 if any step fails.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+source scripts/gpu/common.sh
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/env.txt"
+
+declare -a summary
+step() { # step NAME LOGFILE COMMAND...
+  local name=$1 log=$2
+  shift 2
+  local t0=$SECONDS
+  "$@" >"$OUT/$log" 2>&1
+  local rc=$?
+  summary+=("$(printf '%-34s %s  (%d s, %s)' "$name" "$([ $rc -eq 0 ] && echo PASS || echo "FAIL rc=$rc")" $((SECONDS - t0)) "$log")")
+  return $rc
+}
+
+fail=0
+step "warm-up generate (PTX JIT)" warmup.txt \
+  "$bin/qwen-gdn" generate --model models/qwen3.5-tiny-4bit --prompt "Hello" --max-tokens 4 \
+  --temp 0 --device cuda || fail=1
+step "kernels vs CPU reference" kernels.txt "$bin/cuda_kernels" --test-threads=1 --nocapture || fail=1
+step "device plan vs mlx-lm (5 models)" device_plan.txt env QWEN_GDN_TEST_DEVICE=cuda \
+  QWEN_GDN_MODELS_DIR="$PWD/models" "$bin/device_plan" --test-threads=1 --nocapture || fail=1
+for m in qwen3-next-tiny-4bit qwen3.5-tiny-4bit qwen3.5-moe-tiny-4bit qwen3-next-tiny-bf16 qwen3.5-moe-tiny-hf; do
+  python3 -c "import json,sys; print(json.load(open('models/reference/$m.json'))['text'])" >"/tmp/$m.txt"
+  # The gate's PASS/FAIL is reported, not required: random tiny models are more sensitive than
+  # real ones (README, "GDN state dtype"); the command itself must succeed.
+  step "compare-state-dtype bf16: $m" "state_$m.txt" \
+    "$bin/qwen-gdn" eval --model "models/$m" --text-file "/tmp/$m.txt" --device cuda \
+    --compare-state-dtype bf16 || fail=1
+done
+
+grep -hE "rel err|rel diff|KL|top-1" "$OUT"/kernels.txt "$OUT"/device_plan.txt | tail -n 400 >"$OUT/numbers.txt"
+grep -hE "^test result|FAILED|panicked" "$OUT"/kernels.txt "$OUT"/device_plan.txt
+for m in qwen3-next-tiny-4bit qwen3.5-tiny-4bit qwen3.5-moe-tiny-4bit qwen3-next-tiny-bf16 qwen3.5-moe-tiny-hf; do
+  echo "$m: $(grep -hiE "kl|top-1|pass|fail" "$OUT/state_$m.txt" | tr '\n' ' ' | cut -c1-220)"
+done
+printf '%s\n' "${summary[@]}"
+exit $fail
