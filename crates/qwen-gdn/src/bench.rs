@@ -42,7 +42,8 @@ the repetitions.
   gdn_state_dtype    \"f32\" or \"bf16\"
   prompt_tps         {median, stddev, min, max, samples}: prompt tokens per second
   generation_tps     {median, stddev, min, max, samples}: generated tokens per second
-  peak_memory_bytes  peak resident set size of the process (getrusage), loading included
+  peak_memory_bytes  peak resident set size of the process (getrusage), loading included \
+                     (host memory: on a GPU the weights live in device memory)
 (samples: one value per timed repetition, in order; stddev: sample standard deviation, 0 for \
 one repetition)."
 )]

@@ -24,10 +24,11 @@ pub struct ModelArgs {
     /// MLX_LM_GDN_STATE_BF16=1]
     #[arg(long, value_enum)]
     pub gdn_state_dtype: Option<GdnStateDtype>,
-    /// Compute device: `auto` is Metal when this build has it and a GPU is present, else CPU
+    /// Compute device: `auto` is the GPU when this build has Metal or CUDA and a GPU is
+    /// present, else the CPU
     #[arg(long, value_enum, default_value_t = DeviceChoice::Auto)]
     pub device: DeviceChoice,
-    /// Activation dtype [default: f32 on CPU (the exact reference path), bf16 on Metal].
+    /// Activation dtype [default: f32 on CPU (the exact reference path), bf16 on a GPU].
     /// On CPU, bf16/f16 run the device path (weights as tensors, MoE routed by tensor ops)
     #[arg(long, value_enum, default_value_t = ComputeDtype::Auto)]
     pub dtype: ComputeDtype,
@@ -136,12 +137,14 @@ impl Checkpoint {
     }
 }
 
-/// The device `--device` names; `auto` falls back to the CPU when there is no Metal.
+/// The device `--device` names; `auto` falls back to the CPU when there is no GPU.
 pub fn select_device(choice: DeviceChoice) -> Result<Device> {
     match choice {
         DeviceChoice::Cpu => Ok(Device::Cpu),
         DeviceChoice::Metal => metal_device(),
-        DeviceChoice::Auto => Ok(metal_device().unwrap_or(Device::Cpu)),
+        DeviceChoice::Auto => Ok(metal_device()
+            .or_else(|_| cuda_device())
+            .unwrap_or(Device::Cpu)),
         DeviceChoice::Cuda => cuda_device(),
     }
 }
