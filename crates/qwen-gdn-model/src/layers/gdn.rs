@@ -25,9 +25,10 @@ use gdn_ops::launches::record;
 #[derive(Debug, Clone)]
 pub struct GatedDeltaNet {
     in_proj: FusedLinear,
-    /// `[conv_dim, K]`.
-    conv_weight: Tensor,
-    a_log_exp: Tensor,
+    /// `[K, conv_dim]`: tap `m` is row `m`, which broadcasts over `[B, S, conv_dim]`.
+    conv_taps: Tensor,
+    /// `−exp(A_log)`, so that the decay is one product and one `exp` away from softplus.
+    neg_a_log_exp: Tensor,
     dt_bias: Tensor,
     norm: GatedRmsNorm,
     /// L2 normalisation of q (scaled by 1/Dk) and k (by 1/√Dk).
@@ -104,13 +105,16 @@ impl GatedDeltaNet {
         let a_log = ckpt.tensor(&format!("{prefix}.A_log"), &[hv], dev)?;
         Ok(Self {
             in_proj: FusedLinear::new(parts),
-            conv_weight: ckpt.conv1d(
-                &format!("{prefix}.conv1d.weight"),
-                conv_dim,
-                cfg.linear_conv_kernel_dim,
-                dev,
-            )?,
-            a_log_exp: a_log.exp()?,
+            conv_taps: ckpt
+                .conv1d(
+                    &format!("{prefix}.conv1d.weight"),
+                    conv_dim,
+                    cfg.linear_conv_kernel_dim,
+                    dev,
+                )?
+                .t()?
+                .contiguous()?,
+            neg_a_log_exp: a_log.exp()?.neg()?,
             dt_bias: ckpt.tensor(&format!("{prefix}.dt_bias"), &[hv], dev)?,
             norm: GatedRmsNorm {
                 norm: RmsNorm {
@@ -135,8 +139,8 @@ impl GatedDeltaNet {
         let norm = |n: RmsNorm| n.into_device(device, dtype);
         Ok(Self {
             in_proj: self.in_proj.into_device(device, dtype)?,
-            conv_weight: self.conv_weight.to_device(device)?.to_dtype(dtype)?,
-            a_log_exp: self.a_log_exp.to_device(device)?,
+            conv_taps: self.conv_taps.to_device(device)?.to_dtype(dtype)?,
+            neg_a_log_exp: self.neg_a_log_exp.to_device(device)?,
             dt_bias: self.dt_bias.to_device(device)?,
             norm: GatedRmsNorm {
                 norm: norm(self.norm.norm)?,
@@ -166,15 +170,16 @@ impl GatedDeltaNet {
         record(2);
         let padded = Tensor::cat(&[&prev, x], 1)?; // [B, S+K-1, C]
         cache.conv = Some(contiguous(&padded.narrow(1, s, k - 1)?)?);
-        let w = cast(&self.conv_weight, x.dtype())?;
-        let mut out = padded
-            .narrow(1, 0, s)?
-            .broadcast_mul(&w.narrow(1, 0, 1)?.squeeze(1)?)?;
+        let w = cast(&self.conv_taps, x.dtype())?;
+        if s == 1 {
+            // A decode step's window is all of `padded` ([B, K, C]): one product and one sum
+            // over the taps instead of K products and K − 1 adds (launches, on a GPU).
+            record(2);
+            return Ok(padded.broadcast_mul(&w)?.sum_keepdim(1)?);
+        }
+        let mut out = padded.narrow(1, 0, s)?.broadcast_mul(&w.narrow(0, 0, 1)?)?;
         for m in 1..k {
-            out = (out
-                + padded
-                    .narrow(1, m, s)?
-                    .broadcast_mul(&w.narrow(1, m, 1)?.squeeze(1)?)?)?;
+            out = (out + padded.narrow(1, m, s)?.broadcast_mul(&w.narrow(0, m, 1)?)?)?;
         }
         record(2 * k - 1);
         Ok(out)
@@ -205,7 +210,7 @@ impl GatedDeltaNet {
         let k = self.k_norm.norm.forward(&k)?;
         let beta = candle_nn::ops::sigmoid(&cast(&beta_in, DType::F32)?)?;
         record(1);
-        let g = decay(&cast(&a, DType::F32)?, &self.dt_bias, &self.a_log_exp)?;
+        let g = decay(&cast(&a, DType::F32)?, &self.dt_bias, &self.neg_a_log_exp)?;
         let state = match &cache.state {
             Some(st) if st.dtype() == cache.state_dtype.dtype() => st.clone(),
             // A state made with the other dtype is converted, never rejected.
@@ -224,12 +229,12 @@ impl GatedDeltaNet {
 }
 
 /// `g = exp(−exp(A_log) · softplus(a + dt_bias))` in f32: the per-token decay in (0, 1].
-fn decay(a: &Tensor, dt_bias: &Tensor, a_log_exp: &Tensor) -> Result<Tensor> {
+fn decay(a: &Tensor, dt_bias: &Tensor, neg_a_log_exp: &Tensor) -> Result<Tensor> {
     let x = a.broadcast_add(dt_bias)?;
     // softplus(x) = max(x, 0) + log(1 + exp(−|x|)), stable for large |x|.
     let softplus = (x.relu()? + (x.abs()?.neg()?.exp()? + 1.0)?.log()?)?;
-    record(11);
-    Ok(softplus.broadcast_mul(a_log_exp)?.neg()?.exp()?)
+    record(10);
+    Ok(softplus.broadcast_mul(neg_a_log_exp)?.exp()?)
 }
 
 #[cfg(test)]
