@@ -178,9 +178,11 @@ fn attend(q: &Tensor, k: &Tensor, v: &Tensor, offset: usize) -> Result<Tensor> {
     let rep = nq / nkv;
     // Query head h reads KV head h / rep: fold the repeat into the query's row axis.
     let q = contiguous(q)?.reshape((b, nkv, rep * s, dh))?;
-    let kt = contiguous(&k.transpose(2, 3)?)?;
-    record(2);
-    let scores = (q.matmul(&kt)? * (dh as f64).powf(-0.5))?;
+    // K and V stay views of the KV buffers (rows of Dh values, heads a buffer capacity apart):
+    // the matmuls take a transposed K and row-strided operands as they are (CPU gemm and
+    // cuBLAS), so no step copies the whole cache.
+    record(1);
+    let scores = (q.matmul(&k.transpose(2, 3)?)? * (dh as f64).powf(-0.5))?;
     let scores = if s > 1 {
         // Row r of the folded query axis is query r % s.
         let mask = causal_mask(s, t, offset, scores.dtype(), q.device())?.repeat((rep, 1))?;
@@ -195,5 +197,5 @@ fn attend(q: &Tensor, k: &Tensor, v: &Tensor, offset: usize) -> Result<Tensor> {
         v.dtype(),
     )?;
     record(1);
-    Ok(p.matmul(&contiguous(v)?)?.reshape((b, nq, s, dh))?)
+    Ok(p.matmul(v)?.reshape((b, nq, s, dh))?)
 }
