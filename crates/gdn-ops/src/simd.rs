@@ -55,17 +55,20 @@ pub fn has_avx512() -> bool {
 }
 
 /// Whether the 8-bit-activation kernel may use AVX-512 VNNI (`vpdpbusd`): the CPU has it and
-/// `QWEN_GDN_CPU_LEVEL` does not cap the level below AVX-512.
-#[inline]
+/// `QWEN_GDN_CPU_LEVEL` does not cap the level below AVX-512. Decided once per process, as
+/// the level is (the kernel asks for every weight row).
 pub fn has_vnni() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        level() == Level::Avx512 && std::arch::is_x86_feature_detected!("avx512vnni")
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        false
-    }
+    static VNNI: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *VNNI.get_or_init(|| {
+        #[cfg(target_arch = "x86_64")]
+        {
+            level() == Level::Avx512 && std::arch::is_x86_feature_detected!("avx512vnni")
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            false
+        }
+    })
 }
 
 /// Whether this CPU runs the AVX2 + FMA copies (checked once; cached by std).

@@ -7,7 +7,7 @@ use crate::affine_tensor::{AffineParams, AffineTensor};
 use anyhow::{bail, ensure, Result};
 use candle_core::cuda_backend::cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg};
 use candle_core::cuda_backend::CudaDType;
-use candle_core::{CudaDevice, DType, Tensor};
+use candle_core::{CudaDevice, DType, Tensor, WithDType};
 use half::{bf16, f16};
 
 // SAFETY: `AffineParams` is `repr(C)` of seven u32, as the kernel's struct.
@@ -89,14 +89,14 @@ fn products_as<X, S>(
     dev: &CudaDevice,
 ) -> Result<Tensor>
 where
-    X: CudaDType + DeviceRepr,
-    S: CudaDType + DeviceRepr,
+    X: CudaDType + DeviceRepr + WithDType,
+    S: CudaDType + DeviceRepr + WithDType,
 {
     const OP: &str = "affine matmul";
     let name = format!(
         "affine_products_{}_{}",
-        dtype_tag(x.dtype(), OP)?,
-        dtype_tag(m.scales.dtype(), OP)?
+        dtype_tag(X::DTYPE, OP)?,
+        dtype_tag(S::DTYPE, OP)?
     );
     let func = function(dev, KernelSource::Affine, &name)?;
     // SAFETY: the kernel writes every element of y.
@@ -155,7 +155,7 @@ pub(crate) fn dequantize(
     let dev = cuda_device(&m.packed, OP)?;
     let ids = ids.map(|t| t.contiguous()).transpose()?;
     with_float_types!(dtype, m.scales.dtype(), OP, |O, S| {
-        dequantize_as::<O, S>(m, ids.as_ref(), count, dtype, &dev)
+        dequantize_as::<O, S>(m, ids.as_ref(), count, &dev)
     })
 }
 
@@ -163,18 +163,17 @@ fn dequantize_as<O, S>(
     m: &AffineTensor,
     ids: Option<&Tensor>,
     count: usize,
-    dtype: DType,
     dev: &CudaDevice,
 ) -> Result<Tensor>
 where
-    O: CudaDType + DeviceRepr,
-    S: CudaDType + DeviceRepr,
+    O: CudaDType + DeviceRepr + WithDType,
+    S: CudaDType + DeviceRepr + WithDType,
 {
     const OP: &str = "affine dequantize";
     let name = format!(
         "affine_dequantize_{}_{}",
-        dtype_tag(dtype, OP)?,
-        dtype_tag(m.scales.dtype(), OP)?
+        dtype_tag(O::DTYPE, OP)?,
+        dtype_tag(S::DTYPE, OP)?
     );
     let func = function(dev, KernelSource::Affine, &name)?;
     let len = count * m.cols;

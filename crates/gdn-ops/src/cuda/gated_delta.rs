@@ -6,7 +6,7 @@ use crate::{GdnDims, Inputs};
 use anyhow::{bail, ensure, Result};
 use candle_core::cuda_backend::cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg};
 use candle_core::cuda_backend::CudaDType;
-use candle_core::{DType, Tensor};
+use candle_core::{DType, Tensor, WithDType};
 use half::{bf16, f16};
 
 const OP: &str = "gated_delta_update";
@@ -74,14 +74,14 @@ fn launch<I, S>(
     dev: &candle_core::CudaDevice,
 ) -> Result<Tensor>
 where
-    I: CudaDType + DeviceRepr,
-    S: CudaDType + DeviceRepr,
+    I: CudaDType + DeviceRepr + WithDType,
+    S: CudaDType + DeviceRepr + WithDType,
 {
-    let in_dtype = inputs.q.dtype();
+    let in_dtype = I::DTYPE;
     let func = function(
         dev,
         KernelSource::GatedDelta,
-        &kernel_name(in_dtype, state.dtype())?,
+        &kernel_name(in_dtype, S::DTYPE)?,
     )?;
     let (q, k, v) = (
         aligned(inputs.q)?,
