@@ -32,9 +32,7 @@
 #include <cuda_fp16.h>
 #include <stdint.h>
 
-struct AffineParams {  // must match AffineParams in crates/gdn-ops/src/affine_tensor.rs
-  uint32_t rows, cols, bits, group_size, out_rows, x_div, has_ids;
-};
+#include "params/affine.h"
 
 namespace affine {
 

@@ -23,17 +23,7 @@
 #include <metal_stdlib>
 using namespace metal;
 
-// Must match the #[repr(C)] struct on the Rust side (crates/gdn-ops/src/affine_tensor.rs),
-// field for field.
-struct AffineParams {
-  uint rows;        // R: output rows per expert (qmv) / total stacked rows E*R (dequant, for bounds only)
-  uint cols;        // K
-  uint bits;
-  uint group_size;
-  uint out_rows;    // M: number of output rows (qmv: products; dequant: rows written)
-  uint x_div;       // qmv: output row i reads x row i / x_div
-  uint has_ids;     // 1: ids buffer is read; 0: it is not (still bound, never read)
-};
+#include "params/affine.h"
 
 // The 8 quantized values of one row at columns [j0, j0 + 8), as floats (exact: q < 256).
 struct Quants8 {

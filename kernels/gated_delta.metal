@@ -19,16 +19,7 @@
 #include <metal_stdlib>
 using namespace metal;
 
-// Must match the #[repr(C)] struct on the Rust side, field for field.
-struct GdnParams {
-  uint batch;
-  uint steps;
-  uint key_heads;
-  uint value_heads;
-  uint key_dim;
-  uint value_dim;
-  uint has_mask;
-};
+#include "params/gated_delta.h"
 
 // The body of every instantiation below: one simdgroup's row.
 template <typename InT, typename StT>

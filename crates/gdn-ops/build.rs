@@ -1,12 +1,10 @@
-//! With the `cuda` feature, compiles `kernels/*.cu` to PTX (sm_90) into OUT_DIR for
-//! `include_str!`. nvcc is `$NVCC`, else `nvcc` on PATH (scripts/gpu/build-cuda.sh provides
+//! With the `cuda` feature, compiles every `kernels/*.cu` to PTX (sm_90) into OUT_DIR as
+//! `<name>.ptx`, for the ops' `include_str!` (adding an op needs no change here). nvcc is `$NVCC`, else `nvcc` on PATH (scripts/gpu/build-cuda.sh provides
 //! CUDA 13.0's from PyPI; a newer nvcc emits PTX that the device's driver may reject).
 //! Without the feature it does nothing.
 
 use std::path::Path;
 use std::process::Command;
-
-const KERNELS: [&str; 2] = ["gated_delta", "affine"];
 
 fn main() {
     println!("cargo:rerun-if-changed=build.rs");
@@ -21,12 +19,25 @@ fn main() {
         "-arch=sm_{}",
         std::env::var("CUDA_COMPUTE_CAP").unwrap_or_else(|_| "90".into())
     );
-    for name in KERNELS {
-        let source = Path::new("../../kernels").join(format!("{name}.cu"));
+    let kernels = Path::new("../../kernels");
+    // The parameter headers every .cu includes.
+    println!(
+        "cargo:rerun-if-changed={}",
+        kernels.join("params").display()
+    );
+    let mut sources: Vec<_> = std::fs::read_dir(kernels)
+        .expect("kernels/ beside the crates")
+        .map(|e| e.expect("kernels/ entry").path())
+        .filter(|p| p.extension().is_some_and(|e| e == "cu"))
+        .collect();
+    sources.sort();
+    for source in sources {
+        let name = source.file_stem().expect("a .cu file").to_string_lossy();
         println!("cargo:rerun-if-changed={}", source.display());
         let ptx = Path::new(&out_dir).join(format!("{name}.ptx"));
         let status = Command::new(&nvcc)
-            .args(["-ptx", &arch, "-O3"])
+            .args(["-ptx", &arch, "-O3", "-I"])
+            .arg(kernels)
             .arg(&source)
             .arg("-o")
             .arg(&ptx)

@@ -8,7 +8,7 @@
 #[cfg(feature = "cuda")]
 fn main() -> anyhow::Result<()> {
     use candle_core::{DType, Device, Tensor};
-    use gdn_ops::affine_tensor::AffineTensor;
+    use gdn_ops::ops::affine::AffineTensor;
     use std::time::Instant;
 
     let dev = Device::new_cuda(0)?;

@@ -1,6 +1,12 @@
-//! A per-thread count of the kernel launches the model's code path asks for, so that the
-//! dispatches per decoded token can be counted on any machine (see docs/metal.md). The ops in
-//! this crate record their own launches; the model records the candle ops it calls.
+//! A per-thread count of the kernel launches the model's code path causes, so that the
+//! dispatches per decoded token can be counted on any machine (see docs/metal.md).
+//!
+//! Counted where launches happen, never by hand in layer code:
+//! - this crate's kernels count themselves in the one launch function of each backend
+//!   (`backend::metal::encode`, `backend::cuda::launch`), and a CPU twin counts as the one
+//!   kernel it stands in for ([`cpu_twin`]);
+//! - candle's own ops cannot be hooked, so the device plan calls them through
+//!   [`candle_op`] / [`candle_ops`], which count what candle launches for them.
 
 use std::cell::Cell;
 
@@ -23,11 +29,28 @@ pub fn take() -> usize {
     LAUNCHES.with(|c| c.replace(0))
 }
 
-/// Runs `f` without counting what it records, then records `n` instead: for a CPU twin that
-/// stands in for one fused GPU kernel.
+/// Runs `f` without counting what it records, then records `n` instead: for a CPU function
+/// that stands in for `n` GPU kernels.
 pub fn counted_as<R>(n: usize, f: impl FnOnce() -> R) -> R {
     let before = count();
     let out = f();
     LAUNCHES.with(|c| c.set(before + n));
     out
+}
+
+/// A CPU twin standing in for one kernel launch.
+pub fn cpu_twin<R>(f: impl FnOnce() -> R) -> R {
+    counted_as(1, f)
+}
+
+/// A candle op that launches one kernel on a GPU (an elementwise op, a reduction, a copy).
+pub fn candle_op<T>(result: candle_core::Result<T>) -> anyhow::Result<T> {
+    candle_ops(1, result)
+}
+
+/// A candle op that launches `n` kernels on a GPU (e.g. `Tensor::cat` of `n` parts: one copy
+/// each).
+pub fn candle_ops<T>(n: usize, result: candle_core::Result<T>) -> anyhow::Result<T> {
+    record(n);
+    Ok(result?)
 }

@@ -658,6 +658,24 @@ fn shipped_affine_kernels_match_the_cpu_reference() {
 /// parameter struct the Rust host side mirrors.
 #[test]
 fn kernel_abi_in_source() {
+    assert_eq!(
+        emu::params_fields("affine.h", "AffineParams"),
+        [
+            "rows",
+            "cols",
+            "bits",
+            "group_size",
+            "out_rows",
+            "x_div",
+            "has_ids"
+        ]
+        .map(|f| ("unsigned int".to_string(), f.to_string())),
+        "AffineParams (kernels/params/affine.h) must match the #[repr(C)] struct in ops/affine"
+    );
+    assert_eq!(
+        std::mem::size_of::<gdn_ops::ops::affine::AffineParams>(),
+        7 * 4
+    );
     let src = std::fs::read_to_string(emu::workspace_root().join("kernels/affine.metal")).unwrap();
     // Without comments: the field comments are documentation, not ABI.
     let code: String = src
@@ -667,11 +685,9 @@ fn kernel_abi_in_source() {
         .join("\n");
     let squash = |s: &str| s.split_whitespace().collect::<Vec<_>>().join(" ");
     let flat = squash(&code);
-    let params = "struct AffineParams { uint rows; uint cols; uint bits; uint group_size; \
-                  uint out_rows; uint x_div; uint has_ids; };";
     assert!(
-        flat.contains(&squash(params)),
-        "AffineParams must stay exactly: {params}"
+        flat.contains("#include \"params/affine.h\""),
+        "affine.metal must take AffineParams from kernels/params/affine.h"
     );
     let kernels = [
         (

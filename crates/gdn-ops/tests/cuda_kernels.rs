@@ -9,7 +9,7 @@
 
 use candle_core::{DType, Device, Tensor};
 use gdn_ops::affine::{pack_row, AffineMatrix};
-use gdn_ops::affine_tensor::AffineTensor;
+use gdn_ops::ops::affine::AffineTensor;
 
 fn gpu() -> Device {
     Device::new_cuda(0).unwrap_or_else(|e| panic!("no CUDA device: {e}"))

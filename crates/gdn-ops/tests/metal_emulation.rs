@@ -536,11 +536,23 @@ fn kernel_abi_in_source() {
         std::fs::read_to_string(emu::workspace_root().join("kernels/gated_delta.metal")).unwrap();
     let squash = |s: &str| s.split_whitespace().collect::<Vec<_>>().join(" ");
     let flat = squash(&src);
-    let params =
-        "struct GdnParams { uint batch; uint steps; uint key_heads; uint value_heads; uint key_dim; uint value_dim; uint has_mask; };";
+    assert_eq!(
+        emu::params_fields("gated_delta.h", "GdnParams"),
+        [
+            "batch",
+            "steps",
+            "key_heads",
+            "value_heads",
+            "key_dim",
+            "value_dim",
+            "has_mask"
+        ]
+        .map(|f| ("unsigned int".to_string(), f.to_string())),
+        "GdnParams (kernels/params/gated_delta.h) must match the host's #[repr(C)] mirror"
+    );
     assert!(
-        flat.contains(params),
-        "GdnParams must stay exactly: {params}"
+        flat.contains("#include \"params/gated_delta.h\""),
+        "gated_delta.metal must take GdnParams from kernels/params/gated_delta.h"
     );
     let mut from = 0;
     let buffers = ["q", "k", "v", "g", "beta", "state", "y", "mask", "p"];

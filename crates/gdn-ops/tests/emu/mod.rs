@@ -91,3 +91,29 @@ pub fn run_harness(harness: &Path, input: &[u8]) -> Result<Vec<f32>, String> {
         .map(|w| f32::from_le_bytes([w[0], w[1], w[2], w[3]]))
         .collect())
 }
+
+/// The fields of `struct <name>` in `kernels/params/<header>`, as `(type, field)` in order:
+/// what an ABI test compares with the `#[repr(C)]` mirror on the Rust side.
+pub fn params_fields(header: &str, name: &str) -> Vec<(String, String)> {
+    let path = workspace_root().join("kernels/params").join(header);
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let code: String = text
+        .lines()
+        .map(|l| l.split("//").next().unwrap_or(""))
+        .collect::<Vec<_>>()
+        .join("\n");
+    let start = code
+        .find(&format!("struct {name} {{"))
+        .unwrap_or_else(|| panic!("{}: no struct {name}", path.display()));
+    let body = &code[start..];
+    let body = &body[body.find('{').unwrap() + 1..body.find('}').unwrap()];
+    body.split(';')
+        .map(str::trim)
+        .filter(|f| !f.is_empty())
+        .map(|f| {
+            let words: Vec<&str> = f.split_whitespace().collect();
+            let (field, ty) = words.split_last().expect("a field");
+            (ty.join(" "), field.to_string())
+        })
+        .collect()
+}

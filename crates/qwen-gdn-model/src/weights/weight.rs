@@ -5,7 +5,7 @@
 use super::matrix::{FloatData, Matrix};
 use anyhow::{bail, ensure, Result};
 use candle_core::{DType, Device, Tensor};
-use gdn_ops::affine_tensor::AffineTensor;
+use gdn_ops::ops::affine::AffineTensor;
 
 #[derive(Debug, Clone)]
 pub enum Weight {

@@ -4,14 +4,25 @@
 //! three-input custom-op limit), declares every buffer it reads or writes to candle's
 //! encoder so that hazards are tracked, and advances the state buffer in place.
 
-use super::{metal_buffer, metal_device, pipeline, KernelSource};
-use crate::{GdnDims, Inputs};
-use anyhow::{bail, ensure, Context, Result};
-use candle_core::op::BackpropOp;
-use candle_core::{DType, MetalStorage, Storage, Tensor};
+use super::{GdnDims, Inputs};
+use crate::backend::dtype_tag;
+use crate::backend::metal::{
+    encode, metal_buffer, metal_device, new_output, output, pipeline, Binding, KernelSource,
+};
+use anyhow::{ensure, Result};
+use candle_core::{DType, Tensor};
 use objc2_metal::MTLSize;
 
-/// Must match `GdnParams` in the kernel source field for field.
+const SOURCE: KernelSource = KernelSource {
+    file: "kernels/gated_delta.metal",
+    text: include_str!("../../../../../kernels/gated_delta.metal"),
+    headers: &[(
+        "params/gated_delta.h",
+        include_str!("../../../../../kernels/params/gated_delta.h"),
+    )],
+};
+
+/// `GdnParams` of kernels/params/gated_delta.h, field for field.
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
 struct GdnParams {
@@ -29,15 +40,6 @@ const ROWS_PER_THREADGROUP: usize = 4;
 /// Each lane keeps `Dk / 32` state values in registers; the kernel holds at most 8.
 const MAX_KEY_DIM: usize = 256;
 
-fn dtype_tag(dtype: DType) -> Result<&'static str> {
-    Ok(match dtype {
-        DType::F32 => "f32",
-        DType::F16 => "f16",
-        DType::BF16 => "bf16",
-        other => bail!("gated_delta_update: no Metal kernel for {other:?}"),
-    })
-}
-
 /// The kernel instantiation for activations of `input` and a state of `state` dtype.
 pub fn kernel_name(input: DType, state: DType) -> Result<String> {
     ensure!(
@@ -46,8 +48,8 @@ pub fn kernel_name(input: DType, state: DType) -> Result<String> {
     );
     Ok(format!(
         "gated_delta_step_{}_{}",
-        dtype_tag(input)?,
-        dtype_tag(state)?
+        dtype_tag(input, "gated_delta_update")?,
+        dtype_tag(state, "gated_delta_update")?
     ))
 }
 
@@ -73,7 +75,7 @@ pub(crate) fn gated_delta_update(dims: GdnDims, inputs: &Inputs, state: &Tensor)
     );
     let in_dtype = q.dtype();
     let name = kernel_name(in_dtype, state.dtype())?;
-    let pipeline = pipeline(dev, KernelSource::GatedDelta, &name)?;
+    let pipeline = pipeline(dev, &SOURCE, &name)?;
     // Inputs in the kernel's layouts and dtypes. Done before taking the encoder: candle ops
     // lock the same command state.
     let (q, k, v) = (
@@ -90,9 +92,7 @@ pub(crate) fn gated_delta_update(dims: GdnDims, inputs: &Inputs, state: &Tensor)
         None => None,
     };
     let y_len = dims.batch * dims.steps * dims.value_heads * dims.value_dim;
-    let y_buffer = dev
-        .new_buffer(y_len, in_dtype, "gated_delta_y")
-        .context("allocating y")?;
+    let y_buffer = new_output(dev, y_len, in_dtype, "gated_delta_y")?;
     let params = GdnParams {
         batch: dims.batch as u32,
         steps: dims.steps as u32,
@@ -102,49 +102,42 @@ pub(crate) fn gated_delta_update(dims: GdnDims, inputs: &Inputs, state: &Tensor)
         value_dim: dims.value_dim as u32,
         has_mask: mask.is_some() as u32,
     };
-    let inputs = [
-        metal_buffer(&q, OP)?,
-        metal_buffer(&k, OP)?,
-        metal_buffer(&v, OP)?,
-        metal_buffer(&g, OP)?,
-        metal_buffer(&beta, OP)?,
-    ];
+    let [qb, kb, vb, gb, bb] = [&q, &k, &v, &g, &beta].map(|t| metal_buffer(t, OP));
+    let (qb, kb, vb, gb, bb) = (qb?, kb?, vb?, gb?, bb?);
     let state_buf = metal_buffer(state, OP)?;
+    let y_buf = (y_buffer.as_ref().clone(), 0);
     // Without a mask the kernel never reads buffer 7; bind g so the slot is valid.
     let mask_buf = match &mask {
         Some(m) => metal_buffer(m, OP)?,
-        None => inputs[3].clone(),
+        None => gb.clone(),
     };
-    {
-        let guard = dev.command_encoder()?;
-        let encoder: &candle_metal_kernels::metal::ComputeCommandEncoder = guard.as_ref();
-        encoder.set_compute_pipeline_state(&pipeline);
-        for (slot, (buf, offset)) in inputs.iter().enumerate() {
-            encoder.set_input_buffer(slot, Some(buf), *offset);
-        }
-        // Read and written in place: declared as an output so later readers wait for it.
-        encoder.set_output_buffer(5, Some(&state_buf.0), state_buf.1);
-        encoder.set_output_buffer(6, Some(&y_buffer), 0);
-        encoder.set_input_buffer(7, Some(&mask_buf.0), mask_buf.1);
-        encoder.set_bytes(8, &params);
-        let groups = MTLSize {
+    encode(
+        dev,
+        &pipeline,
+        &[
+            Binding::Read(&qb),
+            Binding::Read(&kb),
+            Binding::Read(&vb),
+            Binding::Read(&gb),
+            Binding::Read(&bb),
+            // Read and written in place: declared as written so later readers wait for it.
+            Binding::Write(&state_buf),
+            Binding::Write(&y_buf),
+            Binding::Read(&mask_buf),
+        ],
+        &params,
+        MTLSize {
             width: 1,
             height: dims.value_dim.div_ceil(ROWS_PER_THREADGROUP),
             depth: dims.batch * dims.value_heads,
-        };
-        let threads = MTLSize {
+        },
+        MTLSize {
             width: 32,
             height: ROWS_PER_THREADGROUP,
             depth: 1,
-        };
-        encoder.dispatch_thread_groups(groups, threads);
-    }
-    let storage = MetalStorage::new(y_buffer, dev.clone(), y_len, in_dtype);
+        },
+        0,
+    )?;
     let shape = (dims.batch, dims.steps, dims.value_heads, dims.value_dim);
-    Ok(Tensor::from_storage(
-        Storage::Metal(storage),
-        shape,
-        BackpropOp::none(),
-        false,
-    ))
+    Ok(output(dev, y_buffer, shape, in_dtype))
 }

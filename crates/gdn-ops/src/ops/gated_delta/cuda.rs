@@ -1,8 +1,9 @@
 //! CUDA host side of the fused gated-delta kernel (`kernels/gated_delta.cu`): the same call
 //! as the Metal one, with the state advanced in place on candle's stream.
 
-use super::{cuda_device, dtype_tag, function, tensor, view, KernelSource};
-use crate::{GdnDims, Inputs};
+use super::{GdnDims, Inputs};
+use crate::backend::cuda::{cuda_device, function, launch, tensor, view, KernelSource};
+use crate::backend::dtype_tag;
 use anyhow::{bail, ensure, Result};
 use candle_core::cuda_backend::cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg};
 use candle_core::cuda_backend::CudaDType;
@@ -10,6 +11,10 @@ use candle_core::{DType, Tensor, WithDType};
 use half::{bf16, f16};
 
 const OP: &str = "gated_delta_update";
+const SOURCE: KernelSource = KernelSource {
+    module: "qwen_gdn_gated_delta",
+    ptx: include_str!(concat!(env!("OUT_DIR"), "/gated_delta.ptx")),
+};
 /// Warps per block (`W` in the kernel's launch comment; measured in docs/perf-notes-gpu.md).
 const WARPS_PER_BLOCK: u32 = 4;
 /// State rows per warp: the kernel's compile-time `GDN_ROWS_PER_WARP` (2 by default).
@@ -78,11 +83,7 @@ where
     S: CudaDType + DeviceRepr + WithDType,
 {
     let in_dtype = I::DTYPE;
-    let func = function(
-        dev,
-        KernelSource::GatedDelta,
-        &kernel_name(in_dtype, S::DTYPE)?,
-    )?;
+    let func = function(dev, &SOURCE, &kernel_name(in_dtype, S::DTYPE)?)?;
     let (q, k, v) = (
         aligned(inputs.q)?,
         aligned(&inputs.k.to_dtype(in_dtype)?)?,
@@ -160,7 +161,7 @@ where
         };
         // SAFETY: the arguments match the kernel's signature in kernels/gated_delta.cu, in
         // order and type, and every view covers the elements the kernel indexes.
-        unsafe { args.launch(config) }?;
+        unsafe { launch(args, config) }?;
     }
     Ok(tensor(
         y,

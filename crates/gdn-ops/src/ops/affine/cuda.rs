@@ -2,13 +2,19 @@
 //! [`AffineTensor`] (direct products for few activation rows, row dequantization for the
 //! rest), with the same meaning as the CPU twin in `affine_tensor.rs`.
 
-use super::{cuda_device, dtype_tag, function, tensor, view, KernelSource};
-use crate::affine_tensor::{AffineParams, AffineTensor};
+use super::{AffineParams, AffineTensor};
+use crate::backend::cuda::{cuda_device, function, launch, tensor, view, KernelSource};
+use crate::backend::dtype_tag;
 use anyhow::{bail, ensure, Result};
 use candle_core::cuda_backend::cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg};
 use candle_core::cuda_backend::CudaDType;
 use candle_core::{CudaDevice, DType, Tensor, WithDType};
 use half::{bf16, f16};
+
+const SOURCE: KernelSource = KernelSource {
+    module: "qwen_gdn_affine",
+    ptx: include_str!(concat!(env!("OUT_DIR"), "/affine.ptx")),
+};
 
 // SAFETY: `AffineParams` is `repr(C)` of seven u32, as the kernel's struct.
 unsafe impl DeviceRepr for AffineParams {}
@@ -98,7 +104,7 @@ where
         dtype_tag(X::DTYPE, OP)?,
         dtype_tag(S::DTYPE, OP)?
     );
-    let func = function(dev, KernelSource::Affine, &name)?;
+    let func = function(dev, &SOURCE, &name)?;
     // SAFETY: the kernel writes every element of y.
     let y = unsafe { dev.alloc::<X>(out_rows * m.rows)? };
     {
@@ -138,7 +144,7 @@ where
         };
         // SAFETY: arguments in the order and types of `affine_products_*` in
         // kernels/affine.cu; x holds (out_rows - 1) / x_div + 1 rows of cols values.
-        unsafe { args.launch(config) }?;
+        unsafe { launch(args, config) }?;
     }
     Ok(tensor(y, dev, (out_rows, m.rows)))
 }
@@ -175,7 +181,7 @@ where
         dtype_tag(O::DTYPE, OP)?,
         dtype_tag(S::DTYPE, OP)?
     );
-    let func = function(dev, KernelSource::Affine, &name)?;
+    let func = function(dev, &SOURCE, &name)?;
     let len = count * m.cols;
     ensure!(
         len <= u32::MAX as usize,
@@ -214,7 +220,7 @@ where
         };
         // SAFETY: arguments in the order and types of `affine_dequantize_*` in
         // kernels/affine.cu.
-        unsafe { args.launch(config) }?;
+        unsafe { launch(args, config) }?;
     }
     Ok(tensor(out, dev, (count, m.cols)))
 }

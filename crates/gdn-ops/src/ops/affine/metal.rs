@@ -4,13 +4,24 @@
 //! The launch geometry here is what `kernels/emu/affine_harness.cpp` emulates; change both
 //! together.
 
-use super::{metal_buffer, metal_device, pipeline, KernelSource};
-use crate::affine_tensor::{AffineParams, AffineTensor};
-use anyhow::{bail, Context, Result};
-use candle_core::op::BackpropOp;
-use candle_core::{DType, MetalDevice, MetalStorage, Storage, Tensor};
+use super::{AffineParams, AffineTensor};
+use crate::backend::dtype_tag;
+use crate::backend::metal::{
+    encode, metal_buffer, metal_device, new_output, output, pipeline, Binding, KernelSource,
+};
+use anyhow::Result;
+use candle_core::{DType, MetalDevice, Tensor};
 use candle_metal_kernels::metal::{Buffer, ComputePipeline};
 use objc2_metal::MTLSize;
+
+const SOURCE: KernelSource = KernelSource {
+    file: "kernels/affine.metal",
+    text: include_str!("../../../../../kernels/affine.metal"),
+    headers: &[(
+        "params/affine.h",
+        include_str!("../../../../../kernels/params/affine.h"),
+    )],
+};
 
 /// Output rows one simdgroup of `affine_qmv_*` computes.
 pub const QMV_ROWS_PER_SIMDGROUP: usize = 4;
@@ -19,15 +30,6 @@ pub const QMV_SIMDGROUPS: usize = 2;
 /// Threads per threadgroup of `affine_dequant_*`, each writing this many values.
 pub const DEQUANT_THREADS: usize = 64;
 pub const DEQUANT_VALUES_PER_THREAD: usize = 8;
-
-fn tag(dtype: DType, what: &str) -> Result<&'static str> {
-    Ok(match dtype {
-        DType::F32 => "f32",
-        DType::F16 => "f16",
-        DType::BF16 => "bf16",
-        other => bail!("affine kernels: no {what} dtype {other:?}"),
-    })
-}
 
 fn params(m: &AffineTensor, rows: usize, out_rows: usize, x_div: usize, ids: bool) -> AffineParams {
     AffineParams {
@@ -41,36 +43,19 @@ fn params(m: &AffineTensor, rows: usize, out_rows: usize, x_div: usize, ids: boo
     }
 }
 
-fn output(
-    dev: &MetalDevice,
-    buffer: std::sync::Arc<Buffer>,
-    shape: (usize, usize),
-    dtype: DType,
-) -> Tensor {
-    let storage = MetalStorage::new(buffer, dev.clone(), shape.0 * shape.1, dtype);
-    Tensor::from_storage(Storage::Metal(storage), shape, BackpropOp::none(), false)
-}
-
-/// One launch: `inputs` bound to slots 0.., the output buffer and the parameters after them.
-fn encode(
+/// One launch: `inputs` read from slots 0.., the output written in the slot after them.
+fn launch(
     dev: &MetalDevice,
     pipeline: &ComputePipeline,
     inputs: &[(Buffer, usize)],
-    out: &Buffer,
+    out: &(Buffer, usize),
     params: &AffineParams,
     groups: MTLSize,
     threads: MTLSize,
 ) -> Result<()> {
-    let guard = dev.command_encoder()?;
-    let encoder: &candle_metal_kernels::metal::ComputeCommandEncoder = guard.as_ref();
-    encoder.set_compute_pipeline_state(pipeline);
-    for (slot, (buf, offset)) in inputs.iter().enumerate() {
-        encoder.set_input_buffer(slot, Some(buf), *offset);
-    }
-    encoder.set_output_buffer(inputs.len(), Some(out), 0);
-    encoder.set_bytes(inputs.len() + 1, params);
-    encoder.dispatch_thread_groups(groups, threads);
-    Ok(())
+    let mut bindings: Vec<Binding> = inputs.iter().map(Binding::Read).collect();
+    bindings.push(Binding::Write(out));
+    encode(dev, pipeline, &bindings, params, groups, threads, 0)
 }
 
 /// The packed words, scales and biases, then the ids (or, without ids, the words again: the
@@ -105,23 +90,21 @@ pub(crate) fn products(
     let dev = metal_device(&m.packed, OP)?;
     let name = format!(
         "affine_qmv_{}_{}",
-        tag(x.dtype(), "input")?,
-        tag(m.scales.dtype(), "scale")?
+        dtype_tag(x.dtype(), OP)?,
+        dtype_tag(m.scales.dtype(), OP)?
     );
-    let pipeline = pipeline(&dev, KernelSource::Affine, &name)?;
+    let pipeline = pipeline(&dev, &SOURCE, &name)?;
     // Before the encoder is taken: candle ops lock the same command state.
     let x = x.contiguous()?;
     let ids = ids.map(|t| t.contiguous()).transpose()?;
-    let y = dev
-        .new_buffer(out_rows * m.rows, x.dtype(), "affine_qmv_y")
-        .context("allocating the product")?;
+    let y = new_output(&dev, out_rows * m.rows, x.dtype(), "affine_qmv_y")?;
     let [w, s, b, idb] = weight_buffers(m, ids.as_ref(), OP)?;
     let rows_per_group = QMV_ROWS_PER_SIMDGROUP * QMV_SIMDGROUPS;
-    encode(
+    launch(
         &dev,
         &pipeline,
         &[w, s, b, metal_buffer(&x, OP)?, idb],
-        &y,
+        &(y.as_ref().clone(), 0),
         &params(m, m.rows, out_rows, x_div, ids.is_some()),
         MTLSize {
             width: m.rows.div_ceil(rows_per_group),
@@ -148,20 +131,18 @@ pub(crate) fn dequantize(
     let dev = metal_device(&m.packed, OP)?;
     let name = format!(
         "affine_dequant_{}_{}",
-        tag(dtype, "output")?,
-        tag(m.scales.dtype(), "scale")?
+        dtype_tag(dtype, OP)?,
+        dtype_tag(m.scales.dtype(), OP)?
     );
-    let pipeline = pipeline(&dev, KernelSource::Affine, &name)?;
+    let pipeline = pipeline(&dev, &SOURCE, &name)?;
     let ids = ids.map(|t| t.contiguous()).transpose()?;
-    let out = dev
-        .new_buffer(count * m.cols, dtype, "affine_dequant_out")
-        .context("allocating dequantized rows")?;
+    let out = new_output(&dev, count * m.cols, dtype, "affine_dequant_out")?;
     let per_group = DEQUANT_THREADS * DEQUANT_VALUES_PER_THREAD;
-    encode(
+    launch(
         &dev,
         &pipeline,
         &weight_buffers(m, ids.as_ref(), OP)?,
-        &out,
+        &(out.as_ref().clone(), 0),
         &params(m, m.experts * m.rows, count, 1, ids.is_some()),
         MTLSize {
             width: m.cols.div_ceil(per_group),

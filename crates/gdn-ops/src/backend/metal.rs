@@ -1,0 +1,189 @@
+//! Metal host side shared by every op: one run-time-compiled library per shader source and
+//! device, pipelines cached by name, buffer access for contiguous tensors, output wrapping,
+//! and the one place a kernel is encoded (and counted).
+//!
+//! Only the binding of buffers and the launch geometry live in the ops' `metal.rs`; what the
+//! kernels compute is checked on Linux by compiling the same `.metal` sources as C++
+//! (`kernels/emu/`).
+
+use crate::launches;
+use anyhow::{anyhow, bail, ensure, Result};
+use candle_core::op::BackpropOp;
+use candle_core::{DType, MetalDevice, MetalStorage, Shape, Storage, Tensor};
+use candle_metal_kernels::metal::{Buffer, ComputePipeline, Library};
+use objc2_metal::{MTLCompileOptions, MTLLanguageVersion, MTLSize};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock};
+
+/// A shipped shader source: the same bytes the emulation tests compile as C++, with the
+/// parameter headers it includes (`#include "params/<op>.h"`), which are pasted in place
+/// before the run-time compiler sees it (it has no include path).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct KernelSource {
+    /// Path from the workspace root, for messages.
+    pub file: &'static str,
+    pub text: &'static str,
+    /// `(include path as written, header text)`.
+    pub headers: &'static [(&'static str, &'static str)],
+}
+
+impl KernelSource {
+    /// The source with every listed `#include "…"` replaced by its header.
+    pub fn expanded(&self) -> Result<String> {
+        let mut out = String::with_capacity(self.text.len());
+        for line in self.text.lines() {
+            let included = line
+                .trim()
+                .strip_prefix("#include \"")
+                .and_then(|rest| rest.strip_suffix('"'));
+            match included {
+                Some(path) => {
+                    let (_, header) = self
+                        .headers
+                        .iter()
+                        .find(|(p, _)| *p == path)
+                        .ok_or_else(|| anyhow!("{}: no text for #include \"{path}\"", self.file))?;
+                    out.push_str(header);
+                }
+                None => out.push_str(line),
+            }
+            out.push('\n');
+        }
+        Ok(out)
+    }
+}
+
+struct CompiledSource {
+    library: Library,
+    pipelines: HashMap<String, ComputePipeline>,
+}
+
+type Cache = HashMap<(u64, &'static str), CompiledSource>;
+
+fn cache() -> &'static Mutex<Cache> {
+    static CACHE: OnceLock<Mutex<Cache>> = OnceLock::new();
+    CACHE.get_or_init(|| Mutex::new(HashMap::new()))
+}
+
+/// The pipeline of kernel `name` in `source`, compiling the source on first use per device.
+pub(crate) fn pipeline(
+    dev: &MetalDevice,
+    source: &KernelSource,
+    name: &str,
+) -> Result<ComputePipeline> {
+    let mut cache = cache()
+        .lock()
+        .map_err(|_| anyhow!("Metal pipeline cache poisoned"))?;
+    let key = (dev.device().registry_id(), source.file);
+    if !cache.contains_key(&key) {
+        let options = MTLCompileOptions::new();
+        // bfloat needs MSL 3.1 (macOS 14).
+        options.setLanguageVersion(MTLLanguageVersion::Version3_1);
+        let library = dev
+            .device()
+            .new_library_with_source(&source.expanded()?, Some(&options))
+            .map_err(|e| anyhow!("compiling {}: {e}", source.file))?;
+        cache.insert(
+            key,
+            CompiledSource {
+                library,
+                pipelines: HashMap::new(),
+            },
+        );
+    }
+    let entry = cache.get_mut(&key).expect("inserted above");
+    if let Some(p) = entry.pipelines.get(name) {
+        return Ok(p.clone());
+    }
+    let function = entry
+        .library
+        .get_function(name, None)
+        .map_err(|e| anyhow!("kernel {name}: {e}"))?;
+    let p = dev
+        .device()
+        .new_compute_pipeline_state_with_function(&function)
+        .map_err(|e| anyhow!("pipeline {name}: {e}"))?;
+    entry.pipelines.insert(name.to_string(), p.clone());
+    Ok(p)
+}
+
+/// A contiguous Metal tensor's buffer and byte offset.
+pub(crate) fn metal_buffer(t: &Tensor, op: &str) -> Result<(Buffer, usize)> {
+    let (storage, layout) = t.storage_and_layout();
+    let Storage::Metal(m) = &*storage else {
+        bail!("{op}: expected a Metal tensor")
+    };
+    ensure!(layout.is_contiguous(), "{op}: inputs must be contiguous");
+    Ok((
+        m.buffer().clone(),
+        layout.start_offset() * t.dtype().size_in_bytes(),
+    ))
+}
+
+/// The Metal device a tensor lives on.
+pub(crate) fn metal_device(t: &Tensor, op: &str) -> Result<MetalDevice> {
+    match t.device() {
+        candle_core::Device::Metal(d) => Ok(d.clone()),
+        other => bail!("{op}: expected a Metal tensor, got {other:?}"),
+    }
+}
+
+/// A fresh buffer of `len` elements of `dtype` for a kernel to write.
+pub(crate) fn new_output(
+    dev: &MetalDevice,
+    len: usize,
+    dtype: DType,
+    label: &str,
+) -> Result<Arc<Buffer>> {
+    dev.new_buffer(len, dtype, label)
+        .map_err(|e| anyhow!("allocating {label}: {e}"))
+}
+
+/// Wraps a buffer a kernel wrote as a contiguous tensor.
+pub(crate) fn output(
+    dev: &MetalDevice,
+    buffer: Arc<Buffer>,
+    shape: impl Into<Shape>,
+    dtype: DType,
+) -> Tensor {
+    let shape = shape.into();
+    let storage = MetalStorage::new(buffer, dev.clone(), shape.elem_count(), dtype);
+    Tensor::from_storage(Storage::Metal(storage), shape, BackpropOp::none(), false)
+}
+
+/// How a kernel uses a bound buffer: candle's encoder tracks hazards from this.
+pub(crate) enum Binding<'a> {
+    Read(&'a (Buffer, usize)),
+    /// Written (or read and written in place): later readers wait for it.
+    Write(&'a (Buffer, usize)),
+}
+
+/// One kernel launch: buffers bound to slots `0..`, the parameters (`set_bytes`) in the slot
+/// after them, and optional threadgroup memory at index 0. Every Metal launch of this crate
+/// goes through here, so this is where launches are counted.
+pub(crate) fn encode<P>(
+    dev: &MetalDevice,
+    pipeline: &ComputePipeline,
+    buffers: &[Binding],
+    params: &P,
+    groups: MTLSize,
+    threads: MTLSize,
+    threadgroup_bytes: usize,
+) -> Result<()> {
+    launches::record(1);
+    let guard = dev.command_encoder()?;
+    let encoder: &candle_metal_kernels::metal::ComputeCommandEncoder = guard.as_ref();
+    encoder.set_compute_pipeline_state(pipeline);
+    for (slot, binding) in buffers.iter().enumerate() {
+        match binding {
+            Binding::Read((buf, offset)) => encoder.set_input_buffer(slot, Some(buf), *offset),
+            Binding::Write((buf, offset)) => encoder.set_output_buffer(slot, Some(buf), *offset),
+        }
+    }
+    encoder.set_bytes(buffers.len(), params);
+    if threadgroup_bytes > 0 {
+        encoder.set_threadgroup_memory_length(0, threadgroup_bytes);
+    }
+    encoder.dispatch_thread_groups(groups, threads);
+    Ok(())
+}

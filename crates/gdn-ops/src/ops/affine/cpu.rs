@@ -1,0 +1,104 @@
+//! The CPU twin of the affine kernels: the same function, row by row in f32, so that the
+//! device plan runs (and is tested) on any machine.
+
+use super::AffineTensor;
+use crate::affine::dequantize_row;
+use anyhow::{bail, ensure, Result};
+use candle_core::{DType, Storage, Tensor};
+
+/// A CPU tensor's f32 values (any float dtype), or its u32 values.
+fn cpu_f32(t: &Tensor) -> Result<Vec<f32>> {
+    Ok(t.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?)
+}
+
+/// Runs `f` on the packed words of a CPU tensor without copying them.
+fn with_words<R>(t: &Tensor, f: impl FnOnce(&[u32]) -> R) -> Result<R> {
+    let (storage, layout) = t.storage_and_layout();
+    let Storage::Cpu(cpu) = &*storage else {
+        bail!("expected a CPU tensor")
+    };
+    ensure!(layout.is_contiguous(), "packed weights must be contiguous");
+    let words = cpu.as_slice::<u32>()?;
+    Ok(f(
+        &words[layout.start_offset()..layout.start_offset() + t.elem_count()]
+    ))
+}
+
+/// Stacked row `row` of `m`, dequantized in f32.
+fn cpu_row(
+    m: &AffineTensor,
+    words: &[u32],
+    scales: &[f32],
+    biases: &[f32],
+    row: usize,
+) -> Vec<f32> {
+    let (wpr, gpr) = (m.cols * m.bits / 32, m.cols / m.group_size);
+    let mut out = vec![0f32; m.cols];
+    dequantize_row(
+        &words[row * wpr..(row + 1) * wpr],
+        &scales[row * gpr..(row + 1) * gpr],
+        &biases[row * gpr..(row + 1) * gpr],
+        m.bits,
+        &mut out,
+    );
+    out
+}
+
+pub(crate) fn products(
+    m: &AffineTensor,
+    x: &Tensor,
+    ids: Option<&Tensor>,
+    x_div: usize,
+    out_rows: usize,
+) -> Result<Tensor> {
+    let xs = cpu_f32(x)?;
+    let ids: Option<Vec<u32>> = ids.map(|t| t.to_vec1::<u32>()).transpose()?;
+    let (scales, biases) = (cpu_f32(&m.scales)?, cpu_f32(&m.biases)?);
+    let y = with_words(&m.packed, |words| -> Result<Vec<f32>> {
+        let mut y = vec![0f32; out_rows * m.rows];
+        for (i, out) in y.chunks_exact_mut(m.rows).enumerate() {
+            let e = ids.as_ref().map_or(0, |ids| ids[i] as usize);
+            ensure!(
+                e < m.experts,
+                "expert id {e} out of range ({} experts)",
+                m.experts
+            );
+            let xr = &xs[(i / x_div) * m.cols..(i / x_div + 1) * m.cols];
+            for (r, o) in out.iter_mut().enumerate() {
+                let w = cpu_row(m, words, &scales, &biases, e * m.rows + r);
+                *o = w.iter().zip(xr).map(|(w, x)| w * x).sum();
+            }
+        }
+        Ok(y)
+    })??;
+    Ok(Tensor::from_vec(y, (out_rows, m.rows), x.device())?.to_dtype(x.dtype())?)
+}
+
+pub(crate) fn dequantize(
+    m: &AffineTensor,
+    ids: Option<&Tensor>,
+    count: usize,
+    dtype: DType,
+) -> Result<Tensor> {
+    let ids: Option<Vec<u32>> = ids.map(|t| t.to_vec1::<u32>()).transpose()?;
+    let (scales, biases) = (cpu_f32(&m.scales)?, cpu_f32(&m.biases)?);
+    let total = m.experts * m.rows;
+    let out = with_words(&m.packed, |words| -> Result<Vec<f32>> {
+        let mut out = Vec::with_capacity(count * m.cols);
+        for i in 0..count {
+            let row = ids.as_ref().map_or(i, |ids| ids[i] as usize);
+            ensure!(
+                row < total,
+                "row {row} is outside the matrix ({total} rows)"
+            );
+            out.extend(cpu_row(m, words, &scales, &biases, row));
+        }
+        Ok(out)
+    })??;
+    let t = Tensor::from_vec(out, (count, m.cols), m.device())?;
+    // One rounding from f32, as the kernel does.
+    Ok(match dtype {
+        DType::BF16 | DType::F16 | DType::F32 => t.to_dtype(dtype)?,
+        other => bail!("affine dequantize: unsupported output dtype {other:?}"),
+    })
+}
