@@ -160,6 +160,11 @@ impl Embedding {
         self.table.rows_of(ids, device, dtype)
     }
 
+    /// `[n]` u32 ids already on the device → `[n, hidden]` in `dtype`.
+    pub fn forward_ids(&self, ids: &Tensor, dtype: DType) -> Result<Tensor> {
+        self.table.rows_of_tensor(ids, dtype)
+    }
+
     /// Tied output head: `h Eᵀ`.
     pub fn as_linear(&self) -> Linear {
         Linear {
