@@ -79,3 +79,17 @@ pub(crate) fn tensor<T: CudaDType>(
     let storage = CudaStorage::wrap_cuda_slice(slice, dev.clone());
     Tensor::from_storage(Storage::Cuda(storage), shape, BackpropOp::none(), false)
 }
+
+/// The elements `rows.start .. rows.start + rows.span` of a tensor's storage as a device
+/// view: for views whose layout the caller has checked with [`super::row_layout`].
+pub(crate) fn rows_view<'a, T: CudaDType + DeviceRepr>(
+    storage: &'a Storage,
+    rows: &super::RowLayout,
+    op: &str,
+) -> Result<CudaView<'a, T>> {
+    let Storage::Cuda(s) = storage else {
+        bail!("{op}: expected a CUDA tensor")
+    };
+    Ok(s.as_cuda_slice::<T>()?
+        .slice(rows.start..rows.start + rows.span))
+}

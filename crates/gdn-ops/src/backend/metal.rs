@@ -187,3 +187,16 @@ pub(crate) fn encode<P>(
     encoder.dispatch_thread_groups(groups, threads);
     Ok(())
 }
+
+/// A tensor's buffer and the byte offset of its first element, whatever its layout: for
+/// views whose layout the caller has checked with [`super::row_layout`].
+pub(crate) fn metal_buffer_of_view(t: &Tensor, op: &str) -> Result<(Buffer, usize)> {
+    let (storage, layout) = t.storage_and_layout();
+    let Storage::Metal(m) = &*storage else {
+        bail!("{op}: expected a Metal tensor")
+    };
+    Ok((
+        m.buffer().clone(),
+        layout.start_offset() * t.dtype().size_in_bytes(),
+    ))
+}

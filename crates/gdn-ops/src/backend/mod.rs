@@ -7,8 +7,8 @@ pub mod cuda;
 #[cfg(any(feature = "metal", target_os = "macos"))]
 pub mod metal;
 
-use anyhow::{bail, Result};
-use candle_core::DType;
+use anyhow::{bail, ensure, Result};
+use candle_core::{DType, Tensor};
 
 /// The kernel-name suffix of a float dtype (`<kernel>_<tag>` instantiations in `kernels/`).
 pub fn dtype_tag(dtype: DType, op: &str) -> Result<&'static str> {
@@ -17,5 +17,53 @@ pub fn dtype_tag(dtype: DType, op: &str) -> Result<&'static str> {
         DType::F16 => "f16",
         DType::BF16 => "bf16",
         other => bail!("{op}: no kernel for {other:?}"),
+    })
+}
+
+/// Where the rows of a view lie in its storage, for kernels that read rows at a stride (a
+/// slice of a wider projection output, say) instead of copying them first.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RowLayout {
+    /// Element offset of the first value.
+    pub start: usize,
+    /// Element stride of each leading dim (0 for a dim of size 1).
+    pub strides: Vec<usize>,
+    /// Elements from `start` to just past the last value the rows hold.
+    pub span: usize,
+}
+
+/// Reads `t` as `lead` dims of rows of `len` contiguous values: its dims must be `lead`
+/// followed by dims whose product is `len`, laid out contiguously (unit stride innermost),
+/// while the leading dims may have any stride. `what` names the tensor in errors.
+pub fn row_layout(t: &Tensor, lead: &[usize], len: usize, what: &str) -> Result<RowLayout> {
+    let (dims, strides) = (t.dims(), t.stride());
+    let inner = dims.get(lead.len()..).unwrap_or(&[]);
+    ensure!(
+        dims.len() > lead.len() && dims[..lead.len()] == *lead && inner.iter().product::<usize>() == len,
+        "{what} {dims:?}: expected dims {lead:?} followed by {len} values"
+    );
+    let mut expected = 1;
+    for (&d, &s) in inner.iter().zip(&strides[lead.len()..]).rev() {
+        ensure!(
+            d == 1 || s == expected,
+            "{what}: each row of {len} values must be contiguous (strides {strides:?})"
+        );
+        expected *= d;
+    }
+    let strides: Vec<usize> = lead
+        .iter()
+        .zip(strides)
+        .map(|(&d, &s)| if d == 1 { 0 } else { s })
+        .collect();
+    let empty = lead.contains(&0) || len == 0;
+    let span = if empty {
+        0
+    } else {
+        lead.iter().zip(&strides).map(|(&d, &s)| (d - 1) * s).sum::<usize>() + len
+    };
+    Ok(RowLayout {
+        start: t.layout().start_offset(),
+        strides,
+        span,
     })
 }

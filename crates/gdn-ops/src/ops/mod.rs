@@ -3,3 +3,5 @@
 
 pub mod affine;
 pub mod gated_delta;
+pub mod gated_rms_norm;
+pub mod gdn_conv_prep;

@@ -1,0 +1,99 @@
+//! Metal host side of `kernels/gdn_conv_prep.metal`: binding and launch geometry. The
+//! geometry here is what `kernels/emu/gdn_conv_prep_harness.cpp` emulates; change both
+//! together.
+
+use super::{supports, ConvPrepOut, Inputs};
+use crate::backend::dtype_tag;
+use crate::backend::metal::{
+    encode, metal_buffer, metal_buffer_of_view, metal_device, new_output, output, pipeline,
+    Binding, KernelSource,
+};
+use anyhow::{ensure, Result};
+use candle_core::DType;
+use objc2_metal::MTLSize;
+
+const SOURCE: KernelSource = KernelSource {
+    file: "kernels/gdn_conv_prep.metal",
+    text: include_str!("../../../../../kernels/gdn_conv_prep.metal"),
+    headers: &[(
+        "params/gdn_conv_prep.h",
+        include_str!("../../../../../kernels/params/gdn_conv_prep.h"),
+    )],
+};
+
+/// Simdgroups (head slots) per threadgroup.
+pub const SLOTS_PER_THREADGROUP: usize = 4;
+
+pub(crate) fn gdn_conv_prep(inputs: &Inputs) -> Result<ConvPrepOut> {
+    const OP: &str = "gdn_conv_prep";
+    let dev = &metal_device(inputs.conv_state, OP)?;
+    let dtype = inputs.qkv.dtype();
+    ensure!(
+        supports(&inputs.dims, dtype),
+        "{OP}: no Metal kernel for {:?} in {dtype:?} (head dims multiples of 32 up to 256, 2 to 8 taps)",
+        inputs.dims
+    );
+    let name = format!("gdn_conv_prep_{}", dtype_tag(dtype, OP)?);
+    let pipeline = pipeline(dev, &SOURCE, &name)?;
+    let params = inputs.params()?;
+    let d = inputs.dims;
+    let bn = inputs.batch;
+    let qk_len = bn * d.key_heads * d.key_dim;
+    let v_len = bn * d.value_heads * d.value_dim;
+    let gate_len = bn * d.value_heads;
+    let q = new_output(dev, qk_len, dtype, "gdn_conv_prep_q")?;
+    let k = new_output(dev, qk_len, dtype, "gdn_conv_prep_k")?;
+    let v = new_output(dev, v_len, dtype, "gdn_conv_prep_v")?;
+    let g = new_output(dev, gate_len, DType::F32, "gdn_conv_prep_g")?;
+    let beta = new_output(dev, gate_len, DType::F32, "gdn_conv_prep_beta")?;
+    if bn > 0 {
+        // qkv, b and a may be views: their row layouts were checked by the caller.
+        let qkv = metal_buffer_of_view(inputs.qkv, OP)?;
+        let b = metal_buffer_of_view(inputs.b, OP)?;
+        let a = metal_buffer_of_view(inputs.a, OP)?;
+        let state = metal_buffer(inputs.conv_state, OP)?;
+        let taps = metal_buffer(inputs.taps, OP)?;
+        let dt_bias = metal_buffer(inputs.dt_bias, OP)?;
+        let neg_a_exp = metal_buffer(inputs.neg_a_exp, OP)?;
+        let outs = [&q, &k, &v, &g, &beta].map(|o| (o.as_ref().clone(), 0));
+        encode(
+            dev,
+            &pipeline,
+            &[
+                Binding::Read(&qkv),
+                Binding::Read(&b),
+                Binding::Read(&a),
+                // Read and written in place: declared as written so later readers wait.
+                Binding::Write(&state),
+                Binding::Read(&taps),
+                Binding::Read(&dt_bias),
+                Binding::Read(&neg_a_exp),
+                Binding::Write(&outs[0]),
+                Binding::Write(&outs[1]),
+                Binding::Write(&outs[2]),
+                Binding::Write(&outs[3]),
+                Binding::Write(&outs[4]),
+            ],
+            &params,
+            MTLSize {
+                width: 1,
+                height: d.slots().div_ceil(SLOTS_PER_THREADGROUP),
+                depth: bn,
+            },
+            MTLSize {
+                width: 32,
+                height: SLOTS_PER_THREADGROUP,
+                depth: 1,
+            },
+            0,
+        )?;
+    }
+    let qk_shape = (bn, 1, d.key_heads, d.key_dim);
+    Ok(ConvPrepOut {
+        q: output(dev, q, qk_shape, dtype),
+        k: output(dev, k, qk_shape, dtype),
+        v: output(dev, v, (bn, 1, d.value_heads, d.value_dim), dtype),
+        g: output(dev, g, (bn, 1, d.value_heads), DType::F32),
+        beta: output(dev, beta, (bn, 1, d.value_heads), DType::F32),
+    })
+}

@@ -1,0 +1,374 @@
+//! The shipped Metal kernel `kernels/gdn_conv_prep.metal`, compiled as C++ with clang-19 and
+//! the Metal emulation header (`kernels/emu/`), run on the CPU for all three
+//! `gdn_conv_prep_{t}` kernels and compared with the CPU twin
+//! [`gdn_ops::ops::gdn_conv_prep::gdn_conv_prep`], on the real Qwen3-Next-80B-A3B and Qwen3.5
+//! shapes and on edge sizes (one key head, Dk = 256, K = 2 and 8, head slots not a multiple
+//! of the threadgroup's four, qkv, b and a as strided views with NaN between their rows).
+//!
+//! Gates, per case: the conv state bit for bit (it is only moved); q, k and v within one ulp
+//! of InT of the twin's (both round once from f32 values that differ by summation order), or
+//! 1e-5 of the output's max |value|; g and beta within 1e-5 of their max |value|.
+
+mod emu;
+
+use candle_core::{DType, Device, Tensor};
+use gdn_ops::ops::gdn_conv_prep::{gdn_conv_prep, qk_scales, ConvPrepDims, NORM_EPS};
+use half::{bf16, f16};
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+use std::time::Instant;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum In {
+    F32,
+    F16,
+    Bf16,
+}
+
+const TYPES: [In; 3] = [In::F32, In::F16, In::Bf16];
+
+impl In {
+    fn name(self) -> &'static str {
+        ["f32", "f16", "bf16"][self as usize]
+    }
+    fn msl(self) -> &'static str {
+        ["float", "half", "bfloat"][self as usize]
+    }
+    fn dtype(self) -> DType {
+        [DType::F32, DType::F16, DType::BF16][self as usize]
+    }
+    fn round(self, x: f32) -> f32 {
+        match self {
+            In::F32 => x,
+            In::F16 => f16::from_f32(x).to_f32(),
+            In::Bf16 => bf16::from_f32(x).to_f32(),
+        }
+    }
+    /// Spacing of InT values at magnitude |x|.
+    fn ulp(self, x: f32) -> f32 {
+        let (mantissa_bits, min_exp) = match self {
+            In::F32 => (23, -126),
+            In::F16 => (10, -14),
+            In::Bf16 => (7, -126),
+        };
+        let exp = if x == 0.0 {
+            min_exp
+        } else {
+            (x.abs().log2().floor() as i32).max(min_exp)
+        };
+        2f32.powi(exp - mantissa_bits)
+    }
+}
+
+fn harness() -> &'static Path {
+    static HARNESS: OnceLock<PathBuf> = OnceLock::new();
+    HARNESS.get_or_init(|| emu::compile_harness("gdn_conv_prep_harness", &[]))
+}
+
+/// splitmix64: inputs need no dependency and are the same everywhere.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+    fn uniform(&mut self, lo: f32, hi: f32) -> f32 {
+        lo + (hi - lo) * ((self.next() >> 40) as f32 / (1u64 << 24) as f32)
+    }
+}
+
+struct Case {
+    ty: In,
+    dims: ConvPrepDims,
+    batch: usize,
+    /// Row strides of the views qkv, b and a (≥ their row lengths).
+    strides: [usize; 3],
+    /// The views' storage, rows at their strides, NaN between them.
+    qkv: Vec<f32>,
+    b: Vec<f32>,
+    a: Vec<f32>,
+    state: Vec<f32>,
+    taps: Vec<f32>,
+    dt_bias: Vec<f32>,
+    neg_a_exp: Vec<f32>,
+}
+
+fn span(rows: usize, stride: usize, len: usize) -> usize {
+    (rows - 1) * stride + len
+}
+
+/// Rows of `len` values at `stride`, NaN in the gaps.
+fn strided(rng: &mut Rng, ty: In, rows: usize, stride: usize, len: usize, lo: f32, hi: f32) -> Vec<f32> {
+    let mut v = vec![f32::NAN; span(rows, stride, len)];
+    for r in 0..rows {
+        for x in &mut v[r * stride..r * stride + len] {
+            *x = ty.round(rng.uniform(lo, hi));
+        }
+    }
+    v
+}
+
+fn make_case(ty: In, dims: ConvPrepDims, batch: usize, pad: usize, seed: u64) -> Case {
+    let mut rng = Rng(seed);
+    let (c, hv, kk) = (dims.channels(), dims.value_heads, dims.kernel_size);
+    let strides = [c + 3 * pad, hv + pad, hv + 2 * pad];
+    let mut values = |n: usize, lo: f32, hi: f32| -> Vec<f32> {
+        (0..n).map(|_| ty.round(rng.uniform(lo, hi))).collect()
+    };
+    let state = values(batch * (kk - 1) * c, -2.0, 2.0);
+    let taps = values(kk * c, -0.6, 0.6);
+    let mut f32s = |n: usize, lo: f32, hi: f32| -> Vec<f32> {
+        (0..n).map(|_| rng.uniform(lo, hi)).collect()
+    };
+    let dt_bias = f32s(hv, -1.0, 1.0);
+    let neg_a_exp: Vec<f32> = f32s(hv, -3.0, 2.5).iter().map(|x| -x.exp()).collect();
+    Case {
+        ty,
+        dims,
+        batch,
+        strides,
+        qkv: strided(&mut rng, ty, batch, strides[0], c, -2.0, 2.0),
+        // Both softplus branches and saturated sigmoids.
+        b: strided(&mut rng, ty, batch, strides[1], hv, -8.0, 8.0),
+        a: strided(&mut rng, ty, batch, strides[2], hv, -12.0, 12.0),
+        state,
+        taps,
+        dt_bias,
+        neg_a_exp,
+    }
+}
+
+/// q, k, v, g, beta and the advanced conv state, flattened.
+type Outputs = [Vec<f32>; 6];
+
+fn run_harness(c: &Case) -> Result<Outputs, String> {
+    let d = c.dims;
+    let mut bytes = b"GCPEMU01".to_vec();
+    let header = [
+        c.ty as usize,
+        c.batch,
+        d.key_heads,
+        d.key_dim,
+        d.value_heads,
+        d.value_dim,
+        d.kernel_size,
+        c.strides[0],
+        c.strides[1],
+        c.strides[2],
+    ];
+    for h in header {
+        bytes.extend_from_slice(&(h as u32).to_le_bytes());
+    }
+    let (q_scale, k_scale) = qk_scales(d.key_dim);
+    for f in [q_scale, k_scale, NORM_EPS] {
+        bytes.extend_from_slice(&f.to_le_bytes());
+    }
+    for a in [&c.qkv, &c.b, &c.a, &c.state, &c.taps, &c.dt_bias, &c.neg_a_exp] {
+        a.iter().for_each(|f| bytes.extend_from_slice(&f.to_le_bytes()));
+    }
+    let floats = emu::run_harness(harness(), &bytes)?;
+    let qk = c.batch * d.key_heads * d.key_dim;
+    let gates = c.batch * d.value_heads;
+    let lens = [qk, qk, gates * d.value_dim, gates, gates, c.state.len()];
+    if floats.len() != lens.iter().sum::<usize>() {
+        return Err(format!("harness wrote {} floats, expected {}", floats.len(), lens.iter().sum::<usize>()));
+    }
+    let mut at = 0;
+    Ok(lens.map(|n| {
+        at += n;
+        floats[at - n..at].to_vec()
+    }))
+}
+
+/// The CPU twin on the same inputs, qkv, b and a passed as the same strided views.
+fn reference(c: &Case) -> Outputs {
+    let dev = Device::Cpu;
+    let d = c.dims;
+    let dtype = c.ty.dtype();
+    let view = |x: &[f32], stride: usize, len: usize| {
+        let mut full = x.to_vec();
+        full.resize(c.batch * stride, f32::NAN);
+        Tensor::from_vec(full, (c.batch, stride), &dev)
+            .unwrap()
+            .to_dtype(dtype)
+            .unwrap()
+            .narrow(1, 0, len)
+            .unwrap()
+    };
+    let t = |x: &[f32], shape: &[usize], dtype: DType| {
+        Tensor::from_slice(x, shape, &dev).unwrap().to_dtype(dtype).unwrap()
+    };
+    let state = t(&c.state, &[c.batch, d.kernel_size - 1, d.channels()], dtype);
+    let out = gdn_conv_prep(
+        &view(&c.qkv, c.strides[0], d.channels()),
+        &view(&c.b, c.strides[1], d.value_heads),
+        &view(&c.a, c.strides[2], d.value_heads),
+        &state,
+        &t(&c.taps, &[d.kernel_size, d.channels()], dtype),
+        &t(&c.dt_bias, &[d.value_heads], DType::F32),
+        &t(&c.neg_a_exp, &[d.value_heads], DType::F32),
+        d,
+    )
+    .unwrap();
+    let f = |x: &Tensor| {
+        x.to_dtype(DType::F32).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap()
+    };
+    [f(&out.q), f(&out.k), f(&out.v), f(&out.g), f(&out.beta), f(&state)]
+}
+
+const REL_TOL: f32 = 1e-5;
+const NAMES: [&str; 6] = ["q", "k", "v", "g", "beta", "conv_state"];
+
+/// Checks one case; returns a description of every gate it fails.
+fn check(c: &Case) -> Vec<String> {
+    let got = match run_harness(c) {
+        Ok(o) => o,
+        Err(e) => return vec![e],
+    };
+    let want = reference(c);
+    let mut bad = vec![];
+    for (i, name) in NAMES.iter().enumerate() {
+        let (g, w) = (&got[i], &want[i]);
+        if i == 5 {
+            let differ = g.iter().zip(w).filter(|(a, b)| a.to_bits() != b.to_bits()).count();
+            if differ > 0 {
+                bad.push(format!("{differ} conv_state values differ from the twin's (they are only moved)"));
+            }
+            continue;
+        }
+        let scale = w.iter().fold(0f32, |m, v| m.max(v.abs()));
+        // Activations are rounded to InT; g and beta stay f32.
+        let ty = if i < 3 { c.ty } else { In::F32 };
+        let (mut worst, mut at) = (0f32, 0);
+        for (j, (&a, &b)) in g.iter().zip(w).enumerate() {
+            let allowed = ty.ulp(a.abs().max(b.abs())).max(REL_TOL * scale);
+            let excess = if a.is_nan() { f32::INFINITY } else { (a - b).abs() / allowed };
+            if excess > worst {
+                (worst, at) = (excess, j);
+            }
+        }
+        if worst > 1.0 {
+            bad.push(format!(
+                "{name}[{at}] = {} vs twin {} ({worst:.3e}x the allowed 1 {} ulp / {REL_TOL:e} of max {scale:.3e})",
+                g[at],
+                w[at],
+                ty.name()
+            ));
+        }
+    }
+    bad
+}
+
+fn dims(hk: usize, dk: usize, hv: usize, dv: usize, k: usize) -> ConvPrepDims {
+    ConvPrepDims {
+        key_heads: hk,
+        key_dim: dk,
+        value_heads: hv,
+        value_dim: dv,
+        kernel_size: k,
+    }
+}
+
+#[test]
+fn shipped_gdn_conv_prep_kernels_match_the_cpu_twin() {
+    let started = Instant::now();
+    harness();
+    // (dims, batch, view padding): the real shapes, then edges.
+    let shapes = [
+        // Qwen3-Next-80B-A3B (C = 8192); the model's views (padding > 0).
+        (dims(16, 128, 32, 128, 4), 1, 0),
+        (dims(16, 128, 32, 128, 4), 2, 17),
+        // Qwen3.5 with 48 value heads.
+        (dims(16, 128, 48, 128, 4), 1, 5),
+        // One key head, the widest heads, the most taps; 5 slots (a partial threadgroup).
+        (dims(1, 256, 3, 96, 8), 2, 1),
+        // The fewest taps, the narrowest heads, GQA 2.
+        (dims(2, 32, 4, 64, 2), 3, 2),
+        (dims(3, 64, 6, 256, 3), 2, 0),
+    ];
+    let mut failures = vec![];
+    let mut runs = 0;
+    for (si, &(d, batch, pad)) in shapes.iter().enumerate() {
+        for ty in TYPES {
+            let c = make_case(ty, d, batch, pad, 0xC0DE_0000 + (si * 3 + ty as usize) as u64);
+            runs += 1;
+            for bad in check(&c) {
+                failures.push(format!("gdn_conv_prep_{} {d:?} B{batch} pad {pad}: {bad}", ty.name()));
+            }
+        }
+    }
+    eprintln!("{runs} cases in {:.1}s", started.elapsed().as_secs_f32());
+    assert!(failures.is_empty(), "{} failures:\n{}", failures.len(), failures.join("\n"));
+}
+
+/// What the C++ build cannot see: the buffer indices (attributes, ignored by clang), the
+/// parameter struct the Rust host mirrors, and the instantiation names the host looks up.
+#[test]
+fn kernel_abi_in_source() {
+    let u = |f: &str| ("unsigned int".to_string(), f.to_string());
+    let fl = |f: &str| ("float".to_string(), f.to_string());
+    assert_eq!(
+        emu::params_fields("gdn_conv_prep.h", "ConvPrepParams"),
+        [
+            u("batch"),
+            u("key_heads"),
+            u("key_dim"),
+            u("value_heads"),
+            u("value_dim"),
+            u("kernel_size"),
+            u("qkv_row_stride"),
+            u("b_row_stride"),
+            u("a_row_stride"),
+            fl("q_scale"),
+            fl("k_scale"),
+            fl("norm_eps"),
+        ],
+        "ConvPrepParams (kernels/params/gdn_conv_prep.h) must match ops::gdn_conv_prep::ConvPrepParams"
+    );
+    assert_eq!(
+        std::mem::size_of::<gdn_ops::ops::gdn_conv_prep::ConvPrepParams>(),
+        12 * 4
+    );
+    let src = std::fs::read_to_string(emu::workspace_root().join("kernels/gdn_conv_prep.metal")).unwrap();
+    let code: String = src
+        .lines()
+        .map(|l| l.split("//").next().unwrap())
+        .collect::<Vec<_>>()
+        .join("\n");
+    // Block comments inside the macro are documentation, not ABI.
+    let mut flat = code.split_whitespace().collect::<Vec<_>>().join(" ");
+    while let Some(start) = flat.find("/*") {
+        let end = flat[start..].find("*/").unwrap() + start + 2;
+        flat.replace_range(start..end, "");
+    }
+    let flat = flat.split_whitespace().collect::<Vec<_>>().join(" ");
+    assert!(flat.contains("#include \"params/gdn_conv_prep.h\""));
+    let buffers = [
+        "qkv", "b_in", "a_in", "conv_state", "taps", "dt_bias", "neg_a_exp", "q", "k", "v", "g",
+        "beta", "p",
+    ];
+    let mut from = flat.find("#define GDN_CONV_PREP(").expect("GDN_CONV_PREP macro");
+    for (i, name) in buffers.iter().enumerate() {
+        let needle = format!("{name} [[buffer({i})]]");
+        let at = flat[from..]
+            .find(&needle)
+            .unwrap_or_else(|| panic!("`{needle}` missing or out of order"));
+        from += at + needle.len();
+    }
+    let body_end = flat[from..].find('{').map_or(flat.len(), |e| from + e);
+    assert!(!flat[from..body_end].contains("[[buffer("), "more buffers than the host binds");
+    for ty in TYPES {
+        let line = format!("GDN_CONV_PREP(gdn_conv_prep_{}, {})", ty.name(), ty.msl());
+        assert!(flat.contains(&line), "missing `{line}`");
+    }
+    let bf16_line = "GDN_CONV_PREP(gdn_conv_prep_bf16, bfloat)";
+    let guarded = flat
+        .split("#if defined(__HAVE_BFLOAT__)")
+        .skip(1)
+        .any(|after| after.split("#endif").next().unwrap().contains(bf16_line));
+    assert!(guarded, "the bfloat instantiation must sit inside #if defined(__HAVE_BFLOAT__)");
+}

@@ -1,0 +1,142 @@
+// Runs the shipped kernels/gdn_conv_prep.metal on the CPU through metal_emu.h. Used by
+// crates/gdn-ops/tests/gdn_conv_prep_emulation.rs.
+//
+// stdin, little-endian: "GCPEMU01", then u32 type (0 f32, 1 f16, 2 bf16), batch B, Hk, Dk,
+// Hv, Dv, K, qkv_row_stride, b_row_stride, a_row_stride; f32 q_scale, k_scale, norm_eps; then
+// f32 arrays qkv [(B-1)*qkv_row_stride + C], b [(B-1)*b_row_stride + Hv], a likewise,
+// conv_state [B, K-1, C], taps [K, C], dt_bias [Hv], neg_a_exp [Hv], with C = 2*Hk*Dk + Hv*Dv.
+// Values between the rows of qkv, b and a (a view's gaps) are whatever the caller put there:
+// NaN, so that a read of one poisons a result. Inputs are converted to InT here (exactly,
+// when the caller already rounded them).
+// stdout: f32 arrays q [B, Hk, Dk], k [B, Hk, Dk], v [B, Hv, Dv], g [B, Hv], beta [B, Hv],
+// conv_state [B, K-1, C] after the step.
+//
+// The launch geometry is crates/gdn-ops/src/ops/gdn_conv_prep/metal.rs's
+// (SLOTS_PER_THREADGROUP = 4); change both together. Memory checks: guarded_buffer.h.
+
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <vector>
+
+#include "metal_math.h"
+
+// The bfloat kernels are guarded by this macro in the shipped source.
+#ifndef __HAVE_BFLOAT__
+#define __HAVE_BFLOAT__ 1
+#endif
+#include "../gdn_conv_prep.metal"
+#include "guarded_buffer.h"
+
+namespace {
+
+using guarded::Buffer;
+using guarded::Kind;
+
+constexpr uint kSlotsPerThreadgroup = 4;
+
+struct Case {
+  ConvPrepParams p;
+  std::vector<float> qkv, b, a, state, taps, dt_bias, neg_a_exp;
+};
+
+// The signature every gdn_conv_prep_{t} kernel must have for its InT: a kernel named for
+// another type does not convert to it, and fails to compile.
+template <class InT>
+using Kernel = void (*)(const device InT*, const device InT*, const device InT*, device InT*,
+                        const device InT*, const device float*, const device float*, device InT*,
+                        device InT*, device InT*, device float*, device float*,
+                        constant ConvPrepParams&, uint3, uint);
+
+template <class InT>
+void run(const Case& c, Kernel<InT> kernel) {
+  const ConvPrepParams& p = c.p;
+  Buffer<InT> qkv("qkv", c.qkv, Kind::Input);
+  Buffer<InT> b("b", c.b, Kind::Input);
+  Buffer<InT> a("a", c.a, Kind::Input);
+  Buffer<InT> state("conv_state", c.state, Kind::InOut);
+  Buffer<InT> taps("taps", c.taps, Kind::Input);
+  Buffer<float> dt_bias("dt_bias", c.dt_bias, Kind::Input);
+  Buffer<float> neg_a_exp("neg_a_exp", c.neg_a_exp, Kind::Input);
+  const std::size_t qk = std::size_t(p.batch) * p.key_heads * p.key_dim;
+  const std::size_t gates = std::size_t(p.batch) * p.value_heads;
+  Buffer<InT> q("q", qk, Kind::Output);
+  Buffer<InT> k("k", qk, Kind::Output);
+  Buffer<InT> v("v", gates * p.value_dim, Kind::Output);
+  Buffer<float> g("g", gates, Kind::Output);
+  Buffer<float> beta("beta", gates, Kind::Output);
+  const ConvPrepParams params = p;
+
+  const uint slots = 2 * p.key_heads + p.value_heads;
+  const uint3 groups{1, (slots + kSlotsPerThreadgroup - 1) / kSlotsPerThreadgroup, p.batch};
+  const uint3 per_group{32, kSlotsPerThreadgroup, 1};
+  metal_emu::dispatch_threadgroups(groups, per_group, [&](const metal_emu::ThreadIds& id) {
+    kernel((const device InT*)qkv.data(), (const device InT*)b.data(), (const device InT*)a.data(),
+           (device InT*)state.data(), (const device InT*)taps.data(), (const device float*)dt_bias.data(),
+           (const device float*)neg_a_exp.data(), (device InT*)q.data(), (device InT*)k.data(),
+           (device InT*)v.data(), (device float*)g.data(), (device float*)beta.data(),
+           *(constant ConvPrepParams*)&params, id.thread_position_in_grid, id.thread_index_in_simdgroup);
+  });
+
+  qkv.check();
+  b.check();
+  a.check();
+  state.check();
+  taps.check();
+  dt_bias.check();
+  neg_a_exp.check();
+  q.check();
+  k.check();
+  v.check();
+  g.check();
+  beta.check();
+  q.write_f32();
+  k.write_f32();
+  v.write_f32();
+  g.write_f32();
+  beta.write_f32();
+  state.write_f32();
+}
+
+// Elements a view of `rows` rows of `len` values at `stride` spans.
+std::size_t span(uint rows, uint stride, uint len) { return rows == 0 ? 0 : std::size_t(rows - 1) * stride + len; }
+
+}  // namespace
+
+int main() {
+  guarded::install_fault_handler("gdn_conv_prep_harness");
+  std::uint32_t h[10];
+  guarded::read_header("GCPEMU01", h);
+  float scales[3];
+  if (std::fread(scales, sizeof(float), 3, stdin) != 3) guarded::die("short header");
+  Case c;
+  const std::uint32_t type = h[0];
+  c.p = ConvPrepParams{h[1], h[2], h[3], h[4], h[5], h[6], h[7], h[8], h[9], scales[0], scales[1], scales[2]};
+  const ConvPrepParams& p = c.p;
+  // The host side's contract (ops/gdn_conv_prep checks it).
+  auto dim_ok = [](uint d) { return d != 0 && d % 32 == 0 && d <= 256; };
+  if (!dim_ok(p.key_dim) || !dim_ok(p.value_dim)) guarded::die("head dims must be multiples of 32 up to 256");
+  if (p.key_heads == 0 || p.value_heads % p.key_heads != 0) guarded::die("value_heads must be a multiple of key_heads");
+  if (p.kernel_size < 2 || p.kernel_size > 8) guarded::die("kernel_size must be 2 to 8");
+  const uint channels = 2 * p.key_heads * p.key_dim + p.value_heads * p.value_dim;
+  if (p.batch > 1 && (p.qkv_row_stride < channels || p.b_row_stride < p.value_heads || p.a_row_stride < p.value_heads)) {
+    guarded::die("rows must not overlap");
+  }
+  c.qkv = guarded::read_f32(span(p.batch, p.qkv_row_stride, channels));
+  c.b = guarded::read_f32(span(p.batch, p.b_row_stride, p.value_heads));
+  c.a = guarded::read_f32(span(p.batch, p.a_row_stride, p.value_heads));
+  c.state = guarded::read_f32(std::size_t(p.batch) * (p.kernel_size - 1) * channels);
+  c.taps = guarded::read_f32(std::size_t(p.kernel_size) * channels);
+  c.dt_bias = guarded::read_f32(p.value_heads);
+  c.neg_a_exp = guarded::read_f32(p.value_heads);
+  guarded::expect_end();
+
+  switch (type) {
+    case 0: run<float>(c, gdn_conv_prep_f32); break;
+    case 1: run<half>(c, gdn_conv_prep_f16); break;
+    case 2: run<bfloat>(c, gdn_conv_prep_bf16); break;
+    default: guarded::die("unknown type");
+  }
+  return std::fflush(stdout) == 0 ? 0 : 1;
+}

@@ -1,0 +1,146 @@
+// The front of a Gated DeltaNet decode step on CUDA: the twin of kernels/gdn_conv_prep.metal
+// (which documents the maths), with crates/gdn-ops/src/ops/gdn_conv_prep/cpu.rs as the
+// reference both must match.
+//
+// ENTRY POINTS (extern "C"; <t> in {f32, f16, bf16}, InT its type):
+//   gdn_conv_prep_<t>(qkv, b, a, conv_state, taps, dt_bias, neg_a_exp, q, k, v, g, beta,
+//                     ConvPrepParams p)
+//     one token per sequence: conv over [conv_state; qkv], SiLU, L2 norms of q and k (scales
+//     folded in), the conv-state shift in place, g and beta. qkv, b and a rows at their row
+//     strides (views are fine); conv_state [B, K-1, C] and taps [K, C] contiguous; q, k
+//     [B, 1, Hk, Dk], v [B, 1, Hv, Dv] in InT; g, beta [B, 1, Hv] f32.
+//     block = (32, 4): one warp per (batch row, head slot), slots = Hk q heads, Hk k heads,
+//     Hv v heads; grid = (ceil((2 Hk + Hv) / 4), B). Lane l owns channels l + 32 i of its
+//     head: every conv-state element has one owner. Dk, Dv multiples of 32 up to 256, K >= 2
+//     (the host checks).
+//
+// Compile for candle:  nvcc -ptx -arch=sm_90 -O3 -I kernels kernels/gdn_conv_prep.cu
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <stdint.h>
+
+#include "params/gdn_conv_prep.h"
+
+namespace gdn_conv_prep {
+
+__device__ __forceinline__ float to_f32(float v) { return v; }
+__device__ __forceinline__ float to_f32(__half v) { return __half2float(v); }
+__device__ __forceinline__ float to_f32(__nv_bfloat16 v) { return __bfloat162float(v); }
+
+template <typename T>
+__device__ __forceinline__ T from_f32(float v);
+template <>
+__device__ __forceinline__ float from_f32<float>(float v) { return v; }
+template <>
+__device__ __forceinline__ __half from_f32<__half>(float v) { return __float2half_rn(v); }
+template <>
+__device__ __forceinline__ __nv_bfloat16 from_f32<__nv_bfloat16>(float v) {
+  return __float2bfloat16_rn(v);
+}
+
+template <typename InT>
+__device__ void prep(const InT* __restrict__ qkv, const InT* __restrict__ b_in,
+                     const InT* __restrict__ a_in, InT* __restrict__ conv_state,
+                     const InT* __restrict__ taps, const float* __restrict__ dt_bias,
+                     const float* __restrict__ neg_a_exp, InT* __restrict__ q,
+                     InT* __restrict__ k, InT* __restrict__ v, float* __restrict__ g,
+                     float* __restrict__ beta, const ConvPrepParams p) {
+  constexpr unsigned int kMaxPerLane = 8;
+  // All 32 lanes of a warp share threadIdx.y: padding warps leave whole.
+  const unsigned int slot = blockIdx.x * blockDim.y + threadIdx.y;
+  const unsigned int key_heads = p.key_heads;
+  if (slot >= 2 * key_heads + p.value_heads) return;
+  const unsigned int batch = blockIdx.y;
+  const unsigned int lane = threadIdx.x;
+  const unsigned int qk_channels = key_heads * p.key_dim;
+  const unsigned int channels = 2 * qk_channels + p.value_heads * p.value_dim;
+
+  unsigned int first, width;
+  InT* out;
+  float scale = 1.0f;
+  const bool is_value = slot >= 2 * key_heads;
+  if (slot < key_heads) {
+    first = slot * p.key_dim;
+    width = p.key_dim;
+    out = q + ((size_t)batch * key_heads + slot) * p.key_dim;
+    scale = p.q_scale;
+  } else if (!is_value) {
+    const unsigned int h = slot - key_heads;
+    first = qk_channels + h * p.key_dim;
+    width = p.key_dim;
+    out = k + ((size_t)batch * key_heads + h) * p.key_dim;
+    scale = p.k_scale;
+  } else {
+    const unsigned int hv = slot - 2 * key_heads;
+    first = 2 * qk_channels + hv * p.value_dim;
+    width = p.value_dim;
+    out = v + ((size_t)batch * p.value_heads + hv) * p.value_dim;
+  }
+  const unsigned int per_lane = width / 32;
+  const unsigned int history = p.kernel_size - 1;
+  const InT* x = qkv + (size_t)batch * p.qkv_row_stride;
+  InT* state = conv_state + (size_t)batch * history * channels;
+
+  float act[kMaxPerLane];
+  float square_sum = 0.0f;
+#pragma unroll
+  for (unsigned int i = 0; i < kMaxPerLane; ++i) {
+    act[i] = 0.0f;
+    if (i < per_lane) {
+      const unsigned int c = first + lane + 32 * i;
+      float acc = 0.0f;
+      for (unsigned int m = 0; m < history; ++m) {
+        const InT s = state[(size_t)m * channels + c];
+        acc = fmaf(to_f32(s), to_f32(taps[(size_t)m * channels + c]), acc);
+        if (m > 0) state[(size_t)(m - 1) * channels + c] = s;
+      }
+      const InT newest = x[c];
+      acc = fmaf(to_f32(newest), to_f32(taps[(size_t)history * channels + c]), acc);
+      state[(size_t)(history - 1) * channels + c] = newest;
+      act[i] = to_f32(from_f32<InT>(acc / (1.0f + expf(-acc))));
+      square_sum = fmaf(act[i], act[i], square_sum);
+    }
+  }
+
+  if (is_value) {
+#pragma unroll
+    for (unsigned int i = 0; i < kMaxPerLane; ++i) {
+      if (i < per_lane) out[lane + 32 * i] = from_f32<InT>(act[i]);
+    }
+    if (lane == 0) {
+      const unsigned int hv = slot - 2 * key_heads;
+      const size_t at = (size_t)batch * p.value_heads + hv;
+      const float a_x = to_f32(a_in[(size_t)batch * p.a_row_stride + hv]) + dt_bias[hv];
+      // softplus, stable for large |x|.
+      const float softplus = fmaxf(a_x, 0.0f) + log1pf(expf(-fabsf(a_x)));
+      g[at] = expf(neg_a_exp[hv] * softplus);
+      const float b_x = to_f32(b_in[(size_t)batch * p.b_row_stride + hv]);
+      beta[at] = 1.0f / (1.0f + expf(-b_x));
+    }
+    return;
+  }
+  // q or k: the slot is uniform over the warp.
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) square_sum += __shfl_xor_sync(0xffffffffu, square_sum, o);
+  const float inv_rms = rsqrtf(square_sum / (float)width + p.norm_eps);
+#pragma unroll
+  for (unsigned int i = 0; i < kMaxPerLane; ++i) {
+    if (i < per_lane) out[lane + 32 * i] = from_f32<InT>(act[i] * inv_rms * scale);
+  }
+}
+
+}  // namespace gdn_conv_prep
+
+#define GDN_CONV_PREP(NAME, T)                                                                  \
+  extern "C" __global__ void gdn_conv_prep_##NAME(                                              \
+      const T* qkv, const T* b_in, const T* a_in, T* conv_state, const T* taps,                 \
+      const float* dt_bias, const float* neg_a_exp, T* q, T* k, T* v, float* g, float* beta,    \
+      const ConvPrepParams p) {                                                                 \
+    gdn_conv_prep::prep<T>(qkv, b_in, a_in, conv_state, taps, dt_bias, neg_a_exp, q, k, v, g,   \
+                           beta, p);                                                            \
+  }
+
+GDN_CONV_PREP(f32, float)
+GDN_CONV_PREP(f16, __half)
+GDN_CONV_PREP(bf16, __nv_bfloat16)
