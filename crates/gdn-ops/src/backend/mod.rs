@@ -19,3 +19,13 @@ pub fn dtype_tag(dtype: DType, op: &str) -> Result<&'static str> {
         other => bail!("{op}: no kernel for {other:?}"),
     })
 }
+
+/// `x` rounded to a float dtype and back (round to nearest even, as the kernels' conversions):
+/// where a CPU twin stores a value in the activation dtype.
+pub(crate) fn round_to(dtype: DType, x: f32) -> f32 {
+    match dtype {
+        DType::F16 => half::f16::from_f32(x).to_f32(),
+        DType::BF16 => half::bf16::from_f32(x).to_f32(),
+        _ => x,
+    }
+}

@@ -3,3 +3,5 @@
 
 pub mod affine;
 pub mod gated_delta;
+pub mod moe_combine;
+pub mod moe_route;
