@@ -8,4 +8,6 @@ pub mod attn_prep;
 pub mod gated_delta;
 pub mod gated_rms_norm;
 pub mod gdn_conv_prep;
+pub mod moe_combine;
+pub mod moe_route;
 pub(crate) mod rounding;
