@@ -95,6 +95,7 @@ impl KvCache {
 
     /// Sets the number of cached positions (bookkeeping around a replayed CUDA graph, which
     /// writes positions without this struct seeing it).
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
     pub(crate) fn set_len(&mut self, len: usize) {
         debug_assert!(len <= self.capacity());
         self.len = len;

@@ -67,7 +67,7 @@ impl Model {
         &self,
         token: u32,
         cache: &mut Cache,
-        mut per_layer: Option<&mut Vec<usize>>,
+        per_layer: Option<&mut Vec<usize>>,
     ) -> Result<Tensor> {
         if cache.layers.len() != self.layers.len() {
             bail!("cache does not belong to this model");
