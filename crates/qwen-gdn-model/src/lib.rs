@@ -8,11 +8,13 @@ pub mod cache;
 pub mod config;
 pub mod footprint;
 pub mod layers;
+pub mod load_progress;
 pub mod model;
 pub mod weights;
 
 pub use cache::Cache;
 pub use config::Config;
+pub use load_progress::LoadProgress;
 pub use gdn_ops::StateDtype;
 pub use model::Model;
 pub use weights::Weight;
@@ -54,6 +56,8 @@ pub struct LoadOptions {
     /// Reference plan only: decode-shaped 4-bit products round each activation row to i8
     /// per 64 values and dot in integers (faster; judged by the KL gate, not exact).
     pub q8_activations: bool,
+    /// Follows the bytes read from the checkpoint while loading.
+    pub progress: Option<LoadProgress>,
 }
 
 impl Default for LoadOptions {
@@ -63,6 +67,7 @@ impl Default for LoadOptions {
             gdn_state_dtype: StateDtype::F32,
             plan: None,
             q8_activations: false,
+            progress: None,
         }
     }
 }

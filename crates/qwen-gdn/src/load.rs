@@ -2,7 +2,7 @@
 
 use anyhow::{bail, Context, Result};
 use candle_core::{DType, Device};
-use qwen_gdn_model::{LoadOptions, Model, StateDtype};
+use qwen_gdn_model::{LoadOptions, LoadProgress, Model, StateDtype};
 use serde_json::Value as Json;
 use std::path::{Path, PathBuf};
 use tokenizers::Tokenizer;
@@ -113,13 +113,21 @@ impl ModelArgs {
             None => StateDtype::from_env(),
         };
         let device = select_device(self.device)?;
+        let bar = crate::progress::bytes(None, "loading weights");
+        let shown = bar.clone();
         let opts = LoadOptions {
             gdn_state_dtype,
             dtype: self.dtype.resolve(&device),
             plan: None,
             q8_activations: self.q8_activations,
+            progress: Some(LoadProgress::new(move |done, total| {
+                shown.set_length(total);
+                shown.set_position(done);
+            })),
         };
-        Model::load(&checkpoint.dir, &device, &opts)
+        let model = Model::load(&checkpoint.dir, &device, &opts);
+        bar.finish_and_clear();
+        model
     }
 }
 
