@@ -63,13 +63,13 @@ fn blob_is_whole(blob: &Path, size: Option<u64>) -> bool {
 
 fn head(http: &Http, url: &str, commit: &str) -> Result<Remote> {
     let (response, answered) = http
-        .send(Purpose::Metadata, true, url, None, Follow::SameOrigin)
+        .send(Purpose::Metadata, true, url, None, Follow::Relative)
         .map_err(anyhow::Error::msg)?;
     let status = response.status();
     let location = if status.is_success() {
         answered.clone()
     } else if status.is_redirection() {
-        // Follow::SameOrigin stopped here: the bytes are on another server.
+        // Follow::Relative stopped here: the bytes are elsewhere (the CDN).
         let to = header(&response, "location").context("a redirect has a location")?;
         join_url(&answered, &to)
             .with_context(|| format!("{answered}: cannot follow the redirect to {to:?}"))?

@@ -16,10 +16,10 @@ const DEFAULT_TIMEOUT_S: f64 = 10.0;
 /// Which redirects [`Http::send`] follows.
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub enum Follow {
-    /// Only those within the same server (a renamed repo); the response that points
-    /// elsewhere (the Hub's redirect of a large file to its CDN) is returned, since its
-    /// headers describe the file.
-    SameOrigin,
+    /// Only relative ones, which stay on the Hub (a renamed repo), as huggingface_hub does;
+    /// a redirect to a full URL (the Hub's redirect of a large file to its CDN) is returned,
+    /// since its headers describe the file.
+    Relative,
     /// All of them, up to [`MAX_REDIRECTS`].
     All,
 }
@@ -146,7 +146,8 @@ impl Http {
             let next = join_url(&url, &location).ok_or_else(|| {
                 format!("{url}: cannot follow the redirect to {location:?}")
             })?;
-            if follow == Follow::SameOrigin && origin(&next) != origin(&url) {
+            let relative = location.starts_with('/') && !location.starts_with("//");
+            if follow == Follow::Relative && !relative {
                 return Ok((response, url));
             }
             url = next;
@@ -159,10 +160,11 @@ impl Http {
     /// The reason for a failed body read, naming the timeout when that was it.
     pub fn describe_read_error(&self, purpose: Purpose, e: &std::io::Error) -> String {
         let client = self.client(purpose);
-        if e.kind() == std::io::ErrorKind::TimedOut {
-            client.timed_out()
-        } else {
-            e.to_string()
+        // ureq hands its own errors (a timeout among them) to readers wrapped in io::Error.
+        match e.get_ref().and_then(|inner| inner.downcast_ref::<ureq::Error>()) {
+            Some(inner) => client.describe(inner),
+            None if e.kind() == std::io::ErrorKind::TimedOut => client.timed_out(),
+            None => e.to_string(),
         }
     }
 
