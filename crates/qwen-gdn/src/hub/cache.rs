@@ -5,6 +5,9 @@
 //! Every name joined onto these folders has been checked by [`super::names`]; a ref file read
 //! back from the disk is checked again, since an older client may have written anything there.
 
+// Writing to the cache serves downloads only.
+#![cfg_attr(not(feature = "hub"), allow(dead_code))]
+
 use super::names::{check_revision, is_commit};
 use anyhow::{bail, Context, Result};
 use std::path::{Path, PathBuf};

@@ -4,6 +4,9 @@
 //! from the repo listing and the safetensors index: all are joined onto cache folders, so a
 //! `..`, an absolute path or a backslash in any of them would read or write outside the cache.
 
+// ETags name blobs only when downloading.
+#![cfg_attr(not(feature = "hub"), allow(dead_code))]
+
 use anyhow::{bail, Result};
 
 /// A full git commit id as the Hub writes it: 40 lowercase hex digits.
