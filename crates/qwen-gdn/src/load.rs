@@ -11,7 +11,8 @@ use tokenizers::Tokenizer;
 pub struct ModelArgs {
     /// A local model folder, or a Hugging Face repo id (org/name) fetched into or reused from the
     /// HF cache ($HF_HUB_CACHE, else $HF_HOME/hub, else ~/.cache/huggingface/hub).
-    /// HF_HUB_OFFLINE=1 uses the cache only; HF_TOKEN and HF_ENDPOINT are honoured.
+    /// HF_HUB_OFFLINE=1 uses the cache only; HF_TOKEN and HF_ENDPOINT are honoured;
+    /// HF_HUB_ETAG_TIMEOUT and HF_HUB_DOWNLOAD_TIMEOUT (seconds, default 10) bound a silent Hub.
     #[arg(long, value_name = "FOLDER|REPO")]
     pub model: String,
     /// Branch, tag or commit of a Hub repo id [default: main]
