@@ -14,8 +14,8 @@ pub mod weights;
 
 pub use cache::Cache;
 pub use config::Config;
-pub use load_progress::LoadProgress;
 pub use gdn_ops::StateDtype;
+pub use load_progress::LoadProgress;
 pub use model::Model;
 pub use weights::Weight;
 

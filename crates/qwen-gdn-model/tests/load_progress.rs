@@ -41,11 +41,18 @@ fn loading_reports_every_byte_read() {
         let reports = reports.lock().unwrap();
         let total = tensor_bytes(name);
         assert!(reports.len() > 10, "{name}: {} reports", reports.len());
-        assert!(reports.iter().all(|&(_, t)| t == total), "{name}: total is not {total}");
+        assert!(
+            reports.iter().all(|&(_, t)| t == total),
+            "{name}: total is not {total}"
+        );
         assert!(
             reports.windows(2).all(|w| w[0].0 <= w[1].0),
             "{name}: the count went back"
         );
-        assert_eq!(reports.last().unwrap().0, total, "{name}: not every byte was read");
+        assert_eq!(
+            reports.last().unwrap().0,
+            total,
+            "{name}: not every byte was read"
+        );
     }
 }

@@ -55,7 +55,6 @@ fn offline_cache_is_used_and_misses_are_named() {
     );
 }
 
-
 /// Downloads from a fake Hub (tests have no network) that answers as the real one, or
 /// misbehaves in one way per test. After each, the cache must hold only whole, correct blobs
 /// and nothing may have been written outside it.
@@ -160,10 +159,20 @@ mod download {
                 if p.is_dir() {
                     return;
                 }
-                let commit_dir = snapshots.join(p.strip_prefix(&snapshots).unwrap().iter().next().unwrap());
-                let name = p.strip_prefix(&commit_dir).unwrap().to_string_lossy().into_owned();
+                let commit_dir =
+                    snapshots.join(p.strip_prefix(&snapshots).unwrap().iter().next().unwrap());
+                let name = p
+                    .strip_prefix(&commit_dir)
+                    .unwrap()
+                    .to_string_lossy()
+                    .into_owned();
                 let target = p.canonicalize().unwrap();
-                assert!(target.starts_with(&real_cache), "{} → {}", p.display(), target.display());
+                assert!(
+                    target.starts_with(&real_cache),
+                    "{} → {}",
+                    p.display(),
+                    target.display()
+                );
                 assert_eq!(
                     std::fs::read(p).ok().as_ref(),
                     files.get(&name),
@@ -205,7 +214,10 @@ mod download {
     }
 
     fn count(hub: &FakeHub, prefix: &str) -> usize {
-        hub.requests().iter().filter(|r| r.starts_with(prefix)).count()
+        hub.requests()
+            .iter()
+            .filter(|r| r.starts_with(prefix))
+            .count()
     }
 
     #[test]
@@ -266,14 +278,55 @@ mod download {
     }
 
     #[test]
+    fn the_token_goes_to_the_hub_only() {
+        // The Hub sends the weights to a CDN on another host, as the real one does.
+        let cdn = FakeHub::serving(&fixture("qwen3.5-tiny-4bit"));
+        let cdn_endpoint = cdn.endpoint.clone();
+        let hub = FakeHub::start(tiny_files(), move |req, hub| {
+            let mut reply = hub.answer(req);
+            let location = reply
+                .headers
+                .iter()
+                .find(|(k, _)| k == "Location")?
+                .1
+                .clone();
+            let moved = location.replacen(&hub.endpoint, &cdn_endpoint, 1);
+            reply.set_header("Location", &moved);
+            Some(reply)
+        });
+        let sandbox = Sandbox::new();
+        let out = sandbox.eval_at(&hub, None, &[("HF_TOKEN", "hf_test")]);
+        assert!(out.status.success(), "{}", stderr(&out));
+        assert!(hub
+            .requests()
+            .iter()
+            .all(|r| r.ends_with(" auth=Bearer hf_test")));
+        assert_eq!(cdn.requests().len(), 1, "{:?}", cdn.requests());
+        assert!(
+            cdn.requests()[0].ends_with(" auth=-"),
+            "{:?}",
+            cdn.requests()
+        );
+        sandbox.assert_sound(&hub.files);
+    }
+
+    #[test]
     fn a_body_cut_short_is_never_cached() {
         let files = tiny_files();
         let tokenizer = files["tokenizer.json"].clone();
         // Half the tokenizer, then the connection closes: with no Content-Length at all, with
         // none on the GET (the HEAD announced the size), and with one that overstates it.
         let cases: [(Length, Length, &[&str]); 3] = [
-            (Length::Omitted, Length::Omitted, &["tokenizer.json", "no Content-Length", "not cached"]),
-            (Length::Actual, Length::Omitted, &["tokenizer.json", "bytes", "not cached"]),
+            (
+                Length::Omitted,
+                Length::Omitted,
+                &["tokenizer.json", "no Content-Length", "not cached"],
+            ),
+            (
+                Length::Actual,
+                Length::Omitted,
+                &["tokenizer.json", "bytes", "not cached"],
+            ),
             (
                 Length::Actual,
                 Length::Declared(tokenizer.len() as u64),
@@ -335,9 +388,11 @@ mod download {
         let out = sandbox.eval(&hub);
         assert!(out.status.success(), "{}", stderr(&out));
         assert_eq!(out.stdout, local_eval());
-        assert_eq!(count(&hub, &format!("GET /cdn/")), 1);
+        assert_eq!(count(&hub, "GET /cdn/"), 1);
         assert!(
-            hub.requests().iter().any(|r| r.contains(&format!("range=bytes={kept}-"))),
+            hub.requests()
+                .iter()
+                .any(|r| r.contains(&format!("range=bytes={kept}-"))),
             "{:?}",
             hub.requests()
         );
@@ -347,7 +402,10 @@ mod download {
         // dropped, and the next run fetches the whole file.
         let sandbox = Sandbox::new();
         interrupted(&sandbox, &files, true);
-        assert_error(&sandbox.eval(&hub), &["model.safetensors", "sha256", "not cached"]);
+        assert_error(
+            &sandbox.eval(&hub),
+            &["model.safetensors", "sha256", "not cached"],
+        );
         sandbox.assert_sound(&files);
         let out = sandbox.eval(&hub);
         assert!(out.status.success(), "{}", stderr(&out));
@@ -373,7 +431,10 @@ mod download {
         let out = sandbox.eval(&hub);
         assert!(out.status.success(), "{}", stderr(&out));
         assert_eq!(out.stdout, local_eval());
-        assert!(hub.requests().iter().any(|r| r.contains(&format!("range=bytes={kept}-"))));
+        assert!(hub
+            .requests()
+            .iter()
+            .any(|r| r.contains(&format!("range=bytes={kept}-"))));
         sandbox.assert_sound(&files);
     }
 
@@ -388,7 +449,10 @@ mod download {
             })
         });
         let sandbox = Sandbox::new();
-        assert_error(&sandbox.eval(&hub), &["model.safetensors", "sha256", "not cached"]);
+        assert_error(
+            &sandbox.eval(&hub),
+            &["model.safetensors", "sha256", "not cached"],
+        );
         sandbox.assert_sound(&files);
         let blobs: Vec<_> = std::fs::read_dir(sandbox.blobs())
             .unwrap()
@@ -396,7 +460,9 @@ mod download {
             .collect();
         let sha = sha256_hex(&files["model.safetensors"]);
         assert!(
-            !blobs.iter().any(|b| b.starts_with(&sha) && !b.ends_with(".lock")),
+            !blobs
+                .iter()
+                .any(|b| b.starts_with(&sha) && !b.ends_with(".lock")),
             "{blobs:?}"
         );
     }
@@ -407,14 +473,24 @@ mod download {
     fn etags_and_commits_from_the_server_never_leave_the_cache() {
         let files = tiny_files();
         let cases: [(&str, &str, &str, &[&str]); 3] = [
-            ("config.json", "ETag", "\"../../../../escape\"", &["config.json", "ETag", "escape"]),
+            (
+                "config.json",
+                "ETag",
+                "\"../../../../escape\"",
+                &["config.json", "ETag", "escape"],
+            ),
             (
                 "model.safetensors",
                 "X-Linked-Etag",
                 "\"../../../../escape\"",
                 &["model.safetensors", "ETag", "escape"],
             ),
-            ("config.json", "X-Repo-Commit", ESCAPE, &["X-Repo-Commit", "not a commit id"]),
+            (
+                "config.json",
+                "X-Repo-Commit",
+                ESCAPE,
+                &["X-Repo-Commit", "not a commit id"],
+            ),
         ];
         for (file, name, value, needles) in cases {
             let hub = FakeHub::start(files.clone(), move |req, hub| {
@@ -447,7 +523,10 @@ mod download {
         std::fs::create_dir_all(sandbox.repo().join("refs")).unwrap();
         std::fs::create_dir_all(sandbox.repo().join("snapshots")).unwrap();
         std::fs::write(sandbox.repo().join("refs/main"), "../../../../escape").unwrap();
-        assert_error(&sandbox.eval_offline(None), &["refs/main", "not a commit id"]);
+        assert_error(
+            &sandbox.eval_offline(None),
+            &["refs/main", "not a commit id"],
+        );
     }
 
     #[test]
@@ -469,7 +548,8 @@ mod download {
         for f in ["config.json", "tokenizer.json"] {
             std::fs::copy(fixture.join(f), snapshot.join(f)).unwrap();
         }
-        let index = serde_json::json!({ "weight_map": { "w": "../../../../../escape.safetensors" } });
+        let index =
+            serde_json::json!({ "weight_map": { "w": "../../../../../escape.safetensors" } });
         std::fs::write(
             snapshot.join("model.safetensors.index.json"),
             index.to_string(),
@@ -481,19 +561,28 @@ mod download {
         )
         .unwrap();
         let out = sandbox.eval_offline(Some(COMMIT));
-        assert_error(&out, &["model.safetensors.index.json", "escape.safetensors"]);
+        assert_error(
+            &out,
+            &["model.safetensors.index.json", "escape.safetensors"],
+        );
     }
 
     #[test]
     fn a_stalled_server_times_out() {
         let files = tiny_files();
         // No answer to the listing: the Hub counts as unreachable.
-        let hub = FakeHub::start(files.clone(), |req, _| req.is_listing().then(Reply::stalled));
+        let hub = FakeHub::start(files.clone(), |req, _| {
+            req.is_listing().then(Reply::stalled)
+        });
         let sandbox = Sandbox::new();
         let start = Instant::now();
         let out = sandbox.eval_at(&hub, None, &[("HF_HUB_ETAG_TIMEOUT", "1")]);
         assert_error(&out, &["cannot reach", "HF_HUB_ETAG_TIMEOUT"]);
-        assert!(start.elapsed() < Duration::from_secs(8), "{:?}", start.elapsed());
+        assert!(
+            start.elapsed() < Duration::from_secs(8),
+            "{:?}",
+            start.elapsed()
+        );
 
         // The weights stop flowing half-way.
         let hub = FakeHub::start(files.clone(), |req, hub| {
@@ -506,7 +595,11 @@ mod download {
         let start = Instant::now();
         let out = sandbox.eval_at(&hub, None, &[("HF_HUB_DOWNLOAD_TIMEOUT", "1")]);
         assert_error(&out, &["model.safetensors", "HF_HUB_DOWNLOAD_TIMEOUT"]);
-        assert!(start.elapsed() < Duration::from_secs(8), "{:?}", start.elapsed());
+        assert!(
+            start.elapsed() < Duration::from_secs(8),
+            "{:?}",
+            start.elapsed()
+        );
         sandbox.assert_sound(&files);
     }
 
@@ -516,9 +609,8 @@ mod download {
         // The Hub's resolve endpoint sends config.json to itself (a relative redirect, as
         // for a renamed repo)...
         let hub = FakeHub::start(files.clone(), |req, _| {
-            req.resolves("config.json").then(|| {
-                Reply::new(302, vec![("Location".into(), req.path.clone())], vec![])
-            })
+            req.resolves("config.json")
+                .then(|| Reply::new(302, vec![("Location".into(), req.path.clone())], vec![]))
         });
         let sandbox = Sandbox::new();
         assert_error(&sandbox.eval(&hub), &["config.json", "redirects"]);
@@ -580,12 +672,16 @@ mod download {
             cmd.spawn().unwrap()
         };
         let first = spawn();
-        let incomplete = sandbox
-            .blobs()
-            .join(format!("{}.incomplete", sha256_hex(&files["model.safetensors"])));
+        let incomplete = sandbox.blobs().join(format!(
+            "{}.incomplete",
+            sha256_hex(&files["model.safetensors"])
+        ));
         let start = Instant::now();
         while !incomplete.exists() {
-            assert!(start.elapsed() < Duration::from_secs(30), "the first never started");
+            assert!(
+                start.elapsed() < Duration::from_secs(30),
+                "the first never started"
+            );
             std::thread::sleep(Duration::from_millis(20));
         }
         let second = spawn();

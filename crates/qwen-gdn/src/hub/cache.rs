@@ -126,7 +126,10 @@ mod tests {
         assert_eq!(cache.commit_of("main").unwrap(), None);
         cache.write_ref("refs/pr/1", SHA).unwrap();
         assert_eq!(cache.commit_of("refs/pr/1").unwrap().as_deref(), Some(SHA));
-        assert!(tmp.path().join("models--org--name/refs/refs/pr/1").is_file());
+        assert!(tmp
+            .path()
+            .join("models--org--name/refs/refs/pr/1")
+            .is_file());
         assert!(cache.commit_of("../../x").is_err());
         assert!(cache.write_ref("../../x", SHA).is_err());
 

@@ -28,7 +28,13 @@ struct Remote {
 
 /// Downloads `file` of `repo` at `commit` into the cache unless its blob is there already,
 /// and returns its path in the snapshot.
-pub fn fetch(http: &Http, cache: &RepoCache, repo: &str, commit: &str, file: &str) -> Result<PathBuf> {
+pub fn fetch(
+    http: &Http,
+    cache: &RepoCache,
+    repo: &str,
+    commit: &str,
+    file: &str,
+) -> Result<PathBuf> {
     let url = format!(
         "{}/{repo}/resolve/{commit}/{}",
         http.endpoint,
@@ -151,7 +157,13 @@ fn transfer(http: &Http, remote: &Remote, file: &str, incomplete: &Path) -> Resu
     };
     let ranged = kept > 0;
     let (response, answered) = http
-        .send(Purpose::Download, false, url, ranged.then_some(kept), Follow::All)
+        .send(
+            Purpose::Download,
+            false,
+            url,
+            ranged.then_some(kept),
+            Follow::All,
+        )
         .map_err(|why| anyhow::anyhow!("downloading {file}: {why}"))?;
     let status = response.status().as_u16();
     // Every size the answer announces; the file must match all of them.
@@ -174,9 +186,8 @@ fn transfer(http: &Http, remote: &Remote, file: &str, incomplete: &Path) -> Resu
         }
         206 if ranged => {
             let range = header(&response, "content-range").unwrap_or_default();
-            let (first, total) = parse_content_range(&range).ok_or_else(|| {
-                fail(format!("answered 206 with Content-Range {range:?}"))
-            })?;
+            let (first, total) = parse_content_range(&range)
+                .ok_or_else(|| fail(format!("answered 206 with Content-Range {range:?}")))?;
             if first != kept {
                 return Err(fail(format!(
                     "asked for bytes {kept}- and got bytes {first}-"

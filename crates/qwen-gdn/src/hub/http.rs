@@ -87,7 +87,10 @@ impl Client {
 
 /// `$variable` as seconds (fractions allowed), else huggingface_hub's default.
 fn timeout_from_env(variable: &str) -> Result<Duration> {
-    let Some(text) = std::env::var(variable).ok().filter(|v| !v.trim().is_empty()) else {
+    let Some(text) = std::env::var(variable)
+        .ok()
+        .filter(|v| !v.trim().is_empty())
+    else {
         return Ok(Duration::from_secs_f64(DEFAULT_TIMEOUT_S));
     };
     match text.trim().parse::<f64>() {
@@ -143,9 +146,8 @@ impl Http {
             let Some(location) = header(&response, "location") else {
                 return Ok((response, url));
             };
-            let next = join_url(&url, &location).ok_or_else(|| {
-                format!("{url}: cannot follow the redirect to {location:?}")
-            })?;
+            let next = join_url(&url, &location)
+                .ok_or_else(|| format!("{url}: cannot follow the redirect to {location:?}"))?;
             let relative = location.starts_with('/') && !location.starts_with("//");
             if follow == Follow::Relative && !relative {
                 return Ok((response, url));
@@ -161,7 +163,10 @@ impl Http {
     pub fn describe_read_error(&self, purpose: Purpose, e: &std::io::Error) -> String {
         let client = self.client(purpose);
         // ureq hands its own errors (a timeout among them) to readers wrapped in io::Error.
-        match e.get_ref().and_then(|inner| inner.downcast_ref::<ureq::Error>()) {
+        match e
+            .get_ref()
+            .and_then(|inner| inner.downcast_ref::<ureq::Error>())
+        {
             Some(inner) => client.describe(inner),
             None if e.kind() == std::io::ErrorKind::TimedOut => client.timed_out(),
             None => e.to_string(),
@@ -234,10 +239,7 @@ mod tests {
         assert_eq!(origin("https://hf.co:8443/a/b?c"), "https://hf.co:8443");
         assert_eq!(origin("http://127.0.0.1:9"), "http://127.0.0.1:9");
         let base = "https://hf.co/org/m/resolve/main/config.json";
-        assert_eq!(
-            join_url(base, "/api/x").unwrap(),
-            "https://hf.co/api/x"
-        );
+        assert_eq!(join_url(base, "/api/x").unwrap(), "https://hf.co/api/x");
         assert_eq!(
             join_url(base, "https://cdn.example/blob?sig=1").unwrap(),
             "https://cdn.example/blob?sig=1"
@@ -246,7 +248,10 @@ mod tests {
             join_url(base, "other.json").unwrap(),
             "https://hf.co/org/m/resolve/main/other.json"
         );
-        assert_eq!(join_url(base, "//cdn.example/b").unwrap(), "https://cdn.example/b");
+        assert_eq!(
+            join_url(base, "//cdn.example/b").unwrap(),
+            "https://cdn.example/b"
+        );
         assert!(join_url(base, "ftp://x/y").is_none());
         assert_eq!(encode("refs/pr/1", false), "refs%2Fpr%2F1");
         assert_eq!(encode("a b/c.json", true), "a%20b/c.json");

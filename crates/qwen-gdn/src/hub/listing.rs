@@ -67,7 +67,10 @@ fn parse(body: &[u8]) -> Result<Listing, String> {
     let json: Json =
         serde_json::from_slice(body).map_err(|e| format!("is not a repo listing ({e})"))?;
     if !is_commit(&json.sha) {
-        return Err(format!("gives commit {:?}, which is not a commit id", json.sha));
+        return Err(format!(
+            "gives commit {:?}, which is not a commit id",
+            json.sha
+        ));
     }
     let mut files = HashSet::new();
     for sibling in json.siblings {
@@ -91,9 +94,15 @@ mod tests {
         let listing = parse(ok.as_bytes()).ok().unwrap();
         assert!(listing.files.contains("a/b.json"));
         let bad_sha = r#"{"sha": "../../../../tmp/x", "siblings": []}"#;
-        assert!(parse(bad_sha.as_bytes()).err().unwrap().contains("not a commit id"));
+        assert!(parse(bad_sha.as_bytes())
+            .err()
+            .unwrap()
+            .contains("not a commit id"));
         let bad_name =
             format!(r#"{{"sha": "{sha}", "siblings": [{{"rfilename": "../../x.json"}}]}}"#);
-        assert!(parse(bad_name.as_bytes()).err().unwrap().contains("../../x.json"));
+        assert!(parse(bad_name.as_bytes())
+            .err()
+            .unwrap()
+            .contains("../../x.json"));
     }
 }

@@ -11,7 +11,9 @@ use anyhow::{bail, Result};
 
 /// A full git commit id as the Hub writes it: 40 lowercase hex digits.
 pub fn is_commit(s: &str) -> bool {
-    s.len() == 40 && s.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+    s.len() == 40
+        && s.bytes()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
 }
 
 /// `--revision`: a commit, or a branch or tag name, which may hold `/` (`refs/pr/1` is how

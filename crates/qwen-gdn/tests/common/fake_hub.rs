@@ -29,7 +29,8 @@ impl Request {
 
     /// A GET or HEAD of `file` through the resolve endpoint.
     pub fn resolves(&self, file: &str) -> bool {
-        self.path.starts_with(&format!("/{REPO}/resolve/")) && self.path.ends_with(&format!("/{file}"))
+        self.path.starts_with(&format!("/{REPO}/resolve/"))
+            && self.path.ends_with(&format!("/{file}"))
     }
 
     pub fn is_cdn(&self) -> bool {
@@ -157,7 +158,9 @@ impl Served {
         if let Some(sha) = req.path.strip_prefix("/cdn/") {
             if let Some(data) = self.files.values().find(|d| sha256_hex(d) == sha) {
                 let mut reply = ranged(req, data);
-                reply.headers.push(("ETag".into(), format!("\"cdn-{sha}\"")));
+                reply
+                    .headers
+                    .push(("ETag".into(), format!("\"cdn-{sha}\"")));
                 return reply;
             }
         }
@@ -312,7 +315,10 @@ fn serve(
     if stream.write_all(head.as_bytes()).is_err() || req.method == "HEAD" {
         return;
     }
-    let body = &reply.body[..reply.stall_after.unwrap_or(reply.body.len()).min(reply.body.len())];
+    let body = &reply.body[..reply
+        .stall_after
+        .unwrap_or(reply.body.len())
+        .min(reply.body.len())];
     for chunk in body.chunks(16 << 10) {
         if let Some(pace) = reply.pace {
             std::thread::sleep(pace);
