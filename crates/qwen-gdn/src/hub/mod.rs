@@ -90,8 +90,8 @@ struct HubEnv {
 
 impl HubEnv {
     /// huggingface_hub's rules: HF_HUB_CACHE, else $HF_HOME/hub, else
-    /// $XDG_CACHE_HOME/huggingface/hub, else ~/.cache/huggingface/hub. hf-hub 0.5 ignores
-    /// HF_HUB_CACHE, HF_HUB_OFFLINE and HF_TOKEN, hence this.
+    /// $XDG_CACHE_HOME/huggingface/hub, else ~/.cache/huggingface/hub; the token from
+    /// HF_TOKEN, else $HF_HOME/token. (The timeouts are read by the download client.)
     fn from_env() -> Self {
         let var = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
         let home = var("HF_HOME").map(PathBuf::from).unwrap_or_else(|| {
