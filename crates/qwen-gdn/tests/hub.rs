@@ -517,6 +517,17 @@ mod download {
         assert_error(&sandbox.eval(&hub), &["listing", "not a commit id"]);
         sandbox.assert_sound(&files);
 
+        // A listing of another commit than the one asked for.
+        let other = "f".repeat(40);
+        let hub = FakeHub::start(files.clone(), move |req, _| {
+            req.is_listing().then(|| {
+                let body = serde_json::json!({ "sha": other, "siblings": [] });
+                Reply::new(200, vec![], body.to_string().into_bytes())
+            })
+        });
+        let out = sandbox.eval_at(&hub, Some(COMMIT), &[]);
+        assert_error(&out, &["listed commit ffff", COMMIT]);
+
         // A ref poisoned by an older client is refused, not followed out of the cache.
         let outside = sandbox.tmp.path().join("escape");
         copy_dir(&fixture("qwen3.5-tiny-4bit"), &outside);

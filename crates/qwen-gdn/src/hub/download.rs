@@ -125,7 +125,7 @@ fn wait_for_lock(blobs: &Path, remote: &Remote, incomplete: &Path, file: &str) -
         let bar = bar.get_or_insert_with(|| {
             if !crate::progress::visible() {
                 eprintln!(
-                    "qwen-gdn: waiting for another process downloading {file} (holding {})",
+                    "qwen-gdn: waiting for another process downloading {file} (it holds {})",
                     lock.display()
                 );
             }

@@ -177,6 +177,12 @@ impl HubEnv {
                 });
             }
         };
+        if names::is_commit(revision) && listing.commit != revision {
+            bail!(
+                "{endpoint} listed commit {} for --revision {revision}",
+                listing.commit
+            );
+        }
         let cache = RepoCache::new(&self.cache, repo);
         let snapshot = cache.snapshot(&listing.commit);
         let dir = fetch_checkpoint(&mut |file, required| {
