@@ -8,12 +8,14 @@ pub mod cache;
 pub mod config;
 pub mod footprint;
 pub mod layers;
+pub mod load_progress;
 pub mod model;
 pub mod weights;
 
 pub use cache::Cache;
 pub use config::Config;
 pub use gdn_ops::StateDtype;
+pub use load_progress::LoadProgress;
 pub use model::Model;
 pub use weights::Weight;
 
@@ -57,6 +59,8 @@ pub struct LoadOptions {
     /// Device plan: decode steps on the fused kernels (on by default; off runs the composed
     /// ops they are tested against).
     pub fused_decode: bool,
+    /// Follows the bytes read from the checkpoint while loading.
+    pub progress: Option<LoadProgress>,
 }
 
 impl Default for LoadOptions {
@@ -67,6 +71,7 @@ impl Default for LoadOptions {
             plan: None,
             q8_activations: false,
             fused_decode: true,
+            progress: None,
         }
     }
 }

@@ -191,7 +191,8 @@ impl Model {
             }
         }
         let cfg = Config::from_dir(dir)?;
-        let ckpt = Checkpoint::open(dir, &cfg)?;
+        let mut ckpt = Checkpoint::open(dir, &cfg)?;
+        ckpt.report_progress(opts.progress.clone());
         // Each part moves to the device as soon as it is built, so that the host holds at
         // most one layer beyond the mapped files.
         let place = |w: crate::weights::Weight| match plan {

@@ -2,7 +2,7 @@
 
 use anyhow::{bail, Context, Result};
 use candle_core::{DType, Device};
-use qwen_gdn_model::{LoadOptions, Model, StateDtype};
+use qwen_gdn_model::{LoadOptions, LoadProgress, Model, StateDtype};
 use serde_json::Value as Json;
 use std::path::{Path, PathBuf};
 use tokenizers::Tokenizer;
@@ -11,7 +11,8 @@ use tokenizers::Tokenizer;
 pub struct ModelArgs {
     /// A local model folder, or a Hugging Face repo id (org/name) fetched into or reused from the
     /// HF cache ($HF_HUB_CACHE, else $HF_HOME/hub, else ~/.cache/huggingface/hub).
-    /// HF_HUB_OFFLINE=1 uses the cache only; HF_TOKEN and HF_ENDPOINT are honoured.
+    /// HF_HUB_OFFLINE=1 uses the cache only; HF_TOKEN and HF_ENDPOINT are honoured;
+    /// HF_HUB_ETAG_TIMEOUT and HF_HUB_DOWNLOAD_TIMEOUT (seconds, default 10) bound a silent Hub.
     #[arg(long, value_name = "FOLDER|REPO")]
     pub model: String,
     /// Branch, tag or commit of a Hub repo id [default: main]
@@ -113,13 +114,21 @@ impl ModelArgs {
             None => StateDtype::from_env(),
         };
         let device = select_device(self.device)?;
+        let bar = crate::progress::bytes(None, "loading weights");
+        let shown = bar.clone();
         let opts = LoadOptions {
             gdn_state_dtype,
             dtype: self.dtype.resolve(&device),
             plan: None,
             q8_activations: self.q8_activations,
+            progress: Some(LoadProgress::new(move |done, total| {
+                shown.set_length(total);
+                shown.set_position(done);
+            })),
         };
-        Model::load(&checkpoint.dir, &device, &opts)
+        let model = Model::load(&checkpoint.dir, &device, &opts);
+        bar.finish_and_clear();
+        model
     }
 }
 

@@ -10,6 +10,7 @@ mod hub;
 mod load;
 mod memory;
 mod process;
+mod progress;
 mod sampler;
 mod stream;
 

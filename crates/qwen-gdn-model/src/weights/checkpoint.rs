@@ -13,6 +13,7 @@
 use super::affine::{AffineMatrix, GroupParams};
 use super::matrix::{FloatData, FloatMatrix, Matrix};
 use crate::config::{Config, Family};
+use crate::LoadProgress;
 use anyhow::{anyhow, bail, Context, Result};
 use candle_core::{Device, Tensor};
 use half::{bf16, f16};
@@ -21,6 +22,7 @@ use safetensors::tensor::{Dtype, TensorInfo};
 use safetensors::SafeTensors;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 struct ShardFile {
     path: PathBuf,
@@ -42,6 +44,10 @@ pub struct Checkpoint {
     /// Raw HF layout (not converted by mlx-lm): apply mlx-lm's sanitize transforms.
     pub raw_hf: bool,
     family: Family,
+    progress: Option<LoadProgress>,
+    /// Tensor bytes read so far, and those of every tensor the model may read.
+    bytes_read: AtomicU64,
+    bytes_total: u64,
 }
 
 /// Norm weights that HF stores zero-centred and mlx-lm shifts by +1 (the gated GDN norm is
@@ -168,12 +174,24 @@ impl Checkpoint {
         let raw_hf = conv_is_raw
             || (config.family == Family::Qwen3Next
                 && entries.contains_key("model.layers.0.mlp.experts.0.up_proj.weight"));
+        let bytes_total = entries
+            .values()
+            .map(|e| (e.info.data_offsets.1 - e.info.data_offsets.0) as u64)
+            .sum();
         Ok(Self {
             files,
             entries,
             raw_hf,
             family: config.family,
+            progress: None,
+            bytes_read: AtomicU64::new(0),
+            bytes_total,
         })
+    }
+
+    /// From now on, reports the bytes read to `progress`.
+    pub fn report_progress(&mut self, progress: Option<LoadProgress>) {
+        self.progress = progress;
     }
 
     pub fn contains(&self, name: &str) -> bool {
@@ -209,6 +227,12 @@ impl Checkpoint {
         let f = &self.files[e.file];
         let (a, b) = e.info.data_offsets;
         let out = copy(&f.mmap[f.data_start + a..f.data_start + b]);
+        if let Some(progress) = &self.progress {
+            let len = (b - a) as u64;
+            let done = self.bytes_read.fetch_add(len, Ordering::Relaxed) + len;
+            // A tensor read twice must not push the count past the total.
+            progress.report(done.min(self.bytes_total), self.bytes_total);
+        }
         #[cfg(unix)]
         // SAFETY: no slice of this range outlives `copy`; dropping pages of a read-only
         // file mapping only makes the next access read them from the file again. Failure

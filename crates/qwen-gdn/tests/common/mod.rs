@@ -1,6 +1,8 @@
 //! Helpers shared by the integration tests: run the built binary and locate the fixtures.
 #![allow(dead_code)] // each test file uses a different subset
 
+pub mod fake_hub;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 

@@ -2,7 +2,20 @@
 //! looked up in (and downloaded into) the standard HF cache, so that files fetched by mlx-lm or
 //! huggingface-cli are reused and ours are reused by them.
 
+mod cache;
+#[cfg(feature = "hub")]
+mod download;
+#[cfg(feature = "hub")]
+mod http;
+#[cfg(feature = "hub")]
+mod listing;
+#[cfg(feature = "hub")]
+mod lock;
+mod names;
+
 use anyhow::{bail, Context, Result};
+use cache::RepoCache;
+use names::{check_repo_file, check_revision};
 use std::path::{Path, PathBuf};
 
 /// Files a checkpoint folder must have before the weights are opened.
@@ -77,8 +90,8 @@ struct HubEnv {
 
 impl HubEnv {
     /// huggingface_hub's rules: HF_HUB_CACHE, else $HF_HOME/hub, else
-    /// $XDG_CACHE_HOME/huggingface/hub, else ~/.cache/huggingface/hub. hf-hub 0.5 ignores
-    /// HF_HUB_CACHE, HF_HUB_OFFLINE and HF_TOKEN, hence this.
+    /// $XDG_CACHE_HOME/huggingface/hub, else ~/.cache/huggingface/hub; the token from
+    /// HF_TOKEN, else $HF_HOME/token. (The timeouts are read by the download client.)
     fn from_env() -> Self {
         let var = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
         let home = var("HF_HOME").map(PathBuf::from).unwrap_or_else(|| {
@@ -104,6 +117,7 @@ impl HubEnv {
     }
 
     fn resolve(&self, repo: &str, revision: &str) -> Result<PathBuf> {
+        check_revision(revision)?;
         if self.offline {
             return self.cached(repo, revision).map_err(|e| {
                 anyhow::anyhow!(
@@ -115,23 +129,10 @@ impl HubEnv {
         self.download(repo, revision)
     }
 
-    /// `models--org--name/snapshots/<sha>` for a commit sha, or for the sha a branch/tag points to.
-    fn snapshot(&self, repo: &str, revision: &str) -> Option<PathBuf> {
-        let root = self
-            .cache
-            .join(format!("models--{}", repo.replace('/', "--")));
-        let sha = if is_commit(revision) {
-            revision.to_string()
-        } else {
-            let sha = std::fs::read_to_string(root.join("refs").join(revision)).ok()?;
-            sha.trim().to_string()
-        };
-        Some(root.join("snapshots").join(sha))
-    }
-
     /// Cache lookup only: no network.
     fn cached(&self, repo: &str, revision: &str) -> Result<PathBuf> {
-        let snapshot = self.snapshot(repo, revision);
+        let cache = RepoCache::new(&self.cache, repo);
+        let snapshot = cache.commit_of(revision)?.map(|c| cache.snapshot(&c));
         fetch_checkpoint(&mut |file, required| {
             let path = snapshot
                 .as_ref()
@@ -159,52 +160,33 @@ impl HubEnv {
 
     #[cfg(feature = "hub")]
     fn download(&self, repo: &str, revision: &str) -> Result<PathBuf> {
-        use hf_hub::{api::sync::ApiBuilder, Repo, RepoType};
-        use std::io::IsTerminal;
-
-        let mut builder = ApiBuilder::from_env()
-            .with_cache_dir(self.cache.clone())
-            .with_token(self.token.clone())
-            .with_progress(std::io::stderr().is_terminal());
-        if let Some(endpoint) = &self.endpoint {
-            builder = builder.with_endpoint(endpoint.clone());
-        }
-        let api = builder.build().context("starting the Hub client")?;
-        let api_repo = api.repo(Repo::with_revision(
-            repo.to_string(),
-            RepoType::Model,
-            revision.to_string(),
-        ));
+        let endpoint = self.endpoint.as_deref().unwrap_or("https://huggingface.co");
+        let http = http::Http::new(endpoint, self.token.clone())?;
         // One listing call tells which optional files exist (no 404 probing) and the commit
         // whose snapshot may already be cached.
-        let endpoint = self.endpoint.as_deref().unwrap_or("https://huggingface.co");
-        let info = match api_repo.info() {
-            Ok(info) => info,
-            Err(hf_hub::api::sync::ApiError::RequestError(e))
-                if matches!(*e, ureq::Error::StatusCode(_)) =>
-            {
-                bail!(
-                    "{endpoint} answered {e} for {repo}@{revision}: check the repo id and \
-                     --revision (gated or private repos need HF_TOKEN)"
-                )
-            }
-            Err(e) => {
+        let listing = match listing::fetch(&http, repo, revision) {
+            Ok(listing) => listing,
+            Err(listing::Failure::Refused(e)) => bail!("{e}"),
+            Err(listing::Failure::Unreachable(e)) => {
                 // As with huggingface_hub, a complete cached copy works while the Hub is away.
                 return self.cached(repo, revision).map_err(|cache_err| {
                     anyhow::anyhow!(
-                        "cannot reach {endpoint} ({e}), and {cache_err:#}; once the model is cached, \
-                         HF_HUB_OFFLINE=1 runs without the network; or pass a local folder"
+                        "cannot reach {endpoint} ({e}), and {cache_err:#}; once the model is \
+                         cached, HF_HUB_OFFLINE=1 runs without the network; or pass a local folder"
                     )
                 });
             }
         };
-        let listed: std::collections::HashSet<&str> =
-            info.siblings.iter().map(|s| s.rfilename.as_str()).collect();
-        let snapshot = self
-            .snapshot(repo, &info.sha)
-            .context("a commit sha needs no ref")?;
-        fetch_checkpoint(&mut |file, required| {
-            if !listed.contains(file) {
+        if names::is_commit(revision) && listing.commit != revision {
+            bail!(
+                "{endpoint} listed commit {} for --revision {revision}",
+                listing.commit
+            );
+        }
+        let cache = RepoCache::new(&self.cache, repo);
+        let snapshot = cache.snapshot(&listing.commit);
+        let dir = fetch_checkpoint(&mut |file, required| {
+            if !listing.files.contains(file) {
                 if required {
                     bail!("{repo}@{revision} on the Hub has no {file}");
                 }
@@ -214,21 +196,15 @@ impl HubEnv {
             if path.is_file() {
                 return Ok(Some(path));
             }
-            let got = api_repo
-                .download(file)
-                .with_context(|| format!("downloading {file} of {repo}@{revision}"))?;
-            // A file fetched by branch name lands in the snapshot of the commit the branch has
-            // now; after a push during the download it would split the checkpoint.
-            if got != path {
-                bail!("{repo}@{revision} changed on the Hub while downloading; run again");
-            }
-            Ok(Some(path))
-        })
+            download::fetch(&http, &cache, repo, &listing.commit, file)
+                .with_context(|| format!("{repo}@{revision}"))
+                .map(Some)
+        })?;
+        // Only a complete snapshot becomes what the revision names, so an offline run never
+        // meets a half-fetched one where a whole older one exists.
+        cache.write_ref(revision, &listing.commit)?;
+        Ok(dir)
     }
-}
-
-fn is_commit(revision: &str) -> bool {
-    revision.len() == 40 && revision.chars().all(|c| c.is_ascii_hexdigit())
 }
 
 /// Fetches what a checkpoint needs through `fetch(file, required)` and returns the folder of
@@ -271,6 +247,8 @@ fn shard_names(index: &Path) -> Result<Vec<String>> {
             let file = file
                 .as_str()
                 .context("a weight_map value is not a string")?;
+            // The index comes from the repo: its names are joined onto the snapshot folder.
+            check_repo_file(file).map_err(anyhow::Error::msg)?;
             if !names.iter().any(|n| n == file) {
                 names.push(file.to_string());
             }
