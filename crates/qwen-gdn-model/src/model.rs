@@ -146,6 +146,7 @@ pub struct Model {
     layers: Vec<DecoderLayer>,
     norm: RmsNorm,
     lm_head: Linear,
+    warnings: Vec<String>,
 }
 
 impl Model {
@@ -222,6 +223,7 @@ impl Model {
             eps: cfg.rms_norm_eps as f32,
         }
         .into_device(device, opts.dtype)?;
+        let warnings = ckpt.leftovers()?.into_iter().collect();
         Ok(Self {
             config: cfg,
             device: device.clone(),
@@ -233,7 +235,18 @@ impl Model {
             layers,
             norm,
             lm_head,
+            warnings,
         })
+    }
+
+    /// What loading found odd but harmless (tensors a text model skips), for the user.
+    pub fn load_warnings(&self) -> &[String] {
+        &self.warnings
+    }
+
+    /// Whether the reference plan's products round activations to 8 bits.
+    pub fn q8_activations(&self) -> bool {
+        self.q8_activations
     }
 
     pub fn plan(&self) -> Plan {

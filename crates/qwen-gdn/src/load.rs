@@ -2,7 +2,9 @@
 
 use anyhow::{bail, Context, Result};
 use candle_core::{DType, Device};
-use qwen_gdn_model::{LoadOptions, Model, StateDtype};
+use crate::input::InputLimit;
+use crate::output::eprint_line;
+use qwen_gdn_model::{Config, LoadOptions, Model, StateDtype};
 use serde_json::Value as Json;
 use std::path::{Path, PathBuf};
 use tokenizers::Tokenizer;
@@ -90,6 +92,8 @@ pub struct Checkpoint {
     pub tokenizer: Tokenizer,
     /// tokenizer_config.json, when present: chat template and special tokens.
     pub tokenizer_config: Option<Json>,
+    /// How much text the context can take.
+    pub input_limit: InputLimit,
 }
 
 impl ModelArgs {
@@ -99,10 +103,17 @@ impl ModelArgs {
         let tokenizer = Tokenizer::from_file(&path)
             .map_err(|e| anyhow::anyhow!("cannot load tokenizer {}: {e}", path.display()))?;
         let tokenizer_config = read_json_opt(&dir.join("tokenizer_config.json"))?;
+        let config = Config::from_dir(&dir)?;
+        let input_limit = InputLimit::new(
+            &tokenizer,
+            config.max_position_embeddings,
+            &dir.join("config.json"),
+        );
         Ok(Checkpoint {
             dir,
             tokenizer,
             tokenizer_config,
+            input_limit,
         })
     }
 
@@ -119,21 +130,11 @@ impl ModelArgs {
             plan: None,
             q8_activations: self.q8_activations,
         };
-        Model::load(&checkpoint.dir, &device, &opts)
-    }
-}
-
-impl Checkpoint {
-    /// Errors when `n` tokens do not fit the model's context; `what` names the input.
-    pub fn check_fits(&self, model: &Model, n: usize, what: &str) -> Result<()> {
-        let max = model.config().max_position_embeddings;
-        if n > max {
-            bail!(
-                "{what} is {n} tokens, more than max_position_embeddings = {max} in {}",
-                self.dir.join("config.json").display()
-            );
+        let model = Model::load(&checkpoint.dir, &device, &opts)?;
+        for warning in model.load_warnings() {
+            eprint_line(&format!("warning: {warning}"));
         }
-        Ok(())
+        Ok(model)
     }
 }
 
@@ -186,30 +187,6 @@ pub fn read_json_opt(path: &Path) -> Result<Option<Json>> {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
         Err(e) => Err(e).with_context(|| format!("cannot read {}", path.display())),
     }
-}
-
-/// The text of `--flag` (`-` = stdin) or of `--flag-file`, with a name for it in errors.
-/// Blank input is an error.
-pub fn read_input(text: Option<&str>, file: Option<&Path>, flag: &str) -> Result<(String, String)> {
-    let (body, what) = match (text, file) {
-        (Some("-"), _) => {
-            let mut s = String::new();
-            std::io::Read::read_to_string(&mut std::io::stdin(), &mut s)
-                .context("reading stdin")?;
-            (s, format!("{flag} from stdin"))
-        }
-        (Some(t), _) => (t.to_string(), flag.to_string()),
-        (None, Some(f)) => {
-            let s = std::fs::read_to_string(f)
-                .with_context(|| format!("cannot read {flag}-file {}", f.display()))?;
-            (s, format!("{flag}-file {}", f.display()))
-        }
-        (None, None) => bail!("pass {flag} or {flag}-file"),
-    };
-    if body.trim().is_empty() {
-        bail!("{what} is empty");
-    }
-    Ok((body, what))
 }
 
 pub fn positive_usize(s: &str) -> Result<usize, String> {

@@ -7,8 +7,10 @@ mod compare_state;
 mod eval;
 mod generate;
 mod hub;
+mod input;
 mod load;
 mod memory;
+mod output;
 mod process;
 mod sampler;
 mod stream;
@@ -52,7 +54,7 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
         Err(e) => {
-            eprintln!("error: {}", clap_one_line(&e));
+            output::eprint_line(&format!("error: {}", clap_one_line(&e)));
             return ExitCode::from(2);
         }
     };
@@ -66,13 +68,13 @@ fn main() -> ExitCode {
         Err(e) => {
             // `{:#}` joins the context chain with ": "; any newline inside a message
             // (e.g. from a template error) is folded so that the error stays one line.
-            eprintln!(
+            output::eprint_line(&format!(
                 "error: {}",
                 format!("{e:#}")
                     .split_whitespace()
                     .collect::<Vec<_>>()
                     .join(" ")
-            );
+            ));
             ExitCode::FAILURE
         }
     }
