@@ -48,7 +48,7 @@ impl InputLimit {
 
     fn too_long(&self, what: &str, detail: &str) -> anyhow::Error {
         anyhow::anyhow!(
-            "{what} is {detail}, more than max_position_embeddings = {} tokens in {} can hold",
+            "{what} is {detail}, more than the context holds: max_position_embeddings = {} in {}",
             self.max_tokens,
             self.config
         )
@@ -69,7 +69,8 @@ impl InputLimit {
                 .map_err(|e| anyhow::anyhow!("tokenizing {what}: {e}"))?;
             count += tokens.len();
             if count > self.max_tokens + cuts {
-                return Err(self.too_long(what, &format!("more than {count} tokens")));
+                let detail = format!("over {} tokens (counted so far)", self.max_tokens);
+                return Err(self.too_long(what, &detail));
             }
             cuts += 1;
         }
