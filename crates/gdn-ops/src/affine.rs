@@ -458,8 +458,15 @@ mod tests {
     fn groups_smaller_than_a_word_are_rejected() {
         for group in [1, 2, 4, 16] {
             let q = vec![0u32; 32];
-            let err = AffineMatrix::new(4, group, [1, 1, 32], pack_row(&q, 4), vec![1.0; 32 / group], vec![0.0; 32 / group])
-                .unwrap_err();
+            let err = AffineMatrix::new(
+                4,
+                group,
+                [1, 1, 32],
+                pack_row(&q, 4),
+                vec![1.0; 32 / group],
+                vec![0.0; 32 / group],
+            )
+            .unwrap_err();
             assert!(err.to_string().contains("groups of"), "{err}");
         }
     }

@@ -5,8 +5,8 @@
 //! - `qwen3_5`, `qwen3_5_moe`: hyper-parameters nested under `text_config` (or flat when that
 //!   key is absent); MoE on every layer iff `num_experts > 0`.
 
-use anyhow::{anyhow, bail, Context, Result};
 use crate::weights::files::read_json_text;
+use anyhow::{anyhow, bail, Context, Result};
 use gdn_ops::affine;
 use serde_json::{Map, Value};
 use std::path::Path;
@@ -353,7 +353,11 @@ impl Config {
         let bounded = [
             ("hidden_size", self.hidden_size, MAX_WIDTH),
             ("intermediate_size", self.intermediate_size, MAX_WIDTH),
-            ("moe_intermediate_size", self.moe_intermediate_size, MAX_WIDTH),
+            (
+                "moe_intermediate_size",
+                self.moe_intermediate_size,
+                MAX_WIDTH,
+            ),
             (
                 "shared_expert_intermediate_size",
                 self.shared_expert_intermediate_size,
@@ -370,10 +374,26 @@ impl Config {
             ("num_key_value_heads", self.num_key_value_heads, MAX_HEADS),
             ("head_dim", self.head_dim, MAX_HEAD_DIM),
             ("linear_num_key_heads", self.linear_num_key_heads, MAX_HEADS),
-            ("linear_num_value_heads", self.linear_num_value_heads, MAX_HEADS),
-            ("linear_key_head_dim", self.linear_key_head_dim, MAX_HEAD_DIM),
-            ("linear_value_head_dim", self.linear_value_head_dim, MAX_HEAD_DIM),
-            ("linear_conv_kernel_dim", self.linear_conv_kernel_dim, MAX_CONV_KERNEL),
+            (
+                "linear_num_value_heads",
+                self.linear_num_value_heads,
+                MAX_HEADS,
+            ),
+            (
+                "linear_key_head_dim",
+                self.linear_key_head_dim,
+                MAX_HEAD_DIM,
+            ),
+            (
+                "linear_value_head_dim",
+                self.linear_value_head_dim,
+                MAX_HEAD_DIM,
+            ),
+            (
+                "linear_conv_kernel_dim",
+                self.linear_conv_kernel_dim,
+                MAX_CONV_KERNEL,
+            ),
             ("num_experts", self.num_experts, MAX_EXPERTS),
             ("num_experts_per_tok", self.num_experts_per_tok, MAX_EXPERTS),
             (
@@ -382,7 +402,11 @@ impl Config {
                 MAX_LAYERS,
             ),
             ("decoder_sparse_step", self.decoder_sparse_step, MAX_LAYERS),
-            ("mlp_only_layers (length)", self.mlp_only_layers.len(), MAX_LAYERS),
+            (
+                "mlp_only_layers (length)",
+                self.mlp_only_layers.len(),
+                MAX_LAYERS,
+            ),
         ];
         for (key, v, max) in bounded {
             if v > max {

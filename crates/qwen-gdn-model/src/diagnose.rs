@@ -17,9 +17,14 @@ use std::fmt;
 pub enum Origin {
     Embedding,
     /// The attention or GDN block of decoder layer `i`.
-    Mixer { layer: usize, attention: bool },
+    Mixer {
+        layer: usize,
+        attention: bool,
+    },
     /// The MLP or MoE block of decoder layer `i`.
-    FeedForward { layer: usize },
+    FeedForward {
+        layer: usize,
+    },
     FinalNorm,
     /// Every hidden state was finite: the output head made the logits non-finite.
     Head,
@@ -51,7 +56,7 @@ impl fmt::Display for Origin {
 /// only a scalar comes back.
 pub fn all_finite(t: &Tensor) -> Result<bool> {
     let t = t.to_dtype(DType::F32)?;
-    let zero = (&t - &t)?.sum_all()?.to_scalar::<f32>()?;
+    let zero = t.sub(&t)?.sum_all()?.to_scalar::<f32>()?;
     Ok(zero == 0.0)
 }
 

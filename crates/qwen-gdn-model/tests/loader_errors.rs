@@ -276,7 +276,10 @@ fn unknown_tensors_are_listed_and_known_extras_warned_about() {
 fn vision_tower_tensors_of_a_raw_hf_checkpoint_are_skipped_with_a_warning() {
     let model = load(&models_dir().join("qwen3.5-moe-tiny-hf"));
     assert!(
-        model.load_warnings().iter().any(|w| w.contains("vision tower")),
+        model
+            .load_warnings()
+            .iter()
+            .any(|w| w.contains("vision tower")),
         "{:?}",
         model.load_warnings()
     );
@@ -306,7 +309,9 @@ fn huge_config_numbers_are_bounded_before_any_loop() {
     let msg = load_error(&dir);
     assert!(started.elapsed().as_secs() < 10);
     assert!(
-        msg.contains("config.json") && msg.contains("`num_hidden_layers`") && msg.contains("larger"),
+        msg.contains("config.json")
+            && msg.contains("`num_hidden_layers`")
+            && msg.contains("larger"),
         "{msg}"
     );
     let (_tmp, dir) = scratch("qwen3.5-tiny-4bit");
@@ -326,7 +331,8 @@ fn numbers_that_must_be_positive() {
         edit_config(&dir, |c| c[key] = value.clone());
         let msg = load_error(&dir);
         assert!(
-            msg.contains("config.json") && msg.contains(&format!("`{key}` must be a positive number")),
+            msg.contains("config.json")
+                && msg.contains(&format!("`{key}` must be a positive number")),
             "{key} = {value}: {msg}"
         );
     }
@@ -346,7 +352,10 @@ fn quantization_numbers_are_checked() {
     // A string used to fall back to the default silently.
     let (_tmp, dir) = set("bits", "4".into());
     let msg = load_error(&dir);
-    assert!(msg.contains("`bits`") && msg.contains("positive integer"), "{msg}");
+    assert!(
+        msg.contains("`bits`") && msg.contains("positive integer"),
+        "{msg}"
+    );
     let (_tmp, dir) = set("bits", 0.into());
     assert!(load_error(&dir).contains("`bits`"));
     // 4-bit groups of 1-4 fill less than a word, which the kernels cannot walk.

@@ -152,7 +152,12 @@ fn repetition(
     let start = Instant::now();
     for _ in 0..gen_tokens {
         seen.push(token);
-        token = greedy(model, &model.forward_last(&[token], &mut cache)?, &seen, chunk)?;
+        token = greedy(
+            model,
+            &model.forward_last(&[token], &mut cache)?,
+            &seen,
+            chunk,
+        )?;
     }
     Ok((prompt_time, start.elapsed()))
 }

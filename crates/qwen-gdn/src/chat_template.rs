@@ -19,7 +19,8 @@ pub const DEFAULT_MAX_OUTPUT: usize = 64 << 20;
 
 /// Variables the caller fills in; `--chat-template-args` must not replace them (the prompt
 /// would be silently dropped).
-pub const RESERVED_VARIABLES: [&str; 4] = ["messages", "tools", "documents", "add_generation_prompt"];
+pub const RESERVED_VARIABLES: [&str; 4] =
+    ["messages", "tools", "documents", "add_generation_prompt"];
 
 pub struct ChatTemplate {
     env: Environment<'static>,
@@ -112,7 +113,10 @@ impl ChatTemplate {
         ctx.insert("documents".into(), Json::Null);
         ctx.insert("add_generation_prompt".into(), add_generation_prompt.into());
         if let Some(key) = RESERVED_VARIABLES.iter().find(|k| extra.contains_key(**k)) {
-            bail!("chat template {}: variable `{key}` cannot be overridden", self.name);
+            bail!(
+                "chat template {}: variable `{key}` cannot be overridden",
+                self.name
+            );
         }
         ctx.extend(extra.iter().map(|(k, v)| (k.clone(), v.clone())));
         let template = self.env.get_template("chat")?;

@@ -71,7 +71,11 @@ pub fn run(args: Args) -> Result<ExitCode> {
         // A log-probability is finite exactly when its row of logits is.
         if let Some(j) = lp.iter().position(|x| !x.is_finite()) {
             let seen = &tokens[..start + j + 1];
-            return Err(non_finite_logits(&model, seen, args.model.prefill_chunk_size));
+            return Err(non_finite_logits(
+                &model,
+                seen,
+                args.model.prefill_chunk_size,
+            ));
         }
         logprobs.extend(lp);
         argmax.extend(am);
@@ -94,7 +98,12 @@ pub fn run(args: Args) -> Result<ExitCode> {
             compare: compare.as_ref(),
         })?;
     } else {
-        writeln!(report, "Tokens: {} ({} scored)", tokens.len(), logprobs.len())?;
+        writeln!(
+            report,
+            "Tokens: {} ({} scored)",
+            tokens.len(),
+            logprobs.len()
+        )?;
         writeln!(report, "Mean NLL: {nll:.4} nats/token")?;
         write!(report, "Perplexity: {ppl:.3}")?;
         if let Some(c) = &compare {

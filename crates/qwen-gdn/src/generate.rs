@@ -136,7 +136,11 @@ pub fn run(args: Args) -> Result<ExitCode> {
             let mut row = last_row(&logits)?;
             if row.iter().any(|x| !x.is_finite()) {
                 let seen: Vec<u32> = head.iter().chain(&history).copied().collect();
-                return Err(non_finite_logits(&model, &seen, args.model.prefill_chunk_size));
+                return Err(non_finite_logits(
+                    &model,
+                    &seen,
+                    args.model.prefill_chunk_size,
+                ));
             }
             let token = sampler.sample(&mut row, &history);
             prompt_time.get_or_insert_with(|| start.elapsed());

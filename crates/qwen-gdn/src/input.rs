@@ -195,6 +195,9 @@ mod tests {
             ..limit
         };
         let err = limit.check_tokens(&tok, &text, "--text").unwrap_err();
-        assert!(format!("{err}").contains("max_position_embeddings"), "{err}");
+        assert!(
+            format!("{err}").contains("max_position_embeddings"),
+            "{err}"
+        );
     }
 }

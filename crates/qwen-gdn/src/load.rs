@@ -1,9 +1,10 @@
 //! What `generate` and `eval` share: which checkpoint to open and how to load its model.
 
-use anyhow::{bail, Context, Result};
-use candle_core::{DType, Device};
 use crate::input::InputLimit;
 use crate::output::eprint_line;
+use anyhow::{bail, Context, Result};
+use candle_core::{DType, Device};
+use qwen_gdn_model::weights::files::{check_regular, read_json_text};
 use qwen_gdn_model::{Config, LoadOptions, Model, StateDtype};
 use serde_json::Value as Json;
 use std::path::{Path, PathBuf};
@@ -100,6 +101,10 @@ impl ModelArgs {
     pub fn open(&self) -> Result<Checkpoint> {
         let dir = crate::hub::resolve(&self.model, self.revision.as_deref())?;
         let path = dir.join("tokenizer.json");
+        // A FIFO would block the tokenizer's read forever.
+        if path.exists() {
+            check_regular(&path)?;
+        }
         let tokenizer = Tokenizer::from_file(&path)
             .map_err(|e| anyhow::anyhow!("cannot load tokenizer {}: {e}", path.display()))?;
         let tokenizer_config = read_json_opt(&dir.join("tokenizer_config.json"))?;
@@ -178,14 +183,14 @@ fn metal_device() -> Result<Device> {
     bail!("--device metal: this qwen-gdn was built without Metal (build it on macOS, or with --features metal)")
 }
 
-/// Reads an optional JSON file: `None` when it does not exist, an error naming it if invalid.
+/// Reads an optional JSON file: `None` when it does not exist, an error naming it if invalid,
+/// not a regular file, or too large to be model metadata.
 pub fn read_json_opt(path: &Path) -> Result<Option<Json>> {
-    match std::fs::read(path) {
-        Ok(bytes) => serde_json::from_slice(&bytes)
+    match read_json_text(path)? {
+        Some(text) => serde_json::from_str(&text)
             .map(Some)
             .with_context(|| format!("invalid JSON in {}", path.display())),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-        Err(e) => Err(e).with_context(|| format!("cannot read {}", path.display())),
+        None => Ok(None),
     }
 }
 

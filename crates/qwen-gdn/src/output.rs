@@ -48,6 +48,9 @@ mod tests {
         assert_eq!(buf, b"hi");
         assert!(!emit(&mut Failing(std::io::ErrorKind::BrokenPipe), "x").unwrap());
         let err = emit(&mut Failing(std::io::ErrorKind::StorageFull), "x").unwrap_err();
-        assert!(format!("{err:#}").starts_with("writing to stdout"), "{err:#}");
+        assert!(
+            format!("{err:#}").starts_with("writing to stdout"),
+            "{err:#}"
+        );
     }
 }

@@ -37,7 +37,14 @@ fn a_runaway_template_loop_runs_out_of_fuel() {
     )
     .unwrap();
     let out = within(Duration::from_secs(60), || generate(&dir, &[]));
-    assert_error(&out, &["chat template", &template.display().to_string(), "instructions"]);
+    assert_error(
+        &out,
+        &[
+            "chat template",
+            &template.display().to_string(),
+            "instructions",
+        ],
+    );
 }
 
 #[test]
@@ -66,7 +73,12 @@ fn template_args_cannot_replace_the_messages() {
     // Other variables are still passed.
     let out = generate(
         &model,
-        &["--chat-template-args", "{\"enable_thinking\": false}", "--max-tokens", "2"],
+        &[
+            "--chat-template-args",
+            "{\"enable_thinking\": false}",
+            "--max-tokens",
+            "2",
+        ],
     );
     assert!(out.status.success(), "{}", stderr(&out));
 }
@@ -78,7 +90,11 @@ fn an_endless_prompt_file_stops_at_the_byte_limit() {
     });
     assert_error(
         &out,
-        &["--prompt-file /dev/zero", "bytes", "max_position_embeddings"],
+        &[
+            "--prompt-file /dev/zero",
+            "bytes",
+            "max_position_embeddings",
+        ],
     );
     let out = run(&[
         "eval",
@@ -106,7 +122,11 @@ fn a_long_text_is_refused_after_tokenizing_about_one_context() {
     ]);
     assert_error(
         &out,
-        &["--text-file", "over 4096 tokens (counted so far)", "max_position_embeddings"],
+        &[
+            "--text-file",
+            "over 4096 tokens (counted so far)",
+            "max_position_embeddings",
+        ],
     );
 }
 
@@ -153,15 +173,48 @@ fn nan_model() -> (tempfile::TempDir, std::path::PathBuf) {
 fn nan_logits_name_the_first_broken_layer() {
     let (_tmp, dir) = nan_model();
     let d = dir.to_str().unwrap();
-    let needles = ["NaN or Inf logits", "layer 2's feed-forward", "model.layers.2.mlp"];
+    let needles = [
+        "NaN or Inf logits",
+        "layer 2's feed-forward",
+        "model.layers.2.mlp",
+    ];
     let out = generate(&dir, &["--max-tokens", "4"]);
     assert_error(&out, &needles);
     assert!(out.stdout.len() < 100, "printed tokens: {:?}", out.stdout);
-    let out = run(&["eval", "--model", d, "--text", "Hello there, world", "--json"]);
+    let out = run(&[
+        "eval",
+        "--model",
+        d,
+        "--text",
+        "Hello there, world",
+        "--json",
+    ]);
     assert_error(&out, &needles);
-    assert!(out.stdout.is_empty(), "{}", String::from_utf8_lossy(&out.stdout));
+    assert!(
+        out.stdout.is_empty(),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
     assert_error(
         &run(&["bench", "--model", d, "-p", "4", "-g", "2", "-r", "1"]),
         &needles,
     );
+}
+
+#[test]
+fn side_files_that_are_fifos_are_refused_instead_of_blocking() {
+    for name in ["tokenizer.json", "tokenizer_config.json", "config.json"] {
+        let (_tmp, dir) = copy_fixture(MODEL);
+        let path = dir.join(name);
+        std::fs::remove_file(&path).unwrap();
+        let made = std::process::Command::new("mkfifo")
+            .arg(&path)
+            .status()
+            .unwrap();
+        assert!(made.success());
+        let out = within(Duration::from_secs(60), || generate(&dir, &[]));
+        // The folder check may refuse it first ("has no tokenizer.json"); either way the
+        // error names the file instead of blocking on it.
+        assert_error(&out, &[name]);
+    }
 }

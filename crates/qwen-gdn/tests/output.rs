@@ -9,7 +9,13 @@ use std::process::{Output, Stdio};
 const MODEL: &str = "qwen3.5-tiny-4bit";
 
 fn eval_args(model: &str) -> Vec<&str> {
-    vec!["eval", "--model", model, "--text", "Hello there, how are you?"]
+    vec![
+        "eval",
+        "--model",
+        model,
+        "--text",
+        "Hello there, how are you?",
+    ]
 }
 
 fn bench_args(model: &str) -> Vec<&str> {
@@ -73,9 +79,23 @@ fn a_failing_stderr_never_panics() {
     let m = model.to_str().unwrap();
     // An error to report, a clap error, and the stats of a successful run.
     let cases: [(Vec<&str>, i32); 3] = [
-        (vec!["eval", "--model", "/no/such/model", "--text", "hi there"], 1),
+        (
+            vec!["eval", "--model", "/no/such/model", "--text", "hi there"],
+            1,
+        ),
         (vec!["generate", "--no-such-flag"], 2),
-        (vec!["generate", "--model", m, "--prompt", "Hi", "--max-tokens", "2"], 0),
+        (
+            vec![
+                "generate",
+                "--model",
+                m,
+                "--prompt",
+                "Hi",
+                "--max-tokens",
+                "2",
+            ],
+            0,
+        ),
     ];
     for (args, code) in cases {
         let out = full(&args, true);

@@ -231,7 +231,11 @@ impl Checkpoint {
                 0 => String::new(),
                 n => format!(" and {n} more"),
             };
-            let shown: Vec<String> = unused.iter().take(SHOWN).map(|k| format!("`{k}`")).collect();
+            let shown: Vec<String> = unused
+                .iter()
+                .take(SHOWN)
+                .map(|k| format!("`{k}`"))
+                .collect();
             bail!(
                 "{}: {} tensor(s) that this {} config does not use: {}{more}",
                 self.dir.display(),

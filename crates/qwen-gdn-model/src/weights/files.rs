@@ -28,7 +28,9 @@ impl ModelFolder {
         let mut roots = vec![canonical.clone()];
         let snapshots = canonical.parent();
         if snapshots.and_then(Path::file_name) == Some("snapshots".as_ref()) {
-            let blobs = snapshots.and_then(Path::parent).map(|repo| repo.join("blobs"));
+            let blobs = snapshots
+                .and_then(Path::parent)
+                .map(|repo| repo.join("blobs"));
             if let Some(blobs) = blobs.and_then(|b| b.canonicalize().ok()) {
                 roots.push(blobs);
             }
@@ -100,7 +102,8 @@ pub fn read_json_text(path: &Path) -> Result<Option<String>> {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
         _ => check_regular(path)?,
     }
-    let file = std::fs::File::open(path).with_context(|| format!("{}: cannot read", path.display()))?;
+    let file =
+        std::fs::File::open(path).with_context(|| format!("{}: cannot read", path.display()))?;
     let mut text = String::new();
     // Reading one byte past the limit tells a file at the limit from a larger one, even when
     // the file grows after it was checked.
