@@ -244,11 +244,15 @@ fn add_tensor(dir: &Path, key: &str) {
     let data = vec![0u8; 8];
     let view =
         safetensors::tensor::TensorView::new(safetensors::Dtype::F32, vec![2], &data).unwrap();
-    safetensors::serialize_to_file([(key, view)], None, &dir.join("extra.safetensors")).unwrap();
     let index = dir.join("model.safetensors.index.json");
     let mut json: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&index).unwrap()).unwrap();
-    json["weight_map"][key] = "extra.safetensors".into();
+    let shard = format!(
+        "extra-{}.safetensors",
+        json["weight_map"].as_object().unwrap().len()
+    );
+    safetensors::serialize_to_file([(key, view)], None, &dir.join(&shard)).unwrap();
+    json["weight_map"][key] = shard.into();
     std::fs::write(&index, json.to_string()).unwrap();
 }
 
@@ -257,11 +261,17 @@ fn unknown_tensors_are_listed_and_known_extras_warned_about() {
     let (_tmp, dir) = scratch("qwen3.5-moe-tiny-4bit");
     assert!(load(&dir).load_warnings().is_empty());
     add_tensor(&dir, "mtp.layers.0.fc.weight");
+    add_tensor(
+        &dir,
+        "language_model.model.layers.3.self_attn.rotary_emb.inv_freq",
+    );
     let model = load(&dir);
+    let warnings = model.load_warnings();
     assert!(
-        model.load_warnings().len() == 1 && model.load_warnings()[0].contains("1 multi-token"),
-        "{:?}",
-        model.load_warnings()
+        warnings.len() == 1
+            && warnings[0].contains("1 multi-token")
+            && warnings[0].contains("1 rotary_emb.inv_freq"),
+        "{warnings:?}"
     );
     add_tensor(&dir, "language_model.model.layers.0.mlp.surprise.weight");
     let msg = load_error(&dir);

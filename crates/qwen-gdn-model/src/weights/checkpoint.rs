@@ -107,8 +107,8 @@ fn shard_paths(dir: &Path) -> Result<Vec<PathBuf>> {
 }
 
 /// Tensors a checkpoint may carry that the text model never uses: they are skipped with a
-/// warning, where any other tensor left over is an error.
-fn known_extra(key: &str) -> Option<&'static str> {
+/// warning, where any other tensor left over is an error. `name` is the canonical name.
+fn known_extra(key: &str, name: &str, config: &Config) -> Option<&'static str> {
     if key.contains("mtp.") {
         Some("multi-token prediction (mtp.*)")
     } else if key.starts_with("vision_tower")
@@ -116,6 +116,12 @@ fn known_extra(key: &str) -> Option<&'static str> {
         || key.starts_with("visual.")
     {
         Some("vision tower")
+    } else if config.tie_word_embeddings && name.starts_with("lm_head.") {
+        // mlx-lm drops it too: the tied head is the embedding.
+        Some("lm_head (tie_word_embeddings is set)")
+    } else if key.ends_with("rotary_emb.inv_freq") {
+        // A buffer some exporters save; RoPE is computed from config.json.
+        Some("rotary_emb.inv_freq")
     } else {
         None
     }
@@ -162,7 +168,8 @@ impl Checkpoint {
             })?;
             let idx = files.len();
             for (key, info) in meta.tensors() {
-                if let Some(kind) = known_extra(&key) {
+                let name = canonical_name(&key, config.family);
+                if let Some(kind) = known_extra(&key, &name, config) {
                     match skipped.iter_mut().find(|(k, _)| *k == kind) {
                         Some((_, n)) => *n += 1,
                         None => skipped.push((kind, 1)),
@@ -170,7 +177,7 @@ impl Checkpoint {
                     continue;
                 }
                 entries.insert(
-                    canonical_name(&key, config.family),
+                    name,
                     Entry {
                         file: idx,
                         info: info.clone(),
