@@ -9,8 +9,9 @@ use minijinja::{Environment, Error, ErrorKind};
 use serde_json::{Map, Value as Json};
 use std::path::Path;
 
-/// Instructions a template may run per rendering: a real chat template over a conversation
-/// needs thousands, a `range(100000)` loop nested twice would need ten billion.
+/// Instructions a template may run per rendering: every reference rendering of
+/// tests/data/chat-templates needs fewer than 1 000, a `range(100000)` loop nested twice
+/// would need ten billion.
 pub const DEFAULT_FUEL: u64 = 10_000_000;
 /// Overrides [`DEFAULT_FUEL`].
 pub const FUEL_ENV: &str = "QWEN_GDN_TEMPLATE_FUEL";
