@@ -150,8 +150,12 @@ impl AffineMatrix {
         if !SUPPORTED_BITS.contains(&bits) {
             bail!("unsupported quantization: {bits} bits (supported: 2, 3, 4, 5, 6, 8)");
         }
-        if group_size == 0 || !cols.is_multiple_of(group_size) || !(cols * bits).is_multiple_of(32)
-        {
+        // The kernels walk whole words per group: a group must be one MLX produces (a 4-bit
+        // group of 4 would fill half a word).
+        if !SUPPORTED_GROUPS.contains(&group_size) {
+            bail!("unsupported quantization: groups of {group_size} (supported: 32, 64, 128)");
+        }
+        if !cols.is_multiple_of(group_size) || !(cols * bits).is_multiple_of(32) {
             bail!("quantized width {cols} does not fit {bits}-bit groups of {group_size}");
         }
         let n = experts * rows;
@@ -484,6 +488,23 @@ mod tests {
         let mut out = [0f32; 8];
         unpack_row(&[0x8765_4321], 4, &mut out);
         assert_eq!(out, [1., 2., 3., 4., 5., 6., 7., 8.]);
+    }
+
+    #[test]
+    fn groups_smaller_than_a_word_are_rejected() {
+        for group in [1, 2, 4, 16] {
+            let q = vec![0u32; 32];
+            let err = AffineMatrix::new(
+                4,
+                group,
+                [1, 1, 32],
+                pack_row(&q, 4),
+                vec![1.0; 32 / group],
+                vec![0.0; 32 / group],
+            )
+            .unwrap_err();
+            assert!(err.to_string().contains("groups of"), "{err}");
+        }
     }
 
     #[test]

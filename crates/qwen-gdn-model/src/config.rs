@@ -5,9 +5,24 @@
 //! - `qwen3_5`, `qwen3_5_moe`: hyper-parameters nested under `text_config` (or flat when that
 //!   key is absent); MoE on every layer iff `num_experts > 0`.
 
+use crate::weights::files::read_json_text;
 use anyhow::{anyhow, bail, Context, Result};
+use gdn_ops::affine;
 use serde_json::{Map, Value};
 use std::path::Path;
+
+/// Upper bounds on config.json's sizes, checked before anything loops over or allocates by
+/// them (a config with `num_hidden_layers = 1e18` would otherwise spin in validation). Each
+/// is far above any released model and low enough that the products the loaders form
+/// (experts × rows × cols) fit a 64-bit `usize`.
+pub const MAX_LAYERS: usize = 1024;
+pub const MAX_WIDTH: usize = 1 << 20;
+pub const MAX_VOCAB: usize = 1 << 24;
+pub const MAX_POSITIONS: usize = 1 << 24;
+pub const MAX_HEADS: usize = 1 << 12;
+pub const MAX_HEAD_DIM: usize = 1 << 12;
+pub const MAX_CONV_KERNEL: usize = 64;
+pub const MAX_EXPERTS: usize = 1 << 14;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Family {
@@ -150,15 +165,12 @@ fn parse_quant_spec(
                     bail!("{origin}: quantization mode `{mode}` of `{key}` is not supported (only MLX affine)");
                 }
             }
-            let bits = m
-                .get("bits")
-                .and_then(Value::as_u64)
-                .map_or(default.bits, |b| b as usize);
-            let group_size = m
-                .get("group_size")
-                .and_then(Value::as_u64)
-                .map_or(default.group_size, |g| g as usize);
-            Ok(Some(QuantSpec { bits, group_size }))
+            let spec = QuantSpec {
+                bits: quant_number(m, "bits", default.bits, origin, key)?,
+                group_size: quant_number(m, "group_size", default.group_size, origin, key)?,
+            };
+            spec.check(origin, key)?;
+            Ok(Some(spec))
         }
         other => {
             bail!("{origin}: quantization entry `{key}` must be an object or false, got {other}")
@@ -170,11 +182,12 @@ impl Config {
     /// Reads `<dir>/config.json`, and `eos_token_id` from generation_config.json when present.
     pub fn from_dir(dir: &Path) -> Result<Self> {
         let path = dir.join("config.json");
-        let text = std::fs::read_to_string(&path)
-            .with_context(|| format!("{}: cannot read model config", path.display()))?;
+        let text = read_json_text(&path)
+            .with_context(|| format!("{}: cannot read model config", path.display()))?
+            .ok_or_else(|| anyhow!("{}: cannot read model config: not found", path.display()))?;
         let mut cfg = Self::from_json_str(&text, &path.display().to_string())?;
         let gen_path = dir.join("generation_config.json");
-        if let Ok(gen_text) = std::fs::read_to_string(&gen_path) {
+        if let Some(gen_text) = read_json_text(&gen_path)? {
             let gen: Value = serde_json::from_str(&gen_text)
                 .with_context(|| format!("{}: invalid JSON", gen_path.display()))?;
             let ids = parse_ids(gen.get("eos_token_id"));
@@ -335,6 +348,80 @@ impl Config {
     }
 
     fn validate(&self, origin: &str) -> Result<()> {
+        // Bounds first: everything after (and every loader loop and allocation) may then
+        // iterate over or multiply these numbers.
+        let bounded = [
+            ("hidden_size", self.hidden_size, MAX_WIDTH),
+            ("intermediate_size", self.intermediate_size, MAX_WIDTH),
+            (
+                "moe_intermediate_size",
+                self.moe_intermediate_size,
+                MAX_WIDTH,
+            ),
+            (
+                "shared_expert_intermediate_size",
+                self.shared_expert_intermediate_size,
+                MAX_WIDTH,
+            ),
+            ("num_hidden_layers", self.num_hidden_layers, MAX_LAYERS),
+            ("vocab_size", self.vocab_size, MAX_VOCAB),
+            (
+                "max_position_embeddings",
+                self.max_position_embeddings,
+                MAX_POSITIONS,
+            ),
+            ("num_attention_heads", self.num_attention_heads, MAX_HEADS),
+            ("num_key_value_heads", self.num_key_value_heads, MAX_HEADS),
+            ("head_dim", self.head_dim, MAX_HEAD_DIM),
+            ("linear_num_key_heads", self.linear_num_key_heads, MAX_HEADS),
+            (
+                "linear_num_value_heads",
+                self.linear_num_value_heads,
+                MAX_HEADS,
+            ),
+            (
+                "linear_key_head_dim",
+                self.linear_key_head_dim,
+                MAX_HEAD_DIM,
+            ),
+            (
+                "linear_value_head_dim",
+                self.linear_value_head_dim,
+                MAX_HEAD_DIM,
+            ),
+            (
+                "linear_conv_kernel_dim",
+                self.linear_conv_kernel_dim,
+                MAX_CONV_KERNEL,
+            ),
+            ("num_experts", self.num_experts, MAX_EXPERTS),
+            ("num_experts_per_tok", self.num_experts_per_tok, MAX_EXPERTS),
+            (
+                "full_attention_interval",
+                self.full_attention_interval,
+                MAX_LAYERS,
+            ),
+            ("decoder_sparse_step", self.decoder_sparse_step, MAX_LAYERS),
+            (
+                "mlp_only_layers (length)",
+                self.mlp_only_layers.len(),
+                MAX_LAYERS,
+            ),
+        ];
+        for (key, v, max) in bounded {
+            if v > max {
+                bail!("{origin}: `{key}` = {v} is larger than this engine supports ({max})");
+            }
+        }
+        for (key, v) in [
+            ("rms_norm_eps", self.rms_norm_eps),
+            ("rope_theta", self.rope_theta),
+            ("partial_rotary_factor", self.partial_rotary_factor),
+        ] {
+            if !(v.is_finite() && v > 0.0) {
+                bail!("{origin}: `{key}` must be a positive number, got {v}");
+            }
+        }
         let positive = [
             ("hidden_size", self.hidden_size),
             ("num_hidden_layers", self.num_hidden_layers),
@@ -451,6 +538,49 @@ impl Config {
     }
 }
 
+/// `bits` or `group_size` of a quantization entry: a positive integer (a string such as
+/// `"4"` is an error rather than silently the default).
+fn quant_number(
+    m: &Map<String, Value>,
+    field: &str,
+    default: usize,
+    origin: &str,
+    key: &str,
+) -> Result<usize> {
+    match m.get(field) {
+        None | Some(Value::Null) => Ok(default),
+        Some(v) => v
+            .as_u64()
+            .filter(|&n| n > 0)
+            .map(|n| n as usize)
+            .ok_or_else(|| {
+                anyhow!("{origin}: `{field}` of `{key}` must be a positive integer, got {v}")
+            }),
+    }
+}
+
+impl QuantSpec {
+    /// Only the formats MLX produces, which are the ones the kernels handle: a group must
+    /// fill whole 32-bit words (a 4-bit group of 4 would not).
+    fn check(&self, origin: &str, key: &str) -> Result<()> {
+        if !affine::SUPPORTED_BITS.contains(&self.bits) {
+            bail!(
+                "{origin}: `{key}` declares {} bits (supported: {:?})",
+                self.bits,
+                affine::SUPPORTED_BITS
+            );
+        }
+        if !affine::SUPPORTED_GROUPS.contains(&self.group_size) {
+            bail!(
+                "{origin}: `{key}` declares group_size {} (supported: {:?})",
+                self.group_size,
+                affine::SUPPORTED_GROUPS
+            );
+        }
+        Ok(())
+    }
+}
+
 type QuantBlock = (Option<QuantSpec>, Vec<(String, Option<QuantSpec>)>);
 
 fn parse_quantization(root: &Map<String, Value>, origin: &str) -> Result<QuantBlock> {
@@ -475,12 +605,10 @@ fn parse_quantization(root: &Map<String, Value>, origin: &str) -> Result<QuantBl
         bail!("{origin}: quantization method `{method}` is not supported (only MLX affine)");
     }
     let global = QuantSpec {
-        bits: block.get("bits").and_then(Value::as_u64).unwrap_or(4) as usize,
-        group_size: block
-            .get("group_size")
-            .and_then(Value::as_u64)
-            .unwrap_or(64) as usize,
+        bits: quant_number(block, "bits", 4, origin, "quantization")?,
+        group_size: quant_number(block, "group_size", 64, origin, "quantization")?,
     };
+    global.check(origin, "quantization")?;
     let mut overrides = vec![];
     for (key, v) in block {
         if matches!(key.as_str(), "bits" | "group_size" | "mode") {

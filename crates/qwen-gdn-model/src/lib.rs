@@ -6,6 +6,7 @@
 
 pub mod cache;
 pub mod config;
+pub mod diagnose;
 pub mod footprint;
 pub mod layers;
 pub mod load_progress;

@@ -155,6 +155,7 @@ pub struct Model {
     fused_decode: bool,
     /// Per layer, what the fused kernels cover.
     coverage: Vec<LayerCoverage>,
+    warnings: Vec<String>,
 }
 
 impl Model {
@@ -232,6 +233,7 @@ impl Model {
             eps: cfg.rms_norm_eps as f32,
         }
         .into_device(device, opts.dtype)?;
+        let warnings = ckpt.leftovers()?.into_iter().collect();
         let mut model = Self {
             config: cfg,
             device: device.clone(),
@@ -243,6 +245,7 @@ impl Model {
             layers,
             norm,
             lm_head,
+            warnings,
             fused_decode: false,
             coverage: vec![],
         };
@@ -291,6 +294,16 @@ impl Model {
     /// Per layer, whether the fused decode kernels cover its mixer and its feed-forward.
     pub fn fused_coverage_per_layer(&self) -> &[LayerCoverage] {
         &self.coverage
+    }
+
+    /// What loading found odd but harmless (tensors a text model skips), for the user.
+    pub fn load_warnings(&self) -> &[String] {
+        &self.warnings
+    }
+
+    /// Whether the reference plan's products round activations to 8 bits.
+    pub fn q8_activations(&self) -> bool {
+        self.q8_activations
     }
 
     pub fn plan(&self) -> Plan {

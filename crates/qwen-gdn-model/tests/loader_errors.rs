@@ -143,3 +143,238 @@ fn quantization_mismatch_with_config_is_named() {
     let msg = load_error(&dir);
     assert!(msg.contains("config.json declares 4-bit group 32"), "{msg}");
 }
+
+fn load(dir: &Path) -> Model {
+    Model::load(dir, &Device::Cpu, &LoadOptions::default()).unwrap()
+}
+
+/// Points every shard of the index at `name` instead.
+fn list_shard_as(dir: &Path, name: &str) {
+    let index = dir.join("model.safetensors.index.json");
+    let mut json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&index).unwrap()).unwrap();
+    for v in json["weight_map"].as_object_mut().unwrap().values_mut() {
+        *v = name.into();
+    }
+    std::fs::write(&index, json.to_string()).unwrap();
+}
+
+#[test]
+fn shard_paths_stay_inside_the_folder() {
+    let (tmp, dir) = scratch("qwen3.5-moe-tiny-4bit");
+    // The same bytes next to the folder: reachable only by leaving it.
+    std::fs::copy(
+        dir.join("model.safetensors"),
+        tmp.path().join("outside.safetensors"),
+    )
+    .unwrap();
+    for name in [
+        "../outside.safetensors".to_string(),
+        tmp.path().join("outside.safetensors").display().to_string(),
+        "sub/../../outside.safetensors".to_string(),
+    ] {
+        list_shard_as(&dir, &name);
+        let msg = load_error(&dir);
+        assert!(
+            msg.contains("model.safetensors.index.json") && msg.contains("leaves the model folder"),
+            "{name}: {msg}"
+        );
+    }
+    // A symlink out of the folder is refused too.
+    std::os::unix::fs::symlink(
+        tmp.path().join("outside.safetensors"),
+        dir.join("link.safetensors"),
+    )
+    .unwrap();
+    list_shard_as(&dir, "link.safetensors");
+    let msg = load_error(&dir);
+    assert!(msg.contains("outside the model folder"), "{msg}");
+}
+
+#[test]
+fn a_fifo_shard_is_refused_instead_of_blocking() {
+    let (_tmp, dir) = scratch("qwen3.5-tiny-4bit");
+    let shard = dir.join("model.safetensors");
+    std::fs::remove_file(&shard).unwrap();
+    let made = std::process::Command::new("mkfifo")
+        .arg(&shard)
+        .status()
+        .unwrap();
+    assert!(made.success());
+    let msg = load_error(&dir);
+    assert!(
+        msg.contains("model.safetensors") && msg.contains("not a regular file"),
+        "{msg}"
+    );
+}
+
+#[test]
+fn hf_cache_snapshot_symlinks_into_blobs_load() {
+    // models--org--name/snapshots/<commit>/<file> -> ../../blobs/<file>, as the Hub cache has.
+    let tmp = tempfile::tempdir().unwrap();
+    let repo = tmp.path().join("models--org--tiny");
+    let (blobs, snapshot) = (repo.join("blobs"), repo.join("snapshots/abc123"));
+    std::fs::create_dir_all(&blobs).unwrap();
+    std::fs::create_dir_all(&snapshot).unwrap();
+    for entry in std::fs::read_dir(models_dir().join("qwen3.5-moe-tiny-4bit")).unwrap() {
+        let p = entry.unwrap().path();
+        let name = p.file_name().unwrap();
+        std::fs::copy(&p, blobs.join(name)).unwrap();
+        std::os::unix::fs::symlink(Path::new("../../blobs").join(name), snapshot.join(name))
+            .unwrap();
+    }
+    load(&snapshot);
+}
+
+#[test]
+fn fewer_layers_in_config_than_in_the_checkpoint() {
+    let (_tmp, dir) = scratch("qwen3.5-tiny-4bit");
+    edit_config(&dir, |text| text["num_hidden_layers"] = 5.into());
+    let msg = load_error(&dir);
+    assert!(
+        msg.contains("config.json")
+            && msg.contains("num_hidden_layers is 5")
+            && msg.contains("model.layers.5"),
+        "{msg}"
+    );
+}
+
+/// Adds a shard holding one small tensor `key` to a sharded fixture.
+fn add_tensor(dir: &Path, key: &str) {
+    let data = vec![0u8; 8];
+    let view =
+        safetensors::tensor::TensorView::new(safetensors::Dtype::F32, vec![2], &data).unwrap();
+    let index = dir.join("model.safetensors.index.json");
+    let mut json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&index).unwrap()).unwrap();
+    let shard = format!(
+        "extra-{}.safetensors",
+        json["weight_map"].as_object().unwrap().len()
+    );
+    safetensors::serialize_to_file([(key, view)], None, &dir.join(&shard)).unwrap();
+    json["weight_map"][key] = shard.into();
+    std::fs::write(&index, json.to_string()).unwrap();
+}
+
+#[test]
+fn unknown_tensors_are_listed_and_known_extras_warned_about() {
+    let (_tmp, dir) = scratch("qwen3.5-moe-tiny-4bit");
+    assert!(load(&dir).load_warnings().is_empty());
+    add_tensor(&dir, "mtp.layers.0.fc.weight");
+    add_tensor(
+        &dir,
+        "language_model.model.layers.3.self_attn.rotary_emb.inv_freq",
+    );
+    let model = load(&dir);
+    let warnings = model.load_warnings();
+    assert!(
+        warnings.len() == 1
+            && warnings[0].contains("1 multi-token")
+            && warnings[0].contains("1 rotary_emb.inv_freq"),
+        "{warnings:?}"
+    );
+    add_tensor(&dir, "language_model.model.layers.0.mlp.surprise.weight");
+    let msg = load_error(&dir);
+    assert!(
+        msg.contains("`language_model.model.layers.0.mlp.surprise.weight`")
+            && msg.contains("does not use"),
+        "{msg}"
+    );
+}
+
+#[test]
+fn vision_tower_tensors_of_a_raw_hf_checkpoint_are_skipped_with_a_warning() {
+    let model = load(&models_dir().join("qwen3.5-moe-tiny-hf"));
+    assert!(
+        model
+            .load_warnings()
+            .iter()
+            .any(|w| w.contains("vision tower")),
+        "{:?}",
+        model.load_warnings()
+    );
+}
+
+/// Edits the text part of config.json (under `text_config` when there is one).
+fn edit_config(dir: &Path, edit: impl FnOnce(&mut serde_json::Value)) {
+    let path = dir.join("config.json");
+    let mut cfg: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    match cfg.get_mut("text_config") {
+        Some(text) => edit(text),
+        None => edit(&mut cfg),
+    }
+    std::fs::write(&path, cfg.to_string()).unwrap();
+}
+
+#[test]
+fn huge_config_numbers_are_bounded_before_any_loop() {
+    let (_tmp, dir) = scratch("qwen3-next-tiny-4bit");
+    // Validation used to walk every one of 10^18 layers to look for an MoE one.
+    edit_config(&dir, |c| {
+        c["num_hidden_layers"] = 1_000_000_000_000_000_000u64.into();
+        c["decoder_sparse_step"] = 1_000_000_000_000_000_000u64.into();
+    });
+    let started = std::time::Instant::now();
+    let msg = load_error(&dir);
+    assert!(started.elapsed().as_secs() < 10);
+    assert!(
+        msg.contains("config.json")
+            && msg.contains("`num_hidden_layers`")
+            && msg.contains("larger"),
+        "{msg}"
+    );
+    let (_tmp, dir) = scratch("qwen3.5-tiny-4bit");
+    edit_config(&dir, |c| c["vocab_size"] = (1u64 << 40).into());
+    assert!(load_error(&dir).contains("`vocab_size`"));
+}
+
+#[test]
+fn numbers_that_must_be_positive() {
+    for (key, value) in [
+        ("rms_norm_eps", serde_json::json!(0.0)),
+        ("rms_norm_eps", serde_json::json!(-1e-6)),
+        ("rope_theta", serde_json::json!(-10000.0)),
+        ("rope_theta", serde_json::json!(0)),
+    ] {
+        let (_tmp, dir) = scratch("qwen3-next-tiny-4bit");
+        edit_config(&dir, |c| c[key] = value.clone());
+        let msg = load_error(&dir);
+        assert!(
+            msg.contains("config.json")
+                && msg.contains(&format!("`{key}` must be a positive number")),
+            "{key} = {value}: {msg}"
+        );
+    }
+}
+
+#[test]
+fn quantization_numbers_are_checked() {
+    let set = |field: &str, value: serde_json::Value| {
+        let (tmp, dir) = scratch("qwen3.5-tiny-4bit");
+        let path = dir.join("config.json");
+        let mut cfg: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        cfg["quantization"][field] = value;
+        std::fs::write(&path, cfg.to_string()).unwrap();
+        (tmp, dir)
+    };
+    // A string used to fall back to the default silently.
+    let (_tmp, dir) = set("bits", "4".into());
+    let msg = load_error(&dir);
+    assert!(
+        msg.contains("`bits`") && msg.contains("positive integer"),
+        "{msg}"
+    );
+    let (_tmp, dir) = set("bits", 0.into());
+    assert!(load_error(&dir).contains("`bits`"));
+    // 4-bit groups of 1-4 fill less than a word, which the kernels cannot walk.
+    for group in [1, 4, 16] {
+        let (_tmp, dir) = set("group_size", group.into());
+        let msg = load_error(&dir);
+        assert!(
+            msg.contains(&format!("group_size {group}")) && msg.contains("supported"),
+            "{msg}"
+        );
+    }
+}

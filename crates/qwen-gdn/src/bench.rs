@@ -4,10 +4,12 @@
 //! decoded greedily one at a time. One warm-up repetition (not reported), then `-r` timed ones;
 //! each starts from an empty cache.
 
+use crate::generate::non_finite_logits;
 use crate::load::{positive_usize, ModelArgs};
+use crate::output::emit;
 use anyhow::{Context, Result};
 use candle_core::{Device, Tensor, D};
-use qwen_gdn_model::{cache::LayerCache, Model, StateDtype};
+use qwen_gdn_model::{cache::LayerCache, diagnose, Model, StateDtype};
 use rand::{rngs::StdRng, Rng, SeedableRng};
 use serde_json::json;
 use std::path::Path;
@@ -66,9 +68,14 @@ pub struct Args {
 
 pub fn run(args: Args) -> Result<ExitCode> {
     let checkpoint = args.model.open()?;
-    let model = args.model.load_model(&checkpoint)?;
     let (p, g) = (args.prompt_tokens, args.gen_tokens);
-    checkpoint.check_fits(&model, p + g, &format!("-p {p} plus -g {g}"))?;
+    let what = format!("-p {p} plus -g {g}");
+    // Checked before the sum is formed: -p and -g each go up to usize::MAX.
+    let limit = &checkpoint.input_limit;
+    limit.check_fits(p, &what)?;
+    limit.check_fits(g, &what)?;
+    limit.check_fits(p + g, &what)?;
+    let model = args.model.load_model(&checkpoint)?;
     let bound = token_bound(&checkpoint.tokenizer, model.config().vocab_size);
     let mut rng = StdRng::seed_from_u64(PROMPT_SEED);
     let prompt: Vec<u32> = (0..p).map(|_| rng.random_range(0..bound)).collect();
@@ -90,6 +97,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
         StateDtype::Bf16 => "bf16",
     };
 
+    let mut out = std::io::stdout().lock();
     if args.json {
         let report = json!({
             "model": args.model.model,
@@ -105,18 +113,19 @@ pub fn run(args: Args) -> Result<ExitCode> {
             "generation_tps": tg,
             "peak_memory_bytes": peak,
         });
-        println!("{report}");
+        emit(&mut out, &format!("{report}\n"))?;
     } else {
         let name = display_name(&args.model.model);
         let rows = [(format!("pp{p}"), &pp), (format!("tg{g}"), &tg)];
-        print_table(&name, size, backend_name(model.device()), &rows);
-        println!();
-        println!(
-            "t/s: median ± stddev over {} repetition(s) after 1 warm-up; tg{g} runs at depth {p}; \
-             GDN state {state_dtype}; prefill chunk {chunk}",
-            args.repetitions
+        let text = format!(
+            "{}\nt/s: median ± stddev over {} repetition(s) after 1 warm-up; tg{g} runs at depth {p}; \
+             GDN state {state_dtype}; prefill chunk {chunk}\npeak memory: {:.3} GB\n",
+            table(&name, size, backend_name(model.device()), &rows),
+            args.repetitions,
+            peak as f64 / 1e9
         );
-        println!("peak memory: {:.3} GB", peak as f64 / 1e9);
+        // A closed stdout (`| head`) is not an error, as in `generate`.
+        emit(&mut out, &text)?;
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -136,12 +145,19 @@ fn repetition(
     for part in head {
         model.prefill(part, &mut cache, chunk)?;
     }
-    let mut token = greedy(&model.forward_last(last, &mut cache)?)?;
+    let mut seen = prompt.to_vec();
+    let mut token = greedy(model, &model.forward_last(last, &mut cache)?, &seen, chunk)?;
     let prompt_time = start.elapsed();
 
     let start = Instant::now();
     for _ in 0..gen_tokens {
-        token = greedy(&model.forward_last(&[token], &mut cache)?)?;
+        seen.push(token);
+        token = greedy(
+            model,
+            &model.forward_last(&[token], &mut cache)?,
+            &seen,
+            chunk,
+        )?;
     }
     Ok((prompt_time, start.elapsed()))
 }
@@ -155,8 +171,12 @@ fn backend_name(device: &Device) -> &'static str {
     }
 }
 
-/// Argmax of `[1, vocab]` logits.
-fn greedy(logits: &Tensor) -> Result<u32> {
+/// Argmax of `[1, vocab]` logits, which must be finite (the argmax of NaNs is token 0, and
+/// the speed of a broken model means nothing); `seen` are the tokens that produced them.
+fn greedy(model: &Model, logits: &Tensor, seen: &[u32], chunk: usize) -> Result<u32> {
+    if !diagnose::all_finite(logits)? {
+        return Err(non_finite_logits(model, seen, chunk));
+    }
     let ids = logits.argmax(D::Minus1)?.flatten_all()?.to_vec1::<u32>()?;
     ids.first().copied().context("empty logits")
 }
@@ -265,7 +285,7 @@ fn human_size(bytes: u64) -> String {
 }
 
 /// llama-bench's Markdown table.
-fn print_table(model: &str, size: u64, backend: &str, rows: &[(String, &Stats)]) {
+fn table(model: &str, size: u64, backend: &str, rows: &[(String, &Stats)]) -> String {
     let header = ["model", "size", "backend", "test", "t/s", "min – max"];
     let body: Vec<[String; 6]> = rows
         .iter()
@@ -298,31 +318,25 @@ fn print_table(model: &str, size: u64, backend: &str, rows: &[(String, &Stats)])
             format!(" {text}{} ", " ".repeat(pad))
         }
     };
-    let line = |cells: Vec<String>| format!("|{}|", cells.join("|"));
-    println!(
-        "{}",
-        line((0..header.len()).map(|i| cell(i, header[i])).collect())
-    );
-    println!(
-        "{}",
-        line(
-            widths
-                .iter()
-                .enumerate()
-                .map(|(i, &w)| if right(i) {
+    let line = |cells: Vec<String>| format!("|{}|\n", cells.join("|"));
+    let mut text = line((0..header.len()).map(|i| cell(i, header[i])).collect());
+    text += &line(
+        widths
+            .iter()
+            .enumerate()
+            .map(|(i, &w)| {
+                if right(i) {
                     format!(" {}: ", "-".repeat(w - 1))
                 } else {
                     format!(" {} ", "-".repeat(w))
-                })
-                .collect()
-        )
+                }
+            })
+            .collect(),
     );
     for row in &body {
-        println!(
-            "{}",
-            line((0..row.len()).map(|i| cell(i, &row[i])).collect())
-        );
+        text += &line((0..row.len()).map(|i| cell(i, &row[i])).collect());
     }
+    text
 }
 
 #[cfg(test)]

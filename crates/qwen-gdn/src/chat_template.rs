@@ -9,9 +9,25 @@ use minijinja::{Environment, Error, ErrorKind};
 use serde_json::{Map, Value as Json};
 use std::path::Path;
 
+/// Instructions a template may run per rendering: every reference rendering of
+/// tests/data/chat-templates needs fewer than 1 000, a `range(100000)` loop nested twice
+/// would need ten billion.
+pub const DEFAULT_FUEL: u64 = 10_000_000;
+/// Overrides [`DEFAULT_FUEL`].
+pub const FUEL_ENV: &str = "QWEN_GDN_TEMPLATE_FUEL";
+/// Output bytes a template may write unless [`ChatTemplate::limit_output`] says otherwise.
+pub const DEFAULT_MAX_OUTPUT: usize = 64 << 20;
+
+/// Variables the caller fills in; `--chat-template-args` must not replace them (the prompt
+/// would be silently dropped).
+pub const RESERVED_VARIABLES: [&str; 4] =
+    ["messages", "tools", "documents", "add_generation_prompt"];
+
 pub struct ChatTemplate {
     env: Environment<'static>,
     name: String,
+    fuel: u64,
+    max_output: usize,
 }
 
 impl ChatTemplate {
@@ -57,7 +73,27 @@ impl ChatTemplate {
         env.add_function("strftime_now", strftime_now);
         env.add_template_owned("chat", source)
             .with_context(|| format!("cannot parse chat template {name}"))?;
-        Ok(Self { env, name })
+        let fuel = match std::env::var(FUEL_ENV) {
+            Err(_) => DEFAULT_FUEL,
+            Ok(v) => v
+                .parse()
+                .ok()
+                .filter(|&n| n > 0)
+                .with_context(|| format!("{FUEL_ENV}={v:?}: expected a positive integer"))?,
+        };
+        env.set_fuel(Some(fuel));
+        Ok(Self {
+            env,
+            name,
+            fuel,
+            max_output: DEFAULT_MAX_OUTPUT,
+        })
+    }
+
+    /// Caps the rendered text at `bytes` (the caller knows how much its context can hold).
+    pub fn limit_output(mut self, bytes: usize) -> Self {
+        self.max_output = bytes;
+        self
     }
 
     /// Renders `messages` as transformers' `apply_chat_template(tokenize=False)` does; `extra`
@@ -77,11 +113,57 @@ impl ChatTemplate {
         ctx.insert("tools".into(), tools.cloned().unwrap_or(Json::Null));
         ctx.insert("documents".into(), Json::Null);
         ctx.insert("add_generation_prompt".into(), add_generation_prompt.into());
+        if let Some(key) = RESERVED_VARIABLES.iter().find(|k| extra.contains_key(**k)) {
+            bail!(
+                "chat template {}: variable `{key}` cannot be overridden",
+                self.name
+            );
+        }
         ctx.extend(extra.iter().map(|(k, v)| (k.clone(), v.clone())));
         let template = self.env.get_template("chat")?;
-        template
-            .render(Value::from_serialize(&ctx))
-            .with_context(|| format!("chat template {}", self.name))
+        let mut out = Bounded {
+            text: Vec::new(),
+            max: self.max_output,
+        };
+        match template.render_captured_to(Value::from_serialize(&ctx), &mut out) {
+            Ok(_) => {}
+            Err(_) if out.text.len() > self.max_output => bail!(
+                "chat template {}: the rendered prompt is larger than {} bytes",
+                self.name,
+                self.max_output
+            ),
+            Err(e) if e.kind() == ErrorKind::OutOfFuel => bail!(
+                "chat template {}: ran more than {} instructions (a runaway loop?); {FUEL_ENV} raises the limit",
+                self.name,
+                self.fuel
+            ),
+            Err(e) => return Err(e).with_context(|| format!("chat template {}", self.name)),
+        }
+        String::from_utf8(out.text)
+            .with_context(|| format!("chat template {}: output is not UTF-8", self.name))
+    }
+}
+
+/// The rendering's sink: it refuses the write that takes it past `max` bytes, which stops the
+/// template (keeping one byte more, so the caller can tell this from other write errors).
+struct Bounded {
+    text: Vec<u8>,
+    max: usize,
+}
+
+impl std::io::Write for Bounded {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        if self.text.len() + buf.len() > self.max {
+            let room = (self.max + 1).saturating_sub(self.text.len());
+            self.text.extend_from_slice(&buf[..room.min(buf.len())]);
+            return Err(std::io::Error::other("output limit reached"));
+        }
+        self.text.extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
     }
 }
 

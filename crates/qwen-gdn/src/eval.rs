@@ -3,9 +3,12 @@
 //! `encode(text, add_special_tokens=False)`, which the mlx-lm references use). The `--json`
 //! object is the interface external reference checks use: keep its keys and meaning stable.
 
-use crate::load::{read_input, ModelArgs};
+use crate::generate::non_finite_logits;
+use crate::load::ModelArgs;
+use crate::output::print_line;
 use anyhow::{bail, Result};
 use candle_core::{DType, Tensor, D};
+use std::fmt::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -36,8 +39,10 @@ pub struct Args {
 }
 
 pub fn run(args: Args) -> Result<ExitCode> {
-    let (text, what) = read_input(args.text.as_deref(), args.text_file.as_deref(), "--text")?;
     let checkpoint = args.model.open()?;
+    let limit = &checkpoint.input_limit;
+    let (text, what) = limit.read(args.text.as_deref(), args.text_file.as_deref(), "--text")?;
+    limit.check_tokens(&checkpoint.tokenizer, &text, &what)?;
     let encoding = checkpoint
         .tokenizer
         .encode(text, true)
@@ -49,8 +54,8 @@ pub fn run(args: Args) -> Result<ExitCode> {
             tokens.len()
         );
     }
+    limit.check_fits(tokens.len(), &what)?;
     let model = args.model.load_model(&checkpoint)?;
-    checkpoint.check_fits(&model, tokens.len(), &what)?;
 
     let mut cache = model.new_cache();
     let (mut logprobs, mut argmax) = (Vec::new(), Vec::new());
@@ -63,6 +68,15 @@ pub fn run(args: Args) -> Result<ExitCode> {
             continue; // the final token predicts nothing
         }
         let (lp, am) = score(&logits.narrow(0, 0, targets.len())?, targets)?;
+        // A log-probability is finite exactly when its row of logits is.
+        if let Some(j) = lp.iter().position(|x| !x.is_finite()) {
+            let seen = &tokens[..start + j + 1];
+            return Err(non_finite_logits(
+                &model,
+                seen,
+                args.model.prefill_chunk_size,
+            ));
+        }
         logprobs.extend(lp);
         argmax.extend(am);
     }
@@ -74,25 +88,30 @@ pub fn run(args: Args) -> Result<ExitCode> {
 
     let nll = -logprobs.iter().map(|&l| l as f64).sum::<f64>() / logprobs.len() as f64;
     let ppl = nll.exp();
+    let mut report = String::new();
     if args.json {
-        println!(
-            "{}",
-            serde_json::to_string(&Report {
-                tokens: &tokens,
-                logprobs: &logprobs,
-                argmax: &argmax,
-                ppl,
-                compare: compare.as_ref(),
-            })?
-        );
+        report = serde_json::to_string(&Report {
+            tokens: &tokens,
+            logprobs: &logprobs,
+            argmax: &argmax,
+            ppl,
+            compare: compare.as_ref(),
+        })?;
     } else {
-        println!("Tokens: {} ({} scored)", tokens.len(), logprobs.len());
-        println!("Mean NLL: {nll:.4} nats/token");
-        println!("Perplexity: {ppl:.3}");
+        writeln!(
+            report,
+            "Tokens: {} ({} scored)",
+            tokens.len(),
+            logprobs.len()
+        )?;
+        writeln!(report, "Mean NLL: {nll:.4} nats/token")?;
+        write!(report, "Perplexity: {ppl:.3}")?;
         if let Some(c) = &compare {
-            println!("{}", c.summary());
+            write!(report, "\n{}", c.summary())?;
         }
     }
+    // A closed stdout (`| head`) is not an error, as in `generate`.
+    print_line(&report)?;
     Ok(ExitCode::SUCCESS)
 }
 

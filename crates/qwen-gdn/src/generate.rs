@@ -2,14 +2,15 @@
 //! last prompt token in chunks, run the last one alone (its logits give the first token), then
 //! decode one token at a time, streaming the text; stats go to stderr in mlx-lm's format.
 
-use crate::chat_template::ChatTemplate;
-use crate::load::{positive_usize, read_input, read_json_opt, Checkpoint, ModelArgs};
+use crate::chat_template::{ChatTemplate, RESERVED_VARIABLES};
+use crate::load::{positive_usize, read_json_opt, Checkpoint, ModelArgs};
+use crate::output::{emit, eprint_line};
 use crate::sampler::{Sampler, SamplerConfig};
 use crate::stream::TokenStream;
 use anyhow::{bail, Context, Result};
 use candle_core::{DType, IndexOp, Tensor};
+use qwen_gdn_model::{diagnose, Model};
 use serde_json::{json, Map, Value as Json};
-use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -68,7 +69,7 @@ pub struct Args {
     #[arg(long, value_name = "true|false", value_parser = clap::value_parser!(bool))]
     enable_thinking: Option<bool>,
     /// Extra chat-template variables as a JSON object, e.g. '{"enable_thinking": false}'
-    #[arg(long, alias = "chat-template-config", value_name = "JSON", value_parser = json_object)]
+    #[arg(long, alias = "chat-template-config", value_name = "JSON", value_parser = template_args)]
     chat_template_args: Option<Map<String, Json>>,
     /// Print the ========== frame and the stats (as mlx_lm.generate); `--verbose false` prints
     /// only the text
@@ -85,15 +86,16 @@ pub struct Args {
 }
 
 pub fn run(args: Args) -> Result<ExitCode> {
-    let (prompt, what) = read_input(
+    let checkpoint = args.model.open()?;
+    let limit = &checkpoint.input_limit;
+    let (prompt, what) = limit.read(
         args.prompt.as_deref(),
         args.prompt_file.as_deref(),
         "--prompt",
     )?;
-    let checkpoint = args.model.open()?;
-    let prompt_ids = encode_prompt(&args, &checkpoint, &prompt)?;
+    let prompt_ids = encode_prompt(&args, &checkpoint, &prompt, &what)?;
+    limit.check_fits(prompt_ids.len(), &what)?;
     let model = args.model.load_model(&checkpoint)?;
-    checkpoint.check_fits(&model, prompt_ids.len(), &what)?;
     let eos = eos_ids(&checkpoint, &model.config().eos_token_id)?;
     let mut sampler = Sampler::new(
         SamplerConfig {
@@ -132,6 +134,14 @@ pub fn run(args: Args) -> Result<ExitCode> {
         let mut logits = model.forward_last(last, &mut cache)?;
         loop {
             let mut row = last_row(&logits)?;
+            if row.iter().any(|x| !x.is_finite()) {
+                let seen: Vec<u32> = head.iter().chain(&history).copied().collect();
+                return Err(non_finite_logits(
+                    &model,
+                    &seen,
+                    args.model.prefill_chunk_size,
+                ));
+            }
             let token = sampler.sample(&mut row, &history);
             prompt_time.get_or_insert_with(|| start.elapsed());
             generated += 1; // counted even when it is EOS, as mlx-lm does
@@ -168,13 +178,30 @@ pub fn run(args: Args) -> Result<ExitCode> {
     })
 }
 
-/// Chat-templated (unless there is no template or --ignore-chat-template) and tokenized prompt.
-fn encode_prompt(args: &Args, checkpoint: &Checkpoint, prompt: &str) -> Result<Vec<u32>> {
+/// Chat-templated (unless there is no template or --ignore-chat-template) and tokenized prompt;
+/// `what` names it in errors.
+fn encode_prompt(
+    args: &Args,
+    checkpoint: &Checkpoint,
+    prompt: &str,
+    what: &str,
+) -> Result<Vec<u32>> {
     let tokenizer = &checkpoint.tokenizer;
+    let limit = &checkpoint.input_limit;
     let template = if args.ignore_chat_template {
         None
     } else {
         ChatTemplate::from_dir(&checkpoint.dir, checkpoint.tokenizer_config.as_ref())?
+            // The prompt, the system prompt and what the template adds around them.
+            .map(|t| {
+                let system = args.system_prompt.as_ref().map_or(0, String::len);
+                t.limit_output(
+                    usize::try_from(limit.max_bytes)
+                        .unwrap_or(usize::MAX)
+                        .saturating_add(system)
+                        .saturating_add(TEMPLATE_OVERHEAD),
+                )
+            })
     };
     let (text, add_special_tokens) = match template {
         Some(template) => {
@@ -199,11 +226,12 @@ fn encode_prompt(args: &Args, checkpoint: &Checkpoint, prompt: &str) -> Result<V
         }
         None => {
             if args.system_prompt.is_some() {
-                eprintln!("warning: --system-prompt is ignored without a chat template");
+                eprint_line("warning: --system-prompt is ignored without a chat template");
             }
             (prompt.to_string(), true)
         }
     };
+    limit.check_tokens(tokenizer, &text, what)?;
     let encoding = tokenizer
         .encode(text, add_special_tokens)
         .map_err(|e| anyhow::anyhow!("tokenizing the prompt: {e}"))?;
@@ -213,6 +241,9 @@ fn encode_prompt(args: &Args, checkpoint: &Checkpoint, prompt: &str) -> Result<V
     }
     Ok(ids)
 }
+
+/// Bytes a chat template may add around the prompt and the system prompt.
+const TEMPLATE_OVERHEAD: usize = 1 << 20;
 
 /// bos_token, eos_token, ... of tokenizer_config.json, which transformers passes to templates.
 fn special_tokens(tokenizer_config: Option<&Json>) -> Map<String, Json> {
@@ -260,13 +291,18 @@ fn last_row(logits: &Tensor) -> Result<Vec<f32>> {
     Ok(logits.i(rows - 1)?.to_dtype(DType::F32)?.to_vec1()?)
 }
 
-/// Writes and flushes a piece of text; false when stdout is closed (e.g. piped into `head`).
-fn emit(out: &mut impl Write, text: &str) -> Result<bool> {
-    match out.write_all(text.as_bytes()).and_then(|_| out.flush()) {
-        Ok(()) => Ok(true),
-        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(false),
-        Err(e) => Err(e).context("writing to stdout"),
-    }
+/// The error for NaN or Inf logits after `tokens`, naming the part of the model that first
+/// produced them (found by running the tokens again, part by part).
+pub fn non_finite_logits(model: &Model, tokens: &[u32], chunk: usize) -> anyhow::Error {
+    let origin = match diagnose::first_non_finite(model, tokens, chunk) {
+        Ok(origin) => origin.to_string(),
+        Err(e) => format!("unknown (re-running the model failed: {e})"),
+    };
+    anyhow::anyhow!(
+        "the model produced NaN or Inf logits after {} tokens; first produced by {origin} \
+         (broken weights, or a config.json that does not match the checkpoint)",
+        tokens.len()
+    )
 }
 
 /// The first Ctrl-C asks the loop to stop (it then prints the stats); a second one exits at once,
@@ -292,18 +328,18 @@ fn print_stats(
 ) {
     let rate =
         |n: usize, t: Option<Duration>| t.map_or(0.0, |t| n as f64 / t.as_secs_f64().max(1e-9));
-    eprintln!(
+    eprint_line(&format!(
         "Prompt: {prompt_tokens} tokens, {:.3} tokens-per-sec",
         rate(prompt_tokens, prompt_time)
-    );
-    eprintln!(
+    ));
+    eprint_line(&format!(
         "Generation: {generated} tokens, {:.3} tokens-per-sec",
         rate(generated, generation_time)
-    );
-    eprintln!(
+    ));
+    eprint_line(&format!(
         "Peak memory: {:.3} GB",
         crate::memory::peak_rss_bytes() as f64 / 1e9
-    );
+    ));
 }
 
 fn parse_f32(s: &str) -> Result<f32, String> {
@@ -353,9 +389,15 @@ fn probability_above_zero(s: &str) -> Result<f32, String> {
     })
 }
 
-fn json_object(s: &str) -> Result<Map<String, Json>, String> {
+/// `--chat-template-args`: a JSON object that leaves the variables we fill in alone.
+fn template_args(s: &str) -> Result<Map<String, Json>, String> {
     match serde_json::from_str(s) {
-        Ok(Json::Object(map)) => Ok(map),
+        Ok(Json::Object(map)) => match RESERVED_VARIABLES.iter().find(|k| map.contains_key(**k)) {
+            Some(key) => Err(format!(
+                "`{key}` is set by qwen-gdn (from --prompt and --system-prompt) and cannot be overridden"
+            )),
+            None => Ok(map),
+        },
         Ok(_) => Err("expected a JSON object".into()),
         Err(e) => Err(format!("invalid JSON: {e}")),
     }

@@ -1,8 +1,11 @@
 //! What `generate` and `eval` share: which checkpoint to open and how to load its model.
 
+use crate::input::InputLimit;
+use crate::output::eprint_line;
 use anyhow::{bail, Context, Result};
 use candle_core::{DType, Device};
-use qwen_gdn_model::{LoadOptions, LoadProgress, Model, StateDtype};
+use qwen_gdn_model::weights::files::{check_regular, read_json_text};
+use qwen_gdn_model::{Config, LoadOptions, LoadProgress, Model, StateDtype};
 use serde_json::Value as Json;
 use std::path::{Path, PathBuf};
 use tokenizers::Tokenizer;
@@ -38,6 +41,10 @@ pub struct ModelArgs {
     /// exact (KL-gated in the tests)
     #[arg(long)]
     pub q8_activations: bool,
+    /// GPU and device-plan decode: run each token on the composed ops instead of the fused
+    /// decode kernels (the reference they are tested against; slower)
+    #[arg(long)]
+    pub composed_decode: bool,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -91,19 +98,32 @@ pub struct Checkpoint {
     pub tokenizer: Tokenizer,
     /// tokenizer_config.json, when present: chat template and special tokens.
     pub tokenizer_config: Option<Json>,
+    /// How much text the context can take.
+    pub input_limit: InputLimit,
 }
 
 impl ModelArgs {
     pub fn open(&self) -> Result<Checkpoint> {
         let dir = crate::hub::resolve(&self.model, self.revision.as_deref())?;
         let path = dir.join("tokenizer.json");
+        // A FIFO would block the tokenizer's read forever.
+        if path.exists() {
+            check_regular(&path)?;
+        }
         let tokenizer = Tokenizer::from_file(&path)
             .map_err(|e| anyhow::anyhow!("cannot load tokenizer {}: {e}", path.display()))?;
         let tokenizer_config = read_json_opt(&dir.join("tokenizer_config.json"))?;
+        let config = Config::from_dir(&dir)?;
+        let input_limit = InputLimit::new(
+            &tokenizer,
+            config.max_position_embeddings,
+            &dir.join("config.json"),
+        );
         Ok(Checkpoint {
             dir,
             tokenizer,
             tokenizer_config,
+            input_limit,
         })
     }
 
@@ -125,24 +145,15 @@ impl ModelArgs {
                 shown.set_length(total);
                 shown.set_position(done);
             })),
+            fused_decode: !self.composed_decode,
         };
         let model = Model::load(&checkpoint.dir, &device, &opts);
         bar.finish_and_clear();
-        model
-    }
-}
-
-impl Checkpoint {
-    /// Errors when `n` tokens do not fit the model's context; `what` names the input.
-    pub fn check_fits(&self, model: &Model, n: usize, what: &str) -> Result<()> {
-        let max = model.config().max_position_embeddings;
-        if n > max {
-            bail!(
-                "{what} is {n} tokens, more than max_position_embeddings = {max} in {}",
-                self.dir.join("config.json").display()
-            );
+        let model = model?;
+        for warning in model.load_warnings() {
+            eprint_line(&format!("warning: {warning}"));
         }
-        Ok(())
+        Ok(model)
     }
 }
 
@@ -186,39 +197,15 @@ fn metal_device() -> Result<Device> {
     bail!("--device metal: this qwen-gdn was built without Metal (build it on macOS, or with --features metal)")
 }
 
-/// Reads an optional JSON file: `None` when it does not exist, an error naming it if invalid.
+/// Reads an optional JSON file: `None` when it does not exist, an error naming it if invalid,
+/// not a regular file, or too large to be model metadata.
 pub fn read_json_opt(path: &Path) -> Result<Option<Json>> {
-    match std::fs::read(path) {
-        Ok(bytes) => serde_json::from_slice(&bytes)
+    match read_json_text(path)? {
+        Some(text) => serde_json::from_str(&text)
             .map(Some)
             .with_context(|| format!("invalid JSON in {}", path.display())),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-        Err(e) => Err(e).with_context(|| format!("cannot read {}", path.display())),
+        None => Ok(None),
     }
-}
-
-/// The text of `--flag` (`-` = stdin) or of `--flag-file`, with a name for it in errors.
-/// Blank input is an error.
-pub fn read_input(text: Option<&str>, file: Option<&Path>, flag: &str) -> Result<(String, String)> {
-    let (body, what) = match (text, file) {
-        (Some("-"), _) => {
-            let mut s = String::new();
-            std::io::Read::read_to_string(&mut std::io::stdin(), &mut s)
-                .context("reading stdin")?;
-            (s, format!("{flag} from stdin"))
-        }
-        (Some(t), _) => (t.to_string(), flag.to_string()),
-        (None, Some(f)) => {
-            let s = std::fs::read_to_string(f)
-                .with_context(|| format!("cannot read {flag}-file {}", f.display()))?;
-            (s, format!("{flag}-file {}", f.display()))
-        }
-        (None, None) => bail!("pass {flag} or {flag}-file"),
-    };
-    if body.trim().is_empty() {
-        bail!("{what} is empty");
-    }
-    Ok((body, what))
 }
 
 pub fn positive_usize(s: &str) -> Result<usize, String> {

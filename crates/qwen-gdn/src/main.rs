@@ -7,8 +7,10 @@ mod compare_state;
 mod eval;
 mod generate;
 mod hub;
+mod input;
 mod load;
 mod memory;
+mod output;
 mod process;
 mod progress;
 mod sampler;
@@ -53,7 +55,7 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
         Err(e) => {
-            eprintln!("error: {}", clap_one_line(&e));
+            output::eprint_line(&format!("error: {}", clap_one_line(&e)));
             return ExitCode::from(2);
         }
     };
@@ -67,13 +69,13 @@ fn main() -> ExitCode {
         Err(e) => {
             // `{:#}` joins the context chain with ": "; any newline inside a message
             // (e.g. from a template error) is folded so that the error stays one line.
-            eprintln!(
+            output::eprint_line(&format!(
                 "error: {}",
                 format!("{e:#}")
                     .split_whitespace()
                     .collect::<Vec<_>>()
                     .join(" ")
-            );
+            ));
             ExitCode::FAILURE
         }
     }

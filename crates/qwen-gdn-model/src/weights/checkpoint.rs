@@ -3,7 +3,8 @@
 //!
 //! - key prefixes differ per family and per layout (`language_model.model.*` in mlx
 //!   Qwen3.5, `model.language_model.*` in raw HF); all are mapped to `model.*` / `lm_head.*`;
-//! - `mtp.*` and vision tensors are skipped;
+//! - `mtp.*` and vision tensors are skipped (with a warning); any other tensor no layer
+//!   asks for is an error, and so are layers beyond config.json's `num_hidden_layers`;
 //! - raw HF layout (detected as mlx-lm does) needs norm weights shifted by +1, conv1d
 //!   weights transposed from `[C,1,K]`, and experts stacked (Qwen3-Next stores them one by
 //!   one, Qwen3.5-MoE fuses gate and up).
@@ -11,6 +12,7 @@
 //! Layers ask for tensors by their canonical (mlx) names and get them already sanitized.
 
 use super::affine::{AffineMatrix, GroupParams};
+use super::files::{read_json_text, ModelFolder};
 use super::matrix::{FloatData, FloatMatrix, Matrix};
 use crate::config::{Config, Family};
 use crate::LoadProgress;
@@ -20,9 +22,10 @@ use half::{bf16, f16};
 use memmap2::Mmap;
 use safetensors::tensor::{Dtype, TensorInfo};
 use safetensors::SafeTensors;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
 
 struct ShardFile {
     path: PathBuf,
@@ -41,6 +44,12 @@ struct Entry {
 pub struct Checkpoint {
     files: Vec<ShardFile>,
     entries: HashMap<String, Entry>,
+    /// Canonical names the loaders have asked for (see [`Checkpoint::leftovers`]).
+    used: Mutex<HashSet<String>>,
+    /// Known extras skipped at open: (kind, how many).
+    skipped: Vec<(&'static str, usize)>,
+    dir: PathBuf,
+    model_type: String,
     /// Raw HF layout (not converted by mlx-lm): apply mlx-lm's sanitize transforms.
     pub raw_hf: bool,
     family: Family,
@@ -60,39 +69,29 @@ const SHIFTED_NORMS: [&str; 5] = [
     ".k_norm.weight",
 ];
 
-/// The files that make up the checkpoint in `dir`.
+/// The files that make up the checkpoint in `dir`, each checked by [`ModelFolder`].
 fn shard_paths(dir: &Path) -> Result<Vec<PathBuf>> {
+    let folder = ModelFolder::new(dir)?;
     let index = dir.join("model.safetensors.index.json");
-    if index.exists() {
-        let text = std::fs::read_to_string(&index)
-            .with_context(|| format!("{}: cannot read", index.display()))?;
+    if let Some(text) = read_json_text(&index)? {
+        folder.check_file(&index)?;
         let json: serde_json::Value = serde_json::from_str(&text)
             .map_err(|e| anyhow!("{}: invalid JSON: {e}", index.display()))?;
         let map = json
             .get("weight_map")
             .and_then(|m| m.as_object())
             .ok_or_else(|| anyhow!("{}: missing `weight_map`", index.display()))?;
-        let mut shards: Vec<String> = map
-            .values()
-            .filter_map(|v| v.as_str().map(String::from))
-            .collect();
+        let mut shards: Vec<&str> = map.values().filter_map(|v| v.as_str()).collect();
         shards.sort();
         shards.dedup();
-        let paths: Vec<PathBuf> = shards.iter().map(|s| dir.join(s)).collect();
-        for p in &paths {
-            if !p.exists() {
-                bail!(
-                    "{}: missing shard {} listed in {}",
-                    p.display(),
-                    p.file_name().unwrap().to_string_lossy(),
-                    index.display()
-                );
-            }
-        }
-        return Ok(paths);
+        return shards
+            .into_iter()
+            .map(|name| folder.listed_file(name, &index))
+            .collect();
     }
     let single = dir.join("model.safetensors");
-    if single.exists() {
+    if std::fs::symlink_metadata(&single).is_ok() {
+        folder.check_file(&single)?;
         return Ok(vec![single]);
     }
     let mut found: Vec<PathBuf> = std::fs::read_dir(dir)
@@ -107,20 +106,37 @@ fn shard_paths(dir: &Path) -> Result<Vec<PathBuf>> {
             dir.display()
         );
     }
+    for path in &found {
+        folder.check_file(path)?;
+    }
     Ok(found)
 }
 
-/// Maps a key as stored to its canonical mlx name, or `None` for tensors we never use.
-fn canonical_name(key: &str, family: Family) -> Option<String> {
-    if key.contains("mtp.")
-        || key.starts_with("vision_tower")
+/// Tensors a checkpoint may carry that the text model never uses: they are skipped with a
+/// warning, where any other tensor left over is an error. `name` is the canonical name.
+fn known_extra(key: &str, name: &str, config: &Config) -> Option<&'static str> {
+    if key.contains("mtp.") {
+        Some("multi-token prediction (mtp.*)")
+    } else if key.starts_with("vision_tower")
         || key.starts_with("model.visual")
         || key.starts_with("visual.")
     {
-        return None;
+        Some("vision tower")
+    } else if config.tie_word_embeddings && name.starts_with("lm_head.") {
+        // mlx-lm drops it too: the tied head is the embedding.
+        Some("lm_head (tie_word_embeddings is set)")
+    } else if key.ends_with("rotary_emb.inv_freq") {
+        // A buffer some exporters save; RoPE is computed from config.json.
+        Some("rotary_emb.inv_freq")
+    } else {
+        None
     }
+}
+
+/// Maps a key as stored to its canonical mlx name.
+fn canonical_name(key: &str, family: Family) -> String {
     if family == Family::Qwen3Next {
-        return Some(key.to_string());
+        return key.to_string();
     }
     let name = if let Some(rest) = key.strip_prefix("model.language_model.") {
         format!("model.{rest}")
@@ -129,13 +145,20 @@ fn canonical_name(key: &str, family: Family) -> Option<String> {
     } else {
         key.to_string()
     };
-    Some(name)
+    name
+}
+
+/// The decoder layer a canonical name belongs to (`model.layers.<i>.…`).
+fn layer_index(name: &str) -> Option<usize> {
+    let rest = name.strip_prefix("model.layers.")?;
+    rest.split('.').next()?.parse().ok()
 }
 
 impl Checkpoint {
     pub fn open(dir: &Path, config: &Config) -> Result<Self> {
         let mut files = vec![];
         let mut entries = HashMap::new();
+        let mut skipped = vec![];
         for path in shard_paths(dir)? {
             let file = std::fs::File::open(&path)
                 .with_context(|| format!("{}: cannot open", path.display()))?;
@@ -151,16 +174,22 @@ impl Checkpoint {
             })?;
             let idx = files.len();
             for (key, info) in meta.tensors() {
-                if let Some(name) = canonical_name(&key, config.family) {
-                    entries.insert(
-                        name,
-                        Entry {
-                            file: idx,
-                            info: info.clone(),
-                            original: key,
-                        },
-                    );
+                let name = canonical_name(&key, config.family);
+                if let Some(kind) = known_extra(&key, &name, config) {
+                    match skipped.iter_mut().find(|(k, _)| *k == kind) {
+                        Some((_, n)) => *n += 1,
+                        None => skipped.push((kind, 1)),
+                    }
+                    continue;
                 }
+                entries.insert(
+                    name,
+                    Entry {
+                        file: idx,
+                        info: info.clone(),
+                        original: key,
+                    },
+                );
             }
             files.push(ShardFile {
                 path,
@@ -178,9 +207,24 @@ impl Checkpoint {
             .values()
             .map(|e| (e.info.data_offsets.1 - e.info.data_offsets.0) as u64)
             .sum();
+        // A config that names fewer layers than the checkpoint holds would run part of the
+        // model and produce plausible-looking garbage.
+        if let Some(last) = entries.keys().filter_map(|k| layer_index(k)).max() {
+            if last >= config.num_hidden_layers {
+                bail!(
+                    "{}: num_hidden_layers is {} but the checkpoint holds layers up to model.layers.{last}",
+                    dir.join("config.json").display(),
+                    config.num_hidden_layers
+                );
+            }
+        }
         Ok(Self {
             files,
             entries,
+            used: Mutex::new(HashSet::new()),
+            skipped,
+            dir: dir.to_path_buf(),
+            model_type: config.model_type.clone(),
             raw_hf,
             family: config.family,
             progress: None,
@@ -194,11 +238,63 @@ impl Checkpoint {
         self.progress = progress;
     }
 
+    /// Once the model is built: an error listing the tensors no loader asked for (a
+    /// checkpoint of another architecture, or a config that does not describe it), else a
+    /// warning about the known extras that were skipped, if any.
+    pub fn leftovers(&self) -> Result<Option<String>> {
+        let used = self.used.lock().unwrap_or_else(|e| e.into_inner());
+        let mut unused: Vec<&str> = self
+            .entries
+            .iter()
+            .filter(|(name, _)| !used.contains(*name))
+            .map(|(_, e)| e.original.as_str())
+            .collect();
+        if !unused.is_empty() {
+            unused.sort_unstable();
+            const SHOWN: usize = 8;
+            let more = match unused.len().saturating_sub(SHOWN) {
+                0 => String::new(),
+                n => format!(" and {n} more"),
+            };
+            let shown: Vec<String> = unused
+                .iter()
+                .take(SHOWN)
+                .map(|k| format!("`{k}`"))
+                .collect();
+            bail!(
+                "{}: {} tensor(s) that this {} config does not use: {}{more}",
+                self.dir.display(),
+                unused.len(),
+                self.model_type,
+                shown.join(", ")
+            );
+        }
+        if self.skipped.is_empty() {
+            return Ok(None);
+        }
+        let kinds: Vec<String> = self
+            .skipped
+            .iter()
+            .map(|(kind, n)| format!("{n} {kind}"))
+            .collect();
+        Ok(Some(format!(
+            "{}: ignoring tensors the text model does not use: {}",
+            self.dir.display(),
+            kinds.join(", ")
+        )))
+    }
+
     pub fn contains(&self, name: &str) -> bool {
         self.entries.contains_key(name)
     }
 
     fn entry(&self, name: &str) -> Result<&Entry> {
+        if self.entries.contains_key(name) {
+            let mut used = self.used.lock().unwrap_or_else(|e| e.into_inner());
+            if !used.contains(name) {
+                used.insert(name.to_string());
+            }
+        }
         self.entries.get(name).ok_or_else(|| {
             let files: Vec<String> = self
                 .files

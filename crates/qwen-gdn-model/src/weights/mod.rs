@@ -1,9 +1,10 @@
 //! From checkpoint files to weight matrices: safetensors mapping and sanitizing
-//! ([`checkpoint`]), MLX affine quantization ([`affine`]), and the matrices the CPU
+//! ([`checkpoint`]) from the folder's checked files ([`files`]), MLX affine quantization ([`affine`]), and the matrices the CPU
 //! kernels consume ([`matrix`]).
 
 pub use gdn_ops::affine;
 pub mod checkpoint;
+pub mod files;
 pub mod matrix;
 pub mod weight;
 
