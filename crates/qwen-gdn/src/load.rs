@@ -188,6 +188,7 @@ fn cuda_device() -> Result<Device> {
 
 #[cfg(any(feature = "metal", target_os = "macos"))]
 fn metal_device() -> Result<Device> {
+    gdn_ops::backend::metal::one_command_buffer_per_token();
     Device::new_metal(0)
         .map_err(|e| anyhow::anyhow!("--device metal: no Metal device available ({e})"))
 }
