@@ -69,7 +69,10 @@ impl KvCache {
                 let buf = Tensor::zeros((b, h, capacity, d), like.dtype(), like.device())?;
                 record(1);
                 if let Some(old) = old {
-                    buf.slice_set(&old.narrow(2, 0, self.len)?, 2, 0)?;
+                    // The whole old buffer, unused tail included: a narrow to `len` positions
+                    // is not contiguous (heads are a capacity apart) and `slice_set` takes
+                    // contiguous sources only; copying it first would cost a second copy.
+                    buf.slice_set(old, 2, 0)?;
                     record(1);
                 }
                 Ok(buf)
