@@ -6,13 +6,16 @@
 
 pub mod cache;
 pub mod config;
+pub mod device_memory;
 pub mod footprint;
 pub mod layers;
 pub mod model;
+mod warm_up;
 pub mod weights;
 
 pub use cache::Cache;
 pub use config::Config;
+pub use gdn_ops::capability::bf16_supported;
 pub use gdn_ops::StateDtype;
 pub use model::Model;
 pub use weights::Weight;

@@ -4,6 +4,7 @@
 
 pub use gdn_ops::affine;
 pub mod checkpoint;
+pub mod dense_experts;
 pub mod matrix;
 pub mod weight;
 

@@ -105,6 +105,8 @@ impl Weight {
     pub fn gather_matmul_t(&self, x: &Tensor, ids: &Tensor) -> Result<Tensor> {
         match self {
             Self::Quantized(a) => a.gather_matmul_t(x, ids),
+            // Many tokens: grouped per expert, never one copy of an expert per pair.
+            Self::Dense(w) if ids.dim(0)? > 1 => super::dense_experts::grouped_matmul_t(w, x, ids),
             Self::Dense(w) => {
                 let (n, k) = ids.dims2()?;
                 let (rows, cols) = (self.rows(), self.cols());
