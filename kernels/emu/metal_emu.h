@@ -39,6 +39,8 @@ typedef unsigned short ushort;
 typedef unsigned int uint;
 typedef unsigned long ulong;
 typedef __bf16 bfloat;
+// What the Metal compiler defines from MSL 3.1 on: the shaders' bfloat entry points exist.
+#define __HAVE_BFLOAT__ 1
 typedef _Float16 half;
 typedef uint uint2 __attribute__((ext_vector_type(2)));
 typedef uint uint3 __attribute__((ext_vector_type(3)));

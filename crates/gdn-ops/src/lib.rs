@@ -8,6 +8,7 @@
 pub mod affine;
 pub mod affine_q8;
 pub mod affine_tensor;
+pub mod capability;
 pub mod cpu;
 #[cfg(feature = "cuda")]
 pub mod cuda;

@@ -31,12 +31,23 @@ fn kv_cache_takes_every_chunk_size() {
         while start < TOKENS {
             let n = chunk.min(TOKENS - start);
             let (k, v) = cache
-                .append(&keys.narrow(2, start, n).unwrap(), &values.narrow(2, start, n).unwrap())
+                .append(
+                    &keys.narrow(2, start, n).unwrap(),
+                    &values.narrow(2, start, n).unwrap(),
+                )
                 .unwrap_or_else(|e| panic!("chunk size {chunk}, at {start}: {e}"));
             start += n;
             assert_eq!(cache.len(), start);
-            assert_eq!(flat(&k), flat(&keys.narrow(2, 0, start).unwrap()), "chunk size {chunk}");
-            assert_eq!(flat(&v), flat(&values.narrow(2, 0, start).unwrap()), "chunk size {chunk}");
+            assert_eq!(
+                flat(&k),
+                flat(&keys.narrow(2, 0, start).unwrap()),
+                "chunk size {chunk}"
+            );
+            assert_eq!(
+                flat(&v),
+                flat(&values.narrow(2, 0, start).unwrap()),
+                "chunk size {chunk}"
+            );
         }
         assert_eq!(cache.capacity(), 512, "chunk size {chunk}");
     }
@@ -58,7 +69,9 @@ fn cached_tensors(cache: &Cache) -> Vec<Tensor> {
 fn run_in_chunks(model: &Model, ids: &[u32], chunk: usize) -> (Tensor, Cache) {
     let mut cache = model.new_cache();
     let last_start = (ids.len() - 1) / chunk * chunk;
-    model.prefill(&ids[..last_start], &mut cache, chunk).unwrap();
+    model
+        .prefill(&ids[..last_start], &mut cache, chunk)
+        .unwrap();
     let logits = model.forward_last(&ids[last_start..], &mut cache).unwrap();
     (logits, cache)
 }
@@ -74,7 +87,9 @@ fn model_prefill_in_chunks_matches_one_forward() {
     let mut x = 12345u64;
     let ids: Vec<u32> = (0..TOKENS)
         .map(|_| {
-            x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            x = x
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
             ((x >> 33) % vocab) as u32
         })
         .collect();
@@ -89,7 +104,10 @@ fn model_prefill_in_chunks_matches_one_forward() {
         for (i, (got, want)) in cached_tensors(&cache).iter().zip(&want).enumerate() {
             assert_eq!(got.dtype(), DType::F32);
             let d = rel_max_diff(got, want);
-            assert!(d <= GATE, "chunk size {chunk}: cached tensor {i} differs by {d:e}");
+            assert!(
+                d <= GATE,
+                "chunk size {chunk}: cached tensor {i} differs by {d:e}"
+            );
         }
     }
 }

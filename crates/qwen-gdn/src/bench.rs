@@ -42,8 +42,9 @@ the repetitions.
   gdn_state_dtype    \"f32\" or \"bf16\"
   prompt_tps         {median, stddev, min, max, samples}: prompt tokens per second
   generation_tps     {median, stddev, min, max, samples}: generated tokens per second
-  peak_memory_bytes  peak resident set size of the process (getrusage), loading included \
-                     (host memory: on a GPU the weights live in device memory)
+  peak_memory_bytes  on Metal, the GPU allocator's peak (sampled before each host sync); \
+                     elsewhere the process's peak resident set size (getrusage), loading included
+  peak_memory_source \"gpu\" or \"rss\": which of the two peak_memory_bytes is
 (samples: one value per timed repetition, in order; stddev: sample standard deviation, 0 for \
 one repetition)."
 )]
@@ -66,8 +67,8 @@ pub struct Args {
 
 pub fn run(args: Args) -> Result<ExitCode> {
     let checkpoint = args.model.open()?;
-    let model = args.model.load_model(&checkpoint)?;
     let (p, g) = (args.prompt_tokens, args.gen_tokens);
+    let model = args.model.load_model(&checkpoint, p + g)?;
     checkpoint.check_fits(&model, p + g, &format!("-p {p} plus -g {g}"))?;
     let bound = token_bound(&checkpoint.tokenizer, model.config().vocab_size);
     let mut rng = StdRng::seed_from_u64(PROMPT_SEED);
@@ -83,7 +84,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
         tg.push(rate(g, gen_time));
     }
     let (pp, tg) = (Stats::new(pp), Stats::new(tg));
-    let peak = crate::memory::peak_rss_bytes();
+    let (peak, peak_source) = crate::memory::peak();
     let size = checkpoint_size(&checkpoint.dir)?;
     let state_dtype = match gdn_state_dtype(&model) {
         StateDtype::F32 => "f32",
@@ -104,6 +105,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
             "prompt_tps": pp,
             "generation_tps": tg,
             "peak_memory_bytes": peak,
+            "peak_memory_source": peak_source,
         });
         println!("{report}");
     } else {
@@ -116,7 +118,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
              GDN state {state_dtype}; prefill chunk {chunk}",
             args.repetitions
         );
-        println!("peak memory: {:.3} GB", peak as f64 / 1e9);
+        println!("peak memory: {:.3} GB ({peak_source})", peak as f64 / 1e9);
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -49,8 +49,9 @@ pub fn run(args: Args) -> Result<ExitCode> {
             tokens.len()
         );
     }
-    let model = args.model.load_model(&checkpoint)?;
+    let model = args.model.load_model(&checkpoint, tokens.len())?;
     checkpoint.check_fits(&model, tokens.len(), &what)?;
+    model.warm_up()?;
 
     let mut cache = model.new_cache();
     let (mut logprobs, mut argmax) = (Vec::new(), Vec::new());

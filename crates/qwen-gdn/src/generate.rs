@@ -92,8 +92,12 @@ pub fn run(args: Args) -> Result<ExitCode> {
     )?;
     let checkpoint = args.model.open()?;
     let prompt_ids = encode_prompt(&args, &checkpoint, &prompt)?;
-    let model = args.model.load_model(&checkpoint)?;
+    let model = args
+        .model
+        .load_model(&checkpoint, prompt_ids.len() + args.max_tokens)?;
     checkpoint.check_fits(&model, prompt_ids.len(), &what)?;
+    // GPU shader compilation, before the prompt's clock starts; reported on its own.
+    let compile_time = model.warm_up()?;
     let eos = eos_ids(&checkpoint, &model.config().eos_token_id)?;
     let mut sampler = Sampler::new(
         SamplerConfig {
@@ -158,6 +162,12 @@ pub fn run(args: Args) -> Result<ExitCode> {
     emit(&mut out, &(stream.finish()? + frame))?;
     drop(out);
     if args.verbose {
+        if !compile_time.is_zero() {
+            eprintln!(
+                "Warm-up (GPU kernel compilation): {:.3} s",
+                compile_time.as_secs_f64()
+            );
+        }
         print_stats(prompt_ids.len(), prompt_time, generated, generation_time);
     }
     // 130 = interrupted by SIGINT, as shells report it.
@@ -302,7 +312,7 @@ fn print_stats(
     );
     eprintln!(
         "Peak memory: {:.3} GB",
-        crate::memory::peak_rss_bytes() as f64 / 1e9
+        crate::memory::peak().0 as f64 / 1e9
     );
 }
 

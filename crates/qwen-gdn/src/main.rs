@@ -2,6 +2,7 @@
 //! Hub. The flags follow `mlx_lm.generate` so that users of mlx-lm and llama.cpp feel at home.
 
 mod bench;
+mod bf16_fallback;
 mod chat_template;
 mod compare_state;
 mod eval;
@@ -9,6 +10,7 @@ mod generate;
 mod hub;
 mod load;
 mod memory;
+mod preflight;
 mod process;
 mod sampler;
 mod stream;

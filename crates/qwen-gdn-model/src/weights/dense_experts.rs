@@ -69,7 +69,11 @@ mod tests {
                     _ => x.get(t).unwrap(),
                 };
                 let w = experts.get(e as usize).unwrap();
-                let y = w.matmul(&row.unsqueeze(1).unwrap()).unwrap().squeeze(1).unwrap();
+                let y = w
+                    .matmul(&row.unsqueeze(1).unwrap())
+                    .unwrap()
+                    .squeeze(1)
+                    .unwrap();
                 out.push(y.to_vec1::<f32>().unwrap());
             }
         }
@@ -81,9 +85,12 @@ mod tests {
         let dev = Device::Cpu;
         let (e, rows, cols) = (4, 3, 5);
         let values = |n: usize, seed: f32| -> Vec<f32> {
-            (0..n).map(|i| (i as f32 * 0.37 + seed).sin() * 2.0).collect()
+            (0..n)
+                .map(|i| (i as f32 * 0.37 + seed).sin() * 2.0)
+                .collect()
         };
-        let experts = Tensor::from_vec(values(e * rows * cols, 0.1), (e, rows, cols), &dev).unwrap();
+        let experts =
+            Tensor::from_vec(values(e * rows * cols, 0.1), (e, rows, cols), &dev).unwrap();
         // Expert 1 unused, expert 3 chosen by three pairs, a token choosing one expert twice
         // is not possible in top-k, but orders differ between tokens.
         let ids = [[3u32, 0], [2, 3], [0, 2], [3, 2]];
@@ -94,7 +101,11 @@ mod tests {
         ] {
             let got = grouped_matmul_t(&experts, &x, &ids_t).unwrap();
             assert_eq!(got.dims(), [4, 2, rows]);
-            let got = got.to_dtype(DType::F32).unwrap().reshape((8, rows)).unwrap();
+            let got = got
+                .to_dtype(DType::F32)
+                .unwrap()
+                .reshape((8, rows))
+                .unwrap();
             let got: Vec<Vec<f32>> = got.to_vec2().unwrap();
             let want = pairwise(&experts, &x, &ids);
             for (g, w) in got.iter().flatten().zip(want.iter().flatten()) {
