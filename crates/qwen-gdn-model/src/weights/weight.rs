@@ -25,12 +25,15 @@ impl Weight {
             Self::Host(Matrix::Affine(a)) => Self::Quantized(AffineTensor::upload(&a, device)?),
             Self::Host(Matrix::Float(f)) => {
                 let shape = (f.experts, f.rows, f.cols);
+                // Cast on the host: a Metal device without bf16 (macOS 13) has no kernel to
+                // cast a bf16 checkpoint to the f16 it computes in.
+                let host = &Device::Cpu;
                 let t = match f.data {
-                    FloatData::F32(v) => Tensor::from_vec(v, shape, device)?,
-                    FloatData::Bf16(v) => Tensor::from_vec(v, shape, device)?,
-                    FloatData::F16(v) => Tensor::from_vec(v, shape, device)?,
+                    FloatData::F32(v) => Tensor::from_vec(v, shape, host)?,
+                    FloatData::Bf16(v) => Tensor::from_vec(v, shape, host)?,
+                    FloatData::F16(v) => Tensor::from_vec(v, shape, host)?,
                 };
-                Self::Dense(t.to_dtype(dtype)?)
+                Self::Dense(t.to_dtype(dtype)?.to_device(device)?)
             }
             placed => placed,
         })
