@@ -1,5 +1,5 @@
-//! GPU memory as the device's allocator counts it, which the process's resident set does not
-//! show (mlx-lm reports its GPU peak the same way).
+//! GPU memory as the device counts it, which the process's resident set does not show
+//! (mlx-lm reports its GPU peak the same way).
 //!
 //! On Metal, candle's buffer pool releases what a forward call dropped only at the next host
 //! sync (candle-core 0.11.1 `src/metal_backend/device.rs:145–162`), so the allocated size just
@@ -13,11 +13,20 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 static PEAK: AtomicU64 = AtomicU64::new(0);
 
-/// Bytes the device's allocator holds now; `None` where it cannot be asked (CPU, CUDA).
+/// Bytes allocated on the device now; `None` where it cannot be asked (the CPU). On Metal the
+/// allocator's own count; on CUDA the device's used memory, `total − free` from
+/// `cuMemGetInfo` (cudarc 0.19.10 `CudaContext::mem_get_info`, `src/driver/safe/core.rs:321`,
+/// reached through candle-core 0.11.1 `CudaDevice::cuda_stream`,
+/// `src/cuda_backend/device.rs:288`), which also counts the CUDA context itself.
 pub fn allocated_bytes(device: &Device) -> Option<u64> {
     match device {
         #[cfg(any(feature = "metal", target_os = "macos"))]
         Device::Metal(dev) => Some(dev.device().current_allocated_size() as u64),
+        #[cfg(feature = "cuda")]
+        Device::Cuda(dev) => {
+            let (free, total) = dev.cuda_stream().context().mem_get_info().ok()?;
+            Some(total.saturating_sub(free) as u64)
+        }
         _ => None,
     }
 }

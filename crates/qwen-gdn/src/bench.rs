@@ -42,8 +42,9 @@ the repetitions.
   gdn_state_dtype    \"f32\" or \"bf16\"
   prompt_tps         {median, stddev, min, max, samples}: prompt tokens per second
   generation_tps     {median, stddev, min, max, samples}: generated tokens per second
-  peak_memory_bytes  on Metal, the GPU allocator's peak (sampled before each host sync); \
-                     elsewhere the process's peak resident set size (getrusage), loading included
+  peak_memory_bytes  on a GPU, its peak allocated memory (sampled before each host sync; \
+                     on CUDA the device's used memory); on the CPU the process's peak resident \
+                     set size (getrusage), loading included
   peak_memory_source \"gpu\" or \"rss\": which of the two peak_memory_bytes is
 (samples: one value per timed repetition, in order; stddev: sample standard deviation, 0 for \
 one repetition)."

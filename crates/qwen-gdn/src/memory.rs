@@ -15,9 +15,9 @@ pub fn peak_rss_bytes() -> u64 {
     }
 }
 
-/// The peak to report and where it comes from: the GPU allocator's peak where the device
-/// reports one (Metal; the weights live there, and on Apple Silicon RSS does not count them),
-/// else the process's peak RSS.
+/// The peak to report and where it comes from: the GPU's peak where the device reports one
+/// (Metal, CUDA; the weights live there, and RSS does not count them), else the process's
+/// peak RSS.
 pub fn peak() -> (u64, &'static str) {
     match qwen_gdn_model::device_memory::peak_bytes() {
         Some(bytes) => (bytes, "gpu"),
