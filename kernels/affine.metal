@@ -12,7 +12,8 @@
 // bits in {2, 3, 4, 5, 6, 8}, group_size a multiple of 8 (MLX uses 32, 64, 128) and K a
 // multiple of group_size; the kernels have no way to report a violation (an unsupported
 // bit width writes NaN). With has_ids == 0 the ids buffer is never read, but bind one there
-// (any buffer) so validation layers stay quiet. bfloat needs MSL 3.1 or later.
+// (any buffer) so validation layers stay quiet. The bfloat entry points exist only where
+// the compiler defines __HAVE_BFLOAT__ (MSL 3.1, macOS 14).
 //
 // Launch geometry (the host uses exactly this; kernels/emu/affine_harness.cpp emulates it):
 //  * affine_qmv_{in}_{sc}: threadgroups (ceil(R/8), M, 1), threads per threadgroup
@@ -274,20 +275,26 @@ inline void affine_dequant_impl(
 
 AFFINE_QMV(affine_qmv_f32_f32, float, float)
 AFFINE_QMV(affine_qmv_f32_f16, float, half)
-AFFINE_QMV(affine_qmv_f32_bf16, float, bfloat)
 AFFINE_QMV(affine_qmv_f16_f32, half, float)
 AFFINE_QMV(affine_qmv_f16_f16, half, half)
+
+AFFINE_DEQUANT(affine_dequant_f32_f32, float, float)
+AFFINE_DEQUANT(affine_dequant_f32_f16, float, half)
+AFFINE_DEQUANT(affine_dequant_f16_f32, half, float)
+AFFINE_DEQUANT(affine_dequant_f16_f16, half, half)
+
+// bfloat exists from MSL 3.1 (macOS 14); the compiler then defines __HAVE_BFLOAT__, as
+// candle's own shaders test. Without it the library still builds, minus these entry points.
+#if defined(__HAVE_BFLOAT__)
+AFFINE_QMV(affine_qmv_f32_bf16, float, bfloat)
 AFFINE_QMV(affine_qmv_f16_bf16, half, bfloat)
 AFFINE_QMV(affine_qmv_bf16_f32, bfloat, float)
 AFFINE_QMV(affine_qmv_bf16_f16, bfloat, half)
 AFFINE_QMV(affine_qmv_bf16_bf16, bfloat, bfloat)
 
-AFFINE_DEQUANT(affine_dequant_f32_f32, float, float)
-AFFINE_DEQUANT(affine_dequant_f32_f16, float, half)
 AFFINE_DEQUANT(affine_dequant_f32_bf16, float, bfloat)
-AFFINE_DEQUANT(affine_dequant_f16_f32, half, float)
-AFFINE_DEQUANT(affine_dequant_f16_f16, half, half)
 AFFINE_DEQUANT(affine_dequant_f16_bf16, half, bfloat)
 AFFINE_DEQUANT(affine_dequant_bf16_f32, bfloat, float)
 AFFINE_DEQUANT(affine_dequant_bf16_f16, bfloat, half)
 AFFINE_DEQUANT(affine_dequant_bf16_bf16, bfloat, bfloat)
+#endif

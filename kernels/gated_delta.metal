@@ -12,7 +12,8 @@
 //
 // Dispatch: threadgroups (1, ceil(Dv/4), B*Hv), threads per threadgroup (32, 4, 1).
 // The host must reject Dk that is not a multiple of 32 or exceeds 256 (kMaxKeysPerLane * 32):
-// the kernel has no way to report it. bfloat needs MSL 3.1 or later. Where mask[b, t] == 0
+// the kernel has no way to report it. The bfloat entry points exist only where the compiler
+// defines __HAVE_BFLOAT__ (MSL 3.1, macOS 14). Where mask[b, t] == 0
 // (padding) the state is left untouched and y is 0; without a mask (has_mask == 0) buffer 7
 // is never read, but still bind one there (any buffer) so validation layers stay quiet.
 
@@ -132,8 +133,13 @@ inline void gated_delta_step_impl(
   }
 
 GDN_KERNEL(gated_delta_step_f32_f32, float, float)
-GDN_KERNEL(gated_delta_step_f32_bf16, float, bfloat)
 GDN_KERNEL(gated_delta_step_f16_f32, half, float)
+
+// bfloat exists from MSL 3.1 (macOS 14); the compiler then defines __HAVE_BFLOAT__, as
+// candle's own shaders test. Without it the library still builds, minus these entry points.
+#if defined(__HAVE_BFLOAT__)
+GDN_KERNEL(gated_delta_step_f32_bf16, float, bfloat)
 GDN_KERNEL(gated_delta_step_f16_bf16, half, bfloat)
 GDN_KERNEL(gated_delta_step_bf16_f32, bfloat, float)
 GDN_KERNEL(gated_delta_step_bf16_bf16, bfloat, bfloat)
+#endif

@@ -38,7 +38,13 @@ typedef unsigned char uchar;
 typedef unsigned short ushort;
 typedef unsigned int uint;
 typedef unsigned long ulong;
+// bfloat, and the macro the Metal compiler defines with it from MSL 3.1 on. With
+// METAL_EMU_MSL30 neither exists, as on macOS 13 (MSL 3.0): a shader that uses bfloat outside
+// `#if defined(__HAVE_BFLOAT__)` then fails to compile (crates/gdn-ops/tests/msl30_shaders.rs).
+#ifndef METAL_EMU_MSL30
 typedef __bf16 bfloat;
+#define __HAVE_BFLOAT__ 1
+#endif
 typedef _Float16 half;
 typedef uint uint2 __attribute__((ext_vector_type(2)));
 typedef uint uint3 __attribute__((ext_vector_type(3)));

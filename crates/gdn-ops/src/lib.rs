@@ -10,6 +10,7 @@
 pub mod affine;
 pub mod affine_q8;
 pub mod backend;
+pub mod capability;
 pub mod launches;
 pub mod ops;
 pub mod simd;

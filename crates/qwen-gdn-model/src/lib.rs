@@ -7,14 +7,17 @@
 pub mod cache;
 pub mod config;
 pub mod diagnose;
+pub mod device_memory;
 pub mod footprint;
 pub mod layers;
 pub mod load_progress;
 pub mod model;
+mod warm_up;
 pub mod weights;
 
 pub use cache::Cache;
 pub use config::Config;
+pub use gdn_ops::capability::bf16_supported;
 pub use gdn_ops::StateDtype;
 pub use load_progress::LoadProgress;
 pub use model::Model;

@@ -376,6 +376,7 @@ impl Model {
         self.on_host_workers(|| {
             let _q8 = gdn_ops::affine_q8::Scope::enter(self.q8_activations);
             let logits = self.lm_head.forward(&self.norm.forward(h)?)?;
+            crate::device_memory::sample(&self.device);
             cast(&logits.squeeze(0)?, DType::F32)
         })
     }
@@ -413,6 +414,11 @@ impl Model {
         ensure!(chunk > 0, "prefill chunk size must be positive");
         for part in tokens.chunks(chunk) {
             self.run_layers(part, cache)?;
+            crate::device_memory::sample(&self.device);
+            // Nothing of a prefill chunk is read back, and candle's Metal pool releases the
+            // buffers a chunk dropped only at a host sync: without one, a long prompt holds
+            // every chunk's temporaries at once.
+            self.device.synchronize()?;
         }
         Ok(())
     }

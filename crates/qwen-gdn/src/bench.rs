@@ -44,8 +44,10 @@ the repetitions.
   gdn_state_dtype    \"f32\" or \"bf16\"
   prompt_tps         {median, stddev, min, max, samples}: prompt tokens per second
   generation_tps     {median, stddev, min, max, samples}: generated tokens per second
-  peak_memory_bytes  peak resident set size of the process (getrusage), loading included \
-                     (host memory: on a GPU the weights live in device memory)
+  peak_memory_bytes  on a GPU, its peak allocated memory (sampled before each host sync; \
+                     on CUDA the device's used memory); on the CPU the process's peak resident \
+                     set size (getrusage), loading included
+  peak_memory_source \"gpu\" or \"rss\": which of the two peak_memory_bytes is
 (samples: one value per timed repetition, in order; stddev: sample standard deviation, 0 for \
 one repetition)."
 )]
@@ -75,7 +77,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
     limit.check_fits(p, &what)?;
     limit.check_fits(g, &what)?;
     limit.check_fits(p + g, &what)?;
-    let model = args.model.load_model(&checkpoint)?;
+    let model = args.model.load_model(&checkpoint, p + g)?;
     let bound = token_bound(&checkpoint.tokenizer, model.config().vocab_size);
     let mut rng = StdRng::seed_from_u64(PROMPT_SEED);
     let prompt: Vec<u32> = (0..p).map(|_| rng.random_range(0..bound)).collect();
@@ -90,7 +92,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
         tg.push(rate(g, gen_time));
     }
     let (pp, tg) = (Stats::new(pp), Stats::new(tg));
-    let peak = crate::memory::peak_rss_bytes();
+    let (peak, peak_source) = crate::memory::peak();
     let size = checkpoint_size(&checkpoint.dir)?;
     let state_dtype = match gdn_state_dtype(&model) {
         StateDtype::F32 => "f32",
@@ -112,6 +114,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
             "prompt_tps": pp,
             "generation_tps": tg,
             "peak_memory_bytes": peak,
+            "peak_memory_source": peak_source,
         });
         emit(&mut out, &format!("{report}\n"))?;
     } else {
@@ -119,7 +122,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
         let rows = [(format!("pp{p}"), &pp), (format!("tg{g}"), &tg)];
         let text = format!(
             "{}\nt/s: median ± stddev over {} repetition(s) after 1 warm-up; tg{g} runs at depth {p}; \
-             GDN state {state_dtype}; prefill chunk {chunk}\npeak memory: {:.3} GB\n",
+             GDN state {state_dtype}; prefill chunk {chunk}\npeak memory: {:.3} GB ({peak_source})\n",
             table(&name, size, backend_name(model.device()), &rows),
             args.repetitions,
             peak as f64 / 1e9

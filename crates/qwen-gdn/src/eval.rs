@@ -55,7 +55,8 @@ pub fn run(args: Args) -> Result<ExitCode> {
         );
     }
     limit.check_fits(tokens.len(), &what)?;
-    let model = args.model.load_model(&checkpoint)?;
+    let model = args.model.load_model(&checkpoint, tokens.len())?;
+    model.warm_up()?;
 
     let mut cache = model.new_cache();
     let (mut logprobs, mut argmax) = (Vec::new(), Vec::new());

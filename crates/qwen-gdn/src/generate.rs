@@ -95,7 +95,11 @@ pub fn run(args: Args) -> Result<ExitCode> {
     )?;
     let prompt_ids = encode_prompt(&args, &checkpoint, &prompt, &what)?;
     limit.check_fits(prompt_ids.len(), &what)?;
-    let model = args.model.load_model(&checkpoint)?;
+    let model = args
+        .model
+        .load_model(&checkpoint, prompt_ids.len() + args.max_tokens)?;
+    // GPU shader compilation, before the prompt's clock starts; reported on its own.
+    let compile_time = model.warm_up()?;
     let eos = eos_ids(&checkpoint, &model.config().eos_token_id)?;
     let mut sampler = Sampler::new(
         SamplerConfig {
@@ -168,6 +172,12 @@ pub fn run(args: Args) -> Result<ExitCode> {
     emit(&mut out, &(stream.finish()? + frame))?;
     drop(out);
     if args.verbose {
+        if !compile_time.is_zero() {
+            eprintln!(
+                "Warm-up (GPU kernel compilation): {:.3} s",
+                compile_time.as_secs_f64()
+            );
+        }
         print_stats(prompt_ids.len(), prompt_time, generated, generation_time);
     }
     // 130 = interrupted by SIGINT, as shells report it.
@@ -338,7 +348,7 @@ fn print_stats(
     ));
     eprint_line(&format!(
         "Peak memory: {:.3} GB",
-        crate::memory::peak_rss_bytes() as f64 / 1e9
+        crate::memory::peak().0 as f64 / 1e9
     ));
 }
 

@@ -127,18 +127,27 @@ impl ModelArgs {
         })
     }
 
-    pub fn load_model(&self, checkpoint: &Checkpoint) -> Result<Model> {
+    /// Loads the model for a run of at most `context` positions, refusing one that would not
+    /// fit the GPU.
+    pub fn load_model(&self, checkpoint: &Checkpoint, context: usize) -> Result<Model> {
         // The flag overrides mlx-lm's environment switch.
         let gdn_state_dtype = match self.gdn_state_dtype {
             Some(d) => d.into(),
             None => StateDtype::from_env(),
         };
         let device = select_device(self.device)?;
+        let has_bf16 = qwen_gdn_model::bf16_supported(&device)?;
+        let (dtype, gdn_state_dtype, notice) =
+            crate::bf16_fallback::resolve(self.dtype.resolve(&device), gdn_state_dtype, has_bf16);
+        if let Some(notice) = notice {
+            eprintln!("{notice}");
+        }
+        crate::preflight::check(&device, &checkpoint.dir, context, gdn_state_dtype, dtype)?;
         let bar = crate::progress::bytes(None, "loading weights");
         let shown = bar.clone();
         let opts = LoadOptions {
             gdn_state_dtype,
-            dtype: self.dtype.resolve(&device),
+            dtype,
             plan: None,
             q8_activations: self.q8_activations,
             progress: Some(LoadProgress::new(move |done, total| {

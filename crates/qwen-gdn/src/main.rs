@@ -2,6 +2,7 @@
 //! Hub. The flags follow `mlx_lm.generate` so that users of mlx-lm and llama.cpp feel at home.
 
 mod bench;
+mod bf16_fallback;
 mod chat_template;
 mod compare_state;
 mod eval;
@@ -11,6 +12,7 @@ mod input;
 mod load;
 mod memory;
 mod output;
+mod preflight;
 mod process;
 mod progress;
 mod sampler;

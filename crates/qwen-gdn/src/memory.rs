@@ -14,3 +14,13 @@ pub fn peak_rss_bytes() -> u64 {
         maxrss * 1024
     }
 }
+
+/// The peak to report and where it comes from: the GPU's peak where the device reports one
+/// (Metal, CUDA; the weights live there, and RSS does not count them), else the process's
+/// peak RSS.
+pub fn peak() -> (u64, &'static str) {
+    match qwen_gdn_model::device_memory::peak_bytes() {
+        Some(bytes) => (bytes, "gpu"),
+        None => (peak_rss_bytes(), "rss"),
+    }
+}

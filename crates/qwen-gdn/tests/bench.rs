@@ -49,6 +49,7 @@ fn json_report() {
             "prompt_tps",
             "generation_tps",
             "peak_memory_bytes",
+            "peak_memory_source",
         ]
     );
     assert!(report["model"]
@@ -57,6 +58,7 @@ fn json_report() {
         .ends_with("qwen3.5-moe-tiny-4bit"));
     assert_eq!(report["model_type"], "qwen3_5_moe");
     assert_eq!(report["backend"], "cpu");
+    assert_eq!(report["peak_memory_source"], "rss");
     assert_eq!(report["prompt_tokens"], 16);
     assert_eq!(report["gen_tokens"], 8);
     assert_eq!(report["repetitions"], 2);

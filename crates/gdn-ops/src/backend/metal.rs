@@ -11,7 +11,7 @@ use anyhow::{anyhow, bail, ensure, Result};
 use candle_core::op::BackpropOp;
 use candle_core::{DType, MetalDevice, MetalStorage, Shape, Storage, Tensor};
 use candle_metal_kernels::metal::{Buffer, ComputePipeline, Library};
-use objc2_metal::{MTLCompileOptions, MTLLanguageVersion, MTLSize};
+use objc2_metal::{MTLCompileOptions, MTLSize};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
 
@@ -65,20 +65,21 @@ fn cache() -> &'static Mutex<Cache> {
     CACHE.get_or_init(|| Mutex::new(HashMap::new()))
 }
 
-/// The pipeline of kernel `name` in `source`, compiling the source on first use per device.
-pub(crate) fn pipeline(
+/// Compiles `source` for `dev` unless already compiled; runs `f` on its cache entry.
+fn with_library<R>(
     dev: &MetalDevice,
     source: &KernelSource,
-    name: &str,
-) -> Result<ComputePipeline> {
+    f: impl FnOnce(&mut CompiledSource) -> Result<R>,
+) -> Result<R> {
     let mut cache = cache()
         .lock()
         .map_err(|_| anyhow!("Metal pipeline cache poisoned"))?;
     let key = (dev.device().registry_id(), source.file);
     if !cache.contains_key(&key) {
+        // No language version is pinned: the compiler's default is the newest the OS has, so
+        // the library also builds on macOS 13 (MSL 3.0), without the bfloat entry points
+        // (`#if defined(__HAVE_BFLOAT__)` in the sources, as candle's shaders do).
         let options = MTLCompileOptions::new();
-        // bfloat needs MSL 3.1 (macOS 14).
-        options.setLanguageVersion(MTLLanguageVersion::Version3_1);
         let library = dev
             .device()
             .new_library_with_source(&source.expanded()?, Some(&options))
@@ -91,20 +92,44 @@ pub(crate) fn pipeline(
             },
         );
     }
-    let entry = cache.get_mut(&key).expect("inserted above");
-    if let Some(p) = entry.pipelines.get(name) {
-        return Ok(p.clone());
-    }
-    let function = entry
-        .library
-        .get_function(name, None)
-        .map_err(|e| anyhow!("kernel {name}: {e}"))?;
-    let p = dev
-        .device()
-        .new_compute_pipeline_state_with_function(&function)
-        .map_err(|e| anyhow!("pipeline {name}: {e}"))?;
-    entry.pipelines.insert(name.to_string(), p.clone());
-    Ok(p)
+    f(cache.get_mut(&key).expect("inserted above"))
+}
+
+/// The pipeline of kernel `name` in `source`, compiling the source on first use per device.
+pub(crate) fn pipeline(
+    dev: &MetalDevice,
+    source: &KernelSource,
+    name: &str,
+) -> Result<ComputePipeline> {
+    with_library(dev, source, |entry| {
+        if let Some(p) = entry.pipelines.get(name) {
+            return Ok(p.clone());
+        }
+        let function = entry.library.get_function(name, None).map_err(|e| {
+            if name.contains("bf16") {
+                anyhow!("kernel {name}: bf16 needs Metal 3.1 (macOS 14 or later); use --dtype f16 ({e})")
+            } else {
+                anyhow!("kernel {name}: {e}")
+            }
+        })?;
+        let p = dev
+            .device()
+            .new_compute_pipeline_state_with_function(&function)
+            .map_err(|e| anyhow!("pipeline {name}: {e}"))?;
+        entry.pipelines.insert(name.to_string(), p.clone());
+        Ok(p)
+    })
+}
+
+/// Whether this device's shader compiler has `bfloat` (MSL 3.1, macOS 14): compiles the
+/// affine library, if not yet, and looks for one of its bfloat entry points.
+pub fn bf16_supported(dev: &MetalDevice) -> Result<bool> {
+    with_library(dev, &crate::ops::affine::metal::SOURCE, |entry| {
+        Ok(entry
+            .library
+            .get_function("affine_qmv_bf16_bf16", None)
+            .is_ok())
+    })
 }
 
 /// A contiguous Metal tensor's buffer and byte offset.

@@ -95,15 +95,16 @@ impl Attention {
         let k = self.rope.forward(&k, offset)?;
         let (k, v) = cache.append(&k, &v)?;
         let device_plan = !matches!(self.o_proj.weight, Weight::Host(_));
-        let o = if device_plan && fused_attention_supported(&q) {
+        let o = if device_plan && super::fused_attention::supported(dh, q.dtype(), s == 1) {
             fused_attend(&q, &k, &v, offset)?
         } else {
             if !q.device().is_cpu() {
                 static ONCE: std::sync::Once = std::sync::Once::new();
                 ONCE.call_once(|| {
                     eprintln!(
-                        "note: no fused attention kernel for head dim {dh} in {:?}; using matmul + softmax",
-                        q.dtype()
+                        "note: no fused attention kernel for head dim {dh} in {:?} ({}); using matmul + softmax",
+                        q.dtype(),
+                        if s == 1 { "decode" } else { "prefill" }
                     )
                 });
             }
@@ -117,7 +118,9 @@ impl Attention {
 }
 
 /// Additive causal mask `[S, T]` for queries at positions `offset..offset+S` over keys
-/// `0..T`: 0 where key `j ≤` the query's position, −∞ elsewhere.
+/// `0..T`: 0 where key `j ≤` the query's position, −∞ elsewhere. Built on the device from two
+/// position ranges: uploading an `[S, T]` table per prefill chunk would leave one pooled Metal
+/// buffer per chunk until the next host sync.
 pub fn causal_mask(
     s: usize,
     t: usize,
@@ -125,55 +128,36 @@ pub fn causal_mask(
     dtype: DType,
     device: &Device,
 ) -> Result<Tensor> {
-    let mask: Vec<f32> = (0..s)
-        .flat_map(|i| {
-            (0..t).map(move |j| {
-                if j <= offset + i {
-                    0.0
-                } else {
-                    f32::NEG_INFINITY
-                }
-            })
-        })
-        .collect();
-    Ok(Tensor::from_vec(mask, (s, t), device)?.to_dtype(dtype)?)
-}
-
-/// candle's fused attention kernels take these head sizes and dtypes.
-fn fused_attention_supported(q: &Tensor) -> bool {
-    let dh = q.dim(D::Minus1).unwrap_or(0);
-    [32, 64, 72, 80, 96, 128, 256].contains(&dh)
-        && matches!(q.dtype(), DType::BF16 | DType::F16 | DType::F32)
+    let query_pos = Tensor::arange(offset as u32, (offset + s) as u32, device)?.reshape((s, 1))?;
+    let key_pos = Tensor::arange(0u32, t as u32, device)?.reshape((1, t))?;
+    let visible = key_pos.broadcast_le(&query_pos)?;
+    let open = Tensor::zeros((s, t), dtype, device)?;
+    let closed = Tensor::full(f32::NEG_INFINITY, (s, t), device)?.to_dtype(dtype)?;
+    Ok(visible.where_cond(&open, &closed)?)
 }
 
 /// One fused kernel (`candle_nn::ops::sdpa`): the vector kernel for a single query, the full
-/// kernel with an explicit causal mask for a chunk. GQA is handled by the kernels. candle has
-/// them on Metal only; elsewhere the same function is computed by [`attend`], counted as the
-/// one launch it stands in for.
+/// kernel in its causal mode for a chunk. That mode places the `S` queries at the last `S` of
+/// the `T` key positions (`qL_off = kL − qL` in candle-metal-kernels 0.11.1
+/// `src/kernels/sdpa.rs:171`, masking `row_pos < col_pos` in
+/// `scaled_dot_product_attention.metal:2128–2135`), which is where a chunk appended to the KV
+/// cache sits, so no mask is built. GQA is handled by the kernels. candle has them on Metal
+/// only; elsewhere the same function is computed by [`attend`], counted as the one launch it
+/// stands in for.
 fn fused_attend(q: &Tensor, k: &Tensor, v: &Tensor, offset: usize) -> Result<Tensor> {
     if !q.device().is_metal() {
         return gdn_ops::launches::counted_as(1, || attend(q, k, v, offset));
     }
-    let (b, nq, s, dh) = q.dims4()?;
+    let (_, _, s, dh) = q.dims4()?;
     let t = k.dim(2)?;
+    anyhow::ensure!(
+        t == offset + s,
+        "attention: {s} queries at offset {offset} over {t} cached keys"
+    );
     let scale = (dh as f32).powf(-0.5);
     let q = contiguous(q)?;
     record(1);
-    let mask = if s > 1 {
-        let m = causal_mask(s, t, offset, q.dtype(), q.device())?;
-        Some(m.broadcast_as((b, nq, s, t))?)
-    } else {
-        None
-    };
-    Ok(candle_nn::ops::sdpa(
-        &q,
-        k,
-        v,
-        mask.as_ref(),
-        false,
-        scale,
-        1.0,
-    )?)
+    Ok(candle_nn::ops::sdpa(&q, k, v, None, s > 1, scale, 1.0)?)
 }
 
 /// Softmax attention of `q` `[B, Nq, S, Dh]` over `k`, `v` `[B, Nkv, T, Dh]`, where query

@@ -171,7 +171,9 @@ impl GatedDeltaNet {
         };
         record(2);
         let padded = Tensor::cat(&[&prev, x], 1)?; // [B, S+K-1, C]
-        cache.conv = Some(contiguous(&padded.narrow(1, s, k - 1)?)?);
+                                                   // A copy, not a view: the narrow is already contiguous, so `contiguous()` would keep
+                                                   // the whole `[B, S+K-1, C]` prefill buffer alive in every GDN layer.
+        cache.conv = Some(padded.narrow(1, s, k - 1)?.force_contiguous()?);
         let w = cast(&self.conv_taps, x.dtype())?;
         if s == 1 {
             // A decode step's window is all of `padded` ([B, K, C]): one product and one sum

@@ -1,6 +1,7 @@
 //! The layers of the hybrid model, one concept per file.
 
 pub mod attention;
+pub mod fused_attention;
 pub mod gdn;
 pub mod linear;
 pub mod mlp;

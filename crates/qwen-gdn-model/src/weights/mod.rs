@@ -5,6 +5,7 @@
 pub use gdn_ops::affine;
 pub mod checkpoint;
 pub mod files;
+pub mod dense_experts;
 pub mod matrix;
 pub mod weight;
 

@@ -25,12 +25,15 @@ impl Weight {
             Self::Host(Matrix::Affine(a)) => Self::Quantized(AffineTensor::upload(&a, device)?),
             Self::Host(Matrix::Float(f)) => {
                 let shape = (f.experts, f.rows, f.cols);
+                // Cast on the host: a Metal device without bf16 (macOS 13) has no kernel to
+                // cast a bf16 checkpoint to the f16 it computes in.
+                let host = &Device::Cpu;
                 let t = match f.data {
-                    FloatData::F32(v) => Tensor::from_vec(v, shape, device)?,
-                    FloatData::Bf16(v) => Tensor::from_vec(v, shape, device)?,
-                    FloatData::F16(v) => Tensor::from_vec(v, shape, device)?,
+                    FloatData::F32(v) => Tensor::from_vec(v, shape, host)?,
+                    FloatData::Bf16(v) => Tensor::from_vec(v, shape, host)?,
+                    FloatData::F16(v) => Tensor::from_vec(v, shape, host)?,
                 };
-                Self::Dense(t.to_dtype(dtype)?)
+                Self::Dense(t.to_dtype(dtype)?.to_device(device)?)
             }
             placed => placed,
         })
@@ -105,6 +108,8 @@ impl Weight {
     pub fn gather_matmul_t(&self, x: &Tensor, ids: &Tensor) -> Result<Tensor> {
         match self {
             Self::Quantized(a) => a.gather_matmul_t(x, ids),
+            // Many tokens: grouped per expert, never one copy of an expert per pair.
+            Self::Dense(w) if ids.dim(0)? > 1 => super::dense_experts::grouped_matmul_t(w, x, ids),
             Self::Dense(w) => {
                 let (n, k) = ids.dims2()?;
                 let (rows, cols) = (self.rows(), self.cols());

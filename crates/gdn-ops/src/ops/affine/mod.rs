@@ -42,8 +42,20 @@ impl AffineTensor {
         let n = m.experts * m.rows;
         let packed = Tensor::from_slice(m.packed(), (n, m.words_per_row()), device)?;
         let groups = (n, m.groups_per_row());
-        let scales = m.scales().to_tensor(groups, device)?;
-        let biases = m.biases().to_tensor(groups, device)?;
+        // Where the device has no bf16 kernels, bf16 scales are widened to f32 (exact) on the
+        // host: f16 would lose those outside its range.
+        let widen = matches!(m.scales(), crate::affine::GroupParams::Bf16(_))
+            && !crate::capability::bf16_supported(device)?;
+        let place = |data: &crate::affine::GroupParams| -> Result<Tensor> {
+            if widen {
+                let host = data.to_tensor(groups, &Device::Cpu)?;
+                Ok(host.to_dtype(DType::F32)?.to_device(device)?)
+            } else {
+                Ok(data.to_tensor(groups, device)?)
+            }
+        };
+        let scales = place(m.scales())?;
+        let biases = place(m.biases())?;
         Ok(Self {
             bits: m.bits,
             group_size: m.group_size,
