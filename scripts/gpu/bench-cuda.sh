@@ -51,21 +51,37 @@ PY
 )
 echo "copy bandwidth: $(python3 -c "print(f'{$bandwidth / 1e9:.0f}')") GB/s"
 
-echo "== qwen-gdn bench --device cuda -p $P -g $G -r $R"
-nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 500 >"$OUT/gpu_mem.txt" &
-smi=$!
-t0=$SECONDS
-"$bin/qwen-gdn" bench --model "$CKPT" --device cuda -p "$P" -g "$G" -r "$R" --json \
-  >"$OUT/bench.json" 2>"$OUT/bench.err"
-rc=$?
-kill $smi 2>/dev/null
-echo "bench: rc=$rc in $((SECONDS - t0)) s (loading included)"
-[ $rc -eq 0 ] || { tail -5 "$OUT/bench.err"; exit 1; }
+# Decode variants, each one bench run on the same checkpoint (VARIANTS overrides):
+#   graph    fused decode kernels, the step replayed as a CUDA graph (the default);
+#   eager    fused decode kernels, launched one by one (QWEN_GDN_CUDA_GRAPH=0);
+#   composed the composed ops the fused kernels replace (--composed-decode).
+VARIANTS=${VARIANTS:-graph}
+for variant in $VARIANTS; do
+  case $variant in
+    graph) extra=(); envs=() ;;
+    eager) extra=(); envs=(QWEN_GDN_CUDA_GRAPH=0) ;;
+    composed) extra=(--composed-decode); envs=(QWEN_GDN_CUDA_GRAPH=0) ;;
+    *) echo "unknown variant $variant" >&2; exit 1 ;;
+  esac
+  echo "== [$variant] qwen-gdn bench --device cuda -p $P -g $G -r $R ${extra[*]}"
+  nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 500 >"$OUT/gpu_mem.txt" &
+  smi=$!
+  t0=$SECONDS
+  env "${envs[@]}" "$bin/qwen-gdn" bench --model "$CKPT" --device cuda -p "$P" -g "$G" -r "$R" \
+    "${extra[@]}" --json >"$OUT/bench-$variant.json" 2>"$OUT/bench-$variant.err"
+  rc=$?
+  kill $smi 2>/dev/null
+  echo "bench [$variant]: rc=$rc in $((SECONDS - t0)) s (loading included)"
+  [ $rc -eq 0 ] || { tail -5 "$OUT/bench-$variant.err"; exit 1; }
+  cp "$OUT/bench-$variant.json" "$OUT/bench.json"
+done
 python3 scripts/bench_vs_peers.py roofline --model "$CKPT" --context $((P + G / 2)) >"$OUT/roofline.json"
 
-python3 - "$OUT" "$bandwidth" <<'PY'
+VARIANTS=$VARIANTS python3 - "$OUT" "$bandwidth" <<'PY'
 import json, sys
 out, bw = sys.argv[1], float(sys.argv[2])
+import os
+variants = os.environ.get("VARIANTS", "graph").split()
 b = json.load(open(f"{out}/bench.json"))
 r = json.load(open(f"{out}/roofline.json"))
 mem = max((int(l) for l in open(f"{out}/gpu_mem.txt") if l.strip().isdigit()), default=0)
@@ -77,7 +93,10 @@ print(f"Qwen3-Next-80B-A3B shapes, random 4-bit (mlx-community layout), {r['stor
 print(f"| test | qwen-gdn t/s (median, min-max over {b['repetitions']}) | roofline t/s | of roofline |")
 print("|---|---|---|---|")
 print(f"| pp{b['prompt_tokens']} | {pp['median']:.1f} ({pp['min']:.1f}-{pp['max']:.1f}) | | |")
-print(f"| tg{b['gen_tokens']} | {tg['median']:.1f} ({tg['min']:.1f}-{tg['max']:.1f}) | {roof:.0f} | {tg['median'] / roof * 100:.1f}% |")
+for v in variants:
+    bv = json.load(open(f"{out}/bench-{v}.json"))
+    tv = bv["generation_tps"]
+    print(f"| tg{bv['gen_tokens']} [{v}] | {tv['median']:.1f} ({tv['min']:.1f}-{tv['max']:.1f}) | {roof:.0f} | {tv['median'] / roof * 100:.1f}% |")
 print(f"decode bytes/token {r['bytes_per_token'] / 1e6:.1f} MB (weights {r['weights_total'] / 1e6:.1f} MB); "
       f"copy bandwidth {bw / 1e9:.0f} GB/s; peak GPU memory {mem / 1024:.1f} GiB; "
       f"peak host RSS {b['peak_memory_bytes'] / 1e9:.1f} GB")

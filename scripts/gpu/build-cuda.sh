@@ -10,7 +10,8 @@
 #    (no wheel ships libcuda; on the GPU machine the real driver library is found instead).
 # 3. CUDA_COMPUTE_CAP=90 (H100/H200), target dir build/cuda/target (kept between builds: candle's
 #    MoE kernels take ~7 min to compile), `--features cuda`: the qwen-gdn binary and the two
-#    test binaries that run there (gdn-ops' cuda_kernels, qwen-gdn-model's device_plan).
+#    test binaries that run there (gdn-ops' cuda_* op tests, qwen-gdn-model's device_plan and
+#    fused_decode).
 # 4. Stripped and xz-compressed into gpu-artefacts/cuda/ (ignored by git; ~5 MB each), which
 #    the device call carries: scripts/gpu/test-cuda.sh unpacks and runs them.
 set -euo pipefail
@@ -51,16 +52,21 @@ export LIBRARY_PATH=$cuda/link CARGO_TARGET_DIR=$cuda/target
 echo "build-cuda: $(nvcc --version | tail -1)"
 cargo build --release --locked -p qwen-gdn --features cuda
 tests_json=$(mktemp)
+# Every CUDA op test of gdn-ops (tests/cuda_*.rs) and the model tests that run the device plan
+# on CUDA (QWEN_GDN_TEST_DEVICE=cuda).
+cuda_tests=$(cd crates/gdn-ops/tests && ls cuda_*.rs | sed 's/\.rs$//')
+model_tests="device_plan fused_decode"
 cargo test --release --locked --no-run --message-format=json \
   -p gdn-ops -p qwen-gdn-model --features gdn-ops/cuda,qwen-gdn-model/cuda \
-  --test cuda_kernels --test device_plan >"$tests_json"
+  $(for t in $cuda_tests $model_tests; do printf -- '--test %s ' "$t"; done) >"$tests_json"
 pack() { # pack NAME PATH
   strip -o "$cuda/$1" "$2"
   xz -9e -T2 -c "$cuda/$1" >"gpu-artefacts/cuda/$1.xz"
   echo "build-cuda: gpu-artefacts/cuda/$1.xz $(du -h "gpu-artefacts/cuda/$1.xz" | cut -f1)"
 }
+rm -f gpu-artefacts/cuda/*.xz
 pack qwen-gdn "$CARGO_TARGET_DIR/release/qwen-gdn"
-for t in cuda_kernels device_plan; do
+for t in $cuda_tests $model_tests; do
   exe=$(python3 - "$tests_json" "$t" <<'PY'
 import json, sys
 for line in open(sys.argv[1]):

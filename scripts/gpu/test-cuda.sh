@@ -3,9 +3,10 @@
 # scripts/gpu/build-cuda.sh packed here:
 #   run tool: carry ["gpu-artefacts/cuda"], command: bash scripts/gpu/test-cuda.sh
 # 1. warm-up: one short generate on CUDA (a fresh machine JIT-compiles candle's PTX, ~15 s);
-# 2. every CUDA kernel against the CPU reference on random inputs (cuda_kernels);
+# 2. every CUDA kernel against its CPU twin on random inputs (the cuda_* test binaries);
 # 3. the device plan on CUDA against mlx-lm's references on every tiny checkpoint, with the
-#    model issue's gates (device_plan with QWEN_GDN_TEST_DEVICE=cuda);
+#    model issue's gates (device_plan with QWEN_GDN_TEST_DEVICE=cuda), and the fused decode
+#    step (a replayed CUDA graph) against the composed step (fused_decode);
 # 4. `qwen-gdn eval --device cuda --compare-state-dtype bf16` on every tiny checkpoint.
 # Logs go to $OUT (or gpu-artefacts/out); the last lines are a summary. Exit 1 if any step fails.
 set -uo pipefail
@@ -28,9 +29,16 @@ fail=0
 step "warm-up generate (PTX JIT)" warmup.txt \
   "$bin/qwen-gdn" generate --model models/qwen3.5-tiny-4bit --prompt "Hello" --max-tokens 4 \
   --temp 0 --device cuda || fail=1
-step "kernels vs CPU reference" kernels.txt "$bin/cuda_kernels" --test-threads=1 --nocapture || fail=1
+for t in "$bin"/cuda_*; do
+  n=$(basename "$t")
+  step "$n vs CPU twin" "$n.txt" "$t" --test-threads=1 --nocapture || fail=1
+done
+cat "$OUT"/cuda_*.txt >"$OUT/kernels.txt"
 step "device plan vs mlx-lm (5 models)" device_plan.txt env QWEN_GDN_TEST_DEVICE=cuda \
   QWEN_GDN_MODELS_DIR="$PWD/models" "$bin/device_plan" --test-threads=1 --nocapture || fail=1
+# The fused decode step (replayed as a CUDA graph) against the composed step and mlx-lm.
+step "fused decode vs composed + mlx-lm" fused_decode.txt env QWEN_GDN_TEST_DEVICE=cuda \
+  QWEN_GDN_MODELS_DIR="$PWD/models" "$bin/fused_decode" --test-threads=1 --nocapture || fail=1
 for m in qwen3-next-tiny-4bit qwen3.5-tiny-4bit qwen3.5-moe-tiny-4bit qwen3-next-tiny-bf16 qwen3.5-moe-tiny-hf; do
   python3 -c "import json,sys; print(json.load(open('models/reference/$m.json'))['text'])" >"/tmp/$m.txt"
   # The gate's PASS/FAIL is reported, not required: random tiny models are more sensitive than
@@ -40,8 +48,8 @@ for m in qwen3-next-tiny-4bit qwen3.5-tiny-4bit qwen3.5-moe-tiny-4bit qwen3-next
     --compare-state-dtype bf16 || fail=1
 done
 
-grep -hE "rel err|rel diff|KL|top-1" "$OUT"/kernels.txt "$OUT"/device_plan.txt | tail -n 400 >"$OUT/numbers.txt"
-grep -hE "^test result|FAILED|panicked" "$OUT"/kernels.txt "$OUT"/device_plan.txt
+grep -hE "rel err|rel diff|KL|top-1|fused vs" "$OUT"/kernels.txt "$OUT"/device_plan.txt "$OUT"/fused_decode.txt | tail -n 400 >"$OUT/numbers.txt"
+grep -hE "^test result|FAILED|panicked" "$OUT"/kernels.txt "$OUT"/device_plan.txt "$OUT"/fused_decode.txt
 for m in qwen3-next-tiny-4bit qwen3.5-tiny-4bit qwen3.5-moe-tiny-4bit qwen3-next-tiny-bf16 qwen3.5-moe-tiny-hf; do
   echo "$m: $(grep -hiE "kl|top-1|pass|fail" "$OUT/state_$m.txt" | tr '\n' ' ' | cut -c1-220)"
 done

@@ -23,9 +23,13 @@ use candle_core::cuda_backend::cudarc::driver::{sys, CudaGraph};
 use candle_core::{Device, Tensor, TensorId};
 use std::sync::Arc;
 
+/// Set when a capture failed: later steps run eagerly.
+static BROKEN: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
 /// Whether decode steps on CUDA replay graphs.
 pub fn enabled() -> bool {
-    std::env::var("QWEN_GDN_CUDA_GRAPH").map_or(true, |v| v != "0")
+    !BROKEN.load(std::sync::atomic::Ordering::Relaxed)
+        && std::env::var("QWEN_GDN_CUDA_GRAPH").map_or(true, |v| v != "0")
 }
 
 /// One captured step and what it was captured against.
@@ -143,10 +147,20 @@ pub fn step(model: &Model, token: u32, cache: &mut Cache) -> Result<Tensor> {
         sys::CUgraphInstantiate_flags::CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH,
     );
     restore(cache, &after);
-    let captured_logits = captured.context("capturing the decode step")?;
-    let graph = graph
-        .context("instantiating the decode graph")?
-        .context("the decode capture recorded nothing")?;
+    let (captured_logits, graph) = match (captured, graph) {
+        (Ok(logits), Ok(Some(graph))) => (logits, graph),
+        (captured, graph) => {
+            // This token's logits came from the eager step; every later step runs eagerly.
+            let why = match (captured, graph) {
+                (Err(e), _) => format!("{e:#}"),
+                (_, Err(e)) => e.to_string(),
+                _ => "the capture recorded nothing".to_string(),
+            };
+            BROKEN.store(true, std::sync::atomic::Ordering::Relaxed);
+            eprintln!("note: CUDA graph capture of the decode step failed ({why}); decoding without graphs");
+            return Ok(logits);
+        }
+    };
     cache.decode_graph = Some(Arc::new(DecodeGraph {
         graph,
         token: token_buf,
