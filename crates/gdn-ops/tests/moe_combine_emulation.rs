@@ -245,6 +245,10 @@ fn moe_combine_abi_in_source() {
             "p",
         ],
     );
+    assert!(
+        flat.contains("threadgroup float* scratch [[threadgroup(0)]]"),
+        "the host sets threadgroup memory at index 0"
+    );
     for (_, tag, msl) in DTYPES {
         let line = format!("MOE_COMBINE(moe_combine_{tag}, {msl})");
         assert!(flat.contains(&line), "missing `{line}`");

@@ -1,4 +1,5 @@
-//! Metal host side of `kernels/moe_combine.metal`: one simdgroup per token row.
+//! Metal host side of `kernels/moe_combine.metal`: one threadgroup of 8 simdgroups per token
+//! row.
 //!
 //! The launch geometry here is what `kernels/emu/moe_combine_harness.cpp` emulates; change
 //! both together.
@@ -20,6 +21,9 @@ const SOURCE: KernelSource = KernelSource {
         include_str!("../../../../../kernels/params/moe_combine.h"),
     )],
 };
+
+/// Simdgroups per threadgroup (one threadgroup per token row); the kernel's `kSimdgroups`.
+pub const COMBINE_SIMDGROUPS: usize = 8;
 
 pub(crate) fn moe_combine(
     inputs: &Inputs,
@@ -67,11 +71,12 @@ pub(crate) fn moe_combine(
             depth: 1,
         },
         MTLSize {
-            width: 32,
+            width: 32 * COMBINE_SIMDGROUPS,
             height: 1,
             depth: 1,
         },
-        0,
+        // One partial sum of squares per simdgroup.
+        COMBINE_SIMDGROUPS * std::mem::size_of::<f32>(),
     )?;
     Ok((
         output(&dev, sum, (tokens, hidden), dtype),
