@@ -28,7 +28,9 @@ fn random_rows(rng: &mut Rng, rows: usize, cols: usize, bits: usize, gs: usize) 
     let levels = (1u64 << bits) - 1;
     (0..rows)
         .map(|_| {
-            let q = (0..cols).map(|_| (rng.next() % (levels + 1)) as u32).collect();
+            let q = (0..cols)
+                .map(|_| (rng.next() % (levels + 1)) as u32)
+                .collect();
             let scales: Vec<f32> = (0..cols / gs)
                 .map(|_| half::bf16::from_f32(rng.uniform(0.5, 1.0) * 0.2 / levels as f32).to_f32())
                 .collect();
@@ -44,7 +46,8 @@ fn random_rows(rng: &mut Rng, rows: usize, cols: usize, bits: usize, gs: usize) 
 /// A stacked matrix of `experts` blocks of the given rows.
 fn stack(blocks: &[Rows], cols: usize, bits: usize, gs: usize) -> AffineTensor {
     let rows = blocks[0].len();
-    let (mut packed, mut scales, mut biases) = (Vec::<u32>::new(), Vec::<f32>::new(), Vec::<f32>::new());
+    let (mut packed, mut scales, mut biases) =
+        (Vec::<u32>::new(), Vec::<f32>::new(), Vec::<f32>::new());
     for block in blocks {
         for (q, s, b) in block.iter() {
             packed.extend(pack_row(q, bits));
@@ -52,15 +55,27 @@ fn stack(blocks: &[Rows], cols: usize, bits: usize, gs: usize) -> AffineTensor {
             biases.extend(b);
         }
     }
-    let m = AffineMatrix::new(bits, gs, [blocks.len(), rows, cols], packed, scales, biases).unwrap();
+    let m =
+        AffineMatrix::new(bits, gs, [blocks.len(), rows, cols], packed, scales, biases).unwrap();
     AffineTensor::upload(&m, &Device::Cpu).unwrap()
 }
 
 /// `(gate_up [E, 2·Im, H], gate [E, Im, H], up [E, Im, H])` from the same random rows.
-fn stacks(experts: usize, im: usize, h: usize, bits: usize, gs: usize, seed: u64) -> [AffineTensor; 3] {
+fn stacks(
+    experts: usize,
+    im: usize,
+    h: usize,
+    bits: usize,
+    gs: usize,
+    seed: u64,
+) -> [AffineTensor; 3] {
     let mut rng = Rng(seed);
-    let gates: Vec<Rows> = (0..experts).map(|_| random_rows(&mut rng, im, h, bits, gs)).collect();
-    let ups: Vec<Rows> = (0..experts).map(|_| random_rows(&mut rng, im, h, bits, gs)).collect();
+    let gates: Vec<Rows> = (0..experts)
+        .map(|_| random_rows(&mut rng, im, h, bits, gs))
+        .collect();
+    let ups: Vec<Rows> = (0..experts)
+        .map(|_| random_rows(&mut rng, im, h, bits, gs))
+        .collect();
     let both: Vec<Rows> = gates
         .iter()
         .zip(&ups)
@@ -74,10 +89,25 @@ fn stacks(experts: usize, im: usize, h: usize, bits: usize, gs: usize, seed: u64
 }
 
 fn max_rel(got: &Tensor, want: &Tensor) -> f32 {
-    let a: Vec<f32> = got.to_dtype(DType::F32).unwrap().flatten_all().unwrap().to_vec1().unwrap();
-    let b: Vec<f32> = want.to_dtype(DType::F32).unwrap().flatten_all().unwrap().to_vec1().unwrap();
+    let a: Vec<f32> = got
+        .to_dtype(DType::F32)
+        .unwrap()
+        .flatten_all()
+        .unwrap()
+        .to_vec1()
+        .unwrap();
+    let b: Vec<f32> = want
+        .to_dtype(DType::F32)
+        .unwrap()
+        .flatten_all()
+        .unwrap()
+        .to_vec1()
+        .unwrap();
     let max = b.iter().fold(0f32, |m, v| m.max(v.abs()));
-    a.iter().zip(&b).fold(0f32, |m, (x, y)| m.max((x - y).abs())) / max
+    a.iter()
+        .zip(&b)
+        .fold(0f32, |m, (x, y)| m.max((x - y).abs()))
+        / max
 }
 
 #[test]
@@ -93,18 +123,29 @@ fn twin_matches_the_composed_products() {
             let [gate_up, gate, up] = stacks(experts, im, h, bits, gs, (im * h + bits) as u64);
             let mut rng = Rng(7 + tokens as u64);
             let x: Vec<f32> = (0..tokens * h).map(|_| rng.uniform(-1.0, 1.0)).collect();
-            let x = Tensor::from_vec(x, (tokens, h), &Device::Cpu).unwrap().to_dtype(dtype).unwrap();
-            let ids: Vec<u32> = (0..tokens * slots).map(|_| (rng.next() % experts as u64) as u32).collect();
+            let x = Tensor::from_vec(x, (tokens, h), &Device::Cpu)
+                .unwrap()
+                .to_dtype(dtype)
+                .unwrap();
+            let ids: Vec<u32> = (0..tokens * slots)
+                .map(|_| (rng.next() % experts as u64) as u32)
+                .collect();
             let ids = Tensor::from_vec(ids, (tokens, slots), &Device::Cpu).unwrap();
             assert!(gate_up.supports_gather_swiglu(tokens, dtype));
             let act = gate_up.gather_swiglu(&x, &ids).unwrap();
-            assert_eq!((act.dims(), act.dtype()), ([tokens, slots, im].as_slice(), dtype));
+            assert_eq!(
+                (act.dims(), act.dtype()),
+                ([tokens, slots, im].as_slice(), dtype)
+            );
             // The composed path of moe.rs.
             let g = gate.gather_matmul_t(&x, &ids).unwrap();
             let u = up.gather_matmul_t(&x, &ids).unwrap();
             let want = (g.silu().unwrap() * u).unwrap();
             let err = max_rel(&act, &want);
-            assert!(err <= tol, "{dtype:?} E={experts} Im={im} H={h} bits={bits}: {err:e}");
+            assert!(
+                err <= tol,
+                "{dtype:?} E={experts} Im={im} H={h} bits={bits}: {err:e}"
+            );
         }
     }
 }
@@ -128,7 +169,7 @@ fn inputs(tokens: usize, slots: usize) -> (Tensor, Tensor) {
 }
 
 fn err(r: anyhow::Result<Tensor>) -> String {
-    r.err().expect("an error").to_string()
+    r.expect_err("an error").to_string()
 }
 
 #[test]

@@ -53,10 +53,25 @@ fn composed(
 }
 
 fn max_rel(got: &Tensor, want: &Tensor) -> f32 {
-    let a: Vec<f32> = got.to_dtype(DType::F32).unwrap().flatten_all().unwrap().to_vec1().unwrap();
-    let b: Vec<f32> = want.to_dtype(DType::F32).unwrap().flatten_all().unwrap().to_vec1().unwrap();
+    let a: Vec<f32> = got
+        .to_dtype(DType::F32)
+        .unwrap()
+        .flatten_all()
+        .unwrap()
+        .to_vec1()
+        .unwrap();
+    let b: Vec<f32> = want
+        .to_dtype(DType::F32)
+        .unwrap()
+        .flatten_all()
+        .unwrap()
+        .to_vec1()
+        .unwrap();
     let max = b.iter().fold(0f32, |m, v| m.max(v.abs()));
-    a.iter().zip(&b).fold(0f32, |m, (x, y)| m.max((x - y).abs())) / max
+    a.iter()
+        .zip(&b)
+        .fold(0f32, |m, (x, y)| m.max((x - y).abs()))
+        / max
 }
 
 #[test]
@@ -69,12 +84,16 @@ fn twin_matches_the_composed_path() {
             let weights = random(&[n, s], seed + 1, 0.0, 0.5, DType::F32);
             let residual = random(&[n, h], seed + 2, -4.0, 4.0, dtype);
             let norm = random(&[h], seed + 3, 0.5, 1.5, dtype);
-            let (sum, normed) = moe_combine(&down, &weights, &residual, Some((&norm, 1e-6))).unwrap();
+            let (sum, normed) =
+                moe_combine(&down, &weights, &residual, Some((&norm, 1e-6))).unwrap();
             let normed = normed.expect("a norm was asked for");
             assert_eq!((sum.dims(), sum.dtype()), (residual.dims(), dtype));
             let (want_sum, want_normed) = composed(&down, &weights, &residual, &norm, 1e-6);
             let (e1, e2) = (max_rel(&sum, &want_sum), max_rel(&normed, &want_normed));
-            assert!(e1 <= tol && e2 <= tol, "{dtype:?} {n}x{s}x{h}: sum {e1:e}, normed {e2:e}");
+            assert!(
+                e1 <= tol && e2 <= tol,
+                "{dtype:?} {n}x{s}x{h}: sum {e1:e}, normed {e2:e}"
+            );
             // Without the norm: the same sum, no normed.
             let (plain, none) = moe_combine(&down, &weights, &residual, None).unwrap();
             assert!(none.is_none());
@@ -102,7 +121,7 @@ fn supports_float_activations() {
 }
 
 fn err(r: anyhow::Result<(Tensor, Option<Tensor>)>) -> String {
-    r.err().expect("an error").to_string()
+    r.expect_err("an error").to_string()
 }
 
 fn zeros(shape: &[usize], dtype: DType) -> Tensor {
@@ -112,7 +131,9 @@ fn zeros(shape: &[usize], dtype: DType) -> Tensor {
 #[test]
 fn rejects_down_that_is_not_three_dimensional() {
     let (w, r) = (zeros(&[2, 3], DType::F32), zeros(&[2, 8], DType::F32));
-    assert!(err(moe_combine(&zeros(&[6, 8], DType::F32), &w, &r, None)).contains("must be [N, S, H]"));
+    assert!(
+        err(moe_combine(&zeros(&[6, 8], DType::F32), &w, &r, None)).contains("must be [N, S, H]")
+    );
 }
 
 #[test]

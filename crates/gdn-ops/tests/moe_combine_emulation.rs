@@ -72,7 +72,14 @@ fn f32s(t: &Tensor) -> Vec<f32> {
 }
 
 impl Case {
-    fn new(seed: u64, dtype: usize, tokens: usize, slots: usize, hidden: usize, norm: bool) -> Self {
+    fn new(
+        seed: u64,
+        dtype: usize,
+        tokens: usize,
+        slots: usize,
+        hidden: usize,
+        norm: bool,
+    ) -> Self {
         let mut rng = Rng(seed);
         let dt = DTYPES[dtype].0;
         Self {
@@ -143,9 +150,7 @@ impl Case {
         }
         let rows = self.tokens * self.hidden;
         for (part, range) in [("sum", 0..rows), ("normed", rows..want.len())] {
-            let max = want[range.clone()]
-                .iter()
-                .fold(0f32, |m, v| m.max(v.abs()));
+            let max = want[range.clone()].iter().fold(0f32, |m, v| m.max(v.abs()));
             for i in range {
                 let (g, w) = (out[i], want[i]);
                 let ulp = match DTYPES[self.dtype].0 {
@@ -153,9 +158,11 @@ impl Case {
                     DType::F16 => w.abs().max(6.1e-5) * 2f32.powi(-10) + 1e-6 * max,
                     _ => w.abs().max(1e-30) * 2f32.powi(-7) + 1e-6 * max,
                 };
-                if !((g - w).abs() <= ulp) {
+                if (g - w).abs() > ulp || g.is_nan() {
                     let at = if part == "sum" { i } else { i - rows };
-                    return Some(format!("{part}[{at}] = {g:e}, twin {w:e} (allowed {ulp:e})"));
+                    return Some(format!(
+                        "{part}[{at}] = {g:e}, twin {w:e} (allowed {ulp:e})"
+                    ));
                 }
             }
         }

@@ -28,7 +28,11 @@ fn composed(
     has_shared: bool,
 ) -> (Tensor, Tensor, Option<Tensor>) {
     let e = logits.dim(1).unwrap() - has_shared as usize;
-    let routed = logits.narrow(1, 0, e).unwrap().to_dtype(DType::F32).unwrap();
+    let routed = logits
+        .narrow(1, 0, e)
+        .unwrap()
+        .to_dtype(DType::F32)
+        .unwrap();
     let max = routed.max_keepdim(D::Minus1).unwrap();
     let exps = routed.broadcast_sub(&max).unwrap().exp().unwrap();
     let probs = exps
@@ -70,10 +74,14 @@ fn f32s(t: &Tensor) -> Vec<f32> {
 fn check(dtype: DType, tokens: usize, experts: usize, k: usize, renorm: bool, shared: bool) {
     let width = experts + shared as usize;
     let seed = (tokens * 1000 + experts * 10 + k) as u64;
-    let logits = Tensor::from_vec(random(tokens * width, seed, -5.0, 5.0), (tokens, width), &Device::Cpu)
-        .unwrap()
-        .to_dtype(dtype)
-        .unwrap();
+    let logits = Tensor::from_vec(
+        random(tokens * width, seed, -5.0, 5.0),
+        (tokens, width),
+        &Device::Cpu,
+    )
+    .unwrap()
+    .to_dtype(dtype)
+    .unwrap();
     let (ids, weights) = moe_route(&logits, k, renorm, shared).unwrap();
     let slots = k + shared as usize;
     assert_eq!(ids.dims(), [tokens, slots]);
@@ -101,12 +109,18 @@ fn check(dtype: DType, tokens: usize, experts: usize, k: usize, renorm: bool, sh
             wb.sort_by(f32::total_cmp);
             if a != b {
                 // A tie at the cut: the k-th weight equals the next one; the weights agree.
-                assert!((wa[0] - wb[0]).abs() <= tol, "token {n}: ids {a:?} vs {b:?}");
+                assert!(
+                    (wa[0] - wb[0]).abs() <= tol,
+                    "token {n}: ids {a:?} vs {b:?}"
+                );
             }
         }
         for j in 0..k {
             let (g, w) = (weights[n][j], want_w[n][j]);
-            assert!((g - w).abs() <= tol * w.abs().max(1e-3), "token {n} slot {j}: {g} vs {w}");
+            assert!(
+                (g - w).abs() <= tol * w.abs().max(1e-3),
+                "token {n} slot {j}: {g} vs {w}"
+            );
         }
         if let Some(s) = &want_shared {
             assert_eq!(ids[n][k], experts as u32);
@@ -151,7 +165,7 @@ fn supports_covers_the_qwen_routers_only() {
 }
 
 fn err(r: anyhow::Result<(Tensor, Tensor)>) -> String {
-    r.err().expect("an error").to_string()
+    r.expect_err("an error").to_string()
 }
 
 #[test]

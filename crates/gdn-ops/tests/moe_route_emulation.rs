@@ -126,7 +126,11 @@ impl Case {
         let out = emu::run_harness(harness(), &bytes)?;
         let n = self.tokens * (self.top_k + self.has_shared as usize);
         if out.len() != 2 * n {
-            return Err(format!("harness wrote {} values, expected {}", out.len(), 2 * n));
+            return Err(format!(
+                "harness wrote {} values, expected {}",
+                out.len(),
+                2 * n
+            ));
         }
         Ok((
             out[..n].iter().map(|f| f.to_bits()).collect(),
@@ -147,7 +151,7 @@ impl Case {
             return Some(format!("ids {ids:?}, twin {want_ids:?}"));
         }
         for (i, (g, w)) in weights.iter().zip(&want_w).enumerate() {
-            if !((g - w).abs() <= 1e-5) {
+            if (g - w).abs() > 1e-5 || g.is_nan() {
                 return Some(format!("weights[{i}] = {g:e}, twin {w:e}"));
             }
         }
@@ -226,7 +230,11 @@ fn moe_route_abi_in_source() {
         std::fs::read_to_string(emu::workspace_root().join("kernels/moe_route.metal")).unwrap();
     let flat = emu::flatten_source(&src);
     assert!(flat.contains("#include \"params/moe_route.h\""));
-    emu::assert_buffers(&flat, "#define MOE_ROUTE(", &["logits", "ids", "weights", "p"]);
+    emu::assert_buffers(
+        &flat,
+        "#define MOE_ROUTE(",
+        &["logits", "ids", "weights", "p"],
+    );
     for (_, tag, msl) in DTYPES {
         let line = format!("MOE_ROUTE(moe_route_{tag}, {msl})");
         assert!(flat.contains(&line), "missing `{line}`");

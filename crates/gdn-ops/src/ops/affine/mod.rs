@@ -120,10 +120,10 @@ impl AffineTensor {
     pub fn supports_gather_swiglu(&self, tokens: usize, dtype: DType) -> bool {
         (1..=MATVEC_MAX_ROWS).contains(&tokens)
             && self.rows >= 2
-            && self.rows % 2 == 0
+            && self.rows.is_multiple_of(2)
             && matches!(self.bits, 2 | 3 | 4 | 5 | 6 | 8)
-            && self.group_size % 8 == 0
-            && self.cols % self.group_size == 0
+            && self.group_size.is_multiple_of(8)
+            && self.cols.is_multiple_of(self.group_size)
             && matches!(dtype, DType::F32 | DType::F16 | DType::BF16)
             && matches!(self.scales.dtype(), DType::F32 | DType::F16 | DType::BF16)
     }
@@ -141,7 +141,7 @@ impl AffineTensor {
         let (n, slots) = ids.dims2()?;
         ensure!(ids.dtype() == DType::U32, "expert ids must be u32");
         ensure!(
-            self.rows % 2 == 0,
+            self.rows.is_multiple_of(2),
             "expert swiglu: {} rows per expert are not gate rows then as many up rows",
             self.rows
         );
