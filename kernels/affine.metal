@@ -427,10 +427,12 @@ AFFINE_DEQUANT(affine_dequant_bf16_bf16, bfloat, bfloat)
 
 AFFINE_QMV_SWIGLU(affine_qmv_swiglu_f32_f32, float, float)
 AFFINE_QMV_SWIGLU(affine_qmv_swiglu_f32_f16, float, half)
-AFFINE_QMV_SWIGLU(affine_qmv_swiglu_f32_bf16, float, bfloat)
 AFFINE_QMV_SWIGLU(affine_qmv_swiglu_f16_f32, half, float)
 AFFINE_QMV_SWIGLU(affine_qmv_swiglu_f16_f16, half, half)
+#if defined(__HAVE_BFLOAT__)
+AFFINE_QMV_SWIGLU(affine_qmv_swiglu_f32_bf16, float, bfloat)
 AFFINE_QMV_SWIGLU(affine_qmv_swiglu_f16_bf16, half, bfloat)
 AFFINE_QMV_SWIGLU(affine_qmv_swiglu_bf16_f32, bfloat, float)
 AFFINE_QMV_SWIGLU(affine_qmv_swiglu_bf16_f16, bfloat, half)
 AFFINE_QMV_SWIGLU(affine_qmv_swiglu_bf16_bf16, bfloat, bfloat)
+#endif
