@@ -14,6 +14,12 @@
 //     block = (32, W) threads (one warp per output), grid = (ceil(rows / W), out_rows).
 //     An out-of-range expert id writes NaN (the kernel cannot report it; the host checks
 //     ids it produced itself).
+//   affine_products_swiglu_<x>_<s>(packed, scales, biases, x, ids, y, AffineParams p,
+//                                  u32 experts)
+//     The SwiGLU of a stacked gate-and-up matrix (rows = 2 * Im per expert: gate rows 0..Im,
+//     up rows Im..2Im): y[i, a] = <x>(silu(g) * u) with g = <x>(row a . x) and
+//     u = <x>(row Im + a . x) of expert e, silu(g) = g / (1 + exp(-g)) in f32; y [out_rows, Im].
+//     block = (32, W), grid = (ceil(Im / W), out_rows); NaN for an out-of-range expert id.
 //   affine_dequantize_<o>_<s>(packed, scales, biases, ids, out, AffineParams p, u32 count,
 //                             u32 total_rows)
 //     out[i, j] = w[has_ids ? ids[i] : i, j] for i < count, rounded once into <o>; a row id
@@ -105,19 +111,11 @@ __device__ __forceinline__ float lane_dot_elements(const uint32_t* packed, const
   return acc;
 }
 
+// Stacked row `row` . xr over the whole warp: every lane returns the full sum.
 template <typename X, typename S>
-__device__ void products(const uint32_t* packed, const S* scales, const S* biases, const X* x,
-                         const uint32_t* ids, X* y, const AffineParams p, uint32_t experts) {
-  const uint32_t i = blockIdx.y, r = blockIdx.x * blockDim.y + threadIdx.y;
-  const uint32_t lane = threadIdx.x;
-  if (i >= p.out_rows || r >= p.rows) return;
-  const uint32_t e = p.has_ids ? ids[i] : 0;
-  if (e >= experts) {
-    if (lane == 0) y[(size_t)i * p.rows + r] = from_f32<X>(__int_as_float(0x7fc00000));
-    return;
-  }
-  const X* xr = x + (size_t)(i / p.x_div) * p.cols;
-  const uint32_t row = e * p.rows + r;
+__device__ __forceinline__ float warp_dot(const uint32_t* packed, const S* scales, const S* biases,
+                                          const X* xr, const AffineParams& p, uint32_t row,
+                                          uint32_t lane) {
   const uint32_t* row_words = packed + (size_t)row * (p.cols * p.bits / 32);
   const size_t groups = p.cols / p.group_size;
   const S* row_scales = scales + (size_t)row * groups;
@@ -130,7 +128,44 @@ __device__ void products(const uint32_t* packed, const S* scales, const S* biase
     default: acc = lane_dot_elements(packed, scales, biases, xr, p, row, lane);
   }
   for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
+  return acc;
+}
+
+template <typename X, typename S>
+__device__ void products(const uint32_t* packed, const S* scales, const S* biases, const X* x,
+                         const uint32_t* ids, X* y, const AffineParams p, uint32_t experts) {
+  const uint32_t i = blockIdx.y, r = blockIdx.x * blockDim.y + threadIdx.y;
+  const uint32_t lane = threadIdx.x;
+  if (i >= p.out_rows || r >= p.rows) return;
+  const uint32_t e = p.has_ids ? ids[i] : 0;
+  if (e >= experts) {
+    if (lane == 0) y[(size_t)i * p.rows + r] = from_f32<X>(__int_as_float(0x7fc00000));
+    return;
+  }
+  const X* xr = x + (size_t)(i / p.x_div) * p.cols;
+  const float acc = warp_dot(packed, scales, biases, xr, p, e * p.rows + r, lane);
   if (lane == 0) y[(size_t)i * p.rows + r] = from_f32<X>(acc);
+}
+
+// SwiGLU over a stacked gate-and-up matrix (p.rows = 2 * Im per expert: gate rows, then up
+// rows): y[i, a] = X(silu(g) * u), g = X(row a . x), u = X(row Im + a . x), f32 in between.
+template <typename X, typename S>
+__device__ void swiglu(const uint32_t* packed, const S* scales, const S* biases, const X* x,
+                       const uint32_t* ids, X* y, const AffineParams p, uint32_t experts) {
+  const uint32_t im = p.rows / 2;
+  const uint32_t i = blockIdx.y, a = blockIdx.x * blockDim.y + threadIdx.y;
+  const uint32_t lane = threadIdx.x;
+  if (i >= p.out_rows || a >= im) return;
+  const uint32_t e = p.has_ids ? ids[i] : 0;
+  if (e >= experts) {
+    if (lane == 0) y[(size_t)i * im + a] = from_f32<X>(__int_as_float(0x7fc00000));
+    return;
+  }
+  const X* xr = x + (size_t)(i / p.x_div) * p.cols;
+  const float g = to_f32(from_f32<X>(warp_dot(packed, scales, biases, xr, p, e * p.rows + a, lane)));
+  const float u =
+      to_f32(from_f32<X>(warp_dot(packed, scales, biases, xr, p, e * p.rows + im + a, lane)));
+  if (lane == 0) y[(size_t)i * im + a] = from_f32<X>(g / (1.f + expf(-g)) * u);
 }
 
 template <typename O, typename S>
@@ -152,6 +187,11 @@ __device__ void dequantize(const uint32_t* packed, const S* scales, const S* bia
       const uint32_t* packed, const ST* scales, const ST* biases, const XT* x,               \
       const uint32_t* ids, XT* y, const AffineParams p, const uint32_t experts) {            \
     affine::products<XT, ST>(packed, scales, biases, x, ids, y, p, experts);                 \
+  }                                                                                          \
+  extern "C" __global__ void affine_products_swiglu_##XN##_##SN(                             \
+      const uint32_t* packed, const ST* scales, const ST* biases, const XT* x,               \
+      const uint32_t* ids, XT* y, const AffineParams p, const uint32_t experts) {            \
+    affine::swiglu<XT, ST>(packed, scales, biases, x, ids, y, p, experts);                   \
   }                                                                                          \
   extern "C" __global__ void affine_dequantize_##XN##_##SN(                                  \
       const uint32_t* packed, const ST* scales, const ST* biases, const uint32_t* ids,       \

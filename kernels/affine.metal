@@ -18,6 +18,10 @@
 // Launch geometry (the host uses exactly this; kernels/emu/affine_harness.cpp emulates it):
 //  * affine_qmv_{in}_{sc}: threadgroups (ceil(R/8), M, 1), threads per threadgroup
 //    (32, 2, 1). Each of the two simdgroups computes 4 consecutive output rows.
+//  * affine_qmv_swiglu_{in}_{sc}: as affine_qmv over the R/2 activations of a stacked
+//    gate-and-up matrix (R = 2*Im rows per expert): threadgroups (ceil(R/2/8), M, 1),
+//    threads (32, 2, 1); each simdgroup reads 4 gate and the 4 matching up rows and writes
+//    4 consecutive activations of y [M, R/2].
 //  * affine_dequant_{out}_{sc}: threadgroups (ceil(K/8/64), M, 1), threads per threadgroup
 //    (64, 1, 1). Each thread writes 8 consecutive values of one output row.
 
@@ -176,6 +180,117 @@ inline void affine_qmv_impl(
   }
 }
 
+// One simdgroup's (up to) 4 SwiGLU activations a0.. of output row i, with expert e of a
+// stacked [E, 2*Im, K] matrix whose expert holds its gate rows 0..Im, then its up rows
+// Im..2*Im (p.rows = 2*Im): g and u are rounded to InT as separate products would be, then
+// act = InT(silu(g) * u) in f32.
+template <typename InT, typename ScT, uint BITS>
+inline void affine_qmv_swiglu_rows(
+    const device uint* w,
+    const device ScT* scales,
+    const device ScT* biases,
+    const device InT* x,
+    device InT* y,
+    constant AffineParams& p,
+    uint e,
+    uint i,
+    uint a0,
+    uint lane) {
+  constexpr uint kRows = 4;          // QMV_ROWS_PER_SIMDGROUP on the host
+  constexpr uint kPerLane = 8;       // consecutive columns per lane and step
+  constexpr uint kStep = 32 * kPerLane;
+  const uint K = p.cols;
+  const uint im = p.rows / 2;
+  const uint wpr = K * BITS / 32;
+  const uint gpr = K / p.group_size;
+  // Same for all 32 lanes: the skipped activations (past Im) are skipped by the whole
+  // simdgroup.
+  const uint nrows = im - a0 < kRows ? im - a0 : kRows;
+  const ulong gate0 = ulong(e) * p.rows + a0;
+  const ulong up0 = gate0 + im;
+  const device InT* xr = x + ulong(i / p.x_div) * K;
+
+  // acc[0..4): gate rows, acc[4..8): the matching up rows.
+  float acc[2 * kRows];
+  for (uint rr = 0; rr < 2 * kRows; ++rr) {
+    acc[rr] = 0.0f;
+  }
+  for (uint j0 = lane * kPerLane; j0 < K; j0 += kStep) {
+    float xv[kPerLane];
+    float xsum = 0.0f;
+    for (uint t = 0; t < kPerLane; ++t) {
+      xv[t] = float(xr[j0 + t]);
+      xsum += xv[t];
+    }
+    const uint g = j0 / p.group_size;
+    for (uint rr = 0; rr < 2 * kRows; ++rr) {
+      if (rr % kRows < nrows) {
+        const ulong row = rr < kRows ? gate0 + rr : up0 + (rr - kRows);
+        const Quants8 q = load_quants8<BITS>(w + row * wpr, j0);
+        float qx = 0.0f;
+        for (uint t = 0; t < kPerLane; ++t) {
+          qx += q.q[t] * xv[t];
+        }
+        const ulong sb = row * gpr + g;
+        acc[rr] += float(scales[sb]) * qx + float(biases[sb]) * xsum;
+      }
+    }
+  }
+  // All reductions first, then one store branch (as in affine_qmv_rows).
+  for (uint rr = 0; rr < 2 * kRows; ++rr) {
+    if (rr % kRows < nrows) {
+      acc[rr] = simd_sum(acc[rr]);
+    }
+  }
+  if (lane == 0) {
+    for (uint rr = 0; rr < kRows; ++rr) {
+      if (rr < nrows) {
+        const float gate = float(static_cast<InT>(acc[rr]));
+        const float up = float(static_cast<InT>(acc[rr + kRows]));
+        y[ulong(i) * im + a0 + rr] = static_cast<InT>(gate / (1.0f + exp(-gate)) * up);
+      }
+    }
+  }
+}
+
+template <typename InT, typename ScT>
+inline void affine_qmv_swiglu_impl(
+    const device uint* w,
+    const device ScT* scales,
+    const device ScT* biases,
+    const device InT* x,
+    const device uint* ids,
+    device InT* y,
+    constant AffineParams& p,
+    uint3 tg,
+    uint simdgroup,
+    uint lane) {
+  constexpr uint kRows = 4;        // QMV_ROWS_PER_SIMDGROUP on the host
+  constexpr uint kSimdgroups = 2;  // QMV_SIMDGROUPS on the host
+  const uint i = tg.y;
+  const uint a0 = tg.x * (kRows * kSimdgroups) + simdgroup * kRows;
+  // Both depend on the simdgroup only: whole simdgroups leave.
+  if (i >= p.out_rows || a0 >= p.rows / 2) {
+    return;
+  }
+  const uint e = p.has_ids != 0 ? ids[i] : 0u;
+  switch (p.bits) {
+    case 2: affine_qmv_swiglu_rows<InT, ScT, 2>(w, scales, biases, x, y, p, e, i, a0, lane); break;
+    case 3: affine_qmv_swiglu_rows<InT, ScT, 3>(w, scales, biases, x, y, p, e, i, a0, lane); break;
+    case 4: affine_qmv_swiglu_rows<InT, ScT, 4>(w, scales, biases, x, y, p, e, i, a0, lane); break;
+    case 5: affine_qmv_swiglu_rows<InT, ScT, 5>(w, scales, biases, x, y, p, e, i, a0, lane); break;
+    case 6: affine_qmv_swiglu_rows<InT, ScT, 6>(w, scales, biases, x, y, p, e, i, a0, lane); break;
+    case 8: affine_qmv_swiglu_rows<InT, ScT, 8>(w, scales, biases, x, y, p, e, i, a0, lane); break;
+    default:
+      if (lane == 0) {
+        for (uint rr = 0; rr < kRows && a0 + rr < p.rows / 2; ++rr) {
+          y[ulong(i) * (p.rows / 2) + a0 + rr] = static_cast<InT>(NAN);
+        }
+      }
+      break;
+  }
+}
+
 template <typename OutT, typename ScT, uint BITS>
 inline void affine_dequant_8(
     const device uint* w,
@@ -261,6 +376,24 @@ inline void affine_dequant_impl(
                               lane);                                               \
   }
 
+// y [M, R/2]: the SwiGLU activations of the gate (rows 0..R/2) and up (rows R/2..R) halves
+// of each expert.
+#define AFFINE_QMV_SWIGLU(name, InT, ScT)                                          \
+  [[kernel]] void name(                                                            \
+      const device uint* w [[buffer(0)]],      /* [E*R, K*bits/32] */              \
+      const device ScT* scales [[buffer(1)]],  /* [E*R, K/group_size] */           \
+      const device ScT* biases [[buffer(2)]],  /* [E*R, K/group_size] */           \
+      const device InT* x [[buffer(3)]],       /* [X, K] */                        \
+      const device uint* ids [[buffer(4)]],    /* [M], read if has_ids */          \
+      device InT* y [[buffer(5)]],             /* [M, R/2] */                      \
+      constant AffineParams& p [[buffer(6)]],                                      \
+      uint3 tg [[threadgroup_position_in_grid]],                                   \
+      uint simdgroup [[simdgroup_index_in_threadgroup]],                           \
+      uint lane [[thread_index_in_simdgroup]]) {                                   \
+    affine_qmv_swiglu_impl<InT, ScT>(w, scales, biases, x, ids, y, p, tg,          \
+                                     simdgroup, lane);                             \
+  }
+
 #define AFFINE_DEQUANT(name, OutT, ScT)                                            \
   [[kernel]] void name(                                                            \
       const device uint* w [[buffer(0)]],      /* [E*R, K*bits/32] */              \
@@ -297,4 +430,16 @@ AFFINE_DEQUANT(affine_dequant_f16_bf16, half, bfloat)
 AFFINE_DEQUANT(affine_dequant_bf16_f32, bfloat, float)
 AFFINE_DEQUANT(affine_dequant_bf16_f16, bfloat, half)
 AFFINE_DEQUANT(affine_dequant_bf16_bf16, bfloat, bfloat)
+#endif
+
+AFFINE_QMV_SWIGLU(affine_qmv_swiglu_f32_f32, float, float)
+AFFINE_QMV_SWIGLU(affine_qmv_swiglu_f32_f16, float, half)
+AFFINE_QMV_SWIGLU(affine_qmv_swiglu_f16_f32, half, float)
+AFFINE_QMV_SWIGLU(affine_qmv_swiglu_f16_f16, half, half)
+#if defined(__HAVE_BFLOAT__)
+AFFINE_QMV_SWIGLU(affine_qmv_swiglu_f32_bf16, float, bfloat)
+AFFINE_QMV_SWIGLU(affine_qmv_swiglu_f16_bf16, half, bfloat)
+AFFINE_QMV_SWIGLU(affine_qmv_swiglu_bf16_f32, bfloat, float)
+AFFINE_QMV_SWIGLU(affine_qmv_swiglu_bf16_f16, bfloat, half)
+AFFINE_QMV_SWIGLU(affine_qmv_swiglu_bf16_bf16, bfloat, bfloat)
 #endif

@@ -8,9 +8,11 @@
 //   normed = InT(f32(sum) * rsqrt(mean_j(f32(sum)^2) + eps) * f32(norm_weight[j]))   (has_norm)
 //
 // Launch geometry (ops/moe_combine/metal.rs; kernels/emu/moe_combine_harness.cpp emulates
-// it): threadgroups (N, 1, 1), threads per threadgroup (32, 1, 1): one simdgroup per token
-// row; lane l takes columns l, l + 32, ... (consecutive lanes, consecutive addresses). The
-// second pass reads back the sum row the same lane wrote, so no barrier is needed.
+// it): threadgroups (N, 1, 1), threads per threadgroup (32 * 8, 1, 1), threadgroup memory
+// 8 floats (32 bytes) at index 0: one threadgroup per token row; thread t takes columns
+// t, t + 256, ... (consecutive threads, consecutive addresses). The sum of squares is reduced
+// per simdgroup, then across the 8 through threadgroup memory. The second pass reads back
+// only the sum values the same thread wrote.
 //
 // Without a norm (has_norm == 0) buffers 3 and 5 are never touched, but bind one there (any
 // buffer) so validation layers stay quiet. bfloat needs MSL 3.1.
@@ -29,9 +31,15 @@ inline void moe_combine_impl(
     device InT* sum,
     device InT* normed,
     constant MoeCombineParams& p,
+    threadgroup float* scratch,
     uint token,
+    uint thread_index,
+    uint simdgroup,
     uint lane) {
-  // The whole simdgroup leaves together: the simd_sum below has all 32 lanes.
+  constexpr uint kSimdgroups = 8;  // COMBINE_SIMDGROUPS on the host
+  constexpr uint kThreads = 32 * kSimdgroups;
+  // The whole threadgroup leaves together: the simd_sum and the barrier below have every
+  // thread.
   if (token >= p.tokens) {
     return;
   }
@@ -42,7 +50,7 @@ inline void moe_combine_impl(
   const ulong row = ulong(token) * H;
 
   float squares = 0.0f;
-  for (uint j = lane; j < H; j += 32) {
+  for (uint j = thread_index; j < H; j += kThreads) {
     float acc = 0.0f;
     for (uint s = 0; s < S; ++s) {
       acc += w[s] * float(d[ulong(s) * H + j]);
@@ -51,12 +59,22 @@ inline void moe_combine_impl(
     sum[row + j] = total;
     squares += float(total) * float(total);
   }
-  // Uniform over the simdgroup: every lane takes the same branch.
+  // Uniform over the threadgroup: every thread takes the same branch.
   if (p.has_norm == 0) {
     return;
   }
-  const float inv_rms = rsqrt(simd_sum(squares) / float(H) + p.eps);
-  for (uint j = lane; j < H; j += 32) {
+  const float simdgroup_squares = simd_sum(squares);
+  if (lane == 0) {
+    scratch[simdgroup] = simdgroup_squares;
+  }
+  threadgroup_barrier(mem_flags::mem_threadgroup);
+  // Every thread sums the 8 partials in the same order: the same value everywhere.
+  float total = 0.0f;
+  for (uint s = 0; s < kSimdgroups; ++s) {
+    total += scratch[s];
+  }
+  const float inv_rms = rsqrt(total / float(H) + p.eps);
+  for (uint j = thread_index; j < H; j += kThreads) {
     normed[row + j] = static_cast<InT>(float(sum[row + j]) * inv_rms * float(norm_weight[j]));
   }
 }
@@ -72,10 +90,13 @@ inline void moe_combine_impl(
       device InT* sum [[buffer(4)]],                /* [N, H] */                  \
       device InT* normed [[buffer(5)]],             /* [N, H], if has_norm */     \
       constant MoeCombineParams& p [[buffer(6)]],                                 \
+      threadgroup float* scratch [[threadgroup(0)]],  /* [8] */                   \
       uint3 tg [[threadgroup_position_in_grid]],                                  \
+      uint thread_index [[thread_index_in_threadgroup]],                          \
+      uint simdgroup [[simdgroup_index_in_threadgroup]],                          \
       uint lane [[thread_index_in_simdgroup]]) {                                  \
     moe_combine_impl<InT>(down, weights, residual, norm_weight, sum, normed, p,   \
-                          tg.x, lane);                                            \
+                          scratch, tg.x, thread_index, simdgroup, lane);          \
   }
 
 MOE_COMBINE(moe_combine_f32, float)

@@ -1,13 +1,14 @@
 // Runs the shipped kernels/affine.metal on the CPU through metal_emu.h. Used by
 // crates/gdn-ops/tests/affine_emulation.rs.
 //
-// stdin, little-endian: "AFFEMU01", then u32 kernel (0 qmv, 1 dequant), value_type (qmv: InT,
+// stdin, little-endian: "AFFEMU01", then u32 kernel (0 qmv, 1 dequant, 2 qmv_swiglu), value_type (qmv: InT,
 // dequant: OutT; 0 f32, 1 f16, 2 bf16), scale_type (same codes), experts E, rows R, cols K,
 // bits, group_size, out_rows M, x_div, has_ids, x_rows X; then packed u32 [E*R, K*bits/32],
 // f32 scales and biases [E*R, K/group_size], for qmv f32 x [X, K], and when has_ids u32 ids
 // [M]. Inputs are converted to the instantiation's InT / ScT here (exactly, when the caller
 // already rounded them).
-// stdout: f32 [M, R] (qmv) or [M, K] (dequant).
+// stdout: f32 [M, R] (qmv), [M, R/2] (qmv_swiglu) or [M, K] (dequant). qmv_swiglu is read
+// like qmv (it takes the same inputs).
 //
 // The launch geometry and the AffineParams the host passes are reproduced here; they must
 // match crates/gdn-ops/src/metal/affine.rs (QMV_ROWS_PER_SIMDGROUP = 4, QMV_SIMDGROUPS = 2,
@@ -212,14 +213,16 @@ constexpr uint kQmvSimdgroups = 2;
 constexpr uint kDequantThreads = 64;
 constexpr uint kDequantValuesPerThread = 8;
 
+// swiglu: affine_qmv_swiglu_*, whose y holds R/2 activations per output row.
 template <class InT, class ScT>
-void run_qmv(const Case& c, QmvKernel<InT, ScT> kernel) {
+void run_qmv(const Case& c, QmvKernel<InT, ScT> kernel, bool swiglu) {
+  const uint y_cols = swiglu ? c.rows / 2 : c.rows;
   Guarded<uint> w("w", c.packed.size(), false);
   Guarded<ScT> scales("scales", c.scales.size(), false);
   Guarded<ScT> biases("biases", c.biases.size(), false);
   Guarded<InT> x("x", c.x.size(), false);
   Guarded<uint> ids("ids", c.ids.size(), false);
-  Guarded<InT> y("y", std::size_t(c.out_rows) * c.rows, true);
+  Guarded<InT> y("y", std::size_t(c.out_rows) * y_cols, true);
   fill(w, c.packed);
   fill(scales, c.scales);
   fill(biases, c.biases);
@@ -229,7 +232,7 @@ void run_qmv(const Case& c, QmvKernel<InT, ScT> kernel) {
   const AffineParams params{c.rows, c.cols, c.bits, c.group_size, c.out_rows, c.x_div, c.has_ids};
 
   const uint rows_per_group = kQmvRowsPerSimdgroup * kQmvSimdgroups;
-  const uint3 groups{(c.rows + rows_per_group - 1) / rows_per_group, c.out_rows, 1};
+  const uint3 groups{(y_cols + rows_per_group - 1) / rows_per_group, c.out_rows, 1};
   const uint3 per_group{32, kQmvSimdgroups, 1};
   metal_emu::dispatch_threadgroups(groups, per_group, [&](const metal_emu::ThreadIds& id) {
     kernel((const device uint*)w.data(), (const device ScT*)scales.data(), (const device ScT*)biases.data(),
@@ -311,20 +314,21 @@ int main() {
   const bool bits_ok = c.bits == 2 || c.bits == 3 || c.bits == 4 || c.bits == 5 || c.bits == 6 || c.bits == 8;
   if (!bits_ok) die("bits must be 2, 3, 4, 5, 6 or 8");
   if (c.group_size == 0 || c.group_size % 8 != 0 || c.cols % c.group_size != 0) die("cols must be a multiple of group_size, itself a multiple of 8");
-  if (c.kernel > 1) die("unknown kernel");
+  if (c.kernel > 2) die("unknown kernel");
+  if (c.kernel == 2 && c.rows % 2 != 0) die("swiglu: rows must be even (gate rows, then up rows)");
   if (c.has_ids > 1) die("has_ids must be 0 or 1");
   const std::size_t stacked = std::size_t(c.experts) * c.rows;
   c.packed = read_raw<std::uint32_t>(stacked * c.cols * c.bits / 32);
   c.scales = read_raw<float>(stacked * (c.cols / c.group_size));
   c.biases = read_raw<float>(stacked * (c.cols / c.group_size));
-  if (c.kernel == 0) {
+  if (c.kernel != 1) {
     if (c.x_div == 0 || c.out_rows == 0 || (c.out_rows - 1) / c.x_div >= c.x_rows) die("qmv: x has too few rows");
     c.x = read_raw<float>(std::size_t(c.x_rows) * c.cols);
   } else if (c.x_rows != 0 || c.x_div != 1) {
     die("dequant takes no x (x_rows 0, x_div 1)");
   }
   c.ids = read_raw<std::uint32_t>(c.has_ids != 0 ? c.out_rows : 0);
-  if (c.kernel == 0) {
+  if (c.kernel != 1) {
     // The qmv kernel does not know E, so it cannot check: ids come from the router's top-k.
     for (std::uint32_t e : c.ids) {
       if (e >= c.experts) die("qmv: expert id out of range");
@@ -337,15 +341,27 @@ int main() {
   if (value_type > 2 || scale_type > 2) die("unknown value_type / scale_type");
   if (c.kernel == 0) {
     switch (which) {
-      case 0: run_qmv<float, float>(c, affine_qmv_f32_f32); break;
-      case 1: run_qmv<float, half>(c, affine_qmv_f32_f16); break;
-      case 2: run_qmv<float, bfloat>(c, affine_qmv_f32_bf16); break;
-      case 3: run_qmv<half, float>(c, affine_qmv_f16_f32); break;
-      case 4: run_qmv<half, half>(c, affine_qmv_f16_f16); break;
-      case 5: run_qmv<half, bfloat>(c, affine_qmv_f16_bf16); break;
-      case 6: run_qmv<bfloat, float>(c, affine_qmv_bf16_f32); break;
-      case 7: run_qmv<bfloat, half>(c, affine_qmv_bf16_f16); break;
-      case 8: run_qmv<bfloat, bfloat>(c, affine_qmv_bf16_bf16); break;
+      case 0: run_qmv<float, float>(c, affine_qmv_f32_f32, false); break;
+      case 1: run_qmv<float, half>(c, affine_qmv_f32_f16, false); break;
+      case 2: run_qmv<float, bfloat>(c, affine_qmv_f32_bf16, false); break;
+      case 3: run_qmv<half, float>(c, affine_qmv_f16_f32, false); break;
+      case 4: run_qmv<half, half>(c, affine_qmv_f16_f16, false); break;
+      case 5: run_qmv<half, bfloat>(c, affine_qmv_f16_bf16, false); break;
+      case 6: run_qmv<bfloat, float>(c, affine_qmv_bf16_f32, false); break;
+      case 7: run_qmv<bfloat, half>(c, affine_qmv_bf16_f16, false); break;
+      case 8: run_qmv<bfloat, bfloat>(c, affine_qmv_bf16_bf16, false); break;
+    }
+  } else if (c.kernel == 2) {
+    switch (which) {
+      case 0: run_qmv<float, float>(c, affine_qmv_swiglu_f32_f32, true); break;
+      case 1: run_qmv<float, half>(c, affine_qmv_swiglu_f32_f16, true); break;
+      case 2: run_qmv<float, bfloat>(c, affine_qmv_swiglu_f32_bf16, true); break;
+      case 3: run_qmv<half, float>(c, affine_qmv_swiglu_f16_f32, true); break;
+      case 4: run_qmv<half, half>(c, affine_qmv_swiglu_f16_f16, true); break;
+      case 5: run_qmv<half, bfloat>(c, affine_qmv_swiglu_f16_bf16, true); break;
+      case 6: run_qmv<bfloat, float>(c, affine_qmv_swiglu_bf16_f32, true); break;
+      case 7: run_qmv<bfloat, half>(c, affine_qmv_swiglu_bf16_f16, true); break;
+      case 8: run_qmv<bfloat, bfloat>(c, affine_qmv_swiglu_bf16_bf16, true); break;
     }
   } else {
     switch (which) {

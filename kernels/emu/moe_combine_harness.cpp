@@ -8,7 +8,7 @@
 // stdout: f32 sum [N, H], then (has_norm) f32 normed [N, H].
 //
 // The launch geometry is ops/moe_combine/metal.rs's: threadgroups (N, 1, 1), threads
-// (32, 1, 1). Memory checks and exit codes: kernels/emu/guarded_buffers.h.
+// (256, 1, 1), 32 bytes of threadgroup memory. Memory checks and exit codes: kernels/emu/guarded_buffers.h.
 //
 // Build: clang++-19 -std=c++17 -O2 --rtlib=compiler-rt -I kernels/emu
 //        kernels/emu/moe_combine_harness.cpp -o moe_combine_harness
@@ -20,10 +20,6 @@
 #include <vector>
 
 #include "metal_emu.h"
-
-#ifndef __HAVE_BFLOAT__
-#define __HAVE_BFLOAT__ 1
-#endif
 
 // Metal's rsqrt, until metal_emu.h has it.
 namespace metal {
@@ -41,7 +37,11 @@ using namespace guarded;
 
 template <class InT>
 using CombineKernel = void (*)(const device InT*, const device float*, const device InT*, const device InT*,
-                               device InT*, device InT*, constant MoeCombineParams&, uint3, uint);
+                               device InT*, device InT*, constant MoeCombineParams&, threadgroup float*, uint3,
+                               uint, uint, uint);
+
+// Mirrors COMBINE_SIMDGROUPS of ops/moe_combine/metal.rs.
+constexpr uint kCombineSimdgroups = 8;
 
 struct Case {
   uint tokens, slots, hidden, has_norm;
@@ -63,12 +63,15 @@ void run(const Case& c, CombineKernel<InT> kernel) {
   fill(residual, c.residual);
   fill(norm_weight, c.norm_weight);
   const MoeCombineParams params{c.tokens, c.slots, c.hidden, c.has_norm, c.eps};
-  metal_emu::dispatch_threadgroups(uint3{c.tokens, 1, 1}, uint3{32, 1, 1}, [&](const metal_emu::ThreadIds& id) {
+  const uint3 per_group{32 * kCombineSimdgroups, 1, 1};
+  const std::size_t scratch_bytes = kCombineSimdgroups * sizeof(float);
+  metal_emu::dispatch_threadgroups(uint3{c.tokens, 1, 1}, per_group, scratch_bytes, [&](const metal_emu::ThreadIds& id) {
     kernel((const device InT*)down.data(), (const device float*)weights.data(), (const device InT*)residual.data(),
            // Unbound without a norm: a read or write would fault.
            c.has_norm != 0 ? (const device InT*)norm_weight.data() : nullptr, (device InT*)sum.data(),
            c.has_norm != 0 ? (device InT*)normed.data() : nullptr, *(constant MoeCombineParams*)&params,
-           id.threadgroup_position_in_grid, id.thread_index_in_simdgroup);
+           id.threadgroup_memory_as<float>(), id.threadgroup_position_in_grid, id.thread_index_in_threadgroup,
+           id.simdgroup_index_in_threadgroup, id.thread_index_in_simdgroup);
   });
   down.check();
   weights.check();

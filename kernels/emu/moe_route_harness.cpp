@@ -20,42 +20,6 @@
 
 #include "metal_emu.h"
 
-#ifndef __HAVE_BFLOAT__
-#define __HAVE_BFLOAT__ 1
-#endif
-
-// simd_max / simd_min, built from simd_sum until metal_emu.h has them: the maximum of an
-// order-preserving u32 key, decided bit by bit from the top (32 rendezvous of all lanes).
-namespace metal {
-
-inline uint emu_simd_max_key(uint key) {
-  uint prefix = 0;
-  for (int b = 31; b >= 0; --b) {
-    const uint bit = 1u << b;
-    const uint high = ~(bit - 1u);  // bits b and above
-    const bool extends = (key & high) == (prefix | bit);
-    if (simd_sum(extends ? 1.0f : 0.0f) > 0.0f) prefix |= bit;
-  }
-  return prefix;
-}
-
-inline uint simd_max(uint x) { return emu_simd_max_key(x); }
-inline uint simd_min(uint x) { return ~emu_simd_max_key(~x); }
-
-inline float simd_max(float x) {
-  uint u;
-  std::memcpy(&u, &x, 4);
-  // Negative floats order reversed: flip all their bits; positive ones: set the sign bit.
-  const uint key = (u & 0x80000000u) != 0 ? ~u : (u | 0x80000000u);
-  const uint best = emu_simd_max_key(key);
-  const uint back = (best & 0x80000000u) != 0 ? (best & 0x7FFFFFFFu) : ~best;
-  float out;
-  std::memcpy(&out, &back, 4);
-  return out;
-}
-
-}  // namespace metal
-
 #include "../moe_route.metal"
 
 #define HARNESS_NAME "moe_route_harness"

@@ -1,6 +1,7 @@
 //! The shipped Metal kernels `kernels/affine.metal`, compiled as C++ with clang-19 and the
 //! Metal emulation header (`kernels/emu/`), run on the CPU for all nine
-//! `affine_qmv_{in}_{sc}` and nine `affine_dequant_{out}_{sc}` kernels and compared with the
+//! `affine_qmv_{in}_{sc}`, nine `affine_dequant_{out}_{sc}` and nine
+//! `affine_qmv_swiglu_{in}_{sc}` kernels and compared with the
 //! Rust reference of MLX affine quantization, [`gdn_ops::affine::AffineMatrix`].
 //!
 //! Needs Debian's `clang-19` and `libclang-rt-19-dev` (the harness links with
@@ -20,6 +21,9 @@
 //!   f32 `s·q + b`; the ulp is the one rounding to InT. The bound is relative to the terms
 //!   before cancellation, so it is sound whatever the signs, and tight enough (about 3e-6 of
 //!   that sum) that dropping one column of 2048 fails it.
+//! - qmv_swiglu: every activation within what the qmv allowance of its gate and up products,
+//!   plus one rounding of each to InT, can move `silu(g)·u` (|silu'| ≤ 1.1), plus 1e-6
+//!   relative for f32 exp and products and one ulp of InT for the final rounding.
 //! - dequant: bit for bit the reference's f32 `s·q + b` rounded once to OutT (NaN for a row
 //!   id past the stacked matrix). Exact because the harness is built with
 //!   `-ffp-contract=off`, so the kernel's `s * q + b` is the same multiply and add as the
@@ -95,13 +99,17 @@ const GROUPS: [usize; 3] = [32, 64, 128];
 enum Kernel {
     Qmv,
     Dequant,
+    /// `affine_qmv_swiglu_*`: a stacked gate-and-up matrix, read like qmv.
+    Swiglu,
 }
 
 impl Kernel {
     fn name(self) -> &'static str {
-        ["affine_qmv", "affine_dequant"][self as usize]
+        ["affine_qmv", "affine_dequant", "affine_qmv_swiglu"][self as usize]
     }
 }
+
+const KERNELS: [Kernel; 3] = [Kernel::Qmv, Kernel::Dequant, Kernel::Swiglu];
 
 /// Compiles the harness once per test binary.
 fn harness() -> &'static Path {
@@ -425,6 +433,54 @@ fn cases() -> Vec<Case> {
         Some(vec![5, 6, 0]),
         3,
     ));
+
+    // qmv_swiglu: every width x group size x instantiation, gathered as the MoE block does
+    // (x [N, H], ids [N, S], x_div = S); Im = 13 and 3 leave idle simdgroups and rows, 8
+    // fills a threadgroup.
+    for (bi, &bits) in BITS.iter().enumerate() {
+        for (gi, &gs) in GROUPS.iter().enumerate() {
+            for (pi, &(vt, st)) in pairs.iter().enumerate() {
+                if (bi + gi + pi) % 3 != 0 {
+                    continue;
+                }
+                let k = widths(gs)[(bi + pi) % 4];
+                let im = [13, 8, 3, 6][(gi + pi) % 4];
+                let (tokens, slots) = [(1, 3), (2, 2), (4, 1)][(bi + pi) % 3];
+                let mut rng = Rng(next_seed() ^ 0x5A5A);
+                let ids: Vec<u32> = (0..tokens * slots).map(|_| rng.below(4) as u32).collect();
+                let mut c = qmv_case(
+                    next_seed(),
+                    vt,
+                    st,
+                    Shape::new(4, 2 * im, k, bits, gs),
+                    tokens,
+                    slots,
+                    Some(ids),
+                    tokens * slots,
+                );
+                c.kernel = Kernel::Swiglu;
+                c.label = c.label.replacen("affine_qmv", "affine_qmv_swiglu", 1);
+                out.push(c);
+            }
+        }
+    }
+    // The Qwen3-Next-80B expert shape (H = 2048, Im = 512, 4 bits, group 64), the shared
+    // expert appended as the last of 3 stacked experts, one token of 3 slots.
+    for (vt, st) in [(Ty::Bf16, Ty::Bf16), (Ty::F16, Ty::F16)] {
+        let mut c = qmv_case(
+            next_seed(),
+            vt,
+            st,
+            Shape::new(3, 1024, 2048, 4, 64),
+            1,
+            3,
+            Some(vec![1, 0, 2]),
+            3,
+        );
+        c.kernel = Kernel::Swiglu;
+        c.label = c.label.replacen("affine_qmv", "affine_qmv_swiglu", 1);
+        out.push(c);
+    }
     out
 }
 
@@ -463,6 +519,7 @@ fn run_harness(c: &Case) -> Result<Vec<f32>, String> {
         * match c.kernel {
             Kernel::Qmv => m.rows,
             Kernel::Dequant => m.cols,
+            Kernel::Swiglu => m.rows / 2,
         };
     if floats.len() != want {
         return Err(format!(
@@ -523,6 +580,68 @@ fn check_qmv(c: &Case, got: &[f32]) -> Option<String> {
     }
 }
 
+/// The exact `x·W[row]` (f64) and the allowance of the kernel's f32 product (as in
+/// [`check_qmv`], without the final rounding).
+fn exact_product(m: &AffineMatrix, row: usize, x: &[f32]) -> (f64, f64) {
+    let (k, gs) = (m.cols, m.group_size);
+    let (wpr, gpr) = (m.words_per_row(), m.groups_per_row());
+    let n = 46 + k.div_ceil(256) + 3;
+    let gamma = n as f64 * 2f64.powi(-24) * 1.001;
+    let (mut w, mut q) = (vec![0f32; k], vec![0f32; k]);
+    let (scales, biases) = (m.scales().to_f32_vec(), m.biases().to_f32_vec());
+    m.dequantize_row(row, &mut w);
+    unpack_row(&m.packed()[row * wpr..][..wpr], m.bits, &mut q);
+    let (mut want, mut magnitude) = (0f64, 0f64);
+    for j in 0..k {
+        let (s, b) = (scales[row * gpr + j / gs], biases[row * gpr + j / gs]);
+        want += w[j] as f64 * x[j] as f64;
+        magnitude += ((s as f64 * q[j] as f64).abs() + (b as f64).abs()) * (x[j] as f64).abs();
+    }
+    (want, gamma * magnitude)
+}
+
+/// Checks a qmv_swiglu case: every activation within what the errors of g and u (their f32
+/// products, then one rounding each to InT) can move `silu(g)·u` (|silu'| <= 1.1), plus f32
+/// exp and product error and the final rounding to InT.
+fn check_swiglu(c: &Case, got: &[f32]) -> Option<String> {
+    let m = &c.m;
+    let (k, im) = (m.cols, m.rows / 2);
+    let silu = |g: f64| g / (1.0 + (-g).exp());
+    let (mut worst, mut report) = (0f64, None);
+    for i in 0..c.out_rows {
+        let e = c.ids.as_ref().expect("gathered")[i] as usize;
+        let x = &c.x[(i / c.x_div) * k..][..k];
+        for a in 0..im {
+            let (g, g_err) = exact_product(m, e * m.rows + a, x);
+            let (u, u_err) = exact_product(m, e * m.rows + im + a, x);
+            let dg = g_err + c.vt.ulp(g.abs() + g_err);
+            let du = u_err + c.vt.ulp(u.abs() + u_err);
+            let want = silu(g) * u;
+            let y = got[i * im + a] as f64;
+            let allowed = 1.1 * dg * (u.abs() + du)
+                + silu(g).abs() * du
+                + 1e-6 * want.abs()
+                + c.vt.ulp(y.abs().max(want.abs()));
+            let excess = if y.is_finite() {
+                (y - want).abs() / allowed
+            } else {
+                f64::INFINITY
+            };
+            if excess > worst {
+                worst = excess;
+                report = Some(format!(
+                    "act[{i}, {a}] = {y:e} vs exact {want:e} (g {g:e}, u {u:e}): {excess:.3e}x the allowed {allowed:.3e}"
+                ));
+            }
+        }
+    }
+    if worst > 1.0 {
+        report
+    } else {
+        None
+    }
+}
+
 /// The largest qmv error seen, as a fraction of its allowance (how tight the gate is).
 static WORST_QMV: Mutex<f64> = Mutex::new(0.0);
 
@@ -576,7 +695,7 @@ fn shipped_affine_kernels_match_the_cpu_reference() {
     harness();
     let jobs = cases();
     // Coverage the cases are meant to have.
-    for kernel in [Kernel::Qmv, Kernel::Dequant] {
+    for kernel in KERNELS {
         for (v, s) in pairs() {
             assert!(jobs
                 .iter()
@@ -607,6 +726,7 @@ fn shipped_affine_kernels_match_the_cpu_reference() {
                     Ok(got) => match c.kernel {
                         Kernel::Qmv => check_qmv(c, &got),
                         Kernel::Dequant => check_dequant(c, &got),
+                        Kernel::Swiglu => check_swiglu(c, &got),
                     },
                 };
                 if let Some(bad) = bad {
@@ -621,16 +741,17 @@ fn shipped_affine_kernels_match_the_cpu_reference() {
     let mut failures = failures.into_inner().unwrap();
     failures.sort();
     eprintln!(
-        "{} cases ({} qmv, {} dequant) in {:.1}s; worst qmv error {:.3} of its allowance",
+        "{} cases ({} qmv, {} dequant, {} qmv_swiglu) in {:.1}s; worst qmv error {:.3} of its allowance",
         jobs.len(),
         jobs.iter().filter(|c| c.kernel == Kernel::Qmv).count(),
         jobs.iter().filter(|c| c.kernel == Kernel::Dequant).count(),
+        jobs.iter().filter(|c| c.kernel == Kernel::Swiglu).count(),
         started.elapsed().as_secs_f32(),
         *WORST_QMV.lock().unwrap()
     );
     // Per kernel: how many of its cases fail, and the first failure.
     let mut report = vec![];
-    for kernel in [Kernel::Qmv, Kernel::Dequant] {
+    for kernel in KERNELS {
         for (v, s) in pairs() {
             let of = |i: usize| (jobs[i].kernel, jobs[i].vt, jobs[i].st) == (kernel, v, s);
             let mine: Vec<_> = failures.iter().filter(|(i, _)| of(*i)).collect();
@@ -698,6 +819,10 @@ fn kernel_abi_in_source() {
             "#define AFFINE_DEQUANT(",
             &["w", "scales", "biases", "ids", "out", "p"][..],
         ),
+        (
+            "#define AFFINE_QMV_SWIGLU(",
+            &["w", "scales", "biases", "x", "ids", "y", "p"][..],
+        ),
     ];
     for (start, buffers) in kernels {
         let mut from = flat
@@ -721,6 +846,7 @@ fn kernel_abi_in_source() {
         for (kernel, mac) in [
             (Kernel::Qmv, "AFFINE_QMV"),
             (Kernel::Dequant, "AFFINE_DEQUANT"),
+            (Kernel::Swiglu, "AFFINE_QMV_SWIGLU"),
         ] {
             let line = format!(
                 "{mac}({}_{}, {}, {})",

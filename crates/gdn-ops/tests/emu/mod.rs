@@ -117,3 +117,36 @@ pub fn params_fields(header: &str, name: &str) -> Vec<(String, String)> {
         })
         .collect()
 }
+
+/// A source file without `//` comments, whitespace squashed to single spaces: what the ABI
+/// tests search.
+#[allow(dead_code)]
+pub fn flatten_source(src: &str) -> String {
+    let code: String = src
+        .lines()
+        .map(|l| l.split("//").next().unwrap())
+        .collect::<Vec<_>>()
+        .join("\n");
+    code.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+/// Asserts that the kernel defined from `start` on binds exactly `buffers` at indices 0.., in
+/// order, in a flattened source ([`flatten_source`]).
+#[allow(dead_code)]
+pub fn assert_buffers(flat: &str, start: &str, buffers: &[&str]) {
+    let mut from = flat
+        .find(start)
+        .unwrap_or_else(|| panic!("`{start}` missing"));
+    for (i, name) in buffers.iter().enumerate() {
+        let needle = format!("{name} [[buffer({i})]]");
+        let at = flat[from..]
+            .find(&needle)
+            .unwrap_or_else(|| panic!("{start}: `{needle}` missing or out of order"));
+        from += at + needle.len();
+    }
+    let body_end = flat[from..].find('{').map_or(flat.len(), |e| from + e);
+    assert!(
+        !flat[from..body_end].contains("[[buffer("),
+        "{start}: more buffers than the host binds"
+    );
+}

@@ -3,6 +3,7 @@
 
 use super::AffineTensor;
 use crate::affine::dequantize_row;
+use crate::backend::round_to;
 use anyhow::{bail, ensure, Result};
 use candle_core::{DType, Storage, Tensor};
 
@@ -72,6 +73,47 @@ pub(crate) fn products(
         Ok(y)
     })??;
     Ok(Tensor::from_vec(y, (out_rows, m.rows), x.device())?.to_dtype(x.dtype())?)
+}
+
+/// SwiGLU activations of a stacked gate-and-up matrix (`m.rows = 2·Im`): output row `i`
+/// reads x row `i / x_div` and expert `ids[i]`; `g` and `u` rounded to x's dtype, then
+/// `silu(g)·u` in f32, rounded once.
+pub(crate) fn swiglu_products(
+    m: &AffineTensor,
+    x: &Tensor,
+    ids: &Tensor,
+    x_div: usize,
+    out_rows: usize,
+) -> Result<Tensor> {
+    let dtype = x.dtype();
+    let round = |v: f32| round_to(dtype, v);
+    let xs = cpu_f32(x)?;
+    let ids = ids.to_vec1::<u32>()?;
+    let (scales, biases) = (cpu_f32(&m.scales)?, cpu_f32(&m.biases)?);
+    let im = m.rows / 2;
+    let act = with_words(&m.packed, |words| -> Result<Vec<f32>> {
+        let mut act = vec![0f32; out_rows * im];
+        for (i, out) in act.chunks_exact_mut(im).enumerate() {
+            let e = ids[i] as usize;
+            ensure!(
+                e < m.experts,
+                "expert id {e} out of range ({} experts)",
+                m.experts
+            );
+            let xr = &xs[(i / x_div) * m.cols..(i / x_div + 1) * m.cols];
+            let dot = |row: usize| -> f32 {
+                let w = cpu_row(m, words, &scales, &biases, row);
+                w.iter().zip(xr).map(|(w, x)| w * x).sum()
+            };
+            for (a, o) in out.iter_mut().enumerate() {
+                let g = round(dot(e * m.rows + a));
+                let u = round(dot(e * m.rows + im + a));
+                *o = round(g / (1.0 + (-g).exp()) * u);
+            }
+        }
+        Ok(act)
+    })??;
+    Ok(Tensor::from_vec(act, (out_rows, im), x.device())?.to_dtype(dtype)?)
 }
 
 pub(crate) fn dequantize(

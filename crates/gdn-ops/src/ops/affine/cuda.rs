@@ -82,8 +82,37 @@ pub(crate) fn products(
     let x = x.contiguous()?;
     let ids = ids.map(|t| t.contiguous()).transpose()?;
     with_float_types!(x.dtype(), m.scales.dtype(), OP, |X, S| {
-        products_as::<X, S>(m, &x, ids.as_ref(), x_div, out_rows, &dev)
+        products_as::<X, S>(m, &x, ids.as_ref(), x_div, out_rows, &dev, Kind::Products)
     })
+}
+
+/// SwiGLU activations of a stacked gate-and-up matrix: output row `i` reads x row
+/// `i / x_div` with expert `ids[i]` and holds `m.rows / 2` values.
+pub(crate) fn swiglu_products(
+    m: &AffineTensor,
+    x: &Tensor,
+    ids: &Tensor,
+    x_div: usize,
+    out_rows: usize,
+) -> Result<Tensor> {
+    const OP: &str = "expert swiglu";
+    let dev = cuda_device(x, OP)?;
+    ensure!(
+        out_rows <= 65535,
+        "{OP}: {out_rows} output rows exceed the CUDA grid"
+    );
+    let x = x.contiguous()?;
+    let ids = ids.contiguous()?;
+    with_float_types!(x.dtype(), m.scales.dtype(), OP, |X, S| {
+        products_as::<X, S>(m, &x, Some(&ids), x_div, out_rows, &dev, Kind::Swiglu)
+    })
+}
+
+/// Which of the two product kernels: plain rows, or the SwiGLU of gate and up rows.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Products,
+    Swiglu,
 }
 
 fn products_as<X, S>(
@@ -93,20 +122,25 @@ fn products_as<X, S>(
     x_div: usize,
     out_rows: usize,
     dev: &CudaDevice,
+    kind: Kind,
 ) -> Result<Tensor>
 where
     X: CudaDType + DeviceRepr + WithDType,
     S: CudaDType + DeviceRepr + WithDType,
 {
     const OP: &str = "affine matmul";
+    let (prefix, y_cols) = match kind {
+        Kind::Products => ("affine_products", m.rows),
+        Kind::Swiglu => ("affine_products_swiglu", m.rows / 2),
+    };
     let name = format!(
-        "affine_products_{}_{}",
+        "{prefix}_{}_{}",
         dtype_tag(X::DTYPE, OP)?,
         dtype_tag(S::DTYPE, OP)?
     );
     let func = function(dev, &SOURCE, &name)?;
     // SAFETY: the kernel writes every element of y.
-    let y = unsafe { dev.alloc::<X>(out_rows * m.rows)? };
+    let y = unsafe { dev.alloc::<X>(out_rows * y_cols)? };
     {
         let (ps, pl) = m.packed.storage_and_layout();
         let (ss, sl) = m.scales.storage_and_layout();
@@ -135,18 +169,19 @@ where
             .arg(&experts);
         let config = LaunchConfig {
             grid_dim: (
-                (m.rows as u32).div_ceil(WARPS_PER_BLOCK),
+                (y_cols as u32).div_ceil(WARPS_PER_BLOCK),
                 out_rows as u32,
                 1,
             ),
             block_dim: (32, WARPS_PER_BLOCK, 1),
             shared_mem_bytes: 0,
         };
-        // SAFETY: arguments in the order and types of `affine_products_*` in
-        // kernels/affine.cu; x holds (out_rows - 1) / x_div + 1 rows of cols values.
+        // SAFETY: arguments in the order and types of `affine_products_*` and
+        // `affine_products_swiglu_*` in kernels/affine.cu; x holds (out_rows - 1) / x_div + 1
+        // rows of cols values.
         unsafe { launch(args, config) }?;
     }
-    Ok(tensor(y, dev, (out_rows, m.rows)))
+    Ok(tensor(y, dev, (out_rows, y_cols)))
 }
 
 /// Rows of the stacked matrix dequantized into `dtype`: the rows listed in `ids` or the

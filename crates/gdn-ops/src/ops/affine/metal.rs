@@ -120,6 +120,50 @@ pub(crate) fn products(
     Ok(output(&dev, y, (out_rows, m.rows), x.dtype()))
 }
 
+/// SwiGLU activations of a stacked gate-and-up matrix: output row `i` reads x row
+/// `i / x_div` with expert `ids[i]` and holds `m.rows / 2` values.
+pub(crate) fn swiglu_products(
+    m: &AffineTensor,
+    x: &Tensor,
+    ids: &Tensor,
+    x_div: usize,
+    out_rows: usize,
+) -> Result<Tensor> {
+    const OP: &str = "expert swiglu";
+    let dev = metal_device(&m.packed, OP)?;
+    let name = format!(
+        "affine_qmv_swiglu_{}_{}",
+        dtype_tag(x.dtype(), OP)?,
+        dtype_tag(m.scales.dtype(), OP)?
+    );
+    let pipeline = pipeline(&dev, &SOURCE, &name)?;
+    // Before the encoder is taken: candle ops lock the same command state.
+    let x = x.contiguous()?;
+    let ids = ids.contiguous()?;
+    let im = m.rows / 2;
+    let y = new_output(&dev, out_rows * im, x.dtype(), "affine_qmv_swiglu_y")?;
+    let [w, s, b, idb] = weight_buffers(m, Some(&ids), OP)?;
+    let rows_per_group = QMV_ROWS_PER_SIMDGROUP * QMV_SIMDGROUPS;
+    launch(
+        &dev,
+        &pipeline,
+        &[w, s, b, metal_buffer(&x, OP)?, idb],
+        &(y.as_ref().clone(), 0),
+        &params(m, m.rows, out_rows, x_div, true),
+        MTLSize {
+            width: im.div_ceil(rows_per_group),
+            height: out_rows,
+            depth: 1,
+        },
+        MTLSize {
+            width: 32,
+            height: QMV_SIMDGROUPS,
+            depth: 1,
+        },
+    )?;
+    Ok(output(&dev, y, (out_rows, im), x.dtype()))
+}
+
 /// `count` rows (those listed in `ids`, or the first `count`) of the stacked matrix in `dtype`.
 pub(crate) fn dequantize(
     m: &AffineTensor,

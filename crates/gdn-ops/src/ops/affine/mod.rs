@@ -124,6 +124,66 @@ impl AffineTensor {
             .reshape((n, k, self.rows))?)
     }
 
+    /// Whether [`Self::gather_swiglu`] has a kernel for `tokens` rows of x in `dtype`: decode
+    /// only (`tokens <= MATVEC_MAX_ROWS`, as the direct products), a stacked gate-and-up
+    /// matrix (an even number of rows per expert), and the bit widths and group sizes the
+    /// products support. Otherwise the model runs `gather_matmul_t` on separate gate and up
+    /// stacks and the SwiGLU with candle ops.
+    pub fn supports_gather_swiglu(&self, tokens: usize, dtype: DType) -> bool {
+        (1..=MATVEC_MAX_ROWS).contains(&tokens)
+            && self.rows >= 2
+            && self.rows.is_multiple_of(2)
+            && matches!(self.bits, 2 | 3 | 4 | 5 | 6 | 8)
+            && self.group_size.is_multiple_of(8)
+            && self.cols.is_multiple_of(self.group_size)
+            && matches!(dtype, DType::F32 | DType::F16 | DType::BF16)
+            && matches!(self.scales.dtype(), DType::F32 | DType::F16 | DType::BF16)
+    }
+
+    /// The gate and up products of the experts selected on the device, with the SwiGLU
+    /// between them, in one kernel. `self` is a stacked `[E, 2·Im, H]` matrix whose expert `e`
+    /// holds its gate rows `0..Im`, then its up rows `Im..2·Im`; `x` `[N, H]` (every slot of a
+    /// token reads its row); `ids` `[N, S]` u32 → `act` `[N, S, Im]` in x's dtype, with
+    /// `e = ids[n, s]`, in f32: `g = InT(x·W[e, i])`, `u = InT(x·W[e, Im + i])`,
+    /// `act = InT(silu(g)·u)`, `silu(g) = g / (1 + exp(−g))`.
+    ///
+    /// Decode rows only: `N <= MATVEC_MAX_ROWS` (see [`Self::supports_gather_swiglu`]); more
+    /// rows are an error, and the model falls back to the composed products.
+    pub fn gather_swiglu(&self, x: &Tensor, ids: &Tensor) -> Result<Tensor> {
+        let (n, slots) = ids.dims2()?;
+        ensure!(ids.dtype() == DType::U32, "expert ids must be u32");
+        ensure!(
+            self.rows.is_multiple_of(2),
+            "expert swiglu: {} rows per expert are not gate rows then as many up rows",
+            self.rows
+        );
+        let x_rows = self.check_input(x, "expert swiglu")?;
+        ensure!(
+            x.rank() == 2 && x_rows == n,
+            "expert swiglu: input {:?} must be [{n}, {}]",
+            x.dims(),
+            self.cols
+        );
+        ensure!(
+            n <= MATVEC_MAX_ROWS,
+            "expert swiglu: {n} tokens; the fused kernel covers at most {MATVEC_MAX_ROWS}"
+        );
+        let x = x.contiguous()?;
+        let ids = ids.flatten_all()?;
+        let out_rows = n * slots;
+        let act = match self.device() {
+            Device::Cpu => {
+                launches::cpu_twin(|| cpu::swiglu_products(self, &x, &ids, slots, out_rows))?
+            }
+            #[cfg(any(feature = "metal", target_os = "macos"))]
+            Device::Metal(_) => metal::swiglu_products(self, &x, &ids, slots, out_rows)?,
+            #[cfg(feature = "cuda")]
+            Device::Cuda(_) => cuda::swiglu_products(self, &x, &ids, slots, out_rows)?,
+            other => bail!("expert swiglu: no kernel for {other:?} yet"),
+        };
+        Ok(act.reshape((n, slots, self.rows / 2))?)
+    }
+
     /// Rows of the stacked `[experts * rows, cols]` matrix, dequantized into `dtype`: the rows
     /// listed in `ids` (u32, e.g. token ids of an embedding table) or the first `count`.
     pub fn dequantize(&self, ids: Option<&Tensor>, count: usize, dtype: DType) -> Result<Tensor> {

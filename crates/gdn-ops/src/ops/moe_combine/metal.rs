@@ -1,4 +1,5 @@
-//! Metal host side of `kernels/moe_combine.metal`: one simdgroup per token row.
+//! Metal host side of `kernels/moe_combine.metal`: one threadgroup of 8 simdgroups per token
+//! row.
 //!
 //! The launch geometry here is what `kernels/emu/moe_combine_harness.cpp` emulates; change
 //! both together.
@@ -21,6 +22,9 @@ const SOURCE: KernelSource = KernelSource {
     )],
 };
 
+/// Simdgroups per threadgroup (one threadgroup per token row); the kernel's `kSimdgroups`.
+pub const COMBINE_SIMDGROUPS: usize = 8;
+
 pub(crate) fn moe_combine(
     inputs: &Inputs,
     p: &MoeCombineParams,
@@ -33,7 +37,12 @@ pub(crate) fn moe_combine(
     let (tokens, hidden) = (p.tokens as usize, p.hidden as usize);
     let sum = new_output(&dev, tokens * hidden, dtype, "moe_combine_sum")?;
     let normed = match inputs.norm_weight {
-        Some(_) => Some(new_output(&dev, tokens * hidden, dtype, "moe_combine_normed")?),
+        Some(_) => Some(new_output(
+            &dev,
+            tokens * hidden,
+            dtype,
+            "moe_combine_normed",
+        )?),
         None => None,
     };
     let down = metal_buffer(&inputs.down, OP)?;
@@ -67,11 +76,12 @@ pub(crate) fn moe_combine(
             depth: 1,
         },
         MTLSize {
-            width: 32,
+            width: 32 * COMBINE_SIMDGROUPS,
             height: 1,
             depth: 1,
         },
-        0,
+        // One partial sum of squares per simdgroup.
+        COMBINE_SIMDGROUPS * std::mem::size_of::<f32>(),
     )?;
     Ok((
         output(&dev, sum, (tokens, hidden), dtype),

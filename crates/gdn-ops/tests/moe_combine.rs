@@ -1,0 +1,170 @@
+//! The MoE combine's CPU twin (`gdn_ops::ops::moe_combine`) against the composed path of the
+//! model's device plan, written here with plain candle ops: moe.rs `routed_on_device`'s
+//! weighted sum (every slot, the shared expert included, as a routed one), the residual add
+//! of model.rs, and RMSNorm (candle_nn's rms_norm maths); plus one test per input check.
+
+use candle_core::{DType, Device, Tensor, D};
+use gdn_ops::ops::moe_combine::{moe_combine, supports};
+
+fn random(shape: &[usize], seed: u64, lo: f32, hi: f32, dtype: DType) -> Tensor {
+    let n = shape.iter().product();
+    let mut x = seed;
+    let v: Vec<f32> = (0..n)
+        .map(|_| {
+            x = x
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            lo + (hi - lo) * ((x >> 40) as f32 / (1u64 << 24) as f32)
+        })
+        .collect();
+    Tensor::from_vec(v, shape, &Device::Cpu)
+        .unwrap()
+        .to_dtype(dtype)
+        .unwrap()
+}
+
+/// The composed path: the weighted sum in f32 cast back, the residual added in the activation
+/// dtype, then `x · rsqrt(mean(x²) + eps) · w` in f32, rounded once.
+fn composed(
+    down: &Tensor,
+    weights: &Tensor,
+    residual: &Tensor,
+    norm: &Tensor,
+    eps: f32,
+) -> (Tensor, Tensor) {
+    let dtype = down.dtype();
+    let weighted = down
+        .to_dtype(DType::F32)
+        .unwrap()
+        .broadcast_mul(&weights.unsqueeze(D::Minus1).unwrap())
+        .unwrap();
+    let ffn = weighted.sum(1).unwrap().to_dtype(dtype).unwrap();
+    let sum = (residual + ffn).unwrap();
+    let x = sum.to_dtype(DType::F32).unwrap();
+    let ms = x.sqr().unwrap().mean_keepdim(D::Minus1).unwrap();
+    let normed = x
+        .broadcast_div(&(ms + eps as f64).unwrap().sqrt().unwrap())
+        .unwrap()
+        .broadcast_mul(&norm.to_dtype(DType::F32).unwrap())
+        .unwrap()
+        .to_dtype(dtype)
+        .unwrap();
+    (sum, normed)
+}
+
+fn max_rel(got: &Tensor, want: &Tensor) -> f32 {
+    let a: Vec<f32> = got
+        .to_dtype(DType::F32)
+        .unwrap()
+        .flatten_all()
+        .unwrap()
+        .to_vec1()
+        .unwrap();
+    let b: Vec<f32> = want
+        .to_dtype(DType::F32)
+        .unwrap()
+        .flatten_all()
+        .unwrap()
+        .to_vec1()
+        .unwrap();
+    let max = b.iter().fold(0f32, |m, v| m.max(v.abs()));
+    a.iter()
+        .zip(&b)
+        .fold(0f32, |m, (x, y)| m.max((x - y).abs()))
+        / max
+}
+
+#[test]
+fn twin_matches_the_composed_path() {
+    for dtype in [DType::F32, DType::BF16] {
+        let tol = if dtype == DType::F32 { 1e-5 } else { 2e-2 };
+        for (n, s, h) in [(1, 11, 2048), (4, 9, 256), (3, 1, 77)] {
+            let seed = (n * 100 + s * 10 + h) as u64;
+            let down = random(&[n, s, h], seed, -2.0, 2.0, dtype);
+            let weights = random(&[n, s], seed + 1, 0.0, 0.5, DType::F32);
+            let residual = random(&[n, h], seed + 2, -4.0, 4.0, dtype);
+            let norm = random(&[h], seed + 3, 0.5, 1.5, dtype);
+            let (sum, normed) =
+                moe_combine(&down, &weights, &residual, Some((&norm, 1e-6))).unwrap();
+            let normed = normed.expect("a norm was asked for");
+            assert_eq!((sum.dims(), sum.dtype()), (residual.dims(), dtype));
+            let (want_sum, want_normed) = composed(&down, &weights, &residual, &norm, 1e-6);
+            let (e1, e2) = (max_rel(&sum, &want_sum), max_rel(&normed, &want_normed));
+            assert!(
+                e1 <= tol && e2 <= tol,
+                "{dtype:?} {n}x{s}x{h}: sum {e1:e}, normed {e2:e}"
+            );
+            // Without the norm: the same sum, no normed.
+            let (plain, none) = moe_combine(&down, &weights, &residual, None).unwrap();
+            assert!(none.is_none());
+            assert_eq!(max_rel(&plain, &sum), 0.0);
+        }
+    }
+}
+
+#[test]
+fn outputs_take_the_residual_shape() {
+    let down = Tensor::zeros((2, 3, 8), DType::F32, &Device::Cpu).unwrap();
+    let w = Tensor::zeros((2, 3), DType::F32, &Device::Cpu).unwrap();
+    let residual = Tensor::ones((2, 1, 8), DType::F32, &Device::Cpu).unwrap();
+    let (sum, _) = moe_combine(&down, &w, &residual, None).unwrap();
+    assert_eq!(sum.dims(), [2, 1, 8]);
+}
+
+#[test]
+fn supports_float_activations() {
+    assert!(supports(11, 2048, DType::BF16));
+    assert!(supports(1, 1, DType::F32));
+    assert!(!supports(0, 2048, DType::BF16));
+    assert!(!supports(11, 0, DType::BF16));
+    assert!(!supports(11, 2048, DType::U32));
+}
+
+fn err(r: anyhow::Result<(Tensor, Option<Tensor>)>) -> String {
+    r.expect_err("an error").to_string()
+}
+
+fn zeros(shape: &[usize], dtype: DType) -> Tensor {
+    Tensor::zeros(shape, dtype, &Device::Cpu).unwrap()
+}
+
+#[test]
+fn rejects_down_that_is_not_three_dimensional() {
+    let (w, r) = (zeros(&[2, 3], DType::F32), zeros(&[2, 8], DType::F32));
+    assert!(
+        err(moe_combine(&zeros(&[6, 8], DType::F32), &w, &r, None)).contains("must be [N, S, H]")
+    );
+}
+
+#[test]
+fn rejects_an_unsupported_dtype() {
+    let (w, r) = (zeros(&[2, 3], DType::F32), zeros(&[2, 8], DType::U32));
+    assert!(err(moe_combine(&zeros(&[2, 3, 8], DType::U32), &w, &r, None)).contains("no kernel"));
+}
+
+#[test]
+fn rejects_weights_of_another_shape_or_dtype() {
+    let (d, r) = (zeros(&[2, 3, 8], DType::F32), zeros(&[2, 8], DType::F32));
+    assert!(err(moe_combine(&d, &zeros(&[2, 4], DType::F32), &r, None)).contains("weights"));
+    assert!(err(moe_combine(&d, &zeros(&[2, 3], DType::BF16), &r, None)).contains("weights"));
+}
+
+#[test]
+fn rejects_a_residual_of_another_shape_or_dtype() {
+    let (d, w) = (zeros(&[2, 3, 8], DType::F32), zeros(&[2, 3], DType::F32));
+    assert!(err(moe_combine(&d, &w, &zeros(&[3, 8], DType::F32), None)).contains("residual"));
+    assert!(err(moe_combine(&d, &w, &zeros(&[2, 8], DType::BF16), None)).contains("residual"));
+}
+
+#[test]
+fn rejects_a_norm_weight_of_another_shape_or_dtype() {
+    let (d, w, r) = (
+        zeros(&[2, 3, 8], DType::F32),
+        zeros(&[2, 3], DType::F32),
+        zeros(&[2, 8], DType::F32),
+    );
+    let bad = zeros(&[7], DType::F32);
+    assert!(err(moe_combine(&d, &w, &r, Some((&bad, 1e-6)))).contains("norm weight"));
+    let bad = zeros(&[8], DType::BF16);
+    assert!(err(moe_combine(&d, &w, &r, Some((&bad, 1e-6)))).contains("norm weight"));
+}

@@ -1,0 +1,246 @@
+//! The shipped `kernels/moe_route.metal`, compiled as C++ with clang-19 and the Metal
+//! emulation header (`kernels/emu/`), run on the CPU for every `moe_route_<in>` instantiation
+//! and compared with the CPU twin (`gdn_ops::ops::moe_route`, on the same rounded logits).
+//!
+//! Gates, per case: ids equal to the twin's, slot for slot (the selection rule, ties by the
+//! lower index included); weights within 1e-5 of the twin's (they are at most 1, and the two
+//! differ only in the order of the softmax denominator's sum and in exp's last bits).
+//! The harness guards every buffer (see kernels/emu/guarded_buffers.h).
+
+mod emu;
+
+use candle_core::{DType, Device, Tensor};
+use gdn_ops::ops::moe_route::{moe_route, MoeRouteParams};
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+
+const DTYPES: [(DType, &str, &str); 3] = [
+    (DType::F32, "f32", "float"),
+    (DType::F16, "f16", "half"),
+    (DType::BF16, "bf16", "bfloat"),
+];
+
+fn harness() -> &'static Path {
+    static HARNESS: OnceLock<PathBuf> = OnceLock::new();
+    HARNESS.get_or_init(|| emu::compile_harness("moe_route_harness", &[]))
+}
+
+/// splitmix64: the same inputs everywhere.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+    fn uniform(&mut self, lo: f32, hi: f32) -> f32 {
+        lo + (hi - lo) * ((self.next() >> 40) as f32 / (1u64 << 24) as f32)
+    }
+}
+
+struct Case {
+    dtype: usize,
+    tokens: usize,
+    experts: usize,
+    top_k: usize,
+    renormalise: bool,
+    has_shared: bool,
+    /// Rounded to the dtype.
+    logits: Tensor,
+}
+
+impl Case {
+    /// `levels`: draw logits from that many distinct values (ties), or continuous when 0.
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        seed: u64,
+        dtype: usize,
+        tokens: usize,
+        experts: usize,
+        top_k: usize,
+        renormalise: bool,
+        has_shared: bool,
+        levels: u64,
+    ) -> Self {
+        let mut rng = Rng(seed);
+        let width = experts + has_shared as usize;
+        let v: Vec<f32> = (0..tokens * width)
+            .map(|_| match levels {
+                0 => rng.uniform(-6.0, 6.0),
+                l => (rng.next() % l) as f32 * 0.5 - 2.0,
+            })
+            .collect();
+        let logits = Tensor::from_vec(v, (tokens, width), &Device::Cpu)
+            .unwrap()
+            .to_dtype(DTYPES[dtype].0)
+            .unwrap();
+        Self {
+            dtype,
+            tokens,
+            experts,
+            top_k,
+            renormalise,
+            has_shared,
+            logits,
+        }
+    }
+
+    fn label(&self) -> String {
+        format!(
+            "moe_route_{} N={} E={} k={} renormalise={} shared={}",
+            DTYPES[self.dtype].1,
+            self.tokens,
+            self.experts,
+            self.top_k,
+            self.renormalise,
+            self.has_shared
+        )
+    }
+
+    fn run(&self) -> Result<(Vec<u32>, Vec<f32>), String> {
+        let mut bytes = b"ROUTEMU1".to_vec();
+        for h in [
+            self.dtype,
+            self.tokens,
+            self.experts,
+            self.top_k,
+            self.renormalise as usize,
+            self.has_shared as usize,
+        ] {
+            bytes.extend_from_slice(&(h as u32).to_le_bytes());
+        }
+        let values: Vec<f32> = self
+            .logits
+            .to_dtype(DType::F32)
+            .unwrap()
+            .flatten_all()
+            .unwrap()
+            .to_vec1()
+            .unwrap();
+        for v in values {
+            bytes.extend_from_slice(&v.to_le_bytes());
+        }
+        let out = emu::run_harness(harness(), &bytes)?;
+        let n = self.tokens * (self.top_k + self.has_shared as usize);
+        if out.len() != 2 * n {
+            return Err(format!(
+                "harness wrote {} values, expected {}",
+                out.len(),
+                2 * n
+            ));
+        }
+        Ok((
+            out[..n].iter().map(|f| f.to_bits()).collect(),
+            out[n..].to_vec(),
+        ))
+    }
+
+    fn check(&self) -> Option<String> {
+        let (ids, weights) = match self.run() {
+            Ok(r) => r,
+            Err(e) => return Some(e),
+        };
+        let (want_ids, want_w) =
+            moe_route(&self.logits, self.top_k, self.renormalise, self.has_shared).unwrap();
+        let want_ids: Vec<u32> = want_ids.flatten_all().unwrap().to_vec1().unwrap();
+        let want_w: Vec<f32> = want_w.flatten_all().unwrap().to_vec1().unwrap();
+        if ids != want_ids {
+            return Some(format!("ids {ids:?}, twin {want_ids:?}"));
+        }
+        for (i, (g, w)) in weights.iter().zip(&want_w).enumerate() {
+            if (g - w).abs() > 1e-5 || g.is_nan() {
+                return Some(format!("weights[{i}] = {g:e}, twin {w:e}"));
+            }
+        }
+        None
+    }
+}
+
+fn cases() -> Vec<Case> {
+    let mut out = vec![];
+    let mut seed = 0u64;
+    let mut next = || {
+        seed += 1;
+        seed * 104_729
+    };
+    for dt in 0..3 {
+        // Qwen3-Next-80B / Qwen3.5-397B, Qwen3.5-35B-A3B.
+        out.push(Case::new(next(), dt, 4, 512, 10, true, true, 0));
+        out.push(Case::new(next(), dt, 1, 256, 8, true, true, 0));
+        // Without the shared slot, without renormalisation.
+        out.push(Case::new(next(), dt, 3, 128, 8, false, false, 0));
+        // E not a multiple of 32; k = 32 (every lane a slot); k = E.
+        out.push(Case::new(next(), dt, 2, 37, 5, true, false, 0));
+        out.push(Case::new(next(), dt, 2, 40, 32, false, true, 0));
+        out.push(Case::new(next(), dt, 1, 7, 7, true, true, 0));
+        out.push(Case::new(next(), dt, 1, 1, 1, false, true, 0));
+        // Many exact ties: the lower index first.
+        out.push(Case::new(next(), dt, 4, 512, 10, false, true, 3));
+        out.push(Case::new(next(), dt, 2, 64, 20, true, false, 2));
+    }
+    out
+}
+
+#[test]
+fn shipped_moe_route_kernels_match_the_cpu_twin() {
+    harness();
+    let jobs = cases();
+    for dt in 0..3 {
+        assert!(jobs.iter().any(|c| c.dtype == dt));
+    }
+    let failures: Vec<String> = std::thread::scope(|s| {
+        let handles: Vec<_> = jobs
+            .chunks(jobs.len().div_ceil(2))
+            .map(|chunk| {
+                s.spawn(move || {
+                    chunk
+                        .iter()
+                        .filter_map(|c| c.check().map(|e| format!("[{}] {e}", c.label())))
+                        .collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .flat_map(|h| h.join().unwrap())
+            .collect()
+    });
+    assert!(
+        failures.is_empty(),
+        "{} of {} cases disagree with the twin:\n{}",
+        failures.len(),
+        jobs.len(),
+        failures.join("\n")
+    );
+}
+
+/// What the C++ build cannot see: buffer indices, the parameter struct, the names.
+#[test]
+fn moe_route_abi_in_source() {
+    assert_eq!(
+        emu::params_fields("moe_route.h", "MoeRouteParams"),
+        ["tokens", "experts", "top_k", "renormalise", "has_shared"]
+            .map(|f| ("unsigned int".to_string(), f.to_string())),
+    );
+    assert_eq!(std::mem::size_of::<MoeRouteParams>(), 5 * 4);
+    let src =
+        std::fs::read_to_string(emu::workspace_root().join("kernels/moe_route.metal")).unwrap();
+    let flat = emu::flatten_source(&src);
+    assert!(flat.contains("#include \"params/moe_route.h\""));
+    emu::assert_buffers(
+        &flat,
+        "#define MOE_ROUTE(",
+        &["logits", "ids", "weights", "p"],
+    );
+    for (_, tag, msl) in DTYPES {
+        let line = format!("MOE_ROUTE(moe_route_{tag}, {msl})");
+        assert!(flat.contains(&line), "missing `{line}`");
+    }
+    assert!(
+        flat.contains("#if defined(__HAVE_BFLOAT__) MOE_ROUTE(moe_route_bf16, bfloat) #endif"),
+        "the bfloat instantiation must be guarded"
+    );
+}
