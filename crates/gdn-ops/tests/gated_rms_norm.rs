@@ -67,10 +67,19 @@ fn values(t: &Tensor) -> Vec<f32> {
 fn rel_max(got: &Tensor, want: &Tensor) -> f32 {
     assert_eq!(got.dims(), want.dims());
     let (a, b) = (values(got), values(want));
-    let scale = b.iter().fold(0f32, |m, v| m.max(v.abs())).max(f32::MIN_POSITIVE);
+    let scale = b
+        .iter()
+        .fold(0f32, |m, v| m.max(v.abs()))
+        .max(f32::MIN_POSITIVE);
     a.iter()
         .zip(&b)
-        .map(|(x, y)| if x.is_nan() { f32::INFINITY } else { (x - y).abs() / scale })
+        .map(|(x, y)| {
+            if x.is_nan() {
+                f32::INFINITY
+            } else {
+                (x - y).abs() / scale
+            }
+        })
         .fold(0f32, f32::max)
 }
 
@@ -79,8 +88,14 @@ fn rel_max(got: &Tensor, want: &Tensor) -> f32 {
 fn inputs(shape: (usize, usize, usize, usize), dtype: DType, seed: u64) -> [Tensor; 3] {
     let (b, t, hv, dv) = shape;
     let mut rng = Rng(seed);
-    let y = rng.tensor(&[b, t, hv, dv], -3.0, 3.0).to_dtype(dtype).unwrap();
-    let proj = rng.tensor(&[b, t, 3 * hv * dv + 7], -8.0, 8.0).to_dtype(dtype).unwrap();
+    let y = rng
+        .tensor(&[b, t, hv, dv], -3.0, 3.0)
+        .to_dtype(dtype)
+        .unwrap();
+    let proj = rng
+        .tensor(&[b, t, 3 * hv * dv + 7], -8.0, 8.0)
+        .to_dtype(dtype)
+        .unwrap();
     let z = proj.narrow(2, hv * dv + 3, hv * dv).unwrap();
     let w = rng.tensor(&[dv], 0.5, 1.5).to_dtype(dtype).unwrap();
     [y, z, w]
@@ -88,13 +103,19 @@ fn inputs(shape: (usize, usize, usize, usize), dtype: DType, seed: u64) -> [Tens
 
 fn compare(shape: (usize, usize, usize, usize), dtype: DType, tol: f32, seed: u64) {
     let [y, z, w] = inputs(shape, dtype, seed);
-    assert!(shape.0 * shape.1 == 1 || !z.is_contiguous(), "the test means to pass a view");
+    assert!(
+        shape.0 * shape.1 == 1 || !z.is_contiguous(),
+        "the test means to pass a view"
+    );
     let got = gated_rms_norm(&y, &z, &w, 1e-6).unwrap();
     let want = composed(&y, &z, &w, 1e-6);
     assert_eq!(got.dtype(), dtype);
     assert_eq!(got.dims(), y.dims());
     let e = rel_max(&got, &want);
-    assert!(e <= tol, "{shape:?} {dtype:?}: off by {e:e} of max|ref| (tol {tol:e})");
+    assert!(
+        e <= tol,
+        "{shape:?} {dtype:?}: off by {e:e} of max|ref| (tol {tol:e})"
+    );
 }
 
 #[test]
@@ -126,7 +147,7 @@ fn supports_float_activations() {
 }
 
 fn assert_error(result: anyhow::Result<Tensor>, needle: &str) {
-    let e = result.err().expect("the op must reject this").to_string();
+    let e = result.expect_err("the op must reject this").to_string();
     assert!(e.contains(needle), "error `{e}` should mention `{needle}`");
     assert!(!e.contains('\n'), "one-line errors: `{e}`");
 }
@@ -134,27 +155,45 @@ fn assert_error(result: anyhow::Result<Tensor>, needle: &str) {
 #[test]
 fn rejects_y_that_is_not_four_dim() {
     let [y, z, w] = inputs((1, 1, 4, 32), DType::F32, 7);
-    assert_error(gated_rms_norm(&y.squeeze(1).unwrap(), &z, &w, 1e-6), "must be [B, T, Hv, Dv]");
+    assert_error(
+        gated_rms_norm(&y.squeeze(1).unwrap(), &z, &w, 1e-6),
+        "must be [B, T, Hv, Dv]",
+    );
 }
 
 #[test]
 fn rejects_a_strided_y() {
     let [y, z, w] = inputs((1, 2, 4, 32), DType::F32, 8);
-    let y = y.transpose(1, 2).unwrap().contiguous().unwrap().transpose(1, 2).unwrap();
+    let y = y
+        .transpose(1, 2)
+        .unwrap()
+        .contiguous()
+        .unwrap()
+        .transpose(1, 2)
+        .unwrap();
     assert_error(gated_rms_norm(&y, &z, &w, 1e-6), "y must be contiguous");
 }
 
 #[test]
 fn rejects_a_weight_of_the_wrong_length() {
     let [y, z, w] = inputs((1, 1, 4, 32), DType::F32, 9);
-    assert_error(gated_rms_norm(&y, &z, &w.narrow(0, 0, 16).unwrap(), 1e-6), "weight [16]");
+    assert_error(
+        gated_rms_norm(&y, &z, &w.narrow(0, 0, 16).unwrap(), 1e-6),
+        "weight [16]",
+    );
 }
 
 #[test]
 fn rejects_mixed_dtypes() {
     let [y, z, w] = inputs((1, 1, 4, 32), DType::F32, 10);
-    assert_error(gated_rms_norm(&y, &z.to_dtype(DType::BF16).unwrap(), &w, 1e-6), "z is BF16");
-    assert_error(gated_rms_norm(&y, &z, &w.to_dtype(DType::F16).unwrap(), 1e-6), "weight is F16");
+    assert_error(
+        gated_rms_norm(&y, &z.to_dtype(DType::BF16).unwrap(), &w, 1e-6),
+        "z is BF16",
+    );
+    assert_error(
+        gated_rms_norm(&y, &z, &w.to_dtype(DType::F16).unwrap(), 1e-6),
+        "weight is F16",
+    );
 }
 
 #[test]
@@ -166,7 +205,10 @@ fn rejects_unsupported_dtypes() {
 #[test]
 fn rejects_z_of_another_shape() {
     let [y, z, w] = inputs((2, 1, 4, 32), DType::F32, 12);
-    assert_error(gated_rms_norm(&y, &z.narrow(2, 0, 64).unwrap(), &w, 1e-6), "z [2, 1, 64]");
+    assert_error(
+        gated_rms_norm(&y, &z.narrow(2, 0, 64).unwrap(), &w, 1e-6),
+        "z [2, 1, 64]",
+    );
 }
 
 #[test]

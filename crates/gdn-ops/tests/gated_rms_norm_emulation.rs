@@ -139,11 +139,16 @@ fn run_harness(c: &Case) -> Result<Vec<f32>, String> {
     }
     bytes.extend_from_slice(&c.eps.to_le_bytes());
     for a in [&c.y, &c.z, &c.weight] {
-        a.iter().for_each(|f| bytes.extend_from_slice(&f.to_le_bytes()));
+        a.iter()
+            .for_each(|f| bytes.extend_from_slice(&f.to_le_bytes()));
     }
     let floats = emu::run_harness(harness(), &bytes)?;
     if floats.len() != c.y.len() {
-        return Err(format!("harness wrote {} floats, expected {}", floats.len(), c.y.len()));
+        return Err(format!(
+            "harness wrote {} floats, expected {}",
+            floats.len(),
+            c.y.len()
+        ));
     }
     Ok(floats)
 }
@@ -164,8 +169,14 @@ fn reference(c: &Case) -> Vec<f32> {
         .narrow(2, 0, hv * dv)
         .unwrap();
     assert_eq!(z.stride(), [c.z_strides.0, c.z_strides.1, 1]);
-    let y = Tensor::from_slice(&c.y, (b, t, hv, dv), &dev).unwrap().to_dtype(dtype).unwrap();
-    let w = Tensor::from_slice(&c.weight, dv, &dev).unwrap().to_dtype(dtype).unwrap();
+    let y = Tensor::from_slice(&c.y, (b, t, hv, dv), &dev)
+        .unwrap()
+        .to_dtype(dtype)
+        .unwrap();
+    let w = Tensor::from_slice(&c.weight, dv, &dev)
+        .unwrap()
+        .to_dtype(dtype)
+        .unwrap();
     gated_rms_norm(&y, &z, &w, c.eps)
         .unwrap()
         .to_dtype(DType::F32)
@@ -188,7 +199,11 @@ fn check(c: &Case) -> Option<String> {
     let (mut worst, mut at) = (0f32, 0);
     for (j, (&a, &b)) in got.iter().zip(&want).enumerate() {
         let allowed = c.ty.ulp(a.abs().max(b.abs())).max(REL_TOL * scale);
-        let excess = if a.is_nan() { f32::INFINITY } else { (a - b).abs() / allowed };
+        let excess = if a.is_nan() {
+            f32::INFINITY
+        } else {
+            (a - b).abs() / allowed
+        };
         if excess > worst {
             (worst, at) = (excess, j);
         }
@@ -226,12 +241,20 @@ fn shipped_gated_rms_norm_kernels_match_the_cpu_twin() {
             let c = make_case(ty, shape, pad, 0x6A7E_0000 + (si * 3 + ty as usize) as u64);
             runs += 1;
             if let Some(bad) = check(&c) {
-                failures.push(format!("gated_rms_norm_{} {shape:?} pad {pad}: {bad}", ty.name()));
+                failures.push(format!(
+                    "gated_rms_norm_{} {shape:?} pad {pad}: {bad}",
+                    ty.name()
+                ));
             }
         }
     }
     eprintln!("{runs} cases in {:.1}s", started.elapsed().as_secs_f32());
-    assert!(failures.is_empty(), "{} failures:\n{}", failures.len(), failures.join("\n"));
+    assert!(
+        failures.is_empty(),
+        "{} failures:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
 }
 
 /// What the C++ build cannot see: the buffer indices, the parameter struct the Rust host
@@ -256,7 +279,8 @@ fn kernel_abi_in_source() {
         std::mem::size_of::<gdn_ops::ops::gated_rms_norm::GatedRmsNormParams>(),
         7 * 4
     );
-    let src = std::fs::read_to_string(emu::workspace_root().join("kernels/gated_rms_norm.metal")).unwrap();
+    let src = std::fs::read_to_string(emu::workspace_root().join("kernels/gated_rms_norm.metal"))
+        .unwrap();
     let code: String = src
         .lines()
         .map(|l| l.split("//").next().unwrap())
@@ -269,7 +293,9 @@ fn kernel_abi_in_source() {
     }
     let flat = flat.split_whitespace().collect::<Vec<_>>().join(" ");
     assert!(flat.contains("#include \"params/gated_rms_norm.h\""));
-    let mut from = flat.find("#define GATED_RMS_NORM(").expect("GATED_RMS_NORM macro");
+    let mut from = flat
+        .find("#define GATED_RMS_NORM(")
+        .expect("GATED_RMS_NORM macro");
     for (i, name) in ["y", "z", "weight", "out", "p"].iter().enumerate() {
         let needle = format!("{name} [[buffer({i})]]");
         let at = flat[from..]
@@ -278,7 +304,10 @@ fn kernel_abi_in_source() {
         from += at + needle.len();
     }
     let body_end = flat[from..].find('{').map_or(flat.len(), |e| from + e);
-    assert!(!flat[from..body_end].contains("[[buffer("), "more buffers than the host binds");
+    assert!(
+        !flat[from..body_end].contains("[[buffer("),
+        "more buffers than the host binds"
+    );
     for ty in TYPES {
         let line = format!("GATED_RMS_NORM(gated_rms_norm_{}, {})", ty.name(), ty.msl());
         assert!(flat.contains(&line), "missing `{line}`");
@@ -288,5 +317,8 @@ fn kernel_abi_in_source() {
         .split("#if defined(__HAVE_BFLOAT__)")
         .skip(1)
         .any(|after| after.split("#endif").next().unwrap().contains(bf16_line));
-    assert!(guarded, "the bfloat instantiation must sit inside #if defined(__HAVE_BFLOAT__)");
+    assert!(
+        guarded,
+        "the bfloat instantiation must sit inside #if defined(__HAVE_BFLOAT__)"
+    );
 }

@@ -29,7 +29,11 @@ impl Rng {
 
 /// `x · rsqrt(mean(x²) + eps) · weight` as the model's `RmsNorm::forward`.
 fn rms_norm(x: &Tensor, weight: &Tensor, eps: f32) -> Tensor {
-    candle_nn_rms_norm(&x.contiguous().unwrap(), &weight.to_dtype(x.dtype()).unwrap(), eps)
+    candle_nn_rms_norm(
+        &x.contiguous().unwrap(),
+        &weight.to_dtype(x.dtype()).unwrap(),
+        eps,
+    )
 }
 
 /// candle_nn::ops::rms_norm's CPU definition (gdn-ops does not depend on candle-nn):
@@ -50,7 +54,10 @@ fn candle_nn_rms_norm(x: &Tensor, alpha: &Tensor, eps: f32) -> Tensor {
 }
 
 fn sigmoid(x: &Tensor) -> Tensor {
-    (x.neg().unwrap().exp().unwrap() + 1.0).unwrap().recip().unwrap()
+    (x.neg().unwrap().exp().unwrap() + 1.0)
+        .unwrap()
+        .recip()
+        .unwrap()
 }
 
 /// `g = exp(−exp(A_log) · softplus(a + dt_bias))`: gdn.rs's `decay`.
@@ -81,7 +88,13 @@ fn composed(
     neg_a_exp: &Tensor,
     d: ConvPrepDims,
 ) -> (ConvPrepOut, Tensor) {
-    let (hk, hv, dk, dv, k) = (d.key_heads, d.value_heads, d.key_dim, d.value_dim, d.kernel_size);
+    let (hk, hv, dk, dv, k) = (
+        d.key_heads,
+        d.value_heads,
+        d.key_dim,
+        d.value_dim,
+        d.kernel_size,
+    );
     let (b, s, _) = qkv.dims3().unwrap();
     // GatedDeltaNet::conv, decode (s == 1).
     let padded = Tensor::cat(&[conv_state, qkv], 1).unwrap();
@@ -137,10 +150,19 @@ fn values(t: &Tensor) -> Vec<f32> {
 fn rel_max(got: &Tensor, want: &Tensor) -> f32 {
     assert_eq!(got.dims(), want.dims());
     let (a, b) = (values(got), values(want));
-    let scale = b.iter().fold(0f32, |m, v| m.max(v.abs())).max(f32::MIN_POSITIVE);
+    let scale = b
+        .iter()
+        .fold(0f32, |m, v| m.max(v.abs()))
+        .max(f32::MIN_POSITIVE);
     a.iter()
         .zip(&b)
-        .map(|(x, y)| if x.is_nan() { f32::INFINITY } else { (x - y).abs() / scale })
+        .map(|(x, y)| {
+            if x.is_nan() {
+                f32::INFINITY
+            } else {
+                (x - y).abs() / scale
+            }
+        })
         .fold(0f32, f32::max)
 }
 
@@ -200,7 +222,9 @@ impl Step {
         [
             self.proj.narrow(2, 0, c).unwrap(),
             self.proj.narrow(2, c + z, d.value_heads).unwrap(),
-            self.proj.narrow(2, c + z + d.value_heads, d.value_heads).unwrap(),
+            self.proj
+                .narrow(2, c + z + d.value_heads, d.value_heads)
+                .unwrap(),
         ]
     }
 }
@@ -208,7 +232,10 @@ impl Step {
 fn compare(d: ConvPrepDims, batch: usize, dtype: DType, tol: f32, seed: u64) {
     let s = Step::new(d, batch, dtype, seed);
     let [qkv, b, a] = s.views(d);
-    assert!(batch == 1 || !qkv.is_contiguous(), "the test means to pass views");
+    assert!(
+        batch == 1 || !qkv.is_contiguous(),
+        "the test means to pass views"
+    );
     let state = s.state.copy().unwrap();
     let got = gdn_conv_prep(&qkv, &b, &a, &state, &s.taps, &s.dt_bias, &s.neg_a_exp, d).unwrap();
     let (want, kept) = composed(&qkv, &b, &a, &s.state, &s.taps, &s.dt_bias, &s.neg_a_exp, d);
@@ -224,10 +251,17 @@ fn compare(d: ConvPrepDims, batch: usize, dtype: DType, tol: f32, seed: u64) {
         ("beta", &got.beta, &want.beta),
     ] {
         let e = rel_max(g, w);
-        let expected_dtype = if matches!(name, "g" | "beta") { DType::F32 } else { dtype };
+        let expected_dtype = if matches!(name, "g" | "beta") {
+            DType::F32
+        } else {
+            dtype
+        };
         assert_eq!(g.dtype(), expected_dtype, "{what}: {name} dtype");
         assert!(g.is_contiguous(), "{what}: {name} must be contiguous");
-        assert!(e <= tol, "{what}: {name} off by {e:e} of max|ref| (tol {tol:e})");
+        assert!(
+            e <= tol,
+            "{what}: {name} off by {e:e} of max|ref| (tol {tol:e})"
+        );
     }
 }
 
@@ -281,12 +315,19 @@ fn error_with(edit: impl FnOnce(&mut [Tensor; 7], &mut ConvPrepDims)) -> String 
     let mut d = dims(2, 32, 4, 32, 4);
     let s = Step::new(d, 2, DType::F32, 9);
     let [qkv, b, a] = s.views(d);
-    let mut t = [qkv, b, a, s.state.clone(), s.taps.clone(), s.dt_bias.clone(), s.neg_a_exp.clone()];
+    let mut t = [
+        qkv,
+        b,
+        a,
+        s.state.clone(),
+        s.taps.clone(),
+        s.dt_bias.clone(),
+        s.neg_a_exp.clone(),
+    ];
     edit(&mut t, &mut d);
     let [qkv, b, a, state, taps, dt_bias, neg_a_exp] = &t;
     gdn_conv_prep(qkv, b, a, state, taps, dt_bias, neg_a_exp, d)
-        .err()
-        .expect("the op must reject this")
+        .expect_err("the op must reject this")
         .to_string()
 }
 
@@ -313,13 +354,19 @@ fn rejects_fewer_than_two_taps() {
 
 #[test]
 fn rejects_unsupported_activation_dtypes() {
-    assert_error(|t, _| t[0] = t[0].to_dtype(DType::F64).unwrap(), "must be f32, f16 or bf16");
+    assert_error(
+        |t, _| t[0] = t[0].to_dtype(DType::F64).unwrap(),
+        "must be f32, f16 or bf16",
+    );
 }
 
 #[test]
 fn rejects_a_conv_state_of_the_wrong_shape() {
     assert_error(|t, _| t[3] = t[3].narrow(1, 0, 2).unwrap(), "conv_state");
-    assert_error(|t, _| t[3] = t[3].flatten_all().unwrap(), "must be [B, K-1, C]");
+    assert_error(
+        |t, _| t[3] = t[3].flatten_all().unwrap(),
+        "must be [B, K-1, C]",
+    );
 }
 
 #[test]
@@ -327,7 +374,10 @@ fn rejects_a_strided_conv_state() {
     assert_error(
         |t, _| {
             let s = &t[3];
-            t[3] = Tensor::cat(&[s, s], 2).unwrap().narrow(2, 0, s.dim(2).unwrap()).unwrap();
+            t[3] = Tensor::cat(&[s, s], 2)
+                .unwrap()
+                .narrow(2, 0, s.dim(2).unwrap())
+                .unwrap();
         },
         "conv_state must be contiguous",
     );
@@ -340,14 +390,26 @@ fn rejects_taps_of_the_wrong_shape() {
 
 #[test]
 fn rejects_mixed_activation_dtypes() {
-    assert_error(|t, _| t[1] = t[1].to_dtype(DType::BF16).unwrap(), "b is BF16");
-    assert_error(|t, _| t[3] = t[3].to_dtype(DType::F16).unwrap(), "conv_state is F16");
+    assert_error(
+        |t, _| t[1] = t[1].to_dtype(DType::BF16).unwrap(),
+        "b is BF16",
+    );
+    assert_error(
+        |t, _| t[3] = t[3].to_dtype(DType::F16).unwrap(),
+        "conv_state is F16",
+    );
 }
 
 #[test]
 fn rejects_decay_parameters_not_f32_hv() {
-    assert_error(|t, _| t[5] = t[5].to_dtype(DType::BF16).unwrap(), "dt_bias must be a contiguous f32");
-    assert_error(|t, _| t[6] = t[6].narrow(0, 0, 3).unwrap(), "neg_a_exp must be a contiguous f32");
+    assert_error(
+        |t, _| t[5] = t[5].to_dtype(DType::BF16).unwrap(),
+        "dt_bias must be a contiguous f32",
+    );
+    assert_error(
+        |t, _| t[6] = t[6].narrow(0, 0, 3).unwrap(),
+        "neg_a_exp must be a contiguous f32",
+    );
 }
 
 #[test]
@@ -365,6 +427,9 @@ fn rejects_qkv_rows_that_are_not_contiguous() {
 
 #[test]
 fn rejects_inputs_of_another_batch_or_width() {
-    assert_error(|t, _| t[0] = t[0].narrow(0, 0, 1).unwrap(), "qkv [1, 1, 256]: expected dims [2]");
+    assert_error(
+        |t, _| t[0] = t[0].narrow(0, 0, 1).unwrap(),
+        "qkv [1, 1, 256]: expected dims [2]",
+    );
     assert_error(|t, _| t[2] = t[2].narrow(2, 0, 3).unwrap(), "a [2, 1, 3]");
 }
