@@ -23,7 +23,7 @@
 #define __HAVE_BFLOAT__ 1
 #endif
 #include "../gated_rms_norm.metal"
-#include "guarded_buffer.h"
+#include "guarded_buffer_gdn.h"
 
 namespace {
 

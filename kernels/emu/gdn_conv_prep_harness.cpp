@@ -27,7 +27,7 @@
 #define __HAVE_BFLOAT__ 1
 #endif
 #include "../gdn_conv_prep.metal"
-#include "guarded_buffer.h"
+#include "guarded_buffer_gdn.h"
 
 namespace {
 

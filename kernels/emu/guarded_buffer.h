@@ -1,48 +1,56 @@
-// Guarded buffers for the emulation harnesses of the GDN decode kernels
-// (gdn_conv_prep_harness.cpp, gated_rms_norm_harness.cpp): every buffer has guard elements
-// (a NaN bit pattern) on both sides and an inaccessible page after it.
+// Guarded buffers for the emulation harnesses of the attention and norm kernels
+// (add_rms_norm, attn_prep, attn_decode): what kernels/emu/affine_harness.cpp does inline,
+// shared.
 //
-//  * Input: filled, then read-only; its data ends exactly at the inaccessible page. A write
-//    faults, a read past its end faults, a read before it poisons the result with NaN.
-//  * Output: starts poisoned with another NaN pattern that must be gone from every element;
-//    a write outside it changes its guards.
-//  * InOut (state updated in place): filled, writable, guards on both sides.
-//
+// Every buffer has guard elements (a NaN bit pattern) on both sides and an inaccessible page
+// right after its end (inputs) or after its trailing guard (outputs). Inputs are read-only
+// during the run: a write to one faults. A read past an input's end faults, a read before it
+// poisons the result with NaN, a write outside an output changes its guards, and outputs
+// start poisoned with a different NaN pattern that must be gone from every element the
+// kernel owns. In-place buffers (a KV cache) are outputs filled with data before the run.
 // Exit status 2: bad input; 3: a guard or an output element is wrong; 4: a memory fault.
-// Include after metal_emu.h's types (half, bfloat) are known, before or after the kernel.
+//
+// Include it first: it includes the system headers it needs, then the emulated
+// <metal_stdlib> (whose macros must come after every system header).
 #pragma once
 
 #include <signal.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <vector>
 
+// Until every .metal guard sees it from metal_emu.h: the emulator has bfloat.
+#ifndef __HAVE_BFLOAT__
+#define __HAVE_BFLOAT__ 1
+#endif
+#include <metal_stdlib>
+
 namespace guarded {
 
-inline const char*& harness_name() {
-  static const char* name = "harness";
-  return name;
-}
+inline const char* g_harness = "harness";
 
 [[noreturn]] inline void die(const char* what) {
-  std::fprintf(stderr, "%s: %s\n", harness_name(), what);
+  std::fprintf(stderr, "%s: %s\n", g_harness, what);
   std::exit(2);
 }
 
 // Elements of guard on either side of every buffer.
-constexpr std::size_t kGuard = 256;
+constexpr std::size_t kGuard = 64;
 
-// Bit patterns, each a NaN of its type: guards around buffers, and the poison outputs start
-// with. Neither is what a conversion produces.
 template <class T>
 struct Pattern;
 template <>
 struct Pattern<float> {
+  static constexpr std::uint32_t guard = 0x7FA1A1A1u, poison = 0x7F80BEEFu;
+};
+template <>
+struct Pattern<uint> {
   static constexpr std::uint32_t guard = 0x7FA1A1A1u, poison = 0x7F80BEEFu;
 };
 template <>
@@ -71,7 +79,7 @@ struct Mapping {
   const char* name;
   std::uintptr_t begin, end;
 };
-inline Mapping g_maps[32];
+inline Mapping g_maps[16];
 inline int g_map_count = 0;
 
 inline void on_fault(int sig, siginfo_t* info, void*) {
@@ -82,7 +90,7 @@ inline void on_fault(int sig, siginfo_t* info, void*) {
   }
   char msg[200];
   const int n = std::snprintf(msg, sizeof msg, "%s: %s at an address of %s (read past its end, or a write)\n",
-                              harness_name(), sig == SIGSEGV ? "SIGSEGV" : "SIGBUS", what);
+                              g_harness, sig == SIGSEGV ? "SIGSEGV" : "SIGBUS", what);
   if (n > 0) {
     ssize_t ignored = write(2, msg, std::size_t(n));
     (void)ignored;
@@ -90,8 +98,8 @@ inline void on_fault(int sig, siginfo_t* info, void*) {
   _exit(4);
 }
 
-inline void install_fault_handler(const char* name) {
-  harness_name() = name;
+inline void install_fault_handler(const char* harness) {
+  g_harness = harness;
   struct sigaction sa;
   std::memset(&sa, 0, sizeof sa);
   sa.sa_sigaction = on_fault;
@@ -100,36 +108,31 @@ inline void install_fault_handler(const char* name) {
   sigaction(SIGBUS, &sa, nullptr);
 }
 
-enum class Kind { Input, Output, InOut };
+enum class Kind { kInput, kOutput, kInPlace };
 
-// [guard][data][guard, unless Input][page, no access].
+// count elements of T: [guard][data][guard, outputs only][page, no access].
 template <class T>
 class Buffer {
  public:
-  Buffer(const char* name, const std::vector<float>& values, Kind kind) : Buffer(name, values.size(), kind) {
-    if (kind == Kind::Output) die("an output starts poisoned, not filled");
-    for (std::size_t i = 0; i < n_; ++i) data_[i] = static_cast<T>(values[i]);
-    if (kind == Kind::Input && mprotect(base_, body_, PROT_READ) != 0) die("mprotect failed");
-  }
   Buffer(const char* name, std::size_t count, Kind kind) : name_(name), n_(count), kind_(kind) {
+    const bool output = kind != Kind::kInput;
     const std::size_t page = std::size_t(sysconf(_SC_PAGESIZE));
-    const bool tail = kind != Kind::Input;
-    const std::size_t bytes = (kGuard + count + (tail ? kGuard : 0)) * sizeof(T);
+    const std::size_t bytes = (kGuard + count + (output ? kGuard : 0)) * sizeof(T);
     body_ = (bytes + page - 1) / page * page;
     void* m = mmap(nullptr, body_ + page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (m == MAP_FAILED) die("mmap failed");
     base_ = static_cast<char*>(m);
     if (mprotect(base_ + body_, page, PROT_NONE) != 0) die("mprotect failed");
-    T* end = reinterpret_cast<T*>(base_ + body_) - (tail ? kGuard : 0);
+    T* end = reinterpret_cast<T*>(base_ + body_) - (output ? kGuard : 0);
     data_ = end - count;
     lo_ = data_ - kGuard;
     const T guard = from_bits<T>(Pattern<T>::guard);
     for (T* p = reinterpret_cast<T*>(base_); p < data_; ++p) *p = guard;
-    for (std::size_t i = 0; i < count; ++i) data_[i] = from_bits<T>(Pattern<T>::poison);
-    if (tail) {
+    if (output) {
+      for (std::size_t i = 0; i < count; ++i) data_[i] = from_bits<T>(Pattern<T>::poison);
       for (std::size_t i = 0; i < kGuard; ++i) end[i] = guard;
     }
-    if (g_map_count < 32) g_maps[g_map_count++] = Mapping{name, std::uintptr_t(base_), std::uintptr_t(base_ + body_ + page)};
+    if (g_map_count < 16) g_maps[g_map_count++] = Mapping{name, std::uintptr_t(base_), std::uintptr_t(base_ + body_ + page)};
   }
   Buffer(const Buffer&) = delete;
   Buffer& operator=(const Buffer&) = delete;
@@ -138,27 +141,37 @@ class Buffer {
   T* data() { return data_; }
   std::size_t size() const { return n_; }
 
-  // Guards intact; for outputs, every element written.
+  // Fills the buffer with src converted to T; an input becomes read-only.
+  template <class Raw>
+  void fill(const std::vector<Raw>& src) {
+    if (src.size() != n_) die("fill: wrong length");
+    for (std::size_t i = 0; i < n_; ++i) data_[i] = static_cast<T>(src[i]);
+    if (kind_ == Kind::kInput && mprotect(base_, body_, PROT_READ) != 0) die("mprotect failed");
+  }
+
+  // Guards intact; for outputs, every element written (in-place buffers start filled).
   void check() const {
     for (std::size_t i = 0; i < kGuard; ++i) {
-      if (!is_pattern(lo_[i], Pattern<T>::guard) || (kind_ != Kind::Input && !is_pattern(data_[n_ + i], Pattern<T>::guard))) {
-        std::fprintf(stderr, "%s: write outside %s\n", harness_name(), name_);
+      const bool hi_bad = kind_ != Kind::kInput && !is_pattern(data_[n_ + i], Pattern<T>::guard);
+      if (!is_pattern(lo_[i], Pattern<T>::guard) || hi_bad) {
+        std::fprintf(stderr, "%s: write outside %s\n", g_harness, name_);
         std::exit(3);
       }
     }
-    if (kind_ != Kind::Output) return;
+    if (kind_ != Kind::kOutput) return;
     for (std::size_t i = 0; i < n_; ++i) {
       if (is_pattern(data_[i], Pattern<T>::poison)) {
-        std::fprintf(stderr, "%s: %s[%zu] was never written\n", harness_name(), name_, i);
+        std::fprintf(stderr, "%s: %s[%zu] was never written\n", g_harness, name_, i);
         std::exit(3);
       }
     }
   }
 
+  // The values as f32 on stdout.
   void write_f32() const {
     std::vector<float> out(n_);
     for (std::size_t i = 0; i < n_; ++i) out[i] = static_cast<float>(data_[i]);
-    if (n_ != 0 && std::fwrite(out.data(), sizeof(float), n_, stdout) != n_) die("short write");
+    if (!out.empty() && std::fwrite(out.data(), sizeof(float), out.size(), stdout) != out.size()) die("short write");
   }
 
  private:
@@ -171,17 +184,16 @@ class Buffer {
   T* lo_ = nullptr;
 };
 
-inline std::vector<float> read_f32(std::size_t n) {
-  std::vector<float> out(n);
-  if (n != 0 && std::fread(out.data(), sizeof(float), n, stdin) != n) die("short input");
+template <class Raw>
+std::vector<Raw> read_raw(std::size_t n) {
+  std::vector<Raw> out(n);
+  if (n != 0 && std::fread(out.data(), sizeof(Raw), n, stdin) != n) die("short input");
   return out;
 }
 
-template <std::size_t N>
-void read_header(const char (&magic)[9], std::uint32_t (&h)[N]) {
+inline void expect_magic(const char* magic) {
   char got[8];
   if (std::fread(got, 1, 8, stdin) != 8 || std::memcmp(got, magic, 8) != 0) die("bad magic");
-  if (std::fread(h, sizeof(std::uint32_t), N, stdin) != N) die("short header");
 }
 
 inline void expect_end() {

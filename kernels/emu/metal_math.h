@@ -1,7 +1,12 @@
-// The Metal math functions the GDN decode kernels call, for their emulation (include before
-// the .metal file): float overloads of exp, log, fabs and sqrt at global scope (libstdc++'s
-// <math.h> puts std's there), and metal::rsqrt, which standard C++ lacks. Metal's own may be
-// a few ulp off these correctly rounded ones; the tests' gates allow for that.
+// The Metal math functions the fused decode kernels call, for their emulation harnesses
+// (include after metal_emu.h or <metal_stdlib> and <cmath>, before the .metal file):
+//  * float overloads of exp, log, fabs and sqrt at global scope (libstdc++'s <math.h> puts
+//    std's there), so that unqualified calls in a kernel stay in float;
+//  * metal::rsqrt, max, min and precise::cos/sin, which standard C++ lacks or names
+//    differently.
+// Metal's own (fast math by default) may be a few ulp off these correctly rounded ones; the
+// tests' gates allow for that, and the kernels use `precise::` where accuracy at large
+// arguments matters (RoPE angles).
 #pragma once
 
 #include <math.h>
@@ -10,7 +15,16 @@
 #include <type_traits>
 
 namespace metal {
+
 inline float rsqrt(float x) { return 1.0f / std::sqrt(x); }
+inline float max(float a, float b) { return std::fmax(a, b); }
+inline uint min(uint a, uint b) { return a < b ? a : b; }
+
+namespace precise {
+inline float cos(float x) { return std::cos(x); }
+inline float sin(float x) { return std::sin(x); }
+}  // namespace precise
+
 }  // namespace metal
 
 static_assert(std::is_same<decltype(exp(1.0f)), float>::value, "exp(float) must stay in float");

@@ -302,6 +302,42 @@ impl AffineMatrix {
         Some(out)
     }
 
+    /// A `[experts, rows, cols]` matrix whose stacked rows are, in order, the listed stacked
+    /// rows of `sources` (`(matrix, row of its [experts * rows])`): lossless regrouping, e.g.
+    /// an expert's gate and up rows side by side, or a shared expert appended as one more
+    /// expert. `None` unless every source has this format (bits, group size, cols, scale
+    /// dtype) and the count is `experts * rows`.
+    pub fn gather_stacked(sources: &[(&Self, usize)], experts: usize, rows: usize) -> Option<Self> {
+        let first = sources.first()?.0;
+        if sources.len() != experts * rows {
+            return None;
+        }
+        let mut out = Self {
+            rows,
+            experts,
+            packed: Vec::with_capacity(sources.len() * first.words_per_row()),
+            scales: first.scales.empty_like(),
+            biases: first.biases.empty_like(),
+            ..*first
+        };
+        for &(m, row) in sources {
+            if m.bits != first.bits || m.group_size != first.group_size || m.cols != first.cols {
+                return None;
+            }
+            let (wpr, gpr) = (m.words_per_row(), m.groups_per_row());
+            if row >= m.experts * m.rows {
+                return None;
+            }
+            out.packed
+                .extend_from_slice(&m.packed[row * wpr..(row + 1) * wpr]);
+            out.scales
+                .extend_from(&m.scales, row * gpr..(row + 1) * gpr)?;
+            out.biases
+                .extend_from(&m.biases, row * gpr..(row + 1) * gpr)?;
+        }
+        Some(out)
+    }
+
     /// Bytes this matrix reads per full pass (packed weights, scales and biases).
     pub fn bytes(&self) -> usize {
         4 * self.packed.len() + self.scales.bytes() + self.biases.bytes()

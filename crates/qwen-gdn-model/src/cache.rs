@@ -4,7 +4,7 @@
 use crate::StateDtype;
 use anyhow::Result;
 use candle_core::Tensor;
-use gdn_ops::launches::record;
+use gdn_ops::launches::candle_op;
 
 #[derive(Debug, Clone, Default)]
 pub struct GdnCache {
@@ -61,31 +61,70 @@ impl KvCache {
     /// Appends `k`, `v` `[B, Nkv, S, Dh]` and returns views of all cached keys and values.
     pub fn append(&mut self, k: &Tensor, v: &Tensor) -> Result<(Tensor, Tensor)> {
         let s = k.dim(2)?;
-        let needed = self.len + s;
-        if needed > self.capacity() {
-            let capacity = needed.div_ceil(KV_STEP) * KV_STEP;
-            let grow = |old: &Option<Tensor>, like: &Tensor| -> Result<Tensor> {
-                let (b, h, _, d) = like.dims4()?;
-                let buf = Tensor::zeros((b, h, capacity, d), like.dtype(), like.device())?;
-                record(1);
-                if let Some(old) = old {
-                    buf.slice_set(&old.narrow(2, 0, self.len)?, 2, 0)?;
-                    record(1);
-                }
-                Ok(buf)
-            };
-            self.keys = Some(grow(&self.keys, k)?);
-            self.values = Some(grow(&self.values, v)?);
-        }
+        let (b, h, _, d) = k.dims4()?;
+        self.reserve(self.len + s, (b, h, d), k)?;
         let (keys, values) = (
-            self.keys.as_ref().expect("grown"),
-            self.values.as_ref().expect("grown"),
+            self.keys.as_ref().expect("reserved"),
+            self.values.as_ref().expect("reserved"),
         );
-        keys.slice_set(&k.contiguous()?, 2, self.len)?;
-        values.slice_set(&v.contiguous()?, 2, self.len)?;
-        record(2);
-        self.len = needed;
+        candle_op(keys.slice_set(&k.contiguous()?, 2, self.len))?;
+        candle_op(values.slice_set(&v.contiguous()?, 2, self.len))?;
+        self.len += s;
         Ok((self.keys().expect("set"), self.values().expect("set")))
+    }
+
+    /// The whole key and value buffers `[B, Nkv, capacity, Dh]`, grown first so that one
+    /// more position fits: a fused decode kernel writes position `len` in place, then the
+    /// caller calls [`KvCache::advance`]. `like` gives the dtype and device.
+    pub fn buffers_for_next(
+        &mut self,
+        (b, h, d): (usize, usize, usize),
+        like: &Tensor,
+    ) -> Result<(Tensor, Tensor)> {
+        self.reserve(self.len + 1, (b, h, d), like)?;
+        Ok((
+            self.keys.clone().expect("reserved"),
+            self.values.clone().expect("reserved"),
+        ))
+    }
+
+    /// The key and value buffers, if allocated.
+    pub fn buffers(&self) -> (Option<&Tensor>, Option<&Tensor>) {
+        (self.keys.as_ref(), self.values.as_ref())
+    }
+
+    /// Sets the number of cached positions (bookkeeping around a replayed CUDA graph, which
+    /// writes positions without this struct seeing it).
+    pub(crate) fn set_len(&mut self, len: usize) {
+        debug_assert!(len <= self.capacity());
+        self.len = len;
+    }
+
+    /// Counts `n` positions written in place into the buffers.
+    pub fn advance(&mut self, n: usize) {
+        debug_assert!(self.len + n <= self.capacity());
+        self.len += n;
+    }
+
+    /// Grows the buffers (in steps of [`KV_STEP`] positions) until `needed` positions fit.
+    fn reserve(&mut self, needed: usize, (b, h, d): (usize, usize, usize), like: &Tensor) -> Result<()> {
+        if needed <= self.capacity() {
+            return Ok(());
+        }
+        let capacity = needed.div_ceil(KV_STEP) * KV_STEP;
+        let grow = |old: &Option<Tensor>| -> Result<Tensor> {
+            let buf = candle_op(Tensor::zeros((b, h, capacity, d), like.dtype(), like.device()))?;
+            if let Some(old) = old {
+                // The whole old buffer, unused tail included: a narrow to `len` positions is
+                // not contiguous (heads are a capacity apart) and `slice_set` takes
+                // contiguous sources only.
+                candle_op(buf.slice_set(old, 2, 0))?;
+            }
+            Ok(buf)
+        };
+        self.keys = Some(grow(&self.keys)?);
+        self.values = Some(grow(&self.values)?);
+        Ok(())
     }
 }
 
@@ -101,6 +140,22 @@ pub struct Cache {
     /// Number of tokens already processed (the RoPE position of the next one).
     pub offset: usize,
     pub layers: Vec<LayerCache>,
+    /// The CUDA decode step captured against this cache's tensors (replayed while they
+    /// are the same tensors).
+    #[cfg(feature = "cuda")]
+    pub(crate) decode_graph: Option<std::sync::Arc<crate::model::cuda_graph::DecodeGraph>>,
+}
+
+impl Cache {
+    /// An empty cache with these layers.
+    pub fn new(layers: Vec<LayerCache>) -> Self {
+        Self {
+            offset: 0,
+            layers,
+            #[cfg(feature = "cuda")]
+            decode_graph: None,
+        }
+    }
 }
 
 impl Cache {
@@ -126,9 +181,10 @@ impl Cache {
                 })
             })
             .collect::<anyhow::Result<_>>()?;
+        // A captured graph addresses the original's tensors: the copy captures its own.
         Ok(Self {
             offset: self.offset,
-            layers,
+            ..Self::new(layers)
         })
     }
 

@@ -54,6 +54,9 @@ pub struct LoadOptions {
     /// Reference plan only: decode-shaped 4-bit products round each activation row to i8
     /// per 64 values and dot in integers (faster; judged by the KL gate, not exact).
     pub q8_activations: bool,
+    /// Device plan: decode steps on the fused kernels (on by default; off runs the composed
+    /// ops they are tested against).
+    pub fused_decode: bool,
 }
 
 impl Default for LoadOptions {
@@ -63,6 +66,7 @@ impl Default for LoadOptions {
             gdn_state_dtype: StateDtype::F32,
             plan: None,
             q8_activations: false,
+            fused_decode: true,
         }
     }
 }

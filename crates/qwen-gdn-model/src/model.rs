@@ -16,6 +16,11 @@ use anyhow::{bail, ensure, Result};
 use candle_core::{DType, Device, Tensor};
 use std::path::Path;
 
+#[cfg(feature = "cuda")]
+pub(crate) mod cuda_graph;
+mod decode;
+pub use decode::LayerCoverage;
+
 #[derive(Debug, Clone)]
 pub enum Mixer {
     Gdn(GatedDeltaNet),
@@ -146,6 +151,10 @@ pub struct Model {
     layers: Vec<DecoderLayer>,
     norm: RmsNorm,
     lm_head: Linear,
+    /// Decode steps run on the fused kernels (device plan); off, they run the composed ops.
+    fused_decode: bool,
+    /// Per layer, what the fused kernels cover.
+    coverage: Vec<LayerCoverage>,
 }
 
 impl Model {
@@ -222,7 +231,7 @@ impl Model {
             eps: cfg.rms_norm_eps as f32,
         }
         .into_device(device, opts.dtype)?;
-        Ok(Self {
+        let mut model = Self {
             config: cfg,
             device: device.clone(),
             dtype: opts.dtype,
@@ -233,7 +242,54 @@ impl Model {
             layers,
             norm,
             lm_head,
-        })
+            fused_decode: false,
+            coverage: vec![],
+        };
+        model.coverage = model.fused_coverage();
+        model.set_fused_decode(plan == Plan::Device && opts.fused_decode);
+        Ok(model)
+    }
+
+    /// Runs decode steps on the fused kernels (device plan only), or on the composed ops:
+    /// the reference the fused path is tested against. Layers outside the kernels' coverage
+    /// always run composed, and are named once on stderr.
+    pub fn set_fused_decode(&mut self, on: bool) {
+        self.fused_decode = on && self.plan == Plan::Device;
+        if self.fused_decode {
+            let composed: Vec<String> = self
+                .coverage
+                .iter()
+                .enumerate()
+                .filter(|(_, c)| !(c.mixer && c.feed_forward))
+                .map(|(i, c)| {
+                    let part = match (c.mixer, c.feed_forward) {
+                        (false, false) => "mixer and feed-forward",
+                        (false, true) => "mixer",
+                        _ => "feed-forward",
+                    };
+                    format!("{i} ({part})")
+                })
+                .collect();
+            if !composed.is_empty() {
+                static ONCE: std::sync::Once = std::sync::Once::new();
+                ONCE.call_once(|| {
+                    eprintln!(
+                        "note: no fused decode kernels for layers {} in {:?}; they run composed ops",
+                        composed.join(", "),
+                        self.dtype
+                    )
+                });
+            }
+        }
+    }
+
+    pub fn fused_decode(&self) -> bool {
+        self.fused_decode
+    }
+
+    /// Per layer, whether the fused decode kernels cover its mixer and its feed-forward.
+    pub fn fused_coverage_per_layer(&self) -> &[LayerCoverage] {
+        &self.coverage
     }
 
     pub fn plan(&self) -> Plan {
@@ -263,14 +319,12 @@ impl Model {
 
     /// A fresh cache with GDN states stored in `state_dtype`.
     pub fn new_cache_with(&self, state_dtype: StateDtype) -> Cache {
-        Cache {
-            offset: 0,
-            layers: self
-                .layers
+        Cache::new(
+            self.layers
                 .iter()
                 .map(|l| l.new_cache(state_dtype))
                 .collect(),
-        }
+        )
     }
 
     /// `[S]` ids → `[1, S, H]` embeddings.
@@ -332,6 +386,9 @@ impl Model {
     /// As [`Model::forward`], but only the last position goes through the output head:
     /// returns `[1, vocab_size]` (generation needs no more).
     pub fn forward_last(&self, tokens: &[u32], cache: &mut Cache) -> Result<Tensor> {
+        if let (true, &[token]) = (self.fused_decode, tokens) {
+            return self.decode_step(token, cache);
+        }
         let h = self.run_layers(tokens, cache)?;
         let s = h.dim(1)?;
         self.logits(&h.narrow(1, s - 1, 1)?)

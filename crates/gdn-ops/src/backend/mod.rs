@@ -73,3 +73,13 @@ pub fn row_layout(t: &Tensor, lead: &[usize], len: usize, what: &str) -> Result<
         span,
     })
 }
+
+/// `x` rounded to a float dtype and back (round to nearest even, as the kernels' conversions):
+/// where a CPU twin stores a value in the activation dtype.
+pub(crate) fn round_to(dtype: DType, x: f32) -> f32 {
+    match dtype {
+        DType::F16 => half::f16::from_f32(x).to_f32(),
+        DType::BF16 => half::bf16::from_f32(x).to_f32(),
+        _ => x,
+    }
+}

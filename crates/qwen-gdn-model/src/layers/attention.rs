@@ -14,6 +14,8 @@ use anyhow::Result;
 use candle_core::{DType, Device, Tensor, D};
 use gdn_ops::launches::record;
 
+mod decode;
+
 #[derive(Debug, Clone)]
 pub struct Attention {
     /// `[q_proj | k_proj | v_proj]`.
@@ -22,6 +24,8 @@ pub struct Attention {
     q_norm: RmsNorm,
     k_norm: RmsNorm,
     rope: PartialRope,
+    /// Device plan: `[rope dims / 2]` f32 inverse frequencies, for the fused decode kernel.
+    rope_inv_freq: Option<Tensor>,
     heads: usize,
     kv_heads: usize,
     head_dim: usize,
@@ -53,6 +57,7 @@ impl Attention {
                 eps,
             },
             rope: PartialRope::new(cfg.rope_dims(), cfg.rope_theta),
+            rope_inv_freq: None,
             heads: nq,
             kv_heads: nkv,
             head_dim: dh,
@@ -65,6 +70,7 @@ impl Attention {
             o_proj: self.o_proj.into_device(device, dtype)?,
             q_norm: self.q_norm.into_device(device, dtype)?,
             k_norm: self.k_norm.into_device(device, dtype)?,
+            rope_inv_freq: Some(self.rope.inv_freq_tensor(device)?),
             ..self
         })
     }

@@ -22,6 +22,8 @@ use anyhow::Result;
 use candle_core::{DType, Device, Tensor, D};
 use gdn_ops::launches::record;
 
+mod decode;
+
 #[derive(Debug, Clone)]
 pub struct GatedDeltaNet {
     in_proj: FusedLinear,
@@ -211,20 +213,31 @@ impl GatedDeltaNet {
         let beta = candle_nn::ops::sigmoid(&cast(&beta_in, DType::F32)?)?;
         record(1);
         let g = decay(&cast(&a, DType::F32)?, &self.dt_bias, &self.neg_a_log_exp)?;
-        let state = match &cache.state {
-            Some(st) if st.dtype() == cache.state_dtype.dtype() => st.clone(),
-            // A state made with the other dtype is converted, never rejected.
-            Some(st) => cast(st, cache.state_dtype.dtype())?,
-            None => {
-                record(1);
-                Tensor::zeros((b, hv, dv, dk), cache.state_dtype.dtype(), x.device())?
-            }
-        };
+        let state = self.state_for(cache, b, x.device())?;
         let y = gdn_ops::gated_delta_update(&q, &k, &v, &g, &beta, &state)?;
-        cache.state = Some(state);
         let z = contiguous(&z)?.reshape((b, s, hv, dv))?;
         let out = self.norm.forward(&y, &z)?.reshape((b, s, hv * dv))?;
         self.out_proj.forward(&out)
+    }
+}
+
+impl GatedDeltaNet {
+    /// The recurrent state `[B, Hv, Dv, Dk]` the next call advances in place, kept in the
+    /// cache: zeros on the first call; a state made in the other dtype is converted, never
+    /// rejected.
+    fn state_for(&self, cache: &mut GdnCache, b: usize, device: &Device) -> Result<Tensor> {
+        let dtype = cache.state_dtype.dtype();
+        let state = match &cache.state {
+            Some(st) if st.dtype() == dtype => st.clone(),
+            Some(st) => cast(st, dtype)?,
+            None => {
+                record(1);
+                let (hv, dv, dk) = (self.value_heads, self.value_dim, self.key_dim);
+                Tensor::zeros((b, hv, dv, dk), dtype, device)?
+            }
+        };
+        cache.state = Some(state.clone());
+        Ok(state)
     }
 }
 

@@ -98,6 +98,20 @@ impl FusedLinear {
         }
     }
 
+    /// The one merged product, when every projection went into a single matrix without bias
+    /// (its rows are the projections' rows, in order).
+    pub fn merged(&self) -> Option<&Linear> {
+        match &self.parts[..] {
+            [only] if only.bias.is_none() => Some(only),
+            _ => None,
+        }
+    }
+
+    /// Output width of each projection, in order.
+    pub fn out_dims(&self) -> &[usize] {
+        &self.out_dims
+    }
+
     pub fn into_device(self, device: &Device, dtype: DType) -> Result<Self> {
         Ok(Self {
             parts: self
@@ -144,6 +158,11 @@ impl Embedding {
     /// `[n]` ids → `[n, hidden]` in `dtype` on `device`.
     pub fn forward(&self, ids: &[u32], device: &Device, dtype: DType) -> Result<Tensor> {
         self.table.rows_of(ids, device, dtype)
+    }
+
+    /// `[n]` u32 ids already on the device → `[n, hidden]` in `dtype`.
+    pub fn forward_ids(&self, ids: &Tensor, dtype: DType) -> Result<Tensor> {
+        self.table.rows_of_tensor(ids, dtype)
     }
 
     /// Tied output head: `h Eᵀ`.

@@ -30,6 +30,12 @@ impl Mlp {
         })
     }
 
+    /// `[gate | up]` merged into one matrix, and the down projection: what a stacked or
+    /// fused SwiGLU needs (`None` when gate and up could not be merged).
+    pub fn merged_parts(&self) -> Option<(&Linear, &Linear)> {
+        Some((self.gate_up.merged()?, &self.down))
+    }
+
     pub fn into_device(
         self,
         device: &candle_core::Device,

@@ -21,6 +21,18 @@ impl PartialRope {
         Self { dims, inv_freq }
     }
 
+    /// Rotated features per head.
+    pub fn dims(&self) -> usize {
+        self.dims
+    }
+
+    /// The inverse frequencies `[dims/2]` in f32, for kernels that compute the angles on the
+    /// device from a position they read there (f32 angles, as MLX computes them).
+    pub fn inv_freq_tensor(&self, device: &Device) -> Result<Tensor> {
+        let f: Vec<f32> = self.inv_freq.iter().map(|&f| f as f32).collect();
+        Ok(Tensor::from_vec(f, self.inv_freq.len(), device)?)
+    }
+
     /// cos and sin `[len, dims/2]` in `dtype` on `device`, computed and cast on the host so
     /// that the device only receives them.
     fn tables(

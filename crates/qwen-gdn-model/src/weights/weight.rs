@@ -122,6 +122,21 @@ impl Weight {
         }
     }
 
+    /// Rows of the (single) device matrix listed in `ids` (`[n]` u32 on its device), in
+    /// `dtype`: an embedding lookup with no upload (the ids are trusted to be in range, as
+    /// the caller checked them when it wrote them).
+    pub fn rows_of_tensor(&self, ids: &Tensor, dtype: DType) -> Result<Tensor> {
+        let n = ids.dim(0)?;
+        match self {
+            Self::Quantized(a) => a.dequantize(Some(ids), n, dtype),
+            Self::Dense(t) => Ok(gdn_ops::launches::candle_ops(
+                2,
+                t.squeeze(0)?.index_select(ids, 0)?.to_dtype(dtype),
+            )?),
+            Self::Host(_) => bail!("embedding lookup by device ids needs device weights"),
+        }
+    }
+
     /// Rows `ids` of the (single) matrix in `dtype`: embedding lookups.
     pub fn rows_of(&self, ids: &[u32], device: &Device, dtype: DType) -> Result<Tensor> {
         let (vocab, hidden) = (self.rows(), self.cols());

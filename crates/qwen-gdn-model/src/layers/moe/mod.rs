@@ -7,7 +7,11 @@
 //!   experts not at all;
 //! - device plan: softmax, top-k and the expert products all stay on the device (the experts
 //!   are picked by a gathered product reading the top-k ids there), so a layer never waits
-//!   for the host.
+//!   for the host. Quantized experts are regrouped at load into [`StackedExperts`] (the
+//!   shared expert as one more expert), the form the fused decode kernels read.
+
+mod decode;
+pub mod stacked;
 
 use super::linear::Linear;
 use super::mlp::Mlp;
@@ -17,17 +21,32 @@ use crate::Config;
 use anyhow::Result;
 use candle_core::{DType, Device, Tensor, D};
 use gdn_ops::launches::record;
+pub use stacked::StackedExperts;
 
 #[derive(Debug, Clone)]
 pub struct SparseMoe {
+    experts: Experts,
+    top_k: usize,
+    norm_topk_prob: bool,
+}
+
+#[derive(Debug, Clone)]
+enum Experts {
+    /// As the checkpoint stores them: the reference plan, and device weights that do not
+    /// share one quantized format.
+    Separate(Box<SeparateExperts>),
+    /// Device plan, quantized.
+    Stacked(Box<StackedExperts>),
+}
+
+#[derive(Debug, Clone)]
+struct SeparateExperts {
     router: Linear,
     /// Stacked `[E, Im, H]`, `[E, Im, H]`, `[E, H, Im]`.
     gate_proj: Weight,
     up_proj: Weight,
     down_proj: Weight,
     shared_expert: Option<(Mlp, Linear)>,
-    top_k: usize,
-    norm_topk_prob: bool,
 }
 
 /// The `k` most probable experts of one token, with their (optionally renormalised) weights.
@@ -59,17 +78,60 @@ impl SparseMoe {
             None
         };
         Ok(Self {
-            router: Linear::load(ckpt, &format!("{prefix}.gate"), e, h, cfg)?,
-            gate_proj: Weight::Host(ckpt.experts(prefix, "gate_proj", e, im, h, cfg)?),
-            up_proj: Weight::Host(ckpt.experts(prefix, "up_proj", e, im, h, cfg)?),
-            down_proj: Weight::Host(ckpt.experts(prefix, "down_proj", e, h, im, cfg)?),
-            shared_expert,
+            experts: Experts::Separate(Box::new(SeparateExperts {
+                router: Linear::load(ckpt, &format!("{prefix}.gate"), e, h, cfg)?,
+                gate_proj: Weight::Host(ckpt.experts(prefix, "gate_proj", e, im, h, cfg)?),
+                up_proj: Weight::Host(ckpt.experts(prefix, "up_proj", e, im, h, cfg)?),
+                down_proj: Weight::Host(ckpt.experts(prefix, "down_proj", e, h, im, cfg)?),
+                shared_expert,
+            })),
             top_k: cfg.num_experts_per_tok,
             norm_topk_prob: cfg.norm_topk_prob,
         })
     }
 
     pub fn into_device(self, device: &Device, dtype: DType) -> Result<Self> {
+        let Experts::Separate(s) = self.experts else {
+            return Ok(self);
+        };
+        let stacked = StackedExperts::from_host(
+            &s.router,
+            [&s.gate_proj, &s.up_proj, &s.down_proj],
+            s.shared_expert.as_ref(),
+            device,
+            dtype,
+        )?;
+        let experts = match stacked {
+            Some(stacked) => Experts::Stacked(Box::new(stacked)),
+            None => Experts::Separate(Box::new(s.into_device(device, dtype)?)),
+        };
+        Ok(Self { experts, ..self })
+    }
+
+    /// The regrouped form, when the weights have one (device plan, quantized).
+    pub fn stacked(&self) -> Option<&StackedExperts> {
+        match &self.experts {
+            Experts::Stacked(s) => Some(s),
+            Experts::Separate(_) => None,
+        }
+    }
+
+    /// `x`: `[B, S, H]` (already post-attention-normed).
+    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        match &self.experts {
+            Experts::Separate(s) => s.forward(x, self.top_k, self.norm_topk_prob),
+            Experts::Stacked(s) => {
+                let dims = x.dims().to_vec();
+                let out =
+                    s.forward_composed(&x.flatten_to(D::Minus2)?, self.top_k, self.norm_topk_prob)?;
+                Ok(out.reshape(dims)?)
+            }
+        }
+    }
+}
+
+impl SeparateExperts {
+    fn into_device(self, device: &Device, dtype: DType) -> Result<Self> {
         Ok(Self {
             router: self.router.into_device(device, dtype)?,
             gate_proj: self.gate_proj.into_device(device, dtype)?,
@@ -84,17 +146,15 @@ impl SparseMoe {
                     ))
                 })
                 .transpose()?,
-            ..self
         })
     }
 
-    /// `x`: `[B, S, H]` (already post-attention-normed).
-    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+    fn forward(&self, x: &Tensor, top_k: usize, renormalise: bool) -> Result<Tensor> {
         let routed = match (&self.gate_proj, &self.up_proj, &self.down_proj) {
             (Weight::Host(g), Weight::Host(u), Weight::Host(d)) => {
-                self.routed_on_host(x, [g, u, d])?
+                self.routed_on_host(x, [g, u, d], top_k, renormalise)?
             }
-            _ => self.routed_on_device(x)?,
+            _ => self.routed_on_device(x, top_k, renormalise)?,
         };
         match &self.shared_expert {
             Some((mlp, gate)) => {
@@ -113,7 +173,7 @@ impl SparseMoe {
         Ok(candle_nn::ops::softmax_last_dim(&logits)?)
     }
 
-    fn routed_on_device(&self, x: &Tensor) -> Result<Tensor> {
+    fn routed_on_device(&self, x: &Tensor, top_k: usize, renormalise: bool) -> Result<Tensor> {
         let dims = x.dims().to_vec();
         let x = x.flatten_to(D::Minus2)?; // [N, H]
         let probs = self.probabilities(&x)?;
@@ -122,11 +182,11 @@ impl SparseMoe {
         let ids = contiguous(
             &probs
                 .arg_sort_last_dim(false)?
-                .narrow(D::Minus1, 0, self.top_k)?,
+                .narrow(D::Minus1, 0, top_k)?,
         )?; // [N, k] u32
         let mut weights = probs.gather(&ids, D::Minus1)?; // [N, k]
         record(2);
-        if self.norm_topk_prob {
+        if renormalise {
             weights = weights.broadcast_div(&weights.sum_keepdim(D::Minus1)?)?;
             record(2);
         }
@@ -143,6 +203,8 @@ impl SparseMoe {
         &self,
         x: &Tensor,
         [gate_proj, up_proj, down_proj]: [&Matrix; 3],
+        top_k: usize,
+        renormalise: bool,
     ) -> Result<Tensor> {
         let h = x.dim(D::Minus1)?;
         let n_experts = gate_proj.experts();
@@ -153,7 +215,7 @@ impl SparseMoe {
         // Tokens per expert: (token index, routing weight).
         let mut assigned: Vec<Vec<(usize, f32)>> = vec![vec![]; n_experts];
         for (tok, p) in probs.iter().enumerate() {
-            for (e, w) in route(p, self.top_k, self.norm_topk_prob) {
+            for (e, w) in route(p, top_k, renormalise) {
                 assigned[e].push((tok, w));
             }
         }

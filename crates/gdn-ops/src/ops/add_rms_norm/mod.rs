@@ -1,0 +1,101 @@
+//! The residual add and RMSNorm of a layer's pre-norm, fused: one kernel per call instead of
+//! an add and a norm.
+//!
+//! `residual` `[.., H]` (N rows of H), optional `delta` of the same shape, `weight` `[H]`, all
+//! in the activation dtype InT:
+//! - `sum = round_InT(f32(residual) + f32(delta))`; without `delta` the sum is `residual`
+//!   itself (returned as is, neither written nor copied);
+//! - `normed = round_InT(f32(sum) · rsqrt(mean(f32(sum)²) + eps) · f32(weight))`, the mean
+//!   over the row, from the rounded sum (as the composed add-then-norm sees it).
+//!
+//! Kernels: `kernels/add_rms_norm.{metal,cu}`, one simdgroup (warp) per row.
+
+pub(crate) mod cpu;
+#[cfg(feature = "cuda")]
+pub mod cuda;
+#[cfg(any(feature = "metal", target_os = "macos"))]
+pub mod metal;
+
+use crate::launches;
+use anyhow::{bail, ensure, Result};
+use candle_core::{DType, Device, Tensor, D};
+
+/// Widest row the kernels take (`hidden_size` is 2048 in Qwen3-Next-80B-A3B).
+pub const MAX_COLS: usize = 8192;
+
+/// `AddRmsNormParams` of kernels/params/add_rms_norm.h, field for field.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct AddRmsNormParams {
+    pub rows: u32,
+    pub cols: u32,
+    pub has_delta: u32,
+    pub eps: f32,
+}
+
+/// Whether the kernels cover this residual (dtype f32, f16 or bf16; `0 < H ≤ MAX_COLS`).
+pub fn supports(residual: &Tensor) -> bool {
+    let cols = residual.dims().last().copied().unwrap_or(0);
+    matches!(residual.dtype(), DType::F32 | DType::F16 | DType::BF16)
+        && (1..=MAX_COLS).contains(&cols)
+}
+
+/// Returns `(sum, normed)`, both shaped as `residual`. See the module doc for the maths.
+pub fn add_rms_norm(
+    residual: &Tensor,
+    delta: Option<&Tensor>,
+    weight: &Tensor,
+    eps: f32,
+) -> Result<(Tensor, Tensor)> {
+    const OP: &str = "add_rms_norm";
+    ensure!(residual.rank() >= 1, "{OP}: residual must have a feature axis");
+    let cols = residual.dim(D::Minus1)?;
+    ensure!(
+        supports(residual),
+        "{OP}: no kernel for {:?} rows of {cols} (f32/f16/bf16, 1..={MAX_COLS} columns)",
+        residual.dtype()
+    );
+    if let Some(d) = delta {
+        ensure!(
+            d.dims() == residual.dims(),
+            "{OP}: delta {:?} must match residual {:?}",
+            d.dims(),
+            residual.dims()
+        );
+        ensure!(
+            d.dtype() == residual.dtype(),
+            "{OP}: delta is {:?}, residual {:?}",
+            d.dtype(),
+            residual.dtype()
+        );
+    }
+    ensure!(
+        weight.dims() == [cols],
+        "{OP}: weight {:?}, expected [{cols}]",
+        weight.dims()
+    );
+    ensure!(
+        weight.dtype() == residual.dtype(),
+        "{OP}: weight is {:?}, residual {:?}",
+        weight.dtype(),
+        residual.dtype()
+    );
+    ensure!(
+        eps.is_finite() && eps >= 0.0,
+        "{OP}: eps must be finite and non-negative"
+    );
+    let rows = residual.elem_count() / cols;
+    ensure!(rows > 0, "{OP}: residual {:?} has no rows", residual.dims());
+    match residual.device() {
+        Device::Cpu => launches::cpu_twin(|| cpu::add_rms_norm(residual, delta, weight, eps)),
+        #[cfg(any(feature = "metal", target_os = "macos"))]
+        Device::Metal(_) => metal::add_rms_norm(residual, delta, weight, eps, rows, cols),
+        #[cfg(feature = "cuda")]
+        Device::Cuda(_) => cuda::add_rms_norm(residual, delta, weight, eps, rows, cols),
+        #[allow(unreachable_patterns)]
+        other => {
+            let _ = rows;
+            bail!("{OP}: no kernel for device {other:?}")
+        }
+    }
+}

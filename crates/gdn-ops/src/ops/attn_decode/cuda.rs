@@ -1,0 +1,84 @@
+//! CUDA host side of `kernels/attn_decode.cu`: a block of [`SIMDGROUPS`] warps per (query
+//! head, sequence).
+
+use super::{AttnDecodeDims, AttnDecodeParams, SIMDGROUPS};
+use crate::backend::cuda::{cuda_device, function, launch, tensor, view, KernelSource};
+use crate::backend::dtype_tag;
+use anyhow::{bail, ensure, Result};
+use candle_core::cuda_backend::cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg};
+use candle_core::cuda_backend::CudaDType;
+use candle_core::{CudaDevice, DType, Tensor, WithDType};
+use half::{bf16, f16};
+
+const OP: &str = "attn_decode";
+const SOURCE: KernelSource = KernelSource {
+    module: "qwen_gdn_attn_decode",
+    ptx: include_str!(concat!(env!("OUT_DIR"), "/attn_decode.ptx")),
+};
+
+// SAFETY: `AttnDecodeParams` is `repr(C)` of six u32 and an f32, as the kernel's struct.
+unsafe impl DeviceRepr for AttnDecodeParams {}
+
+pub(crate) fn attn_decode(
+    d: AttnDecodeDims,
+    q: &Tensor,
+    gate: &Tensor,
+    keys: &Tensor,
+    values: &Tensor,
+    pos: &Tensor,
+) -> Result<Tensor> {
+    let dev = cuda_device(q, OP)?;
+    ensure!(d.batch <= 65535, "{OP}: at most 65535 sequences per call");
+    let (q, gate) = (q.contiguous()?, gate.contiguous()?);
+    let inputs = [&q, &gate, keys, values, pos];
+    match q.dtype() {
+        DType::F32 => run::<f32>(d, inputs, &dev),
+        DType::F16 => run::<f16>(d, inputs, &dev),
+        DType::BF16 => run::<bf16>(d, inputs, &dev),
+        other => bail!("{OP}: no CUDA kernel for {other:?}"),
+    }
+}
+
+/// `inputs`: q, gate, keys, values, pos (contiguous).
+fn run<T>(d: AttnDecodeDims, inputs: [&Tensor; 5], dev: &CudaDevice) -> Result<Tensor>
+where
+    T: CudaDType + DeviceRepr + WithDType,
+{
+    let func = function(dev, &SOURCE, &format!("attn_decode_{}", dtype_tag(T::DTYPE, OP)?))?;
+    let len = d.batch * d.q_heads * d.head_dim;
+    // SAFETY: the kernel writes every element of out.
+    let out = unsafe { dev.alloc::<T>(len)? };
+    {
+        let [q, gate, keys, values, pos] = inputs;
+        let (qs, ql) = q.storage_and_layout();
+        let (gs, gl) = gate.storage_and_layout();
+        let (ks, kl) = keys.storage_and_layout();
+        let (vs, vl) = values.storage_and_layout();
+        let (ps, pl) = pos.storage_and_layout();
+        let q_view = view::<T>(&qs, ql, OP)?;
+        let g_view = view::<T>(&gs, gl, OP)?;
+        let k_view = view::<T>(&ks, kl, OP)?;
+        let v_view = view::<T>(&vs, vl, OP)?;
+        let p_view = view::<u32>(&ps, pl, OP)?;
+        let params = d.params(SIMDGROUPS);
+        let stream = dev.cuda_stream();
+        let mut args = stream.launch_builder(&func);
+        args.arg(&q_view)
+            .arg(&g_view)
+            .arg(&k_view)
+            .arg(&v_view)
+            .arg(&p_view)
+            .arg(&out)
+            .arg(&params);
+        let config = LaunchConfig {
+            grid_dim: (d.q_heads as u32, d.batch as u32, 1),
+            block_dim: (32, SIMDGROUPS as u32, 1),
+            shared_mem_bytes: d.scratch_bytes(SIMDGROUPS) as u32,
+        };
+        // SAFETY: arguments in the order and types of `attn_decode_*` in
+        // kernels/attn_decode.cu; the views cover the shapes checked in ops/attn_decode/mod.rs,
+        // and the shared memory holds SIMDGROUPS * (2 + Dh) floats.
+        unsafe { launch(args, config) }?;
+    }
+    Ok(tensor(out, dev, (d.batch, 1, d.q_heads * d.head_dim)))
+}

@@ -1,0 +1,178 @@
+//! One decode step of gated attention, fused: softmax attention of each sequence's single
+//! query over its cached keys and values, and the `sigmoid(gate)` product, in one kernel.
+//!
+//! Inputs (InT: f32, f16 or bf16): `q` `[B, Nq, Dh]`, `gate` `[B, Nq·Dh]` (as
+//! [`attn_prep`](super::attn_prep) leaves them), `keys`, `values` `[B, Nkv, cap, Dh]`
+//! (contiguous KV buffers), `pos` `[1]` u32 on the device: the query attends to positions
+//! `0..=pos` (its own key included, written by `attn_prep`). Read by the kernel, so a captured
+//! launch replays for every position. The host keeps `pos < cap`; the kernels clamp the last
+//! position to `cap − 1` so that they never read past the buffers.
+//!
+//! Query head `h` reads KV head `h / (Nq / Nkv)`. In f32: `s_t = (q·k_t)·Dh^−½`,
+//! `p = softmax(s)`, `o = Σ p_t·v_t`; then `out = round_InT(round_InT(o)·sigmoid(f32(gate)))`.
+//! The composed path rounds the attention output to InT and multiplies it by
+//! `sigmoid(gate)` in InT (sigmoid itself rounded); here the sigmoid stays in f32, a
+//! difference of at most one rounding of InT.
+//!
+//! Output: `[B, 1, Nq·Dh]`, ready for `o_proj`.
+//!
+//! Kernels: `kernels/attn_decode.{metal,cu}`: per (query head, sequence) a threadgroup of
+//! [`SIMDGROUPS`] simdgroups (warps) splitting the keys, each with an online softmax, combined
+//! through threadgroup (shared) memory.
+
+pub(crate) mod cpu;
+#[cfg(feature = "cuda")]
+pub mod cuda;
+#[cfg(any(feature = "metal", target_os = "macos"))]
+pub mod metal;
+
+use crate::launches;
+use anyhow::{bail, ensure, Result};
+use candle_core::{DType, Device, Tensor};
+
+/// Simdgroups (warps) per threadgroup (block), each taking every `SIMDGROUPS`-th key.
+pub const SIMDGROUPS: usize = 8;
+/// Largest head dim: each lane holds `Dh / 32` features of q and of the output in registers.
+pub const MAX_HEAD_DIM: usize = 256;
+
+/// `AttnDecodeParams` of kernels/params/attn_decode.h, field for field.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct AttnDecodeParams {
+    pub batch: u32,
+    pub q_heads: u32,
+    pub kv_heads: u32,
+    pub head_dim: u32,
+    pub capacity: u32,
+    pub simdgroups: u32,
+    pub scale: f32,
+}
+
+/// Shapes of one call, read off its inputs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AttnDecodeDims {
+    pub batch: usize,
+    pub q_heads: usize,
+    pub kv_heads: usize,
+    pub head_dim: usize,
+    pub capacity: usize,
+}
+
+impl AttnDecodeDims {
+    pub fn params(&self, simdgroups: usize) -> AttnDecodeParams {
+        AttnDecodeParams {
+            batch: self.batch as u32,
+            q_heads: self.q_heads as u32,
+            kv_heads: self.kv_heads as u32,
+            head_dim: self.head_dim as u32,
+            capacity: self.capacity as u32,
+            simdgroups: simdgroups as u32,
+            scale: (self.head_dim as f32).powf(-0.5),
+        }
+    }
+
+    /// Bytes of threadgroup (shared) memory per threadgroup: each simdgroup's running max,
+    /// sum and `Dh` output values, in f32.
+    pub fn scratch_bytes(&self, simdgroups: usize) -> usize {
+        simdgroups * (2 + self.head_dim) * 4
+    }
+}
+
+/// Whether the kernels cover head dim `head_dim` (a multiple of 32 up to 256: 64, 128, 256
+/// among them) with `q_heads` query heads over `kv_heads` KV heads in `dtype`.
+pub fn supports(head_dim: usize, q_heads: usize, kv_heads: usize, dtype: DType) -> bool {
+    matches!(dtype, DType::F32 | DType::F16 | DType::BF16)
+        && head_dim.is_multiple_of(32)
+        && (32..=MAX_HEAD_DIM).contains(&head_dim)
+        && kv_heads > 0
+        && q_heads.is_multiple_of(kv_heads)
+        && q_heads > 0
+}
+
+/// `o` `[B, 1, Nq·Dh]`: see the module doc.
+pub fn attn_decode(
+    q: &Tensor,
+    gate: &Tensor,
+    keys: &Tensor,
+    values: &Tensor,
+    pos: &Tensor,
+) -> Result<Tensor> {
+    let dims = check(q, gate, keys, values, pos)?;
+    match q.device() {
+        Device::Cpu => launches::cpu_twin(|| cpu::attn_decode(dims, q, gate, keys, values, pos)),
+        #[cfg(any(feature = "metal", target_os = "macos"))]
+        Device::Metal(_) => metal::attn_decode(dims, q, gate, keys, values, pos),
+        #[cfg(feature = "cuda")]
+        Device::Cuda(_) => cuda::attn_decode(dims, q, gate, keys, values, pos),
+        #[allow(unreachable_patterns)]
+        other => bail!("attn_decode: no kernel for device {other:?}"),
+    }
+}
+
+fn check(
+    q: &Tensor,
+    gate: &Tensor,
+    keys: &Tensor,
+    values: &Tensor,
+    pos: &Tensor,
+) -> Result<AttnDecodeDims> {
+    const OP: &str = "attn_decode";
+    let (batch, q_heads, head_dim) = q
+        .dims3()
+        .map_err(|_| anyhow::anyhow!("{OP}: q {:?}, expected [B, Nq, Dh]", q.dims()))?;
+    let (kb, kv_heads, capacity, kd) = keys
+        .dims4()
+        .map_err(|_| anyhow::anyhow!("{OP}: keys {:?}, expected [B, Nkv, cap, Dh]", keys.dims()))?;
+    ensure!(
+        kb == batch && kd == head_dim,
+        "{OP}: keys {:?} do not match q {:?}",
+        keys.dims(),
+        q.dims()
+    );
+    ensure!(
+        values.dims() == keys.dims(),
+        "{OP}: values {:?} must match keys {:?}",
+        values.dims(),
+        keys.dims()
+    );
+    ensure!(capacity > 0, "{OP}: empty KV buffers");
+    ensure!(
+        keys.is_contiguous() && values.is_contiguous(),
+        "{OP}: the KV buffers must be contiguous"
+    );
+    ensure!(
+        gate.elem_count() == batch * q_heads * head_dim
+            && gate.dims().first() == Some(&batch)
+            && gate.dims().last() == Some(&(q_heads * head_dim)),
+        "{OP}: gate {:?}, expected [{batch}, {}]",
+        gate.dims(),
+        q_heads * head_dim
+    );
+    let dtype = q.dtype();
+    for (name, t) in [("gate", gate), ("keys", keys), ("values", values)] {
+        ensure!(t.dtype() == dtype, "{OP}: {name} is {:?}, q {dtype:?}", t.dtype());
+    }
+    ensure!(
+        supports(head_dim, q_heads, kv_heads, dtype),
+        "{OP}: no kernel for head dim {head_dim}, {q_heads} query heads over {kv_heads} KV heads in {dtype:?}"
+    );
+    ensure!(
+        pos.dtype() == DType::U32 && pos.dims() == [1],
+        "{OP}: pos must be a [1] u32 tensor (got {:?} {:?})",
+        pos.dims(),
+        pos.dtype()
+    );
+    for t in [gate, keys, values, pos] {
+        ensure!(
+            t.device().same_device(q.device()),
+            "{OP}: all inputs must be on one device"
+        );
+    }
+    Ok(AttnDecodeDims {
+        batch,
+        q_heads,
+        kv_heads,
+        head_dim,
+        capacity,
+    })
+}

@@ -1,0 +1,94 @@
+//! CUDA host side of `kernels/moe_combine.cu`: one block per token row.
+
+use super::{Inputs, MoeCombineParams};
+use crate::backend::cuda::{cuda_device, function, launch, tensor, view, KernelSource};
+use crate::backend::dtype_tag;
+use anyhow::{bail, ensure, Result};
+use candle_core::cuda_backend::cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg};
+use candle_core::cuda_backend::CudaDType;
+use candle_core::{DType, Tensor};
+use half::{bf16, f16};
+
+const SOURCE: KernelSource = KernelSource {
+    module: "qwen_gdn_moe_combine",
+    ptx: include_str!(concat!(env!("OUT_DIR"), "/moe_combine.ptx")),
+};
+
+// SAFETY: `MoeCombineParams` is `repr(C)` of four u32 and an f32, as the kernel's struct.
+unsafe impl DeviceRepr for MoeCombineParams {}
+
+/// Threads per block (`kThreads` in the kernel: its reduction scratch is sized for it).
+const COMBINE_THREADS: u32 = 256;
+
+pub(crate) fn moe_combine(
+    inputs: &Inputs,
+    p: &MoeCombineParams,
+) -> Result<(Tensor, Option<Tensor>)> {
+    match inputs.down.dtype() {
+        DType::F32 => moe_combine_as::<f32>(inputs, p),
+        DType::F16 => moe_combine_as::<f16>(inputs, p),
+        DType::BF16 => moe_combine_as::<bf16>(inputs, p),
+        other => bail!("moe_combine: no CUDA kernel for {other:?}"),
+    }
+}
+
+fn moe_combine_as<T: CudaDType + DeviceRepr>(
+    inputs: &Inputs,
+    p: &MoeCombineParams,
+) -> Result<(Tensor, Option<Tensor>)> {
+    const OP: &str = "moe_combine";
+    let dev = cuda_device(&inputs.down, OP)?;
+    let name = format!("moe_combine_{}", dtype_tag(T::DTYPE, OP)?);
+    let func = function(&dev, &SOURCE, &name)?;
+    let (tokens, hidden) = (p.tokens as usize, p.hidden as usize);
+    ensure!(
+        p.tokens <= i32::MAX as u32,
+        "{OP}: {tokens} tokens exceed the CUDA grid"
+    );
+    // SAFETY: the kernel writes every element of sum, and of normed when has_norm.
+    let sum = unsafe { dev.alloc::<T>(tokens * hidden)? };
+    let normed = match inputs.norm_weight {
+        Some(_) => Some(unsafe { dev.alloc::<T>(tokens * hidden)? }),
+        None => None,
+    };
+    if tokens > 0 {
+        let (ds, dl) = inputs.down.storage_and_layout();
+        let (ws, wl) = inputs.weights.storage_and_layout();
+        let (rs, rl) = inputs.residual.storage_and_layout();
+        let norm_guard = inputs.norm_weight.as_ref().map(|t| t.storage_and_layout());
+        let down = view::<T>(&ds, dl, OP)?;
+        let weights = view::<f32>(&ws, wl, OP)?;
+        let residual = view::<T>(&rs, rl, OP)?;
+        let norm_weight = match &norm_guard {
+            Some((ns, nl)) => view::<T>(ns, nl, OP)?,
+            // Never read without a norm (has_norm = 0).
+            None => view::<T>(&rs, rl, OP)?,
+        };
+        let stream = dev.cuda_stream();
+        let mut args = stream.launch_builder(&func);
+        args.arg(&down)
+            .arg(&weights)
+            .arg(&residual)
+            .arg(&norm_weight)
+            .arg(&sum);
+        // Never written without a norm (has_norm = 0).
+        match &normed {
+            Some(n) => args.arg(n),
+            None => args.arg(&sum),
+        };
+        args.arg(p);
+        let config = LaunchConfig {
+            grid_dim: (p.tokens, 1, 1),
+            block_dim: (COMBINE_THREADS, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: arguments in the order and types of `moe_combine_*` in
+        // kernels/moe_combine.cu; every view covers the [N, S, H], [N, S], [N, H] and [H]
+        // elements the kernel indexes.
+        unsafe { launch(args, config) }?;
+    }
+    Ok((
+        tensor(sum, &dev, (tokens, hidden)),
+        normed.map(|n| tensor(n, &dev, (tokens, hidden))),
+    ))
+}

@@ -1,0 +1,90 @@
+//! The MoE router of a decode step in one kernel: softmax over the routed experts' logits,
+//! top-k, optional renormalisation, and the shared expert's sigmoid gate as one more slot.
+//!
+//! Spec. `logits` `[N, E + has_shared]` in the activation dtype (f32, f16 or bf16; the router
+//! product's output, with the shared-expert gate row appended as column E) →
+//! `ids` `[N, S]` u32 and `weights` `[N, S]` f32, `S = k + has_shared`:
+//! - `p = softmax(f32(logits[n, 0..E]))`, in f32, max-subtracted;
+//! - slots `0..k`: the k largest p in descending order, equal p ordered by the lower expert
+//!   index first (the host rule of `qwen-gdn-model`'s `moe::route`); weight `p`, or
+//!   `p / Σ chosen p` (summed in slot order) when `renormalise`;
+//! - slot `k` when `has_shared`: id `E`, weight `sigmoid(f32(logits[n, E]))`.
+//!
+//! NaN probabilities are never chosen; a slot left without a candidate gets id `E - 1` and
+//! weight −1, so ids always index a real expert.
+//!
+//! Kernels: `kernels/moe_route.metal` (`moe_route_<in>`), `kernels/moe_route.cu`
+//! (`moe_route_<in>`); [`cpu`] is the twin both must match.
+
+pub(crate) mod cpu;
+#[cfg(feature = "cuda")]
+pub mod cuda;
+#[cfg(any(feature = "metal", target_os = "macos"))]
+pub mod metal;
+
+use crate::launches;
+use anyhow::{bail, ensure, Result};
+use candle_core::{DType, Device, Tensor};
+
+/// Most routed experts a kernel holds (16 per lane of a 32-lane simdgroup).
+pub const MAX_EXPERTS: usize = 512;
+/// Most routed slots (one lane each).
+pub const MAX_TOP_K: usize = 32;
+
+/// `MoeRouteParams` of kernels/params/moe_route.h, field for field.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MoeRouteParams {
+    pub tokens: u32,
+    pub experts: u32,
+    pub top_k: u32,
+    pub renormalise: u32,
+    pub has_shared: u32,
+}
+
+/// Whether the kernels cover `experts` routed experts, `top_k` slots and logits in `dtype`;
+/// the model falls back to the composed router otherwise.
+pub fn supports(experts: usize, top_k: usize, dtype: DType) -> bool {
+    (1..=MAX_EXPERTS).contains(&experts)
+        && (1..=MAX_TOP_K).contains(&top_k)
+        && top_k <= experts
+        && matches!(dtype, DType::F32 | DType::F16 | DType::BF16)
+}
+
+/// Routes every token of `logits` `[N, E + has_shared]`: returns `(ids, weights)`, both
+/// `[N, top_k + has_shared]`, u32 and f32 (see the module doc for the maths).
+pub fn moe_route(
+    logits: &Tensor,
+    top_k: usize,
+    renormalise: bool,
+    has_shared: bool,
+) -> Result<(Tensor, Tensor)> {
+    let (tokens, width) = logits
+        .dims2()
+        .map_err(|_| anyhow::anyhow!("moe_route: logits {:?} must be [N, E]", logits.dims()))?;
+    ensure!(
+        width > has_shared as usize,
+        "moe_route: logits width {width} leaves no routed expert"
+    );
+    let experts = width - has_shared as usize;
+    ensure!(
+        supports(experts, top_k, logits.dtype()),
+        "moe_route: no kernel for {experts} experts, top_k {top_k}, {:?} logits",
+        logits.dtype()
+    );
+    let p = MoeRouteParams {
+        tokens: tokens as u32,
+        experts: experts as u32,
+        top_k: top_k as u32,
+        renormalise: renormalise as u32,
+        has_shared: has_shared as u32,
+    };
+    match logits.device() {
+        Device::Cpu => launches::cpu_twin(|| cpu::moe_route(logits, &p)),
+        #[cfg(any(feature = "metal", target_os = "macos"))]
+        Device::Metal(_) => metal::moe_route(logits, &p),
+        #[cfg(feature = "cuda")]
+        Device::Cuda(_) => cuda::moe_route(logits, &p),
+        other => bail!("moe_route: no kernel for {other:?} yet"),
+    }
+}

@@ -1,0 +1,53 @@
+//! The attention mixer's decode step on fused kernels: the merged q/k/v product, one kernel
+//! for the q/k RMSNorms, the partial RoPE and the KV append at a position read on the device
+//! (`attn_prep`), one for the attention with the sigmoid gate applied to its output
+//! (`attn_decode`), and the o-projection. [`Attention::forward`] is the composed path these
+//! kernels are tested against.
+
+use super::Attention;
+use crate::cache::KvCache;
+use anyhow::{Context, Result};
+use candle_core::{DType, Tensor, D};
+use gdn_ops::launches::candle_ops;
+use gdn_ops::ops::{attn_decode, attn_prep};
+
+impl Attention {
+    /// Whether the fused kernels cover this layer in `dtype`.
+    pub(crate) fn fused_decode_supported(&self, dtype: DType) -> bool {
+        self.rope_inv_freq.is_some()
+            && attn_prep::supports(self.head_dim, self.rope.dims(), dtype)
+            && attn_decode::supports(self.head_dim, self.heads, self.kv_heads, dtype)
+    }
+
+    /// One token per sequence at the position `pos` (`[1]` u32 on the device, equal to the
+    /// cache's length): `x` `[B, H]` (input-normed) → the mixer's output `[B, H]`.
+    pub(crate) fn decode_fused(&self, x: &Tensor, cache: &mut KvCache, pos: &Tensor) -> Result<Tensor> {
+        let b = x.dim(0)?;
+        let (nq, nkv, dh) = (self.heads, self.kv_heads, self.head_dim);
+        let qkv = match self.qkv.merged() {
+            Some(linear) => linear.forward(x)?,
+            None => {
+                let parts = self.qkv.forward(x)?;
+                candle_ops(parts.len(), Tensor::cat(&parts, D::Minus1))?
+            }
+        };
+        let (keys, values) = cache.buffers_for_next((b, nkv, dh), x)?;
+        let inv_freq = self
+            .rope_inv_freq
+            .as_ref()
+            .context("fused attention decode needs the device plan")?;
+        let (q, gate) = attn_prep::attn_prep(
+            &qkv,
+            &self.q_norm.weight,
+            &self.k_norm.weight,
+            self.q_norm.eps,
+            inv_freq,
+            pos,
+            &keys,
+            &values,
+        )?;
+        cache.advance(1);
+        let o = attn_decode::attn_decode(&q, &gate, &keys, &values, pos)?;
+        self.o_proj.forward(&o.reshape((b, nq * dh))?)
+    }
+}

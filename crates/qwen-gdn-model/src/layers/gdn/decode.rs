@@ -1,0 +1,72 @@
+//! The GDN mixer's decode step on fused kernels: after the merged in-projection, one kernel
+//! for the conv (with its state), SiLU, the q/k L2 norms, the decay and β
+//! (`gdn_conv_prep`), the recurrence (`gated_delta_update`, state in place in its own
+//! dtype), one kernel for the gated RMSNorm (`gated_rms_norm`), and the out-projection.
+//! [`GatedDeltaNet::forward`] is the composed path these kernels are tested against.
+
+use super::GatedDeltaNet;
+use crate::cache::GdnCache;
+use anyhow::Result;
+use candle_core::{DType, Tensor};
+use gdn_ops::launches::candle_op;
+use gdn_ops::ops::{gated_rms_norm, gdn_conv_prep};
+
+impl GatedDeltaNet {
+    /// Whether the fused kernels cover this layer in `dtype`.
+    pub(crate) fn fused_decode_supported(&self, dtype: DType) -> bool {
+        gdn_conv_prep::supports(&self.conv_prep_dims(), dtype) && gated_rms_norm::supports(dtype)
+    }
+
+    fn conv_prep_dims(&self) -> gdn_conv_prep::ConvPrepDims {
+        gdn_conv_prep::ConvPrepDims {
+            key_heads: self.key_heads,
+            key_dim: self.key_dim,
+            value_heads: self.value_heads,
+            value_dim: self.value_dim,
+            kernel_size: self.kernel,
+        }
+    }
+
+    /// One token per sequence: `x` `[B, H]` (input-normed) → the mixer's output `[B, H]`.
+    pub(crate) fn decode_fused(&self, x: &Tensor, cache: &mut GdnCache) -> Result<Tensor> {
+        let b = x.dim(0)?;
+        let (hv, dv) = (self.value_heads, self.value_dim);
+        let [qkv, z, beta_in, a]: [Tensor; 4] = self
+            .in_proj
+            .forward(x)?
+            .try_into()
+            .expect("four projections");
+        let channels = qkv.dim(1)?;
+        let conv_state = match &cache.conv {
+            Some(c) => c.clone(),
+            None => {
+                let zeros =
+                    candle_op(Tensor::zeros((b, self.kernel - 1, channels), x.dtype(), x.device()))?;
+                cache.conv = Some(zeros.clone());
+                zeros
+            }
+        };
+        let state = self.state_for(cache, b, x.device())?;
+        let prepared = gdn_conv_prep::gdn_conv_prep(
+            &qkv,
+            &beta_in,
+            &a,
+            &conv_state,
+            &self.conv_taps,
+            &self.dt_bias,
+            &self.neg_a_log_exp,
+            self.conv_prep_dims(),
+        )?;
+        let y = gdn_ops::gated_delta_update(
+            &prepared.q,
+            &prepared.k,
+            &prepared.v,
+            &prepared.g,
+            &prepared.beta,
+            &state,
+        )?;
+        let z = z.reshape((b, 1, hv, dv))?;
+        let out = gated_rms_norm::gated_rms_norm(&y, &z, &self.norm.norm.weight, self.norm.norm.eps)?;
+        self.out_proj.forward(&out.reshape((b, hv * dv))?)
+    }
+}

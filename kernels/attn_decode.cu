@@ -1,0 +1,117 @@
+// One decode step of gated attention on CUDA: the twin of kernels/attn_decode.metal (which
+// describes the maths and the split of the keys), with
+// crates/gdn-ops/src/ops/attn_decode/cpu.rs as the reference both must match.
+//
+// ENTRY POINTS (extern "C"; <t> in {f32, f16, bf16}):
+//   attn_decode_<t>(q, gate, keys, values, pos, out, AttnDecodeParams p)
+//   block = (32, S) threads (S = p.simdgroups warps, each taking every S-th key), grid =
+//   (Nq, B), dynamic shared memory S * (2 + Dh) floats.
+// pos is read from device memory (a CUDA graph replays the launch for every token); the
+// last attended position is min(pos, cap - 1).
+//
+// Compile for candle:  nvcc -ptx -arch=sm_90 -O3 kernels/attn_decode.cu -o attn_decode.ptx
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <math_constants.h>
+#include <stdint.h>
+
+#include "params/attn_decode.h"
+
+namespace attn_decode {
+
+__device__ __forceinline__ float to_f32(float v) { return v; }
+__device__ __forceinline__ float to_f32(__half v) { return __half2float(v); }
+__device__ __forceinline__ float to_f32(__nv_bfloat16 v) { return __bfloat162float(v); }
+
+template <typename T>
+__device__ __forceinline__ T from_f32(float v);
+template <>
+__device__ __forceinline__ float from_f32<float>(float v) { return v; }
+template <>
+__device__ __forceinline__ __half from_f32<__half>(float v) { return __float2half_rn(v); }
+template <>
+__device__ __forceinline__ __nv_bfloat16 from_f32<__nv_bfloat16>(float v) {
+  return __float2bfloat16_rn(v);
+}
+
+constexpr uint32_t kMaxPerLane = 8;  // Dh <= 256
+
+template <typename T>
+__device__ void run(const T* q, const T* gate, const T* keys, const T* values,
+                    const uint32_t* pos_buf, T* out, const AttnDecodeParams p) {
+  extern __shared__ float scratch[];
+  const uint32_t h = blockIdx.x, b = blockIdx.y, sg = threadIdx.y, lane = threadIdx.x;
+  // Uniform over the block: all threads reach __syncthreads below, or none does.
+  if (h >= p.q_heads || b >= p.batch) return;
+  const uint32_t dh = p.head_dim, per_lane = dh / 32, groups = p.simdgroups;
+  const uint32_t kvh = h / (p.q_heads / p.kv_heads);
+  const uint32_t last = min(pos_buf[0], p.capacity - 1);
+  const size_t head_at = ((size_t)b * p.q_heads + h) * dh + lane * per_lane;
+  const size_t kv_at = ((size_t)b * p.kv_heads + kvh) * p.capacity * dh + lane * per_lane;
+
+  float qv[kMaxPerLane], o[kMaxPerLane];
+#pragma unroll
+  for (uint32_t i = 0; i < kMaxPerLane; ++i) {
+    qv[i] = i < per_lane ? to_f32(q[head_at + i]) : 0.f;
+    o[i] = 0.f;
+  }
+  float m = -CUDART_INF_F, l = 0.f;
+  for (uint32_t t = sg; t <= last; t += groups) {
+    const T* k = keys + kv_at + (size_t)t * dh;
+    const T* v = values + kv_at + (size_t)t * dh;
+    float dot = 0.f;
+#pragma unroll
+    for (uint32_t i = 0; i < kMaxPerLane; ++i) {
+      if (i < per_lane) dot = fmaf(qv[i], to_f32(k[i]), dot);
+    }
+    for (int off = 16; off > 0; off >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, off);
+    const float s = dot * p.scale;
+    const float m_new = fmaxf(m, s);
+    const float rescale = expf(m - m_new);  // 0 at the first key (m = -inf)
+    const float w = expf(s - m_new);
+    l = l * rescale + w;
+#pragma unroll
+    for (uint32_t i = 0; i < kMaxPerLane; ++i) {
+      if (i < per_lane) o[i] = fmaf(w, to_f32(v[i]), o[i] * rescale);
+    }
+    m = m_new;
+  }
+
+  // Layout: [S] running maxima, [S] sums, [S][Dh] partial outputs.
+  float* maxima = scratch;
+  float* sums = scratch + groups;
+  float* partial = scratch + 2 * groups;
+  if (lane == 0) {
+    maxima[sg] = m;
+    sums[sg] = l;
+  }
+  for (uint32_t i = 0; i < per_lane; ++i) partial[sg * dh + lane * per_lane + i] = o[i];
+  __syncthreads();
+  if (sg != 0) return;
+  float top = -CUDART_INF_F;
+  for (uint32_t s = 0; s < groups; ++s) top = fmaxf(top, maxima[s]);
+  float total = 0.f;
+  for (uint32_t s = 0; s < groups; ++s) total += sums[s] * expf(maxima[s] - top);
+  for (uint32_t i = 0; i < per_lane; ++i) {
+    const uint32_t j = lane * per_lane + i;
+    float acc = 0.f;
+    for (uint32_t s = 0; s < groups; ++s) acc += partial[s * dh + j] * expf(maxima[s] - top);
+    const float attended = to_f32(from_f32<T>(acc / total));
+    const float g = to_f32(gate[head_at + i]);
+    out[head_at + i] = from_f32<T>(attended * (1.f / (1.f + expf(-g))));
+  }
+}
+
+}  // namespace attn_decode
+
+#define ATTN_DECODE_ENTRY(TN, T)                                                           \
+  extern "C" __global__ void attn_decode_##TN(const T* q, const T* gate, const T* keys,    \
+                                              const T* values, const uint32_t* pos, T* out, \
+                                              const AttnDecodeParams p) {                  \
+    attn_decode::run<T>(q, gate, keys, values, pos, out, p);                               \
+  }
+
+ATTN_DECODE_ENTRY(f32, float)
+ATTN_DECODE_ENTRY(f16, __half)
+ATTN_DECODE_ENTRY(bf16, __nv_bfloat16)

@@ -1,0 +1,87 @@
+// Runs the shipped kernels/add_rms_norm.metal on the CPU through metal_emu.h. Used by
+// crates/gdn-ops/tests/add_rms_norm_emulation.rs.
+//
+// stdin, little-endian: "ARMSEMU1", u32 type (0 f32, 1 f16, 2 bf16), rows N, cols H,
+// has_delta, f32 eps; then f32 residual [N, H], delta [N, H] (if has_delta), weight [H],
+// converted to the instantiation's type here (exactly, when the caller rounded them).
+// stdout: f32 normed [N, H], then sum [N, H] if has_delta.
+//
+// The launch geometry is crates/gdn-ops/src/ops/add_rms_norm/metal.rs's: threadgroups
+// (N, 1, 1) of (32, 1, 1) threads. Without a delta the delta and sum slots are unbound
+// (null): a kernel that touches them faults. Buffers are guarded (guarded_buffer.h).
+//
+// Build: clang++-19 -std=c++17 -O2 --rtlib=compiler-rt -I kernels/emu
+//        kernels/emu/add_rms_norm_harness.cpp -o add_rms_norm_harness
+
+#include "guarded_buffer.h"
+#include "metal_math.h"
+
+#include "../add_rms_norm.metal"
+
+namespace {
+
+using guarded::Buffer;
+using guarded::Kind;
+
+struct Case {
+  uint rows, cols, has_delta;
+  float eps;
+  std::vector<float> residual, delta, weight;
+};
+
+template <class T>
+using Kernel = void (*)(const device T*, const device T*, const device T*, device T*, device T*,
+                        constant AddRmsNormParams&, uint3, uint);
+
+template <class T>
+void run(const Case& c, Kernel<T> kernel) {
+  const std::size_t n = std::size_t(c.rows) * c.cols;
+  Buffer<T> residual("residual", n, Kind::kInput);
+  Buffer<T> delta("delta", c.has_delta ? n : 0, Kind::kInput);
+  Buffer<T> weight("weight", c.cols, Kind::kInput);
+  Buffer<T> sum("sum", c.has_delta ? n : 0, Kind::kOutput);
+  Buffer<T> normed("normed", n, Kind::kOutput);
+  residual.fill(c.residual);
+  delta.fill(c.delta);
+  weight.fill(c.weight);
+  const AddRmsNormParams params{c.rows, c.cols, c.has_delta, c.eps};
+  metal_emu::dispatch_threadgroups(uint3{c.rows, 1, 1}, uint3{32, 1, 1}, [&](const metal_emu::ThreadIds& id) {
+    kernel((const device T*)residual.data(), c.has_delta ? (const device T*)delta.data() : nullptr,
+           (const device T*)weight.data(), c.has_delta ? (device T*)sum.data() : nullptr,
+           (device T*)normed.data(), *(constant AddRmsNormParams*)&params, id.threadgroup_position_in_grid,
+           id.thread_index_in_simdgroup);
+  });
+  residual.check();
+  delta.check();
+  weight.check();
+  sum.check();
+  normed.check();
+  normed.write_f32();
+  sum.write_f32();
+}
+
+}  // namespace
+
+int main() {
+  guarded::install_fault_handler("add_rms_norm_harness");
+  guarded::expect_magic("ARMSEMU1");
+  const auto h = guarded::read_raw<std::uint32_t>(5);
+  Case c;
+  const std::uint32_t type = h[0];
+  c.rows = h[1];
+  c.cols = h[2];
+  c.has_delta = h[3];
+  std::memcpy(&c.eps, &h[4], 4);
+  if (c.has_delta > 1 || type > 2 || c.rows == 0 || c.cols == 0) guarded::die("bad header");
+  const std::size_t n = std::size_t(c.rows) * c.cols;
+  c.residual = guarded::read_raw<float>(n);
+  c.delta = guarded::read_raw<float>(c.has_delta ? n : 0);
+  c.weight = guarded::read_raw<float>(c.cols);
+  guarded::expect_end();
+  switch (type) {
+    case 0: run<float>(c, add_rms_norm_f32); break;
+    case 1: run<half>(c, add_rms_norm_f16); break;
+    case 2: run<bfloat>(c, add_rms_norm_bf16); break;
+  }
+  return std::fflush(stdout) == 0 ? 0 : 1;
+}

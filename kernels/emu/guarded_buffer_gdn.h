@@ -1,0 +1,192 @@
+// Guarded buffers for the emulation harnesses of the GDN decode kernels (to be unified with
+// guarded_buffer.h, which the attention and norm harnesses use)
+// (gdn_conv_prep_harness.cpp, gated_rms_norm_harness.cpp): every buffer has guard elements
+// (a NaN bit pattern) on both sides and an inaccessible page after it.
+//
+//  * Input: filled, then read-only; its data ends exactly at the inaccessible page. A write
+//    faults, a read past its end faults, a read before it poisons the result with NaN.
+//  * Output: starts poisoned with another NaN pattern that must be gone from every element;
+//    a write outside it changes its guards.
+//  * InOut (state updated in place): filled, writable, guards on both sides.
+//
+// Exit status 2: bad input; 3: a guard or an output element is wrong; 4: a memory fault.
+// Include after metal_emu.h's types (half, bfloat) are known, before or after the kernel.
+#pragma once
+
+#include <signal.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+
+namespace guarded {
+
+inline const char*& harness_name() {
+  static const char* name = "harness";
+  return name;
+}
+
+[[noreturn]] inline void die(const char* what) {
+  std::fprintf(stderr, "%s: %s\n", harness_name(), what);
+  std::exit(2);
+}
+
+// Elements of guard on either side of every buffer.
+constexpr std::size_t kGuard = 256;
+
+// Bit patterns, each a NaN of its type: guards around buffers, and the poison outputs start
+// with. Neither is what a conversion produces.
+template <class T>
+struct Pattern;
+template <>
+struct Pattern<float> {
+  static constexpr std::uint32_t guard = 0x7FA1A1A1u, poison = 0x7F80BEEFu;
+};
+template <>
+struct Pattern<half> {
+  static constexpr std::uint16_t guard = 0x7D5Au, poison = 0x7CEEu;
+};
+template <>
+struct Pattern<bfloat> {
+  static constexpr std::uint16_t guard = 0x7FA1u, poison = 0x7FEEu;
+};
+
+template <class T, class Bits>
+T from_bits(Bits b) {
+  static_assert(sizeof(T) == sizeof(Bits), "pattern width");
+  T t;
+  std::memcpy(&t, &b, sizeof(T));
+  return t;
+}
+
+template <class T>
+bool is_pattern(const T& v, decltype(Pattern<T>::guard) bits) {
+  return std::memcmp(&v, &bits, sizeof(T)) == 0;
+}
+
+struct Mapping {
+  const char* name;
+  std::uintptr_t begin, end;
+};
+inline Mapping g_maps[32];
+inline int g_map_count = 0;
+
+inline void on_fault(int sig, siginfo_t* info, void*) {
+  const auto at = reinterpret_cast<std::uintptr_t>(info->si_addr);
+  const char* what = "unknown memory";
+  for (int i = 0; i < g_map_count; ++i) {
+    if (at >= g_maps[i].begin && at < g_maps[i].end) what = g_maps[i].name;
+  }
+  char msg[200];
+  const int n = std::snprintf(msg, sizeof msg, "%s: %s at an address of %s (read past its end, or a write)\n",
+                              harness_name(), sig == SIGSEGV ? "SIGSEGV" : "SIGBUS", what);
+  if (n > 0) {
+    ssize_t ignored = write(2, msg, std::size_t(n));
+    (void)ignored;
+  }
+  _exit(4);
+}
+
+inline void install_fault_handler(const char* name) {
+  harness_name() = name;
+  struct sigaction sa;
+  std::memset(&sa, 0, sizeof sa);
+  sa.sa_sigaction = on_fault;
+  sa.sa_flags = SA_SIGINFO;
+  sigaction(SIGSEGV, &sa, nullptr);
+  sigaction(SIGBUS, &sa, nullptr);
+}
+
+enum class Kind { Input, Output, InOut };
+
+// [guard][data][guard, unless Input][page, no access].
+template <class T>
+class Buffer {
+ public:
+  Buffer(const char* name, const std::vector<float>& values, Kind kind) : Buffer(name, values.size(), kind) {
+    if (kind == Kind::Output) die("an output starts poisoned, not filled");
+    for (std::size_t i = 0; i < n_; ++i) data_[i] = static_cast<T>(values[i]);
+    if (kind == Kind::Input && mprotect(base_, body_, PROT_READ) != 0) die("mprotect failed");
+  }
+  Buffer(const char* name, std::size_t count, Kind kind) : name_(name), n_(count), kind_(kind) {
+    const std::size_t page = std::size_t(sysconf(_SC_PAGESIZE));
+    const bool tail = kind != Kind::Input;
+    const std::size_t bytes = (kGuard + count + (tail ? kGuard : 0)) * sizeof(T);
+    body_ = (bytes + page - 1) / page * page;
+    void* m = mmap(nullptr, body_ + page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (m == MAP_FAILED) die("mmap failed");
+    base_ = static_cast<char*>(m);
+    if (mprotect(base_ + body_, page, PROT_NONE) != 0) die("mprotect failed");
+    T* end = reinterpret_cast<T*>(base_ + body_) - (tail ? kGuard : 0);
+    data_ = end - count;
+    lo_ = data_ - kGuard;
+    const T guard = from_bits<T>(Pattern<T>::guard);
+    for (T* p = reinterpret_cast<T*>(base_); p < data_; ++p) *p = guard;
+    for (std::size_t i = 0; i < count; ++i) data_[i] = from_bits<T>(Pattern<T>::poison);
+    if (tail) {
+      for (std::size_t i = 0; i < kGuard; ++i) end[i] = guard;
+    }
+    if (g_map_count < 32) g_maps[g_map_count++] = Mapping{name, std::uintptr_t(base_), std::uintptr_t(base_ + body_ + page)};
+  }
+  Buffer(const Buffer&) = delete;
+  Buffer& operator=(const Buffer&) = delete;
+  ~Buffer() { munmap(base_, body_ + std::size_t(sysconf(_SC_PAGESIZE))); }
+
+  T* data() { return data_; }
+  std::size_t size() const { return n_; }
+
+  // Guards intact; for outputs, every element written.
+  void check() const {
+    for (std::size_t i = 0; i < kGuard; ++i) {
+      if (!is_pattern(lo_[i], Pattern<T>::guard) || (kind_ != Kind::Input && !is_pattern(data_[n_ + i], Pattern<T>::guard))) {
+        std::fprintf(stderr, "%s: write outside %s\n", harness_name(), name_);
+        std::exit(3);
+      }
+    }
+    if (kind_ != Kind::Output) return;
+    for (std::size_t i = 0; i < n_; ++i) {
+      if (is_pattern(data_[i], Pattern<T>::poison)) {
+        std::fprintf(stderr, "%s: %s[%zu] was never written\n", harness_name(), name_, i);
+        std::exit(3);
+      }
+    }
+  }
+
+  void write_f32() const {
+    std::vector<float> out(n_);
+    for (std::size_t i = 0; i < n_; ++i) out[i] = static_cast<float>(data_[i]);
+    if (n_ != 0 && std::fwrite(out.data(), sizeof(float), n_, stdout) != n_) die("short write");
+  }
+
+ private:
+  const char* name_;
+  std::size_t n_;
+  Kind kind_;
+  std::size_t body_ = 0;
+  char* base_ = nullptr;
+  T* data_ = nullptr;
+  T* lo_ = nullptr;
+};
+
+inline std::vector<float> read_f32(std::size_t n) {
+  std::vector<float> out(n);
+  if (n != 0 && std::fread(out.data(), sizeof(float), n, stdin) != n) die("short input");
+  return out;
+}
+
+template <std::size_t N>
+void read_header(const char (&magic)[9], std::uint32_t (&h)[N]) {
+  char got[8];
+  if (std::fread(got, 1, 8, stdin) != 8 || std::memcmp(got, magic, 8) != 0) die("bad magic");
+  if (std::fread(h, sizeof(std::uint32_t), N, stdin) != N) die("short header");
+}
+
+inline void expect_end() {
+  if (std::fgetc(stdin) != EOF) die("trailing input");
+}
+
+}  // namespace guarded

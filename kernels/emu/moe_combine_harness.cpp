@@ -1,0 +1,107 @@
+// Runs the shipped kernels/moe_combine.metal on the CPU through metal_emu.h. Used by
+// crates/gdn-ops/tests/moe_combine_emulation.rs.
+//
+// stdin, little-endian: "COMBEMU1", then u32 in_type (0 f32, 1 f16, 2 bf16), tokens N,
+// slots S, hidden H, has_norm, f32 eps; then f32 down [N, S, H], f32 weights [N, S], f32
+// residual [N, H], and when has_norm f32 norm_weight [H]. Activations are converted to InT
+// here (exactly, when the caller already rounded them).
+// stdout: f32 sum [N, H], then (has_norm) f32 normed [N, H].
+//
+// The launch geometry is ops/moe_combine/metal.rs's: threadgroups (N, 1, 1), threads
+// (32, 1, 1). Memory checks and exit codes: kernels/emu/guarded_buffers.h.
+//
+// Build: clang++-19 -std=c++17 -O2 --rtlib=compiler-rt -I kernels/emu
+//        kernels/emu/moe_combine_harness.cpp -o moe_combine_harness
+
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <vector>
+
+#include "metal_emu.h"
+
+#ifndef __HAVE_BFLOAT__
+#define __HAVE_BFLOAT__ 1
+#endif
+
+// Metal's rsqrt, until metal_emu.h has it.
+namespace metal {
+inline float rsqrt(float x) { return 1.0f / std::sqrt(x); }
+}  // namespace metal
+
+#include "../moe_combine.metal"
+
+#define HARNESS_NAME "moe_combine_harness"
+#include "guarded_buffers.h"
+
+namespace {
+
+using namespace guarded;
+
+template <class InT>
+using CombineKernel = void (*)(const device InT*, const device float*, const device InT*, const device InT*,
+                               device InT*, device InT*, constant MoeCombineParams&, uint3, uint);
+
+struct Case {
+  uint tokens, slots, hidden, has_norm;
+  float eps;
+  std::vector<float> down, weights, residual, norm_weight;
+};
+
+template <class InT>
+void run(const Case& c, CombineKernel<InT> kernel) {
+  const std::size_t rows = std::size_t(c.tokens) * c.hidden;
+  Guarded<InT> down("down", c.down.size(), false);
+  Guarded<float> weights("weights", c.weights.size(), false);
+  Guarded<InT> residual("residual", c.residual.size(), false);
+  Guarded<InT> norm_weight("norm_weight", c.norm_weight.size(), false);
+  Guarded<InT> sum("sum", rows, true);
+  Guarded<InT> normed("normed", c.has_norm != 0 ? rows : 0, true);
+  fill(down, c.down);
+  fill(weights, c.weights);
+  fill(residual, c.residual);
+  fill(norm_weight, c.norm_weight);
+  const MoeCombineParams params{c.tokens, c.slots, c.hidden, c.has_norm, c.eps};
+  metal_emu::dispatch_threadgroups(uint3{c.tokens, 1, 1}, uint3{32, 1, 1}, [&](const metal_emu::ThreadIds& id) {
+    kernel((const device InT*)down.data(), (const device float*)weights.data(), (const device InT*)residual.data(),
+           // Unbound without a norm: a read or write would fault.
+           c.has_norm != 0 ? (const device InT*)norm_weight.data() : nullptr, (device InT*)sum.data(),
+           c.has_norm != 0 ? (device InT*)normed.data() : nullptr, *(constant MoeCombineParams*)&params,
+           id.threadgroup_position_in_grid, id.thread_index_in_simdgroup);
+  });
+  down.check();
+  weights.check();
+  residual.check();
+  norm_weight.check();
+  sum.check();
+  normed.check();
+  write_f32(sum);
+  write_f32(normed);
+}
+
+}  // namespace
+
+int main() {
+  install_fault_handler();
+  char magic[8];
+  if (std::fread(magic, 1, 8, stdin) != 8 || std::memcmp(magic, "COMBEMU1", 8) != 0) die("bad magic");
+  std::uint32_t h[6];
+  if (std::fread(h, sizeof(std::uint32_t), 6, stdin) != 6) die("short header");
+  Case c{h[1], h[2], h[3], h[4], 0.0f, {}, {}, {}, {}};
+  std::memcpy(&c.eps, &h[5], 4);
+  if (c.slots == 0 || c.hidden == 0) die("slots and hidden must be positive");
+  if (c.has_norm > 1) die("has_norm must be 0 or 1");
+  c.down = read_raw<float>(std::size_t(c.tokens) * c.slots * c.hidden);
+  c.weights = read_raw<float>(std::size_t(c.tokens) * c.slots);
+  c.residual = read_raw<float>(std::size_t(c.tokens) * c.hidden);
+  c.norm_weight = read_raw<float>(c.has_norm != 0 ? c.hidden : 0);
+  if (std::fgetc(stdin) != EOF) die("trailing input");
+  switch (h[0]) {
+    case 0: run<float>(c, moe_combine_f32); break;
+    case 1: run<half>(c, moe_combine_f16); break;
+    case 2: run<bfloat>(c, moe_combine_bf16); break;
+    default: die("unknown in_type");
+  }
+  return std::fflush(stdout) == 0 ? 0 : 1;
+}

@@ -1,0 +1,117 @@
+// Runs the shipped kernels/moe_route.metal on the CPU through metal_emu.h. Used by
+// crates/gdn-ops/tests/moe_route_emulation.rs.
+//
+// stdin, little-endian: "ROUTEMU1", then u32 in_type (0 f32, 1 f16, 2 bf16), tokens N,
+// experts E, top_k k, renormalise, has_shared; then f32 logits [N, E + has_shared], converted
+// to InT here (exactly, when the caller already rounded them).
+// stdout: ids [N, S] as raw u32 words, then f32 weights [N, S] (S = k + has_shared).
+//
+// The launch geometry is ops/moe_route/metal.rs's: threadgroups (N, 1, 1), threads (32, 1, 1).
+// Memory checks and exit codes: kernels/emu/guarded_buffers.h.
+//
+// Build: clang++-19 -std=c++17 -O2 --rtlib=compiler-rt -I kernels/emu
+//        kernels/emu/moe_route_harness.cpp -o moe_route_harness
+
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <vector>
+
+#include "metal_emu.h"
+
+#ifndef __HAVE_BFLOAT__
+#define __HAVE_BFLOAT__ 1
+#endif
+
+// simd_max / simd_min, built from simd_sum until metal_emu.h has them: the maximum of an
+// order-preserving u32 key, decided bit by bit from the top (32 rendezvous of all lanes).
+namespace metal {
+
+inline uint emu_simd_max_key(uint key) {
+  uint prefix = 0;
+  for (int b = 31; b >= 0; --b) {
+    const uint bit = 1u << b;
+    const uint high = ~(bit - 1u);  // bits b and above
+    const bool extends = (key & high) == (prefix | bit);
+    if (simd_sum(extends ? 1.0f : 0.0f) > 0.0f) prefix |= bit;
+  }
+  return prefix;
+}
+
+inline uint simd_max(uint x) { return emu_simd_max_key(x); }
+inline uint simd_min(uint x) { return ~emu_simd_max_key(~x); }
+
+inline float simd_max(float x) {
+  uint u;
+  std::memcpy(&u, &x, 4);
+  // Negative floats order reversed: flip all their bits; positive ones: set the sign bit.
+  const uint key = (u & 0x80000000u) != 0 ? ~u : (u | 0x80000000u);
+  const uint best = emu_simd_max_key(key);
+  const uint back = (best & 0x80000000u) != 0 ? (best & 0x7FFFFFFFu) : ~best;
+  float out;
+  std::memcpy(&out, &back, 4);
+  return out;
+}
+
+}  // namespace metal
+
+#include "../moe_route.metal"
+
+#define HARNESS_NAME "moe_route_harness"
+#include "guarded_buffers.h"
+
+namespace {
+
+using namespace guarded;
+
+template <class InT>
+using RouteKernel = void (*)(const device InT*, device uint*, device float*, constant MoeRouteParams&, uint3, uint);
+
+struct Case {
+  uint tokens, experts, top_k, renormalise, has_shared;
+  std::vector<float> logits;
+};
+
+template <class InT>
+void run(const Case& c, RouteKernel<InT> kernel) {
+  const std::size_t slots = std::size_t(c.top_k) + c.has_shared;
+  Guarded<InT> logits("logits", c.logits.size(), false);
+  Guarded<uint> ids("ids", c.tokens * slots, true);
+  Guarded<float> weights("weights", c.tokens * slots, true);
+  fill(logits, c.logits);
+  const MoeRouteParams params{c.tokens, c.experts, c.top_k, c.renormalise, c.has_shared};
+  metal_emu::dispatch_threadgroups(uint3{c.tokens, 1, 1}, uint3{32, 1, 1}, [&](const metal_emu::ThreadIds& id) {
+    kernel((const device InT*)logits.data(), (device uint*)ids.data(), (device float*)weights.data(),
+           *(constant MoeRouteParams*)&params, id.threadgroup_position_in_grid, id.thread_index_in_simdgroup);
+  });
+  logits.check();
+  ids.check();
+  weights.check();
+  write_words(ids);
+  write_f32(weights);
+}
+
+}  // namespace
+
+int main() {
+  install_fault_handler();
+  char magic[8];
+  if (std::fread(magic, 1, 8, stdin) != 8 || std::memcmp(magic, "ROUTEMU1", 8) != 0) die("bad magic");
+  std::uint32_t h[6];
+  if (std::fread(h, sizeof(std::uint32_t), 6, stdin) != 6) die("short header");
+  Case c{h[1], h[2], h[3], h[4], h[5], {}};
+  // The host's contract (ops/moe_route/mod.rs `supports`).
+  if (c.experts == 0 || c.experts > 512) die("experts must be 1..=512");
+  if (c.top_k == 0 || c.top_k > 32 || c.top_k > c.experts) die("top_k must be 1..=min(32, experts)");
+  if (c.renormalise > 1 || c.has_shared > 1) die("flags must be 0 or 1");
+  c.logits = read_raw<float>(std::size_t(c.tokens) * (c.experts + c.has_shared));
+  if (std::fgetc(stdin) != EOF) die("trailing input");
+  switch (h[0]) {
+    case 0: run<float>(c, moe_route_f32); break;
+    case 1: run<half>(c, moe_route_f16); break;
+    case 2: run<bfloat>(c, moe_route_bf16); break;
+    default: die("unknown in_type");
+  }
+  return std::fflush(stdout) == 0 ? 0 : 1;
+}
