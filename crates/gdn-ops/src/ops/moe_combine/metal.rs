@@ -33,7 +33,12 @@ pub(crate) fn moe_combine(
     let (tokens, hidden) = (p.tokens as usize, p.hidden as usize);
     let sum = new_output(&dev, tokens * hidden, dtype, "moe_combine_sum")?;
     let normed = match inputs.norm_weight {
-        Some(_) => Some(new_output(&dev, tokens * hidden, dtype, "moe_combine_normed")?),
+        Some(_) => Some(new_output(
+            &dev,
+            tokens * hidden,
+            dtype,
+            "moe_combine_normed",
+        )?),
         None => None,
     };
     let down = metal_buffer(&inputs.down, OP)?;

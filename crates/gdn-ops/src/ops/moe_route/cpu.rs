@@ -40,7 +40,11 @@ pub(crate) fn moe_route(logits: &Tensor, p: &MoeRouteParams) -> Result<(Tensor, 
         let chosen_sum: f32 = chosen.iter().map(|c| c.1).sum();
         for (e, w) in chosen {
             ids.push(e);
-            weights.push(if p.renormalise != 0 { w / chosen_sum } else { w });
+            weights.push(if p.renormalise != 0 {
+                w / chosen_sum
+            } else {
+                w
+            });
         }
         if p.has_shared != 0 {
             ids.push(p.experts);

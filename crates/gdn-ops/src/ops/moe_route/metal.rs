@@ -28,10 +28,7 @@ pub(crate) fn moe_route(logits: &Tensor, p: &MoeRouteParams) -> Result<(Tensor, 
     let pipeline = pipeline(&dev, &SOURCE, &name)?;
     // Before the encoder is taken: candle ops lock the same command state.
     let logits = logits.contiguous()?;
-    let (tokens, slots) = (
-        p.tokens as usize,
-        (p.top_k + p.has_shared) as usize,
-    );
+    let (tokens, slots) = (p.tokens as usize, (p.top_k + p.has_shared) as usize);
     let ids = new_output(&dev, tokens * slots, DType::U32, "moe_route_ids")?;
     let weights = new_output(&dev, tokens * slots, DType::F32, "moe_route_weights")?;
     let (ids_out, weights_out) = ((ids.as_ref().clone(), 0), (weights.as_ref().clone(), 0));
