@@ -22,10 +22,6 @@
 
 #include "metal_math.h"
 
-// The bfloat kernels are guarded by this macro in the shipped source.
-#ifndef __HAVE_BFLOAT__
-#define __HAVE_BFLOAT__ 1
-#endif
 #include "../gdn_conv_prep.metal"
 #include "guarded_buffer_gdn.h"
 

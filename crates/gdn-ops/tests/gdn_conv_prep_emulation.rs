@@ -102,7 +102,15 @@ fn span(rows: usize, stride: usize, len: usize) -> usize {
 }
 
 /// Rows of `len` values at `stride`, NaN in the gaps.
-fn strided(rng: &mut Rng, ty: In, rows: usize, stride: usize, len: usize, lo: f32, hi: f32) -> Vec<f32> {
+fn strided(
+    rng: &mut Rng,
+    ty: In,
+    rows: usize,
+    stride: usize,
+    len: usize,
+    lo: f32,
+    hi: f32,
+) -> Vec<f32> {
     let mut v = vec![f32::NAN; span(rows, stride, len)];
     for r in 0..rows {
         for x in &mut v[r * stride..r * stride + len] {
@@ -121,9 +129,8 @@ fn make_case(ty: In, dims: ConvPrepDims, batch: usize, pad: usize, seed: u64) ->
     };
     let state = values(batch * (kk - 1) * c, -2.0, 2.0);
     let taps = values(kk * c, -0.6, 0.6);
-    let mut f32s = |n: usize, lo: f32, hi: f32| -> Vec<f32> {
-        (0..n).map(|_| rng.uniform(lo, hi)).collect()
-    };
+    let mut f32s =
+        |n: usize, lo: f32, hi: f32| -> Vec<f32> { (0..n).map(|_| rng.uniform(lo, hi)).collect() };
     let dt_bias = f32s(hv, -1.0, 1.0);
     let neg_a_exp: Vec<f32> = f32s(hv, -3.0, 2.5).iter().map(|x| -x.exp()).collect();
     Case {
@@ -167,15 +174,28 @@ fn run_harness(c: &Case) -> Result<Outputs, String> {
     for f in [q_scale, k_scale, NORM_EPS] {
         bytes.extend_from_slice(&f.to_le_bytes());
     }
-    for a in [&c.qkv, &c.b, &c.a, &c.state, &c.taps, &c.dt_bias, &c.neg_a_exp] {
-        a.iter().for_each(|f| bytes.extend_from_slice(&f.to_le_bytes()));
+    for a in [
+        &c.qkv,
+        &c.b,
+        &c.a,
+        &c.state,
+        &c.taps,
+        &c.dt_bias,
+        &c.neg_a_exp,
+    ] {
+        a.iter()
+            .for_each(|f| bytes.extend_from_slice(&f.to_le_bytes()));
     }
     let floats = emu::run_harness(harness(), &bytes)?;
     let qk = c.batch * d.key_heads * d.key_dim;
     let gates = c.batch * d.value_heads;
     let lens = [qk, qk, gates * d.value_dim, gates, gates, c.state.len()];
     if floats.len() != lens.iter().sum::<usize>() {
-        return Err(format!("harness wrote {} floats, expected {}", floats.len(), lens.iter().sum::<usize>()));
+        return Err(format!(
+            "harness wrote {} floats, expected {}",
+            floats.len(),
+            lens.iter().sum::<usize>()
+        ));
     }
     let mut at = 0;
     Ok(lens.map(|n| {
@@ -200,7 +220,10 @@ fn reference(c: &Case) -> Outputs {
             .unwrap()
     };
     let t = |x: &[f32], shape: &[usize], dtype: DType| {
-        Tensor::from_slice(x, shape, &dev).unwrap().to_dtype(dtype).unwrap()
+        Tensor::from_slice(x, shape, &dev)
+            .unwrap()
+            .to_dtype(dtype)
+            .unwrap()
     };
     let state = t(&c.state, &[c.batch, d.kernel_size - 1, d.channels()], dtype);
     let out = gdn_conv_prep(
@@ -215,9 +238,21 @@ fn reference(c: &Case) -> Outputs {
     )
     .unwrap();
     let f = |x: &Tensor| {
-        x.to_dtype(DType::F32).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap()
+        x.to_dtype(DType::F32)
+            .unwrap()
+            .flatten_all()
+            .unwrap()
+            .to_vec1::<f32>()
+            .unwrap()
     };
-    [f(&out.q), f(&out.k), f(&out.v), f(&out.g), f(&out.beta), f(&state)]
+    [
+        f(&out.q),
+        f(&out.k),
+        f(&out.v),
+        f(&out.g),
+        f(&out.beta),
+        f(&state),
+    ]
 }
 
 const REL_TOL: f32 = 1e-5;
@@ -234,9 +269,15 @@ fn check(c: &Case) -> Vec<String> {
     for (i, name) in NAMES.iter().enumerate() {
         let (g, w) = (&got[i], &want[i]);
         if i == 5 {
-            let differ = g.iter().zip(w).filter(|(a, b)| a.to_bits() != b.to_bits()).count();
+            let differ = g
+                .iter()
+                .zip(w)
+                .filter(|(a, b)| a.to_bits() != b.to_bits())
+                .count();
             if differ > 0 {
-                bad.push(format!("{differ} conv_state values differ from the twin's (they are only moved)"));
+                bad.push(format!(
+                    "{differ} conv_state values differ from the twin's (they are only moved)"
+                ));
             }
             continue;
         }
@@ -246,7 +287,11 @@ fn check(c: &Case) -> Vec<String> {
         let (mut worst, mut at) = (0f32, 0);
         for (j, (&a, &b)) in g.iter().zip(w).enumerate() {
             let allowed = ty.ulp(a.abs().max(b.abs())).max(REL_TOL * scale);
-            let excess = if a.is_nan() { f32::INFINITY } else { (a - b).abs() / allowed };
+            let excess = if a.is_nan() {
+                f32::INFINITY
+            } else {
+                (a - b).abs() / allowed
+            };
             if excess > worst {
                 (worst, at) = (excess, j);
             }
@@ -294,15 +339,29 @@ fn shipped_gdn_conv_prep_kernels_match_the_cpu_twin() {
     let mut runs = 0;
     for (si, &(d, batch, pad)) in shapes.iter().enumerate() {
         for ty in TYPES {
-            let c = make_case(ty, d, batch, pad, 0xC0DE_0000 + (si * 3 + ty as usize) as u64);
+            let c = make_case(
+                ty,
+                d,
+                batch,
+                pad,
+                0xC0DE_0000 + (si * 3 + ty as usize) as u64,
+            );
             runs += 1;
             for bad in check(&c) {
-                failures.push(format!("gdn_conv_prep_{} {d:?} B{batch} pad {pad}: {bad}", ty.name()));
+                failures.push(format!(
+                    "gdn_conv_prep_{} {d:?} B{batch} pad {pad}: {bad}",
+                    ty.name()
+                ));
             }
         }
     }
     eprintln!("{runs} cases in {:.1}s", started.elapsed().as_secs_f32());
-    assert!(failures.is_empty(), "{} failures:\n{}", failures.len(), failures.join("\n"));
+    assert!(
+        failures.is_empty(),
+        "{} failures:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
 }
 
 /// What the C++ build cannot see: the buffer indices (attributes, ignored by clang), the
@@ -333,7 +392,8 @@ fn kernel_abi_in_source() {
         std::mem::size_of::<gdn_ops::ops::gdn_conv_prep::ConvPrepParams>(),
         12 * 4
     );
-    let src = std::fs::read_to_string(emu::workspace_root().join("kernels/gdn_conv_prep.metal")).unwrap();
+    let src =
+        std::fs::read_to_string(emu::workspace_root().join("kernels/gdn_conv_prep.metal")).unwrap();
     let code: String = src
         .lines()
         .map(|l| l.split("//").next().unwrap())
@@ -348,10 +408,23 @@ fn kernel_abi_in_source() {
     let flat = flat.split_whitespace().collect::<Vec<_>>().join(" ");
     assert!(flat.contains("#include \"params/gdn_conv_prep.h\""));
     let buffers = [
-        "qkv", "b_in", "a_in", "conv_state", "taps", "dt_bias", "neg_a_exp", "q", "k", "v", "g",
-        "beta", "p",
+        "qkv",
+        "b_in",
+        "a_in",
+        "conv_state",
+        "taps",
+        "dt_bias",
+        "neg_a_exp",
+        "q",
+        "k",
+        "v",
+        "g",
+        "beta",
+        "p",
     ];
-    let mut from = flat.find("#define GDN_CONV_PREP(").expect("GDN_CONV_PREP macro");
+    let mut from = flat
+        .find("#define GDN_CONV_PREP(")
+        .expect("GDN_CONV_PREP macro");
     for (i, name) in buffers.iter().enumerate() {
         let needle = format!("{name} [[buffer({i})]]");
         let at = flat[from..]
@@ -360,7 +433,10 @@ fn kernel_abi_in_source() {
         from += at + needle.len();
     }
     let body_end = flat[from..].find('{').map_or(flat.len(), |e| from + e);
-    assert!(!flat[from..body_end].contains("[[buffer("), "more buffers than the host binds");
+    assert!(
+        !flat[from..body_end].contains("[[buffer("),
+        "more buffers than the host binds"
+    );
     for ty in TYPES {
         let line = format!("GDN_CONV_PREP(gdn_conv_prep_{}, {})", ty.name(), ty.msl());
         assert!(flat.contains(&line), "missing `{line}`");
@@ -370,5 +446,8 @@ fn kernel_abi_in_source() {
         .split("#if defined(__HAVE_BFLOAT__)")
         .skip(1)
         .any(|after| after.split("#endif").next().unwrap().contains(bf16_line));
-    assert!(guarded, "the bfloat instantiation must sit inside #if defined(__HAVE_BFLOAT__)");
+    assert!(
+        guarded,
+        "the bfloat instantiation must sit inside #if defined(__HAVE_BFLOAT__)"
+    );
 }

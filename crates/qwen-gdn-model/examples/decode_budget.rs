@@ -48,13 +48,18 @@ fn main() -> Result<()> {
             .map(|i| per_layer[i])
     };
     let gdn = first_of(LayerKind::LinearAttention).context("no GDN layer in the tiny model")?;
-    let attn = first_of(LayerKind::FullAttention).context("no attention layer in the tiny model")?;
+    let attn =
+        first_of(LayerKind::FullAttention).context("no attention layer in the tiny model")?;
     let n_attn = (0..cfg.num_hidden_layers)
         .filter(|&i| cfg.layer_kind(i) == LayerKind::FullAttention)
         .count();
     let n_gdn = cfg.num_hidden_layers - n_attn;
     let total = outside + n_gdn * gdn + n_attn * attn;
-    let fused = if model.fused_decode() { "fused" } else { "composed" };
+    let fused = if model.fused_decode() {
+        "fused"
+    } else {
+        "composed"
+    };
     println!("kernel launches per decoded token (device plan, bf16, {fused} decode):");
     println!("  embedding, first norm and head {outside}");
     println!("  GDN layer {gdn}, attention layer {attn} (each with its feed-forward, residual adds and norms)");

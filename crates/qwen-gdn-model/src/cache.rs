@@ -108,13 +108,22 @@ impl KvCache {
     }
 
     /// Grows the buffers (in steps of [`KV_STEP`] positions) until `needed` positions fit.
-    fn reserve(&mut self, needed: usize, (b, h, d): (usize, usize, usize), like: &Tensor) -> Result<()> {
+    fn reserve(
+        &mut self,
+        needed: usize,
+        (b, h, d): (usize, usize, usize),
+        like: &Tensor,
+    ) -> Result<()> {
         if needed <= self.capacity() {
             return Ok(());
         }
         let capacity = needed.div_ceil(KV_STEP) * KV_STEP;
         let grow = |old: &Option<Tensor>| -> Result<Tensor> {
-            let buf = candle_op(Tensor::zeros((b, h, capacity, d), like.dtype(), like.device()))?;
+            let buf = candle_op(Tensor::zeros(
+                (b, h, capacity, d),
+                like.dtype(),
+                like.device(),
+            ))?;
             if let Some(old) = old {
                 // The whole old buffer, unused tail included: a narrow to `len` positions is
                 // not contiguous (heads are a capacity apart) and `slice_set` takes

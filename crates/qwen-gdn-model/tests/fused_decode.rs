@@ -42,10 +42,16 @@ fn check_f32(name: &str) {
     let composed = step_by_step(&model, &ids);
     let d = rel_max_diff(&fused, &composed);
     eprintln!("{name}: fused vs composed decode, f32: {d:e}");
-    assert!(d <= 1e-4, "{name}: fused decode differs from composed by {d:e}");
+    assert!(
+        d <= 1e-4,
+        "{name}: fused decode differs from composed by {d:e}"
+    );
     let want = reference.get("tf_logits");
     let d = rel_max_diff(&fused, want);
-    assert!(d <= 1e-3, "{name}: fused decode differs from mlx-lm by {d:e}");
+    assert!(
+        d <= 1e-3,
+        "{name}: fused decode differs from mlx-lm by {d:e}"
+    );
     assert_eq!(argmax_rows(&fused), argmax_rows(want), "{name}: argmax");
 }
 
@@ -69,7 +75,10 @@ fn check_bf16(name: &str) {
         "{name}: fused bf16 KL {kl_fused:e}, top-1 {top1_fused} (gate {max_kl:e}, {min_top1})"
     );
     // Rounding order differs from the composed ops (f32 inside each kernel), never more.
-    assert!(kl_between <= max_kl, "{name}: fused vs composed KL {kl_between:e}");
+    assert!(
+        kl_between <= max_kl,
+        "{name}: fused vs composed KL {kl_between:e}"
+    );
 }
 
 /// The device plan's bf16 gate (tests/device_plan.rs): mlx-lm's own bf16 run, or our bound

@@ -39,7 +39,9 @@ pub fn row_layout(t: &Tensor, lead: &[usize], len: usize, what: &str) -> Result<
     let (dims, strides) = (t.dims(), t.stride());
     let inner = dims.get(lead.len()..).unwrap_or(&[]);
     ensure!(
-        dims.len() > lead.len() && dims[..lead.len()] == *lead && inner.iter().product::<usize>() == len,
+        dims.len() > lead.len()
+            && dims[..lead.len()] == *lead
+            && inner.iter().product::<usize>() == len,
         "{what} {dims:?}: expected dims {lead:?} followed by {len} values"
     );
     let mut expected = 1;
@@ -59,7 +61,11 @@ pub fn row_layout(t: &Tensor, lead: &[usize], len: usize, what: &str) -> Result<
     let span = if empty {
         0
     } else {
-        lead.iter().zip(&strides).map(|(&d, &s)| (d - 1) * s).sum::<usize>() + len
+        lead.iter()
+            .zip(&strides)
+            .map(|(&d, &s)| (d - 1) * s)
+            .sum::<usize>()
+            + len
     };
     Ok(RowLayout {
         start: t.layout().start_offset(),

@@ -6,6 +6,7 @@ pub mod affine;
 pub mod attn_decode;
 pub mod attn_prep;
 pub mod gated_delta;
+pub mod gated_delta_norm;
 pub mod gated_rms_norm;
 pub mod gdn_conv_prep;
 pub mod moe_combine;

@@ -115,7 +115,9 @@ impl Model {
                 (Mixer::Attention(m), LayerCache::Attention(c)) if covered.mixer => {
                     m.decode_fused(&x, c, pos)?
                 }
-                (Mixer::Gdn(m), LayerCache::Gdn(c)) => m.forward(&x.unsqueeze(1)?, c)?.squeeze(1)?,
+                (Mixer::Gdn(m), LayerCache::Gdn(c)) => {
+                    m.forward(&x.unsqueeze(1)?, c)?.squeeze(1)?
+                }
                 (Mixer::Attention(m), LayerCache::Attention(c)) => {
                     m.forward(&x.unsqueeze(1)?, c, cache.offset)?.squeeze(1)?
                 }

@@ -14,12 +14,12 @@ use candle_core::{Device, Tensor};
 
 /// The read-only inputs of one call, as the device backends receive them.
 pub(crate) struct Inputs<'a> {
-    q: &'a Tensor,
-    k: &'a Tensor,
-    v: &'a Tensor,
-    g: &'a Tensor,
-    beta: &'a Tensor,
-    mask: Option<&'a Tensor>,
+    pub(crate) q: &'a Tensor,
+    pub(crate) k: &'a Tensor,
+    pub(crate) v: &'a Tensor,
+    pub(crate) g: &'a Tensor,
+    pub(crate) beta: &'a Tensor,
+    pub(crate) mask: Option<&'a Tensor>,
 }
 
 /// Shapes of one gated-delta call, read off its inputs.
@@ -34,7 +34,9 @@ pub struct GdnDims {
 }
 
 impl GdnDims {
-    fn of(inputs: &Inputs, state: &Tensor) -> Result<Self> {
+    /// The dims of a call, after checking that its inputs agree (also used by the fused
+    /// recurrence and norm, `ops::gated_delta_norm`).
+    pub(crate) fn of(inputs: &Inputs, state: &Tensor) -> Result<Self> {
         let Inputs {
             q, k, v, g, beta, ..
         } = *inputs;

@@ -36,7 +36,11 @@ fn launch_as<T>(inputs: &Inputs, dev: &CudaDevice) -> Result<Tensor>
 where
     T: CudaDType + DeviceRepr + WithDType,
 {
-    let func = function(dev, &SOURCE, &format!("gated_rms_norm_{}", dtype_tag(T::DTYPE, OP)?))?;
+    let func = function(
+        dev,
+        &SOURCE,
+        &format!("gated_rms_norm_{}", dtype_tag(T::DTYPE, OP)?),
+    )?;
     let params = inputs.params()?;
     let blocks = inputs.rows().div_ceil(ROWS_PER_BLOCK as usize);
     ensure!(

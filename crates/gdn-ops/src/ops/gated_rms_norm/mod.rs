@@ -73,8 +73,7 @@ impl Inputs<'_> {
     pub(crate) fn params(&self) -> Result<GatedRmsNormParams> {
         let (b, t, hv, dv) = self.shape;
         let u = |n: usize, what: &str| -> Result<u32> {
-            u32::try_from(n)
-                .map_err(|_| anyhow::anyhow!("gated_rms_norm: {what} {n} exceeds u32"))
+            u32::try_from(n).map_err(|_| anyhow::anyhow!("gated_rms_norm: {what} {n} exceeds u32"))
         };
         Ok(GatedRmsNormParams {
             rows: u(b * t * hv, "rows")?,

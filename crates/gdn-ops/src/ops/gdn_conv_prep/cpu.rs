@@ -155,7 +155,10 @@ pub(crate) fn gdn_conv_prep(inputs: &Inputs) -> Result<ConvPrepOut> {
         out: Mutex::new(Outputs::default()),
     };
     inputs.conv_state.inplace_op1(&step)?;
-    let out = step.out.into_inner().expect("no other holder of the output lock");
+    let out = step
+        .out
+        .into_inner()
+        .expect("no other holder of the output lock");
     let d = inputs.dims;
     let (bn, dtype, dev) = (inputs.batch, inputs.qkv.dtype(), inputs.qkv.device());
     let act = |v: Vec<f32>, shape: (usize, usize, usize, usize)| -> Result<Tensor> {

@@ -47,7 +47,11 @@ fn launch_as<T>(inputs: &Inputs, dev: &CudaDevice) -> Result<ConvPrepOut>
 where
     T: CudaDType + DeviceRepr + WithDType,
 {
-    let func = function(dev, &SOURCE, &format!("gdn_conv_prep_{}", dtype_tag(T::DTYPE, OP)?))?;
+    let func = function(
+        dev,
+        &SOURCE,
+        &format!("gdn_conv_prep_{}", dtype_tag(T::DTYPE, OP)?),
+    )?;
     let params = inputs.params()?;
     let d = inputs.dims;
     let bn = inputs.batch;

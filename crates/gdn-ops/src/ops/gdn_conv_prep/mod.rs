@@ -117,13 +117,13 @@ pub fn qk_scales(key_dim: usize) -> (f32, f32) {
 /// multiples of 32 up to 256, 2 to 8 taps, value heads a multiple of key heads, f32, f16 or
 /// bf16. The model falls back to the composed path otherwise. (The CPU twin takes any dims.)
 pub fn supports(dims: &ConvPrepDims, dtype: DType) -> bool {
-    let head_dim_ok = |d: usize| d > 0 && d % 32 == 0 && d <= MAX_HEAD_DIM;
+    let head_dim_ok = |d: usize| d > 0 && d.is_multiple_of(32) && d <= MAX_HEAD_DIM;
     matches!(dtype, DType::F32 | DType::F16 | DType::BF16)
         && head_dim_ok(dims.key_dim)
         && head_dim_ok(dims.value_dim)
         && KERNEL_SIZES.contains(&dims.kernel_size)
         && dims.key_heads > 0
-        && dims.value_heads % dims.key_heads == 0
+        && dims.value_heads.is_multiple_of(dims.key_heads)
 }
 
 /// The inputs of one call after the checks, as the backends receive them.
@@ -196,7 +196,7 @@ pub fn gdn_conv_prep(
         "{OP}: head counts and dims must be positive ({d:?})"
     );
     ensure!(
-        d.value_heads % d.key_heads == 0,
+        d.value_heads.is_multiple_of(d.key_heads),
         "{OP}: {} value heads not a multiple of {} key heads",
         d.value_heads,
         d.key_heads
@@ -212,9 +212,12 @@ pub fn gdn_conv_prep(
         "{OP}: activations must be f32, f16 or bf16 (got {dtype:?})"
     );
     let (c, hv, kk) = (d.channels(), d.value_heads, d.kernel_size);
-    let (batch, history, state_c) = conv_state
-        .dims3()
-        .map_err(|_| anyhow::anyhow!("{OP}: conv_state {:?} must be [B, K-1, C]", conv_state.dims()))?;
+    let (batch, history, state_c) = conv_state.dims3().map_err(|_| {
+        anyhow::anyhow!(
+            "{OP}: conv_state {:?} must be [B, K-1, C]",
+            conv_state.dims()
+        )
+    })?;
     ensure!(
         (history, state_c) == (kk - 1, c),
         "{OP}: conv_state {:?}, expected [B, {}, {c}]",
@@ -230,7 +233,12 @@ pub fn gdn_conv_prep(
         "{OP}: taps {:?} must be a contiguous [{kk}, {c}]",
         taps.dims()
     );
-    for (name, t) in [("b", b), ("a", a), ("conv_state", conv_state), ("taps", taps)] {
+    for (name, t) in [
+        ("b", b),
+        ("a", a),
+        ("conv_state", conv_state),
+        ("taps", taps),
+    ] {
         ensure!(
             t.dtype() == dtype,
             "{OP}: {name} is {:?}, qkv {dtype:?}: they must match",

@@ -21,7 +21,12 @@ impl Attention {
 
     /// One token per sequence at the position `pos` (`[1]` u32 on the device, equal to the
     /// cache's length): `x` `[B, H]` (input-normed) → the mixer's output `[B, H]`.
-    pub(crate) fn decode_fused(&self, x: &Tensor, cache: &mut KvCache, pos: &Tensor) -> Result<Tensor> {
+    pub(crate) fn decode_fused(
+        &self,
+        x: &Tensor,
+        cache: &mut KvCache,
+        pos: &Tensor,
+    ) -> Result<Tensor> {
         let b = x.dim(0)?;
         let (nq, nkv, dh) = (self.heads, self.kv_heads, self.head_dim);
         let qkv = match self.qkv.merged() {

@@ -40,8 +40,11 @@ impl GatedDeltaNet {
         let conv_state = match &cache.conv {
             Some(c) => c.clone(),
             None => {
-                let zeros =
-                    candle_op(Tensor::zeros((b, self.kernel - 1, channels), x.dtype(), x.device()))?;
+                let zeros = candle_op(Tensor::zeros(
+                    (b, self.kernel - 1, channels),
+                    x.dtype(),
+                    x.device(),
+                ))?;
                 cache.conv = Some(zeros.clone());
                 zeros
             }
@@ -66,7 +69,8 @@ impl GatedDeltaNet {
             &state,
         )?;
         let z = z.reshape((b, 1, hv, dv))?;
-        let out = gated_rms_norm::gated_rms_norm(&y, &z, &self.norm.norm.weight, self.norm.norm.eps)?;
+        let out =
+            gated_rms_norm::gated_rms_norm(&y, &z, &self.norm.norm.weight, self.norm.norm.eps)?;
         self.out_proj.forward(&out.reshape((b, hv * dv))?)
     }
 }

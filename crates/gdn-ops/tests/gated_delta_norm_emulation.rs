@@ -1,0 +1,499 @@
+//! The shipped Metal kernel `kernels/gated_delta_norm.metal` (the recurrence with the gated
+//! RMSNorm folded in), compiled as C++ with clang-19 and the Metal emulation header
+//! (`kernels/emu/`), run on the CPU for all six `gated_delta_norm_{in}_{st}` kernels and
+//! compared with the CPU twin [`gdn_ops::ops::gated_delta_norm::gated_delta_update_norm`]
+//! (the recurrence's reference, then the gated norm's twin), on the real Qwen3-Next decode
+//! shape and on edge sizes: 5 to 32 simdgroups, 8 rows per simdgroup, Dv not a multiple of
+//! the simdgroups, Dk = 32 and 256, prefill, z a strided view with NaN between its tokens.
+//!
+//! Gates, per case, those of the recurrence's emulation test (tests/metal_emulation.rs) for
+//! the state plus the norm's for the output:
+//! - f32 state: within 1e-5 of max |state| of the reference's;
+//! - bf16 state: exactly the kernel's own f32-state sibling's state (run on the same inputs,
+//!   itself within 1e-5 of the reference's f32 state) rounded once to bf16, and equal to the
+//!   reference's bf16 state but for rounding-boundary ties (at most 0.1% of the state);
+//! - out: within two ulps of InT of the twin's, or 1e-5 of max |out|: both round y to InT
+//!   first (from f32 values that differ by summation order, so one y may sit one ulp apart),
+//!   then the normalised y, then the output.
+
+mod emu;
+
+use candle_core::{DType, Device, Tensor};
+use gdn_ops::ops::gated_delta_norm::gated_delta_update_norm;
+use half::{bf16, f16};
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+use std::time::Instant;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum In {
+    F32,
+    F16,
+    Bf16,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum St {
+    F32,
+    Bf16,
+}
+
+const INSTANTIATIONS: [(In, St); 6] = [
+    (In::F32, St::F32),
+    (In::F32, St::Bf16),
+    (In::F16, St::F32),
+    (In::F16, St::Bf16),
+    (In::Bf16, St::F32),
+    (In::Bf16, St::Bf16),
+];
+
+impl In {
+    fn name(self) -> &'static str {
+        ["f32", "f16", "bf16"][self as usize]
+    }
+    fn msl(self) -> &'static str {
+        ["float", "half", "bfloat"][self as usize]
+    }
+    fn dtype(self) -> DType {
+        [DType::F32, DType::F16, DType::BF16][self as usize]
+    }
+    fn round(self, x: f32) -> f32 {
+        match self {
+            In::F32 => x,
+            In::F16 => f16::from_f32(x).to_f32(),
+            In::Bf16 => bf16::from_f32(x).to_f32(),
+        }
+    }
+    /// Spacing of InT values at magnitude |x|.
+    fn ulp(self, x: f32) -> f32 {
+        let (mantissa_bits, min_exp) = match self {
+            In::F32 => (23, -126),
+            In::F16 => (10, -14),
+            In::Bf16 => (7, -126),
+        };
+        let exp = if x == 0.0 {
+            min_exp
+        } else {
+            (x.abs().log2().floor() as i32).max(min_exp)
+        };
+        2f32.powi(exp - mantissa_bits)
+    }
+}
+
+impl St {
+    fn name(self) -> &'static str {
+        ["f32", "bf16"][self as usize]
+    }
+    fn msl(self) -> &'static str {
+        ["float", "bfloat"][self as usize]
+    }
+    fn dtype(self) -> DType {
+        [DType::F32, DType::BF16][self as usize]
+    }
+}
+
+fn harness() -> &'static Path {
+    static HARNESS: OnceLock<PathBuf> = OnceLock::new();
+    HARNESS.get_or_init(|| emu::compile_harness("gated_delta_norm_harness", &[]))
+}
+
+/// splitmix64.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+    fn uniform(&mut self, lo: f32, hi: f32) -> f32 {
+        lo + (hi - lo) * ((self.next() >> 40) as f32 / (1u64 << 24) as f32)
+    }
+    fn signed(&mut self, lo: f32, hi: f32) -> f32 {
+        let x = self.uniform(lo, hi);
+        if self.next() & 1 == 0 {
+            x
+        } else {
+            -x
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Shape {
+    b: usize,
+    t: usize,
+    hk: usize,
+    hv: usize,
+    dk: usize,
+    dv: usize,
+    /// Simdgroups per threadgroup.
+    sg: usize,
+}
+
+struct Case {
+    s: Shape,
+    inp: In,
+    z_strides: (usize, usize),
+    q: Vec<f32>,
+    k: Vec<f32>,
+    v: Vec<f32>,
+    g: Vec<f32>,
+    beta: Vec<f32>,
+    /// f32 values, exact in bf16 for a bf16 state.
+    state: Vec<f32>,
+    z: Vec<f32>,
+    weight: Vec<f32>,
+}
+
+fn make_case(s: Shape, inp: In, st: St, seed: u64) -> Case {
+    let mut rng = Rng(seed);
+    let Shape {
+        b,
+        t,
+        hk,
+        hv,
+        dk,
+        dv,
+        ..
+    } = s;
+    // Unit-norm keys, q scaled by 1/√Dk, as the model feeds them.
+    let mut unit_rows = |scale: f32| -> Vec<f32> {
+        let mut x: Vec<f32> = (0..b * t * hk * dk).map(|_| rng.signed(0.05, 1.0)).collect();
+        for row in x.chunks_exact_mut(dk) {
+            let norm = row.iter().map(|v| v * v).sum::<f32>().sqrt();
+            row.iter_mut().for_each(|v| *v = inp.round(*v / norm * scale));
+        }
+        x
+    };
+    let q = unit_rows(1.0 / (dk as f32).sqrt());
+    let k = unit_rows(1.0);
+    let v = (0..b * t * hv * dv).map(|_| inp.round(rng.signed(0.05, 1.0))).collect();
+    let g = (0..b * t * hv)
+        .map(|_| if rng.next() & 7 == 0 { 1.0 } else { rng.uniform(0.6, 1.0) })
+        .collect();
+    let beta = (0..b * t * hv).map(|_| rng.uniform(0.05, 0.95)).collect();
+    let state = (0..b * hv * dv * dk)
+        .map(|_| {
+            let x = rng.signed(0.05, 1.0);
+            match st {
+                St::F32 => x,
+                St::Bf16 => bf16::from_f32(x).to_f32(),
+            }
+        })
+        .collect();
+    let row = hv * dv;
+    let z_strides = ((t + 1) * (row + 3), row + 3);
+    let mut z = vec![f32::NAN; (b - 1) * z_strides.0 + (t - 1) * z_strides.1 + row];
+    for bi in 0..b {
+        for ti in 0..t {
+            let at = bi * z_strides.0 + ti * z_strides.1;
+            for x in &mut z[at..at + row] {
+                *x = inp.round(rng.uniform(-6.0, 6.0));
+            }
+        }
+    }
+    let weight = (0..dv).map(|_| inp.round(rng.uniform(0.5, 1.5))).collect();
+    Case {
+        s,
+        inp,
+        z_strides,
+        q,
+        k,
+        v,
+        g,
+        beta,
+        state,
+        z,
+        weight,
+    }
+}
+
+struct Out {
+    out: Vec<f32>,
+    state: Vec<f32>,
+}
+
+fn run_harness(c: &Case, st: St) -> Result<Out, String> {
+    let s = c.s;
+    let mut bytes = b"GDNNEMU1".to_vec();
+    let header = [
+        s.b,
+        s.t,
+        s.hk,
+        s.hv,
+        s.dk,
+        s.dv,
+        c.inp as usize,
+        st as usize,
+        s.sg,
+        c.z_strides.0,
+        c.z_strides.1,
+    ];
+    for h in header {
+        bytes.extend_from_slice(&(h as u32).to_le_bytes());
+    }
+    bytes.extend_from_slice(&1e-6f32.to_le_bytes());
+    for a in [&c.q, &c.k, &c.v, &c.g, &c.beta, &c.state, &c.z, &c.weight] {
+        a.iter().for_each(|f| bytes.extend_from_slice(&f.to_le_bytes()));
+    }
+    let floats = emu::run_harness(harness(), &bytes)?;
+    let out_len = s.b * s.t * s.hv * s.dv;
+    if floats.len() != out_len + c.state.len() {
+        return Err(format!("harness wrote {} floats, expected {}", floats.len(), out_len + c.state.len()));
+    }
+    Ok(Out {
+        out: floats[..out_len].to_vec(),
+        state: floats[out_len..].to_vec(),
+    })
+}
+
+fn reference(c: &Case, st: St) -> Out {
+    let dev = Device::Cpu;
+    let s = c.s;
+    let t = |x: &[f32], shape: &[usize], dtype: DType| {
+        Tensor::from_slice(x, shape, &dev).unwrap().to_dtype(dtype).unwrap()
+    };
+    let dtype = c.inp.dtype();
+    let (qk, v, gate) = (
+        &[s.b, s.t, s.hk, s.dk][..],
+        &[s.b, s.t, s.hv, s.dv][..],
+        &[s.b, s.t, s.hv][..],
+    );
+    let state = t(&c.state, &[s.b, s.hv, s.dv, s.dk], st.dtype());
+    let mut z_full = c.z.clone();
+    z_full.resize(s.b * c.z_strides.0, f32::NAN);
+    let z = t(&z_full, &[s.b, s.t + 1, c.z_strides.1], dtype)
+        .narrow(1, 0, s.t)
+        .unwrap()
+        .narrow(2, 0, s.hv * s.dv)
+        .unwrap();
+    let out = gated_delta_update_norm(
+        &t(&c.q, qk, dtype),
+        &t(&c.k, qk, dtype),
+        &t(&c.v, v, dtype),
+        &t(&c.g, gate, DType::F32),
+        &t(&c.beta, gate, DType::F32),
+        &state,
+        &z,
+        &t(&c.weight, &[s.dv], dtype),
+        1e-6,
+    )
+    .unwrap();
+    let f = |x: &Tensor| {
+        x.to_dtype(DType::F32).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap()
+    };
+    Out {
+        out: f(&out),
+        state: f(&state),
+    }
+}
+
+const REL_TOL: f32 = 1e-5;
+
+fn max_abs(x: &[f32]) -> f32 {
+    x.iter().fold(0f32, |m, v| m.max(v.abs()))
+}
+
+/// Largest |got - want| as a fraction of max |want|, with where it is.
+fn rel_err(got: &[f32], want: &[f32]) -> (f32, usize) {
+    let scale = max_abs(want).max(f32::MIN_POSITIVE);
+    got.iter().zip(want).enumerate().fold((0f32, 0), |(m, at), (i, (a, b))| {
+        let e = if a.is_nan() { f32::INFINITY } else { (a - b).abs() / scale };
+        if e > m {
+            (e, i)
+        } else {
+            (m, at)
+        }
+    })
+}
+
+fn check(c: &Case, st: St) -> Vec<String> {
+    let inp = c.inp;
+    let got = match run_harness(c, st) {
+        Ok(o) => o,
+        Err(e) => return vec![e],
+    };
+    let want = reference(c, st);
+    let mut bad = vec![];
+
+    let scale = max_abs(&want.out);
+    let (mut worst, mut at) = (0f32, 0);
+    for (i, (&a, &b)) in got.out.iter().zip(&want.out).enumerate() {
+        let allowed = (2.0 * inp.ulp(a.abs().max(b.abs()))).max(REL_TOL * scale);
+        let excess = if a.is_nan() { f32::INFINITY } else { (a - b).abs() / allowed };
+        if excess > worst {
+            (worst, at) = (excess, i);
+        }
+    }
+    if worst > 1.0 {
+        bad.push(format!(
+            "out[{at}] = {} vs twin {} ({worst:.3e}x the allowed 2 {} ulps / {REL_TOL:e} of max {scale:.3e})",
+            got.out[at],
+            want.out[at],
+            inp.name()
+        ));
+    }
+
+    match st {
+        St::F32 => {
+            let (e, at) = rel_err(&got.state, &want.state);
+            if e > REL_TOL {
+                bad.push(format!(
+                    "f32 state[{at}] = {} vs reference {}: {e:.3e} of max|S|",
+                    got.state[at], want.state[at]
+                ));
+            }
+        }
+        St::Bf16 => {
+            let got32 = match run_harness(c, St::F32) {
+                Ok(o) => o.state,
+                Err(e) => return vec![format!("f32-state sibling: {e}")],
+            };
+            let want32 = reference(c, St::F32).state;
+            let (e, at) = rel_err(&got32, &want32);
+            if e > REL_TOL {
+                bad.push(format!("f32-state sibling: state[{at}] {e:.3e} of max|S| from the reference"));
+            }
+            let round = |x: f32| bf16::from_f32(x).to_f32();
+            let not_once = got
+                .state
+                .iter()
+                .zip(&got32)
+                .filter(|(a, b)| a.to_bits() != round(**b).to_bits())
+                .count();
+            if not_once > 0 {
+                bad.push(format!(
+                    "{not_once} bf16 state values are not the kernel's f32 state rounded once to bf16"
+                ));
+            }
+            let ties = got
+                .state
+                .iter()
+                .zip(&want.state)
+                .filter(|(a, b)| a.to_bits() != b.to_bits())
+                .count();
+            if ties * 1000 > got.state.len() {
+                bad.push(format!(
+                    "{ties} of {} bf16 state values differ from the reference's (more than 0.1%)",
+                    got.state.len()
+                ));
+            }
+        }
+    }
+    bad
+}
+
+#[test]
+fn shipped_gated_delta_norm_kernels_match_the_cpu_twin() {
+    let started = Instant::now();
+    harness();
+    let sh = |b, t, hk, hv, dk, dv, sg| Shape {
+        b,
+        t,
+        hk,
+        hv,
+        dk,
+        dv,
+        sg,
+    };
+    let shapes = [
+        // Qwen3-Next-80B-A3B decode: 32 simdgroups of 4 rows.
+        sh(1, 1, 16, 32, 128, 128, 32),
+        // Prefill, GQA 2, 16 simdgroups of 4 rows.
+        sh(2, 5, 2, 4, 64, 64, 16),
+        // 8 rows per simdgroup, the widest keys.
+        sh(1, 3, 1, 2, 256, 64, 8),
+        // Dv not a multiple of the simdgroups (some own 6 rows, some 7), the narrowest keys.
+        sh(1, 4, 1, 3, 32, 100, 16),
+        // An odd count of simdgroups (threadgroup memory rounded up to 16 bytes).
+        sh(2, 2, 1, 1, 96, 40, 5),
+    ];
+    let mut failures = vec![];
+    let mut runs = 0;
+    for (si, s) in shapes.iter().enumerate() {
+        for (ii, &(inp, st)) in INSTANTIATIONS.iter().enumerate() {
+            let c = make_case(*s, inp, st, 0xD17A_0000 + (si * 8 + ii) as u64);
+            runs += 1;
+            for bad in check(&c, st) {
+                failures.push(format!("gated_delta_norm_{}_{} {s:?}: {bad}", inp.name(), st.name()));
+            }
+        }
+    }
+    eprintln!("{runs} cases in {:.1}s", started.elapsed().as_secs_f32());
+    assert!(failures.is_empty(), "{} failures:\n{}", failures.len(), failures.join("\n"));
+}
+
+/// What the C++ build cannot see: the buffer and threadgroup-memory indices, the parameter
+/// struct the Rust host mirrors, and the instantiation names the host looks up.
+#[test]
+fn kernel_abi_in_source() {
+    let u = |f: &str| ("unsigned int".to_string(), f.to_string());
+    assert_eq!(
+        emu::params_fields("gated_delta_norm.h", "GdnNormParams"),
+        [
+            u("batch"),
+            u("steps"),
+            u("key_heads"),
+            u("value_heads"),
+            u("key_dim"),
+            u("value_dim"),
+            u("z_batch_stride"),
+            u("z_token_stride"),
+            ("float".to_string(), "eps".to_string()),
+        ],
+        "GdnNormParams (kernels/params/gated_delta_norm.h) must match ops::gated_delta_norm::GdnNormParams"
+    );
+    assert_eq!(
+        std::mem::size_of::<gdn_ops::ops::gated_delta_norm::GdnNormParams>(),
+        9 * 4
+    );
+    let src =
+        std::fs::read_to_string(emu::workspace_root().join("kernels/gated_delta_norm.metal")).unwrap();
+    let code: String = src
+        .lines()
+        .map(|l| l.split("//").next().unwrap())
+        .collect::<Vec<_>>()
+        .join("\n");
+    let mut flat = code.split_whitespace().collect::<Vec<_>>().join(" ");
+    while let Some(start) = flat.find("/*") {
+        let end = flat[start..].find("*/").unwrap() + start + 2;
+        flat.replace_range(start..end, "");
+    }
+    let flat = flat.split_whitespace().collect::<Vec<_>>().join(" ");
+    assert!(flat.contains("#include \"params/gated_delta_norm.h\""));
+    let buffers = ["q", "k", "v", "g", "beta", "state", "z", "weight", "out", "p"];
+    let mut from = flat.find("#define GDN_NORM_KERNEL(").expect("GDN_NORM_KERNEL macro");
+    for (i, name) in buffers.iter().enumerate() {
+        let needle = format!("{name} [[buffer({i})]]");
+        let at = flat[from..]
+            .find(&needle)
+            .unwrap_or_else(|| panic!("`{needle}` missing or out of order"));
+        from += at + needle.len();
+    }
+    let needle = "threadgroup float* partial [[threadgroup(0)]]";
+    let at = flat[from..].find(needle).unwrap_or_else(|| panic!("`{needle}` missing"));
+    from += at + needle.len();
+    let body_end = flat[from..].find('{').map_or(flat.len(), |e| from + e);
+    assert!(!flat[from..body_end].contains("[[buffer("), "more buffers than the host binds");
+    let bfloat_block: String = flat
+        .split("#if defined(__HAVE_BFLOAT__)")
+        .skip(1)
+        .map(|after| after.split("#endif").next().unwrap().to_string())
+        .collect();
+    for (inp, st) in INSTANTIATIONS {
+        let line = format!(
+            "GDN_NORM_KERNEL(gated_delta_norm_{}_{}, {}, {})",
+            inp.name(),
+            st.name(),
+            inp.msl(),
+            st.msl()
+        );
+        assert!(flat.contains(&line), "missing `{line}`");
+        if inp == In::Bf16 || st == St::Bf16 {
+            assert!(bfloat_block.contains(&line), "`{line}` must sit inside #if defined(__HAVE_BFLOAT__)");
+        }
+    }
+}

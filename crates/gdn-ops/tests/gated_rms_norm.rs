@@ -1,0 +1,230 @@
+//! The CPU twin of `gated_rms_norm` against the composed path it replaces: the model's
+//! `GatedRmsNorm::forward` (crates/qwen-gdn-model/src/layers/norm.rs) written with plain
+//! candle ops, on random inputs, with z as a slice of a merged projection output (as the
+//! model will pass it). Plus one test per input check.
+
+use candle_core::{DType, Device, Tensor, D};
+use gdn_ops::ops::gated_rms_norm::{gated_rms_norm, supports};
+
+/// splitmix64.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+    fn tensor(&mut self, shape: &[usize], lo: f32, hi: f32) -> Tensor {
+        let n = shape.iter().product();
+        let v: Vec<f32> = (0..n)
+            .map(|_| lo + (hi - lo) * ((self.next() >> 40) as f32 / (1u64 << 24) as f32))
+            .collect();
+        Tensor::from_vec(v, shape, &Device::Cpu).unwrap()
+    }
+}
+
+/// candle_nn::ops::rms_norm's CPU definition (gdn-ops does not depend on candle-nn):
+/// `x / sqrt(mean(x²) + eps) · alpha` with the mean square in f32, rounded once to x's dtype.
+fn rms_norm(x: &Tensor, alpha: &Tensor, eps: f32) -> Tensor {
+    let dtype = x.dtype();
+    let xf = x.contiguous().unwrap().to_dtype(DType::F32).unwrap();
+    let m = (xf.sqr().unwrap().mean_keepdim(D::Minus1).unwrap() + eps as f64)
+        .unwrap()
+        .sqrt()
+        .unwrap();
+    xf.broadcast_div(&m)
+        .unwrap()
+        .broadcast_mul(&alpha.to_dtype(DType::F32).unwrap())
+        .unwrap()
+        .to_dtype(dtype)
+        .unwrap()
+}
+
+/// `GatedRmsNorm::forward`, after `GatedDeltaNet::forward`'s `contiguous(&z)?.reshape(..)`.
+fn composed(y: &Tensor, z: &Tensor, weight: &Tensor, eps: f32) -> Tensor {
+    let (b, s, hv, dv) = y.dims4().unwrap();
+    let z = z.contiguous().unwrap().reshape((b, s, hv, dv)).unwrap();
+    let n = rms_norm(y, &weight.to_dtype(y.dtype()).unwrap(), eps)
+        .to_dtype(DType::F32)
+        .unwrap();
+    let gate = z.to_dtype(DType::F32).unwrap().silu().unwrap();
+    (gate * n).unwrap().to_dtype(y.dtype()).unwrap()
+}
+
+fn values(t: &Tensor) -> Vec<f32> {
+    t.to_dtype(DType::F32)
+        .unwrap()
+        .flatten_all()
+        .unwrap()
+        .to_vec1()
+        .unwrap()
+}
+
+/// max |got − want| / max |want|.
+fn rel_max(got: &Tensor, want: &Tensor) -> f32 {
+    assert_eq!(got.dims(), want.dims());
+    let (a, b) = (values(got), values(want));
+    let scale = b
+        .iter()
+        .fold(0f32, |m, v| m.max(v.abs()))
+        .max(f32::MIN_POSITIVE);
+    a.iter()
+        .zip(&b)
+        .map(|(x, y)| {
+            if x.is_nan() {
+                f32::INFINITY
+            } else {
+                (x - y).abs() / scale
+            }
+        })
+        .fold(0f32, f32::max)
+}
+
+/// y `[B, T, Hv, Dv]`, z as a `[B, T, Hv·Dv]` slice of a wider projection `[B, T, N]`, and a
+/// weight around 1 (checkpoint weights are `1 + w`).
+fn inputs(shape: (usize, usize, usize, usize), dtype: DType, seed: u64) -> [Tensor; 3] {
+    let (b, t, hv, dv) = shape;
+    let mut rng = Rng(seed);
+    let y = rng
+        .tensor(&[b, t, hv, dv], -3.0, 3.0)
+        .to_dtype(dtype)
+        .unwrap();
+    let proj = rng
+        .tensor(&[b, t, 3 * hv * dv + 7], -8.0, 8.0)
+        .to_dtype(dtype)
+        .unwrap();
+    let z = proj.narrow(2, hv * dv + 3, hv * dv).unwrap();
+    let w = rng.tensor(&[dv], 0.5, 1.5).to_dtype(dtype).unwrap();
+    [y, z, w]
+}
+
+fn compare(shape: (usize, usize, usize, usize), dtype: DType, tol: f32, seed: u64) {
+    let [y, z, w] = inputs(shape, dtype, seed);
+    assert!(
+        shape.0 * shape.1 == 1 || !z.is_contiguous(),
+        "the test means to pass a view"
+    );
+    let got = gated_rms_norm(&y, &z, &w, 1e-6).unwrap();
+    let want = composed(&y, &z, &w, 1e-6);
+    assert_eq!(got.dtype(), dtype);
+    assert_eq!(got.dims(), y.dims());
+    let e = rel_max(&got, &want);
+    assert!(
+        e <= tol,
+        "{shape:?} {dtype:?}: off by {e:e} of max|ref| (tol {tol:e})"
+    );
+}
+
+#[test]
+fn twin_matches_the_composed_path_in_f32() {
+    compare((1, 1, 32, 128), DType::F32, 1e-5, 1);
+    compare((2, 5, 6, 64), DType::F32, 1e-5, 2);
+    compare((1, 3, 2, 100), DType::F32, 1e-5, 3);
+}
+
+#[test]
+fn twin_matches_the_composed_path_in_bf16() {
+    compare((2, 1, 32, 128), DType::BF16, 2e-2, 4);
+    compare((1, 9, 4, 128), DType::BF16, 2e-2, 5);
+}
+
+#[test]
+fn twin_takes_a_four_dim_contiguous_z_alike() {
+    let [y, z, w] = inputs((2, 3, 4, 32), DType::F32, 6);
+    let z4 = z.contiguous().unwrap().reshape((2, 3, 4, 32)).unwrap();
+    let a = gated_rms_norm(&y, &z, &w, 1e-6).unwrap();
+    let b = gated_rms_norm(&y, &z4, &w, 1e-6).unwrap();
+    assert_eq!(values(&a), values(&b));
+}
+
+#[test]
+fn supports_float_activations() {
+    assert!(supports(DType::F32) && supports(DType::F16) && supports(DType::BF16));
+    assert!(!supports(DType::F64));
+}
+
+fn assert_error(result: anyhow::Result<Tensor>, needle: &str) {
+    let e = result.expect_err("the op must reject this").to_string();
+    assert!(e.contains(needle), "error `{e}` should mention `{needle}`");
+    assert!(!e.contains('\n'), "one-line errors: `{e}`");
+}
+
+#[test]
+fn rejects_y_that_is_not_four_dim() {
+    let [y, z, w] = inputs((1, 1, 4, 32), DType::F32, 7);
+    assert_error(
+        gated_rms_norm(&y.squeeze(1).unwrap(), &z, &w, 1e-6),
+        "must be [B, T, Hv, Dv]",
+    );
+}
+
+#[test]
+fn rejects_a_strided_y() {
+    let [y, z, w] = inputs((1, 2, 4, 32), DType::F32, 8);
+    let y = y
+        .transpose(1, 2)
+        .unwrap()
+        .contiguous()
+        .unwrap()
+        .transpose(1, 2)
+        .unwrap();
+    assert_error(gated_rms_norm(&y, &z, &w, 1e-6), "y must be contiguous");
+}
+
+#[test]
+fn rejects_a_weight_of_the_wrong_length() {
+    let [y, z, w] = inputs((1, 1, 4, 32), DType::F32, 9);
+    assert_error(
+        gated_rms_norm(&y, &z, &w.narrow(0, 0, 16).unwrap(), 1e-6),
+        "weight [16]",
+    );
+}
+
+#[test]
+fn rejects_mixed_dtypes() {
+    let [y, z, w] = inputs((1, 1, 4, 32), DType::F32, 10);
+    assert_error(
+        gated_rms_norm(&y, &z.to_dtype(DType::BF16).unwrap(), &w, 1e-6),
+        "z is BF16",
+    );
+    assert_error(
+        gated_rms_norm(&y, &z, &w.to_dtype(DType::F16).unwrap(), 1e-6),
+        "weight is F16",
+    );
+}
+
+#[test]
+fn rejects_unsupported_dtypes() {
+    let [y, z, w] = inputs((1, 1, 4, 32), DType::F64, 11);
+    assert_error(gated_rms_norm(&y, &z, &w, 1e-6), "must be f32, f16 or bf16");
+}
+
+#[test]
+fn rejects_z_of_another_shape() {
+    let [y, z, w] = inputs((2, 1, 4, 32), DType::F32, 12);
+    assert_error(
+        gated_rms_norm(&y, &z.narrow(2, 0, 64).unwrap(), &w, 1e-6),
+        "z [2, 1, 64]",
+    );
+}
+
+#[test]
+fn rejects_z_rows_that_are_not_contiguous() {
+    let [y, _, w] = inputs((1, 2, 4, 32), DType::F32, 13);
+    let z = Tensor::zeros((1, 2, 4 * 32, 2), DType::F32, &Device::Cpu)
+        .unwrap()
+        .narrow(3, 0, 1)
+        .unwrap()
+        .squeeze(3)
+        .unwrap();
+    assert_error(gated_rms_norm(&y, &z, &w, 1e-6), "must be contiguous");
+}
+
+#[test]
+fn rejects_a_negative_eps() {
+    let [y, z, w] = inputs((1, 1, 4, 32), DType::F32, 14);
+    assert_error(gated_rms_norm(&y, &z, &w, -1.0), "eps must be finite");
+}

@@ -1,0 +1,324 @@
+//! The shipped Metal kernel `kernels/gated_rms_norm.metal`, compiled as C++ with clang-19 and
+//! the Metal emulation header (`kernels/emu/`), run on the CPU for all three
+//! `gated_rms_norm_{t}` kernels and compared with the CPU twin
+//! [`gdn_ops::ops::gated_rms_norm::gated_rms_norm`], on the real decode shape (Hv = 32,
+//! Dv = 128), a prefill, and edge sizes (Dv not a multiple of 32, Dv < 32, rows not a
+//! multiple of the threadgroup's four), with z as a strided view (NaN between its tokens) as
+//! the model passes it.
+//!
+//! Gate, per case: every output within one ulp of InT of the twin's (both round the same f32
+//! expressions, whose mean square differs by summation order), or 1e-5 of max |out|.
+
+mod emu;
+
+use candle_core::{DType, Device, Tensor};
+use gdn_ops::ops::gated_rms_norm::gated_rms_norm;
+use half::{bf16, f16};
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+use std::time::Instant;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum In {
+    F32,
+    F16,
+    Bf16,
+}
+
+const TYPES: [In; 3] = [In::F32, In::F16, In::Bf16];
+
+impl In {
+    fn name(self) -> &'static str {
+        ["f32", "f16", "bf16"][self as usize]
+    }
+    fn msl(self) -> &'static str {
+        ["float", "half", "bfloat"][self as usize]
+    }
+    fn dtype(self) -> DType {
+        [DType::F32, DType::F16, DType::BF16][self as usize]
+    }
+    fn round(self, x: f32) -> f32 {
+        match self {
+            In::F32 => x,
+            In::F16 => f16::from_f32(x).to_f32(),
+            In::Bf16 => bf16::from_f32(x).to_f32(),
+        }
+    }
+    /// Spacing of InT values at magnitude |x|.
+    fn ulp(self, x: f32) -> f32 {
+        let (mantissa_bits, min_exp) = match self {
+            In::F32 => (23, -126),
+            In::F16 => (10, -14),
+            In::Bf16 => (7, -126),
+        };
+        let exp = if x == 0.0 {
+            min_exp
+        } else {
+            (x.abs().log2().floor() as i32).max(min_exp)
+        };
+        2f32.powi(exp - mantissa_bits)
+    }
+}
+
+fn harness() -> &'static Path {
+    static HARNESS: OnceLock<PathBuf> = OnceLock::new();
+    HARNESS.get_or_init(|| emu::compile_harness("gated_rms_norm_harness", &[]))
+}
+
+/// splitmix64: inputs need no dependency and are the same everywhere.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+    fn uniform(&mut self, lo: f32, hi: f32) -> f32 {
+        lo + (hi - lo) * ((self.next() >> 40) as f32 / (1u64 << 24) as f32)
+    }
+}
+
+struct Case {
+    ty: In,
+    /// (B, T, Hv, Dv).
+    shape: (usize, usize, usize, usize),
+    /// z's batch and token strides (elements).
+    z_strides: (usize, usize),
+    eps: f32,
+    y: Vec<f32>,
+    /// z's storage: tokens at their strides, NaN between them.
+    z: Vec<f32>,
+    weight: Vec<f32>,
+}
+
+fn make_case(ty: In, shape: (usize, usize, usize, usize), pad: usize, seed: u64) -> Case {
+    let (b, t, hv, dv) = shape;
+    let mut rng = Rng(seed);
+    let row = hv * dv;
+    // A spare token's room between batches: strides the model's views do not need to have.
+    let z_strides = ((t + 1) * (row + pad), row + pad);
+    let mut values = |n: usize, lo: f32, hi: f32| -> Vec<f32> {
+        (0..n).map(|_| ty.round(rng.uniform(lo, hi))).collect()
+    };
+    // Rows of different scales, so that the normalisation matters.
+    let mut y = values(b * t * row, -1.0, 1.0);
+    for (i, r) in y.chunks_exact_mut(dv).enumerate() {
+        let s = [0.01f32, 1.0, 30.0][i % 3];
+        r.iter_mut().for_each(|x| *x = ty.round(*x * s));
+    }
+    let z_len = (b - 1) * z_strides.0 + (t - 1) * z_strides.1 + row;
+    let z_values = values(b * t * row, -8.0, 8.0);
+    let mut z = vec![f32::NAN; z_len];
+    for bi in 0..b {
+        for ti in 0..t {
+            let at = bi * z_strides.0 + ti * z_strides.1;
+            let from = (bi * t + ti) * row;
+            z[at..at + row].copy_from_slice(&z_values[from..from + row]);
+        }
+    }
+    let weight = values(dv, 0.5, 1.5);
+    Case {
+        ty,
+        shape,
+        z_strides,
+        eps: 1e-6,
+        y,
+        z,
+        weight,
+    }
+}
+
+fn run_harness(c: &Case) -> Result<Vec<f32>, String> {
+    let (b, t, hv, dv) = c.shape;
+    let mut bytes = b"GRNEMU01".to_vec();
+    for h in [c.ty as usize, b, t, hv, dv, c.z_strides.0, c.z_strides.1] {
+        bytes.extend_from_slice(&(h as u32).to_le_bytes());
+    }
+    bytes.extend_from_slice(&c.eps.to_le_bytes());
+    for a in [&c.y, &c.z, &c.weight] {
+        a.iter()
+            .for_each(|f| bytes.extend_from_slice(&f.to_le_bytes()));
+    }
+    let floats = emu::run_harness(harness(), &bytes)?;
+    if floats.len() != c.y.len() {
+        return Err(format!(
+            "harness wrote {} floats, expected {}",
+            floats.len(),
+            c.y.len()
+        ));
+    }
+    Ok(floats)
+}
+
+/// The CPU twin on the same inputs, z passed as the same strided view.
+fn reference(c: &Case) -> Vec<f32> {
+    let dev = Device::Cpu;
+    let (b, t, hv, dv) = c.shape;
+    let dtype = c.ty.dtype();
+    let mut z_full = c.z.clone();
+    z_full.resize(b * c.z_strides.0, f32::NAN);
+    let z = Tensor::from_vec(z_full, (b, t + 1, c.z_strides.1), &dev)
+        .unwrap()
+        .to_dtype(dtype)
+        .unwrap()
+        .narrow(1, 0, t)
+        .unwrap()
+        .narrow(2, 0, hv * dv)
+        .unwrap();
+    assert_eq!(z.stride(), [c.z_strides.0, c.z_strides.1, 1]);
+    let y = Tensor::from_slice(&c.y, (b, t, hv, dv), &dev)
+        .unwrap()
+        .to_dtype(dtype)
+        .unwrap();
+    let w = Tensor::from_slice(&c.weight, dv, &dev)
+        .unwrap()
+        .to_dtype(dtype)
+        .unwrap();
+    gated_rms_norm(&y, &z, &w, c.eps)
+        .unwrap()
+        .to_dtype(DType::F32)
+        .unwrap()
+        .flatten_all()
+        .unwrap()
+        .to_vec1::<f32>()
+        .unwrap()
+}
+
+const REL_TOL: f32 = 1e-5;
+
+fn check(c: &Case) -> Option<String> {
+    let got = match run_harness(c) {
+        Ok(o) => o,
+        Err(e) => return Some(e),
+    };
+    let want = reference(c);
+    let scale = want.iter().fold(0f32, |m, v| m.max(v.abs()));
+    let (mut worst, mut at) = (0f32, 0);
+    for (j, (&a, &b)) in got.iter().zip(&want).enumerate() {
+        let allowed = c.ty.ulp(a.abs().max(b.abs())).max(REL_TOL * scale);
+        let excess = if a.is_nan() {
+            f32::INFINITY
+        } else {
+            (a - b).abs() / allowed
+        };
+        if excess > worst {
+            (worst, at) = (excess, j);
+        }
+    }
+    (worst > 1.0).then(|| {
+        format!(
+            "out[{at}] = {} vs twin {} ({worst:.3e}x the allowed 1 {} ulp / {REL_TOL:e} of max {scale:.3e})",
+            got[at],
+            want[at],
+            c.ty.name()
+        )
+    })
+}
+
+#[test]
+fn shipped_gated_rms_norm_kernels_match_the_cpu_twin() {
+    let started = Instant::now();
+    harness();
+    // ((B, T, Hv, Dv), padding between z's tokens).
+    let shapes = [
+        // Qwen3-Next decode, z a slice of the merged projection.
+        ((1, 1, 32, 128), 8192 + 64),
+        ((2, 1, 32, 128), 40),
+        // Prefill, Qwen3.5's 48 value heads.
+        ((1, 5, 48, 128), 96),
+        // Dv not a multiple of 32, below 32, above 256; 3 and 7 rows (partial threadgroups).
+        ((1, 1, 3, 100), 0),
+        ((1, 7, 1, 20), 3),
+        ((2, 2, 2, 300), 1),
+    ];
+    let mut failures = vec![];
+    let mut runs = 0;
+    for (si, &(shape, pad)) in shapes.iter().enumerate() {
+        for ty in TYPES {
+            let c = make_case(ty, shape, pad, 0x6A7E_0000 + (si * 3 + ty as usize) as u64);
+            runs += 1;
+            if let Some(bad) = check(&c) {
+                failures.push(format!(
+                    "gated_rms_norm_{} {shape:?} pad {pad}: {bad}",
+                    ty.name()
+                ));
+            }
+        }
+    }
+    eprintln!("{runs} cases in {:.1}s", started.elapsed().as_secs_f32());
+    assert!(
+        failures.is_empty(),
+        "{} failures:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
+}
+
+/// What the C++ build cannot see: the buffer indices, the parameter struct the Rust host
+/// mirrors, and the instantiation names the host looks up.
+#[test]
+fn kernel_abi_in_source() {
+    let u = |f: &str| ("unsigned int".to_string(), f.to_string());
+    assert_eq!(
+        emu::params_fields("gated_rms_norm.h", "GatedRmsNormParams"),
+        [
+            u("rows"),
+            u("tokens"),
+            u("value_heads"),
+            u("value_dim"),
+            u("z_batch_stride"),
+            u("z_token_stride"),
+            ("float".to_string(), "eps".to_string()),
+        ],
+        "GatedRmsNormParams (kernels/params/gated_rms_norm.h) must match ops::gated_rms_norm::GatedRmsNormParams"
+    );
+    assert_eq!(
+        std::mem::size_of::<gdn_ops::ops::gated_rms_norm::GatedRmsNormParams>(),
+        7 * 4
+    );
+    let src = std::fs::read_to_string(emu::workspace_root().join("kernels/gated_rms_norm.metal"))
+        .unwrap();
+    let code: String = src
+        .lines()
+        .map(|l| l.split("//").next().unwrap())
+        .collect::<Vec<_>>()
+        .join("\n");
+    let mut flat = code.split_whitespace().collect::<Vec<_>>().join(" ");
+    while let Some(start) = flat.find("/*") {
+        let end = flat[start..].find("*/").unwrap() + start + 2;
+        flat.replace_range(start..end, "");
+    }
+    let flat = flat.split_whitespace().collect::<Vec<_>>().join(" ");
+    assert!(flat.contains("#include \"params/gated_rms_norm.h\""));
+    let mut from = flat
+        .find("#define GATED_RMS_NORM(")
+        .expect("GATED_RMS_NORM macro");
+    for (i, name) in ["y", "z", "weight", "out", "p"].iter().enumerate() {
+        let needle = format!("{name} [[buffer({i})]]");
+        let at = flat[from..]
+            .find(&needle)
+            .unwrap_or_else(|| panic!("`{needle}` missing or out of order"));
+        from += at + needle.len();
+    }
+    let body_end = flat[from..].find('{').map_or(flat.len(), |e| from + e);
+    assert!(
+        !flat[from..body_end].contains("[[buffer("),
+        "more buffers than the host binds"
+    );
+    for ty in TYPES {
+        let line = format!("GATED_RMS_NORM(gated_rms_norm_{}, {})", ty.name(), ty.msl());
+        assert!(flat.contains(&line), "missing `{line}`");
+    }
+    let bf16_line = "GATED_RMS_NORM(gated_rms_norm_bf16, bfloat)";
+    let guarded = flat
+        .split("#if defined(__HAVE_BFLOAT__)")
+        .skip(1)
+        .any(|after| after.split("#endif").next().unwrap().contains(bf16_line));
+    assert!(
+        guarded,
+        "the bfloat instantiation must sit inside #if defined(__HAVE_BFLOAT__)"
+    );
+}

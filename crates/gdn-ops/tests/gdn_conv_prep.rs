@@ -1,0 +1,435 @@
+//! The CPU twin of `gdn_conv_prep` against the composed path it replaces: the device plan's
+//! GDN decode front written with plain candle ops exactly as `GatedDeltaNet::conv`, `forward`
+//! and `decay` (crates/qwen-gdn-model/src/layers/gdn.rs) and `ScaledRms`
+//! (layers/norm.rs) compute it, on random inputs, with qkv, b and a as slices of one merged
+//! projection output (as the model will pass them). Plus one test per input check.
+
+use candle_core::{DType, Device, Tensor, D};
+use gdn_ops::ops::gdn_conv_prep::{gdn_conv_prep, supports, ConvPrepDims, ConvPrepOut};
+
+/// splitmix64.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+    fn tensor(&mut self, shape: &[usize], lo: f32, hi: f32) -> Tensor {
+        let n = shape.iter().product();
+        let v: Vec<f32> = (0..n)
+            .map(|_| lo + (hi - lo) * ((self.next() >> 40) as f32 / (1u64 << 24) as f32))
+            .collect();
+        Tensor::from_vec(v, shape, &Device::Cpu).unwrap()
+    }
+}
+
+/// `x · rsqrt(mean(x²) + eps) · weight` as the model's `RmsNorm::forward`.
+fn rms_norm(x: &Tensor, weight: &Tensor, eps: f32) -> Tensor {
+    candle_nn_rms_norm(
+        &x.contiguous().unwrap(),
+        &weight.to_dtype(x.dtype()).unwrap(),
+        eps,
+    )
+}
+
+/// candle_nn::ops::rms_norm's CPU definition (gdn-ops does not depend on candle-nn):
+/// `x / sqrt(mean(x²) + eps) · alpha` with the mean square in f32, rounded once to x's dtype.
+fn candle_nn_rms_norm(x: &Tensor, alpha: &Tensor, eps: f32) -> Tensor {
+    let dtype = x.dtype();
+    let xf = x.to_dtype(DType::F32).unwrap();
+    let m = (xf.sqr().unwrap().mean_keepdim(D::Minus1).unwrap() + eps as f64)
+        .unwrap()
+        .sqrt()
+        .unwrap();
+    xf.broadcast_div(&m)
+        .unwrap()
+        .broadcast_mul(&alpha.to_dtype(DType::F32).unwrap())
+        .unwrap()
+        .to_dtype(dtype)
+        .unwrap()
+}
+
+fn sigmoid(x: &Tensor) -> Tensor {
+    (x.neg().unwrap().exp().unwrap() + 1.0)
+        .unwrap()
+        .recip()
+        .unwrap()
+}
+
+/// `g = exp(−exp(A_log) · softplus(a + dt_bias))`: gdn.rs's `decay`.
+fn decay(a: &Tensor, dt_bias: &Tensor, neg_a_log_exp: &Tensor) -> Tensor {
+    let x = a.broadcast_add(dt_bias).unwrap();
+    let softplus = (x.relu().unwrap()
+        + (x.abs().unwrap().neg().unwrap().exp().unwrap() + 1.0)
+            .unwrap()
+            .log()
+            .unwrap())
+    .unwrap();
+    softplus
+        .broadcast_mul(neg_a_log_exp)
+        .unwrap()
+        .exp()
+        .unwrap()
+}
+
+/// The composed decode front; returns its outputs and the conv state it keeps.
+#[allow(clippy::too_many_arguments)]
+fn composed(
+    qkv: &Tensor,
+    b_in: &Tensor,
+    a: &Tensor,
+    conv_state: &Tensor,
+    taps: &Tensor,
+    dt_bias: &Tensor,
+    neg_a_exp: &Tensor,
+    d: ConvPrepDims,
+) -> (ConvPrepOut, Tensor) {
+    let (hk, hv, dk, dv, k) = (
+        d.key_heads,
+        d.value_heads,
+        d.key_dim,
+        d.value_dim,
+        d.kernel_size,
+    );
+    let (b, s, _) = qkv.dims3().unwrap();
+    // GatedDeltaNet::conv, decode (s == 1).
+    let padded = Tensor::cat(&[conv_state, qkv], 1).unwrap();
+    let kept = padded.narrow(1, s, k - 1).unwrap().contiguous().unwrap();
+    let w = taps.to_dtype(qkv.dtype()).unwrap();
+    let conv = padded.broadcast_mul(&w).unwrap().sum_keepdim(1).unwrap();
+    // GatedDeltaNet::forward.
+    let conv = conv.silu().unwrap();
+    let head = |start: usize, len: usize, heads: usize, dim: usize| {
+        conv.narrow(D::Minus1, start, len)
+            .unwrap()
+            .contiguous()
+            .unwrap()
+            .reshape((b, s, heads, dim))
+            .unwrap()
+    };
+    let q = head(0, hk * dk, hk, dk);
+    let kk = head(hk * dk, hk * dk, hk, dk);
+    let v = head(2 * hk * dk, hv * dv, hv, dv);
+    // ScaledRms::new: a constant weight, stored in the activation dtype on the device.
+    let scaled = |dim: usize, scale: f64| {
+        Tensor::full(scale as f32, dim, &Device::Cpu)
+            .unwrap()
+            .to_dtype(qkv.dtype())
+            .unwrap()
+    };
+    let q = rms_norm(&q, &scaled(dk, 1.0 / dk as f64), 1e-6);
+    let kk = rms_norm(&kk, &scaled(dk, (dk as f64).powf(-0.5)), 1e-6);
+    let beta = sigmoid(&b_in.to_dtype(DType::F32).unwrap());
+    let g = decay(&a.to_dtype(DType::F32).unwrap(), dt_bias, neg_a_exp);
+    (
+        ConvPrepOut {
+            q,
+            k: kk,
+            v,
+            g,
+            beta,
+        },
+        kept,
+    )
+}
+
+fn values(t: &Tensor) -> Vec<f32> {
+    t.to_dtype(DType::F32)
+        .unwrap()
+        .flatten_all()
+        .unwrap()
+        .to_vec1()
+        .unwrap()
+}
+
+/// max |got − want| / max |want|.
+fn rel_max(got: &Tensor, want: &Tensor) -> f32 {
+    assert_eq!(got.dims(), want.dims());
+    let (a, b) = (values(got), values(want));
+    let scale = b
+        .iter()
+        .fold(0f32, |m, v| m.max(v.abs()))
+        .max(f32::MIN_POSITIVE);
+    a.iter()
+        .zip(&b)
+        .map(|(x, y)| {
+            if x.is_nan() {
+                f32::INFINITY
+            } else {
+                (x - y).abs() / scale
+            }
+        })
+        .fold(0f32, f32::max)
+}
+
+fn dims(hk: usize, dk: usize, hv: usize, dv: usize, k: usize) -> ConvPrepDims {
+    ConvPrepDims {
+        key_heads: hk,
+        key_dim: dk,
+        value_heads: hv,
+        value_dim: dv,
+        kernel_size: k,
+    }
+}
+
+/// The inputs of one step: a merged projection `[B, 1, C + Z + 2·Hv]` sliced into qkv, b
+/// and a (views), a conv state, taps and the decay parameters.
+struct Step {
+    proj: Tensor,
+    state: Tensor,
+    taps: Tensor,
+    dt_bias: Tensor,
+    neg_a_exp: Tensor,
+}
+
+impl Step {
+    fn new(d: ConvPrepDims, batch: usize, dtype: DType, seed: u64) -> Self {
+        let mut rng = Rng(seed);
+        let c = d.channels();
+        let z = d.value_heads * d.value_dim;
+        let mut proj = rng.tensor(&[batch, 1, c + z + 2 * d.value_heads], -2.0, 2.0);
+        // b and a across both softplus branches and saturated sigmoids.
+        let ba = rng.tensor(&[batch, 1, 2 * d.value_heads], -10.0, 10.0);
+        proj = Tensor::cat(&[proj.narrow(2, 0, c + z).unwrap(), ba], 2).unwrap();
+        Self {
+            proj: proj.to_dtype(dtype).unwrap(),
+            state: rng
+                .tensor(&[batch, d.kernel_size - 1, c], -2.0, 2.0)
+                .to_dtype(dtype)
+                .unwrap(),
+            taps: rng
+                .tensor(&[d.kernel_size, c], -0.6, 0.6)
+                .to_dtype(dtype)
+                .unwrap(),
+            dt_bias: rng.tensor(&[d.value_heads], -1.0, 1.0),
+            neg_a_exp: rng
+                .tensor(&[d.value_heads], -3.0, 2.5)
+                .exp()
+                .unwrap()
+                .neg()
+                .unwrap(),
+        }
+    }
+
+    /// qkv, b and a: slices of the projection.
+    fn views(&self, d: ConvPrepDims) -> [Tensor; 3] {
+        let c = d.channels();
+        let z = d.value_heads * d.value_dim;
+        [
+            self.proj.narrow(2, 0, c).unwrap(),
+            self.proj.narrow(2, c + z, d.value_heads).unwrap(),
+            self.proj
+                .narrow(2, c + z + d.value_heads, d.value_heads)
+                .unwrap(),
+        ]
+    }
+}
+
+fn compare(d: ConvPrepDims, batch: usize, dtype: DType, tol: f32, seed: u64) {
+    let s = Step::new(d, batch, dtype, seed);
+    let [qkv, b, a] = s.views(d);
+    assert!(
+        batch == 1 || !qkv.is_contiguous(),
+        "the test means to pass views"
+    );
+    let state = s.state.copy().unwrap();
+    let got = gdn_conv_prep(&qkv, &b, &a, &state, &s.taps, &s.dt_bias, &s.neg_a_exp, d).unwrap();
+    let (want, kept) = composed(&qkv, &b, &a, &s.state, &s.taps, &s.dt_bias, &s.neg_a_exp, d);
+    let what = format!("{d:?} B{batch} {dtype:?}");
+    // The shift only moves values: exact.
+    assert_eq!(values(&state), values(&kept), "{what}: conv state");
+    assert_eq!(state.dtype(), dtype);
+    for (name, g, w) in [
+        ("q", &got.q, &want.q),
+        ("k", &got.k, &want.k),
+        ("v", &got.v, &want.v),
+        ("g", &got.g, &want.g),
+        ("beta", &got.beta, &want.beta),
+    ] {
+        let e = rel_max(g, w);
+        let expected_dtype = if matches!(name, "g" | "beta") {
+            DType::F32
+        } else {
+            dtype
+        };
+        assert_eq!(g.dtype(), expected_dtype, "{what}: {name} dtype");
+        assert!(g.is_contiguous(), "{what}: {name} must be contiguous");
+        assert!(
+            e <= tol,
+            "{what}: {name} off by {e:e} of max|ref| (tol {tol:e})"
+        );
+    }
+}
+
+#[test]
+fn twin_matches_the_composed_path_in_f32() {
+    compare(dims(16, 128, 32, 128, 4), 1, DType::F32, 1e-5, 1);
+    compare(dims(2, 64, 6, 32, 4), 3, DType::F32, 1e-5, 2);
+    compare(dims(1, 32, 1, 96, 2), 2, DType::F32, 1e-5, 3);
+    compare(dims(3, 256, 3, 64, 8), 2, DType::F32, 1e-5, 4);
+}
+
+#[test]
+fn twin_matches_the_composed_path_in_bf16() {
+    // The composed path rounds the conv before the SiLU and each tap product; the twin
+    // rounds once: bf16 tolerance.
+    compare(dims(16, 128, 32, 128, 4), 2, DType::BF16, 2e-2, 5);
+    compare(dims(2, 64, 6, 32, 3), 3, DType::BF16, 2e-2, 6);
+}
+
+#[test]
+fn twin_takes_contiguous_and_three_dim_inputs_alike() {
+    let d = dims(2, 32, 4, 32, 4);
+    let s = Step::new(d, 2, DType::F32, 7);
+    let [qkv, b, a] = s.views(d);
+    let run = |qkv: &Tensor, b: &Tensor, a: &Tensor| {
+        let st = s.state.copy().unwrap();
+        let o = gdn_conv_prep(qkv, b, a, &st, &s.taps, &s.dt_bias, &s.neg_a_exp, d).unwrap();
+        [o.q, o.k, o.v, o.g, o.beta, st].map(|t| values(&t))
+    };
+    let flat = |t: &Tensor| t.contiguous().unwrap().squeeze(1).unwrap();
+    assert_eq!(run(&qkv, &b, &a), run(&flat(&qkv), &flat(&b), &flat(&a)));
+}
+
+#[test]
+fn supports_the_release_shapes_only_where_the_kernels_do() {
+    assert!(supports(&dims(16, 128, 32, 128, 4), DType::BF16));
+    assert!(supports(&dims(16, 128, 64, 128, 4), DType::F16));
+    assert!(supports(&dims(1, 256, 1, 32, 2), DType::F32));
+    assert!(supports(&dims(1, 32, 1, 32, 8), DType::F32));
+    assert!(!supports(&dims(16, 128, 32, 128, 4), DType::F64));
+    assert!(!supports(&dims(16, 100, 32, 128, 4), DType::F32));
+    assert!(!supports(&dims(16, 128, 32, 288, 4), DType::F32));
+    assert!(!supports(&dims(16, 128, 32, 128, 9), DType::F32));
+    assert!(!supports(&dims(16, 128, 32, 128, 1), DType::F32));
+    assert!(!supports(&dims(3, 128, 32, 128, 4), DType::F32));
+    assert!(!supports(&dims(0, 128, 32, 128, 4), DType::F32));
+}
+
+/// Runs the op on `Step` inputs changed by `edit`, and returns its error.
+fn error_with(edit: impl FnOnce(&mut [Tensor; 7], &mut ConvPrepDims)) -> String {
+    let mut d = dims(2, 32, 4, 32, 4);
+    let s = Step::new(d, 2, DType::F32, 9);
+    let [qkv, b, a] = s.views(d);
+    let mut t = [
+        qkv,
+        b,
+        a,
+        s.state.clone(),
+        s.taps.clone(),
+        s.dt_bias.clone(),
+        s.neg_a_exp.clone(),
+    ];
+    edit(&mut t, &mut d);
+    let [qkv, b, a, state, taps, dt_bias, neg_a_exp] = &t;
+    gdn_conv_prep(qkv, b, a, state, taps, dt_bias, neg_a_exp, d)
+        .expect_err("the op must reject this")
+        .to_string()
+}
+
+fn assert_error(edit: impl FnOnce(&mut [Tensor; 7], &mut ConvPrepDims), needle: &str) {
+    let e = error_with(edit);
+    assert!(e.contains(needle), "error `{e}` should mention `{needle}`");
+    assert!(!e.contains('\n'), "one-line errors: `{e}`");
+}
+
+#[test]
+fn rejects_value_heads_not_a_multiple_of_key_heads() {
+    assert_error(|_, d| d.key_heads = 3, "not a multiple of 3 key heads");
+}
+
+#[test]
+fn rejects_zero_dims() {
+    assert_error(|_, d| d.key_dim = 0, "must be positive");
+}
+
+#[test]
+fn rejects_fewer_than_two_taps() {
+    assert_error(|_, d| d.kernel_size = 1, "at least 2 taps");
+}
+
+#[test]
+fn rejects_unsupported_activation_dtypes() {
+    assert_error(
+        |t, _| t[0] = t[0].to_dtype(DType::F64).unwrap(),
+        "must be f32, f16 or bf16",
+    );
+}
+
+#[test]
+fn rejects_a_conv_state_of_the_wrong_shape() {
+    assert_error(|t, _| t[3] = t[3].narrow(1, 0, 2).unwrap(), "conv_state");
+    assert_error(
+        |t, _| t[3] = t[3].flatten_all().unwrap(),
+        "must be [B, K-1, C]",
+    );
+}
+
+#[test]
+fn rejects_a_strided_conv_state() {
+    assert_error(
+        |t, _| {
+            let s = &t[3];
+            t[3] = Tensor::cat(&[s, s], 2)
+                .unwrap()
+                .narrow(2, 0, s.dim(2).unwrap())
+                .unwrap();
+        },
+        "conv_state must be contiguous",
+    );
+}
+
+#[test]
+fn rejects_taps_of_the_wrong_shape() {
+    assert_error(|t, _| t[4] = t[4].narrow(0, 0, 3).unwrap(), "taps");
+}
+
+#[test]
+fn rejects_mixed_activation_dtypes() {
+    assert_error(
+        |t, _| t[1] = t[1].to_dtype(DType::BF16).unwrap(),
+        "b is BF16",
+    );
+    assert_error(
+        |t, _| t[3] = t[3].to_dtype(DType::F16).unwrap(),
+        "conv_state is F16",
+    );
+}
+
+#[test]
+fn rejects_decay_parameters_not_f32_hv() {
+    assert_error(
+        |t, _| t[5] = t[5].to_dtype(DType::BF16).unwrap(),
+        "dt_bias must be a contiguous f32",
+    );
+    assert_error(
+        |t, _| t[6] = t[6].narrow(0, 0, 3).unwrap(),
+        "neg_a_exp must be a contiguous f32",
+    );
+}
+
+#[test]
+fn rejects_qkv_rows_that_are_not_contiguous() {
+    // [B, 1, C] read with a stride of 2 inside each row.
+    assert_error(
+        |t, d| {
+            let c = d.channels();
+            let wide = Tensor::zeros((2, 1, c, 2), DType::F32, &Device::Cpu).unwrap();
+            t[0] = wide.narrow(3, 0, 1).unwrap().squeeze(3).unwrap();
+        },
+        "must be contiguous",
+    );
+}
+
+#[test]
+fn rejects_inputs_of_another_batch_or_width() {
+    assert_error(
+        |t, _| t[0] = t[0].narrow(0, 0, 1).unwrap(),
+        "qkv [1, 1, 256]: expected dims [2]",
+    );
+    assert_error(|t, _| t[2] = t[2].narrow(2, 0, 3).unwrap(), "a [2, 1, 3]");
+}
