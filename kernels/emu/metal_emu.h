@@ -36,7 +36,8 @@
 //    swallows the index: in declarations `volatile` stays the keyword, so threadgroup
 //    pointers are volatile-qualified here (copying a whole struct out of threadgroup memory
 //    does not compile; elements and vectors do).
-//  * __HAVE_BFLOAT__ is defined, as Metal compilers do where bfloat exists.
+//  * __HAVE_BFLOAT__ is defined with bfloat, as Metal compilers do where it exists (not with
+//    METAL_EMU_MSL30, which plays macOS 13).
 //  * Attributes ([[kernel]], [[buffer(n)]], [[host_name(..)]], [[thread_position_in_grid]],
 //    ...) are ignored; the harness passes the built-ins explicitly.
 //
@@ -67,9 +68,6 @@
 #define threadgroup __attribute__((address_space(3))) volatile
 #define volatile(...)
 
-#ifndef __HAVE_BFLOAT__
-#define __HAVE_BFLOAT__ 1
-#endif
 
 // MSL scalar and vector types live at global scope there too. (glibc already declares
 // `uint` the same way; repeating an identical typedef is allowed.)

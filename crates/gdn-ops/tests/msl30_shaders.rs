@@ -3,6 +3,8 @@
 //! the host can fall back to f16 there. Compiled as C++ by clang-19 through `kernels/emu/`
 //! with `METAL_EMU_MSL30`, which removes `bfloat` and `__HAVE_BFLOAT__`.
 
+// Only `workspace_root` of the shared harness helpers is used here.
+#[allow(dead_code)]
 mod emu;
 use std::process::Command;
 
@@ -72,6 +74,36 @@ fn affine_builds_without_bfloat() {
                 let bf16 = a == "bf16" || s == "bf16";
                 assert_eq!(defines(&text, &name), !bf16, "{name}");
             }
+        }
+    }
+}
+
+/// Every shipped shader, the fused decode kernels included: it compiles without bfloat, keeps
+/// its f32 entry points, and defines no bf16 one.
+#[test]
+fn every_shader_builds_without_bfloat() {
+    let dir = emu::workspace_root().join("kernels");
+    let mut files: Vec<String> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.ends_with(".metal"))
+        .collect();
+    files.sort();
+    assert!(files.len() >= 2, "no shaders found in {}", dir.display());
+    for file in files {
+        let text = as_msl30(&file);
+        let entry_points: Vec<&str> = text
+            .split("void ")
+            .skip(1)
+            .filter_map(|rest| rest.split('(').next())
+            .filter(|name| name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_'))
+            .collect();
+        assert!(
+            entry_points.iter().any(|n| n.contains("_f32")),
+            "{file}: no f32 entry point left without bfloat"
+        );
+        if let Some(n) = entry_points.iter().find(|n| n.contains("bf16")) {
+            panic!("{file}: `{n}` is defined without bfloat (guard it with __HAVE_BFLOAT__)");
         }
     }
 }

@@ -1,7 +1,8 @@
 //! The GDN mixer's decode step on fused kernels: after the merged in-projection, one kernel
 //! for the conv (with its state), SiLU, the q/k L2 norms, the decay and β
-//! (`gdn_conv_prep`), the recurrence (`gated_delta_update`, state in place in its own
-//! dtype), one kernel for the gated RMSNorm (`gated_rms_norm`), and the out-projection.
+//! (`gdn_conv_prep`), one for the recurrence with the gated RMSNorm applied to its output
+//! (`gated_delta_update_norm`, the state advanced in place in its own dtype), and the
+//! out-projection.
 //! [`GatedDeltaNet::forward`] is the composed path these kernels are tested against.
 
 use super::GatedDeltaNet;
@@ -9,12 +10,25 @@ use crate::cache::GdnCache;
 use anyhow::Result;
 use candle_core::{DType, Tensor};
 use gdn_ops::launches::candle_op;
-use gdn_ops::ops::{gated_rms_norm, gdn_conv_prep};
+use gdn_ops::ops::{gated_delta_norm, gdn_conv_prep};
+use gdn_ops::GdnDims;
 
 impl GatedDeltaNet {
     /// Whether the fused kernels cover this layer in `dtype`.
     pub(crate) fn fused_decode_supported(&self, dtype: DType) -> bool {
-        gdn_conv_prep::supports(&self.conv_prep_dims(), dtype) && gated_rms_norm::supports(dtype)
+        let recurrence = GdnDims {
+            batch: 1,
+            steps: 1,
+            key_heads: self.key_heads,
+            value_heads: self.value_heads,
+            key_dim: self.key_dim,
+            value_dim: self.value_dim,
+        };
+        // Either state dtype: the cache may switch it between calls.
+        gdn_conv_prep::supports(&self.conv_prep_dims(), dtype)
+            && [DType::F32, DType::BF16]
+                .iter()
+                .all(|&state| gated_delta_norm::supports(&recurrence, dtype, state))
     }
 
     fn conv_prep_dims(&self) -> gdn_conv_prep::ConvPrepDims {
@@ -60,17 +74,18 @@ impl GatedDeltaNet {
             &self.neg_a_log_exp,
             self.conv_prep_dims(),
         )?;
-        let y = gdn_ops::gated_delta_update(
+        let z = z.reshape((b, 1, hv, dv))?;
+        let out = gated_delta_norm::gated_delta_update_norm(
             &prepared.q,
             &prepared.k,
             &prepared.v,
             &prepared.g,
             &prepared.beta,
             &state,
+            &z,
+            &self.norm.norm.weight,
+            self.norm.norm.eps,
         )?;
-        let z = z.reshape((b, 1, hv, dv))?;
-        let out =
-            gated_rms_norm::gated_rms_norm(&y, &z, &self.norm.norm.weight, self.norm.norm.eps)?;
         self.out_proj.forward(&out.reshape((b, hv * dv))?)
     }
 }
