@@ -87,5 +87,41 @@ fn main() -> Result<()> {
     }
     let f = DecodeFootprint::of(&cfg, 0, StateDtype::F32);
     println!("  checkpoint weights: {:.2} GB", gb(f.all_weights));
+    println!();
+    metal_estimate(total, &DecodeFootprint::of(&cfg, 4096, StateDtype::F32));
     Ok(())
+}
+
+/// A paper estimate of decode on Apple GPUs: the bytes at a fraction of the memory bandwidth,
+/// plus a GPU cost per dependent dispatch, per command-buffer boundary and per host sync.
+/// The constants are assumptions, stated in docs/metal.md with their sources.
+fn metal_estimate(launches: usize, footprint: &DecodeFootprint) {
+    /// GPU time a dependent dispatch adds (measured on an M2 Pro by injecting inert
+    /// dispatches: ferrox issue #149).
+    const DISPATCH_US: f64 = 5.16;
+    /// One command-buffer boundary.
+    const COMMAND_BUFFER_US: f64 = 20.0;
+    /// Command buffers per token: every launch fits one (`COMPUTE_PER_BUFFER`), committed at
+    /// the readback of the logits.
+    let command_buffers = launches.div_ceil(1000);
+    let bytes = footprint.total() as f64;
+    println!(
+        "paper estimate of decode on Apple GPUs at context 4096 ({launches} dispatches, {command_buffers} command buffer(s), {:.3} GB per token):",
+        bytes / 1e9
+    );
+    println!("  chip        GB/s   tok/s (75% of bandwidth, 0.3 ms sync)   tok/s (60%, 1 ms sync)");
+    for (chip, bandwidth) in [("M3 Max", 400.0), ("M4 Max", 546.0), ("M3 Ultra", 819.0)] {
+        let rate = |efficiency: f64, sync_ms: f64| {
+            let ms = bytes / (efficiency * bandwidth * 1e9) * 1e3
+                + launches as f64 * DISPATCH_US / 1e3
+                + command_buffers as f64 * COMMAND_BUFFER_US / 1e3
+                + sync_ms;
+            1e3 / ms
+        };
+        println!(
+            "  {chip:<10} {bandwidth:>5.0}   {:>6.1}                                   {:>6.1}",
+            rate(0.75, 0.3),
+            rate(0.6, 1.0)
+        );
+    }
 }
