@@ -50,15 +50,16 @@ done
 export PATH=$cu13/bin:$PATH NVCC=$cu13/bin/nvcc CUDA_COMPUTE_CAP=90 CUDARC_CUDA_VERSION=13000
 export LIBRARY_PATH=$cuda/link CARGO_TARGET_DIR=$cuda/target
 echo "build-cuda: $(nvcc --version | tail -1)"
-cargo build --release --locked -p qwen-gdn --features cuda
 tests_json=$(mktemp)
-# Every CUDA op test of gdn-ops (tests/cuda_*.rs) and the model tests that run the device plan
-# on CUDA (QWEN_GDN_TEST_DEVICE=cuda).
+# One cargo invocation, so that candle is built (and its CUDA kernels compiled) once: every
+# CUDA op test of gdn-ops (tests/cuda_*.rs), the model tests that run the device plan on CUDA
+# (QWEN_GDN_TEST_DEVICE=cuda), and one CLI test, which makes cargo build the qwen-gdn binary.
 cuda_tests=$(cd crates/gdn-ops/tests && ls cuda_*.rs | sed 's/\.rs$//')
 model_tests="device_plan fused_decode"
 cargo test --release --locked --no-run --message-format=json \
-  -p gdn-ops -p qwen-gdn-model --features gdn-ops/cuda,qwen-gdn-model/cuda \
-  $(for t in $cuda_tests $model_tests; do printf -- '--test %s ' "$t"; done) >"$tests_json"
+  -p gdn-ops -p qwen-gdn-model -p qwen-gdn \
+  --features gdn-ops/cuda,qwen-gdn-model/cuda,qwen-gdn/cuda \
+  $(for t in $cuda_tests $model_tests device_flags; do printf -- '--test %s ' "$t"; done) >"$tests_json"
 pack() { # pack NAME PATH
   strip -o "$cuda/$1" "$2"
   xz -9e -T2 -c "$cuda/$1" >"gpu-artefacts/cuda/$1.xz"
