@@ -161,18 +161,29 @@ fn make_case(s: Shape, inp: In, st: St, seed: u64) -> Case {
     } = s;
     // Unit-norm keys, q scaled by 1/√Dk, as the model feeds them.
     let mut unit_rows = |scale: f32| -> Vec<f32> {
-        let mut x: Vec<f32> = (0..b * t * hk * dk).map(|_| rng.signed(0.05, 1.0)).collect();
+        let mut x: Vec<f32> = (0..b * t * hk * dk)
+            .map(|_| rng.signed(0.05, 1.0))
+            .collect();
         for row in x.chunks_exact_mut(dk) {
             let norm = row.iter().map(|v| v * v).sum::<f32>().sqrt();
-            row.iter_mut().for_each(|v| *v = inp.round(*v / norm * scale));
+            row.iter_mut()
+                .for_each(|v| *v = inp.round(*v / norm * scale));
         }
         x
     };
     let q = unit_rows(1.0 / (dk as f32).sqrt());
     let k = unit_rows(1.0);
-    let v = (0..b * t * hv * dv).map(|_| inp.round(rng.signed(0.05, 1.0))).collect();
+    let v = (0..b * t * hv * dv)
+        .map(|_| inp.round(rng.signed(0.05, 1.0)))
+        .collect();
     let g = (0..b * t * hv)
-        .map(|_| if rng.next() & 7 == 0 { 1.0 } else { rng.uniform(0.6, 1.0) })
+        .map(|_| {
+            if rng.next() & 7 == 0 {
+                1.0
+            } else {
+                rng.uniform(0.6, 1.0)
+            }
+        })
         .collect();
     let beta = (0..b * t * hv).map(|_| rng.uniform(0.05, 0.95)).collect();
     let state = (0..b * hv * dv * dk)
@@ -237,12 +248,17 @@ fn run_harness(c: &Case, st: St) -> Result<Out, String> {
     }
     bytes.extend_from_slice(&1e-6f32.to_le_bytes());
     for a in [&c.q, &c.k, &c.v, &c.g, &c.beta, &c.state, &c.z, &c.weight] {
-        a.iter().for_each(|f| bytes.extend_from_slice(&f.to_le_bytes()));
+        a.iter()
+            .for_each(|f| bytes.extend_from_slice(&f.to_le_bytes()));
     }
     let floats = emu::run_harness(harness(), &bytes)?;
     let out_len = s.b * s.t * s.hv * s.dv;
     if floats.len() != out_len + c.state.len() {
-        return Err(format!("harness wrote {} floats, expected {}", floats.len(), out_len + c.state.len()));
+        return Err(format!(
+            "harness wrote {} floats, expected {}",
+            floats.len(),
+            out_len + c.state.len()
+        ));
     }
     Ok(Out {
         out: floats[..out_len].to_vec(),
@@ -254,7 +270,10 @@ fn reference(c: &Case, st: St) -> Out {
     let dev = Device::Cpu;
     let s = c.s;
     let t = |x: &[f32], shape: &[usize], dtype: DType| {
-        Tensor::from_slice(x, shape, &dev).unwrap().to_dtype(dtype).unwrap()
+        Tensor::from_slice(x, shape, &dev)
+            .unwrap()
+            .to_dtype(dtype)
+            .unwrap()
     };
     let dtype = c.inp.dtype();
     let (qk, v, gate) = (
@@ -283,7 +302,12 @@ fn reference(c: &Case, st: St) -> Out {
     )
     .unwrap();
     let f = |x: &Tensor| {
-        x.to_dtype(DType::F32).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap()
+        x.to_dtype(DType::F32)
+            .unwrap()
+            .flatten_all()
+            .unwrap()
+            .to_vec1::<f32>()
+            .unwrap()
     };
     Out {
         out: f(&out),
@@ -300,14 +324,21 @@ fn max_abs(x: &[f32]) -> f32 {
 /// Largest |got - want| as a fraction of max |want|, with where it is.
 fn rel_err(got: &[f32], want: &[f32]) -> (f32, usize) {
     let scale = max_abs(want).max(f32::MIN_POSITIVE);
-    got.iter().zip(want).enumerate().fold((0f32, 0), |(m, at), (i, (a, b))| {
-        let e = if a.is_nan() { f32::INFINITY } else { (a - b).abs() / scale };
-        if e > m {
-            (e, i)
-        } else {
-            (m, at)
-        }
-    })
+    got.iter()
+        .zip(want)
+        .enumerate()
+        .fold((0f32, 0), |(m, at), (i, (a, b))| {
+            let e = if a.is_nan() {
+                f32::INFINITY
+            } else {
+                (a - b).abs() / scale
+            };
+            if e > m {
+                (e, i)
+            } else {
+                (m, at)
+            }
+        })
 }
 
 fn check(c: &Case, st: St) -> Vec<String> {
@@ -323,7 +354,11 @@ fn check(c: &Case, st: St) -> Vec<String> {
     let (mut worst, mut at) = (0f32, 0);
     for (i, (&a, &b)) in got.out.iter().zip(&want.out).enumerate() {
         let allowed = (2.0 * inp.ulp(a.abs().max(b.abs()))).max(REL_TOL * scale);
-        let excess = if a.is_nan() { f32::INFINITY } else { (a - b).abs() / allowed };
+        let excess = if a.is_nan() {
+            f32::INFINITY
+        } else {
+            (a - b).abs() / allowed
+        };
         if excess > worst {
             (worst, at) = (excess, i);
         }
@@ -355,7 +390,9 @@ fn check(c: &Case, st: St) -> Vec<String> {
             let want32 = reference(c, St::F32).state;
             let (e, at) = rel_err(&got32, &want32);
             if e > REL_TOL {
-                bad.push(format!("f32-state sibling: state[{at}] {e:.3e} of max|S| from the reference"));
+                bad.push(format!(
+                    "f32-state sibling: state[{at}] {e:.3e} of max|S| from the reference"
+                ));
             }
             let round = |x: f32| bf16::from_f32(x).to_f32();
             let not_once = got
@@ -418,12 +455,21 @@ fn shipped_gated_delta_norm_kernels_match_the_cpu_twin() {
             let c = make_case(*s, inp, st, 0xD17A_0000 + (si * 8 + ii) as u64);
             runs += 1;
             for bad in check(&c, st) {
-                failures.push(format!("gated_delta_norm_{}_{} {s:?}: {bad}", inp.name(), st.name()));
+                failures.push(format!(
+                    "gated_delta_norm_{}_{} {s:?}: {bad}",
+                    inp.name(),
+                    st.name()
+                ));
             }
         }
     }
     eprintln!("{runs} cases in {:.1}s", started.elapsed().as_secs_f32());
-    assert!(failures.is_empty(), "{} failures:\n{}", failures.len(), failures.join("\n"));
+    assert!(
+        failures.is_empty(),
+        "{} failures:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
 }
 
 /// What the C++ build cannot see: the buffer and threadgroup-memory indices, the parameter
@@ -450,8 +496,8 @@ fn kernel_abi_in_source() {
         std::mem::size_of::<gdn_ops::ops::gated_delta_norm::GdnNormParams>(),
         9 * 4
     );
-    let src =
-        std::fs::read_to_string(emu::workspace_root().join("kernels/gated_delta_norm.metal")).unwrap();
+    let src = std::fs::read_to_string(emu::workspace_root().join("kernels/gated_delta_norm.metal"))
+        .unwrap();
     let code: String = src
         .lines()
         .map(|l| l.split("//").next().unwrap())
@@ -464,8 +510,12 @@ fn kernel_abi_in_source() {
     }
     let flat = flat.split_whitespace().collect::<Vec<_>>().join(" ");
     assert!(flat.contains("#include \"params/gated_delta_norm.h\""));
-    let buffers = ["q", "k", "v", "g", "beta", "state", "z", "weight", "out", "p"];
-    let mut from = flat.find("#define GDN_NORM_KERNEL(").expect("GDN_NORM_KERNEL macro");
+    let buffers = [
+        "q", "k", "v", "g", "beta", "state", "z", "weight", "out", "p",
+    ];
+    let mut from = flat
+        .find("#define GDN_NORM_KERNEL(")
+        .expect("GDN_NORM_KERNEL macro");
     for (i, name) in buffers.iter().enumerate() {
         let needle = format!("{name} [[buffer({i})]]");
         let at = flat[from..]
@@ -474,10 +524,15 @@ fn kernel_abi_in_source() {
         from += at + needle.len();
     }
     let needle = "threadgroup float* partial [[threadgroup(0)]]";
-    let at = flat[from..].find(needle).unwrap_or_else(|| panic!("`{needle}` missing"));
+    let at = flat[from..]
+        .find(needle)
+        .unwrap_or_else(|| panic!("`{needle}` missing"));
     from += at + needle.len();
     let body_end = flat[from..].find('{').map_or(flat.len(), |e| from + e);
-    assert!(!flat[from..body_end].contains("[[buffer("), "more buffers than the host binds");
+    assert!(
+        !flat[from..body_end].contains("[[buffer("),
+        "more buffers than the host binds"
+    );
     let bfloat_block: String = flat
         .split("#if defined(__HAVE_BFLOAT__)")
         .skip(1)
@@ -493,7 +548,10 @@ fn kernel_abi_in_source() {
         );
         assert!(flat.contains(&line), "missing `{line}`");
         if inp == In::Bf16 || st == St::Bf16 {
-            assert!(bfloat_block.contains(&line), "`{line}` must sit inside #if defined(__HAVE_BFLOAT__)");
+            assert!(
+                bfloat_block.contains(&line),
+                "`{line}` must sit inside #if defined(__HAVE_BFLOAT__)"
+            );
         }
     }
 }

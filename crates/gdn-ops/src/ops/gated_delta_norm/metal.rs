@@ -92,4 +92,3 @@ pub(crate) fn gated_delta_update_norm(inputs: &Inputs) -> Result<Tensor> {
     let shape = (d.batch, d.steps, d.value_heads, d.value_dim);
     Ok(output(dev, out, shape, dtype))
 }
-

@@ -158,7 +158,11 @@ pub fn gated_delta_update_norm(
         );
     }
     for (name, t) in [("g", g), ("beta", beta)] {
-        ensure!(t.dtype() == DType::F32, "{OP}: {name} must be f32 (got {:?})", t.dtype());
+        ensure!(
+            t.dtype() == DType::F32,
+            "{OP}: {name} must be f32 (got {:?})",
+            t.dtype()
+        );
     }
     ensure!(
         matches!(state.dtype(), DType::F32 | DType::BF16),
@@ -179,7 +183,15 @@ pub fn gated_delta_update_norm(
         eps.is_finite() && eps >= 0.0,
         "{OP}: eps must be finite and non-negative (got {eps})"
     );
-    for (name, t) in [("q", q), ("k", k), ("v", v), ("g", g), ("beta", beta), ("z", z), ("weight", weight)] {
+    for (name, t) in [
+        ("q", q),
+        ("k", k),
+        ("v", v),
+        ("g", g),
+        ("beta", beta),
+        ("z", z),
+        ("weight", weight),
+    ] {
         ensure!(
             t.device().same_device(state.device()),
             "{OP}: {name} is on another device than the state"
