@@ -9,7 +9,9 @@
 //     b * z_batch_stride + t * z_token_stride + hv * Dv + d (a view is fine); out
 //     [B, T, Hv, Dv] in InT.
 //     block = (32, S) with ceil(Dv / S) <= 8 and S <= 32: warp s owns the state rows
-//     s, s + S, ...; grid = B * Hv. Dk a multiple of 32 up to 256 (the host checks).
+//     s, s + S, ...; grid = B * Hv. Dk a multiple of 32 up to 256 (the host checks). The
+//     keys per lane and the rows per warp (4 or 8) are compile-time, so that the state
+//     stays in registers: 16 floats a lane at Qwen3-Next's shapes with 32 warps.
 //
 // Compile for candle:  nvcc -ptx -arch=sm_90 -O3 -I kernels kernels/gated_delta_norm.cu
 
@@ -42,12 +44,13 @@ __device__ __forceinline__ float warp_sum(float x) {
   return x;
 }
 
-constexpr unsigned int kMaxKeysPerLane = 8;
-constexpr unsigned int kMaxRowsPerWarp = 8;
 constexpr unsigned int kMaxWarps = 32;
 
-template <typename InT, typename StT>
-__device__ void step(const InT* __restrict__ q, const InT* __restrict__ k,
+// PER = Dk / 32 keys per lane and ROWS (4 or 8) rows per warp at most, known at compile time
+// so that the state stays in registers: ROWS * PER floats per lane (16 at Qwen3-Next's
+// Dk = 128 with 32 warps of 4 rows).
+template <typename InT, typename StT, unsigned int PER, unsigned int ROWS>
+__device__ __forceinline__ void step(const InT* __restrict__ q, const InT* __restrict__ k,
                      const InT* __restrict__ v, const float* __restrict__ g,
                      const float* __restrict__ beta, StT* __restrict__ state,
                      const InT* __restrict__ z, const InT* __restrict__ weight,
@@ -61,18 +64,17 @@ __device__ void step(const InT* __restrict__ q, const InT* __restrict__ k,
   const unsigned int b = n / p.value_heads;
   const unsigned int hv = n % p.value_heads;
   const unsigned int hk = hv / (p.value_heads / p.key_heads);
-  const unsigned int per_lane = p.key_dim / 32;
-  const unsigned int key0 = lane * per_lane;
+  const unsigned int key0 = lane * PER;
   const unsigned int dim = p.value_dim;
 
-  float s[kMaxRowsPerWarp][kMaxKeysPerLane];
+  float s[ROWS][PER];
 #pragma unroll
-  for (unsigned int r = 0; r < kMaxRowsPerWarp; ++r) {
+  for (unsigned int r = 0; r < ROWS; ++r) {
     const unsigned int dv = warp + r * warps;
     const StT* s_row = state + ((size_t)n * dim + dv) * p.key_dim + key0;
 #pragma unroll
-    for (unsigned int i = 0; i < kMaxKeysPerLane; ++i) {
-      s[r][i] = (dv < dim && i < per_lane) ? to_f32(s_row[i]) : 0.0f;
+    for (unsigned int i = 0; i < PER; ++i) {
+      s[r][i] = dv < dim ? to_f32(s_row[i]) : 0.0f;
     }
   }
 
@@ -82,24 +84,24 @@ __device__ void step(const InT* __restrict__ q, const InT* __restrict__ k,
     const size_t qk_at = (bt * p.key_heads + hk) * p.key_dim + key0;
     const float g_t = g[gate_at];
     const float beta_t = beta[gate_at];
-    float k_t[kMaxKeysPerLane], q_t[kMaxKeysPerLane];
+    float k_t[PER], q_t[PER];
 #pragma unroll
-    for (unsigned int i = 0; i < kMaxKeysPerLane; ++i) {
-      k_t[i] = i < per_lane ? to_f32(k[qk_at + i]) : 0.0f;
-      q_t[i] = i < per_lane ? to_f32(q[qk_at + i]) : 0.0f;
+    for (unsigned int i = 0; i < PER; ++i) {
+      k_t[i] = to_f32(k[qk_at + i]);
+      q_t[i] = to_f32(q[qk_at + i]);
     }
 
-    float y[kMaxRowsPerWarp];
+    float y[ROWS];
     float square_sum = 0.0f;
 #pragma unroll
-    for (unsigned int r = 0; r < kMaxRowsPerWarp; ++r) {
+    for (unsigned int r = 0; r < ROWS; ++r) {
       y[r] = 0.0f;
       const unsigned int dv = warp + r * warps;
       if (dv < dim) {  // uniform over the warp
         float kv = 0.0f;
 #pragma unroll
-        for (unsigned int i = 0; i < kMaxKeysPerLane; ++i) {
-          if (i < per_lane) {
+        for (unsigned int i = 0; i < PER; ++i) {
+          {
             s[r][i] *= g_t;
             kv = fmaf(s[r][i], k_t[i], kv);
           }
@@ -108,8 +110,8 @@ __device__ void step(const InT* __restrict__ q, const InT* __restrict__ k,
         const float delta = (to_f32(v[gate_at * dim + dv]) - kv) * beta_t;
         float o = 0.0f;
 #pragma unroll
-        for (unsigned int i = 0; i < kMaxKeysPerLane; ++i) {
-          if (i < per_lane) {
+        for (unsigned int i = 0; i < PER; ++i) {
+          {
             s[r][i] = fmaf(k_t[i], delta, s[r][i]);
             o = fmaf(s[r][i], q_t[i], o);
           }
@@ -129,7 +131,7 @@ __device__ void step(const InT* __restrict__ q, const InT* __restrict__ k,
     const InT* z_tok = z + (size_t)b * p.z_batch_stride + (size_t)t * p.z_token_stride + (size_t)hv * dim;
     InT* out_tok = out + gate_at * dim;
 #pragma unroll
-    for (unsigned int r = 0; r < kMaxRowsPerWarp; ++r) {
+    for (unsigned int r = 0; r < ROWS; ++r) {
       const unsigned int dv = warp + r * warps;
       if (dv < dim && lane == 0) {
         const float normed = to_f32(from_f32<InT>(y[r] * inv_rms * to_f32(weight[dv])));
@@ -141,23 +143,54 @@ __device__ void step(const InT* __restrict__ q, const InT* __restrict__ k,
 
   // The only rounding of the state in the call: StT, never InT.
 #pragma unroll
-  for (unsigned int r = 0; r < kMaxRowsPerWarp; ++r) {
+  for (unsigned int r = 0; r < ROWS; ++r) {
     const unsigned int dv = warp + r * warps;
     StT* s_row = state + ((size_t)n * dim + dv) * p.key_dim + key0;
 #pragma unroll
-    for (unsigned int i = 0; i < kMaxKeysPerLane; ++i) {
-      if (dv < dim && i < per_lane) s_row[i] = from_f32<StT>(s[r][i]);
+    for (unsigned int i = 0; i < PER; ++i) {
+      if (dv < dim) s_row[i] = from_f32<StT>(s[r][i]);
     }
+  }
+}
+
+// Dispatches on Dk (PER) and on the rows per warp (at most 4, else 8); the host rejects other
+// key dims and more than 8 rows per warp.
+template <typename InT, typename StT>
+__device__ __forceinline__ void entry(const InT* q, const InT* k, const InT* v, const float* g,
+                                      const float* beta, StT* state, const InT* z,
+                                      const InT* weight, InT* out, const GdnNormParams& p) {
+  const bool four = p.value_dim <= 4 * blockDim.y;
+  switch (p.key_dim) {
+#define GDN_NORM_CASE(DK)                                                                   \
+  case DK:                                                                                  \
+    if (four) {                                                                             \
+      step<InT, StT, DK / 32, 4>(q, k, v, g, beta, state, z, weight, out, p);               \
+    } else {                                                                                \
+      step<InT, StT, DK / 32, 8>(q, k, v, g, beta, state, z, weight, out, p);               \
+    }                                                                                       \
+    break;
+    GDN_NORM_CASE(32)
+    GDN_NORM_CASE(64)
+    GDN_NORM_CASE(96)
+    GDN_NORM_CASE(128)
+    GDN_NORM_CASE(160)
+    GDN_NORM_CASE(192)
+    GDN_NORM_CASE(224)
+    GDN_NORM_CASE(256)
+#undef GDN_NORM_CASE
+    default:
+      break;
   }
 }
 
 }  // namespace gated_delta_norm
 
+// __launch_bounds__(1024): any block of up to 32 warps launches (registers capped to fit).
 #define GDN_NORM_KERNEL(NAME, InT, StT)                                                         \
-  extern "C" __global__ void gated_delta_norm_##NAME(                                           \
+  extern "C" __global__ void __launch_bounds__(1024) gated_delta_norm_##NAME(                   \
       const InT* q, const InT* k, const InT* v, const float* g, const float* beta, StT* state,   \
       const InT* z, const InT* weight, InT* out, const GdnNormParams p) {                       \
-    gated_delta_norm::step<InT, StT>(q, k, v, g, beta, state, z, weight, out, p);               \
+    gated_delta_norm::entry<InT, StT>(q, k, v, g, beta, state, z, weight, out, p);              \
   }
 
 GDN_NORM_KERNEL(f32_f32, float, float)

@@ -1,0 +1,278 @@
+//! The CPU twin of `gated_delta_update_norm` against the two-op path it replaces: the
+//! recurrence ([`gdn_ops::gated_delta_update`]) followed by the model's composed
+//! `GatedRmsNorm::forward` (crates/qwen-gdn-model/src/layers/norm.rs) in plain candle ops, on
+//! random inputs, with z as a slice of a merged projection output. The state must come out
+//! the same, bit for bit. Plus one test per input check.
+
+use candle_core::{DType, Device, Tensor, D};
+use gdn_ops::ops::gated_delta::GdnDims;
+use gdn_ops::ops::gated_delta_norm::{gated_delta_update_norm, supports};
+
+/// splitmix64.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+    fn tensor(&mut self, shape: &[usize], lo: f32, hi: f32) -> Tensor {
+        let n = shape.iter().product();
+        let v: Vec<f32> = (0..n)
+            .map(|_| lo + (hi - lo) * ((self.next() >> 40) as f32 / (1u64 << 24) as f32))
+            .collect();
+        Tensor::from_vec(v, shape, &Device::Cpu).unwrap()
+    }
+}
+
+/// candle_nn::ops::rms_norm's CPU definition (gdn-ops does not depend on candle-nn).
+fn rms_norm(x: &Tensor, alpha: &Tensor, eps: f32) -> Tensor {
+    let dtype = x.dtype();
+    let xf = x.contiguous().unwrap().to_dtype(DType::F32).unwrap();
+    let m = (xf.sqr().unwrap().mean_keepdim(D::Minus1).unwrap() + eps as f64)
+        .unwrap()
+        .sqrt()
+        .unwrap();
+    xf.broadcast_div(&m)
+        .unwrap()
+        .broadcast_mul(&alpha.to_dtype(DType::F32).unwrap())
+        .unwrap()
+        .to_dtype(dtype)
+        .unwrap()
+}
+
+/// `GatedRmsNorm::forward` on the recurrence's output, z made contiguous as
+/// `GatedDeltaNet::forward` does.
+fn gated_norm(y: &Tensor, z: &Tensor, weight: &Tensor, eps: f32) -> Tensor {
+    let z = z.contiguous().unwrap().reshape(y.dims()).unwrap();
+    let n = rms_norm(y, weight, eps).to_dtype(DType::F32).unwrap();
+    let gate = z.to_dtype(DType::F32).unwrap().silu().unwrap();
+    (gate * n).unwrap().to_dtype(y.dtype()).unwrap()
+}
+
+fn values(t: &Tensor) -> Vec<f32> {
+    t.to_dtype(DType::F32)
+        .unwrap()
+        .flatten_all()
+        .unwrap()
+        .to_vec1()
+        .unwrap()
+}
+
+fn rel_max(got: &Tensor, want: &Tensor) -> f32 {
+    assert_eq!(got.dims(), want.dims());
+    let (a, b) = (values(got), values(want));
+    let scale = b
+        .iter()
+        .fold(0f32, |m, v| m.max(v.abs()))
+        .max(f32::MIN_POSITIVE);
+    a.iter()
+        .zip(&b)
+        .map(|(x, y)| {
+            if x.is_nan() {
+                f32::INFINITY
+            } else {
+                (x - y).abs() / scale
+            }
+        })
+        .fold(0f32, f32::max)
+}
+
+/// q, k, v, g, beta, state, the projection z is sliced from, weight.
+fn inputs(d: GdnDims, dtype: DType, state: DType, seed: u64) -> [Tensor; 8] {
+    let mut r = Rng(seed);
+    let (b, t, hk, hv, dk, dv) = (
+        d.batch,
+        d.steps,
+        d.key_heads,
+        d.value_heads,
+        d.key_dim,
+        d.value_dim,
+    );
+    let scale = 1.0 / (dk as f64).sqrt();
+    let c = |x: Tensor| x.to_dtype(dtype).unwrap();
+    [
+        c((r.tensor(&[b, t, hk, dk], -1.0, 1.0) * scale).unwrap()),
+        c((r.tensor(&[b, t, hk, dk], -1.0, 1.0) * scale).unwrap()),
+        c(r.tensor(&[b, t, hv, dv], -1.0, 1.0)),
+        r.tensor(&[b, t, hv], 0.85, 1.0),
+        r.tensor(&[b, t, hv], 0.0, 1.0),
+        r.tensor(&[b, hv, dv, dk], -0.5, 0.5)
+            .to_dtype(state)
+            .unwrap(),
+        c(r.tensor(&[b, t, 2 * hv * dv + 5], -6.0, 6.0)),
+        c(r.tensor(&[dv], 0.5, 1.5)),
+    ]
+}
+
+fn dims(b: usize, t: usize, hk: usize, hv: usize, dk: usize, dv: usize) -> GdnDims {
+    GdnDims {
+        batch: b,
+        steps: t,
+        key_heads: hk,
+        value_heads: hv,
+        key_dim: dk,
+        value_dim: dv,
+    }
+}
+
+fn compare(d: GdnDims, dtype: DType, st: DType, tol: f32, seed: u64) {
+    let [q, k, v, g, beta, state, proj, w] = inputs(d, dtype, st, seed);
+    let z = proj
+        .narrow(
+            2,
+            d.value_heads * d.value_dim + 5,
+            d.value_heads * d.value_dim,
+        )
+        .unwrap();
+    let fused_state = state.copy().unwrap();
+    let got = gated_delta_update_norm(&q, &k, &v, &g, &beta, &fused_state, &z, &w, 1e-6).unwrap();
+    let two_op_state = state.copy().unwrap();
+    let y = gdn_ops::gated_delta_update(&q, &k, &v, &g, &beta, &two_op_state).unwrap();
+    let want = gated_norm(&y, &z, &w, 1e-6);
+    let what = format!("{d:?} {dtype:?}/{st:?}");
+    assert_eq!(values(&fused_state), values(&two_op_state), "{what}: state");
+    assert_eq!(got.dtype(), dtype);
+    let e = rel_max(&got, &want);
+    assert!(e <= tol, "{what}: off by {e:e} of max|ref| (tol {tol:e})");
+}
+
+#[test]
+fn twin_matches_the_two_op_path_in_f32() {
+    compare(
+        dims(1, 1, 16, 32, 128, 128),
+        DType::F32,
+        DType::F32,
+        1e-5,
+        1,
+    );
+    compare(dims(2, 7, 2, 4, 64, 96), DType::F32, DType::F32, 1e-5, 2);
+    compare(dims(1, 3, 1, 2, 32, 20), DType::F32, DType::BF16, 1e-5, 3);
+}
+
+#[test]
+fn twin_matches_the_two_op_path_in_bf16() {
+    compare(
+        dims(2, 1, 16, 32, 128, 128),
+        DType::BF16,
+        DType::F32,
+        2e-2,
+        4,
+    );
+    compare(dims(1, 5, 2, 4, 64, 64), DType::BF16, DType::BF16, 2e-2, 5);
+}
+
+#[test]
+fn supports_the_release_shapes_only_where_the_kernels_do() {
+    let d = dims(1, 1, 16, 32, 128, 128);
+    assert!(supports(&d, DType::BF16, DType::F32));
+    assert!(supports(&d, DType::F16, DType::BF16));
+    assert!(!supports(&d, DType::BF16, DType::F16));
+    assert!(!supports(&d, DType::F64, DType::F32));
+    assert!(!supports(
+        &dims(1, 1, 16, 32, 100, 128),
+        DType::F32,
+        DType::F32
+    ));
+    assert!(!supports(
+        &dims(1, 1, 16, 32, 128, 257),
+        DType::F32,
+        DType::F32
+    ));
+    assert!(!supports(
+        &dims(1, 1, 3, 32, 128, 128),
+        DType::F32,
+        DType::F32
+    ));
+}
+
+fn error_with(edit: impl FnOnce(&mut [Tensor; 8])) -> String {
+    let d = dims(2, 2, 2, 4, 32, 32);
+    let mut t = inputs(d, DType::F32, DType::F32, 9);
+    t[6] = t[6].narrow(2, 0, 4 * 32).unwrap();
+    edit(&mut t);
+    let [q, k, v, g, beta, state, z, w] = &t;
+    gated_delta_update_norm(q, k, v, g, beta, state, z, w, 1e-6)
+        .expect_err("the op must reject this")
+        .to_string()
+}
+
+fn assert_error(edit: impl FnOnce(&mut [Tensor; 8]), needle: &str) {
+    let e = error_with(edit);
+    assert!(e.contains(needle), "error `{e}` should mention `{needle}`");
+    assert!(!e.contains('\n'), "one-line errors: `{e}`");
+}
+
+#[test]
+fn rejects_what_the_recurrence_rejects() {
+    assert_error(
+        |t| t[1] = t[1].narrow(3, 0, 16).unwrap(),
+        "k [2, 2, 2, 16] must match q",
+    );
+    assert_error(
+        |t| t[5] = t[5].narrow(1, 0, 2).unwrap(),
+        "state [2, 2, 32, 32], expected",
+    );
+}
+
+#[test]
+fn rejects_unsupported_activation_dtypes() {
+    assert_error(
+        |t| {
+            for x in [0, 1, 2, 6, 7] {
+                t[x] = t[x].to_dtype(DType::F64).unwrap();
+            }
+        },
+        "activations must be f32, f16 or bf16",
+    );
+}
+
+#[test]
+fn rejects_mixed_activation_dtypes() {
+    assert_error(|t| t[2] = t[2].to_dtype(DType::BF16).unwrap(), "v is BF16");
+    assert_error(|t| t[6] = t[6].to_dtype(DType::F16).unwrap(), "z is F16");
+}
+
+#[test]
+fn rejects_gates_that_are_not_f32() {
+    assert_error(
+        |t| t[3] = t[3].to_dtype(DType::BF16).unwrap(),
+        "g must be f32",
+    );
+}
+
+#[test]
+fn rejects_a_state_of_another_dtype_or_strided() {
+    assert_error(
+        |t| t[5] = t[5].to_dtype(DType::F16).unwrap(),
+        "the state must be f32 or bf16",
+    );
+    assert_error(
+        |t| t[5] = t[5].transpose(2, 3).unwrap(),
+        "the state must be contiguous",
+    );
+}
+
+#[test]
+fn rejects_a_weight_of_the_wrong_length() {
+    assert_error(|t| t[7] = t[7].narrow(0, 0, 16).unwrap(), "weight [16]");
+}
+
+#[test]
+fn rejects_z_of_another_shape() {
+    assert_error(|t| t[6] = t[6].narrow(2, 0, 64).unwrap(), "z [2, 2, 64]");
+}
+
+#[test]
+fn rejects_a_negative_eps() {
+    let d = dims(1, 1, 1, 1, 32, 32);
+    let [q, k, v, g, beta, state, proj, w] = inputs(d, DType::F32, DType::F32, 10);
+    let z = proj.narrow(2, 0, 32).unwrap();
+    let e = gated_delta_update_norm(&q, &k, &v, &g, &beta, &state, &z, &w, f32::NAN)
+        .expect_err("the op must reject this")
+        .to_string();
+    assert!(e.contains("eps must be finite"), "{e}");
+}
