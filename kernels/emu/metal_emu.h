@@ -28,7 +28,8 @@
 //    no thread wrote poisons the result, ending at an inaccessible page; ThreadIds::
 //    threadgroup_memory (or threadgroup_memory_as<T>()) passes it to the kernel. More than
 //    32 KB, a length that is not a multiple of 16, or more than 1024 threads per threadgroup
-//    abort (metal_emu_dispatch.h).
+//    abort (metal_emu_dispatch.h). `threadgroup float buf[N];` declared inside a kernel
+//    does not compile here (C++ has no address-space locals): take it as that argument.
 //  * `threadgroup` also has to work inside the argument attribute [[threadgroup(0)]], where
 //    an address-space macro would leave `(0)` behind and fail to parse. So it expands to the
 //    address space followed by `volatile`, and `volatile(...)` is a function-like macro that
