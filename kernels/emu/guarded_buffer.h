@@ -25,10 +25,6 @@
 #include <cstring>
 #include <vector>
 
-// Until every .metal guard sees it from metal_emu.h: the emulator has bfloat.
-#ifndef __HAVE_BFLOAT__
-#define __HAVE_BFLOAT__ 1
-#endif
 #include <metal_stdlib>
 
 namespace guarded {
