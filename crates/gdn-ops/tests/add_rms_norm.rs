@@ -21,7 +21,10 @@ fn composed(h: &Tensor, delta: Option<&Tensor>, w: &Tensor, eps: f32) -> (Tensor
 fn max_rel(got: &Tensor, want: &Tensor) -> f32 {
     let (g, w) = (values(got), values(want));
     let scale = w.iter().fold(0f32, |m, x| m.max(x.abs()));
-    g.iter().zip(&w).fold(0f32, |m, (a, b)| m.max((a - b).abs())) / scale
+    g.iter()
+        .zip(&w)
+        .fold(0f32, |m, (a, b)| m.max((a - b).abs()))
+        / scale
 }
 
 fn compare(ty: Ty, shape: &[usize], with_delta: bool, tol: f32) {
@@ -38,7 +41,10 @@ fn compare(ty: Ty, shape: &[usize], with_delta: bool, tol: f32) {
     assert_eq!(normed.dims(), shape);
     assert_eq!(max_rel(&sum, &want_sum), 0.0, "{ty:?} {shape:?}: sum");
     let err = max_rel(&normed, &want_normed);
-    assert!(err <= tol, "{ty:?} {shape:?} delta={with_delta}: normed off by {err}");
+    assert!(
+        err <= tol,
+        "{ty:?} {shape:?} delta={with_delta}: normed off by {err}"
+    );
 }
 
 #[test]
@@ -87,9 +93,19 @@ fn input_checks() {
     let dev = &Device::Cpu;
     let h = Tensor::zeros((2, 64), DType::F32, dev).unwrap();
     let w = Tensor::ones(64, DType::F32, dev).unwrap();
-    let e = error(&h, Some(&Tensor::zeros((2, 32), DType::F32, dev).unwrap()), &w, 1e-6);
+    let e = error(
+        &h,
+        Some(&Tensor::zeros((2, 32), DType::F32, dev).unwrap()),
+        &w,
+        1e-6,
+    );
     assert!(e.contains("delta [2, 32] must match"), "{e}");
-    let e = error(&h, Some(&Tensor::zeros((2, 64), DType::BF16, dev).unwrap()), &w, 1e-6);
+    let e = error(
+        &h,
+        Some(&Tensor::zeros((2, 64), DType::BF16, dev).unwrap()),
+        &w,
+        1e-6,
+    );
     assert!(e.contains("delta is BF16"), "{e}");
     let e = error(&h, None, &Tensor::ones(32, DType::F32, dev).unwrap(), 1e-6);
     assert!(e.contains("weight [32], expected [64]"), "{e}");
@@ -98,7 +114,12 @@ fn input_checks() {
     let e = error(&h, None, &w, -1.0);
     assert!(e.contains("eps"), "{e}");
     let wide = Tensor::zeros((1, 8193), DType::F32, dev).unwrap();
-    let e = error(&wide, None, &Tensor::ones(8193, DType::F32, dev).unwrap(), 1e-6);
+    let e = error(
+        &wide,
+        None,
+        &Tensor::ones(8193, DType::F32, dev).unwrap(),
+        1e-6,
+    );
     assert!(e.contains("no kernel"), "{e}");
     let empty = Tensor::zeros((0, 64), DType::F32, dev).unwrap();
     let e = error(&empty, None, &w, 1e-6);

@@ -95,9 +95,29 @@ fn shipped_add_rms_norm_kernels_match_the_cpu_twin() {
     let failures: Vec<String> = std::thread::scope(|s| {
         let handles: Vec<_> = cases
             .chunks(cases.len().div_ceil(2))
-            .map(|chunk| s.spawn(move || chunk.iter().filter_map(|c| check(c).map(|e| format!("add_rms_norm_{} N={} H={} delta={}: {e}", c.ty.name(), c.rows, c.cols, c.delta))).collect::<Vec<_>>()))
+            .map(|chunk| {
+                s.spawn(move || {
+                    chunk
+                        .iter()
+                        .filter_map(|c| {
+                            check(c).map(|e| {
+                                format!(
+                                    "add_rms_norm_{} N={} H={} delta={}: {e}",
+                                    c.ty.name(),
+                                    c.rows,
+                                    c.cols,
+                                    c.delta
+                                )
+                            })
+                        })
+                        .collect::<Vec<_>>()
+                })
+            })
             .collect();
-        handles.into_iter().flat_map(|h| h.join().unwrap()).collect()
+        handles
+            .into_iter()
+            .flat_map(|h| h.join().unwrap())
+            .collect()
     });
     assert!(
         failures.is_empty(),
@@ -126,7 +146,10 @@ fn kernel_abi_in_source() {
     assert_eq!(std::mem::size_of::<AddRmsNormParams>(), 16);
     let src = source_code("kernels/add_rms_norm.metal");
     assert!(src.contains("#include \"params/add_rms_norm.h\""));
-    for (i, name) in ["residual", "delta", "weight", "sum", "normed"].iter().enumerate() {
+    for (i, name) in ["residual", "delta", "weight", "sum", "normed"]
+        .iter()
+        .enumerate()
+    {
         assert!(
             src.contains(&format!("{name} [[buffer({i})]]")),
             "add_rms_norm.metal: {name} must be buffer {i}"
@@ -134,7 +157,10 @@ fn kernel_abi_in_source() {
     }
     assert!(src.contains("AddRmsNormParams& p [[buffer(5)]]"));
     for t in ["f32", "f16", "bf16"] {
-        assert!(src.contains(&format!("(add_rms_norm_{t},")), "missing add_rms_norm_{t}");
+        assert!(
+            src.contains(&format!("(add_rms_norm_{t},")),
+            "missing add_rms_norm_{t}"
+        );
     }
     let cu = source_code("kernels/add_rms_norm.cu");
     assert!(cu.contains("#include \"params/add_rms_norm.h\""));
@@ -143,6 +169,12 @@ fn kernel_abi_in_source() {
 /// A shipped source without comments, whitespace squashed.
 fn source_code(path: &str) -> String {
     let text = std::fs::read_to_string(emu::workspace_root().join(path)).unwrap();
-    let code: Vec<&str> = text.lines().map(|l| l.split("//").next().unwrap()).collect();
-    code.join("\n").split_whitespace().collect::<Vec<_>>().join(" ")
+    let code: Vec<&str> = text
+        .lines()
+        .map(|l| l.split("//").next().unwrap())
+        .collect();
+    code.join("\n")
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .join(" ")
 }

@@ -31,7 +31,11 @@ fn composed(q: &Tensor, gate: &Tensor, keys: &Tensor, values: &Tensor, pos: usiz
         .unwrap()
         .to_dtype(v.dtype())
         .unwrap();
-    let o = p.matmul(&v.contiguous().unwrap()).unwrap().reshape((b, 1, nq * dh)).unwrap();
+    let o = p
+        .matmul(&v.contiguous().unwrap())
+        .unwrap()
+        .reshape((b, 1, nq * dh))
+        .unwrap();
     let g = candle_nn::ops::sigmoid(&gate.reshape((b, 1, nq * dh)).unwrap()).unwrap();
     (o * g).unwrap()
 }
@@ -41,8 +45,16 @@ fn compare(s: Shape, ty: Ty, pos: usize, tol: f32) {
     let q_len = s.batch * s.q_heads * s.head_dim;
     let kv_shape = [s.batch, s.kv_heads, s.capacity, s.head_dim];
     let kv_len: usize = kv_shape.iter().product();
-    let q = tensor(&rng.values(q_len, -1.0, 1.0, ty), &[s.batch, s.q_heads, s.head_dim], ty);
-    let gate = tensor(&rng.values(q_len, -4.0, 4.0, ty), &[s.batch, s.q_heads * s.head_dim], ty);
+    let q = tensor(
+        &rng.values(q_len, -1.0, 1.0, ty),
+        &[s.batch, s.q_heads, s.head_dim],
+        ty,
+    );
+    let gate = tensor(
+        &rng.values(q_len, -4.0, 4.0, ty),
+        &[s.batch, s.q_heads * s.head_dim],
+        ty,
+    );
     let keys = tensor(&rng.values(kv_len, -1.0, 1.0, ty), &kv_shape, ty);
     let vals = tensor(&rng.values(kv_len, -2.0, 2.0, ty), &kv_shape, ty);
     let pos_t = Tensor::new(&[pos as u32], &Device::Cpu).unwrap();
@@ -51,7 +63,11 @@ fn compare(s: Shape, ty: Ty, pos: usize, tol: f32) {
     assert_eq!(got.dims(), want.dims());
     let (g, w) = (values(&got), values(&want));
     let scale = w.iter().fold(0f32, |m, x| m.max(x.abs()));
-    let err = g.iter().zip(&w).fold(0f32, |m, (a, b)| m.max((a - b).abs())) / scale;
+    let err = g
+        .iter()
+        .zip(&w)
+        .fold(0f32, |m, (a, b)| m.max((a - b).abs()))
+        / scale;
     assert!(err <= tol, "{ty:?} {s:?} pos {pos}: off by {err}");
 }
 
@@ -73,7 +89,12 @@ const SMALL: Shape = Shape {
 
 #[test]
 fn twin_matches_the_composed_path_in_f32() {
-    for (s, pos) in [(QWEN3_NEXT, 0), (QWEN3_NEXT, 300), (QWEN3_NEXT, 511), (SMALL, 17)] {
+    for (s, pos) in [
+        (QWEN3_NEXT, 0),
+        (QWEN3_NEXT, 300),
+        (QWEN3_NEXT, 511),
+        (SMALL, 17),
+    ] {
         compare(s, Ty::F32, pos, 1e-5);
     }
 }
@@ -108,7 +129,9 @@ fn input_checks() {
     let kv = z(&[1, 2, 8, 64], DType::F32);
     let pos = Tensor::new(&[3u32], dev).unwrap();
     let run = |q: &Tensor, gate: &Tensor, keys: &Tensor, vals: &Tensor, pos: &Tensor| {
-        attn_decode(q, gate, keys, vals, pos).unwrap_err().to_string()
+        attn_decode(q, gate, keys, vals, pos)
+            .unwrap_err()
+            .to_string()
     };
     let e = run(&z(&[4, 64], DType::F32), &gate, &kv, &kv, &pos);
     assert!(e.contains("expected [B, Nq, Dh]"), "{e}");
@@ -125,10 +148,22 @@ fn input_checks() {
     assert!(e.contains("gate [1, 128], expected [1, 256]"), "{e}");
     let e = run(&q, &z(&[1, 256], DType::BF16), &kv, &kv, &pos);
     assert!(e.contains("gate is BF16"), "{e}");
-    let e = run(&z(&[1, 3, 64], DType::F32), &z(&[1, 192], DType::F32), &kv, &kv, &pos);
+    let e = run(
+        &z(&[1, 3, 64], DType::F32),
+        &z(&[1, 192], DType::F32),
+        &kv,
+        &kv,
+        &pos,
+    );
     assert!(e.contains("no kernel"), "{e}");
     let e = run(&q, &gate, &kv, &kv, &Tensor::new(&[3u32, 4], dev).unwrap());
     assert!(e.contains("pos must be a [1] u32"), "{e}");
-    let e = run(&q, &gate, &z(&[1, 2, 0, 64], DType::F32), &z(&[1, 2, 0, 64], DType::F32), &pos);
+    let e = run(
+        &q,
+        &gate,
+        &z(&[1, 2, 0, 64], DType::F32),
+        &z(&[1, 2, 0, 64], DType::F32),
+        &pos,
+    );
     assert!(e.contains("empty KV buffers"), "{e}");
 }

@@ -57,10 +57,23 @@ fn check(ty: Ty, s: Shape, seed: u64) -> Option<String> {
     let scale = (s.head_dim as f32).powf(-0.5);
     let mut input = Input::new(b"ADECEMU1");
     input.u32(ty.code());
-    for v in [s.batch, s.q_heads, s.kv_heads, s.head_dim, s.capacity, s.pos, s.simdgroups] {
+    for v in [
+        s.batch,
+        s.q_heads,
+        s.kv_heads,
+        s.head_dim,
+        s.capacity,
+        s.pos,
+        s.simdgroups,
+    ] {
         input.u32(v as u32);
     }
-    input.f32(scale).f32s(&q).f32s(&gate).f32s(&keys).f32s(&vals);
+    input
+        .f32(scale)
+        .f32s(&q)
+        .f32s(&gate)
+        .f32s(&keys)
+        .f32s(&vals);
     let got = match emu::run_harness(harness(), &input.0) {
         Ok(v) => v,
         Err(e) => return Some(e),
@@ -128,7 +141,10 @@ fn shipped_attn_decode_kernels_match_the_cpu_twin() {
                 })
             })
             .collect();
-        handles.into_iter().flat_map(|h| h.join().unwrap()).collect()
+        handles
+            .into_iter()
+            .flat_map(|h| h.join().unwrap())
+            .collect()
     });
     assert!(
         failures.is_empty(),
@@ -160,7 +176,10 @@ fn kernel_abi_in_source() {
     assert_eq!(std::mem::size_of::<AttnDecodeParams>(), 28);
     let src = source_code("kernels/attn_decode.metal");
     assert!(src.contains("#include \"params/attn_decode.h\""));
-    for (i, name) in ["q", "gate", "keys", "values", "pos", "out"].iter().enumerate() {
+    for (i, name) in ["q", "gate", "keys", "values", "pos", "out"]
+        .iter()
+        .enumerate()
+    {
         assert!(
             src.contains(&format!(" {name} [[buffer({i})]]")),
             "attn_decode.metal: {name} must be buffer {i}"
@@ -169,7 +188,10 @@ fn kernel_abi_in_source() {
     assert!(src.contains("AttnDecodeParams& p [[buffer(6)]]"));
     assert!(src.contains("threadgroup float* scratch [[threadgroup(0)]]"));
     for t in ["f32", "f16", "bf16"] {
-        assert!(src.contains(&format!("(attn_decode_{t},")), "missing attn_decode_{t}");
+        assert!(
+            src.contains(&format!("(attn_decode_{t},")),
+            "missing attn_decode_{t}"
+        );
     }
     assert!(source_code("kernels/attn_decode.cu").contains("#include \"params/attn_decode.h\""));
 }
@@ -177,6 +199,12 @@ fn kernel_abi_in_source() {
 /// A shipped source without comments, whitespace squashed.
 fn source_code(path: &str) -> String {
     let text = std::fs::read_to_string(emu::workspace_root().join(path)).unwrap();
-    let code: Vec<&str> = text.lines().map(|l| l.split("//").next().unwrap()).collect();
-    code.join("\n").split_whitespace().collect::<Vec<_>>().join(" ")
+    let code: Vec<&str> = text
+        .lines()
+        .map(|l| l.split("//").next().unwrap())
+        .collect();
+    code.join("\n")
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .join(" ")
 }

@@ -57,7 +57,10 @@ fn tables(rope_dims: usize, pos: usize, f32_angles: bool, dtype: DType) -> (Tens
 fn rope(x: &Tensor, rope_dims: usize, cos: &Tensor, sin: &Tensor) -> Tensor {
     let head_dim = x.dim(D::Minus1).unwrap();
     let rotated = candle_nn::rotary_emb::rope(
-        &x.narrow(D::Minus1, 0, rope_dims).unwrap().contiguous().unwrap(),
+        &x.narrow(D::Minus1, 0, rope_dims)
+            .unwrap()
+            .contiguous()
+            .unwrap(),
         cos,
         sin,
     )
@@ -65,7 +68,9 @@ fn rope(x: &Tensor, rope_dims: usize, cos: &Tensor, sin: &Tensor) -> Tensor {
     if rope_dims == head_dim {
         return rotated;
     }
-    let pass = x.narrow(D::Minus1, rope_dims, head_dim - rope_dims).unwrap();
+    let pass = x
+        .narrow(D::Minus1, rope_dims, head_dim - rope_dims)
+        .unwrap();
     Tensor::cat(&[&rotated, &pass], D::Minus1).unwrap()
 }
 
@@ -84,7 +89,11 @@ fn composed(
 ) -> (Tensor, Tensor) {
     let (b, nq, nkv, dh) = (s.batch, s.q_heads, s.kv_heads, s.head_dim);
     let x = qkv.reshape((b, 1, ())).unwrap();
-    let qg = x.narrow(2, 0, 2 * nq * dh).unwrap().reshape((b, 1, nq, 2 * dh)).unwrap();
+    let qg = x
+        .narrow(2, 0, 2 * nq * dh)
+        .unwrap()
+        .reshape((b, 1, nq, 2 * dh))
+        .unwrap();
     let k = x.narrow(2, 2 * nq * dh, nkv * dh).unwrap();
     let v = x.narrow(2, (2 * nq + nkv) * dh, nkv * dh).unwrap();
     let q = qg.narrow(D::Minus1, 0, dh).unwrap().contiguous().unwrap();
@@ -95,9 +104,15 @@ fn composed(
         .unwrap()
         .reshape((b, nq * dh))
         .unwrap();
-    let q = candle_nn::ops::rms_norm(&q, q_norm, EPS).unwrap().transpose(1, 2).unwrap();
+    let q = candle_nn::ops::rms_norm(&q, q_norm, EPS)
+        .unwrap()
+        .transpose(1, 2)
+        .unwrap();
     let k = k.contiguous().unwrap().reshape((b, 1, nkv, dh)).unwrap();
-    let k = candle_nn::ops::rms_norm(&k, k_norm, EPS).unwrap().transpose(1, 2).unwrap();
+    let k = candle_nn::ops::rms_norm(&k, k_norm, EPS)
+        .unwrap()
+        .transpose(1, 2)
+        .unwrap();
     let v = v
         .contiguous()
         .unwrap()
@@ -126,10 +141,19 @@ fn inputs(s: Shape, ty: Ty, seed: u64) -> Inputs {
     let mut rng = Rng(seed);
     let width = (2 * s.q_heads + 2 * s.kv_heads) * s.head_dim;
     Inputs {
-        qkv: tensor(&rng.values(s.batch * width, -3.0, 3.0, ty), &[s.batch, width], ty),
+        qkv: tensor(
+            &rng.values(s.batch * width, -3.0, 3.0, ty),
+            &[s.batch, width],
+            ty,
+        ),
         q_norm: tensor(&rng.values(s.head_dim, 0.5, 1.5, ty), &[s.head_dim], ty),
         k_norm: tensor(&rng.values(s.head_dim, 0.5, 1.5, ty), &[s.head_dim], ty),
-        kv: rng.values(s.batch * s.kv_heads * s.capacity * s.head_dim, -1.0, 1.0, ty),
+        kv: rng.values(
+            s.batch * s.kv_heads * s.capacity * s.head_dim,
+            -1.0,
+            1.0,
+            ty,
+        ),
     }
 }
 
@@ -137,7 +161,10 @@ fn max_rel(got: &Tensor, want: &Tensor) -> f32 {
     let (g, w) = (values(got), values(want));
     assert_eq!(g.len(), w.len());
     let scale = w.iter().fold(0f32, |m, x| m.max(x.abs()));
-    g.iter().zip(&w).fold(0f32, |m, (a, b)| m.max((a - b).abs())) / scale
+    g.iter()
+        .zip(&w)
+        .fold(0f32, |m, (a, b)| m.max((a - b).abs()))
+        / scale
 }
 
 /// The largest relative difference over q, gate, keys and values between the twin and the
@@ -145,9 +172,17 @@ fn max_rel(got: &Tensor, want: &Tensor) -> f32 {
 fn difference(s: Shape, ty: Ty, pos: usize, f32_angles: bool, seed: u64) -> f32 {
     let x = inputs(s, ty, seed);
     let kv_shape = [s.batch, s.kv_heads, s.capacity, s.head_dim];
-    let buffers = || (tensor(&x.kv, &kv_shape, ty), tensor(&x.kv, &kv_shape, ty).affine(-1.0, 0.0).unwrap());
+    let buffers = || {
+        (
+            tensor(&x.kv, &kv_shape, ty),
+            tensor(&x.kv, &kv_shape, ty).affine(-1.0, 0.0).unwrap(),
+        )
+    };
     let (keys, vals) = buffers();
-    let freqs: Vec<f32> = inv_freq_f64(s.rope_dims).iter().map(|&f| f as f32).collect();
+    let freqs: Vec<f32> = inv_freq_f64(s.rope_dims)
+        .iter()
+        .map(|&f| f as f32)
+        .collect();
     let (q, gate) = attn_prep(
         &x.qkv,
         &x.q_norm,
@@ -160,8 +195,9 @@ fn difference(s: Shape, ty: Ty, pos: usize, f32_angles: bool, seed: u64) -> f32 
     )
     .unwrap();
     let (want_keys, want_vals) = buffers();
-    let (want_q, want_gate) =
-        composed(s, &x.qkv, &x.q_norm, &x.k_norm, pos, f32_angles, &want_keys, &want_vals);
+    let (want_q, want_gate) = composed(
+        s, &x.qkv, &x.q_norm, &x.k_norm, pos, f32_angles, &want_keys, &want_vals,
+    );
     [
         max_rel(&q, &want_q),
         max_rel(&gate, &want_gate),
@@ -192,7 +228,12 @@ const SMALL: Shape = Shape {
 
 #[test]
 fn twin_matches_the_composed_path_in_f32() {
-    for (s, pos) in [(QWEN3_NEXT, 0), (QWEN3_NEXT, 301), (QWEN3_NEXT, 511), (SMALL, 7)] {
+    for (s, pos) in [
+        (QWEN3_NEXT, 0),
+        (QWEN3_NEXT, 301),
+        (QWEN3_NEXT, 511),
+        (SMALL, 7),
+    ] {
         let err = difference(s, Ty::F32, pos, true, pos as u64 + 1);
         assert!(err <= 1e-5, "{s:?} pos {pos}: off by {err}");
     }
@@ -231,7 +272,17 @@ fn a_position_past_the_buffers_writes_nothing() {
     let before = values(&keys);
     let freqs = Tensor::zeros(s.rope_dims / 2, DType::F32, &Device::Cpu).unwrap();
     let pos = Tensor::new(&[s.capacity as u32], &Device::Cpu).unwrap();
-    attn_prep(&x.qkv, &x.q_norm, &x.k_norm, EPS, &freqs, &pos, &keys, &keys.copy().unwrap()).unwrap();
+    attn_prep(
+        &x.qkv,
+        &x.q_norm,
+        &x.k_norm,
+        EPS,
+        &freqs,
+        &pos,
+        &keys,
+        &keys.copy().unwrap(),
+    )
+    .unwrap();
     assert_eq!(values(&keys), before);
 }
 
@@ -253,9 +304,12 @@ fn input_checks() {
     let (qkv, w) = (z(&[1, 12 * 64], DType::F32), z(&[64], DType::F32));
     let (freqs, pos) = (z(&[16], DType::F32), Tensor::new(&[0u32], dev).unwrap());
     let kv = z(&[1, 2, 8, 64], DType::F32);
-    let run = |qkv: &Tensor, w: &Tensor, freqs: &Tensor, pos: &Tensor, keys: &Tensor, vals: &Tensor| {
-        attn_prep(qkv, w, w, EPS, freqs, pos, keys, vals).unwrap_err().to_string()
-    };
+    let run =
+        |qkv: &Tensor, w: &Tensor, freqs: &Tensor, pos: &Tensor, keys: &Tensor, vals: &Tensor| {
+            attn_prep(qkv, w, w, EPS, freqs, pos, keys, vals)
+                .unwrap_err()
+                .to_string()
+        };
     let e = run(&qkv, &w, &freqs, &pos, &z(&[2, 8, 64], DType::F32), &kv);
     assert!(e.contains("expected [B, Nkv, cap, Dh]"), "{e}");
     let e = run(&qkv, &w, &freqs, &pos, &kv, &z(&[1, 2, 4, 64], DType::F32));
@@ -277,8 +331,17 @@ fn input_checks() {
     assert!(e.contains("inv_freq must be"), "{e}");
     let e = run(&qkv, &w, &z(&[40], DType::F32), &pos, &kv, &kv);
     assert!(e.contains("80 rotated dims"), "{e}");
-    let e = run(&qkv, &w, &freqs, &Tensor::new(&[0i64], dev).unwrap(), &kv, &kv);
+    let e = run(
+        &qkv,
+        &w,
+        &freqs,
+        &Tensor::new(&[0i64], dev).unwrap(),
+        &kv,
+        &kv,
+    );
     assert!(e.contains("pos must be a [1] u32"), "{e}");
-    let e = attn_prep(&qkv, &w, &w, f32::NAN, &freqs, &pos, &kv, &kv).unwrap_err().to_string();
+    let e = attn_prep(&qkv, &w, &w, f32::NAN, &freqs, &pos, &kv, &kv)
+        .unwrap_err()
+        .to_string();
     assert!(e.contains("eps"), "{e}");
 }

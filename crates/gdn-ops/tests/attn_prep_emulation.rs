@@ -55,7 +55,15 @@ fn check(ty: Ty, s: Shape, seed: u64) -> Option<String> {
     let eps = 1e-6;
     let mut input = Input::new(b"APREPEM1");
     input.u32(ty.code());
-    for v in [s.batch, s.q_heads, s.kv_heads, s.head_dim, s.rope_dims, s.capacity, s.pos] {
+    for v in [
+        s.batch,
+        s.q_heads,
+        s.kv_heads,
+        s.head_dim,
+        s.rope_dims,
+        s.capacity,
+        s.pos,
+    ] {
         input.u32(v as u32);
     }
     input
@@ -142,13 +150,17 @@ fn shipped_attn_prep_kernels_match_the_cpu_twin() {
                     chunk
                         .iter()
                         .filter_map(|&(ty, s, seed)| {
-                            check(ty, s, seed).map(|e| format!("attn_prep_{} {s:?}: {e}", ty.name()))
+                            check(ty, s, seed)
+                                .map(|e| format!("attn_prep_{} {s:?}: {e}", ty.name()))
                         })
                         .collect::<Vec<_>>()
                 })
             })
             .collect();
-        handles.into_iter().flat_map(|h| h.join().unwrap()).collect()
+        handles
+            .into_iter()
+            .flat_map(|h| h.join().unwrap())
+            .collect()
     });
     assert!(
         failures.is_empty(),
@@ -180,7 +192,9 @@ fn kernel_abi_in_source() {
     assert_eq!(std::mem::size_of::<AttnPrepParams>(), 28);
     let src = source_code("kernels/attn_prep.metal");
     assert!(src.contains("#include \"params/attn_prep.h\""));
-    let buffers = ["qkv", "q_norm", "k_norm", "inv_freq", "pos", "keys", "values", "q", "gate"];
+    let buffers = [
+        "qkv", "q_norm", "k_norm", "inv_freq", "pos", "keys", "values", "q", "gate",
+    ];
     for (i, name) in buffers.iter().enumerate() {
         assert!(
             src.contains(&format!(" {name} [[buffer({i})]]")),
@@ -189,7 +203,10 @@ fn kernel_abi_in_source() {
     }
     assert!(src.contains("AttnPrepParams& p [[buffer(9)]]"));
     for t in ["f32", "f16", "bf16"] {
-        assert!(src.contains(&format!("(attn_prep_{t},")), "missing attn_prep_{t}");
+        assert!(
+            src.contains(&format!("(attn_prep_{t},")),
+            "missing attn_prep_{t}"
+        );
     }
     assert!(source_code("kernels/attn_prep.cu").contains("#include \"params/attn_prep.h\""));
 }
@@ -197,6 +214,12 @@ fn kernel_abi_in_source() {
 /// A shipped source without comments, whitespace squashed.
 fn source_code(path: &str) -> String {
     let text = std::fs::read_to_string(emu::workspace_root().join(path)).unwrap();
-    let code: Vec<&str> = text.lines().map(|l| l.split("//").next().unwrap()).collect();
-    code.join("\n").split_whitespace().collect::<Vec<_>>().join(" ")
+    let code: Vec<&str> = text
+        .lines()
+        .map(|l| l.split("//").next().unwrap())
+        .collect();
+    code.join("\n")
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .join(" ")
 }

@@ -33,9 +33,19 @@ fn cuda_add_rms_norm_matches_the_cpu_twin() {
                 let d_gpu = delta.map(on_gpu);
                 let (sum, normed) =
                     add_rms_norm(&on_gpu(&h), d_gpu.as_ref(), &on_gpu(&w), 1e-6).unwrap();
-                let label = format!("add_rms_norm_{} N={rows} H={cols} delta={with_delta}", ty.name());
-                if let Some(e) = close("normed", &values(&normed), &values(&want_normed), ty, 1.0, 1e-5)
-                    .or_else(|| close("sum", &values(&sum), &values(&want_sum), ty, 0.0, 0.0))
+                let label = format!(
+                    "add_rms_norm_{} N={rows} H={cols} delta={with_delta}",
+                    ty.name()
+                );
+                if let Some(e) = close(
+                    "normed",
+                    &values(&normed),
+                    &values(&want_normed),
+                    ty,
+                    1.0,
+                    1e-5,
+                )
+                .or_else(|| close("sum", &values(&sum), &values(&want_sum), ty, 0.0, 0.0))
                 {
                     failures.push(format!("{label}: {e}"));
                 }

@@ -118,7 +118,11 @@ impl Input {
 /// element. NaN fails.
 pub fn close(what: &str, got: &[f32], want: &[f32], ty: Ty, ulps: f32, rel: f32) -> Option<String> {
     if got.len() != want.len() {
-        return Some(format!("{what}: {} values, expected {}", got.len(), want.len()));
+        return Some(format!(
+            "{what}: {} values, expected {}",
+            got.len(),
+            want.len()
+        ));
     }
     let scale = want.iter().fold(0f32, |m, x| m.max(x.abs()));
     let mut worst: Option<(f32, usize)> = None;
@@ -126,7 +130,11 @@ pub fn close(what: &str, got: &[f32], want: &[f32], ty: Ty, ulps: f32, rel: f32)
         let allowed = ulps * ty.ulp(w) + rel * scale;
         let err = (g - w).abs();
         if err.is_nan() || err > allowed {
-            let excess = if err.is_nan() { f32::INFINITY } else { err / allowed };
+            let excess = if err.is_nan() {
+                f32::INFINITY
+            } else {
+                err / allowed
+            };
             if worst.is_none_or(|(e, _)| excess > e) {
                 worst = Some((excess, i));
             }

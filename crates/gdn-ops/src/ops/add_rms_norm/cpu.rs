@@ -18,7 +18,10 @@ pub(crate) fn add_rms_norm(
     let sum: Vec<f32> = match delta {
         Some(d) => {
             let d = f32_values(d)?;
-            r.iter().zip(&d).map(|(a, b)| round_to(dtype, a + b)).collect()
+            r.iter()
+                .zip(&d)
+                .map(|(a, b)| round_to(dtype, a + b))
+                .collect()
         }
         None => r,
     };

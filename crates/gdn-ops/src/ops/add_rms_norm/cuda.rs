@@ -52,7 +52,11 @@ fn run<T>(
 where
     T: CudaDType + DeviceRepr + WithDType,
 {
-    let func = function(dev, &SOURCE, &format!("add_rms_norm_{}", dtype_tag(T::DTYPE, OP)?))?;
+    let func = function(
+        dev,
+        &SOURCE,
+        &format!("add_rms_norm_{}", dtype_tag(T::DTYPE, OP)?),
+    )?;
     let len = rows * cols;
     // SAFETY: the kernel writes every element of normed, and of sum when there is a delta.
     let normed = unsafe { dev.alloc::<T>(len)? };

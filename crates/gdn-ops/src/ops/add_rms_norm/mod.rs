@@ -48,7 +48,10 @@ pub fn add_rms_norm(
     eps: f32,
 ) -> Result<(Tensor, Tensor)> {
     const OP: &str = "add_rms_norm";
-    ensure!(residual.rank() >= 1, "{OP}: residual must have a feature axis");
+    ensure!(
+        residual.rank() >= 1,
+        "{OP}: residual must have a feature axis"
+    );
     let cols = residual.dim(D::Minus1)?;
     ensure!(
         supports(residual),

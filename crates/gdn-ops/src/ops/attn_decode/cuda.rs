@@ -44,7 +44,11 @@ fn run<T>(d: AttnDecodeDims, inputs: [&Tensor; 5], dev: &CudaDevice) -> Result<T
 where
     T: CudaDType + DeviceRepr + WithDType,
 {
-    let func = function(dev, &SOURCE, &format!("attn_decode_{}", dtype_tag(T::DTYPE, OP)?))?;
+    let func = function(
+        dev,
+        &SOURCE,
+        &format!("attn_decode_{}", dtype_tag(T::DTYPE, OP)?),
+    )?;
     let len = d.batch * d.q_heads * d.head_dim;
     // SAFETY: the kernel writes every element of out.
     let out = unsafe { dev.alloc::<T>(len)? };

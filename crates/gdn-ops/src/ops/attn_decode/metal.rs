@@ -33,7 +33,11 @@ pub(crate) fn attn_decode(
     const OP: &str = "attn_decode";
     let dev = &metal_device(q, OP)?;
     let dtype = q.dtype();
-    let pipeline = pipeline(dev, &SOURCE, &format!("attn_decode_{}", dtype_tag(dtype, OP)?))?;
+    let pipeline = pipeline(
+        dev,
+        &SOURCE,
+        &format!("attn_decode_{}", dtype_tag(dtype, OP)?),
+    )?;
     // Before the encoder is taken: candle ops lock the same command state.
     let (q, gate) = (q.contiguous()?, gate.contiguous()?);
     let len = d.batch * d.q_heads * d.head_dim;
@@ -65,5 +69,10 @@ pub(crate) fn attn_decode(
         },
         d.scratch_bytes(SIMDGROUPS),
     )?;
-    Ok(output(dev, out, (d.batch, 1, d.q_heads * d.head_dim), dtype))
+    Ok(output(
+        dev,
+        out,
+        (d.batch, 1, d.q_heads * d.head_dim),
+        dtype,
+    ))
 }

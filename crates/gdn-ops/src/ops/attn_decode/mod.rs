@@ -150,7 +150,11 @@ fn check(
     );
     let dtype = q.dtype();
     for (name, t) in [("gate", gate), ("keys", keys), ("values", values)] {
-        ensure!(t.dtype() == dtype, "{OP}: {name} is {:?}, q {dtype:?}", t.dtype());
+        ensure!(
+            t.dtype() == dtype,
+            "{OP}: {name} is {:?}, q {dtype:?}",
+            t.dtype()
+        );
     }
     ensure!(
         supports(head_dim, q_heads, kv_heads, dtype),

@@ -65,14 +65,29 @@ pub(crate) fn attn_prep(
         }
         for h in 0..nkv {
             let at = (2 * nq + h) * dh;
-            k_rows.extend(norm_rope(&row[at..at + dh], &wk, eps, &inv_freq, pos, dtype));
+            k_rows.extend(norm_rope(
+                &row[at..at + dh],
+                &wk,
+                eps,
+                &inv_freq,
+                pos,
+                dtype,
+            ));
             let at = (2 * nq + nkv + h) * dh;
             v_rows.extend_from_slice(&row[at..at + dh]);
         }
     }
     if (pos as usize) < d.capacity {
-        keys.inplace_op1(&WriteRows { dims: d, pos, rows: k_rows })?;
-        values.inplace_op1(&WriteRows { dims: d, pos, rows: v_rows })?;
+        keys.inplace_op1(&WriteRows {
+            dims: d,
+            pos,
+            rows: k_rows,
+        })?;
+        values.inplace_op1(&WriteRows {
+            dims: d,
+            pos,
+            rows: v_rows,
+        })?;
     }
     let dev = qkv.device();
     Ok((

@@ -33,7 +33,11 @@ pub(crate) fn attn_prep(
     let dev = cuda_device(qkv, OP)?;
     ensure!(d.batch <= 65535, "{OP}: at most 65535 sequences per call");
     let qkv = qkv.contiguous()?;
-    let (q_norm, k_norm, inv_freq) = (q_norm.contiguous()?, k_norm.contiguous()?, inv_freq.contiguous()?);
+    let (q_norm, k_norm, inv_freq) = (
+        q_norm.contiguous()?,
+        k_norm.contiguous()?,
+        inv_freq.contiguous()?,
+    );
     let inputs = [&qkv, &q_norm, &k_norm, &inv_freq, pos, keys, values];
     match qkv.dtype() {
         DType::F32 => run::<f32>(d, eps, inputs, &dev),
@@ -44,11 +48,20 @@ pub(crate) fn attn_prep(
 }
 
 /// `inputs`: qkv, q_norm, k_norm, inv_freq, pos, keys, values (contiguous).
-fn run<T>(d: AttnPrepDims, eps: f32, inputs: [&Tensor; 7], dev: &CudaDevice) -> Result<(Tensor, Tensor)>
+fn run<T>(
+    d: AttnPrepDims,
+    eps: f32,
+    inputs: [&Tensor; 7],
+    dev: &CudaDevice,
+) -> Result<(Tensor, Tensor)>
 where
     T: CudaDType + DeviceRepr + WithDType,
 {
-    let func = function(dev, &SOURCE, &format!("attn_prep_{}", dtype_tag(T::DTYPE, OP)?))?;
+    let func = function(
+        dev,
+        &SOURCE,
+        &format!("attn_prep_{}", dtype_tag(T::DTYPE, OP)?),
+    )?;
     let q_len = d.batch * d.q_heads * d.head_dim;
     // SAFETY: the kernel writes every element of q and gate.
     let q = unsafe { dev.alloc::<T>(q_len)? };

@@ -36,7 +36,11 @@ pub(crate) fn attn_prep(
     const OP: &str = "attn_prep";
     let dev = &metal_device(qkv, OP)?;
     let dtype = qkv.dtype();
-    let pipeline = pipeline(dev, &SOURCE, &format!("attn_prep_{}", dtype_tag(dtype, OP)?))?;
+    let pipeline = pipeline(
+        dev,
+        &SOURCE,
+        &format!("attn_prep_{}", dtype_tag(dtype, OP)?),
+    )?;
     // Before the encoder is taken: candle ops lock the same command state.
     let qkv = qkv.contiguous()?;
     let (q_norm, k_norm) = (q_norm.contiguous()?, k_norm.contiguous()?);

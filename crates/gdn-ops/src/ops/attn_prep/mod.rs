@@ -129,9 +129,12 @@ fn check(
     values: &Tensor,
 ) -> Result<AttnPrepDims> {
     const OP: &str = "attn_prep";
-    let (batch, kv_heads, capacity, head_dim) = keys
-        .dims4()
-        .map_err(|_| anyhow::anyhow!("attn_prep: keys {:?}, expected [B, Nkv, cap, Dh]", keys.dims()))?;
+    let (batch, kv_heads, capacity, head_dim) = keys.dims4().map_err(|_| {
+        anyhow::anyhow!(
+            "attn_prep: keys {:?}, expected [B, Nkv, cap, Dh]",
+            keys.dims()
+        )
+    })?;
     ensure!(
         values.dims() == keys.dims(),
         "{OP}: values {:?} must match keys {:?}",
@@ -142,7 +145,11 @@ fn check(
         keys.is_contiguous() && values.is_contiguous(),
         "{OP}: the KV buffers must be contiguous to be written in place"
     );
-    ensure!(head_dim > 0 && kv_heads > 0, "{OP}: empty KV buffers {:?}", keys.dims());
+    ensure!(
+        head_dim > 0 && kv_heads > 0,
+        "{OP}: empty KV buffers {:?}",
+        keys.dims()
+    );
     let width = qkv.dim(D::Minus1)?;
     let dtype = qkv.dtype();
     let per_seq = width / head_dim;
@@ -160,11 +167,24 @@ fn check(
         "{OP}: qkv {:?}, expected [{batch}, {width}] or [{batch}, 1, {width}] (one token per sequence)",
         qkv.dims()
     );
-    for (name, t) in [("keys", keys), ("values", values), ("q_norm", q_norm), ("k_norm", k_norm)] {
-        ensure!(t.dtype() == dtype, "{OP}: {name} is {:?}, qkv {dtype:?}", t.dtype());
+    for (name, t) in [
+        ("keys", keys),
+        ("values", values),
+        ("q_norm", q_norm),
+        ("k_norm", k_norm),
+    ] {
+        ensure!(
+            t.dtype() == dtype,
+            "{OP}: {name} is {:?}, qkv {dtype:?}",
+            t.dtype()
+        );
     }
     for (name, t) in [("q_norm", q_norm), ("k_norm", k_norm)] {
-        ensure!(t.dims() == [head_dim], "{OP}: {name} {:?}, expected [{head_dim}]", t.dims());
+        ensure!(
+            t.dims() == [head_dim],
+            "{OP}: {name} {:?}, expected [{head_dim}]",
+            t.dims()
+        );
     }
     ensure!(
         inv_freq.dtype() == DType::F32 && inv_freq.rank() == 1,
