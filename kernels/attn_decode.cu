@@ -13,7 +13,7 @@
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
-#include <math_constants.h>
+#include <cfloat>
 #include <stdint.h>
 
 #include "params/attn_decode.h"
@@ -56,7 +56,8 @@ __device__ void run(const T* q, const T* gate, const T* keys, const T* values,
     qv[i] = i < per_lane ? to_f32(q[head_at + i]) : 0.f;
     o[i] = 0.f;
   }
-  float m = -CUDART_INF_F, l = 0.f;
+  // A finite floor, as the Metal kernel (fast math there assumes no infinities).
+  float m = -FLT_MAX, l = 0.f;
   for (uint32_t t = sg; t <= last; t += groups) {
     const T* k = keys + kv_at + (size_t)t * dh;
     const T* v = values + kv_at + (size_t)t * dh;
@@ -68,7 +69,7 @@ __device__ void run(const T* q, const T* gate, const T* keys, const T* values,
     for (int off = 16; off > 0; off >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, off);
     const float s = dot * p.scale;
     const float m_new = fmaxf(m, s);
-    const float rescale = expf(m - m_new);  // 0 at the first key (m = -inf)
+    const float rescale = expf(m - m_new);  // 0 at the first key (m = -FLT_MAX)
     const float w = expf(s - m_new);
     l = l * rescale + w;
 #pragma unroll
@@ -89,7 +90,7 @@ __device__ void run(const T* q, const T* gate, const T* keys, const T* values,
   for (uint32_t i = 0; i < per_lane; ++i) partial[sg * dh + lane * per_lane + i] = o[i];
   __syncthreads();
   if (sg != 0) return;
-  float top = -CUDART_INF_F;
+  float top = -FLT_MAX;
   for (uint32_t s = 0; s < groups; ++s) top = fmaxf(top, maxima[s]);
   float total = 0.f;
   for (uint32_t s = 0; s < groups; ++s) total += sums[s] * expf(maxima[s] - top);

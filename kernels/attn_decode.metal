@@ -5,12 +5,13 @@
 //   out[b, h] = InT(float(InT(o)) * sigmoid(float(gate[b, h])))
 //
 // Launch: threadgroups (Nq, B, 1), threads per threadgroup (32, S, 1), threadgroup memory
-// S * (2 + Dh) floats at index 0. Simdgroup sg takes keys sg, sg + S, ...: its lanes split
-// the head dim (lane l holds features l*Dh/32 .. (l+1)*Dh/32 of q and of its partial output,
-// contiguous so a lane's loads of a key row are one vector), a score is one simd_sum, and the
-// softmax runs online (running max m, sum l, output o rescaled when the max grows). Each
-// simdgroup leaves (m, l, o) in threadgroup memory; after one barrier simdgroup 0 merges
-// them: M = max m_s, L = sum l_s e^(m_s - M), o = sum o_s e^(m_s - M) / L.
+// S * (2 + Dh) floats at index 0 (rounded up to 16 bytes). Simdgroup sg takes keys sg,
+// sg + S, ...: its lanes split the head dim (lane l holds features l*Dh/32 .. (l+1)*Dh/32 of
+// q and of its partial output, contiguous so a lane's loads of a key row are one vector), a
+// score is one simd_sum, and the softmax runs online (running max m from -FLT_MAX, sum l,
+// output o rescaled when the max grows). Each simdgroup leaves (m, l, o) in threadgroup
+// memory; after one barrier simdgroup 0 merges them: M = max m_s, L = sum l_s e^(m_s - M),
+// o = sum o_s e^(m_s - M) / L.
 //
 // pos is read from a device buffer (buffer 4): a recorded launch replays for every token.
 // Host obligations: Dh a multiple of 32 up to 256, Nq a multiple of Nkv, S = params.simdgroups
@@ -51,7 +52,9 @@ inline void attn_decode_impl(
     qv[i] = i < per_lane ? float(q[head_at + i]) : 0.0f;
     o[i] = 0.0f;
   }
-  float m = -INFINITY, l = 0.0f;
+  // A finite floor, not -inf: Metal compiles with fast math by default, which assumes no
+  // infinities. exp(floor - s) is 0 for any score, as exp(-inf) would be.
+  float m = -FLT_MAX, l = 0.0f;
   for (uint t = sg; t <= last; t += groups) {
     const device InT* k = keys + kv_at + ulong(t) * dh;
     const device InT* v = values + kv_at + ulong(t) * dh;
@@ -64,7 +67,7 @@ inline void attn_decode_impl(
     // Every lane holds the same score, so the softmax state stays uniform in the simdgroup.
     const float s = simd_sum(dot) * p.scale;
     const float m_new = max(m, s);
-    const float rescale = exp(m - m_new);  // 0 at the first key (m = -inf)
+    const float rescale = exp(m - m_new);  // 0 at the first key (m = -FLT_MAX)
     const float w = exp(s - m_new);
     l = l * rescale + w;
     for (uint i = 0; i < kMaxPerLane; ++i) {
@@ -90,9 +93,9 @@ inline void attn_decode_impl(
   if (sg != 0) {
     return;
   }
-  // Key 0 always exists (last >= 0), so some simdgroup has a finite maximum; one that saw no
-  // key (m = -inf, l = 0) weighs exp(-inf) = 0.
-  float top = -INFINITY;
+  // Key 0 always exists (last >= 0), so some simdgroup saw a key; one that saw none
+  // (m = -FLT_MAX, l = 0, o = 0) weighs exp(-FLT_MAX - top) = 0.
+  float top = -FLT_MAX;
   for (uint s = 0; s < groups; ++s) {
     top = max(top, maxima[s]);
   }

@@ -72,9 +72,9 @@ impl AttnDecodeDims {
     }
 
     /// Bytes of threadgroup (shared) memory per threadgroup: each simdgroup's running max,
-    /// sum and `Dh` output values, in f32.
+    /// sum and `Dh` output values, in f32, rounded up to the 16 bytes Metal requires.
     pub fn scratch_bytes(&self, simdgroups: usize) -> usize {
-        simdgroups * (2 + self.head_dim) * 4
+        (simdgroups * (2 + self.head_dim) * 4).next_multiple_of(16)
     }
 }
 

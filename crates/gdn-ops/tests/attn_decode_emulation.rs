@@ -1,0 +1,210 @@
+//! The shipped `kernels/attn_decode.metal`, compiled as C++ with clang-19 and the Metal
+//! emulation header (`kernels/emu/`: threadgroup memory and barriers), run on the CPU for
+//! `attn_decode_{f32,f16,bf16}` and compared with the CPU twin,
+//! [`gdn_ops::ops::attn_decode::attn_decode`].
+//!
+//! Needs Debian's `clang-19` and `libclang-rt-19-dev`; without them this test fails, never
+//! skips. `GDN_EMU_CXX` overrides the compiler.
+//!
+//! Gates, per case: every output within 2 ulp of InT of the twin's plus 1e-5 of max |ref|:
+//! the online softmax, split over simdgroups, adds in another order than the twin's two-pass
+//! softmax (the f32 part), and the output is rounded twice (the attention result, then its
+//! product with the gate), either of which may land on the other side of a rounding
+//! boundary. The KV positions after `pos` hold NaN, so a kernel that reads one fails.
+
+mod attn_kit;
+mod emu;
+
+use attn_kit::{close, tensor, values, Input, Rng, Ty, TYPES};
+use candle_core::{Device, Tensor};
+use gdn_ops::ops::attn_decode::{attn_decode, AttnDecodeParams, SIMDGROUPS};
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+
+fn harness() -> &'static Path {
+    static HARNESS: OnceLock<PathBuf> = OnceLock::new();
+    HARNESS.get_or_init(|| emu::compile_harness("attn_decode_harness", &[]))
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Shape {
+    batch: usize,
+    q_heads: usize,
+    kv_heads: usize,
+    head_dim: usize,
+    capacity: usize,
+    pos: usize,
+    simdgroups: usize,
+}
+
+fn check(ty: Ty, s: Shape, seed: u64) -> Option<String> {
+    let mut rng = Rng(seed);
+    let q_len = s.batch * s.q_heads * s.head_dim;
+    let kv_len = s.batch * s.kv_heads * s.capacity * s.head_dim;
+    // Scores of a few units: a softmax that is neither flat nor one-hot.
+    let q = rng.values(q_len, -1.0, 1.0, ty);
+    let gate = rng.values(q_len, -4.0, 4.0, ty);
+    let (mut keys, mut vals) = (
+        rng.values(kv_len, -1.0, 1.0, ty),
+        rng.values(kv_len, -2.0, 2.0, ty),
+    );
+    // Positions past pos are not attended: NaN there poisons a kernel that reads them.
+    for (i, (k, v)) in keys.iter_mut().zip(&mut vals).enumerate() {
+        if (i / s.head_dim) % s.capacity > s.pos {
+            (*k, *v) = (f32::NAN, f32::NAN);
+        }
+    }
+    let scale = (s.head_dim as f32).powf(-0.5);
+    let mut input = Input::new(b"ADECEMU1");
+    input.u32(ty.code());
+    for v in [
+        s.batch,
+        s.q_heads,
+        s.kv_heads,
+        s.head_dim,
+        s.capacity,
+        s.pos,
+        s.simdgroups,
+    ] {
+        input.u32(v as u32);
+    }
+    input
+        .f32(scale)
+        .f32s(&q)
+        .f32s(&gate)
+        .f32s(&keys)
+        .f32s(&vals);
+    let got = match emu::run_harness(harness(), &input.0) {
+        Ok(v) => v,
+        Err(e) => return Some(e),
+    };
+    let kv_shape = [s.batch, s.kv_heads, s.capacity, s.head_dim];
+    let want = attn_decode(
+        &tensor(&q, &[s.batch, s.q_heads, s.head_dim], ty),
+        &tensor(&gate, &[s.batch, s.q_heads * s.head_dim], ty),
+        &tensor(&keys, &kv_shape, ty),
+        &tensor(&vals, &kv_shape, ty),
+        &Tensor::new(&[s.pos as u32], &Device::Cpu).unwrap(),
+    )
+    .unwrap();
+    close("out", &got, &values(&want), ty, 2.0, 1e-5)
+}
+
+#[test]
+fn shipped_attn_decode_kernels_match_the_cpu_twin() {
+    let shape = |batch, q_heads, kv_heads, head_dim, capacity, pos, simdgroups| Shape {
+        batch,
+        q_heads,
+        kv_heads,
+        head_dim,
+        capacity,
+        pos,
+        simdgroups,
+    };
+    let s = SIMDGROUPS;
+    let shapes = [
+        // Qwen3-Next-80B-A3B: Nq = 16, Nkv = 2, Dh = 256, a few hundred cached positions.
+        shape(1, 16, 2, 256, 512, 300, s),
+        // The first position (most simdgroups see no key), fewer keys than simdgroups, a
+        // count of keys not a multiple of them.
+        shape(1, 4, 2, 256, 256, 0, s),
+        shape(1, 4, 1, 128, 8, 5, s),
+        shape(2, 8, 2, 64, 64, 44, s),
+        // GQA ratios 1 and 16, Dh 32, several sequences, one simdgroup, and 4.
+        shape(2, 4, 4, 128, 32, 31, s),
+        shape(1, 16, 1, 64, 32, 20, s),
+        shape(3, 2, 1, 32, 16, 9, s),
+        shape(1, 4, 2, 256, 64, 40, 1),
+        shape(1, 4, 2, 128, 64, 63, 4),
+        // pos past the buffer: clamped to its last position.
+        shape(1, 2, 1, 64, 16, 40, s),
+    ];
+    let mut jobs = vec![];
+    for (i, s) in shapes.iter().enumerate() {
+        for ty in TYPES {
+            jobs.push((ty, *s, (i as u64 + 1) * 15_485_863 + ty.code() as u64));
+        }
+    }
+    harness();
+    let failures: Vec<String> = std::thread::scope(|sc| {
+        let handles: Vec<_> = jobs
+            .chunks(jobs.len().div_ceil(2))
+            .map(|chunk| {
+                sc.spawn(move || {
+                    chunk
+                        .iter()
+                        .filter_map(|&(ty, s, seed)| {
+                            check(ty, s, seed)
+                                .map(|e| format!("attn_decode_{} {s:?}: {e}", ty.name()))
+                        })
+                        .collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .flat_map(|h| h.join().unwrap())
+            .collect()
+    });
+    assert!(
+        failures.is_empty(),
+        "{} of {} cases fail:\n{}",
+        failures.len(),
+        jobs.len(),
+        failures.join("\n")
+    );
+}
+
+/// What the C++ build cannot see: the buffer and threadgroup-memory indices, the parameter
+/// struct the host mirrors, and the instantiation names.
+#[test]
+fn kernel_abi_in_source() {
+    let u = |f: &str| ("unsigned int".to_string(), f.to_string());
+    assert_eq!(
+        emu::params_fields("attn_decode.h", "AttnDecodeParams"),
+        [
+            u("batch"),
+            u("q_heads"),
+            u("kv_heads"),
+            u("head_dim"),
+            u("capacity"),
+            u("simdgroups"),
+            ("float".to_string(), "scale".to_string())
+        ],
+        "AttnDecodeParams (kernels/params/attn_decode.h) must match ops/attn_decode"
+    );
+    assert_eq!(std::mem::size_of::<AttnDecodeParams>(), 28);
+    let src = source_code("kernels/attn_decode.metal");
+    assert!(src.contains("#include \"params/attn_decode.h\""));
+    for (i, name) in ["q", "gate", "keys", "values", "pos", "out"]
+        .iter()
+        .enumerate()
+    {
+        assert!(
+            src.contains(&format!(" {name} [[buffer({i})]]")),
+            "attn_decode.metal: {name} must be buffer {i}"
+        );
+    }
+    assert!(src.contains("AttnDecodeParams& p [[buffer(6)]]"));
+    assert!(src.contains("threadgroup float* scratch [[threadgroup(0)]]"));
+    for t in ["f32", "f16", "bf16"] {
+        assert!(
+            src.contains(&format!("(attn_decode_{t},")),
+            "missing attn_decode_{t}"
+        );
+    }
+    assert!(source_code("kernels/attn_decode.cu").contains("#include \"params/attn_decode.h\""));
+}
+
+/// A shipped source without comments, whitespace squashed.
+fn source_code(path: &str) -> String {
+    let text = std::fs::read_to_string(emu::workspace_root().join(path)).unwrap();
+    let code: Vec<&str> = text
+        .lines()
+        .map(|l| l.split("//").next().unwrap())
+        .collect();
+    code.join("\n")
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .join(" ")
+}
