@@ -1,5 +1,6 @@
 // The Metal math functions the fused decode kernels call, for their emulation harnesses
 // (include after metal_emu.h or <metal_stdlib> and <cmath>, before the .metal file):
+//  * FLT_MAX and the other <float.h> limits, which <metal_stdlib> has;
 //  * float overloads of exp, log, fabs and sqrt at global scope (libstdc++'s <math.h> puts
 //    std's there), so that unqualified calls in a kernel stay in float;
 //  * metal::rsqrt, max, min and precise::cos/sin, which standard C++ lacks or names
@@ -11,6 +12,7 @@
 
 #include <math.h>
 
+#include <cfloat>
 #include <cmath>
 #include <type_traits>
 
