@@ -3,13 +3,13 @@
 //! the host can fall back to f16 there. Compiled as C++ by clang-19 through `kernels/emu/`
 //! with `METAL_EMU_MSL30`, which removes `bfloat` and `__HAVE_BFLOAT__`.
 
-mod emu;
+use std::path::Path;
 use std::process::Command;
 
 /// `kernels/<file>` compiled (`-fsyntax-only`) and preprocessed under MSL 3.0 rules; returns
 /// the preprocessed text.
 fn as_msl30(file: &str) -> String {
-    let root = emu::workspace_root();
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
     let cxx = std::env::var("GDN_EMU_CXX").unwrap_or_else(|_| "clang++-19".into());
     let run = |mode: &str| {
         let out = Command::new(&cxx)
