@@ -3,15 +3,13 @@
 //! the host can fall back to f16 there. Compiled as C++ by clang-19 through `kernels/emu/`
 //! with `METAL_EMU_MSL30`, which removes `bfloat` and `__HAVE_BFLOAT__`.
 
-// Only `workspace_root` of the shared harness helpers is used here.
-#[allow(dead_code)]
-mod emu;
+use std::path::Path;
 use std::process::Command;
 
 /// `kernels/<file>` compiled (`-fsyntax-only`) and preprocessed under MSL 3.0 rules; returns
 /// the preprocessed text.
 fn as_msl30(file: &str) -> String {
-    let root = emu::workspace_root();
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
     let cxx = std::env::var("GDN_EMU_CXX").unwrap_or_else(|_| "clang++-19".into());
     let run = |mode: &str| {
         let out = Command::new(&cxx)
@@ -82,7 +80,7 @@ fn affine_builds_without_bfloat() {
 /// its f32 entry points, and defines no bf16 one.
 #[test]
 fn every_shader_builds_without_bfloat() {
-    let dir = emu::workspace_root().join("kernels");
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../kernels");
     let mut files: Vec<String> = std::fs::read_dir(&dir)
         .unwrap()
         .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
