@@ -101,8 +101,8 @@ fn metal_estimate(launches: usize, footprint: &DecodeFootprint) {
     const DISPATCH_US: f64 = 5.16;
     /// One command-buffer boundary.
     const COMMAND_BUFFER_US: f64 = 20.0;
-    /// Command buffers per token: every launch fits one (`COMPUTE_PER_BUFFER`), committed at
-    /// the readback of the logits.
+    // Command buffers per token: up to `gdn_ops::backend::metal::COMPUTE_PER_BUFFER` (1000)
+    // launches go into one, committed at the readback of the logits.
     let command_buffers = launches.div_ceil(1000);
     let bytes = footprint.total() as f64;
     println!(
