@@ -6,8 +6,8 @@
 
 pub mod cache;
 pub mod config;
-pub mod diagnose;
 pub mod device_memory;
+pub mod diagnose;
 pub mod footprint;
 pub mod layers;
 pub mod load_progress;

@@ -4,8 +4,8 @@
 
 pub use gdn_ops::affine;
 pub mod checkpoint;
-pub mod files;
 pub mod dense_experts;
+pub mod files;
 pub mod matrix;
 pub mod weight;
 

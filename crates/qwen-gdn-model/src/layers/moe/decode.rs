@@ -14,7 +14,8 @@ impl SparseMoe {
     /// Whether the fused kernels cover this block in `dtype`.
     pub(crate) fn fused_decode_supported(&self, dtype: DType) -> bool {
         self.stacked().is_some_and(|s| {
-            moe_route::supports(s.experts, self.top_k, dtype) && s.gate_up.supports_gather_swiglu(1, dtype)
+            moe_route::supports(s.experts, self.top_k, dtype)
+                && s.gate_up.supports_gather_swiglu(1, dtype)
         })
     }
 
