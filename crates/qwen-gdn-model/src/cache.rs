@@ -1,6 +1,7 @@
 //! Per-sequence state carried between forward calls: for each GDN layer the last `K-1`
 //! pre-conv rows and the recurrent state, for each attention layer its keys and values.
 
+use crate::layers::norm::contiguous;
 use crate::StateDtype;
 use anyhow::Result;
 use candle_core::Tensor;
@@ -67,8 +68,8 @@ impl KvCache {
             self.keys.as_ref().expect("reserved"),
             self.values.as_ref().expect("reserved"),
         );
-        candle_op(keys.slice_set(&k.contiguous()?, 2, self.len))?;
-        candle_op(values.slice_set(&v.contiguous()?, 2, self.len))?;
+        candle_op(keys.slice_set(&contiguous(k)?, 2, self.len))?;
+        candle_op(values.slice_set(&contiguous(v)?, 2, self.len))?;
         self.len += s;
         Ok((self.keys().expect("set"), self.values().expect("set")))
     }

@@ -12,7 +12,7 @@ use crate::weights::Weight;
 use crate::Config;
 use anyhow::Result;
 use candle_core::{DType, Device, Tensor, D};
-use gdn_ops::launches::record;
+use gdn_ops::launches::{candle_op, candle_ops};
 
 mod decode;
 
@@ -80,7 +80,9 @@ impl Attention {
         let (b, s, _) = x.dims3()?;
         let (nq, nkv, dh) = (self.heads, self.kv_heads, self.head_dim);
         let [qg, k, v]: [Tensor; 3] = self.qkv.forward(x)?.try_into().expect("three projections");
-        let qg = qg.reshape((b, s, nq, 2 * dh))?;
+        // A view of the merged projection: contiguous in decode, copied here in prefill (as
+        // `reshape` would do uncounted).
+        let qg = contiguous(&qg)?.reshape((b, s, nq, 2 * dh))?;
         let (q, gate) = (
             qg.narrow(D::Minus1, 0, dh)?,
             contiguous(&qg.narrow(D::Minus1, dh, dh)?)?.reshape((b, s, nq * dh))?,
@@ -111,8 +113,7 @@ impl Attention {
             attend(&q, &k, &v, offset)?
         }; // [B, Nq, S, Dh]
         let o = contiguous(&o.transpose(1, 2)?)?.reshape((b, s, nq * dh))?;
-        record(2);
-        let o = (o * candle_nn::ops::sigmoid(&gate)?)?;
+        let o = candle_op(o.mul(&candle_op(candle_nn::ops::sigmoid(&gate))?))?;
         self.o_proj.forward(&o)
     }
 }
@@ -130,10 +131,13 @@ pub fn causal_mask(
 ) -> Result<Tensor> {
     let query_pos = Tensor::arange(offset as u32, (offset + s) as u32, device)?.reshape((s, 1))?;
     let key_pos = Tensor::arange(0u32, t as u32, device)?.reshape((1, t))?;
-    let visible = key_pos.broadcast_le(&query_pos)?;
-    let open = Tensor::zeros((s, t), dtype, device)?;
-    let closed = Tensor::full(f32::NEG_INFINITY, (s, t), device)?.to_dtype(dtype)?;
-    Ok(visible.where_cond(&open, &closed)?)
+    let visible = candle_op(key_pos.broadcast_le(&query_pos))?;
+    let open = candle_op(Tensor::zeros((s, t), dtype, device))?;
+    let closed = cast(
+        &candle_op(Tensor::full(f32::NEG_INFINITY, (s, t), device))?,
+        dtype,
+    )?;
+    candle_op(visible.where_cond(&open, &closed))
 }
 
 /// One fused kernel (`candle_nn::ops::sdpa`): the vector kernel for a single query, the full
@@ -142,11 +146,16 @@ pub fn causal_mask(
 /// `src/kernels/sdpa.rs:171`, masking `row_pos < col_pos` in
 /// `scaled_dot_product_attention.metal:2128–2135`), which is where a chunk appended to the KV
 /// cache sits, so no mask is built. GQA is handled by the kernels. candle has them on Metal
-/// only; elsewhere the same function is computed by [`attend`], counted as the one launch it
-/// stands in for.
+/// only; elsewhere the same function is computed by [`attend`]: on the CPU counted as the one
+/// launch it stands in for, on other GPUs (CUDA) counted as the composed ops it launches. The
+/// query copy is made before, so that it is counted on every device as on Metal.
 fn fused_attend(q: &Tensor, k: &Tensor, v: &Tensor, offset: usize) -> Result<Tensor> {
+    let q = contiguous(q)?;
+    if q.device().is_cpu() {
+        return gdn_ops::launches::counted_as(1, || attend(&q, k, v, offset));
+    }
     if !q.device().is_metal() {
-        return gdn_ops::launches::counted_as(1, || attend(q, k, v, offset));
+        return attend(&q, k, v, offset);
     }
     let (_, _, s, dh) = q.dims4()?;
     let t = k.dim(2)?;
@@ -155,9 +164,7 @@ fn fused_attend(q: &Tensor, k: &Tensor, v: &Tensor, offset: usize) -> Result<Ten
         "attention: {s} queries at offset {offset} over {t} cached keys"
     );
     let scale = (dh as f32).powf(-0.5);
-    let q = contiguous(q)?;
-    record(1);
-    Ok(candle_nn::ops::sdpa(&q, k, v, None, s > 1, scale, 1.0)?)
+    candle_op(candle_nn::ops::sdpa(&q, k, v, None, s > 1, scale, 1.0))
 }
 
 /// Softmax attention of `q` `[B, Nq, S, Dh]` over `k`, `v` `[B, Nkv, T, Dh]`, where query
@@ -171,21 +178,26 @@ fn attend(q: &Tensor, k: &Tensor, v: &Tensor, offset: usize) -> Result<Tensor> {
     // K and V stay views of the KV buffers (rows of Dh values, heads a buffer capacity apart):
     // the matmuls take a transposed K and row-strided operands as they are (CPU gemm and
     // cuBLAS), so no step copies the whole cache.
-    record(1);
-    let scores = (q.matmul(&k.transpose(2, 3)?)? * (dh as f64).powf(-0.5))?;
+    let scores = candle_op(q.matmul(&k.transpose(2, 3)?))?;
+    let scores = candle_op(scores * (dh as f64).powf(-0.5))?;
     let scores = if s > 1 {
-        // Row r of the folded query axis is query r % s.
-        let mask = causal_mask(s, t, offset, scores.dtype(), q.device())?.repeat((rep, 1))?;
-        record(1);
-        scores.broadcast_add(&mask)?
+        // Row r of the folded query axis is query r % s: `repeat` is a cat of `rep` copies.
+        let mask = causal_mask(s, t, offset, scores.dtype(), q.device())?;
+        let mask = if rep > 1 {
+            candle_ops(rep, mask.repeat((rep, 1)))?
+        } else {
+            mask
+        };
+        candle_op(scores.broadcast_add(&mask))?
     } else {
         scores
     };
-    record(1);
     let p = cast(
-        &candle_nn::ops::softmax_last_dim(&cast(&scores, DType::F32)?)?,
+        &candle_op(candle_nn::ops::softmax_last_dim(&cast(
+            &scores,
+            DType::F32,
+        )?))?,
         v.dtype(),
     )?;
-    record(1);
-    Ok(p.matmul(v)?.reshape((b, nq, s, dh))?)
+    Ok(candle_op(p.matmul(v))?.reshape((b, nq, s, dh))?)
 }

@@ -20,7 +20,7 @@ use crate::weights::Checkpoint;
 use crate::Config;
 use anyhow::Result;
 use candle_core::{DType, Device, Tensor, D};
-use gdn_ops::launches::record;
+use gdn_ops::launches::{candle_op, candle_ops};
 
 mod decode;
 
@@ -164,28 +164,25 @@ impl GatedDeltaNet {
         let k = self.kernel;
         let prev = match &cache.conv {
             Some(p) => p.clone(),
-            None => {
-                record(1);
-                Tensor::zeros((b, k - 1, c), x.dtype(), x.device())?
-            }
+            None => candle_op(Tensor::zeros((b, k - 1, c), x.dtype(), x.device()))?,
         };
-        record(2);
-        let padded = Tensor::cat(&[&prev, x], 1)?; // [B, S+K-1, C]
-                                                   // A copy, not a view: the narrow is already contiguous, so `contiguous()` would keep
-                                                   // the whole `[B, S+K-1, C]` prefill buffer alive in every GDN layer.
-        cache.conv = Some(padded.narrow(1, s, k - 1)?.force_contiguous()?);
+        let padded = candle_ops(2, Tensor::cat(&[&prev, x], 1))?; // [B, S+K-1, C]
+
+        // A copy, not a view: the narrow is already contiguous, so `contiguous()` would keep
+        // the whole `[B, S+K-1, C]` prefill buffer alive in every GDN layer.
+        cache.conv = Some(candle_op(padded.narrow(1, s, k - 1)?.force_contiguous())?);
         let w = cast(&self.conv_taps, x.dtype())?;
         if s == 1 {
             // A decode step's window is all of `padded` ([B, K, C]): one product and one sum
             // over the taps instead of K products and K − 1 adds (launches, on a GPU).
-            record(2);
-            return Ok(padded.broadcast_mul(&w)?.sum_keepdim(1)?);
+            let products = candle_op(padded.broadcast_mul(&w))?;
+            return candle_op(products.sum_keepdim(1));
         }
-        let mut out = padded.narrow(1, 0, s)?.broadcast_mul(&w.narrow(0, 0, 1)?)?;
+        let mut out = candle_op(padded.narrow(1, 0, s)?.broadcast_mul(&w.narrow(0, 0, 1)?))?;
         for m in 1..k {
-            out = (out + padded.narrow(1, m, s)?.broadcast_mul(&w.narrow(0, m, 1)?)?)?;
+            let tap = candle_op(padded.narrow(1, m, s)?.broadcast_mul(&w.narrow(0, m, 1)?))?;
+            out = candle_op(out + tap)?;
         }
-        record(2 * k - 1);
         Ok(out)
     }
 
@@ -203,8 +200,7 @@ impl GatedDeltaNet {
             .forward(x)?
             .try_into()
             .expect("four projections");
-        let conv = self.conv(&qkv, cache)?.silu()?;
-        record(1);
+        let conv = candle_op(self.conv(&qkv, cache)?.silu())?;
         // Head views of the conv output: each is copied once, by the normalisation or here.
         let q = contiguous(&conv.narrow(D::Minus1, 0, hk * dk)?)?.reshape((b, s, hk, dk))?;
         let k = contiguous(&conv.narrow(D::Minus1, hk * dk, hk * dk)?)?.reshape((b, s, hk, dk))?;
@@ -212,8 +208,7 @@ impl GatedDeltaNet {
             contiguous(&conv.narrow(D::Minus1, 2 * hk * dk, hv * dv)?)?.reshape((b, s, hv, dv))?;
         let q = self.q_norm.norm.forward(&q)?;
         let k = self.k_norm.norm.forward(&k)?;
-        let beta = candle_nn::ops::sigmoid(&cast(&beta_in, DType::F32)?)?;
-        record(1);
+        let beta = candle_op(candle_nn::ops::sigmoid(&cast(&beta_in, DType::F32)?))?;
         let g = decay(&cast(&a, DType::F32)?, &self.dt_bias, &self.neg_a_log_exp)?;
         let state = self.state_for(cache, b, x.device())?;
         let y = gdn_ops::gated_delta_update(&q, &k, &v, &g, &beta, &state)?;
@@ -233,9 +228,8 @@ impl GatedDeltaNet {
             Some(st) if st.dtype() == dtype => st.clone(),
             Some(st) => cast(st, dtype)?,
             None => {
-                record(1);
                 let (hv, dv, dk) = (self.value_heads, self.value_dim, self.key_dim);
-                Tensor::zeros((b, hv, dv, dk), dtype, device)?
+                candle_op(Tensor::zeros((b, hv, dv, dk), dtype, device))?
             }
         };
         cache.state = Some(state.clone());
@@ -245,11 +239,17 @@ impl GatedDeltaNet {
 
 /// `g = exp(−exp(A_log) · softplus(a + dt_bias))` in f32: the per-token decay in (0, 1].
 fn decay(a: &Tensor, dt_bias: &Tensor, neg_a_log_exp: &Tensor) -> Result<Tensor> {
-    let x = a.broadcast_add(dt_bias)?;
+    let x = candle_op(a.broadcast_add(dt_bias))?;
     // softplus(x) = max(x, 0) + log(1 + exp(−|x|)), stable for large |x|.
-    let softplus = (x.relu()? + (x.abs()?.neg()?.exp()? + 1.0)?.log()?)?;
-    record(10);
-    Ok(softplus.broadcast_mul(neg_a_log_exp)?.exp()?)
+    let relu = candle_op(x.relu())?;
+    let abs = candle_op(x.abs())?;
+    let neg = candle_op(abs.neg())?;
+    let exp = candle_op(neg.exp())?;
+    let one_plus = candle_op(exp + 1.0)?;
+    let log = candle_op(one_plus.log())?;
+    let softplus = candle_op(relu + log)?;
+    let scaled = candle_op(softplus.broadcast_mul(neg_a_log_exp))?;
+    candle_op(scaled.exp())
 }
 
 #[cfg(test)]

@@ -1,9 +1,11 @@
 //! Linear layers and embeddings over [`Weight`]s.
 
+use super::norm::cast;
 use crate::weights::{Checkpoint, Matrix, Weight};
 use crate::Config;
 use anyhow::Result;
 use candle_core::{DType, Device, Tensor, D};
+use gdn_ops::launches::{candle_op, candle_ops};
 
 /// `y = x Wᵀ (+ b)`, in x's dtype.
 #[derive(Debug, Clone)]
@@ -57,10 +59,7 @@ impl Linear {
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let y = self.weight.matmul_t(x)?;
         match &self.bias {
-            Some(b) => {
-                gdn_ops::launches::record(1);
-                Ok(y.broadcast_add(&b.to_dtype(y.dtype())?)?)
-            }
+            Some(b) => candle_op(y.broadcast_add(&cast(b, y.dtype())?)),
             None => Ok(y),
         }
     }
@@ -133,8 +132,7 @@ impl FusedLinear {
         let all = if outs.len() == 1 {
             outs.into_iter().next().expect("one output")
         } else {
-            gdn_ops::launches::record(outs.len());
-            Tensor::cat(&outs, D::Minus1)?
+            candle_ops(outs.len(), Tensor::cat(&outs, D::Minus1))?
         };
         let mut start = 0;
         self.out_dims

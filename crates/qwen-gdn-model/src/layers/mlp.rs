@@ -5,6 +5,7 @@ use crate::weights::Checkpoint;
 use crate::Config;
 use anyhow::Result;
 use candle_core::Tensor;
+use gdn_ops::launches::candle_op;
 
 #[derive(Debug, Clone)]
 pub struct Mlp {
@@ -53,7 +54,7 @@ impl Mlp {
             .forward(x)?
             .try_into()
             .expect("two projections");
-        gdn_ops::launches::record(2);
-        self.down.forward(&(gate.silu()? * up)?)
+        let act = candle_op(candle_op(gate.silu())?.mul(&up))?;
+        self.down.forward(&act)
     }
 }

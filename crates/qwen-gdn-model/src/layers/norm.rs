@@ -1,25 +1,28 @@
 //! RMSNorm and the gated RMSNorm of GDN layers (mlx-lm-reference.md §3.5, §3.6).
 //!
-//! `launches::record` calls count the kernels each op costs on a GPU (docs/metal.md).
+//! Candle ops run through `launches::candle_op`, which counts the kernel each costs on a GPU
+//! (docs/metal.md).
 
 use anyhow::Result;
 use candle_core::{DType, Device, Tensor};
-use gdn_ops::launches::record;
+use gdn_ops::launches::candle_op;
 
 /// A copy kernel when `x` is a strided view, none otherwise.
 pub fn contiguous(x: &Tensor) -> Result<Tensor> {
-    if !x.is_contiguous() {
-        record(1);
+    if x.is_contiguous() {
+        Ok(x.clone())
+    } else {
+        candle_op(x.contiguous())
     }
-    Ok(x.contiguous()?)
 }
 
 /// A cast kernel when the dtype changes, none otherwise.
 pub fn cast(x: &Tensor, dtype: DType) -> Result<Tensor> {
-    if x.dtype() != dtype {
-        record(1);
+    if x.dtype() == dtype {
+        Ok(x.clone())
+    } else {
+        candle_op(x.to_dtype(dtype))
     }
-    Ok(x.to_dtype(dtype)?)
 }
 
 /// `x · rsqrt(mean(x²) + eps) · weight`. Checkpoint weights are already `1 + w`.
@@ -39,12 +42,11 @@ impl RmsNorm {
 
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let x = contiguous(x)?;
-        record(1);
-        Ok(candle_nn::ops::rms_norm(
+        candle_op(candle_nn::ops::rms_norm(
             &x,
             &cast(&self.weight, x.dtype())?,
             self.eps,
-        )?)
+        ))
     }
 }
 
@@ -57,9 +59,8 @@ pub struct GatedRmsNorm {
 impl GatedRmsNorm {
     pub fn forward(&self, x: &Tensor, z: &Tensor) -> Result<Tensor> {
         let n = cast(&self.norm.forward(x)?, DType::F32)?;
-        let gate = cast(z, DType::F32)?.silu()?;
-        record(2);
-        cast(&(gate * n)?, x.dtype())
+        let gate = candle_op(cast(z, DType::F32)?.silu())?;
+        cast(&candle_op(gate.mul(&n))?, x.dtype())
     }
 }
 

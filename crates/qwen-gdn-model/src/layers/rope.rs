@@ -4,7 +4,7 @@
 use super::norm::contiguous;
 use anyhow::Result;
 use candle_core::{DType, Device, Tensor, D};
-use gdn_ops::launches::record;
+use gdn_ops::launches::{candle_op, candle_ops};
 
 #[derive(Debug, Clone)]
 pub struct PartialRope {
@@ -66,17 +66,15 @@ impl PartialRope {
     pub fn forward(&self, x: &Tensor, offset: usize) -> Result<Tensor> {
         let (_, _, seq, head_dim) = x.dims4()?;
         let (cos, sin) = self.tables(offset, seq, x.dtype(), x.device())?;
-        let rotated = candle_nn::rotary_emb::rope(
+        let rotated = candle_op(candle_nn::rotary_emb::rope(
             &contiguous(&x.narrow(D::Minus1, 0, self.dims)?)?,
             &cos,
             &sin,
-        )?;
-        record(1);
+        ))?;
         if self.dims == head_dim {
             return Ok(rotated);
         }
         let pass = x.narrow(D::Minus1, self.dims, head_dim - self.dims)?;
-        record(2);
-        Ok(Tensor::cat(&[&rotated, &pass], D::Minus1)?)
+        candle_ops(2, Tensor::cat(&[&rotated, &pass], D::Minus1))
     }
 }

@@ -9,6 +9,7 @@
 
 use anyhow::{ensure, Result};
 use candle_core::Tensor;
+use gdn_ops::launches::{candle_op, candle_ops};
 
 /// `x` `[N, cols]` (one row per token, shared by its k slots) or `[N, k, cols]` (one per
 /// slot), `ids` `[N, k]` u32 into `experts` `[E, rows, cols]` → `[N, k, rows]`, where
@@ -17,7 +18,8 @@ pub fn grouped_matmul_t(experts: &Tensor, x: &Tensor, ids: &Tensor) -> Result<Te
     let (n, k) = ids.dims2()?;
     let (e, rows, cols) = experts.dims3()?;
     let per_slot = x.rank() == 3;
-    let x = x.reshape(((if per_slot { n * k } else { n }), cols))?;
+    let x =
+        crate::layers::norm::contiguous(x)?.reshape(((if per_slot { n * k } else { n }), cols))?;
     let ids: Vec<u32> = ids.flatten_all()?.to_vec1()?;
     if let Some(&bad) = ids.iter().find(|&&id| id as usize >= e) {
         anyhow::bail!("expert id {bad} is outside the {e} experts");
@@ -34,7 +36,7 @@ pub fn grouped_matmul_t(experts: &Tensor, x: &Tensor, ids: &Tensor) -> Result<Te
         position[p as usize] = i as u32;
     }
     let device = x.device();
-    let sorted_x = x.index_select(&Tensor::new(source.as_slice(), device)?, 0)?;
+    let sorted_x = candle_op(x.index_select(&Tensor::new(source.as_slice(), device)?, 0))?;
     let mut outputs = Vec::new();
     let mut start = 0;
     while start < order.len() {
@@ -44,12 +46,11 @@ pub fn grouped_matmul_t(experts: &Tensor, x: &Tensor, ids: &Tensor) -> Result<Te
             .take_while(|&&p| ids[p as usize] == expert)
             .count();
         let w = experts.get(expert as usize)?; // [rows, cols], a view
-        outputs.push(sorted_x.narrow(0, start, len)?.matmul(&w.t()?)?);
+        outputs.push(candle_op(sorted_x.narrow(0, start, len)?.matmul(&w.t()?))?);
         start += len;
     }
-    gdn_ops::launches::record(outputs.len() + 3);
-    let sorted_y = Tensor::cat(&outputs, 0)?;
-    let y = sorted_y.index_select(&Tensor::new(position.as_slice(), device)?, 0)?;
+    let sorted_y = candle_ops(outputs.len(), Tensor::cat(&outputs, 0))?;
+    let y = candle_op(sorted_y.index_select(&Tensor::new(position.as_slice(), device)?, 0))?;
     ensure!(y.dims() == [n * k, rows], "grouped expert product shape");
     Ok(y.reshape((n, k, rows))?)
 }

@@ -3,8 +3,10 @@
 //! compute device (quantized matrices stay quantized) so that no product leaves the device.
 
 use super::matrix::{FloatData, Matrix};
+use crate::layers::norm::{cast, contiguous};
 use anyhow::{bail, ensure, Result};
 use candle_core::{DType, Device, Tensor};
+use gdn_ops::launches::candle_op;
 use gdn_ops::ops::affine::AffineTensor;
 
 #[derive(Debug, Clone)]
@@ -96,8 +98,11 @@ impl Weight {
             }
             Self::Quantized(a) => a.matmul_t(x),
             Self::Dense(w) => {
-                gdn_ops::launches::record(1);
-                let y = x.reshape((m, cols))?.matmul(&w.squeeze(0)?.t()?)?;
+                let y = candle_op(
+                    contiguous(x)?
+                        .reshape((m, cols))?
+                        .matmul(&w.squeeze(0)?.t()?),
+                )?;
                 Ok(y.reshape(out_shape)?)
             }
         }
@@ -113,14 +118,14 @@ impl Weight {
             Self::Dense(w) => {
                 let (n, k) = ids.dims2()?;
                 let (rows, cols) = (self.rows(), self.cols());
+                // One row per slot: a copy of the broadcast token rows, or of a strided input.
                 let x = match x.rank() {
-                    2 => x.unsqueeze(1)?.broadcast_as((n, k, cols))?,
-                    _ => x.clone(),
+                    2 => contiguous(&x.unsqueeze(1)?.broadcast_as((n, k, cols))?)?,
+                    _ => contiguous(x)?,
                 };
                 // [N·k, rows, cols]: the selected experts' weights, gathered on the device.
-                let w = w.index_select(&ids.flatten_all()?, 0)?;
-                let y = x.reshape((n * k, 1, cols))?.matmul(&w.transpose(1, 2)?)?;
-                gdn_ops::launches::record(3);
+                let w = candle_op(w.index_select(&ids.flatten_all()?, 0))?;
+                let y = candle_op(x.reshape((n * k, 1, cols))?.matmul(&w.transpose(1, 2)?))?;
                 Ok(y.reshape((n, k, rows))?)
             }
             Self::Host(_) => bail!("expert gather needs device weights"),
@@ -134,10 +139,10 @@ impl Weight {
         let n = ids.dim(0)?;
         match self {
             Self::Quantized(a) => a.dequantize(Some(ids), n, dtype),
-            Self::Dense(t) => Ok(gdn_ops::launches::candle_ops(
-                2,
-                t.squeeze(0)?.index_select(ids, 0)?.to_dtype(dtype),
-            )?),
+            Self::Dense(t) => {
+                let rows = candle_op(t.squeeze(0)?.index_select(ids, 0))?;
+                cast(&rows, dtype)
+            }
             Self::Host(_) => bail!("embedding lookup by device ids needs device weights"),
         }
     }
@@ -161,9 +166,9 @@ impl Weight {
                 a.dequantize(Some(&ids), ids.dim(0)?, dtype)
             }
             Self::Dense(t) => {
-                gdn_ops::launches::record(1);
                 let ids = Tensor::new(ids, device)?;
-                Ok(t.squeeze(0)?.index_select(&ids, 0)?.to_dtype(dtype)?)
+                let rows = candle_op(t.squeeze(0)?.index_select(&ids, 0))?;
+                cast(&rows, dtype)
             }
         }
     }

@@ -20,7 +20,7 @@ use crate::weights::{Checkpoint, Matrix, Product, Weight};
 use crate::Config;
 use anyhow::Result;
 use candle_core::{DType, Device, Tensor, D};
-use gdn_ops::launches::record;
+use gdn_ops::launches::candle_op;
 pub use stacked::StackedExperts;
 
 #[derive(Debug, Clone)]
@@ -158,9 +158,9 @@ impl SeparateExperts {
         };
         match &self.shared_expert {
             Some((mlp, gate)) => {
-                let scale = candle_nn::ops::sigmoid(&gate.forward(x)?)?;
-                record(3);
-                Ok((routed + mlp.forward(x)?.broadcast_mul(&scale)?)?)
+                let scale = candle_op(candle_nn::ops::sigmoid(&gate.forward(x)?))?;
+                let shared = candle_op(mlp.forward(x)?.broadcast_mul(&scale))?;
+                candle_op(routed + shared)
             }
             None => Ok(routed),
         }
@@ -169,8 +169,7 @@ impl SeparateExperts {
     /// Router probabilities `[N, E]` in f32 for `x` `[N, H]`.
     fn probabilities(&self, x: &Tensor) -> Result<Tensor> {
         let logits = cast(&self.router.forward(x)?, DType::F32)?;
-        record(1);
-        Ok(candle_nn::ops::softmax_last_dim(&logits)?)
+        candle_op(candle_nn::ops::softmax_last_dim(&logits))
     }
 
     fn routed_on_device(&self, x: &Tensor, top_k: usize, renormalise: bool) -> Result<Tensor> {
@@ -179,24 +178,20 @@ impl SeparateExperts {
         let probs = self.probabilities(&x)?;
         // Top-k: a descending argsort, cut to k. Ties (equal f32 probabilities) may order
         // differently from the host's lowest-index-first; both are valid top-k sets.
-        let ids = contiguous(
-            &probs
-                .arg_sort_last_dim(false)?
-                .narrow(D::Minus1, 0, top_k)?,
-        )?; // [N, k] u32
-        let mut weights = probs.gather(&ids, D::Minus1)?; // [N, k]
-        record(2);
+        let sorted = candle_op(probs.arg_sort_last_dim(false))?;
+        let ids = contiguous(&sorted.narrow(D::Minus1, 0, top_k)?)?; // [N, k] u32
+        let mut weights = candle_op(probs.gather(&ids, D::Minus1))?; // [N, k]
         if renormalise {
-            weights = weights.broadcast_div(&weights.sum_keepdim(D::Minus1)?)?;
-            record(2);
+            let total = candle_op(weights.sum_keepdim(D::Minus1))?;
+            weights = candle_op(weights.broadcast_div(&total))?;
         }
         let gate = self.gate_proj.gather_matmul_t(&x, &ids)?; // [N, k, Im]
         let up = self.up_proj.gather_matmul_t(&x, &ids)?;
-        let act = (gate.silu()? * up)?;
+        let act = candle_op(candle_op(gate.silu())?.mul(&up))?;
         let down = self.down_proj.gather_matmul_t(&act, &ids)?; // [N, k, H]
-        let weighted = cast(&down, DType::F32)?.broadcast_mul(&weights.unsqueeze(D::Minus1)?)?;
-        record(4);
-        Ok(cast(&weighted.sum(1)?, x.dtype())?.reshape(dims)?)
+        let weighted =
+            candle_op(cast(&down, DType::F32)?.broadcast_mul(&weights.unsqueeze(D::Minus1)?))?;
+        Ok(cast(&candle_op(weighted.sum(1))?, x.dtype())?.reshape(dims)?)
     }
 
     fn routed_on_host(

@@ -138,13 +138,9 @@ impl StackedExperts {
         let probs = candle_op(candle_nn::ops::softmax_last_dim(&routed))?;
         // Ties (equal f32 probabilities) may order differently from the host's
         // lowest-index-first; both are valid top-k sets.
-        let ids = candle_ops(
-            2,
-            probs
-                .arg_sort_last_dim(false)?
-                .narrow(D::Minus1, 0, top_k)?
-                .contiguous(),
-        )?;
+        // The top-k narrow is copied only where it is a strided view (not for one token).
+        let sorted = candle_op(probs.arg_sort_last_dim(false))?;
+        let ids = contiguous(&sorted.narrow(D::Minus1, 0, top_k)?)?;
         let mut weights = candle_op(probs.gather(&ids, D::Minus1))?;
         if renormalise {
             let total = candle_op(weights.sum_keepdim(D::Minus1))?;
