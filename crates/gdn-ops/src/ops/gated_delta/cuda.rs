@@ -62,17 +62,17 @@ pub(crate) fn gated_delta_update(dims: GdnDims, inputs: &Inputs, state: &Tensor)
     );
     let in_dtype = inputs.q.dtype();
     match (in_dtype, state.dtype()) {
-        (DType::F32, DType::F32) => launch::<f32, f32>(dims, inputs, state, &dev),
-        (DType::F32, DType::BF16) => launch::<f32, bf16>(dims, inputs, state, &dev),
-        (DType::F16, DType::F32) => launch::<f16, f32>(dims, inputs, state, &dev),
-        (DType::F16, DType::BF16) => launch::<f16, bf16>(dims, inputs, state, &dev),
-        (DType::BF16, DType::F32) => launch::<bf16, f32>(dims, inputs, state, &dev),
-        (DType::BF16, DType::BF16) => launch::<bf16, bf16>(dims, inputs, state, &dev),
+        (DType::F32, DType::F32) => launch_as::<f32, f32>(dims, inputs, state, &dev),
+        (DType::F32, DType::BF16) => launch_as::<f32, bf16>(dims, inputs, state, &dev),
+        (DType::F16, DType::F32) => launch_as::<f16, f32>(dims, inputs, state, &dev),
+        (DType::F16, DType::BF16) => launch_as::<f16, bf16>(dims, inputs, state, &dev),
+        (DType::BF16, DType::F32) => launch_as::<bf16, f32>(dims, inputs, state, &dev),
+        (DType::BF16, DType::BF16) => launch_as::<bf16, bf16>(dims, inputs, state, &dev),
         (i, s) => bail!("{OP}: no CUDA kernel for activations {i:?} with a {s:?} state"),
     }
 }
 
-fn launch<I, S>(
+fn launch_as<I, S>(
     dims: GdnDims,
     inputs: &Inputs,
     state: &Tensor,
