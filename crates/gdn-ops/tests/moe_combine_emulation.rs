@@ -6,7 +6,7 @@
 //! Gates: f32 within 1e-5 of max|twin| per output; f16 and bf16 within 1 ulp of the dtype at
 //! the twin's value (the twin rounds where the kernel does, from f32 values that differ only
 //! in summation order), plus 1e-6 of max|twin|. The harness guards every buffer (see
-//! kernels/emu/guarded_buffers.h).
+//! kernels/emu/guarded_buffer.h).
 
 mod emu;
 

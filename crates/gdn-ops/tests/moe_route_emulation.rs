@@ -5,7 +5,7 @@
 //! Gates, per case: ids equal to the twin's, slot for slot (the selection rule, ties by the
 //! lower index included); weights within 1e-5 of the twin's (they are at most 1, and the two
 //! differ only in the order of the softmax denominator's sum and in exp's last bits).
-//! The harness guards every buffer (see kernels/emu/guarded_buffers.h).
+//! The harness guards every buffer (see kernels/emu/guarded_buffer.h).
 
 mod emu;
 
