@@ -10,10 +10,10 @@
 //! squares is added in another order). The harness guards every buffer and leaves the delta
 //! and sum slots unbound without a delta.
 
-mod attn_kit;
+mod common;
 mod emu;
 
-use attn_kit::{close, tensor, values, Input, Rng, Ty, TYPES};
+use common::{close, tensor, values, Input, Rng, Ty, TYPES};
 use gdn_ops::ops::add_rms_norm::{add_rms_norm, AddRmsNormParams};
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
@@ -32,7 +32,7 @@ struct Case {
 }
 
 fn check(c: &Case) -> Option<String> {
-    let mut rng = Rng(c.seed);
+    let mut rng = Rng::new(c.seed);
     let n = c.rows * c.cols;
     let residual = rng.values(n, -4.0, 4.0, c.ty);
     let delta = if c.delta {

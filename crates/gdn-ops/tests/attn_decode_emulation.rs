@@ -12,11 +12,11 @@
 //! product with the gate), either of which may land on the other side of a rounding
 //! boundary. The KV positions after `pos` hold NaN, so a kernel that reads one fails.
 
-mod attn_kit;
+mod common;
 mod emu;
 
-use attn_kit::{close, tensor, values, Input, Rng, Ty, TYPES};
 use candle_core::{Device, Tensor};
+use common::{close, tensor, values, Input, Rng, Ty, TYPES};
 use gdn_ops::ops::attn_decode::{attn_decode, AttnDecodeParams, SIMDGROUPS};
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
@@ -38,7 +38,7 @@ struct Shape {
 }
 
 fn check(ty: Ty, s: Shape, seed: u64) -> Option<String> {
-    let mut rng = Rng(seed);
+    let mut rng = Rng::new(seed);
     let q_len = s.batch * s.q_heads * s.head_dim;
     let kv_len = s.batch * s.kv_heads * s.capacity * s.head_dim;
     // Scores of a few units: a softmax that is neither flat nor one-hot.

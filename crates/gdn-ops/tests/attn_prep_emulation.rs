@@ -10,11 +10,11 @@
 //! 1 ulp of InT plus 1e-5 of max |ref| (f32 sums of squares in another order, cos/sin the
 //! same C library functions on the same f32 angles).
 
-mod attn_kit;
+mod common;
 mod emu;
 
-use attn_kit::{close, tensor, values, Input, Rng, Ty, TYPES};
 use candle_core::{Device, Tensor};
+use common::{close, tensor, values, Input, Rng, Ty, TYPES};
 use gdn_ops::ops::attn_prep::{attn_prep, AttnPrepParams};
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
@@ -43,7 +43,7 @@ fn inv_freq(rope_dims: usize, theta: f64) -> Vec<f32> {
 }
 
 fn check(ty: Ty, s: Shape, seed: u64) -> Option<String> {
-    let mut rng = Rng(seed);
+    let mut rng = Rng::new(seed);
     let width = (2 * s.q_heads + 2 * s.kv_heads) * s.head_dim;
     let kv_len = s.batch * s.kv_heads * s.capacity * s.head_dim;
     let qkv = rng.values(s.batch * width, -3.0, 3.0, ty);

@@ -7,9 +7,11 @@
 //! differ only in the order of the softmax denominator's sum and in exp's last bits).
 //! The harness guards every buffer (see kernels/emu/guarded_buffer.h).
 
+mod common;
 mod emu;
 
 use candle_core::{DType, Device, Tensor};
+use common::{values, Input, Rng};
 use gdn_ops::ops::moe_route::{moe_route, MoeRouteParams};
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
@@ -23,22 +25,6 @@ const DTYPES: [(DType, &str, &str); 3] = [
 fn harness() -> &'static Path {
     static HARNESS: OnceLock<PathBuf> = OnceLock::new();
     HARNESS.get_or_init(|| emu::compile_harness("moe_route_harness", &[]))
-}
-
-/// splitmix64: the same inputs everywhere.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-    fn uniform(&mut self, lo: f32, hi: f32) -> f32 {
-        lo + (hi - lo) * ((self.next() >> 40) as f32 / (1u64 << 24) as f32)
-    }
 }
 
 struct Case {
@@ -65,7 +51,7 @@ impl Case {
         has_shared: bool,
         levels: u64,
     ) -> Self {
-        let mut rng = Rng(seed);
+        let mut rng = Rng::new(seed);
         let width = experts + has_shared as usize;
         let v: Vec<f32> = (0..tokens * width)
             .map(|_| match levels {
@@ -101,7 +87,7 @@ impl Case {
     }
 
     fn run(&self) -> Result<(Vec<u32>, Vec<f32>), String> {
-        let mut bytes = b"ROUTEMU1".to_vec();
+        let mut input = Input::new(b"ROUTEMU1");
         for h in [
             self.dtype,
             self.tokens,
@@ -110,20 +96,10 @@ impl Case {
             self.renormalise as usize,
             self.has_shared as usize,
         ] {
-            bytes.extend_from_slice(&(h as u32).to_le_bytes());
+            input.u32(h as u32);
         }
-        let values: Vec<f32> = self
-            .logits
-            .to_dtype(DType::F32)
-            .unwrap()
-            .flatten_all()
-            .unwrap()
-            .to_vec1()
-            .unwrap();
-        for v in values {
-            bytes.extend_from_slice(&v.to_le_bytes());
-        }
-        let out = emu::run_harness(harness(), &bytes)?;
+        input.f32s(&values(&self.logits));
+        let out = emu::run_harness(harness(), &input.0)?;
         let n = self.tokens * (self.top_k + self.has_shared as usize);
         if out.len() != 2 * n {
             return Err(format!(
