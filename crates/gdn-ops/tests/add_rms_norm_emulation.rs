@@ -13,7 +13,7 @@
 mod common;
 mod emu;
 
-use common::{close, tensor, values, Input, Rng, Ty, TYPES};
+use common::{close, failures, tensor, values, Input, Rng, Ty, TYPES};
 use gdn_ops::ops::add_rms_norm::{add_rms_norm, AddRmsNormParams};
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
@@ -92,32 +92,16 @@ fn shipped_add_rms_norm_kernels_match_the_cpu_twin() {
         }
     }
     harness();
-    let failures: Vec<String> = std::thread::scope(|s| {
-        let handles: Vec<_> = cases
-            .chunks(cases.len().div_ceil(2))
-            .map(|chunk| {
-                s.spawn(move || {
-                    chunk
-                        .iter()
-                        .filter_map(|c| {
-                            check(c).map(|e| {
-                                format!(
-                                    "add_rms_norm_{} N={} H={} delta={}: {e}",
-                                    c.ty.name(),
-                                    c.rows,
-                                    c.cols,
-                                    c.delta
-                                )
-                            })
-                        })
-                        .collect::<Vec<_>>()
-                })
-            })
-            .collect();
-        handles
-            .into_iter()
-            .flat_map(|h| h.join().unwrap())
-            .collect()
+    let failures: Vec<String> = failures(&cases, |c| {
+        check(c).map(|e| {
+            format!(
+                "add_rms_norm_{} N={} H={} delta={}: {e}",
+                c.ty.name(),
+                c.rows,
+                c.cols,
+                c.delta
+            )
+        })
     });
     assert!(
         failures.is_empty(),

@@ -14,7 +14,7 @@ mod common;
 mod emu;
 
 use candle_core::{Device, Tensor};
-use common::{close, tensor, values, Input, Rng, Ty, TYPES};
+use common::{close, failures, tensor, values, Input, Rng, Ty, TYPES};
 use gdn_ops::ops::attn_prep::{attn_prep, AttnPrepParams};
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
@@ -142,25 +142,8 @@ fn shipped_attn_prep_kernels_match_the_cpu_twin() {
         }
     }
     harness();
-    let failures: Vec<String> = std::thread::scope(|sc| {
-        let handles: Vec<_> = jobs
-            .chunks(jobs.len().div_ceil(2))
-            .map(|chunk| {
-                sc.spawn(move || {
-                    chunk
-                        .iter()
-                        .filter_map(|&(ty, s, seed)| {
-                            check(ty, s, seed)
-                                .map(|e| format!("attn_prep_{} {s:?}: {e}", ty.name()))
-                        })
-                        .collect::<Vec<_>>()
-                })
-            })
-            .collect();
-        handles
-            .into_iter()
-            .flat_map(|h| h.join().unwrap())
-            .collect()
+    let failures: Vec<String> = failures(&jobs, |&(ty, s, seed)| {
+        check(ty, s, seed).map(|e| format!("attn_prep_{} {s:?}: {e}", ty.name()))
     });
     assert!(
         failures.is_empty(),

@@ -12,7 +12,7 @@ mod common;
 mod emu;
 
 use candle_core::{DType, Tensor};
-use common::{values, Input, Rng};
+use common::{failures, values, Input, Rng};
 use gdn_ops::ops::moe_combine::{moe_combine, MoeCombineParams};
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
@@ -160,23 +160,8 @@ fn cases() -> Vec<Case> {
 fn shipped_moe_combine_kernels_match_the_cpu_twin() {
     harness();
     let jobs = cases();
-    let failures: Vec<String> = std::thread::scope(|s| {
-        let handles: Vec<_> = jobs
-            .chunks(jobs.len().div_ceil(2))
-            .map(|chunk| {
-                s.spawn(move || {
-                    chunk
-                        .iter()
-                        .filter_map(|c| c.check().map(|e| format!("[{}] {e}", c.label())))
-                        .collect::<Vec<_>>()
-                })
-            })
-            .collect();
-        handles
-            .into_iter()
-            .flat_map(|h| h.join().unwrap())
-            .collect()
-    });
+    let failures: Vec<String> =
+        failures(&jobs, |c| c.check().map(|e| format!("[{}] {e}", c.label())));
     assert!(
         failures.is_empty(),
         "{} of {} cases disagree with the twin:\n{}",

@@ -1,13 +1,15 @@
 //! Shared by the fused kernels' tests (CPU twin, emulation, CUDA): activation types,
-//! reproducible random inputs, the harness input encoding, and the tolerance checks.
+//! reproducible random inputs, running cases on two threads, the harness input encoding, and the tolerance checks.
 #![allow(dead_code, unused_imports)]
 
 pub mod compare;
 pub mod dtype;
 pub mod harness_input;
+pub mod parallel;
 pub mod random;
 
 pub use compare::{close, max_rel, rel_max, values};
 pub use dtype::{tensor, Ty, TYPES};
 pub use harness_input::Input;
+pub use parallel::failures;
 pub use random::Rng;
