@@ -7,13 +7,8 @@
 
 mod common;
 
-use candle_core::Device;
-use common::{close, tensor, values, Rng, TYPES};
+use common::{close, gpu, tensor, values, Rng, TYPES};
 use gdn_ops::ops::add_rms_norm::add_rms_norm;
-
-fn gpu() -> Device {
-    Device::new_cuda(0).unwrap_or_else(|e| panic!("no CUDA device: {e}"))
-}
 
 #[test]
 fn cuda_add_rms_norm_matches_the_cpu_twin() {

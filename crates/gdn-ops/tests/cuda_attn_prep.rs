@@ -10,12 +10,8 @@
 mod common;
 
 use candle_core::{Device, Tensor};
-use common::{close, tensor, values, Rng, TYPES};
+use common::{close, gpu, tensor, values, Rng, TYPES};
 use gdn_ops::ops::attn_prep::attn_prep;
-
-fn gpu() -> Device {
-    Device::new_cuda(0).unwrap_or_else(|e| panic!("no CUDA device: {e}"))
-}
 
 #[test]
 fn cuda_attn_prep_matches_the_cpu_twin() {

@@ -12,20 +12,8 @@
 mod common;
 
 use candle_core::{DType, Device, Tensor};
-use common::{rel_max, Rng};
+use common::{gpu, rel_max, tolerance, Rng};
 use gdn_ops::ops::gated_delta_norm::gated_delta_update_norm;
-
-fn gpu() -> Device {
-    Device::new_cuda(0).unwrap_or_else(|e| panic!("no CUDA device: {e}"))
-}
-
-fn tolerance(dtype: DType) -> f32 {
-    match dtype {
-        DType::BF16 => 8e-3,
-        DType::F16 => 1e-3,
-        _ => 2e-5,
-    }
-}
 
 #[test]
 fn gated_delta_norm_matches_the_cpu_twin() {

@@ -10,12 +10,8 @@
 mod common;
 
 use candle_core::{DType, Device, Tensor};
-use common::{rel_max, Rng};
+use common::{gpu, rel_max, Rng};
 use gdn_ops::ops::gated_rms_norm::gated_rms_norm;
-
-fn gpu() -> Device {
-    Device::new_cuda(0).unwrap_or_else(|e| panic!("no CUDA device: {e}"))
-}
 
 #[test]
 fn gated_rms_norm_matches_the_cpu_twin() {

@@ -13,20 +13,8 @@
 mod common;
 
 use candle_core::{DType, Device, Tensor};
-use common::{rel_max, values, Rng};
+use common::{gpu, rel_max, tolerance, values, Rng};
 use gdn_ops::ops::gdn_conv_prep::{gdn_conv_prep, ConvPrepDims};
-
-fn gpu() -> Device {
-    Device::new_cuda(0).unwrap_or_else(|e| panic!("no CUDA device: {e}"))
-}
-
-fn tolerance(dtype: DType) -> f32 {
-    match dtype {
-        DType::BF16 => 8e-3,
-        DType::F16 => 1e-3,
-        _ => 2e-5,
-    }
-}
 
 #[test]
 fn gdn_conv_prep_matches_the_cpu_twin() {

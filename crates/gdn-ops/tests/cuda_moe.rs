@@ -10,17 +10,13 @@
 mod common;
 
 use candle_core::{DType, Device, Tensor};
-use common::{values, Rng};
+use common::{gpu, tolerance, values, Rng};
 use gdn_ops::affine::{pack_row, AffineMatrix};
 use gdn_ops::ops::affine::AffineTensor;
 use gdn_ops::ops::moe_combine::moe_combine;
 use gdn_ops::ops::moe_route::moe_route;
 
 const DTYPES: [DType; 3] = [DType::F32, DType::F16, DType::BF16];
-
-fn gpu() -> Device {
-    Device::new_cuda(0).unwrap_or_else(|e| panic!("no CUDA device: {e}"))
-}
 
 fn rel_l2(got: &Tensor, want: &Tensor) -> f32 {
     assert_eq!(got.dims(), want.dims());
@@ -35,14 +31,6 @@ fn rel_l2(got: &Tensor, want: &Tensor) -> f32 {
         .sum();
     let den: f64 = b.iter().map(|y| (*y as f64).powi(2)).sum();
     (num / den.max(1e-30)).sqrt() as f32
-}
-
-fn tolerance(dtype: DType) -> f32 {
-    match dtype {
-        DType::BF16 => 8e-3,
-        DType::F16 => 1e-3,
-        _ => 2e-5,
-    }
 }
 
 fn check(what: &str, err: f32, tol: f32) {

@@ -1,15 +1,18 @@
-//! Shared by the fused kernels' tests (CPU twin, emulation, CUDA): activation types,
+//! Shared by the fused kernels' tests (CPU twin, emulation, CUDA): activation types, the GPU and
+//! its tolerances,
 //! reproducible random inputs, running cases on two threads, the harness input encoding, and the tolerance checks.
 #![allow(dead_code, unused_imports)]
 
 pub mod compare;
 pub mod dtype;
+pub mod gpu;
 pub mod harness_input;
 pub mod parallel;
 pub mod random;
 
 pub use compare::{close, max_rel, rel_max, values};
 pub use dtype::{tensor, Ty, TYPES};
+pub use gpu::{gpu, tolerance};
 pub use harness_input::Input;
 pub use parallel::failures;
 pub use random::Rng;
