@@ -6,32 +6,18 @@
 
 mod common;
 
-use candle_core::{DType, Tensor, D};
-use common::{rel_max, values, Rng};
+use candle_core::{DType, Tensor};
+use common::{candle_nn_rms_norm, rel_max, values, Rng};
 use gdn_ops::ops::gated_delta::GdnDims;
 use gdn_ops::ops::gated_delta_norm::{gated_delta_update_norm, supports};
-
-/// candle_nn::ops::rms_norm's CPU definition (gdn-ops does not depend on candle-nn).
-fn rms_norm(x: &Tensor, alpha: &Tensor, eps: f32) -> Tensor {
-    let dtype = x.dtype();
-    let xf = x.contiguous().unwrap().to_dtype(DType::F32).unwrap();
-    let m = (xf.sqr().unwrap().mean_keepdim(D::Minus1).unwrap() + eps as f64)
-        .unwrap()
-        .sqrt()
-        .unwrap();
-    xf.broadcast_div(&m)
-        .unwrap()
-        .broadcast_mul(&alpha.to_dtype(DType::F32).unwrap())
-        .unwrap()
-        .to_dtype(dtype)
-        .unwrap()
-}
 
 /// `GatedRmsNorm::forward` on the recurrence's output, z made contiguous as
 /// `GatedDeltaNet::forward` does.
 fn gated_norm(y: &Tensor, z: &Tensor, weight: &Tensor, eps: f32) -> Tensor {
     let z = z.contiguous().unwrap().reshape(y.dims()).unwrap();
-    let n = rms_norm(y, weight, eps).to_dtype(DType::F32).unwrap();
+    let n = candle_nn_rms_norm(y, weight, eps)
+        .to_dtype(DType::F32)
+        .unwrap();
     let gate = z.to_dtype(DType::F32).unwrap().silu().unwrap();
     (gate * n).unwrap().to_dtype(y.dtype()).unwrap()
 }

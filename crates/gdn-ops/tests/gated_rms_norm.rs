@@ -5,32 +5,15 @@
 
 mod common;
 
-use candle_core::{DType, Device, Tensor, D};
-use common::{rel_max, values, Rng};
+use candle_core::{DType, Device, Tensor};
+use common::{candle_nn_rms_norm, rel_max, values, Rng};
 use gdn_ops::ops::gated_rms_norm::{gated_rms_norm, supports};
-
-/// candle_nn::ops::rms_norm's CPU definition (gdn-ops does not depend on candle-nn):
-/// `x / sqrt(mean(x²) + eps) · alpha` with the mean square in f32, rounded once to x's dtype.
-fn rms_norm(x: &Tensor, alpha: &Tensor, eps: f32) -> Tensor {
-    let dtype = x.dtype();
-    let xf = x.contiguous().unwrap().to_dtype(DType::F32).unwrap();
-    let m = (xf.sqr().unwrap().mean_keepdim(D::Minus1).unwrap() + eps as f64)
-        .unwrap()
-        .sqrt()
-        .unwrap();
-    xf.broadcast_div(&m)
-        .unwrap()
-        .broadcast_mul(&alpha.to_dtype(DType::F32).unwrap())
-        .unwrap()
-        .to_dtype(dtype)
-        .unwrap()
-}
 
 /// `GatedRmsNorm::forward`, after `GatedDeltaNet::forward`'s `contiguous(&z)?.reshape(..)`.
 fn composed(y: &Tensor, z: &Tensor, weight: &Tensor, eps: f32) -> Tensor {
     let (b, s, hv, dv) = y.dims4().unwrap();
     let z = z.contiguous().unwrap().reshape((b, s, hv, dv)).unwrap();
-    let n = rms_norm(y, &weight.to_dtype(y.dtype()).unwrap(), eps)
+    let n = candle_nn_rms_norm(y, &weight.to_dtype(y.dtype()).unwrap(), eps)
         .to_dtype(DType::F32)
         .unwrap();
     let gate = z.to_dtype(DType::F32).unwrap().silu().unwrap();

@@ -7,7 +7,7 @@
 mod common;
 
 use candle_core::{DType, Device, Tensor, D};
-use common::{rel_max, values, Rng};
+use common::{candle_nn_rms_norm, rel_max, values, Rng};
 use gdn_ops::ops::gdn_conv_prep::{gdn_conv_prep, supports, ConvPrepDims, ConvPrepOut};
 
 /// `x · rsqrt(mean(x²) + eps) · weight` as the model's `RmsNorm::forward`.
@@ -17,23 +17,6 @@ fn rms_norm(x: &Tensor, weight: &Tensor, eps: f32) -> Tensor {
         &weight.to_dtype(x.dtype()).unwrap(),
         eps,
     )
-}
-
-/// candle_nn::ops::rms_norm's CPU definition (gdn-ops does not depend on candle-nn):
-/// `x / sqrt(mean(x²) + eps) · alpha` with the mean square in f32, rounded once to x's dtype.
-fn candle_nn_rms_norm(x: &Tensor, alpha: &Tensor, eps: f32) -> Tensor {
-    let dtype = x.dtype();
-    let xf = x.to_dtype(DType::F32).unwrap();
-    let m = (xf.sqr().unwrap().mean_keepdim(D::Minus1).unwrap() + eps as f64)
-        .unwrap()
-        .sqrt()
-        .unwrap();
-    xf.broadcast_div(&m)
-        .unwrap()
-        .broadcast_mul(&alpha.to_dtype(DType::F32).unwrap())
-        .unwrap()
-        .to_dtype(dtype)
-        .unwrap()
 }
 
 fn sigmoid(x: &Tensor) -> Tensor {

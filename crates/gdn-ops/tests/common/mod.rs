@@ -9,6 +9,7 @@ pub mod gpu;
 pub mod harness_input;
 pub mod parallel;
 pub mod random;
+pub mod reference;
 
 pub use compare::{close, max_rel, rel_max, values};
 pub use dtype::{tensor, Ty, TYPES};
@@ -16,3 +17,4 @@ pub use gpu::{gpu, tolerance};
 pub use harness_input::Input;
 pub use parallel::failures;
 pub use random::Rng;
+pub use reference::candle_nn_rms_norm;
