@@ -20,18 +20,12 @@ mod common;
 mod emu;
 
 use candle_core::{DType, Device, Tensor};
-use common::{Input, Rng, Ty as In};
+use common::{max_abs, rel_err, Input, Rng, St, Ty as In};
 use gdn_ops::ops::gated_delta_norm::gated_delta_update_norm;
 use half::bf16;
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 use std::time::Instant;
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum St {
-    F32,
-    Bf16,
-}
 
 const INSTANTIATIONS: [(In, St); 6] = [
     (In::F32, St::F32),
@@ -41,18 +35,6 @@ const INSTANTIATIONS: [(In, St); 6] = [
     (In::Bf16, St::F32),
     (In::Bf16, St::Bf16),
 ];
-
-impl St {
-    fn name(self) -> &'static str {
-        ["f32", "bf16"][self as usize]
-    }
-    fn msl(self) -> &'static str {
-        ["float", "bfloat"][self as usize]
-    }
-    fn dtype(self) -> DType {
-        [DType::F32, DType::BF16][self as usize]
-    }
-}
 
 fn harness() -> &'static Path {
     static HARNESS: OnceLock<PathBuf> = OnceLock::new();
@@ -253,30 +235,6 @@ fn reference(c: &Case, st: St) -> Out {
 }
 
 const REL_TOL: f32 = 1e-5;
-
-fn max_abs(x: &[f32]) -> f32 {
-    x.iter().fold(0f32, |m, v| m.max(v.abs()))
-}
-
-/// Largest |got - want| as a fraction of max |want|, with where it is.
-fn rel_err(got: &[f32], want: &[f32]) -> (f32, usize) {
-    let scale = max_abs(want).max(f32::MIN_POSITIVE);
-    got.iter()
-        .zip(want)
-        .enumerate()
-        .fold((0f32, 0), |(m, at), (i, (a, b))| {
-            let e = if a.is_nan() {
-                f32::INFINITY
-            } else {
-                (a - b).abs() / scale
-            };
-            if e > m {
-                (e, i)
-            } else {
-                (m, at)
-            }
-        })
-}
 
 fn check(c: &Case, st: St) -> Vec<String> {
     let inp = c.inp;

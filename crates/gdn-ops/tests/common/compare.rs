@@ -93,3 +93,27 @@ pub fn max_rel(got: &Tensor, want: &Tensor) -> f32 {
         .fold(0f32, |m, (x, y)| m.max((x - y).abs()))
         / max
 }
+
+pub fn max_abs(x: &[f32]) -> f32 {
+    x.iter().fold(0f32, |m, v| m.max(v.abs()))
+}
+
+/// Largest |got - want| as a fraction of max |want|, with where it is.
+pub fn rel_err(got: &[f32], want: &[f32]) -> (f32, usize) {
+    let scale = max_abs(want).max(f32::MIN_POSITIVE);
+    got.iter()
+        .zip(want)
+        .enumerate()
+        .fold((0f32, 0), |(m, at), (i, (a, b))| {
+            let e = if a.is_nan() {
+                f32::INFINITY
+            } else {
+                (a - b).abs() / scale
+            };
+            if e > m {
+                (e, i)
+            } else {
+                (m, at)
+            }
+        })
+}

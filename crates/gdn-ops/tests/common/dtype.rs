@@ -57,3 +57,27 @@ pub fn tensor(v: &[f32], shape: &[usize], ty: Ty) -> Tensor {
         .to_dtype(ty.dtype())
         .unwrap()
 }
+
+/// A recurrent state's dtype (the kernels keep f32 or bf16 state).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum St {
+    F32,
+    Bf16,
+}
+
+impl St {
+    /// The harnesses' state type code.
+    pub fn code(self) -> u32 {
+        self as u32
+    }
+    pub fn name(self) -> &'static str {
+        ["f32", "bf16"][self as usize]
+    }
+    /// The Metal type name.
+    pub fn msl(self) -> &'static str {
+        ["float", "bfloat"][self as usize]
+    }
+    pub fn dtype(self) -> DType {
+        [DType::F32, DType::BF16][self as usize]
+    }
+}

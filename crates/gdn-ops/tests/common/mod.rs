@@ -11,8 +11,8 @@ pub mod parallel;
 pub mod random;
 pub mod reference;
 
-pub use compare::{close, max_rel, rel_max, values};
-pub use dtype::{tensor, Ty, TYPES};
+pub use compare::{close, max_abs, max_rel, rel_err, rel_max, values};
+pub use dtype::{tensor, St, Ty, TYPES};
 pub use gpu::{gpu, tolerance};
 pub use harness_input::Input;
 pub use parallel::failures;
