@@ -20,7 +20,7 @@ mod common;
 mod emu;
 
 use candle_core::{DType, Device, Tensor};
-use common::{max_abs, rel_err, Input, Rng, St, Ty as In};
+use common::{max_abs, rel_err, worst_excess, Input, Rng, St, Ty as In};
 use gdn_ops::ops::gated_delta_norm::gated_delta_update_norm;
 use half::bf16;
 use std::path::{Path, PathBuf};
@@ -246,18 +246,7 @@ fn check(c: &Case, st: St) -> Vec<String> {
     let mut bad = vec![];
 
     let scale = max_abs(&want.out);
-    let (mut worst, mut at) = (0f32, 0);
-    for (i, (&a, &b)) in got.out.iter().zip(&want.out).enumerate() {
-        let allowed = (2.0 * inp.ulp(a.abs().max(b.abs()))).max(REL_TOL * scale);
-        let excess = if a.is_nan() {
-            f32::INFINITY
-        } else {
-            (a - b).abs() / allowed
-        };
-        if excess > worst {
-            (worst, at) = (excess, i);
-        }
-    }
+    let (worst, at) = worst_excess(&got.out, &want.out, inp, 2.0, REL_TOL, scale);
     if worst > 1.0 {
         bad.push(format!(
             "out[{at}] = {} vs twin {} ({worst:.3e}x the allowed 2 {} ulps / {REL_TOL:e} of max {scale:.3e})",

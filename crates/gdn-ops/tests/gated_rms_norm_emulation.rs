@@ -13,7 +13,7 @@ mod common;
 mod emu;
 
 use candle_core::{DType, Device, Tensor};
-use common::{Input, Rng, Ty as In, TYPES};
+use common::{worst_excess, Input, Rng, Ty as In, TYPES};
 use gdn_ops::ops::gated_rms_norm::gated_rms_norm;
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
@@ -138,18 +138,7 @@ fn check(c: &Case) -> Option<String> {
     };
     let want = reference(c);
     let scale = want.iter().fold(0f32, |m, v| m.max(v.abs()));
-    let (mut worst, mut at) = (0f32, 0);
-    for (j, (&a, &b)) in got.iter().zip(&want).enumerate() {
-        let allowed = c.ty.ulp(a.abs().max(b.abs())).max(REL_TOL * scale);
-        let excess = if a.is_nan() {
-            f32::INFINITY
-        } else {
-            (a - b).abs() / allowed
-        };
-        if excess > worst {
-            (worst, at) = (excess, j);
-        }
-    }
+    let (worst, at) = worst_excess(&got, &want, c.ty, 1.0, REL_TOL, scale);
     (worst > 1.0).then(|| {
         format!(
             "out[{at}] = {} vs twin {} ({worst:.3e}x the allowed 1 {} ulp / {REL_TOL:e} of max {scale:.3e})",

@@ -13,7 +13,7 @@ mod common;
 mod emu;
 
 use candle_core::{DType, Device, Tensor};
-use common::{Input, Rng, Ty as In, TYPES};
+use common::{worst_excess, Input, Rng, Ty as In, TYPES};
 use gdn_ops::ops::gdn_conv_prep::{gdn_conv_prep, qk_scales, ConvPrepDims, NORM_EPS};
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
@@ -226,18 +226,7 @@ fn check(c: &Case) -> Vec<String> {
         let scale = w.iter().fold(0f32, |m, v| m.max(v.abs()));
         // Activations are rounded to InT; g and beta stay f32.
         let ty = if i < 3 { c.ty } else { In::F32 };
-        let (mut worst, mut at) = (0f32, 0);
-        for (j, (&a, &b)) in g.iter().zip(w).enumerate() {
-            let allowed = ty.ulp(a.abs().max(b.abs())).max(REL_TOL * scale);
-            let excess = if a.is_nan() {
-                f32::INFINITY
-            } else {
-                (a - b).abs() / allowed
-            };
-            if excess > worst {
-                (worst, at) = (excess, j);
-            }
-        }
+        let (worst, at) = worst_excess(g, w, ty, 1.0, REL_TOL, scale);
         if worst > 1.0 {
             bad.push(format!(
                 "{name}[{at}] = {} vs twin {} ({worst:.3e}x the allowed 1 {} ulp / {REL_TOL:e} of max {scale:.3e})",

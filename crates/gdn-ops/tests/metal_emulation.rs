@@ -22,7 +22,7 @@ mod common;
 mod emu;
 
 use candle_core::{DType, Device, Tensor};
-use common::{max_abs, rel_err, Rng, St, Ty as In};
+use common::{max_abs, rel_err, worst_excess, Rng, St, Ty as In};
 use half::bf16;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -238,18 +238,7 @@ fn check(c: &Case, inp: In, st: St) -> Vec<String> {
 
     // y: the reference's y is already rounded to InT.
     let y_scale = max_abs(&want.y);
-    let (mut worst, mut worst_at) = (0f32, 0);
-    for (i, (&a, &b)) in got.y.iter().zip(&want.y).enumerate() {
-        let allowed = inp.ulp(a.abs().max(b.abs())).max(REL_TOL * y_scale);
-        let excess = if a.is_nan() {
-            f32::INFINITY
-        } else {
-            (a - b).abs() / allowed
-        };
-        if excess > worst {
-            (worst, worst_at) = (excess, i);
-        }
-    }
+    let (worst, worst_at) = worst_excess(&got.y, &want.y, inp, 1.0, REL_TOL, y_scale);
     if worst > 1.0 {
         bad.push(format!(
             "y[{worst_at}] = {} vs reference {} ({worst:.3e}x the allowed 1 {} ulp / {REL_TOL:e} of max|y| {y_scale:.3e})",

@@ -117,3 +117,29 @@ pub fn rel_err(got: &[f32], want: &[f32]) -> (f32, usize) {
             }
         })
 }
+
+/// The worst element of `got` against `want` as a multiple of its allowance: `ulps` ulp of `ty`
+/// at the larger magnitude of the pair, or `rel` of `scale`, whichever is larger (NaN in `got`
+/// is infinitely bad). Returns `(excess, index)`: the pair passes while the excess is at most 1.
+pub fn worst_excess(
+    got: &[f32],
+    want: &[f32],
+    ty: Ty,
+    ulps: f32,
+    rel: f32,
+    scale: f32,
+) -> (f32, usize) {
+    let (mut worst, mut at) = (0f32, 0);
+    for (i, (&a, &b)) in got.iter().zip(want).enumerate() {
+        let allowed = (ulps * ty.ulp(a.abs().max(b.abs()))).max(rel * scale);
+        let excess = if a.is_nan() {
+            f32::INFINITY
+        } else {
+            (a - b).abs() / allowed
+        };
+        if excess > worst {
+            (worst, at) = (excess, i);
+        }
+    }
+    (worst, at)
+}

@@ -11,7 +11,7 @@ pub mod parallel;
 pub mod random;
 pub mod reference;
 
-pub use compare::{close, max_abs, max_rel, rel_err, rel_max, values};
+pub use compare::{close, max_abs, max_rel, rel_err, rel_max, values, worst_excess};
 pub use dtype::{tensor, St, Ty, TYPES};
 pub use gpu::{gpu, tolerance};
 pub use harness_input::Input;
