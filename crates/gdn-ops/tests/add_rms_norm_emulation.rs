@@ -128,7 +128,7 @@ fn kernel_abi_in_source() {
         "AddRmsNormParams (kernels/params/add_rms_norm.h) must match ops/add_rms_norm"
     );
     assert_eq!(std::mem::size_of::<AddRmsNormParams>(), 16);
-    let src = source_code("kernels/add_rms_norm.metal");
+    let src = emu::shipped_source("kernels/add_rms_norm.metal");
     assert!(src.contains("#include \"params/add_rms_norm.h\""));
     for (i, name) in ["residual", "delta", "weight", "sum", "normed"]
         .iter()
@@ -146,19 +146,6 @@ fn kernel_abi_in_source() {
             "missing add_rms_norm_{t}"
         );
     }
-    let cu = source_code("kernels/add_rms_norm.cu");
+    let cu = emu::shipped_source("kernels/add_rms_norm.cu");
     assert!(cu.contains("#include \"params/add_rms_norm.h\""));
-}
-
-/// A shipped source without comments, whitespace squashed.
-fn source_code(path: &str) -> String {
-    let text = std::fs::read_to_string(emu::workspace_root().join(path)).unwrap();
-    let code: Vec<&str> = text
-        .lines()
-        .map(|l| l.split("//").next().unwrap())
-        .collect();
-    code.join("\n")
-        .split_whitespace()
-        .collect::<Vec<_>>()
-        .join(" ")
 }

@@ -157,7 +157,7 @@ fn kernel_abi_in_source() {
         "AttnDecodeParams (kernels/params/attn_decode.h) must match ops/attn_decode"
     );
     assert_eq!(std::mem::size_of::<AttnDecodeParams>(), 28);
-    let src = source_code("kernels/attn_decode.metal");
+    let src = emu::shipped_source("kernels/attn_decode.metal");
     assert!(src.contains("#include \"params/attn_decode.h\""));
     for (i, name) in ["q", "gate", "keys", "values", "pos", "out"]
         .iter()
@@ -176,18 +176,7 @@ fn kernel_abi_in_source() {
             "missing attn_decode_{t}"
         );
     }
-    assert!(source_code("kernels/attn_decode.cu").contains("#include \"params/attn_decode.h\""));
-}
-
-/// A shipped source without comments, whitespace squashed.
-fn source_code(path: &str) -> String {
-    let text = std::fs::read_to_string(emu::workspace_root().join(path)).unwrap();
-    let code: Vec<&str> = text
-        .lines()
-        .map(|l| l.split("//").next().unwrap())
-        .collect();
-    code.join("\n")
-        .split_whitespace()
-        .collect::<Vec<_>>()
-        .join(" ")
+    assert!(
+        emu::shipped_source("kernels/attn_decode.cu").contains("#include \"params/attn_decode.h\"")
+    );
 }

@@ -173,7 +173,7 @@ fn kernel_abi_in_source() {
         "AttnPrepParams (kernels/params/attn_prep.h) must match ops/attn_prep"
     );
     assert_eq!(std::mem::size_of::<AttnPrepParams>(), 28);
-    let src = source_code("kernels/attn_prep.metal");
+    let src = emu::shipped_source("kernels/attn_prep.metal");
     assert!(src.contains("#include \"params/attn_prep.h\""));
     let buffers = [
         "qkv", "q_norm", "k_norm", "inv_freq", "pos", "keys", "values", "q", "gate",
@@ -191,18 +191,5 @@ fn kernel_abi_in_source() {
             "missing attn_prep_{t}"
         );
     }
-    assert!(source_code("kernels/attn_prep.cu").contains("#include \"params/attn_prep.h\""));
-}
-
-/// A shipped source without comments, whitespace squashed.
-fn source_code(path: &str) -> String {
-    let text = std::fs::read_to_string(emu::workspace_root().join(path)).unwrap();
-    let code: Vec<&str> = text
-        .lines()
-        .map(|l| l.split("//").next().unwrap())
-        .collect();
-    code.join("\n")
-        .split_whitespace()
-        .collect::<Vec<_>>()
-        .join(" ")
+    assert!(emu::shipped_source("kernels/attn_prep.cu").contains("#include \"params/attn_prep.h\""));
 }

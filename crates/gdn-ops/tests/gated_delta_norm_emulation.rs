@@ -380,19 +380,7 @@ fn kernel_abi_in_source() {
         std::mem::size_of::<gdn_ops::ops::gated_delta_norm::GdnNormParams>(),
         9 * 4
     );
-    let src = std::fs::read_to_string(emu::workspace_root().join("kernels/gated_delta_norm.metal"))
-        .unwrap();
-    let code: String = src
-        .lines()
-        .map(|l| l.split("//").next().unwrap())
-        .collect::<Vec<_>>()
-        .join("\n");
-    let mut flat = code.split_whitespace().collect::<Vec<_>>().join(" ");
-    while let Some(start) = flat.find("/*") {
-        let end = flat[start..].find("*/").unwrap() + start + 2;
-        flat.replace_range(start..end, "");
-    }
-    let flat = flat.split_whitespace().collect::<Vec<_>>().join(" ");
+    let flat = emu::strip_block_comments(&emu::shipped_source("kernels/gated_delta_norm.metal"));
     assert!(flat.contains("#include \"params/gated_delta_norm.h\""));
     let buffers = [
         "q", "k", "v", "g", "beta", "state", "z", "weight", "out", "p",

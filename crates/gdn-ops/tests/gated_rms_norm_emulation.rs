@@ -210,34 +210,12 @@ fn kernel_abi_in_source() {
         std::mem::size_of::<gdn_ops::ops::gated_rms_norm::GatedRmsNormParams>(),
         7 * 4
     );
-    let src = std::fs::read_to_string(emu::workspace_root().join("kernels/gated_rms_norm.metal"))
-        .unwrap();
-    let code: String = src
-        .lines()
-        .map(|l| l.split("//").next().unwrap())
-        .collect::<Vec<_>>()
-        .join("\n");
-    let mut flat = code.split_whitespace().collect::<Vec<_>>().join(" ");
-    while let Some(start) = flat.find("/*") {
-        let end = flat[start..].find("*/").unwrap() + start + 2;
-        flat.replace_range(start..end, "");
-    }
-    let flat = flat.split_whitespace().collect::<Vec<_>>().join(" ");
+    let flat = emu::strip_block_comments(&emu::shipped_source("kernels/gated_rms_norm.metal"));
     assert!(flat.contains("#include \"params/gated_rms_norm.h\""));
-    let mut from = flat
-        .find("#define GATED_RMS_NORM(")
-        .expect("GATED_RMS_NORM macro");
-    for (i, name) in ["y", "z", "weight", "out", "p"].iter().enumerate() {
-        let needle = format!("{name} [[buffer({i})]]");
-        let at = flat[from..]
-            .find(&needle)
-            .unwrap_or_else(|| panic!("`{needle}` missing or out of order"));
-        from += at + needle.len();
-    }
-    let body_end = flat[from..].find('{').map_or(flat.len(), |e| from + e);
-    assert!(
-        !flat[from..body_end].contains("[[buffer("),
-        "more buffers than the host binds"
+    emu::assert_buffers(
+        &flat,
+        "#define GATED_RMS_NORM(",
+        &["y", "z", "weight", "out", "p"],
     );
     for ty in TYPES {
         let line = format!("GATED_RMS_NORM(gated_rms_norm_{}, {})", ty.name(), ty.msl());

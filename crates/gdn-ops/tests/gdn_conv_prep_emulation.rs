@@ -323,20 +323,8 @@ fn kernel_abi_in_source() {
         std::mem::size_of::<gdn_ops::ops::gdn_conv_prep::ConvPrepParams>(),
         12 * 4
     );
-    let src =
-        std::fs::read_to_string(emu::workspace_root().join("kernels/gdn_conv_prep.metal")).unwrap();
-    let code: String = src
-        .lines()
-        .map(|l| l.split("//").next().unwrap())
-        .collect::<Vec<_>>()
-        .join("\n");
     // Block comments inside the macro are documentation, not ABI.
-    let mut flat = code.split_whitespace().collect::<Vec<_>>().join(" ");
-    while let Some(start) = flat.find("/*") {
-        let end = flat[start..].find("*/").unwrap() + start + 2;
-        flat.replace_range(start..end, "");
-    }
-    let flat = flat.split_whitespace().collect::<Vec<_>>().join(" ");
+    let flat = emu::strip_block_comments(&emu::shipped_source("kernels/gdn_conv_prep.metal"));
     assert!(flat.contains("#include \"params/gdn_conv_prep.h\""));
     let buffers = [
         "qkv",
@@ -353,21 +341,7 @@ fn kernel_abi_in_source() {
         "beta",
         "p",
     ];
-    let mut from = flat
-        .find("#define GDN_CONV_PREP(")
-        .expect("GDN_CONV_PREP macro");
-    for (i, name) in buffers.iter().enumerate() {
-        let needle = format!("{name} [[buffer({i})]]");
-        let at = flat[from..]
-            .find(&needle)
-            .unwrap_or_else(|| panic!("`{needle}` missing or out of order"));
-        from += at + needle.len();
-    }
-    let body_end = flat[from..].find('{').map_or(flat.len(), |e| from + e);
-    assert!(
-        !flat[from..body_end].contains("[[buffer("),
-        "more buffers than the host binds"
-    );
+    emu::assert_buffers(&flat, "#define GDN_CONV_PREP(", &buffers);
     for ty in TYPES {
         let line = format!("GDN_CONV_PREP(gdn_conv_prep_{}, {})", ty.name(), ty.msl());
         assert!(flat.contains(&line), "missing `{line}`");

@@ -187,9 +187,7 @@ fn moe_combine_abi_in_source() {
     .collect();
     assert_eq!(fields, want);
     assert_eq!(std::mem::size_of::<MoeCombineParams>(), 5 * 4);
-    let src =
-        std::fs::read_to_string(emu::workspace_root().join("kernels/moe_combine.metal")).unwrap();
-    let flat = emu::flatten_source(&src);
+    let flat = emu::shipped_source("kernels/moe_combine.metal");
     assert!(flat.contains("#include \"params/moe_combine.h\""));
     emu::assert_buffers(
         &flat,

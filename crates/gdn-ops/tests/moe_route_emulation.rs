@@ -187,9 +187,7 @@ fn moe_route_abi_in_source() {
             .map(|f| ("unsigned int".to_string(), f.to_string())),
     );
     assert_eq!(std::mem::size_of::<MoeRouteParams>(), 5 * 4);
-    let src =
-        std::fs::read_to_string(emu::workspace_root().join("kernels/moe_route.metal")).unwrap();
-    let flat = emu::flatten_source(&src);
+    let flat = emu::shipped_source("kernels/moe_route.metal");
     assert!(flat.contains("#include \"params/moe_route.h\""));
     emu::assert_buffers(
         &flat,
