@@ -10,33 +10,12 @@
 mod common;
 
 use candle_core::{DType, Device, Tensor};
-use common::{gpu, tolerance, values, Rng};
-use gdn_ops::affine::{pack_row, AffineMatrix};
+use common::{assert_rel_err, gpu, random_matrix, rel_l2, tolerance, Rng};
 use gdn_ops::ops::affine::AffineTensor;
 use gdn_ops::ops::moe_combine::moe_combine;
 use gdn_ops::ops::moe_route::moe_route;
 
 const DTYPES: [DType; 3] = [DType::F32, DType::F16, DType::BF16];
-
-fn rel_l2(got: &Tensor, want: &Tensor) -> f32 {
-    assert_eq!(got.dims(), want.dims());
-    let (a, b) = (values(got), values(want));
-    if a.iter().any(|x| x.is_nan()) {
-        return f32::NAN;
-    }
-    let num: f64 = a
-        .iter()
-        .zip(&b)
-        .map(|(x, y)| ((x - y) as f64).powi(2))
-        .sum();
-    let den: f64 = b.iter().map(|y| (*y as f64).powi(2)).sum();
-    (num / den.max(1e-30)).sqrt() as f32
-}
-
-fn check(what: &str, err: f32, tol: f32) {
-    eprintln!("{what}: rel err {err:.2e} (tol {tol:.0e})");
-    assert!(err <= tol, "{what}: rel err {err:e} > {tol:e}");
-}
 
 #[test]
 fn moe_route_matches_the_cpu_twin() {
@@ -63,7 +42,7 @@ fn moe_route_matches_the_cpu_twin() {
                 "{what}: ids"
             );
             // The weights are f32 whatever the logits.
-            check(&what, rel_l2(&w, &want_w), 1e-5);
+            assert_rel_err(&what, rel_l2(&w, &want_w), 1e-5);
         }
     }
 }
@@ -95,50 +74,17 @@ fn moe_combine_matches_the_cpu_twin() {
             )
             .unwrap();
             let what = format!("moe_combine {dtype:?} N={tokens} S={slots} H={hidden}");
-            check(
+            assert_rel_err(
                 &format!("{what}: sum"),
                 rel_l2(&sum, &want_sum),
                 tolerance(dtype),
             );
             assert_eq!(normed.is_some(), want_normed.is_some());
             if let (Some(g), Some(w)) = (normed, want_normed) {
-                check(&format!("{what}: normed"), rel_l2(&g, &w), tolerance(dtype));
+                assert_rel_err(&format!("{what}: normed"), rel_l2(&g, &w), tolerance(dtype));
             }
         }
     }
-}
-
-/// A random stacked `[experts, rows, cols]` matrix, scales and biases in `scale_dtype`.
-fn random_matrix(
-    rng: &mut Rng,
-    bits: usize,
-    group: usize,
-    [experts, rows, cols]: [usize; 3],
-    scale_dtype: DType,
-) -> AffineMatrix {
-    let n = experts * rows;
-    let q: Vec<u32> = (0..n * cols).map(|_| rng.below(1 << bits) as u32).collect();
-    let words: Vec<u32> = q.chunks(cols).flat_map(|row| pack_row(row, bits)).collect();
-    let groups = n * cols / group;
-    let scales: Vec<f32> = (0..groups).map(|_| rng.uniform(0.005, 0.05)).collect();
-    let biases: Vec<f32> = (0..groups).map(|_| rng.uniform(-0.2, 0.2)).collect();
-    let shape = [experts, rows, cols];
-    match scale_dtype {
-        DType::BF16 => {
-            let to = |v: &[f32]| -> Vec<half::bf16> {
-                v.iter().map(|&x| half::bf16::from_f32(x)).collect()
-            };
-            AffineMatrix::new(bits, group, shape, words, to(&scales), to(&biases))
-        }
-        DType::F16 => {
-            let to = |v: &[f32]| -> Vec<half::f16> {
-                v.iter().map(|&x| half::f16::from_f32(x)).collect()
-            };
-            AffineMatrix::new(bits, group, shape, words, to(&scales), to(&biases))
-        }
-        _ => AffineMatrix::new(bits, group, shape, words, scales, biases),
-    }
-    .unwrap()
 }
 
 /// Gathered gate/up products with SwiGLU, every bit width, group size and (x, scale) dtype
@@ -165,7 +111,7 @@ fn affine_swiglu_matches_the_cpu_twin() {
                     let got = gpu_m
                         .gather_swiglu(&x.to_device(&dev).unwrap(), &ids.to_device(&dev).unwrap())
                         .unwrap();
-                    check(
+                    assert_rel_err(
                         &format!("swiglu {bits}-bit g{group} x {x_dtype:?} scales {scale_dtype:?} N={tokens} Im={im}"),
                         rel_l2(&got, &want),
                         tolerance(x_dtype),
@@ -184,7 +130,7 @@ fn affine_swiglu_matches_the_cpu_twin() {
     let got = gpu_m
         .gather_swiglu(&x.to_device(&dev).unwrap(), &ids.to_device(&dev).unwrap())
         .unwrap();
-    check(
+    assert_rel_err(
         "swiglu Qwen3-Next expert shape, bf16",
         rel_l2(&got, &want),
         tolerance(DType::BF16),

@@ -143,3 +143,25 @@ pub fn worst_excess(
     }
     (worst, at)
 }
+
+/// ‖got − want‖ / ‖want‖ over all elements, in f64 (NaN when `got` has a NaN).
+pub fn rel_l2(got: &Tensor, want: &Tensor) -> f32 {
+    assert_eq!(got.dims(), want.dims());
+    let (a, b) = (values(got), values(want));
+    if a.iter().any(|x| x.is_nan()) {
+        return f32::NAN;
+    }
+    let num: f64 = a
+        .iter()
+        .zip(&b)
+        .map(|(x, y)| ((x - y) as f64).powi(2))
+        .sum();
+    let den: f64 = b.iter().map(|y| (*y as f64).powi(2)).sum();
+    (num / den.max(1e-30)).sqrt() as f32
+}
+
+/// Asserts that a relative error `err` is within `tol`, and prints both.
+pub fn assert_rel_err(what: &str, err: f32, tol: f32) {
+    eprintln!("{what}: rel err {err:.2e} (tol {tol:.0e})");
+    assert!(err <= tol, "{what}: rel err {err:e} > {tol:e}");
+}

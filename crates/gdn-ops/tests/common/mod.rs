@@ -11,10 +11,12 @@ pub mod parallel;
 pub mod random;
 pub mod reference;
 
-pub use compare::{close, max_abs, max_rel, rel_err, rel_max, values, worst_excess};
+pub use compare::{
+    assert_rel_err, close, max_abs, max_rel, rel_err, rel_l2, rel_max, values, worst_excess,
+};
 pub use dtype::{tensor, St, Ty, TYPES};
 pub use gpu::{gpu, tolerance};
 pub use harness_input::Input;
 pub use parallel::failures;
-pub use random::Rng;
+pub use random::{random_matrix, Rng};
 pub use reference::candle_nn_rms_norm;

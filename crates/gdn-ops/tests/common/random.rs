@@ -2,6 +2,7 @@
 
 use super::dtype::Ty;
 use candle_core::{DType, Device, Tensor};
+use gdn_ops::affine::{pack_row, AffineMatrix};
 
 /// The generator behind an [`Rng`]; each test keeps the one its inputs were tuned with.
 #[derive(Clone, Copy, Debug)]
@@ -99,4 +100,38 @@ impl Rng {
             .to_dtype(dtype)
             .unwrap()
     }
+}
+
+/// A random stack of `experts` `[rows, cols]` matrices, scales and biases stored in
+/// `scale_dtype` as a checkpoint stores them.
+pub fn random_matrix(
+    rng: &mut Rng,
+    bits: usize,
+    group: usize,
+    [experts, rows, cols]: [usize; 3],
+    scale_dtype: DType,
+) -> AffineMatrix {
+    let n = experts * rows;
+    let q: Vec<u32> = (0..n * cols).map(|_| rng.below(1 << bits) as u32).collect();
+    let words: Vec<u32> = q.chunks(cols).flat_map(|row| pack_row(row, bits)).collect();
+    let groups = n * cols / group;
+    let scales: Vec<f32> = (0..groups).map(|_| rng.uniform(0.005, 0.05)).collect();
+    let biases: Vec<f32> = (0..groups).map(|_| rng.uniform(-0.2, 0.2)).collect();
+    let shape = [experts, rows, cols];
+    match scale_dtype {
+        DType::BF16 => {
+            let to = |v: &[f32]| -> Vec<half::bf16> {
+                v.iter().map(|&x| half::bf16::from_f32(x)).collect()
+            };
+            AffineMatrix::new(bits, group, shape, words, to(&scales), to(&biases))
+        }
+        DType::F16 => {
+            let to = |v: &[f32]| -> Vec<half::f16> {
+                v.iter().map(|&x| half::f16::from_f32(x)).collect()
+            };
+            AffineMatrix::new(bits, group, shape, words, to(&scales), to(&biases))
+        }
+        _ => AffineMatrix::new(bits, group, shape, words, scales, biases),
+    }
+    .unwrap()
 }
