@@ -15,26 +15,19 @@
 // DEQUANT_THREADS = 64, DEQUANT_VALUES_PER_THREAD = 8; params.rows is R for qmv, E*R for
 // dequant). Change both together.
 //
-// Memory checks: every buffer has guard elements (a NaN bit pattern) on both sides and an
-// inaccessible page right after its end (inputs) or after its trailing guard (outputs).
-// Inputs are read-only: a write to one faults. A read past an input's end faults, a read
-// before it poisons the result with NaN, a write outside an output changes its guards, and
-// outputs start poisoned with a different NaN pattern that must be gone from every element.
-// Exit status 2: bad input; 3: a guard or an output element is wrong; 4: a memory fault.
+// Memory checks and exit codes: kernels/emu/guarded_buffer.h (every buffer guarded on both
+// sides with an inaccessible page after it, inputs read-only, outputs poisoned).
 //
 // Build: clang++-19 -std=c++17 -O2 -ffp-contract=off --rtlib=compiler-rt -I kernels/emu
 //        kernels/emu/affine_harness.cpp -o affine_harness
 // (-ffp-contract=off: the dequant check is bit for bit against the reference's separate
 // multiply and add.)
 
-#include <signal.h>
-#include <sys/mman.h>
-#include <unistd.h>
+#include "guarded_buffer.h"
 
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
-#include <cstdlib>
 #include <cstring>
 #include <vector>
 
@@ -42,154 +35,7 @@
 
 namespace {
 
-[[noreturn]] void die(const char* what) {
-  std::fprintf(stderr, "affine_harness: %s\n", what);
-  std::exit(2);
-}
-
-// Elements of guard on either side of every buffer.
-constexpr std::size_t kGuard = 256;
-
-// Bit patterns, each a NaN of its type (the pattern of u32 words is only distinctive): guards
-// around buffers, and the poison outputs start with. Neither is what a conversion produces.
-template <class T>
-struct Pattern;
-template <>
-struct Pattern<float> {
-  static constexpr std::uint32_t guard = 0x7FA1A1A1u, poison = 0x7F80BEEFu;
-};
-template <>
-struct Pattern<uint> {
-  static constexpr std::uint32_t guard = 0x7FA1A1A1u, poison = 0x7F80BEEFu;
-};
-template <>
-struct Pattern<half> {
-  static constexpr std::uint16_t guard = 0x7D5Au, poison = 0x7CEEu;
-};
-template <>
-struct Pattern<bfloat> {
-  static constexpr std::uint16_t guard = 0x7FA1u, poison = 0x7FEEu;
-};
-
-template <class T, class Bits>
-T from_bits(Bits b) {
-  static_assert(sizeof(T) == sizeof(Bits), "pattern width");
-  T t;
-  std::memcpy(&t, &b, sizeof(T));
-  return t;
-}
-
-template <class T>
-bool is_pattern(const T& v, decltype(Pattern<T>::guard) bits) {
-  return std::memcmp(&v, &bits, sizeof(T)) == 0;
-}
-
-// Every mapping, for the fault handler's message.
-struct Mapping {
-  const char* name;
-  std::uintptr_t begin, end;
-};
-Mapping g_maps[8];
-int g_map_count = 0;
-
-void on_fault(int sig, siginfo_t* info, void*) {
-  const auto at = reinterpret_cast<std::uintptr_t>(info->si_addr);
-  const char* what = "unknown memory";
-  for (int i = 0; i < g_map_count; ++i) {
-    if (at >= g_maps[i].begin && at < g_maps[i].end) what = g_maps[i].name;
-  }
-  char msg[160];
-  const int n = std::snprintf(msg, sizeof msg, "affine_harness: %s at an address of %s (read past its end, or a write)\n",
-                              sig == SIGSEGV ? "SIGSEGV" : "SIGBUS", what);
-  if (n > 0) {
-    ssize_t ignored = write(2, msg, std::size_t(n));
-    (void)ignored;
-  }
-  _exit(4);
-}
-
-// count elements of T: [guard][data][guard, outputs only][page, no access]; the data of an
-// input ends exactly at the inaccessible page.
-template <class T>
-class Guarded {
- public:
-  Guarded(const char* name, std::size_t count, bool output) : name_(name), n_(count), output_(output) {
-    const std::size_t page = std::size_t(sysconf(_SC_PAGESIZE));
-    const std::size_t bytes = (kGuard + count + (output ? kGuard : 0)) * sizeof(T);
-    body_ = (bytes + page - 1) / page * page;
-    void* m = mmap(nullptr, body_ + page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (m == MAP_FAILED) die("mmap failed");
-    base_ = static_cast<char*>(m);
-    if (mprotect(base_ + body_, page, PROT_NONE) != 0) die("mprotect failed");
-    T* end = reinterpret_cast<T*>(base_ + body_) - (output ? kGuard : 0);
-    data_ = end - count;
-    lo_ = data_ - kGuard;
-    const T guard = from_bits<T>(Pattern<T>::guard);
-    for (T* p = reinterpret_cast<T*>(base_); p < data_; ++p) *p = guard;
-    if (output) {
-      for (std::size_t i = 0; i < count; ++i) data_[i] = from_bits<T>(Pattern<T>::poison);
-      for (std::size_t i = 0; i < kGuard; ++i) end[i] = guard;
-    }
-    if (g_map_count < 8) g_maps[g_map_count++] = Mapping{name, std::uintptr_t(base_), std::uintptr_t(base_ + body_ + page)};
-  }
-  Guarded(const Guarded&) = delete;
-  Guarded& operator=(const Guarded&) = delete;
-  ~Guarded() { munmap(base_, body_ + std::size_t(sysconf(_SC_PAGESIZE))); }
-
-  T* data() { return data_; }
-  std::size_t size() const { return n_; }
-
-  // Inputs: filled, then read-only for the run.
-  void seal() {
-    if (mprotect(base_, body_, PROT_READ) != 0) die("mprotect failed");
-  }
-
-  void check() const {
-    for (std::size_t i = 0; i < kGuard; ++i) {
-      if (!is_pattern(lo_[i], Pattern<T>::guard) || (output_ && !is_pattern(data_[n_ + i], Pattern<T>::guard))) {
-        std::fprintf(stderr, "affine_harness: write outside %s\n", name_);
-        std::exit(3);
-      }
-    }
-    if (!output_) return;
-    for (std::size_t i = 0; i < n_; ++i) {
-      if (is_pattern(data_[i], Pattern<T>::poison)) {
-        std::fprintf(stderr, "affine_harness: %s[%zu] was never written\n", name_, i);
-        std::exit(3);
-      }
-    }
-  }
-
- private:
-  const char* name_;
-  std::size_t n_;
-  bool output_;
-  std::size_t body_ = 0;
-  char* base_ = nullptr;
-  T* data_ = nullptr;
-  T* lo_ = nullptr;
-};
-
-template <class Raw>
-std::vector<Raw> read_raw(std::size_t n) {
-  std::vector<Raw> out(n);
-  if (n != 0 && std::fread(out.data(), sizeof(Raw), n, stdin) != n) die("short input");
-  return out;
-}
-
-// A sealed input buffer holding src converted to T.
-template <class T, class Raw>
-void fill(Guarded<T>& dst, const std::vector<Raw>& src) {
-  for (std::size_t i = 0; i < src.size(); ++i) dst.data()[i] = static_cast<T>(src[i]);
-  dst.seal();
-}
-
-template <class T>
-void write_f32(Guarded<T>& buf) {
-  std::vector<float> out(buf.size());
-  for (std::size_t i = 0; i < buf.size(); ++i) out[i] = static_cast<float>(buf.data()[i]);
-  if (!out.empty() && std::fwrite(out.data(), sizeof(float), out.size(), stdout) != out.size()) die("short write");
-}
+using namespace guarded;
 
 struct Case {
   uint kernel, experts, rows, cols, bits, group_size, out_rows, x_div, has_ids, x_rows;
@@ -217,17 +63,17 @@ constexpr uint kDequantValuesPerThread = 8;
 template <class InT, class ScT>
 void run_qmv(const Case& c, QmvKernel<InT, ScT> kernel, bool swiglu) {
   const uint y_cols = swiglu ? c.rows / 2 : c.rows;
-  Guarded<uint> w("w", c.packed.size(), false);
-  Guarded<ScT> scales("scales", c.scales.size(), false);
-  Guarded<ScT> biases("biases", c.biases.size(), false);
-  Guarded<InT> x("x", c.x.size(), false);
-  Guarded<uint> ids("ids", c.ids.size(), false);
-  Guarded<InT> y("y", std::size_t(c.out_rows) * y_cols, true);
-  fill(w, c.packed);
-  fill(scales, c.scales);
-  fill(biases, c.biases);
-  fill(x, c.x);
-  fill(ids, c.ids);
+  Buffer<uint> w("w", c.packed.size(), Kind::kInput);
+  Buffer<ScT> scales("scales", c.scales.size(), Kind::kInput);
+  Buffer<ScT> biases("biases", c.biases.size(), Kind::kInput);
+  Buffer<InT> x("x", c.x.size(), Kind::kInput);
+  Buffer<uint> ids("ids", c.ids.size(), Kind::kInput);
+  Buffer<InT> y("y", std::size_t(c.out_rows) * y_cols, Kind::kOutput);
+  w.fill(c.packed);
+  scales.fill(c.scales);
+  biases.fill(c.biases);
+  x.fill(c.x);
+  ids.fill(c.ids);
   // Host: params(m, m.rows, out_rows, x_div, ids.is_some()).
   const AffineParams params{c.rows, c.cols, c.bits, c.group_size, c.out_rows, c.x_div, c.has_ids};
 
@@ -249,20 +95,20 @@ void run_qmv(const Case& c, QmvKernel<InT, ScT> kernel, bool swiglu) {
   x.check();
   ids.check();
   y.check();
-  write_f32(y);
+  y.write_f32();
 }
 
 template <class OutT, class ScT>
 void run_dequant(const Case& c, DequantKernel<OutT, ScT> kernel) {
-  Guarded<uint> w("w", c.packed.size(), false);
-  Guarded<ScT> scales("scales", c.scales.size(), false);
-  Guarded<ScT> biases("biases", c.biases.size(), false);
-  Guarded<uint> ids("ids", c.ids.size(), false);
-  Guarded<OutT> out("out", std::size_t(c.out_rows) * c.cols, true);
-  fill(w, c.packed);
-  fill(scales, c.scales);
-  fill(biases, c.biases);
-  fill(ids, c.ids);
+  Buffer<uint> w("w", c.packed.size(), Kind::kInput);
+  Buffer<ScT> scales("scales", c.scales.size(), Kind::kInput);
+  Buffer<ScT> biases("biases", c.biases.size(), Kind::kInput);
+  Buffer<uint> ids("ids", c.ids.size(), Kind::kInput);
+  Buffer<OutT> out("out", std::size_t(c.out_rows) * c.cols, Kind::kOutput);
+  w.fill(c.packed);
+  scales.fill(c.scales);
+  biases.fill(c.biases);
+  ids.fill(c.ids);
   // Host: params(m, m.experts * m.rows, count, 1, ids.is_some()).
   const AffineParams params{c.experts * c.rows, c.cols, c.bits, c.group_size, c.out_rows, 1, c.has_ids};
 
@@ -280,23 +126,16 @@ void run_dequant(const Case& c, DequantKernel<OutT, ScT> kernel) {
   biases.check();
   ids.check();
   out.check();
-  write_f32(out);
+  out.write_f32();
 }
 
 }  // namespace
 
 int main() {
-  struct sigaction sa;
-  std::memset(&sa, 0, sizeof sa);
-  sa.sa_sigaction = on_fault;
-  sa.sa_flags = SA_SIGINFO;
-  sigaction(SIGSEGV, &sa, nullptr);
-  sigaction(SIGBUS, &sa, nullptr);
+  install_fault_handler("affine_harness");
 
-  char magic[8];
-  if (std::fread(magic, 1, 8, stdin) != 8 || std::memcmp(magic, "AFFEMU01", 8) != 0) die("bad magic");
   std::uint32_t h[12];
-  if (std::fread(h, sizeof(std::uint32_t), 12, stdin) != 12) die("short header");
+  read_header("AFFEMU01", h);
   Case c;
   const std::uint32_t value_type = h[1], scale_type = h[2];
   c.kernel = h[0];
@@ -335,7 +174,7 @@ int main() {
     }
     if (c.has_ids == 0 && c.experts != 1) die("qmv without ids uses expert 0: pass experts = 1");
   }
-  if (std::fgetc(stdin) != EOF) die("trailing input");
+  expect_end();
 
   const std::uint32_t which = value_type * 3 + scale_type;
   if (value_type > 2 || scale_type > 2) die("unknown value_type / scale_type");

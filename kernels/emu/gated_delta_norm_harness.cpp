@@ -11,7 +11,9 @@
 //
 // The launch geometry is crates/gdn-ops/src/ops/gated_delta_norm/metal.rs's: threadgroups
 // (B*Hv, 1, 1) of (32, S, 1) threads, 2*S floats of threadgroup memory rounded up to 16
-// bytes; S is the caller's, so that several are tested. Memory checks: guarded_buffer_gdn.h.
+// bytes; S is the caller's, so that several are tested. Memory checks: guarded_buffer.h.
+
+#include "guarded_buffer.h"
 
 #include <cmath>
 #include <cstdint>
@@ -22,7 +24,6 @@
 #include "metal_math.h"
 
 #include "../gated_delta_norm.metal"
-#include "guarded_buffer_gdn.h"
 
 namespace {
 
@@ -44,15 +45,15 @@ using Kernel = void (*)(const device InT*, const device InT*, const device InT*,
 template <class InT, class StT>
 void run(const Case& c, Kernel<InT, StT> kernel) {
   const GdnNormParams& p = c.p;
-  Buffer<InT> q("q", c.q, Kind::Input);
-  Buffer<InT> k("k", c.k, Kind::Input);
-  Buffer<InT> v("v", c.v, Kind::Input);
-  Buffer<float> g("g", c.g, Kind::Input);
-  Buffer<float> beta("beta", c.beta, Kind::Input);
-  Buffer<StT> state("state", c.state, Kind::InOut);
-  Buffer<InT> z("z", c.z, Kind::Input);
-  Buffer<InT> weight("weight", c.weight, Kind::Input);
-  Buffer<InT> out("out", std::size_t(p.batch) * p.steps * p.value_heads * p.value_dim, Kind::Output);
+  Buffer<InT> q("q", c.q, Kind::kInput);
+  Buffer<InT> k("k", c.k, Kind::kInput);
+  Buffer<InT> v("v", c.v, Kind::kInput);
+  Buffer<float> g("g", c.g, Kind::kInput);
+  Buffer<float> beta("beta", c.beta, Kind::kInput);
+  Buffer<StT> state("state", c.state, Kind::kInPlace);
+  Buffer<InT> z("z", c.z, Kind::kInput);
+  Buffer<InT> weight("weight", c.weight, Kind::kInput);
+  Buffer<InT> out("out", std::size_t(p.batch) * p.steps * p.value_heads * p.value_dim, Kind::kOutput);
   const GdnNormParams params = p;
 
   const std::size_t bytes = (2 * c.simdgroups * sizeof(float) + 15) / 16 * 16;
@@ -101,14 +102,14 @@ int main() {
   if (p.batch == 0 || p.steps == 0 || p.value_dim == 0) guarded::die("the host launches nothing for an empty call");
   const std::size_t bt = std::size_t(p.batch) * p.steps;
   const std::size_t row = std::size_t(p.value_heads) * p.value_dim;
-  c.q = guarded::read_f32(bt * p.key_heads * p.key_dim);
-  c.k = guarded::read_f32(bt * p.key_heads * p.key_dim);
-  c.v = guarded::read_f32(bt * row);
-  c.g = guarded::read_f32(bt * p.value_heads);
-  c.beta = guarded::read_f32(bt * p.value_heads);
-  c.state = guarded::read_f32(std::size_t(p.batch) * row * p.key_dim);
-  c.z = guarded::read_f32(std::size_t(p.batch - 1) * p.z_batch_stride + std::size_t(p.steps - 1) * p.z_token_stride + row);
-  c.weight = guarded::read_f32(p.value_dim);
+  c.q = guarded::read_raw<float>(bt * p.key_heads * p.key_dim);
+  c.k = guarded::read_raw<float>(bt * p.key_heads * p.key_dim);
+  c.v = guarded::read_raw<float>(bt * row);
+  c.g = guarded::read_raw<float>(bt * p.value_heads);
+  c.beta = guarded::read_raw<float>(bt * p.value_heads);
+  c.state = guarded::read_raw<float>(std::size_t(p.batch) * row * p.key_dim);
+  c.z = guarded::read_raw<float>(std::size_t(p.batch - 1) * p.z_batch_stride + std::size_t(p.steps - 1) * p.z_token_stride + row);
+  c.weight = guarded::read_raw<float>(p.value_dim);
   guarded::expect_end();
 
   switch (in_type * 2 + st_type) {

@@ -10,6 +10,8 @@
 // The launch geometry is crates/gdn-ops/src/ops/gated_rms_norm/metal.rs's
 // (ROWS_PER_THREADGROUP = 4); change both together. Memory checks: guarded_buffer.h.
 
+#include "guarded_buffer.h"
+
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -19,7 +21,6 @@
 #include "metal_math.h"
 
 #include "../gated_rms_norm.metal"
-#include "guarded_buffer_gdn.h"
 
 namespace {
 
@@ -42,10 +43,10 @@ using Kernel = void (*)(const device InT*, const device InT*, const device InT*,
 template <class InT>
 void run(const Case& c, Kernel<InT> kernel) {
   const GatedRmsNormParams& p = c.p;
-  Buffer<InT> y("y", c.y, Kind::Input);
-  Buffer<InT> z("z", c.z, Kind::Input);
-  Buffer<InT> weight("weight", c.weight, Kind::Input);
-  Buffer<InT> out("out", std::size_t(p.rows) * p.value_dim, Kind::Output);
+  Buffer<InT> y("y", c.y, Kind::kInput);
+  Buffer<InT> z("z", c.z, Kind::kInput);
+  Buffer<InT> weight("weight", c.weight, Kind::kInput);
+  Buffer<InT> out("out", std::size_t(p.rows) * p.value_dim, Kind::kOutput);
   const GatedRmsNormParams params = p;
 
   const uint3 groups{1, (p.rows + kRowsPerThreadgroup - 1) / kRowsPerThreadgroup, 1};
@@ -81,9 +82,9 @@ int main() {
   if ((tokens > 1 && p.z_token_stride < row_len) || (batch > 1 && p.z_batch_stride < std::size_t(tokens - 1) * p.z_token_stride + row_len)) {
     guarded::die("z's tokens must not overlap");
   }
-  c.y = guarded::read_f32(std::size_t(p.rows) * dim);
-  c.z = guarded::read_f32(std::size_t(batch - 1) * p.z_batch_stride + std::size_t(tokens - 1) * p.z_token_stride + row_len);
-  c.weight = guarded::read_f32(dim);
+  c.y = guarded::read_raw<float>(std::size_t(p.rows) * dim);
+  c.z = guarded::read_raw<float>(std::size_t(batch - 1) * p.z_batch_stride + std::size_t(tokens - 1) * p.z_token_stride + row_len);
+  c.weight = guarded::read_raw<float>(dim);
   guarded::expect_end();
 
   switch (type) {

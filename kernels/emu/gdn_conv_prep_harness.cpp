@@ -14,6 +14,8 @@
 // The launch geometry is crates/gdn-ops/src/ops/gdn_conv_prep/metal.rs's
 // (SLOTS_PER_THREADGROUP = 4); change both together. Memory checks: guarded_buffer.h.
 
+#include "guarded_buffer.h"
+
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -23,7 +25,6 @@
 #include "metal_math.h"
 
 #include "../gdn_conv_prep.metal"
-#include "guarded_buffer_gdn.h"
 
 namespace {
 
@@ -48,20 +49,20 @@ using Kernel = void (*)(const device InT*, const device InT*, const device InT*,
 template <class InT>
 void run(const Case& c, Kernel<InT> kernel) {
   const ConvPrepParams& p = c.p;
-  Buffer<InT> qkv("qkv", c.qkv, Kind::Input);
-  Buffer<InT> b("b", c.b, Kind::Input);
-  Buffer<InT> a("a", c.a, Kind::Input);
-  Buffer<InT> state("conv_state", c.state, Kind::InOut);
-  Buffer<InT> taps("taps", c.taps, Kind::Input);
-  Buffer<float> dt_bias("dt_bias", c.dt_bias, Kind::Input);
-  Buffer<float> neg_a_exp("neg_a_exp", c.neg_a_exp, Kind::Input);
+  Buffer<InT> qkv("qkv", c.qkv, Kind::kInput);
+  Buffer<InT> b("b", c.b, Kind::kInput);
+  Buffer<InT> a("a", c.a, Kind::kInput);
+  Buffer<InT> state("conv_state", c.state, Kind::kInPlace);
+  Buffer<InT> taps("taps", c.taps, Kind::kInput);
+  Buffer<float> dt_bias("dt_bias", c.dt_bias, Kind::kInput);
+  Buffer<float> neg_a_exp("neg_a_exp", c.neg_a_exp, Kind::kInput);
   const std::size_t qk = std::size_t(p.batch) * p.key_heads * p.key_dim;
   const std::size_t gates = std::size_t(p.batch) * p.value_heads;
-  Buffer<InT> q("q", qk, Kind::Output);
-  Buffer<InT> k("k", qk, Kind::Output);
-  Buffer<InT> v("v", gates * p.value_dim, Kind::Output);
-  Buffer<float> g("g", gates, Kind::Output);
-  Buffer<float> beta("beta", gates, Kind::Output);
+  Buffer<InT> q("q", qk, Kind::kOutput);
+  Buffer<InT> k("k", qk, Kind::kOutput);
+  Buffer<InT> v("v", gates * p.value_dim, Kind::kOutput);
+  Buffer<float> g("g", gates, Kind::kOutput);
+  Buffer<float> beta("beta", gates, Kind::kOutput);
   const ConvPrepParams params = p;
 
   const uint slots = 2 * p.key_heads + p.value_heads;
@@ -119,13 +120,13 @@ int main() {
   if (p.batch > 1 && (p.qkv_row_stride < channels || p.b_row_stride < p.value_heads || p.a_row_stride < p.value_heads)) {
     guarded::die("rows must not overlap");
   }
-  c.qkv = guarded::read_f32(span(p.batch, p.qkv_row_stride, channels));
-  c.b = guarded::read_f32(span(p.batch, p.b_row_stride, p.value_heads));
-  c.a = guarded::read_f32(span(p.batch, p.a_row_stride, p.value_heads));
-  c.state = guarded::read_f32(std::size_t(p.batch) * (p.kernel_size - 1) * channels);
-  c.taps = guarded::read_f32(std::size_t(p.kernel_size) * channels);
-  c.dt_bias = guarded::read_f32(p.value_heads);
-  c.neg_a_exp = guarded::read_f32(p.value_heads);
+  c.qkv = guarded::read_raw<float>(span(p.batch, p.qkv_row_stride, channels));
+  c.b = guarded::read_raw<float>(span(p.batch, p.b_row_stride, p.value_heads));
+  c.a = guarded::read_raw<float>(span(p.batch, p.a_row_stride, p.value_heads));
+  c.state = guarded::read_raw<float>(std::size_t(p.batch) * (p.kernel_size - 1) * channels);
+  c.taps = guarded::read_raw<float>(std::size_t(p.kernel_size) * channels);
+  c.dt_bias = guarded::read_raw<float>(p.value_heads);
+  c.neg_a_exp = guarded::read_raw<float>(p.value_heads);
   guarded::expect_end();
 
   switch (type) {

@@ -1,5 +1,6 @@
-// Guarded buffers for the emulation harnesses of the attention and norm kernels
-// (add_rms_norm, attn_prep, attn_decode): what kernels/emu/affine_harness.cpp does inline,
+// Guarded buffers and stdin/stdout plumbing for the emulation harnesses of the fused decode
+// kernels (add_rms_norm, attn_prep, attn_decode, gdn_conv_prep, gated_rms_norm,
+// gated_delta_norm, moe_route, moe_combine): what kernels/emu/affine_harness.cpp does inline,
 // shared.
 //
 // Every buffer has guard elements (a NaN bit pattern) on both sides and an inaccessible page
@@ -38,8 +39,10 @@ inline const char* g_harness = "harness";
 }
 
 // Elements of guard on either side of every buffer.
-constexpr std::size_t kGuard = 64;
+constexpr std::size_t kGuard = 256;
 
+// Bit patterns, each a NaN of its type: guards around buffers, and the poison outputs start
+// with. Neither is what a conversion produces.
 template <class T>
 struct Pattern;
 template <>
@@ -72,11 +75,12 @@ bool is_pattern(const T& v, decltype(Pattern<T>::guard) bits) {
   return std::memcmp(&v, &bits, sizeof(T)) == 0;
 }
 
+// Every mapping, for the fault handler's message.
 struct Mapping {
   const char* name;
   std::uintptr_t begin, end;
 };
-inline Mapping g_maps[16];
+inline Mapping g_maps[32];
 inline int g_map_count = 0;
 
 inline void on_fault(int sig, siginfo_t* info, void*) {
@@ -129,7 +133,13 @@ class Buffer {
       for (std::size_t i = 0; i < count; ++i) data_[i] = from_bits<T>(Pattern<T>::poison);
       for (std::size_t i = 0; i < kGuard; ++i) end[i] = guard;
     }
-    if (g_map_count < 16) g_maps[g_map_count++] = Mapping{name, std::uintptr_t(base_), std::uintptr_t(base_ + body_ + page)};
+    if (g_map_count < 32) g_maps[g_map_count++] = Mapping{name, std::uintptr_t(base_), std::uintptr_t(base_ + body_ + page)};
+  }
+  // An input or in-place buffer holding values converted to T (an input becomes read-only).
+  template <class Raw>
+  Buffer(const char* name, const std::vector<Raw>& values, Kind kind) : Buffer(name, values.size(), kind) {
+    if (kind == Kind::kOutput) die("an output starts poisoned, not filled");
+    fill(values);
   }
   Buffer(const Buffer&) = delete;
   Buffer& operator=(const Buffer&) = delete;
@@ -171,6 +181,12 @@ class Buffer {
     if (!out.empty() && std::fwrite(out.data(), sizeof(float), out.size(), stdout) != out.size()) die("short write");
   }
 
+  // A u32 buffer's raw words on stdout (read back as f32 bit patterns).
+  void write_words() const {
+    static_assert(sizeof(T) == sizeof(std::uint32_t), "32-bit words");
+    if (n_ != 0 && std::fwrite(data_, sizeof(T), n_, stdout) != n_) die("short write");
+  }
+
  private:
   const char* name_;
   std::size_t n_;
@@ -191,6 +207,13 @@ std::vector<Raw> read_raw(std::size_t n) {
 inline void expect_magic(const char* magic) {
   char got[8];
   if (std::fread(got, 1, 8, stdin) != 8 || std::memcmp(got, magic, 8) != 0) die("bad magic");
+}
+
+// The 8-byte magic, then N u32 header words.
+template <std::size_t N>
+void read_header(const char (&magic)[9], std::uint32_t (&h)[N]) {
+  expect_magic(magic);
+  if (std::fread(h, sizeof(std::uint32_t), N, stdin) != N) die("short header");
 }
 
 inline void expect_end() {

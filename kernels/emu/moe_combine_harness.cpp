@@ -8,10 +8,12 @@
 // stdout: f32 sum [N, H], then (has_norm) f32 normed [N, H].
 //
 // The launch geometry is ops/moe_combine/metal.rs's: threadgroups (N, 1, 1), threads
-// (256, 1, 1), 32 bytes of threadgroup memory. Memory checks and exit codes: kernels/emu/guarded_buffers.h.
+// (256, 1, 1), 32 bytes of threadgroup memory. Memory checks and exit codes: kernels/emu/guarded_buffer.h.
 //
 // Build: clang++-19 -std=c++17 -O2 --rtlib=compiler-rt -I kernels/emu
 //        kernels/emu/moe_combine_harness.cpp -o moe_combine_harness
+
+#include "guarded_buffer.h"
 
 #include <cmath>
 #include <cstdint>
@@ -21,15 +23,7 @@
 
 #include "metal_emu.h"
 
-// Metal's rsqrt, until metal_emu.h has it.
-namespace metal {
-inline float rsqrt(float x) { return 1.0f / std::sqrt(x); }
-}  // namespace metal
-
 #include "../moe_combine.metal"
-
-#define HARNESS_NAME "moe_combine_harness"
-#include "guarded_buffers.h"
 
 namespace {
 
@@ -52,16 +46,16 @@ struct Case {
 template <class InT>
 void run(const Case& c, CombineKernel<InT> kernel) {
   const std::size_t rows = std::size_t(c.tokens) * c.hidden;
-  Guarded<InT> down("down", c.down.size(), false);
-  Guarded<float> weights("weights", c.weights.size(), false);
-  Guarded<InT> residual("residual", c.residual.size(), false);
-  Guarded<InT> norm_weight("norm_weight", c.norm_weight.size(), false);
-  Guarded<InT> sum("sum", rows, true);
-  Guarded<InT> normed("normed", c.has_norm != 0 ? rows : 0, true);
-  fill(down, c.down);
-  fill(weights, c.weights);
-  fill(residual, c.residual);
-  fill(norm_weight, c.norm_weight);
+  Buffer<InT> down("down", c.down.size(), Kind::kInput);
+  Buffer<float> weights("weights", c.weights.size(), Kind::kInput);
+  Buffer<InT> residual("residual", c.residual.size(), Kind::kInput);
+  Buffer<InT> norm_weight("norm_weight", c.norm_weight.size(), Kind::kInput);
+  Buffer<InT> sum("sum", rows, Kind::kOutput);
+  Buffer<InT> normed("normed", c.has_norm != 0 ? rows : 0, Kind::kOutput);
+  down.fill(c.down);
+  weights.fill(c.weights);
+  residual.fill(c.residual);
+  norm_weight.fill(c.norm_weight);
   const MoeCombineParams params{c.tokens, c.slots, c.hidden, c.has_norm, c.eps};
   const uint3 per_group{32 * kCombineSimdgroups, 1, 1};
   const std::size_t scratch_bytes = kCombineSimdgroups * sizeof(float);
@@ -79,14 +73,14 @@ void run(const Case& c, CombineKernel<InT> kernel) {
   norm_weight.check();
   sum.check();
   normed.check();
-  write_f32(sum);
-  write_f32(normed);
+  sum.write_f32();
+  normed.write_f32();
 }
 
 }  // namespace
 
 int main() {
-  install_fault_handler();
+  install_fault_handler("moe_combine_harness");
   char magic[8];
   if (std::fread(magic, 1, 8, stdin) != 8 || std::memcmp(magic, "COMBEMU1", 8) != 0) die("bad magic");
   std::uint32_t h[6];

@@ -7,10 +7,12 @@
 // stdout: ids [N, S] as raw u32 words, then f32 weights [N, S] (S = k + has_shared).
 //
 // The launch geometry is ops/moe_route/metal.rs's: threadgroups (N, 1, 1), threads (32, 1, 1).
-// Memory checks and exit codes: kernels/emu/guarded_buffers.h.
+// Memory checks and exit codes: kernels/emu/guarded_buffer.h.
 //
 // Build: clang++-19 -std=c++17 -O2 --rtlib=compiler-rt -I kernels/emu
 //        kernels/emu/moe_route_harness.cpp -o moe_route_harness
+
+#include "guarded_buffer.h"
 
 #include <cmath>
 #include <cstdint>
@@ -22,8 +24,6 @@
 
 #include "../moe_route.metal"
 
-#define HARNESS_NAME "moe_route_harness"
-#include "guarded_buffers.h"
 
 namespace {
 
@@ -40,10 +40,10 @@ struct Case {
 template <class InT>
 void run(const Case& c, RouteKernel<InT> kernel) {
   const std::size_t slots = std::size_t(c.top_k) + c.has_shared;
-  Guarded<InT> logits("logits", c.logits.size(), false);
-  Guarded<uint> ids("ids", c.tokens * slots, true);
-  Guarded<float> weights("weights", c.tokens * slots, true);
-  fill(logits, c.logits);
+  Buffer<InT> logits("logits", c.logits.size(), Kind::kInput);
+  Buffer<uint> ids("ids", c.tokens * slots, Kind::kOutput);
+  Buffer<float> weights("weights", c.tokens * slots, Kind::kOutput);
+  logits.fill(c.logits);
   const MoeRouteParams params{c.tokens, c.experts, c.top_k, c.renormalise, c.has_shared};
   metal_emu::dispatch_threadgroups(uint3{c.tokens, 1, 1}, uint3{32, 1, 1}, [&](const metal_emu::ThreadIds& id) {
     kernel((const device InT*)logits.data(), (device uint*)ids.data(), (device float*)weights.data(),
@@ -52,14 +52,14 @@ void run(const Case& c, RouteKernel<InT> kernel) {
   logits.check();
   ids.check();
   weights.check();
-  write_words(ids);
-  write_f32(weights);
+  ids.write_words();
+  weights.write_f32();
 }
 
 }  // namespace
 
 int main() {
-  install_fault_handler();
+  install_fault_handler("moe_route_harness");
   char magic[8];
   if (std::fread(magic, 1, 8, stdin) != 8 || std::memcmp(magic, "ROUTEMU1", 8) != 0) die("bad magic");
   std::uint32_t h[6];

@@ -2,10 +2,10 @@
 //! (`(&h + delta)` then `candle_nn::ops::rms_norm`, as crates/qwen-gdn-model's layers do),
 //! and its input checks.
 
-mod attn_kit;
+mod common;
 
-use attn_kit::{tensor, values, Rng, Ty};
 use candle_core::{DType, Device, Tensor};
+use common::{tensor, values, Rng, Ty};
 use gdn_ops::ops::add_rms_norm::{add_rms_norm, supports};
 
 /// The model's composed path: the residual add, then the RMSNorm.
@@ -28,7 +28,7 @@ fn max_rel(got: &Tensor, want: &Tensor) -> f32 {
 }
 
 fn compare(ty: Ty, shape: &[usize], with_delta: bool, tol: f32) {
-    let mut rng = Rng(shape.iter().product::<usize>() as u64 + ty.code() as u64);
+    let mut rng = Rng::new(shape.iter().product::<usize>() as u64 + ty.code() as u64);
     let n: usize = shape.iter().product();
     let cols = *shape.last().unwrap();
     let h = tensor(&rng.values(n, -3.0, 3.0, ty), shape, ty);

@@ -10,10 +10,10 @@
 //! squares is added in another order). The harness guards every buffer and leaves the delta
 //! and sum slots unbound without a delta.
 
-mod attn_kit;
+mod common;
 mod emu;
 
-use attn_kit::{close, tensor, values, Input, Rng, Ty, TYPES};
+use common::{close, failures, tensor, values, Input, Rng, Ty, TYPES};
 use gdn_ops::ops::add_rms_norm::{add_rms_norm, AddRmsNormParams};
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
@@ -32,7 +32,7 @@ struct Case {
 }
 
 fn check(c: &Case) -> Option<String> {
-    let mut rng = Rng(c.seed);
+    let mut rng = Rng::new(c.seed);
     let n = c.rows * c.cols;
     let residual = rng.values(n, -4.0, 4.0, c.ty);
     let delta = if c.delta {
@@ -92,32 +92,16 @@ fn shipped_add_rms_norm_kernels_match_the_cpu_twin() {
         }
     }
     harness();
-    let failures: Vec<String> = std::thread::scope(|s| {
-        let handles: Vec<_> = cases
-            .chunks(cases.len().div_ceil(2))
-            .map(|chunk| {
-                s.spawn(move || {
-                    chunk
-                        .iter()
-                        .filter_map(|c| {
-                            check(c).map(|e| {
-                                format!(
-                                    "add_rms_norm_{} N={} H={} delta={}: {e}",
-                                    c.ty.name(),
-                                    c.rows,
-                                    c.cols,
-                                    c.delta
-                                )
-                            })
-                        })
-                        .collect::<Vec<_>>()
-                })
-            })
-            .collect();
-        handles
-            .into_iter()
-            .flat_map(|h| h.join().unwrap())
-            .collect()
+    let failures: Vec<String> = failures(&cases, |c| {
+        check(c).map(|e| {
+            format!(
+                "add_rms_norm_{} N={} H={} delta={}: {e}",
+                c.ty.name(),
+                c.rows,
+                c.cols,
+                c.delta
+            )
+        })
     });
     assert!(
         failures.is_empty(),
@@ -144,7 +128,7 @@ fn kernel_abi_in_source() {
         "AddRmsNormParams (kernels/params/add_rms_norm.h) must match ops/add_rms_norm"
     );
     assert_eq!(std::mem::size_of::<AddRmsNormParams>(), 16);
-    let src = source_code("kernels/add_rms_norm.metal");
+    let src = emu::shipped_source("kernels/add_rms_norm.metal");
     assert!(src.contains("#include \"params/add_rms_norm.h\""));
     for (i, name) in ["residual", "delta", "weight", "sum", "normed"]
         .iter()
@@ -162,19 +146,6 @@ fn kernel_abi_in_source() {
             "missing add_rms_norm_{t}"
         );
     }
-    let cu = source_code("kernels/add_rms_norm.cu");
+    let cu = emu::shipped_source("kernels/add_rms_norm.cu");
     assert!(cu.contains("#include \"params/add_rms_norm.h\""));
-}
-
-/// A shipped source without comments, whitespace squashed.
-fn source_code(path: &str) -> String {
-    let text = std::fs::read_to_string(emu::workspace_root().join(path)).unwrap();
-    let code: Vec<&str> = text
-        .lines()
-        .map(|l| l.split("//").next().unwrap())
-        .collect();
-    code.join("\n")
-        .split_whitespace()
-        .collect::<Vec<_>>()
-        .join(" ")
 }

@@ -825,22 +825,7 @@ fn kernel_abi_in_source() {
         ),
     ];
     for (start, buffers) in kernels {
-        let mut from = flat
-            .find(start)
-            .unwrap_or_else(|| panic!("`{start}` missing"));
-        for (i, name) in buffers.iter().enumerate() {
-            let needle = format!("{name} [[buffer({i})]]");
-            let at = flat[from..]
-                .find(&needle)
-                .unwrap_or_else(|| panic!("{start}: `{needle}` missing or out of order"));
-            from += at + needle.len();
-        }
-        // Nothing bound past the last index.
-        let body_end = flat[from..].find('{').map_or(flat.len(), |e| from + e);
-        assert!(
-            !flat[from..body_end].contains("[[buffer("),
-            "{start}: more buffers than the host binds"
-        );
+        emu::assert_buffers(&flat, start, buffers);
     }
     for (v, s) in pairs() {
         for (kernel, mac) in [

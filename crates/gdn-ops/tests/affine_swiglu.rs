@@ -2,7 +2,10 @@
 //! plan (moe.rs `routed_on_device`): `gather_matmul_t` of separate gate and up stacks, then
 //! `silu(gate) · up` with candle ops; plus one test per input check.
 
+mod common;
+
 use candle_core::{DType, Device, Tensor};
+use common::max_rel;
 use gdn_ops::affine::{pack_row, AffineMatrix};
 use gdn_ops::ops::affine::{AffineTensor, MATVEC_MAX_ROWS};
 
@@ -86,28 +89,6 @@ fn stacks(
         stack(&gates, h, bits, gs),
         stack(&ups, h, bits, gs),
     ]
-}
-
-fn max_rel(got: &Tensor, want: &Tensor) -> f32 {
-    let a: Vec<f32> = got
-        .to_dtype(DType::F32)
-        .unwrap()
-        .flatten_all()
-        .unwrap()
-        .to_vec1()
-        .unwrap();
-    let b: Vec<f32> = want
-        .to_dtype(DType::F32)
-        .unwrap()
-        .flatten_all()
-        .unwrap()
-        .to_vec1()
-        .unwrap();
-    let max = b.iter().fold(0f32, |m, v| m.max(v.abs()));
-    a.iter()
-        .zip(&b)
-        .fold(0f32, |m, (x, y)| m.max((x - y).abs()))
-        / max
 }
 
 #[test]

@@ -2,10 +2,10 @@
 //! of crates/qwen-gdn-model's attention layer for one query over views of the KV buffers,
 //! then the `sigmoid(gate)` product), and its input checks.
 
-mod attn_kit;
+mod common;
 
-use attn_kit::{tensor, values, Rng, Ty};
 use candle_core::{DType, Device, Tensor};
+use common::{tensor, values, Rng, Ty};
 use gdn_ops::ops::attn_decode::{attn_decode, supports};
 
 #[derive(Clone, Copy, Debug)]
@@ -41,7 +41,7 @@ fn composed(q: &Tensor, gate: &Tensor, keys: &Tensor, values: &Tensor, pos: usiz
 }
 
 fn compare(s: Shape, ty: Ty, pos: usize, tol: f32) {
-    let mut rng = Rng((s.head_dim * 31 + pos) as u64 + ty.code() as u64);
+    let mut rng = Rng::new((s.head_dim * 31 + pos) as u64 + ty.code() as u64);
     let q_len = s.batch * s.q_heads * s.head_dim;
     let kv_shape = [s.batch, s.kv_heads, s.capacity, s.head_dim];
     let kv_len: usize = kv_shape.iter().product();

@@ -12,11 +12,11 @@
 //! product with the gate), either of which may land on the other side of a rounding
 //! boundary. The KV positions after `pos` hold NaN, so a kernel that reads one fails.
 
-mod attn_kit;
+mod common;
 mod emu;
 
-use attn_kit::{close, tensor, values, Input, Rng, Ty, TYPES};
 use candle_core::{Device, Tensor};
+use common::{close, failures, tensor, values, Input, Rng, Ty, TYPES};
 use gdn_ops::ops::attn_decode::{attn_decode, AttnDecodeParams, SIMDGROUPS};
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
@@ -38,7 +38,7 @@ struct Shape {
 }
 
 fn check(ty: Ty, s: Shape, seed: u64) -> Option<String> {
-    let mut rng = Rng(seed);
+    let mut rng = Rng::new(seed);
     let q_len = s.batch * s.q_heads * s.head_dim;
     let kv_len = s.batch * s.kv_heads * s.capacity * s.head_dim;
     // Scores of a few units: a softmax that is neither flat nor one-hot.
@@ -126,25 +126,8 @@ fn shipped_attn_decode_kernels_match_the_cpu_twin() {
         }
     }
     harness();
-    let failures: Vec<String> = std::thread::scope(|sc| {
-        let handles: Vec<_> = jobs
-            .chunks(jobs.len().div_ceil(2))
-            .map(|chunk| {
-                sc.spawn(move || {
-                    chunk
-                        .iter()
-                        .filter_map(|&(ty, s, seed)| {
-                            check(ty, s, seed)
-                                .map(|e| format!("attn_decode_{} {s:?}: {e}", ty.name()))
-                        })
-                        .collect::<Vec<_>>()
-                })
-            })
-            .collect();
-        handles
-            .into_iter()
-            .flat_map(|h| h.join().unwrap())
-            .collect()
+    let failures: Vec<String> = failures(&jobs, |&(ty, s, seed)| {
+        check(ty, s, seed).map(|e| format!("attn_decode_{} {s:?}: {e}", ty.name()))
     });
     assert!(
         failures.is_empty(),
@@ -174,7 +157,7 @@ fn kernel_abi_in_source() {
         "AttnDecodeParams (kernels/params/attn_decode.h) must match ops/attn_decode"
     );
     assert_eq!(std::mem::size_of::<AttnDecodeParams>(), 28);
-    let src = source_code("kernels/attn_decode.metal");
+    let src = emu::shipped_source("kernels/attn_decode.metal");
     assert!(src.contains("#include \"params/attn_decode.h\""));
     for (i, name) in ["q", "gate", "keys", "values", "pos", "out"]
         .iter()
@@ -193,18 +176,7 @@ fn kernel_abi_in_source() {
             "missing attn_decode_{t}"
         );
     }
-    assert!(source_code("kernels/attn_decode.cu").contains("#include \"params/attn_decode.h\""));
-}
-
-/// A shipped source without comments, whitespace squashed.
-fn source_code(path: &str) -> String {
-    let text = std::fs::read_to_string(emu::workspace_root().join(path)).unwrap();
-    let code: Vec<&str> = text
-        .lines()
-        .map(|l| l.split("//").next().unwrap())
-        .collect();
-    code.join("\n")
-        .split_whitespace()
-        .collect::<Vec<_>>()
-        .join(" ")
+    assert!(
+        emu::shipped_source("kernels/attn_decode.cu").contains("#include \"params/attn_decode.h\"")
+    );
 }

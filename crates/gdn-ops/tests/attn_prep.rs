@@ -6,10 +6,10 @@
 //! twin is held to the composed path fed f32 angles, and, separately, to the f64 one within
 //! the angle's f32 rounding at positions below 4096.
 
-mod attn_kit;
+mod common;
 
-use attn_kit::{tensor, values, Rng, Ty};
 use candle_core::{DType, Device, Tensor, D};
+use common::{tensor, values, Rng, Ty};
 use gdn_ops::ops::attn_prep::{attn_prep, supports};
 
 #[derive(Clone, Copy, Debug)]
@@ -138,7 +138,7 @@ struct Inputs {
 }
 
 fn inputs(s: Shape, ty: Ty, seed: u64) -> Inputs {
-    let mut rng = Rng(seed);
+    let mut rng = Rng::new(seed);
     let width = (2 * s.q_heads + 2 * s.kv_heads) * s.head_dim;
     Inputs {
         qkv: tensor(

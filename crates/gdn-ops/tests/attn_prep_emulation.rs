@@ -10,11 +10,11 @@
 //! 1 ulp of InT plus 1e-5 of max |ref| (f32 sums of squares in another order, cos/sin the
 //! same C library functions on the same f32 angles).
 
-mod attn_kit;
+mod common;
 mod emu;
 
-use attn_kit::{close, tensor, values, Input, Rng, Ty, TYPES};
 use candle_core::{Device, Tensor};
+use common::{close, failures, tensor, values, Input, Rng, Ty, TYPES};
 use gdn_ops::ops::attn_prep::{attn_prep, AttnPrepParams};
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
@@ -43,7 +43,7 @@ fn inv_freq(rope_dims: usize, theta: f64) -> Vec<f32> {
 }
 
 fn check(ty: Ty, s: Shape, seed: u64) -> Option<String> {
-    let mut rng = Rng(seed);
+    let mut rng = Rng::new(seed);
     let width = (2 * s.q_heads + 2 * s.kv_heads) * s.head_dim;
     let kv_len = s.batch * s.kv_heads * s.capacity * s.head_dim;
     let qkv = rng.values(s.batch * width, -3.0, 3.0, ty);
@@ -142,25 +142,8 @@ fn shipped_attn_prep_kernels_match_the_cpu_twin() {
         }
     }
     harness();
-    let failures: Vec<String> = std::thread::scope(|sc| {
-        let handles: Vec<_> = jobs
-            .chunks(jobs.len().div_ceil(2))
-            .map(|chunk| {
-                sc.spawn(move || {
-                    chunk
-                        .iter()
-                        .filter_map(|&(ty, s, seed)| {
-                            check(ty, s, seed)
-                                .map(|e| format!("attn_prep_{} {s:?}: {e}", ty.name()))
-                        })
-                        .collect::<Vec<_>>()
-                })
-            })
-            .collect();
-        handles
-            .into_iter()
-            .flat_map(|h| h.join().unwrap())
-            .collect()
+    let failures: Vec<String> = failures(&jobs, |&(ty, s, seed)| {
+        check(ty, s, seed).map(|e| format!("attn_prep_{} {s:?}: {e}", ty.name()))
     });
     assert!(
         failures.is_empty(),
@@ -190,7 +173,7 @@ fn kernel_abi_in_source() {
         "AttnPrepParams (kernels/params/attn_prep.h) must match ops/attn_prep"
     );
     assert_eq!(std::mem::size_of::<AttnPrepParams>(), 28);
-    let src = source_code("kernels/attn_prep.metal");
+    let src = emu::shipped_source("kernels/attn_prep.metal");
     assert!(src.contains("#include \"params/attn_prep.h\""));
     let buffers = [
         "qkv", "q_norm", "k_norm", "inv_freq", "pos", "keys", "values", "q", "gate",
@@ -208,18 +191,5 @@ fn kernel_abi_in_source() {
             "missing attn_prep_{t}"
         );
     }
-    assert!(source_code("kernels/attn_prep.cu").contains("#include \"params/attn_prep.h\""));
-}
-
-/// A shipped source without comments, whitespace squashed.
-fn source_code(path: &str) -> String {
-    let text = std::fs::read_to_string(emu::workspace_root().join(path)).unwrap();
-    let code: Vec<&str> = text
-        .lines()
-        .map(|l| l.split("//").next().unwrap())
-        .collect();
-    code.join("\n")
-        .split_whitespace()
-        .collect::<Vec<_>>()
-        .join(" ")
+    assert!(emu::shipped_source("kernels/attn_prep.cu").contains("#include \"params/attn_prep.h\""));
 }

@@ -5,15 +5,10 @@
 //! Gates: `sum` bit for bit; `normed` within 1 ulp of InT plus 1e-5 of max |normed|.
 #![cfg(feature = "cuda")]
 
-mod attn_kit;
+mod common;
 
-use attn_kit::{close, tensor, values, Rng, TYPES};
-use candle_core::Device;
+use common::{close, gpu, tensor, values, Rng, TYPES};
 use gdn_ops::ops::add_rms_norm::add_rms_norm;
-
-fn gpu() -> Device {
-    Device::new_cuda(0).unwrap_or_else(|e| panic!("no CUDA device: {e}"))
-}
 
 #[test]
 fn cuda_add_rms_norm_matches_the_cpu_twin() {
@@ -22,7 +17,7 @@ fn cuda_add_rms_norm_matches_the_cpu_twin() {
     for (rows, cols) in [(1, 2048), (3, 200), (2, 8192), (4, 1), (64, 2048)] {
         for ty in TYPES {
             for with_delta in [true, false] {
-                let mut rng = Rng((rows * cols) as u64 + ty.code() as u64);
+                let mut rng = Rng::new((rows * cols) as u64 + ty.code() as u64);
                 let n = rows * cols;
                 let h = tensor(&rng.values(n, -4.0, 4.0, ty), &[rows, cols], ty);
                 let d = tensor(&rng.values(n, -4.0, 4.0, ty), &[rows, cols], ty);

@@ -6,15 +6,11 @@
 //! the twin's two passes, then two roundings to InT).
 #![cfg(feature = "cuda")]
 
-mod attn_kit;
+mod common;
 
-use attn_kit::{close, tensor, values, Rng, TYPES};
 use candle_core::{Device, Tensor};
+use common::{close, gpu, tensor, values, Rng, TYPES};
 use gdn_ops::ops::attn_decode::attn_decode;
-
-fn gpu() -> Device {
-    Device::new_cuda(0).unwrap_or_else(|e| panic!("no CUDA device: {e}"))
-}
 
 #[test]
 fn cuda_attn_decode_matches_the_cpu_twin() {
@@ -33,7 +29,7 @@ fn cuda_attn_decode_matches_the_cpu_twin() {
     ];
     for (i, &(b, nq, nkv, dh, cap, pos)) in shapes.iter().enumerate() {
         for ty in TYPES {
-            let mut rng = Rng(i as u64 * 131 + ty.code() as u64);
+            let mut rng = Rng::new(i as u64 * 131 + ty.code() as u64);
             let kv_shape = [b, nkv, cap, dh];
             let kv_len: usize = kv_shape.iter().product();
             let q = tensor(&rng.values(b * nq * dh, -1.0, 1.0, ty), &[b, nq, dh], ty);

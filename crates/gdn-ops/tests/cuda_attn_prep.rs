@@ -7,15 +7,11 @@
 //! the CPU's by a few f32 ulp).
 #![cfg(feature = "cuda")]
 
-mod attn_kit;
+mod common;
 
-use attn_kit::{close, tensor, values, Rng, TYPES};
 use candle_core::{Device, Tensor};
+use common::{close, gpu, tensor, values, Rng, TYPES};
 use gdn_ops::ops::attn_prep::attn_prep;
-
-fn gpu() -> Device {
-    Device::new_cuda(0).unwrap_or_else(|e| panic!("no CUDA device: {e}"))
-}
 
 #[test]
 fn cuda_attn_prep_matches_the_cpu_twin() {
@@ -34,7 +30,7 @@ fn cuda_attn_prep_matches_the_cpu_twin() {
     ];
     for (i, &(b, nq, nkv, dh, r, cap, pos)) in shapes.iter().enumerate() {
         for ty in TYPES {
-            let mut rng = Rng(i as u64 * 31 + ty.code() as u64);
+            let mut rng = Rng::new(i as u64 * 31 + ty.code() as u64);
             let width = (2 * nq + 2 * nkv) * dh;
             let kv_shape = [b, nkv, cap, dh];
             let kv_len: usize = kv_shape.iter().product();

@@ -7,66 +7,16 @@
 //! each side from nearby f32 values) to 1e-3 and 8e-3.
 #![cfg(feature = "cuda")]
 
+mod common;
+
 use candle_core::{DType, Device, Tensor};
+use common::{gpu, rel_max, Rng};
 use gdn_ops::ops::gated_rms_norm::gated_rms_norm;
-
-fn gpu() -> Device {
-    Device::new_cuda(0).unwrap_or_else(|e| panic!("no CUDA device: {e}"))
-}
-
-/// xorshift64*: reproducible from the seed printed on failure.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-    fn tensor(&mut self, shape: &[usize], lo: f32, hi: f32) -> Tensor {
-        let n = shape.iter().product();
-        let v: Vec<f32> = (0..n)
-            .map(|_| lo + (hi - lo) * ((self.next() >> 40) as f32 / (1u64 << 24) as f32))
-            .collect();
-        Tensor::from_vec(v, shape, &Device::Cpu).unwrap()
-    }
-}
-
-fn values(t: &Tensor) -> Vec<f32> {
-    t.to_device(&Device::Cpu)
-        .unwrap()
-        .to_dtype(DType::F32)
-        .unwrap()
-        .flatten_all()
-        .unwrap()
-        .to_vec1()
-        .unwrap()
-}
-
-fn rel_max(got: &Tensor, want: &Tensor) -> f32 {
-    assert_eq!(got.dims(), want.dims());
-    let (a, b) = (values(got), values(want));
-    let scale = b
-        .iter()
-        .fold(0f32, |m, v| m.max(v.abs()))
-        .max(f32::MIN_POSITIVE);
-    a.iter()
-        .zip(&b)
-        .map(|(x, y)| {
-            if x.is_nan() {
-                f32::INFINITY
-            } else {
-                (x - y).abs() / scale
-            }
-        })
-        .fold(0f32, f32::max)
-}
 
 #[test]
 fn gated_rms_norm_matches_the_cpu_twin() {
     let dev = gpu();
-    let mut rng = Rng(0x5EED_6A7E);
+    let mut rng = Rng::xorshift(0x5EED_6A7E);
     // (B, T, Hv, Dv): decode, prefill, Dv not a multiple of 32, below 32, above 256.
     let shapes = [
         (1, 1, 32, 128),
@@ -79,7 +29,7 @@ fn gated_rms_norm_matches_the_cpu_twin() {
     for &(b, t, hv, dv) in &shapes {
         for dtype in [DType::F32, DType::F16, DType::BF16] {
             let seed = rng.next();
-            let mut r = Rng(seed | 1);
+            let mut r = Rng::xorshift(seed | 1);
             let y = r
                 .tensor(&[b, t, hv, dv], -3.0, 3.0)
                 .to_dtype(dtype)

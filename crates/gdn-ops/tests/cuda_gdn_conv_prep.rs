@@ -10,74 +10,16 @@
 //! value (1e-3 and 8e-3).
 #![cfg(feature = "cuda")]
 
+mod common;
+
 use candle_core::{DType, Device, Tensor};
+use common::{gpu, rel_max, tolerance, values, Rng};
 use gdn_ops::ops::gdn_conv_prep::{gdn_conv_prep, ConvPrepDims};
-
-fn gpu() -> Device {
-    Device::new_cuda(0).unwrap_or_else(|e| panic!("no CUDA device: {e}"))
-}
-
-/// xorshift64*: reproducible from the seed printed on failure.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-    fn tensor(&mut self, shape: &[usize], lo: f32, hi: f32) -> Tensor {
-        let n = shape.iter().product();
-        let v: Vec<f32> = (0..n)
-            .map(|_| lo + (hi - lo) * ((self.next() >> 40) as f32 / (1u64 << 24) as f32))
-            .collect();
-        Tensor::from_vec(v, shape, &Device::Cpu).unwrap()
-    }
-}
-
-fn values(t: &Tensor) -> Vec<f32> {
-    t.to_device(&Device::Cpu)
-        .unwrap()
-        .to_dtype(DType::F32)
-        .unwrap()
-        .flatten_all()
-        .unwrap()
-        .to_vec1()
-        .unwrap()
-}
-
-fn rel_max(got: &Tensor, want: &Tensor) -> f32 {
-    assert_eq!(got.dims(), want.dims());
-    let (a, b) = (values(got), values(want));
-    let scale = b
-        .iter()
-        .fold(0f32, |m, v| m.max(v.abs()))
-        .max(f32::MIN_POSITIVE);
-    a.iter()
-        .zip(&b)
-        .map(|(x, y)| {
-            if x.is_nan() {
-                f32::INFINITY
-            } else {
-                (x - y).abs() / scale
-            }
-        })
-        .fold(0f32, f32::max)
-}
-
-fn tolerance(dtype: DType) -> f32 {
-    match dtype {
-        DType::BF16 => 8e-3,
-        DType::F16 => 1e-3,
-        _ => 2e-5,
-    }
-}
 
 #[test]
 fn gdn_conv_prep_matches_the_cpu_twin() {
     let dev = gpu();
-    let mut rng = Rng(0x5EED_C0DE);
+    let mut rng = Rng::xorshift(0x5EED_C0DE);
     // (Hk, Dk, Hv, Dv, K, B)
     let shapes = [
         (16, 128, 32, 128, 4, 1),
@@ -97,7 +39,7 @@ fn gdn_conv_prep_matches_the_cpu_twin() {
         let (c, z) = (d.channels(), hv * dv);
         for dtype in [DType::F32, DType::F16, DType::BF16] {
             let seed = rng.next();
-            let mut r = Rng(seed | 1);
+            let mut r = Rng::xorshift(seed | 1);
             let proj = Tensor::cat(
                 &[
                     r.tensor(&[batch, 1, c + z], -2.0, 2.0),

@@ -7,65 +7,11 @@
 //! from nearby f32 values, to 8e-3 and 1e-3.
 #![cfg(feature = "cuda")]
 
+mod common;
+
 use candle_core::{DType, Device, Tensor};
-use gdn_ops::affine::{pack_row, AffineMatrix};
+use common::{assert_rel_err, gpu, random_matrix, rel_l2, Rng};
 use gdn_ops::ops::affine::AffineTensor;
-
-fn gpu() -> Device {
-    Device::new_cuda(0).unwrap_or_else(|e| panic!("no CUDA device: {e}"))
-}
-
-/// xorshift64*: fresh inputs per case, reproducible from the seed printed on failure.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-    /// Uniform in [lo, hi).
-    fn uniform(&mut self, lo: f32, hi: f32) -> f32 {
-        lo + (hi - lo) * ((self.next() >> 40) as f32 / (1u64 << 24) as f32)
-    }
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
-    }
-    fn tensor(&mut self, shape: &[usize], lo: f32, hi: f32) -> Tensor {
-        let n = shape.iter().product();
-        let v: Vec<f32> = (0..n).map(|_| self.uniform(lo, hi)).collect();
-        Tensor::from_vec(v, shape, &Device::Cpu).unwrap()
-    }
-}
-
-fn values(t: &Tensor) -> Vec<f32> {
-    t.to_device(&Device::Cpu)
-        .unwrap()
-        .to_dtype(DType::F32)
-        .unwrap()
-        .flatten_all()
-        .unwrap()
-        .to_vec1()
-        .unwrap()
-}
-
-fn rel_l2(got: &Tensor, want: &Tensor) -> f32 {
-    assert_eq!(got.dims(), want.dims());
-    let (a, b) = (values(got), values(want));
-    let num: f64 = a
-        .iter()
-        .zip(&b)
-        .map(|(x, y)| ((x - y) as f64).powi(2))
-        .sum();
-    let den: f64 = b.iter().map(|y| (*y as f64).powi(2)).sum();
-    let r = (num / den.max(1e-30)).sqrt() as f32;
-    if a.iter().any(|x| x.is_nan()) {
-        f32::NAN
-    } else {
-        r
-    }
-}
 
 fn tolerance(dtypes: &[DType]) -> f32 {
     if dtypes.contains(&DType::BF16) {
@@ -77,17 +23,12 @@ fn tolerance(dtypes: &[DType]) -> f32 {
     }
 }
 
-fn check(what: &str, err: f32, tol: f32) {
-    eprintln!("{what}: rel err {err:.2e} (tol {tol:.0e})");
-    assert!(err <= tol, "{what}: rel err {err:e} > {tol:e}");
-}
-
 /// Every InT/StT entry point, with and without a padding mask, against the CPU recurrence
 /// run on the same rounded inputs; both outputs and the advanced state are compared.
 #[test]
 fn gated_delta_matches_the_cpu_reference() {
     let dev = gpu();
-    let mut rng = Rng(0x5EED_0001);
+    let mut rng = Rng::xorshift(0x5EED_0001);
     // (B, T, Hk, Hv, Dk, Dv): decode, prefill, GQA 1 and 2, the head sizes of both families.
     let shapes = [
         (1, 1, 16, 32, 128, 128),
@@ -101,7 +42,7 @@ fn gated_delta_matches_the_cpu_reference() {
             for st_dtype in [DType::F32, DType::BF16] {
                 for masked in [false, true] {
                     let seed = rng.next();
-                    let mut r = Rng(seed | 1);
+                    let mut r = Rng::xorshift(seed | 1);
                     let scale = 1.0 / (dk as f32).sqrt();
                     let q = (r.tensor(&[b, t, hk, dk], -1.0, 1.0) * scale as f64).unwrap();
                     let k = (r.tensor(&[b, t, hk, dk], -1.0, 1.0) * scale as f64).unwrap();
@@ -144,12 +85,12 @@ fn gated_delta_matches_the_cpu_reference() {
                     let what = format!(
                         "gated_delta B{b} T{t} Hk{hk} Hv{hv} Dk{dk} Dv{dv} {in_dtype:?}/{st_dtype:?} mask {masked} (seed {seed:#x})"
                     );
-                    check(
+                    assert_rel_err(
                         &format!("{what}: y"),
                         rel_l2(&got, &want),
                         tolerance(&[in_dtype]),
                     );
-                    check(
+                    assert_rel_err(
                         &format!("{what}: state"),
                         rel_l2(&gpu_state, &cpu_state),
                         tolerance(&[st_dtype]),
@@ -160,46 +101,12 @@ fn gated_delta_matches_the_cpu_reference() {
     }
 }
 
-/// A random stack of `experts` `[rows, cols]` matrices, scales and biases stored in
-/// `scale_dtype` as a checkpoint stores them.
-fn random_matrix(
-    rng: &mut Rng,
-    bits: usize,
-    group: usize,
-    [experts, rows, cols]: [usize; 3],
-    scale_dtype: DType,
-) -> AffineMatrix {
-    let n = experts * rows;
-    let q: Vec<u32> = (0..n * cols).map(|_| rng.below(1 << bits) as u32).collect();
-    let words: Vec<u32> = q.chunks(cols).flat_map(|row| pack_row(row, bits)).collect();
-    let groups = n * cols / group;
-    let scales: Vec<f32> = (0..groups).map(|_| rng.uniform(0.005, 0.05)).collect();
-    let biases: Vec<f32> = (0..groups).map(|_| rng.uniform(-0.2, 0.2)).collect();
-    let shape = [experts, rows, cols];
-    match scale_dtype {
-        DType::BF16 => {
-            let to = |v: &[f32]| -> Vec<half::bf16> {
-                v.iter().map(|&x| half::bf16::from_f32(x)).collect()
-            };
-            AffineMatrix::new(bits, group, shape, words, to(&scales), to(&biases))
-        }
-        DType::F16 => {
-            let to = |v: &[f32]| -> Vec<half::f16> {
-                v.iter().map(|&x| half::f16::from_f32(x)).collect()
-            };
-            AffineMatrix::new(bits, group, shape, words, to(&scales), to(&biases))
-        }
-        _ => AffineMatrix::new(bits, group, shape, words, scales, biases),
-    }
-    .unwrap()
-}
-
 /// Products (plain, and gathered by expert id with one or k rows per token) and row
 /// dequantization, at every bit width and group size, against the CPU twin.
 #[test]
 fn affine_kernels_match_the_cpu_twin() {
     let dev = gpu();
-    let mut rng = Rng(0x5EED_0002);
+    let mut rng = Rng::xorshift(0x5EED_0002);
     for bits in [2, 3, 4, 5, 6, 8] {
         for group in [32, 64, 128] {
             for scale_dtype in [DType::F32, DType::F16, DType::BF16] {
@@ -220,7 +127,7 @@ fn affine_kernels_match_the_cpu_twin() {
                     let idsg = ids.to_device(&dev).unwrap();
                     let want = cpu.gather_matmul_t(&x, &ids).unwrap();
                     let got = gpu_m.gather_matmul_t(&xg, &idsg).unwrap();
-                    check(
+                    assert_rel_err(
                         &format!("{case}: gathered products, {x_dtype:?}, one row per token"),
                         rel_l2(&got, &want),
                         tol,
@@ -233,7 +140,7 @@ fn affine_kernels_match_the_cpu_twin() {
                     let got = gpu_m
                         .gather_matmul_t(&x3.to_device(&dev).unwrap(), &idsg)
                         .unwrap();
-                    check(
+                    assert_rel_err(
                         &format!("{case}: gathered products, {x_dtype:?}, a row per slot"),
                         rel_l2(&got, &want),
                         tol,
@@ -246,7 +153,7 @@ fn affine_kernels_match_the_cpu_twin() {
                             .dequantize(Some(&idsg.flatten_all().unwrap()), 6, out_dtype)
                             .unwrap();
                         // One rounding of the same f32 value on both sides: exact.
-                        check(
+                        assert_rel_err(
                             &format!("{case}: dequantize rows by id into {out_dtype:?}"),
                             rel_l2(&got, &want),
                             0.0,
@@ -255,7 +162,7 @@ fn affine_kernels_match_the_cpu_twin() {
                 }
                 let first = cpu.dequantize(None, rows, DType::F32).unwrap();
                 let got = gpu_m.dequantize(None, rows, DType::F32).unwrap();
-                check(
+                assert_rel_err(
                     &format!("{case}: dequantize the first rows"),
                     rel_l2(&got, &first),
                     0.0,
@@ -273,7 +180,7 @@ fn affine_kernels_match_the_cpu_twin() {
         let x = rng.tensor(&[n, 512], -1.0, 1.0);
         let want = cpu.matmul_t(&x).unwrap();
         let got = gpu_m.matmul_t(&x.to_device(&dev).unwrap()).unwrap();
-        check(
+        assert_rel_err(
             &format!("4-bit matmul, {n} rows, f32"),
             rel_l2(&got, &want),
             tolerance(&[DType::F32]),

@@ -7,87 +7,20 @@
 //! 8e-3 (outputs rounded once on each side from nearby f32 values). Router ids must be equal.
 #![cfg(feature = "cuda")]
 
+mod common;
+
 use candle_core::{DType, Device, Tensor};
-use gdn_ops::affine::{pack_row, AffineMatrix};
+use common::{assert_rel_err, gpu, random_matrix, rel_l2, tolerance, Rng};
 use gdn_ops::ops::affine::AffineTensor;
 use gdn_ops::ops::moe_combine::moe_combine;
 use gdn_ops::ops::moe_route::moe_route;
 
 const DTYPES: [DType; 3] = [DType::F32, DType::F16, DType::BF16];
 
-fn gpu() -> Device {
-    Device::new_cuda(0).unwrap_or_else(|e| panic!("no CUDA device: {e}"))
-}
-
-/// xorshift64*: reproducible inputs.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-    fn uniform(&mut self, lo: f32, hi: f32) -> f32 {
-        lo + (hi - lo) * ((self.next() >> 40) as f32 / (1u64 << 24) as f32)
-    }
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
-    }
-    fn tensor(&mut self, shape: &[usize], lo: f32, hi: f32, dtype: DType) -> Tensor {
-        let n = shape.iter().product();
-        let v: Vec<f32> = (0..n).map(|_| self.uniform(lo, hi)).collect();
-        Tensor::from_vec(v, shape, &Device::Cpu)
-            .unwrap()
-            .to_dtype(dtype)
-            .unwrap()
-    }
-}
-
-fn values(t: &Tensor) -> Vec<f32> {
-    t.to_device(&Device::Cpu)
-        .unwrap()
-        .to_dtype(DType::F32)
-        .unwrap()
-        .flatten_all()
-        .unwrap()
-        .to_vec1()
-        .unwrap()
-}
-
-fn rel_l2(got: &Tensor, want: &Tensor) -> f32 {
-    assert_eq!(got.dims(), want.dims());
-    let (a, b) = (values(got), values(want));
-    if a.iter().any(|x| x.is_nan()) {
-        return f32::NAN;
-    }
-    let num: f64 = a
-        .iter()
-        .zip(&b)
-        .map(|(x, y)| ((x - y) as f64).powi(2))
-        .sum();
-    let den: f64 = b.iter().map(|y| (*y as f64).powi(2)).sum();
-    (num / den.max(1e-30)).sqrt() as f32
-}
-
-fn tolerance(dtype: DType) -> f32 {
-    match dtype {
-        DType::BF16 => 8e-3,
-        DType::F16 => 1e-3,
-        _ => 2e-5,
-    }
-}
-
-fn check(what: &str, err: f32, tol: f32) {
-    eprintln!("{what}: rel err {err:.2e} (tol {tol:.0e})");
-    assert!(err <= tol, "{what}: rel err {err:e} > {tol:e}");
-}
-
 #[test]
 fn moe_route_matches_the_cpu_twin() {
     let dev = gpu();
-    let mut rng = Rng(0x5EED_0101);
+    let mut rng = Rng::xorshift(0x5EED_0101);
     for dtype in DTYPES {
         for (tokens, experts, k, renorm, shared) in [
             (4, 512, 10, true, true),
@@ -96,7 +29,7 @@ fn moe_route_matches_the_cpu_twin() {
             (2, 7, 7, true, true),
         ] {
             let width = experts + shared as usize;
-            let logits = rng.tensor(&[tokens, width], -6.0, 6.0, dtype);
+            let logits = rng.tensor_as(&[tokens, width], -6.0, 6.0, dtype);
             let (want_ids, want_w) = moe_route(&logits, k, renorm, shared).unwrap();
             let (ids, w) = moe_route(&logits.to_device(&dev).unwrap(), k, renorm, shared).unwrap();
             let what = format!("moe_route {dtype:?} N={tokens} E={experts} k={k}");
@@ -109,7 +42,7 @@ fn moe_route_matches_the_cpu_twin() {
                 "{what}: ids"
             );
             // The weights are f32 whatever the logits.
-            check(&what, rel_l2(&w, &want_w), 1e-5);
+            assert_rel_err(&what, rel_l2(&w, &want_w), 1e-5);
         }
     }
 }
@@ -117,7 +50,7 @@ fn moe_route_matches_the_cpu_twin() {
 #[test]
 fn moe_combine_matches_the_cpu_twin() {
     let dev = gpu();
-    let mut rng = Rng(0x5EED_0102);
+    let mut rng = Rng::xorshift(0x5EED_0102);
     for dtype in DTYPES {
         for (tokens, slots, hidden, norm) in [
             (1, 11, 2048, true),
@@ -125,10 +58,10 @@ fn moe_combine_matches_the_cpu_twin() {
             (3, 5, 200, false),
             (2, 1, 77, true),
         ] {
-            let down = rng.tensor(&[tokens, slots, hidden], -2.0, 2.0, dtype);
-            let weights = rng.tensor(&[tokens, slots], 0.0, 0.5, DType::F32);
-            let residual = rng.tensor(&[tokens, hidden], -4.0, 4.0, dtype);
-            let nw = rng.tensor(&[hidden], 0.5, 1.5, dtype);
+            let down = rng.tensor_as(&[tokens, slots, hidden], -2.0, 2.0, dtype);
+            let weights = rng.tensor_as(&[tokens, slots], 0.0, 0.5, DType::F32);
+            let residual = rng.tensor_as(&[tokens, hidden], -4.0, 4.0, dtype);
+            let nw = rng.tensor_as(&[hidden], 0.5, 1.5, dtype);
             let (want_sum, want_normed) =
                 moe_combine(&down, &weights, &residual, norm.then_some((&nw, 1e-6))).unwrap();
             let on = |t: &Tensor| t.to_device(&dev).unwrap();
@@ -141,50 +74,17 @@ fn moe_combine_matches_the_cpu_twin() {
             )
             .unwrap();
             let what = format!("moe_combine {dtype:?} N={tokens} S={slots} H={hidden}");
-            check(
+            assert_rel_err(
                 &format!("{what}: sum"),
                 rel_l2(&sum, &want_sum),
                 tolerance(dtype),
             );
             assert_eq!(normed.is_some(), want_normed.is_some());
             if let (Some(g), Some(w)) = (normed, want_normed) {
-                check(&format!("{what}: normed"), rel_l2(&g, &w), tolerance(dtype));
+                assert_rel_err(&format!("{what}: normed"), rel_l2(&g, &w), tolerance(dtype));
             }
         }
     }
-}
-
-/// A random stacked `[experts, rows, cols]` matrix, scales and biases in `scale_dtype`.
-fn random_matrix(
-    rng: &mut Rng,
-    bits: usize,
-    group: usize,
-    [experts, rows, cols]: [usize; 3],
-    scale_dtype: DType,
-) -> AffineMatrix {
-    let n = experts * rows;
-    let q: Vec<u32> = (0..n * cols).map(|_| rng.below(1 << bits) as u32).collect();
-    let words: Vec<u32> = q.chunks(cols).flat_map(|row| pack_row(row, bits)).collect();
-    let groups = n * cols / group;
-    let scales: Vec<f32> = (0..groups).map(|_| rng.uniform(0.005, 0.05)).collect();
-    let biases: Vec<f32> = (0..groups).map(|_| rng.uniform(-0.2, 0.2)).collect();
-    let shape = [experts, rows, cols];
-    match scale_dtype {
-        DType::BF16 => {
-            let to = |v: &[f32]| -> Vec<half::bf16> {
-                v.iter().map(|&x| half::bf16::from_f32(x)).collect()
-            };
-            AffineMatrix::new(bits, group, shape, words, to(&scales), to(&biases))
-        }
-        DType::F16 => {
-            let to = |v: &[f32]| -> Vec<half::f16> {
-                v.iter().map(|&x| half::f16::from_f32(x)).collect()
-            };
-            AffineMatrix::new(bits, group, shape, words, to(&scales), to(&biases))
-        }
-        _ => AffineMatrix::new(bits, group, shape, words, scales, biases),
-    }
-    .unwrap()
 }
 
 /// Gathered gate/up products with SwiGLU, every bit width, group size and (x, scale) dtype
@@ -192,7 +92,7 @@ fn random_matrix(
 #[test]
 fn affine_swiglu_matches_the_cpu_twin() {
     let dev = gpu();
-    let mut rng = Rng(0x5EED_0103);
+    let mut rng = Rng::xorshift(0x5EED_0103);
     for bits in [2, 3, 4, 5, 6, 8] {
         for group in [32, 64, 128] {
             for scale_dtype in DTYPES {
@@ -203,7 +103,7 @@ fn affine_swiglu_matches_the_cpu_twin() {
                     let cpu = AffineTensor::upload(&m, &Device::Cpu).unwrap();
                     let gpu_m = AffineTensor::upload(&m, &dev).unwrap();
                     let tokens = 1 + rng.below(4);
-                    let x = rng.tensor(&[tokens, cols], -1.0, 1.0, x_dtype);
+                    let x = rng.tensor_as(&[tokens, cols], -1.0, 1.0, x_dtype);
                     let ids: Vec<u32> =
                         (0..tokens * 3).map(|_| rng.below(experts) as u32).collect();
                     let ids = Tensor::from_vec(ids, (tokens, 3), &Device::Cpu).unwrap();
@@ -211,7 +111,7 @@ fn affine_swiglu_matches_the_cpu_twin() {
                     let got = gpu_m
                         .gather_swiglu(&x.to_device(&dev).unwrap(), &ids.to_device(&dev).unwrap())
                         .unwrap();
-                    check(
+                    assert_rel_err(
                         &format!("swiglu {bits}-bit g{group} x {x_dtype:?} scales {scale_dtype:?} N={tokens} Im={im}"),
                         rel_l2(&got, &want),
                         tolerance(x_dtype),
@@ -224,13 +124,13 @@ fn affine_swiglu_matches_the_cpu_twin() {
     let m = random_matrix(&mut rng, 4, 64, [3, 1024, 2048], DType::BF16);
     let cpu = AffineTensor::upload(&m, &Device::Cpu).unwrap();
     let gpu_m = AffineTensor::upload(&m, &dev).unwrap();
-    let x = rng.tensor(&[1, 2048], -1.0, 1.0, DType::BF16);
+    let x = rng.tensor_as(&[1, 2048], -1.0, 1.0, DType::BF16);
     let ids = Tensor::new(&[[2u32, 0, 1]], &Device::Cpu).unwrap();
     let want = cpu.gather_swiglu(&x, &ids).unwrap();
     let got = gpu_m
         .gather_swiglu(&x.to_device(&dev).unwrap(), &ids.to_device(&dev).unwrap())
         .unwrap();
-    check(
+    assert_rel_err(
         "swiglu Qwen3-Next expert shape, bf16",
         rel_l2(&got, &want),
         tolerance(DType::BF16),

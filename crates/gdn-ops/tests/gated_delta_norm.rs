@@ -4,86 +4,27 @@
 //! random inputs, with z as a slice of a merged projection output. The state must come out
 //! the same, bit for bit. Plus one test per input check.
 
-use candle_core::{DType, Device, Tensor, D};
+mod common;
+
+use candle_core::{DType, Tensor};
+use common::{candle_nn_rms_norm, rel_max, values, Rng};
 use gdn_ops::ops::gated_delta::GdnDims;
 use gdn_ops::ops::gated_delta_norm::{gated_delta_update_norm, supports};
-
-/// splitmix64.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-    fn tensor(&mut self, shape: &[usize], lo: f32, hi: f32) -> Tensor {
-        let n = shape.iter().product();
-        let v: Vec<f32> = (0..n)
-            .map(|_| lo + (hi - lo) * ((self.next() >> 40) as f32 / (1u64 << 24) as f32))
-            .collect();
-        Tensor::from_vec(v, shape, &Device::Cpu).unwrap()
-    }
-}
-
-/// candle_nn::ops::rms_norm's CPU definition (gdn-ops does not depend on candle-nn).
-fn rms_norm(x: &Tensor, alpha: &Tensor, eps: f32) -> Tensor {
-    let dtype = x.dtype();
-    let xf = x.contiguous().unwrap().to_dtype(DType::F32).unwrap();
-    let m = (xf.sqr().unwrap().mean_keepdim(D::Minus1).unwrap() + eps as f64)
-        .unwrap()
-        .sqrt()
-        .unwrap();
-    xf.broadcast_div(&m)
-        .unwrap()
-        .broadcast_mul(&alpha.to_dtype(DType::F32).unwrap())
-        .unwrap()
-        .to_dtype(dtype)
-        .unwrap()
-}
 
 /// `GatedRmsNorm::forward` on the recurrence's output, z made contiguous as
 /// `GatedDeltaNet::forward` does.
 fn gated_norm(y: &Tensor, z: &Tensor, weight: &Tensor, eps: f32) -> Tensor {
     let z = z.contiguous().unwrap().reshape(y.dims()).unwrap();
-    let n = rms_norm(y, weight, eps).to_dtype(DType::F32).unwrap();
+    let n = candle_nn_rms_norm(y, weight, eps)
+        .to_dtype(DType::F32)
+        .unwrap();
     let gate = z.to_dtype(DType::F32).unwrap().silu().unwrap();
     (gate * n).unwrap().to_dtype(y.dtype()).unwrap()
 }
 
-fn values(t: &Tensor) -> Vec<f32> {
-    t.to_dtype(DType::F32)
-        .unwrap()
-        .flatten_all()
-        .unwrap()
-        .to_vec1()
-        .unwrap()
-}
-
-fn rel_max(got: &Tensor, want: &Tensor) -> f32 {
-    assert_eq!(got.dims(), want.dims());
-    let (a, b) = (values(got), values(want));
-    let scale = b
-        .iter()
-        .fold(0f32, |m, v| m.max(v.abs()))
-        .max(f32::MIN_POSITIVE);
-    a.iter()
-        .zip(&b)
-        .map(|(x, y)| {
-            if x.is_nan() {
-                f32::INFINITY
-            } else {
-                (x - y).abs() / scale
-            }
-        })
-        .fold(0f32, f32::max)
-}
-
 /// q, k, v, g, beta, state, the projection z is sliced from, weight.
 fn inputs(d: GdnDims, dtype: DType, state: DType, seed: u64) -> [Tensor; 8] {
-    let mut r = Rng(seed);
+    let mut r = Rng::new(seed);
     let (b, t, hk, hv, dk, dv) = (
         d.batch,
         d.steps,

@@ -16,27 +16,16 @@
 //!   first (from f32 values that differ by summation order, so one y may sit one ulp apart),
 //!   then the normalised y, then the output.
 
+mod common;
 mod emu;
 
 use candle_core::{DType, Device, Tensor};
+use common::{max_abs, rel_err, worst_excess, Input, Rng, St, Ty as In};
 use gdn_ops::ops::gated_delta_norm::gated_delta_update_norm;
-use half::{bf16, f16};
+use half::bf16;
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 use std::time::Instant;
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum In {
-    F32,
-    F16,
-    Bf16,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum St {
-    F32,
-    Bf16,
-}
 
 const INSTANTIATIONS: [(In, St); 6] = [
     (In::F32, St::F32),
@@ -47,78 +36,9 @@ const INSTANTIATIONS: [(In, St); 6] = [
     (In::Bf16, St::Bf16),
 ];
 
-impl In {
-    fn name(self) -> &'static str {
-        ["f32", "f16", "bf16"][self as usize]
-    }
-    fn msl(self) -> &'static str {
-        ["float", "half", "bfloat"][self as usize]
-    }
-    fn dtype(self) -> DType {
-        [DType::F32, DType::F16, DType::BF16][self as usize]
-    }
-    fn round(self, x: f32) -> f32 {
-        match self {
-            In::F32 => x,
-            In::F16 => f16::from_f32(x).to_f32(),
-            In::Bf16 => bf16::from_f32(x).to_f32(),
-        }
-    }
-    /// Spacing of InT values at magnitude |x|.
-    fn ulp(self, x: f32) -> f32 {
-        let (mantissa_bits, min_exp) = match self {
-            In::F32 => (23, -126),
-            In::F16 => (10, -14),
-            In::Bf16 => (7, -126),
-        };
-        let exp = if x == 0.0 {
-            min_exp
-        } else {
-            (x.abs().log2().floor() as i32).max(min_exp)
-        };
-        2f32.powi(exp - mantissa_bits)
-    }
-}
-
-impl St {
-    fn name(self) -> &'static str {
-        ["f32", "bf16"][self as usize]
-    }
-    fn msl(self) -> &'static str {
-        ["float", "bfloat"][self as usize]
-    }
-    fn dtype(self) -> DType {
-        [DType::F32, DType::BF16][self as usize]
-    }
-}
-
 fn harness() -> &'static Path {
     static HARNESS: OnceLock<PathBuf> = OnceLock::new();
     HARNESS.get_or_init(|| emu::compile_harness("gated_delta_norm_harness", &[]))
-}
-
-/// splitmix64.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-    fn uniform(&mut self, lo: f32, hi: f32) -> f32 {
-        lo + (hi - lo) * ((self.next() >> 40) as f32 / (1u64 << 24) as f32)
-    }
-    fn signed(&mut self, lo: f32, hi: f32) -> f32 {
-        let x = self.uniform(lo, hi);
-        if self.next() & 1 == 0 {
-            x
-        } else {
-            -x
-        }
-    }
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -149,7 +69,7 @@ struct Case {
 }
 
 fn make_case(s: Shape, inp: In, st: St, seed: u64) -> Case {
-    let mut rng = Rng(seed);
+    let mut rng = Rng::new(seed);
     let Shape {
         b,
         t,
@@ -229,7 +149,7 @@ struct Out {
 
 fn run_harness(c: &Case, st: St) -> Result<Out, String> {
     let s = c.s;
-    let mut bytes = b"GDNNEMU1".to_vec();
+    let mut input = Input::new(b"GDNNEMU1");
     let header = [
         s.b,
         s.t,
@@ -244,14 +164,13 @@ fn run_harness(c: &Case, st: St) -> Result<Out, String> {
         c.z_strides.1,
     ];
     for h in header {
-        bytes.extend_from_slice(&(h as u32).to_le_bytes());
+        input.u32(h as u32);
     }
-    bytes.extend_from_slice(&1e-6f32.to_le_bytes());
+    input.f32(1e-6);
     for a in [&c.q, &c.k, &c.v, &c.g, &c.beta, &c.state, &c.z, &c.weight] {
-        a.iter()
-            .for_each(|f| bytes.extend_from_slice(&f.to_le_bytes()));
+        input.f32s(a);
     }
-    let floats = emu::run_harness(harness(), &bytes)?;
+    let floats = emu::run_harness(harness(), &input.0)?;
     let out_len = s.b * s.t * s.hv * s.dv;
     if floats.len() != out_len + c.state.len() {
         return Err(format!(
@@ -317,30 +236,6 @@ fn reference(c: &Case, st: St) -> Out {
 
 const REL_TOL: f32 = 1e-5;
 
-fn max_abs(x: &[f32]) -> f32 {
-    x.iter().fold(0f32, |m, v| m.max(v.abs()))
-}
-
-/// Largest |got - want| as a fraction of max |want|, with where it is.
-fn rel_err(got: &[f32], want: &[f32]) -> (f32, usize) {
-    let scale = max_abs(want).max(f32::MIN_POSITIVE);
-    got.iter()
-        .zip(want)
-        .enumerate()
-        .fold((0f32, 0), |(m, at), (i, (a, b))| {
-            let e = if a.is_nan() {
-                f32::INFINITY
-            } else {
-                (a - b).abs() / scale
-            };
-            if e > m {
-                (e, i)
-            } else {
-                (m, at)
-            }
-        })
-}
-
 fn check(c: &Case, st: St) -> Vec<String> {
     let inp = c.inp;
     let got = match run_harness(c, st) {
@@ -351,18 +246,7 @@ fn check(c: &Case, st: St) -> Vec<String> {
     let mut bad = vec![];
 
     let scale = max_abs(&want.out);
-    let (mut worst, mut at) = (0f32, 0);
-    for (i, (&a, &b)) in got.out.iter().zip(&want.out).enumerate() {
-        let allowed = (2.0 * inp.ulp(a.abs().max(b.abs()))).max(REL_TOL * scale);
-        let excess = if a.is_nan() {
-            f32::INFINITY
-        } else {
-            (a - b).abs() / allowed
-        };
-        if excess > worst {
-            (worst, at) = (excess, i);
-        }
-    }
+    let (worst, at) = worst_excess(&got.out, &want.out, inp, 2.0, REL_TOL, scale);
     if worst > 1.0 {
         bad.push(format!(
             "out[{at}] = {} vs twin {} ({worst:.3e}x the allowed 2 {} ulps / {REL_TOL:e} of max {scale:.3e})",
@@ -496,19 +380,7 @@ fn kernel_abi_in_source() {
         std::mem::size_of::<gdn_ops::ops::gated_delta_norm::GdnNormParams>(),
         9 * 4
     );
-    let src = std::fs::read_to_string(emu::workspace_root().join("kernels/gated_delta_norm.metal"))
-        .unwrap();
-    let code: String = src
-        .lines()
-        .map(|l| l.split("//").next().unwrap())
-        .collect::<Vec<_>>()
-        .join("\n");
-    let mut flat = code.split_whitespace().collect::<Vec<_>>().join(" ");
-    while let Some(start) = flat.find("/*") {
-        let end = flat[start..].find("*/").unwrap() + start + 2;
-        flat.replace_range(start..end, "");
-    }
-    let flat = flat.split_whitespace().collect::<Vec<_>>().join(" ");
+    let flat = emu::strip_block_comments(&emu::shipped_source("kernels/gated_delta_norm.metal"));
     assert!(flat.contains("#include \"params/gated_delta_norm.h\""));
     let buffers = [
         "q", "k", "v", "g", "beta", "state", "z", "weight", "out", "p",

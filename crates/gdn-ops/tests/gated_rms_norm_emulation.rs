@@ -9,76 +9,19 @@
 //! Gate, per case: every output within one ulp of InT of the twin's (both round the same f32
 //! expressions, whose mean square differs by summation order), or 1e-5 of max |out|.
 
+mod common;
 mod emu;
 
 use candle_core::{DType, Device, Tensor};
+use common::{worst_excess, Input, Rng, Ty as In, TYPES};
 use gdn_ops::ops::gated_rms_norm::gated_rms_norm;
-use half::{bf16, f16};
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 use std::time::Instant;
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum In {
-    F32,
-    F16,
-    Bf16,
-}
-
-const TYPES: [In; 3] = [In::F32, In::F16, In::Bf16];
-
-impl In {
-    fn name(self) -> &'static str {
-        ["f32", "f16", "bf16"][self as usize]
-    }
-    fn msl(self) -> &'static str {
-        ["float", "half", "bfloat"][self as usize]
-    }
-    fn dtype(self) -> DType {
-        [DType::F32, DType::F16, DType::BF16][self as usize]
-    }
-    fn round(self, x: f32) -> f32 {
-        match self {
-            In::F32 => x,
-            In::F16 => f16::from_f32(x).to_f32(),
-            In::Bf16 => bf16::from_f32(x).to_f32(),
-        }
-    }
-    /// Spacing of InT values at magnitude |x|.
-    fn ulp(self, x: f32) -> f32 {
-        let (mantissa_bits, min_exp) = match self {
-            In::F32 => (23, -126),
-            In::F16 => (10, -14),
-            In::Bf16 => (7, -126),
-        };
-        let exp = if x == 0.0 {
-            min_exp
-        } else {
-            (x.abs().log2().floor() as i32).max(min_exp)
-        };
-        2f32.powi(exp - mantissa_bits)
-    }
-}
-
 fn harness() -> &'static Path {
     static HARNESS: OnceLock<PathBuf> = OnceLock::new();
     HARNESS.get_or_init(|| emu::compile_harness("gated_rms_norm_harness", &[]))
-}
-
-/// splitmix64: inputs need no dependency and are the same everywhere.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-    fn uniform(&mut self, lo: f32, hi: f32) -> f32 {
-        lo + (hi - lo) * ((self.next() >> 40) as f32 / (1u64 << 24) as f32)
-    }
 }
 
 struct Case {
@@ -96,7 +39,7 @@ struct Case {
 
 fn make_case(ty: In, shape: (usize, usize, usize, usize), pad: usize, seed: u64) -> Case {
     let (b, t, hv, dv) = shape;
-    let mut rng = Rng(seed);
+    let mut rng = Rng::new(seed);
     let row = hv * dv;
     // A spare token's room between batches: strides the model's views do not need to have.
     let z_strides = ((t + 1) * (row + pad), row + pad);
@@ -133,16 +76,15 @@ fn make_case(ty: In, shape: (usize, usize, usize, usize), pad: usize, seed: u64)
 
 fn run_harness(c: &Case) -> Result<Vec<f32>, String> {
     let (b, t, hv, dv) = c.shape;
-    let mut bytes = b"GRNEMU01".to_vec();
+    let mut input = Input::new(b"GRNEMU01");
     for h in [c.ty as usize, b, t, hv, dv, c.z_strides.0, c.z_strides.1] {
-        bytes.extend_from_slice(&(h as u32).to_le_bytes());
+        input.u32(h as u32);
     }
-    bytes.extend_from_slice(&c.eps.to_le_bytes());
+    input.f32(c.eps);
     for a in [&c.y, &c.z, &c.weight] {
-        a.iter()
-            .for_each(|f| bytes.extend_from_slice(&f.to_le_bytes()));
+        input.f32s(a);
     }
-    let floats = emu::run_harness(harness(), &bytes)?;
+    let floats = emu::run_harness(harness(), &input.0)?;
     if floats.len() != c.y.len() {
         return Err(format!(
             "harness wrote {} floats, expected {}",
@@ -196,18 +138,7 @@ fn check(c: &Case) -> Option<String> {
     };
     let want = reference(c);
     let scale = want.iter().fold(0f32, |m, v| m.max(v.abs()));
-    let (mut worst, mut at) = (0f32, 0);
-    for (j, (&a, &b)) in got.iter().zip(&want).enumerate() {
-        let allowed = c.ty.ulp(a.abs().max(b.abs())).max(REL_TOL * scale);
-        let excess = if a.is_nan() {
-            f32::INFINITY
-        } else {
-            (a - b).abs() / allowed
-        };
-        if excess > worst {
-            (worst, at) = (excess, j);
-        }
-    }
+    let (worst, at) = worst_excess(&got, &want, c.ty, 1.0, REL_TOL, scale);
     (worst > 1.0).then(|| {
         format!(
             "out[{at}] = {} vs twin {} ({worst:.3e}x the allowed 1 {} ulp / {REL_TOL:e} of max {scale:.3e})",
@@ -279,34 +210,12 @@ fn kernel_abi_in_source() {
         std::mem::size_of::<gdn_ops::ops::gated_rms_norm::GatedRmsNormParams>(),
         7 * 4
     );
-    let src = std::fs::read_to_string(emu::workspace_root().join("kernels/gated_rms_norm.metal"))
-        .unwrap();
-    let code: String = src
-        .lines()
-        .map(|l| l.split("//").next().unwrap())
-        .collect::<Vec<_>>()
-        .join("\n");
-    let mut flat = code.split_whitespace().collect::<Vec<_>>().join(" ");
-    while let Some(start) = flat.find("/*") {
-        let end = flat[start..].find("*/").unwrap() + start + 2;
-        flat.replace_range(start..end, "");
-    }
-    let flat = flat.split_whitespace().collect::<Vec<_>>().join(" ");
+    let flat = emu::strip_block_comments(&emu::shipped_source("kernels/gated_rms_norm.metal"));
     assert!(flat.contains("#include \"params/gated_rms_norm.h\""));
-    let mut from = flat
-        .find("#define GATED_RMS_NORM(")
-        .expect("GATED_RMS_NORM macro");
-    for (i, name) in ["y", "z", "weight", "out", "p"].iter().enumerate() {
-        let needle = format!("{name} [[buffer({i})]]");
-        let at = flat[from..]
-            .find(&needle)
-            .unwrap_or_else(|| panic!("`{needle}` missing or out of order"));
-        from += at + needle.len();
-    }
-    let body_end = flat[from..].find('{').map_or(flat.len(), |e| from + e);
-    assert!(
-        !flat[from..body_end].contains("[[buffer("),
-        "more buffers than the host binds"
+    emu::assert_buffers(
+        &flat,
+        "#define GATED_RMS_NORM(",
+        &["y", "z", "weight", "out", "p"],
     );
     for ty in TYPES {
         let line = format!("GATED_RMS_NORM(gated_rms_norm_{}, {})", ty.name(), ty.msl());

@@ -4,28 +4,11 @@
 //! (layers/norm.rs) compute it, on random inputs, with qkv, b and a as slices of one merged
 //! projection output (as the model will pass them). Plus one test per input check.
 
+mod common;
+
 use candle_core::{DType, Device, Tensor, D};
+use common::{candle_nn_rms_norm, rel_max, values, Rng};
 use gdn_ops::ops::gdn_conv_prep::{gdn_conv_prep, supports, ConvPrepDims, ConvPrepOut};
-
-/// splitmix64.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-    fn tensor(&mut self, shape: &[usize], lo: f32, hi: f32) -> Tensor {
-        let n = shape.iter().product();
-        let v: Vec<f32> = (0..n)
-            .map(|_| lo + (hi - lo) * ((self.next() >> 40) as f32 / (1u64 << 24) as f32))
-            .collect();
-        Tensor::from_vec(v, shape, &Device::Cpu).unwrap()
-    }
-}
 
 /// `x · rsqrt(mean(x²) + eps) · weight` as the model's `RmsNorm::forward`.
 fn rms_norm(x: &Tensor, weight: &Tensor, eps: f32) -> Tensor {
@@ -34,23 +17,6 @@ fn rms_norm(x: &Tensor, weight: &Tensor, eps: f32) -> Tensor {
         &weight.to_dtype(x.dtype()).unwrap(),
         eps,
     )
-}
-
-/// candle_nn::ops::rms_norm's CPU definition (gdn-ops does not depend on candle-nn):
-/// `x / sqrt(mean(x²) + eps) · alpha` with the mean square in f32, rounded once to x's dtype.
-fn candle_nn_rms_norm(x: &Tensor, alpha: &Tensor, eps: f32) -> Tensor {
-    let dtype = x.dtype();
-    let xf = x.to_dtype(DType::F32).unwrap();
-    let m = (xf.sqr().unwrap().mean_keepdim(D::Minus1).unwrap() + eps as f64)
-        .unwrap()
-        .sqrt()
-        .unwrap();
-    xf.broadcast_div(&m)
-        .unwrap()
-        .broadcast_mul(&alpha.to_dtype(DType::F32).unwrap())
-        .unwrap()
-        .to_dtype(dtype)
-        .unwrap()
 }
 
 fn sigmoid(x: &Tensor) -> Tensor {
@@ -137,35 +103,6 @@ fn composed(
     )
 }
 
-fn values(t: &Tensor) -> Vec<f32> {
-    t.to_dtype(DType::F32)
-        .unwrap()
-        .flatten_all()
-        .unwrap()
-        .to_vec1()
-        .unwrap()
-}
-
-/// max |got − want| / max |want|.
-fn rel_max(got: &Tensor, want: &Tensor) -> f32 {
-    assert_eq!(got.dims(), want.dims());
-    let (a, b) = (values(got), values(want));
-    let scale = b
-        .iter()
-        .fold(0f32, |m, v| m.max(v.abs()))
-        .max(f32::MIN_POSITIVE);
-    a.iter()
-        .zip(&b)
-        .map(|(x, y)| {
-            if x.is_nan() {
-                f32::INFINITY
-            } else {
-                (x - y).abs() / scale
-            }
-        })
-        .fold(0f32, f32::max)
-}
-
 fn dims(hk: usize, dk: usize, hv: usize, dv: usize, k: usize) -> ConvPrepDims {
     ConvPrepDims {
         key_heads: hk,
@@ -188,7 +125,7 @@ struct Step {
 
 impl Step {
     fn new(d: ConvPrepDims, batch: usize, dtype: DType, seed: u64) -> Self {
-        let mut rng = Rng(seed);
+        let mut rng = Rng::new(seed);
         let c = d.channels();
         let z = d.value_heads * d.value_dim;
         let mut proj = rng.tensor(&[batch, 1, c + z + 2 * d.value_heads], -2.0, 2.0);

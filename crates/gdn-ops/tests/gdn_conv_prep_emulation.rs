@@ -9,76 +9,19 @@
 //! of InT of the twin's (both round once from f32 values that differ by summation order), or
 //! 1e-5 of the output's max |value|; g and beta within 1e-5 of their max |value|.
 
+mod common;
 mod emu;
 
 use candle_core::{DType, Device, Tensor};
+use common::{worst_excess, Input, Rng, Ty as In, TYPES};
 use gdn_ops::ops::gdn_conv_prep::{gdn_conv_prep, qk_scales, ConvPrepDims, NORM_EPS};
-use half::{bf16, f16};
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 use std::time::Instant;
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum In {
-    F32,
-    F16,
-    Bf16,
-}
-
-const TYPES: [In; 3] = [In::F32, In::F16, In::Bf16];
-
-impl In {
-    fn name(self) -> &'static str {
-        ["f32", "f16", "bf16"][self as usize]
-    }
-    fn msl(self) -> &'static str {
-        ["float", "half", "bfloat"][self as usize]
-    }
-    fn dtype(self) -> DType {
-        [DType::F32, DType::F16, DType::BF16][self as usize]
-    }
-    fn round(self, x: f32) -> f32 {
-        match self {
-            In::F32 => x,
-            In::F16 => f16::from_f32(x).to_f32(),
-            In::Bf16 => bf16::from_f32(x).to_f32(),
-        }
-    }
-    /// Spacing of InT values at magnitude |x|.
-    fn ulp(self, x: f32) -> f32 {
-        let (mantissa_bits, min_exp) = match self {
-            In::F32 => (23, -126),
-            In::F16 => (10, -14),
-            In::Bf16 => (7, -126),
-        };
-        let exp = if x == 0.0 {
-            min_exp
-        } else {
-            (x.abs().log2().floor() as i32).max(min_exp)
-        };
-        2f32.powi(exp - mantissa_bits)
-    }
-}
-
 fn harness() -> &'static Path {
     static HARNESS: OnceLock<PathBuf> = OnceLock::new();
     HARNESS.get_or_init(|| emu::compile_harness("gdn_conv_prep_harness", &[]))
-}
-
-/// splitmix64: inputs need no dependency and are the same everywhere.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-    fn uniform(&mut self, lo: f32, hi: f32) -> f32 {
-        lo + (hi - lo) * ((self.next() >> 40) as f32 / (1u64 << 24) as f32)
-    }
 }
 
 struct Case {
@@ -121,7 +64,7 @@ fn strided(
 }
 
 fn make_case(ty: In, dims: ConvPrepDims, batch: usize, pad: usize, seed: u64) -> Case {
-    let mut rng = Rng(seed);
+    let mut rng = Rng::new(seed);
     let (c, hv, kk) = (dims.channels(), dims.value_heads, dims.kernel_size);
     let strides = [c + 3 * pad, hv + pad, hv + 2 * pad];
     let mut values = |n: usize, lo: f32, hi: f32| -> Vec<f32> {
@@ -154,7 +97,7 @@ type Outputs = [Vec<f32>; 6];
 
 fn run_harness(c: &Case) -> Result<Outputs, String> {
     let d = c.dims;
-    let mut bytes = b"GCPEMU01".to_vec();
+    let mut input = Input::new(b"GCPEMU01");
     let header = [
         c.ty as usize,
         c.batch,
@@ -168,11 +111,11 @@ fn run_harness(c: &Case) -> Result<Outputs, String> {
         c.strides[2],
     ];
     for h in header {
-        bytes.extend_from_slice(&(h as u32).to_le_bytes());
+        input.u32(h as u32);
     }
     let (q_scale, k_scale) = qk_scales(d.key_dim);
     for f in [q_scale, k_scale, NORM_EPS] {
-        bytes.extend_from_slice(&f.to_le_bytes());
+        input.f32(f);
     }
     for a in [
         &c.qkv,
@@ -183,10 +126,9 @@ fn run_harness(c: &Case) -> Result<Outputs, String> {
         &c.dt_bias,
         &c.neg_a_exp,
     ] {
-        a.iter()
-            .for_each(|f| bytes.extend_from_slice(&f.to_le_bytes()));
+        input.f32s(a);
     }
-    let floats = emu::run_harness(harness(), &bytes)?;
+    let floats = emu::run_harness(harness(), &input.0)?;
     let qk = c.batch * d.key_heads * d.key_dim;
     let gates = c.batch * d.value_heads;
     let lens = [qk, qk, gates * d.value_dim, gates, gates, c.state.len()];
@@ -284,18 +226,7 @@ fn check(c: &Case) -> Vec<String> {
         let scale = w.iter().fold(0f32, |m, v| m.max(v.abs()));
         // Activations are rounded to InT; g and beta stay f32.
         let ty = if i < 3 { c.ty } else { In::F32 };
-        let (mut worst, mut at) = (0f32, 0);
-        for (j, (&a, &b)) in g.iter().zip(w).enumerate() {
-            let allowed = ty.ulp(a.abs().max(b.abs())).max(REL_TOL * scale);
-            let excess = if a.is_nan() {
-                f32::INFINITY
-            } else {
-                (a - b).abs() / allowed
-            };
-            if excess > worst {
-                (worst, at) = (excess, j);
-            }
-        }
+        let (worst, at) = worst_excess(g, w, ty, 1.0, REL_TOL, scale);
         if worst > 1.0 {
             bad.push(format!(
                 "{name}[{at}] = {} vs twin {} ({worst:.3e}x the allowed 1 {} ulp / {REL_TOL:e} of max {scale:.3e})",
@@ -392,20 +323,8 @@ fn kernel_abi_in_source() {
         std::mem::size_of::<gdn_ops::ops::gdn_conv_prep::ConvPrepParams>(),
         12 * 4
     );
-    let src =
-        std::fs::read_to_string(emu::workspace_root().join("kernels/gdn_conv_prep.metal")).unwrap();
-    let code: String = src
-        .lines()
-        .map(|l| l.split("//").next().unwrap())
-        .collect::<Vec<_>>()
-        .join("\n");
     // Block comments inside the macro are documentation, not ABI.
-    let mut flat = code.split_whitespace().collect::<Vec<_>>().join(" ");
-    while let Some(start) = flat.find("/*") {
-        let end = flat[start..].find("*/").unwrap() + start + 2;
-        flat.replace_range(start..end, "");
-    }
-    let flat = flat.split_whitespace().collect::<Vec<_>>().join(" ");
+    let flat = emu::strip_block_comments(&emu::shipped_source("kernels/gdn_conv_prep.metal"));
     assert!(flat.contains("#include \"params/gdn_conv_prep.h\""));
     let buffers = [
         "qkv",
@@ -422,21 +341,7 @@ fn kernel_abi_in_source() {
         "beta",
         "p",
     ];
-    let mut from = flat
-        .find("#define GDN_CONV_PREP(")
-        .expect("GDN_CONV_PREP macro");
-    for (i, name) in buffers.iter().enumerate() {
-        let needle = format!("{name} [[buffer({i})]]");
-        let at = flat[from..]
-            .find(&needle)
-            .unwrap_or_else(|| panic!("`{needle}` missing or out of order"));
-        from += at + needle.len();
-    }
-    let body_end = flat[from..].find('{').map_or(flat.len(), |e| from + e);
-    assert!(
-        !flat[from..body_end].contains("[[buffer("),
-        "more buffers than the host binds"
-    );
+    emu::assert_buffers(&flat, "#define GDN_CONV_PREP(", &buffers);
     for ty in TYPES {
         let line = format!("GDN_CONV_PREP(gdn_conv_prep_{}, {})", ty.name(), ty.msl());
         assert!(flat.contains(&line), "missing `{line}`");

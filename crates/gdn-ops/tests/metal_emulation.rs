@@ -18,72 +18,16 @@
 //! - y: within one ulp of InT of the reference's y (itself rounded to InT), or 1e-5 of max
 //!   |y|; exactly 0 at padded tokens.
 
+mod common;
 mod emu;
 
 use candle_core::{DType, Device, Tensor};
-use half::{bf16, f16};
+use common::{max_abs, rel_err, worst_excess, Rng, St, Ty as In};
+use half::bf16;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Mutex, OnceLock};
 use std::time::Instant;
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum In {
-    F32,
-    F16,
-    Bf16,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum St {
-    F32,
-    Bf16,
-}
-
-impl In {
-    fn code(self) -> u32 {
-        self as u32
-    }
-    fn name(self) -> &'static str {
-        ["f32", "f16", "bf16"][self as usize]
-    }
-    fn dtype(self) -> DType {
-        [DType::F32, DType::F16, DType::BF16][self as usize]
-    }
-    fn round(self, x: f32) -> f32 {
-        match self {
-            In::F32 => x,
-            In::F16 => f16::from_f32(x).to_f32(),
-            In::Bf16 => bf16::from_f32(x).to_f32(),
-        }
-    }
-    /// Spacing of InT values at magnitude |x|.
-    fn ulp(self, x: f32) -> f32 {
-        let (mantissa_bits, min_exp) = match self {
-            In::F32 => (23, -126),
-            In::F16 => (10, -14),
-            In::Bf16 => (7, -126),
-        };
-        let exp = if x == 0.0 {
-            min_exp
-        } else {
-            (x.abs().log2().floor() as i32).max(min_exp)
-        };
-        2f32.powi(exp - mantissa_bits)
-    }
-}
-
-impl St {
-    fn code(self) -> u32 {
-        self as u32
-    }
-    fn name(self) -> &'static str {
-        ["f32", "bf16"][self as usize]
-    }
-    fn dtype(self) -> DType {
-        [DType::F32, DType::BF16][self as usize]
-    }
-}
 
 const INSTANTIATIONS: [(In, St); 6] = [
     (In::F32, St::F32),
@@ -116,31 +60,6 @@ struct Case {
     mask: Option<Vec<f32>>,
 }
 
-/// splitmix64, so that inputs need no dependency and are the same everywhere.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-    fn uniform(&mut self, lo: f32, hi: f32) -> f32 {
-        lo + (hi - lo) * ((self.next() >> 40) as f32 / (1u64 << 24) as f32)
-    }
-    /// Magnitude in [lo, hi], random sign: never zero.
-    fn signed(&mut self, lo: f32, hi: f32) -> f32 {
-        let x = self.uniform(lo, hi);
-        if self.next() & 1 == 0 {
-            x
-        } else {
-            -x
-        }
-    }
-}
-
 #[allow(clippy::too_many_arguments)]
 fn make_case(
     inp: In,
@@ -154,7 +73,7 @@ fn make_case(
 ) -> Case {
     let (b, hk) = (2, 2);
     let hv = hk * ratio;
-    let mut rng = Rng(seed);
+    let mut rng = Rng::new(seed);
     // Unit-norm keys, as the model feeds them: (I - beta k k^T) then contracts, and long
     // sequences stay bounded. q carries the 1/sqrt(Dk) scale.
     let mut unit_rows = |scale: f32| -> Vec<f32> {
@@ -306,30 +225,6 @@ fn reference(c: &Case, inp: In, st: St) -> Out {
     }
 }
 
-fn max_abs(x: &[f32]) -> f32 {
-    x.iter().fold(0f32, |m, v| m.max(v.abs()))
-}
-
-/// Largest |got - want| as a fraction of max |want|, with where it is.
-fn rel_err(got: &[f32], want: &[f32]) -> (f32, usize) {
-    let scale = max_abs(want).max(f32::MIN_POSITIVE);
-    got.iter()
-        .zip(want)
-        .enumerate()
-        .fold((0f32, 0), |(m, at), (i, (a, b))| {
-            let e = if a.is_nan() {
-                f32::INFINITY
-            } else {
-                (a - b).abs() / scale
-            };
-            if e > m {
-                (e, i)
-            } else {
-                (m, at)
-            }
-        })
-}
-
 const REL_TOL: f32 = 1e-5;
 
 /// Checks one case; returns a description of every gate it fails.
@@ -343,18 +238,7 @@ fn check(c: &Case, inp: In, st: St) -> Vec<String> {
 
     // y: the reference's y is already rounded to InT.
     let y_scale = max_abs(&want.y);
-    let (mut worst, mut worst_at) = (0f32, 0);
-    for (i, (&a, &b)) in got.y.iter().zip(&want.y).enumerate() {
-        let allowed = inp.ulp(a.abs().max(b.abs())).max(REL_TOL * y_scale);
-        let excess = if a.is_nan() {
-            f32::INFINITY
-        } else {
-            (a - b).abs() / allowed
-        };
-        if excess > worst {
-            (worst, worst_at) = (excess, i);
-        }
-    }
+    let (worst, worst_at) = worst_excess(&got.y, &want.y, inp, 1.0, REL_TOL, y_scale);
     if worst > 1.0 {
         bad.push(format!(
             "y[{worst_at}] = {} vs reference {} ({worst:.3e}x the allowed 1 {} ulp / {REL_TOL:e} of max|y| {y_scale:.3e})",

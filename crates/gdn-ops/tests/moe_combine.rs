@@ -3,24 +3,14 @@
 //! weighted sum (every slot, the shared expert included, as a routed one), the residual add
 //! of model.rs, and RMSNorm (candle_nn's rms_norm maths); plus one test per input check.
 
+mod common;
+
 use candle_core::{DType, Device, Tensor, D};
+use common::{max_rel, Rng};
 use gdn_ops::ops::moe_combine::{moe_combine, supports};
 
 fn random(shape: &[usize], seed: u64, lo: f32, hi: f32, dtype: DType) -> Tensor {
-    let n = shape.iter().product();
-    let mut x = seed;
-    let v: Vec<f32> = (0..n)
-        .map(|_| {
-            x = x
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            lo + (hi - lo) * ((x >> 40) as f32 / (1u64 << 24) as f32)
-        })
-        .collect();
-    Tensor::from_vec(v, shape, &Device::Cpu)
-        .unwrap()
-        .to_dtype(dtype)
-        .unwrap()
+    Rng::lcg(seed).tensor_as(shape, lo, hi, dtype)
 }
 
 /// The composed path: the weighted sum in f32 cast back, the residual added in the activation
@@ -50,28 +40,6 @@ fn composed(
         .to_dtype(dtype)
         .unwrap();
     (sum, normed)
-}
-
-fn max_rel(got: &Tensor, want: &Tensor) -> f32 {
-    let a: Vec<f32> = got
-        .to_dtype(DType::F32)
-        .unwrap()
-        .flatten_all()
-        .unwrap()
-        .to_vec1()
-        .unwrap();
-    let b: Vec<f32> = want
-        .to_dtype(DType::F32)
-        .unwrap()
-        .flatten_all()
-        .unwrap()
-        .to_vec1()
-        .unwrap();
-    let max = b.iter().fold(0f32, |m, v| m.max(v.abs()));
-    a.iter()
-        .zip(&b)
-        .fold(0f32, |m, (x, y)| m.max((x - y).abs()))
-        / max
 }
 
 #[test]

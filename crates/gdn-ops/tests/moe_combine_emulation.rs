@@ -6,11 +6,13 @@
 //! Gates: f32 within 1e-5 of max|twin| per output; f16 and bf16 within 1 ulp of the dtype at
 //! the twin's value (the twin rounds where the kernel does, from f32 values that differ only
 //! in summation order), plus 1e-6 of max|twin|. The harness guards every buffer (see
-//! kernels/emu/guarded_buffers.h).
+//! kernels/emu/guarded_buffer.h).
 
+mod common;
 mod emu;
 
-use candle_core::{DType, Device, Tensor};
+use candle_core::{DType, Tensor};
+use common::{failures, values, Input, Rng};
 use gdn_ops::ops::moe_combine::{moe_combine, MoeCombineParams};
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
@@ -26,30 +28,6 @@ fn harness() -> &'static Path {
     HARNESS.get_or_init(|| emu::compile_harness("moe_combine_harness", &[]))
 }
 
-/// splitmix64: the same inputs everywhere.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-    fn uniform(&mut self, lo: f32, hi: f32) -> f32 {
-        lo + (hi - lo) * ((self.next() >> 40) as f32 / (1u64 << 24) as f32)
-    }
-    fn tensor(&mut self, shape: &[usize], lo: f32, hi: f32, dtype: DType) -> Tensor {
-        let n = shape.iter().product();
-        let v: Vec<f32> = (0..n).map(|_| self.uniform(lo, hi)).collect();
-        Tensor::from_vec(v, shape, &Device::Cpu)
-            .unwrap()
-            .to_dtype(dtype)
-            .unwrap()
-    }
-}
-
 struct Case {
     dtype: usize,
     tokens: usize,
@@ -62,15 +40,6 @@ struct Case {
     norm_weight: Option<Tensor>,
 }
 
-fn f32s(t: &Tensor) -> Vec<f32> {
-    t.to_dtype(DType::F32)
-        .unwrap()
-        .flatten_all()
-        .unwrap()
-        .to_vec1()
-        .unwrap()
-}
-
 impl Case {
     fn new(
         seed: u64,
@@ -80,7 +49,7 @@ impl Case {
         hidden: usize,
         norm: bool,
     ) -> Self {
-        let mut rng = Rng(seed);
+        let mut rng = Rng::new(seed);
         let dt = DTYPES[dtype].0;
         Self {
             dtype,
@@ -88,10 +57,10 @@ impl Case {
             slots,
             hidden,
             eps: 1e-6,
-            down: rng.tensor(&[tokens, slots, hidden], -2.0, 2.0, dt),
-            weights: rng.tensor(&[tokens, slots], 0.0, 0.5, DType::F32),
-            residual: rng.tensor(&[tokens, hidden], -4.0, 4.0, dt),
-            norm_weight: norm.then(|| rng.tensor(&[hidden], 0.5, 1.5, dt)),
+            down: rng.tensor_as(&[tokens, slots, hidden], -2.0, 2.0, dt),
+            weights: rng.tensor_as(&[tokens, slots], 0.0, 0.5, DType::F32),
+            residual: rng.tensor_as(&[tokens, hidden], -4.0, 4.0, dt),
+            norm_weight: norm.then(|| rng.tensor_as(&[hidden], 0.5, 1.5, dt)),
         }
     }
 
@@ -107,7 +76,7 @@ impl Case {
     }
 
     fn check(&self) -> Option<String> {
-        let mut bytes = b"COMBEMU1".to_vec();
+        let mut input = Input::new(b"COMBEMU1");
         for h in [
             self.dtype,
             self.tokens,
@@ -115,18 +84,16 @@ impl Case {
             self.hidden,
             self.norm_weight.is_some() as usize,
         ] {
-            bytes.extend_from_slice(&(h as u32).to_le_bytes());
+            input.u32(h as u32);
         }
-        bytes.extend_from_slice(&self.eps.to_le_bytes());
+        input.f32(self.eps);
         let inputs = [&self.down, &self.weights, &self.residual]
             .into_iter()
             .chain(&self.norm_weight);
         for t in inputs {
-            for v in f32s(t) {
-                bytes.extend_from_slice(&v.to_le_bytes());
-            }
+            input.f32s(&values(t));
         }
-        let out = match emu::run_harness(harness(), &bytes) {
+        let out = match emu::run_harness(harness(), &input.0) {
             Ok(o) => o,
             Err(e) => return Some(e),
         };
@@ -137,9 +104,9 @@ impl Case {
             self.norm_weight.as_ref().map(|w| (w, self.eps)),
         )
         .unwrap();
-        let mut want = f32s(&sum);
+        let mut want = values(&sum);
         if let Some(n) = &normed {
-            want.extend(f32s(n));
+            want.extend(values(n));
         }
         if out.len() != want.len() {
             return Some(format!(
@@ -193,23 +160,8 @@ fn cases() -> Vec<Case> {
 fn shipped_moe_combine_kernels_match_the_cpu_twin() {
     harness();
     let jobs = cases();
-    let failures: Vec<String> = std::thread::scope(|s| {
-        let handles: Vec<_> = jobs
-            .chunks(jobs.len().div_ceil(2))
-            .map(|chunk| {
-                s.spawn(move || {
-                    chunk
-                        .iter()
-                        .filter_map(|c| c.check().map(|e| format!("[{}] {e}", c.label())))
-                        .collect::<Vec<_>>()
-                })
-            })
-            .collect();
-        handles
-            .into_iter()
-            .flat_map(|h| h.join().unwrap())
-            .collect()
-    });
+    let failures: Vec<String> =
+        failures(&jobs, |c| c.check().map(|e| format!("[{}] {e}", c.label())));
     assert!(
         failures.is_empty(),
         "{} of {} cases disagree with the twin:\n{}",
@@ -235,9 +187,7 @@ fn moe_combine_abi_in_source() {
     .collect();
     assert_eq!(fields, want);
     assert_eq!(std::mem::size_of::<MoeCombineParams>(), 5 * 4);
-    let src =
-        std::fs::read_to_string(emu::workspace_root().join("kernels/moe_combine.metal")).unwrap();
-    let flat = emu::flatten_source(&src);
+    let flat = emu::shipped_source("kernels/moe_combine.metal");
     assert!(flat.contains("#include \"params/moe_combine.h\""));
     emu::assert_buffers(
         &flat,

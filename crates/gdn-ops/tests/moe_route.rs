@@ -3,19 +3,15 @@
 //! shared expert's `sigmoid(shared_gate(x))`), written here with plain candle ops; plus one
 //! test per input check.
 
+mod common;
+
 use candle_core::{DType, Device, Tensor, D};
+use common::{values, Rng};
 use gdn_ops::ops::moe_route::{moe_route, supports};
 
 fn random(n: usize, seed: u64, lo: f32, hi: f32) -> Vec<f32> {
-    let mut x = seed;
-    (0..n)
-        .map(|_| {
-            x = x
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            lo + (hi - lo) * ((x >> 40) as f32 / (1u64 << 24) as f32)
-        })
-        .collect()
+    let mut rng = Rng::lcg(seed);
+    (0..n).map(|_| rng.uniform(lo, hi)).collect()
 }
 
 /// The device plan's composed router: softmax in f32, a descending argsort cut to k, the
@@ -62,15 +58,6 @@ fn composed(
     (ids, weights, shared)
 }
 
-fn f32s(t: &Tensor) -> Vec<f32> {
-    t.to_dtype(DType::F32)
-        .unwrap()
-        .flatten_all()
-        .unwrap()
-        .to_vec1()
-        .unwrap()
-}
-
 fn check(dtype: DType, tokens: usize, experts: usize, k: usize, renorm: bool, shared: bool) {
     let width = experts + shared as usize;
     let seed = (tokens * 1000 + experts * 10 + k) as u64;
@@ -91,7 +78,7 @@ fn check(dtype: DType, tokens: usize, experts: usize, k: usize, renorm: bool, sh
     let weights = weights.to_vec2::<f32>().unwrap();
     let want_ids = want_ids.to_vec2::<u32>().unwrap();
     let want_w = want_w.to_vec2::<f32>().unwrap();
-    let want_shared = want_shared.map(|s| f32s(&s));
+    let want_shared = want_shared.map(|s| values(&s));
     let tol = if dtype == DType::F32 { 1e-5 } else { 2e-2 };
     for n in 0..tokens {
         if dtype == DType::F32 {

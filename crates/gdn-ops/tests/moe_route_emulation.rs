@@ -5,11 +5,13 @@
 //! Gates, per case: ids equal to the twin's, slot for slot (the selection rule, ties by the
 //! lower index included); weights within 1e-5 of the twin's (they are at most 1, and the two
 //! differ only in the order of the softmax denominator's sum and in exp's last bits).
-//! The harness guards every buffer (see kernels/emu/guarded_buffers.h).
+//! The harness guards every buffer (see kernels/emu/guarded_buffer.h).
 
+mod common;
 mod emu;
 
 use candle_core::{DType, Device, Tensor};
+use common::{failures, values, Input, Rng};
 use gdn_ops::ops::moe_route::{moe_route, MoeRouteParams};
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
@@ -23,22 +25,6 @@ const DTYPES: [(DType, &str, &str); 3] = [
 fn harness() -> &'static Path {
     static HARNESS: OnceLock<PathBuf> = OnceLock::new();
     HARNESS.get_or_init(|| emu::compile_harness("moe_route_harness", &[]))
-}
-
-/// splitmix64: the same inputs everywhere.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-    fn uniform(&mut self, lo: f32, hi: f32) -> f32 {
-        lo + (hi - lo) * ((self.next() >> 40) as f32 / (1u64 << 24) as f32)
-    }
 }
 
 struct Case {
@@ -65,7 +51,7 @@ impl Case {
         has_shared: bool,
         levels: u64,
     ) -> Self {
-        let mut rng = Rng(seed);
+        let mut rng = Rng::new(seed);
         let width = experts + has_shared as usize;
         let v: Vec<f32> = (0..tokens * width)
             .map(|_| match levels {
@@ -101,7 +87,7 @@ impl Case {
     }
 
     fn run(&self) -> Result<(Vec<u32>, Vec<f32>), String> {
-        let mut bytes = b"ROUTEMU1".to_vec();
+        let mut input = Input::new(b"ROUTEMU1");
         for h in [
             self.dtype,
             self.tokens,
@@ -110,20 +96,10 @@ impl Case {
             self.renormalise as usize,
             self.has_shared as usize,
         ] {
-            bytes.extend_from_slice(&(h as u32).to_le_bytes());
+            input.u32(h as u32);
         }
-        let values: Vec<f32> = self
-            .logits
-            .to_dtype(DType::F32)
-            .unwrap()
-            .flatten_all()
-            .unwrap()
-            .to_vec1()
-            .unwrap();
-        for v in values {
-            bytes.extend_from_slice(&v.to_le_bytes());
-        }
-        let out = emu::run_harness(harness(), &bytes)?;
+        input.f32s(&values(&self.logits));
+        let out = emu::run_harness(harness(), &input.0)?;
         let n = self.tokens * (self.top_k + self.has_shared as usize);
         if out.len() != 2 * n {
             return Err(format!(
@@ -191,23 +167,8 @@ fn shipped_moe_route_kernels_match_the_cpu_twin() {
     for dt in 0..3 {
         assert!(jobs.iter().any(|c| c.dtype == dt));
     }
-    let failures: Vec<String> = std::thread::scope(|s| {
-        let handles: Vec<_> = jobs
-            .chunks(jobs.len().div_ceil(2))
-            .map(|chunk| {
-                s.spawn(move || {
-                    chunk
-                        .iter()
-                        .filter_map(|c| c.check().map(|e| format!("[{}] {e}", c.label())))
-                        .collect::<Vec<_>>()
-                })
-            })
-            .collect();
-        handles
-            .into_iter()
-            .flat_map(|h| h.join().unwrap())
-            .collect()
-    });
+    let failures: Vec<String> =
+        failures(&jobs, |c| c.check().map(|e| format!("[{}] {e}", c.label())));
     assert!(
         failures.is_empty(),
         "{} of {} cases disagree with the twin:\n{}",
@@ -226,9 +187,7 @@ fn moe_route_abi_in_source() {
             .map(|f| ("unsigned int".to_string(), f.to_string())),
     );
     assert_eq!(std::mem::size_of::<MoeRouteParams>(), 5 * 4);
-    let src =
-        std::fs::read_to_string(emu::workspace_root().join("kernels/moe_route.metal")).unwrap();
-    let flat = emu::flatten_source(&src);
+    let flat = emu::shipped_source("kernels/moe_route.metal");
     assert!(flat.contains("#include \"params/moe_route.h\""));
     emu::assert_buffers(
         &flat,

@@ -14,6 +14,29 @@ use candle_core::cuda_backend::CudaDType;
 use candle_core::op::BackpropOp;
 use candle_core::{CudaDevice, CudaStorage, Device, Layout, Shape, Storage, Tensor};
 
+/// Calls `$body` with `$T` bound to the Rust type of a float dtype (f32, f16, bf16), or fails
+/// with "`$op`: no CUDA kernel for …": every op's dtype dispatch to its kernel instantiations.
+macro_rules! with_float_type {
+    ($dtype:expr, $op:expr, |$T:ident| $body:expr) => {
+        match $dtype {
+            candle_core::DType::F32 => {
+                type $T = f32;
+                $body
+            }
+            candle_core::DType::F16 => {
+                type $T = half::f16;
+                $body
+            }
+            candle_core::DType::BF16 => {
+                type $T = half::bf16;
+                $body
+            }
+            other => anyhow::bail!("{}: no CUDA kernel for {other:?}", $op),
+        }
+    };
+}
+pub(crate) use with_float_type;
+
 /// A shipped kernel source, compiled to PTX at build time: declare one per op with
 /// `include_str!(concat!(env!("OUT_DIR"), "/<op>.ptx"))`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

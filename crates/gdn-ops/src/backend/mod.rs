@@ -1,4 +1,5 @@
-//! What every op's backends share: the kernel-name tag of a dtype, and per backend the
+//! What every op's backends share: the kernel-name tag of a dtype, row layouts of strided
+//! views, the CPU twins' f32 values and rounding ([`round_to`]), and per backend the
 //! loading of shipped kernel sources, buffer views, output wrapping and the launch itself
 //! (which is where launches are counted, see [`crate::launches`]).
 
@@ -6,9 +7,12 @@
 pub mod cuda;
 #[cfg(any(feature = "metal", target_os = "macos"))]
 pub mod metal;
+mod rounding;
 
 use anyhow::{bail, ensure, Result};
 use candle_core::{DType, Tensor};
+
+pub(crate) use rounding::{f32_values, round_to};
 
 /// The kernel-name suffix of a float dtype (`<kernel>_<tag>` instantiations in `kernels/`).
 pub fn dtype_tag(dtype: DType, op: &str) -> Result<&'static str> {
@@ -18,6 +22,23 @@ pub fn dtype_tag(dtype: DType, op: &str) -> Result<&'static str> {
         DType::BF16 => "bf16",
         other => bail!("{op}: no kernel for {other:?}"),
     })
+}
+
+/// Fails unless every tensor of `others` is on `anchor`'s device: "`op`: `name` is on another
+/// device than `anchor_name`".
+pub fn ensure_same_device(
+    op: &str,
+    anchor: &Tensor,
+    anchor_name: &str,
+    others: &[(&str, &Tensor)],
+) -> Result<()> {
+    for (name, t) in others {
+        ensure!(
+            t.device().same_device(anchor.device()),
+            "{op}: {name} is on another device than {anchor_name}"
+        );
+    }
+    Ok(())
 }
 
 /// Where the rows of a view lie in its storage, for kernels that read rows at a stride (a
@@ -72,14 +93,4 @@ pub fn row_layout(t: &Tensor, lead: &[usize], len: usize, what: &str) -> Result<
         strides,
         span,
     })
-}
-
-/// `x` rounded to a float dtype and back (round to nearest even, as the kernels' conversions):
-/// where a CPU twin stores a value in the activation dtype.
-pub(crate) fn round_to(dtype: DType, x: f32) -> f32 {
-    match dtype {
-        DType::F16 => half::f16::from_f32(x).to_f32(),
-        DType::BF16 => half::bf16::from_f32(x).to_f32(),
-        _ => x,
-    }
 }

@@ -11,4 +11,3 @@ pub mod gated_rms_norm;
 pub mod gdn_conv_prep;
 pub mod moe_combine;
 pub mod moe_route;
-pub(crate) mod rounding;

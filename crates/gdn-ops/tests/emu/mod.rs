@@ -130,6 +130,23 @@ pub fn flatten_source(src: &str) -> String {
     code.split_whitespace().collect::<Vec<_>>().join(" ")
 }
 
+/// A shipped source (`path` from the workspace root), flattened ([`flatten_source`]).
+#[allow(dead_code)]
+pub fn shipped_source(path: &str) -> String {
+    flatten_source(&std::fs::read_to_string(workspace_root().join(path)).unwrap())
+}
+
+/// A flattened source ([`flatten_source`]) without its `/* */` comments, squashed again.
+#[allow(dead_code)]
+pub fn strip_block_comments(flat: &str) -> String {
+    let mut flat = flat.to_string();
+    while let Some(start) = flat.find("/*") {
+        let end = flat[start..].find("*/").unwrap() + start + 2;
+        flat.replace_range(start..end, "");
+    }
+    flat.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
 /// Asserts that the kernel defined from `start` on binds exactly `buffers` at indices 0.., in
 /// order, in a flattened source ([`flatten_source`]).
 #[allow(dead_code)]

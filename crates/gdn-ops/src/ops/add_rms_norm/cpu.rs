@@ -1,7 +1,7 @@
 //! The CPU twin of `kernels/add_rms_norm.{metal,cu}`: row by row in f32, rounding where the
 //! kernels round.
 
-use crate::ops::rounding::{f32_values, round_to};
+use crate::backend::{f32_values, round_to};
 use anyhow::Result;
 use candle_core::{Tensor, D};
 

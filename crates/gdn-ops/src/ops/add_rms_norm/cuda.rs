@@ -1,13 +1,14 @@
 //! CUDA host side of `kernels/add_rms_norm.cu`: one warp per row, four rows per block.
 
 use super::AddRmsNormParams;
-use crate::backend::cuda::{cuda_device, function, launch, tensor, view, KernelSource};
+use crate::backend::cuda::{
+    cuda_device, function, launch, tensor, view, with_float_type, KernelSource,
+};
 use crate::backend::dtype_tag;
-use anyhow::{bail, Result};
+use anyhow::Result;
 use candle_core::cuda_backend::cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg};
 use candle_core::cuda_backend::CudaDType;
-use candle_core::{CudaDevice, DType, Tensor, WithDType};
-use half::{bf16, f16};
+use candle_core::{CudaDevice, Tensor, WithDType};
 
 const OP: &str = "add_rms_norm";
 const SOURCE: KernelSource = KernelSource {
@@ -32,12 +33,15 @@ pub(crate) fn add_rms_norm(
     let residual = residual.contiguous()?;
     let delta = delta.map(|d| d.contiguous()).transpose()?;
     let weight = weight.contiguous()?;
-    match residual.dtype() {
-        DType::F32 => run::<f32>(&residual, delta.as_ref(), &weight, eps, rows, cols, &dev),
-        DType::F16 => run::<f16>(&residual, delta.as_ref(), &weight, eps, rows, cols, &dev),
-        DType::BF16 => run::<bf16>(&residual, delta.as_ref(), &weight, eps, rows, cols, &dev),
-        other => bail!("{OP}: no CUDA kernel for {other:?}"),
-    }
+    with_float_type!(residual.dtype(), OP, |T| run::<T>(
+        &residual,
+        delta.as_ref(),
+        &weight,
+        eps,
+        rows,
+        cols,
+        &dev
+    ))
 }
 
 fn run<T>(

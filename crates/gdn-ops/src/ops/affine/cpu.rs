@@ -3,14 +3,9 @@
 
 use super::AffineTensor;
 use crate::affine::dequantize_row;
-use crate::backend::round_to;
+use crate::backend::{f32_values, round_to};
 use anyhow::{bail, ensure, Result};
 use candle_core::{DType, Storage, Tensor};
-
-/// A CPU tensor's f32 values (any float dtype), or its u32 values.
-fn cpu_f32(t: &Tensor) -> Result<Vec<f32>> {
-    Ok(t.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?)
-}
 
 /// Runs `f` on the packed words of a CPU tensor without copying them.
 fn with_words<R>(t: &Tensor, f: impl FnOnce(&[u32]) -> R) -> Result<R> {
@@ -52,9 +47,9 @@ pub(crate) fn products(
     x_div: usize,
     out_rows: usize,
 ) -> Result<Tensor> {
-    let xs = cpu_f32(x)?;
+    let xs = f32_values(x)?;
     let ids: Option<Vec<u32>> = ids.map(|t| t.to_vec1::<u32>()).transpose()?;
-    let (scales, biases) = (cpu_f32(&m.scales)?, cpu_f32(&m.biases)?);
+    let (scales, biases) = (f32_values(&m.scales)?, f32_values(&m.biases)?);
     let y = with_words(&m.packed, |words| -> Result<Vec<f32>> {
         let mut y = vec![0f32; out_rows * m.rows];
         for (i, out) in y.chunks_exact_mut(m.rows).enumerate() {
@@ -87,9 +82,9 @@ pub(crate) fn swiglu_products(
 ) -> Result<Tensor> {
     let dtype = x.dtype();
     let round = |v: f32| round_to(dtype, v);
-    let xs = cpu_f32(x)?;
+    let xs = f32_values(x)?;
     let ids = ids.to_vec1::<u32>()?;
-    let (scales, biases) = (cpu_f32(&m.scales)?, cpu_f32(&m.biases)?);
+    let (scales, biases) = (f32_values(&m.scales)?, f32_values(&m.biases)?);
     let im = m.rows / 2;
     let act = with_words(&m.packed, |words| -> Result<Vec<f32>> {
         let mut act = vec![0f32; out_rows * im];
@@ -123,7 +118,7 @@ pub(crate) fn dequantize(
     dtype: DType,
 ) -> Result<Tensor> {
     let ids: Option<Vec<u32>> = ids.map(|t| t.to_vec1::<u32>()).transpose()?;
-    let (scales, biases) = (cpu_f32(&m.scales)?, cpu_f32(&m.biases)?);
+    let (scales, biases) = (f32_values(&m.scales)?, f32_values(&m.biases)?);
     let total = m.experts * m.rows;
     let out = with_words(&m.packed, |words| -> Result<Vec<f32>> {
         let mut out = Vec::with_capacity(count * m.cols);

@@ -3,13 +3,14 @@
 //! rest), with the same meaning as the CPU twin in `affine_tensor.rs`.
 
 use super::{AffineParams, AffineTensor};
-use crate::backend::cuda::{cuda_device, function, launch, tensor, view, KernelSource};
+use crate::backend::cuda::{
+    cuda_device, function, launch, tensor, view, with_float_type, KernelSource,
+};
 use crate::backend::dtype_tag;
-use anyhow::{bail, ensure, Result};
+use anyhow::{ensure, Result};
 use candle_core::cuda_backend::cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg};
 use candle_core::cuda_backend::CudaDType;
 use candle_core::{CudaDevice, DType, Tensor, WithDType};
-use half::{bf16, f16};
 
 const SOURCE: KernelSource = KernelSource {
     module: "qwen_gdn_affine",
@@ -41,27 +42,6 @@ fn params(m: &AffineTensor, out_rows: usize, x_div: usize, has_ids: bool) -> Aff
 macro_rules! with_float_types {
     ($x:expr, $s:expr, $op:expr, |$X:ident, $S:ident| $body:expr) => {
         with_float_type!($x, $op, |$X| with_float_type!($s, $op, |$S| $body))
-    };
-}
-
-/// Calls `$body` with `$T` bound to the Rust type of a float dtype.
-macro_rules! with_float_type {
-    ($dtype:expr, $op:expr, |$T:ident| $body:expr) => {
-        match $dtype {
-            DType::F32 => {
-                type $T = f32;
-                $body
-            }
-            DType::F16 => {
-                type $T = f16;
-                $body
-            }
-            DType::BF16 => {
-                type $T = bf16;
-                $body
-            }
-            other => bail!("{}: no CUDA kernel for {other:?}", $op),
-        }
     };
 }
 

@@ -3,7 +3,7 @@
 //! output rounded where the kernels round it.
 
 use super::AttnDecodeDims;
-use crate::ops::rounding::{f32_values, round_to};
+use crate::backend::{f32_values, round_to};
 use anyhow::Result;
 use candle_core::Tensor;
 

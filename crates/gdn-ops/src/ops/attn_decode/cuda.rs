@@ -2,13 +2,14 @@
 //! head, sequence).
 
 use super::{AttnDecodeDims, AttnDecodeParams, SIMDGROUPS};
-use crate::backend::cuda::{cuda_device, function, launch, tensor, view, KernelSource};
+use crate::backend::cuda::{
+    cuda_device, function, launch, tensor, view, with_float_type, KernelSource,
+};
 use crate::backend::dtype_tag;
-use anyhow::{bail, ensure, Result};
+use anyhow::{ensure, Result};
 use candle_core::cuda_backend::cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg};
 use candle_core::cuda_backend::CudaDType;
-use candle_core::{CudaDevice, DType, Tensor, WithDType};
-use half::{bf16, f16};
+use candle_core::{CudaDevice, Tensor, WithDType};
 
 const OP: &str = "attn_decode";
 const SOURCE: KernelSource = KernelSource {
@@ -31,12 +32,7 @@ pub(crate) fn attn_decode(
     ensure!(d.batch <= 65535, "{OP}: at most 65535 sequences per call");
     let (q, gate) = (q.contiguous()?, gate.contiguous()?);
     let inputs = [&q, &gate, keys, values, pos];
-    match q.dtype() {
-        DType::F32 => run::<f32>(d, inputs, &dev),
-        DType::F16 => run::<f16>(d, inputs, &dev),
-        DType::BF16 => run::<bf16>(d, inputs, &dev),
-        other => bail!("{OP}: no CUDA kernel for {other:?}"),
-    }
+    with_float_type!(q.dtype(), OP, |T| run::<T>(d, inputs, &dev))
 }
 
 /// `inputs`: q, gate, keys, values, pos (contiguous).

@@ -2,8 +2,8 @@
 //! kernels round, and the KV rows written in place.
 
 use super::AttnPrepDims;
+use crate::backend::{f32_values, round_to};
 use crate::ops::add_rms_norm::cpu::rms_scale;
-use crate::ops::rounding::{f32_values, round_to};
 use anyhow::Result;
 use candle_core::{CpuStorage, DType, InplaceOp1, Layout, Tensor};
 use half::{bf16, f16};

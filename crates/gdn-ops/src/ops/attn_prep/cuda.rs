@@ -1,13 +1,14 @@
 //! CUDA host side of `kernels/attn_prep.cu`: one warp per head task.
 
 use super::{AttnPrepDims, AttnPrepParams};
-use crate::backend::cuda::{cuda_device, function, launch, tensor, view, KernelSource};
+use crate::backend::cuda::{
+    cuda_device, function, launch, tensor, view, with_float_type, KernelSource,
+};
 use crate::backend::dtype_tag;
-use anyhow::{bail, ensure, Result};
+use anyhow::{ensure, Result};
 use candle_core::cuda_backend::cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg};
 use candle_core::cuda_backend::CudaDType;
-use candle_core::{CudaDevice, DType, Tensor, WithDType};
-use half::{bf16, f16};
+use candle_core::{CudaDevice, Tensor, WithDType};
 
 const OP: &str = "attn_prep";
 const SOURCE: KernelSource = KernelSource {
@@ -39,12 +40,7 @@ pub(crate) fn attn_prep(
         inv_freq.contiguous()?,
     );
     let inputs = [&qkv, &q_norm, &k_norm, &inv_freq, pos, keys, values];
-    match qkv.dtype() {
-        DType::F32 => run::<f32>(d, eps, inputs, &dev),
-        DType::F16 => run::<f16>(d, eps, inputs, &dev),
-        DType::BF16 => run::<bf16>(d, eps, inputs, &dev),
-        other => bail!("{OP}: no CUDA kernel for {other:?}"),
-    }
+    with_float_type!(qkv.dtype(), OP, |T| run::<T>(d, eps, inputs, &dev))
 }
 
 /// `inputs`: qkv, q_norm, k_norm, inv_freq, pos, keys, values (contiguous).

@@ -5,15 +5,12 @@
 //! so that they share each step's `q` and `k` loads.
 
 use super::{GdnDims, Inputs};
+use crate::backend::f32_values;
 use anyhow::Result;
-use candle_core::{CpuStorage, DType, InplaceOp1, Layout, Tensor};
+use candle_core::{CpuStorage, InplaceOp1, Layout, Tensor};
 use half::bf16;
 use rayon::prelude::*;
 use std::sync::Mutex;
-
-fn to_f32_vec(t: &Tensor) -> Result<Vec<f32>> {
-    Ok(t.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?)
-}
 
 pub(crate) fn gated_delta_update(dims: GdnDims, inputs: &Inputs, state: &Tensor) -> Result<Tensor> {
     let Inputs {
@@ -25,13 +22,13 @@ pub(crate) fn gated_delta_update(dims: GdnDims, inputs: &Inputs, state: &Tensor)
         mask,
     } = *inputs;
     let op = Recurrence {
-        mask: mask.map(to_f32_vec).transpose()?,
+        mask: mask.map(f32_values).transpose()?,
         dims,
-        q: to_f32_vec(q)?,
-        k: to_f32_vec(k)?,
-        v: to_f32_vec(v)?,
-        g: to_f32_vec(g)?,
-        beta: to_f32_vec(beta)?,
+        q: f32_values(q)?,
+        k: f32_values(k)?,
+        v: f32_values(v)?,
+        g: f32_values(g)?,
+        beta: f32_values(beta)?,
         y: Mutex::new(vec![]),
     };
     state.inplace_op1(&op)?;

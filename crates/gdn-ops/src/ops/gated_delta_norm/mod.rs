@@ -22,7 +22,7 @@ pub mod cuda;
 #[cfg(any(feature = "metal", target_os = "macos"))]
 pub mod metal;
 
-use crate::backend::{row_layout, RowLayout};
+use crate::backend::{ensure_same_device, row_layout, RowLayout};
 use crate::launches;
 use crate::ops::gated_delta::{self, GdnDims};
 use anyhow::{bail, ensure, Result};
@@ -183,20 +183,20 @@ pub fn gated_delta_update_norm(
         eps.is_finite() && eps >= 0.0,
         "{OP}: eps must be finite and non-negative (got {eps})"
     );
-    for (name, t) in [
-        ("q", q),
-        ("k", k),
-        ("v", v),
-        ("g", g),
-        ("beta", beta),
-        ("z", z),
-        ("weight", weight),
-    ] {
-        ensure!(
-            t.device().same_device(state.device()),
-            "{OP}: {name} is on another device than the state"
-        );
-    }
+    ensure_same_device(
+        OP,
+        state,
+        "the state",
+        &[
+            ("q", q),
+            ("k", k),
+            ("v", v),
+            ("g", g),
+            ("beta", beta),
+            ("z", z),
+            ("weight", weight),
+        ],
+    )?;
     let inputs = Inputs {
         recurrence,
         dims,

@@ -2,22 +2,14 @@
 //! the activation dtype where the spec does (the normalised y, the output).
 
 use super::Inputs;
+use crate::backend::{f32_values, round_to};
 use crate::ops::gdn_conv_prep::cpu::silu;
 use anyhow::Result;
-use candle_core::{DType, Tensor};
-use half::{bf16, f16};
-
-fn f32_values(t: &Tensor) -> Result<Vec<f32>> {
-    Ok(t.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?)
-}
+use candle_core::Tensor;
 
 pub(crate) fn gated_rms_norm(inputs: &Inputs) -> Result<Tensor> {
     let dtype = inputs.y.dtype();
-    let round = |x: f32| match dtype {
-        DType::F16 => f16::from_f32(x).to_f32(),
-        DType::BF16 => bf16::from_f32(x).to_f32(),
-        _ => x,
-    };
+    let round = |x: f32| round_to(dtype, x);
     let (_, _, _, dv) = inputs.shape;
     let y = f32_values(inputs.y)?;
     // z's rows in [B, T, Hv, Dv] order, whatever its strides.

@@ -2,13 +2,14 @@
 //! stream.
 
 use super::{GatedRmsNormParams, Inputs};
-use crate::backend::cuda::{cuda_device, function, launch, rows_view, tensor, view, KernelSource};
+use crate::backend::cuda::{
+    cuda_device, function, launch, rows_view, tensor, view, with_float_type, KernelSource,
+};
 use crate::backend::dtype_tag;
-use anyhow::{bail, ensure, Result};
+use anyhow::{ensure, Result};
 use candle_core::cuda_backend::cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg};
 use candle_core::cuda_backend::CudaDType;
-use candle_core::{CudaDevice, DType, Tensor, WithDType};
-use half::{bf16, f16};
+use candle_core::{CudaDevice, Tensor, WithDType};
 
 const OP: &str = "gated_rms_norm";
 const SOURCE: KernelSource = KernelSource {
@@ -24,12 +25,7 @@ const ROWS_PER_BLOCK: u32 = 4;
 
 pub(crate) fn gated_rms_norm(inputs: &Inputs) -> Result<Tensor> {
     let dev = cuda_device(inputs.y, OP)?;
-    match inputs.y.dtype() {
-        DType::F32 => launch_as::<f32>(inputs, &dev),
-        DType::F16 => launch_as::<f16>(inputs, &dev),
-        DType::BF16 => launch_as::<bf16>(inputs, &dev),
-        other => bail!("{OP}: no CUDA kernel for {other:?}"),
-    }
+    with_float_type!(inputs.y.dtype(), OP, |T| launch_as::<T>(inputs, &dev))
 }
 
 fn launch_as<T>(inputs: &Inputs, dev: &CudaDevice) -> Result<Tensor>

@@ -23,7 +23,7 @@ pub mod cuda;
 #[cfg(any(feature = "metal", target_os = "macos"))]
 pub mod metal;
 
-use crate::backend::{row_layout, RowLayout};
+use crate::backend::{ensure_same_device, row_layout, RowLayout};
 use crate::launches;
 use anyhow::{bail, ensure, Result};
 use candle_core::{DType, Device, Tensor};
@@ -116,11 +116,8 @@ pub fn gated_rms_norm(y: &Tensor, z: &Tensor, weight: &Tensor, eps: f32) -> Resu
             "{OP}: {name} is {:?}, y {dtype:?}: they must match",
             x.dtype()
         );
-        ensure!(
-            x.device().same_device(y.device()),
-            "{OP}: {name} is on another device than y"
-        );
     }
+    ensure_same_device(OP, y, "y", &[("z", z), ("weight", weight)])?;
     ensure!(
         eps.is_finite() && eps >= 0.0,
         "{OP}: eps must be finite and non-negative (got {eps})"

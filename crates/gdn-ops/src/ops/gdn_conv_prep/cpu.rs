@@ -2,14 +2,11 @@
 //! the activation dtype exactly where the spec does (the SiLU output, q and k).
 
 use super::{qk_scales, ConvPrepOut, Inputs, NORM_EPS};
+use crate::backend::f32_values;
 use anyhow::Result;
-use candle_core::{CpuStorage, DType, InplaceOp1, Layout, Tensor};
+use candle_core::{CpuStorage, InplaceOp1, Layout, Tensor};
 use half::{bf16, f16};
 use std::sync::Mutex;
-
-fn f32_values(t: &Tensor) -> Result<Vec<f32>> {
-    Ok(t.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?)
-}
 
 /// An activation dtype: the conv state is stored in it, and results are rounded to it.
 trait Act: Copy {

@@ -2,13 +2,14 @@
 //! stream (so the in-place conv-state update orders with candle's own ops).
 
 use super::{supports, ConvPrepOut, ConvPrepParams, Inputs};
-use crate::backend::cuda::{cuda_device, function, launch, rows_view, tensor, view, KernelSource};
+use crate::backend::cuda::{
+    cuda_device, function, launch, rows_view, tensor, view, with_float_type, KernelSource,
+};
 use crate::backend::dtype_tag;
-use anyhow::{bail, ensure, Result};
+use anyhow::{ensure, Result};
 use candle_core::cuda_backend::cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg};
 use candle_core::cuda_backend::CudaDType;
-use candle_core::{CudaDevice, DType, WithDType};
-use half::{bf16, f16};
+use candle_core::{CudaDevice, WithDType};
 
 const OP: &str = "gdn_conv_prep";
 const SOURCE: KernelSource = KernelSource {
@@ -35,12 +36,7 @@ pub(crate) fn gdn_conv_prep(inputs: &Inputs) -> Result<ConvPrepOut> {
         "{OP}: a batch of {} exceeds the CUDA grid",
         inputs.batch
     );
-    match dtype {
-        DType::F32 => launch_as::<f32>(inputs, &dev),
-        DType::F16 => launch_as::<f16>(inputs, &dev),
-        DType::BF16 => launch_as::<bf16>(inputs, &dev),
-        other => bail!("{OP}: no CUDA kernel for {other:?}"),
-    }
+    with_float_type!(dtype, OP, |T| launch_as::<T>(inputs, &dev))
 }
 
 fn launch_as<T>(inputs: &Inputs, dev: &CudaDevice) -> Result<ConvPrepOut>

@@ -38,7 +38,7 @@ pub mod cuda;
 #[cfg(any(feature = "metal", target_os = "macos"))]
 pub mod metal;
 
-use crate::backend::{row_layout, RowLayout};
+use crate::backend::{ensure_same_device, row_layout, RowLayout};
 use crate::launches;
 use anyhow::{bail, ensure, Result};
 use candle_core::{DType, Device, Tensor};
@@ -253,19 +253,19 @@ pub fn gdn_conv_prep(
             t.dims()
         );
     }
-    for (name, t) in [
-        ("qkv", qkv),
-        ("b", b),
-        ("a", a),
-        ("taps", taps),
-        ("dt_bias", dt_bias),
-        ("neg_a_exp", neg_a_exp),
-    ] {
-        ensure!(
-            t.device().same_device(conv_state.device()),
-            "{OP}: {name} is on another device than conv_state"
-        );
-    }
+    ensure_same_device(
+        OP,
+        conv_state,
+        "conv_state",
+        &[
+            ("qkv", qkv),
+            ("b", b),
+            ("a", a),
+            ("taps", taps),
+            ("dt_bias", dt_bias),
+            ("neg_a_exp", neg_a_exp),
+        ],
+    )?;
     let inputs = Inputs {
         dims,
         batch,

@@ -2,13 +2,9 @@
 //! exactly where the kernels store (the expert sum, the residual sum, the normed value).
 
 use super::{Inputs, MoeCombineParams};
-use crate::backend::round_to;
+use crate::backend::{f32_values, round_to};
 use anyhow::Result;
-use candle_core::{DType, Tensor};
-
-fn f32s(t: &Tensor) -> Result<Vec<f32>> {
-    Ok(t.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?)
-}
+use candle_core::Tensor;
 
 pub(crate) fn moe_combine(
     inputs: &Inputs,
@@ -17,10 +13,10 @@ pub(crate) fn moe_combine(
     let (tokens, slots, hidden) = (p.tokens as usize, p.slots as usize, p.hidden as usize);
     let dtype = inputs.down.dtype();
     let round = |x: f32| round_to(dtype, x);
-    let down = f32s(&inputs.down)?;
-    let weights = f32s(&inputs.weights)?;
-    let residual = f32s(&inputs.residual)?;
-    let norm_weight = inputs.norm_weight.as_ref().map(f32s).transpose()?;
+    let down = f32_values(&inputs.down)?;
+    let weights = f32_values(&inputs.weights)?;
+    let residual = f32_values(&inputs.residual)?;
+    let norm_weight = inputs.norm_weight.as_ref().map(f32_values).transpose()?;
     let mut sum = vec![0f32; tokens * hidden];
     let mut normed = norm_weight.as_ref().map(|_| vec![0f32; tokens * hidden]);
     for n in 0..tokens {

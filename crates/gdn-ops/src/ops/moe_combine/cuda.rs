@@ -1,13 +1,14 @@
 //! CUDA host side of `kernels/moe_combine.cu`: one block per token row.
 
 use super::{Inputs, MoeCombineParams};
-use crate::backend::cuda::{cuda_device, function, launch, tensor, view, KernelSource};
+use crate::backend::cuda::{
+    cuda_device, function, launch, tensor, view, with_float_type, KernelSource,
+};
 use crate::backend::dtype_tag;
-use anyhow::{bail, ensure, Result};
+use anyhow::{ensure, Result};
 use candle_core::cuda_backend::cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg};
 use candle_core::cuda_backend::CudaDType;
-use candle_core::{DType, Tensor};
-use half::{bf16, f16};
+use candle_core::Tensor;
 
 const SOURCE: KernelSource = KernelSource {
     module: "qwen_gdn_moe_combine",
@@ -24,12 +25,9 @@ pub(crate) fn moe_combine(
     inputs: &Inputs,
     p: &MoeCombineParams,
 ) -> Result<(Tensor, Option<Tensor>)> {
-    match inputs.down.dtype() {
-        DType::F32 => moe_combine_as::<f32>(inputs, p),
-        DType::F16 => moe_combine_as::<f16>(inputs, p),
-        DType::BF16 => moe_combine_as::<bf16>(inputs, p),
-        other => bail!("moe_combine: no CUDA kernel for {other:?}"),
-    }
+    with_float_type!(inputs.down.dtype(), "moe_combine", |T| moe_combine_as::<T>(
+        inputs, p
+    ))
 }
 
 fn moe_combine_as<T: CudaDType + DeviceRepr>(

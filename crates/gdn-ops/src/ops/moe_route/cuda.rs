@@ -1,13 +1,14 @@
 //! CUDA host side of `kernels/moe_route.cu`: one warp per token.
 
 use super::MoeRouteParams;
-use crate::backend::cuda::{cuda_device, function, launch, tensor, view, KernelSource};
+use crate::backend::cuda::{
+    cuda_device, function, launch, tensor, view, with_float_type, KernelSource,
+};
 use crate::backend::dtype_tag;
-use anyhow::{bail, ensure, Result};
+use anyhow::{ensure, Result};
 use candle_core::cuda_backend::cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg};
 use candle_core::cuda_backend::CudaDType;
-use candle_core::{DType, Tensor};
-use half::{bf16, f16};
+use candle_core::Tensor;
 
 const SOURCE: KernelSource = KernelSource {
     module: "qwen_gdn_moe_route",
@@ -21,12 +22,9 @@ unsafe impl DeviceRepr for MoeRouteParams {}
 const TOKENS_PER_BLOCK: u32 = 4;
 
 pub(crate) fn moe_route(logits: &Tensor, p: &MoeRouteParams) -> Result<(Tensor, Tensor)> {
-    match logits.dtype() {
-        DType::F32 => moe_route_as::<f32>(logits, p),
-        DType::F16 => moe_route_as::<f16>(logits, p),
-        DType::BF16 => moe_route_as::<bf16>(logits, p),
-        other => bail!("moe_route: no CUDA kernel for {other:?}"),
-    }
+    with_float_type!(logits.dtype(), "moe_route", |T| moe_route_as::<T>(
+        logits, p
+    ))
 }
 
 fn moe_route_as<T: CudaDType + DeviceRepr>(

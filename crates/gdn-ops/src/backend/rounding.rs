@@ -10,7 +10,8 @@ pub(crate) fn f32_values(t: &Tensor) -> Result<Vec<f32>> {
     Ok(t.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?)
 }
 
-/// `x` rounded to `dtype` and back (f32 is left as is).
+/// `x` rounded to a float dtype and back (round to nearest even, as the kernels' conversions):
+/// where a CPU twin stores a value in the activation dtype. Other dtypes leave it as is.
 pub(crate) fn round_to(dtype: DType, x: f32) -> f32 {
     match dtype {
         DType::F16 => f16::from_f32(x).to_f32(),

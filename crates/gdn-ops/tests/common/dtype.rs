@@ -1,0 +1,83 @@
+//! The activation types the fused kernels take, with their rounding and ulp.
+
+use candle_core::{DType, Device, Tensor};
+use half::{bf16, f16};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Ty {
+    F32,
+    F16,
+    Bf16,
+}
+
+pub const TYPES: [Ty; 3] = [Ty::F32, Ty::F16, Ty::Bf16];
+
+impl Ty {
+    /// The harnesses' type code.
+    pub fn code(self) -> u32 {
+        self as u32
+    }
+    pub fn name(self) -> &'static str {
+        ["f32", "f16", "bf16"][self as usize]
+    }
+    /// The Metal type name.
+    pub fn msl(self) -> &'static str {
+        ["float", "half", "bfloat"][self as usize]
+    }
+    pub fn dtype(self) -> DType {
+        [DType::F32, DType::F16, DType::BF16][self as usize]
+    }
+    pub fn round(self, x: f32) -> f32 {
+        match self {
+            Ty::F32 => x,
+            Ty::F16 => f16::from_f32(x).to_f32(),
+            Ty::Bf16 => bf16::from_f32(x).to_f32(),
+        }
+    }
+    /// Spacing of values of this type at magnitude |x|.
+    pub fn ulp(self, x: f32) -> f32 {
+        let (mantissa_bits, min_exp) = match self {
+            Ty::F32 => (23, -126),
+            Ty::F16 => (10, -14),
+            Ty::Bf16 => (7, -126),
+        };
+        let exp = if x == 0.0 {
+            min_exp
+        } else {
+            (x.abs().log2().floor() as i32).max(min_exp)
+        };
+        2f32.powi(exp - mantissa_bits)
+    }
+}
+
+/// A CPU tensor of `ty` holding `v` (exactly, when `v` is already rounded to `ty`).
+pub fn tensor(v: &[f32], shape: &[usize], ty: Ty) -> Tensor {
+    Tensor::from_slice(v, shape, &Device::Cpu)
+        .unwrap()
+        .to_dtype(ty.dtype())
+        .unwrap()
+}
+
+/// A recurrent state's dtype (the kernels keep f32 or bf16 state).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum St {
+    F32,
+    Bf16,
+}
+
+impl St {
+    /// The harnesses' state type code.
+    pub fn code(self) -> u32 {
+        self as u32
+    }
+    pub fn name(self) -> &'static str {
+        ["f32", "bf16"][self as usize]
+    }
+    /// The Metal type name.
+    pub fn msl(self) -> &'static str {
+        ["float", "bfloat"][self as usize]
+    }
+    pub fn dtype(self) -> DType {
+        [DType::F32, DType::BF16][self as usize]
+    }
+}

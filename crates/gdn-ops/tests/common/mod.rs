@@ -1,0 +1,22 @@
+//! Shared by the fused kernels' tests (CPU twin, emulation, CUDA): activation types, the GPU and
+//! its tolerances,
+//! reproducible random inputs, running cases on two threads, the harness input encoding, and the tolerance checks.
+#![allow(dead_code, unused_imports)]
+
+pub mod compare;
+pub mod dtype;
+pub mod gpu;
+pub mod harness_input;
+pub mod parallel;
+pub mod random;
+pub mod reference;
+
+pub use compare::{
+    assert_rel_err, close, max_abs, max_rel, rel_err, rel_l2, rel_max, values, worst_excess,
+};
+pub use dtype::{tensor, St, Ty, TYPES};
+pub use gpu::{gpu, tolerance};
+pub use harness_input::Input;
+pub use parallel::failures;
+pub use random::{random_matrix, Rng};
+pub use reference::candle_nn_rms_norm;
