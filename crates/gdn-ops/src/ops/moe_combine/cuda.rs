@@ -8,7 +8,7 @@ use crate::backend::dtype_tag;
 use anyhow::{ensure, Result};
 use candle_core::cuda_backend::cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg};
 use candle_core::cuda_backend::CudaDType;
-use candle_core::Tensor;
+use candle_core::{Tensor, WithDType};
 
 const SOURCE: KernelSource = KernelSource {
     module: "qwen_gdn_moe_combine",
@@ -30,7 +30,7 @@ pub(crate) fn moe_combine(
     ))
 }
 
-fn moe_combine_as<T: CudaDType + DeviceRepr>(
+fn moe_combine_as<T: CudaDType + DeviceRepr + WithDType>(
     inputs: &Inputs,
     p: &MoeCombineParams,
 ) -> Result<(Tensor, Option<Tensor>)> {

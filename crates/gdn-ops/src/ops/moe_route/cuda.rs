@@ -8,7 +8,7 @@ use crate::backend::dtype_tag;
 use anyhow::{ensure, Result};
 use candle_core::cuda_backend::cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg};
 use candle_core::cuda_backend::CudaDType;
-use candle_core::Tensor;
+use candle_core::{Tensor, WithDType};
 
 const SOURCE: KernelSource = KernelSource {
     module: "qwen_gdn_moe_route",
@@ -27,7 +27,7 @@ pub(crate) fn moe_route(logits: &Tensor, p: &MoeRouteParams) -> Result<(Tensor, 
     ))
 }
 
-fn moe_route_as<T: CudaDType + DeviceRepr>(
+fn moe_route_as<T: CudaDType + DeviceRepr + WithDType>(
     logits: &Tensor,
     p: &MoeRouteParams,
 ) -> Result<(Tensor, Tensor)> {
