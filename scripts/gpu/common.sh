@@ -4,8 +4,8 @@
 OUT=${OUT:-gpu-artefacts/out}
 bin=/tmp/qwen-gdn-cuda
 mkdir -p "$OUT" "$bin"
-for f in gpu-artefacts/cuda/*.xz; do
-  [ -f "$f" ] || { echo "no gpu-artefacts/cuda/*.xz: run scripts/gpu/build-cuda.sh and carry gpu-artefacts/cuda" >&2; exit 1; }
+for f in gpu-artefacts/cuda*/*.xz; do
+  [ -f "$f" ] || { echo "no gpu-artefacts/cuda*/*.xz: run scripts/gpu/build-cuda.sh and carry gpu-artefacts/cuda" >&2; exit 1; }
   xz -dc "$f" >"$bin/$(basename "$f" .xz)" && chmod +x "$bin/$(basename "$f" .xz)"
 done
 nv=$(python3 -c "import nvidia; print(list(nvidia.__path__)[0])")
