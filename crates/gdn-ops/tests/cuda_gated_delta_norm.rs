@@ -48,7 +48,9 @@ fn gated_delta_norm_matches_the_cpu_twin() {
                 let w = c(r.tensor(&[dv], 0.5, 1.5));
                 let run = |dev: &Device| {
                     let up = |x: &Tensor| x.to_device(dev).unwrap();
-                    let st = up(&state);
+                    // A copy: on the CPU `to_device` shares storage, and the twin advances
+                    // the state in place before the GPU's run would read it.
+                    let st = state.to_device(dev).unwrap().copy().unwrap();
                     let proj = up(&proj);
                     let z = proj.narrow(2, hv * dv + 5, hv * dv).unwrap();
                     let out = gated_delta_update_norm(

@@ -59,7 +59,9 @@ fn gdn_conv_prep_matches_the_cpu_twin() {
             let neg_a_exp = r.tensor(&[hv], -3.0, 2.5).exp().unwrap().neg().unwrap();
             let run = |dev: &Device| {
                 let up = |t: &Tensor| t.to_device(dev).unwrap();
-                let (proj, st) = (up(&proj), up(&state));
+                // A copy of the state: on the CPU `to_device` shares storage, and the twin
+                // shifts the conv window in place before the GPU's run would read it.
+                let (proj, st) = (up(&proj), state.to_device(dev).unwrap().copy().unwrap());
                 let out = gdn_conv_prep(
                     &proj.narrow(2, 0, c).unwrap(),
                     &proj.narrow(2, c + z, hv).unwrap(),
