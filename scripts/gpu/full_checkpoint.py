@@ -74,7 +74,7 @@ def cmd_skeleton(a) -> None:
 
 
 # ---------------------------------------------------------------------------------- write
-def expand(skeleton: dict, cfg: dict, layers: int, experts: int) -> tuple[dict, dict]:
+def expand(skeleton: dict, cfg: dict, layers: int, experts: int, top_k: int) -> tuple[dict, dict]:
     """(config, {shard name: {tensor name: (dtype, shape)}}) of the expanded checkpoint."""
     tc = text_config(cfg)
     old_layers, old_experts = tc["num_hidden_layers"], tc["num_experts"]
@@ -114,7 +114,8 @@ def expand(skeleton: dict, cfg: dict, layers: int, experts: int) -> tuple[dict, 
     tnew["num_hidden_layers"] = layers
     tnew["num_experts"] = experts
     tnew["layer_types"] = kinds
-    tnew["num_experts_per_tok"] = min(tnew["num_experts_per_tok"], experts)
+    # The template's top-k may have been capped to its own few experts: the release's is set here.
+    tnew["num_experts_per_tok"] = min(top_k, experts)
     for key in ("quantization", "quantization_config"):
         if key in new_cfg:
             base = {k: v for k, v in new_cfg[key].items() if not LAYER.match(k)}
@@ -209,7 +210,7 @@ def cmd_write(a) -> None:
 
     skel, out = Path(a.skeleton), Path(a.out)
     cfg = json.loads((skel / "config.json").read_text())
-    new_cfg, shards = expand(json.loads((skel / "tensors.json").read_text()), cfg, a.layers, a.experts)
+    new_cfg, shards = expand(json.loads((skel / "tensors.json").read_text()), cfg, a.layers, a.experts, a.top_k)
     marker = out / ".full-checkpoint.json"
     request = {"layers": a.layers, "experts": a.experts, "seed": a.seed, "shards": len(shards)}
     if marker.exists() and json.loads(marker.read_text()) == request:
@@ -244,6 +245,7 @@ def main() -> None:
     w.add_argument("--out", required=True)
     w.add_argument("--layers", type=int, default=48)
     w.add_argument("--experts", type=int, default=512)
+    w.add_argument("--top-k", type=int, default=10, help="experts per token (Qwen3-Next-80B-A3B: 10)")
     w.add_argument("--seed", type=int, default=0)
     a = ap.parse_args()
     {"skeleton": cmd_skeleton, "write": cmd_write}[a.cmd](a)

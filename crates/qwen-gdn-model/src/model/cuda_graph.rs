@@ -32,13 +32,14 @@ pub fn enabled() -> bool {
         && std::env::var("QWEN_GDN_CUDA_GRAPH").map_or(true, |v| v != "0")
 }
 
-/// One captured step and what it was captured against.
+/// One captured step and what it was captured against. Fields drop in order: the output,
+/// which lives in the graph's own memory, is freed before the graph is destroyed.
 pub struct DecodeGraph {
+    /// The step's output, rewritten by each replay.
+    logits: Tensor,
     graph: CudaGraph,
     token: Tensor,
     pos: Tensor,
-    /// The step's output, rewritten by each replay.
-    logits: Tensor,
     /// The ids of every cache tensor the capture read or wrote, per layer.
     layout: Vec<[Option<TensorId>; 4]>,
 }
