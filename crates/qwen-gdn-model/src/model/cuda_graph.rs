@@ -32,12 +32,12 @@ pub fn enabled() -> bool {
         && std::env::var("QWEN_GDN_CUDA_GRAPH").map_or(true, |v| v != "0")
 }
 
-/// One captured step and what it was captured against. Fields drop in order: the output,
-/// which lives in the graph's own memory, is freed before the graph is destroyed.
+/// One captured step and what it was captured against.
 pub struct DecodeGraph {
-    /// The step's output, rewritten by each replay.
-    logits: Tensor,
     graph: CudaGraph,
+    /// The step's output, allocated before the capture (so not the graph's own memory, which
+    /// must not be freed before a launch) and rewritten by each replay.
+    logits: Tensor,
     token: Tensor,
     pos: Tensor,
     /// The ids of every cache tensor the capture read or wrote, per layer.
@@ -139,17 +139,21 @@ pub fn step(model: &Model, token: u32, cache: &mut Cache) -> Result<Tensor> {
     let after = bookkeeping(cache);
     // The same step again, recorded and not run: from the same host-side state.
     restore(cache, &before);
+    let out = logits.zeros_like()?;
     let stream = dev.cuda_stream();
     stream
         .begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
         .context("starting the decode graph capture")?;
-    let captured = model.decode_step_on(&token_buf, &pos_buf, cache, None);
+    // The step's own output is freed inside the graph once copied into `out`.
+    let captured = model
+        .decode_step_on(&token_buf, &pos_buf, cache, None)
+        .and_then(|l| Ok(out.slice_set(&l, 0, 0)?));
     let graph = stream.end_capture(
         sys::CUgraphInstantiate_flags::CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH,
     );
     restore(cache, &after);
-    let (captured_logits, graph) = match (captured, graph) {
-        (Ok(logits), Ok(Some(graph))) => (logits, graph),
+    let graph = match (captured, graph) {
+        (Ok(()), Ok(Some(graph))) => graph,
         (captured, graph) => {
             // This token's logits came from the eager step; every later step runs eagerly.
             let why = match (captured, graph) {
@@ -166,7 +170,7 @@ pub fn step(model: &Model, token: u32, cache: &mut Cache) -> Result<Tensor> {
         graph,
         token: token_buf,
         pos: pos_buf,
-        logits: captured_logits,
+        logits: out,
         layout: layout(cache),
     }));
     Ok(logits)
