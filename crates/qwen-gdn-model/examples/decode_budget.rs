@@ -8,9 +8,8 @@
 
 use anyhow::{Context, Result};
 use candle_core::{DType, Device};
-use gdn_ops::launches;
-use qwen_gdn_model::config::LayerKind;
 use qwen_gdn_model::footprint::DecodeFootprint;
+use qwen_gdn_model::model::LaunchBudget;
 use qwen_gdn_model::{Config, LoadOptions, Model, Plan, StateDtype};
 use std::path::PathBuf;
 
@@ -33,28 +32,10 @@ fn main() -> Result<()> {
     let mut model = Model::load(&PathBuf::from(tiny), &Device::Cpu, &opts)?;
     model.set_fused_decode(!composed);
 
-    // One decode step after a short prefill, with each layer's launches counted where the
-    // kernels are launched.
-    let mut cache = model.new_cache();
-    model.prefill(&[1, 2, 3, 4, 5], &mut cache, 16)?;
-    launches::take();
-    let (_, per_layer) = model.decode_step_with_launches(6, &mut cache)?;
-    let total_tiny = launches::take();
-    let outside = total_tiny - per_layer.iter().sum::<usize>();
-    // Per layer kind, from the tiny model's first layer of each kind.
-    let first_of = |kind: LayerKind| {
-        (0..model.layers().len())
-            .find(|&i| model.config().layer_kind(i) == kind)
-            .map(|i| per_layer[i])
-    };
-    let gdn = first_of(LayerKind::LinearAttention).context("no GDN layer in the tiny model")?;
-    let attn =
-        first_of(LayerKind::FullAttention).context("no attention layer in the tiny model")?;
-    let n_attn = (0..cfg.num_hidden_layers)
-        .filter(|&i| cfg.layer_kind(i) == LayerKind::FullAttention)
-        .count();
-    let n_gdn = cfg.num_hidden_layers - n_attn;
-    let total = outside + n_gdn * gdn + n_attn * attn;
+    let budget = LaunchBudget::measure(&model)?;
+    let (outside, gdn, attn) = (budget.outside, budget.gdn_layer, budget.attention_layer);
+    let (n_gdn, n_attn) = LaunchBudget::layers_of(&cfg);
+    let total = budget.total_for(&cfg);
     let fused = if model.fused_decode() {
         "fused"
     } else {

@@ -20,7 +20,9 @@ use std::path::Path;
 #[cfg(feature = "cuda")]
 pub(crate) mod cuda_graph;
 mod decode;
+mod launch_budget;
 pub use decode::LayerCoverage;
+pub use launch_budget::LaunchBudget;
 
 #[derive(Debug, Clone)]
 pub enum Mixer {

@@ -70,7 +70,10 @@ fn launches_per_token_are_constant() {
 /// kernels bring it from thousands to at most 500; composed ops cost several times that.
 #[test]
 fn qwen3_next_80b_decodes_in_at_most_500_launches() {
-    use qwen_gdn_model::config::LayerKind;
+    use qwen_gdn_model::model::LaunchBudget;
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../tests/data/configs/qwen3-next-80b-a3b-instruct-4bit.json");
+    let cfg = Config::from_json_str(&std::fs::read_to_string(&path).unwrap(), "80b").unwrap();
     let count = |fused: bool| {
         let mut model = load_with(
             "qwen3-next-tiny-4bit",
@@ -81,27 +84,7 @@ fn qwen3_next_80b_decodes_in_at_most_500_launches() {
             },
         );
         model.set_fused_decode(fused);
-        let mut cache = model.new_cache();
-        model.prefill(&[1, 2, 3, 4, 5], &mut cache, 16).unwrap();
-        gdn_ops::launches::take();
-        let (_, per_layer) = model.decode_step_with_launches(6, &mut cache).unwrap();
-        let outside = gdn_ops::launches::take() - per_layer.iter().sum::<usize>();
-        let of_kind = |kind: LayerKind| {
-            let i = (0..per_layer.len())
-                .find(|&i| model.config().layer_kind(i) == kind)
-                .unwrap();
-            per_layer[i]
-        };
-        let path = Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("../../tests/data/configs/qwen3-next-80b-a3b-instruct-4bit.json");
-        let cfg = Config::from_json_str(&std::fs::read_to_string(&path).unwrap(), "80b").unwrap();
-        let attention = (0..cfg.num_hidden_layers)
-            .filter(|&i| cfg.layer_kind(i) == LayerKind::FullAttention)
-            .count();
-        let gdn = cfg.num_hidden_layers - attention;
-        outside
-            + gdn * of_kind(LayerKind::LinearAttention)
-            + attention * of_kind(LayerKind::FullAttention)
+        LaunchBudget::measure(&model).unwrap().total_for(&cfg)
     };
     let (fused, composed) = (count(true), count(false));
     eprintln!("Qwen3-Next-80B-A3B decode: {fused} launches fused, {composed} composed");

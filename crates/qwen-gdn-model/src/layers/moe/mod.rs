@@ -176,22 +176,12 @@ impl SeparateExperts {
         let dims = x.dims().to_vec();
         let x = x.flatten_to(D::Minus2)?; // [N, H]
         let probs = self.probabilities(&x)?;
-        // Top-k: a descending argsort, cut to k. Ties (equal f32 probabilities) may order
-        // differently from the host's lowest-index-first; both are valid top-k sets.
-        let sorted = candle_op(probs.arg_sort_last_dim(false))?;
-        let ids = contiguous(&sorted.narrow(D::Minus1, 0, top_k)?)?; // [N, k] u32
-        let mut weights = candle_op(probs.gather(&ids, D::Minus1))?; // [N, k]
-        if renormalise {
-            let total = candle_op(weights.sum_keepdim(D::Minus1))?;
-            weights = candle_op(weights.broadcast_div(&total))?;
-        }
+        let (ids, weights) = top_k_on_device(&probs, top_k, renormalise)?;
         let gate = self.gate_proj.gather_matmul_t(&x, &ids)?; // [N, k, Im]
         let up = self.up_proj.gather_matmul_t(&x, &ids)?;
         let act = candle_op(candle_op(gate.silu())?.mul(&up))?;
         let down = self.down_proj.gather_matmul_t(&act, &ids)?; // [N, k, H]
-        let weighted =
-            candle_op(cast(&down, DType::F32)?.broadcast_mul(&weights.unsqueeze(D::Minus1)?))?;
-        Ok(cast(&candle_op(weighted.sum(1))?, x.dtype())?.reshape(dims)?)
+        Ok(weighted_sum(&down, &weights, x.dtype())?.reshape(dims)?)
     }
 
     fn routed_on_host(
@@ -274,6 +264,30 @@ impl SeparateExperts {
         }
         Ok(Tensor::from_vec(out, x.dims(), x.device())?.to_dtype(x.dtype())?)
     }
+}
+
+/// The top-k experts of router probabilities `[N, E]` (f32) on the device: ids `[N, k]` u32
+/// by a descending argsort, and their probabilities `[N, k]`, renormalised to sum to 1 if
+/// asked. Ties (equal f32 probabilities) may order differently from [`route`]'s
+/// lowest-index-first; both are valid top-k sets.
+fn top_k_on_device(probs: &Tensor, top_k: usize, renormalise: bool) -> Result<(Tensor, Tensor)> {
+    let sorted = candle_op(probs.arg_sort_last_dim(false))?;
+    // The cut is copied only where it is a strided view (not for one token).
+    let ids = contiguous(&sorted.narrow(D::Minus1, 0, top_k)?)?;
+    let mut weights = candle_op(probs.gather(&ids, D::Minus1))?;
+    if renormalise {
+        let total = candle_op(weights.sum_keepdim(D::Minus1))?;
+        weights = candle_op(weights.broadcast_div(&total))?;
+    }
+    Ok((ids, weights))
+}
+
+/// `Σ_s weights[n, s] · down[n, s, :]` in f32 for `down` `[N, S, H]` and f32 `weights`
+/// `[N, S]`, returned `[N, H]` in `dtype`.
+fn weighted_sum(down: &Tensor, weights: &Tensor, dtype: DType) -> Result<Tensor> {
+    let weighted =
+        candle_op(cast(down, DType::F32)?.broadcast_mul(&weights.unsqueeze(D::Minus1)?))?;
+    cast(&candle_op(weighted.sum(1))?, dtype)
 }
 
 #[cfg(test)]

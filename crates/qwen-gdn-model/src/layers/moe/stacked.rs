@@ -15,6 +15,7 @@
 use super::super::linear::Linear;
 use super::super::mlp::Mlp;
 use super::super::norm::{cast, contiguous};
+use super::{top_k_on_device, weighted_sum};
 use crate::weights::{Matrix, Weight};
 use anyhow::Result;
 use candle_core::{DType, Device, Tensor, D};
@@ -136,16 +137,7 @@ impl StackedExperts {
             logits.clone()
         };
         let probs = candle_op(candle_nn::ops::softmax_last_dim(&routed))?;
-        // Ties (equal f32 probabilities) may order differently from the host's
-        // lowest-index-first; both are valid top-k sets.
-        // The top-k narrow is copied only where it is a strided view (not for one token).
-        let sorted = candle_op(probs.arg_sort_last_dim(false))?;
-        let ids = contiguous(&sorted.narrow(D::Minus1, 0, top_k)?)?;
-        let mut weights = candle_op(probs.gather(&ids, D::Minus1))?;
-        if renormalise {
-            let total = candle_op(weights.sum_keepdim(D::Minus1))?;
-            weights = candle_op(weights.broadcast_div(&total))?;
-        }
+        let (ids, weights) = top_k_on_device(&probs, top_k, renormalise)?;
         if !self.has_shared {
             return Ok((ids, weights));
         }
@@ -175,8 +167,6 @@ impl StackedExperts {
                 .mul(&gate_up.narrow(D::Minus1, inner, inner)?),
         )?;
         let down = self.down.gather_matmul_t(&act, &ids)?; // [N, S, H]
-        let weighted =
-            candle_op(cast(&down, DType::F32)?.broadcast_mul(&weights.unsqueeze(D::Minus1)?))?;
-        cast(&candle_op(weighted.sum(1))?, x.dtype())
+        weighted_sum(&down, &weights, x.dtype())
     }
 }

@@ -1,0 +1,53 @@
+//! Kernel launches of one decode step, per layer kind: measured on a (tiny) model by counting
+//! where the kernels are launched, then scaled to another config with the same layer kinds
+//! (the count depends on the layer structure, not the widths).
+
+use super::Model;
+use crate::config::LayerKind;
+use crate::Config;
+use anyhow::{Context, Result};
+
+/// Launches of one decode step: outside the layers, per GDN layer and per attention layer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LaunchBudget {
+    pub outside: usize,
+    pub gdn_layer: usize,
+    pub attention_layer: usize,
+}
+
+impl LaunchBudget {
+    /// One decode step after a short prefill (fused or composed, as `model` is set), each
+    /// layer kind taken from the model's first layer of that kind.
+    pub fn measure(model: &Model) -> Result<Self> {
+        let mut cache = model.new_cache();
+        model.prefill(&[1, 2, 3, 4, 5], &mut cache, 16)?;
+        gdn_ops::launches::take();
+        let (_, per_layer) = model.decode_step_with_launches(6, &mut cache)?;
+        let outside = gdn_ops::launches::take() - per_layer.iter().sum::<usize>();
+        let first_of = |kind: LayerKind, what: &str| {
+            (0..per_layer.len())
+                .find(|&i| model.config().layer_kind(i) == kind)
+                .map(|i| per_layer[i])
+                .with_context(|| format!("no {what} layer in the measured model"))
+        };
+        Ok(Self {
+            outside,
+            gdn_layer: first_of(LayerKind::LinearAttention, "GDN")?,
+            attention_layer: first_of(LayerKind::FullAttention, "attention")?,
+        })
+    }
+
+    /// `(GDN layers, attention layers)` of `config`.
+    pub fn layers_of(config: &Config) -> (usize, usize) {
+        let attention = (0..config.num_hidden_layers)
+            .filter(|&i| config.layer_kind(i) == LayerKind::FullAttention)
+            .count();
+        (config.num_hidden_layers - attention, attention)
+    }
+
+    /// Launches of one decode step of `config`.
+    pub fn total_for(&self, config: &Config) -> usize {
+        let (gdn, attention) = Self::layers_of(config);
+        self.outside + gdn * self.gdn_layer + attention * self.attention_layer
+    }
+}
