@@ -114,14 +114,13 @@ pub fn step(model: &Model, token: u32, cache: &mut Cache) -> Result<Tensor> {
             graph.graph.launch().context("replaying the decode graph")?;
             // A copy: callers may keep a step's logits while the next replay rewrites these.
             let logits = graph.logits.copy()?;
-            let mut after = bookkeeping(cache);
-            after.0 += 1;
-            for (l, len) in cache.layers.iter().zip(after.1.iter_mut()) {
-                if let LayerCache::Attention(_) = l {
-                    *len += 1;
+            // The replay wrote one position into every KV buffer.
+            cache.offset += 1;
+            for l in &mut cache.layers {
+                if let LayerCache::Attention(c) = l {
+                    c.advance(1);
                 }
             }
-            restore(cache, &after);
             return Ok(logits);
         }
     }
