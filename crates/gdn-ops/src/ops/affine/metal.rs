@@ -86,38 +86,16 @@ pub(crate) fn products(
     x_div: usize,
     out_rows: usize,
 ) -> Result<Tensor> {
-    const OP: &str = "affine matmul";
-    let dev = metal_device(&m.packed, OP)?;
-    let name = format!(
-        "affine_qmv_{}_{}",
-        dtype_tag(x.dtype(), OP)?,
-        dtype_tag(m.scales.dtype(), OP)?
-    );
-    let pipeline = pipeline(&dev, &SOURCE, &name)?;
-    // Before the encoder is taken: candle ops lock the same command state.
-    let x = x.contiguous()?;
-    let ids = ids.map(|t| t.contiguous()).transpose()?;
-    let y = new_output(&dev, out_rows * m.rows, x.dtype(), "affine_qmv_y")?;
-    let [w, s, b, idb] = weight_buffers(m, ids.as_ref(), OP)?;
-    let rows_per_group = QMV_ROWS_PER_SIMDGROUP * QMV_SIMDGROUPS;
-    launch(
-        &dev,
-        &pipeline,
-        &[w, s, b, metal_buffer(&x, OP)?, idb],
-        &(y.as_ref().clone(), 0),
-        &params(m, m.rows, out_rows, x_div, ids.is_some()),
-        MTLSize {
-            width: m.rows.div_ceil(rows_per_group),
-            height: out_rows,
-            depth: 1,
-        },
-        MTLSize {
-            width: 32,
-            height: QMV_SIMDGROUPS,
-            depth: 1,
-        },
-    )?;
-    Ok(output(&dev, y, (out_rows, m.rows), x.dtype()))
+    qmv(
+        m,
+        x,
+        ids,
+        x_div,
+        out_rows,
+        "affine_qmv",
+        m.rows,
+        "affine matmul",
+    )
 }
 
 /// SwiGLU activations of a stacked gate-and-up matrix: output row `i` reads x row
@@ -129,29 +107,53 @@ pub(crate) fn swiglu_products(
     x_div: usize,
     out_rows: usize,
 ) -> Result<Tensor> {
-    const OP: &str = "expert swiglu";
-    let dev = metal_device(&m.packed, OP)?;
+    let im = m.rows / 2;
+    qmv(
+        m,
+        x,
+        Some(ids),
+        x_div,
+        out_rows,
+        "affine_qmv_swiglu",
+        im,
+        "expert swiglu",
+    )
+}
+
+/// One launch of a qmv-shaped kernel (`<kernel>_<in>_<scale>`, the geometry of
+/// `affine_qmv`): `out_rows` rows of `width` values, eight per threadgroup.
+#[allow(clippy::too_many_arguments)]
+fn qmv(
+    m: &AffineTensor,
+    x: &Tensor,
+    ids: Option<&Tensor>,
+    x_div: usize,
+    out_rows: usize,
+    kernel: &str,
+    width: usize,
+    op: &str,
+) -> Result<Tensor> {
+    let dev = metal_device(&m.packed, op)?;
     let name = format!(
-        "affine_qmv_swiglu_{}_{}",
-        dtype_tag(x.dtype(), OP)?,
-        dtype_tag(m.scales.dtype(), OP)?
+        "{kernel}_{}_{}",
+        dtype_tag(x.dtype(), op)?,
+        dtype_tag(m.scales.dtype(), op)?
     );
     let pipeline = pipeline(&dev, &SOURCE, &name)?;
     // Before the encoder is taken: candle ops lock the same command state.
     let x = x.contiguous()?;
-    let ids = ids.contiguous()?;
-    let im = m.rows / 2;
-    let y = new_output(&dev, out_rows * im, x.dtype(), "affine_qmv_swiglu_y")?;
-    let [w, s, b, idb] = weight_buffers(m, Some(&ids), OP)?;
+    let ids = ids.map(|t| t.contiguous()).transpose()?;
+    let y = new_output(&dev, out_rows * width, x.dtype(), &format!("{kernel}_y"))?;
+    let [w, s, b, idb] = weight_buffers(m, ids.as_ref(), op)?;
     let rows_per_group = QMV_ROWS_PER_SIMDGROUP * QMV_SIMDGROUPS;
     launch(
         &dev,
         &pipeline,
-        &[w, s, b, metal_buffer(&x, OP)?, idb],
+        &[w, s, b, metal_buffer(&x, op)?, idb],
         &(y.as_ref().clone(), 0),
-        &params(m, m.rows, out_rows, x_div, true),
+        &params(m, m.rows, out_rows, x_div, ids.is_some()),
         MTLSize {
-            width: im.div_ceil(rows_per_group),
+            width: width.div_ceil(rows_per_group),
             height: out_rows,
             depth: 1,
         },
@@ -161,7 +163,7 @@ pub(crate) fn swiglu_products(
             depth: 1,
         },
     )?;
-    Ok(output(&dev, y, (out_rows, im), x.dtype()))
+    Ok(output(&dev, y, (out_rows, width), x.dtype()))
 }
 
 /// `count` rows (those listed in `ids`, or the first `count`) of the stacked matrix in `dtype`.
