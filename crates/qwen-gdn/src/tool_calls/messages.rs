@@ -51,18 +51,19 @@ fn normalize_message(at: &str, message: &Json) -> Result<Json, InvalidMessage> {
         return Err(invalid(at.into(), "expected an object"));
     };
     let mut out = m.clone();
-    let role =
-        match m.get("role").and_then(Json::as_str) {
-            Some("developer") => "system",
-            Some(r @ ("system" | "user" | "assistant" | "tool")) => r,
-            Some(other) => return Err(invalid(
+    let role = match m.get("role").and_then(Json::as_str) {
+        Some("developer") => "system",
+        Some(r @ ("system" | "user" | "assistant" | "tool")) => r,
+        Some(other) => {
+            return Err(invalid(
                 format!("{at}.role"),
                 format!(
                     "unknown role {other:?} (expected system, developer, user, assistant or tool)"
                 ),
-            )),
-            None => return Err(invalid(format!("{at}.role"), "missing (a string)")),
-        };
+            ))
+        }
+        None => return Err(invalid(format!("{at}.role"), "missing (a string)")),
+    };
     out.insert("role".into(), role.into());
     match m.get("content") {
         None | Some(Json::Null) | Some(Json::String(_)) => {}
