@@ -19,6 +19,8 @@ mod output;
 mod preflight;
 mod process;
 mod progress;
+#[allow(dead_code)] // for chat and serve
+mod prompt_cache_args;
 mod sampler;
 mod sampling_args;
 mod stream;
