@@ -1,10 +1,14 @@
 //! `qwen-gdn`: run Qwen3-Next / Qwen3.5 hybrid models from a local folder or the Hugging Face
 //! Hub. The flags follow `mlx_lm.generate` so that users of mlx-lm and llama.cpp feel at home.
 
+mod arg_ranges;
 mod bench;
 mod bf16_fallback;
 mod chat_template;
 mod compare_state;
+// The API `chat` and `serve` build on; `generate` uses part of it.
+#[allow(dead_code)]
+mod engine;
 mod eval;
 mod generate;
 mod hub;
@@ -18,12 +22,16 @@ mod progress;
 // Used by `serve` (issue 16); the allow goes when it is wired in.
 #[allow(dead_code)]
 mod reasoning;
+#[allow(dead_code)] // for chat and serve
+mod prompt_cache_args;
 mod sampler;
+mod sampling_args;
 mod stream;
 #[allow(dead_code)]
 mod tag_scan;
 #[allow(dead_code, unused_imports)]
 mod tool_calls;
+mod template_args;
 
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;

@@ -1,0 +1,101 @@
+//! Prefill that stops at requested positions to snapshot the cache there.
+//!
+//! Splitting a prompt differently changes the results in the last bits (the GDN chunked
+//! recurrence and the products round differently per split), and greedy decoding can turn
+//! that into other tokens. So the splits are a function of the snapshot positions only: a
+//! chunk never crosses one, the chunks after it start from it, and the token just before it
+//! runs alone through the decode path, as the last token of every prompt does (its logits
+//! start generation, and the prompt's end is snapshotted after it). A request resumed from a
+//! snapshot then runs exactly the steps of the same request run from scratch with the same
+//! snapshot positions.
+
+use super::PromptCache;
+use crate::{Cache, Model};
+use anyhow::{ensure, Result};
+use std::collections::BTreeSet;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+/// Runs `tokens[cache.offset..]` (the cache holds the first `cache.offset` tokens already) in
+/// chunks of at most `chunk` tokens, and inserts a snapshot into `pc` at each position of
+/// `snapshot_at` and at every multiple of `every` (positions already processed or past the
+/// end are ignored; the end itself is a snapshot only when asked).
+pub fn prefill_with_snapshots(
+    model: &Model,
+    tokens: &[u32],
+    cache: &mut Cache,
+    chunk: usize,
+    snapshot_at: &[usize],
+    every: Option<usize>,
+    pc: &mut PromptCache,
+) -> Result<()> {
+    let never = AtomicBool::new(false);
+    prefill_with_snapshots_cancellable(model, tokens, cache, chunk, snapshot_at, every, pc, &never)
+        .map(|_| ())
+}
+
+/// [`prefill_with_snapshots`], checking `cancel` before each chunk: returns `false` when it
+/// stopped early (the cache then holds a prefix of `tokens`, and every snapshot taken is
+/// complete).
+#[allow(clippy::too_many_arguments)]
+pub fn prefill_with_snapshots_cancellable(
+    model: &Model,
+    tokens: &[u32],
+    cache: &mut Cache,
+    chunk: usize,
+    snapshot_at: &[usize],
+    every: Option<usize>,
+    pc: &mut PromptCache,
+    cancel: &AtomicBool,
+) -> Result<bool> {
+    ensure!(chunk > 0, "prefill chunk size must be positive");
+    let start = cache.offset;
+    ensure!(
+        start <= tokens.len(),
+        "prefill: the cache has processed {start} tokens, more than the {} given",
+        tokens.len()
+    );
+    let stops = snapshot_positions(start, tokens.len(), snapshot_at, every);
+    let mut pos = start;
+    for stop in stops.iter().copied().chain([tokens.len()]) {
+        let snapshot = stops.contains(&stop);
+        // The token before a snapshot runs alone, as the last token of a prompt does (see
+        // the module's doc): a snapshot is then the same state whether it was taken at a
+        // boundary or at a prompt's end.
+        let chunks_end = if snapshot { stop - 1 } else { stop };
+        while pos < chunks_end {
+            if cancel.load(Ordering::Relaxed) {
+                return Ok(false);
+            }
+            let end = (pos + chunk).min(chunks_end);
+            model.prefill(&tokens[pos..end], cache, end - pos)?;
+            pos = end;
+        }
+        if snapshot {
+            if cancel.load(Ordering::Relaxed) {
+                return Ok(false);
+            }
+            model.forward_last(&tokens[stop - 1..stop], cache)?;
+            pos = stop;
+            pc.insert(&tokens[..stop], cache)?;
+        }
+    }
+    Ok(true)
+}
+
+/// The positions in `(start, end]` to snapshot at, in order.
+pub(crate) fn snapshot_positions(
+    start: usize,
+    end: usize,
+    snapshot_at: &[usize],
+    every: Option<usize>,
+) -> BTreeSet<usize> {
+    let mut stops: BTreeSet<usize> = snapshot_at
+        .iter()
+        .copied()
+        .filter(|&p| p > start && p <= end)
+        .collect();
+    if let Some(n) = every.filter(|&n| n > 0) {
+        stops.extend((start / n + 1..=end / n).map(|k| k * n));
+    }
+    stops
+}
