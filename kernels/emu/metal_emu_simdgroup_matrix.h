@@ -75,6 +75,7 @@ struct MatrixJob {
   bool transpose;
   // The lane's matrices: for a load `d` only; for a store `a` only; for a product all.
   void* d;
+  std::size_t d_bytes;
   const void* a;
   const void* b;
   const void* c;
@@ -94,8 +95,7 @@ inline void same_operand(SimdCall* lanes, const void* MatrixJob::*which, std::si
   }
 }
 
-// The resolver of every matrix operation: check what the lanes must agree on, then run each
-// lane's part (for a store, lane 0's alone: the lanes' matrices are identical).
+// The resolver of every matrix operation: check what the lanes must agree on, then do it.
 inline void resolve_matrix(SimdCall* lanes) {
   const MatrixJob* first = operand<const MatrixJob*>(lanes[0]);
   for (int i = 1; i < kSimdWidth; ++i) {
@@ -111,10 +111,12 @@ inline void resolve_matrix(SimdCall* lanes) {
   if (first->a != nullptr) same_operand(lanes, &MatrixJob::a, first->a_bytes, "operand a");
   if (first->b != nullptr) same_operand(lanes, &MatrixJob::b, first->b_bytes, "operand b");
   if (first->c != nullptr) same_operand(lanes, &MatrixJob::c, first->c_bytes, "operand c");
-  const bool store = first->d == nullptr;
-  for (int i = 0; i < (store ? 1 : kSimdWidth); ++i) {
-    MatrixJob* job = operand<MatrixJob*>(lanes[i]);
-    job->apply(job);
+  // The lanes agree on everything the result depends on: compute it once (lane 0's) and hand
+  // every other lane a copy; a store writes memory once.
+  MatrixJob* lane0 = operand<MatrixJob*>(lanes[0]);
+  lane0->apply(lane0);
+  if (lane0->d != nullptr) {
+    for (int i = 1; i < kSimdWidth; ++i) std::memcpy(operand<MatrixJob*>(lanes[i])->d, lane0->d, lane0->d_bytes);
   }
 }
 
@@ -143,6 +145,7 @@ void load(metal::simdgroup_matrix<T, Cols, Rows>& d, Ptr src, unsigned long elem
   job.elements_per_row = elements_per_row;
   job.transpose = transpose;
   job.d = &d;
+  job.d_bytes = sizeof(d);
   job.apply = [](MatrixJob* j) {
     auto* m = static_cast<metal::simdgroup_matrix<T, Cols, Rows>*>(j->d);
     Ptr mem = (Ptr)j->memory;
@@ -183,6 +186,7 @@ void product(metal::simdgroup_matrix<D, 8, 8>& d, const metal::simdgroup_matrix<
   MatrixJob job{};
   job.name = name;
   job.d = &d;
+  job.d_bytes = sizeof(d);
   job.a = &a;
   job.a_bytes = sizeof(a);
   job.b = &b;
