@@ -13,6 +13,35 @@ use candle_core::{DType, Tensor};
 /// Tokens per chunk of every chunk kernel (fla's chunk size).
 pub const CHUNK: usize = 64;
 
+/// `GdnChunkParams` of kernels/params/gated_delta_chunk.h, field for field.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct GdnChunkParams {
+    pub(crate) batch: u32,
+    pub(crate) steps: u32,
+    pub(crate) chunks: u32,
+    pub(crate) key_heads: u32,
+    pub(crate) value_heads: u32,
+    pub(crate) key_dim: u32,
+    pub(crate) value_dim: u32,
+    pub(crate) has_mask: u32,
+}
+
+impl GdnChunkParams {
+    pub(crate) fn new(dims: &GdnDims, chunks: usize, has_mask: bool) -> Self {
+        Self {
+            batch: dims.batch as u32,
+            steps: dims.steps as u32,
+            chunks: chunks as u32,
+            key_heads: dims.key_heads as u32,
+            value_heads: dims.value_heads as u32,
+            key_dim: dims.key_dim as u32,
+            value_dim: dims.value_dim as u32,
+            has_mask: has_mask as u32,
+        }
+    }
+}
+
 /// Runs `run_chunks(inputs, state, chunks)` (the device's chunk kernel over `chunks` full
 /// chunks from token 0, writing y for those tokens and advancing `state` in place) and the
 /// recurrence over the tail; returns y `[B, T, Hv, Dv]` in q's dtype.

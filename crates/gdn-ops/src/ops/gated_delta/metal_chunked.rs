@@ -2,7 +2,7 @@
 //! simdgroup matrices): the prefill form of the recurrence in `metal.rs`, 64 tokens per chunk,
 //! with the tail run by the recurrence kernel (`chunked.rs`).
 
-use super::chunked::{split_update, CHUNK};
+use super::chunked::{split_update, GdnChunkParams, CHUNK};
 use super::{GdnDims, Inputs};
 use crate::backend::dtype_tag;
 use crate::backend::metal::{
@@ -21,20 +21,6 @@ const SOURCE: KernelSource = KernelSource {
         include_str!("../../../../../kernels/params/gated_delta_chunk.h"),
     )],
 };
-
-/// `GdnChunkParams` of kernels/params/gated_delta_chunk.h, field for field.
-#[repr(C)]
-#[derive(Debug, Clone, Copy)]
-struct GdnChunkParams {
-    batch: u32,
-    steps: u32,
-    chunks: u32,
-    key_heads: u32,
-    value_heads: u32,
-    key_dim: u32,
-    value_dim: u32,
-    has_mask: u32,
-}
 
 /// Value columns per threadgroup (`kBlockV`), one 8-column tile per simdgroup.
 const BLOCK_V: usize = 32;
@@ -120,16 +106,7 @@ fn launch(dims: GdnDims, inputs: &Inputs, state: &Tensor, chunks: usize) -> Resu
     };
     let y_len = dims.batch * dims.steps * dims.value_heads * dims.value_dim;
     let y_buffer = new_output(dev, y_len, in_dtype, "gated_delta_chunk_y")?;
-    let params = GdnChunkParams {
-        batch: dims.batch as u32,
-        steps: dims.steps as u32,
-        chunks: chunks as u32,
-        key_heads: dims.key_heads as u32,
-        value_heads: dims.value_heads as u32,
-        key_dim: dims.key_dim as u32,
-        value_dim: dims.value_dim as u32,
-        has_mask: mask.is_some() as u32,
-    };
+    let params = GdnChunkParams::new(&dims, chunks, mask.is_some());
     let [qb, kb, vb, gb, bb] = [&q, &k, &v, &g, &beta].map(|t| metal_buffer(t, OP));
     let (qb, kb, vb, gb, bb) = (qb?, kb?, vb?, gb?, bb?);
     let state_buf = metal_buffer(state, OP)?;
