@@ -53,7 +53,8 @@ fn chunked_kernel_matches_the_recurrence() {
                     let norm = x.sqr().unwrap().sum_keepdim(3).unwrap().sqrt().unwrap();
                     x.broadcast_div(&norm).unwrap()
                 };
-                let q = c((unit(r.tensor(&[b, t, hk, dk], -1.0, 1.0)) / (dk as f64).sqrt()).unwrap());
+                let q =
+                    c((unit(r.tensor(&[b, t, hk, dk], -1.0, 1.0)) / (dk as f64).sqrt()).unwrap());
                 let k = c(unit(r.tensor(&[b, t, hk, dk], -1.0, 1.0)));
                 let v = c(r.tensor(&[b, t, hv, dv], -1.0, 1.0));
                 let g = r.tensor(&[b, t, hv], 0.6, 1.0);
@@ -87,8 +88,16 @@ fn chunked_kernel_matches_the_recurrence() {
                     } else {
                         gated_delta_update_masked
                     };
-                    let y = f(&up(&q), &up(&k), &up(&v), &up(&g), &up(&beta), &st, m.as_ref())
-                        .unwrap();
+                    let y = f(
+                        &up(&q),
+                        &up(&k),
+                        &up(&v),
+                        &up(&g),
+                        &up(&beta),
+                        &st,
+                        m.as_ref(),
+                    )
+                    .unwrap();
                     (y, st)
                 };
                 let (want, want_state) = run(&Device::Cpu, false);

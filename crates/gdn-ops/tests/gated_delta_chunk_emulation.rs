@@ -435,7 +435,8 @@ fn shipped_kernel_matches_the_cpu_reference() {
 #[test]
 fn kernel_abi_in_source() {
     let src =
-        std::fs::read_to_string(emu::workspace_root().join("kernels/gated_delta_chunk.metal")).unwrap();
+        std::fs::read_to_string(emu::workspace_root().join("kernels/gated_delta_chunk.metal"))
+            .unwrap();
     let squash = |s: &str| s.split_whitespace().collect::<Vec<_>>().join(" ");
     let flat = squash(&src);
     assert_eq!(
