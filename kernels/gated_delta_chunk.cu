@@ -221,12 +221,12 @@ __device__ void chunk_kernel(const InT* __restrict__ q, const InT* __restrict__ 
     __syncthreads();
     for (int e = tid; e < kChunk * kChunk; e += kThreads) {
       const int i = e / kChunk, j = e % kChunk;
-      if (j < i) xs[i * kLdX + j] *= -betas[i] * __expf(gcum[i] - gcum[j]);
+      if (j < i) xs[i * kLdX + j] *= -betas[i] * expf(gcum[i] - gcum[j]);
     }
     for (int e = tid; e < kChunk * kBlockV; e += kThreads) {
       const int i = e / kBlockV, col = e % kBlockV;
       const float vi = to_f32(v[(bt0 + i) * v_pitch + size_t(hv) * p.value_dim + col0 + col]);
-      vs[i * kLdV + col] = betas[i] * (vi - __expf(gcum[i]) * vs[i * kLdV + col]);
+      vs[i * kLdV + col] = betas[i] * (vi - expf(gcum[i]) * vs[i * kLdV + col]);
     }
     __syncthreads();
 
@@ -276,14 +276,14 @@ __device__ void chunk_kernel(const InT* __restrict__ q, const InT* __restrict__ 
     for (int e = tid; e < kChunk * kChunk; e += kThreads) {
       const int i = e / kChunk, j = e % kChunk;
       if (j <= i) {
-        xs[i * kLdX + j] *= __expf(gcum[i] - gcum[j]);
+        xs[i * kLdX + j] *= expf(gcum[i] - gcum[j]);
       } else if (j / 16 == i / 16) {
         xs[i * kLdX + j] = 0.0f;
       }
     }
     for (int e = tid; e < kChunk * kBlockV; e += kThreads) {
       const int i = e / kBlockV;
-      os[i * kLdV + e % kBlockV] *= __expf(gcum[i]);
+      os[i * kLdV + e % kBlockV] *= expf(gcum[i]);
     }
     __syncthreads();
 
@@ -299,12 +299,12 @@ __device__ void chunk_kernel(const InT* __restrict__ q, const InT* __restrict__ 
     __syncthreads();
 
     const float g_last = gcum[kChunk - 1];
-    const float chunk_decay = __expf(g_last);
+    const float chunk_decay = expf(g_last);
     for (int e = tid; e < kChunk * kBlockV; e += kThreads) {
       const int i = e / kBlockV, col = e % kBlockV;
       const size_t at = (bt0 + i) * v_pitch + size_t(hv) * p.value_dim + col0 + col;
       y[at] = keeps[i] != 0.0f ? from_f32<InT>(os[i * kLdV + col]) : from_f32<InT>(0.0f);
-      vs[i * kLdV + col] *= __expf(g_last - gcum[i]);
+      vs[i * kLdV + col] *= expf(g_last - gcum[i]);
     }
     for (int e = tid; e < dk * kBlockV; e += kThreads) {
       ss[(e / kBlockV) * kLdV + e % kBlockV] *= chunk_decay;

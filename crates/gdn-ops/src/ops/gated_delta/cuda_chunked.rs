@@ -43,6 +43,8 @@ pub fn supports(dims: &GdnDims) -> bool {
         && dims.value_dim.is_multiple_of(BLOCK_V)
         && dims.value_dim > 0
         && dims.key_heads > 0
+        // An empty grid is no launch: the recurrence path handles empty calls.
+        && dims.batch * dims.value_heads > 0
         && dims.batch * dims.value_heads <= 65535
 }
 
