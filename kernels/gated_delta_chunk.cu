@@ -25,9 +25,10 @@
 // state block S^T [Dk, 32] stays in shared memory in f32 from the first chunk to the last (one
 // read and one write of StT per call: a bf16 state is rounded once). Each chunk stages K and Q
 // (64 x Dk) in f32, and every product runs on wmma m16n16k8 TF32 tensor cores with f32
-// accumulation, split three ways (a = a_hi + a_lo in TF32, a*b ~ a_hi*b_hi + a_hi*b_lo +
-// a_lo*b_hi) so that results keep f32 accuracy (1e-6 relative rather than TF32's 1e-3):
-// the state and V' are f32 quantities whatever InT is. The triangular solve runs by 16-row
+// accumulation; an f32 operand is split (a = a_hi + a_lo in TF32, a*b ~ a_hi*b_hi + a_hi*b_lo
+// + a_lo*b_hi) so that results keep f32 accuracy (1e-6 relative rather than TF32's 1e-3):
+// the state, L, P and V' are f32 quantities whatever InT is, while f16/bf16 K and Q tiles are
+// exact in TF32 and go in unsplit (2 products per step instead of 3, or 1 for K K^T, Q K^T). The triangular solve runs by 16-row
 // blocks: a tensor-core product with the solved blocks above, then a 16-step substitution in
 // the block, one thread per column.
 //
@@ -106,10 +107,12 @@ __device__ __forceinline__ void split(Frag& hi, Frag& lo) {
   }
 }
 
-// acc += A[16 x kdim] * B[kdim x 16] from shared memory, in f32 accuracy (3 TF32 products).
+// acc += A[16 x kdim] * B[kdim x 16] from shared memory, in f32 accuracy: an operand that is
+// not exact in TF32 (SplitA / SplitB) is split into hi + lo and the products hi*hi, hi*lo and
+// lo*hi summed; one that is exact (f16 or bf16 activations widened to f32) is used as is.
 // A at a (leading dimension lda) in layout LA, B at b (ldb) in layout LB; for row_major the
 // element (r, c) is at p[r * ld + c], for col_major at p[c * ld + r].
-template <typename LA, typename LB>
+template <typename LA, typename LB, bool SplitA, bool SplitB>
 __device__ __forceinline__ void mma_f32(Acc& acc, const float* a, int lda, const float* b, int ldb, int kdim) {
   for (int kk = 0; kk < kdim; kk += 8) {
     FragA<LA> a_hi, a_lo;
@@ -118,10 +121,10 @@ __device__ __forceinline__ void mma_f32(Acc& acc, const float* a, int lda, const
     const float* b_at = std::is_same<LB, wmma::row_major>::value ? b + kk * ldb : b + kk;
     wmma::load_matrix_sync(a_hi, a_at, lda);
     wmma::load_matrix_sync(b_hi, b_at, ldb);
-    split(a_hi, a_lo);
-    split(b_hi, b_lo);
-    wmma::mma_sync(acc, a_lo, b_hi, acc);
-    wmma::mma_sync(acc, a_hi, b_lo, acc);
+    if (SplitA) split(a_hi, a_lo);
+    if (SplitB) split(b_hi, b_lo);
+    if (SplitA) wmma::mma_sync(acc, a_lo, b_hi, acc);
+    if (SplitB) wmma::mma_sync(acc, a_hi, b_lo, acc);
     wmma::mma_sync(acc, a_hi, b_hi, acc);
   }
 }
@@ -162,6 +165,9 @@ __device__ void chunk_kernel(const InT* __restrict__ q, const InT* __restrict__ 
   const size_t qk_pitch = size_t(p.key_heads) * dk;
   const size_t v_pitch = size_t(p.value_heads) * p.value_dim;
   const int key_tiles = dk / 16;
+  // f16 and bf16 values are exact in TF32 (10-bit mantissa, 8-bit exponent): K and Q tiles of
+  // such activations need no split; f32 ones, and every f32 intermediate (S, L, P, V'), do.
+  constexpr bool kSplitIn = std::is_same<InT, float>::value;
 
   // S^T[key][col] = state[b, hv, col0 + col, key].
   StT* s_cols = state + (size_t(n) * p.value_dim + col0) * dk;
@@ -210,11 +216,12 @@ __device__ void chunk_kernel(const InT* __restrict__ q, const InT* __restrict__ 
       if (job < 10) {
         int mi, mj;
         lower_tile(job, mi, mj);
-        mma_f32<wmma::row_major, wmma::col_major>(acc, ks + 16 * mi * ldk, ldk, ks + 16 * mj * ldk, ldk, dk);
+        mma_f32<wmma::row_major, wmma::col_major, kSplitIn, kSplitIn>(acc, ks + 16 * mi * ldk, ldk, ks + 16 * mj * ldk,
+                                                                      ldk, dk);
         wmma::store_matrix_sync(xs + 16 * mi * kLdX + 16 * mj, acc, kLdX, wmma::mem_row_major);
       } else {
         const int mi = (job - 10) / 2, cj = (job - 10) % 2;
-        mma_f32<wmma::row_major, wmma::row_major>(acc, ks + 16 * mi * ldk, ldk, ss + 16 * cj, kLdV, dk);
+        mma_f32<wmma::row_major, wmma::row_major, kSplitIn, true>(acc, ks + 16 * mi * ldk, ldk, ss + 16 * cj, kLdV, dk);
         wmma::store_matrix_sync(vs + 16 * mi * kLdV + 16 * cj, acc, kLdV, wmma::mem_row_major);
       }
     }
@@ -239,7 +246,7 @@ __device__ void chunk_kernel(const InT* __restrict__ q, const InT* __restrict__ 
           Acc acc;
           wmma::load_matrix_sync(acc, tile, kLdV, wmma::mem_row_major);
           // -L[m, 0..m) times the solved rows above.
-          mma_f32<wmma::row_major, wmma::row_major>(acc, xs + 16 * m * kLdX, kLdX, vs + 16 * cj, kLdV, 16 * m);
+          mma_f32<wmma::row_major, wmma::row_major, true, true>(acc, xs + 16 * m * kLdX, kLdX, vs + 16 * cj, kLdV, 16 * m);
           wmma::store_matrix_sync(tile, acc, kLdV, wmma::mem_row_major);
           __syncwarp();
         }
@@ -264,11 +271,12 @@ __device__ void chunk_kernel(const InT* __restrict__ q, const InT* __restrict__ 
       if (job < 10) {
         int mi, mj;
         lower_tile(job, mi, mj);
-        mma_f32<wmma::row_major, wmma::col_major>(acc, qs + 16 * mi * ldk, ldk, ks + 16 * mj * ldk, ldk, dk);
+        mma_f32<wmma::row_major, wmma::col_major, kSplitIn, kSplitIn>(acc, qs + 16 * mi * ldk, ldk, ks + 16 * mj * ldk,
+                                                                      ldk, dk);
         wmma::store_matrix_sync(xs + 16 * mi * kLdX + 16 * mj, acc, kLdX, wmma::mem_row_major);
       } else {
         const int mi = (job - 10) / 2, cj = (job - 10) % 2;
-        mma_f32<wmma::row_major, wmma::row_major>(acc, qs + 16 * mi * ldk, ldk, ss + 16 * cj, kLdV, dk);
+        mma_f32<wmma::row_major, wmma::row_major, kSplitIn, true>(acc, qs + 16 * mi * ldk, ldk, ss + 16 * cj, kLdV, dk);
         wmma::store_matrix_sync(os + 16 * mi * kLdV + 16 * cj, acc, kLdV, wmma::mem_row_major);
       }
     }
@@ -293,7 +301,8 @@ __device__ void chunk_kernel(const InT* __restrict__ q, const InT* __restrict__ 
       float* tile = os + 16 * mi * kLdV + 16 * cj;
       Acc acc;
       wmma::load_matrix_sync(acc, tile, kLdV, wmma::mem_row_major);
-      mma_f32<wmma::row_major, wmma::row_major>(acc, xs + 16 * mi * kLdX, kLdX, vs + 16 * cj, kLdV, 16 * (mi + 1));
+      mma_f32<wmma::row_major, wmma::row_major, true, true>(acc, xs + 16 * mi * kLdX, kLdX, vs + 16 * cj, kLdV,
+                                                           16 * (mi + 1));
       wmma::store_matrix_sync(tile, acc, kLdV, wmma::mem_row_major);
     }
     __syncthreads();
@@ -318,7 +327,7 @@ __device__ void chunk_kernel(const InT* __restrict__ q, const InT* __restrict__ 
       Acc acc;
       wmma::load_matrix_sync(acc, tile, kLdV, wmma::mem_row_major);
       // A = K^T [Dk x 64]: element (key, token) at ks[token * ldk + key], col-major.
-      mma_f32<wmma::col_major, wmma::row_major>(acc, ks + 16 * ki, ldk, vs + 16 * cj, kLdV, kChunk);
+      mma_f32<wmma::col_major, wmma::row_major, kSplitIn, true>(acc, ks + 16 * ki, ldk, vs + 16 * cj, kLdV, kChunk);
       wmma::store_matrix_sync(tile, acc, kLdV, wmma::mem_row_major);
     }
     __syncthreads();
