@@ -33,6 +33,9 @@
 // the block, one thread per column.
 //
 // Compile for candle: nvcc -ptx -arch=sm_90 -O3 kernels/gated_delta_chunk.cu (sm_80+: TF32 wmma).
+// The body (gdn_chunk::chunk_kernel) takes its thread and block indices and its shared memory as
+// arguments, so that kernels/emu/gated_delta_chunk_cuda_harness.cpp can run it on the CPU
+// (crates/gdn-ops/tests/gated_delta_chunk_cuda_emulation.rs).
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -139,8 +142,8 @@ __device__ __forceinline__ void lower_tile(int t, int& mi, int& mj) {
 template <typename InT, typename StT>
 __device__ void chunk_kernel(const InT* __restrict__ q, const InT* __restrict__ k, const InT* __restrict__ v,
                              const float* __restrict__ g, const float* __restrict__ beta, StT* __restrict__ state,
-                             InT* __restrict__ y, const float* __restrict__ mask, const GdnChunkParams p) {
-  extern __shared__ __align__(128) float smem[];
+                             InT* __restrict__ y, const float* __restrict__ mask, const GdnChunkParams p,
+                             const int tid, const unsigned block_col, const unsigned block_head, float* smem) {
   const int dk = int(p.key_dim);
   const Layout lay{dk};
   float* ks = smem + lay.k();
@@ -154,14 +157,13 @@ __device__ void chunk_kernel(const InT* __restrict__ q, const InT* __restrict__ 
   float* keeps = betas + kChunk;
   const int ldk = ld_k(dk);
 
-  const int tid = threadIdx.x;
   const int warp = tid / 32;
   const int lane = tid % 32;
-  const unsigned n = blockIdx.y;  // b * Hv + hv
+  const unsigned n = block_head;  // b * Hv + hv
   const unsigned b = n / p.value_heads;
   const unsigned hv = n % p.value_heads;
   const unsigned hk = hv / (p.value_heads / p.key_heads);
-  const unsigned col0 = blockIdx.x * kBlockV;
+  const unsigned col0 = block_col * kBlockV;
   const size_t qk_pitch = size_t(p.key_heads) * dk;
   const size_t v_pitch = size_t(p.value_heads) * p.value_dim;
   const int key_tiles = dk / 16;
@@ -352,7 +354,9 @@ __host__ __device__ constexpr int gdn_chunk_smem_floats(int dk) {
   extern "C" __global__ void __launch_bounds__(gdn_chunk::kThreads)                                              \
       name(const InT* q, const InT* k, const InT* v, const float* g, const float* beta, StT* state, InT* y,     \
            const float* mask, const GdnChunkParams p) {                                                          \
-    gdn_chunk::chunk_kernel<InT, StT>(q, k, v, g, beta, state, y, mask, p);                                      \
+    extern __shared__ __align__(128) float gdn_chunk_smem[];                                                     \
+    gdn_chunk::chunk_kernel<InT, StT>(q, k, v, g, beta, state, y, mask, p, threadIdx.x, blockIdx.x, blockIdx.y,  \
+                                      gdn_chunk_smem);                                                           \
   }
 
 GDN_CHUNK_ENTRY(gated_delta_chunk_f32_f32, float, float)
