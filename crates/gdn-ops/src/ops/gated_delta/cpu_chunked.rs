@@ -38,7 +38,8 @@ use std::sync::Mutex;
 pub const CHUNK: usize = 64;
 /// Output columns per register tile (one AVX-512 register, two AVX2 ones).
 const LANES: usize = 16;
-/// Output rows per register tile.
+/// Output rows per register tile: `ROWS × LANES` accumulators are eight 256-bit registers
+/// (the width LLVM prefers even with AVX-512); eight rows spill and run slower.
 const ROWS: usize = 4;
 
 pub(crate) fn gated_delta_update(dims: GdnDims, inputs: &Inputs, state: &Tensor) -> Result<Tensor> {
@@ -202,6 +203,8 @@ struct Work {
     out: Vec<f32>,
     /// `(D_last ⊙ K)ᵀ` `[dkp, CHUNK]`.
     krt: Vec<f32>,
+    /// The products' packed row tiles.
+    pack: Vec<f32>,
 }
 
 impl Work {
@@ -228,6 +231,7 @@ impl Work {
             delta: z(CHUNK * dvp),
             out: z(CHUNK * dvp),
             krt: z(dkp * CHUNK),
+            pack: z(ROWS * dkp.max(CHUNK)),
         }
     }
 }
@@ -275,6 +279,7 @@ fn group_body<S: StateElem, const FMA: bool>(
             accumulate: false,
             c: &mut w.kk,
             ldc: CHUNK,
+            pack: &mut w.pack,
         });
         gemm::<FMA>(Gemm {
             a: &w.q,
@@ -289,6 +294,7 @@ fn group_body<S: StateElem, const FMA: bool>(
             accumulate: false,
             c: &mut w.qk,
             ldc: CHUNK,
+            pack: &mut w.pack,
         });
         for h in 0..group {
             let hv = hk * group + h;
@@ -444,6 +450,7 @@ fn chunk_head<const FMA: bool>(w: &mut Work, h: usize, c: usize, cp: usize) {
         accumulate: false,
         c: &mut w.r,
         ldc: dvp,
+        pack: &mut w.pack,
     });
     for i in 0..cp {
         let (beta, gamma) = (w.beta[i], w.gamma[i]);
@@ -469,6 +476,7 @@ fn chunk_head<const FMA: bool>(w: &mut Work, h: usize, c: usize, cp: usize) {
         accumulate: false,
         c: &mut w.delta,
         ldc: dvp,
+        pack: &mut w.pack,
     });
     // Y = γ ⊙ Q Sᵀ + attn Δ.
     gemm::<FMA>(Gemm {
@@ -484,6 +492,7 @@ fn chunk_head<const FMA: bool>(w: &mut Work, h: usize, c: usize, cp: usize) {
         accumulate: false,
         c: &mut w.out,
         ldc: dvp,
+        pack: &mut w.pack,
     });
     for i in 0..cp {
         let gamma = w.gamma[i];
@@ -504,6 +513,7 @@ fn chunk_head<const FMA: bool>(w: &mut Work, h: usize, c: usize, cp: usize) {
         accumulate: true,
         c: &mut w.out,
         ldc: dvp,
+        pack: &mut w.pack,
     });
     // Sᵀ ← γ_last Sᵀ + (D_last ⊙ K)ᵀ Δ.
     let last = &w.decay[(c - 1) * CHUNK..c * CHUNK];
@@ -531,6 +541,7 @@ fn chunk_head<const FMA: bool>(w: &mut Work, h: usize, c: usize, cp: usize) {
         accumulate: true,
         c: st,
         ldc: dvp,
+        pack: &mut w.pack,
     });
 }
 
@@ -552,12 +563,14 @@ struct Gemm<'a> {
     accumulate: bool,
     c: &'a mut [f32],
     ldc: usize,
+    /// Room for a row tile of `a`: `ROWS × depth`.
+    pack: &'a mut [f32],
 }
 
-/// The register-tiled product: `ROWS × LANES` accumulators stay in registers while the
-/// depth goes by, one broadcast of `a` and one row of `b` per step.
+/// The register-tiled product: `ROWS × LANES` accumulators stay in registers while the depth
+/// goes by, one broadcast of `a` per row and one row of `b` per step.
 #[inline(always)]
-fn gemm<const FMA: bool>(p: Gemm) {
+fn gemm<const FMA: bool>(mut p: Gemm) {
     debug_assert!(p.m.is_multiple_of(ROWS) && p.n.is_multiple_of(LANES));
     for i0 in (0..p.m).step_by(ROWS) {
         let depth = if p.a_lower {
@@ -565,6 +578,14 @@ fn gemm<const FMA: bool>(p: Gemm) {
         } else {
             p.depth
         };
+        // The row tile's `a`, packed depth-major: one contiguous group of ROWS per step.
+        let a_tile = &mut p.pack[..depth * ROWS];
+        for r in 0..ROWS {
+            let a_row = &p.a[(i0 + r) * p.lda..][..depth];
+            for (k, a) in a_row.iter().enumerate() {
+                a_tile[k * ROWS + r] = *a;
+            }
+        }
         for j0 in (0..p.n).step_by(LANES) {
             if p.out_lower && j0 >= i0 + ROWS {
                 break;
@@ -575,14 +596,13 @@ fn gemm<const FMA: bool>(p: Gemm) {
                     acc.copy_from_slice(&p.c[(i0 + r) * p.ldc + j0..][..LANES]);
                 }
             }
-            for k in 0..depth {
-                let b_row: &[f32; LANES] = p.b[k * p.ldb + j0..][..LANES]
-                    .try_into()
-                    .expect("a full tile");
-                for (r, acc) in acc.iter_mut().enumerate() {
-                    let a = p.a[(i0 + r) * p.lda + k];
+            let b_rows = p.b[j0..].chunks(p.ldb).take(depth);
+            debug_assert_eq!(b_rows.len(), depth);
+            for (a_col, b_row) in a_tile.chunks_exact(ROWS).zip(b_rows) {
+                let b_row: &[f32; LANES] = b_row[..LANES].try_into().expect("a full tile");
+                for (acc, a) in acc.iter_mut().zip(a_col) {
                     for (x, b) in acc.iter_mut().zip(b_row) {
-                        *x = madd::<FMA>(*x, a, *b);
+                        *x = madd::<FMA>(*x, *a, *b);
                     }
                 }
             }
