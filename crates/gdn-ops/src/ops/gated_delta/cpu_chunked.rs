@@ -570,7 +570,7 @@ struct Gemm<'a> {
 /// The register-tiled product: `ROWS × LANES` accumulators stay in registers while the depth
 /// goes by, one broadcast of `a` per row and one row of `b` per step.
 #[inline(always)]
-fn gemm<const FMA: bool>(mut p: Gemm) {
+fn gemm<const FMA: bool>(p: Gemm) {
     debug_assert!(p.m.is_multiple_of(ROWS) && p.n.is_multiple_of(LANES));
     for i0 in (0..p.m).step_by(ROWS) {
         let depth = if p.a_lower {

@@ -36,9 +36,10 @@ pub enum GdnForm {
 /// [`CHUNKED_MIN_STEPS`] tokens take the chunked form where the device has it.
 pub const PREFILL_FORM_ENV: &str = "QWEN_GDN_GDN_PREFILL";
 
-/// The shortest call the chunked form takes by default: below one chunk the recurrence does
-/// fewer operations (the chunk form's `C²` terms do not pay off).
-pub const CHUNKED_MIN_STEPS: usize = CHUNK;
+/// The shortest call the chunked form takes by default. Below it the chunk form's fixed
+/// costs (the triangular system, the state transposed in and out) outweigh its faster
+/// products; measured with `scripts/bench-gdn-prefill` (docs/perf-notes.md).
+pub const CHUNKED_MIN_STEPS: usize = 16;
 
 impl GdnForm {
     /// The form `QWEN_GDN_GDN_PREFILL` forces, if any (read once; any other value is
