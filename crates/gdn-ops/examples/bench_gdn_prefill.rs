@@ -1,7 +1,7 @@
 //! Benchmark (not a test): one GDN layer's prefill on the CPU, the token-by-token recurrence
 //! against the chunked (WY) form, at Qwen3-Next-80B-A3B shapes. Run with
-//! `scripts/bench-gdn-prefill`; `--steps 512,4096`, `--reps N` and `--only chunked` (or
-//! `recurrent`) change what it runs.
+//! `scripts/bench-gdn-prefill`; `--steps 512,4096`, `--reps N`, `--only chunked` (or
+//! `recurrent`) and `--g-min X` (decays uniform in [X, 1), default 0.9) change what it runs.
 
 use candle_core::{DType, Device, Tensor};
 use gdn_ops::{gated_delta_update_in, GdnForm};
@@ -56,6 +56,9 @@ fn main() -> anyhow::Result<()> {
         .map(|s| s.trim().parse())
         .collect::<Result<_, _>>()?;
     let reps: usize = arg("--reps").map_or(Ok(5), |s| s.parse())?;
+    // The decays are uniform in [g_lo, 1): the default keeps every chunk's products of decays
+    // in the normal f32 range; a low bound sends some of them down to subnormals.
+    let g_lo: f32 = arg("--g-min").map_or(Ok(0.9), |s| s.parse())?;
     let dev = Device::Cpu;
     println!(
         "GDN prefill, one layer on the CPU: Qwen3-Next-80B shapes (Hk {HK}, Hv {HV}, Dk {DK}, Dv {DV}), B = 1, \
@@ -83,7 +86,7 @@ fn main() -> anyhow::Result<()> {
         let q = unit(1.0 / (DK as f64).sqrt())?;
         let k = unit(1.0)?;
         let v = Tensor::randn(0f32, 1., (1, t, HV, DV), &dev)?;
-        let g = Tensor::rand(0.9f32, 1., (1, t, HV), &dev)?;
+        let g = Tensor::rand(g_lo, 1., (1, t, HV), &dev)?;
         let beta = Tensor::rand(0f32, 1., (1, t, HV), &dev)?;
         let state = Tensor::zeros((1, HV, DV, DK), DType::F32, &dev)?;
         let time = |form| {
@@ -100,8 +103,16 @@ fn main() -> anyhow::Result<()> {
         let only = arg("--only");
         let skip = |name: &str| only.as_deref().is_some_and(|o| o != name);
         let nan = (f64::NAN, f64::NAN);
-        let (rw, rc) = if skip("recurrent") { nan } else { time(GdnForm::Recurrent) };
-        let (cw, cc) = if skip("chunked") { nan } else { time(GdnForm::Chunked) };
+        let (rw, rc) = if skip("recurrent") {
+            nan
+        } else {
+            time(GdnForm::Recurrent)
+        };
+        let (cw, cc) = if skip("chunked") {
+            nan
+        } else {
+            time(GdnForm::Chunked)
+        };
         println!(
             "{t:>6} {rw:>15.2} {rc:>15.2} {cw:>13.2} {cc:>13.2} {:>9.2}x {:>8.2}x {:>14.0}",
             rw / cw,

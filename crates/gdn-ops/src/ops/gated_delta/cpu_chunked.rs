@@ -367,14 +367,14 @@ fn load_values(
     let d = op.dims;
     let (dv, dvp) = (d.value_dim, w.dvp);
     let mut g = [1f64; CHUNK];
-    for i in 0..cp {
+    for (i, g_i) in g.iter_mut().enumerate().take(cp) {
         let row = &mut w.v[i * dvp..(i + 1) * dvp];
         let gate_at = (b * d.steps + c0 + i) * d.value_heads + hv;
         if i < c && kept(c0 + i) {
             row[..dv].copy_from_slice(&op.v[gate_at * dv..(gate_at + 1) * dv]);
             row[dv..].fill(0.0);
             w.beta[i] = op.beta[gate_at];
-            g[i] = op.g[gate_at] as f64;
+            *g_i = op.g[gate_at] as f64;
         } else {
             row.fill(0.0);
             w.beta[i] = 0.0;
