@@ -76,12 +76,17 @@ impl GdnForm {
     }
 }
 
+/// Whether `device` has a chunked form at all. The hook the device backends extend when
+/// their chunk kernels land; until then their calls run the recurrence without a notice.
+pub fn chunked_available_on(device: &Device) -> bool {
+    matches!(device, Device::Cpu)
+}
+
 /// Whether `device` has the chunked form for these dims. The CPU takes any dims (its buffers
-/// are padded to whole tiles). The hook the device backends extend when their chunk kernels
-/// land; until then their calls run the recurrence.
+/// are padded to whole tiles); a device backend whose kernels cover fewer narrows this.
 pub fn chunked_supported_on(device: &Device, dims: &GdnDims) -> bool {
     let _ = dims;
-    matches!(device, Device::Cpu)
+    chunked_available_on(device)
 }
 
 /// The read-only inputs of one call, as the device backends receive them.
@@ -187,16 +192,37 @@ pub fn gated_delta_update_masked(
     mask: Option<&Tensor>,
 ) -> Result<Tensor> {
     let steps = q.dims().get(1).copied().unwrap_or(0);
-    let form = GdnForm::forced().unwrap_or(GdnForm::by_length(steps));
-    gated_delta_update_in(form, q, k, v, g, beta, state, mask)
+    let (form, asked) = match GdnForm::forced() {
+        Some(form) => (form, true),
+        None => (GdnForm::by_length(steps), false),
+    };
+    update(form, asked, q, k, v, g, beta, state, mask)
 }
 
-/// As [`gated_delta_update_masked`] in the given form: how the tests compare the two. A form
-/// the device does not have for these dims falls back to the recurrence with a one-line
-/// notice (once per process).
+/// As [`gated_delta_update_masked`] in the given form: how the tests compare the two. The
+/// chunked form where the device does not have it for these dims falls back to the
+/// recurrence with a one-line notice (once per process); so does a call the length sends to
+/// the chunked form on a device that has it for other dims only.
 #[allow(clippy::too_many_arguments)]
 pub fn gated_delta_update_in(
     form: GdnForm,
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    g: &Tensor,
+    beta: &Tensor,
+    state: &Tensor,
+    mask: Option<&Tensor>,
+) -> Result<Tensor> {
+    update(form, true, q, k, v, g, beta, state, mask)
+}
+
+/// One call in `form`; `asked`: the form was asked for (explicitly or by
+/// `QWEN_GDN_GDN_PREFILL`), not chosen by length.
+#[allow(clippy::too_many_arguments)]
+fn update(
+    form: GdnForm,
+    asked: bool,
     q: &Tensor,
     k: &Tensor,
     v: &Tensor,
@@ -224,12 +250,12 @@ pub fn gated_delta_update_in(
     }
     let chunked = form == GdnForm::Chunked && {
         let supported = chunked_supported_on(state.device(), &dims);
-        if !supported {
+        if !supported && (asked || chunked_available_on(state.device())) {
             static NOTICED: AtomicBool = AtomicBool::new(false);
             if !NOTICED.swap(true, Ordering::Relaxed) {
                 eprintln!(
                     "qwen-gdn: no chunked gated delta on {:?} for {dims:?}; running the recurrence",
-                    state.device()
+                    state.device().location()
                 );
             }
         }
