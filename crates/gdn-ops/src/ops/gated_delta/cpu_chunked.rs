@@ -20,7 +20,9 @@
 //! The state is held transposed (`[Dk, Dv]`) in f32 for the whole call, so that every product
 //! reads its right-hand side row by row; it is read once and written once in its own dtype,
 //! as the recurrence does. All buffers are padded with zeros to tiles of 16 columns: zero
-//! keys, queries and values add nothing, so the padding is exact.
+//! keys, queries and values add nothing, so the padding is exact. The last chunk of a call
+//! may be shorter: it runs through the same code on fewer rows. A padding token (mask 0)
+//! enters as `g = 1`, `β = 0`, which leaves the state as it is, and its output is 0.
 //!
 //! Work is split over (batch, key head): the value heads that share a key head share
 //! `K Kᵀ` and `Q Kᵀ`.
@@ -38,8 +40,8 @@ use std::sync::Mutex;
 pub const CHUNK: usize = 64;
 /// Output columns per register tile (one AVX-512 register, two AVX2 ones).
 const LANES: usize = 16;
-/// Output rows per register tile: `ROWS × LANES` accumulators are eight 256-bit registers
-/// (the width LLVM prefers even with AVX-512); eight rows spill and run slower.
+/// Output rows per register tile: 4 × 16 accumulators, four AVX-512 registers or eight AVX2
+/// ones, with room for the operands (8 rows ran slower on AVX-512: docs/perf-notes.md).
 const ROWS: usize = 4;
 
 pub(crate) fn gated_delta_update(dims: GdnDims, inputs: &Inputs, state: &Tensor) -> Result<Tensor> {
