@@ -79,14 +79,32 @@ impl GdnForm {
 /// Whether `device` has a chunked form at all. The hook the device backends extend when
 /// their chunk kernels land; until then their calls run the recurrence without a notice.
 pub fn chunked_available_on(device: &Device) -> bool {
-    matches!(device, Device::Cpu)
+    match device {
+        Device::Cpu => true,
+        #[cfg(any(feature = "metal", target_os = "macos"))]
+        Device::Metal(_) => true,
+        #[cfg(feature = "cuda")]
+        Device::Cuda(_) => true,
+        #[allow(unreachable_patterns)]
+        _ => false,
+    }
 }
 
 /// Whether `device` has the chunked form for these dims. The CPU takes any dims (its buffers
 /// are padded to whole tiles); a device backend whose kernels cover fewer narrows this.
 pub fn chunked_supported_on(device: &Device, dims: &GdnDims) -> bool {
-    let _ = dims;
-    chunked_available_on(device)
+    match device {
+        Device::Cpu => true,
+        #[cfg(any(feature = "metal", target_os = "macos"))]
+        Device::Metal(_) => metal_chunked::supports(dims),
+        #[cfg(feature = "cuda")]
+        Device::Cuda(_) => cuda_chunked::supports(dims),
+        #[allow(unreachable_patterns)]
+        _ => {
+            let _ = dims;
+            false
+        }
+    }
 }
 
 /// The read-only inputs of one call, as the device backends receive them.
@@ -272,7 +290,11 @@ fn update(
             }
         }
         #[cfg(any(feature = "metal", target_os = "macos"))]
+        Device::Metal(_) if chunked => metal_chunked::gated_delta_update(dims, &inputs, state),
+        #[cfg(any(feature = "metal", target_os = "macos"))]
         Device::Metal(_) => metal::gated_delta_update(dims, &inputs, state),
+        #[cfg(feature = "cuda")]
+        Device::Cuda(_) if chunked => cuda_chunked::gated_delta_update(dims, &inputs, state),
         #[cfg(feature = "cuda")]
         Device::Cuda(_) => cuda::gated_delta_update(dims, &inputs, state),
         other => bail!("gated_delta_update: no kernel for device {other:?} yet"),
@@ -289,10 +311,9 @@ pub mod cuda_chunked;
 #[cfg(any(feature = "metal", target_os = "macos"))]
 pub mod metal_chunked;
 
-/// As [`gated_delta_update_masked`], through the chunked (WY/UT) form on a GPU that has a
-/// chunk kernel for these dims: full chunks of 64 tokens as matrix products, the tail through
-/// the recurrence. Same contract and results (within f32 summation order); elsewhere, and for
-/// dims the chunk kernels do not take (with a one-line notice), the recurrence itself.
+/// As [`gated_delta_update_masked`], always in the chunked (WY/UT) form where the device has
+/// it for these dims (on the GPUs: full chunks of 64 tokens as matrix products, the tail
+/// through the recurrence kernel), else the recurrence with a one-line notice.
 pub fn gated_delta_update_chunked(
     q: &Tensor,
     k: &Tensor,
@@ -302,50 +323,5 @@ pub fn gated_delta_update_chunked(
     state: &Tensor,
     mask: Option<&Tensor>,
 ) -> Result<Tensor> {
-    let inputs = Inputs {
-        q,
-        k,
-        v,
-        g,
-        beta,
-        mask,
-    };
-    let dims = GdnDims::of(&inputs, state)?;
-    match state.device() {
-        #[cfg(any(feature = "metal", target_os = "macos"))]
-        Device::Metal(_) if metal_chunked::supports(&dims) => {
-            if let Some(m) = mask {
-                ensure!(
-                    m.dims() == [dims.batch, dims.steps],
-                    "gated_delta_update: mask {:?}, expected {:?}",
-                    m.dims(),
-                    [dims.batch, dims.steps]
-                );
-            }
-            metal_chunked::gated_delta_update(dims, &inputs, state)
-        }
-        #[cfg(feature = "cuda")]
-        Device::Cuda(_) if cuda_chunked::supports(&dims) => {
-            if let Some(m) = mask {
-                ensure!(
-                    m.dims() == [dims.batch, dims.steps],
-                    "gated_delta_update: mask {:?}, expected {:?}",
-                    m.dims(),
-                    [dims.batch, dims.steps]
-                );
-            }
-            cuda_chunked::gated_delta_update(dims, &inputs, state)
-        }
-        Device::Metal(_) | Device::Cuda(_) => {
-            static NOTICE: std::sync::Once = std::sync::Once::new();
-            NOTICE.call_once(|| {
-                eprintln!(
-                    "note: no chunked gated-delta kernel for key dim {} / value dim {}; prefill runs the recurrence",
-                    dims.key_dim, dims.value_dim
-                )
-            });
-            gated_delta_update_masked(q, k, v, g, beta, state, mask)
-        }
-        Device::Cpu => gated_delta_update_masked(q, k, v, g, beta, state, mask),
-    }
+    update(GdnForm::Chunked, true, q, k, v, g, beta, state, mask)
 }
