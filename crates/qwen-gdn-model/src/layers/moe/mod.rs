@@ -11,6 +11,8 @@
 //!   shared expert as one more expert), the form the fused decode kernels read.
 
 mod decode;
+pub mod grouped;
+pub mod groups;
 pub mod stacked;
 
 use super::linear::Linear;
@@ -21,6 +23,7 @@ use crate::Config;
 use anyhow::Result;
 use candle_core::{DType, Device, Tensor, D};
 use gdn_ops::launches::candle_op;
+pub use grouped::MoePrefill;
 pub use stacked::StackedExperts;
 
 #[derive(Debug, Clone)]
@@ -28,6 +31,8 @@ pub struct SparseMoe {
     experts: Experts,
     top_k: usize,
     norm_topk_prob: bool,
+    /// How prefill chunks run the stacked experts' products.
+    prefill: MoePrefill,
 }
 
 #[derive(Debug, Clone)]
@@ -87,6 +92,7 @@ impl SparseMoe {
             })),
             top_k: cfg.num_experts_per_tok,
             norm_topk_prob: cfg.norm_topk_prob,
+            prefill: MoePrefill::Pairs,
         })
     }
 
@@ -116,14 +122,24 @@ impl SparseMoe {
         }
     }
 
+    /// How prefill chunks run the stacked experts' products (the separate form always groups
+    /// float experts and runs quantized ones per pair).
+    pub fn set_prefill(&mut self, mode: MoePrefill) {
+        self.prefill = mode;
+    }
+
     /// `x`: `[B, S, H]` (already post-attention-normed).
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
         match &self.experts {
             Experts::Separate(s) => s.forward(x, self.top_k, self.norm_topk_prob),
             Experts::Stacked(s) => {
                 let dims = x.dims().to_vec();
-                let out =
-                    s.forward_composed(&x.flatten_to(D::Minus2)?, self.top_k, self.norm_topk_prob)?;
+                let x = x.flatten_to(D::Minus2)?;
+                let (top_k, renormalise) = (self.top_k, self.norm_topk_prob);
+                let out = match self.prefill.min_tokens_for(x.dim(0)?) {
+                    Some(min_tokens) => s.forward_grouped(&x, top_k, renormalise, min_tokens)?,
+                    None => s.forward_composed(&x, top_k, renormalise)?,
+                };
                 Ok(out.reshape(dims)?)
             }
         }
