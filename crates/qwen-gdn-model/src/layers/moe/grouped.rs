@@ -11,11 +11,12 @@
 //! [`StackedExperts::forward_composed`] (every pair on its own) is the reference, selectable
 //! with `QWEN_GDN_MOE_PREFILL=pairs` or [`MoePrefill::Pairs`].
 
+use super::super::norm::contiguous;
 use super::groups::ExpertGroups;
 use super::{weighted_sum, StackedExperts};
 use anyhow::{bail, Result};
 use candle_core::{Device, Tensor, D};
-use gdn_ops::launches::candle_ops;
+use gdn_ops::launches::{candle_op, candle_ops};
 use gdn_ops::ops::affine::MATVEC_MAX_ROWS;
 
 /// How the device plan runs a prefill chunk's quantized expert products.
@@ -126,9 +127,75 @@ impl StackedExperts {
     }
 }
 
+/// The routed experts of float (unquantized) stacks for many tokens, grouped once for the
+/// three products (one read of the ids, one gather, one scatter): `x` `[N, H]`, `ids`
+/// `[N, k]` u32, stacks gate and up `[E, Im, H]`, down `[E, H, Im]` → the down products of
+/// every slot `[N, k, H]`. Every expert with pairs gets its own product: a float expert has
+/// no per-pair kernel (gathering an expert per pair copies it).
+pub(super) fn dense_routed_grouped(
+    x: &Tensor,
+    ids: &Tensor,
+    [gate, up, down]: [&Tensor; 3],
+) -> Result<Tensor> {
+    let (n, k) = ids.dims2()?;
+    let hidden = down.dim(1)?;
+    let groups = ExpertGroups::read(ids, gate.dim(0)?, 1)?;
+    let rows = groups.gather(&contiguous(x)?)?;
+    let no_loose = |_: &Tensor, _: &Tensor| -> Result<Tensor> {
+        bail!("float experts: every expert with pairs has its own product")
+    };
+    let product = |stack: &Tensor, e: usize, x: &Tensor| -> Result<Tensor> {
+        candle_op(x.matmul(&stack.get(e)?.t()?))
+    };
+    let g = groups.products(&rows, no_loose, |e, x| product(gate, e, x))?;
+    let u = groups.products(&rows, no_loose, |e, x| product(up, e, x))?;
+    let act = candle_op(candle_op(g.silu())?.mul(&u))?;
+    let d = groups.products(&act, no_loose, |e, x| product(down, e, x))?;
+    Ok(groups.scatter(&d)?.reshape((n, k, hidden))?)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The three products grouped once against each product grouped on its own
+    /// (`Weight::gather_matmul_t`, itself checked against every pair on its own).
+    #[test]
+    fn dense_experts_grouped_once_match_each_product_grouped() {
+        use crate::weights::Weight;
+        let dev = &Device::Cpu;
+        let (e, h, im, n) = (5, 8, 6, 7);
+        let values = |len: usize, seed: f32| -> Tensor {
+            let v: Vec<f32> = (0..len).map(|i| (i as f32 * 0.37 + seed).sin()).collect();
+            Tensor::from_vec(v, len, dev).unwrap()
+        };
+        let gate = values(e * im * h, 0.1).reshape((e, im, h)).unwrap();
+        let up = values(e * im * h, 0.2).reshape((e, im, h)).unwrap();
+        let down = values(e * h * im, 0.3).reshape((e, h, im)).unwrap();
+        let x = values(n * h, 0.4).reshape((n, h)).unwrap();
+        // Expert 4 unused, expert 0 chosen by every token.
+        let ids = Tensor::new(
+            &[[0u32, 1], [2, 0], [0, 3], [1, 0], [0, 2], [3, 0], [0, 1]],
+            dev,
+        )
+        .unwrap();
+        let got = dense_routed_grouped(&x, &ids, [&gate, &up, &down]).unwrap();
+        let [g, u, d] = [gate, up, down].map(Weight::Dense);
+        let act = (g.gather_matmul_t(&x, &ids).unwrap().silu().unwrap()
+            * u.gather_matmul_t(&x, &ids).unwrap())
+        .unwrap();
+        let want = d.gather_matmul_t(&act, &ids).unwrap();
+        assert_eq!(got.dims(), [n, 2, h]);
+        let diff = (got - want)
+            .unwrap()
+            .abs()
+            .unwrap()
+            .max_all()
+            .unwrap()
+            .to_scalar::<f32>()
+            .unwrap();
+        assert!(diff < 1e-5, "{diff}");
+    }
 
     #[test]
     fn parses_the_modes_and_rejects_the_rest() {

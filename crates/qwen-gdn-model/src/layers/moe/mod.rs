@@ -193,10 +193,17 @@ impl SeparateExperts {
         let x = x.flatten_to(D::Minus2)?; // [N, H]
         let probs = self.probabilities(&x)?;
         let (ids, weights) = top_k_on_device(&probs, top_k, renormalise)?;
-        let gate = self.gate_proj.gather_matmul_t(&x, &ids)?; // [N, k, Im]
-        let up = self.up_proj.gather_matmul_t(&x, &ids)?;
-        let act = candle_op(candle_op(gate.silu())?.mul(&up))?;
-        let down = self.down_proj.gather_matmul_t(&act, &ids)?; // [N, k, H]
+        let down = match (&self.gate_proj, &self.up_proj, &self.down_proj) {
+            (Weight::Dense(g), Weight::Dense(u), Weight::Dense(d)) if x.dim(0)? > 1 => {
+                grouped::dense_routed_grouped(&x, &ids, [g, u, d])?
+            }
+            _ => {
+                let gate = self.gate_proj.gather_matmul_t(&x, &ids)?; // [N, k, Im]
+                let up = self.up_proj.gather_matmul_t(&x, &ids)?;
+                let act = candle_op(candle_op(gate.silu())?.mul(&up))?;
+                self.down_proj.gather_matmul_t(&act, &ids)? // [N, k, H]
+            }
+        };
         Ok(weighted_sum(&down, &weights, x.dtype())?.reshape(dims)?)
     }
 
