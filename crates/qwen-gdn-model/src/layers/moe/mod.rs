@@ -6,9 +6,11 @@
 //!   per selected expert, so each expert's weights are read once per call and unselected
 //!   experts not at all;
 //! - device plan: softmax, top-k and the expert products all stay on the device (the experts
-//!   are picked by a gathered product reading the top-k ids there), so a layer never waits
-//!   for the host. Quantized experts are regrouped at load into [`StackedExperts`] (the
-//!   shared expert as one more expert), the form the fused decode kernels read.
+//!   are picked by a gathered product reading the top-k ids there), so a decode step never
+//!   waits for the host. Quantized experts are regrouped at load into [`StackedExperts`] (the
+//!   shared expert as one more expert), the form the fused decode kernels read. In a
+//!   prefill chunk the ids are read back once per layer and the products grouped per expert
+//!   ([`grouped`]; per (token, slot) pair with [`MoePrefill::Pairs`], the reference).
 
 mod decode;
 pub mod grouped;
