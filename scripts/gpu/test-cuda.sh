@@ -44,6 +44,13 @@ step "fused decode vs composed + mlx-lm" fused_decode.txt env QWEN_GDN_TEST_DEVI
 step "prompt cache exact on the device plan" prompt_cache.txt env QWEN_GDN_TEST_DEVICE=cuda \
   QWEN_GDN_MODELS_DIR="$PWD/models" "$bin/prompt_cache" multi_turn_chat_is_exact_on_the_device_plan \
   --test-threads=1 --nocapture || fail=1
+# The grouped MoE prefill products against the per-pair products (random blocks, routing
+# edge cases, every fixture), and the device plan's gates with every expert grouped.
+step "grouped MoE prefill vs pairs" grouped_moe.txt env QWEN_GDN_TEST_DEVICE=cuda \
+  QWEN_GDN_MODELS_DIR="$PWD/models" "$bin/grouped_moe" --test-threads=1 --nocapture || fail=1
+step "device plan, grouped:1, vs mlx-lm" device_plan_grouped.txt env QWEN_GDN_TEST_DEVICE=cuda \
+  QWEN_GDN_MOE_PREFILL=grouped:1 QWEN_GDN_MODELS_DIR="$PWD/models" "$bin/device_plan" \
+  --test-threads=1 --nocapture || fail=1
 for m in qwen3-next-tiny-4bit qwen3.5-tiny-4bit qwen3.5-moe-tiny-4bit qwen3-next-tiny-bf16 qwen3.5-moe-tiny-hf; do
   python3 -c "import json,sys; print(json.load(open('models/reference/$m.json'))['text'])" >"/tmp/$m.txt"
   # The gate's PASS/FAIL is reported, not required: random tiny models are more sensitive than
@@ -53,8 +60,9 @@ for m in qwen3-next-tiny-4bit qwen3.5-tiny-4bit qwen3.5-moe-tiny-4bit qwen3-next
     --compare-state-dtype bf16 || fail=1
 done
 
-grep -hE "rel err|rel diff|KL|top-1|fused vs" "$OUT"/kernels.txt "$OUT"/device_plan.txt "$OUT"/fused_decode.txt | tail -n 400 >"$OUT/numbers.txt"
-grep -hE "^test result|FAILED|panicked" "$OUT"/kernels.txt "$OUT"/device_plan.txt "$OUT"/fused_decode.txt "$OUT"/prompt_cache.txt
+grep -hE "rel err|rel diff|KL|top-1|fused vs" "$OUT"/kernels.txt "$OUT"/device_plan.txt "$OUT"/fused_decode.txt "$OUT"/grouped_moe.txt "$OUT"/device_plan_grouped.txt | tail -n 400 >"$OUT/numbers.txt"
+grep -hE "^test result|FAILED|panicked" "$OUT"/kernels.txt "$OUT"/device_plan.txt "$OUT"/fused_decode.txt \
+  "$OUT"/prompt_cache.txt "$OUT"/grouped_moe.txt "$OUT"/device_plan_grouped.txt
 for m in qwen3-next-tiny-4bit qwen3.5-tiny-4bit qwen3.5-moe-tiny-4bit qwen3-next-tiny-bf16 qwen3.5-moe-tiny-hf; do
   echo "$m: $(grep -hiE "kl|top-1|pass|fail" "$OUT/state_$m.txt" | tr '\n' ' ' | cut -c1-220)"
 done

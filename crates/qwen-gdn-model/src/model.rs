@@ -7,7 +7,7 @@ use crate::layers::attention::Attention;
 use crate::layers::gdn::GatedDeltaNet;
 use crate::layers::linear::{Embedding, Linear};
 use crate::layers::mlp::Mlp;
-use crate::layers::moe::SparseMoe;
+use crate::layers::moe::{MoePrefill, SparseMoe};
 use crate::layers::norm::cast;
 use crate::layers::norm::RmsNorm;
 use crate::weights::Checkpoint;
@@ -193,6 +193,8 @@ impl Model {
                 );
             }
         }
+        // Read before loading, so that a bad value fails fast.
+        let moe_prefill = MoePrefill::from_env(device)?;
         let cfg = Config::from_dir(dir)?;
         let mut ckpt = Checkpoint::open(dir, &cfg)?;
         ckpt.report_progress(opts.progress.clone());
@@ -253,7 +255,19 @@ impl Model {
         };
         model.coverage = model.fused_coverage();
         model.set_fused_decode(plan == Plan::Device && opts.fused_decode);
+        model.set_moe_prefill(moe_prefill);
         Ok(model)
+    }
+
+    /// How prefill chunks run the device plan's quantized expert products: grouped per
+    /// expert (the default, `QWEN_GDN_MOE_PREFILL` at load), or per (token, slot) pair, the
+    /// reference. The reference plan always groups its products on the host.
+    pub fn set_moe_prefill(&mut self, mode: MoePrefill) {
+        for layer in &mut self.layers {
+            if let FeedForward::Moe(moe) = &mut layer.feed_forward {
+                moe.set_prefill(mode);
+            }
+        }
     }
 
     /// Runs decode steps on the fused kernels (device plan only), or on the composed ops:

@@ -31,6 +31,14 @@ impl Mlp {
         })
     }
 
+    /// From host projections (tests and loaders that build their own weights).
+    pub fn from_parts(gate: Linear, up: Linear, down: Linear) -> Self {
+        Self {
+            gate_up: FusedLinear::new(vec![gate, up]),
+            down,
+        }
+    }
+
     /// `[gate | up]` merged into one matrix, and the down projection: what a stacked or
     /// fused SwiGLU needs (`None` when gate and up could not be merged).
     pub fn merged_parts(&self) -> Option<(&Linear, &Linear)> {

@@ -232,13 +232,16 @@ impl Matrix {
         tasks
             .into_par_iter()
             .for_each(|(prep, first, out)| prep.fill(first, out));
+        let mut gemm = GemmBlocks::run(products, &prepared).into_iter();
         products
             .iter()
             .zip(prepared)
             .zip(outputs)
             .map(|((p, prep), yt)| match prep {
                 Some(_) => transpose_rows(yt, p.matrix.rows(), p.m),
-                None => p.matrix.gemm_matmul_t(p.expert, p.x, p.m),
+                None => gemm
+                    .next()
+                    .expect("one GEMM output per prefill-shaped product"),
             })
             .collect()
     }
@@ -351,36 +354,78 @@ impl<'a> Prepared<'a> {
     }
 }
 
-impl Matrix {
-    /// Prefill-shaped products: blocks of weight rows are dequantized into f32 (in parallel)
-    /// and multiplied by a cache-blocked GEMM (candle's CPU matmul), so the work is matmul-
-    /// bound rather than bound by one dot product per (weight row, activation row).
-    fn gemm_matmul_t(&self, expert: usize, x: &[f32], m: usize) -> Vec<f32> {
-        let (rows, cols) = (self.rows(), self.cols());
+/// The prefill-shaped products of one [`Matrix::matmul_t_many`] call: every block of
+/// [`GEMM_BLOCK_ROWS`] weight rows of every such product is one parallel task, which
+/// dequantizes its rows into f32 and multiplies them by a cache-blocked GEMM (candle's CPU
+/// matmul), so the work is matmul-bound rather than bound by one dot product per (weight row,
+/// activation row). The tasks spread the GEMMs over the cores: the qwen-gdn binary turns
+/// candle's own threads off (`CANDLE_NUM_THREADS=1`), so a single GEMM runs on one core, and
+/// a MoE layer's experts, one product each, would otherwise run one after another.
+struct GemmBlocks;
+
+impl GemmBlocks {
+    /// The `[m, rows]` output of each product that `prepared` leaves to the GEMM, in order.
+    fn run(products: &[Product], prepared: &[Option<Prepared>]) -> Vec<Vec<f32>> {
         let dev = &candle_core::Device::Cpu;
-        let xt = candle_core::Tensor::from_slice(x, (m, cols), dev).expect("shape checked");
-        let mut y = vec![0f32; m * rows];
-        let mut block = vec![0f32; GEMM_BLOCK_ROWS.min(rows) * cols];
-        for start in (0..rows).step_by(GEMM_BLOCK_ROWS) {
-            let n = GEMM_BLOCK_ROWS.min(rows - start);
-            let w = &mut block[..n * cols];
-            w.par_chunks_mut(cols)
-                .enumerate()
-                .for_each(|(i, row)| self.row_into(expert, start + i, row));
-            let wt = candle_core::Tensor::from_slice(w, (n, cols), dev).expect("block shape");
-            let part = xt
-                .matmul(&wt.t().expect("rank 2"))
-                .and_then(|t| t.flatten_all()?.to_vec1::<f32>())
-                .expect("f32 CPU matmul");
-            for (out, src) in y.chunks_exact_mut(rows).zip(part.chunks_exact(n)) {
-                out[start..start + n].copy_from_slice(src);
-            }
+        let gemm: Vec<(&Product, candle_core::Tensor)> = products
+            .iter()
+            .zip(prepared)
+            .filter(|(_, prep)| prep.is_none())
+            .map(|(p, _)| {
+                let x = candle_core::Tensor::from_slice(p.x, (p.m, p.matrix.cols()), dev);
+                (p, x.expect("shape checked"))
+            })
+            .collect();
+        if gemm.is_empty() {
+            return vec![];
         }
-        y
+        let blocks: Vec<(usize, usize)> = gemm
+            .iter()
+            .enumerate()
+            .flat_map(|(i, (p, _))| {
+                (0..p.matrix.rows())
+                    .step_by(GEMM_BLOCK_ROWS)
+                    .map(move |start| (i, start))
+            })
+            .collect();
+        let parts: Vec<Vec<f32>> = blocks
+            .par_iter()
+            .map(|&(i, start)| Self::block(gemm[i].0, &gemm[i].1, start))
+            .collect();
+        let mut parts = blocks.iter().zip(parts);
+        gemm.iter()
+            .map(|(p, _)| {
+                let rows = p.matrix.rows();
+                let mut y = vec![0f32; p.m * rows];
+                for start in (0..rows).step_by(GEMM_BLOCK_ROWS) {
+                    let (_, part) = parts.next().expect("one part per block");
+                    let n = GEMM_BLOCK_ROWS.min(rows - start);
+                    for (out, src) in y.chunks_exact_mut(rows).zip(part.chunks_exact(n)) {
+                        out[start..start + n].copy_from_slice(src);
+                    }
+                }
+                y
+            })
+            .collect()
+    }
+
+    /// Weight rows `start .. start + GEMM_BLOCK_ROWS` of `p` against all of `x`: `[m, n]`.
+    fn block(p: &Product, x: &candle_core::Tensor, start: usize) -> Vec<f32> {
+        let (rows, cols) = (p.matrix.rows(), p.matrix.cols());
+        let n = GEMM_BLOCK_ROWS.min(rows - start);
+        let mut w = vec![0f32; n * cols];
+        for (i, row) in w.chunks_exact_mut(cols).enumerate() {
+            p.matrix.row_into(p.expert, start + i, row);
+        }
+        let w = candle_core::Tensor::from_vec(w, (n, cols), &candle_core::Device::Cpu)
+            .expect("block shape");
+        x.matmul(&w.t().expect("rank 2"))
+            .and_then(|t| t.flatten_all()?.to_vec1::<f32>())
+            .expect("f32 CPU matmul")
     }
 }
 
-/// From this many activation rows on, products go through [`Matrix::gemm_matmul_t`].
+/// From this many activation rows on, products go through [`GemmBlocks`].
 const GEMM_MIN_ROWS: usize = 8;
 /// Weight rows dequantized per GEMM: 256 × 2048 f32 is 2 MiB, about an L2's worth.
 const GEMM_BLOCK_ROWS: usize = 256;
@@ -454,6 +499,76 @@ mod tests {
                     .map(|(a, b)| (*a as f64) * (*b as f64))
                     .sum();
                 assert!((y[i * 3 + r] as f64 - want).abs() < 1e-4, "row {r} x {i}");
+            }
+        }
+    }
+
+    /// `[experts, rows, 64]` 4-bit, group 32, distinct values per row.
+    fn affine_stack(experts: usize, rows: usize) -> Matrix {
+        let n = experts * rows;
+        let q: Vec<u32> = (0..n * 64)
+            .map(|j| ((j * 7 + j / 64) % 16) as u32)
+            .collect();
+        let packed: Vec<u32> = q.chunks(64).flat_map(|r| pack_row(r, 4)).collect();
+        let scales = (0..2 * n)
+            .map(|g| 0.01 * ((g % 13) as f32 - 6.0))
+            .collect::<Vec<_>>();
+        let biases = (0..2 * n)
+            .map(|g| 0.02 * ((g % 7) as f32 - 3.0))
+            .collect::<Vec<_>>();
+        Matrix::Affine(
+            AffineMatrix::new(4, 32, [experts, rows, 64], packed, scales, biases).unwrap(),
+        )
+    }
+
+    /// Products of every shape in one call: GEMM-shaped ones over several blocks (the last
+    /// one partial) next to a small one, each against its own dequantized rows.
+    #[test]
+    fn many_products_match_their_dequantized_rows() {
+        let rows = GEMM_BLOCK_ROWS + 44;
+        let w = affine_stack(3, rows);
+        let x = |m: usize, seed: f32| -> Vec<f32> {
+            (0..m * 64)
+                .map(|i| (i as f32 * 0.37 + seed).sin())
+                .collect()
+        };
+        let shapes = [
+            (2, 9, 0.1),
+            (0, 2, 0.2),
+            (1, GEMM_MIN_ROWS, 0.3),
+            (2, 33, 0.4),
+        ];
+        let xs: Vec<Vec<f32>> = shapes.iter().map(|&(_, m, s)| x(m, s)).collect();
+        let products: Vec<Product> = shapes
+            .iter()
+            .zip(&xs)
+            .map(|(&(expert, m, _), x)| Product {
+                matrix: &w,
+                expert,
+                x,
+                m,
+            })
+            .collect();
+        let ys = Matrix::matmul_t_many(&products);
+        let mut row = vec![0f32; 64];
+        for (p, y) in products.iter().zip(&ys) {
+            assert_eq!(y.len(), p.m * rows);
+            for r in 0..rows {
+                w.row_into(p.expert, r, &mut row);
+                for i in 0..p.m {
+                    let want: f64 = row
+                        .iter()
+                        .zip(&p.x[i * 64..(i + 1) * 64])
+                        .map(|(a, b)| (*a as f64) * (*b as f64))
+                        .sum();
+                    let got = y[i * rows + r] as f64;
+                    assert!(
+                        (got - want).abs() < 1e-4,
+                        "expert {} m {} row {r} x {i}: {got} vs {want}",
+                        p.expert,
+                        p.m
+                    );
+                }
             }
         }
     }

@@ -80,6 +80,25 @@ impl AffineTensor {
             .sum()
     }
 
+    /// Expert `e` of the stack as a single matrix: views of its rows of the packed words,
+    /// scales and biases (no copy, no launch), so that the products and the dequantization
+    /// of one expert read only that expert.
+    pub fn expert(&self, e: usize) -> Result<Self> {
+        ensure!(
+            e < self.experts,
+            "expert id {e} out of range ({} experts)",
+            self.experts
+        );
+        let rows = |t: &Tensor| t.narrow(0, e * self.rows, self.rows);
+        Ok(Self {
+            experts: 1,
+            packed: rows(&self.packed)?,
+            scales: rows(&self.scales)?,
+            biases: rows(&self.biases)?,
+            ..self.clone()
+        })
+    }
+
     /// `x Wᵀ` for a single matrix: `x` `[..., cols]` → `[..., rows]` in x's dtype.
     pub fn matmul_t(&self, x: &Tensor) -> Result<Tensor> {
         ensure!(

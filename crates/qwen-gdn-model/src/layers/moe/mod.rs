@@ -6,11 +6,15 @@
 //!   per selected expert, so each expert's weights are read once per call and unselected
 //!   experts not at all;
 //! - device plan: softmax, top-k and the expert products all stay on the device (the experts
-//!   are picked by a gathered product reading the top-k ids there), so a layer never waits
-//!   for the host. Quantized experts are regrouped at load into [`StackedExperts`] (the
-//!   shared expert as one more expert), the form the fused decode kernels read.
+//!   are picked by a gathered product reading the top-k ids there), so a decode step never
+//!   waits for the host. Quantized experts are regrouped at load into [`StackedExperts`] (the
+//!   shared expert as one more expert), the form the fused decode kernels read. In a
+//!   prefill chunk the ids are read back once per layer and the products grouped per expert
+//!   ([`grouped`]; per (token, slot) pair with [`MoePrefill::Pairs`], the reference).
 
 mod decode;
+pub mod grouped;
+pub mod groups;
 pub mod stacked;
 
 use super::linear::Linear;
@@ -21,6 +25,7 @@ use crate::Config;
 use anyhow::Result;
 use candle_core::{DType, Device, Tensor, D};
 use gdn_ops::launches::candle_op;
+pub use grouped::MoePrefill;
 pub use stacked::StackedExperts;
 
 #[derive(Debug, Clone)]
@@ -28,6 +33,8 @@ pub struct SparseMoe {
     experts: Experts,
     top_k: usize,
     norm_topk_prob: bool,
+    /// How prefill chunks run the stacked experts' products.
+    prefill: MoePrefill,
 }
 
 #[derive(Debug, Clone)]
@@ -87,6 +94,7 @@ impl SparseMoe {
             })),
             top_k: cfg.num_experts_per_tok,
             norm_topk_prob: cfg.norm_topk_prob,
+            prefill: MoePrefill::Pairs,
         })
     }
 
@@ -116,14 +124,24 @@ impl SparseMoe {
         }
     }
 
+    /// How prefill chunks run the stacked experts' products (the separate form always groups
+    /// float experts and runs quantized ones per pair).
+    pub fn set_prefill(&mut self, mode: MoePrefill) {
+        self.prefill = mode;
+    }
+
     /// `x`: `[B, S, H]` (already post-attention-normed).
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
         match &self.experts {
             Experts::Separate(s) => s.forward(x, self.top_k, self.norm_topk_prob),
             Experts::Stacked(s) => {
                 let dims = x.dims().to_vec();
-                let out =
-                    s.forward_composed(&x.flatten_to(D::Minus2)?, self.top_k, self.norm_topk_prob)?;
+                let x = x.flatten_to(D::Minus2)?;
+                let (top_k, renormalise) = (self.top_k, self.norm_topk_prob);
+                let out = match self.prefill.min_tokens_for(x.dim(0)?) {
+                    Some(min_tokens) => s.forward_grouped(&x, top_k, renormalise, min_tokens)?,
+                    None => s.forward_composed(&x, top_k, renormalise)?,
+                };
                 Ok(out.reshape(dims)?)
             }
         }
@@ -177,10 +195,17 @@ impl SeparateExperts {
         let x = x.flatten_to(D::Minus2)?; // [N, H]
         let probs = self.probabilities(&x)?;
         let (ids, weights) = top_k_on_device(&probs, top_k, renormalise)?;
-        let gate = self.gate_proj.gather_matmul_t(&x, &ids)?; // [N, k, Im]
-        let up = self.up_proj.gather_matmul_t(&x, &ids)?;
-        let act = candle_op(candle_op(gate.silu())?.mul(&up))?;
-        let down = self.down_proj.gather_matmul_t(&act, &ids)?; // [N, k, H]
+        let down = match (&self.gate_proj, &self.up_proj, &self.down_proj) {
+            (Weight::Dense(g), Weight::Dense(u), Weight::Dense(d)) if x.dim(0)? > 1 => {
+                grouped::dense_routed_grouped(&x, &ids, [g, u, d])?
+            }
+            _ => {
+                let gate = self.gate_proj.gather_matmul_t(&x, &ids)?; // [N, k, Im]
+                let up = self.up_proj.gather_matmul_t(&x, &ids)?;
+                let act = candle_op(candle_op(gate.silu())?.mul(&up))?;
+                self.down_proj.gather_matmul_t(&act, &ids)? // [N, k, H]
+            }
+        };
         Ok(weighted_sum(&down, &weights, x.dtype())?.reshape(dims)?)
     }
 
