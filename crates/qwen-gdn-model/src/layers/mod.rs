@@ -6,5 +6,6 @@ pub mod gdn;
 pub mod linear;
 pub mod mlp;
 pub mod moe;
+pub mod ngram_hash;
 pub mod norm;
 pub mod rope;

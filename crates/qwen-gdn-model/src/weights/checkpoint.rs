@@ -288,6 +288,26 @@ impl Checkpoint {
         self.entries.contains_key(name)
     }
 
+    /// Canonical names of every tensor the checkpoint holds (extras excluded), unordered.
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        self.entries.keys().map(String::as_str)
+    }
+
+    /// The folder the checkpoint was opened from.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// The stored shape of a tensor (canonical name), without reading it.
+    pub fn shape(&self, name: &str) -> Option<&[usize]> {
+        self.entries.get(name).map(|e| e.info.shape.as_slice())
+    }
+
+    /// The folder's config.json, for error messages about the config.
+    pub fn config_path(&self) -> PathBuf {
+        self.dir.join("config.json")
+    }
+
     fn entry(&self, name: &str) -> Result<&Entry> {
         if self.entries.contains_key(name) {
             let mut used = self.used.lock().unwrap_or_else(|e| e.into_inner());

@@ -1,0 +1,286 @@
+//! `qwen4_exp` (Qwen3.8-Flash-Next) against its fixture, models/qwen4-exp-tiny-hf, and its
+//! transformers reference: the config, the n-gram hash, the n-gram table check, and the
+//! errors a broken config or checkpoint gives. The layers are not implemented yet, and the
+//! loader says so.
+
+mod common;
+
+use candle_core::Device;
+use common::models_dir;
+use qwen_gdn_model::config::qwen4_exp::{OutputGate, Qwen4LayerType};
+use qwen_gdn_model::config::LayerKind;
+use qwen_gdn_model::layers::ngram_hash::NgramHash;
+use qwen_gdn_model::weights::{ngram_tables, Checkpoint};
+use qwen_gdn_model::{Config, LoadOptions, Model};
+use safetensors::tensor::TensorView;
+use safetensors::{Dtype, SafeTensors};
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+
+const NAME: &str = "qwen4-exp-tiny-hf";
+
+fn fixture() -> PathBuf {
+    models_dir().join(NAME)
+}
+
+fn config_json() -> Value {
+    serde_json::from_str(&std::fs::read_to_string(fixture().join("config.json")).unwrap()).unwrap()
+}
+
+fn parse(j: &Value) -> anyhow::Result<Config> {
+    Config::from_json_str(&j.to_string(), "config.json")
+}
+
+fn parse_err(j: &Value) -> String {
+    format!("{:#}", parse(j).unwrap_err())
+}
+
+/// A tensor of a safetensors file as little-endian i64 / i32 values.
+fn ints(st: &SafeTensors, name: &str) -> Vec<i64> {
+    let t = st.tensor(name).unwrap();
+    match t.dtype() {
+        Dtype::I64 => t
+            .data()
+            .chunks_exact(8)
+            .map(|b| i64::from_le_bytes(b.try_into().unwrap()))
+            .collect(),
+        Dtype::I32 => t
+            .data()
+            .chunks_exact(4)
+            .map(|b| i32::from_le_bytes(b.try_into().unwrap()) as i64)
+            .collect(),
+        other => panic!("{name}: {other:?}"),
+    }
+}
+
+#[test]
+fn config_of_the_fixture() {
+    let cfg = Config::from_dir(&fixture()).unwrap();
+    let q = cfg.qwen4_exp.as_ref().expect("qwen4_exp part");
+    use Qwen4LayerType::*;
+    assert_eq!(
+        q.layer_types,
+        [
+            LinearAttention,
+            LinearAttention,
+            IndexedAttention,
+            LinearAttention
+        ]
+    );
+    assert_eq!(cfg.layer_kind(2), LayerKind::FullAttention);
+    assert_eq!(cfg.layer_kind(3), LayerKind::LinearAttention);
+    assert_eq!((q.hc_count, q.hc_lowrank), (4, 32));
+    assert_eq!(q.output_gate, OutputGate::Sigmoid);
+    let qsa = q.qsa.unwrap();
+    assert_eq!(
+        (qsa.n_heads, qsa.head_dim, qsa.budget, qsa.compress_ratio),
+        (2, 16, 8, 4)
+    );
+    assert_eq!(qsa.block_topk(), 2);
+    let ple = q.ple.as_ref().unwrap();
+    assert_eq!(ple.layers, vec![1, 3], "one-based ple_layer_ids [2, 4]");
+    assert_eq!(
+        (ple.heads(), ple.row_width(), ple.eos_token_id),
+        (4, 16, 1986)
+    );
+    assert!(q.unknown_fields.is_empty(), "{:?}", q.unknown_fields);
+    assert_eq!(
+        (cfg.hidden_size, cfg.num_experts, cfg.num_experts_per_tok),
+        (64, 4, 2)
+    );
+}
+
+#[test]
+fn ngram_ids_match_transformers() {
+    let cfg = Config::from_dir(&fixture()).unwrap();
+    let ple = cfg.qwen4_exp.as_ref().unwrap().ple.clone().unwrap();
+    let reference =
+        std::fs::read(models_dir().join(format!("reference/{NAME}.safetensors"))).unwrap();
+    let reference = SafeTensors::deserialize(&reference).unwrap();
+    let weights = std::fs::read(fixture().join("model.safetensors")).unwrap();
+    let weights = SafeTensors::deserialize(&weights).unwrap();
+    let tokens: Vec<u32> = ints(&reference, "tf_ids")
+        .iter()
+        .map(|&t| t as u32)
+        .collect();
+    assert!(
+        tokens[1..].contains(&ple.eos_token_id),
+        "the prompt must cross an eos"
+    );
+    for (p, &layer) in ple.layers.iter().enumerate() {
+        let hash = NgramHash::new(&ple, p, cfg.vocab_size);
+        // The constants transformers saved as buffers.
+        let buf = |what: &str| {
+            ints(
+                &weights,
+                &format!("model.language_model.layers.{layer}.ple.ple_embedding.{what}"),
+            )
+        };
+        let as_i64 = |v: &[u64]| v.iter().map(|&x| x as i64).collect::<Vec<_>>();
+        assert_eq!(
+            buf("layer_multipliers"),
+            as_i64(&hash.multipliers),
+            "layer {layer}"
+        );
+        assert_eq!(buf("ngram_heads_vocab_sizes"), as_i64(&hash.head_sizes));
+        assert_eq!(buf("ngram_heads_offsets"), as_i64(&hash.head_offsets));
+        // The rows transformers gathered for every position of the prompt...
+        let want = ints(&reference, &format!("ple_ngram_ids.{layer}"));
+        let (whole, _) = hash.ids(&hash.initial_context(), &tokens);
+        assert_eq!(as_i64(&whole), want, "layer {layer}: whole prompt");
+        // ...and token by token with the carried context, as decode computes them.
+        let mut ctx = hash.initial_context();
+        let mut stepped = vec![];
+        for &t in &tokens {
+            let (ids, next) = hash.ids(&ctx, &[t]);
+            stepped.extend(ids);
+            ctx = next;
+        }
+        assert_eq!(as_i64(&stepped), want, "layer {layer}: token by token");
+    }
+}
+
+#[test]
+fn ngram_tables_are_located_with_their_uneven_shards() {
+    let cfg = Config::from_dir(&fixture()).unwrap();
+    let ckpt = Checkpoint::open(&fixture(), &cfg).unwrap();
+    let tables = ngram_tables::locate(&ckpt, &cfg).unwrap();
+    assert_eq!(tables.len(), 2);
+    for t in &tables {
+        let rows: Vec<usize> = t.shards.iter().map(|s| s.1).collect();
+        assert_eq!(
+            rows,
+            vec![171, 171, 170],
+            "torch.chunk sizes, layer {}",
+            t.layer
+        );
+        assert_eq!(t.rows, 512);
+        assert!(!t.quantized);
+    }
+}
+
+/// A copy of the fixture whose model.safetensors lacks the tensors `drop` selects.
+fn fixture_without(dir: &Path, drop: impl Fn(&str) -> bool) {
+    for entry in std::fs::read_dir(fixture()).unwrap() {
+        let path = entry.unwrap().path();
+        std::fs::copy(&path, dir.join(path.file_name().unwrap())).unwrap();
+    }
+    let bytes = std::fs::read(fixture().join("model.safetensors")).unwrap();
+    let st = SafeTensors::deserialize(&bytes).unwrap();
+    let kept: Vec<(String, TensorView)> = st
+        .tensors()
+        .into_iter()
+        .filter(|(name, _)| !drop(name))
+        .collect();
+    safetensors::serialize_to_file(kept, None, &dir.join("model.safetensors")).unwrap();
+}
+
+fn load_error(dir: &Path) -> String {
+    match Model::load(dir, &Device::Cpu, &LoadOptions::default()) {
+        Ok(_) => panic!("{}: loaded", dir.display()),
+        Err(e) => format!("{e:#}"),
+    }
+}
+
+#[test]
+fn loading_stops_with_a_clear_error() {
+    // The intact fixture: recognised, checked, and refused until the layers exist.
+    let e = load_error(&fixture());
+    assert!(
+        e.contains("qwen4_exp") && e.contains("not implemented yet"),
+        "{e}"
+    );
+    assert_eq!(e.lines().count(), 1, "{e}");
+
+    let dir = tempfile::tempdir().unwrap();
+    fixture_without(dir.path(), |n| {
+        n.contains("layers.3.ple.ple_embedding.ngram_embedding")
+    });
+    let e = load_error(dir.path());
+    assert!(
+        e.contains("layer 3") && e.contains("no n-gram table") && e.contains("shard_0.weight"),
+        "{e}"
+    );
+
+    let dir = tempfile::tempdir().unwrap();
+    fixture_without(dir.path(), |n| {
+        n.ends_with("layers.1.ple.ple_embedding.ngram_embedding.shard_1.weight")
+    });
+    let e = load_error(dir.path());
+    assert!(e.contains("lacks shard 1"), "{e}");
+}
+
+#[test]
+fn config_errors_and_notices() {
+    let mut j = config_json();
+    j["text_config"]["indexer_budget"] = 8192.into(); // max_position_embeddings is 4096
+    let e = parse_err(&j);
+    assert!(
+        e.contains("`indexer_budget` = 8192 is larger than the context"),
+        "{e}"
+    );
+
+    let mut j = config_json();
+    j["text_config"]["indexer_budget"] = 10.into();
+    assert!(parse_err(&j).contains("multiple of indexer_compress_ratio"));
+
+    let mut j = config_json();
+    j["text_config"]
+        .as_object_mut()
+        .unwrap()
+        .remove("indexer_head_dim");
+    assert!(parse_err(&j).contains("missing required key `indexer_head_dim`"));
+
+    let mut j = config_json();
+    j["text_config"]["ple_layer_ids"] = serde_json::json!([3]);
+    assert!(parse_err(&j).contains("entry 3 is an attention layer"));
+
+    let mut j = config_json();
+    j["text_config"]["ple_embed_dim"] = 66.into();
+    assert!(parse_err(&j).contains("`ple_embed_dim` = 66"));
+
+    let mut j = config_json();
+    j["text_config"]["output_gate_type"] = "gelu".into();
+    assert!(parse_err(&j).contains("output gate activation `gelu`"));
+
+    let mut j = config_json();
+    j["text_config"]["layer_types"] = serde_json::json!([
+        "linear_attention",
+        "mamba",
+        "full_attention",
+        "linear_attention"
+    ]);
+    assert!(parse_err(&j).contains("`layer_types[1]`"));
+
+    let mut j = config_json();
+    j["text_config"]["hc_count"] = 1.into();
+    assert!(parse_err(&j).contains("`hc_count` = 1"));
+
+    let mut j = config_json();
+    j["text_config"]
+        .as_object_mut()
+        .unwrap()
+        .remove("eos_token_id");
+    j.as_object_mut().unwrap().remove("eos_token_id");
+    assert!(parse_err(&j).contains("`eos_token_id` is required"));
+
+    // Without output_gate_type the gate follows hidden_act (transformers).
+    let mut j = config_json();
+    j["text_config"]
+        .as_object_mut()
+        .unwrap()
+        .remove("output_gate_type");
+    let q = parse(&j).unwrap().qwen4_exp.unwrap();
+    assert_eq!(q.output_gate, OutputGate::Silu);
+
+    // Future fields: ignored, named in one line.
+    let mut j = config_json();
+    j["text_config"]["qsa_sink_tokens"] = 4.into();
+    j["text_config"]["hc_dynamic"] = true.into();
+    let q = parse(&j).unwrap().qwen4_exp.unwrap();
+    let note = q.unknown_fields_notice("config.json").unwrap();
+    assert_eq!(
+        note,
+        "note: config.json: ignoring qwen4_exp config fields this version does not know: hc_dynamic, qsa_sink_tokens"
+    );
+}
