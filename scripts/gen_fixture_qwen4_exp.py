@@ -297,11 +297,35 @@ class Probes:
                 layer.self_attn.indexer.register_forward_hook(self._indexer_hook(i), with_kwargs=True)
             layer.mlp.gate.register_forward_hook(self._router_hook)
             layer.register_forward_hook(self._layer_hook(i))
+            # The parts of each layer, for layer-by-layer tests (forward pass only).
+            if layer.ple is not None:
+                layer.ple.register_forward_hook(self._part_hook(f"tf_ple.{i}"))
+            layer.attn_hyper_connection.register_forward_hook(self._hc_hook(f"tf_attn_hc.{i}"))
+            mixer = layer.linear_attn if layer.layer_type == "linear_attention" else layer.self_attn
+            mixer.register_forward_hook(self._part_hook(f"tf_mixer.{i}"))
+            layer.mlp_hyper_connection.register_forward_hook(self._hc_hook(f"tf_mlp_hc.{i}"))
+            layer.mlp.register_forward_hook(self._part_hook(f"tf_mlp.{i}"))
 
     def reset(self):
         self.ngram_ids.clear()
         self.selected.clear()
         self.layer_out = {}
+        self.parts = {}
+
+    def _part_hook(self, name):
+        def hook(_m, _args, out):
+            out = out[0] if isinstance(out, tuple) else out
+            self.parts.setdefault(name, out[0].detach().numpy().copy())
+
+        return hook
+
+    def _hc_hook(self, name):
+        def hook(_m, _args, out):
+            mixed, _hyper, weights = out
+            self.parts.setdefault(f"{name}.x", mixed[0].detach().numpy().copy())
+            self.parts.setdefault(f"{name}.w", weights[0].detach().numpy().copy())
+
+        return hook
 
     def _layer_hook(self, i):
         def hook(_m, _args, out):
@@ -440,6 +464,7 @@ def record(folder: Path, tokenizer) -> dict:
     hidden = [probes.layer_out[i] for i in range(len(LAYER_TYPES))]
     for i in range(len(LAYER_TYPES) - 1):
         assert np.array_equal(hidden[i], out.hidden_states[i + 1][0].numpy()), i
+    parts = dict(probes.parts)
     ngram_ids = {i: v[0] for i, v in probes.ngram_ids.items()}
     selected = {i: v[0] for i, v in probes.selected.items()}
     forward_qsa_margin, sparse_queries = probes.qsa_margin, probes.qsa_sparse_queries
@@ -488,6 +513,8 @@ def record(folder: Path, tokenizer) -> dict:
     tensors["tf_final_mixed"] = torch.from_numpy(final_mixed)
     for i, h in enumerate(hidden):
         tensors[f"tf_hidden.{i}"] = torch.from_numpy(h)
+    for name, v in parts.items():
+        tensors[name] = torch.from_numpy(v)
     for i, ids in ngram_ids.items():
         tensors[f"ple_ngram_ids.{i}"] = torch.from_numpy(ids.astype(np.int32))
     for i, sel in selected.items():
@@ -522,6 +549,12 @@ def record(folder: Path, tokenizer) -> dict:
                 "head offsets included.",
                 "qsa_selected.i: the indexer's token selection of layer i [N, N] (1 = attended), "
                 "causal mask included for the non-sparse rows.",
+                "Per layer i: tf_ple.i [N, hc*H] (the PLE term added to the streams, PLE layers only); "
+                "tf_attn_hc.i.x [N, H] / tf_attn_hc.i.w [N, hc] (the attention hyper-connection's "
+                "mixed input and injection weights); tf_mixer.i [N, H] (GDN or QSA attention output); "
+                "tf_mlp_hc.i.x / .w likewise for the MoE; tf_mlp.i [N, H] (MoE output). So "
+                "tf_hidden.i = h + concat_s(w[s] * tf_mlp.i) with h = h0 + concat_s(w'[s] * tf_mixer.i), "
+                "h0 = tf_hidden.{i-1} (+ tf_ple.i).",
                 "greedy_ids: argmax decoding, prompt prefilled in one call, 32 tokens, no EOS stop.",
                 "Seed chosen so that no decision is near a tie: see stats (qsa_min_topk_score_margin is "
                 "the smallest gap between the k-th and (k+1)-th block score of any sparse query).",
