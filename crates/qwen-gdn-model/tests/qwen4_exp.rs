@@ -6,9 +6,11 @@
 mod common;
 
 use candle_core::Device;
-use common::models_dir;
+use common::{models_dir, rel_max_diff, Reference};
 use qwen_gdn_model::config::qwen4_exp::{OutputGate, Qwen4LayerType};
 use qwen_gdn_model::config::LayerKind;
+use qwen_gdn_model::layers::hyper_connection::HyperConnection;
+use qwen_gdn_model::layers::linear::Linear;
 use qwen_gdn_model::layers::ngram_hash::NgramHash;
 use qwen_gdn_model::weights::{ngram_tables, Checkpoint};
 use qwen_gdn_model::{Config, LoadOptions, Model};
@@ -283,4 +285,58 @@ fn config_errors_and_notices() {
         note,
         "note: config.json: ignoring qwen4_exp config fields this version does not know: hc_dynamic, qsa_sink_tokens"
     );
+}
+
+/// Every hyper-connection of the fixture, fed transformers' own inputs: the mixed inputs and
+/// gates of each layer, the residual updates that rebuild each layer's output from its mixer
+/// and MoE outputs, and the final mixer + lm_head against the logits.
+#[test]
+fn hyper_connections_match_transformers() {
+    let cfg = Config::from_dir(&fixture()).unwrap();
+    let ckpt = Checkpoint::open(&fixture(), &cfg).unwrap();
+    let r = Reference::load(NAME);
+    let close = |got: &candle_core::Tensor, key: &str, tol: f32| {
+        let d = rel_max_diff(got, r.get(key));
+        assert!(d <= tol, "{key}: {d:e} relative to max|ref|");
+    };
+    let mut hs = r.get("tf_embed").clone();
+    for i in 0..cfg.num_hidden_layers {
+        if r.0.contains_key(&format!("tf_ple.{i}")) {
+            hs = (hs + r.get(&format!("tf_ple.{i}"))).unwrap();
+        }
+        let attn = HyperConnection::load(
+            &ckpt,
+            &format!("model.layers.{i}.attn_hyper_connection"),
+            &cfg,
+            true,
+        )
+        .unwrap();
+        let (x, w) = attn.forward(&hs).unwrap();
+        let w = w.unwrap();
+        close(&x, &format!("tf_attn_hc.{i}.x"), 1e-5);
+        close(&w, &format!("tf_attn_hc.{i}.w"), 1e-5);
+        hs = HyperConnection::inject(&hs, r.get(&format!("tf_mixer.{i}")), &w).unwrap();
+        let mlp = HyperConnection::load(
+            &ckpt,
+            &format!("model.layers.{i}.mlp_hyper_connection"),
+            &cfg,
+            true,
+        )
+        .unwrap();
+        let (x, w) = mlp.forward(&hs).unwrap();
+        let w = w.unwrap();
+        close(&x, &format!("tf_mlp_hc.{i}.x"), 1e-5);
+        close(&w, &format!("tf_mlp_hc.{i}.w"), 1e-5);
+        hs = HyperConnection::inject(&hs, r.get(&format!("tf_mlp.{i}")), &w).unwrap();
+        close(&hs, &format!("tf_hidden.{i}"), 1e-5);
+        // Continue from transformers' stream so that errors do not accumulate.
+        hs = r.get(&format!("tf_hidden.{i}")).clone();
+    }
+    let mixer = HyperConnection::load(&ckpt, "model.hyper_connection_mixer", &cfg, false).unwrap();
+    let (x, w) = mixer.forward(&hs).unwrap();
+    assert!(w.is_none());
+    close(&x, "tf_final_mixed", 1e-5);
+    let head = Linear::load(&ckpt, "lm_head", cfg.vocab_size, cfg.hidden_size, &cfg).unwrap();
+    let logits = head.forward(r.get("tf_final_mixed")).unwrap();
+    close(&logits, "tf_logits", 1e-5);
 }

@@ -3,6 +3,7 @@
 pub mod attention;
 pub mod fused_attention;
 pub mod gdn;
+pub mod hyper_connection;
 pub mod linear;
 pub mod mlp;
 pub mod moe;
