@@ -12,6 +12,7 @@ use qwen_gdn_model::config::LayerKind;
 use qwen_gdn_model::layers::hyper_connection::HyperConnection;
 use qwen_gdn_model::layers::linear::Linear;
 use qwen_gdn_model::layers::ngram_hash::NgramHash;
+use qwen_gdn_model::layers::ple::PerLayerEmbedding;
 use qwen_gdn_model::weights::{ngram_tables, Checkpoint};
 use qwen_gdn_model::{Config, LoadOptions, Model};
 use safetensors::tensor::TensorView;
@@ -339,4 +340,33 @@ fn hyper_connections_match_transformers() {
     let head = Linear::load(&ckpt, "lm_head", cfg.vocab_size, cfg.hidden_size, &cfg).unwrap();
     let logits = head.forward(r.get("tf_final_mixed")).unwrap();
     close(&logits, "tf_logits", 1e-5);
+}
+
+/// Both PLE blocks of the fixture on transformers' input streams, over the whole prompt and
+/// in chunks (the carried n-gram context and conv window), against transformers' PLE term.
+#[test]
+fn per_layer_embeddings_match_transformers() {
+    let cfg = Config::from_dir(&fixture()).unwrap();
+    let ckpt = Checkpoint::open(&fixture(), &cfg).unwrap();
+    let r = Reference::load(NAME);
+    let tokens = r.ids("tf_ids");
+    for table in ngram_tables::locate(&ckpt, &cfg).unwrap() {
+        let i = table.layer;
+        let ple = PerLayerEmbedding::load(&ckpt, &table, &cfg).unwrap();
+        let hs = r.get(&format!("tf_hidden.{}", i - 1));
+        let want = r.get(&format!("tf_ple.{i}"));
+        let mut state = ple.new_state().unwrap();
+        let whole = ple.forward(hs, &tokens, &mut state).unwrap();
+        let d = rel_max_diff(&whole, want);
+        assert!(d <= 1e-5, "tf_ple.{i}: {d:e}");
+        let mut state = ple.new_state().unwrap();
+        let mut parts = vec![];
+        for (a, b) in [(0, 7), (7, 8), (8, 41), (41, tokens.len())] {
+            let chunk = hs.narrow(0, a, b - a).unwrap();
+            parts.push(ple.forward(&chunk, &tokens[a..b], &mut state).unwrap());
+        }
+        let chunked = candle_core::Tensor::cat(&parts, 0).unwrap();
+        let d = rel_max_diff(&chunked, want);
+        assert!(d <= 1e-5, "tf_ple.{i} in chunks: {d:e}");
+    }
 }

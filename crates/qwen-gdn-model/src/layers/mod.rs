@@ -9,4 +9,5 @@ pub mod mlp;
 pub mod moe;
 pub mod ngram_hash;
 pub mod norm;
+pub mod ple;
 pub mod rope;

@@ -41,6 +41,19 @@ struct Entry {
     original: String,
 }
 
+/// See [`Checkpoint::raw_location`].
+#[derive(Debug, Clone)]
+pub struct RawLocation {
+    pub path: PathBuf,
+    /// Absolute byte offsets in the file.
+    pub start: usize,
+    pub end: usize,
+    pub dtype: Dtype,
+    pub shape: Vec<usize>,
+    /// The key as spelled in the file.
+    pub original: String,
+}
+
 pub struct Checkpoint {
     files: Vec<ShardFile>,
     entries: HashMap<String, Entry>,
@@ -296,6 +309,21 @@ impl Checkpoint {
     /// The folder the checkpoint was opened from.
     pub fn dir(&self) -> &Path {
         &self.dir
+    }
+
+    /// Where a tensor's bytes are (file, absolute byte range) with its dtype and shape, for
+    /// readers that map and gather from huge tensors themselves (the n-gram tables).
+    pub fn raw_location(&self, name: &str) -> Option<RawLocation> {
+        let e = self.entries.get(name)?;
+        let f = &self.files[e.file];
+        Some(RawLocation {
+            path: f.path.clone(),
+            start: f.data_start + e.info.data_offsets.0,
+            end: f.data_start + e.info.data_offsets.1,
+            dtype: e.info.dtype,
+            shape: e.info.shape.clone(),
+            original: e.original.clone(),
+        })
     }
 
     /// The stored shape of a tensor (canonical name), without reading it.

@@ -11,7 +11,10 @@ use crate::config::qwen4_exp::PleConfig;
 use crate::layers::ngram_hash::NgramHash;
 use crate::weights::Checkpoint;
 use crate::Config;
-use anyhow::{anyhow, bail, Result};
+use anyhow::{anyhow, bail, ensure, Context, Result};
+use memmap2::Mmap;
+use safetensors::Dtype;
+use std::sync::Arc;
 
 /// One layer's table: its shards in row order.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -115,4 +118,131 @@ fn locate_layer(
         rows,
         quantized,
     })
+}
+
+/// One shard's rows, mapped.
+#[derive(Debug)]
+struct MappedRows {
+    map: Arc<Mmap>,
+    start: usize,
+    rows: u64,
+    dtype: Dtype,
+}
+
+/// A table whose rows are gathered straight from the mapped checkpoint files: the table is
+/// never copied whole (the release's is ~100 GB in bf16).
+#[derive(Debug)]
+pub struct RowTable {
+    shards: Vec<MappedRows>,
+    /// First row of each shard.
+    offsets: Vec<u64>,
+    pub rows: u64,
+    pub width: usize,
+}
+
+impl NgramTable {
+    /// Maps the table's shards (unquantized f32 / bf16 / f16 rows).
+    pub fn open(&self, ckpt: &Checkpoint, width: usize) -> Result<RowTable> {
+        ensure!(
+            !self.quantized,
+            "{}: quantized n-gram tables (layer {}) are not supported yet",
+            ckpt.dir().display(),
+            self.layer
+        );
+        let mut maps: Vec<(std::path::PathBuf, Arc<Mmap>)> = vec![];
+        let mut shards = vec![];
+        let mut offsets = vec![];
+        let mut first = 0u64;
+        for (name, rows) in &self.shards {
+            let loc = ckpt
+                .raw_location(&format!("{name}.weight"))
+                .ok_or_else(|| anyhow!("{}: `{name}.weight` vanished", ckpt.dir().display()))?;
+            let elem = match loc.dtype {
+                Dtype::F32 => 4,
+                Dtype::BF16 | Dtype::F16 => 2,
+                other => bail!(
+                    "{}: n-gram table `{}` is {other:?}; expected f32, bf16 or f16",
+                    loc.path.display(),
+                    loc.original
+                ),
+            };
+            ensure!(
+                loc.end - loc.start == rows * width * elem,
+                "{}: n-gram table `{}` holds {} bytes, expected {rows} × {width} × {elem}",
+                loc.path.display(),
+                loc.original,
+                loc.end - loc.start
+            );
+            let map = match maps.iter().find(|(p, _)| *p == loc.path) {
+                Some((_, m)) => m.clone(),
+                None => {
+                    let file = std::fs::File::open(&loc.path)
+                        .with_context(|| format!("{}: cannot open", loc.path.display()))?;
+                    // SAFETY: read-only mapping of a checkpoint file, as Checkpoint does.
+                    let m = Arc::new(
+                        unsafe { Mmap::map(&file) }
+                            .with_context(|| format!("{}: cannot map", loc.path.display()))?,
+                    );
+                    maps.push((loc.path.clone(), m.clone()));
+                    m
+                }
+            };
+            ensure!(loc.end <= map.len(), "{}: truncated", loc.path.display());
+            offsets.push(first);
+            first += *rows as u64;
+            shards.push(MappedRows {
+                map,
+                start: loc.start,
+                rows: *rows as u64,
+                dtype: loc.dtype,
+            });
+        }
+        Ok(RowTable {
+            shards,
+            offsets,
+            rows: first,
+            width,
+        })
+    }
+}
+
+impl RowTable {
+    /// The rows `ids` as f32, `[ids.len() × width]` row-major. An id outside the table is an
+    /// error (the hash never produces one; a corrupt table size would).
+    pub fn gather(&self, ids: &[u64]) -> Result<Vec<f32>> {
+        let w = self.width;
+        let mut out = vec![0f32; ids.len() * w];
+        for (dst, &id) in out.chunks_exact_mut(w).zip(ids) {
+            ensure!(
+                id < self.rows,
+                "n-gram row {id} outside the table ({} rows)",
+                self.rows
+            );
+            let s = self.offsets.partition_point(|&o| o <= id) - 1;
+            let shard = &self.shards[s];
+            let row = (id - self.offsets[s]) as usize;
+            debug_assert!((row as u64) < shard.rows);
+            match shard.dtype {
+                Dtype::F32 => {
+                    let b = &shard.map[shard.start + row * w * 4..][..w * 4];
+                    for (d, c) in dst.iter_mut().zip(b.chunks_exact(4)) {
+                        *d = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+                    }
+                }
+                Dtype::BF16 => {
+                    let b = &shard.map[shard.start + row * w * 2..][..w * 2];
+                    for (d, c) in dst.iter_mut().zip(b.chunks_exact(2)) {
+                        *d = half::bf16::from_le_bytes([c[0], c[1]]).to_f32();
+                    }
+                }
+                _ => {
+                    let b = &shard.map[shard.start + row * w * 2..][..w * 2];
+                    for (d, c) in dst.iter_mut().zip(b.chunks_exact(2)) {
+                        *d = half::f16::from_le_bytes([c[0], c[1]]).to_f32();
+                    }
+                }
+            }
+        }
+        Ok(out)
+    }
 }
