@@ -7,8 +7,10 @@ mod common;
 
 use candle_core::Device;
 use common::{models_dir, rel_max_diff, Reference};
+use qwen_gdn_model::cache::GdnCache;
 use qwen_gdn_model::config::qwen4_exp::{OutputGate, Qwen4LayerType};
 use qwen_gdn_model::config::LayerKind;
+use qwen_gdn_model::layers::gdn::GatedDeltaNet;
 use qwen_gdn_model::layers::hyper_connection::HyperConnection;
 use qwen_gdn_model::layers::linear::Linear;
 use qwen_gdn_model::layers::ngram_hash::NgramHash;
@@ -368,5 +370,23 @@ fn per_layer_embeddings_match_transformers() {
         let chunked = candle_core::Tensor::cat(&parts, 0).unwrap();
         let d = rel_max_diff(&chunked, want);
         assert!(d <= 1e-5, "tf_ple.{i} in chunks: {d:e}");
+    }
+}
+
+/// The GDN mixers (Qwen3.5's, here with the sigmoid output gate) on transformers' inputs.
+#[test]
+fn gdn_mixers_with_the_sigmoid_gate_match_transformers() {
+    let cfg = Config::from_dir(&fixture()).unwrap();
+    let ckpt = Checkpoint::open(&fixture(), &cfg).unwrap();
+    let r = Reference::load(NAME);
+    for i in (0..cfg.num_hidden_layers).filter(|&i| cfg.layer_kind(i) == LayerKind::LinearAttention)
+    {
+        let gdn =
+            GatedDeltaNet::load(&ckpt, &format!("model.layers.{i}.linear_attn"), &cfg).unwrap();
+        let x = r.get(&format!("tf_attn_hc.{i}.x")).unsqueeze(0).unwrap();
+        let mut cache = GdnCache::default();
+        let y = gdn.forward(&x, &mut cache).unwrap().squeeze(0).unwrap();
+        let d = rel_max_diff(&y, r.get(&format!("tf_mixer.{i}")));
+        assert!(d <= 1e-4, "tf_mixer.{i}: {d:e}");
     }
 }
