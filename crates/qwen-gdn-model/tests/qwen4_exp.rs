@@ -13,6 +13,7 @@ use qwen_gdn_model::config::LayerKind;
 use qwen_gdn_model::layers::gdn::GatedDeltaNet;
 use qwen_gdn_model::layers::hyper_connection::HyperConnection;
 use qwen_gdn_model::layers::linear::Linear;
+use qwen_gdn_model::layers::moe::SparseMoe;
 use qwen_gdn_model::layers::ngram_hash::NgramHash;
 use qwen_gdn_model::layers::ple::PerLayerEmbedding;
 use qwen_gdn_model::weights::{ngram_tables, Checkpoint};
@@ -388,5 +389,20 @@ fn gdn_mixers_with_the_sigmoid_gate_match_transformers() {
         let y = gdn.forward(&x, &mut cache).unwrap().squeeze(0).unwrap();
         let d = rel_max_diff(&y, r.get(&format!("tf_mixer.{i}")));
         assert!(d <= 1e-4, "tf_mixer.{i}: {d:e}");
+    }
+}
+
+/// The MoE blocks (Qwen3.5-MoE's, loaded from per-expert tensors) on transformers' inputs.
+#[test]
+fn moe_blocks_from_per_expert_tensors_match_transformers() {
+    let cfg = Config::from_dir(&fixture()).unwrap();
+    let ckpt = Checkpoint::open(&fixture(), &cfg).unwrap();
+    let r = Reference::load(NAME);
+    for i in 0..cfg.num_hidden_layers {
+        let moe = SparseMoe::load(&ckpt, &format!("model.layers.{i}.mlp"), &cfg).unwrap();
+        let x = r.get(&format!("tf_mlp_hc.{i}.x")).unsqueeze(0).unwrap();
+        let y = moe.forward(&x).unwrap().squeeze(0).unwrap();
+        let d = rel_max_diff(&y, r.get(&format!("tf_mlp.{i}")));
+        assert!(d <= 1e-5, "tf_mlp.{i}: {d:e}");
     }
 }

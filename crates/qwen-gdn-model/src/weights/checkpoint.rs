@@ -643,9 +643,13 @@ impl Checkpoint {
                 self.float_data(e)?,
             )?));
         }
+        // One tensor per expert: raw Qwen3-Next, and the official qwen4_exp checkpoint.
+        let per_expert = self.contains(&format!("{mlp}.experts.0.{proj}.weight"));
         let data = match self.family {
-            // Raw Qwen3-Next: one tensor per expert, stacked here.
-            Family::Qwen3Next => {
+            // Stacked here.
+            Family::Qwen3Next | Family::Qwen35
+                if per_expert || self.family == Family::Qwen3Next =>
+            {
                 let mut data = vec![];
                 for i in 0..experts {
                     data.extend(
@@ -658,7 +662,7 @@ impl Checkpoint {
             Family::Qwen35 if proj == "down_proj" => {
                 self.f32_data(&format!("{mlp}.experts.down_proj"), &[experts, rows, cols])?
             }
-            Family::Qwen35 => {
+            _ => {
                 let fused = self.f32_data(
                     &format!("{mlp}.experts.gate_up_proj"),
                     &[experts, 2 * rows, cols],
