@@ -7,15 +7,17 @@ mod common;
 
 use candle_core::Device;
 use common::{models_dir, rel_max_diff, Reference};
-use qwen_gdn_model::cache::GdnCache;
+use qwen_gdn_model::cache::{GdnCache, KvCache};
 use qwen_gdn_model::config::qwen4_exp::{OutputGate, Qwen4LayerType};
 use qwen_gdn_model::config::LayerKind;
+use qwen_gdn_model::layers::attention::Attention;
 use qwen_gdn_model::layers::gdn::GatedDeltaNet;
 use qwen_gdn_model::layers::hyper_connection::HyperConnection;
 use qwen_gdn_model::layers::linear::Linear;
 use qwen_gdn_model::layers::moe::SparseMoe;
 use qwen_gdn_model::layers::ngram_hash::NgramHash;
 use qwen_gdn_model::layers::ple::PerLayerEmbedding;
+use qwen_gdn_model::layers::qsa_indexer::{IndexerCache, QsaIndexer};
 use qwen_gdn_model::weights::{ngram_tables, Checkpoint};
 use qwen_gdn_model::{Config, LoadOptions, Model};
 use safetensors::tensor::TensorView;
@@ -405,4 +407,60 @@ fn moe_blocks_from_per_expert_tensors_match_transformers() {
         let d = rel_max_diff(&y, r.get(&format!("tf_mlp.{i}")));
         assert!(d <= 1e-5, "tf_mlp.{i}: {d:e}");
     }
+}
+
+/// The QSA attention layer on transformers' input: the indexer's token selection for every
+/// query (sparse from the 12th token on), the attention output over the whole prompt, and
+/// the same output from a 5-token prefill followed by one token per call.
+#[test]
+fn qsa_attention_matches_transformers() {
+    let cfg = Config::from_dir(&fixture()).unwrap();
+    let ckpt = Checkpoint::open(&fixture(), &cfg).unwrap();
+    let r = Reference::load(NAME);
+    let i = 2;
+    let p = format!("model.layers.{i}.self_attn");
+    let attn = Attention::load(&ckpt, &p, &cfg).unwrap();
+    let indexer = QsaIndexer::load(&ckpt, &p, &cfg).unwrap();
+    let x = r.get(&format!("tf_attn_hc.{i}.x"));
+    let n = x.dim(0).unwrap();
+
+    let mut icache = IndexerCache::default();
+    let visible = indexer.select(x, &mut icache, 0).unwrap();
+    let want = r
+        .get(&format!("qsa_selected.{i}"))
+        .to_vec2::<i32>()
+        .unwrap();
+    let mut sparse = 0;
+    for (t, (got, want)) in visible.iter().zip(&want).enumerate() {
+        let want: Vec<bool> = want.iter().map(|&v| v != 0).collect();
+        assert_eq!(got, &want, "query {t}: selected keys differ");
+        sparse += usize::from(got.iter().filter(|&&o| o).count() < t + 1);
+    }
+    assert!(sparse > 80, "only {sparse} sparse queries");
+
+    let mask = QsaIndexer::mask(&visible).unwrap();
+    let mut kv = KvCache::default();
+    let y = attn
+        .forward_masked(&x.unsqueeze(0).unwrap(), &mut kv, 0, Some(&mask))
+        .unwrap()
+        .squeeze(0)
+        .unwrap();
+    let d = rel_max_diff(&y, r.get(&format!("tf_mixer.{i}")));
+    assert!(d <= 1e-5, "tf_mixer.{i}: {d:e}");
+
+    let (mut icache, mut kv, mut outs) = (IndexerCache::default(), KvCache::default(), vec![]);
+    let mut offset = 0;
+    for len in std::iter::once(5).chain(std::iter::repeat_n(1, n - 5)) {
+        let xs = x.narrow(0, offset, len).unwrap();
+        let visible = indexer.select(&xs, &mut icache, offset).unwrap();
+        let mask = QsaIndexer::mask(&visible).unwrap();
+        let y = attn
+            .forward_masked(&xs.unsqueeze(0).unwrap(), &mut kv, offset, Some(&mask))
+            .unwrap();
+        outs.push(y.squeeze(0).unwrap());
+        offset += len;
+    }
+    let stepped = candle_core::Tensor::cat(&outs, 0).unwrap();
+    let d = rel_max_diff(&stepped, r.get(&format!("tf_mixer.{i}")));
+    assert!(d <= 1e-5, "tf_mixer.{i} step by step: {d:e}");
 }

@@ -10,4 +10,5 @@ pub mod moe;
 pub mod ngram_hash;
 pub mod norm;
 pub mod ple;
+pub mod qsa_indexer;
 pub mod rope;
