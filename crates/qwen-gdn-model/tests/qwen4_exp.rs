@@ -210,6 +210,18 @@ fn loading_stops_with_a_clear_error() {
         "{e}"
     );
 
+    // A config whose hash seed is not the checkpoint's: the saved multipliers disagree.
+    let dir = tempfile::tempdir().unwrap();
+    fixture_without(dir.path(), |_| false);
+    let mut j = config_json();
+    j["text_config"]["seed"] = 1235.into();
+    std::fs::write(dir.path().join("config.json"), j.to_string()).unwrap();
+    let e = load_error(dir.path());
+    assert!(
+        e.contains("layer_multipliers") && e.contains("another n-gram hashing"),
+        "{e}"
+    );
+
     let dir = tempfile::tempdir().unwrap();
     fixture_without(dir.path(), |n| {
         n.ends_with("layers.1.ple.ple_embedding.ngram_embedding.shard_1.weight")

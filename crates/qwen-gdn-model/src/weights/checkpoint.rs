@@ -311,6 +311,27 @@ impl Checkpoint {
         &self.dir
     }
 
+    /// An integer tensor (I64 or I32: buffers some exporters save) as i64 values.
+    pub fn int_data(&self, name: &str) -> Result<Vec<i64>> {
+        let e = self.entry(name)?;
+        let elem = match e.info.dtype {
+            Dtype::I64 => 8,
+            Dtype::I32 => 4,
+            other => bail!(
+                "{}: dtype {other:?}, expected an integer tensor",
+                self.location(e)
+            ),
+        };
+        Ok(self.with_bytes(e, |b| {
+            b.chunks_exact(elem)
+                .map(|c| match c.len() {
+                    8 => i64::from_le_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]]),
+                    _ => i32::from_le_bytes([c[0], c[1], c[2], c[3]]) as i64,
+                })
+                .collect()
+        }))
+    }
+
     /// Where a tensor's bytes are (file, absolute byte range) with its dtype and shape, for
     /// readers that map and gather from huge tensors themselves (the n-gram tables).
     pub fn raw_location(&self, name: &str) -> Option<RawLocation> {

@@ -83,7 +83,26 @@ fn locate_layer(
             );
         }
     }
-    let want_rows = NgramHash::new(ple, ple_index, cfg.vocab_size).rows;
+    let hash = NgramHash::new(ple, ple_index, cfg.vocab_size);
+    // transformers saves the hash constants as buffers: when present they must be the ones
+    // computed from config.json, or the checkpoint was trained with another hashing scheme.
+    for (what, computed) in [
+        ("layer_multipliers", &hash.multipliers),
+        ("ngram_heads_vocab_sizes", &hash.head_sizes),
+        ("ngram_heads_offsets", &hash.head_offsets),
+    ] {
+        let name = format!("model.layers.{layer}.ple.ple_embedding.{what}");
+        if ckpt.contains(&name) {
+            let stored = ckpt.int_data(&name)?;
+            let computed: Vec<i64> = computed.iter().map(|&v| v as i64).collect();
+            if stored != computed {
+                bail!(
+                    "{dir}: `{name}` is {stored:?}, but config.json (seed, ngram_vocab_size_base, heads) gives {computed:?}: the checkpoint uses another n-gram hashing"
+                );
+            }
+        }
+    }
+    let want_rows = hash.rows;
     let quantized = ckpt.contains(&format!("{}.scales", shards[0].1));
     let mut rows = 0u64;
     let mut table = vec![];
