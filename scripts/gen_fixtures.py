@@ -14,6 +14,8 @@ Steps:
   4. record a table of MLX affine-quantization vectors (models/reference/quant.safetensors).
 
 Usage: bash scripts/gen-fixtures.sh   (or: .venv/bin/python scripts/gen_fixtures.py)
+       WITH_TORCH=1 bash scripts/gen-fixtures.sh --only qwen4_exp   (only the qwen4_exp fixture,
+       recorded with transformers + torch: scripts/gen_fixture_qwen4_exp.py)
 Shared inputs are read from <repo>/../shared (override with QWEN_GDN_SHARED=/path/to/shared).
 """
 
@@ -788,6 +790,16 @@ def check_converted(folder: Path, quantized: bool, expect_8bit: list[str], d: Di
 
 
 def main() -> None:
+    args = sys.argv[1:]
+    if args:
+        # `--only qwen4_exp`: generate only that fixture (it needs torch, which the other
+        # fixtures do not); every other file under models/ is left untouched.
+        if args != ["--only", "qwen4_exp"]:
+            sys.exit(f"usage: gen_fixtures.py [--only qwen4_exp], got {' '.join(args)}")
+        import gen_fixture_qwen4_exp
+
+        gen_fixture_qwen4_exp.main()
+        return
     for p in (SHARED / "tokenizers" / "mini-qwen3-next", SHARED / "chat-templates"):
         if not p.exists():
             sys.exit(f"missing shared input: {p} (set QWEN_GDN_SHARED)")

@@ -6,6 +6,7 @@
 # Creates (or reuses) the venv (VENV, default <repo>/.venv; PYTHON is the interpreter used to
 # create it), installs the pinned versions of scripts/requirements-fixtures.txt (pip does not
 # touch the network when they are already installed), then runs the script from the repo root.
+# WITH_TORCH=1 also installs scripts/requirements-fixtures-torch.txt (transformers references).
 set -euo pipefail
 
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -18,6 +19,10 @@ if [ ! -x "$venv/bin/python" ]; then
     "${PYTHON:-python3}" -m venv "$venv"
 fi
 "$venv/bin/python" -m pip install --disable-pip-version-check -q -r "$repo/scripts/requirements-fixtures.txt"
+if [ "${WITH_TORCH:-0}" = 1 ]; then
+    # torch only for the transformers references (the qwen4_exp fixture); large, so opt-in.
+    "$venv/bin/python" -m pip install --disable-pip-version-check -q -r "$repo/scripts/requirements-fixtures-torch.txt"
+fi
 
 cd "$repo"
 exec "$venv/bin/python" "$script" "$@"

@@ -4,6 +4,10 @@
 //! - `qwen3_next`: flat config; MoE per `mlp_only_layers` / `decoder_sparse_step`.
 //! - `qwen3_5`, `qwen3_5_moe`: hyper-parameters nested under `text_config` (or flat when that
 //!   key is absent); MoE on every layer iff `num_experts > 0`.
+//! - `qwen4_exp`: a Qwen3.5-MoE text config plus the fields of [`qwen4_exp`] (QSA indexer,
+//!   hyper-connections, per-layer n-gram embeddings; docs/qwen4_exp.md).
+
+pub mod qwen4_exp;
 
 use crate::weights::files::read_json_text;
 use anyhow::{anyhow, bail, Context, Result};
@@ -87,6 +91,8 @@ pub struct Config {
     pub quantization: Option<QuantSpec>,
     /// Per-module overrides keyed by the checkpoint's module path; `None` = left unquantized.
     pub quantization_overrides: Vec<(String, Option<QuantSpec>)>,
+    /// The `qwen4_exp` additions (its tensor names and Qwen3.5 parts follow [`Family::Qwen35`]).
+    pub qwen4_exp: Option<qwen4_exp::Qwen4ExpConfig>,
 }
 
 /// Reads a typed field with a default, reporting the key on a type error.
@@ -186,6 +192,13 @@ impl Config {
             .with_context(|| format!("{}: cannot read model config", path.display()))?
             .ok_or_else(|| anyhow!("{}: cannot read model config: not found", path.display()))?;
         let mut cfg = Self::from_json_str(&text, &path.display().to_string())?;
+        if let Some(note) = cfg
+            .qwen4_exp
+            .as_ref()
+            .and_then(|q| q.unknown_fields_notice(&path.display().to_string()))
+        {
+            eprintln!("{note}");
+        }
         let gen_path = dir.join("generation_config.json");
         if let Some(gen_text) = read_json_text(&gen_path)? {
             let gen: Value = serde_json::from_str(&gen_text)
@@ -212,9 +225,9 @@ impl Config {
             .to_string();
         let family = match model_type.as_str() {
             "qwen3_next" => Family::Qwen3Next,
-            "qwen3_5" | "qwen3_5_moe" => Family::Qwen35,
+            "qwen3_5" | "qwen3_5_moe" | "qwen4_exp" | "qwen4_exp_text" => Family::Qwen35,
             other => bail!(
-                "{origin}: unsupported model_type `{other}` (supported: qwen3_next, qwen3_5, qwen3_5_moe)"
+                "{origin}: unsupported model_type `{other}` (supported: qwen3_next, qwen3_5, qwen3_5_moe, qwen4_exp)"
             ),
         };
         let cfg = match family {
@@ -225,7 +238,24 @@ impl Config {
                     Some(_) => bail!("{origin}: `text_config` must be an object"),
                     None => root,
                 };
-                Self::parse_qwen35(root, text_cfg, origin, model_type)?
+                let mut cfg = Self::parse_qwen35(root, text_cfg, origin, model_type)?;
+                if cfg.model_type.starts_with("qwen4_exp") {
+                    let base = qwen4_exp::BaseDims {
+                        num_hidden_layers: cfg.num_hidden_layers.min(MAX_LAYERS),
+                        full_attention_interval: cfg.full_attention_interval.max(1),
+                        hidden_size: cfg.hidden_size,
+                        rope_dims: cfg.rope_dims(),
+                        max_position_embeddings: cfg.max_position_embeddings,
+                        vocab_size: cfg.vocab_size,
+                    };
+                    if cfg.num_hidden_layers > MAX_LAYERS {
+                        bail!("{origin}: `num_hidden_layers` = {} is larger than this engine supports ({MAX_LAYERS})", cfg.num_hidden_layers);
+                    }
+                    cfg.qwen4_exp = Some(qwen4_exp::Qwen4ExpConfig::parse(
+                        text_cfg, root, &base, origin,
+                    )?);
+                }
+                cfg
             }
         };
         cfg.validate(origin)?;
@@ -276,6 +306,7 @@ impl Config {
             eos_token_id: parse_ids(root.get("eos_token_id")),
             quantization,
             quantization_overrides,
+            qwen4_exp: None,
         })
     }
 
@@ -344,6 +375,7 @@ impl Config {
             eos_token_id: parse_ids(root.get("eos_token_id")),
             quantization,
             quantization_overrides,
+            qwen4_exp: None,
         })
     }
 
@@ -492,7 +524,14 @@ impl Config {
     }
 
     /// mlx-lm: layer `i` is full attention iff `(i + 1) % full_attention_interval == 0`.
+    /// `qwen4_exp` follows its `layer_types` (its indexed attention is an attention layer).
     pub fn layer_kind(&self, i: usize) -> LayerKind {
+        if let Some(q) = &self.qwen4_exp {
+            return match q.layer_types.get(i) {
+                Some(qwen4_exp::Qwen4LayerType::IndexedAttention) => LayerKind::FullAttention,
+                _ => LayerKind::LinearAttention,
+            };
+        }
         if (i + 1).is_multiple_of(self.full_attention_interval) {
             LayerKind::FullAttention
         } else {

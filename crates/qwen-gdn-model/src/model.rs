@@ -197,6 +197,15 @@ impl Model {
         let moe_prefill = MoePrefill::from_env(device)?;
         let cfg = Config::from_dir(dir)?;
         let mut ckpt = Checkpoint::open(dir, &cfg)?;
+        if cfg.qwen4_exp.is_some() {
+            // Check what can be checked (config, n-gram tables) so that a broken download
+            // says so, then stop: the layers are the next step (docs/qwen4_exp.md §8).
+            crate::weights::ngram_tables::locate(&ckpt, &cfg)?;
+            bail!(
+                "{}: qwen4_exp (Qwen3.8-Flash-Next) is recognised and its config and n-gram tables check out, but its layers (QSA attention, hyper-connections, per-layer embeddings) are not implemented yet",
+                dir.display()
+            );
+        }
         ckpt.report_progress(opts.progress.clone());
         // Each part moves to the device as soon as it is built, so that the host holds at
         // most one layer beyond the mapped files.

@@ -21,6 +21,9 @@ fn references() -> Vec<(String, Json)> {
                 serde_json::from_slice(&std::fs::read(&p).unwrap()).unwrap(),
             )
         })
+        // qwen4_exp is checked layer by layer (crates/qwen-gdn-model/tests/qwen4_exp.rs)
+        // until the model runs it end to end.
+        .filter(|(_, j): &(String, Json)| j["model_type"] != "qwen4_exp")
         .collect();
     refs.sort_by(|a, b| a.0.cmp(&b.0));
     assert!(!refs.is_empty(), "no references in {}", dir.display());

@@ -77,6 +77,19 @@ impl Attention {
 
     /// `x`: `[B, S, H]` at positions `offset..offset+S`.
     pub fn forward(&self, x: &Tensor, cache: &mut KvCache, offset: usize) -> Result<Tensor> {
+        self.forward_masked(x, cache, offset, None)
+    }
+
+    /// [`Attention::forward`] with the keys each query may see given by `mask`, an additive
+    /// `[S, offset + S]` mask (0 or −∞) that replaces the causal one: the sparse attention of
+    /// `qwen4_exp` (its indexer's selection). Composed ops only.
+    pub fn forward_masked(
+        &self,
+        x: &Tensor,
+        cache: &mut KvCache,
+        offset: usize,
+        mask: Option<&Tensor>,
+    ) -> Result<Tensor> {
         let (b, s, _) = x.dims3()?;
         let (nq, nkv, dh) = (self.heads, self.kv_heads, self.head_dim);
         let [qg, k, v]: [Tensor; 3] = self.qkv.forward(x)?.try_into().expect("three projections");
@@ -97,7 +110,9 @@ impl Attention {
         let k = self.rope.forward(&k, offset)?;
         let (k, v) = cache.append(&k, &v)?;
         let device_plan = !matches!(self.o_proj.weight, Weight::Host(_));
-        let o = if device_plan && super::fused_attention::supported(dh, q.dtype(), s == 1) {
+        let o = if let Some(mask) = mask {
+            attend(&q, &k, &v, offset, Some(mask))?
+        } else if device_plan && super::fused_attention::supported(dh, q.dtype(), s == 1) {
             fused_attend(&q, &k, &v, offset)?
         } else {
             if !q.device().is_cpu() {
@@ -110,7 +125,7 @@ impl Attention {
                     )
                 });
             }
-            attend(&q, &k, &v, offset)?
+            attend(&q, &k, &v, offset, None)?
         }; // [B, Nq, S, Dh]
         let o = contiguous(&o.transpose(1, 2)?)?.reshape((b, s, nq * dh))?;
         let o = candle_op(o.mul(&candle_op(candle_nn::ops::sigmoid(&gate))?))?;
@@ -152,10 +167,10 @@ pub fn causal_mask(
 fn fused_attend(q: &Tensor, k: &Tensor, v: &Tensor, offset: usize) -> Result<Tensor> {
     let q = contiguous(q)?;
     if q.device().is_cpu() {
-        return gdn_ops::launches::counted_as(1, || attend(&q, k, v, offset));
+        return gdn_ops::launches::counted_as(1, || attend(&q, k, v, offset, None));
     }
     if !q.device().is_metal() {
-        return attend(&q, k, v, offset);
+        return attend(&q, k, v, offset, None);
     }
     let (_, _, s, dh) = q.dims4()?;
     let t = k.dim(2)?;
@@ -168,8 +183,15 @@ fn fused_attend(q: &Tensor, k: &Tensor, v: &Tensor, offset: usize) -> Result<Ten
 }
 
 /// Softmax attention of `q` `[B, Nq, S, Dh]` over `k`, `v` `[B, Nkv, T, Dh]`, where query
-/// `i` sits at absolute position `offset + i` and sees keys `j ≤ offset + i`.
-fn attend(q: &Tensor, k: &Tensor, v: &Tensor, offset: usize) -> Result<Tensor> {
+/// `i` sits at absolute position `offset + i` and sees keys `j ≤ offset + i`, or those
+/// `mask` (additive `[S, T]`) leaves open.
+fn attend(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    offset: usize,
+    mask: Option<&Tensor>,
+) -> Result<Tensor> {
     let (b, nq, s, dh) = q.dims4()?;
     let (_, nkv, t, _) = k.dims4()?;
     let rep = nq / nkv;
@@ -180,9 +202,12 @@ fn attend(q: &Tensor, k: &Tensor, v: &Tensor, offset: usize) -> Result<Tensor> {
     // cuBLAS), so no step copies the whole cache.
     let scores = candle_op(q.matmul(&k.transpose(2, 3)?))?;
     let scores = candle_op(scores * (dh as f64).powf(-0.5))?;
-    let scores = if s > 1 {
+    let scores = if s > 1 || mask.is_some() {
         // Row r of the folded query axis is query r % s: `repeat` is a cat of `rep` copies.
-        let mask = causal_mask(s, t, offset, scores.dtype(), q.device())?;
+        let mask = match mask {
+            Some(m) => cast(m, scores.dtype())?,
+            None => causal_mask(s, t, offset, scores.dtype(), q.device())?,
+        };
         let mask = if rep > 1 {
             candle_ops(rep, mask.repeat((rep, 1)))?
         } else {

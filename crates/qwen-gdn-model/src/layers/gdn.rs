@@ -123,6 +123,9 @@ impl GatedDeltaNet {
                     weight: ckpt.norm(&format!("{prefix}.norm.weight"), dv, dev)?,
                     eps: cfg.rms_norm_eps as f32,
                 },
+                sigmoid_gate: cfg.qwen4_exp.as_ref().is_some_and(|q| {
+                    q.output_gate == crate::config::qwen4_exp::OutputGate::Sigmoid
+                }),
             },
             q_norm: ScaledRms::new(dk, 1.0 / dk as f64, 1e-6)?,
             k_norm: ScaledRms::new(dk, (dk as f64).powf(-0.5), 1e-6)?,
@@ -146,6 +149,7 @@ impl GatedDeltaNet {
             dt_bias: self.dt_bias.to_device(device)?,
             norm: GatedRmsNorm {
                 norm: norm(self.norm.norm)?,
+                sigmoid_gate: self.norm.sigmoid_gate,
             },
             q_norm: ScaledRms {
                 norm: norm(self.q_norm.norm)?,

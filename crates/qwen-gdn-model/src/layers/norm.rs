@@ -50,16 +50,23 @@ impl RmsNorm {
     }
 }
 
-/// `rms_norm(x) · weight · silu(z)`, the product taken in f32 as mlx-lm's `_precise_swiglu`.
+/// `rms_norm(x) · weight · silu(z)`, the product taken in f32 as mlx-lm's `_precise_swiglu`;
+/// `sigmoid(z)` instead of `silu(z)` for `qwen4_exp` models with `output_gate_type: sigmoid`.
 #[derive(Debug, Clone)]
 pub struct GatedRmsNorm {
     pub norm: RmsNorm,
+    pub sigmoid_gate: bool,
 }
 
 impl GatedRmsNorm {
     pub fn forward(&self, x: &Tensor, z: &Tensor) -> Result<Tensor> {
         let n = cast(&self.norm.forward(x)?, DType::F32)?;
-        let gate = candle_op(cast(z, DType::F32)?.silu())?;
+        let z = cast(z, DType::F32)?;
+        let gate = if self.sigmoid_gate {
+            candle_op(candle_nn::ops::sigmoid(&z))?
+        } else {
+            candle_op(z.silu())?
+        };
         cast(&candle_op(gate.mul(&n))?, x.dtype())
     }
 }

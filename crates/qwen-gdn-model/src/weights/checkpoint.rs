@@ -41,6 +41,19 @@ struct Entry {
     original: String,
 }
 
+/// See [`Checkpoint::raw_location`].
+#[derive(Debug, Clone)]
+pub struct RawLocation {
+    pub path: PathBuf,
+    /// Absolute byte offsets in the file.
+    pub start: usize,
+    pub end: usize,
+    pub dtype: Dtype,
+    pub shape: Vec<usize>,
+    /// The key as spelled in the file.
+    pub original: String,
+}
+
 pub struct Checkpoint {
     files: Vec<ShardFile>,
     entries: HashMap<String, Entry>,
@@ -286,6 +299,62 @@ impl Checkpoint {
 
     pub fn contains(&self, name: &str) -> bool {
         self.entries.contains_key(name)
+    }
+
+    /// Canonical names of every tensor the checkpoint holds (extras excluded), unordered.
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        self.entries.keys().map(String::as_str)
+    }
+
+    /// The folder the checkpoint was opened from.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// An integer tensor (I64 or I32: buffers some exporters save) as i64 values.
+    pub fn int_data(&self, name: &str) -> Result<Vec<i64>> {
+        let e = self.entry(name)?;
+        let elem = match e.info.dtype {
+            Dtype::I64 => 8,
+            Dtype::I32 => 4,
+            other => bail!(
+                "{}: dtype {other:?}, expected an integer tensor",
+                self.location(e)
+            ),
+        };
+        Ok(self.with_bytes(e, |b| {
+            b.chunks_exact(elem)
+                .map(|c| match c.len() {
+                    8 => i64::from_le_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]]),
+                    _ => i32::from_le_bytes([c[0], c[1], c[2], c[3]]) as i64,
+                })
+                .collect()
+        }))
+    }
+
+    /// Where a tensor's bytes are (file, absolute byte range) with its dtype and shape, for
+    /// readers that map and gather from huge tensors themselves (the n-gram tables).
+    pub fn raw_location(&self, name: &str) -> Option<RawLocation> {
+        let e = self.entries.get(name)?;
+        let f = &self.files[e.file];
+        Some(RawLocation {
+            path: f.path.clone(),
+            start: f.data_start + e.info.data_offsets.0,
+            end: f.data_start + e.info.data_offsets.1,
+            dtype: e.info.dtype,
+            shape: e.info.shape.clone(),
+            original: e.original.clone(),
+        })
+    }
+
+    /// The stored shape of a tensor (canonical name), without reading it.
+    pub fn shape(&self, name: &str) -> Option<&[usize]> {
+        self.entries.get(name).map(|e| e.info.shape.as_slice())
+    }
+
+    /// The folder's config.json, for error messages about the config.
+    pub fn config_path(&self) -> PathBuf {
+        self.dir.join("config.json")
     }
 
     fn entry(&self, name: &str) -> Result<&Entry> {
@@ -595,9 +664,13 @@ impl Checkpoint {
                 self.float_data(e)?,
             )?));
         }
+        // One tensor per expert: raw Qwen3-Next, and the official qwen4_exp checkpoint.
+        let per_expert = self.contains(&format!("{mlp}.experts.0.{proj}.weight"));
         let data = match self.family {
-            // Raw Qwen3-Next: one tensor per expert, stacked here.
-            Family::Qwen3Next => {
+            // Stacked here.
+            Family::Qwen3Next | Family::Qwen35
+                if per_expert || self.family == Family::Qwen3Next =>
+            {
                 let mut data = vec![];
                 for i in 0..experts {
                     data.extend(
@@ -610,7 +683,7 @@ impl Checkpoint {
             Family::Qwen35 if proj == "down_proj" => {
                 self.f32_data(&format!("{mlp}.experts.down_proj"), &[experts, rows, cols])?
             }
-            Family::Qwen35 => {
+            _ => {
                 let fused = self.f32_data(
                     &format!("{mlp}.experts.gate_up_proj"),
                     &[experts, 2 * rows, cols],

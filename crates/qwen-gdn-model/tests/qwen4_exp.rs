@@ -1,0 +1,478 @@
+//! `qwen4_exp` (Qwen3.8-Flash-Next) against its fixture, models/qwen4-exp-tiny-hf, and its
+//! transformers reference: the config, the n-gram hash, the n-gram table check, and the
+//! errors a broken config or checkpoint gives. The layers are not implemented yet, and the
+//! loader says so.
+
+mod common;
+
+use candle_core::Device;
+use common::{models_dir, rel_max_diff, Reference};
+use qwen_gdn_model::cache::{GdnCache, KvCache};
+use qwen_gdn_model::config::qwen4_exp::{OutputGate, Qwen4LayerType};
+use qwen_gdn_model::config::LayerKind;
+use qwen_gdn_model::layers::attention::Attention;
+use qwen_gdn_model::layers::gdn::GatedDeltaNet;
+use qwen_gdn_model::layers::hyper_connection::HyperConnection;
+use qwen_gdn_model::layers::linear::Linear;
+use qwen_gdn_model::layers::moe::SparseMoe;
+use qwen_gdn_model::layers::ngram_hash::NgramHash;
+use qwen_gdn_model::layers::ple::PerLayerEmbedding;
+use qwen_gdn_model::layers::qsa_indexer::{IndexerCache, QsaIndexer};
+use qwen_gdn_model::weights::{ngram_tables, Checkpoint};
+use qwen_gdn_model::{Config, LoadOptions, Model};
+use safetensors::tensor::TensorView;
+use safetensors::{Dtype, SafeTensors};
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+
+const NAME: &str = "qwen4-exp-tiny-hf";
+
+fn fixture() -> PathBuf {
+    models_dir().join(NAME)
+}
+
+fn config_json() -> Value {
+    serde_json::from_str(&std::fs::read_to_string(fixture().join("config.json")).unwrap()).unwrap()
+}
+
+fn parse(j: &Value) -> anyhow::Result<Config> {
+    Config::from_json_str(&j.to_string(), "config.json")
+}
+
+fn parse_err(j: &Value) -> String {
+    format!("{:#}", parse(j).unwrap_err())
+}
+
+/// A tensor of a safetensors file as little-endian i64 / i32 values.
+fn ints(st: &SafeTensors, name: &str) -> Vec<i64> {
+    let t = st.tensor(name).unwrap();
+    match t.dtype() {
+        Dtype::I64 => t
+            .data()
+            .chunks_exact(8)
+            .map(|b| i64::from_le_bytes(b.try_into().unwrap()))
+            .collect(),
+        Dtype::I32 => t
+            .data()
+            .chunks_exact(4)
+            .map(|b| i32::from_le_bytes(b.try_into().unwrap()) as i64)
+            .collect(),
+        other => panic!("{name}: {other:?}"),
+    }
+}
+
+#[test]
+fn config_of_the_fixture() {
+    let cfg = Config::from_dir(&fixture()).unwrap();
+    let q = cfg.qwen4_exp.as_ref().expect("qwen4_exp part");
+    use Qwen4LayerType::*;
+    assert_eq!(
+        q.layer_types,
+        [
+            LinearAttention,
+            LinearAttention,
+            IndexedAttention,
+            LinearAttention
+        ]
+    );
+    assert_eq!(cfg.layer_kind(2), LayerKind::FullAttention);
+    assert_eq!(cfg.layer_kind(3), LayerKind::LinearAttention);
+    assert_eq!((q.hc_count, q.hc_lowrank), (4, 32));
+    assert_eq!(q.output_gate, OutputGate::Sigmoid);
+    let qsa = q.qsa.unwrap();
+    assert_eq!(
+        (qsa.n_heads, qsa.head_dim, qsa.budget, qsa.compress_ratio),
+        (2, 16, 8, 4)
+    );
+    assert_eq!(qsa.block_topk(), 2);
+    let ple = q.ple.as_ref().unwrap();
+    assert_eq!(ple.layers, vec![1, 3], "one-based ple_layer_ids [2, 4]");
+    assert_eq!(
+        (ple.heads(), ple.row_width(), ple.eos_token_id),
+        (4, 16, 1986)
+    );
+    assert!(q.unknown_fields.is_empty(), "{:?}", q.unknown_fields);
+    assert_eq!(
+        (cfg.hidden_size, cfg.num_experts, cfg.num_experts_per_tok),
+        (64, 4, 2)
+    );
+}
+
+#[test]
+fn ngram_ids_match_transformers() {
+    let cfg = Config::from_dir(&fixture()).unwrap();
+    let ple = cfg.qwen4_exp.as_ref().unwrap().ple.clone().unwrap();
+    let reference =
+        std::fs::read(models_dir().join(format!("reference/{NAME}.safetensors"))).unwrap();
+    let reference = SafeTensors::deserialize(&reference).unwrap();
+    let weights = std::fs::read(fixture().join("model.safetensors")).unwrap();
+    let weights = SafeTensors::deserialize(&weights).unwrap();
+    let tokens: Vec<u32> = ints(&reference, "tf_ids")
+        .iter()
+        .map(|&t| t as u32)
+        .collect();
+    assert!(
+        tokens[1..].contains(&ple.eos_token_id),
+        "the prompt must cross an eos"
+    );
+    for (p, &layer) in ple.layers.iter().enumerate() {
+        let hash = NgramHash::new(&ple, p, cfg.vocab_size);
+        // The constants transformers saved as buffers.
+        let buf = |what: &str| {
+            ints(
+                &weights,
+                &format!("model.language_model.layers.{layer}.ple.ple_embedding.{what}"),
+            )
+        };
+        let as_i64 = |v: &[u64]| v.iter().map(|&x| x as i64).collect::<Vec<_>>();
+        assert_eq!(
+            buf("layer_multipliers"),
+            as_i64(&hash.multipliers),
+            "layer {layer}"
+        );
+        assert_eq!(buf("ngram_heads_vocab_sizes"), as_i64(&hash.head_sizes));
+        assert_eq!(buf("ngram_heads_offsets"), as_i64(&hash.head_offsets));
+        // The rows transformers gathered for every position of the prompt...
+        let want = ints(&reference, &format!("ple_ngram_ids.{layer}"));
+        let (whole, _) = hash.ids(&hash.initial_context(), &tokens);
+        assert_eq!(as_i64(&whole), want, "layer {layer}: whole prompt");
+        // ...and token by token with the carried context, as decode computes them.
+        let mut ctx = hash.initial_context();
+        let mut stepped = vec![];
+        for &t in &tokens {
+            let (ids, next) = hash.ids(&ctx, &[t]);
+            stepped.extend(ids);
+            ctx = next;
+        }
+        assert_eq!(as_i64(&stepped), want, "layer {layer}: token by token");
+    }
+}
+
+#[test]
+fn ngram_tables_are_located_with_their_uneven_shards() {
+    let cfg = Config::from_dir(&fixture()).unwrap();
+    let ckpt = Checkpoint::open(&fixture(), &cfg).unwrap();
+    let tables = ngram_tables::locate(&ckpt, &cfg).unwrap();
+    assert_eq!(tables.len(), 2);
+    for t in &tables {
+        let rows: Vec<usize> = t.shards.iter().map(|s| s.1).collect();
+        assert_eq!(
+            rows,
+            vec![171, 171, 170],
+            "torch.chunk sizes, layer {}",
+            t.layer
+        );
+        assert_eq!(t.rows, 512);
+        assert!(!t.quantized);
+    }
+}
+
+/// A copy of the fixture whose model.safetensors lacks the tensors `drop` selects.
+fn fixture_without(dir: &Path, drop: impl Fn(&str) -> bool) {
+    for entry in std::fs::read_dir(fixture()).unwrap() {
+        let path = entry.unwrap().path();
+        std::fs::copy(&path, dir.join(path.file_name().unwrap())).unwrap();
+    }
+    let bytes = std::fs::read(fixture().join("model.safetensors")).unwrap();
+    let st = SafeTensors::deserialize(&bytes).unwrap();
+    let kept: Vec<(String, TensorView)> = st
+        .tensors()
+        .into_iter()
+        .filter(|(name, _)| !drop(name))
+        .collect();
+    safetensors::serialize_to_file(kept, None, &dir.join("model.safetensors")).unwrap();
+}
+
+fn load_error(dir: &Path) -> String {
+    match Model::load(dir, &Device::Cpu, &LoadOptions::default()) {
+        Ok(_) => panic!("{}: loaded", dir.display()),
+        Err(e) => format!("{e:#}"),
+    }
+}
+
+#[test]
+fn loading_stops_with_a_clear_error() {
+    // The intact fixture: recognised, checked, and refused until the layers exist.
+    let e = load_error(&fixture());
+    assert!(
+        e.contains("qwen4_exp") && e.contains("not implemented yet"),
+        "{e}"
+    );
+    assert_eq!(e.lines().count(), 1, "{e}");
+
+    let dir = tempfile::tempdir().unwrap();
+    fixture_without(dir.path(), |n| {
+        n.contains("layers.3.ple.ple_embedding.ngram_embedding")
+    });
+    let e = load_error(dir.path());
+    assert!(
+        e.contains("layer 3") && e.contains("no n-gram table") && e.contains("shard_0.weight"),
+        "{e}"
+    );
+
+    // A config whose hash seed is not the checkpoint's: the saved multipliers disagree.
+    let dir = tempfile::tempdir().unwrap();
+    fixture_without(dir.path(), |_| false);
+    let mut j = config_json();
+    j["text_config"]["seed"] = 1235.into();
+    std::fs::write(dir.path().join("config.json"), j.to_string()).unwrap();
+    let e = load_error(dir.path());
+    assert!(
+        e.contains("layer_multipliers") && e.contains("another n-gram hashing"),
+        "{e}"
+    );
+
+    let dir = tempfile::tempdir().unwrap();
+    fixture_without(dir.path(), |n| {
+        n.ends_with("layers.1.ple.ple_embedding.ngram_embedding.shard_1.weight")
+    });
+    let e = load_error(dir.path());
+    assert!(e.contains("lacks shard 1"), "{e}");
+}
+
+#[test]
+fn config_errors_and_notices() {
+    let mut j = config_json();
+    j["text_config"]["indexer_budget"] = 8192.into(); // max_position_embeddings is 4096
+    let e = parse_err(&j);
+    assert!(
+        e.contains("`indexer_budget` = 8192 is larger than the context"),
+        "{e}"
+    );
+
+    let mut j = config_json();
+    j["text_config"]["indexer_budget"] = 10.into();
+    assert!(parse_err(&j).contains("multiple of indexer_compress_ratio"));
+
+    let mut j = config_json();
+    j["text_config"]
+        .as_object_mut()
+        .unwrap()
+        .remove("indexer_head_dim");
+    assert!(parse_err(&j).contains("missing required key `indexer_head_dim`"));
+
+    let mut j = config_json();
+    j["text_config"]["ple_layer_ids"] = serde_json::json!([3]);
+    assert!(parse_err(&j).contains("entry 3 is an attention layer"));
+
+    let mut j = config_json();
+    j["text_config"]["ple_embed_dim"] = 66.into();
+    assert!(parse_err(&j).contains("`ple_embed_dim` = 66"));
+
+    let mut j = config_json();
+    j["text_config"]["output_gate_type"] = "gelu".into();
+    assert!(parse_err(&j).contains("output gate activation `gelu`"));
+
+    let mut j = config_json();
+    j["text_config"]["layer_types"] = serde_json::json!([
+        "linear_attention",
+        "mamba",
+        "full_attention",
+        "linear_attention"
+    ]);
+    assert!(parse_err(&j).contains("`layer_types[1]`"));
+
+    let mut j = config_json();
+    j["text_config"]["hc_count"] = 1.into();
+    assert!(parse_err(&j).contains("`hc_count` = 1"));
+
+    let mut j = config_json();
+    j["text_config"]
+        .as_object_mut()
+        .unwrap()
+        .remove("eos_token_id");
+    j.as_object_mut().unwrap().remove("eos_token_id");
+    assert!(parse_err(&j).contains("`eos_token_id` is required"));
+
+    // Without output_gate_type the gate follows hidden_act (transformers).
+    let mut j = config_json();
+    j["text_config"]
+        .as_object_mut()
+        .unwrap()
+        .remove("output_gate_type");
+    let q = parse(&j).unwrap().qwen4_exp.unwrap();
+    assert_eq!(q.output_gate, OutputGate::Silu);
+
+    // Future fields: ignored, named in one line.
+    let mut j = config_json();
+    j["text_config"]["qsa_sink_tokens"] = 4.into();
+    j["text_config"]["hc_dynamic"] = true.into();
+    let q = parse(&j).unwrap().qwen4_exp.unwrap();
+    let note = q.unknown_fields_notice("config.json").unwrap();
+    assert_eq!(
+        note,
+        "note: config.json: ignoring qwen4_exp config fields this version does not know: hc_dynamic, qsa_sink_tokens"
+    );
+}
+
+/// Every hyper-connection of the fixture, fed transformers' own inputs: the mixed inputs and
+/// gates of each layer, the residual updates that rebuild each layer's output from its mixer
+/// and MoE outputs, and the final mixer + lm_head against the logits.
+#[test]
+fn hyper_connections_match_transformers() {
+    let cfg = Config::from_dir(&fixture()).unwrap();
+    let ckpt = Checkpoint::open(&fixture(), &cfg).unwrap();
+    let r = Reference::load(NAME);
+    let close = |got: &candle_core::Tensor, key: &str, tol: f32| {
+        let d = rel_max_diff(got, r.get(key));
+        assert!(d <= tol, "{key}: {d:e} relative to max|ref|");
+    };
+    let mut hs = r.get("tf_embed").clone();
+    for i in 0..cfg.num_hidden_layers {
+        if r.0.contains_key(&format!("tf_ple.{i}")) {
+            hs = (hs + r.get(&format!("tf_ple.{i}"))).unwrap();
+        }
+        let attn = HyperConnection::load(
+            &ckpt,
+            &format!("model.layers.{i}.attn_hyper_connection"),
+            &cfg,
+            true,
+        )
+        .unwrap();
+        let (x, w) = attn.forward(&hs).unwrap();
+        let w = w.unwrap();
+        close(&x, &format!("tf_attn_hc.{i}.x"), 1e-5);
+        close(&w, &format!("tf_attn_hc.{i}.w"), 1e-5);
+        hs = HyperConnection::inject(&hs, r.get(&format!("tf_mixer.{i}")), &w).unwrap();
+        let mlp = HyperConnection::load(
+            &ckpt,
+            &format!("model.layers.{i}.mlp_hyper_connection"),
+            &cfg,
+            true,
+        )
+        .unwrap();
+        let (x, w) = mlp.forward(&hs).unwrap();
+        let w = w.unwrap();
+        close(&x, &format!("tf_mlp_hc.{i}.x"), 1e-5);
+        close(&w, &format!("tf_mlp_hc.{i}.w"), 1e-5);
+        hs = HyperConnection::inject(&hs, r.get(&format!("tf_mlp.{i}")), &w).unwrap();
+        close(&hs, &format!("tf_hidden.{i}"), 1e-5);
+        // Continue from transformers' stream so that errors do not accumulate.
+        hs = r.get(&format!("tf_hidden.{i}")).clone();
+    }
+    let mixer = HyperConnection::load(&ckpt, "model.hyper_connection_mixer", &cfg, false).unwrap();
+    let (x, w) = mixer.forward(&hs).unwrap();
+    assert!(w.is_none());
+    close(&x, "tf_final_mixed", 1e-5);
+    let head = Linear::load(&ckpt, "lm_head", cfg.vocab_size, cfg.hidden_size, &cfg).unwrap();
+    let logits = head.forward(r.get("tf_final_mixed")).unwrap();
+    close(&logits, "tf_logits", 1e-5);
+}
+
+/// Both PLE blocks of the fixture on transformers' input streams, over the whole prompt and
+/// in chunks (the carried n-gram context and conv window), against transformers' PLE term.
+#[test]
+fn per_layer_embeddings_match_transformers() {
+    let cfg = Config::from_dir(&fixture()).unwrap();
+    let ckpt = Checkpoint::open(&fixture(), &cfg).unwrap();
+    let r = Reference::load(NAME);
+    let tokens = r.ids("tf_ids");
+    for table in ngram_tables::locate(&ckpt, &cfg).unwrap() {
+        let i = table.layer;
+        let ple = PerLayerEmbedding::load(&ckpt, &table, &cfg).unwrap();
+        let hs = r.get(&format!("tf_hidden.{}", i - 1));
+        let want = r.get(&format!("tf_ple.{i}"));
+        let mut state = ple.new_state().unwrap();
+        let whole = ple.forward(hs, &tokens, &mut state).unwrap();
+        let d = rel_max_diff(&whole, want);
+        assert!(d <= 1e-5, "tf_ple.{i}: {d:e}");
+        let mut state = ple.new_state().unwrap();
+        let mut parts = vec![];
+        for (a, b) in [(0, 7), (7, 8), (8, 41), (41, tokens.len())] {
+            let chunk = hs.narrow(0, a, b - a).unwrap();
+            parts.push(ple.forward(&chunk, &tokens[a..b], &mut state).unwrap());
+        }
+        let chunked = candle_core::Tensor::cat(&parts, 0).unwrap();
+        let d = rel_max_diff(&chunked, want);
+        assert!(d <= 1e-5, "tf_ple.{i} in chunks: {d:e}");
+    }
+}
+
+/// The GDN mixers (Qwen3.5's, here with the sigmoid output gate) on transformers' inputs.
+#[test]
+fn gdn_mixers_with_the_sigmoid_gate_match_transformers() {
+    let cfg = Config::from_dir(&fixture()).unwrap();
+    let ckpt = Checkpoint::open(&fixture(), &cfg).unwrap();
+    let r = Reference::load(NAME);
+    for i in (0..cfg.num_hidden_layers).filter(|&i| cfg.layer_kind(i) == LayerKind::LinearAttention)
+    {
+        let gdn =
+            GatedDeltaNet::load(&ckpt, &format!("model.layers.{i}.linear_attn"), &cfg).unwrap();
+        let x = r.get(&format!("tf_attn_hc.{i}.x")).unsqueeze(0).unwrap();
+        let mut cache = GdnCache::default();
+        let y = gdn.forward(&x, &mut cache).unwrap().squeeze(0).unwrap();
+        let d = rel_max_diff(&y, r.get(&format!("tf_mixer.{i}")));
+        assert!(d <= 1e-4, "tf_mixer.{i}: {d:e}");
+    }
+}
+
+/// The MoE blocks (Qwen3.5-MoE's, loaded from per-expert tensors) on transformers' inputs.
+#[test]
+fn moe_blocks_from_per_expert_tensors_match_transformers() {
+    let cfg = Config::from_dir(&fixture()).unwrap();
+    let ckpt = Checkpoint::open(&fixture(), &cfg).unwrap();
+    let r = Reference::load(NAME);
+    for i in 0..cfg.num_hidden_layers {
+        let moe = SparseMoe::load(&ckpt, &format!("model.layers.{i}.mlp"), &cfg).unwrap();
+        let x = r.get(&format!("tf_mlp_hc.{i}.x")).unsqueeze(0).unwrap();
+        let y = moe.forward(&x).unwrap().squeeze(0).unwrap();
+        let d = rel_max_diff(&y, r.get(&format!("tf_mlp.{i}")));
+        assert!(d <= 1e-5, "tf_mlp.{i}: {d:e}");
+    }
+}
+
+/// The QSA attention layer on transformers' input: the indexer's token selection for every
+/// query (sparse from the 12th token on), the attention output over the whole prompt, and
+/// the same output from a 5-token prefill followed by one token per call.
+#[test]
+fn qsa_attention_matches_transformers() {
+    let cfg = Config::from_dir(&fixture()).unwrap();
+    let ckpt = Checkpoint::open(&fixture(), &cfg).unwrap();
+    let r = Reference::load(NAME);
+    let i = 2;
+    let p = format!("model.layers.{i}.self_attn");
+    let attn = Attention::load(&ckpt, &p, &cfg).unwrap();
+    let indexer = QsaIndexer::load(&ckpt, &p, &cfg).unwrap();
+    let x = r.get(&format!("tf_attn_hc.{i}.x"));
+    let n = x.dim(0).unwrap();
+
+    let mut icache = IndexerCache::default();
+    let visible = indexer.select(x, &mut icache, 0).unwrap();
+    let want = r
+        .get(&format!("qsa_selected.{i}"))
+        .to_vec2::<i32>()
+        .unwrap();
+    let mut sparse = 0;
+    for (t, (got, want)) in visible.iter().zip(&want).enumerate() {
+        let want: Vec<bool> = want.iter().map(|&v| v != 0).collect();
+        assert_eq!(got, &want, "query {t}: selected keys differ");
+        sparse += usize::from(got.iter().filter(|&&o| o).count() < t + 1);
+    }
+    assert!(sparse > 80, "only {sparse} sparse queries");
+
+    let mask = QsaIndexer::mask(&visible).unwrap();
+    let mut kv = KvCache::default();
+    let y = attn
+        .forward_masked(&x.unsqueeze(0).unwrap(), &mut kv, 0, Some(&mask))
+        .unwrap()
+        .squeeze(0)
+        .unwrap();
+    let d = rel_max_diff(&y, r.get(&format!("tf_mixer.{i}")));
+    assert!(d <= 1e-5, "tf_mixer.{i}: {d:e}");
+
+    let (mut icache, mut kv, mut outs) = (IndexerCache::default(), KvCache::default(), vec![]);
+    let mut offset = 0;
+    for len in std::iter::once(5).chain(std::iter::repeat_n(1, n - 5)) {
+        let xs = x.narrow(0, offset, len).unwrap();
+        let visible = indexer.select(&xs, &mut icache, offset).unwrap();
+        let mask = QsaIndexer::mask(&visible).unwrap();
+        let y = attn
+            .forward_masked(&xs.unsqueeze(0).unwrap(), &mut kv, offset, Some(&mask))
+            .unwrap();
+        outs.push(y.squeeze(0).unwrap());
+        offset += len;
+    }
+    let stepped = candle_core::Tensor::cat(&outs, 0).unwrap();
+    let d = rel_max_diff(&stepped, r.get(&format!("tf_mixer.{i}")));
+    assert!(d <= 1e-5, "tf_mixer.{i} step by step: {d:e}");
+}
