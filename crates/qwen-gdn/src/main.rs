@@ -3,8 +3,13 @@
 
 mod bench;
 mod bf16_fallback;
+mod chat;
+mod chat_command;
+mod chat_input;
 mod chat_template;
 mod compare_state;
+mod conversation;
+mod engine;
 mod eval;
 mod generate;
 mod hub;
@@ -15,7 +20,9 @@ mod output;
 mod preflight;
 mod process;
 mod progress;
+mod reply_display;
 mod sampler;
+mod sampling_args;
 mod stream;
 
 use clap::{Parser, Subcommand};
@@ -40,6 +47,8 @@ enum Command {
     Eval(eval::Args),
     /// Measure prompt and generation speed and peak memory (like llama-bench).
     Bench(bench::Args),
+    /// Chat with the model in the terminal, keeping the conversation (like mlx_lm.chat).
+    Chat(chat::Args),
 }
 
 fn main() -> ExitCode {
@@ -65,6 +74,7 @@ fn main() -> ExitCode {
         Command::Generate(args) => generate::run(args),
         Command::Eval(args) => eval::run(args),
         Command::Bench(args) => bench::run(args),
+        Command::Chat(args) => chat::run(args),
     };
     match result {
         Ok(code) => code,
