@@ -1,0 +1,241 @@
+//! `qwen-gdn chat` driven through a pipe: replies against `generate`, the commands, Ctrl-C.
+
+mod common;
+
+use common::*;
+use serde_json::{json, Value as Json};
+use std::io::{Read, Write};
+use std::path::Path;
+use std::process::{Output, Stdio};
+
+const SYSTEM: &str = "You are terse.";
+const MAX_TOKENS: &str = "24";
+
+/// Runs `chat` on `model` with `lines` as its stdin (greedy, short replies, stats on).
+fn chat(model: &Path, extra: &[&str], lines: &[&str]) -> Output {
+    let mut args = vec![
+        "chat",
+        "--model",
+        model.to_str().unwrap(),
+        "--temp",
+        "0",
+        "--max-tokens",
+        MAX_TOKENS,
+        "--verbose",
+    ];
+    args.extend_from_slice(extra);
+    let mut child = command(&args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut input = lines.join("\n");
+    input.push('\n');
+    let mut stdin = child.stdin.take().unwrap();
+    // Written from a thread: a long input must not block while the child's stdout fills up.
+    let writer = std::thread::spawn(move || stdin.write_all(input.as_bytes()));
+    let out = child.wait_with_output().unwrap();
+    writer.join().unwrap().unwrap();
+    assert!(
+        out.status.success(),
+        "chat failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(!stderr(&out).contains("panicked"), "{}", stderr(&out));
+    out
+}
+
+/// `generate`'s greedy reply (text only) to one user message after the system prompt.
+fn generate(model: &Path, system: Option<&str>, prompt: &str) -> String {
+    let mut args = vec![
+        "generate",
+        "--model",
+        model.to_str().unwrap(),
+        "--prompt",
+        prompt,
+        "--temp",
+        "0",
+        "--max-tokens",
+        MAX_TOKENS,
+        "--verbose",
+        "false",
+    ];
+    if let Some(system) = system {
+        args.extend(["--system-prompt", system]);
+    }
+    let out = run(&args);
+    assert!(out.status.success(), "{}", stderr(&out));
+    String::from_utf8(out.stdout).unwrap()
+}
+
+/// The per-turn numbers of `--verbose`: (prompt tokens, cached, prefilled).
+fn prompt_stats(stderr: &str) -> Vec<(usize, usize, usize)> {
+    stderr
+        .lines()
+        .filter_map(|l| l.strip_prefix("Prompt: "))
+        .map(|rest| {
+            let n: Vec<usize> = rest
+                .split(|c: char| !c.is_ascii_digit())
+                .filter(|s| !s.is_empty())
+                .take(3)
+                .map(|s| s.parse().unwrap())
+                .collect();
+            assert!(
+                rest.contains(" cached, ") && rest.contains(" prefilled"),
+                "{rest}"
+            );
+            (n[0], n[1], n[2])
+        })
+        .collect()
+}
+
+fn read_json(path: &Path) -> Json {
+    serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap()
+}
+
+#[test]
+fn first_reply_equals_generate_and_reset_forgets_the_history() {
+    for name in ["qwen3.5-tiny-4bit", "qwen3-next-tiny-4bit"] {
+        let model = fixture(name);
+        let want = generate(&model, Some(SYSTEM), "Hello there");
+        let dir = tempfile::tempdir().unwrap();
+        let saved = dir.path().join("after-reset.json");
+        let out = chat(
+            &model,
+            &["--system-prompt", SYSTEM],
+            &[
+                "Hello there",
+                "And then?",
+                "/reset",
+                "Hello there",
+                &format!("/save {}", saved.display()),
+            ],
+        );
+        let stdout = String::from_utf8(out.stdout.clone()).unwrap();
+        // Replies 1 and 3 are the same first turn; reply 2 lies between them.
+        assert!(
+            stdout.starts_with(&want) && stdout.ends_with(&want) && stdout.len() > 2 * want.len(),
+            "{name}: chat printed {stdout:?}, generate {want:?}"
+        );
+        let stats = prompt_stats(&stderr(&out));
+        assert_eq!(stats.len(), 3, "{}", stderr(&out));
+        assert!(stats[1].0 > stats[0].0, "turn 2 holds turn 1: {stats:?}");
+        assert_eq!(stats[2].0, stats[0].0, "{name}: /reset kept history");
+        // What was saved after /reset: the system prompt and the one new exchange.
+        let messages = read_json(&saved);
+        assert_eq!(
+            messages,
+            json!([
+                {"role": "system", "content": SYSTEM},
+                {"role": "user", "content": "Hello there"},
+                {"role": "assistant", "content": want.trim_end_matches('\n')},
+            ]),
+            "{name}"
+        );
+    }
+}
+
+#[test]
+fn save_never_overwrites_and_bad_commands_keep_the_session() {
+    let model = fixture("qwen3.5-tiny-4bit");
+    let dir = tempfile::tempdir().unwrap();
+    let mine = dir.path().join("mine.json");
+    std::fs::write(&mine, "my notes\n").unwrap();
+    let fresh = dir.path().join("fresh.json");
+    let out = chat(
+        &model,
+        &[],
+        &[
+            "/frobnicate",
+            "Hi",
+            &format!("/save {}", mine.display()),
+            "/save",
+            "/reset now",
+            "",
+            "//etc is a folder",
+            &format!("/save {}", fresh.display()),
+            "/exit",
+            "never read",
+        ],
+    );
+    let err = stderr(&out);
+    // The user's file is untouched; the refusal says so and names it.
+    assert_eq!(std::fs::read_to_string(&mine).unwrap(), "my notes\n");
+    let errors: Vec<&str> = err.lines().filter(|l| l.starts_with("error: ")).collect();
+    assert_eq!(errors.len(), 4, "{err}");
+    assert!(errors[0].contains("/frobnicate"), "{err}");
+    assert!(
+        errors[1].contains("already exists") && errors[1].contains("mine.json"),
+        "{err}"
+    );
+    // Both replies came (the session outlived every bad command) and /exit ended it.
+    assert_eq!(prompt_stats(&err).len(), 2, "{err}");
+    let messages = read_json(&fresh);
+    let roles: Vec<&str> = messages
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["role"].as_str().unwrap())
+        .collect();
+    assert_eq!(roles, ["user", "assistant", "user", "assistant"]);
+    assert_eq!(messages[0]["content"], "Hi");
+    // The doubled slash sent a message starting with one slash.
+    assert_eq!(messages[2]["content"], "/etc is a folder");
+}
+
+#[test]
+fn hide_thinking_prints_only_the_answer() {
+    // With thinking on, the tiny model's greedy reply never closes its thinking within
+    // MAX_TOKENS tokens, so all of it is hidden; without the flag it is all shown.
+    let model = fixture("qwen3.5-tiny-4bit");
+    let shown = chat(&model, &[], &["Hello there"]);
+    let want = generate(&model, None, "Hello there");
+    assert_eq!(String::from_utf8(shown.stdout).unwrap(), want);
+    assert!(!want.contains("</think>"), "the premise changed: {want:?}");
+    let hidden = chat(&model, &["--hide-thinking"], &["Hello there"]);
+    assert_eq!(String::from_utf8(hidden.stdout).unwrap(), "\n");
+}
+
+/// Ctrl-C while a reply is written stops that reply and keeps the session.
+#[test]
+fn ctrl_c_stops_the_reply_and_keeps_the_session() {
+    let model = fixture("qwen3.5-tiny-4bit");
+    let dir = tempfile::tempdir().unwrap();
+    let saved = dir.path().join("after-ctrl-c.json");
+    // Long enough to be still running when the signal comes: up to the whole context.
+    let mut child = command(&[
+        "chat",
+        "--model",
+        model.to_str().unwrap(),
+        "--temp",
+        "0",
+        "--max-tokens",
+        "100000",
+    ])
+    .stdin(Stdio::piped())
+    .stdout(Stdio::piped())
+    .stderr(Stdio::piped())
+    .spawn()
+    .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    stdin.write_all(b"Tell me everything\n").unwrap();
+    let mut stdout = child.stdout.take().unwrap();
+    let mut first = [0u8; 1];
+    stdout.read_exact(&mut first).unwrap();
+    // SAFETY: kill() only sends a signal to the child we started.
+    assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGINT) }, 0);
+    writeln!(stdin, "/save {}", saved.display()).unwrap();
+    drop(stdin);
+    let mut rest = Vec::new();
+    stdout.read_to_end(&mut rest).unwrap();
+    let out = child.wait_with_output().unwrap();
+    let err = stderr(&out);
+    assert!(out.status.success(), "{err}");
+    assert!(err.contains("(reply stopped)"), "{err}");
+    // The partial reply is part of the conversation, as it was shown.
+    let messages = read_json(&saved);
+    let reply = messages[1]["content"].as_str().unwrap();
+    let shown = String::from_utf8_lossy(&[&first[..], &rest[..]].concat()).into_owned();
+    assert_eq!(format!("{reply}\n"), shown);
+}
