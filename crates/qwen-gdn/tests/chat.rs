@@ -7,6 +7,7 @@ use serde_json::{json, Value as Json};
 use std::io::{Read, Write};
 use std::path::Path;
 use std::process::{Output, Stdio};
+use tokenizers::Tokenizer;
 
 const SYSTEM: &str = "You are terse.";
 const MAX_TOKENS: &str = "24";
@@ -88,6 +89,55 @@ fn prompt_stats(stderr: &str) -> Vec<(usize, usize, usize)> {
             (n[0], n[1], n[2])
         })
         .collect()
+}
+
+/// The fixture's chat template rendered as transformers renders it (jinja2 with trim_blocks
+/// and lstrip_blocks, Python string methods), independently of qwen-gdn's renderer; `None`
+/// when the template refuses the messages.
+fn render(model: &Path, messages: &[Json], add_generation_prompt: bool) -> Option<String> {
+    let source = std::fs::read_to_string(model.join("chat_template.jinja")).unwrap();
+    let mut env = minijinja::Environment::new();
+    env.set_trim_blocks(true);
+    env.set_lstrip_blocks(true);
+    env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
+    env.add_function(
+        "raise_exception",
+        |message: String| -> Result<String, minijinja::Error> {
+            Err(minijinja::Error::new(
+                minijinja::ErrorKind::InvalidOperation,
+                message,
+            ))
+        },
+    );
+    env.add_template("chat", &source).unwrap();
+    let ctx = json!({
+        "messages": messages,
+        "add_generation_prompt": add_generation_prompt,
+        "enable_thinking": true,
+    });
+    env.get_template("chat").unwrap().render(ctx).ok()
+}
+
+fn tokens(tokenizer: &Tokenizer, text: &str) -> Vec<u32> {
+    tokenizer.encode(text, false).unwrap().get_ids().to_vec()
+}
+
+/// The token sequences a turn's prompt leaves in the prompt cache: its whole prompt and each
+/// rendered message prefix (with and without the generation prompt) whose tokens begin it.
+fn snapshots(model: &Path, tokenizer: &Tokenizer, messages: &[Json]) -> Vec<Vec<u32>> {
+    let prompt = tokens(tokenizer, &render(model, messages, true).unwrap());
+    let mut kept = vec![prompt.clone()];
+    for end in 1..=messages.len() {
+        for generation_prompt in [false, true] {
+            if let Some(text) = render(model, &messages[..end], generation_prompt) {
+                let ids = tokens(tokenizer, &text);
+                if !ids.is_empty() && prompt.starts_with(&ids) {
+                    kept.push(ids);
+                }
+            }
+        }
+    }
+    kept
 }
 
 fn read_json(path: &Path) -> Json {
@@ -238,4 +288,64 @@ fn ctrl_c_stops_the_reply_and_keeps_the_session() {
     let reply = messages[1]["content"].as_str().unwrap();
     let shown = String::from_utf8_lossy(&[&first[..], &rest[..]].concat()).into_owned();
     assert_eq!(format!("{reply}\n"), shown);
+}
+
+/// Each turn prefills only what the prompt cache does not hold: the longest earlier snapshot
+/// that begins its prompt (worked out here from the template and the tokenizer), and the
+/// replies are those of a session without a prompt cache.
+#[test]
+fn each_turn_prefills_only_its_new_tokens_and_replies_as_without_the_cache() {
+    for name in ["qwen3.5-tiny-4bit", "qwen3-next-tiny-4bit", "qwen3.5-moe-tiny-hf"] {
+        let model = fixture(name);
+        let tokenizer = Tokenizer::from_file(model.join("tokenizer.json")).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let saved = dir.path().join("conversation.json");
+        let lines = [
+            "Hello there",
+            "Tell me more about that.",
+            "And the third thing?",
+            &format!("/save {}", saved.display()),
+        ];
+        let system = ["--system-prompt", SYSTEM];
+        let cached = chat(&model, &system, &lines);
+        let uncached = chat(
+            &model,
+            &[&system[..], &["--prompt-cache-bytes", "0"]].concat(),
+            &lines[..3],
+        );
+        assert_eq!(
+            String::from_utf8(cached.stdout).unwrap(),
+            String::from_utf8(uncached.stdout).unwrap(),
+            "{name}: replies differ with the prompt cache"
+        );
+        let messages = read_json(&saved);
+        let messages = messages.as_array().unwrap();
+        assert_eq!(messages.len(), 7);
+        let stats = prompt_stats(&stderr(&cached));
+        let mut earlier: Vec<Vec<u32>> = Vec::new();
+        for (turn, &(prompt, cached_tokens, prefilled)) in stats.iter().enumerate() {
+            let upto = &messages[..2 + 2 * turn];
+            let ids = tokens(&tokenizer, &render(&model, upto, true).unwrap());
+            let want_cached = earlier
+                .iter()
+                .filter(|s| s.len() < ids.len() && ids.starts_with(s))
+                .map(Vec::len)
+                .max()
+                .unwrap_or(0);
+            assert_eq!(
+                (prompt, cached_tokens, prefilled),
+                (ids.len(), want_cached, ids.len() - want_cached),
+                "{name} turn {}",
+                turn + 1
+            );
+            if turn > 0 {
+                assert!(want_cached > 0, "{name} turn {}: nothing reusable", turn + 1);
+            }
+            earlier.extend(snapshots(&model, &tokenizer, upto));
+        }
+        // Without the cache every turn prefills its whole prompt.
+        for (prompt, cached_tokens, prefilled) in prompt_stats(&stderr(&uncached)) {
+            assert_eq!((cached_tokens, prefilled), (0, prompt), "{name}");
+        }
+    }
 }
