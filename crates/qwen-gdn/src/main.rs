@@ -20,6 +20,7 @@ mod output;
 mod preflight;
 mod process;
 mod progress;
+mod prompt_split;
 mod reply_display;
 mod sampler;
 mod sampling_args;
