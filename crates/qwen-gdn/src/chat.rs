@@ -6,13 +6,16 @@ use crate::chat_command::{self, Input, HELP};
 use crate::chat_input::{Line, LineReader};
 use crate::chat_template::ChatTemplate;
 use crate::conversation::Conversation;
-use crate::engine::{Engine, FinishReason, GenerateParams, Outcome, PromptTokens};
-use crate::generate::{eos_ids, special_tokens};
-use crate::load::{Checkpoint, ModelArgs};
+use crate::engine::{
+    render_conversation, Engine, FinishReason, GenerateParams, Outcome, PromptTokens,
+};
+use crate::load::ModelArgs;
 use crate::output::eprint_line;
+use crate::prompt_cache_args::PromptCacheArgs;
 use crate::reply_display::{ReplyDisplay, ThinkingStyle};
-use crate::sampling_args::{SamplingArgs, TemplateArgs};
-use anyhow::{Context, Result};
+use crate::sampling_args::SamplingArgs;
+use crate::template_args::TemplateArgs;
+use anyhow::{bail, Context, Result};
 use serde_json::{Map, Value as Json};
 use std::io::IsTerminal;
 use std::ops::ControlFlow;
@@ -37,13 +40,12 @@ const PREFLIGHT_CONTEXT: usize = 32 * 1024;
 pub struct Args {
     #[command(flatten)]
     model: ModelArgs,
-    /// System message at the start of the conversation (kept by /reset)
-    #[arg(long)]
-    system_prompt: Option<String>,
     #[command(flatten)]
     sampling: SamplingArgs,
     #[command(flatten)]
     template: TemplateArgs,
+    #[command(flatten)]
+    prompt_cache: PromptCacheArgs,
     /// Leave the model's thinking (<think>…</think>) out of the replies shown; it is still
     /// part of the conversation as the chat template keeps it
     #[arg(long)]
@@ -60,31 +62,35 @@ static GENERATING: AtomicBool = AtomicBool::new(false);
 static CANCEL: AtomicBool = AtomicBool::new(false);
 
 pub fn run(args: Args) -> Result<ExitCode> {
+    if args.template.ignore_chat_template {
+        bail!("--ignore-chat-template: chat renders the conversation through the chat template");
+    }
     let checkpoint = args.model.open()?;
     let template = ChatTemplate::from_dir(&checkpoint.dir, checkpoint.tokenizer_config.as_ref())?
         .with_context(|| {
-        format!(
-            "{}: chat needs a chat template (chat_template.jinja, or chat_template in \
+            format!(
+                "{}: chat needs a chat template (chat_template.jinja, or chat_template in \
                  tokenizer_config.json)",
-            checkpoint.dir.display()
-        )
-    })?;
+                checkpoint.dir.display()
+            )
+        })?;
     let max_positions = checkpoint.input_limit.max_tokens;
     let model = args
         .model
         .load_model(&checkpoint, max_positions.min(PREFLIGHT_CONTEXT))?;
     let compile_time = model.warm_up()?;
-    let eos = eos_ids(&checkpoint, &model.config().eos_token_id)?;
+    let prompt_cache = args.prompt_cache.new_cache(model.device());
     let mut session = Session {
-        vars: template_vars(&checkpoint, &args.template),
+        vars: args.template.vars(&checkpoint),
         template,
-        engine: Engine {
+        engine: Engine::new(
+            checkpoint,
             model,
-            tokenizer: checkpoint.tokenizer.clone(),
-            eos,
-            prefill_chunk_size: args.model.prefill_chunk_size,
-        },
-        conversation: Conversation::new(args.system_prompt.clone()),
+            args.model.prefill_chunk_size,
+            prompt_cache,
+            args.prompt_cache.snapshot_every,
+        )?,
+        conversation: Conversation::new(args.template.system_prompt.clone()),
         style: if args.hide_thinking {
             ThinkingStyle::Hidden
         } else if std::io::stdout().is_terminal() {
@@ -93,7 +99,6 @@ pub fn run(args: Args) -> Result<ExitCode> {
             ThinkingStyle::Plain
         },
         turns: 0,
-        checkpoint: &checkpoint,
         args: &args,
     };
     install_ctrl_c()?;
@@ -153,7 +158,6 @@ struct Session<'a> {
     conversation: Conversation,
     style: ThinkingStyle,
     turns: u64,
-    checkpoint: &'a Checkpoint,
     args: &'a Args,
 }
 
@@ -172,15 +176,13 @@ impl Session<'_> {
 
     fn reply(&mut self) -> Result<()> {
         let (prompt, thinking) = self.render()?;
-        let limit = &self.checkpoint.input_limit;
+        let limit = &self.engine.checkpoint().input_limit;
+        let max_positions = limit.max_tokens;
         // One position is left for the reply's first token.
-        limit.check_fits(
-            prompt.ids.len() + 1,
-            "the conversation (/reset starts over)",
-        )?;
+        limit.check_fits(prompt.ids.len() + 1, CONVERSATION)?;
         let params = GenerateParams {
             max_tokens: self.args.sampling.max_tokens,
-            sampler: self.args.sampling.sampler_config(),
+            sampler: self.args.sampling.sampler(),
             // Each turn draws differently from the last, reproducibly; the first turn draws
             // as `generate --seed` does.
             seed: self.args.sampling.seed.map(|s| s.wrapping_add(self.turns)),
@@ -216,8 +218,7 @@ impl Session<'_> {
         match outcome.finish {
             FinishReason::Cancelled => eprint_line("(reply stopped)"),
             FinishReason::ContextFull => eprint_line(&format!(
-                "(the context is full: {} positions; /reset starts over)",
-                limit.max_tokens
+                "(the context is full: {max_positions} positions; /reset starts over)"
             )),
             FinishReason::Stop | FinishReason::Length => {}
         }
@@ -227,49 +228,35 @@ impl Session<'_> {
         Ok(())
     }
 
-    /// The conversation through the chat template, tokenized, and whether the rendered
-    /// prompt leaves the reply inside a thinking block (it ends with an open `<think>`).
+    /// The conversation through the chat template, tokenized with its message boundaries
+    /// (where the prompt cache snapshots), and whether the rendered prompt leaves the reply
+    /// inside a thinking block (it ends with an open `<think>`).
     fn render(&self) -> Result<(PromptTokens, bool)> {
-        let text = self
-            .template
-            .render(self.conversation.messages(), None, true, &self.vars)?;
+        let messages = self.conversation.messages();
+        let checkpoint = self.engine.checkpoint();
+        // The text is checked against the context before the boundaries are worked out (each
+        // costs a rendering and a tokenization of a prefix).
+        let text = self.template.render(messages, None, true, &self.vars)?;
         let thinking = text
             .rfind("<think>")
             .is_some_and(|open| text.rfind("</think>").is_none_or(|close| close < open));
-        let tokenizer = &self.checkpoint.tokenizer;
-        self.checkpoint.input_limit.check_tokens(
-            tokenizer,
-            &text,
-            "the conversation (/reset starts over)",
+        checkpoint
+            .input_limit
+            .check_tokens(&checkpoint.tokenizer, &text, CONVERSATION)?;
+        let prompt = render_conversation(
+            &self.template,
+            &checkpoint.tokenizer,
+            messages,
+            None,
+            true,
+            &self.vars,
         )?;
-        let ids = tokenizer
-            .encode(text, false)
-            .map_err(|e| anyhow::anyhow!("tokenizing the conversation: {e}"))?
-            .get_ids()
-            .to_vec();
-        Ok((
-            PromptTokens {
-                ids,
-                boundaries: Vec::new(),
-            },
-            thinking,
-        ))
+        Ok((prompt, thinking))
     }
 }
 
-/// The chat template's variables besides the messages, as `generate` sets them.
-fn template_vars(checkpoint: &Checkpoint, args: &TemplateArgs) -> Map<String, Json> {
-    let mut vars = special_tokens(checkpoint.tokenizer_config.as_ref());
-    let tokenizer = &checkpoint.tokenizer;
-    if tokenizer.token_to_id("<think>").is_some() && tokenizer.token_to_id("</think>").is_some() {
-        vars.insert("enable_thinking".into(), true.into());
-    }
-    vars.extend(args.chat_template_args.clone().unwrap_or_default());
-    if let Some(on) = args.enable_thinking {
-        vars.insert("enable_thinking".into(), on.into());
-    }
-    vars
-}
+/// Names the conversation in errors about its length.
+const CONVERSATION: &str = "the conversation (/reset starts over)";
 
 /// Ctrl-C during a reply stops it (a second one leaves at once, e.g. during a long prefill);
 /// anywhere else it leaves. At the line editor's prompt the terminal is in raw mode and the

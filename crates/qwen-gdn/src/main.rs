@@ -1,6 +1,7 @@
 //! `qwen-gdn`: run Qwen3-Next / Qwen3.5 hybrid models from a local folder or the Hugging Face
 //! Hub. The flags follow `mlx_lm.generate` so that users of mlx-lm and llama.cpp feel at home.
 
+mod arg_ranges;
 mod bench;
 mod bf16_fallback;
 mod chat;
@@ -9,6 +10,8 @@ mod chat_input;
 mod chat_template;
 mod compare_state;
 mod conversation;
+// The API `chat` and `serve` build on; `generate` uses part of it.
+#[allow(dead_code)]
 mod engine;
 mod eval;
 mod generate;
@@ -20,11 +23,13 @@ mod output;
 mod preflight;
 mod process;
 mod progress;
+mod prompt_cache_args;
 mod prompt_split;
 mod reply_display;
 mod sampler;
 mod sampling_args;
 mod stream;
+mod template_args;
 
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
