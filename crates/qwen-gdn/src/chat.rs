@@ -68,12 +68,12 @@ pub fn run(args: Args) -> Result<ExitCode> {
     let checkpoint = args.model.open()?;
     let template = ChatTemplate::from_dir(&checkpoint.dir, checkpoint.tokenizer_config.as_ref())?
         .with_context(|| {
-            format!(
-                "{}: chat needs a chat template (chat_template.jinja, or chat_template in \
+        format!(
+            "{}: chat needs a chat template (chat_template.jinja, or chat_template in \
                  tokenizer_config.json)",
-                checkpoint.dir.display()
-            )
-        })?;
+            checkpoint.dir.display()
+        )
+    })?;
     let max_positions = checkpoint.input_limit.max_tokens;
     let model = args
         .model

@@ -36,7 +36,10 @@ impl PromptCacheArgs {
 /// `123`, `512K`, `512M`, `4G` (binary units; a trailing `B`/`iB` is allowed).
 fn parse_bytes(s: &str) -> Result<u64, String> {
     let t = s.trim();
-    let t = t.strip_suffix("iB").or_else(|| t.strip_suffix('B')).unwrap_or(t);
+    let t = t
+        .strip_suffix("iB")
+        .or_else(|| t.strip_suffix('B'))
+        .unwrap_or(t);
     let (digits, shift) = match t.char_indices().last() {
         Some((i, 'K' | 'k')) => (&t[..i], 10),
         Some((i, 'M' | 'm')) => (&t[..i], 20),

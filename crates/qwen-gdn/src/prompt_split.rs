@@ -71,7 +71,10 @@ mod tests {
     use super::*;
 
     fn template() -> ChatTemplate {
-        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../../models/qwen3.5-tiny-4bit");
+        let dir = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../models/qwen3.5-tiny-4bit"
+        );
         ChatTemplate::from_dir(std::path::Path::new(dir), None)
             .unwrap()
             .unwrap()
