@@ -8,6 +8,7 @@ mod eos;
 mod non_finite;
 mod stop_strings;
 
+#[allow(unused_imports)] // for chat and serve
 pub use conversation::render_conversation;
 pub use eos::eos_ids;
 pub use non_finite::non_finite_logits;
