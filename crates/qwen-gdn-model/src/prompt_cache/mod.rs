@@ -6,10 +6,16 @@
 //! be cut back to a shorter prefix: a request can resume only from a position where the whole
 //! state was copied.
 
+mod file;
+mod identity;
 mod index;
 mod prefill;
 mod snapshot;
 
+pub use file::{
+    load_cache, load_snapshot, save_snapshot, SNAPSHOT_FORMAT, SNAPSHOT_FORMAT_VERSION,
+};
+pub use identity::ModelIdentity;
 pub use prefill::{prefill_with_snapshots, prefill_with_snapshots_cancellable};
 pub use snapshot::{LayerSnapshot, Snapshot};
 
