@@ -7,6 +7,7 @@
 use crate::chat_template::ChatTemplate;
 use crate::load::ModelArgs;
 use crate::output::eprint_line;
+use crate::prompt_cache_file;
 use crate::prompt_split;
 use crate::template_args::TemplateArgs;
 use anyhow::{bail, Context, Result};
@@ -36,7 +37,8 @@ pub struct Args {
     /// Where to write the prompt cache (safetensors)
     #[arg(long, value_name = "FILE")]
     out: PathBuf,
-    /// Replace --out when it already exists
+    /// Replace --out when it already exists (only an earlier prompt-cache file is ever
+    /// replaced)
     #[arg(long)]
     force: bool,
     #[command(flatten)]
@@ -88,20 +90,10 @@ pub fn run(args: Args) -> Result<ExitCode> {
     limit.check_fits(ids.len() + 1, &what)?;
     let model = args.model.load_model(&checkpoint, ids.len() + 1)?;
     let start = Instant::now();
-    let mut cache = model.new_cache();
-    for chunk in ids.chunks(args.model.prefill_chunk_size) {
-        model.prefill(chunk, &mut cache, chunk.len())?;
-    }
+    let cache = prompt_cache_file::prefill(&model, &ids, args.model.prefill_chunk_size)?;
     let prefill_time = start.elapsed();
-    let bytes = crate::prompt_cache_file::save(
-        &args.out,
-        args.force,
-        &checkpoint,
-        &model,
-        &ids,
-        &cache,
-        template.is_some(),
-    )?;
+    prompt_cache_file::save(&args.out, &checkpoint, &model, &ids, &cache)?;
+    let bytes = std::fs::metadata(&args.out).map_or(0, |m| m.len());
     eprint_line(&format!(
         "Cached {} prompt tokens ({:.3} tokens-per-sec) in {} ({:.1} MB)",
         ids.len(),

@@ -5,6 +5,7 @@ mod arg_ranges;
 mod bench;
 mod bench_prompt_cache;
 mod bf16_fallback;
+mod cache_prompt;
 mod chat;
 mod chat_command;
 mod chat_input;
@@ -25,6 +26,7 @@ mod preflight;
 mod process;
 mod progress;
 mod prompt_cache_args;
+mod prompt_cache_file;
 mod prompt_split;
 mod reply_display;
 mod sampler;
@@ -54,6 +56,9 @@ enum Command {
     Eval(eval::Args),
     /// Measure prompt and generation speed and peak memory (like llama-bench).
     Bench(bench::Args),
+    /// Prefill a prompt once and save the cache to a file, for `generate --prompt-cache-file`
+    /// (like mlx_lm.cache_prompt).
+    CachePrompt(cache_prompt::Args),
     /// Chat with the model in the terminal, keeping the conversation (like mlx_lm.chat).
     Chat(chat::Args),
 }
@@ -82,6 +87,7 @@ fn main() -> ExitCode {
         Command::Eval(args) => eval::run(args),
         Command::Bench(args) => bench::run(args),
         Command::Chat(args) => chat::run(args),
+        Command::CachePrompt(args) => cache_prompt::run(args),
     };
     match result {
         Ok(code) => code,

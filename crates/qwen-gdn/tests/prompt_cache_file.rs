@@ -41,7 +41,10 @@ fn generate(model: &Path, prompt: &str, extra: &[&str]) -> (String, String) {
     args.extend_from_slice(extra);
     let out = run(&args);
     assert!(out.status.success(), "{}", stderr(&out));
-    (String::from_utf8(out.stdout).unwrap(), stderr(&out))
+    (
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr(&out),
+    )
 }
 
 fn prompt_tokens(stderr: &str) -> usize {
@@ -80,10 +83,26 @@ fn a_saved_prefix_continues_as_the_whole_prompt() {
                 &[flags, &["--prompt-cache-file", file.to_str().unwrap()]].concat(),
             );
             assert_eq!(got, want, "{name} raw={raw}");
+            let whole_tokens = prompt_tokens(&want_stats);
             assert_eq!(
                 prompt_tokens(&got_stats),
-                prompt_tokens(&want_stats),
+                whole_tokens,
                 "{name} raw={raw}: {got_stats}"
+            );
+            // The file's tokens were not prefilled again: only the rest was.
+            let cached: usize = stderr(&made)
+                .lines()
+                .find_map(|l| l.strip_prefix("Cached "))
+                .and_then(|rest| rest.split_whitespace().next()?.parse().ok())
+                .unwrap_or_else(|| panic!("{}", stderr(&made)));
+            let line = format!(
+                "Prompt cache: {cached} tokens from {}, {} prefilled",
+                file.display(),
+                whole_tokens - cached
+            );
+            assert!(
+                got_stats.contains(&line),
+                "{name} raw={raw}: {got_stats}\nwant {line}"
             );
         }
     }
@@ -140,18 +159,6 @@ fn files_of_another_model_or_damaged_are_refused() {
         mine.to_str().unwrap(),
     ]);
     assert_error(&out, &["--system-prompt", "cache-prompt"]);
-    // A raw prefix is not continued through the template, nor the other way round.
-    let out = run(&[
-        "generate",
-        "--model",
-        model.to_str().unwrap(),
-        "--prompt",
-        REST,
-        "--ignore-chat-template",
-        "--prompt-cache-file",
-        mine.to_str().unwrap(),
-    ]);
-    assert_error(&out, &["--ignore-chat-template"]);
 }
 
 #[test]
@@ -161,10 +168,36 @@ fn out_is_never_overwritten_without_force() {
     let out = dir.path().join("notes.safetensors");
     std::fs::write(&out, "mine").unwrap();
     assert_error(&cache_prompt(&model, &out, &[]), &["--out", "--force"]);
+    // --force replaces only an earlier prompt-cache file, never a file of the user's.
+    assert_error(
+        &cache_prompt(&model, &out, &["--force"]),
+        &["notes.safetensors"],
+    );
     assert_eq!(std::fs::read_to_string(&out).unwrap(), "mine");
-    let forced = cache_prompt(&model, &out, &["--force"]);
+
+    let cache = dir.path().join("cache.safetensors");
+    let made = cache_prompt(&model, &cache, &[]);
+    assert!(made.status.success(), "{}", stderr(&made));
+    let first = std::fs::read(&cache).unwrap();
+    assert_error(&cache_prompt(&model, &cache, &[]), &["--out", "--force"]);
+    assert_eq!(std::fs::read(&cache).unwrap(), first);
+    let forced = run(&[
+        "cache-prompt",
+        "--model",
+        model.to_str().unwrap(),
+        "--prompt",
+        "Another prefix entirely",
+        "--out",
+        cache.to_str().unwrap(),
+        "--force",
+    ]);
     assert!(forced.status.success(), "{}", stderr(&forced));
-    assert_ne!(std::fs::read(&out).unwrap(), b"mine");
-    // Nothing but the file itself is left in the folder (no temporary file).
-    assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1);
+    assert_ne!(std::fs::read(&cache).unwrap(), first);
+    // No temporary file is left behind.
+    let mut names: Vec<String> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    assert_eq!(names, ["cache.safetensors", "notes.safetensors"]);
 }
