@@ -47,8 +47,8 @@ pub fn load(path: &Path, checkpoint: &Checkpoint, model: &Model) -> Result<(Vec<
 
 /// An error naming `path` unless it is a readable file.
 pub fn check_readable(path: &Path) -> Result<()> {
-    std::fs::File::open(path)
-        .and_then(|f| f.metadata())
+    // Not opened: a FIFO would block the open.
+    std::fs::metadata(path)
         .with_context(|| format!("cannot read prompt cache {}", path.display()))
         .and_then(|m| {
             if m.is_file() {
