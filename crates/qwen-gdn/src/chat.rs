@@ -214,7 +214,12 @@ impl Session<'_> {
             return Err(e);
         }
         finished?;
-        self.conversation.push_assistant(&reply);
+        if outcome.generated == 0 {
+            // Stopped during the prefill: nothing was said, so the message is taken back.
+            self.conversation.pop();
+        } else {
+            self.conversation.push_assistant(&reply);
+        }
         match outcome.finish {
             FinishReason::Cancelled => eprint_line("(reply stopped)"),
             FinishReason::ContextFull => eprint_line(&format!(

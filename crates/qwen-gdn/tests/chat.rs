@@ -193,11 +193,14 @@ fn save_never_overwrites_and_bad_commands_keep_the_session() {
     let mine = dir.path().join("mine.json");
     std::fs::write(&mine, "my notes\n").unwrap();
     let fresh = dir.path().join("fresh.json");
+    // More tokens than the tiny models' 4096 positions.
+    let too_long = "word ".repeat(5000);
     let out = chat(
         &model,
         &[],
         &[
             "/frobnicate",
+            &too_long,
             "Hi",
             &format!("/save {}", mine.display()),
             "/save",
@@ -213,13 +216,18 @@ fn save_never_overwrites_and_bad_commands_keep_the_session() {
     // The user's file is untouched; the refusal says so and names it.
     assert_eq!(std::fs::read_to_string(&mine).unwrap(), "my notes\n");
     let errors: Vec<&str> = err.lines().filter(|l| l.starts_with("error: ")).collect();
-    assert_eq!(errors.len(), 4, "{err}");
+    assert_eq!(errors.len(), 5, "{err}");
     assert!(errors[0].contains("/frobnicate"), "{err}");
     assert!(
-        errors[1].contains("already exists") && errors[1].contains("mine.json"),
+        errors[1].contains("the conversation") && errors[1].contains("max_position_embeddings"),
         "{err}"
     );
-    // Both replies came (the session outlived every bad command) and /exit ended it.
+    assert!(
+        errors[2].contains("already exists") && errors[2].contains("mine.json"),
+        "{err}"
+    );
+    // Both replies came (the session outlived every bad input; the long message was taken
+    // back) and /exit ended it.
     assert_eq!(prompt_stats(&err).len(), 2, "{err}");
     let messages = read_json(&fresh);
     let roles: Vec<&str> = messages
