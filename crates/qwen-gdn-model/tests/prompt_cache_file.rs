@@ -70,7 +70,7 @@ fn save_then_load_continues_exactly() {
 fn load_error(path: &Path, model: &Model, id: &ModelIdentity) -> String {
     let err = format!(
         "{:#}",
-        load_cache(path, model, id).err().expect("load must fail")
+        load_cache(path, model, id).expect_err("load must fail")
     );
     assert!(!err.contains('\n'), "not one line: {err}");
     assert!(

@@ -5,12 +5,14 @@
 //! ([`crate::prompt_split`]).
 
 use crate::chat_template::ChatTemplate;
+use crate::engine::Engine;
 use crate::load::ModelArgs;
 use crate::output::eprint_line;
 use crate::prompt_cache_file;
 use crate::prompt_split;
 use crate::template_args::TemplateArgs;
 use anyhow::{bail, Context, Result};
+use qwen_gdn_model::PromptCache;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Instant;
@@ -89,10 +91,17 @@ pub fn run(args: Args) -> Result<ExitCode> {
     // A later prompt must still fit after it.
     limit.check_fits(ids.len() + 1, &what)?;
     let model = args.model.load_model(&checkpoint, ids.len() + 1)?;
+    // One prompt, saved: the prompt cache itself keeps nothing.
+    let mut engine = Engine::new(
+        checkpoint,
+        model,
+        args.model.prefill_chunk_size,
+        PromptCache::new(0),
+        None,
+    )?;
     let start = Instant::now();
-    let cache = prompt_cache_file::prefill(&model, &ids, args.model.prefill_chunk_size)?;
+    prompt_cache_file::prefill_and_save(&mut engine, &ids, &args.out)?;
     let prefill_time = start.elapsed();
-    prompt_cache_file::save(&args.out, &checkpoint, &model, &ids, &cache)?;
     let bytes = std::fs::metadata(&args.out).map_or(0, |m| m.len());
     eprint_line(&format!(
         "Cached {} prompt tokens ({:.3} tokens-per-sec) in {} ({:.1} MB)",

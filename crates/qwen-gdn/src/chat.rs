@@ -79,7 +79,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
         .model
         .load_model(&checkpoint, max_positions.min(PREFLIGHT_CONTEXT))?;
     let compile_time = model.warm_up()?;
-    let prompt_cache = args.prompt_cache.new_cache(model.device());
+    let prompt_cache = args.prompt_cache.prompt_cache(model.device());
     let mut session = Session {
         vars: args.template.vars(&checkpoint),
         template,
@@ -88,7 +88,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
             model,
             args.model.prefill_chunk_size,
             prompt_cache,
-            args.prompt_cache.snapshot_every,
+            args.prompt_cache.prompt_cache_every,
         )?,
         conversation: Conversation::new(args.template.system_prompt.clone()),
         style: if args.hide_thinking {

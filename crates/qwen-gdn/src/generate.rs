@@ -82,22 +82,27 @@ pub fn run(args: Args) -> Result<ExitCode> {
     let compile_time = model.warm_up()?;
     // One request: a prompt cache would only copy state that is never used again, except the
     // state a --prompt-cache-file brings, which the prompt continues.
-    let mut prompt_cache = PromptCache::new(0);
-    if let Some(path) = &args.prompt_cache_file {
-        let (cached, snapshot) = prompt_cache_file::load(path, &checkpoint, &model)?;
-        prompt_cache = PromptCache::new(u64::MAX);
-        prompt_ids.splice(0..0, cached.iter().copied());
-        prompt_cache.insert_owned(cached, snapshot)?;
-        let whole = format!("the prompt cache {} plus {what}", path.display());
-        limit.check_fits(prompt_ids.len(), &whole)?;
-    }
+    let budget = if args.prompt_cache_file.is_some() {
+        u64::MAX
+    } else {
+        0
+    };
     let mut engine = Engine::new(
         checkpoint,
         model,
         args.model.prefill_chunk_size,
-        prompt_cache,
+        PromptCache::new(budget),
         None,
     )?;
+    if let Some(path) = &args.prompt_cache_file {
+        let cached = engine.load_prompt_cache_file(path)?;
+        prompt_ids.splice(0..0, cached);
+        let whole = format!("the prompt cache {} plus {what}", path.display());
+        engine
+            .checkpoint()
+            .input_limit
+            .check_fits(prompt_ids.len(), &whole)?;
+    }
     let params = GenerateParams {
         max_tokens: args.sampling.max_tokens,
         sampler: args.sampling.sampler(),

@@ -1,48 +1,28 @@
 //! The command-line side of prompt-cache files: what `cache-prompt` prefills and writes, and
 //! how `generate --prompt-cache-file` puts a file's state in front of its own prompt. The file
 //! format and its checks against the model are the model crate's
-//! (`qwen_gdn_model::prompt_cache::{save_snapshot, load_snapshot}`).
+//! (`qwen_gdn_model::prompt_cache::{save_snapshot, load_snapshot}`); loading goes through
+//! `Engine::load_prompt_cache_file`.
 
 use crate::chat_template::ChatTemplate;
+use crate::engine::{Engine, PromptTokens};
 use crate::load::Checkpoint;
 use crate::prompt_split;
 use crate::template_args::TemplateArgs;
 use anyhow::{bail, Context, Result};
-use qwen_gdn_model::prompt_cache::{load_snapshot, save_snapshot, ModelIdentity, Snapshot};
-use qwen_gdn_model::{Cache, Model};
+use qwen_gdn_model::prompt_cache::save_snapshot;
 use std::path::Path;
+use std::sync::atomic::AtomicBool;
 
-/// The state after `tokens`, computed with the splits a prompt's end gets in `generate` (all
-/// but the last token in chunks, the last alone): a request resumed from it then runs the
-/// steps the prompt cache's own snapshots give.
-pub fn prefill(model: &Model, tokens: &[u32], chunk: usize) -> Result<Cache> {
-    let Some((last, head)) = tokens.split_last() else {
-        bail!("nothing to prefill");
-    };
-    let mut cache = model.new_cache();
-    for part in head.chunks(chunk) {
-        model.prefill(part, &mut cache, part.len())?;
-    }
-    model.forward_last(&[*last], &mut cache)?;
-    Ok(cache)
-}
-
-/// Writes the state of `cache` after `tokens` to `out` with the model's identity.
-pub fn save(
-    out: &Path,
-    checkpoint: &Checkpoint,
-    model: &Model,
-    tokens: &[u32],
-    cache: &Cache,
-) -> Result<()> {
-    let identity = ModelIdentity::of(&checkpoint.dir, model)?;
-    save_snapshot(out, tokens, cache, &identity)
-}
-
-/// The tokens and the state a file holds, refused unless `model` made it.
-pub fn load(path: &Path, checkpoint: &Checkpoint, model: &Model) -> Result<(Vec<u32>, Snapshot)> {
-    let identity = ModelIdentity::of(&checkpoint.dir, model)?;
-    load_snapshot(path, model, &identity)
+/// Prefills `tokens` as `generate` prefills a prompt (all but the last token in chunks, the
+/// last alone: a request resumed from the file then runs the steps the prompt cache's own
+/// snapshots give) and writes the state after them to `out`, with the model's identity.
+pub fn prefill_and_save(engine: &mut Engine, tokens: &[u32], out: &Path) -> Result<()> {
+    let never = AtomicBool::new(false);
+    let cache = engine
+        .prompt_state(&PromptTokens::plain(tokens.to_vec()), &never)?
+        .context("the prefill was cancelled")?;
+    save_snapshot(out, tokens, &cache, &engine.identity()?)
 }
 
 /// An error naming `path` unless it is a readable file.
