@@ -4,10 +4,10 @@
 //! eviction keeps the byte budget.
 
 mod common;
-use candle_core::Tensor;
+use candle_core::{DType, Tensor};
 use common::*;
 use qwen_gdn_model::cache::LayerCache;
-use qwen_gdn_model::{prefill_with_snapshots, Cache, Model, PromptCache};
+use qwen_gdn_model::{prefill_with_snapshots, Cache, LoadOptions, Model, Plan, PromptCache};
 
 const CHUNK: usize = 16;
 const DECODE: usize = 8;
@@ -113,52 +113,70 @@ fn second_request_sharing_a_system_prompt_is_exact() {
 #[test]
 fn multi_turn_chat_whose_template_rewrites_history_is_exact() {
     for name in CHECKPOINTS {
-        let model = load(name);
-        let system = text(&model, 11, 30);
-        let user1 = text(&model, 12, 20);
-        let header = text(&model, 13, 3); // <|im_start|>assistant\n
-        let think = text(&model, 14, 2); // <think>\n
-        let turn1: Vec<u32> = [&system[..], &user1, &header, &think].concat();
-        let b1 = vec![system.len(), system.len() + user1.len()];
-        let mut pc = PromptCache::new(BIG);
-        let reply1 = request(&model, &mut pc, &turn1, &b1, None).tokens;
-
-        // History as the template writes it: the reply without the reasoning it began with.
-        let answer1 = &reply1[DECODE / 2..];
-        let user2 = text(&model, 15, 17);
-        let turn2: Vec<u32> = [
-            &system[..],
-            &user1,
-            &header,
-            answer1,
-            &user2,
-            &header,
-            &think,
-        ]
-        .concat();
-        let end_of_user1 = system.len() + user1.len();
-        let end_of_answer1 = end_of_user1 + header.len() + answer1.len();
-        let end_of_user2 = end_of_answer1 + user2.len();
-        let b2 = vec![system.len(), end_of_user1, end_of_answer1, end_of_user2];
-        let got = request(&model, &mut pc, &turn2, &b2, None);
-        assert_eq!(
-            got.cached, end_of_user1,
-            "{name}: turn 2 resumes mid-history"
-        );
-        assert_same(name, "turn 2", &got, &uncached(&model, &turn2, &b2, None));
-
-        let user3 = text(&model, 16, 11);
-        let turn3: Vec<u32> = [&turn2[..], &got.tokens, &user3, &header, &think].concat();
-        let mut b3 = b2.clone();
-        b3.extend([turn2.len(), turn2.len() + DECODE + user3.len()]);
-        let got3 = request(&model, &mut pc, &turn3, &b3, None);
-        assert_eq!(
-            got3.cached,
-            turn2.len(),
-            "{name}: turn 3 resumes at turn 2's end"
-        );
-        assert_same(name, "turn 3", &got3, &uncached(&model, &turn3, &b3, None));
+        multi_turn_chat(name, &load(name));
     }
+}
+
+/// The same on the device plan (bf16 activations; the CPU, or the GPU with
+/// `QWEN_GDN_TEST_DEVICE=cuda`), whose decode steps run the fused kernels.
+#[test]
+fn multi_turn_chat_is_exact_on_the_device_plan() {
+    let opts = LoadOptions {
+        dtype: DType::BF16,
+        ..LoadOptions::default()
+    };
+    for name in CHECKPOINTS {
+        let model = load_on(name, &opts, &device_under_test());
+        assert_eq!(model.plan(), Plan::Device);
+        multi_turn_chat(name, &model);
+    }
+}
+
+fn multi_turn_chat(name: &str, model: &Model) {
+    let system = text(model, 11, 30);
+    let user1 = text(model, 12, 20);
+    let header = text(model, 13, 3); // <|im_start|>assistant\n
+    let think = text(model, 14, 2); // <think>\n
+    let turn1: Vec<u32> = [&system[..], &user1, &header, &think].concat();
+    let b1 = vec![system.len(), system.len() + user1.len()];
+    let mut pc = PromptCache::new(BIG);
+    let reply1 = request(model, &mut pc, &turn1, &b1, None).tokens;
+
+    // History as the template writes it: the reply without the reasoning it began with.
+    let answer1 = &reply1[DECODE / 2..];
+    let user2 = text(model, 15, 17);
+    let turn2: Vec<u32> = [
+        &system[..],
+        &user1,
+        &header,
+        answer1,
+        &user2,
+        &header,
+        &think,
+    ]
+    .concat();
+    let end_of_user1 = system.len() + user1.len();
+    let end_of_answer1 = end_of_user1 + header.len() + answer1.len();
+    let end_of_user2 = end_of_answer1 + user2.len();
+    let b2 = vec![system.len(), end_of_user1, end_of_answer1, end_of_user2];
+    let got = request(model, &mut pc, &turn2, &b2, None);
+    assert_eq!(
+        got.cached, end_of_user1,
+        "{name}: turn 2 resumes mid-history"
+    );
+    assert_same(name, "turn 2", &got, &uncached(model, &turn2, &b2, None));
+
+    let user3 = text(model, 16, 11);
+    let turn3: Vec<u32> = [&turn2[..], &got.tokens, &user3, &header, &think].concat();
+    let mut b3 = b2.clone();
+    b3.extend([turn2.len(), turn2.len() + DECODE + user3.len()]);
+    let got3 = request(model, &mut pc, &turn3, &b3, None);
+    assert_eq!(
+        got3.cached,
+        turn2.len(),
+        "{name}: turn 3 resumes at turn 2's end"
+    );
+    assert_same(name, "turn 3", &got3, &uncached(model, &turn3, &b3, None));
 }
 
 /// (c) A prefix that ends between two snapshots resumes from the earlier one; a long prompt

@@ -185,6 +185,11 @@ impl Engine {
             tokens: Vec::new(),
         };
         let (head, last) = ids.split_at(ids.len() - 1);
+        if params.max_tokens == 0 {
+            // The prompt is cached; nothing to generate.
+            outcome.finish = FinishReason::Length;
+            return Ok(outcome);
+        }
 
         let mut sampler = Sampler::new(params.sampler.clone(), params.seed);
         let mut stream = TokenStream::new(&self.checkpoint.tokenizer);
@@ -228,7 +233,7 @@ impl Engine {
             if cancel.load(Ordering::Relaxed) {
                 break FinishReason::Cancelled;
             }
-            if outcome.generated == params.max_tokens {
+            if outcome.generated >= params.max_tokens {
                 break FinishReason::Length;
             }
             if cache.offset >= max_positions {
