@@ -99,6 +99,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
             ThinkingStyle::Plain
         },
         turns: 0,
+        stdout_closed: false,
         args: &args,
     };
     install_ctrl_c()?;
@@ -145,6 +146,9 @@ pub fn run(args: Args) -> Result<ExitCode> {
                 if let Err(e) = session.turn(&text) {
                     eprint_line(&format!("error: {}", one_line(&e)));
                 }
+                if session.stdout_closed {
+                    break;
+                }
             }
         }
     }
@@ -158,6 +162,8 @@ struct Session<'a> {
     conversation: Conversation,
     style: ThinkingStyle,
     turns: u64,
+    /// Set once stdout is closed: the session ends after the turn that found it so.
+    stdout_closed: bool,
     args: &'a Args,
 }
 
@@ -199,6 +205,8 @@ impl Session<'_> {
             .generate(&prompt, &params, &CANCEL, &mut |piece| {
                 reply.push_str(piece);
                 match display.push(piece) {
+                    // stdout closed (e.g. `| head`): nobody reads the rest.
+                    Ok(()) if !display.is_open() => ControlFlow::Break(()),
                     Ok(()) => ControlFlow::Continue(()),
                     Err(e) => {
                         display_error = Some(e);
@@ -208,6 +216,7 @@ impl Session<'_> {
             });
         GENERATING.store(false, Ordering::SeqCst);
         let finished = display.finish();
+        self.stdout_closed = !display.is_open();
         drop(display);
         let outcome = outcome?;
         if let Some(e) = display_error {
@@ -221,7 +230,8 @@ impl Session<'_> {
             self.conversation.push_assistant(&reply);
         }
         match outcome.finish {
-            FinishReason::Cancelled => eprint_line("(reply stopped)"),
+            FinishReason::Cancelled if !self.stdout_closed => eprint_line("(reply stopped)"),
+            FinishReason::Cancelled => {}
             FinishReason::ContextFull => eprint_line(&format!(
                 "(the context is full: {max_positions} positions; /reset starts over)"
             )),

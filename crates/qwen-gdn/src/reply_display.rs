@@ -72,6 +72,11 @@ impl<W: Write> ReplyDisplay<W> {
         }
     }
 
+    /// False once stdout is closed (`| head`): nothing more will be shown.
+    pub fn is_open(&self) -> bool {
+        self.open
+    }
+
     /// Writes what is held back and ends the reply with a newline.
     pub fn finish(&mut self) -> Result<()> {
         let rest = std::mem::take(&mut self.held);
