@@ -144,3 +144,74 @@ pub fn gated_delta_update_masked(
         other => bail!("gated_delta_update: no kernel for device {other:?} yet"),
     }
 }
+
+// ---- Chunked prefill on the GPUs: kernels/gated_delta_chunk.{metal,cu} -------------------
+// (metal_chunked.rs, cuda_chunked.rs, and their shared chunk/tail split in chunked.rs.)
+
+#[cfg(any(feature = "metal", target_os = "macos", feature = "cuda"))]
+mod chunked;
+#[cfg(feature = "cuda")]
+pub mod cuda_chunked;
+#[cfg(any(feature = "metal", target_os = "macos"))]
+pub mod metal_chunked;
+
+/// As [`gated_delta_update_masked`], through the chunked (WY/UT) form on a GPU that has a
+/// chunk kernel for these dims: full chunks of 64 tokens as matrix products, the tail through
+/// the recurrence. Same contract and results (within f32 summation order); elsewhere, and for
+/// dims the chunk kernels do not take (with a one-line notice), the recurrence itself.
+pub fn gated_delta_update_chunked(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    g: &Tensor,
+    beta: &Tensor,
+    state: &Tensor,
+    mask: Option<&Tensor>,
+) -> Result<Tensor> {
+    let inputs = Inputs {
+        q,
+        k,
+        v,
+        g,
+        beta,
+        mask,
+    };
+    let dims = GdnDims::of(&inputs, state)?;
+    match state.device() {
+        #[cfg(any(feature = "metal", target_os = "macos"))]
+        Device::Metal(_) if metal_chunked::supports(&dims) => {
+            if let Some(m) = mask {
+                ensure!(
+                    m.dims() == [dims.batch, dims.steps],
+                    "gated_delta_update: mask {:?}, expected {:?}",
+                    m.dims(),
+                    [dims.batch, dims.steps]
+                );
+            }
+            metal_chunked::gated_delta_update(dims, &inputs, state)
+        }
+        #[cfg(feature = "cuda")]
+        Device::Cuda(_) if cuda_chunked::supports(&dims) => {
+            if let Some(m) = mask {
+                ensure!(
+                    m.dims() == [dims.batch, dims.steps],
+                    "gated_delta_update: mask {:?}, expected {:?}",
+                    m.dims(),
+                    [dims.batch, dims.steps]
+                );
+            }
+            cuda_chunked::gated_delta_update(dims, &inputs, state)
+        }
+        Device::Metal(_) | Device::Cuda(_) => {
+            static NOTICE: std::sync::Once = std::sync::Once::new();
+            NOTICE.call_once(|| {
+                eprintln!(
+                    "note: no chunked gated-delta kernel for key dim {} / value dim {}; prefill runs the recurrence",
+                    dims.key_dim, dims.value_dim
+                )
+            });
+            gated_delta_update_masked(q, k, v, g, beta, state, mask)
+        }
+        Device::Cpu => gated_delta_update_masked(q, k, v, g, beta, state, mask),
+    }
+}
