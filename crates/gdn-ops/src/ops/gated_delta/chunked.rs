@@ -6,7 +6,7 @@
 //! The state is rounded to its dtype once per call, as with the recurrence alone: a bf16 state
 //! that goes through both kernels is widened to an f32 copy for them and rounded back once.
 
-use super::{gated_delta_update_masked, GdnDims, Inputs};
+use super::{gated_delta_update_in, GdnDims, GdnForm, Inputs};
 use anyhow::Result;
 use candle_core::{DType, Tensor};
 
@@ -63,7 +63,7 @@ pub(crate) fn split_update(
         mask,
     } = *inputs;
     if chunks == 0 {
-        return gated_delta_update_masked(q, k, v, g, beta, state, mask);
+        return gated_delta_update_in(GdnForm::Recurrent, q, k, v, g, beta, state, mask);
     }
     if tail == 0 {
         return run_chunks(inputs, state, chunks);
@@ -77,7 +77,8 @@ pub(crate) fn split_update(
     let y = run_chunks(inputs, &work, chunks)?;
     let rest = |t: &Tensor| t.narrow(1, done, tail)?.contiguous();
     let mask_tail = mask.map(rest).transpose()?;
-    let y_tail = gated_delta_update_masked(
+    let y_tail = gated_delta_update_in(
+        GdnForm::Recurrent,
         &rest(q)?,
         &rest(k)?,
         &rest(v)?,
