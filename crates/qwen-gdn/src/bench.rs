@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 use tokenizers::Tokenizer;
 
 /// Seed of the random prompt: every run and every repetition uses the same token ids.
-const PROMPT_SEED: u64 = 0;
+pub(crate) const PROMPT_SEED: u64 = 0;
 
 #[derive(clap::Args)]
 #[command(
@@ -66,9 +66,23 @@ pub struct Args {
     /// Print one JSON object (keys below) instead of the table
     #[arg(long)]
     json: bool,
+    /// The prompt-cache scenario instead of pp/tg: time to first token of a -p-token request
+    /// that shares its first N tokens with an earlier one (resumed from the prompt cache),
+    /// against the same request with an empty cache (-g is not used)
+    #[arg(long, value_name = "N", value_parser = positive_usize)]
+    prompt_cache: Option<usize>,
 }
 
 pub fn run(args: Args) -> Result<ExitCode> {
+    if let Some(shared) = args.prompt_cache {
+        return crate::bench_prompt_cache::run(
+            &args.model,
+            args.prompt_tokens,
+            shared,
+            args.repetitions,
+            args.json,
+        );
+    }
     let checkpoint = args.model.open()?;
     let (p, g) = (args.prompt_tokens, args.gen_tokens);
     let what = format!("-p {p} plus -g {g}");
@@ -166,7 +180,7 @@ fn repetition(
 }
 
 /// The backend column: the device the forward passes run on.
-fn backend_name(device: &Device) -> &'static str {
+pub(crate) fn backend_name(device: &Device) -> &'static str {
     match device {
         Device::Cpu => "cpu",
         Device::Cuda(_) => "cuda",
@@ -186,7 +200,7 @@ fn greedy(model: &Model, logits: &Tensor, seen: &[u32], chunk: usize) -> Result<
 
 /// Random prompt ids stay below the first special token (so that the prompt is ordinary text,
 /// as in a real prompt) and below the model's vocab_size.
-fn token_bound(tokenizer: &Tokenizer, vocab_size: usize) -> u32 {
+pub(crate) fn token_bound(tokenizer: &Tokenizer, vocab_size: usize) -> u32 {
     let vocab = u32::try_from(vocab_size).unwrap_or(u32::MAX);
     let first_special = tokenizer
         .get_added_tokens_decoder()
@@ -201,7 +215,7 @@ fn token_bound(tokenizer: &Tokenizer, vocab_size: usize) -> u32 {
 }
 
 /// The dtype the GDN states of a fresh cache are stored in (f32 for a model without GDN).
-fn gdn_state_dtype(model: &Model) -> StateDtype {
+pub(crate) fn gdn_state_dtype(model: &Model) -> StateDtype {
     model
         .new_cache()
         .layers
@@ -218,16 +232,16 @@ fn rate(tokens: usize, time: Duration) -> f64 {
 }
 
 #[derive(serde::Serialize)]
-struct Stats {
-    median: f64,
-    stddev: f64,
-    min: f64,
-    max: f64,
-    samples: Vec<f64>,
+pub(crate) struct Stats {
+    pub(crate) median: f64,
+    pub(crate) stddev: f64,
+    pub(crate) min: f64,
+    pub(crate) max: f64,
+    pub(crate) samples: Vec<f64>,
 }
 
 impl Stats {
-    fn new(samples: Vec<f64>) -> Self {
+    pub(crate) fn new(samples: Vec<f64>) -> Self {
         let mut sorted = samples.clone();
         sorted.sort_by(f64::total_cmp);
         let n = sorted.len();
@@ -253,7 +267,7 @@ impl Stats {
 }
 
 /// Bytes of the checkpoint's weight files (symlinks followed, as in the HF cache).
-fn checkpoint_size(dir: &Path) -> Result<u64> {
+pub(crate) fn checkpoint_size(dir: &Path) -> Result<u64> {
     let mut total = 0;
     let entries =
         std::fs::read_dir(dir).with_context(|| format!("cannot list {}", dir.display()))?;
@@ -269,14 +283,14 @@ fn checkpoint_size(dir: &Path) -> Result<u64> {
 }
 
 /// The folder or repo name, without the parent path or the org.
-fn display_name(model: &str) -> String {
+pub(crate) fn display_name(model: &str) -> String {
     let trimmed = model.trim_end_matches('/');
     Path::new(trimmed)
         .file_name()
         .map_or(trimmed.to_string(), |n| n.to_string_lossy().into_owned())
 }
 
-fn human_size(bytes: u64) -> String {
+pub(crate) fn human_size(bytes: u64) -> String {
     const UNITS: [&str; 4] = ["B", "KiB", "MiB", "GiB"];
     let mut value = bytes as f64;
     let mut unit = 0;
@@ -290,10 +304,10 @@ fn human_size(bytes: u64) -> String {
 /// llama-bench's Markdown table.
 fn table(model: &str, size: u64, backend: &str, rows: &[(String, &Stats)]) -> String {
     let header = ["model", "size", "backend", "test", "t/s", "min – max"];
-    let body: Vec<[String; 6]> = rows
+    let body: Vec<Vec<String>> = rows
         .iter()
         .map(|(test, s)| {
-            [
+            vec![
                 model.to_string(),
                 human_size(size),
                 backend.to_uppercase(),
@@ -303,6 +317,15 @@ fn table(model: &str, size: u64, backend: &str, rows: &[(String, &Stats)]) -> St
             ]
         })
         .collect();
+    markdown_table(&header, &body, |i| i == 1 || i >= 4)
+}
+
+/// A Markdown table with padded columns; `right(i)`: column i holds numbers, right-aligned.
+pub(crate) fn markdown_table(
+    header: &[&str],
+    body: &[Vec<String>],
+    right: impl Fn(usize) -> bool,
+) -> String {
     let width = |i: usize| {
         body.iter()
             .map(|r| r[i].chars().count())
@@ -311,8 +334,6 @@ fn table(model: &str, size: u64, backend: &str, rows: &[(String, &Stats)]) -> St
             .unwrap_or(0)
     };
     let widths: Vec<usize> = (0..header.len()).map(width).collect();
-    // Text columns left-aligned, numbers right-aligned.
-    let right = |i: usize| i == 1 || i >= 4;
     let cell = |i: usize, text: &str| {
         let pad = widths[i] - text.chars().count();
         if right(i) {
@@ -336,7 +357,7 @@ fn table(model: &str, size: u64, backend: &str, rows: &[(String, &Stats)]) -> St
             })
             .collect(),
     );
-    for row in &body {
+    for row in body {
         text += &line((0..row.len()).map(|i| cell(i, &row[i])).collect());
     }
     text

@@ -6,6 +6,7 @@ use crate::chat_template::ChatTemplate;
 use crate::engine::{Engine, GenerateParams, PromptTokens};
 use crate::load::{Checkpoint, ModelArgs};
 use crate::output::{emit, eprint_line};
+use crate::prompt_cache_file;
 use crate::sampling_args::SamplingArgs;
 use crate::template_args::TemplateArgs;
 use anyhow::{bail, Context, Result};
@@ -35,6 +36,10 @@ pub struct Args {
     /// Read the prompt from this file
     #[arg(long, value_name = "FILE")]
     prompt_file: Option<PathBuf>,
+    /// Start from the prompt cache this file holds (made by `qwen-gdn cache-prompt`): the
+    /// prompt continues it
+    #[arg(long, value_name = "FILE")]
+    prompt_cache_file: Option<PathBuf>,
     #[command(flatten)]
     sampling: SamplingArgs,
     #[command(flatten)]
@@ -61,21 +66,43 @@ pub fn run(args: Args) -> Result<ExitCode> {
         args.prompt_file.as_deref(),
         "--prompt",
     )?;
-    let prompt_ids = encode_prompt(&args, &checkpoint, &prompt, &what)?;
+    let mut prompt_ids = match &args.prompt_cache_file {
+        Some(path) => {
+            // Before gigabytes of weights are loaded for nothing.
+            prompt_cache_file::check_readable(path)?;
+            prompt_cache_file::continuation(&args.template, &checkpoint, &prompt, &what)?
+        }
+        None => encode_prompt(&args, &checkpoint, &prompt, &what)?,
+    };
     limit.check_fits(prompt_ids.len(), &what)?;
     let model = args
         .model
         .load_model(&checkpoint, prompt_ids.len() + args.sampling.max_tokens)?;
     // GPU shader compilation, before the prompt's clock starts; reported on its own.
     let compile_time = model.warm_up()?;
-    // One request: a prompt cache would only copy state that is never used again.
+    // One request: a prompt cache would only copy state that is never used again, except the
+    // state a --prompt-cache-file brings, which the prompt continues.
+    let budget = if args.prompt_cache_file.is_some() {
+        u64::MAX
+    } else {
+        0
+    };
     let mut engine = Engine::new(
         checkpoint,
         model,
         args.model.prefill_chunk_size,
-        PromptCache::new(0),
+        PromptCache::new(budget),
         None,
     )?;
+    if let Some(path) = &args.prompt_cache_file {
+        let cached = engine.load_prompt_cache_file(path)?;
+        prompt_ids.splice(0..0, cached);
+        let whole = format!("the prompt cache {} plus {what}", path.display());
+        engine
+            .checkpoint()
+            .input_limit
+            .check_fits(prompt_ids.len(), &whole)?;
+    }
     let params = GenerateParams {
         max_tokens: args.sampling.max_tokens,
         sampler: args.sampling.sampler(),
@@ -116,6 +143,14 @@ pub fn run(args: Args) -> Result<ExitCode> {
                 "Warm-up (GPU kernel compilation): {:.3} s",
                 compile_time.as_secs_f64()
             );
+        }
+        if let Some(path) = &args.prompt_cache_file {
+            eprint_line(&format!(
+                "Prompt cache: {} tokens from {}, {} prefilled",
+                outcome.cached_tokens,
+                path.display(),
+                outcome.prefilled_tokens
+            ));
         }
         print_stats(
             outcome.prompt_tokens,

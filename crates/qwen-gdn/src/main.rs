@@ -3,9 +3,15 @@
 
 mod arg_ranges;
 mod bench;
+mod bench_prompt_cache;
 mod bf16_fallback;
+mod cache_prompt;
+mod chat;
+mod chat_command;
+mod chat_input;
 mod chat_template;
 mod compare_state;
+mod conversation;
 // The API `chat` and `serve` build on; `generate` uses part of it.
 #[allow(dead_code)]
 mod engine;
@@ -20,18 +26,20 @@ mod preflight;
 mod process;
 mod progress;
 // Used by `serve` (issue 16); the allow goes when it is wired in.
+mod prompt_cache_args;
+mod prompt_cache_file;
+mod prompt_split;
 #[allow(dead_code)]
 mod reasoning;
-#[allow(dead_code)] // for chat and serve
-mod prompt_cache_args;
+mod reply_display;
 mod sampler;
 mod sampling_args;
 mod stream;
 #[allow(dead_code)]
 mod tag_scan;
+mod template_args;
 #[allow(dead_code, unused_imports)]
 mod tool_calls;
-mod template_args;
 
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
@@ -55,6 +63,11 @@ enum Command {
     Eval(eval::Args),
     /// Measure prompt and generation speed and peak memory (like llama-bench).
     Bench(bench::Args),
+    /// Prefill a prompt once and save the cache to a file, for `generate --prompt-cache-file`
+    /// (like mlx_lm.cache_prompt).
+    CachePrompt(cache_prompt::Args),
+    /// Chat with the model in the terminal, keeping the conversation (like mlx_lm.chat).
+    Chat(chat::Args),
 }
 
 fn main() -> ExitCode {
@@ -80,6 +93,8 @@ fn main() -> ExitCode {
         Command::Generate(args) => generate::run(args),
         Command::Eval(args) => eval::run(args),
         Command::Bench(args) => bench::run(args),
+        Command::Chat(args) => chat::run(args),
+        Command::CachePrompt(args) => cache_prompt::run(args),
     };
     match result {
         Ok(code) => code,

@@ -117,3 +117,50 @@ fn errors() {
         &["-p 4000 plus -g 100", "max_position_embeddings"],
     );
 }
+
+/// The prompt-cache scenario: the cached request prefills exactly its own tokens (the bench
+/// itself refuses to report otherwise), and both times are positive.
+#[test]
+fn prompt_cache_scenario() {
+    let out = bench(&["-p", "40", "--prompt-cache", "29", "-r", "2", "--json"]);
+    assert!(out.status.success(), "stderr: {}", stderr(&out));
+    let report: Json = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(report["prompt_tokens"], 40);
+    assert_eq!(report["shared_tokens"], 29);
+    assert_eq!(report["cold"]["cached_tokens"], 0);
+    assert_eq!(report["cold"]["prefilled_tokens"], 40);
+    assert_eq!(report["cached"]["cached_tokens"], 29);
+    assert_eq!(report["cached"]["prefilled_tokens"], 11);
+    for key in ["cold", "cached"] {
+        let samples = report[key]["ttft_seconds"]["samples"].as_array().unwrap();
+        assert_eq!(samples.len(), 2, "{report}");
+        for s in samples {
+            positive_finite(s, key);
+        }
+    }
+    let speedup = positive_finite(&report["speedup"], "speedup");
+    let ratio = report["cold"]["ttft_seconds"]["median"].as_f64().unwrap()
+        / report["cached"]["ttft_seconds"]["median"].as_f64().unwrap();
+    assert!((speedup - ratio).abs() <= 1e-9 * ratio, "{report}");
+
+    let table = bench(&["-p", "8", "--prompt-cache", "5", "-r", "1"]);
+    assert!(table.status.success(), "stderr: {}", stderr(&table));
+    let text = String::from_utf8(table.stdout).unwrap();
+    let rows: Vec<&str> = text.lines().filter(|l| l.starts_with('|')).collect();
+    assert_eq!(rows.len(), 4, "{text}");
+    assert!(
+        rows[2].contains("ttft p8 cold") && rows[2].contains("|         8 |"),
+        "{text}"
+    );
+    assert!(
+        rows[3].contains("ttft p8 cached 5") && rows[3].contains("|         3 |"),
+        "{text}"
+    );
+    assert!(text.contains("speed-up of the cached request: "), "{text}");
+
+    assert_error(
+        &bench(&["-p", "8", "--prompt-cache", "8"]),
+        &["--prompt-cache 8", "-p 8"],
+    );
+    assert_error(&bench(&["--prompt-cache", "0"]), &["--prompt-cache", "'0'"]);
+}

@@ -1,0 +1,203 @@
+//! `cache-prompt` and `generate --prompt-cache-file`: a saved prefix continues exactly as the
+//! whole prompt would, and files that do not belong to the model are refused.
+
+mod common;
+
+use common::*;
+use std::path::Path;
+
+/// The cached prefix and the later prompt. They meet between two digits, which the Qwen
+/// pre-tokenizer always splits, so the two token sequences join into the whole prompt's.
+const PREFIX: &str = "Remember the code word. The code is 12";
+const REST: &str = "34 and nothing else.";
+
+fn cache_prompt(model: &Path, out: &Path, extra: &[&str]) -> std::process::Output {
+    let mut args = vec![
+        "cache-prompt",
+        "--model",
+        model.to_str().unwrap(),
+        "--prompt",
+        PREFIX,
+        "--out",
+        out.to_str().unwrap(),
+    ];
+    args.extend_from_slice(extra);
+    run(&args)
+}
+
+/// `generate` greedy: (text, stats on stderr).
+fn generate(model: &Path, prompt: &str, extra: &[&str]) -> (String, String) {
+    let mut args = vec![
+        "generate",
+        "--model",
+        model.to_str().unwrap(),
+        "--prompt",
+        prompt,
+        "--temp",
+        "0",
+        "--max-tokens",
+        "24",
+    ];
+    args.extend_from_slice(extra);
+    let out = run(&args);
+    assert!(out.status.success(), "{}", stderr(&out));
+    (
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr(&out),
+    )
+}
+
+fn prompt_tokens(stderr: &str) -> usize {
+    let line = stderr
+        .lines()
+        .find_map(|l| l.strip_prefix("Prompt: "))
+        .unwrap_or_else(|| panic!("no Prompt: in {stderr}"));
+    line.split_whitespace().next().unwrap().parse().unwrap()
+}
+
+#[test]
+fn a_saved_prefix_continues_as_the_whole_prompt() {
+    for name in [
+        "qwen3.5-tiny-4bit",
+        "qwen3-next-tiny-4bit",
+        "qwen3.5-moe-tiny-4bit",
+        "qwen3-next-tiny-bf16",
+        "qwen3.5-moe-tiny-hf",
+    ] {
+        let model = fixture(name);
+        let dir = tempfile::tempdir().unwrap();
+        let whole = format!("{PREFIX}{REST}");
+        for raw in [false, true] {
+            let file = dir.path().join(format!("prefix-{raw}.safetensors"));
+            let flags: &[&str] = if raw {
+                &["--ignore-chat-template"]
+            } else {
+                &[]
+            };
+            let made = cache_prompt(&model, &file, flags);
+            assert!(made.status.success(), "{name}: {}", stderr(&made));
+            let (want, want_stats) = generate(&model, &whole, flags);
+            let (got, got_stats) = generate(
+                &model,
+                REST,
+                &[flags, &["--prompt-cache-file", file.to_str().unwrap()]].concat(),
+            );
+            assert_eq!(got, want, "{name} raw={raw}");
+            let whole_tokens = prompt_tokens(&want_stats);
+            assert_eq!(
+                prompt_tokens(&got_stats),
+                whole_tokens,
+                "{name} raw={raw}: {got_stats}"
+            );
+            // The file's tokens were not prefilled again: only the rest was.
+            let cached: usize = stderr(&made)
+                .lines()
+                .find_map(|l| l.strip_prefix("Cached "))
+                .and_then(|rest| rest.split_whitespace().next()?.parse().ok())
+                .unwrap_or_else(|| panic!("{}", stderr(&made)));
+            let line = format!(
+                "Prompt cache: {cached} tokens from {}, {} prefilled",
+                file.display(),
+                whole_tokens - cached
+            );
+            assert!(
+                got_stats.contains(&line),
+                "{name} raw={raw}: {got_stats}\nwant {line}"
+            );
+        }
+    }
+}
+
+#[test]
+fn files_of_another_model_or_damaged_are_refused() {
+    let model = fixture("qwen3.5-tiny-4bit");
+    let dir = tempfile::tempdir().unwrap();
+    let theirs = dir.path().join("other-model.safetensors");
+    let made = cache_prompt(&fixture("qwen3.5-moe-tiny-4bit"), &theirs, &[]);
+    assert!(made.status.success(), "{}", stderr(&made));
+    let use_file = |file: &Path| {
+        run(&[
+            "generate",
+            "--model",
+            model.to_str().unwrap(),
+            "--prompt",
+            REST,
+            "--prompt-cache-file",
+            file.to_str().unwrap(),
+        ])
+    };
+    assert_error(&use_file(&theirs), &["other-model.safetensors"]);
+
+    let mine = dir.path().join("mine.safetensors");
+    let made = cache_prompt(&model, &mine, &[]);
+    assert!(made.status.success(), "{}", stderr(&made));
+    let bytes = std::fs::read(&mine).unwrap();
+    for (what, damaged) in [
+        ("truncated", bytes[..bytes.len() / 2].to_vec()),
+        ("empty", Vec::new()),
+        ("garbage header", {
+            let mut b = bytes.clone();
+            b[8..40].fill(b'#');
+            b
+        }),
+    ] {
+        let file = dir.path().join(format!("{what}.safetensors"));
+        std::fs::write(&file, damaged).unwrap();
+        let out = use_file(&file);
+        assert_error(&out, &[file.file_name().unwrap().to_str().unwrap()]);
+    }
+    // The system prompt belongs to the cached prefix.
+    let out = run(&[
+        "generate",
+        "--model",
+        model.to_str().unwrap(),
+        "--prompt",
+        REST,
+        "--system-prompt",
+        "be brief",
+        "--prompt-cache-file",
+        mine.to_str().unwrap(),
+    ]);
+    assert_error(&out, &["--system-prompt", "cache-prompt"]);
+}
+
+#[test]
+fn out_is_never_overwritten_without_force() {
+    let model = fixture("qwen3.5-tiny-4bit");
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("notes.safetensors");
+    std::fs::write(&out, "mine").unwrap();
+    assert_error(&cache_prompt(&model, &out, &[]), &["--out", "--force"]);
+    // --force replaces only an earlier prompt-cache file, never a file of the user's.
+    assert_error(
+        &cache_prompt(&model, &out, &["--force"]),
+        &["notes.safetensors"],
+    );
+    assert_eq!(std::fs::read_to_string(&out).unwrap(), "mine");
+
+    let cache = dir.path().join("cache.safetensors");
+    let made = cache_prompt(&model, &cache, &[]);
+    assert!(made.status.success(), "{}", stderr(&made));
+    let first = std::fs::read(&cache).unwrap();
+    assert_error(&cache_prompt(&model, &cache, &[]), &["--out", "--force"]);
+    assert_eq!(std::fs::read(&cache).unwrap(), first);
+    let forced = run(&[
+        "cache-prompt",
+        "--model",
+        model.to_str().unwrap(),
+        "--prompt",
+        "Another prefix entirely",
+        "--out",
+        cache.to_str().unwrap(),
+        "--force",
+    ]);
+    assert!(forced.status.success(), "{}", stderr(&forced));
+    assert_ne!(std::fs::read(&cache).unwrap(), first);
+    // No temporary file is left behind.
+    let mut names: Vec<String> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    assert_eq!(names, ["cache.safetensors", "notes.safetensors"]);
+}
