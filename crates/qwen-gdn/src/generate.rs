@@ -256,7 +256,7 @@ fn encode_prompt(
 const TEMPLATE_OVERHEAD: usize = 1 << 20;
 
 /// bos_token, eos_token, ... of tokenizer_config.json, which transformers passes to templates.
-fn special_tokens(tokenizer_config: Option<&Json>) -> Map<String, Json> {
+pub(crate) fn special_tokens(tokenizer_config: Option<&Json>) -> Map<String, Json> {
     let mut vars = Map::new();
     for key in ["bos_token", "eos_token", "unk_token", "pad_token"] {
         let value = tokenizer_config.and_then(|c| c.get(key));
@@ -270,7 +270,7 @@ fn special_tokens(tokenizer_config: Option<&Json>) -> Map<String, Json> {
 
 /// Stop tokens: generation_config.json's eos_token_id, else config.json's, else the tokenizer's
 /// eos_token (mlx-lm's order).
-fn eos_ids(checkpoint: &Checkpoint, config_eos: &[u32]) -> Result<Vec<u32>> {
+pub(crate) fn eos_ids(checkpoint: &Checkpoint, config_eos: &[u32]) -> Result<Vec<u32>> {
     let path = checkpoint.dir.join("generation_config.json");
     if let Some(ids) = read_json_opt(&path)?.and_then(|g| g.get("eos_token_id").cloned()) {
         let ids = match &ids {
@@ -296,7 +296,7 @@ fn eos_ids(checkpoint: &Checkpoint, config_eos: &[u32]) -> Result<Vec<u32>> {
         .collect())
 }
 
-fn last_row(logits: &Tensor) -> Result<Vec<f32>> {
+pub(crate) fn last_row(logits: &Tensor) -> Result<Vec<f32>> {
     let rows = logits.dim(0)?;
     Ok(logits.i(rows - 1)?.to_dtype(DType::F32)?.to_vec1()?)
 }

@@ -16,6 +16,7 @@ mod preflight;
 mod process;
 mod progress;
 mod sampler;
+mod serve;
 mod stream;
 
 use clap::{Parser, Subcommand};
@@ -40,6 +41,8 @@ enum Command {
     Eval(eval::Args),
     /// Measure prompt and generation speed and peak memory (like llama-bench).
     Bench(bench::Args),
+    /// Serve the model over an OpenAI-compatible HTTP API (like mlx_lm.server, vLLM).
+    Serve(serve::Args),
 }
 
 fn main() -> ExitCode {
@@ -65,6 +68,7 @@ fn main() -> ExitCode {
         Command::Generate(args) => generate::run(args),
         Command::Eval(args) => eval::run(args),
         Command::Bench(args) => bench::run(args),
+        Command::Serve(args) => serve::run(args),
     };
     match result {
         Ok(code) => code,

@@ -1,0 +1,737 @@
+//! Request bodies of /v1/chat/completions and /v1/completions, and their validation into a
+//! [`JobSpec`]. Fields the server cannot honour (n > 1, logprobs, structured output) are 400s
+//! rather than silently ignored; numbers are checked against the ranges of `generate`'s flags.
+
+use super::error::ApiError;
+use super::job::{JobSpec, Prompt, Sampling};
+use serde::Deserialize;
+use serde_json::{Map, Value as Json};
+
+/// A string or a list of strings (`stop`, a completion `prompt`).
+#[derive(Deserialize, Debug)]
+#[serde(untagged)]
+pub enum OneOrMany {
+    One(String),
+    Many(Vec<String>),
+}
+
+impl OneOrMany {
+    fn into_vec(self) -> Vec<String> {
+        match self {
+            OneOrMany::One(s) => vec![s],
+            OneOrMany::Many(v) => v,
+        }
+    }
+}
+
+#[derive(Deserialize, Debug, Default)]
+pub struct StreamOptions {
+    pub include_usage: Option<bool>,
+}
+
+/// The fields both endpoints share.
+#[derive(Deserialize, Debug, Default)]
+pub struct Common {
+    pub model: Option<String>,
+    pub max_tokens: Option<u64>,
+    pub temperature: Option<f64>,
+    pub top_p: Option<f64>,
+    pub top_k: Option<i64>,
+    pub min_p: Option<f64>,
+    pub repetition_penalty: Option<f64>,
+    pub seed: Option<u64>,
+    pub stop: Option<OneOrMany>,
+    pub stream: Option<bool>,
+    pub stream_options: Option<StreamOptions>,
+    pub n: Option<u64>,
+    pub logprobs: Option<Json>,
+}
+
+#[derive(Deserialize, Debug)]
+#[serde(untagged)]
+pub enum Content {
+    Text(String),
+    Parts(Vec<ContentPart>),
+}
+
+#[derive(Deserialize, Debug)]
+pub struct ContentPart {
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub text: Option<String>,
+}
+
+#[derive(Deserialize, Debug)]
+pub struct Message {
+    pub role: String,
+    pub content: Option<Content>,
+    pub name: Option<String>,
+    pub tool_calls: Option<Vec<ToolCall>>,
+    pub tool_call_id: Option<String>,
+    pub reasoning_content: Option<String>,
+}
+
+#[derive(Deserialize, Debug)]
+pub struct ToolCall {
+    pub id: Option<String>,
+    pub function: FunctionCall,
+}
+
+#[derive(Deserialize, Debug)]
+pub struct FunctionCall {
+    pub name: String,
+    /// OpenAI sends the arguments as a JSON text; some clients send the object itself.
+    pub arguments: Json,
+}
+
+#[derive(Deserialize, Debug)]
+pub struct Tool {
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub function: FunctionDef,
+}
+
+#[derive(Deserialize, Debug)]
+pub struct FunctionDef {
+    pub name: String,
+    pub description: Option<String>,
+    pub parameters: Option<Json>,
+}
+
+#[derive(Deserialize, Debug)]
+pub struct ChatRequest {
+    /// Read separately (serde's flatten would lose the path of a field at fault).
+    #[serde(skip)]
+    pub common: Common,
+    pub messages: Vec<Message>,
+    pub max_completion_tokens: Option<u64>,
+    pub tools: Option<Vec<Json>>,
+    pub tool_choice: Option<Json>,
+    pub chat_template_kwargs: Option<Map<String, Json>>,
+    pub response_format: Option<Json>,
+}
+
+#[derive(Deserialize, Debug)]
+pub struct CompletionRequest {
+    /// Read separately (serde's flatten would lose the path of a field at fault).
+    #[serde(skip)]
+    pub common: Common,
+    pub prompt: OneOrMany,
+    pub echo: Option<bool>,
+    pub suffix: Option<String>,
+    pub best_of: Option<u64>,
+}
+
+/// How a chat request wants tool calls handled.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ToolChoice {
+    /// No tools, or tool_choice "none": tools are not shown and output is never parsed for calls.
+    None,
+    Auto,
+    /// "required": the Qwen templates have no way to force a call; the tools are shown as
+    /// for "auto" (documented in the README).
+    Required,
+    /// A named function: only that tool is shown to the model.
+    Named(String),
+}
+
+/// A validated chat or completion request.
+#[derive(Debug)]
+pub struct Validated {
+    pub job: JobSpec,
+    pub stream: bool,
+    pub include_usage: bool,
+    /// Tool definitions the output parser types arguments by (empty when tool_choice is none).
+    pub tools: Vec<Json>,
+    pub tool_choice: ToolChoice,
+}
+
+/// Server-wide settings requests are checked against.
+pub struct Limits {
+    /// Names accepted in `model`.
+    pub model_names: Vec<String>,
+    pub default_max_tokens: usize,
+    /// Bytes of prompt text beyond which no prompt can fit the context (input.rs): checked
+    /// before anything is tokenized.
+    pub max_prompt_bytes: u64,
+    pub context: usize,
+}
+
+/// A request type that embeds [`Common`].
+pub trait WithCommon: for<'de> Deserialize<'de> {
+    fn set_common(&mut self, common: Common);
+}
+
+impl WithCommon for ChatRequest {
+    fn set_common(&mut self, common: Common) {
+        self.common = common;
+    }
+}
+
+impl WithCommon for CompletionRequest {
+    fn set_common(&mut self, common: Common) {
+        self.common = common;
+    }
+}
+
+/// Parses a body, naming the field at fault when it does not match the expected type.
+pub fn parse<T: WithCommon>(body: &[u8]) -> Result<T, ApiError> {
+    // Malformed JSON first, so its message is not mixed up with a type error.
+    let value: Json = serde_json::from_slice(body)
+        .map_err(|e| ApiError::invalid(format!("the request body is not valid JSON: {e}")))?;
+    if !value.is_object() {
+        return Err(ApiError::invalid("the request body must be a JSON object"));
+    }
+    let common: Common = typed(&value)?;
+    let mut request: T = typed(&value)?;
+    request.set_common(common);
+    Ok(request)
+}
+
+fn typed<T: for<'de> Deserialize<'de>>(value: &Json) -> Result<T, ApiError> {
+    serde_path_to_error::deserialize(value).map_err(|e| {
+        let path = e.path().to_string();
+        let inner = e.into_inner();
+        if path == "." {
+            ApiError::invalid(format!("invalid request: {inner}"))
+        } else {
+            ApiError::invalid_param(&path, format!("invalid `{path}`: {inner}"))
+        }
+    })
+}
+
+fn check_model(common: &Common, limits: &Limits) -> Result<(), ApiError> {
+    match &common.model {
+        Some(m) if !limits.model_names.iter().any(|n| n == m) => Err(ApiError::model_not_found(m)),
+        _ => Ok(()),
+    }
+}
+
+fn range(param: &str, value: f64, ok: bool, what: &str) -> Result<f32, ApiError> {
+    if !ok || !value.is_finite() {
+        return Err(ApiError::invalid_param(
+            param,
+            format!("`{param}` = {value} is out of range: {what}"),
+        ));
+    }
+    Ok(value as f32)
+}
+
+fn sampling(c: &Common) -> Result<Sampling, ApiError> {
+    let temperature = c.temperature.unwrap_or(1.0);
+    let top_p = c.top_p.unwrap_or(1.0);
+    let min_p = c.min_p.unwrap_or(0.0);
+    let top_k = match c.top_k.unwrap_or(0) {
+        // vLLM's "off".
+        -1 => 0,
+        k if k >= 0 => k as usize,
+        k => {
+            return Err(ApiError::invalid_param(
+                "top_k",
+                format!("`top_k` = {k} is out of range: must be 0 or more (or -1 = off)"),
+            ))
+        }
+    };
+    let repetition_penalty = match c.repetition_penalty {
+        None => None,
+        Some(p) => Some(range(
+            "repetition_penalty",
+            p,
+            p > 0.0,
+            "must be more than 0",
+        )?),
+    };
+    Ok(Sampling {
+        temperature: range(
+            "temperature",
+            temperature,
+            temperature >= 0.0,
+            "must be 0 or more",
+        )?,
+        top_p: range(
+            "top_p",
+            top_p,
+            top_p > 0.0 && top_p <= 1.0,
+            "must be more than 0 and at most 1",
+        )?,
+        top_k,
+        min_p: range(
+            "min_p",
+            min_p,
+            (0.0..=1.0).contains(&min_p),
+            "must be between 0 and 1",
+        )?,
+        repetition_penalty,
+        seed: c.seed,
+    })
+}
+
+fn max_tokens(param: &str, value: Option<u64>, limits: &Limits) -> Result<usize, ApiError> {
+    match value {
+        None => Ok(limits.default_max_tokens),
+        Some(0) => Err(ApiError::invalid_param(
+            param,
+            format!("`{param}` must be at least 1"),
+        )),
+        // More than the context cannot be generated anyway.
+        Some(n) => Ok(usize::try_from(n).unwrap_or(usize::MAX).min(limits.context)),
+    }
+}
+
+fn unsupported(c: &Common) -> Result<(), ApiError> {
+    if c.n.is_some_and(|n| n != 1) {
+        return Err(ApiError::invalid_param("n", "only n = 1 is supported"));
+    }
+    if c.logprobs
+        .as_ref()
+        .is_some_and(|l| !matches!(l, Json::Null | Json::Bool(false)))
+    {
+        return Err(ApiError::invalid_param(
+            "logprobs",
+            "logprobs are not supported",
+        ));
+    }
+    Ok(())
+}
+
+fn stop(c: &mut Common) -> Result<Vec<String>, ApiError> {
+    let stop = c.stop.take().map(OneOrMany::into_vec).unwrap_or_default();
+    if stop.len() > 16 {
+        return Err(ApiError::invalid_param("stop", "at most 16 stop strings"));
+    }
+    if stop.iter().any(String::is_empty) {
+        return Err(ApiError::invalid_param("stop", "a stop string is empty"));
+    }
+    Ok(stop)
+}
+
+fn too_long(bytes: u64, limits: &Limits) -> Result<(), ApiError> {
+    if bytes > limits.max_prompt_bytes {
+        return Err(ApiError::context_length(format!(
+            "the prompt is {bytes} bytes, more than a context of {} tokens can hold",
+            limits.context
+        )));
+    }
+    Ok(())
+}
+
+impl ChatRequest {
+    pub fn validate(mut self, limits: &Limits) -> Result<Validated, ApiError> {
+        check_model(&self.common, limits)?;
+        unsupported(&self.common)?;
+        if let Some(format) = &self.response_format {
+            if format.get("type").and_then(Json::as_str) != Some("text") {
+                return Err(ApiError::invalid_param(
+                    "response_format",
+                    "only response_format {\"type\": \"text\"} is supported",
+                ));
+            }
+        }
+        if self.messages.is_empty() {
+            return Err(ApiError::invalid_param("messages", "`messages` is empty"));
+        }
+        let sampling = sampling(&self.common)?;
+        let max_tokens = match self.max_completion_tokens {
+            Some(n) => max_tokens("max_completion_tokens", Some(n), limits)?,
+            None => max_tokens("max_tokens", self.common.max_tokens, limits)?,
+        };
+        let stop = stop(&mut self.common)?;
+        let tools = self.tools.take().unwrap_or_default();
+        for (i, tool) in tools.iter().enumerate() {
+            let param = format!("tools[{i}]");
+            let tool: Tool = serde_json::from_value(tool.clone())
+                .map_err(|e| ApiError::invalid_param(&param, format!("invalid `{param}`: {e}")))?;
+            if tool.kind != "function" {
+                return Err(ApiError::invalid_param(
+                    &param,
+                    "only tools of type \"function\" are supported",
+                ));
+            }
+            if tool.function.name.is_empty() {
+                return Err(ApiError::invalid_param(&param, "the function has no name"));
+            }
+            let _ = (tool.function.description, tool.function.parameters);
+        }
+        let tool_choice = tool_choice(self.tool_choice.as_ref(), &tools)?;
+        let shown: Vec<Json> = match &tool_choice {
+            ToolChoice::None => vec![],
+            ToolChoice::Named(name) => tools
+                .iter()
+                .filter(|t| t["function"]["name"].as_str() == Some(name))
+                .cloned()
+                .collect(),
+            _ => tools,
+        };
+        let mut bytes = 0u64;
+        let messages = self
+            .messages
+            .into_iter()
+            .enumerate()
+            .map(|(i, m)| template_message(i, m, &mut bytes))
+            .collect::<Result<Vec<_>, _>>()?;
+        too_long(bytes, limits)?;
+        let template_vars = self.chat_template_kwargs.unwrap_or_default();
+        if let Some(key) = crate::chat_template::RESERVED_VARIABLES
+            .iter()
+            .find(|k| template_vars.contains_key(**k))
+        {
+            return Err(ApiError::invalid_param(
+                "chat_template_kwargs",
+                format!("`{key}` is set by the server and cannot be overridden"),
+            ));
+        }
+        Ok(Validated {
+            job: JobSpec {
+                prompt: Prompt::Chat {
+                    messages,
+                    tools: (!shown.is_empty()).then(|| Json::Array(shown.clone())),
+                    template_vars,
+                },
+                max_tokens,
+                sampling,
+                stop,
+            },
+            stream: self.common.stream.unwrap_or(false),
+            include_usage: include_usage(&self.common),
+            tools: shown,
+            tool_choice,
+        })
+    }
+}
+
+fn include_usage(c: &Common) -> bool {
+    c.stream_options
+        .as_ref()
+        .and_then(|o| o.include_usage)
+        .unwrap_or(false)
+}
+
+fn tool_choice(choice: Option<&Json>, tools: &[Json]) -> Result<ToolChoice, ApiError> {
+    let bad = |msg: &str| ApiError::invalid_param("tool_choice", msg.to_string());
+    let choice = match choice {
+        None | Some(Json::Null) => {
+            return Ok(if tools.is_empty() { ToolChoice::None } else { ToolChoice::Auto })
+        }
+        Some(Json::String(s)) => match s.as_str() {
+            "none" => ToolChoice::None,
+            "auto" => ToolChoice::Auto,
+            "required" => ToolChoice::Required,
+            _ => return Err(bad("expected \"none\", \"auto\", \"required\" or {\"type\": \"function\", \"function\": {\"name\": ...}}")),
+        },
+        Some(obj) => match obj["function"]["name"].as_str() {
+            Some(name) if obj["type"] == "function" => ToolChoice::Named(name.to_string()),
+            _ => return Err(bad("expected {\"type\": \"function\", \"function\": {\"name\": ...}}")),
+        },
+    };
+    match &choice {
+        ToolChoice::Required if tools.is_empty() => {
+            Err(bad("tool_choice \"required\" needs `tools`"))
+        }
+        ToolChoice::Named(name)
+            if !tools
+                .iter()
+                .any(|t| t["function"]["name"].as_str() == Some(name)) =>
+        {
+            Err(bad(&format!(
+                "tool_choice names `{name}`, which is not in `tools`"
+            )))
+        }
+        _ => Ok(choice),
+    }
+}
+
+/// One message as the chat templates expect it: content as one string (text parts joined),
+/// tool-call arguments as an object (the Qwen templates iterate over them).
+fn template_message(i: usize, m: Message, bytes: &mut u64) -> Result<Json, ApiError> {
+    let param = format!("messages[{i}]");
+    if !matches!(
+        m.role.as_str(),
+        "system" | "developer" | "user" | "assistant" | "tool"
+    ) {
+        return Err(ApiError::invalid_param(
+            &format!("{param}.role"),
+            format!(
+                "unknown role `{}`: expected system, user, assistant or tool",
+                m.role
+            ),
+        ));
+    }
+    let content = match m.content {
+        None => String::new(),
+        Some(Content::Text(s)) => s,
+        Some(Content::Parts(parts)) => {
+            let mut text = String::new();
+            for (j, part) in parts.into_iter().enumerate() {
+                match (part.kind.as_str(), part.text) {
+                    ("text", Some(t)) => text.push_str(&t),
+                    _ => {
+                        return Err(ApiError::invalid_param(
+                            &format!("{param}.content[{j}]"),
+                            "only text content parts ({\"type\": \"text\", \"text\": ...}) are supported",
+                        ))
+                    }
+                }
+            }
+            text
+        }
+    };
+    *bytes += content.len() as u64;
+    let mut out = Map::new();
+    // The Qwen templates know no "developer" role; it is OpenAI's newer name for "system".
+    let role = if m.role == "developer" {
+        "system".to_string()
+    } else {
+        m.role
+    };
+    out.insert("role".into(), role.into());
+    out.insert("content".into(), content.into());
+    if let Some(name) = m.name {
+        out.insert("name".into(), name.into());
+    }
+    if let Some(id) = m.tool_call_id {
+        out.insert("tool_call_id".into(), id.into());
+    }
+    if let Some(r) = m.reasoning_content {
+        *bytes += r.len() as u64;
+        out.insert("reasoning_content".into(), r.into());
+    }
+    if let Some(calls) = m.tool_calls {
+        let mut list = Vec::new();
+        for (j, call) in calls.into_iter().enumerate() {
+            let arguments = match call.function.arguments {
+                Json::String(s) => {
+                    *bytes += s.len() as u64;
+                    serde_json::from_str::<Json>(&s)
+                        .ok()
+                        .filter(Json::is_object)
+                        .ok_or_else(|| {
+                            ApiError::invalid_param(
+                                &format!("{param}.tool_calls[{j}].function.arguments"),
+                                "the arguments are not a JSON object",
+                            )
+                        })?
+                }
+                obj @ Json::Object(_) => obj,
+                _ => {
+                    return Err(ApiError::invalid_param(
+                        &format!("{param}.tool_calls[{j}].function.arguments"),
+                        "the arguments are not a JSON object",
+                    ))
+                }
+            };
+            let mut function = Map::new();
+            function.insert("name".into(), call.function.name.into());
+            function.insert("arguments".into(), arguments);
+            let mut c = Map::new();
+            if let Some(id) = call.id {
+                c.insert("id".into(), id.into());
+            }
+            c.insert("type".into(), "function".into());
+            c.insert("function".into(), Json::Object(function));
+            list.push(Json::Object(c));
+        }
+        out.insert("tool_calls".into(), Json::Array(list));
+    }
+    Ok(Json::Object(out))
+}
+
+impl CompletionRequest {
+    pub fn validate(mut self, limits: &Limits) -> Result<Validated, ApiError> {
+        check_model(&self.common, limits)?;
+        unsupported(&self.common)?;
+        if self.echo == Some(true) {
+            return Err(ApiError::invalid_param("echo", "echo is not supported"));
+        }
+        if self.suffix.is_some() {
+            return Err(ApiError::invalid_param("suffix", "suffix is not supported"));
+        }
+        if self.best_of.is_some_and(|n| n != 1) {
+            return Err(ApiError::invalid_param(
+                "best_of",
+                "only best_of = 1 is supported",
+            ));
+        }
+        let mut prompts = std::mem::replace(&mut self.prompt, OneOrMany::Many(vec![])).into_vec();
+        if prompts.len() != 1 {
+            return Err(ApiError::invalid_param(
+                "prompt",
+                "expected one prompt string",
+            ));
+        }
+        let prompt = prompts.remove(0);
+        if prompt.is_empty() {
+            return Err(ApiError::invalid_param("prompt", "the prompt is empty"));
+        }
+        too_long(prompt.len() as u64, limits).map_err(|e| e.with_param("prompt"))?;
+        let sampling = sampling(&self.common)?;
+        let max_tokens = max_tokens("max_tokens", self.common.max_tokens, limits)?;
+        let stop = stop(&mut self.common)?;
+        Ok(Validated {
+            job: JobSpec {
+                prompt: Prompt::Text(prompt),
+                max_tokens,
+                sampling,
+                stop,
+            },
+            stream: self.common.stream.unwrap_or(false),
+            include_usage: include_usage(&self.common),
+            tools: vec![],
+            tool_choice: ToolChoice::None,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn limits() -> Limits {
+        Limits {
+            model_names: vec!["m".into()],
+            default_max_tokens: 7,
+            max_prompt_bytes: 100,
+            context: 50,
+        }
+    }
+
+    fn chat(body: &str) -> Result<Validated, ApiError> {
+        parse::<ChatRequest>(body.as_bytes())?.validate(&limits())
+    }
+
+    #[test]
+    fn a_plain_chat_request_validates() {
+        let v = chat(r#"{"model":"m","messages":[{"role":"user","content":[{"type":"text","text":"a"},{"type":"text","text":"b"}]}],"stop":"x","temperature":0}"#).unwrap();
+        assert_eq!(v.job.max_tokens, 7);
+        assert_eq!(v.job.stop, vec!["x"]);
+        assert_eq!(v.job.sampling.temperature, 0.0);
+        match v.job.prompt {
+            Prompt::Chat {
+                messages, tools, ..
+            } => {
+                assert_eq!(messages[0]["content"], "ab");
+                assert!(tools.is_none());
+            }
+            p => panic!("{p:?}"),
+        }
+        assert_eq!(v.tool_choice, ToolChoice::None);
+    }
+
+    #[test]
+    fn bad_requests_name_the_field() {
+        let cases = [
+            (
+                r#"{"messages":[{"role":"user","content":"a"}],"temperature":"hot"}"#,
+                "temperature",
+            ),
+            (
+                r#"{"messages":[{"role":"user","content":"a"}],"temperature":-1}"#,
+                "temperature",
+            ),
+            (
+                r#"{"messages":[{"role":"user","content":"a"}],"top_p":0}"#,
+                "top_p",
+            ),
+            (
+                r#"{"messages":[{"role":"user","content":"a"}],"min_p":1.5}"#,
+                "min_p",
+            ),
+            (
+                r#"{"messages":[{"role":"user","content":"a"}],"top_k":-2}"#,
+                "top_k",
+            ),
+            (
+                r#"{"messages":[{"role":"user","content":"a"}],"max_tokens":0}"#,
+                "max_tokens",
+            ),
+            (
+                r#"{"messages":[{"role":"user","content":"a"}],"seed":-1}"#,
+                "seed",
+            ),
+            (r#"{"messages":[{"role":"user","content":"a"}],"n":2}"#, "n"),
+            (
+                r#"{"messages":[{"role":"robot","content":"a"}]}"#,
+                "messages[0].role",
+            ),
+            (
+                r#"{"messages":[{"role":"user","content":[{"type":"image_url"}]}]}"#,
+                "messages[0].content[0]",
+            ),
+            (
+                r#"{"messages":[{"role":"user","content":"a"}],"tool_choice":"required"}"#,
+                "tool_choice",
+            ),
+            (
+                r#"{"messages":[{"role":"user","content":"a"}],"chat_template_kwargs":{"messages":1}}"#,
+                "chat_template_kwargs",
+            ),
+            (r#"{"messages":[]}"#, "messages"),
+        ];
+        for (body, param) in cases {
+            let e = chat(body).expect_err(body);
+            assert_eq!(e.status, 400, "{body}");
+            assert_eq!(e.param.as_deref(), Some(param), "{body}: {}", e.message);
+        }
+        assert_eq!(chat("{").unwrap_err().status, 400);
+        assert_eq!(chat("[1]").unwrap_err().status, 400);
+        let e =
+            chat(r#"{"model":"other","messages":[{"role":"user","content":"a"}]}"#).unwrap_err();
+        assert_eq!(e.status, 404);
+    }
+
+    #[test]
+    fn a_prompt_over_the_byte_bound_is_refused_before_tokenizing() {
+        let long = "x".repeat(101);
+        let e = chat(&format!(
+            r#"{{"messages":[{{"role":"user","content":"{long}"}}]}}"#
+        ))
+        .unwrap_err();
+        assert_eq!(e.code, Some("context_length_exceeded"));
+    }
+
+    #[test]
+    fn tools_and_tool_choice() {
+        let tools = r#"[{"type":"function","function":{"name":"f","parameters":{}}},{"type":"function","function":{"name":"g"}}]"#;
+        let v = chat(&format!(
+            r#"{{"messages":[{{"role":"user","content":"a"}}],"tools":{tools}}}"#
+        ))
+        .unwrap();
+        assert_eq!(v.tool_choice, ToolChoice::Auto);
+        assert_eq!(v.tools.len(), 2);
+        let v = chat(&format!(r#"{{"messages":[{{"role":"user","content":"a"}}],"tools":{tools},"tool_choice":{{"type":"function","function":{{"name":"g"}}}}}}"#)).unwrap();
+        assert_eq!(v.tool_choice, ToolChoice::Named("g".into()));
+        assert_eq!(v.tools.len(), 1);
+        let v = chat(&format!(r#"{{"messages":[{{"role":"user","content":"a"}}],"tools":{tools},"tool_choice":"none"}}"#)).unwrap();
+        assert!(v.tools.is_empty());
+        let e = chat(&format!(r#"{{"messages":[{{"role":"user","content":"a"}}],"tools":{tools},"tool_choice":{{"type":"function","function":{{"name":"h"}}}}}}"#)).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("tool_choice"));
+        // An assistant turn with a call (arguments as JSON text) and the tool's answer.
+        let v = chat(r#"{"messages":[{"role":"user","content":"a"},{"role":"assistant","content":null,"tool_calls":[{"id":"c1","type":"function","function":{"name":"f","arguments":"{\"x\": 1}"}}]},{"role":"tool","tool_call_id":"c1","content":"2"}]}"#).unwrap();
+        match v.job.prompt {
+            Prompt::Chat { messages, .. } => {
+                assert_eq!(
+                    messages[1]["tool_calls"][0]["function"]["arguments"]["x"],
+                    1
+                );
+                assert_eq!(messages[2]["role"], "tool");
+            }
+            p => panic!("{p:?}"),
+        }
+    }
+
+    #[test]
+    fn completions() {
+        let v = parse::<CompletionRequest>(br#"{"prompt":["hi"],"max_tokens":1000,"stream":true}"#)
+            .unwrap()
+            .validate(&limits())
+            .unwrap();
+        assert_eq!(v.job.max_tokens, 50);
+        assert!(v.stream);
+        let e = parse::<CompletionRequest>(br#"{"prompt":["a","b"]}"#)
+            .unwrap()
+            .validate(&limits())
+            .unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("prompt"));
+        let e = parse::<CompletionRequest>(br#"{"prompt":5}"#).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("prompt"));
+    }
+}
