@@ -134,7 +134,28 @@ fn run_job(backend: &mut impl Backend, job: Job) {
             )))
         }
     };
+    log(&last);
     let _ = job.events.send(last);
+}
+
+/// One stderr line per request, as servers log them.
+fn log(event: &Event) {
+    let line = match event {
+        Event::Done { finish, usage } => format!(
+            "request: {} prompt tokens ({} cached), {} generated, {}",
+            usage.prompt_tokens,
+            usage.cached_tokens,
+            usage.completion_tokens,
+            match finish {
+                Finish::Stop => "stop",
+                Finish::Length => "length",
+                Finish::Cancelled => "cancelled",
+            }
+        ),
+        Event::Failed(e) => format!("request failed: {e}"),
+        _ => return,
+    };
+    crate::output::eprint_line(&line);
 }
 
 /// The prompt's text, for the test panic switch.
