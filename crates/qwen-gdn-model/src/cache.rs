@@ -102,6 +102,44 @@ impl KvCache {
         self.len = len;
     }
 
+    /// Independent copies of the cached keys and values, `[B, Nkv, len, Dh]` each: no
+    /// unused capacity and no storage shared with the live buffers (which are written in
+    /// place). `None` when nothing is cached.
+    pub fn compact_copy(&self) -> Result<Option<(Tensor, Tensor)>> {
+        match (self.keys(), self.values()) {
+            (Some(k), Some(v)) if self.len > 0 => Ok(Some((own_copy(&k)?, own_copy(&v)?))),
+            _ => Ok(None),
+        }
+    }
+
+    /// A cache holding `keys` and `values` `[B, Nkv, len, Dh]` (copied into fresh buffers
+    /// with the capacity growing by [`KV_STEP`] would have given them), or an empty one.
+    pub fn from_compact(kv: Option<(&Tensor, &Tensor)>) -> Result<Self> {
+        let Some((k, v)) = kv else {
+            return Ok(Self::default());
+        };
+        anyhow::ensure!(
+            k.dims() == v.dims() && k.rank() == 4,
+            "keys {:?} and values {:?} are not matching [B, Nkv, len, Dh] tensors",
+            k.dims(),
+            v.dims()
+        );
+        let (b, h, len, d) = k.dims4()?;
+        let mut cache = Self::default();
+        if len == 0 {
+            return Ok(cache);
+        }
+        cache.reserve(len, (b, h, d), k)?;
+        let (keys, values) = (
+            cache.keys.as_ref().expect("reserved"),
+            cache.values.as_ref().expect("reserved"),
+        );
+        candle_op(keys.slice_set(&contiguous(k)?, 2, 0))?;
+        candle_op(values.slice_set(&contiguous(v)?, 2, 0))?;
+        cache.len = len;
+        Ok(cache)
+    }
+
     /// Counts `n` positions written in place into the buffers.
     pub fn advance(&mut self, n: usize) {
         debug_assert!(self.len + n <= self.capacity());
@@ -207,4 +245,10 @@ impl Cache {
             }
         }
     }
+}
+
+/// A compact copy of `t` (only its elements, contiguous) that shares no storage with it:
+/// `contiguous` returns `t` itself when it already is, `copy` keeps a view's whole storage.
+pub fn own_copy(t: &Tensor) -> Result<Tensor> {
+    Ok(candle_op(t.force_contiguous())?)
 }

@@ -12,6 +12,7 @@ pub mod footprint;
 pub mod layers;
 pub mod load_progress;
 pub mod model;
+pub mod prompt_cache;
 mod warm_up;
 pub mod weights;
 
@@ -21,6 +22,7 @@ pub use gdn_ops::capability::bf16_supported;
 pub use gdn_ops::StateDtype;
 pub use load_progress::LoadProgress;
 pub use model::Model;
+pub use prompt_cache::{prefill_with_snapshots, PromptCache};
 pub use weights::Weight;
 
 use candle_core::DType;

@@ -4,7 +4,7 @@
 //! decoded greedily one at a time. One warm-up repetition (not reported), then `-r` timed ones;
 //! each starts from an empty cache.
 
-use crate::generate::non_finite_logits;
+use crate::engine::non_finite_logits;
 use crate::load::{positive_usize, ModelArgs};
 use crate::output::emit;
 use anyhow::{Context, Result};

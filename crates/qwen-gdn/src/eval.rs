@@ -3,7 +3,7 @@
 //! `encode(text, add_special_tokens=False)`, which the mlx-lm references use). The `--json`
 //! object is the interface external reference checks use: keep its keys and meaning stable.
 
-use crate::generate::non_finite_logits;
+use crate::engine::non_finite_logits;
 use crate::load::ModelArgs;
 use crate::output::print_line;
 use anyhow::{bail, Result};

@@ -2,19 +2,20 @@
 //! last prompt token in chunks, run the last one alone (its logits give the first token), then
 //! decode one token at a time, streaming the text; stats go to stderr in mlx-lm's format.
 
-use crate::chat_template::{ChatTemplate, RESERVED_VARIABLES};
-use crate::load::{positive_usize, read_json_opt, Checkpoint, ModelArgs};
+use crate::chat_template::ChatTemplate;
+use crate::engine::{Engine, GenerateParams, PromptTokens};
+use crate::load::{Checkpoint, ModelArgs};
 use crate::output::{emit, eprint_line};
-use crate::sampler::{Sampler, SamplerConfig};
-use crate::stream::TokenStream;
+use crate::sampling_args::SamplingArgs;
+use crate::template_args::TemplateArgs;
 use anyhow::{bail, Context, Result};
-use candle_core::{DType, IndexOp, Tensor};
-use qwen_gdn_model::{diagnose, Model};
-use serde_json::{json, Map, Value as Json};
+use qwen_gdn_model::PromptCache;
+use serde_json::json;
+use std::ops::ControlFlow;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 #[derive(clap::Args)]
 // Negative numbers reach the value parsers, which then say what range is allowed.
@@ -34,43 +35,10 @@ pub struct Args {
     /// Read the prompt from this file
     #[arg(long, value_name = "FILE")]
     prompt_file: Option<PathBuf>,
-    /// System message placed before the prompt (with a chat template)
-    #[arg(long)]
-    system_prompt: Option<String>,
-    /// Maximum number of tokens to generate
-    #[arg(long, default_value_t = 256, value_name = "N", value_parser = positive_usize)]
-    max_tokens: usize,
-    /// Sampling temperature; 0 picks the most likely token (greedy)
-    #[arg(long, default_value_t = 0.0, value_parser = non_negative)]
-    temp: f32,
-    /// Nucleus sampling: sample among the most likely tokens holding this much probability
-    #[arg(long, default_value_t = 1.0, value_parser = probability_above_zero)]
-    top_p: f32,
-    /// Sample among the K most likely tokens; 0 = all
-    #[arg(long, default_value_t = 0, value_name = "K")]
-    top_k: usize,
-    /// Drop tokens less likely than this fraction of the most likely one; 0 = off
-    #[arg(long, default_value_t = 0.0, value_parser = probability)]
-    min_p: f32,
-    /// Penalise tokens seen in the last --repetition-context-size tokens (> 1 discourages repeats)
-    #[arg(long, value_parser = positive)]
-    repetition_penalty: Option<f32>,
-    /// How many recent tokens --repetition-penalty looks at
-    #[arg(long, default_value_t = 20, value_name = "N", value_parser = positive_usize)]
-    repetition_context_size: usize,
-    /// Seed of the sampler's random generator (reproducible sampling)
-    #[arg(long)]
-    seed: Option<u64>,
-    /// Feed the prompt as raw text instead of through the model's chat template
-    #[arg(long)]
-    ignore_chat_template: bool,
-    /// Passed to the chat template as `enable_thinking` [default: true when the vocabulary
-    /// has <think>]
-    #[arg(long, value_name = "true|false", value_parser = clap::value_parser!(bool))]
-    enable_thinking: Option<bool>,
-    /// Extra chat-template variables as a JSON object, e.g. '{"enable_thinking": false}'
-    #[arg(long, alias = "chat-template-config", value_name = "JSON", value_parser = template_args)]
-    chat_template_args: Option<Map<String, Json>>,
+    #[command(flatten)]
+    sampling: SamplingArgs,
+    #[command(flatten)]
+    template: TemplateArgs,
     /// Print the ========== frame and the stats (as mlx_lm.generate); `--verbose false` prints
     /// only the text
     #[arg(
@@ -97,79 +65,50 @@ pub fn run(args: Args) -> Result<ExitCode> {
     limit.check_fits(prompt_ids.len(), &what)?;
     let model = args
         .model
-        .load_model(&checkpoint, prompt_ids.len() + args.max_tokens)?;
+        .load_model(&checkpoint, prompt_ids.len() + args.sampling.max_tokens)?;
     // GPU shader compilation, before the prompt's clock starts; reported on its own.
     let compile_time = model.warm_up()?;
-    let eos = eos_ids(&checkpoint, &model.config().eos_token_id)?;
-    let mut sampler = Sampler::new(
-        SamplerConfig {
-            temp: args.temp,
-            top_p: args.top_p,
-            min_p: args.min_p,
-            top_k: args.top_k,
-            repetition_penalty: args.repetition_penalty,
-            repetition_context_size: args.repetition_context_size,
-        },
-        args.seed,
-    );
+    // One request: a prompt cache would only copy state that is never used again.
+    let mut engine = Engine::new(
+        checkpoint,
+        model,
+        args.model.prefill_chunk_size,
+        PromptCache::new(0),
+        None,
+    )?;
+    let params = GenerateParams {
+        max_tokens: args.sampling.max_tokens,
+        sampler: args.sampling.sampler(),
+        seed: args.sampling.seed,
+        stop_strings: Vec::new(),
+    };
     let stop = ctrl_c_flag()?;
-    let max_positions = model.config().max_position_embeddings;
 
     let mut out = std::io::stdout().lock();
     if args.verbose {
         emit(&mut out, "==========\n")?;
     }
-    let mut stream = TokenStream::new(&checkpoint.tokenizer);
-    let mut cache = model.new_cache();
-    let (head, last) = prompt_ids.split_at(prompt_ids.len() - 1);
-    let start = Instant::now();
-    let mut prompt_time = None;
-    let mut generated = 0usize;
-    // mlx-lm's logits processors see only tokens that went through the decode step: the last
-    // prompt token and the generated ones, not the prefilled chunks.
-    let mut history = last.to_vec();
-    'run: {
-        for chunk in head.chunks(args.model.prefill_chunk_size) {
-            if stop.load(Ordering::Relaxed) {
-                break 'run;
-            }
-            model.prefill(chunk, &mut cache, chunk.len())?;
+    let mut write_error = None;
+    let mut on_text = |text: &str| match emit(&mut out, text) {
+        Ok(true) => ControlFlow::Continue(()),
+        // stdout closed (e.g. `| head`): stop quietly.
+        Ok(false) => ControlFlow::Break(()),
+        Err(e) => {
+            write_error = Some(e);
+            ControlFlow::Break(())
         }
-        let mut logits = model.forward_last(last, &mut cache)?;
-        loop {
-            let mut row = last_row(&logits)?;
-            if row.iter().any(|x| !x.is_finite()) {
-                let seen: Vec<u32> = head.iter().chain(&history).copied().collect();
-                return Err(non_finite_logits(
-                    &model,
-                    &seen,
-                    args.model.prefill_chunk_size,
-                ));
-            }
-            let token = sampler.sample(&mut row, &history);
-            prompt_time.get_or_insert_with(|| start.elapsed());
-            generated += 1; // counted even when it is EOS, as mlx-lm does
-            history.push(token);
-            if eos.contains(&token) {
-                break;
-            }
-            if let Some(text) = stream.push(token)? {
-                if !emit(&mut out, &text)? {
-                    break 'run;
-                }
-            }
-            if generated == args.max_tokens
-                || cache.offset >= max_positions
-                || stop.load(Ordering::Relaxed)
-            {
-                break;
-            }
-            logits = model.forward_last(&[token], &mut cache)?;
-        }
+    };
+    let outcome = engine.generate(
+        &PromptTokens::plain(prompt_ids),
+        &params,
+        stop,
+        &mut on_text,
+    )?;
+    if let Some(e) = write_error {
+        return Err(e);
     }
-    let generation_time = prompt_time.map(|p| start.elapsed() - p);
     let frame = if args.verbose { "\n==========\n" } else { "\n" };
-    emit(&mut out, &(stream.finish()? + frame))?;
+    emit(&mut out, frame)?;
     drop(out);
     if args.verbose {
         if !compile_time.is_zero() {
@@ -178,7 +117,12 @@ pub fn run(args: Args) -> Result<ExitCode> {
                 compile_time.as_secs_f64()
             );
         }
-        print_stats(prompt_ids.len(), prompt_time, generated, generation_time);
+        print_stats(
+            outcome.prompt_tokens,
+            outcome.prompt_time,
+            outcome.generated,
+            outcome.generation_time,
+        );
     }
     // 130 = interrupted by SIGINT, as shells report it.
     Ok(if stop.load(Ordering::Relaxed) {
@@ -198,13 +142,13 @@ fn encode_prompt(
 ) -> Result<Vec<u32>> {
     let tokenizer = &checkpoint.tokenizer;
     let limit = &checkpoint.input_limit;
-    let template = if args.ignore_chat_template {
+    let template = if args.template.ignore_chat_template {
         None
     } else {
         ChatTemplate::from_dir(&checkpoint.dir, checkpoint.tokenizer_config.as_ref())?
             // The prompt, the system prompt and what the template adds around them.
             .map(|t| {
-                let system = args.system_prompt.as_ref().map_or(0, String::len);
+                let system = args.template.system_prompt.as_ref().map_or(0, String::len);
                 t.limit_output(
                     usize::try_from(limit.max_bytes)
                         .unwrap_or(usize::MAX)
@@ -216,26 +160,16 @@ fn encode_prompt(
     let (text, add_special_tokens) = match template {
         Some(template) => {
             let mut messages = Vec::new();
-            if let Some(system) = &args.system_prompt {
+            if let Some(system) = &args.template.system_prompt {
                 messages.push(json!({"role": "system", "content": system}));
             }
             messages.push(json!({"role": "user", "content": prompt}));
-            let mut vars = special_tokens(checkpoint.tokenizer_config.as_ref());
-            // mlx-lm turns thinking on when the vocabulary has think tags; flags override it.
-            if tokenizer.token_to_id("<think>").is_some()
-                && tokenizer.token_to_id("</think>").is_some()
-            {
-                vars.insert("enable_thinking".into(), true.into());
-            }
-            vars.extend(args.chat_template_args.clone().unwrap_or_default());
-            if let Some(on) = args.enable_thinking {
-                vars.insert("enable_thinking".into(), on.into());
-            }
+            let vars = args.template.vars(checkpoint);
             // The template already wrote the special tokens it wants.
             (template.render(&messages, None, true, &vars)?, false)
         }
         None => {
-            if args.system_prompt.is_some() {
+            if args.template.system_prompt.is_some() {
                 eprint_line("warning: --system-prompt is ignored without a chat template");
             }
             (prompt.to_string(), true)
@@ -254,66 +188,6 @@ fn encode_prompt(
 
 /// Bytes a chat template may add around the prompt and the system prompt.
 const TEMPLATE_OVERHEAD: usize = 1 << 20;
-
-/// bos_token, eos_token, ... of tokenizer_config.json, which transformers passes to templates.
-pub(crate) fn special_tokens(tokenizer_config: Option<&Json>) -> Map<String, Json> {
-    let mut vars = Map::new();
-    for key in ["bos_token", "eos_token", "unk_token", "pad_token"] {
-        let value = tokenizer_config.and_then(|c| c.get(key));
-        // Older files store {"content": "<s>", ...} instead of the string.
-        if let Some(s) = value.and_then(|v| v.as_str().or_else(|| v.get("content")?.as_str())) {
-            vars.insert(key.into(), s.into());
-        }
-    }
-    vars
-}
-
-/// Stop tokens: generation_config.json's eos_token_id, else config.json's, else the tokenizer's
-/// eos_token (mlx-lm's order).
-pub(crate) fn eos_ids(checkpoint: &Checkpoint, config_eos: &[u32]) -> Result<Vec<u32>> {
-    let path = checkpoint.dir.join("generation_config.json");
-    if let Some(ids) = read_json_opt(&path)?.and_then(|g| g.get("eos_token_id").cloned()) {
-        let ids = match &ids {
-            Json::Array(list) => list.iter().map(Json::as_u64).collect::<Option<Vec<_>>>(),
-            Json::Number(n) => n.as_u64().map(|n| vec![n]),
-            _ => None,
-        };
-        let ids = ids.with_context(|| {
-            format!(
-                "{}: eos_token_id is not a token id or a list of them",
-                path.display()
-            )
-        })?;
-        return Ok(ids.into_iter().map(|id| id as u32).collect());
-    }
-    if !config_eos.is_empty() {
-        return Ok(config_eos.to_vec());
-    }
-    let eos = special_tokens(checkpoint.tokenizer_config.as_ref()).remove("eos_token");
-    Ok(eos
-        .and_then(|t| checkpoint.tokenizer.token_to_id(t.as_str()?))
-        .into_iter()
-        .collect())
-}
-
-pub(crate) fn last_row(logits: &Tensor) -> Result<Vec<f32>> {
-    let rows = logits.dim(0)?;
-    Ok(logits.i(rows - 1)?.to_dtype(DType::F32)?.to_vec1()?)
-}
-
-/// The error for NaN or Inf logits after `tokens`, naming the part of the model that first
-/// produced them (found by running the tokens again, part by part).
-pub fn non_finite_logits(model: &Model, tokens: &[u32], chunk: usize) -> anyhow::Error {
-    let origin = match diagnose::first_non_finite(model, tokens, chunk) {
-        Ok(origin) => origin.to_string(),
-        Err(e) => format!("unknown (re-running the model failed: {e})"),
-    };
-    anyhow::anyhow!(
-        "the model produced NaN or Inf logits after {} tokens; first produced by {origin} \
-         (broken weights, or a config.json that does not match the checkpoint)",
-        tokens.len()
-    )
-}
 
 /// The first Ctrl-C asks the loop to stop (it then prints the stats); a second one exits at once,
 /// e.g. while a long prefill chunk runs.
@@ -350,65 +224,4 @@ fn print_stats(
         "Peak memory: {:.3} GB",
         crate::memory::peak().0 as f64 / 1e9
     ));
-}
-
-fn parse_f32(s: &str) -> Result<f32, String> {
-    s.parse::<f32>()
-        .ok()
-        .filter(|x| x.is_finite())
-        .ok_or_else(|| "expected a number".into())
-}
-
-fn non_negative(s: &str) -> Result<f32, String> {
-    parse_f32(s).and_then(|x| {
-        if x >= 0.0 {
-            Ok(x)
-        } else {
-            Err("must be 0 or more".into())
-        }
-    })
-}
-
-fn positive(s: &str) -> Result<f32, String> {
-    parse_f32(s).and_then(|x| {
-        if x > 0.0 {
-            Ok(x)
-        } else {
-            Err("must be more than 0".into())
-        }
-    })
-}
-
-fn probability(s: &str) -> Result<f32, String> {
-    parse_f32(s).and_then(|x| {
-        if (0.0..=1.0).contains(&x) {
-            Ok(x)
-        } else {
-            Err("must be between 0 and 1".into())
-        }
-    })
-}
-
-fn probability_above_zero(s: &str) -> Result<f32, String> {
-    probability(s).and_then(|x| {
-        if x > 0.0 {
-            Ok(x)
-        } else {
-            Err("must be more than 0 and at most 1".into())
-        }
-    })
-}
-
-/// `--chat-template-args`: a JSON object that leaves the variables we fill in alone.
-fn template_args(s: &str) -> Result<Map<String, Json>, String> {
-    match serde_json::from_str(s) {
-        Ok(Json::Object(map)) => match RESERVED_VARIABLES.iter().find(|k| map.contains_key(**k)) {
-            Some(key) => Err(format!(
-                "`{key}` is set by qwen-gdn (from --prompt and --system-prompt) and cannot be overridden"
-            )),
-            None => Ok(map),
-        },
-        Ok(_) => Err("expected a JSON object".into()),
-        Err(e) => Err(format!("invalid JSON: {e}")),
-    }
 }

@@ -1,10 +1,14 @@
 //! `qwen-gdn`: run Qwen3-Next / Qwen3.5 hybrid models from a local folder or the Hugging Face
 //! Hub. The flags follow `mlx_lm.generate` so that users of mlx-lm and llama.cpp feel at home.
 
+mod arg_ranges;
 mod bench;
 mod bf16_fallback;
 mod chat_template;
 mod compare_state;
+// The API `chat` and `serve` build on; `generate` uses part of it.
+#[allow(dead_code)]
+mod engine;
 mod eval;
 mod generate;
 mod hub;
@@ -16,8 +20,10 @@ mod preflight;
 mod process;
 mod progress;
 mod sampler;
+mod sampling_args;
 mod serve;
 mod stream;
+mod template_args;
 
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;

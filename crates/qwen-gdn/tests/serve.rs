@@ -204,7 +204,8 @@ fn greedy_replies_equal_generate_streamed_or_not() {
         reply["usage"]["prompt_tokens"].as_u64().unwrap()
             + reply["usage"]["completion_tokens"].as_u64().unwrap()
     );
-    assert!(reply["usage"]["prompt_tokens_details"]["cached_tokens"].is_u64());
+    // A fresh server has nothing cached.
+    assert_eq!(reply["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
     let reason = reply["choices"][0]["finish_reason"].as_str().unwrap();
     assert!(["stop", "length"].contains(&reason), "{reply}");
 
@@ -232,6 +233,9 @@ fn greedy_replies_equal_generate_streamed_or_not() {
     let usage_chunk = chunks.last().unwrap();
     assert_eq!(usage_chunk["choices"], json!([]));
     assert_eq!(usage_chunk["usage"]["prompt_tokens"], prompt_tokens);
+    // The same prompt again comes from the prompt cache (all but the last token, whose
+    // logits give the first new one) and still gives generate's text.
+    assert_eq!(usage_chunk["usage"]["prompt_tokens_details"]["cached_tokens"], prompt_tokens - 1);
     assert_eq!(
         chunks[chunks.len() - 2]["choices"][0]["finish_reason"],
         reason

@@ -14,11 +14,13 @@ mod request;
 mod response;
 mod routes;
 mod scheduler;
-mod stop_strings;
 mod test_hooks;
 
+use crate::engine::Engine;
+use crate::load::read_json_opt;
 use crate::output::eprint_line;
 use anyhow::{Context, Result};
+use qwen_gdn_model::PromptCache;
 use std::process::ExitCode;
 use std::sync::Arc;
 
@@ -27,7 +29,14 @@ pub use cli::Args;
 pub fn run(args: Args) -> Result<ExitCode> {
     let checkpoint = args.model.open()?;
     let context = checkpoint.input_limit.max_tokens;
+    let generation_config = read_json_opt(&checkpoint.dir.join("generation_config.json"))?;
+    let (defaults, warnings) =
+        request::SamplingDefaults::from_generation_config(generation_config.as_ref());
+    for warning in warnings {
+        eprint_line(&format!("warning: {warning}"));
+    }
     let limits = request::Limits {
+        defaults,
         model_names: if args.served_model_name.is_empty() {
             vec![args.model.model.clone()]
         } else {
@@ -45,7 +54,14 @@ pub fn run(args: Args) -> Result<ExitCode> {
             compile_time.as_secs_f64()
         ));
     }
-    let backend = backend::ModelBackend::new(checkpoint, model, args.model.prefill_chunk_size)?;
+    let engine = Engine::new(
+        checkpoint,
+        model,
+        args.model.prefill_chunk_size,
+        PromptCache::new(args.prompt_cache_bytes),
+        args.snapshot_every,
+    )?;
+    let backend = backend::EngineBackend::new(engine)?;
     let scheduler = scheduler::Scheduler::start(backend, args.queue_size);
     let state = Arc::new(routes::AppState {
         scheduler,

@@ -4,6 +4,7 @@
 
 use super::error::ApiError;
 use super::job::{JobSpec, Prompt, Sampling};
+use crate::arg_ranges;
 use serde::Deserialize;
 use serde_json::{Map, Value as Json};
 
@@ -155,6 +156,50 @@ pub struct Limits {
     /// before anything is tokenized.
     pub max_prompt_bytes: u64,
     pub context: usize,
+    pub defaults: SamplingDefaults,
+}
+
+/// Sampling settings of a request that sets none: the checkpoint's generation_config.json
+/// (as vLLM uses them), else OpenAI's defaults (temperature 1, no filtering).
+#[derive(Debug, Clone, PartialEq)]
+pub struct SamplingDefaults {
+    pub temperature: f64,
+    pub top_p: f64,
+    pub top_k: usize,
+    pub min_p: f64,
+}
+
+impl SamplingDefaults {
+    /// Values out of range in the file are left at OpenAI's defaults (named in the warnings).
+    pub fn from_generation_config(config: Option<&Json>) -> (Self, Vec<String>) {
+        let mut d = Self {
+            temperature: 1.0,
+            top_p: 1.0,
+            top_k: 0,
+            min_p: 0.0,
+        };
+        let mut warnings = Vec::new();
+        let Some(config) = config else {
+            return (d, warnings);
+        };
+        let mut take = |key: &str, slot: &mut f64, parser: fn(&str) -> Result<f32, String>| {
+            if let Some(v) = config.get(key).and_then(Json::as_f64) {
+                match parser(&v.to_string()) {
+                    Ok(_) => *slot = v,
+                    Err(why) => warnings.push(format!(
+                        "generation_config.json: {key} = {v}: {why}; ignored"
+                    )),
+                }
+            }
+        };
+        take("temperature", &mut d.temperature, arg_ranges::non_negative);
+        take("top_p", &mut d.top_p, arg_ranges::probability_above_zero);
+        take("min_p", &mut d.min_p, arg_ranges::probability);
+        if let Some(k) = config.get("top_k").and_then(Json::as_u64) {
+            d.top_k = usize::try_from(k).unwrap_or(0);
+        }
+        (d, warnings)
+    }
 }
 
 /// A request type that embeds [`Common`].
@@ -207,60 +252,46 @@ fn check_model(common: &Common, limits: &Limits) -> Result<(), ApiError> {
     }
 }
 
-fn range(param: &str, value: f64, ok: bool, what: &str) -> Result<f32, ApiError> {
-    if !ok || !value.is_finite() {
-        return Err(ApiError::invalid_param(
-            param,
-            format!("`{param}` = {value} is out of range: {what}"),
-        ));
-    }
-    Ok(value as f32)
+/// Checks `value` with the parser of the matching `generate` flag, so that both accept the
+/// same range and say the same about it.
+fn range(
+    param: &str,
+    value: f64,
+    parser: fn(&str) -> Result<f32, String>,
+) -> Result<f32, ApiError> {
+    parser(&value.to_string())
+        .map_err(|why| ApiError::invalid_param(param, format!("`{param}` = {value}: {why}")))
 }
 
-fn sampling(c: &Common) -> Result<Sampling, ApiError> {
-    let temperature = c.temperature.unwrap_or(1.0);
-    let top_p = c.top_p.unwrap_or(1.0);
-    let min_p = c.min_p.unwrap_or(0.0);
-    let top_k = match c.top_k.unwrap_or(0) {
+fn sampling(c: &Common, d: &SamplingDefaults) -> Result<Sampling, ApiError> {
+    let top_k = match c.top_k.unwrap_or(d.top_k as i64) {
         // vLLM's "off".
         -1 => 0,
         k if k >= 0 => k as usize,
         k => {
             return Err(ApiError::invalid_param(
                 "top_k",
-                format!("`top_k` = {k} is out of range: must be 0 or more (or -1 = off)"),
+                format!("`top_k` = {k}: must be 0 or more (or -1 = off)"),
             ))
         }
     };
     let repetition_penalty = match c.repetition_penalty {
         None => None,
-        Some(p) => Some(range(
-            "repetition_penalty",
-            p,
-            p > 0.0,
-            "must be more than 0",
-        )?),
+        Some(p) => Some(range("repetition_penalty", p, arg_ranges::positive)?),
     };
     Ok(Sampling {
         temperature: range(
             "temperature",
-            temperature,
-            temperature >= 0.0,
-            "must be 0 or more",
+            c.temperature.unwrap_or(d.temperature),
+            arg_ranges::non_negative,
         )?,
         top_p: range(
             "top_p",
-            top_p,
-            top_p > 0.0 && top_p <= 1.0,
-            "must be more than 0 and at most 1",
+            c.top_p.unwrap_or(d.top_p),
+            arg_ranges::probability_above_zero,
         )?,
         top_k,
-        min_p: range(
-            "min_p",
-            min_p,
-            (0.0..=1.0).contains(&min_p),
-            "must be between 0 and 1",
-        )?,
+        min_p: range("min_p", c.min_p.unwrap_or(d.min_p), arg_ranges::probability)?,
         repetition_penalty,
         seed: c.seed,
     })
@@ -330,7 +361,7 @@ impl ChatRequest {
         if self.messages.is_empty() {
             return Err(ApiError::invalid_param("messages", "`messages` is empty"));
         }
-        let sampling = sampling(&self.common)?;
+        let sampling = sampling(&self.common, &limits.defaults)?;
         let max_tokens = match self.max_completion_tokens {
             Some(n) => max_tokens("max_completion_tokens", Some(n), limits)?,
             None => max_tokens("max_tokens", self.common.max_tokens, limits)?,
@@ -362,7 +393,8 @@ impl ChatRequest {
                 .collect(),
             _ => tools,
         };
-        let mut bytes = 0u64;
+        // The tools' JSON goes into the prompt too.
+        let mut bytes = serde_json::to_string(&shown).map_or(0, |t| t.len() as u64);
         let messages = self
             .messages
             .into_iter()
@@ -563,7 +595,7 @@ impl CompletionRequest {
             return Err(ApiError::invalid_param("prompt", "the prompt is empty"));
         }
         too_long(prompt.len() as u64, limits).map_err(|e| e.with_param("prompt"))?;
-        let sampling = sampling(&self.common)?;
+        let sampling = sampling(&self.common, &limits.defaults)?;
         let max_tokens = max_tokens("max_tokens", self.common.max_tokens, limits)?;
         let stop = stop(&mut self.common)?;
         Ok(Validated {
@@ -589,8 +621,9 @@ mod tests {
         Limits {
             model_names: vec!["m".into()],
             default_max_tokens: 7,
-            max_prompt_bytes: 100,
+            max_prompt_bytes: 1000,
             context: 50,
+            defaults: SamplingDefaults::from_generation_config(None).0,
         }
     }
 
@@ -680,7 +713,7 @@ mod tests {
 
     #[test]
     fn a_prompt_over_the_byte_bound_is_refused_before_tokenizing() {
-        let long = "x".repeat(101);
+        let long = "x".repeat(1001);
         let e = chat(&format!(
             r#"{{"messages":[{{"role":"user","content":"{long}"}}]}}"#
         ))
@@ -716,6 +749,28 @@ mod tests {
             }
             p => panic!("{p:?}"),
         }
+    }
+
+    #[test]
+    fn defaults_come_from_generation_config() {
+        let config =
+            serde_json::json!({"temperature": 0.6, "top_p": 0.95, "top_k": 20, "min_p": 7});
+        let (d, warnings) = SamplingDefaults::from_generation_config(Some(&config));
+        assert_eq!(
+            (d.temperature, d.top_p, d.top_k, d.min_p),
+            (0.6, 0.95, 20, 0.0)
+        );
+        assert!(warnings[0].contains("min_p"), "{warnings:?}");
+        let mut l = limits();
+        l.defaults = d;
+        let v =
+            parse::<ChatRequest>(br#"{"messages":[{"role":"user","content":"a"}],"top_p":0.5}"#)
+                .unwrap()
+                .validate(&l)
+                .unwrap();
+        assert_eq!(v.job.sampling.temperature, 0.6);
+        assert_eq!(v.job.sampling.top_p, 0.5);
+        assert_eq!(v.job.sampling.top_k, 20);
     }
 
     #[test]

@@ -1,0 +1,263 @@
+//! The generation loop shared by `generate`, `chat` and `serve`: look the prompt up in the
+//! prompt cache, prefill only what the cache does not hold (snapshotting at message boundaries,
+//! at the prompt's end and every N tokens), then sample token by token, streaming the text,
+//! until an end-of-sequence token, a stop string, the token limit, a full context or a cancel.
+
+mod conversation;
+mod eos;
+mod non_finite;
+mod stop_strings;
+
+pub use conversation::render_conversation;
+pub use eos::eos_ids;
+pub use non_finite::non_finite_logits;
+pub use stop_strings::{Scan, StopStrings};
+
+use crate::load::Checkpoint;
+use crate::sampler::{Sampler, SamplerConfig};
+use crate::stream::TokenStream;
+use anyhow::{bail, Result};
+use candle_core::{DType, IndexOp, Tensor};
+use qwen_gdn_model::prompt_cache::prefill_with_snapshots_cancellable;
+use qwen_gdn_model::{Model, PromptCache};
+use std::ops::ControlFlow;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+/// How to generate one reply.
+#[derive(Debug, Clone)]
+pub struct GenerateParams {
+    pub max_tokens: usize,
+    pub sampler: SamplerConfig,
+    pub seed: Option<u64>,
+    /// Generation stops at the first of these in the text; the text before it is emitted,
+    /// the stop string is not.
+    pub stop_strings: Vec<String>,
+}
+
+/// A tokenized prompt.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PromptTokens {
+    pub ids: Vec<u32>,
+    /// Token positions where a message of the conversation ends (ascending, each < ids.len()):
+    /// the prompt cache snapshots there.
+    pub boundaries: Vec<usize>,
+}
+
+impl PromptTokens {
+    /// Raw tokens with no message structure.
+    pub fn plain(ids: Vec<u32>) -> Self {
+        Self {
+            ids,
+            boundaries: Vec::new(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FinishReason {
+    /// An end-of-sequence token or a stop string.
+    Stop,
+    /// `max_tokens` tokens were generated.
+    Length,
+    /// The model's context (max_position_embeddings) is full.
+    ContextFull,
+    /// `cancel` was set, or the text consumer asked to stop.
+    Cancelled,
+}
+
+/// What a generation did.
+#[derive(Debug, Clone)]
+pub struct Outcome {
+    pub prompt_tokens: usize,
+    /// Prompt tokens restored from the prompt cache.
+    pub cached_tokens: usize,
+    /// Prompt tokens run through the model (`prompt_tokens - cached_tokens` unless cancelled).
+    pub prefilled_tokens: usize,
+    /// Sampled tokens, an end-of-sequence token included (as mlx-lm counts).
+    pub generated: usize,
+    pub finish: FinishReason,
+    /// From the start to the first sampled token (prefill included); `None` if none was.
+    pub prompt_time: Option<Duration>,
+    /// From the first sampled token to the end.
+    pub generation_time: Option<Duration>,
+    /// The sampled tokens, an end-of-sequence token included.
+    pub tokens: Vec<u32>,
+}
+
+/// A loaded model with its tokenizer, stop tokens and prompt cache.
+pub struct Engine {
+    checkpoint: Checkpoint,
+    model: Model,
+    eos: Vec<u32>,
+    prompt_cache: PromptCache,
+    prefill_chunk: usize,
+    snapshot_every: Option<usize>,
+}
+
+impl Engine {
+    pub fn new(
+        checkpoint: Checkpoint,
+        model: Model,
+        prefill_chunk: usize,
+        prompt_cache: PromptCache,
+        snapshot_every: Option<usize>,
+    ) -> Result<Self> {
+        let eos = eos_ids(&checkpoint, &model.config().eos_token_id)?;
+        Ok(Self {
+            checkpoint,
+            model,
+            eos,
+            prompt_cache,
+            prefill_chunk: prefill_chunk.max(1),
+            snapshot_every: snapshot_every.filter(|&n| n > 0),
+        })
+    }
+
+    pub fn checkpoint(&self) -> &Checkpoint {
+        &self.checkpoint
+    }
+
+    pub fn model(&self) -> &Model {
+        &self.model
+    }
+
+    pub fn eos(&self) -> &[u32] {
+        &self.eos
+    }
+
+    pub fn prompt_cache(&self) -> &PromptCache {
+        &self.prompt_cache
+    }
+
+    pub fn prompt_cache_mut(&mut self) -> &mut PromptCache {
+        &mut self.prompt_cache
+    }
+
+    pub fn prefill_chunk(&self) -> usize {
+        self.prefill_chunk
+    }
+
+    /// Generates a reply to `prompt`, passing its text to `on_text` as it comes
+    /// (`ControlFlow::Break` stops, as a cancel does). `cancel` is checked before each prefill
+    /// chunk and after each token. The prompt cache gains a snapshot at the prompt's end (the
+    /// next turn of a conversation starts with this prompt) and at `prompt.boundaries`.
+    pub fn generate(
+        &mut self,
+        prompt: &PromptTokens,
+        params: &GenerateParams,
+        cancel: &AtomicBool,
+        on_text: &mut dyn FnMut(&str) -> ControlFlow<()>,
+    ) -> Result<Outcome> {
+        let ids = &prompt.ids;
+        if ids.is_empty() {
+            bail!("the prompt has no tokens");
+        }
+        let model = &self.model;
+        let max_positions = model.config().max_position_embeddings;
+        let start = Instant::now();
+        let (cached_tokens, mut cache) = match self.prompt_cache.lookup(ids)? {
+            Some((n, cache)) => (n, cache),
+            None => (0, model.new_cache()),
+        };
+        let mut outcome = Outcome {
+            prompt_tokens: ids.len(),
+            cached_tokens,
+            prefilled_tokens: 0,
+            generated: 0,
+            finish: FinishReason::Cancelled,
+            prompt_time: None,
+            generation_time: None,
+            tokens: Vec::new(),
+        };
+        let (head, last) = ids.split_at(ids.len() - 1);
+        let done = prefill_with_snapshots_cancellable(
+            model,
+            head,
+            &mut cache,
+            self.prefill_chunk,
+            &prompt.boundaries,
+            self.snapshot_every,
+            &mut self.prompt_cache,
+            cancel,
+        )?;
+        outcome.prefilled_tokens = cache.offset - cached_tokens;
+        if !done {
+            return Ok(outcome);
+        }
+        let mut logits = model.forward_last(last, &mut cache)?;
+        outcome.prefilled_tokens += 1;
+        // Before the first decode step changes the cache in place.
+        self.prompt_cache.insert(ids, &cache)?;
+
+        let mut sampler = Sampler::new(params.sampler.clone(), params.seed);
+        let mut stream = TokenStream::new(&self.checkpoint.tokenizer);
+        let mut stops = StopStrings::new(&params.stop_strings);
+        // mlx-lm's logits processors see only tokens that went through the decode step: the
+        // last prompt token and the generated ones, not the prefilled chunks.
+        let mut history = last.to_vec();
+        // False once a stop string ended the text or the consumer stopped listening.
+        let mut flush_at_end = true;
+        let finish = loop {
+            let mut row = last_row(&logits)?;
+            if row.iter().any(|x| !x.is_finite()) {
+                let seen: Vec<u32> = head.iter().chain(&history).copied().collect();
+                return Err(non_finite_logits(model, &seen, self.prefill_chunk));
+            }
+            let token = sampler.sample(&mut row, &history);
+            outcome.prompt_time.get_or_insert_with(|| start.elapsed());
+            outcome.generated += 1; // counted even when it is EOS, as mlx-lm does
+            outcome.tokens.push(token);
+            history.push(token);
+            if self.eos.contains(&token) {
+                break FinishReason::Stop;
+            }
+            if let Some(text) = stream.push(token)? {
+                match stops.push(&text) {
+                    Scan::Emit(text) => {
+                        if !text.is_empty() && on_text(&text).is_break() {
+                            flush_at_end = false;
+                            break FinishReason::Cancelled;
+                        }
+                    }
+                    Scan::Stop(text) => {
+                        if !text.is_empty() {
+                            let _ = on_text(&text);
+                        }
+                        flush_at_end = false;
+                        break FinishReason::Stop;
+                    }
+                }
+            }
+            if cancel.load(Ordering::Relaxed) {
+                break FinishReason::Cancelled;
+            }
+            if outcome.generated == params.max_tokens {
+                break FinishReason::Length;
+            }
+            if cache.offset >= max_positions {
+                break FinishReason::ContextFull;
+            }
+            logits = model.forward_last(&[token], &mut cache)?;
+        };
+        outcome.finish = finish;
+        if flush_at_end {
+            // What the stream and the stop strings still hold (an incomplete character, a
+            // possible start of a stop string that never completed).
+            let rest = match stops.push(&stream.finish()?) {
+                Scan::Emit(text) => text + &stops.finish(),
+                Scan::Stop(text) => text,
+            };
+            if !rest.is_empty() {
+                let _ = on_text(&rest);
+            }
+        }
+        outcome.generation_time = outcome.prompt_time.map(|p| start.elapsed() - p);
+        Ok(outcome)
+    }
+}
+
+fn last_row(logits: &Tensor) -> Result<Vec<f32>> {
+    let rows = logits.dim(0)?;
+    Ok(logits.i(rows - 1)?.to_dtype(DType::F32)?.to_vec1()?)
+}
