@@ -185,18 +185,18 @@ fn generate(prompt: &str, max_tokens: usize, extra: &[&str]) -> (String, usize) 
 fn greedy_replies_equal_generate_streamed_or_not() {
     let server = Server::start(&[], &[]);
     let prompt = "Tell me about the sea.";
-    // Chat, through the template (thinking on, as generate's default for this vocabulary).
-    let (expected, prompt_tokens) = generate(prompt, 24, &[]);
-    let body = json!({"model": fixture(MODEL).to_str().unwrap(), "messages": user(prompt), "max_tokens": 24, "temperature": 0});
+    // Chat, through the template, thinking off: the whole reply is content (the reasoning
+    // parser finds the prompt's closed think block).
+    let (expected, prompt_tokens) = generate(prompt, 24, &["--enable-thinking", "false"]);
+    let body = json!({
+        "model": fixture(MODEL).to_str().unwrap(), "messages": user(prompt), "max_tokens": 24,
+        "temperature": 0, "chat_template_kwargs": {"enable_thinking": false},
+    });
     let (status, reply) = server.post("/v1/chat/completions", &body);
     assert_eq!(status, 200, "{reply}");
     let message = &reply["choices"][0]["message"];
-    let text = format!(
-        "{}{}",
-        message["reasoning_content"].as_str().unwrap_or(""),
-        message["content"].as_str().unwrap_or("")
-    );
-    assert_eq!(text, expected);
+    assert_eq!(message["content"], expected);
+    assert!(message.get("reasoning_content").is_none(), "{reply}");
     assert_eq!(reply["object"], "chat.completion");
     assert_eq!(reply["usage"]["prompt_tokens"], prompt_tokens);
     assert_eq!(
@@ -224,9 +224,8 @@ fn greedy_replies_equal_generate_streamed_or_not() {
     for c in &chunks {
         assert_eq!(c["object"], "chat.completion.chunk");
         if let Some(choice) = c["choices"].get(0) {
-            for key in ["reasoning_content", "content"] {
-                streamed.push_str(choice["delta"][key].as_str().unwrap_or(""));
-            }
+            assert!(choice["delta"].get("reasoning_content").is_none(), "{c}");
+            streamed.push_str(choice["delta"]["content"].as_str().unwrap_or(""));
         }
     }
     assert_eq!(streamed, expected);
@@ -236,7 +235,9 @@ fn greedy_replies_equal_generate_streamed_or_not() {
     // The same prompt again starts from the prompt cache (a snapshot at a message boundary;
     // at least the last token is run, its logits give the first new one) and still gives
     // generate's text.
-    let cached = usage_chunk["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap();
+    let cached = usage_chunk["usage"]["prompt_tokens_details"]["cached_tokens"]
+        .as_u64()
+        .unwrap();
     assert!(cached > 0 && cached < prompt_tokens as u64, "{usage_chunk}");
     assert_eq!(
         chunks[chunks.len() - 2]["choices"][0]["finish_reason"],

@@ -9,8 +9,10 @@ use super::scheduler::Backend;
 use super::test_hooks;
 use crate::chat_template::ChatTemplate;
 use crate::engine::{render_conversation, Engine, FinishReason, GenerateParams, PromptTokens};
+use crate::reasoning::ReasoningMode;
 use crate::sampler::SamplerConfig;
 use crate::template_args::special_tokens;
+use crate::tool_calls::{ToolCallFormat, ToolChoice};
 use anyhow::Result;
 use serde_json::{Map, Value as Json};
 use std::ops::ControlFlow;
@@ -22,6 +24,9 @@ const TEMPLATE_OVERHEAD: usize = 1 << 20;
 pub struct EngineBackend {
     engine: Engine,
     template: Option<ChatTemplate>,
+    /// The tool-call format the template teaches (None: it shows none, so a call cannot be
+    /// forced).
+    call_format: Option<ToolCallFormat>,
     /// Template variables every chat gets (special tokens, enable_thinking when the
     /// vocabulary has think tags, as `generate` does); chat_template_kwargs override them.
     base_vars: Map<String, Json>,
@@ -40,19 +45,23 @@ impl EngineBackend {
         {
             base_vars.insert("enable_thinking".into(), true.into());
         }
+        let call_format = template
+            .as_ref()
+            .and_then(|t| ToolCallFormat::detect(&t.source()));
         Ok(Self {
             engine,
             template,
+            call_format,
             base_vars,
         })
     }
 
-    /// The prompt's tokens, and whether it ends inside `<think>`.
-    fn encode(&self, prompt: &Prompt) -> Result<(PromptTokens, bool), ApiError> {
+    /// The prompt's tokens, and what the output parser must know about its end.
+    fn encode(&self, prompt: &Prompt) -> Result<(PromptTokens, PromptInfo), ApiError> {
         let checkpoint = self.engine.checkpoint();
         let (limit, tokenizer) = (&checkpoint.input_limit, &checkpoint.tokenizer);
         let too_long = |e: anyhow::Error| ApiError::context_length(format!("{e:#}"));
-        let (tokens, text) = match prompt {
+        let (mut tokens, text, tool_choice) = match prompt {
             Prompt::Text(text) => {
                 // Tokenizes at most about a context's worth before giving up.
                 limit
@@ -63,12 +72,13 @@ impl EngineBackend {
                     .map_err(|e| ApiError::invalid(format!("tokenizing the prompt: {e}")))?
                     .get_ids()
                     .to_vec();
-                (PromptTokens::plain(ids), text.clone())
+                (PromptTokens::plain(ids), text.clone(), None)
             }
             Prompt::Chat {
                 messages,
                 tools,
                 template_vars,
+                tool_choice,
             } => {
                 let template = self.template.as_ref().ok_or_else(|| {
                     ApiError::invalid("this model has no chat template; use /v1/completions")
@@ -87,9 +97,38 @@ impl EngineBackend {
                 let tokens =
                     render_conversation(template, tokenizer, messages, tools.as_ref(), true, &vars)
                         .map_err(template_error)?;
-                (tokens, text)
+                (tokens, text, Some(tool_choice))
             }
         };
+        let mut info = PromptInfo {
+            reasoning: match tool_choice {
+                Some(_) => ReasoningMode::from_prompt(&text),
+                None => ReasoningMode::Off,
+            },
+            forced_opening: None,
+        };
+        let function = match tool_choice {
+            Some(ToolChoice::Required) => Some(None),
+            Some(ToolChoice::Function(name)) => Some(Some(name.as_str())),
+            _ => None,
+        };
+        if let (Some(function), Some(format)) = (function, self.call_format) {
+            // The Qwen templates have no tool_choice: a call is forced by writing its opening
+            // after the generation prompt. An open thinking block is closed first (as the
+            // template does with thinking off), so the call is the answer.
+            let mut appended = String::new();
+            if text.trim_end().ends_with("<think>") {
+                appended.push_str("\n</think>\n\n");
+            }
+            info.reasoning = ReasoningMode::from_prompt(&(text.clone() + &appended));
+            let opening = format.call_opening(function);
+            appended.push_str(&opening);
+            let ids = tokenizer
+                .encode(appended.as_str(), false)
+                .map_err(|e| ApiError::invalid(format!("tokenizing the prompt: {e}")))?;
+            tokens.ids.extend_from_slice(ids.get_ids());
+            info.forced_opening = Some(opening);
+        }
         if tokens.ids.is_empty() {
             return Err(ApiError::invalid("the prompt has no tokens"));
         }
@@ -97,7 +136,7 @@ impl EngineBackend {
         limit
             .check_fits(tokens.ids.len() + 1, "the prompt")
             .map_err(too_long)?;
-        Ok((tokens, text.trim_end().ends_with("<think>")))
+        Ok((tokens, info))
     }
 
     /// [`test_hooks::FORCE_OUTPUT_ENV`]: the forced text, sent a few characters at a time
@@ -130,13 +169,13 @@ impl Backend for EngineBackend {
         cancel: &AtomicBool,
         on_event: &mut dyn FnMut(Event) -> ControlFlow<()>,
     ) -> Result<(Finish, Usage), ApiError> {
-        let (prompt, opens_thinking) = self.encode(&job.prompt)?;
+        let (prompt, info) = self.encode(&job.prompt)?;
         let mut usage = Usage {
             prompt_tokens: prompt.ids.len(),
             cached_tokens: 0,
             completion_tokens: 0,
         };
-        if on_event(Event::Prompt(PromptInfo { opens_thinking })).is_break() {
+        if on_event(Event::Prompt(info)).is_break() {
             return Ok((Finish::Cancelled, usage));
         }
         if let Some(text) = test_hooks::forced_output() {

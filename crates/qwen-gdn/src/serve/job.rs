@@ -1,6 +1,8 @@
 //! What a validated request asks of the generation worker, and what the worker sends back.
 
 use super::error::ApiError;
+use crate::reasoning::ReasoningMode;
+use crate::tool_calls::ToolChoice;
 use serde_json::{Map, Value as Json};
 
 /// The prompt: chat messages through the model's template, or raw text (/v1/completions).
@@ -13,6 +15,8 @@ pub enum Prompt {
         tools: Option<Json>,
         /// chat_template_kwargs.
         template_vars: Map<String, Json>,
+        /// "required" or a named function: the prompt ends with the opening of a call.
+        tool_choice: ToolChoice,
     },
     Text(String),
 }
@@ -66,11 +70,13 @@ pub struct Usage {
 }
 
 /// The prompt as the worker saw it, sent before any text.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PromptInfo {
-    /// The rendered prompt ends inside an open `<think>` block (Qwen3.5 with thinking on):
-    /// the output starts as reasoning.
-    pub opens_thinking: bool,
+    /// Where the output starts with respect to thinking (from the rendered prompt).
+    pub reasoning: ReasoningMode,
+    /// The start of a tool call the server appended to the prompt to force one: part of the
+    /// reply, which the output parser reads first.
+    pub forced_opening: Option<String>,
 }
 
 /// Worker → request handler, in this order: Prompt, Text*, then Done or Failed.

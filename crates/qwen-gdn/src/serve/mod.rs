@@ -8,7 +8,6 @@ mod body;
 pub mod cli;
 mod error;
 mod job;
-mod output_parser;
 mod reply;
 mod request;
 mod response;

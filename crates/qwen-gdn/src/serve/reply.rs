@@ -5,20 +5,24 @@
 
 use super::error::ApiError;
 use super::job::{Event, Finish, PromptInfo, Usage};
-use super::output_parser::{Delta, OutputParser};
 use super::request::Validated;
 use super::response::Header;
 use super::scheduler::Ticket;
+use crate::tool_calls::{from_events, Event as Delta, OutputParser, ParserOptions, ToolSchemas};
 use axum::body::{Body, Bytes};
 use axum::http::header;
 use axum::response::{IntoResponse, Response};
 use futures_util::stream::{self, StreamExt};
-use serde_json::{json, Map, Value as Json};
+use serde_json::{json, Value as Json};
 use std::convert::Infallible;
 
-/// Chat replies parse the output; completion replies return it as it is.
+/// Chat replies parse the output into content, reasoning and tool calls (the parser is
+/// taken when the output ends); completion replies return it as it is.
 enum Shape {
-    Chat { parser: OutputParser, calls: usize },
+    Chat {
+        parser: Option<OutputParser>,
+        calls: usize,
+    },
     Completion,
 }
 
@@ -47,30 +51,43 @@ pub async fn respond(mut ticket: Ticket, request: Validated, model: &str, chat: 
         Ok(info) => info,
         Err(e) => return e.into_response(),
     };
+    let mut opening = vec![];
     let shape = if chat {
+        let recognised = request
+            .tool_choice
+            .recognises_calls(!request.tools.is_empty());
+        let mut parser = OutputParser::new(ParserOptions {
+            reasoning: info.reasoning,
+            tools: recognised.then(|| ToolSchemas::from_tools(&request.tools)),
+        });
+        // A call the server opened in the prompt is part of the reply.
+        if let Some(text) = &info.forced_opening {
+            opening = parser.push(text);
+        }
         Shape::Chat {
-            parser: OutputParser::new(&request.tools, info.opens_thinking),
+            parser: Some(parser),
             calls: 0,
         }
     } else {
         Shape::Completion
     };
-    let reply = Reply {
+    let mut reply = Reply {
         ticket,
         header: Header::new(if chat { "chatcmpl" } else { "cmpl" }, model),
         shape,
         include_usage: request.include_usage,
     };
+    reply.count_calls(&opening);
     if request.stream {
-        reply.stream()
+        reply.stream(opening)
     } else {
-        reply.whole().await
+        reply.whole(opening).await
     }
 }
 
 impl Reply {
-    async fn whole(mut self) -> Response {
-        let mut deltas = Vec::new();
+    async fn whole(mut self, opening: Vec<Delta>) -> Response {
+        let mut deltas = opening;
         let (finish, usage) = loop {
             match self.ticket.events.recv().await {
                 Some(Event::Text(text)) => deltas.extend(self.parse(&text)),
@@ -86,7 +103,10 @@ impl Reply {
         deltas.extend(self.finish_parse());
         let reason = self.finish_reason(finish);
         let body = match &self.shape {
-            Shape::Chat { .. } => self.header.chat(message(&deltas), reason, &usage),
+            Shape::Chat { .. } => {
+                let message = from_events(deltas).to_openai_message();
+                self.header.chat(message, reason, &usage)
+            }
             Shape::Completion => {
                 let text: String = deltas
                     .iter()
@@ -101,13 +121,14 @@ impl Reply {
         axum::Json(body).into_response()
     }
 
-    fn stream(self) -> Response {
-        let first = match &self.shape {
+    fn stream(self, opening: Vec<Delta>) -> Response {
+        let mut first = match &self.shape {
             Shape::Chat { .. } => vec![sse(&self
                 .header
                 .chat_chunk(json!({"role": "assistant", "content": ""}), None))],
             Shape::Completion => vec![],
         };
+        first.extend(self.chunks(&opening));
         let events = stream::unfold(Some(self), |state| async move {
             let mut reply = state?;
             match reply.ticket.events.recv().await {
@@ -148,30 +169,29 @@ impl Reply {
     }
 
     fn parse(&mut self, text: &str) -> Vec<Delta> {
-        match &mut self.shape {
-            Shape::Chat { parser, calls } => {
-                let deltas = parser.push(text);
-                *calls += deltas
-                    .iter()
-                    .filter(|d| matches!(d, Delta::ToolCall { .. }))
-                    .count();
-                deltas
-            }
+        let deltas = match &mut self.shape {
+            Shape::Chat { parser, .. } => parser.as_mut().map_or_else(Vec::new, |p| p.push(text)),
             Shape::Completion => vec![Delta::Content(text.to_string())],
-        }
+        };
+        self.count_calls(&deltas);
+        deltas
     }
 
     fn finish_parse(&mut self) -> Vec<Delta> {
-        match &mut self.shape {
-            Shape::Chat { parser, calls } => {
-                let deltas = parser.finish();
-                *calls += deltas
-                    .iter()
-                    .filter(|d| matches!(d, Delta::ToolCall { .. }))
-                    .count();
-                deltas
-            }
+        let deltas = match &mut self.shape {
+            Shape::Chat { parser, .. } => parser.take().map_or_else(Vec::new, OutputParser::finish),
             Shape::Completion => vec![],
+        };
+        self.count_calls(&deltas);
+        deltas
+    }
+
+    fn count_calls(&mut self, deltas: &[Delta]) {
+        if let Shape::Chat { calls, .. } = &mut self.shape {
+            *calls += deltas
+                .iter()
+                .filter(|d| matches!(d, Delta::ToolCall(_)))
+                .count();
         }
     }
 
@@ -228,56 +248,10 @@ fn done() -> Bytes {
     Bytes::from_static(b"data: [DONE]\n\n")
 }
 
-fn tool_call_json(d: &Delta, with_index: bool) -> Json {
-    let Delta::ToolCall {
-        index,
-        id,
-        name,
-        arguments,
-    } = d
-    else {
-        return Json::Null;
-    };
-    let mut call =
-        json!({"id": id, "type": "function", "function": {"name": name, "arguments": arguments}});
-    if with_index {
-        call["index"] = json!(index);
-    }
-    call
-}
-
 fn chat_delta(d: &Delta) -> Json {
     match d {
         Delta::Content(t) => json!({"content": t}),
         Delta::Reasoning(t) => json!({"reasoning_content": t}),
-        Delta::ToolCall { .. } => json!({"tool_calls": [tool_call_json(d, true)]}),
+        Delta::ToolCall(call) => json!({"tool_calls": [call.to_openai_delta()]}),
     }
-}
-
-/// The assistant message of a whole reply.
-fn message(deltas: &[Delta]) -> Json {
-    let (mut content, mut reasoning, mut calls) = (String::new(), String::new(), Vec::new());
-    for d in deltas {
-        match d {
-            Delta::Content(t) => content.push_str(t),
-            Delta::Reasoning(t) => reasoning.push_str(t),
-            Delta::ToolCall { .. } => calls.push(tool_call_json(d, false)),
-        }
-    }
-    let mut m = Map::new();
-    m.insert("role".into(), "assistant".into());
-    // OpenAI sends null content for a reply that is only tool calls.
-    let content = if content.is_empty() && !calls.is_empty() {
-        Json::Null
-    } else {
-        content.into()
-    };
-    m.insert("content".into(), content);
-    if !reasoning.is_empty() {
-        m.insert("reasoning_content".into(), reasoning.into());
-    }
-    if !calls.is_empty() {
-        m.insert("tool_calls".into(), calls.into());
-    }
-    Json::Object(m)
 }

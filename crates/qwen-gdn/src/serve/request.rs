@@ -5,6 +5,7 @@
 use super::error::ApiError;
 use super::job::{JobSpec, Prompt, Sampling};
 use crate::arg_ranges;
+use crate::tool_calls::{normalize_messages_for_template, ToolChoice};
 use serde::Deserialize;
 use serde_json::{Map, Value as Json};
 
@@ -49,43 +50,6 @@ pub struct Common {
 }
 
 #[derive(Deserialize, Debug)]
-#[serde(untagged)]
-pub enum Content {
-    Text(String),
-    Parts(Vec<ContentPart>),
-}
-
-#[derive(Deserialize, Debug)]
-pub struct ContentPart {
-    #[serde(rename = "type")]
-    pub kind: String,
-    pub text: Option<String>,
-}
-
-#[derive(Deserialize, Debug)]
-pub struct Message {
-    pub role: String,
-    pub content: Option<Content>,
-    pub name: Option<String>,
-    pub tool_calls: Option<Vec<ToolCall>>,
-    pub tool_call_id: Option<String>,
-    pub reasoning_content: Option<String>,
-}
-
-#[derive(Deserialize, Debug)]
-pub struct ToolCall {
-    pub id: Option<String>,
-    pub function: FunctionCall,
-}
-
-#[derive(Deserialize, Debug)]
-pub struct FunctionCall {
-    pub name: String,
-    /// OpenAI sends the arguments as a JSON text; some clients send the object itself.
-    pub arguments: Json,
-}
-
-#[derive(Deserialize, Debug)]
 pub struct Tool {
     #[serde(rename = "type")]
     pub kind: String,
@@ -104,7 +68,8 @@ pub struct ChatRequest {
     /// Read separately (serde's flatten would lose the path of a field at fault).
     #[serde(skip)]
     pub common: Common,
-    pub messages: Vec<Message>,
+    /// Checked and rewritten by [`normalize_messages_for_template`].
+    pub messages: Vec<Json>,
     pub max_completion_tokens: Option<u64>,
     pub tools: Option<Vec<Json>>,
     pub tool_choice: Option<Json>,
@@ -121,19 +86,6 @@ pub struct CompletionRequest {
     pub echo: Option<bool>,
     pub suffix: Option<String>,
     pub best_of: Option<u64>,
-}
-
-/// How a chat request wants tool calls handled.
-#[derive(Debug, Clone, PartialEq)]
-pub enum ToolChoice {
-    /// No tools, or tool_choice "none": tools are not shown and output is never parsed for calls.
-    None,
-    Auto,
-    /// "required": the Qwen templates have no way to force a call; the tools are shown as
-    /// for "auto" (documented in the README).
-    Required,
-    /// A named function: only that tool is shown to the model.
-    Named(String),
 }
 
 /// A validated chat or completion request.
@@ -358,9 +310,6 @@ impl ChatRequest {
                 ));
             }
         }
-        if self.messages.is_empty() {
-            return Err(ApiError::invalid_param("messages", "`messages` is empty"));
-        }
         let sampling = sampling(&self.common, &limits.defaults)?;
         let max_tokens = match self.max_completion_tokens {
             Some(n) => max_tokens("max_completion_tokens", Some(n), limits)?,
@@ -386,22 +335,20 @@ impl ChatRequest {
         let tool_choice = tool_choice(self.tool_choice.as_ref(), &tools)?;
         let shown: Vec<Json> = match &tool_choice {
             ToolChoice::None => vec![],
-            ToolChoice::Named(name) => tools
+            ToolChoice::Function(name) => tools
                 .iter()
                 .filter(|t| t["function"]["name"].as_str() == Some(name))
                 .cloned()
                 .collect(),
             _ => tools,
         };
-        // The tools' JSON goes into the prompt too.
-        let mut bytes = serde_json::to_string(&shown).map_or(0, |t| t.len() as u64);
-        let messages = self
-            .messages
-            .into_iter()
-            .enumerate()
-            .map(|(i, m)| template_message(i, m, &mut bytes))
-            .collect::<Result<Vec<_>, _>>()?;
-        too_long(bytes, limits)?;
+        let messages = normalize_messages_for_template(&self.messages).map_err(|e| {
+            ApiError::invalid_param(&e.param, format!("invalid `{}`: {}", e.param, e.message))
+        })?;
+        // Messages and tools as JSON text: a little more than the text they put in the prompt.
+        let bytes = serde_json::to_string(&messages).map_or(0, |t| t.len())
+            + serde_json::to_string(&shown).map_or(0, |t| t.len());
+        too_long(bytes as u64, limits)?;
         let template_vars = self.chat_template_kwargs.unwrap_or_default();
         if let Some(key) = crate::chat_template::RESERVED_VARIABLES
             .iter()
@@ -418,6 +365,7 @@ impl ChatRequest {
                     messages,
                     tools: (!shown.is_empty()).then(|| Json::Array(shown.clone())),
                     template_vars,
+                    tool_choice: tool_choice.clone(),
                 },
                 max_tokens,
                 sampling,
@@ -440,26 +388,12 @@ fn include_usage(c: &Common) -> bool {
 
 fn tool_choice(choice: Option<&Json>, tools: &[Json]) -> Result<ToolChoice, ApiError> {
     let bad = |msg: &str| ApiError::invalid_param("tool_choice", msg.to_string());
-    let choice = match choice {
-        None | Some(Json::Null) => {
-            return Ok(if tools.is_empty() { ToolChoice::None } else { ToolChoice::Auto })
-        }
-        Some(Json::String(s)) => match s.as_str() {
-            "none" => ToolChoice::None,
-            "auto" => ToolChoice::Auto,
-            "required" => ToolChoice::Required,
-            _ => return Err(bad("expected \"none\", \"auto\", \"required\" or {\"type\": \"function\", \"function\": {\"name\": ...}}")),
-        },
-        Some(obj) => match obj["function"]["name"].as_str() {
-            Some(name) if obj["type"] == "function" => ToolChoice::Named(name.to_string()),
-            _ => return Err(bad("expected {\"type\": \"function\", \"function\": {\"name\": ...}}")),
-        },
-    };
+    let choice = ToolChoice::from_request(choice).map_err(|e| bad(&e))?;
     match &choice {
         ToolChoice::Required if tools.is_empty() => {
             Err(bad("tool_choice \"required\" needs `tools`"))
         }
-        ToolChoice::Named(name)
+        ToolChoice::Function(name)
             if !tools
                 .iter()
                 .any(|t| t["function"]["name"].as_str() == Some(name)) =>
@@ -470,101 +404,6 @@ fn tool_choice(choice: Option<&Json>, tools: &[Json]) -> Result<ToolChoice, ApiE
         }
         _ => Ok(choice),
     }
-}
-
-/// One message as the chat templates expect it: content as one string (text parts joined),
-/// tool-call arguments as an object (the Qwen templates iterate over them).
-fn template_message(i: usize, m: Message, bytes: &mut u64) -> Result<Json, ApiError> {
-    let param = format!("messages[{i}]");
-    if !matches!(
-        m.role.as_str(),
-        "system" | "developer" | "user" | "assistant" | "tool"
-    ) {
-        return Err(ApiError::invalid_param(
-            &format!("{param}.role"),
-            format!(
-                "unknown role `{}`: expected system, user, assistant or tool",
-                m.role
-            ),
-        ));
-    }
-    let content = match m.content {
-        None => String::new(),
-        Some(Content::Text(s)) => s,
-        Some(Content::Parts(parts)) => {
-            let mut text = String::new();
-            for (j, part) in parts.into_iter().enumerate() {
-                match (part.kind.as_str(), part.text) {
-                    ("text", Some(t)) => text.push_str(&t),
-                    _ => {
-                        return Err(ApiError::invalid_param(
-                            &format!("{param}.content[{j}]"),
-                            "only text content parts ({\"type\": \"text\", \"text\": ...}) are supported",
-                        ))
-                    }
-                }
-            }
-            text
-        }
-    };
-    *bytes += content.len() as u64;
-    let mut out = Map::new();
-    // The Qwen templates know no "developer" role; it is OpenAI's newer name for "system".
-    let role = if m.role == "developer" {
-        "system".to_string()
-    } else {
-        m.role
-    };
-    out.insert("role".into(), role.into());
-    out.insert("content".into(), content.into());
-    if let Some(name) = m.name {
-        out.insert("name".into(), name.into());
-    }
-    if let Some(id) = m.tool_call_id {
-        out.insert("tool_call_id".into(), id.into());
-    }
-    if let Some(r) = m.reasoning_content {
-        *bytes += r.len() as u64;
-        out.insert("reasoning_content".into(), r.into());
-    }
-    if let Some(calls) = m.tool_calls {
-        let mut list = Vec::new();
-        for (j, call) in calls.into_iter().enumerate() {
-            let arguments = match call.function.arguments {
-                Json::String(s) => {
-                    *bytes += s.len() as u64;
-                    serde_json::from_str::<Json>(&s)
-                        .ok()
-                        .filter(Json::is_object)
-                        .ok_or_else(|| {
-                            ApiError::invalid_param(
-                                &format!("{param}.tool_calls[{j}].function.arguments"),
-                                "the arguments are not a JSON object",
-                            )
-                        })?
-                }
-                obj @ Json::Object(_) => obj,
-                _ => {
-                    return Err(ApiError::invalid_param(
-                        &format!("{param}.tool_calls[{j}].function.arguments"),
-                        "the arguments are not a JSON object",
-                    ))
-                }
-            };
-            let mut function = Map::new();
-            function.insert("name".into(), call.function.name.into());
-            function.insert("arguments".into(), arguments);
-            let mut c = Map::new();
-            if let Some(id) = call.id {
-                c.insert("id".into(), id.into());
-            }
-            c.insert("type".into(), "function".into());
-            c.insert("function".into(), Json::Object(function));
-            list.push(Json::Object(c));
-        }
-        out.insert("tool_calls".into(), Json::Array(list));
-    }
-    Ok(Json::Object(out))
 }
 
 impl CompletionRequest {
@@ -646,7 +485,7 @@ mod tests {
             }
             p => panic!("{p:?}"),
         }
-        assert_eq!(v.tool_choice, ToolChoice::None);
+        assert_eq!(v.tool_choice, ToolChoice::Auto);
     }
 
     #[test]
@@ -731,7 +570,7 @@ mod tests {
         assert_eq!(v.tool_choice, ToolChoice::Auto);
         assert_eq!(v.tools.len(), 2);
         let v = chat(&format!(r#"{{"messages":[{{"role":"user","content":"a"}}],"tools":{tools},"tool_choice":{{"type":"function","function":{{"name":"g"}}}}}}"#)).unwrap();
-        assert_eq!(v.tool_choice, ToolChoice::Named("g".into()));
+        assert_eq!(v.tool_choice, ToolChoice::Function("g".into()));
         assert_eq!(v.tools.len(), 1);
         let v = chat(&format!(r#"{{"messages":[{{"role":"user","content":"a"}}],"tools":{tools},"tool_choice":"none"}}"#)).unwrap();
         assert!(v.tools.is_empty());

@@ -204,7 +204,8 @@ mod tests {
                 }
             }
             let _ = on_event(Event::Prompt(PromptInfo {
-                opens_thinking: false,
+                reasoning: crate::reasoning::ReasoningMode::Off,
+                forced_opening: None,
             }));
             let mut n = 0;
             let finish = loop {
