@@ -527,3 +527,88 @@ fn a_panic_is_answered_500_and_the_server_goes_on() {
         assert_eq!(status, 200, "{reply}");
     }
 }
+
+fn weather_tool() -> Json {
+    json!([{"type": "function", "function": {
+        "name": "get_weather",
+        "description": "The weather in a city",
+        "parameters": {"type": "object", "properties": {
+            "city": {"type": "string"}, "days": {"type": "integer"}
+        }, "required": ["city"]},
+    }}])
+}
+
+#[test]
+fn tool_calls_come_back_in_openai_shape() {
+    // The tiny models print gibberish: the reply is forced (a debug-build test switch) to a
+    // Qwen3.5 XML call after some thinking.
+    let forced = "Let me look.\n</think>\n\n<tool_call>\n<function=get_weather>\n<parameter=city>\nParis <Nord>\n</parameter>\n<parameter=days>\n3\n</parameter>\n</function>\n</tool_call>";
+    let server = Server::start(&[], &[("QWEN_GDN_TEST_FORCE_OUTPUT", forced)]);
+    let body = json!({"messages": user("Weather in Paris?"), "tools": weather_tool()});
+    let (status, reply) = server.post("/v1/chat/completions", &body);
+    assert_eq!(status, 200, "{reply}");
+    let choice = &reply["choices"][0];
+    assert_eq!(choice["finish_reason"], "tool_calls", "{reply}");
+    let message = &choice["message"];
+    assert_eq!(message["reasoning_content"], "Let me look.");
+    assert_eq!(message["content"], Json::Null);
+    let call = &message["tool_calls"][0];
+    assert_eq!(call["type"], "function");
+    assert!(call["id"].as_str().unwrap().starts_with("call_"));
+    assert_eq!(call["function"]["name"], "get_weather");
+    let args: Json = serde_json::from_str(call["function"]["arguments"].as_str().unwrap()).unwrap();
+    assert_eq!(args, json!({"city": "Paris <Nord>", "days": 3}));
+
+    // Streamed: one tool_calls delta with the whole call, then finish_reason tool_calls.
+    let mut body = body.clone();
+    body["stream"] = json!(true);
+    let events = server.stream("/v1/chat/completions", &body);
+    let chunks: Vec<Json> = events[..events.len() - 1].iter().map(|e| serde_json::from_str(e).unwrap()).collect();
+    let calls: Vec<&Json> = chunks.iter().filter_map(|c| c["choices"][0]["delta"].get("tool_calls")).collect();
+    assert_eq!(calls.len(), 1, "{events:?}");
+    assert_eq!(calls[0][0]["index"], 0);
+    assert_eq!(calls[0][0]["function"]["name"], "get_weather");
+    assert_eq!(chunks.last().unwrap()["choices"][0]["finish_reason"], "tool_calls");
+
+    // tool_choice "none": the same text is content, not a call.
+    let body = json!({"messages": user("Weather?"), "tools": weather_tool(), "tool_choice": "none", "chat_template_kwargs": {"enable_thinking": false}});
+    let (_, reply) = server.post("/v1/chat/completions", &body);
+    assert_eq!(reply["choices"][0]["finish_reason"], "stop", "{reply}");
+    assert!(reply["choices"][0]["message"].get("tool_calls").is_none(), "{reply}");
+    assert!(reply["choices"][0]["message"]["content"].as_str().unwrap().contains("<tool_call>"));
+
+    // The round trip: the call and its result go back through the template.
+    let messages = json!([
+        {"role": "user", "content": "Weather in Paris?"},
+        {"role": "assistant", "content": null, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": call["id"], "content": "sunny, 21 C"},
+    ]);
+    let (status, reply) = server.post("/v1/chat/completions", &json!({"messages": messages, "tools": weather_tool()}));
+    assert_eq!(status, 200, "{reply}");
+}
+
+#[test]
+fn a_named_tool_choice_forces_that_call() {
+    let server = Server::start(&[], &[]);
+    let body = json!({
+        "messages": user("Weather in Paris?"), "tools": weather_tool(), "max_tokens": 8, "temperature": 0,
+        "tool_choice": {"type": "function", "function": {"name": "get_weather"}},
+    });
+    let (status, reply) = server.post("/v1/chat/completions", &body);
+    assert_eq!(status, 200, "{reply}");
+    let message = &reply["choices"][0]["message"];
+    // The reply starts inside the call the server opened; the tiny model never closes it
+    // within 8 tokens, so it comes back as content (never an error).
+    match message.get("tool_calls") {
+        Some(calls) => assert_eq!(calls[0]["function"]["name"], "get_weather", "{reply}"),
+        None => assert!(
+            message["content"].as_str().unwrap().starts_with("<tool_call>\n<function=get_weather>\n"),
+            "{reply}"
+        ),
+    }
+    assert!(message.get("reasoning_content").is_none(), "{reply}");
+    // Thinking on (the default for this vocabulary): the reply is reasoning.
+    let (_, reply) = server.post("/v1/chat/completions", &json!({"messages": user("hi"), "max_tokens": 6, "temperature": 0}));
+    let reasoning = reply["choices"][0]["message"]["reasoning_content"].as_str().unwrap_or("");
+    assert!(!reasoning.is_empty(), "{reply}");
+}
