@@ -563,19 +563,34 @@ fn tool_calls_come_back_in_openai_shape() {
     let mut body = body.clone();
     body["stream"] = json!(true);
     let events = server.stream("/v1/chat/completions", &body);
-    let chunks: Vec<Json> = events[..events.len() - 1].iter().map(|e| serde_json::from_str(e).unwrap()).collect();
-    let calls: Vec<&Json> = chunks.iter().filter_map(|c| c["choices"][0]["delta"].get("tool_calls")).collect();
+    let chunks: Vec<Json> = events[..events.len() - 1]
+        .iter()
+        .map(|e| serde_json::from_str(e).unwrap())
+        .collect();
+    let calls: Vec<&Json> = chunks
+        .iter()
+        .filter_map(|c| c["choices"][0]["delta"].get("tool_calls"))
+        .collect();
     assert_eq!(calls.len(), 1, "{events:?}");
     assert_eq!(calls[0][0]["index"], 0);
     assert_eq!(calls[0][0]["function"]["name"], "get_weather");
-    assert_eq!(chunks.last().unwrap()["choices"][0]["finish_reason"], "tool_calls");
+    assert_eq!(
+        chunks.last().unwrap()["choices"][0]["finish_reason"],
+        "tool_calls"
+    );
 
     // tool_choice "none": the same text is content, not a call.
     let body = json!({"messages": user("Weather?"), "tools": weather_tool(), "tool_choice": "none", "chat_template_kwargs": {"enable_thinking": false}});
     let (_, reply) = server.post("/v1/chat/completions", &body);
     assert_eq!(reply["choices"][0]["finish_reason"], "stop", "{reply}");
-    assert!(reply["choices"][0]["message"].get("tool_calls").is_none(), "{reply}");
-    assert!(reply["choices"][0]["message"]["content"].as_str().unwrap().contains("<tool_call>"));
+    assert!(
+        reply["choices"][0]["message"].get("tool_calls").is_none(),
+        "{reply}"
+    );
+    assert!(reply["choices"][0]["message"]["content"]
+        .as_str()
+        .unwrap()
+        .contains("<tool_call>"));
 
     // The round trip: the call and its result go back through the template.
     let messages = json!([
@@ -583,7 +598,10 @@ fn tool_calls_come_back_in_openai_shape() {
         {"role": "assistant", "content": null, "tool_calls": [call]},
         {"role": "tool", "tool_call_id": call["id"], "content": "sunny, 21 C"},
     ]);
-    let (status, reply) = server.post("/v1/chat/completions", &json!({"messages": messages, "tools": weather_tool()}));
+    let (status, reply) = server.post(
+        "/v1/chat/completions",
+        &json!({"messages": messages, "tools": weather_tool()}),
+    );
     assert_eq!(status, 200, "{reply}");
 }
 
@@ -602,13 +620,21 @@ fn a_named_tool_choice_forces_that_call() {
     match message.get("tool_calls") {
         Some(calls) => assert_eq!(calls[0]["function"]["name"], "get_weather", "{reply}"),
         None => assert!(
-            message["content"].as_str().unwrap().starts_with("<tool_call>\n<function=get_weather>\n"),
+            message["content"]
+                .as_str()
+                .unwrap()
+                .starts_with("<tool_call>\n<function=get_weather>\n"),
             "{reply}"
         ),
     }
     assert!(message.get("reasoning_content").is_none(), "{reply}");
     // Thinking on (the default for this vocabulary): the reply is reasoning.
-    let (_, reply) = server.post("/v1/chat/completions", &json!({"messages": user("hi"), "max_tokens": 6, "temperature": 0}));
-    let reasoning = reply["choices"][0]["message"]["reasoning_content"].as_str().unwrap_or("");
+    let (_, reply) = server.post(
+        "/v1/chat/completions",
+        &json!({"messages": user("hi"), "max_tokens": 6, "temperature": 0}),
+    );
+    let reasoning = reply["choices"][0]["message"]["reasoning_content"]
+        .as_str()
+        .unwrap_or("");
     assert!(!reasoning.is_empty(), "{reply}");
 }

@@ -20,7 +20,7 @@ use std::convert::Infallible;
 /// taken when the output ends); completion replies return it as it is.
 enum Shape {
     Chat {
-        parser: Option<OutputParser>,
+        parser: Option<Box<OutputParser>>,
         calls: usize,
     },
     Completion,
@@ -65,7 +65,7 @@ pub async fn respond(mut ticket: Ticket, request: Validated, model: &str, chat: 
             opening = parser.push(text);
         }
         Shape::Chat {
-            parser: Some(parser),
+            parser: Some(Box::new(parser)),
             calls: 0,
         }
     } else {
@@ -179,7 +179,7 @@ impl Reply {
 
     fn finish_parse(&mut self) -> Vec<Delta> {
         let deltas = match &mut self.shape {
-            Shape::Chat { parser, .. } => parser.take().map_or_else(Vec::new, OutputParser::finish),
+            Shape::Chat { parser, .. } => parser.take().map_or_else(Vec::new, |p| p.finish()),
             Shape::Completion => vec![],
         };
         self.count_calls(&deltas);
