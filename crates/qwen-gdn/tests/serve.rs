@@ -465,6 +465,24 @@ fn a_client_that_disconnects_cancels_its_generation() {
     // The worker is free: the next request is served.
     let (status, reply) = server.post("/v1/completions", &json!({"prompt": "hi", "max_tokens": 2}));
     assert_eq!(status, 200, "{reply}");
+    // A request that is not streamed is cancelled as well when its client goes away.
+    let body = json!({"prompt": "Once upon a time", "max_tokens": 10_000}).to_string();
+    let mut socket = TcpStream::connect(server.addr()).unwrap();
+    write!(
+        socket,
+        "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    // Long enough for the idle worker to take the job up (a job whose client left while it
+    // waited is skipped without a log line).
+    std::thread::sleep(Duration::from_secs(1));
+    drop(socket);
+    let start = Instant::now();
+    while server.log().iter().filter(|l| l.contains("cancelled")).count() < 2 {
+        assert!(start.elapsed() < Duration::from_secs(120), "{:?}", server.log());
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }
 
 #[test]
