@@ -1,7 +1,7 @@
 // Self-test of metal_emu.h's threadgroup features: small kernels in MSL style run through
 // dispatch_threadgroups. Used by crates/gdn-ops/tests/emu_selftest.rs.
 //
-// stdin: one little-endian u32, the case. Cases 0 and 1 print f32 pairs (the kernel's value,
+// stdin: one little-endian u32, the case. Cases 0, 1 and 9 print f32 pairs (the kernel's value,
 // then what a plain loop computes) for the test to compare; every other case is a misuse
 // that metal_emu must abort on, so it prints nothing and returns only if the emulator let
 // the misuse through (exit 5).
@@ -112,6 +112,66 @@ constexpr uint kSimdOutputs = 16;
   scratch[tid + size.x] = 1.0f;
 }
 
+// ---- Simdgroup matrices. ----
+
+constexpr uint kMatM = 16, kMatN = 16, kMatK = 24;
+constexpr uint kMatResults = 3;
+
+// Three products, each [kMatM, kMatN], written to out[r * kMatM * kMatN + ...]; simdgroup s
+// computes rows 8s..8s+7:
+//  0: a * b in float, b loaded transposed from bt = b^T, accumulated from a zero fill;
+//  1: a as half (addressed through matrix_origin) times b as bfloat, into float;
+//  2: the diagonal matrix 2 times the first k-tile of a times b (simdgroup_multiply twice),
+//     stored transposed into threadgroup memory and copied out after a barrier.
+[[kernel]] void matrix_ops(const device float* a [[buffer(0)]], const device float* bt [[buffer(1)]],
+                           const device half* ah [[buffer(2)]], const device bfloat* bh [[buffer(3)]],
+                           device float* out [[buffer(4)]], threadgroup float* tile [[threadgroup(0)]],
+                           uint sg [[simdgroup_index_in_threadgroup]], uint tid [[thread_index_in_threadgroup]]) {
+  const simdgroup_float8x8 two(2.0f);
+  for (uint j = 0; j < kMatN / 8; ++j) {
+    simdgroup_float8x8 acc = make_filled_simdgroup_matrix<float, 8, 8>(0.0f);
+    simdgroup_float8x8 mixed = make_filled_simdgroup_matrix<float, 8, 8>(0.0f);
+    for (uint k = 0; k < kMatK; k += 8) {
+      simdgroup_float8x8 x, y;
+      simdgroup_load(x, a + sg * 8 * kMatK + k, kMatK);
+      simdgroup_load(y, bt + j * 8 * kMatK + k, kMatK, ulong2(0), true);
+      simdgroup_multiply_accumulate(acc, x, y, acc);
+      simdgroup_half8x8 xh;
+      simdgroup_bfloat8x8 yh;
+      simdgroup_load(xh, ah, kMatK, ulong2(k, sg * 8));
+      simdgroup_load(yh, bh + k * kMatN + j * 8, kMatN);
+      simdgroup_multiply_accumulate(mixed, xh, yh, mixed);
+    }
+    simdgroup_store(acc, out + sg * 8 * kMatN + j * 8, kMatN);
+    simdgroup_store(mixed, out + kMatM * kMatN + sg * 8 * kMatN + j * 8, kMatN);
+    simdgroup_float8x8 x, y, first;
+    simdgroup_load(x, a + sg * 8 * kMatK, kMatK);
+    simdgroup_load(y, bt + j * 8 * kMatK, kMatK, ulong2(0), true);
+    simdgroup_multiply(first, x, y);
+    simdgroup_multiply(first, two, first);
+    // Transposed at (row 8j, column 8s) of the transposed result, i.e. back in place.
+    simdgroup_store(first, tile, kMatM, ulong2(sg * 8, j * 8), true);
+  }
+  threadgroup_barrier(mem_flags::mem_threadgroup);
+  for (uint i = tid; i < kMatM * kMatN; i += 64) {
+    const uint r = i / kMatN, c = i % kMatN;
+    out[2 * kMatM * kMatN + i] = tile[c * kMatM + r];
+  }
+}
+
+// Each lane fills its matrix with its own lane index, then stores it.
+[[kernel]] void lane_dependent_matrix(device float* out [[buffer(0)]], uint lane [[thread_index_in_simdgroup]]) {
+  const simdgroup_float8x8 m = make_filled_simdgroup_matrix<float, 8, 8>(float(lane));
+  simdgroup_store(m, out);
+}
+
+// Each lane loads from its own address.
+[[kernel]] void lane_dependent_load(device float* out [[buffer(0)]], uint lane [[thread_index_in_simdgroup]]) {
+  simdgroup_float8x8 m;
+  simdgroup_load(m, out + lane);
+  simdgroup_store(m, out + 64);
+}
+
 // ---- Host side. ----
 
 namespace {
@@ -193,6 +253,31 @@ void run_simd_ops() {
   }
 }
 
+void run_matrix_ops() {
+  std::vector<float> a(kMatM * kMatK), b(kMatK * kMatN), bt(kMatN * kMatK);
+  // Small integers (and their halves), exact in half and bfloat and in every sum.
+  for (uint i = 0; i < a.size(); ++i) a[i] = float(int((i * 7 + 3) % 9) - 4);
+  for (uint i = 0; i < b.size(); ++i) b[i] = float(int((i * 5 + 1) % 11) - 5) * 0.5f;
+  for (uint k = 0; k < kMatK; ++k)
+    for (uint n = 0; n < kMatN; ++n) bt[n * kMatK + k] = b[k * kMatN + n];
+  std::vector<half> ah(a.begin(), a.end());
+  std::vector<bfloat> bh(b.size());
+  for (uint i = 0; i < b.size(); ++i) bh[i] = bfloat(b[i]);
+  std::vector<float> out(kMatResults * kMatM * kMatN, -1.0f);
+  dispatch_threadgroups(uint3{1, 1, 1}, uint3{64, 1, 1}, kMatM * kMatN * sizeof(float), [&](const ThreadIds& id) {
+    matrix_ops((const device float*)a.data(), (const device float*)bt.data(), (const device half*)ah.data(),
+               (const device bfloat*)bh.data(), (device float*)out.data(), id.threadgroup_memory_as<float>(),
+               id.simdgroup_index_in_threadgroup, id.thread_index_in_threadgroup);
+  });
+  for (uint r = 0; r < kMatResults; ++r)
+    for (uint m = 0; m < kMatM; ++m)
+      for (uint n = 0; n < kMatN; ++n) {
+        float expected = 0.0f;
+        for (uint k = 0; k < (r == 2 ? 8 : kMatK); ++k) expected += a[m * kMatK + k] * b[k * kMatN + n];
+        emit(out[(r * kMatM + m) * kMatN + n], r == 2 ? 2.0f * expected : expected);
+      }
+}
+
 // A misuse: dispatches kernel on 64 threads with `bytes` of threadgroup memory.
 template <class Kernel>
 void misuse(uint threads, std::size_t bytes, Kernel&& kernel) {
@@ -241,6 +326,17 @@ int main() {
     case 8:
       misuse(64, 64 * sizeof(float), [](device float*, const ThreadIds& id) {
         overrun(id.threadgroup_memory_as<float>(), id.thread_index_in_threadgroup, id.threads_per_threadgroup);
+      });
+      return 5;
+    case 9: run_matrix_ops(); break;
+    case 10:
+      misuse(64, 0, [](device float* out, const ThreadIds& id) {
+        lane_dependent_matrix(out, id.thread_index_in_simdgroup);
+      });
+      return 5;
+    case 11:
+      misuse(128, 0, [](device float* out, const ThreadIds& id) {
+        lane_dependent_load(out, id.thread_index_in_simdgroup);
       });
       return 5;
     default:

@@ -15,7 +15,8 @@
 //    simd_shuffle_up for any scalar or vector; simd_any, simd_all, simd_is_first,
 //    simdgroup_barrier; metal_emu_simd.h) are rendezvous of the 32 lanes, and
 //    threadgroup_barrier(mem_flags::...) one of every thread of the threadgroup
-//    (metal_emu_barrier.h). A thread that skips one (divergence), reaches it from a
+//    (metal_emu_barrier.h). Simdgroup matrices (simdgroup_{float,half,bfloat}8x8 with load,
+//    store, multiply, multiply_accumulate; metal_emu_simdgroup_matrix.h) are rendezvous too. A thread that skips one (divergence), reaches it from a
 //    different place in the source (file:line:column of the call, so the optimizer's
 //    duplicating or merging calls changes nothing; calls inside one helper share a place),
 //    or returns while others wait aborts the run with a message, where a GPU would hang or
@@ -93,4 +94,5 @@ static_assert(sizeof(ulong) == 8, "MSL ulong is 64-bit");
 #include "metal_emu_fibers.h"
 #include "metal_emu_dispatch.h"
 #include "metal_emu_simd.h"
+#include "metal_emu_simdgroup_matrix.h"
 #include "metal_emu_barrier.h"

@@ -39,6 +39,11 @@ step "device plan vs mlx-lm (5 models)" device_plan.txt env QWEN_GDN_TEST_DEVICE
 # The fused decode step (replayed as a CUDA graph) against the composed step and mlx-lm.
 step "fused decode vs composed + mlx-lm" fused_decode.txt env QWEN_GDN_TEST_DEVICE=cuda \
   QWEN_GDN_MODELS_DIR="$PWD/models" "$bin/fused_decode" --test-threads=1 --nocapture || fail=1
+# A conversation resumed from prompt-cache snapshots gives the uncached run's tokens and
+# logits bit for bit on the device plan.
+step "prompt cache exact on the device plan" prompt_cache.txt env QWEN_GDN_TEST_DEVICE=cuda \
+  QWEN_GDN_MODELS_DIR="$PWD/models" "$bin/prompt_cache" multi_turn_chat_is_exact_on_the_device_plan \
+  --test-threads=1 --nocapture || fail=1
 for m in qwen3-next-tiny-4bit qwen3.5-tiny-4bit qwen3.5-moe-tiny-4bit qwen3-next-tiny-bf16 qwen3.5-moe-tiny-hf; do
   python3 -c "import json,sys; print(json.load(open('models/reference/$m.json'))['text'])" >"/tmp/$m.txt"
   # The gate's PASS/FAIL is reported, not required: random tiny models are more sensitive than
@@ -49,7 +54,7 @@ for m in qwen3-next-tiny-4bit qwen3.5-tiny-4bit qwen3.5-moe-tiny-4bit qwen3-next
 done
 
 grep -hE "rel err|rel diff|KL|top-1|fused vs" "$OUT"/kernels.txt "$OUT"/device_plan.txt "$OUT"/fused_decode.txt | tail -n 400 >"$OUT/numbers.txt"
-grep -hE "^test result|FAILED|panicked" "$OUT"/kernels.txt "$OUT"/device_plan.txt "$OUT"/fused_decode.txt
+grep -hE "^test result|FAILED|panicked" "$OUT"/kernels.txt "$OUT"/device_plan.txt "$OUT"/fused_decode.txt "$OUT"/prompt_cache.txt
 for m in qwen3-next-tiny-4bit qwen3.5-tiny-4bit qwen3.5-moe-tiny-4bit qwen3-next-tiny-bf16 qwen3.5-moe-tiny-hf; do
   echo "$m: $(grep -hiE "kl|top-1|pass|fail" "$OUT/state_$m.txt" | tr '\n' ' ' | cut -c1-220)"
 done

@@ -1,7 +1,7 @@
 //! Self-test of the Metal emulator's threadgroup features (`kernels/emu/metal_emu.h`):
 //! `kernels/emu/emu_selftest.cpp` runs small MSL-style kernels (a threadgroup-memory
 //! reduction across 4 simdgroups with barriers, every simdgroup function against a plain
-//! loop) and misuses the emulator must abort on, each with the message a kernel developer
+//! loop, simdgroup matrix products against a plain matmul) and misuses the emulator must abort on, each with the message a kernel developer
 //! would need.
 //!
 //! Needs clang-19 and libclang-rt-19-dev like the other emulation tests; it never skips.
@@ -120,4 +120,29 @@ fn more_than_1024_threads_abort() {
 #[test]
 fn write_past_threadgroup_memory_faults() {
     check_aborts(8, "threadgroup memory overrun", "SIGSEGV");
+}
+
+#[test]
+fn simdgroup_matrices_match_a_plain_matmul() {
+    // 3 products of [16, 16]: float, half times bfloat, and simdgroup_multiply with a
+    // diagonal matrix stored transposed.
+    check_pairs(9, "simdgroup matrices", 3 * 16 * 16);
+}
+
+#[test]
+fn lane_dependent_simdgroup_matrix_aborts() {
+    check_aborts(
+        10,
+        "make_filled_simdgroup_matrix(lane)",
+        "simdgroup_store: lane 1 holds a different operand a than lane 0",
+    );
+}
+
+#[test]
+fn lane_dependent_simdgroup_load_address_aborts() {
+    check_aborts(
+        11,
+        "simdgroup_load(out + lane)",
+        "simdgroup_load: lane 1 passed address",
+    );
 }

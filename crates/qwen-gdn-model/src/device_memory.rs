@@ -56,3 +56,21 @@ pub fn working_set_bytes(device: &Device) -> Option<u64> {
         _ => None,
     }
 }
+
+/// Memory the device could still allocate: on Metal the working set less what is allocated,
+/// on CUDA the driver's free memory; `None` where it cannot be asked (the CPU, whose caller
+/// asks the operating system).
+pub fn free_bytes(device: &Device) -> Option<u64> {
+    match device {
+        #[cfg(any(feature = "metal", target_os = "macos"))]
+        Device::Metal(_) => {
+            Some(working_set_bytes(device)?.saturating_sub(allocated_bytes(device)?))
+        }
+        #[cfg(feature = "cuda")]
+        Device::Cuda(dev) => {
+            let (free, _total) = dev.cuda_stream().context().mem_get_info().ok()?;
+            Some(free as u64)
+        }
+        _ => None,
+    }
+}

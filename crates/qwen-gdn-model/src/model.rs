@@ -312,6 +312,11 @@ impl Model {
         self.plan
     }
 
+    /// How GDN recurrent states of new caches are stored.
+    pub fn gdn_state_dtype(&self) -> StateDtype {
+        self.gdn_state_dtype
+    }
+
     pub fn dtype(&self) -> DType {
         self.dtype
     }

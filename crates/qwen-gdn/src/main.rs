@@ -20,6 +20,7 @@ mod preflight;
 mod process;
 mod progress;
 // Used by `serve` (issue 16); the allow goes when it is wired in.
+mod prompt_cache_args;
 #[allow(dead_code)]
 mod reasoning;
 mod sampler;

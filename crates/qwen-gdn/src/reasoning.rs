@@ -128,12 +128,18 @@ impl ReasoningSplitter {
                 }
                 State::Thinking { at_start } => {
                     if at_start {
-                        let rest = self.held.trim_start_matches('\n');
-                        if rest.is_empty() {
-                            self.held.clear();
-                            return;
+                        let lead = self.held.trim_start_matches('\n');
+                        let word = lead.trim_start();
+                        // Some models repeat the `<think>` that the prompt already opened.
+                        if let Some(after) = word.strip_prefix(OPEN) {
+                            self.held = after.to_string();
+                            continue;
                         }
-                        self.held = rest.to_string();
+                        let waiting = OPEN.starts_with(word);
+                        self.held = lead.to_string();
+                        if waiting {
+                            return; // only whitespace, or maybe a repeated `<think>`, so far
+                        }
                         self.state = State::Thinking { at_start: false };
                     }
                     if let Some(p) = self.held.find(CLOSE) {
@@ -243,6 +249,9 @@ mod tests {
             // Cut by max_tokens inside the thinking: it stays thinking, partial tag included.
             (THINKING, "Step 1\n</thi", vec![r("Step 1\n</thi")]),
             (THINKING, "\n\n", vec![]),
+            (THINKING, "<think>\nx\n</think>\ny", vec![r("x"), c("y")]),
+            (THINKING, "<thin", vec![r("<thin")]),
+            (THINKING, " x", vec![r(" x")]),
             (THINKING, "</think>", vec![]),
             (MAY_THINK, "<thi", vec![c("<thi")]),
             (
@@ -263,6 +272,7 @@ mod tests {
             (THINKING, "Let me think.\n\n</think>\n\nThe answer.\n"),
             (MAY_THINK, " \n<think>\n日本 < </thin </think>\nok"),
             (MAY_THINK, "<thinking about it"),
+            (THINKING, "\n <think>\n\nx </think>\n y"),
         ];
         for (mode, text) in texts {
             let whole = split(mode, text, &[]);

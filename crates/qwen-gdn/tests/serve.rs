@@ -479,8 +479,18 @@ fn a_client_that_disconnects_cancels_its_generation() {
     std::thread::sleep(Duration::from_secs(1));
     drop(socket);
     let start = Instant::now();
-    while server.log().iter().filter(|l| l.contains("cancelled")).count() < 2 {
-        assert!(start.elapsed() < Duration::from_secs(120), "{:?}", server.log());
+    while server
+        .log()
+        .iter()
+        .filter(|l| l.contains("cancelled"))
+        .count()
+        < 2
+    {
+        assert!(
+            start.elapsed() < Duration::from_secs(120),
+            "{:?}",
+            server.log()
+        );
         std::thread::sleep(Duration::from_millis(20));
     }
 }

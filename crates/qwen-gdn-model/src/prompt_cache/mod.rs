@@ -6,10 +6,16 @@
 //! be cut back to a shorter prefix: a request can resume only from a position where the whole
 //! state was copied.
 
+mod file;
+mod identity;
 mod index;
 mod prefill;
 mod snapshot;
 
+pub use file::{
+    load_cache, load_snapshot, save_snapshot, SNAPSHOT_FORMAT, SNAPSHOT_FORMAT_VERSION,
+};
+pub use identity::ModelIdentity;
 pub use prefill::{prefill_with_snapshots, prefill_with_snapshots_cancellable};
 pub use snapshot::{LayerSnapshot, Snapshot};
 
@@ -102,8 +108,9 @@ impl PromptCache {
         Ok(())
     }
 
-    /// Keeps an already built snapshot (e.g. loaded from a file) for `tokens`.
-    pub fn insert_owned(&mut self, tokens: Vec<u32>, snapshot: Snapshot) -> Result<()> {
+    /// Keeps an already built snapshot (e.g. loaded from a file) for `tokens`; `false` when
+    /// it is larger than the whole budget (and so not kept).
+    pub fn insert_owned(&mut self, tokens: Vec<u32>, snapshot: Snapshot) -> Result<bool> {
         ensure!(
             snapshot.offset == tokens.len(),
             "prompt cache: the snapshot has processed {} tokens, not the {} given",
@@ -120,11 +127,11 @@ impl PromptCache {
         }
         let bytes = snapshot.bytes() + token_bytes(&tokens);
         if tokens.is_empty() || bytes > self.budget {
-            return Ok(());
+            return Ok(false);
         }
         self.evict_to(self.budget - bytes);
         self.insert_snapshot(tokens, snapshot, bytes);
-        Ok(())
+        Ok(true)
     }
 
     fn insert_snapshot(&mut self, tokens: Vec<u32>, snapshot: Snapshot, bytes: u64) {

@@ -1,7 +1,13 @@
-//! Prefill that stops at requested positions to snapshot the cache there. A chunk never
-//! crosses a snapshot position, and the chunks after one start from it: the splits of a
-//! prefill that resumes from a snapshot are then those of a prefill from the start, which
-//! keeps a cached run's numbers identical to an uncached one.
+//! Prefill that stops at requested positions to snapshot the cache there.
+//!
+//! Splitting a prompt differently changes the results in the last bits (the GDN chunked
+//! recurrence and the products round differently per split), and greedy decoding can turn
+//! that into other tokens. So the splits are a function of the snapshot positions only: a
+//! chunk never crosses one, the chunks after it start from it, and the token just before it
+//! runs alone through the decode path, as the last token of every prompt does (its logits
+//! start generation, and the prompt's end is snapshotted after it). A request resumed from a
+//! snapshot then runs exactly the steps of the same request run from scratch with the same
+//! snapshot positions.
 
 use super::PromptCache;
 use crate::{Cache, Model};
@@ -51,15 +57,25 @@ pub fn prefill_with_snapshots_cancellable(
     let stops = snapshot_positions(start, tokens.len(), snapshot_at, every);
     let mut pos = start;
     for stop in stops.iter().copied().chain([tokens.len()]) {
-        while pos < stop {
+        let snapshot = stops.contains(&stop);
+        // The token before a snapshot runs alone, as the last token of a prompt does (see
+        // the module's doc): a snapshot is then the same state whether it was taken at a
+        // boundary or at a prompt's end.
+        let chunks_end = if snapshot { stop - 1 } else { stop };
+        while pos < chunks_end {
             if cancel.load(Ordering::Relaxed) {
                 return Ok(false);
             }
-            let end = (pos + chunk).min(stop);
+            let end = (pos + chunk).min(chunks_end);
             model.prefill(&tokens[pos..end], cache, end - pos)?;
             pos = end;
         }
-        if stops.contains(&stop) {
+        if snapshot {
+            if cancel.load(Ordering::Relaxed) {
+                return Ok(false);
+            }
+            model.forward_last(&tokens[stop - 1..stop], cache)?;
+            pos = stop;
             pc.insert(&tokens[..stop], cache)?;
         }
     }

@@ -8,6 +8,7 @@ mod eos;
 mod non_finite;
 mod stop_strings;
 
+#[allow(unused_imports)] // for chat and serve
 pub use conversation::render_conversation;
 pub use eos::eos_ids;
 pub use non_finite::non_finite_logits;
@@ -18,9 +19,12 @@ use crate::sampler::{Sampler, SamplerConfig};
 use crate::stream::TokenStream;
 use anyhow::{bail, Result};
 use candle_core::{DType, IndexOp, Tensor};
-use qwen_gdn_model::prompt_cache::prefill_with_snapshots_cancellable;
-use qwen_gdn_model::{Model, PromptCache};
+use qwen_gdn_model::prompt_cache::{
+    load_snapshot, prefill_with_snapshots_cancellable, ModelIdentity,
+};
+use qwen_gdn_model::{Cache, Model, PromptCache};
 use std::ops::ControlFlow;
+use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
@@ -149,21 +153,31 @@ impl Engine {
         cancel: &AtomicBool,
         on_text: &mut dyn FnMut(&str) -> ControlFlow<()>,
     ) -> Result<Outcome> {
+        let start = Instant::now();
+        let Some(Prefilled {
+            mut cache,
+            mut logits,
+            cached_tokens,
+        }) = self.prefill_prompt(prompt, cancel)?
+        else {
+            return Ok(Outcome {
+                prompt_tokens: prompt.ids.len(),
+                cached_tokens: 0,
+                prefilled_tokens: 0,
+                generated: 0,
+                finish: FinishReason::Cancelled,
+                prompt_time: None,
+                generation_time: None,
+                tokens: Vec::new(),
+            });
+        };
         let ids = &prompt.ids;
-        if ids.is_empty() {
-            bail!("the prompt has no tokens");
-        }
         let model = &self.model;
         let max_positions = model.config().max_position_embeddings;
-        let start = Instant::now();
-        let (cached_tokens, mut cache) = match self.prompt_cache.lookup(ids)? {
-            Some((n, cache)) => (n, cache),
-            None => (0, model.new_cache()),
-        };
         let mut outcome = Outcome {
             prompt_tokens: ids.len(),
             cached_tokens,
-            prefilled_tokens: 0,
+            prefilled_tokens: ids.len() - cached_tokens,
             generated: 0,
             finish: FinishReason::Cancelled,
             prompt_time: None,
@@ -171,24 +185,11 @@ impl Engine {
             tokens: Vec::new(),
         };
         let (head, last) = ids.split_at(ids.len() - 1);
-        let done = prefill_with_snapshots_cancellable(
-            model,
-            head,
-            &mut cache,
-            self.prefill_chunk,
-            &prompt.boundaries,
-            self.snapshot_every,
-            &mut self.prompt_cache,
-            cancel,
-        )?;
-        outcome.prefilled_tokens = cache.offset - cached_tokens;
-        if !done {
+        if params.max_tokens == 0 {
+            // The prompt is cached; nothing to generate.
+            outcome.finish = FinishReason::Length;
             return Ok(outcome);
         }
-        let mut logits = model.forward_last(last, &mut cache)?;
-        outcome.prefilled_tokens += 1;
-        // Before the first decode step changes the cache in place.
-        self.prompt_cache.insert(ids, &cache)?;
 
         let mut sampler = Sampler::new(params.sampler.clone(), params.seed);
         let mut stream = TokenStream::new(&self.checkpoint.tokenizer);
@@ -232,7 +233,7 @@ impl Engine {
             if cancel.load(Ordering::Relaxed) {
                 break FinishReason::Cancelled;
             }
-            if outcome.generated == params.max_tokens {
+            if outcome.generated >= params.max_tokens {
                 break FinishReason::Length;
             }
             if cache.offset >= max_positions {
@@ -255,9 +256,94 @@ impl Engine {
         outcome.generation_time = outcome.prompt_time.map(|p| start.elapsed() - p);
         Ok(outcome)
     }
+
+    /// Runs `prompt` through the model as [`Engine::generate`] does (resuming from the
+    /// prompt cache, snapshotting at its boundaries and end) and returns the cache at its
+    /// end, e.g. to save it to a file; `None` when cancelled.
+    pub fn prompt_state(
+        &mut self,
+        prompt: &PromptTokens,
+        cancel: &AtomicBool,
+    ) -> Result<Option<Cache>> {
+        Ok(self.prefill_prompt(prompt, cancel)?.map(|p| p.cache))
+    }
+
+    /// The identity a prompt-cache file of this model records.
+    pub fn identity(&self) -> Result<ModelIdentity> {
+        ModelIdentity::of(&self.checkpoint.dir, &self.model)
+    }
+
+    /// Loads a prompt-cache file into the prompt cache (a later prompt that starts with its
+    /// tokens resumes from it); returns the tokens it holds.
+    pub fn load_prompt_cache_file(&mut self, path: &Path) -> Result<Vec<u32>> {
+        let identity = self.identity()?;
+        let (tokens, snapshot) = load_snapshot(path, &self.model, &identity)?;
+        let bytes = snapshot.bytes();
+        if !self.prompt_cache.insert_owned(tokens.clone(), snapshot)? {
+            bail!(
+                "{}: the prompt cache in it ({bytes} bytes) is larger than the prompt cache's budget ({} bytes)",
+                path.display(),
+                self.prompt_cache.budget()
+            );
+        }
+        Ok(tokens)
+    }
+
+    /// Restores the longest cached prefix of `prompt`, prefills the rest with snapshots at
+    /// its boundaries (and every N tokens), runs its last token alone for the logits and
+    /// snapshots its end. `None` when cancelled during the prefill.
+    fn prefill_prompt(
+        &mut self,
+        prompt: &PromptTokens,
+        cancel: &AtomicBool,
+    ) -> Result<Option<Prefilled>> {
+        let ids = &prompt.ids;
+        if ids.is_empty() {
+            bail!("the prompt has no tokens");
+        }
+        let model = &self.model;
+        let (cached_tokens, mut cache) = match self.prompt_cache.lookup(ids)? {
+            Some((n, cache)) => (n, cache),
+            None => (0, model.new_cache()),
+        };
+        let (head, last) = ids.split_at(ids.len() - 1);
+        let done = prefill_with_snapshots_cancellable(
+            model,
+            head,
+            &mut cache,
+            self.prefill_chunk,
+            &prompt.boundaries,
+            self.snapshot_every,
+            &mut self.prompt_cache,
+            cancel,
+        )?;
+        if !done {
+            return Ok(None);
+        }
+        let logits = model.forward_last(last, &mut cache)?;
+        // Before the first decode step changes the cache in place: the next turn of a
+        // conversation starts with this prompt.
+        self.prompt_cache.insert(ids, &cache)?;
+        Ok(Some(Prefilled {
+            cache,
+            logits,
+            cached_tokens,
+        }))
+    }
+}
+
+/// A prompt run through the model.
+struct Prefilled {
+    cache: Cache,
+    /// Logits of the prompt's last token.
+    logits: Tensor,
+    cached_tokens: usize,
 }
 
 fn last_row(logits: &Tensor) -> Result<Vec<f32>> {
     let rows = logits.dim(0)?;
     Ok(logits.i(rows - 1)?.to_dtype(DType::F32)?.to_vec1()?)
 }
+
+#[cfg(test)]
+mod tests;

@@ -1,6 +1,7 @@
 //! `qwen-gdn serve` flags (mlx_lm.server's and vLLM's names where they have one).
 
 use crate::load::{positive_usize, ModelArgs};
+use crate::prompt_cache_args::PromptCacheArgs;
 
 #[derive(clap::Args)]
 #[command(
@@ -13,6 +14,8 @@ use crate::load::{positive_usize, ModelArgs};
 pub struct Args {
     #[command(flatten)]
     pub model: ModelArgs,
+    #[command(flatten)]
+    pub prompt_cache: PromptCacheArgs,
     /// Address to listen on; 127.0.0.1 keeps the server off the network
     #[arg(long, default_value = "127.0.0.1")]
     pub host: String,
@@ -32,14 +35,6 @@ pub struct Args {
     /// Requests that may wait behind the running one; more are answered 503
     #[arg(long, default_value_t = 16, value_name = "N", value_parser = positive_usize)]
     pub queue_size: usize,
-    /// Bytes of prompt-cache snapshots kept across requests (least recently used dropped
-    /// first); 0 turns the cache off
-    #[arg(long, default_value_t = 4 << 30, value_name = "BYTES")]
-    pub prompt_cache_bytes: u64,
-    /// Also snapshot every N tokens of a long prefill (besides message boundaries and the
-    /// prompt's end)
-    #[arg(long, value_name = "N", value_parser = positive_usize)]
-    pub snapshot_every: Option<usize>,
     /// Largest request body accepted; larger ones are answered 413
     #[arg(long, default_value_t = 32 << 20, value_name = "BYTES", value_parser = positive_usize)]
     pub max_request_bytes: usize,

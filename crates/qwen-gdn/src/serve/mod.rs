@@ -19,7 +19,6 @@ use crate::engine::Engine;
 use crate::load::read_json_opt;
 use crate::output::eprint_line;
 use anyhow::{Context, Result};
-use qwen_gdn_model::PromptCache;
 use std::process::ExitCode;
 use std::sync::Arc;
 
@@ -53,12 +52,13 @@ pub fn run(args: Args) -> Result<ExitCode> {
             compile_time.as_secs_f64()
         ));
     }
+    let device = model.device().clone();
     let engine = Engine::new(
         checkpoint,
         model,
         args.model.prefill_chunk_size,
-        PromptCache::new(args.prompt_cache_bytes),
-        args.snapshot_every,
+        args.prompt_cache.prompt_cache(&device),
+        args.prompt_cache.prompt_cache_every,
     )?;
     let backend = backend::EngineBackend::new(engine)?;
     let scheduler = scheduler::Scheduler::start(backend, args.queue_size);

@@ -60,10 +60,16 @@ impl ParserOptions {
 }
 
 /// Feed it decoded text with [`push`](Self::push) and end with [`finish`](Self::finish). It holds
-/// back only text that may still turn out to be markup: the start of a tag, a call until its
-/// closing tag, newlines at the end of the thinking, and — when calls are recognised — trailing
-/// whitespace of the content (whitespace next to a call is layout, not content, and is dropped;
-/// elsewhere it is emitted with the next text or at the end). Everything else is emitted at once.
+/// back only text that may still turn out to be markup:
+/// - the start of a tag (`Hello <tool_` waits for the next text; `Hello` goes out);
+/// - a call, until its closing tag (it comes out whole, or as content if it is not a call);
+/// - newlines at the end of the thinking (dropped if `</think>` follows);
+/// - when calls are recognised, trailing whitespace of the content: whitespace next to a call
+///   is layout, dropped at the start and end of the content; elsewhere it goes out with the next
+///   text, or at the end of a reply without calls.
+///
+/// Feeding a text in any pieces gives the same events, up to how content and reasoning text is
+/// split between events.
 pub struct OutputParser {
     reasoning: ReasoningSplitter,
     calls: Option<CallScanner>,

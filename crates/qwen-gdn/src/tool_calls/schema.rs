@@ -41,6 +41,40 @@ impl ToolSchemas {
         Self { params }
     }
 
+    /// Checks the request's `tools` field: a list of `{"type": "function", "function": {"name":
+    /// non-empty string, "parameters"?: object}}`. The error is one line naming the entry (the
+    /// server answers it as a 400 on param `tools`).
+    pub fn check_request_tools(tools: &Json) -> Result<(), String> {
+        let Some(list) = tools.as_array() else {
+            return Err("tools: expected a list".into());
+        };
+        for (i, tool) in list.iter().enumerate() {
+            if tool.get("type").and_then(Json::as_str) != Some("function") {
+                return Err(format!("tools[{i}].type: expected \"function\""));
+            }
+            let Some(function) = tool.get("function").filter(|f| f.is_object()) else {
+                return Err(format!("tools[{i}].function: expected an object"));
+            };
+            match function.get("name") {
+                Some(Json::String(n)) if !n.is_empty() => {}
+                _ => {
+                    return Err(format!(
+                        "tools[{i}].function.name: missing (a non-empty string)"
+                    ))
+                }
+            }
+            match function.get("parameters") {
+                None | Some(Json::Null) | Some(Json::Object(_)) => {}
+                Some(_) => {
+                    return Err(format!(
+                        "tools[{i}].function.parameters: expected an object"
+                    ))
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// Whether the request declared a tool called `name`.
     pub fn has_tool(&self, name: &str) -> bool {
         self.params.contains_key(name)
@@ -126,6 +160,39 @@ mod tests {
     use super::*;
     use serde_json::json;
 
+    #[test]
+    fn checks_the_request_tools() {
+        let ok = json!([{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}},
+                        {"type": "function", "function": {"name": "g"}}]);
+        assert_eq!(ToolSchemas::check_request_tools(&ok), Ok(()));
+        let cases = [
+            (json!({}), "tools: expected a list"),
+            (
+                json!([{"function": {"name": "f"}}]),
+                "tools[0].type: expected \"function\"",
+            ),
+            (
+                json!([{"type": "function"}]),
+                "tools[0].function: expected an object",
+            ),
+            (
+                json!([{"type": "function", "function": {"name": ""}}]),
+                "tools[0].function.name: missing (a non-empty string)",
+            ),
+            (
+                json!([{"type": "function", "function": {"name": "f", "parameters": "x"}}]),
+                "tools[0].function.parameters: expected an object",
+            ),
+        ];
+        for (tools, want) in cases {
+            assert_eq!(
+                ToolSchemas::check_request_tools(&tools),
+                Err(want.to_string()),
+                "{tools}"
+            );
+        }
+    }
+
     fn schemas() -> ToolSchemas {
         ToolSchemas::from_tools(&[
             json!({"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {
@@ -183,6 +250,11 @@ mod tests {
             assert_eq!(s.typed_value("f", param, text), want, "{param} = {text:?}");
         }
         assert_eq!(s.typed_value("bare", "k", "1"), json!(1));
+        assert_eq!(
+            s.typed_value("f", "s", "  3\n"),
+            json!("  3\n"),
+            "strings verbatim"
+        );
         assert_eq!(s.typed_value("nope", "i", "1"), json!("1"));
         assert!(s.has_tool("f") && s.has_tool("bare") && !s.has_tool("nope"));
     }

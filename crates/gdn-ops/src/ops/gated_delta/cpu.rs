@@ -53,7 +53,7 @@ struct Recurrence {
 }
 
 /// How the state is stored between calls.
-trait StateElem: Copy + Send + Sync {
+pub(super) trait StateElem: Copy + Send + Sync {
     fn load(self) -> f32;
     fn store(x: f32) -> Self;
 }

@@ -1,8 +1,14 @@
 //! The fused gated-delta recurrence of Gated DeltaNet layers: the spec (dims, input checks)
 //! and the dispatch to the CPU reference, the Metal kernel (`kernels/gated_delta.metal`) and
 //! the CUDA kernel (`kernels/gated_delta.cu`).
+//!
+//! A call runs in one of two forms ([`GdnForm`]): token by token (the reference, decode and
+//! short calls) or in chunks of [`CHUNK`] tokens as matrix products (prefill), where the
+//! device has the chunked form ([`chunked_supported_on`]). Both compute the same update; only
+//! the order of the f32 sums differs.
 
 pub(crate) mod cpu;
+pub(crate) mod cpu_chunked;
 #[cfg(feature = "cuda")]
 pub mod cuda;
 #[cfg(any(feature = "metal", target_os = "macos"))]
@@ -11,6 +17,77 @@ pub mod metal;
 use crate::launches;
 use anyhow::{bail, ensure, Result};
 use candle_core::{Device, Tensor};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::OnceLock;
+
+pub use cpu_chunked::CHUNK;
+
+/// How a call walks its tokens.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GdnForm {
+    /// One token after the other: the reference, and what decode runs.
+    Recurrent,
+    /// Chunks of [`CHUNK`] tokens as matrix products (the WY form); a last partial chunk
+    /// runs through the same code with fewer rows.
+    Chunked,
+}
+
+/// Forces one form for every call: `recurrent` or `chunked`. Unset, calls of at least
+/// [`CHUNKED_MIN_STEPS`] tokens take the chunked form where the device has it.
+pub const PREFILL_FORM_ENV: &str = "QWEN_GDN_GDN_PREFILL";
+
+/// The shortest call the chunked form takes by default. Below it the chunk form's fixed
+/// costs (the triangular system, the state transposed in and out) outweigh its faster
+/// products; measured with `scripts/bench-gdn-prefill` (docs/perf-notes.md).
+pub const CHUNKED_MIN_STEPS: usize = 16;
+
+impl GdnForm {
+    /// The form `QWEN_GDN_GDN_PREFILL` forces, if any (read once; any other value is
+    /// reported once and ignored).
+    pub fn forced() -> Option<Self> {
+        static FORCED: OnceLock<Option<GdnForm>> = OnceLock::new();
+        *FORCED.get_or_init(|| {
+            let value = std::env::var(PREFILL_FORM_ENV).ok()?;
+            let form = Self::from_env_value(&value);
+            if form.is_none() {
+                eprintln!(
+                    "qwen-gdn: ignoring {PREFILL_FORM_ENV}={value:?} (expected `recurrent` or `chunked`)"
+                );
+            }
+            form
+        })
+    }
+
+    pub fn from_env_value(value: &str) -> Option<Self> {
+        match value {
+            "recurrent" => Some(Self::Recurrent),
+            "chunked" => Some(Self::Chunked),
+            _ => None,
+        }
+    }
+
+    /// The form a call of `steps` tokens takes when none is forced.
+    pub fn by_length(steps: usize) -> Self {
+        if steps >= CHUNKED_MIN_STEPS {
+            Self::Chunked
+        } else {
+            Self::Recurrent
+        }
+    }
+}
+
+/// Whether `device` has a chunked form at all. The hook the device backends extend when
+/// their chunk kernels land; until then their calls run the recurrence without a notice.
+pub fn chunked_available_on(device: &Device) -> bool {
+    matches!(device, Device::Cpu)
+}
+
+/// Whether `device` has the chunked form for these dims. The CPU takes any dims (its buffers
+/// are padded to whole tiles); a device backend whose kernels cover fewer narrows this.
+pub fn chunked_supported_on(device: &Device, dims: &GdnDims) -> bool {
+    let _ = dims;
+    chunked_available_on(device)
+}
 
 /// The read-only inputs of one call, as the device backends receive them.
 pub(crate) struct Inputs<'a> {
@@ -114,6 +191,46 @@ pub fn gated_delta_update_masked(
     state: &Tensor,
     mask: Option<&Tensor>,
 ) -> Result<Tensor> {
+    let steps = q.dims().get(1).copied().unwrap_or(0);
+    let (form, asked) = match GdnForm::forced() {
+        Some(form) => (form, true),
+        None => (GdnForm::by_length(steps), false),
+    };
+    update(form, asked, q, k, v, g, beta, state, mask)
+}
+
+/// As [`gated_delta_update_masked`] in the given form: how the tests compare the two. The
+/// chunked form where the device does not have it for these dims falls back to the
+/// recurrence with a one-line notice (once per process); so does a call the length sends to
+/// the chunked form on a device that has it for other dims only.
+#[allow(clippy::too_many_arguments)]
+pub fn gated_delta_update_in(
+    form: GdnForm,
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    g: &Tensor,
+    beta: &Tensor,
+    state: &Tensor,
+    mask: Option<&Tensor>,
+) -> Result<Tensor> {
+    update(form, true, q, k, v, g, beta, state, mask)
+}
+
+/// One call in `form`; `asked`: the form was asked for (explicitly or by
+/// `QWEN_GDN_GDN_PREFILL`), not chosen by length.
+#[allow(clippy::too_many_arguments)]
+fn update(
+    form: GdnForm,
+    asked: bool,
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    g: &Tensor,
+    beta: &Tensor,
+    state: &Tensor,
+    mask: Option<&Tensor>,
+) -> Result<Tensor> {
     let inputs = Inputs {
         q,
         k,
@@ -131,16 +248,104 @@ pub fn gated_delta_update_masked(
             [dims.batch, dims.steps]
         );
     }
+    let chunked = form == GdnForm::Chunked && {
+        let supported = chunked_supported_on(state.device(), &dims);
+        if !supported && (asked || chunked_available_on(state.device())) {
+            static NOTICED: AtomicBool = AtomicBool::new(false);
+            if !NOTICED.swap(true, Ordering::Relaxed) {
+                eprintln!(
+                    "qwen-gdn: no chunked gated delta on {:?} for {dims:?}; running the recurrence",
+                    state.device().location()
+                );
+            }
+        }
+        supported
+    };
     match state.device() {
         // Stands in for the one kernel a GPU launches.
         Device::Cpu => {
             launches::record(1);
-            cpu::gated_delta_update(dims, &inputs, state)
+            if chunked {
+                cpu_chunked::gated_delta_update(dims, &inputs, state)
+            } else {
+                cpu::gated_delta_update(dims, &inputs, state)
+            }
         }
         #[cfg(any(feature = "metal", target_os = "macos"))]
         Device::Metal(_) => metal::gated_delta_update(dims, &inputs, state),
         #[cfg(feature = "cuda")]
         Device::Cuda(_) => cuda::gated_delta_update(dims, &inputs, state),
         other => bail!("gated_delta_update: no kernel for device {other:?} yet"),
+    }
+}
+
+// ---- Chunked prefill on the GPUs: kernels/gated_delta_chunk.{metal,cu} -------------------
+// (metal_chunked.rs, cuda_chunked.rs, and their shared chunk/tail split in chunked.rs.)
+
+#[cfg(any(feature = "metal", target_os = "macos", feature = "cuda"))]
+mod chunked;
+#[cfg(feature = "cuda")]
+pub mod cuda_chunked;
+#[cfg(any(feature = "metal", target_os = "macos"))]
+pub mod metal_chunked;
+
+/// As [`gated_delta_update_masked`], through the chunked (WY/UT) form on a GPU that has a
+/// chunk kernel for these dims: full chunks of 64 tokens as matrix products, the tail through
+/// the recurrence. Same contract and results (within f32 summation order); elsewhere, and for
+/// dims the chunk kernels do not take (with a one-line notice), the recurrence itself.
+pub fn gated_delta_update_chunked(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    g: &Tensor,
+    beta: &Tensor,
+    state: &Tensor,
+    mask: Option<&Tensor>,
+) -> Result<Tensor> {
+    let inputs = Inputs {
+        q,
+        k,
+        v,
+        g,
+        beta,
+        mask,
+    };
+    let dims = GdnDims::of(&inputs, state)?;
+    match state.device() {
+        #[cfg(any(feature = "metal", target_os = "macos"))]
+        Device::Metal(_) if metal_chunked::supports(&dims) => {
+            if let Some(m) = mask {
+                ensure!(
+                    m.dims() == [dims.batch, dims.steps],
+                    "gated_delta_update: mask {:?}, expected {:?}",
+                    m.dims(),
+                    [dims.batch, dims.steps]
+                );
+            }
+            metal_chunked::gated_delta_update(dims, &inputs, state)
+        }
+        #[cfg(feature = "cuda")]
+        Device::Cuda(_) if cuda_chunked::supports(&dims) => {
+            if let Some(m) = mask {
+                ensure!(
+                    m.dims() == [dims.batch, dims.steps],
+                    "gated_delta_update: mask {:?}, expected {:?}",
+                    m.dims(),
+                    [dims.batch, dims.steps]
+                );
+            }
+            cuda_chunked::gated_delta_update(dims, &inputs, state)
+        }
+        Device::Metal(_) | Device::Cuda(_) => {
+            static NOTICE: std::sync::Once = std::sync::Once::new();
+            NOTICE.call_once(|| {
+                eprintln!(
+                    "note: no chunked gated-delta kernel for key dim {} / value dim {}; prefill runs the recurrence",
+                    dims.key_dim, dims.value_dim
+                )
+            });
+            gated_delta_update_masked(q, k, v, g, beta, state, mask)
+        }
+        Device::Cpu => gated_delta_update_masked(q, k, v, g, beta, state, mask),
     }
 }

@@ -1,0 +1,250 @@
+//! Prompt-cache files: a saved and reloaded state continues exactly as the original, and a
+//! file made for another model, a damaged file or one with a wrong tensor is refused with a
+//! one-line error naming the file.
+
+mod common;
+use candle_core::{Device, Tensor};
+use common::*;
+use qwen_gdn_model::prompt_cache::{load_cache, save_snapshot, ModelIdentity};
+use qwen_gdn_model::{Cache, Model};
+use std::collections::HashMap;
+use std::path::Path;
+
+fn prompt(model: &Model, n: usize) -> Vec<u32> {
+    let vocab = model.config().vocab_size as u32;
+    (0..n as u32).map(|i| (i * 7919 + 13) % vocab).collect()
+}
+
+/// The cache after `ids` as the engine leaves it: all but the last in chunks, the last alone.
+fn prompt_state(model: &Model, ids: &[u32]) -> Cache {
+    let mut cache = model.new_cache();
+    model
+        .prefill(&ids[..ids.len() - 1], &mut cache, 16)
+        .unwrap();
+    model
+        .forward_last(&ids[ids.len() - 1..], &mut cache)
+        .unwrap();
+    cache
+}
+
+/// Greedy tokens and every logit of `n` decode steps after `first`.
+fn decode(model: &Model, cache: &mut Cache, first: u32, n: usize) -> (Vec<u32>, Vec<f32>) {
+    let (mut token, mut tokens, mut logits) = (first, vec![], vec![]);
+    for _ in 0..n {
+        let l = model.forward_last(&[token], cache).unwrap();
+        logits.extend(flat(&l));
+        token = argmax_rows(&l)[0];
+        tokens.push(token);
+    }
+    (tokens, logits)
+}
+
+fn identity(name: &str, model: &Model) -> ModelIdentity {
+    ModelIdentity::of(&models_dir().join(name), model).unwrap()
+}
+
+#[test]
+fn save_then_load_continues_exactly() {
+    let dir = tempfile::tempdir().unwrap();
+    for name in CHECKPOINTS {
+        let model = load(name);
+        let id = identity(name, &model);
+        let ids = prompt(&model, 40);
+        let cache = prompt_state(&model, &ids);
+        let path = dir.path().join(format!("{name}.safetensors"));
+        save_snapshot(&path, &ids, &cache, &id).unwrap();
+        // Saving again replaces our own file.
+        save_snapshot(&path, &ids, &cache, &id).unwrap();
+        let (tokens, mut loaded) = load_cache(&path, &model, &id).unwrap();
+        assert_eq!(tokens, ids, "{name}");
+        assert_eq!(loaded.offset, ids.len(), "{name}");
+        let mut original = cache.deep_clone().unwrap();
+        let want = decode(&model, &mut original, 5, 6);
+        let got = decode(&model, &mut loaded, 5, 6);
+        assert_eq!(got.0, want.0, "{name}: tokens");
+        assert!(got.1 == want.1, "{name}: logits differ after a reload");
+    }
+}
+
+/// The error of loading `path`, which must be one line naming the file.
+fn load_error(path: &Path, model: &Model, id: &ModelIdentity) -> String {
+    let err = format!(
+        "{:#}",
+        load_cache(path, model, id).expect_err("load must fail")
+    );
+    assert!(!err.contains('\n'), "not one line: {err}");
+    assert!(
+        err.contains(&path.display().to_string()),
+        "does not name the file: {err}"
+    );
+    err
+}
+
+#[test]
+fn a_file_for_another_model_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let a = load("qwen3.5-tiny-4bit");
+    let b = load("qwen3.5-moe-tiny-4bit");
+    let ids = prompt(&a, 20);
+    let path = dir.path().join("a.safetensors");
+    save_snapshot(
+        &path,
+        &ids,
+        &prompt_state(&a, &ids),
+        &identity("qwen3.5-tiny-4bit", &a),
+    )
+    .unwrap();
+    let err = load_error(&path, &b, &identity("qwen3.5-moe-tiny-4bit", &b));
+    assert!(
+        err.contains("made for another model: config_sha256"),
+        "{err}"
+    );
+
+    let mut other = identity("qwen3.5-tiny-4bit", &a);
+    for field in ["checkpoint_sha256", "state_dtype", "compute_dtype"] {
+        let mut id = other.clone();
+        match field {
+            "checkpoint_sha256" => id.checkpoint_sha256 = "0".repeat(64),
+            "state_dtype" => id.state_dtype = "bf16".into(),
+            _ => id.compute_dtype = "bf16".into(),
+        }
+        let err = load_error(&path, &a, &id);
+        assert!(err.contains(&format!("another model: {field}")), "{err}");
+    }
+    other.compute_dtype = "f32".into();
+    assert!(load_cache(&path, &a, &other).is_ok());
+}
+
+#[test]
+fn damaged_files_are_refused_with_one_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let name = "qwen3-next-tiny-4bit";
+    let model = load(name);
+    let id = identity(name, &model);
+    let ids = prompt(&model, 20);
+    let good = dir.path().join("good.safetensors");
+    save_snapshot(&good, &ids, &prompt_state(&model, &ids), &id).unwrap();
+    let bytes = std::fs::read(&good).unwrap();
+    let write = |file: &str, data: &[u8]| {
+        let p = dir.path().join(file);
+        std::fs::write(&p, data).unwrap();
+        p
+    };
+
+    let err = load_error(
+        &write("truncated", &bytes[..bytes.len() - 100]),
+        &model,
+        &id,
+    );
+    assert!(err.contains("not a valid safetensors file"), "{err}");
+    let err = load_error(
+        &write("garbage", b"\xff\xff\xff\xff\xff\xff\xff\x7fjunk"),
+        &model,
+        &id,
+    );
+    assert!(err.contains("not a valid safetensors file"), "{err}");
+    let err = load_error(&write("empty", b""), &model, &id);
+    assert!(err.contains("not a valid safetensors file"), "{err}");
+    let missing = dir.path().join("missing.safetensors");
+    load_error(&missing, &model, &id);
+
+    // Valid safetensors with our metadata, one tensor changed at a time.
+    let tensors = candle_core::safetensors::load(&good, &Device::Cpu).unwrap();
+    let metadata: HashMap<String, String> = id
+        .fields()
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .chain([
+            ("format".into(), "qwen-gdn-prompt-cache".into()),
+            ("format_version".into(), "1".into()),
+        ])
+        .collect();
+    let forged = |file: &str, change: &dyn Fn(&mut HashMap<String, Tensor>)| {
+        let mut t = tensors.clone();
+        change(&mut t);
+        let p = dir.path().join(file);
+        safetensors::serialize_to_file(&t, Some(metadata.clone()), &p).unwrap();
+        p
+    };
+    let state = tensors["layers.0.state"].clone();
+    let err = load_error(
+        &forged("shape", &|t| {
+            t.insert("layers.0.state".into(), state.narrow(1, 0, 1).unwrap());
+        }),
+        &model,
+        &id,
+    );
+    assert!(err.contains("tensor `layers.0.state`"), "{err}");
+    let err = load_error(
+        &forged("dtype", &|t| {
+            t.insert(
+                "layers.0.state".into(),
+                state.to_dtype(candle_core::DType::F16).unwrap(),
+            );
+        }),
+        &model,
+        &id,
+    );
+    assert!(err.contains("tensor `layers.0.state`"), "{err}");
+    let err = load_error(
+        &forged("missing", &|t| {
+            t.remove("layers.0.conv");
+        }),
+        &model,
+        &id,
+    );
+    assert!(err.contains("`layers.0.conv` is missing"), "{err}");
+    let err = load_error(
+        &forged("extra", &|t| {
+            t.insert("surprise".into(), state.clone());
+        }),
+        &model,
+        &id,
+    );
+    assert!(err.contains("unexpected tensor `surprise`"), "{err}");
+    let vocab = model.config().vocab_size as u32;
+    let err = load_error(
+        &forged("token", &|t| {
+            let bad: Vec<u32> = ids.iter().map(|_| vocab).collect();
+            t.insert(
+                "tokens".into(),
+                Tensor::new(bad.as_slice(), &Device::Cpu).unwrap(),
+            );
+        }),
+        &model,
+        &id,
+    );
+    assert!(err.contains("outside the vocabulary"), "{err}");
+    // Tokens that do not match the stored KV length.
+    let err = load_error(
+        &forged("length", &|t| {
+            t.insert(
+                "tokens".into(),
+                Tensor::new(&ids[..10], &Device::Cpu).unwrap(),
+            );
+        }),
+        &model,
+        &id,
+    );
+    assert!(err.contains("tensor `layers."), "{err}");
+}
+
+#[test]
+fn saving_never_overwrites_a_file_that_is_not_a_prompt_cache() {
+    let dir = tempfile::tempdir().unwrap();
+    let name = "qwen3.5-tiny-4bit";
+    let model = load(name);
+    let ids = prompt(&model, 10);
+    let path = dir.path().join("notes.txt");
+    std::fs::write(&path, "mine").unwrap();
+    let err = save_snapshot(
+        &path,
+        &ids,
+        &prompt_state(&model, &ids),
+        &identity(name, &model),
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(err.contains("not overwriting"), "{err}");
+    assert_eq!(std::fs::read_to_string(&path).unwrap(), "mine");
+}

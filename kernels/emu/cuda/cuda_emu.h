@@ -1,0 +1,32 @@
+// Just enough CUDA to run the body of kernels/gated_delta_chunk.cu on the CPU, on top of the
+// Metal emulation (kernels/emu/metal_emu.h): a block is a threadgroup of fibers, a warp a
+// simdgroup, __syncthreads a threadgroup barrier, __syncwarp a simdgroup barrier,
+// __shfl_up_sync simd_shuffle_up (the same semantics: lanes below the offset keep their
+// value); wmma is in mma.h beside this file. The kernel's body takes its thread and block
+// indices and its shared memory as arguments (the entry points pass threadIdx, blockIdx and
+// extern __shared__ memory, which exist here only so that the entry points compile).
+//
+// Include <metal_stdlib> (or guarded_buffer.h) first, then this, then the .cu file, with
+// kernels/emu/cuda on the include path so that <cuda_fp16.h>, <cuda_bf16.h> and <mma.h> are
+// the stand-ins here.
+#pragma once
+
+#include <cmath>
+
+#define __global__
+#define __device__
+#define __host__
+#define __shared__
+#define __forceinline__ inline
+#define __restrict__ __restrict
+#define __align__(n) __attribute__((aligned(n)))
+#define __launch_bounds__(n)
+#define __syncthreads() metal::threadgroup_barrier(metal::mem_flags::mem_threadgroup)
+#define __syncwarp() metal::simdgroup_barrier(metal::mem_flags::mem_threadgroup)
+#define __shfl_up_sync(mask, value, offset) metal::simd_shuffle_up(value, offset)
+
+struct dim3 {
+  unsigned x, y, z;
+};
+// Read only by the entry points, which the harness never calls.
+inline dim3 threadIdx, blockIdx;

@@ -1,0 +1,118 @@
+// Runs the body of the shipped kernels/gated_delta_chunk.cu (gdn_chunk::chunk_kernel) on the
+// CPU through kernels/emu/cuda/cuda_emu.h, with the launch geometry of
+// crates/gdn-ops/src/ops/gated_delta/cuda_chunked.rs: blocks (Dv / 32, B * Hv) of 128
+// threads, gdn_chunk_smem_floats(Dk) floats of shared memory (NaN before each block, so that
+// a read of what no thread wrote poisons the result). Only whole chunks: T must be a multiple
+// of 64 (the host runs the tail through the recurrence kernel, tested on its own). Used by
+// crates/gdn-ops/tests/gated_delta_chunk_cuda_emulation.rs.
+//
+// stdin, little-endian: "GDCCUDA1", then u32 batch, steps, key_heads, value_heads, key_dim,
+// value_dim, has_mask, in_type (0 f32, 1 f16, 2 bf16), state_type (0 f32, 1 bf16), then f32
+// arrays q, k [B,T,Hk,Dk], v [B,T,Hv,Dv], g, beta [B,T,Hv], state [B,Hv,Dv,Dk] and, when
+// has_mask, mask [B,T].
+// stdout: f32 arrays y [B,T,Hv,Dv] and the final state [B,Hv,Dv,Dk].
+//
+// Build: clang++-19 -std=c++17 -O2 --rtlib=compiler-rt -I kernels/emu/cuda -I kernels/emu
+//        -I kernels kernels/emu/gated_delta_chunk_cuda_harness.cpp
+
+#include "guarded_buffer.h"
+
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include "cuda_emu.h"
+
+// The entry points' extern __shared__ array (never used here: the harness passes its own).
+extern "C" {
+alignas(128) float gdn_chunk_smem[1];
+}
+
+#include "../gated_delta_chunk.cu"
+
+namespace {
+
+using guarded::Buffer;
+using guarded::Kind;
+
+struct Case {
+  GdnChunkParams p;
+  std::vector<float> q, k, v, g, beta, state, mask;
+};
+
+template <class InT, class StT>
+void run(const Case& c) {
+  const GdnChunkParams& p = c.p;
+  Buffer<InT> q("q", c.q, Kind::kInput);
+  Buffer<InT> k("k", c.k, Kind::kInput);
+  Buffer<InT> v("v", c.v, Kind::kInput);
+  Buffer<float> g("g", c.g, Kind::kInput);
+  Buffer<float> beta("beta", c.beta, Kind::kInput);
+  Buffer<float> mask("mask", c.mask, Kind::kInput);
+  Buffer<StT> state("state", c.state, Kind::kInPlace);
+  Buffer<InT> y("y", std::size_t(p.batch) * p.steps * p.value_heads * p.value_dim, Kind::kOutput);
+  const std::size_t floats = std::size_t(gdn_chunk_smem_floats(int(p.key_dim)));
+  Buffer<float> shared("shared memory", floats + 32, Kind::kInPlace);
+  // 128-byte aligned, as __align__(128) extern __shared__ memory.
+  float* smem = reinterpret_cast<float*>((reinterpret_cast<std::uintptr_t>(shared.data()) + 127) & ~std::uintptr_t(127));
+  const uint3 groups{p.value_dim / gdn_chunk::kBlockV, p.batch * p.value_heads, 1};
+  metal_emu::dispatch_threadgroups(groups, uint3{gdn_chunk::kThreads, 1, 1}, [&](const metal_emu::ThreadIds& id) {
+    // Thread 0 runs first in every block: fresh poison for each.
+    if (id.thread_index_in_threadgroup == 0) {
+      for (std::size_t i = 0; i < floats; ++i) smem[i] = std::numeric_limits<float>::quiet_NaN();
+    }
+    gdn_chunk::chunk_kernel<InT, StT>(q.data(), k.data(), v.data(), g.data(), beta.data(), state.data(), y.data(),
+                                      p.has_mask != 0 ? mask.data() : nullptr, p, int(id.thread_index_in_threadgroup),
+                                      id.threadgroup_position_in_grid.x, id.threadgroup_position_in_grid.y, smem);
+  });
+  q.check();
+  k.check();
+  v.check();
+  g.check();
+  beta.check();
+  mask.check();
+  state.check();
+  y.check();
+  y.write_f32();
+  state.write_f32();
+}
+
+}  // namespace
+
+int main() {
+  guarded::install_fault_handler("gated_delta_chunk_cuda_harness");
+  std::uint32_t h[9];
+  guarded::read_header("GDCCUDA1", h);
+  Case c;
+  c.p = GdnChunkParams{h[0], h[1], h[1] / 64, h[2], h[3], h[4], h[5], h[6]};
+  const std::uint32_t in_type = h[7], st_type = h[8];
+  const GdnChunkParams& p = c.p;
+  // The host side's contract (ops/gated_delta/cuda_chunked.rs checks it).
+  if (p.key_dim == 0 || p.key_dim % 16 != 0 || p.key_dim > 256) guarded::die("key_dim must be a multiple of 16, at most 256");
+  if (p.value_dim == 0 || p.value_dim % 32 != 0) guarded::die("value_dim must be a multiple of 32");
+  if (p.key_heads == 0 || p.value_heads % p.key_heads != 0) guarded::die("value_heads must be a multiple of key_heads");
+  if (p.batch == 0 || p.steps == 0 || p.steps % 64 != 0) guarded::die("steps must be a positive multiple of 64");
+  const std::size_t bt = std::size_t(p.batch) * p.steps;
+  c.q = guarded::read_raw<float>(bt * p.key_heads * p.key_dim);
+  c.k = guarded::read_raw<float>(bt * p.key_heads * p.key_dim);
+  c.v = guarded::read_raw<float>(bt * p.value_heads * p.value_dim);
+  c.g = guarded::read_raw<float>(bt * p.value_heads);
+  c.beta = guarded::read_raw<float>(bt * p.value_heads);
+  c.state = guarded::read_raw<float>(std::size_t(p.batch) * p.value_heads * p.value_dim * p.key_dim);
+  c.mask = guarded::read_raw<float>(p.has_mask != 0 ? bt : 0);
+  guarded::expect_end();
+
+  switch (in_type * 2 + st_type) {
+    case 0: run<float, float>(c); break;
+    case 1: run<float, __nv_bfloat16>(c); break;
+    case 2: run<__half, float>(c); break;
+    case 3: run<__half, __nv_bfloat16>(c); break;
+    case 4: run<__nv_bfloat16, float>(c); break;
+    case 5: run<__nv_bfloat16, __nv_bfloat16>(c); break;
+    default: guarded::die("unknown in_type / state_type");
+  }
+  return std::fflush(stdout) == 0 ? 0 : 1;
+}

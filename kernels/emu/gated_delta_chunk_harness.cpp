@@ -1,0 +1,188 @@
+// Runs the shipped kernels/gated_delta_chunk.metal on the CPU through metal_emu.h, with the
+// host's split (crates/gdn-ops/src/ops/gated_delta/metal_chunked.rs): the chunk kernel over
+// the floor(T / 64) full chunks, then the tail (T % 64 tokens, copied out contiguous) through
+// the recurrence kernel of kernels/gated_delta.metal, on the same state. When a bf16 state
+// goes through both kernels they run on an f32 copy, rounded once at the end, so the state
+// is rounded once per call as with one kernel. Used by
+// crates/gdn-ops/tests/gated_delta_chunk_emulation.rs.
+//
+// stdin, little-endian: "GDCEMU01", then u32 batch, steps, key_heads, value_heads, key_dim,
+// value_dim, has_mask, in_type (0 f32, 1 f16, 2 bf16), state_type (0 f32, 1 bf16), then f32
+// arrays q, k [B,T,Hk,Dk], v [B,T,Hv,Dv], g, beta [B,T,Hv], state [B,Hv,Dv,Dk] and, when
+// has_mask, mask [B,T]. Inputs are converted to InT / StT here (exactly, when the caller
+// already rounded them).
+// stdout: f32 arrays y [B,T,Hv,Dv] and the final state [B,Hv,Dv,Dk].
+// Memory checks: guarded_buffer.h (every y element must be written by one of the kernels).
+
+#include "guarded_buffer.h"
+
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <vector>
+
+#include "metal_math.h"
+
+#include "../gated_delta.metal"
+#include "../gated_delta_chunk.metal"
+
+namespace {
+
+using guarded::Buffer;
+using guarded::Kind;
+
+struct Case {
+  GdnChunkParams p;
+  std::vector<float> q, k, v, g, beta, state, mask;
+};
+
+template <class InT, class StT>
+using ChunkKernel = void (*)(const device InT*, const device InT*, const device InT*, const device float*,
+                             const device float*, device StT*, device InT*, const device float*,
+                             constant GdnChunkParams&, threadgroup float*, uint3, uint, uint, uint);
+template <class InT, class StT>
+using StepKernel = void (*)(const device InT*, const device InT*, const device InT*, const device float*,
+                            const device float*, device StT*, device InT*, const device float*,
+                            constant GdnParams&, uint3, uint);
+
+// Tokens [t0, T) of a [B, T, rest] array, contiguous: the host's narrow + contiguous.
+std::vector<float> tail_of(const std::vector<float>& x, uint batch, uint steps, uint t0) {
+  const std::size_t rest = x.size() / (std::size_t(batch) * steps);
+  std::vector<float> out;
+  for (uint b = 0; b < batch; ++b) {
+    const float* from = x.data() + (std::size_t(b) * steps + t0) * rest;
+    out.insert(out.end(), from, from + std::size_t(steps - t0) * rest);
+  }
+  return out;
+}
+
+// The chunk kernel over p.chunks chunks, in place on `state`, writing those tokens of y.
+template <class InT, class StT>
+void run_chunks(const GdnChunkParams& p, Buffer<InT>& q, Buffer<InT>& k, Buffer<InT>& v, Buffer<float>& g,
+                Buffer<float>& beta, Buffer<StT>& state, InT* y, Buffer<float>* mask, ChunkKernel<InT, StT> kernel) {
+  const GdnChunkParams params = p;
+  const uint3 groups{p.value_dim / kBlockV, 1, p.batch * p.value_heads};
+  const uint3 per_group{kThreads, 1, 1};
+  metal_emu::dispatch_threadgroups(groups, per_group, kScratchFloats * sizeof(float), [&](const metal_emu::ThreadIds& id) {
+    kernel((const device InT*)q.data(), (const device InT*)k.data(), (const device InT*)v.data(),
+           (const device float*)g.data(), (const device float*)beta.data(), (device StT*)state.data(),
+           (device InT*)y, mask != nullptr ? (const device float*)mask->data() : nullptr,
+           *(constant GdnChunkParams*)&params, id.threadgroup_memory_as<float>(), id.threadgroup_position_in_grid,
+           id.thread_index_in_threadgroup, id.simdgroup_index_in_threadgroup, id.thread_index_in_simdgroup);
+  });
+}
+
+// The recurrence kernel over tokens [t0, T), on contiguous copies, in place on `state`.
+template <class InT, class StT>
+void run_tail(const Case& c, uint t0, Buffer<StT>& state, InT* y, StepKernel<InT, StT> kernel) {
+  const GdnChunkParams& p = c.p;
+  const uint tail = p.steps - t0;
+  Buffer<InT> q("q tail", tail_of(c.q, p.batch, p.steps, t0), Kind::kInput);
+  Buffer<InT> k("k tail", tail_of(c.k, p.batch, p.steps, t0), Kind::kInput);
+  Buffer<InT> v("v tail", tail_of(c.v, p.batch, p.steps, t0), Kind::kInput);
+  Buffer<float> g("g tail", tail_of(c.g, p.batch, p.steps, t0), Kind::kInput);
+  Buffer<float> beta("beta tail", tail_of(c.beta, p.batch, p.steps, t0), Kind::kInput);
+  const std::size_t row = std::size_t(p.value_heads) * p.value_dim;
+  Buffer<InT> y_tail("y tail", std::size_t(p.batch) * tail * row, Kind::kOutput);
+  std::vector<float> mask_tail = p.has_mask != 0 ? tail_of(c.mask, p.batch, p.steps, t0) : std::vector<float>{};
+  Buffer<float> mask("mask tail", mask_tail, Kind::kInput);
+  const GdnParams params{p.batch, tail, p.key_heads, p.value_heads, p.key_dim, p.value_dim, p.has_mask};
+  const uint3 groups{1, (p.value_dim + 3) / 4, p.batch * p.value_heads};
+  metal_emu::dispatch_threadgroups(groups, uint3{32, 4, 1}, [&](const metal_emu::ThreadIds& id) {
+    kernel((const device InT*)q.data(), (const device InT*)k.data(), (const device InT*)v.data(),
+           (const device float*)g.data(), (const device float*)beta.data(), (device StT*)state.data(),
+           (device InT*)y_tail.data(), p.has_mask != 0 ? (const device float*)mask.data() : nullptr,
+           *(constant GdnParams*)&params, id.thread_position_in_grid, id.thread_index_in_simdgroup);
+  });
+  q.check();
+  k.check();
+  v.check();
+  g.check();
+  beta.check();
+  y_tail.check();
+  for (uint b = 0; b < p.batch; ++b) {
+    std::memcpy(y + (std::size_t(b) * p.steps + t0) * row, y_tail.data() + std::size_t(b) * tail * row,
+                std::size_t(tail) * row * sizeof(InT));
+  }
+}
+
+template <class InT, class StT>
+void run(const Case& c, ChunkKernel<InT, StT> chunk, StepKernel<InT, StT> step, ChunkKernel<InT, float> chunk_f32,
+         StepKernel<InT, float> step_f32) {
+  const GdnChunkParams& p = c.p;
+  Buffer<InT> q("q", c.q, Kind::kInput);
+  Buffer<InT> k("k", c.k, Kind::kInput);
+  Buffer<InT> v("v", c.v, Kind::kInput);
+  Buffer<float> g("g", c.g, Kind::kInput);
+  Buffer<float> beta("beta", c.beta, Kind::kInput);
+  Buffer<float> mask("mask", c.mask, Kind::kInput);
+  Buffer<float>* mask_ptr = p.has_mask != 0 ? &mask : nullptr;
+  Buffer<StT> state("state", c.state, Kind::kInPlace);
+  Buffer<InT> y("y", std::size_t(p.batch) * p.steps * p.value_heads * p.value_dim, Kind::kOutput);
+  const uint t0 = p.chunks * kChunk;
+  const bool tail = t0 < p.steps;
+  if (p.chunks == 0) {
+    run_tail(c, 0, state, y.data(), step);
+  } else if (!tail) {
+    run_chunks(p, q, k, v, g, beta, state, y.data(), mask_ptr, chunk);
+  } else if (std::is_same<StT, float>::value) {
+    run_chunks(p, q, k, v, g, beta, state, y.data(), mask_ptr, chunk);
+    run_tail(c, t0, state, y.data(), step);
+  } else {
+    // Both kernels on an f32 copy of the bf16 state, rounded once.
+    std::vector<float> widened(state.data(), state.data() + c.state.size());
+    Buffer<float> wide("state f32", widened, Kind::kInPlace);
+    run_chunks(p, q, k, v, g, beta, wide, y.data(), mask_ptr, chunk_f32);
+    run_tail(c, t0, wide, y.data(), step_f32);
+    wide.check();
+    for (std::size_t i = 0; i < c.state.size(); ++i) state.data()[i] = StT(wide.data()[i]);
+  }
+  q.check();
+  k.check();
+  v.check();
+  g.check();
+  beta.check();
+  mask.check();
+  state.check();
+  y.check();
+  y.write_f32();
+  state.write_f32();
+}
+
+}  // namespace
+
+int main() {
+  guarded::install_fault_handler("gated_delta_chunk_harness");
+  std::uint32_t h[9];
+  guarded::read_header("GDCEMU01", h);
+  Case c;
+  c.p = GdnChunkParams{h[0], h[1], h[1] / kChunk, h[2], h[3], h[4], h[5], h[6]};
+  const std::uint32_t in_type = h[7], st_type = h[8];
+  const GdnChunkParams& p = c.p;
+  // The host side's contract (ops/gated_delta/metal_chunked.rs checks it).
+  if (p.key_dim == 0 || p.key_dim % 32 != 0 || p.key_dim > 256) guarded::die("key_dim must be a multiple of 32, at most 256");
+  if (p.value_dim == 0 || p.value_dim % kBlockV != 0) guarded::die("value_dim must be a multiple of 32");
+  if (p.key_heads == 0 || p.value_heads % p.key_heads != 0) guarded::die("value_heads must be a multiple of key_heads");
+  if (p.batch == 0 || p.steps == 0) guarded::die("the host launches nothing for an empty call");
+  const std::size_t bt = std::size_t(p.batch) * p.steps;
+  c.q = guarded::read_raw<float>(bt * p.key_heads * p.key_dim);
+  c.k = guarded::read_raw<float>(bt * p.key_heads * p.key_dim);
+  c.v = guarded::read_raw<float>(bt * p.value_heads * p.value_dim);
+  c.g = guarded::read_raw<float>(bt * p.value_heads);
+  c.beta = guarded::read_raw<float>(bt * p.value_heads);
+  c.state = guarded::read_raw<float>(std::size_t(p.batch) * p.value_heads * p.value_dim * p.key_dim);
+  c.mask = guarded::read_raw<float>(p.has_mask != 0 ? bt : 0);
+  guarded::expect_end();
+
+  switch (in_type * 2 + st_type) {
+    case 0: run<float, float>(c, gated_delta_chunk_f32_f32, gated_delta_step_f32_f32, gated_delta_chunk_f32_f32, gated_delta_step_f32_f32); break;
+    case 1: run<float, bfloat>(c, gated_delta_chunk_f32_bf16, gated_delta_step_f32_bf16, gated_delta_chunk_f32_f32, gated_delta_step_f32_f32); break;
+    case 2: run<half, float>(c, gated_delta_chunk_f16_f32, gated_delta_step_f16_f32, gated_delta_chunk_f16_f32, gated_delta_step_f16_f32); break;
+    case 3: run<half, bfloat>(c, gated_delta_chunk_f16_bf16, gated_delta_step_f16_bf16, gated_delta_chunk_f16_f32, gated_delta_step_f16_f32); break;
+    case 4: run<bfloat, float>(c, gated_delta_chunk_bf16_f32, gated_delta_step_bf16_f32, gated_delta_chunk_bf16_f32, gated_delta_step_bf16_f32); break;
+    case 5: run<bfloat, bfloat>(c, gated_delta_chunk_bf16_bf16, gated_delta_step_bf16_bf16, gated_delta_chunk_bf16_f32, gated_delta_step_bf16_f32); break;
+    default: guarded::die("unknown in_type / state_type");
+  }
+  return std::fflush(stdout) == 0 ? 0 : 1;
+}

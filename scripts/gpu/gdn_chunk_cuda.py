@@ -1,0 +1,230 @@
+#!/usr/bin/env python3
+"""Check and benchmark kernels/gated_delta_chunk.cu (the chunked gated delta on TF32 tensor
+cores) on a CUDA GPU; run on the device machine by scripts/gpu/bench-chunk.sh.
+
+  python3 scripts/gpu/gdn_chunk_cuda.py --chunk-ptx gated_delta_chunk.ptx \
+      --step-ptx gated_delta.ptx --out DIR
+
+1. Correctness: the host's split (full chunks through the chunk kernel, the tail through the
+   recurrence kernel, a bf16 state widened to f32 for both and rounded once) for every InT/StT
+   entry point against the float64 recurrence of gdn_cuda.py, with its gates (y within one
+   InT ulp or 1e-5 of max|y|; f32 state within 1e-5 of max|S|, bf16 within one ulp).
+2. Timing at Qwen3-Next-80B's GDN shapes (B 1, Hk 16, Hv 32, Dk = Dv = 128, bf16 activations,
+   f32 state), T = 512 and 4096, CUDA events, medians after warm-up, three rotating input sets:
+   our chunk kernel, our recurrence kernel, fla's chunk_gated_delta_rule (fla-core from a
+   carried wheel; when it cannot be imported the table says so) and a PyTorch version of the
+   chunk algorithm (torch_chunk below: batched matmuls, written here as a baseline; it is not
+   fla). Prints a side-by-side table with ratios.
+"""
+
+import argparse
+import ctypes
+import math
+import os
+import sys
+import traceback
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from gdn_cuda import (DT, Module, _cuda, check_cu, compare, eager_time, gdn_launch,  # noqa: E402
+                      make_inputs, reference)
+
+CHUNK = 64
+BLOCK_V = 32
+THREADS = 128
+CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8
+_cuda.cuFuncSetAttribute.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int]
+
+
+class Params(ctypes.Structure):
+    """GdnChunkParams of kernels/params/gated_delta_chunk.h."""
+    _fields_ = [(n, ctypes.c_uint32) for n in
+                ("batch", "steps", "chunks", "key_heads", "value_heads", "key_dim", "value_dim", "has_mask")]
+
+
+def smem_bytes(dk):
+    """gdn_chunk_smem_floats(Dk) of the kernel, in bytes."""
+    return 4 * (2 * CHUNK * (dk + 8) + dk * 40 + 2 * CHUNK * 40 + CHUNK * 72 + 3 * CHUNK)
+
+
+def chunk_launch(mod, q, k, v, g, beta, state, y, mask, chunks):
+    B, T, Hk, Dk = q.shape
+    Hv, Dv = v.shape[2], v.shape[3]
+    assert Dk % 16 == 0 and Dk <= 256 and Dv % BLOCK_V == 0 and chunks * CHUNK <= T
+    inn = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16"}[q.dtype]
+    st = {torch.float32: "f32", torch.bfloat16: "bf16"}[state.dtype]
+    f = mod.func(f"gated_delta_chunk_{inn}_{st}")
+    smem = smem_bytes(Dk)
+    check_cu(_cuda.cuFuncSetAttribute(f, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem), "cuFuncSetAttribute")
+    p = Params(B, T, chunks, Hk, Hv, Dk, Dv, 1 if mask is not None else 0)
+    ptrs = [ctypes.c_void_p(t.data_ptr()) for t in (q, k, v, g, beta, state, y)]
+    ptrs.append(ctypes.c_void_p(mask.data_ptr() if mask is not None else g.data_ptr()))
+    holders = ptrs + [p]
+    params = (ctypes.c_void_p * len(holders))(*[ctypes.cast(ctypes.byref(h), ctypes.c_void_p) for h in holders])
+    stream = torch.cuda.current_stream().cuda_stream
+    rc = _cuda.cuLaunchKernel(f, Dv // BLOCK_V, B * Hv, 1, THREADS, 1, 1, smem, ctypes.c_void_p(stream), params, None)
+    check_cu(rc, "cuLaunchKernel(gated_delta_chunk)")
+
+
+def chunked_update(chunk_mod, step_mod, q, k, v, g, beta, state, mask):
+    """The host's split (crates/gdn-ops/src/ops/gated_delta/chunked.rs); returns y, advances state."""
+    B, T = q.shape[:2]
+    chunks, done = T // CHUNK, (T // CHUNK) * CHUNK
+    y = torch.full((B, T) + v.shape[2:], float("nan"), device="cuda", dtype=q.dtype)
+    if chunks == 0:
+        gdn_launch(step_mod, q, k, v, g, beta, state, y, mask)
+        return y
+    if done == T:
+        chunk_launch(chunk_mod, q, k, v, g, beta, state, y, mask, chunks)
+        return y
+    work = state if state.dtype == torch.float32 else state.float()
+    chunk_launch(chunk_mod, q, k, v, g, beta, work, y, mask, chunks)
+    rest = [t[:, done:].contiguous() for t in (q, k, v, g, beta)]
+    y_tail = torch.empty((B, T - done) + v.shape[2:], device="cuda", dtype=q.dtype)
+    m = mask[:, done:].contiguous() if mask is not None else None
+    gdn_launch(step_mod, *rest, work, y_tail, m)
+    y[:, done:] = y_tail
+    if work is not state:
+        state.copy_(work.to(state.dtype))
+    return y
+
+
+def torch_chunk(q, k, v, g, beta, state, C=CHUNK):
+    """The chunk algorithm in PyTorch (f32 batched matmuls, chunks in sequence): a baseline for
+    timing only. T must be a multiple of C; the state is [B, Hv, Dv, Dk] and advanced in place."""
+    B, T, Hk, Dk = q.shape
+    Hv, Dv = v.shape[2], v.shape[3]
+    grp = Hv // Hk
+    qf = q.float().repeat_interleave(grp, dim=2).transpose(1, 2).reshape(B, Hv, T // C, C, Dk)
+    kf = k.float().repeat_interleave(grp, dim=2).transpose(1, 2).reshape(B, Hv, T // C, C, Dk)
+    vf = v.float().transpose(1, 2).reshape(B, Hv, T // C, C, Dv)
+    lg = g.log().transpose(1, 2).reshape(B, Hv, T // C, C).cumsum(-1)
+    bt = beta.transpose(1, 2).reshape(B, Hv, T // C, C)
+    eye = torch.eye(C, device=q.device)
+    strict = torch.tril(torch.ones(C, C, device=q.device, dtype=torch.bool), -1)
+    causal = torch.tril(torch.ones(C, C, device=q.device, dtype=torch.bool))
+    S = state.float().transpose(-1, -2).contiguous()  # S^T [B, Hv, Dk, Dv]
+    ys = []
+    for c in range(T // C):
+        kc, qc, vc, gc, bc = kf[:, :, c], qf[:, :, c], vf[:, :, c], lg[:, :, c], bt[:, :, c]
+        decay = (gc[..., :, None] - gc[..., None, :]).masked_fill(~causal, -float("inf")).exp()
+        L = (kc @ kc.transpose(-1, -2)) * decay * bc[..., None]
+        A = eye + L.masked_fill(~strict, 0.0)
+        R = bc[..., None] * (vc - gc.exp()[..., None] * (kc @ S))
+        Vp = torch.linalg.solve_triangular(A, R, upper=False, unitriangular=True)
+        ys.append(gc.exp()[..., None] * (qc @ S) + ((qc @ kc.transpose(-1, -2)) * decay) @ Vp)
+        gl = gc[..., -1:]
+        S = gl.exp()[..., None] * S + kc.transpose(-1, -2) @ ((gl - gc).exp()[..., None] * Vp)
+    state.copy_(S.transpose(-1, -2).to(state.dtype))
+    return torch.stack(ys, dim=2).reshape(B, Hv, T, Dv).transpose(1, 2)
+
+
+def run_checks(chunk_mod, step_mod, log, seed=4321):
+    gen = torch.Generator(device="cuda")
+    gen.manual_seed(seed)
+    n_ok = n_fail = 0
+    cases = [(1, 64, 16, 32, 128, 128, False), (1, 200, 16, 32, 128, 128, False),
+             (2, 130, 2, 4, 128, 128, True), (1, 65, 16, 64, 128, 128, False), (1, 512, 16, 32, 128, 128, False),
+             (1, 128, 1, 2, 256, 32, False), (1, 64, 1, 2, 192, 128, False)]
+    for (B, T, Hk, Hv, Dk, Dv, masked) in cases:
+        for inn in ["f32", "f16", "bf16"]:
+            for st in ["f32", "bf16"]:
+                q, k, v, g, beta, state, mask = make_inputs(B, T, Hk, Hv, Dk, Dv, DT[inn], DT[st], masked, gen)
+                ref_y, ref_s = reference(q, k, v, g, beta, state, mask)
+                y = chunked_update(chunk_mod, step_mod, q, k, v, g, beta, state, mask)
+                torch.cuda.synchronize()
+                r = compare(y, state, ref_y, ref_s, DT[inn], DT[st])
+                n_ok += r["ok"]
+                n_fail += not r["ok"]
+                log(f"{'ok  ' if r['ok'] else 'FAIL'} chunk B={B} T={T:<4} Hk={Hk:<2} Hv={Hv:<2} Dk={Dk} Dv={Dv} "
+                    f"mask={int(masked)} {inn:>4}/{st:<4} y {r['y_err_rel_max']:.2e} ({r['y_err_over_tol']:.2f} of tol) "
+                    f"state {r['s_err_rel_max']:.2e} ({r['s_err_over_tol']:.2f} of tol)")
+    log(f"chunk kernel checks: {n_ok} passed, {n_fail} failed")
+    return n_fail == 0
+
+
+def run_bench(chunk_mod, step_mod, fla, log):
+    B, Hk, Hv, Dk, Dv = 1, 16, 32, 128, 128
+    gen = torch.Generator(device="cuda")
+    gen.manual_seed(7)
+    rows = []
+    for T in [512, 4096]:
+        data = []
+        for _ in range(3):
+            q, k, v, g, beta, state, _ = make_inputs(B, T, Hk, Hv, Dk, Dv, torch.bfloat16, torch.float32, False, gen)
+            y = torch.empty(B, T, Hv, Dv, device="cuda", dtype=torch.bfloat16)
+            data.append((q, k, v, g, beta, state, y, g.log()))
+        iters = 9 if T == 4096 else 15
+        res = {}
+        fns = [(lambda d=d: chunk_launch(chunk_mod, *d[:7], None, T // CHUNK)) for d in data]
+        res["ours chunk"] = eager_time(fns, iters=iters, warm=2)[0]
+        fns = [(lambda d=d: gdn_launch(step_mod, *d[:7], None)) for d in data]
+        res["ours recurrence"] = eager_time(fns, iters=iters, warm=1)[0]
+        if fla is not None:
+            try:
+                fns = [(lambda d=d: fla(d[0], d[1], d[2], g=d[7], beta=d[4], scale=1.0, initial_state=d[5],
+                                        output_final_state=True, state_v_first=True)) for d in data]
+                res["fla chunk_gated_delta_rule"] = eager_time(fns, iters=iters, warm=2)[0]
+            except Exception as e:
+                log(f"fla chunk_gated_delta_rule failed at T={T}: {e!r}")
+        try:
+            fns = [(lambda d=d: torch_chunk(*d[:6])) for d in data]
+            res["torch chunk (baseline, not fla)"] = eager_time(fns, iters=5, warm=1)[0]
+        except Exception as e:
+            log(f"torch chunk failed at T={T}: {e!r}")
+        ours = res["ours chunk"]
+        for name, us in res.items():
+            rows.append((T, name, us, us / ours, B * T / (us * 1e-6) / 1e3))
+        del data
+        torch.cuda.empty_cache()
+    log("\nchunked gated delta, Qwen3-Next-80B GDN layer (B 1, Hk 16, Hv 32, Dk = Dv = 128, bf16 in, f32 state)")
+    log(f"{'T':>6}  {'kernel':<34}{'us':>10}{'x ours chunk':>14}{'k tok/s':>10}")
+    for T, name, us, ratio, ktok in rows:
+        log(f"{T:>6}  {name:<34}{us:>10.1f}{ratio:>13.2f}x{ktok:>10.1f}")
+    if fla is None:
+        log("fla-core not importable: carry its wheel (see bench-chunk.sh); the torch chunk row is our own baseline")
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--chunk-ptx", required=True)
+    ap.add_argument("--step-ptx", required=True)
+    ap.add_argument("--out", default=".")
+    args = ap.parse_args()
+    os.makedirs(args.out, exist_ok=True)
+    logf = open(os.path.join(args.out, "gdn_chunk.log"), "w")
+
+    def log(s=""):
+        print(s, flush=True)
+        logf.write(s + "\n")
+        logf.flush()
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    log(f"torch {torch.__version__}, device {torch.cuda.get_device_name(0)}")
+    chunk_mod, step_mod = Module(args.chunk_ptx), Module(args.step_ptx)
+    for n in ["gated_delta_chunk_bf16_f32", "gated_delta_chunk_f32_f32"]:
+        r, lm = chunk_mod.regs(n)
+        log(f"  {n}: {r} registers, {lm} B local memory per thread, {smem_bytes(128)} B shared at Dk 128")
+    fla = None
+    try:
+        from fla.ops.gated_delta_rule import chunk_gated_delta_rule
+        fla = chunk_gated_delta_rule
+        log("fla-core imported")
+    except Exception as e:
+        log(f"fla not available: {e!r}")
+    ok = False
+    try:
+        ok = run_checks(chunk_mod, step_mod, log)
+    except Exception:
+        log("checks raised:\n" + traceback.format_exc())
+    try:
+        run_bench(chunk_mod, step_mod, fla, log)
+    except Exception:
+        log("bench raised:\n" + traceback.format_exc())
+    log(f"\nRESULT: chunk kernel checks {'PASSED' if ok else 'FAILED'}")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
