@@ -90,6 +90,13 @@ impl ChatTemplate {
         })
     }
 
+    /// The template's Jinja source (e.g. to tell which tool-call format it teaches).
+    pub fn source(&self) -> String {
+        self.env
+            .get_template("chat")
+            .map_or_else(|_| String::new(), |t| t.source().to_string())
+    }
+
     /// Caps the rendered text at `bytes` (the caller knows how much its context can hold).
     pub fn limit_output(mut self, bytes: usize) -> Self {
         self.max_output = bytes;

@@ -34,6 +34,7 @@ mod reasoning;
 mod reply_display;
 mod sampler;
 mod sampling_args;
+mod serve;
 mod stream;
 #[allow(dead_code)]
 mod tag_scan;
@@ -68,6 +69,8 @@ enum Command {
     CachePrompt(cache_prompt::Args),
     /// Chat with the model in the terminal, keeping the conversation (like mlx_lm.chat).
     Chat(chat::Args),
+    /// Serve the model over an OpenAI-compatible HTTP API (like mlx_lm.server, vLLM).
+    Serve(serve::Args),
 }
 
 fn main() -> ExitCode {
@@ -95,6 +98,7 @@ fn main() -> ExitCode {
         Command::Bench(args) => bench::run(args),
         Command::Chat(args) => chat::run(args),
         Command::CachePrompt(args) => cache_prompt::run(args),
+        Command::Serve(args) => serve::run(args),
     };
     match result {
         Ok(code) => code,

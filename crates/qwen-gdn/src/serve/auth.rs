@@ -1,0 +1,53 @@
+//! `--api-key`: /v1/ requests must carry `Authorization: Bearer <key>`. The comparison takes
+//! the same time wherever the keys differ, so the key cannot be guessed byte by byte.
+
+use super::error::ApiError;
+use axum::extract::{Request, State};
+use axum::http::header;
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use std::sync::Arc;
+
+pub async fn require_key(
+    State(key): State<Arc<Option<String>>>,
+    request: Request,
+    next: Next,
+) -> Response {
+    let Some(key) = key.as_deref() else {
+        return next.run(request).await;
+    };
+    let given = request
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .map(str::trim);
+    match given {
+        Some(given) if same(given.as_bytes(), key.as_bytes()) => next.run(request).await,
+        Some(_) => ApiError::unauthorized("incorrect API key").into_response(),
+        None => ApiError::unauthorized(
+            "missing API key: send `Authorization: Bearer <key>` (the server runs with --api-key)",
+        )
+        .into_response(),
+    }
+}
+
+fn same(a: &[u8], b: &[u8]) -> bool {
+    let mut diff = a.len() ^ b.len();
+    for (i, &x) in a.iter().enumerate() {
+        diff |= usize::from(x ^ b.get(i % b.len().max(1)).copied().unwrap_or(0));
+    }
+    diff == 0
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn keys_compare_whole() {
+        assert!(super::same(b"secret", b"secret"));
+        assert!(!super::same(b"secret", b"secreT"));
+        assert!(!super::same(b"secret", b"secret2"));
+        assert!(!super::same(b"", b"secret"));
+        assert!(super::same(b"", b""));
+    }
+}

@@ -1,0 +1,219 @@
+//! The adapter between the server and the engine: renders and tokenizes a job's prompt
+//! (with the message boundaries the prompt cache snapshots at), checks it against the
+//! context, and runs the engine's generation with the job's sampling, stop strings and cancel
+//! flag. Everything the server needs from the engine goes through this file.
+
+use super::error::ApiError;
+use super::job::{Event, Finish, JobSpec, Prompt, PromptInfo, Usage};
+use super::scheduler::Backend;
+use super::test_hooks;
+use crate::chat_template::ChatTemplate;
+use crate::engine::{render_conversation, Engine, FinishReason, GenerateParams, PromptTokens};
+use crate::reasoning::ReasoningMode;
+use crate::sampler::SamplerConfig;
+use crate::template_args::special_tokens;
+use crate::tool_calls::{ToolCallFormat, ToolChoice};
+use anyhow::Result;
+use serde_json::{Map, Value as Json};
+use std::ops::ControlFlow;
+use std::sync::atomic::AtomicBool;
+
+/// Bytes a chat template may add around the messages and tools.
+const TEMPLATE_OVERHEAD: usize = 1 << 20;
+
+pub struct EngineBackend {
+    engine: Engine,
+    template: Option<ChatTemplate>,
+    /// The tool-call format the template teaches (None: it shows none, so a call cannot be
+    /// forced).
+    call_format: Option<ToolCallFormat>,
+    /// Template variables every chat gets (special tokens, enable_thinking when the
+    /// vocabulary has think tags, as `generate` does); chat_template_kwargs override them.
+    base_vars: Map<String, Json>,
+}
+
+impl EngineBackend {
+    pub fn new(engine: Engine) -> Result<Self> {
+        let checkpoint = engine.checkpoint();
+        let max_bytes = usize::try_from(checkpoint.input_limit.max_bytes).unwrap_or(usize::MAX);
+        let template =
+            ChatTemplate::from_dir(&checkpoint.dir, checkpoint.tokenizer_config.as_ref())?
+                .map(|t| t.limit_output(max_bytes.saturating_add(TEMPLATE_OVERHEAD)));
+        let mut base_vars = special_tokens(checkpoint.tokenizer_config.as_ref());
+        let tokenizer = &checkpoint.tokenizer;
+        if tokenizer.token_to_id("<think>").is_some() && tokenizer.token_to_id("</think>").is_some()
+        {
+            base_vars.insert("enable_thinking".into(), true.into());
+        }
+        let call_format = template
+            .as_ref()
+            .and_then(|t| ToolCallFormat::detect(&t.source()));
+        Ok(Self {
+            engine,
+            template,
+            call_format,
+            base_vars,
+        })
+    }
+
+    /// The prompt's tokens, and what the output parser must know about its end.
+    fn encode(&self, prompt: &Prompt) -> Result<(PromptTokens, PromptInfo), ApiError> {
+        let checkpoint = self.engine.checkpoint();
+        let (limit, tokenizer) = (&checkpoint.input_limit, &checkpoint.tokenizer);
+        let too_long = |e: anyhow::Error| ApiError::context_length(format!("{e:#}"));
+        let (mut tokens, text, tool_choice) = match prompt {
+            Prompt::Text(text) => {
+                // Tokenizes at most about a context's worth before giving up.
+                limit
+                    .check_tokens(tokenizer, text, "the prompt")
+                    .map_err(too_long)?;
+                let ids = tokenizer
+                    .encode(text.as_str(), true)
+                    .map_err(|e| ApiError::invalid(format!("tokenizing the prompt: {e}")))?
+                    .get_ids()
+                    .to_vec();
+                (PromptTokens::plain(ids), text.clone(), None)
+            }
+            Prompt::Chat {
+                messages,
+                tools,
+                template_vars,
+                tool_choice,
+            } => {
+                let template = self.template.as_ref().ok_or_else(|| {
+                    ApiError::invalid("this model has no chat template; use /v1/completions")
+                })?;
+                let mut vars = self.base_vars.clone();
+                vars.extend(template_vars.clone());
+                let template_error = |e: anyhow::Error| {
+                    ApiError::invalid(format!("the chat template failed: {e:#}"))
+                };
+                let text = template
+                    .render(messages, tools.as_ref(), true, &vars)
+                    .map_err(template_error)?;
+                limit
+                    .check_tokens(tokenizer, &text, "the prompt")
+                    .map_err(too_long)?;
+                let tokens =
+                    render_conversation(template, tokenizer, messages, tools.as_ref(), true, &vars)
+                        .map_err(template_error)?;
+                (tokens, text, Some(tool_choice))
+            }
+        };
+        let mut info = PromptInfo {
+            reasoning: match tool_choice {
+                Some(_) => ReasoningMode::from_prompt(&text),
+                None => ReasoningMode::Off,
+            },
+            forced_opening: None,
+        };
+        let function = match tool_choice {
+            Some(ToolChoice::Required) => Some(None),
+            Some(ToolChoice::Function(name)) => Some(Some(name.as_str())),
+            _ => None,
+        };
+        if let (Some(function), Some(format)) = (function, self.call_format) {
+            // The Qwen templates have no tool_choice: a call is forced by writing its opening
+            // after the generation prompt. An open thinking block is closed first (as the
+            // template does with thinking off), so the call is the answer.
+            let mut appended = String::new();
+            if text.trim_end().ends_with("<think>") {
+                appended.push_str("\n</think>\n\n");
+            }
+            info.reasoning = ReasoningMode::from_prompt(&(text.clone() + &appended));
+            let opening = format.call_opening(function);
+            appended.push_str(&opening);
+            let ids = tokenizer
+                .encode(appended.as_str(), false)
+                .map_err(|e| ApiError::invalid(format!("tokenizing the prompt: {e}")))?;
+            tokens.ids.extend_from_slice(ids.get_ids());
+            info.forced_opening = Some(opening);
+        }
+        if tokens.ids.is_empty() {
+            return Err(ApiError::invalid("the prompt has no tokens"));
+        }
+        // At least one position must be left to generate into.
+        limit
+            .check_fits(tokens.ids.len() + 1, "the prompt")
+            .map_err(too_long)?;
+        Ok((tokens, info))
+    }
+
+    /// [`test_hooks::FORCE_OUTPUT_ENV`]: the forced text, sent a few characters at a time
+    /// as a generation would.
+    fn force_output(
+        &self,
+        text: &str,
+        on_event: &mut dyn FnMut(Event) -> ControlFlow<()>,
+    ) -> (Finish, usize) {
+        let chars: Vec<char> = text.chars().collect();
+        for piece in chars.chunks(3) {
+            if on_event(Event::Text(piece.iter().collect())).is_break() {
+                return (Finish::Cancelled, 0);
+            }
+        }
+        let tokens = self
+            .engine
+            .checkpoint()
+            .tokenizer
+            .encode(text, false)
+            .map_or(0, |e| e.get_ids().len());
+        (Finish::Stop, tokens)
+    }
+}
+
+impl Backend for EngineBackend {
+    fn run(
+        &mut self,
+        job: &JobSpec,
+        cancel: &AtomicBool,
+        on_event: &mut dyn FnMut(Event) -> ControlFlow<()>,
+    ) -> Result<(Finish, Usage), ApiError> {
+        let (prompt, info) = self.encode(&job.prompt)?;
+        let mut usage = Usage {
+            prompt_tokens: prompt.ids.len(),
+            cached_tokens: 0,
+            completion_tokens: 0,
+        };
+        if on_event(Event::Prompt(info)).is_break() {
+            return Ok((Finish::Cancelled, usage));
+        }
+        if let Some(text) = test_hooks::forced_output() {
+            let (finish, n) = self.force_output(&text, on_event);
+            usage.completion_tokens = n;
+            return Ok((finish, usage));
+        }
+        let s = &job.sampling;
+        let params = GenerateParams {
+            max_tokens: job.max_tokens,
+            sampler: SamplerConfig {
+                temp: s.temperature,
+                top_p: s.top_p,
+                min_p: s.min_p,
+                top_k: s.top_k,
+                repetition_penalty: s.repetition_penalty,
+                repetition_context_size: 20,
+            },
+            seed: s.seed,
+            stop_strings: job.stop.clone(),
+        };
+        let mut on_text = |text: &str| on_event(Event::Text(text.to_string()));
+        let outcome = self
+            .engine
+            .generate(&prompt, &params, cancel, &mut on_text)
+            .map_err(|e| ApiError::internal(format!("generation failed: {e:#}")))?;
+        usage.cached_tokens = outcome.cached_tokens;
+        usage.completion_tokens = outcome.generated;
+        let finish = match outcome.finish {
+            FinishReason::Stop => Finish::Stop,
+            FinishReason::Length | FinishReason::ContextFull => Finish::Length,
+            FinishReason::Cancelled => Finish::Cancelled,
+        };
+        Ok((finish, usage))
+    }
+
+    /// A panic may have struck while the prompt cache was being updated: start it afresh.
+    fn recover(&mut self) {
+        self.engine.prompt_cache_mut().clear();
+    }
+}

@@ -1,0 +1,41 @@
+//! `qwen-gdn serve` flags (mlx_lm.server's and vLLM's names where they have one).
+
+use crate::load::{positive_usize, ModelArgs};
+use crate::prompt_cache_args::PromptCacheArgs;
+
+#[derive(clap::Args)]
+#[command(
+    after_help = "Endpoints: POST /v1/chat/completions, POST /v1/completions, GET /v1/models, \
+                  GET /health. One generation runs at a time; further requests wait in a FIFO \
+                  queue of --queue-size and are answered 503 when it is full.\nCtrl-C stops \
+                  accepting connections and lets running requests finish; a second Ctrl-C exits \
+                  at once."
+)]
+pub struct Args {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    #[command(flatten)]
+    pub prompt_cache: PromptCacheArgs,
+    /// Address to listen on; 127.0.0.1 keeps the server off the network
+    #[arg(long, default_value = "127.0.0.1")]
+    pub host: String,
+    /// Port to listen on; 0 picks a free one (the address is printed on stderr)
+    #[arg(long, default_value_t = 8080)]
+    pub port: u16,
+    /// Require `Authorization: Bearer <KEY>` on /v1/ requests [default: $QWEN_GDN_API_KEY,
+    /// which keeps the key out of the process list]
+    #[arg(long, value_name = "KEY")]
+    pub api_key: Option<String>,
+    /// Model name clients pass in `model` (repeatable) [default: the --model argument]
+    #[arg(long, value_name = "NAME")]
+    pub served_model_name: Vec<String>,
+    /// Tokens generated when a request sets no max_tokens
+    #[arg(long, default_value_t = 512, value_name = "N", value_parser = positive_usize)]
+    pub max_tokens: usize,
+    /// Requests that may wait behind the running one; more are answered 503
+    #[arg(long, default_value_t = 16, value_name = "N", value_parser = positive_usize)]
+    pub queue_size: usize,
+    /// Largest request body accepted; larger ones are answered 413
+    #[arg(long, default_value_t = 32 << 20, value_name = "BYTES", value_parser = positive_usize)]
+    pub max_request_bytes: usize,
+}

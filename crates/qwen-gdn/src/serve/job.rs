@@ -1,0 +1,89 @@
+//! What a validated request asks of the generation worker, and what the worker sends back.
+
+use super::error::ApiError;
+use crate::reasoning::ReasoningMode;
+use crate::tool_calls::ToolChoice;
+use serde_json::{Map, Value as Json};
+
+/// The prompt: chat messages through the model's template, or raw text (/v1/completions).
+#[derive(Debug, Clone)]
+pub enum Prompt {
+    Chat {
+        /// OpenAI messages, already normalised for the template (content parts joined).
+        messages: Vec<Json>,
+        /// Tool definitions shown to the template; `None` when none (or tool_choice "none").
+        tools: Option<Json>,
+        /// chat_template_kwargs.
+        template_vars: Map<String, Json>,
+        /// "required" or a named function: the prompt ends with the opening of a call.
+        tool_choice: ToolChoice,
+    },
+    Text(String),
+}
+
+/// Sampling settings, checked against the same ranges as `generate`'s flags.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Sampling {
+    pub temperature: f32,
+    pub top_p: f32,
+    pub top_k: usize,
+    pub min_p: f32,
+    pub repetition_penalty: Option<f32>,
+    pub seed: Option<u64>,
+}
+
+#[derive(Debug, Clone)]
+pub struct JobSpec {
+    pub prompt: Prompt,
+    pub max_tokens: usize,
+    pub sampling: Sampling,
+    /// Generation stops before the first of these appears; the text never contains them.
+    pub stop: Vec<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Finish {
+    /// End of sequence, or a stop string.
+    Stop,
+    /// max_tokens, or the context is full.
+    Length,
+    /// The client went away (or the server is shutting down).
+    Cancelled,
+}
+
+impl Finish {
+    /// OpenAI's finish_reason (a cancelled request has no reader left to see it).
+    pub fn reason(self) -> &'static str {
+        match self {
+            Finish::Stop | Finish::Cancelled => "stop",
+            Finish::Length => "length",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Usage {
+    pub prompt_tokens: usize,
+    /// Prompt tokens restored from the prompt cache instead of prefilled.
+    pub cached_tokens: usize,
+    pub completion_tokens: usize,
+}
+
+/// The prompt as the worker saw it, sent before any text.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PromptInfo {
+    /// Where the output starts with respect to thinking (from the rendered prompt).
+    pub reasoning: ReasoningMode,
+    /// The start of a tool call the server appended to the prompt to force one: part of the
+    /// reply, which the output parser reads first.
+    pub forced_opening: Option<String>,
+}
+
+/// Worker → request handler, in this order: Prompt, Text*, then Done or Failed.
+#[derive(Debug)]
+pub enum Event {
+    Prompt(PromptInfo),
+    Text(String),
+    Done { finish: Finish, usage: Usage },
+    Failed(ApiError),
+}

@@ -1,0 +1,127 @@
+//! `qwen-gdn serve`: an OpenAI-compatible HTTP server (as vLLM and mlx_lm.server), on tokio
+//! and axum. Requests are validated on the async side; one worker thread owns the model and
+//! runs one generation at a time (scheduler.rs).
+
+mod auth;
+mod backend;
+mod body;
+pub mod cli;
+mod error;
+mod job;
+mod reply;
+mod request;
+mod response;
+mod routes;
+mod scheduler;
+mod test_hooks;
+
+use crate::engine::Engine;
+use crate::load::read_json_opt;
+use crate::output::eprint_line;
+use anyhow::{Context, Result};
+use std::process::ExitCode;
+use std::sync::Arc;
+
+pub use cli::Args;
+
+pub fn run(args: Args) -> Result<ExitCode> {
+    let checkpoint = args.model.open()?;
+    let context = checkpoint.input_limit.max_tokens;
+    let generation_config = read_json_opt(&checkpoint.dir.join("generation_config.json"))?;
+    let (defaults, warnings) =
+        request::SamplingDefaults::from_generation_config(generation_config.as_ref());
+    for warning in warnings {
+        eprint_line(&format!("warning: {warning}"));
+    }
+    let limits = request::Limits {
+        defaults,
+        model_names: if args.served_model_name.is_empty() {
+            vec![args.model.model.clone()]
+        } else {
+            args.served_model_name.clone()
+        },
+        default_max_tokens: args.max_tokens,
+        max_prompt_bytes: checkpoint.input_limit.max_bytes,
+        context,
+    };
+    let model = args.model.load_model(&checkpoint, context)?;
+    let compile_time = model.warm_up()?;
+    if !compile_time.is_zero() {
+        eprint_line(&format!(
+            "Warm-up (GPU kernel compilation): {:.3} s",
+            compile_time.as_secs_f64()
+        ));
+    }
+    let device = model.device().clone();
+    let engine = Engine::new(
+        checkpoint,
+        model,
+        args.model.prefill_chunk_size,
+        args.prompt_cache.prompt_cache(&device),
+        args.prompt_cache.prompt_cache_every,
+    )?;
+    let backend = backend::EngineBackend::new(engine)?;
+    let scheduler = scheduler::Scheduler::start(backend, args.queue_size);
+    let state = Arc::new(routes::AppState {
+        scheduler,
+        limits,
+        max_request_bytes: args.max_request_bytes,
+    });
+    let api_key = args
+        .api_key
+        .clone()
+        .or_else(|| std::env::var("QWEN_GDN_API_KEY").ok())
+        .filter(|k| !k.is_empty());
+    let app = routes::router(state, api_key);
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    runtime.block_on(async move {
+        let listener = tokio::net::TcpListener::bind((args.host.as_str(), args.port))
+            .await
+            .with_context(|| format!("cannot listen on {}:{}", args.host, args.port))?;
+        let addr = listener.local_addr()?;
+        eprint_line(&format!(
+            "qwen-gdn serve: {} on http://{addr}/v1 (Ctrl-C stops)",
+            args.model.model
+        ));
+        axum::serve(listener, app)
+            .with_graceful_shutdown(shutdown_signal())
+            .await
+            .context("serving HTTP")
+    })?;
+    eprint_line("qwen-gdn serve: stopped");
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The first Ctrl-C (or SIGTERM) stops accepting connections and lets running requests end;
+/// a second one exits at once.
+async fn shutdown_signal() {
+    wait_for_signal().await;
+    eprint_line("qwen-gdn serve: shutting down (Ctrl-C again to exit now)");
+    tokio::spawn(async {
+        wait_for_signal().await;
+        std::process::exit(130);
+    });
+}
+
+async fn wait_for_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        let mut term = match signal(SignalKind::terminate()) {
+            Ok(s) => s,
+            Err(_) => return std::future::pending().await,
+        };
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = term.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+    }
+}

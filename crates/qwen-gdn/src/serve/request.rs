@@ -1,0 +1,631 @@
+//! Request bodies of /v1/chat/completions and /v1/completions, and their validation into a
+//! [`JobSpec`]. Fields the server cannot honour (n > 1, logprobs, structured output) are 400s
+//! rather than silently ignored; numbers are checked against the ranges of `generate`'s flags.
+
+use super::error::ApiError;
+use super::job::{JobSpec, Prompt, Sampling};
+use crate::arg_ranges;
+use crate::tool_calls::{normalize_messages_for_template, ToolChoice};
+use serde::Deserialize;
+use serde_json::{Map, Value as Json};
+
+/// A string or a list of strings (`stop`, a completion `prompt`).
+#[derive(Deserialize, Debug)]
+#[serde(untagged)]
+pub enum OneOrMany {
+    One(String),
+    Many(Vec<String>),
+}
+
+impl OneOrMany {
+    fn into_vec(self) -> Vec<String> {
+        match self {
+            OneOrMany::One(s) => vec![s],
+            OneOrMany::Many(v) => v,
+        }
+    }
+}
+
+#[derive(Deserialize, Debug, Default)]
+pub struct StreamOptions {
+    pub include_usage: Option<bool>,
+}
+
+/// The fields both endpoints share.
+#[derive(Deserialize, Debug, Default)]
+pub struct Common {
+    pub model: Option<String>,
+    pub max_tokens: Option<u64>,
+    pub temperature: Option<f64>,
+    pub top_p: Option<f64>,
+    pub top_k: Option<i64>,
+    pub min_p: Option<f64>,
+    pub repetition_penalty: Option<f64>,
+    pub seed: Option<u64>,
+    pub stop: Option<OneOrMany>,
+    pub stream: Option<bool>,
+    pub stream_options: Option<StreamOptions>,
+    pub n: Option<u64>,
+    pub logprobs: Option<Json>,
+}
+
+#[derive(Deserialize, Debug)]
+pub struct Tool {
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub function: FunctionDef,
+}
+
+#[derive(Deserialize, Debug)]
+pub struct FunctionDef {
+    pub name: String,
+    pub description: Option<String>,
+    pub parameters: Option<Json>,
+}
+
+#[derive(Deserialize, Debug)]
+pub struct ChatRequest {
+    /// Read separately (serde's flatten would lose the path of a field at fault).
+    #[serde(skip)]
+    pub common: Common,
+    /// Checked and rewritten by [`normalize_messages_for_template`].
+    pub messages: Vec<Json>,
+    pub max_completion_tokens: Option<u64>,
+    pub tools: Option<Vec<Json>>,
+    pub tool_choice: Option<Json>,
+    pub chat_template_kwargs: Option<Map<String, Json>>,
+    pub response_format: Option<Json>,
+}
+
+#[derive(Deserialize, Debug)]
+pub struct CompletionRequest {
+    /// Read separately (serde's flatten would lose the path of a field at fault).
+    #[serde(skip)]
+    pub common: Common,
+    pub prompt: OneOrMany,
+    pub echo: Option<bool>,
+    pub suffix: Option<String>,
+    pub best_of: Option<u64>,
+}
+
+/// A validated chat or completion request.
+#[derive(Debug)]
+pub struct Validated {
+    pub job: JobSpec,
+    pub stream: bool,
+    pub include_usage: bool,
+    /// Tool definitions the output parser types arguments by (empty when tool_choice is none).
+    pub tools: Vec<Json>,
+    pub tool_choice: ToolChoice,
+}
+
+/// Server-wide settings requests are checked against.
+pub struct Limits {
+    /// Names accepted in `model`.
+    pub model_names: Vec<String>,
+    pub default_max_tokens: usize,
+    /// Bytes of prompt text beyond which no prompt can fit the context (input.rs): checked
+    /// before anything is tokenized.
+    pub max_prompt_bytes: u64,
+    pub context: usize,
+    pub defaults: SamplingDefaults,
+}
+
+/// Sampling settings of a request that sets none: the checkpoint's generation_config.json
+/// (as vLLM uses them), else OpenAI's defaults (temperature 1, no filtering).
+#[derive(Debug, Clone, PartialEq)]
+pub struct SamplingDefaults {
+    pub temperature: f64,
+    pub top_p: f64,
+    pub top_k: usize,
+    pub min_p: f64,
+}
+
+impl SamplingDefaults {
+    /// Values out of range in the file are left at OpenAI's defaults (named in the warnings).
+    pub fn from_generation_config(config: Option<&Json>) -> (Self, Vec<String>) {
+        let mut d = Self {
+            temperature: 1.0,
+            top_p: 1.0,
+            top_k: 0,
+            min_p: 0.0,
+        };
+        let mut warnings = Vec::new();
+        let Some(config) = config else {
+            return (d, warnings);
+        };
+        let mut take = |key: &str, slot: &mut f64, parser: fn(&str) -> Result<f32, String>| {
+            if let Some(v) = config.get(key).and_then(Json::as_f64) {
+                match parser(&v.to_string()) {
+                    Ok(_) => *slot = v,
+                    Err(why) => warnings.push(format!(
+                        "generation_config.json: {key} = {v}: {why}; ignored"
+                    )),
+                }
+            }
+        };
+        take("temperature", &mut d.temperature, arg_ranges::non_negative);
+        take("top_p", &mut d.top_p, arg_ranges::probability_above_zero);
+        take("min_p", &mut d.min_p, arg_ranges::probability);
+        if let Some(k) = config.get("top_k").and_then(Json::as_u64) {
+            d.top_k = usize::try_from(k).unwrap_or(0);
+        }
+        (d, warnings)
+    }
+}
+
+/// A request type that embeds [`Common`].
+pub trait WithCommon: for<'de> Deserialize<'de> {
+    fn set_common(&mut self, common: Common);
+}
+
+impl WithCommon for ChatRequest {
+    fn set_common(&mut self, common: Common) {
+        self.common = common;
+    }
+}
+
+impl WithCommon for CompletionRequest {
+    fn set_common(&mut self, common: Common) {
+        self.common = common;
+    }
+}
+
+/// Parses a body, naming the field at fault when it does not match the expected type.
+pub fn parse<T: WithCommon>(body: &[u8]) -> Result<T, ApiError> {
+    // Malformed JSON first, so its message is not mixed up with a type error.
+    let value: Json = serde_json::from_slice(body)
+        .map_err(|e| ApiError::invalid(format!("the request body is not valid JSON: {e}")))?;
+    if !value.is_object() {
+        return Err(ApiError::invalid("the request body must be a JSON object"));
+    }
+    let common: Common = typed(&value)?;
+    let mut request: T = typed(&value)?;
+    request.set_common(common);
+    Ok(request)
+}
+
+fn typed<T: for<'de> Deserialize<'de>>(value: &Json) -> Result<T, ApiError> {
+    serde_path_to_error::deserialize(value).map_err(|e| {
+        let path = e.path().to_string();
+        let inner = e.into_inner();
+        if path == "." {
+            ApiError::invalid(format!("invalid request: {inner}"))
+        } else {
+            ApiError::invalid_param(&path, format!("invalid `{path}`: {inner}"))
+        }
+    })
+}
+
+fn check_model(common: &Common, limits: &Limits) -> Result<(), ApiError> {
+    match &common.model {
+        Some(m) if !limits.model_names.iter().any(|n| n == m) => Err(ApiError::model_not_found(m)),
+        _ => Ok(()),
+    }
+}
+
+/// Checks `value` with the parser of the matching `generate` flag, so that both accept the
+/// same range and say the same about it.
+fn range(
+    param: &str,
+    value: f64,
+    parser: fn(&str) -> Result<f32, String>,
+) -> Result<f32, ApiError> {
+    parser(&value.to_string())
+        .map_err(|why| ApiError::invalid_param(param, format!("`{param}` = {value}: {why}")))
+}
+
+fn sampling(c: &Common, d: &SamplingDefaults) -> Result<Sampling, ApiError> {
+    let top_k = match c.top_k.unwrap_or(d.top_k as i64) {
+        // vLLM's "off".
+        -1 => 0,
+        k if k >= 0 => k as usize,
+        k => {
+            return Err(ApiError::invalid_param(
+                "top_k",
+                format!("`top_k` = {k}: must be 0 or more (or -1 = off)"),
+            ))
+        }
+    };
+    let repetition_penalty = match c.repetition_penalty {
+        None => None,
+        Some(p) => Some(range("repetition_penalty", p, arg_ranges::positive)?),
+    };
+    Ok(Sampling {
+        temperature: range(
+            "temperature",
+            c.temperature.unwrap_or(d.temperature),
+            arg_ranges::non_negative,
+        )?,
+        top_p: range(
+            "top_p",
+            c.top_p.unwrap_or(d.top_p),
+            arg_ranges::probability_above_zero,
+        )?,
+        top_k,
+        min_p: range("min_p", c.min_p.unwrap_or(d.min_p), arg_ranges::probability)?,
+        repetition_penalty,
+        seed: c.seed,
+    })
+}
+
+fn max_tokens(param: &str, value: Option<u64>, limits: &Limits) -> Result<usize, ApiError> {
+    match value {
+        None => Ok(limits.default_max_tokens),
+        Some(0) => Err(ApiError::invalid_param(
+            param,
+            format!("`{param}` must be at least 1"),
+        )),
+        // More than the context cannot be generated anyway.
+        Some(n) => Ok(usize::try_from(n).unwrap_or(usize::MAX).min(limits.context)),
+    }
+}
+
+fn unsupported(c: &Common) -> Result<(), ApiError> {
+    if c.n.is_some_and(|n| n != 1) {
+        return Err(ApiError::invalid_param("n", "only n = 1 is supported"));
+    }
+    if c.logprobs
+        .as_ref()
+        .is_some_and(|l| !matches!(l, Json::Null | Json::Bool(false)))
+    {
+        return Err(ApiError::invalid_param(
+            "logprobs",
+            "logprobs are not supported",
+        ));
+    }
+    Ok(())
+}
+
+fn stop(c: &mut Common) -> Result<Vec<String>, ApiError> {
+    let stop = c.stop.take().map(OneOrMany::into_vec).unwrap_or_default();
+    if stop.len() > 16 {
+        return Err(ApiError::invalid_param("stop", "at most 16 stop strings"));
+    }
+    if stop.iter().any(String::is_empty) {
+        return Err(ApiError::invalid_param("stop", "a stop string is empty"));
+    }
+    Ok(stop)
+}
+
+fn too_long(bytes: u64, limits: &Limits) -> Result<(), ApiError> {
+    if bytes > limits.max_prompt_bytes {
+        return Err(ApiError::context_length(format!(
+            "the prompt is {bytes} bytes, more than a context of {} tokens can hold",
+            limits.context
+        )));
+    }
+    Ok(())
+}
+
+impl ChatRequest {
+    pub fn validate(mut self, limits: &Limits) -> Result<Validated, ApiError> {
+        check_model(&self.common, limits)?;
+        unsupported(&self.common)?;
+        if let Some(format) = &self.response_format {
+            if format.get("type").and_then(Json::as_str) != Some("text") {
+                return Err(ApiError::invalid_param(
+                    "response_format",
+                    "only response_format {\"type\": \"text\"} is supported",
+                ));
+            }
+        }
+        let sampling = sampling(&self.common, &limits.defaults)?;
+        let max_tokens = match self.max_completion_tokens {
+            Some(n) => max_tokens("max_completion_tokens", Some(n), limits)?,
+            None => max_tokens("max_tokens", self.common.max_tokens, limits)?,
+        };
+        let stop = stop(&mut self.common)?;
+        let tools = self.tools.take().unwrap_or_default();
+        for (i, tool) in tools.iter().enumerate() {
+            let param = format!("tools[{i}]");
+            let tool: Tool = serde_json::from_value(tool.clone())
+                .map_err(|e| ApiError::invalid_param(&param, format!("invalid `{param}`: {e}")))?;
+            if tool.kind != "function" {
+                return Err(ApiError::invalid_param(
+                    &param,
+                    "only tools of type \"function\" are supported",
+                ));
+            }
+            if tool.function.name.is_empty() {
+                return Err(ApiError::invalid_param(&param, "the function has no name"));
+            }
+            let _ = (tool.function.description, tool.function.parameters);
+        }
+        let tool_choice = tool_choice(self.tool_choice.as_ref(), &tools)?;
+        let shown: Vec<Json> = match &tool_choice {
+            ToolChoice::None => vec![],
+            ToolChoice::Function(name) => tools
+                .iter()
+                .filter(|t| t["function"]["name"].as_str() == Some(name))
+                .cloned()
+                .collect(),
+            _ => tools,
+        };
+        let messages = normalize_messages_for_template(&self.messages).map_err(|e| {
+            ApiError::invalid_param(&e.param, format!("invalid `{}`: {}", e.param, e.message))
+        })?;
+        // Messages and tools as JSON text: a little more than the text they put in the prompt.
+        let bytes = serde_json::to_string(&messages).map_or(0, |t| t.len())
+            + serde_json::to_string(&shown).map_or(0, |t| t.len());
+        too_long(bytes as u64, limits)?;
+        let template_vars = self.chat_template_kwargs.unwrap_or_default();
+        if let Some(key) = crate::chat_template::RESERVED_VARIABLES
+            .iter()
+            .find(|k| template_vars.contains_key(**k))
+        {
+            return Err(ApiError::invalid_param(
+                "chat_template_kwargs",
+                format!("`{key}` is set by the server and cannot be overridden"),
+            ));
+        }
+        Ok(Validated {
+            job: JobSpec {
+                prompt: Prompt::Chat {
+                    messages,
+                    tools: (!shown.is_empty()).then(|| Json::Array(shown.clone())),
+                    template_vars,
+                    tool_choice: tool_choice.clone(),
+                },
+                max_tokens,
+                sampling,
+                stop,
+            },
+            stream: self.common.stream.unwrap_or(false),
+            include_usage: include_usage(&self.common),
+            tools: shown,
+            tool_choice,
+        })
+    }
+}
+
+fn include_usage(c: &Common) -> bool {
+    c.stream_options
+        .as_ref()
+        .and_then(|o| o.include_usage)
+        .unwrap_or(false)
+}
+
+fn tool_choice(choice: Option<&Json>, tools: &[Json]) -> Result<ToolChoice, ApiError> {
+    let bad = |msg: &str| ApiError::invalid_param("tool_choice", msg.to_string());
+    let choice = ToolChoice::from_request(choice).map_err(|e| bad(&e))?;
+    match &choice {
+        ToolChoice::Required if tools.is_empty() => {
+            Err(bad("tool_choice \"required\" needs `tools`"))
+        }
+        ToolChoice::Function(name)
+            if !tools
+                .iter()
+                .any(|t| t["function"]["name"].as_str() == Some(name)) =>
+        {
+            Err(bad(&format!(
+                "tool_choice names `{name}`, which is not in `tools`"
+            )))
+        }
+        _ => Ok(choice),
+    }
+}
+
+impl CompletionRequest {
+    pub fn validate(mut self, limits: &Limits) -> Result<Validated, ApiError> {
+        check_model(&self.common, limits)?;
+        unsupported(&self.common)?;
+        if self.echo == Some(true) {
+            return Err(ApiError::invalid_param("echo", "echo is not supported"));
+        }
+        if self.suffix.is_some() {
+            return Err(ApiError::invalid_param("suffix", "suffix is not supported"));
+        }
+        if self.best_of.is_some_and(|n| n != 1) {
+            return Err(ApiError::invalid_param(
+                "best_of",
+                "only best_of = 1 is supported",
+            ));
+        }
+        let mut prompts = std::mem::replace(&mut self.prompt, OneOrMany::Many(vec![])).into_vec();
+        if prompts.len() != 1 {
+            return Err(ApiError::invalid_param(
+                "prompt",
+                "expected one prompt string",
+            ));
+        }
+        let prompt = prompts.remove(0);
+        if prompt.is_empty() {
+            return Err(ApiError::invalid_param("prompt", "the prompt is empty"));
+        }
+        too_long(prompt.len() as u64, limits).map_err(|e| e.with_param("prompt"))?;
+        let sampling = sampling(&self.common, &limits.defaults)?;
+        let max_tokens = max_tokens("max_tokens", self.common.max_tokens, limits)?;
+        let stop = stop(&mut self.common)?;
+        Ok(Validated {
+            job: JobSpec {
+                prompt: Prompt::Text(prompt),
+                max_tokens,
+                sampling,
+                stop,
+            },
+            stream: self.common.stream.unwrap_or(false),
+            include_usage: include_usage(&self.common),
+            tools: vec![],
+            tool_choice: ToolChoice::None,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn limits() -> Limits {
+        Limits {
+            model_names: vec!["m".into()],
+            default_max_tokens: 7,
+            max_prompt_bytes: 1000,
+            context: 50,
+            defaults: SamplingDefaults::from_generation_config(None).0,
+        }
+    }
+
+    fn chat(body: &str) -> Result<Validated, ApiError> {
+        parse::<ChatRequest>(body.as_bytes())?.validate(&limits())
+    }
+
+    #[test]
+    fn a_plain_chat_request_validates() {
+        let v = chat(r#"{"model":"m","messages":[{"role":"user","content":[{"type":"text","text":"a"},{"type":"text","text":"b"}]}],"stop":"x","temperature":0}"#).unwrap();
+        assert_eq!(v.job.max_tokens, 7);
+        assert_eq!(v.job.stop, vec!["x"]);
+        assert_eq!(v.job.sampling.temperature, 0.0);
+        match v.job.prompt {
+            Prompt::Chat {
+                messages, tools, ..
+            } => {
+                assert_eq!(messages[0]["content"], "ab");
+                assert!(tools.is_none());
+            }
+            p => panic!("{p:?}"),
+        }
+        assert_eq!(v.tool_choice, ToolChoice::Auto);
+    }
+
+    #[test]
+    fn bad_requests_name_the_field() {
+        let cases = [
+            (
+                r#"{"messages":[{"role":"user","content":"a"}],"temperature":"hot"}"#,
+                "temperature",
+            ),
+            (
+                r#"{"messages":[{"role":"user","content":"a"}],"temperature":-1}"#,
+                "temperature",
+            ),
+            (
+                r#"{"messages":[{"role":"user","content":"a"}],"top_p":0}"#,
+                "top_p",
+            ),
+            (
+                r#"{"messages":[{"role":"user","content":"a"}],"min_p":1.5}"#,
+                "min_p",
+            ),
+            (
+                r#"{"messages":[{"role":"user","content":"a"}],"top_k":-2}"#,
+                "top_k",
+            ),
+            (
+                r#"{"messages":[{"role":"user","content":"a"}],"max_tokens":0}"#,
+                "max_tokens",
+            ),
+            (
+                r#"{"messages":[{"role":"user","content":"a"}],"seed":-1}"#,
+                "seed",
+            ),
+            (r#"{"messages":[{"role":"user","content":"a"}],"n":2}"#, "n"),
+            (
+                r#"{"messages":[{"role":"robot","content":"a"}]}"#,
+                "messages[0].role",
+            ),
+            (
+                r#"{"messages":[{"role":"user","content":[{"type":"image_url"}]}]}"#,
+                "messages[0].content[0]",
+            ),
+            (
+                r#"{"messages":[{"role":"user","content":"a"}],"tool_choice":"required"}"#,
+                "tool_choice",
+            ),
+            (
+                r#"{"messages":[{"role":"user","content":"a"}],"chat_template_kwargs":{"messages":1}}"#,
+                "chat_template_kwargs",
+            ),
+            (r#"{"messages":[]}"#, "messages"),
+        ];
+        for (body, param) in cases {
+            let e = chat(body).expect_err(body);
+            assert_eq!(e.status, 400, "{body}");
+            assert_eq!(e.param.as_deref(), Some(param), "{body}: {}", e.message);
+        }
+        assert_eq!(chat("{").unwrap_err().status, 400);
+        assert_eq!(chat("[1]").unwrap_err().status, 400);
+        let e =
+            chat(r#"{"model":"other","messages":[{"role":"user","content":"a"}]}"#).unwrap_err();
+        assert_eq!(e.status, 404);
+    }
+
+    #[test]
+    fn a_prompt_over_the_byte_bound_is_refused_before_tokenizing() {
+        let long = "x".repeat(1001);
+        let e = chat(&format!(
+            r#"{{"messages":[{{"role":"user","content":"{long}"}}]}}"#
+        ))
+        .unwrap_err();
+        assert_eq!(e.code, Some("context_length_exceeded"));
+    }
+
+    #[test]
+    fn tools_and_tool_choice() {
+        let tools = r#"[{"type":"function","function":{"name":"f","parameters":{}}},{"type":"function","function":{"name":"g"}}]"#;
+        let v = chat(&format!(
+            r#"{{"messages":[{{"role":"user","content":"a"}}],"tools":{tools}}}"#
+        ))
+        .unwrap();
+        assert_eq!(v.tool_choice, ToolChoice::Auto);
+        assert_eq!(v.tools.len(), 2);
+        let v = chat(&format!(r#"{{"messages":[{{"role":"user","content":"a"}}],"tools":{tools},"tool_choice":{{"type":"function","function":{{"name":"g"}}}}}}"#)).unwrap();
+        assert_eq!(v.tool_choice, ToolChoice::Function("g".into()));
+        assert_eq!(v.tools.len(), 1);
+        let v = chat(&format!(r#"{{"messages":[{{"role":"user","content":"a"}}],"tools":{tools},"tool_choice":"none"}}"#)).unwrap();
+        assert!(v.tools.is_empty());
+        let e = chat(&format!(r#"{{"messages":[{{"role":"user","content":"a"}}],"tools":{tools},"tool_choice":{{"type":"function","function":{{"name":"h"}}}}}}"#)).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("tool_choice"));
+        // An assistant turn with a call (arguments as JSON text) and the tool's answer.
+        let v = chat(r#"{"messages":[{"role":"user","content":"a"},{"role":"assistant","content":null,"tool_calls":[{"id":"c1","type":"function","function":{"name":"f","arguments":"{\"x\": 1}"}}]},{"role":"tool","tool_call_id":"c1","content":"2"}]}"#).unwrap();
+        match v.job.prompt {
+            Prompt::Chat { messages, .. } => {
+                assert_eq!(
+                    messages[1]["tool_calls"][0]["function"]["arguments"]["x"],
+                    1
+                );
+                assert_eq!(messages[2]["role"], "tool");
+            }
+            p => panic!("{p:?}"),
+        }
+    }
+
+    #[test]
+    fn defaults_come_from_generation_config() {
+        let config =
+            serde_json::json!({"temperature": 0.6, "top_p": 0.95, "top_k": 20, "min_p": 7});
+        let (d, warnings) = SamplingDefaults::from_generation_config(Some(&config));
+        assert_eq!(
+            (d.temperature, d.top_p, d.top_k, d.min_p),
+            (0.6, 0.95, 20, 0.0)
+        );
+        assert!(warnings[0].contains("min_p"), "{warnings:?}");
+        let mut l = limits();
+        l.defaults = d;
+        let v =
+            parse::<ChatRequest>(br#"{"messages":[{"role":"user","content":"a"}],"top_p":0.5}"#)
+                .unwrap()
+                .validate(&l)
+                .unwrap();
+        assert_eq!(v.job.sampling.temperature, 0.6);
+        assert_eq!(v.job.sampling.top_p, 0.5);
+        assert_eq!(v.job.sampling.top_k, 20);
+    }
+
+    #[test]
+    fn completions() {
+        let v = parse::<CompletionRequest>(br#"{"prompt":["hi"],"max_tokens":1000,"stream":true}"#)
+            .unwrap()
+            .validate(&limits())
+            .unwrap();
+        assert_eq!(v.job.max_tokens, 50);
+        assert!(v.stream);
+        let e = parse::<CompletionRequest>(br#"{"prompt":["a","b"]}"#)
+            .unwrap()
+            .validate(&limits())
+            .unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("prompt"));
+        let e = parse::<CompletionRequest>(br#"{"prompt":5}"#).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("prompt"));
+    }
+}

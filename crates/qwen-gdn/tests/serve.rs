@@ -1,0 +1,668 @@
+//! `qwen-gdn serve` end to end: the built binary on a free port with a tiny checkpoint,
+//! driven over HTTP (ureq, and raw sockets where a client must hang up midway).
+
+mod common;
+
+use common::*;
+use serde_json::{json, Value as Json};
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::process::{Child, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+const MODEL: &str = "qwen3.5-tiny-4bit";
+
+struct Server {
+    child: Child,
+    base: String,
+    log: Arc<Mutex<Vec<String>>>,
+}
+
+impl Server {
+    fn start(extra: &[&str], env: &[(&str, &str)]) -> Self {
+        let model = fixture(MODEL);
+        let mut args = vec!["serve", "--model", model.to_str().unwrap(), "--port", "0"];
+        args.extend_from_slice(extra);
+        let mut cmd = command(&args);
+        cmd.env_remove("QWEN_GDN_API_KEY");
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let mut child = cmd
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let stderr = child.stderr.take().unwrap();
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let (tx, rx) = std::sync::mpsc::channel();
+        let lines = log.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines() {
+                let Ok(line) = line else { break };
+                if let Some(at) = line.find("http://") {
+                    let addr = line[at..].split('/').nth(2).unwrap().to_string();
+                    let _ = tx.send(addr);
+                }
+                lines.lock().unwrap().push(line);
+            }
+        });
+        let addr = rx
+            .recv_timeout(Duration::from_secs(120))
+            .unwrap_or_else(|_| panic!("server did not start: {:?}", log.lock().unwrap()));
+        Self {
+            child,
+            base: format!("http://{addr}"),
+            log,
+        }
+    }
+
+    fn addr(&self) -> &str {
+        self.base.trim_start_matches("http://")
+    }
+
+    fn log(&self) -> Vec<String> {
+        self.log.lock().unwrap().clone()
+    }
+
+    /// (status, body) of a request; `body` None is a GET.
+    fn call(&self, path: &str, body: Option<&str>, key: Option<&str>) -> (u16, String) {
+        let agent = ureq::Agent::new_with_config(
+            ureq::config::Config::builder()
+                .http_status_as_error(false)
+                .timeout_global(Some(Duration::from_secs(300)))
+                .build(),
+        );
+        let url = format!("{}{path}", self.base);
+        let auth = key.map(|k| format!("Bearer {k}"));
+        let response = match body {
+            Some(body) => {
+                let mut req = agent.post(&url).header("Content-Type", "application/json");
+                if let Some(auth) = &auth {
+                    req = req.header("Authorization", auth);
+                }
+                req.send(body)
+            }
+            None => {
+                let mut req = agent.get(&url);
+                if let Some(auth) = &auth {
+                    req = req.header("Authorization", auth);
+                }
+                req.call()
+            }
+        }
+        .unwrap();
+        let status = response.status().as_u16();
+        (status, response.into_body().read_to_string().unwrap())
+    }
+
+    fn post(&self, path: &str, body: &Json) -> (u16, Json) {
+        let (status, text) = self.call(path, Some(&body.to_string()), None);
+        (
+            status,
+            serde_json::from_str(&text).unwrap_or(Json::String(text)),
+        )
+    }
+
+    /// The `data:` payloads of a streamed reply.
+    fn stream(&self, path: &str, body: &Json) -> Vec<String> {
+        let (status, text) = self.call(path, Some(&body.to_string()), None);
+        assert_eq!(status, 200, "{text}");
+        text.lines()
+            .filter_map(|l| l.strip_prefix("data: "))
+            .map(str::to_string)
+            .collect()
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn user(text: &str) -> Json {
+    json!([{"role": "user", "content": text}])
+}
+
+/// The OpenAI error shape, with the status and (when given) the param and code.
+fn assert_api_error(status: u16, body: &Json, want: u16, param: Option<&str>, code: Option<&str>) {
+    assert_eq!(status, want, "{body}");
+    let e = &body["error"];
+    assert!(
+        e["message"].as_str().is_some_and(|m| !m.is_empty()),
+        "{body}"
+    );
+    assert!(e["type"].is_string(), "{body}");
+    assert!(
+        e.get("param").is_some() && e.get("code").is_some(),
+        "{body}"
+    );
+    if let Some(p) = param {
+        assert_eq!(e["param"], p, "{body}");
+    }
+    if let Some(c) = code {
+        assert_eq!(e["code"], c, "{body}");
+    }
+}
+
+/// `generate --temp 0 --verbose false`'s text (its trailing newline dropped) and its
+/// prompt-token count (from a second, verbose run's stats).
+fn generate(prompt: &str, max_tokens: usize, extra: &[&str]) -> (String, usize) {
+    let model = fixture(MODEL);
+    let n = max_tokens.to_string();
+    let mut args = vec![
+        "generate",
+        "--model",
+        model.to_str().unwrap(),
+        "-p",
+        prompt,
+        "--temp",
+        "0",
+        "--max-tokens",
+        &n,
+    ];
+    args.extend_from_slice(extra);
+    let mut quiet = args.clone();
+    quiet.extend(["--verbose", "false"]);
+    let out = run(&quiet);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = String::from_utf8(out.stdout).unwrap();
+    let text = text.strip_suffix('\n').unwrap().to_string();
+    let out = run(&args);
+    let err = stderr(&out);
+    let prompt_tokens = err
+        .lines()
+        .find_map(|l| l.strip_prefix("Prompt: ")?.split(' ').next()?.parse().ok())
+        .unwrap_or_else(|| panic!("no prompt stats: {err}"));
+    (text, prompt_tokens)
+}
+
+#[test]
+fn greedy_replies_equal_generate_streamed_or_not() {
+    let server = Server::start(&[], &[]);
+    let prompt = "Tell me about the sea.";
+    // Chat, through the template, thinking off: the whole reply is content (the reasoning
+    // parser finds the prompt's closed think block).
+    let (expected, prompt_tokens) = generate(prompt, 24, &["--enable-thinking", "false"]);
+    let body = json!({
+        "model": fixture(MODEL).to_str().unwrap(), "messages": user(prompt), "max_tokens": 24,
+        "temperature": 0, "chat_template_kwargs": {"enable_thinking": false},
+    });
+    let (status, reply) = server.post("/v1/chat/completions", &body);
+    assert_eq!(status, 200, "{reply}");
+    let message = &reply["choices"][0]["message"];
+    assert_eq!(message["content"], expected);
+    assert!(message.get("reasoning_content").is_none(), "{reply}");
+    assert_eq!(reply["object"], "chat.completion");
+    assert_eq!(reply["usage"]["prompt_tokens"], prompt_tokens);
+    assert_eq!(
+        reply["usage"]["total_tokens"],
+        reply["usage"]["prompt_tokens"].as_u64().unwrap()
+            + reply["usage"]["completion_tokens"].as_u64().unwrap()
+    );
+    // A fresh server has nothing cached.
+    assert_eq!(reply["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
+    let reason = reply["choices"][0]["finish_reason"].as_str().unwrap();
+    assert!(["stop", "length"].contains(&reason), "{reply}");
+
+    // The same, streamed: the deltas join to the same text; usage comes last.
+    let mut body = body.clone();
+    body["stream"] = json!(true);
+    body["stream_options"] = json!({"include_usage": true});
+    let events = server.stream("/v1/chat/completions", &body);
+    assert_eq!(events.last().unwrap(), "[DONE]");
+    let chunks: Vec<Json> = events[..events.len() - 1]
+        .iter()
+        .map(|e| serde_json::from_str(e).unwrap())
+        .collect();
+    assert_eq!(chunks[0]["choices"][0]["delta"]["role"], "assistant");
+    let mut streamed = String::new();
+    for c in &chunks {
+        assert_eq!(c["object"], "chat.completion.chunk");
+        if let Some(choice) = c["choices"].get(0) {
+            assert!(choice["delta"].get("reasoning_content").is_none(), "{c}");
+            streamed.push_str(choice["delta"]["content"].as_str().unwrap_or(""));
+        }
+    }
+    assert_eq!(streamed, expected);
+    let usage_chunk = chunks.last().unwrap();
+    assert_eq!(usage_chunk["choices"], json!([]));
+    assert_eq!(usage_chunk["usage"]["prompt_tokens"], prompt_tokens);
+    // The same prompt again starts from the prompt cache (a snapshot at a message boundary;
+    // at least the last token is run, its logits give the first new one) and still gives
+    // generate's text.
+    let cached = usage_chunk["usage"]["prompt_tokens_details"]["cached_tokens"]
+        .as_u64()
+        .unwrap();
+    assert!(cached > 0 && cached < prompt_tokens as u64, "{usage_chunk}");
+    assert_eq!(
+        chunks[chunks.len() - 2]["choices"][0]["finish_reason"],
+        reason
+    );
+
+    // Completions: the raw prompt, as generate --ignore-chat-template.
+    let (expected, prompt_tokens) = generate(prompt, 16, &["--ignore-chat-template"]);
+    let body = json!({"prompt": prompt, "max_tokens": 16, "temperature": 0});
+    let (status, reply) = server.post("/v1/completions", &body);
+    assert_eq!(status, 200, "{reply}");
+    assert_eq!(reply["object"], "text_completion");
+    assert_eq!(reply["choices"][0]["text"], expected);
+    assert_eq!(reply["usage"]["prompt_tokens"], prompt_tokens);
+    let mut body = body.clone();
+    body["stream"] = json!(true);
+    let events = server.stream("/v1/completions", &body);
+    let streamed: String = events[..events.len() - 1]
+        .iter()
+        .map(|e| {
+            serde_json::from_str::<Json>(e).unwrap()["choices"][0]["text"]
+                .as_str()
+                .unwrap()
+                .to_string()
+        })
+        .collect();
+    assert_eq!(streamed, expected);
+    assert_eq!(events.last().unwrap(), "[DONE]");
+}
+
+#[test]
+fn models_health_and_stop_strings() {
+    let server = Server::start(&["--served-model-name", "tiny"], &[]);
+    let (status, body) = server.call("/health", None, None);
+    assert_eq!(status, 200, "{body}");
+    let (status, body) = server.call("/v1/models", None, None);
+    assert_eq!(status, 200);
+    let models: Json = serde_json::from_str(&body).unwrap();
+    assert_eq!(models["object"], "list");
+    assert_eq!(models["data"][0]["id"], "tiny");
+    assert_eq!(server.call("/v1/models/tiny", None, None).0, 200);
+    // A stop string taken from the greedy output itself cuts the reply just before it.
+    let body = json!({"model": "tiny", "prompt": "Tell me about the sea.", "max_tokens": 16, "temperature": 0});
+    let (_, full) = server.post("/v1/completions", &body);
+    let full = full["choices"][0]["text"].as_str().unwrap().to_string();
+    let cut = full
+        .char_indices()
+        .map(|(i, _)| i)
+        .nth(full.chars().count() / 2)
+        .unwrap();
+    let stop: String = full[cut..].chars().take(2).collect();
+    let mut body = body.clone();
+    body["stop"] = json!([stop]);
+    let (status, reply) = server.post("/v1/completions", &body);
+    assert_eq!(status, 200, "{reply}");
+    let text = reply["choices"][0]["text"].as_str().unwrap();
+    assert_eq!(text, &full[..full.find(&stop).unwrap()]);
+    assert_eq!(reply["choices"][0]["finish_reason"], "stop");
+}
+
+#[test]
+fn bad_requests_get_openai_errors() {
+    let server = Server::start(&["--max-request-bytes", "2000000"], &[]);
+    let chat = "/v1/chat/completions";
+    let (status, body) = server.call(chat, Some("{\"messages\": ["), None);
+    assert_api_error(
+        status,
+        &serde_json::from_str(&body).unwrap(),
+        400,
+        None,
+        None,
+    );
+    let cases = [
+        (
+            json!({"messages": user("hi"), "temperature": "hot"}),
+            "temperature",
+        ),
+        (
+            json!({"messages": user("hi"), "temperature": -0.5}),
+            "temperature",
+        ),
+        (json!({"messages": user("hi"), "top_p": 1.5}), "top_p"),
+        (json!({"messages": user("hi"), "min_p": -1}), "min_p"),
+        (
+            json!({"messages": user("hi"), "max_tokens": 0}),
+            "max_tokens",
+        ),
+        (json!({"messages": "hi"}), "messages"),
+        (
+            json!({"messages": [{"role": "user", "content": 5}]}),
+            "messages[0].content",
+        ),
+        (json!({"messages": user("hi"), "stop": 3}), "stop"),
+    ];
+    for (body, param) in cases {
+        let (status, reply) = server.post(chat, &body);
+        assert_api_error(status, &reply, 400, Some(param), None);
+    }
+    // Unknown model and route.
+    let (status, reply) = server.post(chat, &json!({"model": "gpt-4o", "messages": user("hi")}));
+    assert_api_error(status, &reply, 404, Some("model"), Some("model_not_found"));
+    let (status, body) = server.call("/v1/nothing", None, None);
+    assert_api_error(
+        status,
+        &serde_json::from_str(&body).unwrap(),
+        404,
+        None,
+        None,
+    );
+    // Too many tokens for the 4096-token context (found by tokenizing) ...
+    let long = "sea ".repeat(6000);
+    let (status, reply) = server.post(chat, &json!({"messages": user(&long)}));
+    assert_api_error(status, &reply, 400, None, Some("context_length_exceeded"));
+    let (status, reply) = server.post("/v1/completions", &json!({"prompt": long, "stream": true}));
+    assert_api_error(status, &reply, 400, None, Some("context_length_exceeded"));
+    // ... and more bytes than any 4096-token prompt can take (refused before tokenizing).
+    let huge = "x".repeat(1_500_000);
+    let (status, reply) = server.post(chat, &json!({"messages": user(&huge)}));
+    assert_api_error(status, &reply, 400, None, Some("context_length_exceeded"));
+    // A body over --max-request-bytes, refused from its Content-Length before it is read
+    // (the server closes the connection: write what it takes, then read the answer).
+    let over = json!({"messages": user(&"y".repeat(2_100_000))}).to_string();
+    let mut socket = TcpStream::connect(server.addr()).unwrap();
+    let head = format!(
+        "POST {chat} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+        over.len()
+    );
+    let _ = socket
+        .write_all(head.as_bytes())
+        .and_then(|_| socket.write_all(over.as_bytes()));
+    let mut reply = String::new();
+    let _ = socket.read_to_string(&mut reply);
+    assert!(reply.starts_with("HTTP/1.1 413"), "{reply}");
+    let body: Json = serde_json::from_str(reply.split("\r\n\r\n").nth(1).unwrap()).unwrap();
+    assert_api_error(413, &body, 413, None, None);
+    // The server still answers.
+    let (status, reply) = server.post(chat, &json!({"messages": user("hi"), "max_tokens": 2}));
+    assert_eq!(status, 200, "{reply}");
+}
+
+#[test]
+fn the_api_key_is_checked() {
+    let server = Server::start(&["--api-key", "sekrit"], &[]);
+    let body = json!({"prompt": "hi", "max_tokens": 1}).to_string();
+    for key in [None, Some("wrong")] {
+        let (status, reply) = server.call("/v1/completions", Some(&body), key);
+        assert_api_error(
+            status,
+            &serde_json::from_str(&reply).unwrap(),
+            401,
+            None,
+            None,
+        );
+        assert_eq!(server.call("/v1/models", None, key).0, 401);
+    }
+    assert_eq!(
+        server
+            .call("/v1/completions", Some(&body), Some("sekrit"))
+            .0,
+        200
+    );
+    assert_eq!(server.call("/v1/models", None, Some("sekrit")).0, 200);
+    // Health checks stay open, as vLLM's.
+    assert_eq!(server.call("/health", None, None).0, 200);
+}
+
+/// Sends a streamed request on a raw socket and returns it once the first text arrived.
+fn start_stream(server: &Server, max_tokens: usize) -> TcpStream {
+    let body =
+        json!({"prompt": "Once upon a time", "max_tokens": max_tokens, "stream": true}).to_string();
+    let mut socket = TcpStream::connect(server.addr()).unwrap();
+    write!(
+        socket,
+        "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    socket
+        .set_read_timeout(Some(Duration::from_secs(120)))
+        .unwrap();
+    let mut seen = Vec::new();
+    let mut buf = [0u8; 4096];
+    while !String::from_utf8_lossy(&seen).contains("\"text\"") {
+        let n = socket.read(&mut buf).unwrap();
+        assert!(n > 0, "stream closed: {}", String::from_utf8_lossy(&seen));
+        seen.extend_from_slice(&buf[..n]);
+    }
+    assert!(String::from_utf8_lossy(&seen).starts_with("HTTP/1.1 200"));
+    socket
+}
+
+/// Waits (bounded) for a log line containing `needle`.
+fn wait_for_log(server: &Server, needle: &str) -> String {
+    let start = Instant::now();
+    loop {
+        if let Some(line) = server.log().into_iter().find(|l| l.contains(needle)) {
+            return line;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(120),
+            "no {needle:?} in {:?}",
+            server.log()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn a_client_that_disconnects_cancels_its_generation() {
+    // 100 ms a token: the 10 000-token request would hold the worker for 17 minutes.
+    let server = Server::start(&[], &[("QWEN_GDN_TEST_TOKEN_DELAY_MS", "100")]);
+    let socket = start_stream(&server, 10_000);
+    drop(socket);
+    let line = wait_for_log(&server, "cancelled");
+    let generated: usize = line
+        .split(", ")
+        .nth(1)
+        .unwrap()
+        .split(' ')
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(generated < 100, "{line}");
+    // The worker is free: the next request is served.
+    let (status, reply) = server.post("/v1/completions", &json!({"prompt": "hi", "max_tokens": 2}));
+    assert_eq!(status, 200, "{reply}");
+    // A request that is not streamed is cancelled as well when its client goes away.
+    let body = json!({"prompt": "Once upon a time", "max_tokens": 10_000}).to_string();
+    let mut socket = TcpStream::connect(server.addr()).unwrap();
+    write!(
+        socket,
+        "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    // Long enough for the idle worker to take the job up (a job whose client left while it
+    // waited is skipped without a log line).
+    std::thread::sleep(Duration::from_secs(1));
+    drop(socket);
+    let start = Instant::now();
+    while server
+        .log()
+        .iter()
+        .filter(|l| l.contains("cancelled"))
+        .count()
+        < 2
+    {
+        assert!(
+            start.elapsed() < Duration::from_secs(120),
+            "{:?}",
+            server.log()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn a_full_queue_answers_503() {
+    let server = Server::start(
+        &["--queue-size", "1"],
+        &[("QWEN_GDN_TEST_TOKEN_DELAY_MS", "100")],
+    );
+    let running = start_stream(&server, 10_000);
+    // The second request waits in the queue; further ones find it full. (The first few
+    // tries may land before the waiting one, and then wait themselves.)
+    let mut waiting = vec![];
+    let rejected = (0..5).find_map(|_| {
+        let body = json!({"prompt": "hi", "max_tokens": 10_000, "stream": true}).to_string();
+        let mut socket = TcpStream::connect(server.addr()).unwrap();
+        write!(
+            socket,
+            "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            body.len()
+        )
+        .unwrap();
+        socket.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+        let mut reply = String::new();
+        match socket.read_to_string(&mut reply) {
+            Ok(_) if reply.starts_with("HTTP/1.1 503") => Some(reply),
+            _ => {
+                waiting.push(socket);
+                None
+            }
+        }
+    });
+    let reply = rejected.expect("no 503 from a full queue");
+    let body: Json = serde_json::from_str(reply.split("\r\n\r\n").nth(1).unwrap()).unwrap();
+    assert_api_error(503, &body, 503, None, None);
+    drop(running);
+    drop(waiting);
+    // The cancelled jobs leave the queue once the running one notices (at its next token).
+    wait_for_log(&server, "cancelled");
+    let served = (0..50).any(|_| {
+        let (status, _) = server.post("/v1/completions", &json!({"prompt": "hi", "max_tokens": 2}));
+        std::thread::sleep(Duration::from_millis(100));
+        status == 200
+    });
+    assert!(served, "{:?}", server.log());
+}
+
+#[test]
+fn a_panic_is_answered_500_and_the_server_goes_on() {
+    let server = Server::start(&[], &[("QWEN_GDN_TEST_PANIC", "PANIC-HERE")]);
+    for stream in [false, true] {
+        let (status, reply) = server.post(
+            "/v1/chat/completions",
+            &json!({"messages": user("please PANIC-HERE"), "stream": stream}),
+        );
+        assert_api_error(status, &reply, 500, None, None);
+        let (status, reply) = server.post(
+            "/v1/chat/completions",
+            &json!({"messages": user("hello"), "max_tokens": 3}),
+        );
+        assert_eq!(status, 200, "{reply}");
+    }
+}
+
+fn weather_tool() -> Json {
+    json!([{"type": "function", "function": {
+        "name": "get_weather",
+        "description": "The weather in a city",
+        "parameters": {"type": "object", "properties": {
+            "city": {"type": "string"}, "days": {"type": "integer"}
+        }, "required": ["city"]},
+    }}])
+}
+
+#[test]
+fn tool_calls_come_back_in_openai_shape() {
+    // The tiny models print gibberish: the reply is forced (a debug-build test switch) to a
+    // Qwen3.5 XML call after some thinking.
+    let forced = "Let me look.\n</think>\n\n<tool_call>\n<function=get_weather>\n<parameter=city>\nParis <Nord>\n</parameter>\n<parameter=days>\n3\n</parameter>\n</function>\n</tool_call>";
+    let server = Server::start(&[], &[("QWEN_GDN_TEST_FORCE_OUTPUT", forced)]);
+    let body = json!({"messages": user("Weather in Paris?"), "tools": weather_tool()});
+    let (status, reply) = server.post("/v1/chat/completions", &body);
+    assert_eq!(status, 200, "{reply}");
+    let choice = &reply["choices"][0];
+    assert_eq!(choice["finish_reason"], "tool_calls", "{reply}");
+    let message = &choice["message"];
+    assert_eq!(message["reasoning_content"], "Let me look.");
+    assert_eq!(message["content"], Json::Null);
+    let call = &message["tool_calls"][0];
+    assert_eq!(call["type"], "function");
+    assert!(call["id"].as_str().unwrap().starts_with("call_"));
+    assert_eq!(call["function"]["name"], "get_weather");
+    let args: Json = serde_json::from_str(call["function"]["arguments"].as_str().unwrap()).unwrap();
+    assert_eq!(args, json!({"city": "Paris <Nord>", "days": 3}));
+
+    // Streamed: one tool_calls delta with the whole call, then finish_reason tool_calls.
+    let mut body = body.clone();
+    body["stream"] = json!(true);
+    let events = server.stream("/v1/chat/completions", &body);
+    let chunks: Vec<Json> = events[..events.len() - 1]
+        .iter()
+        .map(|e| serde_json::from_str(e).unwrap())
+        .collect();
+    let calls: Vec<&Json> = chunks
+        .iter()
+        .filter_map(|c| c["choices"][0]["delta"].get("tool_calls"))
+        .collect();
+    assert_eq!(calls.len(), 1, "{events:?}");
+    assert_eq!(calls[0][0]["index"], 0);
+    assert_eq!(calls[0][0]["function"]["name"], "get_weather");
+    assert_eq!(
+        chunks.last().unwrap()["choices"][0]["finish_reason"],
+        "tool_calls"
+    );
+
+    // tool_choice "none": the same text is content, not a call.
+    let body = json!({"messages": user("Weather?"), "tools": weather_tool(), "tool_choice": "none", "chat_template_kwargs": {"enable_thinking": false}});
+    let (_, reply) = server.post("/v1/chat/completions", &body);
+    assert_eq!(reply["choices"][0]["finish_reason"], "stop", "{reply}");
+    assert!(
+        reply["choices"][0]["message"].get("tool_calls").is_none(),
+        "{reply}"
+    );
+    assert!(reply["choices"][0]["message"]["content"]
+        .as_str()
+        .unwrap()
+        .contains("<tool_call>"));
+
+    // The round trip: the call and its result go back through the template.
+    let messages = json!([
+        {"role": "user", "content": "Weather in Paris?"},
+        {"role": "assistant", "content": null, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": call["id"], "content": "sunny, 21 C"},
+    ]);
+    let (status, reply) = server.post(
+        "/v1/chat/completions",
+        &json!({"messages": messages, "tools": weather_tool()}),
+    );
+    assert_eq!(status, 200, "{reply}");
+}
+
+#[test]
+fn a_named_tool_choice_forces_that_call() {
+    let server = Server::start(&[], &[]);
+    let body = json!({
+        "messages": user("Weather in Paris?"), "tools": weather_tool(), "max_tokens": 8, "temperature": 0,
+        "tool_choice": {"type": "function", "function": {"name": "get_weather"}},
+    });
+    let (status, reply) = server.post("/v1/chat/completions", &body);
+    assert_eq!(status, 200, "{reply}");
+    let message = &reply["choices"][0]["message"];
+    // The reply starts inside the call the server opened; the tiny model never closes it
+    // within 8 tokens, so it comes back as content (never an error).
+    match message.get("tool_calls") {
+        Some(calls) => assert_eq!(calls[0]["function"]["name"], "get_weather", "{reply}"),
+        None => assert!(
+            message["content"]
+                .as_str()
+                .unwrap()
+                .starts_with("<tool_call>\n<function=get_weather>\n"),
+            "{reply}"
+        ),
+    }
+    assert!(message.get("reasoning_content").is_none(), "{reply}");
+    // Thinking on (the default for this vocabulary): the reply is reasoning.
+    let (_, reply) = server.post(
+        "/v1/chat/completions",
+        &json!({"messages": user("hi"), "max_tokens": 6, "temperature": 0}),
+    );
+    let reasoning = reply["choices"][0]["message"]["reasoning_content"]
+        .as_str()
+        .unwrap_or("");
+    assert!(!reasoning.is_empty(), "{reply}");
+}

@@ -1,0 +1,102 @@
+#!/usr/bin/env bash
+# `qwen-gdn serve` driven by real clients: the official `openai` Python package (pinned in
+# scripts/requirements-serve-test.txt, installed into a venv) and curl. Starts the servers on
+# free ports with a tiny checkpoint and a debug build (its test switches force a tool call).
+#
+#   bash scripts/test-serve-openai.sh
+#
+# VENV (default <repo>/.venv-serve-openai), PYTHON (the interpreter that creates it) and
+# QWEN_GDN (a debug binary; default: target/debug/qwen-gdn, built here) can be set.
+set -euo pipefail
+
+repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$repo"
+venv="${VENV:-$repo/.venv-serve-openai}"
+model="$repo/models/qwen3.5-tiny-4bit"
+fail() { echo "test-serve-openai: FAILED: $*" >&2; exit 1; }
+
+if [ -z "${QWEN_GDN:-}" ]; then
+    cargo build -q -p qwen-gdn --bin qwen-gdn
+    QWEN_GDN="$repo/target/debug/qwen-gdn"
+fi
+if [ ! -x "$venv/bin/python" ]; then
+    "${PYTHON:-python3}" -m venv "$venv"
+fi
+"$venv/bin/python" -m pip install --disable-pip-version-check -q -r scripts/requirements-serve-test.txt
+py="$venv/bin/python"
+
+tmp="$(mktemp -d)"
+pids=()
+cleanup() {
+    for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
+    rm -rf "$tmp"
+}
+trap cleanup EXIT
+
+# Starts a server on a free port, with the environment assignments given as arguments;
+# sets $base_url once it listens. (Not run in $(...): the server would hold its output open.)
+start() {
+    local log="$tmp/server-${#pids[@]}.log"
+    env "$@" "$QWEN_GDN" serve --model "$model" --port 0 --api-key "$key" >/dev/null 2>"$log" &
+    pids+=($!)
+    for _ in $(seq 1 600); do
+        if grep -q "http://" "$log"; then
+            base_url="$(grep -o "http://[0-9.:]*" "$log" | head -1)"
+            return
+        fi
+        kill -0 "${pids[-1]}" 2>/dev/null || { cat "$log" >&2; fail "the server exited"; }
+        sleep 0.1
+    done
+    cat "$log" >&2
+    fail "the server did not start"
+}
+
+key="test-key-$RANDOM"
+start
+url="$base_url"
+forced_call=$'Checking the weather.\n</think>\n\n<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n<parameter=days>\n3\n</parameter>\n</function>\n</tool_call>'
+start QWEN_GDN_TEST_FORCE_OUTPUT="$forced_call"
+forced_url="$base_url"
+
+echo "== openai client" >&2
+"$py" scripts/test_serve_openai.py "$url/v1" "$key" "$forced_url/v1" || fail "the openai client checks"
+
+echo "== curl" >&2
+auth=(-H "Authorization: Bearer $key")
+json=(-H "Content-Type: application/json")
+# status BODY_FILE curl-args...: the HTTP status of a request, its body saved.
+status() { local out="$1"; shift; curl -sS -o "$out" -w '%{http_code}' "$@"; }
+expect_status() {
+    local want="$1"; shift
+    local got; got="$(status "$tmp/body" "$@")"
+    [ "$got" = "$want" ] || fail "curl $* -> $got, expected $want: $(cat "$tmp/body")"
+}
+# The body must be OpenAI's error shape.
+expect_error() {
+    expect_status "$@"
+    "$py" -c 'import json,sys; e=json.load(open(sys.argv[1]))["error"]; assert e["message"] and "type" in e and "param" in e and "code" in e' "$tmp/body" \
+        || fail "not an OpenAI error: $(cat "$tmp/body")"
+}
+expect_status 200 "$url/health"
+expect_status 200 "${auth[@]}" "$url/v1/models"
+expect_status 200 "${auth[@]}" "${json[@]}" "$url/v1/chat/completions" \
+    -d '{"messages":[{"role":"user","content":"Hello"}],"max_tokens":4,"temperature":0}'
+"$py" -c 'import json,sys; r=json.load(open(sys.argv[1])); assert r["object"]=="chat.completion" and r["usage"]["completion_tokens"]>=1' "$tmp/body" \
+    || fail "chat reply: $(cat "$tmp/body")"
+curl -sSN "${auth[@]}" "${json[@]}" "$url/v1/chat/completions" \
+    -d '{"messages":[{"role":"user","content":"Hello"}],"max_tokens":4,"stream":true}' > "$tmp/sse"
+[ "$(grep -c '^data: ' "$tmp/sse")" -ge 3 ] || fail "stream: $(cat "$tmp/sse")"
+[ "$(grep '^data: ' "$tmp/sse" | tail -1)" = "data: [DONE]" ] || fail "stream does not end in [DONE]"
+expect_status 200 "${auth[@]}" "${json[@]}" "$url/v1/completions" -d '{"prompt":"Hello","max_tokens":3}'
+expect_error 401 "${json[@]}" "$url/v1/completions" -d '{"prompt":"Hello"}'
+expect_error 401 -H "Authorization: Bearer nope" "$url/v1/models"
+expect_error 400 "${auth[@]}" "${json[@]}" "$url/v1/chat/completions" -d '{"messages": ['
+expect_error 400 "${auth[@]}" "${json[@]}" "$url/v1/chat/completions" \
+    -d '{"messages":[{"role":"user","content":"hi"}],"min_p":3}'
+expect_error 404 "${auth[@]}" "${json[@]}" "$url/v1/chat/completions" \
+    -d '{"model":"nope","messages":[{"role":"user","content":"hi"}]}'
+expect_error 404 "${auth[@]}" "$url/v1/embeddings"
+head -c 40000000 /dev/zero | tr '\0' 'a' > "$tmp/big"
+expect_error 413 "${auth[@]}" "${json[@]}" "$url/v1/completions" --data-binary @"$tmp/big"
+expect_status 200 "$url/health"
+echo "test-serve-openai: all passed" >&2
