@@ -13,7 +13,6 @@ mod chat_template;
 mod compare_state;
 mod conversation;
 // The API `chat` and `serve` build on; `generate` uses part of it.
-#[allow(dead_code)]
 mod engine;
 mod eval;
 mod generate;
@@ -25,21 +24,17 @@ mod output;
 mod preflight;
 mod process;
 mod progress;
-// Used by `serve` (issue 16); the allow goes when it is wired in.
 mod prompt_cache_args;
 mod prompt_cache_file;
 mod prompt_split;
-#[allow(dead_code)]
 mod reasoning;
 mod reply_display;
 mod sampler;
 mod sampling_args;
 mod serve;
 mod stream;
-#[allow(dead_code)]
 mod tag_scan;
 mod template_args;
-#[allow(dead_code, unused_imports)]
 mod tool_calls;
 
 use clap::{Parser, Subcommand};

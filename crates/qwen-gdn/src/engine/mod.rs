@@ -122,24 +122,8 @@ impl Engine {
         &self.checkpoint
     }
 
-    pub fn model(&self) -> &Model {
-        &self.model
-    }
-
-    pub fn eos(&self) -> &[u32] {
-        &self.eos
-    }
-
-    pub fn prompt_cache(&self) -> &PromptCache {
-        &self.prompt_cache
-    }
-
     pub fn prompt_cache_mut(&mut self) -> &mut PromptCache {
         &mut self.prompt_cache
-    }
-
-    pub fn prefill_chunk(&self) -> usize {
-        self.prefill_chunk
     }
 
     /// Generates a reply to `prompt`, passing its text to `on_text` as it comes

@@ -1,7 +1,9 @@
 //! A whole reply parsed at once (non-streamed responses), through the streaming parser so that
 //! both always agree.
 
-use super::output_parser::{Event, OutputParser, ParserOptions};
+use super::output_parser::Event;
+#[cfg(test)]
+use super::output_parser::{OutputParser, ParserOptions};
 use super::tool_call::ToolCall;
 use serde_json::{json, Map, Value as Json};
 
@@ -16,6 +18,7 @@ pub struct ParsedMessage {
 }
 
 /// Parses a finished reply.
+#[cfg(test)]
 pub fn parse_complete(text: &str, options: ParserOptions) -> ParsedMessage {
     let mut parser = OutputParser::new(options);
     let mut events = parser.push(text);
@@ -59,6 +62,7 @@ impl ParsedMessage {
 
     /// `"tool_calls"` when the reply made calls and stopped by itself; else `fallback`
     /// (`"stop"`, or `"length"`, which wins: the reply was cut).
+    #[cfg(test)]
     pub fn finish_reason<'a>(&self, fallback: &'a str) -> &'a str {
         if self.tool_calls.is_empty() || fallback == "length" {
             fallback

@@ -21,10 +21,13 @@ mod tool_choice;
 #[cfg(test)]
 mod tests;
 
-pub use complete::{from_events, parse_complete, ParsedMessage};
+pub use complete::from_events;
+#[cfg(test)]
+pub use complete::parse_complete;
 pub use format::ToolCallFormat;
-pub use messages::{normalize_messages_for_template, InvalidMessage};
+pub use messages::normalize_messages_for_template;
 pub use output_parser::{Event, OutputParser, ParserOptions};
 pub use schema::ToolSchemas;
+#[cfg(test)]
 pub use tool_call::ToolCall;
 pub use tool_choice::ToolChoice;

@@ -9,9 +9,11 @@
 use super::call_body::{parse_call_body, BodyError};
 use super::schema::ToolSchemas;
 use super::tool_call::ToolCall;
+#[cfg(test)]
 use super::tool_choice::ToolChoice;
 use crate::reasoning::{Piece, ReasoningMode, ReasoningSplitter};
 use crate::tag_scan::held_tag_start;
+#[cfg(test)]
 use serde_json::Value as Json;
 
 const OPEN: &str = "<tool_call>";
@@ -41,6 +43,7 @@ impl ParserOptions {
     /// The options for a chat request: the reasoning mode from the rendered `prompt` (see
     /// [`ReasoningMode::from_prompt`]), calls recognised when `tools` is non-empty and
     /// `tool_choice` is not `none`.
+    #[cfg(test)]
     pub fn for_request(prompt: &str, tools: &[Json], tool_choice: &ToolChoice) -> Self {
         Self {
             reasoning: ReasoningMode::from_prompt(prompt),
@@ -51,6 +54,7 @@ impl ParserOptions {
     }
 
     /// Plain text: no thinking, no tool calls (the output is returned as it is).
+    #[cfg(test)]
     pub fn plain() -> Self {
         Self {
             reasoning: ReasoningMode::Off,
@@ -87,6 +91,7 @@ impl OutputParser {
     }
 
     /// Call ids become `call_<base>_<index>` (they are random otherwise); for tests and replays.
+    #[cfg(test)]
     pub fn with_call_id_base(mut self, base: &str) -> Self {
         if let Some(calls) = &mut self.calls {
             calls.id_base = base.to_string();
@@ -114,6 +119,7 @@ impl OutputParser {
 
     /// How many calls were emitted so far (a reply with calls ends with `finish_reason:
     /// "tool_calls"`).
+    #[cfg(test)]
     pub fn tool_call_count(&self) -> usize {
         self.calls.as_ref().map_or(0, |c| c.next_index)
     }

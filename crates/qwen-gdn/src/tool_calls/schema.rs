@@ -44,6 +44,7 @@ impl ToolSchemas {
     /// Checks the request's `tools` field: a list of `{"type": "function", "function": {"name":
     /// non-empty string, "parameters"?: object}}`. The error is one line naming the entry (the
     /// server answers it as a 400 on param `tools`).
+    #[cfg(test)]
     pub fn check_request_tools(tools: &Json) -> Result<(), String> {
         let Some(list) = tools.as_array() else {
             return Err("tools: expected a list".into());
@@ -76,6 +77,7 @@ impl ToolSchemas {
     }
 
     /// Whether the request declared a tool called `name`.
+    #[cfg(test)]
     pub fn has_tool(&self, name: &str) -> bool {
         self.params.contains_key(name)
     }

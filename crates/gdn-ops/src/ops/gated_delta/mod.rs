@@ -90,6 +90,15 @@ pub fn chunked_available_on(device: &Device) -> bool {
     }
 }
 
+/// Whether a call the length sends to the chunked form takes it without being asked. The
+/// CPU's chunk form is faster from 16 tokens on; the CUDA chunk kernel runs its chunks one
+/// after another per block and measured slower than the recurrence kernel on an H100
+/// (docs/perf-notes-gpu.md), and the Metal one has not run on a Mac yet: on the GPUs the
+/// chunked form is taken only when asked (`QWEN_GDN_GDN_PREFILL=chunked`).
+pub fn chunked_by_default_on(device: &Device) -> bool {
+    matches!(device, Device::Cpu)
+}
+
 /// Whether `device` has the chunked form for these dims. The CPU takes any dims (its buffers
 /// are padded to whole tiles); a device backend whose kernels cover fewer narrows this.
 pub fn chunked_supported_on(device: &Device, dims: &GdnDims) -> bool {
@@ -266,7 +275,7 @@ fn update(
             [dims.batch, dims.steps]
         );
     }
-    let chunked = form == GdnForm::Chunked && {
+    let chunked = form == GdnForm::Chunked && (asked || chunked_by_default_on(state.device())) && {
         let supported = chunked_supported_on(state.device(), &dims);
         if !supported && (asked || chunked_available_on(state.device())) {
             static NOTICED: AtomicBool = AtomicBool::new(false);
