@@ -13,6 +13,36 @@ use rayon::prelude::*;
 use std::sync::Mutex;
 
 pub(crate) fn gated_delta_update(dims: GdnDims, inputs: &Inputs, state: &Tensor) -> Result<Tensor> {
+    update_on_host(Recurrence, dims, inputs, state)
+}
+
+/// The inputs of one call as f32 host vectors: what every CPU form reads.
+pub(super) struct HostInputs {
+    pub(super) dims: GdnDims,
+    pub(super) q: Vec<f32>,
+    pub(super) k: Vec<f32>,
+    pub(super) v: Vec<f32>,
+    pub(super) g: Vec<f32>,
+    pub(super) beta: Vec<f32>,
+    /// `[B, T]`, 0 where a token is padding.
+    pub(super) mask: Option<Vec<f32>>,
+}
+
+/// A CPU form of the update (the recurrence, or the chunked form of `cpu_chunked.rs`).
+pub(super) trait HostForm: Sync {
+    const NAME: &'static str;
+    /// Advances `state` (`[B, Hv, Dv, Dk]` in its storage dtype) in place over the call's
+    /// tokens; returns y per value head, `[B, Hv, T, Dv]`.
+    fn run<S: StateElem>(&self, x: &HostInputs, state: &mut [S]) -> Vec<f32>;
+}
+
+/// Runs `form` on the state in place; y as `[B, T, Hv, Dv]` in q's dtype.
+pub(super) fn update_on_host<F: HostForm>(
+    form: F,
+    dims: GdnDims,
+    inputs: &Inputs,
+    state: &Tensor,
+) -> Result<Tensor> {
     let Inputs {
         q,
         k,
@@ -21,36 +51,78 @@ pub(crate) fn gated_delta_update(dims: GdnDims, inputs: &Inputs, state: &Tensor)
         beta,
         mask,
     } = *inputs;
-    let op = Recurrence {
-        mask: mask.map(f32_values).transpose()?,
-        dims,
-        q: f32_values(q)?,
-        k: f32_values(k)?,
-        v: f32_values(v)?,
-        g: f32_values(g)?,
-        beta: f32_values(beta)?,
-        y: Mutex::new(vec![]),
+    let op = OnState {
+        form,
+        x: HostInputs {
+            mask: mask.map(f32_values).transpose()?,
+            dims,
+            q: f32_values(q)?,
+            k: f32_values(k)?,
+            v: f32_values(v)?,
+            g: f32_values(g)?,
+            beta: f32_values(beta)?,
+        },
+        y_heads: Mutex::new(vec![]),
     };
     state.inplace_op1(&op)?;
-    let y =
-        op.y.into_inner()
-            .expect("no other holder of the output lock");
+    let y_heads = op
+        .y_heads
+        .into_inner()
+        .expect("no other holder of the output lock");
     let shape = (dims.batch, dims.steps, dims.value_heads, dims.value_dim);
-    Ok(Tensor::from_vec(y, shape, q.device())?.to_dtype(q.dtype())?)
+    Ok(
+        Tensor::from_vec(heads_to_tokens(&dims, &y_heads), shape, q.device())?
+            .to_dtype(q.dtype())?,
+    )
 }
 
-struct Recurrence {
-    dims: GdnDims,
-    q: Vec<f32>,
-    k: Vec<f32>,
-    v: Vec<f32>,
-    g: Vec<f32>,
-    beta: Vec<f32>,
-    /// `[B, T]`, 0 where a token is padding.
-    mask: Option<Vec<f32>>,
-    /// Filled by the op: `y` as `[B, T, Hv, Dv]`.
-    y: Mutex<Vec<f32>>,
+/// A form bound to its inputs, as candle's in-place op on the state.
+struct OnState<F> {
+    form: F,
+    x: HostInputs,
+    /// Filled by the op: `y` as `[B, Hv, T, Dv]`.
+    y_heads: Mutex<Vec<f32>>,
 }
+
+impl<F: HostForm> InplaceOp1 for OnState<F> {
+    fn name(&self) -> &'static str {
+        F::NAME
+    }
+
+    fn cpu_fwd(&self, storage: &mut CpuStorage, layout: &Layout) -> candle_core::Result<()> {
+        let Some((start, end)) = layout.contiguous_offsets() else {
+            candle_core::bail!("gated_delta_update: the state must be contiguous")
+        };
+        let y_heads = match storage {
+            CpuStorage::F32(data) => self.form.run(&self.x, &mut data[start..end]),
+            CpuStorage::BF16(data) => self.form.run(&self.x, &mut data[start..end]),
+            _ => candle_core::bail!("gated_delta_update: the state must be f32 or bf16"),
+        };
+        *self.y_heads.lock().expect("output lock") = y_heads;
+        Ok(())
+    }
+}
+
+/// `[B, Hv, T, Dv]` (each head's outputs together, as the forms write them) to the op's
+/// `[B, T, Hv, Dv]`.
+fn heads_to_tokens(d: &GdnDims, y_heads: &[f32]) -> Vec<f32> {
+    let (t_len, hv_n, dv) = (d.steps, d.value_heads, d.value_dim);
+    let mut y = vec![0f32; y_heads.len()];
+    if y_heads.is_empty() {
+        return y;
+    }
+    for (head, ys) in y_heads.chunks_exact(t_len * dv).enumerate() {
+        let (b, hv) = (head / hv_n, head % hv_n);
+        for (t, y_t) in ys.chunks_exact(dv).enumerate() {
+            let at = ((b * t_len + t) * hv_n + hv) * dv;
+            y[at..at + dv].copy_from_slice(y_t);
+        }
+    }
+    y
+}
+
+/// The token-by-token recurrence.
+struct Recurrence;
 
 /// How the state is stored between calls.
 pub(super) trait StateElem: Copy + Send + Sync {
@@ -76,12 +148,14 @@ impl StateElem for bf16 {
     }
 }
 
-impl Recurrence {
+impl HostForm for Recurrence {
+    const NAME: &'static str = "gated-delta-update";
+
     /// One task per (batch, value head): its `Dv × Dk` state (64 KiB at Qwen3-Next's
     /// shapes) stays in cache while the steps go by, and each step's `q` and `k` are read
     /// once for all of its rows. Within a row the arithmetic is the row-by-row recurrence's.
-    fn run<S: StateElem>(&self, state: &mut [S]) {
-        let d = self.dims;
+    fn run<S: StateElem>(&self, x: &HostInputs, state: &mut [S]) -> Vec<f32> {
+        let d = x.dims;
         let (t_len, dk, dv, hv_n) = (d.steps, d.key_dim, d.value_dim, d.value_heads);
         let group = d.value_heads / d.key_heads;
         // Per-head outputs `[T, Dv]`, scattered into `[B, T, Hv, Dv]` afterwards.
@@ -96,30 +170,22 @@ impl Recurrence {
                 let mut s: Vec<f32> = s_head.iter().map(|x| x.load()).collect();
                 for t in 0..t_len {
                     let y_t = &mut y[t * dv..(t + 1) * dv];
-                    if self.mask.as_ref().is_some_and(|m| m[b * t_len + t] == 0.0) {
+                    if x.mask.as_ref().is_some_and(|m| m[b * t_len + t] == 0.0) {
                         y_t.fill(0.0);
                         continue;
                     }
                     let qk_at = ((b * t_len + t) * d.key_heads + hk) * dk;
-                    let (q, k) = (&self.q[qk_at..qk_at + dk], &self.k[qk_at..qk_at + dk]);
+                    let (q, k) = (&x.q[qk_at..qk_at + dk], &x.k[qk_at..qk_at + dk]);
                     let gate_at = (b * t_len + t) * hv_n + hv;
-                    let (g, beta) = (self.g[gate_at], self.beta[gate_at]);
-                    let v = &self.v[gate_at * dv..(gate_at + 1) * dv];
+                    let (g, beta) = (x.g[gate_at], x.beta[gate_at]);
+                    let v = &x.v[gate_at * dv..(gate_at + 1) * dv];
                     step(&mut s, q, k, v, g, beta, y_t);
                 }
                 for (dst, x) in s_head.iter_mut().zip(&s) {
                     *dst = S::store(*x);
                 }
             });
-        let mut y = vec![0f32; y_heads.len()];
-        for (head, ys) in y_heads.chunks_exact((t_len * dv).max(1)).enumerate() {
-            let (b, hv) = (head / hv_n, head % hv_n);
-            for (t, y_t) in ys.chunks_exact(dv).enumerate().take(t_len) {
-                let at = ((b * t_len + t) * hv_n + hv) * dv;
-                y[at..at + dv].copy_from_slice(y_t);
-            }
-        }
-        *self.y.lock().expect("output lock") = y;
+        y_heads
     }
 }
 
@@ -139,24 +205,6 @@ crate::multiversion! {
             let delta = (v - decay_and_read(row, k, g)) * beta;
             *y = write_and_read(row, k, q, delta);
         }
-    }
-}
-
-impl InplaceOp1 for Recurrence {
-    fn name(&self) -> &'static str {
-        "gated-delta-update"
-    }
-
-    fn cpu_fwd(&self, storage: &mut CpuStorage, layout: &Layout) -> candle_core::Result<()> {
-        let Some((start, end)) = layout.contiguous_offsets() else {
-            candle_core::bail!("gated_delta_update: the state must be contiguous")
-        };
-        match storage {
-            CpuStorage::F32(data) => self.run(&mut data[start..end]),
-            CpuStorage::BF16(data) => self.run(&mut data[start..end]),
-            _ => candle_core::bail!("gated_delta_update: the state must be f32 or bf16"),
-        }
-        Ok(())
     }
 }
 

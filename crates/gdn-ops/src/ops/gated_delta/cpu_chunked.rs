@@ -27,13 +27,11 @@
 //! Work is split over (batch, key head): the value heads that share a key head share
 //! `K Kᵀ` and `Q Kᵀ`.
 
-use super::cpu::StateElem;
+use super::cpu::{update_on_host, HostForm, HostInputs, StateElem};
 use super::{GdnDims, Inputs};
-use crate::backend::f32_values;
 use anyhow::Result;
-use candle_core::{CpuStorage, InplaceOp1, Layout, Tensor};
+use candle_core::Tensor;
 use rayon::prelude::*;
-use std::sync::Mutex;
 
 /// Tokens per chunk (fla's and transformers' choice): `C²` work per token stays below the
 /// `Dk·Dv` products while the products stay large enough to run at the FMA rate.
@@ -45,76 +43,26 @@ const LANES: usize = 16;
 const ROWS: usize = 4;
 
 pub(crate) fn gated_delta_update(dims: GdnDims, inputs: &Inputs, state: &Tensor) -> Result<Tensor> {
-    let Inputs {
-        q,
-        k,
-        v,
-        g,
-        beta,
-        mask,
-    } = *inputs;
-    let op = Chunked {
-        mask: mask.map(f32_values).transpose()?,
-        dims,
-        q: f32_values(q)?,
-        k: f32_values(k)?,
-        v: f32_values(v)?,
-        g: f32_values(g)?,
-        beta: f32_values(beta)?,
-        y: Mutex::new(vec![]),
-    };
-    state.inplace_op1(&op)?;
-    let y =
-        op.y.into_inner()
-            .expect("no other holder of the output lock");
-    let shape = (dims.batch, dims.steps, dims.value_heads, dims.value_dim);
-    Ok(Tensor::from_vec(y, shape, q.device())?.to_dtype(q.dtype())?)
+    update_on_host(Chunked, dims, inputs, state)
 }
 
-struct Chunked {
-    dims: GdnDims,
-    q: Vec<f32>,
-    k: Vec<f32>,
-    v: Vec<f32>,
-    g: Vec<f32>,
-    beta: Vec<f32>,
-    /// `[B, T]`, 0 where a token is padding.
-    mask: Option<Vec<f32>>,
-    /// Filled by the op: `y` as `[B, T, Hv, Dv]`.
-    y: Mutex<Vec<f32>>,
-}
-
-impl InplaceOp1 for Chunked {
-    fn name(&self) -> &'static str {
-        "gated-delta-update-chunked"
-    }
-
-    fn cpu_fwd(&self, storage: &mut CpuStorage, layout: &Layout) -> candle_core::Result<()> {
-        let Some((start, end)) = layout.contiguous_offsets() else {
-            candle_core::bail!("gated_delta_update: the state must be contiguous")
-        };
-        match storage {
-            CpuStorage::F32(data) => self.run(&mut data[start..end]),
-            CpuStorage::BF16(data) => self.run(&mut data[start..end]),
-            _ => candle_core::bail!("gated_delta_update: the state must be f32 or bf16"),
-        }
-        Ok(())
-    }
-}
+/// The chunked (WY) form.
+struct Chunked;
 
 fn round_up(n: usize, m: usize) -> usize {
     n.div_ceil(m) * m
 }
 
-impl Chunked {
-    fn run<S: StateElem>(&self, state: &mut [S]) {
-        let d = self.dims;
+impl HostForm for Chunked {
+    const NAME: &'static str = "gated-delta-update-chunked";
+
+    fn run<S: StateElem>(&self, x: &HostInputs, state: &mut [S]) -> Vec<f32> {
+        let d = x.dims;
         let (t_len, dv, hv_n) = (d.steps, d.value_dim, d.value_heads);
         let group = hv_n / d.key_heads;
         let head_state = d.value_dim * d.key_dim;
         if t_len == 0 || head_state == 0 {
-            *self.y.lock().expect("output lock") = vec![0f32; d.batch * t_len * hv_n * dv];
-            return;
+            return vec![0f32; d.batch * hv_n * t_len * dv];
         }
         // Per-head outputs `[T, Dv]`, grouped by key head (value head hv = hk·group + h).
         let mut y_heads = vec![0f32; d.batch * hv_n * t_len * dv];
@@ -124,32 +72,24 @@ impl Chunked {
             .enumerate()
             .for_each(|(kv_head, (s_group, y_group))| {
                 let (b, hk) = (kv_head / d.key_heads, kv_head % d.key_heads);
-                run_group(self, b, hk, s_group, y_group);
+                run_group(x, b, hk, s_group, y_group);
             });
-        let mut y = vec![0f32; y_heads.len()];
-        for (head, ys) in y_heads.chunks_exact(t_len * dv).enumerate() {
-            let (b, hv) = (head / hv_n, head % hv_n);
-            for (t, y_t) in ys.chunks_exact(dv).enumerate() {
-                let at = ((b * t_len + t) * hv_n + hv) * dv;
-                y[at..at + dv].copy_from_slice(y_t);
-            }
-        }
-        *self.y.lock().expect("output lock") = y;
+        y_heads
     }
 }
 
 /// Runs one key head's group with the code compiled for the best level this CPU has: the
 /// products use fused multiply-adds where the level guarantees them (a software `fma`
 /// would be a library call per product).
-fn run_group<S: StateElem>(op: &Chunked, b: usize, hk: usize, s: &mut [S], y: &mut [f32]) {
+fn run_group<S: StateElem>(op: &HostInputs, b: usize, hk: usize, s: &mut [S], y: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
     {
         #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma")]
-        fn avx512<S: StateElem>(op: &Chunked, b: usize, hk: usize, s: &mut [S], y: &mut [f32]) {
+        fn avx512<S: StateElem>(op: &HostInputs, b: usize, hk: usize, s: &mut [S], y: &mut [f32]) {
             group_body::<S, true>(op, b, hk, s, y)
         }
         #[target_feature(enable = "avx2,fma")]
-        fn avx2<S: StateElem>(op: &Chunked, b: usize, hk: usize, s: &mut [S], y: &mut [f32]) {
+        fn avx2<S: StateElem>(op: &HostInputs, b: usize, hk: usize, s: &mut [S], y: &mut [f32]) {
             group_body::<S, true>(op, b, hk, s, y)
         }
         match crate::simd::level() {
@@ -242,7 +182,7 @@ impl Work {
 /// `y` its outputs `[group, T, Dv]`.
 #[inline(always)]
 fn group_body<S: StateElem, const FMA: bool>(
-    op: &Chunked,
+    op: &HostInputs,
     b: usize,
     hk: usize,
     s: &mut [S],
@@ -325,7 +265,7 @@ fn group_body<S: StateElem, const FMA: bool>(
 
 /// The chunk's queries and keys (zero past `c` and past `Dk`), and `Kᵀ`.
 #[inline(always)]
-fn load_keys(op: &Chunked, w: &mut Work, b: usize, hk: usize, c0: usize, c: usize, cp: usize) {
+fn load_keys(op: &HostInputs, w: &mut Work, b: usize, hk: usize, c0: usize, c: usize, cp: usize) {
     let d = op.dims;
     let dk = d.key_dim;
     let dkp = w.dkp;
@@ -357,7 +297,7 @@ fn load_keys(op: &Chunked, w: &mut Work, b: usize, hk: usize, c0: usize, c: usiz
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
 fn load_values(
-    op: &Chunked,
+    op: &HostInputs,
     w: &mut Work,
     b: usize,
     hv: usize,
