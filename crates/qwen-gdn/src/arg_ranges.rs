@@ -47,3 +47,14 @@ pub fn probability_above_zero(s: &str) -> Result<f32, String> {
         }
     })
 }
+
+/// OpenAI's range for `presence_penalty` and `frequency_penalty`.
+pub fn penalty(s: &str) -> Result<f32, String> {
+    parse_f32(s).and_then(|x| {
+        if (-2.0..=2.0).contains(&x) {
+            Ok(x)
+        } else {
+            Err("must be between -2 and 2".into())
+        }
+    })
+}

@@ -1,6 +1,7 @@
-//! Token sampling with mlx-lm's semantics (`sample_utils.make_sampler` + the repetition-penalty
-//! logits processor): temp 0 is argmax; otherwise top-p, min-p and top-k filter the
-//! log-probabilities, in that order, and a token is drawn from softmax(logprobs / temp).
+//! Token sampling with mlx-lm's semantics (`sample_utils.make_sampler` + its repetition,
+//! presence and frequency logits processors, applied in that order): temp 0 is argmax;
+//! otherwise top-p, min-p and top-k filter the log-probabilities, in that order, and a token is
+//! drawn from softmax(logprobs / temp).
 
 use rand::{rngs::StdRng, Rng, SeedableRng};
 
@@ -15,6 +16,11 @@ pub struct SamplerConfig {
     pub top_k: usize,
     /// Sign-aware penalty on recently seen tokens; `None` disables it.
     pub repetition_penalty: Option<f32>,
+    /// Subtracted once from the logit of every token seen (OpenAI's `presence_penalty`).
+    pub presence_penalty: f32,
+    /// Subtracted from a token's logit once per time it was seen (`frequency_penalty`).
+    pub frequency_penalty: f32,
+    /// How many recent tokens the three penalties look back over.
     pub repetition_context_size: usize,
 }
 
@@ -32,12 +38,18 @@ impl Sampler {
     /// Picks the next token from one row of logits. `history` holds the tokens the repetition
     /// penalty looks back over.
     pub fn sample(&mut self, logits: &mut [f32], history: &[u32]) -> u32 {
+        let recent = &history[history
+            .len()
+            .saturating_sub(self.cfg.repetition_context_size)..];
         if let Some(penalty) = self.cfg.repetition_penalty {
-            let start = history
-                .len()
-                .saturating_sub(self.cfg.repetition_context_size);
-            apply_repetition_penalty(logits, &history[start..], penalty);
+            apply_repetition_penalty(logits, recent, penalty);
         }
+        apply_additive_penalties(
+            logits,
+            recent,
+            self.cfg.presence_penalty,
+            self.cfg.frequency_penalty,
+        );
         // logprobs = logits - logsumexp(logits)
         let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
         let lse = max + logits.iter().map(|&l| (l - max).exp()).sum::<f32>().ln();
@@ -79,6 +91,21 @@ fn apply_repetition_penalty(logits: &mut [f32], recent: &[u32], penalty: f32) {
     for &t in &seen {
         if let Some(l) = logits.get_mut(t as usize) {
             *l = if *l < 0.0 { *l * penalty } else { *l / penalty };
+        }
+    }
+}
+
+/// OpenAI's additive penalties over `recent`: `presence` once per distinct token, `frequency`
+/// once per occurrence. Negative values encourage repeats, as OpenAI allows.
+fn apply_additive_penalties(logits: &mut [f32], recent: &[u32], presence: f32, frequency: f32) {
+    if presence == 0.0 && frequency == 0.0 {
+        return;
+    }
+    let mut seen = recent.to_vec();
+    seen.sort_unstable();
+    for run in seen.chunk_by(|a, b| a == b) {
+        if let Some(l) = logits.get_mut(run[0] as usize) {
+            *l -= presence + frequency * run.len() as f32;
         }
     }
 }
@@ -150,6 +177,8 @@ mod tests {
             min_p: 0.0,
             top_k: 0,
             repetition_penalty: None,
+            presence_penalty: 0.0,
+            frequency_penalty: 0.0,
             repetition_context_size: 20,
         }
     }
@@ -185,6 +214,37 @@ mod tests {
         );
         assert_eq!(s.sample(&mut [0.0, 0.0, 0.0, 5.0, 4.5], &[3, 4]), 3);
         assert_eq!(s.sample(&mut [0.0, 0.0, 0.0, 5.0, 4.5], &[4, 3]), 4);
+    }
+
+    #[test]
+    fn presence_counts_once_and_frequency_per_occurrence() {
+        let mut logits = [2.0, -2.0, 1.0, 4.0];
+        apply_additive_penalties(&mut logits, &[0, 1, 0, 0, 7], 0.5, 0.25);
+        // token 0 seen three times, token 1 once, token 7 outside the vocabulary.
+        assert_eq!(logits, [2.0 - 0.5 - 0.75, -2.0 - 0.5 - 0.25, 1.0, 4.0]);
+        // Through the sampler: only the window counts, and a negative penalty favours repeats.
+        let pick = |presence: f32, frequency: f32, history: &[u32]| {
+            let mut s = Sampler::new(
+                SamplerConfig {
+                    presence_penalty: presence,
+                    frequency_penalty: frequency,
+                    repetition_context_size: 2,
+                    ..cfg(0.0)
+                },
+                None,
+            );
+            s.sample(&mut [0.0, 1.0, 0.8], history)
+        };
+        assert_eq!(pick(0.0, 0.0, &[1]), 1);
+        assert_eq!(pick(0.5, 0.0, &[1]), 2);
+        assert_eq!(pick(0.0, 0.15, &[1, 1]), 2);
+        assert_eq!(pick(0.0, 0.15, &[1]), 1);
+        assert_eq!(
+            pick(0.5, 0.0, &[1, 0, 0]),
+            1,
+            "token 1 is outside the window"
+        );
+        assert_eq!(pick(-0.5, 0.0, &[2]), 2);
     }
 
     #[test]

@@ -1,6 +1,6 @@
 //! The sampling flags shared by `generate` and `chat` (mlx_lm.generate's names and defaults).
 
-use crate::arg_ranges::{non_negative, positive, probability, probability_above_zero};
+use crate::arg_ranges::{non_negative, penalty, positive, probability, probability_above_zero};
 use crate::load::positive_usize;
 use crate::sampler::SamplerConfig;
 
@@ -24,7 +24,15 @@ pub struct SamplingArgs {
     /// Penalise tokens seen in the last --repetition-context-size tokens (> 1 discourages repeats)
     #[arg(long, value_parser = positive)]
     pub repetition_penalty: Option<f32>,
-    /// How many recent tokens --repetition-penalty looks at
+    /// Subtract this from the logit of every token seen in the last --repetition-context-size
+    /// tokens (OpenAI's presence_penalty, -2 to 2)
+    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true, value_parser = penalty)]
+    pub presence_penalty: f32,
+    /// Subtract this from a token's logit once per time it was seen in the last
+    /// --repetition-context-size tokens (OpenAI's frequency_penalty, -2 to 2)
+    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true, value_parser = penalty)]
+    pub frequency_penalty: f32,
+    /// How many recent tokens the repetition, presence and frequency penalties look at
     #[arg(long, default_value_t = 20, value_name = "N", value_parser = positive_usize)]
     pub repetition_context_size: usize,
     /// Seed of the sampler's random generator (reproducible sampling)
@@ -40,6 +48,8 @@ impl SamplingArgs {
             min_p: self.min_p,
             top_k: self.top_k,
             repetition_penalty: self.repetition_penalty,
+            presence_penalty: self.presence_penalty,
+            frequency_penalty: self.frequency_penalty,
             repetition_context_size: self.repetition_context_size,
         }
     }

@@ -68,6 +68,8 @@ fn greedy(max_tokens: usize) -> GenerateParams {
             min_p: 0.0,
             top_k: 0,
             repetition_penalty: None,
+            presence_penalty: 0.0,
+            frequency_penalty: 0.0,
             repetition_context_size: 20,
         },
         seed: Some(0),

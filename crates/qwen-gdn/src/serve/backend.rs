@@ -192,6 +192,8 @@ impl Backend for EngineBackend {
                 min_p: s.min_p,
                 top_k: s.top_k,
                 repetition_penalty: s.repetition_penalty,
+                presence_penalty: s.presence_penalty,
+                frequency_penalty: s.frequency_penalty,
                 repetition_context_size: 20,
             },
             seed: s.seed,

@@ -29,6 +29,8 @@ pub struct Sampling {
     pub top_k: usize,
     pub min_p: f32,
     pub repetition_penalty: Option<f32>,
+    pub presence_penalty: f32,
+    pub frequency_penalty: f32,
     pub seed: Option<u64>,
 }
 

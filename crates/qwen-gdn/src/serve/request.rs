@@ -41,6 +41,8 @@ pub struct Common {
     pub top_k: Option<i64>,
     pub min_p: Option<f64>,
     pub repetition_penalty: Option<f64>,
+    pub presence_penalty: Option<f64>,
+    pub frequency_penalty: Option<f64>,
     pub seed: Option<u64>,
     pub stop: Option<OneOrMany>,
     pub stream: Option<bool>,
@@ -245,6 +247,16 @@ fn sampling(c: &Common, d: &SamplingDefaults) -> Result<Sampling, ApiError> {
         top_k,
         min_p: range("min_p", c.min_p.unwrap_or(d.min_p), arg_ranges::probability)?,
         repetition_penalty,
+        presence_penalty: range(
+            "presence_penalty",
+            c.presence_penalty.unwrap_or(0.0),
+            arg_ranges::penalty,
+        )?,
+        frequency_penalty: range(
+            "frequency_penalty",
+            c.frequency_penalty.unwrap_or(0.0),
+            arg_ranges::penalty,
+        )?,
         seed: c.seed,
     })
 }
@@ -472,8 +484,10 @@ mod tests {
 
     #[test]
     fn a_plain_chat_request_validates() {
-        let v = chat(r#"{"model":"m","messages":[{"role":"user","content":[{"type":"text","text":"a"},{"type":"text","text":"b"}]}],"stop":"x","temperature":0}"#).unwrap();
+        let v = chat(r#"{"model":"m","messages":[{"role":"user","content":[{"type":"text","text":"a"},{"type":"text","text":"b"}]}],"stop":"x","temperature":0,"presence_penalty":1.5,"frequency_penalty":-0.5}"#).unwrap();
         assert_eq!(v.job.max_tokens, 7);
+        assert_eq!(v.job.sampling.presence_penalty, 1.5);
+        assert_eq!(v.job.sampling.frequency_penalty, -0.5);
         assert_eq!(v.job.stop, vec!["x"]);
         assert_eq!(v.job.sampling.temperature, 0.0);
         match v.job.prompt {
@@ -510,6 +524,14 @@ mod tests {
             (
                 r#"{"messages":[{"role":"user","content":"a"}],"top_k":-2}"#,
                 "top_k",
+            ),
+            (
+                r#"{"messages":[{"role":"user","content":"a"}],"presence_penalty":2.5}"#,
+                "presence_penalty",
+            ),
+            (
+                r#"{"messages":[{"role":"user","content":"a"}],"frequency_penalty":-3}"#,
+                "frequency_penalty",
             ),
             (
                 r#"{"messages":[{"role":"user","content":"a"}],"max_tokens":0}"#,

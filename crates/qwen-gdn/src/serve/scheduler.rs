@@ -246,6 +246,8 @@ mod tests {
                 top_k: 0,
                 min_p: 0.0,
                 repetition_penalty: None,
+                presence_penalty: 0.0,
+                frequency_penalty: 0.0,
                 seed: None,
             },
             stop: vec![],
