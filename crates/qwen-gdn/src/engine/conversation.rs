@@ -12,6 +12,13 @@ use tokenizers::Tokenizer;
 /// templates raise "No user query found" for a system message by itself).
 const PROBE: &str = "\u{1}qwen-gdn boundary probe\u{1}";
 
+/// Message ends considered at the tail of a conversation: the previous request's prompt ended
+/// within the last few messages (its user or tool message, the reply, the new message), so
+/// older ends would only repeat snapshots an earlier request made. With the first message's
+/// end (a system prompt other conversations share), rendering stays linear in the length of
+/// the conversation instead of quadratic.
+const RECENT_MESSAGES: usize = 4;
+
 /// Renders and tokenizes `messages`. A boundary is kept where the tokens of a rendered prefix
 /// of the conversation (with and without the generation prompt after a user or tool message:
 /// the latter is where the previous request's prompt ended) are a prefix of the whole
@@ -31,7 +38,8 @@ pub fn render_conversation(
         bail!("the prompt has no tokens");
     }
     let mut boundaries = Vec::new();
-    for i in 0..messages.len() {
+    let recent = messages.len().saturating_sub(RECENT_MESSAGES);
+    for i in (0..messages.len()).filter(|&i| i == 0 || i >= recent) {
         let prefix = &messages[..=i];
         let role = messages[i].get("role").and_then(Json::as_str);
         let mut texts = vec![prefix_text(template, prefix, tools, false, vars, &full)];

@@ -114,6 +114,34 @@ fn boundaries_are_message_ends_whose_tokens_prefix_the_prompt() {
     assert!(p.boundaries.iter().all(|&b| b < p.ids.len()));
 }
 
+/// A long conversation keeps the first message's end (a shared system prompt) and the ends of
+/// its last messages only, so rendering it costs a bounded number of prefix renderings.
+#[test]
+fn a_long_conversation_keeps_the_first_and_the_recent_boundaries() {
+    let e = engine("qwen3.5-tiny-4bit", 0);
+    let mut messages = vec![json!({"role": "system", "content": "You are terse."})];
+    for turn in 0..20 {
+        messages.push(json!({"role": "user", "content": format!("question {turn}")}));
+        messages.push(json!({"role": "assistant", "content": format!("answer {turn}")}));
+    }
+    messages.push(json!({"role": "user", "content": "last question"}));
+    let p = render(&e, &messages);
+    let tok = &e.checkpoint().tokenizer;
+    let decoded: Vec<String> = p
+        .boundaries
+        .iter()
+        .map(|&b| tok.decode(&p.ids[..b], false).unwrap())
+        .collect();
+    assert!(decoded[0].ends_with("You are terse.<|im_end|>\n<|im_start|>user\n"));
+    let ends_with = |tail: &str| decoded.iter().any(|d| d.ends_with(tail));
+    assert!(ends_with("last question<|im_end|>\n"), "{decoded:?}");
+    assert!(ends_with("question 19<|im_end|>\n"), "{decoded:?}");
+    assert!(p.boundaries.len() <= 2 + 2 * 4, "{}", p.boundaries.len());
+    assert!(!decoded
+        .iter()
+        .any(|d| d.ends_with("question 5<|im_end|>\n")));
+}
+
 /// A conversation on one engine (its prompt cache shared across turns) replies exactly as a
 /// fresh engine does to each turn's whole prompt; Qwen3.5's template drops the first reply's
 /// reasoning, so turn 2 resumes mid-history.
