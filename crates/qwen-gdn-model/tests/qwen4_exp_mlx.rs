@@ -368,6 +368,22 @@ fn broken_tables_give_one_line_errors() {
         "{e}"
     );
 
+    // config.json declares another format for a shard than the file holds.
+    let dir = tempfile::tempdir().unwrap();
+    fixture_edited(dir.path(), |_| false, vec![]);
+    let path = dir.path().join("config.json");
+    let mut j: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    let shard = "language_model.model.layers.3.ple.ple_embedding.ngram_embedding.shards.2";
+    j["quantization"][shard]["bits"] = 8.into();
+    std::fs::write(&path, j.to_string()).unwrap();
+    let (cfg, ckpt) = open(dir.path());
+    let e = format!("{:#}", ngram_tables::locate(&ckpt, &cfg).unwrap_err());
+    assert!(
+        e.contains(&format!("n-gram table `{shard}.weight`: stored as 4-bit group 32, but config.json declares 8-bit group 32")),
+        "{e}"
+    );
+
     // Scales of another group size than the packed rows allow.
     let dir = tempfile::tempdir().unwrap();
     let name = "language_model.model.layers.1.ple.ple_embedding.ngram_embedding.shards.0";
@@ -392,8 +408,7 @@ fn broken_tables_give_one_line_errors() {
         ],
     );
     let (cfg, ckpt) = open(dir.path());
-    let t = ngram_tables::locate(&ckpt, &cfg).unwrap();
-    let e = format!("{:#}", t[0].open(&ckpt, 32).unwrap_err());
+    let e = format!("{:#}", ngram_tables::locate(&ckpt, &cfg).unwrap_err());
     assert!(e.contains("do not fit 32-wide rows"), "{e}");
 }
 
@@ -557,4 +572,56 @@ fn qsa_attention_matches_transformers() {
         r.get(&format!("tf_mixer.{i}")),
     );
     assert!(d <= 1e-5, "tf_mixer.{i} step by step: {d:e}");
+}
+
+/// Loading every part of the model the way `Model::load` will (each layer's loaders, the
+/// 4-bit embedding, lm_head, the tables) uses every tensor of the checkpoint: only the vision
+/// tower is left, as a warning, so the leftover check of `Model::load` will pass. The
+/// embedding's rows are transformers' `tf_embed` (repeated over the streams).
+#[test]
+fn loading_every_layer_uses_every_tensor() {
+    let (cfg, ckpt) = open(&fixture());
+    let r = Reference::load(NAME);
+    let (h, l) = (cfg.hidden_size, cfg.num_hidden_layers);
+    for i in 0..l {
+        let p = format!("model.layers.{i}");
+        for hc in ["attn_hyper_connection", "mlp_hyper_connection"] {
+            HyperConnection::load(&ckpt, &format!("{p}.{hc}"), &cfg, true).unwrap();
+        }
+        match cfg.layer_kind(i) {
+            LayerKind::LinearAttention => {
+                GatedDeltaNet::load(&ckpt, &format!("{p}.linear_attn"), &cfg).unwrap();
+            }
+            LayerKind::FullAttention => {
+                Attention::load(&ckpt, &format!("{p}.self_attn"), &cfg).unwrap();
+                QsaIndexer::load(&ckpt, &format!("{p}.self_attn"), &cfg).unwrap();
+            }
+        }
+        SparseMoe::load(&ckpt, &format!("{p}.mlp"), &cfg).unwrap();
+    }
+    for table in ngram_tables::locate(&ckpt, &cfg).unwrap() {
+        PerLayerEmbedding::load(&ckpt, &table, &cfg).unwrap();
+    }
+    HyperConnection::load(&ckpt, "model.hyper_connection_mixer", &cfg, false).unwrap();
+    Linear::load(&ckpt, "lm_head", cfg.vocab_size, h, &cfg).unwrap();
+    let embed = ckpt
+        .matrix("model.embed_tokens", cfg.vocab_size, h, &cfg)
+        .unwrap();
+    assert!(matches!(embed, Matrix::Affine(_)), "4-bit embedding");
+    let ids = r.ids("tf_ids");
+    let want = r.get("tf_embed").narrow(1, 0, h).unwrap();
+    let mut rows = vec![0f32; ids.len() * h];
+    for (row, &id) in rows.chunks_exact_mut(h).zip(&ids) {
+        embed.row_into(0, id as usize, row);
+    }
+    let got = Tensor::from_vec(rows, (ids.len(), h), &Device::Cpu).unwrap();
+    assert_eq!(rel_max_diff(&got, &want), 0.0, "embedding rows");
+    let note = ckpt
+        .leftovers()
+        .unwrap()
+        .expect("the vision tower is skipped");
+    assert!(
+        note.ends_with("ignoring tensors the text model does not use: 1 vision tower"),
+        "{note}"
+    );
 }

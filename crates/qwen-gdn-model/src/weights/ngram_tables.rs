@@ -145,6 +145,9 @@ fn locate_layer(
                 ple.row_width()
             );
         }
+        if quantized {
+            check_declared_quantization(ckpt, cfg, &name, shape, ple.row_width())?;
+        }
         rows += shape[0] as u64;
         table.push((name, shape[0]));
     }
@@ -159,6 +162,42 @@ fn locate_layer(
         rows,
         quantized,
     })
+}
+
+/// A quantized shard's format (what its packed and group shapes imply) must be the one
+/// config.json declares for it (mlx-vlm writes a per-shard entry: 4-bit group 32 for rows
+/// that group 64 does not divide), else the file and the config disagree on its values.
+fn check_declared_quantization(
+    ckpt: &Checkpoint,
+    cfg: &Config,
+    name: &str,
+    shape: &[usize],
+    width: usize,
+) -> Result<()> {
+    let weight = location(ckpt, &format!("{name}.weight"))?;
+    let scales = ckpt.shape(&format!("{name}.scales")).ok_or_else(|| {
+        anyhow!(
+            "{}: n-gram table `{}` is quantized but has no `scales` next to it",
+            weight.path.display(),
+            weight.original
+        )
+    })?;
+    let what = format!(
+        "{}: n-gram table `{}`",
+        weight.path.display(),
+        weight.original
+    );
+    let (bits, group_size) = RowFormat::affine_layout(&what, shape, scales, shape[0], width)?;
+    let module = weight.original.trim_end_matches(".weight");
+    if let Some(spec) = cfg.quant_spec_for(module).flatten().or(cfg.quantization) {
+        ensure!(
+            (spec.bits, spec.group_size) == (bits, group_size),
+            "{what}: stored as {bits}-bit group {group_size}, but config.json declares {}-bit group {}",
+            spec.bits,
+            spec.group_size
+        );
+    }
+    Ok(())
 }
 
 /// One shard's rows, mapped.
