@@ -16,6 +16,8 @@ Steps:
 Usage: bash scripts/gen-fixtures.sh   (or: .venv/bin/python scripts/gen_fixtures.py)
        WITH_TORCH=1 bash scripts/gen-fixtures.sh --only qwen4_exp   (only the qwen4_exp fixture,
        recorded with transformers + torch: scripts/gen_fixture_qwen4_exp.py)
+       WITH_TORCH=1 bash scripts/gen-fixtures.sh --only qwen4_exp_mlx   (its mlx-vlm 4-bit twin:
+       scripts/gen_fixture_qwen4_exp_mlx.py)
 Shared inputs are read from <repo>/../shared (override with QWEN_GDN_SHARED=/path/to/shared).
 """
 
@@ -794,8 +796,14 @@ def main() -> None:
     if args:
         # `--only qwen4_exp`: generate only that fixture (it needs torch, which the other
         # fixtures do not); every other file under models/ is left untouched.
+        if args == ["--only", "qwen4_exp_mlx"]:
+            # Its 4-bit mlx-vlm twin (scripts/gen_fixture_qwen4_exp_mlx.py).
+            import gen_fixture_qwen4_exp_mlx
+
+            gen_fixture_qwen4_exp_mlx.main()
+            return
         if args != ["--only", "qwen4_exp"]:
-            sys.exit(f"usage: gen_fixtures.py [--only qwen4_exp], got {' '.join(args)}")
+            sys.exit(f"usage: gen_fixtures.py [--only qwen4_exp|qwen4_exp_mlx], got {' '.join(args)}")
         import gen_fixture_qwen4_exp
 
         gen_fixture_qwen4_exp.main()

@@ -22,6 +22,9 @@ fi
 if [ "${WITH_TORCH:-0}" = 1 ]; then
     # torch only for the transformers references (the qwen4_exp fixture); large, so opt-in.
     "$venv/bin/python" -m pip install --disable-pip-version-check -q -r "$repo/scripts/requirements-fixtures-torch.txt"
+    # mlx-vlm's own conversion code for the qwen4_exp 4-bit fixture; --no-deps: its image,
+    # audio and server dependencies are not needed to convert (gen_fixture_qwen4_exp_mlx.py).
+    "$venv/bin/python" -m pip install --disable-pip-version-check -q --no-deps -r "$repo/scripts/requirements-fixtures-mlx-vlm.txt"
 fi
 
 cd "$repo"

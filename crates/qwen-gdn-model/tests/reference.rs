@@ -98,10 +98,11 @@ fn every_reference_is_tested() {
         })
         .collect();
     on_disk.sort();
-    // qwen4_exp runs layer by layer in tests/qwen4_exp.rs until the model can load it.
+    // qwen4_exp runs layer by layer in tests/qwen4_exp.rs (raw HF) and
+    // tests/qwen4_exp_mlx.rs (mlx-vlm 4-bit) until the model can load it.
     let mut listed: Vec<String> = CHECKPOINTS
         .iter()
-        .chain(&["qwen4-exp-tiny-hf"])
+        .chain(&["qwen4-exp-tiny-hf", "qwen4-exp-tiny-4bit"])
         .map(|s| s.to_string())
         .collect();
     listed.sort();

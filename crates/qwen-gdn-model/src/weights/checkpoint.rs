@@ -334,8 +334,13 @@ impl Checkpoint {
 
     /// Where a tensor's bytes are (file, absolute byte range) with its dtype and shape, for
     /// readers that map and gather from huge tensors themselves (the n-gram tables).
+    /// The tensor counts as used (see [`Checkpoint::leftovers`]).
     pub fn raw_location(&self, name: &str) -> Option<RawLocation> {
         let e = self.entries.get(name)?;
+        self.used
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(name.to_string());
         let f = &self.files[e.file];
         Some(RawLocation {
             path: f.path.clone(),
@@ -484,9 +489,19 @@ impl Checkpoint {
     }
 
     /// An RMSNorm weight, used as a plain multiplier (shifted by +1 here for raw HF layout).
+    /// `qwen4_exp`'s `q_norm`/`k_norm` are zero-centred in both of its layouts (mlx-vlm adds 1
+    /// at run time, not in the checkpoint), so they get `1 + w`, in f32 as both references
+    /// compute it.
     pub fn norm(&self, name: &str, dim: usize, device: &Device) -> Result<Tensor> {
         let mut data = self.f32_data(name, &[dim])?;
-        if self.raw_hf && SHIFTED_NORMS.iter().any(|s| name.ends_with(s)) {
+        let qwen4_exp = self.model_type.starts_with("qwen4_exp");
+        if qwen4_exp
+            && [".q_norm.weight", ".k_norm.weight"]
+                .iter()
+                .any(|s| name.ends_with(s))
+        {
+            data.iter_mut().for_each(|v| *v += 1.0);
+        } else if self.raw_hf && SHIFTED_NORMS.iter().any(|s| name.ends_with(s)) {
             // mlx-lm adds 1 in the checkpoint dtype; round the same way so both match.
             let dtype = self.entry(name)?.info.dtype;
             for v in data.iter_mut() {

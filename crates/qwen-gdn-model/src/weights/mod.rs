@@ -7,6 +7,7 @@ pub mod checkpoint;
 pub mod dense_experts;
 pub mod files;
 pub mod matrix;
+pub mod ngram_row_format;
 pub mod ngram_tables;
 pub mod weight;
 

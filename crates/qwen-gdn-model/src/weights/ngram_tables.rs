@@ -9,6 +9,10 @@
 
 use crate::config::qwen4_exp::PleConfig;
 use crate::layers::ngram_hash::NgramHash;
+use crate::weights::checkpoint::RawLocation;
+use crate::weights::ngram_row_format::{
+    float_at, float_size, GroupParamsAt, MappedBytes, RowFormat,
+};
 use crate::weights::Checkpoint;
 use crate::Config;
 use anyhow::{anyhow, bail, ensure, Context, Result};
@@ -70,8 +74,26 @@ fn locate_layer(
         }
     }
     if shards.is_empty() {
+        // Name the key as this layout spells it, in the file that holds the layer's other
+        // PLE tensors.
+        let first = if ckpt.raw_hf {
+            "shard_0.weight"
+        } else {
+            "shards.0.weight"
+        };
+        let (file, key) =
+            match ckpt.raw_location(&format!("model.layers.{layer}.ple.key_proj.weight")) {
+                Some(sibling) => (
+                    sibling.path.display().to_string(),
+                    sibling.original.replace(
+                        "ple.key_proj.weight",
+                        &format!("ple.ple_embedding.ngram_embedding.{first}"),
+                    ),
+                ),
+                None => (dir.clone(), format!("{prefix}{first}")),
+            };
         bail!(
-            "{dir}: qwen4_exp layer {layer} has a per-layer embedding (ple_layer_ids contains {}) but the checkpoint has no n-gram table for it (expected {prefix}shard_0.weight, …)",
+            "{file}: qwen4_exp layer {layer} has a per-layer embedding (ple_layer_ids contains {}) but the checkpoint has no n-gram table for it (expected `{key}`, …)",
             layer + 1
         );
     }
@@ -123,6 +145,9 @@ fn locate_layer(
                 ple.row_width()
             );
         }
+        if quantized {
+            check_declared_quantization(ckpt, cfg, &name, shape, ple.row_width())?;
+        }
         rows += shape[0] as u64;
         table.push((name, shape[0]));
     }
@@ -139,17 +164,52 @@ fn locate_layer(
     })
 }
 
+/// A quantized shard's format (what its packed and group shapes imply) must be the one
+/// config.json declares for it (mlx-vlm writes a per-shard entry: 4-bit group 32 for rows
+/// that group 64 does not divide), else the file and the config disagree on its values.
+fn check_declared_quantization(
+    ckpt: &Checkpoint,
+    cfg: &Config,
+    name: &str,
+    shape: &[usize],
+    width: usize,
+) -> Result<()> {
+    let weight = location(ckpt, &format!("{name}.weight"))?;
+    let scales = ckpt.shape(&format!("{name}.scales")).ok_or_else(|| {
+        anyhow!(
+            "{}: n-gram table `{}` is quantized but has no `scales` next to it",
+            weight.path.display(),
+            weight.original
+        )
+    })?;
+    let what = format!(
+        "{}: n-gram table `{}`",
+        weight.path.display(),
+        weight.original
+    );
+    let (bits, group_size) = RowFormat::affine_layout(&what, shape, scales, shape[0], width)?;
+    let module = weight.original.trim_end_matches(".weight");
+    if let Some(spec) = cfg.quant_spec_for(module).flatten().or(cfg.quantization) {
+        ensure!(
+            (spec.bits, spec.group_size) == (bits, group_size),
+            "{what}: stored as {bits}-bit group {group_size}, but config.json declares {}-bit group {}",
+            spec.bits,
+            spec.group_size
+        );
+    }
+    Ok(())
+}
+
 /// One shard's rows, mapped.
 #[derive(Debug)]
 struct MappedRows {
-    map: Arc<Mmap>,
-    start: usize,
+    main: MappedBytes,
     rows: u64,
-    dtype: Dtype,
+    format: RowFormat,
 }
 
 /// A table whose rows are gathered straight from the mapped checkpoint files: the table is
-/// never copied whole (the release's is ~100 GB in bf16).
+/// never copied whole (the release's is ~100 GB in bf16, ~30 GB at 4 bits).
 #[derive(Debug)]
 pub struct RowTable {
     shards: Vec<MappedRows>,
@@ -159,61 +219,157 @@ pub struct RowTable {
     pub width: usize,
 }
 
+/// The checkpoint files a table's tensors are mapped from, each mapped once.
+#[derive(Default)]
+struct Maps(Vec<(std::path::PathBuf, Arc<Mmap>)>);
+
+impl Maps {
+    fn bytes(&mut self, loc: &RawLocation) -> Result<MappedBytes> {
+        let map = match self.0.iter().find(|(p, _)| *p == loc.path) {
+            Some((_, m)) => m.clone(),
+            None => {
+                let file = std::fs::File::open(&loc.path)
+                    .with_context(|| format!("{}: cannot open", loc.path.display()))?;
+                // SAFETY: read-only mapping of a checkpoint file, as Checkpoint does.
+                let m = Arc::new(
+                    unsafe { Mmap::map(&file) }
+                        .with_context(|| format!("{}: cannot map", loc.path.display()))?,
+                );
+                self.0.push((loc.path.clone(), m.clone()));
+                m
+            }
+        };
+        ensure!(loc.end <= map.len(), "{}: truncated", loc.path.display());
+        Ok(MappedBytes {
+            map,
+            start: loc.start,
+            end: loc.end,
+        })
+    }
+}
+
+fn location(ckpt: &Checkpoint, name: &str) -> Result<RawLocation> {
+    ckpt.raw_location(name)
+        .ok_or_else(|| anyhow!("{}: `{name}` vanished", ckpt.dir().display()))
+}
+
+/// A float tensor's single value (the FP8 table scale, stored `[]` or `[1]`).
+fn scalar(ckpt: &Checkpoint, maps: &mut Maps, name: &str) -> Result<f32> {
+    let loc = location(ckpt, name)?;
+    let size = float_size(loc.dtype);
+    ensure!(
+        size.is_some_and(|s| loc.end - loc.start == s) && loc.shape.iter().product::<usize>() == 1,
+        "{}: `{}` must be one float, got {:?} {:?}",
+        loc.path.display(),
+        loc.original,
+        loc.dtype,
+        loc.shape
+    );
+    let bytes = maps.bytes(&loc)?;
+    let v = float_at(loc.dtype, &bytes.map[bytes.start..bytes.end]);
+    ensure!(
+        v.is_finite(),
+        "{}: `{}` is {v}",
+        loc.path.display(),
+        loc.original
+    );
+    Ok(v)
+}
+
 impl NgramTable {
-    /// Maps the table's shards (unquantized f32 / bf16 / f16 rows).
+    /// Maps the table's shards: float rows, MLX affine rows (`.scales`/`.biases`), or FP8
+    /// e4m3 rows with the table's `weight_scale`. Every size is checked against the file.
     pub fn open(&self, ckpt: &Checkpoint, width: usize) -> Result<RowTable> {
-        ensure!(
-            !self.quantized,
-            "{}: quantized n-gram tables (layer {}) are not supported yet",
-            ckpt.dir().display(),
+        let mut maps = Maps::default();
+        let fp8_scale = format!(
+            "model.layers.{}.ple.ple_embedding.ngram_embedding.weight_scale",
             self.layer
         );
-        let mut maps: Vec<(std::path::PathBuf, Arc<Mmap>)> = vec![];
         let mut shards = vec![];
         let mut offsets = vec![];
         let mut first = 0u64;
         for (name, rows) in &self.shards {
-            let loc = ckpt
-                .raw_location(&format!("{name}.weight"))
-                .ok_or_else(|| anyhow!("{}: `{name}.weight` vanished", ckpt.dir().display()))?;
-            let elem = match loc.dtype {
-                Dtype::F32 => 4,
-                Dtype::BF16 | Dtype::F16 => 2,
-                other => bail!(
-                    "{}: n-gram table `{}` is {other:?}; expected f32, bf16 or f16",
-                    loc.path.display(),
-                    loc.original
-                ),
-            };
-            ensure!(
-                loc.end - loc.start == rows * width * elem,
-                "{}: n-gram table `{}` holds {} bytes, expected {rows} × {width} × {elem}",
-                loc.path.display(),
-                loc.original,
-                loc.end - loc.start
-            );
-            let map = match maps.iter().find(|(p, _)| *p == loc.path) {
-                Some((_, m)) => m.clone(),
-                None => {
-                    let file = std::fs::File::open(&loc.path)
-                        .with_context(|| format!("{}: cannot open", loc.path.display()))?;
-                    // SAFETY: read-only mapping of a checkpoint file, as Checkpoint does.
-                    let m = Arc::new(
-                        unsafe { Mmap::map(&file) }
-                            .with_context(|| format!("{}: cannot map", loc.path.display()))?,
+            let loc = location(ckpt, &format!("{name}.weight"))?;
+            let what = format!("{}: n-gram table `{}`", loc.path.display(), loc.original);
+            let format = if self.quantized {
+                ensure!(
+                    loc.dtype == Dtype::U32,
+                    "{what} is quantized but {:?}; expected U32 packed words",
+                    loc.dtype
+                );
+                let mut params = |part: &str| -> Result<(GroupParamsAt, Vec<usize>)> {
+                    let p = location(ckpt, &format!("{name}.{part}")).map_err(|_| {
+                        anyhow!("{what} is quantized but has no `{part}` next to it")
+                    })?;
+                    ensure!(
+                        float_size(p.dtype).is_some(),
+                        "{}: `{}` is {:?}; expected f32, bf16 or f16",
+                        p.path.display(),
+                        p.original,
+                        p.dtype
                     );
-                    maps.push((loc.path.clone(), m.clone()));
-                    m
+                    let bytes = maps.bytes(&p)?;
+                    let n = p.shape.iter().product::<usize>();
+                    ensure!(
+                        bytes.end - bytes.start == n * float_size(p.dtype).unwrap_or(4),
+                        "{}: `{}` holds {} bytes for shape {:?}",
+                        p.path.display(),
+                        p.original,
+                        bytes.end - bytes.start,
+                        p.shape
+                    );
+                    Ok((
+                        GroupParamsAt {
+                            bytes,
+                            dtype: p.dtype,
+                        },
+                        p.shape,
+                    ))
+                };
+                let (scales, scale_shape) = params("scales")?;
+                let (biases, bias_shape) = params("biases")?;
+                ensure!(
+                    scale_shape == bias_shape,
+                    "{what}: scales {scale_shape:?} and biases {bias_shape:?} differ"
+                );
+                let (bits, group_size) =
+                    RowFormat::affine_layout(&what, &loc.shape, &scale_shape, *rows, width)?;
+                RowFormat::Affine {
+                    bits,
+                    group_size,
+                    scales,
+                    biases,
+                }
+            } else if loc.dtype == Dtype::U8 {
+                ensure!(
+                    ckpt.contains(&fp8_scale),
+                    "{what} is U8 (FP8) but the checkpoint has no `{fp8_scale}`"
+                );
+                RowFormat::Fp8E4m3 {
+                    scale: scalar(ckpt, &mut maps, &fp8_scale)?,
+                }
+            } else {
+                match float_size(loc.dtype) {
+                    Some(_) => RowFormat::Float(loc.dtype),
+                    None => bail!(
+                        "{what} is {:?}; expected f32, bf16, f16, FP8 (U8 with a weight_scale) or MLX-quantized U32",
+                        loc.dtype
+                    ),
                 }
             };
-            ensure!(loc.end <= map.len(), "{}: truncated", loc.path.display());
+            let want = rows * format.row_bytes(width);
+            ensure!(
+                loc.end - loc.start == want,
+                "{what} holds {} bytes, expected {rows} rows of {} bytes",
+                loc.end - loc.start,
+                format.row_bytes(width)
+            );
             offsets.push(first);
             first += *rows as u64;
             shards.push(MappedRows {
-                map,
-                start: loc.start,
+                main: maps.bytes(&loc)?,
                 rows: *rows as u64,
-                dtype: loc.dtype,
+                format,
             });
         }
         Ok(RowTable {
@@ -241,26 +397,7 @@ impl RowTable {
             let shard = &self.shards[s];
             let row = (id - self.offsets[s]) as usize;
             debug_assert!((row as u64) < shard.rows);
-            match shard.dtype {
-                Dtype::F32 => {
-                    let b = &shard.map[shard.start + row * w * 4..][..w * 4];
-                    for (d, c) in dst.iter_mut().zip(b.chunks_exact(4)) {
-                        *d = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
-                    }
-                }
-                Dtype::BF16 => {
-                    let b = &shard.map[shard.start + row * w * 2..][..w * 2];
-                    for (d, c) in dst.iter_mut().zip(b.chunks_exact(2)) {
-                        *d = half::bf16::from_le_bytes([c[0], c[1]]).to_f32();
-                    }
-                }
-                _ => {
-                    let b = &shard.map[shard.start + row * w * 2..][..w * 2];
-                    for (d, c) in dst.iter_mut().zip(b.chunks_exact(2)) {
-                        *d = half::f16::from_le_bytes([c[0], c[1]]).to_f32();
-                    }
-                }
-            }
+            shard.format.decode(&shard.main, row, dst)?;
         }
         Ok(out)
     }
