@@ -25,6 +25,22 @@ pub struct PleState {
     pub window: Tensor,
 }
 
+impl PleState {
+    /// A copy sharing no storage with `self` (snapshots and [`crate::Cache::deep_clone`]).
+    pub fn deep_clone(&self) -> Result<Self> {
+        Ok(Self {
+            context: self.context.clone(),
+            window: crate::cache::own_copy(&self.window)?,
+        })
+    }
+
+    /// Bytes held (the window and the ids).
+    pub fn bytes(&self) -> u64 {
+        (self.window.elem_count() * self.window.dtype().size_in_bytes() + 4 * self.context.len())
+            as u64
+    }
+}
+
 #[derive(Debug)]
 pub struct PerLayerEmbedding {
     pub hash: NgramHash,

@@ -27,6 +27,14 @@ pub struct IndexerCache {
     pub len: usize,
 }
 
+impl IndexerCache {
+    /// Bytes held (block keys and tail keys, f32).
+    pub fn bytes(&self) -> u64 {
+        let floats: usize = self.blocks.iter().chain(&self.tail).map(Vec::len).sum();
+        4 * floats as u64
+    }
+}
+
 #[derive(Debug, Clone)]
 pub struct QsaIndexer {
     /// `[(n + 1)·Di, H]`: n query heads then the one key head.
