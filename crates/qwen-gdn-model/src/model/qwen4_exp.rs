@@ -2,8 +2,9 @@
 //! layer adds its per-layer embedding (PLE layers), mixes the streams into the mixer's input
 //! (attention hyper-connection), runs the GDN or the QSA indexed attention, injects the output
 //! back into every stream, and does the same around the MoE. The model's last
-//! hyper-connection (without injection) replaces the final norm. Reference plan: composed ops
-//! in f32 on the CPU; the indexer's selection and the n-gram gather run on the host.
+//! hyper-connection (without injection) replaces the final norm. Composed ops: f32 on the CPU
+//! (reference plan), or on the device in the compute dtype (device plan, no fused kernels
+//! yet); the indexer's selection and the n-gram gather run on the host in both.
 
 use crate::cache::{GdnCache, KvCache, LayerCache};
 use crate::config::LayerKind;
@@ -16,7 +17,7 @@ use crate::layers::qsa_indexer::{IndexerCache, QsaIndexer};
 use crate::weights::{ngram_tables, Checkpoint};
 use crate::{Config, StateDtype};
 use anyhow::{anyhow, bail, Result};
-use candle_core::Tensor;
+use candle_core::{DType, Device, Tensor};
 use gdn_ops::launches::candle_op;
 
 /// A `qwen4_exp` token mixer.
@@ -99,6 +100,37 @@ impl Qwen4ExpDecoder {
         })
     }
 
+    /// The device plan's copy: every product on `device` in `dtype` (composed ops; the
+    /// n-gram gather and the indexer's selection stay on the host).
+    pub fn into_device(self, device: &Device, dtype: DType) -> Result<Self> {
+        let layers = self
+            .layers
+            .into_iter()
+            .enumerate()
+            .map(|(i, l)| {
+                Ok(Qwen4ExpLayer {
+                    ple: l.ple.map(|p| p.into_device(device, dtype)).transpose()?,
+                    attn_hc: l.attn_hc.into_device(device, dtype)?,
+                    mixer: match l.mixer {
+                        Qwen4Mixer::Gdn(m) => Qwen4Mixer::Gdn(m.into_device(device, dtype)?),
+                        Qwen4Mixer::Qsa { attention, indexer } => Qwen4Mixer::Qsa {
+                            attention: attention.into_device(device, dtype)?,
+                            indexer: indexer.into_device(device, dtype)?,
+                        },
+                    },
+                    mlp_hc: l.mlp_hc.into_device(device, dtype)?,
+                    moe: l.moe.into_device(device, dtype)?,
+                })
+                .map_err(|e: anyhow::Error| e.context(format!("moving layer {i} to {device:?}")))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Self {
+            layers,
+            final_mixer: self.final_mixer.into_device(device, dtype)?,
+            streams: self.streams,
+        })
+    }
+
     pub fn set_moe_prefill(&mut self, mode: MoePrefill) {
         for layer in &mut self.layers {
             layer.moe.set_prefill(mode);
@@ -177,7 +209,9 @@ impl Qwen4ExpLayer {
                     .ok_or_else(|| anyhow!("cache lacks the QSA indexer state"))?;
                 let visible = indexer.select(&x, &mut icache, offset);
                 c.indexer = Some(icache);
-                let mask = QsaIndexer::mask(&visible?)?;
+                let mask = QsaIndexer::mask(&visible?)?
+                    .to_device(x.device())?
+                    .to_dtype(x.dtype())?;
                 attention
                     .forward_masked(&x.unsqueeze(0)?, c, offset, Some(&mask))?
                     .squeeze(0)?
