@@ -24,12 +24,16 @@ use gdn_ops::launches::candle_op;
 #[derive(Debug)]
 pub enum Qwen4Mixer {
     /// Qwen3.5's gated delta net with the configured output gate.
-    Gdn(GatedDeltaNet),
+    Gdn(Box<GatedDeltaNet>),
     /// Qwen3.5's gated attention restricted to the keys the indexer selects.
-    Qsa {
-        attention: Attention,
-        indexer: QsaIndexer,
-    },
+    Qsa(Box<IndexedAttention>),
+}
+
+/// The QSA mixer: the attention and its indexer.
+#[derive(Debug)]
+pub struct IndexedAttention {
+    pub attention: Attention,
+    pub indexer: QsaIndexer,
 }
 
 /// One `qwen4_exp` decoder layer.
@@ -67,20 +71,19 @@ impl Qwen4ExpDecoder {
                     Some(at) => Some(PerLayerEmbedding::load(ckpt, &tables.remove(at), cfg)?),
                     None => None,
                 };
-                let mixer = match cfg.layer_kind(i) {
-                    LayerKind::LinearAttention => Qwen4Mixer::Gdn(GatedDeltaNet::load(
-                        ckpt,
-                        &format!("{p}.linear_attn"),
-                        cfg,
-                    )?),
-                    LayerKind::FullAttention => {
-                        let attn = format!("{p}.self_attn");
-                        Qwen4Mixer::Qsa {
-                            attention: Attention::load(ckpt, &attn, cfg)?,
-                            indexer: QsaIndexer::load(ckpt, &attn, cfg)?,
+                let mixer =
+                    match cfg.layer_kind(i) {
+                        LayerKind::LinearAttention => Qwen4Mixer::Gdn(Box::new(
+                            GatedDeltaNet::load(ckpt, &format!("{p}.linear_attn"), cfg)?,
+                        )),
+                        LayerKind::FullAttention => {
+                            let attn = format!("{p}.self_attn");
+                            Qwen4Mixer::Qsa(Box::new(IndexedAttention {
+                                attention: Attention::load(ckpt, &attn, cfg)?,
+                                indexer: QsaIndexer::load(ckpt, &attn, cfg)?,
+                            }))
                         }
-                    }
-                };
+                    };
                 let hc =
                     |name: &str| HyperConnection::load(ckpt, &format!("{p}.{name}"), cfg, true);
                 Ok(Qwen4ExpLayer {
@@ -112,11 +115,13 @@ impl Qwen4ExpDecoder {
                     ple: l.ple.map(|p| p.into_device(device, dtype)).transpose()?,
                     attn_hc: l.attn_hc.into_device(device, dtype)?,
                     mixer: match l.mixer {
-                        Qwen4Mixer::Gdn(m) => Qwen4Mixer::Gdn(m.into_device(device, dtype)?),
-                        Qwen4Mixer::Qsa { attention, indexer } => Qwen4Mixer::Qsa {
-                            attention: attention.into_device(device, dtype)?,
-                            indexer: indexer.into_device(device, dtype)?,
-                        },
+                        Qwen4Mixer::Gdn(m) => {
+                            Qwen4Mixer::Gdn(Box::new(m.into_device(device, dtype)?))
+                        }
+                        Qwen4Mixer::Qsa(q) => Qwen4Mixer::Qsa(Box::new(IndexedAttention {
+                            attention: q.attention.into_device(device, dtype)?,
+                            indexer: q.indexer.into_device(device, dtype)?,
+                        })),
                     },
                     mlp_hc: l.mlp_hc.into_device(device, dtype)?,
                     moe: l.moe.into_device(device, dtype)?,
@@ -152,7 +157,7 @@ impl Qwen4ExpDecoder {
                     }),
                     ..GdnCache::default()
                 }),
-                Qwen4Mixer::Qsa { .. } => {
+                Qwen4Mixer::Qsa(_) => {
                     let mut kv = KvCache::default();
                     kv.indexer = Some(IndexerCache::default());
                     LayerCache::Attention(kv)
@@ -194,7 +199,7 @@ impl Qwen4ExpLayer {
                 }
                 self.attn_hc.forward(&hs)?
             }
-            (Qwen4Mixer::Qsa { .. }, LayerCache::Attention(_)) => self.attn_hc.forward(&hs)?,
+            (Qwen4Mixer::Qsa(_), LayerCache::Attention(_)) => self.attn_hc.forward(&hs)?,
             _ => bail!("cache does not belong to this model"),
         };
         let w = w.ok_or_else(|| anyhow!("attention hyper-connection without injection"))?;
@@ -202,7 +207,8 @@ impl Qwen4ExpLayer {
             (Qwen4Mixer::Gdn(m), LayerCache::Gdn(c)) => {
                 m.forward(&x.unsqueeze(0)?, c)?.squeeze(0)?
             }
-            (Qwen4Mixer::Qsa { attention, indexer }, LayerCache::Attention(c)) => {
+            (Qwen4Mixer::Qsa(q), LayerCache::Attention(c)) => {
+                let (attention, indexer) = (&q.attention, &q.indexer);
                 let mut icache = c
                     .indexer
                     .take()
