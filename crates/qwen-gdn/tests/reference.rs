@@ -384,4 +384,6 @@ fn qwen4_exp_chat_template_from_the_checkpoint() {
     let chat = prompt_tokens(&[]);
     assert!(chat > raw + 4, "chat prompt {chat} tokens, raw {raw}");
     assert!(prompt_tokens(&["--system-prompt", "Be brief."]) > chat);
+    // The device plan (bf16 activations, composed ops) runs the same prompt.
+    assert_eq!(prompt_tokens(&["--dtype", "bf16"]), chat);
 }
