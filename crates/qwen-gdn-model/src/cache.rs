@@ -1,7 +1,11 @@
 //! Per-sequence state carried between forward calls: for each GDN layer the last `K-1`
 //! pre-conv rows and the recurrent state, for each attention layer its keys and values.
+//! `qwen4_exp` adds, on its per-layer-embedding layers, the n-gram context and the PLE conv
+//! window, and on its QSA layers the indexer's pooled block keys (docs/qwen4_exp.md §6).
 
 use crate::layers::norm::contiguous;
+use crate::layers::ple::PleState;
+use crate::layers::qsa_indexer::IndexerCache;
 use crate::StateDtype;
 use anyhow::Result;
 use candle_core::Tensor;
@@ -16,6 +20,8 @@ pub struct GdnCache {
     pub conv: Option<Tensor>,
     /// `[B, Hv, Dv, Dk]`, updated in place by the recurrence.
     pub state: Option<Tensor>,
+    /// `qwen4_exp` layers with a per-layer embedding: its n-gram context and conv window.
+    pub ple: Option<PleState>,
 }
 
 /// Keys and values of one attention layer, in buffers that grow by [`KV_STEP`] positions at a
@@ -26,6 +32,8 @@ pub struct KvCache {
     keys: Option<Tensor>,
     values: Option<Tensor>,
     len: usize,
+    /// `qwen4_exp` (QSA) layers: the indexer's block keys, as many tokens as `len`.
+    pub indexer: Option<IndexerCache>,
 }
 
 /// Positions a KV buffer grows by when full.
@@ -118,6 +126,7 @@ impl KvCache {
         let Some((k, v)) = kv else {
             return Ok(Self::default());
         };
+        // (`indexer` is the caller's to set: a snapshot keeps it beside the keys.)
         anyhow::ensure!(
             k.dims() == v.dims() && k.rank() == 4,
             "keys {:?} and values {:?} are not matching [B, Nkv, len, Dh] tensors",
@@ -221,11 +230,14 @@ impl Cache {
                         state_dtype: c.state_dtype,
                         conv: copy(&c.conv)?,
                         state: copy(&c.state)?,
+                        ple: c.ple.as_ref().map(PleState::deep_clone).transpose()?,
                     }),
                     LayerCache::Attention(c) => LayerCache::Attention(KvCache {
                         keys: copy(&c.keys)?,
                         values: copy(&c.values)?,
                         len: c.len,
+                        // Host vectors: a clone is already a copy.
+                        indexer: c.indexer.clone(),
                     }),
                 })
             })

@@ -1,5 +1,6 @@
 //! The whole model: embeddings, decoder layers (GDN or gated attention, then dense MLP or
-//! MoE, each behind a pre-norm and a residual add), final norm and output head.
+//! MoE, each behind a pre-norm and a residual add), final norm and output head. `qwen4_exp`
+//! replaces the layers and the final norm by its own decoder ([`qwen4_exp`]).
 
 use crate::cache::{Cache, GdnCache, KvCache, LayerCache};
 use crate::config::LayerKind;
@@ -21,6 +22,7 @@ use std::path::Path;
 pub(crate) mod cuda_graph;
 mod decode;
 mod launch_budget;
+pub mod qwen4_exp;
 pub use decode::LayerCoverage;
 pub use launch_budget::LaunchBudget;
 
@@ -150,8 +152,12 @@ pub struct Model {
     q8_activations: bool,
     gdn_state_dtype: StateDtype,
     embed: Embedding,
+    /// Empty for `qwen4_exp`, whose layers are in `qwen4_exp`.
     layers: Vec<DecoderLayer>,
-    norm: RmsNorm,
+    /// `None` for `qwen4_exp` (its final stream mixer takes the norm's place).
+    norm: Option<RmsNorm>,
+    /// The `qwen4_exp` decoder (reference plan only so far).
+    qwen4_exp: Option<qwen4_exp::Qwen4ExpDecoder>,
     lm_head: Linear,
     /// Decode steps run on the fused kernels (device plan); off, they run the composed ops.
     fused_decode: bool,
@@ -197,15 +203,6 @@ impl Model {
         let moe_prefill = MoePrefill::from_env(device)?;
         let cfg = Config::from_dir(dir)?;
         let mut ckpt = Checkpoint::open(dir, &cfg)?;
-        if cfg.qwen4_exp.is_some() {
-            // Check what can be checked (config, n-gram tables) so that a broken download
-            // says so, then stop: the layers are the next step (docs/qwen4_exp.md §8).
-            crate::weights::ngram_tables::locate(&ckpt, &cfg)?;
-            bail!(
-                "{}: qwen4_exp (Qwen3.8-Flash-Next) is recognised and its config and n-gram tables check out, but its layers (QSA attention, hyper-connections, per-layer embeddings) are not implemented yet",
-                dir.display()
-            );
-        }
         ckpt.report_progress(opts.progress.clone());
         // Each part moves to the device as soon as it is built, so that the host holds at
         // most one layer beyond the mapped files.
@@ -231,7 +228,22 @@ impl Model {
                 Plan::Device => head.into_device(device, opts.dtype)?,
             }
         };
-        let layers = (0..cfg.num_hidden_layers)
+        let qwen4_exp = match cfg.qwen4_exp {
+            Some(_) => {
+                let decoder = qwen4_exp::Qwen4ExpDecoder::load(&ckpt, &cfg)?;
+                Some(match plan {
+                    Plan::Reference => decoder,
+                    Plan::Device => decoder.into_device(device, opts.dtype)?,
+                })
+            }
+            None => None,
+        };
+        let plain_layers = if qwen4_exp.is_some() {
+            0
+        } else {
+            cfg.num_hidden_layers
+        };
+        let layers = (0..plain_layers)
             .map(|i| {
                 let layer = DecoderLayer::load(&ckpt, i, &cfg)?;
                 match plan {
@@ -241,11 +253,16 @@ impl Model {
                 .map_err(|e| e.context(format!("loading layer {i}")))
             })
             .collect::<Result<Vec<_>>>()?;
-        let norm = RmsNorm {
-            weight: ckpt.norm("model.norm.weight", h, &Device::Cpu)?,
-            eps: cfg.rms_norm_eps as f32,
-        }
-        .into_device(device, opts.dtype)?;
+        let norm = match qwen4_exp {
+            Some(_) => None,
+            None => Some(
+                RmsNorm {
+                    weight: ckpt.norm("model.norm.weight", h, &Device::Cpu)?,
+                    eps: cfg.rms_norm_eps as f32,
+                }
+                .into_device(device, opts.dtype)?,
+            ),
+        };
         let warnings = ckpt.leftovers()?.into_iter().collect();
         let mut model = Self {
             config: cfg,
@@ -257,6 +274,7 @@ impl Model {
             embed,
             layers,
             norm,
+            qwen4_exp,
             lm_head,
             warnings,
             fused_decode: false,
@@ -277,13 +295,23 @@ impl Model {
                 moe.set_prefill(mode);
             }
         }
+        if let Some(q) = &mut self.qwen4_exp {
+            q.set_moe_prefill(mode);
+        }
     }
 
     /// Runs decode steps on the fused kernels (device plan only), or on the composed ops:
     /// the reference the fused path is tested against. Layers outside the kernels' coverage
     /// always run composed, and are named once on stderr.
     pub fn set_fused_decode(&mut self, on: bool) {
-        self.fused_decode = on && self.plan == Plan::Device;
+        // qwen4_exp has no fused kernels yet: its decode steps run the composed ops.
+        self.fused_decode = on && self.plan == Plan::Device && self.qwen4_exp.is_none();
+        if on && self.plan == Plan::Device && self.qwen4_exp.is_some() {
+            static QWEN4_ONCE: std::sync::Once = std::sync::Once::new();
+            QWEN4_ONCE.call_once(|| {
+                eprintln!("note: no fused decode kernels for qwen4_exp yet; its decode steps run composed ops")
+            });
+        }
         if self.fused_decode {
             let composed: Vec<String> = self
                 .coverage
@@ -352,8 +380,21 @@ impl Model {
         &self.device
     }
 
+    /// The decoder layers (empty for `qwen4_exp`: see [`Model::qwen4_exp`]).
     pub fn layers(&self) -> &[DecoderLayer] {
         &self.layers
+    }
+
+    /// The `qwen4_exp` decoder, for a model of that family.
+    pub fn qwen4_exp(&self) -> Option<&qwen4_exp::Qwen4ExpDecoder> {
+        self.qwen4_exp.as_ref()
+    }
+
+    /// Number of decoder layers, whatever their family.
+    pub fn num_layers(&self) -> usize {
+        self.qwen4_exp
+            .as_ref()
+            .map_or(self.layers.len(), |q| q.layers.len())
     }
 
     /// A fresh cache whose GDN states are stored in the dtype the model was loaded with.
@@ -363,6 +404,9 @@ impl Model {
 
     /// A fresh cache with GDN states stored in `state_dtype`.
     pub fn new_cache_with(&self, state_dtype: StateDtype) -> Cache {
+        if let Some(q) = &self.qwen4_exp {
+            return Cache::new(q.new_cache(state_dtype));
+        }
         Cache::new(
             self.layers
                 .iter()
@@ -379,20 +423,35 @@ impl Model {
             .unsqueeze(0)?)
     }
 
+    /// The final norm `[1, S, H]` → `[1, S, H]`; for `qwen4_exp` the final stream mixer,
+    /// `[1, S, streams·H]` → `[1, S, H]`: the lm_head input either way.
     pub fn final_norm(&self, h: &Tensor) -> Result<Tensor> {
-        self.norm.forward(h)
+        match (&self.norm, &self.qwen4_exp) {
+            (Some(norm), _) => norm.forward(h),
+            (None, Some(q)) => Ok(q.final_mix(&h.squeeze(0)?)?.unsqueeze(0)?),
+            (None, None) => bail!("model has no final norm"),
+        }
     }
 
     /// Runs `tokens` through the decoder layers after what `cache` holds, updating it in
-    /// place; returns the final hidden states `[1, S, H]` before the final norm.
+    /// place; returns the final hidden states `[1, S, H]` before the final norm
+    /// (`[1, S, streams·H]` for `qwen4_exp`).
     fn run_layers(&self, tokens: &[u32], cache: &mut Cache) -> Result<Tensor> {
         ensure!(!tokens.is_empty(), "forward needs at least one token");
         ensure!(
-            cache.layers.len() == self.layers.len(),
+            cache.layers.len() == self.num_layers(),
             "cache does not belong to this model"
         );
         self.on_host_workers(|| {
             let _q8 = gdn_ops::affine_q8::Scope::enter(self.q8_activations);
+            if let Some(q) = &self.qwen4_exp {
+                let mut hs = q.streams_of(&self.embed(tokens)?.squeeze(0)?)?;
+                for (layer, c) in q.layers.iter().zip(cache.layers.iter_mut()) {
+                    hs = layer.forward(&hs, tokens, c, cache.offset)?;
+                }
+                cache.offset += tokens.len();
+                return Ok(hs.unsqueeze(0)?);
+            }
             let mut h = self.embed(tokens)?;
             for (layer, c) in self.layers.iter().zip(cache.layers.iter_mut()) {
                 h = layer.forward(&h, c, cache.offset)?;
@@ -405,7 +464,7 @@ impl Model {
     fn logits(&self, h: &Tensor) -> Result<Tensor> {
         self.on_host_workers(|| {
             let _q8 = gdn_ops::affine_q8::Scope::enter(self.q8_activations);
-            let logits = self.lm_head.forward(&self.norm.forward(h)?)?;
+            let logits = self.lm_head.forward(&self.final_norm(h)?)?;
             crate::device_memory::sample(&self.device);
             cast(&logits.squeeze(0)?, DType::F32)
         })

@@ -1,7 +1,8 @@
 //! The prompt cache is exact: greedy output of a request that resumes from a snapshot is
 //! token for token (and its first logits bit for bit) that of the same request run from
-//! scratch, on every fixture. Restored caches never share storage with the snapshot, and
-//! eviction keeps the byte budget.
+//! scratch, on every fixture (qwen4_exp's too: its snapshots carry the n-gram context, the
+//! PLE conv window and the QSA indexer's block keys). Restored caches never share storage
+//! with the snapshot, and eviction keeps the byte budget.
 
 mod common;
 use candle_core::{DType, Tensor};
@@ -12,6 +13,12 @@ use qwen_gdn_model::{prefill_with_snapshots, Cache, LoadOptions, Model, Plan, Pr
 const CHUNK: usize = 16;
 const DECODE: usize = 8;
 const BIG: u64 = 1 << 40;
+
+/// The checkpoints the reference-plan tests run: every mlx-lm fixture and qwen4_exp's
+/// (reference plan only so far), whose QSA budget (8 tokens) every prompt here exceeds.
+fn reference_plan_checkpoints() -> impl Iterator<Item = &'static str> {
+    CHECKPOINTS.into_iter().chain(["qwen4-exp-tiny-hf"])
+}
 
 /// A fixed pseudo-random token sequence (an LCG) of `n` ids below the vocabulary size.
 fn text(model: &Model, seed: u64, n: usize) -> Vec<u32> {
@@ -87,7 +94,7 @@ fn assert_same(name: &str, what: &str, got: &Run, want: &Run) {
 /// (a) A second request that shares the system prompt resumes at its end.
 #[test]
 fn second_request_sharing_a_system_prompt_is_exact() {
-    for name in CHECKPOINTS {
+    for name in reference_plan_checkpoints() {
         let model = load(name);
         let system = text(&model, 1, 37);
         let first: Vec<u32> = [system.clone(), text(&model, 2, 23)].concat();
@@ -112,7 +119,7 @@ fn second_request_sharing_a_system_prompt_is_exact() {
 /// the third turn (history not rewritten) at the end of the second prompt.
 #[test]
 fn multi_turn_chat_whose_template_rewrites_history_is_exact() {
-    for name in CHECKPOINTS {
+    for name in reference_plan_checkpoints() {
         multi_turn_chat(name, &load(name));
     }
 }
@@ -184,7 +191,7 @@ fn multi_turn_chat(name: &str, model: &Model) {
 #[test]
 fn prefix_ending_between_two_snapshots_is_exact() {
     let every = Some(64);
-    for name in CHECKPOINTS {
+    for name in reference_plan_checkpoints() {
         let model = load(name);
         let shared = text(&model, 21, 281);
         let first: Vec<u32> = [&shared[..], &text(&model, 22, 19)].concat();
@@ -203,14 +210,31 @@ fn prefix_ending_between_two_snapshots_is_exact() {
     }
 }
 
-/// Every cached tensor, KV trimmed to its length.
+/// Every cached tensor, KV trimmed to its length; qwen4_exp's PLE window and n-gram context
+/// and its indexer's block and tail keys as tensors too.
 fn tensors(cache: &Cache) -> Vec<Tensor> {
+    let host = |v: Vec<f32>| Tensor::new(v, &candle_core::Device::Cpu).unwrap();
     cache
         .layers
         .iter()
         .flat_map(|layer| match layer {
-            LayerCache::Gdn(c) => vec![c.conv.clone().unwrap(), c.state.clone().unwrap()],
-            LayerCache::Attention(c) => vec![c.keys().unwrap(), c.values().unwrap()],
+            LayerCache::Gdn(c) => {
+                let mut t = vec![c.conv.clone().unwrap(), c.state.clone().unwrap()];
+                if let Some(ple) = &c.ple {
+                    t.push(ple.window.clone());
+                    t.push(host(ple.context.iter().map(|&id| id as f32).collect()));
+                }
+                t
+            }
+            LayerCache::Attention(c) => {
+                let mut t = vec![c.keys().unwrap(), c.values().unwrap()];
+                if let Some(ix) = &c.indexer {
+                    t.push(host(ix.blocks.concat()));
+                    t.push(host(ix.tail.concat()));
+                    t.push(host(vec![ix.len as f32]));
+                }
+                t
+            }
         })
         .collect()
 }
@@ -219,7 +243,7 @@ fn tensors(cache: &Cache) -> Vec<Tensor> {
 /// the same output, and a second restore equals the first one before it was run.
 #[test]
 fn restored_caches_never_alias_the_snapshot() {
-    for name in CHECKPOINTS {
+    for name in reference_plan_checkpoints() {
         let model = load(name);
         let ids = text(&model, 31, 50);
         let boundaries = [40];
@@ -236,6 +260,22 @@ fn restored_caches_never_alias_the_snapshot() {
         let query = text(&model, 31, 45);
         let (n, mut first) = pc.lookup(&query).unwrap().unwrap();
         assert_eq!(n, 40);
+        // Every part of the restored state is at the snapshot's position.
+        for layer in &first.layers {
+            match layer {
+                LayerCache::Attention(c) => {
+                    assert_eq!(c.len(), n, "{name}");
+                    if let Some(ix) = &c.indexer {
+                        assert_eq!((ix.len, ix.blocks.len(), ix.tail.len()), (n, n / 4, n % 4));
+                    }
+                }
+                LayerCache::Gdn(c) => {
+                    if let Some(ple) = &c.ple {
+                        assert_eq!(ple.context, query[n - 2..n], "{name}: n-gram context");
+                    }
+                }
+            }
+        }
         let before: Vec<Vec<f32>> = tensors(&first).iter().map(flat).collect();
         model.forward_last(&query[40..], &mut first).unwrap();
         let (_, second) = pc.lookup(&query).unwrap().unwrap();

@@ -164,3 +164,33 @@ fn prompt_cache_scenario() {
     );
     assert_error(&bench(&["--prompt-cache", "0"]), &["--prompt-cache", "'0'"]);
 }
+
+/// qwen4_exp runs the same benchmark (reference plan on the CPU).
+#[test]
+fn qwen4_exp_json_report() {
+    let model = fixture("qwen4-exp-tiny-hf");
+    let out = run(&[
+        "bench",
+        "--model",
+        model.to_str().unwrap(),
+        "-p",
+        "16",
+        "-g",
+        "8",
+        "-r",
+        "1",
+        "--json",
+    ]);
+    assert!(out.status.success(), "stderr: {}", stderr(&out));
+    let report: Json = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(report["model_type"], "qwen4_exp");
+    assert_eq!(
+        (
+            report["prompt_tokens"].as_u64(),
+            report["gen_tokens"].as_u64()
+        ),
+        (Some(16), Some(8))
+    );
+    positive_finite(&report["prompt_tps"]["median"], "prompt_tps");
+    positive_finite(&report["generation_tps"]["median"], "generation_tps");
+}

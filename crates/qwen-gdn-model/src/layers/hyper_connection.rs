@@ -8,7 +8,7 @@ use super::linear::Linear;
 use crate::weights::Checkpoint;
 use crate::Config;
 use anyhow::{ensure, Result};
-use candle_core::{Device, Tensor, D};
+use candle_core::{DType, Device, Tensor, D};
 use gdn_ops::launches::candle_op;
 
 /// RMSNorm applied to each group of `group` features separately, with a zero-centred weight
@@ -37,16 +37,26 @@ impl GroupedRmsNorm {
         })
     }
 
-    /// `x`: `[T, groups · group]` → same shape.
+    /// The device plan's copy: the weight on `device`, kept in f32 (the norm computes in
+    /// f32 whatever the activation dtype).
+    pub fn into_device(self, device: &Device) -> Result<Self> {
+        Ok(Self {
+            weight: self.weight.to_device(device)?,
+            eps: self.eps,
+        })
+    }
+
+    /// `x`: `[T, groups · group]` → same shape and dtype (computed in f32).
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let (groups, group) = self.weight.dims2()?;
         let t = x.dim(0)?;
-        let x = candle_op(x.reshape((t, groups, group)))?;
+        let dtype = x.dtype();
+        let x = candle_op(x.to_dtype(DType::F32)?.reshape((t, groups, group)))?;
         let ms = candle_op(candle_op(x.sqr())?.mean_keepdim(D::Minus1))?;
         let inv = candle_op(candle_op((ms + self.eps)?.sqrt())?.recip())?;
         let y = candle_op(x.broadcast_mul(&inv))?;
         let y = candle_op(y.broadcast_mul(&self.weight.to_dtype(y.dtype())?))?;
-        candle_op(y.reshape((t, groups * group)))
+        candle_op(y.reshape((t, groups * group))?.to_dtype(dtype))
     }
 }
 
@@ -114,6 +124,21 @@ impl HyperConnection {
             },
             streams: s,
             hidden: h,
+        })
+    }
+
+    /// The device plan's copy (products on `device` in `dtype`).
+    pub fn into_device(self, device: &Device, dtype: DType) -> Result<Self> {
+        Ok(Self {
+            norm: self.norm.into_device(device)?,
+            down: self.down.into_device(device, dtype)?,
+            up: self.up.into_device(device, dtype)?,
+            inject: self
+                .inject
+                .map(|l| l.into_device(device, dtype))
+                .transpose()?,
+            streams: self.streams,
+            hidden: self.hidden,
         })
     }
 

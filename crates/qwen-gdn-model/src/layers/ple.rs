@@ -25,6 +25,22 @@ pub struct PleState {
     pub window: Tensor,
 }
 
+impl PleState {
+    /// A copy sharing no storage with `self` (snapshots and [`crate::Cache::deep_clone`]).
+    pub fn deep_clone(&self) -> Result<Self> {
+        Ok(Self {
+            context: self.context.clone(),
+            window: crate::cache::own_copy(&self.window)?,
+        })
+    }
+
+    /// Bytes held (the window and the ids).
+    pub fn bytes(&self) -> u64 {
+        (self.window.elem_count() * self.window.dtype().size_in_bytes() + 4 * self.context.len())
+            as u64
+    }
+}
+
 #[derive(Debug)]
 pub struct PerLayerEmbedding {
     pub hash: NgramHash,
@@ -80,6 +96,20 @@ impl PerLayerEmbedding {
         })
     }
 
+    /// The device plan's copy: projections on `device` in `dtype`; norms and conv weights
+    /// in f32 there. The table stays mapped on the host.
+    pub fn into_device(self, device: &Device, dtype: DType) -> Result<Self> {
+        Ok(Self {
+            key_proj: self.key_proj.into_device(device, dtype)?,
+            value_proj: self.value_proj.into_device(device, dtype)?,
+            norm_key: self.norm_key.into_device(device)?,
+            norm_query: self.norm_query.into_device(device)?,
+            norm_conv: self.norm_conv.into_device(device)?,
+            conv: self.conv.to_device(device)?,
+            ..self
+        })
+    }
+
     /// The state of a new sequence.
     pub fn new_state(&self) -> Result<PleState> {
         let (c, k) = self.conv.dims2()?;
@@ -98,6 +128,7 @@ impl PerLayerEmbedding {
         let width = self.table.width * self.hash.heads();
         // Row-major [T, heads, row] is the concatenation of the heads' rows per token.
         let emb = Tensor::from_vec(self.table.gather(&ids)?, (t, width), &Device::Cpu)?
+            .to_device(hs.device())?
             .to_dtype(hs.dtype())?;
         let (s, h) = (self.streams, self.hidden);
         let keys = self.norm_key.forward(&self.key_proj.forward(&emb)?)?;
@@ -122,7 +153,9 @@ impl PerLayerEmbedding {
         let t = x.dim(0)?;
         let (_, k) = self.conv.dims2()?;
         let keep = state.window.dim(0)?;
-        let padded = candle_op(Tensor::cat(&[&state.window.to_dtype(x.dtype())?, x], 0))?;
+        // The window of a new sequence starts on the host; it lives on x's device after.
+        let window = state.window.to_device(x.device())?.to_dtype(x.dtype())?;
+        let padded = candle_op(Tensor::cat(&[&window, x], 0))?;
         let w = self.conv.to_dtype(x.dtype())?;
         let mut acc: Option<Tensor> = None;
         for j in 0..k {

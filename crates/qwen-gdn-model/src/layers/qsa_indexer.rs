@@ -13,7 +13,7 @@ use crate::config::qwen4_exp::QsaConfig;
 use crate::weights::Checkpoint;
 use crate::Config;
 use anyhow::{anyhow, ensure, Result};
-use candle_core::{Device, Tensor};
+use candle_core::{DType, Device, Tensor};
 
 /// What the indexer keeps per sequence: the pooled block keys and the raw keys of the
 /// incomplete block.
@@ -25,6 +25,14 @@ pub struct IndexerCache {
     pub tail: Vec<Vec<f32>>,
     /// Tokens seen.
     pub len: usize,
+}
+
+impl IndexerCache {
+    /// Bytes held (block keys and tail keys, f32).
+    pub fn bytes(&self) -> u64 {
+        let floats: usize = self.blocks.iter().chain(&self.tail).map(Vec::len).sum();
+        4 * floats as u64
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -76,6 +84,15 @@ impl QsaIndexer {
         })
     }
 
+    /// The device plan's copy: the projection on `device` in `dtype` (the selection stays
+    /// on the host, in f32).
+    pub fn into_device(self, device: &Device, dtype: DType) -> Result<Self> {
+        Ok(Self {
+            proj: self.proj.into_device(device, dtype)?,
+            ..self
+        })
+    }
+
     /// Rotates the vectors `x` (`[rows, Di]`, row-major) at `positions`.
     fn rotate(&self, x: &[f32], positions: &[usize]) -> Result<Vec<f32>> {
         let di = self.qsa.head_dim;
@@ -102,7 +119,12 @@ impl QsaIndexer {
         );
         let (n, di, c) = (self.qsa.n_heads, self.qsa.head_dim, self.qsa.compress_ratio);
         let s = x.dim(0)?;
-        let qk = self.proj.forward(x)?.to_vec2::<f32>()?;
+        let qk = self
+            .proj
+            .forward(x)?
+            .to_dtype(DType::F32)?
+            .to_device(&Device::Cpu)?
+            .to_vec2::<f32>()?;
         // Queries: per head norm, then RoPE at the token's position.
         let mut queries = Vec::with_capacity(s);
         for (i, row) in qk.iter().enumerate() {

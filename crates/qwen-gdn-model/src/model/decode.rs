@@ -69,7 +69,7 @@ impl Model {
         cache: &mut Cache,
         per_layer: Option<&mut Vec<usize>>,
     ) -> Result<Tensor> {
-        if cache.layers.len() != self.layers.len() {
+        if cache.layers.len() != self.num_layers() {
             bail!("cache does not belong to this model");
         }
         if !self.fused_decode {
@@ -108,7 +108,10 @@ impl Model {
             let covered = self.coverage[i];
             let next_norm: &RmsNorm = match self.layers.get(i + 1) {
                 Some(next) => &next.input_norm,
-                None => &self.norm,
+                None => self
+                    .norm
+                    .as_ref()
+                    .ok_or_else(|| anyhow::anyhow!("no fused decode for this model family"))?,
             };
             let mixed = match (&layer.mixer, layer_cache) {
                 (Mixer::Gdn(m), LayerCache::Gdn(c)) if covered.mixer => m.decode_fused(&x, c)?,
@@ -163,6 +166,11 @@ impl Model {
         cache: &mut Cache,
         mut per_layer: Option<&mut Vec<usize>>,
     ) -> Result<Tensor> {
+        if self.qwen4_exp.is_some() {
+            // Its layers are not `DecoderLayer`s: one composed step, no per-layer counts.
+            let h = self.run_layers(&[token], cache)?;
+            return self.logits(&h);
+        }
         let mut h = self.embed(&[token])?;
         for (layer, c) in self.layers.iter().zip(cache.layers.iter_mut()) {
             let before = gdn_ops::launches::count();

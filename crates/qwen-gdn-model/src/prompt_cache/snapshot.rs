@@ -3,6 +3,8 @@
 //! hybrid model can only resume from positions where its whole state was copied.
 
 use crate::cache::{own_copy, Cache, GdnCache, KvCache, LayerCache};
+use crate::layers::ple::PleState;
+use crate::layers::qsa_indexer::IndexerCache;
 use crate::StateDtype;
 use anyhow::Result;
 use candle_core::Tensor;
@@ -16,9 +18,15 @@ pub enum LayerSnapshot {
         conv: Option<Tensor>,
         /// `[B, Hv, Dv, Dk]`.
         state: Option<Tensor>,
+        /// `qwen4_exp` per-layer embedding: n-gram context and conv window.
+        ple: Option<PleState>,
     },
     /// Keys and values `[B, Nkv, len, Dh]`: only the cached positions, no spare capacity.
-    Attention { kv: Option<(Tensor, Tensor)> },
+    Attention {
+        kv: Option<(Tensor, Tensor)>,
+        /// `qwen4_exp` QSA layers: the indexer's block keys at the same position.
+        indexer: Option<IndexerCache>,
+    },
 }
 
 /// The state of a cache that has processed `offset` tokens.
@@ -41,9 +49,11 @@ impl Snapshot {
                         state_dtype: c.state_dtype,
                         conv: copy(&c.conv)?,
                         state: copy(&c.state)?,
+                        ple: c.ple.as_ref().map(PleState::deep_clone).transpose()?,
                     },
                     LayerCache::Attention(c) => LayerSnapshot::Attention {
                         kv: c.compact_copy()?,
+                        indexer: c.indexer.clone(),
                     },
                 })
             })
@@ -67,14 +77,18 @@ impl Snapshot {
                         state_dtype,
                         conv,
                         state,
+                        ple,
                     } => LayerCache::Gdn(GdnCache {
                         state_dtype: *state_dtype,
                         conv: copy(conv)?,
                         state: copy(state)?,
+                        ple: ple.as_ref().map(PleState::deep_clone).transpose()?,
                     }),
-                    LayerSnapshot::Attention { kv } => LayerCache::Attention(
-                        KvCache::from_compact(kv.as_ref().map(|(k, v)| (k, v)))?,
-                    ),
+                    LayerSnapshot::Attention { kv, indexer } => {
+                        let mut c = KvCache::from_compact(kv.as_ref().map(|(k, v)| (k, v)))?;
+                        c.indexer = indexer.clone();
+                        LayerCache::Attention(c)
+                    }
                 })
             })
             .collect::<Result<_>>()?;
@@ -83,18 +97,38 @@ impl Snapshot {
         Ok(cache)
     }
 
-    /// Bytes the snapshot's tensors take.
+    /// Bytes the snapshot takes: its tensors, and the indexer's host vectors and n-gram ids.
     pub fn bytes(&self) -> u64 {
         let size = |t: &Tensor| (t.elem_count() * t.dtype().size_in_bytes()) as u64;
-        self.tensors().map(size).sum()
+        let host: u64 = self
+            .layers
+            .iter()
+            .map(|layer| match layer {
+                LayerSnapshot::Gdn { ple, .. } => {
+                    ple.as_ref().map_or(0, |p| 4 * p.context.len() as u64)
+                }
+                LayerSnapshot::Attention { indexer, .. } => {
+                    indexer.as_ref().map_or(0, IndexerCache::bytes)
+                }
+            })
+            .sum();
+        self.tensors().map(size).sum::<u64>() + host
     }
 
-    /// Every tensor held, in layer order.
+    /// Every tensor held, in layer order (the PLE conv window included).
     pub fn tensors(&self) -> impl Iterator<Item = &Tensor> {
         self.layers.iter().flat_map(|layer| -> Vec<&Tensor> {
             match layer {
-                LayerSnapshot::Gdn { conv, state, .. } => conv.iter().chain(state).collect(),
-                LayerSnapshot::Attention { kv } => kv.iter().flat_map(|(k, v)| [k, v]).collect(),
+                LayerSnapshot::Gdn {
+                    conv, state, ple, ..
+                } => conv
+                    .iter()
+                    .chain(state)
+                    .chain(ple.as_ref().map(|p| &p.window))
+                    .collect(),
+                LayerSnapshot::Attention { kv, .. } => {
+                    kv.iter().flat_map(|(k, v)| [k, v]).collect()
+                }
             }
         })
     }
@@ -107,8 +141,14 @@ impl Snapshot {
             .layers
             .iter()
             .map(|layer| match layer {
-                LayerCache::Gdn(c) => c.conv.iter().chain(&c.state).map(size).sum::<u64>(),
-                LayerCache::Attention(c) => c.keys().iter().chain(&c.values()).map(size).sum(),
+                LayerCache::Gdn(c) => {
+                    c.conv.iter().chain(&c.state).map(size).sum::<u64>()
+                        + c.ple.as_ref().map_or(0, PleState::bytes)
+                }
+                LayerCache::Attention(c) => {
+                    c.keys().iter().chain(&c.values()).map(size).sum::<u64>()
+                        + c.indexer.as_ref().map_or(0, IndexerCache::bytes)
+                }
             })
             .sum()
     }

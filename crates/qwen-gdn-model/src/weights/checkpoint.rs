@@ -333,14 +333,10 @@ impl Checkpoint {
     }
 
     /// Where a tensor's bytes are (file, absolute byte range) with its dtype and shape, for
-    /// readers that map and gather from huge tensors themselves (the n-gram tables).
-    /// The tensor counts as used (see [`Checkpoint::leftovers`]).
+    /// readers that map and gather from huge tensors themselves (the n-gram tables). Counts
+    /// the tensor as used.
     pub fn raw_location(&self, name: &str) -> Option<RawLocation> {
-        let e = self.entries.get(name)?;
-        self.used
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(name.to_string());
+        let e = self.entry(name).ok()?;
         let f = &self.files[e.file];
         Some(RawLocation {
             path: f.path.clone(),
