@@ -3,7 +3,7 @@
 //! with the tail run by the recurrence kernel (`chunked.rs`).
 
 use super::chunked::{split_update, GdnChunkParams, CHUNK};
-use super::{GdnDims, Inputs};
+use super::{GdnDims, Inputs, Prepared};
 use crate::backend::dtype_tag;
 use crate::backend::metal::{
     encode, metal_buffer, metal_device, new_output, output, pipeline, Binding, KernelSource,
@@ -70,14 +70,6 @@ pub(crate) fn gated_delta_update(dims: GdnDims, inputs: &Inputs, state: &Tensor)
 
 /// One launch over `chunks` full chunks; y is written for those tokens only.
 fn launch(dims: GdnDims, inputs: &Inputs, state: &Tensor, chunks: usize) -> Result<Tensor> {
-    let Inputs {
-        q,
-        k,
-        v,
-        g,
-        beta,
-        mask,
-    } = *inputs;
     let dev = &metal_device(state, OP)?;
     ensure!(
         state.is_contiguous(),
@@ -88,24 +80,17 @@ fn launch(dims: GdnDims, inputs: &Inputs, state: &Tensor, chunks: usize) -> Resu
         "{OP}: {chunks} chunks of {CHUNK} exceed {} tokens",
         dims.steps
     );
+    let Prepared {
+        q,
+        k,
+        v,
+        g,
+        beta,
+        mask,
+    } = inputs.prepare()?;
     let in_dtype = q.dtype();
     let name = kernel_name(in_dtype, state.dtype())?;
     let pipeline = pipeline(dev, &SOURCE, &name)?;
-    // Inputs in the kernel's layouts and dtypes, before taking the encoder (candle ops lock
-    // the same command state).
-    let (q, k, v) = (
-        q.contiguous()?,
-        k.to_dtype(in_dtype)?.contiguous()?,
-        v.to_dtype(in_dtype)?.contiguous()?,
-    );
-    let (g, beta) = (
-        g.to_dtype(DType::F32)?.contiguous()?,
-        beta.to_dtype(DType::F32)?.contiguous()?,
-    );
-    let mask = match mask {
-        Some(m) => Some(m.to_dtype(DType::F32)?.contiguous()?),
-        None => None,
-    };
     let y_len = dims.batch * dims.steps * dims.value_heads * dims.value_dim;
     let y_buffer = new_output(dev, y_len, in_dtype, "gated_delta_chunk_y")?;
     let params = GdnChunkParams::new(&dims, chunks, mask.is_some());
