@@ -4,7 +4,7 @@
 //! fibers, barriers, warp shuffles, wmma m16n16k8 TF32 fragments that read only the TF32 bits),
 //! run on the CPU for all six InT/StT instantiations over whole chunks
 //! (`kernels/emu/gated_delta_chunk_cuda_harness.cpp`) and compared with the token-by-token CPU
-//! twin [`gdn_ops::gated_delta_update_masked`]. What it cannot check is the GPU itself
+//! twin ([`gdn_ops::gated_delta_update_in`] in [`gdn_ops::GdnForm::Recurrent`]). What it cannot check is the GPU itself
 //! (timing, the fragment layouts of real tensor cores): `tests/cuda_gated_delta_chunk.rs` does,
 //! on the H100.
 //!
@@ -65,6 +65,8 @@ fn jobs() -> Vec<(In, St, Shape, bool)> {
     jobs.push((In::F32, St::F32, shape(1, 64, 1, 2, 192, 128), false));
     jobs.push((In::F32, St::F32, shape(1, 128, 1, 1, 256, 32), false));
     jobs.push((In::F32, St::F32, shape(1, 128, 2, 1, 16, 64), false));
+    // The largest value head dim (pass 1 stages all of V).
+    jobs.push((In::Bf16, St::F32, shape(2, 64, 1, 1, 64, 256), true));
     jobs
 }
 

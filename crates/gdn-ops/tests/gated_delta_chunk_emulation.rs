@@ -3,7 +3,8 @@
 //! simdgroup matrices in metal_emu_simdgroup_matrix.h), run on the CPU for all six
 //! `gated_delta_chunk_{in}_{st}` kernels with the host's split (full chunks of 64 through the
 //! chunk kernel, the tail through the recurrence kernel, kernels/emu/gated_delta_chunk_harness.cpp)
-//! and compared with the token-by-token CPU twin [`gdn_ops::gated_delta_update_masked`].
+//! and compared with the token-by-token CPU twin ([`gdn_ops::gated_delta_update_in`] in
+//! [`gdn_ops::GdnForm::Recurrent`]).
 //!
 //! Needs Debian's `clang-19` and `libclang-rt-19-dev`, like the other emulation tests; it
 //! never skips. `GDN_EMU_CXX` overrides the compiler.

@@ -243,5 +243,9 @@ where
         // SAFETY: as above, for gated_delta_chunk_out_<in>; y is [B, T, Hv, Dv].
         unsafe { launch(args, config(chunks, out_smem)) }?;
     }
-    Ok(tensor(y, dev, (dims.batch, dims.steps, dims.value_heads, dv)))
+    Ok(tensor(
+        y,
+        dev,
+        (dims.batch, dims.steps, dims.value_heads, dv),
+    ))
 }

@@ -315,19 +315,21 @@ fn update(
             [dims.batch, dims.steps]
         );
     }
-    let chunked = form == GdnForm::Chunked && (asked || chunked_by_default_on(state.device(), dims.steps)) && {
-        let supported = chunked_supported_on(state.device(), &dims);
-        if !supported && (asked || chunked_available_on(state.device())) {
-            static NOTICED: AtomicBool = AtomicBool::new(false);
-            if !NOTICED.swap(true, Ordering::Relaxed) {
-                eprintln!(
+    let chunked = form == GdnForm::Chunked
+        && (asked || chunked_by_default_on(state.device(), dims.steps))
+        && {
+            let supported = chunked_supported_on(state.device(), &dims);
+            if !supported && (asked || chunked_available_on(state.device())) {
+                static NOTICED: AtomicBool = AtomicBool::new(false);
+                if !NOTICED.swap(true, Ordering::Relaxed) {
+                    eprintln!(
                     "qwen-gdn: no chunked gated delta on {:?} for {dims:?}; running the recurrence",
                     state.device().location()
                 );
+                }
             }
-        }
-        supported
-    };
+            supported
+        };
     match state.device() {
         // Stands in for the one kernel a GPU launches.
         Device::Cpu => {
