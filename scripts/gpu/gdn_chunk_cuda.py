@@ -14,10 +14,12 @@ parallel) on a CUDA GPU; run on the device machine by scripts/gpu/bench-chunk.sh
    gate of the reference (compare_chunk).
 2. Timing at Qwen3-Next-80B's GDN shapes (B 1, Hk 16, Hv 32, Dk = Dv = 128, bf16 activations,
    f32 state), T = 512 and 4096, CUDA events, medians after warm-up, three rotating input sets:
-   our chunk kernels (the three passes, and each alone), our recurrence kernel, fla's chunk_gated_delta_rule (fla-core from a
-   carried wheel; when it cannot be imported the table says so) and a PyTorch version of the
-   chunk algorithm (torch_chunk below: batched matmuls, written here as a baseline; it is not
-   fla). Prints a side-by-side table with ratios.
+   our chunk kernels (the three passes, and each alone), our recurrence kernel, fla's
+   chunk_gated_delta_rule (fla-core from a carried wheel; when it cannot be imported the table
+   says so) and a PyTorch version of the chunk algorithm (torch_chunk below: batched matmuls,
+   written here as a baseline; it is not fla); and at T = 64, 128, 256 ours alone (chunk
+   against recurrence: where CUDA_CHUNKED_MIN_STEPS should sit). Prints a side-by-side table
+   with ratios.
 """
 
 import argparse
@@ -200,13 +202,16 @@ def run_bench(chunk_mod, step_mod, fla, log):
     gen = torch.Generator(device="cuda")
     gen.manual_seed(7)
     rows = []
-    for T in [512, 4096]:
+    # T = 64..256: ours only, where the chunk form starts to beat the recurrence
+    # (CUDA_CHUNKED_MIN_STEPS in crates/gdn-ops/src/ops/gated_delta/mod.rs).
+    for T in [64, 128, 256, 512, 4096]:
+        full = T >= 512
         data = []
         for _ in range(3):
             q, k, v, g, beta, state, _ = make_inputs(B, T, Hk, Hv, Dk, Dv, torch.bfloat16, torch.float32, False, gen)
             y = torch.empty(B, T, Hv, Dv, device="cuda", dtype=torch.bfloat16)
             data.append((q, k, v, g, beta, state, y, g.log()))
-        iters = 9 if T == 4096 else 15
+        iters = 9 if T == 4096 else 15 if full else 31
         res = {}
         fns = [(lambda d=d: chunk_launch(chunk_mod, *d[:7], None, T // CHUNK)) for d in data]
         res["ours chunk"] = eager_time(fns, iters=iters, warm=2)[0]
@@ -214,24 +219,26 @@ def run_bench(chunk_mod, step_mod, fla, log):
         # it were u: other values, the same work).
         scr = chunk_scratch(B, Hv, Dk, Dv, T // CHUNK)
         chunk_launch(chunk_mod, *data[0][:7], None, T // CHUNK, scratch=scr)
-        for i, name in enumerate(["pass 1 (prep, parallel)", "pass 2 (state, sequential)", "pass 3 (y, parallel)"]):
+        passes = ["pass 1 (prep, parallel)", "pass 2 (state, sequential)", "pass 3 (y, parallel)"] if full else []
+        for i, name in enumerate(passes):
             fns = [lambda i=i: chunk_launch(chunk_mod, *data[0][:7], None, T // CHUNK, scratch=scr, passes=(i,))]
             res[f"  ours chunk {name}"] = eager_time(fns, iters=iters, warm=2)[0]
         del scr
         fns = [(lambda d=d: gdn_launch(step_mod, *d[:7], None)) for d in data]
         res["ours recurrence"] = eager_time(fns, iters=iters, warm=1)[0]
-        if fla is not None:
+        if fla is not None and full:
             try:
                 fns = [(lambda d=d: fla(d[0], d[1], d[2], g=d[7], beta=d[4], scale=1.0, initial_state=d[5],
                                         output_final_state=True, state_v_first=True)) for d in data]
                 res["fla chunk_gated_delta_rule"] = eager_time(fns, iters=iters, warm=2)[0]
             except Exception as e:
                 log(f"fla chunk_gated_delta_rule failed at T={T}: {e!r}")
-        try:
-            fns = [(lambda d=d: torch_chunk(*d[:6])) for d in data]
-            res["torch chunk (baseline, not fla)"] = eager_time(fns, iters=5, warm=1)[0]
-        except Exception as e:
-            log(f"torch chunk failed at T={T}: {e!r}")
+        if full:
+            try:
+                fns = [(lambda d=d: torch_chunk(*d[:6])) for d in data]
+                res["torch chunk (baseline, not fla)"] = eager_time(fns, iters=5, warm=1)[0]
+            except Exception as e:
+                log(f"torch chunk failed at T={T}: {e!r}")
         ours = res["ours chunk"]
         for name, us in res.items():
             rows.append((T, name, us, us / ours, B * T / (us * 1e-6) / 1e3))
