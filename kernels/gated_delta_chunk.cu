@@ -1,41 +1,53 @@
-// Chunked gated-delta rule (Gated DeltaNet prefill) on tensor cores: the CUDA twin of
-// kernels/gated_delta_chunk.metal (read its header for the maths), 64 tokens per chunk as
-// matrix products; the token-by-token kernels/gated_delta.cu is the reference it must match.
+// Chunked gated-delta rule (Gated DeltaNet prefill) on tensor cores, as three passes of which
+// only the second walks the chunks in sequence; the token-by-token kernels/gated_delta.cu is
+// the reference it must match (the maths: kernels/gated_delta_chunk.metal's header).
 //
-// Per chunk, G_i = exp(gcum_i) with gcum the in-chunk cumsum of log g (only exp of
-// differences gcum_i - gcum_j, j <= i, or of gcum_i itself: never a positive exponent):
-//   -L[i,j] = -beta_i (k_i.k_j) G_i/G_j, j < i;   R = beta (V - G K S0^T)
-//   V' = (I + L)^-1 R;   y = G Q S0^T + (Q K^T (.) G_i/G_j, j <= i) V'
-//   S^T <- G_C S0^T + K^T (V' (.) G_C/G_j)
+// Per chunk of 64 tokens, G_i = exp(gcum_i) with gcum the in-chunk cumsum of log g (only exp of
+// differences gcum_i - gcum_j, j <= i, or of gcum_i itself: never a positive exponent), h_c the
+// state S^T [Dk, Dv] before chunk c:
+//   L[i,j] = beta_i (k_i.k_j) G_i/G_j, j < i;   A = (I + L)^-1
+//   w = A diag(beta G) K   [64, Dk];   u = A diag(beta) V   [64, Dv]
+//   v_new = u - w h_c;   h_{c+1} = G_64 h_c + K^T (v_new (.) G_64/G_j)
+//   y = G (.) (Q h_c) + (Q K^T (.) G_i/G_j, j <= i) v_new
+// Pass 1 (gated_delta_chunk_prep_<in>, grid chunks x B*Hv): the gate cumsum, A (the diagonal
+//   16x16 blocks by forward substitution, the others by tensor-core products), w and u.
+// Pass 2 (gated_delta_chunk_state_<in>_<st>, grid Dv/32 x B*Hv): the only sequential part: per
+//   chunk, h_c stored, v_new = u - w h_c (written over u), the state advanced. The state stays
+//   in shared memory in f32 from the first chunk to the last: StT is read once and written once
+//   per call (a bf16 state is rounded once).
+// Pass 3 (gated_delta_chunk_out_<in>, grid chunks x B*Hv): y from h_c and v_new.
 //
-// ENTRY POINTS (extern "C"): gated_delta_chunk_<in>_<st>, <in> in {f32, f16, bf16} (InT of q,
-// k, v, y), <st> in {f32, bf16} (StT of the state).
-// SIGNATURE: (const InT* q [B,T,Hk,Dk], const InT* k [B,T,Hk,Dk], const InT* v [B,T,Hv,Dv],
-//             const float* g [B,T,Hv] (decay in (0,1], not log), const float* beta [B,T,Hv],
-//             StT* state [B,Hv,Dv,Dk] (in place), InT* y [B,T,Hv,Dv] (the chunks' tokens only),
-//             const float* mask [B,T] (read only if has_mask), GdnChunkParams p (by value,
-//             kernels/params/gated_delta_chunk.h)).
-// LAUNCH: grid (Dv / 32, B * Hv, 1), block (128, 1, 1), dynamic shared memory
-//   gdn_chunk_smem_floats(Dk) * 4 bytes (about 119 KB at Dk = 128: the host raises the
-//   function's CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES first).
-// HOST MUST CHECK: Dk % 16 == 0, 16 <= Dk <= 256, Dv % 32 == 0, Hv % Hk == 0,
-//   chunks * 64 <= T, B * Hv <= 65535. The tail (T % 64 tokens) runs through the recurrence.
+// ENTRY POINTS (extern "C"), <in> in {f32, f16, bf16} (InT of q, k, v, y), <st> in {f32, bf16}:
+//   gated_delta_chunk_prep_<in>(const InT* k, const InT* v, const float* g, const float* beta,
+//       const float* mask, float* gcum, float* w, float* u, GdnChunkParams p)
+//   gated_delta_chunk_state_<in>_<st>(const InT* k, const float* gcum, const float* w,
+//       float* u (in: u, out: v_new), float* h, StT* state (in place), GdnChunkParams p)
+//   gated_delta_chunk_out_<in>(const InT* q, const InT* k, const float* gcum, const float* h,
+//       const float* v_new, const float* mask, InT* y (the chunks' tokens only), GdnChunkParams p)
+// Tensors: q, k [B,T,Hk,Dk]; v, y [B,T,Hv,Dv]; g (decay in (0,1], not log), beta [B,T,Hv];
+// state [B,Hv,Dv,Dk]; mask [B,T] (read only if has_mask); GdnChunkParams by value
+// (kernels/params/gated_delta_chunk.h). Scratch, f32, with n = b*Hv + hv and C = chunks, every
+// element written before it is read: gcum [n][C*64], w [n][C][64][Dk], u [n][C][64][Dv],
+// h [n][C][Dk][Dv]; 32-byte aligned (wmma loads and stores them directly).
+// LAUNCH: blocks of 128 threads; dynamic shared memory prep_smem_floats(Dk, Dv),
+//   state_smem_floats(Dk), out_smem_floats(Dk) floats (over 48 KB: the host raises each
+//   function's CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES first). The three run in order on
+//   one stream.
+// HOST MUST CHECK: Dk % 16 == 0, 16 <= Dk <= 256, Dv % 32 == 0, Dv <= 256, Hv % Hk == 0,
+//   1 <= chunks, chunks * 64 <= T, B * Hv <= 65535. The tail (T % 64 tokens) runs through the
+//   recurrence. Where mask[b, t] == 0 (padding) the token neither decays nor writes the state
+//   (log g = 0, beta = 0) and y is 0.
 //
-// DESIGN: a block owns one value head (b, hv) and 32 value columns through every chunk. The
-// state block S^T [Dk, 32] stays in shared memory in f32 from the first chunk to the last (one
-// read and one write of StT per call: a bf16 state is rounded once). Each chunk stages K and Q
-// (64 x Dk) in f32, and every product runs on wmma m16n16k8 TF32 tensor cores with f32
-// accumulation; an f32 operand is split (a = a_hi + a_lo in TF32, a*b ~ a_hi*b_hi + a_hi*b_lo
-// + a_lo*b_hi) so that results keep f32 accuracy (1e-6 relative rather than TF32's 1e-3):
-// the state, L, P and V' are f32 quantities whatever InT is, while f16/bf16 K and Q tiles are
-// exact in TF32 and go in unsplit (2 products per step instead of 3, or 1 for K K^T, Q K^T). The triangular solve runs by 16-row
-// blocks: a tensor-core product with the solved blocks above, then a 16-step substitution in
-// the block, one thread per column.
+// Every product runs on wmma m16n16k8 TF32 tensor cores with f32 accumulation; an f32 operand
+// is split (a = a_hi + a_lo in TF32, a*b ~ a_hi*b_hi + a_hi*b_lo + a_lo*b_hi) so that results
+// keep f32 accuracy (1e-6 relative rather than TF32's 1e-3): A, w, u, h, v_new and the decayed
+// products are f32 quantities whatever InT is, while f16/bf16 K and Q tiles are exact in TF32
+// and go in unsplit.
 //
-// Compile for candle: nvcc -ptx -arch=sm_90 -O3 kernels/gated_delta_chunk.cu (sm_80+: TF32 wmma).
-// The body (gdn_chunk::chunk_kernel) takes its thread and block indices and its shared memory as
-// arguments, so that kernels/emu/gated_delta_chunk_cuda_harness.cpp can run it on the CPU
-// (crates/gdn-ops/tests/gated_delta_chunk_cuda_emulation.rs).
+// Compile for candle: nvcc -ptx -arch=sm_90 -O3 -I kernels kernels/gated_delta_chunk.cu (sm_80+).
+// The bodies (gdn_chunk::{prep,state,out}_kernel) take their thread and block indices and their
+// shared memory as arguments, so that kernels/emu/gated_delta_chunk_cuda_harness.cpp can run
+// them on the CPU (crates/gdn-ops/tests/gated_delta_chunk_cuda_emulation.rs).
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -51,28 +63,35 @@ namespace gdn_chunk {
 using namespace nvcuda;
 
 constexpr int kChunk = 64;
-constexpr int kBlockV = 32;
+constexpr int kBlockV = 32;  // value columns per block of the state pass; y's column slab
 constexpr int kWarps = 4;
 constexpr int kThreads = kWarps * 32;
-constexpr int kPad = 8;  // floats of padding per row: keeps 32-byte tile alignment, spreads banks
-constexpr int kLdV = kBlockV + kPad;  // R / V', y staging and S^T rows
-constexpr int kLdX = kChunk + kPad;   // -L, then the masked Q K^T
+constexpr int kPad = 8;               // floats of padding per row: keeps 32-byte tile alignment, spreads banks
+constexpr int kLdV = kBlockV + kPad;  // 32-column slabs: the state block, v_new, y staging
+constexpr int kLdX = kChunk + kPad;   // 64x64 matrices: -L, A, P
+constexpr int kLdT = 16 + kPad;       // one 16x16 tile of scratch per warp
 constexpr float kLogFloor = -80.0f;   // log g floor: g = 0 keeps a finite cumsum
 
-__host__ __device__ constexpr int ld_k(int dk) { return dk + kPad; }
+__host__ __device__ constexpr int ld_rows(int d) { return d + kPad; }
+__host__ __device__ constexpr int max_int(int a, int b) { return a > b ? a : b; }
 
-// Shared memory map, in floats.
-struct Layout {
-  int dk;
-  __device__ int k() const { return 0; }                               // [64][ld_k]
-  __device__ int q() const { return k() + kChunk * ld_k(dk); }        // [64][ld_k]
-  __device__ int s() const { return q() + kChunk * ld_k(dk); }        // [Dk][kLdV]  S^T
-  __device__ int v() const { return s() + dk * kLdV; }                // [64][kLdV]  R, V'
-  __device__ int o() const { return v() + kChunk * kLdV; }            // [64][kLdV]  y
-  __device__ int x() const { return o() + kChunk * kLdV; }            // [64][kLdX]
-  __device__ int gates() const { return x() + kChunk * kLdX; }        // gcum, beta, keep
-  __device__ int total() const { return gates() + 3 * kChunk; }
-};
+// Shared memory of each pass, in floats (the host mirrors these).
+__host__ __device__ constexpr int prep_smem_floats(int dk, int dv) {
+  // K [64][Dk+8], V [64][Dv+8], -L then A diag(beta G), A then A diag(beta), scratch tiles, gates.
+  return kChunk * ld_rows(dk) + kChunk * ld_rows(dv) + 2 * kChunk * kLdX + kWarps * 16 * kLdT + 3 * kChunk;
+}
+__host__ __device__ constexpr int state_smem_floats(int dk) {
+  // h [Dk][40], w and K [64][Dk+8], v_new [64][40], gcum.
+  return dk * kLdV + 2 * kChunk * ld_rows(dk) + kChunk * kLdV + kChunk;
+}
+__host__ __device__ constexpr int out_slab_floats(int dk) {
+  // K [64][Dk+8] until P is formed, then an h slab [Dk][40] and a v_new slab [64][40].
+  return max_int(kChunk * ld_rows(dk), (dk + kChunk) * kLdV);
+}
+__host__ __device__ constexpr int out_smem_floats(int dk) {
+  // Q [64][Dk+8], the slab region, P [64][72], y staging [64][40], gcum and keep.
+  return kChunk * ld_rows(dk) + out_slab_floats(dk) + kChunk * kLdX + kChunk * kLdV + 2 * kChunk;
+}
 
 template <typename T>
 __device__ __forceinline__ float to_f32(T x);
@@ -97,6 +116,8 @@ template <typename Layout_>
 using FragA = wmma::fragment<wmma::matrix_a, 16, 16, 8, wmma::precision::tf32, Layout_>;
 template <typename Layout_>
 using FragB = wmma::fragment<wmma::matrix_b, 16, 16, 8, wmma::precision::tf32, Layout_>;
+using Row = wmma::row_major;
+using Col = wmma::col_major;
 
 // x = hi + lo, both TF32: the three-product split keeps about 21 bits of each operand.
 template <typename Frag>
@@ -110,18 +131,18 @@ __device__ __forceinline__ void split(Frag& hi, Frag& lo) {
   }
 }
 
-// acc += A[16 x kdim] * B[kdim x 16] from shared memory, in f32 accuracy: an operand that is
-// not exact in TF32 (SplitA / SplitB) is split into hi + lo and the products hi*hi, hi*lo and
-// lo*hi summed; one that is exact (f16 or bf16 activations widened to f32) is used as is.
-// A at a (leading dimension lda) in layout LA, B at b (ldb) in layout LB; for row_major the
-// element (r, c) is at p[r * ld + c], for col_major at p[c * ld + r].
+// acc += A[16 x kdim] * B[kdim x 16] (shared or global memory, 32-byte aligned), in f32
+// accuracy: an operand that is not exact in TF32 (SplitA / SplitB) is split into hi + lo and
+// the products hi*hi, hi*lo and lo*hi summed; one that is exact (f16 or bf16 activations
+// widened to f32) is used as is. A at a (leading dimension lda) in layout LA, B at b (ldb) in
+// layout LB; for row_major the element (r, c) is at p[r * ld + c], for col_major at p[c * ld + r].
 template <typename LA, typename LB, bool SplitA, bool SplitB>
 __device__ __forceinline__ void mma_f32(Acc& acc, const float* a, int lda, const float* b, int ldb, int kdim) {
   for (int kk = 0; kk < kdim; kk += 8) {
     FragA<LA> a_hi, a_lo;
     FragB<LB> b_hi, b_lo;
-    const float* a_at = std::is_same<LA, wmma::row_major>::value ? a + kk : a + kk * lda;
-    const float* b_at = std::is_same<LB, wmma::row_major>::value ? b + kk * ldb : b + kk;
+    const float* a_at = std::is_same<LA, Row>::value ? a + kk : a + kk * lda;
+    const float* b_at = std::is_same<LB, Row>::value ? b + kk * ldb : b + kk;
     wmma::load_matrix_sync(a_hi, a_at, lda);
     wmma::load_matrix_sync(b_hi, b_at, ldb);
     if (SplitA) split(a_hi, a_lo);
@@ -139,197 +160,235 @@ __device__ __forceinline__ void lower_tile(int t, int& mi, int& mj) {
   mj = t - mi * (mi + 1) / 2;
 }
 
-template <typename InT, typename StT>
-__device__ void chunk_kernel(const InT* __restrict__ q, const InT* __restrict__ k, const InT* __restrict__ v,
-                             const float* __restrict__ g, const float* __restrict__ beta, StT* __restrict__ state,
-                             InT* __restrict__ y, const float* __restrict__ mask, const GdnChunkParams p,
-                             const int tid, const unsigned block_col, const unsigned block_head, float* smem) {
-  const int dk = int(p.key_dim);
-  const Layout lay{dk};
-  float* ks = smem + lay.k();
-  float* qs = smem + lay.q();
-  float* ss = smem + lay.s();
-  float* vs = smem + lay.v();
-  float* os = smem + lay.o();
-  float* xs = smem + lay.x();
-  float* gcum = smem + lay.gates();
+// Where one (value head, chunk) finds its rows.
+struct Head {
+  unsigned n, b, hv, hk;
+  __device__ Head(const GdnChunkParams& p, unsigned head) : n(head) {
+    b = n / p.value_heads;
+    hv = n % p.value_heads;
+    hk = hv / (p.value_heads / p.key_heads);
+  }
+};
+
+// rows[i * ld + col] = to_f32(src[i * pitch + col]) for a [rows x cols] block, by the whole block.
+template <typename InT>
+__device__ __forceinline__ void stage(float* rows, int ld, const InT* src, size_t pitch, int n_rows, int cols,
+                                      int tid) {
+  for (int e = tid; e < n_rows * cols; e += kThreads) {
+    const int i = e / cols, col = e % cols;
+    rows[i * ld + col] = to_f32(src[i * pitch + col]);
+  }
+}
+
+// f16 and bf16 values are exact in TF32 (10-bit mantissa, 8-bit exponent): K, Q and V tiles of
+// such activations need no split; f32 ones do.
+template <typename InT>
+constexpr bool kSplitIn = std::is_same<InT, float>::value;
+
+// ---- Pass 1: per (chunk, value head), all in parallel: gcum, A, w, u -----------------------
+template <typename InT>
+__device__ void prep_kernel(const InT* __restrict__ k, const InT* __restrict__ v, const float* __restrict__ g,
+                            const float* __restrict__ beta, const float* __restrict__ mask,
+                            float* __restrict__ gcum_out, float* __restrict__ w_out, float* __restrict__ u_out,
+                            const GdnChunkParams p, const int tid, const unsigned chunk, const unsigned head,
+                            float* smem) {
+  const int dk = int(p.key_dim), dv = int(p.value_dim);
+  const int ldk = ld_rows(dk), ldv = ld_rows(dv);
+  float* ks = smem;
+  float* vs = ks + kChunk * ldk;
+  float* xs = vs + kChunk * ldv;    // -L, then A diag(beta G)
+  float* as = xs + kChunk * kLdX;   // A, then A diag(beta)
+  float* scratch = as + kChunk * kLdX;
+  float* gcum = scratch + kWarps * 16 * kLdT;
   float* betas = gcum + kChunk;
-  float* keeps = betas + kChunk;
-  const int ldk = ld_k(dk);
+  float* gexp = betas + kChunk;
+
+  const int warp = tid / 32, lane = tid % 32;
+  const Head hd(p, head);
+  const size_t bt0 = size_t(hd.b) * p.steps + size_t(chunk) * kChunk;
+  const size_t nc = size_t(hd.n) * p.chunks + chunk;
+  stage(ks, ldk, k + (bt0 * p.key_heads + hd.hk) * dk, size_t(p.key_heads) * dk, kChunk, dk, tid);
+  stage(vs, ldv, v + (bt0 * p.value_heads + hd.hv) * dv, size_t(p.value_heads) * dv, kChunk, dv, tid);
+  if (warp == 0) {
+    // Two tokens per lane; the cumsum of log g by a warp scan of the pairs.
+    float lg[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int i = 2 * lane + h;
+      const size_t bt = bt0 + i;
+      const bool keep = p.has_mask == 0 || mask[bt] != 0.0f;
+      const size_t at = bt * p.value_heads + hd.hv;
+      lg[h] = keep ? fmaxf(logf(g[at]), kLogFloor) : 0.0f;
+      betas[i] = keep ? beta[at] : 0.0f;
+    }
+    float sum = lg[0] + lg[1];
+#pragma unroll
+    for (int off = 1; off < 32; off *= 2) {
+      const float up = __shfl_up_sync(0xffffffffu, sum, off);
+      if (lane >= off) sum += up;
+    }
+    const float before = sum - lg[1];
+    gcum[2 * lane] = before;
+    gcum[2 * lane + 1] = sum;
+    gexp[2 * lane] = expf(before);
+    gexp[2 * lane + 1] = expf(sum);
+    float* gcum_row = gcum_out + size_t(hd.n) * p.chunks * kChunk + size_t(chunk) * kChunk;
+    gcum_row[2 * lane] = before;
+    gcum_row[2 * lane + 1] = sum;
+  }
+  __syncthreads();
+
+  // K K^T, lower tiles.
+  for (int job = warp; job < 10; job += kWarps) {
+    int mi, mj;
+    lower_tile(job, mi, mj);
+    Acc acc;
+    wmma::fill_fragment(acc, 0.0f);
+    mma_f32<Row, Col, kSplitIn<InT>, kSplitIn<InT>>(acc, ks + 16 * mi * ldk, ldk, ks + 16 * mj * ldk, ldk, dk);
+    wmma::store_matrix_sync(xs + 16 * mi * kLdX + 16 * mj, acc, kLdX, wmma::mem_row_major);
+  }
+  __syncthreads();
+  // -L; the upper part of the diagonal tiles cleared (the tiles above are never read).
+  for (int e = tid; e < kChunk * kChunk; e += kThreads) {
+    const int i = e / kChunk, j = e % kChunk;
+    if (j < i) {
+      xs[i * kLdX + j] *= -betas[i] * expf(gcum[i] - gcum[j]);
+    } else if (j / 16 == i / 16) {
+      xs[i * kLdX + j] = 0.0f;
+    }
+  }
+  __syncthreads();
+
+  // A's diagonal blocks, (I + L_mm)^-1: warp m, lane c < 16 owns column c (forward substitution).
+  if (lane < 16) {
+    const int m = warp, c = lane;
+    const float* l_rows = xs + 16 * m * kLdX + 16 * m;
+    float* col = as + 16 * m * kLdX + 16 * m + c;
+    for (int r = 0; r < 16; ++r) {
+      float s = r == c ? 1.0f : 0.0f;
+      for (int j = c; j < r; ++j) s += l_rows[r * kLdX + j] * col[j * kLdX];
+      col[r * kLdX] = s;
+    }
+  }
+  __syncthreads();
+  // The blocks below: A[m][j] = A[m][m] (sum_{j <= l < m} -L[m][l] A[l][j]); column block j by
+  // warp j, top to bottom.
+  if (warp < 3) {
+    const int j = warp;
+    float* tmp = scratch + warp * 16 * kLdT;
+    for (int m = j + 1; m < 4; ++m) {
+      Acc acc;
+      wmma::fill_fragment(acc, 0.0f);
+      mma_f32<Row, Row, true, true>(acc, xs + 16 * m * kLdX + 16 * j, kLdX, as + 16 * j * kLdX + 16 * j, kLdX,
+                                    16 * (m - j));
+      wmma::store_matrix_sync(tmp, acc, kLdT, wmma::mem_row_major);
+      __syncwarp();
+      wmma::fill_fragment(acc, 0.0f);
+      mma_f32<Row, Row, true, true>(acc, as + 16 * m * kLdX + 16 * m, kLdX, tmp, kLdT, 16);
+      wmma::store_matrix_sync(as + 16 * m * kLdX + 16 * j, acc, kLdX, wmma::mem_row_major);
+      __syncwarp();
+    }
+  }
+  __syncthreads();
+  // A diag(beta G) over -L, A diag(beta) in place; zero above the diagonal.
+  for (int e = tid; e < kChunk * kChunk; e += kThreads) {
+    const int i = e / kChunk, j = e % kChunk;
+    const float a = j <= i ? as[i * kLdX + j] * betas[j] : 0.0f;
+    as[i * kLdX + j] = a;
+    xs[i * kLdX + j] = a * gexp[j];
+  }
+  __syncthreads();
+
+  // w = A diag(beta G) K and u = A diag(beta) V: row block mi, column tile t (A lower: k < 16 (mi + 1)).
+  const int key_tiles = dk / 16, tiles = key_tiles + dv / 16;
+  for (int job = warp; job < 4 * tiles; job += kWarps) {
+    const int mi = job / tiles, t = job % tiles;
+    Acc acc;
+    wmma::fill_fragment(acc, 0.0f);
+    if (t < key_tiles) {
+      mma_f32<Row, Row, true, kSplitIn<InT>>(acc, xs + 16 * mi * kLdX, kLdX, ks + 16 * t, ldk, 16 * (mi + 1));
+      wmma::store_matrix_sync(w_out + (nc * kChunk + 16 * mi) * dk + 16 * t, acc, dk, wmma::mem_row_major);
+    } else {
+      const int tv = t - key_tiles;
+      mma_f32<Row, Row, true, kSplitIn<InT>>(acc, as + 16 * mi * kLdX, kLdX, vs + 16 * tv, ldv, 16 * (mi + 1));
+      wmma::store_matrix_sync(u_out + (nc * kChunk + 16 * mi) * dv + 16 * tv, acc, dv, wmma::mem_row_major);
+    }
+  }
+}
+
+// ---- Pass 2: per (value head, 32 value columns), chunks in sequence: h_c, v_new, the state --
+template <typename InT, typename StT>
+__device__ void state_kernel(const InT* __restrict__ k, const float* __restrict__ gcum_in,
+                             const float* __restrict__ w_in, float* __restrict__ uv, float* __restrict__ h_out,
+                             StT* __restrict__ state, const GdnChunkParams p, const int tid, const unsigned block_col,
+                             const unsigned head, float* smem) {
+  const int dk = int(p.key_dim), dv = int(p.value_dim);
+  const int ldk = ld_rows(dk);
+  float* hs = smem;  // h^T block: hs[key * kLdV + col]
+  float* ws = hs + dk * kLdV;
+  float* ks = ws + kChunk * ldk;
+  float* vs = ks + kChunk * ldk;
+  float* gcum = vs + kChunk * kLdV;
 
   const int warp = tid / 32;
-  const int lane = tid % 32;
-  const unsigned n = block_head;  // b * Hv + hv
-  const unsigned b = n / p.value_heads;
-  const unsigned hv = n % p.value_heads;
-  const unsigned hk = hv / (p.value_heads / p.key_heads);
+  const Head hd(p, head);
   const unsigned col0 = block_col * kBlockV;
-  const size_t qk_pitch = size_t(p.key_heads) * dk;
-  const size_t v_pitch = size_t(p.value_heads) * p.value_dim;
   const int key_tiles = dk / 16;
-  // f16 and bf16 values are exact in TF32 (10-bit mantissa, 8-bit exponent): K and Q tiles of
-  // such activations need no split; f32 ones, and every f32 intermediate (S, L, P, V'), do.
-  constexpr bool kSplitIn = std::is_same<InT, float>::value;
 
-  // S^T[key][col] = state[b, hv, col0 + col, key].
-  StT* s_cols = state + (size_t(n) * p.value_dim + col0) * dk;
+  // hs[key][col] = state[b, hv, col0 + col, key].
+  StT* s_cols = state + (size_t(hd.n) * dv + col0) * dk;
   for (int e = tid; e < kBlockV * dk; e += kThreads) {
     const int col = e / dk, key = e % dk;  // consecutive threads read consecutive keys
-    ss[key * kLdV + col] = to_f32(s_cols[size_t(col) * dk + key]);
+    hs[key * kLdV + col] = to_f32(s_cols[size_t(col) * dk + key]);
   }
+  __syncthreads();
 
   for (unsigned c = 0; c < p.chunks; ++c) {
-    const size_t bt0 = size_t(b) * p.steps + size_t(c) * kChunk;
-    const InT* k_chunk = k + (bt0 * p.key_heads + hk) * dk;
-    const InT* q_chunk = q + (bt0 * p.key_heads + hk) * dk;
-    for (int e = tid; e < kChunk * dk; e += kThreads) {
-      const int i = e / dk, key = e % dk;
-      ks[i * ldk + key] = to_f32(k_chunk[i * qk_pitch + key]);
-      qs[i * ldk + key] = to_f32(q_chunk[i * qk_pitch + key]);
+    const size_t bt0 = size_t(hd.b) * p.steps + size_t(c) * kChunk;
+    const size_t nc = size_t(hd.n) * p.chunks + c;
+    // h_c for pass 3.
+    float* h_c = h_out + nc * dk * dv + col0;
+    for (int e = tid; e < dk * kBlockV; e += kThreads) {
+      const int key = e / kBlockV, col = e % kBlockV;
+      h_c[size_t(key) * dv + col] = hs[key * kLdV + col];
     }
-    if (warp == 0) {
-      // Two tokens per lane; the cumsum of log g by a warp scan of the pairs.
-      float lg[2];
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int i = 2 * lane + h;
-        const size_t bt = bt0 + i;
-        const bool keep = p.has_mask == 0 || mask[bt] != 0.0f;
-        const size_t at = bt * p.value_heads + hv;
-        lg[h] = keep ? fmaxf(logf(g[at]), kLogFloor) : 0.0f;
-        betas[i] = keep ? beta[at] : 0.0f;
-        keeps[i] = keep ? 1.0f : 0.0f;
-      }
-      float sum = lg[0] + lg[1];
-#pragma unroll
-      for (int off = 1; off < 32; off *= 2) {
-        const float up = __shfl_up_sync(0xffffffffu, sum, off);
-        if (lane >= off) sum += up;
-      }
-      gcum[2 * lane + 1] = sum;
-      gcum[2 * lane] = sum - lg[1];
-    }
+    stage(ws, ldk, w_in + nc * kChunk * dk, size_t(dk), kChunk, dk, tid);
+    stage(ks, ldk, k + (bt0 * p.key_heads + hd.hk) * dk, size_t(p.key_heads) * dk, kChunk, dk, tid);
+    if (tid < kChunk) gcum[tid] = gcum_in[nc * kChunk + tid];
     __syncthreads();
 
-    // K K^T (lower tiles) into xs; K S0^T into vs.
-    for (int job = warp; job < 10 + 8; job += kWarps) {
-      Acc acc;
-      wmma::fill_fragment(acc, 0.0f);
-      if (job < 10) {
-        int mi, mj;
-        lower_tile(job, mi, mj);
-        mma_f32<wmma::row_major, wmma::col_major, kSplitIn, kSplitIn>(acc, ks + 16 * mi * ldk, ldk, ks + 16 * mj * ldk,
-                                                                      ldk, dk);
-        wmma::store_matrix_sync(xs + 16 * mi * kLdX + 16 * mj, acc, kLdX, wmma::mem_row_major);
-      } else {
-        const int mi = (job - 10) / 2, cj = (job - 10) % 2;
-        mma_f32<wmma::row_major, wmma::row_major, kSplitIn, true>(acc, ks + 16 * mi * ldk, ldk, ss + 16 * cj, kLdV, dk);
-        wmma::store_matrix_sync(vs + 16 * mi * kLdV + 16 * cj, acc, kLdV, wmma::mem_row_major);
-      }
-    }
-    __syncthreads();
-    for (int e = tid; e < kChunk * kChunk; e += kThreads) {
-      const int i = e / kChunk, j = e % kChunk;
-      if (j < i) xs[i * kLdX + j] *= -betas[i] * expf(gcum[i] - gcum[j]);
-    }
-    for (int e = tid; e < kChunk * kBlockV; e += kThreads) {
-      const int i = e / kBlockV, col = e % kBlockV;
-      const float vi = to_f32(v[(bt0 + i) * v_pitch + size_t(hv) * p.value_dim + col0 + col]);
-      vs[i * kLdV + col] = betas[i] * (vi - expf(gcum[i]) * vs[i * kLdV + col]);
-    }
-    __syncthreads();
-
-    // V' = (I + L)^-1 R: warp cj owns columns 16cj..16cj+15 (columns never mix).
-    if (warp < kBlockV / 16) {
-      const int cj = warp;
-      for (int m = 0; m < kChunk / 16; ++m) {
-        float* tile = vs + 16 * m * kLdV + 16 * cj;
-        if (m > 0) {
-          Acc acc;
-          wmma::load_matrix_sync(acc, tile, kLdV, wmma::mem_row_major);
-          // -L[m, 0..m) times the solved rows above.
-          mma_f32<wmma::row_major, wmma::row_major, true, true>(acc, xs + 16 * m * kLdX, kLdX, vs + 16 * cj, kLdV, 16 * m);
-          wmma::store_matrix_sync(tile, acc, kLdV, wmma::mem_row_major);
-          __syncwarp();
-        }
-        if (lane < 16) {
-          float* col = tile + lane;
-          const float* l_rows = xs + 16 * m * kLdX + 16 * m;
-          for (int r = 1; r < 16; ++r) {
-            float s = col[r * kLdV];
-            for (int j = 0; j < r; ++j) s += l_rows[r * kLdX + j] * col[j * kLdV];
-            col[r * kLdV] = s;
-          }
-        }
-        __syncwarp();
-      }
-    }
-    __syncthreads();
-
-    // Q K^T (lower tiles) into xs; Q S0^T into os.
-    for (int job = warp; job < 10 + 8; job += kWarps) {
-      Acc acc;
-      wmma::fill_fragment(acc, 0.0f);
-      if (job < 10) {
-        int mi, mj;
-        lower_tile(job, mi, mj);
-        mma_f32<wmma::row_major, wmma::col_major, kSplitIn, kSplitIn>(acc, qs + 16 * mi * ldk, ldk, ks + 16 * mj * ldk,
-                                                                      ldk, dk);
-        wmma::store_matrix_sync(xs + 16 * mi * kLdX + 16 * mj, acc, kLdX, wmma::mem_row_major);
-      } else {
-        const int mi = (job - 10) / 2, cj = (job - 10) % 2;
-        mma_f32<wmma::row_major, wmma::row_major, kSplitIn, true>(acc, qs + 16 * mi * ldk, ldk, ss + 16 * cj, kLdV, dk);
-        wmma::store_matrix_sync(os + 16 * mi * kLdV + 16 * cj, acc, kLdV, wmma::mem_row_major);
-      }
-    }
-    __syncthreads();
-    for (int e = tid; e < kChunk * kChunk; e += kThreads) {
-      const int i = e / kChunk, j = e % kChunk;
-      if (j <= i) {
-        xs[i * kLdX + j] *= expf(gcum[i] - gcum[j]);
-      } else if (j / 16 == i / 16) {
-        xs[i * kLdX + j] = 0.0f;
-      }
-    }
-    for (int e = tid; e < kChunk * kBlockV; e += kThreads) {
-      const int i = e / kBlockV;
-      os[i * kLdV + e % kBlockV] *= expf(gcum[i]);
-    }
-    __syncthreads();
-
-    // y = G Q S0^T + P V': 8 output tiles.
+    // w h_c: 8 tiles.
     for (int job = warp; job < 8; job += kWarps) {
       const int mi = job / 2, cj = job % 2;
-      float* tile = os + 16 * mi * kLdV + 16 * cj;
       Acc acc;
-      wmma::load_matrix_sync(acc, tile, kLdV, wmma::mem_row_major);
-      mma_f32<wmma::row_major, wmma::row_major, true, true>(acc, xs + 16 * mi * kLdX, kLdX, vs + 16 * cj, kLdV,
-                                                           16 * (mi + 1));
-      wmma::store_matrix_sync(tile, acc, kLdV, wmma::mem_row_major);
+      wmma::fill_fragment(acc, 0.0f);
+      mma_f32<Row, Row, true, true>(acc, ws + 16 * mi * ldk, ldk, hs + 16 * cj, kLdV, dk);
+      wmma::store_matrix_sync(vs + 16 * mi * kLdV + 16 * cj, acc, kLdV, wmma::mem_row_major);
     }
     __syncthreads();
-
+    // v_new = u - w h_c, stored over u for pass 3 and kept decayed to the chunk's end.
     const float g_last = gcum[kChunk - 1];
-    const float chunk_decay = expf(g_last);
     for (int e = tid; e < kChunk * kBlockV; e += kThreads) {
       const int i = e / kBlockV, col = e % kBlockV;
-      const size_t at = (bt0 + i) * v_pitch + size_t(hv) * p.value_dim + col0 + col;
-      y[at] = keeps[i] != 0.0f ? from_f32<InT>(os[i * kLdV + col]) : from_f32<InT>(0.0f);
-      vs[i * kLdV + col] *= expf(g_last - gcum[i]);
+      float* at = uv + (nc * kChunk + i) * dv + col0 + col;
+      const float v_new = *at - vs[i * kLdV + col];
+      *at = v_new;
+      vs[i * kLdV + col] = v_new * expf(g_last - gcum[i]);
     }
+    const float chunk_decay = expf(g_last);
     for (int e = tid; e < dk * kBlockV; e += kThreads) {
-      ss[(e / kBlockV) * kLdV + e % kBlockV] *= chunk_decay;
+      hs[(e / kBlockV) * kLdV + e % kBlockV] *= chunk_decay;
     }
     __syncthreads();
 
-    // S^T += K^T V' (rows of V' already scaled by G_C / G_j).
+    // h += K^T v_new (rows already decayed).
     for (int job = warp; job < key_tiles * 2; job += kWarps) {
       const int ki = job / 2, cj = job % 2;
-      float* tile = ss + 16 * ki * kLdV + 16 * cj;
+      float* tile = hs + 16 * ki * kLdV + 16 * cj;
       Acc acc;
       wmma::load_matrix_sync(acc, tile, kLdV, wmma::mem_row_major);
       // A = K^T [Dk x 64]: element (key, token) at ks[token * ldk + key], col-major.
-      mma_f32<wmma::col_major, wmma::row_major, kSplitIn, true>(acc, ks + 16 * ki, ldk, vs + 16 * cj, kLdV, kChunk);
+      mma_f32<Col, Row, kSplitIn<InT>, true>(acc, ks + 16 * ki, ldk, vs + 16 * cj, kLdV, kChunk);
       wmma::store_matrix_sync(tile, acc, kLdV, wmma::mem_row_major);
     }
     __syncthreads();
@@ -338,30 +397,140 @@ __device__ void chunk_kernel(const InT* __restrict__ q, const InT* __restrict__ 
   // The only rounding of the state in the call.
   for (int e = tid; e < kBlockV * dk; e += kThreads) {
     const int col = e / dk, key = e % dk;
-    s_cols[size_t(col) * dk + key] = from_f32<StT>(ss[key * kLdV + col]);
+    s_cols[size_t(col) * dk + key] = from_f32<StT>(hs[key * kLdV + col]);
+  }
+}
+
+// ---- Pass 3: per (chunk, value head), all in parallel: y -----------------------------------
+template <typename InT>
+__device__ void out_kernel(const InT* __restrict__ q, const InT* __restrict__ k, const float* __restrict__ gcum_in,
+                           const float* __restrict__ h_in, const float* __restrict__ v_new,
+                           const float* __restrict__ mask, InT* __restrict__ y, const GdnChunkParams p, const int tid,
+                           const unsigned chunk, const unsigned head, float* smem) {
+  const int dk = int(p.key_dim), dv = int(p.value_dim);
+  const int ldk = ld_rows(dk);
+  float* qs = smem;
+  float* ks = qs + kChunk * ldk;  // then the slabs:
+  float* hsl = ks;                // h_c [Dk][40]
+  float* vsl = hsl + dk * kLdV;   // v_new [64][40]
+  float* xs = ks + out_slab_floats(dk);
+  float* os = xs + kChunk * kLdX;
+  float* gcum = os + kChunk * kLdV;
+  float* keeps = gcum + kChunk;
+
+  const int warp = tid / 32, lane = tid % 32;
+  const Head hd(p, head);
+  const size_t bt0 = size_t(hd.b) * p.steps + size_t(chunk) * kChunk;
+  const size_t nc = size_t(hd.n) * p.chunks + chunk;
+  const size_t qk_pitch = size_t(p.key_heads) * dk;
+  stage(qs, ldk, q + (bt0 * p.key_heads + hd.hk) * dk, qk_pitch, kChunk, dk, tid);
+  stage(ks, ldk, k + (bt0 * p.key_heads + hd.hk) * dk, qk_pitch, kChunk, dk, tid);
+  if (tid < kChunk) {
+    gcum[tid] = gcum_in[nc * kChunk + tid];
+    keeps[tid] = p.has_mask == 0 || mask[bt0 + tid] != 0.0f ? 1.0f : 0.0f;
+  }
+  __syncthreads();
+
+  // P = Q K^T (.) G_i/G_j, j <= i.
+  for (int job = warp; job < 10; job += kWarps) {
+    int mi, mj;
+    lower_tile(job, mi, mj);
+    Acc acc;
+    wmma::fill_fragment(acc, 0.0f);
+    mma_f32<Row, Col, kSplitIn<InT>, kSplitIn<InT>>(acc, qs + 16 * mi * ldk, ldk, ks + 16 * mj * ldk, ldk, dk);
+    wmma::store_matrix_sync(xs + 16 * mi * kLdX + 16 * mj, acc, kLdX, wmma::mem_row_major);
+  }
+  __syncthreads();
+  for (int e = tid; e < kChunk * kChunk; e += kThreads) {
+    const int i = e / kChunk, j = e % kChunk;
+    if (j <= i) {
+      xs[i * kLdX + j] *= expf(gcum[i] - gcum[j]);
+    } else if (j / 16 == i / 16) {
+      xs[i * kLdX + j] = 0.0f;
+    }
+  }
+  // K is not read again: its room takes the slabs.
+  __syncthreads();
+
+  const float* h_c = h_in + nc * dk * dv;
+  const float* v_c = v_new + nc * kChunk * dv;
+  for (int col0 = 0; col0 < dv; col0 += kBlockV) {
+    for (int e = tid; e < dk * kBlockV; e += kThreads) {
+      const int key = e / kBlockV, col = e % kBlockV;
+      hsl[key * kLdV + col] = h_c[size_t(key) * dv + col0 + col];
+    }
+    for (int e = tid; e < kChunk * kBlockV; e += kThreads) {
+      const int i = e / kBlockV, col = e % kBlockV;
+      vsl[i * kLdV + col] = v_c[size_t(i) * dv + col0 + col];
+    }
+    __syncthreads();
+    // y = G (.) (Q h_c) + P v_new: 8 tiles, each warp scaling its own rows.
+    for (int job = warp; job < 8; job += kWarps) {
+      const int mi = job / 2, cj = job % 2;
+      float* tile = os + 16 * mi * kLdV + 16 * cj;
+      Acc acc;
+      wmma::fill_fragment(acc, 0.0f);
+      mma_f32<Row, Row, kSplitIn<InT>, true>(acc, qs + 16 * mi * ldk, ldk, hsl + 16 * cj, kLdV, dk);
+      wmma::store_matrix_sync(tile, acc, kLdV, wmma::mem_row_major);
+      __syncwarp();
+      for (int e = lane; e < 16 * 16; e += 32) {
+        const int r = e / 16;
+        tile[r * kLdV + e % 16] *= expf(gcum[16 * mi + r]);
+      }
+      __syncwarp();
+      wmma::load_matrix_sync(acc, tile, kLdV, wmma::mem_row_major);
+      mma_f32<Row, Row, true, true>(acc, xs + 16 * mi * kLdX, kLdX, vsl + 16 * cj, kLdV, 16 * (mi + 1));
+      wmma::store_matrix_sync(tile, acc, kLdV, wmma::mem_row_major);
+    }
+    __syncthreads();
+    const size_t v_pitch = size_t(p.value_heads) * dv;
+    for (int e = tid; e < kChunk * kBlockV; e += kThreads) {
+      const int i = e / kBlockV, col = e % kBlockV;
+      const size_t at = (bt0 + i) * v_pitch + size_t(hd.hv) * dv + col0 + col;
+      y[at] = keeps[i] != 0.0f ? from_f32<InT>(os[i * kLdV + col]) : from_f32<InT>(0.0f);
+    }
+    __syncthreads();
   }
 }
 
 }  // namespace gdn_chunk
 
-// The floats of dynamic shared memory a launch needs (the host mirrors it).
-__host__ __device__ constexpr int gdn_chunk_smem_floats(int dk) {
-  return 2 * gdn_chunk::kChunk * gdn_chunk::ld_k(dk) + dk * gdn_chunk::kLdV + 2 * gdn_chunk::kChunk * gdn_chunk::kLdV +
-         gdn_chunk::kChunk * gdn_chunk::kLdX + 3 * gdn_chunk::kChunk;
-}
-
-#define GDN_CHUNK_ENTRY(name, InT, StT)                                                                          \
+#define GDN_CHUNK_PREP_ENTRY(name, InT)                                                                          \
   extern "C" __global__ void __launch_bounds__(gdn_chunk::kThreads)                                              \
-      name(const InT* q, const InT* k, const InT* v, const float* g, const float* beta, StT* state, InT* y,     \
-           const float* mask, const GdnChunkParams p) {                                                          \
+      name(const InT* k, const InT* v, const float* g, const float* beta, const float* mask, float* gcum,       \
+           float* w, float* u, const GdnChunkParams p) {                                                         \
     extern __shared__ __align__(128) float gdn_chunk_smem[];                                                     \
-    gdn_chunk::chunk_kernel<InT, StT>(q, k, v, g, beta, state, y, mask, p, threadIdx.x, blockIdx.x, blockIdx.y,  \
+    gdn_chunk::prep_kernel<InT>(k, v, g, beta, mask, gcum, w, u, p, threadIdx.x, blockIdx.x, blockIdx.y,        \
+                                gdn_chunk_smem);                                                                 \
+  }
+
+#define GDN_CHUNK_STATE_ENTRY(name, InT, StT)                                                                    \
+  extern "C" __global__ void __launch_bounds__(gdn_chunk::kThreads)                                              \
+      name(const InT* k, const float* gcum, const float* w, float* u, float* h, StT* state,                      \
+           const GdnChunkParams p) {                                                                             \
+    extern __shared__ __align__(128) float gdn_chunk_smem[];                                                     \
+    gdn_chunk::state_kernel<InT, StT>(k, gcum, w, u, h, state, p, threadIdx.x, blockIdx.x, blockIdx.y,          \
                                       gdn_chunk_smem);                                                           \
   }
 
-GDN_CHUNK_ENTRY(gated_delta_chunk_f32_f32, float, float)
-GDN_CHUNK_ENTRY(gated_delta_chunk_f32_bf16, float, __nv_bfloat16)
-GDN_CHUNK_ENTRY(gated_delta_chunk_f16_f32, __half, float)
-GDN_CHUNK_ENTRY(gated_delta_chunk_f16_bf16, __half, __nv_bfloat16)
-GDN_CHUNK_ENTRY(gated_delta_chunk_bf16_f32, __nv_bfloat16, float)
-GDN_CHUNK_ENTRY(gated_delta_chunk_bf16_bf16, __nv_bfloat16, __nv_bfloat16)
+#define GDN_CHUNK_OUT_ENTRY(name, InT)                                                                           \
+  extern "C" __global__ void __launch_bounds__(gdn_chunk::kThreads)                                              \
+      name(const InT* q, const InT* k, const float* gcum, const float* h, const float* v_new, const float* mask, \
+           InT* y, const GdnChunkParams p) {                                                                     \
+    extern __shared__ __align__(128) float gdn_chunk_smem[];                                                     \
+    gdn_chunk::out_kernel<InT>(q, k, gcum, h, v_new, mask, y, p, threadIdx.x, blockIdx.x, blockIdx.y,           \
+                               gdn_chunk_smem);                                                                  \
+  }
+
+GDN_CHUNK_PREP_ENTRY(gated_delta_chunk_prep_f32, float)
+GDN_CHUNK_PREP_ENTRY(gated_delta_chunk_prep_f16, __half)
+GDN_CHUNK_PREP_ENTRY(gated_delta_chunk_prep_bf16, __nv_bfloat16)
+GDN_CHUNK_STATE_ENTRY(gated_delta_chunk_state_f32_f32, float, float)
+GDN_CHUNK_STATE_ENTRY(gated_delta_chunk_state_f32_bf16, float, __nv_bfloat16)
+GDN_CHUNK_STATE_ENTRY(gated_delta_chunk_state_f16_f32, __half, float)
+GDN_CHUNK_STATE_ENTRY(gated_delta_chunk_state_f16_bf16, __half, __nv_bfloat16)
+GDN_CHUNK_STATE_ENTRY(gated_delta_chunk_state_bf16_f32, __nv_bfloat16, float)
+GDN_CHUNK_STATE_ENTRY(gated_delta_chunk_state_bf16_bf16, __nv_bfloat16, __nv_bfloat16)
+GDN_CHUNK_OUT_ENTRY(gated_delta_chunk_out_f32, float)
+GDN_CHUNK_OUT_ENTRY(gated_delta_chunk_out_f16, __half)
+GDN_CHUNK_OUT_ENTRY(gated_delta_chunk_out_bf16, __nv_bfloat16)

@@ -1,8 +1,9 @@
-// Runs the body of the shipped kernels/gated_delta_chunk.cu (gdn_chunk::chunk_kernel) on the
-// CPU through kernels/emu/cuda/cuda_emu.h, with the launch geometry of
-// crates/gdn-ops/src/ops/gated_delta/cuda_chunked.rs: blocks (Dv / 32, B * Hv) of 128
-// threads, gdn_chunk_smem_floats(Dk) floats of shared memory (NaN before each block, so that
-// a read of what no thread wrote poisons the result). Only whole chunks: T must be a multiple
+// Runs the bodies of the shipped kernels/gated_delta_chunk.cu (gdn_chunk::{prep,state,out}_kernel,
+// one pass after the other) on the CPU through kernels/emu/cuda/cuda_emu.h, with the launch
+// geometry of crates/gdn-ops/src/ops/gated_delta/cuda_chunked.rs: blocks of 128 threads, grids
+// (chunks, B * Hv), (Dv / 32, B * Hv), (chunks, B * Hv), each pass's shared memory NaN before
+// each block (a read of what no thread wrote poisons the result), and the scratch between the
+// passes poisoned and checked to be written in full. Only whole chunks: T must be a multiple
 // of 64 (the host runs the tail through the recurrence kernel, tested on its own). Used by
 // crates/gdn-ops/tests/gated_delta_chunk_cuda_emulation.rs.
 //
@@ -43,6 +44,23 @@ struct Case {
   std::vector<float> q, k, v, g, beta, state, mask;
 };
 
+// 128-byte aligned shared memory of `floats` floats, as __align__(128) extern __shared__ memory.
+struct Shared {
+  Buffer<float> buffer;
+  float* smem;
+  std::size_t floats;
+  explicit Shared(int n)
+      : buffer("shared memory", std::size_t(n) + 32, Kind::kInPlace),
+        smem(reinterpret_cast<float*>((reinterpret_cast<std::uintptr_t>(buffer.data()) + 127) & ~std::uintptr_t(127))),
+        floats(std::size_t(n)) {}
+  // Thread 0 runs first in every block: fresh poison for each.
+  void poison(const metal_emu::ThreadIds& id) {
+    if (id.thread_index_in_threadgroup == 0) {
+      for (std::size_t i = 0; i < floats; ++i) smem[i] = std::numeric_limits<float>::quiet_NaN();
+    }
+  }
+};
+
 template <class InT, class StT>
 void run(const Case& c) {
   const GdnChunkParams& p = c.p;
@@ -54,20 +72,44 @@ void run(const Case& c) {
   Buffer<float> mask("mask", c.mask, Kind::kInput);
   Buffer<StT> state("state", c.state, Kind::kInPlace);
   Buffer<InT> y("y", std::size_t(p.batch) * p.steps * p.value_heads * p.value_dim, Kind::kOutput);
-  const std::size_t floats = std::size_t(gdn_chunk_smem_floats(int(p.key_dim)));
-  Buffer<float> shared("shared memory", floats + 32, Kind::kInPlace);
-  // 128-byte aligned, as __align__(128) extern __shared__ memory.
-  float* smem = reinterpret_cast<float*>((reinterpret_cast<std::uintptr_t>(shared.data()) + 127) & ~std::uintptr_t(127));
-  const uint3 groups{p.value_dim / gdn_chunk::kBlockV, p.batch * p.value_heads, 1};
-  metal_emu::dispatch_threadgroups(groups, uint3{gdn_chunk::kThreads, 1, 1}, [&](const metal_emu::ThreadIds& id) {
-    // Thread 0 runs first in every block: fresh poison for each.
-    if (id.thread_index_in_threadgroup == 0) {
-      for (std::size_t i = 0; i < floats; ++i) smem[i] = std::numeric_limits<float>::quiet_NaN();
-    }
-    gdn_chunk::chunk_kernel<InT, StT>(q.data(), k.data(), v.data(), g.data(), beta.data(), state.data(), y.data(),
-                                      p.has_mask != 0 ? mask.data() : nullptr, p, int(id.thread_index_in_threadgroup),
-                                      id.threadgroup_position_in_grid.x, id.threadgroup_position_in_grid.y, smem);
-  });
+  // The host's scratch: poisoned outputs, each element of which a pass must write.
+  const std::size_t heads = std::size_t(p.batch) * p.value_heads, tokens = std::size_t(p.chunks) * 64;
+  Buffer<float> gcum("gcum", heads * tokens, Kind::kOutput);
+  Buffer<float> w("w", heads * tokens * p.key_dim, Kind::kOutput);
+  Buffer<float> u("u", heads * tokens * p.value_dim, Kind::kOutput);
+  Buffer<float> h("h", heads * p.chunks * p.key_dim * p.value_dim, Kind::kOutput);
+  const float* mask_or_null = p.has_mask != 0 ? mask.data() : nullptr;
+  const unsigned n_heads = p.batch * p.value_heads;
+  const uint3 threads{gdn_chunk::kThreads, 1, 1};
+  {
+    Shared shared(gdn_chunk::prep_smem_floats(int(p.key_dim), int(p.value_dim)));
+    metal_emu::dispatch_threadgroups(uint3{p.chunks, n_heads, 1}, threads, [&](const metal_emu::ThreadIds& id) {
+      shared.poison(id);
+      gdn_chunk::prep_kernel<InT>(k.data(), v.data(), g.data(), beta.data(), mask_or_null, gcum.data(), w.data(),
+                                  u.data(), p, int(id.thread_index_in_threadgroup), id.threadgroup_position_in_grid.x,
+                                  id.threadgroup_position_in_grid.y, shared.smem);
+    });
+  }
+  {
+    Shared shared(gdn_chunk::state_smem_floats(int(p.key_dim)));
+    metal_emu::dispatch_threadgroups(uint3{p.value_dim / gdn_chunk::kBlockV, n_heads, 1}, threads,
+                                     [&](const metal_emu::ThreadIds& id) {
+                                       shared.poison(id);
+                                       gdn_chunk::state_kernel<InT, StT>(
+                                           k.data(), gcum.data(), w.data(), u.data(), h.data(), state.data(), p,
+                                           int(id.thread_index_in_threadgroup), id.threadgroup_position_in_grid.x,
+                                           id.threadgroup_position_in_grid.y, shared.smem);
+                                     });
+  }
+  {
+    Shared shared(gdn_chunk::out_smem_floats(int(p.key_dim)));
+    metal_emu::dispatch_threadgroups(uint3{p.chunks, n_heads, 1}, threads, [&](const metal_emu::ThreadIds& id) {
+      shared.poison(id);
+      gdn_chunk::out_kernel<InT>(q.data(), k.data(), gcum.data(), h.data(), u.data(), mask_or_null, y.data(), p,
+                                 int(id.thread_index_in_threadgroup), id.threadgroup_position_in_grid.x,
+                                 id.threadgroup_position_in_grid.y, shared.smem);
+    });
+  }
   q.check();
   k.check();
   v.check();
@@ -75,6 +117,10 @@ void run(const Case& c) {
   beta.check();
   mask.check();
   state.check();
+  gcum.check();
+  w.check();
+  u.check();
+  h.check();
   y.check();
   y.write_f32();
   state.write_f32();
@@ -92,7 +138,7 @@ int main() {
   const GdnChunkParams& p = c.p;
   // The host side's contract (ops/gated_delta/cuda_chunked.rs checks it).
   if (p.key_dim == 0 || p.key_dim % 16 != 0 || p.key_dim > 256) guarded::die("key_dim must be a multiple of 16, at most 256");
-  if (p.value_dim == 0 || p.value_dim % 32 != 0) guarded::die("value_dim must be a multiple of 32");
+  if (p.value_dim == 0 || p.value_dim % 32 != 0 || p.value_dim > 256) guarded::die("value_dim must be a multiple of 32, at most 256");
   if (p.key_heads == 0 || p.value_heads % p.key_heads != 0) guarded::die("value_heads must be a multiple of key_heads");
   if (p.batch == 0 || p.steps == 0 || p.steps % 64 != 0) guarded::die("steps must be a positive multiple of 64");
   const std::size_t bt = std::size_t(p.batch) * p.steps;

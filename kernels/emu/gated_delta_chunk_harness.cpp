@@ -1,6 +1,7 @@
 // Runs the shipped kernels/gated_delta_chunk.metal on the CPU through metal_emu.h, with the
-// host's split (crates/gdn-ops/src/ops/gated_delta/metal_chunked.rs): the chunk kernel over
-// the floor(T / 64) full chunks, then the tail (T % 64 tokens, copied out contiguous) through
+// host's split (crates/gdn-ops/src/ops/gated_delta/metal_chunked.rs): the three chunk passes
+// over the floor(T / 64) full chunks (with the scratch between them poisoned and checked to be
+// written in full), then the tail (T % 64 tokens, copied out contiguous) through
 // the recurrence kernel of kernels/gated_delta.metal, on the same state. When a bf16 state
 // goes through both kernels they run on an f32 copy, rounded once at the end, so the state
 // is rounded once per call as with one kernel. Used by
@@ -37,10 +38,18 @@ struct Case {
   std::vector<float> q, k, v, g, beta, state, mask;
 };
 
+// The three passes of one InT/StT instantiation.
 template <class InT, class StT>
-using ChunkKernel = void (*)(const device InT*, const device InT*, const device InT*, const device float*,
-                             const device float*, device StT*, device InT*, const device float*,
-                             constant GdnChunkParams&, threadgroup float*, uint3, uint, uint, uint);
+struct ChunkKernels {
+  void (*prep)(const device InT*, const device InT*, const device float*, const device float*, const device float*,
+               device float*, device float*, device float*, constant GdnChunkParams&, threadgroup float*, uint3, uint,
+               uint, uint);
+  void (*state)(const device InT*, const device float*, const device float*, device float*, device float*,
+                device StT*, constant GdnChunkParams&, threadgroup float*, uint3, uint, uint, uint);
+  void (*out)(const device InT*, const device InT*, const device float*, const device float*, const device float*,
+              const device float*, device InT*, constant GdnChunkParams&, threadgroup float*, uint3, uint, uint, uint);
+};
+
 template <class InT, class StT>
 using StepKernel = void (*)(const device InT*, const device InT*, const device InT*, const device float*,
                             const device float*, device StT*, device InT*, const device float*,
@@ -57,20 +66,47 @@ std::vector<float> tail_of(const std::vector<float>& x, uint batch, uint steps, 
   return out;
 }
 
-// The chunk kernel over p.chunks chunks, in place on `state`, writing those tokens of y.
+// The three chunk passes over p.chunks chunks, in place on `state`, writing those tokens of y,
+// with the host's scratch between them (poisoned outputs, each element of which a pass must
+// write).
 template <class InT, class StT>
 void run_chunks(const GdnChunkParams& p, Buffer<InT>& q, Buffer<InT>& k, Buffer<InT>& v, Buffer<float>& g,
-                Buffer<float>& beta, Buffer<StT>& state, InT* y, Buffer<float>* mask, ChunkKernel<InT, StT> kernel) {
+                Buffer<float>& beta, Buffer<StT>& state, InT* y, Buffer<float>* mask, ChunkKernels<InT, StT> kernels) {
   const GdnChunkParams params = p;
-  const uint3 groups{p.value_dim / kBlockV, 1, p.batch * p.value_heads};
+  constant GdnChunkParams& cp = *(constant GdnChunkParams*)&params;
+  const std::size_t heads = std::size_t(p.batch) * p.value_heads, tokens = std::size_t(p.chunks) * kChunk;
+  Buffer<float> gcum("gcum", heads * tokens, Kind::kOutput);
+  Buffer<float> w("w", heads * tokens * p.key_dim, Kind::kOutput);
+  Buffer<float> u("u", heads * tokens * p.value_dim, Kind::kOutput);
+  Buffer<float> h("h", heads * p.chunks * p.key_dim * p.value_dim, Kind::kOutput);
+  const device float* mask_or_null = mask != nullptr ? (const device float*)mask->data() : nullptr;
+  const uint heads32 = p.batch * p.value_heads;
   const uint3 per_group{kThreads, 1, 1};
-  metal_emu::dispatch_threadgroups(groups, per_group, kScratchFloats * sizeof(float), [&](const metal_emu::ThreadIds& id) {
-    kernel((const device InT*)q.data(), (const device InT*)k.data(), (const device InT*)v.data(),
-           (const device float*)g.data(), (const device float*)beta.data(), (device StT*)state.data(),
-           (device InT*)y, mask != nullptr ? (const device float*)mask->data() : nullptr,
-           *(constant GdnChunkParams*)&params, id.threadgroup_memory_as<float>(), id.threadgroup_position_in_grid,
-           id.thread_index_in_threadgroup, id.simdgroup_index_in_threadgroup, id.thread_index_in_simdgroup);
+  metal_emu::dispatch_threadgroups(uint3{p.chunks, 1, heads32}, per_group, kPrepFloats * sizeof(float),
+                                   [&](const metal_emu::ThreadIds& id) {
+    kernels.prep((const device InT*)k.data(), (const device InT*)v.data(), (const device float*)g.data(),
+                 (const device float*)beta.data(), mask_or_null, (device float*)gcum.data(), (device float*)w.data(),
+                 (device float*)u.data(), cp, id.threadgroup_memory_as<float>(), id.threadgroup_position_in_grid,
+                 id.thread_index_in_threadgroup, id.simdgroup_index_in_threadgroup, id.thread_index_in_simdgroup);
   });
+  metal_emu::dispatch_threadgroups(uint3{p.value_dim / kBlockV, 1, heads32}, per_group, kStateFloats * sizeof(float),
+                                   [&](const metal_emu::ThreadIds& id) {
+    kernels.state((const device InT*)k.data(), (const device float*)gcum.data(), (const device float*)w.data(),
+                  (device float*)u.data(), (device float*)h.data(), (device StT*)state.data(), cp,
+                  id.threadgroup_memory_as<float>(), id.threadgroup_position_in_grid, id.thread_index_in_threadgroup,
+                  id.simdgroup_index_in_threadgroup, id.thread_index_in_simdgroup);
+  });
+  metal_emu::dispatch_threadgroups(uint3{p.chunks, 1, heads32}, per_group, kOutFloats * sizeof(float),
+                                   [&](const metal_emu::ThreadIds& id) {
+    kernels.out((const device InT*)q.data(), (const device InT*)k.data(), (const device float*)gcum.data(),
+                (const device float*)h.data(), (const device float*)u.data(), mask_or_null, (device InT*)y, cp,
+                id.threadgroup_memory_as<float>(), id.threadgroup_position_in_grid, id.thread_index_in_threadgroup,
+                id.simdgroup_index_in_threadgroup, id.thread_index_in_simdgroup);
+  });
+  gcum.check();
+  w.check();
+  u.check();
+  h.check();
 }
 
 // The recurrence kernel over tokens [t0, T), on contiguous copies, in place on `state`.
@@ -108,7 +144,7 @@ void run_tail(const Case& c, uint t0, Buffer<StT>& state, InT* y, StepKernel<InT
 }
 
 template <class InT, class StT>
-void run(const Case& c, ChunkKernel<InT, StT> chunk, StepKernel<InT, StT> step, ChunkKernel<InT, float> chunk_f32,
+void run(const Case& c, ChunkKernels<InT, StT> chunk, StepKernel<InT, StT> step, ChunkKernels<InT, float> chunk_f32,
          StepKernel<InT, float> step_f32) {
   const GdnChunkParams& p = c.p;
   Buffer<InT> q("q", c.q, Kind::kInput);
@@ -175,14 +211,17 @@ int main() {
   c.mask = guarded::read_raw<float>(p.has_mask != 0 ? bt : 0);
   guarded::expect_end();
 
+#define GDN_PASSES(InT, StT, in, st) \
+  ChunkKernels<InT, StT> { gated_delta_chunk_prep_##in, gated_delta_chunk_state_##in##_##st, gated_delta_chunk_out_##in }
   switch (in_type * 2 + st_type) {
-    case 0: run<float, float>(c, gated_delta_chunk_f32_f32, gated_delta_step_f32_f32, gated_delta_chunk_f32_f32, gated_delta_step_f32_f32); break;
-    case 1: run<float, bfloat>(c, gated_delta_chunk_f32_bf16, gated_delta_step_f32_bf16, gated_delta_chunk_f32_f32, gated_delta_step_f32_f32); break;
-    case 2: run<half, float>(c, gated_delta_chunk_f16_f32, gated_delta_step_f16_f32, gated_delta_chunk_f16_f32, gated_delta_step_f16_f32); break;
-    case 3: run<half, bfloat>(c, gated_delta_chunk_f16_bf16, gated_delta_step_f16_bf16, gated_delta_chunk_f16_f32, gated_delta_step_f16_f32); break;
-    case 4: run<bfloat, float>(c, gated_delta_chunk_bf16_f32, gated_delta_step_bf16_f32, gated_delta_chunk_bf16_f32, gated_delta_step_bf16_f32); break;
-    case 5: run<bfloat, bfloat>(c, gated_delta_chunk_bf16_bf16, gated_delta_step_bf16_bf16, gated_delta_chunk_bf16_f32, gated_delta_step_bf16_f32); break;
+    case 0: run<float, float>(c, GDN_PASSES(float, float, f32, f32), gated_delta_step_f32_f32, GDN_PASSES(float, float, f32, f32), gated_delta_step_f32_f32); break;
+    case 1: run<float, bfloat>(c, GDN_PASSES(float, bfloat, f32, bf16), gated_delta_step_f32_bf16, GDN_PASSES(float, float, f32, f32), gated_delta_step_f32_f32); break;
+    case 2: run<half, float>(c, GDN_PASSES(half, float, f16, f32), gated_delta_step_f16_f32, GDN_PASSES(half, float, f16, f32), gated_delta_step_f16_f32); break;
+    case 3: run<half, bfloat>(c, GDN_PASSES(half, bfloat, f16, bf16), gated_delta_step_f16_bf16, GDN_PASSES(half, float, f16, f32), gated_delta_step_f16_f32); break;
+    case 4: run<bfloat, float>(c, GDN_PASSES(bfloat, float, bf16, f32), gated_delta_step_bf16_f32, GDN_PASSES(bfloat, float, bf16, f32), gated_delta_step_bf16_f32); break;
+    case 5: run<bfloat, bfloat>(c, GDN_PASSES(bfloat, bfloat, bf16, bf16), gated_delta_step_bf16_bf16, GDN_PASSES(bfloat, float, bf16, f32), gated_delta_step_bf16_f32); break;
     default: guarded::die("unknown in_type / state_type");
   }
+#undef GDN_PASSES
   return std::fflush(stdout) == 0 ? 0 : 1;
 }

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# The chunked gated delta kernel (kernels/gated_delta_chunk.cu) on the GPU machine, in one
-# device call (~3 min): build both GDN kernels to PTX with the device's nvcc (as candle loads
-# them), check the chunk kernel with the host's chunk/tail split against a float64 recurrence,
-# and time it at T = 512 and 4096 against our recurrence kernel, fla's chunk_gated_delta_rule
-# and a PyTorch version of the chunk algorithm (scripts/gpu/gdn_chunk_cuda.py).
+# The chunked gated delta kernels (kernels/gated_delta_chunk.cu, three passes) on the GPU
+# machine, in one device call (~3 min): build both GDN kernels to PTX with the device's nvcc (as
+# candle loads them), check the chunk passes with the host's chunk/tail split against a float64
+# recurrence, and time them (together and each pass alone) at T = 512 and 4096 against our
+# recurrence kernel, fla's chunk_gated_delta_rule and a PyTorch version of the chunk algorithm
+# (scripts/gpu/gdn_chunk_cuda.py).
 #
 # From the dev box (fla-core is pure Python/Triton; its wheel travels with the call):
 #   python3 -m pip download fla-core==0.6.0 --no-deps -d gpu-artefacts/wheels

@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Check and benchmark kernels/gated_delta_chunk.cu (the chunked gated delta on TF32 tensor
-cores) on a CUDA GPU; run on the device machine by scripts/gpu/bench-chunk.sh.
+cores, three passes: per-chunk parts in parallel, the state over the chunks in sequence, y in
+parallel) on a CUDA GPU; run on the device machine by scripts/gpu/bench-chunk.sh.
 
   python3 scripts/gpu/gdn_chunk_cuda.py --chunk-ptx gated_delta_chunk.ptx \
       --step-ptx gated_delta.ptx --out DIR
@@ -8,13 +9,17 @@ cores) on a CUDA GPU; run on the device machine by scripts/gpu/bench-chunk.sh.
 1. Correctness: the host's split (full chunks through the chunk kernel, the tail through the
    recurrence kernel, a bf16 state widened to f32 for both and rounded once) for every InT/StT
    entry point against the float64 recurrence of gdn_cuda.py, with its gates (y within one
-   InT ulp or 1e-5 of max|y|; f32 state within 1e-5 of max|S|, bf16 within one ulp).
+   InT ulp or 1e-5 of max|y|; f32 state within 1e-5 of max|S|); a bf16 state must be exactly
+   the f32-state run of the same inputs rounded once, and so within one bf16 ulp plus the f32
+   gate of the reference (compare_chunk).
 2. Timing at Qwen3-Next-80B's GDN shapes (B 1, Hk 16, Hv 32, Dk = Dv = 128, bf16 activations,
    f32 state), T = 512 and 4096, CUDA events, medians after warm-up, three rotating input sets:
-   our chunk kernel, our recurrence kernel, fla's chunk_gated_delta_rule (fla-core from a
-   carried wheel; when it cannot be imported the table says so) and a PyTorch version of the
-   chunk algorithm (torch_chunk below: batched matmuls, written here as a baseline; it is not
-   fla). Prints a side-by-side table with ratios.
+   our chunk kernels (the three passes, and each alone), our recurrence kernel, fla's
+   chunk_gated_delta_rule (fla-core from a carried wheel; when it cannot be imported the table
+   says so) and a PyTorch version of the chunk algorithm (torch_chunk below: batched matmuls,
+   written here as a baseline; it is not fla); and at T = 64, 128, 256 ours alone (chunk
+   against recurrence: where CUDA_CHUNKED_MIN_STEPS should sit). Prints a side-by-side table
+   with ratios.
 """
 
 import argparse
@@ -28,7 +33,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from gdn_cuda import (DT, Module, _cuda, check_cu, compare, eager_time, gdn_launch,  # noqa: E402
-                      make_inputs, reference)
+                      make_inputs, reference, ulp)
 
 CHUNK = 64
 BLOCK_V = 32
@@ -43,28 +48,52 @@ class Params(ctypes.Structure):
                 ("batch", "steps", "chunks", "key_heads", "value_heads", "key_dim", "value_dim", "has_mask")]
 
 
-def smem_bytes(dk):
-    """gdn_chunk_smem_floats(Dk) of the kernel, in bytes."""
-    return 4 * (2 * CHUNK * (dk + 8) + dk * 40 + 2 * CHUNK * 40 + CHUNK * 72 + 3 * CHUNK)
+def smem_bytes(dk, dv):
+    """prep_smem_floats(Dk, Dv), state_smem_floats(Dk), out_smem_floats(Dk) of the kernel, in bytes."""
+    ld = lambda d: d + 8  # noqa: E731
+    prep = CHUNK * ld(dk) + CHUNK * ld(dv) + 2 * CHUNK * 72 + 4 * 16 * 24 + 3 * CHUNK
+    state = dk * 40 + 2 * CHUNK * ld(dk) + CHUNK * 40 + CHUNK
+    out = CHUNK * ld(dk) + max(CHUNK * ld(dk), (dk + CHUNK) * 40) + CHUNK * 72 + CHUNK * 40 + 2 * CHUNK
+    return 4 * prep, 4 * state, 4 * out
 
 
-def chunk_launch(mod, q, k, v, g, beta, state, y, mask, chunks):
-    B, T, Hk, Dk = q.shape
-    Hv, Dv = v.shape[2], v.shape[3]
-    assert Dk % 16 == 0 and Dk <= 256 and Dv % BLOCK_V == 0 and chunks * CHUNK <= T
-    inn = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16"}[q.dtype]
-    st = {torch.float32: "f32", torch.bfloat16: "bf16"}[state.dtype]
-    f = mod.func(f"gated_delta_chunk_{inn}_{st}")
-    smem = smem_bytes(Dk)
+def _launch(f, grid, smem, args):
     check_cu(_cuda.cuFuncSetAttribute(f, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem), "cuFuncSetAttribute")
-    p = Params(B, T, chunks, Hk, Hv, Dk, Dv, 1 if mask is not None else 0)
-    ptrs = [ctypes.c_void_p(t.data_ptr()) for t in (q, k, v, g, beta, state, y)]
-    ptrs.append(ctypes.c_void_p(mask.data_ptr() if mask is not None else g.data_ptr()))
-    holders = ptrs + [p]
+    holders = [ctypes.c_void_p(a.data_ptr()) if isinstance(a, torch.Tensor) else a for a in args]
     params = (ctypes.c_void_p * len(holders))(*[ctypes.cast(ctypes.byref(h), ctypes.c_void_p) for h in holders])
     stream = torch.cuda.current_stream().cuda_stream
-    rc = _cuda.cuLaunchKernel(f, Dv // BLOCK_V, B * Hv, 1, THREADS, 1, 1, smem, ctypes.c_void_p(stream), params, None)
+    rc = _cuda.cuLaunchKernel(f, grid[0], grid[1], 1, THREADS, 1, 1, smem, ctypes.c_void_p(stream), params, None)
     check_cu(rc, "cuLaunchKernel(gated_delta_chunk)")
+
+
+def chunk_scratch(B, Hv, Dk, Dv, chunks):
+    """The f32 scratch between the passes: gcum, w, u (then v_new), h."""
+    n, t = B * Hv, chunks * CHUNK
+    f = dict(device="cuda", dtype=torch.float32)
+    return (torch.empty(n * t, **f), torch.empty(n * t * Dk, **f), torch.empty(n * t * Dv, **f),
+            torch.empty(n * chunks * Dk * Dv, **f))
+
+
+def chunk_launch(mod, q, k, v, g, beta, state, y, mask, chunks, scratch=None, passes=(0, 1, 2)):
+    """The three passes of kernels/gated_delta_chunk.cu, as cuda_chunked.rs launches them
+    (`passes` picks some of them, for timing one alone on a scratch that holds a run's data)."""
+    B, T, Hk, Dk = q.shape
+    Hv, Dv = v.shape[2], v.shape[3]
+    assert Dk % 16 == 0 and Dk <= 256 and Dv % BLOCK_V == 0 and Dv <= 256 and 1 <= chunks and chunks * CHUNK <= T
+    inn = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16"}[q.dtype]
+    st = {torch.float32: "f32", torch.bfloat16: "bf16"}[state.dtype]
+    gcum, w, u, h = scratch if scratch is not None else chunk_scratch(B, Hv, Dk, Dv, chunks)
+    p = Params(B, T, chunks, Hk, Hv, Dk, Dv, 1 if mask is not None else 0)
+    m = mask if mask is not None else g
+    prep_smem, state_smem, out_smem = smem_bytes(Dk, Dv)
+    if 0 in passes:
+        _launch(mod.func(f"gated_delta_chunk_prep_{inn}"), (chunks, B * Hv), prep_smem,
+                [k, v, g, beta, m, gcum, w, u, p])
+    if 1 in passes:
+        _launch(mod.func(f"gated_delta_chunk_state_{inn}_{st}"), (Dv // BLOCK_V, B * Hv), state_smem,
+                [k, gcum, w, u, h, state, p])
+    if 2 in passes:
+        _launch(mod.func(f"gated_delta_chunk_out_{inn}"), (chunks, B * Hv), out_smem, [q, k, gcum, h, u, m, y, p])
 
 
 def chunked_update(chunk_mod, step_mod, q, k, v, g, beta, state, mask):
@@ -120,26 +149,50 @@ def torch_chunk(q, k, v, g, beta, state, C=CHUNK):
     return torch.stack(ys, dim=2).reshape(B, Hv, T, Dv).transpose(1, 2)
 
 
+def compare_chunk(y, state, sibling_state, ref_y, ref_s, in_dt, st_dt):
+    """compare()'s gates, with the bf16 state judged as what it is: the f32 state the kernels
+    computed (the f32-state sibling run, within the f32 gate of 1e-5 max|S|) rounded once. So a
+    bf16 value may be off the float64 reference by half a bf16 ulp of rounding plus that f32
+    error: within ulp(ref) + 1e-5 max|S| (compare()'s one ulp + 1e-7 max|S| fits the
+    recurrence, whose f32 error is per value, not a chunk form's, which is relative to max|S|)."""
+    r = compare(y, state, ref_y, ref_s, in_dt, torch.float32 if st_dt == torch.float32 else st_dt)
+    if st_dt == torch.float32:
+        return r
+    smax = ref_s.abs().max().item()
+    tol_s = ulp(ref_s, torch.bfloat16) + 1e-5 * smax
+    r["s_err_over_tol"] = ((state.double() - ref_s).abs() / tol_s).max().item()
+    r["sibling_over_tol"] = ((sibling_state.double() - ref_s).abs().max().item()) / (1e-5 * smax)
+    r["rounded_once"] = torch.equal(state, sibling_state.to(torch.bfloat16))
+    r["ok"] = (r["finite"] and r["y_err_over_tol"] <= 1.0 and r["s_err_over_tol"] <= 1.0
+               and r["sibling_over_tol"] <= 1.0 and r["rounded_once"])
+    return r
+
+
 def run_checks(chunk_mod, step_mod, log, seed=4321):
     gen = torch.Generator(device="cuda")
     gen.manual_seed(seed)
     n_ok = n_fail = 0
-    cases = [(1, 64, 16, 32, 128, 128, False), (1, 200, 16, 32, 128, 128, False),
+    cases = [(1, 1, 16, 32, 128, 128, False), (1, 63, 16, 32, 128, 128, False),
+             (1, 64, 16, 32, 128, 128, False), (1, 200, 16, 32, 128, 128, False),
              (2, 130, 2, 4, 128, 128, True), (1, 65, 16, 64, 128, 128, False), (1, 512, 16, 32, 128, 128, False),
-             (1, 128, 1, 2, 256, 32, False), (1, 64, 1, 2, 192, 128, False)]
+             (1, 128, 1, 2, 256, 32, False), (1, 64, 1, 2, 192, 128, False), (1, 128, 2, 2, 64, 256, True)]
     for (B, T, Hk, Hv, Dk, Dv, masked) in cases:
         for inn in ["f32", "f16", "bf16"]:
             for st in ["f32", "bf16"]:
                 q, k, v, g, beta, state, mask = make_inputs(B, T, Hk, Hv, Dk, Dv, DT[inn], DT[st], masked, gen)
                 ref_y, ref_s = reference(q, k, v, g, beta, state, mask)
+                sibling = state.float()
                 y = chunked_update(chunk_mod, step_mod, q, k, v, g, beta, state, mask)
+                chunked_update(chunk_mod, step_mod, q, k, v, g, beta, sibling, mask)
                 torch.cuda.synchronize()
-                r = compare(y, state, ref_y, ref_s, DT[inn], DT[st])
+                r = compare_chunk(y, state, sibling, ref_y, ref_s, DT[inn], DT[st])
                 n_ok += r["ok"]
                 n_fail += not r["ok"]
+                extra = "" if st == "f32" else (f" f32 sibling {r['sibling_over_tol']:.2f} of tol, "
+                                                f"rounded once {r['rounded_once']}")
                 log(f"{'ok  ' if r['ok'] else 'FAIL'} chunk B={B} T={T:<4} Hk={Hk:<2} Hv={Hv:<2} Dk={Dk} Dv={Dv} "
                     f"mask={int(masked)} {inn:>4}/{st:<4} y {r['y_err_rel_max']:.2e} ({r['y_err_over_tol']:.2f} of tol) "
-                    f"state {r['s_err_rel_max']:.2e} ({r['s_err_over_tol']:.2f} of tol)")
+                    f"state {r['s_err_rel_max']:.2e} ({r['s_err_over_tol']:.2f} of tol){extra}")
     log(f"chunk kernel checks: {n_ok} passed, {n_fail} failed")
     return n_fail == 0
 
@@ -149,30 +202,43 @@ def run_bench(chunk_mod, step_mod, fla, log):
     gen = torch.Generator(device="cuda")
     gen.manual_seed(7)
     rows = []
-    for T in [512, 4096]:
+    # T = 64..256: ours only, where the chunk form starts to beat the recurrence
+    # (CUDA_CHUNKED_MIN_STEPS in crates/gdn-ops/src/ops/gated_delta/mod.rs).
+    for T in [64, 128, 256, 512, 4096]:
+        full = T >= 512
         data = []
         for _ in range(3):
             q, k, v, g, beta, state, _ = make_inputs(B, T, Hk, Hv, Dk, Dv, torch.bfloat16, torch.float32, False, gen)
             y = torch.empty(B, T, Hv, Dv, device="cuda", dtype=torch.bfloat16)
             data.append((q, k, v, g, beta, state, y, g.log()))
-        iters = 9 if T == 4096 else 15
+        iters = 9 if T == 4096 else 15 if full else 31
         res = {}
         fns = [(lambda d=d: chunk_launch(chunk_mod, *d[:7], None, T // CHUNK)) for d in data]
         res["ours chunk"] = eager_time(fns, iters=iters, warm=2)[0]
+        # Each pass alone, on scratch a full run filled (the state pass then runs on v_new as if
+        # it were u: other values, the same work).
+        scr = chunk_scratch(B, Hv, Dk, Dv, T // CHUNK)
+        chunk_launch(chunk_mod, *data[0][:7], None, T // CHUNK, scratch=scr)
+        passes = ["pass 1 (prep, parallel)", "pass 2 (state, sequential)", "pass 3 (y, parallel)"] if full else []
+        for i, name in enumerate(passes):
+            fns = [lambda i=i: chunk_launch(chunk_mod, *data[0][:7], None, T // CHUNK, scratch=scr, passes=(i,))]
+            res[f"  ours chunk {name}"] = eager_time(fns, iters=iters, warm=2)[0]
+        del scr
         fns = [(lambda d=d: gdn_launch(step_mod, *d[:7], None)) for d in data]
         res["ours recurrence"] = eager_time(fns, iters=iters, warm=1)[0]
-        if fla is not None:
+        if fla is not None and full:
             try:
                 fns = [(lambda d=d: fla(d[0], d[1], d[2], g=d[7], beta=d[4], scale=1.0, initial_state=d[5],
                                         output_final_state=True, state_v_first=True)) for d in data]
                 res["fla chunk_gated_delta_rule"] = eager_time(fns, iters=iters, warm=2)[0]
             except Exception as e:
                 log(f"fla chunk_gated_delta_rule failed at T={T}: {e!r}")
-        try:
-            fns = [(lambda d=d: torch_chunk(*d[:6])) for d in data]
-            res["torch chunk (baseline, not fla)"] = eager_time(fns, iters=5, warm=1)[0]
-        except Exception as e:
-            log(f"torch chunk failed at T={T}: {e!r}")
+        if full:
+            try:
+                fns = [(lambda d=d: torch_chunk(*d[:6])) for d in data]
+                res["torch chunk (baseline, not fla)"] = eager_time(fns, iters=5, warm=1)[0]
+            except Exception as e:
+                log(f"torch chunk failed at T={T}: {e!r}")
         ours = res["ours chunk"]
         for name, us in res.items():
             rows.append((T, name, us, us / ours, B * T / (us * 1e-6) / 1e3))
@@ -203,9 +269,9 @@ def main():
     torch.backends.cuda.matmul.allow_tf32 = False
     log(f"torch {torch.__version__}, device {torch.cuda.get_device_name(0)}")
     chunk_mod, step_mod = Module(args.chunk_ptx), Module(args.step_ptx)
-    for n in ["gated_delta_chunk_bf16_f32", "gated_delta_chunk_f32_f32"]:
+    for i, n in enumerate(["gated_delta_chunk_prep_bf16", "gated_delta_chunk_state_bf16_f32", "gated_delta_chunk_out_bf16"]):
         r, lm = chunk_mod.regs(n)
-        log(f"  {n}: {r} registers, {lm} B local memory per thread, {smem_bytes(128)} B shared at Dk 128")
+        log(f"  {n}: {r} registers, {lm} B local memory per thread, {smem_bytes(128, 128)[i]} B shared at Dk = Dv = 128")
     fla = None
     try:
         from fla.ops.gated_delta_rule import chunk_gated_delta_rule

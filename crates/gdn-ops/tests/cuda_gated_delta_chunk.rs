@@ -1,5 +1,6 @@
-//! The chunked CUDA kernel `kernels/gated_delta_chunk.cu` (TF32 tensor cores, through
-//! `gated_delta_update_chunked`: full chunks of 64 tokens, the tail by the recurrence kernel)
+//! The chunked CUDA kernels `kernels/gated_delta_chunk.cu` (three passes on TF32 tensor cores,
+//! through `gated_delta_update_chunked`: full chunks of 64 tokens, the tail by the recurrence
+//! kernel)
 //! against the token-by-token CPU twin, for every InT/StT instantiation, on fresh random
 //! inputs at the models' head shapes: T with no chunk, a tail only, whole chunks, chunks and a
 //! tail, padding masks. Built only with the `cuda` feature and run on the GPU machine; without
@@ -14,7 +15,7 @@ mod common;
 
 use candle_core::{DType, Device, Tensor};
 use common::{gpu, rel_max, tolerance, Rng};
-use gdn_ops::{gated_delta_update_chunked, gated_delta_update_masked};
+use gdn_ops::{gated_delta_update_chunked, gated_delta_update_in, GdnForm};
 
 fn tol(dtype: DType) -> f32 {
     match dtype {
@@ -41,6 +42,8 @@ fn chunked_kernel_matches_the_recurrence() {
         (1, 64, 1, 2, 192, 128, false),
         (1, 128, 1, 2, 256, 32, false),
         (2, 70, 1, 3, 64, 64, true),
+        // The largest value head dim the chunk passes take.
+        (1, 128, 2, 2, 64, 256, true),
     ];
     for &(b, t, hk, hv, dk, dv, masked) in &shapes {
         for in_dtype in [DType::F32, DType::F16, DType::BF16] {
@@ -83,20 +86,23 @@ fn chunked_kernel_matches_the_recurrence() {
                     // A copy: on the CPU `to_device` shares storage.
                     let st = state.to_device(dev).unwrap().copy().unwrap();
                     let m = mask.as_ref().map(up);
-                    let f = if chunked {
-                        gated_delta_update_chunked
+                    let (q, k, v, g, beta) = (up(&q), up(&k), up(&v), up(&g), up(&beta));
+                    // The reference is the token-by-token recurrence (on the CPU the length
+                    // alone would pick the CPU's chunked form).
+                    let y = if chunked {
+                        gated_delta_update_chunked(&q, &k, &v, &g, &beta, &st, m.as_ref())
                     } else {
-                        gated_delta_update_masked
-                    };
-                    let y = f(
-                        &up(&q),
-                        &up(&k),
-                        &up(&v),
-                        &up(&g),
-                        &up(&beta),
-                        &st,
-                        m.as_ref(),
-                    )
+                        gated_delta_update_in(
+                            GdnForm::Recurrent,
+                            &q,
+                            &k,
+                            &v,
+                            &g,
+                            &beta,
+                            &st,
+                            m.as_ref(),
+                        )
+                    }
                     .unwrap();
                     (y, st)
                 };

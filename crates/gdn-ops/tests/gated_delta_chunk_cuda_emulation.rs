@@ -1,10 +1,10 @@
-//! The body of the shipped CUDA chunk kernel, `kernels/gated_delta_chunk.cu`
-//! (`gdn_chunk::chunk_kernel`, TF32 tensor-core products), compiled as C++ with clang-19 on
-//! top of the Metal emulation plus CUDA stand-ins (`kernels/emu/cuda/`: blocks of fibers,
-//! barriers, warp shuffles, wmma m16n16k8 TF32 fragments that read only the TF32 bits), run on
-//! the CPU for all six `gated_delta_chunk_{in}_{st}` instantiations over whole chunks
+//! The bodies of the shipped CUDA chunk kernels, `kernels/gated_delta_chunk.cu` (three passes:
+//! `gdn_chunk::{prep,state,out}_kernel`, TF32 tensor-core products), compiled as C++ with
+//! clang-19 on top of the Metal emulation plus CUDA stand-ins (`kernels/emu/cuda/`: blocks of
+//! fibers, barriers, warp shuffles, wmma m16n16k8 TF32 fragments that read only the TF32 bits),
+//! run on the CPU for all six InT/StT instantiations over whole chunks
 //! (`kernels/emu/gated_delta_chunk_cuda_harness.cpp`) and compared with the token-by-token CPU
-//! twin [`gdn_ops::gated_delta_update_masked`]. What it cannot check is the GPU itself
+//! twin ([`gdn_ops::gated_delta_update_in`] in [`gdn_ops::GdnForm::Recurrent`]). What it cannot check is the GPU itself
 //! (timing, the fragment layouts of real tensor cores): `tests/cuda_gated_delta_chunk.rs` does,
 //! on the H100.
 //!
@@ -65,6 +65,8 @@ fn jobs() -> Vec<(In, St, Shape, bool)> {
     jobs.push((In::F32, St::F32, shape(1, 64, 1, 2, 192, 128), false));
     jobs.push((In::F32, St::F32, shape(1, 128, 1, 1, 256, 32), false));
     jobs.push((In::F32, St::F32, shape(1, 128, 2, 1, 16, 64), false));
+    // The largest value head dim (pass 1 stages all of V).
+    jobs.push((In::Bf16, St::F32, shape(2, 64, 1, 1, 64, 256), true));
     jobs
 }
 
@@ -79,8 +81,9 @@ fn shipped_kernel_matches_the_cpu_reference() {
     );
 }
 
-/// What the C++ build cannot see: the entry points the host looks up, and the parameter struct
-/// passed by value, which the host mirrors (`GdnChunkParams`, ops/gated_delta/chunked.rs).
+/// What the C++ build cannot see: the entry points the host looks up and their parameters, and
+/// the parameter struct passed by value, which the host mirrors (`GdnChunkParams`,
+/// ops/gated_delta/chunked.rs).
 #[test]
 fn kernel_abi_in_source() {
     let flat = emu::shipped_source("kernels/gated_delta_chunk.cu");
@@ -103,23 +106,41 @@ fn kernel_abi_in_source() {
         flat.contains("#include \"params/gated_delta_chunk.h\""),
         "gated_delta_chunk.cu must take GdnChunkParams from kernels/params/gated_delta_chunk.h"
     );
-    assert!(
-        flat.contains("const float* mask, const GdnChunkParams p)"),
-        "the entry points take (q, k, v, g, beta, state, y, mask, GdnChunkParams p), as cuda_chunked.rs pushes them"
-    );
+    for signature in [
+        "const float* beta, const float* mask, float* gcum,",
+        "float* w, float* u, const GdnChunkParams p)",
+        "name(const InT* k, const float* gcum, const float* w, float* u, float* h, StT* state,",
+        "const GdnChunkParams p)",
+        "name(const InT* q, const InT* k, const float* gcum, const float* h, const float* v_new, const float* mask,",
+        "InT* y, const GdnChunkParams p)",
+    ] {
+        assert!(
+            flat.contains(signature),
+            "the entry points' parameters changed (`{signature}` is gone): cuda_chunked.rs pushes them in that order"
+        );
+    }
+    let ty = |n: &str| match n {
+        "f32" => "float",
+        "f16" => "__half",
+        _ => "__nv_bfloat16",
+    };
     for (inp, st) in INSTANTIATIONS {
-        let ty = |n: &str| match n {
-            "f32" => "float",
-            "f16" => "__half",
-            _ => "__nv_bfloat16",
-        };
         let line = format!(
-            "GDN_CHUNK_ENTRY(gated_delta_chunk_{}_{}, {}, {})",
+            "GDN_CHUNK_STATE_ENTRY(gated_delta_chunk_state_{}_{}, {}, {})",
             inp.name(),
             st.name(),
             ty(inp.name()),
             ty(st.name())
         );
         assert!(flat.contains(&line), "missing `{line}`");
+    }
+    for inp in ["f32", "f16", "bf16"] {
+        for (pass, entry) in [("prep", "PREP"), ("out", "OUT")] {
+            let line = format!(
+                "GDN_CHUNK_{entry}_ENTRY(gated_delta_chunk_{pass}_{inp}, {})",
+                ty(inp)
+            );
+            assert!(flat.contains(&line), "missing `{line}`");
+        }
     }
 }

@@ -3,7 +3,8 @@
 //! simdgroup matrices in metal_emu_simdgroup_matrix.h), run on the CPU for all six
 //! `gated_delta_chunk_{in}_{st}` kernels with the host's split (full chunks of 64 through the
 //! chunk kernel, the tail through the recurrence kernel, kernels/emu/gated_delta_chunk_harness.cpp)
-//! and compared with the token-by-token CPU twin [`gdn_ops::gated_delta_update_masked`].
+//! and compared with the token-by-token CPU twin ([`gdn_ops::gated_delta_update_in`] in
+//! [`gdn_ops::GdnForm::Recurrent`]).
 //!
 //! Needs Debian's `clang-19` and `libclang-rt-19-dev`, like the other emulation tests; it
 //! never skips. `GDN_EMU_CXX` overrides the compiler.
@@ -102,28 +103,43 @@ fn kernel_abi_in_source() {
         flat.contains("#include \"params/gated_delta_chunk.h\""),
         "gated_delta_chunk.metal must take GdnChunkParams from kernels/params/gated_delta_chunk.h"
     );
+    // Each pass's buffers in metal_chunked.rs's binding order, the params after them.
     let mut from = 0;
-    let buffers = ["q", "k", "v", "g", "beta", "state", "y", "mask", "p"];
-    for (i, name) in buffers.iter().enumerate() {
-        let needle = format!("{name} [[buffer({i})]]");
-        let at = flat[from..]
-            .find(&needle)
-            .unwrap_or_else(|| panic!("`{needle}` missing or out of order"));
-        from += at + needle.len();
+    for buffers in [
+        &["k", "v", "g", "beta", "mask", "gcum", "w", "u", "p"][..],
+        &["k", "gcum", "w", "u", "h", "state", "p"][..],
+        &["q", "k", "gcum", "h", "v_new", "mask", "y", "p"][..],
+    ] {
+        for (i, name) in buffers.iter().enumerate() {
+            let needle = format!("{name} [[buffer({i})]]");
+            let at = flat[from..]
+                .find(&needle)
+                .unwrap_or_else(|| panic!("`{needle}` missing or out of order"));
+            from += at + needle.len();
+        }
     }
+    let ty = |n: &str| match n {
+        "f32" => "float",
+        "f16" => "half",
+        _ => "bfloat",
+    };
     for (inp, st) in INSTANTIATIONS {
-        let ty = |n: &str| match n {
-            "f32" => "float",
-            "f16" => "half",
-            _ => "bfloat",
-        };
         let line = format!(
-            "GDN_CHUNK_KERNEL(gated_delta_chunk_{}_{}, {}, {})",
+            "GDN_CHUNK_STATE_KERNEL(gated_delta_chunk_state_{}_{}, {}, {})",
             inp.name(),
             st.name(),
             ty(inp.name()),
             ty(st.name())
         );
         assert!(flat.contains(&line), "missing `{line}`");
+    }
+    for inp in ["f32", "f16", "bf16"] {
+        for (pass, entry) in [("prep", "PREP"), ("out", "OUT")] {
+            let line = format!(
+                "GDN_CHUNK_{entry}_KERNEL(gated_delta_chunk_{pass}_{inp}, {})",
+                ty(inp)
+            );
+            assert!(flat.contains(&line), "missing `{line}`");
+        }
     }
 }

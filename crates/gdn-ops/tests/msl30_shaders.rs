@@ -110,14 +110,23 @@ fn every_shader_builds_without_bfloat() {
 fn gated_delta_chunk_builds_without_bfloat() {
     // simdgroup_float8x8 and simdgroup_half8x8 are MSL 2.3; simdgroup_bfloat8x8 needs bfloat.
     let text = as_msl30("gated_delta_chunk.metal");
-    for name in ["gated_delta_chunk_f32_f32", "gated_delta_chunk_f16_f32"] {
+    for name in [
+        "gated_delta_chunk_prep_f32",
+        "gated_delta_chunk_prep_f16",
+        "gated_delta_chunk_state_f32_f32",
+        "gated_delta_chunk_state_f16_f32",
+        "gated_delta_chunk_out_f32",
+        "gated_delta_chunk_out_f16",
+    ] {
         assert!(defines(&text, name), "{name} missing");
     }
     for name in [
-        "gated_delta_chunk_f32_bf16",
-        "gated_delta_chunk_f16_bf16",
-        "gated_delta_chunk_bf16_f32",
-        "gated_delta_chunk_bf16_bf16",
+        "gated_delta_chunk_prep_bf16",
+        "gated_delta_chunk_state_f32_bf16",
+        "gated_delta_chunk_state_f16_bf16",
+        "gated_delta_chunk_state_bf16_f32",
+        "gated_delta_chunk_state_bf16_bf16",
+        "gated_delta_chunk_out_bf16",
     ] {
         assert!(!defines(&text, name), "{name} needs bfloat");
     }

@@ -177,7 +177,9 @@ fn reference(c: &Case, inp: In, st: St) -> Out {
     );
     let state = t(&c.state, &[c.b, c.hv, c.dv, c.dk], st.dtype());
     let mask = c.mask.as_ref().map(|m| t(m, &[c.b, c.t], DType::F32));
-    let y = gdn_ops::gated_delta_update_masked(
+    // The token-by-token form (on the CPU the length alone would pick the chunked one).
+    let y = gdn_ops::gated_delta_update_in(
+        gdn_ops::GdnForm::Recurrent,
         &t(&c.q, qk, inp.dtype()),
         &t(&c.k, qk, inp.dtype()),
         &t(&c.v, v, inp.dtype()),

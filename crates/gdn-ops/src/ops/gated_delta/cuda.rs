@@ -1,7 +1,7 @@
 //! CUDA host side of the fused gated-delta kernel (`kernels/gated_delta.cu`): the same call
 //! as the Metal one, with the state advanced in place on candle's stream.
 
-use super::{GdnDims, Inputs};
+use super::{GdnDims, Inputs, Prepared};
 use crate::backend::cuda::{cuda_device, function, launch, tensor, view, KernelSource};
 use crate::backend::dtype_tag;
 use anyhow::{bail, ensure, Result};
@@ -33,10 +33,9 @@ pub fn kernel_name(input: DType, state: DType) -> Result<String> {
     ))
 }
 
-/// A tensor the kernel reads with 16-byte vector loads: contiguous, and starting on a
-/// 16-byte boundary (a copy if its view starts mid-vector).
-fn aligned(t: &Tensor) -> Result<Tensor> {
-    let t = t.contiguous()?;
+/// A contiguous tensor the kernel reads with 16-byte vector loads, starting on a 16-byte
+/// boundary (a copy if its view starts mid-vector).
+fn aligned(t: Tensor) -> Result<Tensor> {
     if (t.layout().start_offset() * t.dtype().size_in_bytes()).is_multiple_of(16) {
         Ok(t)
     } else {
@@ -82,21 +81,16 @@ where
     I: CudaDType + DeviceRepr + WithDType,
     S: CudaDType + DeviceRepr + WithDType,
 {
-    let in_dtype = I::DTYPE;
-    let func = function(dev, &SOURCE, &kernel_name(in_dtype, S::DTYPE)?)?;
-    let (q, k, v) = (
-        aligned(inputs.q)?,
-        aligned(&inputs.k.to_dtype(in_dtype)?)?,
-        aligned(&inputs.v.to_dtype(in_dtype)?)?,
-    );
-    let (g, beta) = (
-        inputs.g.to_dtype(DType::F32)?.contiguous()?,
-        inputs.beta.to_dtype(DType::F32)?.contiguous()?,
-    );
-    let mask = inputs
-        .mask
-        .map(|m| m.to_dtype(DType::F32)?.contiguous())
-        .transpose()?;
+    let func = function(dev, &SOURCE, &kernel_name(I::DTYPE, S::DTYPE)?)?;
+    let Prepared {
+        q,
+        k,
+        v,
+        g,
+        beta,
+        mask,
+    } = inputs.prepare()?;
+    let (q, k, v) = (aligned(q)?, aligned(k)?, aligned(v)?);
     let y_len = dims.batch * dims.steps * dims.value_heads * dims.value_dim;
     // SAFETY: the kernel writes every element of y.
     let y = unsafe { dev.alloc::<I>(y_len)? };

@@ -1,16 +1,19 @@
-//! CUDA host side of the chunked gated-delta kernel (`kernels/gated_delta_chunk.cu`, TF32
-//! tensor cores): the prefill form of the recurrence in `cuda.rs`, 64 tokens per chunk, with
-//! the tail run by the recurrence kernel (`chunked.rs`).
+//! CUDA host side of the chunked gated-delta kernels (`kernels/gated_delta_chunk.cu`, TF32
+//! tensor cores): the prefill form of the recurrence in `cuda.rs`, 64 tokens per chunk as three
+//! launches (every chunk's local part in parallel, the state pass over the chunks in sequence,
+//! y in parallel), with the tail run by the recurrence kernel (`chunked.rs`).
 
 use super::chunked::{split_update, GdnChunkParams, CHUNK};
-use super::{GdnDims, Inputs};
+use super::{GdnDims, Inputs, Prepared};
 use crate::backend::cuda::{cuda_device, function, launch, tensor, view, KernelSource};
 use crate::backend::dtype_tag;
 use anyhow::{bail, ensure, Result};
 use candle_core::cuda_backend::cudarc::driver::sys::CUfunction_attribute;
-use candle_core::cuda_backend::cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg};
+use candle_core::cuda_backend::cudarc::driver::{
+    CudaFunction, CudaSlice, DeviceRepr, LaunchConfig, PushKernelArg,
+};
 use candle_core::cuda_backend::CudaDType;
-use candle_core::{DType, Tensor, WithDType};
+use candle_core::{CudaDevice, DType, Tensor, WithDType};
 use half::{bf16, f16};
 
 const OP: &str = "gated_delta_chunked";
@@ -22,49 +25,67 @@ const SOURCE: KernelSource = KernelSource {
 // SAFETY: `GdnChunkParams` is `repr(C)` of eight u32, as the kernel's struct.
 unsafe impl DeviceRepr for GdnChunkParams {}
 
-/// Value columns per block (`kBlockV`).
+/// Value columns per block of the state pass (`kBlockV`).
 const BLOCK_V: usize = 32;
-/// Threads per block (`kThreads`): 4 warps.
+/// Threads per block of every pass (`kThreads`): 4 warps.
 const THREADS: u32 = 128;
-/// The key dims the kernel's shared memory holds (K and Q of a chunk in f32).
-const MAX_KEY_DIM: usize = 256;
+/// The largest key and value head dims the passes' shared memory holds.
+const MAX_DIM: usize = 256;
 
-/// Dynamic shared memory of a launch: `gdn_chunk_smem_floats(Dk)` of the kernel, in bytes
-/// (K and Q [64, Dk + 8], S^T [Dk, 40], R/V' and y [64, 40], the 64x72 matrix, the gates).
-fn shared_bytes(key_dim: usize) -> usize {
-    let floats = 2 * CHUNK * (key_dim + 8) + key_dim * 40 + 2 * CHUNK * 40 + CHUNK * 72 + 3 * CHUNK;
-    floats * 4
+/// Floats per staged row of `d` values (`ld_rows`): 8 of padding.
+const fn ld_rows(d: usize) -> usize {
+    d + 8
 }
 
-/// Whether the kernel takes these dims (else the caller runs the recurrence).
+/// Dynamic shared memory of each pass in bytes: `prep_smem_floats`, `state_smem_floats` and
+/// `out_smem_floats` of the kernel (K and V of a chunk, two 64x72 matrices, a 16x24 tile per
+/// warp and the gates; the 32-column state block, w and K, v_new; Q, K or the h and v_new slabs,
+/// P, y staging and the gates).
+fn prep_shared_bytes(key_dim: usize, value_dim: usize) -> usize {
+    4 * (CHUNK * ld_rows(key_dim)
+        + CHUNK * ld_rows(value_dim)
+        + 2 * CHUNK * 72
+        + 4 * 16 * 24
+        + 3 * CHUNK)
+}
+fn state_shared_bytes(key_dim: usize) -> usize {
+    4 * (key_dim * 40 + 2 * CHUNK * ld_rows(key_dim) + CHUNK * 40 + CHUNK)
+}
+fn out_shared_bytes(key_dim: usize) -> usize {
+    let slabs = (CHUNK * ld_rows(key_dim)).max((key_dim + CHUNK) * 40);
+    4 * (CHUNK * ld_rows(key_dim) + slabs + CHUNK * 72 + CHUNK * 40 + 2 * CHUNK)
+}
+
+/// Whether the kernels take these dims (else the caller runs the recurrence).
 pub fn supports(dims: &GdnDims) -> bool {
     dims.key_dim.is_multiple_of(16)
-        && (16..=MAX_KEY_DIM).contains(&dims.key_dim)
+        && (16..=MAX_DIM).contains(&dims.key_dim)
         && dims.value_dim.is_multiple_of(BLOCK_V)
-        && dims.value_dim > 0
+        && (BLOCK_V..=MAX_DIM).contains(&dims.value_dim)
         && dims.key_heads > 0
         // An empty grid is no launch: the recurrence path handles empty calls.
         && dims.batch * dims.value_heads > 0
         && dims.batch * dims.value_heads <= 65535
 }
 
-/// The kernel instantiation for activations of `input` and a state of `state` dtype.
-pub fn kernel_name(input: DType, state: DType) -> Result<String> {
+/// The three passes' instantiations for activations of `input` and a state of `state` dtype.
+pub fn kernel_names(input: DType, state: DType) -> Result<[String; 3]> {
     ensure!(
         matches!(state, DType::F32 | DType::BF16),
         "{OP}: the state must be f32 or bf16"
     );
-    Ok(format!(
-        "gated_delta_chunk_{}_{}",
-        dtype_tag(input, OP)?,
-        dtype_tag(state, OP)?
-    ))
+    let (i, s) = (dtype_tag(input, OP)?, dtype_tag(state, OP)?);
+    Ok([
+        format!("gated_delta_chunk_prep_{i}"),
+        format!("gated_delta_chunk_state_{i}_{s}"),
+        format!("gated_delta_chunk_out_{i}"),
+    ])
 }
 
 pub(crate) fn gated_delta_update(dims: GdnDims, inputs: &Inputs, state: &Tensor) -> Result<Tensor> {
     ensure!(
         supports(&dims),
-        "{OP}: the CUDA chunk kernel needs a key head dim that is a multiple of 16 up to {MAX_KEY_DIM}, a value head dim that is a multiple of {BLOCK_V} and batch × value heads ≤ 65535 (got {:?})",
+        "{OP}: the CUDA chunk kernels need a key head dim that is a multiple of 16 up to {MAX_DIM}, a value head dim that is a multiple of {BLOCK_V} up to {MAX_DIM} and batch × value heads ≤ 65535 (got {:?})",
         dims
     );
     split_update(dims, inputs, state, |inputs, state, chunks| {
@@ -73,62 +94,90 @@ pub(crate) fn gated_delta_update(dims: GdnDims, inputs: &Inputs, state: &Tensor)
             state.is_contiguous(),
             "{OP}: the state must be contiguous to be updated in place"
         );
-        match (inputs.q.dtype(), state.dtype()) {
-            (DType::F32, DType::F32) => launch_as::<f32, f32>(dims, inputs, state, chunks, &dev),
-            (DType::F32, DType::BF16) => launch_as::<f32, bf16>(dims, inputs, state, chunks, &dev),
-            (DType::F16, DType::F32) => launch_as::<f16, f32>(dims, inputs, state, chunks, &dev),
-            (DType::F16, DType::BF16) => launch_as::<f16, bf16>(dims, inputs, state, chunks, &dev),
-            (DType::BF16, DType::F32) => launch_as::<bf16, f32>(dims, inputs, state, chunks, &dev),
+        let prepared = inputs.prepare()?;
+        match (prepared.q.dtype(), state.dtype()) {
+            (DType::F32, DType::F32) => launch_as::<f32, f32>(dims, &prepared, state, chunks, &dev),
+            (DType::F32, DType::BF16) => {
+                launch_as::<f32, bf16>(dims, &prepared, state, chunks, &dev)
+            }
+            (DType::F16, DType::F32) => launch_as::<f16, f32>(dims, &prepared, state, chunks, &dev),
+            (DType::F16, DType::BF16) => {
+                launch_as::<f16, bf16>(dims, &prepared, state, chunks, &dev)
+            }
+            (DType::BF16, DType::F32) => {
+                launch_as::<bf16, f32>(dims, &prepared, state, chunks, &dev)
+            }
             (DType::BF16, DType::BF16) => {
-                launch_as::<bf16, bf16>(dims, inputs, state, chunks, &dev)
+                launch_as::<bf16, bf16>(dims, &prepared, state, chunks, &dev)
             }
             (i, s) => bail!("{OP}: no CUDA kernel for activations {i:?} with a {s:?} state"),
         }
     })
 }
 
-/// One launch over `chunks` full chunks; y is written for those tokens only.
+/// A pass's function, allowed `bytes` of dynamic shared memory (over the default 48 KB).
+fn pass(dev: &CudaDevice, name: &str, bytes: usize) -> Result<CudaFunction> {
+    let func = function(dev, &SOURCE, name)?;
+    func.set_attribute(
+        CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+        bytes as i32,
+    )?;
+    Ok(func)
+}
+
+/// f32 scratch of `len` elements that a pass writes in full before any pass reads it.
+fn scratch(dev: &CudaDevice, len: usize) -> Result<CudaSlice<f32>> {
+    // SAFETY: every element is written by one pass before a later one reads it (the kernel's
+    // header lists who writes what).
+    Ok(unsafe { dev.alloc::<f32>(len)? })
+}
+
+/// The three launches over `chunks` full chunks; y is written for those tokens only.
 fn launch_as<I, S>(
     dims: GdnDims,
-    inputs: &Inputs,
+    inputs: &Prepared,
     state: &Tensor,
     chunks: usize,
-    dev: &candle_core::CudaDevice,
+    dev: &CudaDevice,
 ) -> Result<Tensor>
 where
     I: CudaDType + DeviceRepr + WithDType,
     S: CudaDType + DeviceRepr + WithDType,
 {
     ensure!(
-        chunks * CHUNK <= dims.steps,
-        "{OP}: {chunks} chunks of {CHUNK} exceed {} tokens",
+        chunks >= 1 && chunks * CHUNK <= dims.steps,
+        "{OP}: {chunks} chunks of {CHUNK} for {} tokens",
         dims.steps
     );
-    let in_dtype = I::DTYPE;
-    let func = function(dev, &SOURCE, &kernel_name(in_dtype, S::DTYPE)?)?;
-    let smem = shared_bytes(dims.key_dim);
-    // Over the default 48 KB: the function must be allowed its dynamic shared memory.
-    func.set_attribute(
-        CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-        smem as i32,
-    )?;
-    let (q, k, v) = (
-        inputs.q.contiguous()?,
-        inputs.k.to_dtype(in_dtype)?.contiguous()?,
-        inputs.v.to_dtype(in_dtype)?.contiguous()?,
+    let [prep_name, state_name, out_name] = kernel_names(I::DTYPE, S::DTYPE)?;
+    let (dk, dv) = (dims.key_dim, dims.value_dim);
+    let (prep_smem, state_smem, out_smem) = (
+        prep_shared_bytes(dk, dv),
+        state_shared_bytes(dk),
+        out_shared_bytes(dk),
     );
-    let (g, beta) = (
-        inputs.g.to_dtype(DType::F32)?.contiguous()?,
-        inputs.beta.to_dtype(DType::F32)?.contiguous()?,
-    );
-    let mask = inputs
-        .mask
-        .map(|m| m.to_dtype(DType::F32)?.contiguous())
-        .transpose()?;
-    let y_len = dims.batch * dims.steps * dims.value_heads * dims.value_dim;
-    // SAFETY: the kernel writes y for the chunks' tokens; split_update writes the tail's.
+    let prep = pass(dev, &prep_name, prep_smem)?;
+    let state_pass = pass(dev, &state_name, state_smem)?;
+    let out = pass(dev, &out_name, out_smem)?;
+
+    let heads = dims.batch * dims.value_heads;
+    let tokens = chunks * CHUNK;
+    let gcum = scratch(dev, heads * tokens)?;
+    let w = scratch(dev, heads * tokens * dk)?;
+    let u = scratch(dev, heads * tokens * dv)?;
+    let h = scratch(dev, heads * chunks * dk * dv)?;
+    let y_len = dims.batch * dims.steps * dims.value_heads * dv;
+    // SAFETY: the out pass writes y for the chunks' tokens; split_update writes the tail's.
     let y = unsafe { dev.alloc::<I>(y_len)? };
-    let params = GdnChunkParams::new(&dims, chunks, mask.is_some());
+    let params = GdnChunkParams::new(&dims, chunks, inputs.mask.is_some());
+    let Prepared {
+        q,
+        k,
+        v,
+        g,
+        beta,
+        mask,
+    } = inputs;
     {
         let (qs, ql) = q.storage_and_layout();
         let (ks, kl) = k.storage_and_layout();
@@ -150,32 +199,53 @@ where
             None => view::<f32>(&gs, gl, OP)?,
         };
         let stream = dev.cuda_stream();
-        let mut args = stream.launch_builder(&func);
-        args.arg(&q_view)
-            .arg(&k_view)
-            .arg(&v_view)
-            .arg(&g_view)
-            .arg(&beta_view)
-            .arg(&state_view)
-            .arg(&y)
-            .arg(&mask_view)
-            .arg(&params);
-        let config = LaunchConfig {
-            grid_dim: (
-                (dims.value_dim / BLOCK_V) as u32,
-                (dims.batch * dims.value_heads) as u32,
-                1,
-            ),
+        let config = |grid_x: usize, smem: usize| LaunchConfig {
+            grid_dim: (grid_x as u32, heads as u32, 1),
             block_dim: (THREADS, 1, 1),
             shared_mem_bytes: smem as u32,
         };
-        // SAFETY: the arguments match the kernel's signature in kernels/gated_delta_chunk.cu,
-        // in order and type, and every view covers the elements the kernel indexes.
-        unsafe { launch(args, config) }?;
+
+        let mut args = stream.launch_builder(&prep);
+        args.arg(&k_view)
+            .arg(&v_view)
+            .arg(&g_view)
+            .arg(&beta_view)
+            .arg(&mask_view)
+            .arg(&gcum)
+            .arg(&w)
+            .arg(&u)
+            .arg(&params);
+        // SAFETY: the arguments match gated_delta_chunk_prep_<in> in kernels/gated_delta_chunk.cu,
+        // in order and type; the inputs cover every (b, t < chunks * 64) the grid indexes and the
+        // scratch has the sizes of the kernel's header.
+        unsafe { launch(args, config(chunks, prep_smem)) }?;
+
+        let mut args = stream.launch_builder(&state_pass);
+        args.arg(&k_view)
+            .arg(&gcum)
+            .arg(&w)
+            .arg(&u)
+            .arg(&h)
+            .arg(&state_view)
+            .arg(&params);
+        // SAFETY: as above, for gated_delta_chunk_state_<in>_<st>; the state is [B, Hv, Dv, Dk].
+        unsafe { launch(args, config(dv / BLOCK_V, state_smem)) }?;
+
+        let mut args = stream.launch_builder(&out);
+        args.arg(&q_view)
+            .arg(&k_view)
+            .arg(&gcum)
+            .arg(&h)
+            .arg(&u)
+            .arg(&mask_view)
+            .arg(&y)
+            .arg(&params);
+        // SAFETY: as above, for gated_delta_chunk_out_<in>; y is [B, T, Hv, Dv].
+        unsafe { launch(args, config(chunks, out_smem)) }?;
     }
     Ok(tensor(
         y,
         dev,
-        (dims.batch, dims.steps, dims.value_heads, dims.value_dim),
+        (dims.batch, dims.steps, dims.value_heads, dv),
     ))
 }

@@ -4,7 +4,7 @@
 //! three-input custom-op limit), declares every buffer it reads or writes to candle's
 //! encoder so that hazards are tracked, and advances the state buffer in place.
 
-use super::{GdnDims, Inputs};
+use super::{GdnDims, Inputs, Prepared};
 use crate::backend::dtype_tag;
 use crate::backend::metal::{
     encode, metal_buffer, metal_device, new_output, output, pipeline, Binding, KernelSource,
@@ -54,14 +54,6 @@ pub fn kernel_name(input: DType, state: DType) -> Result<String> {
 }
 
 pub(crate) fn gated_delta_update(dims: GdnDims, inputs: &Inputs, state: &Tensor) -> Result<Tensor> {
-    let Inputs {
-        q,
-        k,
-        v,
-        g,
-        beta,
-        mask,
-    } = *inputs;
     const OP: &str = "gated_delta_update";
     let dev = &metal_device(state, OP)?;
     ensure!(
@@ -73,24 +65,17 @@ pub(crate) fn gated_delta_update(dims: GdnDims, inputs: &Inputs, state: &Tensor)
         state.is_contiguous(),
         "gated_delta_update: the state must be contiguous to be updated in place"
     );
+    let Prepared {
+        q,
+        k,
+        v,
+        g,
+        beta,
+        mask,
+    } = inputs.prepare()?;
     let in_dtype = q.dtype();
     let name = kernel_name(in_dtype, state.dtype())?;
     let pipeline = pipeline(dev, &SOURCE, &name)?;
-    // Inputs in the kernel's layouts and dtypes. Done before taking the encoder: candle ops
-    // lock the same command state.
-    let (q, k, v) = (
-        q.contiguous()?,
-        k.to_dtype(in_dtype)?.contiguous()?,
-        v.to_dtype(in_dtype)?.contiguous()?,
-    );
-    let (g, beta) = (
-        g.to_dtype(DType::F32)?.contiguous()?,
-        beta.to_dtype(DType::F32)?.contiguous()?,
-    );
-    let mask = match mask {
-        Some(m) => Some(m.to_dtype(DType::F32)?.contiguous()?),
-        None => None,
-    };
     let y_len = dims.batch * dims.steps * dims.value_heads * dims.value_dim;
     let y_buffer = new_output(dev, y_len, in_dtype, "gated_delta_y")?;
     let params = GdnParams {

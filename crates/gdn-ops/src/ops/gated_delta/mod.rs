@@ -90,13 +90,23 @@ pub fn chunked_available_on(device: &Device) -> bool {
     }
 }
 
-/// Whether a call the length sends to the chunked form takes it without being asked. The
-/// CPU's chunk form is faster from 16 tokens on; the CUDA chunk kernel runs its chunks one
-/// after another per block and measured slower than the recurrence kernel on an H100
-/// (docs/perf-notes-gpu.md), and the Metal one has not run on a Mac yet: on the GPUs the
-/// chunked form is taken only when asked (`QWEN_GDN_GDN_PREFILL=chunked`).
-pub fn chunked_by_default_on(device: &Device) -> bool {
-    matches!(device, Device::Cpu)
+/// The shortest call the CUDA chunk kernels take without being asked; `None` leaves them
+/// opt-in (`QWEN_GDN_GDN_PREFILL=chunked`). The switch to set back to `None` if the H100 says
+/// the chunked passes are slower than the recurrence kernel (`scripts/gpu/bench-chunk.sh`,
+/// docs/perf-notes-gpu.md). From one whole chunk on: shorter calls would run the recurrence
+/// anyway (`chunked.rs`).
+pub const CUDA_CHUNKED_MIN_STEPS: Option<usize> = Some(CHUNK);
+
+/// Whether a call of `steps` tokens that the length sends to the chunked form takes it without
+/// being asked. The CPU's chunk form is faster from 16 tokens on; the CUDA one from
+/// [`CUDA_CHUNKED_MIN_STEPS`]; the Metal one has not run on a Mac yet and is taken only when
+/// asked (`QWEN_GDN_GDN_PREFILL=chunked`).
+pub fn chunked_by_default_on(device: &Device, steps: usize) -> bool {
+    match device {
+        Device::Cpu => true,
+        Device::Cuda(_) => CUDA_CHUNKED_MIN_STEPS.is_some_and(|min| steps >= min),
+        _ => false,
+    }
 }
 
 /// Whether `device` has the chunked form for these dims. The CPU takes any dims (its buffers
@@ -124,6 +134,36 @@ pub(crate) struct Inputs<'a> {
     pub(crate) g: &'a Tensor,
     pub(crate) beta: &'a Tensor,
     pub(crate) mask: Option<&'a Tensor>,
+}
+
+/// A call's inputs in the layouts and dtypes every GPU kernel of this op reads (the Metal and
+/// CUDA recurrence and chunk kernels alike): q, k and v contiguous in q's dtype (InT), g, beta
+/// and the mask contiguous in f32. On Metal it is made before the encoder is taken: candle's
+/// ops lock the same command state.
+#[cfg(any(feature = "metal", target_os = "macos", feature = "cuda"))]
+pub(crate) struct Prepared {
+    pub(crate) q: Tensor,
+    pub(crate) k: Tensor,
+    pub(crate) v: Tensor,
+    pub(crate) g: Tensor,
+    pub(crate) beta: Tensor,
+    pub(crate) mask: Option<Tensor>,
+}
+
+#[cfg(any(feature = "metal", target_os = "macos", feature = "cuda"))]
+impl Inputs<'_> {
+    pub(crate) fn prepare(&self) -> Result<Prepared> {
+        let in_dtype = self.q.dtype();
+        let f32_contiguous = |t: &Tensor| t.to_dtype(candle_core::DType::F32)?.contiguous();
+        Ok(Prepared {
+            q: self.q.contiguous()?,
+            k: self.k.to_dtype(in_dtype)?.contiguous()?,
+            v: self.v.to_dtype(in_dtype)?.contiguous()?,
+            g: f32_contiguous(self.g)?,
+            beta: f32_contiguous(self.beta)?,
+            mask: self.mask.map(f32_contiguous).transpose()?,
+        })
+    }
 }
 
 /// Shapes of one gated-delta call, read off its inputs.
@@ -275,19 +315,21 @@ fn update(
             [dims.batch, dims.steps]
         );
     }
-    let chunked = form == GdnForm::Chunked && (asked || chunked_by_default_on(state.device())) && {
-        let supported = chunked_supported_on(state.device(), &dims);
-        if !supported && (asked || chunked_available_on(state.device())) {
-            static NOTICED: AtomicBool = AtomicBool::new(false);
-            if !NOTICED.swap(true, Ordering::Relaxed) {
-                eprintln!(
+    let chunked = form == GdnForm::Chunked
+        && (asked || chunked_by_default_on(state.device(), dims.steps))
+        && {
+            let supported = chunked_supported_on(state.device(), &dims);
+            if !supported && (asked || chunked_available_on(state.device())) {
+                static NOTICED: AtomicBool = AtomicBool::new(false);
+                if !NOTICED.swap(true, Ordering::Relaxed) {
+                    eprintln!(
                     "qwen-gdn: no chunked gated delta on {:?} for {dims:?}; running the recurrence",
                     state.device().location()
                 );
+                }
             }
-        }
-        supported
-    };
+            supported
+        };
     match state.device() {
         // Stands in for the one kernel a GPU launches.
         Device::Cpu => {
