@@ -193,4 +193,37 @@ mod tests {
         );
         assert!(tile_schedule(&[0, 0, 0]).is_empty());
     }
+
+    #[test]
+    fn bad_inputs_are_one_line_errors() {
+        let m = crate::affine::AffineMatrix::new(
+            4,
+            32,
+            [2, 3, 32],
+            vec![0u32; 2 * 3 * 4],
+            vec![1f32; 6],
+            vec![0f32; 6],
+        )
+        .unwrap();
+        let m = AffineTensor::upload(&m, &Device::Cpu).unwrap();
+        let x = Tensor::zeros((4, 32), DType::F32, &Device::Cpu).unwrap();
+        for (offsets, want) in [
+            (&[0u32, 4][..], "2 offsets for 2 experts"),
+            (&[1, 2, 4], "start at 1"),
+            (&[0, 3, 2], "decrease at expert 1"),
+            (&[0, 1, 5], "end at 5, but x has 4 rows"),
+        ] {
+            let err = m.grouped_matmul_t(&x, offsets).unwrap_err().to_string();
+            assert!(
+                err.starts_with("grouped matmul: ") && err.contains(want) && !err.contains('\n'),
+                "{offsets:?}: {err}"
+            );
+        }
+        let wide = Tensor::zeros((4, 64), DType::F32, &Device::Cpu).unwrap();
+        let err = m.grouped_matmul_t(&wide, &[0, 1, 4]).unwrap_err();
+        assert!(err.to_string().contains("must be [pairs, 32]"), "{err}");
+        // No pairs: an empty result, no product.
+        let none = Tensor::zeros((0, 32), DType::F32, &Device::Cpu).unwrap();
+        assert_eq!(m.grouped_matmul_t(&none, &[0, 0, 0]).unwrap().dims(), [0, 3]);
+    }
 }
