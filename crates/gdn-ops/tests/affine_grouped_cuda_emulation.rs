@@ -75,14 +75,24 @@ fn check(c: &Case) -> Option<String> {
     let want = values(&twin.grouped_matmul_t(&x, &offsets).unwrap());
     let schedule = tile_schedule(&offsets);
     let mut input = Input::new(b"AGQCUDA1");
-    for v in [experts, c.rows, c.cols, c.bits, c.group, pairs, schedule.len() / 3] {
+    for v in [
+        experts,
+        c.rows,
+        c.cols,
+        c.bits,
+        c.group,
+        pairs,
+        schedule.len() / 3,
+    ] {
         input.u32(v as u32);
     }
     input.u32(c.x.code()).u32(c.scales.code());
     m.packed().iter().for_each(|&w| {
         input.u32(w);
     });
-    input.f32s(&values(&twin.scales)).f32s(&values(&twin.biases));
+    input
+        .f32s(&values(&twin.scales))
+        .f32s(&values(&twin.biases));
     input.f32s(&values(&x));
     schedule.iter().for_each(|&t| {
         input.u32(t);
@@ -196,7 +206,11 @@ fn kernel_abi_in_source() {
         ),
         "the entry points take (packed, scales, biases, x, tiles, y, AffineGroupedParams p), as cuda_grouped.rs pushes them"
     );
-    for (xn, xt) in [("f32", "float"), ("f16", "__half"), ("bf16", "__nv_bfloat16")] {
+    for (xn, xt) in [
+        ("f32", "float"),
+        ("f16", "__half"),
+        ("bf16", "__nv_bfloat16"),
+    ] {
         let line = format!("AFFINE_GROUPED_FOR_SCALES({xn}, {xt})");
         assert!(flat.contains(&line), "missing `{line}`");
     }

@@ -282,7 +282,10 @@ fn gemm_launches_do_not_depend_on_the_experts_in_use() {
     };
     let (few, many) = (experts_in_use(&same), experts_in_use(&spread));
     assert_eq!(few, TOP_K + 1, "identical tokens choose the same experts");
-    assert!(many >= EXPERTS, "{many} experts in use: the chunk must spread");
+    assert!(
+        many >= EXPERTS,
+        "{many} experts in use: the chunk must spread"
+    );
     let launches = |f: &dyn Fn() -> Tensor| {
         gdn_ops::launches::take();
         let _ = f();

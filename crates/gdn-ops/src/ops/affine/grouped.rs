@@ -224,6 +224,9 @@ mod tests {
         assert!(err.to_string().contains("must be [pairs, 32]"), "{err}");
         // No pairs: an empty result, no product.
         let none = Tensor::zeros((0, 32), DType::F32, &Device::Cpu).unwrap();
-        assert_eq!(m.grouped_matmul_t(&none, &[0, 0, 0]).unwrap().dims(), [0, 3]);
+        assert_eq!(
+            m.grouped_matmul_t(&none, &[0, 0, 0]).unwrap().dims(),
+            [0, 3]
+        );
     }
 }
