@@ -15,21 +15,24 @@
 //             const uint32_t* tiles [tiles, 3], X* y [P, rows], AffineGroupedParams p (by value,
 //             kernels/params/affine_grouped.h)).
 // THE TILE SCHEDULE (built on the host from the offsets): entry t = (expert, first pair,
-//   count), 1 <= count <= kTileM; every pair of every expert in exactly one entry. Experts
-//   without pairs have no entry, so no block reads their weights.
+//   count), 1 <= count <= p.tile_pairs; every pair of every expert in exactly one entry.
+//   Experts without pairs have no entry, so no block reads their weights. p.tile_pairs is 16,
+//   32 or 64 (the host picks the smallest that holds an average expert's pairs: a short chunk
+//   spreads ~10 pairs over each expert, and a 64-pair tile would be mostly padding).
 // LAUNCH: grid (tiles, ceil(rows / kTileN), 1), block (kThreads, 1, 1), static shared memory
 //   kSmemBytes (under the 48 KB that needs no opt-in).
 // HOST MUST CHECK: bits in {2, 4, 8}; cols % 32 == 0; group_size % 32 == 0 and divides cols;
-//   the schedule's entries inside [0, P) and experts < E. An entry that is not (the kernel
-//   cannot report it) leaves its rows of y unwritten.
+//   tile_pairs in {16, 32, 64}; the schedule's entries inside [0, P) and experts < E. An entry
+//   that is not (the kernel cannot report it) leaves its rows of y unwritten.
 //
-// DESIGN: a block owns kTileM pairs of one expert and kTileN output rows. It walks the columns
-// kTileK at a time: stages the x tile, dequantizes the matching weight tile (one scale and bias
-// per weight row: kTileK divides the group size) into shared memory in X, and multiplies. For
-// f16 and bf16 the product runs on wmma m16n16k16 tensor cores with f32 accumulators (4 warps,
-// a 32 x 32 quarter each), staged through shared memory to write only the tile's own pairs;
-// for f32 each thread sums an 8 x 4 patch with FMAs. Pair rows past count and weight rows past
-// rows are zero in shared memory and never written.
+// DESIGN: a block owns TM (= tile_pairs) pairs of one expert and kTileN output rows. It walks
+// the columns kTileK at a time: stages the x tile, dequantizes the matching weight tile (one
+// scale and bias per weight row: kTileK divides the group size) into shared memory in X, and
+// multiplies. For f16 and bf16 the product runs on wmma m16n16k16 tensor cores with f32
+// accumulators (4 warps over the TM x 64 tile: 2 x 2 warps of 2 x 2 fragments at TM 64, 2 x 2
+// warps of 1 x 2 at 32, 1 x 4 warps of one fragment at 16), staged through shared memory to
+// write only the tile's own pairs; for f32 each thread sums a (TM / 8) x 4 patch with FMAs.
+// Pair rows past count and weight rows past rows are zero in shared memory and never written.
 //
 // Compile for candle: nvcc -ptx -arch=sm_90 -O3 kernels/affine_grouped.cu (sm_80+: bf16 wmma).
 // The body (affine_grouped::grouped_kernel) takes its thread and block indices and its shared
@@ -47,7 +50,7 @@ namespace affine_grouped {
 
 using namespace nvcuda;
 
-constexpr int kTileM = 64;          // pairs per tile
+constexpr int kTileM = 64;          // pairs per tile, at most (TM <= kTileM)
 constexpr int kTileN = 64;          // output rows per block
 constexpr int kTileK = 32;          // columns per step: within one quantization group
 constexpr int kWarps = 4;
@@ -91,13 +94,15 @@ __device__ __forceinline__ void dequantize_word(uint32_t word, float s, float b,
   }
 }
 
-// f32 activations: each thread sums an 8 x 4 patch of the tile with FMAs.
+// f32 activations: each thread sums a (TM / 8) x 4 patch of the tile with FMAs.
+template <int TM>
 struct ScalarAccum {
-  float v[8][4];
+  static constexpr int kRows = TM / 8;
+  float v[kRows][4];
 
   __device__ void zero() {
 #pragma unroll
-    for (int i = 0; i < 8; ++i)
+    for (int i = 0; i < kRows; ++i)
 #pragma unroll
       for (int j = 0; j < 4; ++j) v[i][j] = 0.0f;
   }
@@ -106,13 +111,13 @@ struct ScalarAccum {
     const int tm = tid / 16, tn = tid % 16;
 #pragma unroll 4
     for (int k = 0; k < kTileK; ++k) {
-      float a[8], b[4];
+      float a[kRows], b[4];
 #pragma unroll
-      for (int i = 0; i < 8; ++i) a[i] = xs[(tm * 8 + i) * kLdK + k];
+      for (int i = 0; i < kRows; ++i) a[i] = xs[(tm * kRows + i) * kLdK + k];
 #pragma unroll
       for (int j = 0; j < 4; ++j) b[j] = ws[(tn * 4 + j) * kLdK + k];
 #pragma unroll
-      for (int i = 0; i < 8; ++i)
+      for (int i = 0; i < kRows; ++i)
 #pragma unroll
         for (int j = 0; j < 4; ++j) v[i][j] = fmaf(a[i], b[j], v[i][j]);
     }
@@ -122,8 +127,8 @@ struct ScalarAccum {
                         uint32_t n0, int tid, unsigned char*) {
     const int tm = tid / 16, tn = tid % 16;
 #pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      const uint32_t m = tm * 8 + i;
+    for (int i = 0; i < kRows; ++i) {
+      const uint32_t m = tm * kRows + i;
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
         const uint32_t n = n0 + tn * 4 + j;
@@ -133,69 +138,77 @@ struct ScalarAccum {
   }
 };
 
-// f16 / bf16 activations: tensor cores, warp w owning rows 32 (w / 2) .. and output rows
-// 32 (w % 2) .. of the tile (2 x 2 fragments of 16 x 16).
-template <typename H>
+// f16 / bf16 activations: tensor cores, kWarpsM x kWarpsN warps over the TM x kTileN tile,
+// each owning kFragsM x kFragsN fragments of 16 x 16.
+template <typename H, int TM>
 struct TensorAccum {
+  static constexpr int kWarpsM = TM >= 32 ? 2 : 1;
+  static constexpr int kWarpsN = kWarps / kWarpsM;
+  static constexpr int kFragsM = TM / 16 / kWarpsM;
+  static constexpr int kFragsN = kTileN / 16 / kWarpsN;
+  static_assert(kFragsM >= 1 && kFragsN >= 1, "every warp owns a fragment");
   using FragA = wmma::fragment<wmma::matrix_a, 16, 16, 16, H, wmma::row_major>;
   // The weight tile is [n][k]: as the k x n operand B, element (k, n) at ws[n * kLdK + k].
   using FragB = wmma::fragment<wmma::matrix_b, 16, 16, 16, H, wmma::col_major>;
   using Acc = wmma::fragment<wmma::accumulator, 16, 16, 16, float>;
-  Acc c[2][2];
+  Acc c[kFragsM][kFragsN];
 
   __device__ void zero() {
 #pragma unroll
-    for (int i = 0; i < 2; ++i)
+    for (int i = 0; i < kFragsM; ++i)
 #pragma unroll
-      for (int j = 0; j < 2; ++j) wmma::fill_fragment(c[i][j], 0.0f);
+      for (int j = 0; j < kFragsN; ++j) wmma::fill_fragment(c[i][j], 0.0f);
   }
 
+  // The first pair row and output row of this warp's fragments.
+  __device__ static int row0(int tid) { return (tid / 32 / kWarpsN) * kFragsM * 16; }
+  __device__ static int col0(int tid) { return (tid / 32 % kWarpsN) * kFragsN * 16; }
+
   __device__ void step(const H* xs, const H* ws, int tid) {
-    const int warp = tid / 32, wm = warp / 2, wn = warp % 2;
+    const int m0 = row0(tid), n0 = col0(tid);
 #pragma unroll
     for (int kk = 0; kk < kTileK; kk += 16) {
-      FragA a[2];
-      FragB b[2];
+      FragA a[kFragsM];
+      FragB b[kFragsN];
 #pragma unroll
-      for (int i = 0; i < 2; ++i) wmma::load_matrix_sync(a[i], xs + (wm * 32 + i * 16) * kLdK + kk, kLdK);
+      for (int i = 0; i < kFragsM; ++i) wmma::load_matrix_sync(a[i], xs + (m0 + i * 16) * kLdK + kk, kLdK);
 #pragma unroll
-      for (int j = 0; j < 2; ++j) wmma::load_matrix_sync(b[j], ws + (wn * 32 + j * 16) * kLdK + kk, kLdK);
+      for (int j = 0; j < kFragsN; ++j) wmma::load_matrix_sync(b[j], ws + (n0 + j * 16) * kLdK + kk, kLdK);
 #pragma unroll
-      for (int i = 0; i < 2; ++i)
+      for (int i = 0; i < kFragsM; ++i)
 #pragma unroll
-        for (int j = 0; j < 2; ++j) wmma::mma_sync(c[i][j], a[i], b[j], c[i][j]);
+        for (int j = 0; j < kFragsN; ++j) wmma::mma_sync(c[i][j], a[i], b[j], c[i][j]);
     }
   }
 
   __device__ void store(H* y, const AffineGroupedParams& p, uint32_t first, uint32_t count, uint32_t n0,
                         int tid, unsigned char* smem) {
     float* stage = reinterpret_cast<float*>(smem + operand_bytes<H>());
-    const int warp = tid / 32, wm = warp / 2, wn = warp % 2;
+    const int m0 = row0(tid), c0 = col0(tid);
 #pragma unroll
-    for (int i = 0; i < 2; ++i)
+    for (int i = 0; i < kFragsM; ++i)
 #pragma unroll
-      for (int j = 0; j < 2; ++j)
-        wmma::store_matrix_sync(stage + (wm * 32 + i * 16) * kLdOut + wn * 32 + j * 16, c[i][j], kLdOut,
-                                wmma::mem_row_major);
+      for (int j = 0; j < kFragsN; ++j)
+        wmma::store_matrix_sync(stage + (m0 + i * 16) * kLdOut + c0 + j * 16, c[i][j], kLdOut, wmma::mem_row_major);
     __syncthreads();
-    for (int at = tid; at < kTileM * kTileN; at += kThreads) {
+    for (int at = tid; at < TM * kTileN; at += kThreads) {
       const uint32_t m = at / kTileN, n = n0 + at % kTileN;
       if (m < count && n < p.rows) y[(size_t)(first + m) * p.rows + n] = from_f32<H>(stage[(at / kTileN) * kLdOut + at % kTileN]);
     }
   }
 };
 
-template <typename X>
+template <typename X, int TM>
 struct AccumFor {
-  using type = TensorAccum<X>;
+  using type = TensorAccum<X, TM>;
 };
-template <>
-struct AccumFor<float> {
-  using type = ScalarAccum;
+template <int TM>
+struct AccumFor<float, TM> {
+  using type = ScalarAccum<TM>;
 };
 
-template <typename X, typename S>
-__device__ void grouped_kernel(const uint32_t* __restrict__ packed, const S* __restrict__ scales,
+template <typename X, typename S, int TM>
+__device__ void grouped_tiles(const uint32_t* __restrict__ packed, const S* __restrict__ scales,
                                const S* __restrict__ biases, const X* __restrict__ x,
                                const uint32_t* __restrict__ tiles, X* __restrict__ y, const AffineGroupedParams p,
                                const int tid, const unsigned tile, const unsigned row_block, unsigned char* smem) {
@@ -203,7 +216,7 @@ __device__ void grouped_kernel(const uint32_t* __restrict__ packed, const S* __r
   const uint32_t e = tiles[kTileEntry * tile], first = tiles[kTileEntry * tile + 1],
                  count = tiles[kTileEntry * tile + 2];
   // The host builds the schedule; an entry outside the bounds is skipped, never followed.
-  if (e >= p.experts || count == 0 || count > (uint32_t)kTileM || first > p.pairs || count > p.pairs - first) return;
+  if (e >= p.experts || count == 0 || count > (uint32_t)TM || first > p.pairs || count > p.pairs - first) return;
   X* xs = reinterpret_cast<X*>(smem);
   X* ws = xs + kTileM * kLdK;
   const uint32_t n0 = row_block * kTileN;
@@ -211,10 +224,10 @@ __device__ void grouped_kernel(const uint32_t* __restrict__ packed, const S* __r
   const uint32_t step_words = kTileK * p.bits / 32;  // words of one weight row per step
   const uint32_t per_word = 32 / p.bits;
 
-  typename AccumFor<X>::type acc;
+  typename AccumFor<X, TM>::type acc;
   acc.zero();
   for (uint32_t k0 = 0; k0 < p.cols; k0 += kTileK) {
-    for (int at = tid; at < kTileM * kTileK; at += kThreads) {
+    for (int at = tid; at < TM * kTileK; at += kThreads) {
       const uint32_t m = at / kTileK, k = at % kTileK;
       xs[m * kLdK + k] = m < count ? x[(size_t)(first + m) * p.cols + k0 + k] : from_f32<X>(0.0f);
     }
@@ -241,6 +254,19 @@ __device__ void grouped_kernel(const uint32_t* __restrict__ packed, const S* __r
     __syncthreads();
   }
   acc.store(y, p, first, count, n0, tid, smem);
+}
+
+// The body of every entry point: the tile height the host picked.
+template <typename X, typename S>
+__device__ void grouped_kernel(const uint32_t* __restrict__ packed, const S* __restrict__ scales,
+                               const S* __restrict__ biases, const X* __restrict__ x,
+                               const uint32_t* __restrict__ tiles, X* __restrict__ y, const AffineGroupedParams p,
+                               const int tid, const unsigned tile, const unsigned row_block, unsigned char* smem) {
+  switch (p.tile_pairs) {
+    case 16: grouped_tiles<X, S, 16>(packed, scales, biases, x, tiles, y, p, tid, tile, row_block, smem); break;
+    case 32: grouped_tiles<X, S, 32>(packed, scales, biases, x, tiles, y, p, tid, tile, row_block, smem); break;
+    default: grouped_tiles<X, S, kTileM>(packed, scales, biases, x, tiles, y, p, tid, tile, row_block, smem); break;
+  }
 }
 
 }  // namespace affine_grouped

@@ -7,7 +7,7 @@
 // schedule.
 //
 // stdin, little-endian: "AGQCUDA1", then u32 experts, rows, cols, bits, group_size, pairs,
-// tiles, x_type, scale_type (0 f32, 1 f16, 2 bf16), then u32 packed [E * rows, cols * bits / 32],
+// tiles, tile_pairs, x_type, scale_type (0 f32, 1 f16, 2 bf16), then u32 packed [E * rows, cols * bits / 32],
 // f32 scales and biases [E * rows, cols / group_size] (exact in the scale type), f32 x
 // [pairs, cols] (exact in the x type), u32 schedule [tiles, 3].
 // stdout: f32 y [pairs, rows]. Every element must be written (the schedule covers every pair).
@@ -86,11 +86,11 @@ void run_for_scales(const Case& c, std::uint32_t scale_type) {
 
 int main() {
   guarded::install_fault_handler("affine_grouped_cuda_harness");
-  std::uint32_t h[9];
+  std::uint32_t h[10];
   guarded::read_header("AGQCUDA1", h);
   Case c;
-  c.p = AffineGroupedParams{h[1], h[2], h[3], h[4], h[0], h[5], h[6]};
-  const std::uint32_t x_type = h[7], scale_type = h[8];
+  c.p = AffineGroupedParams{h[1], h[2], h[3], h[4], h[0], h[5], h[6], h[7]};
+  const std::uint32_t x_type = h[8], scale_type = h[9];
   const AffineGroupedParams& p = c.p;
   // The host side's contract (ops/affine/cuda_grouped.rs checks it).
   if (p.bits != 2 && p.bits != 4 && p.bits != 8) guarded::die("bits must be 2, 4 or 8");
@@ -98,6 +98,7 @@ int main() {
   if (p.group_size == 0 || p.group_size % 32 != 0 || p.cols % p.group_size != 0)
     guarded::die("group_size must be a multiple of 32 dividing cols");
   if (p.experts == 0 || p.rows == 0) guarded::die("experts and rows must be positive");
+  if (p.tile_pairs != 16 && p.tile_pairs != 32 && p.tile_pairs != 64) guarded::die("tile_pairs must be 16, 32 or 64");
   const std::size_t stacked = std::size_t(p.experts) * p.rows;
   c.packed = guarded::read_raw<std::uint32_t>(stacked * p.cols * p.bits / 32);
   c.scales = guarded::read_raw<float>(stacked * p.cols / p.group_size);

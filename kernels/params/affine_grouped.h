@@ -12,6 +12,7 @@ struct AffineGroupedParams {
   unsigned int experts;     // E: experts in the stack (tile entries name one of them)
   unsigned int pairs;       // P: rows of x and y
   unsigned int tiles;       // entries of the tile schedule (the grid's x extent)
+  unsigned int tile_pairs;  // pairs per tile at most: 16, 32 or 64
 };
 
 #endif

@@ -18,7 +18,9 @@ mod emu;
 
 use candle_core::{DType, Device, Tensor};
 use common::{close, failures, random_matrix, values, Input, Rng, Ty};
-use gdn_ops::ops::affine::grouped::{tile_schedule, TILE_COLS, TILE_PAIRS, TILE_ROWS};
+use gdn_ops::ops::affine::grouped::{
+    tile_pairs_for, tile_schedule, TILE_COLS, TILE_PAIRS, TILE_PAIRS_CHOICES, TILE_ROWS,
+};
 use gdn_ops::ops::affine::AffineTensor;
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
@@ -44,6 +46,8 @@ struct Case {
     cols: usize,
     /// Rows of x per expert (0 for an expert without pairs).
     counts: Vec<usize>,
+    /// The tile height, or `None` for the host's choice.
+    tile_pairs: Option<usize>,
     seed: u64,
 }
 
@@ -73,7 +77,8 @@ fn check(c: &Case) -> Option<String> {
     let x = rng.tensor_as(&[pairs, c.cols], -1.0, 1.0, c.x.dtype());
     let twin = AffineTensor::upload(&m, &Device::Cpu).unwrap();
     let want = values(&twin.grouped_matmul_t(&x, &offsets).unwrap());
-    let schedule = tile_schedule(&offsets);
+    let tile_pairs = c.tile_pairs.unwrap_or_else(|| tile_pairs_for(&offsets));
+    let schedule = tile_schedule(&offsets, tile_pairs);
     let mut input = Input::new(b"AGQCUDA1");
     for v in [
         experts,
@@ -83,6 +88,7 @@ fn check(c: &Case) -> Option<String> {
         c.group,
         pairs,
         schedule.len() / 3,
+        tile_pairs,
     ] {
         input.u32(v as u32);
     }
@@ -98,7 +104,7 @@ fn check(c: &Case) -> Option<String> {
         input.u32(t);
     });
     let what = format!(
-        "x {} scales {} {}-bit g{} rows {} cols {} counts {:?}",
+        "x {} scales {} {}-bit g{} rows {} cols {} tiles of {tile_pairs}, counts {:?}",
         c.x.name(),
         c.scales.name(),
         c.bits,
@@ -122,7 +128,7 @@ fn check(c: &Case) -> Option<String> {
 fn cases() -> Vec<Case> {
     let mut cases = vec![];
     let mut seed = 0x5EED_A600;
-    let mut case = |x, scales, bits, group, rows, cols, counts: &[usize]| {
+    let mut case = |x, scales, bits, group, rows, cols, counts: &[usize], tile_pairs| {
         seed += 1;
         cases.push(Case {
             x,
@@ -132,16 +138,24 @@ fn cases() -> Vec<Case> {
             rows,
             cols,
             counts: counts.to_vec(),
+            tile_pairs,
             seed,
         });
     };
-    // Every instantiation: experts without pairs (first and last), one pair, a count that
-    // crosses a tile (70 = 64 + 6), rows that are not a multiple of the block's 64.
+    // Every instantiation at every tile height: experts without pairs (first and last), one
+    // pair, a count that crosses a tile (70 = 64 + 6), rows that are not a multiple of the
+    // block's 64.
     for x in [Ty::F32, Ty::F16, Ty::Bf16] {
         for scales in [Ty::F32, Ty::F16, Ty::Bf16] {
-            case(x, scales, 4, 64, 96, 128, &[0, 1, 70, 3, 0]);
+            for tile_pairs in TILE_PAIRS_CHOICES {
+                let counts = [0, 1, 70, 3, 0];
+                case(x, scales, 4, 64, 96, 128, &counts, Some(tile_pairs));
+            }
         }
     }
+    let mut case = |x, scales, bits, group, rows, cols, counts: &[usize]| {
+        case(x, scales, bits, group, rows, cols, counts, None)
+    };
     // The other widths and group sizes.
     case(Ty::Bf16, Ty::Bf16, 8, 32, 64, 96, &[5, 0, 64, 2]);
     case(Ty::Bf16, Ty::F32, 2, 128, 32, 256, &[17, 1]);
@@ -194,7 +208,8 @@ fn kernel_abi_in_source() {
             "group_size",
             "experts",
             "pairs",
-            "tiles"
+            "tiles",
+            "tile_pairs"
         ]
         .map(|f| ("unsigned int".to_string(), f.to_string())),
         "AffineGroupedParams (kernels/params/affine_grouped.h) must match the host's #[repr(C)] mirror"

@@ -2,7 +2,7 @@
 //! [`AffineTensor::grouped_matmul_t`], one launch for every expert. The tile schedule is built
 //! here from the offsets and copied to the device with the call.
 
-use super::grouped::{tile_schedule, AffineGroupedParams, TILE_ROWS};
+use super::grouped::{tile_pairs_for, tile_schedule, AffineGroupedParams, TILE_ROWS};
 use super::AffineTensor;
 use crate::backend::cuda::{
     cuda_device, function, launch, tensor, view, with_float_type, KernelSource,
@@ -18,7 +18,7 @@ const SOURCE: KernelSource = KernelSource {
     ptx: include_str!(concat!(env!("OUT_DIR"), "/affine_grouped.ptx")),
 };
 
-// SAFETY: `AffineGroupedParams` is `repr(C)` of seven u32, as the kernel's struct.
+// SAFETY: `AffineGroupedParams` is `repr(C)` of eight u32, as the kernel's struct.
 unsafe impl DeviceRepr for AffineGroupedParams {}
 
 /// Threads per block (`kThreads` of the kernel).
@@ -30,7 +30,8 @@ pub fn grouped_matmul_t(m: &AffineTensor, x: &Tensor, offsets: &[u32]) -> Result
     const OP: &str = "grouped matmul";
     let dev = cuda_device(x, OP)?;
     let x = x.contiguous()?;
-    let schedule = tile_schedule(offsets);
+    let tile_pairs = tile_pairs_for(offsets);
+    let schedule = tile_schedule(offsets, tile_pairs);
     let tiles = schedule.len() / 3;
     let row_blocks = m.rows.div_ceil(TILE_ROWS);
     ensure!(
@@ -41,7 +42,7 @@ pub fn grouped_matmul_t(m: &AffineTensor, x: &Tensor, offsets: &[u32]) -> Result
     with_float_type!(x.dtype(), OP, |X| with_float_type!(
         m.scales.dtype(),
         OP,
-        |S| grouped_as::<X, S>(m, &x, &schedule, tiles, row_blocks, &dev)
+        |S| grouped_as::<X, S>(m, &x, &schedule, [tiles, tile_pairs, row_blocks], &dev)
     ))
 }
 
@@ -49,8 +50,7 @@ fn grouped_as<X, S>(
     m: &AffineTensor,
     x: &Tensor,
     schedule: &Tensor,
-    tiles: usize,
-    row_blocks: usize,
+    [tiles, tile_pairs, row_blocks]: [usize; 3],
     dev: &CudaDevice,
 ) -> Result<Tensor>
 where
@@ -85,6 +85,7 @@ where
             experts: m.experts as u32,
             pairs: pairs as u32,
             tiles: tiles as u32,
+            tile_pairs: tile_pairs as u32,
         };
         let stream = dev.cuda_stream();
         let mut args = stream.launch_builder(&func);

@@ -19,8 +19,11 @@ use crate::launches;
 use anyhow::{ensure, Result};
 use candle_core::{DType, Device, Tensor};
 
-/// Pairs per entry of the tile schedule: `kTileM` of kernels/affine_grouped.cu.
+/// Pairs per entry of the tile schedule at most: `kTileM` of kernels/affine_grouped.cu, which
+/// also takes tiles of 16 and 32 pairs ([`tile_pairs_for`]).
 pub const TILE_PAIRS: usize = 64;
+/// The tile heights the kernel takes.
+pub const TILE_PAIRS_CHOICES: [usize; 3] = [16, 32, TILE_PAIRS];
 /// Output rows per block: `kTileN` of kernels/affine_grouped.cu.
 pub const TILE_ROWS: usize = 64;
 /// Columns per step of the kernel (`kTileK`): cols and the group size are multiples of it.
@@ -37,17 +40,32 @@ pub struct AffineGroupedParams {
     pub experts: u32,
     pub pairs: u32,
     pub tiles: u32,
+    pub tile_pairs: u32,
+}
+
+/// The tile height for checked offsets: the smallest of [`TILE_PAIRS_CHOICES`] that holds the
+/// mean pairs of the experts with pairs. A short chunk spreads ~10 pairs over each routed
+/// expert, where a 64-pair tile would multiply mostly padding; smaller tiles cost more
+/// dequantizations of an expert's weights (one per tile), so a long chunk keeps 64.
+pub fn tile_pairs_for(offsets: &[u32]) -> usize {
+    let used = offsets.windows(2).filter(|s| s[1] > s[0]).count().max(1);
+    let pairs = *offsets.last().unwrap_or(&0) as usize;
+    let mean = pairs.div_ceil(used);
+    TILE_PAIRS_CHOICES
+        .into_iter()
+        .find(|&t| t >= mean)
+        .unwrap_or(TILE_PAIRS)
 }
 
 /// The kernel's tile schedule from checked offsets: `(expert, first pair, count)` per tile,
-/// flattened; each expert's rows cut into tiles of at most [`TILE_PAIRS`], experts without
+/// flattened; each expert's rows cut into tiles of at most `tile_pairs`, experts without
 /// rows left out (no block reads their weights).
-pub fn tile_schedule(offsets: &[u32]) -> Vec<u32> {
+pub fn tile_schedule(offsets: &[u32], tile_pairs: usize) -> Vec<u32> {
     let mut tiles = vec![];
     for (e, span) in offsets.windows(2).enumerate() {
         let mut first = span[0];
         while first < span[1] {
-            let count = (span[1] - first).min(TILE_PAIRS as u32);
+            let count = (span[1] - first).min(tile_pairs as u32);
             tiles.extend([e as u32, first, count]);
             first += count;
         }
@@ -175,7 +193,7 @@ mod tests {
     fn the_schedule_cuts_each_expert_into_tiles_and_skips_empty_ones() {
         // Expert 0: 0 rows; 1: 1 row; 2: 64 rows; 3: 65 rows; 4: 130 rows.
         let offsets = [0, 0, 1, 65, 130, 260];
-        let tiles: Vec<[u32; 3]> = tile_schedule(&offsets)
+        let tiles: Vec<[u32; 3]> = tile_schedule(&offsets, 64)
             .chunks_exact(3)
             .map(|t| [t[0], t[1], t[2]])
             .collect();
@@ -191,7 +209,27 @@ mod tests {
                 [4, 258, 2]
             ]
         );
-        assert!(tile_schedule(&[0, 0, 0]).is_empty());
+        assert!(tile_schedule(&[0, 0, 0], 64).is_empty());
+        let small: Vec<u32> = tile_schedule(&[0, 20, 20], 16);
+        assert_eq!(small, [0, 0, 16, 0, 16, 4]);
+    }
+
+    #[test]
+    fn the_tile_height_holds_a_mean_expert() {
+        // pp512 of Qwen3-Next: ~10 pairs per routed expert, the shared expert on 512.
+        let mut counts = vec![10u32; 512];
+        counts.push(512);
+        let offsets: Vec<u32> = std::iter::once(0)
+            .chain(counts.iter().scan(0, |at, c| {
+                *at += c;
+                Some(*at)
+            }))
+            .collect();
+        assert_eq!(tile_pairs_for(&offsets), 16);
+        assert_eq!(tile_pairs_for(&[0, 0, 30, 60]), 32);
+        assert_eq!(tile_pairs_for(&[0, 44, 88]), 64);
+        assert_eq!(tile_pairs_for(&[0, 500]), 64);
+        assert_eq!(tile_pairs_for(&[0, 0]), 16);
     }
 
     #[test]
