@@ -4,13 +4,16 @@
 #   2. cargo test over the workspace (includes the Metal kernel emulation test),
 #   3. the model's gates again with every gated-delta call in the chunked form, decode steps
 #      included (by default only calls of 16 tokens or more take it),
-#   4. `qwen-gdn serve` driven by the official openai Python client and curl (needs PyPI once),
-#   5. the macOS type-check of the workspace with the `metal` feature.
+#   4. the device plan's gates again with every MoE prefill chunk on the grouped GEMM (the
+#      default on CUDA; its CPU twin here),
+#   5. `qwen-gdn serve` driven by the official openai Python client and curl (needs PyPI once),
+#   6. the macOS type-check of the workspace with the `metal` feature.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install-test-deps.sh
 cargo test --workspace --locked
 QWEN_GDN_GDN_PREFILL=chunked cargo test --locked -p qwen-gdn-model \
     --test reference --test device_plan --test prefill_chunks
+QWEN_GDN_MOE_PREFILL=gemm cargo test --locked -p qwen-gdn-model --test device_plan
 bash scripts/test-serve-openai.sh
 bash scripts/check-metal.sh

@@ -44,9 +44,11 @@ step "fused decode vs composed + mlx-lm" fused_decode.txt env QWEN_GDN_TEST_DEVI
 step "prompt cache exact on the device plan" prompt_cache.txt env QWEN_GDN_TEST_DEVICE=cuda \
   QWEN_GDN_MODELS_DIR="$PWD/models" "$bin/prompt_cache" multi_turn_chat_is_exact_on_the_device_plan \
   --test-threads=1 --nocapture || fail=1
-# The grouped MoE prefill products against the per-pair products (random blocks, routing
-# edge cases, every fixture), and the device plan's gates with every expert grouped.
-step "grouped MoE prefill vs pairs" grouped_moe.txt env QWEN_GDN_TEST_DEVICE=cuda \
+# The grouped MoE prefill products (per expert, and the grouped GEMM of
+# kernels/affine_grouped.cu, the default on CUDA, so device_plan above ran it) against the
+# per-pair products (random blocks, routing edge cases, every fixture), the GEMM's launches,
+# and the device plan's gates with every expert's product on its own (grouped:1).
+step "grouped + gemm MoE prefill vs pairs" grouped_moe.txt env QWEN_GDN_TEST_DEVICE=cuda \
   QWEN_GDN_MODELS_DIR="$PWD/models" "$bin/grouped_moe" --test-threads=1 --nocapture || fail=1
 step "device plan, grouped:1, vs mlx-lm" device_plan_grouped.txt env QWEN_GDN_TEST_DEVICE=cuda \
   QWEN_GDN_MOE_PREFILL=grouped:1 QWEN_GDN_MODELS_DIR="$PWD/models" "$bin/device_plan" \

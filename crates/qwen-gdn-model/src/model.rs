@@ -286,9 +286,10 @@ impl Model {
         Ok(model)
     }
 
-    /// How prefill chunks run the device plan's quantized expert products: grouped per
-    /// expert (the default, `QWEN_GDN_MOE_PREFILL` at load), or per (token, slot) pair, the
-    /// reference. The reference plan always groups its products on the host.
+    /// How prefill chunks run the device plan's quantized expert products: one grouped GEMM
+    /// per projection (the default on CUDA), grouped per expert (elsewhere), or per (token,
+    /// slot) pair, the reference; `QWEN_GDN_MOE_PREFILL` at load. The reference plan always
+    /// groups its products on the host.
     pub fn set_moe_prefill(&mut self, mode: MoePrefill) {
         for layer in &mut self.layers {
             if let FeedForward::Moe(moe) = &mut layer.feed_forward {

@@ -1,6 +1,8 @@
-//! Grouped expert products for prefill (issue 17) against the per-pair products, the
-//! reference: on random quantized MoE blocks (4- and 8-bit, with a shared expert), on the
-//! edge cases of routing, and on every fixture end to end.
+//! Grouped expert products for prefill (issue 17), per expert (`grouped`) and as one grouped
+//! GEMM per projection (`gemm`), against the per-pair products, the reference: on random
+//! quantized MoE blocks (4- and 8-bit, with a shared expert), on the edge cases of routing,
+//! and on every fixture end to end; and the launches of the grouped GEMM's prefill, which must
+//! not depend on the number of experts in use.
 //!
 //! Gates: f32 within 1e-5 of max|value| (the MoE block) and of max|logit| (the fixtures);
 //! bf16 within 2e-2 of max|value|: the grouped products dequantize the weights into bf16 and
@@ -121,9 +123,16 @@ fn gate(dtype: DType) -> f32 {
     }
 }
 
-/// The grouped block at several thresholds against the per-pair block.
+/// The grouped block at several thresholds, and the grouped GEMM, against the per-pair block.
 fn check_against_pairs(moe: &StackedExperts, x: &Tensor, what: &str) {
     let want = moe.forward_composed(x, TOP_K, true).unwrap();
+    let got = moe.forward_gemm(x, TOP_K, true).unwrap();
+    let diff = rel_max_diff(&got, &want);
+    eprintln!("{what}, gemm: rel diff {diff:e}");
+    assert!(
+        diff <= gate(x.dtype()),
+        "{what}, gemm: the grouped GEMM differs from the pairs by {diff:e}"
+    );
     for min_tokens in [1, 3, 8, usize::MAX] {
         let got = moe.forward_grouped(x, TOP_K, true, min_tokens).unwrap();
         let diff = rel_max_diff(&got, &want);
@@ -215,10 +224,14 @@ fn check_fixture(name: &str, dtype: DType) {
     };
     model.set_moe_prefill(MoePrefill::Pairs);
     let want = run(&model);
-    for min_tokens in [1, 4, 16] {
-        model.set_moe_prefill(MoePrefill::Grouped { min_tokens });
+    let modes = [1, 4, 16]
+        .map(|min_tokens| MoePrefill::Grouped { min_tokens })
+        .into_iter()
+        .chain([MoePrefill::Gemm]);
+    for mode in modes {
+        model.set_moe_prefill(mode);
         let got = run(&model);
-        let what = format!("{name} {dtype:?}, min_tokens {min_tokens}");
+        let what = format!("{name} {dtype:?}, {mode:?}");
         let diff = rel_max_diff(&got, &want);
         let (kl, top1) = kl_and_top1(&got, &want);
         eprintln!("{what}: logits rel diff {diff:e}, KL {kl:e}, top-1 {top1}");
@@ -232,6 +245,71 @@ fn check_fixture(name: &str, dtype: DType) {
             );
         }
     }
+}
+
+/// The launches of one MoE layer's prefill chunk (`gdn_ops::launches`: on the CPU each CPU
+/// twin counts as the kernel it stands in for), on a chunk whose tokens all choose the same
+/// experts and on one spread over every expert: equal with the grouped GEMM; with the products
+/// grouped per expert they grow with the experts in use (what the GEMM removes). The bound,
+/// 30, is the routing (~12), the gather, the two products, the SwiGLU (2), the scatter and the
+/// weighted sum (~4), with room.
+#[test]
+fn gemm_launches_do_not_depend_on_the_experts_in_use() {
+    let device = device_under_test();
+    let dtype = DType::BF16;
+    let moe = block(4, noise(EXPERTS * HIDDEN, 3), &device, dtype);
+    let n = 48;
+    let spread = tokens(n, 21, &device, dtype);
+    // Every token the same: the same two routed experts (and the shared one) for all.
+    let same = tokens(1, 21, &device, dtype)
+        .broadcast_as((n, HIDDEN))
+        .unwrap()
+        .contiguous()
+        .unwrap();
+    let experts_in_use = |x: &Tensor| {
+        let logits = moe.router.forward(x).unwrap();
+        let (ids, _) = moe.route_composed(&logits, TOP_K, true).unwrap();
+        let mut ids: Vec<u32> = ids
+            .to_device(&Device::Cpu)
+            .unwrap()
+            .flatten_all()
+            .unwrap()
+            .to_vec1()
+            .unwrap();
+        ids.sort();
+        ids.dedup();
+        ids.len()
+    };
+    let (few, many) = (experts_in_use(&same), experts_in_use(&spread));
+    assert_eq!(few, TOP_K + 1, "identical tokens choose the same experts");
+    assert!(
+        many >= EXPERTS,
+        "{many} experts in use: the chunk must spread"
+    );
+    let launches = |f: &dyn Fn() -> Tensor| {
+        gdn_ops::launches::take();
+        let _ = f();
+        gdn_ops::launches::take()
+    };
+    let gemm_few = launches(&|| moe.forward_gemm(&same, TOP_K, true).unwrap());
+    let gemm_many = launches(&|| moe.forward_gemm(&spread, TOP_K, true).unwrap());
+    let grouped_few = launches(&|| moe.forward_grouped(&same, TOP_K, true, 1).unwrap());
+    let grouped_many = launches(&|| moe.forward_grouped(&spread, TOP_K, true, 1).unwrap());
+    eprintln!(
+        "launches with {few} / {many} experts in use: gemm {gemm_few} / {gemm_many}, grouped {grouped_few} / {grouped_many}"
+    );
+    assert_eq!(
+        gemm_few, gemm_many,
+        "the grouped GEMM's launches must not depend on the experts in use"
+    );
+    assert!(
+        gemm_many <= 30,
+        "{gemm_many} launches for one MoE layer's prefill"
+    );
+    assert!(
+        grouped_many > grouped_few,
+        "the per-expert products launch more with more experts"
+    );
 }
 
 macro_rules! fixtures {

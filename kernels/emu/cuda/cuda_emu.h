@@ -1,4 +1,5 @@
-// Just enough CUDA to run the body of kernels/gated_delta_chunk.cu on the CPU, on top of the
+// Just enough CUDA to run the bodies of kernels/gated_delta_chunk.cu and
+// kernels/affine_grouped.cu on the CPU, on top of the
 // Metal emulation (kernels/emu/metal_emu.h): a block is a threadgroup of fibers, a warp a
 // simdgroup, __syncthreads a threadgroup barrier, __syncwarp a simdgroup barrier,
 // __shfl_up_sync simd_shuffle_up (the same semantics: lanes below the offset keep their
@@ -24,6 +25,10 @@
 #define __syncthreads() metal::threadgroup_barrier(metal::mem_flags::mem_threadgroup)
 #define __syncwarp() metal::simdgroup_barrier(metal::mem_flags::mem_threadgroup)
 #define __shfl_up_sync(mask, value, offset) metal::simd_shuffle_up(value, offset)
+
+// Rounded float arithmetic that the compiler may not contract into an FMA (each its own call).
+inline float __fmul_rn(float a, float b) { return a * b; }
+inline float __fadd_rn(float a, float b) { return a + b; }
 
 struct dim3 {
   unsigned x, y, z;

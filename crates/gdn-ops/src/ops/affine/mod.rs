@@ -9,6 +9,9 @@
 pub(crate) mod cpu;
 #[cfg(feature = "cuda")]
 pub mod cuda;
+#[cfg(feature = "cuda")]
+pub mod cuda_grouped;
+pub mod grouped;
 #[cfg(any(feature = "metal", target_os = "macos"))]
 pub mod metal;
 

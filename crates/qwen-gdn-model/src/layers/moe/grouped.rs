@@ -8,8 +8,15 @@
 //! per-pair product, one launch for all of them: below the threshold, an expert's own
 //! dequantization, matmul and copy cost more launches than its pairs cost reads.
 //!
+//! With [`MoePrefill::Gemm`] every pair is grouped and each projection is one grouped
+//! quantized GEMM over all experts ([`AffineTensor::grouped_matmul_t`]: one kernel launch on
+//! CUDA, the CPU twin on the CPU), so a MoE layer's prefill costs about as many launches
+//! whatever the number of experts in use.
+//!
 //! [`StackedExperts::forward_composed`] (every pair on its own) is the reference, selectable
 //! with `QWEN_GDN_MOE_PREFILL=pairs` or [`MoePrefill::Pairs`].
+//!
+//! [`AffineTensor::grouped_matmul_t`]: gdn_ops::ops::affine::AffineTensor::grouped_matmul_t
 
 use super::super::norm::contiguous;
 use super::groups::ExpertGroups;
@@ -26,19 +33,31 @@ pub enum MoePrefill {
     Pairs,
     /// One product per expert chosen by at least `min_tokens` pairs; the rest as pairs.
     Grouped { min_tokens: usize },
+    /// Every pair grouped by expert, each projection one grouped GEMM over all experts.
+    Gemm,
 }
 
 /// The environment variable that picks the mode.
 pub const MOE_PREFILL_VAR: &str = "QWEN_GDN_MOE_PREFILL";
 
 impl MoePrefill {
-    /// The default on `device`. An expert's own product costs about three launches per
-    /// projection (dequantize, matmul, the copy into the chunk's output); a pair in the
-    /// gathered product costs one read of the expert's packed weights. Where a launch costs
-    /// the host more than the GPU spends reading an expert (CUDA: ~6 µs per launch against
-    /// ~0.5 µs per 1 MB expert at 3 TB/s) an expert needs many more pairs to be worth its own
-    /// product than on Metal (~1.3 µs per expert at 800 GB/s); see docs/perf-notes-gpu.md.
+    /// The default on `device`: the grouped GEMM where it is one kernel (CUDA), else the
+    /// products grouped per expert at the device's threshold ([`Self::grouped_for`]).
     pub fn default_for(device: &Device) -> Self {
+        match device {
+            Device::Cuda(_) => Self::Gemm,
+            _ => Self::grouped_for(device),
+        }
+    }
+
+    /// Grouped per expert at `device`'s threshold. An expert's own product costs about three
+    /// launches per projection (dequantize, matmul, the copy into the chunk's output); a pair
+    /// in the gathered product costs one read of the expert's packed weights. Where a launch
+    /// costs the host more than the GPU spends reading an expert (CUDA: ~6 µs per launch
+    /// against ~0.5 µs per 1 MB expert at 3 TB/s) an expert needs many more pairs to be worth
+    /// its own product than on Metal (~1.3 µs per expert at 800 GB/s); see
+    /// docs/perf-notes-gpu.md.
+    pub fn grouped_for(device: &Device) -> Self {
         let min_tokens = match device {
             Device::Cuda(_) => 64,
             _ => 16,
@@ -46,19 +65,22 @@ impl MoePrefill {
         Self::Grouped { min_tokens }
     }
 
-    /// `pairs`, `grouped` (the device's default threshold) or `grouped:<min tokens>`.
+    /// `pairs`, `gemm`, `grouped` (the device's threshold) or `grouped:<min tokens>`.
     pub fn parse(text: &str, device: &Device) -> Result<Self> {
         let text = text.trim();
         Ok(match text.split_once(':') {
             None if text == "pairs" => Self::Pairs,
-            None if text == "grouped" => Self::default_for(device),
+            None if text == "gemm" => Self::Gemm,
+            None if text == "grouped" => Self::grouped_for(device),
             Some(("grouped", n)) => match n.trim().parse::<usize>() {
                 Ok(min_tokens) if min_tokens >= 1 => Self::Grouped { min_tokens },
                 _ => bail!(
                     "{MOE_PREFILL_VAR}={text}: the minimum number of tokens must be a whole number ≥ 1"
                 ),
             },
-            _ => bail!("{MOE_PREFILL_VAR}={text}: expected pairs, grouped or grouped:<min tokens>"),
+            _ => bail!(
+                "{MOE_PREFILL_VAR}={text}: expected pairs, gemm, grouped or grouped:<min tokens>"
+            ),
         })
     }
 
@@ -81,6 +103,12 @@ impl MoePrefill {
             Self::Grouped { min_tokens } if tokens > MATVEC_MAX_ROWS => Some(min_tokens),
             _ => None,
         }
+    }
+
+    /// Whether a chunk of `tokens` tokens runs the grouped GEMM (decode-shaped chunks keep the
+    /// per-pair products, as in [`Self::min_tokens_for`]).
+    pub fn gemm_for(self, tokens: usize) -> bool {
+        self == Self::Gemm && tokens > MATVEC_MAX_ROWS
     }
 }
 
@@ -120,6 +148,37 @@ impl StackedExperts {
             |x, ids| Ok(self.down.gather_matmul_t(x, ids)?.squeeze(1)?),
             |e, x| self.down.expert(e)?.matmul_t(x),
         )?; // [P, H]
+        let down = groups
+            .scatter(&down)?
+            .reshape((n, groups.slots(), hidden))?;
+        weighted_sum(&down, &weights, x.dtype())
+    }
+
+    /// The block with every pair grouped by expert and each projection one grouped GEMM over
+    /// all experts: `x` `[N, H]` → `[N, H]`, the same function as
+    /// [`Self::forward_composed`]. Its launches do not depend on how many experts the chunk
+    /// uses: the routing, one gather, the two grouped products, the SwiGLU, one scatter and
+    /// the weighted sum.
+    pub fn forward_gemm(&self, x: &Tensor, top_k: usize, renormalise: bool) -> Result<Tensor> {
+        let (n, hidden) = x.dims2()?;
+        if n == 0 {
+            return self.forward_composed(x, top_k, renormalise);
+        }
+        let logits = self.router.forward(x)?;
+        let (ids, weights) = self.route_composed(&logits, top_k, renormalise)?;
+        let groups = ExpertGroups::read(&ids, self.gate_up.experts, 1)?;
+        let offsets = groups.offsets()?;
+        let inner = self.gate_up.rows / 2;
+        let rows = groups.gather(x)?; // [P, H], sorted by expert
+        let gate_up = self.gate_up.grouped_matmul_t(&rows, &offsets)?; // [P, 2·Im]
+        let act = candle_ops(
+            2,
+            gate_up
+                .narrow(D::Minus1, 0, inner)?
+                .silu()?
+                .mul(&gate_up.narrow(D::Minus1, inner, inner)?),
+        )?;
+        let down = self.down.grouped_matmul_t(&act, &offsets)?; // [P, H]
         let down = groups
             .scatter(&down)?
             .reshape((n, groups.slots(), hidden))?;
@@ -203,13 +262,15 @@ mod tests {
         assert_eq!(MoePrefill::parse("pairs", cpu).unwrap(), MoePrefill::Pairs);
         assert_eq!(
             MoePrefill::parse("grouped", cpu).unwrap(),
-            MoePrefill::default_for(cpu)
+            MoePrefill::Grouped { min_tokens: 16 }
         );
+        assert_eq!(MoePrefill::parse("gemm", cpu).unwrap(), MoePrefill::Gemm);
+        assert_eq!(MoePrefill::default_for(cpu), MoePrefill::grouped_for(cpu));
         assert_eq!(
             MoePrefill::parse("grouped:3", cpu).unwrap(),
             MoePrefill::Grouped { min_tokens: 3 }
         );
-        for bad in ["", "group", "grouped:0", "grouped:x", "pairs:2"] {
+        for bad in ["", "group", "grouped:0", "grouped:x", "pairs:2", "gemm:1"] {
             let err = MoePrefill::parse(bad, cpu).unwrap_err().to_string();
             assert!(err.starts_with("QWEN_GDN_MOE_PREFILL="), "{bad}: {err}");
         }
@@ -222,5 +283,9 @@ mod tests {
         assert_eq!(mode.min_tokens_for(MATVEC_MAX_ROWS), None);
         assert_eq!(mode.min_tokens_for(MATVEC_MAX_ROWS + 1), Some(2));
         assert_eq!(MoePrefill::Pairs.min_tokens_for(512), None);
+        assert!(!MoePrefill::Gemm.gemm_for(MATVEC_MAX_ROWS));
+        assert!(MoePrefill::Gemm.gemm_for(MATVEC_MAX_ROWS + 1));
+        assert_eq!(MoePrefill::Gemm.min_tokens_for(512), None);
+        assert!(!mode.gemm_for(512));
     }
 }

@@ -28,6 +28,8 @@ pub struct Group {
 pub struct ExpertGroups {
     /// Slots per token.
     slots: usize,
+    /// Experts the ids may name.
+    experts: usize,
     /// Pair indices `t·slots + s` in grouped order: first the *loose* pairs (those of experts
     /// chosen fewer than `min_tokens` times, in pair order), then each grouped expert's
     /// pairs (experts ascending, pairs ascending within an expert).
@@ -112,6 +114,7 @@ impl ExpertGroups {
             .transpose()?;
         Ok(Self {
             slots,
+            experts,
             source_rows: Tensor::from_vec(source, order.len(), device)?,
             positions: Tensor::from_vec(positions, order.len(), device)?,
             order,
@@ -129,6 +132,29 @@ impl ExpertGroups {
     /// How many pairs stay loose.
     pub fn loose(&self) -> usize {
         self.loose
+    }
+
+    /// Where each expert's rows lie in the grouped order: `experts + 1` entries, expert `e`'s
+    /// rows being `offsets[e] .. offsets[e + 1]` (empty for an expert without pairs), the form
+    /// [`AffineTensor::grouped_matmul_t`] takes. Only for groups without loose pairs
+    /// (`min_tokens` 1), whose grouped order is every pair sorted by expert.
+    ///
+    /// [`AffineTensor::grouped_matmul_t`]: gdn_ops::ops::affine::AffineTensor::grouped_matmul_t
+    pub fn offsets(&self) -> Result<Vec<u32>> {
+        if self.loose > 0 {
+            bail!(
+                "expert offsets of groups with {} loose pairs: group with min_tokens 1",
+                self.loose
+            );
+        }
+        let mut offsets = vec![0u32; self.experts + 1];
+        for g in &self.groups {
+            offsets[g.expert + 1] = g.len as u32;
+        }
+        for e in 0..self.experts {
+            offsets[e + 1] += offsets[e];
+        }
+        Ok(offsets)
     }
 
     /// Pair indices in grouped order.
@@ -276,6 +302,23 @@ mod tests {
         assert_eq!(seen, vec![(2, 3), (3, 3)]);
         let y: Vec<f32> = y.flatten_all().unwrap().to_vec1().unwrap();
         assert_eq!(y, vec![100.0, 100.0, 2.0, 2.0, 2.0, 3.0, 3.0, 3.0]);
+    }
+
+    #[test]
+    fn offsets_bound_each_experts_rows_in_the_grouped_order() {
+        let ids = [3u32, 0, 2, 3, 0, 2, 3, 2];
+        let g = groups(&ids, 2, 5, 1);
+        // Expert 0: 2 pairs, 1: none, 2: 3, 3: 3, 4: none.
+        assert_eq!(g.offsets().unwrap(), vec![0, 2, 2, 5, 8, 8]);
+        for gr in g.groups() {
+            let off = g.offsets().unwrap();
+            assert_eq!(
+                (off[gr.expert] as usize, off[gr.expert + 1] as usize),
+                (gr.start, gr.start + gr.len)
+            );
+        }
+        let err = groups(&ids, 2, 5, 3).offsets().unwrap_err().to_string();
+        assert!(err.contains("2 loose pairs"), "{err}");
     }
 
     #[test]

@@ -10,7 +10,9 @@
 //!   waits for the host. Quantized experts are regrouped at load into [`StackedExperts`] (the
 //!   shared expert as one more expert), the form the fused decode kernels read. In a
 //!   prefill chunk the ids are read back once per layer and the products grouped per expert
-//!   ([`grouped`]; per (token, slot) pair with [`MoePrefill::Pairs`], the reference).
+//!   ([`grouped`]: one grouped GEMM per projection with [`MoePrefill::Gemm`], one product per
+//!   expert with [`MoePrefill::Grouped`]; per (token, slot) pair with [`MoePrefill::Pairs`],
+//!   the reference).
 
 mod decode;
 pub mod grouped;
@@ -138,9 +140,16 @@ impl SparseMoe {
                 let dims = x.dims().to_vec();
                 let x = x.flatten_to(D::Minus2)?;
                 let (top_k, renormalise) = (self.top_k, self.norm_topk_prob);
-                let out = match self.prefill.min_tokens_for(x.dim(0)?) {
-                    Some(min_tokens) => s.forward_grouped(&x, top_k, renormalise, min_tokens)?,
-                    None => s.forward_composed(&x, top_k, renormalise)?,
+                let tokens = x.dim(0)?;
+                let out = if self.prefill.gemm_for(tokens) {
+                    s.forward_gemm(&x, top_k, renormalise)?
+                } else {
+                    match self.prefill.min_tokens_for(tokens) {
+                        Some(min_tokens) => {
+                            s.forward_grouped(&x, top_k, renormalise, min_tokens)?
+                        }
+                        None => s.forward_composed(&x, top_k, renormalise)?,
+                    }
                 };
                 Ok(out.reshape(dims)?)
             }

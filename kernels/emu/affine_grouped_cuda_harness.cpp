@@ -1,0 +1,117 @@
+// Runs the body of the shipped kernels/affine_grouped.cu (affine_grouped::grouped_kernel) on
+// the CPU through kernels/emu/cuda/cuda_emu.h, with the launch geometry of
+// crates/gdn-ops/src/ops/affine/cuda_grouped.rs: blocks (tiles, ceil(rows / kTileN)) of
+// kThreads threads, kSmemBytes of shared memory (NaN before each block, so that a read of
+// what no thread wrote poisons the result). Used by
+// crates/gdn-ops/tests/affine_grouped_cuda_emulation.rs, which passes the host's own tile
+// schedule.
+//
+// stdin, little-endian: "AGQCUDA1", then u32 experts, rows, cols, bits, group_size, pairs,
+// tiles, tile_pairs, x_type, scale_type (0 f32, 1 f16, 2 bf16), then u32 packed [E * rows, cols * bits / 32],
+// f32 scales and biases [E * rows, cols / group_size] (exact in the scale type), f32 x
+// [pairs, cols] (exact in the x type), u32 schedule [tiles, 3].
+// stdout: f32 y [pairs, rows]. Every element must be written (the schedule covers every pair).
+//
+// Build: clang++-19 -std=c++17 -O2 --rtlib=compiler-rt -I kernels/emu/cuda -I kernels/emu
+//        -I kernels kernels/emu/affine_grouped_cuda_harness.cpp
+
+#include "guarded_buffer.h"
+
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include "cuda_emu.h"
+
+#include "../affine_grouped.cu"
+
+namespace {
+
+using guarded::Buffer;
+using guarded::Kind;
+
+struct Case {
+  AffineGroupedParams p;
+  std::vector<std::uint32_t> packed, tiles;
+  std::vector<float> scales, biases, x;
+};
+
+template <class X, class S>
+void run(const Case& c) {
+  const AffineGroupedParams& p = c.p;
+  Buffer<uint> packed("packed", c.packed, Kind::kInput);
+  Buffer<S> scales("scales", c.scales, Kind::kInput);
+  Buffer<S> biases("biases", c.biases, Kind::kInput);
+  Buffer<X> x("x", c.x, Kind::kInput);
+  Buffer<uint> tiles("tiles", c.tiles, Kind::kInput);
+  Buffer<X> y("y", std::size_t(p.pairs) * p.rows, Kind::kOutput);
+  const std::size_t floats = affine_grouped::kSmemBytes / 4;
+  Buffer<float> shared("shared memory", floats + 32, Kind::kInPlace);
+  // 128-byte aligned, as __align__(128) __shared__ memory.
+  float* smem = reinterpret_cast<float*>((reinterpret_cast<std::uintptr_t>(shared.data()) + 127) & ~std::uintptr_t(127));
+  const uint3 groups{p.tiles, (p.rows + affine_grouped::kTileN - 1) / affine_grouped::kTileN, 1};
+  metal_emu::dispatch_threadgroups(groups, uint3{affine_grouped::kThreads, 1, 1}, [&](const metal_emu::ThreadIds& id) {
+    // Thread 0 runs first in every block: fresh poison for each.
+    if (id.thread_index_in_threadgroup == 0) {
+      for (std::size_t i = 0; i < floats; ++i) smem[i] = std::numeric_limits<float>::quiet_NaN();
+    }
+    affine_grouped::grouped_kernel<X, S>(packed.data(), scales.data(), biases.data(), x.data(), tiles.data(), y.data(),
+                                         p, int(id.thread_index_in_threadgroup), id.threadgroup_position_in_grid.x,
+                                         id.threadgroup_position_in_grid.y, reinterpret_cast<unsigned char*>(smem));
+  });
+  packed.check();
+  scales.check();
+  biases.check();
+  x.check();
+  tiles.check();
+  shared.check();
+  y.check();
+  y.write_f32();
+}
+
+template <class X>
+void run_for_scales(const Case& c, std::uint32_t scale_type) {
+  switch (scale_type) {
+    case 0: run<X, float>(c); break;
+    case 1: run<X, __half>(c); break;
+    case 2: run<X, __nv_bfloat16>(c); break;
+    default: guarded::die("unknown scale_type");
+  }
+}
+
+}  // namespace
+
+int main() {
+  guarded::install_fault_handler("affine_grouped_cuda_harness");
+  std::uint32_t h[10];
+  guarded::read_header("AGQCUDA1", h);
+  Case c;
+  c.p = AffineGroupedParams{h[1], h[2], h[3], h[4], h[0], h[5], h[6], h[7]};
+  const std::uint32_t x_type = h[8], scale_type = h[9];
+  const AffineGroupedParams& p = c.p;
+  // The host side's contract (ops/affine/cuda_grouped.rs checks it).
+  if (p.bits != 2 && p.bits != 4 && p.bits != 8) guarded::die("bits must be 2, 4 or 8");
+  if (p.cols == 0 || p.cols % 32 != 0) guarded::die("cols must be a positive multiple of 32");
+  if (p.group_size == 0 || p.group_size % 32 != 0 || p.cols % p.group_size != 0)
+    guarded::die("group_size must be a multiple of 32 dividing cols");
+  if (p.experts == 0 || p.rows == 0) guarded::die("experts and rows must be positive");
+  if (p.tile_pairs != 16 && p.tile_pairs != 32 && p.tile_pairs != 64) guarded::die("tile_pairs must be 16, 32 or 64");
+  const std::size_t stacked = std::size_t(p.experts) * p.rows;
+  c.packed = guarded::read_raw<std::uint32_t>(stacked * p.cols * p.bits / 32);
+  c.scales = guarded::read_raw<float>(stacked * p.cols / p.group_size);
+  c.biases = guarded::read_raw<float>(stacked * p.cols / p.group_size);
+  c.x = guarded::read_raw<float>(std::size_t(p.pairs) * p.cols);
+  c.tiles = guarded::read_raw<std::uint32_t>(std::size_t(p.tiles) * affine_grouped::kTileEntry);
+  guarded::expect_end();
+
+  switch (x_type) {
+    case 0: run_for_scales<float>(c, scale_type); break;
+    case 1: run_for_scales<__half>(c, scale_type); break;
+    case 2: run_for_scales<__nv_bfloat16>(c, scale_type); break;
+    default: guarded::die("unknown x_type");
+  }
+  return std::fflush(stdout) == 0 ? 0 : 1;
+}
