@@ -9,8 +9,11 @@
 pub(crate) mod cpu;
 #[cfg(feature = "cuda")]
 pub mod cuda;
+pub mod grouped_tiles;
 #[cfg(any(feature = "metal", target_os = "macos"))]
 pub mod metal;
+#[cfg(any(feature = "metal", target_os = "macos"))]
+pub mod metal_grouped;
 
 use crate::affine::AffineMatrix;
 use crate::launches;
