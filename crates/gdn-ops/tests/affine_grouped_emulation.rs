@@ -48,12 +48,9 @@ struct Case {
 /// A stack of `counts.len()` experts of `[rows, cols]`, expert `e` given `counts[e]` rows of x.
 fn case(
     seed: u64,
-    vt: Ty,
-    st: Ty,
-    bits: usize,
-    group: usize,
-    rows: usize,
-    cols: usize,
+    (vt, st): (Ty, Ty),
+    (bits, group): (usize, usize),
+    [rows, cols]: [usize; 2],
     counts: &[u32],
 ) -> Case {
     let mut rng = Rng::new(seed);
@@ -193,14 +190,12 @@ fn cases() -> Vec<Case> {
                 let rows = [40, 32, 13, 72][i % 4];
                 let cols: usize = [128, 96, 64, 192][(i / 2) % 4];
                 let cols = cols.max(group).next_multiple_of(group);
+                let shape = [rows, cols];
                 out.push(case(
                     next_seed(),
-                    vt,
-                    st,
-                    bits,
-                    group,
-                    rows,
-                    cols,
+                    (vt, st),
+                    (bits, group),
+                    shape,
                     counts[i % 4],
                 ));
                 i += 1;
@@ -215,17 +210,20 @@ fn cases() -> Vec<Case> {
             (Ty::F32, Ty::Bf16),
             (Ty::Bf16, Ty::F16),
         ][j];
-        out.push(case(next_seed(), vt, st, bits, 128, 24, 256, &[2, 0, 35]));
+        out.push(case(
+            next_seed(),
+            (vt, st),
+            (bits, 128),
+            [24, 256],
+            &[2, 0, 35],
+        ));
     }
     // A longer K (many steps, several groups per row), as an expert's down projection reads.
     out.push(case(
         next_seed(),
-        Ty::Bf16,
-        Ty::Bf16,
-        4,
-        64,
-        48,
-        1024,
+        (Ty::Bf16, Ty::Bf16),
+        (4, 64),
+        [48, 1024],
         &[9, 0, 34, 1],
     ));
     out
