@@ -11,6 +11,7 @@ use super::grouped_tiles::{
 };
 use super::AffineTensor;
 use crate::backend::dtype_tag;
+use crate::launches;
 use crate::backend::metal::{
     encode, metal_buffer, metal_device, new_output, output, pipeline, Binding, KernelSource,
 };
@@ -75,7 +76,8 @@ pub fn grouped_matmul_t(a: &AffineTensor, x: &Tensor, offsets: &[u32]) -> Result
         dtype_tag(a.scales.dtype(), OP)?
     );
     if x_rows == 0 || a.rows == 0 {
-        return Ok(Tensor::zeros((x_rows, a.rows), dtype, x.device())?);
+        // Nothing to compute: an empty result (candle's zero fill, a blit of no bytes).
+        return launches::candle_op(Tensor::zeros((x_rows, a.rows), dtype, x.device()));
     }
     let tiles = tile_schedule(offsets);
     let dev = metal_device(&a.packed, OP)?;
