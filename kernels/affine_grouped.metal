@@ -21,7 +21,8 @@
 //    InT (rows past R: 0). group_size is a multiple of 32, so the step lies in one group:
 //    one scale and one bias per row;
 //  * each simdgroup multiplies its two 8-row x tiles by its two 8-row weight tiles, the
-//    latter loaded transposed (Wᵀ), 4 times (8 columns of K each).
+//    latter loaded transposed (Wᵀ), 4 times (8 columns of K each). x tiles past the tile's
+//    rows are skipped, so the products pad an expert's rows to a multiple of 8, not 32.
 // The float accumulators are stored to threadgroup memory and written to y with bounds
 // checks (only the tile's rows, only columns below R), converted to InT.
 //
@@ -124,6 +125,9 @@ inline void affine_grouped_tile(
   // This simdgroup's 16 x 16 quarter: rows 16*sm.., columns 16*sn...
   const uint sm = sg / 2;
   const uint sn = sg % 2;
+  // Its 8-row blocks that hold rows of the tile: 0, 1 or 2.
+  const uint first_row = 16 * sm;
+  const uint live_blocks = m_count <= first_row ? 0u : min(2u, (m_count - first_row + 7) / 8);
   simdgroup_float8x8 acc[2][2];
   for (uint i = 0; i < 2; ++i) {
     for (uint j = 0; j < 2; ++j) {
@@ -151,17 +155,20 @@ inline void affine_grouped_tile(
     }
     threadgroup_barrier(mem_flags::mem_threadgroup);
 
-    for (uint kk = 0; kk < kTileK; kk += 8) {
+    // 8-row blocks of x past the tile's rows hold only zeros: the simdgroup skips them
+    // (live_blocks is the same in all its lanes), so an expert's rows are padded to a
+    // multiple of 8 in the products, not of 32.
+    for (uint kk = 0; live_blocks > 0 && kk < kTileK; kk += 8) {
       simdgroup_matrix<InT, 8, 8> a[2];
       simdgroup_matrix<InT, 8, 8> bt[2];
-      for (uint i = 0; i < 2; ++i) {
+      for (uint i = 0; i < live_blocks; ++i) {
         simdgroup_load(a[i], xs + (16 * sm + 8 * i) * kTileK + kk, kTileK);
       }
       for (uint j = 0; j < 2; ++j) {
         // Weight rows as columns: element (k, n) of the loaded matrix is W[n][k].
         simdgroup_load(bt[j], ws + (16 * sn + 8 * j) * kTileK + kk, kTileK, ulong2(0), true);
       }
-      for (uint i = 0; i < 2; ++i) {
+      for (uint i = 0; i < live_blocks; ++i) {
         for (uint j = 0; j < 2; ++j) {
           simdgroup_multiply_accumulate(acc[i][j], a[i], bt[j], acc[i][j]);
         }
