@@ -11,10 +11,10 @@ use super::grouped_tiles::{
 };
 use super::AffineTensor;
 use crate::backend::dtype_tag;
-use crate::launches;
 use crate::backend::metal::{
     encode, metal_buffer, metal_device, new_output, output, pipeline, Binding, KernelSource,
 };
+use crate::launches;
 use anyhow::{ensure, Result};
 use candle_core::Tensor;
 use objc2_metal::MTLSize;
