@@ -218,6 +218,15 @@ fn cases() -> Vec<Case> {
             &[2, 0, 35],
         ));
     }
+    // Qwen3-Next-80B's expert down projection (Im = 512 → H = 2048, 4 bits, group 64): 64
+    // column blocks per tile.
+    out.push(case(
+        next_seed(),
+        (Ty::Bf16, Ty::Bf16),
+        (4, 64),
+        [2048, 512],
+        &[5, 0, 40],
+    ));
     // A longer K (many steps, several groups per row), as an expert's down projection reads.
     out.push(case(
         next_seed(),
