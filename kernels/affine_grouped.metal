@@ -161,16 +161,22 @@ inline void affine_grouped_tile(
     for (uint kk = 0; live_blocks > 0 && kk < kTileK; kk += 8) {
       simdgroup_matrix<InT, 8, 8> a[2];
       simdgroup_matrix<InT, 8, 8> bt[2];
-      for (uint i = 0; i < live_blocks; ++i) {
-        simdgroup_load(a[i], xs + (16 * sm + 8 * i) * kTileK + kk, kTileK);
+      // Constant trip counts with a uniform test inside, so that unrolled, every matrix
+      // index is a constant and the matrices stay in registers.
+      for (uint i = 0; i < 2; ++i) {
+        if (i < live_blocks) {
+          simdgroup_load(a[i], xs + (16 * sm + 8 * i) * kTileK + kk, kTileK);
+        }
       }
       for (uint j = 0; j < 2; ++j) {
         // Weight rows as columns: element (k, n) of the loaded matrix is W[n][k].
         simdgroup_load(bt[j], ws + (16 * sn + 8 * j) * kTileK + kk, kTileK, ulong2(0), true);
       }
-      for (uint i = 0; i < live_blocks; ++i) {
-        for (uint j = 0; j < 2; ++j) {
-          simdgroup_multiply_accumulate(acc[i][j], a[i], bt[j], acc[i][j]);
+      for (uint i = 0; i < 2; ++i) {
+        if (i < live_blocks) {
+          for (uint j = 0; j < 2; ++j) {
+            simdgroup_multiply_accumulate(acc[i][j], a[i], bt[j], acc[i][j]);
+          }
         }
       }
     }
