@@ -131,3 +131,17 @@ fn gated_delta_chunk_builds_without_bfloat() {
         assert!(!defines(&text, name), "{name} needs bfloat");
     }
 }
+
+#[test]
+fn affine_grouped_builds_without_bfloat() {
+    // simdgroup_half8x8 is MSL 2.3; simdgroup_bfloat8x8 needs bfloat.
+    let text = as_msl30("affine_grouped.metal");
+    let tags = ["f32", "f16", "bf16"];
+    for a in tags {
+        for s in tags {
+            let name = format!("affine_grouped_qmm_{a}_{s}");
+            let bf16 = a == "bf16" || s == "bf16";
+            assert_eq!(defines(&text, &name), !bf16, "{name}");
+        }
+    }
+}

@@ -10,9 +10,9 @@
 //! x's dtype and the sums in f32 (so that f16 and bf16 products run on tensor cores).
 //!
 //! The CPU twin ([`grouped_products`], per expert: dequantize, round, multiply in f32) is the
-//! reference. Metal runs the per-expert path ([`AffineTensor::grouped_per_expert`]) until its
-//! grouped kernel is wired; CUDA runs the kernel where [`AffineTensor::supports_grouped_kernel`]
-//! holds, else the per-expert path.
+//! reference. Metal runs `kernels/affine_grouped.metal` (`metal_grouped`) where its
+//! `supports` holds, CUDA where [`AffineTensor::supports_grouped_kernel`] holds; the rest runs
+//! the per-expert path.
 
 use super::{cpu, AffineTensor};
 use crate::launches;
@@ -83,9 +83,10 @@ impl AffineTensor {
         }
         match self.device() {
             Device::Cpu => launches::cpu_twin(|| grouped_products(self, x, offsets)),
-            // The place of Metal's grouped kernel (`metal_grouped::grouped_matmul_t`).
             #[cfg(any(feature = "metal", target_os = "macos"))]
-            Device::Metal(_) => self.grouped_per_expert(x, offsets),
+            Device::Metal(_) if super::metal_grouped::supports(self) => {
+                super::metal_grouped::grouped_matmul_t(self, x, offsets)
+            }
             #[cfg(feature = "cuda")]
             Device::Cuda(_) if self.supports_grouped_kernel(x.dtype()) => {
                 super::cuda_grouped::grouped_matmul_t(self, x, offsets)

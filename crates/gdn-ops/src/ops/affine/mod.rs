@@ -12,8 +12,11 @@ pub mod cuda;
 #[cfg(feature = "cuda")]
 pub mod cuda_grouped;
 pub mod grouped;
+pub mod grouped_tiles;
 #[cfg(any(feature = "metal", target_os = "macos"))]
 pub mod metal;
+#[cfg(any(feature = "metal", target_os = "macos"))]
+pub mod metal_grouped;
 
 use crate::affine::AffineMatrix;
 use crate::launches;

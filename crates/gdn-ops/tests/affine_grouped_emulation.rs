@@ -1,0 +1,313 @@
+//! The shipped Metal kernel `kernels/affine_grouped.metal` (the grouped quantized matmul of a
+//! MoE prefill chunk, on simdgroup matrices), compiled as C++ with clang-19 and the Metal
+//! emulation header (`kernels/emu/`), run on the CPU for all nine
+//! `affine_grouped_qmm_{in}_{sc}` kernels with the tile schedule the host builds
+//! (`gdn_ops::ops::affine::grouped_tiles`), and compared with a reference computed here from
+//! [`gdn_ops::affine::AffineMatrix`]: per expert, its rows dequantized (`dequantize_row`) and
+//! rounded to the activation dtype, as the composed path does, then a matmul in f64 with that
+//! expert's rows of x.
+//!
+//! Gate, per output value: within `(K + 2)·2⁻²⁴·Σₖ|w̃ₖ·xₖ|` (f32 accumulation of K products in
+//! any order, each at most one rounding) plus one ulp of the activation dtype (the rounding of
+//! y) of the exact `Σₖ w̃ₖ·xₖ`, w̃ the dequantized weight rounded to the activation dtype. The
+//! harness is built with `-ffp-contract=off`, so the kernel's `s·q + b` is the reference's
+//! multiply and add and w̃ is the same value (on a GPU the compiler may fuse it; with the f16
+//! and bf16 scales of MLX checkpoints `s·q` is exact and nothing changes). Dropping one column
+//! of 64 or reading another expert's rows fails it by orders of magnitude.
+//!
+//! The harness guards every buffer: a read past an input faults, and a row of y left
+//! unwritten (a tile the schedule or the kernel dropped) fails the case.
+
+mod common;
+mod emu;
+
+use common::{random_matrix, Input, Rng, Ty, TYPES};
+use gdn_ops::affine::AffineMatrix;
+use gdn_ops::ops::affine::grouped_tiles::{
+    check_offsets, tile_schedule, AffineGroupedParams, GroupedTile, GROUPED_SCRATCH_BYTES,
+    GROUPED_THREADS, GROUPED_TILE_COLS, GROUPED_TILE_ROWS,
+};
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+
+fn harness() -> &'static Path {
+    static HARNESS: OnceLock<PathBuf> = OnceLock::new();
+    HARNESS.get_or_init(|| emu::compile_harness("affine_grouped_harness", &["-ffp-contract=off"]))
+}
+
+struct Case {
+    vt: Ty,
+    st: Ty,
+    m: AffineMatrix,
+    /// `[P, cols]`, rounded to `vt`.
+    x: Vec<f32>,
+    offsets: Vec<u32>,
+    label: String,
+}
+
+/// A stack of `counts.len()` experts of `[rows, cols]`, expert `e` given `counts[e]` rows of x.
+fn case(
+    seed: u64,
+    (vt, st): (Ty, Ty),
+    (bits, group): (usize, usize),
+    [rows, cols]: [usize; 2],
+    counts: &[u32],
+) -> Case {
+    let mut rng = Rng::new(seed);
+    let m = random_matrix(
+        &mut rng,
+        bits,
+        group,
+        [counts.len(), rows, cols],
+        st.dtype(),
+    );
+    let p: u32 = counts.iter().sum();
+    let x = (0..p as usize * cols)
+        .map(|_| vt.round(rng.signed(0.05, 1.0)))
+        .collect();
+    let mut offsets = vec![0u32];
+    for c in counts {
+        offsets.push(offsets.last().unwrap() + c);
+    }
+    let label = format!(
+        "affine_grouped_qmm_{}_{} bits={bits} gs={group} R={rows} K={cols} counts={counts:?}",
+        vt.name(),
+        st.name()
+    );
+    Case {
+        vt,
+        st,
+        m,
+        x,
+        offsets,
+        label,
+    }
+}
+
+fn run_harness(c: &Case) -> Result<Vec<f32>, String> {
+    let m = &c.m;
+    let p = *c.offsets.last().unwrap() as usize;
+    check_offsets(&c.offsets, m.experts, p).map_err(|e| e.to_string())?;
+    let tiles = tile_schedule(&c.offsets);
+    let mut input = Input::new(b"AGQEMU01");
+    for h in [
+        c.vt.code(),
+        c.st.code(),
+        m.experts as u32,
+        m.rows as u32,
+        m.cols as u32,
+        m.bits as u32,
+        m.group_size as u32,
+        p as u32,
+        tiles.len() as u32,
+    ] {
+        input.u32(h);
+    }
+    for &w in m.packed() {
+        input.u32(w);
+    }
+    input.f32s(&m.scales().to_f32_vec());
+    input.f32s(&m.biases().to_f32_vec());
+    input.f32s(&c.x);
+    for t in &tiles {
+        input.u32(t.expert).u32(t.row_begin).u32(t.row_end);
+    }
+    let y = emu::run_harness(harness(), &input.0)?;
+    if y.len() != p * m.rows {
+        return Err(format!(
+            "harness wrote {} values, expected {}",
+            y.len(),
+            p * m.rows
+        ));
+    }
+    Ok(y)
+}
+
+/// The reference (per expert: dequantize, round to the activation dtype, multiply) and the
+/// gate; returns what is wrong, if anything.
+fn check(c: &Case, y: &[f32]) -> Option<String> {
+    let m = &c.m;
+    let (k, r) = (m.cols, m.rows);
+    let gamma = (k + 2) as f64 * 2f64.powi(-24) * 1.001;
+    let mut w = vec![0f32; k];
+    let (mut worst, mut report) = (0f64, None);
+    for e in 0..m.experts {
+        let rows = c.offsets[e] as usize..c.offsets[e + 1] as usize;
+        for n in 0..r {
+            m.dequantize_row(e * r + n, &mut w);
+            let w: Vec<f32> = w.iter().map(|&v| c.vt.round(v)).collect();
+            for p in rows.clone() {
+                let x = &c.x[p * k..][..k];
+                let (mut want, mut magnitude) = (0f64, 0f64);
+                for j in 0..k {
+                    let t = w[j] as f64 * x[j] as f64;
+                    want += t;
+                    magnitude += t.abs();
+                }
+                let got = y[p * r + n] as f64;
+                let allowed = gamma * magnitude + c.vt.ulp(got.abs().max(want.abs()) as f32) as f64;
+                let excess = if got.is_finite() {
+                    (got - want).abs() / allowed
+                } else {
+                    f64::INFINITY
+                };
+                if excess > worst {
+                    worst = excess;
+                    report = Some(format!(
+                        "y[{p}, {n}] (expert {e}) = {got:e} vs {want:e}: {excess:.3e}x the allowed {allowed:.3e}"
+                    ));
+                }
+            }
+        }
+    }
+    if worst > 1.0 {
+        report
+    } else {
+        None
+    }
+}
+
+fn cases() -> Vec<Case> {
+    let mut out = vec![];
+    let mut seed = 0u64;
+    let mut next_seed = || {
+        seed += 1;
+        seed * 104_729
+    };
+    // Every instantiation, 4 and 8 bits, groups 32 and 64: experts with no rows (first, middle
+    // and last), one row, a full tile, tiles crossed (33, 65, 70); R below, at and above the
+    // 32 columns of a threadgroup, not a multiple of 8 either.
+    let counts: [&[u32]; 4] = [
+        &[0, 1, 33, 0, 5],
+        &[32, 0, 70, 1],
+        &[1, 65, 0],
+        &[3, 0, 0, 40, 2, 0],
+    ];
+    let mut i = 0;
+    for &vt in &TYPES {
+        for &st in &TYPES {
+            for (bits, group) in [(4, 64), (8, 32), (4, 32), (8, 64)] {
+                let rows = [40, 32, 13, 72][i % 4];
+                let cols: usize = [128, 96, 64, 192][(i / 2) % 4];
+                let cols = cols.max(group).next_multiple_of(group);
+                let shape = [rows, cols];
+                out.push(case(
+                    next_seed(),
+                    (vt, st),
+                    (bits, group),
+                    shape,
+                    counts[i % 4],
+                ));
+                i += 1;
+            }
+        }
+    }
+    // The other widths the kernel unpacks, group 128, one case each.
+    for (j, bits) in [2, 3, 5, 6].into_iter().enumerate() {
+        let (vt, st) = [
+            (Ty::Bf16, Ty::Bf16),
+            (Ty::F16, Ty::F32),
+            (Ty::F32, Ty::Bf16),
+            (Ty::Bf16, Ty::F16),
+        ][j];
+        out.push(case(
+            next_seed(),
+            (vt, st),
+            (bits, 128),
+            [24, 256],
+            &[2, 0, 35],
+        ));
+    }
+    // Qwen3-Next-80B's expert down projection (Im = 512 → H = 2048, 4 bits, group 64): 64
+    // column blocks per tile.
+    out.push(case(
+        next_seed(),
+        (Ty::Bf16, Ty::Bf16),
+        (4, 64),
+        [2048, 512],
+        &[5, 0, 40],
+    ));
+    // A longer K (many steps, several groups per row), as an expert's down projection reads.
+    out.push(case(
+        next_seed(),
+        (Ty::Bf16, Ty::Bf16),
+        (4, 64),
+        [48, 1024],
+        &[9, 0, 34, 1],
+    ));
+    out
+}
+
+#[test]
+fn shipped_grouped_kernel_matches_the_per_expert_reference() {
+    harness();
+    let jobs = cases();
+    for &vt in &TYPES {
+        for &st in &TYPES {
+            assert!(jobs.iter().any(|c| (c.vt, c.st) == (vt, st)));
+        }
+    }
+    let failures = common::failures(&jobs, |c| match run_harness(c) {
+        Err(e) => Some(format!("[{}] {e}", c.label)),
+        Ok(y) => check(c, &y).map(|bad| format!("[{}] {bad}", c.label)),
+    });
+    assert!(
+        failures.is_empty(),
+        "{} of {} emulated launches disagree with the reference:\n{}",
+        failures.len(),
+        jobs.len(),
+        failures.join("\n")
+    );
+}
+
+/// What the C++ build cannot see: the buffer indices (attributes, ignored by clang), the
+/// parameter structs the Rust side mirrors, and the host's launch constants.
+#[test]
+fn kernel_abi_in_source() {
+    let u = |f: &str| ("unsigned int".to_string(), f.to_string());
+    assert_eq!(
+        emu::params_fields("affine_grouped_metal.h", "AffineGroupedParams"),
+        ["experts", "rows", "cols", "bits", "group_size", "x_rows", "tiles"].map(u),
+        "AffineGroupedParams (kernels/params/affine_grouped_metal.h) must match ops/affine/grouped_tiles.rs"
+    );
+    assert_eq!(std::mem::size_of::<AffineGroupedParams>(), 7 * 4);
+    assert_eq!(
+        emu::params_fields("affine_grouped_metal.h", "GroupedTile"),
+        ["expert", "row_begin", "row_end"].map(u),
+        "GroupedTile (kernels/params/affine_grouped_metal.h) must match ops/affine/grouped_tiles.rs"
+    );
+    assert_eq!(std::mem::size_of::<GroupedTile>(), 3 * 4);
+    let flat = emu::shipped_source("kernels/affine_grouped.metal");
+    assert!(flat.contains("#include \"params/affine_grouped_metal.h\""));
+    emu::assert_buffers(
+        &flat,
+        "#define AFFINE_GROUPED_QMM(",
+        &["w", "scales", "biases", "x", "tiles", "y", "p"],
+    );
+    assert!(flat.contains("threadgroup float* scratch [[threadgroup(0)]]"));
+    for (name, value) in [
+        ("kTileM", GROUPED_TILE_ROWS),
+        ("kTileN", GROUPED_TILE_COLS),
+        ("kThreads", GROUPED_THREADS),
+    ] {
+        let decl = format!("{name} = {value},");
+        assert!(flat.contains(&decl), "kernel lacks `{decl}`");
+    }
+    let harness = emu::shipped_source("kernels/emu/affine_grouped_harness.cpp");
+    assert!(
+        harness.contains(&format!("kHostScratchBytes = {GROUPED_SCRATCH_BYTES};")),
+        "the harness's scratch size differs from GROUPED_SCRATCH_BYTES"
+    );
+    for vt in TYPES {
+        for st in TYPES {
+            let line = format!(
+                "AFFINE_GROUPED_QMM(affine_grouped_qmm_{}_{}, {}, {})",
+                vt.name(),
+                st.name(),
+                vt.msl(),
+                st.msl()
+            );
+            assert!(flat.contains(&line), "missing `{line}`");
+        }
+    }
+}
