@@ -133,12 +133,11 @@ pub fn rows_dot(
     }
 }
 
-/// Activation rows per kernel call, widest first: each chunk of a weight row is unpacked once
-/// for all of them, and they stay in L1 while the task's weight rows stream past. A prompt's
-/// rows go in blocks of eight, the rest in fours, then one at a time. Measured on Zen 3 (one
-/// core, 512 × 2048 weights, 512 activation rows): 2 rows 33 GMAC/s, 4 rows 44–48, 8 rows 53;
-/// the VNNI copy has 32 vector registers, room for eight accumulators and their operands.
-const ACTIVATION_BLOCKS: [usize; 3] = [8, 4, 1];
+/// Activation rows per kernel call. Each chunk of a weight row is unpacked once for all of
+/// them, and they stay in L1 while the task's weight rows stream past. Measured on Zen 3
+/// (one core, 512 × 2048 weights, 512 activation rows): 2 rows 33 GMAC/s, 4 rows 44–48,
+/// 8 rows 53 (more accumulators than registers beyond that).
+const ACTIVATIONS_AT_ONCE: usize = 4;
 
 fn rows_dot_in<P: Widen>(
     m: &AffineMatrix,
@@ -162,71 +161,35 @@ fn rows_dot_in<P: Widen>(
     };
     let rows = out.len() / n.max(1);
     let mut j = 0;
-    for width in ACTIVATION_BLOCKS {
-        while j + width <= n {
-            match width {
-                8 => block_dots::<P, 8>(&weights, &activation, first, rows, j, n, out),
-                4 => block_dots::<P, 4>(&weights, &activation, first, rows, j, n, out),
-                1 => block_dots::<P, 1>(&weights, &activation, first, rows, j, n, out),
-                other => unreachable!("no kernel for {other} activation rows at once"),
-            }
-            j += width;
+    while j + ACTIVATIONS_AT_ONCE <= n {
+        let block: [_; ACTIVATIONS_AT_ONCE] = std::array::from_fn(|a| activation(j + a));
+        for r in 0..rows {
+            let dots = dispatch(&weights(first + r), &block);
+            out[r * n + j..r * n + j + ACTIVATIONS_AT_ONCE].copy_from_slice(&dots);
+        }
+        j += ACTIVATIONS_AT_ONCE;
+    }
+    for j in j..n {
+        let one = [activation(j)];
+        for r in 0..rows {
+            out[r * n + j] = dispatch(&weights(first + r), &one)[0];
         }
     }
 }
 
-/// Activation rows `j .. j + A` against weight rows `first .. first + rows`, into their
-/// columns of `out` (`[rows, n]`). A single activation row (decode) takes the weight rows
-/// [`WEIGHT_ROWS_AT_ONCE`] at a time.
-#[inline(always)]
-fn block_dots<'a, P: Widen + 'a, const A: usize>(
-    weights: &impl Fn(usize) -> WeightRow<'a, P>,
-    activation: &impl Fn(usize) -> Activation<'a>,
-    first: usize,
-    rows: usize,
-    j: usize,
-    n: usize,
-    out: &mut [f32],
-) {
-    let block: [_; A] = std::array::from_fn(|a| activation(j + a));
-    let mut r = 0;
-    if A == 1 {
-        while r + WEIGHT_ROWS_AT_ONCE <= rows {
-            let ws: [_; WEIGHT_ROWS_AT_ONCE] = std::array::from_fn(|i| weights(first + r + i));
-            for (i, dots) in dispatch(&ws, &block).iter().enumerate() {
-                out[(r + i) * n + j..(r + i) * n + j + A].copy_from_slice(dots);
-            }
-            r += WEIGHT_ROWS_AT_ONCE;
-        }
-    }
-    for r in r..rows {
-        let [dots] = dispatch(&[weights(first + r)], &block);
-        out[r * n + j..r * n + j + A].copy_from_slice(&dots);
-    }
-}
-
-/// Weight rows per kernel call against one activation row (decode): each chunk of the
-/// activation is loaded once for all of them, and their accumulators are independent chains
-/// (one row alone waits on its own multiply-add's latency every chunk).
-const WEIGHT_ROWS_AT_ONCE: usize = 4;
-
-/// The VNNI kernel or else the AVX2 one where the CPU has it, else the portable one:
-/// `[R weight rows][A activation rows]`.
-fn dispatch<P: Widen, const R: usize, const A: usize>(
-    ws: &[WeightRow<P>; R],
-    xs: &[Activation; A],
-) -> [[f32; A]; R] {
+/// The VNNI kernel or else the AVX2 one where the CPU has it, else the portable one.
+fn dispatch<P: Widen, const A: usize>(w: &WeightRow<P>, xs: &[Activation; A]) -> [f32; A] {
     #[cfg(target_arch = "x86_64")]
     if crate::simd::has_vnni() {
         // SAFETY: the CPU has AVX-512 F, VL and VNNI, and AVX2 and FMA.
-        return unsafe { row_dots_vnni(ws, xs) };
+        return unsafe { row_dots_vnni(w, xs) };
     }
     #[cfg(target_arch = "x86_64")]
     if crate::simd::level() >= crate::simd::Level::Avx2 {
         // SAFETY: AVX2 and FMA are present (the level says so).
-        return unsafe { row_dots_avx2(ws, xs) };
+        return unsafe { row_dots_avx2(w, xs) };
     }
-    std::array::from_fn(|r| std::array::from_fn(|a| row_dot_portable(&ws[r], &xs[a])))
+    std::array::from_fn(|a| row_dot_portable(w, &xs[a]))
 }
 
 /// A stored scale or bias type, widened to f32 (exactly) one value at a time.
@@ -309,13 +272,11 @@ fn row_dot_portable<P: Widen>(w: &WeightRow<P>, x: &Activation) -> f32 {
     (v[0] + v[2]) + (v[1] + v[3])
 }
 
-/// `R` weight rows against `A` activation rows in AVX2: per chunk, each weight row's 32 packed
-/// bytes are unpacked once and each activation row's 64 i8 values loaded once, then every
-/// pair is dotted in two `maddubs` (u8 × i8 pairs summed in i16: at most 2 · 15 · 127, no
-/// saturation), widened to eight i32 partial sums, converted and scaled into that pair's f32
-/// accumulator: one horizontal sum per pair, none per chunk, and `R · A` independent FMA
-/// chains that hide each other's latency. Each pair's operations and their order do not
-/// depend on `R` or `A`, so a pair's result is the same bits in any block.
+/// One weight row against `A` activation rows in AVX2: per chunk, 32 packed bytes are
+/// unpacked once, then dotted with each row's 64 i8 values in two `maddubs` (u8 × i8 pairs
+/// summed in i16: at most 2 · 15 · 127, no saturation), widened to eight i32 partial sums,
+/// converted and scaled into that row's f32 accumulator: one horizontal sum per pair, none
+/// per chunk, and `A` independent FMA chains that hide each other's latency.
 ///
 /// The kernel is written once and compiled twice (`row_dots_kernel!`): for AVX2, and for
 /// AVX-512 VNNI, where one `vpdpbusd` does the u8 × i8 products and their four-way i32 sums
@@ -324,18 +285,15 @@ macro_rules! row_dots_kernel {
     ($name:ident, $features:literal, $chunk_dot:ident) => {
         #[cfg(target_arch = "x86_64")]
         #[target_feature(enable = $features)]
-        unsafe fn $name<P: Widen, const R: usize, const A: usize>(
-            ws: &[WeightRow<P>; R],
+        unsafe fn $name<P: Widen, const A: usize>(
+            w: &WeightRow<P>,
             xs: &[Activation; A],
-        ) -> [[f32; A]; R] {
+        ) -> [f32; A] {
             use std::arch::x86_64::*;
-            let groups = ws[0].scales.len();
-            let chunks_per_group = ws[0].chunks_per_group;
+            let groups = w.scales.len();
+            let chunks_per_group = w.chunks_per_group;
             let chunks = groups * chunks_per_group;
-            for w in ws {
-                assert!(w.scales.len() == groups && w.chunks_per_group == chunks_per_group);
-                assert!(w.words.len() == 8 * chunks && w.biases.len() == groups);
-            }
+            assert!(w.words.len() == 8 * chunks && w.biases.len() == groups);
             for x in xs {
                 assert!(x.q.values.len() == CHUNK * chunks && x.q.lane_scales.len() == 8 * chunks);
                 assert!(x.group_sums.len() == groups);
@@ -344,68 +302,53 @@ macro_rules! row_dots_kernel {
             assert!(chunks_per_group.is_power_of_two());
             let group_shift = chunks_per_group.trailing_zeros();
             let low_mask = _mm256_set1_epi8(0x0F);
+            let packed_at = w.words.as_ptr() as *const __m256i;
             // The bias terms first, as the portable copy sums them: eight groups per step, a
             // multiply then an add (not fused), the tail lane by lane.
-            let mut acc = [[_mm256_setzero_ps(); A]; R];
+            let mut acc = [_mm256_setzero_ps(); A];
             let whole = groups / 8 * 8;
-            for r in 0..R {
-                let w = &ws[r];
-                for g in (0..whole).step_by(8) {
-                    let b: [f32; 8] = std::array::from_fn(|l| w.biases[g + l].widen());
-                    let b = _mm256_loadu_ps(b.as_ptr());
-                    for a in 0..A {
-                        let sums = _mm256_loadu_ps(xs[a].group_sums.as_ptr().add(g));
-                        acc[r][a] = _mm256_add_ps(acc[r][a], _mm256_mul_ps(b, sums));
-                    }
-                }
-                if whole < groups {
-                    for a in 0..A {
-                        let mut lanes = [0f32; 8];
-                        _mm256_storeu_ps(lanes.as_mut_ptr(), acc[r][a]);
-                        for g in whole..groups {
-                            lanes[g - whole] += w.biases[g].widen() * xs[a].group_sums[g];
-                        }
-                        acc[r][a] = _mm256_loadu_ps(lanes.as_ptr());
-                    }
+            for g in (0..whole).step_by(8) {
+                let b: [f32; 8] = std::array::from_fn(|l| w.biases[g + l].widen());
+                let b = _mm256_loadu_ps(b.as_ptr());
+                for a in 0..A {
+                    let sums = _mm256_loadu_ps(xs[a].group_sums.as_ptr().add(g));
+                    acc[a] = _mm256_add_ps(acc[a], _mm256_mul_ps(b, sums));
                 }
             }
-            let packed_at: [*const __m256i; R] =
-                std::array::from_fn(|r| ws[r].words.as_ptr() as *const __m256i);
+            if whole < groups {
+                for a in 0..A {
+                    let mut lanes = [0f32; 8];
+                    _mm256_storeu_ps(lanes.as_mut_ptr(), acc[a]);
+                    for g in whole..groups {
+                        lanes[g - whole] += w.biases[g].widen() * xs[a].group_sums[g];
+                    }
+                    acc[a] = _mm256_loadu_ps(lanes.as_ptr());
+                }
+            }
             for c in 0..chunks {
                 // SAFETY: c < chunks, and the asserts above bound every read.
-                let mut lo = [low_mask; R];
-                let mut hi = [low_mask; R];
-                let mut scale = [_mm256_setzero_ps(); R];
-                for r in 0..R {
-                    let packed = _mm256_loadu_si256(packed_at[r].add(c));
-                    lo[r] = _mm256_and_si256(packed, low_mask);
-                    hi[r] = _mm256_and_si256(_mm256_srli_epi16(packed, 4), low_mask);
-                    let s = ws[r].scales.get_unchecked(c >> group_shift).widen();
-                    scale[r] = _mm256_set1_ps(s);
-                }
+                let packed = _mm256_loadu_si256(packed_at.add(c));
+                let lo = _mm256_and_si256(packed, low_mask);
+                let hi = _mm256_and_si256(_mm256_srli_epi16(packed, 4), low_mask);
+                let scale = _mm256_set1_ps(w.scales.get_unchecked(c >> group_shift).widen());
                 for a in 0..A {
                     let xq = xs[a].q.values.as_ptr() as *const __m256i;
                     let x_even = _mm256_loadu_si256(xq.add(2 * c));
                     let x_odd = _mm256_loadu_si256(xq.add(2 * c + 1));
                     let x_scales = _mm256_loadu_ps(xs[a].q.lane_scales.as_ptr().add(8 * c));
-                    for r in 0..R {
-                        // Lanes 0..4 sum elements 0..32 of the chunk, lanes 4..8 elements
-                        // 32..64.
-                        let sum32 = _mm256_cvtepi32_ps($chunk_dot(lo[r], hi[r], x_even, x_odd));
-                        let dx = _mm256_mul_ps(x_scales, scale[r]);
-                        acc[r][a] = _mm256_fmadd_ps(sum32, dx, acc[r][a]);
-                    }
+                    // Lanes 0..4 sum elements 0..32 of the chunk, lanes 4..8 elements 32..64.
+                    let sum32 = _mm256_cvtepi32_ps($chunk_dot(lo, hi, x_even, x_odd));
+                    let dx = _mm256_mul_ps(x_scales, scale);
+                    acc[a] = _mm256_fmadd_ps(sum32, dx, acc[a]);
                 }
             }
-            let mut out = [[0f32; A]; R];
-            for r in 0..R {
-                for a in 0..A {
-                    let v = acc[r][a];
-                    let v = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-                    let v = _mm_add_ps(v, _mm_movehl_ps(v, v));
-                    let v = _mm_add_ss(v, _mm_movehdup_ps(v));
-                    out[r][a] = _mm_cvtss_f32(v);
-                }
+            let mut out = [0f32; A];
+            for a in 0..A {
+                let v = acc[a];
+                let v = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+                let v = _mm_add_ps(v, _mm_movehl_ps(v, v));
+                let v = _mm_add_ss(v, _mm_movehdup_ps(v));
+                out[a] = _mm_cvtss_f32(v);
             }
             out
         }
@@ -501,79 +444,49 @@ mod tests {
         );
     }
 
-    /// Runs two weight rows against three activation rows through both copies (one pair at
-    /// a time, one weight row against the three, the two weight rows against one, and all
-    /// six pairs at once) and compares each pair's bits with the portable row's.
+    /// Runs one weight row against three activation rows through both copies (one at a
+    /// time and three at once) and compares the bits.
     #[cfg(target_arch = "x86_64")]
     fn assert_same_bits<P: Widen>(
-        ws: &[WeightRow<P>; 2],
+        w: &WeightRow<P>,
         xs: &[Q8Row; 3],
         group_sums: &[f32],
         what: &str,
     ) {
-        let groups = ws[0].scales.len();
+        let groups = w.scales.len();
         let acts: [Activation; 3] = std::array::from_fn(|a| Activation {
             q: &xs[a],
             group_sums: &group_sums[a * groups..(a + 1) * groups],
         });
-        type Kernel<P, const R: usize, const A: usize> =
-            unsafe fn(&[WeightRow<P>; R], &[Activation; A]) -> [[f32; A]; R];
-        type Kernels<P> = (
-            &'static str,
-            Kernel<P, 1, 1>,
-            Kernel<P, 1, 3>,
-            Kernel<P, 2, 1>,
-            Kernel<P, 2, 3>,
-        );
-        let mut kernels: Vec<Kernels<P>> = vec![(
-            "avx2",
-            row_dots_avx2::<P, 1, 1>,
-            row_dots_avx2::<P, 1, 3>,
-            row_dots_avx2::<P, 2, 1>,
-            row_dots_avx2::<P, 2, 3>,
-        )];
+        type Kernel<P> = unsafe fn(&WeightRow<P>, &[Activation; 3]) -> [f32; 3];
+        type Single<P> = unsafe fn(&WeightRow<P>, &[Activation; 1]) -> [f32; 1];
+        let mut kernels: Vec<(&str, Kernel<P>, Single<P>)> =
+            vec![("avx2", row_dots_avx2::<P, 3>, row_dots_avx2::<P, 1>)];
         if crate::simd::has_vnni() {
-            kernels.push((
-                "vnni",
-                row_dots_vnni::<P, 1, 1>,
-                row_dots_vnni::<P, 1, 3>,
-                row_dots_vnni::<P, 2, 1>,
-                row_dots_vnni::<P, 2, 3>,
-            ));
+            kernels.push(("vnni", row_dots_vnni::<P, 3>, row_dots_vnni::<P, 1>));
         } else {
             eprintln!("no AVX-512 VNNI here: only the AVX2 kernel is compared");
         }
-        for (name, single, activations, rows, both) in kernels {
+        for (name, batched, single) in kernels {
             // SAFETY: the caller checked that AVX2 is present, and has_vnni() the rest.
-            let all = unsafe { both(ws, &acts) };
-            for (r, w) in ws.iter().enumerate() {
+            let together = unsafe { batched(w, &acts) };
+            for (a, x) in acts.iter().enumerate() {
+                let want = row_dot_portable(w, x);
                 // SAFETY: as above.
-                let by_row = unsafe { activations(std::array::from_ref(w), &acts) };
-                for (a, x) in acts.iter().enumerate() {
-                    let want = row_dot_portable(w, x);
-                    // SAFETY: as above.
-                    let alone = unsafe { single(std::array::from_ref(w), std::array::from_ref(x)) };
-                    // SAFETY: as above.
-                    let by_activation = unsafe { rows(ws, std::array::from_ref(x)) };
-                    for (got, how) in [
-                        (alone[0][0], "alone"),
-                        (by_row[0][a], "activations batched"),
-                        (by_activation[r][0], "weight rows batched"),
-                        (all[r][a], "both batched"),
-                    ] {
-                        assert_eq!(
-                            got.to_bits(),
-                            want.to_bits(),
-                            "{what}, {name} {how}, row {r}, activation {a}: {got} vs {want}"
-                        );
-                    }
+                let alone = unsafe { single(w, std::array::from_ref(x)) };
+                for (got, how) in [(alone[0], "alone"), (together[a], "batched")] {
+                    assert_eq!(
+                        got.to_bits(),
+                        want.to_bits(),
+                        "{what}, {name} {how}: {got} vs {want}"
+                    );
                 }
             }
         }
     }
 
-    /// The AVX2 and VNNI kernels and the portable row agree bit for bit, for one and several
-    /// chunks per group, with f32 and bf16 scales, one pair at a time and in blocks.
+    /// The AVX2 row and the portable one agree bit for bit, for one and several chunks per
+    /// group, with f32 and bf16 scales.
     #[cfg(target_arch = "x86_64")]
     #[test]
     fn simd_and_portable_rows_agree() {
@@ -582,11 +495,8 @@ mod tests {
             return;
         }
         let cols = 640; // 10 or 5 groups: the eight-group bias step and its tail
-        let q: [Vec<u32>; 2] = [
-            (0..cols as u32).map(|j| (j * 13 + 7) % 16).collect(),
-            (0..cols as u32).map(|j| (j * 5 + 11) % 16).collect(),
-        ];
-        let words = [pack_row(&q[0], 4), pack_row(&q[1], 4)];
+        let q: Vec<u32> = (0..cols as u32).map(|j| (j * 13 + 7) % 16).collect();
+        let words = pack_row(&q, 4);
         let x: Vec<Vec<f32>> = (0..3)
             .map(|a| {
                 (0..cols)
@@ -596,37 +506,31 @@ mod tests {
             .collect();
         let xq: [Q8Row; 3] = std::array::from_fn(|a| Q8Row::quantize(&x[a]));
         for group in [64, 128] {
-            let params = |r: usize, base: f32, step: f32| -> Vec<f32> {
-                (0..cols / group)
-                    .map(|g| base + step * (g + 3 * r) as f32)
-                    .collect()
-            };
-            let scales = [params(0, 0.5, -0.13), params(1, 0.2, 0.09)];
-            let biases = [params(0, -0.2, 0.07), params(1, 0.3, -0.05)];
+            let scales: Vec<f32> = (0..cols / group).map(|g| 0.5 - 0.13 * g as f32).collect();
+            let biases: Vec<f32> = (0..cols / group).map(|g| 0.07 * g as f32 - 0.2).collect();
             let group_sums: Vec<f32> = x
                 .iter()
                 .flat_map(|x| x.chunks(group).map(|c| c.iter().sum::<f32>()))
                 .collect();
             let chunks_per_group = group / CHUNK;
-            let ws: [WeightRow<f32>; 2] = std::array::from_fn(|r| WeightRow {
-                words: &words[r],
-                scales: &scales[r],
-                biases: &biases[r],
+            let w = WeightRow {
+                words: &words,
+                scales: &scales,
+                biases: &biases,
                 chunks_per_group,
-            });
-            assert_same_bits(&ws, &xq, &group_sums, &format!("f32, group {group}"));
+            };
+            assert_same_bits(&w, &xq, &group_sums, &format!("f32, group {group}"));
             let bf16 = |v: &[f32]| -> Vec<half::bf16> {
                 v.iter().map(|&f| half::bf16::from_f32(f)).collect()
             };
-            let s16 = [bf16(&scales[0]), bf16(&scales[1])];
-            let b16 = [bf16(&biases[0]), bf16(&biases[1])];
-            let ws: [WeightRow<half::bf16>; 2] = std::array::from_fn(|r| WeightRow {
-                words: &words[r],
-                scales: &s16[r],
-                biases: &b16[r],
+            let (s16, b16) = (bf16(&scales), bf16(&biases));
+            let w = WeightRow {
+                words: &words,
+                scales: &s16,
+                biases: &b16,
                 chunks_per_group,
-            });
-            assert_same_bits(&ws, &xq, &group_sums, &format!("bf16, group {group}"));
+            };
+            assert_same_bits(&w, &xq, &group_sums, &format!("bf16, group {group}"));
         }
     }
 }
@@ -665,12 +569,10 @@ mod row_tests {
     }
 
     /// A batch of activation rows (a prompt) gets, pair for pair, the bits of one row at a
-    /// time: thirteen activation rows cover a block of eight, one of four and a remainder,
-    /// seven weight rows a block of four (taken together against a single activation row,
-    /// as in decode) and a remainder.
+    /// time (decode): six rows cover a full block of four and a remainder.
     #[test]
     fn batched_rows_match_single_rows() {
-        let (rows, cols, group, n) = (7, 256, 64, 13);
+        let (rows, cols, group, n) = (3, 256, 64, 6);
         let q: Vec<u32> = (0..(rows * cols) as u32)
             .map(|j| (j * 7 + 1) % 16)
             .collect();

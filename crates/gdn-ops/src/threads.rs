@@ -9,10 +9,12 @@
 //! Between two products the other workers find nothing to do, and rayon puts an idle worker
 //! to sleep after a few dozen rounds of looking; the next product then pays a wake-up (a
 //! futex and a reschedule, tens of microseconds on a VM) before its second half starts. So
-//! for the duration of one pass (`on_cpu_pool` from outside the pool) every other worker
-//! runs a spinner: it keeps taking the pass's work as soon as it appears, and leaves when the
-//! pass ends or when it has found nothing for a bounded time (then rayon's own sleep takes
-//! over, so a pass that waits on something else does not hold a core forever).
+//! for the duration of one pass (`on_cpu_pool` from outside the pool) every other worker can
+//! run a spinner (opt-in, `QWEN_GDN_SPIN_US`): it keeps taking the pass's work as soon as it
+//! appears, and leaves when the pass ends or when it has found nothing for a bounded time
+//! (then rayon's own sleep takes over, so a pass that waits on something else does not hold a
+//! core forever). Rayon itself already looks a few dozen times before sleeping, which covers
+//! most of those gaps: measured, the spinners did not pay on two cores (docs/perf-notes.md).
 
 use std::cell::Cell;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -20,7 +22,8 @@ use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 /// Runs `work` on a thread of the process-wide CPU pool (at once if already on one), with the
-/// other workers spinning for work until it returns (see the module note).
+/// other workers spinning for work until it returns if [`spin_budget`] allows (see the
+/// module note).
 /// `RAYON_NUM_THREADS` sizes the pool, as it does rayon's global one.
 pub fn on_cpu_pool<R: Send>(work: impl FnOnce() -> R + Send) -> R {
     static POOL: OnceLock<Option<rayon::ThreadPool>> = OnceLock::new();
@@ -42,7 +45,7 @@ pub fn on_cpu_pool<R: Send>(work: impl FnOnce() -> R + Send) -> R {
 }
 
 /// How long a spinner looks for work without finding any before it leaves:
-/// `QWEN_GDN_SPIN_US` microseconds (0 turns spinning off), else [`DEFAULT_SPIN`]. Read once.
+/// `QWEN_GDN_SPIN_US` microseconds, else [`DEFAULT_SPIN`] (zero: no spinners). Read once.
 pub fn spin_budget() -> Duration {
     static BUDGET: OnceLock<Duration> = OnceLock::new();
     *BUDGET.get_or_init(|| {
@@ -56,9 +59,11 @@ pub fn spin_budget() -> Duration {
 /// The environment variable that sets [`spin_budget`].
 pub const SPIN_ENV: &str = "QWEN_GDN_SPIN_US";
 
-/// Longer than the serial stretches between a decode step's parallel products (norms,
-/// elementwise work: tens to hundreds of microseconds), short against a step.
-pub const DEFAULT_SPIN: Duration = Duration::from_millis(1);
+/// Off: on the 2-core VM of docs/perf-notes.md (step 27) spinning did not speed decode up,
+/// and where other jobs share the cores it slowed it (a spinner holds a core they want).
+/// `QWEN_GDN_SPIN_US=1000` is longer than the serial stretches between a decode step's
+/// parallel products (norms, elementwise work) and short against a step.
+pub const DEFAULT_SPIN: Duration = Duration::ZERO;
 
 /// How many spinners are looking for work right now (all pools).
 pub fn spinning_now() -> usize {
