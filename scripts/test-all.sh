@@ -4,13 +4,17 @@
 #   2. cargo test over the workspace (includes the Metal kernel emulation test),
 #   3. the model's gates again with every gated-delta call in the chunked form, decode steps
 #      included (by default only calls of 16 tokens or more take it),
-#   4. `qwen-gdn serve` driven by the official openai Python client and curl (needs PyPI once),
-#   5. the macOS type-check of the workspace with the `metal` feature.
+#   4. the model's gates again with a prefill attention score budget of 4 KiB, so that every
+#      chunk's attention runs in query blocks and key tiles (online softmax),
+#   5. `qwen-gdn serve` driven by the official openai Python client and curl (needs PyPI once),
+#   6. the macOS type-check of the workspace with the `metal` feature.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install-test-deps.sh
 cargo test --workspace --locked
 QWEN_GDN_GDN_PREFILL=chunked cargo test --locked -p qwen-gdn-model \
     --test reference --test device_plan --test prefill_chunks
+QWEN_GDN_ATTN_SCORE_BYTES=4096 cargo test --locked -p qwen-gdn-model \
+    --test reference --test device_plan --test prefill_chunks --test qwen4_exp
 bash scripts/test-serve-openai.sh
 bash scripts/check-metal.sh
