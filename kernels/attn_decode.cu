@@ -13,6 +13,10 @@
 // pos is read from device memory (a CUDA graph replays the launch for every token); the
 // last attended position is min(pos, cap - 1).
 //
+// The bodies (attn_decode::run, attn_decode::combine) take their thread and block indices
+// and their shared memory as arguments, so that kernels/emu/attn_decode_cuda_harness.cpp runs
+// them on the CPU (kernels/emu/cuda/cuda_emu.h).
+//
 // Compile for candle:  nvcc -ptx -arch=sm_90 -O3 kernels/attn_decode.cu -o attn_decode.ptx
 
 #include <cuda_bf16.h>
@@ -43,13 +47,13 @@ constexpr uint32_t kMaxPerLane = 8;  // Dh <= 256
 
 // kSplit: this block takes key range blockIdx.z of p.splits and writes its record to
 // `partials`; otherwise it takes every key and writes `out`.
+// Block (h, b, split), warp sg, lane; scratch: the block's S * (2 + Dh) shared floats.
 template <typename T, bool kSplit>
 __device__ void run(const T* q, const T* gate, const T* keys, const T* values,
                     const uint32_t* pos_buf, T* out, float* partials,
-                    const AttnDecodeParams p) {
-  extern __shared__ float scratch[];
-  const uint32_t h = blockIdx.x, b = blockIdx.y, sg = threadIdx.y, lane = threadIdx.x;
-  const uint32_t split = kSplit ? blockIdx.z : 0;
+                    const AttnDecodeParams p, uint32_t h, uint32_t b, uint32_t split,
+                    uint32_t sg, uint32_t lane, float* scratch) {
+  if (!kSplit) split = 0;
   // Uniform over the block: all threads reach __syncthreads below, or none does.
   if (h >= p.q_heads || b >= p.batch) return;
   const uint32_t dh = p.head_dim, per_lane = dh / 32, groups = p.simdgroups;
@@ -130,8 +134,8 @@ __device__ void run(const T* q, const T* gate, const T* keys, const T* values,
 
 // The merge of a split's records: block (h, b), one warp.
 template <typename T>
-__device__ void combine(const float* partials, const T* gate, T* out, const AttnDecodeParams p) {
-  const uint32_t h = blockIdx.x, b = blockIdx.y, lane = threadIdx.x;
+__device__ void combine(const float* partials, const T* gate, T* out, const AttnDecodeParams p,
+                        uint32_t h, uint32_t b, uint32_t lane) {
   if (h >= p.q_heads || b >= p.batch) return;
   const uint32_t dh = p.head_dim, per_lane = dh / 32, splits = p.splits, stride = 2 + dh;
   const float* records = partials + ((size_t)b * p.q_heads + h) * splits * stride;
@@ -159,17 +163,22 @@ __device__ void combine(const float* partials, const T* gate, T* out, const Attn
   extern "C" __global__ void attn_decode_##TN(const T* q, const T* gate, const T* keys,    \
                                               const T* values, const uint32_t* pos, T* out, \
                                               const AttnDecodeParams p) {                  \
-    attn_decode::run<T, false>(q, gate, keys, values, pos, out, nullptr, p);               \
+    extern __shared__ float attn_decode_scratch[];                                         \
+    attn_decode::run<T, false>(q, gate, keys, values, pos, out, nullptr, p, blockIdx.x,    \
+                               blockIdx.y, 0, threadIdx.y, threadIdx.x, attn_decode_scratch); \
   }                                                                                        \
   extern "C" __global__ void attn_decode_split_##TN(const T* q, const T* keys,             \
                                                     const T* values, const uint32_t* pos,  \
                                                     float* partials,                       \
                                                     const AttnDecodeParams p) {            \
-    attn_decode::run<T, true>(q, nullptr, keys, values, pos, nullptr, partials, p);        \
+    extern __shared__ float attn_decode_scratch[];                                         \
+    attn_decode::run<T, true>(q, nullptr, keys, values, pos, nullptr, partials, p,         \
+                              blockIdx.x, blockIdx.y, blockIdx.z, threadIdx.y, threadIdx.x, \
+                              attn_decode_scratch);                                        \
   }                                                                                        \
   extern "C" __global__ void attn_decode_combine_##TN(const float* partials, const T* gate, \
                                                       T* out, const AttnDecodeParams p) {  \
-    attn_decode::combine<T>(partials, gate, out, p);                                       \
+    attn_decode::combine<T>(partials, gate, out, p, blockIdx.x, blockIdx.y, threadIdx.x);  \
   }
 
 ATTN_DECODE_ENTRY(f32, float)

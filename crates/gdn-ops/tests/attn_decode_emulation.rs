@@ -1,7 +1,9 @@
 //! The shipped `kernels/attn_decode.metal`, compiled as C++ with clang-19 and the Metal
 //! emulation header (`kernels/emu/`: threadgroup memory and barriers), run on the CPU for
 //! `attn_decode_{f32,f16,bf16}` and compared with the CPU twin,
-//! [`gdn_ops::ops::attn_decode::attn_decode`].
+//! [`gdn_ops::ops::attn_decode::attn_decode`]; and the bodies of the shipped
+//! `kernels/attn_decode.cu` the same way, on the CUDA stand-ins of `kernels/emu/cuda/`
+//! (`kernels/emu/attn_decode_cuda_harness.cpp`), on the same cases.
 //!
 //! Needs Debian's `clang-19` and `libclang-rt-19-dev`; without them this test fails, never
 //! skips. `GDN_EMU_CXX` overrides the compiler.
@@ -27,9 +29,20 @@ use gdn_ops::ops::attn_decode::{
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
-fn harness() -> &'static Path {
+fn metal_harness() -> &'static Path {
     static HARNESS: OnceLock<PathBuf> = OnceLock::new();
     HARNESS.get_or_init(|| emu::compile_harness("attn_decode_harness", &[]))
+}
+
+fn cuda_harness() -> &'static Path {
+    static HARNESS: OnceLock<PathBuf> = OnceLock::new();
+    HARNESS.get_or_init(|| {
+        let stand_ins = emu::workspace_root().join("kernels/emu/cuda");
+        emu::compile_harness(
+            "attn_decode_cuda_harness",
+            &["-I", stand_ins.to_str().expect("a UTF-8 path")],
+        )
+    })
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -45,7 +58,7 @@ struct Shape {
     splits: usize,
 }
 
-fn check(ty: Ty, s: Shape, seed: u64) -> Option<String> {
+fn check(harness: &Path, ty: Ty, s: Shape, seed: u64) -> Option<String> {
     let mut rng = Rng::new(seed);
     let q_len = s.batch * s.q_heads * s.head_dim;
     let kv_len = s.batch * s.kv_heads * s.capacity * s.head_dim;
@@ -83,7 +96,7 @@ fn check(ty: Ty, s: Shape, seed: u64) -> Option<String> {
         .f32s(&gate)
         .f32s(&keys)
         .f32s(&vals);
-    let got = match emu::run_harness(harness(), &input.0) {
+    let got = match emu::run_harness(harness, &input.0) {
         Ok(v) => v,
         Err(e) => return Some(e),
     };
@@ -101,6 +114,15 @@ fn check(ty: Ty, s: Shape, seed: u64) -> Option<String> {
 
 #[test]
 fn shipped_attn_decode_kernels_match_the_cpu_twin() {
+    run_all(metal_harness(), "metal");
+}
+
+#[test]
+fn shipped_cuda_attn_decode_bodies_match_the_cpu_twin() {
+    run_all(cuda_harness(), "cuda");
+}
+
+fn run_all(harness: &Path, kind: &str) {
     let shape = |batch, q_heads, kv_heads, head_dim, capacity, pos, simdgroups| {
         // The split count the host picks for this capacity.
         let dims = AttnDecodeDims {
@@ -160,9 +182,8 @@ fn shipped_attn_decode_kernels_match_the_cpu_twin() {
             jobs.push((ty, *s, (i as u64 + 1) * 15_485_863 + ty.code() as u64));
         }
     }
-    harness();
     let failures: Vec<String> = failures(&jobs, |&(ty, s, seed)| {
-        check(ty, s, seed).map(|e| format!("attn_decode_{} {s:?}: {e}", ty.name()))
+        check(harness, ty, s, seed).map(|e| format!("{kind} attn_decode_{} {s:?}: {e}", ty.name()))
     });
     assert!(
         failures.is_empty(),
@@ -231,7 +252,13 @@ fn kernel_abi_in_source() {
             );
         }
     }
-    assert!(
-        emu::shipped_source("kernels/attn_decode.cu").contains("#include \"params/attn_decode.h\"")
-    );
+    let cu = emu::shipped_source("kernels/attn_decode.cu");
+    assert!(cu.contains("#include \"params/attn_decode.h\""));
+    // The names ops/attn_decode/cuda.rs launches.
+    for kernel in ["attn_decode", "attn_decode_split", "attn_decode_combine"] {
+        assert!(
+            cu.contains(&format!(" {kernel}_##TN(")),
+            "attn_decode.cu: missing {kernel}_<t>"
+        );
+    }
 }

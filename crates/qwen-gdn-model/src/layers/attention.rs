@@ -246,7 +246,7 @@ fn scores(q: &Tensor, k: &Tensor, rep: usize, mask: KeyMask) -> Result<Tensor> {
     } else {
         mask
     };
-    Ok(candle_op(scores.broadcast_add(&mask))?)
+    candle_op(scores.broadcast_add(&mask))
 }
 
 /// One block of queries over all its keys at once: `q` folded as in [`scores`], the result
@@ -260,5 +260,5 @@ fn attend_dense(q: &Tensor, k: &Tensor, v: &Tensor, rep: usize, mask: KeyMask) -
         )?))?,
         v.dtype(),
     )?;
-    Ok(candle_op(p.matmul(v))?)
+    candle_op(p.matmul(v))
 }
