@@ -5,9 +5,17 @@
 // ENTRY POINTS (extern "C"; <t> in {f32, f16, bf16}):
 //   attn_decode_<t>(q, gate, keys, values, pos, out, AttnDecodeParams p)
 //   block = (32, S) threads (S = p.simdgroups warps, each taking every S-th key), grid =
-//   (Nq, B), dynamic shared memory S * (2 + Dh) floats.
+//   (Nq, B), dynamic shared memory S * (2 + Dh) floats; p.splits = 1.
+//   Split-K for long contexts (P = p.splits key ranges, as in the .metal file):
+//   attn_decode_split_<t>(q, keys, values, pos, partials, p): block and shared memory as
+//   above, grid (Nq, B, P), partials f32 [B, Nq, P, 2 + Dh];
+//   attn_decode_combine_<t>(partials, gate, out, p): block (32), grid (Nq, B).
 // pos is read from device memory (a CUDA graph replays the launch for every token); the
 // last attended position is min(pos, cap - 1).
+//
+// The bodies (attn_decode::run, attn_decode::combine) take their thread and block indices
+// and their shared memory as arguments, so that kernels/emu/attn_decode_cuda_harness.cpp runs
+// them on the CPU (kernels/emu/cuda/cuda_emu.h).
 //
 // Compile for candle:  nvcc -ptx -arch=sm_90 -O3 kernels/attn_decode.cu -o attn_decode.ptx
 
@@ -37,11 +45,15 @@ __device__ __forceinline__ __nv_bfloat16 from_f32<__nv_bfloat16>(float v) {
 
 constexpr uint32_t kMaxPerLane = 8;  // Dh <= 256
 
-template <typename T>
+// kSplit: this block takes key range blockIdx.z of p.splits and writes its record to
+// `partials`; otherwise it takes every key and writes `out`.
+// Block (h, b, split), warp sg, lane; scratch: the block's S * (2 + Dh) shared floats.
+template <typename T, bool kSplit>
 __device__ void run(const T* q, const T* gate, const T* keys, const T* values,
-                    const uint32_t* pos_buf, T* out, const AttnDecodeParams p) {
-  extern __shared__ float scratch[];
-  const uint32_t h = blockIdx.x, b = blockIdx.y, sg = threadIdx.y, lane = threadIdx.x;
+                    const uint32_t* pos_buf, T* out, float* partials,
+                    const AttnDecodeParams p, uint32_t h, uint32_t b, uint32_t split,
+                    uint32_t sg, uint32_t lane, float* scratch) {
+  if (!kSplit) split = 0;
   // Uniform over the block: all threads reach __syncthreads below, or none does.
   if (h >= p.q_heads || b >= p.batch) return;
   const uint32_t dh = p.head_dim, per_lane = dh / 32, groups = p.simdgroups;
@@ -49,6 +61,11 @@ __device__ void run(const T* q, const T* gate, const T* keys, const T* values,
   const uint32_t last = min(pos_buf[0], p.capacity - 1);
   const size_t head_at = ((size_t)b * p.q_heads + h) * dh + lane * per_lane;
   const size_t kv_at = ((size_t)b * p.kv_heads + kvh) * p.capacity * dh + lane * per_lane;
+  // This block's keys: begin..end (all of 0..=last without a split).
+  const uint32_t splits = kSplit ? p.splits : 1;
+  const uint32_t per_split = last / splits + 1;  // ceil((last + 1) / splits)
+  const uint32_t begin = kSplit ? min(split * per_split, last + 1) : 0;
+  const uint32_t end = min(begin + per_split, last + 1);
 
   float qv[kMaxPerLane], o[kMaxPerLane];
 #pragma unroll
@@ -58,7 +75,7 @@ __device__ void run(const T* q, const T* gate, const T* keys, const T* values,
   }
   // A finite floor, as the Metal kernel (fast math there assumes no infinities).
   float m = -FLT_MAX, l = 0.f;
-  for (uint32_t t = sg; t <= last; t += groups) {
+  for (uint32_t t = begin + sg; t < end; t += groups) {
     const T* k = keys + kv_at + (size_t)t * dh;
     const T* v = values + kv_at + (size_t)t * dh;
     float dot = 0.f;
@@ -94,10 +111,46 @@ __device__ void run(const T* q, const T* gate, const T* keys, const T* values,
   for (uint32_t s = 0; s < groups; ++s) top = fmaxf(top, maxima[s]);
   float total = 0.f;
   for (uint32_t s = 0; s < groups; ++s) total += sums[s] * expf(maxima[s] - top);
+  // An empty split range leaves (-FLT_MAX, 0, 0), which the combine pass weighs 0.
+  float* record =
+      kSplit ? partials + (((size_t)b * p.q_heads + h) * splits + split) * (2 + dh) : partials;
+  if (kSplit && lane == 0) {
+    record[0] = top;
+    record[1] = total;
+  }
   for (uint32_t i = 0; i < per_lane; ++i) {
     const uint32_t j = lane * per_lane + i;
     float acc = 0.f;
     for (uint32_t s = 0; s < groups; ++s) acc += partial[s * dh + j] * expf(maxima[s] - top);
+    if (kSplit) {
+      record[2 + j] = acc;
+    } else {
+      const float attended = to_f32(from_f32<T>(acc / total));
+      const float g = to_f32(gate[head_at + i]);
+      out[head_at + i] = from_f32<T>(attended * (1.f / (1.f + expf(-g))));
+    }
+  }
+}
+
+// The merge of a split's records: block (h, b), one warp.
+template <typename T>
+__device__ void combine(const float* partials, const T* gate, T* out, const AttnDecodeParams p,
+                        uint32_t h, uint32_t b, uint32_t lane) {
+  if (h >= p.q_heads || b >= p.batch) return;
+  const uint32_t dh = p.head_dim, per_lane = dh / 32, splits = p.splits, stride = 2 + dh;
+  const float* records = partials + ((size_t)b * p.q_heads + h) * splits * stride;
+  const size_t head_at = ((size_t)b * p.q_heads + h) * dh + lane * per_lane;
+  // Range 0 holds key 0, so top is a real score.
+  float top = -FLT_MAX;
+  for (uint32_t s = 0; s < splits; ++s) top = fmaxf(top, records[s * stride]);
+  float total = 0.f;
+  for (uint32_t s = 0; s < splits; ++s) total += records[s * stride + 1] * expf(records[s * stride] - top);
+  for (uint32_t i = 0; i < per_lane; ++i) {
+    const uint32_t j = lane * per_lane + i;
+    float acc = 0.f;
+    for (uint32_t s = 0; s < splits; ++s) {
+      acc += records[s * stride + 2 + j] * expf(records[s * stride] - top);
+    }
     const float attended = to_f32(from_f32<T>(acc / total));
     const float g = to_f32(gate[head_at + i]);
     out[head_at + i] = from_f32<T>(attended * (1.f / (1.f + expf(-g))));
@@ -110,7 +163,22 @@ __device__ void run(const T* q, const T* gate, const T* keys, const T* values,
   extern "C" __global__ void attn_decode_##TN(const T* q, const T* gate, const T* keys,    \
                                               const T* values, const uint32_t* pos, T* out, \
                                               const AttnDecodeParams p) {                  \
-    attn_decode::run<T>(q, gate, keys, values, pos, out, p);                               \
+    extern __shared__ float attn_decode_scratch[];                                         \
+    attn_decode::run<T, false>(q, gate, keys, values, pos, out, nullptr, p, blockIdx.x,    \
+                               blockIdx.y, 0, threadIdx.y, threadIdx.x, attn_decode_scratch); \
+  }                                                                                        \
+  extern "C" __global__ void attn_decode_split_##TN(const T* q, const T* keys,             \
+                                                    const T* values, const uint32_t* pos,  \
+                                                    float* partials,                       \
+                                                    const AttnDecodeParams p) {            \
+    extern __shared__ float attn_decode_scratch[];                                         \
+    attn_decode::run<T, true>(q, nullptr, keys, values, pos, nullptr, partials, p,         \
+                              blockIdx.x, blockIdx.y, blockIdx.z, threadIdx.y, threadIdx.x, \
+                              attn_decode_scratch);                                        \
+  }                                                                                        \
+  extern "C" __global__ void attn_decode_combine_##TN(const float* partials, const T* gate, \
+                                                      T* out, const AttnDecodeParams p) {  \
+    attn_decode::combine<T>(partials, gate, out, p, blockIdx.x, blockIdx.y, threadIdx.x);  \
   }
 
 ATTN_DECODE_ENTRY(f32, float)

@@ -6,8 +6,10 @@
 #      included (by default only calls of 16 tokens or more take it),
 #   4. the device plan's gates again with every MoE prefill chunk on the grouped GEMM (the
 #      default on CUDA; its CPU twin here),
-#   5. `qwen-gdn serve` driven by the official openai Python client and curl (needs PyPI once),
-#   6. the macOS type-check of the workspace with the `metal` feature.
+#   5. the model's gates again with a prefill attention score budget of 4 KiB, so that every
+#      chunk's attention runs in query blocks and key tiles (online softmax),
+#   6. `qwen-gdn serve` driven by the official openai Python client and curl (needs PyPI once),
+#   7. the macOS type-check of the workspace with the `metal` feature.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install-test-deps.sh
@@ -15,5 +17,7 @@ cargo test --workspace --locked
 QWEN_GDN_GDN_PREFILL=chunked cargo test --locked -p qwen-gdn-model \
     --test reference --test device_plan --test prefill_chunks
 QWEN_GDN_MOE_PREFILL=gemm cargo test --locked -p qwen-gdn-model --test device_plan
+QWEN_GDN_ATTN_SCORE_BYTES=4096 cargo test --locked -p qwen-gdn-model \
+    --test reference --test device_plan --test prefill_chunks --test qwen4_exp
 bash scripts/test-serve-openai.sh
 bash scripts/check-metal.sh

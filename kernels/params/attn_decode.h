@@ -12,6 +12,7 @@ struct AttnDecodeParams {
   unsigned int head_dim;    // Dh: a multiple of 32, at most 256
   unsigned int capacity;    // cap: positions the KV buffers hold
   unsigned int simdgroups;  // S: simdgroups (warps) per threadgroup (block)
+  unsigned int splits;      // P: key ranges (1: one pass; see attn_decode_split_*)
   float scale;              // Dh^-1/2
 };
 

@@ -1,7 +1,9 @@
 //! The shipped `kernels/attn_decode.metal`, compiled as C++ with clang-19 and the Metal
 //! emulation header (`kernels/emu/`: threadgroup memory and barriers), run on the CPU for
 //! `attn_decode_{f32,f16,bf16}` and compared with the CPU twin,
-//! [`gdn_ops::ops::attn_decode::attn_decode`].
+//! [`gdn_ops::ops::attn_decode::attn_decode`]; and the bodies of the shipped
+//! `kernels/attn_decode.cu` the same way, on the CUDA stand-ins of `kernels/emu/cuda/`
+//! (`kernels/emu/attn_decode_cuda_harness.cpp`), on the same cases.
 //!
 //! Needs Debian's `clang-19` and `libclang-rt-19-dev`; without them this test fails, never
 //! skips. `GDN_EMU_CXX` overrides the compiler.
@@ -11,19 +13,36 @@
 //! softmax (the f32 part), and the output is rounded twice (the attention result, then its
 //! product with the gate), either of which may land on the other side of a rounding
 //! boundary. The KV positions after `pos` hold NaN, so a kernel that reads one fails.
+//!
+//! Split-K (`attn_decode_split_*` + `attn_decode_combine_*`) runs at the split count the host
+//! picks from the capacity (contexts on both sides of [`SPLIT_KEYS`]) and at forced counts:
+//! more ranges than keys (empty ranges), ranges not dividing the keys, the most ranges.
 
 mod common;
 mod emu;
 
 use candle_core::{Device, Tensor};
 use common::{close, failures, tensor, values, Input, Rng, Ty, TYPES};
-use gdn_ops::ops::attn_decode::{attn_decode, AttnDecodeParams, SIMDGROUPS};
+use gdn_ops::ops::attn_decode::{
+    attn_decode, AttnDecodeDims, AttnDecodeParams, MAX_SPLITS, SIMDGROUPS, SPLIT_KEYS,
+};
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
-fn harness() -> &'static Path {
+fn metal_harness() -> &'static Path {
     static HARNESS: OnceLock<PathBuf> = OnceLock::new();
     HARNESS.get_or_init(|| emu::compile_harness("attn_decode_harness", &[]))
+}
+
+fn cuda_harness() -> &'static Path {
+    static HARNESS: OnceLock<PathBuf> = OnceLock::new();
+    HARNESS.get_or_init(|| {
+        let stand_ins = emu::workspace_root().join("kernels/emu/cuda");
+        emu::compile_harness(
+            "attn_decode_cuda_harness",
+            &["-I", stand_ins.to_str().expect("a UTF-8 path")],
+        )
+    })
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -35,9 +54,11 @@ struct Shape {
     capacity: usize,
     pos: usize,
     simdgroups: usize,
+    /// Key ranges (1: the one-pass kernel).
+    splits: usize,
 }
 
-fn check(ty: Ty, s: Shape, seed: u64) -> Option<String> {
+fn check(harness: &Path, ty: Ty, s: Shape, seed: u64) -> Option<String> {
     let mut rng = Rng::new(seed);
     let q_len = s.batch * s.q_heads * s.head_dim;
     let kv_len = s.batch * s.kv_heads * s.capacity * s.head_dim;
@@ -65,6 +86,7 @@ fn check(ty: Ty, s: Shape, seed: u64) -> Option<String> {
         s.capacity,
         s.pos,
         s.simdgroups,
+        s.splits,
     ] {
         input.u32(v as u32);
     }
@@ -74,7 +96,7 @@ fn check(ty: Ty, s: Shape, seed: u64) -> Option<String> {
         .f32s(&gate)
         .f32s(&keys)
         .f32s(&vals);
-    let got = match emu::run_harness(harness(), &input.0) {
+    let got = match emu::run_harness(harness, &input.0) {
         Ok(v) => v,
         Err(e) => return Some(e),
     };
@@ -92,15 +114,36 @@ fn check(ty: Ty, s: Shape, seed: u64) -> Option<String> {
 
 #[test]
 fn shipped_attn_decode_kernels_match_the_cpu_twin() {
-    let shape = |batch, q_heads, kv_heads, head_dim, capacity, pos, simdgroups| Shape {
-        batch,
-        q_heads,
-        kv_heads,
-        head_dim,
-        capacity,
-        pos,
-        simdgroups,
+    run_all(metal_harness(), "metal");
+}
+
+#[test]
+fn shipped_cuda_attn_decode_bodies_match_the_cpu_twin() {
+    run_all(cuda_harness(), "cuda");
+}
+
+fn run_all(harness: &Path, kind: &str) {
+    let shape = |batch, q_heads, kv_heads, head_dim, capacity, pos, simdgroups| {
+        // The split count the host picks for this capacity.
+        let dims = AttnDecodeDims {
+            batch,
+            q_heads,
+            kv_heads,
+            head_dim,
+            capacity,
+        };
+        Shape {
+            batch,
+            q_heads,
+            kv_heads,
+            head_dim,
+            capacity,
+            pos,
+            simdgroups,
+            splits: dims.splits(),
+        }
     };
+    let split = |s: Shape, splits| Shape { splits, ..s };
     let s = SIMDGROUPS;
     let shapes = [
         // Qwen3-Next-80B-A3B: Nq = 16, Nkv = 2, Dh = 256, a few hundred cached positions.
@@ -118,6 +161,20 @@ fn shipped_attn_decode_kernels_match_the_cpu_twin() {
         shape(1, 4, 2, 128, 64, 63, 4),
         // pos past the buffer: clamped to its last position.
         shape(1, 2, 1, 64, 16, 40, s),
+        // Split-K: one range at SPLIT_KEYS, two past it (the host's choice), ranges of 701 and
+        // 700 keys; the buffers far longer than the context (ranges of ceil(41 / 3)).
+        shape(1, 4, 2, 128, SPLIT_KEYS, SPLIT_KEYS - 1, s),
+        shape(1, 4, 2, 128, SPLIT_KEYS + 256, 700, s),
+        shape(2, 8, 2, 64, 1536, 1400, s),
+        shape(1, 4, 1, 64, 1536, 40, s),
+        // Forced: more ranges than keys (empty ranges), the first position, ranges not
+        // dividing the keys, pos past the buffer, the most ranges, Dh 256 with 4 simdgroups.
+        split(shape(1, 4, 2, 128, 64, 5, s), 8),
+        split(shape(1, 2, 1, 64, 16, 0, s), 3),
+        split(shape(2, 4, 4, 32, 100, 98, s), 7),
+        split(shape(1, 2, 1, 64, 16, 40, s), 5),
+        split(shape(1, 2, 2, 64, 4096, 4000, s), MAX_SPLITS),
+        split(shape(1, 4, 2, 256, 300, 299, 4), 4),
     ];
     let mut jobs = vec![];
     for (i, s) in shapes.iter().enumerate() {
@@ -125,9 +182,8 @@ fn shipped_attn_decode_kernels_match_the_cpu_twin() {
             jobs.push((ty, *s, (i as u64 + 1) * 15_485_863 + ty.code() as u64));
         }
     }
-    harness();
     let failures: Vec<String> = failures(&jobs, |&(ty, s, seed)| {
-        check(ty, s, seed).map(|e| format!("attn_decode_{} {s:?}: {e}", ty.name()))
+        check(harness, ty, s, seed).map(|e| format!("{kind} attn_decode_{} {s:?}: {e}", ty.name()))
     });
     assert!(
         failures.is_empty(),
@@ -152,11 +208,12 @@ fn kernel_abi_in_source() {
             u("head_dim"),
             u("capacity"),
             u("simdgroups"),
+            u("splits"),
             ("float".to_string(), "scale".to_string())
         ],
         "AttnDecodeParams (kernels/params/attn_decode.h) must match ops/attn_decode"
     );
-    assert_eq!(std::mem::size_of::<AttnDecodeParams>(), 28);
+    assert_eq!(std::mem::size_of::<AttnDecodeParams>(), 32);
     let src = emu::shipped_source("kernels/attn_decode.metal");
     assert!(src.contains("#include \"params/attn_decode.h\""));
     for (i, name) in ["q", "gate", "keys", "values", "pos", "out"]
@@ -170,13 +227,38 @@ fn kernel_abi_in_source() {
     }
     assert!(src.contains("AttnDecodeParams& p [[buffer(6)]]"));
     assert!(src.contains("threadgroup float* scratch [[threadgroup(0)]]"));
-    for t in ["f32", "f16", "bf16"] {
+    for (i, name) in ["q", "keys", "values", "pos", "partials"]
+        .iter()
+        .enumerate()
+    {
         assert!(
-            src.contains(&format!("(attn_decode_{t},")),
-            "missing attn_decode_{t}"
+            src.contains(&format!(" {name} [[buffer({i})]]")),
+            "attn_decode_split: {name} must be buffer {i}"
         );
     }
-    assert!(
-        emu::shipped_source("kernels/attn_decode.cu").contains("#include \"params/attn_decode.h\"")
-    );
+    assert!(src.contains("AttnDecodeParams& p [[buffer(5)]]"));
+    for (i, name) in ["partials", "gate", "out"].iter().enumerate() {
+        assert!(
+            src.contains(&format!(" {name} [[buffer({i})]]")),
+            "attn_decode_combine: {name} must be buffer {i}"
+        );
+    }
+    assert!(src.contains("AttnDecodeParams& p [[buffer(3)]]"));
+    for t in ["f32", "f16", "bf16"] {
+        for kernel in ["attn_decode", "attn_decode_split", "attn_decode_combine"] {
+            assert!(
+                src.contains(&format!("({kernel}_{t},")),
+                "missing {kernel}_{t}"
+            );
+        }
+    }
+    let cu = emu::shipped_source("kernels/attn_decode.cu");
+    assert!(cu.contains("#include \"params/attn_decode.h\""));
+    // The names ops/attn_decode/cuda.rs launches.
+    for kernel in ["attn_decode", "attn_decode_split", "attn_decode_combine"] {
+        assert!(
+            cu.contains(&format!(" {kernel}_##TN(")),
+            "attn_decode.cu: missing {kernel}_<t>"
+        );
+    }
 }

@@ -2,6 +2,9 @@
 //! twin, for every instantiation. Built only with the `cuda` feature and run on the GPU
 //! machine (scripts/gpu/test-cuda.sh); without a CUDA device every test fails.
 //!
+//! The split-K pass is chosen by capacity (`AttnDecodeDims::splits`), so the long shapes
+//! below run it.
+//!
 //! Gate: within 2 ulp of InT plus 1e-5 of max |ref| (online softmax split over warps versus
 //! the twin's two passes, then two roundings to InT).
 #![cfg(feature = "cuda")]
@@ -18,6 +21,8 @@ fn cuda_attn_decode_matches_the_cpu_twin() {
     let mut failures = vec![];
     // (B, Nq, Nkv, Dh, cap, pos): Qwen3-Next-80B-A3B short and long, the first position,
     // GQA ratios 1 and 16, Dh 64 and 128, several sequences, pos past the buffer (clamped).
+    // Capacities past SPLIT_KEYS (512) take the split-K pass: 2, 16 and 32 ranges, a context
+    // far shorter than its buffers (empty ranges), the most ranges at 64k.
     let shapes = [
         (1, 16, 2, 256, 512, 300),
         (1, 16, 2, 256, 8192, 8000),
@@ -26,6 +31,10 @@ fn cuda_attn_decode_matches_the_cpu_twin() {
         (1, 16, 1, 64, 32, 20),
         (3, 8, 2, 64, 64, 44),
         (1, 2, 1, 64, 16, 40),
+        (1, 4, 2, 128, 768, 600),
+        (1, 16, 2, 256, 16384, 16000),
+        (2, 8, 2, 64, 1536, 3),
+        (1, 16, 2, 256, 65536, 65000),
     ];
     for (i, &(b, nq, nkv, dh, cap, pos)) in shapes.iter().enumerate() {
         for ty in TYPES {

@@ -1,11 +1,11 @@
-// Just enough CUDA to run the bodies of kernels/gated_delta_chunk.cu and
-// kernels/affine_grouped.cu on the CPU, on top of the
-// Metal emulation (kernels/emu/metal_emu.h): a block is a threadgroup of fibers, a warp a
-// simdgroup, __syncthreads a threadgroup barrier, __syncwarp a simdgroup barrier,
-// __shfl_up_sync simd_shuffle_up (the same semantics: lanes below the offset keep their
-// value); wmma is in mma.h beside this file. The kernel's body takes its thread and block
-// indices and its shared memory as arguments (the entry points pass threadIdx, blockIdx and
-// extern __shared__ memory, which exist here only so that the entry points compile).
+// Just enough CUDA to run the bodies of kernels/gated_delta_chunk.cu, kernels/affine_grouped.cu
+// and kernels/attn_decode.cu on the CPU, on top of the Metal emulation (kernels/emu/metal_emu.h):
+// a block is a threadgroup of fibers, a warp a simdgroup, __syncthreads a threadgroup barrier,
+// __syncwarp a simdgroup barrier, __shfl_up_sync simd_shuffle_up (the same semantics: lanes
+// below the offset keep their value), __shfl_xor_sync simd_shuffle_xor (full-warp masks only);
+// wmma is in mma.h beside this file. A kernel's body takes its thread and block indices and its
+// shared memory as arguments (the entry points pass threadIdx, blockIdx and extern __shared__
+// memory, which exist here only so that the entry points compile).
 //
 // Include <metal_stdlib> (or guarded_buffer.h) first, then this, then the .cu file, with
 // kernels/emu/cuda on the include path so that <cuda_fp16.h>, <cuda_bf16.h> and <mma.h> are
@@ -25,6 +25,10 @@
 #define __syncthreads() metal::threadgroup_barrier(metal::mem_flags::mem_threadgroup)
 #define __syncwarp() metal::simdgroup_barrier(metal::mem_flags::mem_threadgroup)
 #define __shfl_up_sync(mask, value, offset) metal::simd_shuffle_up(value, offset)
+#define __shfl_xor_sync(mask, value, offset) metal::simd_shuffle_xor(value, offset)
+
+// CUDA's integer min for device code.
+inline unsigned min(unsigned a, unsigned b) { return a < b ? a : b; }
 
 // Rounded float arithmetic that the compiler may not contract into an FMA (each its own call).
 inline float __fmul_rn(float a, float b) { return a * b; }

@@ -14,7 +14,10 @@ use anyhow::Result;
 use candle_core::{DType, Device, Tensor, D};
 use gdn_ops::launches::{candle_op, candle_ops};
 
+mod blocked;
 mod decode;
+
+pub use blocked::{BlockPlan, SCORE_BUDGET_BYTES, SCORE_BUDGET_ENV};
 
 #[derive(Debug, Clone)]
 pub struct Attention {
@@ -144,8 +147,21 @@ pub fn causal_mask(
     dtype: DType,
     device: &Device,
 ) -> Result<Tensor> {
+    causal_mask_tile(s, offset, 0, t, dtype, device)
+}
+
+/// [`causal_mask`] for the keys `key_start..key_start+T` only: `[S, T]`.
+fn causal_mask_tile(
+    s: usize,
+    offset: usize,
+    key_start: usize,
+    t: usize,
+    dtype: DType,
+    device: &Device,
+) -> Result<Tensor> {
     let query_pos = Tensor::arange(offset as u32, (offset + s) as u32, device)?.reshape((s, 1))?;
-    let key_pos = Tensor::arange(0u32, t as u32, device)?.reshape((1, t))?;
+    let key_pos =
+        Tensor::arange(key_start as u32, (key_start + t) as u32, device)?.reshape((1, t))?;
     let visible = candle_op(key_pos.broadcast_le(&query_pos))?;
     let open = candle_op(Tensor::zeros((s, t), dtype, device))?;
     let closed = cast(
@@ -184,7 +200,8 @@ fn fused_attend(q: &Tensor, k: &Tensor, v: &Tensor, offset: usize) -> Result<Ten
 
 /// Softmax attention of `q` `[B, Nq, S, Dh]` over `k`, `v` `[B, Nkv, T, Dh]`, where query
 /// `i` sits at absolute position `offset + i` and sees keys `j ≤ offset + i`, or those
-/// `mask` (additive `[S, T]`) leaves open.
+/// `mask` (additive `[S, T]`) leaves open. Computed in blocks whose score buffers stay under
+/// the budget of [`blocked`], whatever `T` is.
 fn attend(
     q: &Tensor,
     k: &Tensor,
@@ -192,31 +209,50 @@ fn attend(
     offset: usize,
     mask: Option<&Tensor>,
 ) -> Result<Tensor> {
-    let (b, nq, s, dh) = q.dims4()?;
-    let (_, nkv, t, _) = k.dims4()?;
-    let rep = nq / nkv;
-    // Query head h reads KV head h / rep: fold the repeat into the query's row axis.
-    let q = contiguous(q)?.reshape((b, nkv, rep * s, dh))?;
-    // K and V stay views of the KV buffers (rows of Dh values, heads a buffer capacity apart):
+    blocked::attend(q, k, v, offset, mask, blocked::score_budget_bytes())
+}
+
+/// The keys a block of queries attends to, and how their scores are masked.
+enum KeyMask<'a> {
+    /// Causal for queries at `offset..`, over keys from `key_start`.
+    Causal { offset: usize, key_start: usize },
+    /// Every key visible to every query: no mask.
+    Open,
+    /// The rows and columns of an additive mask that belong to this block.
+    Given(&'a Tensor),
+}
+
+/// Scaled, masked scores `[B, Nkv, rep·S, T]` of the folded queries `q` `[B, Nkv, rep·S, Dh]`
+/// (row r is query r % S) against `k` `[B, Nkv, T, Dh]`, in `k`'s dtype.
+fn scores(q: &Tensor, k: &Tensor, rep: usize, mask: KeyMask) -> Result<Tensor> {
+    let (_, _, rows, dh) = q.dims4()?;
+    let (s, t) = (rows / rep, k.dim(2)?);
+    // K stays a view of the KV buffer (rows of Dh values, heads a buffer capacity apart):
     // the matmuls take a transposed K and row-strided operands as they are (CPU gemm and
     // cuBLAS), so no step copies the whole cache.
     let scores = candle_op(q.matmul(&k.transpose(2, 3)?))?;
     let scores = candle_op(scores * (dh as f64).powf(-0.5))?;
-    let scores = if s > 1 || mask.is_some() {
-        // Row r of the folded query axis is query r % s: `repeat` is a cat of `rep` copies.
-        let mask = match mask {
-            Some(m) => cast(m, scores.dtype())?,
-            None => causal_mask(s, t, offset, scores.dtype(), q.device())?,
-        };
-        let mask = if rep > 1 {
-            candle_ops(rep, mask.repeat((rep, 1)))?
-        } else {
-            mask
-        };
-        candle_op(scores.broadcast_add(&mask))?
-    } else {
-        scores
+    blocked::note_scores(&scores);
+    let mask = match mask {
+        KeyMask::Open => return Ok(scores),
+        KeyMask::Given(m) => cast(m, scores.dtype())?,
+        KeyMask::Causal { offset, key_start } => {
+            causal_mask_tile(s, offset, key_start, t, scores.dtype(), q.device())?
+        }
     };
+    // Row r of the folded query axis is query r % s: `repeat` is a cat of `rep` copies.
+    let mask = if rep > 1 {
+        candle_ops(rep, mask.repeat((rep, 1)))?
+    } else {
+        mask
+    };
+    candle_op(scores.broadcast_add(&mask))
+}
+
+/// One block of queries over all its keys at once: `q` folded as in [`scores`], the result
+/// `[B, Nkv, rep·S, Dh]`.
+fn attend_dense(q: &Tensor, k: &Tensor, v: &Tensor, rep: usize, mask: KeyMask) -> Result<Tensor> {
+    let scores = scores(q, k, rep, mask)?;
     let p = cast(
         &candle_op(candle_nn::ops::softmax_last_dim(&cast(
             &scores,
@@ -224,5 +260,5 @@ fn attend(
         )?))?,
         v.dtype(),
     )?;
-    Ok(candle_op(p.matmul(v))?.reshape((b, nq, s, dh))?)
+    candle_op(p.matmul(v))
 }

@@ -1,5 +1,6 @@
 //! Metal host side of `kernels/attn_decode.metal`: a threadgroup of [`SIMDGROUPS`]
-//! simdgroups per (query head, sequence).
+//! simdgroups per (query head, sequence), or per (query head, sequence, key range) and a
+//! combine pass when the context is split ([`AttnDecodeDims::splits`]).
 //!
 //! The geometry here is what `kernels/emu/attn_decode_harness.cpp` emulates; change both
 //! together.
@@ -10,7 +11,7 @@ use crate::backend::metal::{
     encode, metal_buffer, metal_device, new_output, output, pipeline, Binding, KernelSource,
 };
 use anyhow::Result;
-use candle_core::Tensor;
+use candle_core::{DType, Tensor};
 use objc2_metal::MTLSize;
 
 const SOURCE: KernelSource = KernelSource {
@@ -33,11 +34,8 @@ pub(crate) fn attn_decode(
     const OP: &str = "attn_decode";
     let dev = &metal_device(q, OP)?;
     let dtype = q.dtype();
-    let pipeline = pipeline(
-        dev,
-        &SOURCE,
-        &format!("attn_decode_{}", dtype_tag(dtype, OP)?),
-    )?;
+    let tag = dtype_tag(dtype, OP)?;
+    let splits = d.splits();
     // Before the encoder is taken: candle ops lock the same command state.
     let (q, gate) = (q.contiguous()?, gate.contiguous()?);
     let len = d.batch * d.q_heads * d.head_dim;
@@ -45,30 +43,74 @@ pub(crate) fn attn_decode(
     let [qb, gb, kb, vb, pb] = [&q, &gate, keys, values, pos].map(|t| metal_buffer(t, OP));
     let (qb, gb, kb, vb, pb) = (qb?, gb?, kb?, vb?, pb?);
     let ob = (out.as_ref().clone(), 0);
-    encode(
-        dev,
-        &pipeline,
-        &[
-            Binding::Read(&qb),
-            Binding::Read(&gb),
-            Binding::Read(&kb),
-            Binding::Read(&vb),
-            Binding::Read(&pb),
-            Binding::Write(&ob),
-        ],
-        &d.params(SIMDGROUPS),
-        MTLSize {
-            width: d.q_heads,
-            height: d.batch,
-            depth: 1,
-        },
-        MTLSize {
-            width: 32,
-            height: SIMDGROUPS,
-            depth: 1,
-        },
-        d.scratch_bytes(SIMDGROUPS),
-    )?;
+    let params = d.params(SIMDGROUPS, splits);
+    let threadgroup = MTLSize {
+        width: 32,
+        height: SIMDGROUPS,
+        depth: 1,
+    };
+    let heads = |depth| MTLSize {
+        width: d.q_heads,
+        height: d.batch,
+        depth,
+    };
+    if splits == 1 {
+        let single = pipeline(dev, &SOURCE, &format!("attn_decode_{tag}"))?;
+        encode(
+            dev,
+            &single,
+            &[
+                Binding::Read(&qb),
+                Binding::Read(&gb),
+                Binding::Read(&kb),
+                Binding::Read(&vb),
+                Binding::Read(&pb),
+                Binding::Write(&ob),
+            ],
+            &params,
+            heads(1),
+            threadgroup,
+            d.scratch_bytes(SIMDGROUPS),
+        )?;
+    } else {
+        let partials = new_output(
+            dev,
+            d.partial_len(splits),
+            DType::F32,
+            "attn_decode_partials",
+        )?;
+        let rb = (partials.as_ref().clone(), 0);
+        let split = pipeline(dev, &SOURCE, &format!("attn_decode_split_{tag}"))?;
+        encode(
+            dev,
+            &split,
+            &[
+                Binding::Read(&qb),
+                Binding::Read(&kb),
+                Binding::Read(&vb),
+                Binding::Read(&pb),
+                Binding::Write(&rb),
+            ],
+            &params,
+            heads(splits),
+            threadgroup,
+            d.scratch_bytes(SIMDGROUPS),
+        )?;
+        let combine = pipeline(dev, &SOURCE, &format!("attn_decode_combine_{tag}"))?;
+        encode(
+            dev,
+            &combine,
+            &[Binding::Read(&rb), Binding::Read(&gb), Binding::Write(&ob)],
+            &params,
+            heads(1),
+            MTLSize {
+                width: 32,
+                height: 1,
+                depth: 1,
+            },
+            0,
+        )?;
+    }
     Ok(output(
         dev,
         out,

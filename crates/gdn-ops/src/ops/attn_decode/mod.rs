@@ -18,7 +18,14 @@
 //!
 //! Kernels: `kernels/attn_decode.{metal,cu}`: per (query head, sequence) a threadgroup of
 //! [`SIMDGROUPS`] simdgroups (warps) splitting the keys, each with an online softmax, combined
-//! through threadgroup (shared) memory.
+//! through threadgroup (shared) memory. That is one threadgroup per head: at 16 query heads a
+//! long context leaves most of a GPU idle while each reads its whole KV. So from
+//! [`SPLIT_KEYS`] cached positions on, the keys are split across threadgroups as in flash
+//! decoding ([`AttnDecodeDims::splits`]): `attn_decode_split_*` leaves each range's running
+//! max, sum and weighted values in an f32 buffer, `attn_decode_combine_*` merges them and
+//! applies the gate. The split count comes from the buffers' capacity, which a captured CUDA
+//! graph holds fixed (it is captured again when the KV buffers grow); the ranges come from
+//! `pos` on the device.
 
 pub(crate) mod cpu;
 #[cfg(feature = "cuda")]
@@ -32,6 +39,10 @@ use candle_core::{DType, Device, Tensor};
 
 /// Simdgroups (warps) per threadgroup (block), each taking every `SIMDGROUPS`-th key.
 pub const SIMDGROUPS: usize = 8;
+/// Positions per key range of a split: buffers of at most this capacity take one pass.
+pub const SPLIT_KEYS: usize = 512;
+/// Most key ranges per head.
+pub const MAX_SPLITS: usize = 64;
 /// Largest head dim: each lane holds `Dh / 32` features of q and of the output in registers.
 pub const MAX_HEAD_DIM: usize = 256;
 
@@ -45,6 +56,7 @@ pub struct AttnDecodeParams {
     pub head_dim: u32,
     pub capacity: u32,
     pub simdgroups: u32,
+    pub splits: u32,
     pub scale: f32,
 }
 
@@ -59,7 +71,18 @@ pub struct AttnDecodeDims {
 }
 
 impl AttnDecodeDims {
-    pub fn params(&self, simdgroups: usize) -> AttnDecodeParams {
+    /// Key ranges per head: one per [`SPLIT_KEYS`] positions of capacity (the context
+    /// rounded up to the KV buffers' growth step), at most [`MAX_SPLITS`].
+    pub fn splits(&self) -> usize {
+        self.capacity.div_ceil(SPLIT_KEYS).clamp(1, MAX_SPLITS)
+    }
+
+    /// f32 values of the records a split leaves for the combine pass: `2 + Dh` per range.
+    pub fn partial_len(&self, splits: usize) -> usize {
+        self.batch * self.q_heads * splits * (2 + self.head_dim)
+    }
+
+    pub fn params(&self, simdgroups: usize, splits: usize) -> AttnDecodeParams {
         AttnDecodeParams {
             batch: self.batch as u32,
             q_heads: self.q_heads as u32,
@@ -67,6 +90,7 @@ impl AttnDecodeDims {
             head_dim: self.head_dim as u32,
             capacity: self.capacity as u32,
             simdgroups: simdgroups as u32,
+            splits: splits as u32,
             scale: (self.head_dim as f32).powf(-0.5),
         }
     }

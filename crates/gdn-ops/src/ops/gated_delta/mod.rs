@@ -91,11 +91,11 @@ pub fn chunked_available_on(device: &Device) -> bool {
 }
 
 /// The shortest call the CUDA chunk kernels take without being asked; `None` leaves them
-/// opt-in (`QWEN_GDN_GDN_PREFILL=chunked`). The switch to set back to `None` if the H100 says
-/// the chunked passes are slower than the recurrence kernel (`scripts/gpu/bench-chunk.sh`,
-/// docs/perf-notes-gpu.md). From one whole chunk on: shorter calls would run the recurrence
-/// anyway (`chunked.rs`).
-pub const CUDA_CHUNKED_MIN_STEPS: Option<usize> = Some(CHUNK);
+/// opt-in (`QWEN_GDN_GDN_PREFILL=chunked`): on the H100 the three passes are slower than the
+/// recurrence kernel at every length measured, their state pass being the bound
+/// (`scripts/gpu/bench-chunk.sh`, docs/perf-notes-gpu.md). `Some(n)` makes them the default
+/// from `n` tokens once they win.
+pub const CUDA_CHUNKED_MIN_STEPS: Option<usize> = None;
 
 /// Whether a call of `steps` tokens that the length sends to the chunked form takes it without
 /// being asked. The CPU's chunk form is faster from 16 tokens on; the CUDA one from
