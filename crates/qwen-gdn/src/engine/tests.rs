@@ -88,6 +88,15 @@ fn reply(engine: &mut Engine, prompt: &PromptTokens) -> (Outcome, String) {
     (outcome, text)
 }
 
+/// The text of the prompt up to each boundary.
+fn boundary_texts(e: &Engine, p: &PromptTokens) -> Vec<String> {
+    let tok = &e.checkpoint().tokenizer;
+    p.boundaries
+        .iter()
+        .map(|&b| tok.decode(&p.ids[..b], false).unwrap())
+        .collect()
+}
+
 #[test]
 fn boundaries_are_message_ends_whose_tokens_prefix_the_prompt() {
     let e = engine("qwen3.5-tiny-4bit", 0);
@@ -96,14 +105,9 @@ fn boundaries_are_message_ends_whose_tokens_prefix_the_prompt() {
         json!({"role": "user", "content": "Hi there"}),
     ];
     let p = render(&e, &messages);
-    let tok = &e.checkpoint().tokenizer;
     // The system message alone makes Qwen3.5's template raise: its boundary comes from a
     // probe user message after it, and ends where the two user messages' texts part.
-    let decoded: Vec<String> = p
-        .boundaries
-        .iter()
-        .map(|&b| tok.decode(&p.ids[..b], false).unwrap())
-        .collect();
+    let decoded = boundary_texts(&e, &p);
     assert_eq!(
         decoded,
         [
@@ -126,12 +130,7 @@ fn a_long_conversation_keeps_the_first_and_the_recent_boundaries() {
     }
     messages.push(json!({"role": "user", "content": "last question"}));
     let p = render(&e, &messages);
-    let tok = &e.checkpoint().tokenizer;
-    let decoded: Vec<String> = p
-        .boundaries
-        .iter()
-        .map(|&b| tok.decode(&p.ids[..b], false).unwrap())
-        .collect();
+    let decoded = boundary_texts(&e, &p);
     assert!(decoded[0].ends_with("You are terse.<|im_end|>\n<|im_start|>user\n"));
     let ends_with = |tail: &str| decoded.iter().any(|d| d.ends_with(tail));
     assert!(ends_with("last question<|im_end|>\n"), "{decoded:?}");
