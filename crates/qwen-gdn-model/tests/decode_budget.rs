@@ -139,3 +139,30 @@ fn qwen3_next_80b_decodes_in_at_most_500_launches() {
     assert!(fused <= 500, "{fused} launches per token");
     assert!(composed > 3 * fused, "composed {composed} vs fused {fused}");
 }
+
+/// qwen4_exp's composed decode step, counted per layer kind (GDN, QSA, and the PLE block a
+/// layer adds) on the 4-bit fixture: the kinds add up to the launches of a whole step, which
+/// are the same at every step.
+#[test]
+fn qwen4_exp_launches_per_layer_kind_add_up() {
+    use qwen_gdn_model::model::LaunchBudget;
+    let opts = LoadOptions {
+        dtype: DType::BF16,
+        plan: Some(Plan::Device),
+        ..LoadOptions::default()
+    };
+    let model = load_with("qwen4-exp-tiny-4bit", &opts);
+    let budget = LaunchBudget::measure(&model).unwrap();
+    assert!(budget.ple > 0 && budget.gdn_layer > 0 && budget.attention_layer > 0);
+    let mut cache = model.new_cache();
+    model.prefill(&[1, 2, 3, 4, 5], &mut cache, 16).unwrap();
+    let mut per_step = vec![];
+    for t in 0..3u32 {
+        gdn_ops::launches::take();
+        model.forward_last(&[7 + t], &mut cache).unwrap();
+        per_step.push(gdn_ops::launches::take());
+    }
+    assert!(per_step.iter().all(|&n| n == per_step[0]), "{per_step:?}");
+    // The fixture's layers: GDN, GDN + PLE, QSA, GDN + PLE.
+    assert_eq!(budget.total_for(model.config()), per_step[0], "{budget:?}");
+}
