@@ -9,9 +9,9 @@
 # 2. A stub libcuda.so.1 and unversioned library names -> build/cuda/link, for linking only
 #    (no wheel ships libcuda; on the GPU machine the real driver library is found instead).
 # 3. CUDA_COMPUTE_CAP=90 (H100/H200), target dir build/cuda/target (kept between builds: candle's
-#    MoE kernels take ~7 min to compile), `--features cuda`: the qwen-gdn binary and the two
-#    test binaries that run there (gdn-ops' cuda_* op tests, qwen-gdn-model's device_plan and
-#    fused_decode).
+#    MoE kernels take ~7 min to compile), `--features cuda`: the qwen-gdn binary and the
+#    test binaries that run there (gdn-ops' cuda_* op tests, qwen-gdn-model's device_plan,
+#    fused_decode, prompt_cache, grouped_moe, and qwen4_exp for its device-plan gates).
 # 4. Stripped and xz-compressed into gpu-artefacts/cuda/ (ignored by git; ~5 MB each), which
 #    the device call carries: scripts/gpu/test-cuda.sh unpacks and runs them.
 set -euo pipefail
@@ -55,7 +55,7 @@ tests_json=$(mktemp)
 # CUDA op test of gdn-ops (tests/cuda_*.rs), the model tests that run the device plan on CUDA
 # (QWEN_GDN_TEST_DEVICE=cuda), and one CLI test, which makes cargo build the qwen-gdn binary.
 cuda_tests=$(cd crates/gdn-ops/tests && ls cuda_*.rs | sed 's/\.rs$//')
-model_tests="device_plan fused_decode prompt_cache grouped_moe"
+model_tests="device_plan fused_decode prompt_cache grouped_moe qwen4_exp"
 cargo test --release --locked --no-run --message-format=json \
   -p gdn-ops -p qwen-gdn-model -p qwen-gdn \
   --features gdn-ops/cuda,qwen-gdn-model/cuda,qwen-gdn/cuda \

@@ -3,9 +3,11 @@
 //! which then flow through every later layer and the cache: the logits only say that
 //! something broke. [`first_non_finite`] runs the tokens again from an empty cache, one
 //! mixer and one feed-forward at a time, and names the first part whose output is not
-//! finite.
+//! finite. For `qwen4_exp` the parts are its own: the per-layer embedding, the mixer with
+//! its hyper-connection, the MoE with its hyper-connection, and the final stream mixer.
 
 use crate::cache::Cache;
+use crate::model::qwen4_exp::{Qwen4ExpDecoder, Qwen4Mixer};
 use crate::model::Mixer;
 use crate::{Model, Plan};
 use anyhow::Result;
@@ -16,16 +18,24 @@ use std::fmt;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Origin {
     Embedding,
-    /// The attention or GDN block of decoder layer `i`.
+    /// `qwen4_exp`: the per-layer (n-gram) embedding of decoder layer `i`.
+    PerLayerEmbedding {
+        layer: usize,
+    },
+    /// The attention or GDN block of decoder layer `i` (for `qwen4_exp` with the
+    /// hyper-connection around it).
     Mixer {
         layer: usize,
         attention: bool,
     },
-    /// The MLP or MoE block of decoder layer `i`.
+    /// The MLP or MoE block of decoder layer `i` (for `qwen4_exp` with the hyper-connection
+    /// around it).
     FeedForward {
         layer: usize,
     },
     FinalNorm,
+    /// `qwen4_exp`'s final stream mixer, which takes the final norm's place.
+    FinalMixer,
     /// Every hidden state was finite: the output head made the logits non-finite.
     Head,
 }
@@ -34,6 +44,10 @@ impl fmt::Display for Origin {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match *self {
             Self::Embedding => write!(f, "the token embedding (model.embed_tokens)"),
+            Self::PerLayerEmbedding { layer } => write!(
+                f,
+                "layer {layer}'s per-layer n-gram embedding (model.layers.{layer}.ple)"
+            ),
             Self::Mixer { layer, attention } => {
                 let (what, module) = if attention {
                     ("attention", "self_attn")
@@ -46,6 +60,7 @@ impl fmt::Display for Origin {
                 write!(f, "layer {layer}'s feed-forward (model.layers.{layer}.mlp)")
             }
             Self::FinalNorm => write!(f, "the final norm (model.norm)"),
+            Self::FinalMixer => write!(f, "the final stream mixer (model.hyper_connection_mixer)"),
             Self::Head => write!(f, "the output head (lm_head)"),
         }
     }
@@ -83,10 +98,9 @@ pub fn first_non_finite(model: &Model, tokens: &[u32], chunk: usize) -> Result<O
 
 /// One chunk through every part, advancing `cache`.
 fn walk(model: &Model, tokens: &[u32], cache: &mut Cache) -> Result<Option<Origin>> {
-    anyhow::ensure!(
-        model.qwen4_exp().is_none(),
-        "tracing a non-finite value to its layer is not implemented for qwen4_exp yet"
-    );
+    if let Some(decoder) = model.qwen4_exp() {
+        return walk_qwen4_exp(model, decoder, tokens, cache);
+    }
     let mut h = model.embed(tokens)?;
     if !all_finite(&h)? {
         return Ok(Some(Origin::Embedding));
@@ -116,6 +130,48 @@ fn walk(model: &Model, tokens: &[u32], cache: &mut Cache) -> Result<Option<Origi
     cache.offset += tokens.len();
     if !all_finite(&model.final_norm(&h)?)? {
         return Ok(Some(Origin::FinalNorm));
+    }
+    Ok(None)
+}
+
+/// [`walk`] through a `qwen4_exp` decoder: the streams after each part of each layer.
+fn walk_qwen4_exp(
+    model: &Model,
+    decoder: &Qwen4ExpDecoder,
+    tokens: &[u32],
+    cache: &mut Cache,
+) -> Result<Option<Origin>> {
+    let h = model.embed(tokens)?;
+    if !all_finite(&h)? {
+        return Ok(Some(Origin::Embedding));
+    }
+    let mut hs = decoder.streams_of(&h.squeeze(0)?)?;
+    for (i, (layer, c)) in decoder
+        .layers
+        .iter()
+        .zip(cache.layers.iter_mut())
+        .enumerate()
+    {
+        hs = layer.add_per_layer_embedding(&hs, tokens, c)?;
+        if !all_finite(&hs)? {
+            return Ok(Some(Origin::PerLayerEmbedding { layer: i }));
+        }
+        hs = layer.mixer_residual(&hs, c, cache.offset)?;
+        if !all_finite(&hs)? {
+            let attention = matches!(layer.mixer, Qwen4Mixer::Qsa(_));
+            return Ok(Some(Origin::Mixer {
+                layer: i,
+                attention,
+            }));
+        }
+        hs = layer.feed_forward_residual(&hs)?;
+        if !all_finite(&hs)? {
+            return Ok(Some(Origin::FeedForward { layer: i }));
+        }
+    }
+    cache.offset += tokens.len();
+    if !all_finite(&decoder.final_mix(&hs)?)? {
+        return Ok(Some(Origin::FinalMixer));
     }
     Ok(None)
 }

@@ -24,7 +24,7 @@ mod decode;
 mod launch_budget;
 pub mod qwen4_exp;
 pub use decode::LayerCoverage;
-pub use launch_budget::LaunchBudget;
+pub use launch_budget::{ple_layers, LaunchBudget};
 
 #[derive(Debug, Clone)]
 pub enum Mixer {
@@ -438,6 +438,16 @@ impl Model {
     /// place; returns the final hidden states `[1, S, H]` before the final norm
     /// (`[1, S, streams·H]` for `qwen4_exp`).
     fn run_layers(&self, tokens: &[u32], cache: &mut Cache) -> Result<Tensor> {
+        self.run_layers_counted(tokens, cache, None)
+    }
+
+    /// [`Self::run_layers`], pushing each layer's kernel launches to `per_layer` if given.
+    pub(crate) fn run_layers_counted(
+        &self,
+        tokens: &[u32],
+        cache: &mut Cache,
+        mut per_layer: Option<&mut Vec<usize>>,
+    ) -> Result<Tensor> {
         ensure!(!tokens.is_empty(), "forward needs at least one token");
         ensure!(
             cache.layers.len() == self.num_layers(),
@@ -448,14 +458,22 @@ impl Model {
             if let Some(q) = &self.qwen4_exp {
                 let mut hs = q.streams_of(&self.embed(tokens)?.squeeze(0)?)?;
                 for (layer, c) in q.layers.iter().zip(cache.layers.iter_mut()) {
+                    let before = gdn_ops::launches::count();
                     hs = layer.forward(&hs, tokens, c, cache.offset)?;
+                    if let Some(counts) = per_layer.as_deref_mut() {
+                        counts.push(gdn_ops::launches::count() - before);
+                    }
                 }
                 cache.offset += tokens.len();
                 return Ok(hs.unsqueeze(0)?);
             }
             let mut h = self.embed(tokens)?;
             for (layer, c) in self.layers.iter().zip(cache.layers.iter_mut()) {
+                let before = gdn_ops::launches::count();
                 h = layer.forward(&h, c, cache.offset)?;
+                if let Some(counts) = per_layer.as_deref_mut() {
+                    counts.push(gdn_ops::launches::count() - before);
+                }
             }
             cache.offset += tokens.len();
             Ok(h)

@@ -8,16 +8,21 @@ use qwen_gdn_model::footprint::DecodeFootprint;
 use qwen_gdn_model::{Config, LoadOptions, Plan, StateDtype};
 use std::path::Path;
 
-/// Sum of the tensor payloads of a checkpoint's safetensors files.
-fn payload_bytes(name: &str) -> usize {
+/// Sum of the payloads of a checkpoint's tensors whose names `select` accepts.
+fn payload_bytes(name: &str, select: impl Fn(&str) -> bool) -> usize {
     let dir = models_dir().join(name);
     let mut total = 0;
     for entry in std::fs::read_dir(&dir).unwrap() {
         let path = entry.unwrap().path();
         if path.extension().is_some_and(|e| e == "safetensors") {
             let bytes = std::fs::read(&path).unwrap();
-            let header = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
-            total += bytes.len() - 8 - header;
+            let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+            total += st
+                .tensors()
+                .iter()
+                .filter(|(n, _)| select(n))
+                .map(|(_, t)| t.data().len())
+                .sum::<usize>();
         }
     }
     total
@@ -33,12 +38,55 @@ fn footprint_accounts_for_every_checkpoint_byte() {
     ] {
         let cfg = Config::from_dir(&models_dir().join(name)).unwrap();
         let f = DecodeFootprint::of(&cfg, 0, StateDtype::F32);
-        assert_eq!(f.all_weights, payload_bytes(name), "{name}");
+        assert_eq!(f.all_weights, payload_bytes(name, |_| true), "{name}");
+        assert_eq!(f.ngram_tables, 0, "{name}");
         assert!(
             f.active_weights < f.all_weights || cfg.num_experts == 0,
             "{name}"
         );
     }
+}
+
+/// qwen4_exp in mlx-vlm's layout: the hyper-connections, the indexer, the PLE projections,
+/// norms and convs are counted exactly, and the n-gram tables (with their hash buffers) apart
+/// from the weights held in memory; only the vision tower, which a text model skips, is left.
+#[test]
+fn footprint_counts_every_qwen4_exp_byte() {
+    let name = "qwen4-exp-tiny-4bit";
+    let cfg = Config::from_dir(&models_dir().join(name)).unwrap();
+    let f = DecodeFootprint::of(&cfg, 0, StateDtype::F32);
+    let table = |n: &str| n.contains(".ple.ple_embedding.");
+    assert_eq!(f.ngram_tables, payload_bytes(name, table), "tables");
+    assert_eq!(
+        f.all_weights,
+        payload_bytes(name, |n| !table(n) && !n.starts_with("vision_tower.")),
+        "weights"
+    );
+    // A token reads one row per hashed head of each PLE layer (4 heads of 16 4-bit values
+    // with one bf16 scale and bias: 12 bytes), not the table.
+    let ple = cfg.qwen4_exp.as_ref().unwrap().ple.as_ref().unwrap();
+    let rows_read = ple.layers.len() * ple.heads() * (16 / 2 + 4);
+    let without_rows = f.active_weights - rows_read;
+    assert!(without_rows < f.all_weights, "{f:?}");
+    // State read and written: the GDN recurrent and conv states of the 3 GDN layers, and the
+    // PLE conv windows ([(K−1)·N, S·H] f32) of the 2 PLE layers.
+    let (hv, dv, dk) = (
+        cfg.linear_num_value_heads,
+        cfg.linear_value_head_dim,
+        cfg.linear_key_head_dim,
+    );
+    let gdn = 2 * hv * dv * dk * 4 + 2 * (cfg.linear_conv_kernel_dim - 1) * cfg.conv_dim() * 2;
+    let window = 2 * (ple.conv_kernel - 1) * ple.ngram_size * (4 * cfg.hidden_size) * 4;
+    assert_eq!(f.gdn_state, 3 * gdn + 2 * window);
+    // The QSA layer's keys, values and block keys grow with the context.
+    let (a, b) = (
+        DecodeFootprint::of(&cfg, 99, StateDtype::F32),
+        DecodeFootprint::of(&cfg, 199, StateDtype::F32),
+    );
+    let qsa = cfg.qwen4_exp.as_ref().unwrap().qsa.unwrap();
+    let per_100 = 100 * 2 * cfg.num_key_value_heads * cfg.head_dim * 2
+        + 4 * qsa.head_dim * (100 / qsa.compress_ratio);
+    assert_eq!(b.kv_cache - a.kv_cache, per_100);
 }
 
 /// Launches per decoded token are the same at every step: nothing grows with the context
@@ -90,4 +138,31 @@ fn qwen3_next_80b_decodes_in_at_most_500_launches() {
     eprintln!("Qwen3-Next-80B-A3B decode: {fused} launches fused, {composed} composed");
     assert!(fused <= 500, "{fused} launches per token");
     assert!(composed > 3 * fused, "composed {composed} vs fused {fused}");
+}
+
+/// qwen4_exp's composed decode step, counted per layer kind (GDN, QSA, and the PLE block a
+/// layer adds) on the 4-bit fixture: the kinds add up to the launches of a whole step, which
+/// are the same at every step.
+#[test]
+fn qwen4_exp_launches_per_layer_kind_add_up() {
+    use qwen_gdn_model::model::LaunchBudget;
+    let opts = LoadOptions {
+        dtype: DType::BF16,
+        plan: Some(Plan::Device),
+        ..LoadOptions::default()
+    };
+    let model = load_with("qwen4-exp-tiny-4bit", &opts);
+    let budget = LaunchBudget::measure(&model).unwrap();
+    assert!(budget.ple > 0 && budget.gdn_layer > 0 && budget.attention_layer > 0);
+    let mut cache = model.new_cache();
+    model.prefill(&[1, 2, 3, 4, 5], &mut cache, 16).unwrap();
+    let mut per_step = vec![];
+    for t in 0..3u32 {
+        gdn_ops::launches::take();
+        model.forward_last(&[7 + t], &mut cache).unwrap();
+        per_step.push(gdn_ops::launches::take());
+    }
+    assert!(per_step.iter().all(|&n| n == per_step[0]), "{per_step:?}");
+    // The fixture's layers: GDN, GDN + PLE, QSA, GDN + PLE.
+    assert_eq!(budget.total_for(model.config()), per_step[0], "{budget:?}");
 }

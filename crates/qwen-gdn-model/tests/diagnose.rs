@@ -76,3 +76,60 @@ fn the_first_broken_layer_is_named() {
         }
     );
 }
+
+/// qwen4_exp: the walk goes through its own parts (per-layer embedding, mixer and MoE with
+/// their hyper-connections, the final stream mixer), each poisoned in turn, later parts first.
+#[test]
+fn the_first_broken_qwen4_exp_part_is_named() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("m");
+    std::fs::create_dir(&dir).unwrap();
+    for entry in std::fs::read_dir(models_dir().join("qwen4-exp-tiny-hf")).unwrap() {
+        let p = entry.unwrap().path();
+        std::fs::copy(&p, dir.join(p.file_name().unwrap())).unwrap();
+    }
+    let tokens = [1u32, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13];
+    let model = Model::load(&dir, &Device::Cpu, &LoadOptions::default()).unwrap();
+    assert_eq!(
+        first_non_finite(&model, &tokens, 5).unwrap(),
+        Origin::Head,
+        "the fixture is finite"
+    );
+    for (tensor, want, shown) in [
+        (
+            "hyper_connection_mixer.hc_norm",
+            Origin::FinalMixer,
+            "the final stream mixer (model.hyper_connection_mixer)",
+        ),
+        (
+            "layers.3.ple.norm_key",
+            Origin::PerLayerEmbedding { layer: 3 },
+            "layer 3's per-layer n-gram embedding (model.layers.3.ple)",
+        ),
+        (
+            "layers.2.mlp_hyper_connection.hc_norm",
+            Origin::FeedForward { layer: 2 },
+            "layer 2's feed-forward (model.layers.2.mlp)",
+        ),
+        (
+            "layers.2.self_attn.q_norm",
+            Origin::Mixer {
+                layer: 2,
+                attention: true,
+            },
+            "layer 2's attention (model.layers.2.self_attn)",
+        ),
+    ] {
+        poison_bf16(
+            &dir.join("model.safetensors"),
+            &format!("model.language_model.{tensor}.weight"),
+        );
+        let model = Model::load(&dir, &Device::Cpu, &LoadOptions::default()).unwrap();
+        let logits = model.forward(&tokens, &mut model.new_cache()).unwrap();
+        assert!(!all_finite(&logits).unwrap(), "{tensor}");
+        // Chunks of 5: the walk carries the n-gram context, PLE window and QSA keys.
+        let origin = first_non_finite(&model, &tokens, 5).unwrap();
+        assert_eq!(origin, want, "{tensor}");
+        assert_eq!(origin.to_string(), shown);
+    }
+}

@@ -14,10 +14,10 @@ const CHUNK: usize = 16;
 const DECODE: usize = 8;
 const BIG: u64 = 1 << 40;
 
-/// The checkpoints the reference-plan tests run: every mlx-lm fixture and qwen4_exp's
-/// (reference plan only so far), whose QSA budget (8 tokens) every prompt here exceeds.
+/// Every fixture: the mlx-lm ones and qwen4_exp's two (raw HF and mlx-vlm 4-bit), whose QSA
+/// budget (8 tokens) every prompt here exceeds.
 fn reference_plan_checkpoints() -> impl Iterator<Item = &'static str> {
-    CHECKPOINTS.into_iter().chain(["qwen4-exp-tiny-hf"])
+    CHECKPOINTS.into_iter().chain(QWEN4_EXP)
 }
 
 /// A fixed pseudo-random token sequence (an LCG) of `n` ids below the vocabulary size.
@@ -125,14 +125,15 @@ fn multi_turn_chat_whose_template_rewrites_history_is_exact() {
 }
 
 /// The same on the device plan (bf16 activations; the CPU, or the GPU with
-/// `QWEN_GDN_TEST_DEVICE=cuda`), whose decode steps run the fused kernels.
+/// `QWEN_GDN_TEST_DEVICE=cuda`), whose decode steps run the fused kernels (qwen4_exp's the
+/// composed ops).
 #[test]
 fn multi_turn_chat_is_exact_on_the_device_plan() {
     let opts = LoadOptions {
         dtype: DType::BF16,
         ..LoadOptions::default()
     };
-    for name in CHECKPOINTS {
+    for name in reference_plan_checkpoints() {
         let model = load_on(name, &opts, &device_under_test());
         assert_eq!(model.plan(), Plan::Device);
         multi_turn_chat(name, &model);

@@ -1,6 +1,7 @@
-//! Prompt-cache files: a saved and reloaded state continues exactly as the original, and a
-//! file made for another model, a damaged file or one with a wrong tensor is refused with a
-//! one-line error naming the file.
+//! Prompt-cache files: a saved and reloaded state continues exactly as the original (on every
+//! fixture, qwen4_exp's PLE windows and QSA indexer keys included), and a file made for
+//! another model, a damaged file, one with a wrong tensor or of another format version is
+//! refused with a one-line error naming the file.
 
 mod common;
 use candle_core::{Device, Tensor};
@@ -43,27 +44,68 @@ fn identity(name: &str, model: &Model) -> ModelIdentity {
     ModelIdentity::of(&models_dir().join(name), model).unwrap()
 }
 
+/// Every fixture; qwen4_exp's with a prompt that ends on a block boundary of the QSA indexer
+/// (40 tokens, ratio 4: no tail keys) and one that does not (43), both far past its budget.
 #[test]
 fn save_then_load_continues_exactly() {
     let dir = tempfile::tempdir().unwrap();
-    for name in CHECKPOINTS {
+    let runs = CHECKPOINTS
+        .iter()
+        .map(|&name| (name, 40))
+        .chain(QWEN4_EXP.iter().flat_map(|&name| [(name, 40), (name, 43)]));
+    for (name, n) in runs {
         let model = load(name);
         let id = identity(name, &model);
-        let ids = prompt(&model, 40);
+        let ids = prompt(&model, n);
         let cache = prompt_state(&model, &ids);
-        let path = dir.path().join(format!("{name}.safetensors"));
+        let path = dir.path().join(format!("{name}-{n}.safetensors"));
         save_snapshot(&path, &ids, &cache, &id).unwrap();
         // Saving again replaces our own file.
         save_snapshot(&path, &ids, &cache, &id).unwrap();
         let (tokens, mut loaded) = load_cache(&path, &model, &id).unwrap();
         assert_eq!(tokens, ids, "{name}");
         assert_eq!(loaded.offset, ids.len(), "{name}");
+        assert_same_qwen4_exp_state(name, &loaded, &cache);
         let mut original = cache.deep_clone().unwrap();
         let want = decode(&model, &mut original, 5, 6);
         let got = decode(&model, &mut loaded, 5, 6);
         assert_eq!(got.0, want.0, "{name}: tokens");
         assert!(got.1 == want.1, "{name}: logits differ after a reload");
     }
+}
+
+/// qwen4_exp's parts of two caches are equal: the n-gram contexts (rebuilt from the file's
+/// tokens), the PLE conv windows bit for bit, and the indexer's block and tail keys.
+fn assert_same_qwen4_exp_state(name: &str, got: &Cache, want: &Cache) {
+    use qwen_gdn_model::cache::LayerCache;
+    let mut parts = 0;
+    for (i, (g, w)) in got.layers.iter().zip(&want.layers).enumerate() {
+        match (g, w) {
+            (LayerCache::Gdn(g), LayerCache::Gdn(w)) => {
+                assert_eq!(g.ple.is_some(), w.ple.is_some(), "{name}: layer {i}");
+                if let (Some(g), Some(w)) = (&g.ple, &w.ple) {
+                    assert_eq!(g.context, w.context, "{name}: layer {i} n-gram context");
+                    assert!(
+                        flat(&g.window) == flat(&w.window),
+                        "{name}: layer {i} window"
+                    );
+                    parts += 1;
+                }
+            }
+            (LayerCache::Attention(g), LayerCache::Attention(w)) => {
+                let (g, w) = (g.indexer.as_ref(), w.indexer.as_ref());
+                assert_eq!(
+                    g.map(|x| (&x.blocks, &x.tail, x.len)),
+                    w.map(|x| (&x.blocks, &x.tail, x.len)),
+                    "{name}: layer {i} indexer"
+                );
+                parts += usize::from(g.is_some());
+            }
+            _ => panic!("{name}: layer {i} changed kind"),
+        }
+    }
+    let qwen4 = QWEN4_EXP.contains(&name);
+    assert_eq!(parts > 0, qwen4, "{name}: {parts} qwen4_exp parts");
 }
 
 /// The error of loading `path`, which must be one line naming the file.
@@ -247,4 +289,96 @@ fn saving_never_overwrites_a_file_that_is_not_a_prompt_cache() {
     .to_string();
     assert!(err.contains("not overwriting"), "{err}");
     assert_eq!(std::fs::read_to_string(&path).unwrap(), "mine");
+}
+
+/// The layout's version: files of version 1 (no qwen4_exp tensors) still load; another version
+/// is refused in one line. qwen4_exp's own tensors are checked like the others.
+#[test]
+fn versions_and_qwen4_exp_tensors_are_checked() {
+    let dir = tempfile::tempdir().unwrap();
+    let resave =
+        |name: &str, from: &Path, version: &str, change: &dyn Fn(&mut HashMap<String, Tensor>)| {
+            let model = load(name);
+            let mut metadata: HashMap<String, String> = identity(name, &model)
+                .fields()
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect();
+            metadata.insert("format".into(), "qwen-gdn-prompt-cache".into());
+            metadata.insert("format_version".into(), version.into());
+            let mut tensors = candle_core::safetensors::load(from, &Device::Cpu).unwrap();
+            change(&mut tensors);
+            let p = dir
+                .path()
+                .join(format!("{name}-{version}-{}.safetensors", tensors.len()));
+            safetensors::serialize_to_file(&tensors, Some(metadata), &p).unwrap();
+            p
+        };
+    for name in ["qwen3.5-tiny-4bit", "qwen4-exp-tiny-4bit"] {
+        let model = load(name);
+        let id = identity(name, &model);
+        let ids = prompt(&model, 21);
+        let cache = prompt_state(&model, &ids);
+        let good = dir.path().join(format!("{name}.safetensors"));
+        save_snapshot(&good, &ids, &cache, &id).unwrap();
+        let v1 = resave(name, &good, "1", &|_| {});
+        let err = load_error(&resave(name, &good, "3", &|_| {}), &model, &id);
+        assert!(
+            err.contains("format version 3, this qwen-gdn reads versions 1 and 2"),
+            "{err}"
+        );
+        if name == "qwen3.5-tiny-4bit" {
+            let (tokens, mut loaded) = load_cache(&v1, &model, &id).unwrap();
+            assert_eq!(tokens, ids);
+            let want = decode(&model, &mut cache.deep_clone().unwrap(), 5, 3);
+            assert!(decode(&model, &mut loaded, 5, 3) == want, "version 1 file");
+            continue;
+        }
+        // qwen4_exp: layers 1 and 3 have per-layer embeddings, layer 2 is the QSA layer
+        // (21 tokens: 5 block keys and 1 tail key of 16 floats).
+        let tensors = candle_core::safetensors::load(&good, &Device::Cpu).unwrap();
+        assert_eq!(tensors["layers.2.index_keys"].dims(), [6, 16]);
+        assert_eq!(
+            tensors["layers.1.ple_window"].dtype(),
+            candle_core::DType::F32
+        );
+        assert!(!tensors.contains_key("layers.0.ple_window"));
+        let keys = tensors["layers.2.index_keys"].clone();
+        for (what, change, needle) in [
+            (
+                "missing window",
+                Box::new(|t: &mut HashMap<String, Tensor>| {
+                    t.remove("layers.3.ple_window");
+                }) as Box<dyn Fn(&mut HashMap<String, Tensor>)>,
+                "`layers.3.ple_window` is missing",
+            ),
+            (
+                "short index keys",
+                Box::new(move |t: &mut HashMap<String, Tensor>| {
+                    t.insert("layers.2.index_keys".into(), keys.narrow(0, 0, 5).unwrap());
+                }),
+                "tensor `layers.2.index_keys` is",
+            ),
+            (
+                "window on a layer without PLE",
+                Box::new(|t: &mut HashMap<String, Tensor>| {
+                    let w = t["layers.1.ple_window"].clone();
+                    t.insert("layers.0.ple_window".into(), w);
+                }),
+                "unexpected tensor `layers.0.ple_window`",
+            ),
+        ] {
+            let err = load_error(&resave(name, &good, "2", &change), &model, &id);
+            assert!(err.contains(needle), "{what}: {err}");
+        }
+        // A version-1 file cannot hold qwen4_exp's state: refused by its missing tensors.
+        let err = load_error(
+            &resave(name, &good, "1", &|t| {
+                t.retain(|k, _| !k.ends_with("ple_window") && !k.ends_with("index_keys"))
+            }),
+            &model,
+            &id,
+        );
+        assert!(err.contains("is missing"), "{err}");
+    }
 }

@@ -1,8 +1,10 @@
 //! `qwen4_exp` (Qwen3.8-Flash-Next) against its fixture, models/qwen4-exp-tiny-hf, and its
 //! transformers fp32 reference: the config, the n-gram hash, the n-gram table check, every
-//! layer on transformers' own inputs, the whole model (logits, argmaxes, 32 greedy tokens,
-//! decode step by step across the QSA budget, bf16 GDN states), and the errors a broken
-//! config or checkpoint gives.
+//! layer on transformers' own inputs, and the errors a broken config or checkpoint gives.
+//! The whole model's gates (logits, argmaxes, 32 greedy tokens, decode step by step across
+//! the QSA budget, bf16 GDN states, the device plan in f32 and bf16) run on both fixtures:
+//! this one (`raw_hf::*`) and the mlx-vlm 4-bit layout (`mlx_4bit::*`,
+//! models/qwen4-exp-tiny-4bit, whose layers are checked in tests/qwen4_exp_mlx.rs).
 
 mod common;
 
@@ -256,6 +258,11 @@ fn unknown_config_fields_are_ignored_at_load() {
     assert!(rel_max_diff(&logits, &want) <= 1e-3);
 }
 
+// ---- The end-to-end gates, one function per gate over the fixture's name, run on both
+// fixtures (`raw_hf`: models/qwen4-exp-tiny-hf, `mlx_4bit`: models/qwen4-exp-tiny-4bit, whose
+// reference is transformers on its dequantized weights). The device-plan gates run on the
+// GPU with `QWEN_GDN_TEST_DEVICE=cuda` (scripts/gpu/test-cuda.sh runs `qwen4_exp device_plan`).
+
 fn device_plan(dtype: candle_core::DType) -> LoadOptions {
     LoadOptions {
         plan: Some(Plan::Device),
@@ -271,125 +278,81 @@ fn stepped(model: &Model, tokens: &[u32], first: usize) -> candle_core::Tensor {
     for &t in &tokens[first..] {
         rows.push(model.forward_last(&[t], &mut cache).unwrap());
     }
+    assert_eq!(cache.offset, tokens.len());
     candle_core::Tensor::cat(&rows, 0)
         .unwrap()
         .to_device(&Device::Cpu)
         .unwrap()
 }
 
-/// The device plan in f32 (composed ops on the device; the CPU here, a GPU with
-/// `QWEN_GDN_TEST_DEVICE=cuda`): the same gates as the reference plan.
-#[test]
-fn device_plan_f32_matches_transformers() {
-    let model = common::load_on(
-        NAME,
-        &device_plan(candle_core::DType::F32),
-        &common::device_under_test(),
-    );
-    assert_eq!(model.plan(), Plan::Device);
-    assert!(!model.fused_decode(), "no fused kernels for qwen4_exp yet");
-    let r = Reference::load(NAME);
-    let tokens = r.ids("tf_ids");
-    let whole = model
-        .forward(&tokens, &mut model.new_cache())
-        .unwrap()
-        .to_device(&Device::Cpu)
-        .unwrap();
-    let d = rel_max_diff(&whole, r.get("tf_logits"));
-    assert!(d <= 1e-3, "logits: {d:e} of max|logit|");
-    assert_eq!(argmax_rows(&whole), argmax_rows(r.get("tf_logits")));
-    let d = rel_max_diff(&stepped(&model, &tokens, 5), &whole);
-    assert!(d <= 1e-4, "steps vs whole: {d:e}");
-    assert_eq!(
-        greedy(&model, &r.ids("greedy_prompt_ids"), 32),
-        r.ids("greedy_ids")
-    );
-}
-
-/// The device plan in bf16 activations: within the KL gate the other families' fixtures
-/// use when no bf16 reference is recorded, whole and step by step.
-#[test]
-fn device_plan_bf16_within_kl_gate() {
-    let model = common::load_on(
-        NAME,
-        &device_plan(candle_core::DType::BF16),
-        &common::device_under_test(),
-    );
-    let r = Reference::load(NAME);
-    let tokens = r.ids("tf_ids");
-    let whole = model.forward(&tokens, &mut model.new_cache()).unwrap();
-    for (what, got) in [("whole", whole), ("steps", stepped(&model, &tokens, 5))] {
-        let (kl, top1) = kl_and_top1(&got, r.get("tf_logits"));
-        eprintln!("qwen4_exp device plan bf16 {what}: KL {kl:.2e}, top-1 {top1:.3}");
-        assert!(
-            kl <= 0.05 && top1 >= 0.90,
-            "{what}: KL {kl:e}, top-1 {top1}"
-        );
-    }
-}
-
-fn model() -> Model {
-    common::load(NAME)
-}
-
 /// The whole prompt in one forward: logits within 1e-3 of max|logit| and every argmax.
-#[test]
-fn whole_forward_matches_transformers() {
-    let model = model();
-    // Only the parts a text model skips by design are left over (the fixture has one
-    // vision and one MTP tensor); every n-gram shard and hash buffer is used.
+/// Only the parts a text model skips by design are left over (the raw HF fixture has one
+/// vision and one MTP tensor, mlx-vlm drops the MTP tensor); every n-gram shard and hash
+/// buffer is used.
+fn whole_forward_matches_transformers(name: &str) {
+    let model = common::load(name);
     let warnings = model.load_warnings().join("\n");
     assert!(
         warnings.contains("1 vision tower")
-            && warnings.contains("1 multi-token prediction (mtp.*)")
             && !warnings.contains("ngram")
             && warnings.lines().count() == 1,
-        "{warnings}"
+        "{name}: {warnings}"
     );
-    let r = Reference::load(NAME);
+    let r = Reference::load(name);
     let tokens = r.ids("tf_ids");
     let logits = model.forward(&tokens, &mut model.new_cache()).unwrap();
     let want = r.get("tf_logits");
     let d = rel_max_diff(&logits, want);
-    assert!(d <= 1e-3, "logits: {d:e} of max|logit|");
-    assert_eq!(argmax_rows(&logits), argmax_rows(want), "argmaxes");
+    eprintln!("{name}: logits rel diff {d:e}");
+    assert!(d <= 1e-3, "{name}: logits: {d:e} of max|logit|");
+    assert_eq!(argmax_rows(&logits), argmax_rows(want), "{name}: argmaxes");
 }
 
 /// transformers' greedy tokens (prompt prefilled, then one token per call).
-#[test]
-fn greedy_tokens_match_transformers() {
-    let model = model();
-    let r = Reference::load(NAME);
+fn greedy_tokens_match_transformers(name: &str) {
+    let model = common::load(name);
+    let r = Reference::load(name);
     let want = r.ids("greedy_ids");
     assert_eq!(want.len(), 32);
-    assert_eq!(greedy(&model, &r.ids("greedy_prompt_ids"), 32), want);
+    assert_eq!(
+        greedy(&model, &r.ids("greedy_prompt_ids"), 32),
+        want,
+        "{name}"
+    );
 }
 
 /// A 5-token prefill then one token per call (transformers' `decode_logits` protocol), and
 /// prefill chunks of other sizes: the same logits as the whole forward. The 100-token prompt
 /// runs far past the QSA budget (8 tokens: sparse from the 12th token on), through both PLE
 /// layers' conv windows and across the `<|im_end|>` that cuts the n-grams.
-#[test]
-fn decode_step_by_step_equals_the_whole_forward() {
-    let model = model();
-    let r = Reference::load(NAME);
+fn decode_step_by_step_equals_the_whole_forward(name: &str) {
+    let model = common::load(name);
+    let r = Reference::load(name);
     let tokens = r.ids("tf_ids");
+    let budget = model
+        .config()
+        .qwen4_exp
+        .as_ref()
+        .and_then(|q| q.qsa)
+        .unwrap()
+        .budget;
+    assert!(
+        tokens.len() > 10 * budget,
+        "{name}: the prompt must cross the QSA budget"
+    );
     let whole = model.forward(&tokens, &mut model.new_cache()).unwrap();
     for first in [5usize, 1, 13, 64] {
-        let mut cache = model.new_cache();
-        let mut rows = vec![model.forward(&tokens[..first], &mut cache).unwrap()];
-        for &t in &tokens[first..] {
-            rows.push(model.forward(&[t], &mut cache).unwrap());
-        }
-        let stepped = candle_core::Tensor::cat(&rows, 0).unwrap();
-        let d = rel_max_diff(&stepped, &whole);
-        assert!(d <= 1e-4, "prefill {first} then steps vs whole: {d:e}");
+        let steps = stepped(&model, &tokens, first);
+        let d = rel_max_diff(&steps, &whole);
+        assert!(
+            d <= 1e-4,
+            "{name}: prefill {first} then steps vs whole: {d:e}"
+        );
         if first == 5 {
-            let d = rel_max_diff(&stepped, r.get("decode_logits"));
-            assert!(d <= 1e-3, "vs transformers' decode_logits: {d:e}");
-            assert_eq!(argmax_rows(&stepped), argmax_rows(r.get("decode_logits")));
+            let d = rel_max_diff(&steps, r.get("decode_logits"));
+            assert!(d <= 1e-3, "{name}: vs transformers' decode_logits: {d:e}");
+            assert_eq!(argmax_rows(&steps), argmax_rows(r.get("decode_logits")));
         }
-        assert_eq!(cache.offset, tokens.len());
     }
     // Chunked prefill through `prefill` (no logits), then the last token.
     let mut cache = model.new_cache();
@@ -400,14 +363,16 @@ fn decode_step_by_step_equals_the_whole_forward() {
         .forward_last(&tokens[tokens.len() - 1..], &mut cache)
         .unwrap();
     let want = whole.narrow(0, tokens.len() - 1, 1).unwrap();
-    assert!(rel_max_diff(&last, &want) <= 1e-4);
+    assert!(
+        rel_max_diff(&last, &want) <= 1e-4,
+        "{name}: chunked prefill"
+    );
 }
 
 /// GDN recurrent states stored in bf16 (opt-in): close to the f32 run by its KL gate.
-#[test]
-fn bf16_gdn_states_stay_close() {
-    let model = model();
-    let r = Reference::load(NAME);
+fn bf16_gdn_states_stay_close(name: &str) {
+    let model = common::load(name);
+    let r = Reference::load(name);
     let tokens = r.ids("tf_ids");
     let stepped = |dtype| {
         let mut cache = model.new_cache_with(dtype);
@@ -419,12 +384,110 @@ fn bf16_gdn_states_stay_close() {
     };
     let (bf16, f32) = (stepped(StateDtype::Bf16), stepped(StateDtype::F32));
     let (kl, top1) = kl_and_top1(&bf16, r.get("tf_logits"));
-    assert!(kl < 1e-3 && top1 >= 0.95, "kl {kl:e}, top-1 {top1}");
+    eprintln!("{name}: bf16 GDN states: KL {kl:.2e}, top-1 {top1:.3}");
+    assert!(kl < 1e-3 && top1 >= 0.95, "{name}: kl {kl:e}, top-1 {top1}");
     let d = rel_max_diff(&bf16, &f32);
     assert!(
         d > 1e-6,
-        "bf16 states gave the f32 logits ({d:e}): not rounded"
+        "{name}: bf16 states gave the f32 logits ({d:e}): not rounded"
     );
+}
+
+/// The device plan in f32 (composed ops on the device; the CPU here, a GPU with
+/// `QWEN_GDN_TEST_DEVICE=cuda`): the same gates as the reference plan.
+fn device_plan_f32_matches_transformers(name: &str) {
+    let model = common::load_on(
+        name,
+        &device_plan(candle_core::DType::F32),
+        &common::device_under_test(),
+    );
+    assert_eq!(model.plan(), Plan::Device);
+    assert!(!model.fused_decode(), "no fused kernels for qwen4_exp yet");
+    let r = Reference::load(name);
+    let tokens = r.ids("tf_ids");
+    let whole = model
+        .forward(&tokens, &mut model.new_cache())
+        .unwrap()
+        .to_device(&Device::Cpu)
+        .unwrap();
+    let d = rel_max_diff(&whole, r.get("tf_logits"));
+    eprintln!("{name}: device plan f32 logits rel diff {d:e}");
+    assert!(d <= 1e-3, "{name}: logits: {d:e} of max|logit|");
+    assert_eq!(
+        argmax_rows(&whole),
+        argmax_rows(r.get("tf_logits")),
+        "{name}"
+    );
+    let d = rel_max_diff(&stepped(&model, &tokens, 5), &whole);
+    assert!(d <= 1e-4, "{name}: steps vs whole: {d:e}");
+    assert_eq!(
+        greedy(&model, &r.ids("greedy_prompt_ids"), 32),
+        r.ids("greedy_ids"),
+        "{name}"
+    );
+}
+
+/// The device plan in bf16 activations: within the KL gate the other families' fixtures
+/// use when no bf16 reference is recorded, whole and step by step.
+fn device_plan_bf16_within_kl_gate(name: &str) {
+    let model = common::load_on(
+        name,
+        &device_plan(candle_core::DType::BF16),
+        &common::device_under_test(),
+    );
+    let r = Reference::load(name);
+    let tokens = r.ids("tf_ids");
+    let whole = model.forward(&tokens, &mut model.new_cache()).unwrap();
+    for (what, got) in [("whole", whole), ("steps", stepped(&model, &tokens, 5))] {
+        let (kl, top1) = kl_and_top1(&got, r.get("tf_logits"));
+        eprintln!("{name}: device plan bf16 {what}: KL {kl:.2e}, top-1 {top1:.3}");
+        assert!(
+            kl <= 0.05 && top1 >= 0.90,
+            "{name}: {what}: KL {kl:e}, top-1 {top1}"
+        );
+    }
+}
+
+macro_rules! gates_per_fixture {
+    ($($fixture:ident => $name:literal),* $(,)?) => {
+        /// Every `qwen4_exp` fixture is gated here.
+        #[test]
+        fn every_fixture_is_gated() {
+            assert_eq!([$($name),*], common::QWEN4_EXP);
+        }
+        $(
+        mod $fixture {
+            #[test]
+            fn whole_forward_matches_transformers() {
+                super::whole_forward_matches_transformers($name)
+            }
+            #[test]
+            fn greedy_tokens_match_transformers() {
+                super::greedy_tokens_match_transformers($name)
+            }
+            #[test]
+            fn decode_step_by_step_equals_the_whole_forward() {
+                super::decode_step_by_step_equals_the_whole_forward($name)
+            }
+            #[test]
+            fn bf16_gdn_states_stay_close() {
+                super::bf16_gdn_states_stay_close($name)
+            }
+            #[test]
+            fn device_plan_f32_matches_transformers() {
+                super::device_plan_f32_matches_transformers($name)
+            }
+            #[test]
+            fn device_plan_bf16_within_kl_gate() {
+                super::device_plan_bf16_within_kl_gate($name)
+            }
+        }
+    )*};
+}
+
+gates_per_fixture! {
+    raw_hf => "qwen4-exp-tiny-hf",
+    mlx_4bit => "qwen4-exp-tiny-4bit",
 }
 
 #[test]

@@ -165,10 +165,16 @@ fn prompt_cache_scenario() {
     assert_error(&bench(&["--prompt-cache", "0"]), &["--prompt-cache", "'0'"]);
 }
 
-/// qwen4_exp runs the same benchmark (reference plan on the CPU).
+/// qwen4_exp runs the same benchmark (reference plan on the CPU), in both layouts.
 #[test]
 fn qwen4_exp_json_report() {
-    let model = fixture("qwen4-exp-tiny-hf");
+    for name in QWEN4_EXP {
+        qwen4_exp_report(name);
+    }
+}
+
+fn qwen4_exp_report(name: &str) {
+    let model = fixture(name);
     let out = run(&[
         "bench",
         "--model",
@@ -181,9 +187,9 @@ fn qwen4_exp_json_report() {
         "1",
         "--json",
     ]);
-    assert!(out.status.success(), "stderr: {}", stderr(&out));
+    assert!(out.status.success(), "{name}: stderr: {}", stderr(&out));
     let report: Json = serde_json::from_slice(&out.stdout).unwrap();
-    assert_eq!(report["model_type"], "qwen4_exp");
+    assert_eq!(report["model_type"], "qwen4_exp", "{name}");
     assert_eq!(
         (
             report["prompt_tokens"].as_u64(),

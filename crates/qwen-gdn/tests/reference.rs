@@ -1,5 +1,6 @@
 //! End-to-end checks against mlx-lm's recorded outputs for the tiny checkpoints
-//! (models/reference/<name>.json and .safetensors, made by scripts/gen_fixtures.py).
+//! (models/reference/<name>.json and .safetensors, made by scripts/gen_fixtures.py), and
+//! against transformers' for the two qwen4_exp fixtures (raw HF and mlx-vlm 4-bit layouts).
 
 mod common;
 
@@ -23,7 +24,13 @@ fn references() -> Vec<(String, Json)> {
         })
         .collect();
     refs.sort_by(|a, b| a.0.cmp(&b.0));
-    assert!(!refs.is_empty(), "no references in {}", dir.display());
+    for name in QWEN4_EXP {
+        assert!(
+            refs.iter().any(|(n, _)| n == name),
+            "{name}: no reference in {}",
+            dir.display()
+        );
+    }
     refs
 }
 
@@ -358,10 +365,16 @@ fn ctrl_c_stops_generation_and_prints_stats() {
 }
 
 /// qwen4_exp's chat template comes from its checkpoint (chat_template.jinja): the rendered
-/// prompt wraps the message in its turn markers, and generation runs on it.
+/// prompt wraps the message in its turn markers, and generation runs on it, in both layouts.
 #[test]
 fn qwen4_exp_chat_template_from_the_checkpoint() {
-    let model = fixture("qwen4-exp-tiny-hf");
+    for name in QWEN4_EXP {
+        chat_template_from_the_checkpoint(name);
+    }
+}
+
+fn chat_template_from_the_checkpoint(name: &str) {
+    let model = fixture(name);
     let m = model.to_str().unwrap();
     let prompt_tokens = |extra: &[&str]| {
         let mut a = vec![
@@ -376,14 +389,20 @@ fn qwen4_exp_chat_template_from_the_checkpoint() {
         a.extend(extra);
         let out = run(&a);
         let err = stderr(&out);
-        assert!(out.status.success(), "{err}");
-        assert!((1..=4).contains(&stat(&err, "Generation: ")), "{err}");
+        assert!(out.status.success(), "{name}: {err}");
+        assert!(
+            (1..=4).contains(&stat(&err, "Generation: ")),
+            "{name}: {err}"
+        );
         stat(&err, "Prompt: ")
     };
     let raw = prompt_tokens(&["--ignore-chat-template"]);
     let chat = prompt_tokens(&[]);
-    assert!(chat > raw + 4, "chat prompt {chat} tokens, raw {raw}");
+    assert!(
+        chat > raw + 4,
+        "{name}: chat prompt {chat} tokens, raw {raw}"
+    );
     assert!(prompt_tokens(&["--system-prompt", "Be brief."]) > chat);
     // The device plan (bf16 activations, composed ops) runs the same prompt.
-    assert_eq!(prompt_tokens(&["--dtype", "bf16"]), chat);
+    assert_eq!(prompt_tokens(&["--dtype", "bf16"]), chat, "{name}");
 }

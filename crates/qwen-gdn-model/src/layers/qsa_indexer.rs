@@ -96,12 +96,16 @@ impl QsaIndexer {
     /// Rotates the vectors `x` (`[rows, Di]`, row-major) at `positions`.
     fn rotate(&self, x: &[f32], positions: &[usize]) -> Result<Vec<f32>> {
         let di = self.qsa.head_dim;
-        let mut out = Vec::with_capacity(x.len());
-        for (row, &p) in x.chunks_exact(di).zip(positions) {
-            let t = Tensor::from_slice(row, (1, 1, 1, di), &Device::Cpu)?;
-            out.extend(self.rope.forward(&t, p)?.flatten_all()?.to_vec1::<f32>()?);
-        }
-        Ok(out)
+        // Host work on host tensors (the selection runs on the host on both plans): no
+        // device launch, so none is counted.
+        gdn_ops::launches::counted_as(0, || {
+            let mut out = Vec::with_capacity(x.len());
+            for (row, &p) in x.chunks_exact(di).zip(positions) {
+                let t = Tensor::from_slice(row, (1, 1, 1, di), &Device::Cpu)?;
+                out.extend(self.rope.forward(&t, p)?.flatten_all()?.to_vec1::<f32>()?);
+            }
+            Ok(out)
+        })
     }
 
     /// For the `S` tokens `x` (`[S, H]`, batch 1) at positions `offset..offset+S`: which of

@@ -167,8 +167,8 @@ impl Model {
         mut per_layer: Option<&mut Vec<usize>>,
     ) -> Result<Tensor> {
         if self.qwen4_exp.is_some() {
-            // Its layers are not `DecoderLayer`s: one composed step, no per-layer counts.
-            let h = self.run_layers(&[token], cache)?;
+            // Its layers are not `DecoderLayer`s: the composed forward, counted per layer.
+            let h = self.run_layers_counted(&[token], cache, per_layer)?;
             return self.logits(&h);
         }
         let mut h = self.embed(&[token])?;

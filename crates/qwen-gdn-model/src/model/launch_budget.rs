@@ -7,12 +7,16 @@ use crate::config::LayerKind;
 use crate::Config;
 use anyhow::{Context, Result};
 
-/// Launches of one decode step: outside the layers, per GDN layer and per attention layer.
+/// Launches of one decode step: outside the layers, per GDN layer and per attention layer
+/// (for `qwen4_exp`: a GDN layer without a per-layer embedding, a QSA layer, each with its
+/// hyper-connections), and what a per-layer embedding adds to its layer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct LaunchBudget {
     pub outside: usize,
     pub gdn_layer: usize,
     pub attention_layer: usize,
+    /// `qwen4_exp`: the launches of a PLE block (0 for the other families).
+    pub ple: usize,
 }
 
 impl LaunchBudget {
@@ -24,16 +28,24 @@ impl LaunchBudget {
         gdn_ops::launches::take();
         let (_, per_layer) = model.decode_step_with_launches(6, &mut cache)?;
         let outside = gdn_ops::launches::take() - per_layer.iter().sum::<usize>();
-        let first_of = |kind: LayerKind, what: &str| {
+        let ple_layers = ple_layers(model.config());
+        let first_of = |kind: LayerKind, ple: bool, what: &str| {
             (0..per_layer.len())
-                .find(|&i| model.config().layer_kind(i) == kind)
+                .find(|&i| model.config().layer_kind(i) == kind && ple_layers.contains(&i) == ple)
                 .map(|i| per_layer[i])
                 .with_context(|| format!("no {what} layer in the measured model"))
         };
+        let gdn_layer = first_of(LayerKind::LinearAttention, false, "GDN")?;
+        let ple = if ple_layers.is_empty() {
+            0
+        } else {
+            first_of(LayerKind::LinearAttention, true, "per-layer embedding")? - gdn_layer
+        };
         Ok(Self {
             outside,
-            gdn_layer: first_of(LayerKind::LinearAttention, "GDN")?,
-            attention_layer: first_of(LayerKind::FullAttention, "attention")?,
+            gdn_layer,
+            attention_layer: first_of(LayerKind::FullAttention, false, "attention")?,
+            ple,
         })
     }
 
@@ -48,6 +60,18 @@ impl LaunchBudget {
     /// Launches of one decode step of `config`.
     pub fn total_for(&self, config: &Config) -> usize {
         let (gdn, attention) = Self::layers_of(config);
-        self.outside + gdn * self.gdn_layer + attention * self.attention_layer
+        self.outside
+            + gdn * self.gdn_layer
+            + attention * self.attention_layer
+            + ple_layers(config).len() * self.ple
     }
+}
+
+/// The zero-based layers with a `qwen4_exp` per-layer embedding.
+pub fn ple_layers(config: &Config) -> Vec<usize> {
+    config
+        .qwen4_exp
+        .as_ref()
+        .and_then(|q| q.ple.as_ref())
+        .map_or_else(Vec::new, |p| p.layers.clone())
 }

@@ -187,21 +187,41 @@ impl Qwen4ExpLayer {
         cache: &mut LayerCache,
         offset: usize,
     ) -> Result<Tensor> {
-        let mut hs = hs.clone();
-        let (x, w) = match (&self.mixer, &mut *cache) {
-            (Qwen4Mixer::Gdn(_), LayerCache::Gdn(c)) => {
-                if let Some(ple) = &self.ple {
-                    let state = c
-                        .ple
-                        .as_mut()
-                        .ok_or_else(|| anyhow!("cache lacks the per-layer embedding state"))?;
-                    hs = candle_op(hs.add(&ple.forward(&hs, tokens, state)?))?;
-                }
-                self.attn_hc.forward(&hs)?
-            }
-            (Qwen4Mixer::Qsa(_), LayerCache::Attention(_)) => self.attn_hc.forward(&hs)?,
-            _ => bail!("cache does not belong to this model"),
+        let hs = self.add_per_layer_embedding(hs, tokens, cache)?;
+        let hs = self.mixer_residual(&hs, cache, offset)?;
+        self.feed_forward_residual(&hs)
+    }
+
+    /// The streams plus this layer's per-layer embedding of `tokens` (unchanged on a layer
+    /// without one); advances the PLE's n-gram context and conv window.
+    pub fn add_per_layer_embedding(
+        &self,
+        hs: &Tensor,
+        tokens: &[u32],
+        cache: &mut LayerCache,
+    ) -> Result<Tensor> {
+        let Some(ple) = &self.ple else {
+            return Ok(hs.clone());
         };
+        let LayerCache::Gdn(c) = cache else {
+            bail!("cache does not belong to this model");
+        };
+        let state = c
+            .ple
+            .as_mut()
+            .ok_or_else(|| anyhow!("cache lacks the per-layer embedding state"))?;
+        candle_op(hs.add(&ple.forward(hs, tokens, state)?))
+    }
+
+    /// The attention hyper-connection, the mixer (GDN or QSA) and its injection into the
+    /// streams; advances the mixer's cache.
+    pub fn mixer_residual(
+        &self,
+        hs: &Tensor,
+        cache: &mut LayerCache,
+        offset: usize,
+    ) -> Result<Tensor> {
+        let (x, w) = self.attn_hc.forward(hs)?;
         let w = w.ok_or_else(|| anyhow!("attention hyper-connection without injection"))?;
         let y = match (&self.mixer, cache) {
             (Qwen4Mixer::Gdn(m), LayerCache::Gdn(c)) => {
@@ -224,10 +244,14 @@ impl Qwen4ExpLayer {
             }
             _ => bail!("cache does not belong to this model"),
         };
-        let hs = HyperConnection::inject(&hs, &y, &w)?;
-        let (x, w) = self.mlp_hc.forward(&hs)?;
+        HyperConnection::inject(hs, &y, &w)
+    }
+
+    /// The MoE hyper-connection, the MoE block and its injection into the streams.
+    pub fn feed_forward_residual(&self, hs: &Tensor) -> Result<Tensor> {
+        let (x, w) = self.mlp_hc.forward(hs)?;
         let w = w.ok_or_else(|| anyhow!("MoE hyper-connection without injection"))?;
         let y = self.moe.forward(&x.unsqueeze(0)?)?.squeeze(0)?;
-        HyperConnection::inject(&hs, &y, &w)
+        HyperConnection::inject(hs, &y, &w)
     }
 }

@@ -5,11 +5,18 @@
 //! Layout: `tokens` (u32 `[n]`, the prompt the state follows), `layers.{i}.conv` and
 //! `layers.{i}.state` for a GDN layer, `layers.{i}.keys` and `layers.{i}.values`
 //! (`[1, Nkv, n, Dh]`) for an attention layer; metadata `format`, `format_version` and the
-//! identity's fields.
+//! identity's fields. Version 2 adds `qwen4_exp`'s state: `layers.{i}.ple_window` (f32
+//! `[(K−1)·N, S·H]`, the PLE conv window) on a GDN layer with per-layer embeddings, and
+//! `layers.{i}.index_keys` (f32 `[n div c + n mod c, Di]`: the QSA indexer's pooled block
+//! keys, then the raw keys of the incomplete block) on a QSA layer. The n-gram context is
+//! not stored: it is the last `N − 1` of the tokens (eos before the first), so it is rebuilt
+//! from `tokens`. A version-1 file is a version-2 file without these, and still loads.
 
 use super::identity::ModelIdentity;
 use super::snapshot::{LayerSnapshot, Snapshot};
 use crate::cache::LayerCache;
+use crate::layers::ple::PleState;
+use crate::layers::qsa_indexer::IndexerCache;
 use crate::{Cache, Model};
 use anyhow::{bail, ensure, Context, Result};
 use candle_core::{DType, Device, Tensor};
@@ -19,8 +26,10 @@ use std::path::{Path, PathBuf};
 
 /// The `format` metadata value of a prompt-cache file.
 pub const SNAPSHOT_FORMAT: &str = "qwen-gdn-prompt-cache";
-/// Bumped whenever the layout changes; a file of another version is refused.
-pub const SNAPSHOT_FORMAT_VERSION: &str = "1";
+/// Bumped whenever the layout changes; the version written.
+pub const SNAPSHOT_FORMAT_VERSION: &str = "2";
+/// The versions read: 1 is 2 without the `qwen4_exp` tensors (no other family has them).
+const READABLE_VERSIONS: [&str; 2] = ["1", "2"];
 
 /// Writes the state of `cache`, which has processed exactly `tokens`, to `path` (through a
 /// temporary file, so a crash never leaves half a file). Replaces an earlier prompt-cache
@@ -45,29 +54,34 @@ pub fn save_snapshot(
         );
     }
     let snapshot = Snapshot::capture(cache)?;
-    ensure!(
-        !holds_qwen4_exp_state(&snapshot),
-        "{}: {QWEN4_EXP_NOT_IN_FILES}",
-        path.display()
-    );
     let mut tensors: BTreeMap<String, Tensor> = BTreeMap::new();
     tensors.insert(
         "tokens".into(),
         Tensor::from_slice(tokens, tokens.len(), &Device::Cpu)?,
     );
     for (i, layer) in snapshot.layers.iter().enumerate() {
-        let named: Vec<(&str, &Tensor)> = match layer {
-            LayerSnapshot::Gdn { conv, state, .. } => {
-                [("conv", conv.as_ref()), ("state", state.as_ref())]
-                    .into_iter()
-                    .filter_map(|(n, t)| Some((n, t?)))
-                    .collect()
-            }
+        let mut named: Vec<(&str, Tensor)> = match layer {
+            LayerSnapshot::Gdn {
+                conv, state, ple, ..
+            } => [
+                ("conv", conv.as_ref()),
+                ("state", state.as_ref()),
+                ("ple_window", ple.as_ref().map(|p| &p.window)),
+            ]
+            .into_iter()
+            .filter_map(|(n, t)| Some((n, t?.clone())))
+            .collect(),
             LayerSnapshot::Attention { kv, .. } => kv
                 .iter()
-                .flat_map(|(k, v)| [("keys", k), ("values", v)])
+                .flat_map(|(k, v)| [("keys", k.clone()), ("values", v.clone())])
                 .collect(),
         };
+        if let LayerSnapshot::Attention {
+            indexer: Some(ix), ..
+        } = layer
+        {
+            named.push(("index_keys", index_keys_tensor(ix)?));
+        }
         for (name, t) in named {
             tensors.insert(format!("layers.{i}.{name}"), t.to_device(&Device::Cpu)?);
         }
@@ -104,10 +118,6 @@ pub fn load_snapshot(
     identity: &ModelIdentity,
 ) -> Result<(Vec<u32>, Snapshot)> {
     let shown = path.display();
-    ensure!(
-        model.config().qwen4_exp.is_none(),
-        "{shown}: {QWEN4_EXP_NOT_IN_FILES}"
-    );
     let expected = ExpectedShapes::of(model)?;
     let max_tokens = model.config().max_position_embeddings;
     let limit = expected.file_bytes(max_tokens);
@@ -127,9 +137,10 @@ pub fn load_snapshot(
         field("format")
     );
     ensure!(
-        field("format_version") == SNAPSHOT_FORMAT_VERSION,
-        "{shown}: prompt cache format version {}, this qwen-gdn reads version {SNAPSHOT_FORMAT_VERSION}",
-        field("format_version")
+        READABLE_VERSIONS.contains(&field("format_version")),
+        "{shown}: prompt cache format version {}, this qwen-gdn reads versions {}",
+        field("format_version"),
+        READABLE_VERSIONS.join(" and ")
     );
     for (key, ours) in identity.fields() {
         ensure!(
@@ -189,13 +200,28 @@ pub fn load_snapshot(
                 state_dtype,
                 conv,
                 state,
+                ple,
             } => LayerSnapshot::Gdn {
                 state_dtype: *state_dtype,
                 conv: Some(load(format!("layers.{i}.conv"), conv.0, conv.1.clone())?),
                 state: Some(load(format!("layers.{i}.state"), state.0, state.1.clone())?),
-                ple: None,
+                ple: match ple {
+                    Some(initial) => Some(PleState {
+                        context: context_after(&initial.context, &tokens),
+                        window: load(
+                            format!("layers.{i}.ple_window"),
+                            initial.window.dtype(),
+                            initial.window.dims().to_vec(),
+                        )?,
+                    }),
+                    None => None,
+                },
             },
-            ExpectedLayer::Attention { dtype, per_token } => {
+            ExpectedLayer::Attention {
+                dtype,
+                per_token,
+                indexer,
+            } => {
                 let mut dims = per_token.clone();
                 dims[2] = n;
                 LayerSnapshot::Attention {
@@ -203,7 +229,25 @@ pub fn load_snapshot(
                         load(format!("layers.{i}.keys"), *dtype, dims.clone())?,
                         load(format!("layers.{i}.values"), *dtype, dims)?,
                     )),
-                    indexer: None,
+                    indexer: match indexer {
+                        Some(shape) => {
+                            let (blocks, tail) = (n / shape.ratio, n % shape.ratio);
+                            let keys = load(
+                                format!("layers.{i}.index_keys"),
+                                DType::F32,
+                                vec![blocks + tail, shape.dim],
+                            )?
+                            .to_device(&Device::Cpu)?
+                            .to_vec2::<f32>()?;
+                            let (blocks, tail) = keys.split_at(blocks);
+                            Some(IndexerCache {
+                                blocks: blocks.to_vec(),
+                                tail: tail.to_vec(),
+                                len: n,
+                            })
+                        }
+                        None => None,
+                    },
                 }
             }
         });
@@ -239,9 +283,23 @@ enum ExpectedLayer {
         state_dtype: gdn_ops::StateDtype,
         conv: (DType, Vec<usize>),
         state: (DType, Vec<usize>),
+        /// `qwen4_exp` PLE layers: a fresh state (the initial n-gram context, the window's
+        /// shape and dtype).
+        ple: Option<PleState>,
     },
     /// Key (and value) dtype and dims for one position.
-    Attention { dtype: DType, per_token: Vec<usize> },
+    Attention {
+        dtype: DType,
+        per_token: Vec<usize>,
+        /// `qwen4_exp` QSA layers.
+        indexer: Option<IndexShape>,
+    },
+}
+
+/// The indexer's keys: `dim` floats each, one block key per `ratio` tokens.
+struct IndexShape {
+    dim: usize,
+    ratio: usize,
 }
 
 impl ExpectedShapes {
@@ -256,19 +314,46 @@ impl ExpectedShapes {
                 .context("a layer kept no state after one token")?;
             Ok((t.dtype(), t.dims().to_vec()))
         };
+        let ratio = model
+            .config()
+            .qwen4_exp
+            .as_ref()
+            .and_then(|q| q.qsa)
+            .map(|q| q.compress_ratio);
+        let fresh = model.qwen4_exp().map(|d| &d.layers);
         let layers = probe
             .layers
             .iter()
-            .map(|layer| -> Result<ExpectedLayer> {
+            .enumerate()
+            .map(|(i, layer)| -> Result<ExpectedLayer> {
                 Ok(match layer {
                     LayerCache::Gdn(c) => ExpectedLayer::Gdn {
                         state_dtype: c.state_dtype,
                         conv: shape(&c.conv)?,
                         state: shape(&c.state)?,
+                        ple: fresh
+                            .and_then(|layers| layers.get(i)?.ple.as_ref())
+                            .map(|p| p.new_state())
+                            .transpose()?,
                     },
                     LayerCache::Attention(c) => {
                         let (dtype, per_token) = shape(&c.keys())?;
-                        ExpectedLayer::Attention { dtype, per_token }
+                        let indexer = match (&c.indexer, ratio) {
+                            (Some(ix), Some(ratio)) => Some(IndexShape {
+                                dim: ix
+                                    .tail
+                                    .first()
+                                    .context("the QSA indexer kept no key after one token")?
+                                    .len(),
+                                ratio,
+                            }),
+                            _ => None,
+                        };
+                        ExpectedLayer::Attention {
+                            dtype,
+                            per_token,
+                            indexer,
+                        }
                     }
                 })
             })
@@ -285,9 +370,23 @@ impl ExpectedShapes {
             .layers
             .iter()
             .map(|layer| match layer {
-                ExpectedLayer::Gdn { conv, state, .. } => bytes(conv) + bytes(state),
-                ExpectedLayer::Attention { dtype, per_token } => {
-                    2 * bytes(&(*dtype, per_token.clone())) * tokens as u64
+                ExpectedLayer::Gdn {
+                    conv, state, ple, ..
+                } => {
+                    let window = ple
+                        .as_ref()
+                        .map_or(0, |p| bytes(&(p.window.dtype(), p.window.dims().to_vec())));
+                    bytes(conv) + bytes(state) + window
+                }
+                ExpectedLayer::Attention {
+                    dtype,
+                    per_token,
+                    indexer,
+                } => {
+                    let index = indexer
+                        .as_ref()
+                        .map_or(0, |ix| (4 * ix.dim * (tokens / ix.ratio + ix.ratio)) as u64);
+                    2 * bytes(&(*dtype, per_token.clone())) * tokens as u64 + index
                 }
             })
             .sum();
@@ -295,15 +394,36 @@ impl ExpectedShapes {
     }
 }
 
-/// The file layout has no place for these yet (in-memory snapshots hold them).
-const QWEN4_EXP_NOT_IN_FILES: &str =
-    "prompt-cache files do not hold qwen4_exp state (n-gram context, PLE conv window, QSA indexer keys) yet";
+/// The indexer's keys as one `[blocks + tail, Di]` f32 tensor: the pooled block keys, then
+/// the raw keys of the incomplete block (never empty: a saved cache has run a token).
+fn index_keys_tensor(ix: &IndexerCache) -> Result<Tensor> {
+    let rows = ix.blocks.len() + ix.tail.len();
+    let dim = ix
+        .blocks
+        .iter()
+        .chain(&ix.tail)
+        .map(Vec::len)
+        .next()
+        .unwrap_or(0);
+    ensure!(
+        ix.blocks.iter().chain(&ix.tail).all(|k| k.len() == dim),
+        "QSA indexer keys of unequal widths"
+    );
+    let flat: Vec<f32> = ix
+        .blocks
+        .iter()
+        .chain(&ix.tail)
+        .flatten()
+        .copied()
+        .collect();
+    Ok(Tensor::from_vec(flat, (rows, dim), &Device::Cpu)?)
+}
 
-fn holds_qwen4_exp_state(snapshot: &Snapshot) -> bool {
-    snapshot.layers.iter().any(|layer| match layer {
-        LayerSnapshot::Gdn { ple, .. } => ple.is_some(),
-        LayerSnapshot::Attention { indexer, .. } => indexer.is_some(),
-    })
+/// The n-gram context after `tokens` from a fresh `initial` one: its last `initial.len()`
+/// ids (the PLE keeps the last `N − 1` tokens, eos before the first).
+fn context_after(initial: &[u32], tokens: &[u32]) -> Vec<u32> {
+    let all: Vec<u32> = initial.iter().chain(tokens).copied().collect();
+    all[all.len() - initial.len()..].to_vec()
 }
 
 /// Whether `path` is a prompt-cache file, reading only its header.

@@ -15,6 +15,10 @@ pub const CHECKPOINTS: [&str; 5] = [
     "qwen3.5-moe-tiny-hf",
 ];
 
+/// The `qwen4_exp` fixtures (references from transformers fp32, not mlx-lm): the raw HF layout
+/// and the mlx-vlm 4-bit layout. Their end-to-end gates are in tests/qwen4_exp.rs.
+pub const QWEN4_EXP: [&str; 2] = ["qwen4-exp-tiny-hf", "qwen4-exp-tiny-4bit"];
+
 /// The checkpoints whose references carry per-layer activations.
 pub const LAYERED: [&str; 3] = [
     "qwen3-next-tiny-4bit",

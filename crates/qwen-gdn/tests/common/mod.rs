@@ -13,6 +13,10 @@ pub fn repo_root() -> PathBuf {
         .unwrap()
 }
 
+/// The `qwen4_exp` fixtures: the raw HF layout and the mlx-vlm 4-bit layout (references from
+/// transformers fp32).
+pub const QWEN4_EXP: [&str; 2] = ["qwen4-exp-tiny-hf", "qwen4-exp-tiny-4bit"];
+
 /// A tiny checkpoint under models/ (made by scripts/gen_fixtures.py).
 pub fn fixture(name: &str) -> PathBuf {
     let dir = repo_root().join("models").join(name);
