@@ -57,6 +57,7 @@
 #include <type_traits>
 
 #include "params/gated_delta_chunk.h"
+#include "cuda_convert.h"
 
 namespace gdn_chunk {
 
@@ -93,23 +94,8 @@ __host__ __device__ constexpr int out_smem_floats(int dk) {
   return kChunk * ld_rows(dk) + out_slab_floats(dk) + kChunk * kLdX + kChunk * kLdV + 2 * kChunk;
 }
 
-template <typename T>
-__device__ __forceinline__ float to_f32(T x);
-template <>
-__device__ __forceinline__ float to_f32<float>(float x) { return x; }
-template <>
-__device__ __forceinline__ float to_f32<__half>(__half x) { return __half2float(x); }
-template <>
-__device__ __forceinline__ float to_f32<__nv_bfloat16>(__nv_bfloat16 x) { return __bfloat162float(x); }
-
-template <typename T>
-__device__ __forceinline__ T from_f32(float x);
-template <>
-__device__ __forceinline__ float from_f32<float>(float x) { return x; }
-template <>
-__device__ __forceinline__ __half from_f32<__half>(float x) { return __float2half_rn(x); }
-template <>
-__device__ __forceinline__ __nv_bfloat16 from_f32<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
+using cuda_convert::from_f32;
+using cuda_convert::to_f32;
 
 using Acc = wmma::fragment<wmma::accumulator, 16, 16, 8, float>;
 template <typename Layout_>
