@@ -252,12 +252,10 @@ fn shipped_grouped_kernel_matches_the_per_expert_reference() {
         Err(e) => Some(format!("[{}] {e}", c.label)),
         Ok(y) => check(c, &y).map(|bad| format!("[{}] {bad}", c.label)),
     });
-    assert!(
-        failures.is_empty(),
-        "{} of {} emulated launches disagree with the reference:\n{}",
-        failures.len(),
+    common::assert_no_failures(
+        &failures,
         jobs.len(),
-        failures.join("\n")
+        "emulated launches disagree with the reference",
     );
 }
 

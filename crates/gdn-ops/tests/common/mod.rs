@@ -17,6 +17,6 @@ pub use compare::{
 pub use dtype::{tensor, St, Ty, TYPES};
 pub use gpu::{gpu, tolerance};
 pub use harness_input::Input;
-pub use parallel::failures;
+pub use parallel::{assert_no_failures, failures};
 pub use random::{random_matrix, Rng};
 pub use reference::candle_nn_rms_norm;
