@@ -166,6 +166,21 @@ __device__ __forceinline__ void stage(float* rows, int ld, const InT* src, size_
   }
 }
 
+// The decay mask of a 64x64 product in xs, by the whole block: entry (i, j) on or below the
+// diagonal (strictly below when kStrict) times row_scale(i) * exp(gcum[i] - gcum[j]); the rest
+// of the diagonal 16x16 tiles cleared (the tiles above them are never read).
+template <bool kStrict, typename RowScale>
+__device__ __forceinline__ void decay_mask(float* xs, const float* gcum, int tid, RowScale row_scale) {
+  for (int e = tid; e < kChunk * kChunk; e += kThreads) {
+    const int i = e / kChunk, j = e % kChunk;
+    if (kStrict ? j < i : j <= i) {
+      xs[i * kLdX + j] *= row_scale(i) * expf(gcum[i] - gcum[j]);
+    } else if (j / 16 == i / 16) {
+      xs[i * kLdX + j] = 0.0f;
+    }
+  }
+}
+
 // f16 and bf16 values are exact in TF32 (10-bit mantissa, 8-bit exponent): K, Q and V tiles of
 // such activations need no split; f32 ones do.
 template <typename InT>
@@ -234,15 +249,8 @@ __device__ void prep_kernel(const InT* __restrict__ k, const InT* __restrict__ v
     wmma::store_matrix_sync(xs + 16 * mi * kLdX + 16 * mj, acc, kLdX, wmma::mem_row_major);
   }
   __syncthreads();
-  // -L; the upper part of the diagonal tiles cleared (the tiles above are never read).
-  for (int e = tid; e < kChunk * kChunk; e += kThreads) {
-    const int i = e / kChunk, j = e % kChunk;
-    if (j < i) {
-      xs[i * kLdX + j] *= -betas[i] * expf(gcum[i] - gcum[j]);
-    } else if (j / 16 == i / 16) {
-      xs[i * kLdX + j] = 0.0f;
-    }
-  }
+  // -L; the upper part of the diagonal tiles cleared.
+  decay_mask<true>(xs, gcum, tid, [&](int i) { return -betas[i]; });
   __syncthreads();
 
   // A's diagonal blocks, (I + L_mm)^-1: warp m, lane c < 16 owns column c (forward substitution).
@@ -427,14 +435,7 @@ __device__ void out_kernel(const InT* __restrict__ q, const InT* __restrict__ k,
     wmma::store_matrix_sync(xs + 16 * mi * kLdX + 16 * mj, acc, kLdX, wmma::mem_row_major);
   }
   __syncthreads();
-  for (int e = tid; e < kChunk * kChunk; e += kThreads) {
-    const int i = e / kChunk, j = e % kChunk;
-    if (j <= i) {
-      xs[i * kLdX + j] *= expf(gcum[i] - gcum[j]);
-    } else if (j / 16 == i / 16) {
-      xs[i * kLdX + j] = 0.0f;
-    }
-  }
+  decay_mask<false>(xs, gcum, tid, [](int) { return 1.0f; });
   // K is not read again: its room takes the slabs.
   __syncthreads();
 
