@@ -186,6 +186,20 @@ __device__ __forceinline__ void decay_mask(float* xs, const float* gcum, int tid
 template <typename InT>
 constexpr bool kSplitIn = std::is_same<InT, float>::value;
 
+// The lower 16x16 tiles of a b^T into xs, a and b 64 rows of dk columns (pitch ldk) each, by
+// the block's warps (no barrier).
+template <typename InT>
+__device__ __forceinline__ void lower_product(float* xs, const float* a, const float* b, int ldk, int dk, int warp) {
+  for (int job = warp; job < 10; job += kWarps) {
+    int mi, mj;
+    lower_tile(job, mi, mj);
+    Acc acc;
+    wmma::fill_fragment(acc, 0.0f);
+    mma_f32<Row, Col, kSplitIn<InT>, kSplitIn<InT>>(acc, a + 16 * mi * ldk, ldk, b + 16 * mj * ldk, ldk, dk);
+    wmma::store_matrix_sync(xs + 16 * mi * kLdX + 16 * mj, acc, kLdX, wmma::mem_row_major);
+  }
+}
+
 // ---- Pass 1: per (chunk, value head), all in parallel: gcum, A, w, u -----------------------
 template <typename InT>
 __device__ void prep_kernel(const InT* __restrict__ k, const InT* __restrict__ v, const float* __restrict__ g,
@@ -240,14 +254,7 @@ __device__ void prep_kernel(const InT* __restrict__ k, const InT* __restrict__ v
   __syncthreads();
 
   // K K^T, lower tiles.
-  for (int job = warp; job < 10; job += kWarps) {
-    int mi, mj;
-    lower_tile(job, mi, mj);
-    Acc acc;
-    wmma::fill_fragment(acc, 0.0f);
-    mma_f32<Row, Col, kSplitIn<InT>, kSplitIn<InT>>(acc, ks + 16 * mi * ldk, ldk, ks + 16 * mj * ldk, ldk, dk);
-    wmma::store_matrix_sync(xs + 16 * mi * kLdX + 16 * mj, acc, kLdX, wmma::mem_row_major);
-  }
+  lower_product<InT>(xs, ks, ks, ldk, dk, warp);
   __syncthreads();
   // -L; the upper part of the diagonal tiles cleared.
   decay_mask<true>(xs, gcum, tid, [&](int i) { return -betas[i]; });
@@ -426,14 +433,7 @@ __device__ void out_kernel(const InT* __restrict__ q, const InT* __restrict__ k,
   __syncthreads();
 
   // P = Q K^T (.) G_i/G_j, j <= i.
-  for (int job = warp; job < 10; job += kWarps) {
-    int mi, mj;
-    lower_tile(job, mi, mj);
-    Acc acc;
-    wmma::fill_fragment(acc, 0.0f);
-    mma_f32<Row, Col, kSplitIn<InT>, kSplitIn<InT>>(acc, qs + 16 * mi * ldk, ldk, ks + 16 * mj * ldk, ldk, dk);
-    wmma::store_matrix_sync(xs + 16 * mi * kLdX + 16 * mj, acc, kLdX, wmma::mem_row_major);
-  }
+  lower_product<InT>(xs, qs, ks, ldk, dk, warp);
   __syncthreads();
   decay_mask<false>(xs, gcum, tid, [](int) { return 1.0f; });
   // K is not read again: its room takes the slabs.
