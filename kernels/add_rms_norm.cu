@@ -15,23 +15,12 @@
 #include <stdint.h>
 
 #include "params/add_rms_norm.h"
+#include "cuda_convert.h"
 
 namespace add_rms_norm {
 
-__device__ __forceinline__ float to_f32(float v) { return v; }
-__device__ __forceinline__ float to_f32(__half v) { return __half2float(v); }
-__device__ __forceinline__ float to_f32(__nv_bfloat16 v) { return __bfloat162float(v); }
-
-template <typename T>
-__device__ __forceinline__ T from_f32(float v);
-template <>
-__device__ __forceinline__ float from_f32<float>(float v) { return v; }
-template <>
-__device__ __forceinline__ __half from_f32<__half>(float v) { return __float2half_rn(v); }
-template <>
-__device__ __forceinline__ __nv_bfloat16 from_f32<__nv_bfloat16>(float v) {
-  return __float2bfloat16_rn(v);
-}
+using cuda_convert::from_f32;
+using cuda_convert::to_f32;
 
 template <typename T>
 __device__ void run(const T* residual, const T* delta, const T* weight, T* sum, T* normed,

@@ -39,23 +39,12 @@
 #include <stdint.h>
 
 #include "params/affine.h"
+#include "cuda_convert.h"
 
 namespace affine {
 
-__device__ __forceinline__ float to_f32(float v) { return v; }
-__device__ __forceinline__ float to_f32(__half v) { return __half2float(v); }
-__device__ __forceinline__ float to_f32(__nv_bfloat16 v) { return __bfloat162float(v); }
-
-template <typename T>
-__device__ __forceinline__ T from_f32(float v);
-template <>
-__device__ __forceinline__ float from_f32<float>(float v) { return v; }
-template <>
-__device__ __forceinline__ __half from_f32<__half>(float v) { return __float2half_rn(v); }
-template <>
-__device__ __forceinline__ __nv_bfloat16 from_f32<__nv_bfloat16>(float v) {
-  return __float2bfloat16_rn(v);
-}
+using cuda_convert::from_f32;
+using cuda_convert::to_f32;
 
 // Element j of a packed row: bits j*bits .. j*bits + bits - 1 of the row's bitstream.
 __device__ __forceinline__ uint32_t element(const uint32_t* row, uint32_t j, uint32_t bits) {

@@ -45,6 +45,7 @@
 #include <stdint.h>
 
 #include "params/affine_grouped.h"
+#include "cuda_convert.h"
 
 namespace affine_grouped {
 
@@ -69,20 +70,8 @@ constexpr int kSmemBytes = 2 * kTileM * kLdK * 2 + kTileM * kLdOut * 4;
 static_assert(2 * kTileM * kLdK * 4 <= kSmemBytes, "the f32 operands fit");
 static_assert(kTileM == kTileN, "x and weight tiles share a shape");
 
-__device__ __forceinline__ float to_f32(float v) { return v; }
-__device__ __forceinline__ float to_f32(__half v) { return __half2float(v); }
-__device__ __forceinline__ float to_f32(__nv_bfloat16 v) { return __bfloat162float(v); }
-
-template <typename T>
-__device__ __forceinline__ T from_f32(float v);
-template <>
-__device__ __forceinline__ float from_f32<float>(float v) { return v; }
-template <>
-__device__ __forceinline__ __half from_f32<__half>(float v) { return __float2half_rn(v); }
-template <>
-__device__ __forceinline__ __nv_bfloat16 from_f32<__nv_bfloat16>(float v) {
-  return __float2bfloat16_rn(v);
-}
+using cuda_convert::from_f32;
+using cuda_convert::to_f32;
 
 // The values of one packed word, w = s * q + b, rounded once into X.
 template <uint32_t BITS, typename X>

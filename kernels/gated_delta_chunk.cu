@@ -57,6 +57,7 @@
 #include <type_traits>
 
 #include "params/gated_delta_chunk.h"
+#include "cuda_convert.h"
 
 namespace gdn_chunk {
 
@@ -93,23 +94,8 @@ __host__ __device__ constexpr int out_smem_floats(int dk) {
   return kChunk * ld_rows(dk) + out_slab_floats(dk) + kChunk * kLdX + kChunk * kLdV + 2 * kChunk;
 }
 
-template <typename T>
-__device__ __forceinline__ float to_f32(T x);
-template <>
-__device__ __forceinline__ float to_f32<float>(float x) { return x; }
-template <>
-__device__ __forceinline__ float to_f32<__half>(__half x) { return __half2float(x); }
-template <>
-__device__ __forceinline__ float to_f32<__nv_bfloat16>(__nv_bfloat16 x) { return __bfloat162float(x); }
-
-template <typename T>
-__device__ __forceinline__ T from_f32(float x);
-template <>
-__device__ __forceinline__ float from_f32<float>(float x) { return x; }
-template <>
-__device__ __forceinline__ __half from_f32<__half>(float x) { return __float2half_rn(x); }
-template <>
-__device__ __forceinline__ __nv_bfloat16 from_f32<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
+using cuda_convert::from_f32;
+using cuda_convert::to_f32;
 
 using Acc = wmma::fragment<wmma::accumulator, 16, 16, 8, float>;
 template <typename Layout_>
@@ -180,10 +166,39 @@ __device__ __forceinline__ void stage(float* rows, int ld, const InT* src, size_
   }
 }
 
+// The decay mask of a 64x64 product in xs, by the whole block: entry (i, j) on or below the
+// diagonal (strictly below when kStrict) times row_scale(i) * exp(gcum[i] - gcum[j]); the rest
+// of the diagonal 16x16 tiles cleared (the tiles above them are never read).
+template <bool kStrict, typename RowScale>
+__device__ __forceinline__ void decay_mask(float* xs, const float* gcum, int tid, RowScale row_scale) {
+  for (int e = tid; e < kChunk * kChunk; e += kThreads) {
+    const int i = e / kChunk, j = e % kChunk;
+    if (kStrict ? j < i : j <= i) {
+      xs[i * kLdX + j] *= row_scale(i) * expf(gcum[i] - gcum[j]);
+    } else if (j / 16 == i / 16) {
+      xs[i * kLdX + j] = 0.0f;
+    }
+  }
+}
+
 // f16 and bf16 values are exact in TF32 (10-bit mantissa, 8-bit exponent): K, Q and V tiles of
 // such activations need no split; f32 ones do.
 template <typename InT>
 constexpr bool kSplitIn = std::is_same<InT, float>::value;
+
+// The lower 16x16 tiles of a b^T into xs, a and b 64 rows of dk columns (pitch ldk) each, by
+// the block's warps (no barrier).
+template <typename InT>
+__device__ __forceinline__ void lower_product(float* xs, const float* a, const float* b, int ldk, int dk, int warp) {
+  for (int job = warp; job < 10; job += kWarps) {
+    int mi, mj;
+    lower_tile(job, mi, mj);
+    Acc acc;
+    wmma::fill_fragment(acc, 0.0f);
+    mma_f32<Row, Col, kSplitIn<InT>, kSplitIn<InT>>(acc, a + 16 * mi * ldk, ldk, b + 16 * mj * ldk, ldk, dk);
+    wmma::store_matrix_sync(xs + 16 * mi * kLdX + 16 * mj, acc, kLdX, wmma::mem_row_major);
+  }
+}
 
 // ---- Pass 1: per (chunk, value head), all in parallel: gcum, A, w, u -----------------------
 template <typename InT>
@@ -239,24 +254,10 @@ __device__ void prep_kernel(const InT* __restrict__ k, const InT* __restrict__ v
   __syncthreads();
 
   // K K^T, lower tiles.
-  for (int job = warp; job < 10; job += kWarps) {
-    int mi, mj;
-    lower_tile(job, mi, mj);
-    Acc acc;
-    wmma::fill_fragment(acc, 0.0f);
-    mma_f32<Row, Col, kSplitIn<InT>, kSplitIn<InT>>(acc, ks + 16 * mi * ldk, ldk, ks + 16 * mj * ldk, ldk, dk);
-    wmma::store_matrix_sync(xs + 16 * mi * kLdX + 16 * mj, acc, kLdX, wmma::mem_row_major);
-  }
+  lower_product<InT>(xs, ks, ks, ldk, dk, warp);
   __syncthreads();
-  // -L; the upper part of the diagonal tiles cleared (the tiles above are never read).
-  for (int e = tid; e < kChunk * kChunk; e += kThreads) {
-    const int i = e / kChunk, j = e % kChunk;
-    if (j < i) {
-      xs[i * kLdX + j] *= -betas[i] * expf(gcum[i] - gcum[j]);
-    } else if (j / 16 == i / 16) {
-      xs[i * kLdX + j] = 0.0f;
-    }
-  }
+  // -L; the upper part of the diagonal tiles cleared.
+  decay_mask<true>(xs, gcum, tid, [&](int i) { return -betas[i]; });
   __syncthreads();
 
   // A's diagonal blocks, (I + L_mm)^-1: warp m, lane c < 16 owns column c (forward substitution).
@@ -432,23 +433,9 @@ __device__ void out_kernel(const InT* __restrict__ q, const InT* __restrict__ k,
   __syncthreads();
 
   // P = Q K^T (.) G_i/G_j, j <= i.
-  for (int job = warp; job < 10; job += kWarps) {
-    int mi, mj;
-    lower_tile(job, mi, mj);
-    Acc acc;
-    wmma::fill_fragment(acc, 0.0f);
-    mma_f32<Row, Col, kSplitIn<InT>, kSplitIn<InT>>(acc, qs + 16 * mi * ldk, ldk, ks + 16 * mj * ldk, ldk, dk);
-    wmma::store_matrix_sync(xs + 16 * mi * kLdX + 16 * mj, acc, kLdX, wmma::mem_row_major);
-  }
+  lower_product<InT>(xs, qs, ks, ldk, dk, warp);
   __syncthreads();
-  for (int e = tid; e < kChunk * kChunk; e += kThreads) {
-    const int i = e / kChunk, j = e % kChunk;
-    if (j <= i) {
-      xs[i * kLdX + j] *= expf(gcum[i] - gcum[j]);
-    } else if (j / 16 == i / 16) {
-      xs[i * kLdX + j] = 0.0f;
-    }
-  }
+  decay_mask<false>(xs, gcum, tid, [](int) { return 1.0f; });
   // K is not read again: its room takes the slabs.
   __syncthreads();
 

@@ -20,10 +20,14 @@ fn main() {
         std::env::var("CUDA_COMPUTE_CAP").unwrap_or_else(|_| "90".into())
     );
     let kernels = Path::new("../../kernels");
-    // The parameter headers every .cu includes.
+    // The parameter headers and the conversions every .cu includes.
     println!(
         "cargo:rerun-if-changed={}",
         kernels.join("params").display()
+    );
+    println!(
+        "cargo:rerun-if-changed={}",
+        kernels.join("cuda_convert.h").display()
     );
     let mut sources: Vec<_> = std::fs::read_dir(kernels)
         .expect("kernels/ beside the crates")

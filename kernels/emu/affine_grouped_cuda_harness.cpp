@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "cuda_emu.h"
+#include "block_shared.h"
 
 #include "../affine_grouped.cu"
 
@@ -49,18 +50,13 @@ void run(const Case& c) {
   Buffer<uint> tiles("tiles", c.tiles, Kind::kInput);
   Buffer<X> y("y", std::size_t(p.pairs) * p.rows, Kind::kOutput);
   const std::size_t floats = affine_grouped::kSmemBytes / 4;
-  Buffer<float> shared("shared memory", floats + 32, Kind::kInPlace);
-  // 128-byte aligned, as __align__(128) __shared__ memory.
-  float* smem = reinterpret_cast<float*>((reinterpret_cast<std::uintptr_t>(shared.data()) + 127) & ~std::uintptr_t(127));
+  BlockShared shared(floats);
   const uint3 groups{p.tiles, (p.rows + affine_grouped::kTileN - 1) / affine_grouped::kTileN, 1};
   metal_emu::dispatch_threadgroups(groups, uint3{affine_grouped::kThreads, 1, 1}, [&](const metal_emu::ThreadIds& id) {
-    // Thread 0 runs first in every block: fresh poison for each.
-    if (id.thread_index_in_threadgroup == 0) {
-      for (std::size_t i = 0; i < floats; ++i) smem[i] = std::numeric_limits<float>::quiet_NaN();
-    }
+    shared.poison(id);
     affine_grouped::grouped_kernel<X, S>(packed.data(), scales.data(), biases.data(), x.data(), tiles.data(), y.data(),
                                          p, int(id.thread_index_in_threadgroup), id.threadgroup_position_in_grid.x,
-                                         id.threadgroup_position_in_grid.y, reinterpret_cast<unsigned char*>(smem));
+                                         id.threadgroup_position_in_grid.y, reinterpret_cast<unsigned char*>(shared.smem));
   });
   packed.check();
   scales.check();

@@ -1,10 +1,7 @@
 // Runs the shipped kernels/attn_decode.metal on the CPU through metal_emu.h. Used by
 // crates/gdn-ops/tests/attn_decode_emulation.rs.
 //
-// stdin, little-endian: "ADECEMU1", u32 type (0 f32, 1 f16, 2 bf16), batch B, q_heads Nq,
-// kv_heads Nkv, head_dim Dh, capacity cap, pos, simdgroups S, splits P, f32 scale; then f32 q
-// [B, Nq, Dh], gate [B, Nq*Dh], keys and values [B, Nkv, cap, Dh].
-// stdout: f32 out [B, Nq*Dh].
+// stdin and stdout: kernels/emu/attn_decode_case.h (shared with the CUDA bodies' harness).
 //
 // The launch geometry is crates/gdn-ops/src/ops/attn_decode/metal.rs's: threadgroups
 // (Nq, B, 1) of (32, S, 1) threads with S * (2 + Dh) floats of threadgroup memory (the
@@ -20,17 +17,11 @@
 #include "metal_math.h"
 
 #include "../attn_decode.metal"
+#include "attn_decode_case.h"
 
 namespace {
 
-using guarded::Buffer;
-using guarded::Kind;
-
-struct Case {
-  AttnDecodeParams p;
-  uint pos;
-  std::vector<float> q, gate, keys, values;
-};
+using attn_decode_case::Case;
 
 template <class T>
 using Kernel = void (*)(const device T*, const device T*, const device T*, const device T*,
@@ -49,17 +40,10 @@ using CombineKernel = void (*)(const device float*, const device T*, device T*, 
 template <class T>
 void run(const Case& c, Kernel<T> kernel, SplitKernel<T> split, CombineKernel<T> combine) {
   const AttnDecodeParams& p = c.p;
-  Buffer<T> q("q", c.q.size(), Kind::kInput);
-  Buffer<T> gate("gate", c.gate.size(), Kind::kInput);
-  Buffer<T> keys("keys", c.keys.size(), Kind::kInput);
-  Buffer<T> values("values", c.values.size(), Kind::kInput);
-  Buffer<uint> pos("pos", 1, Kind::kInput);
-  Buffer<T> out("out", c.q.size(), Kind::kOutput);
-  q.fill(c.q);
-  gate.fill(c.gate);
-  keys.fill(c.keys);
-  values.fill(c.values);
-  pos.fill(std::vector<uint>{c.pos});
+  attn_decode_case::Buffers<T> b(c);
+  auto &q = b.q, &gate = b.gate, &keys = b.keys, &values = b.values, &out = b.out;
+  auto& pos = b.pos;
+  auto& partials = b.partials;
   // AttnDecodeDims::scratch_bytes: rounded up to 16 bytes, as Metal requires.
   const std::size_t scratch_bytes = (std::size_t(p.simdgroups) * (2 + p.head_dim) * sizeof(float) + 15) / 16 * 16;
   constant AttnDecodeParams& params = *(constant AttnDecodeParams*)&p;
@@ -72,10 +56,6 @@ void run(const Case& c, Kernel<T> kernel, SplitKernel<T> split, CombineKernel<T>
                  id.simdgroup_index_in_threadgroup, id.thread_index_in_simdgroup);
         });
   } else {
-    // Written by the split pass, every float of it (NaN until then, so a record it skips
-    // poisons the result).
-    Buffer<float> partials("partials", std::size_t(p.batch) * p.q_heads * p.splits * (2 + p.head_dim),
-                           Kind::kOutput);
     metal_emu::dispatch_threadgroups(
         uint3{p.q_heads, p.batch, p.splits}, uint3{32, p.simdgroups, 1}, scratch_bytes,
         [&](const metal_emu::ThreadIds& id) {
@@ -88,42 +68,16 @@ void run(const Case& c, Kernel<T> kernel, SplitKernel<T> split, CombineKernel<T>
       combine((const device float*)partials.data(), (const device T*)gate.data(), (device T*)out.data(), params,
               id.threadgroup_position_in_grid, id.thread_index_in_simdgroup);
     });
-    partials.check();
   }
-  q.check();
-  gate.check();
-  keys.check();
-  values.check();
-  pos.check();
-  out.check();
-  out.write_f32();
+  b.check_and_write();
 }
 
 }  // namespace
 
 int main() {
   guarded::install_fault_handler("attn_decode_harness");
-  guarded::expect_magic("ADECEMU1");
-  const auto h = guarded::read_raw<std::uint32_t>(10);
-  Case c;
-  const std::uint32_t type = h[0];
-  float scale;
-  std::memcpy(&scale, &h[9], 4);
-  c.p = AttnDecodeParams{h[1], h[2], h[3], h[4], h[5], h[7], h[8], scale};
-  c.pos = h[6];
-  const AttnDecodeParams& p = c.p;
-  if (type > 2 || p.batch == 0 || p.kv_heads == 0 || p.q_heads % p.kv_heads != 0 || p.head_dim % 32 != 0 ||
-      p.head_dim == 0 || p.head_dim > 256 || p.capacity == 0 || p.simdgroups == 0 || p.splits == 0 || p.splits > 65535) {
-    guarded::die("bad header");
-  }
-  const std::size_t q_len = std::size_t(p.batch) * p.q_heads * p.head_dim;
-  const std::size_t kv = std::size_t(p.batch) * p.kv_heads * p.capacity * p.head_dim;
-  c.q = guarded::read_raw<float>(q_len);
-  c.gate = guarded::read_raw<float>(q_len);
-  c.keys = guarded::read_raw<float>(kv);
-  c.values = guarded::read_raw<float>(kv);
-  guarded::expect_end();
-  switch (type) {
+  const Case c = attn_decode_case::read();
+  switch (c.type) {
     case 0: run<float>(c, attn_decode_f32, attn_decode_split_f32, attn_decode_combine_f32); break;
     case 1: run<half>(c, attn_decode_f16, attn_decode_split_f16, attn_decode_combine_f16); break;
     case 2: run<bfloat>(c, attn_decode_bf16, attn_decode_split_bf16, attn_decode_combine_bf16); break;

@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "cuda_emu.h"
+#include "block_shared.h"
 
 // The entry points' extern __shared__ array (never used here: the harness passes its own).
 extern "C" {
@@ -42,23 +43,6 @@ using guarded::Kind;
 struct Case {
   GdnChunkParams p;
   std::vector<float> q, k, v, g, beta, state, mask;
-};
-
-// 128-byte aligned shared memory of `floats` floats, as __align__(128) extern __shared__ memory.
-struct Shared {
-  Buffer<float> buffer;
-  float* smem;
-  std::size_t floats;
-  explicit Shared(int n)
-      : buffer("shared memory", std::size_t(n) + 32, Kind::kInPlace),
-        smem(reinterpret_cast<float*>((reinterpret_cast<std::uintptr_t>(buffer.data()) + 127) & ~std::uintptr_t(127))),
-        floats(std::size_t(n)) {}
-  // Thread 0 runs first in every block: fresh poison for each.
-  void poison(const metal_emu::ThreadIds& id) {
-    if (id.thread_index_in_threadgroup == 0) {
-      for (std::size_t i = 0; i < floats; ++i) smem[i] = std::numeric_limits<float>::quiet_NaN();
-    }
-  }
 };
 
 template <class InT, class StT>
@@ -82,7 +66,7 @@ void run(const Case& c) {
   const unsigned n_heads = p.batch * p.value_heads;
   const uint3 threads{gdn_chunk::kThreads, 1, 1};
   {
-    Shared shared(gdn_chunk::prep_smem_floats(int(p.key_dim), int(p.value_dim)));
+    BlockShared shared(gdn_chunk::prep_smem_floats(int(p.key_dim), int(p.value_dim)));
     metal_emu::dispatch_threadgroups(uint3{p.chunks, n_heads, 1}, threads, [&](const metal_emu::ThreadIds& id) {
       shared.poison(id);
       gdn_chunk::prep_kernel<InT>(k.data(), v.data(), g.data(), beta.data(), mask_or_null, gcum.data(), w.data(),
@@ -91,7 +75,7 @@ void run(const Case& c) {
     });
   }
   {
-    Shared shared(gdn_chunk::state_smem_floats(int(p.key_dim)));
+    BlockShared shared(gdn_chunk::state_smem_floats(int(p.key_dim)));
     metal_emu::dispatch_threadgroups(uint3{p.value_dim / gdn_chunk::kBlockV, n_heads, 1}, threads,
                                      [&](const metal_emu::ThreadIds& id) {
                                        shared.poison(id);
@@ -102,7 +86,7 @@ void run(const Case& c) {
                                      });
   }
   {
-    Shared shared(gdn_chunk::out_smem_floats(int(p.key_dim)));
+    BlockShared shared(gdn_chunk::out_smem_floats(int(p.key_dim)));
     metal_emu::dispatch_threadgroups(uint3{p.chunks, n_heads, 1}, threads, [&](const metal_emu::ThreadIds& id) {
       shared.poison(id);
       gdn_chunk::out_kernel<InT>(q.data(), k.data(), gcum.data(), h.data(), u.data(), mask_or_null, y.data(), p,

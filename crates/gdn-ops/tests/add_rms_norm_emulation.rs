@@ -103,13 +103,7 @@ fn shipped_add_rms_norm_kernels_match_the_cpu_twin() {
             )
         })
     });
-    assert!(
-        failures.is_empty(),
-        "{} of {} cases fail:\n{}",
-        failures.len(),
-        cases.len(),
-        failures.join("\n")
-    );
+    common::assert_no_failures(&failures, cases.len(), "cases fail");
 }
 
 /// What the C++ build cannot see: the buffer indices, the parameter struct the host

@@ -51,16 +51,6 @@ struct Case {
     seed: u64,
 }
 
-fn offsets(counts: &[usize]) -> Vec<u32> {
-    let mut at = 0u32;
-    let mut offsets = vec![0];
-    for &c in counts {
-        at += c as u32;
-        offsets.push(at);
-    }
-    offsets
-}
-
 /// Runs the kernel's body on one case; `None` when it matches the twin.
 fn check(c: &Case) -> Option<String> {
     let mut rng = Rng::xorshift(c.seed);
@@ -72,7 +62,7 @@ fn check(c: &Case) -> Option<String> {
         [experts, c.rows, c.cols],
         c.scales.dtype(),
     );
-    let offsets = offsets(&c.counts);
+    let offsets = common::row_offsets(&c.counts);
     let pairs = *offsets.last().unwrap() as usize;
     let x = rng.tensor_as(&[pairs, c.cols], -1.0, 1.0, c.x.dtype());
     let twin = AffineTensor::upload(&m, &Device::Cpu).unwrap();
@@ -239,7 +229,7 @@ fn the_twin_is_the_spec() {
     let mut rng = Rng::xorshift(0x5EED_A6FF);
     let m = random_matrix(&mut rng, 4, 32, [3, 8, 64], DType::BF16);
     let counts = [2, 0, 3];
-    let offsets = offsets(&counts);
+    let offsets = common::row_offsets(&counts);
     let x = rng.tensor_as(&[5, 64], -1.0, 1.0, DType::BF16);
     let twin = AffineTensor::upload(&m, &Device::Cpu).unwrap();
     let got = values(&twin.grouped_matmul_t(&x, &offsets).unwrap());

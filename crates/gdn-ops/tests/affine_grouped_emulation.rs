@@ -23,9 +23,10 @@ mod emu;
 
 use common::{random_matrix, Input, Rng, Ty, TYPES};
 use gdn_ops::affine::AffineMatrix;
+use gdn_ops::ops::affine::grouped::check_offsets;
 use gdn_ops::ops::affine::grouped_tiles::{
-    check_offsets, tile_schedule, AffineGroupedParams, GroupedTile, GROUPED_SCRATCH_BYTES,
-    GROUPED_THREADS, GROUPED_TILE_COLS, GROUPED_TILE_ROWS,
+    tile_schedule, AffineGroupedParams, GroupedTile, GROUPED_SCRATCH_BYTES, GROUPED_THREADS,
+    GROUPED_TILE_COLS, GROUPED_TILE_ROWS,
 };
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
@@ -251,12 +252,10 @@ fn shipped_grouped_kernel_matches_the_per_expert_reference() {
         Err(e) => Some(format!("[{}] {e}", c.label)),
         Ok(y) => check(c, &y).map(|bad| format!("[{}] {bad}", c.label)),
     });
-    assert!(
-        failures.is_empty(),
-        "{} of {} emulated launches disagree with the reference:\n{}",
-        failures.len(),
+    common::assert_no_failures(
+        &failures,
         jobs.len(),
-        failures.join("\n")
+        "emulated launches disagree with the reference",
     );
 }
 

@@ -185,13 +185,7 @@ fn run_all(harness: &Path, kind: &str) {
     let failures: Vec<String> = failures(&jobs, |&(ty, s, seed)| {
         check(harness, ty, s, seed).map(|e| format!("{kind} attn_decode_{} {s:?}: {e}", ty.name()))
     });
-    assert!(
-        failures.is_empty(),
-        "{} of {} cases fail:\n{}",
-        failures.len(),
-        jobs.len(),
-        failures.join("\n")
-    );
+    common::assert_no_failures(&failures, jobs.len(), "cases fail");
 }
 
 /// What the C++ build cannot see: the buffer and threadgroup-memory indices, the parameter

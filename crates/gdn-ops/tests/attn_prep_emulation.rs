@@ -145,13 +145,7 @@ fn shipped_attn_prep_kernels_match_the_cpu_twin() {
     let failures: Vec<String> = failures(&jobs, |&(ty, s, seed)| {
         check(ty, s, seed).map(|e| format!("attn_prep_{} {s:?}: {e}", ty.name()))
     });
-    assert!(
-        failures.is_empty(),
-        "{} of {} cases fail:\n{}",
-        failures.len(),
-        jobs.len(),
-        failures.join("\n")
-    );
+    common::assert_no_failures(&failures, jobs.len(), "cases fail");
 }
 
 /// What the C++ build cannot see: the buffer indices, the parameter struct the host

@@ -19,16 +19,6 @@ use gdn_ops::ops::affine::AffineTensor;
 
 const DTYPES: [DType; 3] = [DType::F32, DType::F16, DType::BF16];
 
-fn offsets(counts: &[usize]) -> Vec<u32> {
-    let mut at = 0u32;
-    let mut offsets = vec![0];
-    for &c in counts {
-        at += c as u32;
-        offsets.push(at);
-    }
-    offsets
-}
-
 /// One case on the GPU and the CPU; also checks that the GPU ran one launch.
 #[allow(clippy::too_many_arguments)]
 fn check(
@@ -42,7 +32,7 @@ fn check(
     scale_dtype: DType,
 ) {
     let m = random_matrix(rng, bits, group, [counts.len(), rows, cols], scale_dtype);
-    let offsets = offsets(counts);
+    let offsets = common::row_offsets(counts);
     let pairs = *offsets.last().unwrap() as usize;
     let x = rng.tensor_as(&[pairs, cols], -1.0, 1.0, x_dtype);
     let cpu = AffineTensor::upload(&m, &Device::Cpu).unwrap();

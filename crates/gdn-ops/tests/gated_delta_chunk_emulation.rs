@@ -104,19 +104,21 @@ fn kernel_abi_in_source() {
         "gated_delta_chunk.metal must take GdnChunkParams from kernels/params/gated_delta_chunk.h"
     );
     // Each pass's buffers in metal_chunked.rs's binding order, the params after them.
-    let mut from = 0;
-    for buffers in [
-        &["k", "v", "g", "beta", "mask", "gcum", "w", "u", "p"][..],
-        &["k", "gcum", "w", "u", "h", "state", "p"][..],
-        &["q", "k", "gcum", "h", "v_new", "mask", "y", "p"][..],
+    for (kernel, buffers) in [
+        (
+            "#define GDN_CHUNK_PREP_KERNEL(",
+            &["k", "v", "g", "beta", "mask", "gcum", "w", "u", "p"][..],
+        ),
+        (
+            "#define GDN_CHUNK_STATE_KERNEL(",
+            &["k", "gcum", "w", "u", "h", "state", "p"][..],
+        ),
+        (
+            "#define GDN_CHUNK_OUT_KERNEL(",
+            &["q", "k", "gcum", "h", "v_new", "mask", "y", "p"][..],
+        ),
     ] {
-        for (i, name) in buffers.iter().enumerate() {
-            let needle = format!("{name} [[buffer({i})]]");
-            let at = flat[from..]
-                .find(&needle)
-                .unwrap_or_else(|| panic!("`{needle}` missing or out of order"));
-            from += at + needle.len();
-        }
+        emu::assert_buffers(&flat, kernel, buffers);
     }
     let ty = |n: &str| match n {
         "f32" => "float",

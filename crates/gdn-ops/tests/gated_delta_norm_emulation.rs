@@ -382,29 +382,18 @@ fn kernel_abi_in_source() {
     );
     let flat = emu::strip_block_comments(&emu::shipped_source("kernels/gated_delta_norm.metal"));
     assert!(flat.contains("#include \"params/gated_delta_norm.h\""));
-    let buffers = [
-        "q", "k", "v", "g", "beta", "state", "z", "weight", "out", "p",
-    ];
-    let mut from = flat
-        .find("#define GDN_NORM_KERNEL(")
-        .expect("GDN_NORM_KERNEL macro");
-    for (i, name) in buffers.iter().enumerate() {
-        let needle = format!("{name} [[buffer({i})]]");
-        let at = flat[from..]
-            .find(&needle)
-            .unwrap_or_else(|| panic!("`{needle}` missing or out of order"));
-        from += at + needle.len();
-    }
-    let needle = "threadgroup float* partial [[threadgroup(0)]]";
-    let at = flat[from..]
-        .find(needle)
-        .unwrap_or_else(|| panic!("`{needle}` missing"));
-    from += at + needle.len();
-    let body_end = flat[from..].find('{').map_or(flat.len(), |e| from + e);
-    assert!(
-        !flat[from..body_end].contains("[[buffer("),
-        "more buffers than the host binds"
+    let start = "#define GDN_NORM_KERNEL(";
+    emu::assert_buffers(
+        &flat,
+        start,
+        &[
+            "q", "k", "v", "g", "beta", "state", "z", "weight", "out", "p",
+        ],
     );
+    let needle = "threadgroup float* partial [[threadgroup(0)]]";
+    let kernel = &flat[flat.find(start).unwrap()..];
+    let body = &kernel[..kernel.find('{').unwrap_or(kernel.len())];
+    assert!(body.contains(needle), "`{needle}` missing");
     let bfloat_block: String = flat
         .split("#if defined(__HAVE_BFLOAT__)")
         .skip(1)

@@ -438,15 +438,11 @@ fn kernel_abi_in_source() {
         flat.contains("#include \"params/gated_delta.h\""),
         "gated_delta.metal must take GdnParams from kernels/params/gated_delta.h"
     );
-    let mut from = 0;
-    let buffers = ["q", "k", "v", "g", "beta", "state", "y", "mask", "p"];
-    for (i, name) in buffers.iter().enumerate() {
-        let needle = format!("{name} [[buffer({i})]]");
-        let at = flat[from..]
-            .find(&needle)
-            .unwrap_or_else(|| panic!("`{needle}` missing or out of order"));
-        from += at + needle.len();
-    }
+    emu::assert_buffers(
+        &flat,
+        "#define GDN_KERNEL(",
+        &["q", "k", "v", "g", "beta", "state", "y", "mask", "p"],
+    );
     for (inp, st) in INSTANTIATIONS {
         let ty = |n: &str| match n {
             "f32" => "float",

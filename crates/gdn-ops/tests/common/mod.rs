@@ -1,11 +1,12 @@
 //! Shared by the fused kernels' tests (CPU twin, emulation, CUDA): activation types, the GPU and
-//! its tolerances,
+//! its tolerances, the grouped matmul's row offsets,
 //! reproducible random inputs, running cases on two threads, the harness input encoding, and the tolerance checks.
 #![allow(dead_code, unused_imports)]
 
 pub mod compare;
 pub mod dtype;
 pub mod gpu;
+pub mod grouped;
 pub mod harness_input;
 pub mod parallel;
 pub mod random;
@@ -16,7 +17,8 @@ pub use compare::{
 };
 pub use dtype::{tensor, St, Ty, TYPES};
 pub use gpu::{gpu, tolerance};
+pub use grouped::row_offsets;
 pub use harness_input::Input;
-pub use parallel::failures;
+pub use parallel::{assert_no_failures, failures};
 pub use random::{random_matrix, Rng};
 pub use reference::candle_nn_rms_norm;

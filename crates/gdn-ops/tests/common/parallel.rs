@@ -14,3 +14,14 @@ pub fn failures<C: Sync>(cases: &[C], check: impl Fn(&C) -> Option<String> + Syn
             .collect()
     })
 }
+
+/// Fails the test when any of `cases` cases failed: "N of M `what`:", then the failures, one
+/// a line.
+pub fn assert_no_failures(failures: &[String], cases: usize, what: &str) {
+    assert!(
+        failures.is_empty(),
+        "{} of {cases} {what}:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
+}

@@ -61,16 +61,20 @@ pub fn tile_pairs_for(offsets: &[u32]) -> usize {
 /// flattened; each expert's rows cut into tiles of at most `tile_pairs`, experts without
 /// rows left out (no block reads their weights).
 pub fn tile_schedule(offsets: &[u32], tile_pairs: usize) -> Vec<u32> {
-    let mut tiles = vec![];
-    for (e, span) in offsets.windows(2).enumerate() {
-        let mut first = span[0];
-        while first < span[1] {
-            let count = (span[1] - first).min(tile_pairs as u32);
-            tiles.extend([e as u32, first, count]);
-            first += count;
-        }
-    }
-    tiles
+    expert_tiles(offsets, tile_pairs)
+        .flat_map(|(e, first, end)| [e, first, end - first])
+        .collect()
+}
+
+/// Each expert's rows of checked offsets cut into runs of at most `height` (> 0), experts in
+/// order, experts without rows left out: `(expert, first row, end row)` per run. The tile
+/// schedules of the CUDA and Metal kernels, which differ in tile height and layout.
+pub fn expert_tiles(offsets: &[u32], height: usize) -> impl Iterator<Item = (u32, u32, u32)> + '_ {
+    offsets.windows(2).enumerate().flat_map(move |(e, span)| {
+        (span[0]..span[1])
+            .step_by(height)
+            .map(move |first| (e as u32, first, (first + height as u32).min(span[1])))
+    })
 }
 
 impl AffineTensor {
@@ -142,31 +146,39 @@ impl AffineTensor {
             "{OP}: input and weights are on different devices"
         );
         let pairs = x.dim(0)?;
-        ensure!(
-            offsets.len() == self.experts + 1,
-            "{OP}: {} offsets for {} experts (expected experts + 1)",
-            offsets.len(),
-            self.experts
-        );
-        ensure!(
-            offsets[0] == 0,
-            "{OP}: the offsets start at {}, not 0",
-            offsets[0]
-        );
-        if let Some(e) = offsets.windows(2).position(|s| s[1] < s[0]) {
-            anyhow::bail!(
-                "{OP}: offsets decrease at expert {e} ({} then {})",
-                offsets[e],
-                offsets[e + 1]
-            );
-        }
-        ensure!(
-            offsets[self.experts] as usize == pairs,
-            "{OP}: the offsets end at {}, but x has {pairs} rows",
-            offsets[self.experts]
-        );
+        check_offsets(offsets, self.experts, pairs)?;
         Ok(pairs)
     }
+}
+
+/// Checks that `offsets` splits `pairs` rows among `experts` experts: `experts + 1` entries,
+/// from 0, never decreasing, ending at `pairs`. Every backend's kernel (and its emulation)
+/// relies on it.
+pub fn check_offsets(offsets: &[u32], experts: usize, pairs: usize) -> Result<()> {
+    const OP: &str = "grouped matmul";
+    ensure!(
+        offsets.len() == experts + 1,
+        "{OP}: {} offsets for {experts} experts (expected experts + 1)",
+        offsets.len()
+    );
+    ensure!(
+        offsets[0] == 0,
+        "{OP}: the offsets start at {}, not 0",
+        offsets[0]
+    );
+    if let Some(e) = offsets.windows(2).position(|s| s[1] < s[0]) {
+        anyhow::bail!(
+            "{OP}: offsets decrease at expert {e} ({} then {})",
+            offsets[e],
+            offsets[e + 1]
+        );
+    }
+    ensure!(
+        offsets[experts] as usize == pairs,
+        "{OP}: the offsets end at {}, but x has {pairs} rows",
+        offsets[experts]
+    );
+    Ok(())
 }
 
 /// The CPU twin: per expert with rows, its weights dequantized and rounded once into x's

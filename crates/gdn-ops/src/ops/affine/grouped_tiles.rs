@@ -1,9 +1,10 @@
 //! The launch contract of the grouped quantized matmul kernel (`kernels/affine_grouped.metal`):
 //! its tile sizes, its parameter and tile structs (mirrors of `kernels/params/affine_grouped_metal.h`),
-//! the check of the experts' row offsets, and the tile schedule the host builds from them.
+//! and the tile schedule the host builds from offsets checked by
+//! [`check_offsets`](super::grouped::check_offsets).
 //! Backend-neutral, so that the emulation test feeds the kernel the schedule the host builds.
 
-use anyhow::{ensure, Result};
+use super::grouped::expert_tiles;
 
 /// Rows of x (one expert's) per tile, the kernel's `kTileM`.
 pub const GROUPED_TILE_ROWS: usize = 32;
@@ -39,50 +40,15 @@ pub struct GroupedTile {
     pub row_end: u32,
 }
 
-/// Checks that `offsets` splits `x_rows` rows among `experts` experts: `experts + 1` entries,
-/// from 0, never decreasing, ending at `x_rows`.
-pub fn check_offsets(offsets: &[u32], experts: usize, x_rows: usize) -> Result<()> {
-    ensure!(
-        offsets.len() == experts + 1,
-        "grouped expert matmul: {} row offsets for {experts} experts (expected {})",
-        offsets.len(),
-        experts + 1
-    );
-    ensure!(
-        offsets[0] == 0,
-        "grouped expert matmul: the first row offset is {}, not 0",
-        offsets[0]
-    );
-    if let Some(e) = offsets.windows(2).position(|w| w[1] < w[0]) {
-        anyhow::bail!(
-            "grouped expert matmul: row offsets decrease at expert {e} ({} then {})",
-            offsets[e],
-            offsets[e + 1]
-        );
-    }
-    ensure!(
-        offsets[experts] as usize == x_rows,
-        "grouped expert matmul: the row offsets end at {} but x has {x_rows} rows",
-        offsets[experts]
-    );
-    Ok(())
-}
-
 /// One tile per run of up to [`GROUPED_TILE_ROWS`] rows of one expert, experts in order; an
-/// expert without rows has none. `offsets` must have passed [`check_offsets`].
+/// expert without rows has none. `offsets` must have passed
+/// [`check_offsets`](super::grouped::check_offsets).
 pub fn tile_schedule(offsets: &[u32]) -> Vec<GroupedTile> {
-    let step = GROUPED_TILE_ROWS as u32;
-    offsets
-        .windows(2)
-        .enumerate()
-        .flat_map(|(e, w)| {
-            (w[0]..w[1])
-                .step_by(GROUPED_TILE_ROWS)
-                .map(move |b| GroupedTile {
-                    expert: e as u32,
-                    row_begin: b,
-                    row_end: (b + step).min(w[1]),
-                })
+    expert_tiles(offsets, GROUPED_TILE_ROWS)
+        .map(|(expert, row_begin, row_end)| GroupedTile {
+            expert,
+            row_begin,
+            row_end,
         })
         .collect()
 }
@@ -94,7 +60,7 @@ mod tests {
     #[test]
     fn tiles_cover_every_row_once_in_runs_of_one_expert() {
         let offsets = [0, 0, 1, 33, 33, 98, 130];
-        check_offsets(&offsets, 6, 130).unwrap();
+        super::super::grouped::check_offsets(&offsets, 6, 130).unwrap();
         let tiles = tile_schedule(&offsets);
         let t = |expert, row_begin, row_end| GroupedTile {
             expert,
@@ -113,20 +79,5 @@ mod tests {
             ]
         );
         assert!(tile_schedule(&[0, 0, 0]).is_empty());
-    }
-
-    #[test]
-    fn bad_offsets_are_one_line_errors() {
-        for (offsets, experts, rows, says) in [
-            (&[0, 3][..], 2, 3, "2 row offsets for 2 experts"),
-            (&[1, 3, 3][..], 2, 3, "first row offset is 1"),
-            (&[0, 4, 3][..], 2, 3, "decrease at expert 1"),
-            (&[0, 1, 2][..], 2, 3, "end at 2 but x has 3 rows"),
-        ] {
-            let e = check_offsets(offsets, experts, rows)
-                .unwrap_err()
-                .to_string();
-            assert!(e.contains(says) && !e.contains('\n'), "{e}");
-        }
     }
 }

@@ -5,9 +5,9 @@
 //! The launch geometry here is what `kernels/emu/affine_grouped_harness.cpp` emulates; change
 //! both together.
 
+use super::grouped::check_offsets;
 use super::grouped_tiles::{
-    check_offsets, tile_schedule, AffineGroupedParams, GROUPED_SCRATCH_BYTES, GROUPED_THREADS,
-    GROUPED_TILE_COLS,
+    tile_schedule, AffineGroupedParams, GROUPED_SCRATCH_BYTES, GROUPED_THREADS, GROUPED_TILE_COLS,
 };
 use super::AffineTensor;
 use crate::backend::dtype_tag;

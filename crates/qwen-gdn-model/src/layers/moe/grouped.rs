@@ -20,10 +20,10 @@
 
 use super::super::norm::contiguous;
 use super::groups::ExpertGroups;
-use super::{weighted_sum, StackedExperts};
+use super::{swiglu_halves, weighted_sum, StackedExperts};
 use anyhow::{bail, Result};
-use candle_core::{Device, Tensor, D};
-use gdn_ops::launches::{candle_op, candle_ops};
+use candle_core::{Device, Tensor};
+use gdn_ops::launches::candle_op;
 use gdn_ops::ops::affine::MATVEC_MAX_ROWS;
 
 /// How the device plan runs a prefill chunk's quantized expert products.
@@ -136,13 +136,7 @@ impl StackedExperts {
             |x, ids| Ok(self.gate_up.gather_matmul_t(x, ids)?.squeeze(1)?),
             |e, x| self.gate_up.expert(e)?.matmul_t(x),
         )?; // [P, 2·Im]
-        let act = candle_ops(
-            2,
-            gate_up
-                .narrow(D::Minus1, 0, inner)?
-                .silu()?
-                .mul(&gate_up.narrow(D::Minus1, inner, inner)?),
-        )?;
+        let act = swiglu_halves(&gate_up, inner)?;
         let down = groups.products(
             &act,
             |x, ids| Ok(self.down.gather_matmul_t(x, ids)?.squeeze(1)?),
@@ -171,13 +165,7 @@ impl StackedExperts {
         let inner = self.gate_up.rows / 2;
         let rows = groups.gather(x)?; // [P, H], sorted by expert
         let gate_up = self.gate_up.grouped_matmul_t(&rows, &offsets)?; // [P, 2·Im]
-        let act = candle_ops(
-            2,
-            gate_up
-                .narrow(D::Minus1, 0, inner)?
-                .silu()?
-                .mul(&gate_up.narrow(D::Minus1, inner, inner)?),
-        )?;
+        let act = swiglu_halves(&gate_up, inner)?;
         let down = self.down.grouped_matmul_t(&act, &offsets)?; // [P, H]
         let down = groups
             .scatter(&down)?

@@ -26,7 +26,7 @@ use crate::weights::{Checkpoint, Matrix, Product, Weight};
 use crate::Config;
 use anyhow::Result;
 use candle_core::{DType, Device, Tensor, D};
-use gdn_ops::launches::candle_op;
+use gdn_ops::launches::{candle_op, candle_ops};
 pub use grouped::MoePrefill;
 pub use stacked::StackedExperts;
 
@@ -322,6 +322,18 @@ fn weighted_sum(down: &Tensor, weights: &Tensor, dtype: DType) -> Result<Tensor>
     let weighted =
         candle_op(cast(down, DType::F32)?.broadcast_mul(&weights.unsqueeze(D::Minus1)?))?;
     cast(&candle_op(weighted.sum(1))?, dtype)
+}
+
+/// SwiGLU of stacked gate-and-up products: the last dim of `gate_up` holds the `inner` gate
+/// values, then the `inner` up values; the result holds `silu(gate) · up` (two candle ops).
+fn swiglu_halves(gate_up: &Tensor, inner: usize) -> Result<Tensor> {
+    candle_ops(
+        2,
+        gate_up
+            .narrow(D::Minus1, 0, inner)?
+            .silu()?
+            .mul(&gate_up.narrow(D::Minus1, inner, inner)?),
+    )
 }
 
 #[cfg(test)]

@@ -15,7 +15,7 @@
 use super::super::linear::Linear;
 use super::super::mlp::Mlp;
 use super::super::norm::{cast, contiguous};
-use super::{top_k_on_device, weighted_sum};
+use super::{swiglu_halves, top_k_on_device, weighted_sum};
 use crate::weights::{Matrix, Weight};
 use anyhow::Result;
 use candle_core::{DType, Device, Tensor, D};
@@ -159,13 +159,7 @@ impl StackedExperts {
         let (ids, weights) = self.route_composed(&logits, top_k, renormalise)?;
         let inner = self.gate_up.rows / 2;
         let gate_up = self.gate_up.gather_matmul_t(x, &ids)?; // [N, S, 2·Im]
-        let act = candle_ops(
-            2,
-            gate_up
-                .narrow(D::Minus1, 0, inner)?
-                .silu()?
-                .mul(&gate_up.narrow(D::Minus1, inner, inner)?),
-        )?;
+        let act = swiglu_halves(&gate_up, inner)?;
         let down = self.down.gather_matmul_t(&act, &ids)?; // [N, S, H]
         weighted_sum(&down, &weights, x.dtype())
     }
