@@ -520,6 +520,10 @@ fn config_errors_and_notices() {
     assert!(parse_err(&j).contains("`ple_embed_dim` = 66"));
 
     let mut j = config_json();
+    j["text_config"]["ple_storage"] = serde_json::json!({"manifest": "tables.json"});
+    assert!(parse_err(&j).contains("`ple_storage` (n-gram tables in external files"));
+
+    let mut j = config_json();
     j["text_config"]["output_gate_type"] = "gelu".into();
     assert!(parse_err(&j).contains("output gate activation `gelu`"));
 

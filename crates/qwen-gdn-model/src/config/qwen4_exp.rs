@@ -419,6 +419,14 @@ fn parse_ple(
     if ids.is_empty() {
         return Ok(None);
     }
+    // mlx-vlm can move the tables out of the safetensors into files a JSON manifest names;
+    // without this check such a checkpoint would fail later as "tables missing".
+    if !matches!(text.get("ple_storage"), None | Some(Value::Null)) {
+        bail!(
+            "{origin}: `ple_storage` (n-gram tables in external files, mlx-vlm) is not supported yet: \
+             use a conversion that keeps the tables in the model's safetensors"
+        );
+    }
     if ids.len() > MAX_LAYERS {
         bail!("{origin}: `ple_layer_ids` has more than {MAX_LAYERS} entries");
     }

@@ -43,10 +43,16 @@ fn aligned(t: Tensor) -> Result<Tensor> {
     }
 }
 
+/// Whether the kernel covers these shapes: a key head dim that is a multiple of 32 from 32
+/// to 256.
+pub(crate) fn supports(dims: &GdnDims) -> bool {
+    dims.key_dim.is_multiple_of(32) && (32..=256).contains(&dims.key_dim)
+}
+
 pub(crate) fn gated_delta_update(dims: GdnDims, inputs: &Inputs, state: &Tensor) -> Result<Tensor> {
     let dev = cuda_device(state, OP)?;
     ensure!(
-        dims.key_dim.is_multiple_of(32) && (32..=256).contains(&dims.key_dim),
+        supports(&dims),
         "{OP}: the CUDA kernel needs a key head dim that is a multiple of 32 from 32 to 256 (got {})",
         dims.key_dim
     );

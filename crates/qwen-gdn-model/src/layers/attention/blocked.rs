@@ -137,7 +137,12 @@ pub(super) fn attend(
     let plan = BlockPlan::new(b, nq, s, t, budget_bytes);
     let q = contiguous(q)?;
     let mut blocks = Vec::with_capacity(s.div_ceil(plan.query_block));
-    for start in (0..s).step_by(plan.query_block) {
+    // The last block first: under the causal narrowing each block sees more keys than the one
+    // before, so in the natural order every block's buffers are larger than the ones just
+    // freed and a stream-ordered pool (CUDA's) reserves anew for each until the next sync;
+    // largest first, each block fits in what the previous one freed.
+    let starts: Vec<usize> = (0..s).step_by(plan.query_block).collect();
+    for &start in starts.iter().rev() {
         let n = plan.query_block.min(s - start);
         let rows = if n == s {
             q.clone()
@@ -180,6 +185,7 @@ pub(super) fn attend(
     if blocks.len() == 1 {
         return Ok(blocks.pop().expect("one block"));
     }
+    blocks.reverse();
     candle_ops(1, Tensor::cat(&blocks, 2))
 }
 
@@ -247,12 +253,17 @@ fn attend_tiled(q: &Tensor, k: &Tensor, v: &Tensor, tiles: &Tiles) -> Result<Ten
 thread_local! {
     /// The most scores one block of this thread's attention calls held (elements).
     static LARGEST_SCORES: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+    /// The sizes of this thread's score buffers, in the order they were made.
+    static SCORE_SIZES: std::cell::RefCell<Vec<usize>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
-/// Records the size of a block's scores (tests measure the largest).
+/// Records the size of a block's scores (tests measure the largest and the order).
 pub(super) fn note_scores(scores: &Tensor) {
     #[cfg(test)]
-    LARGEST_SCORES.with(|c| c.set(c.get().max(scores.elem_count())));
+    {
+        LARGEST_SCORES.with(|c| c.set(c.get().max(scores.elem_count())));
+        SCORE_SIZES.with(|v| v.borrow_mut().push(scores.elem_count()));
+    }
     let _ = scores;
 }
 

@@ -209,3 +209,20 @@ fn measured_scores_do_not_grow_with_the_context() {
     assert!(long <= short, "{short} at 1k keys, {long} at 8k");
     assert_eq!(largest(8192, usize::MAX), 8 * largest(1024, usize::MAX));
 }
+
+/// Causal query blocks run largest first, so that no block's scores outgrow the buffers the
+/// block before it freed (a stream-ordered allocator reuses them instead of reserving more).
+#[test]
+fn causal_blocks_run_largest_first() {
+    // Four query blocks of 64 (a budget of 64 queries' scores over all keys): no key tiles.
+    let (queries, keys, dtype) = (256, 1024, DType::F32);
+    let q = tensor(&[1, 4, queries, 32], 1.0, 1, dtype);
+    let k = tensor(&[1, 2, keys, 32], 1.0, 2, dtype);
+    let v = tensor(&[1, 2, keys, 32], 1.0, 3, dtype);
+    SCORE_SIZES.with(|v| v.borrow_mut().clear());
+    attend(&q, &k, &v, keys - queries, None, 64 * 4 * 4 * keys).unwrap();
+    let sizes = SCORE_SIZES.with(|v| v.borrow().clone());
+    assert!(sizes.len() > 1, "{sizes:?}");
+    assert!(sizes.windows(2).all(|w| w[0] >= w[1]), "{sizes:?}");
+    assert!(sizes[0] > sizes[sizes.len() - 1], "{sizes:?}");
+}
