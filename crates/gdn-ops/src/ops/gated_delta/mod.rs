@@ -355,9 +355,9 @@ fn update(
 }
 
 /// The recurrence on the host for shapes a GPU kernel does not cover (key head dims of tiny
-/// test models): inputs and state copied to the CPU, the CPU form, then y and the state copied
-/// back (the state in place, as the kernels update it). Real models never take it; a notice
-/// says so once.
+/// test models): the CPU form reads the inputs wherever they are and builds y on their device;
+/// only the state is copied to the host and back (in place, as the kernels update it). Real
+/// models never take it; a notice says so once.
 #[cfg(feature = "cuda")]
 fn on_host(dims: GdnDims, inputs: &Inputs, state: &Tensor) -> Result<Tensor> {
     static NOTICED: AtomicBool = AtomicBool::new(false);
@@ -367,23 +367,10 @@ fn on_host(dims: GdnDims, inputs: &Inputs, state: &Tensor) -> Result<Tensor> {
             state.device().location()
         );
     }
-    let cpu = Device::Cpu;
-    let [q, k, v, g, beta] =
-        [inputs.q, inputs.k, inputs.v, inputs.g, inputs.beta].map(|t| t.to_device(&cpu));
-    let mask = inputs.mask.map(|m| m.to_device(&cpu)).transpose()?;
-    let (q, k, v, g, beta) = (q?, k?, v?, g?, beta?);
-    let host_state = state.to_device(&cpu)?;
-    let host_inputs = Inputs {
-        q: &q,
-        k: &k,
-        v: &v,
-        g: &g,
-        beta: &beta,
-        mask: mask.as_ref(),
-    };
-    let y = cpu::gated_delta_update(dims, &host_inputs, &host_state)?;
+    let host_state = state.to_device(&Device::Cpu)?;
+    let y = cpu::gated_delta_update(dims, inputs, &host_state)?;
     state.slice_set(&host_state.to_device(state.device())?, 0, 0)?;
-    Ok(y.to_device(state.device())?)
+    Ok(y)
 }
 
 // ---- Chunked prefill on the GPUs: kernels/gated_delta_chunk.{metal,cu} -------------------

@@ -141,8 +141,7 @@ pub(super) fn attend(
     // before, so in the natural order every block's buffers are larger than the ones just
     // freed and a stream-ordered pool (CUDA's) reserves anew for each until the next sync;
     // largest first, each block fits in what the previous one freed.
-    let starts: Vec<usize> = (0..s).step_by(plan.query_block).collect();
-    for &start in starts.iter().rev() {
+    for start in (0..s).step_by(plan.query_block).rev() {
         let n = plan.query_block.min(s - start);
         let rows = if n == s {
             q.clone()
