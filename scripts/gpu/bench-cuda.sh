@@ -17,10 +17,14 @@
 #    and the decode roofline: bytes per decoded token (scripts/bench_vs_peers.py roofline) over
 #    the 1 GiB device copy bandwidth.
 # Logs go to $OUT; the last lines are the two tables. P, G, R, SKIP_KERNELS=1 and CKPT override.
+# PS="512 4096" runs the end-to-end part for each prompt length on one written checkpoint (one
+# table each); PROFILE=1 adds `bench --profile` (the time of each prefill phase, a table per
+# prompt length, saved as $OUT/profile-p<P>.txt and printed last).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 source scripts/gpu/common.sh
 P=${P:-512} G=${G:-128} R=${R:-3}
+PS=${PS:-$P}
 CKPT=${CKPT:-/tmp/qwen3-next-80b-a3b-4bit}
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/env.txt"
 
@@ -51,6 +55,7 @@ PY
 )
 echo "copy bandwidth: $(python3 -c "print(f'{$bandwidth / 1e9:.0f}')") GB/s"
 
+for P in $PS; do
 # Decode variants, each one bench run on the same checkpoint (VARIANTS overrides):
 #   graph    fused decode kernels, the step replayed as a CUDA graph (the default);
 #   eager    fused decode kernels, launched one by one (QWEN_GDN_CUDA_GRAPH=0);
@@ -67,6 +72,7 @@ for variant in $VARIANTS; do
   nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 500 >"$OUT/gpu_mem.txt" &
   smi=$!
   t0=$SECONDS
+  [ "${PROFILE:-0}" = 1 ] && [ "$variant" = graph ] && extra+=(--profile)
   env "${envs[@]}" "$bin/qwen-gdn" bench --model "$CKPT" --device cuda -p "$P" -g "$G" -r "$R" \
     "${extra[@]}" --json >"$OUT/bench-$variant.json" 2>"$OUT/bench-$variant.err"
   rc=$?
@@ -74,6 +80,10 @@ for variant in $VARIANTS; do
   echo "bench [$variant]: rc=$rc in $((SECONDS - t0)) s (loading included)"
   [ $rc -eq 0 ] || { tail -5 "$OUT/bench-$variant.err"; exit 1; }
   cp "$OUT/bench-$variant.json" "$OUT/bench.json"
+  cp "$OUT/bench-$variant.json" "$OUT/bench-$variant-p$P.json"
+  if grep -q "^prefill profile" "$OUT/bench-$variant.err"; then
+    sed -n '/^prefill profile/,$p' "$OUT/bench-$variant.err" >"$OUT/profile-p$P.txt"
+  fi
 done
 python3 scripts/bench_vs_peers.py roofline --model "$CKPT" --context $((P + G / 2)) >"$OUT/roofline.json"
 
@@ -101,8 +111,13 @@ print(f"decode bytes/token {r['bytes_per_token'] / 1e6:.1f} MB (weights {r['weig
       f"copy bandwidth {bw / 1e9:.0f} GB/s; peak GPU memory {mem / 1024:.1f} GiB; "
       f"peak host RSS {b['peak_memory_bytes'] / 1e9:.1f} GB")
 PY
+done
+
 if [ -s "$OUT/kernels.log" ]; then
   echo
   echo "== kernel table"
   tail -n 30 "$OUT/kernels.log"
 fi
+for f in "$OUT"/profile-p*.txt; do
+  [ -f "$f" ] && { echo; cat "$f"; }
+done

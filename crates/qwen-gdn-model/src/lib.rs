@@ -12,6 +12,7 @@ pub mod footprint;
 pub mod layers;
 pub mod load_progress;
 pub mod model;
+pub mod phase_profile;
 pub mod prompt_cache;
 mod warm_up;
 pub mod weights;

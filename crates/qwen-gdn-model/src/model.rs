@@ -11,6 +11,7 @@ use crate::layers::mlp::Mlp;
 use crate::layers::moe::{MoePrefill, SparseMoe};
 use crate::layers::norm::cast;
 use crate::layers::norm::RmsNorm;
+use crate::phase_profile::phase;
 use crate::weights::Checkpoint;
 use crate::{Config, LoadOptions, Plan, StateDtype};
 use anyhow::{bail, ensure, Result};
@@ -121,20 +122,26 @@ impl DecoderLayer {
         cache: &mut LayerCache,
         offset: usize,
     ) -> Result<Tensor> {
-        let x = self.input_norm.forward(h)?;
+        let device = h.device();
         match (&self.mixer, cache) {
-            (Mixer::Gdn(m), LayerCache::Gdn(c)) => m.forward(&x, c),
-            (Mixer::Attention(m), LayerCache::Attention(c)) => m.forward(&x, c, offset),
+            (Mixer::Gdn(m), LayerCache::Gdn(c)) => {
+                phase("gdn", device, || m.forward(&self.input_norm.forward(h)?, c))
+            }
+            (Mixer::Attention(m), LayerCache::Attention(c)) => phase("attention", device, || {
+                m.forward(&self.input_norm.forward(h)?, c, offset)
+            }),
             _ => bail!("cache does not belong to this model"),
         }
     }
 
     /// The feed-forward contribution: `mlp(post_attention_norm(h))`.
     pub fn feed_forward(&self, h: &Tensor) -> Result<Tensor> {
-        let x = self.post_norm.forward(h)?;
+        let device = h.device();
         match &self.feed_forward {
-            FeedForward::Dense(m) => m.forward(&x),
-            FeedForward::Moe(m) => m.forward(&x),
+            FeedForward::Dense(m) => {
+                phase("mlp", device, || m.forward(&self.post_norm.forward(h)?))
+            }
+            FeedForward::Moe(m) => phase("moe", device, || m.forward(&self.post_norm.forward(h)?)),
         }
     }
 
@@ -467,7 +474,7 @@ impl Model {
                 cache.offset += tokens.len();
                 return Ok(hs.unsqueeze(0)?);
             }
-            let mut h = self.embed(tokens)?;
+            let mut h = phase("embed", &self.device, || self.embed(tokens))?;
             for (layer, c) in self.layers.iter().zip(cache.layers.iter_mut()) {
                 let before = gdn_ops::launches::count();
                 h = layer.forward(&h, c, cache.offset)?;
@@ -483,7 +490,9 @@ impl Model {
     fn logits(&self, h: &Tensor) -> Result<Tensor> {
         self.on_host_workers(|| {
             let _q8 = gdn_ops::affine_q8::Scope::enter(self.q8_activations);
-            let logits = self.lm_head.forward(&self.final_norm(h)?)?;
+            let logits = phase("lm_head", &self.device, || {
+                self.lm_head.forward(&self.final_norm(h)?)
+            })?;
             crate::device_memory::sample(&self.device);
             cast(&logits.squeeze(0)?, DType::F32)
         })

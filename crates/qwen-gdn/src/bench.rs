@@ -71,6 +71,12 @@ pub struct Args {
     /// against the same request with an empty cache (-g is not used)
     #[arg(long, value_name = "N", value_parser = positive_usize)]
     prompt_cache: Option<usize>,
+    /// After the timed repetitions, one more prefill of the prompt with the device drained
+    /// around every phase of every layer, and the time of each phase printed to stderr (and
+    /// as `prefill_profile` in --json). The profiled run is slower; the reported speeds are
+    /// not affected
+    #[arg(long)]
+    profile: bool,
 }
 
 pub fn run(args: Args) -> Result<ExitCode> {
@@ -106,6 +112,13 @@ pub fn run(args: Args) -> Result<ExitCode> {
         tg.push(rate(g, gen_time));
     }
     let (pp, tg) = (Stats::new(pp), Stats::new(tg));
+    let profile = if args.profile {
+        Some(crate::bench_profile::profile_prefill(
+            &model, &prompt, chunk,
+        )?)
+    } else {
+        None
+    };
     let (peak, peak_source) = crate::memory::peak();
     let size = checkpoint_size(&checkpoint.dir)?;
     let state_dtype = match gdn_state_dtype(&model) {
@@ -113,6 +126,9 @@ pub fn run(args: Args) -> Result<ExitCode> {
         StateDtype::Bf16 => "bf16",
     };
 
+    if let Some(profile) = &profile {
+        eprint!("{}", profile.table());
+    }
     let mut out = std::io::stdout().lock();
     if args.json {
         let report = json!({
@@ -130,6 +146,10 @@ pub fn run(args: Args) -> Result<ExitCode> {
             "peak_memory_bytes": peak,
             "peak_memory_source": peak_source,
         });
+        let mut report = report;
+        if let Some(profile) = &profile {
+            report["prefill_profile"] = profile.json();
+        }
         emit(&mut out, &format!("{report}\n"))?;
     } else {
         let name = display_name(&args.model.model);

@@ -200,3 +200,110 @@ fn qwen4_exp_report(name: &str) {
     positive_finite(&report["prompt_tps"]["median"], "prompt_tps");
     positive_finite(&report["generation_tps"]["median"], "generation_tps");
 }
+
+/// `--profile` on the device plan with the grouped GEMM: every phase of the fixture's 4 GDN
+/// and 2 attention layers (and their MoE blocks) is timed once per prefill chunk, children
+/// inside their parents, and the phases inside the profiled prefill's own time.
+#[test]
+fn prefill_profile() {
+    let model = fixture("qwen3.5-moe-tiny-4bit");
+    let args = [
+        "bench",
+        "--model",
+        model.to_str().unwrap(),
+        "--dtype",
+        "bf16",
+        "-p",
+        "21",
+        "-g",
+        "1",
+        "-r",
+        "1",
+        "--prefill-chunk-size",
+        "7",
+        "--profile",
+        "--json",
+    ];
+    let out = command(&args)
+        .env("QWEN_GDN_MOE_PREFILL", "gemm")
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "stderr: {}", stderr(&out));
+    let err = stderr(&out);
+    assert!(err.contains("prefill profile: 21 tokens"), "{err}");
+    let report: Json = serde_json::from_slice(&out.stdout).unwrap();
+    let profile = &report["prefill_profile"];
+    assert_eq!(profile["tokens"], 21);
+    let wall = positive_finite(&profile["wall_seconds"], "wall_seconds");
+    let phases: Vec<(String, f64, u64)> = profile["phases"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| {
+            let name = p["phase"].as_str().unwrap().to_string();
+            let secs = p["seconds"].as_f64().unwrap();
+            assert!(secs.is_finite() && secs >= 0.0, "{p}");
+            (name, secs, p["calls"].as_u64().unwrap())
+        })
+        .collect();
+    let calls = |name: &str| -> u64 {
+        phases
+            .iter()
+            .find(|p| p.0 == name)
+            .unwrap_or_else(|| panic!("no phase {name} in {profile}"))
+            .2
+    };
+    // 21 tokens in 3 chunks of 7 (a chunk of at most 4 tokens would run the MoE per pair).
+    let chunks = 3;
+    assert_eq!(calls("embed"), chunks);
+    for phase in [
+        "gdn",
+        "gdn/in_proj",
+        "gdn/conv_prep",
+        "gdn/recurrence",
+        "gdn/norm_out",
+    ] {
+        assert_eq!(calls(phase), 4 * chunks, "{phase}");
+    }
+    for phase in [
+        "attention",
+        "attention/qkv_prep",
+        "attention/core",
+        "attention/out",
+    ] {
+        assert_eq!(calls(phase), 2 * chunks, "{phase}");
+    }
+    for phase in [
+        "moe",
+        "moe/route",
+        "moe/group",
+        "moe/gate_up",
+        "moe/swiglu",
+        "moe/down",
+        "moe/combine",
+    ] {
+        assert_eq!(calls(phase), 6 * chunks, "{phase}");
+    }
+    // Only the last chunk runs the output head.
+    assert_eq!(calls("lm_head"), 1);
+    let secs = |name: &str| phases.iter().find(|p| p.0 == name).unwrap().1;
+    for parent in ["gdn", "attention", "moe"] {
+        let children: f64 = phases
+            .iter()
+            .filter(|p| p.0.starts_with(&format!("{parent}/")) && p.2 > 0)
+            .map(|p| p.1)
+            .sum();
+        assert!(
+            children <= secs(parent),
+            "{parent}: {children} > {}",
+            secs(parent)
+        );
+    }
+    let top: f64 = phases
+        .iter()
+        .filter(|p| !p.0.contains('/'))
+        .map(|p| p.1)
+        .sum();
+    assert!(top <= wall, "phases {top} s outside the prefill's {wall} s");
+}

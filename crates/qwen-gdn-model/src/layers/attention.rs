@@ -7,6 +7,7 @@ use super::norm::RmsNorm;
 use super::norm::{cast, contiguous};
 use super::rope::PartialRope;
 use crate::cache::KvCache;
+use crate::phase_profile::phase;
 use crate::weights::Checkpoint;
 use crate::weights::Weight;
 use crate::Config;
@@ -94,6 +95,30 @@ impl Attention {
         mask: Option<&Tensor>,
     ) -> Result<Tensor> {
         let (b, s, _) = x.dims3()?;
+        let (nq, dh) = (self.heads, self.head_dim);
+        let device = x.device();
+        let (q, k, v, gate) = phase("attention/qkv_prep", device, || {
+            self.queries_and_keys(x, cache, offset)
+        })?;
+        let o = phase("attention/core", device, || {
+            self.attend_chunk(&q, &k, &v, offset, mask)
+        })?;
+        phase("attention/out", device, || {
+            let o = contiguous(&o.transpose(1, 2)?)?.reshape((b, s, nq * dh))?;
+            let o = candle_op(o.mul(&candle_op(candle_nn::ops::sigmoid(&gate))?))?;
+            self.o_proj.forward(&o)
+        })
+    }
+
+    /// The rotated queries `[B, Nq, S, Dh]`, every cached key and value `[B, Nkv, T, Dh]`
+    /// after appending this chunk's, and the output gate `[B, S, Nq·Dh]`.
+    fn queries_and_keys(
+        &self,
+        x: &Tensor,
+        cache: &mut KvCache,
+        offset: usize,
+    ) -> Result<(Tensor, Tensor, Tensor, Tensor)> {
+        let (b, s, _) = x.dims3()?;
         let (nq, nkv, dh) = (self.heads, self.kv_heads, self.head_dim);
         let [qg, k, v]: [Tensor; 3] = self.qkv.forward(x)?.try_into().expect("three projections");
         // A view of the merged projection: contiguous in decode, copied here in prefill (as
@@ -112,11 +137,24 @@ impl Attention {
         let q = self.rope.forward(&q, offset)?;
         let k = self.rope.forward(&k, offset)?;
         let (k, v) = cache.append(&k, &v)?;
+        Ok((q, k, v, gate))
+    }
+
+    /// Attention of the chunk's queries over the cached keys: `[B, Nq, S, Dh]`.
+    fn attend_chunk(
+        &self,
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        offset: usize,
+        mask: Option<&Tensor>,
+    ) -> Result<Tensor> {
+        let (_, _, s, dh) = q.dims4()?;
         let device_plan = !matches!(self.o_proj.weight, Weight::Host(_));
-        let o = if let Some(mask) = mask {
-            attend(&q, &k, &v, offset, Some(mask))?
+        if let Some(mask) = mask {
+            attend(q, k, v, offset, Some(mask))
         } else if device_plan && super::fused_attention::supported(dh, q.dtype(), s == 1) {
-            fused_attend(&q, &k, &v, offset)?
+            fused_attend(q, k, v, offset)
         } else {
             if !q.device().is_cpu() {
                 static ONCE: std::sync::Once = std::sync::Once::new();
@@ -128,11 +166,8 @@ impl Attention {
                     )
                 });
             }
-            attend(&q, &k, &v, offset, None)?
-        }; // [B, Nq, S, Dh]
-        let o = contiguous(&o.transpose(1, 2)?)?.reshape((b, s, nq * dh))?;
-        let o = candle_op(o.mul(&candle_op(candle_nn::ops::sigmoid(&gate))?))?;
-        self.o_proj.forward(&o)
+            attend(q, k, v, offset, None)
+        }
     }
 }
 

@@ -16,6 +16,7 @@ use super::linear::{FusedLinear, Linear};
 use super::norm::{cast, contiguous, GatedRmsNorm, RmsNorm, ScaledRms};
 use crate::cache::GdnCache;
 use crate::config::Family;
+use crate::phase_profile::phase;
 use crate::weights::Checkpoint;
 use crate::Config;
 use anyhow::Result;
@@ -199,26 +200,37 @@ impl GatedDeltaNet {
             self.key_dim,
             self.value_dim,
         );
-        let [qkv, z, beta_in, a]: [Tensor; 4] = self
-            .in_proj
-            .forward(x)?
-            .try_into()
-            .expect("four projections");
-        let conv = candle_op(self.conv(&qkv, cache)?.silu())?;
-        // Head views of the conv output: each is copied once, by the normalisation or here.
-        let q = contiguous(&conv.narrow(D::Minus1, 0, hk * dk)?)?.reshape((b, s, hk, dk))?;
-        let k = contiguous(&conv.narrow(D::Minus1, hk * dk, hk * dk)?)?.reshape((b, s, hk, dk))?;
-        let v =
-            contiguous(&conv.narrow(D::Minus1, 2 * hk * dk, hv * dv)?)?.reshape((b, s, hv, dv))?;
-        let q = self.q_norm.norm.forward(&q)?;
-        let k = self.k_norm.norm.forward(&k)?;
-        let beta = candle_op(candle_nn::ops::sigmoid(&cast(&beta_in, DType::F32)?))?;
-        let g = decay(&cast(&a, DType::F32)?, &self.dt_bias, &self.neg_a_log_exp)?;
-        let state = self.state_for(cache, b, x.device())?;
-        let y = gdn_ops::gated_delta_update(&q, &k, &v, &g, &beta, &state)?;
-        let z = contiguous(&z)?.reshape((b, s, hv, dv))?;
-        let out = self.norm.forward(&y, &z)?.reshape((b, s, hv * dv))?;
-        self.out_proj.forward(&out)
+        let device = x.device();
+        let [qkv, z, beta_in, a]: [Tensor; 4] = phase("gdn/in_proj", device, || {
+            Ok(self
+                .in_proj
+                .forward(x)?
+                .try_into()
+                .expect("four projections"))
+        })?;
+        let (q, k, v, beta, g) = phase("gdn/conv_prep", device, || {
+            let conv = candle_op(self.conv(&qkv, cache)?.silu())?;
+            // Head views of the conv output: each is copied once, by the normalisation or here.
+            let q = contiguous(&conv.narrow(D::Minus1, 0, hk * dk)?)?.reshape((b, s, hk, dk))?;
+            let k =
+                contiguous(&conv.narrow(D::Minus1, hk * dk, hk * dk)?)?.reshape((b, s, hk, dk))?;
+            let v = contiguous(&conv.narrow(D::Minus1, 2 * hk * dk, hv * dv)?)?
+                .reshape((b, s, hv, dv))?;
+            let q = self.q_norm.norm.forward(&q)?;
+            let k = self.k_norm.norm.forward(&k)?;
+            let beta = candle_op(candle_nn::ops::sigmoid(&cast(&beta_in, DType::F32)?))?;
+            let g = decay(&cast(&a, DType::F32)?, &self.dt_bias, &self.neg_a_log_exp)?;
+            Ok((q, k, v, beta, g))
+        })?;
+        let y = phase("gdn/recurrence", device, || {
+            let state = self.state_for(cache, b, device)?;
+            Ok(gdn_ops::gated_delta_update(&q, &k, &v, &g, &beta, &state)?)
+        })?;
+        phase("gdn/norm_out", device, || {
+            let z = contiguous(&z)?.reshape((b, s, hv, dv))?;
+            let out = self.norm.forward(&y, &z)?.reshape((b, s, hv * dv))?;
+            self.out_proj.forward(&out)
+        })
     }
 }
 

@@ -21,6 +21,7 @@
 use super::super::norm::contiguous;
 use super::groups::ExpertGroups;
 use super::{swiglu_halves, weighted_sum, StackedExperts};
+use crate::phase_profile::phase;
 use anyhow::{bail, Result};
 use candle_core::{Device, Tensor};
 use gdn_ops::launches::candle_op;
@@ -158,19 +159,32 @@ impl StackedExperts {
         if n == 0 {
             return self.forward_composed(x, top_k, renormalise);
         }
-        let logits = self.router.forward(x)?;
-        let (ids, weights) = self.route_composed(&logits, top_k, renormalise)?;
-        let groups = ExpertGroups::read(&ids, self.gate_up.experts, 1)?;
-        let offsets = groups.offsets()?;
+        let device = x.device();
+        let (ids, weights) = phase("moe/route", device, || {
+            let logits = self.router.forward(x)?;
+            self.route_composed(&logits, top_k, renormalise)
+        })?;
+        // The one host read of the chunk (the expert ids), so this phase includes the wait.
+        let (groups, offsets, rows) = phase("moe/group", device, || {
+            let groups = ExpertGroups::read(&ids, self.gate_up.experts, 1)?;
+            let offsets = groups.offsets()?;
+            let rows = groups.gather(x)?; // [P, H], sorted by expert
+            Ok((groups, offsets, rows))
+        })?;
         let inner = self.gate_up.rows / 2;
-        let rows = groups.gather(x)?; // [P, H], sorted by expert
-        let gate_up = self.gate_up.grouped_matmul_t(&rows, &offsets)?; // [P, 2·Im]
-        let act = swiglu_halves(&gate_up, inner)?;
-        let down = self.down.grouped_matmul_t(&act, &offsets)?; // [P, H]
-        let down = groups
-            .scatter(&down)?
-            .reshape((n, groups.slots(), hidden))?;
-        weighted_sum(&down, &weights, x.dtype())
+        let gate_up = phase("moe/gate_up", device, || {
+            Ok(self.gate_up.grouped_matmul_t(&rows, &offsets)?) // [P, 2·Im]
+        })?;
+        let act = phase("moe/swiglu", device, || swiglu_halves(&gate_up, inner))?;
+        let down = phase("moe/down", device, || {
+            Ok(self.down.grouped_matmul_t(&act, &offsets)?) // [P, H]
+        })?;
+        phase("moe/combine", device, || {
+            let down = groups
+                .scatter(&down)?
+                .reshape((n, groups.slots(), hidden))?;
+            weighted_sum(&down, &weights, x.dtype())
+        })
     }
 }
 

@@ -1,0 +1,206 @@
+//! Where a forward pass spends its time, phase by phase (`qwen-gdn bench --profile`).
+//!
+//! On a GPU the host only queues work, so a host clock around a phase measures nothing unless
+//! the device has drained first: when profiling is on, [`phase`] synchronizes the device before
+//! and after the phase it times, so each phase is charged with the device work it queued. Those
+//! synchronizations cost time of their own (one host round trip each), so a profiled pass is
+//! slower than an unprofiled one: the profile is for the split between phases, the benchmark's
+//! own numbers for the speed. Off (the default), a phase is one relaxed atomic load.
+//!
+//! Phases nest by name: `moe/gate_up` is inside `moe`, and a report lists, under each parent,
+//! its children and what the parent spent outside them.
+
+use anyhow::Result;
+use candle_core::Device;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+static ENABLED: AtomicBool = AtomicBool::new(false);
+
+/// Totals per phase name, in the order each name was first seen (so a report follows the
+/// order of a layer's work). A handful of names: a linear search is the cheapest map.
+static TOTALS: Mutex<Vec<PhaseTime>> = Mutex::new(Vec::new());
+
+/// The accumulated time of one phase.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PhaseTime {
+    /// `parent/child` path.
+    pub name: &'static str,
+    pub total: Duration,
+    pub calls: u64,
+}
+
+/// Turns timing on or off for every thread (the reference plan runs layers on pool workers).
+pub fn set_enabled(on: bool) {
+    ENABLED.store(on, Ordering::Relaxed);
+}
+
+pub fn enabled() -> bool {
+    ENABLED.load(Ordering::Relaxed)
+}
+
+/// Runs `work` as the phase `name`, timing it (device drained before and after) when
+/// profiling is on.
+pub fn phase<R>(
+    name: &'static str,
+    device: &Device,
+    work: impl FnOnce() -> Result<R>,
+) -> Result<R> {
+    if !enabled() {
+        return work();
+    }
+    device.synchronize()?;
+    let start = Instant::now();
+    let out = work()?;
+    device.synchronize()?;
+    record(name, start.elapsed());
+    Ok(out)
+}
+
+fn record(name: &'static str, elapsed: Duration) {
+    let mut totals = TOTALS.lock().unwrap_or_else(|e| e.into_inner());
+    match totals.iter_mut().find(|t| t.name == name) {
+        Some(t) => {
+            t.total += elapsed;
+            t.calls += 1;
+        }
+        None => totals.push(PhaseTime {
+            name,
+            total: elapsed,
+            calls: 1,
+        }),
+    }
+}
+
+/// Returns the totals gathered so far and starts afresh.
+pub fn take() -> Vec<PhaseTime> {
+    std::mem::take(&mut *TOTALS.lock().unwrap_or_else(|e| e.into_inner()))
+}
+
+/// One line of a report: a phase, or the time a parent spent outside its children
+/// (`name` ends in `/(rest)`, `calls` 0).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ReportRow {
+    pub name: String,
+    pub depth: usize,
+    pub total: Duration,
+    pub calls: u64,
+}
+
+/// The phases as a tree in first-seen order: every parent is followed by its children, then
+/// by a `(rest)` row for its time outside them when it has children. Phases whose parent was
+/// never timed are listed at their own depth.
+pub fn report(times: &[PhaseTime]) -> Vec<ReportRow> {
+    let mut rows = Vec::new();
+    for t in times
+        .iter()
+        .filter(|t| parent_of(t.name).is_none_or(|p| !known(times, p)))
+    {
+        push_subtree(times, t, 0, &mut rows);
+    }
+    rows
+}
+
+fn known(times: &[PhaseTime], name: &str) -> bool {
+    times.iter().any(|t| t.name == name)
+}
+
+fn parent_of(name: &str) -> Option<&str> {
+    name.rsplit_once('/').map(|(parent, _)| parent)
+}
+
+fn push_subtree(times: &[PhaseTime], t: &PhaseTime, depth: usize, rows: &mut Vec<ReportRow>) {
+    rows.push(ReportRow {
+        name: t.name.to_string(),
+        depth,
+        total: t.total,
+        calls: t.calls,
+    });
+    let children: Vec<&PhaseTime> = times
+        .iter()
+        .filter(|c| parent_of(c.name) == Some(t.name))
+        .collect();
+    if children.is_empty() {
+        return;
+    }
+    for c in &children {
+        push_subtree(times, c, depth + 1, rows);
+    }
+    let inside: Duration = children.iter().map(|c| c.total).sum();
+    rows.push(ReportRow {
+        name: format!("{}/(rest)", t.name),
+        depth: depth + 1,
+        total: t.total.saturating_sub(inside),
+        calls: 0,
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn time(name: &'static str, ms: u64, calls: u64) -> PhaseTime {
+        PhaseTime {
+            name,
+            total: Duration::from_millis(ms),
+            calls,
+        }
+    }
+
+    #[test]
+    fn report_nests_children_under_parents_with_the_rest() {
+        let times = [
+            time("gdn", 10, 2),
+            time("gdn/recurrence", 6, 2),
+            time("moe", 20, 2),
+            time("moe/gate_up", 8, 2),
+            time("moe/down", 5, 2),
+            time("lm_head", 1, 1),
+        ];
+        let rows = report(&times);
+        let listed: Vec<(&str, usize, u64)> = rows
+            .iter()
+            .map(|r| (r.name.as_str(), r.depth, r.total.as_millis() as u64))
+            .collect();
+        assert_eq!(
+            listed,
+            [
+                ("gdn", 0, 10),
+                ("gdn/recurrence", 1, 6),
+                ("gdn/(rest)", 1, 4),
+                ("moe", 0, 20),
+                ("moe/gate_up", 1, 8),
+                ("moe/down", 1, 5),
+                ("moe/(rest)", 1, 7),
+                ("lm_head", 0, 1),
+            ]
+        );
+    }
+
+    #[test]
+    fn orphans_are_listed_and_nothing_is_listed_twice() {
+        let times = [time("moe/down", 5, 1), time("attention", 3, 1)];
+        let rows = report(&times);
+        let names: Vec<&str> = rows.iter().map(|r| r.name.as_str()).collect();
+        assert_eq!(names, ["moe/down", "attention"]);
+    }
+
+    #[test]
+    fn phases_are_timed_only_when_enabled() {
+        // The one test that touches the global switch and totals.
+        let dev = Device::Cpu;
+        take();
+        phase("off", &dev, || Ok(())).unwrap();
+        assert!(take().is_empty());
+        set_enabled(true);
+        let out = phase("on", &dev, || Ok(7)).unwrap();
+        phase("on", &dev, || Ok(())).unwrap();
+        set_enabled(false);
+        assert_eq!(out, 7);
+        let times = take();
+        assert_eq!(times.len(), 1);
+        assert_eq!((times[0].name, times[0].calls), ("on", 2));
+        assert!(take().is_empty());
+    }
+}
