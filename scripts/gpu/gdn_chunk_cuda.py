@@ -37,7 +37,7 @@ from gdn_cuda import (DT, Module, _cuda, check_cu, compare, eager_time, gdn_laun
 
 CHUNK = 64
 BLOCK_V = 32
-THREADS = 128
+THREADS = 256
 CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8
 _cuda.cuFuncSetAttribute.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int]
 
@@ -48,11 +48,13 @@ class Params(ctypes.Structure):
                 ("batch", "steps", "chunks", "key_heads", "value_heads", "key_dim", "value_dim", "has_mask")]
 
 
-def smem_bytes(dk, dv):
-    """prep_smem_floats(Dk, Dv), state_smem_floats(Dk), out_smem_floats(Dk) of the kernel, in bytes."""
+def smem_bytes(dk, dv, in_bytes):
+    """prep_smem_floats(Dk, Dv), state_smem_floats(Dk, in_bytes), out_smem_floats(Dk) of the kernel, in bytes."""
     ld = lambda d: d + 8  # noqa: E731
     prep = CHUNK * ld(dk) + CHUNK * ld(dv) + 2 * CHUNK * 72 + 4 * 16 * 24 + 3 * CHUNK
-    state = dk * 40 + 2 * CHUNK * ld(dk) + CHUNK * 40 + CHUNK
+    nb = 2 if dk <= 128 else 1
+    k_part = nb * CHUNK * ld(dk) if in_bytes == 4 else CHUNK * ld(dk) + nb * CHUNK * dk * in_bytes // 4
+    state = dk * 40 + nb * CHUNK * ld(dk) + k_part + CHUNK * 40 + nb * (CHUNK * BLOCK_V + CHUNK)
     out = CHUNK * ld(dk) + max(CHUNK * ld(dk), (dk + CHUNK) * 40) + CHUNK * 72 + CHUNK * 40 + 2 * CHUNK
     return 4 * prep, 4 * state, 4 * out
 
@@ -85,7 +87,7 @@ def chunk_launch(mod, q, k, v, g, beta, state, y, mask, chunks, scratch=None, pa
     gcum, w, u, h = scratch if scratch is not None else chunk_scratch(B, Hv, Dk, Dv, chunks)
     p = Params(B, T, chunks, Hk, Hv, Dk, Dv, 1 if mask is not None else 0)
     m = mask if mask is not None else g
-    prep_smem, state_smem, out_smem = smem_bytes(Dk, Dv)
+    prep_smem, state_smem, out_smem = smem_bytes(Dk, Dv, q.element_size())
     if 0 in passes:
         _launch(mod.func(f"gated_delta_chunk_prep_{inn}"), (chunks, B * Hv), prep_smem,
                 [k, v, g, beta, m, gcum, w, u, p])
@@ -181,7 +183,7 @@ def run_checks(chunk_mod, step_mod, log, seed=4321):
             for st in ["f32", "bf16"]:
                 q, k, v, g, beta, state, mask = make_inputs(B, T, Hk, Hv, Dk, Dv, DT[inn], DT[st], masked, gen)
                 ref_y, ref_s = reference(q, k, v, g, beta, state, mask)
-                sibling = state.float()
+                sibling = state.float().clone()  # a copy also for an f32 state: .float() would alias it
                 y = chunked_update(chunk_mod, step_mod, q, k, v, g, beta, state, mask)
                 chunked_update(chunk_mod, step_mod, q, k, v, g, beta, sibling, mask)
                 torch.cuda.synchronize()
@@ -271,7 +273,7 @@ def main():
     chunk_mod, step_mod = Module(args.chunk_ptx), Module(args.step_ptx)
     for i, n in enumerate(["gated_delta_chunk_prep_bf16", "gated_delta_chunk_state_bf16_f32", "gated_delta_chunk_out_bf16"]):
         r, lm = chunk_mod.regs(n)
-        log(f"  {n}: {r} registers, {lm} B local memory per thread, {smem_bytes(128, 128)[i]} B shared at Dk = Dv = 128")
+        log(f"  {n}: {r} registers, {lm} B local memory per thread, {smem_bytes(128, 128, 2)[i]} B shared at Dk = Dv = 128")
     fla = None
     try:
         from fla.ops.gated_delta_rule import chunk_gated_delta_rule
