@@ -30,7 +30,8 @@
 // (kernels/params/gated_delta_chunk.h). Scratch, f32, with n = b*Hv + hv and C = chunks, every
 // element written before it is read: gcum [n][C*64], w [n][C][64][Dk], u [n][C][64][Dv],
 // h [n][C][Dk][Dv]; 32-byte aligned (wmma loads and stores them directly).
-// LAUNCH: blocks of 256 threads (kThreads); dynamic shared memory prep_smem_floats(Dk, Dv),
+// LAUNCH: blocks of 256 threads (kThreads), 512 for the state pass (kStateThreads); dynamic
+//   shared memory prep_smem_floats(Dk, Dv),
 //   state_smem_floats(Dk, sizeof(InT)), out_smem_floats(Dk) floats (over 48 KB: the host raises
 //   each function's CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES first; the state pass takes
 //   up to 227 KB, an sm_90 block's most). The three run in order on one stream.
@@ -67,8 +68,12 @@ using namespace nvcuda;
 
 constexpr int kChunk = 64;
 constexpr int kBlockV = 32;  // value columns per block of the state pass; y's column slab
-constexpr int kWarps = 8;  // the state pass gives each warp one 16x16 tile of v_new
+constexpr int kWarps = 8;  // prep and out
 constexpr int kThreads = kWarps * 32;
+// The state pass: its chain per chunk is what the whole call waits on, so it takes the most
+// warps its registers allow (each a 16x16 tile of h, and half the k range of a v_new tile).
+constexpr int kStateWarps = 16;
+constexpr int kStateThreads = kStateWarps * 32;
 constexpr int kDiagBlocks = kChunk / 16;  // A's diagonal 16x16 blocks, one warp each
 constexpr int kPad = 8;               // floats of padding per row: keeps 32-byte tile alignment, spreads banks
 constexpr int kLdV = kBlockV + kPad;  // 32-column slabs: the state block, v_new, y staging
@@ -119,19 +124,55 @@ using FragB = wmma::fragment<wmma::matrix_b, 16, 16, 8, wmma::precision::tf32, L
 using Row = wmma::row_major;
 using Col = wmma::col_major;
 
-// x = hi + lo, both TF32: the three-product split keeps about 21 bits of each operand.
+// x = hi + lo: hi is x rounded to TF32 (to nearest, ties away from zero, as cvt.rna.tf32 for
+// the finite values here, in two integer operations where ptxas expands cvt.rna into five);
+// lo = x - hi is exact (Sterbenz), and the tensor cores read only its TF32 bits (dropping
+// 2^-11 of lo, ~2^-22 of x). The three-product split keeps about 21 bits of each operand.
 template <typename Frag>
 __device__ __forceinline__ void split(Frag& hi, Frag& lo) {
 #pragma unroll
   for (int i = 0; i < hi.num_elements; ++i) {
     const float x = hi.x[i];
-    const float h = wmma::__float_to_tf32(x);
+    const float h = __uint_as_float((__float_as_uint(x) + 0x1000u) & 0xffffe000u);
     hi.x[i] = h;
-    lo.x[i] = wmma::__float_to_tf32(x - h);
+    lo.x[i] = x - h;
   }
 }
 
-// acc += A[16 x kdim] * B[kdim x 16] (shared or global memory, 32-byte aligned), in f32
+// A TF32 operand tile from shared memory. wmma::load_matrix_sync takes a generic pointer and
+// nvcc emits a generic load (64-bit address arithmetic per element, longer latency); the
+// .shared form of the same wmma.load is what the tile is. The emulator has only the former.
+template <typename Use, typename Layout>
+__device__ __forceinline__ void load_shared(wmma::fragment<Use, 16, 16, 8, wmma::precision::tf32, Layout>& f,
+                                            const float* p, int ld) {
+#if defined(__CUDA_ARCH__)
+  const unsigned at = static_cast<unsigned>(__cvta_generic_to_shared(p));
+  unsigned r0, r1, r2, r3;
+  constexpr bool kA = std::is_same<Use, wmma::matrix_a>::value, kRow = std::is_same<Layout, Row>::value;
+  if constexpr (kA && kRow) {
+    asm volatile("wmma.load.a.sync.aligned.row.m16n16k8.shared.tf32 {%0, %1, %2, %3}, [%4], %5;"
+                 : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3) : "r"(at), "r"(ld) : "memory");
+  } else if constexpr (kA) {
+    asm volatile("wmma.load.a.sync.aligned.col.m16n16k8.shared.tf32 {%0, %1, %2, %3}, [%4], %5;"
+                 : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3) : "r"(at), "r"(ld) : "memory");
+  } else if constexpr (kRow) {
+    asm volatile("wmma.load.b.sync.aligned.row.m16n16k8.shared.tf32 {%0, %1, %2, %3}, [%4], %5;"
+                 : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3) : "r"(at), "r"(ld) : "memory");
+  } else {
+    asm volatile("wmma.load.b.sync.aligned.col.m16n16k8.shared.tf32 {%0, %1, %2, %3}, [%4], %5;"
+                 : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3) : "r"(at), "r"(ld) : "memory");
+  }
+  static_assert(sizeof(f.x) == 4 * sizeof(float), "a TF32 m16n16k8 operand is four registers per lane");
+  f.x[0] = __uint_as_float(r0);
+  f.x[1] = __uint_as_float(r1);
+  f.x[2] = __uint_as_float(r2);
+  f.x[3] = __uint_as_float(r3);
+#else
+  wmma::load_matrix_sync(f, p, ld);
+#endif
+}
+
+// acc += A[16 x kdim] * B[kdim x 16] (shared memory, 32-byte aligned), in f32
 // accuracy: an operand that is not exact in TF32 (SplitA / SplitB) is split into hi + lo and
 // the products hi*hi, hi*lo and lo*hi summed; one that is exact (f16 or bf16 activations
 // widened to f32) is used as is. A at a (leading dimension lda) in layout LA, B at b (ldb) in
@@ -148,8 +189,8 @@ __device__ __forceinline__ void mma_f32(Acc& acc, const float* a, int lda, const
     FragB<LB> b_hi, b_lo;
     const float* a_at = std::is_same<LA, Row>::value ? a + kk : a + kk * lda;
     const float* b_at = std::is_same<LB, Row>::value ? b + kk * ldb : b + kk;
-    wmma::load_matrix_sync(a_hi, a_at, lda);
-    wmma::load_matrix_sync(b_hi, b_at, ldb);
+    load_shared(a_hi, a_at, lda);
+    load_shared(b_hi, b_at, ldb);
     if constexpr (SplitA) split(a_hi, a_lo);
     if constexpr (SplitB) split(b_hi, b_lo);
     if constexpr (SplitA) wmma::mma_sync(lo_a, a_lo, b_hi, lo_a);
@@ -170,6 +211,24 @@ __device__ __forceinline__ void lower_tile(int t, int& mi, int& mj) {
   mj = t - mi * (mi + 1) / 2;
 }
 
+// The (row, column) of the elements e = start, start + stride, ... of a row-major block with
+// `cols` columns, the two divisions by a runtime `cols` done once (one per element costs ~20
+// instructions).
+struct RowWalk {
+  int row, col;
+  const int cols, step_rows, step_cols;
+  __device__ RowWalk(int start, int stride, int cols_)
+      : row(start / cols_), col(start % cols_), cols(cols_), step_rows(stride / cols_), step_cols(stride % cols_) {}
+  __device__ void next() {
+    row += step_rows;
+    col += step_cols;
+    if (col >= cols) {
+      col -= cols;
+      ++row;
+    }
+  }
+};
+
 // Where one (value head, chunk) finds its rows.
 struct Head {
   unsigned n, b, hv, hk;
@@ -184,9 +243,8 @@ struct Head {
 template <typename InT>
 __device__ __forceinline__ void stage(float* rows, int ld, const InT* src, size_t pitch, int n_rows, int cols,
                                       int tid) {
-  for (int e = tid; e < n_rows * cols; e += kThreads) {
-    const int i = e / cols, col = e % cols;
-    rows[i * ld + col] = to_f32(src[i * pitch + col]);
+  for (RowWalk at(tid, kThreads, cols); at.row < n_rows; at.next()) {
+    rows[at.row * ld + at.col] = to_f32(src[at.row * pitch + at.col]);
   }
 }
 
@@ -226,7 +284,7 @@ __device__ __forceinline__ void lower_product(float* xs, const float* a, const f
 
 // ---- Pass 1: per (chunk, value head), all in parallel: gcum, A, w, u -----------------------
 template <typename InT>
-__device__ void prep_kernel(const InT* __restrict__ k, const InT* __restrict__ v, const float* __restrict__ g,
+__device__ __forceinline__ void prep_kernel(const InT* __restrict__ k, const InT* __restrict__ v, const float* __restrict__ g,
                             const float* __restrict__ beta, const float* __restrict__ mask,
                             float* __restrict__ gcum_out, float* __restrict__ w_out, float* __restrict__ u_out,
                             const GdnChunkParams p, const int tid, const unsigned chunk, const unsigned head,
@@ -347,7 +405,11 @@ __device__ void prep_kernel(const InT* __restrict__ k, const InT* __restrict__ v
 // the operand of w h_c, and to h for pass 3. The next chunk's w, K, u and gates are copied
 // asynchronously (cp.async) while this chunk computes, so the chain waits on the tensor cores,
 // not on global memory.
-constexpr int kMaxStateTiles = (256 / 16) * (kBlockV / 16) / kWarps;  // h tiles per warp at Dk = 256
+constexpr int kMaxStateTiles = (256 / 16) * (kBlockV / 16) / kStateWarps;  // h tiles per warp at Dk = 256
+constexpr int kVnewTiles = (kChunk / 16) * (kBlockV / 16);
+// w h_c's k range is split over this many warps per v_new tile.
+constexpr int kSplitK = kStateWarps / kVnewTiles;
+static_assert(kSplitK * kVnewTiles == kStateWarps && (kSplitK == 1 || kSplitK == 2), "v_new tiles per warp");
 
 // Where the state pass's shared memory parts lie (state_smem_floats).
 template <typename InT>
@@ -389,9 +451,8 @@ __device__ __forceinline__ void stage_state_chunk(const StateSmem<InT>& sm, cons
   const int w_vecs = dk / 4;
   const float* w_src = w_in + nc * kChunk * dk;
   float* w_dst = sm.w(b);
-  for (int e = tid; e < kChunk * w_vecs; e += kThreads) {
-    const int i = e / w_vecs, at = 4 * (e % w_vecs);
-    __pipeline_memcpy_async(w_dst + i * sm.ldk + at, w_src + size_t(i) * dk + at, 16);
+  for (RowWalk at(tid, kStateThreads, w_vecs); at.row < kChunk; at.next()) {
+    __pipeline_memcpy_async(w_dst + at.row * sm.ldk + 4 * at.col, w_src + size_t(at.row) * dk + 4 * at.col, 16);
   }
   const InT* k_src = k + (bt0 * p.key_heads + hd.hk) * dk;
   const size_t k_pitch = size_t(p.key_heads) * dk;
@@ -400,21 +461,19 @@ __device__ __forceinline__ void stage_state_chunk(const StateSmem<InT>& sm, cons
   if (k_aligned) {
     constexpr int per = 16 / int(sizeof(InT));
     const int k_vecs = dk / per;
-    for (int e = tid; e < kChunk * k_vecs; e += kThreads) {
-      const int i = e / k_vecs, at = per * (e % k_vecs);
-      __pipeline_memcpy_async(k_dst + i * k_ld + at, k_src + i * k_pitch + at, 16);
+    for (RowWalk at(tid, kStateThreads, k_vecs); at.row < kChunk; at.next()) {
+      __pipeline_memcpy_async(k_dst + at.row * k_ld + per * at.col, k_src + at.row * k_pitch + per * at.col, 16);
     }
   } else {
     // A K view that is not 16-byte aligned: plain loads (the barrier after the wait publishes them too).
-    for (int e = tid; e < kChunk * dk; e += kThreads) {
-      const int i = e / dk, at = e % dk;
-      k_dst[i * k_ld + at] = k_src[i * k_pitch + at];
+    for (RowWalk at(tid, kStateThreads, dk); at.row < kChunk; at.next()) {
+      k_dst[at.row * k_ld + at.col] = k_src[at.row * k_pitch + at.col];
     }
   }
   constexpr int u_vecs = kBlockV / 4;
   const float* u_src = uv + nc * kChunk * dv + col0;
   float* u_dst = sm.u(b);
-  for (int e = tid; e < kChunk * u_vecs; e += kThreads) {
+  for (int e = tid; e < kChunk * u_vecs; e += kStateThreads) {
     const int i = e / u_vecs, at = 4 * (e % u_vecs);
     __pipeline_memcpy_async(u_dst + i * kBlockV + at, u_src + size_t(i) * dv + at, 16);
   }
@@ -423,11 +482,10 @@ __device__ __forceinline__ void stage_state_chunk(const StateSmem<InT>& sm, cons
 }
 
 template <typename InT, typename StT>
-__device__ void state_kernel(const InT* __restrict__ k, const float* __restrict__ gcum_in,
+__device__ __forceinline__ void state_kernel(const InT* __restrict__ k, const float* __restrict__ gcum_in,
                              const float* __restrict__ w_in, float* __restrict__ uv, float* __restrict__ h_out,
                              StT* __restrict__ state, const GdnChunkParams p, const int tid, const unsigned block_col,
                              const unsigned head, float* smem) {
-  static_assert(kWarps == (kChunk / 16) * (kBlockV / 16), "one v_new tile per warp");
   const int dk = int(p.key_dim), dv = int(p.value_dim);
   const StateSmem<InT> sm(smem, dk);
   const int warp = tid / 32, lane = tid % 32;
@@ -440,7 +498,7 @@ __device__ void state_kernel(const InT* __restrict__ k, const float* __restrict_
   if (ahead) stage_state_chunk(sm, k, gcum_in, w_in, uv, p, hd, col0, 0, 0, k_aligned, tid);
   // hs[key][col] = state[b, hv, col0 + col, key], then into the fragments.
   StT* s_cols = state + (size_t(hd.n) * dv + col0) * dk;
-  for (int e = tid; e < kBlockV * dk; e += kThreads) {
+  for (int e = tid; e < kBlockV * dk; e += kStateThreads) {
     const int col = e / dk, key = e % dk;  // consecutive threads read consecutive keys
     sm.hs[key * kLdV + col] = to_f32(s_cols[size_t(col) * dk + key]);
   }
@@ -448,12 +506,13 @@ __device__ void state_kernel(const InT* __restrict__ k, const float* __restrict_
   Acc h[kMaxStateTiles];
 #pragma unroll
   for (int s = 0; s < kMaxStateTiles; ++s) {
-    const int t = warp + s * kWarps;
+    const int t = warp + s * kStateWarps;
     if (t < h_tiles) wmma::load_matrix_sync(h[s], sm.hs + 16 * (t / 2) * kLdV + 16 * (t % 2), kLdV, wmma::mem_row_major);
   }
 
-  // This warp's v_new tile.
-  const int mi = warp / 2, cj = warp % 2;
+  // This warp's v_new tile, and its part of w h_c's k range.
+  const int mi = (warp % kVnewTiles) / 2, cj = warp % 2, part = warp / kVnewTiles;
+  const int k_len = dk / kSplitK, k0 = part * k_len;
   for (unsigned c = 0; c < p.chunks; ++c) {
     const int buf = ahead ? int(c & 1u) : 0;
     const size_t nc = size_t(hd.n) * p.chunks + c;
@@ -465,13 +524,19 @@ __device__ void state_kernel(const InT* __restrict__ k, const float* __restrict_
     }
     if constexpr (!StateSmem<InT>::kWideIn) {
       const InT* raw = sm.k_landing(buf);
-      for (int e = tid; e < kChunk * dk; e += kThreads) sm.ks[(e / dk) * sm.ldk + e % dk] = to_f32(raw[e]);
+      // Eight elements (16 bytes) per step.
+      for (RowWalk at(tid, kStateThreads, dk / 8); at.row < kChunk; at.next()) {
+        const InT* from = raw + at.row * dk + 8 * at.col;
+        float* to = sm.ks + at.row * sm.ldk + 8 * at.col;
+#pragma unroll
+        for (int j = 0; j < 8; ++j) to[j] = to_f32(from[j]);
+      }
     }
     // h_c: for pass 3, and as the operand of w h_c.
     float* h_c = h_out + nc * dk * dv + col0;
 #pragma unroll
     for (int s = 0; s < kMaxStateTiles; ++s) {
-      const int t = warp + s * kWarps;
+      const int t = warp + s * kStateWarps;
       if (t < h_tiles) {
         const int ki = t / 2, cc = t % 2;
         wmma::store_matrix_sync(sm.hs + 16 * ki * kLdV + 16 * cc, h[s], kLdV, wmma::mem_row_major);
@@ -486,17 +551,31 @@ __device__ void state_kernel(const InT* __restrict__ k, const float* __restrict_
     {
       Acc wh, vn;
       wmma::fill_fragment(wh, 0.0f);
-      mma_f32<Row, Row, true, true>(wh, sm.w(buf) + 16 * mi * sm.ldk, sm.ldk, sm.hs + 16 * cj, kLdV, dk);
-      wmma::load_matrix_sync(vn, sm.u(buf) + 16 * mi * kBlockV + 16 * cj, kBlockV, wmma::mem_row_major);
+      mma_f32<Row, Row, true, true>(wh, sm.w(buf) + 16 * mi * sm.ldk + k0, sm.ldk, sm.hs + k0 * kLdV + 16 * cj, kLdV,
+                                    k_len);
+      float* u_tile = sm.u(buf) + 16 * mi * kBlockV + 16 * cj;
+      if constexpr (kSplitK == 2) {
+        // The upper half of the k range is taken off u in place first.
+        if (part == 1) {
+          wmma::load_matrix_sync(vn, u_tile, kBlockV, wmma::mem_row_major);
 #pragma unroll
-      for (int i = 0; i < vn.num_elements; ++i) vn.x[i] -= wh.x[i];
-      wmma::store_matrix_sync(uv + (nc * kChunk + 16 * mi) * dv + col0 + 16 * cj, vn, dv, wmma::mem_row_major);
-      float* tile = sm.vs + 16 * mi * kLdV + 16 * cj;
-      wmma::store_matrix_sync(tile, vn, kLdV, wmma::mem_row_major);
-      __syncwarp();
-      for (int e = lane; e < 16 * 16; e += 32) {
-        const int r = e / 16;
-        tile[r * kLdV + e % 16] *= expf(g_last - gc[16 * mi + r]);
+          for (int i = 0; i < vn.num_elements; ++i) vn.x[i] -= wh.x[i];
+          wmma::store_matrix_sync(u_tile, vn, kBlockV, wmma::mem_row_major);
+        }
+        __syncthreads();
+      }
+      if (part == 0) {
+        wmma::load_matrix_sync(vn, u_tile, kBlockV, wmma::mem_row_major);
+#pragma unroll
+        for (int i = 0; i < vn.num_elements; ++i) vn.x[i] -= wh.x[i];
+        wmma::store_matrix_sync(uv + (nc * kChunk + 16 * mi) * dv + col0 + 16 * cj, vn, dv, wmma::mem_row_major);
+        float* tile = sm.vs + 16 * mi * kLdV + 16 * cj;
+        wmma::store_matrix_sync(tile, vn, kLdV, wmma::mem_row_major);
+        __syncwarp();
+        for (int e = lane; e < 16 * 16; e += 32) {
+          const int r = e / 16;
+          tile[r * kLdV + e % 16] *= expf(g_last - gc[16 * mi + r]);
+        }
       }
     }
     __syncthreads();
@@ -506,7 +585,7 @@ __device__ void state_kernel(const InT* __restrict__ k, const float* __restrict_
     const float* ks = sm.k_f32(buf);
 #pragma unroll
     for (int s = 0; s < kMaxStateTiles; ++s) {
-      const int t = warp + s * kWarps;
+      const int t = warp + s * kStateWarps;
       if (t < h_tiles) {
         const int ki = t / 2, cc = t % 2;
 #pragma unroll
@@ -522,19 +601,53 @@ __device__ void state_kernel(const InT* __restrict__ k, const float* __restrict_
   // The only rounding of the state in the call.
 #pragma unroll
   for (int s = 0; s < kMaxStateTiles; ++s) {
-    const int t = warp + s * kWarps;
+    const int t = warp + s * kStateWarps;
     if (t < h_tiles) wmma::store_matrix_sync(sm.hs + 16 * (t / 2) * kLdV + 16 * (t % 2), h[s], kLdV, wmma::mem_row_major);
   }
   __syncthreads();
-  for (int e = tid; e < kBlockV * dk; e += kThreads) {
+  for (int e = tid; e < kBlockV * dk; e += kStateThreads) {
     const int col = e / dk, key = e % dk;
     s_cols[size_t(col) * dk + key] = from_f32<StT>(sm.hs[key * kLdV + col]);
   }
 }
 
 // ---- Pass 3: per (chunk, value head), all in parallel: y -----------------------------------
+constexpr int kOutSlabH = 128 * kBlockV / kThreads;     // h slab elements per thread held ahead (Dk <= 128)
+constexpr int kOutSlabV = kChunk * kBlockV / kThreads;  // v_new slab elements per thread
+static_assert(kOutSlabV * kThreads == kChunk * kBlockV, "whole v_new slabs");
+
+// This thread's part of the h_c [Dk][32] slab at column col0 (up to key 128), into registers.
+__device__ __forceinline__ void load_slab(float (&h_next)[kOutSlabH], const float* __restrict__ h_c, int dk, int dv,
+                                          int col0, int tid) {
+#pragma unroll
+  for (int j = 0; j < kOutSlabH; ++j) {
+    const int e = tid + j * kThreads;
+    if (e < dk * kBlockV) h_next[j] = h_c[(e / kBlockV) * dv + col0 + e % kBlockV];  // < 2^16: int
+  }
+}
+
+// The registers of load_slab into the shared slabs (rows of kLdV); the v_new slab and h rows
+// past key 128 are loaded here (more registers held ahead would spill: the pass keeps two
+// blocks per SM at 128 registers).
+__device__ __forceinline__ void store_slab(float* hsl, float* vsl, const float (&h_next)[kOutSlabH],
+                                           const float* __restrict__ h_c, const float* __restrict__ v_c, int dk,
+                                           int dv, int col0, int tid) {
+#pragma unroll
+  for (int j = 0; j < kOutSlabH; ++j) {
+    const int e = tid + j * kThreads;
+    if (e < dk * kBlockV) hsl[(e / kBlockV) * kLdV + e % kBlockV] = h_next[j];
+  }
+  for (int e = tid + kOutSlabH * kThreads; e < dk * kBlockV; e += kThreads) {
+    hsl[(e / kBlockV) * kLdV + e % kBlockV] = h_c[size_t(e / kBlockV) * dv + col0 + e % kBlockV];
+  }
+#pragma unroll
+  for (int j = 0; j < kOutSlabV; ++j) {
+    const int e = tid + j * kThreads;
+    vsl[(e / kBlockV) * kLdV + e % kBlockV] = v_c[(e / kBlockV) * dv + col0 + e % kBlockV];
+  }
+}
 template <typename InT>
-__device__ void out_kernel(const InT* __restrict__ q, const InT* __restrict__ k, const float* __restrict__ gcum_in,
+__device__ __forceinline__ void out_kernel(const InT* __restrict__ q, const InT* __restrict__ k, const float* __restrict__ gcum_in,
                            const float* __restrict__ h_in, const float* __restrict__ v_new,
                            const float* __restrict__ mask, InT* __restrict__ y, const GdnChunkParams p, const int tid,
                            const unsigned chunk, const unsigned head, float* smem) {
@@ -560,6 +673,13 @@ __device__ void out_kernel(const InT* __restrict__ q, const InT* __restrict__ k,
     gcum[tid] = gcum_in[nc * kChunk + tid];
     keeps[tid] = p.has_mask == 0 || mask[bt0 + tid] != 0.0f ? 1.0f : 0.0f;
   }
+  // The h_c slabs of 32 value columns (16 KB, twice v_new's) go through registers: the next
+  // slab's loads are in flight while the tensor cores work on this one (and the first one's
+  // while P is formed).
+  const float* h_c = h_in + nc * dk * dv;
+  const float* v_c = v_new + nc * kChunk * dv;
+  float h_next[kOutSlabH];
+  load_slab(h_next, h_c, dk, dv, 0, tid);
   __syncthreads();
 
   // P = Q K^T (.) G_i/G_j, j <= i.
@@ -569,18 +689,10 @@ __device__ void out_kernel(const InT* __restrict__ q, const InT* __restrict__ k,
   // K is not read again: its room takes the slabs.
   __syncthreads();
 
-  const float* h_c = h_in + nc * dk * dv;
-  const float* v_c = v_new + nc * kChunk * dv;
   for (int col0 = 0; col0 < dv; col0 += kBlockV) {
-    for (int e = tid; e < dk * kBlockV; e += kThreads) {
-      const int key = e / kBlockV, col = e % kBlockV;
-      hsl[key * kLdV + col] = h_c[size_t(key) * dv + col0 + col];
-    }
-    for (int e = tid; e < kChunk * kBlockV; e += kThreads) {
-      const int i = e / kBlockV, col = e % kBlockV;
-      vsl[i * kLdV + col] = v_c[size_t(i) * dv + col0 + col];
-    }
+    store_slab(hsl, vsl, h_next, h_c, v_c, dk, dv, col0, tid);
     __syncthreads();
+    if (col0 + kBlockV < dv) load_slab(h_next, h_c, dk, dv, col0 + kBlockV, tid);
     // y = G (.) (Q h_c) + P v_new: 8 tiles, each warp scaling its own rows.
     for (int job = warp; job < 8; job += kWarps) {
       const int mi = job / 2, cj = job % 2;
@@ -606,7 +718,8 @@ __device__ void out_kernel(const InT* __restrict__ q, const InT* __restrict__ k,
       const size_t at = (bt0 + i) * v_pitch + size_t(hd.hv) * dv + col0 + col;
       y[at] = keeps[i] != 0.0f ? from_f32<InT>(os[i * kLdV + col]) : from_f32<InT>(0.0f);
     }
-    __syncthreads();
+    // The next store_slab writes only what this slab's products have read (the barrier above),
+    // and the next products write os only after the barrier that follows it.
   }
 }
 
@@ -622,7 +735,7 @@ __device__ void out_kernel(const InT* __restrict__ q, const InT* __restrict__ k,
   }
 
 #define GDN_CHUNK_STATE_ENTRY(name, InT, StT)                                                                    \
-  extern "C" __global__ void __launch_bounds__(gdn_chunk::kThreads)                                              \
+  extern "C" __global__ void __launch_bounds__(gdn_chunk::kStateThreads)                                         \
       name(const InT* k, const float* gcum, const float* w, float* u, float* h, StT* state,                      \
            const GdnChunkParams p) {                                                                             \
     extern __shared__ __align__(128) float gdn_chunk_smem[];                                                     \
@@ -631,7 +744,7 @@ __device__ void out_kernel(const InT* __restrict__ q, const InT* __restrict__ k,
   }
 
 #define GDN_CHUNK_OUT_ENTRY(name, InT)                                                                           \
-  extern "C" __global__ void __launch_bounds__(gdn_chunk::kThreads)                                              \
+  extern "C" __global__ void __launch_bounds__(gdn_chunk::kThreads, 2)                                           \
       name(const InT* q, const InT* k, const float* gcum, const float* h, const float* v_new, const float* mask, \
            InT* y, const GdnChunkParams p) {                                                                     \
     extern __shared__ __align__(128) float gdn_chunk_smem[];                                                     \

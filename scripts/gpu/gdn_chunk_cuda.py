@@ -13,7 +13,10 @@ parallel) on a CUDA GPU; run on the device machine by scripts/gpu/bench-chunk.sh
    the f32-state run of the same inputs rounded once, and so within one bf16 ulp plus the f32
    gate of the reference (compare_chunk).
 2. Timing at Qwen3-Next-80B's GDN shapes (B 1, Hk 16, Hv 32, Dk = Dv = 128, bf16 activations,
-   f32 state), T = 512 and 4096, CUDA events, medians after warm-up, three rotating input sets:
+   f32 state), T = 512 and 4096, CUDA events around 10 calls queued back to back (so that the
+   Python launch cost, ~20-60 us a launch here, overlaps the GPU's work instead of being
+   counted; a call whose host side is longer than its GPU work is timed at its host side),
+   per call, median of 5, after warm-up, three rotating input sets:
    our chunk kernels (the three passes, and each alone), our recurrence kernel, fla's
    chunk_gated_delta_rule (fla-core from a carried wheel; when it cannot be imported the table
    says so) and a PyTorch version of the chunk algorithm (torch_chunk below: batched matmuls,
@@ -26,18 +29,20 @@ import argparse
 import ctypes
 import math
 import os
+import statistics
 import sys
 import traceback
 
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from gdn_cuda import (DT, Module, _cuda, check_cu, compare, eager_time, gdn_launch,  # noqa: E402
+from gdn_cuda import (DT, Module, _cuda, check_cu, compare, gdn_launch,  # noqa: E402
                       make_inputs, reference, ulp)
 
 CHUNK = 64
 BLOCK_V = 32
 THREADS = 256
+STATE_THREADS = 512  # kStateThreads
 CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8
 _cuda.cuFuncSetAttribute.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int]
 
@@ -59,12 +64,12 @@ def smem_bytes(dk, dv, in_bytes):
     return 4 * prep, 4 * state, 4 * out
 
 
-def _launch(f, grid, smem, args):
+def _launch(f, grid, smem, args, threads=THREADS):
     check_cu(_cuda.cuFuncSetAttribute(f, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem), "cuFuncSetAttribute")
     holders = [ctypes.c_void_p(a.data_ptr()) if isinstance(a, torch.Tensor) else a for a in args]
     params = (ctypes.c_void_p * len(holders))(*[ctypes.cast(ctypes.byref(h), ctypes.c_void_p) for h in holders])
     stream = torch.cuda.current_stream().cuda_stream
-    rc = _cuda.cuLaunchKernel(f, grid[0], grid[1], 1, THREADS, 1, 1, smem, ctypes.c_void_p(stream), params, None)
+    rc = _cuda.cuLaunchKernel(f, grid[0], grid[1], 1, threads, 1, 1, smem, ctypes.c_void_p(stream), params, None)
     check_cu(rc, "cuLaunchKernel(gated_delta_chunk)")
 
 
@@ -93,7 +98,7 @@ def chunk_launch(mod, q, k, v, g, beta, state, y, mask, chunks, scratch=None, pa
                 [k, v, g, beta, m, gcum, w, u, p])
     if 1 in passes:
         _launch(mod.func(f"gated_delta_chunk_state_{inn}_{st}"), (Dv // BLOCK_V, B * Hv), state_smem,
-                [k, gcum, w, u, h, state, p])
+                [k, gcum, w, u, h, state, p], threads=STATE_THREADS)
     if 2 in passes:
         _launch(mod.func(f"gated_delta_chunk_out_{inn}"), (chunks, B * Hv), out_smem, [q, k, gcum, h, u, m, y, p])
 
@@ -199,6 +204,23 @@ def run_checks(chunk_mod, step_mod, log, seed=4321):
     return n_fail == 0
 
 
+def queued_time(fns, calls=10, reps=5, warm=2):
+    """Per-call time (us) of `calls` calls queued back to back between two events; median of `reps`."""
+    for i in range(warm * len(fns)):
+        fns[i % len(fns)]()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        for i in range(calls):
+            fns[i % len(fns)]()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b) * 1e3 / calls)
+    return statistics.median(times)
+
+
 def run_bench(chunk_mod, step_mod, fla, log):
     B, Hk, Hv, Dk, Dv = 1, 16, 32, 128, 128
     gen = torch.Generator(device="cuda")
@@ -213,10 +235,9 @@ def run_bench(chunk_mod, step_mod, fla, log):
             q, k, v, g, beta, state, _ = make_inputs(B, T, Hk, Hv, Dk, Dv, torch.bfloat16, torch.float32, False, gen)
             y = torch.empty(B, T, Hv, Dv, device="cuda", dtype=torch.bfloat16)
             data.append((q, k, v, g, beta, state, y, g.log()))
-        iters = 9 if T == 4096 else 15 if full else 31
         res = {}
         fns = [(lambda d=d: chunk_launch(chunk_mod, *d[:7], None, T // CHUNK)) for d in data]
-        res["ours chunk"] = eager_time(fns, iters=iters, warm=2)[0]
+        res["ours chunk"] = queued_time(fns)
         # Each pass alone, on scratch a full run filled (the state pass then runs on v_new as if
         # it were u: other values, the same work).
         scr = chunk_scratch(B, Hv, Dk, Dv, T // CHUNK)
@@ -224,21 +245,21 @@ def run_bench(chunk_mod, step_mod, fla, log):
         passes = ["pass 1 (prep, parallel)", "pass 2 (state, sequential)", "pass 3 (y, parallel)"] if full else []
         for i, name in enumerate(passes):
             fns = [lambda i=i: chunk_launch(chunk_mod, *data[0][:7], None, T // CHUNK, scratch=scr, passes=(i,))]
-            res[f"  ours chunk {name}"] = eager_time(fns, iters=iters, warm=2)[0]
+            res[f"  ours chunk {name}"] = queued_time(fns)
         del scr
         fns = [(lambda d=d: gdn_launch(step_mod, *d[:7], None)) for d in data]
-        res["ours recurrence"] = eager_time(fns, iters=iters, warm=1)[0]
+        res["ours recurrence"] = queued_time(fns)
         if fla is not None and full:
             try:
                 fns = [(lambda d=d: fla(d[0], d[1], d[2], g=d[7], beta=d[4], scale=1.0, initial_state=d[5],
                                         output_final_state=True, state_v_first=True)) for d in data]
-                res["fla chunk_gated_delta_rule"] = eager_time(fns, iters=iters, warm=2)[0]
+                res["fla chunk_gated_delta_rule"] = queued_time(fns)
             except Exception as e:
                 log(f"fla chunk_gated_delta_rule failed at T={T}: {e!r}")
         if full:
             try:
                 fns = [(lambda d=d: torch_chunk(*d[:6])) for d in data]
-                res["torch chunk (baseline, not fla)"] = eager_time(fns, iters=5, warm=1)[0]
+                res["torch chunk (baseline, not fla)"] = queued_time(fns, calls=2, reps=3, warm=1)
             except Exception as e:
                 log(f"torch chunk failed at T={T}: {e!r}")
         ours = res["ours chunk"]
