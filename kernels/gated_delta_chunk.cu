@@ -30,8 +30,7 @@
 // (kernels/params/gated_delta_chunk.h). Scratch, f32, with n = b*Hv + hv and C = chunks, every
 // element written before it is read: gcum [n][C*64], w [n][C][64][Dk], u [n][C][64][Dv],
 // h [n][C][Dk][Dv]; 32-byte aligned (wmma loads and stores them directly).
-// LAUNCH: blocks of 256 threads (kThreads), 512 for the state pass (kStateThreads); dynamic
-//   shared memory prep_smem_floats(Dk, Dv),
+// LAUNCH: blocks of 256 threads (kThreads); dynamic shared memory prep_smem_floats(Dk, Dv),
 //   state_smem_floats(Dk, sizeof(InT)), out_smem_floats(Dk) floats (over 48 KB: the host raises
 //   each function's CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES first; the state pass takes
 //   up to 227 KB, an sm_90 block's most). The three run in order on one stream.
@@ -68,12 +67,8 @@ using namespace nvcuda;
 
 constexpr int kChunk = 64;
 constexpr int kBlockV = 32;  // value columns per block of the state pass; y's column slab
-constexpr int kWarps = 8;  // prep and out
+constexpr int kWarps = 8;  // the state pass gives each warp one 16x16 tile of v_new
 constexpr int kThreads = kWarps * 32;
-// The state pass: its chain per chunk is what the whole call waits on, so it takes the most
-// warps its registers allow (each a 16x16 tile of h, and half the k range of a v_new tile).
-constexpr int kStateWarps = 16;
-constexpr int kStateThreads = kStateWarps * 32;
 constexpr int kDiagBlocks = kChunk / 16;  // A's diagonal 16x16 blocks, one warp each
 constexpr int kPad = 8;               // floats of padding per row: keeps 32-byte tile alignment, spreads banks
 constexpr int kLdV = kBlockV + kPad;  // 32-column slabs: the state block, v_new, y staging
@@ -405,11 +400,8 @@ __device__ __forceinline__ void prep_kernel(const InT* __restrict__ k, const InT
 // the operand of w h_c, and to h for pass 3. The next chunk's w, K, u and gates are copied
 // asynchronously (cp.async) while this chunk computes, so the chain waits on the tensor cores,
 // not on global memory.
-constexpr int kMaxStateTiles = (256 / 16) * (kBlockV / 16) / kStateWarps;  // h tiles per warp at Dk = 256
-constexpr int kVnewTiles = (kChunk / 16) * (kBlockV / 16);
-// w h_c's k range is split over this many warps per v_new tile.
-constexpr int kSplitK = kStateWarps / kVnewTiles;
-static_assert(kSplitK * kVnewTiles == kStateWarps && (kSplitK == 1 || kSplitK == 2), "v_new tiles per warp");
+constexpr int kMaxStateTiles = (256 / 16) * (kBlockV / 16) / kWarps;  // h tiles per warp at Dk = 256
+static_assert(kWarps == (kChunk / 16) * (kBlockV / 16), "one v_new tile per warp");
 
 // Where the state pass's shared memory parts lie (state_smem_floats).
 template <typename InT>
@@ -451,7 +443,7 @@ __device__ __forceinline__ void stage_state_chunk(const StateSmem<InT>& sm, cons
   const int w_vecs = dk / 4;
   const float* w_src = w_in + nc * kChunk * dk;
   float* w_dst = sm.w(b);
-  for (RowWalk at(tid, kStateThreads, w_vecs); at.row < kChunk; at.next()) {
+  for (RowWalk at(tid, kThreads, w_vecs); at.row < kChunk; at.next()) {
     __pipeline_memcpy_async(w_dst + at.row * sm.ldk + 4 * at.col, w_src + size_t(at.row) * dk + 4 * at.col, 16);
   }
   const InT* k_src = k + (bt0 * p.key_heads + hd.hk) * dk;
@@ -461,19 +453,19 @@ __device__ __forceinline__ void stage_state_chunk(const StateSmem<InT>& sm, cons
   if (k_aligned) {
     constexpr int per = 16 / int(sizeof(InT));
     const int k_vecs = dk / per;
-    for (RowWalk at(tid, kStateThreads, k_vecs); at.row < kChunk; at.next()) {
+    for (RowWalk at(tid, kThreads, k_vecs); at.row < kChunk; at.next()) {
       __pipeline_memcpy_async(k_dst + at.row * k_ld + per * at.col, k_src + at.row * k_pitch + per * at.col, 16);
     }
   } else {
     // A K view that is not 16-byte aligned: plain loads (the barrier after the wait publishes them too).
-    for (RowWalk at(tid, kStateThreads, dk); at.row < kChunk; at.next()) {
+    for (RowWalk at(tid, kThreads, dk); at.row < kChunk; at.next()) {
       k_dst[at.row * k_ld + at.col] = k_src[at.row * k_pitch + at.col];
     }
   }
   constexpr int u_vecs = kBlockV / 4;
   const float* u_src = uv + nc * kChunk * dv + col0;
   float* u_dst = sm.u(b);
-  for (int e = tid; e < kChunk * u_vecs; e += kStateThreads) {
+  for (int e = tid; e < kChunk * u_vecs; e += kThreads) {
     const int i = e / u_vecs, at = 4 * (e % u_vecs);
     __pipeline_memcpy_async(u_dst + i * kBlockV + at, u_src + size_t(i) * dv + at, 16);
   }
@@ -498,7 +490,7 @@ __device__ __forceinline__ void state_kernel(const InT* __restrict__ k, const fl
   if (ahead) stage_state_chunk(sm, k, gcum_in, w_in, uv, p, hd, col0, 0, 0, k_aligned, tid);
   // hs[key][col] = state[b, hv, col0 + col, key], then into the fragments.
   StT* s_cols = state + (size_t(hd.n) * dv + col0) * dk;
-  for (int e = tid; e < kBlockV * dk; e += kStateThreads) {
+  for (int e = tid; e < kBlockV * dk; e += kThreads) {
     const int col = e / dk, key = e % dk;  // consecutive threads read consecutive keys
     sm.hs[key * kLdV + col] = to_f32(s_cols[size_t(col) * dk + key]);
   }
@@ -506,13 +498,12 @@ __device__ __forceinline__ void state_kernel(const InT* __restrict__ k, const fl
   Acc h[kMaxStateTiles];
 #pragma unroll
   for (int s = 0; s < kMaxStateTiles; ++s) {
-    const int t = warp + s * kStateWarps;
+    const int t = warp + s * kWarps;
     if (t < h_tiles) wmma::load_matrix_sync(h[s], sm.hs + 16 * (t / 2) * kLdV + 16 * (t % 2), kLdV, wmma::mem_row_major);
   }
 
-  // This warp's v_new tile, and its part of w h_c's k range.
-  const int mi = (warp % kVnewTiles) / 2, cj = warp % 2, part = warp / kVnewTiles;
-  const int k_len = dk / kSplitK, k0 = part * k_len;
+  // This warp's v_new tile.
+  const int mi = warp / 2, cj = warp % 2;
   for (unsigned c = 0; c < p.chunks; ++c) {
     const int buf = ahead ? int(c & 1u) : 0;
     const size_t nc = size_t(hd.n) * p.chunks + c;
@@ -525,7 +516,7 @@ __device__ __forceinline__ void state_kernel(const InT* __restrict__ k, const fl
     if constexpr (!StateSmem<InT>::kWideIn) {
       const InT* raw = sm.k_landing(buf);
       // Eight elements (16 bytes) per step.
-      for (RowWalk at(tid, kStateThreads, dk / 8); at.row < kChunk; at.next()) {
+      for (RowWalk at(tid, kThreads, dk / 8); at.row < kChunk; at.next()) {
         const InT* from = raw + at.row * dk + 8 * at.col;
         float* to = sm.ks + at.row * sm.ldk + 8 * at.col;
 #pragma unroll
@@ -536,7 +527,7 @@ __device__ __forceinline__ void state_kernel(const InT* __restrict__ k, const fl
     float* h_c = h_out + nc * dk * dv + col0;
 #pragma unroll
     for (int s = 0; s < kMaxStateTiles; ++s) {
-      const int t = warp + s * kStateWarps;
+      const int t = warp + s * kWarps;
       if (t < h_tiles) {
         const int ki = t / 2, cc = t % 2;
         wmma::store_matrix_sync(sm.hs + 16 * ki * kLdV + 16 * cc, h[s], kLdV, wmma::mem_row_major);
@@ -551,31 +542,17 @@ __device__ __forceinline__ void state_kernel(const InT* __restrict__ k, const fl
     {
       Acc wh, vn;
       wmma::fill_fragment(wh, 0.0f);
-      mma_f32<Row, Row, true, true>(wh, sm.w(buf) + 16 * mi * sm.ldk + k0, sm.ldk, sm.hs + k0 * kLdV + 16 * cj, kLdV,
-                                    k_len);
-      float* u_tile = sm.u(buf) + 16 * mi * kBlockV + 16 * cj;
-      if constexpr (kSplitK == 2) {
-        // The upper half of the k range is taken off u in place first.
-        if (part == 1) {
-          wmma::load_matrix_sync(vn, u_tile, kBlockV, wmma::mem_row_major);
+      mma_f32<Row, Row, true, true>(wh, sm.w(buf) + 16 * mi * sm.ldk, sm.ldk, sm.hs + 16 * cj, kLdV, dk);
+      wmma::load_matrix_sync(vn, sm.u(buf) + 16 * mi * kBlockV + 16 * cj, kBlockV, wmma::mem_row_major);
 #pragma unroll
-          for (int i = 0; i < vn.num_elements; ++i) vn.x[i] -= wh.x[i];
-          wmma::store_matrix_sync(u_tile, vn, kBlockV, wmma::mem_row_major);
-        }
-        __syncthreads();
-      }
-      if (part == 0) {
-        wmma::load_matrix_sync(vn, u_tile, kBlockV, wmma::mem_row_major);
-#pragma unroll
-        for (int i = 0; i < vn.num_elements; ++i) vn.x[i] -= wh.x[i];
-        wmma::store_matrix_sync(uv + (nc * kChunk + 16 * mi) * dv + col0 + 16 * cj, vn, dv, wmma::mem_row_major);
-        float* tile = sm.vs + 16 * mi * kLdV + 16 * cj;
-        wmma::store_matrix_sync(tile, vn, kLdV, wmma::mem_row_major);
-        __syncwarp();
-        for (int e = lane; e < 16 * 16; e += 32) {
-          const int r = e / 16;
-          tile[r * kLdV + e % 16] *= expf(g_last - gc[16 * mi + r]);
-        }
+      for (int i = 0; i < vn.num_elements; ++i) vn.x[i] -= wh.x[i];
+      wmma::store_matrix_sync(uv + (nc * kChunk + 16 * mi) * dv + col0 + 16 * cj, vn, dv, wmma::mem_row_major);
+      float* tile = sm.vs + 16 * mi * kLdV + 16 * cj;
+      wmma::store_matrix_sync(tile, vn, kLdV, wmma::mem_row_major);
+      __syncwarp();
+      for (int e = lane; e < 16 * 16; e += 32) {
+        const int r = e / 16;
+        tile[r * kLdV + e % 16] *= expf(g_last - gc[16 * mi + r]);
       }
     }
     __syncthreads();
@@ -585,7 +562,7 @@ __device__ __forceinline__ void state_kernel(const InT* __restrict__ k, const fl
     const float* ks = sm.k_f32(buf);
 #pragma unroll
     for (int s = 0; s < kMaxStateTiles; ++s) {
-      const int t = warp + s * kStateWarps;
+      const int t = warp + s * kWarps;
       if (t < h_tiles) {
         const int ki = t / 2, cc = t % 2;
 #pragma unroll
@@ -601,11 +578,11 @@ __device__ __forceinline__ void state_kernel(const InT* __restrict__ k, const fl
   // The only rounding of the state in the call.
 #pragma unroll
   for (int s = 0; s < kMaxStateTiles; ++s) {
-    const int t = warp + s * kStateWarps;
+    const int t = warp + s * kWarps;
     if (t < h_tiles) wmma::store_matrix_sync(sm.hs + 16 * (t / 2) * kLdV + 16 * (t % 2), h[s], kLdV, wmma::mem_row_major);
   }
   __syncthreads();
-  for (int e = tid; e < kBlockV * dk; e += kStateThreads) {
+  for (int e = tid; e < kBlockV * dk; e += kThreads) {
     const int col = e / dk, key = e % dk;
     s_cols[size_t(col) * dk + key] = from_f32<StT>(sm.hs[key * kLdV + col]);
   }
@@ -735,7 +712,7 @@ __device__ __forceinline__ void out_kernel(const InT* __restrict__ q, const InT*
   }
 
 #define GDN_CHUNK_STATE_ENTRY(name, InT, StT)                                                                    \
-  extern "C" __global__ void __launch_bounds__(gdn_chunk::kStateThreads)                                         \
+  extern "C" __global__ void __launch_bounds__(gdn_chunk::kThreads)                                              \
       name(const InT* k, const float* gcum, const float* w, float* u, float* h, StT* state,                      \
            const GdnChunkParams p) {                                                                             \
     extern __shared__ __align__(128) float gdn_chunk_smem[];                                                     \

@@ -42,7 +42,6 @@ from gdn_cuda import (DT, Module, _cuda, check_cu, compare, gdn_launch,  # noqa:
 CHUNK = 64
 BLOCK_V = 32
 THREADS = 256
-STATE_THREADS = 512  # kStateThreads
 CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8
 _cuda.cuFuncSetAttribute.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int]
 
@@ -64,12 +63,12 @@ def smem_bytes(dk, dv, in_bytes):
     return 4 * prep, 4 * state, 4 * out
 
 
-def _launch(f, grid, smem, args, threads=THREADS):
+def _launch(f, grid, smem, args):
     check_cu(_cuda.cuFuncSetAttribute(f, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem), "cuFuncSetAttribute")
     holders = [ctypes.c_void_p(a.data_ptr()) if isinstance(a, torch.Tensor) else a for a in args]
     params = (ctypes.c_void_p * len(holders))(*[ctypes.cast(ctypes.byref(h), ctypes.c_void_p) for h in holders])
     stream = torch.cuda.current_stream().cuda_stream
-    rc = _cuda.cuLaunchKernel(f, grid[0], grid[1], 1, threads, 1, 1, smem, ctypes.c_void_p(stream), params, None)
+    rc = _cuda.cuLaunchKernel(f, grid[0], grid[1], 1, THREADS, 1, 1, smem, ctypes.c_void_p(stream), params, None)
     check_cu(rc, "cuLaunchKernel(gated_delta_chunk)")
 
 
@@ -98,7 +97,7 @@ def chunk_launch(mod, q, k, v, g, beta, state, y, mask, chunks, scratch=None, pa
                 [k, v, g, beta, m, gcum, w, u, p])
     if 1 in passes:
         _launch(mod.func(f"gated_delta_chunk_state_{inn}_{st}"), (Dv // BLOCK_V, B * Hv), state_smem,
-                [k, gcum, w, u, h, state, p], threads=STATE_THREADS)
+                [k, gcum, w, u, h, state, p])
     if 2 in passes:
         _launch(mod.func(f"gated_delta_chunk_out_{inn}"), (chunks, B * Hv), out_smem, [q, k, gcum, h, u, m, y, p])
 

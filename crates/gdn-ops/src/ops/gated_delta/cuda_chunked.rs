@@ -27,10 +27,8 @@ unsafe impl DeviceRepr for GdnChunkParams {}
 
 /// Value columns per block of the state pass (`kBlockV`).
 const BLOCK_V: usize = 32;
-/// Threads per block of the prep and out passes (`kThreads`): 8 warps.
+/// Threads per block of every pass (`kThreads`): 8 warps.
 const THREADS: u32 = 256;
-/// Threads per block of the state pass (`kStateThreads`): 16 warps.
-const STATE_THREADS: u32 = 512;
 /// The largest key and value head dims the passes' shared memory holds.
 const MAX_DIM: usize = 256;
 
@@ -216,9 +214,9 @@ where
             None => view::<f32>(&gs, gl, OP)?,
         };
         let stream = dev.cuda_stream();
-        let config = |grid_x: usize, threads: u32, smem: usize| LaunchConfig {
+        let config = |grid_x: usize, smem: usize| LaunchConfig {
             grid_dim: (grid_x as u32, heads as u32, 1),
-            block_dim: (threads, 1, 1),
+            block_dim: (THREADS, 1, 1),
             shared_mem_bytes: smem as u32,
         };
 
@@ -235,7 +233,7 @@ where
         // SAFETY: the arguments match gated_delta_chunk_prep_<in> in kernels/gated_delta_chunk.cu,
         // in order and type; the inputs cover every (b, t < chunks * 64) the grid indexes and the
         // scratch has the sizes of the kernel's header.
-        unsafe { launch(args, config(chunks, THREADS, prep_smem)) }?;
+        unsafe { launch(args, config(chunks, prep_smem)) }?;
 
         let mut args = stream.launch_builder(&state_pass);
         args.arg(&k_view)
@@ -246,7 +244,7 @@ where
             .arg(&state_view)
             .arg(&params);
         // SAFETY: as above, for gated_delta_chunk_state_<in>_<st>; the state is [B, Hv, Dv, Dk].
-        unsafe { launch(args, config(dv / BLOCK_V, STATE_THREADS, state_smem)) }?;
+        unsafe { launch(args, config(dv / BLOCK_V, state_smem)) }?;
 
         let mut args = stream.launch_builder(&out);
         args.arg(&q_view)
@@ -258,7 +256,7 @@ where
             .arg(&y)
             .arg(&params);
         // SAFETY: as above, for gated_delta_chunk_out_<in>; y is [B, T, Hv, Dv].
-        unsafe { launch(args, config(chunks, THREADS, out_smem)) }?;
+        unsafe { launch(args, config(chunks, out_smem)) }?;
     }
     Ok(tensor(
         y,
