@@ -52,7 +52,11 @@ fn prep_shared_bytes(key_dim: usize, value_dim: usize) -> usize {
 /// The state pass double-buffers its copies of the next chunk up to this key dim (`state_buffers`).
 const STATE_DOUBLE_BUFFER_MAX_KEY_DIM: usize = 128;
 fn state_shared_bytes(key_dim: usize, input_bytes: usize) -> usize {
-    let buffers = if key_dim <= STATE_DOUBLE_BUFFER_MAX_KEY_DIM { 2 } else { 1 };
+    let buffers = if key_dim <= STATE_DOUBLE_BUFFER_MAX_KEY_DIM {
+        2
+    } else {
+        1
+    };
     let rows = CHUNK * ld_rows(key_dim);
     // f32 K lands in the rows the products read; 16-bit K in raw rows, widened into one copy.
     let k_part = if input_bytes == 4 {
@@ -60,11 +64,7 @@ fn state_shared_bytes(key_dim: usize, input_bytes: usize) -> usize {
     } else {
         rows + buffers * CHUNK * key_dim * input_bytes / 4
     };
-    4 * (key_dim * 40
-        + buffers * rows
-        + k_part
-        + CHUNK * 40
-        + buffers * (CHUNK * BLOCK_V + CHUNK))
+    4 * (key_dim * 40 + buffers * rows + k_part + CHUNK * 40 + buffers * (CHUNK * BLOCK_V + CHUNK))
 }
 fn out_shared_bytes(key_dim: usize) -> usize {
     let slabs = (CHUNK * ld_rows(key_dim)).max((key_dim + CHUNK) * 40);
