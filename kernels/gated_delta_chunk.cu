@@ -45,7 +45,8 @@
 // products are f32 quantities whatever InT is, while f16/bf16 K and Q tiles are exact in TF32
 // and go in unsplit.
 //
-// Compile for candle: nvcc -ptx -arch=sm_90 -O3 -I kernels kernels/gated_delta_chunk.cu (sm_80+).
+// Compile for candle: nvcc -ptx -arch=sm_90 -O3 -I kernels kernels/gated_delta_chunk.cu (sm_80+ for
+// the instructions; the state pass's shared memory, 185 KB at Dk = 128, needs an sm_90 block).
 // The bodies (gdn_chunk::{prep,state,out}_kernel) take their thread and block indices and their
 // shared memory as arguments, so that kernels/emu/gated_delta_chunk_cuda_harness.cpp can run
 // them on the CPU (crates/gdn-ops/tests/gated_delta_chunk_cuda_emulation.rs).
