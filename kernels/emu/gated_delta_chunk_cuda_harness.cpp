@@ -1,6 +1,6 @@
 // Runs the bodies of the shipped kernels/gated_delta_chunk.cu (gdn_chunk::{prep,state,out}_kernel,
 // one pass after the other) on the CPU through kernels/emu/cuda/cuda_emu.h, with the launch
-// geometry of crates/gdn-ops/src/ops/gated_delta/cuda_chunked.rs: blocks of 128 threads, grids
+// geometry of crates/gdn-ops/src/ops/gated_delta/cuda_chunked.rs: blocks of 256 threads, grids
 // (chunks, B * Hv), (Dv / 32, B * Hv), (chunks, B * Hv), each pass's shared memory NaN before
 // each block (a read of what no thread wrote poisons the result), and the scratch between the
 // passes poisoned and checked to be written in full. Only whole chunks: T must be a multiple
@@ -75,7 +75,7 @@ void run(const Case& c) {
     });
   }
   {
-    BlockShared shared(gdn_chunk::state_smem_floats(int(p.key_dim)));
+    BlockShared shared(gdn_chunk::state_smem_floats(int(p.key_dim), int(sizeof(InT))));
     metal_emu::dispatch_threadgroups(uint3{p.value_dim / gdn_chunk::kBlockV, n_heads, 1}, threads,
                                      [&](const metal_emu::ThreadIds& id) {
                                        shared.poison(id);

@@ -13,7 +13,10 @@ parallel) on a CUDA GPU; run on the device machine by scripts/gpu/bench-chunk.sh
    the f32-state run of the same inputs rounded once, and so within one bf16 ulp plus the f32
    gate of the reference (compare_chunk).
 2. Timing at Qwen3-Next-80B's GDN shapes (B 1, Hk 16, Hv 32, Dk = Dv = 128, bf16 activations,
-   f32 state), T = 512 and 4096, CUDA events, medians after warm-up, three rotating input sets:
+   f32 state), T = 512 and 4096, CUDA events around 10 calls queued back to back (so that the
+   Python launch cost, ~20-60 us a launch here, overlaps the GPU's work instead of being
+   counted; a call whose host side is longer than its GPU work is timed at its host side),
+   per call, median of 5, after warm-up, three rotating input sets:
    our chunk kernels (the three passes, and each alone), our recurrence kernel, fla's
    chunk_gated_delta_rule (fla-core from a carried wheel; when it cannot be imported the table
    says so) and a PyTorch version of the chunk algorithm (torch_chunk below: batched matmuls,
@@ -26,18 +29,19 @@ import argparse
 import ctypes
 import math
 import os
+import statistics
 import sys
 import traceback
 
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from gdn_cuda import (DT, Module, _cuda, check_cu, compare, eager_time, gdn_launch,  # noqa: E402
+from gdn_cuda import (DT, Module, _cuda, check_cu, compare, gdn_launch,  # noqa: E402
                       make_inputs, reference, ulp)
 
 CHUNK = 64
 BLOCK_V = 32
-THREADS = 128
+THREADS = 256
 CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8
 _cuda.cuFuncSetAttribute.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int]
 
@@ -48,11 +52,13 @@ class Params(ctypes.Structure):
                 ("batch", "steps", "chunks", "key_heads", "value_heads", "key_dim", "value_dim", "has_mask")]
 
 
-def smem_bytes(dk, dv):
-    """prep_smem_floats(Dk, Dv), state_smem_floats(Dk), out_smem_floats(Dk) of the kernel, in bytes."""
+def smem_bytes(dk, dv, in_bytes):
+    """prep_smem_floats(Dk, Dv), state_smem_floats(Dk, in_bytes), out_smem_floats(Dk) of the kernel, in bytes."""
     ld = lambda d: d + 8  # noqa: E731
     prep = CHUNK * ld(dk) + CHUNK * ld(dv) + 2 * CHUNK * 72 + 4 * 16 * 24 + 3 * CHUNK
-    state = dk * 40 + 2 * CHUNK * ld(dk) + CHUNK * 40 + CHUNK
+    nb = 2 if dk <= 128 else 1
+    k_part = nb * CHUNK * ld(dk) if in_bytes == 4 else CHUNK * ld(dk) + nb * CHUNK * dk * in_bytes // 4
+    state = dk * 40 + nb * CHUNK * ld(dk) + k_part + CHUNK * 40 + nb * (CHUNK * BLOCK_V + CHUNK)
     out = CHUNK * ld(dk) + max(CHUNK * ld(dk), (dk + CHUNK) * 40) + CHUNK * 72 + CHUNK * 40 + 2 * CHUNK
     return 4 * prep, 4 * state, 4 * out
 
@@ -85,7 +91,7 @@ def chunk_launch(mod, q, k, v, g, beta, state, y, mask, chunks, scratch=None, pa
     gcum, w, u, h = scratch if scratch is not None else chunk_scratch(B, Hv, Dk, Dv, chunks)
     p = Params(B, T, chunks, Hk, Hv, Dk, Dv, 1 if mask is not None else 0)
     m = mask if mask is not None else g
-    prep_smem, state_smem, out_smem = smem_bytes(Dk, Dv)
+    prep_smem, state_smem, out_smem = smem_bytes(Dk, Dv, q.element_size())
     if 0 in passes:
         _launch(mod.func(f"gated_delta_chunk_prep_{inn}"), (chunks, B * Hv), prep_smem,
                 [k, v, g, beta, m, gcum, w, u, p])
@@ -181,7 +187,7 @@ def run_checks(chunk_mod, step_mod, log, seed=4321):
             for st in ["f32", "bf16"]:
                 q, k, v, g, beta, state, mask = make_inputs(B, T, Hk, Hv, Dk, Dv, DT[inn], DT[st], masked, gen)
                 ref_y, ref_s = reference(q, k, v, g, beta, state, mask)
-                sibling = state.float()
+                sibling = state.float().clone()  # a copy also for an f32 state: .float() would alias it
                 y = chunked_update(chunk_mod, step_mod, q, k, v, g, beta, state, mask)
                 chunked_update(chunk_mod, step_mod, q, k, v, g, beta, sibling, mask)
                 torch.cuda.synchronize()
@@ -195,6 +201,23 @@ def run_checks(chunk_mod, step_mod, log, seed=4321):
                     f"state {r['s_err_rel_max']:.2e} ({r['s_err_over_tol']:.2f} of tol){extra}")
     log(f"chunk kernel checks: {n_ok} passed, {n_fail} failed")
     return n_fail == 0
+
+
+def queued_time(fns, calls=10, reps=5, warm=2):
+    """Per-call time (us) of `calls` calls queued back to back between two events; median of `reps`."""
+    for i in range(warm * len(fns)):
+        fns[i % len(fns)]()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        for i in range(calls):
+            fns[i % len(fns)]()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b) * 1e3 / calls)
+    return statistics.median(times)
 
 
 def run_bench(chunk_mod, step_mod, fla, log):
@@ -211,10 +234,9 @@ def run_bench(chunk_mod, step_mod, fla, log):
             q, k, v, g, beta, state, _ = make_inputs(B, T, Hk, Hv, Dk, Dv, torch.bfloat16, torch.float32, False, gen)
             y = torch.empty(B, T, Hv, Dv, device="cuda", dtype=torch.bfloat16)
             data.append((q, k, v, g, beta, state, y, g.log()))
-        iters = 9 if T == 4096 else 15 if full else 31
         res = {}
         fns = [(lambda d=d: chunk_launch(chunk_mod, *d[:7], None, T // CHUNK)) for d in data]
-        res["ours chunk"] = eager_time(fns, iters=iters, warm=2)[0]
+        res["ours chunk"] = queued_time(fns)
         # Each pass alone, on scratch a full run filled (the state pass then runs on v_new as if
         # it were u: other values, the same work).
         scr = chunk_scratch(B, Hv, Dk, Dv, T // CHUNK)
@@ -222,21 +244,21 @@ def run_bench(chunk_mod, step_mod, fla, log):
         passes = ["pass 1 (prep, parallel)", "pass 2 (state, sequential)", "pass 3 (y, parallel)"] if full else []
         for i, name in enumerate(passes):
             fns = [lambda i=i: chunk_launch(chunk_mod, *data[0][:7], None, T // CHUNK, scratch=scr, passes=(i,))]
-            res[f"  ours chunk {name}"] = eager_time(fns, iters=iters, warm=2)[0]
+            res[f"  ours chunk {name}"] = queued_time(fns)
         del scr
         fns = [(lambda d=d: gdn_launch(step_mod, *d[:7], None)) for d in data]
-        res["ours recurrence"] = eager_time(fns, iters=iters, warm=1)[0]
+        res["ours recurrence"] = queued_time(fns)
         if fla is not None and full:
             try:
                 fns = [(lambda d=d: fla(d[0], d[1], d[2], g=d[7], beta=d[4], scale=1.0, initial_state=d[5],
                                         output_final_state=True, state_v_first=True)) for d in data]
-                res["fla chunk_gated_delta_rule"] = eager_time(fns, iters=iters, warm=2)[0]
+                res["fla chunk_gated_delta_rule"] = queued_time(fns)
             except Exception as e:
                 log(f"fla chunk_gated_delta_rule failed at T={T}: {e!r}")
         if full:
             try:
                 fns = [(lambda d=d: torch_chunk(*d[:6])) for d in data]
-                res["torch chunk (baseline, not fla)"] = eager_time(fns, iters=5, warm=1)[0]
+                res["torch chunk (baseline, not fla)"] = queued_time(fns, calls=2, reps=3, warm=1)
             except Exception as e:
                 log(f"torch chunk failed at T={T}: {e!r}")
         ours = res["ours chunk"]
@@ -271,7 +293,7 @@ def main():
     chunk_mod, step_mod = Module(args.chunk_ptx), Module(args.step_ptx)
     for i, n in enumerate(["gated_delta_chunk_prep_bf16", "gated_delta_chunk_state_bf16_f32", "gated_delta_chunk_out_bf16"]):
         r, lm = chunk_mod.regs(n)
-        log(f"  {n}: {r} registers, {lm} B local memory per thread, {smem_bytes(128, 128)[i]} B shared at Dk = Dv = 128")
+        log(f"  {n}: {r} registers, {lm} B local memory per thread, {smem_bytes(128, 128, 2)[i]} B shared at Dk = Dv = 128")
     fla = None
     try:
         from fla.ops.gated_delta_rule import chunk_gated_delta_rule

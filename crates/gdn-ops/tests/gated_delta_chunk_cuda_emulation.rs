@@ -38,8 +38,9 @@ fn harness() -> &'static Path {
 }
 
 /// The cases: every instantiation over one chunk and three (T 64 and 192, the harness runs
-/// whole chunks only: the tail is the recurrence kernel's) on one 32-column block of a
-/// 128-key head; padding masks; the models' head shapes; the smallest and largest key dims.
+/// whole chunks only: the tail is the recurrence kernel's; three chunks wrap the state pass's
+/// two buffers) on one 32-column block of a 128-key head; padding masks; the models' head
+/// shapes; the smallest and largest key dims.
 fn jobs() -> Vec<(In, St, Shape, bool)> {
     let shape = |b, t, hk, ratio, dk, dv| Shape {
         b,
@@ -64,6 +65,9 @@ fn jobs() -> Vec<(In, St, Shape, bool)> {
     }
     jobs.push((In::F32, St::F32, shape(1, 64, 1, 2, 192, 128), false));
     jobs.push((In::F32, St::F32, shape(1, 128, 1, 1, 256, 32), false));
+    // Above Dk = 128 the state pass has one buffer (16-bit K: raw rows, widened) and the out
+    // pass loads the h rows past key 128 without holding them ahead.
+    jobs.push((In::Bf16, St::Bf16, shape(1, 128, 1, 1, 256, 32), false));
     jobs.push((In::F32, St::F32, shape(1, 128, 2, 1, 16, 64), false));
     // The largest value head dim (pass 1 stages all of V).
     jobs.push((In::Bf16, St::F32, shape(2, 64, 1, 1, 64, 256), true));

@@ -13,6 +13,7 @@
 #pragma once
 
 #include <cmath>
+#include <cstring>
 
 #define __global__
 #define __device__
@@ -21,7 +22,7 @@
 #define __forceinline__ inline
 #define __restrict__ __restrict
 #define __align__(n) __attribute__((aligned(n)))
-#define __launch_bounds__(n)
+#define __launch_bounds__(...)
 #define __syncthreads() metal::threadgroup_barrier(metal::mem_flags::mem_threadgroup)
 #define __syncwarp() metal::simdgroup_barrier(metal::mem_flags::mem_threadgroup)
 #define __shfl_up_sync(mask, value, offset) metal::simd_shuffle_up(value, offset)
@@ -33,6 +34,18 @@ inline unsigned min(unsigned a, unsigned b) { return a < b ? a : b; }
 // Rounded float arithmetic that the compiler may not contract into an FMA (each its own call).
 inline float __fmul_rn(float a, float b) { return a * b; }
 inline float __fadd_rn(float a, float b) { return a + b; }
+
+// Bit casts between float and its 32-bit pattern.
+inline unsigned __float_as_uint(float f) {
+  unsigned u;
+  std::memcpy(&u, &f, 4);
+  return u;
+}
+inline float __uint_as_float(unsigned u) {
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
 
 struct dim3 {
   unsigned x, y, z;

@@ -27,8 +27,8 @@ unsafe impl DeviceRepr for GdnChunkParams {}
 
 /// Value columns per block of the state pass (`kBlockV`).
 const BLOCK_V: usize = 32;
-/// Threads per block of every pass (`kThreads`): 4 warps.
-const THREADS: u32 = 128;
+/// Threads per block of every pass (`kThreads`): 8 warps.
+const THREADS: u32 = 256;
 /// The largest key and value head dims the passes' shared memory holds.
 const MAX_DIM: usize = 256;
 
@@ -39,8 +39,9 @@ const fn ld_rows(d: usize) -> usize {
 
 /// Dynamic shared memory of each pass in bytes: `prep_smem_floats`, `state_smem_floats` and
 /// `out_smem_floats` of the kernel (K and V of a chunk, two 64x72 matrices, a 16x24 tile per
-/// warp and the gates; the 32-column state block, w and K, v_new; Q, K or the h and v_new slabs,
-/// P, y staging and the gates).
+/// diagonal block and the gates; the 32-column state block, w, K, v_new, u and the gates, the
+/// copies of the next chunk double-buffered up to Dk = 128; Q, K or the h and v_new slabs, P,
+/// y staging and the gates).
 fn prep_shared_bytes(key_dim: usize, value_dim: usize) -> usize {
     4 * (CHUNK * ld_rows(key_dim)
         + CHUNK * ld_rows(value_dim)
@@ -48,8 +49,22 @@ fn prep_shared_bytes(key_dim: usize, value_dim: usize) -> usize {
         + 4 * 16 * 24
         + 3 * CHUNK)
 }
-fn state_shared_bytes(key_dim: usize) -> usize {
-    4 * (key_dim * 40 + 2 * CHUNK * ld_rows(key_dim) + CHUNK * 40 + CHUNK)
+/// The state pass double-buffers its copies of the next chunk up to this key dim (`state_buffers`).
+const STATE_DOUBLE_BUFFER_MAX_KEY_DIM: usize = 128;
+fn state_shared_bytes(key_dim: usize, input_bytes: usize) -> usize {
+    let buffers = if key_dim <= STATE_DOUBLE_BUFFER_MAX_KEY_DIM {
+        2
+    } else {
+        1
+    };
+    let rows = CHUNK * ld_rows(key_dim);
+    // f32 K lands in the rows the products read; 16-bit K in raw rows, widened into one copy.
+    let k_part = if input_bytes == 4 {
+        buffers * rows
+    } else {
+        rows + buffers * CHUNK * key_dim * input_bytes / 4
+    };
+    4 * (key_dim * 40 + buffers * rows + k_part + CHUNK * 40 + buffers * (CHUNK * BLOCK_V + CHUNK))
 }
 fn out_shared_bytes(key_dim: usize) -> usize {
     let slabs = (CHUNK * ld_rows(key_dim)).max((key_dim + CHUNK) * 40);
@@ -153,7 +168,7 @@ where
     let (dk, dv) = (dims.key_dim, dims.value_dim);
     let (prep_smem, state_smem, out_smem) = (
         prep_shared_bytes(dk, dv),
-        state_shared_bytes(dk),
+        state_shared_bytes(dk, std::mem::size_of::<I>()),
         out_shared_bytes(dk),
     );
     let prep = pass(dev, &prep_name, prep_smem)?;

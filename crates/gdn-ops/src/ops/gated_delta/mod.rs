@@ -90,12 +90,11 @@ pub fn chunked_available_on(device: &Device) -> bool {
     }
 }
 
-/// The shortest call the CUDA chunk kernels take without being asked; `None` leaves them
-/// opt-in (`QWEN_GDN_GDN_PREFILL=chunked`): on the H100 the three passes are slower than the
-/// recurrence kernel at every length measured, their state pass being the bound
-/// (`scripts/gpu/bench-chunk.sh`, docs/perf-notes-gpu.md). `Some(n)` makes them the default
-/// from `n` tokens once they win.
-pub const CUDA_CHUNKED_MIN_STEPS: Option<usize> = None;
+/// The shortest call the CUDA chunk kernels take without being asked (`None` would leave them
+/// opt-in, `QWEN_GDN_GDN_PREFILL=chunked`). On the H100 the three passes beat the recurrence
+/// kernel from 512 tokens on (1.85× at 512, 2.1× at 4 096); at 256 and below they did not in
+/// the measurement (`scripts/gpu/bench-chunk.sh`, docs/perf-notes-gpu.md).
+pub const CUDA_CHUNKED_MIN_STEPS: Option<usize> = Some(512);
 
 /// Whether a call of `steps` tokens that the length sends to the chunked form takes it without
 /// being asked. The CPU's chunk form is faster from 16 tokens on; the CUDA one from
