@@ -3,6 +3,7 @@
 # machine: the recipe of ../shared/research/cuda-feasibility.md, automated.
 #
 #   bash scripts/gpu/build-cuda.sh        # ~10 min the first time (candle's CUDA kernels), ~2 min after
+#   CHECK_ONLY=1 bash scripts/gpu/build-cuda.sh   # compile only, pack nothing
 #
 # 1. CUDA 13.0 nvcc, headers and libraries from PyPI wheels -> build/cuda/venv (1.2 GB, once).
 #    13.0 exactly: the device's driver (CUDA 13.0) may reject PTX from a newer nvcc.
@@ -60,6 +61,12 @@ cargo test --release --locked --no-run --message-format=json \
   -p gdn-ops -p qwen-gdn-model -p qwen-gdn \
   --features gdn-ops/cuda,qwen-gdn-model/cuda,qwen-gdn/cuda \
   $(for t in $cuda_tests $model_tests device_flags; do printf -- '--test %s ' "$t"; done) >"$tests_json"
+# CHECK_ONLY=1: stop here (a compile check of the CUDA code, without the slow packing).
+if [ "${CHECK_ONLY:-0}" = 1 ]; then
+  rm -f "$tests_json"
+  echo "build-cuda: compiled (CHECK_ONLY=1: nothing packed)"
+  exit 0
+fi
 pack() { # pack NAME PATH
   strip -o "$cuda/$1" "$2"
   xz -9e -T2 -c "$cuda/$1" >"gpu-artefacts/cuda/$1.xz"

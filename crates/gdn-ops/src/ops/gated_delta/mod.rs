@@ -90,11 +90,13 @@ pub fn chunked_available_on(device: &Device) -> bool {
     }
 }
 
-/// The shortest call the CUDA chunk kernels take without being asked (`None` would leave them
-/// opt-in, `QWEN_GDN_GDN_PREFILL=chunked`). On the H100 the three passes beat the recurrence
-/// kernel from 512 tokens on (1.85× at 512, 2.1× at 4 096); at 256 and below they did not in
-/// the measurement (`scripts/gpu/bench-chunk.sh`, docs/perf-notes-gpu.md).
-pub const CUDA_CHUNKED_MIN_STEPS: Option<usize> = Some(512);
+/// The shortest call the CUDA chunk kernels take without being asked; `None` leaves them
+/// opt-in (`QWEN_GDN_GDN_PREFILL=chunked`). Standalone on the H100 the three passes beat the
+/// recurrence kernel from 512 tokens on (`scripts/gpu/bench-chunk.sh`, docs/perf-notes-gpu.md),
+/// but the kernels as the Rust host launches them have not yet passed `cuda_gated_delta_chunk`
+/// and the device-plan gates on a GPU: until they have, they stay opt-in, and `Some(512)` is
+/// the measured crossover to set then.
+pub const CUDA_CHUNKED_MIN_STEPS: Option<usize> = None;
 
 /// Whether a call of `steps` tokens that the length sends to the chunked form takes it without
 /// being asked. The CPU's chunk form is faster from 16 tokens on; the CUDA one from
