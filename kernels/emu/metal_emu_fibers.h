@@ -102,6 +102,10 @@ class Threadgroup {
     return *current_;
   }
 
+  // The calling thread's index in its threadgroup, and the threadgroup's size.
+  unsigned thread_index() const { return thread_; }
+  unsigned threads() const { return threads_; }
+
   // The calling thread's slot for a simdgroup function, then the wait for its simdgroup.
   SimdCall& my_call() { return calls_[thread_]; }
   void wait_simd() { block(kAtSimd); }

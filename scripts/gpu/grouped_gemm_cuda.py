@@ -9,10 +9,11 @@ geometry on the command line:
 
   python3 grouped_gemm_cuda.py --out DIR \
       --kernel old:old.ptx:threads=128:tile_rows=64:smem=0 \
-      --kernel new:new.ptx:threads=256:tile_rows=128:smem=56320
+      --kernel new:new.ptx:threads=256:tile_rows=128:smem=55296
 
 threads: block size; tile_rows: output rows per block (the grid's y extent is
-ceil(rows / tile_rows)); smem: dynamic shared memory in bytes (0: the kernel's static memory).
+ceil(rows / tile_rows)); smem: dynamic shared memory in bytes, one number or two (16-bit x/f32
+x); 0: the kernel's static memory.
 
 1. Correctness: every (x, scales) instantiation on small cases (2/4/8 bits, groups 32/64/128,
    experts with 0, 1 and many pairs, rows and cols that are not multiples of the tiles), and
@@ -70,14 +71,18 @@ class Kernel:
         kv = dict(o.split("=") for o in opts)
         self.threads = int(kv.get("threads", 128))
         self.tile_rows = int(kv.get("tile_rows", 64))
-        self.smem = int(kv.get("smem", 0))
+        smem = [int(v) for v in kv.get("smem", "0").split("/")]
+        self.smem16, self.smem32 = smem[0], smem[-1]  # 16-bit x / f32 x
         self.ready = set()
+
+    def smem(self, xn):
+        return self.smem32 if xn == "f32" else self.smem16
 
     def func(self, xn, sn):
         fname = f"affine_grouped_{xn}_{sn}"
         f = self.mod.func(fname)
-        if fname not in self.ready and self.smem > 0:
-            check_cu(_cuda.cuFuncSetAttribute(f, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, self.smem),
+        if fname not in self.ready and self.smem(xn) > 0:
+            check_cu(_cuda.cuFuncSetAttribute(f, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, self.smem(xn)),
                      "cuFuncSetAttribute")
         self.ready.add(fname)
         return f
@@ -94,7 +99,7 @@ class Kernel:
         params = (ctypes.c_void_p * len(holders))(*[ctypes.cast(ctypes.byref(h), ctypes.c_void_p) for h in holders])
         stream = torch.cuda.current_stream().cuda_stream
         grid_y = (rows + self.tile_rows - 1) // self.tile_rows
-        rc = _cuda.cuLaunchKernel(self.func(xn, sn), ntiles, grid_y, 1, self.threads, 1, 1, self.smem,
+        rc = _cuda.cuLaunchKernel(self.func(xn, sn), ntiles, grid_y, 1, self.threads, 1, 1, self.smem(xn),
                                   ctypes.c_void_p(stream), params, None)
         check_cu(rc, f"cuLaunchKernel({self.name})")
 
@@ -241,7 +246,7 @@ def copy_bandwidth():
     return 2 * n / (med * 1e-6)
 
 
-def run_bench(kernels, log):
+def run_bench(kernels, log, ceilings=True):
     gen = torch.Generator(device="cuda")
     gen.manual_seed(7)
     bw = copy_bandwidth()
@@ -265,21 +270,14 @@ def run_bench(kernels, log):
             padded = 2.0 * sched[1] * sched[2] * rows * cols
             used = sum(1 for c in counts if c)
             wbytes = used * rows * (cols * BITS // 8 + 2 * 2 * cols // GROUP)
-            floor_us = (wbytes + pairs * (cols + rows) * 2) / bw * 2 * 1e6  # bw counts read + write
+            floor_us = (wbytes + pairs * (cols + rows) * 2) / bw * 1e6  # bw counts read + write
             res = {}
             for k in kernels:
                 fns = [(lambda k=k, s=s: k.launch(w, s[1], s[3], s[2])) for s in sets]
                 res[k.name] = eager_time(fns, iters=30, warm=3)[0]
-            # cuBLAS ceilings of the same FLOPs
-            wd = torch.randn(cols, rows, generator=gen, device="cuda").to(torch.bfloat16)
-            res["torch dense mm"] = eager_time([lambda s=s: torch.mm(s[1], wd) for s in sets], iters=30, warm=3)[0]
-            if wdq is None:  # [E, cols, rows], 64 experts at a time (the int64 codes are large)
-                wdq = torch.cat([dequantize(w, torch.bfloat16, experts=slice(e, e + 64)).transpose(1, 2)
-                                 for e in range(0, EXPERTS, 64)]).contiguous()
-            m = -(-pairs // EXPERTS)
-            xb = [torch.randn(EXPERTS, m, cols, generator=gen, device="cuda").to(torch.bfloat16) for _ in range(3)]
-            res["torch bmm (bf16 weights)"] = eager_time([lambda a=a: torch.bmm(a, wdq) for a in xb], iters=20, warm=2)[0]
-            del xb
+            if ceilings:
+                res.update(ceiling_times(w, sets, rows, cols, pairs, gen, wdq))
+                wdq = res.pop("_wdq")
             log(f"\n{name} [{EXPERTS}, {rows}, {cols}], {tokens} tokens: {pairs} pairs, {used} experts in use, "
                 f"{sched[1]} tiles of {sched[2]} ({padded / flop:.2f}x padding), bytes floor {floor_us:.1f} us")
             for kn, us in res.items():
@@ -289,6 +287,27 @@ def run_bench(kernels, log):
                     per_layer[(kn, tokens)] += us
         del w, wdq
         torch.cuda.empty_cache()
+    print_tables(kernels, log, rows_out, per_layer)
+
+
+def ceiling_times(w, sets, rows, cols, pairs, gen, wdq):
+    """cuBLAS ceilings of the same FLOPs: one dense weight, and a bmm over the 513
+    pre-dequantized bf16 weights (returned as "_wdq" for the next chunk size)."""
+    res = {}
+    wd = torch.randn(cols, rows, generator=gen, device="cuda").to(torch.bfloat16)
+    res["torch dense mm"] = eager_time([lambda s=s: torch.mm(s[1], wd) for s in sets], iters=30, warm=3)[0]
+    if wdq is None:  # [E, cols, rows], 64 experts at a time (the int64 codes are large)
+        wdq = torch.cat([dequantize(w, torch.bfloat16, experts=slice(e, e + 64)).transpose(1, 2)
+                         for e in range(0, EXPERTS, 64)]).contiguous()
+    m = -(-pairs // EXPERTS)
+    xb = [torch.randn(EXPERTS, m, cols, generator=gen, device="cuda").to(torch.bfloat16) for _ in range(3)]
+    res["torch bmm (bf16 weights)"] = eager_time([lambda a=a: torch.bmm(a, wdq) for a in xb], iters=20, warm=2)[0]
+    del xb
+    res["_wdq"] = wdq
+    return res
+
+
+def print_tables(kernels, log, rows_out, per_layer):
     log("\ngrouped quantized GEMM alone, Qwen3-Next-80B-A3B MoE projections (4-bit g64, bf16), CUDA events, medians")
     log(f"{'projection':<9}{'tokens':>7}  {'kernel':<26}{'us':>9}{'TFLOPS':>8}{'padded':>8}{'floor us':>10}{'x floor':>8}")
     for name, tokens, kn, us, tf, ptf, floor_us in rows_out:
@@ -311,6 +330,7 @@ def main():
     ap.add_argument("--kernel", action="append", required=True, help="name:ptx[:threads=..:tile_rows=..:smem=..]")
     ap.add_argument("--out", default=".")
     ap.add_argument("--skip-checks", action="store_true")
+    ap.add_argument("--no-ceilings", action="store_true", help="time the kernels only (no cuBLAS rows)")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     logf = open(os.path.join(args.out, "grouped_gemm.log"), "w")
@@ -327,7 +347,7 @@ def main():
     for k in kernels:
         regs, local = k.mod.regs("affine_grouped_bf16_bf16")
         log(f"  {k.name}: affine_grouped_bf16_bf16 {regs} registers, {local} B local; {k.threads} threads, "
-            f"{k.tile_rows} rows per block, {k.smem} B dynamic shared")
+            f"{k.tile_rows} rows per block, {k.smem16}/{k.smem32} B dynamic shared (16-bit/f32 x)")
     ok = True
     if not args.skip_checks:
         try:
@@ -336,7 +356,7 @@ def main():
             ok = False
             log("checks raised:\n" + traceback.format_exc())
     try:
-        run_bench(kernels, log)
+        run_bench(kernels, log, ceilings=not args.no_ceilings)
     except Exception:
         log("bench raised:\n" + traceback.format_exc())
     log(f"\nRESULT: grouped GEMM checks {'PASSED' if ok else 'FAILED'}")
