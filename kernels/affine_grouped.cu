@@ -19,30 +19,40 @@
 //   Experts without pairs have no entry, so no block reads their weights. p.tile_pairs is 16,
 //   32 or 64 (the host picks the smallest that holds an average expert's pairs: a short chunk
 //   spreads ~10 pairs over each expert, and a 64-pair tile would be mostly padding).
-// LAUNCH: grid (tiles, ceil(rows / kTileN), 1), block (kThreads, 1, 1), static shared memory
-//   kSmemBytes (under the 48 KB that needs no opt-in).
+// LAUNCH: grid (tiles, ceil(rows / kTileN), 1), block (kThreads, 1, 1), dynamic shared memory
+//   kSmemBytes (over the 48 KB default: the host raises the function's
+//   CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES to it).
 // HOST MUST CHECK: bits in {2, 4, 8}; cols % 32 == 0; group_size % 32 == 0 and divides cols;
-//   tile_pairs in {16, 32, 64}; the schedule's entries inside [0, P) and experts < E. An entry
-//   that is not (the kernel cannot report it) leaves its rows of y unwritten.
+//   tile_pairs in {16, 32, 64}; x 16-byte aligned (it is copied with 16-byte cp.async); the
+//   schedule's entries inside [0, P) and experts < E. An entry that is not (the kernel cannot
+//   report it) leaves its rows of y unwritten.
 //
-// DESIGN: a block owns TM (= tile_pairs) pairs of one expert and kTileN output rows. It walks
-// the columns kTileK at a time: stages the x tile, dequantizes the matching weight tile (one
-// scale and bias per weight row: kTileK divides the group size) into shared memory in X, and
-// multiplies. For f16 and bf16 the product runs on wmma m16n16k16 tensor cores with f32
-// accumulators (4 warps over the TM x 64 tile: 2 x 2 warps of 2 x 2 fragments at TM 64, 2 x 2
-// warps of 1 x 2 at 32, 1 x 4 warps of one fragment at 16), staged through shared memory to
-// write only the tile's own pairs; for f32 each thread sums a (TM / 8) x 4 patch with FMAs.
-// Pair rows past count and weight rows past rows are zero in shared memory and never written.
+// DESIGN: a block owns TM (= tile_pairs) pairs of one expert and kTileN = 128 output rows, and
+// walks the columns kTileK = 64 at a time through two shared-memory stages: while the tensor
+// cores multiply stage i, the x tile of step i + 1 is in flight with cp.async and the packed
+// weight words of step i + 1 are in flight into registers; after the product each thread
+// dequantizes its 32 values (one packed load, one scale and bias: 32 columns never cross a
+// group) into the other stage as X, so one barrier per step orders everything. A dequantized
+// weight tile serves TM x 128 outputs (8 warps: 2 x 4 warps of 2 x 2 fragments at TM 64, of
+// 1 x 2 at 32, 1 x 8 warps of one fragment at 16); fragments of pair rows past the tile's
+// count are skipped, not multiplied. The grid's (tile, row block) is re-linearized row blocks
+// fastest, so the blocks that share a tile's x run together and read it from L2.
+// f32 activations run the same walk with one stage and FMAs ((TM / 8) x 4 outputs a thread).
+// Pair rows past count are zero in shared memory and never written; weight rows past rows are
+// zero and never written.
 //
-// Compile for candle: nvcc -ptx -arch=sm_90 -O3 kernels/affine_grouped.cu (sm_80+: bf16 wmma).
+// Compile for candle: nvcc -ptx -arch=sm_90 -O3 kernels/affine_grouped.cu (sm_80+: bf16 wmma,
+// cp.async).
 // The body (affine_grouped::grouped_kernel) takes its thread and block indices and its shared
 // memory as arguments, so that kernels/emu/affine_grouped_cuda_harness.cpp runs it on the CPU
 // (crates/gdn-ops/tests/affine_grouped_cuda_emulation.rs).
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_pipeline_primitives.h>
 #include <mma.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "params/affine_grouped.h"
 #include "cuda_convert.h"
@@ -52,34 +62,112 @@ namespace affine_grouped {
 using namespace nvcuda;
 
 constexpr int kTileM = 64;          // pairs per tile, at most (TM <= kTileM)
-constexpr int kTileN = 64;          // output rows per block
-constexpr int kTileK = 32;          // columns per step: within one quantization group
-constexpr int kWarps = 4;
+constexpr int kTileN = 128;         // output rows per block
+constexpr int kTileK = 64;          // columns per step (the last step of a matrix may hold 32)
+constexpr int kSpan = 32;           // columns one thread dequantizes per step: inside one group
+constexpr int kWarps = 8;
 constexpr int kThreads = kWarps * 32;
 constexpr int kLdK = kTileK + 8;    // padded rows of the x and weight tiles: 32-byte wmma
                                     // alignment kept, banks spread
 constexpr int kLdOut = kTileN + 4;  // padded rows of the f32 accumulator staging
 constexpr int kTileEntry = 3;       // u32 per schedule entry: expert, first pair, count
+constexpr int kMaxWords = 8;        // packed words of one thread's span at 8 bits
+static_assert(kThreads == 2 * kTileN, "two threads per weight row, one span each");
+static_assert(kTileK == 2 * kSpan, "a step is two spans");
 
-// x tile and weight tile in X, then (16-bit X only) the f32 staging of the accumulators.
+// A stage: the x tile [kTileM][kLdK], then the weight tile [kTileN][kLdK], in X.
+constexpr int kStageElems = (kTileM + kTileN) * kLdK;
 template <typename X>
-__host__ __device__ constexpr int operand_bytes() {
-  return 2 * kTileM * kLdK * int(sizeof(X));
+__host__ __device__ constexpr int stages() {
+  return sizeof(X) == 2 ? 2 : 1;  // f32 operands: one stage fills the same memory
 }
-constexpr int kSmemBytes = 2 * kTileM * kLdK * 2 + kTileM * kLdOut * 4;
-static_assert(2 * kTileM * kLdK * 4 <= kSmemBytes, "the f32 operands fit");
-static_assert(kTileM == kTileN, "x and weight tiles share a shape");
+constexpr int kSmemBytes = 2 * kStageElems * 2;
+static_assert(kStageElems * 4 <= kSmemBytes, "one f32 stage fits");
+static_assert(kTileM * kLdOut * 4 <= kSmemBytes, "the f32 output staging fits in the stages");
 
 using cuda_convert::from_f32;
 using cuda_convert::to_f32;
 
-// The values of one packed word, w = s * q + b, rounded once into X.
-template <uint32_t BITS, typename X>
-__device__ __forceinline__ void dequantize_word(uint32_t word, float s, float b, X* out) {
-  constexpr uint32_t kPerWord = 32 / BITS, kMask = (1u << BITS) - 1u;
+// s * q + b in f32, rounded as the reference rounds (a multiply, then an add). With 16-bit
+// scales s * q (at most 11 x 8 significant bits) is exact in f32, so one FMA rounds the same.
+template <typename S>
+__device__ __forceinline__ float dequantize_value(uint32_t q, float s, float b) {
+  // q as a float without a conversion instruction: 2^23 + q has q in its low mantissa bits.
+  const float qf = __uint_as_float(0x4B000000u | q) - 8388608.0f;
+  if (sizeof(S) == 2) return fmaf(s, qf, b);
+  return __fadd_rn(__fmul_rn(s, qf), b);
+}
+
+// One thread's share of a step's weights in flight: the packed words of its kSpan columns of one
+// weight row, and their group's scale and bias.
+struct WeightSpan {
+  uint32_t words[kMaxWords];
+  float s, b;
+};
+
+// The packed words of a span: 32 * BITS / 32 = BITS words, vector loads where aligned.
+template <uint32_t BITS>
+__device__ __forceinline__ void load_words(const uint32_t* __restrict__ src, bool aligned, uint32_t* words) {
+  if (BITS == 2 && aligned) {
+    const uint2 v = *reinterpret_cast<const uint2*>(src);
+    words[0] = v.x, words[1] = v.y;
+  } else if (BITS >= 4 && aligned) {
 #pragma unroll
-  for (uint32_t j = 0; j < kPerWord; ++j) {
-    out[j] = from_f32<X>(__fadd_rn(__fmul_rn(s, (float)((word >> (j * BITS)) & kMask)), b));
+    for (uint32_t i = 0; i < BITS; i += 4) {
+      const uint4 v = *reinterpret_cast<const uint4*>(src + i);
+      words[i] = v.x, words[i + 1] = v.y, words[i + 2] = v.z, words[i + 3] = v.w;
+    }
+  } else {
+#pragma unroll
+    for (uint32_t i = 0; i < BITS; ++i) words[i] = src[i];
+  }
+}
+
+// Two values as X, packed in one word (the lower one first, as memory holds them).
+template <typename X>
+__device__ __forceinline__ uint32_t pack2(float lo, float hi);
+template <>
+__device__ __forceinline__ uint32_t pack2<__half>(float lo, float hi) {
+  const __half2 v = __floats2half2_rn(lo, hi);
+  uint32_t u;
+  memcpy(&u, &v, 4);
+  return u;
+}
+template <>
+__device__ __forceinline__ uint32_t pack2<__nv_bfloat16>(float lo, float hi) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  uint32_t u;
+  memcpy(&u, &v, 4);
+  return u;
+}
+
+// 16 bytes of X into shared memory: 8 values (16-bit X) or 4 (f32).
+template <typename X>
+__device__ __forceinline__ void store16(X* dst, const float* v) {
+  if constexpr (sizeof(X) == 4) {
+    *reinterpret_cast<uint4*>(dst) =
+        make_uint4(__float_as_uint(v[0]), __float_as_uint(v[1]), __float_as_uint(v[2]), __float_as_uint(v[3]));
+  } else {
+    *reinterpret_cast<uint4*>(dst) =
+        make_uint4(pack2<X>(v[0], v[1]), pack2<X>(v[2], v[3]), pack2<X>(v[4], v[5]), pack2<X>(v[6], v[7]));
+  }
+}
+
+// A span's values dequantized into shared memory as X, 16 bytes at a time (so that few values
+// are live at once); zeros for a weight row past the matrix.
+template <uint32_t BITS, typename X, typename S>
+__device__ __forceinline__ void dequantize_span(const WeightSpan& in, bool zero, X* dst) {
+  constexpr uint32_t kPerWord = 32 / BITS, kMask = (1u << BITS) - 1u, kPerStore = 16 / sizeof(X);
+#pragma unroll
+  for (uint32_t c = 0; c < (uint32_t)kSpan; c += kPerStore) {
+    float v[kPerStore];
+#pragma unroll
+    for (uint32_t j = 0; j < kPerStore; ++j) {
+      const uint32_t i = c + j;
+      const uint32_t q = (in.words[i / kPerWord] >> (i % kPerWord * BITS)) & kMask;
+      v[j] = zero ? 0.0f : dequantize_value<S>(q, in.s, in.b);
+    }
+    store16<X>(dst + c, v);
   }
 }
 
@@ -96,10 +184,10 @@ struct ScalarAccum {
       for (int j = 0; j < 4; ++j) v[i][j] = 0.0f;
   }
 
-  __device__ void step(const float* xs, const float* ws, int tid) {
-    const int tm = tid / 16, tn = tid % 16;
+  __device__ void step(const float* xs, const float* ws, int tid, uint32_t, int width) {
+    const int tm = tid / 32, tn = tid % 32;
 #pragma unroll 4
-    for (int k = 0; k < kTileK; ++k) {
+    for (int k = 0; k < width; ++k) {
       float a[kRows], b[4];
 #pragma unroll
       for (int i = 0; i < kRows; ++i) a[i] = xs[(tm * kRows + i) * kLdK + k];
@@ -114,7 +202,7 @@ struct ScalarAccum {
 
   __device__ void store(float* y, const AffineGroupedParams& p, uint32_t first, uint32_t count,
                         uint32_t n0, int tid, unsigned char*) {
-    const int tm = tid / 16, tn = tid % 16;
+    const int tm = tid / 32, tn = tid % 32;
 #pragma unroll
     for (int i = 0; i < kRows; ++i) {
       const uint32_t m = tm * kRows + i;
@@ -153,36 +241,53 @@ struct TensorAccum {
   __device__ static int row0(int tid) { return (tid / 32 / kWarpsN) * kFragsM * 16; }
   __device__ static int col0(int tid) { return (tid / 32 % kWarpsN) * kFragsN * 16; }
 
-  __device__ void step(const H* xs, const H* ws, int tid) {
+  // Fragment rows at or past count hold no pair: neither loaded nor multiplied (warp-uniform).
+  __device__ void step(const H* xs, const H* ws, int tid, uint32_t count, int width) {
     const int m0 = row0(tid), n0 = col0(tid);
+    if (uint32_t(m0) >= count) return;
 #pragma unroll
     for (int kk = 0; kk < kTileK; kk += 16) {
-      FragA a[kFragsM];
+      if (kk >= width) break;
       FragB b[kFragsN];
-#pragma unroll
-      for (int i = 0; i < kFragsM; ++i) wmma::load_matrix_sync(a[i], xs + (m0 + i * 16) * kLdK + kk, kLdK);
 #pragma unroll
       for (int j = 0; j < kFragsN; ++j) wmma::load_matrix_sync(b[j], ws + (n0 + j * 16) * kLdK + kk, kLdK);
 #pragma unroll
-      for (int i = 0; i < kFragsM; ++i)
+      for (int i = 0; i < kFragsM; ++i) {
+        if (uint32_t(m0 + i * 16) < count) {
+          FragA a;
+          wmma::load_matrix_sync(a, xs + (m0 + i * 16) * kLdK + kk, kLdK);
 #pragma unroll
-        for (int j = 0; j < kFragsN; ++j) wmma::mma_sync(c[i][j], a[i], b[j], c[i][j]);
+          for (int j = 0; j < kFragsN; ++j) wmma::mma_sync(c[i][j], a, b[j], c[i][j]);
+        }
+      }
     }
   }
 
   __device__ void store(H* y, const AffineGroupedParams& p, uint32_t first, uint32_t count, uint32_t n0,
                         int tid, unsigned char* smem) {
-    float* stage = reinterpret_cast<float*>(smem + operand_bytes<H>());
+    float* stage = reinterpret_cast<float*>(smem);
     const int m0 = row0(tid), c0 = col0(tid);
 #pragma unroll
     for (int i = 0; i < kFragsM; ++i)
+      if (uint32_t(m0 + i * 16) < count)
 #pragma unroll
-      for (int j = 0; j < kFragsN; ++j)
-        wmma::store_matrix_sync(stage + (m0 + i * 16) * kLdOut + c0 + j * 16, c[i][j], kLdOut, wmma::mem_row_major);
+        for (int j = 0; j < kFragsN; ++j)
+          wmma::store_matrix_sync(stage + (m0 + i * 16) * kLdOut + c0 + j * 16, c[i][j], kLdOut, wmma::mem_row_major);
     __syncthreads();
-    for (int at = tid; at < TM * kTileN; at += kThreads) {
-      const uint32_t m = at / kTileN, n = n0 + at % kTileN;
-      if (m < count && n < p.rows) y[(size_t)(first + m) * p.rows + n] = from_f32<H>(stage[(at / kTileN) * kLdOut + at % kTileN]);
+    // 8 outputs (16 bytes) a thread and turn, as whole vectors where the row allows.
+    constexpr int kVec = 8, kPerRow = kTileN / kVec;
+    const bool aligned = p.rows % kVec == 0 && reinterpret_cast<uintptr_t>(y) % 16 == 0;
+    for (int at = tid; at < TM * kPerRow; at += kThreads) {
+      const uint32_t m = at / kPerRow, n = n0 + at % kPerRow * kVec;
+      if (m >= count || n >= p.rows) continue;
+      const float* src = stage + m * kLdOut + at % kPerRow * kVec;
+      H* dst = y + (size_t)(first + m) * p.rows + n;
+      if (aligned) {
+        *reinterpret_cast<uint4*>(dst) = make_uint4(pack2<H>(src[0], src[1]), pack2<H>(src[2], src[3]),
+                                                    pack2<H>(src[4], src[5]), pack2<H>(src[6], src[7]));
+      } else {
+        for (uint32_t i = 0; i < (uint32_t)kVec && n + i < p.rows; ++i) dst[i] = from_f32<H>(src[i]);
+      }
     }
   }
 };
@@ -196,77 +301,144 @@ struct AccumFor<float, TM> {
   using type = ScalarAccum<TM>;
 };
 
+// The pair tile and output rows of one block, and where its step's operands live.
 template <typename X, typename S, int TM>
-__device__ void grouped_tiles(const uint32_t* __restrict__ packed, const S* __restrict__ scales,
-                               const S* __restrict__ biases, const X* __restrict__ x,
-                               const uint32_t* __restrict__ tiles, X* __restrict__ y, const AffineGroupedParams p,
-                               const int tid, const unsigned tile, const unsigned row_block, unsigned char* smem) {
-  if (tile >= p.tiles) return;
-  const uint32_t e = tiles[kTileEntry * tile], first = tiles[kTileEntry * tile + 1],
-                 count = tiles[kTileEntry * tile + 2];
-  // The host builds the schedule; an entry outside the bounds is skipped, never followed.
-  if (e >= p.experts || count == 0 || count > (uint32_t)TM || first > p.pairs || count > p.pairs - first) return;
-  X* xs = reinterpret_cast<X*>(smem);
-  X* ws = xs + kTileM * kLdK;
-  const uint32_t n0 = row_block * kTileN;
-  const uint32_t words_per_row = p.cols * p.bits / 32, groups_per_row = p.cols / p.group_size;
-  const uint32_t step_words = kTileK * p.bits / 32;  // words of one weight row per step
-  const uint32_t per_word = 32 / p.bits;
+struct Block {
+  const uint32_t* __restrict__ packed;
+  const S* __restrict__ scales;
+  const S* __restrict__ biases;
+  const X* __restrict__ x;
+  AffineGroupedParams p;
+  uint32_t e, first, count, n0;
+  int tid;
+  bool words_aligned;
 
-  typename AccumFor<X, TM>::type acc;
-  acc.zero();
-  for (uint32_t k0 = 0; k0 < p.cols; k0 += kTileK) {
-    for (int at = tid; at < TM * kTileK; at += kThreads) {
-      const uint32_t m = at / kTileK, k = at % kTileK;
-      xs[m * kLdK + k] = m < count ? x[(size_t)(first + m) * p.cols + k0 + k] : from_f32<X>(0.0f);
+  // The x tile of the step at column k0 into xs with cp.async (zeros for pair rows past count
+  // and columns past cols); the caller commits.
+  __device__ void copy_x(X* xs, uint32_t k0) const {
+    constexpr int kPerChunk = 16 / int(sizeof(X)), kChunks = kTileK / kPerChunk;
+    for (int at = tid; at < TM * kChunks; at += kThreads) {
+      const uint32_t m = at / kChunks, k = at % kChunks * kPerChunk;
+      const bool live = m < count && k0 + k < p.cols;
+      const X* src = live ? x + (size_t)(first + m) * p.cols + k0 + k : x;
+      __pipeline_memcpy_async(xs + m * kLdK + k, src, 16, live ? 0 : 16);
     }
-    const uint32_t group = k0 / p.group_size, word0 = k0 * p.bits / 32;
-    for (uint32_t at = tid; at < kTileN * step_words; at += kThreads) {
-      const uint32_t n = at / step_words, w = at % step_words, r = n0 + n;
-      X* out = ws + n * kLdK + w * per_word;
-      if (r < p.rows) {
-        const size_t row = (size_t)e * p.rows + r;
-        const uint32_t word = packed[row * words_per_row + word0 + w];
-        const float s = to_f32(scales[row * groups_per_row + group]);
-        const float b = to_f32(biases[row * groups_per_row + group]);
-        switch (p.bits) {
-          case 4: dequantize_word<4>(word, s, b, out); break;
-          case 8: dequantize_word<8>(word, s, b, out); break;
-          default: dequantize_word<2>(word, s, b, out); break;
+  }
+
+  // This thread's weight span of the step at column k0 (row n0 + tid / 2, columns k0 +
+  // (tid % 2) * kSpan ..): its packed words, scale and bias, into registers.
+  template <uint32_t BITS>
+  __device__ void load_span(uint32_t k0, WeightSpan& out) const {
+    const uint32_t r = n0 + tid / 2, k = k0 + tid % 2 * kSpan;
+    if (r >= p.rows || k >= p.cols) return;
+    const size_t row = (size_t)e * p.rows + r;
+    const size_t words_per_row = p.cols * BITS / 32;
+    load_words<BITS>(packed + row * words_per_row + k * BITS / 32, words_aligned, out.words);
+    const size_t g = row * (p.cols / p.group_size) + k / p.group_size;
+    out.s = to_f32(scales[g]);
+    out.b = to_f32(biases[g]);
+  }
+
+  // The span into the weight tile ws as X (zeros for rows past rows; nothing for columns past
+  // cols, which no step reads).
+  template <uint32_t BITS>
+  __device__ void store_span_at(X* ws, uint32_t k0, const WeightSpan& in) const {
+    const uint32_t n = tid / 2, k = tid % 2 * kSpan;
+    if (k0 + k >= p.cols) return;
+    dequantize_span<BITS, X, S>(in, n0 + n >= p.rows, ws + n * kLdK + k);
+  }
+
+  __device__ void run(X* y, unsigned char* smem) const {
+    if (count > (uint32_t)TM) return;
+    switch (p.bits) {
+      case 4: walk<4>(y, smem); break;
+      case 8: walk<8>(y, smem); break;
+      default: walk<2>(y, smem); break;
+    }
+  }
+
+  template <uint32_t BITS>
+  __device__ void walk(X* y, unsigned char* smem) const {
+    constexpr int kStages = stages<X>();
+    X* base = reinterpret_cast<X*>(smem);
+    auto xs = [&](int s) { return base + s * kStageElems; };
+    auto ws = [&](int s) { return base + s * kStageElems + kTileM * kLdK; };
+    const uint32_t steps = (p.cols + kTileK - 1) / kTileK;
+    typename AccumFor<X, TM>::type acc;
+    acc.zero();
+    WeightSpan span;
+    copy_x(xs(0), 0);
+    __pipeline_commit();
+    load_span<BITS>(0, span);
+    store_span_at<BITS>(ws(0), 0, span);
+    for (uint32_t i = 0; i < steps; ++i) {
+      const int cur = kStages == 2 ? int(i % 2) : 0, next = kStages == 2 ? 1 - cur : 0;
+      const uint32_t k0 = i * kTileK;
+      const bool more = i + 1 < steps;
+      if (more) load_span<BITS>(k0 + kTileK, span);  // in flight during the product
+      __pipeline_wait_prior(0);
+      __syncthreads();  // stage cur complete; every thread done with stage next's last product
+      if (kStages == 2 && more) {
+        copy_x(xs(next), k0 + kTileK);
+        __pipeline_commit();
+      }
+      const int width = p.cols - k0 < (uint32_t)kTileK ? int(p.cols - k0) : kTileK;
+      acc.step(xs(cur), ws(cur), tid, count, width);
+      if (more) {
+        if (kStages == 1) {
+          __syncthreads();  // one stage: every product done before it is overwritten
+          copy_x(xs(next), k0 + kTileK);
+          __pipeline_commit();
         }
-      } else {
-        for (uint32_t j = 0; j < per_word; ++j) out[j] = from_f32<X>(0.0f);
+        store_span_at<BITS>(ws(next), k0 + kTileK, span);
       }
     }
-    __syncthreads();
-    acc.step(xs, ws, tid);
-    __syncthreads();
+    __syncthreads();  // every product done: the stages become the output staging
+    acc.store(y, p, first, count, n0, tid, smem);
   }
-  acc.store(y, p, first, count, n0, tid, smem);
-}
+};
 
-// The body of every entry point: the tile height the host picked.
+// The body of every entry point: block (tile, row_block) of the grid, re-linearized so that
+// consecutive blocks take the row blocks of one tile (they share its x tile in L2).
 template <typename X, typename S>
 __device__ void grouped_kernel(const uint32_t* __restrict__ packed, const S* __restrict__ scales,
                                const S* __restrict__ biases, const X* __restrict__ x,
                                const uint32_t* __restrict__ tiles, X* __restrict__ y, const AffineGroupedParams p,
-                               const int tid, const unsigned tile, const unsigned row_block, unsigned char* smem) {
+                               const int tid, const unsigned grid_tile, const unsigned grid_row_block,
+                               unsigned char* smem) {
+  const uint32_t row_blocks = (p.rows + kTileN - 1) / kTileN;
+  const uint64_t linear = (uint64_t)grid_row_block * p.tiles + grid_tile;
+  const uint32_t tile = uint32_t(linear / row_blocks), row_block = uint32_t(linear % row_blocks);
+  if (tile >= p.tiles) return;
+  const uint32_t e = tiles[kTileEntry * tile], first = tiles[kTileEntry * tile + 1],
+                 count = tiles[kTileEntry * tile + 2];
+  // The host builds the schedule; an entry outside the bounds is skipped, never followed.
+  if (e >= p.experts || count == 0 || first > p.pairs || count > p.pairs - first) return;
+  const bool words_aligned = reinterpret_cast<uintptr_t>(packed) % 16 == 0;
+  const uint32_t n0 = row_block * kTileN;
   switch (p.tile_pairs) {
-    case 16: grouped_tiles<X, S, 16>(packed, scales, biases, x, tiles, y, p, tid, tile, row_block, smem); break;
-    case 32: grouped_tiles<X, S, 32>(packed, scales, biases, x, tiles, y, p, tid, tile, row_block, smem); break;
-    default: grouped_tiles<X, S, kTileM>(packed, scales, biases, x, tiles, y, p, tid, tile, row_block, smem); break;
+    case 16: Block<X, S, 16>{packed, scales, biases, x, p, e, first, count, n0, tid, words_aligned}.run(y, smem); break;
+    case 32: Block<X, S, 32>{packed, scales, biases, x, p, e, first, count, n0, tid, words_aligned}.run(y, smem); break;
+    default: Block<X, S, kTileM>{packed, scales, biases, x, p, e, first, count, n0, tid, words_aligned}.run(y, smem); break;
   }
 }
 
 }  // namespace affine_grouped
 
+// Blocks per SM the registers must allow (__launch_bounds__' second argument); a build may
+// override it to compare occupancies (scripts/gpu/bench-grouped-gemm.sh).
+#ifndef AFFINE_GROUPED_MIN_BLOCKS
+#define AFFINE_GROUPED_MIN_BLOCKS 1
+#endif
+
 #define AFFINE_GROUPED_ENTRY(XN, XT, SN, ST)                                                                  \
-  extern "C" __global__ void __launch_bounds__(affine_grouped::kThreads) affine_grouped_##XN##_##SN(          \
+  extern "C" __global__ void __launch_bounds__(affine_grouped::kThreads, AFFINE_GROUPED_MIN_BLOCKS)        \
+      affine_grouped_##XN##_##SN(                                                                            \
       const uint32_t* packed, const ST* scales, const ST* biases, const XT* x, const uint32_t* tiles, XT* y, \
       const AffineGroupedParams p) {                                                                          \
-    __shared__ __align__(128) unsigned char smem[affine_grouped::kSmemBytes];                                 \
+    extern __shared__ __align__(128) unsigned char affine_grouped_smem[];                                     \
     affine_grouped::grouped_kernel<XT, ST>(packed, scales, biases, x, tiles, y, p, threadIdx.x, blockIdx.x,    \
-                                           blockIdx.y, smem);                                                 \
+                                           blockIdx.y, affine_grouped_smem);                                  \
   }
 
 #define AFFINE_GROUPED_FOR_SCALES(XN, XT)         \

@@ -53,7 +53,7 @@
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
-#include <cuda_pipeline.h>
+#include <cuda_pipeline_primitives.h>
 #include <mma.h>
 #include <stdint.h>
 

@@ -1,7 +1,7 @@
 // Runs the body of the shipped kernels/affine_grouped.cu (affine_grouped::grouped_kernel) on
 // the CPU through kernels/emu/cuda/cuda_emu.h, with the launch geometry of
 // crates/gdn-ops/src/ops/affine/cuda_grouped.rs: blocks (tiles, ceil(rows / kTileN)) of
-// kThreads threads, kSmemBytes of shared memory (NaN before each block, so that a read of
+// kThreads threads, kSmemBytes of (dynamic) shared memory (NaN before each block, so that a read of
 // what no thread wrote poisons the result). Used by
 // crates/gdn-ops/tests/affine_grouped_cuda_emulation.rs, which passes the host's own tile
 // schedule.
@@ -26,6 +26,11 @@
 
 #include "cuda_emu.h"
 #include "block_shared.h"
+
+// The entry points' extern __shared__ array (never used here: the harness passes its own).
+extern "C" {
+alignas(128) unsigned char affine_grouped_smem[1];
+}
 
 #include "../affine_grouped.cu"
 

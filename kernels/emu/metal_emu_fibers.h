@@ -102,7 +102,7 @@ class Threadgroup {
     return *current_;
   }
 
-  // The calling thread's index in the threadgroup (for per-thread state of the stand-ins).
+  // The calling thread's index in its threadgroup, and the threadgroup's size.
   unsigned thread_index() const { return thread_; }
   unsigned threads() const { return threads_; }
 

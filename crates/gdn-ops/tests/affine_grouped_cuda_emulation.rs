@@ -1,6 +1,7 @@
 //! The body of the shipped grouped quantized GEMM, `kernels/affine_grouped.cu`
 //! (`affine_grouped::grouped_kernel`: wmma m16n16k16 f16/bf16 tensor-core products, FMA for
-//! f32), compiled as C++ with clang-19 on top of the Metal emulation plus the CUDA stand-ins
+//! f32, x tiles double-buffered with cp.async, which the emulation defers to each thread's
+//! wait), compiled as C++ with clang-19 on top of the Metal emulation plus the CUDA stand-ins
 //! (`kernels/emu/cuda/`), run on the CPU with the host's own tile schedule
 //! (`kernels/emu/affine_grouped_cuda_harness.cpp`) and compared with the CPU twin,
 //! [`AffineTensor::grouped_matmul_t`] on the CPU. What it cannot check is the GPU itself
@@ -19,7 +20,8 @@ mod emu;
 use candle_core::{DType, Device, Tensor};
 use common::{close, failures, random_matrix, values, Input, Rng, Ty};
 use gdn_ops::ops::affine::grouped::{
-    tile_pairs_for, tile_schedule, TILE_COLS, TILE_PAIRS, TILE_PAIRS_CHOICES, TILE_ROWS,
+    tile_pairs_for, tile_schedule, SMEM_BYTES, SPAN_COLS, THREADS, TILE_COLS, TILE_PAIRS,
+    TILE_PAIRS_CHOICES, TILE_ROWS,
 };
 use gdn_ops::ops::affine::AffineTensor;
 use std::path::{Path, PathBuf};
@@ -134,13 +136,22 @@ fn cases() -> Vec<Case> {
     };
     // Every instantiation at every tile height: experts without pairs (first and last), one
     // pair, a count that crosses a tile (70 = 64 + 6), rows that are not a multiple of the
-    // block's 64.
+    // block's 128.
     for x in [Ty::F32, Ty::F16, Ty::Bf16] {
         for scales in [Ty::F32, Ty::F16, Ty::Bf16] {
             for tile_pairs in TILE_PAIRS_CHOICES {
                 let counts = [0, 1, 70, 3, 0];
                 case(x, scales, 4, 64, 96, 128, &counts, Some(tile_pairs));
             }
+        }
+    }
+    // Two row blocks, the second partial (200 = 128 + 72), and a last step of 32 columns
+    // (96 = 64 + 32); counts that leave whole 16-pair fragments of a tile empty (40 of 64, 17 of
+    // 32 or 64), at every tile height.
+    for (x, scales) in [(Ty::Bf16, Ty::Bf16), (Ty::F16, Ty::F32), (Ty::F32, Ty::F16)] {
+        for tile_pairs in TILE_PAIRS_CHOICES {
+            let counts = [40, 17, 0, 2];
+            case(x, scales, 4, 32, 200, 96, &counts, Some(tile_pairs));
         }
     }
     let mut case = |x, scales, bits, group, rows, cols, counts: &[usize]| {
@@ -150,6 +161,10 @@ fn cases() -> Vec<Case> {
     case(Ty::Bf16, Ty::Bf16, 8, 32, 64, 96, &[5, 0, 64, 2]);
     case(Ty::Bf16, Ty::F32, 2, 128, 32, 256, &[17, 1]);
     case(Ty::F32, Ty::Bf16, 8, 128, 80, 128, &[2, 129]);
+    // Many steps (7 and 16), 8 and 2 bits, 2-bit rows of 24 bytes.
+    case(Ty::F16, Ty::F16, 8, 64, 136, 448, &[20, 3, 33]);
+    case(Ty::Bf16, Ty::Bf16, 2, 64, 72, 1024, &[9, 2]);
+    case(Ty::Bf16, Ty::F16, 2, 32, 64, 96, &[5, 3]);
     // Model widths: Qwen3-Next's down projection (cols 512) and gate/up input (cols 2048),
     // 4-bit, group 64, bf16, on one or two row blocks.
     case(Ty::Bf16, Ty::Bf16, 4, 64, 128, 512, &[64, 0, 65, 1]);
@@ -172,16 +187,20 @@ fn tile_constants_match_the_host() {
         ("kTileM", TILE_PAIRS),
         ("kTileN", TILE_ROWS),
         ("kTileK", TILE_COLS),
-        ("kThreads", 128),
+        ("kSpan", SPAN_COLS),
+        ("kWarps", THREADS / 32),
     ] {
-        let line = if name == "kThreads" {
-            "constexpr int kThreads = kWarps * 32;".to_string()
-        } else {
-            format!("constexpr int {name} = {value};")
-        };
+        let line = format!("constexpr int {name} = {value};");
         assert!(flat.contains(&line), "missing `{line}`");
     }
-    assert!(flat.contains("constexpr int kWarps = 4;"));
+    assert!(flat.contains("constexpr int kThreads = kWarps * 32;"));
+    assert!(flat.contains("constexpr int kLdK = kTileK + 8;"));
+    assert!(flat.contains("constexpr int kStageElems = (kTileM + kTileN) * kLdK;"));
+    assert!(flat.contains("constexpr int kSmemBytes = 2 * kStageElems * 2;"));
+    assert_eq!(
+        SMEM_BYTES,
+        2 * (TILE_PAIRS + TILE_ROWS) * (TILE_COLS + 8) * 2
+    );
 }
 
 /// What the C++ build cannot see: the entry points the host looks up, and the parameter struct

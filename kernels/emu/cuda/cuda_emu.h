@@ -3,13 +3,15 @@
 // a block is a threadgroup of fibers, a warp a simdgroup, __syncthreads a threadgroup barrier,
 // __syncwarp a simdgroup barrier, __shfl_up_sync simd_shuffle_up (the same semantics: lanes
 // below the offset keep their value), __shfl_xor_sync simd_shuffle_xor (full-warp masks only);
-// wmma is in mma.h beside this file. A kernel's body takes its thread and block indices and its
-// shared memory as arguments (the entry points pass threadIdx, blockIdx and extern __shared__
-// memory, which exist here only so that the entry points compile).
+// wmma is in mma.h beside this file, cp.async (__pipeline_memcpy_async, deferred to the
+// thread's __pipeline_wait_prior) in cuda_pipeline_primitives.h. A kernel's body takes its
+// thread and block indices and its shared memory as arguments (the entry points pass
+// threadIdx, blockIdx and extern __shared__ memory, which exist here only so that the entry
+// points compile).
 //
 // Include <metal_stdlib> (or guarded_buffer.h) first, then this, then the .cu file, with
-// kernels/emu/cuda on the include path so that <cuda_fp16.h>, <cuda_bf16.h> and <mma.h> are
-// the stand-ins here.
+// kernels/emu/cuda on the include path so that <cuda_fp16.h>, <cuda_bf16.h>, <mma.h> and
+// <cuda_pipeline_primitives.h> are the stand-ins here.
 #pragma once
 
 #include <cmath>
@@ -35,16 +37,28 @@ inline unsigned min(unsigned a, unsigned b) { return a < b ? a : b; }
 inline float __fmul_rn(float a, float b) { return a * b; }
 inline float __fadd_rn(float a, float b) { return a + b; }
 
-// Bit casts between float and its 32-bit pattern.
+// Bit casts between float and its 32 bits.
+inline float __uint_as_float(unsigned u) {
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
 inline unsigned __float_as_uint(float f) {
   unsigned u;
   std::memcpy(&u, &f, 4);
   return u;
 }
-inline float __uint_as_float(unsigned u) {
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
+
+// CUDA's uint2 and uint4 (loads and stores of 8 and 16 bytes): the Metal emulation's uint2, and
+// a uint4 of the same kind; both sized and aligned as CUDA's.
+typedef uint uint4 __attribute__((ext_vector_type(4)));
+static_assert(sizeof(uint2) == 8 && alignof(uint2) == 8 && sizeof(uint4) == 16 &&
+                  alignof(uint4) == 16,
+              "uint2 and uint4 as CUDA lays them out");
+inline uint4 make_uint4(unsigned x, unsigned y, unsigned z, unsigned w) {
+  uint4 v;
+  v.x = x, v.y = y, v.z = z, v.w = w;
+  return v;
 }
 
 struct dim3 {

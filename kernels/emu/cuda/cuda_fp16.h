@@ -5,3 +5,8 @@
 typedef _Float16 __half;
 inline float __half2float(__half h) { return float(h); }
 inline __half __float2half_rn(float f) { return (__half)f; }
+// A pair, the lower one first in memory, as __floats2half2_rn packs it.
+struct __half2 {
+  __half x, y;
+};
+inline __half2 __floats2half2_rn(float lo, float hi) { return __half2{__float2half_rn(lo), __float2half_rn(hi)}; }

@@ -2,13 +2,16 @@
 //! [`AffineTensor::grouped_matmul_t`], one launch for every expert. The tile schedule is built
 //! here from the offsets and copied to the device with the call.
 
-use super::grouped::{tile_pairs_for, tile_schedule, AffineGroupedParams, TILE_ROWS};
+use super::grouped::{
+    tile_pairs_for, tile_schedule, AffineGroupedParams, SMEM_BYTES, THREADS, TILE_ROWS,
+};
 use super::AffineTensor;
 use crate::backend::cuda::{
     cuda_device, function, launch, tensor, view, with_float_type, KernelSource,
 };
 use crate::backend::dtype_tag;
 use anyhow::{ensure, Result};
+use candle_core::cuda_backend::cudarc::driver::sys::CUfunction_attribute;
 use candle_core::cuda_backend::cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg};
 use candle_core::cuda_backend::CudaDType;
 use candle_core::{CudaDevice, Tensor, WithDType};
@@ -21,15 +24,17 @@ const SOURCE: KernelSource = KernelSource {
 // SAFETY: `AffineGroupedParams` is `repr(C)` of eight u32, as the kernel's struct.
 unsafe impl DeviceRepr for AffineGroupedParams {}
 
-/// Threads per block (`kThreads` of the kernel).
-const THREADS: u32 = 128;
-
 /// The products of checked inputs (`grouped_matmul_t` checked the offsets, and
 /// `supports_grouped_kernel` the shapes and dtypes), at least one pair.
 pub fn grouped_matmul_t(m: &AffineTensor, x: &Tensor, offsets: &[u32]) -> Result<Tensor> {
     const OP: &str = "grouped matmul";
     let dev = cuda_device(x, OP)?;
     let x = x.contiguous()?;
+    // The kernel copies x in 16-byte pieces; whole rows are (cols is a multiple of 32), so only
+    // a view that starts inside a row can miss, and takes the per-expert path.
+    if !(x.layout().start_offset() * x.dtype().size_in_bytes()).is_multiple_of(16) {
+        return m.grouped_per_expert(&x, offsets);
+    }
     let tile_pairs = tile_pairs_for(offsets);
     let schedule = tile_schedule(offsets, tile_pairs);
     let tiles = schedule.len() / 3;
@@ -64,6 +69,10 @@ where
         dtype_tag(S::DTYPE, OP)?
     );
     let func = function(dev, &SOURCE, &name)?;
+    func.set_attribute(
+        CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+        SMEM_BYTES as i32,
+    )?;
     let pairs = x.dim(0)?;
     // SAFETY: the schedule covers every pair, and the kernel writes every row of a pair.
     let y = unsafe { dev.alloc::<X>(pairs * m.rows)? };
@@ -98,8 +107,8 @@ where
             .arg(&p);
         let config = LaunchConfig {
             grid_dim: (tiles as u32, row_blocks as u32, 1),
-            block_dim: (THREADS, 1, 1),
-            shared_mem_bytes: 0,
+            block_dim: (THREADS as u32, 1, 1),
+            shared_mem_bytes: SMEM_BYTES as u32,
         };
         // SAFETY: arguments in the order and types of `affine_grouped_*` in
         // kernels/affine_grouped.cu; x holds `pairs` rows of cols values, the schedule `tiles`

@@ -25,9 +25,18 @@ pub const TILE_PAIRS: usize = 64;
 /// The tile heights the kernel takes.
 pub const TILE_PAIRS_CHOICES: [usize; 3] = [16, 32, TILE_PAIRS];
 /// Output rows per block: `kTileN` of kernels/affine_grouped.cu.
-pub const TILE_ROWS: usize = 64;
-/// Columns per step of the kernel (`kTileK`): cols and the group size are multiples of it.
-pub const TILE_COLS: usize = 32;
+pub const TILE_ROWS: usize = 128;
+/// Columns per step of the kernel (`kTileK`; the last step of a matrix may hold [`SPAN_COLS`]).
+pub const TILE_COLS: usize = 64;
+/// Columns one thread dequantizes per step (`kSpan`): cols and the group size are multiples of
+/// it, so that a span never crosses a group.
+pub const SPAN_COLS: usize = 32;
+/// Threads per block: `kThreads` of kernels/affine_grouped.cu.
+pub const THREADS: usize = 256;
+/// Dynamic shared memory per block in bytes (`kSmemBytes`): two stages of the x tile
+/// (`TILE_PAIRS` rows) and the weight tile (`TILE_ROWS` rows), each row `TILE_COLS + 8`
+/// 16-bit values (f32 activations: one stage of 4-byte values, the same bytes).
+pub const SMEM_BYTES: usize = 2 * (TILE_PAIRS + TILE_ROWS) * (TILE_COLS + 8) * 2;
 
 /// `AffineGroupedParams` of kernels/params/affine_grouped.h, field for field.
 #[repr(C)]
@@ -101,12 +110,12 @@ impl AffineTensor {
 
     /// Whether the grouped kernel covers this matrix and activations of `dtype`: 2, 4 or 8
     /// bits (whole values per packed word), cols and the group size multiples of
-    /// [`TILE_COLS`] (one scale and bias per weight row and step), float activations and
-    /// scales. The rest runs [`Self::grouped_per_expert`].
+    /// [`SPAN_COLS`] (one scale and bias per thread's span), float activations and scales.
+    /// The rest runs [`Self::grouped_per_expert`].
     pub fn supports_grouped_kernel(&self, dtype: DType) -> bool {
         matches!(self.bits, 2 | 4 | 8)
-            && self.cols.is_multiple_of(TILE_COLS)
-            && self.group_size.is_multiple_of(TILE_COLS)
+            && self.cols.is_multiple_of(SPAN_COLS)
+            && self.group_size.is_multiple_of(SPAN_COLS)
             && self.cols.is_multiple_of(self.group_size)
             && matches!(dtype, DType::F32 | DType::F16 | DType::BF16)
             && matches!(self.scales.dtype(), DType::F32 | DType::F16 | DType::BF16)
