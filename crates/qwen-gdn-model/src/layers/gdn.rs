@@ -224,7 +224,7 @@ impl GatedDeltaNet {
         })?;
         let y = phase("gdn/recurrence", device, || {
             let state = self.state_for(cache, b, device)?;
-            Ok(gdn_ops::gated_delta_update(&q, &k, &v, &g, &beta, &state)?)
+            gdn_ops::gated_delta_update(&q, &k, &v, &g, &beta, &state)
         })?;
         phase("gdn/norm_out", device, || {
             let z = contiguous(&z)?.reshape((b, s, hv, dv))?;

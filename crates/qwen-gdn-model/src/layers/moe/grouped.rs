@@ -173,11 +173,11 @@ impl StackedExperts {
         })?;
         let inner = self.gate_up.rows / 2;
         let gate_up = phase("moe/gate_up", device, || {
-            Ok(self.gate_up.grouped_matmul_t(&rows, &offsets)?) // [P, 2·Im]
+            self.gate_up.grouped_matmul_t(&rows, &offsets) // [P, 2·Im]
         })?;
         let act = phase("moe/swiglu", device, || swiglu_halves(&gate_up, inner))?;
         let down = phase("moe/down", device, || {
-            Ok(self.down.grouped_matmul_t(&act, &offsets)?) // [P, H]
+            self.down.grouped_matmul_t(&act, &offsets) // [P, H]
         })?;
         phase("moe/combine", device, || {
             let down = groups
