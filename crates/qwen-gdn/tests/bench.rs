@@ -257,33 +257,44 @@ fn prefill_profile() {
     // 21 tokens in 3 chunks of 7 (a chunk of at most 4 tokens would run the MoE per pair).
     let chunks = 3;
     assert_eq!(calls("embed"), chunks);
-    for phase in [
-        "gdn",
-        "gdn/in_proj",
-        "gdn/conv_prep",
-        "gdn/recurrence",
-        "gdn/norm_out",
-    ] {
-        assert_eq!(calls(phase), 4 * chunks, "{phase}");
-    }
-    for phase in [
-        "attention",
-        "attention/qkv_prep",
-        "attention/core",
-        "attention/out",
-    ] {
-        assert_eq!(calls(phase), 2 * chunks, "{phase}");
-    }
-    for phase in [
-        "moe",
-        "moe/route",
-        "moe/group",
-        "moe/gate_up",
-        "moe/swiglu",
-        "moe/down",
-        "moe/combine",
-    ] {
-        assert_eq!(calls(phase), 6 * chunks, "{phase}");
+    // Per chunk: 4 GDN layers, 2 attention layers, a MoE block in each of the 6.
+    let per_chunk: [(u64, &[&str]); 3] = [
+        (
+            4,
+            &[
+                "gdn",
+                "gdn/in_proj",
+                "gdn/conv_prep",
+                "gdn/recurrence",
+                "gdn/norm_out",
+            ],
+        ),
+        (
+            2,
+            &[
+                "attention",
+                "attention/qkv_prep",
+                "attention/core",
+                "attention/out",
+            ],
+        ),
+        (
+            6,
+            &[
+                "moe",
+                "moe/route",
+                "moe/group",
+                "moe/gate_up",
+                "moe/swiglu",
+                "moe/down",
+                "moe/combine",
+            ],
+        ),
+    ];
+    for (layers, names) in per_chunk {
+        for phase in names {
+            assert_eq!(calls(phase), layers * chunks, "{phase}");
+        }
     }
     // Only the last chunk runs the output head.
     assert_eq!(calls("lm_head"), 1);
