@@ -252,6 +252,8 @@ struct Activation<'a> {
 
 /// A stored scale or bias type the kernel widens sixteen at a time.
 trait Param: Copy {
+    /// Read by the x86-64 kernel only.
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     const IS_BF16: bool;
     fn widen(self) -> f32;
 }
@@ -357,7 +359,7 @@ unsafe fn block_dots_vnni<P: Param, const A: usize>(
         for c in g * b.chunks_per_group..(g + 1) * b.chunks_per_group {
             // SAFETY (every read below): c < chunks, and the asserts above bound the slices.
             let at = b.words.as_ptr().add(c * WORDS_PER_CHUNK * ROWS) as *const __m512i;
-            for h in 0..2 {
+            for (h, acc_h) in acc.iter_mut().enumerate() {
                 let mut lo_sum = [_mm512_setzero_si512(); A];
                 let mut hi_sum = [_mm512_setzero_si512(); A];
                 for l in 4 * h..4 * h + 4 {
@@ -378,7 +380,7 @@ unsafe fn block_dots_vnni<P: Param, const A: usize>(
                     let isum = _mm512_add_epi32(lo_sum[a], hi_sum[a]);
                     let x_scale = *xs[a].q.lane_scales().get_unchecked(8 * c + 4 * h);
                     let dx = _mm512_mul_ps(_mm512_set1_ps(x_scale), ws);
-                    acc[h][a] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), dx, acc[h][a]);
+                    acc_h[a] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), dx, acc_h[a]);
                 }
             }
         }
