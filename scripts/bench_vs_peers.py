@@ -14,6 +14,8 @@ Subcommands:
              (with --q8-activations, the ratios' mode, and without: the exact path) and
              `llama-bench` rounds, reads an optional mlx JSON, prints the table; its last two
              lines are `decode ratio vs llama.cpp: X.XX` and `prefill ratio vs llama.cpp: Y.YY`.
+             `--baseline-env VAR=VALUE` adds a third qwen-gdn q8 run per round with that
+             variable set (e.g. QWEN_GDN_Q8_LAYOUT=plain), measured in the same rounds.
 
 Roofline (bytes per decoded token, all read once from memory; compute is assumed free):
   - weights: every tensor of the checkpoint at its stored size (4-bit words + bf16 scales and
@@ -176,12 +178,13 @@ def cmd_mlx(a) -> None:
 # ----------------------------------------------------------------------------------------
 # the alternated run
 # ----------------------------------------------------------------------------------------
-def run_timed(cmd: list[str], log) -> tuple[str, int, float]:
-    """Run cmd; return (stdout, peak RSS of the child in bytes, wall seconds)."""
-    log.write(f"$ {shlex.join(cmd)}\n")
+def run_timed(cmd: list[str], log, env: dict | None = None) -> tuple[str, int, float]:
+    """Run cmd (with `env` added to the environment); return (stdout, peak RSS of the child
+    in bytes, wall seconds)."""
+    log.write(f"$ {' '.join(f'{k}={v}' for k, v in (env or {}).items())} {shlex.join(cmd)}\n")
     log.flush()
     t0 = time.perf_counter()
-    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, text=True)
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, text=True, env={**os.environ, **(env or {})})
     out = p.stdout.read()
     _, status, ru = os.wait4(p.pid, 0)
     wall = time.perf_counter() - t0
@@ -229,15 +232,19 @@ def cmd_run(a) -> None:
     exact = {"pp": [], "tg": [], "rss": [], "peak": []}
     qg = {"pp": [], "tg": [], "rss": [], "peak": []}
     lb = {"pp": [], "tg": [], "rss": []}
+    base = {"pp": [], "tg": [], "rss": [], "peak": []}
+    base_env = dict([a.baseline_env.split("=", 1)]) if a.baseline_env else None
     for i in range(a.rounds):
         order = [("qwen-gdn q8", qg_cmd + ["--q8-activations"]), ("llama.cpp", lb_cmd), ("qwen-gdn f32", qg_cmd)]
+        if base_env:
+            order.insert(2, ("qwen-gdn q8 baseline", qg_cmd + ["--q8-activations"]))
         if i % 2:
             order.reverse()  # alternate who goes first, so drift hits all alike
         for engine, cmd in order:
             print(f"[bench-vs-peers] round {i + 1}/{a.rounds}: {engine}", file=sys.stderr, flush=True)
-            out, rss, wall = run_timed(cmd, log)
+            out, rss, wall = run_timed(cmd, log, base_env if engine.endswith("baseline") else None)
             if engine.startswith("qwen-gdn"):
-                qg_run = qg if engine == "qwen-gdn q8" else exact
+                qg_run = {"qwen-gdn q8": qg, "qwen-gdn q8 baseline": base}.get(engine, exact)
                 j = json.loads(out)
                 qg_run["pp"].append(j["prompt_tps"]["median"])
                 qg_run["tg"].append(j["generation_tps"]["median"])
@@ -272,6 +279,12 @@ def cmd_run(a) -> None:
          fmt_rate(qg["tg"]), gb(max(qg["peak"])), f"{100 * statistics.median(qg['tg']) / roof:.0f}%"),
         ("qwen-gdn (f32, exact)", f"{Path(a.model).name} (MLX 4-bit g64)", gb(exact["size"]), fmt_rate(exact["pp"]),
          fmt_rate(exact["tg"]), gb(max(exact["peak"])), f"{100 * statistics.median(exact['tg']) / roof:.0f}%"),
+    ]
+    if base_env:
+        rows.insert(2, (f"qwen-gdn --q8-activations, {a.baseline_env}", f"{Path(a.model).name} (MLX 4-bit g64)",
+                        gb(base["size"]), fmt_rate(base["pp"]), fmt_rate(base["tg"]), gb(max(base["peak"])),
+                        f"{100 * statistics.median(base['tg']) / roof:.0f}%"))
+    rows += [
         ("llama.cpp", f"{Path(a.gguf).name} (Q4_0)", gb(lb["size"]), fmt_rate(lb["pp"]), fmt_rate(lb["tg"]),
          gb(max(lb["rss"])), f"{100 * statistics.median(lb['tg']) / roof:.0f}%"),
     ]
@@ -312,12 +325,15 @@ def cmd_run(a) -> None:
     print("  note: qwen-gdn's tg runs at depth -p (mlx_lm.benchmark style), llama-bench's from an empty context;"
           " the KV read of the 2 attention layers is small here, so the difference is too.")
     (out_dir / "result.json").write_text(json.dumps({
-        "qwen_gdn": qg, "qwen_gdn_exact": exact, "llama_cpp": lb, "mlx_lm": mlx, "roofline": rf, "gguf": gg,
+        "qwen_gdn": qg, "qwen_gdn_exact": exact, "qwen_gdn_baseline": base if base_env else None, "llama_cpp": lb, "mlx_lm": mlx, "roofline": rf, "gguf": gg,
         "bandwidth_bytes_per_s": bw, "roofline_tps": roof, "roofline_gguf_tps": roof_gguf,
         "p": a.p, "g": a.g, "rounds": a.rounds, "threads": a.threads,
     }, indent=1))
     print(f"exact f32 path: decode ratio {statistics.median(exact['tg']) / statistics.median(lb['tg']):.2f}, "
           f"prefill ratio {statistics.median(exact['pp']) / statistics.median(lb['pp']):.2f} (the ratios below are --q8-activations)")
+    if base_env:
+        print(f"baseline q8 ({a.baseline_env}): decode ratio {statistics.median(base['tg']) / statistics.median(lb['tg']):.2f}, "
+              f"prefill ratio {statistics.median(base['pp']) / statistics.median(lb['pp']):.2f}")
     print(f"decode ratio vs llama.cpp: {statistics.median(qg['tg']) / statistics.median(lb['tg']):.2f}")
     print(f"prefill ratio vs llama.cpp: {statistics.median(qg['pp']) / statistics.median(lb['pp']):.2f}")
 
@@ -343,6 +359,7 @@ def main() -> None:
     x.add_argument("--threads", type=int, default=os.cpu_count())
     x.add_argument("--bandwidth", type=float, required=True, help="copy bandwidth, bytes/s")
     x.add_argument("--mlx-json")
+    x.add_argument("--baseline-env", help="VAR=VALUE: one more q8 run per round with it set")
     x.add_argument("--out-dir", required=True)
     a = ap.parse_args()
     if a.cmd == "mlx":

@@ -5,10 +5,13 @@
 //! `group_size` consecutive elements share a scale and a bias: `w = scale * q + bias`
 //! (scales may be negative).
 
+use crate::affine_q8_interleaved::Interleaved;
 use anyhow::{bail, Result};
 use candle_core::{DType, Device, Tensor};
 use half::slice::HalfFloatSliceExt;
 use half::{bf16, f16};
+use std::borrow::Cow;
+use std::sync::Arc;
 
 /// Bit widths MLX's affine mode produces.
 pub const SUPPORTED_BITS: [usize; 6] = [2, 3, 4, 5, 6, 8];
@@ -22,11 +25,14 @@ pub struct AffineMatrix {
     pub rows: usize,
     pub cols: usize,
     pub experts: usize,
-    /// `[experts * rows, cols * bits / 32]`.
+    /// `[experts * rows, cols * bits / 32]`; empty once the words are interleaved.
     packed: Vec<u32>,
     /// `[experts * rows, groups_per_row]`, in the checkpoint's dtype.
     scales: GroupParams,
     biases: GroupParams,
+    /// The q8 mode's repacked words ([`AffineMatrix::into_q8_interleaved`]), which replace
+    /// `packed`: one copy of the weights either way.
+    interleaved: Option<Arc<Interleaved>>,
 }
 
 /// Per-group scales or biases, kept in the dtype they were stored in: f32 copies of bf16
@@ -174,7 +180,39 @@ impl AffineMatrix {
             packed,
             scales,
             biases,
+            interleaved: None,
         })
+    }
+
+    /// The same matrix with its packed words in the q8 kernel's interleaved layout (sixteen
+    /// rows four bytes at a time; [`crate::affine_q8_interleaved`]), the plain words dropped;
+    /// unchanged if the q8 mode does not take it. Dequantizing and the other row accessors
+    /// read the interleaved words; only [`AffineMatrix::packed`] (the device upload) needs the
+    /// plain layout.
+    pub fn into_q8_interleaved(mut self) -> Self {
+        if self.interleaved.is_none() && crate::affine_q8::supports(&self) {
+            self.interleaved = Some(Arc::new(Interleaved::new(&self)));
+            self.packed = Vec::new();
+        }
+        self
+    }
+
+    /// The interleaved words, if [`AffineMatrix::into_q8_interleaved`] made them.
+    pub fn q8_interleaved(&self) -> Option<&Interleaved> {
+        self.interleaved.as_deref()
+    }
+
+    /// The packed words of stacked row `row`, from whichever layout holds them.
+    fn row_words(&self, row: usize) -> Cow<'_, [u32]> {
+        let wpr = self.words_per_row();
+        match &self.interleaved {
+            None => Cow::Borrowed(&self.packed[row * wpr..(row + 1) * wpr]),
+            Some(il) => {
+                let mut words = vec![0u32; wpr];
+                il.row_words(row, &mut words);
+                Cow::Owned(words)
+            }
+        }
     }
 
     /// The dtype the scales were stored in (f32, f16 or bf16).
@@ -182,8 +220,13 @@ impl AffineMatrix {
         self.scales.dtype()
     }
 
-    /// `[experts * rows, words_per_row]` packed words, row-major.
+    /// `[experts * rows, words_per_row]` packed words, row-major. Not for a matrix whose
+    /// words were interleaved (the q8 mode runs on the CPU only).
     pub fn packed(&self) -> &[u32] {
+        assert!(
+            self.interleaved.is_none(),
+            "the plain words of an interleaved matrix are gone"
+        );
         &self.packed
     }
 
@@ -225,9 +268,9 @@ impl AffineMatrix {
 
     /// Dequantizes row `row` of the stacked `[experts * rows]` matrix into `out` (`cols` long).
     pub fn dequantize_row(&self, row: usize, out: &mut [f32]) {
-        let words = &self.packed[row * self.words_per_row()..(row + 1) * self.words_per_row()];
+        let words = self.row_words(row);
         self.with_row_params(row, |scales, biases| {
-            dequantize_row(words, scales, biases, self.bits, out)
+            dequantize_row(&words, scales, biases, self.bits, out)
         });
     }
 
@@ -241,16 +284,9 @@ impl AffineMatrix {
     /// unpacking fused into the dot product. `group_sums` holds `Σ x_j` per group of `x`.
     /// Only for 4- and 8-bit rows (see [`AffineMatrix::has_fused_dot`]).
     pub fn row_dot(&self, row: usize, x: &[f32], group_sums: &[f32]) -> f32 {
-        let wpr = self.words_per_row();
+        let words = self.row_words(row);
         self.with_row_params(row, |scales, biases| {
-            packed_row_dot(
-                &self.packed[row * wpr..(row + 1) * wpr],
-                scales,
-                biases,
-                x,
-                group_sums,
-                self.bits,
-            )
+            packed_row_dot(&words, scales, biases, x, group_sums, self.bits)
         })
     }
 
@@ -263,18 +299,29 @@ impl AffineMatrix {
         for e in 0..self.experts {
             for &r in rows {
                 let g = e * self.rows + r;
-                packed.extend_from_slice(&self.packed[g * wpr..(g + 1) * wpr]);
+                packed.extend_from_slice(&self.row_words(g));
                 let groups = g * gpr..(g + 1) * gpr;
                 scales.extend_from(&self.scales, groups.clone());
                 biases.extend_from(&self.biases, groups);
             }
         }
-        Self {
+        let out = Self {
             rows: rows.len(),
             packed,
             scales,
             biases,
+            interleaved: None,
             ..*self
+        };
+        out.same_layout_as(self.interleaved.is_some())
+    }
+
+    /// Interleaves a plain result of the row accessors below if its sources were.
+    fn same_layout_as(self, interleaved: bool) -> Self {
+        if interleaved {
+            self.into_q8_interleaved()
+        } else {
+            self
         }
     }
 
@@ -295,15 +342,18 @@ impl AffineMatrix {
             packed: vec![],
             scales: first.scales.empty_like(),
             biases: first.biases.empty_like(),
+            interleaved: None,
             ..**first
         };
         for m in parts {
             out.rows += m.rows;
-            out.packed.extend_from_slice(&m.packed);
+            for row in 0..m.rows {
+                out.packed.extend_from_slice(&m.row_words(row));
+            }
             out.scales.extend_from(&m.scales, 0..m.scales.len())?;
             out.biases.extend_from(&m.biases, 0..m.biases.len())?;
         }
-        Some(out)
+        Some(out.same_layout_as(parts.iter().all(|m| m.interleaved.is_some())))
     }
 
     /// A `[experts, rows, cols]` matrix whose stacked rows are, in order, the listed stacked
@@ -322,29 +372,34 @@ impl AffineMatrix {
             packed: Vec::with_capacity(sources.len() * first.words_per_row()),
             scales: first.scales.empty_like(),
             biases: first.biases.empty_like(),
+            interleaved: None,
             ..*first
         };
         for &(m, row) in sources {
             if m.bits != first.bits || m.group_size != first.group_size || m.cols != first.cols {
                 return None;
             }
-            let (wpr, gpr) = (m.words_per_row(), m.groups_per_row());
+            let gpr = m.groups_per_row();
             if row >= m.experts * m.rows {
                 return None;
             }
-            out.packed
-                .extend_from_slice(&m.packed[row * wpr..(row + 1) * wpr]);
+            out.packed.extend_from_slice(&m.row_words(row));
             out.scales
                 .extend_from(&m.scales, row * gpr..(row + 1) * gpr)?;
             out.biases
                 .extend_from(&m.biases, row * gpr..(row + 1) * gpr)?;
         }
-        Some(out)
+        let interleaved = sources.iter().all(|(m, _)| m.interleaved.is_some());
+        Some(out.same_layout_as(interleaved))
     }
 
-    /// Bytes this matrix reads per full pass (packed weights, scales and biases).
+    /// Bytes this matrix reads per full pass (packed weights, scales and biases; for an
+    /// interleaved matrix its repacked words, scales and biases).
     pub fn bytes(&self) -> usize {
-        4 * self.packed.len() + self.scales.bytes() + self.biases.bytes()
+        match &self.interleaved {
+            None => 4 * self.packed.len() + self.scales.bytes() + self.biases.bytes(),
+            Some(il) => il.bytes(),
+        }
     }
 }
 

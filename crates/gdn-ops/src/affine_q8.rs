@@ -60,6 +60,16 @@ impl Q8Row {
             lane_scales,
         }
     }
+
+    /// `[chunks, 64]`: per chunk the even elements, then the odd ones.
+    pub(crate) fn values(&self) -> &[i8] {
+        &self.values
+    }
+
+    /// `[chunks, 8]`: per chunk the first half's scale four times, then the second's.
+    pub(crate) fn lane_scales(&self) -> &[f32] {
+        &self.lane_scales
+    }
 }
 
 crate::multiversion! {
@@ -108,6 +118,8 @@ pub fn row_dot(m: &AffineMatrix, row: usize, x: &Q8Row, group_sums: &[f32]) -> f
 ///
 /// Every (weight row, activation row) pair gets the same arithmetic, in the same order,
 /// whatever the batch: a prompt token's products are bit for bit those of a decoded token.
+/// A matrix repacked at load ([`AffineMatrix::into_q8_interleaved`]) runs the interleaved
+/// kernel ([`crate::affine_q8_interleaved`]) instead, for every product alike.
 pub fn rows_dot(
     m: &AffineMatrix,
     first: usize,
@@ -118,6 +130,9 @@ pub fn rows_dot(
 ) {
     assert_eq!(out.len(), rows * xs.len(), "output is [rows, activations]");
     assert_eq!(group_sums.len(), xs.len() * m.groups_per_row());
+    if let Some(interleaved) = m.q8_interleaved() {
+        return interleaved.rows_dot(first, rows, xs, group_sums, out);
+    }
     // Scales and biases stay in their stored dtype: the kernel widens them as it goes.
     match (m.scales(), m.biases()) {
         (GroupParams::Bf16(s), GroupParams::Bf16(b)) => {

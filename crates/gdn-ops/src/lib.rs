@@ -9,6 +9,7 @@
 
 pub mod affine;
 pub mod affine_q8;
+pub mod affine_q8_interleaved;
 pub mod backend;
 pub mod capability;
 pub mod launches;

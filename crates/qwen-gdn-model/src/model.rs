@@ -211,6 +211,9 @@ impl Model {
         let cfg = Config::from_dir(dir)?;
         let mut ckpt = Checkpoint::open(dir, &cfg)?;
         ckpt.report_progress(opts.progress.clone());
+        ckpt.interleave_for_q8(
+            opts.q8_activations && gdn_ops::affine_q8_interleaved::repack_at_load()?,
+        );
         // Each part moves to the device as soon as it is built, so that the host holds at
         // most one layer beyond the mapped files.
         let place = |w: crate::weights::Weight| match plan {

@@ -70,6 +70,8 @@ pub struct Checkpoint {
     /// Tensor bytes read so far, and those of every tensor the model may read.
     bytes_read: AtomicU64,
     bytes_total: u64,
+    /// Repack the matrices the q8 mode runs into its interleaved layout as they are read.
+    q8_interleave: bool,
 }
 
 /// Norm weights that HF stores zero-centred and mlx-lm shifts by +1 (the gated GDN norm is
@@ -243,7 +245,15 @@ impl Checkpoint {
             progress: None,
             bytes_read: AtomicU64::new(0),
             bytes_total,
+            q8_interleave: false,
         })
+    }
+
+    /// From now on, 4-bit matrices that the 8-bit-activation kernel takes are read into its
+    /// interleaved layout (`AffineMatrix::into_q8_interleaved`), each as it is read, so that
+    /// only one copy of a tensor's words is ever held beyond the mapped file.
+    pub fn interleave_for_q8(&mut self, on: bool) {
+        self.q8_interleave = on;
     }
 
     /// From now on, reports the bytes read to `progress`.
@@ -646,7 +656,10 @@ impl Checkpoint {
             scales,
             biases,
         )
-        .map(Matrix::Affine)
+        .map(|m| match self.q8_interleave {
+            true => Matrix::Affine(m.into_q8_interleaved()),
+            false => Matrix::Affine(m),
+        })
         .with_context(|| self.location(w))
     }
 
