@@ -17,7 +17,10 @@
 #    into build/llama.cpp/ and unpacked; build/llama.cpp/src links to its vendor/llama.cpp.
 # 2. Build: cmake, Release, GGML_NATIVE=ON, LLAMA_CURL=OFF, tests/examples/server off, and only
 #    the targets llama-bench and llama-quantize -> build/llama.cpp/build/bin/ (cmake from Debian's
-#    apt, installed if missing; ~7 min on 2 cores).
+#    apt, installed if missing; ~7 min on 2 cores). AMX is compiled out (-mno-amx-*) unless
+#    LLAMA_AMX=1: with -march=native on a CPU that lists AMX, ggml builds its AMX matmul, and
+#    in the VMs this project benchmarks on its first AMX instruction dies with SIGILL, so
+#    llama.cpp runs its AVX-512 VNNI kernels there.
 # 3. Converter venv: <repo>/.venv-llama (VENV_LLAMA overrides) with
 #    scripts/requirements-llama-convert.txt (torch is unavoidable: ~4.9 GB, see that file).
 # 4. Per -hf folder <name>-hf:
@@ -83,8 +86,13 @@ ensure_llama_build() {
     command -v cmake >/dev/null || { log "installing cmake (apt)"; apt-get install -y -q cmake >/dev/null || { apt-get update -q >/dev/null && apt-get install -y -q cmake >/dev/null; }; }
     log "building llama.cpp (llama-bench, llama-quantize) with $jobs jobs; log in $llama_dir/build.log"
     local t0=$SECONDS
+    local no_amx=()
+    if [ "${LLAMA_AMX:-0}" != 1 ]; then
+        no_amx=(-DCMAKE_C_FLAGS="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+            -DCMAKE_CXX_FLAGS="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16")
+    fi
     {
-        cmake -S "$llama_dir/src" -B "$llama_dir/build" -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON \
+        cmake -S "$llama_dir/src" -B "$llama_dir/build" -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON "${no_amx[@]}" \
             -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
             -DLLAMA_BUILD_SERVER=OFF
         cmake --build "$llama_dir/build" --config Release -j "$jobs" --target llama-bench llama-quantize
