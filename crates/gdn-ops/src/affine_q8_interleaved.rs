@@ -417,6 +417,24 @@ mod tests {
         Interleaved::new(&m.unwrap())
     }
 
+    /// Four activation rows' dots of one block: the VNNI kernel on all four at once and on
+    /// each alone, and the portable kernel on each.
+    #[cfg(target_arch = "x86_64")]
+    type Dots = ([[f32; ROWS]; 4], Vec<[f32; ROWS]>, Vec<[f32; ROWS]>);
+
+    #[cfg(target_arch = "x86_64")]
+    fn three_ways<P: Param>(b: &Block<P>, acts: &[Activation; 4]) -> Dots {
+        // SAFETY: the caller checked has_vnni().
+        let together = unsafe { block_dots_vnni(b, acts) };
+        let alone = acts
+            .iter()
+            // SAFETY: as above.
+            .map(|x| unsafe { block_dots_vnni(b, std::array::from_ref(x)) }[0])
+            .collect();
+        let portable = acts.iter().map(|x| block_dots_portable(b, x)).collect();
+        (together, alone, portable)
+    }
+
     /// The VNNI kernel and the portable one agree bit for bit, one activation row and four
     /// at a time, for one and two chunks per group, with bf16 and f32 parameters.
     #[cfg(target_arch = "x86_64")]
@@ -450,9 +468,7 @@ mod tests {
                     let (wpr, gpr) = (m.words_per_row(), m.groups_per_row());
                     let words = &m.words[block * wpr * ROWS..(block + 1) * wpr * ROWS];
                     let params = block * gpr * ROWS..(block + 1) * gpr * ROWS;
-                    let check = |together: [[f32; ROWS]; 4],
-                                 alone: Vec<[f32; ROWS]>,
-                                 want: Vec<[f32; ROWS]>| {
+                    let check = |(together, alone, want): Dots| {
                         for a in 0..4 {
                             for i in 0..ROWS {
                                 let w = want[a][i].to_bits();
@@ -461,45 +477,26 @@ mod tests {
                             }
                         }
                     };
+                    let chunks_per_group = group / CHUNK;
                     match &m.params {
-                        Params::Bf16 { scales, biases } => {
-                            let b = Block {
+                        Params::Bf16 { scales, biases } => check(three_ways(
+                            &Block {
                                 words,
                                 scales: &scales[params.clone()],
                                 biases: &biases[params],
-                                chunks_per_group: group / CHUNK,
-                            };
-                            // SAFETY: has_vnni() checked the features.
-                            let together = unsafe { block_dots_vnni(&b, &acts) };
-                            let alone = acts
-                                .iter()
-                                .map(|x| unsafe { block_dots_vnni(&b, std::array::from_ref(x)) }[0])
-                                .collect();
-                            check(
-                                together,
-                                alone,
-                                acts.iter().map(|x| block_dots_portable(&b, x)).collect(),
-                            );
-                        }
-                        Params::F32 { scales, biases } => {
-                            let b = Block {
+                                chunks_per_group,
+                            },
+                            &acts,
+                        )),
+                        Params::F32 { scales, biases } => check(three_ways(
+                            &Block {
                                 words,
                                 scales: &scales[params.clone()],
                                 biases: &biases[params],
-                                chunks_per_group: group / CHUNK,
-                            };
-                            // SAFETY: as above.
-                            let together = unsafe { block_dots_vnni(&b, &acts) };
-                            let alone = acts
-                                .iter()
-                                .map(|x| unsafe { block_dots_vnni(&b, std::array::from_ref(x)) }[0])
-                                .collect();
-                            check(
-                                together,
-                                alone,
-                                acts.iter().map(|x| block_dots_portable(&b, x)).collect(),
-                            );
-                        }
+                                chunks_per_group,
+                            },
+                            &acts,
+                        )),
                     }
                 }
             }
