@@ -243,9 +243,9 @@ struct WeightRow<'a, P> {
 }
 
 /// One rounded activation row and its exact per-group sums.
-struct Activation<'a> {
-    q: &'a Q8Row,
-    group_sums: &'a [f32],
+pub(crate) struct Activation<'a> {
+    pub(crate) q: &'a Q8Row,
+    pub(crate) group_sums: &'a [f32],
 }
 
 /// The AVX2 kernel's arithmetic in scalar code, operation for operation: eight lanes (lane

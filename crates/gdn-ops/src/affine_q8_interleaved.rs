@@ -21,7 +21,7 @@
 //! product, prefill and decode alike.
 
 use crate::affine::{AffineMatrix, GroupParams};
-use crate::affine_q8::{Q8Row, CHUNK};
+use crate::affine_q8::{Activation, Q8Row, CHUNK};
 use anyhow::{bail, Result};
 use half::bf16;
 
@@ -242,12 +242,6 @@ struct Block<'a, P> {
     scales: &'a [P],
     biases: &'a [P],
     chunks_per_group: usize,
-}
-
-/// One rounded activation row and its exact per-group sums.
-struct Activation<'a> {
-    q: &'a Q8Row,
-    group_sums: &'a [f32],
 }
 
 /// A stored scale or bias type the kernel widens sixteen at a time.
