@@ -4,7 +4,7 @@
 //
 // Per token n and column j (f32 arithmetic; InT is the activation dtype):
 //   acc    = sum_s weights[n, s] * f32(down[n, s, j])   (slots in order)
-//   sum    = InT(f32(residual[n, j]) + f32(InT(acc)))
+//   sum    = InT(f32(residual[n, j]) + f32(InT(acc)))    (has_residual; else InT(acc))
 //   normed = InT(f32(sum) * rsqrt(mean_j(f32(sum)^2) + eps) * f32(norm_weight[j]))   (has_norm)
 //
 // Launch geometry (ops/moe_combine/metal.rs; kernels/emu/moe_combine_harness.cpp emulates
@@ -14,7 +14,12 @@
 // per simdgroup, then across the 8 through threadgroup memory. The second pass reads back
 // only the sum values the same thread wrote.
 //
-// Without a norm (has_norm == 0) buffers 3 and 5 are never touched, but bind one there (any
+// Gathered (prefill: the expert outputs in grouped order), `down` is [down_rows, H] and
+// rows[n, s] names the row of token n's slot s; a row index at or past down_rows adds
+// nothing (the host never passes one; the guard keeps a bad one in bounds).
+//
+// Without a norm (has_norm == 0) buffers 4 and 6 are never touched, without a residual buffer
+// 3 is never read, and unless gathered buffer 1 is never read, but bind one there (any
 // buffer) so validation layers stay quiet. bfloat needs MSL 3.1.
 
 #include <metal_stdlib>
@@ -25,6 +30,7 @@ using namespace metal;
 template <typename InT>
 inline void moe_combine_impl(
     const device InT* down,
+    const device uint* rows,
     const device float* weights,
     const device InT* residual,
     const device InT* norm_weight,
@@ -45,17 +51,23 @@ inline void moe_combine_impl(
   }
   const uint H = p.hidden;
   const uint S = p.slots;
-  const device InT* d = down + ulong(token) * S * H;
   const device float* w = weights + ulong(token) * S;
+  const device uint* slot_rows = rows + ulong(token) * S;
   const ulong row = ulong(token) * H;
 
   float squares = 0.0f;
   for (uint j = thread_index; j < H; j += kThreads) {
     float acc = 0.0f;
     for (uint s = 0; s < S; ++s) {
-      acc += w[s] * float(d[ulong(s) * H + j]);
+      const ulong r = p.gathered != 0 ? ulong(slot_rows[s]) : ulong(token) * S + s;
+      if (p.gathered != 0 && r >= p.down_rows) {
+        continue;
+      }
+      acc += w[s] * float(down[r * H + j]);
     }
-    const InT total = static_cast<InT>(float(residual[row + j]) + float(static_cast<InT>(acc)));
+    const InT total = p.has_residual != 0
+                          ? static_cast<InT>(float(residual[row + j]) + float(static_cast<InT>(acc)))
+                          : static_cast<InT>(acc);
     sum[row + j] = total;
     squares += float(total) * float(total);
   }
@@ -83,20 +95,21 @@ inline void moe_combine_impl(
 // moe_combine_{InT} as the host looks them up.
 #define MOE_COMBINE(name, InT)                                                    \
   [[kernel]] void name(                                                           \
-      const device InT* down [[buffer(0)]],         /* [N, S, H] */               \
-      const device float* weights [[buffer(1)]],    /* [N, S] */                  \
-      const device InT* residual [[buffer(2)]],     /* [N, H] */                  \
-      const device InT* norm_weight [[buffer(3)]],  /* [H], read if has_norm */   \
-      device InT* sum [[buffer(4)]],                /* [N, H] */                  \
-      device InT* normed [[buffer(5)]],             /* [N, H], if has_norm */     \
-      constant MoeCombineParams& p [[buffer(6)]],                                 \
+      const device InT* down [[buffer(0)]],         /* [N, S, H] or [rows, H] */  \
+      const device uint* rows [[buffer(1)]],        /* [N, S], if gathered */     \
+      const device float* weights [[buffer(2)]],    /* [N, S] */                  \
+      const device InT* residual [[buffer(3)]],     /* [N, H], if has_residual */ \
+      const device InT* norm_weight [[buffer(4)]],  /* [H], read if has_norm */   \
+      device InT* sum [[buffer(5)]],                /* [N, H] */                  \
+      device InT* normed [[buffer(6)]],             /* [N, H], if has_norm */     \
+      constant MoeCombineParams& p [[buffer(7)]],                                 \
       threadgroup float* scratch [[threadgroup(0)]],  /* [8] */                   \
       uint3 tg [[threadgroup_position_in_grid]],                                  \
       uint thread_index [[thread_index_in_threadgroup]],                          \
       uint simdgroup [[simdgroup_index_in_threadgroup]],                          \
       uint lane [[thread_index_in_simdgroup]]) {                                  \
-    moe_combine_impl<InT>(down, weights, residual, norm_weight, sum, normed, p,   \
-                          scratch, tg.x, thread_index, simdgroup, lane);          \
+    moe_combine_impl<InT>(down, rows, weights, residual, norm_weight, sum, normed, \
+                          p, scratch, tg.x, thread_index, simdgroup, lane);       \
   }
 
 MOE_COMBINE(moe_combine_f32, float)

@@ -1,10 +1,11 @@
 // Runs the shipped kernels/moe_combine.metal on the CPU through metal_emu.h. Used by
 // crates/gdn-ops/tests/moe_combine_emulation.rs.
 //
-// stdin, little-endian: "COMBEMU1", then u32 in_type (0 f32, 1 f16, 2 bf16), tokens N,
-// slots S, hidden H, has_norm, f32 eps; then f32 down [N, S, H], f32 weights [N, S], f32
-// residual [N, H], and when has_norm f32 norm_weight [H]. Activations are converted to InT
-// here (exactly, when the caller already rounded them).
+// stdin, little-endian: "COMBEMU2", then u32 in_type (0 f32, 1 f16, 2 bf16), tokens N,
+// slots S, hidden H, has_norm, f32 eps, u32 has_residual, gathered, down_rows; then f32 down
+// ([down_rows, H] when gathered, else [N, S, H]), when gathered u32 rows [N, S], f32 weights
+// [N, S], when has_residual f32 residual [N, H], and when has_norm f32 norm_weight [H].
+// Activations are converted to InT here (exactly, when the caller already rounded them).
 // stdout: f32 sum [N, H], then (has_norm) f32 normed [N, H].
 //
 // The launch geometry is ops/moe_combine/metal.rs's: threadgroups (N, 1, 1), threads
@@ -30,9 +31,9 @@ namespace {
 using namespace guarded;
 
 template <class InT>
-using CombineKernel = void (*)(const device InT*, const device float*, const device InT*, const device InT*,
-                               device InT*, device InT*, constant MoeCombineParams&, threadgroup float*, uint3,
-                               uint, uint, uint);
+using CombineKernel = void (*)(const device InT*, const device uint*, const device float*, const device InT*,
+                               const device InT*, device InT*, device InT*, constant MoeCombineParams&,
+                               threadgroup float*, uint3, uint, uint, uint);
 
 // Mirrors COMBINE_SIMDGROUPS of ops/moe_combine/metal.rs.
 constexpr uint kCombineSimdgroups = 8;
@@ -40,34 +41,41 @@ constexpr uint kCombineSimdgroups = 8;
 struct Case {
   uint tokens, slots, hidden, has_norm;
   float eps;
+  uint has_residual, gathered, down_rows;
   std::vector<float> down, weights, residual, norm_weight;
+  std::vector<std::uint32_t> rows;
 };
 
 template <class InT>
 void run(const Case& c, CombineKernel<InT> kernel) {
-  const std::size_t rows = std::size_t(c.tokens) * c.hidden;
+  const std::size_t out_len = std::size_t(c.tokens) * c.hidden;
   Buffer<InT> down("down", c.down.size(), Kind::kInput);
+  Buffer<std::uint32_t> rows("rows", c.rows.size(), Kind::kInput);
   Buffer<float> weights("weights", c.weights.size(), Kind::kInput);
   Buffer<InT> residual("residual", c.residual.size(), Kind::kInput);
   Buffer<InT> norm_weight("norm_weight", c.norm_weight.size(), Kind::kInput);
-  Buffer<InT> sum("sum", rows, Kind::kOutput);
-  Buffer<InT> normed("normed", c.has_norm != 0 ? rows : 0, Kind::kOutput);
+  Buffer<InT> sum("sum", out_len, Kind::kOutput);
+  Buffer<InT> normed("normed", c.has_norm != 0 ? out_len : 0, Kind::kOutput);
   down.fill(c.down);
+  rows.fill(c.rows);
   weights.fill(c.weights);
   residual.fill(c.residual);
   norm_weight.fill(c.norm_weight);
-  const MoeCombineParams params{c.tokens, c.slots, c.hidden, c.has_norm, c.eps};
+  const MoeCombineParams params{c.tokens, c.slots, c.hidden, c.has_norm, c.eps, c.has_residual, c.gathered, c.down_rows};
   const uint3 per_group{32 * kCombineSimdgroups, 1, 1};
   const std::size_t scratch_bytes = kCombineSimdgroups * sizeof(float);
   metal_emu::dispatch_threadgroups(uint3{c.tokens, 1, 1}, per_group, scratch_bytes, [&](const metal_emu::ThreadIds& id) {
-    kernel((const device InT*)down.data(), (const device float*)weights.data(), (const device InT*)residual.data(),
-           // Unbound without a norm: a read or write would fault.
+    // Unbound when unused (no rows unless gathered, no residual, no norm): a read would fault.
+    kernel((const device InT*)down.data(), c.gathered != 0 ? (const device uint*)rows.data() : nullptr,
+           (const device float*)weights.data(),
+           c.has_residual != 0 ? (const device InT*)residual.data() : nullptr,
            c.has_norm != 0 ? (const device InT*)norm_weight.data() : nullptr, (device InT*)sum.data(),
            c.has_norm != 0 ? (device InT*)normed.data() : nullptr, *(constant MoeCombineParams*)&params,
            id.threadgroup_memory_as<float>(), id.threadgroup_position_in_grid, id.thread_index_in_threadgroup,
            id.simdgroup_index_in_threadgroup, id.thread_index_in_simdgroup);
   });
   down.check();
+  rows.check();
   weights.check();
   residual.check();
   norm_weight.check();
@@ -82,16 +90,18 @@ void run(const Case& c, CombineKernel<InT> kernel) {
 int main() {
   install_fault_handler("moe_combine_harness");
   char magic[8];
-  if (std::fread(magic, 1, 8, stdin) != 8 || std::memcmp(magic, "COMBEMU1", 8) != 0) die("bad magic");
-  std::uint32_t h[6];
-  if (std::fread(h, sizeof(std::uint32_t), 6, stdin) != 6) die("short header");
-  Case c{h[1], h[2], h[3], h[4], 0.0f, {}, {}, {}, {}};
+  if (std::fread(magic, 1, 8, stdin) != 8 || std::memcmp(magic, "COMBEMU2", 8) != 0) die("bad magic");
+  std::uint32_t h[9];
+  if (std::fread(h, sizeof(std::uint32_t), 9, stdin) != 9) die("short header");
+  Case c{h[1], h[2], h[3], h[4], 0.0f, h[6], h[7], h[8], {}, {}, {}, {}, {}};
   std::memcpy(&c.eps, &h[5], 4);
   if (c.slots == 0 || c.hidden == 0) die("slots and hidden must be positive");
-  if (c.has_norm > 1) die("has_norm must be 0 or 1");
-  c.down = read_raw<float>(std::size_t(c.tokens) * c.slots * c.hidden);
-  c.weights = read_raw<float>(std::size_t(c.tokens) * c.slots);
-  c.residual = read_raw<float>(std::size_t(c.tokens) * c.hidden);
+  if (c.has_norm > 1 || c.has_residual > 1 || c.gathered > 1) die("flags must be 0 or 1");
+  const std::size_t pairs = std::size_t(c.tokens) * c.slots;
+  c.down = read_raw<float>((c.gathered != 0 ? std::size_t(c.down_rows) : pairs) * c.hidden);
+  c.rows = read_raw<std::uint32_t>(c.gathered != 0 ? pairs : 0);
+  c.weights = read_raw<float>(pairs);
+  c.residual = read_raw<float>(c.has_residual != 0 ? std::size_t(c.tokens) * c.hidden : 0);
   c.norm_weight = read_raw<float>(c.has_norm != 0 ? c.hidden : 0);
   if (std::fgetc(stdin) != EOF) die("trailing input");
   switch (h[0]) {

@@ -10,6 +10,9 @@ struct MoeCombineParams {
   unsigned int hidden;    // H
   unsigned int has_norm;  // 1: normed = rms_norm(sum) * norm_weight is written
   float eps;              // the RMSNorm epsilon (read only when has_norm)
+  unsigned int has_residual;  // 0: no residual (sum = InT(acc)); residual never read
+  unsigned int gathered;      // 1: down is [down_rows, H] and rows[n, s] names the row of slot s
+  unsigned int down_rows;     // rows of down when gathered; a row index past it adds nothing
 };
 
 #endif

@@ -4,6 +4,8 @@
 #
 #   bash scripts/gpu/build-cuda.sh        # ~10 min the first time (candle's CUDA kernels), ~2 min after
 #   CHECK_ONLY=1 bash scripts/gpu/build-cuda.sh   # compile only, pack nothing
+#   PACK="qwen-gdn cuda_moe device_plan" bash scripts/gpu/build-cuda.sh   # pack only these
+#     (xz -9e of every binary takes ~8 min here; a call's carry holds ~6 of them anyway)
 #
 # 1. CUDA 13.0 nvcc, headers and libraries from PyPI wheels -> build/cuda/venv (1.2 GB, once).
 #    13.0 exactly: the device's driver (CUDA 13.0) may reject PTX from a newer nvcc.
@@ -72,9 +74,11 @@ pack() { # pack NAME PATH
   xz -9e -T2 -c "$cuda/$1" >"gpu-artefacts/cuda/$1.xz"
   echo "build-cuda: gpu-artefacts/cuda/$1.xz $(du -h "gpu-artefacts/cuda/$1.xz" | cut -f1)"
 }
+wanted() { [ -z "${PACK:-}" ] || [[ " $PACK " == *" $1 "* ]]; }
 rm -f gpu-artefacts/cuda/*.xz
-pack qwen-gdn "$CARGO_TARGET_DIR/release/qwen-gdn"
+wanted qwen-gdn && pack qwen-gdn "$CARGO_TARGET_DIR/release/qwen-gdn"
 for t in $cuda_tests $model_tests; do
+  wanted "$t" || continue
   exe=$(python3 - "$tests_json" "$t" <<'PY'
 import json, sys
 for line in open(sys.argv[1]):

@@ -12,7 +12,7 @@ mod common;
 use candle_core::{DType, Device, Tensor};
 use common::{assert_rel_err, gpu, random_matrix, rel_l2, tolerance, Rng};
 use gdn_ops::ops::affine::AffineTensor;
-use gdn_ops::ops::moe_combine::moe_combine;
+use gdn_ops::ops::moe_combine::{moe_combine, moe_combine_rows};
 use gdn_ops::ops::moe_route::moe_route;
 
 const DTYPES: [DType; 3] = [DType::F32, DType::F16, DType::BF16];
@@ -83,6 +83,34 @@ fn moe_combine_matches_the_cpu_twin() {
             if let (Some(g), Some(w)) = (normed, want_normed) {
                 assert_rel_err(&format!("{what}: normed"), rel_l2(&g, &w), tolerance(dtype));
             }
+        }
+    }
+}
+
+/// The prefill form: expert outputs in a shuffled (grouped) order read back through `rows`,
+/// at Qwen3-Next's prefill chunk (2048 tokens, 10 routed + the shared slot, H 2048) and odd
+/// shapes with spare rows.
+#[test]
+fn moe_combine_rows_matches_the_cpu_twin() {
+    let dev = gpu();
+    let mut rng = Rng::xorshift(0x5EED_0104);
+    for dtype in DTYPES {
+        for (tokens, slots, hidden, spare) in [(2048, 11, 2048, 0), (37, 9, 200, 5), (1, 1, 77, 0)]
+        {
+            let pairs = tokens * slots;
+            let mut order: Vec<u32> = (0..(pairs + spare) as u32).collect();
+            for i in (1..order.len()).rev() {
+                order.swap(i, rng.below(i + 1));
+            }
+            order.truncate(pairs);
+            let rows = Tensor::from_vec(order, (tokens, slots), &Device::Cpu).unwrap();
+            let down = rng.tensor_as(&[pairs + spare, hidden], -2.0, 2.0, dtype);
+            let weights = rng.tensor_as(&[tokens, slots], 0.0, 0.5, DType::F32);
+            let want = moe_combine_rows(&down, &rows, &weights).unwrap();
+            let on = |t: &Tensor| t.to_device(&dev).unwrap();
+            let got = moe_combine_rows(&on(&down), &on(&rows), &on(&weights)).unwrap();
+            let what = format!("moe_combine_rows {dtype:?} N={tokens} S={slots} H={hidden}");
+            assert_rel_err(&what, rel_l2(&got, &want), tolerance(dtype));
         }
     }
 }

@@ -7,7 +7,7 @@ mod common;
 
 use candle_core::{DType, Device, Tensor, D};
 use common::{max_rel, Rng};
-use gdn_ops::ops::moe_combine::{moe_combine, supports};
+use gdn_ops::ops::moe_combine::{moe_combine, moe_combine_rows, supports};
 
 fn random(shape: &[usize], seed: u64, lo: f32, hi: f32, dtype: DType) -> Tensor {
     Rng::lcg(seed).tensor_as(shape, lo, hi, dtype)
@@ -68,6 +68,81 @@ fn twin_matches_the_composed_path() {
             assert_eq!(max_rel(&plain, &sum), 0.0);
         }
     }
+}
+
+/// The prefill form against the model's composed combine of grouped products
+/// (`layers/moe/grouped.rs`): the outputs put back in pair order by `index_select`, then the
+/// weighted sum in f32 cast back. `order` is the grouped order (pair index of each row of
+/// `down`), so pair `p` is row `positions[p]`.
+#[test]
+fn rows_form_matches_the_composed_scatter_and_sum() {
+    for dtype in [DType::F32, DType::BF16] {
+        let tol = if dtype == DType::F32 { 1e-5 } else { 2e-2 };
+        for (n, s, h, spare) in [(37, 11, 256, 0), (5, 3, 77, 4), (1, 1, 8, 0)] {
+            let seed = (n * 100 + s * 10 + h) as u64;
+            let mut rng = Rng::lcg(seed);
+            let pairs = n * s;
+            // A grouped order: the pairs sorted by a random expert id, as ExpertGroups does.
+            let ids: Vec<usize> = (0..pairs).map(|_| rng.below(7)).collect();
+            let mut order: Vec<u32> = (0..pairs as u32).collect();
+            order.sort_by_key(|&p| ids[p as usize]);
+            let mut positions = vec![0u32; pairs];
+            for (i, &p) in order.iter().enumerate() {
+                positions[p as usize] = i as u32;
+            }
+            let down = random(&[pairs + spare, h], seed, -2.0, 2.0, dtype);
+            let weights = random(&[n, s], seed + 1, 0.0, 0.5, DType::F32);
+            let rows = Tensor::from_vec(positions.clone(), (n, s), &Device::Cpu).unwrap();
+            let got = moe_combine_rows(&down, &rows, &weights).unwrap();
+            assert_eq!((got.dims(), got.dtype()), (&[n, h][..], dtype));
+            let index = Tensor::from_vec(positions, pairs, &Device::Cpu).unwrap();
+            let in_pair_order = down
+                .index_select(&index, 0)
+                .unwrap()
+                .reshape((n, s, h))
+                .unwrap();
+            let want = in_pair_order
+                .to_dtype(DType::F32)
+                .unwrap()
+                .broadcast_mul(&weights.unsqueeze(D::Minus1).unwrap())
+                .unwrap()
+                .sum(1)
+                .unwrap()
+                .to_dtype(dtype)
+                .unwrap();
+            let e = max_rel(&got, &want);
+            assert!(e <= tol, "{dtype:?} {n}x{s}x{h}: {e:e}");
+            // Read in place (rows in pair order), the same as the decode form without the
+            // residual: a zero residual adds nothing.
+            let (sum, _) = moe_combine(
+                &in_pair_order,
+                &weights,
+                &Tensor::zeros((n, h), dtype, &Device::Cpu).unwrap(),
+                None,
+            )
+            .unwrap();
+            assert_eq!(max_rel(&sum, &got), 0.0, "{dtype:?} {n}x{s}x{h}");
+        }
+    }
+}
+
+#[test]
+fn rows_form_checks_its_inputs() {
+    let (d, w) = (zeros(&[6, 8], DType::F32), zeros(&[2, 3], DType::F32));
+    let rows = |shape: &[usize], dtype| zeros(shape, dtype);
+    let e = |r: anyhow::Result<Tensor>| r.expect_err("an error").to_string();
+    assert!(e(moe_combine_rows(
+        &zeros(&[2, 3, 8], DType::F32),
+        &rows(&[2, 3], DType::U32),
+        &w
+    ))
+    .contains("must be [P, H]"));
+    assert!(e(moe_combine_rows(&d, &rows(&[6], DType::U32), &w)).contains("must be [N, S]"));
+    assert!(e(moe_combine_rows(&d, &rows(&[2, 3], DType::F32), &w)).contains("u32"));
+    assert!(e(moe_combine_rows(&d, &rows(&[2, 4], DType::U32), &w)).contains("weights"));
+    // No tokens: an empty result, no work.
+    let empty = moe_combine_rows(&d, &rows(&[0, 3], DType::U32), &zeros(&[0, 3], DType::F32));
+    assert_eq!(empty.unwrap().dims(), [0, 8]);
 }
 
 #[test]

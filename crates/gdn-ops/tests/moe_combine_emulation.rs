@@ -1,7 +1,8 @@
 //! The shipped `kernels/moe_combine.metal`, compiled as C++ with clang-19 and the Metal
 //! emulation header (`kernels/emu/`), run on the CPU for every `moe_combine_<in>`
 //! instantiation and compared with the CPU twin (`gdn_ops::ops::moe_combine`, on the same
-//! rounded inputs).
+//! rounded inputs), in both forms: the decode step's (slots in order, residual, norm) and the
+//! prefill's (`moe_combine_rows`: rows gathered through a permutation, no residual, no norm).
 //!
 //! Gates: f32 within 1e-5 of max|twin| per output; f16 and bf16 within 1 ulp of the dtype at
 //! the twin's value (the twin rounds where the kernel does, from f32 values that differ only
@@ -11,9 +12,9 @@
 mod common;
 mod emu;
 
-use candle_core::{DType, Tensor};
+use candle_core::{DType, Device, Tensor};
 use common::{failures, values, Input, Rng};
-use gdn_ops::ops::moe_combine::{moe_combine, MoeCombineParams};
+use gdn_ops::ops::moe_combine::{moe_combine, moe_combine_rows, MoeCombineParams};
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
@@ -34,10 +35,22 @@ struct Case {
     slots: usize,
     hidden: usize,
     eps: f32,
+    /// `[N, S, H]`, or `[P, H]` read through `rows`.
     down: Tensor,
+    /// `[N, S]` u32: the prefill form's row of each slot in `down`.
+    rows: Option<Tensor>,
     weights: Tensor,
-    residual: Tensor,
+    residual: Option<Tensor>,
     norm_weight: Option<Tensor>,
+}
+
+/// A random permutation of `0..n`.
+fn permutation(rng: &mut Rng, n: usize) -> Vec<u32> {
+    let mut p: Vec<u32> = (0..n as u32).collect();
+    for i in (1..n).rev() {
+        p.swap(i, rng.below(i + 1));
+    }
+    p
 }
 
 impl Case {
@@ -58,25 +71,57 @@ impl Case {
             hidden,
             eps: 1e-6,
             down: rng.tensor_as(&[tokens, slots, hidden], -2.0, 2.0, dt),
+            rows: None,
             weights: rng.tensor_as(&[tokens, slots], 0.0, 0.5, DType::F32),
-            residual: rng.tensor_as(&[tokens, hidden], -4.0, 4.0, dt),
+            residual: Some(rng.tensor_as(&[tokens, hidden], -4.0, 4.0, dt)),
             norm_weight: norm.then(|| rng.tensor_as(&[hidden], 0.5, 1.5, dt)),
+        }
+    }
+
+    /// The prefill form: `tokens · slots` expert outputs in a random (grouped) order, plus
+    /// `spare` rows no slot names.
+    fn gathered(
+        seed: u64,
+        dtype: usize,
+        tokens: usize,
+        slots: usize,
+        hidden: usize,
+        spare: usize,
+    ) -> Self {
+        let mut rng = Rng::new(seed);
+        let dt = DTYPES[dtype].0;
+        let pairs = tokens * slots;
+        let order = permutation(&mut rng, pairs + spare);
+        let rows =
+            Tensor::from_vec(order[..pairs].to_vec(), (tokens, slots), &Device::Cpu).unwrap();
+        Self {
+            dtype,
+            tokens,
+            slots,
+            hidden,
+            eps: 1e-6,
+            down: rng.tensor_as(&[pairs + spare, hidden], -2.0, 2.0, dt),
+            rows: Some(rows),
+            weights: rng.tensor_as(&[tokens, slots], 0.0, 0.5, DType::F32),
+            residual: None,
+            norm_weight: None,
         }
     }
 
     fn label(&self) -> String {
         format!(
-            "moe_combine_{} N={} S={} H={} norm={}",
+            "moe_combine_{} N={} S={} H={} norm={} gathered={}",
             DTYPES[self.dtype].1,
             self.tokens,
             self.slots,
             self.hidden,
-            self.norm_weight.is_some()
+            self.norm_weight.is_some(),
+            self.rows.is_some()
         )
     }
 
     fn check(&self) -> Option<String> {
-        let mut input = Input::new(b"COMBEMU1");
+        let mut input = Input::new(b"COMBEMU2");
         for h in [
             self.dtype,
             self.tokens,
@@ -87,23 +132,37 @@ impl Case {
             input.u32(h as u32);
         }
         input.f32(self.eps);
-        let inputs = [&self.down, &self.weights, &self.residual]
-            .into_iter()
-            .chain(&self.norm_weight);
-        for t in inputs {
+        input.u32(self.residual.is_some() as u32);
+        input.u32(self.rows.is_some() as u32);
+        input.u32(self.rows.as_ref().map_or(0, |_| self.down.dim(0).unwrap()) as u32);
+        input.f32s(&values(&self.down));
+        if let Some(rows) = &self.rows {
+            for r in rows.flatten_all().unwrap().to_vec1::<u32>().unwrap() {
+                input.u32(r);
+            }
+        }
+        input.f32s(&values(&self.weights));
+        for t in self.residual.iter().chain(&self.norm_weight) {
             input.f32s(&values(t));
         }
         let out = match emu::run_harness(harness(), &input.0) {
             Ok(o) => o,
             Err(e) => return Some(e),
         };
-        let (sum, normed) = moe_combine(
-            &self.down,
-            &self.weights,
-            &self.residual,
-            self.norm_weight.as_ref().map(|w| (w, self.eps)),
-        )
-        .unwrap();
+        let (sum, normed) = match (&self.rows, &self.residual) {
+            (Some(rows), None) => (
+                moe_combine_rows(&self.down, rows, &self.weights).unwrap(),
+                None,
+            ),
+            (None, Some(residual)) => moe_combine(
+                &self.down,
+                &self.weights,
+                residual,
+                self.norm_weight.as_ref().map(|w| (w, self.eps)),
+            )
+            .unwrap(),
+            _ => unreachable!("the two forms: gathered without a residual, or in order with one"),
+        };
         let mut want = values(&sum);
         if let Some(n) = &normed {
             want.extend(values(n));
@@ -152,6 +211,9 @@ fn cases() -> Vec<Case> {
         out.push(Case::new(next(), dt, 1, 1, 77, true));
         out.push(Case::new(next(), dt, 4, 5, 256, false));
         out.push(Case::new(next(), dt, 1, 3, 16, false));
+        // The prefill form: a permutation of the pairs, with and without spare rows.
+        out.push(Case::gathered(next(), dt, 3, 11, 2048, 0));
+        out.push(Case::gathered(next(), dt, 7, 4, 200, 5));
     }
     out
 }
@@ -175,12 +237,15 @@ fn moe_combine_abi_in_source() {
         ("unsigned int", "hidden"),
         ("unsigned int", "has_norm"),
         ("float", "eps"),
+        ("unsigned int", "has_residual"),
+        ("unsigned int", "gathered"),
+        ("unsigned int", "down_rows"),
     ]
     .iter()
     .map(|(t, f)| (t.to_string(), f.to_string()))
     .collect();
     assert_eq!(fields, want);
-    assert_eq!(std::mem::size_of::<MoeCombineParams>(), 5 * 4);
+    assert_eq!(std::mem::size_of::<MoeCombineParams>(), 8 * 4);
     let flat = emu::shipped_source("kernels/moe_combine.metal");
     assert!(flat.contains("#include \"params/moe_combine.h\""));
     emu::assert_buffers(
@@ -188,6 +253,7 @@ fn moe_combine_abi_in_source() {
         "#define MOE_COMBINE(",
         &[
             "down",
+            "rows",
             "weights",
             "residual",
             "norm_weight",

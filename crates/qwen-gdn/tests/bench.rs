@@ -274,6 +274,10 @@ fn prefill_profile() {
             &[
                 "attention",
                 "attention/qkv_prep",
+                "attention/qkv_prep/proj",
+                "attention/qkv_prep/norm",
+                "attention/qkv_prep/rope",
+                "attention/qkv_prep/append",
                 "attention/core",
                 "attention/out",
             ],
@@ -299,10 +303,15 @@ fn prefill_profile() {
     // Only the last chunk runs the output head.
     assert_eq!(calls("lm_head"), 1);
     let secs = |name: &str| phases.iter().find(|p| p.0 == name).unwrap().1;
-    for parent in ["gdn", "attention", "moe"] {
+    // Each parent's direct children (one more path level) fit in it.
+    for parent in ["gdn", "attention", "moe", "attention/qkv_prep"] {
         let children: f64 = phases
             .iter()
-            .filter(|p| p.0.starts_with(&format!("{parent}/")) && p.2 > 0)
+            .filter(|p| {
+                p.0.strip_prefix(&format!("{parent}/"))
+                    .is_some_and(|rest| !rest.contains('/'))
+                    && p.2 > 0
+            })
             .map(|p| p.1)
             .sum();
         assert!(

@@ -120,23 +120,33 @@ impl Attention {
     ) -> Result<(Tensor, Tensor, Tensor, Tensor)> {
         let (b, s, _) = x.dims3()?;
         let (nq, nkv, dh) = (self.heads, self.kv_heads, self.head_dim);
-        let [qg, k, v]: [Tensor; 3] = self.qkv.forward(x)?.try_into().expect("three projections");
-        // A view of the merged projection: contiguous in decode, copied here in prefill (as
-        // `reshape` would do uncounted).
-        let qg = contiguous(&qg)?.reshape((b, s, nq, 2 * dh))?;
-        let (q, gate) = (
-            qg.narrow(D::Minus1, 0, dh)?,
-            contiguous(&qg.narrow(D::Minus1, dh, dh)?)?.reshape((b, s, nq * dh))?,
-        );
-        let q = self.q_norm.forward(&q)?.transpose(1, 2)?;
-        let k = self
-            .k_norm
-            .forward(&contiguous(&k)?.reshape((b, s, nkv, dh))?)?
-            .transpose(1, 2)?;
-        let v = contiguous(&contiguous(&v)?.reshape((b, s, nkv, dh))?.transpose(1, 2)?)?;
-        let q = self.rope.forward(&q, offset)?;
-        let k = self.rope.forward(&k, offset)?;
-        let (k, v) = cache.append(&k, &v)?;
+        let device = x.device();
+        let [qg, k, v]: [Tensor; 3] = phase("attention/qkv_prep/proj", device, || {
+            Ok(self.qkv.forward(x)?.try_into().expect("three projections"))
+        })?;
+        let (q, k, v, gate) = phase("attention/qkv_prep/norm", device, || {
+            // A view of the merged projection: contiguous in decode, copied here in prefill
+            // (as `reshape` would do uncounted).
+            let qg = contiguous(&qg)?.reshape((b, s, nq, 2 * dh))?;
+            let (q, gate) = (
+                qg.narrow(D::Minus1, 0, dh)?,
+                contiguous(&qg.narrow(D::Minus1, dh, dh)?)?.reshape((b, s, nq * dh))?,
+            );
+            let q = self.q_norm.forward(&q)?.transpose(1, 2)?;
+            let k = self
+                .k_norm
+                .forward(&contiguous(&k)?.reshape((b, s, nkv, dh))?)?
+                .transpose(1, 2)?;
+            let v = contiguous(&contiguous(&v)?.reshape((b, s, nkv, dh))?.transpose(1, 2)?)?;
+            Ok((q, k, v, gate))
+        })?;
+        let (q, k) = phase("attention/qkv_prep/rope", device, || {
+            Ok((
+                self.rope.forward(&q, offset)?,
+                self.rope.forward(&k, offset)?,
+            ))
+        })?;
+        let (k, v) = phase("attention/qkv_prep/append", device, || cache.append(&k, &v))?;
         Ok((q, k, v, gate))
     }
 

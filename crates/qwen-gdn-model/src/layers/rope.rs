@@ -5,6 +5,24 @@ use super::norm::contiguous;
 use anyhow::Result;
 use candle_core::{DType, Device, Tensor, D};
 use gdn_ops::launches::{candle_op, candle_ops};
+use std::sync::Mutex;
+
+/// The tables made last, for whichever rotation asks next: within a prefill chunk the queries
+/// and keys of every attention layer rotate at the same positions, and making the tables costs
+/// the host ~1 µs per position (two f64 trigonometric calls per frequency), during which a GPU
+/// waits for the next launch.
+static LAST_TABLES: Mutex<Option<Tables>> = Mutex::new(None);
+
+/// cos and sin for positions `offset..offset + len` at `inv_freq`, in `dtype` on `device`.
+struct Tables {
+    inv_freq: Vec<f64>,
+    offset: usize,
+    len: usize,
+    dtype: DType,
+    device: Device,
+    cos: Tensor,
+    sin: Tensor,
+}
 
 #[derive(Debug, Clone)]
 pub struct PartialRope {
@@ -33,9 +51,39 @@ impl PartialRope {
         Ok(Tensor::from_vec(f, self.inv_freq.len(), device)?)
     }
 
+    /// cos and sin `[len, dims/2]` in `dtype` on `device`: those made last when they are for
+    /// the same frequencies and positions ([`LAST_TABLES`]), else made anew.
+    fn tables(
+        &self,
+        offset: usize,
+        len: usize,
+        dtype: DType,
+        device: &Device,
+    ) -> Result<(Tensor, Tensor)> {
+        let mut last = LAST_TABLES.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(t) = last.as_ref().filter(|t| {
+            (t.offset, t.len, t.dtype) == (offset, len, dtype)
+                && t.inv_freq == self.inv_freq
+                && t.device.same_device(device)
+        }) {
+            return Ok((t.cos.clone(), t.sin.clone()));
+        }
+        let (cos, sin) = self.make_tables(offset, len, dtype, device)?;
+        *last = Some(Tables {
+            inv_freq: self.inv_freq.clone(),
+            offset,
+            len,
+            dtype,
+            device: device.clone(),
+            cos: cos.clone(),
+            sin: sin.clone(),
+        });
+        Ok((cos, sin))
+    }
+
     /// cos and sin `[len, dims/2]` in `dtype` on `device`, computed and cast on the host so
     /// that the device only receives them.
-    fn tables(
+    fn make_tables(
         &self,
         offset: usize,
         len: usize,
@@ -76,5 +124,34 @@ impl PartialRope {
         }
         let pass = x.narrow(D::Minus1, self.dims, head_dim - self.dims)?;
         candle_ops(2, Tensor::cat(&[&rotated, &pass], D::Minus1))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tables_are_reused_only_for_the_same_frequencies_and_positions() {
+        let (a, b) = (PartialRope::new(8, 10_000.0), PartialRope::new(8, 1_000.0));
+        let dev = Device::Cpu;
+        let calls = [
+            (&a, 0, 5, DType::F32),
+            (&a, 0, 5, DType::F32),
+            (&b, 0, 5, DType::F32),
+            (&a, 3, 5, DType::F32),
+            (&a, 3, 4, DType::F32),
+            (&a, 3, 4, DType::BF16),
+            (&a, 3, 4, DType::BF16),
+        ];
+        for (rope, offset, len, dtype) in calls {
+            let got = rope.tables(offset, len, dtype, &dev).unwrap();
+            let want = rope.make_tables(offset, len, dtype, &dev).unwrap();
+            for (g, w) in [(got.0, want.0), (got.1, want.1)] {
+                assert_eq!(g.dtype(), dtype);
+                let f32s = |t: Tensor| t.to_dtype(DType::F32).unwrap().to_vec2::<f32>().unwrap();
+                assert_eq!(f32s(g), f32s(w), "offset {offset} len {len} {dtype:?}");
+            }
+        }
     }
 }

@@ -90,13 +90,11 @@ pub fn chunked_available_on(device: &Device) -> bool {
     }
 }
 
-/// The shortest call the CUDA chunk kernels take without being asked; `None` leaves them
-/// opt-in (`QWEN_GDN_GDN_PREFILL=chunked`). Standalone on the H100 the three passes beat the
-/// recurrence kernel from 512 tokens on (`scripts/gpu/bench-chunk.sh`, docs/perf-notes-gpu.md),
-/// but the kernels as the Rust host launches them have not yet passed `cuda_gated_delta_chunk`
-/// and the device-plan gates on a GPU: until they have, they stay opt-in, and `Some(512)` is
-/// the measured crossover to set then.
-pub const CUDA_CHUNKED_MIN_STEPS: Option<usize> = None;
+/// The shortest call the CUDA chunk kernels take without being asked: standalone on the H100
+/// the three passes beat the recurrence kernel from 512 tokens on (`scripts/gpu/bench-chunk.sh`,
+/// docs/perf-notes-gpu.md), and as the Rust host launches them they pass
+/// `cuda_gated_delta_chunk` there.
+pub const CUDA_CHUNKED_MIN_STEPS: usize = 512;
 
 /// Whether a call of `steps` tokens that the length sends to the chunked form takes it without
 /// being asked. The CPU's chunk form is faster from 16 tokens on; the CUDA one from
@@ -105,7 +103,7 @@ pub const CUDA_CHUNKED_MIN_STEPS: Option<usize> = None;
 pub fn chunked_by_default_on(device: &Device, steps: usize) -> bool {
     match device {
         Device::Cpu => true,
-        Device::Cuda(_) => CUDA_CHUNKED_MIN_STEPS.is_some_and(|min| steps >= min),
+        Device::Cuda(_) => steps >= CUDA_CHUNKED_MIN_STEPS,
         _ => false,
     }
 }

@@ -15,7 +15,12 @@ pub(crate) fn moe_combine(
     let round = |x: f32| round_to(dtype, x);
     let down = f32_values(&inputs.down)?;
     let weights = f32_values(&inputs.weights)?;
-    let residual = f32_values(&inputs.residual)?;
+    let rows: Option<Vec<u32>> = inputs
+        .rows
+        .as_ref()
+        .map(|r| r.flatten_all()?.to_vec1())
+        .transpose()?;
+    let residual = inputs.residual.as_ref().map(f32_values).transpose()?;
     let norm_weight = inputs.norm_weight.as_ref().map(f32_values).transpose()?;
     let mut sum = vec![0f32; tokens * hidden];
     let mut normed = norm_weight.as_ref().map(|_| vec![0f32; tokens * hidden]);
@@ -24,9 +29,19 @@ pub(crate) fn moe_combine(
         for (j, out) in row.iter_mut().enumerate() {
             let mut acc = 0f32;
             for s in 0..slots {
-                acc += weights[n * slots + s] * down[(n * slots + s) * hidden + j];
+                let r = match &rows {
+                    Some(rows) => rows[n * slots + s] as usize,
+                    None => n * slots + s,
+                };
+                // A gathered row past `down` adds nothing, as in the kernels.
+                if let Some(d) = down.get(r * hidden + j) {
+                    acc += weights[n * slots + s] * d;
+                }
             }
-            *out = round(residual[n * hidden + j] + round(acc));
+            *out = match &residual {
+                Some(res) => round(res[n * hidden + j] + round(acc)),
+                None => round(acc),
+            };
         }
         if let (Some(w), Some(normed)) = (&norm_weight, &mut normed) {
             let squares: f32 = row.iter().map(|v| v * v).sum();

@@ -15,7 +15,7 @@ const SOURCE: KernelSource = KernelSource {
     ptx: include_str!(concat!(env!("OUT_DIR"), "/moe_combine.ptx")),
 };
 
-// SAFETY: `MoeCombineParams` is `repr(C)` of four u32 and an f32, as the kernel's struct.
+// SAFETY: `MoeCombineParams` is `repr(C)` of u32 and f32 fields, as the kernel's struct.
 unsafe impl DeviceRepr for MoeCombineParams {}
 
 /// Threads per block (`kThreads` in the kernel: its reduction scratch is sized for it).
@@ -52,20 +52,34 @@ fn moe_combine_as<T: CudaDType + DeviceRepr + WithDType>(
     if tokens > 0 {
         let (ds, dl) = inputs.down.storage_and_layout();
         let (ws, wl) = inputs.weights.storage_and_layout();
-        let (rs, rl) = inputs.residual.storage_and_layout();
+        let rows_guard = inputs.rows.as_ref().map(|t| t.storage_and_layout());
+        let residual_guard = inputs.residual.as_ref().map(|t| t.storage_and_layout());
         let norm_guard = inputs.norm_weight.as_ref().map(|t| t.storage_and_layout());
         let down = view::<T>(&ds, dl, OP)?;
         let weights = view::<f32>(&ws, wl, OP)?;
-        let residual = view::<T>(&rs, rl, OP)?;
+        // The buffers a call does not use are never read: `down` stands in, and a null
+        // pointer for the rows (no u32 buffer is at hand).
+        let rows = rows_guard
+            .as_ref()
+            .map(|(s, l)| view::<u32>(s, l, OP))
+            .transpose()?;
+        let no_rows: u64 = 0;
+        let residual = match &residual_guard {
+            Some((s, l)) => view::<T>(s, l, OP)?,
+            None => view::<T>(&ds, dl, OP)?,
+        };
         let norm_weight = match &norm_guard {
-            Some((ns, nl)) => view::<T>(ns, nl, OP)?,
-            // Never read without a norm (has_norm = 0).
-            None => view::<T>(&rs, rl, OP)?,
+            Some((s, l)) => view::<T>(s, l, OP)?,
+            None => view::<T>(&ds, dl, OP)?,
         };
         let stream = dev.cuda_stream();
         let mut args = stream.launch_builder(&func);
-        args.arg(&down)
-            .arg(&weights)
+        args.arg(&down);
+        match &rows {
+            Some(r) => args.arg(r),
+            None => args.arg(&no_rows),
+        };
+        args.arg(&weights)
             .arg(&residual)
             .arg(&norm_weight)
             .arg(&sum);
@@ -81,8 +95,10 @@ fn moe_combine_as<T: CudaDType + DeviceRepr + WithDType>(
             shared_mem_bytes: 0,
         };
         // SAFETY: arguments in the order and types of `moe_combine_*` in
-        // kernels/moe_combine.cu; every view covers the [N, S, H], [N, S], [N, H] and [H]
-        // elements the kernel indexes.
+        // kernels/moe_combine.cu; every view covers the elements the kernel indexes: down
+        // [N, S, H] (gathered: [down_rows, H], each row index checked against down_rows in
+        // the kernel), rows [N, S] when gathered, weights [N, S], residual [N, H] when
+        // has_residual, norm_weight [H] when has_norm.
         unsafe { launch(args, config) }?;
     }
     Ok((

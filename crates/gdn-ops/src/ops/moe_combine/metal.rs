@@ -46,13 +46,15 @@ pub(crate) fn moe_combine(
         None => None,
     };
     let down = metal_buffer(&inputs.down, OP)?;
-    let residual = metal_buffer(&inputs.residual, OP)?;
-    // Without a norm, slots 3 and 5 are never touched; the residual and the sum are bound
-    // there so that every slot holds a buffer.
-    let norm_weight = match &inputs.norm_weight {
-        Some(w) => metal_buffer(w, OP)?,
-        None => residual.clone(),
+    // The buffers a call does not use are never touched; `down` and the sum are bound there
+    // so that every slot holds a buffer.
+    let bound_or_down = |t: &Option<Tensor>| match t {
+        Some(t) => metal_buffer(t, OP),
+        None => Ok(down.clone()),
     };
+    let rows = bound_or_down(&inputs.rows)?;
+    let residual = bound_or_down(&inputs.residual)?;
+    let norm_weight = bound_or_down(&inputs.norm_weight)?;
     let sum_out = (sum.as_ref().clone(), 0);
     let normed_out = match &normed {
         Some(b) => (b.as_ref().clone(), 0),
@@ -63,6 +65,7 @@ pub(crate) fn moe_combine(
         &pipeline,
         &[
             Binding::Read(&down),
+            Binding::Read(&rows),
             Binding::Read(&metal_buffer(&inputs.weights, OP)?),
             Binding::Read(&residual),
             Binding::Read(&norm_weight),

@@ -10,6 +10,12 @@
 //! - `sum = InT(f32(residual[n, j]) + f32(InT(acc)))`;
 //! - `normed = InT(f32(sum) · rsqrt(mean_j f32(sum)² + eps) · f32(norm_weight[j]))`.
 //!
+//! [`moe_combine_rows`] is the prefill form: the expert outputs in the order the grouped
+//! products computed them (`down` `[P, H]`) and `rows` `[N, S]` u32 naming each slot's row
+//! (the scatter back to pair order folded into the sum), with no residual and no norm:
+//! `sum = InT(acc)`. It replaces a gather of `[N·S, H]`, its f32 copy, the weighted product
+//! and the reduction over slots (four passes over `N·S·H` values) by one read of them.
+//!
 //! Kernels: `kernels/moe_combine.metal` and `kernels/moe_combine.cu` (`moe_combine_<in>`);
 //! [`cpu`] is the twin both must match.
 
@@ -32,13 +38,18 @@ pub struct MoeCombineParams {
     pub hidden: u32,
     pub has_norm: u32,
     pub eps: f32,
+    pub has_residual: u32,
+    pub gathered: u32,
+    pub down_rows: u32,
 }
 
 /// The read-only inputs of one call, as the backends receive them (contiguous).
 pub(crate) struct Inputs {
     down: Tensor,
+    /// `[N, S]` u32 row of each slot in `down`, when gathered.
+    rows: Option<Tensor>,
     weights: Tensor,
-    residual: Tensor,
+    residual: Option<Tensor>,
     norm_weight: Option<Tensor>,
 }
 
@@ -65,16 +76,6 @@ pub fn moe_combine(
         .map_err(|_| anyhow::anyhow!("moe_combine: down {:?} must be [N, S, H]", down.dims()))?;
     let dtype = down.dtype();
     ensure!(
-        supports(slots, hidden, dtype),
-        "moe_combine: no kernel for {slots} slots of {hidden} {dtype:?} values"
-    );
-    ensure!(
-        weights.dims() == [tokens, slots] && weights.dtype() == DType::F32,
-        "moe_combine: weights {:?} {:?} must be [{tokens}, {slots}] f32",
-        weights.dims(),
-        weights.dtype()
-    );
-    ensure!(
         residual.dims().last() == Some(&hidden) && residual.elem_count() == tokens * hidden,
         "moe_combine: residual {:?} must hold {tokens} rows of {hidden}",
         residual.dims()
@@ -92,7 +93,81 @@ pub fn moe_combine(
             w.dtype()
         );
     }
-    for t in [weights, residual].into_iter().chain(norm.map(|n| n.0)) {
+    let (sum, normed) = combine(
+        down,
+        None,
+        weights,
+        Some(residual),
+        norm,
+        (tokens, slots, hidden),
+    )?;
+    Ok((
+        sum.reshape(residual.dims())?,
+        normed.map(|t| t.reshape(residual.dims())).transpose()?,
+    ))
+}
+
+/// The weighted sum of expert outputs kept in grouped order: `down` `[P, H]`, `rows` `[N, S]`
+/// u32 (slot `s` of token `n` is row `rows[n, s]` of `down`), `weights` `[N, S]` f32 →
+/// `[N, H]` in `down`'s dtype, `InT(Σ_s weights[n, s] · down[rows[n, s]])` (slots in order).
+/// Every row index must be below `P`.
+pub fn moe_combine_rows(down: &Tensor, rows: &Tensor, weights: &Tensor) -> Result<Tensor> {
+    let (down_rows, hidden) = down
+        .dims2()
+        .map_err(|_| anyhow::anyhow!("moe_combine_rows: down {:?} must be [P, H]", down.dims()))?;
+    let (tokens, slots) = rows
+        .dims2()
+        .map_err(|_| anyhow::anyhow!("moe_combine_rows: rows {:?} must be [N, S]", rows.dims()))?;
+    ensure!(
+        rows.dtype() == DType::U32,
+        "moe_combine_rows: rows {:?} must be u32",
+        rows.dtype()
+    );
+    ensure!(
+        u32::try_from(down_rows).is_ok(),
+        "moe_combine_rows: {down_rows} rows of down exceed u32"
+    );
+    let (sum, _) = combine(
+        down,
+        Some(rows),
+        weights,
+        None,
+        None,
+        (tokens, slots, hidden),
+    )?;
+    Ok(sum)
+}
+
+/// The checks both forms share, then the backend: `down` is `[N, S, H]`, or any rows of `H`
+/// when `rows` is given.
+fn combine(
+    down: &Tensor,
+    rows: Option<&Tensor>,
+    weights: &Tensor,
+    residual: Option<&Tensor>,
+    norm: Option<(&Tensor, f32)>,
+    (tokens, slots, hidden): (usize, usize, usize),
+) -> Result<(Tensor, Option<Tensor>)> {
+    let dtype = down.dtype();
+    ensure!(
+        supports(slots, hidden, dtype),
+        "moe_combine: no kernel for {slots} slots of {hidden} {dtype:?} values"
+    );
+    ensure!(
+        weights.dims() == [tokens, slots] && weights.dtype() == DType::F32,
+        "moe_combine: weights {:?} {:?} must be [{tokens}, {slots}] f32",
+        weights.dims(),
+        weights.dtype()
+    );
+    ensure!(
+        u32::try_from(tokens).is_ok() && u32::try_from(tokens * slots).is_ok(),
+        "moe_combine: {tokens} tokens of {slots} slots exceed u32"
+    );
+    for t in [Some(weights), rows, residual]
+        .into_iter()
+        .flatten()
+        .chain(norm.map(|n| n.0))
+    {
         ensure!(
             t.device().same_device(down.device()),
             "moe_combine: inputs on different devices"
@@ -104,23 +179,23 @@ pub fn moe_combine(
         hidden: hidden as u32,
         has_norm: norm.is_some() as u32,
         eps: norm.map_or(0.0, |n| n.1),
+        has_residual: residual.is_some() as u32,
+        gathered: rows.is_some() as u32,
+        down_rows: rows.map_or(0, |_| down.dim(0).unwrap_or(0) as u32),
     };
     let inputs = Inputs {
         down: down.contiguous()?,
+        rows: rows.map(|r| r.contiguous()).transpose()?,
         weights: weights.contiguous()?,
-        residual: residual.contiguous()?,
+        residual: residual.map(|r| r.contiguous()).transpose()?,
         norm_weight: norm.map(|n| n.0.contiguous()).transpose()?,
     };
-    let (sum, normed) = match down.device() {
-        Device::Cpu => launches::cpu_twin(|| cpu::moe_combine(&inputs, &p))?,
+    match down.device() {
+        Device::Cpu => launches::cpu_twin(|| cpu::moe_combine(&inputs, &p)),
         #[cfg(any(feature = "metal", target_os = "macos"))]
-        Device::Metal(_) => metal::moe_combine(&inputs, &p)?,
+        Device::Metal(_) => metal::moe_combine(&inputs, &p),
         #[cfg(feature = "cuda")]
-        Device::Cuda(_) => cuda::moe_combine(&inputs, &p)?,
+        Device::Cuda(_) => cuda::moe_combine(&inputs, &p),
         other => bail!("moe_combine: no kernel for {other:?} yet"),
-    };
-    Ok((
-        sum.reshape(residual.dims())?,
-        normed.map(|t| t.reshape(residual.dims())).transpose()?,
-    ))
+    }
 }

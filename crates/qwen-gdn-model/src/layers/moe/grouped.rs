@@ -20,7 +20,7 @@
 
 use super::super::norm::contiguous;
 use super::groups::ExpertGroups;
-use super::{swiglu_halves, weighted_sum, StackedExperts};
+use super::{swiglu_halves, StackedExperts};
 use crate::phase_profile::phase;
 use anyhow::{bail, Result};
 use candle_core::{Device, Tensor};
@@ -123,12 +123,11 @@ impl StackedExperts {
         renormalise: bool,
         min_tokens: usize,
     ) -> Result<Tensor> {
-        let (n, hidden) = x.dims2()?;
-        if n == 0 {
+        if x.dims2()?.0 == 0 {
             return self.forward_composed(x, top_k, renormalise);
         }
         let logits = self.router.forward(x)?;
-        let (ids, weights) = self.route_composed(&logits, top_k, renormalise)?;
+        let (ids, weights) = self.route_prefill(&logits, top_k, renormalise)?;
         let groups = ExpertGroups::read(&ids, self.gate_up.experts, min_tokens)?;
         let inner = self.gate_up.rows / 2;
         let rows = groups.gather(x)?; // [P, H], grouped order
@@ -143,26 +142,21 @@ impl StackedExperts {
             |x, ids| Ok(self.down.gather_matmul_t(x, ids)?.squeeze(1)?),
             |e, x| self.down.expert(e)?.matmul_t(x),
         )?; // [P, H]
-        let down = groups
-            .scatter(&down)?
-            .reshape((n, groups.slots(), hidden))?;
-        weighted_sum(&down, &weights, x.dtype())
+        groups.weighted_sum(&down, &weights)
     }
 
     /// The block with every pair grouped by expert and each projection one grouped GEMM over
     /// all experts: `x` `[N, H]` → `[N, H]`, the same function as
     /// [`Self::forward_composed`]. Its launches do not depend on how many experts the chunk
-    /// uses: the routing, one gather, the two grouped products, the SwiGLU, one scatter and
-    /// the weighted sum.
+    /// uses: the routing, one gather, the two grouped products, the SwiGLU and the weighted
+    /// sum read through the grouped order.
     pub fn forward_gemm(&self, x: &Tensor, top_k: usize, renormalise: bool) -> Result<Tensor> {
-        let (n, hidden) = x.dims2()?;
-        if n == 0 {
+        if x.dims2()?.0 == 0 {
             return self.forward_composed(x, top_k, renormalise);
         }
         let device = x.device();
         let (ids, weights) = phase("moe/route", device, || {
-            let logits = self.router.forward(x)?;
-            self.route_composed(&logits, top_k, renormalise)
+            self.route_prefill(&self.router.forward(x)?, top_k, renormalise)
         })?;
         // The one host read of the chunk (the expert ids), so this phase includes the wait.
         let (groups, offsets, rows) = phase("moe/group", device, || {
@@ -180,10 +174,7 @@ impl StackedExperts {
             self.down.grouped_matmul_t(&act, &offsets) // [P, H]
         })?;
         phase("moe/combine", device, || {
-            let down = groups
-                .scatter(&down)?
-                .reshape((n, groups.slots(), hidden))?;
-            weighted_sum(&down, &weights, x.dtype())
+            groups.weighted_sum(&down, &weights)
         })
     }
 }

@@ -13,6 +13,7 @@
 use anyhow::{bail, Result};
 use candle_core::{Device, Tensor};
 use gdn_ops::launches::{candle_op, candle_ops};
+use gdn_ops::ops::moe_combine;
 
 /// One expert's pairs: rows `start .. start + len` of the grouped order.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -58,26 +59,31 @@ fn grouped_order(
         }
     }
     let own_product = |e: u32| counts[e as usize] >= min_tokens.max(1);
-    let mut order: Vec<u32> = (0..ids.len() as u32)
-        .filter(|&p| !own_product(ids[p as usize]))
-        .collect();
-    let loose = order.len();
-    // Stable: within an expert, pairs stay in pair order.
-    let mut grouped: Vec<u32> = (0..ids.len() as u32)
-        .filter(|&p| own_product(ids[p as usize]))
-        .collect();
-    grouped.sort_by_key(|&p| ids[p as usize]);
+    // A counting sort (one pass to place, as a prefill chunk has ~10⁴ pairs and a MoE layer
+    // waits for this on the host): the loose pairs first, then each grouped expert's, experts
+    // ascending; pairs keep their order within each.
+    let loose = ids.iter().filter(|&&e| !own_product(e)).count();
+    let mut next = vec![0usize; experts];
     let mut groups = vec![];
     let mut start = loose;
-    for run in grouped.chunk_by(|a, b| ids[*a as usize] == ids[*b as usize]) {
-        groups.push(Group {
-            expert: ids[run[0] as usize] as usize,
-            start,
-            len: run.len(),
-        });
-        start += run.len();
+    for (expert, &len) in counts.iter().enumerate() {
+        if len > 0 && own_product(expert as u32) {
+            next[expert] = start;
+            groups.push(Group { expert, start, len });
+            start += len;
+        }
     }
-    order.extend(grouped);
+    let mut order = vec![0u32; ids.len()];
+    let mut next_loose = 0;
+    for (p, &e) in ids.iter().enumerate() {
+        let at = if own_product(e) {
+            &mut next[e as usize]
+        } else {
+            &mut next_loose
+        };
+        order[*at] = p as u32;
+        *at += 1;
+    }
     Ok((order, loose, groups))
 }
 
@@ -198,6 +204,21 @@ impl ExpertGroups {
     /// Slots per token.
     pub fn slots(&self) -> usize {
         self.slots
+    }
+
+    /// The weighted sum over each token's slots of rows in grouped order: `y` `[P, H]`,
+    /// `weights` `[N, slots]` f32 → `[N, H]` in `y`'s dtype. On a GPU one kernel reads each
+    /// row where it lies (`moe_combine_rows`); on the CPU, the reference, the rows are put
+    /// back in pair order ([`Self::scatter`]) and summed with candle ops.
+    pub fn weighted_sum(&self, y: &Tensor, weights: &Tensor) -> Result<Tensor> {
+        let (pairs, hidden) = y.dims2()?;
+        let tokens = pairs / self.slots;
+        if !y.device().is_cpu() && moe_combine::supports(self.slots, hidden, y.dtype()) {
+            let rows = self.positions.reshape((tokens, self.slots))?;
+            return moe_combine::moe_combine_rows(y, &rows, weights);
+        }
+        let in_pair_order = self.scatter(y)?.reshape((tokens, self.slots, hidden))?;
+        super::weighted_sum(&in_pair_order, weights, y.dtype())
     }
 }
 

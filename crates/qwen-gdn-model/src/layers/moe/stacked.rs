@@ -22,6 +22,7 @@ use candle_core::{DType, Device, Tensor, D};
 use gdn_ops::affine::AffineMatrix;
 use gdn_ops::launches::{candle_op, candle_ops};
 use gdn_ops::ops::affine::AffineTensor;
+use gdn_ops::ops::moe_route;
 
 #[derive(Debug, Clone)]
 pub struct StackedExperts {
@@ -151,6 +152,21 @@ impl StackedExperts {
             candle_ops(2, Tensor::cat(&[&ids, &shared_id], D::Minus1))?,
             candle_ops(2, Tensor::cat(&[&weights, &shared_weight], D::Minus1))?,
         ))
+    }
+
+    /// The routing of a prefill chunk: on a GPU the fused kernel of the decode step
+    /// (`moe_route`: softmax, top-k, the slot weights and the shared slot in one launch, any
+    /// number of tokens), else and where it does not apply [`Self::route_composed`].
+    pub fn route_prefill(
+        &self,
+        logits: &Tensor,
+        top_k: usize,
+        renormalise: bool,
+    ) -> Result<(Tensor, Tensor)> {
+        if !logits.device().is_cpu() && moe_route::supports(self.experts, top_k, logits.dtype()) {
+            return moe_route::moe_route(logits, top_k, renormalise, self.has_shared);
+        }
+        self.route_composed(logits, top_k, renormalise)
     }
 
     /// The block with candle ops around the gathered products: `x` `[N, H]` → `[N, H]`.
