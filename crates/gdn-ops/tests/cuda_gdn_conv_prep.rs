@@ -237,9 +237,8 @@ fn gdn_conv_prep_prefill_gives_its_decode_steps_bit_for_bit_on_the_gpu() {
             let what = format!("gdn_conv_prep {d:?} S{tokens} {dtype:?}");
             let whole = chunk.run(&dev, 0, tokens, &chunk.state.to_device(&dev).unwrap());
             let state = chunk.state.to_device(&dev).unwrap();
-            let steps: Vec<ConvPrepOut> = (0..tokens)
-                .map(|t| chunk.run(&dev, t, 1, &state))
-                .collect();
+            let steps: Vec<ConvPrepOut> =
+                (0..tokens).map(|t| chunk.run(&dev, t, 1, &state)).collect();
             let cat = |f: fn(&ConvPrepOut) -> &Tensor| {
                 Tensor::cat(&steps.iter().map(f).collect::<Vec<_>>(), 1).unwrap()
             };

@@ -214,11 +214,7 @@ fn compare_chunk(
     let (want, kept) = composed(&qkv, &b, &a, &s.state, &s.taps, &s.dt_bias, &s.neg_a_exp, d);
     let what = format!("{d:?} B{batch} S{tokens} {dtype:?} state {with_state}");
     // The new state only holds moved values: exact.
-    assert_eq!(
-        values(&got.conv_state),
-        values(&kept),
-        "{what}: conv state"
-    );
+    assert_eq!(values(&got.conv_state), values(&kept), "{what}: conv state");
     assert_eq!(got.conv_state.dtype(), dtype);
     if tokens == 1 {
         // A decode step advances the state in place.
@@ -279,10 +275,26 @@ fn twin_matches_the_composed_path_on_prefill_chunks_in_f32() {
     }
     // K = 8, one key head: S < K − 1 mixes old-state rows with new ones in the new state.
     for (i, &s) in [1, 3, 6, 7, 8, 37].iter().enumerate() {
-        compare_chunk(dims(1, 64, 2, 32, 8), 1, s, true, DType::F32, 1e-5, 200 + i as u64);
+        compare_chunk(
+            dims(1, 64, 2, 32, 8),
+            1,
+            s,
+            true,
+            DType::F32,
+            1e-5,
+            200 + i as u64,
+        );
     }
     // A release shape.
-    compare_chunk(dims(16, 128, 32, 128, 4), 1, 37, true, DType::F32, 1e-5, 300);
+    compare_chunk(
+        dims(16, 128, 32, 128, 4),
+        1,
+        37,
+        true,
+        DType::F32,
+        1e-5,
+        300,
+    );
 }
 
 #[test]

@@ -397,12 +397,17 @@ fn shipped_kernel_prefill_matches_its_decode_steps_bit_for_bit() {
                 let stepped: Vec<u32> = (0..batch)
                     .flat_map(|b| {
                         steps.iter().flat_map(move |s| {
-                            s[i][b * per_row..(b + 1) * per_row].iter().map(|x| x.to_bits())
+                            s[i][b * per_row..(b + 1) * per_row]
+                                .iter()
+                                .map(|x| x.to_bits())
                         })
                     })
                     .collect();
                 let bits: Vec<u32> = chunk[i].iter().map(|x| x.to_bits()).collect();
-                assert!(bits == stepped, "{what}: {name} differs from the decode steps'");
+                assert!(
+                    bits == stepped,
+                    "{what}: {name} differs from the decode steps'"
+                );
             }
             let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
             assert_eq!(bits(&chunk[5]), bits(&state), "{what}: conv state");

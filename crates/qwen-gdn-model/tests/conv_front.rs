@@ -32,7 +32,11 @@ fn load_front(name: &str, front: &str) -> Model {
 }
 
 /// Logits of `ids` fed in chunks of `sizes`, and the launches they took.
-fn in_chunks(model: &Model, ids: &[u32], sizes: &mut dyn Iterator<Item = usize>) -> (Tensor, usize) {
+fn in_chunks(
+    model: &Model,
+    ids: &[u32],
+    sizes: &mut dyn Iterator<Item = usize>,
+) -> (Tensor, usize) {
     let mut cache = model.new_cache();
     let mut rows = vec![];
     let mut start = 0;
@@ -58,19 +62,28 @@ fn check(name: &str) {
     eprintln!(
         "{name}: fused vs composed conv front, f32 prompt: {d:e}; launches {fused_launches} vs {composed_launches}"
     );
-    assert!(d <= GATE, "{name}: fused front differs from composed by {d:e}");
+    assert!(
+        d <= GATE,
+        "{name}: fused front differs from composed by {d:e}"
+    );
     assert!(
         fused_launches < composed_launches,
         "{name}: the fused front did not run ({fused_launches} launches, composed {composed_launches})"
     );
     let mlx = reference.get("tf_logits");
     let d = rel_max_diff(&got, mlx);
-    assert!(d <= 1e-3, "{name}: fused front differs from mlx-lm by {d:e}");
+    assert!(
+        d <= 1e-3,
+        "{name}: fused front differs from mlx-lm by {d:e}"
+    );
     assert_eq!(argmax_rows(&got), argmax_rows(mlx), "{name}: argmax");
     for chunk in [1, 3, 4, 5, 64] {
         let (chunked, _) = in_chunks(&fused, &ids, &mut std::iter::repeat(chunk));
         let d = rel_max_diff(&chunked, &got);
-        assert!(d <= GATE, "{name}: fused, chunks of {chunk} differ by {d:e}");
+        assert!(
+            d <= GATE,
+            "{name}: fused, chunks of {chunk} differ by {d:e}"
+        );
     }
     let split = ids.len() - 12;
     let mut pattern = std::iter::once(split).chain(std::iter::repeat(1));

@@ -91,10 +91,7 @@ where
         let neg_a_exp = view::<f32>(&na_s, na_l, OP)?;
         let stream = dev.cuda_stream();
         let mut args = stream.launch_builder(&func);
-        args.arg(&qkv)
-            .arg(&b)
-            .arg(&a)
-            .arg(&state);
+        args.arg(&qkv).arg(&b).arg(&a).arg(&state);
         match &fresh_state {
             Some(next) => args.arg(next),
             None => args.arg(&state),
