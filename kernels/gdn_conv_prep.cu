@@ -1,18 +1,22 @@
-// The front of a Gated DeltaNet decode step on CUDA: the twin of kernels/gdn_conv_prep.metal
-// (which documents the maths), with crates/gdn-ops/src/ops/gdn_conv_prep/cpu.rs as the
-// reference both must match.
+// The front of a Gated DeltaNet layer on CUDA, for a decode step or a whole prefill chunk:
+// the twin of kernels/gdn_conv_prep.metal (which documents the maths), with
+// crates/gdn-ops/src/ops/gdn_conv_prep/cpu.rs as the reference both must match.
 //
 // ENTRY POINTS (extern "C"; <t> in {f32, f16, bf16}, InT its type):
-//   gdn_conv_prep_<t>(qkv, b, a, conv_state, taps, dt_bias, neg_a_exp, q, k, v, g, beta,
-//                     ConvPrepParams p)
-//     one token per sequence: conv over [conv_state; qkv], SiLU, L2 norms of q and k (scales
-//     folded in), the conv-state shift in place, g and beta. qkv, b and a rows at their row
-//     strides (views are fine); conv_state [B, K-1, C] and taps [K, C] contiguous; q, k
-//     [B, 1, Hk, Dk], v [B, 1, Hv, Dv] in InT; g, beta [B, 1, Hv] f32.
-//     block = (32, 4): one warp per (batch row, head slot), slots = Hk q heads, Hk k heads,
-//     Hv v heads; grid = (ceil((2 Hk + Hv) / 4), B). Lane l owns channels l + 32 i of its
-//     head: every conv-state element has one owner. Dk, Dv multiples of 32 up to 256, K >= 2
-//     (the host checks).
+//   gdn_conv_prep_<t>(qkv, b, a, conv_state, next_state, taps, dt_bias, neg_a_exp, q, k, v,
+//                     g, beta, ConvPrepParams p)
+//     S tokens per sequence: for each token the conv over its window of [conv_state; qkv],
+//     SiLU, L2 norms of q and k (scales folded in), g and beta; the blocks of the last token
+//     write the conv state after the chunk to next_state. qkv, b and a rows at their batch
+//     and token strides (views are fine); conv_state, next_state [B, K-1, C] and taps [K, C]
+//     contiguous; q, k [B, S, Hk, Dk], v [B, S, Hv, Dv] in InT; g, beta [B, S, Hv] f32.
+//     next_state == conv_state is allowed only for S = 1 (the decode step's in-place shift:
+//     each element is read, then written, by one thread); for S > 1 other tokens' blocks
+//     still read conv_state, so next_state must be another buffer.
+//     block = (32, 4): one warp per (batch row, token, head slot), slots = Hk q heads, Hk k
+//     heads, Hv v heads; grid = (ceil((2 Hk + Hv) / 4), S, B). Lane l owns channels
+//     l + 32 i of its head. Dk, Dv multiples of 32 up to 256, 2 <= K <= 8, S and B at most
+//     65535 (the host checks).
 //
 // Compile for candle:  nvcc -ptx -arch=sm_90 -O3 -I kernels kernels/gdn_conv_prep.cu
 
@@ -28,19 +32,23 @@ namespace gdn_conv_prep {
 using cuda_convert::from_f32;
 using cuda_convert::to_f32;
 
+// conv_state and next_state carry no __restrict__: a decode step passes the same buffer.
 template <typename InT>
 __device__ void prep(const InT* __restrict__ qkv, const InT* __restrict__ b_in,
-                     const InT* __restrict__ a_in, InT* __restrict__ conv_state,
+                     const InT* __restrict__ a_in, const InT* conv_state, InT* next_state,
                      const InT* __restrict__ taps, const float* __restrict__ dt_bias,
                      const float* __restrict__ neg_a_exp, InT* __restrict__ q,
                      InT* __restrict__ k, InT* __restrict__ v, float* __restrict__ g,
                      float* __restrict__ beta, const ConvPrepParams p) {
   constexpr unsigned int kMaxPerLane = 8;
+  constexpr unsigned int kMaxTaps = 8;
   // All 32 lanes of a warp share threadIdx.y: padding warps leave whole.
   const unsigned int slot = blockIdx.x * blockDim.y + threadIdx.y;
   const unsigned int key_heads = p.key_heads;
   if (slot >= 2 * key_heads + p.value_heads) return;
-  const unsigned int batch = blockIdx.y;
+  const unsigned int token = blockIdx.y;
+  const unsigned int batch = blockIdx.z;
+  const size_t row = (size_t)batch * p.tokens + token;  // the outputs' (batch, token) row
   const unsigned int lane = threadIdx.x;
   const unsigned int qk_channels = key_heads * p.key_dim;
   const unsigned int channels = 2 * qk_channels + p.value_heads * p.value_dim;
@@ -52,24 +60,26 @@ __device__ void prep(const InT* __restrict__ qkv, const InT* __restrict__ b_in,
   if (slot < key_heads) {
     first = slot * p.key_dim;
     width = p.key_dim;
-    out = q + ((size_t)batch * key_heads + slot) * p.key_dim;
+    out = q + (row * key_heads + slot) * p.key_dim;
     scale = p.q_scale;
   } else if (!is_value) {
     const unsigned int h = slot - key_heads;
     first = qk_channels + h * p.key_dim;
     width = p.key_dim;
-    out = k + ((size_t)batch * key_heads + h) * p.key_dim;
+    out = k + (row * key_heads + h) * p.key_dim;
     scale = p.k_scale;
   } else {
     const unsigned int hv = slot - 2 * key_heads;
     first = 2 * qk_channels + hv * p.value_dim;
     width = p.value_dim;
-    out = v + ((size_t)batch * p.value_heads + hv) * p.value_dim;
+    out = v + (row * p.value_heads + hv) * p.value_dim;
   }
   const unsigned int per_lane = width / 32;
   const unsigned int history = p.kernel_size - 1;
-  const InT* x = qkv + (size_t)batch * p.qkv_row_stride;
-  InT* state = conv_state + (size_t)batch * history * channels;
+  const InT* rows = qkv + (size_t)batch * p.qkv_batch_stride;
+  const InT* state = conv_state + (size_t)batch * history * channels;
+  InT* next = next_state + (size_t)batch * history * channels;
+  const bool last_token = token + 1 == p.tokens;
 
   float act[kMaxPerLane];
   float square_sum = 0.0f;
@@ -78,15 +88,25 @@ __device__ void prep(const InT* __restrict__ qkv, const InT* __restrict__ b_in,
     act[i] = 0.0f;
     if (i < per_lane) {
       const unsigned int c = first + lane + 32 * i;
+      // The window: rows token .. token + K - 1 of [conv_state; qkv], oldest first, all
+      // read before the state is written (in place for a decode step).
+      InT window[kMaxTaps];
       float acc = 0.0f;
-      for (unsigned int m = 0; m < history; ++m) {
-        const InT s = state[(size_t)m * channels + c];
-        acc = fmaf(to_f32(s), to_f32(taps[(size_t)m * channels + c]), acc);
-        if (m > 0) state[(size_t)(m - 1) * channels + c] = s;
+#pragma unroll
+      for (unsigned int m = 0; m < kMaxTaps; ++m) {
+        if (m < p.kernel_size) {
+          const unsigned int at = token + m;
+          window[m] = at < history ? state[(size_t)at * channels + c]
+                                   : rows[(size_t)(at - history) * p.qkv_token_stride + c];
+          acc = fmaf(to_f32(window[m]), to_f32(taps[(size_t)m * channels + c]), acc);
+        }
       }
-      const InT newest = x[c];
-      acc = fmaf(to_f32(newest), to_f32(taps[(size_t)history * channels + c]), acc);
-      state[(size_t)(history - 1) * channels + c] = newest;
+      if (last_token) {
+#pragma unroll
+        for (unsigned int m = 1; m < kMaxTaps; ++m) {
+          if (m < p.kernel_size) next[(size_t)(m - 1) * channels + c] = window[m];
+        }
+      }
       act[i] = to_f32(from_f32<InT>(acc / (1.0f + expf(-acc))));
       square_sum = fmaf(act[i], act[i], square_sum);
     }
@@ -99,12 +119,15 @@ __device__ void prep(const InT* __restrict__ qkv, const InT* __restrict__ b_in,
     }
     if (lane == 0) {
       const unsigned int hv = slot - 2 * key_heads;
-      const size_t at = (size_t)batch * p.value_heads + hv;
-      const float a_x = to_f32(a_in[(size_t)batch * p.a_row_stride + hv]) + dt_bias[hv];
+      const size_t at = row * p.value_heads + hv;
+      const float a_x =
+          to_f32(a_in[(size_t)batch * p.a_batch_stride + (size_t)token * p.a_token_stride + hv]) +
+          dt_bias[hv];
       // softplus, stable for large |x|.
       const float softplus = fmaxf(a_x, 0.0f) + log1pf(expf(-fabsf(a_x)));
       g[at] = expf(neg_a_exp[hv] * softplus);
-      const float b_x = to_f32(b_in[(size_t)batch * p.b_row_stride + hv]);
+      const float b_x =
+          to_f32(b_in[(size_t)batch * p.b_batch_stride + (size_t)token * p.b_token_stride + hv]);
       beta[at] = 1.0f / (1.0f + expf(-b_x));
     }
     return;
@@ -123,11 +146,11 @@ __device__ void prep(const InT* __restrict__ qkv, const InT* __restrict__ b_in,
 
 #define GDN_CONV_PREP(NAME, T)                                                                  \
   extern "C" __global__ void gdn_conv_prep_##NAME(                                              \
-      const T* qkv, const T* b_in, const T* a_in, T* conv_state, const T* taps,                 \
-      const float* dt_bias, const float* neg_a_exp, T* q, T* k, T* v, float* g, float* beta,    \
-      const ConvPrepParams p) {                                                                 \
-    gdn_conv_prep::prep<T>(qkv, b_in, a_in, conv_state, taps, dt_bias, neg_a_exp, q, k, v, g,   \
-                           beta, p);                                                            \
+      const T* qkv, const T* b_in, const T* a_in, const T* conv_state, T* next_state,           \
+      const T* taps, const float* dt_bias, const float* neg_a_exp, T* q, T* k, T* v, float* g,  \
+      float* beta, const ConvPrepParams p) {                                                    \
+    gdn_conv_prep::prep<T>(qkv, b_in, a_in, conv_state, next_state, taps, dt_bias, neg_a_exp,   \
+                           q, k, v, g, beta, p);                                                \
   }
 
 GDN_CONV_PREP(f32, float)

@@ -1,8 +1,11 @@
 //! The CPU twin of `gdn_conv_prep` against the composed path it replaces: the device plan's
-//! GDN decode front written with plain candle ops exactly as `GatedDeltaNet::conv`, `forward`
-//! and `decay` (crates/qwen-gdn-model/src/layers/gdn.rs) and `ScaledRms`
-//! (layers/norm.rs) compute it, on random inputs, with qkv, b and a as slices of one merged
-//! projection output (as the model will pass them). Plus one test per input check.
+//! GDN front written with plain candle ops exactly as `GatedDeltaNet::conv`, `forward` and
+//! `decay` (crates/qwen-gdn-model/src/layers/gdn.rs) and `ScaledRms` (layers/norm.rs)
+//! compute it, on random inputs, with qkv, b and a as slices of one merged projection output
+//! (as the model passes them), for decode steps and prefill chunks of S tokens (S < K − 1,
+//! K − 1, K, many), from an existing conv state or from zeros (a first chunk). Plus the
+//! twin's own consistency (a chunk gives bit for bit what its tokens give one step at a time)
+//! and one test per input check.
 
 mod common;
 
@@ -62,11 +65,22 @@ fn composed(
         d.kernel_size,
     );
     let (b, s, _) = qkv.dims3().unwrap();
-    // GatedDeltaNet::conv, decode (s == 1).
+    // GatedDeltaNet::conv.
     let padded = Tensor::cat(&[conv_state, qkv], 1).unwrap();
     let kept = padded.narrow(1, s, k - 1).unwrap().contiguous().unwrap();
     let w = taps.to_dtype(qkv.dtype()).unwrap();
-    let conv = padded.broadcast_mul(&w).unwrap().sum_keepdim(1).unwrap();
+    let conv = if s == 1 {
+        padded.broadcast_mul(&w).unwrap().sum_keepdim(1).unwrap()
+    } else {
+        let tap = |m: usize| {
+            padded
+                .narrow(1, m, s)
+                .unwrap()
+                .broadcast_mul(&w.narrow(0, m, 1).unwrap())
+                .unwrap()
+        };
+        (1..k).fold(tap(0), |acc, m| (acc + tap(m)).unwrap())
+    };
     // GatedDeltaNet::forward.
     let conv = conv.silu().unwrap();
     let head = |start: usize, len: usize, heads: usize, dim: usize| {
@@ -98,6 +112,7 @@ fn composed(
             v,
             g,
             beta,
+            conv_state: kept.clone(),
         },
         kept,
     )
@@ -113,7 +128,7 @@ fn dims(hk: usize, dk: usize, hv: usize, dv: usize, k: usize) -> ConvPrepDims {
     }
 }
 
-/// The inputs of one step: a merged projection `[B, 1, C + Z + 2·Hv]` sliced into qkv, b
+/// The inputs of one chunk: a merged projection `[B, S, C + Z + 2·Hv]` sliced into qkv, b
 /// and a (views), a conv state, taps and the decay parameters.
 struct Step {
     proj: Tensor,
@@ -125,12 +140,16 @@ struct Step {
 
 impl Step {
     fn new(d: ConvPrepDims, batch: usize, dtype: DType, seed: u64) -> Self {
+        Self::chunk(d, batch, 1, dtype, seed)
+    }
+
+    fn chunk(d: ConvPrepDims, batch: usize, tokens: usize, dtype: DType, seed: u64) -> Self {
         let mut rng = Rng::new(seed);
         let c = d.channels();
         let z = d.value_heads * d.value_dim;
-        let mut proj = rng.tensor(&[batch, 1, c + z + 2 * d.value_heads], -2.0, 2.0);
+        let mut proj = rng.tensor(&[batch, tokens, c + z + 2 * d.value_heads], -2.0, 2.0);
         // b and a across both softplus branches and saturated sigmoids.
-        let ba = rng.tensor(&[batch, 1, 2 * d.value_heads], -10.0, 10.0);
+        let ba = rng.tensor(&[batch, tokens, 2 * d.value_heads], -10.0, 10.0);
         proj = Tensor::cat(&[proj.narrow(2, 0, c + z).unwrap(), ba], 2).unwrap();
         Self {
             proj: proj.to_dtype(dtype).unwrap(),
@@ -167,19 +186,43 @@ impl Step {
 }
 
 fn compare(d: ConvPrepDims, batch: usize, dtype: DType, tol: f32, seed: u64) {
-    let s = Step::new(d, batch, dtype, seed);
+    compare_chunk(d, batch, 1, true, dtype, tol, seed)
+}
+
+/// The twin against the composed ops on a chunk of `tokens` tokens, from a random conv state
+/// (`with_state`) or from zeros (a first chunk).
+fn compare_chunk(
+    d: ConvPrepDims,
+    batch: usize,
+    tokens: usize,
+    with_state: bool,
+    dtype: DType,
+    tol: f32,
+    seed: u64,
+) {
+    let mut s = Step::chunk(d, batch, tokens, dtype, seed);
+    if !with_state {
+        s.state = s.state.zeros_like().unwrap();
+    }
     let [qkv, b, a] = s.views(d);
     assert!(
-        batch == 1 || !qkv.is_contiguous(),
+        batch * tokens == 1 || !qkv.is_contiguous(),
         "the test means to pass views"
     );
     let state = s.state.copy().unwrap();
     let got = gdn_conv_prep(&qkv, &b, &a, &state, &s.taps, &s.dt_bias, &s.neg_a_exp, d).unwrap();
     let (want, kept) = composed(&qkv, &b, &a, &s.state, &s.taps, &s.dt_bias, &s.neg_a_exp, d);
-    let what = format!("{d:?} B{batch} {dtype:?}");
-    // The shift only moves values: exact.
-    assert_eq!(values(&state), values(&kept), "{what}: conv state");
-    assert_eq!(state.dtype(), dtype);
+    let what = format!("{d:?} B{batch} S{tokens} {dtype:?} state {with_state}");
+    // The new state only holds moved values: exact.
+    assert_eq!(values(&got.conv_state), values(&kept), "{what}: conv state");
+    assert_eq!(got.conv_state.dtype(), dtype);
+    if tokens == 1 {
+        // A decode step advances the state in place.
+        assert_eq!(values(&state), values(&kept), "{what}: state in place");
+    } else {
+        // A chunk leaves the caller's state as it was.
+        assert_eq!(values(&state), values(&s.state), "{what}: old state kept");
+    }
     for (name, g, w) in [
         ("q", &got.q, &want.q),
         ("k", &got.k, &want.k),
@@ -218,6 +261,115 @@ fn twin_matches_the_composed_path_in_bf16() {
     compare(dims(2, 64, 6, 32, 3), 3, DType::BF16, 2e-2, 6);
 }
 
+/// S = 1, 2, K − 2, K − 1, K, 37 and 300, from a state and from zeros.
+const CHUNK_TOKENS: [usize; 7] = [1, 2, 2, 3, 4, 37, 300];
+
+#[test]
+fn twin_matches_the_composed_path_on_prefill_chunks_in_f32() {
+    // K = 4: CHUNK_TOKENS covers S = K − 2, K − 1 and K.
+    let d = dims(2, 32, 4, 64, 4);
+    for (i, &s) in CHUNK_TOKENS.iter().enumerate() {
+        for with_state in [true, false] {
+            compare_chunk(d, 2, s, with_state, DType::F32, 1e-5, 100 + i as u64);
+        }
+    }
+    // K = 8, one key head: S < K − 1 mixes old-state rows with new ones in the new state.
+    for (i, &s) in [1, 3, 6, 7, 8, 37].iter().enumerate() {
+        compare_chunk(
+            dims(1, 64, 2, 32, 8),
+            1,
+            s,
+            true,
+            DType::F32,
+            1e-5,
+            200 + i as u64,
+        );
+    }
+    // A release shape.
+    compare_chunk(
+        dims(16, 128, 32, 128, 4),
+        1,
+        37,
+        true,
+        DType::F32,
+        1e-5,
+        300,
+    );
+}
+
+#[test]
+fn twin_matches_the_composed_path_on_prefill_chunks_in_bf16_and_f16() {
+    let d = dims(2, 32, 4, 64, 4);
+    for (i, &s) in CHUNK_TOKENS.iter().enumerate() {
+        compare_chunk(d, 2, s, true, DType::BF16, 2e-2, 400 + i as u64);
+        compare_chunk(d, 1, s, false, DType::F16, 3e-3, 500 + i as u64);
+    }
+}
+
+/// Runs the twin on `tokens` rows starting at `start` of every batch row of `s`'s views.
+fn run_rows(s: &Step, d: ConvPrepDims, start: usize, tokens: usize, state: &Tensor) -> ConvPrepOut {
+    let [qkv, b, a] = s.views(d).map(|t| t.narrow(1, start, tokens).unwrap());
+    gdn_conv_prep(&qkv, &b, &a, state, &s.taps, &s.dt_bias, &s.neg_a_exp, d).unwrap()
+}
+
+#[test]
+fn twin_prefill_gives_its_decode_steps_bit_for_bit() {
+    for (d, dtype) in [
+        (dims(2, 32, 4, 64, 4), DType::F32),
+        (dims(2, 32, 4, 64, 4), DType::BF16),
+        (dims(1, 64, 2, 32, 8), DType::F16),
+    ] {
+        let tokens = 11;
+        let s = Step::chunk(d, 2, tokens, dtype, 600);
+        let what = format!("{d:?} {dtype:?}");
+        let chunk = run_rows(&s, d, 0, tokens, &s.state.copy().unwrap());
+        // One token at a time, the state advanced in place.
+        let state = s.state.copy().unwrap();
+        let steps: Vec<ConvPrepOut> = (0..tokens).map(|t| run_rows(&s, d, t, 1, &state)).collect();
+        let cat = |f: fn(&ConvPrepOut) -> &Tensor| {
+            Tensor::cat(&steps.iter().map(f).collect::<Vec<_>>(), 1).unwrap()
+        };
+        for (name, got, want) in [
+            ("q", &chunk.q, cat(|o| &o.q)),
+            ("k", &chunk.k, cat(|o| &o.k)),
+            ("v", &chunk.v, cat(|o| &o.v)),
+            ("g", &chunk.g, cat(|o| &o.g)),
+            ("beta", &chunk.beta, cat(|o| &o.beta)),
+        ] {
+            assert_eq!(values(got), values(&want), "{what}: {name}");
+        }
+        assert_eq!(values(&chunk.conv_state), values(&state), "{what}: state");
+        // And a chunk split in two (the second continuing from the first's state).
+        let first = run_rows(&s, d, 0, 4, &s.state.copy().unwrap());
+        let second = run_rows(&s, d, 4, tokens - 4, &first.conv_state);
+        let joined = Tensor::cat(&[&first.q, &second.q], 1).unwrap();
+        assert_eq!(values(&joined), values(&chunk.q), "{what}: split q");
+        assert_eq!(
+            values(&second.conv_state),
+            values(&chunk.conv_state),
+            "{what}: split state"
+        );
+    }
+}
+
+#[test]
+fn an_empty_chunk_returns_empty_outputs_and_keeps_the_state() {
+    let d = dims(2, 32, 4, 32, 4);
+    let s = Step::chunk(d, 2, 3, DType::F32, 700);
+    let state = s.state.copy().unwrap();
+    let before = values(&state);
+    let launches = gdn_ops::launches::count();
+    let out = run_rows(&s, d, 1, 0, &state);
+    assert_eq!(gdn_ops::launches::count(), launches, "nothing launched");
+    assert_eq!(out.q.dims(), [2, 0, 2, 32]);
+    assert_eq!(out.k.dims(), [2, 0, 2, 32]);
+    assert_eq!(out.v.dims(), [2, 0, 4, 32]);
+    assert_eq!(out.g.dims(), [2, 0, 4]);
+    assert_eq!(out.beta.dims(), [2, 0, 4]);
+    assert_eq!(values(&out.conv_state), before);
+    assert_eq!(values(&state), before);
+}
+
 #[test]
 fn twin_takes_contiguous_and_three_dim_inputs_alike() {
     let d = dims(2, 32, 4, 32, 4);
@@ -226,7 +378,7 @@ fn twin_takes_contiguous_and_three_dim_inputs_alike() {
     let run = |qkv: &Tensor, b: &Tensor, a: &Tensor| {
         let st = s.state.copy().unwrap();
         let o = gdn_conv_prep(qkv, b, a, &st, &s.taps, &s.dt_bias, &s.neg_a_exp, d).unwrap();
-        [o.q, o.k, o.v, o.g, o.beta, st].map(|t| values(&t))
+        [o.q, o.k, o.v, o.g, o.beta, o.conv_state, st].map(|t| values(&t))
     };
     let flat = |t: &Tensor| t.contiguous().unwrap().squeeze(1).unwrap();
     assert_eq!(run(&qkv, &b, &a), run(&flat(&qkv), &flat(&b), &flat(&a)));
@@ -366,7 +518,16 @@ fn rejects_qkv_rows_that_are_not_contiguous() {
 fn rejects_inputs_of_another_batch_or_width() {
     assert_error(
         |t, _| t[0] = t[0].narrow(0, 0, 1).unwrap(),
-        "qkv [1, 1, 256]: expected dims [2]",
+        "qkv [1, 1, 256], expected [2, S, 256]",
     );
     assert_error(|t, _| t[2] = t[2].narrow(2, 0, 3).unwrap(), "a [2, 1, 3]");
+}
+
+#[test]
+fn rejects_b_or_a_of_another_chunk_length() {
+    // qkv of 2 tokens, b of 1.
+    assert_error(
+        |t, _| t[0] = Tensor::cat(&[&t[0], &t[0]], 1).unwrap(),
+        "b [2, 1, 4]: expected dims [2, 2]",
+    );
 }

@@ -3,11 +3,15 @@
 //! `gdn_conv_prep_{t}` kernels and compared with the CPU twin
 //! [`gdn_ops::ops::gdn_conv_prep::gdn_conv_prep`], on the real Qwen3-Next-80B-A3B and Qwen3.5
 //! shapes and on edge sizes (one key head, Dk = 256, K = 2 and 8, head slots not a multiple
-//! of the threadgroup's four, qkv, b and a as strided views with NaN between their rows).
+//! of the threadgroup's four, qkv, b and a as strided views with NaN between their rows),
+//! for decode steps (S = 1, the state advanced in place) and prefill chunks (S = 2, K − 2,
+//! K − 1, K, 37, the old state read-only, the new one in its own buffer).
 //!
 //! Gates, per case: the conv state bit for bit (it is only moved); q, k and v within one ulp
 //! of InT of the twin's (both round once from f32 values that differ by summation order), or
-//! 1e-5 of the output's max |value|; g and beta within 1e-5 of their max |value|.
+//! 1e-5 of the output's max |value|; g and beta within 1e-5 of their max |value|. And the
+//! kernel's own consistency: a chunk gives bit for bit what its tokens give one decode step
+//! at a time.
 
 mod common;
 mod emu;
@@ -28,8 +32,12 @@ struct Case {
     ty: In,
     dims: ConvPrepDims,
     batch: usize,
-    /// Row strides of the views qkv, b and a (≥ their row lengths).
+    tokens: usize,
+    /// Token strides of the views qkv, b and a (≥ their row lengths); each batch row spans
+    /// `tokens + 1` token strides when the views are padded, else `tokens`.
     strides: [usize; 3],
+    /// Token rows per batch row in the views' storage.
+    rows_per_batch: usize,
     /// The views' storage, rows at their strides, NaN between them.
     qkv: Vec<f32>,
     b: Vec<f32>,
@@ -40,33 +48,44 @@ struct Case {
     neg_a_exp: Vec<f32>,
 }
 
-fn span(rows: usize, stride: usize, len: usize) -> usize {
-    (rows - 1) * stride + len
-}
-
-/// Rows of `len` values at `stride`, NaN in the gaps.
+/// `[batch, rows_per_batch]` rows of `stride` values, the first `tokens` rows of each batch
+/// row holding `len` values, NaN everywhere else (the storage of a padded view).
+#[allow(clippy::too_many_arguments)]
 fn strided(
     rng: &mut Rng,
     ty: In,
-    rows: usize,
+    batch: usize,
+    rows_per_batch: usize,
+    tokens: usize,
     stride: usize,
     len: usize,
     lo: f32,
     hi: f32,
 ) -> Vec<f32> {
-    let mut v = vec![f32::NAN; span(rows, stride, len)];
-    for r in 0..rows {
-        for x in &mut v[r * stride..r * stride + len] {
-            *x = ty.round(rng.uniform(lo, hi));
+    let mut v = vec![f32::NAN; batch * rows_per_batch * stride];
+    for b in 0..batch {
+        for t in 0..tokens {
+            let at = (b * rows_per_batch + t) * stride;
+            for x in &mut v[at..at + len] {
+                *x = ty.round(rng.uniform(lo, hi));
+            }
         }
     }
     v
 }
 
-fn make_case(ty: In, dims: ConvPrepDims, batch: usize, pad: usize, seed: u64) -> Case {
+fn make_case(
+    ty: In,
+    dims: ConvPrepDims,
+    batch: usize,
+    tokens: usize,
+    pad: usize,
+    seed: u64,
+) -> Case {
     let mut rng = Rng::new(seed);
     let (c, hv, kk) = (dims.channels(), dims.value_heads, dims.kernel_size);
     let strides = [c + 3 * pad, hv + pad, hv + 2 * pad];
+    let rows_per_batch = tokens + usize::from(pad > 0);
     let mut values = |n: usize, lo: f32, hi: f32| -> Vec<f32> {
         (0..n).map(|_| ty.round(rng.uniform(lo, hi))).collect()
     };
@@ -76,15 +95,18 @@ fn make_case(ty: In, dims: ConvPrepDims, batch: usize, pad: usize, seed: u64) ->
         |n: usize, lo: f32, hi: f32| -> Vec<f32> { (0..n).map(|_| rng.uniform(lo, hi)).collect() };
     let dt_bias = f32s(hv, -1.0, 1.0);
     let neg_a_exp: Vec<f32> = f32s(hv, -3.0, 2.5).iter().map(|x| -x.exp()).collect();
+    let (r, t) = (rows_per_batch, tokens);
     Case {
         ty,
         dims,
         batch,
+        tokens,
         strides,
-        qkv: strided(&mut rng, ty, batch, strides[0], c, -2.0, 2.0),
+        rows_per_batch,
+        qkv: strided(&mut rng, ty, batch, r, t, strides[0], c, -2.0, 2.0),
         // Both softplus branches and saturated sigmoids.
-        b: strided(&mut rng, ty, batch, strides[1], hv, -8.0, 8.0),
-        a: strided(&mut rng, ty, batch, strides[2], hv, -12.0, 12.0),
+        b: strided(&mut rng, ty, batch, r, t, strides[1], hv, -8.0, 8.0),
+        a: strided(&mut rng, ty, batch, r, t, strides[2], hv, -12.0, 12.0),
         state,
         taps,
         dt_bias,
@@ -97,17 +119,22 @@ type Outputs = [Vec<f32>; 6];
 
 fn run_harness(c: &Case) -> Result<Outputs, String> {
     let d = c.dims;
-    let mut input = Input::new(b"GCPEMU01");
+    let mut input = Input::new(b"GCPEMU02");
+    let batch_stride = |token_stride: usize| c.rows_per_batch * token_stride;
     let header = [
         c.ty as usize,
         c.batch,
+        c.tokens,
         d.key_heads,
         d.key_dim,
         d.value_heads,
         d.value_dim,
         d.kernel_size,
+        batch_stride(c.strides[0]),
         c.strides[0],
+        batch_stride(c.strides[1]),
         c.strides[1],
+        batch_stride(c.strides[2]),
         c.strides[2],
     ];
     for h in header {
@@ -117,10 +144,16 @@ fn run_harness(c: &Case) -> Result<Outputs, String> {
     for f in [q_scale, k_scale, NORM_EPS] {
         input.f32(f);
     }
+    // The views' storage up to the last value they hold (the harness reads exactly that).
+    let span = |x: &[f32], stride: usize, len: usize| -> Vec<f32> {
+        let end = ((c.batch - 1) * c.rows_per_batch + c.tokens - 1) * stride + len;
+        x[..end].to_vec()
+    };
+    let (hv, ch) = (d.value_heads, d.channels());
     for a in [
-        &c.qkv,
-        &c.b,
-        &c.a,
+        &span(&c.qkv, c.strides[0], ch),
+        &span(&c.b, c.strides[1], hv),
+        &span(&c.a, c.strides[2], hv),
         &c.state,
         &c.taps,
         &c.dt_bias,
@@ -129,8 +162,9 @@ fn run_harness(c: &Case) -> Result<Outputs, String> {
         input.f32s(a);
     }
     let floats = emu::run_harness(harness(), &input.0)?;
-    let qk = c.batch * d.key_heads * d.key_dim;
-    let gates = c.batch * d.value_heads;
+    let rows = c.batch * c.tokens;
+    let qk = rows * d.key_heads * d.key_dim;
+    let gates = rows * d.value_heads;
     let lens = [qk, qk, gates * d.value_dim, gates, gates, c.state.len()];
     if floats.len() != lens.iter().sum::<usize>() {
         return Err(format!(
@@ -152,13 +186,13 @@ fn reference(c: &Case) -> Outputs {
     let d = c.dims;
     let dtype = c.ty.dtype();
     let view = |x: &[f32], stride: usize, len: usize| {
-        let mut full = x.to_vec();
-        full.resize(c.batch * stride, f32::NAN);
-        Tensor::from_vec(full, (c.batch, stride), &dev)
+        Tensor::from_slice(x, (c.batch, c.rows_per_batch, stride), &dev)
             .unwrap()
             .to_dtype(dtype)
             .unwrap()
-            .narrow(1, 0, len)
+            .narrow(1, 0, c.tokens)
+            .unwrap()
+            .narrow(2, 0, len)
             .unwrap()
     };
     let t = |x: &[f32], shape: &[usize], dtype: DType| {
@@ -193,7 +227,9 @@ fn reference(c: &Case) -> Outputs {
         f(&out.v),
         f(&out.g),
         f(&out.beta),
-        f(&state),
+        // The state after the chunk: `state` itself for one token (in place), else a new
+        // tensor.
+        f(&out.conv_state),
     ]
 }
 
@@ -253,34 +289,46 @@ fn dims(hk: usize, dk: usize, hv: usize, dv: usize, k: usize) -> ConvPrepDims {
 fn shipped_gdn_conv_prep_kernels_match_the_cpu_twin() {
     let started = Instant::now();
     harness();
-    // (dims, batch, view padding): the real shapes, then edges.
+    // (dims, batch, tokens, view padding): the real shapes, then edges; decode steps (S = 1)
+    // and prefill chunks (S < K − 1, K − 1, K, many).
     let shapes = [
         // Qwen3-Next-80B-A3B (C = 8192); the model's views (padding > 0).
-        (dims(16, 128, 32, 128, 4), 1, 0),
-        (dims(16, 128, 32, 128, 4), 2, 17),
+        (dims(16, 128, 32, 128, 4), 1, 1, 0),
+        (dims(16, 128, 32, 128, 4), 2, 1, 17),
+        (dims(16, 128, 32, 128, 4), 1, 5, 17),
         // Qwen3.5 with 48 value heads.
-        (dims(16, 128, 48, 128, 4), 1, 5),
+        (dims(16, 128, 48, 128, 4), 1, 1, 5),
+        (dims(16, 128, 48, 128, 4), 2, 2, 0),
         // One key head, the widest heads, the most taps; 5 slots (a partial threadgroup).
-        (dims(1, 256, 3, 96, 8), 2, 1),
+        (dims(1, 256, 3, 96, 8), 2, 1, 1),
+        (dims(1, 256, 3, 96, 8), 2, 6, 1),
+        (dims(1, 256, 3, 96, 8), 1, 9, 0),
         // The fewest taps, the narrowest heads, GQA 2.
-        (dims(2, 32, 4, 64, 2), 3, 2),
-        (dims(3, 64, 6, 256, 3), 2, 0),
+        (dims(2, 32, 4, 64, 2), 3, 1, 2),
+        (dims(2, 32, 4, 64, 2), 2, 37, 2),
+        (dims(3, 64, 6, 256, 3), 2, 1, 0),
+        // K = 4: S = 2 = K − 2, K − 1, K, 37.
+        (dims(2, 32, 4, 32, 4), 2, 2, 3),
+        (dims(2, 32, 4, 32, 4), 1, 3, 0),
+        (dims(2, 32, 4, 32, 4), 2, 4, 1),
+        (dims(2, 32, 4, 32, 4), 2, 37, 4),
     ];
     let mut failures = vec![];
     let mut runs = 0;
-    for (si, &(d, batch, pad)) in shapes.iter().enumerate() {
+    for (si, &(d, batch, tokens, pad)) in shapes.iter().enumerate() {
         for ty in TYPES {
             let c = make_case(
                 ty,
                 d,
                 batch,
+                tokens,
                 pad,
                 0xC0DE_0000 + (si * 3 + ty as usize) as u64,
             );
             runs += 1;
             for bad in check(&c) {
                 failures.push(format!(
-                    "gdn_conv_prep_{} {d:?} B{batch} pad {pad}: {bad}",
+                    "gdn_conv_prep_{} {d:?} B{batch} S{tokens} pad {pad}: {bad}",
                     ty.name()
                 ));
             }
@@ -295,6 +343,78 @@ fn shipped_gdn_conv_prep_kernels_match_the_cpu_twin() {
     );
 }
 
+/// Token `t` of every batch row of a chunk as a one-token case (the conv state given).
+fn one_token(c: &Case, t: usize, state: Vec<f32>) -> Case {
+    let rows = |x: &[f32], stride: usize| -> Vec<f32> {
+        (0..c.batch)
+            .flat_map(|b| {
+                let at = (b * c.rows_per_batch + t) * stride;
+                x[at..at + stride].to_vec()
+            })
+            .collect()
+    };
+    Case {
+        ty: c.ty,
+        dims: c.dims,
+        batch: c.batch,
+        tokens: 1,
+        strides: c.strides,
+        rows_per_batch: 1,
+        qkv: rows(&c.qkv, c.strides[0]),
+        b: rows(&c.b, c.strides[1]),
+        a: rows(&c.a, c.strides[2]),
+        state,
+        taps: c.taps.clone(),
+        dt_bias: c.dt_bias.clone(),
+        neg_a_exp: c.neg_a_exp.clone(),
+    }
+}
+
+/// A prefill chunk and the same tokens decoded one at a time through the shipped kernel give
+/// the same q, k, v, g, beta and final conv state, bit for bit.
+#[test]
+fn shipped_kernel_prefill_matches_its_decode_steps_bit_for_bit() {
+    let cases = [
+        (dims(2, 32, 4, 32, 4), 2, 6, 3),
+        (dims(2, 32, 4, 32, 4), 1, 2, 0),
+        (dims(1, 64, 2, 96, 8), 2, 5, 1),
+    ];
+    for (si, &(d, batch, tokens, pad)) in cases.iter().enumerate() {
+        for ty in TYPES {
+            let c = make_case(ty, d, batch, tokens, pad, 0xDEC0_0000 + si as u64);
+            let what = format!("gdn_conv_prep_{} {d:?} B{batch} S{tokens}", ty.name());
+            let chunk = run_harness(&c).unwrap_or_else(|e| panic!("{what}: {e}"));
+            let mut state = c.state.clone();
+            let mut steps: Vec<Outputs> = vec![];
+            for t in 0..tokens {
+                let step = run_harness(&one_token(&c, t, state)).unwrap();
+                state = step[5].clone();
+                steps.push(step);
+            }
+            // The chunk's outputs are [B, S, ..]; the steps' [B, 1, ..]: interleave them.
+            for (i, name) in NAMES.iter().enumerate().take(5) {
+                let per_row = chunk[i].len() / (batch * tokens);
+                let stepped: Vec<u32> = (0..batch)
+                    .flat_map(|b| {
+                        steps.iter().flat_map(move |s| {
+                            s[i][b * per_row..(b + 1) * per_row]
+                                .iter()
+                                .map(|x| x.to_bits())
+                        })
+                    })
+                    .collect();
+                let bits: Vec<u32> = chunk[i].iter().map(|x| x.to_bits()).collect();
+                assert!(
+                    bits == stepped,
+                    "{what}: {name} differs from the decode steps'"
+                );
+            }
+            let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&chunk[5]), bits(&state), "{what}: conv state");
+        }
+    }
+}
+
 /// What the C++ build cannot see: the buffer indices (attributes, ignored by clang), the
 /// parameter struct the Rust host mirrors, and the instantiation names the host looks up.
 #[test]
@@ -305,14 +425,18 @@ fn kernel_abi_in_source() {
         emu::params_fields("gdn_conv_prep.h", "ConvPrepParams"),
         [
             u("batch"),
+            u("tokens"),
             u("key_heads"),
             u("key_dim"),
             u("value_heads"),
             u("value_dim"),
             u("kernel_size"),
-            u("qkv_row_stride"),
-            u("b_row_stride"),
-            u("a_row_stride"),
+            u("qkv_batch_stride"),
+            u("qkv_token_stride"),
+            u("b_batch_stride"),
+            u("b_token_stride"),
+            u("a_batch_stride"),
+            u("a_token_stride"),
             fl("q_scale"),
             fl("k_scale"),
             fl("norm_eps"),
@@ -321,7 +445,7 @@ fn kernel_abi_in_source() {
     );
     assert_eq!(
         std::mem::size_of::<gdn_ops::ops::gdn_conv_prep::ConvPrepParams>(),
-        12 * 4
+        16 * 4
     );
     // Block comments inside the macro are documentation, not ABI.
     let flat = emu::strip_block_comments(&emu::shipped_source("kernels/gdn_conv_prep.metal"));
@@ -331,6 +455,7 @@ fn kernel_abi_in_source() {
         "b_in",
         "a_in",
         "conv_state",
+        "next_state",
         "taps",
         "dt_bias",
         "neg_a_exp",

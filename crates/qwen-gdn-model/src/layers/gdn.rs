@@ -23,7 +23,10 @@ use anyhow::Result;
 use candle_core::{DType, Device, Tensor, D};
 use gdn_ops::launches::{candle_op, candle_ops};
 
+mod conv_front;
 mod decode;
+
+pub use conv_front::{ConvFront, CONV_FRONT_VAR};
 
 #[derive(Debug, Clone)]
 pub struct GatedDeltaNet {
@@ -43,6 +46,9 @@ pub struct GatedDeltaNet {
     key_dim: usize,
     value_dim: usize,
     kernel: usize,
+    /// How `forward` computes the conv front: composed ops unless the device plan picks the
+    /// fused kernel ([`ConvFront::for_layer`]).
+    conv_front: ConvFront,
 }
 
 /// Row order that turns Qwen3-Next's per-key-head groups
@@ -136,14 +142,17 @@ impl GatedDeltaNet {
             key_dim: dk,
             value_dim: dv,
             kernel: cfg.linear_conv_kernel_dim,
+            conv_front: ConvFront::Composed,
         })
     }
 
     /// The device plan's copy: weights on `device`, activations in `dtype`; the decay
-    /// parameters stay f32 as the recurrence's inputs are.
+    /// parameters stay f32 as the recurrence's inputs are. The conv front is fused where the
+    /// device and the kernels allow it ([`ConvFront::for_layer`]).
     pub fn into_device(self, device: &Device, dtype: DType) -> Result<Self> {
         let norm = |n: RmsNorm| n.into_device(device, dtype);
         Ok(Self {
+            conv_front: ConvFront::for_layer(device, &self.conv_prep_dims(), dtype)?,
             in_proj: self.in_proj.into_device(device, dtype)?,
             conv_taps: self.conv_taps.to_device(device)?.to_dtype(dtype)?,
             neg_a_log_exp: self.neg_a_log_exp.to_device(device)?,
@@ -209,6 +218,9 @@ impl GatedDeltaNet {
                 .expect("four projections"))
         })?;
         let (q, k, v, beta, g) = phase("gdn/conv_prep", device, || {
+            if self.conv_front == ConvFront::Fused {
+                return self.conv_front_fused(&qkv, &beta_in, &a, cache);
+            }
             let conv = candle_op(self.conv(&qkv, cache)?.silu())?;
             // Head views of the conv output: each is copied once, by the normalisation or here.
             let q = contiguous(&conv.narrow(D::Minus1, 0, hk * dk)?)?.reshape((b, s, hk, dk))?;

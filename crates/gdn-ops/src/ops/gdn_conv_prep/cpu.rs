@@ -1,12 +1,12 @@
 //! The CPU twin of `kernels/gdn_conv_prep.{metal,cu}`: the same function in f32, rounding to
-//! the activation dtype exactly where the spec does (the SiLU output, q and k).
+//! the activation dtype exactly where the spec does (the SiLU output, q and k), token by
+//! token over a chunk in the decode step's order.
 
 use super::{qk_scales, ConvPrepOut, Inputs, NORM_EPS};
 use crate::backend::f32_values;
 use anyhow::Result;
-use candle_core::{CpuStorage, InplaceOp1, Layout, Tensor};
+use candle_core::{CpuStorage, DType, InplaceOp1, Layout, Tensor};
 use half::{bf16, f16};
-use std::sync::Mutex;
 
 /// An activation dtype: the conv state is stored in it, and results are rounded to it.
 trait Act: Copy {
@@ -53,7 +53,7 @@ pub(crate) fn silu(x: f32) -> f32 {
     x / (1.0 + (-x).exp())
 }
 
-/// The step's outputs in f32 (already rounded to the activation dtype where the spec says).
+/// The chunk's outputs in f32 (already rounded to the activation dtype where the spec says).
 #[derive(Default)]
 struct Outputs {
     q: Vec<f32>,
@@ -61,43 +61,52 @@ struct Outputs {
     v: Vec<f32>,
     g: Vec<f32>,
     beta: Vec<f32>,
+    /// `[B, K−1, C]`: the state after the chunk (values of `InT`, so exact in it).
+    state: Vec<f32>,
 }
 
-/// The whole step as an in-place op on the conv state.
-struct Step<'a> {
-    inputs: &'a Inputs<'a>,
-    /// `[B, C]`, gathered from the rows of qkv.
+/// The inputs as f32 values in logical order.
+struct Values {
+    /// `[B, S, C]`, gathered from the rows of qkv.
     qkv: Vec<f32>,
+    /// `[B, S, Hv]`.
     b: Vec<f32>,
     a: Vec<f32>,
+    /// `[B, K−1, C]`.
+    state: Vec<f32>,
     taps: Vec<f32>,
     dt_bias: Vec<f32>,
     neg_a_exp: Vec<f32>,
-    out: Mutex<Outputs>,
 }
 
-impl Step<'_> {
-    fn run<T: Act>(&self, state: &mut [T]) {
-        let d = self.inputs.dims;
-        let (batch, c, kk) = (self.inputs.batch, d.channels(), d.kernel_size);
-        let (hk, dk, hv, dv) = (d.key_heads, d.key_dim, d.value_heads, d.value_dim);
-        let qk = hk * dk;
-        let (q_scale, k_scale) = qk_scales(dk);
-        let mut out = Outputs::default();
-        let mut act = vec![0f32; c];
-        for (bi, state) in state.chunks_exact_mut((kk - 1) * c).enumerate().take(batch) {
-            let x = &self.qkv[bi * c..(bi + 1) * c];
+/// Every token of every batch row, as the kernels compute it: each token's window is rows
+/// `t .. t+K` of `[conv_state; qkv]`, summed oldest first, the decode step's order.
+fn compute<T: Act>(inputs: &Inputs, x: &Values) -> Outputs {
+    let d = inputs.dims;
+    let (batch, s, c, kk) = (inputs.batch, inputs.tokens, d.channels(), d.kernel_size);
+    let (hk, dk, hv, dv) = (d.key_heads, d.key_dim, d.value_heads, d.value_dim);
+    let history = kk - 1;
+    let qk = hk * dk;
+    let (q_scale, k_scale) = qk_scales(dk);
+    let mut out = Outputs::default();
+    let mut act = vec![0f32; c];
+    for bi in 0..batch {
+        let state = &x.state[bi * history * c..(bi + 1) * history * c];
+        let rows = &x.qkv[bi * s * c..(bi + 1) * s * c];
+        // Row `p` of [conv_state; qkv].
+        let padded = |p: usize| -> &[f32] {
+            if p < history {
+                &state[p * c..(p + 1) * c]
+            } else {
+                &rows[(p - history) * c..(p - history + 1) * c]
+            }
+        };
+        for t in 0..s {
             for (ch, act) in act.iter_mut().enumerate() {
                 let mut conv = 0f32;
-                for m in 0..kk - 1 {
-                    let s = state[m * c + ch];
-                    conv += s.to_f32() * self.taps[m * c + ch];
-                    if m > 0 {
-                        state[(m - 1) * c + ch] = s;
-                    }
+                for m in 0..kk {
+                    conv += padded(t + m)[ch] * x.taps[m * c + ch];
                 }
-                conv += x[ch] * self.taps[(kk - 1) * c + ch];
-                state[(kk - 2) * c + ch] = T::from_f32(x[ch]);
                 *act = T::round(silu(conv));
             }
             for (heads, scale, dst) in [
@@ -111,19 +120,34 @@ impl Step<'_> {
                 }
             }
             out.v.extend_from_slice(&act[2 * qk..2 * qk + hv * dv]);
+            let gates = (bi * s + t) * hv;
             for h in 0..hv {
-                let a = self.a[bi * hv + h] + self.dt_bias[h];
-                out.g.push((self.neg_a_exp[h] * softplus(a)).exp());
-                out.beta.push(1.0 / (1.0 + (-self.b[bi * hv + h]).exp()));
+                let a = x.a[gates + h] + x.dt_bias[h];
+                out.g.push((x.neg_a_exp[h] * softplus(a)).exp());
+                out.beta.push(1.0 / (1.0 + (-x.b[gates + h]).exp()));
             }
         }
-        *self.out.lock().expect("output lock") = out;
+        for p in s..s + history {
+            out.state.extend_from_slice(padded(p));
+        }
+    }
+    out
+}
+
+/// Writes values of the activation dtype into the conv state in place (a decode step).
+struct Store<'a>(&'a [f32]);
+
+impl Store<'_> {
+    fn write<T: Act>(&self, dst: &mut [T]) {
+        for (d, &v) in dst.iter_mut().zip(self.0) {
+            *d = T::from_f32(v);
+        }
     }
 }
 
-impl InplaceOp1 for Step<'_> {
+impl InplaceOp1 for Store<'_> {
     fn name(&self) -> &'static str {
-        "gdn-conv-prep"
+        "gdn-conv-prep-state"
     }
 
     fn cpu_fwd(&self, storage: &mut CpuStorage, layout: &Layout) -> candle_core::Result<()> {
@@ -131,9 +155,9 @@ impl InplaceOp1 for Step<'_> {
             candle_core::bail!("gdn_conv_prep: conv_state must be contiguous")
         };
         match storage {
-            CpuStorage::F32(s) => self.run(&mut s[start..end]),
-            CpuStorage::F16(s) => self.run(&mut s[start..end]),
-            CpuStorage::BF16(s) => self.run(&mut s[start..end]),
+            CpuStorage::F32(s) => self.write(&mut s[start..end]),
+            CpuStorage::F16(s) => self.write(&mut s[start..end]),
+            CpuStorage::BF16(s) => self.write(&mut s[start..end]),
             _ => candle_core::bail!("gdn_conv_prep: conv_state must be f32, f16 or bf16"),
         }
         Ok(())
@@ -141,31 +165,40 @@ impl InplaceOp1 for Step<'_> {
 }
 
 pub(crate) fn gdn_conv_prep(inputs: &Inputs) -> Result<ConvPrepOut> {
-    let step = Step {
-        inputs,
+    let values = Values {
         qkv: f32_values(inputs.qkv)?,
         b: f32_values(inputs.b)?,
         a: f32_values(inputs.a)?,
+        state: f32_values(inputs.conv_state)?,
         taps: f32_values(inputs.taps)?,
         dt_bias: f32_values(inputs.dt_bias)?,
         neg_a_exp: f32_values(inputs.neg_a_exp)?,
-        out: Mutex::new(Outputs::default()),
     };
-    inputs.conv_state.inplace_op1(&step)?;
-    let out = step
-        .out
-        .into_inner()
-        .expect("no other holder of the output lock");
+    let dtype = inputs.qkv.dtype();
+    let out = match dtype {
+        DType::F16 => compute::<f16>(inputs, &values),
+        DType::BF16 => compute::<bf16>(inputs, &values),
+        _ => compute::<f32>(inputs, &values),
+    };
     let d = inputs.dims;
-    let (bn, dtype, dev) = (inputs.batch, inputs.qkv.dtype(), inputs.qkv.device());
-    let act = |v: Vec<f32>, shape: (usize, usize, usize, usize)| -> Result<Tensor> {
+    let (bn, s, dev) = (inputs.batch, inputs.tokens, inputs.qkv.device());
+    let act = |v: Vec<f32>, shape: &[usize]| -> Result<Tensor> {
         Ok(Tensor::from_vec(v, shape, dev)?.to_dtype(dtype)?)
     };
+    // One token: the decode step's contract, the state advanced in place. More: the input
+    // stays as it was (the caller may still hold it) and the new state is a new tensor.
+    let conv_state = if s == 1 {
+        inputs.conv_state.inplace_op1(&Store(&out.state))?;
+        inputs.conv_state.clone()
+    } else {
+        act(out.state, inputs.conv_state.dims())?
+    };
     Ok(ConvPrepOut {
-        q: act(out.q, (bn, 1, d.key_heads, d.key_dim))?,
-        k: act(out.k, (bn, 1, d.key_heads, d.key_dim))?,
-        v: act(out.v, (bn, 1, d.value_heads, d.value_dim))?,
-        g: Tensor::from_vec(out.g, (bn, 1, d.value_heads), dev)?,
-        beta: Tensor::from_vec(out.beta, (bn, 1, d.value_heads), dev)?,
+        q: act(out.q, &[bn, s, d.key_heads, d.key_dim])?,
+        k: act(out.k, &[bn, s, d.key_heads, d.key_dim])?,
+        v: act(out.v, &[bn, s, d.value_heads, d.value_dim])?,
+        g: Tensor::from_vec(out.g, (bn, s, d.value_heads), dev)?,
+        beta: Tensor::from_vec(out.beta, (bn, s, d.value_heads), dev)?,
+        conv_state,
     })
 }

@@ -37,16 +37,26 @@ pub(crate) fn gdn_conv_prep(inputs: &Inputs) -> Result<ConvPrepOut> {
     let pipeline = pipeline(dev, &SOURCE, &name)?;
     let params = inputs.params()?;
     let d = inputs.dims;
-    let bn = inputs.batch;
-    let qk_len = bn * d.key_heads * d.key_dim;
-    let v_len = bn * d.value_heads * d.value_dim;
-    let gate_len = bn * d.value_heads;
+    let (bn, s) = (inputs.batch, inputs.tokens);
+    let rows = bn * s;
+    let qk_len = rows * d.key_heads * d.key_dim;
+    let v_len = rows * d.value_heads * d.value_dim;
+    let gate_len = rows * d.value_heads;
     let q = new_output(dev, qk_len, dtype, "gdn_conv_prep_q")?;
     let k = new_output(dev, qk_len, dtype, "gdn_conv_prep_k")?;
     let v = new_output(dev, v_len, dtype, "gdn_conv_prep_v")?;
     let g = new_output(dev, gate_len, DType::F32, "gdn_conv_prep_g")?;
     let beta = new_output(dev, gate_len, DType::F32, "gdn_conv_prep_beta")?;
-    if bn > 0 {
+    // A decode step shifts the state in place (each element read, then written, by one
+    // thread). A chunk's tokens all read the old state: the last token's simdgroups write the
+    // new one to its own buffer.
+    let fresh_state = if s > 1 {
+        let n = inputs.conv_state.elem_count();
+        Some(new_output(dev, n, dtype, "gdn_conv_prep_state")?)
+    } else {
+        None
+    };
+    {
         // qkv, b and a may be views: their row layouts were checked by the caller.
         let qkv = metal_buffer_of_view(inputs.qkv, OP)?;
         let b = metal_buffer_of_view(inputs.b, OP)?;
@@ -56,6 +66,10 @@ pub(crate) fn gdn_conv_prep(inputs: &Inputs) -> Result<ConvPrepOut> {
         let dt_bias = metal_buffer(inputs.dt_bias, OP)?;
         let neg_a_exp = metal_buffer(inputs.neg_a_exp, OP)?;
         let outs = [&q, &k, &v, &g, &beta].map(|o| (o.as_ref().clone(), 0));
+        let next = match &fresh_state {
+            Some(buffer) => (buffer.as_ref().clone(), 0),
+            None => state.clone(),
+        };
         encode(
             dev,
             &pipeline,
@@ -63,8 +77,14 @@ pub(crate) fn gdn_conv_prep(inputs: &Inputs) -> Result<ConvPrepOut> {
                 Binding::Read(&qkv),
                 Binding::Read(&b),
                 Binding::Read(&a),
-                // Read and written in place: declared as written so later readers wait.
-                Binding::Write(&state),
+                // Declared as written for a decode step, whose shift is in place, so that
+                // later readers wait.
+                if fresh_state.is_some() {
+                    Binding::Read(&state)
+                } else {
+                    Binding::Write(&state)
+                },
+                Binding::Write(&next),
                 Binding::Read(&taps),
                 Binding::Read(&dt_bias),
                 Binding::Read(&neg_a_exp),
@@ -76,7 +96,7 @@ pub(crate) fn gdn_conv_prep(inputs: &Inputs) -> Result<ConvPrepOut> {
             ],
             &params,
             MTLSize {
-                width: 1,
+                width: s,
                 height: d.slots().div_ceil(SLOTS_PER_THREADGROUP),
                 depth: bn,
             },
@@ -88,12 +108,16 @@ pub(crate) fn gdn_conv_prep(inputs: &Inputs) -> Result<ConvPrepOut> {
             0,
         )?;
     }
-    let qk_shape = (bn, 1, d.key_heads, d.key_dim);
+    let qk_shape = (bn, s, d.key_heads, d.key_dim);
     Ok(ConvPrepOut {
         q: output(dev, q, qk_shape, dtype),
         k: output(dev, k, qk_shape, dtype),
-        v: output(dev, v, (bn, 1, d.value_heads, d.value_dim), dtype),
-        g: output(dev, g, (bn, 1, d.value_heads), DType::F32),
-        beta: output(dev, beta, (bn, 1, d.value_heads), DType::F32),
+        v: output(dev, v, (bn, s, d.value_heads, d.value_dim), dtype),
+        g: output(dev, g, (bn, s, d.value_heads), DType::F32),
+        beta: output(dev, beta, (bn, s, d.value_heads), DType::F32),
+        conv_state: match fresh_state {
+            Some(buffer) => output(dev, buffer, inputs.conv_state.dims(), dtype),
+            None => inputs.conv_state.clone(),
+        },
     })
 }

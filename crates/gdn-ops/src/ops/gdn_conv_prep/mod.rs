@@ -1,36 +1,48 @@
-//! The front of a Gated DeltaNet decode step in one kernel: everything between the merged
-//! in-projection and the recurrence ([`crate::gated_delta_update`]).
+//! The front of a Gated DeltaNet layer in one kernel: everything between the merged
+//! in-projection and the recurrence ([`crate::gated_delta_update`]), for a decode step
+//! (S = 1) or a whole prefill chunk (S tokens per sequence).
 //!
-//! One token per sequence. With `C = 2·Hk·Dk + Hv·Dv` channels (all q, then all k, then all
-//! v), `K` taps, activation dtype `InT` ∈ {f32, f16, bf16}, per batch row:
+//! With `C = 2·Hk·Dk + Hv·Dv` channels (all q, then all k, then all v), `K` taps, activation
+//! dtype `InT` ∈ {f32, f16, bf16}, per batch row and token `t` of the chunk, with
+//! `padded = [conv_state; qkv]` (`K − 1 + S` rows):
 //!
 //! ```text
-//! window[c] = [conv_state[0..K−1, c], qkv[c]]
-//! conv[c]   = Σ_m window[m]·taps[m, c]                      (f32)
+//! window[c] = padded[t .. t+K, c]                           (rows t−K+1..t of the sequence)
+//! conv[c]   = Σ_m window[m]·taps[m, c]                      (f32, oldest row first)
 //! act[c]    = InT(silu(conv[c]))                            (the one rounding of the conv)
-//! conv_state[.., c] ← window[1..K]                          (in place, newest last)
 //! q = InT(act·rsqrt(mean(act²) + 1e−6)·(1/Dk))              per key head (Dk channels)
 //! k = InT(act·rsqrt(mean(act²) + 1e−6)·(1/√Dk))             per key head
 //! v = act                                                   per value head (Dv channels)
 //! g[hv]    = exp(neg_a_exp[hv]·softplus(a[hv] + dt_bias[hv]))   softplus(x) = max(x, 0) + log1p(e^−|x|)
 //! beta[hv] = sigmoid(b[hv])                                 (f32)
+//! conv_state after the chunk = padded[S .. S+K−1]           (the last K − 1 rows)
 //! ```
+//!
+//! Every token's arithmetic is the decode step's, in the same order, so prefilling a prompt
+//! and decoding it token by token give the same q, k, v, g and beta, bit for bit.
 //!
 //! The q/k norm is the model's `ScaledRms` (an unweighted RMSNorm with eps 1e−6 times a
 //! constant: the L2 norm with the attention scale folded into q), here with the scales in
 //! f32 rather than rounded to `InT` first. The composed path rounds the conv to `InT` before
 //! the SiLU as well; this op rounds once, after it.
 //!
+//! The conv state: for S = 1 it is advanced in place (each element is read and written by
+//! one thread), as the decode step always did; for S > 1 the tokens' blocks all read the old
+//! state, so the new one goes to a fresh tensor, written by the last token's blocks. Either
+//! way [`ConvPrepOut::conv_state`] is the state after the chunk. S = 0 launches nothing and
+//! returns the state unchanged.
+//!
 //! Inputs (dtype `InT` unless stated):
-//! - `qkv` `[B, C]` or `[B, 1, C]`: each row contiguous, the rows at any stride, so a slice of
-//!   the merged projection's output is read in place (no copy);
-//! - `b`, `a` `[B, Hv]` or `[B, 1, Hv]`: likewise;
-//! - `conv_state` `[B, K−1, C]`, contiguous, advanced in place;
+//! - `qkv` `[B, S, C]` (or `[B, C]` for one token): each row contiguous, the rows at any
+//!   strides, so a slice of the merged projection's output is read in place (no copy);
+//! - `b`, `a` `[B, S, Hv]` (or `[B, Hv]`): likewise;
+//! - `conv_state` `[B, K−1, C]`, contiguous: the K − 1 rows before the chunk;
 //! - `taps` `[K, C]`, contiguous (tap `m` of channel `c` at `taps[m, c]`);
 //! - `dt_bias`, `neg_a_exp` (= −exp(A_log)) `[Hv]` f32, contiguous.
 //!
-//! Outputs: `q`, `k` `[B, 1, Hk, Dk]` and `v` `[B, 1, Hv, Dv]` in `InT`, `g` and `beta`
-//! `[B, 1, Hv]` f32, contiguous: what [`crate::gated_delta_update`] takes.
+//! Outputs: `q`, `k` `[B, S, Hk, Dk]` and `v` `[B, S, Hv, Dv]` in `InT`, `g` and `beta`
+//! `[B, S, Hv]` f32, contiguous: what [`crate::gated_delta_update`] takes; and the conv state
+//! after the chunk `[B, K−1, C]`.
 
 pub(crate) mod cpu;
 #[cfg(feature = "cuda")]
@@ -67,19 +79,22 @@ impl ConvPrepDims {
     }
 }
 
-/// What [`gdn_conv_prep`] returns: the recurrence's inputs.
+/// What [`gdn_conv_prep`] returns: the recurrence's inputs and the conv state after them.
 #[derive(Debug, Clone)]
 pub struct ConvPrepOut {
-    /// `[B, 1, Hk, Dk]`, `InT`.
+    /// `[B, S, Hk, Dk]`, `InT`.
     pub q: Tensor,
-    /// `[B, 1, Hk, Dk]`, `InT`.
+    /// `[B, S, Hk, Dk]`, `InT`.
     pub k: Tensor,
-    /// `[B, 1, Hv, Dv]`, `InT`.
+    /// `[B, S, Hv, Dv]`, `InT`.
     pub v: Tensor,
-    /// `[B, 1, Hv]` f32, in (0, 1].
+    /// `[B, S, Hv]` f32, in (0, 1].
     pub g: Tensor,
-    /// `[B, 1, Hv]` f32.
+    /// `[B, S, Hv]` f32.
     pub beta: Tensor,
+    /// `[B, K−1, C]`, `InT`: the state after the chunk. For S ≤ 1 the input tensor itself
+    /// (advanced in place for S = 1); for S > 1 a new tensor, the input left unchanged.
+    pub conv_state: Tensor,
 }
 
 /// `ConvPrepParams` of kernels/params/gdn_conv_prep.h, field for field: the launch parameters
@@ -88,14 +103,18 @@ pub struct ConvPrepOut {
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct ConvPrepParams {
     pub batch: u32,
+    pub tokens: u32,
     pub key_heads: u32,
     pub key_dim: u32,
     pub value_heads: u32,
     pub value_dim: u32,
     pub kernel_size: u32,
-    pub qkv_row_stride: u32,
-    pub b_row_stride: u32,
-    pub a_row_stride: u32,
+    pub qkv_batch_stride: u32,
+    pub qkv_token_stride: u32,
+    pub b_batch_stride: u32,
+    pub b_token_stride: u32,
+    pub a_batch_stride: u32,
+    pub a_token_stride: u32,
     pub q_scale: f32,
     pub k_scale: f32,
     pub norm_eps: f32,
@@ -134,6 +153,8 @@ pub fn supports(dims: &ConvPrepDims, dtype: DType) -> bool {
 pub(crate) struct Inputs<'a> {
     pub dims: ConvPrepDims,
     pub batch: usize,
+    /// S, at least 1 (an empty chunk never reaches a backend).
+    pub tokens: usize,
     pub qkv: &'a Tensor,
     pub b: &'a Tensor,
     pub a: &'a Tensor,
@@ -141,7 +162,8 @@ pub(crate) struct Inputs<'a> {
     pub taps: &'a Tensor,
     pub dt_bias: &'a Tensor,
     pub neg_a_exp: &'a Tensor,
-    /// Where the rows of `qkv`, `b` and `a` are (views are read in place).
+    /// Where the rows of `qkv`, `b` and `a` are (views are read in place): strides of the
+    /// batch and token dims.
     pub qkv_rows: RowLayout,
     pub b_rows: RowLayout,
     pub a_rows: RowLayout,
@@ -161,14 +183,18 @@ impl Inputs<'_> {
         let (q_scale, k_scale) = qk_scales(d.key_dim);
         Ok(ConvPrepParams {
             batch: u(self.batch, "batch")?,
+            tokens: u(self.tokens, "tokens")?,
             key_heads: u(d.key_heads, "key heads")?,
             key_dim: u(d.key_dim, "key dim")?,
             value_heads: u(d.value_heads, "value heads")?,
             value_dim: u(d.value_dim, "value dim")?,
             kernel_size: u(d.kernel_size, "kernel size")?,
-            qkv_row_stride: u(self.qkv_rows.strides[0], "qkv row stride")?,
-            b_row_stride: u(self.b_rows.strides[0], "b row stride")?,
-            a_row_stride: u(self.a_rows.strides[0], "a row stride")?,
+            qkv_batch_stride: u(self.qkv_rows.strides[0], "qkv batch stride")?,
+            qkv_token_stride: u(self.qkv_rows.strides[1], "qkv token stride")?,
+            b_batch_stride: u(self.b_rows.strides[0], "b batch stride")?,
+            b_token_stride: u(self.b_rows.strides[1], "b token stride")?,
+            a_batch_stride: u(self.a_rows.strides[0], "a batch stride")?,
+            a_token_stride: u(self.a_rows.strides[1], "a token stride")?,
             q_scale,
             k_scale,
             norm_eps: NORM_EPS,
@@ -176,8 +202,8 @@ impl Inputs<'_> {
     }
 }
 
-/// One decode step's conv, SiLU, q/k norms, decay and beta; advances `conv_state` in place.
-/// See the module documentation for the maths, shapes and dtypes.
+/// A chunk's conv, SiLU, q/k norms, decay and beta, and the conv state after it (in place
+/// for one token). See the module documentation for the maths, shapes and dtypes.
 #[allow(clippy::too_many_arguments)]
 pub fn gdn_conv_prep(
     qkv: &Tensor,
@@ -228,6 +254,16 @@ pub fn gdn_conv_prep(
         conv_state.is_contiguous(),
         "{OP}: conv_state must be contiguous to be updated in place"
     );
+    // One token may come as [B, C] rows: the same as [B, 1, C].
+    let (qkv, b, a) = match qkv.rank() {
+        2 => (qkv.unsqueeze(1)?, b.unsqueeze(1)?, a.unsqueeze(1)?),
+        _ => (qkv.clone(), b.clone(), a.clone()),
+    };
+    let (qkv, b, a) = (&qkv, &b, &a);
+    let tokens = match qkv.dims() {
+        &[qb, s, _] if qb == batch => s,
+        other => bail!("{OP}: qkv {other:?}, expected [{batch}, S, {c}] or [{batch}, {c}]"),
+    };
     ensure!(
         taps.dims() == [kk, c] && taps.is_contiguous(),
         "{OP}: taps {:?} must be a contiguous [{kk}, {c}]",
@@ -266,9 +302,11 @@ pub fn gdn_conv_prep(
             ("neg_a_exp", neg_a_exp),
         ],
     )?;
+    let lead = [batch, tokens];
     let inputs = Inputs {
         dims,
         batch,
+        tokens,
         qkv,
         b,
         a,
@@ -276,10 +314,13 @@ pub fn gdn_conv_prep(
         taps,
         dt_bias,
         neg_a_exp,
-        qkv_rows: row_layout(qkv, &[batch], c, "gdn_conv_prep: qkv")?,
-        b_rows: row_layout(b, &[batch], hv, "gdn_conv_prep: b")?,
-        a_rows: row_layout(a, &[batch], hv, "gdn_conv_prep: a")?,
+        qkv_rows: row_layout(qkv, &lead, c, "gdn_conv_prep: qkv")?,
+        b_rows: row_layout(b, &lead, hv, "gdn_conv_prep: b")?,
+        a_rows: row_layout(a, &lead, hv, "gdn_conv_prep: a")?,
     };
+    if tokens == 0 || batch == 0 {
+        return empty(&inputs);
+    }
     match conv_state.device() {
         Device::Cpu => launches::cpu_twin(|| cpu::gdn_conv_prep(&inputs)),
         #[cfg(any(feature = "metal", target_os = "macos"))]
@@ -289,4 +330,20 @@ pub fn gdn_conv_prep(
         #[allow(unreachable_patterns)]
         other => bail!("{OP}: no kernel for device {other:?}"),
     }
+}
+
+/// An empty chunk (or batch): empty outputs, the state as it was, nothing launched.
+fn empty(inputs: &Inputs) -> Result<ConvPrepOut> {
+    let d = inputs.dims;
+    let (bn, s) = (inputs.batch, inputs.tokens);
+    let (dtype, dev) = (inputs.qkv.dtype(), inputs.conv_state.device());
+    let zeros = |shape: &[usize], dtype: DType| Tensor::zeros(shape, dtype, dev);
+    Ok(ConvPrepOut {
+        q: zeros(&[bn, s, d.key_heads, d.key_dim], dtype)?,
+        k: zeros(&[bn, s, d.key_heads, d.key_dim], dtype)?,
+        v: zeros(&[bn, s, d.value_heads, d.value_dim], dtype)?,
+        g: zeros(&[bn, s, d.value_heads], DType::F32)?,
+        beta: zeros(&[bn, s, d.value_heads], DType::F32)?,
+        conv_state: inputs.conv_state.clone(),
+    })
 }

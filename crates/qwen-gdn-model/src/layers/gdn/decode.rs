@@ -31,7 +31,7 @@ impl GatedDeltaNet {
                 .all(|&state| gated_delta_norm::supports(&recurrence, dtype, state))
     }
 
-    fn conv_prep_dims(&self) -> gdn_conv_prep::ConvPrepDims {
+    pub(super) fn conv_prep_dims(&self) -> gdn_conv_prep::ConvPrepDims {
         gdn_conv_prep::ConvPrepDims {
             key_heads: self.key_heads,
             key_dim: self.key_dim,

@@ -1,0 +1,98 @@
+//! The GDN conv front of a chunk (conv with its state, SiLU, q/k L2 norms, decay and β) in
+//! one `gdn_conv_prep` launch, and the choice between it and the composed candle ops of
+//! [`GatedDeltaNet::forward`] (about 30 launches per layer call, the reference).
+//!
+//! The device plan picks it at load: on CUDA and Metal wherever the kernels cover the
+//! layer's dims ([`gdn_conv_prep::supports`]), on the CPU never (the composed ops are the CPU
+//! reference). `QWEN_GDN_CONV_FRONT=composed|fused` overrides that; `fused` on the CPU runs
+//! the kernels' CPU twin, which is how the model tests exercise this path without a GPU.
+
+use super::GatedDeltaNet;
+use crate::cache::GdnCache;
+use anyhow::{bail, Result};
+use candle_core::{DType, Device, Tensor};
+use gdn_ops::launches::candle_op;
+use gdn_ops::ops::gdn_conv_prep;
+
+/// How [`GatedDeltaNet::forward`] computes a chunk's conv front.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ConvFront {
+    /// Composed candle ops: the reference.
+    Composed,
+    /// One `gdn_conv_prep` launch (the CPU twin on the CPU).
+    Fused,
+}
+
+/// The environment variable that overrides the device's default.
+pub const CONV_FRONT_VAR: &str = "QWEN_GDN_CONV_FRONT";
+
+impl ConvFront {
+    /// The default on `device`: fused on the GPUs, composed on the CPU.
+    fn default_for(device: &Device) -> Self {
+        match device {
+            Device::Cpu => Self::Composed,
+            _ => Self::Fused,
+        }
+    }
+
+    /// What `QWEN_GDN_CONV_FRONT` asks for, or the device's default; fused only where the
+    /// kernels cover `dims` in `dtype`.
+    pub(crate) fn for_layer(
+        device: &Device,
+        dims: &gdn_conv_prep::ConvPrepDims,
+        dtype: DType,
+    ) -> Result<Self> {
+        let wanted = match std::env::var(CONV_FRONT_VAR) {
+            Ok(text) => match text.trim() {
+                "composed" => Self::Composed,
+                "fused" => Self::Fused,
+                other => bail!("{CONV_FRONT_VAR}={other}: expected composed or fused"),
+            },
+            Err(std::env::VarError::NotPresent) => Self::default_for(device),
+            Err(std::env::VarError::NotUnicode(_)) => bail!("{CONV_FRONT_VAR}: not valid UTF-8"),
+        };
+        Ok(match wanted {
+            Self::Fused if gdn_conv_prep::supports(dims, dtype) => Self::Fused,
+            _ => Self::Composed,
+        })
+    }
+}
+
+/// q, k, v, β and g of a chunk: what the recurrence takes.
+pub(super) type Prepared = (Tensor, Tensor, Tensor, Tensor, Tensor);
+
+impl GatedDeltaNet {
+    /// The conv front of a chunk in one launch: `qkv` `[B, S, C]`, `b` and `a` `[B, S, Hv]`
+    /// (slices of the merged projection, read in place). The conv state after the chunk
+    /// replaces the cache's (the kernel advances it in place for one token, and writes a new
+    /// one for more: its token blocks all read the old state).
+    pub(super) fn conv_front_fused(
+        &self,
+        qkv: &Tensor,
+        b: &Tensor,
+        a: &Tensor,
+        cache: &mut GdnCache,
+    ) -> Result<Prepared> {
+        let (batch, _, channels) = qkv.dims3()?;
+        let conv_state = match &cache.conv {
+            Some(c) => c.clone(),
+            None => candle_op(Tensor::zeros(
+                (batch, self.kernel - 1, channels),
+                qkv.dtype(),
+                qkv.device(),
+            ))?,
+        };
+        let out = gdn_conv_prep::gdn_conv_prep(
+            qkv,
+            b,
+            a,
+            &conv_state,
+            &self.conv_taps,
+            &self.dt_bias,
+            &self.neg_a_log_exp,
+            self.conv_prep_dims(),
+        )?;
+        cache.conv = Some(out.conv_state);
+        Ok((out.q, out.k, out.v, out.beta, out.g))
+    }
+}
