@@ -4,6 +4,7 @@
 pub mod add_rms_norm;
 pub mod affine;
 pub mod attn_decode;
+pub mod attn_prefill;
 pub mod attn_prep;
 pub mod gated_delta;
 pub mod gated_delta_norm;

@@ -3,6 +3,7 @@
 //! reproducible random inputs, running cases on two threads, the harness input encoding, and the tolerance checks.
 #![allow(dead_code, unused_imports)]
 
+pub mod attention;
 pub mod compare;
 pub mod dtype;
 pub mod gpu;
@@ -12,6 +13,7 @@ pub mod parallel;
 pub mod random;
 pub mod reference;
 
+pub use attention::composed_causal_attention;
 pub use compare::{
     assert_rel_err, close, max_abs, max_rel, rel_err, rel_l2, rel_max, values, worst_excess,
 };

@@ -163,6 +163,8 @@ impl Attention {
         let device_plan = !matches!(self.o_proj.weight, Weight::Host(_));
         if let Some(mask) = mask {
             attend(q, k, v, offset, Some(mask))
+        } else if device_plan && s > 1 && prefill_kernel(q, k) {
+            prefill_attend(q, k, v, offset)
         } else if device_plan && super::fused_attention::supported(dh, q.dtype(), s == 1) {
             fused_attend(q, k, v, offset)
         } else {
@@ -223,8 +225,10 @@ fn causal_mask_tile(
 /// `scaled_dot_product_attention.metal:2128–2135`), which is where a chunk appended to the KV
 /// cache sits, so no mask is built. GQA is handled by the kernels. candle has them on Metal
 /// only; elsewhere the same function is computed by [`attend`]: on the CPU counted as the one
-/// launch it stands in for, on other GPUs (CUDA) counted as the composed ops it launches. The
-/// query copy is made before, so that it is counted on every device as on Metal.
+/// launch it stands in for, on other GPUs (CUDA) counted as the composed ops it launches
+/// (CUDA prefill chunks take [`prefill_attend`] before they get here, unless
+/// [`ATTN_PREFILL_ENV`] asks for the composed path). The query copy is made before, so that
+/// it is counted on every device as on Metal.
 fn fused_attend(q: &Tensor, k: &Tensor, v: &Tensor, offset: usize) -> Result<Tensor> {
     let q = contiguous(q)?;
     if q.device().is_cpu() {
@@ -241,6 +245,52 @@ fn fused_attend(q: &Tensor, k: &Tensor, v: &Tensor, offset: usize) -> Result<Ten
     );
     let scale = (dh as f32).powf(-0.5);
     candle_op(candle_nn::ops::sdpa(&q, k, v, None, s > 1, scale, 1.0))
+}
+
+/// Chooses between CUDA's prefill attention kernel and the composed path:
+/// `QWEN_GDN_ATTN_PREFILL=composed` forces the composed path (to compare the two on a GPU);
+/// unset or `kernel`, the kernel runs wherever it applies.
+pub const ATTN_PREFILL_ENV: &str = "QWEN_GDN_ATTN_PREFILL";
+
+/// Whether [`ATTN_PREFILL_ENV`] leaves the kernel on (read once; a bad value is reported once
+/// and ignored).
+fn prefill_kernel_enabled() -> bool {
+    static ENABLED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ENABLED.get_or_init(|| match std::env::var(ATTN_PREFILL_ENV).as_deref() {
+        Err(_) | Ok("kernel") => true,
+        Ok("composed") => false,
+        Ok(other) => {
+            eprintln!(
+                "qwen-gdn: ignoring {ATTN_PREFILL_ENV}={other:?} (expected `kernel` or `composed`)"
+            );
+            true
+        }
+    })
+}
+
+/// Whether a prefill chunk of `q` `[B, Nq, S, Dh]` over `k` `[B, Nkv, T, Dh]` runs in
+/// `gdn_ops::ops::attn_prefill`'s kernel: on CUDA, for the head dims and dtypes it covers,
+/// unless [`ATTN_PREFILL_ENV`] asks for the composed path.
+fn prefill_kernel(q: &Tensor, k: &Tensor) -> bool {
+    let (Ok((_, nq, _, dh)), Ok((_, nkv, _, _))) = (q.dims4(), k.dims4()) else {
+        return false;
+    };
+    gdn_ops::ops::attn_prefill::supports(q.device(), dh, nq, nkv, q.dtype())
+        && prefill_kernel_enabled()
+}
+
+/// Causal attention of a chunk in one CUDA kernel (flash attention's forward pass), reading K
+/// and V where the cache holds them. The same function as [`attend`], rounded at the same
+/// points but for the probabilities (see `gdn_ops::ops::attn_prefill`). The query copy is
+/// counted, as in [`fused_attend`].
+fn prefill_attend(q: &Tensor, k: &Tensor, v: &Tensor, offset: usize) -> Result<Tensor> {
+    let (_, _, s, _) = q.dims4()?;
+    let t = k.dim(2)?;
+    anyhow::ensure!(
+        t == offset + s,
+        "attention: {s} queries at offset {offset} over {t} cached keys"
+    );
+    gdn_ops::ops::attn_prefill::attn_prefill(&contiguous(q)?, k, v, offset)
 }
 
 /// Softmax attention of `q` `[B, Nq, S, Dh]` over `k`, `v` `[B, Nkv, T, Dh]`, where query
