@@ -74,14 +74,7 @@ impl GatedDeltaNet {
         cache: &mut GdnCache,
     ) -> Result<Prepared> {
         let (batch, _, channels) = qkv.dims3()?;
-        let conv_state = match &cache.conv {
-            Some(c) => c.clone(),
-            None => candle_op(Tensor::zeros(
-                (batch, self.kernel - 1, channels),
-                qkv.dtype(),
-                qkv.device(),
-            ))?,
-        };
+        let conv_state = self.conv_state_for(cache, batch, channels, qkv)?;
         let out = gdn_conv_prep::gdn_conv_prep(
             qkv,
             b,
@@ -94,5 +87,27 @@ impl GatedDeltaNet {
         )?;
         cache.conv = Some(out.conv_state);
         Ok((out.q, out.k, out.v, out.beta, out.g))
+    }
+
+    /// The conv state `[B, K−1, C]` the kernel reads (and, for one token, advances in place):
+    /// the cache's, or zeros on the first call, kept in the cache. `like` gives the dtype and
+    /// device.
+    pub(super) fn conv_state_for(
+        &self,
+        cache: &mut GdnCache,
+        batch: usize,
+        channels: usize,
+        like: &Tensor,
+    ) -> Result<Tensor> {
+        if let Some(c) = &cache.conv {
+            return Ok(c.clone());
+        }
+        let zeros = candle_op(Tensor::zeros(
+            (batch, self.kernel - 1, channels),
+            like.dtype(),
+            like.device(),
+        ))?;
+        cache.conv = Some(zeros.clone());
+        Ok(zeros)
     }
 }

@@ -9,7 +9,6 @@ use super::GatedDeltaNet;
 use crate::cache::GdnCache;
 use anyhow::Result;
 use candle_core::{DType, Tensor};
-use gdn_ops::launches::candle_op;
 use gdn_ops::ops::{gated_delta_norm, gdn_conv_prep};
 use gdn_ops::GdnDims;
 
@@ -51,18 +50,7 @@ impl GatedDeltaNet {
             .try_into()
             .expect("four projections");
         let channels = qkv.dim(1)?;
-        let conv_state = match &cache.conv {
-            Some(c) => c.clone(),
-            None => {
-                let zeros = candle_op(Tensor::zeros(
-                    (b, self.kernel - 1, channels),
-                    x.dtype(),
-                    x.device(),
-                ))?;
-                cache.conv = Some(zeros.clone());
-                zeros
-            }
-        };
+        let conv_state = self.conv_state_for(cache, b, channels, x)?;
         let state = self.state_for(cache, b, x.device())?;
         let prepared = gdn_conv_prep::gdn_conv_prep(
             &qkv,
