@@ -17,7 +17,9 @@
 mod common;
 
 use candle_core::{DType, Device, Tensor};
-use common::{gpu, rel_max, tolerance, values, Rng};
+use common::{
+    assert_chunk_is_its_steps, conv_prep_dims as dims, gpu, rel_max, tolerance, values, Rng,
+};
 use gdn_ops::ops::gdn_conv_prep::{gdn_conv_prep, ConvPrepDims, ConvPrepOut};
 
 #[test]
@@ -161,16 +163,6 @@ impl Chunk {
     }
 }
 
-fn dims(hk: usize, dk: usize, hv: usize, dv: usize, k: usize) -> ConvPrepDims {
-    ConvPrepDims {
-        key_heads: hk,
-        key_dim: dk,
-        value_heads: hv,
-        value_dim: dv,
-        kernel_size: k,
-    }
-}
-
 #[test]
 fn gdn_conv_prep_prefill_chunks_match_the_cpu_twin() {
     let dev = gpu();
@@ -239,23 +231,7 @@ fn gdn_conv_prep_prefill_gives_its_decode_steps_bit_for_bit_on_the_gpu() {
             let state = chunk.state.to_device(&dev).unwrap();
             let steps: Vec<ConvPrepOut> =
                 (0..tokens).map(|t| chunk.run(&dev, t, 1, &state)).collect();
-            let cat = |f: fn(&ConvPrepOut) -> &Tensor| {
-                Tensor::cat(&steps.iter().map(f).collect::<Vec<_>>(), 1).unwrap()
-            };
-            for (name, got, want) in [
-                ("q", &whole.q, cat(|o| &o.q)),
-                ("k", &whole.k, cat(|o| &o.k)),
-                ("v", &whole.v, cat(|o| &o.v)),
-                ("g", &whole.g, cat(|o| &o.g)),
-                ("beta", &whole.beta, cat(|o| &o.beta)),
-            ] {
-                assert_eq!(values(got), values(&want), "{what}: {name}");
-            }
-            assert_eq!(
-                values(&whole.conv_state),
-                values(&state),
-                "{what}: conv state"
-            );
+            assert_chunk_is_its_steps(&what, &whole, &steps, &state);
         }
     }
 }

@@ -10,7 +10,9 @@
 mod common;
 
 use candle_core::{DType, Device, Tensor, D};
-use common::{candle_nn_rms_norm, rel_max, values, Rng};
+use common::{
+    assert_chunk_is_its_steps, candle_nn_rms_norm, conv_prep_dims as dims, rel_max, values, Rng,
+};
 use gdn_ops::ops::gdn_conv_prep::{gdn_conv_prep, supports, ConvPrepDims, ConvPrepOut};
 
 /// `x · rsqrt(mean(x²) + eps) · weight` as the model's `RmsNorm::forward`.
@@ -116,16 +118,6 @@ fn composed(
         },
         kept,
     )
-}
-
-fn dims(hk: usize, dk: usize, hv: usize, dv: usize, k: usize) -> ConvPrepDims {
-    ConvPrepDims {
-        key_heads: hk,
-        key_dim: dk,
-        value_heads: hv,
-        value_dim: dv,
-        kernel_size: k,
-    }
 }
 
 /// The inputs of one chunk: a merged projection `[B, S, C + Z + 2·Hv]` sliced into qkv, b
@@ -326,19 +318,7 @@ fn twin_prefill_gives_its_decode_steps_bit_for_bit() {
         // One token at a time, the state advanced in place.
         let state = s.state.copy().unwrap();
         let steps: Vec<ConvPrepOut> = (0..tokens).map(|t| run_rows(&s, d, t, 1, &state)).collect();
-        let cat = |f: fn(&ConvPrepOut) -> &Tensor| {
-            Tensor::cat(&steps.iter().map(f).collect::<Vec<_>>(), 1).unwrap()
-        };
-        for (name, got, want) in [
-            ("q", &chunk.q, cat(|o| &o.q)),
-            ("k", &chunk.k, cat(|o| &o.k)),
-            ("v", &chunk.v, cat(|o| &o.v)),
-            ("g", &chunk.g, cat(|o| &o.g)),
-            ("beta", &chunk.beta, cat(|o| &o.beta)),
-        ] {
-            assert_eq!(values(got), values(&want), "{what}: {name}");
-        }
-        assert_eq!(values(&chunk.conv_state), values(&state), "{what}: state");
+        assert_chunk_is_its_steps(&what, &chunk, &steps, &state);
         // And a chunk split in two (the second continuing from the first's state).
         let first = run_rows(&s, d, 0, 4, &s.state.copy().unwrap());
         let second = run_rows(&s, d, 4, tokens - 4, &first.conv_state);

@@ -17,7 +17,7 @@ mod common;
 mod emu;
 
 use candle_core::{DType, Device, Tensor};
-use common::{worst_excess, Input, Rng, Ty as In, TYPES};
+use common::{conv_prep_dims as dims, worst_excess, Input, Rng, Ty as In, TYPES};
 use gdn_ops::ops::gdn_conv_prep::{gdn_conv_prep, qk_scales, ConvPrepDims, NORM_EPS};
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
@@ -273,16 +273,6 @@ fn check(c: &Case) -> Vec<String> {
         }
     }
     bad
-}
-
-fn dims(hk: usize, dk: usize, hv: usize, dv: usize, k: usize) -> ConvPrepDims {
-    ConvPrepDims {
-        key_heads: hk,
-        key_dim: dk,
-        value_heads: hv,
-        value_dim: dv,
-        kernel_size: k,
-    }
 }
 
 #[test]

@@ -5,6 +5,7 @@
 
 pub mod attention;
 pub mod compare;
+pub mod conv_prep;
 pub mod dtype;
 pub mod gpu;
 pub mod grouped;
@@ -17,6 +18,7 @@ pub use attention::composed_causal_attention;
 pub use compare::{
     assert_rel_err, close, max_abs, max_rel, rel_err, rel_l2, rel_max, values, worst_excess,
 };
+pub use conv_prep::{assert_chunk_is_its_steps, conv_prep_dims};
 pub use dtype::{tensor, St, Ty, TYPES};
 pub use gpu::{gpu, tolerance};
 pub use grouped::row_offsets;
