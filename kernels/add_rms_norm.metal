@@ -3,19 +3,24 @@
 //   sum    = InT(float(residual) + float(delta))          (only when has_delta)
 //   normed = InT(float(sum) * rsqrt(mean(float(sum)^2) + eps) * float(weight))
 //
-// Launch: threadgroups (N, 1, 1), threads per threadgroup (32, 1, 1): one simdgroup per row,
-// lane l taking columns l, l + 32, ... (coalesced). The row's sum of squares is one
-// simd_sum, so no threadgroup memory or barrier is needed. The second pass reads back the
-// sum the same lane wrote (a thread sees its own device writes).
+// Launch: threadgroups (N, 1, 1), threads per threadgroup (T, 1, 1) with
+// T = row_threads(H) (crates/gdn-ops/src/ops/add_rms_norm/mod.rs: ceil(H / kPer) rounded up to
+// whole simdgroups, at most 1024), threadgroup memory of 32 floats at index 0. Thread t holds
+// columns t, t + T, ... (kPer of them, coalesced) in registers, so a row's loads go out
+// together (one simdgroup walking a row in a loop waited on one load after another); the sum of
+// squares is a simd_sum per simdgroup and a pass over their partial sums in threadgroup memory.
+// The squares are summed in another order than the CPU twin's (within rounding).
 //
-// Host obligations: H <= 8192 (any H >= 1 works; the bound keeps a row's two passes cheap);
-// without a delta (has_delta == 0) buffers 1 and 3 are never touched, but bind any buffer
-// there (the residual) so that validation layers stay quiet.
+// Host obligations: H <= kPer * 1024 = 8192; without a delta (has_delta == 0) buffers 1 and 3
+// are never touched, but bind any buffer there (the residual) so that validation layers stay
+// quiet.
 
 #include <metal_stdlib>
 using namespace metal;
 
 #include "params/add_rms_norm.h"
+
+constant constexpr uint kPer = 8;  // PER_THREAD on the host
 
 template <typename InT>
 inline void add_rms_norm_impl(
@@ -26,28 +31,52 @@ inline void add_rms_norm_impl(
     device InT* normed,
     constant AddRmsNormParams& p,
     uint row,
-    uint lane) {
+    uint tid,
+    uint threads,
+    uint lane,
+    uint simd,
+    threadgroup float* partial) {
   if (row >= p.rows) {
-    return;
+    return;  // the whole threadgroup
   }
   const ulong base = ulong(row) * p.cols;
   const bool add = p.has_delta != 0;
-  float squares = 0.0f;
-  for (uint j = lane; j < p.cols; j += 32) {
-    float s = float(residual[base + j]);
-    if (add) {
-      // Rounded before it is squared: the norm sees the stored sum.
-      const InT rounded = InT(s + float(delta[base + j]));
-      sum[base + j] = rounded;
-      s = float(rounded);
-    }
-    squares += s * s;
+  float v[kPer];
+  for (uint k = 0; k < kPer; ++k) {
+    const uint j = tid + k * threads;
+    v[k] = j < p.cols ? float(residual[base + j]) : 0.0f;
   }
-  const float total = simd_sum(squares);
+  if (add) {
+    for (uint k = 0; k < kPer; ++k) {
+      const uint j = tid + k * threads;
+      // Rounded before it is squared: the norm sees the stored sum.
+      if (j < p.cols) {
+        v[k] = float(InT(v[k] + float(delta[base + j])));
+      }
+    }
+  }
+  float squares = 0.0f;
+  for (uint k = 0; k < kPer; ++k) {
+    squares += v[k] * v[k];
+  }
+  squares = simd_sum(squares);
+  if (lane == 0) {
+    partial[simd] = squares;
+  }
+  threadgroup_barrier(mem_flags::mem_threadgroup);
+  float total = 0.0f;
+  for (uint s = 0; s < threads / 32; ++s) {
+    total += partial[s];
+  }
   const float inv = rsqrt(total / float(p.cols) + p.eps);
-  const device InT* src = add ? (const device InT*)sum : residual;
-  for (uint j = lane; j < p.cols; j += 32) {
-    normed[base + j] = InT(float(src[base + j]) * inv * float(weight[j]));
+  for (uint k = 0; k < kPer; ++k) {
+    const uint j = tid + k * threads;
+    if (j < p.cols) {
+      if (add) {
+        sum[base + j] = InT(v[k]);
+      }
+      normed[base + j] = InT(v[k] * inv * float(weight[j]));
+    }
   }
 }
 
@@ -61,9 +90,14 @@ inline void add_rms_norm_impl(
       device InT* sum [[buffer(3)]],            /* [N, H], written if has_delta */ \
       device InT* normed [[buffer(4)]],         /* [N, H] */                       \
       constant AddRmsNormParams& p [[buffer(5)]],                                  \
+      threadgroup float* partial [[threadgroup(0)]],                               \
       uint3 tg [[threadgroup_position_in_grid]],                                   \
-      uint lane [[thread_index_in_simdgroup]]) {                                   \
-    add_rms_norm_impl<InT>(residual, delta, weight, sum, normed, p, tg.x, lane);   \
+      uint tid [[thread_index_in_threadgroup]],                                    \
+      uint3 tpg [[threads_per_threadgroup]],                                       \
+      uint lane [[thread_index_in_simdgroup]],                                     \
+      uint simd [[simdgroup_index_in_threadgroup]]) {                              \
+    add_rms_norm_impl<InT>(residual, delta, weight, sum, normed, p, tg.x, tid, tpg.x, \
+                           lane, simd, partial);                                   \
   }
 
 ADD_RMS_NORM(add_rms_norm_f32, float)

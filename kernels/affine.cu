@@ -171,6 +171,155 @@ __device__ void dequantize(const uint32_t* packed, const S* scales, const S* bia
 
 }  // namespace affine
 
+// ---------------------------------------------------------------------------------------------
+// Wide products for 4- and 8-bit matrices (the decode step's projections and expert products).
+//
+// The one-warp-per-row kernel above moves a 4-byte word and re-reads x element by element per
+// step: at the decode shapes it keeps too few bytes in flight to approach the copy bandwidth.
+// Here a lane reads a 16-byte chunk of a row per step (32 four-bit or 16 eight-bit values, one
+// group's scale and bias: MLX groups of 32, 64 and 128 hold whole chunks), with the chunk of x
+// loaded once in 16-byte loads and reused for ROWS rows; LPR lanes (8, 16 or 32, whatever
+// fills a row of `chunks` chunks best) share a row and reduce with shuffles within their
+// LPR-lane group, so a warp holds 32 / LPR row groups. A block is kWideWarps warps.
+//   affine_wide_<kind>_b<BITS>_r<ROWS>_<x>_<s>(packed, scales, biases, x, ids, y, p, experts,
+//                                              lpr)
+//     kind = products: y[i, r] as affine_products (ROWS output rows per row group);
+//     kind = swiglu: y[i, a] as affine_products_swiglu (ROWS activations per row group, each
+//     reading its gate row and its up row).
+//     block = kWideWarps * 32 threads; grid = (ceil(outputs / (kWideWarps * 32 / lpr * ROWS)),
+//     out_rows), outputs = rows (products) or rows / 2 (swiglu).
+//     The host checks: bits 4 or 8, cols a multiple of the chunk's values with at least lpr
+//     chunks per row, group_size a multiple of them, the packed words and x 16-byte aligned.
+// Per chunk a row adds s * sum(q x) + b * sum(x): the CPU twin's per-group order, within
+// rounding (the tests' tolerance), not bit for bit.
+namespace affine_wide {
+
+using cuda_convert::from_f32;
+using cuda_convert::to_f32;
+
+constexpr uint32_t kWideWarps = 4;
+
+// q < 2^8 as a float without an integer conversion: 2^23 + q has q in its low mantissa bits.
+__device__ __forceinline__ float small_to_f32(uint32_t q) {
+  return __uint_as_float(0x4B000000u | q) - 8388608.0f;
+}
+
+// sum(q x) over a chunk's four words, two chains to halve the dependent FMAs.
+template <uint32_t BITS>
+__device__ __forceinline__ float chunk_qx(const uint4 w, const float* xs) {
+  constexpr uint32_t PER = 32 / BITS, MASK = (1u << BITS) - 1u;
+  const uint32_t words[4] = {w.x, w.y, w.z, w.w};
+  float a = 0.f, b = 0.f;
+#pragma unroll
+  for (uint32_t i = 0; i < 4; ++i) {
+#pragma unroll
+    for (uint32_t k = 0; k < PER; k += 2) {
+      a = fmaf(small_to_f32((words[i] >> (k * BITS)) & MASK), xs[i * PER + k], a);
+      b = fmaf(small_to_f32((words[i] >> ((k + 1) * BITS)) & MASK), xs[i * PER + k + 1], b);
+    }
+  }
+  return a + b;
+}
+
+// V values of x from column j0 (16-byte loads) as floats; returns their sum.
+template <typename X, uint32_t V>
+__device__ __forceinline__ float load_x(const X* xr, uint32_t j0, float (&xs)[V]) {
+  constexpr uint32_t PER16 = 16 / sizeof(X);
+  float sum = 0.f;
+#pragma unroll
+  for (uint32_t v = 0; v < V / PER16; ++v) {
+    const uint4 raw = *reinterpret_cast<const uint4*>(xr + j0 + v * PER16);
+    const X* vals = reinterpret_cast<const X*>(&raw);
+#pragma unroll
+    for (uint32_t t = 0; t < PER16; ++t) {
+      xs[v * PER16 + t] = to_f32(vals[t]);
+      sum += xs[v * PER16 + t];
+    }
+  }
+  return sum;
+}
+
+// The body of both kinds, with the thread's lane and warp and the block's indices as
+// arguments (kernels/emu runs it on the CPU). SWIGLU: outputs are activations, and a row group
+// reads ROWS gate rows and the ROWS matching up rows.
+template <uint32_t BITS, uint32_t ROWS, bool SWIGLU, typename X, typename S>
+__device__ __forceinline__ void wide_body(const uint32_t* packed, const S* scales,
+                                          const S* biases, const X* x, const uint32_t* ids, X* y,
+                                          const AffineParams& p, uint32_t experts, uint32_t lpr,
+                                          uint32_t lane, uint32_t warp, uint32_t block_x,
+                                          uint32_t i) {
+  constexpr uint32_t V = 128 / BITS;            // values per 16-byte chunk
+  constexpr uint32_t NR = SWIGLU ? 2 * ROWS : ROWS;  // rows read per row group
+  if (i >= p.out_rows) return;                  // uniform over the block
+  const uint32_t outputs = SWIGLU ? p.rows / 2 : p.rows;
+  const uint32_t subs = 32 / lpr, sub = lane / lpr, l = lane % lpr;
+  const uint32_t o0 = ((block_x * kWideWarps + warp) * subs + sub) * ROWS;
+  const uint32_t e = p.has_ids ? ids[i] : 0;
+  if (e >= experts) {  // uniform over the block: no shuffle follows
+    for (uint32_t r = 0; r < ROWS; ++r) {
+      if (l == 0 && o0 + r < outputs) y[(size_t)i * outputs + o0 + r] = from_f32<X>(__uint_as_float(0x7fc00000u));
+    }
+    return;
+  }
+  const uint32_t words_per_row = p.cols * BITS / 32, groups = p.cols / p.group_size;
+  const uint32_t chunks = p.cols / V;
+  // Rows past the matrix read its last row (a valid address) and are never written.
+  size_t row[NR];
+#pragma unroll
+  for (uint32_t r = 0; r < NR; ++r) {
+    const uint32_t o = min(o0 + (r % ROWS), outputs - 1);
+    row[r] = (size_t)e * p.rows + (SWIGLU && r >= ROWS ? outputs + o : o);
+  }
+  const X* xr = x + (size_t)(i / p.x_div) * p.cols;
+  float acc[NR];
+#pragma unroll
+  for (uint32_t r = 0; r < NR; ++r) acc[r] = 0.f;
+#pragma unroll 2
+  for (uint32_t c = l; c < chunks; c += lpr) {
+    uint4 w[NR];
+#pragma unroll
+    for (uint32_t r = 0; r < NR; ++r) {
+      w[r] = *reinterpret_cast<const uint4*>(packed + row[r] * words_per_row + 4 * c);
+    }
+    const uint32_t g = c * V / p.group_size;
+    float s[NR], b[NR];
+#pragma unroll
+    for (uint32_t r = 0; r < NR; ++r) {
+      s[r] = to_f32(scales[row[r] * groups + g]);
+      b[r] = to_f32(biases[row[r] * groups + g]);
+    }
+    float xs[V];
+    const float sx = load_x<X, V>(xr, c * V, xs);
+#pragma unroll
+    for (uint32_t r = 0; r < NR; ++r) {
+      acc[r] = fmaf(s[r], chunk_qx<BITS>(w[r], xs), fmaf(b[r], sx, acc[r]));
+    }
+  }
+  // Sum over the row group's lanes (xor offsets below lpr stay inside it); every lane of the
+  // warp takes part.
+#pragma unroll
+  for (uint32_t r = 0; r < NR; ++r) {
+    for (uint32_t o = lpr / 2; o > 0; o >>= 1) acc[r] += __shfl_xor_sync(0xffffffffu, acc[r], o);
+  }
+  if (l != 0) return;
+#pragma unroll
+  for (uint32_t r = 0; r < ROWS; ++r) {
+    const uint32_t o = o0 + r;
+    if (o >= outputs) continue;
+    float v;
+    if (SWIGLU) {
+      const float gate = to_f32(from_f32<X>(acc[r]));
+      const float up = to_f32(from_f32<X>(acc[ROWS + r]));
+      v = gate / (1.f + expf(-gate)) * up;
+    } else {
+      v = acc[r];
+    }
+    y[(size_t)i * outputs + o] = from_f32<X>(v);
+  }
+}
+
+}  // namespace affine_wide
+
 #define AFFINE_ENTRIES(XN, XT, SN, ST)                                                       \
   extern "C" __global__ void affine_products_##XN##_##SN(                                    \
       const uint32_t* packed, const ST* scales, const ST* biases, const XT* x,               \
@@ -196,3 +345,36 @@ __device__ void dequantize(const uint32_t* packed, const S* scales, const S* bia
 AFFINE_FOR_SCALES(f32, float)
 AFFINE_FOR_SCALES(f16, __half)
 AFFINE_FOR_SCALES(bf16, __nv_bfloat16)
+
+#define AFFINE_WIDE_ENTRY(KIND, SWIGLU, BITS, ROWS, XN, XT, SN, ST)                             \
+  extern "C" __global__ void __launch_bounds__(affine_wide::kWideWarps * 32)                   \
+      affine_wide_##KIND##_b##BITS##_r##ROWS##_##XN##_##SN(                                     \
+          const uint32_t* packed, const ST* scales, const ST* biases, const XT* x,             \
+          const uint32_t* ids, XT* y, const AffineParams p, const uint32_t experts,            \
+          const uint32_t lpr) {                                                                 \
+    affine_wide::wide_body<BITS, ROWS, SWIGLU, XT, ST>(packed, scales, biases, x, ids, y, p,   \
+                                                       experts, lpr, threadIdx.x % 32,          \
+                                                       threadIdx.x / 32, blockIdx.x,            \
+                                                       blockIdx.y);                             \
+  }
+
+#define AFFINE_WIDE_FOR_TYPES(XN, XT, SN, ST)              \
+  AFFINE_WIDE_ENTRY(products, false, 4, 1, XN, XT, SN, ST) \
+  AFFINE_WIDE_ENTRY(products, false, 4, 2, XN, XT, SN, ST) \
+  AFFINE_WIDE_ENTRY(products, false, 4, 4, XN, XT, SN, ST) \
+  AFFINE_WIDE_ENTRY(products, false, 8, 1, XN, XT, SN, ST) \
+  AFFINE_WIDE_ENTRY(products, false, 8, 2, XN, XT, SN, ST) \
+  AFFINE_WIDE_ENTRY(products, false, 8, 4, XN, XT, SN, ST) \
+  AFFINE_WIDE_ENTRY(swiglu, true, 4, 1, XN, XT, SN, ST)    \
+  AFFINE_WIDE_ENTRY(swiglu, true, 4, 2, XN, XT, SN, ST)    \
+  AFFINE_WIDE_ENTRY(swiglu, true, 8, 1, XN, XT, SN, ST)    \
+  AFFINE_WIDE_ENTRY(swiglu, true, 8, 2, XN, XT, SN, ST)
+
+#define AFFINE_WIDE_FOR_SCALES(XN, XT)         \
+  AFFINE_WIDE_FOR_TYPES(XN, XT, f32, float)     \
+  AFFINE_WIDE_FOR_TYPES(XN, XT, f16, __half)    \
+  AFFINE_WIDE_FOR_TYPES(XN, XT, bf16, __nv_bfloat16)
+
+AFFINE_WIDE_FOR_SCALES(f32, float)
+AFFINE_WIDE_FOR_SCALES(f16, __half)
+AFFINE_WIDE_FOR_SCALES(bf16, __nv_bfloat16)

@@ -81,6 +81,25 @@ __device__ void prep(const InT* __restrict__ qkv, const InT* __restrict__ b_in,
   InT* next = next_state + (size_t)batch * history * channels;
   const bool last_token = token + 1 == p.tokens;
 
+  // Every window is read before anything is computed or written: the loads of all of a
+  // lane's channels are in flight together (written channel by channel, the in-place state
+  // write of one channel kept the next channel's loads waiting behind it), and the in-place
+  // shift of a decode step still reads each element before it is overwritten.
+  InT window[kMaxPerLane][kMaxTaps];
+#pragma unroll
+  for (unsigned int i = 0; i < kMaxPerLane; ++i) {
+    if (i < per_lane) {
+      const unsigned int c = first + lane + 32 * i;
+#pragma unroll
+      for (unsigned int m = 0; m < kMaxTaps; ++m) {
+        if (m < p.kernel_size) {
+          const unsigned int at = token + m;
+          window[i][m] = at < history ? state[(size_t)at * channels + c]
+                                      : rows[(size_t)(at - history) * p.qkv_token_stride + c];
+        }
+      }
+    }
+  }
   float act[kMaxPerLane];
   float square_sum = 0.0f;
 #pragma unroll
@@ -88,30 +107,27 @@ __device__ void prep(const InT* __restrict__ qkv, const InT* __restrict__ b_in,
     act[i] = 0.0f;
     if (i < per_lane) {
       const unsigned int c = first + lane + 32 * i;
-      // The window: rows token .. token + K - 1 of [conv_state; qkv], oldest first, all
-      // read before the state is written (in place for a decode step).
-      InT window[kMaxTaps];
       float acc = 0.0f;
 #pragma unroll
       for (unsigned int m = 0; m < kMaxTaps; ++m) {
-        if (m < p.kernel_size) {
-          const unsigned int at = token + m;
-          window[m] = at < history ? state[(size_t)at * channels + c]
-                                   : rows[(size_t)(at - history) * p.qkv_token_stride + c];
-          acc = fmaf(to_f32(window[m]), to_f32(taps[(size_t)m * channels + c]), acc);
-        }
-      }
-      if (last_token) {
-#pragma unroll
-        for (unsigned int m = 1; m < kMaxTaps; ++m) {
-          if (m < p.kernel_size) next[(size_t)(m - 1) * channels + c] = window[m];
-        }
+        if (m < p.kernel_size) acc = fmaf(to_f32(window[i][m]), to_f32(taps[(size_t)m * channels + c]), acc);
       }
       act[i] = to_f32(from_f32<InT>(acc / (1.0f + expf(-acc))));
       square_sum = fmaf(act[i], act[i], square_sum);
     }
   }
-
+  if (last_token) {
+#pragma unroll
+    for (unsigned int i = 0; i < kMaxPerLane; ++i) {
+      if (i < per_lane) {
+        const unsigned int c = first + lane + 32 * i;
+#pragma unroll
+        for (unsigned int m = 1; m < kMaxTaps; ++m) {
+          if (m < p.kernel_size) next[(size_t)(m - 1) * channels + c] = window[i][m];
+        }
+      }
+    }
+  }
   if (is_value) {
 #pragma unroll
     for (unsigned int i = 0; i < kMaxPerLane; ++i) {

@@ -9,7 +9,12 @@
 //       acc = sum_s weights[n, s] * down[n, s, j]           (slots in order)
 //       sum = x(residual[n, j] + x(acc))   (has_residual; else sum = x(acc))
 //       normed = x(sum * rsqrt(mean_j sum^2 + eps) * norm_weight[j])   (has_norm only)
-//     block = 256 threads (one block per token row), grid = N.
+//     block = ceil(H / kPer) threads rounded up to whole warps, at most 1024 (one block per
+//     token row), grid = N.
+// Each thread keeps kPer columns in registers, so that every slot's loads of a row are in
+// flight together and the norm's second pass reads nothing back (a decode step's combine was
+// ~24 us of one block walking its row load after load); rows wider than kPer * 1024 take the
+// columns in turns and read their own sums back for the norm.
 // Without a norm (has_norm == 0) norm_weight and normed are never touched; without a residual
 // residual is never read; unless gathered, rows is never read. A gathered row index at or past
 // down_rows adds nothing (the host never passes one; the guard keeps a bad one in bounds).
@@ -25,46 +30,86 @@
 
 namespace moe_combine {
 
-constexpr uint32_t kThreads = 256;  // COMBINE_THREADS on the host
+constexpr uint32_t kPer = 4;  // COMBINE_PER on the host: columns a thread holds
 
 using cuda_convert::from_f32;
 using cuda_convert::to_f32;
 
 template <typename T>
-__device__ void combine(const T* down, const uint32_t* rows, const float* weights,
-                        const T* residual, const T* norm_weight, T* sum, T* normed,
-                        const MoeCombineParams p) {
-  __shared__ float warp_sums[kThreads / 32];
-  const uint32_t token = blockIdx.x, H = p.hidden, S = p.slots;
-  if (token >= p.tokens) return;  // the whole block
-  const float* w = weights + (size_t)token * S;
-  const uint32_t* slot_rows = rows + (size_t)token * S;
-  const size_t row = (size_t)token * H;
-  float squares = 0.f;
-  for (uint32_t j = threadIdx.x; j < H; j += blockDim.x) {
-    float acc = 0.f;
-    for (uint32_t s = 0; s < S; ++s) {
-      const size_t r = p.gathered ? (size_t)slot_rows[s] : (size_t)token * S + s;
-      if (p.gathered && r >= p.down_rows) continue;
-      acc = fmaf(w[s], to_f32(down[r * H + j]), acc);
-    }
-    const T total = p.has_residual
-                        ? from_f32<T>(to_f32(residual[row + j]) + to_f32(from_f32<T>(acc)))
+__device__ __forceinline__ float column(const T* __restrict__ down, const uint32_t* __restrict__ rows,
+                                        const float* __restrict__ w, const MoeCombineParams& p,
+                                        uint32_t token, size_t j) {
+  float acc = 0.f;
+  for (uint32_t s = 0; s < p.slots; ++s) {
+    const size_t r = p.gathered ? (size_t)rows[(size_t)token * p.slots + s] : (size_t)token * p.slots + s;
+    if (p.gathered && r >= p.down_rows) continue;
+    acc = fmaf(w[s], to_f32(down[r * p.hidden + j]), acc);
+  }
+  return acc;
+}
+
+template <typename T>
+__device__ __forceinline__ T with_residual(const T* __restrict__ residual, const MoeCombineParams& p,
+                                           size_t at, float acc) {
+  return p.has_residual ? from_f32<T>(to_f32(residual[at]) + to_f32(from_f32<T>(acc)))
                         : from_f32<T>(acc);
-    sum[row + j] = total;
-    const float t = to_f32(total);
-    squares = fmaf(t, t, squares);
+}
+
+template <typename T>
+__device__ void combine(const T* __restrict__ down, const uint32_t* __restrict__ rows,
+                        const float* __restrict__ weights, const T* __restrict__ residual,
+                        const T* __restrict__ norm_weight, T* __restrict__ sum,
+                        T* __restrict__ normed, const MoeCombineParams p) {
+  __shared__ float warp_sums[32];
+  const uint32_t token = blockIdx.x, H = p.hidden, tid = threadIdx.x, threads = blockDim.x;
+  if (token >= p.tokens) return;  // the whole block
+  const float* w = weights + (size_t)token * p.slots;
+  const size_t row = (size_t)token * H;
+  const bool in_registers = H <= kPer * threads;  // uniform over the block
+  float t[kPer];
+  float squares = 0.f;
+  if (in_registers) {
+#pragma unroll
+    for (uint32_t k = 0; k < kPer; ++k) {
+      const uint32_t j = tid + k * threads;
+      t[k] = j < H ? column(down, rows, w, p, token, j) : 0.f;
+    }
+#pragma unroll
+    for (uint32_t k = 0; k < kPer; ++k) {
+      const uint32_t j = tid + k * threads;
+      if (j < H) {
+        const T total = with_residual(residual, p, row + j, t[k]);
+        sum[row + j] = total;
+        t[k] = to_f32(total);
+        squares = fmaf(t[k], t[k], squares);
+      }
+    }
+  } else {
+    for (uint32_t j = tid; j < H; j += threads) {
+      const T total = with_residual(residual, p, row + j, column(down, rows, w, p, token, j));
+      sum[row + j] = total;
+      const float v = to_f32(total);
+      squares = fmaf(v, v, squares);
+    }
   }
   if (!p.has_norm) return;  // uniform over the block
   for (int o = 16; o > 0; o >>= 1) squares += __shfl_xor_sync(0xffffffffu, squares, o);
-  if (threadIdx.x % 32 == 0) warp_sums[threadIdx.x / 32] = squares;
+  if (tid % 32 == 0) warp_sums[tid / 32] = squares;
   __syncthreads();
   float total = 0.f;
-  for (uint32_t i = 0; i < blockDim.x / 32; ++i) total += warp_sums[i];
+  for (uint32_t i = 0; i < threads / 32; ++i) total += warp_sums[i];
   const float inv_rms = rsqrtf(total / (float)H + p.eps);
-  // Each thread reads back only the sum values it wrote itself.
-  for (uint32_t j = threadIdx.x; j < H; j += blockDim.x) {
-    normed[row + j] = from_f32<T>(to_f32(sum[row + j]) * inv_rms * to_f32(norm_weight[j]));
+  if (in_registers) {
+#pragma unroll
+    for (uint32_t k = 0; k < kPer; ++k) {
+      const uint32_t j = tid + k * threads;
+      if (j < H) normed[row + j] = from_f32<T>(t[k] * inv_rms * to_f32(norm_weight[j]));
+    }
+  } else {
+    // Each thread reads back only the sum values it wrote itself.
+    for (uint32_t j = tid; j < H; j += threads) {
+      normed[row + j] = from_f32<T>(to_f32(sum[row + j]) * inv_rms * to_f32(norm_weight[j]));
+    }
   }
 }
 

@@ -8,11 +8,16 @@
 //   normed = InT(f32(sum) * rsqrt(mean_j(f32(sum)^2) + eps) * f32(norm_weight[j]))   (has_norm)
 //
 // Launch geometry (ops/moe_combine/metal.rs; kernels/emu/moe_combine_harness.cpp emulates
-// it): threadgroups (N, 1, 1), threads per threadgroup (32 * 8, 1, 1), threadgroup memory
-// 8 floats (32 bytes) at index 0: one threadgroup per token row; thread t takes columns
-// t, t + 256, ... (consecutive threads, consecutive addresses). The sum of squares is reduced
-// per simdgroup, then across the 8 through threadgroup memory. The second pass reads back
-// only the sum values the same thread wrote.
+// it): threadgroups (N, 1, 1), threads per threadgroup (T, 1, 1) with T = combine_threads(H)
+// (ops/moe_combine/mod.rs: ceil(H / kPer) rounded up to whole simdgroups, at most 1024),
+// threadgroup memory 32 floats (128 bytes) at index 0: one threadgroup per token row; thread t
+// takes columns t, t + T, ... (consecutive threads, consecutive addresses). While H <= kPer * T
+// (every row up to 4096 wide) a thread keeps its kPer columns in registers, so every slot's
+// loads of the row go out together and the norm reads nothing back (one threadgroup walking
+// the row column after column waited on its loads: 24 us of a decode step on the H100's twin);
+// wider rows take their columns in turns and read back only the sums the same thread wrote.
+// The sum of squares is reduced per simdgroup, then across the simdgroups through threadgroup
+// memory.
 //
 // Gathered (prefill: the expert outputs in grouped order), `down` is [down_rows, H] and
 // rows[n, s] names the row of token n's slot s; a row index at or past down_rows adds
@@ -27,6 +32,32 @@ using namespace metal;
 
 #include "params/moe_combine.h"
 
+constant constexpr uint kPer = 4;  // COMBINE_PER on the host
+
+// The weighted sum of a token's slots at column j.
+template <typename InT>
+inline float combine_column(const device InT* down, const device uint* slot_rows,
+                            const device float* w, constant MoeCombineParams& p, uint token,
+                            uint j) {
+  float acc = 0.0f;
+  for (uint s = 0; s < p.slots; ++s) {
+    const ulong r = p.gathered != 0 ? ulong(slot_rows[s]) : ulong(token) * p.slots + s;
+    if (p.gathered != 0 && r >= p.down_rows) {
+      continue;
+    }
+    acc += w[s] * float(down[r * p.hidden + j]);
+  }
+  return acc;
+}
+
+template <typename InT>
+inline InT combine_total(const device InT* residual, constant MoeCombineParams& p, ulong at,
+                         float acc) {
+  return p.has_residual != 0
+             ? static_cast<InT>(float(residual[at]) + float(static_cast<InT>(acc)))
+             : static_cast<InT>(acc);
+}
+
 template <typename InT>
 inline void moe_combine_impl(
     const device InT* down,
@@ -40,36 +71,41 @@ inline void moe_combine_impl(
     threadgroup float* scratch,
     uint token,
     uint thread_index,
+    uint threads,
     uint simdgroup,
     uint lane) {
-  constexpr uint kSimdgroups = 8;  // COMBINE_SIMDGROUPS on the host
-  constexpr uint kThreads = 32 * kSimdgroups;
   // The whole threadgroup leaves together: the simd_sum and the barrier below have every
   // thread.
   if (token >= p.tokens) {
     return;
   }
   const uint H = p.hidden;
-  const uint S = p.slots;
-  const device float* w = weights + ulong(token) * S;
-  const device uint* slot_rows = rows + ulong(token) * S;
+  const device float* w = weights + ulong(token) * p.slots;
+  const device uint* slot_rows = rows + ulong(token) * p.slots;
   const ulong row = ulong(token) * H;
-
+  const bool in_registers = H <= kPer * threads;  // uniform over the threadgroup
+  float t[kPer];
   float squares = 0.0f;
-  for (uint j = thread_index; j < H; j += kThreads) {
-    float acc = 0.0f;
-    for (uint s = 0; s < S; ++s) {
-      const ulong r = p.gathered != 0 ? ulong(slot_rows[s]) : ulong(token) * S + s;
-      if (p.gathered != 0 && r >= p.down_rows) {
-        continue;
-      }
-      acc += w[s] * float(down[r * H + j]);
+  if (in_registers) {
+    for (uint k = 0; k < kPer; ++k) {
+      const uint j = thread_index + k * threads;
+      t[k] = j < H ? combine_column(down, slot_rows, w, p, token, j) : 0.0f;
     }
-    const InT total = p.has_residual != 0
-                          ? static_cast<InT>(float(residual[row + j]) + float(static_cast<InT>(acc)))
-                          : static_cast<InT>(acc);
-    sum[row + j] = total;
-    squares += float(total) * float(total);
+    for (uint k = 0; k < kPer; ++k) {
+      const uint j = thread_index + k * threads;
+      if (j < H) {
+        const InT total = combine_total(residual, p, row + j, t[k]);
+        sum[row + j] = total;
+        t[k] = float(total);
+        squares += t[k] * t[k];
+      }
+    }
+  } else {
+    for (uint j = thread_index; j < H; j += threads) {
+      const InT total = combine_total(residual, p, row + j, combine_column(down, slot_rows, w, p, token, j));
+      sum[row + j] = total;
+      squares += float(total) * float(total);
+    }
   }
   // Uniform over the threadgroup: every thread takes the same branch.
   if (p.has_norm == 0) {
@@ -80,14 +116,23 @@ inline void moe_combine_impl(
     scratch[simdgroup] = simdgroup_squares;
   }
   threadgroup_barrier(mem_flags::mem_threadgroup);
-  // Every thread sums the 8 partials in the same order: the same value everywhere.
+  // Every thread sums the partials in the same order: the same value everywhere.
   float total = 0.0f;
-  for (uint s = 0; s < kSimdgroups; ++s) {
+  for (uint s = 0; s < threads / 32; ++s) {
     total += scratch[s];
   }
   const float inv_rms = rsqrt(total / float(H) + p.eps);
-  for (uint j = thread_index; j < H; j += kThreads) {
-    normed[row + j] = static_cast<InT>(float(sum[row + j]) * inv_rms * float(norm_weight[j]));
+  if (in_registers) {
+    for (uint k = 0; k < kPer; ++k) {
+      const uint j = thread_index + k * threads;
+      if (j < H) {
+        normed[row + j] = static_cast<InT>(t[k] * inv_rms * float(norm_weight[j]));
+      }
+    }
+  } else {
+    for (uint j = thread_index; j < H; j += threads) {
+      normed[row + j] = static_cast<InT>(float(sum[row + j]) * inv_rms * float(norm_weight[j]));
+    }
   }
 }
 
@@ -103,13 +148,14 @@ inline void moe_combine_impl(
       device InT* sum [[buffer(5)]],                /* [N, H] */                  \
       device InT* normed [[buffer(6)]],             /* [N, H], if has_norm */     \
       constant MoeCombineParams& p [[buffer(7)]],                                 \
-      threadgroup float* scratch [[threadgroup(0)]],  /* [8] */                   \
+      threadgroup float* scratch [[threadgroup(0)]],  /* [32] */                  \
       uint3 tg [[threadgroup_position_in_grid]],                                  \
       uint thread_index [[thread_index_in_threadgroup]],                          \
+      uint3 tpg [[threads_per_threadgroup]],                                      \
       uint simdgroup [[simdgroup_index_in_threadgroup]],                          \
       uint lane [[thread_index_in_simdgroup]]) {                                  \
     moe_combine_impl<InT>(down, rows, weights, residual, norm_weight, sum, normed, \
-                          p, scratch, tg.x, thread_index, simdgroup, lane);       \
+                          p, scratch, tg.x, thread_index, tpg.x, simdgroup, lane); \
   }
 
 MOE_COMBINE(moe_combine_f32, float)

@@ -33,13 +33,11 @@ using namespace guarded;
 template <class InT>
 using CombineKernel = void (*)(const device InT*, const device uint*, const device float*, const device InT*,
                                const device InT*, device InT*, device InT*, constant MoeCombineParams&,
-                               threadgroup float*, uint3, uint, uint, uint);
+                               threadgroup float*, uint3, uint, uint3, uint, uint);
 
-// Mirrors COMBINE_SIMDGROUPS of ops/moe_combine/metal.rs.
-constexpr uint kCombineSimdgroups = 8;
 
 struct Case {
-  uint tokens, slots, hidden, has_norm;
+  uint tokens, slots, hidden, has_norm, threads;
   float eps;
   uint has_residual, gathered, down_rows;
   std::vector<float> down, weights, residual, norm_weight;
@@ -62,8 +60,9 @@ void run(const Case& c, CombineKernel<InT> kernel) {
   residual.fill(c.residual);
   norm_weight.fill(c.norm_weight);
   const MoeCombineParams params{c.tokens, c.slots, c.hidden, c.has_norm, c.eps, c.has_residual, c.gathered, c.down_rows};
-  const uint3 per_group{32 * kCombineSimdgroups, 1, 1};
-  const std::size_t scratch_bytes = kCombineSimdgroups * sizeof(float);
+  // The host's combine_threads(H), passed by the test.
+  const uint3 per_group{c.threads, 1, 1};
+  const std::size_t scratch_bytes = 32 * sizeof(float);
   metal_emu::dispatch_threadgroups(uint3{c.tokens, 1, 1}, per_group, scratch_bytes, [&](const metal_emu::ThreadIds& id) {
     // Unbound when unused (no rows unless gathered, no residual, no norm): a read would fault.
     kernel((const device InT*)down.data(), c.gathered != 0 ? (const device uint*)rows.data() : nullptr,
@@ -72,7 +71,7 @@ void run(const Case& c, CombineKernel<InT> kernel) {
            c.has_norm != 0 ? (const device InT*)norm_weight.data() : nullptr, (device InT*)sum.data(),
            c.has_norm != 0 ? (device InT*)normed.data() : nullptr, *(constant MoeCombineParams*)&params,
            id.threadgroup_memory_as<float>(), id.threadgroup_position_in_grid, id.thread_index_in_threadgroup,
-           id.simdgroup_index_in_threadgroup, id.thread_index_in_simdgroup);
+           id.threads_per_threadgroup, id.simdgroup_index_in_threadgroup, id.thread_index_in_simdgroup);
   });
   down.check();
   rows.check();
@@ -91,11 +90,12 @@ int main() {
   install_fault_handler("moe_combine_harness");
   char magic[8];
   if (std::fread(magic, 1, 8, stdin) != 8 || std::memcmp(magic, "COMBEMU2", 8) != 0) die("bad magic");
-  std::uint32_t h[9];
-  if (std::fread(h, sizeof(std::uint32_t), 9, stdin) != 9) die("short header");
-  Case c{h[1], h[2], h[3], h[4], 0.0f, h[6], h[7], h[8], {}, {}, {}, {}, {}};
+  std::uint32_t h[10];
+  if (std::fread(h, sizeof(std::uint32_t), 10, stdin) != 10) die("short header");
+  Case c{h[1], h[2], h[3], h[4], h[9], 0.0f, h[6], h[7], h[8], {}, {}, {}, {}, {}};
   std::memcpy(&c.eps, &h[5], 4);
   if (c.slots == 0 || c.hidden == 0) die("slots and hidden must be positive");
+  if (c.threads == 0 || c.threads % 32 != 0 || c.threads > 1024) die("threads must be whole simdgroups, at most 1024");
   if (c.has_norm > 1 || c.has_residual > 1 || c.gathered > 1) die("flags must be 0 or 1");
   const std::size_t pairs = std::size_t(c.tokens) * c.slots;
   c.down = read_raw<float>((c.gathered != 0 ? std::size_t(c.down_rows) : pairs) * c.hidden);

@@ -14,7 +14,7 @@ mod common;
 mod emu;
 
 use common::{close, failures, tensor, values, Input, Rng, Ty, TYPES};
-use gdn_ops::ops::add_rms_norm::{add_rms_norm, AddRmsNormParams};
+use gdn_ops::ops::add_rms_norm::{add_rms_norm, row_threads, AddRmsNormParams};
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
@@ -49,6 +49,7 @@ fn check(c: &Case) -> Option<String> {
         .u32(c.cols as u32)
         .u32(c.delta as u32)
         .f32(eps)
+        .u32(row_threads(c.cols) as u32)
         .f32s(&residual)
         .f32s(&delta)
         .f32s(&weight);
@@ -77,7 +78,15 @@ fn shipped_add_rms_norm_kernels_match_the_cpu_twin() {
     let mut cases = vec![];
     let mut seed = 0;
     // Qwen3-Next-80B-A3B (H = 2048), the widest row, rows not a multiple of 32 wide, one column.
-    for (rows, cols) in [(1, 2048), (3, 200), (2, 8192), (4, 1), (5, 64), (2, 33)] {
+    for (rows, cols) in [
+        (1, 2048),
+        (3, 200),
+        (2, 8192),
+        (4, 1),
+        (5, 64),
+        (2, 33),
+        (1, 2600),
+    ] {
         for ty in TYPES {
             for delta in [true, false] {
                 seed += 1;

@@ -14,7 +14,7 @@ mod emu;
 
 use candle_core::{DType, Device, Tensor};
 use common::{failures, values, Input, Rng};
-use gdn_ops::ops::moe_combine::{moe_combine, moe_combine_rows, MoeCombineParams};
+use gdn_ops::ops::moe_combine::{combine_threads, moe_combine, moe_combine_rows, MoeCombineParams};
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
@@ -135,6 +135,7 @@ impl Case {
         input.u32(self.residual.is_some() as u32);
         input.u32(self.rows.is_some() as u32);
         input.u32(self.rows.as_ref().map_or(0, |_| self.down.dim(0).unwrap()) as u32);
+        input.u32(combine_threads(self.hidden) as u32);
         input.f32s(&values(&self.down));
         if let Some(rows) = &self.rows {
             for r in rows.flatten_all().unwrap().to_vec1::<u32>().unwrap() {
@@ -211,6 +212,8 @@ fn cases() -> Vec<Case> {
         out.push(Case::new(next(), dt, 1, 1, 77, true));
         out.push(Case::new(next(), dt, 4, 5, 256, false));
         out.push(Case::new(next(), dt, 1, 3, 16, false));
+        // Wider than a threadgroup's registers (4 × 1024 columns): the columns in turns.
+        out.push(Case::new(next(), dt, 1, 2, 4200, true));
         // The prefill form: a permutation of the pairs, with and without spare rows.
         out.push(Case::gathered(next(), dt, 3, 11, 2048, 0));
         out.push(Case::gathered(next(), dt, 7, 4, 200, 5));

@@ -43,6 +43,11 @@ inline float __uint_as_float(unsigned u) {
   std::memcpy(&f, &u, 4);
   return f;
 }
+inline float __int_as_float(int i) {
+  float f;
+  std::memcpy(&f, &i, 4);
+  return f;
+}
 inline unsigned __float_as_uint(float f) {
   unsigned u;
   std::memcpy(&u, &f, 4);
@@ -65,4 +70,4 @@ struct dim3 {
   unsigned x, y, z;
 };
 // Read only by the entry points, which the harness never calls.
-inline dim3 threadIdx, blockIdx;
+inline dim3 threadIdx, blockIdx, blockDim;

@@ -1,11 +1,11 @@
 //! CUDA host side of `kernels/add_rms_norm.cu`: one warp per row, four rows per block.
 
-use super::AddRmsNormParams;
+use super::{row_threads, AddRmsNormParams, PER_THREAD};
 use crate::backend::cuda::{
     cuda_device, function, launch, tensor, view, with_float_type, KernelSource,
 };
 use crate::backend::dtype_tag;
-use anyhow::Result;
+use anyhow::{ensure, Result};
 use candle_core::cuda_backend::cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg};
 use candle_core::cuda_backend::CudaDType;
 use candle_core::{CudaDevice, Tensor, WithDType};
@@ -16,7 +16,6 @@ const SOURCE: KernelSource = KernelSource {
     ptx: include_str!(concat!(env!("OUT_DIR"), "/add_rms_norm.ptx")),
 };
 /// Rows (warps) per block.
-const ROWS_PER_BLOCK: u32 = 4;
 
 // SAFETY: `AddRmsNormParams` is `repr(C)` of three u32 and an f32, as the kernel's struct.
 unsafe impl DeviceRepr for AddRmsNormParams {}
@@ -94,9 +93,14 @@ where
             None => args.arg(&normed),
         };
         args.arg(&normed).arg(&params);
+        ensure!(
+            cols <= PER_THREAD * 1024,
+            "{OP}: {cols} columns exceed the kernel's {}",
+            PER_THREAD * 1024
+        );
         let config = LaunchConfig {
-            grid_dim: ((rows as u32).div_ceil(ROWS_PER_BLOCK), 1, 1),
-            block_dim: (32, ROWS_PER_BLOCK, 1),
+            grid_dim: (rows as u32, 1, 1),
+            block_dim: (row_threads(cols) as u32, 1, 1),
             shared_mem_bytes: 0,
         };
         // SAFETY: arguments in the order and types of `add_rms_norm_*` in

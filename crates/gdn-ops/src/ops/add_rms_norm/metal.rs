@@ -3,7 +3,7 @@
 //! The geometry here is what `kernels/emu/add_rms_norm_harness.cpp` emulates; change both
 //! together.
 
-use super::AddRmsNormParams;
+use super::{row_threads, AddRmsNormParams};
 use crate::backend::dtype_tag;
 use crate::backend::metal::{
     encode, metal_buffer, metal_device, new_output, output, pipeline, Binding, KernelSource,
@@ -80,11 +80,12 @@ pub(crate) fn add_rms_norm(
             depth: 1,
         },
         MTLSize {
-            width: 32,
+            width: row_threads(cols),
             height: 1,
             depth: 1,
         },
-        0,
+        // The simdgroups' partial sums of squares: 32 floats.
+        32 * 4,
     )?;
     let shape = residual.shape().clone();
     let normed = output(dev, normed, shape.clone(), dtype);

@@ -8,7 +8,8 @@
 //! - `normed = round_InT(f32(sum) · rsqrt(mean(f32(sum)²) + eps) · f32(weight))`, the mean
 //!   over the row, from the rounded sum (as the composed add-then-norm sees it).
 //!
-//! Kernels: `kernels/add_rms_norm.{metal,cu}`, one simdgroup (warp) per row.
+//! Kernels: `kernels/add_rms_norm.{metal,cu}`, one threadgroup (block) per row of
+//! [`row_threads`] threads, each holding [`PER_THREAD`] of the row's values in registers.
 
 pub(crate) mod cpu;
 #[cfg(feature = "cuda")]
@@ -22,6 +23,18 @@ use candle_core::{DType, Device, Tensor, D};
 
 /// Widest row the kernels take (`hidden_size` is 2048 in Qwen3-Next-80B-A3B).
 pub const MAX_COLS: usize = 8192;
+
+/// Values of a row each thread holds (`kPer` in both kernels): a threadgroup of up to 1024
+/// threads takes a row of up to [`MAX_COLS`].
+pub const PER_THREAD: usize = 8;
+
+/// Threads of a row's threadgroup (block): [`PER_THREAD`] values each, whole simdgroups.
+/// One simdgroup walking a row in a loop waited on one load after another (30–60 µs per call
+/// on the H100, a quarter of a decode step, docs/perf-notes-gpu.md); a row's loads now go out
+/// together.
+pub fn row_threads(cols: usize) -> usize {
+    (cols.div_ceil(PER_THREAD).div_ceil(32) * 32).clamp(32, 1024)
+}
 
 /// `AddRmsNormParams` of kernels/params/add_rms_norm.h, field for field.
 #[repr(C)]

@@ -2,7 +2,7 @@
 //! [`AffineTensor`] (direct products for few activation rows, row dequantization for the
 //! rest), with the same meaning as the CPU twin in `affine_tensor.rs`.
 
-use super::{AffineParams, AffineTensor};
+use super::{wide, AffineParams, AffineTensor};
 use crate::backend::cuda::{
     cuda_device, function, launch, tensor, view, with_float_type, KernelSource,
 };
@@ -109,12 +109,29 @@ where
     S: CudaDType + DeviceRepr + WithDType,
 {
     const OP: &str = "affine matmul";
-    let (prefix, y_cols) = match kind {
-        Kind::Products => ("affine_products", m.rows),
-        Kind::Swiglu => ("affine_products_swiglu", m.rows / 2),
+    let y_cols = match kind {
+        Kind::Products => m.rows,
+        Kind::Swiglu => m.rows / 2,
+    };
+    let geometry = if wide_fits::<X>(m, x) {
+        let lpr = wide::lanes_per_row(m.bits, m.cols);
+        let rows = wide::rows_per_group(y_cols, out_rows, lpr, kind == Kind::Swiglu, sms(dev)?);
+        Geometry::Wide { lpr, rows }
+    } else {
+        Geometry::WarpPerRow
+    };
+    let name = match (geometry, kind) {
+        (Geometry::Wide { rows, .. }, Kind::Products) => {
+            format!("affine_wide_products_b{}_r{rows}", m.bits)
+        }
+        (Geometry::Wide { rows, .. }, Kind::Swiglu) => {
+            format!("affine_wide_swiglu_b{}_r{rows}", m.bits)
+        }
+        (Geometry::WarpPerRow, Kind::Products) => "affine_products".to_string(),
+        (Geometry::WarpPerRow, Kind::Swiglu) => "affine_products_swiglu".to_string(),
     };
     let name = format!(
-        "{prefix}_{}_{}",
+        "{name}_{}_{}",
         dtype_tag(X::DTYPE, OP)?,
         dtype_tag(S::DTYPE, OP)?
     );
@@ -147,21 +164,69 @@ where
             .arg(&y)
             .arg(&p)
             .arg(&experts);
-        let config = LaunchConfig {
-            grid_dim: (
-                (y_cols as u32).div_ceil(WARPS_PER_BLOCK),
-                out_rows as u32,
-                1,
-            ),
-            block_dim: (32, WARPS_PER_BLOCK, 1),
-            shared_mem_bytes: 0,
+        let lpr_arg;
+        let config = match geometry {
+            Geometry::Wide { lpr, rows } => {
+                lpr_arg = lpr as u32;
+                args.arg(&lpr_arg);
+                LaunchConfig {
+                    grid_dim: (wide::blocks_x(y_cols, lpr, rows) as u32, out_rows as u32, 1),
+                    block_dim: (32 * wide::WARPS as u32, 1, 1),
+                    shared_mem_bytes: 0,
+                }
+            }
+            Geometry::WarpPerRow => LaunchConfig {
+                grid_dim: (
+                    (y_cols as u32).div_ceil(WARPS_PER_BLOCK),
+                    out_rows as u32,
+                    1,
+                ),
+                block_dim: (32, WARPS_PER_BLOCK, 1),
+                shared_mem_bytes: 0,
+            },
         };
         // SAFETY: arguments in the order and types of `affine_products_*` and
-        // `affine_products_swiglu_*` in kernels/affine.cu; x holds (out_rows - 1) / x_div + 1
-        // rows of cols values.
+        // `affine_products_swiglu_*` (and, with the trailing lanes-per-row, `affine_wide_*`) in
+        // kernels/affine.cu; x holds (out_rows - 1) / x_div + 1 rows of cols values; the wide
+        // kernels' 16-byte loads were checked to be aligned (`wide_fits`).
         unsafe { launch(args, config) }?;
     }
     Ok(tensor(y, dev, (out_rows, y_cols)))
+}
+
+/// Which products kernel a launch takes.
+#[derive(Clone, Copy)]
+enum Geometry {
+    /// `affine_products*`: one warp per output row, any width (the reference for the rest).
+    WarpPerRow,
+    /// `affine_wide_*`: `lpr` lanes per row, `rows` outputs per row group (see [`wide`]).
+    Wide { lpr: usize, rows: usize },
+}
+
+/// Whether the wide kernels take this matrix and input: its width and groups ([`wide::covers`])
+/// and 16-byte alignment of every load (the packed rows and x's rows start on 16 bytes).
+fn wide_fits<X: WithDType>(m: &AffineTensor, x: &Tensor) -> bool {
+    let x_bytes = std::mem::size_of::<X>();
+    wide::covers(m.bits, m.group_size, m.cols)
+        && m.packed.layout().start_offset().is_multiple_of(4)
+        && (x.layout().start_offset() * x_bytes).is_multiple_of(16)
+        && (m.cols * x_bytes).is_multiple_of(16)
+}
+
+/// The device's streaming multiprocessors (the wide kernels size their grids by it), read once
+/// per device.
+fn sms(dev: &CudaDevice) -> Result<usize> {
+    use candle_core::cuda_backend::cudarc::driver::sys::CUdevice_attribute;
+    use std::sync::OnceLock;
+    static SMS: OnceLock<usize> = OnceLock::new();
+    if let Some(n) = SMS.get() {
+        return Ok(*n);
+    }
+    let n = dev
+        .cuda_stream()
+        .context()
+        .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?;
+    Ok(*SMS.get_or_init(|| n.max(1) as usize))
 }
 
 /// Rows of the stacked matrix dequantized into `dtype`: the rows listed in `ids` or the

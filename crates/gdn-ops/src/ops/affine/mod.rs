@@ -17,6 +17,7 @@ pub mod grouped_tiles;
 pub mod metal;
 #[cfg(any(feature = "metal", target_os = "macos"))]
 pub mod metal_grouped;
+pub mod wide;
 
 use crate::affine::AffineMatrix;
 use crate::launches;

@@ -1,6 +1,6 @@
 //! CUDA host side of `kernels/moe_combine.cu`: one block per token row.
 
-use super::{Inputs, MoeCombineParams};
+use super::{combine_threads, Inputs, MoeCombineParams};
 use crate::backend::cuda::{
     cuda_device, function, launch, tensor, view, with_float_type, KernelSource,
 };
@@ -17,9 +17,6 @@ const SOURCE: KernelSource = KernelSource {
 
 // SAFETY: `MoeCombineParams` is `repr(C)` of u32 and f32 fields, as the kernel's struct.
 unsafe impl DeviceRepr for MoeCombineParams {}
-
-/// Threads per block (`kThreads` in the kernel: its reduction scratch is sized for it).
-const COMBINE_THREADS: u32 = 256;
 
 pub(crate) fn moe_combine(
     inputs: &Inputs,
@@ -91,7 +88,7 @@ fn moe_combine_as<T: CudaDType + DeviceRepr + WithDType>(
         args.arg(p);
         let config = LaunchConfig {
             grid_dim: (p.tokens, 1, 1),
-            block_dim: (COMBINE_THREADS, 1, 1),
+            block_dim: (combine_threads(hidden) as u32, 1, 1),
             shared_mem_bytes: 0,
         };
         // SAFETY: arguments in the order and types of `moe_combine_*` in

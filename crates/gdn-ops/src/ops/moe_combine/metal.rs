@@ -4,7 +4,7 @@
 //! The launch geometry here is what `kernels/emu/moe_combine_harness.cpp` emulates; change
 //! both together.
 
-use super::{Inputs, MoeCombineParams};
+use super::{combine_threads, Inputs, MoeCombineParams};
 use crate::backend::dtype_tag;
 use crate::backend::metal::{
     encode, metal_buffer, metal_device, new_output, output, pipeline, Binding, KernelSource,
@@ -21,9 +21,6 @@ const SOURCE: KernelSource = KernelSource {
         include_str!("../../../../../kernels/params/moe_combine.h"),
     )],
 };
-
-/// Simdgroups per threadgroup (one threadgroup per token row); the kernel's `kSimdgroups`.
-pub const COMBINE_SIMDGROUPS: usize = 8;
 
 pub(crate) fn moe_combine(
     inputs: &Inputs,
@@ -79,12 +76,12 @@ pub(crate) fn moe_combine(
             depth: 1,
         },
         MTLSize {
-            width: 32 * COMBINE_SIMDGROUPS,
+            width: combine_threads(hidden),
             height: 1,
             depth: 1,
         },
-        // One partial sum of squares per simdgroup.
-        COMBINE_SIMDGROUPS * std::mem::size_of::<f32>(),
+        // One partial sum of squares per simdgroup, 32 at most.
+        32 * std::mem::size_of::<f32>(),
     )?;
     Ok((
         output(&dev, sum, (tokens, hidden), dtype),

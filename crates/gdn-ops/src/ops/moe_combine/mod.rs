@@ -53,6 +53,17 @@ pub(crate) struct Inputs {
     norm_weight: Option<Tensor>,
 }
 
+/// Columns a thread keeps in registers (`kPer` in both kernels).
+pub const COMBINE_PER: usize = 4;
+
+/// Threads of a token's threadgroup (block): [`COMBINE_PER`] columns each, whole simdgroups,
+/// at most 1024; rows wider than `COMBINE_PER · 1024` take their columns in turns. A fixed
+/// 256 threads walking a decode step's row column after column spent ~24 µs per call on the
+/// H100 waiting on loads (docs/perf-notes-gpu.md, issue 25).
+pub fn combine_threads(hidden: usize) -> usize {
+    (hidden.div_ceil(COMBINE_PER).div_ceil(32) * 32).clamp(32, 1024)
+}
+
 /// Whether the kernels cover `slots` expert outputs per token of width `hidden` in `dtype`;
 /// the model falls back to the composed path otherwise.
 pub fn supports(slots: usize, hidden: usize, dtype: DType) -> bool {

@@ -1,0 +1,376 @@
+//! The body of the shipped wide decode products, `kernels/affine.cu`'s `affine_wide::wide_body`
+//! (the `affine_wide_{products,swiglu}_b<bits>_r<rows>_*` entry points: 16-byte chunks per
+//! lane, `lpr` lanes per row, several rows per row group), compiled as C++ with clang-19 on top
+//! of the Metal emulation plus the CUDA stand-ins (`kernels/emu/cuda/`), run on the CPU with the
+//! host's own geometry (`gdn_ops::ops::affine::wide`) by
+//! `kernels/emu/affine_wide_cuda_harness.cpp`, and compared with the CPU twin
+//! ([`AffineTensor::gather_matmul_t`], [`AffineTensor::gather_swiglu`],
+//! [`AffineTensor::matmul_t`] on the CPU). What it cannot check is the GPU itself (timing,
+//! the real shuffles): `tests/cuda_kernels.rs` and `tests/cuda_moe.rs` do, on the H100.
+//!
+//! Needs Debian's `clang-19` and `libclang-rt-19-dev`, like the other emulation tests; it
+//! never skips. `GDN_EMU_CXX` overrides the compiler.
+//!
+//! Gate: every element within 1 ulp of the activation type at the twin's value plus 1e-5 of
+//! max |y| (both sides round the same weights once and sum in f32, in different orders), every
+//! element written (the harness fails on an unwritten one), and NaN exactly where an expert id
+//! is out of range.
+
+mod common;
+mod emu;
+
+use candle_core::{Device, Tensor};
+use common::{close, failures, random_matrix, values, Input, Rng, Ty};
+use gdn_ops::ops::affine::{wide, AffineTensor};
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+
+/// Compiles the harness once per test binary.
+fn harness() -> &'static Path {
+    static HARNESS: OnceLock<PathBuf> = OnceLock::new();
+    HARNESS.get_or_init(|| {
+        let stand_ins = emu::workspace_root().join("kernels/emu/cuda");
+        emu::compile_harness(
+            "affine_wide_cuda_harness",
+            &["-I", stand_ins.to_str().expect("a UTF-8 path")],
+        )
+    })
+}
+
+/// How the products are gathered.
+#[derive(Clone, Copy, Debug)]
+enum Gather {
+    /// One expert, no ids: `tokens` rows of x, one output row each.
+    Dense,
+    /// `slots` expert ids per token, every slot of a token reading the token's row of x.
+    PerToken { slots: usize },
+    /// `slots` expert ids per token, a row of x per slot.
+    PerSlot { slots: usize },
+}
+
+struct Case {
+    x: Ty,
+    scales: Ty,
+    bits: usize,
+    group: usize,
+    experts: usize,
+    rows: usize,
+    cols: usize,
+    tokens: usize,
+    gather: Gather,
+    swiglu: bool,
+    /// Rows per row group, or `None` for the host's choice (at 132 SMs).
+    rows_per_group: Option<usize>,
+    /// An output row whose expert id is out of range (its outputs must be NaN).
+    bad_id: Option<usize>,
+    seed: u64,
+}
+
+/// Runs the kernel's body on one case; `None` when it matches the twin.
+fn check(c: &Case) -> Option<String> {
+    let mut rng = Rng::xorshift(c.seed);
+    let m = random_matrix(
+        &mut rng,
+        c.bits,
+        c.group,
+        [c.experts, c.rows, c.cols],
+        c.scales.dtype(),
+    );
+    let twin = AffineTensor::upload(&m, &Device::Cpu).unwrap();
+    let outputs = if c.swiglu { c.rows / 2 } else { c.rows };
+    let (slots, x_rows, x_div) = match c.gather {
+        Gather::Dense => (1, c.tokens, 1),
+        Gather::PerToken { slots } => (slots, c.tokens, slots),
+        Gather::PerSlot { slots } => (slots, c.tokens * slots, 1),
+    };
+    let out_rows = c.tokens * slots;
+    let x = rng.tensor_as(&[x_rows, c.cols], -1.0, 1.0, c.x.dtype());
+    let ids: Vec<u32> = (0..out_rows).map(|_| rng.below(c.experts) as u32).collect();
+    let ids_t = Tensor::from_vec(ids.clone(), (c.tokens, slots), &Device::Cpu).unwrap();
+    let want = match (c.gather, c.swiglu) {
+        (Gather::Dense, false) => twin.matmul_t(&x).unwrap(),
+        (Gather::PerToken { .. }, true) => twin.gather_swiglu(&x, &ids_t).unwrap(),
+        (Gather::PerToken { .. }, false) => twin.gather_matmul_t(&x, &ids_t).unwrap(),
+        (Gather::PerSlot { slots }, false) => {
+            let x3 = x.reshape((c.tokens, slots, c.cols)).unwrap();
+            twin.gather_matmul_t(&x3, &ids_t).unwrap()
+        }
+        (gather, true) => panic!("no SwiGLU case for {gather:?}"),
+    };
+    let want = values(&want);
+    let mut sent_ids = ids.clone();
+    if let Some(bad) = c.bad_id {
+        sent_ids[bad] = (c.experts + 3) as u32;
+    }
+    let lpr = wide::lanes_per_row(c.bits, c.cols);
+    let rows_per_group = c
+        .rows_per_group
+        .unwrap_or_else(|| wide::rows_per_group(outputs, out_rows, lpr, c.swiglu, 132));
+    let has_ids = !matches!(c.gather, Gather::Dense);
+    let mut input = Input::new(b"AWDCUDA1");
+    for v in [
+        c.experts,
+        c.rows,
+        c.cols,
+        c.bits,
+        c.group,
+        out_rows,
+        x_div,
+        has_ids as usize,
+        c.swiglu as usize,
+        rows_per_group,
+        lpr,
+        wide::blocks_x(outputs, lpr, rows_per_group),
+    ] {
+        input.u32(v as u32);
+    }
+    input.u32(c.x.code()).u32(c.scales.code());
+    m.packed().iter().for_each(|&w| {
+        input.u32(w);
+    });
+    input
+        .f32s(&values(&twin.scales))
+        .f32s(&values(&twin.biases))
+        .f32s(&values(&x));
+    if has_ids {
+        sent_ids.iter().for_each(|&i| {
+            input.u32(i);
+        });
+    }
+    let what = format!(
+        "x {} scales {} {}-bit g{} {}x{}x{} {:?} tokens {} {} rows/group {rows_per_group} lpr {lpr}",
+        c.x.name(),
+        c.scales.name(),
+        c.bits,
+        c.group,
+        c.experts,
+        c.rows,
+        c.cols,
+        c.gather,
+        c.tokens,
+        if c.swiglu { "swiglu" } else { "products" },
+    );
+    let mut got = match emu::run_harness(harness(), &input.0) {
+        Err(e) => return Some(format!("{what}: {e}")),
+        Ok(got) => got,
+    };
+    let mut want = want;
+    if let Some(bad) = c.bad_id {
+        let span = bad * outputs..(bad + 1) * outputs;
+        if let Some(i) = got[span.clone()].iter().position(|v| !v.is_nan()) {
+            return Some(format!(
+                "{what}: output row {bad} has an out-of-range expert id, yet [{i}] = {}",
+                got[span.start + i]
+            ));
+        }
+        // The rest must match the twin: drop the row on both sides.
+        got.drain(span.clone());
+        want.drain(span);
+    }
+    let result = close(&what, &got, &want, c.x, 1.0, 1e-5);
+    if result.is_none() {
+        eprintln!("{what}: ok");
+    }
+    result
+}
+
+fn cases() -> Vec<Case> {
+    let mut cases = vec![];
+    let mut seed = 0x5EED_A700;
+    let mut case = |x,
+                    scales,
+                    bits,
+                    group,
+                    [experts, rows, cols]: [usize; 3],
+                    tokens,
+                    gather,
+                    swiglu,
+                    rows_per_group,
+                    bad_id| {
+        seed += 1;
+        cases.push(Case {
+            x,
+            scales,
+            bits,
+            group,
+            experts,
+            rows,
+            cols,
+            tokens,
+            gather,
+            swiglu,
+            rows_per_group,
+            bad_id,
+            seed,
+        });
+    };
+    let tok = Gather::PerToken { slots: 3 };
+    // Every (x, scales) instantiation, both widths, both kinds, at 8 lanes a row (256 columns
+    // of 4 bits), rows that do not fill a block, every rows-per-group entry point.
+    for x in [Ty::F32, Ty::F16, Ty::Bf16] {
+        for scales in [Ty::F32, Ty::F16, Ty::Bf16] {
+            for r in [1, 2, 4] {
+                case(x, scales, 4, 64, [3, 70, 256], 1, tok, false, Some(r), None);
+            }
+            for r in [1, 2] {
+                case(x, scales, 8, 32, [3, 38, 256], 1, tok, true, Some(r), None);
+            }
+        }
+    }
+    // 16 and 32 lanes a row (512 and 2048 columns of 4 bits; 8 bits at 256 and 1024 columns),
+    // every group size, a row count of a partial block, more chunks than lanes (4096).
+    for (bits, group, cols) in [
+        (4, 32, 512),
+        (4, 128, 2048),
+        (8, 64, 256),
+        (8, 128, 1024),
+        (4, 64, 4096),
+    ] {
+        case(
+            Ty::Bf16,
+            Ty::Bf16,
+            bits,
+            group,
+            [2, 36, cols],
+            1,
+            tok,
+            false,
+            None,
+            None,
+        );
+        case(
+            Ty::Bf16,
+            Ty::Bf16,
+            bits,
+            group,
+            [2, 36, cols],
+            1,
+            tok,
+            true,
+            None,
+            None,
+        );
+    }
+    // Chunks not a multiple of the lanes (40 chunks of 32 lanes: lanes with 1 and 2 steps).
+    case(
+        Ty::F32,
+        Ty::Bf16,
+        4,
+        64,
+        [2, 24, 1280],
+        2,
+        tok,
+        false,
+        Some(4),
+        None,
+    );
+    // Two tokens, a row of x per slot (the experts' down products), and a dense product.
+    case(
+        Ty::Bf16,
+        Ty::Bf16,
+        4,
+        64,
+        [4, 40, 512],
+        2,
+        Gather::PerSlot { slots: 3 },
+        false,
+        Some(2),
+        None,
+    );
+    case(
+        Ty::F16,
+        Ty::F16,
+        4,
+        64,
+        [1, 52, 2048],
+        2,
+        Gather::Dense,
+        false,
+        Some(4),
+        None,
+    );
+    // 8 bits at 2048 and 4096 columns with f16 activations (large gate and up values).
+    case(
+        Ty::F16,
+        Ty::F16,
+        8,
+        32,
+        [2, 24, 2048],
+        1,
+        Gather::PerToken { slots: 1 },
+        true,
+        Some(1),
+        None,
+    );
+    case(
+        Ty::F16,
+        Ty::F32,
+        8,
+        64,
+        [2, 24, 4096],
+        1,
+        Gather::PerToken { slots: 1 },
+        true,
+        Some(2),
+        None,
+    );
+    // An out-of-range expert id: NaN in its row only.
+    case(
+        Ty::Bf16,
+        Ty::Bf16,
+        4,
+        64,
+        [3, 20, 512],
+        1,
+        Gather::PerToken { slots: 4 },
+        false,
+        Some(1),
+        Some(2),
+    );
+    case(
+        Ty::Bf16,
+        Ty::F32,
+        8,
+        64,
+        [3, 20, 512],
+        1,
+        Gather::PerToken { slots: 4 },
+        true,
+        Some(2),
+        Some(0),
+    );
+    cases
+}
+
+#[test]
+fn shipped_kernel_matches_the_cpu_twin() {
+    let cases = cases();
+    let failed = failures(&cases, check);
+    assert!(failed.is_empty(), "{}", failed.join("\n"));
+}
+
+/// The kernel's warps per block, as the host mirrors it, and the parameter struct the harness
+/// fills in field order.
+#[test]
+fn block_constant_and_params_match_the_host() {
+    let flat = emu::shipped_source("kernels/affine.cu");
+    let line = format!("constexpr uint32_t kWideWarps = {};", wide::WARPS);
+    assert!(flat.contains(&line), "missing `{line}`");
+    let fields: Vec<String> = emu::params_fields("affine.h", "AffineParams")
+        .into_iter()
+        .map(|(_, name)| name)
+        .collect();
+    assert_eq!(
+        fields,
+        [
+            "rows",
+            "cols",
+            "bits",
+            "group_size",
+            "out_rows",
+            "x_div",
+            "has_ids"
+        ],
+        "the harness builds AffineParams positionally"
+    );
+}

@@ -1,0 +1,133 @@
+// Runs the body of the shipped wide decode products of kernels/affine.cu
+// (affine_wide::wide_body, the `affine_wide_{products,swiglu}_b<bits>_r<rows>_*` entry points) on
+// the CPU through kernels/emu/cuda/cuda_emu.h, with the launch geometry of
+// crates/gdn-ops/src/ops/affine/wide.rs: blocks (blocks_x, out_rows) of kWideWarps warps. Used by
+// crates/gdn-ops/tests/affine_wide_cuda_emulation.rs, which compares with the CPU twin.
+//
+// stdin, little-endian: "AWDCUDA1", then u32 experts, rows, cols, bits, group_size, out_rows,
+// x_div, has_ids, swiglu, rows_per_group, lanes_per_row, blocks_x, x_type, scale_type (0 f32,
+// 1 f16, 2 bf16), then u32 packed [E * rows, cols * bits / 32], f32 scales and biases
+// [E * rows, cols / group_size] (exact in the scale type), f32 x [(out_rows - 1) / x_div + 1,
+// cols] (exact in the x type), u32 ids [out_rows] (present when has_ids).
+// stdout: f32 y [out_rows, outputs], outputs = rows (products) or rows / 2 (swiglu). Every
+// element must be written.
+//
+// Build: clang++-19 -std=c++17 -O2 --rtlib=compiler-rt -I kernels/emu/cuda -I kernels/emu
+//        -I kernels kernels/emu/affine_wide_cuda_harness.cpp
+
+#include "guarded_buffer.h"
+
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <vector>
+
+#include "cuda_emu.h"
+
+#include "../affine.cu"
+
+namespace {
+
+using guarded::Buffer;
+using guarded::Kind;
+
+struct Case {
+  AffineParams p;
+  std::uint32_t experts, swiglu, rows_per_group, lpr, blocks_x;
+  std::vector<std::uint32_t> packed, ids;
+  std::vector<float> scales, biases, x;
+};
+
+template <uint32_t BITS, uint32_t ROWS, bool SWIGLU, class X, class S>
+void run(const Case& c) {
+  const AffineParams& p = c.p;
+  const std::uint32_t outputs = SWIGLU ? p.rows / 2 : p.rows;
+  Buffer<uint> packed("packed", c.packed, Kind::kInput);
+  Buffer<S> scales("scales", c.scales, Kind::kInput);
+  Buffer<S> biases("biases", c.biases, Kind::kInput);
+  Buffer<X> x("x", c.x, Kind::kInput);
+  // Without ids the kernel must not read them: a one-element buffer whose read would fault
+  // only past its guard, so bind it and check nothing else.
+  Buffer<uint> ids("ids", c.p.has_ids ? c.ids : std::vector<std::uint32_t>{0}, Kind::kInput);
+  Buffer<X> y("y", std::size_t(p.out_rows) * outputs, Kind::kOutput);
+  const uint3 groups{c.blocks_x, p.out_rows, 1};
+  metal_emu::dispatch_threadgroups(groups, uint3{affine_wide::kWideWarps * 32, 1, 1}, [&](const metal_emu::ThreadIds& id) {
+    affine_wide::wide_body<BITS, ROWS, SWIGLU, X, S>(
+        packed.data(), scales.data(), biases.data(), x.data(), ids.data(), y.data(), p, c.experts, c.lpr,
+        id.thread_index_in_simdgroup, id.simdgroup_index_in_threadgroup, id.threadgroup_position_in_grid.x,
+        id.threadgroup_position_in_grid.y);
+  });
+  packed.check();
+  scales.check();
+  biases.check();
+  x.check();
+  ids.check();
+  y.check();
+  y.write_f32();
+}
+
+template <class X, class S>
+void run_for_shape(const Case& c) {
+  const bool sw = c.swiglu != 0;
+  const unsigned key = c.p.bits * 100 + c.rows_per_group * 10 + (sw ? 1 : 0);
+  switch (key) {
+    case 410: run<4, 1, false, X, S>(c); break;
+    case 420: run<4, 2, false, X, S>(c); break;
+    case 440: run<4, 4, false, X, S>(c); break;
+    case 810: run<8, 1, false, X, S>(c); break;
+    case 820: run<8, 2, false, X, S>(c); break;
+    case 840: run<8, 4, false, X, S>(c); break;
+    case 411: run<4, 1, true, X, S>(c); break;
+    case 421: run<4, 2, true, X, S>(c); break;
+    case 811: run<8, 1, true, X, S>(c); break;
+    case 821: run<8, 2, true, X, S>(c); break;
+    default: guarded::die("no entry point for these bits / rows per group / kind");
+  }
+}
+
+template <class X>
+void run_for_scales(const Case& c, std::uint32_t scale_type) {
+  switch (scale_type) {
+    case 0: run_for_shape<X, float>(c); break;
+    case 1: run_for_shape<X, __half>(c); break;
+    case 2: run_for_shape<X, __nv_bfloat16>(c); break;
+    default: guarded::die("unknown scale_type");
+  }
+}
+
+}  // namespace
+
+int main() {
+  guarded::install_fault_handler("affine_wide_cuda_harness");
+  std::uint32_t h[14];
+  guarded::read_header("AWDCUDA1", h);
+  Case c;
+  c.experts = h[0];
+  c.p = AffineParams{h[1], h[2], h[3], h[4], h[5], h[6], h[7]};
+  c.swiglu = h[8], c.rows_per_group = h[9], c.lpr = h[10], c.blocks_x = h[11];
+  const std::uint32_t x_type = h[12], scale_type = h[13];
+  const AffineParams& p = c.p;
+  // The host side's contract (ops/affine/wide.rs checks it).
+  if (p.bits != 4 && p.bits != 8) guarded::die("bits must be 4 or 8");
+  const std::uint32_t v = 128 / p.bits;
+  if (p.cols % v != 0 || p.cols / v < 8) guarded::die("cols must be whole 16-byte chunks, at least 8");
+  if (p.group_size % v != 0 || p.cols % p.group_size != 0) guarded::die("groups must hold whole chunks");
+  if (c.lpr != 8 && c.lpr != 16 && c.lpr != 32) guarded::die("lanes per row must be 8, 16 or 32");
+  if (c.experts == 0 || p.rows == 0 || p.out_rows == 0 || p.x_div == 0) guarded::die("empty shape");
+  const std::size_t stacked = std::size_t(c.experts) * p.rows;
+  c.packed = guarded::read_raw<std::uint32_t>(stacked * p.cols * p.bits / 32);
+  c.scales = guarded::read_raw<float>(stacked * p.cols / p.group_size);
+  c.biases = guarded::read_raw<float>(stacked * p.cols / p.group_size);
+  c.x = guarded::read_raw<float>(std::size_t((p.out_rows - 1) / p.x_div + 1) * p.cols);
+  if (p.has_ids) c.ids = guarded::read_raw<std::uint32_t>(p.out_rows);
+  guarded::expect_end();
+
+  switch (x_type) {
+    case 0: run_for_scales<float>(c, scale_type); break;
+    case 1: run_for_scales<__half>(c, scale_type); break;
+    case 2: run_for_scales<__nv_bfloat16>(c, scale_type); break;
+    default: guarded::die("unknown x_type");
+  }
+  return std::fflush(stdout) == 0 ? 0 : 1;
+}

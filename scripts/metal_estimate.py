@@ -1,0 +1,71 @@
+#!/usr/bin/env python3
+"""Decode speed of Qwen3-Next-80B-A3B 4-bit on Apple GPUs, on paper, from the efficiencies the
+same kernels' CUDA twins reach on the H100 (issue 25, item 5; docs/metal.md says how to read it).
+
+  python3 scripts/metal_estimate.py STEP.json [--h100-bandwidth 2.94e12] [--step-us 8700]
+
+STEP.json lists the launches of one decode step as measured on the H100
+(scripts/gpu/ncu_decode.py --json: kernel, us, DRAM bytes read and written). Each launch's time
+splits into a fixed cost L (the step's fastest launch: a kernel that moves nothing) and the time
+it spends on its bytes; the bytes part gives the kernel's achieved fraction of the H100's copy
+bandwidth, eta = bytes / ((t - L) * BW_h100), capped at 1. On a Mac the same kernel is charged
+bytes / (eta * BW_chip) plus Apple's cost of a dependent dispatch (5.16 us, measured on an M2
+Pro: docs/metal.md), plus 20 us per command buffer and one host sync per token. --step-us
+rescales the launches so that they sum to the step's time replayed as a graph (ncu flushes the
+caches before each kernel, which inflates small kernels); without it they are taken as measured.
+The benchmark's own launches after the step (candle's argmax and NaN check) are left out: the
+Mac build picks the token its own way.
+"""
+import argparse
+import json
+
+CHIPS = [("M3 Max", 400e9), ("M4 Max", 546e9), ("M3 Ultra", 819e9)]
+DISPATCH_US = 5.16
+COMMAND_BUFFER_US = 20.0
+BENCH_ONLY = ("fast_argmax", "fast_sum", "bsub")
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("step")
+    ap.add_argument("--h100-bandwidth", type=float, default=2.94e12)
+    ap.add_argument("--step-us", type=float, help="the step's graph-replayed time, to rescale ncu's")
+    ap.add_argument("--sync-ms", type=float, default=0.3, help="host sync per token")
+    ap.add_argument("--mlx-tok-s", type=float, default=67.7, help="mlx-lm on an M3 Ultra (peers-2026.md)")
+    a = ap.parse_args()
+    launches = [l for l in json.load(open(a.step)) if not l["kernel"].startswith(BENCH_ONLY)]
+    total_us = sum(l["us"] for l in launches)
+    scale = a.step_us / total_us if a.step_us else 1.0
+    fixed = min(l["us"] for l in launches) * scale
+    by_kind = {}
+    for l in launches:
+        t = l["us"] * scale
+        b = l["read"] + l["written"]
+        busy = max(t - fixed, 1e-3)
+        eta = min(1.0, b / (busy * 1e-6 * a.h100_bandwidth)) if b else 1.0
+        kind = by_kind.setdefault(l["kernel"], {"n": 0, "bytes": 0.0, "h100_us": 0.0, "eta_bytes": 0.0})
+        kind["n"] += 1
+        kind["bytes"] += b
+        kind["h100_us"] += t
+        kind["eta_bytes"] += b / eta if eta else 0.0  # bytes at 100% bandwidth equivalent
+    n = len(launches)
+    print(f"{n} launches, {total_us * scale:.0f} us on the H100 (fixed cost {fixed:.2f} us a launch), "
+          f"{sum(k['bytes'] for k in by_kind.values()) / 1e9:.3f} GB")
+    print("| kernel | launches | MB | H100 us | eta (of copy bandwidth, bytes part) |")
+    print("|---|---|---|---|---|")
+    for name, k in sorted(by_kind.items(), key=lambda kv: -kv[1]["h100_us"]):
+        eta = k["bytes"] / k["eta_bytes"] if k["eta_bytes"] else 1.0
+        print(f"| {name} | {k['n']} | {k['bytes'] / 1e6:.1f} | {k['h100_us']:.0f} | {eta * 100:.0f}% |")
+    print()
+    print(f"| chip | GB/s | bytes at measured eta, ms | dispatches, ms | tok/s | vs mlx-lm {a.mlx_tok_s} (M3 Ultra) |")
+    print("|---|---|---|---|---|---|")
+    for chip, bw in CHIPS:
+        bytes_ms = sum(k["eta_bytes"] for k in by_kind.values()) / bw * 1e3
+        dispatch_ms = (n * DISPATCH_US + COMMAND_BUFFER_US) / 1e3
+        step_ms = bytes_ms + dispatch_ms + a.sync_ms
+        ratio = f"{1e3 / step_ms / a.mlx_tok_s:.2f}x" if chip == "M3 Ultra" else ""
+        print(f"| {chip} | {bw / 1e9:.0f} | {bytes_ms:.2f} | {dispatch_ms:.2f} | {1e3 / step_ms:.1f} | {ratio} |")
+
+
+if __name__ == "__main__":
+    main()
