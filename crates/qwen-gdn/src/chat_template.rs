@@ -3,7 +3,12 @@
 //! `json.dumps(ensure_ascii=False)`, `raise_exception`, `strftime_now`, and the Python string /
 //! dict methods (minijinja-contrib's pycompat).
 
+mod budget;
+mod guards;
+mod rewrite;
+
 use anyhow::{bail, Context, Result};
+use minijinja::machinery::{self, Vm};
 use minijinja::value::{Kwargs, Value, ValueKind};
 use minijinja::{Environment, Error, ErrorKind};
 use serde_json::{Map, Value as Json};
@@ -17,6 +22,14 @@ pub const DEFAULT_FUEL: u64 = 10_000_000;
 pub const FUEL_ENV: &str = "QWEN_GDN_TEMPLATE_FUEL";
 /// Output bytes a template may write unless [`ChatTemplate::limit_output`] says otherwise.
 pub const DEFAULT_MAX_OUTPUT: usize = 64 << 20;
+/// Bytes of strings and lists a rendering may build in all (printed text, captures,
+/// concatenations, filter results): 64 MiB, or four times the output limit when that is more
+/// (a real template copies its messages a few times: trimmed, split, concatenated, printed).
+pub const DEFAULT_BYTES: usize = 64 << 20;
+/// The largest chat_template.jinja read, as for the other side files of a checkpoint.
+const MAX_SOURCE_BYTES: u64 = 64 << 20;
+/// Overrides the byte budget.
+pub const BYTES_ENV: &str = "QWEN_GDN_TEMPLATE_BYTES";
 
 /// Variables the caller fills in; `--chat-template-args` must not replace them (the prompt
 /// would be silently dropped).
@@ -28,6 +41,8 @@ pub struct ChatTemplate {
     name: String,
     fuel: u64,
     max_output: usize,
+    /// [`BYTES_ENV`], when set.
+    max_bytes: Option<usize>,
 }
 
 impl ChatTemplate {
@@ -36,10 +51,27 @@ impl ChatTemplate {
     /// model has none.
     pub fn from_dir(dir: &Path, tokenizer_config: Option<&Json>) -> Result<Option<Self>> {
         let file = dir.join("chat_template.jinja");
-        if file.is_file() {
-            let source = std::fs::read_to_string(&file)
-                .with_context(|| format!("cannot read {}", file.display()))?;
-            return Self::new(file.display().to_string(), source).map(Some);
+        // Not opened before it is known to be a file: opening a FIFO would block.
+        match std::fs::metadata(&file) {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => {
+                return Err(e).with_context(|| format!("cannot read {}", file.display()));
+            }
+            Ok(m) if !m.is_file() => bail!(
+                "{} is not a regular file (a folder, a FIFO or a device); the chat template \
+                 must be a file",
+                file.display()
+            ),
+            Ok(m) if m.len() > MAX_SOURCE_BYTES => bail!(
+                "{}: {} bytes, larger than a chat template may be ({MAX_SOURCE_BYTES})",
+                file.display(),
+                m.len()
+            ),
+            Ok(_) => {
+                let source = std::fs::read_to_string(&file)
+                    .with_context(|| format!("cannot read {}", file.display()))?;
+                return Self::new(file.display().to_string(), source).map(Some);
+            }
         }
         let name = dir.join("tokenizer_config.json").display().to_string();
         let source = match tokenizer_config.and_then(|c| c.get("chat_template")) {
@@ -63,10 +95,23 @@ impl ChatTemplate {
         env.set_lstrip_blocks(true);
         // Debug info would put the template source into the (one-line) error message.
         env.set_debug(false);
-        env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
-        env.set_formatter(|out, _state, value| out.write_str(&py_str(value)).map_err(Error::from));
+        // Bounded filters and methods, and the guards of the rewritten code (see render).
+        guards::register(&mut env);
+        // Every byte printed, into the output or into a capture, is counted first.
+        env.set_formatter(|out, _state, value| {
+            let text = match value.as_str() {
+                Some(s) if value.kind() == ValueKind::String => std::borrow::Cow::Borrowed(s),
+                _ => std::borrow::Cow::Owned(py_str(value)?),
+            };
+            budget::charge(text.len())?;
+            out.write_str(&text).map_err(Error::from)
+        });
         env.add_filter("tojson", tojson);
-        env.add_filter("string", |v: Value| py_str(&v));
+        env.add_filter("string", |v: Value| -> Result<String, Error> {
+            let s = py_str(&v)?;
+            budget::charge(s.len())?;
+            Ok(s)
+        });
         env.add_function("raise_exception", |msg: String| -> Result<Value, Error> {
             Err(Error::new(ErrorKind::InvalidOperation, msg))
         });
@@ -82,11 +127,21 @@ impl ChatTemplate {
                 .with_context(|| format!("{FUEL_ENV}={v:?}: expected a positive integer"))?,
         };
         env.set_fuel(Some(fuel));
+        let max_bytes = match std::env::var(BYTES_ENV) {
+            Err(_) => None,
+            Ok(v) => Some(
+                v.parse()
+                    .ok()
+                    .filter(|&n| n > 0)
+                    .with_context(|| format!("{BYTES_ENV}={v:?}: expected a positive integer"))?,
+            ),
+        };
         Ok(Self {
             env,
             name,
             fuel,
             max_output: DEFAULT_MAX_OUTPUT,
+            max_bytes,
         })
     }
 
@@ -128,49 +183,49 @@ impl ChatTemplate {
         }
         ctx.extend(extra.iter().map(|(k, v)| (k.clone(), v.clone())));
         let template = self.env.get_template("chat")?;
-        let mut out = Bounded {
-            text: Vec::new(),
-            max: self.max_output,
-        };
-        match template.render_captured_to(Value::from_serialize(&ctx), &mut out) {
-            Ok(_) => {}
-            Err(_) if out.text.len() > self.max_output => bail!(
+        // The compiled code with a budget check before each instruction that can build a
+        // large value by itself; minijinja's Template::render runs the same VM on the original.
+        let compiled = machinery::get_compiled_template(&template);
+        let code = rewrite::guarded(&compiled.instructions);
+        let blocks = compiled
+            .blocks
+            .iter()
+            .map(|(name, block)| (*name, rewrite::guarded(block)))
+            .collect();
+        let max_bytes = self.byte_budget();
+        let mut text = String::new();
+        let rendering = budget::Rendering::start(max_bytes);
+        let result = Vm::new(&self.env).eval(
+            &code,
+            Value::from_serialize(&ctx),
+            &blocks,
+            &mut machinery::make_string_output(&mut text),
+            compiled.initial_auto_escape,
+        );
+        match result {
+            Ok(_) if text.len() > self.max_output => bail!(
                 "chat template {}: the rendered prompt is larger than {} bytes",
                 self.name,
                 self.max_output
+            ),
+            Ok(_) => Ok(text),
+            Err(_) if rendering.exceeded() => bail!(
+                "chat template {}: building the prompt takes more than {max_bytes} bytes of text and lists; {BYTES_ENV} raises the limit",
+                self.name,
             ),
             Err(e) if e.kind() == ErrorKind::OutOfFuel => bail!(
                 "chat template {}: ran more than {} instructions (a runaway loop?); {FUEL_ENV} raises the limit",
                 self.name,
                 self.fuel
             ),
-            Err(e) => return Err(e).with_context(|| format!("chat template {}", self.name)),
+            Err(e) => Err(e).with_context(|| format!("chat template {}", self.name)),
         }
-        String::from_utf8(out.text)
-            .with_context(|| format!("chat template {}: output is not UTF-8", self.name))
-    }
-}
-
-/// The rendering's sink: it refuses the write that takes it past `max` bytes, which stops the
-/// template (keeping one byte more, so the caller can tell this from other write errors).
-struct Bounded {
-    text: Vec<u8>,
-    max: usize,
-}
-
-impl std::io::Write for Bounded {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        if self.text.len() + buf.len() > self.max {
-            let room = (self.max + 1).saturating_sub(self.text.len());
-            self.text.extend_from_slice(&buf[..room.min(buf.len())]);
-            return Err(std::io::Error::other("output limit reached"));
-        }
-        self.text.extend_from_slice(buf);
-        Ok(buf.len())
     }
 
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
+    /// [`BYTES_ENV`], else [`DEFAULT_BYTES`] or four times the output limit.
+    fn byte_budget(&self) -> usize {
+        self.max_bytes
+            .unwrap_or_else(|| DEFAULT_BYTES.max(self.max_output.saturating_mul(4)))
     }
 }
 
@@ -194,24 +249,35 @@ fn alias_reasoning(message: &Json) -> Json {
     Json::Object(out)
 }
 
-/// Python's `str(value)`, which is what jinja2 prints for `{{ value }}` and `|string`.
-fn py_str(v: &Value) -> String {
+/// Python's `str(value)`, which is what jinja2 prints for `{{ value }}` and `|string`; at most
+/// what the byte budget has left.
+fn py_str(v: &Value) -> Result<String, Error> {
+    let mut out = String::new();
     match v.kind() {
-        ValueKind::String => v.as_str().unwrap_or_default().to_string(),
-        ValueKind::Undefined => String::new(),
-        _ => py_repr(v),
+        ValueKind::String => push(&mut out, v.as_str().unwrap_or_default())?,
+        ValueKind::Undefined => {}
+        _ => py_repr(v, &mut out)?,
     }
+    Ok(out)
+}
+
+/// Appends `s`, refusing to grow `out` past what the byte budget has left.
+fn push(out: &mut String, s: &str) -> Result<(), Error> {
+    budget::check(out.len().saturating_add(s.len()))?;
+    out.push_str(s);
+    Ok(())
 }
 
 /// Python's `repr(value)` for the types a template sees (True, None, ['a'], {'k': 1}).
-fn py_repr(v: &Value) -> String {
+fn py_repr(v: &Value, out: &mut String) -> Result<(), Error> {
     match v.kind() {
-        ValueKind::Undefined => String::new(),
-        ValueKind::None => "None".into(),
-        ValueKind::Bool => if v.is_true() { "True" } else { "False" }.into(),
-        ValueKind::Number if !v.is_integer() => {
-            py_float(f64::try_from(v.clone()).unwrap_or(f64::NAN), false)
-        }
+        ValueKind::Undefined => {}
+        ValueKind::None => push(out, "None")?,
+        ValueKind::Bool => push(out, if v.is_true() { "True" } else { "False" })?,
+        ValueKind::Number if !v.is_integer() => push(
+            out,
+            &py_float(f64::try_from(v.clone()).unwrap_or(f64::NAN), false),
+        )?,
         ValueKind::String => {
             let s = v.as_str().unwrap_or_default();
             let q = if s.contains('\'') && !s.contains('"') {
@@ -219,7 +285,9 @@ fn py_repr(v: &Value) -> String {
             } else {
                 '\''
             };
-            let mut out = String::from(q);
+            // At most four bytes out per byte in (`\x01`).
+            budget::check(out.len().saturating_add(s.len().saturating_mul(4) + 2))?;
+            out.push(q);
             for c in s.chars() {
                 match c {
                     '\\' => out.push_str("\\\\"),
@@ -234,34 +302,32 @@ fn py_repr(v: &Value) -> String {
                 }
             }
             out.push(q);
-            out
         }
         ValueKind::Seq | ValueKind::Iterable => {
-            let items: Vec<String> = v
-                .try_iter()
-                .into_iter()
-                .flatten()
-                .map(|x| py_repr(&x))
-                .collect();
-            format!("[{}]", items.join(", "))
+            push(out, "[")?;
+            for (i, x) in v.try_iter().into_iter().flatten().enumerate() {
+                if i > 0 {
+                    push(out, ", ")?;
+                }
+                py_repr(&x, out)?;
+            }
+            push(out, "]")?;
         }
         ValueKind::Map => {
-            let items: Vec<String> = v
-                .try_iter()
-                .into_iter()
-                .flatten()
-                .map(|k| {
-                    format!(
-                        "{}: {}",
-                        py_repr(&k),
-                        py_repr(&v.get_item(&k).unwrap_or_default())
-                    )
-                })
-                .collect();
-            format!("{{{}}}", items.join(", "))
+            push(out, "{")?;
+            for (i, k) in v.try_iter().into_iter().flatten().enumerate() {
+                if i > 0 {
+                    push(out, ", ")?;
+                }
+                py_repr(&k, out)?;
+                push(out, ": ")?;
+                py_repr(&v.get_item(&k).unwrap_or_default(), out)?;
+            }
+            push(out, "}")?;
         }
-        _ => v.to_string(),
+        _ => push(out, &v.to_string())?,
     }
+    Ok(())
 }
 
 /// Python's `repr(float)`: shortest round-trip digits, positional for 1e-4 <= |x| < 1e16 (with a
@@ -307,12 +373,13 @@ fn tojson(value: &Value, kwargs: Kwargs) -> Result<String, Error> {
         Some(v) if v.kind() == ValueKind::String => {
             Some(v.as_str().unwrap_or_default().to_string())
         }
-        Some(v) => Some(
-            " ".repeat(
-                v.as_usize()
-                    .ok_or_else(|| Error::new(ErrorKind::InvalidOperation, "tojson: bad indent"))?,
-            ),
-        ),
+        Some(v) => {
+            let width = v
+                .as_usize()
+                .ok_or_else(|| Error::new(ErrorKind::InvalidOperation, "tojson: bad indent"))?;
+            budget::check(width)?;
+            Some(" ".repeat(width))
+        }
     };
     let (item_sep, key_sep) = match kwargs.get::<Option<Vec<String>>>("separators")? {
         Some(pair) if pair.len() == 2 => (pair[0].clone(), pair[1].clone()),
@@ -338,6 +405,7 @@ fn tojson(value: &Value, kwargs: Kwargs) -> Result<String, Error> {
     kwargs.assert_all_used()?;
     let mut out = String::new();
     style.write(value, 0, &mut out)?;
+    budget::charge(out.len())?;
     Ok(out)
 }
 
@@ -356,7 +424,7 @@ impl JsonStyle {
             ValueKind::Bool => out.push_str(if v.is_true() { "true" } else { "false" }),
             ValueKind::Number if v.is_integer() => out.push_str(&v.to_string()),
             ValueKind::Number => out.push_str(&py_float(f64::try_from(v.clone())?, true)),
-            ValueKind::String => self.write_str(v.as_str().unwrap_or_default(), out),
+            ValueKind::String => self.write_str(v.as_str().unwrap_or_default(), out)?,
             ValueKind::Seq | ValueKind::Iterable => {
                 let items: Vec<Value> = v.try_iter()?.collect();
                 self.write_container(out, level, ('[', ']'), &items, |item, out| {
@@ -372,8 +440,8 @@ impl JsonStyle {
                     entries.sort_by(|a, b| a.0.cmp(&b.0));
                 }
                 self.write_container(out, level, ('{', '}'), &entries, |(k, val), out| {
-                    self.write_str(k, out);
-                    out.push_str(&self.key_sep);
+                    self.write_str(k, out)?;
+                    push(out, &self.key_sep)?;
                     self.write(val, level + 1, out)
                 })?;
             }
@@ -400,20 +468,22 @@ impl JsonStyle {
             out.push(close);
             return Ok(());
         }
-        let newline = |out: &mut String, level: usize| {
+        let newline = |out: &mut String, level: usize| -> Result<(), Error> {
             if let Some(indent) = &self.indent {
+                budget::check(budget::mul_add(indent.len(), level, out.len() + 1))?;
                 out.push('\n');
                 out.push_str(&indent.repeat(level));
             }
+            Ok(())
         };
         for (i, item) in items.iter().enumerate() {
             if i > 0 {
-                out.push_str(&self.item_sep);
+                push(out, &self.item_sep)?;
             }
-            newline(out, level + 1);
+            newline(out, level + 1)?;
             each(item, out)?;
         }
-        newline(out, level);
+        newline(out, level)?;
         out.push(close);
         Ok(())
     }
@@ -436,7 +506,9 @@ impl JsonStyle {
         })
     }
 
-    fn write_str(&self, s: &str, out: &mut String) {
+    fn write_str(&self, s: &str, out: &mut String) -> Result<(), Error> {
+        // At most twelve bytes out per character in (a surrogate pair `\ud83d\ude00`).
+        budget::check(budget::mul_add(s.len(), 12, out.len() + 2))?;
         out.push('"');
         for c in s.chars() {
             match c {
@@ -457,6 +529,7 @@ impl JsonStyle {
             }
         }
         out.push('"');
+        Ok(())
     }
 }
 
