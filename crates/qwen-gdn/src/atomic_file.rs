@@ -12,13 +12,14 @@ use tempfile::NamedTempFile;
 /// not, is never replaced (the final rename refuses it atomically).
 pub fn write_new(path: &Path, bytes: &[u8]) -> Result<()> {
     let file = written_temporary(path, bytes)?;
-    file.persist_noclobber(path).map_err(|e| match e.error.kind() {
-        std::io::ErrorKind::AlreadyExists => anyhow::anyhow!(
-            "{} already exists; not overwritten (choose another name)",
-            path.display()
-        ),
-        _ => anyhow::Error::new(e.error).context(format!("cannot write {}", path.display())),
-    })?;
+    file.persist_noclobber(path)
+        .map_err(|e| match e.error.kind() {
+            std::io::ErrorKind::AlreadyExists => anyhow::anyhow!(
+                "{} already exists; not overwritten (choose another name)",
+                path.display()
+            ),
+            _ => anyhow::Error::new(e.error).context(format!("cannot write {}", path.display())),
+        })?;
     Ok(())
 }
 

@@ -23,9 +23,13 @@ pub const FUEL_ENV: &str = "QWEN_GDN_TEMPLATE_FUEL";
 /// Output bytes a template may write unless [`ChatTemplate::limit_output`] says otherwise.
 pub const DEFAULT_MAX_OUTPUT: usize = 64 << 20;
 /// Bytes of strings and lists a rendering may build in all (printed text, captures,
-/// concatenations, filter results): 64 MiB, or four times the output limit when that is more
-/// (a real template copies its messages a few times: trimmed, split, concatenated, printed).
+/// concatenations, filter results): 64 MiB, plus [`BYTES_PER_INPUT_BYTE`] per byte of its
+/// messages, tools and variables.
 pub const DEFAULT_BYTES: usize = 64 << 20;
+/// A real template copies its input several times (trimmed, split, through a macro, each
+/// `+` of a chain copying the text so far): the Qwen templates of tests/data/chat-templates
+/// build up to 6.4 bytes per byte of a conversation of long messages.
+pub const BYTES_PER_INPUT_BYTE: usize = 16;
 /// The largest chat_template.jinja read, as for the other side files of a checkpoint.
 const MAX_SOURCE_BYTES: u64 = 64 << 20;
 /// Overrides the byte budget.
@@ -192,7 +196,14 @@ impl ChatTemplate {
             .iter()
             .map(|(name, block)| (*name, rewrite::guarded(block)))
             .collect();
-        let max_bytes = self.byte_budget();
+        let input = json_bytes(&ctx["messages"])
+            .saturating_add(json_bytes(&ctx["tools"]))
+            .saturating_add(extra.values().map(json_bytes).sum());
+        let max_bytes = self.max_bytes.unwrap_or_else(|| {
+            BYTES_PER_INPUT_BYTE
+                .saturating_mul(input)
+                .saturating_add(DEFAULT_BYTES)
+        });
         let mut text = String::new();
         let rendering = budget::Rendering::start(max_bytes);
         let result = Vm::new(&self.env).eval(
@@ -213,6 +224,11 @@ impl ChatTemplate {
                 "chat template {}: building the prompt takes more than {max_bytes} bytes of text and lists; {BYTES_ENV} raises the limit",
                 self.name,
             ),
+            Err(_) if rendering.too_deep() => bail!(
+                "chat template {}: builds lists, maps or namespaces nested more than {} deep (or a namespace that holds itself)",
+                self.name,
+                budget::MAX_NESTING
+            ),
             Err(e) if e.kind() == ErrorKind::OutOfFuel => bail!(
                 "chat template {}: ran more than {} instructions (a runaway loop?); {FUEL_ENV} raises the limit",
                 self.name,
@@ -221,11 +237,15 @@ impl ChatTemplate {
             Err(e) => Err(e).with_context(|| format!("chat template {}", self.name)),
         }
     }
+}
 
-    /// [`BYTES_ENV`], else [`DEFAULT_BYTES`] or four times the output limit.
-    fn byte_budget(&self) -> usize {
-        self.max_bytes
-            .unwrap_or_else(|| DEFAULT_BYTES.max(self.max_output.saturating_mul(4)))
+/// About the bytes of `v` as JSON: its strings and keys, and a few bytes per other value.
+fn json_bytes(v: &Json) -> usize {
+    match v {
+        Json::String(s) => s.len() + 2,
+        Json::Array(items) => items.iter().map(json_bytes).sum::<usize>() + 2,
+        Json::Object(map) => map.iter().map(|(k, v)| k.len() + 4 + json_bytes(v)).sum(),
+        _ => 8,
     }
 }
 
@@ -679,5 +699,136 @@ mod tests {
             "F",
             "chat_template.jinja wins"
         );
+    }
+
+    /// Templates that build gigabytes from a few bytes of source, each a different way.
+    fn hostile() -> Vec<(&'static str, String)> {
+        let mut list: Vec<(&str, String)> = HOSTILE
+            .iter()
+            .map(|(what, source)| (*what, source.to_string()))
+            .collect();
+        list.push(("straight-line doubling", const_str_doubling()));
+        list.push(("raw text in a capture", raw_text_loop()));
+        list
+    }
+
+    const HOSTILE: [(&str, &str); 20] = [
+        ("doubling loop", "{% set ns = namespace(s='x') %}{% for i in range(40) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}{{ ns.s|length }}"),
+        ("doubling with +", "{% set ns = namespace(s='x') %}{% for i in range(40) %}{% set ns.s = ns.s + ns.s %}{% endfor %}"),
+        ("repetition", "{{ ('x' * 100000000)|length }}"),
+        ("huge indent", "{{ 'a\\nb'|indent(10000000000) }}"),
+        ("huge indent keyword", "{{ 'a\\nb'|indent(width=10000000000) }}"),
+        ("huge printf width", "{{ '%10000000000d'|format(1) }}"),
+        ("huge format width", "{{ '{:>10000000000}'.format(1) }}"),
+        ("centred by format", "{{ '{:^10000000000}'.format(1) }}"),
+        ("width from an argument", "{{ '{:{w}}'.format(1, w=10000000000) }}"),
+        ("star width", "{{ '%*d'|format(10000000000, 1) }}"),
+        ("range product", "{{ (range(100000)|list) * 100000 }}"),
+        ("range product joined", "{{ ((range(100000)|list) * 100000)|join(',') }}"),
+        ("range product in", "{{ -1 in (range(100000)|list) * 100000 * 100000 }}"),
+        ("list doubling", "{% set ns = namespace(l=[1]) %}{% for i in range(64) %}{% set ns.l = ns.l + ns.l %}{% endfor %}{{ ns.l|length }}"),
+        ("replace empty", "{% set ns = namespace(s='xxxxxxxxxx') %}{% for i in range(30) %}{% set ns.s = ns.s.replace('', 'yy') %}{% endfor %}"),
+        ("capture doubling", "{% set ns = namespace(s='x') %}{% for i in range(40) %}{% set t %}{{ ns.s }}{{ ns.s }}{% endset %}{% set ns.s = t %}{% endfor %}"),
+        ("macro doubling", "{% macro d(s, n) %}{% if n %}{{ d(s ~ s, n - 1) }}{% else %}{{ s|length }}{% endif %}{% endmacro %}{{ d('x', 40) }}"),
+        ("tojson indent", "{{ [1]|tojson(indent=10000000000) }}"),
+        ("unpacking", "{% set a, b = (range(100000)|list) * 100000000 %}"),
+        ("spread", "{{ range(*((range(100000)|list) * 100000000)) }}"),
+    ];
+
+    fn const_str_doubling() -> String {
+        let mut t = String::from("{% set s = 'x' %}");
+        for _ in 0..40 {
+            t.push_str("{% set s = s ~ s %}");
+        }
+        t + "{{ s|length }}"
+    }
+
+    fn raw_text_loop() -> String {
+        let text = "y".repeat(1000);
+        format!(
+            "{{% set t %}}{{% for i in range(100000) %}}{{% for j in range(1000) %}}{text}{{% endfor %}}{{% endfor %}}{{% endset %}}"
+        )
+    }
+
+    #[test]
+    fn hostile_templates_stop_at_the_byte_budget() {
+        for (what, source) in hostile() {
+            let start = std::time::Instant::now();
+            let t = ChatTemplate::new("t.jinja".into(), source).unwrap();
+            let err = t.render(&[], None, false, &Map::new()).map(|s| s.len());
+            let err = format!("{:#}", err.expect_err(what));
+            assert!(
+                err.contains("t.jinja")
+                    && err.contains("bytes of text and lists")
+                    && err.contains(BYTES_ENV),
+                "{what}: {err}"
+            );
+            assert!(!err.contains('\n'), "{what}: {err}");
+            assert!(
+                start.elapsed().as_secs() < 5,
+                "{what}: took {:?}",
+                start.elapsed()
+            );
+        }
+    }
+
+    /// Recursion and nesting, which would overflow the stack rather than the memory: each is
+    /// one error, quickly.
+    #[test]
+    fn deep_templates_end_in_one_error() {
+        let nested = "{% set ns = namespace(x=[]) %}{% for i in range(100000) %}{% set ns.x = [ns.x] %}{% endfor %}";
+        let cases = [
+            ("macro recursion", "{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}".to_string(), "recursion limit"),
+            ("loop recursion", "{% for x in [[1]] recursive %}{{ loop([x]) }}{% endfor %}".into(), "recursion limit"),
+            ("nested lists printed", format!("{nested}{{{{ ns.x }}}}"), "nested more than 256 deep"),
+            ("nested lists joined", format!("{nested}{{{{ ns.x ~ '' }}}}"), "nested more than 256 deep"),
+            ("nested lists dropped", format!("{nested}done"), "nested more than 256 deep"),
+            ("nested maps", "{% set ns = namespace(x={}) %}{% for i in range(100000) %}{% set ns.x = {'a': ns.x} %}{% endfor %}".into(), "nested more than 256 deep"),
+            ("nested by a filter", "{% set ns = namespace(x=[1]) %}{% for i in range(100000) %}{% set ns.x = ns.x|batch(1) %}{% endfor %}".into(), "nested more than 256 deep"),
+            ("a namespace holding itself", "{% set ns = namespace(a=1) %}{% set ns.x = ns %}{{ ns }}".into(), "holds itself"),
+            ("a namespace holding itself in a list", "{% set ns = namespace(a=1) %}{% set ns.x = [{'k': ns}] %}{{ ns|tojson }}".into(), "holds itself"),
+            ("an unknown filter", "{{ 'x'|center(10000000000) }}".into(), "center is unknown"),
+        ];
+        for (what, source, needle) in cases {
+            let start = std::time::Instant::now();
+            let t = ChatTemplate::new("t.jinja".into(), source).unwrap();
+            let err = format!(
+                "{:#}",
+                t.render(&[], None, false, &Map::new()).expect_err(what)
+            );
+            assert!(
+                err.contains("t.jinja") && err.contains(needle),
+                "{what}: {err}"
+            );
+            assert!(
+                start.elapsed().as_secs() < 5,
+                "{what}: took {:?}",
+                start.elapsed()
+            );
+        }
+    }
+
+    /// The budget grows with the input: the real templates render a conversation of long
+    /// messages (they build about 6 bytes per byte of it) with the default budget.
+    #[test]
+    fn long_conversations_fit_the_default_budget() {
+        let big = "word ".repeat(1 << 20); // 5 MiB
+        let messages = [
+            serde_json::json!({"role": "system", "content": big}),
+            serde_json::json!({"role": "user", "content": big}),
+            serde_json::json!({"role": "assistant", "content": format!("<think>{big}</think>{big}")}),
+            serde_json::json!({"role": "user", "content": big}),
+        ];
+        for file in [
+            "qwen3-next-instruct.jinja",
+            "qwen3-next-thinking.jinja",
+            "qwen3.5.jinja",
+            "qwen3.6.jinja",
+        ] {
+            let source = std::fs::read_to_string(data_dir().join(file)).unwrap();
+            let t = ChatTemplate::new(file.into(), source).unwrap();
+            let text = t.render(&messages, None, true, &Map::new()).unwrap();
+            assert!(text.len() > 4 * big.len(), "{file}");
+        }
     }
 }

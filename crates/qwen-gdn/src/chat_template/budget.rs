@@ -21,7 +21,15 @@ thread_local! {
     /// Set when a check failed, so that the caller can tell the budget's error from others
     /// (the template may have caught or rewrapped it).
     static EXCEEDED: Cell<bool> = const { Cell::new(false) };
+    /// Set when a value nested too deep was refused.
+    static TOO_DEEP: Cell<bool> = const { Cell::new(false) };
 }
+
+/// How deep the lists, maps and namespaces a template builds may nest. Printing, comparing
+/// and dropping a value recurse once per level: a list nested a million deep (a loop of
+/// `{% set ns.x = [ns.x] %}`) or a namespace that holds itself would overflow the stack.
+/// Messages parsed from JSON are at most 128 deep (serde_json's limit).
+pub const MAX_NESTING: usize = 256;
 
 /// The budget of the rendering running on this thread, from `start` until dropped.
 pub struct Rendering(());
@@ -30,6 +38,7 @@ impl Rendering {
     pub fn start(bytes: usize) -> Self {
         LEFT.set(Some(bytes));
         EXCEEDED.set(false);
+        TOO_DEEP.set(false);
         Rendering(())
     }
 
@@ -37,12 +46,18 @@ impl Rendering {
     pub fn exceeded(&self) -> bool {
         EXCEEDED.get()
     }
+
+    /// Whether the rendering built (or tried to) a value nested past [`MAX_NESTING`].
+    pub fn too_deep(&self) -> bool {
+        TOO_DEEP.get()
+    }
 }
 
 impl Drop for Rendering {
     fn drop(&mut self) {
         LEFT.set(None);
         EXCEEDED.set(false);
+        TOO_DEEP.set(false);
     }
 }
 
@@ -161,4 +176,37 @@ pub fn built_bytes(v: &Value) -> usize {
         ValueKind::Seq | ValueKind::Map => v.len().unwrap_or(0).saturating_mul(VALUE_BYTES),
         _ => 0,
     }
+}
+
+/// Refuses `v` when it nests lists, maps or namespaces more than `levels` deep, or holds
+/// `not_inside` (a namespace about to hold `v`, which would then hold itself). The walk stops
+/// at that depth; each value it visits is charged one byte, so that the walks of a rendering
+/// are bounded as its building is.
+pub fn check_nesting(v: &Value, levels: usize, not_inside: Option<&Value>) -> Result<(), Error> {
+    let is_map = match v.kind() {
+        ValueKind::Seq | ValueKind::Iterable => false,
+        ValueKind::Map | ValueKind::Plain => true,
+        _ => return Ok(()),
+    };
+    if levels == 0 || not_inside.is_some_and(|ns| minijinja::tests::is_sameas(v, ns)) {
+        TOO_DEEP.set(true);
+        return Err(Error::new(
+            ErrorKind::InvalidOperation,
+            "value nested too deep",
+        ));
+    }
+    // Objects that cannot be enumerated (a macro, `loop`) hold nothing to walk.
+    let Ok(iter) = v.try_iter() else {
+        return Ok(());
+    };
+    for item in iter {
+        charge(1)?;
+        let child = if is_map {
+            v.get_item(&item).unwrap_or_default()
+        } else {
+            item
+        };
+        check_nesting(&child, levels - 1, not_inside)?;
+    }
+    Ok(())
 }

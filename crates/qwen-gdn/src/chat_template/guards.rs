@@ -8,7 +8,8 @@
 //! by the budget, so that iterating over it cannot run for ever either.
 
 use super::budget::{
-    self, built_bytes, charge, check, display_len, items, mul_add, str_len, VALUE_BYTES,
+    self, built_bytes, charge, check, check_nesting, display_len, items, mul_add, str_len,
+    MAX_NESTING, VALUE_BYTES,
 };
 use super::rewrite;
 use minijinja::value::{Rest, Value, ValueKind};
@@ -79,6 +80,17 @@ pub fn register(env: &mut Environment<'static>) {
         Ok(operands(lists.0))
     });
 
+    env.add_function(rewrite::NEST, |items: Rest<Value>| {
+        for item in items.iter() {
+            check_nesting(item, MAX_NESTING - 1, None)?;
+        }
+        Ok(operands(items.0))
+    });
+    env.add_function(rewrite::SET_ATTR, |value: Value, namespace: Value| {
+        check_nesting(&value, MAX_NESTING - 1, Some(&namespace))?;
+        Ok(operands(vec![value, namespace]))
+    });
+
     for (name, filter) in builtin_filters() {
         env.add_filter(
             name,
@@ -86,6 +98,8 @@ pub fn register(env: &mut Environment<'static>) {
                 check(filter_bytes(name, &args)?)?;
                 let out = filter.call(state, &args)?;
                 charge(built_bytes(&out))?;
+                // batch, slice, groupby, zip, items... put their input one level deeper.
+                check_nesting(&out, MAX_NESTING, None)?;
                 Ok(out)
             },
         );
@@ -94,6 +108,7 @@ pub fn register(env: &mut Environment<'static>) {
         check(method_bytes(value, method, args)?)?;
         let out = minijinja_contrib::pycompat::unknown_method_callback(state, value, method, args)?;
         charge(built_bytes(&out))?;
+        check_nesting(&out, MAX_NESTING, None)?;
         Ok(out)
     });
 }
@@ -175,7 +190,10 @@ fn filter_bytes(name: &str, args: &[Value]) -> Result<usize, Error> {
             let text = input.as_str().unwrap_or_default();
             mul_add(text.matches('\n').count() + 1, width, text.len())
         }
-        "format" => format_bytes(input.as_str().unwrap_or_default(), &args[1.min(args.len())..])?,
+        "format" => format_bytes(
+            input.as_str().unwrap_or_default(),
+            &args[1.min(args.len())..],
+        )?,
         "replace" => replace_bytes(&input, &arg(1), &arg(2)),
         "join" => join_bytes(&input, arg(1).as_str().unwrap_or_default())?,
         "split" => split_bytes(&input, arg(1).as_str()),
@@ -230,7 +248,10 @@ fn kwarg(args: &[Value], name: &str) -> Option<Value> {
 /// `text.replace(old, new)`: every match of `old` becomes `new` (an empty `old` matches
 /// between every two characters).
 fn replace_bytes(text: &Value, old: &Value, new: &Value) -> usize {
-    let (text, old) = (text.as_str().unwrap_or_default(), old.as_str().unwrap_or_default());
+    let (text, old) = (
+        text.as_str().unwrap_or_default(),
+        old.as_str().unwrap_or_default(),
+    );
     let matches = if old.is_empty() {
         text.chars().count() + 1
     } else {

@@ -21,6 +21,8 @@ pub const SLICE: &str = "~slice";
 pub const CONTAINS: &str = "~in";
 pub const UNPACK: &str = "~unpack";
 pub const SPREAD: &str = "~spread";
+pub const NEST: &str = "~nest";
+pub const SET_ATTR: &str = "~setattr";
 
 /// `code` with the guards inserted.
 pub fn guarded<'s>(code: &Instructions<'s>) -> Instructions<'s> {
@@ -59,6 +61,10 @@ fn expand<'s>(instr: &Instruction<'s>, start: &[u32]) -> Vec<Instruction<'s>> {
             instr.clone(),
         ]
     };
+    let nest = |operands: usize| match u16::try_from(operands) {
+        Ok(0) | Err(_) => vec![instr.clone()],
+        Ok(n) => guard(NEST, n),
+    };
     use Instruction as I;
     match instr {
         // Raw text is printed through the formatter, which counts every byte printed, into the
@@ -75,7 +81,15 @@ fn expand<'s>(instr: &Instruction<'s>, start: &[u32]) -> Vec<Instruction<'s>> {
             I::CallFunction(UNPACK, Some(2)),
             instr.clone(),
         ],
-        I::UnpackLists(n) => guard(SPREAD, *n as u16),
+        I::UnpackLists(n) => match u16::try_from(*n) {
+            Ok(n) => guard(SPREAD, n),
+            Err(_) => vec![instr.clone()],
+        },
+        // A literal list or map nests its items one level deeper.
+        I::BuildList(Some(n)) => nest(*n),
+        I::BuildMap(n) | I::BuildKwargs(n) => nest(n.saturating_mul(2)),
+        // A namespace could be made to hold itself.
+        I::SetAttr(_) => guard(SET_ATTR, 2),
         I::Jump(t) => vec![I::Jump(to(t))],
         I::JumpIfFalse(t) => vec![I::JumpIfFalse(to(t))],
         I::JumpIfFalseOrPop(t) => vec![I::JumpIfFalseOrPop(to(t))],
@@ -87,14 +101,11 @@ fn expand<'s>(instr: &Instruction<'s>, start: &[u32]) -> Vec<Instruction<'s>> {
         I::StoreLocal(_)
         | I::Lookup(_)
         | I::GetAttr(_)
-        | I::SetAttr(_)
         | I::GetItem
         | I::LoadConst(_)
-        // Literal maps and lists: as many items as the source spells.
-        | I::BuildMap(_)
-        | I::BuildKwargs(_)
+        // Merges maps already checked; a list of the items just unpacked from others.
         | I::MergeKwargs(_)
-        | I::BuildList(_)
+        | I::BuildList(None)
         | I::Sub
         | I::Div
         | I::IntDiv
