@@ -40,6 +40,19 @@ pub const BYTES_ENV: &str = "QWEN_GDN_TEMPLATE_BYTES";
 pub const RESERVED_VARIABLES: [&str; 4] =
     ["messages", "tools", "documents", "add_generation_prompt"];
 
+/// A rendering stopped by a limit (bytes, nesting, instructions): the template's fault, not
+/// its input's (the budget grows with the input), so `serve` answers it with a 500.
+#[derive(Debug)]
+pub struct TemplateLimit(String);
+
+impl std::fmt::Display for TemplateLimit {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for TemplateLimit {}
+
 pub struct ChatTemplate {
     env: Environment<'static>,
     name: String,
@@ -220,20 +233,20 @@ impl ChatTemplate {
                 self.max_output
             ),
             Ok(_) => Ok(text),
-            Err(_) if rendering.exceeded() => bail!(
+            Err(_) if rendering.exceeded() => Err(TemplateLimit(format!(
                 "chat template {}: building the prompt takes more than {max_bytes} bytes of text and lists; {BYTES_ENV} raises the limit",
                 self.name,
-            ),
-            Err(_) if rendering.too_deep() => bail!(
+            )).into()),
+            Err(_) if rendering.too_deep() => Err(TemplateLimit(format!(
                 "chat template {}: builds lists, maps or namespaces nested more than {} deep (or a namespace that holds itself)",
                 self.name,
                 budget::MAX_NESTING
-            ),
-            Err(e) if e.kind() == ErrorKind::OutOfFuel => bail!(
+            )).into()),
+            Err(e) if e.kind() == ErrorKind::OutOfFuel => Err(TemplateLimit(format!(
                 "chat template {}: ran more than {} instructions (a runaway loop?); {FUEL_ENV} raises the limit",
                 self.name,
                 self.fuel
-            ),
+            )).into()),
             Err(e) => Err(e).with_context(|| format!("chat template {}", self.name)),
         }
     }
