@@ -367,30 +367,15 @@ fn each_turn_prefills_only_its_new_tokens_and_replies_as_without_the_cache() {
 }
 
 /// Runs `chat` with `feed` writing its stdin (from a thread, until the child stops reading),
-/// and `limit_file_size`, when given, as the child's RLIMIT_FSIZE.
+/// and `file_size_limit`, when given, as the child's RLIMIT_FSIZE.
 fn chat_fed(
     model: &Path,
     feed: impl FnOnce(&mut dyn Write) -> std::io::Result<()> + Send + 'static,
-    limit_file_size: Option<u64>,
+    file_size_limit: Option<u64>,
 ) -> Output {
     let mut cmd = command(&["chat", "--model", model.to_str().unwrap(), "--temp", "0"]);
-    if let Some(bytes) = limit_file_size {
-        use std::os::unix::process::CommandExt;
-        // SAFETY: only async-signal-safe calls between fork and exec.
-        unsafe {
-            cmd.pre_exec(move || {
-                let limit = libc::rlimit {
-                    rlim_cur: bytes,
-                    rlim_max: bytes,
-                };
-                // Past the limit a write fails with EFBIG instead of killing the process.
-                libc::signal(libc::SIGXFSZ, libc::SIG_IGN);
-                if libc::setrlimit(libc::RLIMIT_FSIZE, &limit) != 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                Ok(())
-            });
-        }
+    if let Some(bytes) = file_size_limit {
+        limit_file_size(&mut cmd, bytes);
     }
     let mut child = cmd
         .stdin(Stdio::piped())
