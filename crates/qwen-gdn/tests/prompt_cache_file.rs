@@ -203,3 +203,28 @@ fn out_is_never_overwritten_without_force() {
     names.sort();
     assert_eq!(names, ["cache.safetensors", "notes.safetensors"]);
 }
+
+/// A prompt-cache file whose write fails (a full disk: a file-size limit here) leaves nothing
+/// in the folder, and the same name works once there is room.
+#[test]
+fn a_failed_write_leaves_nothing_and_can_be_retried() {
+    let model = fixture("qwen3.5-tiny-4bit");
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("cache.safetensors");
+    let mut cmd = command(&[
+        "cache-prompt",
+        "--model",
+        model.to_str().unwrap(),
+        "--prompt",
+        PREFIX,
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    limit_file_size(&mut cmd, 1000);
+    let failed = cmd.stdin(std::process::Stdio::null()).output().unwrap();
+    assert_error(&failed, &["cache.safetensors"]);
+    let left: Vec<_> = std::fs::read_dir(dir.path()).unwrap().collect();
+    assert!(left.is_empty(), "left behind: {left:?}");
+    let made = cache_prompt(&model, &out, &[]);
+    assert!(made.status.success(), "{}", stderr(&made));
+}

@@ -21,7 +21,11 @@ struct Server {
 
 impl Server {
     fn start(extra: &[&str], env: &[(&str, &str)]) -> Self {
-        let model = fixture(MODEL);
+        Self::start_on(&fixture(MODEL), extra, env)
+    }
+
+    /// A server of the checkpoint in `model`.
+    fn start_on(model: &std::path::Path, extra: &[&str], env: &[(&str, &str)]) -> Self {
         let mut args = vec!["serve", "--model", model.to_str().unwrap(), "--port", "0"];
         args.extend_from_slice(extra);
         let mut cmd = command(&args);
@@ -548,6 +552,36 @@ fn a_panic_is_answered_500_and_the_server_goes_on() {
             &json!({"messages": user("please PANIC-HERE"), "stream": stream}),
         );
         assert_api_error(status, &reply, 500, None, None);
+        let (status, reply) = server.post(
+            "/v1/chat/completions",
+            &json!({"messages": user("hello"), "max_tokens": 3}),
+        );
+        assert_eq!(status, 200, "{reply}");
+    }
+}
+
+#[test]
+fn a_template_past_its_limits_fails_only_its_request() {
+    // The model's own template, preceded by a string doubled forty times (a terabyte) when
+    // the last message says so.
+    let (_tmp, dir) = copy_fixture(MODEL);
+    let template = dir.join("chat_template.jinja");
+    let own = std::fs::read_to_string(&template).unwrap();
+    let bomb = "{% if messages[-1].content == 'explode' %}{% set ns = namespace(s='x') %}\
+                {% for i in range(40) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}{% endif %}";
+    std::fs::write(&template, format!("{bomb}{own}")).unwrap();
+    let server = Server::start_on(&dir, &[], &[]);
+    for stream in [false, true] {
+        let (status, reply) = server.post(
+            "/v1/chat/completions",
+            &json!({"messages": user("explode"), "stream": stream}),
+        );
+        assert_api_error(status, &reply, 500, None, None);
+        let message = reply["error"]["message"].as_str().unwrap();
+        assert!(
+            message.contains("chat template") && message.contains("QWEN_GDN_TEMPLATE_BYTES"),
+            "{message}"
+        );
         let (status, reply) = server.post(
             "/v1/chat/completions",
             &json!({"messages": user("hello"), "max_tokens": 3}),
