@@ -25,8 +25,8 @@ pub struct Args {
     /// Port to listen on; 0 picks a free one (the address is printed on stderr)
     #[arg(long, default_value_t = 8080)]
     pub port: u16,
-    /// Require `Authorization: Bearer <KEY>` on /v1/ requests [default: $QWEN_GDN_API_KEY,
-    /// which keeps the key out of the process list]
+    /// Require `Authorization: Bearer <KEY>` on /v1/ requests; an empty key is an error
+    /// [default: $QWEN_GDN_API_KEY, which keeps the key out of the process list]
     #[arg(long, value_name = "KEY")]
     pub api_key: Option<String>,
     /// Model name clients pass in `model` (repeatable) [default: the --model argument]
@@ -52,7 +52,8 @@ pub struct Args {
     /// Seconds a client has to send a request's whole body; then it is answered 408
     #[arg(long, default_value = "60", value_name = "SECS", value_parser = positive_seconds)]
     pub body_timeout: Duration,
-    /// Seconds an idle kept-alive connection stays open after its last response
+    /// Seconds a kept-alive connection waits for its next request after its last response;
+    /// then it is closed
     #[arg(long, default_value = "5", value_name = "SECS", value_parser = positive_seconds)]
     pub keep_alive_timeout: Duration,
 }

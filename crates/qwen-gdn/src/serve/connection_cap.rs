@@ -68,6 +68,8 @@ fn reserve_for(max: usize) -> usize {
 }
 
 /// The process's soft limit on open files; `None` when unlimited or unknown.
+// rlim_t is u64 on the platforms qwen-gdn runs on, narrower on some others.
+#[allow(clippy::useless_conversion)]
 pub fn descriptor_limit() -> Option<u64> {
     #[cfg(unix)]
     {
@@ -80,8 +82,6 @@ pub fn descriptor_limit() -> Option<u64> {
         if !ok || limit.rlim_cur == libc::RLIM_INFINITY {
             return None;
         }
-        // rlim_t is u64 on the platforms qwen-gdn runs on, narrower on some others.
-        #[allow(clippy::useless_conversion)]
         u64::try_from(limit.rlim_cur).ok()
     }
     #[cfg(not(unix))]
