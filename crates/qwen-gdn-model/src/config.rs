@@ -145,6 +145,30 @@ impl Fields<'_> {
     }
 }
 
+/// The special token ids of a config file (`eos_token_id`, `bos_token_id`, `pad_token_id`: an
+/// id or a list of them) must be tokens of the vocabulary: one past it would index past the
+/// embeddings, one past 2^32 would be wrapped into another token.
+fn check_token_ids(map: &Map<String, Value>, origin: &str, vocab_size: usize) -> Result<()> {
+    for key in ["eos_token_id", "bos_token_id", "pad_token_id"] {
+        let ids: Vec<&Value> = match map.get(key) {
+            None | Some(Value::Null) => continue,
+            Some(Value::Array(list)) => list.iter().collect(),
+            Some(one) => vec![one],
+        };
+        for v in ids {
+            match v.as_u64() {
+                Some(id) if id < vocab_size as u64 => {}
+                Some(id) => bail!(
+                    "{origin}: `{key}` = {id} is not a token of the vocabulary (vocab_size = {vocab_size})"
+                ),
+                None => bail!("{origin}: `{key}` must be a token id or a list of them, got {v}"),
+            }
+        }
+    }
+    Ok(())
+}
+
+/// An id or a list of them, already checked by [`check_token_ids`].
 fn parse_ids(v: Option<&Value>) -> Vec<u32> {
     match v {
         Some(Value::Number(n)) => n.as_u64().map(|x| vec![x as u32]).unwrap_or_default(),
@@ -203,6 +227,9 @@ impl Config {
         if let Some(gen_text) = read_json_text(&gen_path)? {
             let gen: Value = serde_json::from_str(&gen_text)
                 .with_context(|| format!("{}: invalid JSON", gen_path.display()))?;
+            if let Some(map) = gen.as_object() {
+                check_token_ids(map, &gen_path.display().to_string(), cfg.vocab_size)?;
+            }
             let ids = parse_ids(gen.get("eos_token_id"));
             if !ids.is_empty() {
                 cfg.eos_token_id = ids;
@@ -259,6 +286,10 @@ impl Config {
             }
         };
         cfg.validate(origin)?;
+        check_token_ids(root, origin, cfg.vocab_size)?;
+        if let Some(Value::Object(text_cfg)) = root.get("text_config") {
+            check_token_ids(text_cfg, origin, cfg.vocab_size)?;
+        }
         Ok(cfg)
     }
 

@@ -1,12 +1,14 @@
 //! Prompt-cache files: a saved and reloaded state continues exactly as the original (on every
 //! fixture, qwen4_exp's PLE windows and QSA indexer keys included), and a file made for
-//! another model, a damaged file, one with a wrong tensor or of another format version is
-//! refused with a one-line error naming the file.
+//! another model, a damaged file (a single flipped bit included), one with a wrong tensor or
+//! of another format version is refused with a one-line error naming the file.
 
 mod common;
 use candle_core::{Device, Tensor};
 use common::*;
-use qwen_gdn_model::prompt_cache::{load_cache, save_snapshot, ModelIdentity};
+use qwen_gdn_model::prompt_cache::{
+    load_cache, read_snapshot_header, save_snapshot, ModelIdentity,
+};
 use qwen_gdn_model::{Cache, Model};
 use std::collections::HashMap;
 use std::path::Path;
@@ -59,9 +61,9 @@ fn save_then_load_continues_exactly() {
         let ids = prompt(&model, n);
         let cache = prompt_state(&model, &ids);
         let path = dir.path().join(format!("{name}-{n}.safetensors"));
-        save_snapshot(&path, &ids, &cache, &id).unwrap();
+        save_snapshot(&path, &ids, &cache, &id, true).unwrap();
         // Saving again replaces our own file.
-        save_snapshot(&path, &ids, &cache, &id).unwrap();
+        save_snapshot(&path, &ids, &cache, &id, true).unwrap();
         let (tokens, mut loaded) = load_cache(&path, &model, &id).unwrap();
         assert_eq!(tokens, ids, "{name}");
         assert_eq!(loaded.offset, ids.len(), "{name}");
@@ -134,6 +136,7 @@ fn a_file_for_another_model_is_refused() {
         &ids,
         &prompt_state(&a, &ids),
         &identity("qwen3.5-tiny-4bit", &a),
+        false,
     )
     .unwrap();
     let err = load_error(&path, &b, &identity("qwen3.5-moe-tiny-4bit", &b));
@@ -165,7 +168,7 @@ fn damaged_files_are_refused_with_one_line() {
     let id = identity(name, &model);
     let ids = prompt(&model, 20);
     let good = dir.path().join("good.safetensors");
-    save_snapshot(&good, &ids, &prompt_state(&model, &ids), &id).unwrap();
+    save_snapshot(&good, &ids, &prompt_state(&model, &ids), &id, false).unwrap();
     let bytes = std::fs::read(&good).unwrap();
     let write = |file: &str, data: &[u8]| {
         let p = dir.path().join(file);
@@ -192,20 +195,12 @@ fn damaged_files_are_refused_with_one_line() {
 
     // Valid safetensors with our metadata, one tensor changed at a time.
     let tensors = candle_core::safetensors::load(&good, &Device::Cpu).unwrap();
-    let metadata: HashMap<String, String> = id
-        .fields()
-        .iter()
-        .map(|(k, v)| (k.to_string(), v.to_string()))
-        .chain([
-            ("format".into(), "qwen-gdn-prompt-cache".into()),
-            ("format_version".into(), "1".into()),
-        ])
-        .collect();
+    let metadata = file_metadata(&id, "3");
     let forged = |file: &str, change: &dyn Fn(&mut HashMap<String, Tensor>)| {
         let mut t = tensors.clone();
         change(&mut t);
         let p = dir.path().join(file);
-        safetensors::serialize_to_file(&t, Some(metadata.clone()), &p).unwrap();
+        safetensors::serialize_to_file(&t, Some(sealed(&t, metadata.clone())), &p).unwrap();
         p
     };
     let state = tensors["layers.0.state"].clone();
@@ -284,6 +279,7 @@ fn saving_never_overwrites_a_file_that_is_not_a_prompt_cache() {
         &ids,
         &prompt_state(&model, &ids),
         &identity(name, &model),
+        false,
     )
     .unwrap_err()
     .to_string();
@@ -291,26 +287,53 @@ fn saving_never_overwrites_a_file_that_is_not_a_prompt_cache() {
     assert_eq!(std::fs::read_to_string(&path).unwrap(), "mine");
 }
 
-/// The layout's version: files of version 1 (no qwen4_exp tensors) still load; another version
-/// is refused in one line. qwen4_exp's own tensors are checked like the others.
+/// A file's metadata as save_snapshot writes it, but for the checksums ([`sealed`]).
+fn file_metadata(id: &ModelIdentity, version: &str) -> HashMap<String, String> {
+    id.fields()
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .chain([
+            ("format".into(), "qwen-gdn-prompt-cache".into()),
+            ("format_version".into(), version.into()),
+            ("chat_template".into(), "false".into()),
+        ])
+        .collect()
+}
+
+/// `metadata` with the checksum of every tensor of `tensors`, as save_snapshot stores them.
+fn sealed(
+    tensors: &HashMap<String, Tensor>,
+    mut metadata: HashMap<String, String>,
+) -> HashMap<String, String> {
+    use sha2::{Digest, Sha256};
+    for (name, t) in tensors {
+        let digest = Sha256::digest(safetensors::View::data(t));
+        let hex: String = digest.iter().map(|b| format!("{b:02x}")).collect();
+        metadata.insert(format!("sha256.{name}"), hex);
+    }
+    metadata
+}
+
+/// The layout's version: files of versions 1 and 2 (no checksums) are refused with a line
+/// that says to re-create them, as is a version from the future. qwen4_exp's own tensors are
+/// checked like the others.
 #[test]
 fn versions_and_qwen4_exp_tensors_are_checked() {
     let dir = tempfile::tempdir().unwrap();
     let resave =
         |name: &str, from: &Path, version: &str, change: &dyn Fn(&mut HashMap<String, Tensor>)| {
             let model = load(name);
-            let mut metadata: HashMap<String, String> = identity(name, &model)
-                .fields()
-                .iter()
-                .map(|(k, v)| (k.to_string(), v.to_string()))
-                .collect();
-            metadata.insert("format".into(), "qwen-gdn-prompt-cache".into());
-            metadata.insert("format_version".into(), version.into());
+            let metadata = file_metadata(&identity(name, &model), version);
             let mut tensors = candle_core::safetensors::load(from, &Device::Cpu).unwrap();
             change(&mut tensors);
             let p = dir
                 .path()
                 .join(format!("{name}-{version}-{}.safetensors", tensors.len()));
+            let metadata = if version == "3" {
+                sealed(&tensors, metadata)
+            } else {
+                metadata
+            };
             safetensors::serialize_to_file(&tensors, Some(metadata), &p).unwrap();
             p
         };
@@ -320,18 +343,28 @@ fn versions_and_qwen4_exp_tensors_are_checked() {
         let ids = prompt(&model, 21);
         let cache = prompt_state(&model, &ids);
         let good = dir.path().join(format!("{name}.safetensors"));
-        save_snapshot(&good, &ids, &cache, &id).unwrap();
-        let v1 = resave(name, &good, "1", &|_| {});
-        let err = load_error(&resave(name, &good, "3", &|_| {}), &model, &id);
+        save_snapshot(&good, &ids, &cache, &id, false).unwrap();
+        for old in ["1", "2"] {
+            let err = load_error(&resave(name, &good, old, &|_| {}), &model, &id);
+            assert!(
+                err.contains(&format!(
+                    "format version {old} has no checksums and cannot be verified; re-create it"
+                )),
+                "{err}"
+            );
+        }
+        let err = load_error(&resave(name, &good, "4", &|_| {}), &model, &id);
         assert!(
-            err.contains("format version 3, this qwen-gdn reads versions 1 and 2"),
+            err.contains("format version 4, this qwen-gdn reads version 3"),
             "{err}"
         );
+        // A forged version-3 file with the right checksums loads as the original.
+        let (tokens, mut loaded) =
+            load_cache(&resave(name, &good, "3", &|_| {}), &model, &id).unwrap();
+        assert_eq!(tokens, ids);
+        let want = decode(&model, &mut cache.deep_clone().unwrap(), 5, 3);
+        assert!(decode(&model, &mut loaded, 5, 3) == want, "{name}");
         if name == "qwen3.5-tiny-4bit" {
-            let (tokens, mut loaded) = load_cache(&v1, &model, &id).unwrap();
-            assert_eq!(tokens, ids);
-            let want = decode(&model, &mut cache.deep_clone().unwrap(), 5, 3);
-            assert!(decode(&model, &mut loaded, 5, 3) == want, "version 1 file");
             continue;
         }
         // qwen4_exp: layers 1 and 3 have per-layer embeddings, layer 2 is the QSA layer
@@ -368,17 +401,67 @@ fn versions_and_qwen4_exp_tensors_are_checked() {
                 "unexpected tensor `layers.0.ple_window`",
             ),
         ] {
-            let err = load_error(&resave(name, &good, "2", &change), &model, &id);
+            let err = load_error(&resave(name, &good, "3", &change), &model, &id);
             assert!(err.contains(needle), "{what}: {err}");
         }
-        // A version-1 file cannot hold qwen4_exp's state: refused by its missing tensors.
-        let err = load_error(
-            &resave(name, &good, "1", &|t| {
-                t.retain(|k, _| !k.ends_with("ple_window") && !k.ends_with("index_keys"))
-            }),
-            &model,
-            &id,
-        );
-        assert!(err.contains("is missing"), "{err}");
     }
+}
+
+/// One flipped bit anywhere in the stored state or the token ids is refused, naming the
+/// tensor (qwen4_exp has every kind: conv and recurrent states, keys and values, PLE windows,
+/// indexer keys).
+#[test]
+fn a_flipped_bit_in_any_tensor_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let name = "qwen4-exp-tiny-4bit";
+    let model = load(name);
+    let id = identity(name, &model);
+    let ids = prompt(&model, 21);
+    let good = dir.path().join("good.safetensors");
+    save_snapshot(&good, &ids, &prompt_state(&model, &ids), &id, true).unwrap();
+    assert!(read_snapshot_header(&good).unwrap().chat_template);
+    let bytes = std::fs::read(&good).unwrap();
+    let (header_len, header) = safetensors::SafeTensors::read_metadata(&bytes).unwrap();
+    let data_start = 8 + header_len;
+    let names = header.offset_keys();
+    let kinds = [
+        "conv",
+        "state",
+        "keys",
+        "values",
+        "ple_window",
+        "index_keys",
+    ];
+    for kind in kinds {
+        assert!(
+            names.iter().any(|n| n.ends_with(&format!(".{kind}"))),
+            "no {kind} in {names:?}"
+        );
+    }
+    for name in &names {
+        let (start, end) = header.info(name).unwrap().data_offsets;
+        // The lowest bit of the first token id keeps it in the vocabulary: only the checksum
+        // can tell.
+        let at = if name == "tokens" {
+            data_start + start
+        } else {
+            data_start + (start + end) / 2
+        };
+        let mut damaged = bytes.clone();
+        damaged[at] ^= 1;
+        let file = dir.path().join(format!("flipped-{name}.safetensors"));
+        std::fs::write(&file, &damaged).unwrap();
+        let err = load_error(&file, &model, &id);
+        let what = if name == "tokens" {
+            "the token ids".to_string()
+        } else {
+            format!("tensor `{name}`")
+        };
+        assert!(
+            err.contains(&format!("checksum mismatch in {what}")),
+            "{name}: {err}"
+        );
+    }
+    // The untouched file still loads.
+    load_cache(&good, &model, &id).unwrap();
 }

@@ -91,12 +91,12 @@ pub fn run(args: Args) -> Result<ExitCode> {
     }
     let checkpoint = args.model.open()?;
     let (p, g) = (args.prompt_tokens, args.gen_tokens);
-    let what = format!("-p {p} plus -g {g}");
-    // Checked before the sum is formed: -p and -g each go up to usize::MAX.
+    // -p and -g each go up to usize::MAX: their true sum, in u128, is what the error shows.
     let limit = &checkpoint.input_limit;
-    limit.check_fits(p, &what)?;
-    limit.check_fits(g, &what)?;
-    limit.check_fits(p + g, &what)?;
+    let sum = p as u128 + g as u128;
+    if sum > limit.max_tokens as u128 {
+        return Err(limit.too_long(&format!("-p {p} plus -g {g}"), &format!("{sum} tokens")));
+    }
     let model = args.model.load_model(&checkpoint, p + g)?;
     let bound = token_bound(&checkpoint.tokenizer, model.config().vocab_size);
     let mut rng = StdRng::seed_from_u64(PROMPT_SEED);

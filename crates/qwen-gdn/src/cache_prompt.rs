@@ -24,8 +24,10 @@ use std::time::Instant;
                   message: `generate --prompt-cache-file P --prompt Q` continues it with Q, the \
                   end of the message and the generation prompt, as one message holding both \
                   texts. With --ignore-chat-template the prompt is raw text and Q follows it \
-                  as raw text.\nThe file records the model it was made with (config, weights, \
-                  GDN state dtype, compute dtype); another model refuses it."
+                  as raw text; generate must use the same setting (the file records it).\nThe \
+                  file records the model it was made with (config, weights, GDN state dtype, \
+                  compute dtype); another model refuses it. A checksum of every tensor and of \
+                  the token ids is checked when it is loaded."
 )]
 pub struct Args {
     #[command(flatten)]
@@ -100,7 +102,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
         None,
     )?;
     let start = Instant::now();
-    prompt_cache_file::prefill_and_save(&mut engine, &ids, &args.out)?;
+    prompt_cache_file::prefill_and_save(&mut engine, &ids, &args.out, template.is_some())?;
     let prefill_time = start.elapsed();
     let bytes = std::fs::metadata(&args.out).map_or(0, |m| m.len());
     eprint_line(&format!(

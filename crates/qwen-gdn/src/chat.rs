@@ -103,7 +103,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
         args: &args,
     };
     install_ctrl_c()?;
-    let mut reader = LineReader::new()?;
+    let mut reader = LineReader::new(session.engine.checkpoint().input_limit.max_bytes)?;
     if reader.is_terminal() {
         if !compile_time.is_zero() {
             eprint_line(&format!(
@@ -124,6 +124,14 @@ pub fn run(args: Args) -> Result<ExitCode> {
                 eprint_line(&format!("error: {problem}"));
                 continue;
             }
+            Line::TooLong => {
+                let limit = &session.engine.checkpoint().input_limit;
+                return Err(limit.too_long(
+                    "a line of stdin",
+                    &format!("more than {} bytes", limit.max_bytes),
+                ));
+            }
+            Line::Binary => bail!("a line of stdin holds a NUL byte: chat reads lines of text"),
         };
         match chat_command::parse(&line) {
             Err(problem) => eprint_line(&format!("error: {problem}")),

@@ -6,32 +6,36 @@ use rustyline::error::ReadlineError;
 use rustyline::DefaultEditor;
 use std::io::{BufRead, IsTerminal, Read};
 
-/// The longest line read from a pipe; a longer one is cut and reported instead of filling
-/// the memory (the prompt still has to fit the context, which is checked later).
-const MAX_PIPED_LINE: u64 = 64 << 20;
-
 pub enum Line {
     Text(String),
     /// Ctrl-C at the prompt.
     Interrupted,
     /// Ctrl-D, or the end of the piped input.
     End,
-    /// A piped line that cannot be a message (too long, not UTF-8): what is wrong with it.
+    /// A piped line that is not UTF-8 (skipped: the session goes on).
     Invalid(String),
+    /// A piped line longer than any message the context can hold (e.g. endless input
+    /// without a newline, such as /dev/zero): the session cannot go on reading lines.
+    TooLong,
+    /// A piped line holding a NUL byte: binary input, not messages.
+    Binary,
 }
 
 pub enum LineReader {
     Editor(Box<DefaultEditor>),
-    Piped(std::io::StdinLock<'static>),
+    /// stdin, and the longest line it may hold in bytes.
+    Piped(std::io::StdinLock<'static>, u64),
 }
 
 impl LineReader {
-    pub fn new() -> Result<Self> {
+    /// `max_line`: the most bytes a piped line may hold (the model's input limit); a longer
+    /// line is not read further.
+    pub fn new(max_line: u64) -> Result<Self> {
         if std::io::stdin().is_terminal() {
             let editor = DefaultEditor::new().context("starting the line editor")?;
             Ok(Self::Editor(Box::new(editor)))
         } else {
-            Ok(Self::Piped(std::io::stdin().lock()))
+            Ok(Self::Piped(std::io::stdin().lock(), max_line))
         }
     }
 
@@ -55,49 +59,32 @@ impl LineReader {
                 Err(ReadlineError::Eof) => Ok(Line::End),
                 Err(e) => Err(e).context("reading the terminal"),
             },
-            Self::Piped(stdin) => {
+            Self::Piped(stdin, max_line) => {
                 let mut bytes = Vec::new();
+                // One byte past the limit (plus the newline) tells a line at the limit from one
+                // past it.
                 let n = Read::by_ref(stdin)
-                    .take(MAX_PIPED_LINE)
+                    .take(max_line.saturating_add(2))
                     .read_until(b'\n', &mut bytes)
                     .context("reading stdin")?;
                 if n == 0 {
                     return Ok(Line::End);
                 }
-                if !bytes.ends_with(b"\n") && n as u64 == MAX_PIPED_LINE {
-                    skip_line(stdin)?;
-                    return Ok(Line::Invalid(format!(
-                        "a line of stdin is longer than {MAX_PIPED_LINE} bytes; skipped"
-                    )));
+                if bytes.ends_with(b"\n") {
+                    bytes.pop();
+                }
+                if bytes.len() as u64 > *max_line {
+                    return Ok(Line::TooLong);
+                }
+                if bytes.contains(&0) {
+                    return Ok(Line::Binary);
                 }
                 match String::from_utf8(bytes) {
-                    Ok(text) => Ok(Line::Text(
-                        text.trim_end_matches('\n').trim_end_matches('\r').into(),
-                    )),
+                    Ok(text) => Ok(Line::Text(text.trim_end_matches('\r').into())),
                     Err(_) => Ok(Line::Invalid(
                         "a line of stdin is not UTF-8; skipped".into(),
                     )),
                 }
-            }
-        }
-    }
-}
-
-/// Reads and drops the rest of the current line.
-fn skip_line(stdin: &mut impl BufRead) -> Result<()> {
-    loop {
-        let buf = stdin.fill_buf().context("reading stdin")?;
-        if buf.is_empty() {
-            return Ok(());
-        }
-        match buf.iter().position(|&b| b == b'\n') {
-            Some(i) => {
-                stdin.consume(i + 1);
-                return Ok(());
-            }
-            None => {
-                let n = buf.len();
-                stdin.consume(n);
             }
         }
     }

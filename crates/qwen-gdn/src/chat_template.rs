@@ -3,7 +3,12 @@
 //! `json.dumps(ensure_ascii=False)`, `raise_exception`, `strftime_now`, and the Python string /
 //! dict methods (minijinja-contrib's pycompat).
 
+mod budget;
+mod guards;
+mod rewrite;
+
 use anyhow::{bail, Context, Result};
+use minijinja::machinery::{self, Vm};
 use minijinja::value::{Kwargs, Value, ValueKind};
 use minijinja::{Environment, Error, ErrorKind};
 use serde_json::{Map, Value as Json};
@@ -17,17 +22,44 @@ pub const DEFAULT_FUEL: u64 = 10_000_000;
 pub const FUEL_ENV: &str = "QWEN_GDN_TEMPLATE_FUEL";
 /// Output bytes a template may write unless [`ChatTemplate::limit_output`] says otherwise.
 pub const DEFAULT_MAX_OUTPUT: usize = 64 << 20;
+/// Bytes of strings and lists a rendering may build in all (printed text, captures,
+/// concatenations, filter results): 64 MiB, plus [`BYTES_PER_INPUT_BYTE`] per byte of its
+/// messages, tools and variables.
+pub const DEFAULT_BYTES: usize = 64 << 20;
+/// A real template copies its input several times (trimmed, split, through a macro, each
+/// `+` of a chain copying the text so far): the Qwen templates of tests/data/chat-templates
+/// build up to 6.4 bytes per byte of a conversation of long messages.
+pub const BYTES_PER_INPUT_BYTE: usize = 16;
+/// The largest chat_template.jinja read, as for the other side files of a checkpoint.
+const MAX_SOURCE_BYTES: u64 = 64 << 20;
+/// Overrides the byte budget.
+pub const BYTES_ENV: &str = "QWEN_GDN_TEMPLATE_BYTES";
 
 /// Variables the caller fills in; `--chat-template-args` must not replace them (the prompt
 /// would be silently dropped).
 pub const RESERVED_VARIABLES: [&str; 4] =
     ["messages", "tools", "documents", "add_generation_prompt"];
 
+/// A rendering stopped by a limit (bytes, nesting, instructions): the template's fault, not
+/// its input's (the budget grows with the input), so `serve` answers it with a 500.
+#[derive(Debug)]
+pub struct TemplateLimit(String);
+
+impl std::fmt::Display for TemplateLimit {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for TemplateLimit {}
+
 pub struct ChatTemplate {
     env: Environment<'static>,
     name: String,
     fuel: u64,
     max_output: usize,
+    /// [`BYTES_ENV`], when set.
+    max_bytes: Option<usize>,
 }
 
 impl ChatTemplate {
@@ -36,10 +68,27 @@ impl ChatTemplate {
     /// model has none.
     pub fn from_dir(dir: &Path, tokenizer_config: Option<&Json>) -> Result<Option<Self>> {
         let file = dir.join("chat_template.jinja");
-        if file.is_file() {
-            let source = std::fs::read_to_string(&file)
-                .with_context(|| format!("cannot read {}", file.display()))?;
-            return Self::new(file.display().to_string(), source).map(Some);
+        // Not opened before it is known to be a file: opening a FIFO would block.
+        match std::fs::metadata(&file) {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => {
+                return Err(e).with_context(|| format!("cannot read {}", file.display()));
+            }
+            Ok(m) if !m.is_file() => bail!(
+                "{} is not a regular file (a folder, a FIFO or a device); the chat template \
+                 must be a file",
+                file.display()
+            ),
+            Ok(m) if m.len() > MAX_SOURCE_BYTES => bail!(
+                "{}: {} bytes, larger than a chat template may be ({MAX_SOURCE_BYTES})",
+                file.display(),
+                m.len()
+            ),
+            Ok(_) => {
+                let source = std::fs::read_to_string(&file)
+                    .with_context(|| format!("cannot read {}", file.display()))?;
+                return Self::new(file.display().to_string(), source).map(Some);
+            }
         }
         let name = dir.join("tokenizer_config.json").display().to_string();
         let source = match tokenizer_config.and_then(|c| c.get("chat_template")) {
@@ -63,10 +112,23 @@ impl ChatTemplate {
         env.set_lstrip_blocks(true);
         // Debug info would put the template source into the (one-line) error message.
         env.set_debug(false);
-        env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
-        env.set_formatter(|out, _state, value| out.write_str(&py_str(value)).map_err(Error::from));
+        // Bounded filters and methods, and the guards of the rewritten code (see render).
+        guards::register(&mut env);
+        // Every byte printed, into the output or into a capture, is counted first.
+        env.set_formatter(|out, _state, value| {
+            let text = match value.as_str() {
+                Some(s) if value.kind() == ValueKind::String => std::borrow::Cow::Borrowed(s),
+                _ => std::borrow::Cow::Owned(py_str(value)?),
+            };
+            budget::charge(text.len())?;
+            out.write_str(&text).map_err(Error::from)
+        });
         env.add_filter("tojson", tojson);
-        env.add_filter("string", |v: Value| py_str(&v));
+        env.add_filter("string", |v: Value| -> Result<String, Error> {
+            let s = py_str(&v)?;
+            budget::charge(s.len())?;
+            Ok(s)
+        });
         env.add_function("raise_exception", |msg: String| -> Result<Value, Error> {
             Err(Error::new(ErrorKind::InvalidOperation, msg))
         });
@@ -82,11 +144,21 @@ impl ChatTemplate {
                 .with_context(|| format!("{FUEL_ENV}={v:?}: expected a positive integer"))?,
         };
         env.set_fuel(Some(fuel));
+        let max_bytes = match std::env::var(BYTES_ENV) {
+            Err(_) => None,
+            Ok(v) => Some(
+                v.parse()
+                    .ok()
+                    .filter(|&n| n > 0)
+                    .with_context(|| format!("{BYTES_ENV}={v:?}: expected a positive integer"))?,
+            ),
+        };
         Ok(Self {
             env,
             name,
             fuel,
             max_output: DEFAULT_MAX_OUTPUT,
+            max_bytes,
         })
     }
 
@@ -128,49 +200,65 @@ impl ChatTemplate {
         }
         ctx.extend(extra.iter().map(|(k, v)| (k.clone(), v.clone())));
         let template = self.env.get_template("chat")?;
-        let mut out = Bounded {
-            text: Vec::new(),
-            max: self.max_output,
-        };
-        match template.render_captured_to(Value::from_serialize(&ctx), &mut out) {
-            Ok(_) => {}
-            Err(_) if out.text.len() > self.max_output => bail!(
+        // The compiled code with a budget check before each instruction that can build a
+        // large value by itself; minijinja's Template::render runs the same VM on the original.
+        let compiled = machinery::get_compiled_template(&template);
+        let code = rewrite::guarded(&compiled.instructions);
+        let blocks = compiled
+            .blocks
+            .iter()
+            .map(|(name, block)| (*name, rewrite::guarded(block)))
+            .collect();
+        let input = json_bytes(&ctx["messages"])
+            .saturating_add(json_bytes(&ctx["tools"]))
+            .saturating_add(extra.values().map(json_bytes).sum());
+        let max_bytes = self.max_bytes.unwrap_or_else(|| {
+            BYTES_PER_INPUT_BYTE
+                .saturating_mul(input)
+                .saturating_add(DEFAULT_BYTES)
+        });
+        let mut text = String::new();
+        let rendering = budget::Rendering::start(max_bytes);
+        let result = Vm::new(&self.env).eval(
+            &code,
+            Value::from_serialize(&ctx),
+            &blocks,
+            &mut machinery::make_string_output(&mut text),
+            compiled.initial_auto_escape,
+        );
+        match result {
+            Ok(_) if text.len() > self.max_output => bail!(
                 "chat template {}: the rendered prompt is larger than {} bytes",
                 self.name,
                 self.max_output
             ),
-            Err(e) if e.kind() == ErrorKind::OutOfFuel => bail!(
+            Ok(_) => Ok(text),
+            Err(_) if rendering.exceeded() => Err(TemplateLimit(format!(
+                "chat template {}: building the prompt takes more than {max_bytes} bytes of text and lists; {BYTES_ENV} raises the limit",
+                self.name,
+            )).into()),
+            Err(_) if rendering.too_deep() => Err(TemplateLimit(format!(
+                "chat template {}: builds lists, maps or namespaces nested more than {} deep (or a namespace that holds itself)",
+                self.name,
+                budget::MAX_NESTING
+            )).into()),
+            Err(e) if e.kind() == ErrorKind::OutOfFuel => Err(TemplateLimit(format!(
                 "chat template {}: ran more than {} instructions (a runaway loop?); {FUEL_ENV} raises the limit",
                 self.name,
                 self.fuel
-            ),
-            Err(e) => return Err(e).with_context(|| format!("chat template {}", self.name)),
+            )).into()),
+            Err(e) => Err(e).with_context(|| format!("chat template {}", self.name)),
         }
-        String::from_utf8(out.text)
-            .with_context(|| format!("chat template {}: output is not UTF-8", self.name))
     }
 }
 
-/// The rendering's sink: it refuses the write that takes it past `max` bytes, which stops the
-/// template (keeping one byte more, so the caller can tell this from other write errors).
-struct Bounded {
-    text: Vec<u8>,
-    max: usize,
-}
-
-impl std::io::Write for Bounded {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        if self.text.len() + buf.len() > self.max {
-            let room = (self.max + 1).saturating_sub(self.text.len());
-            self.text.extend_from_slice(&buf[..room.min(buf.len())]);
-            return Err(std::io::Error::other("output limit reached"));
-        }
-        self.text.extend_from_slice(buf);
-        Ok(buf.len())
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
+/// About the bytes of `v` as JSON: its strings and keys, and a few bytes per other value.
+fn json_bytes(v: &Json) -> usize {
+    match v {
+        Json::String(s) => s.len() + 2,
+        Json::Array(items) => items.iter().map(json_bytes).sum::<usize>() + 2,
+        Json::Object(map) => map.iter().map(|(k, v)| k.len() + 4 + json_bytes(v)).sum(),
+        _ => 8,
     }
 }
 
@@ -194,24 +282,35 @@ fn alias_reasoning(message: &Json) -> Json {
     Json::Object(out)
 }
 
-/// Python's `str(value)`, which is what jinja2 prints for `{{ value }}` and `|string`.
-fn py_str(v: &Value) -> String {
+/// Python's `str(value)`, which is what jinja2 prints for `{{ value }}` and `|string`; at most
+/// what the byte budget has left.
+fn py_str(v: &Value) -> Result<String, Error> {
+    let mut out = String::new();
     match v.kind() {
-        ValueKind::String => v.as_str().unwrap_or_default().to_string(),
-        ValueKind::Undefined => String::new(),
-        _ => py_repr(v),
+        ValueKind::String => push(&mut out, v.as_str().unwrap_or_default())?,
+        ValueKind::Undefined => {}
+        _ => py_repr(v, &mut out)?,
     }
+    Ok(out)
+}
+
+/// Appends `s`, refusing to grow `out` past what the byte budget has left.
+fn push(out: &mut String, s: &str) -> Result<(), Error> {
+    budget::check(out.len().saturating_add(s.len()))?;
+    out.push_str(s);
+    Ok(())
 }
 
 /// Python's `repr(value)` for the types a template sees (True, None, ['a'], {'k': 1}).
-fn py_repr(v: &Value) -> String {
+fn py_repr(v: &Value, out: &mut String) -> Result<(), Error> {
     match v.kind() {
-        ValueKind::Undefined => String::new(),
-        ValueKind::None => "None".into(),
-        ValueKind::Bool => if v.is_true() { "True" } else { "False" }.into(),
-        ValueKind::Number if !v.is_integer() => {
-            py_float(f64::try_from(v.clone()).unwrap_or(f64::NAN), false)
-        }
+        ValueKind::Undefined => {}
+        ValueKind::None => push(out, "None")?,
+        ValueKind::Bool => push(out, if v.is_true() { "True" } else { "False" })?,
+        ValueKind::Number if !v.is_integer() => push(
+            out,
+            &py_float(f64::try_from(v.clone()).unwrap_or(f64::NAN), false),
+        )?,
         ValueKind::String => {
             let s = v.as_str().unwrap_or_default();
             let q = if s.contains('\'') && !s.contains('"') {
@@ -219,7 +318,9 @@ fn py_repr(v: &Value) -> String {
             } else {
                 '\''
             };
-            let mut out = String::from(q);
+            // At most four bytes out per byte in (`\x01`).
+            budget::check(out.len().saturating_add(s.len().saturating_mul(4) + 2))?;
+            out.push(q);
             for c in s.chars() {
                 match c {
                     '\\' => out.push_str("\\\\"),
@@ -234,34 +335,32 @@ fn py_repr(v: &Value) -> String {
                 }
             }
             out.push(q);
-            out
         }
         ValueKind::Seq | ValueKind::Iterable => {
-            let items: Vec<String> = v
-                .try_iter()
-                .into_iter()
-                .flatten()
-                .map(|x| py_repr(&x))
-                .collect();
-            format!("[{}]", items.join(", "))
+            push(out, "[")?;
+            for (i, x) in v.try_iter().into_iter().flatten().enumerate() {
+                if i > 0 {
+                    push(out, ", ")?;
+                }
+                py_repr(&x, out)?;
+            }
+            push(out, "]")?;
         }
         ValueKind::Map => {
-            let items: Vec<String> = v
-                .try_iter()
-                .into_iter()
-                .flatten()
-                .map(|k| {
-                    format!(
-                        "{}: {}",
-                        py_repr(&k),
-                        py_repr(&v.get_item(&k).unwrap_or_default())
-                    )
-                })
-                .collect();
-            format!("{{{}}}", items.join(", "))
+            push(out, "{")?;
+            for (i, k) in v.try_iter().into_iter().flatten().enumerate() {
+                if i > 0 {
+                    push(out, ", ")?;
+                }
+                py_repr(&k, out)?;
+                push(out, ": ")?;
+                py_repr(&v.get_item(&k).unwrap_or_default(), out)?;
+            }
+            push(out, "}")?;
         }
-        _ => v.to_string(),
+        _ => push(out, &v.to_string())?,
     }
+    Ok(())
 }
 
 /// Python's `repr(float)`: shortest round-trip digits, positional for 1e-4 <= |x| < 1e16 (with a
@@ -307,12 +406,13 @@ fn tojson(value: &Value, kwargs: Kwargs) -> Result<String, Error> {
         Some(v) if v.kind() == ValueKind::String => {
             Some(v.as_str().unwrap_or_default().to_string())
         }
-        Some(v) => Some(
-            " ".repeat(
-                v.as_usize()
-                    .ok_or_else(|| Error::new(ErrorKind::InvalidOperation, "tojson: bad indent"))?,
-            ),
-        ),
+        Some(v) => {
+            let width = v
+                .as_usize()
+                .ok_or_else(|| Error::new(ErrorKind::InvalidOperation, "tojson: bad indent"))?;
+            budget::check(width)?;
+            Some(" ".repeat(width))
+        }
     };
     let (item_sep, key_sep) = match kwargs.get::<Option<Vec<String>>>("separators")? {
         Some(pair) if pair.len() == 2 => (pair[0].clone(), pair[1].clone()),
@@ -338,6 +438,7 @@ fn tojson(value: &Value, kwargs: Kwargs) -> Result<String, Error> {
     kwargs.assert_all_used()?;
     let mut out = String::new();
     style.write(value, 0, &mut out)?;
+    budget::charge(out.len())?;
     Ok(out)
 }
 
@@ -356,7 +457,7 @@ impl JsonStyle {
             ValueKind::Bool => out.push_str(if v.is_true() { "true" } else { "false" }),
             ValueKind::Number if v.is_integer() => out.push_str(&v.to_string()),
             ValueKind::Number => out.push_str(&py_float(f64::try_from(v.clone())?, true)),
-            ValueKind::String => self.write_str(v.as_str().unwrap_or_default(), out),
+            ValueKind::String => self.write_str(v.as_str().unwrap_or_default(), out)?,
             ValueKind::Seq | ValueKind::Iterable => {
                 let items: Vec<Value> = v.try_iter()?.collect();
                 self.write_container(out, level, ('[', ']'), &items, |item, out| {
@@ -372,8 +473,8 @@ impl JsonStyle {
                     entries.sort_by(|a, b| a.0.cmp(&b.0));
                 }
                 self.write_container(out, level, ('{', '}'), &entries, |(k, val), out| {
-                    self.write_str(k, out);
-                    out.push_str(&self.key_sep);
+                    self.write_str(k, out)?;
+                    push(out, &self.key_sep)?;
                     self.write(val, level + 1, out)
                 })?;
             }
@@ -400,20 +501,22 @@ impl JsonStyle {
             out.push(close);
             return Ok(());
         }
-        let newline = |out: &mut String, level: usize| {
+        let newline = |out: &mut String, level: usize| -> Result<(), Error> {
             if let Some(indent) = &self.indent {
+                budget::check(budget::mul_add(indent.len(), level, out.len() + 1))?;
                 out.push('\n');
                 out.push_str(&indent.repeat(level));
             }
+            Ok(())
         };
         for (i, item) in items.iter().enumerate() {
             if i > 0 {
-                out.push_str(&self.item_sep);
+                push(out, &self.item_sep)?;
             }
-            newline(out, level + 1);
+            newline(out, level + 1)?;
             each(item, out)?;
         }
-        newline(out, level);
+        newline(out, level)?;
         out.push(close);
         Ok(())
     }
@@ -436,7 +539,9 @@ impl JsonStyle {
         })
     }
 
-    fn write_str(&self, s: &str, out: &mut String) {
+    fn write_str(&self, s: &str, out: &mut String) -> Result<(), Error> {
+        // At most twelve bytes out per character in (a surrogate pair `\ud83d\ude00`).
+        budget::check(budget::mul_add(s.len(), 12, out.len() + 2))?;
         out.push('"');
         for c in s.chars() {
             match c {
@@ -457,6 +562,7 @@ impl JsonStyle {
             }
         }
         out.push('"');
+        Ok(())
     }
 }
 
@@ -606,5 +712,136 @@ mod tests {
             "F",
             "chat_template.jinja wins"
         );
+    }
+
+    /// Templates that build gigabytes from a few bytes of source, each a different way.
+    fn hostile() -> Vec<(&'static str, String)> {
+        let mut list: Vec<(&str, String)> = HOSTILE
+            .iter()
+            .map(|(what, source)| (*what, source.to_string()))
+            .collect();
+        list.push(("straight-line doubling", const_str_doubling()));
+        list.push(("raw text in a capture", raw_text_loop()));
+        list
+    }
+
+    const HOSTILE: [(&str, &str); 20] = [
+        ("doubling loop", "{% set ns = namespace(s='x') %}{% for i in range(40) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}{{ ns.s|length }}"),
+        ("doubling with +", "{% set ns = namespace(s='x') %}{% for i in range(40) %}{% set ns.s = ns.s + ns.s %}{% endfor %}"),
+        ("repetition", "{{ ('x' * 100000000)|length }}"),
+        ("huge indent", "{{ 'a\\nb'|indent(10000000000) }}"),
+        ("huge indent keyword", "{{ 'a\\nb'|indent(width=10000000000) }}"),
+        ("huge printf width", "{{ '%10000000000d'|format(1) }}"),
+        ("huge format width", "{{ '{:>10000000000}'.format(1) }}"),
+        ("centred by format", "{{ '{:^10000000000}'.format(1) }}"),
+        ("width from an argument", "{{ '{:{w}}'.format(1, w=10000000000) }}"),
+        ("star width", "{{ '%*d'|format(10000000000, 1) }}"),
+        ("range product", "{{ (range(100000)|list) * 100000 }}"),
+        ("range product joined", "{{ ((range(100000)|list) * 100000)|join(',') }}"),
+        ("range product in", "{{ -1 in (range(100000)|list) * 100000 * 100000 }}"),
+        ("list doubling", "{% set ns = namespace(l=[1]) %}{% for i in range(64) %}{% set ns.l = ns.l + ns.l %}{% endfor %}{{ ns.l|length }}"),
+        ("replace empty", "{% set ns = namespace(s='xxxxxxxxxx') %}{% for i in range(30) %}{% set ns.s = ns.s.replace('', 'yy') %}{% endfor %}"),
+        ("capture doubling", "{% set ns = namespace(s='x') %}{% for i in range(40) %}{% set t %}{{ ns.s }}{{ ns.s }}{% endset %}{% set ns.s = t %}{% endfor %}"),
+        ("macro doubling", "{% macro d(s, n) %}{% if n %}{{ d(s ~ s, n - 1) }}{% else %}{{ s|length }}{% endif %}{% endmacro %}{{ d('x', 40) }}"),
+        ("tojson indent", "{{ [1]|tojson(indent=10000000000) }}"),
+        ("unpacking", "{% set a, b = (range(100000)|list) * 100000000 %}"),
+        ("spread", "{{ range(*((range(100000)|list) * 100000000)) }}"),
+    ];
+
+    fn const_str_doubling() -> String {
+        let mut t = String::from("{% set s = 'x' %}");
+        for _ in 0..40 {
+            t.push_str("{% set s = s ~ s %}");
+        }
+        t + "{{ s|length }}"
+    }
+
+    fn raw_text_loop() -> String {
+        let text = "y".repeat(1000);
+        format!(
+            "{{% set t %}}{{% for i in range(100000) %}}{{% for j in range(1000) %}}{text}{{% endfor %}}{{% endfor %}}{{% endset %}}"
+        )
+    }
+
+    #[test]
+    fn hostile_templates_stop_at_the_byte_budget() {
+        for (what, source) in hostile() {
+            let start = std::time::Instant::now();
+            let t = ChatTemplate::new("t.jinja".into(), source).unwrap();
+            let err = t.render(&[], None, false, &Map::new()).map(|s| s.len());
+            let err = format!("{:#}", err.expect_err(what));
+            assert!(
+                err.contains("t.jinja")
+                    && err.contains("bytes of text and lists")
+                    && err.contains(BYTES_ENV),
+                "{what}: {err}"
+            );
+            assert!(!err.contains('\n'), "{what}: {err}");
+            assert!(
+                start.elapsed().as_secs() < 5,
+                "{what}: took {:?}",
+                start.elapsed()
+            );
+        }
+    }
+
+    /// Recursion and nesting, which would overflow the stack rather than the memory: each is
+    /// one error, quickly.
+    #[test]
+    fn deep_templates_end_in_one_error() {
+        let nested = "{% set ns = namespace(x=[]) %}{% for i in range(100000) %}{% set ns.x = [ns.x] %}{% endfor %}";
+        let cases = [
+            ("macro recursion", "{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}".to_string(), "recursion limit"),
+            ("loop recursion", "{% for x in [[1]] recursive %}{{ loop([x]) }}{% endfor %}".into(), "recursion limit"),
+            ("nested lists printed", format!("{nested}{{{{ ns.x }}}}"), "nested more than 256 deep"),
+            ("nested lists joined", format!("{nested}{{{{ ns.x ~ '' }}}}"), "nested more than 256 deep"),
+            ("nested lists dropped", format!("{nested}done"), "nested more than 256 deep"),
+            ("nested maps", "{% set ns = namespace(x={}) %}{% for i in range(100000) %}{% set ns.x = {'a': ns.x} %}{% endfor %}".into(), "nested more than 256 deep"),
+            ("nested by a filter", "{% set ns = namespace(x=[1]) %}{% for i in range(100000) %}{% set ns.x = ns.x|batch(1) %}{% endfor %}".into(), "nested more than 256 deep"),
+            ("a namespace holding itself", "{% set ns = namespace(a=1) %}{% set ns.x = ns %}{{ ns }}".into(), "holds itself"),
+            ("a namespace holding itself in a list", "{% set ns = namespace(a=1) %}{% set ns.x = [{'k': ns}] %}{{ ns|tojson }}".into(), "holds itself"),
+            ("an unknown filter", "{{ 'x'|center(10000000000) }}".into(), "center is unknown"),
+        ];
+        for (what, source, needle) in cases {
+            let start = std::time::Instant::now();
+            let t = ChatTemplate::new("t.jinja".into(), source).unwrap();
+            let err = format!(
+                "{:#}",
+                t.render(&[], None, false, &Map::new()).expect_err(what)
+            );
+            assert!(
+                err.contains("t.jinja") && err.contains(needle),
+                "{what}: {err}"
+            );
+            assert!(
+                start.elapsed().as_secs() < 5,
+                "{what}: took {:?}",
+                start.elapsed()
+            );
+        }
+    }
+
+    /// The budget grows with the input: the real templates render a conversation of long
+    /// messages (they build about 6 bytes per byte of it) with the default budget.
+    #[test]
+    fn long_conversations_fit_the_default_budget() {
+        let big = "word ".repeat(1 << 20); // 5 MiB
+        let messages = [
+            serde_json::json!({"role": "system", "content": big}),
+            serde_json::json!({"role": "user", "content": big}),
+            serde_json::json!({"role": "assistant", "content": format!("<think>{big}</think>{big}")}),
+            serde_json::json!({"role": "user", "content": big}),
+        ];
+        for file in [
+            "qwen3-next-instruct.jinja",
+            "qwen3-next-thinking.jinja",
+            "qwen3.5.jinja",
+            "qwen3.6.jinja",
+        ] {
+            let source = std::fs::read_to_string(data_dir().join(file)).unwrap();
+            let t = ChatTemplate::new(file.into(), source).unwrap();
+            let text = t.render(&messages, None, true, &Map::new()).unwrap();
+            assert!(text.len() > 4 * big.len(), "{file}");
+        }
     }
 }

@@ -1,8 +1,7 @@
 //! The messages of a `chat` session, as the chat template and OpenAI's API take them.
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use serde_json::{json, Value as Json};
-use std::io::Write;
 use std::path::Path;
 
 pub struct Conversation {
@@ -57,21 +56,8 @@ impl Conversation {
     pub fn save(&self, path: &Path) -> Result<()> {
         let mut text = serde_json::to_string_pretty(&self.messages)?;
         text.push('\n');
-        // create_new fails on anything already there, atomically: no check-then-write race.
-        let mut file = std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .open(path)
-            .map_err(|e| match e.kind() {
-                std::io::ErrorKind::AlreadyExists => anyhow::anyhow!(
-                    "{} already exists; not overwritten (choose another name)",
-                    path.display()
-                ),
-                _ => anyhow::Error::new(e).context(format!("cannot create {}", path.display())),
-            })?;
-        file.write_all(text.as_bytes())
-            .and_then(|_| file.sync_all())
-            .with_context(|| format!("writing {}", path.display()))
+        // Never over an existing file, and never a partial file when the write fails.
+        crate::atomic_file::write_new(path, text.as_bytes())
     }
 }
 

@@ -70,7 +70,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
         Some(path) => {
             // Before gigabytes of weights are loaded for nothing.
             prompt_cache_file::check_readable(path)?;
-            prompt_cache_file::continuation(&args.template, &checkpoint, &prompt, &what)?
+            prompt_cache_file::continuation(path, &args.template, &checkpoint, &prompt, &what)?
         }
         None => encode_prompt(&args, &checkpoint, &prompt, &what)?,
     };

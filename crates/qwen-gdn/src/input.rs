@@ -46,7 +46,8 @@ impl InputLimit {
         }
     }
 
-    fn too_long(&self, what: &str, detail: &str) -> anyhow::Error {
+    /// The error for `what` (named in it), too long for the context by `detail`.
+    pub fn too_long(&self, what: &str, detail: &str) -> anyhow::Error {
         anyhow::anyhow!(
             "{what} is {detail}, more than the context holds: max_position_embeddings = {} in {}",
             self.max_tokens,

@@ -2,6 +2,7 @@
 //! Hub. The flags follow `mlx_lm.generate` so that users of mlx-lm and llama.cpp feel at home.
 
 mod arg_ranges;
+mod atomic_file;
 mod bench;
 mod bench_profile;
 mod bench_prompt_cache;

@@ -34,7 +34,9 @@ fn probe(
 }
 
 /// The rendering of `text` as a user message up to the end of `text` (what cache-prompt
-/// prefills).
+/// prefills). The text is rendered with the probe after it and cut at the probe, so that its
+/// end stays as it is: a template that trims the message (Qwen's do) trims the whole
+/// message's ends, never the two halves' ends at the split.
 pub fn open_message(
     template: &ChatTemplate,
     system: Option<&str>,
@@ -43,15 +45,21 @@ pub fn open_message(
 ) -> Result<String> {
     let (probed, _, end) = probe(template, system, vars)?;
     let tail = &probed[end..];
-    let full = template.render(&messages(system, text), None, true, vars)?;
-    match full.strip_suffix(tail) {
-        Some(head) => Ok(head.to_string()),
-        None => bail!("the chat template ends this user message differently from others"),
+    let full = template.render(
+        &messages(system, &format!("{text}{PROBE}")),
+        None,
+        true,
+        vars,
+    )?;
+    match full.rfind(PROBE) {
+        Some(at) if &full[at + PROBE.len()..] == tail => Ok(full[..at].to_string()),
+        _ => bail!("the chat template ends this user message differently from others"),
     }
 }
 
 /// The rendering of `text` as a user message from `text` on (what follows a saved prompt
-/// cache): the text, the end of the message and the generation prompt.
+/// cache): the text, the end of the message and the generation prompt. As in
+/// [`open_message`], the text is rendered behind the probe, so its start stays as it is.
 pub fn message_rest(
     template: &ChatTemplate,
     text: &str,
@@ -59,10 +67,10 @@ pub fn message_rest(
 ) -> Result<String> {
     let (probed, start, _) = probe(template, None, vars)?;
     let head = &probed[..start];
-    let full = template.render(&messages(None, text), None, true, vars)?;
-    match full.strip_prefix(head) {
-        Some(rest) => Ok(rest.to_string()),
-        None => bail!("the chat template starts this user message differently from others"),
+    let full = template.render(&messages(None, &format!("{PROBE}{text}")), None, true, vars)?;
+    match full.find(PROBE) {
+        Some(at) if &full[..at] == head => Ok(full[at + PROBE.len()..].to_string()),
+        _ => bail!("the chat template starts this user message differently from others"),
     }
 }
 
@@ -97,5 +105,37 @@ mod tests {
         assert_eq!(head.clone() + &rest, whole);
         assert!(head.ends_with("It says"), "{head:?}");
         assert!(rest.starts_with("what?<|im_end|>"), "{rest:?}");
+    }
+
+    /// The template trims a message's ends; the split between the halves keeps its
+    /// whitespace, on either side of it.
+    #[test]
+    fn whitespace_at_the_split_is_kept() {
+        let t = template();
+        let vars = Map::new();
+        for (first, second) in [
+            ("The sea is", " blue"),
+            ("The sea is ", "blue"),
+            ("The sea is\n\n", "  blue"),
+        ] {
+            let head = open_message(&t, None, first, &vars).unwrap();
+            let rest = message_rest(&t, second, &vars).unwrap();
+            let whole = t
+                .render(
+                    &messages(None, &format!("{first}{second}")),
+                    None,
+                    true,
+                    &vars,
+                )
+                .unwrap();
+            assert_eq!(head.clone() + &rest, whole, "{first:?} + {second:?}");
+            assert!(head.ends_with(first), "{head:?}");
+            assert!(rest.starts_with(second), "{rest:?}");
+        }
+        // The whole message's own ends are still trimmed, as the template trims them.
+        let head = open_message(&t, None, "  The sea", &vars).unwrap();
+        assert!(head.ends_with("user\nThe sea"), "{head:?}");
+        let rest = message_rest(&t, " is blue \n", &vars).unwrap();
+        assert!(rest.starts_with(" is blue<|im_end|>"), "{rest:?}");
     }
 }

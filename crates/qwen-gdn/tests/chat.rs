@@ -365,3 +365,94 @@ fn each_turn_prefills_only_its_new_tokens_and_replies_as_without_the_cache() {
         }
     }
 }
+
+/// Runs `chat` with `feed` writing its stdin (from a thread, until the child stops reading),
+/// and `file_size_limit`, when given, as the child's RLIMIT_FSIZE.
+fn chat_fed(
+    model: &Path,
+    feed: impl FnOnce(&mut dyn Write) -> std::io::Result<()> + Send + 'static,
+    file_size_limit: Option<u64>,
+) -> Output {
+    let mut cmd = command(&["chat", "--model", model.to_str().unwrap(), "--temp", "0"]);
+    if let Some(bytes) = file_size_limit {
+        limit_file_size(&mut cmd, bytes);
+    }
+    let mut child = cmd
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    // A broken pipe (the child stopped reading) ends the feed.
+    let writer = std::thread::spawn(move || {
+        let _ = feed(&mut stdin);
+    });
+    let out = child.wait_with_output().unwrap();
+    writer.join().unwrap();
+    out
+}
+
+/// Piped input that cannot be messages ends the session with one error and a failure:
+/// a line longer than the context can hold (endless input without a newline included) and
+/// a NUL byte.
+#[test]
+fn endless_long_or_binary_input_ends_with_one_error() {
+    let model = fixture("qwen3.5-tiny-4bit");
+    let start = std::time::Instant::now();
+    // /dev/zero: NUL bytes without end.
+    let out = chat_fed(
+        &model,
+        |stdin| {
+            let mut zero = std::fs::File::open("/dev/zero")?;
+            std::io::copy(&mut zero, stdin).map(|_| ())
+        },
+        None,
+    );
+    assert_error(
+        &out,
+        &["a line of stdin", "bytes", "max_position_embeddings"],
+    );
+    // Text without a newline, for ever.
+    let out = chat_fed(
+        &model,
+        |stdin| loop {
+            stdin.write_all(&[b'a'; 1 << 16])?;
+        },
+        None,
+    );
+    assert_error(
+        &out,
+        &["a line of stdin", "bytes", "max_position_embeddings"],
+    );
+    let out = chat_fed(&model, |stdin| stdin.write_all(b"hello\0world\n"), None);
+    assert_error(&out, &["a line of stdin", "NUL"]);
+    assert!(start.elapsed().as_secs() < 60, "took {:?}", start.elapsed());
+}
+
+/// `/save` on a full disk (a file-size limit of 1 byte here) leaves no file, not even an empty
+/// one, and nothing else in the folder; the same name then saves once there is room.
+#[test]
+fn a_save_that_fails_leaves_nothing_and_can_be_retried() {
+    let model = fixture("qwen3.5-tiny-4bit");
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("chat.json");
+    let save = format!("/save {}\n", path.display());
+    let line = save.clone();
+    let out = chat_fed(
+        &model,
+        move |stdin| stdin.write_all(line.as_bytes()),
+        Some(1),
+    );
+    let err = stderr(&out);
+    assert!(out.status.success(), "{err}");
+    assert!(
+        err.starts_with("error: ") && err.lines().count() == 1 && err.contains("chat.json"),
+        "{err}"
+    );
+    let left: Vec<_> = std::fs::read_dir(dir.path()).unwrap().collect();
+    assert!(left.is_empty(), "left behind: {left:?}");
+    let out = chat_fed(&model, move |stdin| stdin.write_all(save.as_bytes()), None);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(read_json(&path), json!([]));
+}

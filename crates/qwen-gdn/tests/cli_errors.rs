@@ -249,3 +249,77 @@ fn devices_this_build_lacks() {
     );
     assert_error(&generate(&model, &["--dtype", "f64"]), &["--dtype", "f64"]);
 }
+
+/// Special token ids must be tokens of the vocabulary (2048 in the tiny models): an id past it,
+/// or past 2^32 (which would wrap to a small one), is refused naming the file and the field.
+#[test]
+fn token_ids_past_the_vocabulary() {
+    for (file, key, bad) in [
+        ("config.json", "eos_token_id", Json::from(2048)),
+        ("config.json", "eos_token_id", Json::from(1u64 << 32)),
+        (
+            "config.json",
+            "bos_token_id",
+            Json::from(vec![1u64, (1 << 32) + 1]),
+        ),
+        (
+            "generation_config.json",
+            "eos_token_id",
+            Json::from((1u64 << 32) + 1986),
+        ),
+        ("generation_config.json", "pad_token_id", Json::from(-1)),
+        ("generation_config.json", "eos_token_id", Json::from("1986")),
+    ] {
+        let (_tmp, dir) = copy_fixture(MODEL);
+        let path = dir.join(file);
+        edit_json(&path, |j| {
+            let map = if j.get("text_config").is_some() {
+                &mut j["text_config"]
+            } else {
+                j
+            };
+            map[key] = bad.clone();
+        });
+        assert_error(&generate(&dir, &[]), &[&display(&path), key]);
+    }
+}
+
+/// A chat_template.jinja that is not a file is refused, not skipped (the prompt would then run
+/// without the template, silently).
+#[test]
+fn a_template_that_is_not_a_file() {
+    let (_tmp, dir) = copy_fixture(MODEL);
+    let template = dir.join("chat_template.jinja");
+    std::fs::remove_file(&template).unwrap();
+    std::fs::create_dir(&template).unwrap();
+    assert_error(
+        &generate(&dir, &[]),
+        &[&display(&template), "not a regular file"],
+    );
+    std::fs::remove_dir(&template).unwrap();
+    let made = std::process::Command::new("mkfifo")
+        .arg(&template)
+        .status()
+        .unwrap();
+    assert!(made.success());
+    assert_error(
+        &generate(&dir, &[]),
+        &[&display(&template), "not a regular file"],
+    );
+}
+
+/// An index whose weight_map is empty names the index and says what is wrong, in a whole
+/// sentence.
+#[test]
+fn an_index_with_an_empty_weight_map() {
+    let (_tmp, dir) = copy_fixture(MODEL);
+    let index = dir.join("model.safetensors.index.json");
+    std::fs::write(&index, r#"{"metadata": {}, "weight_map": {}}"#).unwrap();
+    let out = generate(&dir, &[]);
+    assert_error(&out, &[&display(&index), "`weight_map` is empty"]);
+    assert!(
+        stderr(&out).trim_end().ends_with("shard files"),
+        "{}",
+        stderr(&out)
+    );
+}

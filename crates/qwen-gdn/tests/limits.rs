@@ -57,7 +57,129 @@ fn template_output_is_bounded() {
     )
     .unwrap();
     let out = within(Duration::from_secs(60), || generate(&dir, &[]));
-    assert_error(&out, &["chat template", "larger than"]);
+    assert_error(&out, &["chat template", "bytes"]);
+}
+
+/// `generate` with `template` as the model's chat template, its address space limited to
+/// 4 GiB: a template that allocated what it asks for would abort instead of failing with
+/// the one-line error.
+fn generate_with_template(template: &str) -> (std::process::Output, std::path::PathBuf) {
+    use std::os::unix::process::CommandExt;
+    let (tmp, dir) = copy_fixture(MODEL);
+    let file = dir.join("chat_template.jinja");
+    std::fs::write(&file, template).unwrap();
+    let mut cmd = command(&[
+        "generate",
+        "--model",
+        dir.to_str().unwrap(),
+        "--prompt",
+        "Hi",
+    ]);
+    // SAFETY: only an async-signal-safe call between fork and exec.
+    unsafe {
+        cmd.pre_exec(|| {
+            let limit = libc::rlimit {
+                rlim_cur: 4 << 30,
+                rlim_max: 4 << 30,
+            };
+            if libc::setrlimit(libc::RLIMIT_AS, &limit) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let out = within(Duration::from_secs(60), || {
+        cmd.stdin(std::process::Stdio::null()).output().unwrap()
+    });
+    drop(tmp);
+    (out, file)
+}
+
+#[test]
+fn templates_that_build_gigabytes_stop_at_the_byte_budget() {
+    let doubling = (0..40).fold("{% set s = 'x' %}".to_string(), |t, _| {
+        t + "{% set s = s ~ s %}"
+    });
+    for template in [
+        "{% set ns = namespace(s='x') %}{% for i in range(40) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}{{ ns.s }}",
+        &doubling,
+        "{{ 'a\nb'|indent(6000000000) }}",
+        "{{ '%6000000000d'|format(1) }}",
+        "{{ '{:^6000000000}'.format(1) }}",
+        "{{ ((range(100000)|list) * 100000)|join(',') }}",
+        "{% macro d(s, n) %}{% if n %}{{ d(s ~ s, n - 1) }}{% endif %}{% endmacro %}{{ d('x', 40) }}",
+    ] {
+        let (out, file) = generate_with_template(template);
+        assert_error(
+            &out,
+            &[
+                "chat template",
+                &file.display().to_string(),
+                "bytes",
+                "QWEN_GDN_TEMPLATE_BYTES",
+            ],
+        );
+    }
+}
+
+#[test]
+fn deep_template_recursion_and_nesting_end_in_one_error() {
+    for (template, needle) in [
+        (
+            "{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}",
+            "recursion limit",
+        ),
+        (
+            "{% set ns = namespace(x=[]) %}{% for i in range(100000) %}{% set ns.x = [ns.x] %}{% endfor %}{{ ns.x }}",
+            "nested more than",
+        ),
+        (
+            "{% set ns = namespace(a=1) %}{% set ns.x = ns %}{{ ns }}",
+            "holds itself",
+        ),
+    ] {
+        let (out, file) = generate_with_template(template);
+        assert_error(&out, &["chat template", &file.display().to_string(), needle]);
+    }
+}
+
+/// QWEN_GDN_TEMPLATE_BYTES sets the budget: a template well within the default fails under a
+/// smaller one.
+#[test]
+fn the_template_byte_budget_can_be_changed() {
+    let (_tmp, dir) = copy_fixture(MODEL);
+    // Not a constant expression: minijinja folds those when it compiles the template.
+    std::fs::write(
+        dir.join("chat_template.jinja"),
+        "{% set s = 'x' * (100000 * messages|length) %}{{ messages[0].content }}",
+    )
+    .unwrap();
+    let ok = generate(&dir, &["--max-tokens", "1"]);
+    assert!(ok.status.success(), "{}", stderr(&ok));
+    let out = command(&[
+        "generate",
+        "--model",
+        dir.to_str().unwrap(),
+        "--prompt",
+        "Hi",
+    ])
+    .env("QWEN_GDN_TEMPLATE_BYTES", "50000")
+    .stdin(std::process::Stdio::null())
+    .output()
+    .unwrap();
+    assert_error(&out, &["chat template", "more than 50000 bytes"]);
+    let out = command(&[
+        "generate",
+        "--model",
+        dir.to_str().unwrap(),
+        "--prompt",
+        "Hi",
+    ])
+    .env("QWEN_GDN_TEMPLATE_BYTES", "lots")
+    .stdin(std::process::Stdio::null())
+    .output()
+    .unwrap();
+    assert_error(&out, &["QWEN_GDN_TEMPLATE_BYTES", "positive integer"]);
 }
 
 #[test]
@@ -146,6 +268,13 @@ fn bench_sizes_cannot_overflow() {
         let out = within(Duration::from_secs(60), || run(&args));
         assert_error(&out, &["-p", "-g", "max_position_embeddings"]);
     }
+    // The sum shown is the true one, not a saturated or wrapped one.
+    let out = run(&["bench", "--model", m, "-r", "1", "-p", &max, "-g", &max]);
+    let sum = (usize::MAX as u128 * 2).to_string();
+    assert_error(&out, &[&format!("{sum} tokens")]);
+    let out = run(&["bench", "--model", m, "-r", "1", "-p", &max, "-g", "1"]);
+    let sum = (usize::MAX as u128 + 1).to_string();
+    assert_error(&out, &[&format!("{sum} tokens")]);
 }
 
 /// A copy of the fixture whose layer-2 post-attention norm is NaN: layer 2's feed-forward is

@@ -12,12 +12,16 @@ const PREFIX: &str = "Remember the code word. The code is 12";
 const REST: &str = "34 and nothing else.";
 
 fn cache_prompt(model: &Path, out: &Path, extra: &[&str]) -> std::process::Output {
+    cache_prefix(model, PREFIX, out, extra)
+}
+
+fn cache_prefix(model: &Path, prefix: &str, out: &Path, extra: &[&str]) -> std::process::Output {
     let mut args = vec![
         "cache-prompt",
         "--model",
         model.to_str().unwrap(),
         "--prompt",
-        PREFIX,
+        prefix,
         "--out",
         out.to_str().unwrap(),
     ];
@@ -110,6 +114,73 @@ fn a_saved_prefix_continues_as_the_whole_prompt() {
     }
 }
 
+/// The text at the split is kept as it is, whitespace included, with the chat template (which
+/// trims a message's ends) and without: "The sea is" + " blue" runs as "The sea is blue".
+#[test]
+fn the_split_keeps_its_whitespace() {
+    let model = fixture("qwen3.5-tiny-4bit");
+    let dir = tempfile::tempdir().unwrap();
+    for raw in [false, true] {
+        let flags: &[&str] = if raw {
+            &["--ignore-chat-template"]
+        } else {
+            &[]
+        };
+        let file = dir.path().join(format!("sea-{raw}.safetensors"));
+        let made = cache_prefix(&model, "The sea is", &file, flags);
+        assert!(made.status.success(), "{}", stderr(&made));
+        let (want, want_stats) = generate(&model, "The sea is blue", flags);
+        let (got, got_stats) = generate(
+            &model,
+            " blue",
+            &[flags, &["--prompt-cache-file", file.to_str().unwrap()]].concat(),
+        );
+        assert_eq!(
+            prompt_tokens(&got_stats),
+            prompt_tokens(&want_stats),
+            "raw={raw}"
+        );
+        assert_eq!(got, want, "raw={raw}");
+    }
+}
+
+/// The file records whether the chat template made its tokens; a run that reads the prompt
+/// the other way is refused in one line, before the model is loaded.
+#[test]
+fn a_file_made_the_other_way_round_is_refused() {
+    let model = fixture("qwen3.5-tiny-4bit");
+    let dir = tempfile::tempdir().unwrap();
+    for made_raw in [false, true] {
+        let file = dir.path().join(format!("made-raw-{made_raw}.safetensors"));
+        let flags: &[&str] = if made_raw {
+            &["--ignore-chat-template"]
+        } else {
+            &[]
+        };
+        let made = cache_prompt(&model, &file, flags);
+        assert!(made.status.success(), "{}", stderr(&made));
+        let mut args = vec![
+            "generate",
+            "--model",
+            model.to_str().unwrap(),
+            "--prompt",
+            REST,
+            "--prompt-cache-file",
+            file.to_str().unwrap(),
+        ];
+        if !made_raw {
+            args.push("--ignore-chat-template");
+        }
+        assert_error(
+            &run(&args),
+            &[
+                file.file_name().unwrap().to_str().unwrap(),
+                "--ignore-chat-template",
+            ],
+        );
+    }
+}
+
 #[test]
 fn files_of_another_model_or_damaged_are_refused() {
     let model = fixture("qwen3.5-tiny-4bit");
@@ -140,6 +211,12 @@ fn files_of_another_model_or_damaged_are_refused() {
         ("garbage header", {
             let mut b = bytes.clone();
             b[8..40].fill(b'#');
+            b
+        }),
+        ("flipped bit", {
+            // The last byte belongs to the last tensor's data.
+            let mut b = bytes.clone();
+            *b.last_mut().unwrap() ^= 0x10;
             b
         }),
     ] {
@@ -202,4 +279,29 @@ fn out_is_never_overwritten_without_force() {
         .collect();
     names.sort();
     assert_eq!(names, ["cache.safetensors", "notes.safetensors"]);
+}
+
+/// A prompt-cache file whose write fails (a full disk: a file-size limit here) leaves nothing
+/// in the folder, and the same name works once there is room.
+#[test]
+fn a_failed_write_leaves_nothing_and_can_be_retried() {
+    let model = fixture("qwen3.5-tiny-4bit");
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("cache.safetensors");
+    let mut cmd = command(&[
+        "cache-prompt",
+        "--model",
+        model.to_str().unwrap(),
+        "--prompt",
+        PREFIX,
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    limit_file_size(&mut cmd, 1000);
+    let failed = cmd.stdin(std::process::Stdio::null()).output().unwrap();
+    assert_error(&failed, &["cache.safetensors"]);
+    let left: Vec<_> = std::fs::read_dir(dir.path()).unwrap().collect();
+    assert!(left.is_empty(), "left behind: {left:?}");
+    let made = cache_prompt(&model, &out, &[]);
+    assert!(made.status.success(), "{}", stderr(&made));
 }

@@ -19,16 +19,38 @@ struct Server {
     log: Arc<Mutex<Vec<String>>>,
 }
 
+/// `serve --model <the tiny fixture> --port 0 <extra>`, without the user's API key.
+fn serve_command(extra: &[&str], env: &[(&str, &str)]) -> std::process::Command {
+    serve_command_on(&fixture(MODEL), extra, env)
+}
+
+/// `serve --model <model> --port 0 <extra>`, without the user's API key.
+fn serve_command_on(
+    model: &std::path::Path,
+    extra: &[&str],
+    env: &[(&str, &str)],
+) -> std::process::Command {
+    let mut args = vec!["serve", "--model", model.to_str().unwrap(), "--port", "0"];
+    args.extend_from_slice(extra);
+    let mut cmd = command(&args);
+    cmd.env_remove("QWEN_GDN_API_KEY");
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    cmd
+}
+
 impl Server {
     fn start(extra: &[&str], env: &[(&str, &str)]) -> Self {
-        let model = fixture(MODEL);
-        let mut args = vec!["serve", "--model", model.to_str().unwrap(), "--port", "0"];
-        args.extend_from_slice(extra);
-        let mut cmd = command(&args);
-        cmd.env_remove("QWEN_GDN_API_KEY");
-        for (k, v) in env {
-            cmd.env(k, v);
-        }
+        Self::spawn(serve_command(extra, env))
+    }
+
+    /// A server of the checkpoint in `model`.
+    fn start_on(model: &std::path::Path, extra: &[&str], env: &[(&str, &str)]) -> Self {
+        Self::spawn(serve_command_on(model, extra, env))
+    }
+
+    fn spawn(mut cmd: std::process::Command) -> Self {
         let mut child = cmd
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -331,6 +353,16 @@ fn bad_requests_get_openai_errors() {
             "messages[0].content",
         ),
         (json!({"messages": user("hi"), "stop": 3}), "stop"),
+        // OpenAI's rules: content is required but in an assistant turn that calls tools; a
+        // tool's parameters are a JSON Schema object.
+        (
+            json!({"messages": [{"role": "user", "content": null}]}),
+            "messages[0].content",
+        ),
+        (
+            json!({"messages": user("hi"), "tools": [{"type": "function", "function": {"name": "f", "parameters": "x"}}]}),
+            "tools[0].function.parameters",
+        ),
     ];
     for (body, param) in cases {
         let (status, reply) = server.post(chat, &body);
@@ -402,6 +434,187 @@ fn the_api_key_is_checked() {
     assert_eq!(server.call("/v1/models", None, Some("sekrit")).0, 200);
     // Health checks stay open, as vLLM's.
     assert_eq!(server.call("/health", None, None).0, 200);
+}
+
+/// Runs `cmd`, which must fail at once (a settings error: nothing is loaded or served); a
+/// server that starts instead is killed after 60 s and fails the test.
+fn run_expecting_failure(mut cmd: std::process::Command) -> std::process::Output {
+    let mut child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let start = Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        if start.elapsed() > Duration::from_secs(60) {
+            let _ = child.kill();
+            let out = child.wait_with_output().unwrap();
+            panic!("still running after 60 s: {}", stderr(&out));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child.wait_with_output().unwrap()
+}
+
+#[test]
+fn an_empty_api_key_is_refused() {
+    let out = run_expecting_failure(serve_command(&["--api-key", ""], &[]));
+    assert_error(&out, &["--api-key", "empty"]);
+    let out = run_expecting_failure(serve_command(&[], &[("QWEN_GDN_API_KEY", "")]));
+    assert_error(&out, &["QWEN_GDN_API_KEY", "empty"]);
+    let out = run_expecting_failure(serve_command(&["--api-key", "  "], &[]));
+    assert_error(&out, &["--api-key", "empty"]);
+}
+
+/// `sh -c 'ulimit -n <n>; exec qwen-gdn serve …'`: the server under a descriptor limit.
+fn serve_under_ulimit(descriptors: u32, extra: &[&str]) -> std::process::Command {
+    let inner = serve_command(extra, &[]);
+    let mut cmd = std::process::Command::new("sh");
+    cmd.arg("-c")
+        .arg(format!("ulimit -n {descriptors} && exec \"$0\" \"$@\""))
+        .arg(inner.get_program())
+        .args(inner.get_args());
+    for (k, v) in inner.get_envs() {
+        match v {
+            Some(v) => cmd.env(k, v),
+            None => cmd.env_remove(k),
+        };
+    }
+    cmd
+}
+
+/// The connection cap is read from the descriptor limit at start and printed; one that
+/// does not fit is refused before anything is loaded.
+#[test]
+fn the_connection_cap_follows_the_descriptor_limit() {
+    let server = Server::spawn(serve_under_ulimit(256, &[]));
+    wait_for_log(
+        &server,
+        "at most 180 connections (open-file limit 256), 11 more for /health",
+    );
+    drop(server);
+    let out = run_expecting_failure(serve_under_ulimit(256, &["--max-connections", "500"]));
+    assert_error(&out, &["--max-connections 500", "256", "ulimit -n"]);
+}
+
+/// Reads from `socket` until the server closes it (EOF or a reset), for at most `limit`;
+/// returns what arrived and when the connection ended, or None if it stayed open.
+fn read_until_closed(socket: &mut TcpStream, limit: Duration) -> Option<(String, Instant)> {
+    let deadline = Instant::now() + limit;
+    let mut seen = Vec::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        let left = deadline.checked_duration_since(Instant::now())?;
+        socket
+            .set_read_timeout(Some(left.max(Duration::from_millis(1))))
+            .unwrap();
+        match socket.read(&mut buf) {
+            Ok(0) => return Some((String::from_utf8_lossy(&seen).into_owned(), Instant::now())),
+            Ok(n) => seen.extend_from_slice(&buf[..n]),
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) =>
+            {
+                return None
+            }
+            Err(_) => return Some((String::from_utf8_lossy(&seen).into_owned(), Instant::now())),
+        }
+    }
+}
+
+/// Slow and idle clients: a body that stops midway is answered 408, an idle kept-alive
+/// connection is closed after its timeout, and a flood of half-sent request heads (ten times
+/// the cap) neither shuts out /health nor stays open past the header timeout.
+#[test]
+fn slow_and_idle_clients_are_closed() {
+    let header = Duration::from_secs(3);
+    let server = Server::start(
+        &[
+            "--max-connections",
+            "4",
+            "--header-timeout",
+            "3",
+            "--body-timeout",
+            "1",
+            "--keep-alive-timeout",
+            "1",
+        ],
+        &[],
+    );
+    wait_for_log(&server, "at most 4 connections");
+    let connect = || TcpStream::connect(server.addr()).unwrap();
+
+    // A body that stops after 10 of its 100 bytes.
+    let mut socket = connect();
+    socket
+        .write_all(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"prompt\":")
+        .unwrap();
+    let sent = Instant::now();
+    let (reply, closed) = read_until_closed(&mut socket, Duration::from_secs(10))
+        .expect("the slow body was not answered");
+    assert!(reply.starts_with("HTTP/1.1 408"), "{reply}");
+    assert!(reply.contains("--body-timeout"), "{reply}");
+    let took = closed - sent;
+    assert!(took >= Duration::from_millis(900), "{took:?}");
+
+    // An idle kept-alive connection, after one answered request.
+    let mut socket = connect();
+    socket
+        .write_all(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+        .unwrap();
+    let sent = Instant::now();
+    let (reply, closed) = read_until_closed(&mut socket, Duration::from_secs(10))
+        .expect("the idle connection stayed open");
+    assert!(reply.starts_with("HTTP/1.1 200"), "{reply}");
+    let took = closed - sent;
+    // The keep-alive timeout (1 s), well before the header timeout (3 s).
+    assert!(
+        took >= Duration::from_millis(900) && took < header,
+        "{took:?}"
+    );
+
+    // The flood: request heads that never end.
+    let opened = Instant::now();
+    let mut slow: Vec<TcpStream> = (0..40)
+        .map(|_| {
+            let mut s = connect();
+            s.write_all(b"GET /health HTTP/1.1\r\nHost: x\r\n").unwrap();
+            s
+        })
+        .collect();
+    for _ in 0..3 {
+        let (status, body) = server.call("/health", None, None);
+        assert_eq!(status, 200, "{body}");
+    }
+    // Past the cap, the rest of the API is answered 503 (in OpenAI's shape) at once.
+    let (status, body) = server.call("/v1/models", None, None);
+    if opened.elapsed() < header {
+        assert_api_error(
+            status,
+            &serde_json::from_str(&body).unwrap(),
+            503,
+            None,
+            None,
+        );
+    }
+    // Every slow connection is closed by the header timeout (those over the cap earlier,
+    // to make room); the first ones, served in full, not before it.
+    for (i, socket) in slow.iter_mut().enumerate() {
+        let left =
+            (opened + header + Duration::from_secs(5)).saturating_duration_since(Instant::now());
+        let (_, closed) = read_until_closed(socket, left)
+            .unwrap_or_else(|| panic!("slow connection {i} still open"));
+        if i == 0 {
+            let after = closed - opened;
+            assert!(after >= header - Duration::from_millis(200), "{after:?}");
+        }
+    }
+    // And the server answers as before.
+    assert_eq!(server.call("/health", None, None).0, 200);
+    assert_eq!(server.call("/v1/models", None, None).0, 200);
 }
 
 /// Sends a streamed request on a raw socket and returns it once the first text arrived.
@@ -548,6 +761,36 @@ fn a_panic_is_answered_500_and_the_server_goes_on() {
             &json!({"messages": user("please PANIC-HERE"), "stream": stream}),
         );
         assert_api_error(status, &reply, 500, None, None);
+        let (status, reply) = server.post(
+            "/v1/chat/completions",
+            &json!({"messages": user("hello"), "max_tokens": 3}),
+        );
+        assert_eq!(status, 200, "{reply}");
+    }
+}
+
+#[test]
+fn a_template_past_its_limits_fails_only_its_request() {
+    // The model's own template, preceded by a string doubled forty times (a terabyte) when
+    // the last message says so.
+    let (_tmp, dir) = copy_fixture(MODEL);
+    let template = dir.join("chat_template.jinja");
+    let own = std::fs::read_to_string(&template).unwrap();
+    let bomb = "{% if messages[-1].content == 'explode' %}{% set ns = namespace(s='x') %}\
+                {% for i in range(40) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}{% endif %}";
+    std::fs::write(&template, format!("{bomb}{own}")).unwrap();
+    let server = Server::start_on(&dir, &[], &[]);
+    for stream in [false, true] {
+        let (status, reply) = server.post(
+            "/v1/chat/completions",
+            &json!({"messages": user("explode"), "stream": stream}),
+        );
+        assert_api_error(status, &reply, 500, None, None);
+        let message = reply["error"]["message"].as_str().unwrap();
+        assert!(
+            message.contains("chat template") && message.contains("QWEN_GDN_TEMPLATE_BYTES"),
+            "{message}"
+        );
         let (status, reply) = server.post(
             "/v1/chat/completions",
             &json!({"messages": user("hello"), "max_tokens": 3}),

@@ -10,7 +10,17 @@
 //! `layers.{i}.index_keys` (f32 `[n div c + n mod c, Di]`: the QSA indexer's pooled block
 //! keys, then the raw keys of the incomplete block) on a QSA layer. The n-gram context is
 //! not stored: it is the last `N − 1` of the tokens (eos before the first), so it is rebuilt
-//! from `tokens`. A version-1 file is a version-2 file without these, and still loads.
+//! from `tokens`.
+//!
+//! Version 3 makes the file unable to lie about its contents. Metadata `sha256.<tensor>`
+//! holds the sha256 of each tensor's bytes (`tokens` included), checked on load: a flipped bit
+//! or a changed token id is refused, naming the tensor, rather than run with a state that no
+//! longer matches its tokens. The hash guards against damage and editing by mistake, not
+//! against a forger, who can recompute it (the file is trusted as far as its author is).
+//! Metadata `chat_template` (`true`/`false`) records whether the tokens are a chat-templated
+//! prompt or raw text; the caller compares it with its own run ([`read_snapshot_header`]).
+//! Versions 1 and 2 carry neither and cannot be verified: they are refused with a line that
+//! says to re-create the file (it is a cache; `cache-prompt` makes it again).
 
 use super::identity::ModelIdentity;
 use super::snapshot::{LayerSnapshot, Snapshot};
@@ -26,19 +36,34 @@ use std::path::{Path, PathBuf};
 
 /// The `format` metadata value of a prompt-cache file.
 pub const SNAPSHOT_FORMAT: &str = "qwen-gdn-prompt-cache";
-/// Bumped whenever the layout changes; the version written.
-pub const SNAPSHOT_FORMAT_VERSION: &str = "2";
-/// The versions read: 1 is 2 without the `qwen4_exp` tensors (no other family has them).
-const READABLE_VERSIONS: [&str; 2] = ["1", "2"];
+/// Bumped whenever the layout changes; the version written, and the only one read.
+pub const SNAPSHOT_FORMAT_VERSION: &str = "3";
+/// Versions without checksums: refused with a hint to re-create the file.
+const UNVERIFIABLE_VERSIONS: [&str; 2] = ["1", "2"];
+/// The metadata key of a tensor's checksum.
+fn checksum_key(tensor: &str) -> String {
+    format!("sha256.{tensor}")
+}
+/// The metadata key recording whether the tokens went through the chat template.
+const CHAT_TEMPLATE_KEY: &str = "chat_template";
+
+/// What a prompt-cache file says about itself, read from its header alone.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SnapshotHeader {
+    /// The cached tokens are a chat-templated prompt (`cache-prompt`'s default), not raw text.
+    pub chat_template: bool,
+}
 
 /// Writes the state of `cache`, which has processed exactly `tokens`, to `path` (through a
-/// temporary file, so a crash never leaves half a file). Replaces an earlier prompt-cache
-/// file, but refuses to overwrite any other file.
+/// temporary file, so a crash never leaves half a file), recording whether the tokens are a
+/// chat-templated prompt. Replaces an earlier prompt-cache file, but refuses to overwrite any
+/// other file.
 pub fn save_snapshot(
     path: &Path,
     tokens: &[u32],
     cache: &Cache,
     identity: &ModelIdentity,
+    chat_template: bool,
 ) -> Result<()> {
     ensure!(
         cache.offset == tokens.len() && !tokens.is_empty(),
@@ -92,9 +117,15 @@ pub fn save_snapshot(
             "format_version".to_string(),
             SNAPSHOT_FORMAT_VERSION.to_string(),
         ),
+        (CHAT_TEMPLATE_KEY.to_string(), chat_template.to_string()),
     ]);
     for (key, value) in identity.fields() {
         metadata.insert(key.to_string(), value.to_string());
+    }
+    for (name, tensor) in &tensors {
+        // The bytes safetensors writes: the tensor's own, little-endian, row-major.
+        let bytes = safetensors::View::data(tensor);
+        metadata.insert(checksum_key(name), sha256_hex(&bytes));
     }
     let tmp = temporary_path(path);
     let written = safetensors::serialize_to_file(&tensors, Some(metadata), &tmp)
@@ -130,18 +161,8 @@ pub fn load_snapshot(
     );
     let bytes = std::fs::read(path).with_context(|| format!("cannot read prompt cache {shown}"))?;
     let metadata = metadata_of(&bytes).with_context(|| format!("{shown}"))?;
+    check_header(path, &metadata)?;
     let field = |key: &str| metadata.get(key).map(String::as_str).unwrap_or("(missing)");
-    ensure!(
-        field("format") == SNAPSHOT_FORMAT,
-        "{shown}: not a qwen-gdn prompt cache file (format is {})",
-        field("format")
-    );
-    ensure!(
-        READABLE_VERSIONS.contains(&field("format_version")),
-        "{shown}: prompt cache format version {}, this qwen-gdn reads versions {}",
-        field("format_version"),
-        READABLE_VERSIONS.join(" and ")
-    );
     for (key, ours) in identity.fields() {
         ensure!(
             field(key) == ours,
@@ -168,6 +189,7 @@ pub fn load_snapshot(
         (1..=max_tokens).contains(&n),
         "{shown}: holds {n} tokens; expected 1 to {max_tokens} (the model's context)"
     );
+    verify_checksum(&shown, &metadata, "tokens", tokens_view.data())?;
     let tokens: Vec<u32> = tokens_view
         .data()
         .chunks_exact(4)
@@ -190,6 +212,7 @@ pub fn load_snapshot(
             v.shape(),
             dtype.as_str()
         );
+        verify_checksum(&shown, &metadata, &name, v.data())?;
         names.push(name);
         Ok(Tensor::from_raw_buffer(v.data(), dtype, &dims, device)?)
     };
@@ -260,6 +283,74 @@ pub fn load_snapshot(
         bail!("{shown}: unexpected tensor `{extra}`");
     }
     Ok((tokens, Snapshot { offset: n, layers }))
+}
+
+/// The header of the prompt-cache file at `path` (format, version and what it records),
+/// checked without reading its tensors: cheap enough to run before a model is loaded.
+pub fn read_snapshot_header(path: &Path) -> Result<SnapshotHeader> {
+    let metadata = header_metadata(path)
+        .with_context(|| format!("cannot read prompt cache {}", path.display()))?;
+    check_header(path, &metadata)
+}
+
+/// The format, the version and the `chat_template` field of a file's metadata.
+fn check_header(path: &Path, metadata: &HashMap<String, String>) -> Result<SnapshotHeader> {
+    let shown = path.display();
+    let field = |key: &str| metadata.get(key).map(String::as_str).unwrap_or("(missing)");
+    ensure!(
+        field("format") == SNAPSHOT_FORMAT,
+        "{shown}: not a qwen-gdn prompt cache file (format is {})",
+        field("format")
+    );
+    let version = field("format_version");
+    ensure!(
+        !UNVERIFIABLE_VERSIONS.contains(&version),
+        "{shown}: prompt cache format version {version} has no checksums and cannot be \
+         verified; re-create it with `qwen-gdn cache-prompt`"
+    );
+    ensure!(
+        version == SNAPSHOT_FORMAT_VERSION,
+        "{shown}: prompt cache format version {version}, this qwen-gdn reads version \
+         {SNAPSHOT_FORMAT_VERSION}"
+    );
+    let chat_template = match field(CHAT_TEMPLATE_KEY) {
+        "true" => true,
+        "false" => false,
+        other => bail!("{shown}: `{CHAT_TEMPLATE_KEY}` is {other}, expected true or false"),
+    };
+    Ok(SnapshotHeader { chat_template })
+}
+
+/// An error naming the file and the tensor unless `data` hashes to the checksum stored for
+/// `name`.
+fn verify_checksum(
+    shown: &std::path::Display<'_>,
+    metadata: &HashMap<String, String>,
+    name: &str,
+    data: &[u8],
+) -> Result<()> {
+    let what = if name == "tokens" {
+        "the token ids".to_string()
+    } else {
+        format!("tensor `{name}`")
+    };
+    let Some(stored) = metadata.get(&checksum_key(name)) else {
+        bail!("{shown}: {what} has no checksum (`{}`)", checksum_key(name));
+    };
+    ensure!(
+        *stored == sha256_hex(data),
+        "{shown}: checksum mismatch in {what}: the file is damaged; re-create it with \
+         `qwen-gdn cache-prompt`"
+    );
+    Ok(())
+}
+
+fn sha256_hex(data: &[u8]) -> String {
+    use sha2::{Digest, Sha256};
+    Sha256::digest(data)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
 }
 
 /// [`load_snapshot`], restored into a live cache.
@@ -426,20 +517,40 @@ fn context_after(initial: &[u32], tokens: &[u32]) -> Vec<u32> {
     all[all.len() - initial.len()..].to_vec()
 }
 
-/// Whether `path` is a prompt-cache file, reading only its header.
+/// Whether `path` is a prompt-cache file (of any version), reading only its header.
 fn is_prompt_cache_file(path: &Path) -> Result<()> {
+    let metadata = header_metadata(path)?;
+    ensure!(metadata.get("format").map(String::as_str) == Some(SNAPSHOT_FORMAT));
+    Ok(())
+}
+
+/// The metadata of the safetensors file at `path`, reading only its header.
+fn header_metadata(path: &Path) -> Result<HashMap<String, String>> {
     use std::io::Read;
     let mut file = std::fs::File::open(path)?;
     let mut len = [0u8; 8];
-    file.read_exact(&mut len)?;
+    file.read_exact(&mut len)
+        .context("not a valid safetensors file: shorter than its header")?;
     let n = u64::from_le_bytes(len);
-    ensure!(n <= MAX_HEADER, "header too large");
+    ensure!(
+        n <= MAX_HEADER,
+        "not a valid safetensors file: a header of {n} bytes"
+    );
     let mut header = vec![0; n as usize];
-    file.read_exact(&mut header)?;
-    let header: serde_json::Value = serde_json::from_slice(&header)?;
-    let format = header.get("__metadata__").and_then(|m| m.get("format"));
-    ensure!(format.and_then(|f| f.as_str()) == Some(SNAPSHOT_FORMAT));
-    Ok(())
+    file.read_exact(&mut header)
+        .context("not a valid safetensors file: shorter than its header")?;
+    let header: serde_json::Value = serde_json::from_slice(&header)
+        .map_err(|e| anyhow::anyhow!("not a valid safetensors file: {e}"))?;
+    let metadata = header
+        .get("__metadata__")
+        .and_then(|m| m.as_object())
+        .map(|m| {
+            m.iter()
+                .filter_map(|(k, v)| Some((k.clone(), v.as_str()?.to_string())))
+                .collect()
+        })
+        .unwrap_or_default();
+    Ok(metadata)
 }
 
 /// safetensors' own bound on a header.

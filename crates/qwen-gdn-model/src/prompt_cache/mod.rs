@@ -13,7 +13,8 @@ mod prefill;
 mod snapshot;
 
 pub use file::{
-    load_cache, load_snapshot, save_snapshot, SNAPSHOT_FORMAT, SNAPSHOT_FORMAT_VERSION,
+    load_cache, load_snapshot, read_snapshot_header, save_snapshot, SnapshotHeader,
+    SNAPSHOT_FORMAT, SNAPSHOT_FORMAT_VERSION,
 };
 pub use identity::ModelIdentity;
 pub use prefill::{prefill_with_snapshots, prefill_with_snapshots_cancellable};

@@ -96,7 +96,21 @@ fn shard_paths(dir: &Path) -> Result<Vec<PathBuf>> {
             .get("weight_map")
             .and_then(|m| m.as_object())
             .ok_or_else(|| anyhow!("{}: missing `weight_map`", index.display()))?;
-        let mut shards: Vec<&str> = map.values().filter_map(|v| v.as_str()).collect();
+        let mut shards = Vec::with_capacity(map.len());
+        for (tensor, file) in map {
+            shards.push(file.as_str().ok_or_else(|| {
+                anyhow!(
+                    "{}: `weight_map` gives tensor {tensor} the file {file}, which is not a file name",
+                    index.display()
+                )
+            })?);
+        }
+        if shards.is_empty() {
+            bail!(
+                "{}: `weight_map` is empty: the index lists no tensors and no shard files",
+                index.display()
+            );
+        }
         shards.sort();
         shards.dedup();
         return shards

@@ -11,8 +11,8 @@ pub fn eos_ids(checkpoint: &Checkpoint, config_eos: &[u32]) -> Result<Vec<u32>> 
     let path = checkpoint.dir.join("generation_config.json");
     if let Some(ids) = read_json_opt(&path)?.and_then(|g| g.get("eos_token_id").cloned()) {
         let ids = match &ids {
-            Json::Array(list) => list.iter().map(Json::as_u64).collect::<Option<Vec<_>>>(),
-            Json::Number(n) => n.as_u64().map(|n| vec![n]),
+            Json::Array(list) => list.iter().map(token_id).collect::<Option<Vec<_>>>(),
+            Json::Number(_) => token_id(&ids).map(|id| vec![id]),
             _ => None,
         };
         let ids = ids.with_context(|| {
@@ -21,7 +21,7 @@ pub fn eos_ids(checkpoint: &Checkpoint, config_eos: &[u32]) -> Result<Vec<u32>> 
                 path.display()
             )
         })?;
-        return Ok(ids.into_iter().map(|id| id as u32).collect());
+        return Ok(ids);
     }
     if !config_eos.is_empty() {
         return Ok(config_eos.to_vec());
@@ -31,4 +31,9 @@ pub fn eos_ids(checkpoint: &Checkpoint, config_eos: &[u32]) -> Result<Vec<u32>> 
         .and_then(|t| checkpoint.tokenizer.token_to_id(t.as_str()?))
         .into_iter()
         .collect())
+}
+
+/// A token id (the model's config check has bounded it by the vocabulary; never wrapped).
+fn token_id(v: &Json) -> Option<u32> {
+    v.as_u64().and_then(|id| u32::try_from(id).ok())
 }

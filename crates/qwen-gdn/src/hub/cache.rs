@@ -78,11 +78,17 @@ impl RepoCache {
         let target = PathBuf::from(format!("{up}blobs/{etag}"));
         let tmp = tmp_sibling(&path);
         let _ = std::fs::remove_file(&tmp);
-        make_link(&target, &self.blobs().join(etag), &tmp)
-            .with_context(|| format!("cannot link {} to its blob", path.display()))?;
-        std::fs::rename(&tmp, &path)
-            .with_context(|| format!("cannot move {} into place", path.display()))?;
-        Ok(path)
+        let linked = make_link(&target, &self.blobs().join(etag), &tmp)
+            .with_context(|| format!("cannot link {} to its blob", path.display()))
+            .and_then(|()| {
+                std::fs::rename(&tmp, &path)
+                    .with_context(|| format!("cannot move {} into place", path.display()))
+            });
+        if linked.is_err() {
+            // A copied blob (without symlinks) may be partial.
+            let _ = std::fs::remove_file(&tmp);
+        }
+        linked.map(|()| path)
     }
 }
 
@@ -108,9 +114,7 @@ fn write_atomically(path: &Path, bytes: &[u8]) -> Result<()> {
     let parent = path.parent().context("a ref has a folder")?;
     std::fs::create_dir_all(parent)
         .with_context(|| format!("cannot create {}", parent.display()))?;
-    let tmp = tmp_sibling(path);
-    std::fs::write(&tmp, bytes).with_context(|| format!("cannot write {}", tmp.display()))?;
-    std::fs::rename(&tmp, path).with_context(|| format!("cannot write {}", path.display()))
+    crate::atomic_file::write_replacing(path, bytes)
 }
 
 #[cfg(test)]

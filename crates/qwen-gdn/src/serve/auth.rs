@@ -8,6 +8,33 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use std::sync::Arc;
 
+/// The environment variable that sets the key when `--api-key` is not given (it keeps the key
+/// out of the process list).
+pub const API_KEY_ENV: &str = "QWEN_GDN_API_KEY";
+
+/// The key the server requires: `--api-key`, else `$QWEN_GDN_API_KEY`, else none. An empty
+/// (or blank) key is an error rather than authentication silently off: `--api-key "$KEY"`
+/// with KEY unset must not open the server.
+pub fn configured_key(flag: Option<&str>) -> anyhow::Result<Option<String>> {
+    let (key, source) = match flag {
+        Some(key) => (key.to_string(), "--api-key"),
+        None => match std::env::var_os(API_KEY_ENV) {
+            None => return Ok(None),
+            Some(key) => (
+                key.into_string()
+                    .map_err(|_| anyhow::anyhow!("{API_KEY_ENV} is not valid UTF-8"))?,
+                API_KEY_ENV,
+            ),
+        },
+    };
+    if key.trim().is_empty() {
+        anyhow::bail!(
+            "{source} is empty; give a key, or leave {source} out to serve without authentication"
+        );
+    }
+    Ok(Some(key))
+}
+
 pub async fn require_key(
     State(key): State<Arc<Option<String>>>,
     request: Request,

@@ -7,7 +7,7 @@ use super::error::ApiError;
 use super::job::{Event, Finish, JobSpec, Prompt, PromptInfo, Usage};
 use super::scheduler::Backend;
 use super::test_hooks;
-use crate::chat_template::ChatTemplate;
+use crate::chat_template::{ChatTemplate, TemplateLimit};
 use crate::engine::{render_conversation, Engine, FinishReason, GenerateParams, PromptTokens};
 use crate::reasoning::ReasoningMode;
 use crate::sampler::SamplerConfig;
@@ -85,8 +85,15 @@ impl EngineBackend {
                 })?;
                 let mut vars = self.base_vars.clone();
                 vars.extend(template_vars.clone());
+                // A template that runs out of its limits is the server's fault (500); one that
+                // refuses the messages (raise_exception, a missing field) the request's (400).
                 let template_error = |e: anyhow::Error| {
-                    ApiError::invalid(format!("the chat template failed: {e:#}"))
+                    let message = format!("the chat template failed: {e:#}");
+                    if e.downcast_ref::<TemplateLimit>().is_some() {
+                        ApiError::internal(message)
+                    } else {
+                        ApiError::invalid(message)
+                    }
                 };
                 let text = template
                     .render(messages, tools.as_ref(), true, &vars)

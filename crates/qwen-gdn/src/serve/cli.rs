@@ -2,12 +2,15 @@
 
 use crate::load::{positive_usize, ModelArgs};
 use crate::prompt_cache_args::PromptCacheArgs;
+use std::time::Duration;
 
 #[derive(clap::Args)]
 #[command(
     after_help = "Endpoints: POST /v1/chat/completions, POST /v1/completions, GET /v1/models, \
                   GET /health. One generation runs at a time; further requests wait in a FIFO \
-                  queue of --queue-size and are answered 503 when it is full.\nCtrl-C stops \
+                  queue of --queue-size and are answered 503 when it is full.\nSlow and idle \
+                  clients are closed after --header-timeout, --body-timeout and \
+                  --keep-alive-timeout; the cap on connections is printed at start.\nCtrl-C stops \
                   accepting connections and lets running requests finish; a second Ctrl-C exits \
                   at once."
 )]
@@ -22,8 +25,8 @@ pub struct Args {
     /// Port to listen on; 0 picks a free one (the address is printed on stderr)
     #[arg(long, default_value_t = 8080)]
     pub port: u16,
-    /// Require `Authorization: Bearer <KEY>` on /v1/ requests [default: $QWEN_GDN_API_KEY,
-    /// which keeps the key out of the process list]
+    /// Require `Authorization: Bearer <KEY>` on /v1/ requests; an empty key is an error
+    /// [default: $QWEN_GDN_API_KEY, which keeps the key out of the process list]
     #[arg(long, value_name = "KEY")]
     pub api_key: Option<String>,
     /// Model name clients pass in `model` (repeatable) [default: the --model argument]
@@ -38,4 +41,27 @@ pub struct Args {
     /// Largest request body accepted; larger ones are answered 413
     #[arg(long, default_value_t = 32 << 20, value_name = "BYTES", value_parser = positive_usize)]
     pub max_request_bytes: usize,
+    /// Connections served at once; past them only /health is answered (others get 503)
+    /// [default: what the open-file limit allows with room to spare, at most 1024]
+    #[arg(long, value_name = "N", value_parser = positive_usize)]
+    pub max_connections: Option<usize>,
+    /// Seconds a client has to send a request's head (line and headers), counted from the
+    /// connection's opening or its previous response; then the connection is closed
+    #[arg(long, default_value = "10", value_name = "SECS", value_parser = positive_seconds)]
+    pub header_timeout: Duration,
+    /// Seconds a client has to send a request's whole body; then it is answered 408
+    #[arg(long, default_value = "60", value_name = "SECS", value_parser = positive_seconds)]
+    pub body_timeout: Duration,
+    /// Seconds a kept-alive connection waits for its next request after its last response;
+    /// then it is closed
+    #[arg(long, default_value = "5", value_name = "SECS", value_parser = positive_seconds)]
+    pub keep_alive_timeout: Duration,
+}
+
+/// A duration in seconds (fractions allowed), above zero and at most a day.
+fn positive_seconds(s: &str) -> Result<Duration, String> {
+    match s.parse::<f64>() {
+        Ok(secs) if secs > 0.0 && secs <= 86_400.0 => Ok(Duration::from_secs_f64(secs)),
+        _ => Err("expected a number of seconds above 0 (at most 86400)".into()),
+    }
 }

@@ -81,6 +81,18 @@ impl ApiError {
         )
     }
 
+    /// 408: the request body did not arrive in time.
+    pub fn timed_out(timeout: std::time::Duration) -> Self {
+        Self::new(
+            StatusCode::REQUEST_TIMEOUT,
+            "invalid_request_error",
+            format!(
+                "the request body did not arrive within {} s (--body-timeout)",
+                timeout.as_secs_f64()
+            ),
+        )
+    }
+
     /// 503: the queue is full or the server is shutting down.
     pub fn overloaded(message: impl Into<String>) -> Self {
         Self::new(StatusCode::SERVICE_UNAVAILABLE, "server_error", message)

@@ -6,8 +6,11 @@ mod auth;
 mod backend;
 mod body;
 pub mod cli;
+mod connection_cap;
+mod connections;
 mod error;
 mod job;
+mod keep_alive;
 mod reply;
 mod request;
 mod response;
@@ -25,6 +28,10 @@ use std::sync::Arc;
 pub use cli::Args;
 
 pub fn run(args: Args) -> Result<ExitCode> {
+    // Settings first: a mistake in them is reported before the model is loaded.
+    let api_key = auth::configured_key(args.api_key.as_deref())?;
+    let descriptors = connection_cap::descriptor_limit();
+    let cap = connection_cap::ConnectionCap::choose(args.max_connections, descriptors)?;
     let checkpoint = args.model.open()?;
     let context = checkpoint.input_limit.max_tokens;
     let generation_config = read_json_opt(&checkpoint.dir.join("generation_config.json"))?;
@@ -66,12 +73,8 @@ pub fn run(args: Args) -> Result<ExitCode> {
         scheduler,
         limits,
         max_request_bytes: args.max_request_bytes,
+        body_timeout: args.body_timeout,
     });
-    let api_key = args
-        .api_key
-        .clone()
-        .or_else(|| std::env::var("QWEN_GDN_API_KEY").ok())
-        .filter(|k| !k.is_empty());
     let app = routes::router(state, api_key);
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -84,13 +87,35 @@ pub fn run(args: Args) -> Result<ExitCode> {
             .with_context(|| format!("cannot listen on {}:{}", args.host, args.port))?;
         let addr = listener.local_addr()?;
         eprint_line(&format!(
+            "qwen-gdn serve: at most {} connections ({}), {} more for /health; timeouts: \
+             headers {} s, body {} s, keep-alive {} s",
+            cap.max,
+            descriptors.map_or("no open-file limit".to_string(), |n| format!(
+                "open-file limit {n}"
+            )),
+            cap.health_reserve,
+            args.header_timeout.as_secs_f64(),
+            args.body_timeout.as_secs_f64(),
+            args.keep_alive_timeout.as_secs_f64(),
+        ));
+        eprint_line(&format!(
             "qwen-gdn serve: {} on http://{addr}/v1 (Ctrl-C stops)",
             args.model.model
         ));
-        axum::serve(listener, app)
-            .with_graceful_shutdown(shutdown_signal())
-            .await
-            .context("serving HTTP")
+        let timeouts = connections::Timeouts {
+            header: args.header_timeout,
+            keep_alive: args.keep_alive_timeout,
+        };
+        connections::serve(
+            listener,
+            app,
+            routes::health_only(cap.max),
+            cap,
+            timeouts,
+            shutdown_signal(),
+        )
+        .await;
+        anyhow::Ok(())
     })?;
     eprint_line("qwen-gdn serve: stopped");
     Ok(ExitCode::SUCCESS)

@@ -52,20 +52,6 @@ pub struct Common {
 }
 
 #[derive(Deserialize, Debug)]
-pub struct Tool {
-    #[serde(rename = "type")]
-    pub kind: String,
-    pub function: FunctionDef,
-}
-
-#[derive(Deserialize, Debug)]
-pub struct FunctionDef {
-    pub name: String,
-    pub description: Option<String>,
-    pub parameters: Option<Json>,
-}
-
-#[derive(Deserialize, Debug)]
 pub struct ChatRequest {
     /// Read separately (serde's flatten would lose the path of a field at fault).
     #[serde(skip)]
@@ -330,19 +316,7 @@ impl ChatRequest {
         let stop = stop(&mut self.common)?;
         let tools = self.tools.take().unwrap_or_default();
         for (i, tool) in tools.iter().enumerate() {
-            let param = format!("tools[{i}]");
-            let tool: Tool = serde_json::from_value(tool.clone())
-                .map_err(|e| ApiError::invalid_param(&param, format!("invalid `{param}`: {e}")))?;
-            if tool.kind != "function" {
-                return Err(ApiError::invalid_param(
-                    &param,
-                    "only tools of type \"function\" are supported",
-                ));
-            }
-            if tool.function.name.is_empty() {
-                return Err(ApiError::invalid_param(&param, "the function has no name"));
-            }
-            let _ = (tool.function.description, tool.function.parameters);
+            check_tool(&format!("tools[{i}]"), tool)?;
         }
         let tool_choice = tool_choice(self.tool_choice.as_ref(), &tools)?;
         let shown: Vec<Json> = match &tool_choice {
@@ -388,6 +362,94 @@ impl ChatRequest {
             tools: shown,
             tool_choice,
         })
+    }
+}
+
+/// A tool definition by OpenAI's rules: `{"type": "function", "function": {"name",
+/// "description"?, "parameters"?, "strict"?}}`, the name of letters, digits, `_` and `-` (at most
+/// 64), the parameters a JSON Schema object (`type` "object" when given). The template prints
+/// the definition into the prompt, so a wrong shape would reach the model unnoticed.
+fn check_tool(at: &str, tool: &Json) -> Result<(), ApiError> {
+    let bad = |param: String, why: &str| {
+        Err(ApiError::invalid_param(
+            &param,
+            format!("invalid `{param}`: {why}"),
+        ))
+    };
+    let Some(tool) = tool.as_object() else {
+        return bad(at.into(), "expected an object");
+    };
+    match tool.get("type") {
+        Some(Json::String(t)) if t == "function" => {}
+        Some(Json::String(_)) => {
+            return bad(
+                format!("{at}.type"),
+                "only tools of type \"function\" are supported",
+            )
+        }
+        _ => return bad(format!("{at}.type"), "required: \"function\""),
+    }
+    let at = format!("{at}.function");
+    let Some(function) = tool.get("function").and_then(Json::as_object) else {
+        return bad(at, "required: an object with the function's name");
+    };
+    match function.get("name") {
+        Some(Json::String(name))
+            if !name.is_empty()
+                && name.len() <= 64
+                && name
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-') => {}
+        Some(Json::String(_)) => {
+            return bad(
+                format!("{at}.name"),
+                "must be 1 to 64 letters, digits, underscores or dashes",
+            )
+        }
+        _ => return bad(format!("{at}.name"), "required: a string"),
+    }
+    if !matches!(function.get("description"), None | Some(Json::String(_))) {
+        return bad(format!("{at}.description"), "expected a string");
+    }
+    if !matches!(
+        function.get("strict"),
+        None | Some(Json::Null | Json::Bool(_))
+    ) {
+        return bad(format!("{at}.strict"), "expected a boolean");
+    }
+    match function.get("parameters") {
+        None => Ok(()),
+        Some(Json::Object(schema)) => check_parameters(&format!("{at}.parameters"), schema),
+        Some(_) => bad(
+            format!("{at}.parameters"),
+            "expected a JSON Schema object (e.g. {\"type\": \"object\", \"properties\": {…}})",
+        ),
+    }
+}
+
+/// The top of a function's parameter schema: an object schema, as OpenAI requires.
+fn check_parameters(at: &str, schema: &Map<String, Json>) -> Result<(), ApiError> {
+    let bad = |param: String, why: &str| {
+        Err(ApiError::invalid_param(
+            &param,
+            format!("invalid `{param}`: {why}"),
+        ))
+    };
+    if !matches!(schema.get("type"), None | Some(Json::String(_)))
+        || schema.get("type").is_some_and(|t| t != "object")
+    {
+        return bad(
+            format!("{at}.type"),
+            "the parameters' schema must be of type \"object\"",
+        );
+    }
+    if !matches!(schema.get("properties"), None | Some(Json::Object(_))) {
+        return bad(format!("{at}.properties"), "expected an object");
+    }
+    match schema.get("required") {
+        None => Ok(()),
+        Some(Json::Array(names)) if names.iter().all(Json::is_string) => Ok(()),
+        Some(_) => bad(format!("{at}.required"), "expected a list of strings"),
     }
 }
 
@@ -610,6 +672,85 @@ mod tests {
             }
             p => panic!("{p:?}"),
         }
+    }
+
+    #[test]
+    fn tool_schemas_follow_openai_rules() {
+        let with_tool = |tool: &str| {
+            chat(&format!(
+                r#"{{"messages":[{{"role":"user","content":"a"}}],"tools":[{tool}]}}"#
+            ))
+        };
+        let cases = [
+            (r#""f""#, "tools[0]"),
+            (r#"{"function":{"name":"f"}}"#, "tools[0].type"),
+            (
+                r#"{"type":"code","function":{"name":"f"}}"#,
+                "tools[0].type",
+            ),
+            (r#"{"type":"function"}"#, "tools[0].function"),
+            (
+                r#"{"type":"function","function":{}}"#,
+                "tools[0].function.name",
+            ),
+            (
+                r#"{"type":"function","function":{"name":"get weather"}}"#,
+                "tools[0].function.name",
+            ),
+            (
+                r#"{"type":"function","function":{"name":"f","description":3}}"#,
+                "tools[0].function.description",
+            ),
+            (
+                r#"{"type":"function","function":{"name":"f","parameters":"{}"}}"#,
+                "tools[0].function.parameters",
+            ),
+            (
+                r#"{"type":"function","function":{"name":"f","parameters":[]}}"#,
+                "tools[0].function.parameters",
+            ),
+            (
+                r#"{"type":"function","function":{"name":"f","parameters":{"type":"string"}}}"#,
+                "tools[0].function.parameters.type",
+            ),
+            (
+                r#"{"type":"function","function":{"name":"f","parameters":{"type":"object","properties":[]}}}"#,
+                "tools[0].function.parameters.properties",
+            ),
+            (
+                r#"{"type":"function","function":{"name":"f","parameters":{"type":"object","required":"x"}}}"#,
+                "tools[0].function.parameters.required",
+            ),
+        ];
+        for (tool, param) in cases {
+            let e = with_tool(tool).expect_err(tool);
+            assert_eq!(e.status, 400, "{tool}");
+            assert_eq!(e.param.as_deref(), Some(param), "{tool}: {}", e.message);
+            assert!(e.message.contains(param), "{}", e.message);
+        }
+        with_tool(r#"{"type":"function","function":{"name":"get_weather-2","description":"d","strict":true,"parameters":{"type":"object","properties":{"city":{"type":"string"}},"required":["city"]}}}"#).unwrap();
+    }
+
+    #[test]
+    fn message_content_follows_openai_rules() {
+        for (messages, param) in [
+            (r#"[{"role":"user","content":null}]"#, "messages[0].content"),
+            (r#"[{"role":"user"}]"#, "messages[0].content"),
+            (
+                r#"[{"role":"system","content":null},{"role":"user","content":"a"}]"#,
+                "messages[0].content",
+            ),
+            (
+                r#"[{"role":"user","content":"a"},{"role":"assistant","content":null}]"#,
+                "messages[1].content",
+            ),
+        ] {
+            let e = chat(&format!(r#"{{"messages":{messages}}}"#)).expect_err(messages);
+            assert_eq!(e.status, 400, "{messages}");
+            assert_eq!(e.param.as_deref(), Some(param), "{messages}: {}", e.message);
+        }
+        // An assistant turn that only calls a tool has no content.
+        chat(r#"{"messages":[{"role":"user","content":"a"},{"role":"assistant","content":null,"tool_calls":[{"id":"c1","type":"function","function":{"name":"f","arguments":"{}"}}]},{"role":"tool","tool_call_id":"c1","content":"2"}]}"#).unwrap();
     }
 
     #[test]

@@ -21,6 +21,8 @@ pub struct AppState {
     pub scheduler: Scheduler,
     pub limits: Limits,
     pub max_request_bytes: usize,
+    /// How long a request body may take to arrive (--body-timeout).
+    pub body_timeout: std::time::Duration,
 }
 
 pub fn router(state: Arc<AppState>, api_key: Option<String>) -> Router {
@@ -42,6 +44,19 @@ pub fn router(state: Arc<AppState>, api_key: Option<String>) -> Router {
         .layer(tower_http::catch_panic::CatchPanicLayer::custom(|_panic| {
             ApiError::internal("internal error: the request handler panicked").into_response()
         }))
+}
+
+/// What the connections over `--max-connections` get: /health, and 503 for everything else.
+pub fn health_only(max_connections: usize) -> Router {
+    let busy = format!(
+        "the server has {max_connections} connections open (--max-connections); retry later"
+    );
+    Router::new()
+        .route("/health", get(health))
+        .fallback(move || {
+            let busy = busy.clone();
+            async move { ApiError::overloaded(busy).into_response() }
+        })
 }
 
 async fn health() -> Response {
@@ -84,7 +99,7 @@ async fn chat_completions(
     headers: HeaderMap,
     body: Body,
 ) -> Response {
-    let validated = match read_limited(&headers, body, state.max_request_bytes)
+    let validated = match read_limited(&headers, body, state.max_request_bytes, state.body_timeout)
         .await
         .and_then(|b| parse::<ChatRequest>(&b))
         .and_then(|r| r.validate(&state.limits))
@@ -100,7 +115,7 @@ async fn completions(
     headers: HeaderMap,
     body: Body,
 ) -> Response {
-    let validated = match read_limited(&headers, body, state.max_request_bytes)
+    let validated = match read_limited(&headers, body, state.max_request_bytes, state.body_timeout)
         .await
         .and_then(|b| parse::<CompletionRequest>(&b))
         .and_then(|r| r.validate(&state.limits))

@@ -33,7 +33,7 @@ fn invalid(param: String, message: impl Into<String>) -> InvalidMessage {
 }
 
 /// Checks the request's messages and rewrites them for the chat template: `content` becomes a
-/// string (or stays null), `developer` becomes `system`, each tool call's `function.arguments`
+/// string (or stays null in an assistant message with tool calls), `developer` becomes `system`, each tool call's `function.arguments`
 /// becomes an object. Other fields (`tool_call_id`, `name`, `reasoning_content`, …) pass through.
 pub fn normalize_messages_for_template(messages: &[Json]) -> Result<Vec<Json>, InvalidMessage> {
     if messages.is_empty() {
@@ -66,7 +66,21 @@ fn normalize_message(at: &str, message: &Json) -> Result<Json, InvalidMessage> {
     };
     out.insert("role".into(), role.into());
     match m.get("content") {
-        None | Some(Json::Null) | Some(Json::String(_)) => {}
+        // OpenAI's rule: only an assistant message that carries tool calls may leave out its
+        // content (or send null); a null elsewhere would render as "None" or nothing.
+        None | Some(Json::Null) if role == "assistant" && has_tool_calls(m) => {}
+        None | Some(Json::Null) => {
+            let needs = if role == "assistant" {
+                "required unless the message carries `tool_calls`"
+            } else {
+                "required"
+            };
+            return Err(invalid(
+                format!("{at}.content"),
+                format!("{needs} in a {role} message (a string or a list of text parts)"),
+            ));
+        }
+        Some(Json::String(_)) => {}
         Some(Json::Array(parts)) => {
             out.insert(
                 "content".into(),
@@ -99,6 +113,10 @@ fn normalize_message(at: &str, message: &Json) -> Result<Json, InvalidMessage> {
         Some(_) => return Err(invalid(format!("{at}.tool_calls"), "expected a list")),
     }
     Ok(Json::Object(out))
+}
+
+fn has_tool_calls(message: &Map<String, Json>) -> bool {
+    matches!(message.get("tool_calls"), Some(Json::Array(calls)) if !calls.is_empty())
 }
 
 fn text_of_parts(at: &str, parts: &[Json]) -> Result<String, InvalidMessage> {
@@ -237,8 +255,28 @@ mod tests {
                 "messages[0].tool_calls[0].function.name: missing",
             ),
             (
-                json!([{"role": "user", "tool_calls": []}]),
+                json!([{"role": "user", "content": "x", "tool_calls": []}]),
                 "messages[0].tool_calls: only assistant",
+            ),
+            (
+                json!([{"role": "user", "content": null}]),
+                "messages[0].content: required in a user message",
+            ),
+            (
+                json!([{"role": "user", "content": "x"}, {"role": "system"}]),
+                "messages[1].content: required in a system message",
+            ),
+            (
+                json!([{"role": "tool", "tool_call_id": "c1", "content": null}]),
+                "messages[0].content: required in a tool message",
+            ),
+            (
+                json!([{"role": "assistant", "content": null}]),
+                "messages[0].content: required unless the message carries `tool_calls`",
+            ),
+            (
+                json!([{"role": "assistant", "content": null, "tool_calls": []}]),
+                "messages[0].content: required unless",
             ),
         ];
         for (messages, want) in cases {

@@ -42,6 +42,26 @@ pub fn command(args: &[&str]) -> Command {
     cmd
 }
 
+/// Limits the files `cmd` writes to `bytes` (RLIMIT_FSIZE): past it a write fails with
+/// EFBIG, as on a full disk (SIGXFSZ, which would kill the process instead, is ignored).
+pub fn limit_file_size(cmd: &mut Command, bytes: u64) {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: only async-signal-safe calls between fork and exec.
+    unsafe {
+        cmd.pre_exec(move || {
+            let limit = libc::rlimit {
+                rlim_cur: bytes,
+                rlim_max: bytes,
+            };
+            libc::signal(libc::SIGXFSZ, libc::SIG_IGN);
+            if libc::setrlimit(libc::RLIMIT_FSIZE, &limit) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+}
+
 pub fn run(args: &[&str]) -> Output {
     command(args).stdin(Stdio::null()).output().unwrap()
 }
