@@ -549,6 +549,30 @@ fn decode_profile() {
     // q, k (bf16), v (bf16), g and beta (f32), z (bf16), the norm weight [Dv] (bf16).
     let inputs = 2 * dk_heads * 2 + hv_dv * 2 + 2 * 4 * 4 + hv_dv * 2 + 32 * 2;
     assert_eq!(bytes(norm), (state + inputs, state + hv_dv * 2));
+    // The conv front: qkv (C = 256 channels), b and a (Hv each), the conv state [K-1, C] and
+    // the taps [K, C] in bf16, dt_bias and neg_a_exp in f32; q, k, v, g, beta (f32) and the
+    // state written.
+    let conv = rows
+        .iter()
+        .find(|r| r["op"] == "gdn_conv_prep" && r["layer"] == 0)
+        .unwrap();
+    let (channels, conv_state) = (256u64, 3 * 256 * 2u64);
+    assert_eq!(
+        bytes(conv),
+        (
+            channels * 2 + 2 * 4 * 2 + conv_state + 4 * channels * 2 + 2 * 4 * 4,
+            channels * 2 + 2 * 4 * 4 + conv_state
+        )
+    );
+    // Attention reads the keys and values of the positions so far, its own included (2 KV
+    // heads of 64), not the buffers' capacity; q, gate and the position.
+    let position = p["position"].as_u64().unwrap();
+    let attn = rows
+        .iter()
+        .find(|r| r["op"] == "attn_decode" && r["layer"] == 2)
+        .unwrap();
+    let kv = 2 * 2 * (position + 1) * 64 * 2;
+    assert_eq!(bytes(attn), (2 * 4 * 64 * 2 + 4 + kv, 4 * 64 * 2));
 }
 
 /// The profile is of the fused decode step: the reference plan (f32 on the CPU) has none,
