@@ -243,7 +243,7 @@ impl DecodeProfile {
         out += "\nby op\n";
         out += &header("op");
         let mut ops = sums(self.rows(), |r| r.op);
-        ops.sort_by(|a, b| b.1.time.cmp(&a.1.time));
+        ops.sort_by_key(|(_, s)| std::cmp::Reverse(s.time));
         for (op, s) in &ops {
             out += &line(op, s);
         }
