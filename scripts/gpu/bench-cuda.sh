@@ -19,7 +19,10 @@
 # Logs go to $OUT; the last lines are the two tables. P, G, R, SKIP_KERNELS=1 and CKPT override.
 # PS="512 4096" runs the end-to-end part for each prompt length on one written checkpoint (one
 # table each); PROFILE=1 adds `bench --profile` (the time of each prefill phase, a table per
-# prompt length, saved as $OUT/profile-p<P>.txt and printed last).
+# prompt length, saved as $OUT/profile-p<P>.txt and printed last). PROFILE_DECODE=1 runs
+# `bench --profile-decode` once more, on its own (its 1 GiB copy-bandwidth buffers stay out of
+# the timed runs' peak memory), at depth PROFILE_DECODE_P (default: the first of PS): every
+# kernel of one eager decode step, saved as $OUT/decode-profile.txt (and .json), printed last.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 source scripts/gpu/common.sh
@@ -82,7 +85,7 @@ for variant in $VARIANTS; do
   cp "$OUT/bench-$variant.json" "$OUT/bench.json"
   cp "$OUT/bench-$variant.json" "$OUT/bench-$variant-p$P.json"
   if grep -q "^prefill profile" "$OUT/bench-$variant.err"; then
-    sed -n '/^prefill profile/,$p' "$OUT/bench-$variant.err" >"$OUT/profile-p$P.txt"
+    awk '/^decode profile/{exit} /^prefill profile/{on=1} on' "$OUT/bench-$variant.err" >"$OUT/profile-p$P.txt"
   fi
 done
 python3 scripts/bench_vs_peers.py roofline --model "$CKPT" --context $((P + G / 2)) >"$OUT/roofline.json"
@@ -113,6 +116,21 @@ print(f"decode bytes/token {r['bytes_per_token'] / 1e6:.1f} MB (weights {r['weig
 PY
 done
 
+if [ "${PROFILE_DECODE:-0}" = 1 ]; then
+  DP=${PROFILE_DECODE_P:-${PS%% *}}
+  echo "== qwen-gdn bench --device cuda -p $DP -g 1 -r 1 --profile-decode"
+  t0=$SECONDS
+  "$bin/qwen-gdn" bench --model "$CKPT" --device cuda -p "$DP" -g 1 -r 1 --profile-decode \
+    --json >"$OUT/decode-profile.json" 2>"$OUT/decode-profile.err"
+  rc=$?
+  echo "bench --profile-decode: rc=$rc in $((SECONDS - t0)) s (loading included)"
+  if [ $rc -eq 0 ]; then
+    sed -n '/^decode profile/,$p' "$OUT/decode-profile.err" >"$OUT/decode-profile.txt"
+  else
+    tail -5 "$OUT/decode-profile.err"
+  fi
+fi
+
 if [ -s "$OUT/kernels.log" ]; then
   echo
   echo "== kernel table"
@@ -121,3 +139,7 @@ fi
 for f in "$OUT"/profile-p*.txt; do
   [ -f "$f" ] && { echo; cat "$f"; }
 done
+if [ -s "$OUT/decode-profile.txt" ]; then
+  echo
+  cat "$OUT/decode-profile.txt"
+fi

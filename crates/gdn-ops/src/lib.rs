@@ -14,6 +14,7 @@ pub mod backend;
 pub mod capability;
 pub mod launches;
 pub mod ops;
+pub mod profile;
 pub mod simd;
 pub mod threads;
 

@@ -166,3 +166,79 @@ fn qwen4_exp_launches_per_layer_kind_add_up() {
     // The fixture's layers: GDN, GDN + PLE, QSA, GDN + PLE.
     assert_eq!(budget.total_for(model.config()), per_step[0], "{budget:?}");
 }
+
+/// The decode profile (`gdn_ops::profile`, `bench --profile-decode`) sees every launch of a
+/// fused step where it happens: per layer, its kernel rows' launches plus the candle launches
+/// it counted equal the launches `decode_step_with_launches` counts for that layer, and over
+/// the step the total; each row is placed in its layer with its layer's kind. Fails when an
+/// op is not wrapped (its launches go missing from the rows), when a row is charged to the
+/// wrong layer, or when an op counts a launch it does not profile.
+#[test]
+fn the_decode_profile_accounts_for_every_launch_of_the_step() {
+    use gdn_ops::profile::{LayerKind, Session};
+    use qwen_gdn_model::config::LayerKind as ConfigKind;
+    let opts = LoadOptions {
+        dtype: DType::BF16,
+        plan: Some(Plan::Device),
+        ..LoadOptions::default()
+    };
+    for name in [
+        "qwen3-next-tiny-4bit",
+        "qwen3.5-moe-tiny-4bit",
+        "qwen3.5-tiny-4bit",
+    ] {
+        let model = load_with(name, &opts);
+        let mut cache = model.new_cache();
+        model.prefill(&[1, 2, 3, 4, 5], &mut cache, 16).unwrap();
+        gdn_ops::launches::take();
+        let session = Session::start();
+        let (_, per_layer) = model.decode_step_with_launches(6, &mut cache).unwrap();
+        let rec = session.finish();
+        let total = gdn_ops::launches::take();
+        assert_eq!(
+            rec.kernel_launches() + rec.candle_launches(),
+            total,
+            "{name}: {} kernel rows, candle {:?}",
+            rec.kernels.len(),
+            rec.candle
+        );
+        for (i, &launches) in per_layer.iter().enumerate() {
+            let want = match model.config().layer_kind(i) {
+                ConfigKind::LinearAttention => LayerKind::Gdn,
+                ConfigKind::FullAttention => LayerKind::Attention,
+            };
+            let rows: Vec<_> = rec
+                .kernels
+                .iter()
+                .filter(|k| k.place.index == Some(i))
+                .collect();
+            assert!(
+                rows.iter().all(|k| k.place.kind == want),
+                "{name} layer {i}"
+            );
+            let candle: usize = rec
+                .candle
+                .iter()
+                .filter(|(p, _)| p.index == Some(i))
+                .map(|(_, n)| n)
+                .sum();
+            let in_rows: usize = rows.iter().map(|k| k.launches).sum();
+            let ops: Vec<&str> = rows.iter().map(|k| k.op).collect();
+            assert_eq!(in_rows + candle, launches, "{name} layer {i}: {ops:?}");
+            // On the CPU every op is one twin: one launch, no grid.
+            assert!(rows.iter().all(|k| k.launches == 1 && k.grids.is_empty()));
+        }
+        let outside: Vec<&str> = rec
+            .kernels
+            .iter()
+            .filter(|k| k.place.kind == LayerKind::Outside)
+            .map(|k| k.op)
+            .collect();
+        // The embedding lookup, the first norm, the head.
+        assert_eq!(
+            outside,
+            ["affine_dequantize", "add_rms_norm", "affine_products"],
+            "{name}"
+        );
+    }
+}

@@ -48,6 +48,11 @@ the repetitions.
                      on CUDA the device's used memory); on the CPU the process's peak resident \
                      set size (getrusage), loading included
   peak_memory_source \"gpu\" or \"rss\": which of the two peak_memory_bytes is
+  prefill_profile    with --profile: the time of each prefill phase
+  decode_profile     with --profile-decode: every kernel of one decode step (op, layer, \
+                     label, grids, seconds, bytes read and written, bytes per second, percent \
+                     of the copy bandwidth), sums by op and by layer kind, the copy bandwidth, \
+                     the step's wall time and launch counts
 (samples: one value per timed repetition, in order; stddev: sample standard deviation, 0 for \
 one repetition)."
 )]
@@ -77,6 +82,13 @@ pub struct Args {
     /// not affected
     #[arg(long)]
     profile: bool,
+    /// After the timed repetitions, one more fused decode step at depth -p, run eagerly (not
+    /// replayed from a CUDA graph) with each kernel timed alone, its bytes, bandwidth and
+    /// grid printed to stderr with sums per op and per layer kind, against the device's
+    /// measured copy bandwidth (and as `decode_profile` in --json). Needs the fused decode
+    /// step (a GPU, or --dtype bf16 on the CPU)
+    #[arg(long, conflicts_with = "prompt_cache")]
+    profile_decode: bool,
 }
 
 pub fn run(args: Args) -> Result<ExitCode> {
@@ -98,6 +110,9 @@ pub fn run(args: Args) -> Result<ExitCode> {
         return Err(limit.too_long(&format!("-p {p} plus -g {g}"), &format!("{sum} tokens")));
     }
     let model = args.model.load_model(&checkpoint, p + g)?;
+    if args.profile_decode {
+        crate::bench_decode_profile::check_fused(&model)?;
+    }
     let bound = token_bound(&checkpoint.tokenizer, model.config().vocab_size);
     let mut rng = StdRng::seed_from_u64(PROMPT_SEED);
     let prompt: Vec<u32> = (0..p).map(|_| rng.random_range(0..bound)).collect();
@@ -119,6 +134,14 @@ pub fn run(args: Args) -> Result<ExitCode> {
     } else {
         None
     };
+    let decode_profile = if args.profile_decode {
+        Some(
+            crate::bench_decode_profile::profile_decode(&model, &prompt, chunk)
+                .context("profiling a decode step (--profile-decode)")?,
+        )
+    } else {
+        None
+    };
     let (peak, peak_source) = crate::memory::peak();
     let size = checkpoint_size(&checkpoint.dir)?;
     let state_dtype = match gdn_state_dtype(&model) {
@@ -127,6 +150,9 @@ pub fn run(args: Args) -> Result<ExitCode> {
     };
 
     if let Some(profile) = &profile {
+        eprint!("{}", profile.table());
+    }
+    if let Some(profile) = &decode_profile {
         eprint!("{}", profile.table());
     }
     let mut out = std::io::stdout().lock();
@@ -149,6 +175,9 @@ pub fn run(args: Args) -> Result<ExitCode> {
         let mut report = report;
         if let Some(profile) = &profile {
             report["prefill_profile"] = profile.json();
+        }
+        if let Some(profile) = &decode_profile {
+            report["decode_profile"] = profile.json();
         }
         emit(&mut out, &format!("{report}\n"))?;
     } else {
@@ -210,7 +239,7 @@ pub(crate) fn backend_name(device: &Device) -> &'static str {
 
 /// Argmax of `[1, vocab]` logits, which must be finite (the argmax of NaNs is token 0, and
 /// the speed of a broken model means nothing); `seen` are the tokens that produced them.
-fn greedy(model: &Model, logits: &Tensor, seen: &[u32], chunk: usize) -> Result<u32> {
+pub(crate) fn greedy(model: &Model, logits: &Tensor, seen: &[u32], chunk: usize) -> Result<u32> {
     if !diagnose::all_finite(logits)? {
         return Err(non_finite_logits(model, seen, chunk));
     }

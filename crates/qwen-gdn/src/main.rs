@@ -4,6 +4,7 @@
 mod arg_ranges;
 mod atomic_file;
 mod bench;
+mod bench_decode_profile;
 mod bench_profile;
 mod bench_prompt_cache;
 mod bf16_fallback;

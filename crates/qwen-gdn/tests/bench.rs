@@ -327,3 +327,258 @@ fn prefill_profile() {
         .sum();
     assert!(top <= wall, "phases {top} s outside the prefill's {wall} s");
 }
+
+/// Payload bytes of the tensors `name.{weight,scales,biases}` of a fixture's checkpoint.
+fn quantized_payload(model: &std::path::Path, name: &str) -> u64 {
+    let bytes = std::fs::read(model.join("model.safetensors")).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    ["weight", "scales", "biases"]
+        .iter()
+        .map(|part| st.tensor(&format!("{name}.{part}")).unwrap().data().len() as u64)
+        .sum()
+}
+
+/// `--profile-decode` on the device plan (bf16 on the CPU): one row per kernel of the fused
+/// step, in each layer the ops of its kind in order, every row timed and moving bytes, the
+/// sums per op and per layer kind equal to the rows', the launches of the rows and candle's
+/// equal to the step's, and the bytes of the rows computed from the checkpoint's shapes: the
+/// output head reads its whole matrix, the gathered expert products only the top-k and shared
+/// experts' rows (not the stack), the GDN recurrence its state once each way.
+#[test]
+fn decode_profile() {
+    let model = fixture("qwen3-next-tiny-4bit");
+    let args = [
+        "bench",
+        "--model",
+        model.to_str().unwrap(),
+        "--dtype",
+        "bf16",
+        "-p",
+        "9",
+        "-g",
+        "1",
+        "-r",
+        "1",
+        "--profile-decode",
+        "--json",
+    ];
+    let out = command(&args)
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "stderr: {}", stderr(&out));
+    let err = stderr(&out);
+    assert!(
+        err.contains("decode profile (cpu): one fused decode step at position"),
+        "{err}"
+    );
+    assert!(err.contains("by layer kind"), "{err}");
+    let report: Json = serde_json::from_slice(&out.stdout).unwrap();
+    let p = &report["decode_profile"];
+    assert_eq!(p["backend"], "cpu");
+    // 9 prompt tokens, a warm-up and 5 timed steps before the profiled one.
+    assert_eq!(p["position"], 9 + 1 + 5);
+    positive_finite(&p["copy_bandwidth"]["bytes_per_second"], "copy bandwidth");
+    let rows = p["kernels"].as_array().unwrap();
+
+    // Tiny Qwen3-Next: layers 2 and 5 attention, the rest GDN, a MoE block (top-2 of 8 and
+    // a shared expert) in each.
+    let moe = [
+        ("affine_products", "moe.router"),
+        ("moe_route", ""),
+        ("affine_products_swiglu", "moe.gate_up"),
+        ("affine_products_gathered", "moe.down"),
+        ("moe_combine", ""),
+    ];
+    let gdn = [
+        ("affine_products", "gdn.in_proj"),
+        ("gdn_conv_prep", ""),
+        ("gated_delta_norm", ""),
+        ("affine_products", "gdn.out_proj"),
+        ("add_rms_norm", ""),
+    ];
+    let attention = [
+        ("affine_products", "attn.qkv"),
+        ("attn_prep", ""),
+        ("attn_decode", ""),
+        ("affine_products", "attn.o_proj"),
+        ("add_rms_norm", ""),
+    ];
+    let mut want: Vec<(Option<u64>, &str, &str, &str)> = vec![
+        (None, "outside", "affine_dequantize", "embed"),
+        (None, "outside", "add_rms_norm", ""),
+    ];
+    for layer in 0..6u64 {
+        let (kind, mixer) = if layer % 3 == 2 {
+            ("attention", &attention)
+        } else {
+            ("gdn", &gdn)
+        };
+        for (op, label) in mixer.iter().chain(&moe) {
+            want.push((Some(layer), kind, op, label));
+        }
+    }
+    want.push((None, "outside", "affine_products", "lm_head"));
+    let got: Vec<(Option<u64>, &str, &str, &str)> = rows
+        .iter()
+        .map(|r| {
+            (
+                r["layer"].as_u64(),
+                r["layer_kind"].as_str().unwrap(),
+                r["op"].as_str().unwrap(),
+                r["label"].as_str().unwrap_or(""),
+            )
+        })
+        .collect();
+    assert_eq!(got, want);
+
+    // Launches: one per row on the CPU, plus the logits' cast (candle), the whole step.
+    let launches = &p["launches"];
+    assert_eq!(launches["kernels"].as_u64().unwrap(), rows.len() as u64);
+    assert_eq!(launches["candle"], 1);
+    assert_eq!(
+        launches["total"].as_u64().unwrap(),
+        rows.len() as u64 + 1,
+        "{launches}"
+    );
+
+    let (mut seconds, mut read, mut written) = (0.0, 0u64, 0u64);
+    for r in rows {
+        seconds += positive_finite(&r["seconds"], "seconds");
+        read += positive_finite(&r["bytes_read"], "bytes_read") as u64;
+        written += positive_finite(&r["bytes_written"], "bytes_written") as u64;
+        positive_finite(&r["bytes_per_second"], "bytes_per_second");
+        assert_eq!(r["launches"], 1, "{r}");
+        assert_eq!(
+            r["grids"].as_array().unwrap().len(),
+            0,
+            "no grid on the CPU: {r}"
+        );
+    }
+    for key in ["by_op", "by_layer_kind"] {
+        let sums = p[key].as_array().unwrap();
+        let total = |field: &str| -> f64 { sums.iter().map(|s| s[field].as_f64().unwrap()).sum() };
+        assert!(
+            (total("seconds") - seconds).abs() <= 1e-9 * rows.len() as f64,
+            "{key}"
+        );
+        assert_eq!(total("bytes_read") as u64, read, "{key}");
+        assert_eq!(total("bytes_written") as u64, written, "{key}");
+        assert_eq!(total("calls") as usize, rows.len(), "{key}");
+    }
+    let kinds: Vec<(&str, u64, u64)> = p["by_layer_kind"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| {
+            (
+                s["key"].as_str().unwrap(),
+                s["layers"].as_u64().unwrap(),
+                s["calls"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        kinds,
+        [("gdn", 4, 40), ("attention", 2, 20), ("outside", 0, 3)]
+    );
+    let rows_seconds = p["rows_seconds"].as_f64().unwrap();
+    assert!((rows_seconds - seconds).abs() <= 1e-9 * rows.len() as f64);
+    let wall = positive_finite(&p["wall_seconds"], "wall_seconds");
+    let remainder = p["remainder_seconds"].as_f64().unwrap();
+    assert!((remainder - (wall - rows_seconds)).abs() < 1e-9);
+
+    // Bytes from the checkpoint's shapes (bf16 activations: 2 bytes).
+    let (hidden, vocab, bits, group) = (128u64, 2048u64, 4u64, 64u64);
+    let (top_k, experts, moe_inter) = (2u64, 8u64, 64u64);
+    // A 4-bit g64 matrix: packed values and a bf16 scale and bias per group.
+    let matrix =
+        |rows: u64, cols: u64, bits: u64| rows * cols * bits / 8 + 2 * rows * (cols / group) * 2;
+    let row = |label: &str, layer: Option<u64>| {
+        rows.iter()
+            .find(|r| r["label"] == label && r["layer"].as_u64() == layer)
+            .unwrap_or_else(|| panic!("no {label} row"))
+    };
+    let bytes = |r: &Json| {
+        (
+            r["bytes_read"].as_u64().unwrap(),
+            r["bytes_written"].as_u64().unwrap(),
+        )
+    };
+    // The output head: its whole matrix and the normed hidden state; the logits in bf16.
+    let head = matrix(vocab, hidden, bits);
+    assert_eq!(head, quantized_payload(&model, "lm_head"));
+    assert_eq!(bytes(row("lm_head", None)), (head + 2 * hidden, 2 * vocab));
+    // The GDN in-projection (qkvz and ba merged) of layer 0.
+    let in_proj = quantized_payload(&model, "model.layers.0.linear_attn.in_proj_qkvz")
+        + quantized_payload(&model, "model.layers.0.linear_attn.in_proj_ba");
+    let (qkvz, ba) = (384u64, 8u64);
+    assert_eq!(in_proj, matrix(qkvz + ba, hidden, bits));
+    assert_eq!(
+        bytes(row("gdn.in_proj", Some(0))),
+        (in_proj + 2 * hidden, 2 * (qkvz + ba))
+    );
+    // The gathered down product reads the matrices of its 3 slots (top-2 and the shared
+    // expert), not of the 9 stacked experts, and the slots' activations and ids.
+    let slots = top_k + 1;
+    let down = matrix(hidden, moe_inter, bits);
+    assert_eq!(
+        experts * down,
+        quantized_payload(&model, "model.layers.0.mlp.switch_mlp.down_proj")
+    );
+    let (down_read, down_written) = bytes(row("moe.down", Some(0)));
+    assert_eq!(down_read, slots * down + slots * moe_inter * 2 + slots * 4);
+    assert!(down_read < (experts + 1) * down / 2);
+    assert_eq!(down_written, slots * hidden * 2);
+    // Gate and up with the SwiGLU: each slot's gate and up rows.
+    let gate_up = 2 * matrix(moe_inter, hidden, bits);
+    assert_eq!(
+        bytes(row("moe.gate_up", Some(0))),
+        (
+            slots * gate_up + hidden * 2 + slots * 4,
+            slots * moe_inter * 2
+        )
+    );
+    // The recurrence and its norm: the f32 state [Hv, Dv, Dk] read and written once.
+    let state = 4 * 32 * 32 * 4;
+    let norm = rows
+        .iter()
+        .find(|r| r["op"] == "gated_delta_norm" && r["layer"] == 0)
+        .unwrap();
+    let (hv_dv, dk_heads) = (4 * 32u64, 2 * 32u64);
+    // q, k (bf16), v (bf16), g and beta (f32), z (bf16), the norm weight [Dv] (bf16).
+    let inputs = 2 * dk_heads * 2 + hv_dv * 2 + 2 * 4 * 4 + hv_dv * 2 + 32 * 2;
+    assert_eq!(bytes(norm), (state + inputs, state + hv_dv * 2));
+    // The conv front: qkv (C = 256 channels), b and a (Hv each), the conv state [K-1, C] and
+    // the taps [K, C] in bf16, dt_bias and neg_a_exp in f32; q, k, v, g, beta (f32) and the
+    // state written.
+    let conv = rows
+        .iter()
+        .find(|r| r["op"] == "gdn_conv_prep" && r["layer"] == 0)
+        .unwrap();
+    let (channels, conv_state) = (256u64, 3 * 256 * 2u64);
+    assert_eq!(
+        bytes(conv),
+        (
+            channels * 2 + 2 * 4 * 2 + conv_state + 4 * channels * 2 + 2 * 4 * 4,
+            channels * 2 + 2 * 4 * 4 + conv_state
+        )
+    );
+    // Attention reads the keys and values of the positions so far, its own included (2 KV
+    // heads of 64), not the buffers' capacity; q, gate and the position.
+    let position = p["position"].as_u64().unwrap();
+    let attn = rows
+        .iter()
+        .find(|r| r["op"] == "attn_decode" && r["layer"] == 2)
+        .unwrap();
+    let kv = 2 * 2 * (position + 1) * 64 * 2;
+    assert_eq!(bytes(attn), (2 * 4 * 64 * 2 + 4 + kv, 4 * 64 * 2));
+}
+
+/// The profile is of the fused decode step: the reference plan (f32 on the CPU) has none,
+/// and says what to use instead.
+#[test]
+fn decode_profile_needs_the_fused_step() {
+    let out = bench(&["-p", "4", "-g", "1", "-r", "1", "--profile-decode"]);
+    assert_error(&out, &["--profile-decode", "--dtype bf16"]);
+}

@@ -200,7 +200,8 @@ pub(crate) enum Binding<'a> {
 
 /// One kernel launch: buffers bound to slots `0..`, the parameters (`set_bytes`) in the slot
 /// after them, and optional threadgroup memory at index 0. Every Metal launch of this crate
-/// goes through here, so this is where launches are counted.
+/// goes through here, so this is where launches are counted and, when profiling, their
+/// geometry noted ([`crate::profile::note_grid`]).
 pub(crate) fn encode<P>(
     dev: &MetalDevice,
     pipeline: &ComputePipeline,
@@ -211,6 +212,10 @@ pub(crate) fn encode<P>(
     threadgroup_bytes: usize,
 ) -> Result<()> {
     launches::record(1);
+    crate::profile::note_grid(
+        [groups.width, groups.height, groups.depth].map(|n| n as u32),
+        [threads.width, threads.height, threads.depth].map(|n| n as u32),
+    );
     let guard = dev.command_encoder()?;
     let encoder: &candle_metal_kernels::metal::ComputeCommandEncoder = guard.as_ref();
     encoder.set_compute_pipeline_state(pipeline);

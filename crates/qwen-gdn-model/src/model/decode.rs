@@ -13,6 +13,7 @@ use crate::layers::norm::{cast, RmsNorm};
 use anyhow::{bail, Result};
 use candle_core::{DType, Tensor};
 use gdn_ops::ops::{add_rms_norm::add_rms_norm, moe_combine::moe_combine};
+use gdn_ops::profile::{self, LayerKind};
 
 /// Which parts of each layer the fused kernels cover, decided once at load.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -53,6 +54,9 @@ impl Model {
     /// launches of each layer (the difference of [`gdn_ops::launches::count`] around it:
     /// counted where the kernels are launched). Everything else the step launches
     /// (embedding, first norm, head) is the total minus their sum.
+    ///
+    /// Always the eager step, never a CUDA graph's replay: `bench --profile-decode` times its
+    /// kernels one by one through it.
     pub fn decode_step_with_launches(
         &self,
         token: u32,
@@ -99,12 +103,20 @@ impl Model {
         cache: &mut Cache,
         mut per_layer: Option<&mut Vec<usize>>,
     ) -> Result<Tensor> {
-        let embedded = self.embed.forward_ids(token, self.dtype)?; // [1, H]
+        let embedded = profile::labelled("embed", || self.embed.forward_ids(token, self.dtype))?; // [1, H]
         let first_norm = &self.layers[0].input_norm;
         let (mut h, mut x) = add_rms_norm(&embedded, None, &first_norm.weight, first_norm.eps)?;
         for (i, (layer, layer_cache)) in self.layers.iter().zip(cache.layers.iter_mut()).enumerate()
         {
             let launches_before = gdn_ops::launches::count();
+            // The decode profile's rows of this layer (`bench --profile-decode`).
+            let _profiled = profile::layer(
+                i,
+                match layer.mixer {
+                    Mixer::Gdn(_) => LayerKind::Gdn,
+                    Mixer::Attention(_) => LayerKind::Attention,
+                },
+            );
             let covered = self.coverage[i];
             let next_norm: &RmsNorm = match self.layers.get(i + 1) {
                 Some(next) => &next.input_norm,
@@ -153,7 +165,8 @@ impl Model {
         }
         cache.offset += 1;
         // x is the final norm of the last hidden state.
-        cast(&self.lm_head.forward(&x)?, DType::F32)
+        let logits = profile::labelled("lm_head", || self.lm_head.forward(&x))?;
+        cast(&logits, DType::F32)
     }
 }
 

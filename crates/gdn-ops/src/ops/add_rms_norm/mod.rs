@@ -18,6 +18,7 @@ pub mod cuda;
 pub mod metal;
 
 use crate::launches;
+use crate::profile::{self, tensor_bytes, Traffic};
 use anyhow::{bail, ensure, Result};
 use candle_core::{DType, Device, Tensor, D};
 
@@ -102,16 +103,33 @@ pub fn add_rms_norm(
     );
     let rows = residual.elem_count() / cols;
     ensure!(rows > 0, "{OP}: residual {:?} has no rows", residual.dims());
-    match residual.device() {
-        Device::Cpu => launches::cpu_twin(|| cpu::add_rms_norm(residual, delta, weight, eps)),
-        #[cfg(any(feature = "metal", target_os = "macos"))]
-        Device::Metal(_) => metal::add_rms_norm(residual, delta, weight, eps, rows, cols),
-        #[cfg(feature = "cuda")]
-        Device::Cuda(_) => cuda::add_rms_norm(residual, delta, weight, eps, rows, cols),
-        #[allow(unreachable_patterns)]
-        other => {
-            let _ = rows;
-            bail!("{OP}: no kernel for device {other:?}")
-        }
-    }
+    let device = residual.device();
+    profile::kernel(
+        OP,
+        device,
+        || Ok(traffic(residual, delta, weight)),
+        || match device {
+            Device::Cpu => launches::cpu_twin(|| cpu::add_rms_norm(residual, delta, weight, eps)),
+            #[cfg(any(feature = "metal", target_os = "macos"))]
+            Device::Metal(_) => metal::add_rms_norm(residual, delta, weight, eps, rows, cols),
+            #[cfg(feature = "cuda")]
+            Device::Cuda(_) => cuda::add_rms_norm(residual, delta, weight, eps, rows, cols),
+            #[allow(unreachable_patterns)]
+            other => {
+                let _ = rows;
+                bail!("{OP}: no kernel for device {other:?}")
+            }
+        },
+    )
+}
+
+/// Bytes moved (the decode profile): the residual, the delta if any and the weight read;
+/// the normed rows written, and the sum when there is a delta (without one the sum is the
+/// residual itself, not written).
+fn traffic(residual: &Tensor, delta: Option<&Tensor>, weight: &Tensor) -> Traffic {
+    let rows = tensor_bytes(residual);
+    let with_delta = if delta.is_some() { rows } else { 0 };
+    Traffic::new()
+        .read(rows + with_delta + tensor_bytes(weight))
+        .write(rows + with_delta)
 }

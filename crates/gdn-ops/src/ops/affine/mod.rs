@@ -21,6 +21,7 @@ pub mod wide;
 
 use crate::affine::AffineMatrix;
 use crate::launches;
+use crate::profile::{self, elems_bytes, tensor_bytes, Traffic};
 use anyhow::{bail, ensure, Result};
 use candle_core::{DType, Device, Tensor};
 
@@ -85,6 +86,12 @@ impl AffineTensor {
             .iter()
             .map(|t| t.elem_count() * t.dtype().size_in_bytes())
             .sum()
+    }
+
+    /// Bytes of one row of one expert: its packed words, scales and biases (every row holds
+    /// as many).
+    pub fn row_bytes(&self) -> usize {
+        self.bytes() / (self.experts * self.rows).max(1)
     }
 
     /// Expert `e` of the stack as a single matrix: views of its rows of the packed words,
@@ -197,16 +204,27 @@ impl AffineTensor {
         let x = x.contiguous()?;
         let ids = ids.flatten_all()?;
         let out_rows = n * slots;
-        let act = match self.device() {
+        // Bytes moved (the decode profile): x and the ids read, and each slot's expert, gate
+        // and up rows, read whole (`out_rows` experts, not the stack: at one token the slots
+        // name distinct experts); half as many activations written as rows read per slot.
+        let traffic = || {
+            Ok(Traffic::new()
+                .read_all(&x)
+                .read_all(&ids)
+                .read(out_rows * self.rows * self.row_bytes())
+                .write(elems_bytes(out_rows * self.rows / 2, x.dtype())))
+        };
+        let device = self.device();
+        let act = profile::kernel("affine_products_swiglu", device, traffic, || match device {
             Device::Cpu => {
-                launches::cpu_twin(|| cpu::swiglu_products(self, &x, &ids, slots, out_rows))?
+                launches::cpu_twin(|| cpu::swiglu_products(self, &x, &ids, slots, out_rows))
             }
             #[cfg(any(feature = "metal", target_os = "macos"))]
-            Device::Metal(_) => metal::swiglu_products(self, &x, &ids, slots, out_rows)?,
+            Device::Metal(_) => metal::swiglu_products(self, &x, &ids, slots, out_rows),
             #[cfg(feature = "cuda")]
-            Device::Cuda(_) => cuda::swiglu_products(self, &x, &ids, slots, out_rows)?,
+            Device::Cuda(_) => cuda::swiglu_products(self, &x, &ids, slots, out_rows),
             other => bail!("expert swiglu: no kernel for {other:?} yet"),
-        };
+        })?;
         Ok(act.reshape((n, slots, self.rows / 2))?)
     }
 
@@ -220,14 +238,22 @@ impl AffineTensor {
                 "row ids must be [{count}]"
             );
         }
-        match self.device() {
+        // Bytes moved (the decode profile): the `count` rows dequantized and their ids read,
+        // as many rows of `cols` values written in `dtype`.
+        let traffic = || {
+            Ok(Traffic::new()
+                .read(count * self.row_bytes() + ids.map_or(0, tensor_bytes))
+                .write(elems_bytes(count * self.cols, dtype)))
+        };
+        let device = self.device();
+        profile::kernel("affine_dequantize", device, traffic, || match device {
             Device::Cpu => launches::cpu_twin(|| cpu::dequantize(self, ids, count, dtype)),
             #[cfg(any(feature = "metal", target_os = "macos"))]
             Device::Metal(_) => metal::dequantize(self, ids, count, dtype),
             #[cfg(feature = "cuda")]
             Device::Cuda(_) => cuda::dequantize(self, ids, count, dtype),
             other => bail!("affine dequantize: no kernel for {other:?} yet"),
-        }
+        })
     }
 
     /// Rows of x the input stands for, after checking its width and device.
@@ -253,14 +279,37 @@ impl AffineTensor {
         x_div: usize,
         out_rows: usize,
     ) -> Result<Tensor> {
-        match self.device() {
+        // A gathered product (ids: the experts' slots) is its own row kind in the profile.
+        let name = match ids {
+            Some(_) => "affine_products_gathered",
+            None => "affine_products",
+        };
+        let traffic = || Ok(self.products_traffic(x, ids, out_rows));
+        let device = self.device();
+        profile::kernel(name, device, traffic, || match device {
             Device::Cpu => launches::cpu_twin(|| cpu::products(self, x, ids, x_div, out_rows)),
             #[cfg(any(feature = "metal", target_os = "macos"))]
             Device::Metal(_) => metal::products(self, x, ids, x_div, out_rows),
             #[cfg(feature = "cuda")]
             Device::Cuda(_) => cuda::products(self, x, ids, x_div, out_rows),
             other => bail!("affine matmul: no kernel for {other:?} yet"),
-        }
+        })
+    }
+
+    /// Bytes [`Self::products`] moves (the decode profile): the x rows (each once, however
+    /// many output rows share one) and the ids read; the matrix read whole once without ids,
+    /// or with ids the whole matrix of each output row's expert (`out_rows` experts, not the
+    /// stack: at one token the slots name distinct experts); `out_rows` rows of `rows` values
+    /// written in x's dtype.
+    fn products_traffic(&self, x: &Tensor, ids: Option<&Tensor>, out_rows: usize) -> Traffic {
+        let weights = match ids {
+            Some(_) => out_rows * self.rows * self.row_bytes(),
+            None => self.bytes(),
+        };
+        Traffic::new()
+            .read_all(x)
+            .read(ids.map_or(0, tensor_bytes) + weights)
+            .write(elems_bytes(out_rows * self.rows, x.dtype()))
     }
 }
 

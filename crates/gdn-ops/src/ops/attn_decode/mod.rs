@@ -34,6 +34,7 @@ pub mod cuda;
 pub mod metal;
 
 use crate::launches;
+use crate::profile::{self, elems_bytes, Traffic};
 use anyhow::{bail, ensure, Result};
 use candle_core::{DType, Device, Tensor};
 
@@ -122,7 +123,16 @@ pub fn attn_decode(
     pos: &Tensor,
 ) -> Result<Tensor> {
     let dims = check(q, gate, keys, values, pos)?;
-    match q.device() {
+    let device = q.device();
+    // The GPU kernels split a long context into key ranges and merge them in a second launch
+    // (one row, both grids); the CPU twin never splits.
+    let name = if !device.is_cpu() && dims.splits() > 1 {
+        "attn_decode_split"
+    } else {
+        "attn_decode"
+    };
+    let traffic = || traffic(dims, q, gate, pos);
+    profile::kernel(name, device, traffic, || match device {
         Device::Cpu => launches::cpu_twin(|| cpu::attn_decode(dims, q, gate, keys, values, pos)),
         #[cfg(any(feature = "metal", target_os = "macos"))]
         Device::Metal(_) => metal::attn_decode(dims, q, gate, keys, values, pos),
@@ -130,7 +140,24 @@ pub fn attn_decode(
         Device::Cuda(_) => cuda::attn_decode(dims, q, gate, keys, values, pos),
         #[allow(unreachable_patterns)]
         other => bail!("attn_decode: no kernel for device {other:?}"),
-    }
+    })
+}
+
+/// Bytes moved (the decode profile): q, gate and the position read, and per KV head the keys
+/// and values of positions `0..=pos` (clamped as the kernels clamp it), not the buffers'
+/// capacity; the output written. The position lives on the device: it is read back, which
+/// the profile does only when profiling (between drained ops). The split's partial records
+/// are scratch, not counted.
+fn traffic(d: AttnDecodeDims, q: &Tensor, gate: &Tensor, pos: &Tensor) -> Result<Traffic> {
+    let last = (pos.to_vec1::<u32>()?[0] as usize).min(d.capacity - 1);
+    let dtype = q.dtype();
+    let kv = elems_bytes(d.batch * d.kv_heads * (last + 1) * d.head_dim, dtype);
+    Ok(Traffic::new()
+        .read_all(q)
+        .read_all(gate)
+        .read_all(pos)
+        .read(2 * kv)
+        .write(elems_bytes(d.batch * d.q_heads * d.head_dim, dtype)))
 }
 
 fn check(

@@ -29,6 +29,7 @@ pub(crate) mod cpu;
 pub mod cuda;
 
 use crate::launches;
+use crate::profile::{self, Traffic};
 use anyhow::{anyhow, bail, ensure, Result};
 use candle_core::{DType, Device, Tensor};
 
@@ -120,7 +121,17 @@ pub fn attn_prefill(q: &Tensor, k: &Tensor, v: &Tensor, offset: usize) -> Result
         let shape = (dims.batch, dims.q_heads, dims.queries, dims.head_dim);
         return Ok(Tensor::zeros(shape, q.dtype(), q.device())?);
     }
-    match q.device() {
+    // Bytes moved (the decode profile): q, and each KV head's keys and values once (a block
+    // of queries rereads them, from cache at best: counted once); the output written.
+    let traffic = || {
+        Ok(Traffic::new()
+            .read_all(q)
+            .read_all(k)
+            .read_all(v)
+            .write_all(q))
+    };
+    let device = q.device();
+    profile::kernel("attn_prefill", device, traffic, || match device {
         Device::Cpu => launches::cpu_twin(|| cpu::attn_prefill(dims, q, k, v)),
         #[cfg(feature = "cuda")]
         Device::Cuda(_) => {
@@ -142,7 +153,7 @@ pub fn attn_prefill(q: &Tensor, k: &Tensor, v: &Tensor, offset: usize) -> Result
         }
         #[allow(unreachable_patterns)]
         other => bail!("attn_prefill: no kernel for device {other:?}"),
-    }
+    })
 }
 
 fn check(q: &Tensor, k: &Tensor, v: &Tensor, offset: usize) -> Result<AttnPrefillDims> {

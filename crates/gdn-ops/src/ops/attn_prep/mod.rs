@@ -33,6 +33,7 @@ pub mod cuda;
 pub mod metal;
 
 use crate::launches;
+use crate::profile::{self, elems_bytes, Traffic};
 use anyhow::{bail, ensure, Result};
 use candle_core::{DType, Device, Tensor, D};
 
@@ -100,7 +101,24 @@ pub fn attn_prep(
     values: &Tensor,
 ) -> Result<(Tensor, Tensor)> {
     let dims = check(qkv, q_norm, k_norm, eps, inv_freq, pos, keys, values)?;
-    match qkv.device() {
+    // Bytes moved (the decode profile): the qkv rows, both norm weights, inv_freq and the
+    // position read; q and gate (`B·Nq·Dh` values each) and one key and one value per KV head
+    // (at `pos`, not the buffers) written.
+    let traffic = || {
+        let d = dims;
+        let dtype = qkv.dtype();
+        let q = elems_bytes(d.batch * d.q_heads * d.head_dim, dtype);
+        let kv = elems_bytes(d.batch * d.kv_heads * d.head_dim, dtype);
+        Ok(Traffic::new()
+            .read_all(qkv)
+            .read_all(q_norm)
+            .read_all(k_norm)
+            .read_all(inv_freq)
+            .read_all(pos)
+            .write(2 * q + 2 * kv))
+    };
+    let device = qkv.device();
+    profile::kernel("attn_prep", device, traffic, || match device {
         Device::Cpu => launches::cpu_twin(|| {
             cpu::attn_prep(dims, qkv, q_norm, k_norm, eps, inv_freq, pos, keys, values)
         }),
@@ -114,7 +132,7 @@ pub fn attn_prep(
         }
         #[allow(unreachable_patterns)]
         other => bail!("attn_prep: no kernel for device {other:?}"),
-    }
+    })
 }
 
 #[allow(clippy::too_many_arguments)]

@@ -15,6 +15,7 @@ pub mod cuda;
 pub mod metal;
 
 use crate::launches;
+use crate::profile::{self, elems_bytes, Traffic};
 use anyhow::{bail, ensure, Result};
 use candle_core::{Device, Tensor};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -329,7 +330,14 @@ fn update(
             }
             supported
         };
-    match state.device() {
+    let name = if chunked {
+        "gated_delta_chunked"
+    } else {
+        "gated_delta"
+    };
+    let device = state.device();
+    let traffic = || Ok(traffic(&inputs, dims, state));
+    profile::kernel(name, device, traffic, || match device {
         // Stands in for the one kernel a GPU launches.
         Device::Cpu => {
             launches::record(1);
@@ -350,7 +358,25 @@ fn update(
         #[cfg(feature = "cuda")]
         Device::Cuda(_) => cuda::gated_delta_update(dims, &inputs, state),
         other => bail!("gated_delta_update: no kernel for device {other:?} yet"),
+    })
+}
+
+/// Bytes moved (the decode profile), for the recurrence alone and for it with the norm
+/// (`ops::gated_delta_norm` adds what the norm reads): q, k, v, g, beta and the mask read;
+/// the state read once and written once in its own dtype, whatever the number of tokens; y
+/// (`[B, T, Hv, Dv]` in q's dtype) written.
+pub(crate) fn traffic(inputs: &Inputs, dims: GdnDims, state: &Tensor) -> Traffic {
+    let y = dims.batch * dims.steps * dims.value_heads * dims.value_dim;
+    let mut t = Traffic::new();
+    for x in [inputs.q, inputs.k, inputs.v, inputs.g, inputs.beta]
+        .into_iter()
+        .chain(inputs.mask)
+    {
+        t = t.read_all(x);
     }
+    t.read_all(state)
+        .write_all(state)
+        .write(elems_bytes(y, inputs.q.dtype()))
 }
 
 /// The recurrence on the host for shapes a GPU kernel does not cover (key head dims of tiny

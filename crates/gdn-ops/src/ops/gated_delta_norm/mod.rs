@@ -25,6 +25,7 @@ pub mod metal;
 use crate::backend::{ensure_same_device, row_layout, RowLayout};
 use crate::launches;
 use crate::ops::gated_delta::{self, GdnDims};
+use crate::profile;
 use anyhow::{bail, ensure, Result};
 use candle_core::{DType, Device, Tensor};
 
@@ -211,7 +212,15 @@ pub fn gated_delta_update_norm(
             "gated_delta_update_norm: z",
         )?,
     };
-    match state.device() {
+    // Bytes moved (the decode profile): the recurrence's (`gated_delta::traffic`: its inputs,
+    // the state read and written once, the output written), plus z and the norm weight read.
+    let traffic = || {
+        Ok(gated_delta::traffic(&inputs.recurrence, dims, state)
+            .read_all(z)
+            .read_all(weight))
+    };
+    let device = state.device();
+    profile::kernel("gated_delta_norm", device, traffic, || match device {
         Device::Cpu => launches::cpu_twin(|| cpu::gated_delta_update_norm(&inputs)),
         #[cfg(any(feature = "metal", target_os = "macos"))]
         Device::Metal(_) => metal::gated_delta_update_norm(&inputs),
@@ -219,5 +228,5 @@ pub fn gated_delta_update_norm(
         Device::Cuda(_) => cuda::gated_delta_update_norm(&inputs),
         #[allow(unreachable_patterns)]
         other => bail!("{OP}: no kernel for device {other:?}"),
-    }
+    })
 }

@@ -25,6 +25,7 @@ pub mod metal;
 
 use crate::backend::{ensure_same_device, row_layout, RowLayout};
 use crate::launches;
+use crate::profile::{self, Traffic};
 use anyhow::{bail, ensure, Result};
 use candle_core::{DType, Device, Tensor};
 
@@ -130,7 +131,17 @@ pub fn gated_rms_norm(y: &Tensor, z: &Tensor, weight: &Tensor, eps: f32) -> Resu
         shape,
         z_rows: row_layout(z, &[b, t], hv * dv, "gated_rms_norm: z")?,
     };
-    match y.device() {
+    // Bytes moved (the decode profile): y, z and the weight read, the output (y's size)
+    // written.
+    let traffic = || {
+        Ok(Traffic::new()
+            .read_all(y)
+            .read_all(z)
+            .read_all(weight)
+            .write_all(y))
+    };
+    let device = y.device();
+    profile::kernel(OP, device, traffic, || match device {
         Device::Cpu => launches::cpu_twin(|| cpu::gated_rms_norm(&inputs)),
         #[cfg(any(feature = "metal", target_os = "macos"))]
         Device::Metal(_) => metal::gated_rms_norm(&inputs),
@@ -138,5 +149,5 @@ pub fn gated_rms_norm(y: &Tensor, z: &Tensor, weight: &Tensor, eps: f32) -> Resu
         Device::Cuda(_) => cuda::gated_rms_norm(&inputs),
         #[allow(unreachable_patterns)]
         other => bail!("{OP}: no kernel for device {other:?}"),
-    }
+    })
 }

@@ -52,6 +52,7 @@ pub mod metal;
 
 use crate::backend::{ensure_same_device, row_layout, RowLayout};
 use crate::launches;
+use crate::profile::{self, tensor_bytes, Traffic};
 use anyhow::{bail, ensure, Result};
 use candle_core::{DType, Device, Tensor};
 
@@ -321,15 +322,39 @@ pub fn gdn_conv_prep(
     if tokens == 0 || batch == 0 {
         return empty(&inputs);
     }
-    match conv_state.device() {
-        Device::Cpu => launches::cpu_twin(|| cpu::gdn_conv_prep(&inputs)),
-        #[cfg(any(feature = "metal", target_os = "macos"))]
-        Device::Metal(_) => metal::gdn_conv_prep(&inputs),
-        #[cfg(feature = "cuda")]
-        Device::Cuda(_) => cuda::gdn_conv_prep(&inputs),
-        #[allow(unreachable_patterns)]
-        other => bail!("{OP}: no kernel for device {other:?}"),
-    }
+    let device = conv_state.device();
+    profile::kernel(
+        OP,
+        device,
+        || Ok(traffic(&inputs)),
+        || match device {
+            Device::Cpu => launches::cpu_twin(|| cpu::gdn_conv_prep(&inputs)),
+            #[cfg(any(feature = "metal", target_os = "macos"))]
+            Device::Metal(_) => metal::gdn_conv_prep(&inputs),
+            #[cfg(feature = "cuda")]
+            Device::Cuda(_) => cuda::gdn_conv_prep(&inputs),
+            #[allow(unreachable_patterns)]
+            other => bail!("{OP}: no kernel for device {other:?}"),
+        },
+    )
+}
+
+/// Bytes moved (the decode profile): the chunk's qkv, b and a rows (the views' elements, not
+/// the wider projection they sit in), the conv state, the taps, dt_bias and neg_a_exp read;
+/// q, k, v (`C` values per token), g and beta (f32) and the conv state written.
+fn traffic(inputs: &Inputs) -> Traffic {
+    let tokens = inputs.batch * inputs.tokens;
+    let hv = inputs.dims.value_heads;
+    let state = tensor_bytes(inputs.conv_state);
+    Traffic::new()
+        .read_all(inputs.qkv)
+        .read_all(inputs.b)
+        .read_all(inputs.a)
+        .read(state)
+        .read_all(inputs.taps)
+        .read_all(inputs.dt_bias)
+        .read_all(inputs.neg_a_exp)
+        .write(tensor_bytes(inputs.qkv) + 2 * tokens * hv * 4 + state)
 }
 
 /// An empty chunk (or batch): empty outputs, the state as it was, nothing launched.

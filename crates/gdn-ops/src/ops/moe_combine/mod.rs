@@ -26,6 +26,7 @@ pub mod cuda;
 pub mod metal;
 
 use crate::launches;
+use crate::profile::{self, elems_bytes, tensor_bytes, Traffic};
 use anyhow::{bail, ensure, Result};
 use candle_core::{DType, Device, Tensor};
 
@@ -201,12 +202,35 @@ fn combine(
         residual: residual.map(|r| r.contiguous()).transpose()?,
         norm_weight: norm.map(|n| n.0.contiguous()).transpose()?,
     };
-    match down.device() {
+    let device = down.device();
+    let traffic = || Ok(traffic(&inputs, (tokens, slots, hidden)));
+    profile::kernel("moe_combine", device, traffic, || match device {
         Device::Cpu => launches::cpu_twin(|| cpu::moe_combine(&inputs, &p)),
         #[cfg(any(feature = "metal", target_os = "macos"))]
         Device::Metal(_) => metal::moe_combine(&inputs, &p),
         #[cfg(feature = "cuda")]
         Device::Cuda(_) => cuda::moe_combine(&inputs, &p),
         other => bail!("moe_combine: no kernel for {other:?} yet"),
-    }
+    })
+}
+
+/// Bytes moved (the decode profile): the `N·S` expert rows of `H` values summed (in the
+/// gathered form only the rows the slots name, not all of `down`), the weights, the row
+/// indices, the residual and the norm weight read; the sum written, and the normed rows
+/// with a norm.
+fn traffic(inputs: &Inputs, (tokens, slots, hidden): (usize, usize, usize)) -> Traffic {
+    let dtype = inputs.down.dtype();
+    let row = elems_bytes(hidden, dtype);
+    let optional = |t: &Option<Tensor>| t.as_ref().map_or(0, tensor_bytes);
+    let normed = if inputs.norm_weight.is_some() {
+        tokens * row
+    } else {
+        0
+    };
+    Traffic::new()
+        .read(tokens * slots * row)
+        .read_all(&inputs.weights)
+        .read(optional(&inputs.rows) + optional(&inputs.residual))
+        .read(optional(&inputs.norm_weight))
+        .write(tokens * row + normed)
 }

@@ -23,6 +23,7 @@ pub mod cuda;
 pub mod metal;
 
 use crate::launches;
+use crate::profile::{self, Traffic};
 use anyhow::{bail, ensure, Result};
 use candle_core::{DType, Device, Tensor};
 
@@ -79,12 +80,21 @@ pub fn moe_route(
         renormalise: renormalise as u32,
         has_shared: has_shared as u32,
     };
-    match logits.device() {
+    // Bytes moved (the decode profile): the logits read; per slot a u32 id and an f32
+    // weight written.
+    let traffic = || {
+        let slots = top_k + has_shared as usize;
+        Ok(Traffic::new()
+            .read_all(logits)
+            .write(tokens * slots * (4 + 4)))
+    };
+    let device = logits.device();
+    profile::kernel("moe_route", device, traffic, || match device {
         Device::Cpu => launches::cpu_twin(|| cpu::moe_route(logits, &p)),
         #[cfg(any(feature = "metal", target_os = "macos"))]
         Device::Metal(_) => metal::moe_route(logits, &p),
         #[cfg(feature = "cuda")]
         Device::Cuda(_) => cuda::moe_route(logits, &p),
         other => bail!("moe_route: no kernel for {other:?} yet"),
-    }
+    })
 }

@@ -10,6 +10,7 @@ use anyhow::{Context, Result};
 use candle_core::{DType, Tensor, D};
 use gdn_ops::launches::candle_ops;
 use gdn_ops::ops::{attn_decode, attn_prep};
+use gdn_ops::profile;
 
 impl Attention {
     /// Whether the fused kernels cover this layer in `dtype`.
@@ -29,13 +30,13 @@ impl Attention {
     ) -> Result<Tensor> {
         let b = x.dim(0)?;
         let (nq, nkv, dh) = (self.heads, self.kv_heads, self.head_dim);
-        let qkv = match self.qkv.merged() {
-            Some(linear) => linear.forward(x)?,
+        let qkv = profile::labelled("attn.qkv", || match self.qkv.merged() {
+            Some(linear) => linear.forward(x),
             None => {
                 let parts = self.qkv.forward(x)?;
-                candle_ops(parts.len(), Tensor::cat(&parts, D::Minus1))?
+                candle_ops(parts.len(), Tensor::cat(&parts, D::Minus1))
             }
-        };
+        })?;
         let (keys, values) = cache.buffers_for_next((b, nkv, dh), x)?;
         let inv_freq = self
             .rope_inv_freq
@@ -53,6 +54,7 @@ impl Attention {
         )?;
         cache.advance(1);
         let o = attn_decode::attn_decode(&q, &gate, &keys, &values, pos)?;
-        self.o_proj.forward(&o.reshape((b, nq * dh))?)
+        let o = o.reshape((b, nq * dh))?;
+        profile::labelled("attn.o_proj", || self.o_proj.forward(&o))
     }
 }

@@ -10,6 +10,7 @@ use crate::cache::GdnCache;
 use anyhow::Result;
 use candle_core::{DType, Tensor};
 use gdn_ops::ops::{gated_delta_norm, gdn_conv_prep};
+use gdn_ops::profile;
 use gdn_ops::GdnDims;
 
 impl GatedDeltaNet {
@@ -44,11 +45,10 @@ impl GatedDeltaNet {
     pub(crate) fn decode_fused(&self, x: &Tensor, cache: &mut GdnCache) -> Result<Tensor> {
         let b = x.dim(0)?;
         let (hv, dv) = (self.value_heads, self.value_dim);
-        let [qkv, z, beta_in, a]: [Tensor; 4] = self
-            .in_proj
-            .forward(x)?
-            .try_into()
-            .expect("four projections");
+        let [qkv, z, beta_in, a]: [Tensor; 4] =
+            profile::labelled("gdn.in_proj", || self.in_proj.forward(x))?
+                .try_into()
+                .expect("four projections");
         let channels = qkv.dim(1)?;
         let conv_state = self.conv_state_for(cache, b, channels, x)?;
         let state = self.state_for(cache, b, x.device())?;
@@ -74,6 +74,7 @@ impl GatedDeltaNet {
             &self.norm.norm.weight,
             self.norm.norm.eps,
         )?;
-        self.out_proj.forward(&out.reshape((b, hv * dv))?)
+        let out = out.reshape((b, hv * dv))?;
+        profile::labelled("gdn.out_proj", || self.out_proj.forward(&out))
     }
 }

@@ -9,6 +9,7 @@ use super::{SparseMoe, StackedExperts};
 use anyhow::Result;
 use candle_core::{DType, Tensor};
 use gdn_ops::ops::moe_route;
+use gdn_ops::profile;
 
 impl SparseMoe {
     /// Whether the fused kernels cover this block in `dtype`.
@@ -25,11 +26,11 @@ impl SparseMoe {
         let s: &StackedExperts = self
             .stacked()
             .ok_or_else(|| anyhow::anyhow!("fused MoE decode needs stacked experts"))?;
-        let logits = s.router.forward(x)?;
+        let logits = profile::labelled("moe.router", || s.router.forward(x))?;
         let (ids, weights) =
             moe_route::moe_route(&logits, self.top_k, self.norm_topk_prob, s.has_shared)?;
-        let act = s.gate_up.gather_swiglu(x, &ids)?; // [N, S, Im]
-        let down = s.down.gather_matmul_t(&act, &ids)?; // [N, S, H]
+        let act = profile::labelled("moe.gate_up", || s.gate_up.gather_swiglu(x, &ids))?; // [N, S, Im]
+        let down = profile::labelled("moe.down", || s.down.gather_matmul_t(&act, &ids))?; // [N, S, H]
         Ok((down, weights))
     }
 }

@@ -1,0 +1,482 @@
+//! The kernel profile of a decode step (`qwen-gdn bench --profile-decode`): every op of this
+//! crate, when profiling is on, records one row with its name, the layer it ran in, the
+//! projection it computed (a label the caller sets), the grid of each launch, its device time
+//! and the bytes it read and wrote, counted from its arguments.
+//!
+//! - Each op wraps its backend dispatch in [`kernel`], with a [`Traffic`] computed from its
+//!   arguments (the formula sits beside the op's spec, in its `mod.rs`): semantic bytes, what
+//!   the op must move at the least (a gathered expert product reads only the rows of the
+//!   experts it uses, the GDN state is read and written once), so that bytes over time is the
+//!   bandwidth the kernel achieves on its job.
+//! - The launch function of each backend notes the grid and block of every launch into the
+//!   open row ([`note_grid`]); candle's own ops, which cannot be timed one by one here, are
+//!   only counted ([`note_candle`], from [`crate::launches::candle_ops`]): their time shows as
+//!   the remainder between the rows and the step's wall time.
+//! - The model says which layer runs ([`layer`]) and which projection ([`labelled`]).
+//!
+//! Timing ([`timer`]): on CUDA the op's own GPU time between two events, the stream drained
+//! before and a short spin kernel queued ahead so that host launch latency is not counted; on
+//! Metal the host clock with the device drained before and after; on the CPU the twin's wall
+//! time.
+//!
+//! The state is per thread (the device plan runs a step on the calling thread): profiling one
+//! thread leaves the others untouched, and off (the default) each op pays one thread-local
+//! load.
+
+mod copy_bandwidth;
+#[cfg(feature = "cuda")]
+mod cuda;
+mod timer;
+
+pub use copy_bandwidth::{copy_bandwidth, CopyBandwidth};
+
+use anyhow::Result;
+use candle_core::{DType, Device, Tensor};
+use std::cell::{Cell, RefCell};
+use std::time::Duration;
+
+/// Bytes an op reads and writes, counted from its arguments.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Traffic {
+    pub read: u64,
+    pub written: u64,
+}
+
+impl Traffic {
+    /// Nothing yet; add terms with [`Traffic::read`] and [`Traffic::write`].
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Adds `bytes` read.
+    pub fn read(mut self, bytes: usize) -> Self {
+        self.read += bytes as u64;
+        self
+    }
+
+    /// Adds `bytes` written.
+    pub fn write(mut self, bytes: usize) -> Self {
+        self.written += bytes as u64;
+        self
+    }
+
+    /// Adds a whole tensor read (its elements, whatever its layout).
+    pub fn read_all(self, t: &Tensor) -> Self {
+        self.read(tensor_bytes(t))
+    }
+
+    /// Adds a whole tensor written.
+    pub fn write_all(self, t: &Tensor) -> Self {
+        self.write(tensor_bytes(t))
+    }
+
+    pub fn total(&self) -> u64 {
+        self.read + self.written
+    }
+}
+
+/// Bytes of a tensor's elements.
+pub fn tensor_bytes(t: &Tensor) -> usize {
+    elems_bytes(t.elem_count(), t.dtype())
+}
+
+/// Bytes of `n` elements of `dtype`.
+pub fn elems_bytes(n: usize, dtype: DType) -> usize {
+    n * dtype.size_in_bytes()
+}
+
+/// The kind of layer a row ran in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum LayerKind {
+    Gdn,
+    Attention,
+    /// Before the first layer and after the last (embedding, first norm, output head).
+    Outside,
+}
+
+impl LayerKind {
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Gdn => "gdn",
+            Self::Attention => "attention",
+            Self::Outside => "outside",
+        }
+    }
+}
+
+/// Where a row ran: a layer's index and kind, or outside the layers (`index` None).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Place {
+    pub index: Option<usize>,
+    pub kind: LayerKind,
+}
+
+const OUTSIDE: Place = Place {
+    index: None,
+    kind: LayerKind::Outside,
+};
+
+/// Grid and block of one launch (threadgroups and threads per threadgroup on Metal).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Grid {
+    pub grid: [u32; 3],
+    pub block: [u32; 3],
+}
+
+/// One op call.
+#[derive(Debug, Clone, PartialEq)]
+pub struct KernelRow {
+    pub op: &'static str,
+    /// The projection or role the caller named ([`labelled`]).
+    pub label: Option<&'static str>,
+    pub place: Place,
+    /// One per launch on a GPU (an op may launch more than one kernel: a split attention and
+    /// its combine pass); none on the CPU.
+    pub grids: Vec<Grid>,
+    /// Launches counted inside the call ([`crate::launches`]): the CPU twin counts as one.
+    pub launches: usize,
+    pub time: Duration,
+    pub traffic: Traffic,
+}
+
+/// What a profiled stretch recorded.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Recording {
+    /// In call order.
+    pub kernels: Vec<KernelRow>,
+    /// Launches of candle ops (counted, not timed), per place, in order of first use.
+    pub candle: Vec<(Place, usize)>,
+}
+
+impl Recording {
+    pub fn candle_launches(&self) -> usize {
+        self.candle.iter().map(|(_, n)| n).sum()
+    }
+
+    /// Launches of the kernel rows.
+    pub fn kernel_launches(&self) -> usize {
+        self.kernels.iter().map(|k| k.launches).sum()
+    }
+}
+
+/// The row being recorded: its grids accumulate here.
+struct Open {
+    grids: Vec<Grid>,
+}
+
+#[derive(Default)]
+struct State {
+    recording: Recording,
+    /// Some while a [`kernel`] call runs (an op inside another op's call is part of it).
+    open: Option<Open>,
+}
+
+thread_local! {
+    static ENABLED: Cell<bool> = const { Cell::new(false) };
+    static PLACE: Cell<Place> = const { Cell::new(OUTSIDE) };
+    static LABEL: Cell<Option<&'static str>> = const { Cell::new(None) };
+    static STATE: RefCell<State> = RefCell::new(State::default());
+}
+
+/// Whether this thread is profiling.
+pub fn enabled() -> bool {
+    ENABLED.with(Cell::get)
+}
+
+/// Profiling on this thread from [`Session::start`] to [`Session::finish`] (or the drop).
+pub struct Session(());
+
+impl Session {
+    /// Clears what an earlier session left and starts recording.
+    pub fn start() -> Self {
+        STATE.with(|s| *s.borrow_mut() = State::default());
+        ENABLED.with(|e| e.set(true));
+        Session(())
+    }
+
+    /// Stops recording and returns the rows.
+    pub fn finish(self) -> Recording {
+        ENABLED.with(|e| e.set(false));
+        STATE.with(|s| std::mem::take(&mut s.borrow_mut().recording))
+    }
+}
+
+impl Drop for Session {
+    fn drop(&mut self) {
+        ENABLED.with(|e| e.set(false));
+    }
+}
+
+/// Runs one op's backend dispatch `f` as a row named `op` on `device`: with profiling off,
+/// just `f`. On, `traffic` is evaluated first (it may read a position back from the device:
+/// only then), and `f` is timed ([`timer`]) with its launches and grids noted. An op called
+/// inside another's `f` is part of that row, not a row of its own.
+pub fn kernel<R>(
+    op: &'static str,
+    device: &Device,
+    traffic: impl FnOnce() -> Result<Traffic>,
+    f: impl FnOnce() -> Result<R>,
+) -> Result<R> {
+    if !enabled() || STATE.with(|s| s.borrow().open.is_some()) {
+        return f();
+    }
+    let traffic = traffic()?;
+    STATE.with(|s| s.borrow_mut().open = Some(Open { grids: Vec::new() }));
+    // Closes the row however `f` ends, so that an error leaves no row open.
+    struct Close;
+    impl Drop for Close {
+        fn drop(&mut self) {
+            STATE.with(|s| s.borrow_mut().open = None);
+        }
+    }
+    let close = Close;
+    let before = crate::launches::count();
+    let (out, time) = timer::time(device, f)?;
+    let launches = crate::launches::count() - before;
+    let grids = STATE.with(|s| {
+        s.borrow_mut()
+            .open
+            .take()
+            .map(|o| o.grids)
+            .unwrap_or_default()
+    });
+    drop(close);
+    let row = KernelRow {
+        op,
+        label: LABEL.with(Cell::get),
+        place: PLACE.with(Cell::get),
+        grids,
+        launches,
+        time,
+        traffic,
+    };
+    STATE.with(|s| s.borrow_mut().recording.kernels.push(row));
+    Ok(out)
+}
+
+/// Notes a launch's grid and block into the open row (the backends' launch functions call
+/// this for every launch).
+pub fn note_grid(grid: [u32; 3], block: [u32; 3]) {
+    if !enabled() {
+        return;
+    }
+    STATE.with(|s| {
+        if let Some(open) = s.borrow_mut().open.as_mut() {
+            open.grids.push(Grid { grid, block });
+        }
+    });
+}
+
+/// Counts `n` candle launches at the current place, unless inside an op's row (whose
+/// launches count them already).
+pub fn note_candle(n: usize) {
+    if !enabled() || n == 0 {
+        return;
+    }
+    let place = PLACE.with(Cell::get);
+    STATE.with(|s| {
+        let mut s = s.borrow_mut();
+        if s.open.is_some() {
+            return;
+        }
+        let candle = &mut s.recording.candle;
+        match candle.iter_mut().find(|(p, _)| *p == place) {
+            Some((_, count)) => *count += n,
+            None => candle.push((place, n)),
+        }
+    });
+}
+
+/// Marks the rows recorded until the returned guard drops as those of layer `index` of
+/// `kind` (outside the layers again afterwards).
+pub fn layer(index: usize, kind: LayerKind) -> LayerScope {
+    let place = Place {
+        index: Some(index),
+        kind,
+    };
+    LayerScope(PLACE.with(|p| p.replace(place)))
+}
+
+/// See [`layer`].
+pub struct LayerScope(Place);
+
+impl Drop for LayerScope {
+    fn drop(&mut self) {
+        PLACE.with(|p| p.set(self.0));
+    }
+}
+
+/// Runs `f` with its rows labelled `label` (the projection they compute: `gdn.in_proj`,
+/// `lm_head`). Nested labels replace the outer one for their extent.
+pub fn labelled<R>(label: &'static str, f: impl FnOnce() -> R) -> R {
+    let outer = LABEL.with(|l| l.replace(Some(label)));
+    // Restored however `f` ends (a panic included), so a label never leaks to later rows.
+    struct Restore(Option<&'static str>);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            LABEL.with(|l| l.set(self.0));
+        }
+    }
+    let _restore = Restore(outer);
+    f()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn traffic(read: usize, written: usize) -> impl FnOnce() -> Result<Traffic> {
+        move || Ok(Traffic::new().read(read).write(written))
+    }
+
+    /// Stands in for a CPU twin: one launch.
+    fn twin() -> Result<u32> {
+        crate::launches::cpu_twin(|| Ok(7))
+    }
+
+    #[test]
+    fn off_records_nothing_and_evaluates_no_traffic() {
+        let dev = Device::Cpu;
+        let out = kernel(
+            "op",
+            &dev,
+            || panic!("traffic is only counted when profiling"),
+            twin,
+        )
+        .unwrap();
+        assert_eq!(out, 7);
+        note_candle(3);
+        note_grid([1, 1, 1], [32, 1, 1]);
+        let session = Session::start();
+        assert_eq!(session.finish(), Recording::default());
+    }
+
+    #[test]
+    fn rows_carry_place_label_launches_and_traffic() {
+        let dev = Device::Cpu;
+        let session = Session::start();
+        kernel("embed", &dev, traffic(10, 20), twin).unwrap();
+        {
+            let _layer = layer(0, LayerKind::Gdn);
+            labelled("gdn.in_proj", || {
+                kernel("affine_products", &dev, traffic(100, 8), twin)
+            })
+            .unwrap();
+            // The same op twice: two rows, in order.
+            kernel("affine_products", &dev, traffic(200, 8), twin).unwrap();
+            crate::launches::candle_op(Ok(())).unwrap();
+        }
+        {
+            let _layer = layer(1, LayerKind::Attention);
+            crate::launches::candle_ops(2, Ok(())).unwrap();
+        }
+        crate::launches::candle_op(Ok(())).unwrap();
+        let rec = session.finish();
+        let rows: Vec<_> = rec
+            .kernels
+            .iter()
+            .map(|k| (k.op, k.label, k.place.index, k.place.kind, k.launches))
+            .collect();
+        assert_eq!(
+            rows,
+            [
+                ("embed", None, None, LayerKind::Outside, 1),
+                (
+                    "affine_products",
+                    Some("gdn.in_proj"),
+                    Some(0),
+                    LayerKind::Gdn,
+                    1
+                ),
+                ("affine_products", None, Some(0), LayerKind::Gdn, 1),
+            ]
+        );
+        assert_eq!(
+            rec.kernels[1].traffic,
+            Traffic {
+                read: 100,
+                written: 8
+            }
+        );
+        assert_eq!(rec.kernels[2].traffic.total(), 208);
+        assert!(rec.kernels.iter().all(|k| k.grids.is_empty()));
+        let layer1 = Place {
+            index: Some(1),
+            kind: LayerKind::Attention,
+        };
+        let layer0 = Place {
+            index: Some(0),
+            kind: LayerKind::Gdn,
+        };
+        assert_eq!(rec.candle, [(layer0, 1), (layer1, 2), (OUTSIDE, 1)]);
+        assert_eq!((rec.kernel_launches(), rec.candle_launches()), (3, 4));
+        // A finished session leaves profiling off and the label and place reset.
+        assert!(!enabled());
+        assert_eq!(PLACE.with(Cell::get), OUTSIDE);
+        assert_eq!(LABEL.with(Cell::get), None);
+    }
+
+    #[test]
+    fn a_nested_op_is_part_of_the_outer_row() {
+        let dev = Device::Cpu;
+        let session = Session::start();
+        kernel("outer", &dev, traffic(1, 1), || {
+            note_grid([4, 1, 1], [32, 8, 1]);
+            crate::launches::record(1);
+            crate::launches::candle_op(Ok(()))?;
+            kernel("inner", &dev, traffic(5, 5), || {
+                note_grid([2, 1, 1], [32, 1, 1]);
+                crate::launches::record(1);
+                Ok(())
+            })
+        })
+        .unwrap();
+        let rec = session.finish();
+        assert_eq!(rec.kernels.len(), 1);
+        let row = &rec.kernels[0];
+        assert_eq!((row.op, row.launches), ("outer", 3));
+        assert_eq!(
+            row.traffic,
+            Traffic {
+                read: 1,
+                written: 1
+            }
+        );
+        assert_eq!(
+            row.grids,
+            [
+                Grid {
+                    grid: [4, 1, 1],
+                    block: [32, 8, 1]
+                },
+                Grid {
+                    grid: [2, 1, 1],
+                    block: [32, 1, 1]
+                }
+            ]
+        );
+        assert!(rec.candle.is_empty(), "{:?}", rec.candle);
+    }
+
+    #[test]
+    fn a_failing_op_leaves_no_row_open() {
+        let dev = Device::Cpu;
+        let session = Session::start();
+        let err = kernel("fails", &dev, traffic(1, 1), || -> Result<()> {
+            anyhow::bail!("boom")
+        });
+        assert!(err.is_err());
+        kernel("next", &dev, traffic(1, 1), twin).unwrap();
+        let rec = session.finish();
+        let ops: Vec<_> = rec.kernels.iter().map(|k| k.op).collect();
+        assert_eq!(ops, ["next"]);
+    }
+
+    #[test]
+    fn a_dropped_session_turns_profiling_off() {
+        let session = Session::start();
+        assert!(enabled());
+        drop(session);
+        assert!(!enabled());
+    }
+}
