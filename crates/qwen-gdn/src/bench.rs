@@ -8,8 +8,8 @@ use crate::engine::non_finite_logits;
 use crate::load::{positive_usize, ModelArgs};
 use crate::output::emit;
 use anyhow::{Context, Result};
-use candle_core::{Device, Tensor, D};
-use qwen_gdn_model::{cache::LayerCache, diagnose, Model, StateDtype};
+use candle_core::{Device, Tensor};
+use qwen_gdn_model::{cache::LayerCache, Model, StateDtype};
 use rand::{rngs::StdRng, Rng, SeedableRng};
 use serde_json::json;
 use std::path::Path;
@@ -237,14 +237,22 @@ pub(crate) fn backend_name(device: &Device) -> &'static str {
     }
 }
 
-/// Argmax of `[1, vocab]` logits, which must be finite (the argmax of NaNs is token 0, and
-/// the speed of a broken model means nothing); `seen` are the tokens that produced them.
+/// Argmax of `[1, vocab]` logits, which must be finite (the argmax of NaNs means nothing, and
+/// the speed of a broken model means nothing); `seen` are the tokens that produced them. One
+/// device op (`greedy_pick`: the first index of the largest value and the count of non-finite
+/// values) and one read-back of its two words: the timed step syncs with the host once.
 pub(crate) fn greedy(model: &Model, logits: &Tensor, seen: &[u32], chunk: usize) -> Result<u32> {
-    if !diagnose::all_finite(logits)? {
+    let pick = gdn_ops::ops::greedy_pick::greedy_pick(logits)?;
+    let [token, non_finite] = pick.flatten_all()?.to_vec1::<u32>()?[..] else {
+        anyhow::bail!(
+            "greedy_pick: expected one row of logits, got {:?}",
+            logits.dims()
+        );
+    };
+    if non_finite != 0 {
         return Err(non_finite_logits(model, seen, chunk));
     }
-    let ids = logits.argmax(D::Minus1)?.flatten_all()?.to_vec1::<u32>()?;
-    ids.first().copied().context("empty logits")
+    Ok(token)
 }
 
 /// Random prompt ids stay below the first special token (so that the prompt is ordinary text,

@@ -10,5 +10,6 @@ pub mod gated_delta;
 pub mod gated_delta_norm;
 pub mod gated_rms_norm;
 pub mod gdn_conv_prep;
+pub mod greedy_pick;
 pub mod moe_combine;
 pub mod moe_route;

@@ -1,0 +1,263 @@
+//! The shipped greedy pick kernels run on the CPU and compared with the CPU twin
+//! (`gdn_ops::ops::greedy_pick`, on the same rounded logits): `kernels/greedy_pick.metal`
+//! compiled as C++ with the Metal emulation header, and the bodies of `kernels/greedy_pick.cu`
+//! through `kernels/emu/cuda/`, both with their hosts' two passes and geometry
+//! (`GreedyPickParams::new`), and on geometries the host never picks (empty slices, one block,
+//! more blocks than a simdgroup has lanes).
+//!
+//! Gate, per case: the `[N, 2]` words equal to the twin's (the pick is exact: a maximum and a
+//! count). The harnesses guard every buffer, and check that the slice pass writes every
+//! partial record (see kernels/emu/guarded_buffer.h).
+
+mod common;
+mod emu;
+
+use candle_core::{DType, Device, Tensor};
+use common::{failures, values, Input, Rng};
+use gdn_ops::ops::greedy_pick::{greedy_pick, GreedyPickParams, THREADS};
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+
+const DTYPES: [(DType, &str, &str); 3] = [
+    (DType::F32, "f32", "float"),
+    (DType::F16, "f16", "half"),
+    (DType::BF16, "bf16", "bfloat"),
+];
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Kernel {
+    Metal,
+    Cuda,
+}
+
+fn harness(kernel: Kernel) -> &'static Path {
+    static METAL: OnceLock<PathBuf> = OnceLock::new();
+    static CUDA: OnceLock<PathBuf> = OnceLock::new();
+    match kernel {
+        Kernel::Metal => METAL.get_or_init(|| emu::compile_harness("greedy_pick_harness", &[])),
+        Kernel::Cuda => CUDA.get_or_init(|| {
+            let stand_ins = emu::workspace_root().join("kernels/emu/cuda");
+            emu::compile_harness(
+                "greedy_pick_cuda_harness",
+                &["-I", stand_ins.to_str().expect("a UTF-8 path")],
+            )
+        }),
+    }
+}
+
+/// How a case's values are drawn.
+#[derive(Clone, Copy, Debug)]
+enum Values {
+    /// Uniform in [-8, 8).
+    Continuous,
+    /// From this many levels: the maximum repeats, across slices too.
+    Levels(usize),
+    /// Continuous, with the maximum (once) at the last index, in the last slice.
+    MaxLast,
+    /// Continuous, with this many NaN/±Inf per row, +Inf far above the finite maximum.
+    NonFinite(usize),
+    /// Every value NaN.
+    AllNan,
+}
+
+struct Case {
+    dtype: usize,
+    p: GreedyPickParams,
+    kind: Values,
+    /// `[rows, vocab]`, rounded to the dtype.
+    logits: Tensor,
+}
+
+impl Case {
+    fn new(seed: u64, dtype: usize, rows: usize, vocab: usize, kind: Values) -> Self {
+        Self::with_geometry(seed, dtype, GreedyPickParams::new(rows, vocab), kind)
+    }
+
+    /// `p` as given: the harnesses accept any covering geometry.
+    fn with_geometry(seed: u64, dtype: usize, p: GreedyPickParams, kind: Values) -> Self {
+        let (rows, vocab) = (p.rows as usize, p.vocab as usize);
+        let mut rng = Rng::new(seed);
+        let mut v: Vec<f32> = (0..rows * vocab)
+            .map(|_| match kind {
+                Values::Levels(l) => rng.below(l) as f32 * 0.5 - 1.0,
+                Values::AllNan => f32::NAN,
+                _ => rng.uniform(-8.0, 8.0),
+            })
+            .collect();
+        for row in v.chunks_exact_mut(vocab) {
+            match kind {
+                Values::MaxLast => row[vocab - 1] = 100.0,
+                Values::NonFinite(k) => {
+                    for j in 0..k {
+                        row[rng.below(vocab)] = [f32::NAN, f32::INFINITY, f32::NEG_INFINITY][j % 3];
+                    }
+                }
+                _ => {}
+            }
+        }
+        let logits = Tensor::from_vec(v, (rows, vocab), &Device::Cpu)
+            .unwrap()
+            .to_dtype(DTYPES[dtype].0)
+            .unwrap();
+        Self {
+            dtype,
+            p,
+            kind,
+            logits,
+        }
+    }
+
+    fn label(&self, kernel: Kernel) -> String {
+        format!(
+            "{kernel:?} greedy_pick_{} N={} V={} B={} slice={} {:?}",
+            DTYPES[self.dtype].1, self.p.rows, self.p.vocab, self.p.blocks, self.p.slice, self.kind
+        )
+    }
+
+    fn run(&self, kernel: Kernel) -> Result<Vec<u32>, String> {
+        let mut input = Input::new(b"GPICKEM1");
+        let p = self.p;
+        for h in [self.dtype as u32, p.rows, p.vocab, p.blocks, p.slice] {
+            input.u32(h);
+        }
+        input.f32s(&values(&self.logits));
+        let out = emu::run_harness(harness(kernel), &input.0)?;
+        if out.len() != 2 * p.rows as usize {
+            return Err(format!(
+                "harness wrote {} words, expected {}",
+                out.len(),
+                2 * p.rows
+            ));
+        }
+        Ok(out.iter().map(|f| f.to_bits()).collect())
+    }
+
+    fn check(&self, kernel: Kernel) -> Option<String> {
+        let got = match self.run(kernel) {
+            Ok(r) => r,
+            Err(e) => return Some(e),
+        };
+        let want: Vec<u32> = greedy_pick(&self.logits)
+            .unwrap()
+            .flatten_all()
+            .unwrap()
+            .to_vec1()
+            .unwrap();
+        (got != want).then(|| format!("(index, non-finite) {got:?}, twin {want:?}"))
+    }
+}
+
+fn cases() -> Vec<Case> {
+    let mut out = vec![];
+    let mut seed = 0u64;
+    let mut next = || {
+        seed += 1;
+        seed * 7_919
+    };
+    for dt in 0..3 {
+        // Qwen3-Next's vocabulary: 149 blocks of 1020 values.
+        out.push(Case::new(next(), dt, 1, 151_936, Values::Continuous));
+        out.push(Case::new(next(), dt, 1, 151_936, Values::MaxLast));
+        out.push(Case::new(next(), dt, 1, 151_936, Values::NonFinite(40)));
+        // Several rows; odd lengths, lengths not a multiple of the slices or of the threads.
+        out.push(Case::new(next(), dt, 3, 5_000, Values::Continuous));
+        out.push(Case::new(next(), dt, 2, 1_025, Values::MaxLast));
+        out.push(Case::new(next(), dt, 2, 1, Values::Continuous));
+        out.push(Case::new(next(), dt, 1, 37, Values::MaxLast));
+        out.push(Case::new(next(), dt, 2, THREADS + 1, Values::Continuous));
+        // Ties across threads, simdgroups and slices.
+        out.push(Case::new(next(), dt, 2, 20_000, Values::Levels(2)));
+        out.push(Case::new(next(), dt, 3, 3_001, Values::Levels(5)));
+        // Non-finite values: counted, never picked; a row of NaN picks 0.
+        out.push(Case::new(next(), dt, 3, 9_999, Values::NonFinite(7)));
+        out.push(Case::new(next(), dt, 2, 3, Values::NonFinite(2)));
+        out.push(Case::new(next(), dt, 2, 2_500, Values::AllNan));
+    }
+    // Geometries the host never picks: empty last slices; one block for a long row; more
+    // blocks (40) than the finish pass has lanes.
+    let geometry = |rows, vocab, blocks, slice| GreedyPickParams {
+        rows,
+        vocab,
+        blocks,
+        slice,
+    };
+    for (p, kind) in [
+        (geometry(2, 5, 4, 2), Values::MaxLast),
+        (geometry(1, 9, 8, 2), Values::Levels(2)),
+        (geometry(1, 3_000, 1, 3_000), Values::MaxLast),
+        (geometry(2, 4_000, 40, 100), Values::MaxLast),
+        (geometry(2, 4_000, 40, 100), Values::Levels(3)),
+        (geometry(1, 4_000, 40, 100), Values::NonFinite(9)),
+    ] {
+        out.push(Case::with_geometry(next(), 0, p, kind));
+    }
+    out
+}
+
+fn check_kernel(kernel: Kernel) {
+    harness(kernel);
+    let jobs = cases();
+    let failures: Vec<String> = failures(&jobs, |c| {
+        c.check(kernel)
+            .map(|e| format!("[{}] {e}", c.label(kernel)))
+    });
+    common::assert_no_failures(&failures, jobs.len(), "cases disagree with the twin");
+}
+
+#[test]
+fn shipped_metal_greedy_pick_matches_the_cpu_twin() {
+    check_kernel(Kernel::Metal);
+}
+
+#[test]
+fn shipped_cuda_greedy_pick_bodies_match_the_cpu_twin() {
+    check_kernel(Kernel::Cuda);
+}
+
+/// What the C++ build cannot see: buffer indices, the parameter struct, the names, the block
+/// width the host launches.
+#[test]
+fn greedy_pick_abi_in_source() {
+    assert_eq!(
+        emu::params_fields("greedy_pick.h", "GreedyPickParams"),
+        ["rows", "vocab", "blocks", "slice"].map(|f| ("unsigned int".to_string(), f.to_string())),
+    );
+    assert_eq!(std::mem::size_of::<GreedyPickParams>(), 4 * 4);
+    assert_eq!(
+        emu::params_fields("greedy_pick.h", "GreedyPickPartial"),
+        [
+            ("float", "value"),
+            ("unsigned int", "index"),
+            ("unsigned int", "nonfinite")
+        ]
+        .map(|(t, f)| (t.to_string(), f.to_string())),
+    );
+    let header = emu::shipped_source("kernels/params/greedy_pick.h");
+    assert!(header.contains(&format!("#define GREEDY_PICK_THREADS {THREADS}")));
+    let flat = emu::shipped_source("kernels/greedy_pick.metal");
+    assert!(flat.contains("#include \"params/greedy_pick.h\""));
+    emu::assert_buffers(
+        &flat,
+        "#define GREEDY_PICK_SLICES(",
+        &["logits", "partials", "p"],
+    );
+    emu::assert_buffers(&flat, "void greedy_pick_finish(", &["partials", "out", "p"]);
+    for (_, tag, msl) in &DTYPES[..2] {
+        let line = format!("GREEDY_PICK_SLICES(greedy_pick_slices_{tag}, {msl})");
+        assert!(flat.contains(&line), "missing `{line}`");
+    }
+    assert!(
+        flat.contains(
+            "#if defined(__HAVE_BFLOAT__) GREEDY_PICK_SLICES(greedy_pick_slices_bf16, bfloat) #endif"
+        ),
+        "the bfloat instantiation must be guarded"
+    );
+    let cu = emu::shipped_source("kernels/greedy_pick.cu");
+    for (_, tag, _) in DTYPES {
+        assert!(
+            cu.contains(&format!("GREEDY_PICK_ENTRY({tag}, ")),
+            "missing {tag}"
+        );
+    }
+    assert!(cu.contains("extern \"C\" __global__ void greedy_pick_finish("));
+}

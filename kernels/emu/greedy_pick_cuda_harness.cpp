@@ -1,0 +1,77 @@
+// Runs the bodies of the shipped kernels/greedy_pick.cu (greedy_pick::slices, greedy_pick::finish)
+// on the CPU through kernels/emu/cuda/cuda_emu.h, with the launch geometry of
+// crates/gdn-ops/src/ops/greedy_pick/cuda.rs: blocks (B, N) of GREEDY_PICK_THREADS threads with
+// their 3 words per warp of shared memory (NaN before each block), into guarded partials that
+// the slice pass must fill completely; then blocks (N) of 32 threads. Used by
+// crates/gdn-ops/tests/greedy_pick_emulation.rs.
+//
+// stdin and stdout: those of kernels/emu/greedy_pick_harness.cpp (the Metal kernels'), so that
+// one test drives both.
+//
+// Build: clang++-19 -std=c++17 -O2 --rtlib=compiler-rt -I kernels/emu/cuda -I kernels/emu
+//        kernels/emu/greedy_pick_cuda_harness.cpp
+
+#include "guarded_buffer.h"
+
+#include <cstdint>
+#include <cstdio>
+#include <vector>
+
+#include "cuda_emu.h"
+#include "block_shared.h"
+
+#include "../greedy_pick.cu"
+
+namespace {
+
+using namespace guarded;
+
+template <class T>
+void run(const GreedyPickParams& p, const std::vector<float>& values) {
+  Buffer<T> logits("logits", values.size(), Kind::kInput);
+  logits.fill(values);
+  static_assert(sizeof(GreedyPickPartial) == 3 * sizeof(uint), "3 words a record");
+  Buffer<uint> partials("partials", std::size_t(p.rows) * p.blocks * 3, Kind::kOutput);
+  Buffer<uint> out("out", std::size_t(p.rows) * 2, Kind::kOutput);
+  auto* records = reinterpret_cast<GreedyPickPartial*>(partials.data());
+  BlockShared shared(3 * greedy_pick::kWarps);
+  auto* scratch = reinterpret_cast<uint32_t*>(shared.smem);
+  metal_emu::dispatch_threadgroups(
+      uint3{p.blocks, p.rows, 1}, uint3{GREEDY_PICK_THREADS, 1, 1}, [&](const metal_emu::ThreadIds& id) {
+        shared.poison(id);
+        const uint3 block = id.threadgroup_position_in_grid;
+        greedy_pick::slices<T>(logits.data(), records, scratch, p, block.x, block.y,
+                               id.thread_index_in_threadgroup);
+      });
+  partials.check();
+  shared.check();
+  metal_emu::dispatch_threadgroups(uint3{p.rows, 1, 1}, uint3{32, 1, 1}, [&](const metal_emu::ThreadIds& id) {
+    greedy_pick::finish(records, out.data(), p, id.threadgroup_position_in_grid.x, id.thread_index_in_simdgroup);
+  });
+  logits.check();
+  partials.check();
+  out.check();
+  out.write_words();
+}
+
+}  // namespace
+
+int main() {
+  install_fault_handler("greedy_pick_cuda_harness");
+  std::uint32_t h[5];
+  read_header("GPICKEM1", h);
+  const GreedyPickParams p{h[1], h[2], h[3], h[4]};
+  // The host's contract (ops/greedy_pick/mod.rs `GreedyPickParams::new`).
+  if (p.vocab == 0 || p.vocab == 0xFFFFFFFFu) die("vocab must be 1..2^32-1");
+  if (p.blocks == 0 || p.blocks > 256) die("blocks must be 1..=256");
+  if (std::uint64_t(p.blocks) * p.slice < p.vocab) die("the slices must cover the row");
+  const std::vector<float> values = read_raw<float>(std::size_t(p.rows) * p.vocab);
+  expect_end();
+  switch (h[0]) {
+    case 0: run<float>(p, values); break;
+    case 1: run<__half>(p, values); break;
+    case 2: run<__nv_bfloat16>(p, values); break;
+    default: die("unknown in_type");
+  }
+  return std::fflush(stdout) == 0 ? 0 : 1;
+}

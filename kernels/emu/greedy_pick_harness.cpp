@@ -1,0 +1,85 @@
+// Runs the shipped kernels/greedy_pick.metal on the CPU through metal_emu.h: the slice pass,
+// then the finish pass, as ops/greedy_pick/metal.rs encodes them. Used by
+// crates/gdn-ops/tests/greedy_pick_emulation.rs.
+//
+// stdin, little-endian: "GPICKEM1", then u32 in_type (0 f32, 1 f16, 2 bf16), rows N, vocab V,
+// blocks B, slice; then f32 logits [N, V], converted to InT here (exactly, when the caller
+// already rounded them; NaN and Inf stay what they are).
+// stdout: out [N, 2] as raw u32 words.
+//
+// Geometry: slice pass threadgroups (B, N, 1) of (GREEDY_PICK_THREADS, 1, 1) threads with 3
+// words of threadgroup memory per simdgroup; finish pass threadgroups (N, 1, 1) of (32, 1, 1).
+// The partials between them are a guarded output that the slice pass must fill completely.
+// Memory checks and exit codes: kernels/emu/guarded_buffer.h.
+//
+// Build: clang++-19 -std=c++17 -O2 --rtlib=compiler-rt -I kernels/emu
+//        kernels/emu/greedy_pick_harness.cpp -o greedy_pick_harness
+
+#include "guarded_buffer.h"
+
+#include <cstdint>
+#include <cstdio>
+#include <vector>
+
+#include "metal_emu.h"
+
+#include "../greedy_pick.metal"
+
+namespace {
+
+using namespace guarded;
+
+template <class InT>
+using SlicesKernel = void (*)(const device InT*, device GreedyPickPartial*, constant GreedyPickParams&,
+                              threadgroup uint*, uint3, uint, uint, uint);
+
+template <class InT>
+void run(const GreedyPickParams& p, const std::vector<float>& values, SlicesKernel<InT> slices) {
+  Buffer<InT> logits("logits", values.size(), Kind::kInput);
+  logits.fill(values);
+  static_assert(sizeof(GreedyPickPartial) == 3 * sizeof(uint), "3 words a record");
+  Buffer<uint> partials("partials", std::size_t(p.rows) * p.blocks * 3, Kind::kOutput);
+  Buffer<uint> out("out", std::size_t(p.rows) * 2, Kind::kOutput);
+  GreedyPickParams params_copy = p;
+  auto* params = (constant GreedyPickParams*)&params_copy;
+  auto* records = (device GreedyPickPartial*)partials.data();
+  const std::size_t scratch_bytes = GREEDY_PICK_THREADS / 32 * 3 * sizeof(uint);
+  metal_emu::dispatch_threadgroups(
+      uint3{p.blocks, p.rows, 1}, uint3{GREEDY_PICK_THREADS, 1, 1}, scratch_bytes,
+      [&](const metal_emu::ThreadIds& id) {
+        slices((const device InT*)logits.data(), records, *params,
+               id.threadgroup_memory_as<uint>(), id.threadgroup_position_in_grid,
+               id.thread_index_in_threadgroup, id.simdgroup_index_in_threadgroup, id.thread_index_in_simdgroup);
+      });
+  partials.check();
+  metal_emu::dispatch_threadgroups(uint3{p.rows, 1, 1}, uint3{32, 1, 1}, [&](const metal_emu::ThreadIds& id) {
+    greedy_pick_finish(records, (device uint*)out.data(), *params,
+                       id.threadgroup_position_in_grid, id.thread_index_in_simdgroup);
+  });
+  logits.check();
+  partials.check();
+  out.check();
+  out.write_words();
+}
+
+}  // namespace
+
+int main() {
+  install_fault_handler("greedy_pick_harness");
+  std::uint32_t h[5];
+  read_header("GPICKEM1", h);
+  const GreedyPickParams p{h[1], h[2], h[3], h[4]};
+  // The host's contract (ops/greedy_pick/mod.rs `GreedyPickParams::new`).
+  if (p.vocab == 0 || p.vocab == 0xFFFFFFFFu) die("vocab must be 1..2^32-1");
+  if (p.blocks == 0 || p.blocks > 256) die("blocks must be 1..=256");
+  if (std::uint64_t(p.blocks) * p.slice < p.vocab) die("the slices must cover the row");
+  const std::vector<float> values = read_raw<float>(std::size_t(p.rows) * p.vocab);
+  expect_end();
+  switch (h[0]) {
+    case 0: run<float>(p, values, greedy_pick_slices_f32); break;
+    case 1: run<half>(p, values, greedy_pick_slices_f16); break;
+    case 2: run<bfloat>(p, values, greedy_pick_slices_bf16); break;
+    default: die("unknown in_type");
+  }
+  return std::fflush(stdout) == 0 ? 0 : 1;
+}
