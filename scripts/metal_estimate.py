@@ -2,7 +2,7 @@
 """Decode speed of Qwen3-Next-80B-A3B 4-bit on Apple GPUs, on paper, from the efficiencies the
 same kernels' CUDA twins reach on the H100 (issue 25, item 5; docs/metal.md says how to read it).
 
-  python3 scripts/metal_estimate.py STEP.json [--h100-bandwidth 2.94e12] [--step-us 8700]
+  python3 scripts/metal_estimate.py STEP.json [--gpu-bandwidth 2.94e12] [--step-us 8700]
 
 STEP.json lists the launches of one decode step as measured on the H100
 (scripts/gpu/ncu_decode.py --json: kernel, us, DRAM bytes read and written). Each launch's time
@@ -28,7 +28,8 @@ BENCH_ONLY = ("fast_argmax", "fast_sum", "bsub")
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("step")
-    ap.add_argument("--h100-bandwidth", type=float, default=2.94e12)
+    ap.add_argument("--gpu-bandwidth", type=float, default=2.94e12,
+                    help="the measuring GPU's copy bandwidth (read + written bytes per second)")
     ap.add_argument("--step-us", type=float, help="the step's graph-replayed time, to rescale ncu's")
     ap.add_argument("--sync-ms", type=float, default=0.3, help="host sync per token")
     ap.add_argument("--mlx-tok-s", type=float, default=67.7, help="mlx-lm on an M3 Ultra (peers-2026.md)")
@@ -42,16 +43,16 @@ def main():
         t = l["us"] * scale
         b = l["read"] + l["written"]
         busy = max(t - fixed, 1e-3)
-        eta = min(1.0, b / (busy * 1e-6 * a.h100_bandwidth)) if b else 1.0
+        eta = min(1.0, b / (busy * 1e-6 * a.gpu_bandwidth)) if b else 1.0
         kind = by_kind.setdefault(l["kernel"], {"n": 0, "bytes": 0.0, "h100_us": 0.0, "eta_bytes": 0.0})
         kind["n"] += 1
         kind["bytes"] += b
         kind["h100_us"] += t
         kind["eta_bytes"] += b / eta if eta else 0.0  # bytes at 100% bandwidth equivalent
     n = len(launches)
-    print(f"{n} launches, {total_us * scale:.0f} us on the H100 (fixed cost {fixed:.2f} us a launch), "
+    print(f"{n} launches, {total_us * scale:.0f} us on the measuring GPU (fixed cost {fixed:.2f} us a launch), "
           f"{sum(k['bytes'] for k in by_kind.values()) / 1e9:.3f} GB")
-    print("| kernel | launches | MB | H100 us | eta (of copy bandwidth, bytes part) |")
+    print("| kernel | launches | MB | GPU us | eta (of copy bandwidth, bytes part) |")
     print("|---|---|---|---|---|")
     for name, k in sorted(by_kind.items(), key=lambda kv: -kv[1]["h100_us"]):
         eta = k["bytes"] / k["eta_bytes"] if k["eta_bytes"] else 1.0
