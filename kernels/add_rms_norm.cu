@@ -65,6 +65,13 @@ __device__ __forceinline__ void row_body(const T* __restrict__ residual, const T
       if (j < p.cols) v[k] = to_f32(from_f32<T>(v[k] + to_f32(delta[base + j])));
     }
   }
+  // The norm's weights are loaded before the reduction waits, not after it.
+  float wt[kPer];
+#pragma unroll
+  for (uint32_t k = 0; k < kPer; ++k) {
+    const uint32_t j = tid + k * threads;
+    wt[k] = j < p.cols ? to_f32(weight[j]) : 0.f;
+  }
   float squares = 0.f;
 #pragma unroll
   for (uint32_t k = 0; k < kPer; ++k) squares = fmaf(v[k], v[k], squares);
@@ -74,7 +81,7 @@ __device__ __forceinline__ void row_body(const T* __restrict__ residual, const T
     const uint32_t j = tid + k * threads;
     if (j < p.cols) {
       if (add) sum[base + j] = from_f32<T>(v[k]);
-      normed[base + j] = from_f32<T>(v[k] * inv * to_f32(weight[j]));
+      normed[base + j] = from_f32<T>(v[k] * inv * wt[k]);
     }
   }
 }

@@ -79,6 +79,17 @@ __device__ __forceinline__ void step(const InT* __restrict__ q, const InT* __res
       k_t[i] = to_f32(k[qk_at + i]);
       q_t[i] = to_f32(q[qk_at + i]);
     }
+    // The output gate and the norm's weight, loaded with the token's other inputs rather than
+    // after the barrier (one DRAM round trip less on the critical path).
+    const InT* z_tok = z + (size_t)b * p.z_batch_stride + (size_t)t * p.z_token_stride + (size_t)hv * dim;
+    float z_r[ROWS], w_r[ROWS];
+#pragma unroll
+    for (unsigned int r = 0; r < ROWS; ++r) {
+      const unsigned int dv = warp + r * warps;
+      const bool mine = dv < dim && lane == 0;
+      z_r[r] = mine ? to_f32(z_tok[dv]) : 0.0f;
+      w_r[r] = mine ? to_f32(weight[dv]) : 0.0f;
+    }
 
     float y[ROWS];
     float square_sum = 0.0f;
@@ -117,14 +128,13 @@ __device__ __forceinline__ void step(const InT* __restrict__ q, const InT* __res
     for (unsigned int j = 0; j < warps; ++j) total += sums[j];
     const float inv_rms = rsqrtf(total / (float)dim + p.eps);
 
-    const InT* z_tok = z + (size_t)b * p.z_batch_stride + (size_t)t * p.z_token_stride + (size_t)hv * dim;
     InT* out_tok = out + gate_at * dim;
 #pragma unroll
     for (unsigned int r = 0; r < ROWS; ++r) {
       const unsigned int dv = warp + r * warps;
       if (dv < dim && lane == 0) {
-        const float normed = to_f32(from_f32<InT>(y[r] * inv_rms * to_f32(weight[dv])));
-        const float gate = to_f32(z_tok[dv]);
+        const float normed = to_f32(from_f32<InT>(y[r] * inv_rms * w_r[r]));
+        const float gate = z_r[r];
         out_tok[dv] = from_f32<InT>(gate / (1.0f + expf(-gate)) * normed);
       }
     }

@@ -31,6 +31,7 @@
 namespace moe_combine {
 
 constexpr uint32_t kPer = 4;  // COMBINE_PER on the host: columns a thread holds
+constexpr uint32_t kSlotTile = 12;  // slots whose loads are in flight together (top-10 + shared)
 
 using cuda_convert::from_f32;
 using cuda_convert::to_f32;
@@ -70,9 +71,33 @@ __device__ void combine(const T* __restrict__ down, const uint32_t* __restrict__
   float squares = 0.f;
   if (in_registers) {
 #pragma unroll
-    for (uint32_t k = 0; k < kPer; ++k) {
-      const uint32_t j = tid + k * threads;
-      t[k] = j < H ? column(down, rows, w, p, token, j) : 0.f;
+    for (uint32_t k = 0; k < kPer; ++k) t[k] = 0.f;
+    // kSlotTile slots at a time, every load of the tile issued before the first is used (a
+    // loop over the slots per column kept ~3 loads in flight: 11 µs a call on the H200); the
+    // sums still run over the slots in order, as the CPU twin's.
+    for (uint32_t s0 = 0; s0 < p.slots; s0 += kSlotTile) {
+      T d[kSlotTile][kPer];
+      float ws[kSlotTile];
+#pragma unroll
+      for (uint32_t u = 0; u < kSlotTile; ++u) {
+        const uint32_t s = s0 + u;
+        const size_t r = s < p.slots ? (p.gathered ? (size_t)rows[(size_t)token * p.slots + s]
+                                                   : (size_t)token * p.slots + s)
+                                     : 0;
+        const bool used = s < p.slots && (!p.gathered || r < p.down_rows);
+        ws[u] = used ? w[s] : 0.f;
+#pragma unroll
+        for (uint32_t k = 0; k < kPer; ++k) {
+          const uint32_t j = tid + k * threads;
+          d[u][k] = used && j < H ? down[r * H + j] : from_f32<T>(0.f);
+        }
+      }
+#pragma unroll
+      for (uint32_t u = 0; u < kSlotTile; ++u) {
+        if (s0 + u >= p.slots) break;
+#pragma unroll
+        for (uint32_t k = 0; k < kPer; ++k) t[k] = fmaf(ws[u], to_f32(d[u][k]), t[k]);
+      }
     }
 #pragma unroll
     for (uint32_t k = 0; k < kPer; ++k) {
