@@ -9,11 +9,11 @@
 //       acc = sum_s weights[n, s] * down[n, s, j]           (slots in order)
 //       sum = x(residual[n, j] + x(acc))   (has_residual; else sum = x(acc))
 //       normed = x(sum * rsqrt(mean_j sum^2 + eps) * norm_weight[j])   (has_norm only)
-//     block = ceil(H / kPer) threads rounded up to whole warps, at most 1024 (one block per
-//     token row), grid = N.
+//     block = ceil(H / kPer) threads rounded up to whole warps, at most 512 (one block per
+//     token row: __launch_bounds__(512) keeps the slot tile's registers within an SM), grid = N.
 // Each thread keeps kPer columns in registers, so that every slot's loads of a row are in
 // flight together and the norm's second pass reads nothing back (a decode step's combine was
-// ~24 us of one block walking its row load after load); rows wider than kPer * 1024 take the
+// ~24 us of one block walking its row load after load); rows wider than kPer * 512 take the
 // columns in turns and read their own sums back for the norm.
 // Without a norm (has_norm == 0) norm_weight and normed are never touched; without a residual
 // residual is never read; unless gathered, rows is never read. A gathered row index at or past
@@ -141,7 +141,7 @@ __device__ void combine(const T* __restrict__ down, const uint32_t* __restrict__
 }  // namespace moe_combine
 
 #define MOE_COMBINE_ENTRY(XN, XT)                                                          \
-  extern "C" __global__ void moe_combine_##XN(                                             \
+  extern "C" __global__ void __launch_bounds__(512) moe_combine_##XN(                     \
       const XT* down, const uint32_t* rows, const float* weights, const XT* residual,      \
       const XT* norm_weight, XT* sum, XT* normed, const MoeCombineParams p) {              \
     moe_combine::combine<XT>(down, rows, weights, residual, norm_weight, sum, normed, p);  \

@@ -9,10 +9,10 @@
 //
 // Launch geometry (ops/moe_combine/metal.rs; kernels/emu/moe_combine_harness.cpp emulates
 // it): threadgroups (N, 1, 1), threads per threadgroup (T, 1, 1) with T = combine_threads(H)
-// (ops/moe_combine/mod.rs: ceil(H / kPer) rounded up to whole simdgroups, at most 1024),
+// (ops/moe_combine/mod.rs: ceil(H / kPer) rounded up to whole simdgroups, at most 512),
 // threadgroup memory 32 floats (128 bytes) at index 0: one threadgroup per token row; thread t
 // takes columns t, t + T, ... (consecutive threads, consecutive addresses). While H <= kPer * T
-// (every row up to 4096 wide) a thread keeps its kPer columns in registers, so every slot's
+// (every row up to 2048 wide) a thread keeps its kPer columns in registers, so every slot's
 // loads of the row go out together and the norm reads nothing back (one threadgroup walking
 // the row column after column waited on its loads: 24 us of a decode step on the H100's twin);
 // wider rows take their columns in turns and read back only the sums the same thread wrote.

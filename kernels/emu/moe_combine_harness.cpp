@@ -95,7 +95,7 @@ int main() {
   Case c{h[1], h[2], h[3], h[4], h[9], 0.0f, h[6], h[7], h[8], {}, {}, {}, {}, {}};
   std::memcpy(&c.eps, &h[5], 4);
   if (c.slots == 0 || c.hidden == 0) die("slots and hidden must be positive");
-  if (c.threads == 0 || c.threads % 32 != 0 || c.threads > 1024) die("threads must be whole simdgroups, at most 1024");
+  if (c.threads == 0 || c.threads % 32 != 0 || c.threads > 512) die("threads must be whole simdgroups, at most 512");
   if (c.has_norm > 1 || c.has_residual > 1 || c.gathered > 1) die("flags must be 0 or 1");
   const std::size_t pairs = std::size_t(c.tokens) * c.slots;
   c.down = read_raw<float>((c.gathered != 0 ? std::size_t(c.down_rows) : pairs) * c.hidden);

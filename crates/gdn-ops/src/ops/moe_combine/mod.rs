@@ -58,12 +58,17 @@ pub(crate) struct Inputs {
 pub const COMBINE_PER: usize = 4;
 
 /// Threads of a token's threadgroup (block): [`COMBINE_PER`] columns each, whole simdgroups,
-/// at most 1024; rows wider than `COMBINE_PER · 1024` take their columns in turns. A fixed
-/// 256 threads walking a decode step's row column after column spent ~24 µs per call on the
-/// H100 waiting on loads (docs/perf-notes-gpu.md, issue 25).
+/// at most [`COMBINE_MAX_THREADS`]; rows wider than `COMBINE_PER · 512` take their columns in
+/// turns. A fixed 256 threads walking a decode step's row column after column spent ~24 µs per
+/// call on the H100 waiting on loads (docs/perf-notes-gpu.md, issue 25).
 pub fn combine_threads(hidden: usize) -> usize {
-    (hidden.div_ceil(COMBINE_PER).div_ceil(32) * 32).clamp(32, 1024)
+    (hidden.div_ceil(COMBINE_PER).div_ceil(32) * 32).clamp(32, COMBINE_MAX_THREADS)
 }
+
+/// The most threads a combine block takes: the CUDA kernel holds a tile of 12 slots × 4
+/// columns in registers (84 a thread), and 1 024 such threads asked for more registers than
+/// an SM has (CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES at 4 096 columns on the H100); 512 fit.
+pub const COMBINE_MAX_THREADS: usize = 512;
 
 /// Whether the kernels cover `slots` expert outputs per token of width `hidden` in `dtype`;
 /// the model falls back to the composed path otherwise.
