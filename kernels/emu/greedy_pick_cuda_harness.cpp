@@ -21,6 +21,7 @@
 #include "block_shared.h"
 
 #include "../greedy_pick.cu"
+#include "greedy_pick_case.h"
 
 namespace {
 
@@ -58,19 +59,11 @@ void run(const GreedyPickParams& p, const std::vector<float>& values) {
 
 int main() {
   install_fault_handler("greedy_pick_cuda_harness");
-  std::uint32_t h[5];
-  read_header("GPICKEM1", h);
-  const GreedyPickParams p{h[1], h[2], h[3], h[4]};
-  // The host's contract (ops/greedy_pick/mod.rs `GreedyPickParams::new`).
-  if (p.vocab == 0 || p.vocab == 0xFFFFFFFFu) die("vocab must be 1..2^32-1");
-  if (p.blocks == 0 || p.blocks > 256) die("blocks must be 1..=256");
-  if (std::uint64_t(p.blocks) * p.slice < p.vocab) die("the slices must cover the row");
-  const std::vector<float> values = read_raw<float>(std::size_t(p.rows) * p.vocab);
-  expect_end();
-  switch (h[0]) {
-    case 0: run<float>(p, values); break;
-    case 1: run<__half>(p, values); break;
-    case 2: run<__nv_bfloat16>(p, values); break;
+  const greedy_pick_case::Case c = greedy_pick_case::read();
+  switch (c.in_type) {
+    case 0: run<float>(c.p, c.values); break;
+    case 1: run<__half>(c.p, c.values); break;
+    case 2: run<__nv_bfloat16>(c.p, c.values); break;
     default: die("unknown in_type");
   }
   return std::fflush(stdout) == 0 ? 0 : 1;

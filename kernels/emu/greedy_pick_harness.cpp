@@ -2,9 +2,7 @@
 // then the finish pass, as ops/greedy_pick/metal.rs encodes them. Used by
 // crates/gdn-ops/tests/greedy_pick_emulation.rs.
 //
-// stdin, little-endian: "GPICKEM1", then u32 in_type (0 f32, 1 f16, 2 bf16), rows N, vocab V,
-// blocks B, slice; then f32 logits [N, V], converted to InT here (exactly, when the caller
-// already rounded them; NaN and Inf stay what they are).
+// stdin: kernels/emu/greedy_pick_case.h ("GPICKEM1", the params, f32 logits [N, V]).
 // stdout: out [N, 2] as raw u32 words.
 //
 // Geometry: slice pass threadgroups (B, N, 1) of (GREEDY_PICK_THREADS, 1, 1) threads with 3
@@ -24,6 +22,7 @@
 #include "metal_emu.h"
 
 #include "../greedy_pick.metal"
+#include "greedy_pick_case.h"
 
 namespace {
 
@@ -66,19 +65,11 @@ void run(const GreedyPickParams& p, const std::vector<float>& values, SlicesKern
 
 int main() {
   install_fault_handler("greedy_pick_harness");
-  std::uint32_t h[5];
-  read_header("GPICKEM1", h);
-  const GreedyPickParams p{h[1], h[2], h[3], h[4]};
-  // The host's contract (ops/greedy_pick/mod.rs `GreedyPickParams::new`).
-  if (p.vocab == 0 || p.vocab == 0xFFFFFFFFu) die("vocab must be 1..2^32-1");
-  if (p.blocks == 0 || p.blocks > 256) die("blocks must be 1..=256");
-  if (std::uint64_t(p.blocks) * p.slice < p.vocab) die("the slices must cover the row");
-  const std::vector<float> values = read_raw<float>(std::size_t(p.rows) * p.vocab);
-  expect_end();
-  switch (h[0]) {
-    case 0: run<float>(p, values, greedy_pick_slices_f32); break;
-    case 1: run<half>(p, values, greedy_pick_slices_f16); break;
-    case 2: run<bfloat>(p, values, greedy_pick_slices_bf16); break;
+  const greedy_pick_case::Case c = greedy_pick_case::read();
+  switch (c.in_type) {
+    case 0: run<float>(c.p, c.values, greedy_pick_slices_f32); break;
+    case 1: run<half>(c.p, c.values, greedy_pick_slices_f16); break;
+    case 2: run<bfloat>(c.p, c.values, greedy_pick_slices_bf16); break;
     default: die("unknown in_type");
   }
   return std::fflush(stdout) == 0 ? 0 : 1;
