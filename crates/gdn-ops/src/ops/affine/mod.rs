@@ -9,14 +9,8 @@
 pub(crate) mod cpu;
 #[cfg(feature = "cuda")]
 pub mod cuda;
-#[cfg(feature = "cuda")]
-pub mod cuda_grouped;
-pub mod grouped;
-pub mod grouped_tiles;
 #[cfg(any(feature = "metal", target_os = "macos"))]
 pub mod metal;
-#[cfg(any(feature = "metal", target_os = "macos"))]
-pub mod metal_grouped;
 pub mod wide;
 
 use crate::affine::AffineMatrix;

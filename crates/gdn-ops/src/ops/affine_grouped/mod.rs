@@ -10,11 +10,17 @@
 //! x's dtype and the sums in f32 (so that f16 and bf16 products run on tensor cores).
 //!
 //! The CPU twin ([`grouped_products`], per expert: dequantize, round, multiply in f32) is the
-//! reference. Metal runs `kernels/affine_grouped.metal` (`metal_grouped`) where its
+//! reference. Metal runs `kernels/affine_grouped.metal` ([`metal`]) where its
 //! `supports` holds, CUDA where [`AffineTensor::supports_grouped_kernel`] holds; the rest runs
-//! the per-expert path.
+//! the per-expert path. [`tiles`] is the Metal kernel's launch contract.
 
-use super::{cpu, AffineTensor};
+#[cfg(feature = "cuda")]
+pub mod cuda;
+#[cfg(any(feature = "metal", target_os = "macos"))]
+pub mod metal;
+pub mod tiles;
+
+use crate::ops::affine::{cpu, AffineTensor};
 use crate::launches;
 use crate::profile::{self, elems_bytes, Traffic};
 use anyhow::{ensure, Result};
@@ -109,12 +115,12 @@ impl AffineTensor {
         profile::kernel("affine_grouped", device, traffic, || match device {
             Device::Cpu => launches::cpu_twin(|| grouped_products(self, x, offsets)),
             #[cfg(any(feature = "metal", target_os = "macos"))]
-            Device::Metal(_) if super::metal_grouped::supports(self) => {
-                super::metal_grouped::grouped_matmul_t(self, x, offsets)
+            Device::Metal(_) if metal::supports(self) => {
+                metal::grouped_matmul_t(self, x, offsets)
             }
             #[cfg(feature = "cuda")]
             Device::Cuda(_) if self.supports_grouped_kernel(x.dtype()) => {
-                super::cuda_grouped::grouped_matmul_t(self, x, offsets)
+                cuda::grouped_matmul_t(self, x, offsets)
             }
             // Its products are rows of this one (an op inside another is part of it).
             _ => self.grouped_per_expert(x, offsets),

@@ -2,10 +2,10 @@
 //! [`AffineTensor::grouped_matmul_t`], one launch for every expert. The tile schedule is built
 //! here from the offsets and copied to the device with the call.
 
-use super::grouped::{
+use super::{
     tile_pairs_for, tile_schedule, AffineGroupedParams, SMEM_BYTES, THREADS, TILE_ROWS,
 };
-use super::AffineTensor;
+use crate::ops::affine::AffineTensor;
 use crate::backend::cuda::{
     cuda_device, function, launch, tensor, view, with_float_type, KernelSource,
 };

@@ -5,11 +5,11 @@
 //! The launch geometry here is what `kernels/emu/affine_grouped_harness.cpp` emulates; change
 //! both together.
 
-use super::grouped::check_offsets;
-use super::grouped_tiles::{
+use super::check_offsets;
+use super::tiles::{
     tile_schedule, AffineGroupedParams, GROUPED_SCRATCH_BYTES, GROUPED_THREADS, GROUPED_TILE_COLS,
 };
-use super::AffineTensor;
+use crate::ops::affine::AffineTensor;
 use crate::backend::dtype_tag;
 use crate::backend::metal::{
     encode, metal_buffer, metal_device, new_output, output, pipeline, Binding, KernelSource,

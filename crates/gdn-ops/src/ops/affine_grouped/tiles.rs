@@ -1,10 +1,10 @@
 //! The launch contract of the grouped quantized matmul kernel (`kernels/affine_grouped.metal`):
 //! its tile sizes, its parameter and tile structs (mirrors of `kernels/params/affine_grouped_metal.h`),
 //! and the tile schedule the host builds from offsets checked by
-//! [`check_offsets`](super::grouped::check_offsets).
+//! [`check_offsets`](super::check_offsets).
 //! Backend-neutral, so that the emulation test feeds the kernel the schedule the host builds.
 
-use super::grouped::expert_tiles;
+use super::expert_tiles;
 
 /// Rows of x (one expert's) per tile, the kernel's `kTileM`.
 pub const GROUPED_TILE_ROWS: usize = 32;
@@ -42,7 +42,7 @@ pub struct GroupedTile {
 
 /// One tile per run of up to [`GROUPED_TILE_ROWS`] rows of one expert, experts in order; an
 /// expert without rows has none. `offsets` must have passed
-/// [`check_offsets`](super::grouped::check_offsets).
+/// [`check_offsets`](super::check_offsets).
 pub fn tile_schedule(offsets: &[u32]) -> Vec<GroupedTile> {
     expert_tiles(offsets, GROUPED_TILE_ROWS)
         .map(|(expert, row_begin, row_end)| GroupedTile {
@@ -60,7 +60,7 @@ mod tests {
     #[test]
     fn tiles_cover_every_row_once_in_runs_of_one_expert() {
         let offsets = [0, 0, 1, 33, 33, 98, 130];
-        super::super::grouped::check_offsets(&offsets, 6, 130).unwrap();
+        super::super::check_offsets(&offsets, 6, 130).unwrap();
         let tiles = tile_schedule(&offsets);
         let t = |expert, row_begin, row_end| GroupedTile {
             expert,
