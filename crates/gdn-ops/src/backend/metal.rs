@@ -121,14 +121,12 @@ pub(crate) fn pipeline(
     })
 }
 
-/// Whether this device's shader compiler has `bfloat` (MSL 3.1, macOS 14): compiles the
-/// affine library, if not yet, and looks for one of its bfloat entry points.
-pub fn bf16_supported(dev: &MetalDevice) -> Result<bool> {
-    with_library(dev, &crate::ops::affine::metal::SOURCE, |entry| {
-        Ok(entry
-            .library
-            .get_function("affine_qmv_bf16_bf16", None)
-            .is_ok())
+/// Whether `source`, compiled for `dev` (once; later calls reuse it), has the entry point
+/// `name`: how a capability that the shader compiler may lack is asked for
+/// ([`crate::capability`]).
+pub fn has_function(dev: &MetalDevice, source: &KernelSource, name: &str) -> Result<bool> {
+    with_library(dev, source, |entry| {
+        Ok(entry.library.get_function(name, None).is_ok())
     })
 }
 

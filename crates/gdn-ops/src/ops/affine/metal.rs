@@ -14,7 +14,7 @@ use candle_core::{DType, MetalDevice, Tensor};
 use candle_metal_kernels::metal::{Buffer, ComputePipeline};
 use objc2_metal::MTLSize;
 
-pub(crate) const SOURCE: KernelSource = KernelSource {
+const SOURCE: KernelSource = KernelSource {
     file: "kernels/affine.metal",
     text: include_str!("../../../../../kernels/affine.metal"),
     headers: &[(

@@ -9,18 +9,19 @@
 //! `p` of expert `e`, `x[p] · W_eᵀ`, with `W_e` the MLX affine dequantization rounded once into
 //! x's dtype and the sums in f32 (so that f16 and bf16 products run on tensor cores).
 //!
-//! The CPU twin ([`grouped_products`], per expert: dequantize, round, multiply in f32) is the
+//! The CPU twin ([`cpu`], per expert: dequantize, round, multiply in f32) is the
 //! reference. Metal runs `kernels/affine_grouped.metal` ([`metal`]) where its
 //! `supports` holds, CUDA where [`AffineTensor::supports_grouped_kernel`] holds; the rest runs
 //! the per-expert path. [`tiles`] is the Metal kernel's launch contract.
 
+pub(crate) mod cpu;
 #[cfg(feature = "cuda")]
 pub mod cuda;
 #[cfg(any(feature = "metal", target_os = "macos"))]
 pub mod metal;
 pub mod tiles;
 
-use crate::ops::affine::{cpu, AffineTensor};
+use crate::ops::affine::AffineTensor;
 use crate::launches;
 use crate::profile::{self, elems_bytes, Traffic};
 use anyhow::{ensure, Result};
@@ -113,7 +114,7 @@ impl AffineTensor {
         };
         let device = self.device();
         profile::kernel("affine_grouped", device, traffic, || match device {
-            Device::Cpu => launches::cpu_twin(|| grouped_products(self, x, offsets)),
+            Device::Cpu => launches::cpu_twin(|| cpu::grouped_products(self, x, offsets)),
             #[cfg(any(feature = "metal", target_os = "macos"))]
             Device::Metal(_) if metal::supports(self) => {
                 metal::grouped_matmul_t(self, x, offsets)
@@ -207,23 +208,6 @@ pub fn check_offsets(offsets: &[u32], experts: usize, pairs: usize) -> Result<()
         offsets[experts]
     );
     Ok(())
-}
-
-/// The CPU twin: per expert with rows, its weights dequantized and rounded once into x's
-/// dtype (as the kernel stages them), multiplied with x in f32, rounded once into x's dtype.
-pub(crate) fn grouped_products(m: &AffineTensor, x: &Tensor, offsets: &[u32]) -> Result<Tensor> {
-    let dtype = x.dtype();
-    let xf = x.to_dtype(DType::F32)?;
-    let mut parts = vec![];
-    for (e, span) in offsets.windows(2).enumerate() {
-        let (start, len) = (span[0] as usize, (span[1] - span[0]) as usize);
-        if len == 0 {
-            continue;
-        }
-        let w = cpu::dequantize(&m.expert(e)?, None, m.rows, dtype)?.to_dtype(DType::F32)?;
-        parts.push(xf.narrow(0, start, len)?.matmul(&w.t()?)?);
-    }
-    Ok(Tensor::cat(&parts, 0)?.to_dtype(dtype)?)
 }
 
 #[cfg(test)]
