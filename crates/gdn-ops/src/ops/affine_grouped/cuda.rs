@@ -2,14 +2,12 @@
 //! [`AffineTensor::grouped_matmul_t`], one launch for every expert. The tile schedule is built
 //! here from the offsets and copied to the device with the call.
 
-use super::{
-    tile_pairs_for, tile_schedule, AffineGroupedParams, SMEM_BYTES, THREADS, TILE_ROWS,
-};
-use crate::ops::affine::AffineTensor;
+use super::{tile_pairs_for, tile_schedule, AffineGroupedParams, SMEM_BYTES, THREADS, TILE_ROWS};
 use crate::backend::cuda::{
     cuda_device, function, launch, tensor, view, with_float_type, KernelSource,
 };
 use crate::backend::dtype_tag;
+use crate::ops::affine::AffineTensor;
 use anyhow::{ensure, Result};
 use candle_core::cuda_backend::cudarc::driver::sys::CUfunction_attribute;
 use candle_core::cuda_backend::cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg};

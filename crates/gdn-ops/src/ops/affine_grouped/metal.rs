@@ -9,12 +9,12 @@ use super::check_offsets;
 use super::tiles::{
     tile_schedule, AffineGroupedParams, GROUPED_SCRATCH_BYTES, GROUPED_THREADS, GROUPED_TILE_COLS,
 };
-use crate::ops::affine::AffineTensor;
 use crate::backend::dtype_tag;
 use crate::backend::metal::{
     encode, metal_buffer, metal_device, new_output, output, pipeline, Binding, KernelSource,
 };
 use crate::launches;
+use crate::ops::affine::AffineTensor;
 use anyhow::{ensure, Result};
 use candle_core::Tensor;
 use objc2_metal::MTLSize;

@@ -21,8 +21,8 @@ pub mod cuda;
 pub mod metal;
 pub mod tiles;
 
-use crate::ops::affine::AffineTensor;
 use crate::launches;
+use crate::ops::affine::AffineTensor;
 use crate::profile::{self, elems_bytes, Traffic};
 use anyhow::{ensure, Result};
 use candle_core::{DType, Device, Tensor};
@@ -116,9 +116,7 @@ impl AffineTensor {
         profile::kernel("affine_grouped", device, traffic, || match device {
             Device::Cpu => launches::cpu_twin(|| cpu::grouped_products(self, x, offsets)),
             #[cfg(any(feature = "metal", target_os = "macos"))]
-            Device::Metal(_) if metal::supports(self) => {
-                metal::grouped_matmul_t(self, x, offsets)
-            }
+            Device::Metal(_) if metal::supports(self) => metal::grouped_matmul_t(self, x, offsets),
             #[cfg(feature = "cuda")]
             Device::Cuda(_) if self.supports_grouped_kernel(x.dtype()) => {
                 cuda::grouped_matmul_t(self, x, offsets)
@@ -259,7 +257,7 @@ mod tests {
 
     #[test]
     fn bad_inputs_are_one_line_errors() {
-        let m = crate::affine::AffineMatrix::new(
+        let m = crate::ops::affine::AffineMatrix::new(
             4,
             32,
             [2, 3, 32],

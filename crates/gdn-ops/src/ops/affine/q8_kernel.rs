@@ -4,34 +4,6 @@
 //! (`maddubs`) instead of eight float multiply-adds. It changes the numbers (the activation
 //! rounding), so it is a separate mode, judged by the KL gate (tests/q8_activations.rs).
 
-use crate::affine::{AffineMatrix, GroupParams};
-use std::cell::Cell;
-
-thread_local! {
-    static ENABLED: Cell<bool> = const { Cell::new(false) };
-}
-
-/// Whether decode-shaped products on this thread use 8-bit activations.
-pub fn enabled() -> bool {
-    ENABLED.with(Cell::get)
-}
-
-/// Turns the mode on or off for the current thread until dropped (the model enters one per
-/// forward call, so models loaded with and without it can share a process).
-pub struct Scope(bool);
-
-impl Scope {
-    pub fn enter(on: bool) -> Self {
-        Self(ENABLED.with(|c| c.replace(on)))
-    }
-}
-
-impl Drop for Scope {
-    fn drop(&mut self) {
-        ENABLED.with(|c| c.set(self.0));
-    }
-}
-
 /// Elements per i8 quantization chunk (and per 32-byte run of packed 4-bit weights).
 pub const CHUNK: usize = 64;
 
@@ -99,53 +71,21 @@ crate::multiversion! {
     }
 }
 
-/// Whether a matrix takes the 8-bit-activation path: 4-bit, groups of 64 or a larger power
-/// of two.
-pub fn supports(m: &AffineMatrix) -> bool {
-    m.bits == 4 && m.group_size.is_multiple_of(CHUNK) && m.group_size.is_power_of_two()
+/// Whether a matrix format takes the 8-bit-activation path: 4-bit, groups of 64 or a larger
+/// power of two.
+pub fn supports_format(bits: usize, group_size: usize) -> bool {
+    bits == 4 && group_size.is_multiple_of(CHUNK) && group_size.is_power_of_two()
 }
 
-/// `Σ_j w[row, j] · x[j]` with `x` rounded per chunk: per group
-/// `scale · Σ_chunks dx · Σ q·xq + bias · Σ x` (`group_sums` holds the exact `Σ x`).
-pub fn row_dot(m: &AffineMatrix, row: usize, x: &Q8Row, group_sums: &[f32]) -> f32 {
-    let mut out = [0f32];
-    rows_dot(m, row, 1, std::slice::from_ref(x), group_sums, &mut out);
-    out[0]
-}
-
-/// [`row_dot`] of the consecutive weight rows `first .. first + rows` with every activation
-/// row of `xs`, into `out` as `[rows, xs.len()]`. `group_sums` is `[xs.len(), groups]`.
-///
-/// Every (weight row, activation row) pair gets the same arithmetic, in the same order,
-/// whatever the batch: a prompt token's products are bit for bit those of a decoded token.
-/// A matrix repacked at load ([`AffineMatrix::into_q8_interleaved`]) runs the interleaved
-/// kernel ([`crate::affine_q8_interleaved`]) instead, for every product alike.
-pub fn rows_dot(
-    m: &AffineMatrix,
-    first: usize,
-    rows: usize,
-    xs: &[Q8Row],
-    group_sums: &[f32],
-    out: &mut [f32],
-) {
-    assert_eq!(out.len(), rows * xs.len(), "output is [rows, activations]");
-    assert_eq!(group_sums.len(), xs.len() * m.groups_per_row());
-    if let Some(interleaved) = m.q8_interleaved() {
-        return interleaved.rows_dot(first, rows, xs, group_sums, out);
-    }
-    // Scales and biases stay in their stored dtype: the kernel widens them as it goes.
-    match (m.scales(), m.biases()) {
-        (GroupParams::Bf16(s), GroupParams::Bf16(b)) => {
-            rows_dot_in(m, s, b, first, xs, group_sums, out)
-        }
-        (GroupParams::F16(s), GroupParams::F16(b)) => {
-            rows_dot_in(m, s, b, first, xs, group_sums, out)
-        }
-        (scales, biases) => {
-            let (s, b) = (scales.to_f32_vec(), biases.to_f32_vec());
-            rows_dot_in(m, &s, &b, first, xs, group_sums, out)
-        }
-    }
+/// A plain-layout 4-bit matrix as the kernel reads it: `words` `[rows, words_per_row]`,
+/// `scales` and `biases` `[rows, groups_per_row]` in their stored type.
+pub struct PlainRows<'a, P> {
+    pub words: &'a [u32],
+    pub scales: &'a [P],
+    pub biases: &'a [P],
+    pub words_per_row: usize,
+    pub groups_per_row: usize,
+    pub group_size: usize,
 }
 
 /// Activation rows per kernel call. Each chunk of a weight row is unpacked once for all of
@@ -154,20 +94,21 @@ pub fn rows_dot(
 /// 8 rows 53 (more accumulators than registers beyond that).
 const ACTIVATIONS_AT_ONCE: usize = 4;
 
-fn rows_dot_in<P: Widen>(
-    m: &AffineMatrix,
-    scales: &[P],
-    biases: &[P],
+/// The plain layout's products: weight rows `first ..` of `m` (as many as `out` holds) with
+/// every activation row of `xs`, into `out` as `[rows, xs.len()]`; `group_sums` is
+/// `[xs.len(), groups]`.
+pub fn rows_dot_plain<P: Widen>(
+    m: &PlainRows<P>,
     first: usize,
     xs: &[Q8Row],
     group_sums: &[f32],
     out: &mut [f32],
 ) {
-    let (wpr, gpr, n) = (m.words_per_row(), m.groups_per_row(), xs.len());
+    let (wpr, gpr, n) = (m.words_per_row, m.groups_per_row, xs.len());
     let weights = |row: usize| WeightRow {
-        words: &m.packed()[row * wpr..(row + 1) * wpr],
-        scales: &scales[row * gpr..(row + 1) * gpr],
-        biases: &biases[row * gpr..(row + 1) * gpr],
+        words: &m.words[row * wpr..(row + 1) * wpr],
+        scales: &m.scales[row * gpr..(row + 1) * gpr],
+        biases: &m.biases[row * gpr..(row + 1) * gpr],
         chunks_per_group: m.group_size / CHUNK,
     };
     let activation = |j: usize| Activation {
@@ -413,8 +354,8 @@ row_dots_kernel!(
 
 #[cfg(test)]
 mod tests {
+    use super::super::packing::pack_row;
     use super::*;
-    use crate::affine::pack_row;
 
     /// The portable row is `Σ_j (scale·q_j + bias) · x̂_j` with `x̂` the rounded activations
     /// (`dx · xq`), except that the bias multiplies the exact group sums: checked in f64
@@ -546,70 +487,6 @@ mod tests {
                 chunks_per_group,
             };
             assert_same_bits(&w, &xq, &group_sums, &format!("bf16, group {group}"));
-        }
-    }
-}
-
-#[cfg(test)]
-mod row_tests {
-    use super::*;
-    use crate::affine::{pack_row, AffineMatrix};
-
-    /// The 8-bit-activation dot is the exact dot up to the activation rounding: within
-    /// 1% of Σ|w·x| on random rows at every supported group size.
-    #[test]
-    fn row_dot_tracks_the_exact_dot() {
-        for group in [64, 128] {
-            let cols = 256;
-            let q: Vec<u32> = (0..cols as u32).map(|j| (j * 11 + 5) % 16).collect();
-            let groups = cols / group;
-            let scales: Vec<f32> = (0..groups).map(|g| 0.02 + 0.01 * g as f32).collect();
-            let biases: Vec<f32> = (0..groups).map(|g| -0.1 + 0.03 * g as f32).collect();
-            let m =
-                AffineMatrix::new(4, group, [1, 1, cols], pack_row(&q, 4), scales, biases).unwrap();
-            let x: Vec<f32> = (0..cols)
-                .map(|j| ((j * 29 % 41) as f32 - 20.0) / 7.0)
-                .collect();
-            let sums: Vec<f32> = x.chunks(group).map(|c| c.iter().sum()).collect();
-            let mut w = vec![0f32; cols];
-            m.dequantize_row(0, &mut w);
-            let exact: f32 = w.iter().zip(&x).map(|(a, b)| a * b).sum();
-            let scale: f32 = w.iter().zip(&x).map(|(a, b)| (a * b).abs()).sum();
-            let got = row_dot(&m, 0, &Q8Row::quantize(&x), &sums);
-            assert!(
-                (got - exact).abs() <= 0.01 * scale,
-                "group {group}: {got} vs {exact} (Σ|wx| {scale})"
-            );
-        }
-    }
-
-    /// A batch of activation rows (a prompt) gets, pair for pair, the bits of one row at a
-    /// time (decode): six rows cover a full block of four and a remainder.
-    #[test]
-    fn batched_rows_match_single_rows() {
-        let (rows, cols, group, n) = (3, 256, 64, 6);
-        let q: Vec<u32> = (0..(rows * cols) as u32)
-            .map(|j| (j * 7 + 1) % 16)
-            .collect();
-        let groups = rows * cols / group;
-        let scales: Vec<f32> = (0..groups).map(|g| 0.03 + 0.002 * g as f32).collect();
-        let biases: Vec<f32> = (0..groups).map(|g| 0.01 * g as f32 - 0.05).collect();
-        let m =
-            AffineMatrix::new(4, group, [1, rows, cols], pack_row(&q, 4), scales, biases).unwrap();
-        let x: Vec<f32> = (0..n * cols)
-            .map(|j| ((j * 17 % 61) as f32 - 30.0) / 11.0)
-            .collect();
-        let xs: Vec<Q8Row> = x.chunks(cols).map(Q8Row::quantize).collect();
-        let sums: Vec<f32> = x.chunks(group).map(|c| c.iter().sum()).collect();
-        let mut batched = vec![0f32; rows * n];
-        rows_dot(&m, 0, rows, &xs, &sums, &mut batched);
-        let gpr = cols / group;
-        for r in 0..rows {
-            for j in 0..n {
-                let one = row_dot(&m, r, &xs[j], &sums[j * gpr..(j + 1) * gpr]);
-                let got = batched[r * n + j];
-                assert_eq!(got.to_bits(), one.to_bits(), "row {r}, activation {j}");
-            }
         }
     }
 }

@@ -1,21 +1,16 @@
-//! MLX affine quantization (mlx-lm-reference.md §6): packing and exact dequantization.
-//!
-//! A row of `cols` elements is one little-endian bitstream: element `j` occupies bits
-//! `[j*bits, (j+1)*bits)`, bit `n` being bit `n % 32` of word `n / 32`. Groups of
-//! `group_size` consecutive elements share a scale and a bias: `w = scale * q + bias`
-//! (scales may be negative).
+//! The host's affine-quantized matrix: one or more stacked `[experts, rows, cols]` matrices
+//! in MLX's packed format ([`packing`](super::packing)), their rows dequantized or dotted on
+//! the CPU, and the q8 mode's repacked layout ([`q8_interleaved`](super::q8_interleaved))
+//! where it was made at load.
 
-use crate::affine_q8_interleaved::Interleaved;
+pub use super::group_params::GroupParams;
+use super::packing::{dequantize_row, packed_row_dot, SUPPORTED_BITS, SUPPORTED_GROUPS};
+use super::q8_interleaved::{Interleaved, PlainLayout};
+use super::q8_kernel;
 use anyhow::{bail, Result};
-use candle_core::{DType, Device, Tensor};
-use half::slice::HalfFloatSliceExt;
-use half::{bf16, f16};
+use candle_core::DType;
 use std::borrow::Cow;
 use std::sync::Arc;
-
-/// Bit widths MLX's affine mode produces.
-pub const SUPPORTED_BITS: [usize; 6] = [2, 3, 4, 5, 6, 8];
-pub const SUPPORTED_GROUPS: [usize; 3] = [32, 64, 128];
 
 /// One or more stacked affine-quantized matrices `[experts, rows, cols]`.
 #[derive(Debug, Clone)]
@@ -33,112 +28,6 @@ pub struct AffineMatrix {
     /// The q8 mode's repacked words ([`AffineMatrix::into_q8_interleaved`]), which replace
     /// `packed`: one copy of the weights either way.
     interleaved: Option<Arc<Interleaved>>,
-}
-
-/// Per-group scales or biases, kept in the dtype they were stored in: f32 copies of bf16
-/// values would add a ninth to a 4-bit group-64 matrix (8 bytes per 64 weights instead of
-/// 4), to resident memory and to the bytes every decoded token reads. Kernels widen one
-/// row's worth at a time.
-#[derive(Debug, Clone)]
-pub enum GroupParams {
-    F32(Vec<f32>),
-    Bf16(Vec<bf16>),
-    F16(Vec<f16>),
-}
-
-impl From<Vec<f32>> for GroupParams {
-    fn from(v: Vec<f32>) -> Self {
-        Self::F32(v)
-    }
-}
-
-impl From<Vec<bf16>> for GroupParams {
-    fn from(v: Vec<bf16>) -> Self {
-        Self::Bf16(v)
-    }
-}
-
-impl From<Vec<f16>> for GroupParams {
-    fn from(v: Vec<f16>) -> Self {
-        Self::F16(v)
-    }
-}
-
-impl GroupParams {
-    pub fn len(&self) -> usize {
-        match self {
-            Self::F32(v) => v.len(),
-            Self::Bf16(v) => v.len(),
-            Self::F16(v) => v.len(),
-        }
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
-    pub fn dtype(&self) -> DType {
-        match self {
-            Self::F32(_) => DType::F32,
-            Self::Bf16(_) => DType::BF16,
-            Self::F16(_) => DType::F16,
-        }
-    }
-
-    pub fn bytes(&self) -> usize {
-        self.len() * self.dtype().size_in_bytes()
-    }
-
-    /// Widens elements `start .. start + out.len()` into `out` (exactly: f32 holds every
-    /// bf16 and f16 value).
-    #[inline]
-    pub fn widen_into(&self, start: usize, out: &mut [f32]) {
-        let range = start..start + out.len();
-        match self {
-            Self::F32(v) => out.copy_from_slice(&v[range]),
-            // A bf16 is the top half of an f32: a shift the compiler vectorises.
-            Self::Bf16(v) => out
-                .iter_mut()
-                .zip(&v[range])
-                .for_each(|(o, x)| *o = f32::from_bits((x.to_bits() as u32) << 16)),
-            Self::F16(v) => v[range].convert_to_f32_slice(out),
-        }
-    }
-
-    /// Every element widened to f32.
-    pub fn to_f32_vec(&self) -> Vec<f32> {
-        let mut out = vec![0f32; self.len()];
-        self.widen_into(0, &mut out);
-        out
-    }
-
-    /// A tensor of `shape` on `device`, in this dtype.
-    pub fn to_tensor(&self, shape: (usize, usize), device: &Device) -> Result<Tensor> {
-        Ok(match self {
-            Self::F32(v) => Tensor::from_slice(v, shape, device)?,
-            Self::Bf16(v) => Tensor::from_slice(v, shape, device)?,
-            Self::F16(v) => Tensor::from_slice(v, shape, device)?,
-        })
-    }
-
-    fn empty_like(&self) -> Self {
-        match self {
-            Self::F32(_) => Self::F32(vec![]),
-            Self::Bf16(_) => Self::Bf16(vec![]),
-            Self::F16(_) => Self::F16(vec![]),
-        }
-    }
-
-    /// Appends `other[range]`; `None` if the dtypes differ.
-    fn extend_from(&mut self, other: &Self, range: std::ops::Range<usize>) -> Option<()> {
-        match (self, other) {
-            (Self::F32(a), Self::F32(b)) => a.extend_from_slice(&b[range]),
-            (Self::Bf16(a), Self::Bf16(b)) => a.extend_from_slice(&b[range]),
-            (Self::F16(a), Self::F16(b)) => a.extend_from_slice(&b[range]),
-            _ => return None,
-        }
-        Some(())
-    }
 }
 
 impl AffineMatrix {
@@ -185,16 +74,29 @@ impl AffineMatrix {
     }
 
     /// The same matrix with its packed words in the q8 kernel's interleaved layout (sixteen
-    /// rows four bytes at a time; [`crate::affine_q8_interleaved`]), the plain words dropped;
+    /// rows four bytes at a time; [`q8_interleaved`](super::q8_interleaved)), the plain words dropped;
     /// unchanged if the q8 mode does not take it. Dequantizing and the other row accessors
     /// read the interleaved words; only [`AffineMatrix::packed`] (the device upload) needs the
     /// plain layout.
     pub fn into_q8_interleaved(mut self) -> Self {
-        if self.interleaved.is_none() && crate::affine_q8::supports(&self) {
-            self.interleaved = Some(Arc::new(Interleaved::new(&self)));
+        if self.interleaved.is_none() && q8_kernel::supports_format(self.bits, self.group_size) {
+            self.interleaved = Some(Arc::new(Interleaved::new(self.plain_layout())));
             self.packed = Vec::new();
         }
         self
+    }
+
+    /// The plain layout's parts, as the interleaved repacking reads them.
+    fn plain_layout(&self) -> PlainLayout<'_> {
+        PlainLayout {
+            experts: self.experts,
+            rows: self.rows,
+            cols: self.cols,
+            group_size: self.group_size,
+            packed: &self.packed,
+            scales: &self.scales,
+            biases: &self.biases,
+        }
     }
 
     /// The interleaved words, if [`AffineMatrix::into_q8_interleaved`] made them.
@@ -403,147 +305,10 @@ impl AffineMatrix {
     }
 }
 
-/// `Σ q_j x_j` for 4-bit values, eight per word, left in eight lanes (one per nibble
-/// position) so that the shifts and the multiply-adds vectorise. Groups hold an even number
-/// of words (at least 32 values).
-#[inline(always)]
-fn dot_u4(words: &[u32], x: &[f32]) -> [f32; 8] {
-    // Two words per step: sixteen lanes, one AVX-512 register.
-    let mut acc = [0f32; 16];
-    for (w, xs) in words.chunks_exact(2).zip(x.chunks_exact(16)) {
-        for l in 0..16 {
-            acc[l] += ((w[l / 8] >> (4 * (l % 8))) & 0xF) as f32 * xs[l];
-        }
-    }
-    std::array::from_fn(|l| acc[l] + acc[l + 8])
-}
-
-/// `Σ q_j x_j` for 8-bit values, two words (eight bytes) per step.
-#[inline(always)]
-fn dot_u8(words: &[u32], x: &[f32]) -> [f32; 8] {
-    let mut acc = [0f32; 8];
-    for (w, xs) in words.chunks_exact(2).zip(x.chunks_exact(8)) {
-        for l in 0..8 {
-            acc[l] += ((w[l / 4] >> (8 * (l % 4))) & 0xFF) as f32 * xs[l];
-        }
-    }
-    acc
-}
-
-crate::multiversion! {
-    /// Dequantizes one row: `out[j] = scales[g] · q_j + biases[g]`, `g = j / group_size`,
-    /// where the group size is `out.len() / scales.len()`.
-    pub fn dequantize_row(words: &[u32], scales: &[f32], biases: &[f32], bits: usize, out: &mut [f32]) -> () {
-        let group_size = out.len() / scales.len();
-        unpack_row(words, bits, out);
-        for ((chunk, &s), &b) in out.chunks_exact_mut(group_size).zip(scales).zip(biases) {
-            for v in chunk {
-                *v = s * *v + b;
-            }
-        }
-    }
-}
-
-crate::multiversion! {
-    /// `Σ_j w_j x_j` over one packed 4- or 8-bit row, per group `scale · Σ q x + bias · Σ x`
-    /// (`group_sums` holds `Σ x` per group of `x`).
-    fn packed_row_dot(
-        words: &[u32],
-        scales: &[f32],
-        biases: &[f32],
-        x: &[f32],
-        group_sums: &[f32],
-        bits: usize,
-    ) -> f32 {
-        let group_size = x.len() / scales.len();
-        let words_per_group = group_size * bits / 32;
-        // Eight lanes carried across groups (scaled per group, summed once per row): a
-        // horizontal sum per group would cost as much as the group's products.
-        let mut lanes = [0f32; 8];
-        let mut bias_total = 0f32;
-        for (g, (gw, gx)) in words
-            .chunks_exact(words_per_group)
-            .zip(x.chunks_exact(group_size))
-            .enumerate()
-        {
-            let qx = match bits {
-                4 => dot_u4(gw, gx),
-                8 => dot_u8(gw, gx),
-                _ => unreachable!("row_dot needs 4 or 8 bits"),
-            };
-            for l in 0..8 {
-                lanes[l] += scales[g] * qx[l];
-            }
-            bias_total += biases[g] * group_sums[g];
-        }
-        lanes.iter().sum::<f32>() + bias_total
-    }
-}
-
-/// Unpacks one row's bitstream into unsigned integers stored as f32.
-#[inline(always)]
-pub fn unpack_row(words: &[u32], bits: usize, out: &mut [f32]) {
-    match bits {
-        // The common widths never straddle a word: a straight shift-and-mask loop.
-        4 | 8 | 2 => {
-            let per_word = 32 / bits;
-            let mask = (1u32 << bits) - 1;
-            for (w, chunk) in words.iter().zip(out.chunks_exact_mut(per_word)) {
-                for (i, v) in chunk.iter_mut().enumerate() {
-                    *v = ((w >> (bits * i)) & mask) as f32;
-                }
-            }
-        }
-        _ => {
-            let mask = (1u64 << bits) - 1;
-            for (j, v) in out.iter_mut().enumerate() {
-                let bit = j * bits;
-                let (word, shift) = (bit / 32, bit % 32);
-                let lo = words[word] as u64;
-                let hi = words.get(word + 1).copied().unwrap_or(0) as u64;
-                *v = ((((hi << 32) | lo) >> shift) & mask) as f32;
-            }
-        }
-    }
-}
-
-/// Packs unsigned integers (each `< 2^bits`) into MLX's LSB-first bitstream. Used by tests
-/// and by tools that write checkpoints.
-pub fn pack_row(values: &[u32], bits: usize) -> Vec<u32> {
-    let mut words = vec![0u32; values.len() * bits / 32];
-    for (j, &q) in values.iter().enumerate() {
-        let bit = j * bits;
-        let (word, shift) = (bit / 32, bit % 32);
-        words[word] |= q << shift;
-        if shift + bits > 32 {
-            words[word + 1] |= q >> (32 - shift);
-        }
-    }
-    words
-}
-
 #[cfg(test)]
 mod tests {
+    use super::super::packing::pack_row;
     use super::*;
-
-    #[test]
-    fn pack_unpack_roundtrip_every_width() {
-        for bits in SUPPORTED_BITS {
-            let values: Vec<u32> = (0..128u32).map(|j| (j * 7 + 3) % (1 << bits)).collect();
-            let words = pack_row(&values, bits);
-            let mut out = vec![0f32; values.len()];
-            unpack_row(&words, bits, &mut out);
-            let back: Vec<u32> = out.iter().map(|&v| v as u32).collect();
-            assert_eq!(back, values, "{bits} bits");
-        }
-    }
-
-    #[test]
-    fn nibble_order_is_lsb_first() {
-        let mut out = [0f32; 8];
-        unpack_row(&[0x8765_4321], 4, &mut out);
-        assert_eq!(out, [1., 2., 3., 4., 5., 6., 7., 8.]);
-    }
 
     #[test]
     fn groups_smaller_than_a_word_are_rejected() {

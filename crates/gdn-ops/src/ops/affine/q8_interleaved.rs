@@ -13,15 +13,15 @@
 //! - per group `g`, in order, `bacc = fma(bias[g], Σx[g], bacc)`;
 //! - the result is `(acc_0 + acc_1) + bacc`.
 //!
-//! That is not the plain kernel's order ([`crate::affine_q8`] keeps eight float lanes per pair,
+//! That is not the plain kernel's order ([`q8_kernel`](super::q8_kernel) keeps eight float lanes per pair,
 //! one per four packed bytes, summed at the end): reproducing it here would take eight
 //! conversions and eight FMAs per sixteen `vpdpbusd` instead of two, and eight accumulators
 //! per activation row, so at most two activation rows per call. The two kernels therefore
 //! differ in the last bits (the tests bound it), and a matrix uses one of them for every
 //! product, prefill and decode alike.
 
-use crate::affine::{AffineMatrix, GroupParams};
-use crate::affine_q8::{Activation, Q8Row, CHUNK};
+use super::group_params::GroupParams;
+use super::q8_kernel::{supports_format, Activation, Q8Row, CHUNK};
 use anyhow::{bail, Result};
 use half::bf16;
 
@@ -79,14 +79,27 @@ pub struct Interleaved {
     params: Params,
 }
 
+/// A 4-bit matrix `[experts, rows, cols]` in MLX's plain layout, as [`Interleaved::new`]
+/// reads it: `packed` `[experts * rows, cols / 8]`, `scales` and `biases`
+/// `[experts * rows, cols / group_size]`.
+pub struct PlainLayout<'a> {
+    pub experts: usize,
+    pub rows: usize,
+    pub cols: usize,
+    pub group_size: usize,
+    pub packed: &'a [u32],
+    pub scales: &'a GroupParams,
+    pub biases: &'a GroupParams,
+}
+
 impl Interleaved {
-    /// Repacks a matrix that [`crate::affine_q8::supports`].
-    pub fn new(m: &AffineMatrix) -> Self {
+    /// Repacks a matrix whose format the q8 kernel supports ([`supports_format`]).
+    pub fn new(m: PlainLayout) -> Self {
         assert!(
-            crate::affine_q8::supports(m),
+            supports_format(4, m.group_size),
             "only 4-bit matrices with groups of 64 or more are interleaved"
         );
-        let (wpr, gpr) = (m.words_per_row(), m.groups_per_row());
+        let (wpr, gpr) = (m.cols / 8, m.cols / m.group_size);
         let blocks_per_expert = m.rows.div_ceil(ROWS);
         let blocks = m.experts * blocks_per_expert;
         let mut words = vec![0u32; blocks * wpr * ROWS];
@@ -97,22 +110,22 @@ impl Interleaved {
             for r in 0..m.rows {
                 let global = e * m.rows + r;
                 let (block, lane) = (e * blocks_per_expert + r / ROWS, r % ROWS);
-                let src = &m.packed()[global * wpr..(global + 1) * wpr];
+                let src = &m.packed[global * wpr..(global + 1) * wpr];
                 // Word w of the row is word w % 8 of chunk w / 8.
                 for (w, &word) in src.iter().enumerate() {
                     words[(block * wpr + w) * ROWS + lane] = word;
                 }
-                m.scales().widen_into(global * gpr, &mut row_s);
-                m.biases().widen_into(global * gpr, &mut row_b);
+                m.scales.widen_into(global * gpr, &mut row_s);
+                m.biases.widen_into(global * gpr, &mut row_b);
                 for g in 0..gpr {
                     scales[(block * gpr + g) * ROWS + lane] = row_s[g];
                     biases[(block * gpr + g) * ROWS + lane] = row_b[g];
                 }
             }
         }
-        let params = match m.scales() {
+        let params = match m.scales {
             // Exact: these are widened bf16 values (and zeros).
-            GroupParams::Bf16(_) if matches!(m.biases(), GroupParams::Bf16(_)) => Params::Bf16 {
+            GroupParams::Bf16(_) if matches!(m.biases, GroupParams::Bf16(_)) => Params::Bf16 {
                 scales: scales.iter().map(|&v| bf16::from_f32(v)).collect(),
                 biases: biases.iter().map(|&v| bf16::from_f32(v)).collect(),
             },
@@ -160,7 +173,7 @@ impl Interleaved {
             }
     }
 
-    /// [`crate::affine_q8::rows_dot`] on this layout: the stacked rows `first .. first + rows`
+    /// The q8 mode's `rows_dot` on this layout: the stacked rows `first .. first + rows`
     /// against every activation row of `xs`, into `out` as `[rows, xs.len()]`; `group_sums`
     /// is `[xs.len(), groups]`. Rows are computed a whole block at a time.
     pub fn rows_dot(
@@ -389,8 +402,8 @@ unsafe fn block_dots_vnni<P: Param, const A: usize>(
 
 #[cfg(test)]
 mod tests {
+    use super::super::packing::pack_row;
     use super::*;
-    use crate::affine::pack_row;
 
     /// A `[1, rows, cols]` 4-bit matrix with bf16 or f32 scales, repacked.
     fn repacked(rows: usize, cols: usize, group: usize, bf16_params: bool) -> Interleaved {
@@ -401,14 +414,21 @@ mod tests {
         let groups = rows * cols / group;
         let scales: Vec<f32> = (0..groups).map(|g| 0.01 + 0.003 * (g % 7) as f32).collect();
         let biases: Vec<f32> = (0..groups).map(|g| 0.02 * (g % 5) as f32 - 0.05).collect();
-        let shape = [1, rows, cols];
-        let m = if bf16_params {
+        let (scales, biases): (GroupParams, GroupParams) = if bf16_params {
             let c = |v: Vec<f32>| -> Vec<bf16> { v.into_iter().map(bf16::from_f32).collect() };
-            AffineMatrix::new(4, group, shape, packed, c(scales), c(biases))
+            (c(scales).into(), c(biases).into())
         } else {
-            AffineMatrix::new(4, group, shape, packed, scales, biases)
+            (scales.into(), biases.into())
         };
-        Interleaved::new(&m.unwrap())
+        Interleaved::new(PlainLayout {
+            experts: 1,
+            rows,
+            cols,
+            group_size: group,
+            packed: &packed,
+            scales: &scales,
+            biases: &biases,
+        })
     }
 
     /// Four activation rows' dots of one block: the VNNI kernel on all four at once and on
