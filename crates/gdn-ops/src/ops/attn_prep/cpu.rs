@@ -1,7 +1,7 @@
 //! The CPU twin of `kernels/attn_prep.{metal,cu}`: head by head in f32, rounding where the
 //! kernels round, and the KV rows written in place.
 
-use super::AttnPrepDims;
+use super::{AttnPrepDims, Inputs};
 use crate::backend::{f32_values, round_to};
 use crate::ops::add_rms_norm::cpu::rms_scale;
 use anyhow::Result;
@@ -36,18 +36,17 @@ pub(crate) fn norm_rope(
     out
 }
 
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn attn_prep(
-    d: AttnPrepDims,
-    qkv: &Tensor,
-    q_norm: &Tensor,
-    k_norm: &Tensor,
-    eps: f32,
-    inv_freq: &Tensor,
-    pos: &Tensor,
-    keys: &Tensor,
-    values: &Tensor,
-) -> Result<(Tensor, Tensor)> {
+pub(crate) fn attn_prep(d: AttnPrepDims, inputs: &Inputs) -> Result<(Tensor, Tensor)> {
+    let Inputs {
+        qkv,
+        q_norm,
+        k_norm,
+        eps,
+        inv_freq,
+        pos,
+        keys,
+        values,
+    } = *inputs;
     let dtype = qkv.dtype();
     let (nq, nkv, dh) = (d.q_heads, d.kv_heads, d.head_dim);
     let x = f32_values(qkv)?;

@@ -3,7 +3,7 @@
 //! The geometry here is what `kernels/emu/attn_prep_harness.cpp` emulates; change both
 //! together.
 
-use super::AttnPrepDims;
+use super::{AttnPrepDims, Inputs};
 use crate::backend::dtype_tag;
 use crate::backend::metal::{
     encode, metal_buffer, metal_device, new_output, output, pipeline, Binding, KernelSource,
@@ -21,18 +21,17 @@ const SOURCE: KernelSource = KernelSource {
     )],
 };
 
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn attn_prep(
-    d: AttnPrepDims,
-    qkv: &Tensor,
-    q_norm: &Tensor,
-    k_norm: &Tensor,
-    eps: f32,
-    inv_freq: &Tensor,
-    pos: &Tensor,
-    keys: &Tensor,
-    values: &Tensor,
-) -> Result<(Tensor, Tensor)> {
+pub(crate) fn attn_prep(d: AttnPrepDims, inputs: &Inputs) -> Result<(Tensor, Tensor)> {
+    let Inputs {
+        qkv,
+        q_norm,
+        k_norm,
+        eps,
+        inv_freq,
+        pos,
+        keys,
+        values,
+    } = *inputs;
     const OP: &str = "attn_prep";
     let dev = &metal_device(qkv, OP)?;
     let dtype = qkv.dtype();
