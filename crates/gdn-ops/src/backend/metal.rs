@@ -53,6 +53,31 @@ impl KernelSource {
     }
 }
 
+/// The [`KernelSource`] of a shipped shader, `kernels/<kernel>` with the parameter header
+/// `kernels/<params>` it includes, both embedded at compile time:
+/// `metal_source!("attn_prep.metal", "params/attn_prep.h")`.
+macro_rules! metal_source {
+    ($kernel:literal, $params:literal) => {
+        $crate::backend::metal::KernelSource {
+            file: concat!("kernels/", $kernel),
+            text: include_str!(concat!(
+                env!("CARGO_MANIFEST_DIR"),
+                "/../../kernels/",
+                $kernel
+            )),
+            headers: &[(
+                $params,
+                include_str!(concat!(
+                    env!("CARGO_MANIFEST_DIR"),
+                    "/../../kernels/",
+                    $params
+                )),
+            )],
+        }
+    };
+}
+pub(crate) use metal_source;
+
 struct CompiledSource {
     library: Library,
     pipelines: HashMap<String, ComputePipeline>,

@@ -11,7 +11,8 @@ use super::tiles::{
 };
 use crate::backend::dtype_tag;
 use crate::backend::metal::{
-    encode, metal_buffer, metal_device, new_output, output, pipeline, Binding, KernelSource,
+    encode, metal_buffer, metal_device, metal_source, new_output, output, pipeline, Binding,
+    KernelSource,
 };
 use crate::launches;
 use crate::ops::affine::AffineTensor;
@@ -21,14 +22,7 @@ use objc2_metal::MTLSize;
 
 const OP: &str = "grouped expert matmul";
 
-pub(crate) const SOURCE: KernelSource = KernelSource {
-    file: "kernels/affine_grouped.metal",
-    text: include_str!("../../../../../kernels/affine_grouped.metal"),
-    headers: &[(
-        "params/affine_grouped_metal.h",
-        include_str!("../../../../../kernels/params/affine_grouped_metal.h"),
-    )],
-};
+const SOURCE: KernelSource = metal_source!("affine_grouped.metal", "params/affine_grouped_metal.h");
 
 /// Whether the kernel covers `a`'s format (the checks of [`grouped_matmul_t`] on the weights).
 pub fn supports(a: &AffineTensor) -> bool {

@@ -8,20 +8,14 @@
 use super::{AttnDecodeDims, SIMDGROUPS};
 use crate::backend::dtype_tag;
 use crate::backend::metal::{
-    encode, metal_buffer, metal_device, new_output, output, pipeline, Binding, KernelSource,
+    encode, metal_buffer, metal_device, metal_source, new_output, output, pipeline, Binding,
+    KernelSource,
 };
 use anyhow::Result;
 use candle_core::{DType, Tensor};
 use objc2_metal::MTLSize;
 
-const SOURCE: KernelSource = KernelSource {
-    file: "kernels/attn_decode.metal",
-    text: include_str!("../../../../../kernels/attn_decode.metal"),
-    headers: &[(
-        "params/attn_decode.h",
-        include_str!("../../../../../kernels/params/attn_decode.h"),
-    )],
-};
+const SOURCE: KernelSource = metal_source!("attn_decode.metal", "params/attn_decode.h");
 
 pub(crate) fn attn_decode(
     d: AttnDecodeDims,

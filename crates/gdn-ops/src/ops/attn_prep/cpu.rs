@@ -37,22 +37,12 @@ pub(crate) fn norm_rope(
 }
 
 pub(crate) fn attn_prep(d: AttnPrepDims, inputs: &Inputs) -> Result<(Tensor, Tensor)> {
-    let Inputs {
-        qkv,
-        q_norm,
-        k_norm,
-        eps,
-        inv_freq,
-        pos,
-        keys,
-        values,
-    } = *inputs;
-    let dtype = qkv.dtype();
+    let (dtype, eps) = (inputs.qkv.dtype(), inputs.eps);
     let (nq, nkv, dh) = (d.q_heads, d.kv_heads, d.head_dim);
-    let x = f32_values(qkv)?;
-    let (wq, wk) = (f32_values(q_norm)?, f32_values(k_norm)?);
-    let inv_freq = f32_values(inv_freq)?;
-    let pos = pos.to_vec1::<u32>()?[0];
+    let x = f32_values(inputs.qkv)?;
+    let (wq, wk) = (f32_values(inputs.q_norm)?, f32_values(inputs.k_norm)?);
+    let inv_freq = f32_values(inputs.inv_freq)?;
+    let pos = inputs.pos.to_vec1::<u32>()?[0];
     let width = (2 * nq + 2 * nkv) * dh;
     let (mut q, mut gate) = (Vec::with_capacity(d.batch * nq * dh), vec![]);
     let (mut k_rows, mut v_rows) = (vec![], vec![]);
@@ -77,18 +67,18 @@ pub(crate) fn attn_prep(d: AttnPrepDims, inputs: &Inputs) -> Result<(Tensor, Ten
         }
     }
     if (pos as usize) < d.capacity {
-        keys.inplace_op1(&WriteRows {
+        inputs.keys.inplace_op1(&WriteRows {
             dims: d,
             pos,
             rows: k_rows,
         })?;
-        values.inplace_op1(&WriteRows {
+        inputs.values.inplace_op1(&WriteRows {
             dims: d,
             pos,
             rows: v_rows,
         })?;
     }
-    let dev = qkv.device();
+    let dev = inputs.qkv.device();
     Ok((
         Tensor::from_vec(q, (d.batch, nq, dh), dev)?.to_dtype(dtype)?,
         Tensor::from_vec(gate, (d.batch, nq * dh), dev)?.to_dtype(dtype)?,

@@ -20,25 +20,24 @@ const SOURCE: KernelSource = KernelSource {
 unsafe impl DeviceRepr for AttnPrepParams {}
 
 pub(crate) fn attn_prep(d: AttnPrepDims, inputs: &Inputs) -> Result<(Tensor, Tensor)> {
-    let Inputs {
-        qkv,
-        q_norm,
-        k_norm,
-        eps,
-        inv_freq,
-        pos,
-        keys,
-        values,
-    } = *inputs;
-    let dev = cuda_device(qkv, OP)?;
+    let dev = cuda_device(inputs.qkv, OP)?;
     ensure!(d.batch <= 65535, "{OP}: at most 65535 sequences per call");
-    let qkv = qkv.contiguous()?;
+    let qkv = inputs.qkv.contiguous()?;
     let (q_norm, k_norm, inv_freq) = (
-        q_norm.contiguous()?,
-        k_norm.contiguous()?,
-        inv_freq.contiguous()?,
+        inputs.q_norm.contiguous()?,
+        inputs.k_norm.contiguous()?,
+        inputs.inv_freq.contiguous()?,
     );
-    let inputs = [&qkv, &q_norm, &k_norm, &inv_freq, pos, keys, values];
+    let eps = inputs.eps;
+    let inputs = [
+        &qkv,
+        &q_norm,
+        &k_norm,
+        &inv_freq,
+        inputs.pos,
+        inputs.keys,
+        inputs.values,
+    ];
     with_float_type!(qkv.dtype(), OP, |T| run::<T>(d, eps, inputs, &dev))
 }
 
