@@ -226,25 +226,10 @@ impl Interleaved {
         let words = &self.words[block * wpr * ROWS..(block + 1) * wpr * ROWS];
         let params = block * gpr * ROWS..(block + 1) * gpr * ROWS;
         let chunks_per_group = self.group_size / CHUNK;
+        let block = (words, params, chunks_per_group);
         match &self.params {
-            Params::Bf16 { scales, biases } => dispatch(
-                &Block {
-                    words,
-                    scales: &scales[params.clone()],
-                    biases: &biases[params],
-                    chunks_per_group,
-                },
-                xs,
-            ),
-            Params::F32 { scales, biases } => dispatch(
-                &Block {
-                    words,
-                    scales: &scales[params.clone()],
-                    biases: &biases[params],
-                    chunks_per_group,
-                },
-                xs,
-            ),
+            Params::Bf16 { scales, biases } => dispatch(&Block::new(block, scales, biases), xs),
+            Params::F32 { scales, biases } => dispatch(&Block::new(block, scales, biases), xs),
         }
     }
 }
@@ -255,6 +240,24 @@ struct Block<'a, P> {
     scales: &'a [P],
     biases: &'a [P],
     chunks_per_group: usize,
+}
+
+impl<'a, P> Block<'a, P> {
+    /// `(words, params, chunks_per_group)`: the block's words, with the range `params` of
+    /// the per-group `scales` and `biases` in whichever type they are stored.
+    #[inline(always)]
+    fn new(
+        (words, params, chunks_per_group): (&'a [u32], std::ops::Range<usize>, usize),
+        scales: &'a [P],
+        biases: &'a [P],
+    ) -> Self {
+        Self {
+            words,
+            scales: &scales[params.clone()],
+            biases: &biases[params],
+            chunks_per_group,
+        }
+    }
 }
 
 /// A stored scale or bias type the kernel widens sixteen at a time.
