@@ -494,26 +494,14 @@ mod tests {
                             }
                         }
                     };
-                    let chunks_per_group = group / CHUNK;
+                    let block = (words, params, group / CHUNK);
                     match &m.params {
-                        Params::Bf16 { scales, biases } => check(three_ways(
-                            &Block {
-                                words,
-                                scales: &scales[params.clone()],
-                                biases: &biases[params],
-                                chunks_per_group,
-                            },
-                            &acts,
-                        )),
-                        Params::F32 { scales, biases } => check(three_ways(
-                            &Block {
-                                words,
-                                scales: &scales[params.clone()],
-                                biases: &biases[params],
-                                chunks_per_group,
-                            },
-                            &acts,
-                        )),
+                        Params::Bf16 { scales, biases } => {
+                            check(three_ways(&Block::new(block, scales, biases), &acts))
+                        }
+                        Params::F32 { scales, biases } => {
+                            check(three_ways(&Block::new(block, scales, biases), &acts))
+                        }
                     }
                 }
             }
