@@ -181,13 +181,8 @@ pub(crate) struct Inputs<'a> {
 impl Inputs<'_> {
     /// Checks the tensors against each other (see the module doc) and reads the call's dims.
     fn check(&self) -> Result<AttnDecodeDims> {
-        let Self {
-            q,
-            gate,
-            keys,
-            values,
-            pos,
-        } = *self;
+        let (q, gate, pos) = (self.q, self.gate, self.pos);
+        let (keys, values) = (self.keys, self.values);
         const OP: &str = "attn_decode";
         let (batch, q_heads, head_dim) = q
             .dims3()

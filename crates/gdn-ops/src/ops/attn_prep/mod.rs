@@ -156,16 +156,9 @@ pub(crate) struct Inputs<'a> {
 impl Inputs<'_> {
     /// Checks the tensors against each other (see the module doc) and reads the call's dims.
     fn check(&self) -> Result<AttnPrepDims> {
-        let Self {
-            qkv,
-            q_norm,
-            k_norm,
-            eps,
-            inv_freq,
-            pos,
-            keys,
-            values,
-        } = *self;
+        let (qkv, keys, values) = (self.qkv, self.keys, self.values);
+        let (q_norm, k_norm, inv_freq, pos) = (self.q_norm, self.k_norm, self.inv_freq, self.pos);
+        let eps = self.eps;
         const OP: &str = "attn_prep";
         let (batch, kv_heads, capacity, head_dim) = keys.dims4().map_err(|_| {
             anyhow::anyhow!(
