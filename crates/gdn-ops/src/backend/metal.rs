@@ -147,8 +147,7 @@ pub(crate) fn pipeline(
 }
 
 /// Whether `source`, compiled for `dev` (once; later calls reuse it), has the entry point
-/// `name`: how a capability that the shader compiler may lack is asked for
-/// ([`crate::capability`]).
+/// `name`: how `capability.rs` asks for what the shader compiler may lack.
 pub fn has_function(dev: &MetalDevice, source: &KernelSource, name: &str) -> Result<bool> {
     with_library(dev, source, |entry| {
         Ok(entry.library.get_function(name, None).is_ok())
