@@ -267,13 +267,13 @@ fn kernel_abi_in_source() {
     assert_eq!(
         emu::params_fields("affine_grouped_metal.h", "AffineGroupedParams"),
         ["experts", "rows", "cols", "bits", "group_size", "x_rows", "tiles"].map(u),
-        "AffineGroupedParams (kernels/params/affine_grouped_metal.h) must match ops/affine_grouped/tiles.rs"
+        "AffineGroupedParams (kernels/params/affine_grouped_metal.h) must match ops/affine/grouped_tiles.rs"
     );
     assert_eq!(std::mem::size_of::<AffineGroupedParams>(), 7 * 4);
     assert_eq!(
         emu::params_fields("affine_grouped_metal.h", "GroupedTile"),
         ["expert", "row_begin", "row_end"].map(u),
-        "GroupedTile (kernels/params/affine_grouped_metal.h) must match ops/affine_grouped/tiles.rs"
+        "GroupedTile (kernels/params/affine_grouped_metal.h) must match ops/affine/grouped_tiles.rs"
     );
     assert_eq!(std::mem::size_of::<GroupedTile>(), 3 * 4);
     let flat = emu::shipped_source("kernels/affine_grouped.metal");
