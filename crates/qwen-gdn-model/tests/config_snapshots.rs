@@ -95,7 +95,12 @@ fn check(name: &str, cfg: &Config) {
     let got = describe(cfg);
     let want = std::fs::read_to_string(&path)
         .unwrap_or_else(|e| panic!("{}: {e}; this config gives:\n{got}", path.display()));
-    assert_eq!(got, want, "{name}: parsed config differs from {}", path.display());
+    assert_eq!(
+        got,
+        want,
+        "{name}: parsed config differs from {}",
+        path.display()
+    );
 }
 
 fn json_files(dir: &Path) -> Vec<PathBuf> {
