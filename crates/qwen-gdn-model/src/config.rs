@@ -282,4 +282,117 @@ mod tests {
         );
         assert!(e.starts_with("cfg.json: invalid JSON"));
     }
+
+    fn qwen35_json() -> Value {
+        serde_json::json!({"model_type": "qwen3_5", "vision_config": {"depth": 2}, "text_config": {
+            "hidden_size": 128, "num_hidden_layers": 4, "num_attention_heads": 4,
+            "num_key_value_heads": 2, "linear_num_key_heads": 2, "linear_num_value_heads": 4,
+            "linear_key_head_dim": 32, "linear_value_head_dim": 32, "vocab_size": 2048,
+            "rope_theta": 1e6, "mlp_only_layers": [], "architectures": ["x"]}})
+    }
+
+    #[test]
+    fn unknown_fields_get_one_notice_naming_them() {
+        let mut j = next_json();
+        j["zz_future"] = true.into();
+        j["hc_dynamic"] = 1.into();
+        j["_comment"] = "JSON comments are not fields".into();
+        j["torch_dtype"] = "bfloat16".into();
+        let cfg = Config::from_json_str(&j.to_string(), "cfg.json").unwrap();
+        assert_eq!(cfg.unknown_fields, ["hc_dynamic", "zz_future"]);
+        assert_eq!(
+            cfg.unknown_fields_notice("cfg.json").unwrap(),
+            "note: cfg.json: ignoring qwen3_next config fields this version does not know: hc_dynamic, zz_future"
+        );
+        // Nested: the text config's keys count (those the family knowingly skips do not);
+        // the top level's multimodal keys are not the text model's.
+        let cfg = Config::from_json_str(&qwen35_json().to_string(), "cfg.json").unwrap();
+        assert!(cfg.unknown_fields.is_empty(), "{:?}", cfg.unknown_fields);
+        assert_eq!(cfg.unknown_fields_notice("cfg.json"), None);
+        let mut j = qwen35_json();
+        j["text_config"]["sliding_window_pattern"] = 2.into();
+        let cfg = Config::from_json_str(&j.to_string(), "cfg.json").unwrap();
+        assert_eq!(
+            cfg.unknown_fields_notice("cfg.json").unwrap(),
+            "note: cfg.json: ignoring qwen3_5 config fields this version does not know: sliding_window_pattern"
+        );
+    }
+
+    #[test]
+    fn wrong_types_name_the_key_path() {
+        let err = |j: Value| {
+            let e = format!(
+                "{:#}",
+                Config::from_json_str(&j.to_string(), "cfg.json").unwrap_err()
+            );
+            assert!(!e.contains('\n'), "{e}");
+            e
+        };
+        let mut j = next_json();
+        j["hidden_size"] = "128".into();
+        assert_eq!(
+            err(j),
+            "cfg.json: `hidden_size`: invalid type: string \"128\", expected usize"
+        );
+        let mut j = next_json();
+        j["mlp_only_layers"] = serde_json::json!([1, -2]);
+        assert_eq!(
+            err(j),
+            "cfg.json: `mlp_only_layers[1]`: invalid value: integer `-2`, expected usize"
+        );
+        let mut j = next_json();
+        j["eos_token_id"] = "<|im_end|>".into();
+        assert_eq!(
+            err(j),
+            "cfg.json: `eos_token_id`: invalid type: string \"<|im_end|>\", expected a token id or a list of them"
+        );
+        let mut j = next_json();
+        j["quantization"]["model.layers.0.mlp.gate"]["bits"] = "8".into();
+        assert_eq!(
+            err(j),
+            "cfg.json: `bits` of `quantization.model.layers.0.mlp.gate`: must be a positive integer, got \"8\""
+        );
+        let mut j = qwen35_json();
+        j["text_config"]["rope_parameters"] = serde_json::json!({"rope_theta": "1e7"});
+        assert_eq!(
+            err(j),
+            "cfg.json: `rope_theta` of `text_config.rope_parameters`: invalid type: string \"1e7\", expected f64"
+        );
+        let mut j = qwen35_json();
+        j["text_config"]["tie_word_embeddings"] = 1.into();
+        assert_eq!(
+            err(j),
+            "cfg.json: `tie_word_embeddings` of `text_config`: invalid type: integer `1`, expected a boolean"
+        );
+    }
+
+    #[test]
+    fn null_members_read_as_absent() {
+        let mut j = qwen35_json();
+        j["text_config"]["head_dim"] = Value::Null;
+        j["text_config"]["rope_parameters"] = Value::Null;
+        j["quantization"] = Value::Null;
+        let cfg = Config::from_json_str(&j.to_string(), "cfg.json").unwrap();
+        assert_eq!(cfg.head_dim, 32, "hidden_size / num_attention_heads");
+        assert_eq!(
+            (cfg.rope_theta, cfg.partial_rotary_factor),
+            (100000.0, 0.25),
+            "mlx-lm's rope_parameters defaults (the top-level rope_theta is not read)"
+        );
+        assert_eq!(cfg.quantization, None);
+        let mut j = next_json();
+        j["tie_word_embeddings"] = Value::Null;
+        assert!(
+            !Config::from_json_str(&j.to_string(), "cfg.json")
+                .unwrap()
+                .tie_word_embeddings
+        );
+        let mut j = next_json();
+        j["head_dim"] = Value::Null;
+        assert!(format!(
+            "{:#}",
+            Config::from_json_str(&j.to_string(), "cfg.json").unwrap_err()
+        )
+        .contains("missing required key `head_dim`"));
+    }
 }

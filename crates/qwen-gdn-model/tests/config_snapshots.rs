@@ -91,6 +91,11 @@ fn describe(cfg: &Config) -> String {
 }
 
 fn check(name: &str, cfg: &Config) {
+    assert!(
+        cfg.unknown_fields.is_empty(),
+        "{name}: a shipped config gets no notice: {:?}",
+        cfg.unknown_fields
+    );
     let path = repo().join(format!("tests/data/config-snapshots/{name}.txt"));
     let got = describe(cfg);
     let want = std::fs::read_to_string(&path)
