@@ -10,12 +10,13 @@
 //! Beside them, the parts no family owns: the `quantization` block, the special token ids,
 //! the size limits and the serde reading with its one-line errors.
 
-mod from_json;
+// Crate-visible for the family files, wherever they live.
+pub(crate) mod from_json;
 pub mod hybrid;
-mod limits;
+pub(crate) mod limits;
 mod quantization;
 pub mod qwen4_exp;
-mod token_ids;
+pub(crate) mod token_ids;
 
 pub use hybrid::{Family, HybridConfig};
 pub use limits::{
@@ -320,50 +321,45 @@ mod tests {
 
     #[test]
     fn wrong_types_name_the_key_path() {
-        let err = |j: Value| {
-            let e = format!(
-                "{:#}",
-                Config::from_json_str(&j.to_string(), "cfg.json").unwrap_err()
-            );
-            assert!(!e.contains('\n'), "{e}");
-            e
-        };
-        let mut j = next_json();
-        j["hidden_size"] = "128".into();
-        assert_eq!(
-            err(j),
-            "cfg.json: `hidden_size`: invalid type: string \"128\", expected usize"
-        );
-        let mut j = next_json();
-        j["mlp_only_layers"] = serde_json::json!([1, -2]);
-        assert_eq!(
-            err(j),
-            "cfg.json: `mlp_only_layers[1]`: invalid value: integer `-2`, expected usize"
-        );
-        let mut j = next_json();
-        j["eos_token_id"] = "<|im_end|>".into();
-        assert_eq!(
-            err(j),
-            "cfg.json: `eos_token_id`: invalid type: string \"<|im_end|>\", expected a token id or a list of them"
-        );
-        let mut j = next_json();
-        j["quantization"]["model.layers.0.mlp.gate"]["bits"] = "8".into();
-        assert_eq!(
-            err(j),
-            "cfg.json: `bits` of `quantization.model.layers.0.mlp.gate`: must be a positive integer, got \"8\""
-        );
-        let mut j = qwen35_json();
-        j["text_config"]["rope_parameters"] = serde_json::json!({"rope_theta": "1e7"});
-        assert_eq!(
-            err(j),
-            "cfg.json: `rope_theta` of `text_config.rope_parameters`: invalid type: string \"1e7\", expected f64"
-        );
-        let mut j = qwen35_json();
-        j["text_config"]["tie_word_embeddings"] = 1.into();
-        assert_eq!(
-            err(j),
-            "cfg.json: `tie_word_embeddings` of `text_config`: invalid type: integer `1`, expected a boolean"
-        );
+        type Case = (fn() -> Value, fn(&mut Value), &'static str);
+        let cases: [Case; 6] = [
+            (
+                next_json,
+                |j| j["hidden_size"] = "128".into(),
+                "cfg.json: `hidden_size`: invalid type: string \"128\", expected usize",
+            ),
+            (
+                next_json,
+                |j| j["mlp_only_layers"] = serde_json::json!([1, -2]),
+                "cfg.json: `mlp_only_layers[1]`: invalid value: integer `-2`, expected usize",
+            ),
+            (
+                next_json,
+                |j| j["eos_token_id"] = "<|im_end|>".into(),
+                "cfg.json: `eos_token_id`: invalid type: string \"<|im_end|>\", expected a token id or a list of them",
+            ),
+            (
+                next_json,
+                |j| j["quantization"]["model.layers.0.mlp.gate"]["bits"] = "8".into(),
+                "cfg.json: `bits` of `quantization.model.layers.0.mlp.gate`: must be a positive integer, got \"8\"",
+            ),
+            (
+                qwen35_json,
+                |j| j["text_config"]["rope_parameters"] = serde_json::json!({"rope_theta": "1e7"}),
+                "cfg.json: `rope_theta` of `text_config.rope_parameters`: invalid type: string \"1e7\", expected f64",
+            ),
+            (
+                qwen35_json,
+                |j| j["text_config"]["tie_word_embeddings"] = 1.into(),
+                "cfg.json: `tie_word_embeddings` of `text_config`: invalid type: integer `1`, expected a boolean",
+            ),
+        ];
+        for (base, edit, want) in cases {
+            let mut j = base();
+            edit(&mut j);
+            let e = Config::from_json_str(&j.to_string(), "cfg.json").unwrap_err();
+            assert_eq!(format!("{e:#}"), want);
+        }
     }
 
     #[test]

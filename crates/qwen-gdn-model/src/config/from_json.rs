@@ -67,7 +67,9 @@ fn drop_nulls(value: &mut Value) {
 }
 
 /// The keys of `object` that are neither fields of `T` nor in `ignored` (keys the family
-/// knows and does not need), nor JSON comments (`_comment`).
+/// knows and does not need), nor JSON comments (`_comment`). Not `deny_unknown_fields`: an
+/// unknown field is a notice, not an error, and qwen4_exp's text config is read by two
+/// families' structs, so a key is unknown only when neither reads it.
 pub fn unread_keys<T: DeserializeOwned>(
     object: &Map<String, Value>,
     ignored: &[&str],
