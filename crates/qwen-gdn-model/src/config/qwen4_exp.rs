@@ -298,17 +298,15 @@ impl Qwen4ExpText {
         if keys.iter().all(|(_, v)| v.is_none()) && !has_attention {
             return Ok(None);
         }
-        let [n_heads, kv_heads, head_dim, budget, compress_ratio] = match keys.map(|(_, v)| v) {
-            [Some(a), Some(b), Some(c), Some(d), Some(e)] => [a, b, c, d, e],
-            _ => {
-                let missing = keys.iter().find(|(_, v)| v.is_none()).unwrap().0;
-                let all: Vec<&str> = keys.iter().map(|(k, _)| *k).collect();
-                bail!(
-                    "{origin}: missing required key `{missing}` (the QSA indexer of qwen4_exp's attention layers needs all of {})",
-                    all.join(", ")
-                );
-            }
-        };
+        if let Some((missing, _)) = keys.iter().find(|(_, v)| v.is_none()) {
+            let all: Vec<&str> = keys.iter().map(|(k, _)| *k).collect();
+            bail!(
+                "{origin}: missing required key `{missing}` (the QSA indexer of qwen4_exp's attention layers needs all of {})",
+                all.join(", ")
+            );
+        }
+        let [n_heads, kv_heads, head_dim, budget, compress_ratio] =
+            keys.map(|(_, v)| v.unwrap_or_default());
         if kv_heads != 1 {
             bail!("{origin}: `indexer_kv_heads` = {kv_heads}; qwen4_exp's QSA indexer has exactly one key head");
         }
