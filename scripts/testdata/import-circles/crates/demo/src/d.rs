@@ -1,0 +1,6 @@
+use crate::{
+    c::C,
+    e::{self, E},
+};
+
+pub struct D(pub C, pub E);
