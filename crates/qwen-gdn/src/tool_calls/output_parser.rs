@@ -6,7 +6,8 @@
 //! a call cut off by `max_tokens` — comes back as content with its original text, in order:
 //! model output never fails a request.
 
-use super::call_body::{parse_call_body, BodyError};
+use super::call_body::BodyError;
+use super::parse_call_body::parse_call_body;
 use super::schema::ToolSchemas;
 use super::tool_call::ToolCall;
 #[cfg(test)]
