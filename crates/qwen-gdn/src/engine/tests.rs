@@ -2,9 +2,9 @@
 //! of a conversation through the prompt cache equal those of a fresh engine, turn by turn.
 
 use super::*;
-use crate::chat_template::ChatTemplate;
+use crate::text::chat_template::ChatTemplate;
 use crate::load::{ComputeDtype, DeviceChoice, ModelArgs};
-use crate::sampler::SamplerConfig;
+use crate::engine::sampler::SamplerConfig;
 use qwen_gdn_model::LoadOptions;
 use serde_json::{json, Map, Value as Json};
 

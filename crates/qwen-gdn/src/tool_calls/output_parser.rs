@@ -12,8 +12,8 @@ use super::schema::ToolSchemas;
 use super::tool_call::ToolCall;
 #[cfg(test)]
 use super::tool_choice::ToolChoice;
-use crate::reasoning::{Piece, ReasoningMode, ReasoningSplitter};
-use crate::tag_scan::held_tag_start;
+use crate::text::reasoning::{Piece, ReasoningMode, ReasoningSplitter};
+use crate::text::tag_scan::held_tag_start;
 #[cfg(test)]
 use serde_json::Value as Json;
 

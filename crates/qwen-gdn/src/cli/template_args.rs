@@ -1,7 +1,7 @@
 //! The chat-template flags shared by `generate` and `chat`, and the template variables they
 //! give.
 
-use crate::chat_template::RESERVED_VARIABLES;
+use crate::text::chat_template::RESERVED_VARIABLES;
 use crate::load::Checkpoint;
 use serde_json::{Map, Value as Json};
 
