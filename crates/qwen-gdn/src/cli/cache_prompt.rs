@@ -4,13 +4,13 @@
 //! prompt is the beginning of a user message that the later prompt finishes
 //! ([`crate::text::prompt_split`]).
 
-use crate::text::chat_template::ChatTemplate;
+use crate::cli::prompt_cache_file;
+use crate::cli::template_args::TemplateArgs;
 use crate::engine::Engine;
 use crate::load::ModelArgs;
-use crate::ui::output::eprint_line;
-use crate::cli::prompt_cache_file;
+use crate::text::chat_template::ChatTemplate;
 use crate::text::prompt_split;
-use crate::cli::template_args::TemplateArgs;
+use crate::ui::output::eprint_line;
 use anyhow::{bail, Context, Result};
 use qwen_gdn_model::PromptCache;
 use std::path::{Path, PathBuf};

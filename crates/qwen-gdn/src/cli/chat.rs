@@ -3,18 +3,18 @@
 //! resumes from the longest prefix it holds, so only the new tokens are prefilled.
 
 use crate::cli::chat_command::{self, Input, HELP};
-use crate::ui::chat_input::{Line, LineReader};
-use crate::text::chat_template::ChatTemplate;
 use crate::cli::conversation::Conversation;
+use crate::cli::prompt_cache_args::PromptCacheArgs;
+use crate::cli::sampling_args::SamplingArgs;
+use crate::cli::template_args::TemplateArgs;
 use crate::engine::{
     render_conversation, Engine, FinishReason, GenerateParams, Outcome, PromptTokens,
 };
 use crate::load::ModelArgs;
+use crate::text::chat_template::ChatTemplate;
+use crate::ui::chat_input::{Line, LineReader};
 use crate::ui::output::eprint_line;
-use crate::cli::prompt_cache_args::PromptCacheArgs;
 use crate::ui::reply_display::{ReplyDisplay, ThinkingStyle};
-use crate::cli::sampling_args::SamplingArgs;
-use crate::cli::template_args::TemplateArgs;
 use anyhow::{bail, Context, Result};
 use serde_json::{Map, Value as Json};
 use std::io::IsTerminal;

@@ -83,7 +83,11 @@ pub fn run(args: Args) -> Result<ExitCode> {
     }
 
     let compare = match args.compare_state_dtype {
-        Some(d) => Some(crate::cli::compare_state::compare(&model, &tokens, d.into())?),
+        Some(d) => Some(crate::cli::compare_state::compare(
+            &model,
+            &tokens,
+            d.into(),
+        )?),
         None => None,
     };
 

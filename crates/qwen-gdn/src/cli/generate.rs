@@ -2,13 +2,13 @@
 //! last prompt token in chunks, run the last one alone (its logits give the first token), then
 //! decode one token at a time, streaming the text; stats go to stderr in mlx-lm's format.
 
-use crate::text::chat_template::ChatTemplate;
-use crate::engine::{Engine, GenerateParams, PromptTokens};
-use crate::load::{Checkpoint, ModelArgs};
-use crate::ui::output::{emit, eprint_line};
 use crate::cli::prompt_cache_file;
 use crate::cli::sampling_args::SamplingArgs;
 use crate::cli::template_args::TemplateArgs;
+use crate::engine::{Engine, GenerateParams, PromptTokens};
+use crate::load::{Checkpoint, ModelArgs};
+use crate::text::chat_template::ChatTemplate;
+use crate::ui::output::{emit, eprint_line};
 use anyhow::{bail, Context, Result};
 use qwen_gdn_model::PromptCache;
 use serde_json::json;

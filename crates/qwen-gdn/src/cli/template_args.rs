@@ -1,8 +1,8 @@
 //! The chat-template flags shared by `generate` and `chat`, and the template variables they
 //! give.
 
-use crate::text::chat_template::RESERVED_VARIABLES;
 use crate::load::Checkpoint;
+use crate::text::chat_template::RESERVED_VARIABLES;
 use serde_json::{Map, Value as Json};
 
 #[derive(clap::Args, Debug, Clone)]

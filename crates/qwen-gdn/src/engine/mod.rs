@@ -15,8 +15,8 @@ pub use eos::eos_ids;
 pub use non_finite::non_finite_logits;
 pub use stop_strings::{Scan, StopStrings};
 
-use crate::load::Checkpoint;
 use crate::engine::sampler::{Sampler, SamplerConfig};
+use crate::load::Checkpoint;
 use crate::text::stream::TokenStream;
 use anyhow::{bail, Result};
 use candle_core::{DType, IndexOp, Tensor};

@@ -227,7 +227,8 @@ fn transfer(http: &Http, remote: &Remote, file: &str, incomplete: &Path) -> Resu
     }
     .with_context(|| format!("cannot write {}", incomplete.display()))?;
 
-    let bar = crate::ui::progress::bytes(remote.size.or(sizes.first().map(|s| s.0)), file.to_string());
+    let bar =
+        crate::ui::progress::bytes(remote.size.or(sizes.first().map(|s| s.0)), file.to_string());
     bar.set_position(start);
     let mut body = response.into_body().into_reader();
     let mut buf = vec![0u8; 1 << 20];

@@ -1,6 +1,7 @@
 //! What `generate` and `eval` share: which checkpoint to open and how to load its model.
 
 mod bf16_fallback;
+mod from_flags;
 pub mod input;
 pub mod preflight;
 
@@ -141,8 +142,11 @@ impl ModelArgs {
         };
         let device = select_device(self.device)?;
         let has_bf16 = qwen_gdn_model::bf16_supported(&device)?;
-        let (dtype, gdn_state_dtype, notice) =
-            crate::load::bf16_fallback::resolve(self.dtype.resolve(&device), gdn_state_dtype, has_bf16);
+        let (dtype, gdn_state_dtype, notice) = crate::load::bf16_fallback::resolve(
+            self.dtype.resolve(&device),
+            gdn_state_dtype,
+            has_bf16,
+        );
         if let Some(notice) = notice {
             eprintln!("{notice}");
         }

@@ -130,9 +130,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
     }
     let (pp, tg) = (Stats::new(pp), Stats::new(tg));
     let profile = if args.profile {
-        Some(prefill_profile::profile_prefill(
-            &model, &prompt, chunk,
-        )?)
+        Some(prefill_profile::profile_prefill(&model, &prompt, chunk)?)
     } else {
         None
     };

@@ -8,10 +8,10 @@ use super::common::{
     backend_name, checkpoint_size, display_name, gdn_state_dtype, human_size, markdown_table,
     token_bound, Stats, PROMPT_SEED,
 };
+use crate::engine::sampler::SamplerConfig;
 use crate::engine::{Engine, GenerateParams, Outcome, PromptTokens};
 use crate::load::ModelArgs;
 use crate::ui::output::emit;
-use crate::engine::sampler::SamplerConfig;
 use anyhow::{bail, Context, Result};
 use qwen_gdn_model::{PromptCache, StateDtype};
 use rand::{rngs::StdRng, Rng, SeedableRng};
@@ -147,16 +147,7 @@ pub fn run(
 fn first_token(engine: &mut Engine, prompt: &PromptTokens) -> Result<Outcome> {
     let params = GenerateParams {
         max_tokens: 1,
-        sampler: SamplerConfig {
-            temp: 0.0,
-            top_p: 1.0,
-            min_p: 0.0,
-            top_k: 0,
-            repetition_penalty: None,
-            presence_penalty: 0.0,
-            frequency_penalty: 0.0,
-            repetition_context_size: 20,
-        },
+        sampler: SamplerConfig::greedy(),
         seed: Some(0),
         stop_strings: Vec::new(),
     };
