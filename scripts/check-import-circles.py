@@ -65,8 +65,7 @@ def blank_noise(text: str) -> str:
 
 def expand_use_tree(tree: str) -> list[list[str]]:
     """`a::{b, c::{self, d}}` -> [[a, b], [a, c], [a, c, d]] (globs and `as` names dropped)."""
-    tree = re.sub(r"\s+", "", tree)
-    tree = re.sub(r"as\w+(?=[,}]|$)", "", re.sub(r"\bas\b", "as", tree))
+    tree = re.sub(r"\s+", "", re.sub(r"\s+as\s+\w+", "", tree))
 
     def parse(s: str, i: int, prefix: list[str]) -> tuple[list[list[str]], int]:
         out: list[list[str]] = []

@@ -1,6 +1,6 @@
 use crate::{
     c::C,
-    e::{self, E},
+    e::{self, E as Renamed},
 };
 
-pub struct D(pub C, pub E);
+pub struct D(pub C, pub Renamed);
