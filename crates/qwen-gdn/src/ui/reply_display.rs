@@ -2,7 +2,7 @@
 //! a terminal, or left out; the answer as written. Tags can arrive split over several pieces,
 //! so a piece that might begin a tag is held back until the next one decides.
 
-use crate::output::emit;
+use crate::ui::output::emit;
 use anyhow::Result;
 use std::io::Write;
 

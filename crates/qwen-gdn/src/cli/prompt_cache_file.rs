@@ -4,11 +4,11 @@
 //! (`qwen_gdn_model::prompt_cache::{save_snapshot, load_snapshot}`); loading goes through
 //! `Engine::load_prompt_cache_file`.
 
-use crate::chat_template::ChatTemplate;
+use crate::cli::template_args::TemplateArgs;
 use crate::engine::{Engine, PromptTokens};
 use crate::load::Checkpoint;
-use crate::prompt_split;
-use crate::template_args::TemplateArgs;
+use crate::text::chat_template::ChatTemplate;
+use crate::text::prompt_split;
 use anyhow::{bail, Context, Result};
 use qwen_gdn_model::prompt_cache::{read_snapshot_header, save_snapshot};
 use std::path::Path;

@@ -12,7 +12,7 @@
 //! markup, not text: they are dropped from both parts, as the template drops them (`strip('\n')`)
 //! when it renders the reply back into the history.
 
-use crate::tag_scan::held_tag_start;
+use crate::text::tag_scan::held_tag_start;
 
 const OPEN: &str = "<think>";
 const CLOSE: &str = "</think>";

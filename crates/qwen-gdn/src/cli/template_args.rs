@@ -1,8 +1,9 @@
 //! The chat-template flags shared by `generate` and `chat`, and the template variables they
 //! give.
 
-use crate::chat_template::RESERVED_VARIABLES;
 use crate::load::Checkpoint;
+use crate::text::chat_template::RESERVED_VARIABLES;
+use crate::text::special_tokens::special_tokens;
 use serde_json::{Map, Value as Json};
 
 #[derive(clap::Args, Debug, Clone)]
@@ -39,19 +40,6 @@ impl TemplateArgs {
         }
         vars
     }
-}
-
-/// bos_token, eos_token, ... of tokenizer_config.json, which transformers passes to templates.
-pub fn special_tokens(tokenizer_config: Option<&Json>) -> Map<String, Json> {
-    let mut vars = Map::new();
-    for key in ["bos_token", "eos_token", "unk_token", "pad_token"] {
-        let value = tokenizer_config.and_then(|c| c.get(key));
-        // Older files store {"content": "<s>", ...} instead of the string.
-        if let Some(s) = value.and_then(|v| v.as_str().or_else(|| v.get("content")?.as_str())) {
-            vars.insert(key.into(), s.into());
-        }
-    }
-    vars
 }
 
 /// `--chat-template-args`: a JSON object that leaves the variables we fill in alone.

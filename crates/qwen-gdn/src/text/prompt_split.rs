@@ -4,7 +4,7 @@
 //! the rest: its text, the end of the message and the generation prompt. The two together
 //! are the rendering of one user message holding both texts.
 
-use crate::chat_template::ChatTemplate;
+use crate::text::chat_template::ChatTemplate;
 use anyhow::{bail, Result};
 use serde_json::{json, Map, Value as Json};
 

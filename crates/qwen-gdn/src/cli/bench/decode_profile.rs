@@ -44,7 +44,7 @@ pub(crate) fn profile_decode(model: &Model, prompt: &[u32], chunk: usize) -> Res
     }
     let mut seen = prompt.to_vec();
     let mut token =
-        crate::bench::greedy(model, &model.forward_last(last, &mut cache)?, &seen, chunk)?;
+        super::common::greedy(model, &model.forward_last(last, &mut cache)?, &seen, chunk)?;
     // A warm-up step (kernels compiled and loaded, buffers pooled), then the timed ones; the
     // next token is read back after the clock stops.
     let mut times = Vec::with_capacity(WALL_STEPS);
@@ -55,7 +55,7 @@ pub(crate) fn profile_decode(model: &Model, prompt: &[u32], chunk: usize) -> Res
         let (logits, _) = model.decode_step_with_launches(token, &mut cache)?;
         device.synchronize()?;
         times.push(start.elapsed());
-        token = crate::bench::greedy(model, &logits, &seen, chunk)?;
+        token = super::common::greedy(model, &logits, &seen, chunk)?;
     }
     times.remove(0);
     times.sort();
@@ -68,7 +68,7 @@ pub(crate) fn profile_decode(model: &Model, prompt: &[u32], chunk: usize) -> Res
     let launches = gdn_ops::launches::take();
     drop(logits);
     Ok(DecodeProfile {
-        backend: crate::bench::backend_name(device),
+        backend: super::common::backend_name(device),
         position,
         wall: times[times.len() / 2],
         bandwidth,

@@ -1,7 +1,12 @@
 //! What `generate` and `eval` share: which checkpoint to open and how to load its model.
 
-use crate::input::InputLimit;
-use crate::output::eprint_line;
+mod bf16_fallback;
+mod from_flags;
+pub mod input;
+pub mod preflight;
+
+use crate::load::input::InputLimit;
+use crate::ui::output::eprint_line;
 use anyhow::{bail, Context, Result};
 use candle_core::{DType, Device};
 use qwen_gdn_model::weights::files::{check_regular, read_json_text};
@@ -137,13 +142,16 @@ impl ModelArgs {
         };
         let device = select_device(self.device)?;
         let has_bf16 = qwen_gdn_model::bf16_supported(&device)?;
-        let (dtype, gdn_state_dtype, notice) =
-            crate::bf16_fallback::resolve(self.dtype.resolve(&device), gdn_state_dtype, has_bf16);
+        let (dtype, gdn_state_dtype, notice) = crate::load::bf16_fallback::resolve(
+            self.dtype.resolve(&device),
+            gdn_state_dtype,
+            has_bf16,
+        );
         if let Some(notice) = notice {
             eprintln!("{notice}");
         }
-        crate::preflight::check(&device, &checkpoint.dir, context, gdn_state_dtype, dtype)?;
-        let bar = crate::progress::bytes(None, "loading weights");
+        crate::load::preflight::check(&device, &checkpoint.dir, context, gdn_state_dtype, dtype)?;
+        let bar = crate::ui::progress::bytes(None, "loading weights");
         let shown = bar.clone();
         let opts = LoadOptions {
             gdn_state_dtype,

@@ -1,8 +1,10 @@
 //! The sampling flags shared by `generate` and `chat` (mlx_lm.generate's names and defaults).
 
-use crate::arg_ranges::{non_negative, penalty, positive, probability, probability_above_zero};
+use crate::cli::arg_ranges::{
+    non_negative, penalty, positive, probability, probability_above_zero,
+};
+use crate::engine::sampler::SamplerConfig;
 use crate::load::positive_usize;
-use crate::sampler::SamplerConfig;
 
 #[derive(clap::Args, Debug, Clone)]
 pub struct SamplingArgs {

@@ -2,15 +2,15 @@
 //! mlx_lm.cache_prompt; `generate --prompt-cache-file` then starts from it, so a long shared
 //! prefix (a document, instructions) is not prefilled again. Through the chat template the
 //! prompt is the beginning of a user message that the later prompt finishes
-//! ([`crate::prompt_split`]).
+//! ([`crate::text::prompt_split`]).
 
-use crate::chat_template::ChatTemplate;
+use crate::cli::prompt_cache_file;
+use crate::cli::template_args::TemplateArgs;
 use crate::engine::Engine;
 use crate::load::ModelArgs;
-use crate::output::eprint_line;
-use crate::prompt_cache_file;
-use crate::prompt_split;
-use crate::template_args::TemplateArgs;
+use crate::text::chat_template::ChatTemplate;
+use crate::text::prompt_split;
+use crate::ui::output::eprint_line;
 use anyhow::{bail, Context, Result};
 use qwen_gdn_model::PromptCache;
 use std::path::{Path, PathBuf};

@@ -2,19 +2,19 @@
 //! conversation through the chat template and hands it to the engine, whose prompt cache
 //! resumes from the longest prefix it holds, so only the new tokens are prefilled.
 
-use crate::chat_command::{self, Input, HELP};
-use crate::chat_input::{Line, LineReader};
-use crate::chat_template::ChatTemplate;
-use crate::conversation::Conversation;
+use crate::cli::chat_command::{self, Input, HELP};
+use crate::cli::conversation::Conversation;
+use crate::cli::prompt_cache_args::PromptCacheArgs;
+use crate::cli::sampling_args::SamplingArgs;
+use crate::cli::template_args::TemplateArgs;
 use crate::engine::{
     render_conversation, Engine, FinishReason, GenerateParams, Outcome, PromptTokens,
 };
 use crate::load::ModelArgs;
-use crate::output::eprint_line;
-use crate::prompt_cache_args::PromptCacheArgs;
-use crate::reply_display::{ReplyDisplay, ThinkingStyle};
-use crate::sampling_args::SamplingArgs;
-use crate::template_args::TemplateArgs;
+use crate::text::chat_template::ChatTemplate;
+use crate::ui::chat_input::{Line, LineReader};
+use crate::ui::output::eprint_line;
+use crate::ui::reply_display::{ReplyDisplay, ThinkingStyle};
 use anyhow::{bail, Context, Result};
 use serde_json::{Map, Value as Json};
 use std::io::IsTerminal;
@@ -314,7 +314,7 @@ fn print_stats(outcome: &Outcome) {
     ));
     eprint_line(&format!(
         "Peak memory: {:.3} GB",
-        crate::memory::peak().0 as f64 / 1e9
+        crate::cli::memory::peak().0 as f64 / 1e9
     ));
 }
 

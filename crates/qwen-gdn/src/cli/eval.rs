@@ -5,7 +5,7 @@
 
 use crate::engine::non_finite_logits;
 use crate::load::ModelArgs;
-use crate::output::print_line;
+use crate::ui::output::print_line;
 use anyhow::{bail, Result};
 use candle_core::{DType, Tensor, D};
 use std::fmt::Write;
@@ -83,7 +83,11 @@ pub fn run(args: Args) -> Result<ExitCode> {
     }
 
     let compare = match args.compare_state_dtype {
-        Some(d) => Some(crate::compare_state::compare(&model, &tokens, d.into())?),
+        Some(d) => Some(crate::cli::compare_state::compare(
+            &model,
+            &tokens,
+            d.into(),
+        )?),
         None => None,
     };
 
@@ -124,7 +128,7 @@ struct Report<'a> {
     argmax: &'a [u32],
     ppl: f64,
     #[serde(skip_serializing_if = "Option::is_none")]
-    compare: Option<&'a crate::compare_state::Comparison>,
+    compare: Option<&'a crate::cli::compare_state::Comparison>,
 }
 
 /// log_softmax(logits)[j, targets[j]] and argmax of each row, computed where the logits live so

@@ -4,14 +4,14 @@
 //! the snapshot the earlier request left at N, and with an empty cache. Both go through the
 //! engine that `chat` and `serve` use, so lookup, restore and snapshot copies are counted.
 
-use crate::bench::{
+use super::common::{
     backend_name, checkpoint_size, display_name, gdn_state_dtype, human_size, markdown_table,
     token_bound, Stats, PROMPT_SEED,
 };
+use crate::engine::sampler::SamplerConfig;
 use crate::engine::{Engine, GenerateParams, Outcome, PromptTokens};
 use crate::load::ModelArgs;
-use crate::output::emit;
-use crate::sampler::SamplerConfig;
+use crate::ui::output::emit;
 use anyhow::{bail, Context, Result};
 use qwen_gdn_model::{PromptCache, StateDtype};
 use rand::{rngs::StdRng, Rng, SeedableRng};
@@ -84,7 +84,7 @@ pub fn run(
     }
     let (cold, warm) = (Stats::new(cold), Stats::new(warm));
     let speedup = cold.median / warm.median.max(1e-12);
-    let (peak, peak_source) = crate::memory::peak();
+    let (peak, peak_source) = crate::cli::memory::peak();
 
     let mut out = std::io::stdout().lock();
     if as_json {
@@ -147,16 +147,7 @@ pub fn run(
 fn first_token(engine: &mut Engine, prompt: &PromptTokens) -> Result<Outcome> {
     let params = GenerateParams {
         max_tokens: 1,
-        sampler: SamplerConfig {
-            temp: 0.0,
-            top_p: 1.0,
-            min_p: 0.0,
-            top_k: 0,
-            repetition_penalty: None,
-            presence_penalty: 0.0,
-            frequency_penalty: 0.0,
-            repetition_context_size: 20,
-        },
+        sampler: SamplerConfig::greedy(),
         seed: Some(0),
         stop_strings: Vec::new(),
     };

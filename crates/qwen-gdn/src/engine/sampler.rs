@@ -24,6 +24,23 @@ pub struct SamplerConfig {
     pub repetition_context_size: usize,
 }
 
+impl SamplerConfig {
+    /// Argmax: temp 0 and every filter and penalty off (mlx-lm's `make_sampler(temp=0)`;
+    /// the look-back of 20 is its default and unused here).
+    pub fn greedy() -> Self {
+        Self {
+            temp: 0.0,
+            top_p: 1.0,
+            min_p: 0.0,
+            top_k: 0,
+            repetition_penalty: None,
+            presence_penalty: 0.0,
+            frequency_penalty: 0.0,
+            repetition_context_size: 20,
+        }
+    }
+}
+
 pub struct Sampler {
     cfg: SamplerConfig,
     rng: StdRng,
@@ -170,16 +187,11 @@ fn categorical(logprobs: &[f32], temp: f32, rng: &mut StdRng) -> u32 {
 mod tests {
     use super::*;
 
+    /// Every filter and penalty off, at `temp`.
     fn cfg(temp: f32) -> SamplerConfig {
         SamplerConfig {
             temp,
-            top_p: 1.0,
-            min_p: 0.0,
-            top_k: 0,
-            repetition_penalty: None,
-            presence_penalty: 0.0,
-            frequency_penalty: 0.0,
-            repetition_context_size: 20,
+            ..SamplerConfig::greedy()
         }
     }
 

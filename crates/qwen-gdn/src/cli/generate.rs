@@ -2,13 +2,13 @@
 //! last prompt token in chunks, run the last one alone (its logits give the first token), then
 //! decode one token at a time, streaming the text; stats go to stderr in mlx-lm's format.
 
-use crate::chat_template::ChatTemplate;
+use crate::cli::prompt_cache_file;
+use crate::cli::sampling_args::SamplingArgs;
+use crate::cli::template_args::TemplateArgs;
 use crate::engine::{Engine, GenerateParams, PromptTokens};
 use crate::load::{Checkpoint, ModelArgs};
-use crate::output::{emit, eprint_line};
-use crate::prompt_cache_file;
-use crate::sampling_args::SamplingArgs;
-use crate::template_args::TemplateArgs;
+use crate::text::chat_template::ChatTemplate;
+use crate::ui::output::{emit, eprint_line};
 use anyhow::{bail, Context, Result};
 use qwen_gdn_model::PromptCache;
 use serde_json::json;
@@ -257,6 +257,6 @@ fn print_stats(
     ));
     eprint_line(&format!(
         "Peak memory: {:.3} GB",
-        crate::memory::peak().0 as f64 / 1e9
+        crate::cli::memory::peak().0 as f64 / 1e9
     ));
 }
