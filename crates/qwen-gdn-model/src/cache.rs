@@ -3,9 +3,9 @@
 //! `qwen4_exp` adds, on its per-layer-embedding layers, the n-gram context and the PLE conv
 //! window, and on its QSA layers the indexer's pooled block keys (docs/qwen4_exp.md §6).
 
-use crate::layers::norm::contiguous;
-use crate::layers::ple::PleState;
-use crate::layers::qsa_indexer::IndexerCache;
+use crate::families::qwen4_exp::ple::PleState;
+use crate::families::qwen4_exp::qsa_indexer::IndexerCache;
+use crate::tensor::{contiguous, own_copy};
 use crate::StateDtype;
 use anyhow::Result;
 use candle_core::Tensor;
@@ -257,10 +257,4 @@ impl Cache {
             }
         }
     }
-}
-
-/// A compact copy of `t` (only its elements, contiguous) that shares no storage with it:
-/// `contiguous` returns `t` itself when it already is, `copy` keeps a view's whole storage.
-pub fn own_copy(t: &Tensor) -> Result<Tensor> {
-    candle_op(t.force_contiguous())
 }

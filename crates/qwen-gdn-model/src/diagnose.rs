@@ -7,7 +7,7 @@
 //! its hyper-connection, the MoE with its hyper-connection, and the final stream mixer.
 
 use crate::cache::Cache;
-use crate::model::qwen4_exp::{Qwen4ExpDecoder, Qwen4Mixer};
+use crate::families::qwen4_exp::{Qwen4ExpDecoder, Qwen4Mixer};
 use crate::model::Mixer;
 use crate::{Model, Plan};
 use anyhow::Result;

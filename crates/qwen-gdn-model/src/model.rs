@@ -4,14 +4,15 @@
 
 use crate::cache::{Cache, GdnCache, KvCache, LayerCache};
 use crate::config::LayerKind;
+use crate::families::qwen4_exp::Qwen4ExpDecoder;
 use crate::layers::attention::Attention;
 use crate::layers::gdn::GatedDeltaNet;
 use crate::layers::linear::{Embedding, Linear};
 use crate::layers::mlp::Mlp;
 use crate::layers::moe::{MoePrefill, SparseMoe};
-use crate::layers::norm::cast;
 use crate::layers::norm::RmsNorm;
 use crate::phase_profile::phase;
+use crate::tensor::cast;
 use crate::weights::Checkpoint;
 use crate::{Config, LoadOptions, Plan, StateDtype};
 use anyhow::{bail, ensure, Result};
@@ -23,7 +24,6 @@ use std::path::Path;
 pub(crate) mod cuda_graph;
 mod decode;
 mod launch_budget;
-pub mod qwen4_exp;
 pub use decode::LayerCoverage;
 pub use launch_budget::{ple_layers, LaunchBudget};
 
@@ -164,7 +164,7 @@ pub struct Model {
     /// `None` for `qwen4_exp` (its final stream mixer takes the norm's place).
     norm: Option<RmsNorm>,
     /// The `qwen4_exp` decoder (reference plan only so far).
-    qwen4_exp: Option<qwen4_exp::Qwen4ExpDecoder>,
+    qwen4_exp: Option<Qwen4ExpDecoder>,
     lm_head: Linear,
     /// Decode steps run on the fused kernels (device plan); off, they run the composed ops.
     fused_decode: bool,
@@ -240,7 +240,7 @@ impl Model {
         };
         let qwen4_exp = match cfg.qwen4_exp {
             Some(_) => {
-                let decoder = qwen4_exp::Qwen4ExpDecoder::load(&ckpt, &cfg)?;
+                let decoder = Qwen4ExpDecoder::load(&ckpt, &cfg)?;
                 Some(match plan {
                     Plan::Reference => decoder,
                     Plan::Device => decoder.into_device(device, opts.dtype)?,
@@ -397,7 +397,7 @@ impl Model {
     }
 
     /// The `qwen4_exp` decoder, for a model of that family.
-    pub fn qwen4_exp(&self) -> Option<&qwen4_exp::Qwen4ExpDecoder> {
+    pub fn qwen4_exp(&self) -> Option<&Qwen4ExpDecoder> {
         self.qwen4_exp.as_ref()
     }
 

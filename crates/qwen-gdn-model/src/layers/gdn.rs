@@ -13,10 +13,11 @@
 //! quantized weights), Qwen3.5's separate projections are stacked.
 
 use super::linear::{FusedLinear, Linear};
-use super::norm::{cast, contiguous, GatedRmsNorm, RmsNorm, ScaledRms};
+use super::norm::{GatedRmsNorm, RmsNorm, ScaledRms};
 use crate::cache::GdnCache;
 use crate::config::Family;
 use crate::phase_profile::phase;
+use crate::tensor::{cast, contiguous};
 use crate::weights::Checkpoint;
 use crate::Config;
 use anyhow::Result;

@@ -3,27 +3,10 @@
 //! Candle ops run through `launches::candle_op`, which counts the kernel each costs on a GPU
 //! (docs/metal.md).
 
+use crate::tensor::{cast, contiguous};
 use anyhow::Result;
 use candle_core::{DType, Device, Tensor};
 use gdn_ops::launches::candle_op;
-
-/// A copy kernel when `x` is a strided view, none otherwise.
-pub fn contiguous(x: &Tensor) -> Result<Tensor> {
-    if x.is_contiguous() {
-        Ok(x.clone())
-    } else {
-        candle_op(x.contiguous())
-    }
-}
-
-/// A cast kernel when the dtype changes, none otherwise.
-pub fn cast(x: &Tensor, dtype: DType) -> Result<Tensor> {
-    if x.dtype() == dtype {
-        Ok(x.clone())
-    } else {
-        candle_op(x.to_dtype(dtype))
-    }
-}
 
 /// `x · rsqrt(mean(x²) + eps) · weight`. Checkpoint weights are already `1 + w`.
 #[derive(Debug, Clone)]

@@ -9,7 +9,8 @@
 
 use super::{FeedForward, Mixer, Model};
 use crate::cache::{Cache, LayerCache};
-use crate::layers::norm::{cast, RmsNorm};
+use crate::layers::norm::RmsNorm;
+use crate::tensor::cast;
 use anyhow::{bail, Result};
 use candle_core::{DType, Tensor};
 use gdn_ops::ops::{add_rms_norm::add_rms_norm, moe_combine::moe_combine};

@@ -6,15 +6,16 @@
 //! (reference plan), or on the device in the compute dtype (device plan, no fused kernels
 //! yet); the indexer's selection and the n-gram gather run on the host in both.
 
+use super::hyper_connection::HyperConnection;
+use super::ngram_tables;
+use super::ple::PerLayerEmbedding;
+use super::qsa_indexer::{IndexerCache, QsaIndexer};
 use crate::cache::{GdnCache, KvCache, LayerCache};
 use crate::config::LayerKind;
 use crate::layers::attention::Attention;
 use crate::layers::gdn::GatedDeltaNet;
-use crate::layers::hyper_connection::HyperConnection;
 use crate::layers::moe::{MoePrefill, SparseMoe};
-use crate::layers::ple::PerLayerEmbedding;
-use crate::layers::qsa_indexer::{IndexerCache, QsaIndexer};
-use crate::weights::{ngram_tables, Checkpoint};
+use crate::weights::Checkpoint;
 use crate::{Config, StateDtype};
 use anyhow::{anyhow, bail, Result};
 use candle_core::{DType, Device, Tensor};
