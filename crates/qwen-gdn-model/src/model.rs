@@ -10,7 +10,7 @@ use crate::layers::gdn::GatedDeltaNet;
 use crate::layers::linear::{Embedding, Linear};
 use crate::layers::mlp::Mlp;
 use crate::layers::moe::{MoePrefill, SparseMoe};
-use crate::layers::norm::RmsNorm;
+use crate::layers::norm::{Gate, RmsNorm};
 use crate::phase_profile::phase;
 use crate::tensor::cast;
 use crate::weights::Checkpoint;
@@ -53,9 +53,12 @@ impl DecoderLayer {
         let dev = &Device::Cpu;
         let eps = cfg.rms_norm_eps as f32;
         let mixer = match cfg.layer_kind(i) {
-            LayerKind::LinearAttention => {
-                Mixer::Gdn(GatedDeltaNet::load(ckpt, &format!("{p}.linear_attn"), cfg)?)
-            }
+            LayerKind::LinearAttention => Mixer::Gdn(GatedDeltaNet::load(
+                ckpt,
+                &format!("{p}.linear_attn"),
+                cfg,
+                Gate::Silu,
+            )?),
             LayerKind::FullAttention => {
                 Mixer::Attention(Attention::load(ckpt, &format!("{p}.self_attn"), cfg)?)
             }

@@ -15,9 +15,9 @@ use qwen_gdn_model::config::qwen4_exp::{OutputGate, Qwen4LayerType};
 use qwen_gdn_model::config::LayerKind;
 use qwen_gdn_model::families::qwen4_exp::hyper_connection::HyperConnection;
 use qwen_gdn_model::families::qwen4_exp::ngram_hash::NgramHash;
-use qwen_gdn_model::families::qwen4_exp::ngram_tables;
 use qwen_gdn_model::families::qwen4_exp::ple::PerLayerEmbedding;
 use qwen_gdn_model::families::qwen4_exp::qsa_indexer::{IndexerCache, QsaIndexer};
+use qwen_gdn_model::families::qwen4_exp::{ngram_tables, output_gate};
 use qwen_gdn_model::layers::attention::Attention;
 use qwen_gdn_model::layers::gdn::GatedDeltaNet;
 use qwen_gdn_model::layers::linear::Linear;
@@ -661,8 +661,13 @@ fn gdn_mixers_with_the_sigmoid_gate_match_transformers() {
     let r = Reference::load(NAME);
     for i in (0..cfg.num_hidden_layers).filter(|&i| cfg.layer_kind(i) == LayerKind::LinearAttention)
     {
-        let gdn =
-            GatedDeltaNet::load(&ckpt, &format!("model.layers.{i}.linear_attn"), &cfg).unwrap();
+        let gdn = GatedDeltaNet::load(
+            &ckpt,
+            &format!("model.layers.{i}.linear_attn"),
+            &cfg,
+            output_gate(&cfg),
+        )
+        .unwrap();
         let x = r.get(&format!("tf_attn_hc.{i}.x")).unsqueeze(0).unwrap();
         let mut cache = GdnCache::default();
         let y = gdn.forward(&x, &mut cache).unwrap().squeeze(0).unwrap();

@@ -11,15 +11,26 @@ use super::ngram_tables;
 use super::ple::PerLayerEmbedding;
 use super::qsa_indexer::{IndexerCache, QsaIndexer};
 use crate::cache::{GdnCache, KvCache, LayerCache};
+use crate::config::qwen4_exp::OutputGate;
 use crate::config::LayerKind;
 use crate::layers::attention::Attention;
 use crate::layers::gdn::GatedDeltaNet;
 use crate::layers::moe::{MoePrefill, SparseMoe};
+use crate::layers::norm::Gate;
 use crate::weights::Checkpoint;
 use crate::{Config, StateDtype};
 use anyhow::{anyhow, bail, Result};
 use candle_core::{DType, Device, Tensor};
 use gdn_ops::launches::candle_op;
+
+/// The gate of this family's GDN output norm (`output_gate_type`; silu if the config has no
+/// `qwen4_exp` part).
+pub fn output_gate(cfg: &Config) -> Gate {
+    match cfg.qwen4_exp.as_ref().map(|q| q.output_gate) {
+        Some(OutputGate::Sigmoid) => Gate::Sigmoid,
+        _ => Gate::Silu,
+    }
+}
 
 /// A `qwen4_exp` token mixer.
 #[derive(Debug)]
@@ -72,19 +83,21 @@ impl Qwen4ExpDecoder {
                     Some(at) => Some(PerLayerEmbedding::load(ckpt, &tables.remove(at), cfg)?),
                     None => None,
                 };
-                let mixer =
-                    match cfg.layer_kind(i) {
-                        LayerKind::LinearAttention => Qwen4Mixer::Gdn(Box::new(
-                            GatedDeltaNet::load(ckpt, &format!("{p}.linear_attn"), cfg)?,
-                        )),
-                        LayerKind::FullAttention => {
-                            let attn = format!("{p}.self_attn");
-                            Qwen4Mixer::Qsa(Box::new(IndexedAttention {
-                                attention: Attention::load(ckpt, &attn, cfg)?,
-                                indexer: QsaIndexer::load(ckpt, &attn, cfg)?,
-                            }))
-                        }
-                    };
+                let mixer = match cfg.layer_kind(i) {
+                    LayerKind::LinearAttention => Qwen4Mixer::Gdn(Box::new(GatedDeltaNet::load(
+                        ckpt,
+                        &format!("{p}.linear_attn"),
+                        cfg,
+                        output_gate(cfg),
+                    )?)),
+                    LayerKind::FullAttention => {
+                        let attn = format!("{p}.self_attn");
+                        Qwen4Mixer::Qsa(Box::new(IndexedAttention {
+                            attention: Attention::load(ckpt, &attn, cfg)?,
+                            indexer: QsaIndexer::load(ckpt, &attn, cfg)?,
+                        }))
+                    }
+                };
                 let hc =
                     |name: &str| HyperConnection::load(ckpt, &format!("{p}.{name}"), cfg, true);
                 Ok(Qwen4ExpLayer {

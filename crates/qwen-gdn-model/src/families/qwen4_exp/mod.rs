@@ -11,4 +11,4 @@ pub mod ngram_tables;
 pub mod ple;
 pub mod qsa_indexer;
 
-pub use decoder::{IndexedAttention, Qwen4ExpDecoder, Qwen4ExpLayer, Qwen4Mixer};
+pub use decoder::{output_gate, IndexedAttention, Qwen4ExpDecoder, Qwen4ExpLayer, Qwen4Mixer};
