@@ -201,7 +201,8 @@ pub struct Cache {
     /// The CUDA decode step captured against this cache's tensors (replayed while they
     /// are the same tensors).
     #[cfg(feature = "cuda")]
-    pub(crate) decode_graph: Option<std::sync::Arc<crate::model::cuda_graph::DecodeGraph>>,
+    pub(crate) decode_graph:
+        Option<std::sync::Arc<crate::families::hybrid::cuda_graph::DecodeGraph>>,
 }
 
 impl Cache {

@@ -15,6 +15,7 @@ pub mod load_progress;
 pub mod model;
 pub mod phase_profile;
 pub mod prompt_cache;
+pub mod tap;
 pub mod tensor;
 mod warm_up;
 pub mod weights;

@@ -10,13 +10,14 @@ use super::hyper_connection::HyperConnection;
 use super::ngram_tables;
 use super::ple::PerLayerEmbedding;
 use super::qsa_indexer::{IndexerCache, QsaIndexer};
-use crate::cache::{GdnCache, KvCache, LayerCache};
+use crate::cache::{Cache, GdnCache, KvCache, LayerCache};
 use crate::config::qwen4_exp::OutputGate;
 use crate::config::LayerKind;
 use crate::layers::attention::Attention;
 use crate::layers::gdn::GatedDeltaNet;
 use crate::layers::moe::{MoePrefill, SparseMoe};
 use crate::layers::norm::Gate;
+use crate::tap::{each_layer, Part, Tap};
 use crate::weights::Checkpoint;
 use crate::{Config, StateDtype};
 use anyhow::{anyhow, bail, Result};
@@ -185,6 +186,27 @@ impl Qwen4ExpDecoder {
         candle_op(Tensor::cat(&vec![embedded; self.streams], 1))
     }
 
+    /// The layers on the embedded tokens `[1, T, H]` at the cache's offset (the caller
+    /// advances it): the streams `[1, T, S·H]`.
+    pub fn forward(
+        &self,
+        embedded: Tensor,
+        tokens: &[u32],
+        cache: &mut Cache,
+        tap: &mut dyn Tap,
+    ) -> Result<Tensor> {
+        let offset = cache.offset;
+        let hs = self.streams_of(&embedded.squeeze(0)?)?;
+        let hs = each_layer(
+            &self.layers,
+            &mut cache.layers,
+            tap,
+            hs,
+            |i, layer, c, hs, tap| layer.forward(i, &hs, tokens, c, offset, tap),
+        )?;
+        Ok(hs.unsqueeze(0)?)
+    }
+
     /// The final mixer: streams `[T, S·H]` → the lm_head input `[T, H]`.
     pub fn final_mix(&self, hs: &Tensor) -> Result<Tensor> {
         Ok(self.final_mixer.forward(hs)?.0)
@@ -192,18 +214,32 @@ impl Qwen4ExpDecoder {
 }
 
 impl Qwen4ExpLayer {
-    /// Runs `tokens` (at positions `offset..`) through the layer: streams `hs` `[T, S·H]` in
-    /// and out, `cache` advanced.
+    /// Runs `tokens` (at positions `offset..`) through layer `i`: streams `hs` `[T, S·H]` in
+    /// and out, `cache` advanced, the streams after each part shown to `tap`.
     pub fn forward(
         &self,
+        i: usize,
         hs: &Tensor,
         tokens: &[u32],
         cache: &mut LayerCache,
         offset: usize,
+        tap: &mut dyn Tap,
     ) -> Result<Tensor> {
         let hs = self.add_per_layer_embedding(hs, tokens, cache)?;
+        tap.part(Part::PerLayerEmbedding { layer: i }, &hs, &hs)?;
         let hs = self.mixer_residual(&hs, cache, offset)?;
-        self.feed_forward_residual(&hs)
+        let attention = matches!(self.mixer, Qwen4Mixer::Qsa(_));
+        tap.part(
+            Part::Mixer {
+                layer: i,
+                attention,
+            },
+            &hs,
+            &hs,
+        )?;
+        let hs = self.feed_forward_residual(&hs)?;
+        tap.part(Part::FeedForward { layer: i }, &hs, &hs)?;
+        Ok(hs)
     }
 
     /// The streams plus this layer's per-layer embedding of `tokens` (unchanged on a layer

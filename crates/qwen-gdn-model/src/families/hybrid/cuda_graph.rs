@@ -16,8 +16,10 @@
 //!
 //! `QWEN_GDN_CUDA_GRAPH=0` turns graphs off (eager fused steps).
 
-use super::Model;
+use super::HybridDecoder;
 use crate::cache::{Cache, LayerCache};
+use crate::families::Ends;
+use crate::tap::NoTap;
 use anyhow::{bail, Context, Result};
 use candle_core::cuda_backend::cudarc::driver::{sys, CudaGraph};
 use candle_core::{Device, Tensor, TensorId};
@@ -101,10 +103,10 @@ fn restore(cache: &mut Cache, (offset, lens): &(usize, Vec<usize>)) {
     }
 }
 
-/// One decode step through the cache's graph, capturing it first when needed.
-pub fn step(model: &Model, token: u32, cache: &mut Cache) -> Result<Tensor> {
-    model.check_token(token)?;
-    let Device::Cuda(dev) = model.device() else {
+/// One decode step through the cache's graph, capturing it first when needed (`token`
+/// already checked against the vocabulary).
+pub fn step(decoder: &HybridDecoder, ends: &Ends, token: u32, cache: &mut Cache) -> Result<Tensor> {
+    let Device::Cuda(dev) = ends.device else {
         bail!("CUDA graphs need a CUDA device");
     };
     if let Some(graph) = &cache.decode_graph {
@@ -128,13 +130,13 @@ pub fn step(model: &Model, token: u32, cache: &mut Cache) -> Result<Tensor> {
     // SAFETY: candle runs every op on one stream, so cudarc's cross-stream events (which a
     // capture must not wait on) order nothing.
     unsafe { dev.disable_event_tracking() };
-    let token_buf = Tensor::new(&[token], model.device())?;
-    let pos_buf = Tensor::new(&[cache.offset as u32], model.device())?;
+    let token_buf = Tensor::new(&[token], ends.device)?;
+    let pos_buf = Tensor::new(&[cache.offset as u32], ends.device)?;
     let _uploads = dev.enable_cuda_graph_htod_cache();
     // The eager step: this token's result, and it grows the KV buffers if they are full, so
     // that the capture below allocates nothing that outlives it.
     let before = bookkeeping(cache);
-    let logits = model.decode_step_on(&token_buf, &pos_buf, cache, None)?;
+    let logits = decoder.decode_step_on(ends, &token_buf, &pos_buf, cache, &mut NoTap)?;
     let after = bookkeeping(cache);
     // The same step again, recorded and not run: from the same host-side state.
     restore(cache, &before);
@@ -144,8 +146,8 @@ pub fn step(model: &Model, token: u32, cache: &mut Cache) -> Result<Tensor> {
         .begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
         .context("starting the decode graph capture")?;
     // The step's own output is freed inside the graph once copied into `out`.
-    let captured = model
-        .decode_step_on(&token_buf, &pos_buf, cache, None)
+    let captured = decoder
+        .decode_step_on(ends, &token_buf, &pos_buf, cache, &mut NoTap)
         .and_then(|l| Ok(out.slice_set(&l, 0, 0)?));
     let graph = stream.end_capture(
         sys::CUgraphInstantiate_flags::CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH,
