@@ -102,10 +102,10 @@ impl Model {
         let decoder = match cfg.qwen4_exp {
             Some(_) => {
                 let decoder = Qwen4ExpDecoder::load(&ckpt, &cfg)?;
-                Decoder::Qwen4Exp(match plan {
+                Decoder::Qwen4Exp(Box::new(match plan {
                     Plan::Reference => decoder,
                     Plan::Device => decoder.into_device(device, opts.dtype)?,
-                })
+                }))
             }
             None => Decoder::Hybrid(HybridDecoder::load(&ckpt, &cfg, plan, device, opts.dtype)?),
         };
@@ -212,7 +212,7 @@ impl Model {
     /// The `qwen4_exp` decoder, for a model of that family.
     pub fn qwen4_exp(&self) -> Option<&Qwen4ExpDecoder> {
         match &self.decoder {
-            Decoder::Qwen4Exp(d) => Some(d),
+            Decoder::Qwen4Exp(d) => Some(d.as_ref()),
             Decoder::Hybrid(_) => None,
         }
     }

@@ -19,7 +19,7 @@ pub enum Decoder {
     /// Qwen3-Next, Qwen3.5, Qwen3.6.
     Hybrid(hybrid::HybridDecoder),
     /// `qwen4_exp` (docs/qwen4_exp.md).
-    Qwen4Exp(qwen4_exp::Qwen4ExpDecoder),
+    Qwen4Exp(Box<qwen4_exp::Qwen4ExpDecoder>),
 }
 
 /// What a family's fused decode step takes from the model around its decoder.
