@@ -198,22 +198,12 @@ pub struct Cache {
     /// Number of tokens already processed (the RoPE position of the next one).
     pub offset: usize,
     pub layers: Vec<LayerCache>,
-    /// The CUDA decode step captured against this cache's tensors (replayed while they
-    /// are the same tensors).
-    #[cfg(feature = "cuda")]
-    pub(crate) decode_graph:
-        Option<std::sync::Arc<crate::families::hybrid::cuda_graph::DecodeGraph>>,
 }
 
 impl Cache {
     /// An empty cache with these layers.
     pub fn new(layers: Vec<LayerCache>) -> Self {
-        Self {
-            offset: 0,
-            layers,
-            #[cfg(feature = "cuda")]
-            decode_graph: None,
-        }
+        Self { offset: 0, layers }
     }
 }
 
@@ -243,10 +233,9 @@ impl Cache {
                 })
             })
             .collect::<anyhow::Result<_>>()?;
-        // A captured graph addresses the original's tensors: the copy captures its own.
         Ok(Self {
             offset: self.offset,
-            ..Self::new(layers)
+            layers,
         })
     }
 

@@ -8,7 +8,9 @@
 //! only while the cache still holds the very tensors it was captured with and the KV
 //! buffers have room for one more position; otherwise the step runs eagerly once (growing
 //! the buffers if needed) and is captured again. Host-side bookkeeping (the cache's offset
-//! and KV lengths) is advanced here after each replay, as the eager step does.
+//! and KV lengths) is advanced here after each replay, as the eager step does. The decoder
+//! holds the last capture (the cache holds only tensors), so caches decoded in turn are
+//! captured again at each switch.
 //!
 //! candle's own kernels upload their shape arguments per launch; with its graph upload
 //! cache enabled (`CudaDevice::enable_cuda_graph_htod_cache`), the eager step records those
@@ -23,7 +25,6 @@ use crate::tap::NoTap;
 use anyhow::{bail, Context, Result};
 use candle_core::cuda_backend::cudarc::driver::{sys, CudaGraph};
 use candle_core::{Device, Tensor, TensorId};
-use std::sync::Arc;
 
 /// Set when a capture failed: later steps run eagerly.
 static BROKEN: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
@@ -52,8 +53,8 @@ impl std::fmt::Debug for DecodeGraph {
     }
 }
 
-// SAFETY: a graph is only launched from the thread that owns the cache holding it (the
-// cache is moved, never shared, between threads), and cudarc binds the context per call.
+// SAFETY: a graph is only launched, captured or dropped under its decoder's mutex, so by one
+// thread at a time, and cudarc binds the context per call.
 unsafe impl Send for DecodeGraph {}
 unsafe impl Sync for DecodeGraph {}
 
@@ -109,7 +110,11 @@ pub fn step(decoder: &HybridDecoder, ends: &Ends, token: u32, cache: &mut Cache)
     let Device::Cuda(dev) = ends.device else {
         bail!("CUDA graphs need a CUDA device");
     };
-    if let Some(graph) = &cache.decode_graph {
+    let mut slot = decoder
+        .decode_graph
+        .lock()
+        .map_err(|_| anyhow::anyhow!("a decode step panicked while holding the CUDA graph"))?;
+    if let Some(graph) = slot.as_ref() {
         if room_for_one(cache) && graph.layout == layout(cache) {
             write_u32(dev, &graph.token, token)?;
             write_u32(dev, &graph.pos, cache.offset as u32)?;
@@ -126,7 +131,7 @@ pub fn step(decoder: &HybridDecoder, ends: &Ends, token: u32, cache: &mut Cache)
             return Ok(logits);
         }
     }
-    cache.decode_graph = None;
+    *slot = None;
     // SAFETY: candle runs every op on one stream, so cudarc's cross-stream events (which a
     // capture must not wait on) order nothing.
     unsafe { dev.disable_event_tracking() };
@@ -167,13 +172,13 @@ pub fn step(decoder: &HybridDecoder, ends: &Ends, token: u32, cache: &mut Cache)
             return Ok(logits);
         }
     };
-    cache.decode_graph = Some(Arc::new(DecodeGraph {
+    *slot = Some(DecodeGraph {
         graph,
         token: token_buf,
         pos: pos_buf,
         logits: out,
         layout: layout(cache),
-    }));
+    });
     Ok(logits)
 }
 

@@ -29,6 +29,10 @@ pub struct HybridDecoder {
     fused_decode: bool,
     /// Per layer, what the fused kernels cover.
     coverage: Vec<LayerCoverage>,
+    /// The CUDA decode step last captured, replayed while the cache a step is given holds
+    /// the very tensors it was captured against (`cuda_graph.rs`).
+    #[cfg(feature = "cuda")]
+    decode_graph: std::sync::Mutex<Option<cuda_graph::DecodeGraph>>,
 }
 
 impl HybridDecoder {
@@ -62,6 +66,8 @@ impl HybridDecoder {
             norm,
             fused_decode: false,
             coverage,
+            #[cfg(feature = "cuda")]
+            decode_graph: std::sync::Mutex::new(None),
         })
     }
 
