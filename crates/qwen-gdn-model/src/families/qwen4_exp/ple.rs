@@ -6,9 +6,9 @@
 //! the gather run on the host.
 
 use super::hyper_connection::GroupedRmsNorm;
-use super::linear::Linear;
 use super::ngram_hash::NgramHash;
-use crate::weights::ngram_tables::{NgramTable, RowTable};
+use super::ngram_tables::{NgramTable, RowTable};
+use crate::layers::linear::Linear;
 use crate::weights::Checkpoint;
 use crate::Config;
 use anyhow::{anyhow, ensure, Result};
@@ -30,7 +30,7 @@ impl PleState {
     pub fn deep_clone(&self) -> Result<Self> {
         Ok(Self {
             context: self.context.clone(),
-            window: crate::cache::own_copy(&self.window)?,
+            window: crate::tensor::own_copy(&self.window)?,
         })
     }
 

@@ -10,7 +10,7 @@
 //!
 //! The table is never read whole: one token reads `heads` rows per PLE layer.
 
-use super::affine::AffineMatrix;
+use crate::weights::affine::{self, AffineMatrix};
 use anyhow::{bail, ensure, Result};
 use half::{bf16, f16};
 use memmap2::Mmap;
@@ -117,8 +117,8 @@ impl RowFormat {
         ensure!(
             words * 32 == bits * width
                 && groups * group_size == width
-                && super::affine::SUPPORTED_BITS.contains(&bits)
-                && super::affine::SUPPORTED_GROUPS.contains(&group_size),
+                && affine::SUPPORTED_BITS.contains(&bits)
+                && affine::SUPPORTED_GROUPS.contains(&group_size),
             "{what}: {words} packed words and {groups} groups per row do not fit {width}-wide rows of a supported MLX format"
         );
         Ok((bits, group_size))

@@ -4,7 +4,7 @@
 //! replaces the final norm. Composed candle ops in the activation dtype (f32 on the
 //! reference plan).
 
-use super::linear::Linear;
+use crate::layers::linear::Linear;
 use crate::weights::Checkpoint;
 use crate::Config;
 use anyhow::{ensure, Result};

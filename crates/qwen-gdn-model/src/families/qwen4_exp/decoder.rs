@@ -6,19 +6,32 @@
 //! (reference plan), or on the device in the compute dtype (device plan, no fused kernels
 //! yet); the indexer's selection and the n-gram gather run on the host in both.
 
-use crate::cache::{GdnCache, KvCache, LayerCache};
+use super::hyper_connection::HyperConnection;
+use super::ngram_tables;
+use super::ple::PerLayerEmbedding;
+use super::qsa_indexer::{IndexerCache, QsaIndexer};
+use crate::cache::{Cache, GdnCache, KvCache, LayerCache};
+use crate::config::qwen4_exp::OutputGate;
 use crate::config::LayerKind;
 use crate::layers::attention::Attention;
 use crate::layers::gdn::GatedDeltaNet;
-use crate::layers::hyper_connection::HyperConnection;
 use crate::layers::moe::{MoePrefill, SparseMoe};
-use crate::layers::ple::PerLayerEmbedding;
-use crate::layers::qsa_indexer::{IndexerCache, QsaIndexer};
-use crate::weights::{ngram_tables, Checkpoint};
+use crate::layers::norm::Gate;
+use crate::tap::{each_layer, Part, Tap};
+use crate::weights::Checkpoint;
 use crate::{Config, StateDtype};
 use anyhow::{anyhow, bail, Result};
 use candle_core::{DType, Device, Tensor};
 use gdn_ops::launches::candle_op;
+
+/// The gate of this family's GDN output norm (`output_gate_type`; silu if the config has no
+/// `qwen4_exp` part).
+pub fn output_gate(cfg: &Config) -> Gate {
+    match cfg.qwen4_exp.as_ref().map(|q| q.output_gate) {
+        Some(OutputGate::Sigmoid) => Gate::Sigmoid,
+        _ => Gate::Silu,
+    }
+}
 
 /// A `qwen4_exp` token mixer.
 #[derive(Debug)]
@@ -71,19 +84,21 @@ impl Qwen4ExpDecoder {
                     Some(at) => Some(PerLayerEmbedding::load(ckpt, &tables.remove(at), cfg)?),
                     None => None,
                 };
-                let mixer =
-                    match cfg.layer_kind(i) {
-                        LayerKind::LinearAttention => Qwen4Mixer::Gdn(Box::new(
-                            GatedDeltaNet::load(ckpt, &format!("{p}.linear_attn"), cfg)?,
-                        )),
-                        LayerKind::FullAttention => {
-                            let attn = format!("{p}.self_attn");
-                            Qwen4Mixer::Qsa(Box::new(IndexedAttention {
-                                attention: Attention::load(ckpt, &attn, cfg)?,
-                                indexer: QsaIndexer::load(ckpt, &attn, cfg)?,
-                            }))
-                        }
-                    };
+                let mixer = match cfg.layer_kind(i) {
+                    LayerKind::LinearAttention => Qwen4Mixer::Gdn(Box::new(GatedDeltaNet::load(
+                        ckpt,
+                        &format!("{p}.linear_attn"),
+                        cfg,
+                        output_gate(cfg),
+                    )?)),
+                    LayerKind::FullAttention => {
+                        let attn = format!("{p}.self_attn");
+                        Qwen4Mixer::Qsa(Box::new(IndexedAttention {
+                            attention: Attention::load(ckpt, &attn, cfg)?,
+                            indexer: QsaIndexer::load(ckpt, &attn, cfg)?,
+                        }))
+                    }
+                };
                 let hc =
                     |name: &str| HyperConnection::load(ckpt, &format!("{p}.{name}"), cfg, true);
                 Ok(Qwen4ExpLayer {
@@ -171,6 +186,27 @@ impl Qwen4ExpDecoder {
         candle_op(Tensor::cat(&vec![embedded; self.streams], 1))
     }
 
+    /// The layers on the embedded tokens `[1, T, H]` at the cache's offset (the caller
+    /// advances it): the streams `[1, T, S·H]`.
+    pub fn forward(
+        &self,
+        embedded: Tensor,
+        tokens: &[u32],
+        cache: &mut Cache,
+        tap: &mut dyn Tap,
+    ) -> Result<Tensor> {
+        let offset = cache.offset;
+        let hs = self.streams_of(&embedded.squeeze(0)?)?;
+        let hs = each_layer(
+            &self.layers,
+            &mut cache.layers,
+            tap,
+            hs,
+            |i, layer, c, hs, tap| layer.forward(i, &hs, tokens, c, offset, tap),
+        )?;
+        Ok(hs.unsqueeze(0)?)
+    }
+
     /// The final mixer: streams `[T, S·H]` → the lm_head input `[T, H]`.
     pub fn final_mix(&self, hs: &Tensor) -> Result<Tensor> {
         Ok(self.final_mixer.forward(hs)?.0)
@@ -178,18 +214,32 @@ impl Qwen4ExpDecoder {
 }
 
 impl Qwen4ExpLayer {
-    /// Runs `tokens` (at positions `offset..`) through the layer: streams `hs` `[T, S·H]` in
-    /// and out, `cache` advanced.
+    /// Runs `tokens` (at positions `offset..`) through layer `i`: streams `hs` `[T, S·H]` in
+    /// and out, `cache` advanced, the streams after each part shown to `tap`.
     pub fn forward(
         &self,
+        i: usize,
         hs: &Tensor,
         tokens: &[u32],
         cache: &mut LayerCache,
         offset: usize,
+        tap: &mut dyn Tap,
     ) -> Result<Tensor> {
         let hs = self.add_per_layer_embedding(hs, tokens, cache)?;
+        tap.part(Part::PerLayerEmbedding { layer: i }, &hs, &hs)?;
         let hs = self.mixer_residual(&hs, cache, offset)?;
-        self.feed_forward_residual(&hs)
+        let attention = matches!(self.mixer, Qwen4Mixer::Qsa(_));
+        tap.part(
+            Part::Mixer {
+                layer: i,
+                attention,
+            },
+            &hs,
+            &hs,
+        )?;
+        let hs = self.feed_forward_residual(&hs)?;
+        tap.part(Part::FeedForward { layer: i }, &hs, &hs)?;
+        Ok(hs)
     }
 
     /// The streams plus this layer's per-layer embedding of `tokens` (unchanged on a layer

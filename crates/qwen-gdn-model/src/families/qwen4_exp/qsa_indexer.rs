@@ -7,9 +7,9 @@
 //! Reference plan: the projection is a candle product, the pooling, scores and top-k run on
 //! the host in f32 (they are small: one `Di` vector per block).
 
-use super::linear::Linear;
-use super::rope::PartialRope;
 use crate::config::qwen4_exp::QsaConfig;
+use crate::layers::linear::Linear;
+use crate::layers::rope::PartialRope;
 use crate::weights::Checkpoint;
 use crate::Config;
 use anyhow::{anyhow, ensure, Result};

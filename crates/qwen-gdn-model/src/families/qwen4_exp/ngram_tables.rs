@@ -7,12 +7,10 @@
 //! when quantized, its own sizes); a single `…ngram_embedding.weight` is accepted too. The
 //! shard sizes are read from the files, never derived from `split_ngram_parts`.
 
+use super::ngram_hash::NgramHash;
+use super::ngram_row_format::{float_at, float_size, GroupParamsAt, MappedBytes, RowFormat};
 use crate::config::qwen4_exp::PleConfig;
-use crate::layers::ngram_hash::NgramHash;
 use crate::weights::checkpoint::RawLocation;
-use crate::weights::ngram_row_format::{
-    float_at, float_size, GroupParamsAt, MappedBytes, RowFormat,
-};
 use crate::weights::Checkpoint;
 use crate::Config;
 use anyhow::{anyhow, bail, ensure, Context, Result};

@@ -8,7 +8,9 @@
 //! only while the cache still holds the very tensors it was captured with and the KV
 //! buffers have room for one more position; otherwise the step runs eagerly once (growing
 //! the buffers if needed) and is captured again. Host-side bookkeeping (the cache's offset
-//! and KV lengths) is advanced here after each replay, as the eager step does.
+//! and KV lengths) is advanced here after each replay, as the eager step does. The decoder
+//! holds the last capture (the cache holds only tensors), so caches decoded in turn are
+//! captured again at each switch.
 //!
 //! candle's own kernels upload their shape arguments per launch; with its graph upload
 //! cache enabled (`CudaDevice::enable_cuda_graph_htod_cache`), the eager step records those
@@ -16,12 +18,13 @@
 //!
 //! `QWEN_GDN_CUDA_GRAPH=0` turns graphs off (eager fused steps).
 
-use super::Model;
+use super::HybridDecoder;
 use crate::cache::{Cache, LayerCache};
+use crate::families::Ends;
+use crate::tap::NoTap;
 use anyhow::{bail, Context, Result};
 use candle_core::cuda_backend::cudarc::driver::{sys, CudaGraph};
 use candle_core::{Device, Tensor, TensorId};
-use std::sync::Arc;
 
 /// Set when a capture failed: later steps run eagerly.
 static BROKEN: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
@@ -50,8 +53,8 @@ impl std::fmt::Debug for DecodeGraph {
     }
 }
 
-// SAFETY: a graph is only launched from the thread that owns the cache holding it (the
-// cache is moved, never shared, between threads), and cudarc binds the context per call.
+// SAFETY: a graph is only launched, captured or dropped under its decoder's mutex, so by one
+// thread at a time, and cudarc binds the context per call.
 unsafe impl Send for DecodeGraph {}
 unsafe impl Sync for DecodeGraph {}
 
@@ -101,13 +104,17 @@ fn restore(cache: &mut Cache, (offset, lens): &(usize, Vec<usize>)) {
     }
 }
 
-/// One decode step through the cache's graph, capturing it first when needed.
-pub fn step(model: &Model, token: u32, cache: &mut Cache) -> Result<Tensor> {
-    model.check_token(token)?;
-    let Device::Cuda(dev) = model.device() else {
+/// One decode step through the cache's graph, capturing it first when needed (`token`
+/// already checked against the vocabulary).
+pub fn step(decoder: &HybridDecoder, ends: &Ends, token: u32, cache: &mut Cache) -> Result<Tensor> {
+    let Device::Cuda(dev) = ends.device else {
         bail!("CUDA graphs need a CUDA device");
     };
-    if let Some(graph) = &cache.decode_graph {
+    let mut slot = decoder
+        .decode_graph
+        .lock()
+        .map_err(|_| anyhow::anyhow!("a decode step panicked while holding the CUDA graph"))?;
+    if let Some(graph) = slot.as_ref() {
         if room_for_one(cache) && graph.layout == layout(cache) {
             write_u32(dev, &graph.token, token)?;
             write_u32(dev, &graph.pos, cache.offset as u32)?;
@@ -124,17 +131,17 @@ pub fn step(model: &Model, token: u32, cache: &mut Cache) -> Result<Tensor> {
             return Ok(logits);
         }
     }
-    cache.decode_graph = None;
+    *slot = None;
     // SAFETY: candle runs every op on one stream, so cudarc's cross-stream events (which a
     // capture must not wait on) order nothing.
     unsafe { dev.disable_event_tracking() };
-    let token_buf = Tensor::new(&[token], model.device())?;
-    let pos_buf = Tensor::new(&[cache.offset as u32], model.device())?;
+    let token_buf = Tensor::new(&[token], ends.device)?;
+    let pos_buf = Tensor::new(&[cache.offset as u32], ends.device)?;
     let _uploads = dev.enable_cuda_graph_htod_cache();
     // The eager step: this token's result, and it grows the KV buffers if they are full, so
     // that the capture below allocates nothing that outlives it.
     let before = bookkeeping(cache);
-    let logits = model.decode_step_on(&token_buf, &pos_buf, cache, None)?;
+    let logits = decoder.decode_step_on(ends, &token_buf, &pos_buf, cache, &mut NoTap)?;
     let after = bookkeeping(cache);
     // The same step again, recorded and not run: from the same host-side state.
     restore(cache, &before);
@@ -144,8 +151,8 @@ pub fn step(model: &Model, token: u32, cache: &mut Cache) -> Result<Tensor> {
         .begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
         .context("starting the decode graph capture")?;
     // The step's own output is freed inside the graph once copied into `out`.
-    let captured = model
-        .decode_step_on(&token_buf, &pos_buf, cache, None)
+    let captured = decoder
+        .decode_step_on(ends, &token_buf, &pos_buf, cache, &mut NoTap)
         .and_then(|l| Ok(out.slice_set(&l, 0, 0)?));
     let graph = stream.end_capture(
         sys::CUgraphInstantiate_flags::CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH,
@@ -165,13 +172,13 @@ pub fn step(model: &Model, token: u32, cache: &mut Cache) -> Result<Tensor> {
             return Ok(logits);
         }
     };
-    cache.decode_graph = Some(Arc::new(DecodeGraph {
+    *slot = Some(DecodeGraph {
         graph,
         token: token_buf,
         pos: pos_buf,
         logits: out,
         layout: layout(cache),
-    }));
+    });
     Ok(logits)
 }
 
