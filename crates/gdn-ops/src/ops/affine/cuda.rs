@@ -4,11 +4,12 @@
 
 use super::{wide, AffineParams, AffineTensor};
 use crate::backend::cuda::{
+    Launch,
     cuda_device, function, launch, tensor, view, with_float_type, KernelSource,
 };
 use crate::backend::dtype_tag;
 use anyhow::{ensure, Result};
-use candle_core::cuda_backend::cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg};
+use candle_core::cuda_backend::cudarc::driver::{DeviceRepr, LaunchConfig};
 use candle_core::cuda_backend::CudaDType;
 use candle_core::{CudaDevice, DType, Tensor, WithDType};
 
@@ -155,20 +156,20 @@ where
         let p = params(m, out_rows, x_div, ids.is_some());
         let experts = m.experts as u32;
         let stream = dev.cuda_stream();
-        let mut args = stream.launch_builder(&func);
+        let mut args = Launch::new(&stream, &func);
         args.arg(&packed)
             .arg(&scales)
             .arg(&biases)
             .arg(&x_view)
             .arg(&ids_view)
             .arg(&y)
-            .arg(&p)
-            .arg(&experts);
+            .value(&p)
+            .value(&experts);
         let lpr_arg;
         let config = match geometry {
             Geometry::Wide { lpr, rows } => {
                 lpr_arg = lpr as u32;
-                args.arg(&lpr_arg);
+                args.value(&lpr_arg);
                 LaunchConfig {
                     grid_dim: (wide::blocks_x(y_cols, lpr, rows) as u32, out_rows as u32, 1),
                     block_dim: (32 * wide::WARPS as u32, 1, 1),
@@ -284,15 +285,15 @@ where
         let p = params(m, count, 1, ids.is_some());
         let (count32, total_rows) = (count as u32, (m.experts * m.rows) as u32);
         let stream = dev.cuda_stream();
-        let mut args = stream.launch_builder(&func);
+        let mut args = Launch::new(&stream, &func);
         args.arg(&packed)
             .arg(&scales)
             .arg(&biases)
             .arg(&ids_view)
             .arg(&out)
-            .arg(&p)
-            .arg(&count32)
-            .arg(&total_rows);
+            .value(&p)
+            .value(&count32)
+            .value(&total_rows);
         let config = LaunchConfig {
             grid_dim: ((len as u32).div_ceil(DEQUANTIZE_BLOCK), 1, 1),
             block_dim: (DEQUANTIZE_BLOCK, 1, 1),

@@ -5,12 +5,13 @@
 
 use super::chunked::{split_update, GdnChunkParams, CHUNK};
 use super::{GdnDims, Inputs, Prepared};
-use crate::backend::cuda::{cuda_device, function, launch, tensor, view, KernelSource};
+use crate::backend::cuda::{
+    Launch,cuda_device, function, launch, tensor, view, KernelSource};
 use crate::backend::dtype_tag;
 use anyhow::{bail, ensure, Result};
 use candle_core::cuda_backend::cudarc::driver::sys::CUfunction_attribute;
 use candle_core::cuda_backend::cudarc::driver::{
-    CudaFunction, CudaSlice, DeviceRepr, LaunchConfig, PushKernelArg,
+    CudaFunction, CudaSlice, DeviceRepr, LaunchConfig,
 };
 use candle_core::cuda_backend::CudaDType;
 use candle_core::{CudaDevice, DType, Tensor, WithDType};
@@ -220,7 +221,7 @@ where
             shared_mem_bytes: smem as u32,
         };
 
-        let mut args = stream.launch_builder(&prep);
+        let mut args = Launch::new(&stream, &prep);
         args.arg(&k_view)
             .arg(&v_view)
             .arg(&g_view)
@@ -229,24 +230,24 @@ where
             .arg(&gcum)
             .arg(&w)
             .arg(&u)
-            .arg(&params);
+            .value(&params);
         // SAFETY: the arguments match gated_delta_chunk_prep_<in> in kernels/gated_delta_chunk.cu,
         // in order and type; the inputs cover every (b, t < chunks * 64) the grid indexes and the
         // scratch has the sizes of the kernel's header.
         unsafe { launch(args, config(chunks, prep_smem)) }?;
 
-        let mut args = stream.launch_builder(&state_pass);
+        let mut args = Launch::new(&stream, &state_pass);
         args.arg(&k_view)
             .arg(&gcum)
             .arg(&w)
             .arg(&u)
             .arg(&h)
             .arg(&state_view)
-            .arg(&params);
+            .value(&params);
         // SAFETY: as above, for gated_delta_chunk_state_<in>_<st>; the state is [B, Hv, Dv, Dk].
         unsafe { launch(args, config(dv / BLOCK_V, state_smem)) }?;
 
-        let mut args = stream.launch_builder(&out);
+        let mut args = Launch::new(&stream, &out);
         args.arg(&q_view)
             .arg(&k_view)
             .arg(&gcum)
@@ -254,7 +255,7 @@ where
             .arg(&u)
             .arg(&mask_view)
             .arg(&y)
-            .arg(&params);
+            .value(&params);
         // SAFETY: as above, for gated_delta_chunk_out_<in>; y is [B, T, Hv, Dv].
         unsafe { launch(args, config(chunks, out_smem)) }?;
     }
