@@ -319,47 +319,6 @@ __device__ __forceinline__ void wide_body(const uint32_t* packed, const S* scale
   }
 }
 
-// Before the wait for the previous kernel (programmatic dependent launch, kernels/cuda_pdl.h):
-// a product over one matrix (no expert ids, whose rows the previous kernel picks) asks L2 for
-// the weights this thread will read, so that they stream in while the previous kernel (a norm,
-// the recurrence: little traffic of their own) finishes. Only hints: nothing is read into
-// registers, no result depends on them, and outside CUDA (kernels/emu) they are nothing.
-__device__ __forceinline__ void prefetch_l2(const void* address) {
-#if defined(__CUDA_ARCH__)
-  asm volatile("prefetch.global.L2 [%0];" ::"l"(address));
-#else
-  (void)address;
-#endif
-}
-
-template <uint32_t BITS, uint32_t ROWS, bool SWIGLU, typename S>
-__device__ __forceinline__ void prefetch_weights(const uint32_t* packed, const S* scales,
-                                                 const S* biases, const AffineParams& p,
-                                                 uint32_t lpr, uint32_t lane, uint32_t warp,
-                                                 uint32_t block_x) {
-  constexpr uint32_t V = 128 / BITS;
-  constexpr uint32_t NR = SWIGLU ? 2 * ROWS : ROWS;
-  constexpr uint32_t SCALES_PER_LINE = 128 / sizeof(S);
-  const uint32_t outputs = SWIGLU ? p.rows / 2 : p.rows;
-  const uint32_t subs = 32 / lpr, sub = lane / lpr, l = lane % lpr;
-  const uint32_t o0 = ((block_x * kWideWarps + warp) * subs + sub) * ROWS;
-  if (p.has_ids || o0 >= outputs) return;
-  const uint32_t words_per_row = p.cols * BITS / 32, groups = p.cols / p.group_size;
-  const uint32_t chunks = p.cols / V;
-#pragma unroll
-  for (uint32_t r = 0; r < NR; ++r) {
-    const uint32_t o = min(o0 + (r % ROWS), outputs - 1);
-    const size_t row = SWIGLU && r >= ROWS ? outputs + o : o;
-    for (uint32_t c = l; c < chunks; c += lpr) {
-      prefetch_l2(packed + row * words_per_row + 4 * c);
-    }
-    for (uint32_t g = l * SCALES_PER_LINE; g < groups; g += lpr * SCALES_PER_LINE) {
-      prefetch_l2(scales + row * groups + g);
-      prefetch_l2(biases + row * groups + g);
-    }
-  }
-}
-
 }  // namespace affine_wide
 
 #define AFFINE_ENTRIES(XN, XT, SN, ST)                                                       \
@@ -397,10 +356,6 @@ AFFINE_FOR_SCALES(bf16, __nv_bfloat16)
           const uint32_t* packed, const ST* scales, const ST* biases, const XT* x,             \
           const uint32_t* ids, XT* y, const AffineParams p, const uint32_t experts,            \
           const uint32_t lpr) {                                                                 \
-    if (blockIdx.y == 0)                                                                        \
-      affine_wide::prefetch_weights<BITS, ROWS, SWIGLU, ST>(packed, scales, biases, p, lpr,     \
-                                                            threadIdx.x % 32, threadIdx.x / 32, \
-                                                            blockIdx.x);                        \
     cuda_pdl::enter();                                                                          \
     affine_wide::wide_body<BITS, ROWS, SWIGLU, XT, ST>(packed, scales, biases, x, ids, y, p,   \
                                                        experts, lpr, threadIdx.x % 32,          \
