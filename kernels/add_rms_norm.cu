@@ -23,7 +23,6 @@
 
 #include "params/add_rms_norm.h"
 #include "cuda_convert.h"
-#include "cuda_pdl.h"
 
 namespace add_rms_norm {
 
@@ -100,7 +99,6 @@ __device__ void run(const T* residual, const T* delta, const T* weight, T* sum, 
   extern "C" __global__ void add_rms_norm_##TN(const T* residual, const T* delta,          \
                                                const T* weight, T* sum, T* normed,         \
                                                const AddRmsNormParams p) {                 \
-    cuda_pdl::enter();                                                                     \
     add_rms_norm::run<T>(residual, delta, weight, sum, normed, p);                         \
   }
 

@@ -40,7 +40,6 @@
 
 #include "params/affine.h"
 #include "cuda_convert.h"
-#include "cuda_pdl.h"
 
 namespace affine {
 
@@ -325,19 +324,16 @@ __device__ __forceinline__ void wide_body(const uint32_t* packed, const S* scale
   extern "C" __global__ void affine_products_##XN##_##SN(                                    \
       const uint32_t* packed, const ST* scales, const ST* biases, const XT* x,               \
       const uint32_t* ids, XT* y, const AffineParams p, const uint32_t experts) {            \
-    cuda_pdl::enter();                                                                       \
     affine::products<XT, ST>(packed, scales, biases, x, ids, y, p, experts);                 \
   }                                                                                          \
   extern "C" __global__ void affine_products_swiglu_##XN##_##SN(                             \
       const uint32_t* packed, const ST* scales, const ST* biases, const XT* x,               \
       const uint32_t* ids, XT* y, const AffineParams p, const uint32_t experts) {            \
-    cuda_pdl::enter();                                                                       \
     affine::swiglu<XT, ST>(packed, scales, biases, x, ids, y, p, experts);                   \
   }                                                                                          \
   extern "C" __global__ void affine_dequantize_##XN##_##SN(                                  \
       const uint32_t* packed, const ST* scales, const ST* biases, const uint32_t* ids,       \
       XT* out, const AffineParams p, const uint32_t count, const uint32_t total_rows) {      \
-    cuda_pdl::enter();                                                                       \
     affine::dequantize<XT, ST>(packed, scales, biases, ids, out, p, count, total_rows);      \
   }
 
@@ -356,7 +352,6 @@ AFFINE_FOR_SCALES(bf16, __nv_bfloat16)
           const uint32_t* packed, const ST* scales, const ST* biases, const XT* x,             \
           const uint32_t* ids, XT* y, const AffineParams p, const uint32_t experts,            \
           const uint32_t lpr) {                                                                 \
-    cuda_pdl::enter();                                                                          \
     affine_wide::wide_body<BITS, ROWS, SWIGLU, XT, ST>(packed, scales, biases, x, ids, y, p,   \
                                                        experts, lpr, threadIdx.x % 32,          \
                                                        threadIdx.x / 32, blockIdx.x,            \

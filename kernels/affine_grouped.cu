@@ -56,7 +56,6 @@
 
 #include "params/affine_grouped.h"
 #include "cuda_convert.h"
-#include "cuda_pdl.h"
 
 namespace affine_grouped {
 
@@ -437,7 +436,6 @@ __device__ void grouped_kernel(const uint32_t* __restrict__ packed, const S* __r
       affine_grouped_##XN##_##SN(                                                                            \
       const uint32_t* packed, const ST* scales, const ST* biases, const XT* x, const uint32_t* tiles, XT* y, \
       const AffineGroupedParams p) {                                                                          \
-    cuda_pdl::enter();                                                                                        \
     extern __shared__ __align__(128) unsigned char affine_grouped_smem[];                                     \
     affine_grouped::grouped_kernel<XT, ST>(packed, scales, biases, x, tiles, y, p, threadIdx.x, blockIdx.x,    \
                                            blockIdx.y, affine_grouped_smem);                                  \

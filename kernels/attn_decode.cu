@@ -26,7 +26,6 @@
 
 #include "params/attn_decode.h"
 #include "cuda_convert.h"
-#include "cuda_pdl.h"
 
 namespace attn_decode {
 
@@ -213,7 +212,6 @@ __device__ void combine(const float* partials, const T* gate, T* out, const Attn
   extern "C" __global__ void attn_decode_##TN(const T* q, const T* gate, const T* keys,    \
                                               const T* values, const uint32_t* pos, T* out, \
                                               const AttnDecodeParams p) {                  \
-    cuda_pdl::enter();                                                                     \
     extern __shared__ float attn_decode_scratch[];                                         \
     attn_decode::run<T, false>(q, gate, keys, values, pos, out, nullptr, p, blockIdx.x,    \
                                blockIdx.y, 0, threadIdx.y, threadIdx.x, attn_decode_scratch); \
@@ -222,7 +220,6 @@ __device__ void combine(const float* partials, const T* gate, T* out, const Attn
                                                     const T* values, const uint32_t* pos,  \
                                                     float* partials,                       \
                                                     const AttnDecodeParams p) {            \
-    cuda_pdl::enter();                                                                     \
     extern __shared__ float attn_decode_scratch[];                                         \
     attn_decode::run<T, true>(q, nullptr, keys, values, pos, nullptr, partials, p,         \
                               blockIdx.x, blockIdx.y, blockIdx.z, threadIdx.y, threadIdx.x, \
@@ -230,7 +227,6 @@ __device__ void combine(const float* partials, const T* gate, T* out, const Attn
   }                                                                                        \
   extern "C" __global__ void attn_decode_combine_##TN(const float* partials, const T* gate, \
                                                       T* out, const AttnDecodeParams p) {  \
-    cuda_pdl::enter();                                                                     \
     attn_decode::combine<T>(partials, gate, out, p, blockIdx.x, blockIdx.y, threadIdx.x);  \
   }
 

@@ -47,7 +47,6 @@
 
 #include "params/attn_prefill.h"
 #include "cuda_convert.h"
-#include "cuda_pdl.h"
 
 namespace attn_prefill {
 
@@ -257,7 +256,6 @@ __device__ void run(const T* q, const T* k, const T* v, T* out, const AttnPrefil
 #define ATTN_PREFILL_ENTRY(name, T)                                                                    \
   extern "C" __global__ void __launch_bounds__(attn_prefill::kThreads, 2)                              \
       name(const T* q, const T* k, const T* v, T* out, const AttnPrefillParams p) {                    \
-    cuda_pdl::enter();                                                                                 \
     extern __shared__ __align__(128) float attn_prefill_smem[];                                        \
     attn_prefill::run<T>(q, k, v, out, p, blockIdx.x, blockIdx.y, blockIdx.z, threadIdx.x,             \
                          attn_prefill_smem);                                                           \

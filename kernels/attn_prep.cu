@@ -18,7 +18,6 @@
 
 #include "params/attn_prep.h"
 #include "cuda_convert.h"
-#include "cuda_pdl.h"
 
 namespace attn_prep {
 
@@ -94,7 +93,6 @@ __device__ void run(const T* qkv, const T* q_norm, const T* k_norm, const float*
   extern "C" __global__ void attn_prep_##TN(                                                 \
       const T* qkv, const T* q_norm, const T* k_norm, const float* inv_freq,                 \
       const uint32_t* pos, T* keys, T* values, T* q, T* gate, const AttnPrepParams p) {      \
-    cuda_pdl::enter();                                                                       \
     attn_prep::run<T>(qkv, q_norm, k_norm, inv_freq, pos, keys, values, q, gate, p);         \
   }
 

@@ -62,7 +62,6 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <stdint.h>
-#include "cuda_pdl.h"
 
 namespace gdn {
 
@@ -376,7 +375,6 @@ __device__ __forceinline__ void entry(const InT* __restrict__ q, const InT* __re
                                   unsigned int B, unsigned int T, unsigned int Hk,             \
                                   unsigned int Hv, unsigned int Dk, unsigned int Dv,           \
                                   unsigned int has_mask) {                                     \
-    cuda_pdl::enter();                                                                         \
     gdn::entry<InT, StT, RPW, STREAM>(q, k, v, g, beta, state, y, mask, B, T, Hk, Hv, Dk, Dv,  \
                                       has_mask);                                               \
   }

@@ -61,7 +61,6 @@
 
 #include "params/gated_delta_chunk.h"
 #include "cuda_convert.h"
-#include "cuda_pdl.h"
 
 namespace gdn_chunk {
 
@@ -708,7 +707,6 @@ __device__ __forceinline__ void out_kernel(const InT* __restrict__ q, const InT*
   extern "C" __global__ void __launch_bounds__(gdn_chunk::kThreads)                                              \
       name(const InT* k, const InT* v, const float* g, const float* beta, const float* mask, float* gcum,       \
            float* w, float* u, const GdnChunkParams p) {                                                         \
-    cuda_pdl::enter();                                                                                           \
     extern __shared__ __align__(128) float gdn_chunk_smem[];                                                     \
     gdn_chunk::prep_kernel<InT>(k, v, g, beta, mask, gcum, w, u, p, threadIdx.x, blockIdx.x, blockIdx.y,        \
                                 gdn_chunk_smem);                                                                 \
@@ -718,7 +716,6 @@ __device__ __forceinline__ void out_kernel(const InT* __restrict__ q, const InT*
   extern "C" __global__ void __launch_bounds__(gdn_chunk::kThreads)                                              \
       name(const InT* k, const float* gcum, const float* w, float* u, float* h, StT* state,                      \
            const GdnChunkParams p) {                                                                             \
-    cuda_pdl::enter();                                                                                           \
     extern __shared__ __align__(128) float gdn_chunk_smem[];                                                     \
     gdn_chunk::state_kernel<InT, StT>(k, gcum, w, u, h, state, p, threadIdx.x, blockIdx.x, blockIdx.y,          \
                                       gdn_chunk_smem);                                                           \
@@ -728,7 +725,6 @@ __device__ __forceinline__ void out_kernel(const InT* __restrict__ q, const InT*
   extern "C" __global__ void __launch_bounds__(gdn_chunk::kThreads, 2)                                           \
       name(const InT* q, const InT* k, const float* gcum, const float* h, const float* v_new, const float* mask, \
            InT* y, const GdnChunkParams p) {                                                                     \
-    cuda_pdl::enter();                                                                                           \
     extern __shared__ __align__(128) float gdn_chunk_smem[];                                                     \
     gdn_chunk::out_kernel<InT>(q, k, gcum, h, v_new, mask, y, p, threadIdx.x, blockIdx.x, blockIdx.y,           \
                                gdn_chunk_smem);                                                                  \

@@ -21,7 +21,6 @@
 
 #include "params/gated_delta_norm.h"
 #include "cuda_convert.h"
-#include "cuda_pdl.h"
 
 namespace gated_delta_norm {
 
@@ -190,7 +189,6 @@ __device__ __forceinline__ void entry(const InT* q, const InT* k, const InT* v, 
   extern "C" __global__ void __launch_bounds__(1024) gated_delta_norm_##NAME(                   \
       const InT* q, const InT* k, const InT* v, const float* g, const float* beta, StT* state,   \
       const InT* z, const InT* weight, InT* out, const GdnNormParams p) {                       \
-    cuda_pdl::enter();                                                                          \
     gated_delta_norm::entry<InT, StT>(q, k, v, g, beta, state, z, weight, out, p);              \
   }
 

@@ -18,7 +18,6 @@
 
 #include "params/gated_rms_norm.h"
 #include "cuda_convert.h"
-#include "cuda_pdl.h"
 
 namespace gated_rms_norm {
 
@@ -63,7 +62,6 @@ __device__ void norm(const InT* __restrict__ y, const InT* __restrict__ z,
 #define GATED_RMS_NORM(NAME, T)                                                      \
   extern "C" __global__ void gated_rms_norm_##NAME(const T* y, const T* z, const T* weight, \
                                                    T* out, const GatedRmsNormParams p) {    \
-    cuda_pdl::enter();                                                                      \
     gated_rms_norm::norm<T>(y, z, weight, out, p);                                   \
   }
 

@@ -26,7 +26,6 @@
 
 #include "params/gdn_conv_prep.h"
 #include "cuda_convert.h"
-#include "cuda_pdl.h"
 
 namespace gdn_conv_prep {
 
@@ -166,7 +165,6 @@ __device__ void prep(const InT* __restrict__ qkv, const InT* __restrict__ b_in,
       const T* qkv, const T* b_in, const T* a_in, const T* conv_state, T* next_state,           \
       const T* taps, const float* dt_bias, const float* neg_a_exp, T* q, T* k, T* v, float* g,  \
       float* beta, const ConvPrepParams p) {                                                    \
-    cuda_pdl::enter();                                                                          \
     gdn_conv_prep::prep<T>(qkv, b_in, a_in, conv_state, next_state, taps, dt_bias, neg_a_exp,   \
                            q, k, v, g, beta, p);                                                \
   }

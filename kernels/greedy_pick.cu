@@ -24,7 +24,6 @@
 
 #include "params/greedy_pick.h"
 #include "cuda_convert.h"
-#include "cuda_pdl.h"
 
 namespace greedy_pick {
 
@@ -139,7 +138,6 @@ __device__ void finish(const GreedyPickPartial* partials, uint32_t* out, const G
   extern "C" __global__ void __launch_bounds__(GREEDY_PICK_THREADS)                        \
       greedy_pick_slices_##XN(const XT* logits, GreedyPickPartial* partials,               \
                               const GreedyPickParams p) {                                  \
-    cuda_pdl::enter();                                                                     \
     __shared__ uint32_t greedy_pick_scratch[3 * greedy_pick::kWarps];                      \
     greedy_pick::slices<XT>(logits, partials, greedy_pick_scratch, p, blockIdx.x,          \
                             blockIdx.y, threadIdx.x);                                      \
@@ -151,6 +149,5 @@ GREEDY_PICK_ENTRY(bf16, __nv_bfloat16)
 
 extern "C" __global__ void greedy_pick_finish(const GreedyPickPartial* partials, uint32_t* out,
                                               const GreedyPickParams p) {
-  cuda_pdl::enter();
   greedy_pick::finish(partials, out, p, blockIdx.x, threadIdx.x);
 }

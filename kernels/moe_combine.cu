@@ -27,7 +27,6 @@
 
 #include "params/moe_combine.h"
 #include "cuda_convert.h"
-#include "cuda_pdl.h"
 
 namespace moe_combine {
 
@@ -145,7 +144,6 @@ __device__ void combine(const T* __restrict__ down, const uint32_t* __restrict__
   extern "C" __global__ void __launch_bounds__(512) moe_combine_##XN(                     \
       const XT* down, const uint32_t* rows, const float* weights, const XT* residual,      \
       const XT* norm_weight, XT* sum, XT* normed, const MoeCombineParams p) {              \
-    cuda_pdl::enter();                                                                     \
     moe_combine::combine<XT>(down, rows, weights, residual, norm_weight, sum, normed, p);  \
   }
 

@@ -19,7 +19,6 @@
 
 #include "params/moe_route.h"
 #include "cuda_convert.h"
-#include "cuda_pdl.h"
 
 namespace moe_route {
 
@@ -110,7 +109,6 @@ __device__ void route(const T* logits, uint32_t* ids, float* weights, const MoeR
 #define MOE_ROUTE_ENTRY(XN, XT)                                                        \
   extern "C" __global__ void moe_route_##XN(const XT* logits, uint32_t* ids,           \
                                             float* weights, const MoeRouteParams p) {  \
-    cuda_pdl::enter();                                                                 \
     moe_route::route<XT>(logits, ids, weights, p);                                     \
   }
 

@@ -62,14 +62,12 @@ for P in $PS; do
 # Decode variants, each one bench run on the same checkpoint (VARIANTS overrides):
 #   graph    fused decode kernels, the step replayed as a CUDA graph (the default);
 #   eager    fused decode kernels, launched one by one (QWEN_GDN_CUDA_GRAPH=0);
-#   graph-nopdl  as graph, without programmatic dependent launch (QWEN_GDN_CUDA_PDL=0);
 #   composed the composed ops the fused kernels replace (--composed-decode).
 VARIANTS=${VARIANTS:-graph}
 for variant in $VARIANTS; do
   case $variant in
     graph) extra=(); envs=() ;;
     eager) extra=(); envs=(QWEN_GDN_CUDA_GRAPH=0) ;;
-    graph-nopdl) extra=(); envs=(QWEN_GDN_CUDA_PDL=0) ;;
     composed) extra=(--composed-decode); envs=(QWEN_GDN_CUDA_GRAPH=0) ;;
     *) echo "unknown variant $variant" >&2; exit 1 ;;
   esac

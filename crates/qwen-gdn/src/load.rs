@@ -136,8 +136,6 @@ impl ModelArgs {
             None => StateDtype::from_env(),
         };
         let device = select_device(self.device)?;
-        #[cfg(feature = "cuda")]
-        programmatic_launch_from_env()?;
         let has_bf16 = qwen_gdn_model::bf16_supported(&device)?;
         let (dtype, gdn_state_dtype, notice) =
             crate::bf16_fallback::resolve(self.dtype.resolve(&device), gdn_state_dtype, has_bf16);
@@ -225,18 +223,4 @@ pub fn positive_usize(s: &str) -> Result<usize, String> {
         Ok(n) if n > 0 => Ok(n),
         _ => Err("expected a whole number of at least 1".into()),
     }
-}
-
-/// `QWEN_GDN_CUDA_PDL`: `0` launches our CUDA kernels without programmatic dependent launch
-/// (`gdn_ops::backend::cuda::set_programmatic_launch`), `1` (the default) with it. For
-/// comparing the two in `scripts/gpu/bench-cuda.sh`.
-#[cfg(feature = "cuda")]
-fn programmatic_launch_from_env() -> Result<()> {
-    const VAR: &str = "QWEN_GDN_CUDA_PDL";
-    match std::env::var(VAR).as_deref() {
-        Err(_) | Ok("1") => gdn_ops::backend::cuda::set_programmatic_launch(true),
-        Ok("0") => gdn_ops::backend::cuda::set_programmatic_launch(false),
-        Ok(other) => anyhow::bail!("{VAR}={other:?}: expected 0 or 1"),
-    }
-    Ok(())
 }

@@ -8,10 +8,8 @@
 use crate::launches;
 use anyhow::{bail, ensure, Result};
 use candle_core::cuda_backend::cudarc::driver::{
-    sys, CudaFunction, CudaStream, CudaView, DevicePtr, DeviceRepr, LaunchConfig, SyncOnDrop,
+    CudaFunction, CudaView, DeviceRepr, LaunchArgs, LaunchConfig,
 };
-use std::ffi::c_void;
-use std::sync::atomic::{AtomicBool, Ordering};
 use candle_core::cuda_backend::CudaDType;
 use candle_core::op::BackpropOp;
 use candle_core::{CudaDevice, CudaStorage, Device, Layout, Shape, Storage, Tensor};
@@ -60,71 +58,6 @@ pub(crate) fn function(
         .into_cuda_function())
 }
 
-/// Whether our kernels are launched with programmatic dependent launch (Hopper's PDL): a
-/// kernel may be scheduled while the one before it in the stream is still finishing, and
-/// waits for it (`griddepcontrol.wait`, the first thing every kernel of `kernels/*.cu` does)
-/// before it touches memory. What it saves is the gap between two dependent kernels, a few
-/// µs each over the ~490 launches of a decode step. On by default; the CLI turns it off
-/// with `QWEN_GDN_CUDA_PDL=0` (a comparison for `scripts/gpu/bench-cuda.sh`).
-static PROGRAMMATIC_LAUNCH: AtomicBool = AtomicBool::new(true);
-
-/// Sets whether later launches use programmatic dependent launch (see [`PROGRAMMATIC_LAUNCH`]).
-pub fn set_programmatic_launch(on: bool) {
-    PROGRAMMATIC_LAUNCH.store(on, Ordering::Relaxed);
-}
-
-/// Whether launches use programmatic dependent launch now.
-pub fn programmatic_launch() -> bool {
-    PROGRAMMATIC_LAUNCH.load(Ordering::Relaxed)
-}
-
-/// One kernel's arguments, in the kernel's order: device buffers ([`Launch::arg`]) and plain
-/// values such as a parameter struct ([`Launch::value`]). Our own builder rather than
-/// cudarc's `LaunchArgs`, whose argument list is private: the launch goes through
-/// `cuLaunchKernelEx`, which takes the programmatic-launch attribute.
-pub(crate) struct Launch<'a> {
-    stream: &'a CudaStream,
-    func: &'a CudaFunction,
-    args: Vec<Arg<'a>>,
-    /// Recorded after the launch: the buffers' read events, as cudarc's own launch does.
-    guards: Vec<SyncOnDrop<'a>>,
-}
-
-enum Arg<'a> {
-    /// A buffer's device address, held here so that the kernel parameter can point at it.
-    Address(sys::CUdeviceptr),
-    /// A value the caller keeps alive for `'a`.
-    Value(*const c_void, std::marker::PhantomData<&'a ()>),
-}
-
-impl<'a> Launch<'a> {
-    pub(crate) fn new(stream: &'a CudaStream, func: &'a CudaFunction) -> Self {
-        Launch {
-            stream,
-            func,
-            args: Vec::with_capacity(16),
-            guards: Vec::with_capacity(16),
-        }
-    }
-
-    /// A device buffer (`CudaSlice`, `CudaView` or `CudaViewMut`) as the next argument.
-    pub(crate) fn arg<T, B: DevicePtr<T>>(&mut self, buffer: &'a B) -> &mut Self {
-        let (address, guard) = buffer.device_ptr(self.stream);
-        self.args.push(Arg::Address(address));
-        self.guards.push(guard);
-        self
-    }
-
-    /// A plain value (a `#[repr(C)]` parameter struct, a scalar) as the next argument.
-    pub(crate) fn value<V: DeviceRepr>(&mut self, value: &'a V) -> &mut Self {
-        self.args.push(Arg::Value(
-            value as *const V as *const c_void,
-            std::marker::PhantomData,
-        ));
-        self
-    }
-}
-
 /// Launches a bound kernel. Every CUDA launch of this crate goes through here, so this is
 /// where launches are counted and, when profiling, their geometry noted
 /// ([`crate::profile::note_grid`]).
@@ -132,47 +65,11 @@ impl<'a> Launch<'a> {
 /// # Safety
 /// The arguments pushed on `args` must match the kernel's signature, in order and type, and
 /// every view must cover the elements the kernel indexes under `config`.
-pub(crate) unsafe fn launch(args: Launch<'_>, config: LaunchConfig) -> Result<()> {
+pub(crate) unsafe fn launch(mut args: LaunchArgs, config: LaunchConfig) -> Result<()> {
     launches::record(1);
     let (g, b) = (config.grid_dim, config.block_dim);
     crate::profile::note_grid([g.0, g.1, g.2], [b.0, b.1, b.2]);
-    args.stream.context().bind_to_thread()?;
-    let mut params: Vec<*mut c_void> = args
-        .args
-        .iter()
-        .map(|a| match a {
-            Arg::Address(address) => address as *const sys::CUdeviceptr as *mut c_void,
-            Arg::Value(value, _) => *value as *mut c_void,
-        })
-        .collect();
-    // SAFETY: an all-zero launch attribute is valid (the union's padding is plain bytes).
-    let mut attribute: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
-    attribute.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
-    attribute.value.programmaticStreamSerializationAllowed = 1;
-    let launch_config = sys::CUlaunchConfig {
-        gridDimX: g.0,
-        gridDimY: g.1,
-        gridDimZ: g.2,
-        blockDimX: b.0,
-        blockDimY: b.1,
-        blockDimZ: b.2,
-        sharedMemBytes: config.shared_mem_bytes,
-        hStream: args.stream.cu_stream(),
-        attrs: &mut attribute,
-        numAttrs: u32::from(programmatic_launch()),
-    };
-    // SAFETY: `params` points at one value per kernel parameter (the caller's contract), each
-    // alive until this call returns; the function and stream belong to the bound context.
-    unsafe {
-        sys::cuLaunchKernelEx(
-            &launch_config,
-            args.func.cu_function(),
-            params.as_mut_ptr(),
-            std::ptr::null_mut(),
-        )
-    }
-    .result()?;
-    drop(args);
+    unsafe { args.launch(config) }?;
     Ok(())
 }
 

@@ -2,12 +2,11 @@
 
 use super::{row_threads, AddRmsNormParams, PER_THREAD};
 use crate::backend::cuda::{
-    Launch,
     cuda_device, function, launch, tensor, view, with_float_type, KernelSource,
 };
 use crate::backend::dtype_tag;
 use anyhow::{ensure, Result};
-use candle_core::cuda_backend::cudarc::driver::{DeviceRepr, LaunchConfig};
+use candle_core::cuda_backend::cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg};
 use candle_core::cuda_backend::CudaDType;
 use candle_core::{CudaDevice, Tensor, WithDType};
 
@@ -86,14 +85,14 @@ where
             eps,
         };
         let stream = dev.cuda_stream();
-        let mut args = Launch::new(&stream, &func);
+        let mut args = stream.launch_builder(&func);
         args.arg(&r_view).arg(&d_view).arg(&w_view);
         // Never written without a delta: normed fills the slot.
         match &sum {
             Some(s) => args.arg(s),
             None => args.arg(&normed),
         };
-        args.arg(&normed).value(&params);
+        args.arg(&normed).arg(&params);
         ensure!(
             cols <= PER_THREAD * 1024,
             "{OP}: {cols} columns exceed the kernel's {}",

@@ -4,12 +4,11 @@
 
 use super::{wide, AffineParams, AffineTensor};
 use crate::backend::cuda::{
-    Launch,
     cuda_device, function, launch, tensor, view, with_float_type, KernelSource,
 };
 use crate::backend::dtype_tag;
 use anyhow::{ensure, Result};
-use candle_core::cuda_backend::cudarc::driver::{DeviceRepr, LaunchConfig};
+use candle_core::cuda_backend::cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg};
 use candle_core::cuda_backend::CudaDType;
 use candle_core::{CudaDevice, DType, Tensor, WithDType};
 
@@ -156,20 +155,20 @@ where
         let p = params(m, out_rows, x_div, ids.is_some());
         let experts = m.experts as u32;
         let stream = dev.cuda_stream();
-        let mut args = Launch::new(&stream, &func);
+        let mut args = stream.launch_builder(&func);
         args.arg(&packed)
             .arg(&scales)
             .arg(&biases)
             .arg(&x_view)
             .arg(&ids_view)
             .arg(&y)
-            .value(&p)
-            .value(&experts);
+            .arg(&p)
+            .arg(&experts);
         let lpr_arg;
         let config = match geometry {
             Geometry::Wide { lpr, rows } => {
                 lpr_arg = lpr as u32;
-                args.value(&lpr_arg);
+                args.arg(&lpr_arg);
                 LaunchConfig {
                     grid_dim: (wide::blocks_x(y_cols, lpr, rows) as u32, out_rows as u32, 1),
                     block_dim: (32 * wide::WARPS as u32, 1, 1),
@@ -285,15 +284,15 @@ where
         let p = params(m, count, 1, ids.is_some());
         let (count32, total_rows) = (count as u32, (m.experts * m.rows) as u32);
         let stream = dev.cuda_stream();
-        let mut args = Launch::new(&stream, &func);
+        let mut args = stream.launch_builder(&func);
         args.arg(&packed)
             .arg(&scales)
             .arg(&biases)
             .arg(&ids_view)
             .arg(&out)
-            .value(&p)
-            .value(&count32)
-            .value(&total_rows);
+            .arg(&p)
+            .arg(&count32)
+            .arg(&total_rows);
         let config = LaunchConfig {
             grid_dim: ((len as u32).div_ceil(DEQUANTIZE_BLOCK), 1, 1),
             block_dim: (DEQUANTIZE_BLOCK, 1, 1),

@@ -7,13 +7,12 @@ use super::grouped::{
 };
 use super::AffineTensor;
 use crate::backend::cuda::{
-    Launch,
     cuda_device, function, launch, tensor, view, with_float_type, KernelSource,
 };
 use crate::backend::dtype_tag;
 use anyhow::{ensure, Result};
 use candle_core::cuda_backend::cudarc::driver::sys::CUfunction_attribute;
-use candle_core::cuda_backend::cudarc::driver::{DeviceRepr, LaunchConfig};
+use candle_core::cuda_backend::cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg};
 use candle_core::cuda_backend::CudaDType;
 use candle_core::{CudaDevice, Tensor, WithDType};
 
@@ -98,14 +97,14 @@ where
             tile_pairs: tile_pairs as u32,
         };
         let stream = dev.cuda_stream();
-        let mut args = Launch::new(&stream, &func);
+        let mut args = stream.launch_builder(&func);
         args.arg(&packed)
             .arg(&scales)
             .arg(&biases)
             .arg(&x_view)
             .arg(&tiles_view)
             .arg(&y)
-            .value(&p);
+            .arg(&p);
         let config = LaunchConfig {
             grid_dim: (tiles as u32, row_blocks as u32, 1),
             block_dim: (THREADS as u32, 1, 1),

@@ -4,12 +4,11 @@
 
 use super::{AttnDecodeDims, AttnDecodeParams, SIMDGROUPS};
 use crate::backend::cuda::{
-    Launch,
     cuda_device, function, launch, tensor, view, with_float_type, KernelSource,
 };
 use crate::backend::dtype_tag;
 use anyhow::{ensure, Result};
-use candle_core::cuda_backend::cudarc::driver::{DeviceRepr, LaunchConfig};
+use candle_core::cuda_backend::cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg};
 use candle_core::cuda_backend::CudaDType;
 use candle_core::{CudaDevice, Tensor, WithDType};
 
@@ -75,14 +74,14 @@ where
         };
         if splits == 1 {
             let func = function(dev, &SOURCE, &format!("attn_decode_{tag}"))?;
-            let mut args = Launch::new(&stream, &func);
+            let mut args = stream.launch_builder(&func);
             args.arg(&q_view)
                 .arg(&g_view)
                 .arg(&k_view)
                 .arg(&v_view)
                 .arg(&p_view)
                 .arg(&out)
-                .value(&params);
+                .arg(&params);
             // SAFETY: arguments in the order and types of `attn_decode_*` in
             // kernels/attn_decode.cu; the views cover the shapes checked in
             // ops/attn_decode/mod.rs, and the shared memory holds SIMDGROUPS * (2 + Dh) floats.
@@ -91,19 +90,19 @@ where
             // SAFETY: the split pass writes every record (an empty range its neutral one).
             let partials = unsafe { dev.alloc::<f32>(d.partial_len(splits))? };
             let func = function(dev, &SOURCE, &format!("attn_decode_split_{tag}"))?;
-            let mut args = Launch::new(&stream, &func);
+            let mut args = stream.launch_builder(&func);
             args.arg(&q_view)
                 .arg(&k_view)
                 .arg(&v_view)
                 .arg(&p_view)
                 .arg(&partials)
-                .value(&params);
+                .arg(&params);
             // SAFETY: arguments of `attn_decode_split_*`; grid depth = params.splits, and
             // partials holds B·Nq·splits·(2 + Dh) floats.
             unsafe { launch(args, block) }?;
             let func = function(dev, &SOURCE, &format!("attn_decode_combine_{tag}"))?;
-            let mut args = Launch::new(&stream, &func);
-            args.arg(&partials).arg(&g_view).arg(&out).value(&params);
+            let mut args = stream.launch_builder(&func);
+            args.arg(&partials).arg(&g_view).arg(&out).arg(&params);
             let config = LaunchConfig {
                 grid_dim: (d.q_heads as u32, d.batch as u32, 1),
                 block_dim: (32, 1, 1),

@@ -3,12 +3,11 @@
 //! strides (the KV cache's views); q is made contiguous.
 
 use super::{smem_bytes, AttnPrefillDims, AttnPrefillParams, THREADS};
-use crate::backend::cuda::{
-    Launch,cuda_device, function, launch, rows_view, tensor, view, KernelSource};
+use crate::backend::cuda::{cuda_device, function, launch, rows_view, tensor, view, KernelSource};
 use crate::backend::{dtype_tag, row_layout, RowLayout};
 use anyhow::{bail, ensure, Result};
 use candle_core::cuda_backend::cudarc::driver::sys::CUfunction_attribute;
-use candle_core::cuda_backend::cudarc::driver::{DeviceRepr, LaunchConfig};
+use candle_core::cuda_backend::cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg};
 use candle_core::cuda_backend::CudaDType;
 use candle_core::{CudaDevice, DType, Tensor, WithDType};
 
@@ -121,12 +120,12 @@ where
             scale: d.scale(T::DTYPE),
         };
         let stream = dev.cuda_stream();
-        let mut args = Launch::new(&stream, &func);
+        let mut args = stream.launch_builder(&func);
         args.arg(&q_view)
             .arg(&k_view)
             .arg(&v_view)
             .arg(&out)
-            .value(&params);
+            .arg(&params);
         let config = LaunchConfig {
             grid_dim: (d.q_tiles() as u32, d.q_heads as u32, d.batch as u32),
             block_dim: (THREADS as u32, 1, 1),

@@ -2,12 +2,11 @@
 
 use super::{AttnPrepDims, AttnPrepParams};
 use crate::backend::cuda::{
-    Launch,
     cuda_device, function, launch, tensor, view, with_float_type, KernelSource,
 };
 use crate::backend::dtype_tag;
 use anyhow::{ensure, Result};
-use candle_core::cuda_backend::cudarc::driver::{DeviceRepr, LaunchConfig};
+use candle_core::cuda_backend::cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg};
 use candle_core::cuda_backend::CudaDType;
 use candle_core::{CudaDevice, Tensor, WithDType};
 
@@ -83,7 +82,7 @@ where
         let v_view = view::<T>(&vs, vl, OP)?;
         let params = d.params(eps);
         let stream = dev.cuda_stream();
-        let mut args = Launch::new(&stream, &func);
+        let mut args = stream.launch_builder(&func);
         args.arg(&x_view)
             .arg(&qn_view)
             .arg(&kn_view)
@@ -93,7 +92,7 @@ where
             .arg(&v_view)
             .arg(&q)
             .arg(&gate)
-            .value(&params);
+            .arg(&params);
         let config = LaunchConfig {
             grid_dim: ((d.q_heads + 2 * d.kv_heads) as u32, d.batch as u32, 1),
             block_dim: (32, 1, 1),

@@ -2,11 +2,10 @@
 //! as the Metal one, with the state advanced in place on candle's stream.
 
 use super::{GdnDims, Inputs, Prepared};
-use crate::backend::cuda::{
-    Launch,cuda_device, function, launch, tensor, view, KernelSource};
+use crate::backend::cuda::{cuda_device, function, launch, tensor, view, KernelSource};
 use crate::backend::dtype_tag;
 use anyhow::{bail, ensure, Result};
-use candle_core::cuda_backend::cudarc::driver::{DeviceRepr, LaunchConfig};
+use candle_core::cuda_backend::cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg};
 use candle_core::cuda_backend::CudaDType;
 use candle_core::{DType, Tensor, WithDType};
 use half::{bf16, f16};
@@ -135,7 +134,7 @@ where
             u(mask.is_some() as usize),
         );
         let stream = dev.cuda_stream();
-        let mut args = Launch::new(&stream, &func);
+        let mut args = stream.launch_builder(&func);
         args.arg(&q_view)
             .arg(&k_view)
             .arg(&v_view)
@@ -144,13 +143,13 @@ where
             .arg(&state_view)
             .arg(&y)
             .arg(&mask_view)
-            .value(&batch)
-            .value(&steps)
-            .value(&key_heads)
-            .value(&value_heads)
-            .value(&key_dim)
-            .value(&value_dim)
-            .value(&has_mask);
+            .arg(&batch)
+            .arg(&steps)
+            .arg(&key_heads)
+            .arg(&value_heads)
+            .arg(&key_dim)
+            .arg(&value_dim)
+            .arg(&has_mask);
         let config = LaunchConfig {
             grid_dim: (
                 value_dim.div_ceil(WARPS_PER_BLOCK * ROWS_PER_WARP),

@@ -5,13 +5,12 @@
 
 use super::chunked::{split_update, GdnChunkParams, CHUNK};
 use super::{GdnDims, Inputs, Prepared};
-use crate::backend::cuda::{
-    Launch,cuda_device, function, launch, tensor, view, KernelSource};
+use crate::backend::cuda::{cuda_device, function, launch, tensor, view, KernelSource};
 use crate::backend::dtype_tag;
 use anyhow::{bail, ensure, Result};
 use candle_core::cuda_backend::cudarc::driver::sys::CUfunction_attribute;
 use candle_core::cuda_backend::cudarc::driver::{
-    CudaFunction, CudaSlice, DeviceRepr, LaunchConfig,
+    CudaFunction, CudaSlice, DeviceRepr, LaunchConfig, PushKernelArg,
 };
 use candle_core::cuda_backend::CudaDType;
 use candle_core::{CudaDevice, DType, Tensor, WithDType};
@@ -221,7 +220,7 @@ where
             shared_mem_bytes: smem as u32,
         };
 
-        let mut args = Launch::new(&stream, &prep);
+        let mut args = stream.launch_builder(&prep);
         args.arg(&k_view)
             .arg(&v_view)
             .arg(&g_view)
@@ -230,24 +229,24 @@ where
             .arg(&gcum)
             .arg(&w)
             .arg(&u)
-            .value(&params);
+            .arg(&params);
         // SAFETY: the arguments match gated_delta_chunk_prep_<in> in kernels/gated_delta_chunk.cu,
         // in order and type; the inputs cover every (b, t < chunks * 64) the grid indexes and the
         // scratch has the sizes of the kernel's header.
         unsafe { launch(args, config(chunks, prep_smem)) }?;
 
-        let mut args = Launch::new(&stream, &state_pass);
+        let mut args = stream.launch_builder(&state_pass);
         args.arg(&k_view)
             .arg(&gcum)
             .arg(&w)
             .arg(&u)
             .arg(&h)
             .arg(&state_view)
-            .value(&params);
+            .arg(&params);
         // SAFETY: as above, for gated_delta_chunk_state_<in>_<st>; the state is [B, Hv, Dv, Dk].
         unsafe { launch(args, config(dv / BLOCK_V, state_smem)) }?;
 
-        let mut args = Launch::new(&stream, &out);
+        let mut args = stream.launch_builder(&out);
         args.arg(&q_view)
             .arg(&k_view)
             .arg(&gcum)
@@ -255,7 +254,7 @@ where
             .arg(&u)
             .arg(&mask_view)
             .arg(&y)
-            .value(&params);
+            .arg(&params);
         // SAFETY: as above, for gated_delta_chunk_out_<in>; y is [B, T, Hv, Dv].
         unsafe { launch(args, config(chunks, out_smem)) }?;
     }

@@ -2,11 +2,10 @@
 //! state advanced in place on candle's stream.
 
 use super::{supports, GdnNormParams, Inputs, MAX_SIMDGROUPS};
-use crate::backend::cuda::{
-    Launch,cuda_device, function, launch, rows_view, tensor, view, KernelSource};
+use crate::backend::cuda::{cuda_device, function, launch, rows_view, tensor, view, KernelSource};
 use crate::backend::dtype_tag;
 use anyhow::{bail, ensure, Result};
-use candle_core::cuda_backend::cudarc::driver::{DeviceRepr, LaunchConfig};
+use candle_core::cuda_backend::cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg};
 use candle_core::cuda_backend::CudaDType;
 use candle_core::{CudaDevice, DType, Tensor, WithDType};
 use half::{bf16, f16};
@@ -84,7 +83,7 @@ where
         let z_view = rows_view::<I>(&zs, &inputs.z_rows, OP)?;
         let w_view = view::<I>(&ws, wl, OP)?;
         let stream = dev.cuda_stream();
-        let mut args = Launch::new(&stream, &func);
+        let mut args = stream.launch_builder(&func);
         args.arg(&q_view)
             .arg(&k_view)
             .arg(&v_view)
@@ -94,7 +93,7 @@ where
             .arg(&z_view)
             .arg(&w_view)
             .arg(&out)
-            .value(&params);
+            .arg(&params);
         let config = LaunchConfig {
             grid_dim: ((d.batch * d.value_heads) as u32, 1, 1),
             block_dim: (32, warps as u32, 1),

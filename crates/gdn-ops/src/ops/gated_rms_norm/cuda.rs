@@ -3,12 +3,11 @@
 
 use super::{GatedRmsNormParams, Inputs};
 use crate::backend::cuda::{
-    Launch,
     cuda_device, function, launch, rows_view, tensor, view, with_float_type, KernelSource,
 };
 use crate::backend::dtype_tag;
 use anyhow::{ensure, Result};
-use candle_core::cuda_backend::cudarc::driver::{DeviceRepr, LaunchConfig};
+use candle_core::cuda_backend::cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg};
 use candle_core::cuda_backend::CudaDType;
 use candle_core::{CudaDevice, Tensor, WithDType};
 
@@ -57,8 +56,8 @@ where
         let z = rows_view::<T>(&z_s, &inputs.z_rows, OP)?;
         let weight = view::<T>(&w_s, w_l, OP)?;
         let stream = dev.cuda_stream();
-        let mut args = Launch::new(&stream, &func);
-        args.arg(&y).arg(&z).arg(&weight).arg(&out).value(&params);
+        let mut args = stream.launch_builder(&func);
+        args.arg(&y).arg(&z).arg(&weight).arg(&out).arg(&params);
         let config = LaunchConfig {
             grid_dim: (blocks as u32, 1, 1),
             block_dim: (32, ROWS_PER_BLOCK, 1),

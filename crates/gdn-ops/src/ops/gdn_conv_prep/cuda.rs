@@ -4,12 +4,11 @@
 
 use super::{supports, ConvPrepOut, ConvPrepParams, Inputs};
 use crate::backend::cuda::{
-    Launch,
     cuda_device, function, launch, rows_view, tensor, view, with_float_type, KernelSource,
 };
 use crate::backend::dtype_tag;
 use anyhow::{ensure, Result};
-use candle_core::cuda_backend::cudarc::driver::{DeviceRepr, LaunchConfig};
+use candle_core::cuda_backend::cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg};
 use candle_core::cuda_backend::CudaDType;
 use candle_core::{CudaDevice, WithDType};
 
@@ -91,7 +90,7 @@ where
         let dt_bias = view::<f32>(&dt_s, dt_l, OP)?;
         let neg_a_exp = view::<f32>(&na_s, na_l, OP)?;
         let stream = dev.cuda_stream();
-        let mut args = Launch::new(&stream, &func);
+        let mut args = stream.launch_builder(&func);
         args.arg(&qkv).arg(&b).arg(&a).arg(&state);
         match &fresh_state {
             Some(next) => args.arg(next),
@@ -105,7 +104,7 @@ where
             .arg(&v)
             .arg(&g)
             .arg(&beta)
-            .value(&params);
+            .arg(&params);
         let config = LaunchConfig {
             grid_dim: (
                 (d.slots() as u32).div_ceil(SLOTS_PER_BLOCK),

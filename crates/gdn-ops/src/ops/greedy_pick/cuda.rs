@@ -7,12 +7,11 @@
 
 use super::{GreedyPickParams, THREADS};
 use crate::backend::cuda::{
-    Launch,
     cuda_device, function, launch, tensor, view, with_float_type, KernelSource,
 };
 use crate::backend::dtype_tag;
 use anyhow::{ensure, Result};
-use candle_core::cuda_backend::cudarc::driver::{DeviceRepr, LaunchConfig};
+use candle_core::cuda_backend::cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg};
 use candle_core::cuda_backend::CudaDType;
 use candle_core::{Tensor, WithDType};
 
@@ -53,8 +52,8 @@ fn greedy_pick_as<T: CudaDType + DeviceRepr + WithDType>(
         let (ls, ll) = logits.storage_and_layout();
         let logits_view = view::<T>(&ls, ll, OP)?;
         let stream = dev.cuda_stream();
-        let mut args = Launch::new(&stream, &slices);
-        args.arg(&logits_view).arg(&partials).value(p);
+        let mut args = stream.launch_builder(&slices);
+        args.arg(&logits_view).arg(&partials).arg(p);
         let config = LaunchConfig {
             grid_dim: (p.blocks, p.rows, 1),
             block_dim: (THREADS as u32, 1, 1),
@@ -64,8 +63,8 @@ fn greedy_pick_as<T: CudaDType + DeviceRepr + WithDType>(
         // kernels/greedy_pick.cu (partials: N·B records of 3 words); logits holds N rows of
         // V values and the blocks' slices stay within them.
         unsafe { launch(args, config) }?;
-        let mut args = Launch::new(&stream, &finish);
-        args.arg(&partials).arg(&out).value(p);
+        let mut args = stream.launch_builder(&finish);
+        args.arg(&partials).arg(&out).arg(p);
         let config = LaunchConfig {
             grid_dim: (p.rows, 1, 1),
             block_dim: (32, 1, 1),

@@ -2,12 +2,11 @@
 
 use super::{combine_threads, Inputs, MoeCombineParams};
 use crate::backend::cuda::{
-    Launch,
     cuda_device, function, launch, tensor, view, with_float_type, KernelSource,
 };
 use crate::backend::dtype_tag;
 use anyhow::{ensure, Result};
-use candle_core::cuda_backend::cudarc::driver::{DeviceRepr, LaunchConfig};
+use candle_core::cuda_backend::cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg};
 use candle_core::cuda_backend::CudaDType;
 use candle_core::{Tensor, WithDType};
 
@@ -71,11 +70,11 @@ fn moe_combine_as<T: CudaDType + DeviceRepr + WithDType>(
             None => view::<T>(&ds, dl, OP)?,
         };
         let stream = dev.cuda_stream();
-        let mut args = Launch::new(&stream, &func);
+        let mut args = stream.launch_builder(&func);
         args.arg(&down);
         match &rows {
             Some(r) => args.arg(r),
-            None => args.value(&no_rows),
+            None => args.arg(&no_rows),
         };
         args.arg(&weights)
             .arg(&residual)
@@ -86,7 +85,7 @@ fn moe_combine_as<T: CudaDType + DeviceRepr + WithDType>(
             Some(n) => args.arg(n),
             None => args.arg(&sum),
         };
-        args.value(p);
+        args.arg(p);
         let config = LaunchConfig {
             grid_dim: (p.tokens, 1, 1),
             block_dim: (combine_threads(hidden) as u32, 1, 1),

@@ -2,12 +2,11 @@
 
 use super::MoeRouteParams;
 use crate::backend::cuda::{
-    Launch,
     cuda_device, function, launch, tensor, view, with_float_type, KernelSource,
 };
 use crate::backend::dtype_tag;
 use anyhow::{ensure, Result};
-use candle_core::cuda_backend::cudarc::driver::{DeviceRepr, LaunchConfig};
+use candle_core::cuda_backend::cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg};
 use candle_core::cuda_backend::CudaDType;
 use candle_core::{Tensor, WithDType};
 
@@ -49,8 +48,8 @@ fn moe_route_as<T: CudaDType + DeviceRepr + WithDType>(
         let (ls, ll) = logits.storage_and_layout();
         let logits_view = view::<T>(&ls, ll, OP)?;
         let stream = dev.cuda_stream();
-        let mut args = Launch::new(&stream, &func);
-        args.arg(&logits_view).arg(&ids).arg(&weights).value(p);
+        let mut args = stream.launch_builder(&func);
+        args.arg(&logits_view).arg(&ids).arg(&weights).arg(p);
         let config = LaunchConfig {
             grid_dim: (p.tokens.div_ceil(TOKENS_PER_BLOCK), 1, 1),
             block_dim: (32, TOKENS_PER_BLOCK, 1),
