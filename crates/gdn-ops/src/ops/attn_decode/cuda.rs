@@ -51,6 +51,13 @@ where
         let k_view = view::<T>(&ks, kl, OP)?;
         let v_view = view::<T>(&vs, vl, OP)?;
         let p_view = view::<u32>(&ps, pl, OP)?;
+        // The kernel reads each lane's keys and values in 16- or 8-byte loads.
+        for (name, layout) in [("keys", kl), ("values", vl)] {
+            ensure!(
+                (layout.start_offset() * std::mem::size_of::<T>()) % 16 == 0,
+                "{OP}: {name} must start on a 16-byte boundary"
+            );
+        }
         let params = d.params(SIMDGROUPS, splits);
         let stream = dev.cuda_stream();
         let block = LaunchConfig {
