@@ -52,6 +52,6 @@ pub fn candle_op<T>(result: candle_core::Result<T>) -> anyhow::Result<T> {
 /// each).
 pub fn candle_ops<T>(n: usize, result: candle_core::Result<T>) -> anyhow::Result<T> {
     record(n);
-    crate::profile::note_candle(n);
+    crate::profile::record::note_candle(n);
     Ok(result?)
 }

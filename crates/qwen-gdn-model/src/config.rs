@@ -12,10 +12,10 @@
 
 // Crate-visible for the family files, wherever they live.
 pub(crate) mod from_json;
-pub mod hybrid;
+pub use crate::families::hybrid::config as hybrid;
 pub(crate) mod limits;
 mod quantization;
-pub mod qwen4_exp;
+pub use crate::families::qwen4_exp::config as qwen4_exp;
 pub(crate) mod token_ids;
 
 pub use hybrid::{Family, HybridConfig};

@@ -60,7 +60,7 @@ pub(crate) fn function(
 
 /// Launches a bound kernel. Every CUDA launch of this crate goes through here, so this is
 /// where launches are counted and, when profiling, their geometry noted
-/// ([`crate::profile::note_grid`]).
+/// ([`crate::profile::record::note_grid`]).
 ///
 /// # Safety
 /// The arguments pushed on `args` must match the kernel's signature, in order and type, and
@@ -68,7 +68,7 @@ pub(crate) fn function(
 pub(crate) unsafe fn launch(mut args: LaunchArgs, config: LaunchConfig) -> Result<()> {
     launches::record(1);
     let (g, b) = (config.grid_dim, config.block_dim);
-    crate::profile::note_grid([g.0, g.1, g.2], [b.0, b.1, b.2]);
+    crate::profile::record::note_grid([g.0, g.1, g.2], [b.0, b.1, b.2]);
     unsafe { args.launch(config) }?;
     Ok(())
 }

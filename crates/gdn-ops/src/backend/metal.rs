@@ -223,7 +223,7 @@ pub(crate) enum Binding<'a> {
 /// One kernel launch: buffers bound to slots `0..`, the parameters (`set_bytes`) in the slot
 /// after them, and optional threadgroup memory at index 0. Every Metal launch of this crate
 /// goes through here, so this is where launches are counted and, when profiling, their
-/// geometry noted ([`crate::profile::note_grid`]).
+/// geometry noted ([`crate::profile::record::note_grid`]).
 pub(crate) fn encode<P>(
     dev: &MetalDevice,
     pipeline: &ComputePipeline,
@@ -234,7 +234,7 @@ pub(crate) fn encode<P>(
     threadgroup_bytes: usize,
 ) -> Result<()> {
     launches::record(1);
-    crate::profile::note_grid(
+    crate::profile::record::note_grid(
         [groups.width, groups.height, groups.depth].map(|n| n as u32),
         [threads.width, threads.height, threads.depth].map(|n| n as u32),
     );

@@ -5,6 +5,7 @@
 
 #[cfg(feature = "cuda")]
 pub(crate) mod cuda_graph;
+pub mod config;
 pub mod decode;
 pub mod layer;
 

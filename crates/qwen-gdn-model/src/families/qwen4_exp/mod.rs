@@ -3,6 +3,7 @@
 //! n-gram embeddings read row by row from mapped tables. Everything only this family uses is
 //! here; the shared mixers and MoE come from [`crate::layers`].
 
+pub mod config;
 pub mod decoder;
 pub mod hyper_connection;
 pub mod ngram_hash;

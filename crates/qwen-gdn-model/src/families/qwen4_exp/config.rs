@@ -2,9 +2,9 @@
 //! text config (docs/qwen4_exp.md §5). Read from the same `text_config` object as the
 //! hybrid family's sizes, which the registry reads first and hands over as [`BaseDims`].
 
-use super::from_json::{read, unknown_fields_notice, unread_keys};
-use super::limits::{MAX_CONV_KERNEL, MAX_HEADS, MAX_HEAD_DIM, MAX_LAYERS, MAX_WIDTH};
-use super::token_ids::TokenIds;
+use crate::config::from_json::{read, unknown_fields_notice, unread_keys};
+use crate::config::limits::{MAX_CONV_KERNEL, MAX_HEADS, MAX_HEAD_DIM, MAX_LAYERS, MAX_WIDTH};
+use crate::config::token_ids::TokenIds;
 use anyhow::{anyhow, bail, Result};
 use serde::de::IgnoredAny;
 use serde::Deserialize;

@@ -6,8 +6,8 @@
 //!   when that key is absent), each with a default; RoPE settings only in `rope_parameters`;
 //!   MoE on every layer iff `num_experts > 0`.
 
-use super::from_json::{read, unread_keys};
-use super::limits::*;
+use crate::config::from_json::{read, unread_keys};
+use crate::config::limits::*;
 use anyhow::{bail, Result};
 use serde::Deserialize;
 use serde_json::{Map, Value};
