@@ -13,7 +13,7 @@ use crate::layers::norm::cast;
 use crate::layers::norm::RmsNorm;
 use crate::phase_profile::phase;
 use crate::weights::Checkpoint;
-use crate::{Config, LoadOptions, Plan, StateDtype};
+use crate::{Config, LayerVariants, Plan, RunOptions, StateDtype};
 use anyhow::{bail, ensure, Result};
 use candle_core::{DType, Device, Tensor};
 use gdn_ops::launches::candle_op;
@@ -170,12 +170,15 @@ pub struct Model {
     fused_decode: bool,
     /// Per layer, what the fused kernels cover.
     coverage: Vec<LayerCoverage>,
+    /// Decode steps on CUDA replay captured graphs (`RunOptions::cuda_graph`).
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    cuda_graph: bool,
     warnings: Vec<String>,
 }
 
 impl Model {
     /// Loads a checkpoint folder: mlx-community (quantized or not) or raw HF layout.
-    pub fn load(dir: &Path, device: &Device, opts: &LoadOptions) -> Result<Self> {
+    pub fn load(dir: &Path, device: &Device, opts: &RunOptions) -> Result<Self> {
         if !dir.is_dir() {
             bail!("{}: model folder does not exist", dir.display());
         }
@@ -206,13 +209,13 @@ impl Model {
                 );
             }
         }
-        // Read before loading, so that a bad value fails fast.
-        let moe_prefill = MoePrefill::from_env(device)?;
+        let variants = opts.layer_variants(device);
+        opts.apply_process_wide();
         let cfg = Config::from_dir(dir)?;
         let mut ckpt = Checkpoint::open(dir, &cfg)?;
         ckpt.report_progress(opts.progress.clone());
         ckpt.interleave_for_q8(
-            opts.q8_activations && gdn_ops::affine_q8_interleaved::repack_at_load()?,
+            opts.q8_activations && gdn_ops::affine_q8_interleaved::repack_at_load(opts.q8_layout),
         );
         // Each part moves to the device as soon as it is built, so that the host holds at
         // most one layer beyond the mapped files.
@@ -289,16 +292,31 @@ impl Model {
             warnings,
             fused_decode: false,
             coverage: vec![],
+            cuda_graph: opts.cuda_graph,
         };
         model.coverage = model.fused_coverage();
         model.set_fused_decode(plan == Plan::Device && opts.fused_decode);
-        model.set_moe_prefill(moe_prefill);
+        model.set_variants(&variants);
         Ok(model)
+    }
+
+    /// Hands every layer the run's kernel variants (`RunOptions::layer_variants`).
+    fn set_variants(&mut self, v: &LayerVariants) {
+        for layer in &mut self.layers {
+            match &mut layer.mixer {
+                Mixer::Gdn(m) => m.set_variants(v),
+                Mixer::Attention(m) => m.set_variants(v),
+            }
+        }
+        if let Some(q) = &mut self.qwen4_exp {
+            q.set_variants(v);
+        }
+        self.set_moe_prefill(v.moe_prefill);
     }
 
     /// How prefill chunks run the device plan's quantized expert products: one grouped GEMM
     /// per projection (the default on CUDA), grouped per expert (elsewhere), or per (token,
-    /// slot) pair, the reference; `QWEN_GDN_MOE_PREFILL` at load. The reference plan always
+    /// slot) pair, the reference; `RunOptions::moe_prefill` at load. The reference plan always
     /// groups its products on the host.
     pub fn set_moe_prefill(&mut self, mode: MoePrefill) {
         for layer in &mut self.layers {

@@ -44,7 +44,7 @@ impl Model {
     /// the step is replayed from a captured graph ([`super::cuda_graph`]).
     pub(crate) fn decode_step(&self, token: u32, cache: &mut Cache) -> Result<Tensor> {
         #[cfg(feature = "cuda")]
-        if self.device.is_cuda() && super::cuda_graph::enabled() {
+        if self.device.is_cuda() && self.cuda_graph && super::cuda_graph::enabled() {
             return super::cuda_graph::step(self, token, cache);
         }
         self.decode_step_counted(token, cache, None)

@@ -19,7 +19,6 @@ use crate::profile::{self, elems_bytes, Traffic};
 use anyhow::{bail, ensure, Result};
 use candle_core::{Device, Tensor};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::OnceLock;
 
 pub use cpu_chunked::CHUNK;
 
@@ -33,32 +32,14 @@ pub enum GdnForm {
     Chunked,
 }
 
-/// Forces one form for every call: `recurrent` or `chunked`. Unset, calls of at least
-/// [`CHUNKED_MIN_STEPS`] tokens take the chunked form where the device has it.
-pub const PREFILL_FORM_ENV: &str = "QWEN_GDN_GDN_PREFILL";
-
 /// The shortest call the chunked form takes by default. Below it the chunk form's fixed
 /// costs (the triangular system, the state transposed in and out) outweigh its faster
 /// products; measured with `scripts/bench-gdn-prefill` (docs/perf-notes.md).
 pub const CHUNKED_MIN_STEPS: usize = 16;
 
 impl GdnForm {
-    /// The form `QWEN_GDN_GDN_PREFILL` forces, if any (read once; any other value is
-    /// reported once and ignored).
-    pub fn forced() -> Option<Self> {
-        static FORCED: OnceLock<Option<GdnForm>> = OnceLock::new();
-        *FORCED.get_or_init(|| {
-            let value = std::env::var(PREFILL_FORM_ENV).ok()?;
-            let form = Self::from_env_value(&value);
-            if form.is_none() {
-                eprintln!(
-                    "qwen-gdn: ignoring {PREFILL_FORM_ENV}={value:?} (expected `recurrent` or `chunked`)"
-                );
-            }
-            form
-        })
-    }
-
+    /// The form a switch's text names (`recurrent` or `chunked`, the caller's
+    /// `QWEN_GDN_GDN_PREFILL`), if any.
     pub fn from_env_value(value: &str) -> Option<Self> {
         match value {
             "recurrent" => Some(Self::Recurrent),
@@ -258,8 +239,24 @@ pub fn gated_delta_update_masked(
     state: &Tensor,
     mask: Option<&Tensor>,
 ) -> Result<Tensor> {
+    gated_delta_update_forced(None, q, k, v, g, beta, state, mask)
+}
+
+/// As [`gated_delta_update_masked`], every call in `forced` when it is set (the model's
+/// `QWEN_GDN_GDN_PREFILL`), else in the form the length picks ([`GdnForm::by_length`]).
+#[allow(clippy::too_many_arguments)]
+pub fn gated_delta_update_forced(
+    forced: Option<GdnForm>,
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    g: &Tensor,
+    beta: &Tensor,
+    state: &Tensor,
+    mask: Option<&Tensor>,
+) -> Result<Tensor> {
     let steps = q.dims().get(1).copied().unwrap_or(0);
-    let (form, asked) = match GdnForm::forced() {
+    let (form, asked) = match forced {
         Some(form) => (form, true),
         None => (GdnForm::by_length(steps), false),
     };
@@ -284,7 +281,7 @@ pub fn gated_delta_update_in(
     update(form, true, q, k, v, g, beta, state, mask)
 }
 
-/// One call in `form`; `asked`: the form was asked for (explicitly or by
+/// One call in `form`; `asked`: the form was asked for (by the caller, or forced by
 /// `QWEN_GDN_GDN_PREFILL`), not chosen by length.
 #[allow(clippy::too_many_arguments)]
 fn update(
