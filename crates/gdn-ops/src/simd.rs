@@ -95,18 +95,6 @@ pub enum Level {
     Avx512,
 }
 
-impl Level {
-    /// The level a cap's name gives: `portable`, `avx2` or `avx512`.
-    pub fn from_name(name: &str) -> Option<Self> {
-        match name {
-            "portable" => Some(Self::Portable),
-            "avx2" => Some(Self::Avx2),
-            "avx512" => Some(Self::Avx512),
-            _ => None,
-        }
-    }
-}
-
 /// The cap [`cap_level`] set, as its `Level as u8` (no cap: `Avx512`).
 static CAP: AtomicU8 = AtomicU8::new(Level::Avx512 as u8);
 

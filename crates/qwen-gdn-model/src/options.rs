@@ -26,7 +26,8 @@ use std::time::Duration;
 /// Forces one gated-delta form for every call of the GDN layers' forward: `recurrent` or
 /// `chunked` (unset: calls of 16 tokens or more take the chunked form where the device has it).
 pub const GDN_PREFILL_VAR: &str = "QWEN_GDN_GDN_PREFILL";
-/// Caps the CPU copies the hot loops run: `portable`, `avx2` or `avx512`.
+/// Caps the CPU copies the hot loops run: `portable`, `avx2`, or `avx512` and `best` (no cap:
+/// the best copy the CPU has).
 pub const CPU_LEVEL_VAR: &str = "QWEN_GDN_CPU_LEVEL";
 /// The q8 mode's 4-bit matrix layout: `interleaved` (repacked for AVX-512 VNNI) or `plain`.
 pub const Q8_LAYOUT_VAR: &str = "QWEN_GDN_Q8_LAYOUT";
@@ -184,10 +185,16 @@ impl RunOptions {
             )?);
         }
         if let Some(t) = text(CPU_LEVEL_VAR)? {
-            let levels = [Level::Portable, Level::Avx2, Level::Avx512];
-            let names = ["portable", "avx2", "avx512"];
-            let table: Vec<_> = names.into_iter().zip(levels).collect();
-            o.cpu_level = choice(CPU_LEVEL_VAR, &t, &table)?;
+            o.cpu_level = choice(
+                CPU_LEVEL_VAR,
+                &t,
+                &[
+                    ("portable", Level::Portable),
+                    ("avx2", Level::Avx2),
+                    ("avx512", Level::Avx512),
+                    ("best", Level::Avx512),
+                ],
+            )?;
         }
         if let Some(t) = text(Q8_LAYOUT_VAR)? {
             o.q8_layout = choice(

@@ -93,7 +93,11 @@ fn every_switch_takes_its_values() {
 fn a_bad_value_is_one_line_naming_the_variable_and_the_values() {
     let cases: [(&str, &str, &[&str]); 9] = [
         (GDN_PREFILL_VAR, "chunk", &["recurrent", "chunked"]),
-        (CPU_LEVEL_VAR, "sse", &["portable", "avx2", "avx512"]),
+        (
+            CPU_LEVEL_VAR,
+            "sse",
+            &["portable", "avx2", "avx512", "best"],
+        ),
         (Q8_LAYOUT_VAR, "packed", &["interleaved", "plain"]),
         (SPIN_US_VAR, "-1", &["whole number"]),
         (CONV_FRONT_VAR, "Fused", &["composed", "fused"]),
@@ -120,7 +124,7 @@ fn a_bad_value_is_one_line_naming_the_variable_and_the_values() {
     );
     assert_eq!(
         error(CPU_LEVEL_VAR, "sse"),
-        "QWEN_GDN_CPU_LEVEL=sse: expected portable, avx2 or avx512"
+        "QWEN_GDN_CPU_LEVEL=sse: expected portable, avx2, avx512 or best"
     );
     assert_eq!(
         error(MOE_PREFILL_VAR, "many"),
