@@ -19,8 +19,8 @@ pub mod simd;
 pub mod threads;
 
 pub use ops::gated_delta::{
-    gated_delta_update, gated_delta_update_chunked, gated_delta_update_forced,
-    gated_delta_update_in, gated_delta_update_masked, GdnDims, GdnForm,
+    gated_delta_update, gated_delta_update_chunked, gated_delta_update_in,
+    gated_delta_update_masked, GdnDims, GdnForm,
 };
 
 use anyhow::{bail, Result};

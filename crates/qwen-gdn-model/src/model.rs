@@ -294,9 +294,9 @@ impl Model {
             coverage: vec![],
             cuda_graph: opts.cuda_graph,
         };
+        model.set_variants(&variants);
         model.coverage = model.fused_coverage();
         model.set_fused_decode(plan == Plan::Device && opts.fused_decode);
-        model.set_variants(&variants);
         Ok(model)
     }
 

@@ -251,16 +251,12 @@ impl GatedDeltaNet {
         })?;
         let y = phase("gdn/recurrence", device, || {
             let state = self.state_for(cache, b, device)?;
-            gdn_ops::gated_delta_update_forced(
-                self.gdn_prefill,
-                &q,
-                &k,
-                &v,
-                &g,
-                &beta,
-                &state,
-                None,
-            )
+            match self.gdn_prefill {
+                Some(form) => {
+                    gdn_ops::gated_delta_update_in(form, &q, &k, &v, &g, &beta, &state, None)
+                }
+                None => gdn_ops::gated_delta_update(&q, &k, &v, &g, &beta, &state),
+            }
         })?;
         phase("gdn/norm_out", device, || {
             let z = contiguous(&z)?.reshape((b, s, hv, dv))?;

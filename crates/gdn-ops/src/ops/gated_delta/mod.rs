@@ -239,31 +239,22 @@ pub fn gated_delta_update_masked(
     state: &Tensor,
     mask: Option<&Tensor>,
 ) -> Result<Tensor> {
-    gated_delta_update_forced(None, q, k, v, g, beta, state, mask)
-}
-
-/// As [`gated_delta_update_masked`], every call in `forced` when it is set (the model's
-/// `QWEN_GDN_GDN_PREFILL`), else in the form the length picks ([`GdnForm::by_length`]).
-#[allow(clippy::too_many_arguments)]
-pub fn gated_delta_update_forced(
-    forced: Option<GdnForm>,
-    q: &Tensor,
-    k: &Tensor,
-    v: &Tensor,
-    g: &Tensor,
-    beta: &Tensor,
-    state: &Tensor,
-    mask: Option<&Tensor>,
-) -> Result<Tensor> {
     let steps = q.dims().get(1).copied().unwrap_or(0);
-    let (form, asked) = match forced {
-        Some(form) => (form, true),
-        None => (GdnForm::by_length(steps), false),
-    };
-    update(form, asked, q, k, v, g, beta, state, mask)
+    update(
+        GdnForm::by_length(steps),
+        false,
+        q,
+        k,
+        v,
+        g,
+        beta,
+        state,
+        mask,
+    )
 }
 
-/// As [`gated_delta_update_masked`] in the given form: how the tests compare the two. The
+/// As [`gated_delta_update_masked`] in the given form: how the tests compare the two, and how
+/// the model runs a form forced by its `QWEN_GDN_GDN_PREFILL`. The
 /// chunked form where the device does not have it for these dims falls back to the
 /// recurrence with a one-line notice (once per process); so does a call the length sends to
 /// the chunked form on a device that has it for other dims only.
