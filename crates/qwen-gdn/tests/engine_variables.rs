@@ -29,30 +29,18 @@ fn a_bad_engine_value_stops_before_the_weights() {
         ),
         ("QWEN_GDN_CUDA_GRAPH", "off", &["0", "1"]),
     ];
+    let generate = |env: &[(&str, &str)]| {
+        let model = dir.to_str().unwrap();
+        let mut cmd = command(&["generate", "--model", model, "--prompt", "Hi"]);
+        cmd.envs(env.iter().copied()).output().unwrap()
+    };
     for (var, value, accepted) in cases {
-        let out = command(&[
-            "generate",
-            "--model",
-            dir.to_str().unwrap(),
-            "--prompt",
-            "Hi",
-        ])
-        .env(var, value)
-        .output()
-        .unwrap();
         let mut needles = vec![var, value];
         needles.extend(accepted);
-        assert_error(&out, &needles);
+        assert_error(&generate(&[(var, value)]), &needles);
     }
     // Without a bad value the same run fails on the weights: the checks above came first.
-    let out = run(&[
-        "generate",
-        "--model",
-        dir.to_str().unwrap(),
-        "--prompt",
-        "Hi",
-    ]);
-    assert_error(&out, &["model.safetensors"]);
+    assert_error(&generate(&[]), &["model.safetensors"]);
 }
 
 #[test]
