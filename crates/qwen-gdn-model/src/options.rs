@@ -137,8 +137,8 @@ impl Default for RunOptions {
     }
 }
 
-/// The kernel variants a model's layers run, resolved for one device: what
-/// [`crate::Model::load`] hands each layer.
+/// The kernel variants a model's decoder runs, resolved for one device: what
+/// [`crate::Model::load`] hands each layer (and the hybrid decoder, its CUDA graphs).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct LayerVariants {
     pub gdn_prefill: Option<GdnForm>,
@@ -147,6 +147,8 @@ pub struct LayerVariants {
     pub attn_prefill: AttnPrefill,
     pub attn_score_bytes: usize,
     pub moe_prefill: MoePrefill,
+    /// CUDA decode steps replay captured graphs.
+    pub cuda_graph: bool,
 }
 
 impl RunOptions {
@@ -257,6 +259,7 @@ impl RunOptions {
                 Some(asked) => asked.on(device),
                 None => MoePrefill::default_for(device),
             },
+            cuda_graph: self.cuda_graph,
         }
     }
 
