@@ -37,15 +37,9 @@ pub enum StateDtype {
     Bf16,
 }
 
-/// The opt-in environment variable for a bf16 recurrent state (the name mlx-lm users know).
-pub const STATE_BF16_ENV: &str = "MLX_LM_GDN_STATE_BF16";
-
 impl StateDtype {
-    /// bf16 only when `MLX_LM_GDN_STATE_BF16` is exactly `1`; anything else keeps fp32.
-    pub fn from_env() -> Self {
-        Self::from_env_value(std::env::var(STATE_BF16_ENV).ok().as_deref())
-    }
-
+    /// What mlx-lm's switch `MLX_LM_GDN_STATE_BF16` (read by the caller) asks for, with
+    /// mlx-lm's rule: bf16 only when it is exactly `1`; anything else keeps fp32.
     pub fn from_env_value(value: Option<&str>) -> Self {
         if value == Some("1") {
             Self::Bf16

@@ -3,6 +3,8 @@
 //! second copy lets it use 256-bit registers and variable shifts without building the whole
 //! binary for one CPU (llama.cpp's GGML_NATIVE, without its portability cost).
 
+use std::sync::atomic::{AtomicU8, Ordering};
+
 /// Defines `pub fn $name(..) -> $ret` that runs `$body` compiled with AVX-512 (F, BW, VL) or
 /// else AVX2 and FMA when the CPU has them, else for the baseline target. The body must be
 /// safe code; loops over 16 lanes fill one AVX-512 register or two AVX2 ones.
@@ -55,20 +57,21 @@ pub fn has_avx512() -> bool {
 }
 
 /// Whether the 8-bit-activation kernel may use AVX-512 VNNI (`vpdpbusd`): the CPU has it and
-/// `QWEN_GDN_CPU_LEVEL` does not cap the level below AVX-512. Decided once per process, as
-/// the level is (the kernel asks for every weight row).
+/// the level cap ([`cap_level`]) does not stop below AVX-512. The CPU is asked once per
+/// process (the kernel asks for every weight row).
 pub fn has_vnni() -> bool {
     static VNNI: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *VNNI.get_or_init(|| {
-        #[cfg(target_arch = "x86_64")]
-        {
-            level() == Level::Avx512 && std::arch::is_x86_feature_detected!("avx512vnni")
-        }
-        #[cfg(not(target_arch = "x86_64"))]
-        {
-            false
-        }
-    })
+    level() == Level::Avx512
+        && *VNNI.get_or_init(|| {
+            #[cfg(target_arch = "x86_64")]
+            {
+                std::arch::is_x86_feature_detected!("avx512vnni")
+            }
+            #[cfg(not(target_arch = "x86_64"))]
+            {
+                false
+            }
+        })
 }
 
 /// Whether this CPU runs the AVX2 + FMA copies (checked once; cached by std).
@@ -92,26 +95,33 @@ pub enum Level {
     Avx512,
 }
 
-/// Caps the level below what the CPU offers (`portable`, `avx2`): how the tests run every
-/// copy on one machine. Read once per process.
-pub const LEVEL_ENV: &str = "QWEN_GDN_CPU_LEVEL";
+/// The cap [`cap_level`] set, as its `Level as u8` (no cap: `Avx512`).
+static CAP: AtomicU8 = AtomicU8::new(Level::Avx512 as u8);
 
-/// The best copy this CPU runs, capped by `QWEN_GDN_CPU_LEVEL`.
+/// Caps the level below what the CPU offers (the model's `QWEN_GDN_CPU_LEVEL`): how the tests
+/// run every copy on one machine. Process-wide, because the kernels that ask are leaves deep
+/// under every op and the copies are chosen per CPU, not per model; set it before the first
+/// product (the model's load does) so that every product of a run takes the same copy.
+pub fn cap_level(cap: Level) {
+    CAP.store(cap as u8, Ordering::Relaxed);
+}
+
+/// The best copy this CPU runs, capped by [`cap_level`].
 pub fn level() -> Level {
-    static LEVEL: std::sync::OnceLock<Level> = std::sync::OnceLock::new();
-    *LEVEL.get_or_init(|| {
-        let detected = if has_avx512() {
+    static DETECTED: std::sync::OnceLock<Level> = std::sync::OnceLock::new();
+    let detected = *DETECTED.get_or_init(|| {
+        if has_avx512() {
             Level::Avx512
         } else if has_avx2_fma() {
             Level::Avx2
         } else {
             Level::Portable
-        };
-        let cap = match std::env::var(LEVEL_ENV).as_deref() {
-            Ok("portable") => Level::Portable,
-            Ok("avx2") => Level::Avx2,
-            _ => Level::Avx512,
-        };
-        detected.min(cap)
-    })
+        }
+    });
+    let cap = match CAP.load(Ordering::Relaxed) {
+        0 => Level::Portable,
+        1 => Level::Avx2,
+        _ => Level::Avx512,
+    };
+    detected.min(cap)
 }

@@ -17,7 +17,7 @@
 //! most of those gaps: measured, the spinners did not pay on two cores (docs/perf-notes.md).
 
 use std::cell::Cell;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -45,19 +45,19 @@ pub fn on_cpu_pool<R: Send>(work: impl FnOnce() -> R + Send) -> R {
 }
 
 /// How long a spinner looks for work without finding any before it leaves:
-/// `QWEN_GDN_SPIN_US` microseconds, else [`DEFAULT_SPIN`] (zero: no spinners). Read once.
+/// [`set_spin_budget`]'s, else [`DEFAULT_SPIN`] (zero: no spinners).
 pub fn spin_budget() -> Duration {
-    static BUDGET: OnceLock<Duration> = OnceLock::new();
-    *BUDGET.get_or_init(|| {
-        std::env::var(SPIN_ENV)
-            .ok()
-            .and_then(|v| v.trim().parse::<u64>().ok())
-            .map_or(DEFAULT_SPIN, Duration::from_micros)
-    })
+    Duration::from_micros(SPIN_MICROS.load(Ordering::Relaxed))
 }
 
-/// The environment variable that sets [`spin_budget`].
-pub const SPIN_ENV: &str = "QWEN_GDN_SPIN_US";
+/// Sets [`spin_budget`] (the model's `QWEN_GDN_SPIN_US`). Process-wide, as the pool is: the
+/// model's load sets it, and the next pass's spinners take it.
+pub fn set_spin_budget(budget: Duration) {
+    let micros = u64::try_from(budget.as_micros()).unwrap_or(u64::MAX);
+    SPIN_MICROS.store(micros, Ordering::Relaxed);
+}
+
+static SPIN_MICROS: AtomicU64 = AtomicU64::new(DEFAULT_SPIN.as_micros() as u64);
 
 /// Off: on the 2-core VM of docs/perf-notes.md (step 27) spinning did not speed decode up,
 /// and where other jobs share the cores it slowed it (a spinner holds a core they want).

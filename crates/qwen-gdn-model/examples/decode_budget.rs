@@ -12,7 +12,7 @@ use anyhow::{Context, Result};
 use candle_core::{DType, Device};
 use qwen_gdn_model::footprint::DecodeFootprint;
 use qwen_gdn_model::model::LaunchBudget;
-use qwen_gdn_model::{Config, LoadOptions, Model, Plan, StateDtype};
+use qwen_gdn_model::{Config, Model, Plan, RunOptions, StateDtype};
 use std::path::PathBuf;
 
 fn main() -> Result<()> {
@@ -26,10 +26,10 @@ fn main() -> Result<()> {
     };
     let text = std::fs::read_to_string(config).with_context(|| config.to_string())?;
     let cfg = Config::from_json_str(&text, config)?;
-    let opts = LoadOptions {
+    let opts = RunOptions {
         dtype: DType::BF16,
         plan: Some(Plan::Device),
-        ..LoadOptions::default()
+        ..RunOptions::default()
     };
     let mut model = Model::load(&PathBuf::from(tiny), &Device::Cpu, &opts)?;
     model.set_fused_decode(!composed);

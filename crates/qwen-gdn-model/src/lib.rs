@@ -13,6 +13,7 @@ pub mod footprint;
 pub mod layers;
 pub mod load_progress;
 pub mod model;
+pub mod options;
 pub mod phase_profile;
 pub mod prompt_cache;
 pub mod tap;
@@ -26,6 +27,7 @@ pub use gdn_ops::capability::bf16_supported;
 pub use gdn_ops::StateDtype;
 pub use load_progress::LoadProgress;
 pub use model::Model;
+pub use options::{LayerVariants, RunOptions};
 pub use prompt_cache::{prefill_with_snapshots, PromptCache};
 pub use weights::Weight;
 
@@ -50,38 +52,6 @@ impl Plan {
             Self::Reference
         } else {
             Self::Device
-        }
-    }
-}
-
-/// How to load a model.
-#[derive(Debug, Clone)]
-pub struct LoadOptions {
-    /// Activation dtype: f32 on the CPU, bf16 on Metal by default.
-    pub dtype: DType,
-    /// Storage dtype of the GDN recurrent state (fp32 unless asked otherwise).
-    pub gdn_state_dtype: StateDtype,
-    /// `None` picks [`Plan::for_device`].
-    pub plan: Option<Plan>,
-    /// Reference plan only: decode-shaped 4-bit products round each activation row to i8
-    /// per 64 values and dot in integers (faster; judged by the KL gate, not exact).
-    pub q8_activations: bool,
-    /// Device plan: decode steps on the fused kernels (on by default; off runs the composed
-    /// ops they are tested against).
-    pub fused_decode: bool,
-    /// Follows the bytes read from the checkpoint while loading.
-    pub progress: Option<LoadProgress>,
-}
-
-impl Default for LoadOptions {
-    fn default() -> Self {
-        Self {
-            dtype: DType::F32,
-            gdn_state_dtype: StateDtype::F32,
-            plan: None,
-            q8_activations: false,
-            fused_decode: true,
-            progress: None,
         }
     }
 }

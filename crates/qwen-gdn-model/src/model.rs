@@ -13,7 +13,7 @@ use crate::phase_profile::phase;
 use crate::tap::{LaunchCounter, NoTap, Part, Tap};
 use crate::tensor::cast;
 use crate::weights::Checkpoint;
-use crate::{Config, LoadOptions, Plan, StateDtype};
+use crate::{Config, Plan, RunOptions, StateDtype};
 use anyhow::{bail, ensure, Result};
 use candle_core::{DType, Device, Tensor};
 use std::path::Path;
@@ -36,7 +36,7 @@ pub struct Model {
 
 impl Model {
     /// Loads a checkpoint folder: mlx-community (quantized or not) or raw HF layout.
-    pub fn load(dir: &Path, device: &Device, opts: &LoadOptions) -> Result<Self> {
+    pub fn load(dir: &Path, device: &Device, opts: &RunOptions) -> Result<Self> {
         if !dir.is_dir() {
             bail!("{}: model folder does not exist", dir.display());
         }
@@ -67,13 +67,13 @@ impl Model {
                 );
             }
         }
-        // Read before loading, so that a bad value fails fast.
-        let moe_prefill = MoePrefill::from_env(device)?;
+        let variants = opts.layer_variants(device);
+        opts.apply_process_wide();
         let cfg = Config::from_dir(dir)?;
         let mut ckpt = Checkpoint::open(dir, &cfg)?;
         ckpt.report_progress(opts.progress.clone());
         ckpt.interleave_for_q8(
-            opts.q8_activations && gdn_ops::affine_q8_interleaved::repack_at_load()?,
+            opts.q8_activations && gdn_ops::affine_q8_interleaved::repack_at_load(opts.q8_layout),
         );
         // Each part moves to the device as soon as it is built, so that the host holds at
         // most one layer beyond the mapped files.
@@ -122,14 +122,14 @@ impl Model {
             lm_head,
             warnings,
         };
+        model.decoder.set_variants(&variants);
         model.set_fused_decode(plan == Plan::Device && opts.fused_decode);
-        model.set_moe_prefill(moe_prefill);
         Ok(model)
     }
 
     /// How prefill chunks run the device plan's quantized expert products: one grouped GEMM
     /// per projection (the default on CUDA), grouped per expert (elsewhere), or per (token,
-    /// slot) pair, the reference; `QWEN_GDN_MOE_PREFILL` at load. The reference plan always
+    /// slot) pair, the reference; `RunOptions::moe_prefill` at load. The reference plan always
     /// groups its products on the host.
     pub fn set_moe_prefill(&mut self, mode: MoePrefill) {
         self.decoder.set_moe_prefill(mode);

@@ -1,34 +1,30 @@
 //! The fused GDN conv front (one `gdn_conv_prep` launch per layer call, `layers/gdn/
 //! conv_front.rs`) against the composed ops it replaces, through the whole device-plan model
-//! on every GDN fixture whose dims the kernels cover. `QWEN_GDN_CONV_FRONT` picks the path at
-//! load: on the CPU `fused` runs the kernels' CPU twin (the CPU default is composed), on CUDA
+//! on every GDN fixture whose dims the kernels cover. `RunOptions::conv_front`
+//! (`QWEN_GDN_CONV_FRONT`) picks the path at load: on the CPU `fused` runs the kernels' CPU twin (the CPU default is composed), on CUDA
 //! (`QWEN_GDN_TEST_DEVICE=cuda`) the kernel.
 //!
 //! Per fixture, f32: the fused prompt logits within 1e-4 of the composed ones (relative to
 //! max |logit|) and within 1e-3 of mlx-lm's; prefill in chunks of 1, 3 (< K), 4 (= K), 5 and
 //! 64 tokens, and prefill then decode, within 1e-4 of one whole prefill (the conv state carried
 //! across chunks); and fewer launches than the composed front.
-//!
-//! One test function: the variable is process-wide, so nothing else in this binary may load a
-//! model while it is set.
 
 mod common;
 use candle_core::{DType, Tensor};
 use common::*;
-use qwen_gdn_model::{LoadOptions, Model, Plan};
+use qwen_gdn_model::layers::gdn::ConvFront;
+use qwen_gdn_model::{Model, Plan, RunOptions};
 
 const GATE: f32 = 1e-4;
 
-fn load_front(name: &str, front: &str) -> Model {
-    std::env::set_var("QWEN_GDN_CONV_FRONT", front);
-    let opts = LoadOptions {
+fn load_front(name: &str, front: ConvFront) -> Model {
+    let opts = RunOptions {
         dtype: DType::F32,
         plan: Some(Plan::Device),
-        ..LoadOptions::default()
+        conv_front: Some(front),
+        ..common::run_options()
     };
-    let model = load_on(name, &opts, &device_under_test());
-    std::env::remove_var("QWEN_GDN_CONV_FRONT");
-    model
+    load_on(name, &opts, &device_under_test())
 }
 
 /// Logits of `ids` fed in chunks of `sizes`, and the launches they took.
@@ -51,8 +47,8 @@ fn in_chunks(
 }
 
 fn check(name: &str) {
-    let composed = load_front(name, "composed");
-    let fused = load_front(name, "fused");
+    let composed = load_front(name, ConvFront::Composed);
+    let fused = load_front(name, ConvFront::Fused);
     let reference = Reference::load(name);
     let ids = reference.ids("tf_ids");
     let whole = |m: &Model| in_chunks(m, &ids, &mut std::iter::repeat(ids.len()));

@@ -5,7 +5,7 @@ mod common;
 use candle_core::DType;
 use common::*;
 use qwen_gdn_model::footprint::DecodeFootprint;
-use qwen_gdn_model::{Config, LoadOptions, Plan, StateDtype};
+use qwen_gdn_model::{Config, Plan, RunOptions, StateDtype};
 use std::path::Path;
 
 /// Sum of the payloads of a checkpoint's tensors whose names `select` accepts.
@@ -93,10 +93,10 @@ fn footprint_counts_every_qwen4_exp_byte() {
 /// between KV steps, and decode never falls into a prefill-only path.
 #[test]
 fn launches_per_token_are_constant() {
-    let opts = LoadOptions {
+    let opts = RunOptions {
         dtype: DType::BF16,
         plan: Some(Plan::Device),
-        ..LoadOptions::default()
+        ..common::run_options()
     };
     let model = load_with("qwen3-next-tiny-4bit", &opts);
     let mut cache = model.new_cache();
@@ -125,10 +125,10 @@ fn qwen3_next_80b_decodes_in_at_most_500_launches() {
     let count = |fused: bool| {
         let mut model = load_with(
             "qwen3-next-tiny-4bit",
-            &LoadOptions {
+            &RunOptions {
                 dtype: DType::BF16,
                 plan: Some(Plan::Device),
-                ..LoadOptions::default()
+                ..common::run_options()
             },
         );
         model.set_fused_decode(fused);
@@ -146,10 +146,10 @@ fn qwen3_next_80b_decodes_in_at_most_500_launches() {
 #[test]
 fn qwen4_exp_launches_per_layer_kind_add_up() {
     use qwen_gdn_model::model::LaunchBudget;
-    let opts = LoadOptions {
+    let opts = RunOptions {
         dtype: DType::BF16,
         plan: Some(Plan::Device),
-        ..LoadOptions::default()
+        ..common::run_options()
     };
     let model = load_with("qwen4-exp-tiny-4bit", &opts);
     let budget = LaunchBudget::measure(&model).unwrap();
@@ -177,10 +177,10 @@ fn qwen4_exp_launches_per_layer_kind_add_up() {
 fn the_decode_profile_accounts_for_every_launch_of_the_step() {
     use gdn_ops::profile::{LayerKind, Session};
     use qwen_gdn_model::config::LayerKind as ConfigKind;
-    let opts = LoadOptions {
+    let opts = RunOptions {
         dtype: DType::BF16,
         plan: Some(Plan::Device),
-        ..LoadOptions::default()
+        ..common::run_options()
     };
     for name in [
         "qwen3-next-tiny-4bit",

@@ -16,13 +16,13 @@
 mod common;
 use candle_core::{DType, Tensor};
 use common::*;
-use qwen_gdn_model::{LoadOptions, Plan};
+use qwen_gdn_model::{Plan, RunOptions};
 
-fn device_plan(dtype: DType) -> LoadOptions {
-    LoadOptions {
+fn device_plan(dtype: DType) -> RunOptions {
+    RunOptions {
         dtype,
         plan: Some(Plan::Device),
-        ..LoadOptions::default()
+        ..common::run_options()
     }
 }
 

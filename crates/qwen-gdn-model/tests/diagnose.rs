@@ -4,7 +4,7 @@ mod common;
 use candle_core::Device;
 use common::*;
 use qwen_gdn_model::diagnose::{all_finite, first_non_finite, Origin};
-use qwen_gdn_model::{LoadOptions, Model};
+use qwen_gdn_model::Model;
 use std::path::Path;
 
 /// Overwrites every element of a bf16 tensor in a safetensors file with NaN.
@@ -43,7 +43,7 @@ fn the_first_broken_layer_is_named() {
         std::fs::copy(&p, dir.join(p.file_name().unwrap())).unwrap();
     }
     let tokens = [1u32, 2, 3, 4, 5];
-    let model = Model::load(&dir, &Device::Cpu, &LoadOptions::default()).unwrap();
+    let model = Model::load(&dir, &Device::Cpu, &common::run_options()).unwrap();
     let mut cache = model.new_cache();
     assert!(all_finite(&model.forward(&tokens, &mut cache).unwrap()).unwrap());
 
@@ -51,7 +51,7 @@ fn the_first_broken_layer_is_named() {
         &dir.join("model.safetensors"),
         "language_model.model.layers.2.post_attention_layernorm.weight",
     );
-    let model = Model::load(&dir, &Device::Cpu, &LoadOptions::default()).unwrap();
+    let model = Model::load(&dir, &Device::Cpu, &common::run_options()).unwrap();
     let mut cache = model.new_cache();
     assert!(!all_finite(&model.forward(&tokens, &mut cache).unwrap()).unwrap());
     // Chunks of 2: the walk carries the cache from chunk to chunk as the model does.
@@ -66,7 +66,7 @@ fn the_first_broken_layer_is_named() {
         &dir.join("model.safetensors"),
         "language_model.model.layers.1.input_layernorm.weight",
     );
-    let model = Model::load(&dir, &Device::Cpu, &LoadOptions::default()).unwrap();
+    let model = Model::load(&dir, &Device::Cpu, &common::run_options()).unwrap();
     let origin = first_non_finite(&model, &tokens, 16).unwrap();
     assert_eq!(
         origin,
@@ -89,7 +89,7 @@ fn the_first_broken_qwen4_exp_part_is_named() {
         std::fs::copy(&p, dir.join(p.file_name().unwrap())).unwrap();
     }
     let tokens = [1u32, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13];
-    let model = Model::load(&dir, &Device::Cpu, &LoadOptions::default()).unwrap();
+    let model = Model::load(&dir, &Device::Cpu, &common::run_options()).unwrap();
     assert_eq!(
         first_non_finite(&model, &tokens, 5).unwrap(),
         Origin::Head,
@@ -124,7 +124,7 @@ fn the_first_broken_qwen4_exp_part_is_named() {
             &dir.join("model.safetensors"),
             &format!("model.language_model.{tensor}.weight"),
         );
-        let model = Model::load(&dir, &Device::Cpu, &LoadOptions::default()).unwrap();
+        let model = Model::load(&dir, &Device::Cpu, &common::run_options()).unwrap();
         let logits = model.forward(&tokens, &mut model.new_cache()).unwrap();
         assert!(!all_finite(&logits).unwrap(), "{tensor}");
         // Chunks of 5: the walk carries the n-gram context, PLE window and QSA keys.

@@ -18,7 +18,7 @@ use qwen_gdn_model::layers::mlp::Mlp;
 use qwen_gdn_model::layers::moe::{MoePrefill, StackedExperts};
 use qwen_gdn_model::weights::affine::pack_row;
 use qwen_gdn_model::weights::{AffineMatrix, FloatData, FloatMatrix, Matrix, Weight};
-use qwen_gdn_model::{LoadOptions, Plan};
+use qwen_gdn_model::{Plan, RunOptions};
 
 const HIDDEN: usize = 64;
 const INNER: usize = 32;
@@ -207,10 +207,10 @@ fn ties_in_the_routing_weights() {
 /// threshold) and per pair. The unquantized fixtures keep their float experts separate
 /// (grouped in both modes): their logits must not move at all.
 fn check_fixture(name: &str, dtype: DType) {
-    let opts = LoadOptions {
+    let opts = RunOptions {
         dtype,
         plan: Some(Plan::Device),
-        ..LoadOptions::default()
+        ..common::run_options()
     };
     let mut model = load_on(name, &opts, &device_under_test());
     let ids = Reference::load(name).ids("tf_ids");

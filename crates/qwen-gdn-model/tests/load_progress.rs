@@ -1,9 +1,9 @@
-//! `LoadOptions::progress`: the bytes read while a model loads, for the CLI's progress bar.
+//! `RunOptions::progress`: the bytes read while a model loads, for the CLI's progress bar.
 
 mod common;
 
 use common::*;
-use qwen_gdn_model::{LoadOptions, LoadProgress};
+use qwen_gdn_model::{LoadProgress, RunOptions};
 use std::sync::{Arc, Mutex};
 
 /// Tensor bytes in the checkpoint's safetensors files, counted from their headers, less the
@@ -31,11 +31,11 @@ fn loading_reports_every_byte_read() {
     for name in CHECKPOINTS {
         let reports = Arc::new(Mutex::new(Vec::new()));
         let seen = reports.clone();
-        let opts = LoadOptions {
+        let opts = RunOptions {
             progress: Some(LoadProgress::new(move |done, total| {
                 seen.lock().unwrap().push((done, total))
             })),
-            ..LoadOptions::default()
+            ..common::run_options()
         };
         load_with(name, &opts);
         let reports = reports.lock().unwrap();

@@ -3,7 +3,7 @@
 mod common;
 use candle_core::Device;
 use common::*;
-use qwen_gdn_model::{LoadOptions, Model};
+use qwen_gdn_model::Model;
 use std::path::{Path, PathBuf};
 
 /// A scratch copy of a fixture that a test may break.
@@ -19,7 +19,7 @@ fn scratch(name: &str) -> (tempfile::TempDir, PathBuf) {
 }
 
 fn load_error(dir: &Path) -> String {
-    match Model::load(dir, &Device::Cpu, &LoadOptions::default()) {
+    match Model::load(dir, &Device::Cpu, &common::run_options()) {
         Ok(_) => panic!("{} loaded although it is broken", dir.display()),
         Err(e) => {
             let msg = format!("{e:#}");
@@ -145,7 +145,7 @@ fn quantization_mismatch_with_config_is_named() {
 }
 
 fn load(dir: &Path) -> Model {
-    Model::load(dir, &Device::Cpu, &LoadOptions::default()).unwrap()
+    Model::load(dir, &Device::Cpu, &common::run_options()).unwrap()
 }
 
 /// Points every shard of the index at `name` instead.

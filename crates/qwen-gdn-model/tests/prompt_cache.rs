@@ -8,7 +8,7 @@ mod common;
 use candle_core::{DType, Tensor};
 use common::*;
 use qwen_gdn_model::cache::LayerCache;
-use qwen_gdn_model::{prefill_with_snapshots, Cache, LoadOptions, Model, Plan, PromptCache};
+use qwen_gdn_model::{prefill_with_snapshots, Cache, Model, Plan, PromptCache, RunOptions};
 
 const CHUNK: usize = 16;
 const DECODE: usize = 8;
@@ -129,9 +129,9 @@ fn multi_turn_chat_whose_template_rewrites_history_is_exact() {
 /// composed ops).
 #[test]
 fn multi_turn_chat_is_exact_on_the_device_plan() {
-    let opts = LoadOptions {
+    let opts = RunOptions {
         dtype: DType::BF16,
-        ..LoadOptions::default()
+        ..common::run_options()
     };
     for name in reference_plan_checkpoints() {
         let model = load_on(name, &opts, &device_under_test());

@@ -1,4 +1,4 @@
-//! The 8-bit-activation CPU mode (`LoadOptions::q8_activations`, `--q8-activations`),
+//! The 8-bit-activation CPU mode (`RunOptions::q8_activations`, `--q8-activations`),
 //! measured against mlx-lm's fp32 logits while decoding the teacher-forced text (the mode
 //! only changes decode-shaped products).
 //!
@@ -15,7 +15,7 @@
 mod common;
 use candle_core::Tensor;
 use common::*;
-use qwen_gdn_model::{LoadOptions, Model};
+use qwen_gdn_model::{Model, RunOptions};
 
 fn decode_logits(model: &Model, ids: &[u32]) -> Tensor {
     let mut cache = model.new_cache();
@@ -47,9 +47,9 @@ fn check(name: &str) {
     let ids = reference.ids("tf_ids");
     let q8 = load_with(
         name,
-        &LoadOptions {
+        &RunOptions {
             q8_activations: true,
-            ..LoadOptions::default()
+            ..common::run_options()
         },
     );
     let exact_model = load(name);

@@ -23,7 +23,7 @@ use qwen_gdn_model::layers::gdn::GatedDeltaNet;
 use qwen_gdn_model::layers::linear::Linear;
 use qwen_gdn_model::layers::moe::SparseMoe;
 use qwen_gdn_model::weights::Checkpoint;
-use qwen_gdn_model::{Config, LoadOptions, Model, Plan, StateDtype};
+use qwen_gdn_model::{Config, Model, Plan, RunOptions, StateDtype};
 use safetensors::tensor::TensorView;
 use safetensors::{Dtype, SafeTensors};
 use serde_json::Value;
@@ -188,7 +188,7 @@ fn fixture_without(dir: &Path, drop: impl Fn(&str) -> bool) {
 }
 
 fn load_error(dir: &Path) -> String {
-    match Model::load(dir, &Device::Cpu, &LoadOptions::default()) {
+    match Model::load(dir, &Device::Cpu, &common::run_options()) {
         Ok(_) => panic!("{}: loaded", dir.display()),
         Err(e) => format!("{e:#}"),
     }
@@ -250,7 +250,7 @@ fn unknown_config_fields_are_ignored_at_load() {
     let mut j = config_json();
     j["text_config"]["qsa_sink_tokens"] = 4.into();
     std::fs::write(dir.path().join("config.json"), j.to_string()).unwrap();
-    let model = Model::load(dir.path(), &Device::Cpu, &LoadOptions::default()).unwrap();
+    let model = Model::load(dir.path(), &Device::Cpu, &common::run_options()).unwrap();
     let r = Reference::load(NAME);
     let logits = model
         .forward(&r.ids("tf_ids")[..8], &mut model.new_cache())
@@ -264,11 +264,11 @@ fn unknown_config_fields_are_ignored_at_load() {
 // reference is transformers on its dequantized weights). The device-plan gates run on the
 // GPU with `QWEN_GDN_TEST_DEVICE=cuda` (scripts/gpu/test-cuda.sh runs `qwen4_exp device_plan`).
 
-fn device_plan(dtype: candle_core::DType) -> LoadOptions {
-    LoadOptions {
+fn device_plan(dtype: candle_core::DType) -> RunOptions {
+    RunOptions {
         plan: Some(Plan::Device),
         dtype,
-        ..LoadOptions::default()
+        ..common::run_options()
     }
 }
 

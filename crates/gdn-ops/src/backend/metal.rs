@@ -178,17 +178,10 @@ pub(crate) fn metal_device(t: &Tensor, op: &str) -> Result<MetalDevice> {
 /// Operations candle encodes into one command buffer before committing it, unless the user
 /// set `CANDLE_METAL_COMPUTE_PER_BUFFER`: above the launches of one decoded token (about 500
 /// for Qwen3-Next-80B-A3B, docs/metal.md), so that a token is one command buffer, committed
-/// at the host sync that reads its logits, instead of candle's default of one every 50.
+/// at the host sync that reads its logits, instead of candle's default of one every 50. The
+/// binary sets the variable (candle reads it when it creates a device's command queue) at
+/// start-up: this crate reads no environment.
 pub const COMPUTE_PER_BUFFER: usize = 1000;
-
-/// Sets [`COMPUTE_PER_BUFFER`] for the Metal devices created after this call (candle reads
-/// the variable when it creates a device's command queue). Call before any thread starts.
-pub fn one_command_buffer_per_token() {
-    const VAR: &str = "CANDLE_METAL_COMPUTE_PER_BUFFER";
-    if std::env::var_os(VAR).is_none() {
-        std::env::set_var(VAR, COMPUTE_PER_BUFFER.to_string());
-    }
-}
 
 /// A fresh buffer of `len` elements of `dtype` for a kernel to write.
 pub(crate) fn new_output(

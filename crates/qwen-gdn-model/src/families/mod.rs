@@ -38,6 +38,15 @@ impl Decoder {
         }
     }
 
+    /// Hands every layer the run's kernel variants (`RunOptions::layer_variants`).
+    pub fn set_variants(&mut self, v: &crate::LayerVariants) {
+        match self {
+            Self::Hybrid(d) => d.set_variants(v),
+            Self::Qwen4Exp(d) => d.set_variants(v),
+        }
+        self.set_moe_prefill(v.moe_prefill);
+    }
+
     pub fn set_moe_prefill(&mut self, mode: MoePrefill) {
         match self {
             Self::Hybrid(d) => d.set_moe_prefill(mode),

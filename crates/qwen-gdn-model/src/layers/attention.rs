@@ -18,7 +18,16 @@ use gdn_ops::launches::{candle_op, candle_ops};
 mod blocked;
 mod decode;
 
-pub use blocked::{BlockPlan, SCORE_BUDGET_BYTES, SCORE_BUDGET_ENV};
+pub use blocked::{BlockPlan, SCORE_BUDGET_BYTES};
+
+/// Where CUDA's prefill chunks compute their attention (`RunOptions::attn_prefill`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AttnPrefill {
+    /// `gdn_ops::ops::attn_prefill`'s kernel wherever it applies (the default).
+    Kernel,
+    /// The composed path, as on the other devices: to compare the two on a GPU.
+    Composed,
+}
 
 #[derive(Debug, Clone)]
 pub struct Attention {
@@ -33,6 +42,10 @@ pub struct Attention {
     heads: usize,
     kv_heads: usize,
     head_dim: usize,
+    /// Set at load from the run's options ([`Attention::set_variants`]).
+    prefill: AttnPrefill,
+    /// Bytes of f32 scores one block of [`blocked`] attention may hold.
+    score_budget: usize,
 }
 
 impl Attention {
@@ -65,7 +78,15 @@ impl Attention {
             heads: nq,
             kv_heads: nkv,
             head_dim: dh,
+            prefill: AttnPrefill::Kernel,
+            score_budget: SCORE_BUDGET_BYTES,
         })
+    }
+
+    /// The run's prefill attention and score budget.
+    pub fn set_variants(&mut self, v: &crate::LayerVariants) {
+        self.prefill = v.attn_prefill;
+        self.score_budget = v.attn_score_bytes;
     }
 
     pub fn into_device(self, device: &Device, dtype: DType) -> Result<Self> {
@@ -161,12 +182,17 @@ impl Attention {
     ) -> Result<Tensor> {
         let (_, _, s, dh) = q.dims4()?;
         let device_plan = !matches!(self.o_proj.weight, Weight::Host(_));
+        let budget = self.score_budget;
         if let Some(mask) = mask {
-            attend(q, k, v, offset, Some(mask))
-        } else if device_plan && s > 1 && prefill_kernel(q, k) {
+            attend(q, k, v, offset, Some(mask), budget)
+        } else if device_plan
+            && s > 1
+            && self.prefill == AttnPrefill::Kernel
+            && prefill_kernel(q, k)
+        {
             prefill_attend(q, k, v, offset)
         } else if device_plan && super::fused_attention::supported(dh, q.dtype(), s == 1) {
-            fused_attend(q, k, v, offset)
+            fused_attend(q, k, v, offset, budget)
         } else {
             if !q.device().is_cpu() {
                 static ONCE: std::sync::Once = std::sync::Once::new();
@@ -178,7 +204,7 @@ impl Attention {
                     )
                 });
             }
-            attend(q, k, v, offset, None)
+            attend(q, k, v, offset, None, budget)
         }
     }
 }
@@ -227,15 +253,21 @@ fn causal_mask_tile(
 /// only; elsewhere the same function is computed by [`attend`]: on the CPU counted as the one
 /// launch it stands in for, on other GPUs (CUDA) counted as the composed ops it launches
 /// (CUDA prefill chunks take [`prefill_attend`] before they get here, unless
-/// [`ATTN_PREFILL_ENV`] asks for the composed path). The query copy is made before, so that
-/// it is counted on every device as on Metal.
-fn fused_attend(q: &Tensor, k: &Tensor, v: &Tensor, offset: usize) -> Result<Tensor> {
+/// [`AttnPrefill::Composed`] asks for the composed path). The query copy is made before, so
+/// that it is counted on every device as on Metal. `budget`: as [`attend`]'s.
+fn fused_attend(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    offset: usize,
+    budget: usize,
+) -> Result<Tensor> {
     let q = contiguous(q)?;
     if q.device().is_cpu() {
-        return gdn_ops::launches::counted_as(1, || attend(&q, k, v, offset, None));
+        return gdn_ops::launches::counted_as(1, || attend(&q, k, v, offset, None, budget));
     }
     if !q.device().is_metal() {
-        return attend(&q, k, v, offset, None);
+        return attend(&q, k, v, offset, None, budget);
     }
     let (_, _, s, dh) = q.dims4()?;
     let t = k.dim(2)?;
@@ -247,36 +279,14 @@ fn fused_attend(q: &Tensor, k: &Tensor, v: &Tensor, offset: usize) -> Result<Ten
     candle_op(candle_nn::ops::sdpa(&q, k, v, None, s > 1, scale, 1.0))
 }
 
-/// Chooses between CUDA's prefill attention kernel and the composed path:
-/// `QWEN_GDN_ATTN_PREFILL=composed` forces the composed path (to compare the two on a GPU);
-/// unset or `kernel`, the kernel runs wherever it applies.
-pub const ATTN_PREFILL_ENV: &str = "QWEN_GDN_ATTN_PREFILL";
-
-/// Whether [`ATTN_PREFILL_ENV`] leaves the kernel on (read once; a bad value is reported once
-/// and ignored).
-fn prefill_kernel_enabled() -> bool {
-    static ENABLED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ENABLED.get_or_init(|| match std::env::var(ATTN_PREFILL_ENV).as_deref() {
-        Err(_) | Ok("kernel") => true,
-        Ok("composed") => false,
-        Ok(other) => {
-            eprintln!(
-                "qwen-gdn: ignoring {ATTN_PREFILL_ENV}={other:?} (expected `kernel` or `composed`)"
-            );
-            true
-        }
-    })
-}
-
 /// Whether a prefill chunk of `q` `[B, Nq, S, Dh]` over `k` `[B, Nkv, T, Dh]` runs in
-/// `gdn_ops::ops::attn_prefill`'s kernel: on CUDA, for the head dims and dtypes it covers,
-/// unless [`ATTN_PREFILL_ENV`] asks for the composed path.
+/// `gdn_ops::ops::attn_prefill`'s kernel: on CUDA, for the head dims and dtypes it covers
+/// (the caller checks that the run did not ask for the composed path).
 fn prefill_kernel(q: &Tensor, k: &Tensor) -> bool {
     let (Ok((_, nq, _, dh)), Ok((_, nkv, _, _))) = (q.dims4(), k.dims4()) else {
         return false;
     };
     gdn_ops::ops::attn_prefill::supports(q.device(), dh, nq, nkv, q.dtype())
-        && prefill_kernel_enabled()
 }
 
 /// Causal attention of a chunk in one CUDA kernel (flash attention's forward pass), reading K
@@ -296,15 +306,16 @@ fn prefill_attend(q: &Tensor, k: &Tensor, v: &Tensor, offset: usize) -> Result<T
 /// Softmax attention of `q` `[B, Nq, S, Dh]` over `k`, `v` `[B, Nkv, T, Dh]`, where query
 /// `i` sits at absolute position `offset + i` and sees keys `j ≤ offset + i`, or those
 /// `mask` (additive `[S, T]`) leaves open. Computed in blocks whose score buffers stay under
-/// the budget of [`blocked`], whatever `T` is.
+/// `budget` bytes of f32 scores ([`blocked`]), whatever `T` is.
 fn attend(
     q: &Tensor,
     k: &Tensor,
     v: &Tensor,
     offset: usize,
     mask: Option<&Tensor>,
+    budget: usize,
 ) -> Result<Tensor> {
-    blocked::attend(q, k, v, offset, mask, blocked::score_budget_bytes())
+    blocked::attend(q, k, v, offset, mask, budget)
 }
 
 /// The keys a block of queries attends to, and how their scores are masked.

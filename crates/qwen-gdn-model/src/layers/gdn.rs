@@ -27,7 +27,7 @@ use gdn_ops::launches::{candle_op, candle_ops};
 mod conv_front;
 mod decode;
 
-pub use conv_front::{ConvFront, CONV_FRONT_VAR};
+pub use conv_front::ConvFront;
 
 #[derive(Debug, Clone)]
 pub struct GatedDeltaNet {
@@ -48,8 +48,10 @@ pub struct GatedDeltaNet {
     value_dim: usize,
     kernel: usize,
     /// How `forward` computes the conv front: composed ops unless the device plan picks the
-    /// fused kernel ([`ConvFront::for_layer`]).
+    /// fused kernel ([`ConvFront::for_layer`], at [`GatedDeltaNet::set_variants`]).
     conv_front: ConvFront,
+    /// The form every recurrence call takes, when the run forces one (else the length picks).
+    gdn_prefill: Option<gdn_ops::GdnForm>,
 }
 
 /// Row order that turns Qwen3-Next's per-key-head groups
@@ -143,16 +145,18 @@ impl GatedDeltaNet {
             value_dim: dv,
             kernel: cfg.linear_conv_kernel_dim,
             conv_front: ConvFront::Composed,
+            gdn_prefill: None,
         })
     }
 
     /// The device plan's copy: weights on `device`, activations in `dtype`; the decay
     /// parameters stay f32 as the recurrence's inputs are. The conv front is fused where the
-    /// device and the kernels allow it ([`ConvFront::for_layer`]).
+    /// device and the kernels allow it, unless the run asks otherwise
+    /// ([`GatedDeltaNet::set_variants`]).
     pub fn into_device(self, device: &Device, dtype: DType) -> Result<Self> {
         let norm = |n: RmsNorm| n.into_device(device, dtype);
         Ok(Self {
-            conv_front: ConvFront::for_layer(device, &self.conv_prep_dims(), dtype)?,
+            conv_front: ConvFront::for_layer(None, device, &self.conv_prep_dims(), dtype),
             in_proj: self.in_proj.into_device(device, dtype)?,
             conv_taps: self.conv_taps.to_device(device)?.to_dtype(dtype)?,
             neg_a_log_exp: self.neg_a_log_exp.to_device(device)?,
@@ -170,6 +174,17 @@ impl GatedDeltaNet {
             out_proj: self.out_proj.into_device(device, dtype)?,
             ..self
         })
+    }
+
+    /// The run's recurrence form and, on the device plan, its conv front.
+    pub fn set_variants(&mut self, v: &crate::LayerVariants) {
+        self.gdn_prefill = v.gdn_prefill;
+        let device_plan = !matches!(self.out_proj.weight, crate::weights::Weight::Host(_));
+        if device_plan {
+            let (device, dtype) = (self.conv_taps.device().clone(), self.conv_taps.dtype());
+            self.conv_front =
+                ConvFront::for_layer(v.conv_front, &device, &self.conv_prep_dims(), dtype);
+        }
     }
 
     /// Causal depthwise conv over `[conv_state; x]`, `x` `[B, S, C]`; keeps the last K−1 rows.
@@ -236,7 +251,12 @@ impl GatedDeltaNet {
         })?;
         let y = phase("gdn/recurrence", device, || {
             let state = self.state_for(cache, b, device)?;
-            gdn_ops::gated_delta_update(&q, &k, &v, &g, &beta, &state)
+            match self.gdn_prefill {
+                Some(form) => {
+                    gdn_ops::gated_delta_update_in(form, &q, &k, &v, &g, &beta, &state, None)
+                }
+                None => gdn_ops::gated_delta_update(&q, &k, &v, &g, &beta, &state),
+            }
         })?;
         phase("gdn/norm_out", device, || {
             let z = contiguous(&z)?.reshape((b, s, hv, dv))?;

@@ -2,7 +2,7 @@
 #![allow(dead_code)]
 
 use candle_core::{Device, Tensor};
-use qwen_gdn_model::{LoadOptions, Model};
+use qwen_gdn_model::{Model, RunOptions};
 use std::collections::HashMap;
 use std::path::PathBuf;
 
@@ -47,15 +47,23 @@ pub fn device_under_test() -> Device {
     }
 }
 
-pub fn load(name: &str) -> Model {
-    load_with(name, &LoadOptions::default())
+/// The default options with the engine switches of the environment: scripts/test-all.sh runs
+/// the model's gates again with some of them set (every GDN call chunked, every MoE prefill on
+/// the grouped GEMM, a tiny attention score budget), so every test that builds a model starts
+/// from these.
+pub fn run_options() -> RunOptions {
+    RunOptions::from_env().unwrap_or_else(|e| panic!("{e:#}"))
 }
 
-pub fn load_with(name: &str, opts: &LoadOptions) -> Model {
+pub fn load(name: &str) -> Model {
+    load_with(name, &run_options())
+}
+
+pub fn load_with(name: &str, opts: &RunOptions) -> Model {
     load_on(name, opts, &Device::Cpu)
 }
 
-pub fn load_on(name: &str, opts: &LoadOptions, device: &Device) -> Model {
+pub fn load_on(name: &str, opts: &RunOptions, device: &Device) -> Model {
     Model::load(&models_dir().join(name), device, opts)
         .unwrap_or_else(|e| panic!("loading {name}: {e:#}"))
 }

@@ -4,6 +4,8 @@
 pub fn configure() {
     use_one_malloc_arena();
     keep_candle_elementwise_on_the_caller();
+    #[cfg(any(feature = "metal", target_os = "macos"))]
+    one_metal_command_buffer_per_token();
 }
 
 /// Keeps glibc's allocator to one heap for the whole process. By default every thread that
@@ -31,5 +33,17 @@ fn keep_candle_elementwise_on_the_caller() {
         // SAFETY: called first thing in `main`, while this is the only thread, so nothing
         // reads the environment concurrently.
         unsafe { std::env::set_var("CANDLE_NUM_THREADS", "1") };
+    }
+}
+
+/// One Metal command buffer per decoded token (see `gdn_ops::backend::metal::COMPUTE_PER_BUFFER`):
+/// candle reads `CANDLE_METAL_COMPUTE_PER_BUFFER` when it creates a device's command queue.
+#[cfg(any(feature = "metal", target_os = "macos"))]
+fn one_metal_command_buffer_per_token() {
+    const VAR: &str = "CANDLE_METAL_COMPUTE_PER_BUFFER";
+    if std::env::var_os(VAR).is_none() {
+        let value = gdn_ops::backend::metal::COMPUTE_PER_BUFFER.to_string();
+        // SAFETY: called first thing in `main`, while this is the only thread.
+        unsafe { std::env::set_var(VAR, value) };
     }
 }

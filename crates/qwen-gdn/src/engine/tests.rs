@@ -5,7 +5,7 @@ use super::*;
 use crate::engine::sampler::SamplerConfig;
 use crate::load::{ComputeDtype, DeviceChoice, ModelArgs};
 use crate::text::chat_template::ChatTemplate;
-use qwen_gdn_model::LoadOptions;
+use qwen_gdn_model::RunOptions;
 use serde_json::{json, Map, Value as Json};
 
 const CHECKPOINTS: [&str; 5] = [
@@ -32,7 +32,7 @@ fn engine(name: &str, budget: u64) -> Engine {
     let model = qwen_gdn_model::Model::load(
         &checkpoint.dir,
         &candle_core::Device::Cpu,
-        &LoadOptions::default(),
+        &RunOptions::from_env().unwrap(),
     )
     .unwrap();
     Engine::new(checkpoint, model, 16, PromptCache::new(budget), None).unwrap()

@@ -10,7 +10,7 @@ use crate::ui::output::eprint_line;
 use anyhow::{bail, Context, Result};
 use candle_core::{DType, Device};
 use qwen_gdn_model::weights::files::{check_regular, read_json_text};
-use qwen_gdn_model::{Config, LoadOptions, LoadProgress, Model, StateDtype};
+use qwen_gdn_model::{Config, LoadProgress, Model, RunOptions, StateDtype};
 use serde_json::Value as Json;
 use std::path::{Path, PathBuf};
 use tokenizers::Tokenizer;
@@ -135,10 +135,13 @@ impl ModelArgs {
     /// Loads the model for a run of at most `context` positions, refusing one that would not
     /// fit the GPU.
     pub fn load_model(&self, checkpoint: &Checkpoint, context: usize) -> Result<Model> {
+        // The environment's engine switches, before anything is loaded: a bad value stops
+        // here, in one line.
+        let env = RunOptions::from_env()?;
         // The flag overrides mlx-lm's environment switch.
         let gdn_state_dtype = match self.gdn_state_dtype {
             Some(d) => d.into(),
-            None => StateDtype::from_env(),
+            None => env.gdn_state_dtype,
         };
         let device = select_device(self.device)?;
         let has_bf16 = qwen_gdn_model::bf16_supported(&device)?;
@@ -153,7 +156,7 @@ impl ModelArgs {
         crate::load::preflight::check(&device, &checkpoint.dir, context, gdn_state_dtype, dtype)?;
         let bar = crate::ui::progress::bytes(None, "loading weights");
         let shown = bar.clone();
-        let opts = LoadOptions {
+        let opts = RunOptions {
             gdn_state_dtype,
             dtype,
             plan: None,
@@ -163,6 +166,7 @@ impl ModelArgs {
                 shown.set_position(done);
             })),
             fused_decode: !self.composed_decode,
+            ..env
         };
         let model = Model::load(&checkpoint.dir, &device, &opts);
         bar.finish_and_clear();
@@ -205,7 +209,6 @@ fn cuda_device() -> Result<Device> {
 
 #[cfg(any(feature = "metal", target_os = "macos"))]
 fn metal_device() -> Result<Device> {
-    gdn_ops::backend::metal::one_command_buffer_per_token();
     Device::new_metal(0)
         .map_err(|e| anyhow::anyhow!("--device metal: no Metal device available ({e})"))
 }

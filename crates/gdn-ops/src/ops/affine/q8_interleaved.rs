@@ -22,7 +22,6 @@
 
 use super::group_params::GroupParams;
 use super::q8_kernel::{supports_format, Activation, Q8Row, CHUNK};
-use anyhow::{bail, Result};
 use half::bf16;
 
 /// Weight rows per interleaved block: one 32-bit lane each in a 512-bit register.
@@ -36,19 +35,21 @@ const WORDS_PER_CHUNK: usize = CHUNK / 8;
 /// vector registers with the unpacked weights.
 const ACTIVATIONS_AT_ONCE: usize = 4;
 
-/// Which layout the q8 mode runs its 4-bit matrices in (`QWEN_GDN_Q8_LAYOUT`).
-pub const LAYOUT_ENV: &str = "QWEN_GDN_Q8_LAYOUT";
+/// Which layout the q8 mode runs its 4-bit matrices in (the model's `QWEN_GDN_Q8_LAYOUT`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Q8Layout {
+    /// Repacked at load into blocks of interleaved rows for the VNNI kernel (the default).
+    #[default]
+    Interleaved,
+    /// The checkpoint's own layout, run by the plain q8 kernels.
+    Plain,
+}
 
-/// Whether matrices that the q8 mode runs should be repacked at load: `QWEN_GDN_Q8_LAYOUT`
-/// is `interleaved` (the default) or `plain`, and the CPU has the kernel (AVX-512 VNNI; on
-/// other CPUs the portable copy would be slower than the plain layout's SIMD kernels).
-pub fn repack_at_load() -> Result<bool> {
-    let wanted = match std::env::var(LAYOUT_ENV).as_deref() {
-        Err(_) | Ok("") | Ok("interleaved") => true,
-        Ok("plain") => false,
-        Ok(other) => bail!("{LAYOUT_ENV}={other}: expected interleaved or plain"),
-    };
-    Ok(wanted && crate::simd::has_vnni())
+/// Whether matrices that the q8 mode runs should be repacked at load: `layout` is
+/// interleaved and the CPU has the kernel (AVX-512 VNNI; on other CPUs the portable copy
+/// would be slower than the plain layout's SIMD kernels).
+pub fn repack_at_load(layout: Q8Layout) -> bool {
+    layout == Q8Layout::Interleaved && crate::simd::has_vnni()
 }
 
 /// Per-group scales and biases of each block, `[blocks, groups, ROWS]`, in the stored dtype

@@ -19,7 +19,6 @@ use crate::profile::{self, elems_bytes, Traffic};
 use anyhow::{bail, ensure, Result};
 use candle_core::{Device, Tensor};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::OnceLock;
 
 pub use cpu_chunked::CHUNK;
 
@@ -33,32 +32,14 @@ pub enum GdnForm {
     Chunked,
 }
 
-/// Forces one form for every call: `recurrent` or `chunked`. Unset, calls of at least
-/// [`CHUNKED_MIN_STEPS`] tokens take the chunked form where the device has it.
-pub const PREFILL_FORM_ENV: &str = "QWEN_GDN_GDN_PREFILL";
-
 /// The shortest call the chunked form takes by default. Below it the chunk form's fixed
 /// costs (the triangular system, the state transposed in and out) outweigh its faster
 /// products; measured with `scripts/bench-gdn-prefill` (docs/perf-notes.md).
 pub const CHUNKED_MIN_STEPS: usize = 16;
 
 impl GdnForm {
-    /// The form `QWEN_GDN_GDN_PREFILL` forces, if any (read once; any other value is
-    /// reported once and ignored).
-    pub fn forced() -> Option<Self> {
-        static FORCED: OnceLock<Option<GdnForm>> = OnceLock::new();
-        *FORCED.get_or_init(|| {
-            let value = std::env::var(PREFILL_FORM_ENV).ok()?;
-            let form = Self::from_env_value(&value);
-            if form.is_none() {
-                eprintln!(
-                    "qwen-gdn: ignoring {PREFILL_FORM_ENV}={value:?} (expected `recurrent` or `chunked`)"
-                );
-            }
-            form
-        })
-    }
-
+    /// The form a switch's text names (`recurrent` or `chunked`, the caller's
+    /// `QWEN_GDN_GDN_PREFILL`), if any.
     pub fn from_env_value(value: &str) -> Option<Self> {
         match value {
             "recurrent" => Some(Self::Recurrent),
@@ -279,14 +260,16 @@ pub fn gated_delta_update_masked(
     mask: Option<&Tensor>,
 ) -> Result<Tensor> {
     let steps = q.dims().get(1).copied().unwrap_or(0);
-    let (form, asked) = match GdnForm::forced() {
-        Some(form) => (form, true),
-        None => (GdnForm::by_length(steps), false),
-    };
-    update(form, asked, &Inputs::new(q, k, v, g, beta, mask), state)
+    update(
+        GdnForm::by_length(steps),
+        false,
+        &Inputs::new(q, k, v, g, beta, mask),
+        state,
+    )
 }
 
-/// As [`gated_delta_update_masked`] in the given form: how the tests compare the two. The
+/// As [`gated_delta_update_masked`] in the given form: how the tests compare the two, and how
+/// the model runs a form forced by its `QWEN_GDN_GDN_PREFILL`. The
 /// chunked form where the device does not have it for these dims falls back to the
 /// recurrence with a one-line notice (once per process); so does a call the length sends to
 /// the chunked form on a device that has it for other dims only.
@@ -304,7 +287,7 @@ pub fn gated_delta_update_in(
     update(form, true, &Inputs::new(q, k, v, g, beta, mask), state)
 }
 
-/// One call in `form`; `asked`: the form was asked for (explicitly or by
+/// One call in `form`; `asked`: the form was asked for (by the caller, or forced by
 /// `QWEN_GDN_GDN_PREFILL`), not chosen by length.
 fn update(form: GdnForm, asked: bool, inputs: &Inputs, state: &Tensor) -> Result<Tensor> {
     let dims = GdnDims::of(inputs, state)?;

@@ -16,7 +16,8 @@
 //! cache enabled (`CudaDevice::enable_cuda_graph_htod_cache`), the eager step records those
 //! uploads and the capture replays them from device copies.
 //!
-//! `QWEN_GDN_CUDA_GRAPH=0` turns graphs off (eager fused steps).
+//! `QWEN_GDN_CUDA_GRAPH=0` (`RunOptions::cuda_graph`, read once) turns graphs off (eager
+//! fused steps).
 
 use super::HybridDecoder;
 use crate::cache::{Cache, LayerCache};
@@ -29,10 +30,9 @@ use candle_core::{Device, Tensor, TensorId};
 /// Set when a capture failed: later steps run eagerly.
 static BROKEN: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
-/// Whether decode steps on CUDA replay graphs.
+/// Whether graphs still work (the run asks for them with `RunOptions::cuda_graph`).
 pub fn enabled() -> bool {
     !BROKEN.load(std::sync::atomic::Ordering::Relaxed)
-        && std::env::var("QWEN_GDN_CUDA_GRAPH").map_or(true, |v| v != "0")
 }
 
 /// One captured step and what it was captured against.

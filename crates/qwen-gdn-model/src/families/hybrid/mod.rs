@@ -30,6 +30,9 @@ pub struct HybridDecoder {
     fused_decode: bool,
     /// Per layer, what the fused kernels cover.
     coverage: Vec<LayerCoverage>,
+    /// Decode steps on CUDA replay captured graphs (`RunOptions::cuda_graph`, read once).
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    cuda_graph: bool,
     /// The CUDA decode step last captured, replayed while the cache a step is given holds
     /// the very tensors it was captured against (`cuda_graph.rs`).
     #[cfg(feature = "cuda")]
@@ -67,9 +70,21 @@ impl HybridDecoder {
             norm,
             fused_decode: false,
             coverage,
+            cuda_graph: true,
             #[cfg(feature = "cuda")]
             decode_graph: std::sync::Mutex::new(None),
         })
+    }
+
+    /// The run's kernel variants for every mixer (the MoE's through [`Self::set_moe_prefill`]).
+    pub fn set_variants(&mut self, v: &crate::LayerVariants) {
+        for layer in &mut self.layers {
+            match &mut layer.mixer {
+                Mixer::Gdn(m) => m.set_variants(v),
+                Mixer::Attention(m) => m.set_variants(v),
+            }
+        }
+        self.cuda_graph = v.cuda_graph;
     }
 
     pub fn set_moe_prefill(&mut self, mode: MoePrefill) {

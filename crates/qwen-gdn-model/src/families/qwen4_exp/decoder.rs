@@ -151,6 +151,16 @@ impl Qwen4ExpDecoder {
         })
     }
 
+    /// Hands the mixers the run's kernel variants (the MoE's through [`Self::set_moe_prefill`]).
+    pub fn set_variants(&mut self, v: &crate::LayerVariants) {
+        for layer in &mut self.layers {
+            match &mut layer.mixer {
+                Qwen4Mixer::Gdn(m) => m.set_variants(v),
+                Qwen4Mixer::Qsa(q) => q.attention.set_variants(v),
+            }
+        }
+    }
+
     pub fn set_moe_prefill(&mut self, mode: MoePrefill) {
         for layer in &mut self.layers {
             layer.moe.set_prefill(mode);

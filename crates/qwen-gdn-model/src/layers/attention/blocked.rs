@@ -24,16 +24,13 @@ use crate::tensor::{cast, contiguous};
 use anyhow::{ensure, Context, Result};
 use candle_core::{DType, Tensor, D};
 use gdn_ops::launches::{candle_op, candle_ops};
-use std::sync::OnceLock;
 
 /// Bytes of f32 scores one block may hold: 128 MiB, a block of 512 queries at 4 096
 /// positions or of 128 at 16 384 for Qwen3-Next's 16 query heads. Each of the few copies a
-/// block makes of it is at most this size.
+/// block makes of it is at most this size. `QWEN_GDN_ATTN_SCORE_BYTES` (`RunOptions::
+/// attn_score_bytes`) overrides it: tests run the model with a tiny budget so that every
+/// fixture goes through query blocks and key tiles.
 pub const SCORE_BUDGET_BYTES: usize = 128 << 20;
-
-/// Overrides [`SCORE_BUDGET_BYTES`] (a byte count, at least 4): tests run the model with a
-/// tiny budget so that every fixture goes through query blocks and key tiles.
-pub const SCORE_BUDGET_ENV: &str = "QWEN_GDN_ATTN_SCORE_BYTES";
 
 /// The fewest queries a block takes before its keys are tiled instead: fewer rows would
 /// leave the products too thin to fill a GPU.
@@ -43,26 +40,6 @@ pub const MIN_QUERY_BLOCK: usize = 64;
 /// fast math assumes no infinities. A key at this score weighs `exp(MIN − max) = 0` as soon as
 /// any open key was seen; the causal mask leaves key 0 open to every query in the first tile.
 const FLOOR: f64 = f32::MIN as f64;
-
-/// The score budget in bytes: [`SCORE_BUDGET_ENV`] if set (read once; a bad value is reported
-/// once and ignored), else [`SCORE_BUDGET_BYTES`].
-pub fn score_budget_bytes() -> usize {
-    static BUDGET: OnceLock<usize> = OnceLock::new();
-    *BUDGET.get_or_init(|| {
-        let Ok(value) = std::env::var(SCORE_BUDGET_ENV) else {
-            return SCORE_BUDGET_BYTES;
-        };
-        match value.parse::<usize>() {
-            Ok(bytes) if bytes >= 4 => bytes,
-            _ => {
-                eprintln!(
-                    "qwen-gdn: ignoring {SCORE_BUDGET_ENV}={value:?} (expected a byte count of at least 4)"
-                );
-                SCORE_BUDGET_BYTES
-            }
-        }
-    })
-}
 
 /// How one chunk's attention is split.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -4,12 +4,13 @@
 //!
 //! The device plan picks it at load: on CUDA and Metal wherever the kernels cover the
 //! layer's dims ([`gdn_conv_prep::supports`]), on the CPU never (the composed ops are the CPU
-//! reference). `QWEN_GDN_CONV_FRONT=composed|fused` overrides that; `fused` on the CPU runs
-//! the kernels' CPU twin, which is how the model tests exercise this path without a GPU.
+//! reference). `RunOptions::conv_front` (`QWEN_GDN_CONV_FRONT=composed|fused`) overrides that;
+//! `fused` on the CPU runs the kernels' CPU twin, which is how the model tests exercise this
+//! path without a GPU.
 
 use super::GatedDeltaNet;
 use crate::cache::GdnCache;
-use anyhow::{bail, Result};
+use anyhow::Result;
 use candle_core::{DType, Device, Tensor};
 use gdn_ops::launches::candle_op;
 use gdn_ops::ops::gdn_conv_prep;
@@ -23,38 +24,27 @@ pub enum ConvFront {
     Fused,
 }
 
-/// The environment variable that overrides the device's default.
-pub const CONV_FRONT_VAR: &str = "QWEN_GDN_CONV_FRONT";
-
 impl ConvFront {
     /// The default on `device`: fused on the GPUs, composed on the CPU.
-    fn default_for(device: &Device) -> Self {
+    pub fn default_for(device: &Device) -> Self {
         match device {
             Device::Cpu => Self::Composed,
             _ => Self::Fused,
         }
     }
 
-    /// What `QWEN_GDN_CONV_FRONT` asks for, or the device's default; fused only where the
-    /// kernels cover `dims` in `dtype`.
+    /// `wanted` (the device's default when `None`), fused only where the kernels cover `dims`
+    /// in `dtype`.
     pub(crate) fn for_layer(
+        wanted: Option<Self>,
         device: &Device,
         dims: &gdn_conv_prep::ConvPrepDims,
         dtype: DType,
-    ) -> Result<Self> {
-        let wanted = match std::env::var(CONV_FRONT_VAR) {
-            Ok(text) => match text.trim() {
-                "composed" => Self::Composed,
-                "fused" => Self::Fused,
-                other => bail!("{CONV_FRONT_VAR}={other}: expected composed or fused"),
-            },
-            Err(std::env::VarError::NotPresent) => Self::default_for(device),
-            Err(std::env::VarError::NotUnicode(_)) => bail!("{CONV_FRONT_VAR}: not valid UTF-8"),
-        };
-        Ok(match wanted {
+    ) -> Self {
+        match wanted.unwrap_or_else(|| Self::default_for(device)) {
             Self::Fused if gdn_conv_prep::supports(dims, dtype) => Self::Fused,
             _ => Self::Composed,
-        })
+        }
     }
 }
 

@@ -14,7 +14,7 @@
 //! whatever the number of experts in use.
 //!
 //! [`StackedExperts::forward_composed`] (every pair on its own) is the reference, selectable
-//! with `QWEN_GDN_MOE_PREFILL=pairs` or [`MoePrefill::Pairs`].
+//! with `QWEN_GDN_MOE_PREFILL=pairs` (`RunOptions::moe_prefill`) or [`MoePrefill::Pairs`].
 //!
 //! [`AffineTensor::grouped_matmul_t`]: gdn_ops::ops::affine::AffineTensor::grouped_matmul_t
 
@@ -38,8 +38,52 @@ pub enum MoePrefill {
     Gemm,
 }
 
-/// The environment variable that picks the mode.
+/// The environment variable that picks the mode (read by `RunOptions::from_env`).
 pub const MOE_PREFILL_VAR: &str = "QWEN_GDN_MOE_PREFILL";
+
+/// A mode as `QWEN_GDN_MOE_PREFILL` names it, before the device is known: `grouped` without a
+/// count takes the device's threshold ([`MoePrefill::grouped_for`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MoePrefillAsked {
+    Pairs,
+    Gemm,
+    Grouped { min_tokens: Option<usize> },
+}
+
+impl MoePrefillAsked {
+    /// `pairs`, `gemm`, `grouped` or `grouped:<min tokens>`; an error names the variable.
+    pub fn parse(text: &str) -> Result<Self> {
+        let text = text.trim();
+        Ok(match text.split_once(':') {
+            None if text == "pairs" => Self::Pairs,
+            None if text == "gemm" => Self::Gemm,
+            None if text == "grouped" => Self::Grouped { min_tokens: None },
+            Some(("grouped", n)) => match n.trim().parse::<usize>() {
+                Ok(min_tokens) if min_tokens >= 1 => Self::Grouped {
+                    min_tokens: Some(min_tokens),
+                },
+                _ => bail!(
+                    "{MOE_PREFILL_VAR}={text}: the minimum number of tokens must be a whole number ≥ 1"
+                ),
+            },
+            _ => bail!(
+                "{MOE_PREFILL_VAR}={text}: expected pairs, gemm, grouped or grouped:<min tokens>"
+            ),
+        })
+    }
+
+    /// The mode on `device`.
+    pub fn on(self, device: &Device) -> MoePrefill {
+        match self {
+            Self::Pairs => MoePrefill::Pairs,
+            Self::Gemm => MoePrefill::Gemm,
+            Self::Grouped { min_tokens: None } => MoePrefill::grouped_for(device),
+            Self::Grouped {
+                min_tokens: Some(min_tokens),
+            } => MoePrefill::Grouped { min_tokens },
+        }
+    }
+}
 
 impl MoePrefill {
     /// The default on `device`: the grouped GEMM where it is one kernel (CUDA), else the
@@ -68,32 +112,7 @@ impl MoePrefill {
 
     /// `pairs`, `gemm`, `grouped` (the device's threshold) or `grouped:<min tokens>`.
     pub fn parse(text: &str, device: &Device) -> Result<Self> {
-        let text = text.trim();
-        Ok(match text.split_once(':') {
-            None if text == "pairs" => Self::Pairs,
-            None if text == "gemm" => Self::Gemm,
-            None if text == "grouped" => Self::grouped_for(device),
-            Some(("grouped", n)) => match n.trim().parse::<usize>() {
-                Ok(min_tokens) if min_tokens >= 1 => Self::Grouped { min_tokens },
-                _ => bail!(
-                    "{MOE_PREFILL_VAR}={text}: the minimum number of tokens must be a whole number ≥ 1"
-                ),
-            },
-            _ => bail!(
-                "{MOE_PREFILL_VAR}={text}: expected pairs, gemm, grouped or grouped:<min tokens>"
-            ),
-        })
-    }
-
-    /// The mode `QWEN_GDN_MOE_PREFILL` asks for, or the device's default when it is unset.
-    pub fn from_env(device: &Device) -> Result<Self> {
-        match std::env::var(MOE_PREFILL_VAR) {
-            Ok(text) => Self::parse(&text, device),
-            Err(std::env::VarError::NotPresent) => Ok(Self::default_for(device)),
-            Err(std::env::VarError::NotUnicode(_)) => {
-                bail!("{MOE_PREFILL_VAR}: not valid UTF-8")
-            }
-        }
+        Ok(MoePrefillAsked::parse(text)?.on(device))
     }
 
     /// The grouping threshold for a chunk of `tokens` tokens, or `None` where the per-pair

@@ -27,7 +27,7 @@ use crate::Config;
 use anyhow::Result;
 use candle_core::{DType, Device, Tensor, D};
 use gdn_ops::launches::{candle_op, candle_ops};
-pub use grouped::MoePrefill;
+pub use grouped::{MoePrefill, MoePrefillAsked};
 pub use stacked::StackedExperts;
 
 #[derive(Debug, Clone)]

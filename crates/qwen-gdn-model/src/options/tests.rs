@@ -1,0 +1,157 @@
+use super::*;
+use std::collections::HashMap;
+
+/// The options from exactly these variables.
+fn from(vars: &[(&str, &str)]) -> Result<RunOptions> {
+    let vars: HashMap<String, OsString> = vars
+        .iter()
+        .map(|(k, v)| (k.to_string(), OsString::from(v)))
+        .collect();
+    RunOptions::from_lookup(|name| vars.get(name).cloned())
+}
+
+fn error(var: &str, value: &str) -> String {
+    format!("{:#}", from(&[(var, value)]).unwrap_err())
+}
+
+#[test]
+fn nothing_set_is_the_default() {
+    let o = from(&[]).unwrap();
+    let d = RunOptions::default();
+    assert_eq!(o.gdn_prefill, None);
+    assert_eq!(o.cpu_level, Level::Avx512);
+    assert_eq!(o.q8_layout, Q8Layout::Interleaved);
+    assert_eq!(o.spin, Duration::ZERO);
+    assert_eq!(o.gdn_state_dtype, StateDtype::F32);
+    assert_eq!(o.conv_front, None);
+    assert_eq!(o.attn_prefill, AttnPrefill::Kernel);
+    assert_eq!(o.attn_score_bytes, SCORE_BUDGET_BYTES);
+    assert_eq!(o.moe_prefill, None);
+    assert!(o.cuda_graph);
+    assert_eq!(
+        o.layer_variants(&Device::Cpu),
+        d.layer_variants(&Device::Cpu)
+    );
+    // An empty value is no value.
+    let empty: Vec<(&str, &str)> = ENGINE_VARS.iter().map(|v| (*v, "")).collect();
+    assert_eq!(
+        from(&empty).unwrap().layer_variants(&Device::Cpu),
+        d.layer_variants(&Device::Cpu)
+    );
+}
+
+#[test]
+fn every_switch_takes_its_values() {
+    let o = from(&[
+        (GDN_PREFILL_VAR, "chunked"),
+        (CPU_LEVEL_VAR, "avx2"),
+        (Q8_LAYOUT_VAR, "plain"),
+        (SPIN_US_VAR, "1000"),
+        (STATE_BF16_VAR, "1"),
+        (CONV_FRONT_VAR, "fused"),
+        (ATTN_PREFILL_VAR, "composed"),
+        (ATTN_SCORE_BYTES_VAR, "4096"),
+        (MOE_PREFILL_VAR, "grouped:3"),
+        (CUDA_GRAPH_VAR, "0"),
+    ])
+    .unwrap();
+    assert_eq!(o.gdn_prefill, Some(GdnForm::Chunked));
+    assert_eq!(o.cpu_level, Level::Avx2);
+    assert_eq!(o.q8_layout, Q8Layout::Plain);
+    assert_eq!(o.spin, Duration::from_micros(1000));
+    assert_eq!(o.gdn_state_dtype, StateDtype::Bf16);
+    assert_eq!(o.conv_front, Some(ConvFront::Fused));
+    assert_eq!(o.attn_prefill, AttnPrefill::Composed);
+    assert_eq!(o.attn_score_bytes, 4096);
+    assert_eq!(
+        o.layer_variants(&Device::Cpu).moe_prefill,
+        MoePrefill::Grouped { min_tokens: 3 }
+    );
+    assert!(!o.cuda_graph);
+    let o = from(&[
+        (GDN_PREFILL_VAR, "recurrent"),
+        (CPU_LEVEL_VAR, "portable"),
+        (MOE_PREFILL_VAR, "gemm"),
+        (CUDA_GRAPH_VAR, "1"),
+        (SPIN_US_VAR, "0"),
+    ])
+    .unwrap();
+    assert_eq!(o.gdn_prefill, Some(GdnForm::Recurrent));
+    assert_eq!(o.cpu_level, Level::Portable);
+    assert_eq!(o.layer_variants(&Device::Cpu).moe_prefill, MoePrefill::Gemm);
+    assert!(o.cuda_graph);
+    assert_eq!(o.spin, Duration::ZERO);
+    // `grouped` alone takes the device's threshold.
+    let o = from(&[(MOE_PREFILL_VAR, "grouped")]).unwrap();
+    assert_eq!(
+        o.layer_variants(&Device::Cpu).moe_prefill,
+        MoePrefill::grouped_for(&Device::Cpu)
+    );
+}
+
+#[test]
+fn a_bad_value_is_one_line_naming_the_variable_and_the_values() {
+    let cases: [(&str, &str, &[&str]); 9] = [
+        (GDN_PREFILL_VAR, "chunk", &["recurrent", "chunked"]),
+        (
+            CPU_LEVEL_VAR,
+            "sse",
+            &["portable", "avx2", "avx512", "best"],
+        ),
+        (Q8_LAYOUT_VAR, "packed", &["interleaved", "plain"]),
+        (SPIN_US_VAR, "-1", &["whole number"]),
+        (CONV_FRONT_VAR, "Fused", &["composed", "fused"]),
+        (ATTN_PREFILL_VAR, "flash", &["kernel", "composed"]),
+        (ATTN_SCORE_BYTES_VAR, "3", &["whole number ≥ 4"]),
+        (MOE_PREFILL_VAR, "grouped:0", &["whole number ≥ 1"]),
+        (CUDA_GRAPH_VAR, "off", &["1", "0"]),
+    ];
+    for (var, value, accepted) in cases {
+        let e = error(var, value);
+        assert!(
+            e.starts_with(&format!("{var}={value}: expected"))
+                || e.starts_with(&format!("{var}={value}: the")),
+            "{e}"
+        );
+        assert!(!e.contains('\n'), "{e}");
+        for a in accepted {
+            assert!(e.contains(a), "{var}: {e} should name {a}");
+        }
+    }
+    assert_eq!(
+        error(GDN_PREFILL_VAR, "chunk"),
+        "QWEN_GDN_GDN_PREFILL=chunk: expected recurrent or chunked"
+    );
+    assert_eq!(
+        error(CPU_LEVEL_VAR, "sse"),
+        "QWEN_GDN_CPU_LEVEL=sse: expected portable, avx2, avx512 or best"
+    );
+    assert_eq!(
+        error(MOE_PREFILL_VAR, "many"),
+        "QWEN_GDN_MOE_PREFILL=many: expected pairs, gemm, grouped or grouped:<min tokens>"
+    );
+    // mlx-lm's switch keeps mlx-lm's rule: only `1` turns it on, nothing is refused.
+    for value in ["0", "true", "yes"] {
+        let o = from(&[(STATE_BF16_VAR, value)]).unwrap();
+        assert_eq!(o.gdn_state_dtype, StateDtype::F32, "{value}");
+    }
+}
+
+#[test]
+fn unknown_qwen_gdn_variables_are_named() {
+    let names = [
+        "QWEN_GDN_GDN_PREFIL",
+        "QWEN_GDN_MOE_PREFILL",
+        "QWEN_GDN_API_KEY",
+        "QWEN_GDN_TEST_DEVICE",
+        "QWEN_GDN_TEST_TOKEN_DELAY_MS",
+        "QWEN_GDN_MODELS_DIR",
+        "QWEN_GDN_SHARED",
+        "QWEN_GDN_TEMPLATE_BYTES",
+        "MLX_LM_GDN_STATE_BF16",
+        "HOME",
+        "QWEN_GDN_CUDA_GRAPHS",
+    ];
+    let unknown = unknown_vars(names.iter().map(OsString::from));
+    assert_eq!(unknown, ["QWEN_GDN_GDN_PREFIL", "QWEN_GDN_CUDA_GRAPHS"]);
+}
