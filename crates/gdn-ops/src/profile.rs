@@ -148,6 +148,7 @@ pub fn labelled<R>(label: &'static str, f: impl FnOnce() -> R) -> R {
 
 #[cfg(test)]
 mod tests {
+    use super::record::OUTSIDE;
     use super::*;
 
     fn traffic(read: usize, written: usize) -> impl FnOnce() -> Result<Traffic> {
