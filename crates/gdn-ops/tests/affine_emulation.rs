@@ -37,9 +37,8 @@ mod emu;
 
 use gdn_ops::affine::{dequantize_row, pack_row, unpack_row, AffineMatrix};
 use half::{bf16, f16};
-use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Mutex, OnceLock};
+use std::sync::Mutex;
 use std::time::Instant;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -111,12 +110,8 @@ impl Kernel {
 
 const KERNELS: [Kernel; 3] = [Kernel::Qmv, Kernel::Dequant, Kernel::Swiglu];
 
-/// Compiles the harness once per test binary.
-fn harness() -> &'static Path {
-    static HARNESS: OnceLock<PathBuf> = OnceLock::new();
-    // The dequant gate is bit for bit: no fma contraction of s * q + b.
-    HARNESS.get_or_init(|| emu::compile_harness("affine_harness", &["-ffp-contract=off"]))
-}
+// The dequant gate is bit for bit: no fma contraction of s * q + b.
+static HARNESS: emu::Harness = emu::Harness::metal_with("affine_harness", &["-ffp-contract=off"]);
 
 /// splitmix64, so that inputs need no dependency and are the same everywhere.
 struct Rng(u64);
@@ -514,7 +509,7 @@ fn run_harness(c: &Case) -> Result<Vec<f32>, String> {
     for id in c.ids.iter().flatten() {
         bytes.extend_from_slice(&id.to_le_bytes());
     }
-    let floats = emu::run_harness(harness(), &bytes)?;
+    let floats = HARNESS.run(&bytes)?;
     let want = c.out_rows
         * match c.kernel {
             Kernel::Qmv => m.rows,
@@ -692,7 +687,7 @@ fn check_dequant(c: &Case, got: &[f32]) -> Option<String> {
 #[test]
 fn shipped_affine_kernels_match_the_cpu_reference() {
     let started = Instant::now();
-    harness();
+    HARNESS.path();
     let jobs = cases();
     // Coverage the cases are meant to have.
     for kernel in KERNELS {

@@ -24,20 +24,8 @@ use gdn_ops::ops::affine::grouped::{
     TILE_PAIRS_CHOICES, TILE_ROWS,
 };
 use gdn_ops::ops::affine::AffineTensor;
-use std::path::{Path, PathBuf};
-use std::sync::OnceLock;
 
-/// Compiles the harness once per test binary.
-fn harness() -> &'static Path {
-    static HARNESS: OnceLock<PathBuf> = OnceLock::new();
-    HARNESS.get_or_init(|| {
-        let stand_ins = emu::workspace_root().join("kernels/emu/cuda");
-        emu::compile_harness(
-            "affine_grouped_cuda_harness",
-            &["-I", stand_ins.to_str().expect("a UTF-8 path")],
-        )
-    })
-}
+static HARNESS: emu::Harness = emu::Harness::cuda("affine_grouped_cuda_harness");
 
 struct Case {
     x: Ty,
@@ -105,7 +93,7 @@ fn check(c: &Case) -> Option<String> {
         c.cols,
         c.counts
     );
-    match emu::run_harness(harness(), &input.0) {
+    match HARNESS.run(&input.0) {
         Err(e) => Some(format!("{what}: {e}")),
         Ok(got) => {
             let result = close(&what, &got, &want, c.x, 1.0, 1e-5);

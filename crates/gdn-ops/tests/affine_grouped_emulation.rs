@@ -28,13 +28,9 @@ use gdn_ops::ops::affine::grouped_tiles::{
     tile_schedule, AffineGroupedParams, GroupedTile, GROUPED_SCRATCH_BYTES, GROUPED_THREADS,
     GROUPED_TILE_COLS, GROUPED_TILE_ROWS,
 };
-use std::path::{Path, PathBuf};
-use std::sync::OnceLock;
 
-fn harness() -> &'static Path {
-    static HARNESS: OnceLock<PathBuf> = OnceLock::new();
-    HARNESS.get_or_init(|| emu::compile_harness("affine_grouped_harness", &["-ffp-contract=off"]))
-}
+static HARNESS: emu::Harness =
+    emu::Harness::metal_with("affine_grouped_harness", &["-ffp-contract=off"]);
 
 struct Case {
     vt: Ty,
@@ -113,7 +109,7 @@ fn run_harness(c: &Case) -> Result<Vec<f32>, String> {
     for t in &tiles {
         input.u32(t.expert).u32(t.row_begin).u32(t.row_end);
     }
-    let y = emu::run_harness(harness(), &input.0)?;
+    let y = HARNESS.run(&input.0)?;
     if y.len() != p * m.rows {
         return Err(format!(
             "harness wrote {} values, expected {}",
@@ -241,7 +237,7 @@ fn cases() -> Vec<Case> {
 
 #[test]
 fn shipped_grouped_kernel_matches_the_per_expert_reference() {
-    harness();
+    HARNESS.path();
     let jobs = cases();
     for &vt in &TYPES {
         for &st in &TYPES {

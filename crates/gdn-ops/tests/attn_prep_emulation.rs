@@ -16,13 +16,8 @@ mod emu;
 use candle_core::{Device, Tensor};
 use common::{close, failures, tensor, values, Input, Rng, Ty, TYPES};
 use gdn_ops::ops::attn_prep::{attn_prep, AttnPrepParams};
-use std::path::{Path, PathBuf};
-use std::sync::OnceLock;
 
-fn harness() -> &'static Path {
-    static HARNESS: OnceLock<PathBuf> = OnceLock::new();
-    HARNESS.get_or_init(|| emu::compile_harness("attn_prep_harness", &[]))
-}
+static HARNESS: emu::Harness = emu::Harness::metal("attn_prep_harness");
 
 #[derive(Clone, Copy, Debug)]
 struct Shape {
@@ -74,7 +69,7 @@ fn check(ty: Ty, s: Shape, seed: u64) -> Option<String> {
         .f32s(&freqs)
         .f32s(&keys0)
         .f32s(&values0);
-    let got = match emu::run_harness(harness(), &input.0) {
+    let got = match HARNESS.run(&input.0) {
         Ok(v) => v,
         Err(e) => return Some(e),
     };
@@ -141,7 +136,7 @@ fn shipped_attn_prep_kernels_match_the_cpu_twin() {
             jobs.push((ty, *s, (i as u64 + 1) * 104_729 + ty.code() as u64));
         }
     }
-    harness();
+    HARNESS.path();
     let failures: Vec<String> = failures(&jobs, |&(ty, s, seed)| {
         check(ty, s, seed).map(|e| format!("attn_prep_{} {s:?}: {e}", ty.name()))
     });

@@ -10,16 +10,10 @@
 #[allow(dead_code)]
 mod emu;
 
-use std::path::{Path, PathBuf};
-use std::sync::OnceLock;
-
-fn harness() -> &'static Path {
-    static HARNESS: OnceLock<PathBuf> = OnceLock::new();
-    HARNESS.get_or_init(|| emu::compile_harness("emu_selftest", &[]))
-}
+static HARNESS: emu::Harness = emu::Harness::metal("emu_selftest");
 
 fn run(case: u32) -> Result<Vec<f32>, String> {
-    emu::run_harness(harness(), &case.to_le_bytes())
+    HARNESS.run(&case.to_le_bytes())
 }
 
 /// The case's (kernel, plain loop) pairs, which must agree bit for bit.

@@ -18,30 +18,20 @@
 
 mod common;
 mod emu;
-mod gdn_chunk_emu;
+mod gated_delta_emu;
 
+use common::gated_delta::INSTANTIATIONS;
 use common::{St, Ty as In};
-use gdn_chunk_emu::{run_all, Kernel, Shape, INSTANTIATIONS};
-use std::path::{Path, PathBuf};
-use std::sync::OnceLock;
+use gated_delta_emu::{numbered, run_all, Job, Kernel, Shape};
+use gdn_ops::GdnForm;
 
-/// Compiles the harness once per test binary.
-fn harness() -> &'static Path {
-    static HARNESS: OnceLock<PathBuf> = OnceLock::new();
-    HARNESS.get_or_init(|| {
-        let stand_ins = emu::workspace_root().join("kernels/emu/cuda");
-        emu::compile_harness(
-            "gated_delta_chunk_cuda_harness",
-            &["-I", stand_ins.to_str().expect("a UTF-8 path")],
-        )
-    })
-}
+static HARNESS: emu::Harness = emu::Harness::cuda("gated_delta_chunk_cuda_harness");
 
 /// The cases: every instantiation over one chunk and three (T 64 and 192, the harness runs
 /// whole chunks only: the tail is the recurrence kernel's; three chunks wrap the state pass's
 /// two buffers) on one 32-column block of a 128-key head; padding masks; the models' head
 /// shapes; the smallest and largest key dims.
-fn jobs() -> Vec<(In, St, Shape, bool)> {
+fn jobs() -> Vec<Job> {
     let shape = |b, t, hk, ratio, dk, dv| Shape {
         b,
         t,
@@ -71,15 +61,17 @@ fn jobs() -> Vec<(In, St, Shape, bool)> {
     jobs.push((In::F32, St::F32, shape(1, 128, 2, 1, 16, 64), false));
     // The largest value head dim (pass 1 stages all of V).
     jobs.push((In::Bf16, St::F32, shape(2, 64, 1, 1, 64, 256), true));
-    jobs
+    numbered(jobs)
 }
 
 #[test]
 fn shipped_kernel_matches_the_cpu_reference() {
     run_all(
         &Kernel {
-            harness: harness(),
+            harness: &HARNESS,
             magic: b"GDCCUDA1",
+            name: "gated_delta_chunk",
+            reference: Some(GdnForm::Recurrent),
         },
         jobs(),
     );

@@ -19,23 +19,19 @@
 
 mod common;
 mod emu;
-mod gdn_chunk_emu;
+mod gated_delta_emu;
 
+use common::gated_delta::INSTANTIATIONS;
 use common::{St, Ty as In};
-use gdn_chunk_emu::{run_all, Kernel, Shape, INSTANTIATIONS};
-use std::path::{Path, PathBuf};
-use std::sync::OnceLock;
+use gated_delta_emu::{numbered, run_all, Job, Kernel, Shape};
+use gdn_ops::GdnForm;
 
-/// Compiles the harness once per test binary.
-fn harness() -> &'static Path {
-    static HARNESS: OnceLock<PathBuf> = OnceLock::new();
-    HARNESS.get_or_init(|| emu::compile_harness("gated_delta_chunk_harness", &[]))
-}
+static HARNESS: emu::Harness = emu::Harness::metal("gated_delta_chunk_harness");
 
 /// The cases: every kernel at T in {1, 63, 64, 65, 200} (no chunk, a tail only, one chunk,
 /// a chunk and a one-token tail, three chunks and a tail) on one 32-column block of a
 /// 128-key head; padding masks; and the models' head shapes.
-fn jobs() -> Vec<(In, St, Shape, bool)> {
+fn jobs() -> Vec<Job> {
     let shape = |b, t, hk, ratio, dk, dv| Shape {
         b,
         t,
@@ -61,15 +57,17 @@ fn jobs() -> Vec<(In, St, Shape, bool)> {
     // mlx-lm's default Qwen3.5 head (Dk 192, Dv 128), and the largest key dim the kernel holds.
     jobs.push((In::F32, St::F32, shape(1, 64, 1, 2, 192, 128), false));
     jobs.push((In::F32, St::F32, shape(1, 64, 1, 1, 256, 32), false));
-    jobs
+    numbered(jobs)
 }
 
 #[test]
 fn shipped_kernel_matches_the_cpu_reference() {
     run_all(
         &Kernel {
-            harness: harness(),
+            harness: &HARNESS,
             magic: b"GDCEMU01",
+            name: "gated_delta_chunk",
+            reference: Some(GdnForm::Recurrent),
         },
         jobs(),
     );

@@ -1,10 +1,9 @@
 //! The shipped Metal kernel `kernels/gated_rms_norm.metal`, compiled as C++ with clang-19 and
 //! the Metal emulation header (`kernels/emu/`), run on the CPU for all three
 //! `gated_rms_norm_{t}` kernels and compared with the CPU twin
-//! [`gdn_ops::ops::gated_rms_norm::gated_rms_norm`], on the real decode shape (Hv = 32,
-//! Dv = 128), a prefill, and edge sizes (Dv not a multiple of 32, Dv < 32, rows not a
-//! multiple of the threadgroup's four), with z as a strided view (NaN between its tokens) as
-//! the model passes it.
+//! [`gdn_ops::ops::gated_rms_norm::gated_rms_norm`], over the op's cases
+//! (tests/common/gated_rms_norm.rs: the real decode shape, prefills, and edge sizes), with z as
+//! a strided view (NaN between its tokens) as the model passes it.
 //!
 //! Gate, per case: every output within one ulp of InT of the twin's (both round the same f32
 //! expressions, whose mean square differs by summation order), or 1e-5 of max |out|.
@@ -13,16 +12,12 @@ mod common;
 mod emu;
 
 use candle_core::{DType, Device, Tensor};
+use common::gated_rms_norm::cases;
 use common::{worst_excess, Input, Rng, Ty as In, TYPES};
 use gdn_ops::ops::gated_rms_norm::gated_rms_norm;
-use std::path::{Path, PathBuf};
-use std::sync::OnceLock;
 use std::time::Instant;
 
-fn harness() -> &'static Path {
-    static HARNESS: OnceLock<PathBuf> = OnceLock::new();
-    HARNESS.get_or_init(|| emu::compile_harness("gated_rms_norm_harness", &[]))
-}
+static HARNESS: emu::Harness = emu::Harness::metal("gated_rms_norm_harness");
 
 struct Case {
     ty: In,
@@ -84,7 +79,7 @@ fn run_harness(c: &Case) -> Result<Vec<f32>, String> {
     for a in [&c.y, &c.z, &c.weight] {
         input.f32s(a);
     }
-    let floats = emu::run_harness(harness(), &input.0)?;
+    let floats = HARNESS.run(&input.0)?;
     if floats.len() != c.y.len() {
         return Err(format!(
             "harness wrote {} floats, expected {}",
@@ -152,22 +147,11 @@ fn check(c: &Case) -> Option<String> {
 #[test]
 fn shipped_gated_rms_norm_kernels_match_the_cpu_twin() {
     let started = Instant::now();
-    harness();
-    // ((B, T, Hv, Dv), padding between z's tokens).
-    let shapes = [
-        // Qwen3-Next decode, z a slice of the merged projection.
-        ((1, 1, 32, 128), 8192 + 64),
-        ((2, 1, 32, 128), 40),
-        // Prefill, Qwen3.5's 48 value heads.
-        ((1, 5, 48, 128), 96),
-        // Dv not a multiple of 32, below 32, above 256; 3 and 7 rows (partial threadgroups).
-        ((1, 1, 3, 100), 0),
-        ((1, 7, 1, 20), 3),
-        ((2, 2, 2, 300), 1),
-    ];
+    HARNESS.path();
     let mut failures = vec![];
     let mut runs = 0;
-    for (si, &(shape, pad)) in shapes.iter().enumerate() {
+    for (si, s) in cases().into_iter().enumerate() {
+        let (shape, pad) = (s.dims(), s.z_gap);
         for ty in TYPES {
             let c = make_case(ty, shape, pad, 0x6A7E_0000 + (si * 3 + ty as usize) as u64);
             runs += 1;

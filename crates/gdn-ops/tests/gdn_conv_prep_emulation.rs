@@ -19,14 +19,9 @@ mod emu;
 use candle_core::{DType, Device, Tensor};
 use common::{conv_prep_dims as dims, worst_excess, Input, Rng, Ty as In, TYPES};
 use gdn_ops::ops::gdn_conv_prep::{gdn_conv_prep, qk_scales, ConvPrepDims, NORM_EPS};
-use std::path::{Path, PathBuf};
-use std::sync::OnceLock;
 use std::time::Instant;
 
-fn harness() -> &'static Path {
-    static HARNESS: OnceLock<PathBuf> = OnceLock::new();
-    HARNESS.get_or_init(|| emu::compile_harness("gdn_conv_prep_harness", &[]))
-}
+static HARNESS: emu::Harness = emu::Harness::metal("gdn_conv_prep_harness");
 
 struct Case {
     ty: In,
@@ -161,7 +156,7 @@ fn run_harness(c: &Case) -> Result<Outputs, String> {
     ] {
         input.f32s(a);
     }
-    let floats = emu::run_harness(harness(), &input.0)?;
+    let floats = HARNESS.run(&input.0)?;
     let rows = c.batch * c.tokens;
     let qk = rows * d.key_heads * d.key_dim;
     let gates = rows * d.value_heads;
@@ -278,7 +273,7 @@ fn check(c: &Case) -> Vec<String> {
 #[test]
 fn shipped_gdn_conv_prep_kernels_match_the_cpu_twin() {
     let started = Instant::now();
-    harness();
+    HARNESS.path();
     // (dims, batch, tokens, view padding): the real shapes, then edges; decode steps (S = 1)
     // and prefill chunks (S < K − 1, K − 1, K, many).
     let shapes = [

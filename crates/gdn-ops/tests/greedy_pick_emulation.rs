@@ -15,8 +15,6 @@ mod emu;
 use candle_core::{DType, Device, Tensor};
 use common::{failures, values, Input, Rng};
 use gdn_ops::ops::greedy_pick::{greedy_pick, GreedyPickParams, THREADS};
-use std::path::{Path, PathBuf};
-use std::sync::OnceLock;
 
 const DTYPES: [(DType, &str, &str); 3] = [
     (DType::F32, "f32", "float"),
@@ -30,18 +28,12 @@ enum Kernel {
     Cuda,
 }
 
-fn harness(kernel: Kernel) -> &'static Path {
-    static METAL: OnceLock<PathBuf> = OnceLock::new();
-    static CUDA: OnceLock<PathBuf> = OnceLock::new();
+fn harness(kernel: Kernel) -> &'static emu::Harness {
+    static METAL: emu::Harness = emu::Harness::metal("greedy_pick_harness");
+    static CUDA: emu::Harness = emu::Harness::cuda("greedy_pick_cuda_harness");
     match kernel {
-        Kernel::Metal => METAL.get_or_init(|| emu::compile_harness("greedy_pick_harness", &[])),
-        Kernel::Cuda => CUDA.get_or_init(|| {
-            let stand_ins = emu::workspace_root().join("kernels/emu/cuda");
-            emu::compile_harness(
-                "greedy_pick_cuda_harness",
-                &["-I", stand_ins.to_str().expect("a UTF-8 path")],
-            )
-        }),
+        Kernel::Metal => &METAL,
+        Kernel::Cuda => &CUDA,
     }
 }
 
@@ -121,7 +113,7 @@ impl Case {
             input.u32(h);
         }
         input.f32s(&values(&self.logits));
-        let out = emu::run_harness(harness(kernel), &input.0)?;
+        let out = harness(kernel).run(&input.0)?;
         if out.len() != 2 * p.rows as usize {
             return Err(format!(
                 "harness wrote {} words, expected {}",
@@ -195,7 +187,7 @@ fn cases() -> Vec<Case> {
 }
 
 fn check_kernel(kernel: Kernel) {
-    harness(kernel);
+    harness(kernel).path();
     let jobs = cases();
     let failures: Vec<String> = failures(&jobs, |c| {
         c.check(kernel)

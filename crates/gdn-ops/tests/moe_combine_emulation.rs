@@ -15,8 +15,6 @@ mod emu;
 use candle_core::{DType, Device, Tensor};
 use common::{failures, values, Input, Rng};
 use gdn_ops::ops::moe_combine::{combine_threads, moe_combine, moe_combine_rows, MoeCombineParams};
-use std::path::{Path, PathBuf};
-use std::sync::OnceLock;
 
 const DTYPES: [(DType, &str, &str); 3] = [
     (DType::F32, "f32", "float"),
@@ -24,10 +22,7 @@ const DTYPES: [(DType, &str, &str); 3] = [
     (DType::BF16, "bf16", "bfloat"),
 ];
 
-fn harness() -> &'static Path {
-    static HARNESS: OnceLock<PathBuf> = OnceLock::new();
-    HARNESS.get_or_init(|| emu::compile_harness("moe_combine_harness", &[]))
-}
+static HARNESS: emu::Harness = emu::Harness::metal("moe_combine_harness");
 
 struct Case {
     dtype: usize,
@@ -146,7 +141,7 @@ impl Case {
         for t in self.residual.iter().chain(&self.norm_weight) {
             input.f32s(&values(t));
         }
-        let out = match emu::run_harness(harness(), &input.0) {
+        let out = match HARNESS.run(&input.0) {
             Ok(o) => o,
             Err(e) => return Some(e),
         };
@@ -223,7 +218,7 @@ fn cases() -> Vec<Case> {
 
 #[test]
 fn shipped_moe_combine_kernels_match_the_cpu_twin() {
-    harness();
+    HARNESS.path();
     let jobs = cases();
     let failures: Vec<String> =
         failures(&jobs, |c| c.check().map(|e| format!("[{}] {e}", c.label())));

@@ -13,8 +13,6 @@ mod emu;
 use candle_core::{DType, Device, Tensor};
 use common::{failures, values, Input, Rng};
 use gdn_ops::ops::moe_route::{moe_route, MoeRouteParams};
-use std::path::{Path, PathBuf};
-use std::sync::OnceLock;
 
 const DTYPES: [(DType, &str, &str); 3] = [
     (DType::F32, "f32", "float"),
@@ -22,10 +20,7 @@ const DTYPES: [(DType, &str, &str); 3] = [
     (DType::BF16, "bf16", "bfloat"),
 ];
 
-fn harness() -> &'static Path {
-    static HARNESS: OnceLock<PathBuf> = OnceLock::new();
-    HARNESS.get_or_init(|| emu::compile_harness("moe_route_harness", &[]))
-}
+static HARNESS: emu::Harness = emu::Harness::metal("moe_route_harness");
 
 struct Case {
     dtype: usize,
@@ -99,7 +94,7 @@ impl Case {
             input.u32(h as u32);
         }
         input.f32s(&values(&self.logits));
-        let out = emu::run_harness(harness(), &input.0)?;
+        let out = HARNESS.run(&input.0)?;
         let n = self.tokens * (self.top_k + self.has_shared as usize);
         if out.len() != 2 * n {
             return Err(format!(
@@ -162,7 +157,7 @@ fn cases() -> Vec<Case> {
 
 #[test]
 fn shipped_moe_route_kernels_match_the_cpu_twin() {
-    harness();
+    HARNESS.path();
     let jobs = cases();
     for dt in 0..3 {
         assert!(jobs.iter().any(|c| c.dtype == dt));

@@ -1,12 +1,18 @@
-//! Shared by the fused kernels' tests (CPU twin, emulation, CUDA): activation types, the GPU and
-//! its tolerances, the grouped matmul's row offsets,
-//! reproducible random inputs, running cases on two threads, the harness input encoding, and the tolerance checks.
+//! Shared by the fused kernels' tests (CPU twin, emulation, CUDA): an op's cases, once for every
+//! backend (`<op>.rs`: `cases()`, its inputs, what the gates share; the gated delta rule's
+//! inputs in `gated_delta.rs`), activation types, the GPU and its tolerances, the grouped
+//! matmul's row offsets, reproducible random inputs, running cases on two threads, the harness
+//! input encoding, and the tolerance checks.
 #![allow(dead_code, unused_imports)]
 
 pub mod attention;
+pub mod attn_prefill;
 pub mod compare;
 pub mod conv_prep;
 pub mod dtype;
+pub mod gated_delta;
+pub mod gated_delta_norm;
+pub mod gated_rms_norm;
 pub mod gpu;
 pub mod grouped;
 pub mod harness_input;

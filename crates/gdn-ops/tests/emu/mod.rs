@@ -1,9 +1,11 @@
 //! Shared by the Metal emulation tests: compiling a harness from `kernels/emu/` with clang-19
 //! and running it on one case (binary input on stdin, f32 results on stdout).
+#![allow(dead_code)]
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
+use std::sync::OnceLock;
 use std::time::Instant;
 
 pub fn workspace_root() -> PathBuf {
@@ -52,6 +54,57 @@ pub fn compile_harness(name: &str, extra_flags: &[&str]) -> PathBuf {
     );
     eprintln!("{name} compiled in {:.1}s", started.elapsed().as_secs_f32());
     out
+}
+
+/// A harness of `kernels/emu/`, compiled on first use, once per test binary.
+pub struct Harness {
+    name: &'static str,
+    flags: &'static [&'static str],
+    /// Whether it also needs the CUDA stand-ins of `kernels/emu/cuda/`.
+    cuda: bool,
+    path: OnceLock<PathBuf>,
+}
+
+impl Harness {
+    /// `kernels/emu/<name>.cpp`, a shipped `.metal` kernel on the Metal emulation.
+    pub const fn metal(name: &'static str) -> Self {
+        Self::metal_with(name, &[])
+    }
+    /// As [`Harness::metal`], compiled with extra clang flags.
+    pub const fn metal_with(name: &'static str, flags: &'static [&'static str]) -> Self {
+        Self {
+            name,
+            flags,
+            cuda: false,
+            path: OnceLock::new(),
+        }
+    }
+    /// `kernels/emu/<name>.cpp`, a shipped `.cu` kernel body on the Metal emulation plus the
+    /// CUDA stand-ins.
+    pub const fn cuda(name: &'static str) -> Self {
+        Self {
+            name,
+            flags: &[],
+            cuda: true,
+            path: OnceLock::new(),
+        }
+    }
+    /// The compiled binary (compiling it on the first call).
+    pub fn path(&self) -> &Path {
+        self.path.get_or_init(|| {
+            let stand_ins = workspace_root().join("kernels/emu/cuda");
+            let stand_ins = stand_ins.to_str().expect("a UTF-8 path");
+            let mut flags = self.flags.to_vec();
+            if self.cuda {
+                flags.extend(["-I", stand_ins]);
+            }
+            compile_harness(self.name, &flags)
+        })
+    }
+    /// Runs the harness on one case ([`run_harness`]).
+    pub fn run(&self, input: &[u8]) -> Result<Vec<f32>, String> {
+        run_harness(self.path(), input)
+    }
 }
 
 /// Runs a compiled harness on one case and returns the f32 values it printed.
@@ -120,7 +173,6 @@ pub fn params_fields(header: &str, name: &str) -> Vec<(String, String)> {
 
 /// A source file without `//` comments, whitespace squashed to single spaces: what the ABI
 /// tests search.
-#[allow(dead_code)]
 pub fn flatten_source(src: &str) -> String {
     let code: String = src
         .lines()
@@ -131,13 +183,11 @@ pub fn flatten_source(src: &str) -> String {
 }
 
 /// A shipped source (`path` from the workspace root), flattened ([`flatten_source`]).
-#[allow(dead_code)]
 pub fn shipped_source(path: &str) -> String {
     flatten_source(&std::fs::read_to_string(workspace_root().join(path)).unwrap())
 }
 
 /// A flattened source ([`flatten_source`]) without its `/* */` comments, squashed again.
-#[allow(dead_code)]
 pub fn strip_block_comments(flat: &str) -> String {
     let mut flat = flat.to_string();
     while let Some(start) = flat.find("/*") {
@@ -149,7 +199,6 @@ pub fn strip_block_comments(flat: &str) -> String {
 
 /// Asserts that the kernel defined from `start` on binds exactly `buffers` at indices 0.., in
 /// order, in a flattened source ([`flatten_source`]).
-#[allow(dead_code)]
 pub fn assert_buffers(flat: &str, start: &str, buffers: &[&str]) {
     let mut from = flat
         .find(start)

@@ -1,39 +1,59 @@
-//! What the two emulation tests of the chunked gated-delta kernels share
-//! (`gated_delta_chunk_emulation.rs` for the Metal kernel, `gated_delta_chunk_cuda_emulation.rs`
-//! for the CUDA one): random cases, the harness protocol, the CPU reference and the gates.
-//! Each test names its harness and its case list.
+//! What the emulation tests of the gated-delta recurrence kernels share
+//! (`metal_emulation.rs` for the Metal step kernel, `gated_delta_chunk_emulation.rs` for the
+//! Metal chunk kernels, `gated_delta_chunk_cuda_emulation.rs` for the CUDA ones): the cases,
+//! the harness protocol, the CPU reference and the gates, and the driver that runs the cases on
+//! all cores. Each test names its harness and its case list; the inputs come from
+//! `common::gated_delta`.
+#![allow(dead_code)] // each test uses its part: `numbered` seeds are for the chunk tests
 
+use crate::common::gated_delta::{gdn_inputs, padding_mask, GdnDims, INSTANTIATIONS};
 use crate::common::{max_abs, rel_err, worst_excess, Rng, St, Ty as In};
 use crate::emu;
 use candle_core::{DType, Device, Tensor};
+use gdn_ops::GdnForm;
 use half::bf16;
-use std::path::Path;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 use std::time::Instant;
 
-pub const INSTANTIATIONS: [(In, St); 6] = [
-    (In::F32, St::F32),
-    (In::F32, St::Bf16),
-    (In::F16, St::F32),
-    (In::F16, St::Bf16),
-    (In::Bf16, St::F32),
-    (In::Bf16, St::Bf16),
-];
-
-/// A compiled harness and the magic its input starts with.
-pub struct Kernel<'a> {
-    pub harness: &'a Path,
+/// A harness, the magic its input starts with, the kernel family's name in reports, and the
+/// CPU form it is compared with.
+pub struct Kernel {
+    pub harness: &'static emu::Harness,
     pub magic: &'static [u8; 8],
+    /// `gated_delta_step` or `gated_delta_chunk`: the report names `<name>_<in>_<st>`.
+    pub name: &'static str,
+    /// The reference form: `None` for the one the library picks by length
+    /// ([`gdn_ops::gated_delta_update_masked`]).
+    pub reference: Option<GdnForm>,
+}
+
+/// One emulated run: an instantiation, a shape, whether padded, and the inputs' seed.
+#[derive(Debug, Clone, Copy)]
+pub struct Job {
+    pub inp: In,
+    pub st: St,
+    pub shape: Shape,
+    pub masked: bool,
+    pub seed: u64,
+}
+
+/// `(instantiation, shape, masked)` jobs seeded 1000, 1001, ... in order.
+pub fn numbered(jobs: Vec<(In, St, Shape, bool)>) -> Vec<Job> {
+    jobs.into_iter()
+        .enumerate()
+        .map(|(i, (inp, st, shape, masked))| Job {
+            inp,
+            st,
+            shape,
+            masked,
+            seed: 1000 + i as u64,
+        })
+        .collect()
 }
 
 pub struct Case {
-    b: usize,
-    t: usize,
-    hk: usize,
-    hv: usize,
-    dk: usize,
-    dv: usize,
+    d: GdnDims,
     q: Vec<f32>,
     k: Vec<f32>,
     v: Vec<f32>,
@@ -43,8 +63,7 @@ pub struct Case {
     mask: Option<Vec<f32>>,
 }
 
-#[allow(clippy::too_many_arguments)]
-pub fn make_case(inp: In, st: St, shape: Shape, masked: bool, seed: u64) -> Case {
+pub fn make_case(job: &Job) -> Case {
     let Shape {
         b,
         t,
@@ -52,71 +71,26 @@ pub fn make_case(inp: In, st: St, shape: Shape, masked: bool, seed: u64) -> Case
         ratio,
         dk,
         dv,
-    } = shape;
-    let hv = hk * ratio;
-    let mut rng = Rng::new(seed);
-    // Unit-norm keys, as the model feeds them: (I - beta k k^T) then contracts, and long
-    // sequences stay bounded. q carries the 1/sqrt(Dk) scale.
-    let mut unit_rows = |scale: f32| -> Vec<f32> {
-        let mut x: Vec<f32> = (0..b * t * hk * dk)
-            .map(|_| rng.signed(0.05, 1.0))
-            .collect();
-        for row in x.chunks_exact_mut(dk) {
-            let norm = row.iter().map(|v| v * v).sum::<f32>().sqrt();
-            row.iter_mut()
-                .for_each(|v| *v = inp.round(*v / norm * scale));
-        }
-        x
-    };
-    let q = unit_rows(1.0 / (dk as f32).sqrt());
-    let k = unit_rows(1.0);
-    let v = (0..b * t * hv * dv)
-        .map(|_| inp.round(rng.signed(0.05, 1.0)))
-        .collect();
-    // Decays in [0.6, 1], some exactly 1 (no decay).
-    let g = (0..b * t * hv)
-        .map(|_| {
-            if rng.next() & 7 == 0 {
-                1.0
-            } else {
-                rng.uniform(0.6, 1.0)
-            }
-        })
-        .collect();
-    let beta = (0..b * t * hv).map(|_| rng.uniform(0.05, 0.95)).collect();
-    let state = (0..b * hv * dv * dk)
-        .map(|_| {
-            let x = rng.signed(0.05, 1.0);
-            match st {
-                St::F32 => x,
-                St::Bf16 => bf16::from_f32(x).to_f32(),
-            }
-        })
-        .collect();
-    // Batch 0 is left-padded; batch 1 has scattered padding (T = 1: only batch 0 is padding).
-    let mask = masked.then(|| {
-        let mut m = vec![1f32; b * t];
-        m[..t.div_ceil(3)].fill(0.0);
-        for x in &mut m[t + 1..] {
-            if rng.next() & 3 == 0 {
-                *x = 0.0;
-            }
-        }
-        m
-    });
-    Case {
+    } = job.shape;
+    let d = GdnDims {
         b,
         t,
         hk,
-        hv,
+        hv: hk * ratio,
         dk,
         dv,
-        q,
-        k,
-        v,
-        g,
-        beta,
-        state,
+    };
+    let mut rng = Rng::new(job.seed);
+    let x = gdn_inputs(&mut rng, job.inp, job.st, d);
+    let mask = job.masked.then(|| padding_mask(&mut rng, b, t));
+    Case {
+        d,
+        q: x.q,
+        k: x.k,
+        v: x.v,
+        g: x.g,
+        beta: x.beta,
+        state: x.state,
         mask,
     }
 }
@@ -128,13 +102,21 @@ pub struct Out {
 
 fn run_harness(kernel: &Kernel, c: &Case, inp: In, st: St) -> Result<Out, String> {
     let mut bytes = kernel.magic.to_vec();
+    let GdnDims {
+        b,
+        t,
+        hk,
+        hv,
+        dk,
+        dv,
+    } = c.d;
     let header = [
-        c.b,
-        c.t,
-        c.hk,
-        c.hv,
-        c.dk,
-        c.dv,
+        b,
+        t,
+        hk,
+        hv,
+        dk,
+        dv,
         c.mask.is_some() as usize,
         inp.code() as usize,
         st.code() as usize,
@@ -147,8 +129,8 @@ fn run_harness(kernel: &Kernel, c: &Case, inp: In, st: St) -> Result<Out, String
         x.iter()
             .for_each(|f| bytes.extend_from_slice(&f.to_le_bytes()));
     }
-    let floats = emu::run_harness(kernel.harness, &bytes)?;
-    let y_len = c.b * c.t * c.hv * c.dv;
+    let floats = kernel.harness.run(&bytes)?;
+    let y_len = b * t * hv * dv;
     if floats.len() != y_len + c.state.len() {
         return Err(format!(
             "harness wrote {} floats, expected {}",
@@ -162,8 +144,16 @@ fn run_harness(kernel: &Kernel, c: &Case, inp: In, st: St) -> Result<Out, String
     })
 }
 
-fn reference(c: &Case, inp: In, st: St) -> Out {
+fn reference(form: Option<GdnForm>, c: &Case, inp: In, st: St) -> Out {
     let dev = Device::Cpu;
+    let GdnDims {
+        b,
+        t: steps,
+        hk,
+        hv,
+        dk,
+        dv,
+    } = c.d;
     let t = |x: &[f32], shape: &[usize], dtype: DType| {
         Tensor::from_slice(x, shape, &dev)
             .unwrap()
@@ -171,23 +161,26 @@ fn reference(c: &Case, inp: In, st: St) -> Out {
             .unwrap()
     };
     let (qk, v, gate) = (
-        &[c.b, c.t, c.hk, c.dk][..],
-        &[c.b, c.t, c.hv, c.dv][..],
-        &[c.b, c.t, c.hv][..],
+        &[b, steps, hk, dk][..],
+        &[b, steps, hv, dv][..],
+        &[b, steps, hv][..],
     );
-    let state = t(&c.state, &[c.b, c.hv, c.dv, c.dk], st.dtype());
-    let mask = c.mask.as_ref().map(|m| t(m, &[c.b, c.t], DType::F32));
-    // The token-by-token form (on the CPU the length alone would pick the chunked one).
-    let y = gdn_ops::gated_delta_update_in(
-        gdn_ops::GdnForm::Recurrent,
-        &t(&c.q, qk, inp.dtype()),
-        &t(&c.k, qk, inp.dtype()),
-        &t(&c.v, v, inp.dtype()),
-        &t(&c.g, gate, DType::F32),
-        &t(&c.beta, gate, DType::F32),
-        &state,
-        mask.as_ref(),
-    )
+    let state = t(&c.state, &[b, hv, dv, dk], st.dtype());
+    let mask = c.mask.as_ref().map(|m| t(m, &[b, steps], DType::F32));
+    let (q, k, v) = (
+        t(&c.q, qk, inp.dtype()),
+        t(&c.k, qk, inp.dtype()),
+        t(&c.v, v, inp.dtype()),
+    );
+    let (g, beta) = (t(&c.g, gate, DType::F32), t(&c.beta, gate, DType::F32));
+    let y = match form {
+        // A chunk kernel is compared with the token-by-token form (on the CPU the length
+        // alone would pick the chunked one).
+        Some(form) => {
+            gdn_ops::gated_delta_update_in(form, &q, &k, &v, &g, &beta, &state, mask.as_ref())
+        }
+        None => gdn_ops::gated_delta_update_masked(&q, &k, &v, &g, &beta, &state, mask.as_ref()),
+    }
     .unwrap();
     assert_eq!(
         y.dtype(),
@@ -217,7 +210,7 @@ fn check(kernel: &Kernel, c: &Case, inp: In, st: St) -> Vec<String> {
         Ok(o) => o,
         Err(e) => return vec![e],
     };
-    let want = reference(c, inp, st);
+    let want = reference(kernel.reference, c, inp, st);
 
     // y: the reference's y is already rounded to InT.
     let y_scale = max_abs(&want.y);
@@ -231,7 +224,7 @@ fn check(kernel: &Kernel, c: &Case, inp: In, st: St) -> Vec<String> {
         ));
     }
     if let Some(m) = &c.mask {
-        let per_bt = c.hv * c.dv;
+        let per_bt = c.d.hv * c.d.dv;
         let nonzero = (0..got.y.len())
             .filter(|&i| m[i / per_bt] == 0.0 && got.y[i] != 0.0)
             .count();
@@ -256,7 +249,7 @@ fn check(kernel: &Kernel, c: &Case, inp: In, st: St) -> Vec<String> {
                 Ok(o) => o.state,
                 Err(e) => return vec![format!("f32-state sibling: {e}")],
             };
-            let want32 = reference(c, inp, St::F32).state;
+            let want32 = reference(kernel.reference, c, inp, St::F32).state;
             let (e, at) = rel_err(&got32, &want32);
             if e > REL_TOL {
                 bad.push(format!(
@@ -324,9 +317,9 @@ pub struct Shape {
     pub dv: usize,
 }
 
-/// Runs every job (instantiation, shape, masked) through `kernel` on all cores and fails with
-/// a per-instantiation report of the cases that miss a gate.
-pub fn run_all(kernel: &Kernel, jobs: Vec<(In, St, Shape, bool)>) {
+/// Runs every job through `kernel` on all cores and fails with a per-instantiation report of
+/// the cases that miss a gate.
+pub fn run_all(kernel: &Kernel, jobs: Vec<Job>) {
     let started = Instant::now();
     let next = AtomicUsize::new(0);
     let failures = Mutex::new(vec![]);
@@ -337,16 +330,16 @@ pub fn run_all(kernel: &Kernel, jobs: Vec<(In, St, Shape, bool)>) {
         for _ in 0..workers {
             s.spawn(|| loop {
                 let i = next.fetch_add(1, Ordering::Relaxed);
-                let Some(&(inp, st, shape, masked)) = jobs.get(i) else {
+                let Some(job) = jobs.get(i) else {
                     break;
                 };
-                let c = make_case(inp, st, shape, masked, 1000 + i as u64);
-                let bad = check(kernel, &c, inp, st);
+                let c = make_case(job);
+                let bad = check(kernel, &c, job.inp, job.st);
                 if !bad.is_empty() {
-                    failures
-                        .lock()
-                        .unwrap()
-                        .push((i, format!("[{shape:?} mask={masked}] {}", bad.join("; "))));
+                    failures.lock().unwrap().push((
+                        i,
+                        format!("[{:?} mask={}] {}", job.shape, job.masked, bad.join("; ")),
+                    ));
                 }
             });
         }
@@ -363,12 +356,13 @@ pub fn run_all(kernel: &Kernel, jobs: Vec<(In, St, Shape, bool)>) {
     for (inp, st) in INSTANTIATIONS {
         let mine: Vec<_> = failures
             .iter()
-            .filter(|(i, _)| (jobs[*i].0, jobs[*i].1) == (inp, st))
+            .filter(|(i, _)| (jobs[*i].inp, jobs[*i].st) == (inp, st))
             .collect();
         if let Some((_, first)) = mine.first() {
-            let total = jobs.iter().filter(|j| (j.0, j.1) == (inp, st)).count();
+            let total = jobs.iter().filter(|j| (j.inp, j.st) == (inp, st)).count();
             report.push(format!(
-                "gated_delta_chunk_{}_{}: {} of {total} cases fail, first {first}",
+                "{}_{}_{}: {} of {total} cases fail, first {first}",
+                kernel.name,
                 inp.name(),
                 st.name(),
                 mine.len()
