@@ -114,16 +114,10 @@ fn shipped_add_rms_norm_kernels_match_the_cpu_twin() {
 /// mirrors, and the instantiation names.
 #[test]
 fn kernel_abi_in_source() {
-    assert_eq!(
-        emu::params_fields("add_rms_norm.h", "AddRmsNormParams"),
-        [
-            ("unsigned int", "rows"),
-            ("unsigned int", "cols"),
-            ("unsigned int", "has_delta"),
-            ("float", "eps")
-        ]
-        .map(|(t, f)| (t.to_string(), f.to_string())),
-        "AddRmsNormParams (kernels/params/add_rms_norm.h) must match ops/add_rms_norm"
+    emu::assert_params(
+        "add_rms_norm.h",
+        "AddRmsNormParams",
+        &["rows", "cols", "has_delta", "float eps"],
     );
     assert_eq!(std::mem::size_of::<AddRmsNormParams>(), 16);
     let src = emu::shipped_source("kernels/add_rms_norm.metal");

@@ -774,19 +774,18 @@ fn shipped_affine_kernels_match_the_cpu_reference() {
 /// parameter struct the Rust host side mirrors.
 #[test]
 fn kernel_abi_in_source() {
-    assert_eq!(
-        emu::params_fields("affine.h", "AffineParams"),
-        [
+    emu::assert_params(
+        "affine.h",
+        "AffineParams",
+        &[
             "rows",
             "cols",
             "bits",
             "group_size",
             "out_rows",
             "x_div",
-            "has_ids"
-        ]
-        .map(|f| ("unsigned int".to_string(), f.to_string())),
-        "AffineParams (kernels/params/affine.h) must match the #[repr(C)] struct in ops/affine"
+            "has_ids",
+        ],
     );
     assert_eq!(
         std::mem::size_of::<gdn_ops::ops::affine::AffineParams>(),

@@ -196,9 +196,10 @@ fn tile_constants_match_the_host() {
 #[test]
 fn kernel_abi_in_source() {
     let flat = emu::shipped_source("kernels/affine_grouped.cu");
-    assert_eq!(
-        emu::params_fields("affine_grouped.h", "AffineGroupedParams"),
-        [
+    emu::assert_params(
+        "affine_grouped.h",
+        "AffineGroupedParams",
+        &[
             "rows",
             "cols",
             "bits",
@@ -206,10 +207,8 @@ fn kernel_abi_in_source() {
             "experts",
             "pairs",
             "tiles",
-            "tile_pairs"
-        ]
-        .map(|f| ("unsigned int".to_string(), f.to_string())),
-        "AffineGroupedParams (kernels/params/affine_grouped.h) must match the host's #[repr(C)] mirror"
+            "tile_pairs",
+        ],
     );
     assert!(flat.contains("#include \"params/affine_grouped.h\""));
     assert!(

@@ -259,17 +259,24 @@ fn shipped_grouped_kernel_matches_the_per_expert_reference() {
 /// parameter structs the Rust side mirrors, and the host's launch constants.
 #[test]
 fn kernel_abi_in_source() {
-    let u = |f: &str| ("unsigned int".to_string(), f.to_string());
-    assert_eq!(
-        emu::params_fields("affine_grouped_metal.h", "AffineGroupedParams"),
-        ["experts", "rows", "cols", "bits", "group_size", "x_rows", "tiles"].map(u),
-        "AffineGroupedParams (kernels/params/affine_grouped_metal.h) must match ops/affine/grouped_tiles.rs"
+    emu::assert_params(
+        "affine_grouped_metal.h",
+        "AffineGroupedParams",
+        &[
+            "experts",
+            "rows",
+            "cols",
+            "bits",
+            "group_size",
+            "x_rows",
+            "tiles",
+        ],
     );
     assert_eq!(std::mem::size_of::<AffineGroupedParams>(), 7 * 4);
-    assert_eq!(
-        emu::params_fields("affine_grouped_metal.h", "GroupedTile"),
-        ["expert", "row_begin", "row_end"].map(u),
-        "GroupedTile (kernels/params/affine_grouped_metal.h) must match ops/affine/grouped_tiles.rs"
+    emu::assert_params(
+        "affine_grouped_metal.h",
+        "GroupedTile",
+        &["expert", "row_begin", "row_end"],
     );
     assert_eq!(std::mem::size_of::<GroupedTile>(), 3 * 4);
     let flat = emu::shipped_source("kernels/affine_grouped.metal");

@@ -179,20 +179,19 @@ fn run_all(harness: &Path, kind: &str) {
 /// struct the host mirrors, and the instantiation names.
 #[test]
 fn kernel_abi_in_source() {
-    let u = |f: &str| ("unsigned int".to_string(), f.to_string());
-    assert_eq!(
-        emu::params_fields("attn_decode.h", "AttnDecodeParams"),
-        [
-            u("batch"),
-            u("q_heads"),
-            u("kv_heads"),
-            u("head_dim"),
-            u("capacity"),
-            u("simdgroups"),
-            u("splits"),
-            ("float".to_string(), "scale".to_string())
+    emu::assert_params(
+        "attn_decode.h",
+        "AttnDecodeParams",
+        &[
+            "batch",
+            "q_heads",
+            "kv_heads",
+            "head_dim",
+            "capacity",
+            "simdgroups",
+            "splits",
+            "float scale",
         ],
-        "AttnDecodeParams (kernels/params/attn_decode.h) must match ops/attn_decode"
     );
     assert_eq!(std::mem::size_of::<AttnDecodeParams>(), 32);
     let src = emu::shipped_source("kernels/attn_decode.metal");

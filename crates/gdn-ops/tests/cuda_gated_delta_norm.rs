@@ -12,7 +12,6 @@
 mod common;
 
 use candle_core::{DType, Device, Tensor};
-use common::gated_delta::GdnDims;
 use common::gated_delta_norm::{cases, norm_tensors, z_of};
 use common::{gpu, rel_max, tolerance, Rng};
 use gdn_ops::ops::gated_delta_norm::gated_delta_update_norm;
@@ -22,14 +21,7 @@ fn gated_delta_norm_matches_the_cpu_twin() {
     let dev = gpu();
     let mut rng = Rng::xorshift(0x5EED_D17A);
     for c in cases() {
-        let GdnDims {
-            b,
-            t,
-            hk,
-            hv,
-            dk,
-            dv,
-        } = c.d;
+        let (b, t, hk, hv, dk, dv) = c.d.tuple();
         for in_dtype in [DType::F32, DType::F16, DType::BF16] {
             for st_dtype in [DType::F32, DType::BF16] {
                 let seed = rng.next();

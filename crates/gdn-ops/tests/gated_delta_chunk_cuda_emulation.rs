@@ -22,7 +22,9 @@ mod gated_delta_emu;
 
 use common::gated_delta::INSTANTIATIONS;
 use common::{St, Ty as In};
-use gated_delta_emu::{numbered, run_all, Job, Kernel, Shape};
+use gated_delta_emu::{
+    assert_chunk_instantiations, assert_chunk_params, numbered, run_all, shape, Job, Kernel,
+};
 use gdn_ops::GdnForm;
 
 static HARNESS: emu::Harness = emu::Harness::cuda("gated_delta_chunk_cuda_harness");
@@ -32,14 +34,6 @@ static HARNESS: emu::Harness = emu::Harness::cuda("gated_delta_chunk_cuda_harnes
 /// two buffers) on one 32-column block of a 128-key head; padding masks; the models' head
 /// shapes; the smallest and largest key dims.
 fn jobs() -> Vec<Job> {
-    let shape = |b, t, hk, ratio, dk, dv| Shape {
-        b,
-        t,
-        hk,
-        ratio,
-        dk,
-        dv,
-    };
     let mut jobs = vec![];
     for &(inp, st) in &INSTANTIATIONS {
         for t in [64, 192] {
@@ -83,21 +77,7 @@ fn shipped_kernel_matches_the_cpu_reference() {
 #[test]
 fn kernel_abi_in_source() {
     let flat = emu::shipped_source("kernels/gated_delta_chunk.cu");
-    assert_eq!(
-        emu::params_fields("gated_delta_chunk.h", "GdnChunkParams"),
-        [
-            "batch",
-            "steps",
-            "chunks",
-            "key_heads",
-            "value_heads",
-            "key_dim",
-            "value_dim",
-            "has_mask"
-        ]
-        .map(|f| ("unsigned int".to_string(), f.to_string())),
-        "GdnChunkParams (kernels/params/gated_delta_chunk.h) must match the host's #[repr(C)] mirror"
-    );
+    assert_chunk_params();
     assert!(
         flat.contains("#include \"params/gated_delta_chunk.h\""),
         "gated_delta_chunk.cu must take GdnChunkParams from kernels/params/gated_delta_chunk.h"
@@ -115,28 +95,9 @@ fn kernel_abi_in_source() {
             "the entry points' parameters changed (`{signature}` is gone): cuda_chunked.rs pushes them in that order"
         );
     }
-    let ty = |n: &str| match n {
+    assert_chunk_instantiations(&flat, "ENTRY", |n| match n {
         "f32" => "float",
         "f16" => "__half",
         _ => "__nv_bfloat16",
-    };
-    for (inp, st) in INSTANTIATIONS {
-        let line = format!(
-            "GDN_CHUNK_STATE_ENTRY(gated_delta_chunk_state_{}_{}, {}, {})",
-            inp.name(),
-            st.name(),
-            ty(inp.name()),
-            ty(st.name())
-        );
-        assert!(flat.contains(&line), "missing `{line}`");
-    }
-    for inp in ["f32", "f16", "bf16"] {
-        for (pass, entry) in [("prep", "PREP"), ("out", "OUT")] {
-            let line = format!(
-                "GDN_CHUNK_{entry}_ENTRY(gated_delta_chunk_{pass}_{inp}, {})",
-                ty(inp)
-            );
-            assert!(flat.contains(&line), "missing `{line}`");
-        }
-    }
+    });
 }

@@ -24,14 +24,14 @@ fn gated_norm(y: &Tensor, z: &Tensor, weight: &Tensor, eps: f32) -> Tensor {
 }
 
 fn inputs(d: GdnDims, dtype: DType, state: DType, seed: u64) -> [Tensor; 8] {
-    let common = gated_delta::GdnDims {
-        b: d.batch,
-        t: d.steps,
-        hk: d.key_heads,
-        hv: d.value_heads,
-        dk: d.key_dim,
-        dv: d.value_dim,
-    };
+    let common = gated_delta::GdnDims::new(
+        d.batch,
+        d.steps,
+        d.key_heads,
+        d.value_heads,
+        d.key_dim,
+        d.value_dim,
+    );
     norm_tensors(&mut Rng::new(seed), common, dtype, state)
 }
 

@@ -19,12 +19,11 @@
 mod common;
 mod emu;
 
-use candle_core::{DType, Device, Tensor};
-use common::gated_delta::{gdn_inputs, GdnDims, INSTANTIATIONS};
+use candle_core::DType;
+use common::gated_delta::{bf16_state_sibling_gates, gdn_inputs, GdnDims, INSTANTIATIONS};
 use common::gated_delta_norm::{cases, Shape};
-use common::{max_abs, rel_err, worst_excess, Input, Rng, St, Ty as In};
+use common::{max_abs, rel_err, tensor_as, values, worst_excess, Input, Rng, St, Ty as In};
 use gdn_ops::ops::gated_delta_norm::gated_delta_update_norm;
-use half::bf16;
 use std::time::Instant;
 
 static HARNESS: emu::Harness = emu::Harness::metal("gated_delta_norm_harness");
@@ -119,14 +118,8 @@ fn run_harness(c: &Case, st: St) -> Result<Out, String> {
 }
 
 fn reference(c: &Case, st: St) -> Out {
-    let dev = Device::Cpu;
     let s = c.s.d;
-    let t = |x: &[f32], shape: &[usize], dtype: DType| {
-        Tensor::from_slice(x, shape, &dev)
-            .unwrap()
-            .to_dtype(dtype)
-            .unwrap()
-    };
+    let t = tensor_as;
     let dtype = c.inp.dtype();
     let (qk, v, gate) = (
         &[s.b, s.t, s.hk, s.dk][..],
@@ -153,14 +146,7 @@ fn reference(c: &Case, st: St) -> Out {
         1e-6,
     )
     .unwrap();
-    let f = |x: &Tensor| {
-        x.to_dtype(DType::F32)
-            .unwrap()
-            .flatten_all()
-            .unwrap()
-            .to_vec1::<f32>()
-            .unwrap()
-    };
+    let f = values;
     Out {
         out: f(&out),
         state: f(&state),
@@ -205,24 +191,9 @@ fn check(c: &Case, st: St) -> Vec<String> {
                 Err(e) => return vec![format!("f32-state sibling: {e}")],
             };
             let want32 = reference(c, St::F32).state;
-            let (e, at) = rel_err(&got32, &want32);
-            if e > REL_TOL {
-                bad.push(format!(
-                    "f32-state sibling: state[{at}] {e:.3e} of max|S| from the reference"
-                ));
-            }
-            let round = |x: f32| bf16::from_f32(x).to_f32();
-            let not_once = got
-                .state
-                .iter()
-                .zip(&got32)
-                .filter(|(a, b)| a.to_bits() != round(**b).to_bits())
-                .count();
-            if not_once > 0 {
-                bad.push(format!(
-                    "{not_once} bf16 state values are not the kernel's f32 state rounded once to bf16"
-                ));
-            }
+            bad.extend(bf16_state_sibling_gates(
+                &got.state, &got32, &want32, REL_TOL,
+            ));
             let ties = got
                 .state
                 .iter()
@@ -260,33 +231,27 @@ fn shipped_gated_delta_norm_kernels_match_the_cpu_twin() {
         }
     }
     eprintln!("{runs} cases in {:.1}s", started.elapsed().as_secs_f32());
-    assert!(
-        failures.is_empty(),
-        "{} failures:\n{}",
-        failures.len(),
-        failures.join("\n")
-    );
+    common::assert_no_failures(&failures, runs, "cases fail");
 }
 
 /// What the C++ build cannot see: the buffer and threadgroup-memory indices, the parameter
 /// struct the Rust host mirrors, and the instantiation names the host looks up.
 #[test]
 fn kernel_abi_in_source() {
-    let u = |f: &str| ("unsigned int".to_string(), f.to_string());
-    assert_eq!(
-        emu::params_fields("gated_delta_norm.h", "GdnNormParams"),
-        [
-            u("batch"),
-            u("steps"),
-            u("key_heads"),
-            u("value_heads"),
-            u("key_dim"),
-            u("value_dim"),
-            u("z_batch_stride"),
-            u("z_token_stride"),
-            ("float".to_string(), "eps".to_string()),
+    emu::assert_params(
+        "gated_delta_norm.h",
+        "GdnNormParams",
+        &[
+            "batch",
+            "steps",
+            "key_heads",
+            "value_heads",
+            "key_dim",
+            "value_dim",
+            "z_batch_stride",
+            "z_token_stride",
+            "float eps",
         ],
-        "GdnNormParams (kernels/params/gated_delta_norm.h) must match ops::gated_delta_norm::GdnNormParams"
     );
     assert_eq!(
         std::mem::size_of::<gdn_ops::ops::gated_delta_norm::GdnNormParams>(),
@@ -306,11 +271,6 @@ fn kernel_abi_in_source() {
     let kernel = &flat[flat.find(start).unwrap()..];
     let body = &kernel[..kernel.find('{').unwrap_or(kernel.len())];
     assert!(body.contains(needle), "`{needle}` missing");
-    let bfloat_block: String = flat
-        .split("#if defined(__HAVE_BFLOAT__)")
-        .skip(1)
-        .map(|after| after.split("#endif").next().unwrap().to_string())
-        .collect();
     for (inp, st) in INSTANTIATIONS {
         let line = format!(
             "GDN_NORM_KERNEL(gated_delta_norm_{}_{}, {}, {})",
@@ -321,10 +281,7 @@ fn kernel_abi_in_source() {
         );
         assert!(flat.contains(&line), "missing `{line}`");
         if inp == In::Bf16 || st == St::Bf16 {
-            assert!(
-                bfloat_block.contains(&line),
-                "`{line}` must sit inside #if defined(__HAVE_BFLOAT__)"
-            );
+            emu::assert_bfloat_guarded(&flat, &line);
         }
     }
 }

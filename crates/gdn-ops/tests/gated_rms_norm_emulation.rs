@@ -164,31 +164,25 @@ fn shipped_gated_rms_norm_kernels_match_the_cpu_twin() {
         }
     }
     eprintln!("{runs} cases in {:.1}s", started.elapsed().as_secs_f32());
-    assert!(
-        failures.is_empty(),
-        "{} failures:\n{}",
-        failures.len(),
-        failures.join("\n")
-    );
+    common::assert_no_failures(&failures, runs, "cases fail");
 }
 
 /// What the C++ build cannot see: the buffer indices, the parameter struct the Rust host
 /// mirrors, and the instantiation names the host looks up.
 #[test]
 fn kernel_abi_in_source() {
-    let u = |f: &str| ("unsigned int".to_string(), f.to_string());
-    assert_eq!(
-        emu::params_fields("gated_rms_norm.h", "GatedRmsNormParams"),
-        [
-            u("rows"),
-            u("tokens"),
-            u("value_heads"),
-            u("value_dim"),
-            u("z_batch_stride"),
-            u("z_token_stride"),
-            ("float".to_string(), "eps".to_string()),
+    emu::assert_params(
+        "gated_rms_norm.h",
+        "GatedRmsNormParams",
+        &[
+            "rows",
+            "tokens",
+            "value_heads",
+            "value_dim",
+            "z_batch_stride",
+            "z_token_stride",
+            "float eps",
         ],
-        "GatedRmsNormParams (kernels/params/gated_rms_norm.h) must match ops::gated_rms_norm::GatedRmsNormParams"
     );
     assert_eq!(
         std::mem::size_of::<gdn_ops::ops::gated_rms_norm::GatedRmsNormParams>(),
@@ -205,13 +199,5 @@ fn kernel_abi_in_source() {
         let line = format!("GATED_RMS_NORM(gated_rms_norm_{}, {})", ty.name(), ty.msl());
         assert!(flat.contains(&line), "missing `{line}`");
     }
-    let bf16_line = "GATED_RMS_NORM(gated_rms_norm_bf16, bfloat)";
-    let guarded = flat
-        .split("#if defined(__HAVE_BFLOAT__)")
-        .skip(1)
-        .any(|after| after.split("#endif").next().unwrap().contains(bf16_line));
-    assert!(
-        guarded,
-        "the bfloat instantiation must sit inside #if defined(__HAVE_BFLOAT__)"
-    );
+    emu::assert_bfloat_guarded(&flat, "GATED_RMS_NORM(gated_rms_norm_bf16, bfloat)");
 }

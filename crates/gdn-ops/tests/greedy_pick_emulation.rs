@@ -210,19 +210,16 @@ fn shipped_cuda_greedy_pick_bodies_match_the_cpu_twin() {
 /// width the host launches.
 #[test]
 fn greedy_pick_abi_in_source() {
-    assert_eq!(
-        emu::params_fields("greedy_pick.h", "GreedyPickParams"),
-        ["rows", "vocab", "blocks", "slice"].map(|f| ("unsigned int".to_string(), f.to_string())),
+    emu::assert_params(
+        "greedy_pick.h",
+        "GreedyPickParams",
+        &["rows", "vocab", "blocks", "slice"],
     );
     assert_eq!(std::mem::size_of::<GreedyPickParams>(), 4 * 4);
-    assert_eq!(
-        emu::params_fields("greedy_pick.h", "GreedyPickPartial"),
-        [
-            ("float", "value"),
-            ("unsigned int", "index"),
-            ("unsigned int", "nonfinite")
-        ]
-        .map(|(t, f)| (t.to_string(), f.to_string())),
+    emu::assert_params(
+        "greedy_pick.h",
+        "GreedyPickPartial",
+        &["float value", "index", "nonfinite"],
     );
     let header = emu::shipped_source("kernels/params/greedy_pick.h");
     assert!(header.contains(&format!("#define GREEDY_PICK_THREADS {THREADS}")));

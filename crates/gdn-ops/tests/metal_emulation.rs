@@ -23,7 +23,7 @@ mod emu;
 mod gated_delta_emu;
 
 use common::gated_delta::INSTANTIATIONS;
-use gated_delta_emu::{run_all, Job, Kernel, Shape};
+use gated_delta_emu::{run_all, shape, Job, Kernel};
 
 static HARNESS: emu::Harness = emu::Harness::metal("gated_delta_harness");
 
@@ -40,14 +40,7 @@ fn jobs() -> Vec<Job> {
                         let dv = [8, 6, 16][(ti + ri) % 3];
                         let seed =
                             ((ii * 3 + ti) * 3 + ri) as u64 * 1000 + dk as u64 + masked as u64;
-                        let shape = Shape {
-                            b: 2,
-                            t,
-                            hk: 2,
-                            ratio,
-                            dk,
-                            dv,
-                        };
+                        let shape = shape(2, t, 2, ratio, dk, dv);
                         jobs.push(Job {
                             inp,
                             st,
@@ -84,19 +77,18 @@ fn kernel_abi_in_source() {
         std::fs::read_to_string(emu::workspace_root().join("kernels/gated_delta.metal")).unwrap();
     let squash = |s: &str| s.split_whitespace().collect::<Vec<_>>().join(" ");
     let flat = squash(&src);
-    assert_eq!(
-        emu::params_fields("gated_delta.h", "GdnParams"),
-        [
+    emu::assert_params(
+        "gated_delta.h",
+        "GdnParams",
+        &[
             "batch",
             "steps",
             "key_heads",
             "value_heads",
             "key_dim",
             "value_dim",
-            "has_mask"
-        ]
-        .map(|f| ("unsigned int".to_string(), f.to_string())),
-        "GdnParams (kernels/params/gated_delta.h) must match the host's #[repr(C)] mirror"
+            "has_mask",
+        ],
     );
     assert!(
         flat.contains("#include \"params/gated_delta.h\""),

@@ -13,14 +13,8 @@ mod common;
 mod emu;
 
 use candle_core::{DType, Device, Tensor};
-use common::{failures, values, Input, Rng};
+use common::{failures, values, Input, Rng, TYPES};
 use gdn_ops::ops::moe_combine::{combine_threads, moe_combine, moe_combine_rows, MoeCombineParams};
-
-const DTYPES: [(DType, &str, &str); 3] = [
-    (DType::F32, "f32", "float"),
-    (DType::F16, "f16", "half"),
-    (DType::BF16, "bf16", "bfloat"),
-];
 
 static HARNESS: emu::Harness = emu::Harness::metal("moe_combine_harness");
 
@@ -58,7 +52,7 @@ impl Case {
         norm: bool,
     ) -> Self {
         let mut rng = Rng::new(seed);
-        let dt = DTYPES[dtype].0;
+        let dt = TYPES[dtype].dtype();
         Self {
             dtype,
             tokens,
@@ -84,7 +78,7 @@ impl Case {
         spare: usize,
     ) -> Self {
         let mut rng = Rng::new(seed);
-        let dt = DTYPES[dtype].0;
+        let dt = TYPES[dtype].dtype();
         let pairs = tokens * slots;
         let order = permutation(&mut rng, pairs + spare);
         let rows =
@@ -106,7 +100,7 @@ impl Case {
     fn label(&self) -> String {
         format!(
             "moe_combine_{} N={} S={} H={} norm={} gathered={}",
-            DTYPES[self.dtype].1,
+            TYPES[self.dtype].name(),
             self.tokens,
             self.slots,
             self.hidden,
@@ -175,7 +169,7 @@ impl Case {
             let max = want[range.clone()].iter().fold(0f32, |m, v| m.max(v.abs()));
             for i in range {
                 let (g, w) = (out[i], want[i]);
-                let ulp = match DTYPES[self.dtype].0 {
+                let ulp = match TYPES[self.dtype].dtype() {
                     DType::F32 => 1e-5 * max,
                     DType::F16 => w.abs().max(6.1e-5) * 2f32.powi(-10) + 1e-6 * max,
                     _ => w.abs().max(1e-30) * 2f32.powi(-7) + 1e-6 * max,
@@ -228,21 +222,20 @@ fn shipped_moe_combine_kernels_match_the_cpu_twin() {
 /// What the C++ build cannot see: buffer indices, the parameter struct, the names.
 #[test]
 fn moe_combine_abi_in_source() {
-    let fields = emu::params_fields("moe_combine.h", "MoeCombineParams");
-    let want: Vec<(String, String)> = [
-        ("unsigned int", "tokens"),
-        ("unsigned int", "slots"),
-        ("unsigned int", "hidden"),
-        ("unsigned int", "has_norm"),
-        ("float", "eps"),
-        ("unsigned int", "has_residual"),
-        ("unsigned int", "gathered"),
-        ("unsigned int", "down_rows"),
-    ]
-    .iter()
-    .map(|(t, f)| (t.to_string(), f.to_string()))
-    .collect();
-    assert_eq!(fields, want);
+    emu::assert_params(
+        "moe_combine.h",
+        "MoeCombineParams",
+        &[
+            "tokens",
+            "slots",
+            "hidden",
+            "has_norm",
+            "float eps",
+            "has_residual",
+            "gathered",
+            "down_rows",
+        ],
+    );
     assert_eq!(std::mem::size_of::<MoeCombineParams>(), 8 * 4);
     let flat = emu::shipped_source("kernels/moe_combine.metal");
     assert!(flat.contains("#include \"params/moe_combine.h\""));
@@ -264,7 +257,7 @@ fn moe_combine_abi_in_source() {
         flat.contains("threadgroup float* scratch [[threadgroup(0)]]"),
         "the host sets threadgroup memory at index 0"
     );
-    for (_, tag, msl) in DTYPES {
+    for (tag, msl) in TYPES.map(|t| (t.name(), t.msl())) {
         let line = format!("MOE_COMBINE(moe_combine_{tag}, {msl})");
         assert!(flat.contains(&line), "missing `{line}`");
     }

@@ -11,14 +11,8 @@ mod common;
 mod emu;
 
 use candle_core::{DType, Device, Tensor};
-use common::{failures, values, Input, Rng};
+use common::{failures, values, Input, Rng, TYPES};
 use gdn_ops::ops::moe_route::{moe_route, MoeRouteParams};
-
-const DTYPES: [(DType, &str, &str); 3] = [
-    (DType::F32, "f32", "float"),
-    (DType::F16, "f16", "half"),
-    (DType::BF16, "bf16", "bfloat"),
-];
 
 static HARNESS: emu::Harness = emu::Harness::metal("moe_route_harness");
 
@@ -56,7 +50,7 @@ impl Case {
             .collect();
         let logits = Tensor::from_vec(v, (tokens, width), &Device::Cpu)
             .unwrap()
-            .to_dtype(DTYPES[dtype].0)
+            .to_dtype(TYPES[dtype].dtype())
             .unwrap();
         Self {
             dtype,
@@ -72,7 +66,7 @@ impl Case {
     fn label(&self) -> String {
         format!(
             "moe_route_{} N={} E={} k={} renormalise={} shared={}",
-            DTYPES[self.dtype].1,
+            TYPES[self.dtype].name(),
             self.tokens,
             self.experts,
             self.top_k,
@@ -170,10 +164,10 @@ fn shipped_moe_route_kernels_match_the_cpu_twin() {
 /// What the C++ build cannot see: buffer indices, the parameter struct, the names.
 #[test]
 fn moe_route_abi_in_source() {
-    assert_eq!(
-        emu::params_fields("moe_route.h", "MoeRouteParams"),
-        ["tokens", "experts", "top_k", "renormalise", "has_shared"]
-            .map(|f| ("unsigned int".to_string(), f.to_string())),
+    emu::assert_params(
+        "moe_route.h",
+        "MoeRouteParams",
+        &["tokens", "experts", "top_k", "renormalise", "has_shared"],
     );
     assert_eq!(std::mem::size_of::<MoeRouteParams>(), 5 * 4);
     let flat = emu::shipped_source("kernels/moe_route.metal");
@@ -183,7 +177,7 @@ fn moe_route_abi_in_source() {
         "#define MOE_ROUTE(",
         &["logits", "ids", "weights", "p"],
     );
-    for (_, tag, msl) in DTYPES {
+    for (tag, msl) in TYPES.map(|t| (t.name(), t.msl())) {
         let line = format!("MOE_ROUTE(moe_route_{tag}, {msl})");
         assert!(flat.contains(&line), "missing `{line}`");
     }

@@ -27,7 +27,16 @@ impl Shape {
     pub fn keys(&self) -> usize {
         self.offset + self.queries
     }
+    /// Multiply-adds of one product, `B·Nq·S·T·Dh`: what a case costs the emulator.
+    pub fn work(&self) -> usize {
+        self.batch * self.q_heads * self.queries * self.keys() * self.head_dim
+    }
 }
+
+/// The most work ([`Shape::work`]) a case may have for the emulation test: the emulator runs
+/// every lane as a fiber, thousands of times slower than the GPU, so Qwen3-Next's 16 heads on
+/// 200-token chunks are the CUDA test's alone.
+pub const EMULATION_MAX_WORK: usize = 40_000_000;
 
 /// (B, Nq, Nkv, Dh, S, offset, cap).
 pub const fn shape(

@@ -3,6 +3,7 @@
 //! kernel instantiations, unit-norm keys, decays, betas, a state exact in its dtype, and the
 //! padding mask.
 
+use super::compare::rel_err;
 use super::dtype::{St, Ty};
 use super::random::Rng;
 use half::bf16;
@@ -28,6 +29,24 @@ pub struct GdnDims {
     pub dv: usize,
 }
 
+impl GdnDims {
+    /// (B, T, Hk, Hv, Dk, Dv).
+    pub const fn new(b: usize, t: usize, hk: usize, hv: usize, dk: usize, dv: usize) -> Self {
+        Self {
+            b,
+            t,
+            hk,
+            hv,
+            dk,
+            dv,
+        }
+    }
+    /// (B, T, Hk, Hv, Dk, Dv).
+    pub fn tuple(&self) -> (usize, usize, usize, usize, usize, usize) {
+        (self.b, self.t, self.hk, self.hv, self.dk, self.dv)
+    }
+}
+
 /// One call's inputs as f32 values, each exact in the dtype it is fed in: q, k and v in the
 /// input type, g and beta in f32, the state in the state type.
 pub struct GdnInputs {
@@ -48,14 +67,7 @@ pub struct GdnInputs {
 /// Draws one call's inputs from `rng`, in this order: q, k, v, g, beta, state (a test that
 /// draws more, a mask or a gate, draws it after).
 pub fn gdn_inputs(rng: &mut Rng, inp: Ty, st: St, d: GdnDims) -> GdnInputs {
-    let GdnDims {
-        b,
-        t,
-        hk,
-        hv,
-        dk,
-        dv,
-    } = d;
+    let (b, t, hk, hv, dk, dv) = d.tuple();
     // Unit-norm keys, as the model feeds them: (I - beta k k^T) then contracts, and long
     // sequences stay bounded. q carries the 1/sqrt(Dk) scale.
     let mut unit_rows = |scale: f32| -> Vec<f32> {
@@ -115,4 +127,35 @@ pub fn padding_mask(rng: &mut Rng, b: usize, t: usize) -> Vec<f32> {
         }
     }
     m
+}
+
+/// The gates every GDN kernel test puts on a bf16 state through the kernel's own f32-state
+/// sibling (run on the same inputs): the sibling's state `got32` within `tol` of max |S| of the
+/// reference's f32 state `want32`, and the bf16 state `got` exactly `got32` rounded once.
+/// Returns a description of each gate missed.
+pub fn bf16_state_sibling_gates(
+    got: &[f32],
+    got32: &[f32],
+    want32: &[f32],
+    tol: f32,
+) -> Vec<String> {
+    let mut bad = vec![];
+    let (e, at) = rel_err(got32, want32);
+    if e > tol {
+        bad.push(format!(
+            "f32-state sibling: state[{at}] {e:.3e} of max|S| from the reference"
+        ));
+    }
+    let round = |x: f32| bf16::from_f32(x).to_f32();
+    let not_once = got
+        .iter()
+        .zip(got32)
+        .filter(|(a, b)| a.to_bits() != round(**b).to_bits())
+        .count();
+    if not_once > 0 {
+        bad.push(format!(
+            "{not_once} bf16 state values are not the kernel's f32 state rounded once to bf16"
+        ));
+    }
+    bad
 }

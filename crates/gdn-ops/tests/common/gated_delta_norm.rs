@@ -28,14 +28,7 @@ const fn shape(
     simdgroups: usize,
 ) -> Shape {
     Shape {
-        d: GdnDims {
-            b,
-            t,
-            hk,
-            hv,
-            dk,
-            dv,
-        },
+        d: GdnDims::new(b, t, hk, hv, dk, dv),
         simdgroups,
     }
 }
@@ -74,14 +67,7 @@ pub fn z_of(proj: &Tensor, d: GdnDims) -> Tensor {
 /// beta in [0, 1), the state in ±0.5 (in `st`), the projection in ±6, the weight around 1;
 /// all but g, beta and the state in `dtype`.
 pub fn norm_tensors(rng: &mut Rng, d: GdnDims, dtype: DType, st: DType) -> [Tensor; 8] {
-    let GdnDims {
-        b,
-        t,
-        hk,
-        hv,
-        dk,
-        dv,
-    } = d;
+    let (b, t, hk, hv, dk, dv) = d.tuple();
     let scale = 1.0 / (dk as f64).sqrt();
     let c = |x: Tensor| x.to_dtype(dtype).unwrap();
     [

@@ -7,6 +7,7 @@
 
 pub mod attention;
 pub mod attn_prefill;
+pub mod attn_prep;
 pub mod compare;
 pub mod conv_prep;
 pub mod dtype;
@@ -25,7 +26,7 @@ pub use compare::{
     assert_rel_err, close, max_abs, max_rel, rel_err, rel_l2, rel_max, values, worst_excess,
 };
 pub use conv_prep::{assert_chunk_is_its_steps, conv_prep_dims};
-pub use dtype::{tensor, St, Ty, TYPES};
+pub use dtype::{tensor, tensor_as, St, Ty, TYPES};
 pub use gpu::{gpu, tolerance};
 pub use grouped::row_offsets;
 pub use harness_input::Input;

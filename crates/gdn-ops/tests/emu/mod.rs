@@ -171,6 +171,38 @@ pub fn params_fields(header: &str, name: &str) -> Vec<(String, String)> {
         .collect()
 }
 
+/// Asserts that `struct <name>` of `kernels/params/<header>` declares `fields` in order, each
+/// `unsigned int` but those written `"float <field>"`: what the host's `#[repr(C)]` mirror
+/// must match.
+pub fn assert_params(header: &str, name: &str, fields: &[&str]) {
+    let want: Vec<(String, String)> = fields
+        .iter()
+        .map(|f| match f.strip_prefix("float ") {
+            Some(field) => ("float".to_string(), field.to_string()),
+            None => ("unsigned int".to_string(), f.to_string()),
+        })
+        .collect();
+    assert_eq!(
+        params_fields(header, name),
+        want,
+        "{name} (kernels/params/{header}) must match the host's #[repr(C)] mirror"
+    );
+}
+
+/// Asserts that a flattened source ([`flatten_source`]) has `line` inside an
+/// `#if defined(__HAVE_BFLOAT__)` block, as a bfloat instantiation must be (macOS 13 has no
+/// bfloat).
+pub fn assert_bfloat_guarded(flat: &str, line: &str) {
+    let guarded = flat
+        .split("#if defined(__HAVE_BFLOAT__)")
+        .skip(1)
+        .any(|after| after.split("#endif").next().unwrap().contains(line));
+    assert!(
+        guarded,
+        "`{line}` must sit inside #if defined(__HAVE_BFLOAT__)"
+    );
+}
+
 /// A source file without `//` comments, whitespace squashed to single spaces: what the ABI
 /// tests search.
 pub fn flatten_source(src: &str) -> String {

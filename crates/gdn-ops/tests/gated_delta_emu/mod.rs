@@ -6,10 +6,12 @@
 //! `common::gated_delta`.
 #![allow(dead_code)] // each test uses its part: `numbered` seeds are for the chunk tests
 
-use crate::common::gated_delta::{gdn_inputs, padding_mask, GdnDims, INSTANTIATIONS};
-use crate::common::{max_abs, rel_err, worst_excess, Rng, St, Ty as In};
+use crate::common::gated_delta::{
+    bf16_state_sibling_gates, gdn_inputs, padding_mask, GdnDims, INSTANTIATIONS,
+};
+use crate::common::{max_abs, rel_err, tensor_as, values, worst_excess, Rng, St, Ty as In};
 use crate::emu;
-use candle_core::{DType, Device, Tensor};
+use candle_core::DType;
 use gdn_ops::GdnForm;
 use half::bf16;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -72,14 +74,7 @@ pub fn make_case(job: &Job) -> Case {
         dk,
         dv,
     } = job.shape;
-    let d = GdnDims {
-        b,
-        t,
-        hk,
-        hv: hk * ratio,
-        dk,
-        dv,
-    };
+    let d = GdnDims::new(b, t, hk, hk * ratio, dk, dv);
     let mut rng = Rng::new(job.seed);
     let x = gdn_inputs(&mut rng, job.inp, job.st, d);
     let mask = job.masked.then(|| padding_mask(&mut rng, b, t));
@@ -102,14 +97,7 @@ pub struct Out {
 
 fn run_harness(kernel: &Kernel, c: &Case, inp: In, st: St) -> Result<Out, String> {
     let mut bytes = kernel.magic.to_vec();
-    let GdnDims {
-        b,
-        t,
-        hk,
-        hv,
-        dk,
-        dv,
-    } = c.d;
+    let (b, t, hk, hv, dk, dv) = c.d.tuple();
     let header = [
         b,
         t,
@@ -145,21 +133,8 @@ fn run_harness(kernel: &Kernel, c: &Case, inp: In, st: St) -> Result<Out, String
 }
 
 fn reference(form: Option<GdnForm>, c: &Case, inp: In, st: St) -> Out {
-    let dev = Device::Cpu;
-    let GdnDims {
-        b,
-        t: steps,
-        hk,
-        hv,
-        dk,
-        dv,
-    } = c.d;
-    let t = |x: &[f32], shape: &[usize], dtype: DType| {
-        Tensor::from_slice(x, shape, &dev)
-            .unwrap()
-            .to_dtype(dtype)
-            .unwrap()
-    };
+    let (b, steps, hk, hv, dk, dv) = c.d.tuple();
+    let t = tensor_as;
     let (qk, v, gate) = (
         &[b, steps, hk, dk][..],
         &[b, steps, hv, dv][..],
@@ -187,14 +162,7 @@ fn reference(form: Option<GdnForm>, c: &Case, inp: In, st: St) -> Out {
         inp.dtype(),
         "the reference returns y in q's dtype"
     );
-    let f = |x: &Tensor| {
-        x.to_dtype(DType::F32)
-            .unwrap()
-            .flatten_all()
-            .unwrap()
-            .to_vec1::<f32>()
-            .unwrap()
-    };
+    let f = values;
     Out {
         y: f(&y),
         state: f(&state),
@@ -250,22 +218,10 @@ fn check(kernel: &Kernel, c: &Case, inp: In, st: St) -> Vec<String> {
                 Err(e) => return vec![format!("f32-state sibling: {e}")],
             };
             let want32 = reference(kernel.reference, c, inp, St::F32).state;
-            let (e, at) = rel_err(&got32, &want32);
-            if e > REL_TOL {
-                bad.push(format!(
-                    "f32-state sibling: state[{at}] {e:.3e} of max|S| from the reference"
-                ));
-            }
+            bad.extend(bf16_state_sibling_gates(
+                &got.state, &got32, &want32, REL_TOL,
+            ));
             let round = |x: f32| bf16::from_f32(x).to_f32();
-            let not_once = got
-                .state
-                .iter()
-                .zip(&got32)
-                .filter(|(a, b)| a.to_bits() != round(**b).to_bits())
-                .count();
-            if not_once > 0 {
-                bad.push(format!("{not_once} bf16 state values are not the kernel's f32 state rounded once to bf16"));
-            }
             let (mut straddles, mut mismatches, mut first) = (0, 0, None);
             for i in 0..got.state.len() {
                 if got.state[i].to_bits() == want.state[i].to_bits() {
@@ -315,6 +271,18 @@ pub struct Shape {
     pub ratio: usize,
     pub dk: usize,
     pub dv: usize,
+}
+
+/// (B, T, Hk, Hv/Hk, Dk, Dv).
+pub const fn shape(b: usize, t: usize, hk: usize, ratio: usize, dk: usize, dv: usize) -> Shape {
+    Shape {
+        b,
+        t,
+        hk,
+        ratio,
+        dk,
+        dv,
+    }
 }
 
 /// Runs every job through `kernel` on all cores and fails with a per-instantiation report of
@@ -376,4 +344,49 @@ pub fn run_all(kernel: &Kernel, jobs: Vec<Job>) {
         jobs.len(),
         report.join("\n")
     );
+}
+
+/// The chunk kernels' parameter struct, which the Metal and the CUDA hosts both mirror
+/// `#[repr(C)]`.
+pub fn assert_chunk_params() {
+    emu::assert_params(
+        "gated_delta_chunk.h",
+        "GdnChunkParams",
+        &[
+            "batch",
+            "steps",
+            "chunks",
+            "key_heads",
+            "value_heads",
+            "key_dim",
+            "value_dim",
+            "has_mask",
+        ],
+    );
+}
+
+/// Every instantiation of the three chunk passes in a flattened source of kind `kind`
+/// (`KERNEL` in the `.metal` file, `ENTRY` in the `.cu` file): the state pass for each
+/// InT/StT, prep and out for each InT, with `ty` naming a type (`f32`, `f16`, `bf16`) in the
+/// source's language.
+pub fn assert_chunk_instantiations(flat: &str, kind: &str, ty: fn(&str) -> &'static str) {
+    for (inp, st) in INSTANTIATIONS {
+        let line = format!(
+            "GDN_CHUNK_STATE_{kind}(gated_delta_chunk_state_{}_{}, {}, {})",
+            inp.name(),
+            st.name(),
+            ty(inp.name()),
+            ty(st.name())
+        );
+        assert!(flat.contains(&line), "missing `{line}`");
+    }
+    for inp in ["f32", "f16", "bf16"] {
+        for (pass, entry) in [("prep", "PREP"), ("out", "OUT")] {
+            let line = format!(
+                "GDN_CHUNK_{entry}_{kind}(gated_delta_chunk_{pass}_{inp}, {})",
+                ty(inp)
+            );
+            assert!(flat.contains(&line), "missing `{line}`");
+        }
+    }
 }
