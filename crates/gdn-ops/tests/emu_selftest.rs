@@ -6,8 +6,6 @@
 //!
 //! Needs clang-19 and libclang-rt-19-dev like the other emulation tests; it never skips.
 
-// The ABI helpers of the shared module are for the kernel tests only.
-#[allow(dead_code)]
 mod emu;
 
 static HARNESS: emu::Harness = emu::Harness::metal("emu_selftest");

@@ -10,7 +10,7 @@
 mod common;
 mod emu;
 
-use candle_core::{DType, Device, Tensor};
+use candle_core::{Device, Tensor};
 use common::{failures, values, Input, Rng, TYPES};
 use gdn_ops::ops::moe_route::{moe_route, MoeRouteParams};
 

@@ -1,6 +1,6 @@
 //! Shared by the Metal emulation tests: compiling a harness from `kernels/emu/` with clang-19
 //! and running it on one case (binary input on stdin, f32 results on stdout).
-#![allow(dead_code)]
+#![allow(dead_code)] // each test uses its part: the ABI helpers are for the kernel tests only
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
