@@ -33,11 +33,12 @@
 //!   there is a property of the emulation only. (Built with fma, the f32-scale cases fail
 //!   this gate: it does tell the two apart.)
 
+mod common;
 mod emu;
 
+use common::failures_on_all_cores;
 use gdn_ops::affine::{dequantize_row, pack_row, unpack_row, AffineMatrix};
 use half::{bf16, f16};
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 use std::time::Instant;
 
@@ -312,11 +313,7 @@ fn widths(group_size: usize) -> [usize; 4] {
 fn cases() -> Vec<Case> {
     let mut out = vec![];
     let pairs = pairs();
-    let mut seed = 0u64;
-    let mut next_seed = || {
-        seed += 1;
-        seed * 7919
-    };
+    let mut next_seed = common::seeds(7919);
 
     // qmv: every width x group size x instantiation; R = 13 and 21 leave idle simdgroups
     // and rows, R = 8 fills a threadgroup, R = 3 leaves the second simdgroup idle.
@@ -704,37 +701,17 @@ fn shipped_affine_kernels_match_the_cpu_reference() {
             }
         }
     }
-    let next = AtomicUsize::new(0);
-    let failures = Mutex::new(vec![]);
-    let workers = std::thread::available_parallelism()
-        .map_or(2, |n| n.get())
-        .min(8);
-    std::thread::scope(|s| {
-        for _ in 0..workers {
-            s.spawn(|| loop {
-                let i = next.fetch_add(1, Ordering::Relaxed);
-                let Some(c) = jobs.get(i) else {
-                    break;
-                };
-                let bad = match run_harness(c) {
-                    Err(e) => Some(e),
-                    Ok(got) => match c.kernel {
-                        Kernel::Qmv => check_qmv(c, &got),
-                        Kernel::Dequant => check_dequant(c, &got),
-                        Kernel::Swiglu => check_swiglu(c, &got),
-                    },
-                };
-                if let Some(bad) = bad {
-                    failures
-                        .lock()
-                        .unwrap()
-                        .push((i, format!("[{}] {bad}", c.label)));
-                }
-            });
-        }
+    let failures = failures_on_all_cores(&jobs, |c| {
+        let bad = match run_harness(c) {
+            Err(e) => Some(e),
+            Ok(got) => match c.kernel {
+                Kernel::Qmv => check_qmv(c, &got),
+                Kernel::Dequant => check_dequant(c, &got),
+                Kernel::Swiglu => check_swiglu(c, &got),
+            },
+        };
+        bad.map(|bad| format!("[{}] {bad}", c.label))
     });
-    let mut failures = failures.into_inner().unwrap();
-    failures.sort();
     eprintln!(
         "{} cases ({} qmv, {} dequant, {} qmv_swiglu) in {:.1}s; worst qmv error {:.3} of its allowance",
         jobs.len(),

@@ -166,11 +166,7 @@ fn check(c: &Case, y: &[f32]) -> Option<String> {
 
 fn cases() -> Vec<Case> {
     let mut out = vec![];
-    let mut seed = 0u64;
-    let mut next_seed = || {
-        seed += 1;
-        seed * 104_729
-    };
+    let mut next_seed = common::seeds(104_729);
     // Every instantiation, 4 and 8 bits, groups 32 and 64: experts with no rows (first, middle
     // and last), one row, a full tile, tiles crossed (33, 65, 70); R below, at and above the
     // 32 columns of a threadgroup, not a multiple of 8 either.

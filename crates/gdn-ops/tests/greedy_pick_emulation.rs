@@ -141,11 +141,7 @@ impl Case {
 
 fn cases() -> Vec<Case> {
     let mut out = vec![];
-    let mut seed = 0u64;
-    let mut next = || {
-        seed += 1;
-        seed * 7_919
-    };
+    let mut next = common::seeds(7_919);
     for dt in 0..3 {
         // Qwen3-Next's vocabulary: 149 blocks of 1020 values.
         out.push(Case::new(next(), dt, 1, 151_936, Values::Continuous));

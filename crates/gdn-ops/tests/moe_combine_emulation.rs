@@ -188,11 +188,7 @@ impl Case {
 
 fn cases() -> Vec<Case> {
     let mut out = vec![];
-    let mut seed = 0u64;
-    let mut next = || {
-        seed += 1;
-        seed * 7_919
-    };
+    let mut next = common::seeds(7_919);
     for dt in 0..3 {
         // Qwen3-Next-80B: H = 2048, k = 10 routed + the shared slot.
         out.push(Case::new(next(), dt, 2, 11, 2048, true));

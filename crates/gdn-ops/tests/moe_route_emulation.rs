@@ -126,11 +126,7 @@ impl Case {
 
 fn cases() -> Vec<Case> {
     let mut out = vec![];
-    let mut seed = 0u64;
-    let mut next = || {
-        seed += 1;
-        seed * 104_729
-    };
+    let mut next = common::seeds(104_729);
     for dt in 0..3 {
         // Qwen3-Next-80B / Qwen3.5-397B, Qwen3.5-35B-A3B.
         out.push(Case::new(next(), dt, 4, 512, 10, true, true, 0));

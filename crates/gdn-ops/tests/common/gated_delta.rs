@@ -129,6 +129,18 @@ pub fn padding_mask(rng: &mut Rng, b: usize, t: usize) -> Vec<f32> {
     m
 }
 
+/// The gate every GDN kernel test puts on an f32 state: within `tol` of max |S| of the
+/// reference's.
+pub fn f32_state_gate(got: &[f32], want: &[f32], tol: f32) -> Option<String> {
+    let (e, at) = rel_err(got, want);
+    (e > tol).then(|| {
+        format!(
+            "f32 state[{at}] = {} vs reference {}: {e:.3e} of max|S| > {tol:e}",
+            got[at], want[at]
+        )
+    })
+}
+
 /// The gates every GDN kernel test puts on a bf16 state through the kernel's own f32-state
 /// sibling (run on the same inputs): the sibling's state `got32` within `tol` of max |S| of the
 /// reference's f32 state `want32`, and the bf16 state `got` exactly `got32` rounded once.

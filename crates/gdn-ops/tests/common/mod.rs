@@ -30,6 +30,6 @@ pub use dtype::{tensor, tensor_as, St, Ty, TYPES};
 pub use gpu::{gpu, tolerance};
 pub use grouped::row_offsets;
 pub use harness_input::Input;
-pub use parallel::{assert_no_failures, failures};
-pub use random::{random_matrix, Rng};
+pub use parallel::{assert_no_failures, failures, failures_on_all_cores};
+pub use random::{random_matrix, seeds, Rng};
 pub use reference::candle_nn_rms_norm;

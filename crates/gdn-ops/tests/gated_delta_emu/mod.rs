@@ -7,15 +7,16 @@
 #![allow(dead_code)] // each test uses its part: `numbered` seeds are for the chunk tests
 
 use crate::common::gated_delta::{
-    bf16_state_sibling_gates, gdn_inputs, padding_mask, GdnDims, INSTANTIATIONS,
+    bf16_state_sibling_gates, f32_state_gate, gdn_inputs, padding_mask, GdnDims, INSTANTIATIONS,
 };
-use crate::common::{max_abs, rel_err, tensor_as, values, worst_excess, Rng, St, Ty as In};
+use crate::common::{
+    failures_on_all_cores, max_abs, tensor_as, values, worst_excess, Rng, St, Ty as In,
+};
 use crate::emu;
 use candle_core::DType;
 use gdn_ops::GdnForm;
 use half::bf16;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Mutex;
 use std::time::Instant;
 
 /// A harness, the magic its input starts with, the kernel family's name in reports, and the
@@ -202,15 +203,7 @@ fn check(kernel: &Kernel, c: &Case, inp: In, st: St) -> Vec<String> {
     }
 
     match st {
-        St::F32 => {
-            let (e, at) = rel_err(&got.state, &want.state);
-            if e > REL_TOL {
-                bad.push(format!(
-                    "f32 state[{at}] = {} vs reference {}: {e:.3e} of max|S| > {REL_TOL:e}",
-                    got.state[at], want.state[at]
-                ));
-            }
-        }
+        St::F32 => bad.extend(f32_state_gate(&got.state, &want.state, REL_TOL)),
         St::Bf16 => {
             // The kernel's own f32 result before the rounding, and the reference's.
             let got32 = match run_harness(kernel, c, inp, St::F32) {
@@ -289,31 +282,11 @@ pub const fn shape(b: usize, t: usize, hk: usize, ratio: usize, dk: usize, dv: u
 /// the cases that miss a gate.
 pub fn run_all(kernel: &Kernel, jobs: Vec<Job>) {
     let started = Instant::now();
-    let next = AtomicUsize::new(0);
-    let failures = Mutex::new(vec![]);
-    let workers = std::thread::available_parallelism()
-        .map_or(2, |n| n.get())
-        .min(8);
-    std::thread::scope(|s| {
-        for _ in 0..workers {
-            s.spawn(|| loop {
-                let i = next.fetch_add(1, Ordering::Relaxed);
-                let Some(job) = jobs.get(i) else {
-                    break;
-                };
-                let c = make_case(job);
-                let bad = check(kernel, &c, job.inp, job.st);
-                if !bad.is_empty() {
-                    failures.lock().unwrap().push((
-                        i,
-                        format!("[{:?} mask={}] {}", job.shape, job.masked, bad.join("; ")),
-                    ));
-                }
-            });
-        }
+    let failures = failures_on_all_cores(&jobs, |job| {
+        let bad = check(kernel, &make_case(job), job.inp, job.st);
+        (!bad.is_empty())
+            .then(|| format!("[{:?} mask={}] {}", job.shape, job.masked, bad.join("; ")))
     });
-    let mut failures = failures.into_inner().unwrap();
-    failures.sort();
     eprintln!(
         "{} cases in {:.1}s; {} bf16 state values on a rounding boundary (f32 summation order)",
         jobs.len(),
