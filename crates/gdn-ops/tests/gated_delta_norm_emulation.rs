@@ -105,18 +105,8 @@ fn run_harness(c: &Case, st: St) -> Result<Out, String> {
         input.f32s(a);
     }
     let floats = HARNESS.run(&input.0)?;
-    let out_len = s.b * s.t * s.hv * s.dv;
-    if floats.len() != out_len + c.state.len() {
-        return Err(format!(
-            "harness wrote {} floats, expected {}",
-            floats.len(),
-            out_len + c.state.len()
-        ));
-    }
-    Ok(Out {
-        out: floats[..out_len].to_vec(),
-        state: floats[out_len..].to_vec(),
-    })
+    let [out, state] = emu::split_output(floats, [s.b * s.t * s.hv * s.dv, c.state.len()])?;
+    Ok(Out { out, state })
 }
 
 fn reference(c: &Case, st: St) -> Out {

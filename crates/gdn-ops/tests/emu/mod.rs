@@ -145,6 +145,27 @@ pub fn run_harness(harness: &Path, input: &[u8]) -> Result<Vec<f32>, String> {
         .collect())
 }
 
+/// A harness's output cut into arrays of `lens` values, in order; an error when it wrote
+/// another count.
+pub fn split_output<const N: usize>(
+    floats: Vec<f32>,
+    lens: [usize; N],
+) -> Result<[Vec<f32>; N], String> {
+    let want: usize = lens.iter().sum();
+    if floats.len() != want {
+        return Err(format!(
+            "harness wrote {} floats, expected {want}",
+            floats.len()
+        ));
+    }
+    let mut rest = floats.as_slice();
+    Ok(lens.map(|n| {
+        let (head, tail) = rest.split_at(n);
+        rest = tail;
+        head.to_vec()
+    }))
+}
+
 /// The fields of `struct <name>` in `kernels/params/<header>`, as `(type, field)` in order:
 /// what an ABI test compares with the `#[repr(C)]` mirror on the Rust side.
 pub fn params_fields(header: &str, name: &str) -> Vec<(String, String)> {

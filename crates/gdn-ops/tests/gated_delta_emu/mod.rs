@@ -119,18 +119,8 @@ fn run_harness(kernel: &Kernel, c: &Case, inp: In, st: St) -> Result<Out, String
             .for_each(|f| bytes.extend_from_slice(&f.to_le_bytes()));
     }
     let floats = kernel.harness.run(&bytes)?;
-    let y_len = b * t * hv * dv;
-    if floats.len() != y_len + c.state.len() {
-        return Err(format!(
-            "harness wrote {} floats, expected {}",
-            floats.len(),
-            y_len + c.state.len()
-        ));
-    }
-    Ok(Out {
-        y: floats[..y_len].to_vec(),
-        state: floats[y_len..].to_vec(),
-    })
+    let [y, state] = emu::split_output(floats, [b * t * hv * dv, c.state.len()])?;
+    Ok(Out { y, state })
 }
 
 fn reference(form: Option<GdnForm>, c: &Case, inp: In, st: St) -> Out {
