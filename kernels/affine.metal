@@ -1,6 +1,6 @@
 // MLX affine-quantized matrices: matrix-vector products (qmv) and row dequantization.
 //
-// Format (crates/gdn-ops/src/affine.rs is the CPU reference this must match): a stacked
+// Format (crates/gdn-ops/src/ops/affine/packing.rs is the CPU reference this must match): a stacked
 // matrix [E experts, R rows, K cols]. Each row is one little-endian bitstream of K `bits`-bit
 // unsigned ints: element j occupies bits [j*bits, (j+1)*bits), bit n being bit n % 32 of word
 // n / 32, so a row is K*bits/32 words. Groups of `group_size` consecutive elements share a

@@ -1,6 +1,6 @@
 // Grouped quantized GEMM: every expert's product of a MoE projection in ONE launch, as mlx's
 // gather_qmm and vLLM's fused MoE do, where the per-expert path costs a dequantization, a
-// matmul and a copy per expert in use. The CPU twin (crates/gdn-ops/src/ops/affine/grouped.rs,
+// matmul and a copy per expert in use. The CPU twin (crates/gdn-ops/src/ops/affine_grouped/mod.rs,
 // per expert: dequantize, round to X, multiply in f32) is the reference it must match.
 //
 // x [P, cols] holds the MoE pairs sorted by expert; expert e's rows are offsets[e] ..

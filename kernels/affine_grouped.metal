@@ -26,7 +26,7 @@
 // The float accumulators are stored to threadgroup memory and written to y with bounds
 // checks (only the tile's rows, only columns below R), converted to InT.
 //
-// Dispatch (crates/gdn-ops/src/ops/affine/metal_grouped.rs; kernels/emu/
+// Dispatch (crates/gdn-ops/src/ops/affine_grouped/metal.rs; kernels/emu/
 // affine_grouped_harness.cpp emulates exactly this): threadgroups (ceil(R / 32), tiles, 1),
 // 128 threads each, kScratchBytes of threadgroup memory at index 0. The host must ensure
 // bits in {2, 3, 4, 5, 6, 8}, group_size a multiple of 32, K a multiple of group_size, and

@@ -33,6 +33,38 @@ using cuda_convert::from_f32;
 using cuda_convert::to_f32;
 
 constexpr uint32_t kMaxPerLane = 8;  // Dh <= 256
+constexpr uint32_t kKeys = 4;        // keys a warp works on at once
+
+// A lane's per_lane consecutive values from src as floats, in 16- or 8-byte loads where the
+// row allows (per_lane * sizeof(T) a multiple of 16 or 8; rows start 16-byte aligned since
+// Dh is a multiple of 32), else one by one.
+template <typename T>
+__device__ __forceinline__ void load_lane(const T* src, uint32_t per_lane,
+                                          float (&dst)[kMaxPerLane]) {
+  const uint32_t bytes = per_lane * (uint32_t)sizeof(T);
+  if (bytes % 16 == 0) {
+#pragma unroll
+    for (uint32_t c = 0; c < kMaxPerLane * sizeof(T) / 16; ++c) {
+      if (c * 16 >= bytes) break;
+      const uint4 raw = *reinterpret_cast<const uint4*>(reinterpret_cast<const char*>(src) + c * 16);
+      const T* vals = reinterpret_cast<const T*>(&raw);
+#pragma unroll
+      for (uint32_t t = 0; t < 16 / sizeof(T); ++t) dst[c * (16 / sizeof(T)) + t] = to_f32(vals[t]);
+    }
+  } else if (bytes % 8 == 0) {
+#pragma unroll
+    for (uint32_t c = 0; c < kMaxPerLane * sizeof(T) / 8; ++c) {
+      if (c * 8 >= bytes) break;
+      const uint2 raw = *reinterpret_cast<const uint2*>(reinterpret_cast<const char*>(src) + c * 8);
+      const T* vals = reinterpret_cast<const T*>(&raw);
+#pragma unroll
+      for (uint32_t t = 0; t < 8 / sizeof(T); ++t) dst[c * (8 / sizeof(T)) + t] = to_f32(vals[t]);
+    }
+  } else {
+#pragma unroll
+    for (uint32_t i = 0; i < kMaxPerLane; ++i) dst[i] = i < per_lane ? to_f32(src[i]) : 0.f;
+  }
+}
 
 // kSplit: this block takes key range blockIdx.z of p.splits and writes its record to
 // `partials`; otherwise it takes every key and writes `out`.
@@ -64,23 +96,51 @@ __device__ void run(const T* q, const T* gate, const T* keys, const T* values,
   }
   // A finite floor, as the Metal kernel (fast math there assumes no infinities).
   float m = -FLT_MAX, l = 0.f;
-  for (uint32_t t = begin + sg; t < end; t += groups) {
-    const T* k = keys + kv_at + (size_t)t * dh;
-    const T* v = values + kv_at + (size_t)t * dh;
-    float dot = 0.f;
+  // The warp takes its keys kKeys at a time: their loads are in flight together and their
+  // dot products' shuffles interleave (one key at a time, each key's loads, reduction and
+  // exponentials were a chain of ~1 µs, and a split's 64 keys a warp ran one after another).
+  // The running max moves once per batch: within rounding of one key at a time.
+  for (uint32_t t0 = begin + sg; t0 < end; t0 += kKeys * groups) {
+    float s[kKeys];
 #pragma unroll
-    for (uint32_t i = 0; i < kMaxPerLane; ++i) {
-      if (i < per_lane) dot = fmaf(qv[i], to_f32(k[i]), dot);
+    for (uint32_t u = 0; u < kKeys; ++u) {
+      const uint32_t t = t0 + u * groups;
+      float kv[kMaxPerLane];
+      load_lane(keys + kv_at + (size_t)min(t, end - 1) * dh, per_lane, kv);
+      float dot = 0.f;
+#pragma unroll
+      for (uint32_t i = 0; i < kMaxPerLane; ++i) {
+        if (i < per_lane) dot = fmaf(qv[i], kv[i], dot);
+      }
+      s[u] = dot;
     }
-    for (int off = 16; off > 0; off >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, off);
-    const float s = dot * p.scale;
-    const float m_new = fmaxf(m, s);
-    const float rescale = expf(m - m_new);  // 0 at the first key (m = -FLT_MAX)
-    const float w = expf(s - m_new);
-    l = l * rescale + w;
 #pragma unroll
-    for (uint32_t i = 0; i < kMaxPerLane; ++i) {
-      if (i < per_lane) o[i] = fmaf(w, to_f32(v[i]), o[i] * rescale);
+    for (int off = 16; off > 0; off >>= 1) {
+#pragma unroll
+      for (uint32_t u = 0; u < kKeys; ++u) s[u] += __shfl_xor_sync(0xffffffffu, s[u], off);
+    }
+    float m_new = m;
+#pragma unroll
+    for (uint32_t u = 0; u < kKeys; ++u) {
+      s[u] = t0 + u * groups < end ? s[u] * p.scale : -FLT_MAX;
+      m_new = fmaxf(m_new, s[u]);
+    }
+    const float rescale = expf(m - m_new);  // 0 at the first batch (m = -FLT_MAX)
+    l *= rescale;
+#pragma unroll
+    for (uint32_t i = 0; i < kMaxPerLane; ++i) o[i] *= rescale;
+#pragma unroll
+    for (uint32_t u = 0; u < kKeys; ++u) {
+      const uint32_t t = t0 + u * groups;
+      if (t >= end) break;  // uniform over the warp
+      const float w = expf(s[u] - m_new);
+      float vv[kMaxPerLane];
+      load_lane(values + kv_at + (size_t)t * dh, per_lane, vv);
+      l += w;
+#pragma unroll
+      for (uint32_t i = 0; i < kMaxPerLane; ++i) {
+        if (i < per_lane) o[i] = fmaf(w, vv[i], o[i]);
+      }
     }
     m = m_new;
   }

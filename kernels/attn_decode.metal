@@ -72,24 +72,46 @@ inline void attn_decode_impl(
   // A finite floor, not -inf: Metal compiles with fast math by default, which assumes no
   // infinities. exp(floor - s) is 0 for any score, as exp(-inf) would be.
   float m = -FLT_MAX, l = 0.0f;
-  for (uint t = begin + sg; t < end; t += groups) {
-    const device InT* k = keys + kv_at + ulong(t) * dh;
-    const device InT* v = values + kv_at + ulong(t) * dh;
-    float dot = 0.0f;
-    for (uint i = 0; i < kMaxPerLane; ++i) {
-      if (i < per_lane) {
-        dot += qv[i] * float(k[i]);
+  // The simdgroup takes its keys kKeys at a time, so that their loads are in flight together
+  // (one key at a time, each key's loads, sum and exponentials were one long chain); the
+  // running max moves once per batch, within rounding of one key at a time.
+  constexpr uint kKeys = 4;
+  for (uint t0 = begin + sg; t0 < end; t0 += kKeys * groups) {
+    float s[kKeys];
+    for (uint u = 0; u < kKeys; ++u) {
+      const uint t = min(t0 + u * groups, end - 1);
+      const device InT* k = keys + kv_at + ulong(t) * dh;
+      float dot = 0.0f;
+      for (uint i = 0; i < kMaxPerLane; ++i) {
+        if (i < per_lane) {
+          dot += qv[i] * float(k[i]);
+        }
       }
+      s[u] = dot;
     }
-    // Every lane holds the same score, so the softmax state stays uniform in the simdgroup.
-    const float s = simd_sum(dot) * p.scale;
-    const float m_new = max(m, s);
-    const float rescale = exp(m - m_new);  // 0 at the first key (m = -FLT_MAX)
-    const float w = exp(s - m_new);
-    l = l * rescale + w;
+    // Every lane holds the same scores, so the softmax state stays uniform in the simdgroup.
+    float m_new = m;
+    for (uint u = 0; u < kKeys; ++u) {
+      s[u] = t0 + u * groups < end ? simd_sum(s[u]) * p.scale : -FLT_MAX;
+      m_new = max(m_new, s[u]);
+    }
+    const float rescale = exp(m - m_new);  // 0 at the first batch (m = -FLT_MAX)
+    l *= rescale;
     for (uint i = 0; i < kMaxPerLane; ++i) {
-      if (i < per_lane) {
-        o[i] = o[i] * rescale + w * float(v[i]);
+      o[i] *= rescale;
+    }
+    for (uint u = 0; u < kKeys; ++u) {
+      const uint t = t0 + u * groups;
+      if (t >= end) {
+        break;  // uniform over the simdgroup
+      }
+      const float w = exp(s[u] - m_new);
+      const device InT* v = values + kv_at + ulong(t) * dh;
+      l += w;
+      for (uint i = 0; i < kMaxPerLane; ++i) {
+        if (i < per_lane) {
+          o[i] += w * float(v[i]);
+        }
       }
     }
     m = m_new;

@@ -1,7 +1,7 @@
 """The tiny `qwen4_exp` (Qwen3.8-Flash-Next) fixture and its transformers references.
 
-Run through `gen_fixtures.py --only qwen4_exp` (needs torch: `WITH_TORCH=1 bash
-scripts/gen-fixtures.sh --only qwen4_exp`). Writes only:
+Run as `WITH_TORCH=1 bash scripts/gen-fixtures.sh --only qwen4_exp` (it needs torch). Writes
+only:
 
   models/qwen4-exp-tiny-hf/                raw HF layout (what `Qwen/...` repos ship, in bf16)
   models/reference/qwen4-exp-tiny-hf.safetensors / .json
@@ -596,3 +596,7 @@ def main() -> None:
     generate(tokenizer)
     cfg = json.loads((gf.MODELS / NAME / "config.json").read_text())
     assert cfg["model_type"] == "qwen4_exp"
+
+
+if __name__ == "__main__":
+    main()

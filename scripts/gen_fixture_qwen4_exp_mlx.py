@@ -1,7 +1,7 @@
 """The mlx-vlm 4-bit layout of `qwen4_exp`: models/qwen4-exp-tiny-4bit and its references.
 
-Run through `gen_fixtures.py --only qwen4_exp_mlx` (needs torch and the mlx-vlm wheel:
-`WITH_TORCH=1 bash scripts/gen-fixtures.sh --only qwen4_exp_mlx`). Writes only:
+Run as `WITH_TORCH=1 bash scripts/gen-fixtures.sh --only qwen4_exp_mlx` (it needs torch and
+the mlx-vlm wheel). Writes only:
 
   models/qwen4-exp-tiny-4bit/                   what `mlx_vlm.convert -q` writes (4-bit g64)
   models/reference/qwen4-exp-tiny-4bit.safetensors / .json
@@ -319,3 +319,7 @@ def main() -> None:
     mx.set_default_device(mx.cpu)
     tokenizer = AutoTokenizer.from_pretrained(str(gf.SHARED / "tokenizers" / "mini-qwen3.5"))
     generate(tokenizer)
+
+
+if __name__ == "__main__":
+    main()

@@ -794,20 +794,12 @@ def check_converted(folder: Path, quantized: bool, expect_8bit: list[str], d: Di
 def main() -> None:
     args = sys.argv[1:]
     if args:
-        # `--only qwen4_exp`: generate only that fixture (it needs torch, which the other
-        # fixtures do not); every other file under models/ is left untouched.
-        if args == ["--only", "qwen4_exp_mlx"]:
-            # Its 4-bit mlx-vlm twin (scripts/gen_fixture_qwen4_exp_mlx.py).
-            import gen_fixture_qwen4_exp_mlx
-
-            gen_fixture_qwen4_exp_mlx.main()
-            return
-        if args != ["--only", "qwen4_exp"]:
-            sys.exit(f"usage: gen_fixtures.py [--only qwen4_exp|qwen4_exp_mlx], got {' '.join(args)}")
-        import gen_fixture_qwen4_exp
-
-        gen_fixture_qwen4_exp.main()
-        return
+        # The qwen4_exp fixtures are scripts of their own, which import this one (so this one
+        # must not import them): gen-fixtures.sh runs them for `--only qwen4_exp[_mlx]`.
+        sys.exit(
+            f"usage: gen_fixtures.py (no arguments), got {' '.join(args)}; the qwen4_exp fixtures: "
+            "WITH_TORCH=1 bash scripts/gen-fixtures.sh --only qwen4_exp|qwen4_exp_mlx"
+        )
     for p in (SHARED / "tokenizers" / "mini-qwen3-next", SHARED / "chat-templates"):
         if not p.exists():
             sys.exit(f"missing shared input: {p} (set QWEN_GDN_SHARED)")

@@ -1,18 +1,22 @@
 #!/usr/bin/env bash
 # The whole test suite (the README's test command; .ci/run calls it):
 #   1. the tools the Metal checks need (installed when missing),
-#   2. cargo test over the workspace (includes the Metal kernel emulation test),
-#   3. the model's gates again with every gated-delta call in the chunked form, decode steps
+#   2. no import circle inside any crate or among the scripts (scripts/check-import-circles.py,
+#      its allow-list scripts/import-circles-allowed.txt), and the check's own test,
+#   3. cargo test over the workspace (includes the Metal kernel emulation test),
+#   4. the model's gates again with every gated-delta call in the chunked form, decode steps
 #      included (by default only calls of 16 tokens or more take it),
-#   4. the device plan's gates again with every MoE prefill chunk on the grouped GEMM (the
+#   5. the device plan's gates again with every MoE prefill chunk on the grouped GEMM (the
 #      default on CUDA; its CPU twin here),
-#   5. the model's gates again with a prefill attention score budget of 4 KiB, so that every
+#   6. the model's gates again with a prefill attention score budget of 4 KiB, so that every
 #      chunk's attention runs in query blocks and key tiles (online softmax),
-#   6. `qwen-gdn serve` driven by the official openai Python client and curl (needs PyPI once),
-#   7. the macOS type-check of the workspace with the `metal` feature.
+#   7. `qwen-gdn serve` driven by the official openai Python client and curl (needs PyPI once),
+#   8. the macOS type-check of the workspace with the `metal` feature.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install-test-deps.sh
+python3 scripts/check-import-circles.py
+python3 scripts/test_check_import_circles.py
 cargo test --workspace --locked
 QWEN_GDN_GDN_PREFILL=chunked cargo test --locked -p qwen-gdn-model \
     --test reference --test device_plan --test prefill_chunks

@@ -1,6 +1,6 @@
 // Runs the body of the shipped kernels/affine_grouped.cu (affine_grouped::grouped_kernel) on
 // the CPU through kernels/emu/cuda/cuda_emu.h, with the launch geometry of
-// crates/gdn-ops/src/ops/affine/cuda_grouped.rs: blocks (tiles, ceil(rows / kTileN)) of
+// crates/gdn-ops/src/ops/affine_grouped/cuda.rs: blocks (tiles, ceil(rows / kTileN)) of
 // kThreads threads, kSmemBytes of (dynamic) shared memory (NaN before each block, so that a read of
 // what no thread wrote poisons the result). Used by
 // crates/gdn-ops/tests/affine_grouped_cuda_emulation.rs, which passes the host's own tile
@@ -87,7 +87,7 @@ int main() {
   c.p = AffineGroupedParams{h[1], h[2], h[3], h[4], h[0], h[5], h[6], h[7]};
   const std::uint32_t x_type = h[8], scale_type = h[9];
   const AffineGroupedParams& p = c.p;
-  // The host side's contract (ops/affine/cuda_grouped.rs checks it).
+  // The host side's contract (ops/affine_grouped/cuda.rs checks it).
   if (p.bits != 2 && p.bits != 4 && p.bits != 8) guarded::die("bits must be 2, 4 or 8");
   if (p.cols == 0 || p.cols % 32 != 0) guarded::die("cols must be a positive multiple of 32");
   if (p.group_size == 0 || p.group_size % 32 != 0 || p.cols % p.group_size != 0)

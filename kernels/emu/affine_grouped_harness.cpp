@@ -5,11 +5,11 @@
 // scale_type (ScT, same codes), experts E, rows R, cols K, bits, group_size, x_rows P, tiles
 // T; then packed u32 [E*R, K*bits/32], f32 scales and biases [E*R, K/group_size], f32 x
 // [P, K], and the tile schedule u32 [T, 3] (expert, row_begin, row_end) exactly as the host
-// builds it (gdn_ops::ops::affine::grouped_tiles::tile_schedule). Inputs are converted to the
+// builds it (gdn_ops::ops::affine_grouped::tiles::tile_schedule). Inputs are converted to the
 // instantiation's InT / ScT here (exactly, when the caller already rounded them).
 // stdout: f32 y [P, R].
 //
-// The launch geometry is the host's (crates/gdn-ops/src/ops/affine/metal_grouped.rs):
+// The launch geometry is the host's (crates/gdn-ops/src/ops/affine_grouped/metal.rs):
 // threadgroups (ceil(R / 32), T, 1), 128 threads each, GROUPED_SCRATCH_BYTES of threadgroup
 // memory. Change both together.
 //
@@ -30,7 +30,7 @@ namespace {
 using namespace guarded;
 
 // Mirrors GROUPED_TILE_COLS, GROUPED_THREADS and GROUPED_SCRATCH_BYTES of
-// crates/gdn-ops/src/ops/affine/grouped_tiles.rs.
+// crates/gdn-ops/src/ops/affine_grouped/tiles.rs.
 constexpr uint kHostTileCols = 32;
 constexpr uint kHostThreads = 128;
 constexpr uint kHostScratchBytes = 12288;
@@ -93,7 +93,7 @@ int main() {
   c.x_rows = h[7];
   c.tiles = h[8];
 
-  // The host side's contract (metal_grouped.rs checks it).
+  // The host side's contract (affine_grouped/metal.rs checks it).
   const bool bits_ok = c.bits == 2 || c.bits == 3 || c.bits == 4 || c.bits == 5 || c.bits == 6 || c.bits == 8;
   if (!bits_ok) die("bits must be 2, 3, 4, 5, 6 or 8");
   if (c.group_size == 0 || c.group_size % 32 != 0 || c.cols % c.group_size != 0) {

@@ -1,6 +1,6 @@
 // Parameters of the grouped quantized GEMM (kernels/affine_grouped.cu), declared once for the
 // kernel, its emulation harness and the host: mirrored field for field by
-// `AffineGroupedParams` in crates/gdn-ops/src/ops/affine/grouped.rs (#[repr(C)], u32 fields).
+// `AffineGroupedParams` in crates/gdn-ops/src/ops/affine_grouped/mod.rs (#[repr(C)], u32 fields).
 #ifndef QWEN_GDN_PARAMS_AFFINE_GROUPED_H
 #define QWEN_GDN_PARAMS_AFFINE_GROUPED_H
 

@@ -1,6 +1,6 @@
 // Parameters of the grouped quantized matmul (kernels/affine_grouped.metal), declared once for
 // the shader, the emulation harness and the host: mirrored field for field by
-// `AffineGroupedParams` and `GroupedTile` in crates/gdn-ops/src/ops/affine/grouped_tiles.rs
+// `AffineGroupedParams` and `GroupedTile` in crates/gdn-ops/src/ops/affine_grouped/tiles.rs
 // (#[repr(C)], u32 fields).
 #ifndef QWEN_GDN_PARAMS_AFFINE_GROUPED_METAL_H
 #define QWEN_GDN_PARAMS_AFFINE_GROUPED_METAL_H

@@ -7,7 +7,7 @@
 # OLD_CU=path/to/an/older/affine_grouped.cu adds that build to the same run (side by side; its
 # geometry in OLD_GEOM, default the first kernel's: 128 threads, 64 rows per block, static
 # shared memory); OLDER_CU (geometry OLDER_GEOM) a second one. NEW_GEOM is the geometry of
-# kernels/affine_grouped.cu (the host's, in crates/gdn-ops/src/ops/affine/cuda_grouped.rs).
+# kernels/affine_grouped.cu (the host's, in crates/gdn-ops/src/ops/affine_grouped/cuda.rs).
 #
 # From the dev box, with the files under a carried folder (the run tool sends the lead's checkout):
 #   run tool: carry ["gpu-artefacts/gemm"],

@@ -3,7 +3,7 @@
 alone on a CUDA GPU (run on the device machine, through scripts/gpu/bench-grouped-gemm.sh).
 
 The PTX is loaded as candle loads it (cuModuleLoadData, the `Module` of gdn_cuda.py) and
-launched with the geometry that crates/gdn-ops/src/ops/affine/cuda_grouped.rs uses; several
+launched with the geometry that crates/gdn-ops/src/ops/affine_grouped/cuda.rs uses; several
 builds of the kernel (an old and a new one) can be compared in one run, each named with its
 geometry on the command line:
 
@@ -107,7 +107,7 @@ class Kernel:
 # ----------------------------------------------------------------------------- host schedule
 
 def tile_pairs_for(counts):
-    """tile_pairs_for of ops/affine/grouped.rs: the smallest height that holds the mean pairs of
+    """tile_pairs_for of ops/affine_grouped/mod.rs: the smallest height that holds the mean pairs of
     the experts with pairs."""
     used = max(1, sum(1 for c in counts if c > 0))
     mean = -(-sum(counts) // used)
@@ -115,7 +115,7 @@ def tile_pairs_for(counts):
 
 
 def schedule(counts, tile_pairs=None):
-    """tile_schedule of ops/affine/grouped.rs: (expert, first pair, count) per tile."""
+    """tile_schedule of ops/affine_grouped/mod.rs: (expert, first pair, count) per tile."""
     tp = tile_pairs or tile_pairs_for(counts)
     out, at = [], 0
     for e, c in enumerate(counts):

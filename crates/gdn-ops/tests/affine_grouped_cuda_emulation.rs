@@ -19,11 +19,11 @@ mod emu;
 
 use candle_core::{DType, Device, Tensor};
 use common::{close, failures, random_matrix, values, Input, Rng, Ty};
-use gdn_ops::ops::affine::grouped::{
+use gdn_ops::ops::affine::AffineTensor;
+use gdn_ops::ops::affine_grouped::{
     tile_pairs_for, tile_schedule, SMEM_BYTES, SPAN_COLS, THREADS, TILE_COLS, TILE_PAIRS,
     TILE_PAIRS_CHOICES, TILE_ROWS,
 };
-use gdn_ops::ops::affine::AffineTensor;
 
 static HARNESS: emu::Harness = emu::Harness::cuda("affine_grouped_cuda_harness");
 

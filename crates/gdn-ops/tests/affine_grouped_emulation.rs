@@ -2,7 +2,7 @@
 //! MoE prefill chunk, on simdgroup matrices), compiled as C++ with clang-19 and the Metal
 //! emulation header (`kernels/emu/`), run on the CPU for all nine
 //! `affine_grouped_qmm_{in}_{sc}` kernels with the tile schedule the host builds
-//! (`gdn_ops::ops::affine::grouped_tiles`), and compared with a reference computed here from
+//! (`gdn_ops::ops::affine_grouped::tiles`), and compared with a reference computed here from
 //! [`gdn_ops::affine::AffineMatrix`]: per expert, its rows dequantized (`dequantize_row`) and
 //! rounded to the activation dtype, as the composed path does, then a matmul in f64 with that
 //! expert's rows of x.
@@ -23,8 +23,8 @@ mod emu;
 
 use common::{random_matrix, Input, Rng, Ty, TYPES};
 use gdn_ops::affine::AffineMatrix;
-use gdn_ops::ops::affine::grouped::check_offsets;
-use gdn_ops::ops::affine::grouped_tiles::{
+use gdn_ops::ops::affine_grouped::check_offsets;
+use gdn_ops::ops::affine_grouped::tiles::{
     tile_schedule, AffineGroupedParams, GroupedTile, GROUPED_SCRATCH_BYTES, GROUPED_THREADS,
     GROUPED_TILE_COLS, GROUPED_TILE_ROWS,
 };

@@ -3,9 +3,9 @@
 //! `qwen4_exp` adds, on its per-layer-embedding layers, the n-gram context and the PLE conv
 //! window, and on its QSA layers the indexer's pooled block keys (docs/qwen4_exp.md §6).
 
-use crate::layers::norm::contiguous;
-use crate::layers::ple::PleState;
-use crate::layers::qsa_indexer::IndexerCache;
+use crate::families::qwen4_exp::ple::PleState;
+use crate::families::qwen4_exp::qsa_indexer::IndexerCache;
+use crate::tensor::{contiguous, own_copy};
 use crate::StateDtype;
 use anyhow::Result;
 use candle_core::Tensor;
@@ -198,21 +198,12 @@ pub struct Cache {
     /// Number of tokens already processed (the RoPE position of the next one).
     pub offset: usize,
     pub layers: Vec<LayerCache>,
-    /// The CUDA decode step captured against this cache's tensors (replayed while they
-    /// are the same tensors).
-    #[cfg(feature = "cuda")]
-    pub(crate) decode_graph: Option<std::sync::Arc<crate::model::cuda_graph::DecodeGraph>>,
 }
 
 impl Cache {
     /// An empty cache with these layers.
     pub fn new(layers: Vec<LayerCache>) -> Self {
-        Self {
-            offset: 0,
-            layers,
-            #[cfg(feature = "cuda")]
-            decode_graph: None,
-        }
+        Self { offset: 0, layers }
     }
 }
 
@@ -242,10 +233,9 @@ impl Cache {
                 })
             })
             .collect::<anyhow::Result<_>>()?;
-        // A captured graph addresses the original's tensors: the copy captures its own.
         Ok(Self {
             offset: self.offset,
-            ..Self::new(layers)
+            layers,
         })
     }
 
@@ -257,10 +247,4 @@ impl Cache {
             }
         }
     }
-}
-
-/// A compact copy of `t` (only its elements, contiguous) that shares no storage with it:
-/// `contiguous` returns `t` itself when it already is, `copy` keeps a view's whole storage.
-pub fn own_copy(t: &Tensor) -> Result<Tensor> {
-    candle_op(t.force_contiguous())
 }

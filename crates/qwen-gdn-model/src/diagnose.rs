@@ -7,9 +7,9 @@
 //! its hyper-connection, the MoE with its hyper-connection, and the final stream mixer.
 
 use crate::cache::Cache;
-use crate::model::qwen4_exp::{Qwen4ExpDecoder, Qwen4Mixer};
-use crate::model::Mixer;
-use crate::{Model, Plan};
+use crate::families::Decoder;
+use crate::tap::{Part, Stopped, Tap};
+use crate::Model;
 use anyhow::Result;
 use candle_core::{DType, Tensor};
 use std::fmt;
@@ -75,103 +75,58 @@ pub fn all_finite(t: &Tensor) -> Result<bool> {
     Ok(zero == 0.0)
 }
 
+impl From<Part> for Origin {
+    fn from(part: Part) -> Self {
+        match part {
+            Part::Embedding => Self::Embedding,
+            Part::PerLayerEmbedding { layer } => Self::PerLayerEmbedding { layer },
+            Part::Mixer { layer, attention } => Self::Mixer { layer, attention },
+            Part::FeedForward { layer } => Self::FeedForward { layer },
+        }
+    }
+}
+
+/// The tap that looks for the first part whose contribution or resulting stream is not
+/// finite (a residual sum can overflow even when both terms are finite), and stops there.
+#[derive(Default)]
+struct NonFinite {
+    origin: Option<Origin>,
+}
+
+impl Tap for NonFinite {
+    fn part(&mut self, part: Part, added: &Tensor, stream: &Tensor) -> Result<()> {
+        if !all_finite(added)? || !all_finite(stream)? {
+            self.origin = Some(part.into());
+            return Err(Stopped.into());
+        }
+        Ok(())
+    }
+}
+
 /// Runs `tokens` from an empty cache in chunks of `chunk`, checking the output of each part
 /// in order (chunk by chunk, layer by layer), and returns the first that is not finite;
 /// [`Origin::Head`] when every hidden state is finite.
 pub fn first_non_finite(model: &Model, tokens: &[u32], chunk: usize) -> Result<Origin> {
-    let work = || -> Result<Origin> {
-        let _q8 = gdn_ops::affine_q8::Scope::enter(model.q8_activations());
-        let mut cache: Cache = model.new_cache();
-        for part in tokens.chunks(chunk.max(1)) {
-            if let Some(origin) = walk(model, part, &mut cache)? {
-                return Ok(origin);
+    let mut cache: Cache = model.new_cache();
+    for part in tokens.chunks(chunk.max(1)) {
+        let mut tap = NonFinite::default();
+        let h = match model.run_layers(part, &mut cache, &mut tap) {
+            Err(e) if e.is::<Stopped>() => {
+                return Ok(tap.origin.expect("the tap stopped at a part"))
             }
-        }
-        Ok(Origin::Head)
-    };
-    // As the model's own forward pass: the reference plan's products run on the CPU pool.
-    match model.plan() {
-        Plan::Reference => gdn_ops::threads::on_cpu_pool(work),
-        Plan::Device => work(),
-    }
-}
-
-/// One chunk through every part, advancing `cache`.
-fn walk(model: &Model, tokens: &[u32], cache: &mut Cache) -> Result<Option<Origin>> {
-    if let Some(decoder) = model.qwen4_exp() {
-        return walk_qwen4_exp(model, decoder, tokens, cache);
-    }
-    let mut h = model.embed(tokens)?;
-    if !all_finite(&h)? {
-        return Ok(Some(Origin::Embedding));
-    }
-    for (i, (layer, c)) in model
-        .layers()
-        .iter()
-        .zip(cache.layers.iter_mut())
-        .enumerate()
-    {
-        let mixed = layer.mixer_forward(&h, c, cache.offset)?;
-        // The residual sum can overflow even when both terms are finite.
-        h = (&h + &mixed)?;
-        if !all_finite(&mixed)? || !all_finite(&h)? {
-            let attention = matches!(layer.mixer, Mixer::Attention(_));
-            return Ok(Some(Origin::Mixer {
-                layer: i,
-                attention,
-            }));
-        }
-        let fed = layer.feed_forward(&h)?;
-        h = (&h + &fed)?;
-        if !all_finite(&fed)? || !all_finite(&h)? {
-            return Ok(Some(Origin::FeedForward { layer: i }));
+            other => other?,
+        };
+        // As the model's own forward pass: the reference plan's products run on the CPU pool.
+        let final_finite = model.on_host_workers(|| {
+            let _q8 = gdn_ops::affine_q8::Scope::enter(model.q8_activations());
+            all_finite(&model.final_norm(&h)?)
+        })?;
+        if !final_finite {
+            return Ok(match model.decoder() {
+                Decoder::Hybrid(_) => Origin::FinalNorm,
+                Decoder::Qwen4Exp(_) => Origin::FinalMixer,
+            });
         }
     }
-    cache.offset += tokens.len();
-    if !all_finite(&model.final_norm(&h)?)? {
-        return Ok(Some(Origin::FinalNorm));
-    }
-    Ok(None)
-}
-
-/// [`walk`] through a `qwen4_exp` decoder: the streams after each part of each layer.
-fn walk_qwen4_exp(
-    model: &Model,
-    decoder: &Qwen4ExpDecoder,
-    tokens: &[u32],
-    cache: &mut Cache,
-) -> Result<Option<Origin>> {
-    let h = model.embed(tokens)?;
-    if !all_finite(&h)? {
-        return Ok(Some(Origin::Embedding));
-    }
-    let mut hs = decoder.streams_of(&h.squeeze(0)?)?;
-    for (i, (layer, c)) in decoder
-        .layers
-        .iter()
-        .zip(cache.layers.iter_mut())
-        .enumerate()
-    {
-        hs = layer.add_per_layer_embedding(&hs, tokens, c)?;
-        if !all_finite(&hs)? {
-            return Ok(Some(Origin::PerLayerEmbedding { layer: i }));
-        }
-        hs = layer.mixer_residual(&hs, c, cache.offset)?;
-        if !all_finite(&hs)? {
-            let attention = matches!(layer.mixer, Qwen4Mixer::Qsa(_));
-            return Ok(Some(Origin::Mixer {
-                layer: i,
-                attention,
-            }));
-        }
-        hs = layer.feed_forward_residual(&hs)?;
-        if !all_finite(&hs)? {
-            return Ok(Some(Origin::FeedForward { layer: i }));
-        }
-    }
-    cache.offset += tokens.len();
-    if !all_finite(&decoder.final_mix(&hs)?)? {
-        return Ok(Some(Origin::FinalMixer));
-    }
-    Ok(None)
+    Ok(Origin::Head)
 }

@@ -15,7 +15,7 @@
 
 use crate::config::qwen4_exp::{PleConfig, Qwen4ExpConfig};
 use crate::config::{Family, LayerKind, QuantSpec};
-use crate::layers::ngram_hash::NgramHash;
+use crate::families::qwen4_exp::ngram_hash::NgramHash;
 use crate::{Config, StateDtype};
 
 /// Byte counts for one decoded token.

@@ -8,12 +8,15 @@ pub mod cache;
 pub mod config;
 pub mod device_memory;
 pub mod diagnose;
+pub mod families;
 pub mod footprint;
 pub mod layers;
 pub mod load_progress;
 pub mod model;
 pub mod phase_profile;
 pub mod prompt_cache;
+pub mod tap;
+pub mod tensor;
 mod warm_up;
 pub mod weights;
 

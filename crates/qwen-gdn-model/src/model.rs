@@ -1,155 +1,25 @@
-//! The whole model: embeddings, decoder layers (GDN or gated attention, then dense MLP or
-//! MoE, each behind a pre-norm and a residual add), final norm and output head. `qwen4_exp`
-//! replaces the layers and the final norm by its own decoder ([`qwen4_exp`]).
+//! The whole model: the token embedding, a family's decoder ([`Decoder`]: its layers and
+//! what takes the final norm's place) and the output head. Every forward pass runs the
+//! family's one layer loop ([`crate::tap::each_layer`]); instrumentation watches it through
+//! a [`Tap`].
 
-use crate::cache::{Cache, GdnCache, KvCache, LayerCache};
-use crate::config::LayerKind;
-use crate::layers::attention::Attention;
-use crate::layers::gdn::GatedDeltaNet;
+use crate::cache::Cache;
+use crate::families::hybrid::{DecoderLayer, HybridDecoder, LayerCoverage};
+use crate::families::qwen4_exp::Qwen4ExpDecoder;
+use crate::families::{Decoder, Ends};
 use crate::layers::linear::{Embedding, Linear};
-use crate::layers::mlp::Mlp;
-use crate::layers::moe::{MoePrefill, SparseMoe};
-use crate::layers::norm::cast;
-use crate::layers::norm::RmsNorm;
+use crate::layers::moe::MoePrefill;
 use crate::phase_profile::phase;
+use crate::tap::{LaunchCounter, NoTap, Part, Tap};
+use crate::tensor::cast;
 use crate::weights::Checkpoint;
 use crate::{Config, LoadOptions, Plan, StateDtype};
 use anyhow::{bail, ensure, Result};
 use candle_core::{DType, Device, Tensor};
-use gdn_ops::launches::candle_op;
 use std::path::Path;
 
-#[cfg(feature = "cuda")]
-pub(crate) mod cuda_graph;
-mod decode;
 mod launch_budget;
-pub mod qwen4_exp;
-pub use decode::LayerCoverage;
 pub use launch_budget::{ple_layers, LaunchBudget};
-
-#[derive(Debug, Clone)]
-pub enum Mixer {
-    Gdn(GatedDeltaNet),
-    Attention(Attention),
-}
-
-#[derive(Debug, Clone)]
-pub enum FeedForward {
-    Dense(Mlp),
-    Moe(Box<SparseMoe>),
-}
-
-#[derive(Debug, Clone)]
-pub struct DecoderLayer {
-    input_norm: RmsNorm,
-    pub mixer: Mixer,
-    post_norm: RmsNorm,
-    pub feed_forward: FeedForward,
-}
-
-impl DecoderLayer {
-    fn load(ckpt: &Checkpoint, i: usize, cfg: &Config) -> Result<Self> {
-        let p = format!("model.layers.{i}");
-        let dev = &Device::Cpu;
-        let eps = cfg.rms_norm_eps as f32;
-        let mixer = match cfg.layer_kind(i) {
-            LayerKind::LinearAttention => {
-                Mixer::Gdn(GatedDeltaNet::load(ckpt, &format!("{p}.linear_attn"), cfg)?)
-            }
-            LayerKind::FullAttention => {
-                Mixer::Attention(Attention::load(ckpt, &format!("{p}.self_attn"), cfg)?)
-            }
-        };
-        let feed_forward = if cfg.is_moe_layer(i) {
-            FeedForward::Moe(Box::new(SparseMoe::load(ckpt, &format!("{p}.mlp"), cfg)?))
-        } else {
-            FeedForward::Dense(Mlp::load(
-                ckpt,
-                &format!("{p}.mlp"),
-                cfg.hidden_size,
-                cfg.intermediate_size,
-                cfg,
-            )?)
-        };
-        Ok(Self {
-            input_norm: RmsNorm {
-                weight: ckpt.norm(&format!("{p}.input_layernorm.weight"), cfg.hidden_size, dev)?,
-                eps,
-            },
-            mixer,
-            post_norm: RmsNorm {
-                weight: ckpt.norm(
-                    &format!("{p}.post_attention_layernorm.weight"),
-                    cfg.hidden_size,
-                    dev,
-                )?,
-                eps,
-            },
-            feed_forward,
-        })
-    }
-
-    /// The device plan's copy of this layer; the host copy is dropped as it goes.
-    fn into_device(self, device: &Device, dtype: DType) -> Result<Self> {
-        Ok(Self {
-            input_norm: self.input_norm.into_device(device, dtype)?,
-            mixer: match self.mixer {
-                Mixer::Gdn(m) => Mixer::Gdn(m.into_device(device, dtype)?),
-                Mixer::Attention(m) => Mixer::Attention(m.into_device(device, dtype)?),
-            },
-            post_norm: self.post_norm.into_device(device, dtype)?,
-            feed_forward: match self.feed_forward {
-                FeedForward::Dense(m) => FeedForward::Dense(m.into_device(device, dtype)?),
-                FeedForward::Moe(m) => FeedForward::Moe(Box::new(m.into_device(device, dtype)?)),
-            },
-        })
-    }
-
-    fn new_cache(&self, state_dtype: StateDtype) -> LayerCache {
-        match self.mixer {
-            Mixer::Gdn(_) => LayerCache::Gdn(GdnCache {
-                state_dtype,
-                ..GdnCache::default()
-            }),
-            Mixer::Attention(_) => LayerCache::Attention(KvCache::default()),
-        }
-    }
-
-    /// The mixer's contribution to the residual stream: `mixer(input_norm(h))`.
-    pub fn mixer_forward(
-        &self,
-        h: &Tensor,
-        cache: &mut LayerCache,
-        offset: usize,
-    ) -> Result<Tensor> {
-        let device = h.device();
-        match (&self.mixer, cache) {
-            (Mixer::Gdn(m), LayerCache::Gdn(c)) => {
-                phase("gdn", device, || m.forward(&self.input_norm.forward(h)?, c))
-            }
-            (Mixer::Attention(m), LayerCache::Attention(c)) => phase("attention", device, || {
-                m.forward(&self.input_norm.forward(h)?, c, offset)
-            }),
-            _ => bail!("cache does not belong to this model"),
-        }
-    }
-
-    /// The feed-forward contribution: `mlp(post_attention_norm(h))`.
-    pub fn feed_forward(&self, h: &Tensor) -> Result<Tensor> {
-        let device = h.device();
-        match &self.feed_forward {
-            FeedForward::Dense(m) => {
-                phase("mlp", device, || m.forward(&self.post_norm.forward(h)?))
-            }
-            FeedForward::Moe(m) => phase("moe", device, || m.forward(&self.post_norm.forward(h)?)),
-        }
-    }
-
-    pub fn forward(&self, h: &Tensor, cache: &mut LayerCache, offset: usize) -> Result<Tensor> {
-        let h = candle_op(h + self.mixer_forward(h, cache, offset)?)?;
-        candle_op(&h + self.feed_forward(&h)?)
-    }
-}
 
 pub struct Model {
     config: Config,
@@ -159,17 +29,8 @@ pub struct Model {
     q8_activations: bool,
     gdn_state_dtype: StateDtype,
     embed: Embedding,
-    /// Empty for `qwen4_exp`, whose layers are in `qwen4_exp`.
-    layers: Vec<DecoderLayer>,
-    /// `None` for `qwen4_exp` (its final stream mixer takes the norm's place).
-    norm: Option<RmsNorm>,
-    /// The `qwen4_exp` decoder (reference plan only so far).
-    qwen4_exp: Option<qwen4_exp::Qwen4ExpDecoder>,
+    decoder: Decoder,
     lm_head: Linear,
-    /// Decode steps run on the fused kernels (device plan); off, they run the composed ops.
-    fused_decode: bool,
-    /// Per layer, what the fused kernels cover.
-    coverage: Vec<LayerCoverage>,
     warnings: Vec<String>,
 }
 
@@ -238,40 +99,15 @@ impl Model {
                 Plan::Device => head.into_device(device, opts.dtype)?,
             }
         };
-        let qwen4_exp = match cfg.qwen4_exp {
+        let decoder = match cfg.qwen4_exp {
             Some(_) => {
-                let decoder = qwen4_exp::Qwen4ExpDecoder::load(&ckpt, &cfg)?;
-                Some(match plan {
+                let decoder = Qwen4ExpDecoder::load(&ckpt, &cfg)?;
+                Decoder::Qwen4Exp(Box::new(match plan {
                     Plan::Reference => decoder,
                     Plan::Device => decoder.into_device(device, opts.dtype)?,
-                })
+                }))
             }
-            None => None,
-        };
-        let plain_layers = if qwen4_exp.is_some() {
-            0
-        } else {
-            cfg.num_hidden_layers
-        };
-        let layers = (0..plain_layers)
-            .map(|i| {
-                let layer = DecoderLayer::load(&ckpt, i, &cfg)?;
-                match plan {
-                    Plan::Reference => Ok(layer),
-                    Plan::Device => layer.into_device(device, opts.dtype),
-                }
-                .map_err(|e| e.context(format!("loading layer {i}")))
-            })
-            .collect::<Result<Vec<_>>>()?;
-        let norm = match qwen4_exp {
-            Some(_) => None,
-            None => Some(
-                RmsNorm {
-                    weight: ckpt.norm("model.norm.weight", h, &Device::Cpu)?,
-                    eps: cfg.rms_norm_eps as f32,
-                }
-                .into_device(device, opts.dtype)?,
-            ),
+            None => Decoder::Hybrid(HybridDecoder::load(&ckpt, &cfg, plan, device, opts.dtype)?),
         };
         let warnings = ckpt.leftovers()?.into_iter().collect();
         let mut model = Self {
@@ -282,15 +118,10 @@ impl Model {
             q8_activations: opts.q8_activations,
             gdn_state_dtype: opts.gdn_state_dtype,
             embed,
-            layers,
-            norm,
-            qwen4_exp,
+            decoder,
             lm_head,
             warnings,
-            fused_decode: false,
-            coverage: vec![],
         };
-        model.coverage = model.fused_coverage();
         model.set_fused_decode(plan == Plan::Device && opts.fused_decode);
         model.set_moe_prefill(moe_prefill);
         Ok(model)
@@ -301,63 +132,37 @@ impl Model {
     /// slot) pair, the reference; `QWEN_GDN_MOE_PREFILL` at load. The reference plan always
     /// groups its products on the host.
     pub fn set_moe_prefill(&mut self, mode: MoePrefill) {
-        for layer in &mut self.layers {
-            if let FeedForward::Moe(moe) = &mut layer.feed_forward {
-                moe.set_prefill(mode);
-            }
-        }
-        if let Some(q) = &mut self.qwen4_exp {
-            q.set_moe_prefill(mode);
-        }
+        self.decoder.set_moe_prefill(mode);
     }
 
     /// Runs decode steps on the fused kernels (device plan only), or on the composed ops:
     /// the reference the fused path is tested against. Layers outside the kernels' coverage
     /// always run composed, and are named once on stderr.
     pub fn set_fused_decode(&mut self, on: bool) {
-        // qwen4_exp has no fused kernels yet: its decode steps run the composed ops.
-        self.fused_decode = on && self.plan == Plan::Device && self.qwen4_exp.is_none();
-        if on && self.plan == Plan::Device && self.qwen4_exp.is_some() {
-            static QWEN4_ONCE: std::sync::Once = std::sync::Once::new();
-            QWEN4_ONCE.call_once(|| {
-                eprintln!("note: no fused decode kernels for qwen4_exp yet; its decode steps run composed ops")
-            });
-        }
-        if self.fused_decode {
-            let composed: Vec<String> = self
-                .coverage
-                .iter()
-                .enumerate()
-                .filter(|(_, c)| !(c.mixer && c.feed_forward))
-                .map(|(i, c)| {
-                    let part = match (c.mixer, c.feed_forward) {
-                        (false, false) => "mixer and feed-forward",
-                        (false, true) => "mixer",
-                        _ => "feed-forward",
-                    };
-                    format!("{i} ({part})")
-                })
-                .collect();
-            if !composed.is_empty() {
-                static ONCE: std::sync::Once = std::sync::Once::new();
-                ONCE.call_once(|| {
-                    eprintln!(
-                        "note: no fused decode kernels for layers {} in {:?}; they run composed ops",
-                        composed.join(", "),
-                        self.dtype
-                    )
+        let on = on && self.plan == Plan::Device;
+        match &mut self.decoder {
+            Decoder::Hybrid(d) => d.set_fused_decode(on, self.dtype),
+            // No fused kernels for qwen4_exp yet: its decode steps run the composed ops.
+            Decoder::Qwen4Exp(_) if on => {
+                static QWEN4_ONCE: std::sync::Once = std::sync::Once::new();
+                QWEN4_ONCE.call_once(|| {
+                    eprintln!("note: no fused decode kernels for qwen4_exp yet; its decode steps run composed ops")
                 });
             }
+            Decoder::Qwen4Exp(_) => {}
         }
     }
 
     pub fn fused_decode(&self) -> bool {
-        self.fused_decode
+        matches!(&self.decoder, Decoder::Hybrid(d) if d.fused_decode())
     }
 
     /// Per layer, whether the fused decode kernels cover its mixer and its feed-forward.
     pub fn fused_coverage_per_layer(&self) -> &[LayerCoverage] {
-        &self.coverage
+        match &self.decoder {
+            Decoder::Hybrid(d) => d.coverage(),
+            Decoder::Qwen4Exp(_) => &[],
+        }
     }
 
     /// What loading found odd but harmless (tensors a text model skips), for the user.
@@ -391,21 +196,30 @@ impl Model {
         &self.device
     }
 
-    /// The decoder layers (empty for `qwen4_exp`: see [`Model::qwen4_exp`]).
+    /// The family's decoder.
+    pub fn decoder(&self) -> &Decoder {
+        &self.decoder
+    }
+
+    /// The hybrid family's decoder layers (empty for `qwen4_exp`: see [`Model::qwen4_exp`]).
     pub fn layers(&self) -> &[DecoderLayer] {
-        &self.layers
+        match &self.decoder {
+            Decoder::Hybrid(d) => &d.layers,
+            Decoder::Qwen4Exp(_) => &[],
+        }
     }
 
     /// The `qwen4_exp` decoder, for a model of that family.
-    pub fn qwen4_exp(&self) -> Option<&qwen4_exp::Qwen4ExpDecoder> {
-        self.qwen4_exp.as_ref()
+    pub fn qwen4_exp(&self) -> Option<&Qwen4ExpDecoder> {
+        match &self.decoder {
+            Decoder::Qwen4Exp(d) => Some(d.as_ref()),
+            Decoder::Hybrid(_) => None,
+        }
     }
 
     /// Number of decoder layers, whatever their family.
     pub fn num_layers(&self) -> usize {
-        self.qwen4_exp
-            .as_ref()
-            .map_or(self.layers.len(), |q| q.layers.len())
+        self.decoder.num_layers()
     }
 
     /// A fresh cache whose GDN states are stored in the dtype the model was loaded with.
@@ -415,15 +229,7 @@ impl Model {
 
     /// A fresh cache with GDN states stored in `state_dtype`.
     pub fn new_cache_with(&self, state_dtype: StateDtype) -> Cache {
-        if let Some(q) = &self.qwen4_exp {
-            return Cache::new(q.new_cache(state_dtype));
-        }
-        Cache::new(
-            self.layers
-                .iter()
-                .map(|l| l.new_cache(state_dtype))
-                .collect(),
-        )
+        self.decoder.new_cache(state_dtype)
     }
 
     /// `[S]` ids → `[1, S, H]` embeddings.
@@ -437,26 +243,18 @@ impl Model {
     /// The final norm `[1, S, H]` → `[1, S, H]`; for `qwen4_exp` the final stream mixer,
     /// `[1, S, streams·H]` → `[1, S, H]`: the lm_head input either way.
     pub fn final_norm(&self, h: &Tensor) -> Result<Tensor> {
-        match (&self.norm, &self.qwen4_exp) {
-            (Some(norm), _) => norm.forward(h),
-            (None, Some(q)) => Ok(q.final_mix(&h.squeeze(0)?)?.unsqueeze(0)?),
-            (None, None) => bail!("model has no final norm"),
-        }
+        self.decoder.final_norm(h)
     }
 
     /// Runs `tokens` through the decoder layers after what `cache` holds, updating it in
     /// place; returns the final hidden states `[1, S, H]` before the final norm
-    /// (`[1, S, streams·H]` for `qwen4_exp`).
-    fn run_layers(&self, tokens: &[u32], cache: &mut Cache) -> Result<Tensor> {
-        self.run_layers_counted(tokens, cache, None)
-    }
-
-    /// [`Self::run_layers`], pushing each layer's kernel launches to `per_layer` if given.
-    pub(crate) fn run_layers_counted(
+    /// (`[1, S, streams·H]` for `qwen4_exp`). `tap` sees the embedding, every layer and
+    /// every part of it.
+    pub fn run_layers(
         &self,
         tokens: &[u32],
         cache: &mut Cache,
-        mut per_layer: Option<&mut Vec<usize>>,
+        tap: &mut dyn Tap,
     ) -> Result<Tensor> {
         ensure!(!tokens.is_empty(), "forward needs at least one token");
         ensure!(
@@ -465,26 +263,9 @@ impl Model {
         );
         self.on_host_workers(|| {
             let _q8 = gdn_ops::affine_q8::Scope::enter(self.q8_activations);
-            if let Some(q) = &self.qwen4_exp {
-                let mut hs = q.streams_of(&self.embed(tokens)?.squeeze(0)?)?;
-                for (layer, c) in q.layers.iter().zip(cache.layers.iter_mut()) {
-                    let before = gdn_ops::launches::count();
-                    hs = layer.forward(&hs, tokens, c, cache.offset)?;
-                    if let Some(counts) = per_layer.as_deref_mut() {
-                        counts.push(gdn_ops::launches::count() - before);
-                    }
-                }
-                cache.offset += tokens.len();
-                return Ok(hs.unsqueeze(0)?);
-            }
-            let mut h = phase("embed", &self.device, || self.embed(tokens))?;
-            for (layer, c) in self.layers.iter().zip(cache.layers.iter_mut()) {
-                let before = gdn_ops::launches::count();
-                h = layer.forward(&h, c, cache.offset)?;
-                if let Some(counts) = per_layer.as_deref_mut() {
-                    counts.push(gdn_ops::launches::count() - before);
-                }
-            }
+            let h = phase("embed", &self.device, || self.embed(tokens))?;
+            tap.part(Part::Embedding, &h, &h)?;
+            let h = self.decoder.forward(h, tokens, cache, tap)?;
             cache.offset += tokens.len();
             Ok(h)
         })
@@ -504,7 +285,10 @@ impl Model {
     /// The reference plan's products are host loops split over rayon: they run from a
     /// worker of the CPU pool (see `gdn_ops::threads`). The device plan stays on the
     /// caller's thread, where its per-thread launch counter and device queues live.
-    fn on_host_workers<R: Send>(&self, work: impl FnOnce() -> Result<R> + Send) -> Result<R> {
+    pub(crate) fn on_host_workers<R: Send>(
+        &self,
+        work: impl FnOnce() -> Result<R> + Send,
+    ) -> Result<R> {
         match self.plan {
             Plan::Reference => gdn_ops::threads::on_cpu_pool(work),
             Plan::Device => work(),
@@ -514,17 +298,17 @@ impl Model {
     /// Runs `tokens` (one sequence) after what `cache` already holds, updating it in place.
     /// Returns f32 logits of shape `[tokens.len(), vocab_size]` (every position: scoring).
     pub fn forward(&self, tokens: &[u32], cache: &mut Cache) -> Result<Tensor> {
-        let h = self.run_layers(tokens, cache)?;
+        let h = self.run_layers(tokens, cache, &mut NoTap)?;
         self.logits(&h)
     }
 
     /// As [`Model::forward`], but only the last position goes through the output head:
     /// returns `[1, vocab_size]` (generation needs no more).
     pub fn forward_last(&self, tokens: &[u32], cache: &mut Cache) -> Result<Tensor> {
-        if let (true, &[token]) = (self.fused_decode, tokens) {
-            return self.decode_step(token, cache);
+        if let (true, &[token]) = (self.fused_decode(), tokens) {
+            return self.decode_step(token, cache, None);
         }
-        let h = self.run_layers(tokens, cache)?;
+        let h = self.run_layers(tokens, cache, &mut NoTap)?;
         let s = h.dim(1)?;
         self.logits(&h.narrow(1, s - 1, 1)?)
     }
@@ -533,7 +317,7 @@ impl Model {
     pub fn prefill(&self, tokens: &[u32], cache: &mut Cache, chunk: usize) -> Result<()> {
         ensure!(chunk > 0, "prefill chunk size must be positive");
         for part in tokens.chunks(chunk) {
-            self.run_layers(part, cache)?;
+            self.run_layers(part, cache, &mut NoTap)?;
             crate::device_memory::sample(&self.device);
             // Nothing of a prefill chunk is read back, and candle's Metal pool releases the
             // buffers a chunk dropped only at a host sync: without one, a long prompt holds
@@ -541,5 +325,57 @@ impl Model {
             self.device.synchronize()?;
         }
         Ok(())
+    }
+
+    /// As [`Model::forward_last`] for one token, also returning the kernel launches of each
+    /// layer (counted where the kernels are launched, read by a [`LaunchCounter`] tap).
+    /// Everything else the step launches (embedding, first norm, head) is the total minus
+    /// their sum.
+    ///
+    /// Always the eager step, never a CUDA graph's replay: `bench --profile-decode` times its
+    /// kernels one by one through it.
+    pub fn decode_step_with_launches(
+        &self,
+        token: u32,
+        cache: &mut Cache,
+    ) -> Result<(Tensor, Vec<usize>)> {
+        let mut counter = LaunchCounter::default();
+        let logits = self.decode_step(token, cache, Some(&mut counter))?;
+        Ok((logits, counter.per_layer))
+    }
+
+    /// One decode step: the family's fused step if it has one and it is on, the composed
+    /// layers otherwise; with `tap`, always eager (no CUDA graph).
+    fn decode_step(
+        &self,
+        token: u32,
+        cache: &mut Cache,
+        tap: Option<&mut dyn Tap>,
+    ) -> Result<Tensor> {
+        if cache.layers.len() != self.num_layers() {
+            bail!("cache does not belong to this model");
+        }
+        match &self.decoder {
+            Decoder::Hybrid(d) if d.fused_decode() => {
+                let vocab = self.config.vocab_size;
+                if token as usize >= vocab {
+                    bail!("token id {token} is outside the vocabulary ({vocab})");
+                }
+                let ends = Ends {
+                    embed: &self.embed,
+                    head: &self.lm_head,
+                    device: &self.device,
+                    dtype: self.dtype,
+                };
+                d.decode_step(&ends, token, cache, tap)
+            }
+            _ => {
+                let h = match tap {
+                    Some(tap) => self.run_layers(&[token], cache, tap)?,
+                    None => self.run_layers(&[token], cache, &mut NoTap)?,
+                };
+                self.logits(&h)
+            }
+        }
     }
 }

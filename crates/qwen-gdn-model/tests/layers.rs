@@ -4,7 +4,7 @@
 
 mod common;
 use common::*;
-use qwen_gdn_model::model::{FeedForward, Mixer};
+use qwen_gdn_model::families::hybrid::{FeedForward, Mixer};
 
 /// Per-layer outputs, relative to their largest magnitude.
 const LAYER_GATE: f32 = 1e-4;

@@ -13,15 +13,16 @@ use common::{argmax_rows, greedy, kl_and_top1, models_dir, rel_max_diff, Referen
 use qwen_gdn_model::cache::{GdnCache, KvCache};
 use qwen_gdn_model::config::qwen4_exp::{OutputGate, Qwen4LayerType};
 use qwen_gdn_model::config::LayerKind;
+use qwen_gdn_model::families::qwen4_exp::hyper_connection::HyperConnection;
+use qwen_gdn_model::families::qwen4_exp::ngram_hash::NgramHash;
+use qwen_gdn_model::families::qwen4_exp::ple::PerLayerEmbedding;
+use qwen_gdn_model::families::qwen4_exp::qsa_indexer::{IndexerCache, QsaIndexer};
+use qwen_gdn_model::families::qwen4_exp::{ngram_tables, output_gate};
 use qwen_gdn_model::layers::attention::Attention;
 use qwen_gdn_model::layers::gdn::GatedDeltaNet;
-use qwen_gdn_model::layers::hyper_connection::HyperConnection;
 use qwen_gdn_model::layers::linear::Linear;
 use qwen_gdn_model::layers::moe::SparseMoe;
-use qwen_gdn_model::layers::ngram_hash::NgramHash;
-use qwen_gdn_model::layers::ple::PerLayerEmbedding;
-use qwen_gdn_model::layers::qsa_indexer::{IndexerCache, QsaIndexer};
-use qwen_gdn_model::weights::{ngram_tables, Checkpoint};
+use qwen_gdn_model::weights::Checkpoint;
 use qwen_gdn_model::{Config, LoadOptions, Model, Plan, StateDtype};
 use safetensors::tensor::TensorView;
 use safetensors::{Dtype, SafeTensors};
@@ -660,8 +661,13 @@ fn gdn_mixers_with_the_sigmoid_gate_match_transformers() {
     let r = Reference::load(NAME);
     for i in (0..cfg.num_hidden_layers).filter(|&i| cfg.layer_kind(i) == LayerKind::LinearAttention)
     {
-        let gdn =
-            GatedDeltaNet::load(&ckpt, &format!("model.layers.{i}.linear_attn"), &cfg).unwrap();
+        let gdn = GatedDeltaNet::load(
+            &ckpt,
+            &format!("model.layers.{i}.linear_attn"),
+            &cfg,
+            output_gate(&cfg),
+        )
+        .unwrap();
         let x = r.get(&format!("tf_attn_hc.{i}.x")).unsqueeze(0).unwrap();
         let mut cache = GdnCache::default();
         let y = gdn.forward(&x, &mut cache).unwrap().squeeze(0).unwrap();

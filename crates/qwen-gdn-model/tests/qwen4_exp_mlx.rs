@@ -14,15 +14,16 @@ use candle_core::{DType, Device, Tensor};
 use common::{models_dir, rel_max_diff, Reference};
 use qwen_gdn_model::cache::{GdnCache, KvCache};
 use qwen_gdn_model::config::LayerKind;
+use qwen_gdn_model::families::qwen4_exp::hyper_connection::HyperConnection;
+use qwen_gdn_model::families::qwen4_exp::ngram_row_format::e4m3_to_f32;
+use qwen_gdn_model::families::qwen4_exp::ple::PerLayerEmbedding;
+use qwen_gdn_model::families::qwen4_exp::qsa_indexer::{IndexerCache, QsaIndexer};
+use qwen_gdn_model::families::qwen4_exp::{ngram_tables, output_gate};
 use qwen_gdn_model::layers::attention::Attention;
 use qwen_gdn_model::layers::gdn::GatedDeltaNet;
-use qwen_gdn_model::layers::hyper_connection::HyperConnection;
 use qwen_gdn_model::layers::linear::Linear;
 use qwen_gdn_model::layers::moe::SparseMoe;
-use qwen_gdn_model::layers::ple::PerLayerEmbedding;
-use qwen_gdn_model::layers::qsa_indexer::{IndexerCache, QsaIndexer};
-use qwen_gdn_model::weights::ngram_row_format::e4m3_to_f32;
-use qwen_gdn_model::weights::{ngram_tables, Checkpoint, Matrix};
+use qwen_gdn_model::weights::{Checkpoint, Matrix};
 use qwen_gdn_model::Config;
 use safetensors::tensor::TensorView;
 use safetensors::{Dtype, SafeTensors};
@@ -493,8 +494,13 @@ fn gdn_mixers_match_transformers() {
     let r = Reference::load(NAME);
     for i in (0..cfg.num_hidden_layers).filter(|&i| cfg.layer_kind(i) == LayerKind::LinearAttention)
     {
-        let gdn =
-            GatedDeltaNet::load(&ckpt, &format!("model.layers.{i}.linear_attn"), &cfg).unwrap();
+        let gdn = GatedDeltaNet::load(
+            &ckpt,
+            &format!("model.layers.{i}.linear_attn"),
+            &cfg,
+            output_gate(&cfg),
+        )
+        .unwrap();
         let x = r.get(&format!("tf_attn_hc.{i}.x")).unsqueeze(0).unwrap();
         let y = gdn
             .forward(&x, &mut GdnCache::default())
@@ -590,7 +596,8 @@ fn loading_every_layer_uses_every_tensor() {
         }
         match cfg.layer_kind(i) {
             LayerKind::LinearAttention => {
-                GatedDeltaNet::load(&ckpt, &format!("{p}.linear_attn"), &cfg).unwrap();
+                GatedDeltaNet::load(&ckpt, &format!("{p}.linear_attn"), &cfg, output_gate(&cfg))
+                    .unwrap();
             }
             LayerKind::FullAttention => {
                 Attention::load(&ckpt, &format!("{p}.self_attn"), &cfg).unwrap();

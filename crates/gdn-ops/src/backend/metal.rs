@@ -53,6 +53,31 @@ impl KernelSource {
     }
 }
 
+/// The [`KernelSource`] of a shipped shader, `kernels/<kernel>` with the parameter header
+/// `kernels/<params>` it includes, both embedded at compile time:
+/// `metal_source!("attn_prep.metal", "params/attn_prep.h")`.
+macro_rules! metal_source {
+    ($kernel:literal, $params:literal) => {
+        $crate::backend::metal::KernelSource {
+            file: concat!("kernels/", $kernel),
+            text: include_str!(concat!(
+                env!("CARGO_MANIFEST_DIR"),
+                "/../../kernels/",
+                $kernel
+            )),
+            headers: &[(
+                $params,
+                include_str!(concat!(
+                    env!("CARGO_MANIFEST_DIR"),
+                    "/../../kernels/",
+                    $params
+                )),
+            )],
+        }
+    };
+}
+pub(crate) use metal_source;
+
 struct CompiledSource {
     library: Library,
     pipelines: HashMap<String, ComputePipeline>,
@@ -121,14 +146,11 @@ pub(crate) fn pipeline(
     })
 }
 
-/// Whether this device's shader compiler has `bfloat` (MSL 3.1, macOS 14): compiles the
-/// affine library, if not yet, and looks for one of its bfloat entry points.
-pub fn bf16_supported(dev: &MetalDevice) -> Result<bool> {
-    with_library(dev, &crate::ops::affine::metal::SOURCE, |entry| {
-        Ok(entry
-            .library
-            .get_function("affine_qmv_bf16_bf16", None)
-            .is_ok())
+/// Whether `source`, compiled for `dev` (once; later calls reuse it), has the entry point
+/// `name`: how `capability.rs` asks for what the shader compiler may lack.
+pub fn has_function(dev: &MetalDevice, source: &KernelSource, name: &str) -> Result<bool> {
+    with_library(dev, source, |entry| {
+        Ok(entry.library.get_function(name, None).is_ok())
     })
 }
 

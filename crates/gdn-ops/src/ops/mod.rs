@@ -3,6 +3,7 @@
 
 pub mod add_rms_norm;
 pub mod affine;
+pub mod affine_grouped;
 pub mod attn_decode;
 pub mod attn_prefill;
 pub mod attn_prep;

@@ -4,10 +4,10 @@
 
 use super::linear::{FusedLinear, Linear};
 use super::norm::RmsNorm;
-use super::norm::{cast, contiguous};
 use super::rope::PartialRope;
 use crate::cache::KvCache;
 use crate::phase_profile::phase;
+use crate::tensor::{cast, contiguous};
 use crate::weights::Checkpoint;
 use crate::weights::Weight;
 use crate::Config;

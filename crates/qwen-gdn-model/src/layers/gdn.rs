@@ -13,10 +13,11 @@
 //! quantized weights), Qwen3.5's separate projections are stacked.
 
 use super::linear::{FusedLinear, Linear};
-use super::norm::{cast, contiguous, GatedRmsNorm, RmsNorm, ScaledRms};
+use super::norm::{Gate, GatedRmsNorm, RmsNorm, ScaledRms};
 use crate::cache::GdnCache;
 use crate::config::Family;
 use crate::phase_profile::phase;
+use crate::tensor::{cast, contiguous};
 use crate::weights::Checkpoint;
 use crate::Config;
 use anyhow::Result;
@@ -73,7 +74,8 @@ fn ba_rows(hk: usize, r: usize) -> Vec<usize> {
 }
 
 impl GatedDeltaNet {
-    pub fn load(ckpt: &Checkpoint, prefix: &str, cfg: &Config) -> Result<Self> {
+    /// Loads the layer at `prefix`; `output_gate` is the family's gate of the output norm.
+    pub fn load(ckpt: &Checkpoint, prefix: &str, cfg: &Config, output_gate: Gate) -> Result<Self> {
         let h = cfg.hidden_size;
         let (hk, hv, dk, dv) = (
             cfg.linear_num_key_heads,
@@ -130,9 +132,7 @@ impl GatedDeltaNet {
                     weight: ckpt.norm(&format!("{prefix}.norm.weight"), dv, dev)?,
                     eps: cfg.rms_norm_eps as f32,
                 },
-                sigmoid_gate: cfg.qwen4_exp.as_ref().is_some_and(|q| {
-                    q.output_gate == crate::config::qwen4_exp::OutputGate::Sigmoid
-                }),
+                gate: output_gate,
             },
             q_norm: ScaledRms::new(dk, 1.0 / dk as f64, 1e-6)?,
             k_norm: ScaledRms::new(dk, (dk as f64).powf(-0.5), 1e-6)?,
@@ -159,7 +159,7 @@ impl GatedDeltaNet {
             dt_bias: self.dt_bias.to_device(device)?,
             norm: GatedRmsNorm {
                 norm: norm(self.norm.norm)?,
-                sigmoid_gate: self.norm.sigmoid_gate,
+                gate: self.norm.gate,
             },
             q_norm: ScaledRms {
                 norm: norm(self.q_norm.norm)?,

@@ -1,6 +1,6 @@
 //! Linear layers and embeddings over [`Weight`]s.
 
-use super::norm::cast;
+use crate::tensor::cast;
 use crate::weights::{Checkpoint, Matrix, Weight};
 use crate::Config;
 use anyhow::Result;

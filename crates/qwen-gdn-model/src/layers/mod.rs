@@ -1,14 +1,11 @@
-//! The layers of the hybrid model, one concept per file.
+//! Family-free building blocks (mixers, feed-forwards, norms, products, RoPE), one concept
+//! per file; what only one family uses lives in its folder under `families/`.
 
 pub mod attention;
 pub mod fused_attention;
 pub mod gdn;
-pub mod hyper_connection;
 pub mod linear;
 pub mod mlp;
 pub mod moe;
-pub mod ngram_hash;
 pub mod norm;
-pub mod ple;
-pub mod qsa_indexer;
 pub mod rope;

@@ -3,27 +3,10 @@
 //! Candle ops run through `launches::candle_op`, which counts the kernel each costs on a GPU
 //! (docs/metal.md).
 
+use crate::tensor::{cast, contiguous};
 use anyhow::Result;
 use candle_core::{DType, Device, Tensor};
 use gdn_ops::launches::candle_op;
-
-/// A copy kernel when `x` is a strided view, none otherwise.
-pub fn contiguous(x: &Tensor) -> Result<Tensor> {
-    if x.is_contiguous() {
-        Ok(x.clone())
-    } else {
-        candle_op(x.contiguous())
-    }
-}
-
-/// A cast kernel when the dtype changes, none otherwise.
-pub fn cast(x: &Tensor, dtype: DType) -> Result<Tensor> {
-    if x.dtype() == dtype {
-        Ok(x.clone())
-    } else {
-        candle_op(x.to_dtype(dtype))
-    }
-}
 
 /// `x · rsqrt(mean(x²) + eps) · weight`. Checkpoint weights are already `1 + w`.
 #[derive(Debug, Clone)]
@@ -50,22 +33,28 @@ impl RmsNorm {
     }
 }
 
-/// `rms_norm(x) · weight · silu(z)`, the product taken in f32 as mlx-lm's `_precise_swiglu`;
-/// `sigmoid(z)` instead of `silu(z)` for `qwen4_exp` models with `output_gate_type: sigmoid`.
+/// `rms_norm(x) · weight · gate(z)`, the product taken in f32 as mlx-lm's `_precise_swiglu`.
 #[derive(Debug, Clone)]
 pub struct GatedRmsNorm {
     pub norm: RmsNorm,
-    pub sigmoid_gate: bool,
+    pub gate: Gate,
+}
+
+/// The gate of a [`GatedRmsNorm`]: `silu(z)` (Qwen3-Next, Qwen3.5), or `sigmoid(z)` (a
+/// family's choice: `qwen4_exp` with `output_gate_type: sigmoid`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Gate {
+    Silu,
+    Sigmoid,
 }
 
 impl GatedRmsNorm {
     pub fn forward(&self, x: &Tensor, z: &Tensor) -> Result<Tensor> {
         let n = cast(&self.norm.forward(x)?, DType::F32)?;
         let z = cast(z, DType::F32)?;
-        let gate = if self.sigmoid_gate {
-            candle_op(candle_nn::ops::sigmoid(&z))?
-        } else {
-            candle_op(z.silu())?
+        let gate = match self.gate {
+            Gate::Sigmoid => candle_op(candle_nn::ops::sigmoid(&z))?,
+            Gate::Silu => candle_op(z.silu())?,
         };
         cast(&candle_op(gate.mul(&n))?, x.dtype())
     }

@@ -1,7 +1,7 @@
 //! Partial rotary embeddings: the first `dims` features of each head rotate in the
 //! non-interleaved ("rotate half") layout, the rest pass through (mlx-lm-reference.md §3.7).
 
-use super::norm::contiguous;
+use crate::tensor::contiguous;
 use anyhow::Result;
 use candle_core::{DType, Device, Tensor, D};
 use gdn_ops::launches::{candle_op, candle_ops};

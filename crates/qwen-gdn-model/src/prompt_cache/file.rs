@@ -25,8 +25,8 @@
 use super::identity::ModelIdentity;
 use super::snapshot::{LayerSnapshot, Snapshot};
 use crate::cache::LayerCache;
-use crate::layers::ple::PleState;
-use crate::layers::qsa_indexer::IndexerCache;
+use crate::families::qwen4_exp::ple::PleState;
+use crate::families::qwen4_exp::qsa_indexer::IndexerCache;
 use crate::{Cache, Model};
 use anyhow::{bail, ensure, Context, Result};
 use candle_core::{DType, Device, Tensor};

@@ -2,9 +2,10 @@
 //! own. The GDN recurrent state cannot be rewound the way a KV cache can be truncated, so a
 //! hybrid model can only resume from positions where its whole state was copied.
 
-use crate::cache::{own_copy, Cache, GdnCache, KvCache, LayerCache};
-use crate::layers::ple::PleState;
-use crate::layers::qsa_indexer::IndexerCache;
+use crate::cache::{Cache, GdnCache, KvCache, LayerCache};
+use crate::families::qwen4_exp::ple::PleState;
+use crate::families::qwen4_exp::qsa_indexer::IndexerCache;
+use crate::tensor::own_copy;
 use crate::StateDtype;
 use anyhow::Result;
 use candle_core::Tensor;

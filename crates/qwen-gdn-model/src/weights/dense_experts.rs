@@ -18,8 +18,7 @@ pub fn grouped_matmul_t(experts: &Tensor, x: &Tensor, ids: &Tensor) -> Result<Te
     let (n, k) = ids.dims2()?;
     let (e, rows, cols) = experts.dims3()?;
     let per_slot = x.rank() == 3;
-    let x =
-        crate::layers::norm::contiguous(x)?.reshape(((if per_slot { n * k } else { n }), cols))?;
+    let x = crate::tensor::contiguous(x)?.reshape(((if per_slot { n * k } else { n }), cols))?;
     let ids: Vec<u32> = ids.flatten_all()?.to_vec1()?;
     if let Some(&bad) = ids.iter().find(|&&id| id as usize >= e) {
         anyhow::bail!("expert id {bad} is outside the {e} experts");

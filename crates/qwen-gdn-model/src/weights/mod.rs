@@ -7,8 +7,6 @@ pub mod checkpoint;
 pub mod dense_experts;
 pub mod files;
 pub mod matrix;
-pub mod ngram_row_format;
-pub mod ngram_tables;
 pub mod weight;
 
 pub use affine::AffineMatrix;

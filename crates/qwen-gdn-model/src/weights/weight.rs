@@ -3,7 +3,7 @@
 //! compute device (quantized matrices stay quantized) so that no product leaves the device.
 
 use super::matrix::{FloatData, Matrix};
-use crate::layers::norm::{cast, contiguous};
+use crate::tensor::{cast, contiguous};
 use anyhow::{bail, ensure, Result};
 use candle_core::{DType, Device, Tensor};
 use gdn_ops::launches::candle_op;

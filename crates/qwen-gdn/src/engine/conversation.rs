@@ -3,7 +3,7 @@
 //! shares those messages prefills only what follows them.
 
 use super::PromptTokens;
-use crate::chat_template::ChatTemplate;
+use crate::text::chat_template::ChatTemplate;
 use anyhow::{bail, Result};
 use serde_json::{json, Map, Value as Json};
 use tokenizers::Tokenizer;

@@ -1,7 +1,7 @@
 //! Which tokens end a reply.
 
 use crate::load::{read_json_opt, Checkpoint};
-use crate::template_args::special_tokens;
+use crate::text::special_tokens::special_tokens;
 use anyhow::{Context, Result};
 use serde_json::Value as Json;
 

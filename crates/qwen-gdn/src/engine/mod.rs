@@ -6,6 +6,7 @@
 mod conversation;
 mod eos;
 mod non_finite;
+pub mod sampler;
 mod stop_strings;
 
 #[allow(unused_imports)] // for chat and serve
@@ -14,9 +15,9 @@ pub use eos::eos_ids;
 pub use non_finite::non_finite_logits;
 pub use stop_strings::{Scan, StopStrings};
 
+use crate::engine::sampler::{Sampler, SamplerConfig};
 use crate::load::Checkpoint;
-use crate::sampler::{Sampler, SamplerConfig};
-use crate::stream::TokenStream;
+use crate::text::stream::TokenStream;
 use anyhow::{bail, Result};
 use candle_core::{DType, IndexOp, Tensor};
 use qwen_gdn_model::prompt_cache::{

@@ -2,9 +2,9 @@
 //! of a conversation through the prompt cache equal those of a fresh engine, turn by turn.
 
 use super::*;
-use crate::chat_template::ChatTemplate;
+use crate::engine::sampler::SamplerConfig;
 use crate::load::{ComputeDtype, DeviceChoice, ModelArgs};
-use crate::sampler::SamplerConfig;
+use crate::text::chat_template::ChatTemplate;
 use qwen_gdn_model::LoadOptions;
 use serde_json::{json, Map, Value as Json};
 
@@ -62,16 +62,7 @@ fn render(engine: &Engine, messages: &[Json]) -> PromptTokens {
 fn greedy(max_tokens: usize) -> GenerateParams {
     GenerateParams {
         max_tokens,
-        sampler: SamplerConfig {
-            temp: 0.0,
-            top_p: 1.0,
-            min_p: 0.0,
-            top_k: 0,
-            repetition_penalty: None,
-            presence_penalty: 0.0,
-            frequency_penalty: 0.0,
-            repetition_context_size: 20,
-        },
+        sampler: SamplerConfig::greedy(),
         seed: Some(0),
         stop_strings: Vec::new(),
     }

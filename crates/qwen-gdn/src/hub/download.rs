@@ -123,13 +123,13 @@ fn wait_for_lock(blobs: &Path, remote: &Remote, incomplete: &Path, file: &str) -
     let mut bar = None;
     let held = BlobLock::acquire(&lock, || {
         let bar = bar.get_or_insert_with(|| {
-            if !crate::progress::visible() {
+            if !crate::ui::progress::visible() {
                 eprintln!(
                     "qwen-gdn: waiting for another process downloading {file} (it holds {})",
                     lock.display()
                 );
             }
-            crate::progress::bytes(remote.size, format!("{file} (another process)"))
+            crate::ui::progress::bytes(remote.size, format!("{file} (another process)"))
         });
         bar.set_position(std::fs::metadata(incomplete).map_or(0, |m| m.len()));
     });
@@ -227,7 +227,8 @@ fn transfer(http: &Http, remote: &Remote, file: &str, incomplete: &Path) -> Resu
     }
     .with_context(|| format!("cannot write {}", incomplete.display()))?;
 
-    let bar = crate::progress::bytes(remote.size.or(sizes.first().map(|s| s.0)), file.to_string());
+    let bar =
+        crate::ui::progress::bytes(remote.size.or(sizes.first().map(|s| s.0)), file.to_string());
     bar.set_position(start);
     let mut body = response.into_body().into_reader();
     let mut buf = vec![0u8; 1 << 20];

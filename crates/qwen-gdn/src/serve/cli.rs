@@ -1,7 +1,7 @@
 //! `qwen-gdn serve` flags (mlx_lm.server's and vLLM's names where they have one).
 
+use crate::cli::prompt_cache_args::PromptCacheArgs;
 use crate::load::{positive_usize, ModelArgs};
-use crate::prompt_cache_args::PromptCacheArgs;
 use std::time::Duration;
 
 #[derive(clap::Args)]

@@ -1,7 +1,7 @@
 //! What a validated request asks of the generation worker, and what the worker sends back.
 
 use super::error::ApiError;
-use crate::reasoning::ReasoningMode;
+use crate::text::reasoning::ReasoningMode;
 use crate::tool_calls::ToolChoice;
 use serde_json::{Map, Value as Json};
 

@@ -20,7 +20,7 @@ mod test_hooks;
 
 use crate::engine::Engine;
 use crate::load::read_json_opt;
-use crate::output::eprint_line;
+use crate::ui::output::eprint_line;
 use anyhow::{Context, Result};
 use std::process::ExitCode;
 use std::sync::Arc;

@@ -4,7 +4,7 @@
 
 use super::error::ApiError;
 use super::job::{JobSpec, Prompt, Sampling};
-use crate::arg_ranges;
+use crate::cli::arg_ranges;
 use crate::tool_calls::{normalize_messages_for_template, ToolChoice};
 use serde::Deserialize;
 use serde_json::{Map, Value as Json};
@@ -336,7 +336,7 @@ impl ChatRequest {
             + serde_json::to_string(&shown).map_or(0, |t| t.len());
         too_long(bytes as u64, limits)?;
         let template_vars = self.chat_template_kwargs.unwrap_or_default();
-        if let Some(key) = crate::chat_template::RESERVED_VARIABLES
+        if let Some(key) = crate::text::chat_template::RESERVED_VARIABLES
             .iter()
             .find(|k| template_vars.contains_key(**k))
         {

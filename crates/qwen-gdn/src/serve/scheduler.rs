@@ -155,7 +155,7 @@ fn log(event: &Event) {
         Event::Failed(e) => format!("request failed: {e}"),
         _ => return,
     };
-    crate::output::eprint_line(&line);
+    crate::ui::output::eprint_line(&line);
 }
 
 /// The prompt's text, for the test panic switch.
@@ -204,7 +204,7 @@ mod tests {
                 }
             }
             let _ = on_event(Event::Prompt(PromptInfo {
-                reasoning: crate::reasoning::ReasoningMode::Off,
+                reasoning: crate::text::reasoning::ReasoningMode::Off,
                 forced_opening: None,
             }));
             let mut n = 0;

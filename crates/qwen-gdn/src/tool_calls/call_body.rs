@@ -1,9 +1,6 @@
-//! The text between `<tool_call>` and `</tool_call>`: which format it is in, and whether it is a
-//! complete call, an unfinished one, or not a call at all.
+//! What the text between `<tool_call>` and `</tool_call>` reads as, in either format: a
+//! complete call, an unfinished one, or not a call at all (`parse_call_body.rs` reads it).
 
-use super::hermes_json::parse_hermes_call;
-use super::qwen_xml::parse_xml_call;
-use super::schema::ToolSchemas;
 use serde_json::{Map, Value as Json};
 
 /// A call read from its body: the function name and its arguments.
@@ -21,18 +18,4 @@ pub enum BodyError {
     Unterminated,
     /// Not a call in either format; its text is content.
     Malformed,
-}
-
-/// Reads a body in whichever format it is written: the Qwen XML form starts with `<function=`,
-/// the Hermes form with `{`. Accepting both whatever the template says costs nothing and
-/// catches a model that answers in the other family's format.
-pub fn parse_call_body(body: &str, schemas: &ToolSchemas) -> Result<CallBody, BodyError> {
-    let start = body.trim_start();
-    if start.starts_with("<function=") {
-        parse_xml_call(body, schemas)
-    } else if start.starts_with('{') {
-        parse_hermes_call(body)
-    } else {
-        Err(BodyError::Malformed)
-    }
 }

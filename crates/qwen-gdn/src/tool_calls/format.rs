@@ -4,7 +4,7 @@
 //! - Qwen3-Next-80B (Instruct and Thinking), like Qwen3 / Qwen2.5: Hermes JSON,
 //!   `<tool_call>\n{"name": …, "arguments": {…}}\n</tool_call>`.
 //!
-//! The parser reads both whatever the template says (see `call_body`); the format matters when
+//! The parser reads both whatever the template says (see `parse_call_body`); the format matters when
 //! the server writes the start of a call itself, to force one (`tool_choice` required/named).
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

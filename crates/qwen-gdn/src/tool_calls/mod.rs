@@ -13,6 +13,7 @@ mod format;
 mod hermes_json;
 mod messages;
 mod output_parser;
+mod parse_call_body;
 mod qwen_xml;
 mod schema;
 mod tool_call;

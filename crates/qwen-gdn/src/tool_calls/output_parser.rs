@@ -6,13 +6,14 @@
 //! a call cut off by `max_tokens` — comes back as content with its original text, in order:
 //! model output never fails a request.
 
-use super::call_body::{parse_call_body, BodyError};
+use super::call_body::BodyError;
+use super::parse_call_body::parse_call_body;
 use super::schema::ToolSchemas;
 use super::tool_call::ToolCall;
 #[cfg(test)]
 use super::tool_choice::ToolChoice;
-use crate::reasoning::{Piece, ReasoningMode, ReasoningSplitter};
-use crate::tag_scan::held_tag_start;
+use crate::text::reasoning::{Piece, ReasoningMode, ReasoningSplitter};
+use crate::text::tag_scan::held_tag_start;
 #[cfg(test)]
 use serde_json::Value as Json;
 

@@ -3,8 +3,8 @@
 //! that calls and OpenAI messages go back through the real Qwen templates unchanged.
 
 use super::*;
-use crate::chat_template::ChatTemplate;
-use crate::reasoning::ReasoningMode;
+use crate::text::chat_template::ChatTemplate;
+use crate::text::reasoning::ReasoningMode;
 use rand::{rngs::StdRng, Rng, SeedableRng};
 use serde_json::{json, Map, Value as Json};
 

@@ -6,20 +6,14 @@
 use super::{row_threads, AddRmsNormParams};
 use crate::backend::dtype_tag;
 use crate::backend::metal::{
-    encode, metal_buffer, metal_device, new_output, output, pipeline, Binding, KernelSource,
+    encode, metal_buffer, metal_device, metal_source, new_output, output, pipeline, Binding,
+    KernelSource,
 };
 use anyhow::Result;
 use candle_core::Tensor;
 use objc2_metal::MTLSize;
 
-const SOURCE: KernelSource = KernelSource {
-    file: "kernels/add_rms_norm.metal",
-    text: include_str!("../../../../../kernels/add_rms_norm.metal"),
-    headers: &[(
-        "params/add_rms_norm.h",
-        include_str!("../../../../../kernels/params/add_rms_norm.h"),
-    )],
-};
+const SOURCE: KernelSource = metal_source!("add_rms_norm.metal", "params/add_rms_norm.h");
 
 pub(crate) fn add_rms_norm(
     residual: &Tensor,

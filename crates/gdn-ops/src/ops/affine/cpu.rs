@@ -1,8 +1,8 @@
 //! The CPU twin of the affine kernels: the same function, row by row in f32, so that the
 //! device plan runs (and is tested) on any machine.
 
+use super::packing::dequantize_row;
 use super::AffineTensor;
-use crate::affine::dequantize_row;
 use crate::backend::{f32_values, round_to};
 use anyhow::{bail, ensure, Result};
 use candle_core::{DType, Storage, Tensor};

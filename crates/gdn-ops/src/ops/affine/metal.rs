@@ -7,21 +7,15 @@
 use super::{AffineParams, AffineTensor};
 use crate::backend::dtype_tag;
 use crate::backend::metal::{
-    encode, metal_buffer, metal_device, new_output, output, pipeline, Binding, KernelSource,
+    encode, metal_buffer, metal_device, metal_source, new_output, output, pipeline, Binding,
+    KernelSource,
 };
 use anyhow::Result;
 use candle_core::{DType, MetalDevice, Tensor};
 use candle_metal_kernels::metal::{Buffer, ComputePipeline};
 use objc2_metal::MTLSize;
 
-pub(crate) const SOURCE: KernelSource = KernelSource {
-    file: "kernels/affine.metal",
-    text: include_str!("../../../../../kernels/affine.metal"),
-    headers: &[(
-        "params/affine.h",
-        include_str!("../../../../../kernels/params/affine.h"),
-    )],
-};
+const SOURCE: KernelSource = metal_source!("affine.metal", "params/affine.h");
 
 /// Output rows one simdgroup of `affine_qmv_*` computes.
 pub const QMV_ROWS_PER_SIMDGROUP: usize = 4;

@@ -1,6 +1,10 @@
-//! MLX affine-quantized matrices held as device tensors, and the products the model needs
-//! from them. The packed words, scales and biases are the checkpoint's own (scales keep their
-//! dtype), so a device copy costs what the checkpoint costs.
+//! The MLX affine family in one place. On the host: the packed format ([`packing`]), the
+//! per-group parameters ([`group_params`]), the matrix ([`matrix`]) and the q8 mode ([`q8`],
+//! over the kernels [`q8_kernel`] and [`q8_interleaved`], which take slices). On a device
+//! (this file): the matrices held as device tensors, and the products the model needs from
+//! them. The packed words, scales and biases are the checkpoint's own (scales keep their
+//! dtype), so a device copy costs what the checkpoint costs. The grouped expert GEMM is its
+//! own op, `ops/affine_grouped/`.
 //!
 //! On Metal the products run `kernels/affine.metal`, on CUDA `kernels/affine.cu`; on the CPU a
 //! plain twin ([`cpu`]) computes the same function, so the device-resident code path of the
@@ -9,21 +13,23 @@
 pub(crate) mod cpu;
 #[cfg(feature = "cuda")]
 pub mod cuda;
-#[cfg(feature = "cuda")]
-pub mod cuda_grouped;
-pub mod grouped;
-pub mod grouped_tiles;
+pub mod group_params;
+pub mod matrix;
 #[cfg(any(feature = "metal", target_os = "macos"))]
 pub mod metal;
-#[cfg(any(feature = "metal", target_os = "macos"))]
-pub mod metal_grouped;
+pub mod packing;
+pub mod q8;
+pub mod q8_interleaved;
+pub mod q8_kernel;
 pub mod wide;
 
-use crate::affine::AffineMatrix;
 use crate::launches;
 use crate::profile::{self, elems_bytes, tensor_bytes, Traffic};
 use anyhow::{bail, ensure, Result};
 use candle_core::{DType, Device, Tensor};
+pub use group_params::GroupParams;
+pub use matrix::AffineMatrix;
+pub use packing::{dequantize_row, pack_row, unpack_row, SUPPORTED_BITS, SUPPORTED_GROUPS};
 
 /// Up to this many activation rows, products read the packed weights directly (one pass per
 /// row, the decode case); beyond it the weight is dequantized once and multiplied densely.
@@ -52,9 +58,9 @@ impl AffineTensor {
         let groups = (n, m.groups_per_row());
         // Where the device has no bf16 kernels, bf16 scales are widened to f32 (exact) on the
         // host: f16 would lose those outside its range.
-        let widen = matches!(m.scales(), crate::affine::GroupParams::Bf16(_))
+        let widen = matches!(m.scales(), GroupParams::Bf16(_))
             && !crate::capability::bf16_supported(device)?;
-        let place = |data: &crate::affine::GroupParams| -> Result<Tensor> {
+        let place = |data: &GroupParams| -> Result<Tensor> {
             if widen {
                 let host = data.to_tensor(groups, &Device::Cpu)?;
                 Ok(host.to_dtype(DType::F32)?.to_device(device)?)

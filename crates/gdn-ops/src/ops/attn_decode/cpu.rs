@@ -2,25 +2,18 @@
 //! in f32 (the kernels' online softmax computes the same function up to f32 rounding), the
 //! output rounded where the kernels round it.
 
-use super::AttnDecodeDims;
+use super::{AttnDecodeDims, Inputs};
 use crate::backend::{f32_values, round_to};
 use anyhow::Result;
 use candle_core::Tensor;
 
-pub(crate) fn attn_decode(
-    d: AttnDecodeDims,
-    q: &Tensor,
-    gate: &Tensor,
-    keys: &Tensor,
-    values: &Tensor,
-    pos: &Tensor,
-) -> Result<Tensor> {
-    let dtype = q.dtype();
+pub(crate) fn attn_decode(d: AttnDecodeDims, inputs: &Inputs) -> Result<Tensor> {
+    let dtype = inputs.q.dtype();
     let (nq, nkv, dh, cap) = (d.q_heads, d.kv_heads, d.head_dim, d.capacity);
-    let (qs, gs) = (f32_values(q)?, f32_values(gate)?);
-    let (ks, vs) = (f32_values(keys)?, f32_values(values)?);
+    let (qs, gs) = (f32_values(inputs.q)?, f32_values(inputs.gate)?);
+    let (ks, vs) = (f32_values(inputs.keys)?, f32_values(inputs.values)?);
     // Clamped as the kernels clamp it: never past the buffers.
-    let last = (pos.to_vec1::<u32>()?[0] as usize).min(cap - 1);
+    let last = (inputs.pos.to_vec1::<u32>()?[0] as usize).min(cap - 1);
     let scale = (dh as f32).powf(-0.5);
     let mut out = vec![0f32; d.batch * nq * dh];
     for b in 0..d.batch {
@@ -50,5 +43,5 @@ pub(crate) fn attn_decode(
             }
         }
     }
-    Ok(Tensor::from_vec(out, (d.batch, 1, nq * dh), q.device())?.to_dtype(dtype)?)
+    Ok(Tensor::from_vec(out, (d.batch, 1, nq * dh), inputs.q.device())?.to_dtype(dtype)?)
 }

@@ -2,7 +2,7 @@
 //! head, sequence), or per (query head, sequence, key range) and a combine pass when the
 //! context is split ([`AttnDecodeDims::splits`]).
 
-use super::{AttnDecodeDims, AttnDecodeParams, SIMDGROUPS};
+use super::{AttnDecodeDims, AttnDecodeParams, Inputs, SIMDGROUPS};
 use crate::backend::cuda::{
     cuda_device, function, launch, tensor, view, with_float_type, KernelSource,
 };
@@ -21,18 +21,11 @@ const SOURCE: KernelSource = KernelSource {
 // SAFETY: `AttnDecodeParams` is `repr(C)` of seven u32 and an f32, as the kernel's struct.
 unsafe impl DeviceRepr for AttnDecodeParams {}
 
-pub(crate) fn attn_decode(
-    d: AttnDecodeDims,
-    q: &Tensor,
-    gate: &Tensor,
-    keys: &Tensor,
-    values: &Tensor,
-    pos: &Tensor,
-) -> Result<Tensor> {
-    let dev = cuda_device(q, OP)?;
+pub(crate) fn attn_decode(d: AttnDecodeDims, inputs: &Inputs) -> Result<Tensor> {
+    let dev = cuda_device(inputs.q, OP)?;
     ensure!(d.batch <= 65535, "{OP}: at most 65535 sequences per call");
-    let (q, gate) = (q.contiguous()?, gate.contiguous()?);
-    let inputs = [&q, &gate, keys, values, pos];
+    let (q, gate) = (inputs.q.contiguous()?, inputs.gate.contiguous()?);
+    let inputs = [&q, &gate, inputs.keys, inputs.values, inputs.pos];
     with_float_type!(q.dtype(), OP, |T| run::<T>(d, inputs, &dev))
 }
 
@@ -58,6 +51,13 @@ where
         let k_view = view::<T>(&ks, kl, OP)?;
         let v_view = view::<T>(&vs, vl, OP)?;
         let p_view = view::<u32>(&ps, pl, OP)?;
+        // The kernel reads each lane's keys and values in 16- or 8-byte loads.
+        for (name, layout) in [("keys", kl), ("values", vl)] {
+            ensure!(
+                (layout.start_offset() * std::mem::size_of::<T>()) % 16 == 0,
+                "{OP}: {name} must start on a 16-byte boundary"
+            );
+        }
         let params = d.params(SIMDGROUPS, splits);
         let stream = dev.cuda_stream();
         let block = LaunchConfig {

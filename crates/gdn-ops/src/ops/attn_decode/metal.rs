@@ -5,39 +5,27 @@
 //! The geometry here is what `kernels/emu/attn_decode_harness.cpp` emulates; change both
 //! together.
 
-use super::{AttnDecodeDims, SIMDGROUPS};
+use super::{AttnDecodeDims, Inputs, SIMDGROUPS};
 use crate::backend::dtype_tag;
 use crate::backend::metal::{
-    encode, metal_buffer, metal_device, new_output, output, pipeline, Binding, KernelSource,
+    encode, metal_buffer, metal_device, metal_source, new_output, output, pipeline, Binding,
+    KernelSource,
 };
 use anyhow::Result;
 use candle_core::{DType, Tensor};
 use objc2_metal::MTLSize;
 
-const SOURCE: KernelSource = KernelSource {
-    file: "kernels/attn_decode.metal",
-    text: include_str!("../../../../../kernels/attn_decode.metal"),
-    headers: &[(
-        "params/attn_decode.h",
-        include_str!("../../../../../kernels/params/attn_decode.h"),
-    )],
-};
+const SOURCE: KernelSource = metal_source!("attn_decode.metal", "params/attn_decode.h");
 
-pub(crate) fn attn_decode(
-    d: AttnDecodeDims,
-    q: &Tensor,
-    gate: &Tensor,
-    keys: &Tensor,
-    values: &Tensor,
-    pos: &Tensor,
-) -> Result<Tensor> {
+pub(crate) fn attn_decode(d: AttnDecodeDims, inputs: &Inputs) -> Result<Tensor> {
     const OP: &str = "attn_decode";
-    let dev = &metal_device(q, OP)?;
-    let dtype = q.dtype();
+    let dev = &metal_device(inputs.q, OP)?;
+    let dtype = inputs.q.dtype();
     let tag = dtype_tag(dtype, OP)?;
     let splits = d.splits();
     // Before the encoder is taken: candle ops lock the same command state.
-    let (q, gate) = (q.contiguous()?, gate.contiguous()?);
+    let (q, gate) = (inputs.q.contiguous()?, inputs.gate.contiguous()?);
+    let (keys, values, pos) = (inputs.keys, inputs.values, inputs.pos);
     let len = d.batch * d.q_heads * d.head_dim;
     let out = new_output(dev, len, dtype, "attn_decode_out")?;
     let [qb, gb, kb, vb, pb] = [&q, &gate, keys, values, pos].map(|t| metal_buffer(t, OP));

@@ -122,7 +122,14 @@ pub fn attn_decode(
     values: &Tensor,
     pos: &Tensor,
 ) -> Result<Tensor> {
-    let dims = check(q, gate, keys, values, pos)?;
+    let inputs = Inputs {
+        q,
+        gate,
+        keys,
+        values,
+        pos,
+    };
+    let dims = inputs.check()?;
     let device = q.device();
     // The GPU kernels split a long context into key ranges and merge them in a second launch
     // (one row, both grids); the CPU twin never splits.
@@ -133,11 +140,11 @@ pub fn attn_decode(
     };
     let traffic = || traffic(dims, q, gate, pos);
     profile::kernel(name, device, traffic, || match device {
-        Device::Cpu => launches::cpu_twin(|| cpu::attn_decode(dims, q, gate, keys, values, pos)),
+        Device::Cpu => launches::cpu_twin(|| cpu::attn_decode(dims, &inputs)),
         #[cfg(any(feature = "metal", target_os = "macos"))]
-        Device::Metal(_) => metal::attn_decode(dims, q, gate, keys, values, pos),
+        Device::Metal(_) => metal::attn_decode(dims, &inputs),
         #[cfg(feature = "cuda")]
-        Device::Cuda(_) => cuda::attn_decode(dims, q, gate, keys, values, pos),
+        Device::Cuda(_) => cuda::attn_decode(dims, &inputs),
         #[allow(unreachable_patterns)]
         other => bail!("attn_decode: no kernel for device {other:?}"),
     })
@@ -160,74 +167,84 @@ fn traffic(d: AttnDecodeDims, q: &Tensor, gate: &Tensor, pos: &Tensor) -> Result
         .write(elems_bytes(d.batch * d.q_heads * d.head_dim, dtype)))
 }
 
-fn check(
-    q: &Tensor,
-    gate: &Tensor,
-    keys: &Tensor,
-    values: &Tensor,
-    pos: &Tensor,
-) -> Result<AttnDecodeDims> {
-    const OP: &str = "attn_decode";
-    let (batch, q_heads, head_dim) = q
-        .dims3()
-        .map_err(|_| anyhow::anyhow!("{OP}: q {:?}, expected [B, Nq, Dh]", q.dims()))?;
-    let (kb, kv_heads, capacity, kd) = keys
-        .dims4()
-        .map_err(|_| anyhow::anyhow!("{OP}: keys {:?}, expected [B, Nkv, cap, Dh]", keys.dims()))?;
-    ensure!(
-        kb == batch && kd == head_dim,
-        "{OP}: keys {:?} do not match q {:?}",
-        keys.dims(),
-        q.dims()
-    );
-    ensure!(
-        values.dims() == keys.dims(),
-        "{OP}: values {:?} must match keys {:?}",
-        values.dims(),
-        keys.dims()
-    );
-    ensure!(capacity > 0, "{OP}: empty KV buffers");
-    ensure!(
-        keys.is_contiguous() && values.is_contiguous(),
-        "{OP}: the KV buffers must be contiguous"
-    );
-    ensure!(
-        gate.elem_count() == batch * q_heads * head_dim
-            && gate.dims().first() == Some(&batch)
-            && gate.dims().last() == Some(&(q_heads * head_dim)),
-        "{OP}: gate {:?}, expected [{batch}, {}]",
-        gate.dims(),
-        q_heads * head_dim
-    );
-    let dtype = q.dtype();
-    for (name, t) in [("gate", gate), ("keys", keys), ("values", values)] {
+/// The inputs of one call, as the backends receive them (with the dims [`Inputs::check`]
+/// read off them).
+#[derive(Clone, Copy)]
+pub(crate) struct Inputs<'a> {
+    pub q: &'a Tensor,
+    pub gate: &'a Tensor,
+    pub keys: &'a Tensor,
+    pub values: &'a Tensor,
+    pub pos: &'a Tensor,
+}
+
+impl Inputs<'_> {
+    /// Checks the tensors against each other (see the module doc) and reads the call's dims.
+    fn check(&self) -> Result<AttnDecodeDims> {
+        let (q, gate, pos) = (self.q, self.gate, self.pos);
+        let (keys, values) = (self.keys, self.values);
+        const OP: &str = "attn_decode";
+        let (batch, q_heads, head_dim) = q
+            .dims3()
+            .map_err(|_| anyhow::anyhow!("{OP}: q {:?}, expected [B, Nq, Dh]", q.dims()))?;
+        let (kb, kv_heads, capacity, kd) = keys.dims4().map_err(|_| {
+            anyhow::anyhow!("{OP}: keys {:?}, expected [B, Nkv, cap, Dh]", keys.dims())
+        })?;
         ensure!(
-            t.dtype() == dtype,
-            "{OP}: {name} is {:?}, q {dtype:?}",
-            t.dtype()
+            kb == batch && kd == head_dim,
+            "{OP}: keys {:?} do not match q {:?}",
+            keys.dims(),
+            q.dims()
         );
-    }
-    ensure!(
+        ensure!(
+            values.dims() == keys.dims(),
+            "{OP}: values {:?} must match keys {:?}",
+            values.dims(),
+            keys.dims()
+        );
+        ensure!(capacity > 0, "{OP}: empty KV buffers");
+        ensure!(
+            keys.is_contiguous() && values.is_contiguous(),
+            "{OP}: the KV buffers must be contiguous"
+        );
+        ensure!(
+            gate.elem_count() == batch * q_heads * head_dim
+                && gate.dims().first() == Some(&batch)
+                && gate.dims().last() == Some(&(q_heads * head_dim)),
+            "{OP}: gate {:?}, expected [{batch}, {}]",
+            gate.dims(),
+            q_heads * head_dim
+        );
+        let dtype = q.dtype();
+        for (name, t) in [("gate", gate), ("keys", keys), ("values", values)] {
+            ensure!(
+                t.dtype() == dtype,
+                "{OP}: {name} is {:?}, q {dtype:?}",
+                t.dtype()
+            );
+        }
+        ensure!(
         supports(head_dim, q_heads, kv_heads, dtype),
         "{OP}: no kernel for head dim {head_dim}, {q_heads} query heads over {kv_heads} KV heads in {dtype:?}"
     );
-    ensure!(
-        pos.dtype() == DType::U32 && pos.dims() == [1],
-        "{OP}: pos must be a [1] u32 tensor (got {:?} {:?})",
-        pos.dims(),
-        pos.dtype()
-    );
-    for t in [gate, keys, values, pos] {
         ensure!(
-            t.device().same_device(q.device()),
-            "{OP}: all inputs must be on one device"
+            pos.dtype() == DType::U32 && pos.dims() == [1],
+            "{OP}: pos must be a [1] u32 tensor (got {:?} {:?})",
+            pos.dims(),
+            pos.dtype()
         );
+        for t in [gate, keys, values, pos] {
+            ensure!(
+                t.device().same_device(q.device()),
+                "{OP}: all inputs must be on one device"
+            );
+        }
+        Ok(AttnDecodeDims {
+            batch,
+            q_heads,
+            kv_heads,
+            head_dim,
+            capacity,
+        })
     }
-    Ok(AttnDecodeDims {
-        batch,
-        q_heads,
-        kv_heads,
-        head_dim,
-        capacity,
-    })
 }

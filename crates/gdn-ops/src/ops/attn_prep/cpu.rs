@@ -1,7 +1,7 @@
 //! The CPU twin of `kernels/attn_prep.{metal,cu}`: head by head in f32, rounding where the
 //! kernels round, and the KV rows written in place.
 
-use super::AttnPrepDims;
+use super::{AttnPrepDims, Inputs};
 use crate::backend::{f32_values, round_to};
 use crate::ops::add_rms_norm::cpu::rms_scale;
 use anyhow::Result;
@@ -36,24 +36,13 @@ pub(crate) fn norm_rope(
     out
 }
 
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn attn_prep(
-    d: AttnPrepDims,
-    qkv: &Tensor,
-    q_norm: &Tensor,
-    k_norm: &Tensor,
-    eps: f32,
-    inv_freq: &Tensor,
-    pos: &Tensor,
-    keys: &Tensor,
-    values: &Tensor,
-) -> Result<(Tensor, Tensor)> {
-    let dtype = qkv.dtype();
+pub(crate) fn attn_prep(d: AttnPrepDims, inputs: &Inputs) -> Result<(Tensor, Tensor)> {
+    let (dtype, eps) = (inputs.qkv.dtype(), inputs.eps);
     let (nq, nkv, dh) = (d.q_heads, d.kv_heads, d.head_dim);
-    let x = f32_values(qkv)?;
-    let (wq, wk) = (f32_values(q_norm)?, f32_values(k_norm)?);
-    let inv_freq = f32_values(inv_freq)?;
-    let pos = pos.to_vec1::<u32>()?[0];
+    let x = f32_values(inputs.qkv)?;
+    let (wq, wk) = (f32_values(inputs.q_norm)?, f32_values(inputs.k_norm)?);
+    let inv_freq = f32_values(inputs.inv_freq)?;
+    let pos = inputs.pos.to_vec1::<u32>()?[0];
     let width = (2 * nq + 2 * nkv) * dh;
     let (mut q, mut gate) = (Vec::with_capacity(d.batch * nq * dh), vec![]);
     let (mut k_rows, mut v_rows) = (vec![], vec![]);
@@ -78,18 +67,18 @@ pub(crate) fn attn_prep(
         }
     }
     if (pos as usize) < d.capacity {
-        keys.inplace_op1(&WriteRows {
+        inputs.keys.inplace_op1(&WriteRows {
             dims: d,
             pos,
             rows: k_rows,
         })?;
-        values.inplace_op1(&WriteRows {
+        inputs.values.inplace_op1(&WriteRows {
             dims: d,
             pos,
             rows: v_rows,
         })?;
     }
-    let dev = qkv.device();
+    let dev = inputs.qkv.device();
     Ok((
         Tensor::from_vec(q, (d.batch, nq, dh), dev)?.to_dtype(dtype)?,
         Tensor::from_vec(gate, (d.batch, nq * dh), dev)?.to_dtype(dtype)?,

@@ -1,6 +1,6 @@
 //! CUDA host side of `kernels/attn_prep.cu`: one warp per head task.
 
-use super::{AttnPrepDims, AttnPrepParams};
+use super::{AttnPrepDims, AttnPrepParams, Inputs};
 use crate::backend::cuda::{
     cuda_device, function, launch, tensor, view, with_float_type, KernelSource,
 };
@@ -19,27 +19,25 @@ const SOURCE: KernelSource = KernelSource {
 // SAFETY: `AttnPrepParams` is `repr(C)` of six u32 and an f32, as the kernel's struct.
 unsafe impl DeviceRepr for AttnPrepParams {}
 
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn attn_prep(
-    d: AttnPrepDims,
-    qkv: &Tensor,
-    q_norm: &Tensor,
-    k_norm: &Tensor,
-    eps: f32,
-    inv_freq: &Tensor,
-    pos: &Tensor,
-    keys: &Tensor,
-    values: &Tensor,
-) -> Result<(Tensor, Tensor)> {
-    let dev = cuda_device(qkv, OP)?;
+pub(crate) fn attn_prep(d: AttnPrepDims, inputs: &Inputs) -> Result<(Tensor, Tensor)> {
+    let dev = cuda_device(inputs.qkv, OP)?;
     ensure!(d.batch <= 65535, "{OP}: at most 65535 sequences per call");
-    let qkv = qkv.contiguous()?;
+    let qkv = inputs.qkv.contiguous()?;
     let (q_norm, k_norm, inv_freq) = (
-        q_norm.contiguous()?,
-        k_norm.contiguous()?,
-        inv_freq.contiguous()?,
+        inputs.q_norm.contiguous()?,
+        inputs.k_norm.contiguous()?,
+        inputs.inv_freq.contiguous()?,
     );
-    let inputs = [&qkv, &q_norm, &k_norm, &inv_freq, pos, keys, values];
+    let eps = inputs.eps;
+    let inputs = [
+        &qkv,
+        &q_norm,
+        &k_norm,
+        &inv_freq,
+        inputs.pos,
+        inputs.keys,
+        inputs.values,
+    ];
     with_float_type!(qkv.dtype(), OP, |T| run::<T>(d, eps, inputs, &dev))
 }
 

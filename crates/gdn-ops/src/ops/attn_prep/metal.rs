@@ -3,48 +3,32 @@
 //! The geometry here is what `kernels/emu/attn_prep_harness.cpp` emulates; change both
 //! together.
 
-use super::AttnPrepDims;
+use super::{AttnPrepDims, Inputs};
 use crate::backend::dtype_tag;
 use crate::backend::metal::{
-    encode, metal_buffer, metal_device, new_output, output, pipeline, Binding, KernelSource,
+    encode, metal_buffer, metal_device, metal_source, new_output, output, pipeline, Binding,
+    KernelSource,
 };
 use anyhow::Result;
 use candle_core::Tensor;
 use objc2_metal::MTLSize;
 
-const SOURCE: KernelSource = KernelSource {
-    file: "kernels/attn_prep.metal",
-    text: include_str!("../../../../../kernels/attn_prep.metal"),
-    headers: &[(
-        "params/attn_prep.h",
-        include_str!("../../../../../kernels/params/attn_prep.h"),
-    )],
-};
+const SOURCE: KernelSource = metal_source!("attn_prep.metal", "params/attn_prep.h");
 
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn attn_prep(
-    d: AttnPrepDims,
-    qkv: &Tensor,
-    q_norm: &Tensor,
-    k_norm: &Tensor,
-    eps: f32,
-    inv_freq: &Tensor,
-    pos: &Tensor,
-    keys: &Tensor,
-    values: &Tensor,
-) -> Result<(Tensor, Tensor)> {
+pub(crate) fn attn_prep(d: AttnPrepDims, inputs: &Inputs) -> Result<(Tensor, Tensor)> {
     const OP: &str = "attn_prep";
-    let dev = &metal_device(qkv, OP)?;
-    let dtype = qkv.dtype();
+    let dev = &metal_device(inputs.qkv, OP)?;
+    let dtype = inputs.qkv.dtype();
     let pipeline = pipeline(
         dev,
         &SOURCE,
         &format!("attn_prep_{}", dtype_tag(dtype, OP)?),
     )?;
     // Before the encoder is taken: candle ops lock the same command state.
-    let qkv = qkv.contiguous()?;
-    let (q_norm, k_norm) = (q_norm.contiguous()?, k_norm.contiguous()?);
-    let inv_freq = inv_freq.contiguous()?;
+    let qkv = inputs.qkv.contiguous()?;
+    let (q_norm, k_norm) = (inputs.q_norm.contiguous()?, inputs.k_norm.contiguous()?);
+    let inv_freq = inputs.inv_freq.contiguous()?;
+    let (pos, keys, values) = (inputs.pos, inputs.keys, inputs.values);
     let q_len = d.batch * d.q_heads * d.head_dim;
     let q = new_output(dev, q_len, dtype, "attn_prep_q")?;
     let gate = new_output(dev, q_len, dtype, "attn_prep_gate")?;
@@ -67,7 +51,7 @@ pub(crate) fn attn_prep(
             Binding::Write(&qb),
             Binding::Write(&gb),
         ],
-        &d.params(eps),
+        &d.params(inputs.eps),
         MTLSize {
             width: d.q_heads + 2 * d.kv_heads,
             height: d.batch,

@@ -100,7 +100,17 @@ pub fn attn_prep(
     keys: &Tensor,
     values: &Tensor,
 ) -> Result<(Tensor, Tensor)> {
-    let dims = check(qkv, q_norm, k_norm, eps, inv_freq, pos, keys, values)?;
+    let inputs = Inputs {
+        qkv,
+        q_norm,
+        k_norm,
+        eps,
+        inv_freq,
+        pos,
+        keys,
+        values,
+    };
+    let dims = inputs.check()?;
     // Bytes moved (the decode profile): the qkv rows, both norm weights, inv_freq and the
     // position read; q and gate (`B·Nq·Dh` values each) and one key and one value per KV head
     // (at `pos`, not the buffers) written.
@@ -119,124 +129,128 @@ pub fn attn_prep(
     };
     let device = qkv.device();
     profile::kernel("attn_prep", device, traffic, || match device {
-        Device::Cpu => launches::cpu_twin(|| {
-            cpu::attn_prep(dims, qkv, q_norm, k_norm, eps, inv_freq, pos, keys, values)
-        }),
+        Device::Cpu => launches::cpu_twin(|| cpu::attn_prep(dims, &inputs)),
         #[cfg(any(feature = "metal", target_os = "macos"))]
-        Device::Metal(_) => {
-            metal::attn_prep(dims, qkv, q_norm, k_norm, eps, inv_freq, pos, keys, values)
-        }
+        Device::Metal(_) => metal::attn_prep(dims, &inputs),
         #[cfg(feature = "cuda")]
-        Device::Cuda(_) => {
-            cuda::attn_prep(dims, qkv, q_norm, k_norm, eps, inv_freq, pos, keys, values)
-        }
+        Device::Cuda(_) => cuda::attn_prep(dims, &inputs),
         #[allow(unreachable_patterns)]
         other => bail!("attn_prep: no kernel for device {other:?}"),
     })
 }
 
-#[allow(clippy::too_many_arguments)]
-fn check(
-    qkv: &Tensor,
-    q_norm: &Tensor,
-    k_norm: &Tensor,
-    eps: f32,
-    inv_freq: &Tensor,
-    pos: &Tensor,
-    keys: &Tensor,
-    values: &Tensor,
-) -> Result<AttnPrepDims> {
-    const OP: &str = "attn_prep";
-    let (batch, kv_heads, capacity, head_dim) = keys.dims4().map_err(|_| {
-        anyhow::anyhow!(
-            "attn_prep: keys {:?}, expected [B, Nkv, cap, Dh]",
+/// The inputs of one call, as the backends receive them (with the dims [`Inputs::check`]
+/// read off them).
+#[derive(Clone, Copy)]
+pub(crate) struct Inputs<'a> {
+    pub qkv: &'a Tensor,
+    pub q_norm: &'a Tensor,
+    pub k_norm: &'a Tensor,
+    pub eps: f32,
+    pub inv_freq: &'a Tensor,
+    pub pos: &'a Tensor,
+    pub keys: &'a Tensor,
+    pub values: &'a Tensor,
+}
+
+impl Inputs<'_> {
+    /// Checks the tensors against each other (see the module doc) and reads the call's dims.
+    fn check(&self) -> Result<AttnPrepDims> {
+        let (qkv, keys, values) = (self.qkv, self.keys, self.values);
+        let (q_norm, k_norm, inv_freq, pos) = (self.q_norm, self.k_norm, self.inv_freq, self.pos);
+        let eps = self.eps;
+        const OP: &str = "attn_prep";
+        let (batch, kv_heads, capacity, head_dim) = keys.dims4().map_err(|_| {
+            anyhow::anyhow!(
+                "attn_prep: keys {:?}, expected [B, Nkv, cap, Dh]",
+                keys.dims()
+            )
+        })?;
+        ensure!(
+            values.dims() == keys.dims(),
+            "{OP}: values {:?} must match keys {:?}",
+            values.dims(),
             keys.dims()
-        )
-    })?;
-    ensure!(
-        values.dims() == keys.dims(),
-        "{OP}: values {:?} must match keys {:?}",
-        values.dims(),
-        keys.dims()
-    );
-    ensure!(
-        keys.is_contiguous() && values.is_contiguous(),
-        "{OP}: the KV buffers must be contiguous to be written in place"
-    );
-    ensure!(
-        head_dim > 0 && kv_heads > 0,
-        "{OP}: empty KV buffers {:?}",
-        keys.dims()
-    );
-    let width = qkv.dim(D::Minus1)?;
-    let dtype = qkv.dtype();
-    let per_seq = width / head_dim;
-    ensure!(
-        width % head_dim == 0 && per_seq > 2 * kv_heads && (per_seq - 2 * kv_heads) % 2 == 0,
-        "{OP}: qkv rows of {width} are not 2·Nq·{head_dim} + 2·{kv_heads}·{head_dim}"
-    );
-    let q_heads = (per_seq - 2 * kv_heads) / 2;
-    ensure!(
-        q_heads % kv_heads == 0,
-        "{OP}: {q_heads} query heads not a multiple of {kv_heads} KV heads"
-    );
-    ensure!(
+        );
+        ensure!(
+            keys.is_contiguous() && values.is_contiguous(),
+            "{OP}: the KV buffers must be contiguous to be written in place"
+        );
+        ensure!(
+            head_dim > 0 && kv_heads > 0,
+            "{OP}: empty KV buffers {:?}",
+            keys.dims()
+        );
+        let width = qkv.dim(D::Minus1)?;
+        let dtype = qkv.dtype();
+        let per_seq = width / head_dim;
+        ensure!(
+            width % head_dim == 0 && per_seq > 2 * kv_heads && (per_seq - 2 * kv_heads) % 2 == 0,
+            "{OP}: qkv rows of {width} are not 2·Nq·{head_dim} + 2·{kv_heads}·{head_dim}"
+        );
+        let q_heads = (per_seq - 2 * kv_heads) / 2;
+        ensure!(
+            q_heads % kv_heads == 0,
+            "{OP}: {q_heads} query heads not a multiple of {kv_heads} KV heads"
+        );
+        ensure!(
         qkv.elem_count() == batch * width && (qkv.rank() == 2 || qkv.dims()[1..] == [1, width]),
         "{OP}: qkv {:?}, expected [{batch}, {width}] or [{batch}, 1, {width}] (one token per sequence)",
         qkv.dims()
     );
-    for (name, t) in [
-        ("keys", keys),
-        ("values", values),
-        ("q_norm", q_norm),
-        ("k_norm", k_norm),
-    ] {
+        for (name, t) in [
+            ("keys", keys),
+            ("values", values),
+            ("q_norm", q_norm),
+            ("k_norm", k_norm),
+        ] {
+            ensure!(
+                t.dtype() == dtype,
+                "{OP}: {name} is {:?}, qkv {dtype:?}",
+                t.dtype()
+            );
+        }
+        for (name, t) in [("q_norm", q_norm), ("k_norm", k_norm)] {
+            ensure!(
+                t.dims() == [head_dim],
+                "{OP}: {name} {:?}, expected [{head_dim}]",
+                t.dims()
+            );
+        }
         ensure!(
-            t.dtype() == dtype,
-            "{OP}: {name} is {:?}, qkv {dtype:?}",
-            t.dtype()
+            inv_freq.dtype() == DType::F32 && inv_freq.rank() == 1,
+            "{OP}: inv_freq must be a [R/2] f32 tensor (got {:?} {:?})",
+            inv_freq.dims(),
+            inv_freq.dtype()
         );
-    }
-    for (name, t) in [("q_norm", q_norm), ("k_norm", k_norm)] {
+        let rope_dims = 2 * inv_freq.dim(0)?;
         ensure!(
-            t.dims() == [head_dim],
-            "{OP}: {name} {:?}, expected [{head_dim}]",
-            t.dims()
+            supports(head_dim, rope_dims, dtype),
+            "{OP}: no kernel for head dim {head_dim} with {rope_dims} rotated dims in {dtype:?}"
         );
-    }
-    ensure!(
-        inv_freq.dtype() == DType::F32 && inv_freq.rank() == 1,
-        "{OP}: inv_freq must be a [R/2] f32 tensor (got {:?} {:?})",
-        inv_freq.dims(),
-        inv_freq.dtype()
-    );
-    let rope_dims = 2 * inv_freq.dim(0)?;
-    ensure!(
-        supports(head_dim, rope_dims, dtype),
-        "{OP}: no kernel for head dim {head_dim} with {rope_dims} rotated dims in {dtype:?}"
-    );
-    ensure!(
-        pos.dtype() == DType::U32 && pos.dims() == [1],
-        "{OP}: pos must be a [1] u32 tensor (got {:?} {:?})",
-        pos.dims(),
-        pos.dtype()
-    );
-    ensure!(
-        eps.is_finite() && eps >= 0.0,
-        "{OP}: eps must be finite and non-negative"
-    );
-    for t in [q_norm, k_norm, inv_freq, pos, keys, values] {
         ensure!(
-            t.device().same_device(qkv.device()),
-            "{OP}: all inputs must be on one device"
+            pos.dtype() == DType::U32 && pos.dims() == [1],
+            "{OP}: pos must be a [1] u32 tensor (got {:?} {:?})",
+            pos.dims(),
+            pos.dtype()
         );
+        ensure!(
+            eps.is_finite() && eps >= 0.0,
+            "{OP}: eps must be finite and non-negative"
+        );
+        for t in [q_norm, k_norm, inv_freq, pos, keys, values] {
+            ensure!(
+                t.device().same_device(qkv.device()),
+                "{OP}: all inputs must be on one device"
+            );
+        }
+        Ok(AttnPrepDims {
+            batch,
+            q_heads,
+            kv_heads,
+            head_dim,
+            rope_dims,
+            capacity,
+        })
     }
-    Ok(AttnPrepDims {
-        batch,
-        q_heads,
-        kv_heads,
-        head_dim,
-        rope_dims,
-        capacity,
-    })
 }

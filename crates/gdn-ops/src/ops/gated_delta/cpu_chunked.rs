@@ -208,36 +208,24 @@ fn group_body<S: StateElem, const FMA: bool>(
         let cp = round_up(c, LANES);
         load_keys(op, &mut w, b, hk, c0, c, cp);
         // `K Kᵀ` and `Q Kᵀ` on and below the diagonal tiles, shared by the group.
-        gemm::<FMA>(Gemm {
-            a: &w.k,
-            lda: dkp,
-            b: &w.kt,
-            ldb: CHUNK,
-            m: cp,
-            n: cp,
-            depth: dkp,
-            a_lower: false,
-            out_lower: true,
-            accumulate: false,
-            c: &mut w.kk,
-            ldc: CHUNK,
-            pack: &mut w.pack,
-        });
-        gemm::<FMA>(Gemm {
-            a: &w.q,
-            lda: dkp,
-            b: &w.kt,
-            ldb: CHUNK,
-            m: cp,
-            n: cp,
-            depth: dkp,
-            a_lower: false,
-            out_lower: true,
-            accumulate: false,
-            c: &mut w.qk,
-            ldc: CHUNK,
-            pack: &mut w.pack,
-        });
+        Gemm::new(
+            [cp, cp, dkp],
+            (&w.k, dkp),
+            (&w.kt, CHUNK),
+            (&mut w.kk, CHUNK),
+            &mut w.pack,
+        )
+        .out_lower()
+        .run::<FMA>();
+        Gemm::new(
+            [cp, cp, dkp],
+            (&w.q, dkp),
+            (&w.kt, CHUNK),
+            (&mut w.qk, CHUNK),
+            &mut w.pack,
+        )
+        .out_lower()
+        .run::<FMA>();
         for h in 0..group {
             let hv = hk * group + h;
             load_values(op, &mut w, b, hv, c0, c, cp, &kept);
@@ -379,21 +367,14 @@ fn chunk_head<const FMA: bool>(w: &mut Work, h: usize, c: usize, cp: usize) {
     }
     let st = &mut w.st[h];
     // R = β ⊙ (V − γ ⊙ K Sᵀ).
-    gemm::<FMA>(Gemm {
-        a: &w.k,
-        lda: dkp,
-        b: st,
-        ldb: dvp,
-        m: cp,
-        n: dvp,
-        depth: dkp,
-        a_lower: false,
-        out_lower: false,
-        accumulate: false,
-        c: &mut w.r,
-        ldc: dvp,
-        pack: &mut w.pack,
-    });
+    Gemm::new(
+        [cp, dvp, dkp],
+        (&w.k, dkp),
+        (st, dvp),
+        (&mut w.r, dvp),
+        &mut w.pack,
+    )
+    .run::<FMA>();
     for i in 0..cp {
         let (beta, gamma) = (w.beta[i], w.gamma[i]);
         let (r, v) = (
@@ -405,58 +386,40 @@ fn chunk_head<const FMA: bool>(w: &mut Work, h: usize, c: usize, cp: usize) {
         }
     }
     // Δ = A⁻¹ R.
-    gemm::<FMA>(Gemm {
-        a: &w.a_inv,
-        lda: CHUNK,
-        b: &w.r,
-        ldb: dvp,
-        m: cp,
-        n: dvp,
-        depth: cp,
-        a_lower: true,
-        out_lower: false,
-        accumulate: false,
-        c: &mut w.delta,
-        ldc: dvp,
-        pack: &mut w.pack,
-    });
+    Gemm::new(
+        [cp, dvp, cp],
+        (&w.a_inv, CHUNK),
+        (&w.r, dvp),
+        (&mut w.delta, dvp),
+        &mut w.pack,
+    )
+    .a_lower()
+    .run::<FMA>();
     // Y = γ ⊙ Q Sᵀ + attn Δ.
-    gemm::<FMA>(Gemm {
-        a: &w.q,
-        lda: dkp,
-        b: st,
-        ldb: dvp,
-        m: cp,
-        n: dvp,
-        depth: dkp,
-        a_lower: false,
-        out_lower: false,
-        accumulate: false,
-        c: &mut w.out,
-        ldc: dvp,
-        pack: &mut w.pack,
-    });
+    Gemm::new(
+        [cp, dvp, dkp],
+        (&w.q, dkp),
+        (st, dvp),
+        (&mut w.out, dvp),
+        &mut w.pack,
+    )
+    .run::<FMA>();
     for i in 0..cp {
         let gamma = w.gamma[i];
         w.out[i * dvp..(i + 1) * dvp]
             .iter_mut()
             .for_each(|x| *x *= gamma);
     }
-    gemm::<FMA>(Gemm {
-        a: &w.attn,
-        lda: CHUNK,
-        b: &w.delta,
-        ldb: dvp,
-        m: cp,
-        n: dvp,
-        depth: cp,
-        a_lower: true,
-        out_lower: false,
-        accumulate: true,
-        c: &mut w.out,
-        ldc: dvp,
-        pack: &mut w.pack,
-    });
+    Gemm::new(
+        [cp, dvp, cp],
+        (&w.attn, CHUNK),
+        (&w.delta, dvp),
+        (&mut w.out, dvp),
+        &mut w.pack,
+    )
+    .a_lower()
+    .accumulate()
+    .run::<FMA>();
     // Sᵀ ← γ_last Sᵀ + (D_last ⊙ K)ᵀ Δ.
     let last = &w.decay[(c - 1) * CHUNK..c * CHUNK];
     for j in 0..dkp {
@@ -470,21 +433,15 @@ fn chunk_head<const FMA: bool>(w: &mut Work, h: usize, c: usize, cp: usize) {
     }
     let gamma_last = w.gamma[c - 1];
     st.iter_mut().for_each(|x| *x *= gamma_last);
-    gemm::<FMA>(Gemm {
-        a: &w.krt,
-        lda: CHUNK,
-        b: &w.delta,
-        ldb: dvp,
-        m: dkp,
-        n: dvp,
-        depth: cp,
-        a_lower: false,
-        out_lower: false,
-        accumulate: true,
-        c: st,
-        ldc: dvp,
-        pack: &mut w.pack,
-    });
+    Gemm::new(
+        [dkp, dvp, cp],
+        (&w.krt, CHUNK),
+        (&w.delta, dvp),
+        (st, dvp),
+        &mut w.pack,
+    )
+    .accumulate()
+    .run::<FMA>();
 }
 
 /// `c[m, n] (+)= a[m, depth] · b[depth, n]`, all row-major with the given strides; `m` a
@@ -507,6 +464,67 @@ struct Gemm<'a> {
     ldc: usize,
     /// Room for a row tile of `a`: `ROWS × depth`.
     pack: &'a mut [f32],
+}
+
+impl<'a> Gemm<'a> {
+    /// `c[m, n] = a[m, depth] · b[depth, n]` with `[m, n, depth]`, each matrix given with its
+    /// row stride; dense, overwriting `c`, until a flag below says otherwise.
+    #[inline(always)]
+    fn new(
+        [m, n, depth]: [usize; 3],
+        (a, lda): (&'a [f32], usize),
+        (b, ldb): (&'a [f32], usize),
+        (c, ldc): (&'a mut [f32], usize),
+        pack: &'a mut [f32],
+    ) -> Self {
+        Self {
+            a,
+            lda,
+            b,
+            ldb,
+            m,
+            n,
+            depth,
+            a_lower: false,
+            out_lower: false,
+            accumulate: false,
+            c,
+            ldc,
+            pack,
+        }
+    }
+
+    /// `a` is lower triangular (see the field).
+    #[inline(always)]
+    fn a_lower(self) -> Self {
+        Self {
+            a_lower: true,
+            ..self
+        }
+    }
+
+    /// Only the output tiles on and below the diagonal are needed (see the field).
+    #[inline(always)]
+    fn out_lower(self) -> Self {
+        Self {
+            out_lower: true,
+            ..self
+        }
+    }
+
+    /// Adds the product to `c`.
+    #[inline(always)]
+    fn accumulate(self) -> Self {
+        Self {
+            accumulate: true,
+            ..self
+        }
+    }
+
+    #[inline(always)]
+    fn run<const FMA: bool>(self) {
+        gemm::<FMA>(self)
+    }
 }
 
 /// The register-tiled product: `ROWS × LANES` accumulators stay in registers while the depth

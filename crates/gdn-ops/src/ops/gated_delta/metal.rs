@@ -7,20 +7,14 @@
 use super::{GdnDims, Inputs, Prepared};
 use crate::backend::dtype_tag;
 use crate::backend::metal::{
-    encode, metal_buffer, metal_device, new_output, output, pipeline, Binding, KernelSource,
+    encode, metal_buffer, metal_device, metal_source, new_output, output, pipeline, Binding,
+    KernelSource,
 };
 use anyhow::{ensure, Result};
 use candle_core::{DType, Tensor};
 use objc2_metal::MTLSize;
 
-const SOURCE: KernelSource = KernelSource {
-    file: "kernels/gated_delta.metal",
-    text: include_str!("../../../../../kernels/gated_delta.metal"),
-    headers: &[(
-        "params/gated_delta.h",
-        include_str!("../../../../../kernels/params/gated_delta.h"),
-    )],
-};
+const SOURCE: KernelSource = metal_source!("gated_delta.metal", "params/gated_delta.h");
 
 /// `GdnParams` of kernels/params/gated_delta.h, field for field.
 #[repr(C)]

@@ -7,7 +7,8 @@ use super::chunked::{split_update, GdnChunkParams, CHUNK};
 use super::{GdnDims, Inputs, Prepared};
 use crate::backend::dtype_tag;
 use crate::backend::metal::{
-    encode, metal_buffer, metal_device, new_output, output, pipeline, Binding, KernelSource,
+    encode, metal_buffer, metal_device, metal_source, new_output, output, pipeline, Binding,
+    KernelSource,
 };
 use anyhow::{ensure, Result};
 use candle_core::{DType, Tensor};
@@ -15,14 +16,7 @@ use candle_metal_kernels::metal::Buffer;
 use objc2_metal::MTLSize;
 
 const OP: &str = "gated_delta_chunked";
-const SOURCE: KernelSource = KernelSource {
-    file: "kernels/gated_delta_chunk.metal",
-    text: include_str!("../../../../../kernels/gated_delta_chunk.metal"),
-    headers: &[(
-        "params/gated_delta_chunk.h",
-        include_str!("../../../../../kernels/params/gated_delta_chunk.h"),
-    )],
-};
+const SOURCE: KernelSource = metal_source!("gated_delta_chunk.metal", "params/gated_delta_chunk.h");
 
 /// Value columns per threadgroup of the state pass (`kBlockV`), one 8-column tile per
 /// simdgroup.

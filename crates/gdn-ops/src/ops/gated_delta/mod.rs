@@ -136,6 +136,26 @@ pub(crate) struct Inputs<'a> {
     pub(crate) mask: Option<&'a Tensor>,
 }
 
+impl<'a> Inputs<'a> {
+    pub(crate) fn new(
+        q: &'a Tensor,
+        k: &'a Tensor,
+        v: &'a Tensor,
+        g: &'a Tensor,
+        beta: &'a Tensor,
+        mask: Option<&'a Tensor>,
+    ) -> Self {
+        Self {
+            q,
+            k,
+            v,
+            g,
+            beta,
+            mask,
+        }
+    }
+}
+
 /// A call's inputs in the layouts and dtypes every GPU kernel of this op reads (the Metal and
 /// CUDA recurrence and chunk kernels alike): q, k and v contiguous in q's dtype (InT), g, beta
 /// and the mask contiguous in f32. On Metal it is made before the encoder is taken: candle's
@@ -263,7 +283,7 @@ pub fn gated_delta_update_masked(
         Some(form) => (form, true),
         None => (GdnForm::by_length(steps), false),
     };
-    update(form, asked, q, k, v, g, beta, state, mask)
+    update(form, asked, &Inputs::new(q, k, v, g, beta, mask), state)
 }
 
 /// As [`gated_delta_update_masked`] in the given form: how the tests compare the two. The
@@ -281,33 +301,14 @@ pub fn gated_delta_update_in(
     state: &Tensor,
     mask: Option<&Tensor>,
 ) -> Result<Tensor> {
-    update(form, true, q, k, v, g, beta, state, mask)
+    update(form, true, &Inputs::new(q, k, v, g, beta, mask), state)
 }
 
 /// One call in `form`; `asked`: the form was asked for (explicitly or by
 /// `QWEN_GDN_GDN_PREFILL`), not chosen by length.
-#[allow(clippy::too_many_arguments)]
-fn update(
-    form: GdnForm,
-    asked: bool,
-    q: &Tensor,
-    k: &Tensor,
-    v: &Tensor,
-    g: &Tensor,
-    beta: &Tensor,
-    state: &Tensor,
-    mask: Option<&Tensor>,
-) -> Result<Tensor> {
-    let inputs = Inputs {
-        q,
-        k,
-        v,
-        g,
-        beta,
-        mask,
-    };
-    let dims = GdnDims::of(&inputs, state)?;
-    if let Some(m) = mask {
+fn update(form: GdnForm, asked: bool, inputs: &Inputs, state: &Tensor) -> Result<Tensor> {
+    let dims = GdnDims::of(inputs, state)?;
+    if let Some(m) = inputs.mask {
         ensure!(
             m.dims() == [dims.batch, dims.steps],
             "gated_delta_update: mask {:?}, expected {:?}",
@@ -336,27 +337,27 @@ fn update(
         "gated_delta"
     };
     let device = state.device();
-    let traffic = || Ok(traffic(&inputs, dims, state));
+    let traffic = || Ok(traffic(inputs, dims, state));
     profile::kernel(name, device, traffic, || match device {
         // Stands in for the one kernel a GPU launches.
         Device::Cpu => {
             launches::record(1);
             if chunked {
-                cpu_chunked::gated_delta_update(dims, &inputs, state)
+                cpu_chunked::gated_delta_update(dims, inputs, state)
             } else {
-                cpu::gated_delta_update(dims, &inputs, state)
+                cpu::gated_delta_update(dims, inputs, state)
             }
         }
         #[cfg(any(feature = "metal", target_os = "macos"))]
-        Device::Metal(_) if chunked => metal_chunked::gated_delta_update(dims, &inputs, state),
+        Device::Metal(_) if chunked => metal_chunked::gated_delta_update(dims, inputs, state),
         #[cfg(any(feature = "metal", target_os = "macos"))]
-        Device::Metal(_) => metal::gated_delta_update(dims, &inputs, state),
+        Device::Metal(_) => metal::gated_delta_update(dims, inputs, state),
         #[cfg(feature = "cuda")]
-        Device::Cuda(_) if !cuda::supports(&dims) => on_host(dims, &inputs, state),
+        Device::Cuda(_) if !cuda::supports(&dims) => on_host(dims, inputs, state),
         #[cfg(feature = "cuda")]
-        Device::Cuda(_) if chunked => cuda_chunked::gated_delta_update(dims, &inputs, state),
+        Device::Cuda(_) if chunked => cuda_chunked::gated_delta_update(dims, inputs, state),
         #[cfg(feature = "cuda")]
-        Device::Cuda(_) => cuda::gated_delta_update(dims, &inputs, state),
+        Device::Cuda(_) => cuda::gated_delta_update(dims, inputs, state),
         other => bail!("gated_delta_update: no kernel for device {other:?} yet"),
     })
 }
@@ -420,5 +421,5 @@ pub fn gated_delta_update_chunked(
     state: &Tensor,
     mask: Option<&Tensor>,
 ) -> Result<Tensor> {
-    update(GdnForm::Chunked, true, q, k, v, g, beta, state, mask)
+    gated_delta_update_in(GdnForm::Chunked, q, k, v, g, beta, state, mask)
 }

@@ -5,21 +5,14 @@
 use super::{supports, Inputs};
 use crate::backend::dtype_tag;
 use crate::backend::metal::{
-    encode, metal_buffer, metal_buffer_of_view, metal_device, new_output, output, pipeline,
-    Binding, KernelSource,
+    encode, metal_buffer, metal_buffer_of_view, metal_device, metal_source, new_output, output,
+    pipeline, Binding, KernelSource,
 };
 use anyhow::{ensure, Result};
 use candle_core::Tensor;
 use objc2_metal::MTLSize;
 
-const SOURCE: KernelSource = KernelSource {
-    file: "kernels/gated_delta_norm.metal",
-    text: include_str!("../../../../../kernels/gated_delta_norm.metal"),
-    headers: &[(
-        "params/gated_delta_norm.h",
-        include_str!("../../../../../kernels/params/gated_delta_norm.h"),
-    )],
-};
+const SOURCE: KernelSource = metal_source!("gated_delta_norm.metal", "params/gated_delta_norm.h");
 
 pub(crate) fn gated_delta_update_norm(inputs: &Inputs) -> Result<Tensor> {
     const OP: &str = "gated_delta_update_norm";

@@ -137,14 +137,7 @@ pub fn gated_delta_update_norm(
     eps: f32,
 ) -> Result<Tensor> {
     const OP: &str = "gated_delta_update_norm";
-    let recurrence = gated_delta::Inputs {
-        q,
-        k,
-        v,
-        g,
-        beta,
-        mask: None,
-    };
+    let recurrence = gated_delta::Inputs::new(q, k, v, g, beta, None);
     let dims = GdnDims::of(&recurrence, state)?;
     let dtype = q.dtype();
     ensure!(

@@ -5,21 +5,14 @@
 use super::Inputs;
 use crate::backend::dtype_tag;
 use crate::backend::metal::{
-    encode, metal_buffer, metal_buffer_of_view, metal_device, new_output, output, pipeline,
-    Binding, KernelSource,
+    encode, metal_buffer, metal_buffer_of_view, metal_device, metal_source, new_output, output,
+    pipeline, Binding, KernelSource,
 };
 use anyhow::Result;
 use candle_core::Tensor;
 use objc2_metal::MTLSize;
 
-const SOURCE: KernelSource = KernelSource {
-    file: "kernels/gated_rms_norm.metal",
-    text: include_str!("../../../../../kernels/gated_rms_norm.metal"),
-    headers: &[(
-        "params/gated_rms_norm.h",
-        include_str!("../../../../../kernels/params/gated_rms_norm.h"),
-    )],
-};
+const SOURCE: KernelSource = metal_source!("gated_rms_norm.metal", "params/gated_rms_norm.h");
 
 /// Simdgroups (rows) per threadgroup.
 pub const ROWS_PER_THREADGROUP: usize = 4;

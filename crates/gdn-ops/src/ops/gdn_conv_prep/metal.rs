@@ -5,21 +5,14 @@
 use super::{supports, ConvPrepOut, Inputs};
 use crate::backend::dtype_tag;
 use crate::backend::metal::{
-    encode, metal_buffer, metal_buffer_of_view, metal_device, new_output, output, pipeline,
-    Binding, KernelSource,
+    encode, metal_buffer, metal_buffer_of_view, metal_device, metal_source, new_output, output,
+    pipeline, Binding, KernelSource,
 };
 use anyhow::{ensure, Result};
 use candle_core::DType;
 use objc2_metal::MTLSize;
 
-const SOURCE: KernelSource = KernelSource {
-    file: "kernels/gdn_conv_prep.metal",
-    text: include_str!("../../../../../kernels/gdn_conv_prep.metal"),
-    headers: &[(
-        "params/gdn_conv_prep.h",
-        include_str!("../../../../../kernels/params/gdn_conv_prep.h"),
-    )],
-};
+const SOURCE: KernelSource = metal_source!("gdn_conv_prep.metal", "params/gdn_conv_prep.h");
 
 /// Simdgroups (head slots) per threadgroup.
 pub const SLOTS_PER_THREADGROUP: usize = 4;

@@ -7,20 +7,14 @@
 use super::{GreedyPickParams, THREADS};
 use crate::backend::dtype_tag;
 use crate::backend::metal::{
-    encode, metal_buffer, metal_device, new_output, output, pipeline, Binding, KernelSource,
+    encode, metal_buffer, metal_device, metal_source, new_output, output, pipeline, Binding,
+    KernelSource,
 };
 use anyhow::Result;
 use candle_core::{DType, Tensor};
 use objc2_metal::MTLSize;
 
-const SOURCE: KernelSource = KernelSource {
-    file: "kernels/greedy_pick.metal",
-    text: include_str!("../../../../../kernels/greedy_pick.metal"),
-    headers: &[(
-        "params/greedy_pick.h",
-        include_str!("../../../../../kernels/params/greedy_pick.h"),
-    )],
-};
+const SOURCE: KernelSource = metal_source!("greedy_pick.metal", "params/greedy_pick.h");
 
 pub(crate) fn greedy_pick(logits: &Tensor, p: &GreedyPickParams) -> Result<Tensor> {
     const OP: &str = "greedy_pick";

@@ -7,20 +7,14 @@
 use super::{combine_threads, Inputs, MoeCombineParams};
 use crate::backend::dtype_tag;
 use crate::backend::metal::{
-    encode, metal_buffer, metal_device, new_output, output, pipeline, Binding, KernelSource,
+    encode, metal_buffer, metal_device, metal_source, new_output, output, pipeline, Binding,
+    KernelSource,
 };
 use anyhow::Result;
 use candle_core::Tensor;
 use objc2_metal::MTLSize;
 
-const SOURCE: KernelSource = KernelSource {
-    file: "kernels/moe_combine.metal",
-    text: include_str!("../../../../../kernels/moe_combine.metal"),
-    headers: &[(
-        "params/moe_combine.h",
-        include_str!("../../../../../kernels/params/moe_combine.h"),
-    )],
-};
+const SOURCE: KernelSource = metal_source!("moe_combine.metal", "params/moe_combine.h");
 
 pub(crate) fn moe_combine(
     inputs: &Inputs,

@@ -6,20 +6,14 @@
 use super::MoeRouteParams;
 use crate::backend::dtype_tag;
 use crate::backend::metal::{
-    encode, metal_buffer, metal_device, new_output, output, pipeline, Binding, KernelSource,
+    encode, metal_buffer, metal_device, metal_source, new_output, output, pipeline, Binding,
+    KernelSource,
 };
 use anyhow::Result;
 use candle_core::{DType, Tensor};
 use objc2_metal::MTLSize;
 
-const SOURCE: KernelSource = KernelSource {
-    file: "kernels/moe_route.metal",
-    text: include_str!("../../../../../kernels/moe_route.metal"),
-    headers: &[(
-        "params/moe_route.h",
-        include_str!("../../../../../kernels/params/moe_route.h"),
-    )],
-};
+const SOURCE: KernelSource = metal_source!("moe_route.metal", "params/moe_route.h");
 
 pub(crate) fn moe_route(logits: &Tensor, p: &MoeRouteParams) -> Result<(Tensor, Tensor)> {
     const OP: &str = "moe_route";

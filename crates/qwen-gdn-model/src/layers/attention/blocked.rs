@@ -20,7 +20,7 @@
 //! of summation and their unnormalized rounding to the activation dtype.
 
 use super::{attend_dense, scores, KeyMask};
-use crate::layers::norm::{cast, contiguous};
+use crate::tensor::{cast, contiguous};
 use anyhow::{ensure, Context, Result};
 use candle_core::{DType, Tensor, D};
 use gdn_ops::launches::{candle_op, candle_ops};

@@ -18,10 +18,10 @@
 //!
 //! [`AffineTensor::grouped_matmul_t`]: gdn_ops::ops::affine::AffineTensor::grouped_matmul_t
 
-use super::super::norm::contiguous;
 use super::groups::ExpertGroups;
 use super::{swiglu_halves, StackedExperts};
 use crate::phase_profile::phase;
+use crate::tensor::contiguous;
 use anyhow::{bail, Result};
 use candle_core::{Device, Tensor};
 use gdn_ops::launches::candle_op;

@@ -21,7 +21,7 @@ pub mod stacked;
 
 use super::linear::Linear;
 use super::mlp::Mlp;
-use super::norm::{cast, contiguous};
+use crate::tensor::{cast, contiguous};
 use crate::weights::{Checkpoint, Matrix, Product, Weight};
 use crate::Config;
 use anyhow::Result;

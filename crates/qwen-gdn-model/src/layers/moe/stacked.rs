@@ -14,8 +14,8 @@
 
 use super::super::linear::Linear;
 use super::super::mlp::Mlp;
-use super::super::norm::{cast, contiguous};
 use super::{swiglu_halves, top_k_on_device, weighted_sum};
+use crate::tensor::{cast, contiguous};
 use crate::weights::{Matrix, Weight};
 use anyhow::Result;
 use candle_core::{DType, Device, Tensor, D};

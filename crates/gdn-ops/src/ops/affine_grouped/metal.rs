@@ -1,0 +1,132 @@
+//! Metal host side of `kernels/affine_grouped.metal`: the expert products of a prefill chunk,
+//! rows sorted by expert, in one dispatch (MLX's `gather_qmm` with sorted indices), instead of
+//! a dequantization, a matmul and a copy per expert in use.
+//!
+//! The launch geometry here is what `kernels/emu/affine_grouped_harness.cpp` emulates; change
+//! both together.
+
+use super::check_offsets;
+use super::tiles::{
+    tile_schedule, AffineGroupedParams, GROUPED_SCRATCH_BYTES, GROUPED_THREADS, GROUPED_TILE_COLS,
+};
+use crate::backend::dtype_tag;
+use crate::backend::metal::{
+    encode, metal_buffer, metal_device, metal_source, new_output, output, pipeline, Binding,
+    KernelSource,
+};
+use crate::launches;
+use crate::ops::affine::AffineTensor;
+use anyhow::{ensure, Result};
+use candle_core::Tensor;
+use objc2_metal::MTLSize;
+
+const OP: &str = "grouped expert matmul";
+
+const SOURCE: KernelSource = metal_source!("affine_grouped.metal", "params/affine_grouped_metal.h");
+
+/// Whether the kernel covers `a`'s format (the checks of [`grouped_matmul_t`] on the weights).
+pub fn supports(a: &AffineTensor) -> bool {
+    matches!(a.bits, 2 | 3 | 4 | 5 | 6 | 8)
+        && a.group_size > 0
+        && a.group_size.is_multiple_of(32)
+        && a.cols.is_multiple_of(a.group_size)
+}
+
+/// `x` `[P, cols]`, rows sorted by expert (expert `e`'s rows are `offsets[e]..offsets[e + 1]`,
+/// `offsets.len() == experts + 1`, `offsets[experts] == P`) → `[P, rows]` in x's dtype: row
+/// `p` of expert `e` is `x[p] · W_eᵀ`, `W_e` dequantized into x's dtype, products summed in
+/// f32. One launch, none for an empty result.
+pub fn grouped_matmul_t(a: &AffineTensor, x: &Tensor, offsets: &[u32]) -> Result<Tensor> {
+    let (x_rows, cols) = x
+        .dims2()
+        .map_err(|_| anyhow::anyhow!("{OP}: x must be [rows, {}], got {:?}", a.cols, x.dims()))?;
+    ensure!(
+        cols == a.cols,
+        "{OP}: x {:?} does not end in {}",
+        x.dims(),
+        a.cols
+    );
+    ensure!(
+        x.device().same_device(a.device()),
+        "{OP}: x and the weights are on different devices"
+    );
+    check_offsets(offsets, a.experts, x_rows)?;
+    ensure!(
+        matches!(a.bits, 2 | 3 | 4 | 5 | 6 | 8),
+        "{OP}: no kernel for {}-bit weights",
+        a.bits
+    );
+    ensure!(
+        a.group_size.is_multiple_of(32) && a.group_size > 0 && a.cols.is_multiple_of(a.group_size),
+        "{OP}: group size {} with {} columns (the kernel needs a multiple of 32 that divides the columns)",
+        a.group_size,
+        a.cols
+    );
+    ensure!(
+        [a.experts * a.rows, a.cols, x_rows]
+            .iter()
+            .all(|&n| u32::try_from(n).is_ok()),
+        "{OP}: sizes beyond u32 ({} experts × {} rows, {} columns, {x_rows} rows of x)",
+        a.experts,
+        a.rows,
+        a.cols
+    );
+    let dtype = x.dtype();
+    let name = format!(
+        "affine_grouped_qmm_{}_{}",
+        dtype_tag(dtype, OP)?,
+        dtype_tag(a.scales.dtype(), OP)?
+    );
+    if x_rows == 0 || a.rows == 0 {
+        // Nothing to compute: an empty result (candle's zero fill, a blit of no bytes).
+        return launches::candle_op(Tensor::zeros((x_rows, a.rows), dtype, x.device()));
+    }
+    let tiles = tile_schedule(offsets);
+    let dev = metal_device(&a.packed, OP)?;
+    let pipeline = pipeline(&dev, &SOURCE, &name)?;
+    // Inputs before the encoder is taken: candle ops lock the same command state.
+    let x = x.contiguous()?;
+    let words: Vec<u32> = tiles
+        .iter()
+        .flat_map(|t| [t.expert, t.row_begin, t.row_end])
+        .collect();
+    let tile_buffer = Tensor::from_slice(&words, words.len(), x.device())?;
+    let y = new_output(&dev, x_rows * a.rows, dtype, "affine_grouped_qmm_y")?;
+    let params = AffineGroupedParams {
+        experts: a.experts as u32,
+        rows: a.rows as u32,
+        cols: a.cols as u32,
+        bits: a.bits as u32,
+        group_size: a.group_size as u32,
+        x_rows: x_rows as u32,
+        tiles: tiles.len() as u32,
+    };
+    let inputs = [
+        metal_buffer(&a.packed, OP)?,
+        metal_buffer(&a.scales, OP)?,
+        metal_buffer(&a.biases, OP)?,
+        metal_buffer(&x, OP)?,
+        metal_buffer(&tile_buffer, OP)?,
+    ];
+    let out = (y.as_ref().clone(), 0);
+    let mut bindings: Vec<Binding> = inputs.iter().map(Binding::Read).collect();
+    bindings.push(Binding::Write(&out));
+    encode(
+        &dev,
+        &pipeline,
+        &bindings,
+        &params,
+        MTLSize {
+            width: a.rows.div_ceil(GROUPED_TILE_COLS),
+            height: tiles.len(),
+            depth: 1,
+        },
+        MTLSize {
+            width: GROUPED_THREADS,
+            height: 1,
+            depth: 1,
+        },
+        GROUPED_SCRATCH_BYTES,
+    )?;
+    Ok(output(&dev, y, (x_rows, a.rows), dtype))
+}

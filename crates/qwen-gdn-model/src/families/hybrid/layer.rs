@@ -1,0 +1,165 @@
+//! One layer of the hybrid family (Qwen3-Next, Qwen3.5, Qwen3.6): a GDN or gated attention
+//! mixer, then a dense MLP or a MoE, each behind a pre-norm and a residual add.
+
+use crate::cache::{GdnCache, KvCache, LayerCache};
+use crate::config::LayerKind;
+use crate::layers::attention::Attention;
+use crate::layers::gdn::GatedDeltaNet;
+use crate::layers::mlp::Mlp;
+use crate::layers::moe::SparseMoe;
+use crate::layers::norm::{Gate, RmsNorm};
+use crate::phase_profile::phase;
+use crate::tap::{Part, Tap};
+use crate::weights::Checkpoint;
+use crate::{Config, StateDtype};
+use anyhow::{bail, Result};
+use candle_core::{DType, Device, Tensor};
+use gdn_ops::launches::candle_op;
+
+#[derive(Debug, Clone)]
+pub enum Mixer {
+    Gdn(GatedDeltaNet),
+    Attention(Attention),
+}
+
+#[derive(Debug, Clone)]
+pub enum FeedForward {
+    Dense(Mlp),
+    Moe(Box<SparseMoe>),
+}
+
+#[derive(Debug, Clone)]
+pub struct DecoderLayer {
+    pub(super) input_norm: RmsNorm,
+    pub mixer: Mixer,
+    pub(super) post_norm: RmsNorm,
+    pub feed_forward: FeedForward,
+}
+
+impl DecoderLayer {
+    pub(super) fn load(ckpt: &Checkpoint, i: usize, cfg: &Config) -> Result<Self> {
+        let p = format!("model.layers.{i}");
+        let dev = &Device::Cpu;
+        let eps = cfg.rms_norm_eps as f32;
+        let mixer = match cfg.layer_kind(i) {
+            LayerKind::LinearAttention => Mixer::Gdn(GatedDeltaNet::load(
+                ckpt,
+                &format!("{p}.linear_attn"),
+                cfg,
+                Gate::Silu,
+            )?),
+            LayerKind::FullAttention => {
+                Mixer::Attention(Attention::load(ckpt, &format!("{p}.self_attn"), cfg)?)
+            }
+        };
+        let feed_forward = if cfg.is_moe_layer(i) {
+            FeedForward::Moe(Box::new(SparseMoe::load(ckpt, &format!("{p}.mlp"), cfg)?))
+        } else {
+            FeedForward::Dense(Mlp::load(
+                ckpt,
+                &format!("{p}.mlp"),
+                cfg.hidden_size,
+                cfg.intermediate_size,
+                cfg,
+            )?)
+        };
+        Ok(Self {
+            input_norm: RmsNorm {
+                weight: ckpt.norm(&format!("{p}.input_layernorm.weight"), cfg.hidden_size, dev)?,
+                eps,
+            },
+            mixer,
+            post_norm: RmsNorm {
+                weight: ckpt.norm(
+                    &format!("{p}.post_attention_layernorm.weight"),
+                    cfg.hidden_size,
+                    dev,
+                )?,
+                eps,
+            },
+            feed_forward,
+        })
+    }
+
+    /// The device plan's copy of this layer; the host copy is dropped as it goes.
+    pub(super) fn into_device(self, device: &Device, dtype: DType) -> Result<Self> {
+        Ok(Self {
+            input_norm: self.input_norm.into_device(device, dtype)?,
+            mixer: match self.mixer {
+                Mixer::Gdn(m) => Mixer::Gdn(m.into_device(device, dtype)?),
+                Mixer::Attention(m) => Mixer::Attention(m.into_device(device, dtype)?),
+            },
+            post_norm: self.post_norm.into_device(device, dtype)?,
+            feed_forward: match self.feed_forward {
+                FeedForward::Dense(m) => FeedForward::Dense(m.into_device(device, dtype)?),
+                FeedForward::Moe(m) => FeedForward::Moe(Box::new(m.into_device(device, dtype)?)),
+            },
+        })
+    }
+
+    pub(super) fn new_cache(&self, state_dtype: StateDtype) -> LayerCache {
+        match self.mixer {
+            Mixer::Gdn(_) => LayerCache::Gdn(GdnCache {
+                state_dtype,
+                ..GdnCache::default()
+            }),
+            Mixer::Attention(_) => LayerCache::Attention(KvCache::default()),
+        }
+    }
+
+    /// The mixer's contribution to the residual stream: `mixer(input_norm(h))`.
+    pub fn mixer_forward(
+        &self,
+        h: &Tensor,
+        cache: &mut LayerCache,
+        offset: usize,
+    ) -> Result<Tensor> {
+        let device = h.device();
+        match (&self.mixer, cache) {
+            (Mixer::Gdn(m), LayerCache::Gdn(c)) => {
+                phase("gdn", device, || m.forward(&self.input_norm.forward(h)?, c))
+            }
+            (Mixer::Attention(m), LayerCache::Attention(c)) => phase("attention", device, || {
+                m.forward(&self.input_norm.forward(h)?, c, offset)
+            }),
+            _ => bail!("cache does not belong to this model"),
+        }
+    }
+
+    /// The feed-forward contribution: `mlp(post_attention_norm(h))`.
+    pub fn feed_forward(&self, h: &Tensor) -> Result<Tensor> {
+        let device = h.device();
+        match &self.feed_forward {
+            FeedForward::Dense(m) => {
+                phase("mlp", device, || m.forward(&self.post_norm.forward(h)?))
+            }
+            FeedForward::Moe(m) => phase("moe", device, || m.forward(&self.post_norm.forward(h)?)),
+        }
+    }
+
+    /// Layer `i` on the residual stream `h`, each part shown to `tap`.
+    pub fn forward(
+        &self,
+        i: usize,
+        h: &Tensor,
+        cache: &mut LayerCache,
+        offset: usize,
+        tap: &mut dyn Tap,
+    ) -> Result<Tensor> {
+        let mixed = self.mixer_forward(h, cache, offset)?;
+        let h = candle_op(h + &mixed)?;
+        let attention = matches!(self.mixer, Mixer::Attention(_));
+        tap.part(
+            Part::Mixer {
+                layer: i,
+                attention,
+            },
+            &mixed,
+            &h,
+        )?;
+        let fed = self.feed_forward(&h)?;
+        let h = candle_op(&h + &fed)?;
+        tap.part(Part::FeedForward { layer: i }, &fed, &h)?;
+        Ok(h)
+    }
+}

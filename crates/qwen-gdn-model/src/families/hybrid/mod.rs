@@ -1,0 +1,144 @@
+//! The hybrid family: Qwen3-Next, Qwen3.5 and Qwen3.6 (dense or MoE). Decoder layers of a
+//! GDN or gated attention mixer and an MLP or MoE ([`layer`]), a final RMSNorm, and the fused
+//! decode step of the device plan ([`decode`]; replayed from a CUDA graph on CUDA,
+//! `cuda_graph.rs`).
+
+#[cfg(feature = "cuda")]
+pub(crate) mod cuda_graph;
+pub mod decode;
+pub mod layer;
+
+pub use decode::LayerCoverage;
+pub use layer::{DecoderLayer, FeedForward, Mixer};
+
+use crate::cache::{Cache, LayerCache};
+use crate::layers::moe::MoePrefill;
+use crate::layers::norm::RmsNorm;
+use crate::tap::{each_layer, Tap};
+use crate::weights::Checkpoint;
+use crate::{Config, Plan, StateDtype};
+use anyhow::Result;
+use candle_core::{DType, Device, Tensor};
+
+/// The hybrid family's layers and final norm, and how its decode steps run.
+#[derive(Debug)]
+pub struct HybridDecoder {
+    pub layers: Vec<DecoderLayer>,
+    pub norm: RmsNorm,
+    /// Decode steps run on the fused kernels (device plan); off, they run the composed ops.
+    fused_decode: bool,
+    /// Per layer, what the fused kernels cover.
+    coverage: Vec<LayerCoverage>,
+    /// The CUDA decode step last captured, replayed while the cache a step is given holds
+    /// the very tensors it was captured against (`cuda_graph.rs`).
+    #[cfg(feature = "cuda")]
+    decode_graph: std::sync::Mutex<Option<cuda_graph::DecodeGraph>>,
+}
+
+impl HybridDecoder {
+    /// Every layer and the final norm; on the device plan each layer moves to `device` as
+    /// soon as it is built, so that the host holds at most one layer beyond the mapped files.
+    pub fn load(
+        ckpt: &Checkpoint,
+        cfg: &Config,
+        plan: Plan,
+        device: &Device,
+        dtype: DType,
+    ) -> Result<Self> {
+        let layers = (0..cfg.num_hidden_layers)
+            .map(|i| {
+                let layer = DecoderLayer::load(ckpt, i, cfg)?;
+                match plan {
+                    Plan::Reference => Ok(layer),
+                    Plan::Device => layer.into_device(device, dtype),
+                }
+                .map_err(|e| e.context(format!("loading layer {i}")))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let norm = RmsNorm {
+            weight: ckpt.norm("model.norm.weight", cfg.hidden_size, &Device::Cpu)?,
+            eps: cfg.rms_norm_eps as f32,
+        }
+        .into_device(device, dtype)?;
+        let coverage = decode::fused_coverage(&layers, dtype);
+        Ok(Self {
+            layers,
+            norm,
+            fused_decode: false,
+            coverage,
+            #[cfg(feature = "cuda")]
+            decode_graph: std::sync::Mutex::new(None),
+        })
+    }
+
+    pub fn set_moe_prefill(&mut self, mode: MoePrefill) {
+        for layer in &mut self.layers {
+            if let FeedForward::Moe(moe) = &mut layer.feed_forward {
+                moe.set_prefill(mode);
+            }
+        }
+    }
+
+    /// Decode steps on the fused kernels (`on`, device plan only) or the composed ops. Layers
+    /// outside the kernels' coverage always run composed, and are named once on stderr.
+    pub fn set_fused_decode(&mut self, on: bool, dtype: DType) {
+        self.fused_decode = on;
+        if !on {
+            return;
+        }
+        let composed: Vec<String> = self
+            .coverage
+            .iter()
+            .enumerate()
+            .filter(|(_, c)| !(c.mixer && c.feed_forward))
+            .map(|(i, c)| {
+                let part = match (c.mixer, c.feed_forward) {
+                    (false, false) => "mixer and feed-forward",
+                    (false, true) => "mixer",
+                    _ => "feed-forward",
+                };
+                format!("{i} ({part})")
+            })
+            .collect();
+        if !composed.is_empty() {
+            static ONCE: std::sync::Once = std::sync::Once::new();
+            ONCE.call_once(|| {
+                eprintln!(
+                    "note: no fused decode kernels for layers {} in {dtype:?}; they run composed ops",
+                    composed.join(", "),
+                )
+            });
+        }
+    }
+
+    pub fn fused_decode(&self) -> bool {
+        self.fused_decode
+    }
+
+    /// Per layer, whether the fused decode kernels cover its mixer and its feed-forward.
+    pub fn coverage(&self) -> &[LayerCoverage] {
+        &self.coverage
+    }
+
+    /// A fresh state per layer: GDN conv window and recurrent state, or keys and values.
+    pub fn new_cache(&self, state_dtype: StateDtype) -> Vec<LayerCache> {
+        self.layers
+            .iter()
+            .map(|l| l.new_cache(state_dtype))
+            .collect()
+    }
+
+    /// The composed layers on the embedded tokens `h` `[1, S, H]` at the cache's offset:
+    /// the last hidden states `[1, S, H]`, before the final norm (the offset is the
+    /// caller's to advance).
+    pub fn forward(&self, h: Tensor, cache: &mut Cache, tap: &mut dyn Tap) -> Result<Tensor> {
+        let offset = cache.offset;
+        each_layer(
+            &self.layers,
+            &mut cache.layers,
+            tap,
+            h,
+            |i, layer, c, h, tap| layer.forward(i, &h, c, offset, tap),
+        )
+    }
+}

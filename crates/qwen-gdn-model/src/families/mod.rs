@@ -1,0 +1,80 @@
+//! Model families. A family's folder holds what only it uses: its layers' wiring, its own
+//! layers and state, its fused decode step; the building blocks the families share are in
+//! [`crate::layers`]. [`Decoder`] is the registry: one arm per family, between the
+//! embedding and the output head that every family shares ([`crate::Model`]).
+
+pub mod hybrid;
+pub mod qwen4_exp;
+
+use crate::layers::linear::{Embedding, Linear};
+use crate::layers::moe::MoePrefill;
+use crate::tap::Tap;
+use crate::{Cache, StateDtype};
+use anyhow::Result;
+use candle_core::{DType, Device, Tensor};
+
+/// The decoder layers and what replaces the final norm, per family.
+#[derive(Debug)]
+pub enum Decoder {
+    /// Qwen3-Next, Qwen3.5, Qwen3.6.
+    Hybrid(hybrid::HybridDecoder),
+    /// `qwen4_exp` (docs/qwen4_exp.md).
+    Qwen4Exp(Box<qwen4_exp::Qwen4ExpDecoder>),
+}
+
+/// What a family's fused decode step takes from the model around its decoder.
+pub struct Ends<'a> {
+    pub embed: &'a Embedding,
+    pub head: &'a Linear,
+    pub device: &'a Device,
+    pub dtype: DType,
+}
+
+impl Decoder {
+    pub fn num_layers(&self) -> usize {
+        match self {
+            Self::Hybrid(d) => d.layers.len(),
+            Self::Qwen4Exp(d) => d.layers.len(),
+        }
+    }
+
+    pub fn set_moe_prefill(&mut self, mode: MoePrefill) {
+        match self {
+            Self::Hybrid(d) => d.set_moe_prefill(mode),
+            Self::Qwen4Exp(d) => d.set_moe_prefill(mode),
+        }
+    }
+
+    /// A fresh cache whose GDN states are stored in `state_dtype`.
+    pub fn new_cache(&self, state_dtype: StateDtype) -> Cache {
+        Cache::new(match self {
+            Self::Hybrid(d) => d.new_cache(state_dtype),
+            Self::Qwen4Exp(d) => d.new_cache(state_dtype),
+        })
+    }
+
+    /// The layers on the embedded tokens `h` `[1, S, H]` (for `tokens` at the cache's
+    /// offset, which the caller advances): the lm_head's input before the final norm,
+    /// `[1, S, H]` (`[1, S, streams·H]` for `qwen4_exp`).
+    pub fn forward(
+        &self,
+        h: Tensor,
+        tokens: &[u32],
+        cache: &mut Cache,
+        tap: &mut dyn Tap,
+    ) -> Result<Tensor> {
+        match self {
+            Self::Hybrid(d) => d.forward(h, cache, tap),
+            Self::Qwen4Exp(d) => d.forward(h, tokens, cache, tap),
+        }
+    }
+
+    /// The final norm, or what takes its place: [`Decoder::forward`]'s output → the
+    /// lm_head's input `[1, S, H]`.
+    pub fn final_norm(&self, h: &Tensor) -> Result<Tensor> {
+        match self {
+            Self::Hybrid(d) => d.norm.forward(h),
+            Self::Qwen4Exp(d) => Ok(d.final_mix(&h.squeeze(0)?)?.unsqueeze(0)?),
+        }
+    }
+}

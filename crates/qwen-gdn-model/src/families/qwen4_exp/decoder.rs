@@ -1,0 +1,307 @@
+//! The `qwen4_exp` decoder (docs/qwen4_exp.md §1): the residual is `S` streams of `H`; each
+//! layer adds its per-layer embedding (PLE layers), mixes the streams into the mixer's input
+//! (attention hyper-connection), runs the GDN or the QSA indexed attention, injects the output
+//! back into every stream, and does the same around the MoE. The model's last
+//! hyper-connection (without injection) replaces the final norm. Composed ops: f32 on the CPU
+//! (reference plan), or on the device in the compute dtype (device plan, no fused kernels
+//! yet); the indexer's selection and the n-gram gather run on the host in both.
+
+use super::hyper_connection::HyperConnection;
+use super::ngram_tables;
+use super::ple::PerLayerEmbedding;
+use super::qsa_indexer::{IndexerCache, QsaIndexer};
+use crate::cache::{Cache, GdnCache, KvCache, LayerCache};
+use crate::config::qwen4_exp::OutputGate;
+use crate::config::LayerKind;
+use crate::layers::attention::Attention;
+use crate::layers::gdn::GatedDeltaNet;
+use crate::layers::moe::{MoePrefill, SparseMoe};
+use crate::layers::norm::Gate;
+use crate::tap::{each_layer, Part, Tap};
+use crate::weights::Checkpoint;
+use crate::{Config, StateDtype};
+use anyhow::{anyhow, bail, Result};
+use candle_core::{DType, Device, Tensor};
+use gdn_ops::launches::candle_op;
+
+/// The gate of this family's GDN output norm (`output_gate_type`; silu if the config has no
+/// `qwen4_exp` part).
+pub fn output_gate(cfg: &Config) -> Gate {
+    match cfg.qwen4_exp.as_ref().map(|q| q.output_gate) {
+        Some(OutputGate::Sigmoid) => Gate::Sigmoid,
+        _ => Gate::Silu,
+    }
+}
+
+/// A `qwen4_exp` token mixer.
+#[derive(Debug)]
+pub enum Qwen4Mixer {
+    /// Qwen3.5's gated delta net with the configured output gate.
+    Gdn(Box<GatedDeltaNet>),
+    /// Qwen3.5's gated attention restricted to the keys the indexer selects.
+    Qsa(Box<IndexedAttention>),
+}
+
+/// The QSA mixer: the attention and its indexer.
+#[derive(Debug)]
+pub struct IndexedAttention {
+    pub attention: Attention,
+    pub indexer: QsaIndexer,
+}
+
+/// One `qwen4_exp` decoder layer.
+#[derive(Debug)]
+pub struct Qwen4ExpLayer {
+    /// On the layers `ple_layer_ids` names (one-based there).
+    pub ple: Option<PerLayerEmbedding>,
+    pub attn_hc: HyperConnection,
+    pub mixer: Qwen4Mixer,
+    pub mlp_hc: HyperConnection,
+    pub moe: SparseMoe,
+}
+
+/// Every layer of a `qwen4_exp` model and the final stream mixer.
+#[derive(Debug)]
+pub struct Qwen4ExpDecoder {
+    pub layers: Vec<Qwen4ExpLayer>,
+    pub final_mixer: HyperConnection,
+    pub streams: usize,
+}
+
+impl Qwen4ExpDecoder {
+    /// Loads the layers; the n-gram tables are located (and checked) first, so that a
+    /// checkpoint without them fails before anything else is read.
+    pub fn load(ckpt: &Checkpoint, cfg: &Config) -> Result<Self> {
+        let q = cfg
+            .qwen4_exp
+            .as_ref()
+            .ok_or_else(|| anyhow!("not a qwen4_exp config"))?;
+        let mut tables = ngram_tables::locate(ckpt, cfg)?;
+        let layers = (0..cfg.num_hidden_layers)
+            .map(|i| {
+                let p = format!("model.layers.{i}");
+                let ple = match tables.iter().position(|t| t.layer == i) {
+                    Some(at) => Some(PerLayerEmbedding::load(ckpt, &tables.remove(at), cfg)?),
+                    None => None,
+                };
+                let mixer = match cfg.layer_kind(i) {
+                    LayerKind::LinearAttention => Qwen4Mixer::Gdn(Box::new(GatedDeltaNet::load(
+                        ckpt,
+                        &format!("{p}.linear_attn"),
+                        cfg,
+                        output_gate(cfg),
+                    )?)),
+                    LayerKind::FullAttention => {
+                        let attn = format!("{p}.self_attn");
+                        Qwen4Mixer::Qsa(Box::new(IndexedAttention {
+                            attention: Attention::load(ckpt, &attn, cfg)?,
+                            indexer: QsaIndexer::load(ckpt, &attn, cfg)?,
+                        }))
+                    }
+                };
+                let hc =
+                    |name: &str| HyperConnection::load(ckpt, &format!("{p}.{name}"), cfg, true);
+                Ok(Qwen4ExpLayer {
+                    ple,
+                    attn_hc: hc("attn_hyper_connection")?,
+                    mixer,
+                    mlp_hc: hc("mlp_hyper_connection")?,
+                    moe: SparseMoe::load(ckpt, &format!("{p}.mlp"), cfg)?,
+                })
+                .map_err(|e: anyhow::Error| e.context(format!("loading layer {i}")))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Self {
+            layers,
+            final_mixer: HyperConnection::load(ckpt, "model.hyper_connection_mixer", cfg, false)?,
+            streams: q.hc_count,
+        })
+    }
+
+    /// The device plan's copy: every product on `device` in `dtype` (composed ops; the
+    /// n-gram gather and the indexer's selection stay on the host).
+    pub fn into_device(self, device: &Device, dtype: DType) -> Result<Self> {
+        let layers = self
+            .layers
+            .into_iter()
+            .enumerate()
+            .map(|(i, l)| {
+                Ok(Qwen4ExpLayer {
+                    ple: l.ple.map(|p| p.into_device(device, dtype)).transpose()?,
+                    attn_hc: l.attn_hc.into_device(device, dtype)?,
+                    mixer: match l.mixer {
+                        Qwen4Mixer::Gdn(m) => {
+                            Qwen4Mixer::Gdn(Box::new(m.into_device(device, dtype)?))
+                        }
+                        Qwen4Mixer::Qsa(q) => Qwen4Mixer::Qsa(Box::new(IndexedAttention {
+                            attention: q.attention.into_device(device, dtype)?,
+                            indexer: q.indexer.into_device(device, dtype)?,
+                        })),
+                    },
+                    mlp_hc: l.mlp_hc.into_device(device, dtype)?,
+                    moe: l.moe.into_device(device, dtype)?,
+                })
+                .map_err(|e: anyhow::Error| e.context(format!("moving layer {i} to {device:?}")))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Self {
+            layers,
+            final_mixer: self.final_mixer.into_device(device, dtype)?,
+            streams: self.streams,
+        })
+    }
+
+    pub fn set_moe_prefill(&mut self, mode: MoePrefill) {
+        for layer in &mut self.layers {
+            layer.moe.set_prefill(mode);
+        }
+    }
+
+    /// A fresh cache per layer: GDN states (plus the PLE context and window on PLE layers),
+    /// or keys, values and the indexer's block keys.
+    pub fn new_cache(&self, state_dtype: StateDtype) -> Vec<LayerCache> {
+        self.layers
+            .iter()
+            .map(|l| match &l.mixer {
+                Qwen4Mixer::Gdn(_) => LayerCache::Gdn(GdnCache {
+                    state_dtype,
+                    ple: l.ple.as_ref().map(|p| {
+                        // A zeros tensor of a fixed small shape on the CPU: only an
+                        // allocation failure (which aborts anyway) could stop it.
+                        p.new_state().expect("PLE window allocation")
+                    }),
+                    ..GdnCache::default()
+                }),
+                Qwen4Mixer::Qsa(_) => {
+                    let mut kv = KvCache::default();
+                    kv.indexer = Some(IndexerCache::default());
+                    LayerCache::Attention(kv)
+                }
+            })
+            .collect()
+    }
+
+    /// `[T, H]` token embeddings → the `S` residual streams `[T, S·H]` (the row repeated).
+    pub fn streams_of(&self, embedded: &Tensor) -> Result<Tensor> {
+        candle_op(Tensor::cat(&vec![embedded; self.streams], 1))
+    }
+
+    /// The layers on the embedded tokens `[1, T, H]` at the cache's offset (the caller
+    /// advances it): the streams `[1, T, S·H]`.
+    pub fn forward(
+        &self,
+        embedded: Tensor,
+        tokens: &[u32],
+        cache: &mut Cache,
+        tap: &mut dyn Tap,
+    ) -> Result<Tensor> {
+        let offset = cache.offset;
+        let hs = self.streams_of(&embedded.squeeze(0)?)?;
+        let hs = each_layer(
+            &self.layers,
+            &mut cache.layers,
+            tap,
+            hs,
+            |i, layer, c, hs, tap| layer.forward(i, &hs, tokens, c, offset, tap),
+        )?;
+        Ok(hs.unsqueeze(0)?)
+    }
+
+    /// The final mixer: streams `[T, S·H]` → the lm_head input `[T, H]`.
+    pub fn final_mix(&self, hs: &Tensor) -> Result<Tensor> {
+        Ok(self.final_mixer.forward(hs)?.0)
+    }
+}
+
+impl Qwen4ExpLayer {
+    /// Runs `tokens` (at positions `offset..`) through layer `i`: streams `hs` `[T, S·H]` in
+    /// and out, `cache` advanced, the streams after each part shown to `tap`.
+    pub fn forward(
+        &self,
+        i: usize,
+        hs: &Tensor,
+        tokens: &[u32],
+        cache: &mut LayerCache,
+        offset: usize,
+        tap: &mut dyn Tap,
+    ) -> Result<Tensor> {
+        let hs = self.add_per_layer_embedding(hs, tokens, cache)?;
+        tap.part(Part::PerLayerEmbedding { layer: i }, &hs, &hs)?;
+        let hs = self.mixer_residual(&hs, cache, offset)?;
+        let attention = matches!(self.mixer, Qwen4Mixer::Qsa(_));
+        tap.part(
+            Part::Mixer {
+                layer: i,
+                attention,
+            },
+            &hs,
+            &hs,
+        )?;
+        let hs = self.feed_forward_residual(&hs)?;
+        tap.part(Part::FeedForward { layer: i }, &hs, &hs)?;
+        Ok(hs)
+    }
+
+    /// The streams plus this layer's per-layer embedding of `tokens` (unchanged on a layer
+    /// without one); advances the PLE's n-gram context and conv window.
+    pub fn add_per_layer_embedding(
+        &self,
+        hs: &Tensor,
+        tokens: &[u32],
+        cache: &mut LayerCache,
+    ) -> Result<Tensor> {
+        let Some(ple) = &self.ple else {
+            return Ok(hs.clone());
+        };
+        let LayerCache::Gdn(c) = cache else {
+            bail!("cache does not belong to this model");
+        };
+        let state = c
+            .ple
+            .as_mut()
+            .ok_or_else(|| anyhow!("cache lacks the per-layer embedding state"))?;
+        candle_op(hs.add(&ple.forward(hs, tokens, state)?))
+    }
+
+    /// The attention hyper-connection, the mixer (GDN or QSA) and its injection into the
+    /// streams; advances the mixer's cache.
+    pub fn mixer_residual(
+        &self,
+        hs: &Tensor,
+        cache: &mut LayerCache,
+        offset: usize,
+    ) -> Result<Tensor> {
+        let (x, w) = self.attn_hc.forward(hs)?;
+        let w = w.ok_or_else(|| anyhow!("attention hyper-connection without injection"))?;
+        let y = match (&self.mixer, cache) {
+            (Qwen4Mixer::Gdn(m), LayerCache::Gdn(c)) => {
+                m.forward(&x.unsqueeze(0)?, c)?.squeeze(0)?
+            }
+            (Qwen4Mixer::Qsa(q), LayerCache::Attention(c)) => {
+                let (attention, indexer) = (&q.attention, &q.indexer);
+                let mut icache = c
+                    .indexer
+                    .take()
+                    .ok_or_else(|| anyhow!("cache lacks the QSA indexer state"))?;
+                let visible = indexer.select(&x, &mut icache, offset);
+                c.indexer = Some(icache);
+                let mask = QsaIndexer::mask(&visible?)?
+                    .to_device(x.device())?
+                    .to_dtype(x.dtype())?;
+                attention
+                    .forward_masked(&x.unsqueeze(0)?, c, offset, Some(&mask))?
+                    .squeeze(0)?
+            }
+            _ => bail!("cache does not belong to this model"),
+        };
+        HyperConnection::inject(hs, &y, &w)
+    }
+
+    /// The MoE hyper-connection, the MoE block and its injection into the streams.
+    pub fn feed_forward_residual(&self, hs: &Tensor) -> Result<Tensor> {
+        let (x, w) = self.mlp_hc.forward(hs)?;
+        let w = w.ok_or_else(|| anyhow!("MoE hyper-connection without injection"))?;
+        let y = self.moe.forward(&x.unsqueeze(0)?)?.squeeze(0)?;
+        HyperConnection::inject(hs, &y, &w)
+    }
+}

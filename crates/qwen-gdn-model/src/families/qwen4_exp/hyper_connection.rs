@@ -1,0 +1,181 @@
+//! The hyper-connections of `qwen4_exp` (docs/qwen4_exp.md §3): the residual is `S` streams
+//! of `H`; a learned low-rank mixer turns them into the block's input, and the block's output
+//! is added back to each stream with its own gate. The model's last one (without gates)
+//! replaces the final norm. Composed candle ops in the activation dtype (f32 on the
+//! reference plan).
+
+use crate::layers::linear::Linear;
+use crate::weights::Checkpoint;
+use crate::Config;
+use anyhow::{ensure, Result};
+use candle_core::{DType, Device, Tensor, D};
+use gdn_ops::launches::candle_op;
+
+/// RMSNorm applied to each group of `group` features separately, with a zero-centred weight
+/// (`1 + w`): the norm of the hyper-connections and of the per-layer embeddings. Neither the
+/// HF nor the mlx-vlm layout stores `1 + w` for it.
+#[derive(Debug, Clone)]
+pub struct GroupedRmsNorm {
+    /// `1 + w`, shaped `[groups, group]`.
+    pub weight: Tensor,
+    pub eps: f64,
+}
+
+impl GroupedRmsNorm {
+    /// `name` is the canonical tensor name of the zero-centred weight `[groups · group]`.
+    pub fn load(
+        ckpt: &Checkpoint,
+        name: &str,
+        groups: usize,
+        group: usize,
+        eps: f64,
+    ) -> Result<Self> {
+        let w = ckpt.tensor(name, &[groups * group], &Device::Cpu)?;
+        Ok(Self {
+            weight: candle_op((w + 1.0)?.reshape((groups, group)))?,
+            eps,
+        })
+    }
+
+    /// The device plan's copy: the weight on `device`, kept in f32 (the norm computes in
+    /// f32 whatever the activation dtype).
+    pub fn into_device(self, device: &Device) -> Result<Self> {
+        Ok(Self {
+            weight: self.weight.to_device(device)?,
+            eps: self.eps,
+        })
+    }
+
+    /// `x`: `[T, groups · group]` → same shape and dtype (computed in f32).
+    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let (groups, group) = self.weight.dims2()?;
+        let t = x.dim(0)?;
+        let dtype = x.dtype();
+        let x = candle_op(x.to_dtype(DType::F32)?.reshape((t, groups, group)))?;
+        let ms = candle_op(candle_op(x.sqr())?.mean_keepdim(D::Minus1))?;
+        let inv = candle_op(candle_op((ms + self.eps)?.sqrt())?.recip())?;
+        let y = candle_op(x.broadcast_mul(&inv))?;
+        let y = candle_op(y.broadcast_mul(&self.weight.to_dtype(y.dtype())?))?;
+        candle_op(y.reshape((t, groups * group))?.to_dtype(dtype))
+    }
+}
+
+/// One `GatedResidual`: `attn_hyper_connection`, `mlp_hyper_connection` (with injection
+/// weights) or `hyper_connection_mixer` (without).
+#[derive(Debug, Clone)]
+pub struct HyperConnection {
+    pub norm: GroupedRmsNorm,
+    /// `[R, S·H]`.
+    pub down: Linear,
+    /// `[S·H, R]`.
+    pub up: Linear,
+    /// `[S, S·H]`; `None` for the final mixer.
+    pub inject: Option<Linear>,
+    pub streams: usize,
+    pub hidden: usize,
+}
+
+impl HyperConnection {
+    /// `module`: canonical prefix, e.g. `model.layers.3.attn_hyper_connection`.
+    pub fn load(
+        ckpt: &Checkpoint,
+        module: &str,
+        config: &Config,
+        with_inject: bool,
+    ) -> Result<Self> {
+        let q = config
+            .qwen4_exp
+            .as_ref()
+            .ok_or_else(|| anyhow::anyhow!("hyper-connections need a qwen4_exp config"))?;
+        let (s, h, r) = (q.hc_count, config.hidden_size, q.hc_lowrank);
+        let width = s * h;
+        Ok(Self {
+            norm: GroupedRmsNorm::load(
+                ckpt,
+                &format!("{module}.hc_norm.weight"),
+                s,
+                h,
+                config.rms_norm_eps,
+            )?,
+            down: Linear::load(
+                ckpt,
+                &format!("{module}.input_mix_weight_down"),
+                r,
+                width,
+                config,
+            )?,
+            up: Linear::load(
+                ckpt,
+                &format!("{module}.input_mix_weight_up"),
+                width,
+                r,
+                config,
+            )?,
+            inject: if with_inject {
+                Some(Linear::load(
+                    ckpt,
+                    &format!("{module}.block_inject_weight"),
+                    s,
+                    width,
+                    config,
+                )?)
+            } else {
+                None
+            },
+            streams: s,
+            hidden: h,
+        })
+    }
+
+    /// The device plan's copy (products on `device` in `dtype`).
+    pub fn into_device(self, device: &Device, dtype: DType) -> Result<Self> {
+        Ok(Self {
+            norm: self.norm.into_device(device)?,
+            down: self.down.into_device(device, dtype)?,
+            up: self.up.into_device(device, dtype)?,
+            inject: self
+                .inject
+                .map(|l| l.into_device(device, dtype))
+                .transpose()?,
+            streams: self.streams,
+            hidden: self.hidden,
+        })
+    }
+
+    /// `hs`: `[T, S·H]` → the block's input `[T, H]` and, with injection weights, the
+    /// per-stream gates `[T, S]` (`2 · sigmoid(·/S)`).
+    pub fn forward(&self, hs: &Tensor) -> Result<(Tensor, Option<Tensor>)> {
+        let (t, width) = hs.dims2()?;
+        ensure!(
+            width == self.streams * self.hidden,
+            "hyper-connection input has {width} features, expected {}",
+            self.streams * self.hidden
+        );
+        let s = self.streams as f64;
+        let n = self.norm.forward(hs)?;
+        let a = candle_op(candle_op(self.down.forward(&n)? / s)?.silu())?;
+        let m = candle_op(candle_nn::ops::sigmoid(&self.up.forward(&a)?))?;
+        let mixed = candle_op(m.mul(&n))?;
+        let x =
+            candle_op(candle_op(mixed.reshape((t, self.streams, self.hidden)))?.mean(D::Minus2))?;
+        let w = match &self.inject {
+            Some(inject) => {
+                let g = candle_op(inject.forward(&n)? / s)?;
+                Some(candle_op(candle_op(candle_nn::ops::sigmoid(&g))? * 2.0)?)
+            }
+            None => None,
+        };
+        Ok((x, w))
+    }
+
+    /// `hs + concat_s(w[s] · y)`: the block output `y` `[T, H]` added to every stream of the
+    /// (un-normalised) residual `hs` `[T, S·H]` with its gate `w` `[T, S]`.
+    pub fn inject(hs: &Tensor, y: &Tensor, w: &Tensor) -> Result<Tensor> {
+        let (t, s) = w.dims2()?;
+        let h = y.dim(1)?;
+        let y = candle_op(y.reshape((t, 1, h)))?;
+        let w = candle_op(w.reshape((t, s, 1)))?;
+        let add = candle_op(candle_op(y.broadcast_mul(&w))?.reshape((t, s * h)))?;
+        candle_op(hs.add(&add))
+    }
+}

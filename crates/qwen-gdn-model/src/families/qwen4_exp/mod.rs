@@ -1,0 +1,14 @@
+//! The `qwen4_exp` family (docs/qwen4_exp.md): `S` residual streams mixed by
+//! hyper-connections, GDN and QSA (indexed attention) mixers, MoE feed-forwards, and per-layer
+//! n-gram embeddings read row by row from mapped tables. Everything only this family uses is
+//! here; the shared mixers and MoE come from [`crate::layers`].
+
+pub mod decoder;
+pub mod hyper_connection;
+pub mod ngram_hash;
+pub mod ngram_row_format;
+pub mod ngram_tables;
+pub mod ple;
+pub mod qsa_indexer;
+
+pub use decoder::{output_gate, IndexedAttention, Qwen4ExpDecoder, Qwen4ExpLayer, Qwen4Mixer};

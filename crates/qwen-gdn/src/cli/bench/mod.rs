@@ -1,0 +1,252 @@
+//! `qwen-gdn bench`: prompt-processing and generation speed, in the spirit of llama-bench and
+//! mlx_lm.benchmark. A seeded random prompt of `-p` token ids is prefilled in chunks (the last
+//! chunk through the output head, so the first token is sampled from it), then `-g` tokens are
+//! decoded greedily one at a time. One warm-up repetition (not reported), then `-r` timed ones;
+//! each starts from an empty cache.
+
+mod common;
+mod decode_profile;
+mod prefill_profile;
+mod prompt_cache;
+
+use crate::load::{positive_usize, ModelArgs};
+use crate::ui::output::emit;
+use anyhow::{Context, Result};
+use common::{
+    backend_name, checkpoint_size, display_name, gdn_state_dtype, greedy, human_size,
+    markdown_table, token_bound, Stats, PROMPT_SEED,
+};
+use qwen_gdn_model::{Model, StateDtype};
+use rand::{rngs::StdRng, Rng, SeedableRng};
+use serde_json::json;
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+#[derive(clap::Args)]
+#[command(
+    allow_negative_numbers = true,
+    after_help = "\
+The prompt is -p random token ids (fixed seed, below the tokenizer's special tokens). Prompt speed \
+is -p tokens over the time to prefill them and compute the logits of the last one; generation \
+speed is -g tokens over the time of -g greedy single-token decode steps right after the prompt \
+(at context depth -p, as mlx_lm.benchmark does; llama-bench's tg starts from an empty context). \
+Each repetition starts from an empty cache; one warm-up repetition runs first and is not \
+reported. The table shows the median ± the sample standard deviation and the min – max over \
+the repetitions.
+
+--json prints one object:
+  model              --model as given
+  model_type         config.json's model_type
+  size_bytes         total size of the checkpoint's *.safetensors files
+  backend            \"cpu\", \"cuda\" or \"metal\" (--device)
+  prompt_tokens      -p
+  gen_tokens         -g
+  repetitions        -r (timed repetitions; the warm-up is not counted)
+  prefill_chunk_size --prefill-chunk-size
+  gdn_state_dtype    \"f32\" or \"bf16\"
+  prompt_tps         {median, stddev, min, max, samples}: prompt tokens per second
+  generation_tps     {median, stddev, min, max, samples}: generated tokens per second
+  peak_memory_bytes  on a GPU, its peak allocated memory (sampled before each host sync; \
+                     on CUDA the device's used memory); on the CPU the process's peak resident \
+                     set size (getrusage), loading included
+  peak_memory_source \"gpu\" or \"rss\": which of the two peak_memory_bytes is
+  prefill_profile    with --profile: the time of each prefill phase
+  decode_profile     with --profile-decode: every kernel of one decode step (op, layer, \
+                     label, grids, seconds, bytes read and written, bytes per second, percent \
+                     of the copy bandwidth), sums by op and by layer kind, the copy bandwidth, \
+                     the step's wall time and launch counts
+(samples: one value per timed repetition, in order; stddev: sample standard deviation, 0 for \
+one repetition)."
+)]
+pub struct Args {
+    #[command(flatten)]
+    model: ModelArgs,
+    /// Prompt length in tokens (the pp test)
+    #[arg(short = 'p', long, default_value_t = 512, value_name = "N", value_parser = positive_usize)]
+    prompt_tokens: usize,
+    /// Tokens to generate after the prompt (the tg test)
+    #[arg(short = 'g', long, default_value_t = 128, value_name = "N", value_parser = positive_usize)]
+    gen_tokens: usize,
+    /// Timed repetitions, after one warm-up
+    #[arg(short = 'r', long, default_value_t = 3, value_name = "N", value_parser = positive_usize)]
+    repetitions: usize,
+    /// Print one JSON object (keys below) instead of the table
+    #[arg(long)]
+    json: bool,
+    /// The prompt-cache scenario instead of pp/tg: time to first token of a -p-token request
+    /// that shares its first N tokens with an earlier one (resumed from the prompt cache),
+    /// against the same request with an empty cache (-g is not used)
+    #[arg(long, value_name = "N", value_parser = positive_usize)]
+    prompt_cache: Option<usize>,
+    /// After the timed repetitions, one more prefill of the prompt with the device drained
+    /// around every phase of every layer, and the time of each phase printed to stderr (and
+    /// as `prefill_profile` in --json). The profiled run is slower; the reported speeds are
+    /// not affected
+    #[arg(long)]
+    profile: bool,
+    /// After the timed repetitions, one more fused decode step at depth -p, run eagerly (not
+    /// replayed from a CUDA graph) with each kernel timed alone, its bytes, bandwidth and
+    /// grid printed to stderr with sums per op and per layer kind, against the device's
+    /// measured copy bandwidth (and as `decode_profile` in --json). Needs the fused decode
+    /// step (a GPU, or --dtype bf16 on the CPU)
+    #[arg(long, conflicts_with = "prompt_cache")]
+    profile_decode: bool,
+}
+
+pub fn run(args: Args) -> Result<ExitCode> {
+    if let Some(shared) = args.prompt_cache {
+        return prompt_cache::run(
+            &args.model,
+            args.prompt_tokens,
+            shared,
+            args.repetitions,
+            args.json,
+        );
+    }
+    let checkpoint = args.model.open()?;
+    let (p, g) = (args.prompt_tokens, args.gen_tokens);
+    // -p and -g each go up to usize::MAX: their true sum, in u128, is what the error shows.
+    let limit = &checkpoint.input_limit;
+    let sum = p as u128 + g as u128;
+    if sum > limit.max_tokens as u128 {
+        return Err(limit.too_long(&format!("-p {p} plus -g {g}"), &format!("{sum} tokens")));
+    }
+    let model = args.model.load_model(&checkpoint, p + g)?;
+    if args.profile_decode {
+        decode_profile::check_fused(&model)?;
+    }
+    let bound = token_bound(&checkpoint.tokenizer, model.config().vocab_size);
+    let mut rng = StdRng::seed_from_u64(PROMPT_SEED);
+    let prompt: Vec<u32> = (0..p).map(|_| rng.random_range(0..bound)).collect();
+    let chunk = args.model.prefill_chunk_size;
+
+    repetition(&model, &prompt, g, chunk).context("warm-up repetition")?;
+    let (mut pp, mut tg) = (Vec::new(), Vec::new());
+    for i in 0..args.repetitions {
+        let (prompt_time, gen_time) = repetition(&model, &prompt, g, chunk)
+            .with_context(|| format!("repetition {}", i + 1))?;
+        pp.push(rate(p, prompt_time));
+        tg.push(rate(g, gen_time));
+    }
+    let (pp, tg) = (Stats::new(pp), Stats::new(tg));
+    let profile = if args.profile {
+        Some(prefill_profile::profile_prefill(&model, &prompt, chunk)?)
+    } else {
+        None
+    };
+    let decode_profile = if args.profile_decode {
+        Some(
+            decode_profile::profile_decode(&model, &prompt, chunk)
+                .context("profiling a decode step (--profile-decode)")?,
+        )
+    } else {
+        None
+    };
+    let (peak, peak_source) = crate::cli::memory::peak();
+    let size = checkpoint_size(&checkpoint.dir)?;
+    let state_dtype = match gdn_state_dtype(&model) {
+        StateDtype::F32 => "f32",
+        StateDtype::Bf16 => "bf16",
+    };
+
+    if let Some(profile) = &profile {
+        eprint!("{}", profile.table());
+    }
+    if let Some(profile) = &decode_profile {
+        eprint!("{}", profile.table());
+    }
+    let mut out = std::io::stdout().lock();
+    if args.json {
+        let report = json!({
+            "model": args.model.model,
+            "model_type": model.config().model_type,
+            "size_bytes": size,
+            "backend": backend_name(model.device()),
+            "prompt_tokens": p,
+            "gen_tokens": g,
+            "repetitions": args.repetitions,
+            "prefill_chunk_size": chunk,
+            "gdn_state_dtype": state_dtype,
+            "prompt_tps": pp,
+            "generation_tps": tg,
+            "peak_memory_bytes": peak,
+            "peak_memory_source": peak_source,
+        });
+        let mut report = report;
+        if let Some(profile) = &profile {
+            report["prefill_profile"] = profile.json();
+        }
+        if let Some(profile) = &decode_profile {
+            report["decode_profile"] = profile.json();
+        }
+        emit(&mut out, &format!("{report}\n"))?;
+    } else {
+        let name = display_name(&args.model.model);
+        let rows = [(format!("pp{p}"), &pp), (format!("tg{g}"), &tg)];
+        let text = format!(
+            "{}\nt/s: median ± stddev over {} repetition(s) after 1 warm-up; tg{g} runs at depth {p}; \
+             GDN state {state_dtype}; prefill chunk {chunk}\npeak memory: {:.3} GB ({peak_source})\n",
+            table(&name, size, backend_name(model.device()), &rows),
+            args.repetitions,
+            peak as f64 / 1e9
+        );
+        // A closed stdout (`| head`) is not an error, as in `generate`.
+        emit(&mut out, &text)?;
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// One repetition from an empty cache: (prompt time, generation time).
+fn repetition(
+    model: &Model,
+    prompt: &[u32],
+    gen_tokens: usize,
+    chunk: usize,
+) -> Result<(Duration, Duration)> {
+    let mut cache = model.new_cache();
+    let start = Instant::now();
+    // All chunks but the last skip the output head; the last one gives the first token.
+    let chunks: Vec<&[u32]> = prompt.chunks(chunk).collect();
+    let (last, head) = chunks.split_last().context("empty prompt")?;
+    for part in head {
+        model.prefill(part, &mut cache, chunk)?;
+    }
+    let mut seen = prompt.to_vec();
+    let mut token = greedy(model, &model.forward_last(last, &mut cache)?, &seen, chunk)?;
+    let prompt_time = start.elapsed();
+
+    let start = Instant::now();
+    for _ in 0..gen_tokens {
+        seen.push(token);
+        token = greedy(
+            model,
+            &model.forward_last(&[token], &mut cache)?,
+            &seen,
+            chunk,
+        )?;
+    }
+    Ok((prompt_time, start.elapsed()))
+}
+
+fn rate(tokens: usize, time: Duration) -> f64 {
+    tokens as f64 / time.as_secs_f64().max(1e-9)
+}
+
+/// llama-bench's Markdown table.
+fn table(model: &str, size: u64, backend: &str, rows: &[(String, &Stats)]) -> String {
+    let header = ["model", "size", "backend", "test", "t/s", "min – max"];
+    let body: Vec<Vec<String>> = rows
+        .iter()
+        .map(|(test, s)| {
+            vec![
+                model.to_string(),
+                human_size(size),
+                backend.to_uppercase(),
+                test.clone(),
+                format!("{:.2} ± {:.2}", s.median, s.stddev),
+                format!("{:.2} – {:.2}", s.min, s.max),
+            ]
+        })
+        .collect();
+    markdown_table(&header, &body, |i| i == 1 || i >= 4)
+}

@@ -1,0 +1,5 @@
+pub struct B;
+
+pub fn f() -> &'static str {
+    super::a::g()
+}

@@ -1,0 +1,3 @@
+use crate::A;
+
+pub struct C(pub A);

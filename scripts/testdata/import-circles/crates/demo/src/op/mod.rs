@@ -1,0 +1,7 @@
+mod cpu;
+
+pub struct Inputs;
+
+pub fn run(x: &Inputs) {
+    cpu::run(x)
+}

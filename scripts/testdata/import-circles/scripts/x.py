@@ -1,0 +1,4 @@
+def main():
+    import y
+
+    y.main()

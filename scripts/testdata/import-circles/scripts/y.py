@@ -1,0 +1,5 @@
+import x
+
+
+def main():
+    return x
