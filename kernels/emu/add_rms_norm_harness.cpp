@@ -52,11 +52,7 @@ void run(const Case& c, Kernel<T> kernel) {
            id.threadgroup_position_in_grid, id.thread_index_in_threadgroup, id.threads_per_threadgroup,
            id.thread_index_in_simdgroup, id.simdgroup_index_in_threadgroup);
   });
-  residual.check();
-  delta.check();
-  weight.check();
-  sum.check();
-  normed.check();
+  guarded::check_all(residual, delta, weight, sum, normed);
   normed.write_f32();
   sum.write_f32();
 }
@@ -87,5 +83,5 @@ int main() {
     case 1: run<half>(c, add_rms_norm_f16); break;
     case 2: run<bfloat>(c, add_rms_norm_bf16); break;
   }
-  return std::fflush(stdout) == 0 ? 0 : 1;
+  return guarded::finish();
 }

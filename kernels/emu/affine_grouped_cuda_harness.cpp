@@ -63,13 +63,7 @@ void run(const Case& c) {
                                          p, int(id.thread_index_in_threadgroup), id.threadgroup_position_in_grid.x,
                                          id.threadgroup_position_in_grid.y, reinterpret_cast<unsigned char*>(shared.smem));
   });
-  packed.check();
-  scales.check();
-  biases.check();
-  x.check();
-  tiles.check();
-  shared.check();
-  y.check();
+  guarded::check_all(packed, scales, biases, x, tiles, shared, y);
   y.write_f32();
 }
 
@@ -114,5 +108,5 @@ int main() {
     case 2: run_for_scales<__nv_bfloat16>(c, scale_type); break;
     default: guarded::die("unknown x_type");
   }
-  return std::fflush(stdout) == 0 ? 0 : 1;
+  return guarded::finish();
 }

@@ -72,12 +72,7 @@ void run(const Case& c, GroupedKernel<InT, ScT> kernel) {
            id.threadgroup_position_in_grid, id.thread_index_in_threadgroup, id.simdgroup_index_in_threadgroup);
   });
 
-  w.check();
-  scales.check();
-  biases.check();
-  x.check();
-  tiles.check();
-  y.check();
+  guarded::check_all(w, scales, biases, x, tiles, y);
   y.write_f32();
 }
 
@@ -125,5 +120,5 @@ int main() {
     case 7: run<bfloat, half>(c, affine_grouped_qmm_bf16_f16); break;
     case 8: run<bfloat, bfloat>(c, affine_grouped_qmm_bf16_bf16); break;
   }
-  return std::fflush(stdout) == 0 ? 0 : 1;
+  return guarded::finish();
 }

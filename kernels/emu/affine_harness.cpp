@@ -89,12 +89,7 @@ void run_qmv(const Case& c, QmvKernel<InT, ScT> kernel, bool swiglu) {
            id.thread_index_in_simdgroup);
   });
 
-  w.check();
-  scales.check();
-  biases.check();
-  x.check();
-  ids.check();
-  y.check();
+  guarded::check_all(w, scales, biases, x, ids, y);
   y.write_f32();
 }
 
@@ -121,11 +116,7 @@ void run_dequant(const Case& c, DequantKernel<OutT, ScT> kernel) {
            *(constant AffineParams*)&params, id.thread_position_in_grid);
   });
 
-  w.check();
-  scales.check();
-  biases.check();
-  ids.check();
-  out.check();
+  guarded::check_all(w, scales, biases, ids, out);
   out.write_f32();
 }
 
@@ -215,5 +206,5 @@ int main() {
       case 8: run_dequant<bfloat, bfloat>(c, affine_dequant_bf16_bf16); break;
     }
   }
-  return std::fflush(stdout) == 0 ? 0 : 1;
+  return guarded::finish();
 }

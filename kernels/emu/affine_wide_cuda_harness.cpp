@@ -58,12 +58,7 @@ void run(const Case& c) {
         id.thread_index_in_simdgroup, id.simdgroup_index_in_threadgroup, id.threadgroup_position_in_grid.x,
         id.threadgroup_position_in_grid.y);
   });
-  packed.check();
-  scales.check();
-  biases.check();
-  x.check();
-  ids.check();
-  y.check();
+  guarded::check_all(packed, scales, biases, x, ids, y);
   y.write_f32();
 }
 
@@ -129,5 +124,5 @@ int main() {
     case 2: run_for_scales<__nv_bfloat16>(c, scale_type); break;
     default: guarded::die("unknown x_type");
   }
-  return std::fflush(stdout) == 0 ? 0 : 1;
+  return guarded::finish();
 }

@@ -73,13 +73,7 @@ struct Buffers {
 
   // Every guard intact and every output written; then out on stdout.
   void check_and_write() const {
-    q.check();
-    gate.check();
-    keys.check();
-    values.check();
-    pos.check();
-    partials.check();
-    out.check();
+    guarded::check_all(q, gate, keys, values, pos, partials, out);
     out.write_f32();
   }
 };

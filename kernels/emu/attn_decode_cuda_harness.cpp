@@ -85,5 +85,5 @@ int main() {
     case 1: run<__half>(c); break;
     case 2: run<__nv_bfloat16>(c); break;
   }
-  return std::fflush(stdout) == 0 ? 0 : 1;
+  return guarded::finish();
 }

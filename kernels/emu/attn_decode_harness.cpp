@@ -82,5 +82,5 @@ int main() {
     case 1: run<half>(c, attn_decode_f16, attn_decode_split_f16, attn_decode_combine_f16); break;
     case 2: run<bfloat>(c, attn_decode_bf16, attn_decode_split_bf16, attn_decode_combine_bf16); break;
   }
-  return std::fflush(stdout) == 0 ? 0 : 1;
+  return guarded::finish();
 }

@@ -63,11 +63,7 @@ void run(const Case& c) {
                                                           block.y, block.z, id.thread_index_in_threadgroup,
                                                           shared.smem);
                                    });
-  shared.check();
-  q.check();
-  k.check();
-  v.check();
-  out.check();
+  guarded::check_all(shared, q, k, v, out);
   out.write_f32();
 }
 
@@ -101,5 +97,5 @@ int main() {
     case 2: run<__nv_bfloat16>(c); break;
     default: guarded::die("type: 1 (f16) or 2 (bf16)");
   }
-  return std::fflush(stdout) == 0 ? 0 : 1;
+  return guarded::finish();
 }

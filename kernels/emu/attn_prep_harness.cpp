@@ -62,15 +62,7 @@ void run(const Case& c, Kernel<T> kernel) {
            (device T*)values.data(), (device T*)q.data(), (device T*)gate.data(),
            *(constant AttnPrepParams*)&p, id.threadgroup_position_in_grid, id.thread_index_in_simdgroup);
   });
-  qkv.check();
-  q_norm.check();
-  k_norm.check();
-  inv_freq.check();
-  pos.check();
-  keys.check();
-  values.check();
-  q.check();
-  gate.check();
+  guarded::check_all(qkv, q_norm, k_norm, inv_freq, pos, keys, values, q, gate);
   q.write_f32();
   gate.write_f32();
   keys.write_f32();
@@ -108,5 +100,5 @@ int main() {
     case 1: run<half>(c, attn_prep_f16); break;
     case 2: run<bfloat>(c, attn_prep_bf16); break;
   }
-  return std::fflush(stdout) == 0 ? 0 : 1;
+  return guarded::finish();
 }

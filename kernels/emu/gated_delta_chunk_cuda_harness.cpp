@@ -7,16 +7,13 @@
 // of 64 (the host runs the tail through the recurrence kernel, tested on its own). Used by
 // crates/gdn-ops/tests/gated_delta_chunk_cuda_emulation.rs.
 //
-// stdin, little-endian: "GDCCUDA1", then u32 batch, steps, key_heads, value_heads, key_dim,
-// value_dim, has_mask, in_type (0 f32, 1 f16, 2 bf16), state_type (0 f32, 1 bf16), then f32
-// arrays q, k [B,T,Hk,Dk], v [B,T,Hv,Dv], g, beta [B,T,Hv], state [B,Hv,Dv,Dk] and, when
-// has_mask, mask [B,T].
+// stdin: "GDCCUDA1", then the case of gdn_case.h.
 // stdout: f32 arrays y [B,T,Hv,Dv] and the final state [B,Hv,Dv,Dk].
 //
 // Build: clang++-19 -std=c++17 -O2 --rtlib=compiler-rt -I kernels/emu/cuda -I kernels/emu
 //        -I kernels kernels/emu/gated_delta_chunk_cuda_harness.cpp
 
-#include "guarded_buffer.h"
+#include "gdn_case.h"
 
 #include <cmath>
 #include <cstdint>
@@ -40,9 +37,8 @@ namespace {
 using guarded::Buffer;
 using guarded::Kind;
 
-struct Case {
+struct Case : gdn_case::Inputs {
   GdnChunkParams p;
-  std::vector<float> q, k, v, g, beta, state, mask;
 };
 
 template <class InT, class StT>
@@ -94,18 +90,7 @@ void run(const Case& c) {
                                  id.threadgroup_position_in_grid.y, shared.smem);
     });
   }
-  q.check();
-  k.check();
-  v.check();
-  g.check();
-  beta.check();
-  mask.check();
-  state.check();
-  gcum.check();
-  w.check();
-  u.check();
-  h.check();
-  y.check();
+  guarded::check_all(q, k, v, g, beta, mask, state, gcum, w, u, h, y);
   y.write_f32();
   state.write_f32();
 }
@@ -114,28 +99,18 @@ void run(const Case& c) {
 
 int main() {
   guarded::install_fault_handler("gated_delta_chunk_cuda_harness");
-  std::uint32_t h[9];
-  guarded::read_header("GDCCUDA1", h);
+  const gdn_case::Header h = gdn_case::read_header("GDCCUDA1");
   Case c;
-  c.p = GdnChunkParams{h[0], h[1], h[1] / 64, h[2], h[3], h[4], h[5], h[6]};
-  const std::uint32_t in_type = h[7], st_type = h[8];
+  c.p = GdnChunkParams{h.batch, h.steps, h.steps / 64, h.key_heads, h.value_heads, h.key_dim, h.value_dim, h.has_mask};
   const GdnChunkParams& p = c.p;
   // The host side's contract (ops/gated_delta/cuda_chunked.rs checks it).
   if (p.key_dim == 0 || p.key_dim % 16 != 0 || p.key_dim > 256) guarded::die("key_dim must be a multiple of 16, at most 256");
   if (p.value_dim == 0 || p.value_dim % 32 != 0 || p.value_dim > 256) guarded::die("value_dim must be a multiple of 32, at most 256");
   if (p.key_heads == 0 || p.value_heads % p.key_heads != 0) guarded::die("value_heads must be a multiple of key_heads");
   if (p.batch == 0 || p.steps == 0 || p.steps % 64 != 0) guarded::die("steps must be a positive multiple of 64");
-  const std::size_t bt = std::size_t(p.batch) * p.steps;
-  c.q = guarded::read_raw<float>(bt * p.key_heads * p.key_dim);
-  c.k = guarded::read_raw<float>(bt * p.key_heads * p.key_dim);
-  c.v = guarded::read_raw<float>(bt * p.value_heads * p.value_dim);
-  c.g = guarded::read_raw<float>(bt * p.value_heads);
-  c.beta = guarded::read_raw<float>(bt * p.value_heads);
-  c.state = guarded::read_raw<float>(std::size_t(p.batch) * p.value_heads * p.value_dim * p.key_dim);
-  c.mask = guarded::read_raw<float>(p.has_mask != 0 ? bt : 0);
-  guarded::expect_end();
+  gdn_case::read_inputs(h, c);
 
-  switch (in_type * 2 + st_type) {
+  switch (h.in_type * 2 + h.state_type) {
     case 0: run<float, float>(c); break;
     case 1: run<float, __nv_bfloat16>(c); break;
     case 2: run<__half, float>(c); break;
@@ -144,5 +119,5 @@ int main() {
     case 5: run<__nv_bfloat16, __nv_bfloat16>(c); break;
     default: guarded::die("unknown in_type / state_type");
   }
-  return std::fflush(stdout) == 0 ? 0 : 1;
+  return guarded::finish();
 }

@@ -7,15 +7,12 @@
 // is rounded once per call as with one kernel. Used by
 // crates/gdn-ops/tests/gated_delta_chunk_emulation.rs.
 //
-// stdin, little-endian: "GDCEMU01", then u32 batch, steps, key_heads, value_heads, key_dim,
-// value_dim, has_mask, in_type (0 f32, 1 f16, 2 bf16), state_type (0 f32, 1 bf16), then f32
-// arrays q, k [B,T,Hk,Dk], v [B,T,Hv,Dv], g, beta [B,T,Hv], state [B,Hv,Dv,Dk] and, when
-// has_mask, mask [B,T]. Inputs are converted to InT / StT here (exactly, when the caller
+// stdin: "GDCEMU01", then the case of gdn_case.h. Inputs are converted to InT / StT here (exactly, when the caller
 // already rounded them).
 // stdout: f32 arrays y [B,T,Hv,Dv] and the final state [B,Hv,Dv,Dk].
 // Memory checks: guarded_buffer.h (every y element must be written by one of the kernels).
 
-#include "guarded_buffer.h"
+#include "gdn_case.h"
 
 #include <cmath>
 #include <cstdint>
@@ -33,9 +30,8 @@ namespace {
 using guarded::Buffer;
 using guarded::Kind;
 
-struct Case {
+struct Case : gdn_case::Inputs {
   GdnChunkParams p;
-  std::vector<float> q, k, v, g, beta, state, mask;
 };
 
 // The three passes of one InT/StT instantiation.
@@ -103,10 +99,7 @@ void run_chunks(const GdnChunkParams& p, Buffer<InT>& q, Buffer<InT>& k, Buffer<
                 id.threadgroup_memory_as<float>(), id.threadgroup_position_in_grid, id.thread_index_in_threadgroup,
                 id.simdgroup_index_in_threadgroup, id.thread_index_in_simdgroup);
   });
-  gcum.check();
-  w.check();
-  u.check();
-  h.check();
+  guarded::check_all(gcum, w, u, h);
 }
 
 // The recurrence kernel over tokens [t0, T), on contiguous copies, in place on `state`.
@@ -131,12 +124,7 @@ void run_tail(const Case& c, uint t0, Buffer<StT>& state, InT* y, StepKernel<InT
            (device InT*)y_tail.data(), p.has_mask != 0 ? (const device float*)mask.data() : nullptr,
            *(constant GdnParams*)&params, id.thread_position_in_grid, id.thread_index_in_simdgroup);
   });
-  q.check();
-  k.check();
-  v.check();
-  g.check();
-  beta.check();
-  y_tail.check();
+  guarded::check_all(q, k, v, g, beta, y_tail);
   for (uint b = 0; b < p.batch; ++b) {
     std::memcpy(y + (std::size_t(b) * p.steps + t0) * row, y_tail.data() + std::size_t(b) * tail * row,
                 std::size_t(tail) * row * sizeof(InT));
@@ -174,14 +162,7 @@ void run(const Case& c, ChunkKernels<InT, StT> chunk, StepKernel<InT, StT> step,
     wide.check();
     for (std::size_t i = 0; i < c.state.size(); ++i) state.data()[i] = StT(wide.data()[i]);
   }
-  q.check();
-  k.check();
-  v.check();
-  g.check();
-  beta.check();
-  mask.check();
-  state.check();
-  y.check();
+  guarded::check_all(q, k, v, g, beta, mask, state, y);
   y.write_f32();
   state.write_f32();
 }
@@ -190,30 +171,20 @@ void run(const Case& c, ChunkKernels<InT, StT> chunk, StepKernel<InT, StT> step,
 
 int main() {
   guarded::install_fault_handler("gated_delta_chunk_harness");
-  std::uint32_t h[9];
-  guarded::read_header("GDCEMU01", h);
+  const gdn_case::Header h = gdn_case::read_header("GDCEMU01");
   Case c;
-  c.p = GdnChunkParams{h[0], h[1], h[1] / kChunk, h[2], h[3], h[4], h[5], h[6]};
-  const std::uint32_t in_type = h[7], st_type = h[8];
+  c.p = GdnChunkParams{h.batch, h.steps, h.steps / kChunk, h.key_heads, h.value_heads, h.key_dim, h.value_dim, h.has_mask};
   const GdnChunkParams& p = c.p;
   // The host side's contract (ops/gated_delta/metal_chunked.rs checks it).
   if (p.key_dim == 0 || p.key_dim % 32 != 0 || p.key_dim > 256) guarded::die("key_dim must be a multiple of 32, at most 256");
   if (p.value_dim == 0 || p.value_dim % kBlockV != 0) guarded::die("value_dim must be a multiple of 32");
   if (p.key_heads == 0 || p.value_heads % p.key_heads != 0) guarded::die("value_heads must be a multiple of key_heads");
   if (p.batch == 0 || p.steps == 0) guarded::die("the host launches nothing for an empty call");
-  const std::size_t bt = std::size_t(p.batch) * p.steps;
-  c.q = guarded::read_raw<float>(bt * p.key_heads * p.key_dim);
-  c.k = guarded::read_raw<float>(bt * p.key_heads * p.key_dim);
-  c.v = guarded::read_raw<float>(bt * p.value_heads * p.value_dim);
-  c.g = guarded::read_raw<float>(bt * p.value_heads);
-  c.beta = guarded::read_raw<float>(bt * p.value_heads);
-  c.state = guarded::read_raw<float>(std::size_t(p.batch) * p.value_heads * p.value_dim * p.key_dim);
-  c.mask = guarded::read_raw<float>(p.has_mask != 0 ? bt : 0);
-  guarded::expect_end();
+  gdn_case::read_inputs(h, c);
 
 #define GDN_PASSES(InT, StT, in, st) \
   ChunkKernels<InT, StT> { gated_delta_chunk_prep_##in, gated_delta_chunk_state_##in##_##st, gated_delta_chunk_out_##in }
-  switch (in_type * 2 + st_type) {
+  switch (h.in_type * 2 + h.state_type) {
     case 0: run<float, float>(c, GDN_PASSES(float, float, f32, f32), gated_delta_step_f32_f32, GDN_PASSES(float, float, f32, f32), gated_delta_step_f32_f32); break;
     case 1: run<float, bfloat>(c, GDN_PASSES(float, bfloat, f32, bf16), gated_delta_step_f32_bf16, GDN_PASSES(float, float, f32, f32), gated_delta_step_f32_f32); break;
     case 2: run<half, float>(c, GDN_PASSES(half, float, f16, f32), gated_delta_step_f16_f32, GDN_PASSES(half, float, f16, f32), gated_delta_step_f16_f32); break;
@@ -223,5 +194,5 @@ int main() {
     default: guarded::die("unknown in_type / state_type");
   }
 #undef GDN_PASSES
-  return std::fflush(stdout) == 0 ? 0 : 1;
+  return guarded::finish();
 }

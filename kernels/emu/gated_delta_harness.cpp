@@ -1,14 +1,13 @@
 // Runs the shipped kernels/gated_delta.metal on the CPU through metal_emu.h.
 //
-// stdin, little-endian: "GDNEMU01", then u32 batch, steps, key_heads, value_heads, key_dim,
-// value_dim, has_mask, in_type (0 f32, 1 f16, 2 bf16), state_type (0 f32, 1 bf16), then f32
-// arrays q, k [B,T,Hk,Dk], v [B,T,Hv,Dv], g, beta [B,T,Hv], state [B,Hv,Dv,Dk] and, when
-// has_mask, mask [B,T]. Inputs are converted to the instantiation's InT / StT here (exactly,
-// when the caller already rounded them).
+// stdin: "GDNEMU01", then the case of gdn_case.h. Inputs are converted to the instantiation's
+// InT / StT here (exactly, when the caller already rounded them).
 // stdout: f32 arrays y [B,T,Hv,Dv] and the final state [B,Hv,Dv,Dk].
 //
 // Build: clang++-19 -std=c++17 -O2 --rtlib=compiler-rt -I kernels/emu
 //        kernels/emu/gated_delta_harness.cpp -o gated_delta_harness
+
+#include "gdn_case.h"
 
 #include <cmath>
 #include <cstdint>
@@ -50,12 +49,6 @@ struct Guarded {
   }
 };
 
-std::vector<float> read_f32(std::size_t n) {
-  std::vector<float> out(n);
-  if (n != 0 && std::fread(out.data(), sizeof(float), n, stdin) != n) die("short input");
-  return out;
-}
-
 template <class T>
 Guarded<T> convert(const std::vector<float>& src) {
   Guarded<T> out(src.size());
@@ -70,9 +63,8 @@ void write_f32(const Guarded<T>& buf) {
   if (buf.n != 0 && std::fwrite(out.data(), sizeof(float), buf.n, stdout) != buf.n) die("short write");
 }
 
-struct Case {
+struct Case : gdn_case::Inputs {
   GdnParams p;
-  std::vector<float> q, k, v, g, beta, state, mask;
 };
 
 // The signature every gated_delta_step_{in}_{st} kernel must have for its InT and StT: a
@@ -120,28 +112,17 @@ void run(const Case& c, Kernel<InT, StT> kernel) {
 }  // namespace
 
 int main() {
-  char magic[8];
-  if (std::fread(magic, 1, 8, stdin) != 8 || std::memcmp(magic, "GDNEMU01", 8) != 0) die("bad magic");
-  std::uint32_t h[9];
-  if (std::fread(h, sizeof(std::uint32_t), 9, stdin) != 9) die("short header");
+  guarded::g_harness = "gated_delta_harness";  // names it in gdn_case.h's errors
+  const gdn_case::Header h = gdn_case::read_header("GDNEMU01");
   Case c;
-  c.p = GdnParams{h[0], h[1], h[2], h[3], h[4], h[5], h[6]};
-  const std::uint32_t in_type = h[7], st_type = h[8];
+  c.p = GdnParams{h.batch, h.steps, h.key_heads, h.value_heads, h.key_dim, h.value_dim, h.has_mask};
   const GdnParams& p = c.p;
   // The host side's contract: the kernel holds at most 8 keys per lane.
   if (p.key_dim == 0 || p.key_dim % 32 != 0 || p.key_dim > 256) die("key_dim must be a multiple of 32, at most 256");
   if (p.key_heads == 0 || p.value_heads % p.key_heads != 0) die("value_heads must be a multiple of key_heads");
-  const std::size_t bt = std::size_t(p.batch) * p.steps;
-  c.q = read_f32(bt * p.key_heads * p.key_dim);
-  c.k = read_f32(bt * p.key_heads * p.key_dim);
-  c.v = read_f32(bt * p.value_heads * p.value_dim);
-  c.g = read_f32(bt * p.value_heads);
-  c.beta = read_f32(bt * p.value_heads);
-  c.state = read_f32(std::size_t(p.batch) * p.value_heads * p.value_dim * p.key_dim);
-  c.mask = read_f32(p.has_mask != 0 ? bt : 0);
-  if (std::fgetc(stdin) != EOF) die("trailing input");
+  gdn_case::read_inputs(h, c);
 
-  switch (in_type * 2 + st_type) {
+  switch (h.in_type * 2 + h.state_type) {
     case 0: run<float, float>(c, gated_delta_step_f32_f32); break;
     case 1: run<float, bfloat>(c, gated_delta_step_f32_bf16); break;
     case 2: run<half, float>(c, gated_delta_step_f16_f32); break;
@@ -150,5 +131,5 @@ int main() {
     case 5: run<bfloat, bfloat>(c, gated_delta_step_bf16_bf16); break;
     default: die("unknown in_type / state_type");
   }
-  return std::fflush(stdout) == 0 ? 0 : 1;
+  return guarded::finish();
 }

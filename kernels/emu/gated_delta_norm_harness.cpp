@@ -67,15 +67,7 @@ void run(const Case& c, Kernel<InT, StT> kernel) {
            id.threads_per_threadgroup, id.simdgroup_index_in_threadgroup, id.thread_index_in_simdgroup);
   });
 
-  q.check();
-  k.check();
-  v.check();
-  g.check();
-  beta.check();
-  state.check();
-  z.check();
-  weight.check();
-  out.check();
+  guarded::check_all(q, k, v, g, beta, state, z, weight, out);
   out.write_f32();
   state.write_f32();
 }
@@ -86,8 +78,7 @@ int main() {
   guarded::install_fault_handler("gated_delta_norm_harness");
   std::uint32_t h[11];
   guarded::read_header("GDNNEMU1", h);
-  float eps;
-  if (std::fread(&eps, sizeof(float), 1, stdin) != 1) guarded::die("short header");
+  const float eps = guarded::read_f32_word();
   Case c;
   c.p = GdnNormParams{h[0], h[1], h[2], h[3], h[4], h[5], h[9], h[10], eps};
   const std::uint32_t in_type = h[6], st_type = h[7];
@@ -121,5 +112,5 @@ int main() {
     case 5: run<bfloat, bfloat>(c, gated_delta_norm_bf16_bf16); break;
     default: guarded::die("unknown in_type / state_type");
   }
-  return std::fflush(stdout) == 0 ? 0 : 1;
+  return guarded::finish();
 }

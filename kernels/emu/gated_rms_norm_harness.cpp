@@ -57,10 +57,7 @@ void run(const Case& c, Kernel<InT> kernel) {
            id.thread_index_in_simdgroup);
   });
 
-  y.check();
-  z.check();
-  weight.check();
-  out.check();
+  guarded::check_all(y, z, weight, out);
   out.write_f32();
 }
 
@@ -70,8 +67,7 @@ int main() {
   guarded::install_fault_handler("gated_rms_norm_harness");
   std::uint32_t h[7];
   guarded::read_header("GRNEMU01", h);
-  float eps;
-  if (std::fread(&eps, sizeof(float), 1, stdin) != 1) guarded::die("short header");
+  const float eps = guarded::read_f32_word();
   const std::uint32_t type = h[0], batch = h[1], tokens = h[2], heads = h[3], dim = h[4];
   Case c;
   c.batch = batch;
@@ -93,5 +89,5 @@ int main() {
     case 2: run<bfloat>(c, gated_rms_norm_bf16); break;
     default: guarded::die("unknown type");
   }
-  return std::fflush(stdout) == 0 ? 0 : 1;
+  return guarded::finish();
 }

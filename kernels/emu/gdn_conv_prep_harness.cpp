@@ -84,19 +84,9 @@ void run(const Case& c, Kernel<InT> kernel) {
            *(constant ConvPrepParams*)&params, id.thread_position_in_grid, id.thread_index_in_simdgroup);
   });
 
-  qkv.check();
-  b.check();
-  a.check();
-  state.check();
+  guarded::check_all(qkv, b, a, state);
   if (!in_place) fresh.check();
-  taps.check();
-  dt_bias.check();
-  neg_a_exp.check();
-  q.check();
-  k.check();
-  v.check();
-  g.check();
-  beta.check();
+  guarded::check_all(taps, dt_bias, neg_a_exp, q, k, v, g, beta);
   q.write_f32();
   k.write_f32();
   v.write_f32();
@@ -156,5 +146,5 @@ int main() {
     case 2: run<bfloat>(c, gdn_conv_prep_bf16); break;
     default: guarded::die("unknown type");
   }
-  return std::fflush(stdout) == 0 ? 0 : 1;
+  return guarded::finish();
 }

@@ -44,14 +44,11 @@ void run(const GreedyPickParams& p, const std::vector<float>& values) {
         greedy_pick::slices<T>(logits.data(), records, scratch, p, block.x, block.y,
                                id.thread_index_in_threadgroup);
       });
-  partials.check();
-  shared.check();
+  guarded::check_all(partials, shared);
   metal_emu::dispatch_threadgroups(uint3{p.rows, 1, 1}, uint3{32, 1, 1}, [&](const metal_emu::ThreadIds& id) {
     greedy_pick::finish(records, out.data(), p, id.threadgroup_position_in_grid.x, id.thread_index_in_simdgroup);
   });
-  logits.check();
-  partials.check();
-  out.check();
+  guarded::check_all(logits, partials, out);
   out.write_words();
 }
 
@@ -66,5 +63,5 @@ int main() {
     case 2: run<__nv_bfloat16>(c.p, c.values); break;
     default: die("unknown in_type");
   }
-  return std::fflush(stdout) == 0 ? 0 : 1;
+  return guarded::finish();
 }

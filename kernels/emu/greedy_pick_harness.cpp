@@ -55,9 +55,7 @@ void run(const GreedyPickParams& p, const std::vector<float>& values, SlicesKern
     greedy_pick_finish(records, (device uint*)out.data(), *params,
                        id.threadgroup_position_in_grid, id.thread_index_in_simdgroup);
   });
-  logits.check();
-  partials.check();
-  out.check();
+  guarded::check_all(logits, partials, out);
   out.write_words();
 }
 
@@ -72,5 +70,5 @@ int main() {
     case 2: run<bfloat>(c.p, c.values, greedy_pick_slices_bf16); break;
     default: die("unknown in_type");
   }
-  return std::fflush(stdout) == 0 ? 0 : 1;
+  return guarded::finish();
 }

@@ -220,4 +220,21 @@ inline void expect_end() {
   if (std::fgetc(stdin) != EOF) die("trailing input");
 }
 
+// One f32 header word after the u32 ones (an epsilon, a scale).
+inline float read_f32_word() {
+  float x;
+  if (std::fread(&x, sizeof(float), 1, stdin) != 1) die("short header");
+  return x;
+}
+
+// Checks each buffer after a run, in order ([Buffer::check]: its guards, and an output's
+// poison).
+template <class... Buffers>
+void check_all(const Buffers&... buffers) {
+  (buffers.check(), ...);
+}
+
+// The harness's exit status once its results are written: 0, or 1 when stdout failed.
+inline int finish() { return std::fflush(stdout) == 0 ? 0 : 1; }
+
 }  // namespace guarded

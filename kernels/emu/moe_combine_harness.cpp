@@ -73,13 +73,7 @@ void run(const Case& c, CombineKernel<InT> kernel) {
            id.threadgroup_memory_as<float>(), id.threadgroup_position_in_grid, id.thread_index_in_threadgroup,
            id.threads_per_threadgroup, id.simdgroup_index_in_threadgroup, id.thread_index_in_simdgroup);
   });
-  down.check();
-  rows.check();
-  weights.check();
-  residual.check();
-  norm_weight.check();
-  sum.check();
-  normed.check();
+  guarded::check_all(down, rows, weights, residual, norm_weight, sum, normed);
   sum.write_f32();
   normed.write_f32();
 }
@@ -110,5 +104,5 @@ int main() {
     case 2: run<bfloat>(c, moe_combine_bf16); break;
     default: die("unknown in_type");
   }
-  return std::fflush(stdout) == 0 ? 0 : 1;
+  return guarded::finish();
 }

@@ -49,9 +49,7 @@ void run(const Case& c, RouteKernel<InT> kernel) {
     kernel((const device InT*)logits.data(), (device uint*)ids.data(), (device float*)weights.data(),
            *(constant MoeRouteParams*)&params, id.threadgroup_position_in_grid, id.thread_index_in_simdgroup);
   });
-  logits.check();
-  ids.check();
-  weights.check();
+  guarded::check_all(logits, ids, weights);
   ids.write_words();
   weights.write_f32();
 }
@@ -77,5 +75,5 @@ int main() {
     case 2: run<bfloat>(c, moe_route_bf16); break;
     default: die("unknown in_type");
   }
-  return std::fflush(stdout) == 0 ? 0 : 1;
+  return guarded::finish();
 }

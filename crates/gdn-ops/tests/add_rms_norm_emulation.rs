@@ -15,13 +15,8 @@ mod emu;
 
 use common::{close, failures, tensor, values, Input, Rng, Ty, TYPES};
 use gdn_ops::ops::add_rms_norm::{add_rms_norm, row_threads, AddRmsNormParams};
-use std::path::{Path, PathBuf};
-use std::sync::OnceLock;
 
-fn harness() -> &'static Path {
-    static HARNESS: OnceLock<PathBuf> = OnceLock::new();
-    HARNESS.get_or_init(|| emu::compile_harness("add_rms_norm_harness", &[]))
-}
+static HARNESS: emu::Harness = emu::Harness::metal("add_rms_norm_harness");
 
 struct Case {
     ty: Ty,
@@ -53,7 +48,7 @@ fn check(c: &Case) -> Option<String> {
         .f32s(&residual)
         .f32s(&delta)
         .f32s(&weight);
-    let got = match emu::run_harness(harness(), &input.0) {
+    let got = match HARNESS.run(&input.0) {
         Ok(v) => v,
         Err(e) => return Some(e),
     };
@@ -100,7 +95,7 @@ fn shipped_add_rms_norm_kernels_match_the_cpu_twin() {
             }
         }
     }
-    harness();
+    HARNESS.path();
     let failures: Vec<String> = failures(&cases, |c| {
         check(c).map(|e| {
             format!(
@@ -119,16 +114,10 @@ fn shipped_add_rms_norm_kernels_match_the_cpu_twin() {
 /// mirrors, and the instantiation names.
 #[test]
 fn kernel_abi_in_source() {
-    assert_eq!(
-        emu::params_fields("add_rms_norm.h", "AddRmsNormParams"),
-        [
-            ("unsigned int", "rows"),
-            ("unsigned int", "cols"),
-            ("unsigned int", "has_delta"),
-            ("float", "eps")
-        ]
-        .map(|(t, f)| (t.to_string(), f.to_string())),
-        "AddRmsNormParams (kernels/params/add_rms_norm.h) must match ops/add_rms_norm"
+    emu::assert_params(
+        "add_rms_norm.h",
+        "AddRmsNormParams",
+        &["rows", "cols", "has_delta", "float eps"],
     );
     assert_eq!(std::mem::size_of::<AddRmsNormParams>(), 16);
     let src = emu::shipped_source("kernels/add_rms_norm.metal");

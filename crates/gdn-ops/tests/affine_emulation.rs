@@ -33,13 +33,13 @@
 //!   there is a property of the emulation only. (Built with fma, the f32-scale cases fail
 //!   this gate: it does tell the two apart.)
 
+mod common;
 mod emu;
 
+use common::failures_on_all_cores;
 use gdn_ops::affine::{dequantize_row, pack_row, unpack_row, AffineMatrix};
 use half::{bf16, f16};
-use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Mutex, OnceLock};
+use std::sync::Mutex;
 use std::time::Instant;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -111,12 +111,8 @@ impl Kernel {
 
 const KERNELS: [Kernel; 3] = [Kernel::Qmv, Kernel::Dequant, Kernel::Swiglu];
 
-/// Compiles the harness once per test binary.
-fn harness() -> &'static Path {
-    static HARNESS: OnceLock<PathBuf> = OnceLock::new();
-    // The dequant gate is bit for bit: no fma contraction of s * q + b.
-    HARNESS.get_or_init(|| emu::compile_harness("affine_harness", &["-ffp-contract=off"]))
-}
+// The dequant gate is bit for bit: no fma contraction of s * q + b.
+static HARNESS: emu::Harness = emu::Harness::metal_with("affine_harness", &["-ffp-contract=off"]);
 
 /// splitmix64, so that inputs need no dependency and are the same everywhere.
 struct Rng(u64);
@@ -317,11 +313,7 @@ fn widths(group_size: usize) -> [usize; 4] {
 fn cases() -> Vec<Case> {
     let mut out = vec![];
     let pairs = pairs();
-    let mut seed = 0u64;
-    let mut next_seed = || {
-        seed += 1;
-        seed * 7919
-    };
+    let mut next_seed = common::seeds(7919);
 
     // qmv: every width x group size x instantiation; R = 13 and 21 leave idle simdgroups
     // and rows, R = 8 fills a threadgroup, R = 3 leaves the second simdgroup idle.
@@ -514,7 +506,7 @@ fn run_harness(c: &Case) -> Result<Vec<f32>, String> {
     for id in c.ids.iter().flatten() {
         bytes.extend_from_slice(&id.to_le_bytes());
     }
-    let floats = emu::run_harness(harness(), &bytes)?;
+    let floats = HARNESS.run(&bytes)?;
     let want = c.out_rows
         * match c.kernel {
             Kernel::Qmv => m.rows,
@@ -692,7 +684,7 @@ fn check_dequant(c: &Case, got: &[f32]) -> Option<String> {
 #[test]
 fn shipped_affine_kernels_match_the_cpu_reference() {
     let started = Instant::now();
-    harness();
+    HARNESS.path();
     let jobs = cases();
     // Coverage the cases are meant to have.
     for kernel in KERNELS {
@@ -709,37 +701,17 @@ fn shipped_affine_kernels_match_the_cpu_reference() {
             }
         }
     }
-    let next = AtomicUsize::new(0);
-    let failures = Mutex::new(vec![]);
-    let workers = std::thread::available_parallelism()
-        .map_or(2, |n| n.get())
-        .min(8);
-    std::thread::scope(|s| {
-        for _ in 0..workers {
-            s.spawn(|| loop {
-                let i = next.fetch_add(1, Ordering::Relaxed);
-                let Some(c) = jobs.get(i) else {
-                    break;
-                };
-                let bad = match run_harness(c) {
-                    Err(e) => Some(e),
-                    Ok(got) => match c.kernel {
-                        Kernel::Qmv => check_qmv(c, &got),
-                        Kernel::Dequant => check_dequant(c, &got),
-                        Kernel::Swiglu => check_swiglu(c, &got),
-                    },
-                };
-                if let Some(bad) = bad {
-                    failures
-                        .lock()
-                        .unwrap()
-                        .push((i, format!("[{}] {bad}", c.label)));
-                }
-            });
-        }
+    let failures = failures_on_all_cores(&jobs, |c| {
+        let bad = match run_harness(c) {
+            Err(e) => Some(e),
+            Ok(got) => match c.kernel {
+                Kernel::Qmv => check_qmv(c, &got),
+                Kernel::Dequant => check_dequant(c, &got),
+                Kernel::Swiglu => check_swiglu(c, &got),
+            },
+        };
+        bad.map(|bad| format!("[{}] {bad}", c.label))
     });
-    let mut failures = failures.into_inner().unwrap();
-    failures.sort();
     eprintln!(
         "{} cases ({} qmv, {} dequant, {} qmv_swiglu) in {:.1}s; worst qmv error {:.3} of its allowance",
         jobs.len(),
@@ -779,19 +751,18 @@ fn shipped_affine_kernels_match_the_cpu_reference() {
 /// parameter struct the Rust host side mirrors.
 #[test]
 fn kernel_abi_in_source() {
-    assert_eq!(
-        emu::params_fields("affine.h", "AffineParams"),
-        [
+    emu::assert_params(
+        "affine.h",
+        "AffineParams",
+        &[
             "rows",
             "cols",
             "bits",
             "group_size",
             "out_rows",
             "x_div",
-            "has_ids"
-        ]
-        .map(|f| ("unsigned int".to_string(), f.to_string())),
-        "AffineParams (kernels/params/affine.h) must match the #[repr(C)] struct in ops/affine"
+            "has_ids",
+        ],
     );
     assert_eq!(
         std::mem::size_of::<gdn_ops::ops::affine::AffineParams>(),

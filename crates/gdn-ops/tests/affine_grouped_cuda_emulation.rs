@@ -24,20 +24,8 @@ use gdn_ops::ops::affine_grouped::{
     tile_pairs_for, tile_schedule, SMEM_BYTES, SPAN_COLS, THREADS, TILE_COLS, TILE_PAIRS,
     TILE_PAIRS_CHOICES, TILE_ROWS,
 };
-use std::path::{Path, PathBuf};
-use std::sync::OnceLock;
 
-/// Compiles the harness once per test binary.
-fn harness() -> &'static Path {
-    static HARNESS: OnceLock<PathBuf> = OnceLock::new();
-    HARNESS.get_or_init(|| {
-        let stand_ins = emu::workspace_root().join("kernels/emu/cuda");
-        emu::compile_harness(
-            "affine_grouped_cuda_harness",
-            &["-I", stand_ins.to_str().expect("a UTF-8 path")],
-        )
-    })
-}
+static HARNESS: emu::Harness = emu::Harness::cuda("affine_grouped_cuda_harness");
 
 struct Case {
     x: Ty,
@@ -105,7 +93,7 @@ fn check(c: &Case) -> Option<String> {
         c.cols,
         c.counts
     );
-    match emu::run_harness(harness(), &input.0) {
+    match HARNESS.run(&input.0) {
         Err(e) => Some(format!("{what}: {e}")),
         Ok(got) => {
             let result = close(&what, &got, &want, c.x, 1.0, 1e-5);
@@ -208,9 +196,10 @@ fn tile_constants_match_the_host() {
 #[test]
 fn kernel_abi_in_source() {
     let flat = emu::shipped_source("kernels/affine_grouped.cu");
-    assert_eq!(
-        emu::params_fields("affine_grouped.h", "AffineGroupedParams"),
-        [
+    emu::assert_params(
+        "affine_grouped.h",
+        "AffineGroupedParams",
+        &[
             "rows",
             "cols",
             "bits",
@@ -218,10 +207,8 @@ fn kernel_abi_in_source() {
             "experts",
             "pairs",
             "tiles",
-            "tile_pairs"
-        ]
-        .map(|f| ("unsigned int".to_string(), f.to_string())),
-        "AffineGroupedParams (kernels/params/affine_grouped.h) must match the host's #[repr(C)] mirror"
+            "tile_pairs",
+        ],
     );
     assert!(flat.contains("#include \"params/affine_grouped.h\""));
     assert!(

@@ -28,13 +28,9 @@ use gdn_ops::ops::affine_grouped::tiles::{
     tile_schedule, AffineGroupedParams, GroupedTile, GROUPED_SCRATCH_BYTES, GROUPED_THREADS,
     GROUPED_TILE_COLS, GROUPED_TILE_ROWS,
 };
-use std::path::{Path, PathBuf};
-use std::sync::OnceLock;
 
-fn harness() -> &'static Path {
-    static HARNESS: OnceLock<PathBuf> = OnceLock::new();
-    HARNESS.get_or_init(|| emu::compile_harness("affine_grouped_harness", &["-ffp-contract=off"]))
-}
+static HARNESS: emu::Harness =
+    emu::Harness::metal_with("affine_grouped_harness", &["-ffp-contract=off"]);
 
 struct Case {
     vt: Ty,
@@ -113,7 +109,7 @@ fn run_harness(c: &Case) -> Result<Vec<f32>, String> {
     for t in &tiles {
         input.u32(t.expert).u32(t.row_begin).u32(t.row_end);
     }
-    let y = emu::run_harness(harness(), &input.0)?;
+    let y = HARNESS.run(&input.0)?;
     if y.len() != p * m.rows {
         return Err(format!(
             "harness wrote {} values, expected {}",
@@ -170,11 +166,7 @@ fn check(c: &Case, y: &[f32]) -> Option<String> {
 
 fn cases() -> Vec<Case> {
     let mut out = vec![];
-    let mut seed = 0u64;
-    let mut next_seed = || {
-        seed += 1;
-        seed * 104_729
-    };
+    let mut next_seed = common::seeds(104_729);
     // Every instantiation, 4 and 8 bits, groups 32 and 64: experts with no rows (first, middle
     // and last), one row, a full tile, tiles crossed (33, 65, 70); R below, at and above the
     // 32 columns of a threadgroup, not a multiple of 8 either.
@@ -241,7 +233,7 @@ fn cases() -> Vec<Case> {
 
 #[test]
 fn shipped_grouped_kernel_matches_the_per_expert_reference() {
-    harness();
+    HARNESS.path();
     let jobs = cases();
     for &vt in &TYPES {
         for &st in &TYPES {
@@ -263,17 +255,24 @@ fn shipped_grouped_kernel_matches_the_per_expert_reference() {
 /// parameter structs the Rust side mirrors, and the host's launch constants.
 #[test]
 fn kernel_abi_in_source() {
-    let u = |f: &str| ("unsigned int".to_string(), f.to_string());
-    assert_eq!(
-        emu::params_fields("affine_grouped_metal.h", "AffineGroupedParams"),
-        ["experts", "rows", "cols", "bits", "group_size", "x_rows", "tiles"].map(u),
-        "AffineGroupedParams (kernels/params/affine_grouped_metal.h) must match ops/affine/grouped_tiles.rs"
+    emu::assert_params(
+        "affine_grouped_metal.h",
+        "AffineGroupedParams",
+        &[
+            "experts",
+            "rows",
+            "cols",
+            "bits",
+            "group_size",
+            "x_rows",
+            "tiles",
+        ],
     );
     assert_eq!(std::mem::size_of::<AffineGroupedParams>(), 7 * 4);
-    assert_eq!(
-        emu::params_fields("affine_grouped_metal.h", "GroupedTile"),
-        ["expert", "row_begin", "row_end"].map(u),
-        "GroupedTile (kernels/params/affine_grouped_metal.h) must match ops/affine/grouped_tiles.rs"
+    emu::assert_params(
+        "affine_grouped_metal.h",
+        "GroupedTile",
+        &["expert", "row_begin", "row_end"],
     );
     assert_eq!(std::mem::size_of::<GroupedTile>(), 3 * 4);
     let flat = emu::shipped_source("kernels/affine_grouped.metal");

@@ -22,20 +22,8 @@ mod emu;
 use candle_core::{Device, Tensor};
 use common::{close, failures, random_matrix, values, Input, Rng, Ty};
 use gdn_ops::ops::affine::{wide, AffineTensor};
-use std::path::{Path, PathBuf};
-use std::sync::OnceLock;
 
-/// Compiles the harness once per test binary.
-fn harness() -> &'static Path {
-    static HARNESS: OnceLock<PathBuf> = OnceLock::new();
-    HARNESS.get_or_init(|| {
-        let stand_ins = emu::workspace_root().join("kernels/emu/cuda");
-        emu::compile_harness(
-            "affine_wide_cuda_harness",
-            &["-I", stand_ins.to_str().expect("a UTF-8 path")],
-        )
-    })
-}
+static HARNESS: emu::Harness = emu::Harness::cuda("affine_wide_cuda_harness");
 
 /// How the products are gathered.
 #[derive(Clone, Copy, Debug)]
@@ -150,7 +138,7 @@ fn check(c: &Case) -> Option<String> {
         c.tokens,
         if c.swiglu { "swiglu" } else { "products" },
     );
-    let mut got = match emu::run_harness(harness(), &input.0) {
+    let mut got = match HARNESS.run(&input.0) {
         Err(e) => return Some(format!("{what}: {e}")),
         Ok(got) => got,
     };

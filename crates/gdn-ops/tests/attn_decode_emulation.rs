@@ -26,24 +26,11 @@ use common::{close, failures, tensor, values, Input, Rng, Ty, TYPES};
 use gdn_ops::ops::attn_decode::{
     attn_decode, AttnDecodeDims, AttnDecodeParams, MAX_SPLITS, SIMDGROUPS, SPLIT_KEYS,
 };
-use std::path::{Path, PathBuf};
-use std::sync::OnceLock;
+use std::path::Path;
 
-fn metal_harness() -> &'static Path {
-    static HARNESS: OnceLock<PathBuf> = OnceLock::new();
-    HARNESS.get_or_init(|| emu::compile_harness("attn_decode_harness", &[]))
-}
+static METAL_HARNESS: emu::Harness = emu::Harness::metal("attn_decode_harness");
 
-fn cuda_harness() -> &'static Path {
-    static HARNESS: OnceLock<PathBuf> = OnceLock::new();
-    HARNESS.get_or_init(|| {
-        let stand_ins = emu::workspace_root().join("kernels/emu/cuda");
-        emu::compile_harness(
-            "attn_decode_cuda_harness",
-            &["-I", stand_ins.to_str().expect("a UTF-8 path")],
-        )
-    })
-}
+static CUDA_HARNESS: emu::Harness = emu::Harness::cuda("attn_decode_cuda_harness");
 
 #[derive(Clone, Copy, Debug)]
 struct Shape {
@@ -114,12 +101,12 @@ fn check(harness: &Path, ty: Ty, s: Shape, seed: u64) -> Option<String> {
 
 #[test]
 fn shipped_attn_decode_kernels_match_the_cpu_twin() {
-    run_all(metal_harness(), "metal");
+    run_all(METAL_HARNESS.path(), "metal");
 }
 
 #[test]
 fn shipped_cuda_attn_decode_bodies_match_the_cpu_twin() {
-    run_all(cuda_harness(), "cuda");
+    run_all(CUDA_HARNESS.path(), "cuda");
 }
 
 fn run_all(harness: &Path, kind: &str) {
@@ -192,20 +179,19 @@ fn run_all(harness: &Path, kind: &str) {
 /// struct the host mirrors, and the instantiation names.
 #[test]
 fn kernel_abi_in_source() {
-    let u = |f: &str| ("unsigned int".to_string(), f.to_string());
-    assert_eq!(
-        emu::params_fields("attn_decode.h", "AttnDecodeParams"),
-        [
-            u("batch"),
-            u("q_heads"),
-            u("kv_heads"),
-            u("head_dim"),
-            u("capacity"),
-            u("simdgroups"),
-            u("splits"),
-            ("float".to_string(), "scale".to_string())
+    emu::assert_params(
+        "attn_decode.h",
+        "AttnDecodeParams",
+        &[
+            "batch",
+            "q_heads",
+            "kv_heads",
+            "head_dim",
+            "capacity",
+            "simdgroups",
+            "splits",
+            "float scale",
         ],
-        "AttnDecodeParams (kernels/params/attn_decode.h) must match ops/attn_decode"
     );
     assert_eq!(std::mem::size_of::<AttnDecodeParams>(), 32);
     let src = emu::shipped_source("kernels/attn_decode.metal");

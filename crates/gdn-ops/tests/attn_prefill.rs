@@ -1,6 +1,7 @@
 //! The CPU twin of `attn_prefill` against the composed path it replaces in the model
 //! (`attend_dense` of crates/qwen-gdn-model's attention layer, [`composed_causal_attention`])
-//! on views of KV buffers longer than the context, and its input checks: empty chunks, shapes
+//! on views of KV buffers longer than the context, over the op's cases (tests/common/attn_prefill.rs),
+//! and its input checks: empty chunks, shapes
 //! that do not match, the devices it supports.
 //!
 //! Gate: every output within 2 ulp of InT of the composed path's plus a share of max
@@ -11,60 +12,19 @@
 mod common;
 
 use candle_core::{DType, Device, Tensor};
-use common::{close, composed_causal_attention, tensor, values, Rng, Ty, TYPES};
+use common::attn_prefill::{cases, inputs, relative_allowance, seed};
+use common::{close, composed_causal_attention, values, TYPES};
 use gdn_ops::launches;
 use gdn_ops::ops::attn_prefill::{attn_prefill, supports};
-
-/// (B, Nq, Nkv, Dh, S, offset, cap): a first chunk, later chunks over cached keys, GQA 1, 2
-/// and 8, Dh 64, 128 and 256, one query.
-const SHAPES: [(usize, usize, usize, usize, usize, usize, usize); 6] = [
-    (1, 8, 1, 256, 70, 0, 70),
-    (1, 8, 1, 256, 33, 100, 160),
-    (2, 4, 2, 64, 100, 37, 140),
-    (1, 4, 4, 64, 65, 64, 129),
-    (1, 4, 2, 128, 1, 90, 96),
-    (1, 2, 1, 16, 17, 5, 22),
-];
-
-fn inputs(
-    seed: u64,
-    ty: Ty,
-    shape: (usize, usize, usize, usize, usize, usize, usize),
-) -> [Tensor; 3] {
-    let (b, nq, nkv, dh, s, offset, cap) = shape;
-    let mut rng = Rng::new(seed);
-    let spread = 3.0 / (dh as f32).powf(0.25);
-    let q = tensor(
-        &rng.values(b * nq * s * dh, -spread, spread, ty),
-        &[b, nq, s, dh],
-        ty,
-    );
-    let kv_shape = [b, nkv, cap, dh];
-    let kv_len: usize = kv_shape.iter().product();
-    let k = tensor(&rng.values(kv_len, -spread, spread, ty), &kv_shape, ty);
-    let v = tensor(&rng.values(kv_len, -2.0, 2.0, ty), &kv_shape, ty);
-    let t = offset + s;
-    [q, k.narrow(2, 0, t).unwrap(), v.narrow(2, 0, t).unwrap()]
-}
-
-/// The gate's share of max |composed| (see the module doc).
-fn relative_allowance(ty: Ty) -> f32 {
-    match ty {
-        Ty::Bf16 => 4e-3,
-        Ty::F16 => 1e-3,
-        Ty::F32 => 1e-5,
-    }
-}
 
 #[test]
 fn twin_matches_the_composed_path() {
     let mut failures = vec![];
-    for (i, &shape) in SHAPES.iter().enumerate() {
+    for (i, shape) in cases().into_iter().enumerate() {
         for ty in TYPES {
-            let [q, k, v] = inputs(i as u64 * 17 + ty.code() as u64, ty, shape);
-            let offset = shape.5;
-            let got = attn_prefill(&q, &k, &v, offset).unwrap();
-            let want = composed_causal_attention(&q, &k, &v, offset);
+            let [q, k, v] = inputs(shape, ty, seed(i, ty)).tensors(shape, ty, &Device::Cpu);
+            let got = attn_prefill(&q, &k, &v, shape.offset).unwrap();
+            let want = composed_causal_attention(&q, &k, &v, shape.offset);
             if let Some(e) = close(
                 "out",
                 &values(&got),

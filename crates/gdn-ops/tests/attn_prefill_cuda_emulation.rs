@@ -5,10 +5,9 @@
 //! [`gdn_ops::ops::attn_prefill::attn_prefill`]. What it cannot check is the GPU itself (timing,
 //! the fragment layouts of real tensor cores): `tests/cuda_attn_prefill.rs` does, on the H100.
 //!
-//! Cases: S not a multiple of the 64-row query tile (and less than one tile), offset > 0 (a
-//! chunk after cached keys), T = S and T > S, key counts not a multiple of the 64-key tile,
-//! GQA 1, 2 and 8, Dh 64, 128 (a scale that is not a power of two) and 256, two sequences.
-//! The keys and values past T in the KV buffers hold NaN, so a kernel that reads one fails.
+//! Cases: the op's, those of every backend (tests/common/attn_prefill.rs), but the largest
+//! three (the CUDA test's). The keys and values past T in the KV buffers hold NaN, so a kernel
+//! that reads one fails.
 //!
 //! Gate: every output within 2 ulp of InT of the twin's plus 4e-3 of max |twin| in bf16,
 //! 1e-3 in f16 (the largest differences seen: 2e-3 and 2e-4). The two
@@ -25,13 +24,13 @@
 mod common;
 mod emu;
 
-use common::{close, failures, tensor, values, Input, Rng, Ty};
-use gdn_ops::ops::attn_prefill::{
-    attn_prefill, smem_bytes, AttnPrefillParams, KEY_TILE, QUERY_TILE,
+use common::attn_prefill::{
+    cases, inputs, relative_allowance, seed, Inputs, Shape, EMULATION_MAX_WORK,
 };
+use common::{close, failures, tensor, values, Input, Ty};
+use gdn_ops::ops::attn_prefill::{attn_prefill, smem_bytes, AttnPrefillParams};
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::OnceLock;
 
 fn stand_ins() -> String {
     emu::workspace_root()
@@ -41,42 +40,11 @@ fn stand_ins() -> String {
         .to_string()
 }
 
-fn harness() -> &'static Path {
-    static HARNESS: OnceLock<PathBuf> = OnceLock::new();
-    HARNESS.get_or_init(|| emu::compile_harness("attn_prefill_cuda_harness", &["-I", &stand_ins()]))
-}
-
-#[derive(Clone, Copy, Debug)]
-struct Shape {
-    batch: usize,
-    q_heads: usize,
-    kv_heads: usize,
-    head_dim: usize,
-    /// S.
-    queries: usize,
-    offset: usize,
-    /// Positions the KV buffers hold (≥ T = offset + S); those past T hold NaN.
-    capacity: usize,
-}
-
-impl Shape {
-    fn keys(&self) -> usize {
-        self.offset + self.queries
-    }
-}
+static HARNESS: emu::Harness = emu::Harness::cuda("attn_prefill_cuda_harness");
 
 fn check(harness: &Path, ty: Ty, s: Shape, seed: u64) -> Option<String> {
-    let mut rng = Rng::new(seed);
     let t = s.keys();
-    let q_len = s.batch * s.q_heads * s.queries * s.head_dim;
-    let kv_len = s.batch * s.kv_heads * s.capacity * s.head_dim;
-    // Scores of a unit or so: a softmax neither flat nor one-hot.
-    let spread = 3.0 / (s.head_dim as f32).powf(0.25);
-    let q = rng.values(q_len, -spread, spread, ty);
-    let (mut k, mut v) = (
-        rng.values(kv_len, -spread, spread, ty),
-        rng.values(kv_len, -2.0, 2.0, ty),
-    );
+    let Inputs { q, mut k, mut v } = inputs(s, ty, seed);
     for (i, (k, v)) in k.iter_mut().zip(&mut v).enumerate() {
         if (i / s.head_dim) % s.capacity >= t {
             (*k, *v) = (f32::NAN, f32::NAN);
@@ -107,47 +75,20 @@ fn check(harness: &Path, ty: Ty, s: Shape, seed: u64) -> Option<String> {
     close("out", &got, &values(&want), ty, 2.0, relative_allowance(ty))
 }
 
-/// The gate's share of max |twin| (see the module doc).
-fn relative_allowance(ty: Ty) -> f32 {
-    if ty == Ty::Bf16 {
-        4e-3
-    } else {
-        1e-3
-    }
-}
-
-fn shapes() -> Vec<Shape> {
-    let shape = |batch, q_heads, kv_heads, head_dim, queries, offset, capacity| Shape {
-        batch,
-        q_heads,
-        kv_heads,
-        head_dim,
-        queries,
-        offset,
-        capacity,
-    };
-    vec![
-        // Qwen3-Next's heads (GQA 8, Dh 256), fewer of them: a first chunk (T = S) of two
-        // query tiles and a bit; a later chunk over cached keys, in a longer buffer.
-        shape(1, 8, 1, 256, 2 * QUERY_TILE + 5, 0, 2 * QUERY_TILE + 5),
-        shape(1, 8, 1, 256, 70, 100, 256),
-        // GQA 2 and 1, Dh 64; less than one query tile; an offset that is a tile multiple.
-        shape(1, 4, 2, 64, 100, 37, 160),
-        shape(2, 2, 2, 64, 20, 0, 24),
-        shape(1, 2, 2, 64, QUERY_TILE, KEY_TILE, 2 * KEY_TILE),
-        // Dh 128 (its scale rounds), GQA 2, one query.
-        shape(1, 4, 2, 128, 1, 90, 96),
-        shape(2, 4, 2, 128, 65, 3, 80),
-        // The smallest head dim.
-        shape(1, 2, 1, 16, 33, 130, 200),
-    ]
+/// The op's cases the emulator can run in time ([`EMULATION_MAX_WORK`]), with their index.
+fn emulated_cases() -> Vec<(usize, Shape)> {
+    cases()
+        .into_iter()
+        .enumerate()
+        .filter(|(_, s)| s.work() <= EMULATION_MAX_WORK)
+        .collect()
 }
 
 fn run_all(harness: &Path) -> Vec<String> {
     let mut jobs = vec![];
-    for (i, s) in shapes().into_iter().enumerate() {
+    for (i, s) in emulated_cases() {
         for ty in [Ty::F16, Ty::Bf16] {
-            jobs.push((ty, s, (i as u64 + 1) * 7_919 + ty.code() as u64));
+            jobs.push((ty, s, seed(i, ty)));
         }
     }
     failures(&jobs, |&(ty, s, seed)| {
@@ -157,8 +98,8 @@ fn run_all(harness: &Path) -> Vec<String> {
 
 #[test]
 fn shipped_cuda_attn_prefill_body_matches_the_cpu_twin() {
-    let failed = run_all(harness());
-    common::assert_no_failures(&failed, shapes().len() * 2, "cases fail");
+    let failed = run_all(HARNESS.path());
+    common::assert_no_failures(&failed, emulated_cases().len() * 2, "cases fail");
 }
 
 /// The kernel with `mutation` applied (`from` replaced by `to`, which must occur once),
@@ -212,8 +153,9 @@ fn a_wrong_causal_bound_fails_the_gate() {
     // T, whose weight exp(0 − m) still counts in the sum. Every case with more than one query
     // has rows of the first kind and must fail; a lone query's extra weight may hide within
     // bf16's allowance.
-    let passed: Vec<String> = shapes()
+    let passed: Vec<String> = emulated_cases()
         .into_iter()
+        .map(|(_, s)| s)
         .filter(|s| s.queries > 1)
         .flat_map(|s| [Ty::F16, Ty::Bf16].map(|ty| (ty, s)))
         .filter(|(ty, s)| {

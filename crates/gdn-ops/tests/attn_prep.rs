@@ -1,6 +1,7 @@
 //! The CPU twin of `attn_prep` against the composed path it replaces in the model
 //! (`Attention::forward` of crates/qwen-gdn-model for one token: q/k RMSNorm, partial RoPE
-//! with host tables, `KvCache::append`'s write), and its input checks.
+//! with host tables, `KvCache::append`'s write) over the op's cases
+//! (tests/common/attn_prep.rs), and its input checks.
 //!
 //! The model's tables take angles in f64; the twin (like MLX and the kernels) in f32. The
 //! twin is held to the composed path fed f32 angles, and, separately, to the f64 one within
@@ -9,18 +10,9 @@
 mod common;
 
 use candle_core::{DType, Device, Tensor, D};
+use common::attn_prep::{cases, seed, shape, Shape};
 use common::{tensor, values, Rng, Ty};
 use gdn_ops::ops::attn_prep::{attn_prep, supports};
-
-#[derive(Clone, Copy, Debug)]
-struct Shape {
-    batch: usize,
-    q_heads: usize,
-    kv_heads: usize,
-    head_dim: usize,
-    rope_dims: usize,
-    capacity: usize,
-}
 
 const THETA: f64 = 10_000_000.0;
 const EPS: f32 = 1e-6;
@@ -208,43 +200,33 @@ fn difference(s: Shape, ty: Ty, pos: usize, f32_angles: bool, seed: u64) -> f32 
     .fold(0f32, f32::max)
 }
 
-const QWEN3_NEXT: Shape = Shape {
-    batch: 1,
-    q_heads: 16,
-    kv_heads: 2,
-    head_dim: 256,
-    rope_dims: 64,
-    capacity: 512,
-};
+const QWEN3_NEXT: Shape = shape(1, 16, 2, 256, 64, 512, 0);
 
-const SMALL: Shape = Shape {
-    batch: 3,
-    q_heads: 4,
-    kv_heads: 2,
-    head_dim: 64,
-    rope_dims: 64,
-    capacity: 16,
-};
+const SMALL: Shape = shape(3, 4, 2, 64, 64, 16, 7);
+
+/// The op's cases the composed path can run: it writes the KV buffers at `pos`, so not those
+/// past the buffers (a test of their own below).
+fn composed_cases() -> impl Iterator<Item = (usize, Shape)> {
+    cases()
+        .into_iter()
+        .enumerate()
+        .filter(|(_, s)| s.pos < s.capacity)
+}
 
 #[test]
 fn twin_matches_the_composed_path_in_f32() {
-    for (s, pos) in [
-        (QWEN3_NEXT, 0),
-        (QWEN3_NEXT, 301),
-        (QWEN3_NEXT, 511),
-        (SMALL, 7),
-    ] {
-        let err = difference(s, Ty::F32, pos, true, pos as u64 + 1);
-        assert!(err <= 1e-5, "{s:?} pos {pos}: off by {err}");
+    for (i, s) in composed_cases() {
+        let err = difference(s, Ty::F32, s.pos, true, seed(i, Ty::F32));
+        assert!(err <= 1e-5, "{s:?}: off by {err}");
     }
 }
 
 #[test]
 fn twin_matches_the_composed_path_in_bf16_and_f16() {
     for ty in [Ty::Bf16, Ty::F16] {
-        for (s, pos) in [(QWEN3_NEXT, 301), (SMALL, 7)] {
-            let err = difference(s, ty, pos, true, pos as u64 + 2);
-            assert!(err <= 2e-2, "{ty:?} {s:?} pos {pos}: off by {err}");
+        for (i, s) in composed_cases() {
+            let err = difference(s, ty, s.pos, true, seed(i, ty));
+            assert!(err <= 2e-2, "{ty:?} {s:?}: off by {err}");
         }
     }
 }

@@ -1,6 +1,7 @@
 //! The CUDA `attn_prefill_{f16,bf16}` kernel (`kernels/attn_prefill.cu`) against the CPU twin
 //! and against the composed path it replaces ([`composed_causal_attention`], candle's ops on
-//! the GPU), at Qwen3-Next's shapes and odd ones. Built only with the `cuda` feature and run on
+//! the GPU), over the op's cases (tests/common/attn_prefill.rs) and at Qwen3-Next's real
+//! shapes. Built only with the `cuda` feature and run on
 //! the GPU machine (scripts/gpu/test-cuda.sh); without a CUDA device every test fails.
 //!
 //! K and V are views of longer buffers narrowed to T, as the KV cache passes them.
@@ -18,76 +19,27 @@
 mod common;
 
 use candle_core::{DType, Device, Tensor};
-use common::{close, composed_causal_attention, gpu, tensor, values, Rng, Ty};
+use common::attn_prefill::{cases, inputs, relative_allowance, seed, shape, Shape};
+use common::{close, composed_causal_attention, gpu, values, Ty};
 use gdn_ops::launches;
 use gdn_ops::ops::attn_prefill::attn_prefill;
 use std::time::Instant;
 
-/// (B, Nq, Nkv, Dh, S, offset, cap).
-type Shape = (usize, usize, usize, usize, usize, usize, usize);
-
-fn relative_allowance(ty: Ty) -> f32 {
-    if ty == Ty::Bf16 {
-        4e-3
-    } else {
-        1e-3
-    }
-}
-
-/// q `[B, Nq, S, Dh]` and k, v `[B, Nkv, offset + S, Dh]` views of `[B, Nkv, cap, Dh]`
-/// buffers, on `device` (the buffers are made on the CPU, moved whole, then narrowed there).
-fn inputs(
-    seed: u64,
-    ty: Ty,
-    (b, nq, nkv, dh, s, offset, cap): Shape,
-    device: &Device,
-) -> [Tensor; 3] {
-    let mut rng = Rng::new(seed);
-    let spread = 3.0 / (dh as f32).powf(0.25);
-    let q = tensor(
-        &rng.values(b * nq * s * dh, -spread, spread, ty),
-        &[b, nq, s, dh],
-        ty,
-    );
-    let kv_shape = [b, nkv, cap, dh];
-    let kv_len: usize = kv_shape.iter().product();
-    let k = tensor(&rng.values(kv_len, -spread, spread, ty), &kv_shape, ty);
-    let v = tensor(&rng.values(kv_len, -2.0, 2.0, ty), &kv_shape, ty);
-    let view = |x: Tensor| {
-        x.to_device(device)
-            .unwrap()
-            .narrow(2, 0, offset + s)
-            .unwrap()
-    };
-    [q.to_device(device).unwrap(), view(k), view(v)]
+/// q, k and v of a case on the CPU and on `gpu`, the same values.
+fn on_both(s: Shape, ty: Ty, seed: u64, gpu: &Device) -> ([Tensor; 3], [Tensor; 3]) {
+    let x = inputs(s, ty, seed);
+    (x.tensors(s, ty, &Device::Cpu), x.tensors(s, ty, gpu))
 }
 
 #[test]
 fn cuda_attn_prefill_matches_the_cpu_twin() {
     let gpu = gpu();
     let mut failures = vec![];
-    let shapes: [Shape; 9] = [
-        // Qwen3-Next's heads on short chunks: a first chunk, a later one.
-        (1, 16, 2, 256, 200, 0, 200),
-        (1, 16, 2, 256, 130, 300, 512),
-        // One query; fewer than a tile; GQA 1; Dh 64, 128 (its scale rounds), 16; batches.
-        (1, 16, 2, 256, 1, 77, 128),
-        (2, 4, 2, 64, 100, 37, 140),
-        (1, 4, 4, 64, 65, 64, 129),
-        (2, 8, 2, 128, 129, 3, 200),
-        (1, 2, 1, 16, 33, 130, 200),
-        // Tile-exact: S and T multiples of 64.
-        (1, 8, 1, 256, 128, 128, 256),
-        (3, 2, 1, 256, 64, 0, 64),
-    ];
-    for (i, &shape) in shapes.iter().enumerate() {
+    for (i, shape) in cases().into_iter().enumerate() {
         for ty in [Ty::F16, Ty::Bf16] {
-            let seed = i as u64 * 101 + ty.code() as u64;
-            let cpu = inputs(seed, ty, shape, &Device::Cpu);
-            let [q, k, v] = inputs(seed, ty, shape, &gpu);
-            let offset = shape.5;
-            let got = attn_prefill(&q, &k, &v, offset).unwrap();
-            let want = attn_prefill(&cpu[0], &cpu[1], &cpu[2], offset).unwrap();
+            let (cpu, [q, k, v]) = on_both(shape, ty, seed(i, ty), &gpu);
+            let got = attn_prefill(&q, &k, &v, shape.offset).unwrap();
+            let want = attn_prefill(&cpu[0], &cpu[1], &cpu[2], shape.offset).unwrap();
             assert_eq!(got.dims(), want.dims());
             if let Some(e) = close(
                 "out",
@@ -115,9 +67,12 @@ fn cuda_attn_prefill_real_shapes() {
     let ty = Ty::Bf16;
     let mut failures = vec![];
     for offset in [0, 2048] {
-        let shape: Shape = (1, 16, 2, 256, 2048, offset, 8192);
-        let cpu = inputs(offset as u64 + 5, ty, shape, &Device::Cpu);
-        let [q, k, v] = inputs(offset as u64 + 5, ty, shape, &gpu);
+        let (cpu, [q, k, v]) = on_both(
+            shape(1, 16, 2, 256, 2048, offset, 8192),
+            ty,
+            offset as u64 + 5,
+            &gpu,
+        );
         launches::take();
         let got = attn_prefill(&q, &k, &v, offset).unwrap();
         assert_eq!(launches::take(), 1, "one launch");

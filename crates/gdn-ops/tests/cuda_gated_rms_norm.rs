@@ -1,6 +1,6 @@
 //! The CUDA kernels `kernels/gated_rms_norm.cu` against the CPU twin, for every instantiation
-//! (f32, f16, bf16), on fresh random inputs: decode and prefill at the real head sizes and
-//! edge sizes, with z as a slice of a merged projection output. Built only with the `cuda`
+//! (f32, f16, bf16), on fresh random inputs over the op's cases (tests/common/gated_rms_norm.rs),
+//! with z as a slice of a merged projection output. Built only with the `cuda`
 //! feature and run on the GPU machine; without a CUDA device every test fails.
 //!
 //! Measure: max |got − want| / max |want| (NaN fails): f32 to 2e-5, f16 and bf16 (rounded on
@@ -10,6 +10,7 @@
 mod common;
 
 use candle_core::{DType, Device, Tensor};
+use common::gated_rms_norm::{cases, projection_inputs};
 use common::{gpu, rel_max, Rng};
 use gdn_ops::ops::gated_rms_norm::gated_rms_norm;
 
@@ -17,38 +18,14 @@ use gdn_ops::ops::gated_rms_norm::gated_rms_norm;
 fn gated_rms_norm_matches_the_cpu_twin() {
     let dev = gpu();
     let mut rng = Rng::xorshift(0x5EED_6A7E);
-    // (B, T, Hv, Dv): decode, prefill, Dv not a multiple of 32, below 32, above 256.
-    let shapes = [
-        (1, 1, 32, 128),
-        (4, 1, 64, 128),
-        (1, 37, 48, 128),
-        (2, 3, 3, 100),
-        (1, 5, 1, 20),
-        (2, 2, 2, 300),
-    ];
-    for &(b, t, hv, dv) in &shapes {
+    for s in cases() {
+        let (b, t, hv, dv) = s.dims();
         for dtype in [DType::F32, DType::F16, DType::BF16] {
             let seed = rng.next();
-            let mut r = Rng::xorshift(seed | 1);
-            let y = r
-                .tensor(&[b, t, hv, dv], -3.0, 3.0)
-                .to_dtype(dtype)
-                .unwrap();
-            let proj = r
-                .tensor(&[b, t, 3 * hv * dv + 7], -8.0, 8.0)
-                .to_dtype(dtype)
-                .unwrap();
-            let w = r.tensor(&[dv], 0.5, 1.5).to_dtype(dtype).unwrap();
+            let [y, z, w] = projection_inputs(&mut Rng::xorshift(seed | 1), s.dims(), dtype);
             let run = |dev: &Device| {
                 let up = |x: &Tensor| x.to_device(dev).unwrap();
-                let proj = up(&proj);
-                gated_rms_norm(
-                    &up(&y),
-                    &proj.narrow(2, hv * dv + 3, hv * dv).unwrap(),
-                    &up(&w),
-                    1e-6,
-                )
-                .unwrap()
+                gated_rms_norm(&up(&y), &up(&z), &up(&w), 1e-6).unwrap()
             };
             let (want, got) = (run(&Device::Cpu), run(&dev));
             let tol = match dtype {

@@ -6,20 +6,12 @@
 //!
 //! Needs clang-19 and libclang-rt-19-dev like the other emulation tests; it never skips.
 
-// The ABI helpers of the shared module are for the kernel tests only.
-#[allow(dead_code)]
 mod emu;
 
-use std::path::{Path, PathBuf};
-use std::sync::OnceLock;
-
-fn harness() -> &'static Path {
-    static HARNESS: OnceLock<PathBuf> = OnceLock::new();
-    HARNESS.get_or_init(|| emu::compile_harness("emu_selftest", &[]))
-}
+static HARNESS: emu::Harness = emu::Harness::metal("emu_selftest");
 
 fn run(case: u32) -> Result<Vec<f32>, String> {
-    emu::run_harness(harness(), &case.to_le_bytes())
+    HARNESS.run(&case.to_le_bytes())
 }
 
 /// The case's (kernel, plain loop) pairs, which must agree bit for bit.

@@ -18,38 +18,22 @@
 
 mod common;
 mod emu;
-mod gdn_chunk_emu;
+mod gated_delta_emu;
 
+use common::gated_delta::INSTANTIATIONS;
 use common::{St, Ty as In};
-use gdn_chunk_emu::{run_all, Kernel, Shape, INSTANTIATIONS};
-use std::path::{Path, PathBuf};
-use std::sync::OnceLock;
+use gated_delta_emu::{
+    assert_chunk_instantiations, assert_chunk_params, numbered, run_all, shape, Job, Kernel,
+};
+use gdn_ops::GdnForm;
 
-/// Compiles the harness once per test binary.
-fn harness() -> &'static Path {
-    static HARNESS: OnceLock<PathBuf> = OnceLock::new();
-    HARNESS.get_or_init(|| {
-        let stand_ins = emu::workspace_root().join("kernels/emu/cuda");
-        emu::compile_harness(
-            "gated_delta_chunk_cuda_harness",
-            &["-I", stand_ins.to_str().expect("a UTF-8 path")],
-        )
-    })
-}
+static HARNESS: emu::Harness = emu::Harness::cuda("gated_delta_chunk_cuda_harness");
 
 /// The cases: every instantiation over one chunk and three (T 64 and 192, the harness runs
 /// whole chunks only: the tail is the recurrence kernel's; three chunks wrap the state pass's
 /// two buffers) on one 32-column block of a 128-key head; padding masks; the models' head
 /// shapes; the smallest and largest key dims.
-fn jobs() -> Vec<(In, St, Shape, bool)> {
-    let shape = |b, t, hk, ratio, dk, dv| Shape {
-        b,
-        t,
-        hk,
-        ratio,
-        dk,
-        dv,
-    };
+fn jobs() -> Vec<Job> {
     let mut jobs = vec![];
     for &(inp, st) in &INSTANTIATIONS {
         for t in [64, 192] {
@@ -71,15 +55,17 @@ fn jobs() -> Vec<(In, St, Shape, bool)> {
     jobs.push((In::F32, St::F32, shape(1, 128, 2, 1, 16, 64), false));
     // The largest value head dim (pass 1 stages all of V).
     jobs.push((In::Bf16, St::F32, shape(2, 64, 1, 1, 64, 256), true));
-    jobs
+    numbered(jobs)
 }
 
 #[test]
 fn shipped_kernel_matches_the_cpu_reference() {
     run_all(
         &Kernel {
-            harness: harness(),
+            harness: &HARNESS,
             magic: b"GDCCUDA1",
+            name: "gated_delta_chunk",
+            reference: Some(GdnForm::Recurrent),
         },
         jobs(),
     );
@@ -91,21 +77,7 @@ fn shipped_kernel_matches_the_cpu_reference() {
 #[test]
 fn kernel_abi_in_source() {
     let flat = emu::shipped_source("kernels/gated_delta_chunk.cu");
-    assert_eq!(
-        emu::params_fields("gated_delta_chunk.h", "GdnChunkParams"),
-        [
-            "batch",
-            "steps",
-            "chunks",
-            "key_heads",
-            "value_heads",
-            "key_dim",
-            "value_dim",
-            "has_mask"
-        ]
-        .map(|f| ("unsigned int".to_string(), f.to_string())),
-        "GdnChunkParams (kernels/params/gated_delta_chunk.h) must match the host's #[repr(C)] mirror"
-    );
+    assert_chunk_params();
     assert!(
         flat.contains("#include \"params/gated_delta_chunk.h\""),
         "gated_delta_chunk.cu must take GdnChunkParams from kernels/params/gated_delta_chunk.h"
@@ -123,28 +95,9 @@ fn kernel_abi_in_source() {
             "the entry points' parameters changed (`{signature}` is gone): cuda_chunked.rs pushes them in that order"
         );
     }
-    let ty = |n: &str| match n {
+    assert_chunk_instantiations(&flat, "ENTRY", |n| match n {
         "f32" => "float",
         "f16" => "__half",
         _ => "__nv_bfloat16",
-    };
-    for (inp, st) in INSTANTIATIONS {
-        let line = format!(
-            "GDN_CHUNK_STATE_ENTRY(gated_delta_chunk_state_{}_{}, {}, {})",
-            inp.name(),
-            st.name(),
-            ty(inp.name()),
-            ty(st.name())
-        );
-        assert!(flat.contains(&line), "missing `{line}`");
-    }
-    for inp in ["f32", "f16", "bf16"] {
-        for (pass, entry) in [("prep", "PREP"), ("out", "OUT")] {
-            let line = format!(
-                "GDN_CHUNK_{entry}_ENTRY(gated_delta_chunk_{pass}_{inp}, {})",
-                ty(inp)
-            );
-            assert!(flat.contains(&line), "missing `{line}`");
-        }
-    }
+    });
 }

@@ -19,31 +19,21 @@
 
 mod common;
 mod emu;
-mod gdn_chunk_emu;
+mod gated_delta_emu;
 
+use common::gated_delta::INSTANTIATIONS;
 use common::{St, Ty as In};
-use gdn_chunk_emu::{run_all, Kernel, Shape, INSTANTIATIONS};
-use std::path::{Path, PathBuf};
-use std::sync::OnceLock;
+use gated_delta_emu::{
+    assert_chunk_instantiations, assert_chunk_params, numbered, run_all, shape, Job, Kernel,
+};
+use gdn_ops::GdnForm;
 
-/// Compiles the harness once per test binary.
-fn harness() -> &'static Path {
-    static HARNESS: OnceLock<PathBuf> = OnceLock::new();
-    HARNESS.get_or_init(|| emu::compile_harness("gated_delta_chunk_harness", &[]))
-}
+static HARNESS: emu::Harness = emu::Harness::metal("gated_delta_chunk_harness");
 
 /// The cases: every kernel at T in {1, 63, 64, 65, 200} (no chunk, a tail only, one chunk,
 /// a chunk and a one-token tail, three chunks and a tail) on one 32-column block of a
 /// 128-key head; padding masks; and the models' head shapes.
-fn jobs() -> Vec<(In, St, Shape, bool)> {
-    let shape = |b, t, hk, ratio, dk, dv| Shape {
-        b,
-        t,
-        hk,
-        ratio,
-        dk,
-        dv,
-    };
+fn jobs() -> Vec<Job> {
     let mut jobs = vec![];
     for &(inp, st) in &INSTANTIATIONS {
         for t in [1, 63, 64, 65, 200] {
@@ -61,15 +51,17 @@ fn jobs() -> Vec<(In, St, Shape, bool)> {
     // mlx-lm's default Qwen3.5 head (Dk 192, Dv 128), and the largest key dim the kernel holds.
     jobs.push((In::F32, St::F32, shape(1, 64, 1, 2, 192, 128), false));
     jobs.push((In::F32, St::F32, shape(1, 64, 1, 1, 256, 32), false));
-    jobs
+    numbered(jobs)
 }
 
 #[test]
 fn shipped_kernel_matches_the_cpu_reference() {
     run_all(
         &Kernel {
-            harness: harness(),
+            harness: &HARNESS,
             magic: b"GDCEMU01",
+            name: "gated_delta_chunk",
+            reference: Some(GdnForm::Recurrent),
         },
         jobs(),
     );
@@ -84,21 +76,7 @@ fn kernel_abi_in_source() {
             .unwrap();
     let squash = |s: &str| s.split_whitespace().collect::<Vec<_>>().join(" ");
     let flat = squash(&src);
-    assert_eq!(
-        emu::params_fields("gated_delta_chunk.h", "GdnChunkParams"),
-        [
-            "batch",
-            "steps",
-            "chunks",
-            "key_heads",
-            "value_heads",
-            "key_dim",
-            "value_dim",
-            "has_mask"
-        ]
-        .map(|f| ("unsigned int".to_string(), f.to_string())),
-        "GdnChunkParams (kernels/params/gated_delta_chunk.h) must match the host's #[repr(C)] mirror"
-    );
+    assert_chunk_params();
     assert!(
         flat.contains("#include \"params/gated_delta_chunk.h\""),
         "gated_delta_chunk.metal must take GdnChunkParams from kernels/params/gated_delta_chunk.h"
@@ -120,28 +98,9 @@ fn kernel_abi_in_source() {
     ] {
         emu::assert_buffers(&flat, kernel, buffers);
     }
-    let ty = |n: &str| match n {
+    assert_chunk_instantiations(&flat, "KERNEL", |n| match n {
         "f32" => "float",
         "f16" => "half",
         _ => "bfloat",
-    };
-    for (inp, st) in INSTANTIATIONS {
-        let line = format!(
-            "GDN_CHUNK_STATE_KERNEL(gated_delta_chunk_state_{}_{}, {}, {})",
-            inp.name(),
-            st.name(),
-            ty(inp.name()),
-            ty(st.name())
-        );
-        assert!(flat.contains(&line), "missing `{line}`");
-    }
-    for inp in ["f32", "f16", "bf16"] {
-        for (pass, entry) in [("prep", "PREP"), ("out", "OUT")] {
-            let line = format!(
-                "GDN_CHUNK_{entry}_KERNEL(gated_delta_chunk_{pass}_{inp}, {})",
-                ty(inp)
-            );
-            assert!(flat.contains(&line), "missing `{line}`");
-        }
-    }
+    });
 }

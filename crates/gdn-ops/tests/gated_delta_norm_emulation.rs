@@ -2,9 +2,9 @@
 //! RMSNorm folded in), compiled as C++ with clang-19 and the Metal emulation header
 //! (`kernels/emu/`), run on the CPU for all six `gated_delta_norm_{in}_{st}` kernels and
 //! compared with the CPU twin [`gdn_ops::ops::gated_delta_norm::gated_delta_update_norm`]
-//! (the recurrence's reference, then the gated norm's twin), on the real Qwen3-Next decode
-//! shape and on edge sizes: 5 to 32 simdgroups, 8 rows per simdgroup, Dv not a multiple of
-//! the simdgroups, Dk = 32 and 256, prefill, z a strided view with NaN between its tokens.
+//! (the recurrence's reference, then the gated norm's twin), over the op's cases
+//! (tests/common/gated_delta_norm.rs: the real Qwen3-Next decode shape and edge sizes, 3 to 32
+//! simdgroups), z a strided view with NaN between its tokens.
 //!
 //! Gates, per case, those of the recurrence's emulation test (tests/metal_emulation.rs) for
 //! the state plus the norm's for the output:
@@ -19,39 +19,16 @@
 mod common;
 mod emu;
 
-use candle_core::{DType, Device, Tensor};
-use common::{max_abs, rel_err, worst_excess, Input, Rng, St, Ty as In};
+use candle_core::DType;
+use common::gated_delta::{
+    bf16_state_sibling_gates, f32_state_gate, gdn_inputs, GdnDims, INSTANTIATIONS,
+};
+use common::gated_delta_norm::{cases, Shape};
+use common::{max_abs, tensor_as, values, worst_excess, Input, Rng, St, Ty as In};
 use gdn_ops::ops::gated_delta_norm::gated_delta_update_norm;
-use half::bf16;
-use std::path::{Path, PathBuf};
-use std::sync::OnceLock;
 use std::time::Instant;
 
-const INSTANTIATIONS: [(In, St); 6] = [
-    (In::F32, St::F32),
-    (In::F32, St::Bf16),
-    (In::F16, St::F32),
-    (In::F16, St::Bf16),
-    (In::Bf16, St::F32),
-    (In::Bf16, St::Bf16),
-];
-
-fn harness() -> &'static Path {
-    static HARNESS: OnceLock<PathBuf> = OnceLock::new();
-    HARNESS.get_or_init(|| emu::compile_harness("gated_delta_norm_harness", &[]))
-}
-
-#[derive(Clone, Copy, Debug)]
-struct Shape {
-    b: usize,
-    t: usize,
-    hk: usize,
-    hv: usize,
-    dk: usize,
-    dv: usize,
-    /// Simdgroups per threadgroup.
-    sg: usize,
-}
+static HARNESS: emu::Harness = emu::Harness::metal("gated_delta_norm_harness");
 
 struct Case {
     s: Shape,
@@ -70,51 +47,8 @@ struct Case {
 
 fn make_case(s: Shape, inp: In, st: St, seed: u64) -> Case {
     let mut rng = Rng::new(seed);
-    let Shape {
-        b,
-        t,
-        hk,
-        hv,
-        dk,
-        dv,
-        ..
-    } = s;
-    // Unit-norm keys, q scaled by 1/√Dk, as the model feeds them.
-    let mut unit_rows = |scale: f32| -> Vec<f32> {
-        let mut x: Vec<f32> = (0..b * t * hk * dk)
-            .map(|_| rng.signed(0.05, 1.0))
-            .collect();
-        for row in x.chunks_exact_mut(dk) {
-            let norm = row.iter().map(|v| v * v).sum::<f32>().sqrt();
-            row.iter_mut()
-                .for_each(|v| *v = inp.round(*v / norm * scale));
-        }
-        x
-    };
-    let q = unit_rows(1.0 / (dk as f32).sqrt());
-    let k = unit_rows(1.0);
-    let v = (0..b * t * hv * dv)
-        .map(|_| inp.round(rng.signed(0.05, 1.0)))
-        .collect();
-    let g = (0..b * t * hv)
-        .map(|_| {
-            if rng.next() & 7 == 0 {
-                1.0
-            } else {
-                rng.uniform(0.6, 1.0)
-            }
-        })
-        .collect();
-    let beta = (0..b * t * hv).map(|_| rng.uniform(0.05, 0.95)).collect();
-    let state = (0..b * hv * dv * dk)
-        .map(|_| {
-            let x = rng.signed(0.05, 1.0);
-            match st {
-                St::F32 => x,
-                St::Bf16 => bf16::from_f32(x).to_f32(),
-            }
-        })
-        .collect();
+    let GdnDims { b, t, hv, dv, .. } = s.d;
+    let x = gdn_inputs(&mut rng, inp, st, s.d);
     let row = hv * dv;
     let z_strides = ((t + 1) * (row + 3), row + 3);
     let mut z = vec![f32::NAN; (b - 1) * z_strides.0 + (t - 1) * z_strides.1 + row];
@@ -131,12 +65,12 @@ fn make_case(s: Shape, inp: In, st: St, seed: u64) -> Case {
         s,
         inp,
         z_strides,
-        q,
-        k,
-        v,
-        g,
-        beta,
-        state,
+        q: x.q,
+        k: x.k,
+        v: x.v,
+        g: x.g,
+        beta: x.beta,
+        state: x.state,
         z,
         weight,
     }
@@ -148,7 +82,7 @@ struct Out {
 }
 
 fn run_harness(c: &Case, st: St) -> Result<Out, String> {
-    let s = c.s;
+    let s = c.s.d;
     let mut input = Input::new(b"GDNNEMU1");
     let header = [
         s.b,
@@ -159,7 +93,7 @@ fn run_harness(c: &Case, st: St) -> Result<Out, String> {
         s.dv,
         c.inp as usize,
         st as usize,
-        s.sg,
+        c.s.simdgroups,
         c.z_strides.0,
         c.z_strides.1,
     ];
@@ -170,30 +104,14 @@ fn run_harness(c: &Case, st: St) -> Result<Out, String> {
     for a in [&c.q, &c.k, &c.v, &c.g, &c.beta, &c.state, &c.z, &c.weight] {
         input.f32s(a);
     }
-    let floats = emu::run_harness(harness(), &input.0)?;
-    let out_len = s.b * s.t * s.hv * s.dv;
-    if floats.len() != out_len + c.state.len() {
-        return Err(format!(
-            "harness wrote {} floats, expected {}",
-            floats.len(),
-            out_len + c.state.len()
-        ));
-    }
-    Ok(Out {
-        out: floats[..out_len].to_vec(),
-        state: floats[out_len..].to_vec(),
-    })
+    let floats = HARNESS.run(&input.0)?;
+    let [out, state] = emu::split_output(floats, [s.b * s.t * s.hv * s.dv, c.state.len()])?;
+    Ok(Out { out, state })
 }
 
 fn reference(c: &Case, st: St) -> Out {
-    let dev = Device::Cpu;
-    let s = c.s;
-    let t = |x: &[f32], shape: &[usize], dtype: DType| {
-        Tensor::from_slice(x, shape, &dev)
-            .unwrap()
-            .to_dtype(dtype)
-            .unwrap()
-    };
+    let s = c.s.d;
+    let t = tensor_as;
     let dtype = c.inp.dtype();
     let (qk, v, gate) = (
         &[s.b, s.t, s.hk, s.dk][..],
@@ -220,14 +138,7 @@ fn reference(c: &Case, st: St) -> Out {
         1e-6,
     )
     .unwrap();
-    let f = |x: &Tensor| {
-        x.to_dtype(DType::F32)
-            .unwrap()
-            .flatten_all()
-            .unwrap()
-            .to_vec1::<f32>()
-            .unwrap()
-    };
+    let f = values;
     Out {
         out: f(&out),
         state: f(&state),
@@ -257,39 +168,16 @@ fn check(c: &Case, st: St) -> Vec<String> {
     }
 
     match st {
-        St::F32 => {
-            let (e, at) = rel_err(&got.state, &want.state);
-            if e > REL_TOL {
-                bad.push(format!(
-                    "f32 state[{at}] = {} vs reference {}: {e:.3e} of max|S|",
-                    got.state[at], want.state[at]
-                ));
-            }
-        }
+        St::F32 => bad.extend(f32_state_gate(&got.state, &want.state, REL_TOL)),
         St::Bf16 => {
             let got32 = match run_harness(c, St::F32) {
                 Ok(o) => o.state,
                 Err(e) => return vec![format!("f32-state sibling: {e}")],
             };
             let want32 = reference(c, St::F32).state;
-            let (e, at) = rel_err(&got32, &want32);
-            if e > REL_TOL {
-                bad.push(format!(
-                    "f32-state sibling: state[{at}] {e:.3e} of max|S| from the reference"
-                ));
-            }
-            let round = |x: f32| bf16::from_f32(x).to_f32();
-            let not_once = got
-                .state
-                .iter()
-                .zip(&got32)
-                .filter(|(a, b)| a.to_bits() != round(**b).to_bits())
-                .count();
-            if not_once > 0 {
-                bad.push(format!(
-                    "{not_once} bf16 state values are not the kernel's f32 state rounded once to bf16"
-                ));
-            }
+            bad.extend(bf16_state_sibling_gates(
+                &got.state, &got32, &want32, REL_TOL,
+            ));
             let ties = got
                 .state
                 .iter()
@@ -310,33 +198,12 @@ fn check(c: &Case, st: St) -> Vec<String> {
 #[test]
 fn shipped_gated_delta_norm_kernels_match_the_cpu_twin() {
     let started = Instant::now();
-    harness();
-    let sh = |b, t, hk, hv, dk, dv, sg| Shape {
-        b,
-        t,
-        hk,
-        hv,
-        dk,
-        dv,
-        sg,
-    };
-    let shapes = [
-        // Qwen3-Next-80B-A3B decode: 32 simdgroups of 4 rows.
-        sh(1, 1, 16, 32, 128, 128, 32),
-        // Prefill, GQA 2, 16 simdgroups of 4 rows.
-        sh(2, 5, 2, 4, 64, 64, 16),
-        // 8 rows per simdgroup, the widest keys.
-        sh(1, 3, 1, 2, 256, 64, 8),
-        // Dv not a multiple of the simdgroups (some own 6 rows, some 7), the narrowest keys.
-        sh(1, 4, 1, 3, 32, 100, 16),
-        // An odd count of simdgroups (threadgroup memory rounded up to 16 bytes).
-        sh(2, 2, 1, 1, 96, 40, 5),
-    ];
+    HARNESS.path();
     let mut failures = vec![];
     let mut runs = 0;
-    for (si, s) in shapes.iter().enumerate() {
+    for (si, s) in cases().into_iter().enumerate() {
         for (ii, &(inp, st)) in INSTANTIATIONS.iter().enumerate() {
-            let c = make_case(*s, inp, st, 0xD17A_0000 + (si * 8 + ii) as u64);
+            let c = make_case(s, inp, st, 0xD17A_0000 + (si * 8 + ii) as u64);
             runs += 1;
             for bad in check(&c, st) {
                 failures.push(format!(
@@ -348,33 +215,27 @@ fn shipped_gated_delta_norm_kernels_match_the_cpu_twin() {
         }
     }
     eprintln!("{runs} cases in {:.1}s", started.elapsed().as_secs_f32());
-    assert!(
-        failures.is_empty(),
-        "{} failures:\n{}",
-        failures.len(),
-        failures.join("\n")
-    );
+    common::assert_no_failures(&failures, runs, "cases fail");
 }
 
 /// What the C++ build cannot see: the buffer and threadgroup-memory indices, the parameter
 /// struct the Rust host mirrors, and the instantiation names the host looks up.
 #[test]
 fn kernel_abi_in_source() {
-    let u = |f: &str| ("unsigned int".to_string(), f.to_string());
-    assert_eq!(
-        emu::params_fields("gated_delta_norm.h", "GdnNormParams"),
-        [
-            u("batch"),
-            u("steps"),
-            u("key_heads"),
-            u("value_heads"),
-            u("key_dim"),
-            u("value_dim"),
-            u("z_batch_stride"),
-            u("z_token_stride"),
-            ("float".to_string(), "eps".to_string()),
+    emu::assert_params(
+        "gated_delta_norm.h",
+        "GdnNormParams",
+        &[
+            "batch",
+            "steps",
+            "key_heads",
+            "value_heads",
+            "key_dim",
+            "value_dim",
+            "z_batch_stride",
+            "z_token_stride",
+            "float eps",
         ],
-        "GdnNormParams (kernels/params/gated_delta_norm.h) must match ops::gated_delta_norm::GdnNormParams"
     );
     assert_eq!(
         std::mem::size_of::<gdn_ops::ops::gated_delta_norm::GdnNormParams>(),
@@ -394,11 +255,6 @@ fn kernel_abi_in_source() {
     let kernel = &flat[flat.find(start).unwrap()..];
     let body = &kernel[..kernel.find('{').unwrap_or(kernel.len())];
     assert!(body.contains(needle), "`{needle}` missing");
-    let bfloat_block: String = flat
-        .split("#if defined(__HAVE_BFLOAT__)")
-        .skip(1)
-        .map(|after| after.split("#endif").next().unwrap().to_string())
-        .collect();
     for (inp, st) in INSTANTIATIONS {
         let line = format!(
             "GDN_NORM_KERNEL(gated_delta_norm_{}_{}, {}, {})",
@@ -409,10 +265,7 @@ fn kernel_abi_in_source() {
         );
         assert!(flat.contains(&line), "missing `{line}`");
         if inp == In::Bf16 || st == St::Bf16 {
-            assert!(
-                bfloat_block.contains(&line),
-                "`{line}` must sit inside #if defined(__HAVE_BFLOAT__)"
-            );
+            emu::assert_bfloat_guarded(&flat, &line);
         }
     }
 }

@@ -1,11 +1,12 @@
 //! The CPU twin of `gated_rms_norm` against the composed path it replaces: the model's
 //! `GatedRmsNorm::forward` (crates/qwen-gdn-model/src/layers/norm.rs) written with plain
-//! candle ops, on random inputs, with z as a slice of a merged projection output (as the
+//! candle ops, over the op's cases (tests/common/gated_rms_norm.rs) on random inputs, with z as a slice of a merged projection output (as the
 //! model will pass it). Plus one test per input check.
 
 mod common;
 
 use candle_core::{DType, Device, Tensor};
+use common::gated_rms_norm::{cases, projection_inputs};
 use common::{candle_nn_rms_norm, rel_max, values, Rng};
 use gdn_ops::ops::gated_rms_norm::{gated_rms_norm, supports};
 
@@ -20,22 +21,8 @@ fn composed(y: &Tensor, z: &Tensor, weight: &Tensor, eps: f32) -> Tensor {
     (gate * n).unwrap().to_dtype(y.dtype()).unwrap()
 }
 
-/// y `[B, T, Hv, Dv]`, z as a `[B, T, Hv·Dv]` slice of a wider projection `[B, T, N]`, and a
-/// weight around 1 (checkpoint weights are `1 + w`).
 fn inputs(shape: (usize, usize, usize, usize), dtype: DType, seed: u64) -> [Tensor; 3] {
-    let (b, t, hv, dv) = shape;
-    let mut rng = Rng::new(seed);
-    let y = rng
-        .tensor(&[b, t, hv, dv], -3.0, 3.0)
-        .to_dtype(dtype)
-        .unwrap();
-    let proj = rng
-        .tensor(&[b, t, 3 * hv * dv + 7], -8.0, 8.0)
-        .to_dtype(dtype)
-        .unwrap();
-    let z = proj.narrow(2, hv * dv + 3, hv * dv).unwrap();
-    let w = rng.tensor(&[dv], 0.5, 1.5).to_dtype(dtype).unwrap();
-    [y, z, w]
+    projection_inputs(&mut Rng::new(seed), shape, dtype)
 }
 
 fn compare(shape: (usize, usize, usize, usize), dtype: DType, tol: f32, seed: u64) {
@@ -57,15 +44,16 @@ fn compare(shape: (usize, usize, usize, usize), dtype: DType, tol: f32, seed: u6
 
 #[test]
 fn twin_matches_the_composed_path_in_f32() {
-    compare((1, 1, 32, 128), DType::F32, 1e-5, 1);
-    compare((2, 5, 6, 64), DType::F32, 1e-5, 2);
-    compare((1, 3, 2, 100), DType::F32, 1e-5, 3);
+    for (i, s) in cases().iter().enumerate() {
+        compare(s.dims(), DType::F32, 1e-5, 1 + i as u64);
+    }
 }
 
 #[test]
 fn twin_matches_the_composed_path_in_bf16() {
-    compare((2, 1, 32, 128), DType::BF16, 2e-2, 4);
-    compare((1, 9, 4, 128), DType::BF16, 2e-2, 5);
+    for (i, s) in cases().iter().enumerate() {
+        compare(s.dims(), DType::BF16, 2e-2, 100 + i as u64);
+    }
 }
 
 #[test]

@@ -16,17 +16,14 @@
 mod common;
 mod emu;
 
-use candle_core::{DType, Device, Tensor};
-use common::{conv_prep_dims as dims, worst_excess, Input, Rng, Ty as In, TYPES};
+use candle_core::DType;
+use common::{
+    conv_prep_dims as dims, tensor_as, values, worst_excess, Input, Rng, Ty as In, TYPES,
+};
 use gdn_ops::ops::gdn_conv_prep::{gdn_conv_prep, qk_scales, ConvPrepDims, NORM_EPS};
-use std::path::{Path, PathBuf};
-use std::sync::OnceLock;
 use std::time::Instant;
 
-fn harness() -> &'static Path {
-    static HARNESS: OnceLock<PathBuf> = OnceLock::new();
-    HARNESS.get_or_init(|| emu::compile_harness("gdn_conv_prep_harness", &[]))
-}
+static HARNESS: emu::Harness = emu::Harness::metal("gdn_conv_prep_harness");
 
 struct Case {
     ty: In,
@@ -161,7 +158,7 @@ fn run_harness(c: &Case) -> Result<Outputs, String> {
     ] {
         input.f32s(a);
     }
-    let floats = emu::run_harness(harness(), &input.0)?;
+    let floats = HARNESS.run(&input.0)?;
     let rows = c.batch * c.tokens;
     let qk = rows * d.key_heads * d.key_dim;
     let gates = rows * d.value_heads;
@@ -182,25 +179,16 @@ fn run_harness(c: &Case) -> Result<Outputs, String> {
 
 /// The CPU twin on the same inputs, qkv, b and a passed as the same strided views.
 fn reference(c: &Case) -> Outputs {
-    let dev = Device::Cpu;
     let d = c.dims;
     let dtype = c.ty.dtype();
     let view = |x: &[f32], stride: usize, len: usize| {
-        Tensor::from_slice(x, (c.batch, c.rows_per_batch, stride), &dev)
-            .unwrap()
-            .to_dtype(dtype)
-            .unwrap()
+        tensor_as(x, &[c.batch, c.rows_per_batch, stride], dtype)
             .narrow(1, 0, c.tokens)
             .unwrap()
             .narrow(2, 0, len)
             .unwrap()
     };
-    let t = |x: &[f32], shape: &[usize], dtype: DType| {
-        Tensor::from_slice(x, shape, &dev)
-            .unwrap()
-            .to_dtype(dtype)
-            .unwrap()
-    };
+    let t = tensor_as;
     let state = t(&c.state, &[c.batch, d.kernel_size - 1, d.channels()], dtype);
     let out = gdn_conv_prep(
         &view(&c.qkv, c.strides[0], d.channels()),
@@ -213,14 +201,7 @@ fn reference(c: &Case) -> Outputs {
         d,
     )
     .unwrap();
-    let f = |x: &Tensor| {
-        x.to_dtype(DType::F32)
-            .unwrap()
-            .flatten_all()
-            .unwrap()
-            .to_vec1::<f32>()
-            .unwrap()
-    };
+    let f = values;
     [
         f(&out.q),
         f(&out.k),
@@ -278,7 +259,7 @@ fn check(c: &Case) -> Vec<String> {
 #[test]
 fn shipped_gdn_conv_prep_kernels_match_the_cpu_twin() {
     let started = Instant::now();
-    harness();
+    HARNESS.path();
     // (dims, batch, tokens, view padding): the real shapes, then edges; decode steps (S = 1)
     // and prefill chunks (S < K − 1, K − 1, K, many).
     let shapes = [
@@ -325,12 +306,7 @@ fn shipped_gdn_conv_prep_kernels_match_the_cpu_twin() {
         }
     }
     eprintln!("{runs} cases in {:.1}s", started.elapsed().as_secs_f32());
-    assert!(
-        failures.is_empty(),
-        "{} failures:\n{}",
-        failures.len(),
-        failures.join("\n")
-    );
+    common::assert_no_failures(&failures, runs, "cases fail");
 }
 
 /// Token `t` of every batch row of a chunk as a one-token case (the conv state given).
@@ -409,29 +385,27 @@ fn shipped_kernel_prefill_matches_its_decode_steps_bit_for_bit() {
 /// parameter struct the Rust host mirrors, and the instantiation names the host looks up.
 #[test]
 fn kernel_abi_in_source() {
-    let u = |f: &str| ("unsigned int".to_string(), f.to_string());
-    let fl = |f: &str| ("float".to_string(), f.to_string());
-    assert_eq!(
-        emu::params_fields("gdn_conv_prep.h", "ConvPrepParams"),
-        [
-            u("batch"),
-            u("tokens"),
-            u("key_heads"),
-            u("key_dim"),
-            u("value_heads"),
-            u("value_dim"),
-            u("kernel_size"),
-            u("qkv_batch_stride"),
-            u("qkv_token_stride"),
-            u("b_batch_stride"),
-            u("b_token_stride"),
-            u("a_batch_stride"),
-            u("a_token_stride"),
-            fl("q_scale"),
-            fl("k_scale"),
-            fl("norm_eps"),
+    emu::assert_params(
+        "gdn_conv_prep.h",
+        "ConvPrepParams",
+        &[
+            "batch",
+            "tokens",
+            "key_heads",
+            "key_dim",
+            "value_heads",
+            "value_dim",
+            "kernel_size",
+            "qkv_batch_stride",
+            "qkv_token_stride",
+            "b_batch_stride",
+            "b_token_stride",
+            "a_batch_stride",
+            "a_token_stride",
+            "float q_scale",
+            "float k_scale",
+            "float norm_eps",
         ],
-        "ConvPrepParams (kernels/params/gdn_conv_prep.h) must match ops::gdn_conv_prep::ConvPrepParams"
     );
     assert_eq!(
         std::mem::size_of::<gdn_ops::ops::gdn_conv_prep::ConvPrepParams>(),
@@ -461,13 +435,5 @@ fn kernel_abi_in_source() {
         let line = format!("GDN_CONV_PREP(gdn_conv_prep_{}, {})", ty.name(), ty.msl());
         assert!(flat.contains(&line), "missing `{line}`");
     }
-    let bf16_line = "GDN_CONV_PREP(gdn_conv_prep_bf16, bfloat)";
-    let guarded = flat
-        .split("#if defined(__HAVE_BFLOAT__)")
-        .skip(1)
-        .any(|after| after.split("#endif").next().unwrap().contains(bf16_line));
-    assert!(
-        guarded,
-        "the bfloat instantiation must sit inside #if defined(__HAVE_BFLOAT__)"
-    );
+    emu::assert_bfloat_guarded(&flat, "GDN_CONV_PREP(gdn_conv_prep_bf16, bfloat)");
 }

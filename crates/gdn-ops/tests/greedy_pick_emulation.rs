@@ -15,8 +15,6 @@ mod emu;
 use candle_core::{DType, Device, Tensor};
 use common::{failures, values, Input, Rng};
 use gdn_ops::ops::greedy_pick::{greedy_pick, GreedyPickParams, THREADS};
-use std::path::{Path, PathBuf};
-use std::sync::OnceLock;
 
 const DTYPES: [(DType, &str, &str); 3] = [
     (DType::F32, "f32", "float"),
@@ -30,18 +28,12 @@ enum Kernel {
     Cuda,
 }
 
-fn harness(kernel: Kernel) -> &'static Path {
-    static METAL: OnceLock<PathBuf> = OnceLock::new();
-    static CUDA: OnceLock<PathBuf> = OnceLock::new();
+fn harness(kernel: Kernel) -> &'static emu::Harness {
+    static METAL: emu::Harness = emu::Harness::metal("greedy_pick_harness");
+    static CUDA: emu::Harness = emu::Harness::cuda("greedy_pick_cuda_harness");
     match kernel {
-        Kernel::Metal => METAL.get_or_init(|| emu::compile_harness("greedy_pick_harness", &[])),
-        Kernel::Cuda => CUDA.get_or_init(|| {
-            let stand_ins = emu::workspace_root().join("kernels/emu/cuda");
-            emu::compile_harness(
-                "greedy_pick_cuda_harness",
-                &["-I", stand_ins.to_str().expect("a UTF-8 path")],
-            )
-        }),
+        Kernel::Metal => &METAL,
+        Kernel::Cuda => &CUDA,
     }
 }
 
@@ -121,7 +113,7 @@ impl Case {
             input.u32(h);
         }
         input.f32s(&values(&self.logits));
-        let out = emu::run_harness(harness(kernel), &input.0)?;
+        let out = harness(kernel).run(&input.0)?;
         if out.len() != 2 * p.rows as usize {
             return Err(format!(
                 "harness wrote {} words, expected {}",
@@ -149,11 +141,7 @@ impl Case {
 
 fn cases() -> Vec<Case> {
     let mut out = vec![];
-    let mut seed = 0u64;
-    let mut next = || {
-        seed += 1;
-        seed * 7_919
-    };
+    let mut next = common::seeds(7_919);
     for dt in 0..3 {
         // Qwen3-Next's vocabulary: 149 blocks of 1020 values.
         out.push(Case::new(next(), dt, 1, 151_936, Values::Continuous));
@@ -195,7 +183,7 @@ fn cases() -> Vec<Case> {
 }
 
 fn check_kernel(kernel: Kernel) {
-    harness(kernel);
+    harness(kernel).path();
     let jobs = cases();
     let failures: Vec<String> = failures(&jobs, |c| {
         c.check(kernel)
@@ -218,19 +206,16 @@ fn shipped_cuda_greedy_pick_bodies_match_the_cpu_twin() {
 /// width the host launches.
 #[test]
 fn greedy_pick_abi_in_source() {
-    assert_eq!(
-        emu::params_fields("greedy_pick.h", "GreedyPickParams"),
-        ["rows", "vocab", "blocks", "slice"].map(|f| ("unsigned int".to_string(), f.to_string())),
+    emu::assert_params(
+        "greedy_pick.h",
+        "GreedyPickParams",
+        &["rows", "vocab", "blocks", "slice"],
     );
     assert_eq!(std::mem::size_of::<GreedyPickParams>(), 4 * 4);
-    assert_eq!(
-        emu::params_fields("greedy_pick.h", "GreedyPickPartial"),
-        [
-            ("float", "value"),
-            ("unsigned int", "index"),
-            ("unsigned int", "nonfinite")
-        ]
-        .map(|(t, f)| (t.to_string(), f.to_string())),
+    emu::assert_params(
+        "greedy_pick.h",
+        "GreedyPickPartial",
+        &["float value", "index", "nonfinite"],
     );
     let header = emu::shipped_source("kernels/params/greedy_pick.h");
     assert!(header.contains(&format!("#define GREEDY_PICK_THREADS {THREADS}")));

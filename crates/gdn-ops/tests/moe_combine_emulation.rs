@@ -13,21 +13,10 @@ mod common;
 mod emu;
 
 use candle_core::{DType, Device, Tensor};
-use common::{failures, values, Input, Rng};
+use common::{failures, values, Input, Rng, TYPES};
 use gdn_ops::ops::moe_combine::{combine_threads, moe_combine, moe_combine_rows, MoeCombineParams};
-use std::path::{Path, PathBuf};
-use std::sync::OnceLock;
 
-const DTYPES: [(DType, &str, &str); 3] = [
-    (DType::F32, "f32", "float"),
-    (DType::F16, "f16", "half"),
-    (DType::BF16, "bf16", "bfloat"),
-];
-
-fn harness() -> &'static Path {
-    static HARNESS: OnceLock<PathBuf> = OnceLock::new();
-    HARNESS.get_or_init(|| emu::compile_harness("moe_combine_harness", &[]))
-}
+static HARNESS: emu::Harness = emu::Harness::metal("moe_combine_harness");
 
 struct Case {
     dtype: usize,
@@ -63,7 +52,7 @@ impl Case {
         norm: bool,
     ) -> Self {
         let mut rng = Rng::new(seed);
-        let dt = DTYPES[dtype].0;
+        let dt = TYPES[dtype].dtype();
         Self {
             dtype,
             tokens,
@@ -89,7 +78,7 @@ impl Case {
         spare: usize,
     ) -> Self {
         let mut rng = Rng::new(seed);
-        let dt = DTYPES[dtype].0;
+        let dt = TYPES[dtype].dtype();
         let pairs = tokens * slots;
         let order = permutation(&mut rng, pairs + spare);
         let rows =
@@ -111,7 +100,7 @@ impl Case {
     fn label(&self) -> String {
         format!(
             "moe_combine_{} N={} S={} H={} norm={} gathered={}",
-            DTYPES[self.dtype].1,
+            TYPES[self.dtype].name(),
             self.tokens,
             self.slots,
             self.hidden,
@@ -146,7 +135,7 @@ impl Case {
         for t in self.residual.iter().chain(&self.norm_weight) {
             input.f32s(&values(t));
         }
-        let out = match emu::run_harness(harness(), &input.0) {
+        let out = match HARNESS.run(&input.0) {
             Ok(o) => o,
             Err(e) => return Some(e),
         };
@@ -180,7 +169,7 @@ impl Case {
             let max = want[range.clone()].iter().fold(0f32, |m, v| m.max(v.abs()));
             for i in range {
                 let (g, w) = (out[i], want[i]);
-                let ulp = match DTYPES[self.dtype].0 {
+                let ulp = match TYPES[self.dtype].dtype() {
                     DType::F32 => 1e-5 * max,
                     DType::F16 => w.abs().max(6.1e-5) * 2f32.powi(-10) + 1e-6 * max,
                     _ => w.abs().max(1e-30) * 2f32.powi(-7) + 1e-6 * max,
@@ -199,11 +188,7 @@ impl Case {
 
 fn cases() -> Vec<Case> {
     let mut out = vec![];
-    let mut seed = 0u64;
-    let mut next = || {
-        seed += 1;
-        seed * 7_919
-    };
+    let mut next = common::seeds(7_919);
     for dt in 0..3 {
         // Qwen3-Next-80B: H = 2048, k = 10 routed + the shared slot.
         out.push(Case::new(next(), dt, 2, 11, 2048, true));
@@ -223,7 +208,7 @@ fn cases() -> Vec<Case> {
 
 #[test]
 fn shipped_moe_combine_kernels_match_the_cpu_twin() {
-    harness();
+    HARNESS.path();
     let jobs = cases();
     let failures: Vec<String> =
         failures(&jobs, |c| c.check().map(|e| format!("[{}] {e}", c.label())));
@@ -233,21 +218,20 @@ fn shipped_moe_combine_kernels_match_the_cpu_twin() {
 /// What the C++ build cannot see: buffer indices, the parameter struct, the names.
 #[test]
 fn moe_combine_abi_in_source() {
-    let fields = emu::params_fields("moe_combine.h", "MoeCombineParams");
-    let want: Vec<(String, String)> = [
-        ("unsigned int", "tokens"),
-        ("unsigned int", "slots"),
-        ("unsigned int", "hidden"),
-        ("unsigned int", "has_norm"),
-        ("float", "eps"),
-        ("unsigned int", "has_residual"),
-        ("unsigned int", "gathered"),
-        ("unsigned int", "down_rows"),
-    ]
-    .iter()
-    .map(|(t, f)| (t.to_string(), f.to_string()))
-    .collect();
-    assert_eq!(fields, want);
+    emu::assert_params(
+        "moe_combine.h",
+        "MoeCombineParams",
+        &[
+            "tokens",
+            "slots",
+            "hidden",
+            "has_norm",
+            "float eps",
+            "has_residual",
+            "gathered",
+            "down_rows",
+        ],
+    );
     assert_eq!(std::mem::size_of::<MoeCombineParams>(), 8 * 4);
     let flat = emu::shipped_source("kernels/moe_combine.metal");
     assert!(flat.contains("#include \"params/moe_combine.h\""));
@@ -269,7 +253,7 @@ fn moe_combine_abi_in_source() {
         flat.contains("threadgroup float* scratch [[threadgroup(0)]]"),
         "the host sets threadgroup memory at index 0"
     );
-    for (_, tag, msl) in DTYPES {
+    for (tag, msl) in TYPES.map(|t| (t.name(), t.msl())) {
         let line = format!("MOE_COMBINE(moe_combine_{tag}, {msl})");
         assert!(flat.contains(&line), "missing `{line}`");
     }

@@ -10,22 +10,11 @@
 mod common;
 mod emu;
 
-use candle_core::{DType, Device, Tensor};
-use common::{failures, values, Input, Rng};
+use candle_core::{Device, Tensor};
+use common::{failures, values, Input, Rng, TYPES};
 use gdn_ops::ops::moe_route::{moe_route, MoeRouteParams};
-use std::path::{Path, PathBuf};
-use std::sync::OnceLock;
 
-const DTYPES: [(DType, &str, &str); 3] = [
-    (DType::F32, "f32", "float"),
-    (DType::F16, "f16", "half"),
-    (DType::BF16, "bf16", "bfloat"),
-];
-
-fn harness() -> &'static Path {
-    static HARNESS: OnceLock<PathBuf> = OnceLock::new();
-    HARNESS.get_or_init(|| emu::compile_harness("moe_route_harness", &[]))
-}
+static HARNESS: emu::Harness = emu::Harness::metal("moe_route_harness");
 
 struct Case {
     dtype: usize,
@@ -61,7 +50,7 @@ impl Case {
             .collect();
         let logits = Tensor::from_vec(v, (tokens, width), &Device::Cpu)
             .unwrap()
-            .to_dtype(DTYPES[dtype].0)
+            .to_dtype(TYPES[dtype].dtype())
             .unwrap();
         Self {
             dtype,
@@ -77,7 +66,7 @@ impl Case {
     fn label(&self) -> String {
         format!(
             "moe_route_{} N={} E={} k={} renormalise={} shared={}",
-            DTYPES[self.dtype].1,
+            TYPES[self.dtype].name(),
             self.tokens,
             self.experts,
             self.top_k,
@@ -99,7 +88,7 @@ impl Case {
             input.u32(h as u32);
         }
         input.f32s(&values(&self.logits));
-        let out = emu::run_harness(harness(), &input.0)?;
+        let out = HARNESS.run(&input.0)?;
         let n = self.tokens * (self.top_k + self.has_shared as usize);
         if out.len() != 2 * n {
             return Err(format!(
@@ -137,11 +126,7 @@ impl Case {
 
 fn cases() -> Vec<Case> {
     let mut out = vec![];
-    let mut seed = 0u64;
-    let mut next = || {
-        seed += 1;
-        seed * 104_729
-    };
+    let mut next = common::seeds(104_729);
     for dt in 0..3 {
         // Qwen3-Next-80B / Qwen3.5-397B, Qwen3.5-35B-A3B.
         out.push(Case::new(next(), dt, 4, 512, 10, true, true, 0));
@@ -162,7 +147,7 @@ fn cases() -> Vec<Case> {
 
 #[test]
 fn shipped_moe_route_kernels_match_the_cpu_twin() {
-    harness();
+    HARNESS.path();
     let jobs = cases();
     for dt in 0..3 {
         assert!(jobs.iter().any(|c| c.dtype == dt));
@@ -175,10 +160,10 @@ fn shipped_moe_route_kernels_match_the_cpu_twin() {
 /// What the C++ build cannot see: buffer indices, the parameter struct, the names.
 #[test]
 fn moe_route_abi_in_source() {
-    assert_eq!(
-        emu::params_fields("moe_route.h", "MoeRouteParams"),
-        ["tokens", "experts", "top_k", "renormalise", "has_shared"]
-            .map(|f| ("unsigned int".to_string(), f.to_string())),
+    emu::assert_params(
+        "moe_route.h",
+        "MoeRouteParams",
+        &["tokens", "experts", "top_k", "renormalise", "has_shared"],
     );
     assert_eq!(std::mem::size_of::<MoeRouteParams>(), 5 * 4);
     let flat = emu::shipped_source("kernels/moe_route.metal");
@@ -188,7 +173,7 @@ fn moe_route_abi_in_source() {
         "#define MOE_ROUTE(",
         &["logits", "ids", "weights", "p"],
     );
-    for (_, tag, msl) in DTYPES {
+    for (tag, msl) in TYPES.map(|t| (t.name(), t.msl())) {
         let line = format!("MOE_ROUTE(moe_route_{tag}, {msl})");
         assert!(flat.contains(&line), "missing `{line}`");
     }

@@ -8,15 +8,6 @@ use std::path::Path;
 
 const MODEL: &str = "qwen3.5-tiny-4bit";
 
-fn generate(model: &Path, extra: &[&str]) -> std::process::Output {
-    let mut args = vec!["generate", "--model", model.to_str().unwrap()];
-    if !extra.iter().any(|a| a.starts_with("--prompt")) {
-        args.extend(["--prompt", "Hello there"]);
-    }
-    args.extend(extra);
-    run(&args)
-}
-
 fn edit_json(path: &Path, edit: impl FnOnce(&mut Json)) {
     let mut json: Json = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
     edit(&mut json);

@@ -5,19 +5,9 @@
 mod common;
 
 use common::*;
-use std::path::Path;
 use std::time::{Duration, Instant};
 
 const MODEL: &str = "qwen3.5-tiny-4bit";
-
-fn generate(model: &Path, extra: &[&str]) -> std::process::Output {
-    let mut args = vec!["generate", "--model", model.to_str().unwrap()];
-    if !extra.iter().any(|a| a.starts_with("--prompt")) {
-        args.extend(["--prompt", "Hello there"]);
-    }
-    args.extend(extra);
-    run(&args)
-}
 
 /// Runs `f`, failing the test if it takes longer than `limit` (the bug was a hang).
 fn within<T>(limit: Duration, f: impl FnOnce() -> T) -> T {

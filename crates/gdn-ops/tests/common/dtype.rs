@@ -58,6 +58,14 @@ pub fn tensor(v: &[f32], shape: &[usize], ty: Ty) -> Tensor {
         .unwrap()
 }
 
+/// A CPU tensor of `dtype` holding `v`, converted from f32.
+pub fn tensor_as(v: &[f32], shape: &[usize], dtype: DType) -> Tensor {
+    Tensor::from_slice(v, shape, &Device::Cpu)
+        .unwrap()
+        .to_dtype(dtype)
+        .unwrap()
+}
+
 /// A recurrent state's dtype (the kernels keep f32 or bf16 state).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum St {

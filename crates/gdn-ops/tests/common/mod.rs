@@ -1,12 +1,19 @@
-//! Shared by the fused kernels' tests (CPU twin, emulation, CUDA): activation types, the GPU and
-//! its tolerances, the grouped matmul's row offsets,
-//! reproducible random inputs, running cases on two threads, the harness input encoding, and the tolerance checks.
+//! Shared by the fused kernels' tests (CPU twin, emulation, CUDA): an op's cases, once for every
+//! backend (`<op>.rs`: `cases()`, its inputs, what the gates share; the gated delta rule's
+//! inputs in `gated_delta.rs`), activation types, the GPU and its tolerances, the grouped
+//! matmul's row offsets, reproducible random inputs, running cases on two threads, the harness
+//! input encoding, and the tolerance checks.
 #![allow(dead_code, unused_imports)]
 
 pub mod attention;
+pub mod attn_prefill;
+pub mod attn_prep;
 pub mod compare;
 pub mod conv_prep;
 pub mod dtype;
+pub mod gated_delta;
+pub mod gated_delta_norm;
+pub mod gated_rms_norm;
 pub mod gpu;
 pub mod grouped;
 pub mod harness_input;
@@ -19,10 +26,10 @@ pub use compare::{
     assert_rel_err, close, max_abs, max_rel, rel_err, rel_l2, rel_max, values, worst_excess,
 };
 pub use conv_prep::{assert_chunk_is_its_steps, conv_prep_dims};
-pub use dtype::{tensor, St, Ty, TYPES};
+pub use dtype::{tensor, tensor_as, St, Ty, TYPES};
 pub use gpu::{gpu, tolerance};
 pub use grouped::row_offsets;
 pub use harness_input::Input;
-pub use parallel::{assert_no_failures, failures};
-pub use random::{random_matrix, Rng};
+pub use parallel::{assert_no_failures, failures, failures_on_all_cores};
+pub use random::{random_matrix, seeds, Rng};
 pub use reference::candle_nn_rms_norm;

@@ -1,9 +1,11 @@
 //! Shared by the Metal emulation tests: compiling a harness from `kernels/emu/` with clang-19
 //! and running it on one case (binary input on stdin, f32 results on stdout).
+#![allow(dead_code)] // each test uses its part: the ABI helpers are for the kernel tests only
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
+use std::sync::OnceLock;
 use std::time::Instant;
 
 pub fn workspace_root() -> PathBuf {
@@ -54,6 +56,57 @@ pub fn compile_harness(name: &str, extra_flags: &[&str]) -> PathBuf {
     out
 }
 
+/// A harness of `kernels/emu/`, compiled on first use, once per test binary.
+pub struct Harness {
+    name: &'static str,
+    flags: &'static [&'static str],
+    /// Whether it also needs the CUDA stand-ins of `kernels/emu/cuda/`.
+    cuda: bool,
+    path: OnceLock<PathBuf>,
+}
+
+impl Harness {
+    /// `kernels/emu/<name>.cpp`, a shipped `.metal` kernel on the Metal emulation.
+    pub const fn metal(name: &'static str) -> Self {
+        Self::metal_with(name, &[])
+    }
+    /// As [`Harness::metal`], compiled with extra clang flags.
+    pub const fn metal_with(name: &'static str, flags: &'static [&'static str]) -> Self {
+        Self {
+            name,
+            flags,
+            cuda: false,
+            path: OnceLock::new(),
+        }
+    }
+    /// `kernels/emu/<name>.cpp`, a shipped `.cu` kernel body on the Metal emulation plus the
+    /// CUDA stand-ins.
+    pub const fn cuda(name: &'static str) -> Self {
+        Self {
+            name,
+            flags: &[],
+            cuda: true,
+            path: OnceLock::new(),
+        }
+    }
+    /// The compiled binary (compiling it on the first call).
+    pub fn path(&self) -> &Path {
+        self.path.get_or_init(|| {
+            let stand_ins = workspace_root().join("kernels/emu/cuda");
+            let stand_ins = stand_ins.to_str().expect("a UTF-8 path");
+            let mut flags = self.flags.to_vec();
+            if self.cuda {
+                flags.extend(["-I", stand_ins]);
+            }
+            compile_harness(self.name, &flags)
+        })
+    }
+    /// Runs the harness on one case ([`run_harness`]).
+    pub fn run(&self, input: &[u8]) -> Result<Vec<f32>, String> {
+        run_harness(self.path(), input)
+    }
+}
+
 /// Runs a compiled harness on one case and returns the f32 values it printed.
 pub fn run_harness(harness: &Path, input: &[u8]) -> Result<Vec<f32>, String> {
     let mut child = Command::new(harness)
@@ -92,6 +145,27 @@ pub fn run_harness(harness: &Path, input: &[u8]) -> Result<Vec<f32>, String> {
         .collect())
 }
 
+/// A harness's output cut into arrays of `lens` values, in order; an error when it wrote
+/// another count.
+pub fn split_output<const N: usize>(
+    floats: Vec<f32>,
+    lens: [usize; N],
+) -> Result<[Vec<f32>; N], String> {
+    let want: usize = lens.iter().sum();
+    if floats.len() != want {
+        return Err(format!(
+            "harness wrote {} floats, expected {want}",
+            floats.len()
+        ));
+    }
+    let mut rest = floats.as_slice();
+    Ok(lens.map(|n| {
+        let (head, tail) = rest.split_at(n);
+        rest = tail;
+        head.to_vec()
+    }))
+}
+
 /// The fields of `struct <name>` in `kernels/params/<header>`, as `(type, field)` in order:
 /// what an ABI test compares with the `#[repr(C)]` mirror on the Rust side.
 pub fn params_fields(header: &str, name: &str) -> Vec<(String, String)> {
@@ -118,9 +192,40 @@ pub fn params_fields(header: &str, name: &str) -> Vec<(String, String)> {
         .collect()
 }
 
+/// Asserts that `struct <name>` of `kernels/params/<header>` declares `fields` in order, each
+/// `unsigned int` but those written `"float <field>"`: what the host's `#[repr(C)]` mirror
+/// must match.
+pub fn assert_params(header: &str, name: &str, fields: &[&str]) {
+    let want: Vec<(String, String)> = fields
+        .iter()
+        .map(|f| match f.strip_prefix("float ") {
+            Some(field) => ("float".to_string(), field.to_string()),
+            None => ("unsigned int".to_string(), f.to_string()),
+        })
+        .collect();
+    assert_eq!(
+        params_fields(header, name),
+        want,
+        "{name} (kernels/params/{header}) must match the host's #[repr(C)] mirror"
+    );
+}
+
+/// Asserts that a flattened source ([`flatten_source`]) has `line` inside an
+/// `#if defined(__HAVE_BFLOAT__)` block, as a bfloat instantiation must be (macOS 13 has no
+/// bfloat).
+pub fn assert_bfloat_guarded(flat: &str, line: &str) {
+    let guarded = flat
+        .split("#if defined(__HAVE_BFLOAT__)")
+        .skip(1)
+        .any(|after| after.split("#endif").next().unwrap().contains(line));
+    assert!(
+        guarded,
+        "`{line}` must sit inside #if defined(__HAVE_BFLOAT__)"
+    );
+}
+
 /// A source file without `//` comments, whitespace squashed to single spaces: what the ABI
 /// tests search.
-#[allow(dead_code)]
 pub fn flatten_source(src: &str) -> String {
     let code: String = src
         .lines()
@@ -131,13 +236,11 @@ pub fn flatten_source(src: &str) -> String {
 }
 
 /// A shipped source (`path` from the workspace root), flattened ([`flatten_source`]).
-#[allow(dead_code)]
 pub fn shipped_source(path: &str) -> String {
     flatten_source(&std::fs::read_to_string(workspace_root().join(path)).unwrap())
 }
 
 /// A flattened source ([`flatten_source`]) without its `/* */` comments, squashed again.
-#[allow(dead_code)]
 pub fn strip_block_comments(flat: &str) -> String {
     let mut flat = flat.to_string();
     while let Some(start) = flat.find("/*") {
@@ -149,7 +252,6 @@ pub fn strip_block_comments(flat: &str) -> String {
 
 /// Asserts that the kernel defined from `start` on binds exactly `buffers` at indices 0.., in
 /// order, in a flattened source ([`flatten_source`]).
-#[allow(dead_code)]
 pub fn assert_buffers(flat: &str, start: &str, buffers: &[&str]) {
     let mut from = flat
         .find(start)

@@ -66,6 +66,17 @@ pub fn run(args: &[&str]) -> Output {
     command(args).stdin(Stdio::null()).output().unwrap()
 }
 
+/// `generate --model <model>` with `extra`, and `--prompt "Hello there"` unless `extra` has
+/// a prompt flag.
+pub fn generate(model: &Path, extra: &[&str]) -> Output {
+    let mut args = vec!["generate", "--model", model.to_str().unwrap()];
+    if !extra.iter().any(|a| a.starts_with("--prompt")) {
+        args.extend(["--prompt", "Hello there"]);
+    }
+    args.extend(extra);
+    run(&args)
+}
+
 pub fn stderr(out: &Output) -> String {
     String::from_utf8_lossy(&out.stderr).into_owned()
 }
