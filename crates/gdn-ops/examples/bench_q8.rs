@@ -5,15 +5,15 @@
 //!   blocks of four, then one at a time);
 //!
 //! both in the plain layout and in the q8 mode's interleaved one (sixteen rows four bytes at a
-//! time, `gdn_ops::affine_q8_interleaved`), with the ratio of the two.
+//! time, `gdn_ops::ops::affine::q8_interleaved`), with the ratio of the two.
 //!
 //! Timed in this thread's CPU time (Linux `schedstat`), so other jobs on a shared machine
 //! slow it less than the wall clock; the wall clock is printed next to it.
 //!
 //! `cargo run --release -p gdn-ops --example bench_q8 [-- --rows N --cols N --reps N]`
 
-use gdn_ops::affine::{pack_row, AffineMatrix};
-use gdn_ops::affine_q8::{row_dot, rows_dot, Q8Row};
+use gdn_ops::ops::affine::q8::{row_dot, rows_dot, Q8Row};
+use gdn_ops::ops::affine::{pack_row, AffineMatrix};
 use std::time::Instant;
 
 /// This thread's CPU time in ns, or `None` where `schedstat` is missing.

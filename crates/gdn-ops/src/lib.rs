@@ -15,11 +15,6 @@ pub mod profile;
 pub mod simd;
 pub mod threads;
 
-// The affine family's former crate-root paths, which the model crate, the tests and the
-// examples still use; they go once every branch of issue 27 is merged (one sed, in the
-// seams-ops report).
-pub use ops::affine;
-pub use ops::affine::{q8 as affine_q8, q8_interleaved as affine_q8_interleaved};
 pub use ops::gated_delta::{
     gated_delta_update, gated_delta_update_chunked, gated_delta_update_in,
     gated_delta_update_masked, GdnDims, GdnForm,

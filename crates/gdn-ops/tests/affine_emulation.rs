@@ -2,7 +2,7 @@
 //! Metal emulation header (`kernels/emu/`), run on the CPU for all nine
 //! `affine_qmv_{in}_{sc}`, nine `affine_dequant_{out}_{sc}` and nine
 //! `affine_qmv_swiglu_{in}_{sc}` kernels and compared with the
-//! Rust reference of MLX affine quantization, [`gdn_ops::affine::AffineMatrix`].
+//! Rust reference of MLX affine quantization, [`gdn_ops::ops::affine::AffineMatrix`].
 //!
 //! Needs Debian's `clang-19` and `libclang-rt-19-dev` (the harness links with
 //! `--rtlib=compiler-rt`, for bf16 conversions that libgcc 12 lacks). Without them this test
@@ -37,7 +37,7 @@ mod common;
 mod emu;
 
 use common::failures_on_all_cores;
-use gdn_ops::affine::{dequantize_row, pack_row, unpack_row, AffineMatrix};
+use gdn_ops::ops::affine::{dequantize_row, pack_row, unpack_row, AffineMatrix};
 use half::{bf16, f16};
 use std::sync::Mutex;
 use std::time::Instant;

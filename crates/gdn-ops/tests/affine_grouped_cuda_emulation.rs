@@ -192,7 +192,7 @@ fn tile_constants_match_the_host() {
 }
 
 /// What the C++ build cannot see: the entry points the host looks up, and the parameter struct
-/// passed by value, which the host mirrors (`AffineGroupedParams`, ops/affine/grouped.rs).
+/// passed by value, which the host mirrors (`AffineGroupedParams`, ops/affine_grouped/mod.rs).
 #[test]
 fn kernel_abi_in_source() {
     let flat = emu::shipped_source("kernels/affine_grouped.cu");
@@ -215,7 +215,7 @@ fn kernel_abi_in_source() {
         flat.contains(
             "const uint32_t* packed, const ST* scales, const ST* biases, const XT* x, const uint32_t* tiles, XT* y, \\ const AffineGroupedParams p)"
         ),
-        "the entry points take (packed, scales, biases, x, tiles, y, AffineGroupedParams p), as cuda_grouped.rs pushes them"
+        "the entry points take (packed, scales, biases, x, tiles, y, AffineGroupedParams p), as affine_grouped/cuda.rs pushes them"
     );
     for (xn, xt) in [
         ("f32", "float"),

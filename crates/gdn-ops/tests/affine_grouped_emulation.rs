@@ -3,7 +3,7 @@
 //! emulation header (`kernels/emu/`), run on the CPU for all nine
 //! `affine_grouped_qmm_{in}_{sc}` kernels with the tile schedule the host builds
 //! (`gdn_ops::ops::affine_grouped::tiles`), and compared with a reference computed here from
-//! [`gdn_ops::affine::AffineMatrix`]: per expert, its rows dequantized (`dequantize_row`) and
+//! [`gdn_ops::ops::affine::AffineMatrix`]: per expert, its rows dequantized (`dequantize_row`) and
 //! rounded to the activation dtype, as the composed path does, then a matmul in f64 with that
 //! expert's rows of x.
 //!
@@ -22,7 +22,7 @@ mod common;
 mod emu;
 
 use common::{random_matrix, Input, Rng, Ty, TYPES};
-use gdn_ops::affine::AffineMatrix;
+use gdn_ops::ops::affine::AffineMatrix;
 use gdn_ops::ops::affine_grouped::check_offsets;
 use gdn_ops::ops::affine_grouped::tiles::{
     tile_schedule, AffineGroupedParams, GroupedTile, GROUPED_SCRATCH_BYTES, GROUPED_THREADS,

@@ -1,11 +1,11 @@
-//! The q8 mode's interleaved layout (`gdn_ops::affine_q8_interleaved`) against the plain one:
+//! The q8 mode's interleaved layout (`gdn_ops::ops::affine::q8_interleaved`) against the plain one:
 //! the same products up to the float summation order (its kernel sums a pair's terms in
 //! another order, see the module), bit for bit the same for a batch of activation rows and
 //! for one row at a time, every row range (blocks of sixteen rows, tail rows, experts), and
 //! the row accessors (dequantize, select, concat, gather) unchanged by the repacking.
 
-use gdn_ops::affine::{pack_row, AffineMatrix};
-use gdn_ops::affine_q8::{rows_dot, supports, Q8Row};
+use gdn_ops::ops::affine::q8::{rows_dot, supports, Q8Row};
+use gdn_ops::ops::affine::{pack_row, AffineMatrix};
 use half::{bf16, f16};
 
 /// A small deterministic generator (xorshift), so failures reproduce.

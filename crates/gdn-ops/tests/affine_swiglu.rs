@@ -6,7 +6,7 @@ mod common;
 
 use candle_core::{DType, Device, Tensor};
 use common::max_rel;
-use gdn_ops::affine::{pack_row, AffineMatrix};
+use gdn_ops::ops::affine::{pack_row, AffineMatrix};
 use gdn_ops::ops::affine::{AffineTensor, MATVEC_MAX_ROWS};
 
 struct Rng(u64);

@@ -73,7 +73,8 @@ impl Model {
         let mut ckpt = Checkpoint::open(dir, &cfg)?;
         ckpt.report_progress(opts.progress.clone());
         ckpt.interleave_for_q8(
-            opts.q8_activations && gdn_ops::affine_q8_interleaved::repack_at_load(opts.q8_layout),
+            opts.q8_activations
+                && gdn_ops::ops::affine::q8_interleaved::repack_at_load(opts.q8_layout),
         );
         // Each part moves to the device as soon as it is built, so that the host holds at
         // most one layer beyond the mapped files.
@@ -262,7 +263,7 @@ impl Model {
             "cache does not belong to this model"
         );
         self.on_host_workers(|| {
-            let _q8 = gdn_ops::affine_q8::Scope::enter(self.q8_activations);
+            let _q8 = gdn_ops::ops::affine::q8::Scope::enter(self.q8_activations);
             let h = phase("embed", &self.device, || self.embed(tokens))?;
             tap.part(Part::Embedding, &h, &h)?;
             let h = self.decoder.forward(h, tokens, cache, tap)?;
@@ -273,7 +274,7 @@ impl Model {
 
     fn logits(&self, h: &Tensor) -> Result<Tensor> {
         self.on_host_workers(|| {
-            let _q8 = gdn_ops::affine_q8::Scope::enter(self.q8_activations);
+            let _q8 = gdn_ops::ops::affine::q8::Scope::enter(self.q8_activations);
             let logits = phase("lm_head", &self.device, || {
                 self.lm_head.forward(&self.final_norm(h)?)
             })?;

@@ -17,7 +17,7 @@ use crate::layers::moe::{MoePrefill, MoePrefillAsked};
 use crate::{LoadProgress, Plan};
 use anyhow::{bail, Result};
 use candle_core::{DType, Device};
-use gdn_ops::affine_q8_interleaved::Q8Layout;
+use gdn_ops::ops::affine::q8_interleaved::Q8Layout;
 use gdn_ops::simd::Level;
 use gdn_ops::{GdnForm, StateDtype};
 use std::ffi::OsString;

@@ -8,7 +8,7 @@
 //! layout sums in another order, and the rounding of activations to 8 bits turns such float
 //! differences into steps of a rounding unit, so two layouts are not comparable at 1e-4 (they
 //! are equally far from the exact path). Its kernel's VNNI and portable copies are compared
-//! bit for bit in `gdn_ops::affine_q8_interleaved`'s tests.
+//! bit for bit in `gdn_ops::ops::affine::q8_interleaved`'s tests.
 
 mod common;
 

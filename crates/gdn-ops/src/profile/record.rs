@@ -188,4 +188,3 @@ pub fn note_candle(n: usize) {
         }
     });
 }
-

@@ -2,7 +2,7 @@
 
 use super::dtype::Ty;
 use candle_core::{DType, Device, Tensor};
-use gdn_ops::affine::{pack_row, AffineMatrix};
+use gdn_ops::ops::affine::{pack_row, AffineMatrix};
 
 /// The generator behind an [`Rng`]; each test keeps the one its inputs were tuned with.
 #[derive(Clone, Copy, Debug)]

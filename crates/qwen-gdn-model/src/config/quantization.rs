@@ -4,7 +4,7 @@
 
 use super::from_json::read;
 use anyhow::{bail, Result};
-use gdn_ops::affine;
+use gdn_ops::ops::affine;
 use serde::de::{Deserializer, Error};
 use serde::Deserialize;
 use serde_json::{Map, Value};

@@ -212,7 +212,7 @@ impl Matrix {
     /// small products share the cores instead of each being split in two.
     pub fn matmul_t_many(products: &[Product]) -> Vec<Vec<f32>> {
         // Read on the calling thread: the rayon workers below do not see its thread-locals.
-        let q8 = gdn_ops::affine_q8::enabled();
+        let q8 = gdn_ops::ops::affine::q8::enabled();
         let prepared: Vec<Option<Prepared>> =
             products.iter().map(|p| Prepared::new(p, q8)).collect();
         let mut outputs: Vec<Vec<f32>> = products
@@ -269,7 +269,7 @@ enum Kernel<'a> {
     /// 8-bit activations against 4-bit weights, in integers (any `m`).
     Q8 {
         matrix: &'a AffineMatrix,
-        xs: Vec<gdn_ops::affine_q8::Q8Row>,
+        xs: Vec<gdn_ops::ops::affine::q8::Q8Row>,
         group_sums: Vec<f32>,
     },
     /// 4/8-bit weights dotted from their packed form (few activation rows).
@@ -292,12 +292,12 @@ impl<'a> Prepared<'a> {
         );
         let sums = |group: usize| p.x.chunks_exact(group).map(|g| g.iter().sum()).collect();
         let kind = match p.matrix {
-            Matrix::Affine(a) if q8 && gdn_ops::affine_q8::supports(a) => Kernel::Q8 {
+            Matrix::Affine(a) if q8 && gdn_ops::ops::affine::q8::supports(a) => Kernel::Q8 {
                 matrix: a,
                 xs: p
                     .x
                     .chunks_exact(cols)
-                    .map(gdn_ops::affine_q8::Q8Row::quantize)
+                    .map(gdn_ops::ops::affine::q8::Q8Row::quantize)
                     .collect(),
                 group_sums: sums(a.group_size),
             },
@@ -330,7 +330,7 @@ impl<'a> Prepared<'a> {
                 group_sums,
             } => {
                 let at = expert * matrix.rows + first;
-                gdn_ops::affine_q8::rows_dot(matrix, at, rows, xs, group_sums, out);
+                gdn_ops::ops::affine::q8::rows_dot(matrix, at, rows, xs, group_sums, out);
             }
             Kernel::Packed { matrix, group_sums } => {
                 let gpr = cols / matrix.group_size;

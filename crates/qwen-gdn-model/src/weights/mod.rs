@@ -2,7 +2,7 @@
 //! ([`checkpoint`]) from the folder's checked files ([`files`]), MLX affine quantization ([`affine`]), and the matrices the CPU
 //! kernels consume ([`matrix`]).
 
-pub use gdn_ops::affine;
+pub use gdn_ops::ops::affine;
 pub mod checkpoint;
 pub mod dense_experts;
 pub mod files;

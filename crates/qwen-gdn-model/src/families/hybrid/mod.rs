@@ -3,9 +3,9 @@
 //! decode step of the device plan ([`decode`]; replayed from a CUDA graph on CUDA,
 //! `cuda_graph.rs`).
 
+pub mod config;
 #[cfg(feature = "cuda")]
 pub(crate) mod cuda_graph;
-pub mod config;
 pub mod decode;
 pub mod layer;
 

@@ -19,8 +19,8 @@ use crate::tensor::{cast, contiguous};
 use crate::weights::{Matrix, Weight};
 use anyhow::Result;
 use candle_core::{DType, Device, Tensor, D};
-use gdn_ops::affine::AffineMatrix;
 use gdn_ops::launches::{candle_op, candle_ops};
+use gdn_ops::ops::affine::AffineMatrix;
 use gdn_ops::ops::affine::AffineTensor;
 use gdn_ops::ops::moe_route;
 
