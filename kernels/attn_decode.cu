@@ -208,15 +208,19 @@ __device__ void combine(const float* partials, const T* gate, T* out, const Attn
 
 }  // namespace attn_decode
 
+// Four blocks of 8 warps (the host's SIMDGROUPS) resident per SM: at most 64 registers a
+// thread. The four-key batches asked for 72, three blocks per SM, and the 16 heads x 33
+// key ranges of a split at 16k positions (528 blocks, one wave of 4 x 132) took two waves.
+#define ATTN_DECODE_BOUNDS __launch_bounds__(256, 4)
 #define ATTN_DECODE_ENTRY(TN, T)                                                           \
-  extern "C" __global__ void attn_decode_##TN(const T* q, const T* gate, const T* keys,    \
+  extern "C" __global__ void ATTN_DECODE_BOUNDS attn_decode_##TN(const T* q, const T* gate, const T* keys,    \
                                               const T* values, const uint32_t* pos, T* out, \
                                               const AttnDecodeParams p) {                  \
     extern __shared__ float attn_decode_scratch[];                                         \
     attn_decode::run<T, false>(q, gate, keys, values, pos, out, nullptr, p, blockIdx.x,    \
                                blockIdx.y, 0, threadIdx.y, threadIdx.x, attn_decode_scratch); \
   }                                                                                        \
-  extern "C" __global__ void attn_decode_split_##TN(const T* q, const T* keys,             \
+  extern "C" __global__ void ATTN_DECODE_BOUNDS attn_decode_split_##TN(const T* q, const T* keys,             \
                                                     const T* values, const uint32_t* pos,  \
                                                     float* partials,                       \
                                                     const AttnDecodeParams p) {            \

@@ -39,6 +39,7 @@ use anyhow::{bail, ensure, Result};
 use candle_core::{DType, Device, Tensor};
 
 /// Simdgroups (warps) per threadgroup (block), each taking every `SIMDGROUPS`-th key.
+/// (kernels/attn_decode.cu bounds its blocks at 8 warps, four resident per SM.)
 pub const SIMDGROUPS: usize = 8;
 /// Positions per key range of a split: buffers of at most this capacity take one pass.
 pub const SPLIT_KEYS: usize = 512;
