@@ -5,6 +5,7 @@
 //! input encoding, and the tolerance checks.
 #![allow(dead_code, unused_imports)]
 
+pub mod add_rms_norm;
 pub mod attention;
 pub mod attn_prefill;
 pub mod attn_prep;
