@@ -7,6 +7,7 @@
 
 pub mod add_rms_norm;
 pub mod attention;
+pub mod attn_decode;
 pub mod attn_prefill;
 pub mod attn_prep;
 pub mod compare;
