@@ -17,6 +17,7 @@ pub mod gated_delta;
 pub mod gated_delta_norm;
 pub mod gated_rms_norm;
 pub mod gpu;
+pub mod greedy_pick;
 pub mod grouped;
 pub mod harness_input;
 pub mod parallel;
