@@ -20,6 +20,8 @@ pub mod gpu;
 pub mod greedy_pick;
 pub mod grouped;
 pub mod harness_input;
+pub mod moe_combine;
+pub mod moe_route;
 pub mod parallel;
 pub mod random;
 pub mod reference;
