@@ -11,11 +11,11 @@ pub mod attn_decode;
 pub mod attn_prefill;
 pub mod attn_prep;
 pub mod compare;
-pub mod conv_prep;
 pub mod dtype;
 pub mod gated_delta;
 pub mod gated_delta_norm;
 pub mod gated_rms_norm;
+pub mod gdn_conv_prep;
 pub mod gpu;
 pub mod greedy_pick;
 pub mod grouped;
@@ -30,7 +30,6 @@ pub use attention::composed_causal_attention;
 pub use compare::{
     assert_rel_err, close, max_abs, max_rel, rel_err, rel_l2, rel_max, values, worst_excess,
 };
-pub use conv_prep::{assert_chunk_is_its_steps, conv_prep_dims};
 pub use dtype::{tensor, tensor_as, St, Ty, TYPES};
 pub use gpu::{gpu, tolerance};
 pub use grouped::row_offsets;
