@@ -13,7 +13,8 @@ mod common;
 use candle_core::{DType, Device, Tensor};
 use common::moe_combine::{cases as combine_cases, Form};
 use common::moe_route::cases as route_cases;
-use common::{assert_rel_err, gpu, random_matrix, rel_l2, tolerance, Rng};
+use common::affine::{self, Kind};
+use common::{assert_rel_err, gpu, rel_l2, tolerance};
 use gdn_ops::ops::affine::AffineTensor;
 use gdn_ops::ops::moe_combine::{moe_combine, moe_combine_rows};
 use gdn_ops::ops::moe_route::moe_route;
@@ -113,52 +114,25 @@ fn moe_combine_rows_matches_the_cpu_twin() {
     }
 }
 
-/// Gathered gate/up products with SwiGLU, every bit width, group size and (x, scale) dtype
-/// pair, against the CPU twin.
+/// Gathered gate/up products with SwiGLU: the affine family's SwiGLU cases
+/// (tests/common/affine.rs: every bit width, group size and (x, scale) type pair, and the
+/// Qwen3-Next-80B expert shape), against the CPU twin.
 #[test]
 fn affine_swiglu_matches_the_cpu_twin() {
     let dev = gpu();
-    let mut rng = Rng::xorshift(0x5EED_0103);
-    for bits in [2, 3, 4, 5, 6, 8] {
-        for group in [32, 64, 128] {
-            for scale_dtype in DTYPES {
-                for x_dtype in DTYPES {
-                    let (experts, im, cols) = (5, 8 + rng.below(24), 256);
-                    let m =
-                        random_matrix(&mut rng, bits, group, [experts, 2 * im, cols], scale_dtype);
-                    let cpu = AffineTensor::upload(&m, &Device::Cpu).unwrap();
-                    let gpu_m = AffineTensor::upload(&m, &dev).unwrap();
-                    let tokens = 1 + rng.below(4);
-                    let x = rng.tensor_as(&[tokens, cols], -1.0, 1.0, x_dtype);
-                    let ids: Vec<u32> =
-                        (0..tokens * 3).map(|_| rng.below(experts) as u32).collect();
-                    let ids = Tensor::from_vec(ids, (tokens, 3), &Device::Cpu).unwrap();
-                    let want = cpu.gather_swiglu(&x, &ids).unwrap();
-                    let got = gpu_m
-                        .gather_swiglu(&x.to_device(&dev).unwrap(), &ids.to_device(&dev).unwrap())
-                        .unwrap();
-                    assert_rel_err(
-                        &format!("swiglu {bits}-bit g{group} x {x_dtype:?} scales {scale_dtype:?} N={tokens} Im={im}"),
-                        rel_l2(&got, &want),
-                        tolerance(x_dtype),
-                    );
-                }
-            }
+    for (i, c) in affine::cases().iter().enumerate() {
+        if c.kind != Kind::Swiglu {
+            continue;
         }
+        let x = affine::inputs(c, affine::seed(i));
+        let cpu = AffineTensor::upload(&x.m, &Device::Cpu).unwrap();
+        let gpu_m = AffineTensor::upload(&x.m, &dev).unwrap();
+        let want = x.run(c, &cpu, &Device::Cpu);
+        let got = x.run(c, &gpu_m, &dev);
+        assert_rel_err(
+            &format!("swiglu {}", c.label()),
+            rel_l2(&got, &want),
+            tolerance(c.x.dtype()),
+        );
     }
-    // The Qwen3-Next-80B expert shape: H = 2048, Im = 512, 4 bits, group 64, bf16.
-    let m = random_matrix(&mut rng, 4, 64, [3, 1024, 2048], DType::BF16);
-    let cpu = AffineTensor::upload(&m, &Device::Cpu).unwrap();
-    let gpu_m = AffineTensor::upload(&m, &dev).unwrap();
-    let x = rng.tensor_as(&[1, 2048], -1.0, 1.0, DType::BF16);
-    let ids = Tensor::new(&[[2u32, 0, 1]], &Device::Cpu).unwrap();
-    let want = cpu.gather_swiglu(&x, &ids).unwrap();
-    let got = gpu_m
-        .gather_swiglu(&x.to_device(&dev).unwrap(), &ids.to_device(&dev).unwrap())
-        .unwrap();
-    assert_rel_err(
-        "swiglu Qwen3-Next expert shape, bf16",
-        rel_l2(&got, &want),
-        tolerance(DType::BF16),
-    );
 }

@@ -6,6 +6,7 @@
 #![allow(dead_code, unused_imports)]
 
 pub mod add_rms_norm;
+pub mod affine;
 pub mod attention;
 pub mod attn_decode;
 pub mod attn_prefill;
@@ -35,5 +36,5 @@ pub use gpu::{gpu, tolerance};
 pub use grouped::row_offsets;
 pub use harness_input::Input;
 pub use parallel::{assert_no_failures, failures, failures_on_all_cores};
-pub use random::{random_matrix, seeds, Rng};
+pub use random::{random_matrix, scaled_matrix, seeds, Rng};
 pub use reference::candle_nn_rms_norm;
