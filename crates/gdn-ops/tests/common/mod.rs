@@ -7,6 +7,7 @@
 
 pub mod add_rms_norm;
 pub mod affine;
+pub mod affine_grouped;
 pub mod attention;
 pub mod attn_decode;
 pub mod attn_prefill;
@@ -19,7 +20,6 @@ pub mod gated_rms_norm;
 pub mod gdn_conv_prep;
 pub mod gpu;
 pub mod greedy_pick;
-pub mod grouped;
 pub mod harness_input;
 pub mod moe_combine;
 pub mod moe_route;
@@ -33,7 +33,6 @@ pub use compare::{
 };
 pub use dtype::{tensor, tensor_as, St, Ty, TYPES};
 pub use gpu::{gpu, tolerance};
-pub use grouped::row_offsets;
 pub use harness_input::Input;
 pub use parallel::{assert_no_failures, failures, failures_on_all_cores};
 pub use random::{random_matrix, scaled_matrix, seeds, Rng};
