@@ -78,10 +78,7 @@ int main() {
   c.delta = guarded::read_raw<float>(c.has_delta ? n : 0);
   c.weight = guarded::read_raw<float>(c.cols);
   guarded::expect_end();
-  switch (type) {
-    case 0: run<float>(c, add_rms_norm_f32); break;
-    case 1: run<half>(c, add_rms_norm_f16); break;
-    case 2: run<bfloat>(c, add_rms_norm_bf16); break;
-  }
+  guarded::by_type(type, add_rms_norm_f32, add_rms_norm_f16, add_rms_norm_bf16,
+                   [&](auto t, auto kernel) { run<typename decltype(t)::type>(c, kernel); });
   return guarded::finish();
 }

@@ -95,10 +95,7 @@ int main() {
   c.keys = guarded::read_raw<float>(kv);
   c.values = guarded::read_raw<float>(kv);
   guarded::expect_end();
-  switch (type) {
-    case 0: run<float>(c, attn_prep_f32); break;
-    case 1: run<half>(c, attn_prep_f16); break;
-    case 2: run<bfloat>(c, attn_prep_bf16); break;
-  }
+  guarded::by_type(type, attn_prep_f32, attn_prep_f16, attn_prep_bf16,
+                   [&](auto t, auto kernel) { run<typename decltype(t)::type>(c, kernel); });
   return guarded::finish();
 }

@@ -83,11 +83,7 @@ int main() {
   c.weight = guarded::read_raw<float>(dim);
   guarded::expect_end();
 
-  switch (type) {
-    case 0: run<float>(c, gated_rms_norm_f32); break;
-    case 1: run<half>(c, gated_rms_norm_f16); break;
-    case 2: run<bfloat>(c, gated_rms_norm_bf16); break;
-    default: guarded::die("unknown type");
-  }
+  guarded::by_type(type, gated_rms_norm_f32, gated_rms_norm_f16, gated_rms_norm_bf16,
+                   [&](auto t, auto kernel) { run<typename decltype(t)::type>(c, kernel); });
   return guarded::finish();
 }

@@ -140,11 +140,7 @@ int main() {
   c.neg_a_exp = guarded::read_raw<float>(p.value_heads);
   guarded::expect_end();
 
-  switch (type) {
-    case 0: run<float>(c, gdn_conv_prep_f32); break;
-    case 1: run<half>(c, gdn_conv_prep_f16); break;
-    case 2: run<bfloat>(c, gdn_conv_prep_bf16); break;
-    default: guarded::die("unknown type");
-  }
+  guarded::by_type(type, gdn_conv_prep_f32, gdn_conv_prep_f16, gdn_conv_prep_bf16,
+                   [&](auto t, auto kernel) { run<typename decltype(t)::type>(c, kernel); });
   return guarded::finish();
 }

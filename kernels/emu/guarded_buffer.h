@@ -234,6 +234,36 @@ void check_all(const Buffers&... buffers) {
   (buffers.check(), ...);
 }
 
+// A type, passed by value to the callbacks of by_code and by_type.
+template <class T>
+struct Type {
+  using type = T;
+};
+
+// Calls f(Type<T>{}) with the type a harness's type code names (0, 1, 2: A, B, C, in the
+// f32, f16, bf16 order of the hosts' codes); another code is bad input, named by `what`.
+template <class A, class B, class C, class F>
+void by_code(std::uint32_t code, const char* what, F&& f) {
+  switch (code) {
+    case 0: f(Type<A>{}); break;
+    case 1: f(Type<B>{}); break;
+    case 2: f(Type<C>{}); break;
+    default: die(what);
+  }
+}
+
+// Calls f(Type<T>{}, kernel) with the Metal activation type of a type code (0 float, 1 half,
+// 2 bfloat) and that type's instantiation of a kernel, given in the same order.
+template <class KF, class KH, class KB, class F>
+void by_type(std::uint32_t code, KF f32, KH f16, KB bf16, F&& f) {
+  switch (code) {
+    case 0: f(Type<float>{}, f32); break;
+    case 1: f(Type<half>{}, f16); break;
+    case 2: f(Type<bfloat>{}, bf16); break;
+    default: die("unknown type");
+  }
+}
+
 // The harness's exit status once its results are written: 0, or 1 when stdout failed.
 inline int finish() { return std::fflush(stdout) == 0 ? 0 : 1; }
 
