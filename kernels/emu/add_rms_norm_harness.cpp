@@ -60,9 +60,7 @@ void run(const Case& c, Kernel<T> kernel) {
 }  // namespace
 
 int main() {
-  guarded::install_fault_handler("add_rms_norm_harness");
-  guarded::expect_magic("ARMSEMU1");
-  const auto h = guarded::read_raw<std::uint32_t>(6);
+  const auto h = guarded::start<6>("add_rms_norm_harness", "ARMSEMU1");
   Case c;
   const std::uint32_t type = h[0];
   c.rows = h[1];

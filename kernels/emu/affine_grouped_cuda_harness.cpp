@@ -70,9 +70,7 @@ void run(const Case& c) {
 }  // namespace
 
 int main() {
-  guarded::install_fault_handler("affine_grouped_cuda_harness");
-  std::uint32_t h[10];
-  guarded::read_header("AGQCUDA1", h);
+  const auto h = guarded::start<10>("affine_grouped_cuda_harness", "AGQCUDA1");
   Case c;
   c.p = AffineGroupedParams{h[1], h[2], h[3], h[4], h[0], h[5], h[6], h[7]};
   const std::uint32_t x_type = h[8], scale_type = h[9];

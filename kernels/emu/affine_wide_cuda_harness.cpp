@@ -84,9 +84,7 @@ void run_for_shape(const Case& c) {
 }  // namespace
 
 int main() {
-  guarded::install_fault_handler("affine_wide_cuda_harness");
-  std::uint32_t h[14];
-  guarded::read_header("AWDCUDA1", h);
+  const auto h = guarded::start<14>("affine_wide_cuda_harness", "AWDCUDA1");
   Case c;
   c.experts = h[0];
   c.p = AffineParams{h[1], h[2], h[3], h[4], h[5], h[6], h[7]};

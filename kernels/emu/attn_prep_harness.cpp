@@ -72,9 +72,7 @@ void run(const Case& c, Kernel<T> kernel) {
 }  // namespace
 
 int main() {
-  guarded::install_fault_handler("attn_prep_harness");
-  guarded::expect_magic("APREPEM1");
-  const auto h = guarded::read_raw<std::uint32_t>(9);
+  const auto h = guarded::start<9>("attn_prep_harness", "APREPEM1");
   Case c;
   const std::uint32_t type = h[0];
   float eps;

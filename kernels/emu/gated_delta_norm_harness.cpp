@@ -75,9 +75,7 @@ void run(const Case& c, Kernel<InT, StT> kernel) {
 }  // namespace
 
 int main() {
-  guarded::install_fault_handler("gated_delta_norm_harness");
-  std::uint32_t h[11];
-  guarded::read_header("GDNNEMU1", h);
+  const auto h = guarded::start<11>("gated_delta_norm_harness", "GDNNEMU1");
   const float eps = guarded::read_f32_word();
   Case c;
   c.p = GdnNormParams{h[0], h[1], h[2], h[3], h[4], h[5], h[9], h[10], eps};

@@ -64,9 +64,7 @@ void run(const Case& c, Kernel<InT> kernel) {
 }  // namespace
 
 int main() {
-  guarded::install_fault_handler("gated_rms_norm_harness");
-  std::uint32_t h[7];
-  guarded::read_header("GRNEMU01", h);
+  const auto h = guarded::start<7>("gated_rms_norm_harness", "GRNEMU01");
   const float eps = guarded::read_f32_word();
   const std::uint32_t type = h[0], batch = h[1], tokens = h[2], heads = h[3], dim = h[4];
   Case c;

@@ -104,9 +104,7 @@ std::size_t span(uint batch, uint tokens, uint batch_stride, uint token_stride, 
 }  // namespace
 
 int main() {
-  guarded::install_fault_handler("gdn_conv_prep_harness");
-  std::uint32_t h[14];
-  guarded::read_header("GCPEMU02", h);
+  const auto h = guarded::start<14>("gdn_conv_prep_harness", "GCPEMU02");
   float scales[3];
   if (std::fread(scales, sizeof(float), 3, stdin) != 3) guarded::die("short header");
   Case c;

@@ -24,6 +24,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <array>
 #include <cstring>
 #include <vector>
 
@@ -209,11 +210,27 @@ inline void expect_magic(const char* magic) {
   if (std::fread(got, 1, 8, stdin) != 8 || std::memcmp(got, magic, 8) != 0) die("bad magic");
 }
 
+// `n` u32 header words.
+inline void read_words(std::uint32_t* h, std::size_t n) {
+  if (std::fread(h, sizeof(std::uint32_t), n, stdin) != n) die("short header");
+}
+
 // The 8-byte magic, then N u32 header words.
 template <std::size_t N>
 void read_header(const char (&magic)[9], std::uint32_t (&h)[N]) {
   expect_magic(magic);
-  if (std::fread(h, sizeof(std::uint32_t), N, stdin) != N) die("short header");
+  read_words(h, N);
+}
+
+// The start of a harness's main: the fault handler for `harness`, then the input's magic and
+// its N u32 header words.
+template <std::size_t N>
+std::array<std::uint32_t, N> start(const char* harness, const char (&magic)[9]) {
+  install_fault_handler(harness);
+  expect_magic(magic);
+  std::array<std::uint32_t, N> h;
+  read_words(h.data(), N);
+  return h;
 }
 
 inline void expect_end() {
