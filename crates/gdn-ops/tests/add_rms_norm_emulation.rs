@@ -102,22 +102,10 @@ fn kernel_abi_in_source() {
     assert_eq!(std::mem::size_of::<AddRmsNormParams>(), 16);
     let src = emu::shipped_source("kernels/add_rms_norm.metal");
     assert!(src.contains("#include \"params/add_rms_norm.h\""));
-    for (i, name) in ["residual", "delta", "weight", "sum", "normed"]
-        .iter()
-        .enumerate()
-    {
-        assert!(
-            src.contains(&format!("{name} [[buffer({i})]]")),
-            "add_rms_norm.metal: {name} must be buffer {i}"
-        );
-    }
+    let buffers = ["residual", "delta", "weight", "sum", "normed"];
+    emu::assert_buffer_indices(&src, "add_rms_norm.metal", &buffers, "");
     assert!(src.contains("AddRmsNormParams& p [[buffer(5)]]"));
-    for t in ["f32", "f16", "bf16"] {
-        assert!(
-            src.contains(&format!("(add_rms_norm_{t},")),
-            "missing add_rms_norm_{t}"
-        );
-    }
+    emu::assert_instantiated(&src, "add_rms_norm");
     let cu = emu::shipped_source("kernels/add_rms_norm.cu");
     assert!(cu.contains("#include \"params/add_rms_norm.h\""));
 }

@@ -38,7 +38,7 @@ mod common;
 mod emu;
 
 use common::affine::{cases as op_cases, inputs, pairs, seed, Case as OpCase, Gather, Kind};
-use common::affine::{widths, BITS, GROUPS};
+use common::affine::{widths, AFFINE_PARAMS, BITS, GROUPS};
 use common::{failures_on_all_cores, scaled_matrix, Rng, Ty, TYPES};
 use gdn_ops::ops::affine::{dequantize_row, unpack_row, AffineMatrix};
 use std::sync::Mutex;
@@ -141,7 +141,14 @@ fn dequant_case(
     let mut rng = Rng::new(seed);
     let s = shape;
     let dims = [s.experts, s.rows, s.cols];
-    let m = scaled_matrix(&mut rng, s.bits, s.group_size, dims, st.dtype(), s.scale_mag);
+    let m = scaled_matrix(
+        &mut rng,
+        s.bits,
+        s.group_size,
+        dims,
+        st.dtype(),
+        s.scale_mag,
+    );
     let label = format!(
         "affine_dequant_{} E={} R={} K={} bits={} gs={} M={out_rows} ids={ids:?} scale_mag={:?}",
         tag(vt, st),
@@ -262,38 +269,28 @@ fn run_harness(c: &Case) -> Result<Vec<f32>, String> {
     Ok(floats)
 }
 
+/// `|y − want|` as a multiple of `allowed` (infinite for a NaN or infinite `y`).
+fn excess(y: f64, want: f64, allowed: f64) -> f64 {
+    if y.is_finite() {
+        (y - want).abs() / allowed
+    } else {
+        f64::INFINITY
+    }
+}
+
 /// Checks a qmv case; returns a description of what is wrong.
 fn check_qmv(c: &Case, got: &[f32]) -> Option<String> {
     let m = &c.m;
-    let (k, r, gs) = (m.cols, m.rows, m.group_size);
-    let (wpr, gpr) = (m.words_per_row(), m.groups_per_row());
-    // Roundings a term can pass through in the kernel, plus 3 for the reference's s*q + b.
-    let n = 46 + k.div_ceil(256) + 3;
-    let gamma = n as f64 * 2f64.powi(-24) * 1.001;
-    let (mut w, mut q) = (vec![0f32; k], vec![0f32; k]);
-    let (scales, biases) = (m.scales().to_f32_vec(), m.biases().to_f32_vec());
+    let (k, r) = (m.cols, m.rows);
     let (mut worst, mut report) = (0f64, None);
     for i in 0..c.out_rows {
         let e = c.ids.as_ref().map_or(0, |ids| ids[i] as usize);
         let x = &c.x[(i / c.x_div) * k..][..k];
         for row_in_expert in 0..r {
-            let row = e * r + row_in_expert;
-            m.dequantize_row(row, &mut w);
-            unpack_row(&m.packed()[row * wpr..][..wpr], m.bits, &mut q);
-            let (mut want, mut magnitude) = (0f64, 0f64);
-            for j in 0..k {
-                let (s, b) = (scales[row * gpr + j / gs], biases[row * gpr + j / gs]);
-                want += w[j] as f64 * x[j] as f64;
-                magnitude +=
-                    ((s as f64 * q[j] as f64).abs() + (b as f64).abs()) * (x[j] as f64).abs();
-            }
+            let (want, products) = exact_product(m, e * r + row_in_expert, x);
             let y = got[i * r + row_in_expert] as f64;
-            let allowed = gamma * magnitude + c.vt.ulp64(y.abs().max(want.abs()));
-            let excess = if y.is_finite() {
-                (y - want).abs() / allowed
-            } else {
-                f64::INFINITY
-            };
+            let allowed = products + c.vt.ulp64(y.abs().max(want.abs()));
+            let excess = excess(y, want, allowed);
             if excess > worst {
                 worst = excess;
                 report = Some(format!(
@@ -312,8 +309,9 @@ fn check_qmv(c: &Case, got: &[f32]) -> Option<String> {
     }
 }
 
-/// The exact `x·W[row]` (f64) and the allowance of the kernel's f32 product (as in
-/// [`check_qmv`], without the final rounding).
+/// The exact `x·W[row]` (f64, over the reference's f32 `dequantize_row` values) and the
+/// allowance of the kernel's f32 product, without the final rounding to InT: `n·2⁻²⁴·
+/// Σⱼ(|s·qⱼ| + |b|)·|xⱼ|` (see the module's gates).
 fn exact_product(m: &AffineMatrix, row: usize, x: &[f32]) -> (f64, f64) {
     let (k, gs) = (m.cols, m.group_size);
     let (wpr, gpr) = (m.words_per_row(), m.groups_per_row());
@@ -354,11 +352,7 @@ fn check_swiglu(c: &Case, got: &[f32]) -> Option<String> {
                 + silu(g).abs() * du
                 + 1e-6 * want.abs()
                 + c.vt.ulp64(y.abs().max(want.abs()));
-            let excess = if y.is_finite() {
-                (y - want).abs() / allowed
-            } else {
-                f64::INFINITY
-            };
+            let excess = excess(y, want, allowed);
             if excess > worst {
                 worst = excess;
                 report = Some(format!(
@@ -478,32 +472,15 @@ fn shipped_affine_kernels_match_the_cpu_reference() {
             }
         }
     }
-    assert!(
-        failures.is_empty(),
-        "{} of {} emulated kernel runs disagree with the reference:\n{}",
-        failures.len(),
-        jobs.len(),
-        report.join("\n")
-    );
+    let what = "emulated kernel runs disagree with the reference";
+    common::assert_none_failed(failures.len(), jobs.len(), what, &report);
 }
 
 /// What the C++ build cannot see: the buffer indices (attributes, ignored by clang) and the
 /// parameter struct the Rust host side mirrors.
 #[test]
 fn kernel_abi_in_source() {
-    emu::assert_params(
-        "affine.h",
-        "AffineParams",
-        &[
-            "rows",
-            "cols",
-            "bits",
-            "group_size",
-            "out_rows",
-            "x_div",
-            "has_ids",
-        ],
-    );
+    emu::assert_params("affine.h", "AffineParams", &AFFINE_PARAMS);
     assert_eq!(
         std::mem::size_of::<gdn_ops::ops::affine::AffineParams>(),
         7 * 4

@@ -19,6 +19,7 @@ mod common;
 mod emu;
 
 use candle_core::{DType, Device, Tensor};
+use common::affine::send_matrix;
 use common::affine_grouped::{
     cases as op_cases, inputs, row_offsets, seed, Case as OpCase, EMULATION_MAX_WORK,
 };
@@ -64,13 +65,7 @@ fn check(case: &Case) -> Option<String> {
     ] {
         input.u32(v as u32);
     }
-    input.u32(c.x.code()).u32(c.scales.code());
-    m.packed().iter().for_each(|&w| {
-        input.u32(w);
-    });
-    input
-        .f32s(&values(&twin.scales))
-        .f32s(&values(&twin.biases));
+    send_matrix(&mut input, (c.x, c.scales), m);
     input.f32s(&inputs.x);
     schedule.iter().for_each(|&t| {
         input.u32(t);
@@ -122,8 +117,7 @@ fn cases() -> Vec<Case> {
 #[test]
 fn shipped_kernel_matches_the_cpu_twin() {
     let cases = cases();
-    let failed = failures(&cases, check);
-    assert!(failed.is_empty(), "{}", failed.join("\n"));
+    common::assert_no_failures(&failures(&cases, check), cases.len(), "cases fail");
 }
 
 /// The kernel's tile constants, as the host mirrors them.

@@ -77,32 +77,14 @@ fn check(case: &Case) -> Option<String> {
     ] {
         input.u32(v as u32);
     }
-    input.u32(c.x.code()).u32(c.scales.code());
-    m.packed().iter().for_each(|&w| {
-        input.u32(w);
-    });
-    input
-        .f32s(&values(&twin.scales))
-        .f32s(&values(&twin.biases))
-        .f32s(&x_in.x);
+    affine::send_matrix(&mut input, (c.x, c.scales), m);
+    input.f32s(&x_in.x);
     if has_ids {
         sent_ids.iter().for_each(|&i| {
             input.u32(i);
         });
     }
-    let what = format!(
-        "x {} scales {} {}-bit g{} {}x{}x{} {:?} tokens {} {} rows/group {rows_per_group} lpr {lpr}",
-        c.x.name(),
-        c.scales.name(),
-        c.bits,
-        c.group,
-        c.experts,
-        c.rows,
-        c.cols,
-        c.gather,
-        c.tokens,
-        if swiglu { "swiglu" } else { "products" },
-    );
+    let what = format!("{} rows/group {rows_per_group} lpr {lpr}", c.label());
     let mut got = match HARNESS.run(&input.0) {
         Err(e) => return Some(format!("{what}: {e}")),
         Ok(got) => got,
@@ -125,6 +107,12 @@ fn check(case: &Case) -> Option<String> {
         eprintln!("{what}: ok");
     }
     result
+}
+
+#[test]
+fn shipped_kernel_matches_the_cpu_twin() {
+    let cases = cases();
+    common::assert_no_failures(&failures(&cases, check), cases.len(), "cases fail");
 }
 
 /// The most work (`out_rows · rows · cols`) a family case may have here: the emulated warps
@@ -307,13 +295,6 @@ fn cases() -> Vec<Case> {
     cases
 }
 
-#[test]
-fn shipped_kernel_matches_the_cpu_twin() {
-    let cases = cases();
-    let failed = failures(&cases, check);
-    assert!(failed.is_empty(), "{}", failed.join("\n"));
-}
-
 /// The kernel's warps per block, as the host mirrors it, and the parameter struct the harness
 /// fills in field order.
 #[test]
@@ -327,15 +308,7 @@ fn block_constant_and_params_match_the_host() {
         .collect();
     assert_eq!(
         fields,
-        [
-            "rows",
-            "cols",
-            "bits",
-            "group_size",
-            "out_rows",
-            "x_div",
-            "has_ids"
-        ],
+        affine::AFFINE_PARAMS,
         "the harness builds AffineParams positionally"
     );
 }

@@ -116,41 +116,18 @@ fn kernel_abi_in_source() {
     assert_eq!(std::mem::size_of::<AttnDecodeParams>(), 32);
     let src = emu::shipped_source("kernels/attn_decode.metal");
     assert!(src.contains("#include \"params/attn_decode.h\""));
-    for (i, name) in ["q", "gate", "keys", "values", "pos", "out"]
-        .iter()
-        .enumerate()
-    {
-        assert!(
-            src.contains(&format!(" {name} [[buffer({i})]]")),
-            "attn_decode.metal: {name} must be buffer {i}"
-        );
-    }
+    let buffers = ["q", "gate", "keys", "values", "pos", "out"];
+    emu::assert_buffer_indices(&src, "attn_decode.metal", &buffers, " ");
     assert!(src.contains("AttnDecodeParams& p [[buffer(6)]]"));
     assert!(src.contains("threadgroup float* scratch [[threadgroup(0)]]"));
-    for (i, name) in ["q", "keys", "values", "pos", "partials"]
-        .iter()
-        .enumerate()
-    {
-        assert!(
-            src.contains(&format!(" {name} [[buffer({i})]]")),
-            "attn_decode_split: {name} must be buffer {i}"
-        );
-    }
+    let buffers = ["q", "keys", "values", "pos", "partials"];
+    emu::assert_buffer_indices(&src, "attn_decode_split", &buffers, " ");
     assert!(src.contains("AttnDecodeParams& p [[buffer(5)]]"));
-    for (i, name) in ["partials", "gate", "out"].iter().enumerate() {
-        assert!(
-            src.contains(&format!(" {name} [[buffer({i})]]")),
-            "attn_decode_combine: {name} must be buffer {i}"
-        );
-    }
+    let buffers = ["partials", "gate", "out"];
+    emu::assert_buffer_indices(&src, "attn_decode_combine", &buffers, " ");
     assert!(src.contains("AttnDecodeParams& p [[buffer(3)]]"));
-    for t in ["f32", "f16", "bf16"] {
-        for kernel in ["attn_decode", "attn_decode_split", "attn_decode_combine"] {
-            assert!(
-                src.contains(&format!("({kernel}_{t},")),
-                "missing {kernel}_{t}"
-            );
-        }
+    for kernel in ["attn_decode", "attn_decode_split", "attn_decode_combine"] {
+        emu::assert_instantiated(&src, kernel);
     }
     let cu = emu::shipped_source("kernels/attn_decode.cu");
     assert!(cu.contains("#include \"params/attn_decode.h\""));

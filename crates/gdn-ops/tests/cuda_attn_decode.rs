@@ -1,6 +1,7 @@
 //! The CUDA `attn_decode_{f32,f16,bf16}` kernels (`kernels/attn_decode.cu`) against the CPU
-//! twin, for every instantiation, over the op's cases (tests/common/attn_decode.rs). Built only with the `cuda` feature and run on the GPU
-//! machine (scripts/gpu/test-cuda.sh); without a CUDA device every test fails.
+//! twin, for every instantiation, over the op's cases (tests/common/attn_decode.rs). Built
+//! only with the `cuda` feature and run on the GPU machine (scripts/gpu/test-cuda.sh); without
+//! a CUDA device every test fails.
 //!
 //! The split-K pass is chosen by capacity (`AttnDecodeDims::splits`), so the long shapes
 //! run it; the simdgroup and split counts the emulated cases force are the emulation's.
@@ -20,8 +21,8 @@ use gdn_ops::ops::attn_decode::attn_decode;
 fn cuda_attn_decode_matches_the_cpu_twin() {
     let gpu = gpu();
     let mut failures = vec![];
-    for (i, s) in cases().into_iter().enumerate() {
-        for ty in TYPES {
+    for ty in TYPES {
+        for (i, s) in cases().into_iter().enumerate() {
             let [q, gate, keys, vals] = inputs(s, ty, seed(i, ty)).tensors(s, ty);
             let pos_t = Tensor::new(&[s.pos as u32], &Device::Cpu).unwrap();
             let g = |t: &Tensor| t.to_device(&gpu).unwrap();

@@ -9,8 +9,8 @@
 mod common;
 
 use candle_core::{Device, Tensor};
-use common::greedy_pick::{cases, Values, DTYPES};
 use common::gpu;
+use common::greedy_pick::{cases, Values, DTYPES};
 use gdn_ops::ops::greedy_pick::greedy_pick;
 
 fn words(t: &Tensor) -> Vec<Vec<u32>> {

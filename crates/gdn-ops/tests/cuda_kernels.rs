@@ -12,7 +12,6 @@ mod common;
 use candle_core::{DType, Device, Tensor};
 use common::affine::{self, Kind};
 use common::{assert_rel_err, gpu, rel_l2, Rng};
-use gdn_ops::ops::affine::AffineTensor;
 
 fn tolerance(dtypes: &[DType]) -> f32 {
     if dtypes.contains(&DType::BF16) {
@@ -108,19 +107,10 @@ fn gated_delta_matches_the_cpu_reference() {
 #[test]
 fn affine_kernels_match_the_cpu_twin() {
     let dev = gpu();
-    for (i, c) in affine::cases().iter().enumerate() {
-        if c.kind != Kind::Products {
-            continue;
-        }
-        let x = affine::inputs(c, affine::seed(i));
-        let (cpu, gpu_m) = (
-            AffineTensor::upload(&x.m, &Device::Cpu).unwrap(),
-            AffineTensor::upload(&x.m, &dev).unwrap(),
-        );
+    for (i, c) in affine::cases_of(Kind::Products) {
+        let ([cpu, gpu_m], [want, got]) = affine::on_cpu_and(&dev, i, &c);
         let x_dtype = c.x.dtype();
         let what = c.label();
-        let want = x.run(c, &cpu, &Device::Cpu);
-        let got = x.run(c, &gpu_m, &dev);
         assert_rel_err(
             &format!("{what}: products"),
             rel_l2(&got, &want),

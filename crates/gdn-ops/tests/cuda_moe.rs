@@ -11,11 +11,10 @@
 mod common;
 
 use candle_core::{DType, Device, Tensor};
+use common::affine::{self, Kind};
 use common::moe_combine::{cases as combine_cases, Form};
 use common::moe_route::cases as route_cases;
-use common::affine::{self, Kind};
 use common::{assert_rel_err, gpu, rel_l2, tolerance};
-use gdn_ops::ops::affine::AffineTensor;
 use gdn_ops::ops::moe_combine::{moe_combine, moe_combine_rows};
 use gdn_ops::ops::moe_route::moe_route;
 
@@ -120,15 +119,8 @@ fn moe_combine_rows_matches_the_cpu_twin() {
 #[test]
 fn affine_swiglu_matches_the_cpu_twin() {
     let dev = gpu();
-    for (i, c) in affine::cases().iter().enumerate() {
-        if c.kind != Kind::Swiglu {
-            continue;
-        }
-        let x = affine::inputs(c, affine::seed(i));
-        let cpu = AffineTensor::upload(&x.m, &Device::Cpu).unwrap();
-        let gpu_m = AffineTensor::upload(&x.m, &dev).unwrap();
-        let want = x.run(c, &cpu, &Device::Cpu);
-        let got = x.run(c, &gpu_m, &dev);
+    for (i, c) in affine::cases_of(Kind::Swiglu) {
+        let (_, [want, got]) = affine::on_cpu_and(&dev, i, &c);
         assert_rel_err(
             &format!("swiglu {}", c.label()),
             rel_l2(&got, &want),

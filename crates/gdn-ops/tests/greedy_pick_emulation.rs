@@ -70,7 +70,12 @@ impl Case {
     fn label(&self, kernel: Kernel) -> String {
         format!(
             "{kernel:?} greedy_pick_{} N={} V={} B={} slice={} {:?}",
-            DTYPE_NAMES[self.dtype], self.p.rows, self.p.vocab, self.p.blocks, self.p.slice, self.kind
+            DTYPE_NAMES[self.dtype],
+            self.p.rows,
+            self.p.vocab,
+            self.p.blocks,
+            self.p.slice,
+            self.kind
         )
     }
 

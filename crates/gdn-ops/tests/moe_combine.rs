@@ -53,8 +53,7 @@ fn twin_matches_the_composed_path() {
             let x = c.inputs(i, dtype);
             let (down, weights) = (&x.down, &x.weights);
             let (residual, norm) = (x.residual.unwrap(), x.norm_weight.unwrap());
-            let (sum, normed) =
-                moe_combine(down, weights, &residual, Some((&norm, 1e-6))).unwrap();
+            let (sum, normed) = moe_combine(down, weights, &residual, Some((&norm, 1e-6))).unwrap();
             let normed = normed.expect("a norm was asked for");
             assert_eq!((sum.dims(), sum.dtype()), (residual.dims(), dtype));
             let (want_sum, want_normed) = composed(down, weights, &residual, &norm, 1e-6);

@@ -30,7 +30,7 @@ pub fn rows_cols(shape: &[usize]) -> (usize, usize) {
 
 /// The inputs' seed of case `i` of [`cases`] at `ty`: the same on every backend.
 pub fn seed(i: usize, ty: Ty) -> u64 {
-    (i as u64 + 1) * 7919 + ty.code() as u64
+    super::random::case_seed(7919, i, ty.code() as u64)
 }
 
 /// One case's inputs as values rounded to `ty`: the residual and the delta (`rows·H`, in

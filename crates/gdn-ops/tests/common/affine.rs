@@ -6,9 +6,21 @@
 //! (tests/affine_swiglu.rs): one list of instantiations and shapes, one input generator.
 
 use super::dtype::{tensor, Ty, TYPES};
+use super::harness_input::Input;
 use super::random::{scaled_matrix, Rng};
 use candle_core::{Device, Tensor};
 use gdn_ops::ops::affine::{AffineMatrix, AffineTensor};
+
+/// The fields of the kernels' `AffineParams` (kernels/params/affine.h), in order.
+pub const AFFINE_PARAMS: [&str; 7] = [
+    "rows",
+    "cols",
+    "bits",
+    "group_size",
+    "out_rows",
+    "x_div",
+    "has_ids",
+];
 
 pub const BITS: [usize; 6] = [2, 3, 4, 5, 6, 8];
 pub const GROUPS: [usize; 3] = [32, 64, 128];
@@ -197,7 +209,14 @@ pub fn cases() -> Vec<Case> {
     // A dense matrix, decode-shaped and prefill-shaped.
     for n in [1, 3, 17] {
         let pair = (Ty::F32, Ty::Bf16);
-        out.push(Case::new(Products, pair, (4, 64), [1, 96, 512], n, Gather::Dense));
+        out.push(Case::new(
+            Products,
+            pair,
+            (4, 64),
+            [1, 96, 512],
+            n,
+            Gather::Dense,
+        ));
     }
     // Gathers: 5 experts, repeated ids; two slots per row of x, or a row of x per slot.
     for (pi, &pair) in pairs.iter().enumerate() {
@@ -222,7 +241,14 @@ pub fn cases() -> Vec<Case> {
                     i += 1;
                     for gather in [Gather::PerToken { slots: 2 }, Gather::PerSlot { slots: 2 }] {
                         let shape = [5, rows, 256];
-                        out.push(Case::new(Products, (x, scales), (bits, gs), shape, 3, gather));
+                        out.push(Case::new(
+                            Products,
+                            (x, scales),
+                            (bits, gs),
+                            shape,
+                            3,
+                            gather,
+                        ));
                     }
                 }
             }
@@ -275,7 +301,14 @@ pub fn cases() -> Vec<Case> {
                 let im = [13, 8, 3, 6][(gi + pi) % 4];
                 let (tokens, slots) = [(1, 3), (2, 2), (4, 1)][(bi + pi) % 3];
                 let gather = Gather::PerToken { slots };
-                out.push(Case::new(Swiglu, pair, (bits, gs), [4, 2 * im, k], tokens, gather));
+                out.push(Case::new(
+                    Swiglu,
+                    pair,
+                    (bits, gs),
+                    [4, 2 * im, k],
+                    tokens,
+                    gather,
+                ));
             }
         }
     }
@@ -290,7 +323,14 @@ pub fn cases() -> Vec<Case> {
                 i += 1;
                 let gather = Gather::PerToken { slots: 3 };
                 let shape = [5, 2 * im, 256];
-                out.push(Case::new(Swiglu, (x, scales), (bits, gs), shape, tokens, gather));
+                out.push(Case::new(
+                    Swiglu,
+                    (x, scales),
+                    (bits, gs),
+                    shape,
+                    tokens,
+                    gather,
+                ));
             }
         }
     }
@@ -304,7 +344,14 @@ pub fn cases() -> Vec<Case> {
         ] {
             let gather = Gather::PerToken { slots };
             let pair = (x, Ty::Bf16);
-            out.push(Case::new(Swiglu, pair, (bits, gs), [experts, 2 * im, h], tokens, gather));
+            out.push(Case::new(
+                Swiglu,
+                pair,
+                (bits, gs),
+                [experts, 2 * im, h],
+                tokens,
+                gather,
+            ));
         }
     }
     // The Qwen3-Next-80B expert shape (H = 2048, Im = 512, 4 bits, group 64), the shared
@@ -319,7 +366,7 @@ pub fn cases() -> Vec<Case> {
 
 /// The inputs' seed of case `i` of [`cases`]: the same on every backend.
 pub fn seed(i: usize) -> u64 {
-    (i as u64 + 1) * 7919
+    super::random::case_seed(7919, i, 0)
 }
 
 /// One case's inputs on the CPU: the matrix, x (rounded to its type), the expert ids
@@ -361,9 +408,7 @@ impl Inputs {
     /// `matmul_t`, `gather_matmul_t` or `gather_swiglu`.
     pub fn run(&self, c: &Case, w: &AffineTensor, dev: &Device) -> Tensor {
         let x = self.x_tensor(c).to_device(dev).unwrap();
-        let ids = || {
-            Tensor::from_vec(self.ids.clone(), (c.tokens, c.slots()), dev).unwrap()
-        };
+        let ids = || Tensor::from_vec(self.ids.clone(), (c.tokens, c.slots()), dev).unwrap();
         match (c.kind, c.gather) {
             (Kind::Products, Gather::Dense) => w.matmul_t(&x),
             (Kind::Products, _) => w.gather_matmul_t(&x, &ids()),
@@ -372,4 +417,33 @@ impl Inputs {
         }
         .unwrap()
     }
+}
+
+/// Case `i` of [`cases`] on the CPU twin and on `dev`: the matrix uploaded to each, and the
+/// op's results `[want, got]` (the CPU's, then `dev`'s).
+pub fn on_cpu_and(dev: &Device, i: usize, c: &Case) -> ([AffineTensor; 2], [Tensor; 2]) {
+    let x = inputs(c, seed(i));
+    let w = [&Device::Cpu, dev].map(|d| AffineTensor::upload(&x.m, d).unwrap());
+    let out = [(&w[0], &Device::Cpu), (&w[1], dev)].map(|(w, d)| x.run(c, w, d));
+    (w, out)
+}
+
+/// The cases of one kind, with their index in [`cases`].
+pub fn cases_of(kind: Kind) -> impl Iterator<Item = (usize, Case)> {
+    cases()
+        .into_iter()
+        .enumerate()
+        .filter(move |(_, c)| c.kind == kind)
+}
+
+/// Writes `m` to a harness's input as the CUDA harnesses read it: the (x, scale) type codes,
+/// the packed words, then the scales and the biases in f32.
+pub fn send_matrix(input: &mut Input, (x, scales): (Ty, Ty), m: &AffineMatrix) {
+    input.u32(x.code()).u32(scales.code());
+    m.packed().iter().for_each(|&w| {
+        input.u32(w);
+    });
+    input
+        .f32s(&m.scales().to_f32_vec())
+        .f32s(&m.biases().to_f32_vec());
 }

@@ -87,7 +87,12 @@ pub fn cases() -> Vec<Case> {
                 let rows = [40, 32, 13, 72][i % 4];
                 let cols: usize = [128, 96, 64, 192][(i / 2) % 4];
                 let cols = cols.max(group).next_multiple_of(group);
-                out.push(case((x, scales), (bits, group), [rows, cols], counts[i % 4]));
+                out.push(case(
+                    (x, scales),
+                    (bits, group),
+                    [rows, cols],
+                    counts[i % 4],
+                ));
                 i += 1;
             }
             // Pairs of 64, 65 and 130 around the tiles.
@@ -146,7 +151,7 @@ pub fn cases() -> Vec<Case> {
 
 /// The inputs' seed of case `i` of [`cases`]: the same on every backend.
 pub fn seed(i: usize) -> u64 {
-    (i as u64 + 1) * 104_729
+    super::random::case_seed(104_729, i, 0)
 }
 
 /// One case's inputs on the CPU: the stacked matrix, x `[P, cols]` rounded to its type, the

@@ -10,12 +10,12 @@ use gdn_ops::ops::attn_decode::{AttnDecodeDims, MAX_SPLITS, SIMDGROUPS, SPLIT_KE
 /// One decode query per sequence at position `pos` over KV buffers of `capacity` positions.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Shape {
+    pub pos: usize,
+    pub capacity: usize,
     pub batch: usize,
     pub q_heads: usize,
     pub kv_heads: usize,
     pub head_dim: usize,
-    pub capacity: usize,
-    pub pos: usize,
     /// Simdgroups a threadgroup of the emulated Metal kernel runs (the host's [`SIMDGROUPS`],
     /// or fewer).
     pub simdgroups: usize,
@@ -127,11 +127,6 @@ pub fn cases() -> Vec<Shape> {
     ]
 }
 
-/// The inputs' seed of case `i` of [`cases`] at `ty`: the same on every backend.
-pub fn seed(i: usize, ty: Ty) -> u64 {
-    (i as u64 + 1) * 15_485_863 + ty.code() as u64
-}
-
 /// One case's inputs as values rounded to the activation type: q `[B, Nq, Dh]` and gate
 /// `[B, Nq·Dh]`, keys and values `[B, Nkv, cap, Dh]`. Scores of a few units: a softmax that is
 /// neither flat nor one-hot.
@@ -166,4 +161,9 @@ impl Inputs {
             tensor(&self.values, &kv_shape, ty),
         ]
     }
+}
+
+/// The inputs' seed of case `i` of [`cases`] at `ty`: the same on every backend.
+pub fn seed(i: usize, ty: Ty) -> u64 {
+    super::random::case_seed(15_485_863, i, ty.code() as u64)
 }

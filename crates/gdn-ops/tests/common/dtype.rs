@@ -27,6 +27,13 @@ impl Ty {
     pub fn dtype(self) -> DType {
         [DType::F32, DType::F16, DType::BF16][self as usize]
     }
+    /// The type of an activation dtype (f32, f16 or bf16).
+    pub fn of(dtype: DType) -> Self {
+        TYPES[[DType::F32, DType::F16, DType::BF16]
+            .iter()
+            .position(|&d| d == dtype)
+            .expect("an activation dtype")]
+    }
     pub fn round(self, x: f32) -> f32 {
         match self {
             Ty::F32 => x,

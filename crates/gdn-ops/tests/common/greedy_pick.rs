@@ -95,7 +95,7 @@ pub fn cases() -> Vec<Case> {
 
 /// The logits' seed of case `i` of [`cases`] in `DTYPES[dtype]`: the same on every backend.
 pub fn seed(i: usize, dtype: usize) -> u64 {
-    (i as u64 * 3 + dtype as u64 + 1) * 7_919
+    super::random::case_seed(7_919, i, dtype as u64)
 }
 
 /// `[rows, vocab]` logits of `kind` drawn from `seed`, rounded to `dtype`.

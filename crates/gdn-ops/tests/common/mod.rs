@@ -34,6 +34,6 @@ pub use compare::{
 pub use dtype::{tensor, tensor_as, St, Ty, TYPES};
 pub use gpu::{gpu, tolerance};
 pub use harness_input::Input;
-pub use parallel::{assert_no_failures, failures, failures_on_all_cores};
-pub use random::{random_matrix, scaled_matrix, seeds, Rng};
+pub use parallel::{assert_no_failures, assert_none_failed, failures, failures_on_all_cores};
+pub use random::{case_seed, random_matrix, scaled_matrix, seeds, Rng};
 pub use reference::candle_nn_rms_norm;

@@ -23,21 +23,12 @@ pub struct Case {
     pub form: Form,
 }
 
-const fn decode(tokens: usize, slots: usize, hidden: usize, norm: bool) -> Case {
+const fn case(tokens: usize, slots: usize, hidden: usize, form: Form) -> Case {
     Case {
         tokens,
         slots,
         hidden,
-        form: Form::Decode { norm },
-    }
-}
-
-const fn rows(tokens: usize, slots: usize, hidden: usize, spare: usize) -> Case {
-    Case {
-        tokens,
-        slots,
-        hidden,
-        form: Form::Rows { spare },
+        form,
     }
 }
 
@@ -47,42 +38,39 @@ pub const EMULATION_MAX_VALUES: usize = 200_000;
 
 /// Every backend's cases, at every dtype.
 pub fn cases() -> Vec<Case> {
+    use Form::{Decode, Rows};
     vec![
         // Qwen3-Next-80B: H = 2048, k = 10 routed + the shared slot.
-        decode(1, 11, 2048, true),
-        decode(2, 11, 2048, true),
+        case(1, 11, 2048, Decode { norm: true }),
+        case(2, 11, 2048, Decode { norm: true }),
         // H not a multiple of 32; one slot; no norm; a wider H.
-        decode(3, 9, 200, true),
-        decode(1, 1, 77, true),
-        decode(2, 1, 77, true),
-        decode(3, 1, 77, true),
-        decode(4, 9, 256, true),
-        decode(4, 5, 256, false),
-        decode(3, 5, 200, false),
-        decode(1, 3, 16, false),
-        decode(4, 9, 4096, true),
+        case(3, 9, 200, Decode { norm: true }),
+        case(1, 1, 77, Decode { norm: true }),
+        case(2, 1, 77, Decode { norm: true }),
+        case(3, 1, 77, Decode { norm: true }),
+        case(4, 9, 256, Decode { norm: true }),
+        case(4, 5, 256, Decode { norm: false }),
+        case(3, 5, 200, Decode { norm: false }),
+        case(1, 3, 16, Decode { norm: false }),
+        case(4, 9, 4096, Decode { norm: true }),
         // Wider than a threadgroup's registers (4 × 512 columns): the columns in turns.
-        decode(1, 2, 2100, true),
+        case(1, 2, 2100, Decode { norm: true }),
         // The prefill form: a permutation of the pairs, with and without spare rows; Qwen3-Next's
         // prefill chunk (2048 tokens, 10 routed + the shared slot).
-        rows(3, 11, 2048, 0),
-        rows(7, 4, 200, 5),
-        rows(37, 11, 256, 0),
-        rows(37, 9, 200, 5),
-        rows(5, 3, 77, 4),
-        rows(1, 1, 8, 0),
-        rows(1, 1, 77, 0),
-        rows(2048, 11, 2048, 0),
+        case(3, 11, 2048, Rows { spare: 0 }),
+        case(7, 4, 200, Rows { spare: 5 }),
+        case(37, 11, 256, Rows { spare: 0 }),
+        case(37, 9, 200, Rows { spare: 5 }),
+        case(5, 3, 77, Rows { spare: 4 }),
+        case(1, 1, 8, Rows { spare: 0 }),
+        case(1, 1, 77, Rows { spare: 0 }),
+        case(2048, 11, 2048, Rows { spare: 0 }),
     ]
 }
 
 /// The inputs' seed of case `i` of [`cases`] in `dtype`: the same on every backend.
 pub fn seed(i: usize, dtype: DType) -> u64 {
-    let code = [DType::F32, DType::F16, DType::BF16]
-        .iter()
-        .position(|&d| d == dtype)
-        .expect("an activation dtype") as u64;
-    (i as u64 * 3 + code + 1) * 7_919
+    super::random::case_seed(7_919, i, super::dtype::Ty::of(dtype).code() as u64)
 }
 
 /// One case's inputs on the CPU, `down` and the residual and norm weight in the activation
@@ -124,8 +112,7 @@ impl Case {
             },
             Form::Rows { spare } => {
                 let order = permutation(&mut rng, n * s + spare);
-                let rows =
-                    Tensor::from_vec(order[..n * s].to_vec(), (n, s), &Device::Cpu).unwrap();
+                let rows = Tensor::from_vec(order[..n * s].to_vec(), (n, s), &Device::Cpu).unwrap();
                 Inputs {
                     down: rng.tensor_as(&[n * s + spare, h], -2.0, 2.0, dtype),
                     rows: Some(rows),

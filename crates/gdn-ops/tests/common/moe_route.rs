@@ -63,11 +63,7 @@ pub fn cases() -> Vec<Case> {
 
 /// The logits' seed of case `i` of [`cases`] in `dtype`: the same on every backend.
 pub fn seed(i: usize, dtype: DType) -> u64 {
-    let code = [DType::F32, DType::F16, DType::BF16]
-        .iter()
-        .position(|&d| d == dtype)
-        .expect("an activation dtype") as u64;
-    (i as u64 * 3 + code + 1) * 104_729
+    super::random::case_seed(104_729, i, super::dtype::Ty::of(dtype).code() as u64)
 }
 
 impl Case {

@@ -102,6 +102,12 @@ impl Rng {
     }
 }
 
+/// The inputs' seed of case `i` of an op's list in its `variant` (a type code, say), the same
+/// on every backend: `(i + 1)·step + variant`.
+pub fn case_seed(step: u64, i: usize, variant: u64) -> u64 {
+    (i as u64 + 1) * step + variant
+}
+
 /// Case seeds `step`, `2·step`, `3·step`, ...: one a call, so that each case of a list has
 /// its own inputs and adding a case at the end changes no other.
 pub fn seeds(step: u64) -> impl FnMut() -> u64 {
