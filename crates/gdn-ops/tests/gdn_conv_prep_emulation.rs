@@ -18,7 +18,9 @@ mod common;
 mod emu;
 
 use candle_core::DType;
-use common::gdn_conv_prep::{cases, dims, inputs, seed, Case as OpCase, EMULATION_MAX_WORK};
+use common::gdn_conv_prep::{
+    cases, dims, inputs, seed, Case as OpCase, Inputs, EMULATION_MAX_WORK,
+};
 use common::{tensor_as, values, worst_excess, Input, Ty as In, TYPES};
 use gdn_ops::ops::gdn_conv_prep::{gdn_conv_prep, qk_scales, ConvPrepDims, NORM_EPS};
 use std::time::Instant;
@@ -35,14 +37,9 @@ struct Case {
     strides: [usize; 3],
     /// Token rows per batch row in the views' storage.
     rows_per_batch: usize,
-    /// The views' storage, rows at their strides, NaN between them.
-    qkv: Vec<f32>,
-    b: Vec<f32>,
-    a: Vec<f32>,
-    state: Vec<f32>,
-    taps: Vec<f32>,
-    dt_bias: Vec<f32>,
-    neg_a_exp: Vec<f32>,
+    /// The op's inputs, qkv, b and a as the views' storage: rows at their strides, NaN
+    /// between them.
+    x: Inputs,
 }
 
 /// `[batch, rows_per_batch]` rows of `stride` values, the first `tokens` rows of each batch
@@ -85,13 +82,12 @@ fn make_case_from(c: &OpCase, ty: In, seed: u64) -> Case {
         tokens,
         strides,
         rows_per_batch,
-        qkv: view(&x.qkv, strides[0], ch),
-        b: view(&x.b, strides[1], hv),
-        a: view(&x.a, strides[2], hv),
-        state: x.state,
-        taps: x.taps,
-        dt_bias: x.dt_bias,
-        neg_a_exp: x.neg_a_exp,
+        x: Inputs {
+            qkv: view(&x.qkv, strides[0], ch),
+            b: view(&x.b, strides[1], hv),
+            a: view(&x.a, strides[2], hv),
+            ..x
+        },
     }
 }
 
@@ -132,13 +128,13 @@ fn run_harness(c: &Case) -> Result<Outputs, String> {
     };
     let (hv, ch) = (d.value_heads, d.channels());
     for a in [
-        &span(&c.qkv, c.strides[0], ch),
-        &span(&c.b, c.strides[1], hv),
-        &span(&c.a, c.strides[2], hv),
-        &c.state,
-        &c.taps,
-        &c.dt_bias,
-        &c.neg_a_exp,
+        &span(&c.x.qkv, c.strides[0], ch),
+        &span(&c.x.b, c.strides[1], hv),
+        &span(&c.x.a, c.strides[2], hv),
+        &c.x.state,
+        &c.x.taps,
+        &c.x.dt_bias,
+        &c.x.neg_a_exp,
     ] {
         input.f32s(a);
     }
@@ -146,7 +142,7 @@ fn run_harness(c: &Case) -> Result<Outputs, String> {
     let rows = c.batch * c.tokens;
     let qk = rows * d.key_heads * d.key_dim;
     let gates = rows * d.value_heads;
-    let lens = [qk, qk, gates * d.value_dim, gates, gates, c.state.len()];
+    let lens = [qk, qk, gates * d.value_dim, gates, gates, c.x.state.len()];
     if floats.len() != lens.iter().sum::<usize>() {
         return Err(format!(
             "harness wrote {} floats, expected {}",
@@ -173,15 +169,19 @@ fn reference(c: &Case) -> Outputs {
             .unwrap()
     };
     let t = tensor_as;
-    let state = t(&c.state, &[c.batch, d.kernel_size - 1, d.channels()], dtype);
+    let state = t(
+        &c.x.state,
+        &[c.batch, d.kernel_size - 1, d.channels()],
+        dtype,
+    );
     let out = gdn_conv_prep(
-        &view(&c.qkv, c.strides[0], d.channels()),
-        &view(&c.b, c.strides[1], d.value_heads),
-        &view(&c.a, c.strides[2], d.value_heads),
+        &view(&c.x.qkv, c.strides[0], d.channels()),
+        &view(&c.x.b, c.strides[1], d.value_heads),
+        &view(&c.x.a, c.strides[2], d.value_heads),
         &state,
-        &t(&c.taps, &[d.kernel_size, d.channels()], dtype),
-        &t(&c.dt_bias, &[d.value_heads], DType::F32),
-        &t(&c.neg_a_exp, &[d.value_heads], DType::F32),
+        &t(&c.x.taps, &[d.kernel_size, d.channels()], dtype),
+        &t(&c.x.dt_bias, &[d.value_heads], DType::F32),
+        &t(&c.x.neg_a_exp, &[d.value_heads], DType::F32),
         d,
     )
     .unwrap();
@@ -285,13 +285,13 @@ fn one_token(c: &Case, t: usize, state: Vec<f32>) -> Case {
         tokens: 1,
         strides: c.strides,
         rows_per_batch: 1,
-        qkv: rows(&c.qkv, c.strides[0]),
-        b: rows(&c.b, c.strides[1]),
-        a: rows(&c.a, c.strides[2]),
-        state,
-        taps: c.taps.clone(),
-        dt_bias: c.dt_bias.clone(),
-        neg_a_exp: c.neg_a_exp.clone(),
+        x: Inputs {
+            qkv: rows(&c.x.qkv, c.strides[0]),
+            b: rows(&c.x.b, c.strides[1]),
+            a: rows(&c.x.a, c.strides[2]),
+            state,
+            ..c.x.clone()
+        },
     }
 }
 
@@ -316,7 +316,7 @@ fn shipped_kernel_prefill_matches_its_decode_steps_bit_for_bit() {
             let c = make_case_from(&op, ty, 0xDEC0_0000 + si as u64);
             let what = format!("gdn_conv_prep_{} {d:?} B{batch} S{tokens}", ty.name());
             let chunk = run_harness(&c).unwrap_or_else(|e| panic!("{what}: {e}"));
-            let mut state = c.state.clone();
+            let mut state = c.x.state.clone();
             let mut steps: Vec<Outputs> = vec![];
             for t in 0..tokens {
                 let step = run_harness(&one_token(&c, t, state)).unwrap();

@@ -127,6 +127,7 @@ pub fn seed(i: usize, ty: Ty) -> u64 {
 }
 
 /// One case's inputs as values rounded to the activation type (the decay parameters f32).
+#[derive(Clone)]
 pub struct Inputs {
     /// `[B, S, C]`.
     pub qkv: Vec<f32>,
