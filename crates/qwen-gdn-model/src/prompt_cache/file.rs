@@ -415,9 +415,8 @@ impl ExpectedShapes {
         let bytes = |(dtype, dims): &(DType, Vec<usize>)| {
             (dims.iter().product::<usize>() * dtype.size_in_bytes()) as u64
         };
-        let family_bytes = |f: &Option<Box<dyn FamilyState>>| {
-            f.as_ref().map_or(0, |f| f.max_field_bytes(tokens))
-        };
+        let family_bytes =
+            |f: &Option<Box<dyn FamilyState>>| f.as_ref().map_or(0, |f| f.max_field_bytes(tokens));
         let layers: u64 = self
             .layers
             .iter()

@@ -144,7 +144,11 @@ impl Snapshot {
                         + family_bytes(&c.family)
                 }
                 LayerCache::Attention(c) => {
-                    c.keys().iter().chain(&c.values()).map(tensor_bytes).sum::<u64>()
+                    c.keys()
+                        .iter()
+                        .chain(&c.values())
+                        .map(tensor_bytes)
+                        .sum::<u64>()
                         + family_bytes(&c.family)
                 }
             })

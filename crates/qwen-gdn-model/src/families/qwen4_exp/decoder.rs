@@ -238,7 +238,9 @@ impl Qwen4ExpLayer {
         tap: &mut dyn Tap,
     ) -> Result<Tensor> {
         let hs = self.add_per_layer_embedding(hs, tokens, cache)?;
-        tap.part(Part::PerLayerEmbedding { layer: i }, &hs, &hs)?;
+        if self.ple.is_some() {
+            tap.part(Part::PerLayerEmbedding { layer: i }, &hs, &hs)?;
+        }
         let hs = self.mixer_residual(&hs, cache, offset)?;
         let attention = matches!(self.mixer, Qwen4Mixer::Qsa(_));
         tap.part(
@@ -250,7 +252,14 @@ impl Qwen4ExpLayer {
             &hs,
         )?;
         let hs = self.feed_forward_residual(&hs)?;
-        tap.part(Part::FeedForward { layer: i }, &hs, &hs)?;
+        tap.part(
+            Part::FeedForward {
+                layer: i,
+                moe: true,
+            },
+            &hs,
+            &hs,
+        )?;
         Ok(hs)
     }
 
@@ -268,7 +277,8 @@ impl Qwen4ExpLayer {
         let LayerCache::Gdn(c) = cache else {
             bail!("cache does not belong to this model");
         };
-        let state = state::ple_mut(c).ok_or_else(|| anyhow!("cache lacks the per-layer embedding state"))?;
+        let state = state::ple_mut(c)
+            .ok_or_else(|| anyhow!("cache lacks the per-layer embedding state"))?;
         candle_op(hs.add(&ple.forward(hs, tokens, state)?))
     }
 

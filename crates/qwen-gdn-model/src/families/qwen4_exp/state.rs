@@ -89,7 +89,10 @@ impl QsaState {
         let ix = &self.keys;
         let rows = ix.blocks.len() + ix.tail.len();
         ensure!(
-            ix.blocks.iter().chain(&ix.tail).all(|k| k.len() == self.key_dim),
+            ix.blocks
+                .iter()
+                .chain(&ix.tail)
+                .all(|k| k.len() == self.key_dim),
             "QSA indexer keys of another width than {}",
             self.key_dim
         );
