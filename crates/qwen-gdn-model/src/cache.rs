@@ -7,11 +7,11 @@ mod family_state;
 
 pub use family_state::{downcast_mut, downcast_ref, FamilyState, FieldReader};
 
+use crate::candle_ops::{write_at, zeros};
 use crate::tensor::{contiguous, own_copy};
 use crate::StateDtype;
 use anyhow::Result;
 use candle_core::Tensor;
-use gdn_ops::launches::candle_op;
 
 #[derive(Debug, Clone, Default)]
 pub struct GdnCache {
@@ -78,8 +78,8 @@ impl KvCache {
             self.keys.as_ref().expect("reserved"),
             self.values.as_ref().expect("reserved"),
         );
-        candle_op(keys.slice_set(&contiguous(k)?, 2, self.len))?;
-        candle_op(values.slice_set(&contiguous(v)?, 2, self.len))?;
+        write_at(keys, &contiguous(k)?, 2, self.len)?;
+        write_at(values, &contiguous(v)?, 2, self.len)?;
         self.len += s;
         Ok((self.keys().expect("set"), self.values().expect("set")))
     }
@@ -145,8 +145,8 @@ impl KvCache {
             cache.keys.as_ref().expect("reserved"),
             cache.values.as_ref().expect("reserved"),
         );
-        candle_op(keys.slice_set(&contiguous(k)?, 2, 0))?;
-        candle_op(values.slice_set(&contiguous(v)?, 2, 0))?;
+        write_at(keys, &contiguous(k)?, 2, 0)?;
+        write_at(values, &contiguous(v)?, 2, 0)?;
         cache.len = len;
         Ok(cache)
     }
@@ -169,16 +169,12 @@ impl KvCache {
         }
         let capacity = needed.div_ceil(KV_STEP) * KV_STEP;
         let grow = |old: &Option<Tensor>| -> Result<Tensor> {
-            let buf = candle_op(Tensor::zeros(
-                (b, h, capacity, d),
-                like.dtype(),
-                like.device(),
-            ))?;
+            let buf = zeros((b, h, capacity, d), like.dtype(), like.device())?;
             if let Some(old) = old {
                 // The whole old buffer, unused tail included: a narrow to `len` positions is
                 // not contiguous (heads are a capacity apart) and `slice_set` takes
                 // contiguous sources only.
-                candle_op(buf.slice_set(old, 2, 0))?;
+                write_at(&buf, old, 2, 0)?;
             }
             Ok(buf)
         };
