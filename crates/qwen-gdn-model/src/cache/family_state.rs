@@ -35,7 +35,7 @@ pub trait FamilyState: fmt::Debug + Send + Sync + Any {
     /// fresh state (as a new cache holds it): it gives the shapes and what a sequence
     /// starts from. What the file cannot hold wrong (a tensor's dtype and shape) `read`
     /// checks; anything else about the fields is checked here.
-    fn from_snapshot_fields(
+    fn load_snapshot_fields(
         &self,
         tokens: &[u32],
         read: &mut FieldReader,

@@ -264,7 +264,7 @@ fn read_family(
     let Some(fresh) = fresh else {
         return Ok(None);
     };
-    let state = fresh.from_snapshot_fields(tokens, &mut |field, dtype, dims| {
+    let state = fresh.load_snapshot_fields(tokens, &mut |field, dtype, dims| {
         load(format!("layers.{i}.{field}"), dtype, dims.to_vec())
     })?;
     Ok(Some(state))

@@ -40,7 +40,7 @@ impl FamilyState for PleState {
         Ok(vec![(PLE_WINDOW, self.window.clone())])
     }
 
-    fn from_snapshot_fields(
+    fn load_snapshot_fields(
         &self,
         tokens: &[u32],
         read: &mut FieldReader,
@@ -125,7 +125,7 @@ impl FamilyState for QsaState {
         Ok(vec![(INDEX_KEYS, self.keys_tensor()?)])
     }
 
-    fn from_snapshot_fields(
+    fn load_snapshot_fields(
         &self,
         tokens: &[u32],
         read: &mut FieldReader,
