@@ -5,6 +5,7 @@
 //! tokens through embeddings, decoder layers (updating the [`Cache`] in place) and the head.
 
 pub mod cache;
+pub mod candle_ops;
 pub mod config;
 pub mod device_memory;
 pub mod diagnose;

@@ -15,6 +15,7 @@
 use super::linear::{FusedLinear, Linear};
 use super::norm::{Gate, GatedRmsNorm, RmsNorm, ScaledRms};
 use crate::cache::GdnCache;
+use crate::candle_ops::{cat, sigmoid, silu, zeros};
 use crate::config::Family;
 use crate::phase_profile::phase;
 use crate::tensor::{cast, contiguous};
@@ -22,7 +23,7 @@ use crate::weights::Checkpoint;
 use crate::Config;
 use anyhow::Result;
 use candle_core::{DType, Device, Tensor, D};
-use gdn_ops::launches::{candle_op, candle_ops};
+use gdn_ops::launches::candle_op;
 
 mod conv_front;
 mod decode;
@@ -193,9 +194,9 @@ impl GatedDeltaNet {
         let k = self.kernel;
         let prev = match &cache.conv {
             Some(p) => p.clone(),
-            None => candle_op(Tensor::zeros((b, k - 1, c), x.dtype(), x.device()))?,
+            None => zeros((b, k - 1, c), x.dtype(), x.device())?,
         };
-        let padded = candle_ops(2, Tensor::cat(&[&prev, x], 1))?; // [B, S+K-1, C]
+        let padded = cat(&[&prev, x], 1)?; // [B, S+K-1, C]
 
         // A copy, not a view: the narrow is already contiguous, so `contiguous()` would keep
         // the whole `[B, S+K-1, C]` prefill buffer alive in every GDN layer.
@@ -236,7 +237,7 @@ impl GatedDeltaNet {
             if self.conv_front == ConvFront::Fused {
                 return self.conv_front_fused(&qkv, &beta_in, &a, cache);
             }
-            let conv = candle_op(self.conv(&qkv, cache)?.silu())?;
+            let conv = silu(&self.conv(&qkv, cache)?)?;
             // Head views of the conv output: each is copied once, by the normalisation or here.
             let q = contiguous(&conv.narrow(D::Minus1, 0, hk * dk)?)?.reshape((b, s, hk, dk))?;
             let k =
@@ -245,7 +246,7 @@ impl GatedDeltaNet {
                 .reshape((b, s, hv, dv))?;
             let q = self.q_norm.norm.forward(&q)?;
             let k = self.k_norm.norm.forward(&k)?;
-            let beta = candle_op(candle_nn::ops::sigmoid(&cast(&beta_in, DType::F32)?))?;
+            let beta = sigmoid(&cast(&beta_in, DType::F32)?)?;
             let g = decay(&cast(&a, DType::F32)?, &self.dt_bias, &self.neg_a_log_exp)?;
             Ok((q, k, v, beta, g))
         })?;
@@ -277,7 +278,7 @@ impl GatedDeltaNet {
             Some(st) => cast(st, dtype)?,
             None => {
                 let (hv, dv, dk) = (self.value_heads, self.value_dim, self.key_dim);
-                candle_op(Tensor::zeros((b, hv, dv, dk), dtype, device))?
+                zeros((b, hv, dv, dk), dtype, device)?
             }
         };
         cache.state = Some(state.clone());
