@@ -1,10 +1,12 @@
 //! Request bodies of /v1/chat/completions and /v1/completions, and their validation into a
 //! [`JobSpec`]. Fields the server cannot honour (n > 1, logprobs, structured output) are 400s
 //! rather than silently ignored; numbers are checked against the ranges of `generate`'s flags.
+//! The Anthropic and Ollama requests are translated into these two, so that every API is
+//! validated here, once.
 
-use super::error::ApiError;
-use super::job::{JobSpec, Prompt, Sampling};
 use crate::cli::arg_ranges;
+use crate::serve::error::ApiError;
+use crate::serve::job::{JobSpec, Prompt, Sampling};
 use crate::tool_calls::{normalize_messages_for_template, ToolChoice};
 use serde::Deserialize;
 use serde_json::{Map, Value as Json};
@@ -161,19 +163,26 @@ impl WithCommon for CompletionRequest {
 
 /// Parses a body, naming the field at fault when it does not match the expected type.
 pub fn parse<T: WithCommon>(body: &[u8]) -> Result<T, ApiError> {
-    // Malformed JSON first, so its message is not mixed up with a type error.
-    let value: Json = serde_json::from_slice(body)
-        .map_err(|e| ApiError::invalid(format!("the request body is not valid JSON: {e}")))?;
-    if !value.is_object() {
-        return Err(ApiError::invalid("the request body must be a JSON object"));
-    }
+    let value = json_object(body)?;
     let common: Common = typed(&value)?;
     let mut request: T = typed(&value)?;
     request.set_common(common);
     Ok(request)
 }
 
-fn typed<T: for<'de> Deserialize<'de>>(value: &Json) -> Result<T, ApiError> {
+/// The body as a JSON object. Malformed JSON is told first, so that its message is not mixed
+/// up with a type error.
+pub fn json_object(body: &[u8]) -> Result<Json, ApiError> {
+    let value: Json = serde_json::from_slice(body)
+        .map_err(|e| ApiError::invalid(format!("the request body is not valid JSON: {e}")))?;
+    if !value.is_object() {
+        return Err(ApiError::invalid("the request body must be a JSON object"));
+    }
+    Ok(value)
+}
+
+/// `value` as a `T`, or a 400 naming the field at fault (`param` its path).
+pub fn typed<T: for<'de> Deserialize<'de>>(value: &Json) -> Result<T, ApiError> {
     serde_path_to_error::deserialize(value).map_err(|e| {
         let path = e.path().to_string();
         let inner = e.into_inner();
