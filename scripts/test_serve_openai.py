@@ -1,5 +1,5 @@
 """Drives `qwen-gdn serve` with the official `openai` Python client (run by
-scripts/test-serve-openai.sh, which starts the servers).
+scripts/test-serve-clients.sh, which starts the servers).
 
     python scripts/test_serve_openai.py BASE_URL API_KEY FORCED_BASE_URL
 

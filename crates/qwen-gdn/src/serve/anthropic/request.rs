@@ -8,7 +8,12 @@
 //!   they answer the calls just made);
 //! - `tools` (`input_schema`) become functions, `tool_choice` auto/any/tool/none becomes
 //!   auto/required/the function/none, `thinking` becomes the template's `enable_thinking`
-//!   (off unless enabled, as Anthropic's default), `stop_sequences` the stop strings.
+//!   (off unless enabled, adaptive or between tools), `stop_sequences` the stop strings;
+//!   `temperature`, `top_p` and `top_k` (gone from Anthropic's current API, still sent by
+//!   older clients) set the sampling.
+//! The fields of anthropic-sdk-python 2.14's `messages.create` that concern Anthropic's
+//! service (metadata, service tier, workspace, ...) are accepted and ignored; any other field
+//! is refused, as Anthropic refuses it.
 
 use crate::serve::error::ApiError;
 use crate::serve::openai::request::{
@@ -35,14 +40,41 @@ pub struct MessagesRequest {
     pub tools: Option<Vec<Json>>,
     pub tool_choice: Option<ToolChoiceParam>,
     pub thinking: Option<Thinking>,
-    /// About Anthropic's service rather than the model: accepted, ignored.
+    /// Asks for structured output (`format`), which is not supported yet, or an effort level,
+    /// which is accepted (the model decides how long it thinks).
+    pub output_config: Option<OutputConfig>,
+    // About Anthropic's service rather than the model (the fields of anthropic-sdk-python
+    // 2.14's `messages.create`): accepted, ignored. `cache_control` asks for prompt caching,
+    // which the prompt cache does for every request anyway.
+    #[serde(rename = "cache_control")]
+    _cache_control: Option<IgnoredAny>,
+    #[serde(rename = "container")]
+    _container: Option<IgnoredAny>,
+    #[serde(rename = "diagnostics")]
+    _diagnostics: Option<IgnoredAny>,
+    #[serde(rename = "inference_geo")]
+    _inference_geo: Option<IgnoredAny>,
     #[serde(rename = "metadata")]
     _metadata: Option<IgnoredAny>,
     #[serde(rename = "service_tier")]
     _service_tier: Option<IgnoredAny>,
+    #[serde(rename = "speed")]
+    _speed: Option<IgnoredAny>,
+    #[serde(rename = "user_profile_id")]
+    _user_profile_id: Option<IgnoredAny>,
+    #[serde(rename = "workspace_id")]
+    _workspace_id: Option<IgnoredAny>,
     /// Asks to clear old tool results from long contexts; the context is kept whole instead.
     #[serde(rename = "context_management")]
     _context_management: Option<IgnoredAny>,
+}
+
+#[derive(Deserialize, Debug)]
+#[serde(deny_unknown_fields)]
+pub struct OutputConfig {
+    #[serde(rename = "effort")]
+    _effort: Option<IgnoredAny>,
+    pub format: Option<Json>,
 }
 
 #[derive(Deserialize, Debug)]
@@ -77,6 +109,10 @@ pub enum Block {
         input: Map<String, Json>,
         #[serde(rename = "cache_control")]
         _cache_control: Option<IgnoredAny>,
+        #[serde(rename = "caller")]
+        _caller: Option<IgnoredAny>,
+        #[serde(rename = "toolset_name")]
+        _toolset_name: Option<IgnoredAny>,
     },
     ToolResult {
         tool_use_id: String,
@@ -85,6 +121,8 @@ pub enum Block {
         is_error: Option<bool>,
         #[serde(rename = "cache_control")]
         _cache_control: Option<IgnoredAny>,
+        #[serde(rename = "toolset_name")]
+        _toolset_name: Option<IgnoredAny>,
     },
     Thinking {
         thinking: String,
@@ -121,13 +159,20 @@ pub enum ToolChoiceParam {
 #[derive(Deserialize, Debug)]
 #[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
 pub enum Thinking {
-    /// The budget is accepted, not enforced: the model ends its thinking itself.
+    /// The budget is accepted, not enforced: the model ends its thinking itself. The thinking
+    /// is always shown in full (`display`).
     Enabled {
         #[serde(rename = "budget_tokens")]
         _budget_tokens: u64,
+        #[serde(rename = "display")]
+        _display: Option<IgnoredAny>,
     },
     Disabled {},
-    Adaptive {},
+    Adaptive {
+        #[serde(rename = "display")]
+        _display: Option<IgnoredAny>,
+    },
+    BetweenTools {},
 }
 
 #[derive(Deserialize, Debug)]
@@ -142,6 +187,14 @@ struct CustomTool {
     _cache_control: Option<IgnoredAny>,
     #[serde(rename = "strict")]
     _strict: Option<bool>,
+    #[serde(rename = "allowed_callers")]
+    _allowed_callers: Option<IgnoredAny>,
+    #[serde(rename = "defer_loading")]
+    _defer_loading: Option<IgnoredAny>,
+    #[serde(rename = "eager_input_streaming")]
+    _eager_input_streaming: Option<IgnoredAny>,
+    #[serde(rename = "input_examples")]
+    _input_examples: Option<IgnoredAny>,
 }
 
 /// Block types of Anthropic's API that carry what a text model cannot read.
@@ -365,9 +418,19 @@ impl MessagesRequest {
             }
             ToolChoiceParam::None {} => json!("none"),
         });
+        if self
+            .output_config
+            .as_ref()
+            .is_some_and(|c| !matches!(c.format, None | Some(Json::Null)))
+        {
+            return Err(bad(
+                "output_config.format",
+                "structured output is not supported yet; leave `format` out",
+            ));
+        }
         let thinking = matches!(
             self.thinking,
-            Some(Thinking::Enabled { .. } | Thinking::Adaptive {})
+            Some(Thinking::Enabled { .. } | Thinking::Adaptive { .. } | Thinking::BetweenTools {})
         );
         let mut template_vars = Map::new();
         template_vars.insert("enable_thinking".into(), thinking.into());
@@ -500,6 +563,12 @@ mod tests {
         .unwrap();
         assert_eq!(messages(&v).1["enable_thinking"], false);
         assert!(!v.stream);
+        // The current SDK's service fields are accepted.
+        let v = validate(json!({"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}],
+            "thinking": {"type": "adaptive", "display": "summarized"}, "output_config": {"effort": "high"},
+            "cache_control": {"type": "ephemeral"}, "speed": "standard", "metadata": {"user_id": "u"}}))
+        .unwrap();
+        assert_eq!(messages(&v).1["enable_thinking"], true);
     }
 
     #[test]
