@@ -13,20 +13,14 @@ import sys
 
 import anthropic
 from anthropic import Anthropic
+from serve_client_checks import Checks
 
 base, key, forced_base, model = sys.argv[1:5]
 client = Anthropic(base_url=base, api_key=key, max_retries=0, timeout=300)
 # Anthropic's current API has no sampling fields (the SDK's create() takes none); the server
 # still reads `temperature`, which makes the replies greedy and comparable.
 GREEDY = {"temperature": 0}
-checks = 0
-
-
-def check(cond, what):
-    global checks
-    if not cond:
-        raise AssertionError(what)
-    checks += 1
+check = Checks()
 
 
 def text_of(message):
@@ -143,4 +137,4 @@ messages += [
 r = forced.messages.create(model=model, messages=messages, tools=tools, max_tokens=256, thinking=thinking)
 check(r.type == "message", r)
 
-print(f"anthropic {anthropic.__version__}: {checks} checks passed")
+print(f"anthropic {anthropic.__version__}: {check.count} checks passed")

@@ -15,18 +15,12 @@ import urllib.request
 from importlib.metadata import version
 
 import ollama
+from serve_client_checks import Checks
 
 base, key, forced_base, model = sys.argv[1:5]
 auth = {"Authorization": f"Bearer {key}"}
 client = ollama.Client(host=base, headers=auth, timeout=300)
-checks = 0
-
-
-def check(cond, what):
-    global checks
-    if not cond:
-        raise AssertionError(what)
-    checks += 1
+check = Checks()
 
 
 # Tags, show, version.
@@ -117,4 +111,4 @@ messages += [r.message, {"role": "tool", "content": get_weather(**call.function.
 r = forced.chat(model=model, messages=messages, tools=[get_weather])
 check(r.done, r)
 
-print(f"ollama {version('ollama')}: {checks} checks passed")
+print(f"ollama {version('ollama')}: {check.count} checks passed")

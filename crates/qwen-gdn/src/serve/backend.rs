@@ -5,8 +5,9 @@
 
 use super::error::ApiError;
 use super::job::{Event, Finish, JobSpec, Prompt, PromptInfo, Usage};
+use super::metrics::PromptCacheStats;
 use super::model_facts::ModelFacts;
-use super::scheduler::{Backend, PromptCacheStats};
+use super::scheduler::Backend;
 use super::test_hooks;
 use crate::engine::sampler::SamplerConfig;
 use crate::engine::{render_conversation, Engine, FinishReason, GenerateParams, PromptTokens};

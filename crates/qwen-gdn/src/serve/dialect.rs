@@ -40,8 +40,8 @@ impl Dialect {
         let message = e.message.clone();
         let mut response = match self {
             Self::OpenAi => e.into_response(),
-            Self::Anthropic => super::anthropic::error_response(&e),
-            Self::Ollama => super::ollama::error_response(&e),
+            Self::Anthropic => super::anthropic::error::error_response(&e),
+            Self::Ollama => super::ollama::error::error_response(&e),
         };
         response.extensions_mut().insert(ErrorMessage(message));
         response

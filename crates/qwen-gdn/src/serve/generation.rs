@@ -196,14 +196,14 @@ impl Generation {
     pub fn into_body(
         self,
         first: Vec<Bytes>,
-        mut render: impl FnMut(Step) -> Vec<Bytes> + Send + 'static,
+        render: impl FnMut(Step) -> Vec<Bytes> + Send + 'static,
     ) -> Body {
         let steps = stream::unfold(self, |mut generation| async move {
             let step = generation.next().await?;
             Some((step, generation))
         });
         let body = stream::iter(vec![first])
-            .chain(steps.map(move |step| render(step)))
+            .chain(steps.map(render))
             .flat_map(stream::iter)
             .map(Ok::<Bytes, Infallible>);
         Body::from_stream(body)

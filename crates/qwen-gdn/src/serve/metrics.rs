@@ -4,7 +4,6 @@
 //! sends a job's last event, so a client that scrapes right after its reply sees it counted.
 
 use super::job::JobReport;
-use super::scheduler::PromptCacheStats;
 use prometheus_client::encoding::text::encode;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -13,6 +12,14 @@ use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::{Registry, Unit};
 
 type Labels = Vec<(&'static str, String)>;
+
+/// The prompt cache's gauges in /metrics.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PromptCacheStats {
+    pub bytes: u64,
+    pub budget: u64,
+    pub entries: usize,
+}
 
 pub struct Metrics {
     registry: Registry,

@@ -24,6 +24,7 @@ mod openai;
 mod request_log;
 mod routes;
 mod scheduler;
+mod state;
 mod test_hooks;
 
 use crate::engine::Engine;
@@ -81,7 +82,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
     let text_log = args.log_format == request_log::LogFormat::Text;
     let scheduler =
         scheduler::Scheduler::start_reporting(backend, args.queue_size, metrics.clone(), text_log);
-    let state = Arc::new(routes::AppState {
+    let state = Arc::new(state::AppState {
         scheduler,
         limits,
         max_request_bytes: args.max_request_bytes,

@@ -7,11 +7,9 @@
 use super::auth::{require_key, KeyCheck};
 use super::dialect::Dialect;
 use super::error::ApiError;
-use super::metrics::{self, Metrics};
-use super::model_facts::ModelFacts;
-use super::openai::request::Limits;
+use super::metrics;
 use super::request_log::{observe, Observer};
-use super::scheduler::Scheduler;
+use super::state::AppState;
 use super::{anthropic, ollama, openai};
 use axum::http::header;
 use axum::response::{IntoResponse, Response};
@@ -19,23 +17,6 @@ use axum::routing::get;
 use axum::{middleware, Json, Router};
 use serde_json::json;
 use std::sync::Arc;
-
-pub struct AppState {
-    pub scheduler: Scheduler,
-    pub limits: Limits,
-    pub max_request_bytes: usize,
-    /// How long a request body may take to arrive (--body-timeout).
-    pub body_timeout: std::time::Duration,
-    pub metrics: Arc<Metrics>,
-    pub model: ModelFacts,
-}
-
-impl AppState {
-    /// The name replies give as their model.
-    pub fn model_name(&self) -> &str {
-        &self.limits.model_names[0]
-    }
-}
 
 pub fn router(state: Arc<AppState>, api_key: Option<String>, observer: Observer) -> Router {
     let api = |routes: Router<Arc<AppState>>, dialect: Dialect| {

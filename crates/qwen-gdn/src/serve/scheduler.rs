@@ -8,7 +8,7 @@
 
 use super::error::ApiError;
 use super::job::{Event, Finish, JobReport, JobSpec, Prompt, Usage};
-use super::metrics::Metrics;
+use super::metrics::{Metrics, PromptCacheStats};
 use super::request_log::RequestLog;
 use super::test_hooks;
 use std::ops::ControlFlow;
@@ -39,14 +39,6 @@ pub trait Backend: Send + 'static {
     fn prompt_cache_stats(&mut self) -> Option<PromptCacheStats> {
         None
     }
-}
-
-/// The prompt cache's gauges in /metrics.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct PromptCacheStats {
-    pub bytes: u64,
-    pub budget: u64,
-    pub entries: usize,
 }
 
 struct Job {

@@ -3,15 +3,13 @@
 //! (request.rs) and run through the shared generation; reply.rs writes Anthropic's message and
 //! events, error.rs its error shape.
 
-mod error;
+pub mod error;
 mod reply;
 mod request;
 
-pub use error::error_response;
-
-use super::body::read_limited;
+use super::dialect::Dialect;
 use super::request_log::RequestLog;
-use super::routes::AppState;
+use super::state::AppState;
 use axum::body::Body;
 use axum::extract::State;
 use axum::http::HeaderMap;
@@ -30,15 +28,15 @@ async fn messages(
     headers: HeaderMap,
     body: Body,
 ) -> Response {
-    let parsed = read_limited(&headers, body, state.max_request_bytes, state.body_timeout)
-        .await
-        .and_then(|b| request::parse(&b));
-    let (model, validated) = match parsed {
-        Ok(r) => (r.model.clone(), r.validate(&state.limits)),
-        Err(e) => return super::dialect::Dialect::Anthropic.error(e),
-    };
+    let validated = state
+        .read(&headers, body, |b| {
+            let request = request::parse(b)?;
+            let model = request.model.clone();
+            Ok((model, request.validate(&state.limits)?))
+        })
+        .await;
     match validated {
-        Ok(v) => reply::respond(&state.scheduler, v, model, Some(log)).await,
-        Err(e) => super::dialect::Dialect::Anthropic.error(e),
+        Ok((model, v)) => reply::respond(&state.scheduler, v, model, Some(log)).await,
+        Err(e) => Dialect::Anthropic.error(e),
     }
 }

@@ -11,6 +11,7 @@
 //!   (off unless enabled, adaptive or between tools), `stop_sequences` the stop strings;
 //!   `temperature`, `top_p` and `top_k` (gone from Anthropic's current API, still sent by
 //!   older clients) set the sampling.
+//!
 //! The fields of anthropic-sdk-python 2.14's `messages.create` that concern Anthropic's
 //! service (metadata, service tier, workspace, ...) are accepted and ignored; any other field
 //! is refused, as Anthropic refuses it.
@@ -478,17 +479,10 @@ fn anthropic_names(mut e: ApiError) -> ApiError {
 mod tests {
     use super::*;
     use crate::serve::job::Prompt;
-    use crate::serve::openai::request::SamplingDefaults;
     use crate::tool_calls::ToolChoice;
 
     fn limits() -> Limits {
-        Limits {
-            model_names: vec!["m".into()],
-            default_max_tokens: 7,
-            max_prompt_bytes: 10_000,
-            context: 50,
-            defaults: SamplingDefaults::from_generation_config(None).0,
-        }
+        Limits::for_tests(10_000)
     }
 
     fn validate(body: Json) -> Result<Validated, ApiError> {

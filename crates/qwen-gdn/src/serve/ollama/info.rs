@@ -5,7 +5,7 @@
 use super::request::resolve_model;
 use crate::serve::dialect::Dialect;
 use crate::serve::openai::request::{json_object, typed};
-use crate::serve::routes::AppState;
+use crate::serve::state::AppState;
 use axum::body::Body;
 use axum::extract::State;
 use axum::http::HeaderMap;

@@ -4,26 +4,22 @@
 //! OpenAI ones (request.rs) and run through the shared generation; reply.rs writes Ollama's
 //! objects, error.rs its error shape, info.rs the model's description.
 
-mod error;
+pub mod error;
 mod info;
 mod reply;
 mod request;
 
-pub use error::error_response;
-
-use super::body::read_limited;
 use super::dialect::Dialect;
-use super::generation::Output;
+use super::error::ApiError;
 use super::request_log::RequestLog;
-use super::routes::AppState;
+use super::state::AppState;
 use axum::body::Body;
 use axum::extract::State;
 use axum::http::HeaderMap;
 use axum::response::Response;
 use axum::routing::{get, post};
 use axum::{Extension, Router};
-use reply::Endpoint;
-use request::{ChatBody, GenerateBody};
+use request::{ChatBody, GenerateBody, OllamaRequest};
 use std::sync::Arc;
 
 pub fn routes() -> Router<Arc<AppState>> {
@@ -41,34 +37,8 @@ async fn chat(
     headers: HeaderMap,
     body: Body,
 ) -> Response {
-    let parsed = read_limited(&headers, body, state.max_request_bytes, state.body_timeout)
-        .await
-        .and_then(|b| request::parse::<ChatBody>(&b));
-    let body = match parsed {
-        Ok(body) => body,
-        Err(e) => return Dialect::Ollama.error(e),
-    };
-    let model = body.model.clone();
-    if body.is_load_only() {
-        return match request::resolve_model(&model, &state.limits) {
-            Ok(_) => reply::load_only(Endpoint::Chat, model),
-            Err(e) => Dialect::Ollama.error(e),
-        };
-    }
-    match body.validate(&state.limits) {
-        Ok(v) => {
-            reply::respond(
-                &state.scheduler,
-                v,
-                Output::Chat,
-                Endpoint::Chat,
-                model,
-                Some(log),
-            )
-            .await
-        }
-        Err(e) => Dialect::Ollama.error(e),
-    }
+    let body = state.read(&headers, body, request::parse::<ChatBody>).await;
+    run(&state, body, log).await
 }
 
 async fn generate(
@@ -77,32 +47,34 @@ async fn generate(
     headers: HeaderMap,
     body: Body,
 ) -> Response {
-    let parsed = read_limited(&headers, body, state.max_request_bytes, state.body_timeout)
-        .await
-        .and_then(|b| request::parse::<GenerateBody>(&b));
-    let body = match parsed {
+    let body = state
+        .read(&headers, body, request::parse::<GenerateBody>)
+        .await;
+    run(&state, body, log).await
+}
+
+/// A chat or generate request: answered "load" when it has nothing to generate (as Ollama
+/// does), else generated.
+async fn run(
+    state: &AppState,
+    body: Result<impl OllamaRequest, ApiError>,
+    log: RequestLog,
+) -> Response {
+    let body = match body {
         Ok(body) => body,
         Err(e) => return Dialect::Ollama.error(e),
     };
-    let model = body.model.clone();
+    let model = body.model().to_string();
+    let endpoint = body.endpoint();
     if body.is_load_only() {
         return match request::resolve_model(&model, &state.limits) {
-            Ok(_) => reply::load_only(Endpoint::Generate, model),
+            Ok(_) => reply::load_only(endpoint, model),
             Err(e) => Dialect::Ollama.error(e),
         };
     }
     match body.validate(&state.limits) {
-        Ok((v, chat)) => {
-            let output = if chat { Output::Chat } else { Output::Text };
-            reply::respond(
-                &state.scheduler,
-                v,
-                output,
-                Endpoint::Generate,
-                model,
-                Some(log),
-            )
-            .await
+        Ok((v, output)) => {
+            reply::respond(&state.scheduler, v, output, endpoint, model, Some(log)).await
         }
         Err(e) => Dialect::Ollama.error(e),
     }

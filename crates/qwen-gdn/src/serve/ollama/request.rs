@@ -11,7 +11,9 @@
 //! - `keep_alive` is accepted (the model stays loaded for the server's life), `stream`
 //!   defaults to true as in Ollama.
 
+use super::reply::Endpoint;
 use crate::serve::error::ApiError;
+use crate::serve::generation::Output;
 use crate::serve::openai::request::{
     json_object, typed, ChatRequest, Common, CompletionRequest, Limits, OneOrMany, Validated,
 };
@@ -330,13 +332,54 @@ fn translate(at: &str, m: &Message) -> Result<Json, ApiError> {
     Ok(Json::Object(out))
 }
 
-impl ChatBody {
+/// What the handlers need of a chat or generate request.
+pub trait OllamaRequest {
+    fn model(&self) -> &str;
+    fn endpoint(&self) -> Endpoint;
     /// Nothing to generate: Ollama answers such a request by loading the model.
-    pub fn is_load_only(&self) -> bool {
+    fn is_load_only(&self) -> bool;
+    /// The request, and how its output is read.
+    fn validate(self, limits: &Limits) -> Result<(Validated, Output), ApiError>;
+}
+
+impl OllamaRequest for ChatBody {
+    fn model(&self) -> &str {
+        &self.model
+    }
+
+    fn endpoint(&self) -> Endpoint {
+        Endpoint::Chat
+    }
+
+    fn is_load_only(&self) -> bool {
         self.messages.is_empty()
     }
 
-    pub fn validate(self, limits: &Limits) -> Result<Validated, ApiError> {
+    fn validate(self, limits: &Limits) -> Result<(Validated, Output), ApiError> {
+        self.validate_chat(limits).map(|v| (v, Output::Chat))
+    }
+}
+
+impl OllamaRequest for GenerateBody {
+    fn model(&self) -> &str {
+        &self.model
+    }
+
+    fn endpoint(&self) -> Endpoint {
+        Endpoint::Generate
+    }
+
+    fn is_load_only(&self) -> bool {
+        self.prompt.is_empty()
+    }
+
+    fn validate(self, limits: &Limits) -> Result<(Validated, Output), ApiError> {
+        self.validate_generate(limits)
+    }
+}
+
+impl ChatBody {
+    fn validate_chat(self, limits: &Limits) -> Result<Validated, ApiError> {
         let model = resolve_model(&self.model, limits)?;
         let vars = common_checks(&self.format, self.logprobs, &self.think)?;
         let common = sampling(model, self.options, self.stream, limits)?;
@@ -361,12 +404,8 @@ impl ChatBody {
 }
 
 impl GenerateBody {
-    pub fn is_load_only(&self) -> bool {
-        self.prompt.is_empty()
-    }
-
-    /// The request, and whether the output is read as a chat reply (thinking split) or raw.
-    pub fn validate(self, limits: &Limits) -> Result<(Validated, bool), ApiError> {
+    /// Through the chat template (the output read as a chat reply, thinking split), or raw.
+    fn validate_generate(self, limits: &Limits) -> Result<(Validated, Output), ApiError> {
         let model = resolve_model(&self.model, limits)?;
         let vars = common_checks(&self.format, self.logprobs, &self.think)?;
         if self.images.as_ref().is_some_and(|i| !i.is_empty()) {
@@ -423,7 +462,8 @@ impl GenerateBody {
             }
             .validate(limits)
         };
-        validated.map(|v| (v, !raw)).map_err(ollama_names)
+        let output = if raw { Output::Text } else { Output::Chat };
+        validated.map(|v| (v, output)).map_err(ollama_names)
     }
 }
 
@@ -431,20 +471,13 @@ impl GenerateBody {
 mod tests {
     use super::*;
     use crate::serve::job::Prompt;
-    use crate::serve::openai::request::SamplingDefaults;
 
     fn limits() -> Limits {
-        Limits {
-            model_names: vec!["m".into()],
-            default_max_tokens: 7,
-            max_prompt_bytes: 10_000,
-            context: 50,
-            defaults: SamplingDefaults::from_generation_config(None).0,
-        }
+        Limits::for_tests(10_000)
     }
 
     fn chat(body: Json) -> Result<Validated, ApiError> {
-        parse::<ChatBody>(body.to_string().as_bytes())?.validate(&limits())
+        parse::<ChatBody>(body.to_string().as_bytes())?.validate_chat(&limits())
     }
 
     #[test]
@@ -518,11 +551,11 @@ mod tests {
         let parse_generate = |body: Json| {
             parse::<GenerateBody>(body.to_string().as_bytes())
                 .unwrap()
-                .validate(&limits())
+                .validate_generate(&limits())
         };
-        let (v, chat) =
+        let (v, output) =
             parse_generate(json!({"model": "m", "prompt": "hi", "system": "be brief"})).unwrap();
-        assert!(chat);
+        assert_eq!(output, Output::Chat);
         match &v.job.prompt {
             Prompt::Chat { messages, .. } => {
                 assert_eq!(
@@ -533,9 +566,9 @@ mod tests {
             }
             p => panic!("{p:?}"),
         }
-        let (v, chat) =
+        let (v, output) =
             parse_generate(json!({"model": "m", "prompt": "Once", "raw": true})).unwrap();
-        assert!(!chat);
+        assert_eq!(output, Output::Text);
         assert!(matches!(&v.job.prompt, Prompt::Text(t) if t == "Once"));
         for (body, param) in [
             (

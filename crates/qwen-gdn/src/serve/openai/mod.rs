@@ -6,11 +6,10 @@ pub mod reply;
 pub mod request;
 pub mod response;
 
-use super::body::read_limited;
 use super::dialect::Dialect;
 use super::error::ApiError;
 use super::request_log::RequestLog;
-use super::routes::AppState;
+use super::state::AppState;
 use axum::body::Body;
 use axum::extract::{Path, State};
 use axum::http::HeaderMap;
@@ -58,22 +57,12 @@ async fn chat_completions(
     headers: HeaderMap,
     body: Body,
 ) -> Response {
-    let validated = match read_limited(&headers, body, state.max_request_bytes, state.body_timeout)
-        .await
-        .and_then(|b| parse::<ChatRequest>(&b))
-        .and_then(|r| r.validate(&state.limits))
-    {
-        Ok(v) => v,
-        Err(e) => return Dialect::OpenAi.error(e),
-    };
-    reply::respond(
-        &state.scheduler,
-        validated,
-        state.model_name(),
-        true,
-        Some(log),
-    )
-    .await
+    let validated = state
+        .read(&headers, body, |b| {
+            parse::<ChatRequest>(b)?.validate(&state.limits)
+        })
+        .await;
+    respond(&state, validated, true, log).await
 }
 
 async fn completions(
@@ -82,20 +71,22 @@ async fn completions(
     headers: HeaderMap,
     body: Body,
 ) -> Response {
-    let validated = match read_limited(&headers, body, state.max_request_bytes, state.body_timeout)
-        .await
-        .and_then(|b| parse::<CompletionRequest>(&b))
-        .and_then(|r| r.validate(&state.limits))
-    {
-        Ok(v) => v,
-        Err(e) => return Dialect::OpenAi.error(e),
-    };
-    reply::respond(
-        &state.scheduler,
-        validated,
-        state.model_name(),
-        false,
-        Some(log),
-    )
-    .await
+    let validated = state
+        .read(&headers, body, |b| {
+            parse::<CompletionRequest>(b)?.validate(&state.limits)
+        })
+        .await;
+    respond(&state, validated, false, log).await
+}
+
+async fn respond(
+    state: &AppState,
+    validated: Result<request::Validated, ApiError>,
+    chat: bool,
+    log: RequestLog,
+) -> Response {
+    match validated {
+        Ok(v) => reply::respond(&state.scheduler, v, state.model_name(), chat, Some(log)).await,
+        Err(e) => Dialect::OpenAi.error(e),
+    }
 }

@@ -101,6 +101,21 @@ pub struct Limits {
     pub defaults: SamplingDefaults,
 }
 
+#[cfg(test)]
+impl Limits {
+    /// The limits the unit tests check requests against: model `m`, 7 tokens by default, a
+    /// context of 50 tokens.
+    pub fn for_tests(max_prompt_bytes: u64) -> Self {
+        Self {
+            model_names: vec!["m".into()],
+            default_max_tokens: 7,
+            max_prompt_bytes,
+            context: 50,
+            defaults: SamplingDefaults::from_generation_config(None).0,
+        }
+    }
+}
+
 /// Sampling settings of a request that sets none: the checkpoint's generation_config.json
 /// (as vLLM uses them), else OpenAI's defaults (temperature 1, no filtering).
 #[derive(Debug, Clone, PartialEq)]
@@ -540,13 +555,7 @@ mod tests {
     use super::*;
 
     fn limits() -> Limits {
-        Limits {
-            model_names: vec!["m".into()],
-            default_max_tokens: 7,
-            max_prompt_bytes: 1000,
-            context: 50,
-            defaults: SamplingDefaults::from_generation_config(None).0,
-        }
+        Limits::for_tests(1000)
     }
 
     fn chat(body: &str) -> Result<Validated, ApiError> {
