@@ -3,13 +3,16 @@ greedy continuations, and their torch references (issue 28).
 
 Run as `WITH_TORCH=1 bash scripts/with-fixture-venv.sh scripts/gen_fixture_mtp.py`. Writes only:
 
-  models/qwen3.5-mtp-tiny-hf/        raw HF qwen3_5 (dense, tied embeddings) + trained mtp.*
-  models/qwen3-next-mtp-tiny-hf/     raw HF qwen3_next (MoE, experts one tensor each) + mtp.*
-  models/qwen3.5-moe-mtp-tiny-hf/    raw HF qwen3_5_moe (MoE, fused gate_up_proj) + mtp.*
-  models/qwen3.5-mtp-tiny-4bit/      mlx_lm.convert -q of the first, plus its head appended the
+  models/mtp/qwen3.5-mtp-tiny-hf/    raw HF qwen3_5 (dense, tied embeddings) + trained mtp.*
+  models/mtp/qwen3-next-mtp-tiny-hf/ raw HF qwen3_next (MoE, experts one tensor each) + mtp.*
+  models/mtp/qwen3.5-moe-mtp-tiny-hf/ raw HF qwen3_5_moe (MoE, fused gate_up_proj) + mtp.*
+  models/mtp/qwen3.5-mtp-tiny-4bit/  mlx_lm.convert -q of the first, plus its head appended the
                                      way an MTP-keeping MLX conversion stores it: quantized
                                      (4-bit g64) under `language_model.mtp.*`, norms shifted (1+w)
-  models/reference/<name>.safetensors / .json   for the three raw folders
+  models/mtp/reference/<name>.safetensors / .json   for the three raw folders
+
+(A folder of their own: the tests that walk models/ and models/reference/ expect the mlx-lm
+fixtures there and nothing else.)
 
 The main models are gen_fixtures.py's raw builders (SMALL dims: GDN, GDN, attention) with
 seeds of their own. Their reference is transformers 5.23.0 in fp32 (eager attention). The head
@@ -45,6 +48,8 @@ import numpy as np
 
 import gen_fixtures as gf
 
+MODELS = gf.MODELS / "mtp"
+REF = MODELS / "reference"
 DIMS = gf.SMALL  # 3 layers: GDN 0, 1; attention 2; 4 experts top-2 in the MoE families
 FIXTURES = {
     # name: (family, seed of the main weights, seed of the head's init and training)
@@ -358,7 +363,7 @@ def record(name: str, family: str, main, head, tokenizer, training: dict, seeds:
         "head_logits": head_logits[0, positions],
     }
     out = {k: v.contiguous() for k, v in sorted(out.items())}
-    safetensors.torch.save_file(out, str(gf.REF / f"{name}.safetensors"), metadata={"format": "pt"})
+    safetensors.torch.save_file(out, str(REF / f"{name}.safetensors"), metadata={"format": "pt"})
     meta = {
         "checkpoint": name,
         "family": family,
@@ -375,7 +380,7 @@ def record(name: str, family: str, main, head, tokenizer, training: dict, seeds:
         "head_agrees_with_main_on_ref": round(float(agree.mean()), 4),
         "training": training,
     }
-    gf.write_json(gf.REF / f"{name}.json", meta)
+    gf.write_json(REF / f"{name}.json", meta)
     print(f"[ref] {name}: {json.dumps({k: meta[k] for k in ('head_agrees_with_main_on_ref', 'head_step_vs_full_rel')})}")
 
 
@@ -418,9 +423,9 @@ def main() -> None:
     torch = torch_mod()
     from transformers import AutoTokenizer
 
-    gf.REF.mkdir(parents=True, exist_ok=True)
+    REF.mkdir(parents=True, exist_ok=True)
     for name in list(FIXTURES) + [MLX_NAME]:
-        shutil.rmtree(gf.MODELS / name, ignore_errors=True)
+        shutil.rmtree(MODELS / name, ignore_errors=True)
     dense_head = None
     with tempfile.TemporaryDirectory(prefix="qwen-gdn-mtp-") as tmp:
         tmp = Path(tmp)
@@ -437,13 +442,13 @@ def main() -> None:
             training = train_head(main, head, train, held, head_seed)
             print(f"  {training}", flush=True)
             tensors = head_tensors(head, family)
-            write_checkpoint(gf.MODELS / name, family, {**weights, **tensors}, config)
+            write_checkpoint(MODELS / name, family, {**weights, **tensors}, config)
             record(name, family, main, head, tokenizer, training, (main_seed, head_seed))
             if family == "qwen3_5":
                 dense_head = tensors
-        mlx_twin(gf.MODELS / "qwen3.5-mtp-tiny-hf", gf.MODELS / MLX_NAME, dense_head)
+        mlx_twin(MODELS / "qwen3.5-mtp-tiny-hf", MODELS / MLX_NAME, dense_head)
     for name in list(FIXTURES) + [MLX_NAME]:
-        size = sum(f.stat().st_size for f in (gf.MODELS / name).iterdir())
+        size = sum(f.stat().st_size for f in (MODELS / name).iterdir())
         print(f"{name}: {size} bytes")
 
 

@@ -9,7 +9,7 @@ use common::*;
 use qwen_gdn_model::cache::{Cache, LayerCache};
 use qwen_gdn_model::speculative::{Speculation, Window, HEAD_HISTORY};
 use qwen_gdn_model::Model;
-use std::path::Path;
+use std::path::PathBuf;
 
 /// The raw HF fixtures with a torch reference (the first one's head is the best trained).
 const RAW: [&str; 3] = [
@@ -20,13 +20,31 @@ const RAW: [&str; 3] = [
 /// The MLX twin of the first: 4-bit, its head quantized with shifted norms.
 const MLX: &str = "qwen3.5-mtp-tiny-4bit";
 
+/// The MTP fixtures' own folder (the tests that walk models/ expect the mlx-lm ones only).
+fn mtp_dir(name: &str) -> PathBuf {
+    models_dir().join("mtp").join(name)
+}
+
+fn load(name: &str) -> Model {
+    Model::load(&mtp_dir(name), &Device::Cpu, &run_options())
+        .unwrap_or_else(|e| panic!("loading {name}: {e:#}"))
+}
+
 fn load_mtp(name: &str) -> Model {
     let mut model = load(name);
     assert!(
-        model.load_mtp(&models_dir().join(name)).unwrap(),
+        model.load_mtp(&mtp_dir(name)).unwrap(),
         "{name}: no MTP head found"
     );
     model
+}
+
+fn reference(name: &str) -> Reference {
+    let path = mtp_dir("reference").join(format!("{name}.safetensors"));
+    Reference(
+        candle_core::safetensors::load(&path, &Device::Cpu)
+            .unwrap_or_else(|e| panic!("{}: {e}", path.display())),
+    )
 }
 
 /// The head over the recorded pairs (the torch hidden states and ids), all at once.
@@ -49,7 +67,7 @@ fn rows(t: &Tensor, positions: &[u32]) -> Tensor {
 fn head_logits_match_the_torch_reference() {
     for name in RAW {
         let model = load_mtp(name);
-        let reference = Reference::load(name);
+        let reference = reference(name);
         let positions = reference.ids("head_positions");
         let want = reference.get("head_logits");
         // The head alone, on the reference's own hidden states.
@@ -94,7 +112,7 @@ fn head_logits_match_the_torch_reference() {
 fn head_runs_the_same_one_pair_at_a_time() {
     let name = RAW[0];
     let model = load_mtp(name);
-    let reference = Reference::load(name);
+    let reference = reference(name);
     let all = head_logits_on(&model, &reference);
     let ids = reference.ids("ids");
     let hidden = reference.get("hidden").unsqueeze(0).unwrap();
@@ -123,7 +141,7 @@ fn shifted_and_zero_centred_head_norms_are_both_read_right() {
     // about 1 ± w instead and break the agreement.
     let raw = load_mtp(RAW[0]);
     let mlx = load_mtp(MLX);
-    let reference = Reference::load(RAW[0]);
+    let reference = reference(RAW[0]);
     let want = head_logits_on(&raw, &reference);
     let got = head_logits_on(&mlx, &reference);
     let err = rel_max_diff(&got, &want);
@@ -140,7 +158,7 @@ fn shifted_and_zero_centred_head_norms_are_both_read_right() {
 #[test]
 fn checkpoints_without_a_head_say_so_and_keep_their_warning() {
     let dir = models_dir().join("qwen3.5-moe-tiny-4bit");
-    let mut model = load("qwen3.5-moe-tiny-4bit");
+    let mut model = common::load("qwen3.5-moe-tiny-4bit");
     assert!(!model.load_mtp(&dir).unwrap());
     assert!(model.mtp_head().is_none());
     assert!(Speculation::new(&model, 2).is_err());
@@ -164,7 +182,7 @@ fn a_head_whose_shapes_disagree_with_the_config_is_a_one_line_error() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join(RAW[0]);
     std::fs::create_dir(&dir).unwrap();
-    for entry in std::fs::read_dir(models_dir().join(RAW[0])).unwrap() {
+    for entry in std::fs::read_dir(mtp_dir(RAW[0])).unwrap() {
         let p = entry.unwrap().path();
         std::fs::copy(&p, dir.join(p.file_name().unwrap())).unwrap();
     }
@@ -239,7 +257,7 @@ fn speculative_greedy(
 fn greedy_output_with_speculation_equals_greedy_output_without() {
     for name in RAW.iter().copied().chain([MLX]) {
         let model = load_mtp(name);
-        let prompt = Reference::load(RAW[0]).ids("ids")[..12].to_vec();
+        let prompt = reference(RAW[0]).ids("ids")[..12].to_vec();
         let want = greedy(&model, &prompt, 64);
         for k in 1..=4 {
             let (got, spec) = speculative_greedy(&model, &prompt, 64, k);
@@ -260,7 +278,7 @@ fn greedy_output_with_speculation_equals_greedy_output_without() {
 #[test]
 fn the_trained_head_is_accepted_often() {
     let model = load_mtp(RAW[0]);
-    let prompt = Reference::load(RAW[0]).ids("ids")[..12].to_vec();
+    let prompt = reference(RAW[0]).ids("ids")[..12].to_vec();
     let (_, spec) = speculative_greedy(&model, &prompt, 64, 1);
     // The head agreed with the main model on 54% of the reference's positions in torch.
     assert!(spec.stats.acceptance() > 0.3, "{:?}", spec.stats);
@@ -286,7 +304,7 @@ fn gdn_and_kv(cache: &Cache) -> Vec<Vec<f32>> {
 #[test]
 fn rollback_after_a_rejected_draft_is_exact() {
     let model = load(RAW[0]);
-    let prompt = Reference::load(RAW[0]).ids("ids")[..12].to_vec();
+    let prompt = reference(RAW[0]).ids("ids")[..12].to_vec();
     let window = [101u32, 202, 303, 404];
     let mut base = model.new_cache();
     model.prefill(&prompt, &mut base, 2048).unwrap();
@@ -337,5 +355,4 @@ fn a_closed_window_leaves_no_recording_behind() {
     let w = Window::open(&mut cache).unwrap();
     model.forward_normed(&[6], &mut cache).unwrap();
     assert!(w.close(&mut cache, 2).is_err());
-    let _ = Path::new("");
 }
