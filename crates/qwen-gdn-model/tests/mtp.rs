@@ -7,7 +7,7 @@ mod common;
 use candle_core::{Device, Tensor};
 use common::*;
 use qwen_gdn_model::cache::{Cache, LayerCache};
-use qwen_gdn_model::speculative::{Speculation, Window, HEAD_HISTORY};
+use qwen_gdn_model::speculative::{Greedy, Speculation, Window, HEAD_HISTORY};
 use qwen_gdn_model::Model;
 use std::path::PathBuf;
 
@@ -234,18 +234,18 @@ fn speculative_greedy(
     let mut spec = Speculation::new(model, k).unwrap();
     let (mut cache, first) = start(model, &mut spec, prompt);
     let mut out = vec![first];
-    let mut pick = |row: &mut [f32], _: &[u32]| {
+    let mut judge = Greedy(|row: &mut [f32], _: &[u32]| {
         let t = Tensor::new(&*row, &Device::Cpu)
             .unwrap()
             .unsqueeze(0)
             .unwrap();
         argmax_rows(&t)[0]
-    };
+    });
     while out.len() < n {
         let token = *out.last().unwrap();
         let max_draft = n - out.len() - 1;
         out.extend(
-            spec.step(model, &mut cache, token, max_draft, &mut pick)
+            spec.step(model, &mut cache, token, max_draft, &mut judge)
                 .unwrap(),
         );
     }

@@ -1,9 +1,10 @@
-//! Speculative decoding with the model's own multi-token-prediction head (issue 28), greedy:
-//! the head drafts k tokens, chained; the main model verifies them in one forward pass of
-//! k + 1 tokens; the longest prefix the main model agrees with is kept, plus the main model's
-//! own token after it; the main model's cache is rewound to the last kept token
-//! ([`window`]). The output is the main model's greedy output, token for token: a draft only
-//! decides how many of the main model's tokens one forward pass yields.
+//! Speculative decoding with the model's own multi-token-prediction head (issue 28): the head
+//! drafts k tokens, chained; the main model verifies them in one forward pass of k + 1 tokens;
+//! the longest prefix the main model accepts is kept, plus the main model's own token after
+//! it; the main model's cache is rewound to the last kept token ([`window`]). A [`Judge`]
+//! draws the drafts and decides each row: greedily ([`Greedy`]: the output is the main model's
+//! greedy output, token for token), or by speculative sampling (the engine's), which keeps the
+//! main model's distribution.
 //!
 //! The head pairs each position's normed hidden state with the token after it. After a
 //! verify step the pairs it has not seen are those of the kept tokens, with the main model's
@@ -23,6 +24,32 @@ pub use window::Window;
 /// prompt is prefilled without them): enough for the head's attention to pick up the recent
 /// context, few enough that the last prefill chunk stays small.
 pub const HEAD_HISTORY: usize = 64;
+
+/// How drafts are drawn and judged: greedily ([`Greedy`]), or by rejection sampling (the
+/// engine's sampler), which keeps the main model's sampling distribution exactly.
+pub trait Judge {
+    /// The draft at this point from the head's logits; `before` are the tokens this step
+    /// drafted before it.
+    fn draft(&mut self, logits: &mut [f32], before: &[u32]) -> u32;
+    /// The main model's token from a verify row's logits: `before` are the tokens this step
+    /// decided before this row, `draft` the draft at this row (`None` past the last draft).
+    /// Returning the draft accepts it.
+    fn decide(&mut self, logits: &mut [f32], before: &[u32], draft: Option<u32>) -> u32;
+}
+
+/// Greedy drafts (the head's argmax), judged by `pick`, the main model's greedy choice (an
+/// argmax, after whatever penalties the caller applies).
+pub struct Greedy<F: FnMut(&mut [f32], &[u32]) -> u32>(pub F);
+
+impl<F: FnMut(&mut [f32], &[u32]) -> u32> Judge for Greedy<F> {
+    fn draft(&mut self, logits: &mut [f32], _before: &[u32]) -> u32 {
+        argmax(logits)
+    }
+
+    fn decide(&mut self, logits: &mut [f32], before: &[u32], _draft: Option<u32>) -> u32 {
+        (self.0)(logits, before)
+    }
+}
 
 /// Counts of a speculative run.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -123,16 +150,27 @@ impl Speculation {
 
     /// One step from `token`, decided but not yet run (`cache` holds everything before it):
     /// drafts at most `max_draft` tokens, verifies them, and returns the tokens decided, in
-    /// order: the accepted drafts, then the main model's own token after them. `pick(row,
-    /// decided)` chooses the main model's token from a verify row's logits, given the tokens
-    /// this step already decided before that row (greedy: an argmax after the penalties).
+    /// order: the accepted drafts, then the main model's own token after them; `judge` draws
+    /// the drafts and decides each row.
     pub fn step(
         &mut self,
         model: &Model,
         cache: &mut Cache,
         token: u32,
         max_draft: usize,
-        pick: &mut dyn FnMut(&mut [f32], &[u32]) -> u32,
+        judge: &mut (dyn Judge + Send),
+    ) -> Result<Vec<u32>> {
+        // One hop onto the CPU pool for the whole step (each model call would make its own).
+        model.on_host_workers(|| self.step_on_pool(model, cache, token, max_draft, judge))
+    }
+
+    fn step_on_pool(
+        &mut self,
+        model: &Model,
+        cache: &mut Cache,
+        token: u32,
+        max_draft: usize,
+        judge: &mut (dyn Judge + Send),
     ) -> Result<Vec<u32>> {
         let Some(hidden) = self.pending_hidden.take() else {
             bail!("speculative step before the prompt's hidden states were given (start)");
@@ -142,7 +180,7 @@ impl Speculation {
         next.push(token);
         let head_len = self.mtp.len();
         let drafts = if k > 0 {
-            self.draft(model, &hidden, &next, k)?
+            self.draft(model, &hidden, &next, k, judge)?
         } else {
             Vec::new()
         };
@@ -168,7 +206,7 @@ impl Speculation {
                     k + 1
                 );
             }
-            let t = pick(&mut row, &decided);
+            let t = judge.decide(&mut row, &decided, drafts.get(i).copied());
             decided.push(t);
             if i == k || drafts[i] != t {
                 break;
@@ -210,13 +248,14 @@ impl Speculation {
         hidden: &Tensor,
         next: &[u32],
         k: usize,
+        judge: &mut (dyn Judge + Send),
     ) -> Result<Vec<u32>> {
         let g = model.mtp_forward(hidden, next, &mut self.mtp)?;
         let mut g = g.narrow(1, g.dim(1)? - 1, 1)?;
         let mut drafts = Vec::with_capacity(k);
         loop {
-            let logits = model.head_logits(&g)?.squeeze(0)?.to_vec1::<f32>()?;
-            let d = argmax(&logits);
+            let mut logits = model.head_logits(&g)?.squeeze(0)?.to_vec1::<f32>()?;
+            let d = judge.draft(&mut logits, &drafts);
             drafts.push(d);
             if drafts.len() == k {
                 return Ok(drafts);

@@ -45,8 +45,8 @@ pub struct Args {
     #[command(flatten)]
     template: TemplateArgs,
     /// Speculative decoding with the checkpoint's multi-token-prediction head: draft N tokens
-    /// per step and verify them in one forward pass (greedy sampling, --temp 0, only; the
-    /// output is the same as without)
+    /// per step and verify them in one forward pass (greedy: the same text as without; at
+    /// --temp > 0 speculative sampling, the same distribution)
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..=16))]
     draft_tokens: Option<u16>,
     /// Never use the MTP head (overrides --draft-tokens)
@@ -93,9 +93,6 @@ pub fn run(args: Args) -> Result<ExitCode> {
                     "--draft-tokens: {} has no MTP head (mtp.* tensors); run without it or with --no-mtp",
                     checkpoint.dir.display()
                 );
-            }
-            if args.sampling.sampler().temp != 0.0 {
-                eprint_line("note: speculative decoding runs with --temp 0 only; decoding without it");
             }
             Some(usize::from(k))
         }

@@ -7,6 +7,7 @@ mod conversation;
 mod eos;
 mod non_finite;
 pub mod sampler;
+mod speculative_sampling;
 mod stop_strings;
 
 #[allow(unused_imports)] // for chat and serve
@@ -16,6 +17,7 @@ pub use non_finite::non_finite_logits;
 pub use stop_strings::{Scan, StopStrings};
 
 use crate::engine::sampler::{Sampler, SamplerConfig};
+use crate::engine::speculative_sampling::SamplerJudge;
 use crate::load::Checkpoint;
 use crate::text::stream::TokenStream;
 use anyhow::{bail, Result};
@@ -128,7 +130,7 @@ impl Engine {
     }
 
     /// Speculative decoding with `k` draft tokens per step from the model's MTP head (which
-    /// must be loaded), for replies sampled greedily; `None` turns it off.
+    /// must be loaded): greedy, or speculative sampling at temp > 0; `None` turns it off.
     pub fn set_draft_tokens(&mut self, k: Option<usize>) -> Result<()> {
         if let Some(k) = k {
             Speculation::new(&self.model, k)?;
@@ -157,10 +159,9 @@ impl Engine {
         on_text: &mut dyn FnMut(&str) -> ControlFlow<()>,
     ) -> Result<Outcome> {
         let start = Instant::now();
-        // Greedy replies only: the accepted drafts are then exactly the sampler's choices.
         let mut speculation = match self.draft_tokens {
-            Some(k) if params.sampler.temp == 0.0 => Some(Speculation::new(&self.model, k)?),
-            _ => None,
+            Some(k) => Some(Speculation::new(&self.model, k)?),
+            None => None,
         };
         let Some(Prefilled {
             mut cache,
@@ -264,11 +265,8 @@ impl Engine {
                     // Drafts beyond the token limit or the context would be wasted.
                     let room = (params.max_tokens - outcome.generated - 1)
                         .min(max_positions - cache.offset - 1);
-                    let mut pick = |row: &mut [f32], before: &[u32]| {
-                        let seen: Vec<u32> = history.iter().chain(before).copied().collect();
-                        sampler.sample(row, &seen)
-                    };
-                    decided.extend(spec.step(model, &mut cache, token, room, &mut pick)?);
+                    let mut judge = SamplerJudge::new(&mut sampler, &history);
+                    decided.extend(spec.step(model, &mut cache, token, room, &mut judge)?);
                 }
                 None => logits = model.forward_last(&[token], &mut cache)?,
             }
