@@ -8,7 +8,7 @@ mod family_state;
 pub use family_state::{downcast_mut, downcast_ref, FamilyState, FieldReader};
 
 use crate::candle_ops::{write_at, zeros};
-use crate::layers::gdn::GdnSteps;
+use crate::layers::gdn::steps::GdnSteps;
 use crate::tensor::{contiguous, own_copy};
 use crate::StateDtype;
 use anyhow::Result;

@@ -214,7 +214,7 @@ fn a_head_whose_shapes_disagree_with_the_config_is_a_one_line_error() {
 /// prefilled, those through `start_from_prompt`. Returns the first token (greedy).
 fn start(model: &Model, spec: &mut Speculation, prompt: &[u32]) -> (Cache, u32) {
     let mut cache = model.new_cache();
-    let split = prompt.len().saturating_sub(HEAD_HISTORY).max(0);
+    let split = prompt.len().saturating_sub(HEAD_HISTORY);
     if split > 0 {
         model.prefill(&prompt[..split], &mut cache, 2048).unwrap();
     }

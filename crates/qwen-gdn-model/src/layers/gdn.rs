@@ -27,7 +27,7 @@ use gdn_ops::launches::candle_op;
 
 mod conv_front;
 mod decode;
-mod steps;
+pub mod steps;
 
 pub use conv_front::ConvFront;
 pub use steps::GdnSteps;

@@ -70,7 +70,9 @@ impl Window {
                         "a GDN layer recorded {} of the window's {seen} tokens",
                         steps.len()
                     );
-                    steps.rewind(c, kept)?;
+                    let (conv, state) = steps.rewind(kept)?;
+                    c.conv = Some(conv);
+                    c.state = Some(state);
                 }
                 (LayerCache::Attention(c), Some(len)) => c.truncate(len + kept),
                 _ => bail!("the cache changed its layers inside a verify window"),

@@ -1,15 +1,14 @@
 //! The per-token states of a verify window (speculative decoding, `crate::speculative`).
 //!
 //! A GDN layer cannot be rewound the way a KV cache is truncated: its recurrent state and conv
-//! window hold every token it has seen. While a [`GdnCache`] carries a `GdnSteps`, the layer
+//! window hold every token it has seen. While a `GdnCache` carries a `GdnSteps`, the layer
 //! runs the recurrence of a multi-token call one token at a time and keeps a copy of the state
-//! after each token, and keeps the conv input rows of the call; [`GdnSteps::rewind`] then puts
-//! the cache where it was after any prefix of the call, bit for bit, with no recomputation.
+//! after each token, and keeps the conv input rows of the call; [`GdnSteps::rewind`] then gives
+//! the state after any prefix of the call, bit for bit, with no recomputation.
 //!
 //! Cost: one recurrent state per token of the window (`Hv·Dv·Dk` values in the state dtype)
 //! and the window's `K − 1 + S` conv input rows, per GDN layer, held until the window closes.
 
-use crate::cache::GdnCache;
 use crate::tensor::own_copy;
 use anyhow::{ensure, Result};
 use candle_core::Tensor;
@@ -56,7 +55,7 @@ impl GdnSteps {
             });
             self.states.push(own_copy(state)?);
         }
-        Ok(candle_op(Tensor::cat(&ys, 1))?)
+        candle_op(Tensor::cat(&ys, 1))
     }
 
     /// Tokens the window recorded.
@@ -68,10 +67,10 @@ impl GdnSteps {
         self.states.is_empty()
     }
 
-    /// Sets `cache` to its state after the first `kept` tokens of the window (1 ≤ kept ≤ the
-    /// window's length): the recurrent state copied after that token, the conv window of the
-    /// `K − 1` rows that end with it.
-    pub fn rewind(self, cache: &mut GdnCache, kept: usize) -> Result<()> {
+    /// The layer's state after the first `kept` tokens of the window (1 ≤ kept ≤ the window's
+    /// length): the conv window of the `K − 1` rows that end with that token, and the
+    /// recurrent state copied after it.
+    pub fn rewind(self, kept: usize) -> Result<(Tensor, Tensor)> {
         ensure!(
             (1..=self.states.len()).contains(&kept),
             "rewinding a GDN layer to {kept} of the {} tokens it recorded",
@@ -81,8 +80,8 @@ impl GdnSteps {
             .window
             .ok_or_else(|| anyhow::anyhow!("the GDN layer recorded no conv window"))?;
         let rows = window.dim(1)? - self.states.len(); // K − 1
-        cache.conv = Some(candle_op(window.narrow(1, kept, rows)?.force_contiguous())?);
-        cache.state = self.states.into_iter().nth(kept - 1);
-        Ok(())
+        let conv = candle_op(window.narrow(1, kept, rows)?.force_contiguous())?;
+        let state = self.states.into_iter().nth(kept - 1).expect("kept ≤ len");
+        Ok((conv, state))
     }
 }
