@@ -187,19 +187,7 @@ fn a_head_whose_shapes_disagree_with_the_config_is_a_one_line_error() {
         std::fs::copy(&p, dir.join(p.file_name().unwrap())).unwrap();
     }
     // mtp.fc.weight is [H, 2H] = [128, 256]; declare it [256, 128] (same bytes).
-    let file = dir.join("model.safetensors");
-    let bytes = std::fs::read(&file).unwrap();
-    let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
-    let mut header: serde_json::Value = serde_json::from_slice(&bytes[8..8 + n]).unwrap();
-    header["mtp.fc.weight"]["shape"] = serde_json::json!([256, 128]);
-    let mut text = serde_json::to_vec(&header).unwrap();
-    while !text.len().is_multiple_of(8) {
-        text.push(b' ');
-    }
-    let mut out = (text.len() as u64).to_le_bytes().to_vec();
-    out.extend_from_slice(&text);
-    out.extend_from_slice(&bytes[8 + n..]);
-    std::fs::write(&file, out).unwrap();
+    reshape_in_header(&dir.join("model.safetensors"), "mtp.fc.weight", &[256, 128]);
 
     let mut model = Model::load(&dir, &Device::Cpu, &run_options()).unwrap();
     let msg = format!("{:#}", model.load_mtp(&dir).unwrap_err());

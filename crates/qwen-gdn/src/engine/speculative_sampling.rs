@@ -205,30 +205,12 @@ mod tests {
     /// model's logits.
     #[test]
     fn the_engine_samples_the_first_two_tokens_as_without_speculation() {
-        use crate::engine::{Engine, GenerateParams, PromptTokens};
-        use crate::load::{ComputeDtype, DeviceChoice, ModelArgs};
-        use qwen_gdn_model::{PromptCache, RunOptions};
+        use crate::engine::{GenerateParams, PromptTokens};
         use std::sync::atomic::AtomicBool;
 
-        let dir = concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/../../models/mtp/qwen3.5-mtp-tiny-hf"
-        );
-        let args = ModelArgs {
-            model: dir.to_string(),
-            revision: None,
-            prefill_chunk_size: 16,
-            gdn_state_dtype: None,
-            device: DeviceChoice::Cpu,
-            dtype: ComputeDtype::Auto,
-            q8_activations: false,
-            composed_decode: false,
-        };
-        let checkpoint = args.open().unwrap();
-        let opts = RunOptions::from_env().unwrap();
-        let mut model =
-            qwen_gdn_model::Model::load(&checkpoint.dir, &candle_core::Device::Cpu, &opts).unwrap();
-        assert!(model.load_mtp(&checkpoint.dir).unwrap());
+        let mut engine = crate::engine::tests::engine("mtp/qwen3.5-mtp-tiny-hf", 0);
+        let dir = engine.checkpoint().dir.clone();
+        assert!(engine.model.load_mtp(&dir).unwrap());
         let prompt: Vec<u32> = vec![785, 397, 1922, 264, 15, 1108, 374, 13];
         let cfg = SamplerConfig {
             temp: 1.0,
@@ -237,6 +219,7 @@ mod tests {
         };
         // The exact distribution of (t1, t2): p1 from the prompt's logits, p2 from the prompt
         // and t1's, through the same filters.
+        let model = &engine.model;
         let dist = |tokens: &[u32]| -> Vec<f64> {
             let mut cache = model.new_cache();
             let logits = model.forward_last(tokens, &mut cache).unwrap();
@@ -258,7 +241,6 @@ mod tests {
                 want.push(p1[t1] * p2[t2]);
             }
         }
-        let mut engine = Engine::new(checkpoint, model, 16, PromptCache::new(0), None).unwrap();
         engine.set_draft_tokens(Some(1)).unwrap();
         let mut counts = vec![0usize; pairs.len()];
         let (mut drafted, mut accepted) = (0, 0);
