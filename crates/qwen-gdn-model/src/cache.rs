@@ -8,6 +8,7 @@ mod family_state;
 pub use family_state::{downcast_mut, downcast_ref, FamilyState, FieldReader};
 
 use crate::candle_ops::{write_at, zeros};
+use crate::layers::gdn::steps::GdnSteps;
 use crate::tensor::{contiguous, own_copy};
 use crate::StateDtype;
 use anyhow::Result;
@@ -24,6 +25,8 @@ pub struct GdnCache {
     pub state: Option<Tensor>,
     /// What the model family keeps beside the GDN state on this layer, if anything.
     pub family: Option<Box<dyn FamilyState>>,
+    /// While a speculative verify window is open: the state after each of its tokens.
+    pub steps: Option<GdnSteps>,
 }
 
 /// Keys and values of one attention layer, in buffers that grow by [`KV_STEP`] positions at a
@@ -151,6 +154,12 @@ impl KvCache {
         Ok(cache)
     }
 
+    /// Forgets the positions from `len` on (a rejected speculative draft): they stay in the
+    /// buffers, unused, and the next append writes over them.
+    pub fn truncate(&mut self, len: usize) {
+        self.len = self.len.min(len);
+    }
+
     /// Counts `n` positions written in place into the buffers.
     pub fn advance(&mut self, n: usize) {
         debug_assert!(self.len + n <= self.capacity());
@@ -221,6 +230,7 @@ impl Cache {
                         conv: copy(&c.conv)?,
                         state: copy(&c.state)?,
                         family: family(&c.family).transpose()?,
+                        steps: None,
                     }),
                     LayerCache::Attention(c) => LayerCache::Attention(KvCache {
                         keys: copy(&c.keys)?,

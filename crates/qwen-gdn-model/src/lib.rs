@@ -17,6 +17,7 @@ pub mod model;
 pub mod options;
 pub mod phase_profile;
 pub mod prompt_cache;
+pub mod speculative;
 pub mod tap;
 pub mod tensor;
 mod warm_up;

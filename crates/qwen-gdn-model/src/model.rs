@@ -18,6 +18,7 @@ use candle_core::{DType, Device, Tensor};
 use std::path::Path;
 
 mod launch_budget;
+mod mtp;
 pub use launch_budget::{ple_layers, LaunchBudget};
 
 pub struct Model {
@@ -30,6 +31,8 @@ pub struct Model {
     embed: Embedding,
     decoder: Decoder,
     lm_head: Linear,
+    /// The multi-token-prediction head, once [`Model::load_mtp`] found one.
+    mtp: Option<crate::families::hybrid::MtpHead>,
     warnings: Vec<String>,
 }
 
@@ -120,6 +123,7 @@ impl Model {
             embed,
             decoder,
             lm_head,
+            mtp: None,
             warnings,
         };
         model.decoder.set_variants(&variants);

@@ -27,8 +27,10 @@ use gdn_ops::launches::candle_op;
 
 mod conv_front;
 mod decode;
+pub mod steps;
 
 pub use conv_front::ConvFront;
+pub use steps::GdnSteps;
 
 #[derive(Debug, Clone)]
 pub struct GatedDeltaNet {
@@ -197,6 +199,9 @@ impl GatedDeltaNet {
             None => zeros((b, k - 1, c), x.dtype(), x.device())?,
         };
         let padded = cat(&[&prev, x], 1)?; // [B, S+K-1, C]
+        if let Some(steps) = &mut cache.steps {
+            steps.record_window(&padded);
+        }
 
         // A copy, not a view: the narrow is already contiguous, so `contiguous()` would keep
         // the whole `[B, S+K-1, C]` prefill buffer alive in every GDN layer.
@@ -234,7 +239,8 @@ impl GatedDeltaNet {
                 .expect("four projections"))
         })?;
         let (q, k, v, beta, g) = phase("gdn/conv_prep", device, || {
-            if self.conv_front == ConvFront::Fused {
+            // A verify window (`cache.steps`) keeps its conv rows: the composed front does.
+            if self.conv_front == ConvFront::Fused && cache.steps.is_none() {
                 return self.conv_front_fused(&qkv, &beta_in, &a, cache);
             }
             let conv = silu(&self.conv(&qkv, cache)?)?;
@@ -252,6 +258,9 @@ impl GatedDeltaNet {
         })?;
         let y = phase("gdn/recurrence", device, || {
             let state = self.state_for(cache, b, device)?;
+            if let Some(steps) = &mut cache.steps {
+                return steps.recurrence(self.gdn_prefill, &q, &k, &v, &g, &beta, &state);
+            }
             match self.gdn_prefill {
                 Some(form) => {
                     gdn_ops::gated_delta_update_in(form, &q, &k, &v, &g, &beta, &state, None)

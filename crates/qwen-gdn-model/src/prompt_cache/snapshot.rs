@@ -96,6 +96,7 @@ impl Snapshot {
                         conv: copy(conv)?,
                         state: copy(state)?,
                         family: own_family(family)?,
+                        steps: None,
                     }),
                     LayerSnapshot::Attention { kv, family } => {
                         let mut c = KvCache::from_compact(kv.as_ref().map(|(k, v)| (k, v)))?;

@@ -38,9 +38,21 @@ pub struct DecoderLayer {
 impl DecoderLayer {
     pub(super) fn load(ckpt: &Checkpoint, i: usize, cfg: &Config) -> Result<Self> {
         let p = format!("model.layers.{i}");
+        Self::load_at(ckpt, &p, cfg.layer_kind(i), cfg.is_moe_layer(i), cfg)
+    }
+
+    /// The layer whose tensors are under `p` (`model.layers.3`, or the MTP head's
+    /// `mtp.layers.0`), with this mixer and a MoE (`moe`) or a dense MLP.
+    pub(super) fn load_at(
+        ckpt: &Checkpoint,
+        p: &str,
+        kind: LayerKind,
+        moe: bool,
+        cfg: &Config,
+    ) -> Result<Self> {
         let dev = &Device::Cpu;
         let eps = cfg.rms_norm_eps as f32;
-        let mixer = match cfg.layer_kind(i) {
+        let mixer = match kind {
             LayerKind::LinearAttention => Mixer::Gdn(GatedDeltaNet::load(
                 ckpt,
                 &format!("{p}.linear_attn"),
@@ -51,7 +63,7 @@ impl DecoderLayer {
                 Mixer::Attention(Attention::load(ckpt, &format!("{p}.self_attn"), cfg)?)
             }
         };
-        let feed_forward = if cfg.is_moe_layer(i) {
+        let feed_forward = if moe {
             FeedForward::Moe(Box::new(SparseMoe::load(ckpt, &format!("{p}.mlp"), cfg)?))
         } else {
             FeedForward::Dense(Mlp::load(
