@@ -10,7 +10,8 @@
 #      default on CUDA; its CPU twin here),
 #   6. the model's gates again with a prefill attention score budget of 4 KiB, so that every
 #      chunk's attention runs in query blocks and key tiles (online softmax),
-#   7. `qwen-gdn serve` driven by the official openai Python client and curl (needs PyPI once),
+#   7. `qwen-gdn serve` driven by the official openai, anthropic and ollama Python clients,
+#      the Prometheus parser and curl (needs PyPI once),
 #   8. the macOS type-check of the workspace with the `metal` feature.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -23,5 +24,5 @@ QWEN_GDN_GDN_PREFILL=chunked cargo test --locked -p qwen-gdn-model \
 QWEN_GDN_MOE_PREFILL=gemm cargo test --locked -p qwen-gdn-model --test device_plan
 QWEN_GDN_ATTN_SCORE_BYTES=4096 cargo test --locked -p qwen-gdn-model \
     --test reference --test device_plan --test prefill_chunks --test qwen4_exp
-bash scripts/test-serve-openai.sh
+bash scripts/test-serve-clients.sh
 bash scripts/check-metal.sh

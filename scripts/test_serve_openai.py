@@ -1,5 +1,5 @@
 """Drives `qwen-gdn serve` with the official `openai` Python client (run by
-scripts/test-serve-openai.sh, which starts the servers).
+scripts/test-serve-clients.sh, which starts the servers).
 
     python scripts/test_serve_openai.py BASE_URL API_KEY FORCED_BASE_URL
 
@@ -13,17 +13,11 @@ import sys
 
 import openai
 from openai import OpenAI
+from serve_client_checks import Checks
 
 base, key, forced_base = sys.argv[1:4]
 client = OpenAI(base_url=base, api_key=key, max_retries=0, timeout=300)
-checks = 0
-
-
-def check(cond, what):
-    global checks
-    if not cond:
-        raise AssertionError(what)
-    checks += 1
+check = Checks()
 
 
 # Models: the served name is the --model argument.
@@ -111,7 +105,7 @@ try:
     OpenAI(base_url=base, api_key="wrong", max_retries=0).models.list()
     raise AssertionError("a wrong key was accepted")
 except openai.AuthenticationError:
-    checks += 1
+    check(True, "a wrong key is refused")
 
 # Tools round trip, on the server whose reply is forced to a call.
 forced = OpenAI(base_url=forced_base, api_key=key, max_retries=0, timeout=300)
@@ -151,4 +145,4 @@ messages += [choice.message.model_dump(exclude_none=True),
 r = forced.chat.completions.create(model=model, messages=messages, tools=tools)
 check(r.choices[0].message is not None, r)
 
-print(f"openai {openai.__version__}: {checks} checks passed")
+print(f"openai {openai.__version__}: {check.count} checks passed")

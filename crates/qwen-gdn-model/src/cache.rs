@@ -1,15 +1,18 @@
 //! Per-sequence state carried between forward calls: for each GDN layer the last `K-1`
 //! pre-conv rows and the recurrent state, for each attention layer its keys and values.
-//! `qwen4_exp` adds, on its per-layer-embedding layers, the n-gram context and the PLE conv
-//! window, and on its QSA layers the indexer's pooled block keys (docs/qwen4_exp.md §6).
+//! A model family may keep more beside either ([`FamilyState`]: `qwen4_exp`'s per-layer
+//! embedding and indexer state, docs/qwen4_exp.md §6); the cache only carries it.
 
-use crate::families::qwen4_exp::ple::PleState;
-use crate::families::qwen4_exp::qsa_indexer::IndexerCache;
+mod family_state;
+
+pub use family_state::{downcast_mut, downcast_ref, FamilyState, FieldReader};
+
+use crate::candle_ops::{write_at, zeros};
+use crate::layers::gdn::steps::GdnSteps;
 use crate::tensor::{contiguous, own_copy};
 use crate::StateDtype;
 use anyhow::Result;
 use candle_core::Tensor;
-use gdn_ops::launches::candle_op;
 
 #[derive(Debug, Clone, Default)]
 pub struct GdnCache {
@@ -20,8 +23,10 @@ pub struct GdnCache {
     pub conv: Option<Tensor>,
     /// `[B, Hv, Dv, Dk]`, updated in place by the recurrence.
     pub state: Option<Tensor>,
-    /// `qwen4_exp` layers with a per-layer embedding: its n-gram context and conv window.
-    pub ple: Option<PleState>,
+    /// What the model family keeps beside the GDN state on this layer, if anything.
+    pub family: Option<Box<dyn FamilyState>>,
+    /// While a speculative verify window is open: the state after each of its tokens.
+    pub steps: Option<GdnSteps>,
 }
 
 /// Keys and values of one attention layer, in buffers that grow by [`KV_STEP`] positions at a
@@ -32,8 +37,8 @@ pub struct KvCache {
     keys: Option<Tensor>,
     values: Option<Tensor>,
     len: usize,
-    /// `qwen4_exp` (QSA) layers: the indexer's block keys, as many tokens as `len`.
-    pub indexer: Option<IndexerCache>,
+    /// What the model family keeps beside the keys and values on this layer, if anything.
+    pub family: Option<Box<dyn FamilyState>>,
 }
 
 /// Positions a KV buffer grows by when full.
@@ -76,8 +81,8 @@ impl KvCache {
             self.keys.as_ref().expect("reserved"),
             self.values.as_ref().expect("reserved"),
         );
-        candle_op(keys.slice_set(&contiguous(k)?, 2, self.len))?;
-        candle_op(values.slice_set(&contiguous(v)?, 2, self.len))?;
+        write_at(keys, &contiguous(k)?, 2, self.len)?;
+        write_at(values, &contiguous(v)?, 2, self.len)?;
         self.len += s;
         Ok((self.keys().expect("set"), self.values().expect("set")))
     }
@@ -126,7 +131,7 @@ impl KvCache {
         let Some((k, v)) = kv else {
             return Ok(Self::default());
         };
-        // (`indexer` is the caller's to set: a snapshot keeps it beside the keys.)
+        // (`family` is the caller's to set: a snapshot keeps it beside the keys.)
         anyhow::ensure!(
             k.dims() == v.dims() && k.rank() == 4,
             "keys {:?} and values {:?} are not matching [B, Nkv, len, Dh] tensors",
@@ -143,10 +148,16 @@ impl KvCache {
             cache.keys.as_ref().expect("reserved"),
             cache.values.as_ref().expect("reserved"),
         );
-        candle_op(keys.slice_set(&contiguous(k)?, 2, 0))?;
-        candle_op(values.slice_set(&contiguous(v)?, 2, 0))?;
+        write_at(keys, &contiguous(k)?, 2, 0)?;
+        write_at(values, &contiguous(v)?, 2, 0)?;
         cache.len = len;
         Ok(cache)
+    }
+
+    /// Forgets the positions from `len` on (a rejected speculative draft): they stay in the
+    /// buffers, unused, and the next append writes over them.
+    pub fn truncate(&mut self, len: usize) {
+        self.len = self.len.min(len);
     }
 
     /// Counts `n` positions written in place into the buffers.
@@ -167,16 +178,12 @@ impl KvCache {
         }
         let capacity = needed.div_ceil(KV_STEP) * KV_STEP;
         let grow = |old: &Option<Tensor>| -> Result<Tensor> {
-            let buf = candle_op(Tensor::zeros(
-                (b, h, capacity, d),
-                like.dtype(),
-                like.device(),
-            ))?;
+            let buf = zeros((b, h, capacity, d), like.dtype(), like.device())?;
             if let Some(old) = old {
                 // The whole old buffer, unused tail included: a narrow to `len` positions is
                 // not contiguous (heads are a capacity apart) and `slice_set` takes
                 // contiguous sources only.
-                candle_op(buf.slice_set(old, 2, 0))?;
+                write_at(&buf, old, 2, 0)?;
             }
             Ok(buf)
         };
@@ -212,6 +219,7 @@ impl Cache {
     /// updated in place, so a plain `clone` would advance both caches together.
     pub fn deep_clone(&self) -> anyhow::Result<Self> {
         let copy = |t: &Option<Tensor>| t.as_ref().map(Tensor::copy).transpose();
+        let family = |f: &Option<Box<dyn FamilyState>>| f.as_ref().map(|f| f.deep_clone());
         let layers = self
             .layers
             .iter()
@@ -221,14 +229,14 @@ impl Cache {
                         state_dtype: c.state_dtype,
                         conv: copy(&c.conv)?,
                         state: copy(&c.state)?,
-                        ple: c.ple.as_ref().map(PleState::deep_clone).transpose()?,
+                        family: family(&c.family).transpose()?,
+                        steps: None,
                     }),
                     LayerCache::Attention(c) => LayerCache::Attention(KvCache {
                         keys: copy(&c.keys)?,
                         values: copy(&c.values)?,
                         len: c.len,
-                        // Host vectors: a clone is already a copy.
-                        indexer: c.indexer.clone(),
+                        family: family(&c.family).transpose()?,
                     }),
                 })
             })

@@ -81,7 +81,8 @@ impl From<Part> for Origin {
             Part::Embedding => Self::Embedding,
             Part::PerLayerEmbedding { layer } => Self::PerLayerEmbedding { layer },
             Part::Mixer { layer, attention } => Self::Mixer { layer, attention },
-            Part::FeedForward { layer } => Self::FeedForward { layer },
+            Part::FeedForward { layer, .. } => Self::FeedForward { layer },
+            Part::OutputHead => Self::Head,
         }
     }
 }

@@ -5,6 +5,7 @@
 //! tokens through embeddings, decoder layers (updating the [`Cache`] in place) and the head.
 
 pub mod cache;
+pub mod candle_ops;
 pub mod config;
 pub mod device_memory;
 pub mod diagnose;
@@ -16,6 +17,7 @@ pub mod model;
 pub mod options;
 pub mod phase_profile;
 pub mod prompt_cache;
+pub mod speculative;
 pub mod tap;
 pub mod tensor;
 mod warm_up;

@@ -9,7 +9,6 @@ use crate::families::qwen4_exp::Qwen4ExpDecoder;
 use crate::families::{Decoder, Ends};
 use crate::layers::linear::{Embedding, Linear};
 use crate::layers::moe::MoePrefill;
-use crate::phase_profile::phase;
 use crate::tap::{LaunchCounter, NoTap, Part, Tap};
 use crate::tensor::cast;
 use crate::weights::Checkpoint;
@@ -19,6 +18,7 @@ use candle_core::{DType, Device, Tensor};
 use std::path::Path;
 
 mod launch_budget;
+mod mtp;
 pub use launch_budget::{ple_layers, LaunchBudget};
 
 pub struct Model {
@@ -31,6 +31,8 @@ pub struct Model {
     embed: Embedding,
     decoder: Decoder,
     lm_head: Linear,
+    /// The multi-token-prediction head, once [`Model::load_mtp`] found one.
+    mtp: Option<crate::families::hybrid::MtpHead>,
     warnings: Vec<String>,
 }
 
@@ -121,6 +123,7 @@ impl Model {
             embed,
             decoder,
             lm_head,
+            mtp: None,
             warnings,
         };
         model.decoder.set_variants(&variants);
@@ -264,7 +267,8 @@ impl Model {
         );
         self.on_host_workers(|| {
             let _q8 = gdn_ops::ops::affine::q8::Scope::enter(self.q8_activations);
-            let h = phase("embed", &self.device, || self.embed(tokens))?;
+            tap.begin_pass()?;
+            let h = self.embed(tokens)?;
             tap.part(Part::Embedding, &h, &h)?;
             let h = self.decoder.forward(h, tokens, cache, tap)?;
             cache.offset += tokens.len();
@@ -272,12 +276,12 @@ impl Model {
         })
     }
 
-    fn logits(&self, h: &Tensor) -> Result<Tensor> {
+    /// The final norm and the output head on `h`, shown to `tap` as [`Part::OutputHead`].
+    fn logits(&self, h: &Tensor, tap: &mut dyn Tap) -> Result<Tensor> {
         self.on_host_workers(|| {
             let _q8 = gdn_ops::ops::affine::q8::Scope::enter(self.q8_activations);
-            let logits = phase("lm_head", &self.device, || {
-                self.lm_head.forward(&self.final_norm(h)?)
-            })?;
+            let logits = self.lm_head.forward(&self.final_norm(h)?)?;
+            tap.part(Part::OutputHead, &logits, &logits)?;
             crate::device_memory::sample(&self.device);
             cast(&logits.squeeze(0)?, DType::F32)
         })
@@ -300,25 +304,58 @@ impl Model {
     /// Returns f32 logits of shape `[tokens.len(), vocab_size]` (every position: scoring).
     pub fn forward(&self, tokens: &[u32], cache: &mut Cache) -> Result<Tensor> {
         let h = self.run_layers(tokens, cache, &mut NoTap)?;
-        self.logits(&h)
+        self.logits(&h, &mut NoTap)
     }
 
     /// As [`Model::forward`], but only the last position goes through the output head:
     /// returns `[1, vocab_size]` (generation needs no more).
     pub fn forward_last(&self, tokens: &[u32], cache: &mut Cache) -> Result<Tensor> {
+        self.forward_last_observed(tokens, cache, None)
+    }
+
+    /// [`Model::forward_last`] watched by `tap` (a decode step then runs eagerly, never
+    /// from a CUDA graph).
+    pub fn forward_last_tapped(
+        &self,
+        tokens: &[u32],
+        cache: &mut Cache,
+        tap: &mut dyn Tap,
+    ) -> Result<Tensor> {
+        self.forward_last_observed(tokens, cache, Some(tap))
+    }
+
+    fn forward_last_observed(
+        &self,
+        tokens: &[u32],
+        cache: &mut Cache,
+        tap: Option<&mut dyn Tap>,
+    ) -> Result<Tensor> {
         if let (true, &[token]) = (self.fused_decode(), tokens) {
-            return self.decode_step(token, cache, None);
+            return self.decode_step(token, cache, tap);
         }
-        let h = self.run_layers(tokens, cache, &mut NoTap)?;
+        let mut no_tap = NoTap;
+        let tap = tap.unwrap_or(&mut no_tap);
+        let h = self.run_layers(tokens, cache, tap)?;
         let s = h.dim(1)?;
-        self.logits(&h.narrow(1, s - 1, 1)?)
+        self.logits(&h.narrow(1, s - 1, 1)?, tap)
     }
 
     /// Runs a prompt in chunks of at most `chunk` tokens, without computing any logits.
     pub fn prefill(&self, tokens: &[u32], cache: &mut Cache, chunk: usize) -> Result<()> {
+        self.prefill_tapped(tokens, cache, chunk, &mut NoTap)
+    }
+
+    /// [`Model::prefill`] watched by `tap`.
+    pub fn prefill_tapped(
+        &self,
+        tokens: &[u32],
+        cache: &mut Cache,
+        chunk: usize,
+        tap: &mut dyn Tap,
+    ) -> Result<()> {
         ensure!(chunk > 0, "prefill chunk size must be positive");
         for part in tokens.chunks(chunk) {
-            self.run_layers(part, cache, &mut NoTap)?;
+            self.run_layers(part, cache, tap)?;
             crate::device_memory::sample(&self.device);
             // Nothing of a prefill chunk is read back, and candle's Metal pool releases the
             // buffers a chunk dropped only at a host sync: without one, a long prompt holds
@@ -371,11 +408,10 @@ impl Model {
                 d.decode_step(&ends, token, cache, tap)
             }
             _ => {
-                let h = match tap {
-                    Some(tap) => self.run_layers(&[token], cache, tap)?,
-                    None => self.run_layers(&[token], cache, &mut NoTap)?,
-                };
-                self.logits(&h)
+                let mut no_tap = NoTap;
+                let tap = tap.unwrap_or(&mut no_tap);
+                let h = self.run_layers(&[token], cache, tap)?;
+                self.logits(&h, tap)
             }
         }
     }

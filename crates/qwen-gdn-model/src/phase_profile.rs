@@ -1,15 +1,23 @@
 //! Where a forward pass spends its time, phase by phase (`qwen-gdn bench --profile`).
 //!
+//! The phases of the layer loop are timed by a tap, [`PhaseTimer`]: `embed`, then per layer
+//! `ple` (`qwen4_exp`), `gdn` or `attention` (the mixer with its norm and residual add),
+//! `moe` or `mlp` (likewise), and `lm_head` (the final norm and the output head), each from
+//! the tap event before it to its own. Inside the building blocks, whose steps the loop does
+//! not see, [`phase`] times the steps (`gdn/in_proj`, `moe/gate_up`, …) while a timer is on.
+//!
 //! On a GPU the host only queues work, so a host clock around a phase measures nothing unless
-//! the device has drained first: when profiling is on, [`phase`] synchronizes the device before
-//! and after the phase it times, so each phase is charged with the device work it queued. Those
-//! synchronizations cost time of their own (one host round trip each), so a profiled pass is
-//! slower than an unprofiled one: the profile is for the split between phases, the benchmark's
-//! own numbers for the speed. Off (the default), a phase is one relaxed atomic load.
+//! the device has drained first: the timer synchronizes the device at every event, and
+//! [`phase`] before and after the step it times, so each phase is charged with the device work
+//! it queued. Those synchronizations cost time of their own (one host round trip each), so a
+//! profiled pass is slower than an unprofiled one: the profile is for the split between
+//! phases, the benchmark's own numbers for the speed. Off (the default), a step is one
+//! relaxed atomic load.
 //!
 //! Phases nest by name: `moe/gate_up` is inside `moe`, and a report lists, under each parent,
 //! its children and what the parent spent outside them.
 
+use crate::tap::{Part, Tap};
 use anyhow::Result;
 use candle_core::Device;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -31,8 +39,9 @@ pub struct PhaseTime {
     pub calls: u64,
 }
 
-/// Turns timing on or off for every thread (the reference plan runs layers on pool workers).
-pub fn set_enabled(on: bool) {
+/// Turns step timing on or off for every thread (the reference plan runs layers on pool
+/// workers).
+fn set_enabled(on: bool) {
     ENABLED.store(on, Ordering::Relaxed);
 }
 
@@ -40,8 +49,85 @@ pub fn enabled() -> bool {
     ENABLED.load(Ordering::Relaxed)
 }
 
-/// Runs `work` as the phase `name`, timing it (device drained before and after) when
-/// profiling is on.
+/// The tap that times the phases of the layer loop, and turns on the timing of the steps
+/// inside the blocks while it lives. One at a time: the totals are process-wide.
+pub struct PhaseTimer {
+    device: Device,
+    /// When the last event was seen (the device drained then).
+    mark: Instant,
+}
+
+impl PhaseTimer {
+    /// Clears the totals and starts timing passes on `device`.
+    pub fn start(device: &Device) -> Self {
+        take();
+        set_enabled(true);
+        Self {
+            device: device.clone(),
+            mark: Instant::now(),
+        }
+    }
+
+    /// Stops timing and returns the totals.
+    pub fn finish(self) -> Vec<PhaseTime> {
+        drop(self);
+        take()
+    }
+
+    /// Drains the device and starts the next interval.
+    fn mark(&mut self) -> Result<()> {
+        self.device.synchronize()?;
+        self.mark = Instant::now();
+        Ok(())
+    }
+
+    /// The phase a part ends.
+    fn name(part: Part) -> &'static str {
+        match part {
+            Part::Embedding => "embed",
+            Part::PerLayerEmbedding { .. } => "ple",
+            Part::Mixer {
+                attention: true, ..
+            } => "attention",
+            Part::Mixer { .. } => "gdn",
+            Part::FeedForward { moe: true, .. } => "moe",
+            Part::FeedForward { .. } => "mlp",
+            Part::OutputHead => "lm_head",
+        }
+    }
+}
+
+impl Drop for PhaseTimer {
+    fn drop(&mut self) {
+        set_enabled(false);
+    }
+}
+
+impl Tap for PhaseTimer {
+    fn begin_pass(&mut self) -> Result<()> {
+        self.mark()
+    }
+
+    fn enter_layer(&mut self, _layer: usize) -> Result<()> {
+        self.mark()
+    }
+
+    fn part(
+        &mut self,
+        part: Part,
+        _added: &candle_core::Tensor,
+        _stream: &candle_core::Tensor,
+    ) -> Result<()> {
+        self.device.synchronize()?;
+        let now = Instant::now();
+        record(Self::name(part), now - self.mark);
+        self.mark = now;
+        Ok(())
+    }
+}
+
+/// Runs `work` as the step `name` of a block, timing it (device drained before and after)
+/// while a [`PhaseTimer`] is on.
 pub fn phase<R>(
     name: &'static str,
     device: &Device,
@@ -74,7 +160,7 @@ fn record(name: &'static str, elapsed: Duration) {
 }
 
 /// Returns the totals gathered so far and starts afresh.
-pub fn take() -> Vec<PhaseTime> {
+fn take() -> Vec<PhaseTime> {
     std::mem::take(&mut *TOTALS.lock().unwrap_or_else(|e| e.into_inner()))
 }
 

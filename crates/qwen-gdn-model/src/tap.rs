@@ -1,9 +1,10 @@
 //! Observers of the layer loop, in the spirit of llama.cpp's graph callback `cb(cur, name, il)`:
 //! every family runs its layers through [`each_layer`], which tells a [`Tap`] when a layer
 //! starts and ends, and the family's layers tell it what each part added to the residual
-//! stream. Launch counting per layer ([`LaunchCounter`]) and NaN tracing
-//! ([`crate::diagnose`]) are taps; the forward itself runs with [`NoTap`]. Kernel launches
-//! are still counted where they happen (`gdn_ops::launches`): a tap only reads the counter.
+//! stream. Launch counting per layer ([`LaunchCounter`]), NaN tracing ([`crate::diagnose`])
+//! and phase timing ([`crate::phase_profile::PhaseTimer`]) are taps; the forward itself runs
+//! with [`NoTap`]. Kernel launches are still counted where they happen (`gdn_ops::launches`):
+//! a tap only reads the counter.
 
 use anyhow::Result;
 use candle_core::Tensor;
@@ -14,20 +15,31 @@ use std::fmt;
 pub enum Part {
     /// The token embedding (before any layer).
     Embedding,
-    /// `qwen4_exp`: the per-layer (n-gram) embedding of decoder layer `layer`.
+    /// `qwen4_exp`: the per-layer (n-gram) embedding of decoder layer `layer` (on the layers
+    /// that have one).
     PerLayerEmbedding { layer: usize },
     /// The attention or GDN block of decoder layer `layer` (for `qwen4_exp` with the
     /// hyper-connection around it).
     Mixer { layer: usize, attention: bool },
     /// The MLP or MoE block of decoder layer `layer` (for `qwen4_exp` with the
     /// hyper-connection around it).
-    FeedForward { layer: usize },
+    FeedForward { layer: usize, moe: bool },
+    /// The final norm (or what takes its place) and the output head: `added` and `stream`
+    /// are the logits. Only passes that compute logits show it.
+    OutputHead,
 }
 
 /// What a tap watches. Every method has a default that does nothing.
 pub trait Tap: Send {
+    /// A forward pass is about to embed its tokens.
+    fn begin_pass(&mut self) -> Result<()> {
+        Ok(())
+    }
+
     /// Decoder layer `layer` is about to run.
-    fn enter_layer(&mut self, _layer: usize) {}
+    fn enter_layer(&mut self, _layer: usize) -> Result<()> {
+        Ok(())
+    }
 
     /// `part` has run: `added` is what it contributed (for a hyper-connected family, the
     /// streams themselves), `stream` the residual stream after it. An error ends the walk
@@ -67,8 +79,9 @@ pub struct LaunchCounter {
 }
 
 impl Tap for LaunchCounter {
-    fn enter_layer(&mut self, _layer: usize) {
+    fn enter_layer(&mut self, _layer: usize) -> Result<()> {
         self.before = gdn_ops::launches::count();
+        Ok(())
     }
 
     fn leave_layer(&mut self, _layer: usize) {
@@ -92,7 +105,7 @@ pub fn each_layer<L, C, S>(
         "cache does not belong to this model"
     );
     for (i, (layer, cache)) in layers.iter().zip(caches.iter_mut()).enumerate() {
-        tap.enter_layer(i);
+        tap.enter_layer(i)?;
         state = step(i, layer, cache, state, tap)?;
         tap.leave_layer(i);
     }

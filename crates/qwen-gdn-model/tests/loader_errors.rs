@@ -59,22 +59,6 @@ fn missing_shard_names_the_shard() {
     assert!(msg.contains("missing shard model.safetensors"), "{msg}");
 }
 
-/// Rewrites a tensor's declared shape in the safetensors header, keeping its bytes.
-fn reshape_in_header(file: &Path, tensor: &str, shape: &[usize]) {
-    let bytes = std::fs::read(file).unwrap();
-    let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
-    let mut header: serde_json::Value = serde_json::from_slice(&bytes[8..8 + n]).unwrap();
-    header[tensor]["shape"] = serde_json::json!(shape);
-    let mut text = serde_json::to_vec(&header).unwrap();
-    while !text.len().is_multiple_of(8) {
-        text.push(b' ');
-    }
-    let mut out = (text.len() as u64).to_le_bytes().to_vec();
-    out.extend_from_slice(&text);
-    out.extend_from_slice(&bytes[8 + n..]);
-    std::fs::write(file, out).unwrap();
-}
-
 #[test]
 fn wrong_shape_names_tensor_and_file() {
     let (_tmp, dir) = scratch("qwen3.5-tiny-4bit");

@@ -8,6 +8,7 @@ mod common;
 use candle_core::{DType, Tensor};
 use common::*;
 use qwen_gdn_model::cache::LayerCache;
+use qwen_gdn_model::families::qwen4_exp::state::{indexer, ple};
 use qwen_gdn_model::{prefill_with_snapshots, Cache, Model, Plan, PromptCache, RunOptions};
 
 const CHUNK: usize = 16;
@@ -221,7 +222,7 @@ fn tensors(cache: &Cache) -> Vec<Tensor> {
         .flat_map(|layer| match layer {
             LayerCache::Gdn(c) => {
                 let mut t = vec![c.conv.clone().unwrap(), c.state.clone().unwrap()];
-                if let Some(ple) = &c.ple {
+                if let Some(ple) = ple(c) {
                     t.push(ple.window.clone());
                     t.push(host(ple.context.iter().map(|&id| id as f32).collect()));
                 }
@@ -229,7 +230,7 @@ fn tensors(cache: &Cache) -> Vec<Tensor> {
             }
             LayerCache::Attention(c) => {
                 let mut t = vec![c.keys().unwrap(), c.values().unwrap()];
-                if let Some(ix) = &c.indexer {
+                if let Some(ix) = indexer(c) {
                     t.push(host(ix.blocks.concat()));
                     t.push(host(ix.tail.concat()));
                     t.push(host(vec![ix.len as f32]));
@@ -266,12 +267,12 @@ fn restored_caches_never_alias_the_snapshot() {
             match layer {
                 LayerCache::Attention(c) => {
                     assert_eq!(c.len(), n, "{name}");
-                    if let Some(ix) = &c.indexer {
+                    if let Some(ix) = indexer(c) {
                         assert_eq!((ix.len, ix.blocks.len(), ix.tail.len()), (n, n / 4, n % 4));
                     }
                 }
                 LayerCache::Gdn(c) => {
-                    if let Some(ple) = &c.ple {
+                    if let Some(ple) = ple(c) {
                         assert_eq!(ple.context, query[n - 2..n], "{name}: n-gram context");
                     }
                 }

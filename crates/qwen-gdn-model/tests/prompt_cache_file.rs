@@ -80,12 +80,13 @@ fn save_then_load_continues_exactly() {
 /// tokens), the PLE conv windows bit for bit, and the indexer's block and tail keys.
 fn assert_same_qwen4_exp_state(name: &str, got: &Cache, want: &Cache) {
     use qwen_gdn_model::cache::LayerCache;
+    use qwen_gdn_model::families::qwen4_exp::state::{indexer, ple};
     let mut parts = 0;
     for (i, (g, w)) in got.layers.iter().zip(&want.layers).enumerate() {
         match (g, w) {
             (LayerCache::Gdn(g), LayerCache::Gdn(w)) => {
-                assert_eq!(g.ple.is_some(), w.ple.is_some(), "{name}: layer {i}");
-                if let (Some(g), Some(w)) = (&g.ple, &w.ple) {
+                assert_eq!(ple(g).is_some(), ple(w).is_some(), "{name}: layer {i}");
+                if let (Some(g), Some(w)) = (ple(g), ple(w)) {
                     assert_eq!(g.context, w.context, "{name}: layer {i} n-gram context");
                     assert!(
                         flat(&g.window) == flat(&w.window),
@@ -95,7 +96,7 @@ fn assert_same_qwen4_exp_state(name: &str, got: &Cache, want: &Cache) {
                 }
             }
             (LayerCache::Attention(g), LayerCache::Attention(w)) => {
-                let (g, w) = (g.indexer.as_ref(), w.indexer.as_ref());
+                let (g, w) = (indexer(g), indexer(w));
                 assert_eq!(
                     g.map(|x| (&x.blocks, &x.tail, x.len)),
                     w.map(|x| (&x.blocks, &x.tail, x.len)),

@@ -6,6 +6,7 @@ use super::linear::{FusedLinear, Linear};
 use super::norm::RmsNorm;
 use super::rope::PartialRope;
 use crate::cache::KvCache;
+use crate::candle_ops::{full, matmul, sigmoid, softmax_last_dim, zeros};
 use crate::phase_profile::phase;
 use crate::tensor::{cast, contiguous};
 use crate::weights::Checkpoint;
@@ -126,7 +127,7 @@ impl Attention {
         })?;
         phase("attention/out", device, || {
             let o = contiguous(&o.transpose(1, 2)?)?.reshape((b, s, nq * dh))?;
-            let o = candle_op(o.mul(&candle_op(candle_nn::ops::sigmoid(&gate))?))?;
+            let o = candle_op(o.mul(&sigmoid(&gate)?))?;
             self.o_proj.forward(&o)
         })
     }
@@ -236,11 +237,8 @@ fn causal_mask_tile(
     let key_pos =
         Tensor::arange(key_start as u32, (key_start + t) as u32, device)?.reshape((1, t))?;
     let visible = candle_op(key_pos.broadcast_le(&query_pos))?;
-    let open = candle_op(Tensor::zeros((s, t), dtype, device))?;
-    let closed = cast(
-        &candle_op(Tensor::full(f32::NEG_INFINITY, (s, t), device))?,
-        dtype,
-    )?;
+    let open = zeros((s, t), dtype, device)?;
+    let closed = cast(&full(f32::NEG_INFINITY, (s, t), device)?, dtype)?;
     candle_op(visible.where_cond(&open, &closed))
 }
 
@@ -336,7 +334,7 @@ fn scores(q: &Tensor, k: &Tensor, rep: usize, mask: KeyMask) -> Result<Tensor> {
     // K stays a view of the KV buffer (rows of Dh values, heads a buffer capacity apart):
     // the matmuls take a transposed K and row-strided operands as they are (CPU gemm and
     // cuBLAS), so no step copies the whole cache.
-    let scores = candle_op(q.matmul(&k.transpose(2, 3)?))?;
+    let scores = matmul(q, &k.transpose(2, 3)?)?;
     let scores = candle_op(scores * (dh as f64).powf(-0.5))?;
     blocked::note_scores(&scores);
     let mask = match mask {
@@ -359,12 +357,6 @@ fn scores(q: &Tensor, k: &Tensor, rep: usize, mask: KeyMask) -> Result<Tensor> {
 /// `[B, Nkv, rep·S, Dh]`.
 fn attend_dense(q: &Tensor, k: &Tensor, v: &Tensor, rep: usize, mask: KeyMask) -> Result<Tensor> {
     let scores = scores(q, k, rep, mask)?;
-    let p = cast(
-        &candle_op(candle_nn::ops::softmax_last_dim(&cast(
-            &scores,
-            DType::F32,
-        )?))?,
-        v.dtype(),
-    )?;
-    candle_op(p.matmul(v))
+    let p = cast(&softmax_last_dim(&cast(&scores, DType::F32)?)?, v.dtype())?;
+    matmul(&p, v)
 }

@@ -15,6 +15,7 @@
 use super::linear::{FusedLinear, Linear};
 use super::norm::{Gate, GatedRmsNorm, RmsNorm, ScaledRms};
 use crate::cache::GdnCache;
+use crate::candle_ops::{cat, sigmoid, silu, zeros};
 use crate::config::Family;
 use crate::phase_profile::phase;
 use crate::tensor::{cast, contiguous};
@@ -22,12 +23,14 @@ use crate::weights::Checkpoint;
 use crate::Config;
 use anyhow::Result;
 use candle_core::{DType, Device, Tensor, D};
-use gdn_ops::launches::{candle_op, candle_ops};
+use gdn_ops::launches::candle_op;
 
 mod conv_front;
 mod decode;
+pub mod steps;
 
 pub use conv_front::ConvFront;
+pub use steps::GdnSteps;
 
 #[derive(Debug, Clone)]
 pub struct GatedDeltaNet {
@@ -193,9 +196,12 @@ impl GatedDeltaNet {
         let k = self.kernel;
         let prev = match &cache.conv {
             Some(p) => p.clone(),
-            None => candle_op(Tensor::zeros((b, k - 1, c), x.dtype(), x.device()))?,
+            None => zeros((b, k - 1, c), x.dtype(), x.device())?,
         };
-        let padded = candle_ops(2, Tensor::cat(&[&prev, x], 1))?; // [B, S+K-1, C]
+        let padded = cat(&[&prev, x], 1)?; // [B, S+K-1, C]
+        if let Some(steps) = &mut cache.steps {
+            steps.record_window(&padded);
+        }
 
         // A copy, not a view: the narrow is already contiguous, so `contiguous()` would keep
         // the whole `[B, S+K-1, C]` prefill buffer alive in every GDN layer.
@@ -233,10 +239,11 @@ impl GatedDeltaNet {
                 .expect("four projections"))
         })?;
         let (q, k, v, beta, g) = phase("gdn/conv_prep", device, || {
-            if self.conv_front == ConvFront::Fused {
+            // A verify window (`cache.steps`) keeps its conv rows: the composed front does.
+            if self.conv_front == ConvFront::Fused && cache.steps.is_none() {
                 return self.conv_front_fused(&qkv, &beta_in, &a, cache);
             }
-            let conv = candle_op(self.conv(&qkv, cache)?.silu())?;
+            let conv = silu(&self.conv(&qkv, cache)?)?;
             // Head views of the conv output: each is copied once, by the normalisation or here.
             let q = contiguous(&conv.narrow(D::Minus1, 0, hk * dk)?)?.reshape((b, s, hk, dk))?;
             let k =
@@ -245,12 +252,15 @@ impl GatedDeltaNet {
                 .reshape((b, s, hv, dv))?;
             let q = self.q_norm.norm.forward(&q)?;
             let k = self.k_norm.norm.forward(&k)?;
-            let beta = candle_op(candle_nn::ops::sigmoid(&cast(&beta_in, DType::F32)?))?;
+            let beta = sigmoid(&cast(&beta_in, DType::F32)?)?;
             let g = decay(&cast(&a, DType::F32)?, &self.dt_bias, &self.neg_a_log_exp)?;
             Ok((q, k, v, beta, g))
         })?;
         let y = phase("gdn/recurrence", device, || {
             let state = self.state_for(cache, b, device)?;
+            if let Some(steps) = &mut cache.steps {
+                return steps.recurrence(self.gdn_prefill, &q, &k, &v, &g, &beta, &state);
+            }
             match self.gdn_prefill {
                 Some(form) => {
                     gdn_ops::gated_delta_update_in(form, &q, &k, &v, &g, &beta, &state, None)
@@ -277,7 +287,7 @@ impl GatedDeltaNet {
             Some(st) => cast(st, dtype)?,
             None => {
                 let (hv, dv, dk) = (self.value_heads, self.value_dim, self.key_dim);
-                candle_op(Tensor::zeros((b, hv, dv, dk), dtype, device))?
+                zeros((b, hv, dv, dk), dtype, device)?
             }
         };
         cache.state = Some(state.clone());

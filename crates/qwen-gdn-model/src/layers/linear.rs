@@ -1,11 +1,12 @@
 //! Linear layers and embeddings over [`Weight`]s.
 
+use crate::candle_ops::cat;
 use crate::tensor::cast;
 use crate::weights::{Checkpoint, Matrix, Weight};
 use crate::Config;
 use anyhow::Result;
 use candle_core::{DType, Device, Tensor, D};
-use gdn_ops::launches::{candle_op, candle_ops};
+use gdn_ops::launches::candle_op;
 
 /// `y = x Wᵀ (+ b)`, in x's dtype.
 #[derive(Debug, Clone)]
@@ -132,7 +133,7 @@ impl FusedLinear {
         let all = if outs.len() == 1 {
             outs.into_iter().next().expect("one output")
         } else {
-            candle_ops(outs.len(), Tensor::cat(&outs, D::Minus1))?
+            cat(&outs, D::Minus1)?
         };
         let mut start = 0;
         self.out_dims

@@ -1,11 +1,11 @@
 //! Dense SwiGLU MLP: `down(silu(gate(x)) · up(x))`.
 
 use super::linear::{FusedLinear, Linear};
+use crate::candle_ops::swiglu;
 use crate::weights::Checkpoint;
 use crate::Config;
 use anyhow::Result;
 use candle_core::Tensor;
-use gdn_ops::launches::candle_op;
 
 #[derive(Debug, Clone)]
 pub struct Mlp {
@@ -62,7 +62,7 @@ impl Mlp {
             .forward(x)?
             .try_into()
             .expect("two projections");
-        let act = candle_op(candle_op(gate.silu())?.mul(&up))?;
+        let act = swiglu(&gate, &up)?;
         self.down.forward(&act)
     }
 }

@@ -1,8 +1,9 @@
 //! RMSNorm and the gated RMSNorm of GDN layers (mlx-lm-reference.md §3.5, §3.6).
 //!
-//! Candle ops run through `launches::candle_op`, which counts the kernel each costs on a GPU
-//! (docs/metal.md).
+//! Candle ops run through `crate::candle_ops` (or `launches::candle_op`), which count the kernel
+//! each costs on a GPU (docs/metal.md).
 
+use crate::candle_ops::{sigmoid, silu};
 use crate::tensor::{cast, contiguous};
 use anyhow::Result;
 use candle_core::{DType, Device, Tensor};
@@ -53,8 +54,8 @@ impl GatedRmsNorm {
         let n = cast(&self.norm.forward(x)?, DType::F32)?;
         let z = cast(z, DType::F32)?;
         let gate = match self.gate {
-            Gate::Sigmoid => candle_op(candle_nn::ops::sigmoid(&z))?,
-            Gate::Silu => candle_op(z.silu())?,
+            Gate::Sigmoid => sigmoid(&z)?,
+            Gate::Silu => silu(&z)?,
         };
         cast(&candle_op(gate.mul(&n))?, x.dtype())
     }

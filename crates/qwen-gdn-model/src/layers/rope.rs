@@ -1,10 +1,11 @@
 //! Partial rotary embeddings: the first `dims` features of each head rotate in the
 //! non-interleaved ("rotate half") layout, the rest pass through (mlx-lm-reference.md §3.7).
 
+use crate::candle_ops::cat;
 use crate::tensor::contiguous;
 use anyhow::Result;
 use candle_core::{DType, Device, Tensor, D};
-use gdn_ops::launches::{candle_op, candle_ops};
+use gdn_ops::launches::candle_op;
 use std::sync::Mutex;
 
 /// The tables made last, for whichever rotation asks next: within a prefill chunk the queries
@@ -123,7 +124,7 @@ impl PartialRope {
             return Ok(rotated);
         }
         let pass = x.narrow(D::Minus1, self.dims, head_dim - self.dims)?;
-        candle_ops(2, Tensor::cat(&[&rotated, &pass], D::Minus1))
+        cat(&[&rotated, &pass], D::Minus1)
     }
 }
 

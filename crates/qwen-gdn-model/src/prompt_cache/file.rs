@@ -5,12 +5,10 @@
 //! Layout: `tokens` (u32 `[n]`, the prompt the state follows), `layers.{i}.conv` and
 //! `layers.{i}.state` for a GDN layer, `layers.{i}.keys` and `layers.{i}.values`
 //! (`[1, Nkv, n, Dh]`) for an attention layer; metadata `format`, `format_version` and the
-//! identity's fields. Version 2 adds `qwen4_exp`'s state: `layers.{i}.ple_window` (f32
-//! `[(K−1)·N, S·H]`, the PLE conv window) on a GDN layer with per-layer embeddings, and
-//! `layers.{i}.index_keys` (f32 `[n div c + n mod c, Di]`: the QSA indexer's pooled block
-//! keys, then the raw keys of the incomplete block) on a QSA layer. The n-gram context is
-//! not stored: it is the last `N − 1` of the tokens (eos before the first), so it is rebuilt
-//! from `tokens`.
+//! identity's fields. Version 2 adds the fields of what a model family keeps beside a layer's
+//! state, `layers.{i}.{field}`: the family names, writes, reads and checks them
+//! ([`FamilyState`]; `qwen4_exp`'s `ple_window` and `index_keys` are described in
+//! `families/qwen4_exp/state.rs`).
 //!
 //! Version 3 makes the file unable to lie about its contents. Metadata `sha256.<tensor>`
 //! holds the sha256 of each tensor's bytes (`tokens` included), checked on load: a flipped bit
@@ -24,9 +22,7 @@
 
 use super::identity::ModelIdentity;
 use super::snapshot::{LayerSnapshot, Snapshot};
-use crate::cache::LayerCache;
-use crate::families::qwen4_exp::ple::PleState;
-use crate::families::qwen4_exp::qsa_indexer::IndexerCache;
+use crate::cache::{FamilyState, LayerCache};
 use crate::{Cache, Model};
 use anyhow::{bail, ensure, Context, Result};
 use candle_core::{DType, Device, Tensor};
@@ -85,27 +81,28 @@ pub fn save_snapshot(
         Tensor::from_slice(tokens, tokens.len(), &Device::Cpu)?,
     );
     for (i, layer) in snapshot.layers.iter().enumerate() {
-        let mut named: Vec<(&str, Tensor)> = match layer {
+        let (mut named, family): (Vec<(&str, Tensor)>, _) = match layer {
             LayerSnapshot::Gdn {
-                conv, state, ple, ..
-            } => [
-                ("conv", conv.as_ref()),
-                ("state", state.as_ref()),
-                ("ple_window", ple.as_ref().map(|p| &p.window)),
-            ]
-            .into_iter()
-            .filter_map(|(n, t)| Some((n, t?.clone())))
-            .collect(),
-            LayerSnapshot::Attention { kv, .. } => kv
-                .iter()
-                .flat_map(|(k, v)| [("keys", k.clone()), ("values", v.clone())])
-                .collect(),
+                conv,
+                state,
+                family,
+                ..
+            } => (
+                [("conv", conv), ("state", state)]
+                    .into_iter()
+                    .filter_map(|(n, t)| Some((n, t.clone()?)))
+                    .collect(),
+                family,
+            ),
+            LayerSnapshot::Attention { kv, family } => (
+                kv.iter()
+                    .flat_map(|(k, v)| [("keys", k.clone()), ("values", v.clone())])
+                    .collect(),
+                family,
+            ),
         };
-        if let LayerSnapshot::Attention {
-            indexer: Some(ix), ..
-        } = layer
-        {
-            named.push(("index_keys", index_keys_tensor(ix)?));
+        if let Some(family) = family {
+            named.extend(family.snapshot_fields()?);
         }
         for (name, t) in named {
             tensors.insert(format!("layers.{i}.{name}"), t.to_device(&Device::Cpu)?);
@@ -223,27 +220,17 @@ pub fn load_snapshot(
                 state_dtype,
                 conv,
                 state,
-                ple,
+                family,
             } => LayerSnapshot::Gdn {
                 state_dtype: *state_dtype,
                 conv: Some(load(format!("layers.{i}.conv"), conv.0, conv.1.clone())?),
                 state: Some(load(format!("layers.{i}.state"), state.0, state.1.clone())?),
-                ple: match ple {
-                    Some(initial) => Some(PleState {
-                        context: context_after(&initial.context, &tokens),
-                        window: load(
-                            format!("layers.{i}.ple_window"),
-                            initial.window.dtype(),
-                            initial.window.dims().to_vec(),
-                        )?,
-                    }),
-                    None => None,
-                },
+                family: read_family(family, &tokens, i, &mut load)?,
             },
             ExpectedLayer::Attention {
                 dtype,
                 per_token,
-                indexer,
+                family,
             } => {
                 let mut dims = per_token.clone();
                 dims[2] = n;
@@ -252,25 +239,7 @@ pub fn load_snapshot(
                         load(format!("layers.{i}.keys"), *dtype, dims.clone())?,
                         load(format!("layers.{i}.values"), *dtype, dims)?,
                     )),
-                    indexer: match indexer {
-                        Some(shape) => {
-                            let (blocks, tail) = (n / shape.ratio, n % shape.ratio);
-                            let keys = load(
-                                format!("layers.{i}.index_keys"),
-                                DType::F32,
-                                vec![blocks + tail, shape.dim],
-                            )?
-                            .to_device(&Device::Cpu)?
-                            .to_vec2::<f32>()?;
-                            let (blocks, tail) = keys.split_at(blocks);
-                            Some(IndexerCache {
-                                blocks: blocks.to_vec(),
-                                tail: tail.to_vec(),
-                                len: n,
-                            })
-                        }
-                        None => None,
-                    },
+                    family: read_family(family, &tokens, i, &mut load)?,
                 }
             }
         });
@@ -283,6 +252,22 @@ pub fn load_snapshot(
         bail!("{shown}: unexpected tensor `{extra}`");
     }
     Ok((tokens, Snapshot { offset: n, layers }))
+}
+
+/// Layer `i`'s family state after `tokens`, its fields read by `load` from a `fresh` one.
+fn read_family(
+    fresh: &Option<Box<dyn FamilyState>>,
+    tokens: &[u32],
+    i: usize,
+    load: &mut impl FnMut(String, DType, Vec<usize>) -> Result<Tensor>,
+) -> Result<Option<Box<dyn FamilyState>>> {
+    let Some(fresh) = fresh else {
+        return Ok(None);
+    };
+    let state = fresh.load_snapshot_fields(tokens, &mut |field, dtype, dims| {
+        load(format!("layers.{i}.{field}"), dtype, dims.to_vec())
+    })?;
+    Ok(Some(state))
 }
 
 /// The header of the prompt-cache file at `path` (format, version and what it records),
@@ -374,27 +359,20 @@ enum ExpectedLayer {
         state_dtype: gdn_ops::StateDtype,
         conv: (DType, Vec<usize>),
         state: (DType, Vec<usize>),
-        /// `qwen4_exp` PLE layers: a fresh state (the initial n-gram context, the window's
-        /// shape and dtype).
-        ple: Option<PleState>,
+        /// The family's fresh state of this layer, which reads its own fields.
+        family: Option<Box<dyn FamilyState>>,
     },
     /// Key (and value) dtype and dims for one position.
     Attention {
         dtype: DType,
         per_token: Vec<usize>,
-        /// `qwen4_exp` QSA layers.
-        indexer: Option<IndexShape>,
+        family: Option<Box<dyn FamilyState>>,
     },
-}
-
-/// The indexer's keys: `dim` floats each, one block key per `ratio` tokens.
-struct IndexShape {
-    dim: usize,
-    ratio: usize,
 }
 
 impl ExpectedShapes {
     fn of(model: &Model) -> Result<Self> {
+        let fresh = model.new_cache();
         let mut probe = model.new_cache();
         model
             .forward_last(&[0], &mut probe)
@@ -405,47 +383,27 @@ impl ExpectedShapes {
                 .context("a layer kept no state after one token")?;
             Ok((t.dtype(), t.dims().to_vec()))
         };
-        let ratio = model
-            .config()
-            .qwen4_exp
-            .as_ref()
-            .and_then(|q| q.qsa)
-            .map(|q| q.compress_ratio);
-        let fresh = model.qwen4_exp().map(|d| &d.layers);
         let layers = probe
             .layers
             .iter()
-            .enumerate()
-            .map(|(i, layer)| -> Result<ExpectedLayer> {
-                Ok(match layer {
-                    LayerCache::Gdn(c) => ExpectedLayer::Gdn {
+            .zip(fresh.layers)
+            .map(|(layer, fresh)| -> Result<ExpectedLayer> {
+                Ok(match (layer, fresh) {
+                    (LayerCache::Gdn(c), LayerCache::Gdn(fresh)) => ExpectedLayer::Gdn {
                         state_dtype: c.state_dtype,
                         conv: shape(&c.conv)?,
                         state: shape(&c.state)?,
-                        ple: fresh
-                            .and_then(|layers| layers.get(i)?.ple.as_ref())
-                            .map(|p| p.new_state())
-                            .transpose()?,
+                        family: fresh.family,
                     },
-                    LayerCache::Attention(c) => {
+                    (LayerCache::Attention(c), LayerCache::Attention(fresh)) => {
                         let (dtype, per_token) = shape(&c.keys())?;
-                        let indexer = match (&c.indexer, ratio) {
-                            (Some(ix), Some(ratio)) => Some(IndexShape {
-                                dim: ix
-                                    .tail
-                                    .first()
-                                    .context("the QSA indexer kept no key after one token")?
-                                    .len(),
-                                ratio,
-                            }),
-                            _ => None,
-                        };
                         ExpectedLayer::Attention {
                             dtype,
                             per_token,
-                            indexer,
+                            family: fresh.family,
                         }
                     }
+                    _ => bail!("a layer's cache changed kind after one token"),
                 })
             })
             .collect::<Result<_>>()?;
@@ -457,64 +415,27 @@ impl ExpectedShapes {
         let bytes = |(dtype, dims): &(DType, Vec<usize>)| {
             (dims.iter().product::<usize>() * dtype.size_in_bytes()) as u64
         };
+        let family_bytes =
+            |f: &Option<Box<dyn FamilyState>>| f.as_ref().map_or(0, |f| f.max_field_bytes(tokens));
         let layers: u64 = self
             .layers
             .iter()
             .map(|layer| match layer {
                 ExpectedLayer::Gdn {
-                    conv, state, ple, ..
-                } => {
-                    let window = ple
-                        .as_ref()
-                        .map_or(0, |p| bytes(&(p.window.dtype(), p.window.dims().to_vec())));
-                    bytes(conv) + bytes(state) + window
-                }
+                    conv,
+                    state,
+                    family,
+                    ..
+                } => bytes(conv) + bytes(state) + family_bytes(family),
                 ExpectedLayer::Attention {
                     dtype,
                     per_token,
-                    indexer,
-                } => {
-                    let index = indexer
-                        .as_ref()
-                        .map_or(0, |ix| (4 * ix.dim * (tokens / ix.ratio + ix.ratio)) as u64);
-                    2 * bytes(&(*dtype, per_token.clone())) * tokens as u64 + index
-                }
+                    family,
+                } => 2 * bytes(&(*dtype, per_token.clone())) * tokens as u64 + family_bytes(family),
             })
             .sum();
         layers + 4 * tokens as u64 + (1 << 20)
     }
-}
-
-/// The indexer's keys as one `[blocks + tail, Di]` f32 tensor: the pooled block keys, then
-/// the raw keys of the incomplete block (never empty: a saved cache has run a token).
-fn index_keys_tensor(ix: &IndexerCache) -> Result<Tensor> {
-    let rows = ix.blocks.len() + ix.tail.len();
-    let dim = ix
-        .blocks
-        .iter()
-        .chain(&ix.tail)
-        .map(Vec::len)
-        .next()
-        .unwrap_or(0);
-    ensure!(
-        ix.blocks.iter().chain(&ix.tail).all(|k| k.len() == dim),
-        "QSA indexer keys of unequal widths"
-    );
-    let flat: Vec<f32> = ix
-        .blocks
-        .iter()
-        .chain(&ix.tail)
-        .flatten()
-        .copied()
-        .collect();
-    Ok(Tensor::from_vec(flat, (rows, dim), &Device::Cpu)?)
-}
-
-/// The n-gram context after `tokens` from a fresh `initial` one: its last `initial.len()`
-/// ids (the PLE keeps the last `N − 1` tokens, eos before the first).
-fn context_after(initial: &[u32], tokens: &[u32]) -> Vec<u32> {
-    let all: Vec<u32> = initial.iter().chain(tokens).copied().collect();
-    all[all.len() - initial.len()..].to_vec()
 }
 
 /// Whether `path` is a prompt-cache file (of any version), reading only its header.

@@ -2,9 +2,7 @@
 //! own. The GDN recurrent state cannot be rewound the way a KV cache can be truncated, so a
 //! hybrid model can only resume from positions where its whole state was copied.
 
-use crate::cache::{Cache, GdnCache, KvCache, LayerCache};
-use crate::families::qwen4_exp::ple::PleState;
-use crate::families::qwen4_exp::qsa_indexer::IndexerCache;
+use crate::cache::{Cache, FamilyState, GdnCache, KvCache, LayerCache};
 use crate::tensor::own_copy;
 use crate::StateDtype;
 use anyhow::Result;
@@ -19,14 +17,14 @@ pub enum LayerSnapshot {
         conv: Option<Tensor>,
         /// `[B, Hv, Dv, Dk]`.
         state: Option<Tensor>,
-        /// `qwen4_exp` per-layer embedding: n-gram context and conv window.
-        ple: Option<PleState>,
+        /// What the model family keeps beside it (at the same position).
+        family: Option<Box<dyn FamilyState>>,
     },
     /// Keys and values `[B, Nkv, len, Dh]`: only the cached positions, no spare capacity.
     Attention {
         kv: Option<(Tensor, Tensor)>,
-        /// `qwen4_exp` QSA layers: the indexer's block keys at the same position.
-        indexer: Option<IndexerCache>,
+        /// What the model family keeps beside them (at the same position).
+        family: Option<Box<dyn FamilyState>>,
     },
 }
 
@@ -35,6 +33,20 @@ pub enum LayerSnapshot {
 pub struct Snapshot {
     pub offset: usize,
     pub layers: Vec<LayerSnapshot>,
+}
+
+/// A copy of a family's state sharing no storage with it.
+fn own_family(f: &Option<Box<dyn FamilyState>>) -> Result<Option<Box<dyn FamilyState>>> {
+    f.as_ref().map(|f| f.deep_clone()).transpose()
+}
+
+/// Bytes of a family's state, if any.
+fn family_bytes(f: &Option<Box<dyn FamilyState>>) -> u64 {
+    f.as_ref().map_or(0, |f| f.bytes())
+}
+
+fn tensor_bytes(t: &Tensor) -> u64 {
+    (t.elem_count() * t.dtype().size_in_bytes()) as u64
 }
 
 impl Snapshot {
@@ -50,11 +62,11 @@ impl Snapshot {
                         state_dtype: c.state_dtype,
                         conv: copy(&c.conv)?,
                         state: copy(&c.state)?,
-                        ple: c.ple.as_ref().map(PleState::deep_clone).transpose()?,
+                        family: own_family(&c.family)?,
                     },
                     LayerCache::Attention(c) => LayerSnapshot::Attention {
                         kv: c.compact_copy()?,
-                        indexer: c.indexer.clone(),
+                        family: own_family(&c.family)?,
                     },
                 })
             })
@@ -78,16 +90,17 @@ impl Snapshot {
                         state_dtype,
                         conv,
                         state,
-                        ple,
+                        family,
                     } => LayerCache::Gdn(GdnCache {
                         state_dtype: *state_dtype,
                         conv: copy(conv)?,
                         state: copy(state)?,
-                        ple: ple.as_ref().map(PleState::deep_clone).transpose()?,
+                        family: own_family(family)?,
+                        steps: None,
                     }),
-                    LayerSnapshot::Attention { kv, indexer } => {
+                    LayerSnapshot::Attention { kv, family } => {
                         let mut c = KvCache::from_compact(kv.as_ref().map(|(k, v)| (k, v)))?;
-                        c.indexer = indexer.clone();
+                        c.family = own_family(family)?;
                         LayerCache::Attention(c)
                     }
                 })
@@ -98,57 +111,46 @@ impl Snapshot {
         Ok(cache)
     }
 
-    /// Bytes the snapshot takes: its tensors, and the indexer's host vectors and n-gram ids.
+    /// Bytes the snapshot takes: its tensors and its families' states.
     pub fn bytes(&self) -> u64 {
-        let size = |t: &Tensor| (t.elem_count() * t.dtype().size_in_bytes()) as u64;
-        let host: u64 = self
-            .layers
+        self.layers
             .iter()
             .map(|layer| match layer {
-                LayerSnapshot::Gdn { ple, .. } => {
-                    ple.as_ref().map_or(0, |p| 4 * p.context.len() as u64)
-                }
-                LayerSnapshot::Attention { indexer, .. } => {
-                    indexer.as_ref().map_or(0, IndexerCache::bytes)
+                LayerSnapshot::Gdn {
+                    conv,
+                    state,
+                    family,
+                    ..
+                } => conv.iter().chain(state).map(tensor_bytes).sum::<u64>() + family_bytes(family),
+                LayerSnapshot::Attention { kv, family } => {
+                    kv.iter()
+                        .flat_map(|(k, v)| [k, v])
+                        .map(tensor_bytes)
+                        .sum::<u64>()
+                        + family_bytes(family)
                 }
             })
-            .sum();
-        self.tensors().map(size).sum::<u64>() + host
-    }
-
-    /// Every tensor held, in layer order (the PLE conv window included).
-    pub fn tensors(&self) -> impl Iterator<Item = &Tensor> {
-        self.layers.iter().flat_map(|layer| -> Vec<&Tensor> {
-            match layer {
-                LayerSnapshot::Gdn {
-                    conv, state, ple, ..
-                } => conv
-                    .iter()
-                    .chain(state)
-                    .chain(ple.as_ref().map(|p| &p.window))
-                    .collect(),
-                LayerSnapshot::Attention { kv, .. } => {
-                    kv.iter().flat_map(|(k, v)| [k, v]).collect()
-                }
-            }
-        })
+            .sum()
     }
 
     /// What a capture of `cache` would take, without copying anything (so that a snapshot
     /// over the budget is never made).
     pub fn bytes_of(cache: &Cache) -> u64 {
-        let size = |t: &Tensor| (t.elem_count() * t.dtype().size_in_bytes()) as u64;
         cache
             .layers
             .iter()
             .map(|layer| match layer {
                 LayerCache::Gdn(c) => {
-                    c.conv.iter().chain(&c.state).map(size).sum::<u64>()
-                        + c.ple.as_ref().map_or(0, PleState::bytes)
+                    c.conv.iter().chain(&c.state).map(tensor_bytes).sum::<u64>()
+                        + family_bytes(&c.family)
                 }
                 LayerCache::Attention(c) => {
-                    c.keys().iter().chain(&c.values()).map(size).sum::<u64>()
-                        + c.indexer.as_ref().map_or(0, IndexerCache::bytes)
+                    c.keys()
+                        .iter()
+                        .chain(&c.values())
+                        .map(tensor_bytes)
+                        .sum::<u64>()
+                        + family_bytes(&c.family)
                 }
             })
             .sum()

@@ -4,7 +4,9 @@
 //! - key prefixes differ per family and per layout (`language_model.model.*` in mlx
 //!   Qwen3.5, `model.language_model.*` in raw HF); all are mapped to `model.*` / `lm_head.*`;
 //! - `mtp.*` and vision tensors are skipped (with a warning); any other tensor no layer
-//!   asks for is an error, and so are layers beyond config.json's `num_hidden_layers`;
+//!   asks for is an error, and so are layers beyond config.json's `num_hidden_layers`.
+//!   [`Checkpoint::open_mtp`] opens the other view: the `mtp.*` tensors alone, whose norm
+//!   weights are read in whichever convention each was stored (`norm_convention.rs`);
 //! - raw HF layout (detected as mlx-lm does) needs norm weights shifted by +1, conv1d
 //!   weights transposed from `[C,1,K]`, and experts stacked (Qwen3-Next stores them one by
 //!   one, Qwen3.5-MoE fuses gate and up).
@@ -72,6 +74,17 @@ pub struct Checkpoint {
     bytes_total: u64,
     /// Repack the matrices the q8 mode runs into its interleaved layout as they are read.
     q8_interleave: bool,
+    /// The `mtp.*` view ([`Checkpoint::open_mtp`]): norm weights are detected per tensor.
+    mtp_view: bool,
+}
+
+/// Which tensors a [`Checkpoint`] holds.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum View {
+    /// The model's own: `mtp.*` and other known extras skipped.
+    Model,
+    /// The multi-token-prediction head's `mtp.*` tensors only.
+    Mtp,
 }
 
 /// Norm weights that HF stores zero-centred and mlx-lm shifts by +1 (the gated GDN norm is
@@ -185,6 +198,19 @@ fn layer_index(name: &str) -> Option<usize> {
 
 impl Checkpoint {
     pub fn open(dir: &Path, config: &Config) -> Result<Self> {
+        Self::open_view(dir, config, View::Model)
+    }
+
+    /// The checkpoint's multi-token-prediction head: its `mtp.*` tensors alone (canonical
+    /// names keep the `mtp.` prefix), or `None` when it has none. Every norm weight read from
+    /// this view is taken as stored zero-centred or shifted, whichever its values say
+    /// ([`super::norm_convention`]): conversions disagree on whether they shifted the head's.
+    pub fn open_mtp(dir: &Path, config: &Config) -> Result<Option<Self>> {
+        let ckpt = Self::open_view(dir, config, View::Mtp)?;
+        Ok((!ckpt.entries.is_empty()).then_some(ckpt))
+    }
+
+    fn open_view(dir: &Path, config: &Config, view: View) -> Result<Self> {
         let mut files = vec![];
         let mut entries = HashMap::new();
         let mut skipped = vec![];
@@ -204,7 +230,11 @@ impl Checkpoint {
             let idx = files.len();
             for (key, info) in meta.tensors() {
                 let name = canonical_name(&key, config.family);
-                if let Some(kind) = known_extra(&key, &name, config) {
+                if view == View::Mtp {
+                    if !name.starts_with("mtp.") {
+                        continue;
+                    }
+                } else if let Some(kind) = known_extra(&key, &name, config) {
                     match skipped.iter_mut().find(|(k, _)| *k == kind) {
                         Some((_, n)) => *n += 1,
                         None => skipped.push((kind, 1)),
@@ -260,6 +290,7 @@ impl Checkpoint {
             bytes_read: AtomicU64::new(0),
             bytes_total,
             q8_interleave: false,
+            mtp_view: view == View::Mtp,
         })
     }
 
@@ -515,7 +546,12 @@ impl Checkpoint {
     pub fn norm(&self, name: &str, dim: usize, device: &Device) -> Result<Tensor> {
         let mut data = self.f32_data(name, &[dim])?;
         let qwen4_exp = self.model_type.starts_with("qwen4_exp");
-        if qwen4_exp
+        if self.mtp_view {
+            // In f32, as the reference computes 1 + w.
+            if super::norm_convention::zero_centred(&data) {
+                data.iter_mut().for_each(|v| *v += 1.0);
+            }
+        } else if qwen4_exp
             && [".q_norm.weight", ".k_norm.weight"]
                 .iter()
                 .any(|s| name.ends_with(s))

@@ -7,9 +7,9 @@
 //! The ids are read back to the host to form the groups: one host sync per projection of a
 //! prefill chunk, as the reference plan's routing does.
 
+use crate::candle_ops::{cat, index_select, matmul};
 use anyhow::{ensure, Result};
 use candle_core::Tensor;
-use gdn_ops::launches::{candle_op, candle_ops};
 
 /// `x` `[N, cols]` (one row per token, shared by its k slots) or `[N, k, cols]` (one per
 /// slot), `ids` `[N, k]` u32 into `experts` `[E, rows, cols]` → `[N, k, rows]`, where
@@ -35,7 +35,7 @@ pub fn grouped_matmul_t(experts: &Tensor, x: &Tensor, ids: &Tensor) -> Result<Te
         position[p as usize] = i as u32;
     }
     let device = x.device();
-    let sorted_x = candle_op(x.index_select(&Tensor::new(source.as_slice(), device)?, 0))?;
+    let sorted_x = index_select(&x, &Tensor::new(source.as_slice(), device)?, 0)?;
     let mut outputs = Vec::new();
     let mut start = 0;
     while start < order.len() {
@@ -45,11 +45,11 @@ pub fn grouped_matmul_t(experts: &Tensor, x: &Tensor, ids: &Tensor) -> Result<Te
             .take_while(|&&p| ids[p as usize] == expert)
             .count();
         let w = experts.get(expert as usize)?; // [rows, cols], a view
-        outputs.push(candle_op(sorted_x.narrow(0, start, len)?.matmul(&w.t()?))?);
+        outputs.push(matmul(&sorted_x.narrow(0, start, len)?, &w.t()?)?);
         start += len;
     }
-    let sorted_y = candle_ops(outputs.len(), Tensor::cat(&outputs, 0))?;
-    let y = candle_op(sorted_y.index_select(&Tensor::new(position.as_slice(), device)?, 0))?;
+    let sorted_y = cat(&outputs, 0)?;
+    let y = index_select(&sorted_y, &Tensor::new(position.as_slice(), device)?, 0)?;
     ensure!(y.dims() == [n * k, rows], "grouped expert product shape");
     Ok(y.reshape((n, k, rows))?)
 }

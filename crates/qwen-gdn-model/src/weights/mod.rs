@@ -7,6 +7,7 @@ pub mod checkpoint;
 pub mod dense_experts;
 pub mod files;
 pub mod matrix;
+pub mod norm_convention;
 pub mod weight;
 
 pub use affine::AffineMatrix;

@@ -3,10 +3,10 @@
 //! compute device (quantized matrices stay quantized) so that no product leaves the device.
 
 use super::matrix::{FloatData, Matrix};
+use crate::candle_ops::{index_select, matmul};
 use crate::tensor::{cast, contiguous};
 use anyhow::{bail, ensure, Result};
 use candle_core::{DType, Device, Tensor};
-use gdn_ops::launches::candle_op;
 use gdn_ops::ops::affine::AffineTensor;
 
 #[derive(Debug, Clone)]
@@ -98,11 +98,7 @@ impl Weight {
             }
             Self::Quantized(a) => a.matmul_t(x),
             Self::Dense(w) => {
-                let y = candle_op(
-                    contiguous(x)?
-                        .reshape((m, cols))?
-                        .matmul(&w.squeeze(0)?.t()?),
-                )?;
+                let y = matmul(&contiguous(x)?.reshape((m, cols))?, &w.squeeze(0)?.t()?)?;
                 Ok(y.reshape(out_shape)?)
             }
         }
@@ -124,8 +120,8 @@ impl Weight {
                     _ => contiguous(x)?,
                 };
                 // [N·k, rows, cols]: the selected experts' weights, gathered on the device.
-                let w = candle_op(w.index_select(&ids.flatten_all()?, 0))?;
-                let y = candle_op(x.reshape((n * k, 1, cols))?.matmul(&w.transpose(1, 2)?))?;
+                let w = index_select(w, &ids.flatten_all()?, 0)?;
+                let y = matmul(&x.reshape((n * k, 1, cols))?, &w.transpose(1, 2)?)?;
                 Ok(y.reshape((n, k, rows))?)
             }
             Self::Host(_) => bail!("expert gather needs device weights"),
@@ -140,7 +136,7 @@ impl Weight {
         match self {
             Self::Quantized(a) => a.dequantize(Some(ids), n, dtype),
             Self::Dense(t) => {
-                let rows = candle_op(t.squeeze(0)?.index_select(ids, 0))?;
+                let rows = index_select(&t.squeeze(0)?, ids, 0)?;
                 cast(&rows, dtype)
             }
             Self::Host(_) => bail!("embedding lookup by device ids needs device weights"),
@@ -167,7 +163,7 @@ impl Weight {
             }
             Self::Dense(t) => {
                 let ids = Tensor::new(ids, device)?;
-                let rows = candle_op(t.squeeze(0)?.index_select(&ids, 0))?;
+                let rows = index_select(&t.squeeze(0)?, &ids, 0)?;
                 cast(&rows, dtype)
             }
         }

@@ -6,7 +6,7 @@ pub mod qwen4_exp;
 use candle_core::{Device, Tensor};
 use qwen_gdn_model::{Model, RunOptions};
 use std::collections::HashMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 /// Every checkpoint under models/ with a recorded mlx-lm reference.
 pub const CHECKPOINTS: [&str; 5] = [
@@ -212,4 +212,20 @@ pub fn kl_and_top1(got: &Tensor, want: &Tensor) -> (f32, f32) {
     let (a, b) = (argmax_rows(got), argmax_rows(want));
     let same = a.iter().zip(&b).filter(|(x, y)| x == y).count();
     (kl, same as f32 / a.len() as f32)
+}
+
+/// Rewrites a tensor's declared shape in the safetensors header, keeping its bytes.
+pub fn reshape_in_header(file: &Path, tensor: &str, shape: &[usize]) {
+    let bytes = std::fs::read(file).unwrap();
+    let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    let mut header: serde_json::Value = serde_json::from_slice(&bytes[8..8 + n]).unwrap();
+    header[tensor]["shape"] = serde_json::json!(shape);
+    let mut text = serde_json::to_vec(&header).unwrap();
+    while !text.len().is_multiple_of(8) {
+        text.push(b' ');
+    }
+    let mut out = (text.len() as u64).to_le_bytes().to_vec();
+    out.extend_from_slice(&text);
+    out.extend_from_slice(&bytes[8 + n..]);
+    std::fs::write(file, out).unwrap();
 }

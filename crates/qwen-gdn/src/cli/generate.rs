@@ -44,6 +44,14 @@ pub struct Args {
     sampling: SamplingArgs,
     #[command(flatten)]
     template: TemplateArgs,
+    /// Speculative decoding with the checkpoint's multi-token-prediction head: draft N tokens
+    /// per step and verify them in one forward pass (greedy: the same text as without; at
+    /// --temp > 0 speculative sampling, the same distribution)
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..=16))]
+    draft_tokens: Option<u16>,
+    /// Never use the MTP head (overrides --draft-tokens)
+    #[arg(long)]
+    no_mtp: bool,
     /// Print the ========== frame and the stats (as mlx_lm.generate); `--verbose false` prints
     /// only the text
     #[arg(
@@ -75,9 +83,21 @@ pub fn run(args: Args) -> Result<ExitCode> {
         None => encode_prompt(&args, &checkpoint, &prompt, &what)?,
     };
     limit.check_fits(prompt_ids.len(), &what)?;
-    let model = args
+    let mut model = args
         .model
         .load_model(&checkpoint, prompt_ids.len() + args.sampling.max_tokens)?;
+    let draft_tokens = match args.draft_tokens {
+        Some(k) if !args.no_mtp => {
+            if !model.load_mtp(&checkpoint.dir)? {
+                bail!(
+                    "--draft-tokens: {} has no MTP head (mtp.* tensors); run without it or with --no-mtp",
+                    checkpoint.dir.display()
+                );
+            }
+            Some(usize::from(k))
+        }
+        _ => None,
+    };
     // GPU shader compilation, before the prompt's clock starts; reported on its own.
     let compile_time = model.warm_up()?;
     // One request: a prompt cache would only copy state that is never used again, except the
@@ -94,6 +114,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
         PromptCache::new(budget),
         None,
     )?;
+    engine.set_draft_tokens(draft_tokens)?;
     if let Some(path) = &args.prompt_cache_file {
         let cached = engine.load_prompt_cache_file(path)?;
         prompt_ids.splice(0..0, cached);
@@ -158,6 +179,16 @@ pub fn run(args: Args) -> Result<ExitCode> {
             outcome.generated,
             outcome.generation_time,
         );
+        if let (Some(s), Some(k)) = (&outcome.speculation, draft_tokens) {
+            eprint_line(&format!(
+                "Speculative: {k} draft tokens, acceptance {:.3} ({}/{}), {:.2} tokens per verify step ({} steps)",
+                s.acceptance(),
+                s.accepted,
+                s.drafted,
+                s.tokens_per_step(),
+                s.steps
+            ));
+        }
     }
     // 130 = interrupted by SIGINT, as shells report it.
     Ok(if stop.load(Ordering::Relaxed) {

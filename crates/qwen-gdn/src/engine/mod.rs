@@ -7,6 +7,7 @@ mod conversation;
 mod eos;
 mod non_finite;
 pub mod sampler;
+mod speculative_sampling;
 mod stop_strings;
 
 #[allow(unused_imports)] // for chat and serve
@@ -16,6 +17,7 @@ pub use non_finite::non_finite_logits;
 pub use stop_strings::{Scan, StopStrings};
 
 use crate::engine::sampler::{Sampler, SamplerConfig};
+use crate::engine::speculative_sampling::SamplerJudge;
 use crate::load::Checkpoint;
 use crate::text::stream::TokenStream;
 use anyhow::{bail, Result};
@@ -23,7 +25,9 @@ use candle_core::{DType, IndexOp, Tensor};
 use qwen_gdn_model::prompt_cache::{
     load_snapshot, prefill_with_snapshots_cancellable, ModelIdentity,
 };
+use qwen_gdn_model::speculative::{SpecStats, Speculation, HEAD_HISTORY};
 use qwen_gdn_model::{Cache, Model, PromptCache};
+use std::collections::VecDeque;
 use std::ops::ControlFlow;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -88,6 +92,8 @@ pub struct Outcome {
     pub generation_time: Option<Duration>,
     /// The sampled tokens, an end-of-sequence token included.
     pub tokens: Vec<u32>,
+    /// What speculative decoding did, when it ran.
+    pub speculation: Option<SpecStats>,
 }
 
 /// A loaded model with its tokenizer, stop tokens and prompt cache.
@@ -98,6 +104,9 @@ pub struct Engine {
     prompt_cache: PromptCache,
     prefill_chunk: usize,
     snapshot_every: Option<usize>,
+    /// Draft tokens per step of speculative decoding with the model's MTP head (greedy
+    /// sampling only), or `None`.
+    draft_tokens: Option<usize>,
 }
 
 impl Engine {
@@ -116,7 +125,18 @@ impl Engine {
             prompt_cache,
             prefill_chunk: prefill_chunk.max(1),
             snapshot_every: snapshot_every.filter(|&n| n > 0),
+            draft_tokens: None,
         })
+    }
+
+    /// Speculative decoding with `k` draft tokens per step from the model's MTP head (which
+    /// must be loaded): greedy, or speculative sampling at temp > 0; `None` turns it off.
+    pub fn set_draft_tokens(&mut self, k: Option<usize>) -> Result<()> {
+        if let Some(k) = k {
+            Speculation::new(&self.model, k)?;
+        }
+        self.draft_tokens = k;
+        Ok(())
     }
 
     pub fn checkpoint(&self) -> &Checkpoint {
@@ -139,11 +159,15 @@ impl Engine {
         on_text: &mut dyn FnMut(&str) -> ControlFlow<()>,
     ) -> Result<Outcome> {
         let start = Instant::now();
+        let mut speculation = match self.draft_tokens {
+            Some(k) => Some(Speculation::new(&self.model, k)?),
+            None => None,
+        };
         let Some(Prefilled {
             mut cache,
             mut logits,
             cached_tokens,
-        }) = self.prefill_prompt(prompt, cancel)?
+        }) = self.prefill_prompt(prompt, cancel, speculation.as_mut())?
         else {
             return Ok(Outcome {
                 prompt_tokens: prompt.ids.len(),
@@ -154,6 +178,7 @@ impl Engine {
                 prompt_time: None,
                 generation_time: None,
                 tokens: Vec::new(),
+                speculation: None,
             });
         };
         let ids = &prompt.ids;
@@ -168,6 +193,7 @@ impl Engine {
             prompt_time: None,
             generation_time: None,
             tokens: Vec::new(),
+            speculation: None,
         };
         let (head, last) = ids.split_at(ids.len() - 1);
         if params.max_tokens == 0 {
@@ -184,13 +210,20 @@ impl Engine {
         let mut history = last.to_vec();
         // False once a stop string ended the text or the consumer stopped listening.
         let mut flush_at_end = true;
+        // Tokens a speculative step decided, not yet emitted.
+        let mut decided: VecDeque<u32> = VecDeque::new();
         let finish = loop {
-            let mut row = last_row(&logits)?;
-            if row.iter().any(|x| !x.is_finite()) {
-                let seen: Vec<u32> = head.iter().chain(&history).copied().collect();
-                return Err(non_finite_logits(model, &seen, self.prefill_chunk));
-            }
-            let token = sampler.sample(&mut row, &history);
+            let token = match decided.pop_front() {
+                Some(token) => token,
+                None => {
+                    let mut row = last_row(&logits)?;
+                    if row.iter().any(|x| !x.is_finite()) {
+                        let seen: Vec<u32> = head.iter().chain(&history).copied().collect();
+                        return Err(non_finite_logits(model, &seen, self.prefill_chunk));
+                    }
+                    sampler.sample(&mut row, &history)
+                }
+            };
             outcome.prompt_time.get_or_insert_with(|| start.elapsed());
             outcome.generated += 1; // counted even when it is EOS, as mlx-lm does
             outcome.tokens.push(token);
@@ -224,9 +257,22 @@ impl Engine {
             if cache.offset >= max_positions {
                 break FinishReason::ContextFull;
             }
-            logits = model.forward_last(&[token], &mut cache)?;
+            if !decided.is_empty() {
+                continue;
+            }
+            match &mut speculation {
+                Some(spec) => {
+                    // Drafts beyond the token limit or the context would be wasted.
+                    let room = (params.max_tokens - outcome.generated - 1)
+                        .min(max_positions - cache.offset - 1);
+                    let mut judge = SamplerJudge::new(&mut sampler, &history);
+                    decided.extend(spec.step(model, &mut cache, token, room, &mut judge)?);
+                }
+                None => logits = model.forward_last(&[token], &mut cache)?,
+            }
         };
         outcome.finish = finish;
+        outcome.speculation = speculation.map(|s| s.stats);
         if flush_at_end {
             // What the stream and the stop strings still hold (an incomplete character, a
             // possible start of a stop string that never completed).
@@ -250,7 +296,7 @@ impl Engine {
         prompt: &PromptTokens,
         cancel: &AtomicBool,
     ) -> Result<Option<Cache>> {
-        Ok(self.prefill_prompt(prompt, cancel)?.map(|p| p.cache))
+        Ok(self.prefill_prompt(prompt, cancel, None)?.map(|p| p.cache))
     }
 
     /// The identity a prompt-cache file of this model records.
@@ -281,6 +327,7 @@ impl Engine {
         &mut self,
         prompt: &PromptTokens,
         cancel: &AtomicBool,
+        speculation: Option<&mut Speculation>,
     ) -> Result<Option<Prefilled>> {
         let ids = &prompt.ids;
         if ids.is_empty() {
@@ -291,7 +338,13 @@ impl Engine {
             Some((n, cache)) => (n, cache),
             None => (0, model.new_cache()),
         };
-        let (head, last) = ids.split_at(ids.len() - 1);
+        // With speculation the prompt's last tokens run apart, so that the MTP head sees their
+        // hidden states; the prompt cache may already hold some of them.
+        let tail = match speculation {
+            Some(_) => HEAD_HISTORY.min(ids.len() - cached_tokens).max(1),
+            None => 1,
+        };
+        let (head, last) = ids.split_at(ids.len() - tail);
         let done = prefill_with_snapshots_cancellable(
             model,
             head,
@@ -305,7 +358,10 @@ impl Engine {
         if !done {
             return Ok(None);
         }
-        let logits = model.forward_last(last, &mut cache)?;
+        let logits = match speculation {
+            Some(spec) => spec.start_from_prompt(model, &mut cache, last)?,
+            None => model.forward_last(last, &mut cache)?,
+        };
         // Before the first decode step changes the cache in place: the next turn of a
         // conversation starts with this prompt.
         self.prompt_cache.insert(ids, &cache)?;

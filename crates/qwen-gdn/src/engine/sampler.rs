@@ -55,6 +55,16 @@ impl Sampler {
     /// Picks the next token from one row of logits. `history` holds the tokens the repetition
     /// penalty looks back over.
     pub fn sample(&mut self, logits: &mut [f32], history: &[u32]) -> u32 {
+        match self.weights(logits, history) {
+            Weights::Argmax(token) => token,
+            Weights::Draw(w) => self.draw(&w),
+        }
+    }
+
+    /// What [`Sampler::sample`] draws from: the argmax at temp 0, else unnormalised weights
+    /// `exp((logprob − max) / temp)` over the vocabulary after the penalties and filters
+    /// (speculative sampling compares the target's and the draft's, `speculative_sampling.rs`).
+    pub fn weights(&self, logits: &mut [f32], history: &[u32]) -> Weights {
         let recent = &history[history
             .len()
             .saturating_sub(self.cfg.repetition_context_size)..];
@@ -73,7 +83,7 @@ impl Sampler {
         logits.iter_mut().for_each(|l| *l -= lse);
         let logprobs = logits;
         if self.cfg.temp == 0.0 {
-            return argmax(logprobs);
+            return Weights::Argmax(argmax(logprobs));
         }
         if 0.0 < self.cfg.top_p && self.cfg.top_p < 1.0 {
             apply_top_p(logprobs, self.cfg.top_p);
@@ -84,8 +94,25 @@ impl Sampler {
         if self.cfg.top_k > 0 {
             apply_top_k(logprobs, self.cfg.top_k);
         }
-        categorical(logprobs, self.cfg.temp, &mut self.rng)
+        Weights::Draw(categorical_weights(logprobs, self.cfg.temp))
     }
+
+    /// A draw from unnormalised `weights`.
+    pub fn draw(&mut self, weights: &[f64]) -> u32 {
+        categorical(weights, &mut self.rng)
+    }
+
+    /// A uniform number in [0, 1) from the sampler's generator.
+    pub fn uniform(&mut self) -> f64 {
+        self.rng.random::<f64>()
+    }
+}
+
+/// See [`Sampler::weights`].
+#[derive(Debug, Clone, PartialEq)]
+pub enum Weights {
+    Argmax(u32),
+    Draw(Vec<f64>),
 }
 
 /// The first index of the largest value, as mx.argmax.
@@ -165,13 +192,17 @@ fn apply_top_k(logprobs: &mut [f32], k: usize) {
     }
 }
 
-/// Draws from softmax(logprobs / temp).
-fn categorical(logprobs: &[f32], temp: f32, rng: &mut StdRng) -> u32 {
+/// The weights of softmax(logprobs / temp), unnormalised.
+fn categorical_weights(logprobs: &[f32], temp: f32) -> Vec<f64> {
     let max = logprobs.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let weights: Vec<f64> = logprobs
+    logprobs
         .iter()
         .map(|&l| (((l - max) / temp) as f64).exp())
-        .collect();
+        .collect()
+}
+
+/// Draws from unnormalised weights.
+fn categorical(weights: &[f64], rng: &mut StdRng) -> u32 {
     let mut u = rng.random::<f64>() * weights.iter().sum::<f64>();
     for (i, &w) in weights.iter().enumerate() {
         if u < w {

@@ -16,7 +16,8 @@ const CHECKPOINTS: [&str; 5] = [
     "qwen3.5-moe-tiny-hf",
 ];
 
-fn engine(name: &str, budget: u64) -> Engine {
+/// An engine on `models/<name>` (also used by `speculative_sampling.rs`'s tests).
+pub(super) fn engine(name: &str, budget: u64) -> Engine {
     let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../../models/");
     let args = ModelArgs {
         model: format!("{dir}{name}"),

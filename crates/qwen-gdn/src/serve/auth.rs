@@ -1,12 +1,22 @@
-//! `--api-key`: /v1/ requests must carry `Authorization: Bearer <key>`. The comparison takes
-//! the same time wherever the keys differ, so the key cannot be guessed byte by byte.
+//! `--api-key`: every API request (all but /health) must carry the key, as
+//! `Authorization: Bearer <key>` (OpenAI, Ollama) or `x-api-key: <key>` (Anthropic's header);
+//! either is accepted on every route. A refusal is a 401 in the shape of the route's API. The
+//! comparison takes the same time wherever the keys differ, so the key cannot be guessed byte
+//! by byte.
 
+use super::dialect::Dialect;
 use super::error::ApiError;
 use axum::extract::{Request, State};
 use axum::http::header;
 use axum::middleware::Next;
-use axum::response::{IntoResponse, Response};
+use axum::response::Response;
 use std::sync::Arc;
+
+/// The key a group of routes requires, and the API whose error shape its refusals take.
+pub struct KeyCheck {
+    pub key: Option<String>,
+    pub dialect: Dialect,
+}
 
 /// The environment variable that sets the key when `--api-key` is not given (it keeps the key
 /// out of the process list).
@@ -36,27 +46,40 @@ pub fn configured_key(flag: Option<&str>) -> anyhow::Result<Option<String>> {
 }
 
 pub async fn require_key(
-    State(key): State<Arc<Option<String>>>,
+    State(check): State<Arc<KeyCheck>>,
     request: Request,
     next: Next,
 ) -> Response {
-    let Some(key) = key.as_deref() else {
+    let Some(key) = check.key.as_deref() else {
         return next.run(request).await;
     };
-    let given = request
-        .headers()
+    let headers = request.headers();
+    let bearer = headers
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer "))
         .map(str::trim);
-    match given {
-        Some(given) if same(given.as_bytes(), key.as_bytes()) => next.run(request).await,
-        Some(_) => ApiError::unauthorized("incorrect API key").into_response(),
-        None => ApiError::unauthorized(
-            "missing API key: send `Authorization: Bearer <key>` (the server runs with --api-key)",
-        )
-        .into_response(),
+    let x_api_key = headers
+        .get("x-api-key")
+        .and_then(|v| v.to_str().ok())
+        .map(str::trim);
+    let given = [bearer, x_api_key];
+    if given
+        .iter()
+        .flatten()
+        .any(|given| same(given.as_bytes(), key.as_bytes()))
+    {
+        return next.run(request).await;
     }
+    let refusal = if given.iter().any(Option::is_some) {
+        ApiError::unauthorized("incorrect API key")
+    } else {
+        ApiError::unauthorized(
+            "missing API key: send `Authorization: Bearer <key>` or `x-api-key: <key>` (the \
+             server runs with --api-key)",
+        )
+    };
+    check.dialect.error(refusal)
 }
 
 fn same(a: &[u8], b: &[u8]) -> bool {

@@ -5,6 +5,8 @@
 
 use super::error::ApiError;
 use super::job::{Event, Finish, JobSpec, Prompt, PromptInfo, Usage};
+use super::metrics::PromptCacheStats;
+use super::model_facts::ModelFacts;
 use super::scheduler::Backend;
 use super::test_hooks;
 use crate::engine::sampler::SamplerConfig;
@@ -108,6 +110,7 @@ impl EngineBackend {
             }
         };
         let mut info = PromptInfo {
+            prompt_tokens: 0,
             reasoning: match tool_choice {
                 Some(_) => ReasoningMode::from_prompt(&text),
                 None => ReasoningMode::Off,
@@ -139,11 +142,49 @@ impl EngineBackend {
         if tokens.ids.is_empty() {
             return Err(ApiError::invalid("the prompt has no tokens"));
         }
+        info.prompt_tokens = tokens.ids.len();
         // At least one position must be left to generate into.
         limit
             .check_fits(tokens.ids.len() + 1, "the prompt")
             .map_err(too_long)?;
         Ok((tokens, info))
+    }
+
+    /// Which of `stops` ended a generation that stopped by itself: the engine drops the stop
+    /// string from the text, so it is found again in the decoded tokens (the earliest one,
+    /// as the engine stops at the first). None: an end-of-sequence token ended it.
+    fn stop_string_hit(&self, stops: &[String], tokens: &[u32]) -> Option<usize> {
+        if stops.is_empty() {
+            return None;
+        }
+        let text = self
+            .engine
+            .checkpoint()
+            .tokenizer
+            .decode(tokens, false)
+            .ok()?;
+        stops
+            .iter()
+            .enumerate()
+            .filter_map(|(i, stop)| text.find(stop.as_str()).map(|at| (at, i)))
+            .min()
+            .map(|(_, i)| i)
+    }
+
+    /// What the Ollama API's /api/tags and /api/show tell about the model.
+    pub fn model_facts(&self) -> ModelFacts {
+        let checkpoint = self.engine.checkpoint();
+        let config = crate::load::read_json_opt(&checkpoint.dir.join("config.json"))
+            .ok()
+            .flatten()
+            .unwrap_or_default();
+        ModelFacts::read(
+            &checkpoint.dir,
+            &config,
+            self.template.as_ref().map(|t| t.source()),
+            self.call_format.is_some(),
+            self.base_vars.contains_key("enable_thinking"),
+        )
     }
 
     /// [`test_hooks::FORCE_OUTPUT_ENV`]: the forced text, sent a few characters at a time
@@ -213,6 +254,11 @@ impl Backend for EngineBackend {
             .map_err(|e| ApiError::internal(format!("generation failed: {e:#}")))?;
         usage.cached_tokens = outcome.cached_tokens;
         usage.completion_tokens = outcome.generated;
+        if outcome.finish == FinishReason::Stop {
+            if let Some(index) = self.stop_string_hit(&job.stop, &outcome.tokens) {
+                let _ = on_event(Event::StopString(index));
+            }
+        }
         let finish = match outcome.finish {
             FinishReason::Stop => Finish::Stop,
             FinishReason::Length | FinishReason::ContextFull => Finish::Length,
@@ -224,5 +270,14 @@ impl Backend for EngineBackend {
     /// A panic may have struck while the prompt cache was being updated: start it afresh.
     fn recover(&mut self) {
         self.engine.prompt_cache_mut().clear();
+    }
+
+    fn prompt_cache_stats(&mut self) -> Option<PromptCacheStats> {
+        let cache = self.engine.prompt_cache_mut();
+        Some(PromptCacheStats {
+            bytes: cache.bytes(),
+            budget: cache.budget(),
+            entries: cache.len(),
+        })
     }
 }

@@ -1,13 +1,16 @@
 //! `qwen-gdn serve` flags (mlx_lm.server's and vLLM's names where they have one).
 
+use super::request_log::LogFormat;
 use crate::cli::prompt_cache_args::PromptCacheArgs;
 use crate::load::{positive_usize, ModelArgs};
 use std::time::Duration;
 
 #[derive(clap::Args)]
 #[command(
-    after_help = "Endpoints: POST /v1/chat/completions, POST /v1/completions, GET /v1/models, \
-                  GET /health. One generation runs at a time; further requests wait in a FIFO \
+    after_help = "Endpoints: OpenAI's POST /v1/chat/completions, POST /v1/completions, GET \
+                  /v1/models; Anthropic's POST /v1/messages; Ollama's POST /api/chat, POST \
+                  /api/generate, GET /api/tags, POST /api/show, GET /api/version; GET /metrics \
+                  (Prometheus); GET /health. One generation runs at a time; further requests wait in a FIFO \
                   queue of --queue-size and are answered 503 when it is full.\nSlow and idle \
                   clients are closed after --header-timeout, --body-timeout and \
                   --keep-alive-timeout; the cap on connections is printed at start.\nCtrl-C stops \
@@ -56,6 +59,10 @@ pub struct Args {
     /// then it is closed
     #[arg(long, default_value = "5", value_name = "SECS", value_parser = positive_seconds)]
     pub keep_alive_timeout: Duration,
+    /// How requests are logged on stderr: `text`, a line per generation; `json`, one JSON
+    /// object per HTTP request (method, path, status, tokens, timings)
+    #[arg(long, value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
 }
 
 /// A duration in seconds (fractions allowed), above zero and at most a day.

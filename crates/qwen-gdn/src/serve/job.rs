@@ -74,6 +74,8 @@ pub struct Usage {
 /// The prompt as the worker saw it, sent before any text.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PromptInfo {
+    /// Tokens in the prompt (the forced opening of a call included).
+    pub prompt_tokens: usize,
     /// Where the output starts with respect to thinking (from the rendered prompt).
     pub reasoning: ReasoningMode,
     /// The start of a tool call the server appended to the prompt to force one: part of the
@@ -81,11 +83,33 @@ pub struct PromptInfo {
     pub forced_opening: Option<String>,
 }
 
-/// Worker → request handler, in this order: Prompt, Text*, then Done or Failed.
+/// Worker → request handler, in this order: Prompt, Text*, StopString?, then Done or Failed.
 #[derive(Debug)]
 pub enum Event {
     Prompt(PromptInfo),
     Text(String),
-    Done { finish: Finish, usage: Usage },
+    /// The generation ended at this stop string (an index into [`JobSpec::stop`]), which
+    /// the text does not contain (Anthropic's `stop_sequence` reports it).
+    StopString(usize),
+    Done {
+        finish: Finish,
+        usage: Usage,
+    },
     Failed(ApiError),
+}
+
+/// What the worker measured of one job, for /metrics and the request log.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct JobReport {
+    /// "stop", "length", "cancelled" or "error".
+    pub finish: &'static str,
+    pub usage: Option<Usage>,
+    /// The error that failed the job.
+    pub error: Option<String>,
+    /// From the request's arrival in the queue to the worker taking it up.
+    pub queued: std::time::Duration,
+    /// From the arrival to the first text (prefill and queueing included).
+    pub time_to_first_token: Option<std::time::Duration>,
+    /// Tokens after the first, over the time from the first text to the end.
+    pub tokens_per_second: Option<f64>,
 }

@@ -1,21 +1,30 @@
-//! `qwen-gdn serve`: an OpenAI-compatible HTTP server (as vLLM and mlx_lm.server), on tokio
-//! and axum. Requests are validated on the async side; one worker thread owns the model and
-//! runs one generation at a time (scheduler.rs).
+//! `qwen-gdn serve`: an HTTP server on tokio and axum that speaks three APIs: OpenAI's (as
+//! vLLM and mlx_lm.server), Anthropic's Messages API and Ollama's, one module each, all
+//! translated into one validated request (openai/request.rs) and run through one generation
+//! path (generation.rs). Requests are validated on the async side; one worker thread owns the
+//! model and runs one generation at a time (scheduler.rs). /metrics and the request log
+//! observe all of them.
 
+mod anthropic;
 mod auth;
 mod backend;
 mod body;
 pub mod cli;
 mod connection_cap;
 mod connections;
+mod dialect;
 mod error;
+mod generation;
 mod job;
 mod keep_alive;
-mod reply;
-mod request;
-mod response;
+mod metrics;
+mod model_facts;
+mod ollama;
+mod openai;
+mod request_log;
 mod routes;
 mod scheduler;
+mod state;
 mod test_hooks;
 
 use crate::engine::Engine;
@@ -36,11 +45,11 @@ pub fn run(args: Args) -> Result<ExitCode> {
     let context = checkpoint.input_limit.max_tokens;
     let generation_config = read_json_opt(&checkpoint.dir.join("generation_config.json"))?;
     let (defaults, warnings) =
-        request::SamplingDefaults::from_generation_config(generation_config.as_ref());
+        openai::request::SamplingDefaults::from_generation_config(generation_config.as_ref());
     for warning in warnings {
         eprint_line(&format!("warning: {warning}"));
     }
-    let limits = request::Limits {
+    let limits = openai::request::Limits {
         defaults,
         model_names: if args.served_model_name.is_empty() {
             vec![args.model.model.clone()]
@@ -68,14 +77,24 @@ pub fn run(args: Args) -> Result<ExitCode> {
         args.prompt_cache.prompt_cache_every,
     )?;
     let backend = backend::EngineBackend::new(engine)?;
-    let scheduler = scheduler::Scheduler::start(backend, args.queue_size);
-    let state = Arc::new(routes::AppState {
+    let model = backend.model_facts();
+    let metrics = Arc::new(metrics::Metrics::new());
+    let text_log = args.log_format == request_log::LogFormat::Text;
+    let scheduler =
+        scheduler::Scheduler::start_reporting(backend, args.queue_size, metrics.clone(), text_log);
+    let state = Arc::new(state::AppState {
         scheduler,
         limits,
         max_request_bytes: args.max_request_bytes,
         body_timeout: args.body_timeout,
+        metrics: metrics.clone(),
+        model,
     });
-    let app = routes::router(state, api_key);
+    let observer = request_log::Observer {
+        metrics,
+        format: args.log_format,
+    };
+    let app = routes::router(state, api_key, observer);
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -99,7 +118,8 @@ pub fn run(args: Args) -> Result<ExitCode> {
             args.keep_alive_timeout.as_secs_f64(),
         ));
         eprint_line(&format!(
-            "qwen-gdn serve: {} on http://{addr}/v1 (Ctrl-C stops)",
+            "qwen-gdn serve: {} on http://{addr}/v1 (OpenAI, Anthropic /v1/messages), \
+             http://{addr}/api (Ollama), http://{addr}/metrics (Ctrl-C stops)",
             args.model.model
         ));
         let timeouts = connections::Timeouts {

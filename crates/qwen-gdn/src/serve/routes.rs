@@ -1,49 +1,54 @@
-//! The router: endpoints, the API-key check on /v1/, OpenAI-shaped 404/405 for anything
-//! else, and a caught panic in a handler answered 500.
+//! The router: each API's routes (OpenAI, Anthropic, Ollama) behind the API-key check,
+//! `/metrics` (also behind it) and `/health` (open); 404/405 for anything else in the shape of
+//! the API the path belongs to; a panic in a handler caught and answered 500 in that shape.
+//! Every request goes through the request log (counted in /metrics, one JSON line with
+//! `--log-format json`).
 
-use super::auth::require_key;
-use super::body::read_limited;
+use super::auth::{require_key, KeyCheck};
+use super::dialect::Dialect;
 use super::error::ApiError;
-use super::reply::respond;
-use super::request::{parse, ChatRequest, CompletionRequest, Limits, Validated};
-use super::response::unix_now;
-use super::scheduler::Scheduler;
-use axum::body::Body;
-use axum::extract::{Path, State};
-use axum::http::HeaderMap;
+use super::metrics;
+use super::request_log::{observe, Observer};
+use super::state::AppState;
+use super::{anthropic, ollama, openai};
+use axum::http::header;
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::routing::get;
 use axum::{middleware, Json, Router};
 use serde_json::json;
 use std::sync::Arc;
 
-pub struct AppState {
-    pub scheduler: Scheduler,
-    pub limits: Limits,
-    pub max_request_bytes: usize,
-    /// How long a request body may take to arrive (--body-timeout).
-    pub body_timeout: std::time::Duration,
-}
-
-pub fn router(state: Arc<AppState>, api_key: Option<String>) -> Router {
-    let v1 = Router::new()
-        .route("/v1/chat/completions", post(chat_completions))
-        .route("/v1/completions", post(completions))
-        .route("/v1/models", get(models))
-        .route("/v1/models/{*id}", get(model))
-        .route_layer(middleware::from_fn_with_state(
-            Arc::new(api_key),
-            require_key,
-        ));
+pub fn router(state: Arc<AppState>, api_key: Option<String>, observer: Observer) -> Router {
+    let api = |routes: Router<Arc<AppState>>, dialect: Dialect| {
+        routes
+            .route_layer(middleware::from_fn_with_state(
+                Arc::new(KeyCheck {
+                    key: api_key.clone(),
+                    dialect,
+                }),
+                require_key,
+            ))
+            .layer(tower_http::catch_panic::CatchPanicLayer::custom(
+                move |_panic| {
+                    dialect.error(ApiError::internal(
+                        "internal error: the request handler panicked",
+                    ))
+                },
+            ))
+    };
     Router::new()
         .route("/health", get(health))
-        .merge(v1)
+        .merge(api(openai::routes(), Dialect::OpenAi))
+        .merge(api(anthropic::routes(), Dialect::Anthropic))
+        .merge(api(ollama::routes(), Dialect::Ollama))
+        .merge(api(
+            Router::new().route("/metrics", get(metrics)),
+            Dialect::OpenAi,
+        ))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .with_state(state)
-        .layer(tower_http::catch_panic::CatchPanicLayer::custom(|_panic| {
-            ApiError::internal("internal error: the request handler panicked").into_response()
-        }))
+        .layer(middleware::from_fn_with_state(Arc::new(observer), observe))
 }
 
 /// What the connections over `--max-connections` get: /health, and 503 for everything else.
@@ -53,9 +58,9 @@ pub fn health_only(max_connections: usize) -> Router {
     );
     Router::new()
         .route("/health", get(health))
-        .fallback(move || {
+        .fallback(move |uri: axum::http::Uri| {
             let busy = busy.clone();
-            async move { ApiError::overloaded(busy).into_response() }
+            async move { Dialect::of_path(uri.path()).error(ApiError::overloaded(busy)) }
         })
 }
 
@@ -63,74 +68,21 @@ async fn health() -> Response {
     Json(json!({"status": "ok"})).into_response()
 }
 
-fn model_object(name: &str) -> serde_json::Value {
-    json!({"id": name, "object": "model", "created": unix_now(), "owned_by": "qwen-gdn"})
-}
-
-async fn models(State(state): State<Arc<AppState>>) -> Response {
-    let data: Vec<_> = state
-        .limits
-        .model_names
-        .iter()
-        .map(|n| model_object(n))
-        .collect();
-    Json(json!({"object": "list", "data": data})).into_response()
-}
-
-async fn model(State(state): State<Arc<AppState>>, Path(id): Path<String>) -> Response {
-    if state.limits.model_names.contains(&id) {
-        Json(model_object(&id)).into_response()
-    } else {
-        ApiError::model_not_found(&id).into_response()
-    }
-}
-
-async fn not_found(uri: axum::http::Uri) -> Response {
-    ApiError::not_found(format!("no route {}", uri.path())).into_response()
-}
-
-async fn method_not_allowed(method: axum::http::Method, uri: axum::http::Uri) -> Response {
-    ApiError::method_not_allowed(format!("{method} is not allowed on {}", uri.path()))
+async fn metrics(axum::extract::State(state): axum::extract::State<Arc<AppState>>) -> Response {
+    (
+        [(header::CONTENT_TYPE, metrics::CONTENT_TYPE)],
+        state.metrics.render(),
+    )
         .into_response()
 }
 
-async fn chat_completions(
-    State(state): State<Arc<AppState>>,
-    headers: HeaderMap,
-    body: Body,
-) -> Response {
-    let validated = match read_limited(&headers, body, state.max_request_bytes, state.body_timeout)
-        .await
-        .and_then(|b| parse::<ChatRequest>(&b))
-        .and_then(|r| r.validate(&state.limits))
-    {
-        Ok(v) => v,
-        Err(e) => return e.into_response(),
-    };
-    run(&state, validated, true).await
+async fn not_found(uri: axum::http::Uri) -> Response {
+    Dialect::of_path(uri.path()).error(ApiError::not_found(format!("no route {}", uri.path())))
 }
 
-async fn completions(
-    State(state): State<Arc<AppState>>,
-    headers: HeaderMap,
-    body: Body,
-) -> Response {
-    let validated = match read_limited(&headers, body, state.max_request_bytes, state.body_timeout)
-        .await
-        .and_then(|b| parse::<CompletionRequest>(&b))
-        .and_then(|r| r.validate(&state.limits))
-    {
-        Ok(v) => v,
-        Err(e) => return e.into_response(),
-    };
-    run(&state, validated, false).await
-}
-
-async fn run(state: &AppState, validated: Validated, chat: bool) -> Response {
-    let ticket = match state.scheduler.submit(validated.job.clone()) {
-        Ok(t) => t,
-        Err(e) => return e.into_response(),
-    };
-    let model = state.limits.model_names[0].clone();
-    respond(ticket, validated, &model, chat).await
+async fn method_not_allowed(method: axum::http::Method, uri: axum::http::Uri) -> Response {
+    Dialect::of_path(uri.path()).error(ApiError::method_not_allowed(format!(
+        "{method} is not allowed on {}",
+        uri.path()
+    )))
 }

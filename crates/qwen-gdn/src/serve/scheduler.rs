@@ -3,15 +3,20 @@
 //! bounded queue. A full queue is a 503. Each job carries a cancel flag that its request sets
 //! when it is dropped (the client went away), which the generation checks at every token.
 //! A panic inside a generation is caught and answered 500; the worker keeps serving.
+//! The worker measures each job (queueing, time to first token, decode speed) for /metrics
+//! and the request log.
 
 use super::error::ApiError;
-use super::job::{Event, Finish, JobSpec, Prompt, Usage};
+use super::job::{Event, Finish, JobReport, JobSpec, Prompt, Usage};
+use super::metrics::{Metrics, PromptCacheStats};
+use super::request_log::RequestLog;
 use super::test_hooks;
 use std::ops::ControlFlow;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{sync_channel, SyncSender, TrySendError};
 use std::sync::Arc;
+use std::time::Instant;
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
 
 /// What runs a job on the device: the engine in the server, a fake in unit tests.
@@ -29,12 +34,26 @@ pub trait Backend: Send + 'static {
 
     /// Called after `run` panicked: drop any state the panic may have left half-written.
     fn recover(&mut self);
+
+    /// What the prompt cache holds now (None: the backend has none).
+    fn prompt_cache_stats(&mut self) -> Option<PromptCacheStats> {
+        None
+    }
 }
 
 struct Job {
     spec: JobSpec,
     cancel: Arc<AtomicBool>,
     events: UnboundedSender<Event>,
+    submitted: Instant,
+    log: Option<RequestLog>,
+}
+
+/// Where the worker reports what it measured.
+struct Reporting {
+    metrics: Arc<Metrics>,
+    /// The worker's own stderr line per job (`--log-format text`).
+    text_log: bool,
 }
 
 /// Sets the job's cancel flag when dropped: held by the request handler (or its response
@@ -57,33 +76,70 @@ pub struct Ticket {
 #[derive(Clone)]
 pub struct Scheduler {
     jobs: SyncSender<Job>,
+    metrics: Arc<Metrics>,
 }
 
 impl Scheduler {
     /// Starts the worker thread; at most `queue_size` jobs wait behind the running one.
-    pub fn start(mut backend: impl Backend, queue_size: usize) -> Self {
+    #[cfg(test)]
+    pub fn start(backend: impl Backend, queue_size: usize) -> Self {
+        Self::start_reporting(backend, queue_size, Arc::new(Metrics::new()), true)
+    }
+
+    /// Starts the worker thread, counting into `metrics`; at most `queue_size` jobs wait
+    /// behind the running one. `text_log`: the worker writes its line per job on stderr.
+    pub fn start_reporting(
+        mut backend: impl Backend,
+        queue_size: usize,
+        metrics: Arc<Metrics>,
+        text_log: bool,
+    ) -> Self {
         let (jobs, queue) = sync_channel::<Job>(queue_size);
+        let reporting = Reporting {
+            metrics: metrics.clone(),
+            text_log,
+        };
         std::thread::Builder::new()
             .name("generation".into())
             .spawn(move || {
                 while let Ok(job) = queue.recv() {
-                    run_job(&mut backend, job);
+                    reporting.metrics.dequeued();
+                    run_job(&mut backend, job, &reporting);
                 }
             })
             .expect("spawning the generation thread");
-        Self { jobs }
+        Self { jobs, metrics }
     }
 
     /// Queues `spec`; a 503 when the queue is full.
+    #[cfg(test)]
     pub fn submit(&self, spec: JobSpec) -> Result<Ticket, ApiError> {
+        self.submit_logged(spec, None)
+    }
+
+    /// Queues `spec` (a 503 when the queue is full), the worker's measurements going to the
+    /// request's `log` too.
+    pub fn submit_logged(
+        &self,
+        spec: JobSpec,
+        log: Option<RequestLog>,
+    ) -> Result<Ticket, ApiError> {
         let cancel = Arc::new(AtomicBool::new(false));
         let (events, receiver) = unbounded_channel();
         let job = Job {
             spec,
             cancel: cancel.clone(),
             events,
+            submitted: Instant::now(),
+            log,
         };
-        match self.jobs.try_send(job) {
+        // Counted before the send: the worker may take the job up (and count it out) at once.
+        self.metrics.queued();
+        let sent = self.jobs.try_send(job);
+        if sent.is_err() {
+            self.metrics.dequeued();
+        }
+        match sent {
             Ok(()) => Ok(Ticket {
                 events: receiver,
                 _cancel: CancelOnDrop(cancel),
@@ -98,15 +154,28 @@ impl Scheduler {
     }
 }
 
-fn run_job(backend: &mut impl Backend, job: Job) {
+fn run_job(backend: &mut impl Backend, job: Job, reporting: &Reporting) {
+    let taken = Instant::now();
     // A client that left while its job waited costs nothing.
     if job.cancel.load(Ordering::Relaxed) {
+        if let Some(log) = &job.log {
+            log.set_job(JobReport {
+                finish: "cancelled",
+                queued: taken - job.submitted,
+                ..Default::default()
+            });
+        }
         return;
     }
+    reporting.metrics.set_running(true);
     let delay = test_hooks::token_delay();
     let events = &job.events;
+    let mut first_text: Option<Instant> = None;
     let mut on_event = |event: Event| {
         let is_text = matches!(event, Event::Text(_));
+        if is_text && first_text.is_none() {
+            first_text = Some(Instant::now());
+        }
         if events.send(event).is_err() {
             return ControlFlow::Break(());
         }
@@ -134,8 +203,51 @@ fn run_job(backend: &mut impl Backend, job: Job) {
             )))
         }
     };
-    log(&last);
+    let report = report(&job, &last, taken, first_text);
+    reporting.metrics.count_generation(&report);
+    if let Some(stats) = backend.prompt_cache_stats() {
+        reporting.metrics.set_prompt_cache(&stats);
+    }
+    reporting.metrics.set_running(false);
+    if reporting.text_log {
+        log(&last);
+    }
+    if let Some(log) = &job.log {
+        log.set_job(report);
+    }
     let _ = job.events.send(last);
+}
+
+/// The job's measurements, from its last event and the time of its first text.
+fn report(job: &Job, last: &Event, taken: Instant, first_text: Option<Instant>) -> JobReport {
+    let end = Instant::now();
+    let mut report = JobReport {
+        queued: taken - job.submitted,
+        time_to_first_token: first_text.map(|t| t - job.submitted),
+        ..Default::default()
+    };
+    match last {
+        Event::Done { finish, usage } => {
+            report.finish = match finish {
+                Finish::Stop => "stop",
+                Finish::Length => "length",
+                Finish::Cancelled => "cancelled",
+            };
+            report.usage = Some(*usage);
+            let decoding = first_text.map(|t| (end - t).as_secs_f64());
+            if let (Some(secs), true) = (decoding, usage.completion_tokens > 1) {
+                if secs > 0.0 {
+                    report.tokens_per_second = Some((usage.completion_tokens - 1) as f64 / secs);
+                }
+            }
+        }
+        Event::Failed(e) => {
+            report.finish = "error";
+            report.error = Some(e.message.clone());
+        }
+        _ => {}
+    }
+    report
 }
 
 /// One stderr line per request, as servers log them.
@@ -204,6 +316,7 @@ mod tests {
                 }
             }
             let _ = on_event(Event::Prompt(PromptInfo {
+                prompt_tokens: 1,
                 reasoning: crate::text::reasoning::ReasoningMode::Off,
                 forced_opening: None,
             }));

@@ -8,7 +8,6 @@ use crate::layers::gdn::GatedDeltaNet;
 use crate::layers::mlp::Mlp;
 use crate::layers::moe::SparseMoe;
 use crate::layers::norm::{Gate, RmsNorm};
-use crate::phase_profile::phase;
 use crate::tap::{Part, Tap};
 use crate::weights::Checkpoint;
 use crate::{Config, StateDtype};
@@ -39,9 +38,21 @@ pub struct DecoderLayer {
 impl DecoderLayer {
     pub(super) fn load(ckpt: &Checkpoint, i: usize, cfg: &Config) -> Result<Self> {
         let p = format!("model.layers.{i}");
+        Self::load_at(ckpt, &p, cfg.layer_kind(i), cfg.is_moe_layer(i), cfg)
+    }
+
+    /// The layer whose tensors are under `p` (`model.layers.3`, or the MTP head's
+    /// `mtp.layers.0`), with this mixer and a MoE (`moe`) or a dense MLP.
+    pub(super) fn load_at(
+        ckpt: &Checkpoint,
+        p: &str,
+        kind: LayerKind,
+        moe: bool,
+        cfg: &Config,
+    ) -> Result<Self> {
         let dev = &Device::Cpu;
         let eps = cfg.rms_norm_eps as f32;
-        let mixer = match cfg.layer_kind(i) {
+        let mixer = match kind {
             LayerKind::LinearAttention => Mixer::Gdn(GatedDeltaNet::load(
                 ckpt,
                 &format!("{p}.linear_attn"),
@@ -52,7 +63,7 @@ impl DecoderLayer {
                 Mixer::Attention(Attention::load(ckpt, &format!("{p}.self_attn"), cfg)?)
             }
         };
-        let feed_forward = if cfg.is_moe_layer(i) {
+        let feed_forward = if moe {
             FeedForward::Moe(Box::new(SparseMoe::load(ckpt, &format!("{p}.mlp"), cfg)?))
         } else {
             FeedForward::Dense(Mlp::load(
@@ -114,26 +125,21 @@ impl DecoderLayer {
         cache: &mut LayerCache,
         offset: usize,
     ) -> Result<Tensor> {
-        let device = h.device();
         match (&self.mixer, cache) {
-            (Mixer::Gdn(m), LayerCache::Gdn(c)) => {
-                phase("gdn", device, || m.forward(&self.input_norm.forward(h)?, c))
-            }
-            (Mixer::Attention(m), LayerCache::Attention(c)) => phase("attention", device, || {
+            (Mixer::Gdn(m), LayerCache::Gdn(c)) => m.forward(&self.input_norm.forward(h)?, c),
+            (Mixer::Attention(m), LayerCache::Attention(c)) => {
                 m.forward(&self.input_norm.forward(h)?, c, offset)
-            }),
+            }
             _ => bail!("cache does not belong to this model"),
         }
     }
 
     /// The feed-forward contribution: `mlp(post_attention_norm(h))`.
     pub fn feed_forward(&self, h: &Tensor) -> Result<Tensor> {
-        let device = h.device();
+        let x = self.post_norm.forward(h)?;
         match &self.feed_forward {
-            FeedForward::Dense(m) => {
-                phase("mlp", device, || m.forward(&self.post_norm.forward(h)?))
-            }
-            FeedForward::Moe(m) => phase("moe", device, || m.forward(&self.post_norm.forward(h)?)),
+            FeedForward::Dense(m) => m.forward(&x),
+            FeedForward::Moe(m) => m.forward(&x),
         }
     }
 
@@ -159,7 +165,8 @@ impl DecoderLayer {
         )?;
         let fed = self.feed_forward(&h)?;
         let h = candle_op(&h + &fed)?;
-        tap.part(Part::FeedForward { layer: i }, &fed, &h)?;
+        let moe = matches!(self.feed_forward, FeedForward::Moe(_));
+        tap.part(Part::FeedForward { layer: i, moe }, &fed, &h)?;
         Ok(h)
     }
 }

@@ -8,9 +8,11 @@ pub mod config;
 pub(crate) mod cuda_graph;
 pub mod decode;
 pub mod layer;
+pub mod mtp;
 
 pub use decode::LayerCoverage;
 pub use layer::{DecoderLayer, FeedForward, Mixer};
+pub use mtp::MtpHead;
 
 use crate::cache::{Cache, LayerCache};
 use crate::layers::moe::MoePrefill;

@@ -9,8 +9,9 @@
 use super::hyper_connection::HyperConnection;
 use super::ngram_tables;
 use super::ple::PerLayerEmbedding;
-use super::qsa_indexer::{IndexerCache, QsaIndexer};
-use crate::cache::{Cache, GdnCache, KvCache, LayerCache};
+use super::qsa_indexer::QsaIndexer;
+use super::state::{self, QsaState};
+use crate::cache::{Cache, FamilyState, GdnCache, KvCache, LayerCache};
 use crate::config::qwen4_exp::OutputGate;
 use crate::config::LayerKind;
 use crate::layers::attention::Attention;
@@ -175,16 +176,17 @@ impl Qwen4ExpDecoder {
             .map(|l| match &l.mixer {
                 Qwen4Mixer::Gdn(_) => LayerCache::Gdn(GdnCache {
                     state_dtype,
-                    ple: l.ple.as_ref().map(|p| {
+                    family: l.ple.as_ref().map(|p| -> Box<dyn FamilyState> {
                         // A zeros tensor of a fixed small shape on the CPU: only an
                         // allocation failure (which aborts anyway) could stop it.
-                        p.new_state().expect("PLE window allocation")
+                        Box::new(p.new_state().expect("PLE window allocation"))
                     }),
                     ..GdnCache::default()
                 }),
-                Qwen4Mixer::Qsa(_) => {
+                Qwen4Mixer::Qsa(q) => {
+                    let qsa = q.indexer.config();
                     let mut kv = KvCache::default();
-                    kv.indexer = Some(IndexerCache::default());
+                    kv.family = Some(Box::new(QsaState::new(qsa.head_dim, qsa.compress_ratio)));
                     LayerCache::Attention(kv)
                 }
             })
@@ -236,7 +238,9 @@ impl Qwen4ExpLayer {
         tap: &mut dyn Tap,
     ) -> Result<Tensor> {
         let hs = self.add_per_layer_embedding(hs, tokens, cache)?;
-        tap.part(Part::PerLayerEmbedding { layer: i }, &hs, &hs)?;
+        if self.ple.is_some() {
+            tap.part(Part::PerLayerEmbedding { layer: i }, &hs, &hs)?;
+        }
         let hs = self.mixer_residual(&hs, cache, offset)?;
         let attention = matches!(self.mixer, Qwen4Mixer::Qsa(_));
         tap.part(
@@ -248,7 +252,14 @@ impl Qwen4ExpLayer {
             &hs,
         )?;
         let hs = self.feed_forward_residual(&hs)?;
-        tap.part(Part::FeedForward { layer: i }, &hs, &hs)?;
+        tap.part(
+            Part::FeedForward {
+                layer: i,
+                moe: true,
+            },
+            &hs,
+            &hs,
+        )?;
         Ok(hs)
     }
 
@@ -266,9 +277,7 @@ impl Qwen4ExpLayer {
         let LayerCache::Gdn(c) = cache else {
             bail!("cache does not belong to this model");
         };
-        let state = c
-            .ple
-            .as_mut()
+        let state = state::ple_mut(c)
             .ok_or_else(|| anyhow!("cache lacks the per-layer embedding state"))?;
         candle_op(hs.add(&ple.forward(hs, tokens, state)?))
     }
@@ -289,13 +298,10 @@ impl Qwen4ExpLayer {
             }
             (Qwen4Mixer::Qsa(q), LayerCache::Attention(c)) => {
                 let (attention, indexer) = (&q.attention, &q.indexer);
-                let mut icache = c
-                    .indexer
-                    .take()
+                let keys = state::indexer_mut(c)
                     .ok_or_else(|| anyhow!("cache lacks the QSA indexer state"))?;
-                let visible = indexer.select(&x, &mut icache, offset);
-                c.indexer = Some(icache);
-                let mask = QsaIndexer::mask(&visible?)?
+                let visible = indexer.select(&x, keys, offset)?;
+                let mask = QsaIndexer::mask(&visible)?
                     .to_device(x.device())?
                     .to_dtype(x.dtype())?;
                 attention

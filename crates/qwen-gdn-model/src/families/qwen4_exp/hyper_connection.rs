@@ -4,6 +4,7 @@
 //! replaces the final norm. Composed candle ops in the activation dtype (f32 on the
 //! reference plan).
 
+use crate::candle_ops::{sigmoid, silu};
 use crate::layers::linear::Linear;
 use crate::weights::Checkpoint;
 use crate::Config;
@@ -153,15 +154,15 @@ impl HyperConnection {
         );
         let s = self.streams as f64;
         let n = self.norm.forward(hs)?;
-        let a = candle_op(candle_op(self.down.forward(&n)? / s)?.silu())?;
-        let m = candle_op(candle_nn::ops::sigmoid(&self.up.forward(&a)?))?;
+        let a = silu(&candle_op(self.down.forward(&n)? / s)?)?;
+        let m = sigmoid(&self.up.forward(&a)?)?;
         let mixed = candle_op(m.mul(&n))?;
         let x =
             candle_op(candle_op(mixed.reshape((t, self.streams, self.hidden)))?.mean(D::Minus2))?;
         let w = match &self.inject {
             Some(inject) => {
                 let g = candle_op(inject.forward(&n)? / s)?;
-                Some(candle_op(candle_op(candle_nn::ops::sigmoid(&g))? * 2.0)?)
+                Some(candle_op(sigmoid(&g)? * 2.0)?)
             }
             None => None,
         };

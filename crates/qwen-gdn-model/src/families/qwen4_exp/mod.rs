@@ -11,5 +11,6 @@ pub mod ngram_row_format;
 pub mod ngram_tables;
 pub mod ple;
 pub mod qsa_indexer;
+pub mod state;
 
 pub use decoder::{output_gate, IndexedAttention, Qwen4ExpDecoder, Qwen4ExpLayer, Qwen4Mixer};

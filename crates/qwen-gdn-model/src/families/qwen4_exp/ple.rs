@@ -8,6 +8,7 @@
 use super::hyper_connection::GroupedRmsNorm;
 use super::ngram_hash::NgramHash;
 use super::ngram_tables::{NgramTable, RowTable};
+use crate::candle_ops::{sigmoid, silu};
 use crate::layers::linear::Linear;
 use crate::weights::Checkpoint;
 use crate::Config;
@@ -139,7 +140,7 @@ impl PerLayerEmbedding {
         let g = candle_op(candle_op(dot.sum_keepdim(D::Minus1))? / (h as f64).sqrt())?;
         let mag = candle_op(candle_op(candle_op(g.abs())?.maximum(1e-6))?.sqrt())?;
         let g = candle_op(mag.mul(&candle_op(g.sign())?))?;
-        let gate = candle_op(candle_nn::ops::sigmoid(&g))?; // [T, S, 1]
+        let gate = sigmoid(&g)?; // [T, S, 1]
         let gated = candle_op(gate.broadcast_mul(&candle_op(value.reshape((t, 1, h)))?))?;
         let gated = candle_op(gated.reshape((t, s * h)))?;
         let normed = self.norm_conv.forward(&gated)?;
@@ -170,6 +171,6 @@ impl PerLayerEmbedding {
         state.window =
             candle_op(padded.narrow(0, padded.dim(0)? - keep, keep))?.to_dtype(DType::F32)?;
         let acc = acc.ok_or_else(|| anyhow!("PLE conv kernel is empty"))?;
-        candle_op(acc.silu())
+        silu(&acc)
     }
 }

@@ -93,6 +93,11 @@ impl QsaIndexer {
         })
     }
 
+    /// The indexer's sizes.
+    pub fn config(&self) -> &QsaConfig {
+        &self.qsa
+    }
+
     /// Rotates the vectors `x` (`[rows, Di]`, row-major) at `positions`.
     fn rotate(&self, x: &[f32], positions: &[usize]) -> Result<Vec<f32>> {
         let di = self.qsa.head_dim;

@@ -20,6 +20,7 @@
 //! of summation and their unnormalized rounding to the activation dtype.
 
 use super::{attend_dense, scores, KeyMask};
+use crate::candle_ops::matmul;
 use crate::tensor::{cast, contiguous};
 use anyhow::{ensure, Context, Result};
 use candle_core::{DType, Tensor, D};
@@ -210,7 +211,7 @@ fn attend_tiled(q: &Tensor, k: &Tensor, v: &Tensor, tiles: &Tiles) -> Result<Ten
         };
         let p = candle_op(candle_op(s.broadcast_sub(&m))?.exp())?;
         let l_tile = candle_op(p.sum_keepdim(D::Minus1))?;
-        let pv = candle_op(cast(&p, v.dtype())?.matmul(&v.narrow(2, start, n)?))?;
+        let pv = matmul(&cast(&p, v.dtype())?, &v.narrow(2, start, n)?)?;
         let pv = cast(&pv, DType::F32)?;
         state = Some(match (state, rescale) {
             (Some((_, l, acc)), Some(r)) => (

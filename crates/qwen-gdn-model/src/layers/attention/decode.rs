@@ -6,9 +6,9 @@
 
 use super::Attention;
 use crate::cache::KvCache;
+use crate::candle_ops::cat;
 use anyhow::{Context, Result};
 use candle_core::{DType, Tensor, D};
-use gdn_ops::launches::candle_ops;
 use gdn_ops::ops::{attn_decode, attn_prep};
 use gdn_ops::profile;
 
@@ -34,7 +34,7 @@ impl Attention {
             Some(linear) => linear.forward(x),
             None => {
                 let parts = self.qkv.forward(x)?;
-                candle_ops(parts.len(), Tensor::cat(&parts, D::Minus1))
+                cat(&parts, D::Minus1)
             }
         })?;
         let (keys, values) = cache.buffers_for_next((b, nkv, dh), x)?;

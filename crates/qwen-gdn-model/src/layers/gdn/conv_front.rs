@@ -10,9 +10,9 @@
 
 use super::GatedDeltaNet;
 use crate::cache::GdnCache;
+use crate::candle_ops::zeros;
 use anyhow::Result;
 use candle_core::{DType, Device, Tensor};
-use gdn_ops::launches::candle_op;
 use gdn_ops::ops::gdn_conv_prep;
 
 /// How [`GatedDeltaNet::forward`] computes a chunk's conv front.
@@ -92,12 +92,12 @@ impl GatedDeltaNet {
         if let Some(c) = &cache.conv {
             return Ok(c.clone());
         }
-        let zeros = candle_op(Tensor::zeros(
+        let empty = zeros(
             (batch, self.kernel - 1, channels),
             like.dtype(),
             like.device(),
-        ))?;
-        cache.conv = Some(zeros.clone());
-        Ok(zeros)
+        )?;
+        cache.conv = Some(empty.clone());
+        Ok(empty)
     }
 }

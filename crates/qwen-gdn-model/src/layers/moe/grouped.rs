@@ -20,11 +20,11 @@
 
 use super::groups::ExpertGroups;
 use super::{swiglu_halves, StackedExperts};
+use crate::candle_ops::{matmul, swiglu};
 use crate::phase_profile::phase;
 use crate::tensor::contiguous;
 use anyhow::{bail, Result};
 use candle_core::{Device, Tensor};
-use gdn_ops::launches::candle_op;
 use gdn_ops::ops::affine::MATVEC_MAX_ROWS;
 
 /// How the device plan runs a prefill chunk's quantized expert products.
@@ -215,12 +215,11 @@ pub(super) fn dense_routed_grouped(
     let no_loose = |_: &Tensor, _: &Tensor| -> Result<Tensor> {
         bail!("float experts: every expert with pairs has its own product")
     };
-    let product = |stack: &Tensor, e: usize, x: &Tensor| -> Result<Tensor> {
-        candle_op(x.matmul(&stack.get(e)?.t()?))
-    };
+    let product =
+        |stack: &Tensor, e: usize, x: &Tensor| -> Result<Tensor> { matmul(x, &stack.get(e)?.t()?) };
     let g = groups.products(&rows, no_loose, |e, x| product(gate, e, x))?;
     let u = groups.products(&rows, no_loose, |e, x| product(up, e, x))?;
-    let act = candle_op(candle_op(g.silu())?.mul(&u))?;
+    let act = swiglu(&g, &u)?;
     let d = groups.products(&act, no_loose, |e, x| product(down, e, x))?;
     Ok(groups.scatter(&d)?.reshape((n, k, hidden))?)
 }

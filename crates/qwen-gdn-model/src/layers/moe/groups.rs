@@ -10,9 +10,9 @@
 //! place and the weighted sum over a token's slots runs in slot order, as with the per-pair
 //! products — the result does not depend on how the pairs were grouped.
 
+use crate::candle_ops::{cat, index_select};
 use anyhow::{bail, Result};
 use candle_core::{Device, Tensor};
-use gdn_ops::launches::{candle_op, candle_ops};
 use gdn_ops::ops::moe_combine;
 
 /// One expert's pairs: rows `start .. start + len` of the grouped order.
@@ -170,7 +170,7 @@ impl ExpertGroups {
 
     /// Token rows `x` `[N, cols]` → one row per pair, in grouped order: `[P, cols]`.
     pub fn gather(&self, x: &Tensor) -> Result<Tensor> {
-        candle_op(x.index_select(&self.source_rows, 0))
+        index_select(x, &self.source_rows, 0)
     }
 
     /// Rows in grouped order `x` `[P, cols]` → `[P, out]`, grouped order kept: `loose` runs
@@ -192,13 +192,13 @@ impl ExpertGroups {
         match parts.len() {
             0 => bail!("grouped expert products of no pairs"),
             1 => Ok(parts.pop().expect("one part")),
-            n => candle_ops(n, Tensor::cat(&parts, 0)),
+            _ => cat(&parts, 0),
         }
     }
 
     /// Rows in grouped order `[P, cols]` → pair order `[P, cols]` (row `t·slots + s`).
     pub fn scatter(&self, y: &Tensor) -> Result<Tensor> {
-        candle_op(y.index_select(&self.positions, 0))
+        index_select(y, &self.positions, 0)
     }
 
     /// Slots per token.

@@ -21,12 +21,13 @@ pub mod stacked;
 
 use super::linear::Linear;
 use super::mlp::Mlp;
+use crate::candle_ops::{sigmoid, softmax_last_dim, swiglu};
 use crate::tensor::{cast, contiguous};
 use crate::weights::{Checkpoint, Matrix, Product, Weight};
 use crate::Config;
 use anyhow::Result;
 use candle_core::{DType, Device, Tensor, D};
-use gdn_ops::launches::{candle_op, candle_ops};
+use gdn_ops::launches::candle_op;
 pub use grouped::{MoePrefill, MoePrefillAsked};
 pub use stacked::StackedExperts;
 
@@ -185,7 +186,7 @@ impl SeparateExperts {
         };
         match &self.shared_expert {
             Some((mlp, gate)) => {
-                let scale = candle_op(candle_nn::ops::sigmoid(&gate.forward(x)?))?;
+                let scale = sigmoid(&gate.forward(x)?)?;
                 let shared = candle_op(mlp.forward(x)?.broadcast_mul(&scale))?;
                 candle_op(routed + shared)
             }
@@ -196,7 +197,7 @@ impl SeparateExperts {
     /// Router probabilities `[N, E]` in f32 for `x` `[N, H]`.
     fn probabilities(&self, x: &Tensor) -> Result<Tensor> {
         let logits = cast(&self.router.forward(x)?, DType::F32)?;
-        candle_op(candle_nn::ops::softmax_last_dim(&logits))
+        softmax_last_dim(&logits)
     }
 
     fn routed_on_device(&self, x: &Tensor, top_k: usize, renormalise: bool) -> Result<Tensor> {
@@ -211,7 +212,7 @@ impl SeparateExperts {
             _ => {
                 let gate = self.gate_proj.gather_matmul_t(&x, &ids)?; // [N, k, Im]
                 let up = self.up_proj.gather_matmul_t(&x, &ids)?;
-                let act = candle_op(candle_op(gate.silu())?.mul(&up))?;
+                let act = swiglu(&gate, &up)?;
                 self.down_proj.gather_matmul_t(&act, &ids)? // [N, k, H]
             }
         };
@@ -327,12 +328,9 @@ fn weighted_sum(down: &Tensor, weights: &Tensor, dtype: DType) -> Result<Tensor>
 /// SwiGLU of stacked gate-and-up products: the last dim of `gate_up` holds the `inner` gate
 /// values, then the `inner` up values; the result holds `silu(gate) · up` (two candle ops).
 fn swiglu_halves(gate_up: &Tensor, inner: usize) -> Result<Tensor> {
-    candle_ops(
-        2,
-        gate_up
-            .narrow(D::Minus1, 0, inner)?
-            .silu()?
-            .mul(&gate_up.narrow(D::Minus1, inner, inner)?),
+    swiglu(
+        &gate_up.narrow(D::Minus1, 0, inner)?,
+        &gate_up.narrow(D::Minus1, inner, inner)?,
     )
 }
 

@@ -15,11 +15,11 @@
 use super::super::linear::Linear;
 use super::super::mlp::Mlp;
 use super::{swiglu_halves, top_k_on_device, weighted_sum};
+use crate::candle_ops::{cat, full, sigmoid, softmax_last_dim};
 use crate::tensor::{cast, contiguous};
 use crate::weights::{Matrix, Weight};
 use anyhow::Result;
 use candle_core::{DType, Device, Tensor, D};
-use gdn_ops::launches::{candle_op, candle_ops};
 use gdn_ops::ops::affine::AffineMatrix;
 use gdn_ops::ops::affine::AffineTensor;
 use gdn_ops::ops::moe_route;
@@ -137,20 +137,16 @@ impl StackedExperts {
         } else {
             logits.clone()
         };
-        let probs = candle_op(candle_nn::ops::softmax_last_dim(&routed))?;
+        let probs = softmax_last_dim(&routed)?;
         let (ids, weights) = top_k_on_device(&probs, top_k, renormalise)?;
         if !self.has_shared {
             return Ok((ids, weights));
         }
-        let shared_id = candle_op(Tensor::full(self.experts as u32, (n, 1), logits.device()))?;
-        let shared_weight = candle_op(candle_nn::ops::sigmoid(&logits.narrow(
-            D::Minus1,
-            self.experts,
-            1,
-        )?))?;
+        let shared_id = full(self.experts as u32, (n, 1), logits.device())?;
+        let shared_weight = sigmoid(&logits.narrow(D::Minus1, self.experts, 1)?)?;
         Ok((
-            candle_ops(2, Tensor::cat(&[&ids, &shared_id], D::Minus1))?,
-            candle_ops(2, Tensor::cat(&[&weights, &shared_weight], D::Minus1))?,
+            cat(&[&ids, &shared_id], D::Minus1)?,
+            cat(&[&weights, &shared_weight], D::Minus1)?,
         ))
     }
 

@@ -1,8 +1,9 @@
 //! `bench --profile`: one extra prefill of the benchmark's prompt with every phase of every
-//! layer timed (`qwen_gdn_model::phase_profile`), to tell what bounds prefill on a device.
+//! layer timed (a `qwen_gdn_model::phase_profile::PhaseTimer` tap), to tell what bounds
+//! prefill on a device.
 
 use anyhow::Result;
-use qwen_gdn_model::phase_profile::{self, ReportRow};
+use qwen_gdn_model::phase_profile::{self, PhaseTimer, ReportRow};
 use qwen_gdn_model::Model;
 use serde_json::{json, Value};
 use std::time::{Duration, Instant};
@@ -14,23 +15,6 @@ pub(crate) struct PrefillProfile {
     rows: Vec<ReportRow>,
 }
 
-/// Turns the phase timing off again however the profiled run ends.
-struct Timing;
-
-impl Timing {
-    fn on() -> Self {
-        phase_profile::take();
-        phase_profile::set_enabled(true);
-        Timing
-    }
-}
-
-impl Drop for Timing {
-    fn drop(&mut self) {
-        phase_profile::set_enabled(false);
-    }
-}
-
 /// Prefills `prompt` as a bench repetition does (chunks, the last one through the output
 /// head) from an empty cache, with the phases timed.
 pub(crate) fn profile_prefill(
@@ -39,22 +23,21 @@ pub(crate) fn profile_prefill(
     chunk: usize,
 ) -> Result<PrefillProfile> {
     let mut cache = model.new_cache();
-    let timing = Timing::on();
+    let mut timer = PhaseTimer::start(model.device());
     let start = Instant::now();
     let chunks: Vec<&[u32]> = prompt.chunks(chunk).collect();
     if let Some((last, head)) = chunks.split_last() {
         for part in head {
-            model.prefill(part, &mut cache, chunk)?;
+            model.prefill_tapped(part, &mut cache, chunk, &mut timer)?;
         }
-        model.forward_last(last, &mut cache)?;
+        model.forward_last_tapped(last, &mut cache, &mut timer)?;
     }
     model.device().synchronize()?;
     let wall = start.elapsed();
-    drop(timing);
     Ok(PrefillProfile {
         tokens: prompt.len(),
         wall,
-        rows: phase_profile::report(&phase_profile::take()),
+        rows: phase_profile::report(&timer.finish()),
     })
 }
 

@@ -1,10 +1,12 @@
 //! Request bodies of /v1/chat/completions and /v1/completions, and their validation into a
 //! [`JobSpec`]. Fields the server cannot honour (n > 1, logprobs, structured output) are 400s
 //! rather than silently ignored; numbers are checked against the ranges of `generate`'s flags.
+//! The Anthropic and Ollama requests are translated into these two, so that every API is
+//! validated here, once.
 
-use super::error::ApiError;
-use super::job::{JobSpec, Prompt, Sampling};
 use crate::cli::arg_ranges;
+use crate::serve::error::ApiError;
+use crate::serve::job::{JobSpec, Prompt, Sampling};
 use crate::tool_calls::{normalize_messages_for_template, ToolChoice};
 use serde::Deserialize;
 use serde_json::{Map, Value as Json};
@@ -99,6 +101,21 @@ pub struct Limits {
     pub defaults: SamplingDefaults,
 }
 
+#[cfg(test)]
+impl Limits {
+    /// The limits the unit tests check requests against: model `m`, 7 tokens by default, a
+    /// context of 50 tokens.
+    pub fn for_tests(max_prompt_bytes: u64) -> Self {
+        Self {
+            model_names: vec!["m".into()],
+            default_max_tokens: 7,
+            max_prompt_bytes,
+            context: 50,
+            defaults: SamplingDefaults::from_generation_config(None).0,
+        }
+    }
+}
+
 /// Sampling settings of a request that sets none: the checkpoint's generation_config.json
 /// (as vLLM uses them), else OpenAI's defaults (temperature 1, no filtering).
 #[derive(Debug, Clone, PartialEq)]
@@ -161,19 +178,26 @@ impl WithCommon for CompletionRequest {
 
 /// Parses a body, naming the field at fault when it does not match the expected type.
 pub fn parse<T: WithCommon>(body: &[u8]) -> Result<T, ApiError> {
-    // Malformed JSON first, so its message is not mixed up with a type error.
-    let value: Json = serde_json::from_slice(body)
-        .map_err(|e| ApiError::invalid(format!("the request body is not valid JSON: {e}")))?;
-    if !value.is_object() {
-        return Err(ApiError::invalid("the request body must be a JSON object"));
-    }
+    let value = json_object(body)?;
     let common: Common = typed(&value)?;
     let mut request: T = typed(&value)?;
     request.set_common(common);
     Ok(request)
 }
 
-fn typed<T: for<'de> Deserialize<'de>>(value: &Json) -> Result<T, ApiError> {
+/// The body as a JSON object. Malformed JSON is told first, so that its message is not mixed
+/// up with a type error.
+pub fn json_object(body: &[u8]) -> Result<Json, ApiError> {
+    let value: Json = serde_json::from_slice(body)
+        .map_err(|e| ApiError::invalid(format!("the request body is not valid JSON: {e}")))?;
+    if !value.is_object() {
+        return Err(ApiError::invalid("the request body must be a JSON object"));
+    }
+    Ok(value)
+}
+
+/// `value` as a `T`, or a 400 naming the field at fault (`param` its path).
+pub fn typed<T: for<'de> Deserialize<'de>>(value: &Json) -> Result<T, ApiError> {
     serde_path_to_error::deserialize(value).map_err(|e| {
         let path = e.path().to_string();
         let inner = e.into_inner();
@@ -531,13 +555,7 @@ mod tests {
     use super::*;
 
     fn limits() -> Limits {
-        Limits {
-            model_names: vec!["m".into()],
-            default_max_tokens: 7,
-            max_prompt_bytes: 1000,
-            context: 50,
-            defaults: SamplingDefaults::from_generation_config(None).0,
-        }
+        Limits::for_tests(1000)
     }
 
     fn chat(body: &str) -> Result<Validated, ApiError> {

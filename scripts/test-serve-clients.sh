@@ -1,19 +1,23 @@
 #!/usr/bin/env bash
-# `qwen-gdn serve` driven by real clients: the official `openai` Python package (pinned in
-# scripts/requirements-serve-test.txt, installed into a venv) and curl. Starts the servers on
-# free ports with a tiny checkpoint and a debug build (its test switches force a tool call).
+# `qwen-gdn serve` driven by real clients, each API by its own: the official `openai`,
+# `anthropic` and `ollama` Python packages, and the Prometheus project's `prometheus_client`
+# parser for /metrics (pinned in scripts/requirements-serve-test.txt, installed into a venv),
+# and curl. Starts two servers once, on free ports with a tiny checkpoint and a debug build
+# (the second one's test switch forces some thinking and a tool call), and runs every client
+# against them: each API's own checks, the same greedy text through the three APIs, then the
+# metrics those requests left and the JSON request log.
 #
-#   bash scripts/test-serve-openai.sh
+#   bash scripts/test-serve-clients.sh
 #
-# VENV (default <repo>/.venv-serve-openai), PYTHON (the interpreter that creates it) and
+# VENV (default <repo>/.venv-serve-clients), PYTHON (the interpreter that creates it) and
 # QWEN_GDN (a debug binary; default: target/debug/qwen-gdn, built here) can be set.
 set -euo pipefail
 
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$repo"
-venv="${VENV:-$repo/.venv-serve-openai}"
+venv="${VENV:-$repo/.venv-serve-clients}"
 model="$repo/models/qwen3.5-tiny-4bit"
-fail() { echo "test-serve-openai: FAILED: $*" >&2; exit 1; }
+fail() { echo "test-serve-clients: FAILED: $*" >&2; exit 1; }
 
 if [ -z "${QWEN_GDN:-}" ]; then
     cargo build -q -p qwen-gdn --bin qwen-gdn
@@ -37,7 +41,8 @@ trap cleanup EXIT
 # sets $base_url once it listens. (Not run in $(...): the server would hold its output open.)
 start() {
     local log="$tmp/server-${#pids[@]}.log"
-    env "$@" "$QWEN_GDN" serve --model "$model" --port 0 --api-key "$key" >/dev/null 2>"$log" &
+    env "$@" "$QWEN_GDN" serve --model "$model" --served-model-name "$name" --port 0 \
+        --api-key "$key" --log-format json >/dev/null 2>"$log" &
     pids+=($!)
     for _ in $(seq 1 600); do
         if grep -q "http://" "$log"; then
@@ -52,14 +57,22 @@ start() {
 }
 
 key="test-key-$RANDOM"
+name="qwen3.5-tiny"
 start
 url="$base_url"
+main_log="$tmp/server-0.log"
 forced_call=$'Checking the weather.\n</think>\n\n<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n<parameter=days>\n3\n</parameter>\n</function>\n</tool_call>'
 start QWEN_GDN_TEST_FORCE_OUTPUT="$forced_call"
 forced_url="$base_url"
 
 echo "== openai client" >&2
 "$py" scripts/test_serve_openai.py "$url/v1" "$key" "$forced_url/v1" || fail "the openai client checks"
+echo "== anthropic client" >&2
+"$py" scripts/test_serve_anthropic.py "$url" "$key" "$forced_url" "$name" || fail "the anthropic client checks"
+echo "== ollama client" >&2
+"$py" scripts/test_serve_ollama.py "$url" "$key" "$forced_url" "$name" || fail "the ollama client checks"
+echo "== the same greedy text through every API" >&2
+"$py" scripts/test_serve_same_text.py "$url" "$key" "$name" || fail "the APIs' texts differ"
 
 echo "== curl" >&2
 auth=(-H "Authorization: Bearer $key")
@@ -99,4 +112,18 @@ expect_error 404 "${auth[@]}" "$url/v1/embeddings"
 head -c 40000000 /dev/zero | tr '\0' 'a' > "$tmp/big"
 expect_error 413 "${auth[@]}" "${json[@]}" "$url/v1/completions" --data-binary @"$tmp/big"
 expect_status 200 "$url/health"
-echo "test-serve-openai: all passed" >&2
+
+echo "== metrics and the JSON request log" >&2
+"$py" scripts/test_serve_metrics.py "$url" "$key" || fail "the metrics"
+# With --log-format json every request is one JSON line on stderr (the rest is start-up text).
+"$py" - "$main_log" <<'PY' || fail "the request log: $(tail -5 "$main_log")"
+import json, sys
+lines = [json.loads(l) for l in open(sys.argv[1]) if l.startswith("{")]
+apis = {l["api"] for l in lines}
+assert {"openai", "anthropic", "ollama"} <= apis, apis
+assert all({"time", "method", "path", "status", "duration_ms"} <= l.keys() for l in lines)
+done = [l for l in lines if "completion_tokens" in l]
+assert done and all(l["finish"] in ("stop", "length") for l in done if l["status"] == 200)
+print(f"request log: {len(lines)} JSON lines, {len(done)} with a generation")
+PY
+echo "test-serve-clients: all passed" >&2

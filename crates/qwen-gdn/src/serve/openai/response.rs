@@ -1,7 +1,7 @@
 //! Response bodies in OpenAI's shapes: chat.completion, chat.completion.chunk,
 //! text_completion, usage.
 
-use super::job::Usage;
+use crate::serve::job::Usage;
 use serde_json::{json, Value as Json};
 use std::time::{SystemTime, UNIX_EPOCH};
 

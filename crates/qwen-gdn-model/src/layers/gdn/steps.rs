@@ -1,0 +1,87 @@
+//! The per-token states of a verify window (speculative decoding, `crate::speculative`).
+//!
+//! A GDN layer cannot be rewound the way a KV cache is truncated: its recurrent state and conv
+//! window hold every token it has seen. While a `GdnCache` carries a `GdnSteps`, the layer
+//! runs the recurrence of a multi-token call one token at a time and keeps a copy of the state
+//! after each token, and keeps the conv input rows of the call; [`GdnSteps::rewind`] then gives
+//! the state after any prefix of the call, bit for bit, with no recomputation.
+//!
+//! Cost: one recurrent state per token of the window (`Hv·Dv·Dk` values in the state dtype)
+//! and the window's `K − 1 + S` conv input rows, per GDN layer, held until the window closes.
+
+use crate::tensor::own_copy;
+use anyhow::{ensure, Result};
+use candle_core::Tensor;
+use gdn_ops::launches::candle_op;
+
+/// What one GDN layer recorded over a verify window.
+#[derive(Debug, Clone, Default)]
+pub struct GdnSteps {
+    /// `[B, K−1+S, C]`: the conv rows before the window, then the window's own.
+    window: Option<Tensor>,
+    /// The recurrent state after each token of the window.
+    states: Vec<Tensor>,
+}
+
+impl GdnSteps {
+    /// Keeps the conv input rows of the window (`[previous K−1 rows; the window's]`).
+    pub(super) fn record_window(&mut self, padded: &Tensor) {
+        self.window = Some(padded.clone());
+    }
+
+    /// The recurrence over the window's tokens, one call per token (the call a decode step
+    /// makes), keeping a copy of `state` after each. Returns `y` `[B, S, Hv, Dv]`.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn recurrence(
+        &mut self,
+        form: Option<gdn_ops::GdnForm>,
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        g: &Tensor,
+        beta: &Tensor,
+        state: &Tensor,
+    ) -> Result<Tensor> {
+        let s = q.dim(1)?;
+        let mut ys = Vec::with_capacity(s);
+        for t in 0..s {
+            let at = |x: &Tensor| x.narrow(1, t, 1);
+            let (q, k, v, g, beta) = (at(q)?, at(k)?, at(v)?, at(g)?, at(beta)?);
+            ys.push(match form {
+                Some(form) => {
+                    gdn_ops::gated_delta_update_in(form, &q, &k, &v, &g, &beta, state, None)?
+                }
+                None => gdn_ops::gated_delta_update(&q, &k, &v, &g, &beta, state)?,
+            });
+            self.states.push(own_copy(state)?);
+        }
+        candle_op(Tensor::cat(&ys, 1))
+    }
+
+    /// Tokens the window recorded.
+    pub fn len(&self) -> usize {
+        self.states.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.states.is_empty()
+    }
+
+    /// The layer's state after the first `kept` tokens of the window (1 ≤ kept ≤ the window's
+    /// length): the conv window of the `K − 1` rows that end with that token, and the
+    /// recurrent state copied after it.
+    pub fn rewind(self, kept: usize) -> Result<(Tensor, Tensor)> {
+        ensure!(
+            (1..=self.states.len()).contains(&kept),
+            "rewinding a GDN layer to {kept} of the {} tokens it recorded",
+            self.states.len()
+        );
+        let window = self
+            .window
+            .ok_or_else(|| anyhow::anyhow!("the GDN layer recorded no conv window"))?;
+        let rows = window.dim(1)? - self.states.len(); // K − 1
+        let conv = candle_op(window.narrow(1, kept, rows)?.force_contiguous())?;
+        let state = self.states.into_iter().nth(kept - 1).expect("kept ≤ len");
+        Ok((conv, state))
+    }
+}

@@ -1,0 +1,108 @@
+//! What speculative decoding asks of the model (`crate::speculative`): its multi-token-
+//! prediction head, the normed hidden states a forward pass ends with, and the output head
+//! over them.
+
+use super::Model;
+use crate::cache::{Cache, KvCache};
+use crate::families::hybrid::MtpHead;
+use crate::families::Decoder;
+use crate::phase_profile::phase;
+use crate::tap::NoTap;
+use crate::tensor::cast;
+use crate::weights::Checkpoint;
+use crate::Plan;
+use anyhow::{bail, Context, Result};
+use candle_core::{DType, Tensor};
+use std::path::Path;
+
+impl Model {
+    /// Loads the MTP head of the checkpoint in `dir` (its `mtp.*` tensors): `false` when it
+    /// has none. Hybrid families only. Shapes that disagree with the config are errors.
+    pub fn load_mtp(&mut self, dir: &Path) -> Result<bool> {
+        if !matches!(self.decoder, Decoder::Hybrid(_)) {
+            bail!(
+                "{}: multi-token prediction is not supported for {} yet",
+                dir.display(),
+                self.config.model_type
+            );
+        }
+        let Some(ckpt) = Checkpoint::open_mtp(dir, &self.config)? else {
+            return Ok(false);
+        };
+        let head = MtpHead::load(&ckpt, &self.config)
+            .with_context(|| format!("{}: the MTP head", dir.display()))?;
+        self.mtp = Some(match self.plan {
+            Plan::Reference => head,
+            Plan::Device => head.into_device(&self.device, self.dtype)?,
+        });
+        // The main checkpoint's load warned that it skipped them.
+        for warning in &mut self.warnings {
+            let Some((what, kinds)) = warning.split_once(": ignoring tensors ") else {
+                continue;
+            };
+            let (intro, list) = kinds.split_once(": ").unwrap_or(("", kinds));
+            let rest: Vec<&str> = list
+                .split(", ")
+                .filter(|k| !k.ends_with("(mtp.*)"))
+                .collect();
+            *warning = match rest.is_empty() {
+                true => String::new(),
+                false => format!("{what}: ignoring tensors {intro}: {}", rest.join(", ")),
+            };
+        }
+        self.warnings.retain(|w| !w.is_empty());
+        Ok(true)
+    }
+
+    /// The MTP head, once loaded.
+    pub fn mtp_head(&self) -> Option<&MtpHead> {
+        self.mtp.as_ref()
+    }
+
+    /// Runs `tokens` after what `cache` holds (updating it in place) and returns the last
+    /// hidden states after the final norm, `[1, S, H]`: the lm_head's input, and the MTP
+    /// head's.
+    pub fn forward_normed(&self, tokens: &[u32], cache: &mut Cache) -> Result<Tensor> {
+        let h = self.run_layers(tokens, cache, &mut NoTap)?;
+        self.on_host_workers(|| {
+            let _q8 = gdn_ops::ops::affine::q8::Scope::enter(self.q8_activations);
+            self.final_norm(&h)
+        })
+    }
+
+    /// The output head over normed hidden states `[1, S, H]`: f32 logits `[S, vocab]`, the
+    /// same numbers [`Model::forward`] gives for those positions.
+    pub fn head_logits(&self, normed: &Tensor) -> Result<Tensor> {
+        self.on_host_workers(|| {
+            let _q8 = gdn_ops::ops::affine::q8::Scope::enter(self.q8_activations);
+            let logits = phase("lm_head", &self.device, || self.lm_head.forward(normed))?;
+            cast(&logits.squeeze(0)?, DType::F32)
+        })
+    }
+
+    /// The MTP head on the pairs (`hidden[i]`, `next[i]`): `hidden` `[1, S, H]` normed hidden
+    /// states of the main model (or of the head itself, for a chained draft), `next` the S
+    /// tokens that follow them. Returns the head's normed output `[1, S, H]`
+    /// ([`Model::head_logits`] turns it into the drafts' logits).
+    pub fn mtp_forward(
+        &self,
+        hidden: &Tensor,
+        next: &[u32],
+        cache: &mut KvCache,
+    ) -> Result<Tensor> {
+        let Some(head) = &self.mtp else {
+            bail!("the model has no MTP head loaded");
+        };
+        let vocab = self.config.vocab_size;
+        if let Some(t) = next.iter().find(|&&t| t as usize >= vocab) {
+            bail!("token id {t} is outside the vocabulary ({vocab})");
+        }
+        self.on_host_workers(|| {
+            let _q8 = gdn_ops::ops::affine::q8::Scope::enter(self.q8_activations);
+            let embedded = self.embed(next)?;
+            phase("mtp", &self.device, || {
+                head.forward(&embedded, hidden, cache)
+            })
+        })
+    }
+}

@@ -1,0 +1,277 @@
+//! Speculative decoding with the model's own multi-token-prediction head (issue 28): the head
+//! drafts k tokens, chained; the main model verifies them in one forward pass of k + 1 tokens;
+//! the longest prefix the main model accepts is kept, plus the main model's own token after
+//! it; the main model's cache is rewound to the last kept token ([`window`]). A [`Judge`]
+//! draws the drafts and decides each row: greedily ([`Greedy`]: the output is the main model's
+//! greedy output, token for token), or by speculative sampling (the engine's), which keeps the
+//! main model's distribution.
+//!
+//! The head pairs each position's normed hidden state with the token after it. After a
+//! verify step the pairs it has not seen are those of the kept tokens, with the main model's
+//! hidden states (the chained drafts ran on the head's own): the next step's first draft runs
+//! them all in one call, as vLLM does, after the head's cache dropped the chained entries.
+
+pub mod window;
+
+use crate::cache::{Cache, KvCache};
+use crate::Model;
+use anyhow::{bail, ensure, Result};
+use candle_core::Tensor;
+use gdn_ops::launches::candle_op;
+pub use window::Window;
+
+/// Prompt tokens whose hidden states the head sees before the first draft (the rest of the
+/// prompt is prefilled without them): enough for the head's attention to pick up the recent
+/// context, few enough that the last prefill chunk stays small.
+pub const HEAD_HISTORY: usize = 64;
+
+/// How drafts are drawn and judged: greedily ([`Greedy`]), or by rejection sampling (the
+/// engine's sampler), which keeps the main model's sampling distribution exactly.
+pub trait Judge {
+    /// The draft at this point from the head's logits; `before` are the tokens this step
+    /// drafted before it.
+    fn draft(&mut self, logits: &mut [f32], before: &[u32]) -> u32;
+    /// The main model's token from a verify row's logits: `before` are the tokens this step
+    /// decided before this row, `draft` the draft at this row (`None` past the last draft).
+    /// Returning the draft accepts it.
+    fn decide(&mut self, logits: &mut [f32], before: &[u32], draft: Option<u32>) -> u32;
+}
+
+/// Greedy drafts (the head's argmax), judged by `pick`, the main model's greedy choice (an
+/// argmax, after whatever penalties the caller applies).
+pub struct Greedy<F: FnMut(&mut [f32], &[u32]) -> u32>(pub F);
+
+impl<F: FnMut(&mut [f32], &[u32]) -> u32> Judge for Greedy<F> {
+    fn draft(&mut self, logits: &mut [f32], _before: &[u32]) -> u32 {
+        argmax(logits)
+    }
+
+    fn decide(&mut self, logits: &mut [f32], before: &[u32], _draft: Option<u32>) -> u32 {
+        (self.0)(logits, before)
+    }
+}
+
+/// Counts of a speculative run.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SpecStats {
+    /// Verify steps (forward passes of the main model after the prompt).
+    pub steps: usize,
+    /// Draft tokens proposed and accepted.
+    pub drafted: usize,
+    pub accepted: usize,
+    /// Tokens the steps decided (accepted drafts plus one per step).
+    pub tokens: usize,
+    /// Per draft index j (0-based): how often the j-th draft of a step was proposed, and
+    /// accepted.
+    pub drafted_at: Vec<usize>,
+    pub accepted_at: Vec<usize>,
+}
+
+impl SpecStats {
+    /// Accepted drafts per proposed draft.
+    pub fn acceptance(&self) -> f64 {
+        self.accepted as f64 / self.drafted.max(1) as f64
+    }
+
+    /// Tokens decided per forward pass of the main model.
+    pub fn tokens_per_step(&self) -> f64 {
+        self.tokens as f64 / self.steps.max(1) as f64
+    }
+}
+
+/// The drafting side of one sequence: the head's KV cache and the pairs it has not seen.
+#[derive(Debug)]
+pub struct Speculation {
+    draft_tokens: usize,
+    mtp: KvCache,
+    /// Normed hidden states `[1, P, H]` of positions whose pairs the head has not run yet.
+    pending_hidden: Option<Tensor>,
+    /// The tokens after the first `P − 1` of them (the last one's is the next step's token).
+    pending_next: Vec<u32>,
+    pub stats: SpecStats,
+}
+
+impl Speculation {
+    /// Drafts of `draft_tokens` tokens per step with `model`'s MTP head.
+    pub fn new(model: &Model, draft_tokens: usize) -> Result<Self> {
+        let Some(head) = model.mtp_head() else {
+            bail!("the model has no MTP head loaded: speculative decoding needs one");
+        };
+        Ok(Self {
+            draft_tokens,
+            mtp: head.new_cache(),
+            pending_hidden: None,
+            pending_next: Vec::new(),
+            stats: SpecStats {
+                drafted_at: vec![0; draft_tokens],
+                accepted_at: vec![0; draft_tokens],
+                ..SpecStats::default()
+            },
+        })
+    }
+
+    /// Tokens drafted per step.
+    pub fn draft_tokens(&self) -> usize {
+        self.draft_tokens
+    }
+
+    /// The end of the prompt: `normed` `[1, W, H]`, the normed hidden states of its last W
+    /// tokens ([`Model::forward_normed`]), and `after` the W − 1 prompt tokens that follow the
+    /// first of them. The head's history starts there.
+    pub fn start(&mut self, normed: Tensor, after: &[u32]) -> Result<()> {
+        ensure!(
+            normed.dim(1)? == after.len() + 1,
+            "{} hidden states for {} following tokens",
+            normed.dim(1)?,
+            after.len()
+        );
+        self.mtp = KvCache::default();
+        self.pending_hidden = Some(normed);
+        self.pending_next = after.to_vec();
+        Ok(())
+    }
+
+    /// Runs the prompt's last tokens `tail` (the cache holds those before them) keeping their
+    /// normed hidden states, which start the head's history ([`Speculation::start`]); returns
+    /// the logits of the prompt's last token, `[1, vocab]`. A longer tail gives the head more
+    /// of the prompt to attend to; [`HEAD_HISTORY`] is what the engine uses.
+    pub fn start_from_prompt(
+        &mut self,
+        model: &Model,
+        cache: &mut Cache,
+        tail: &[u32],
+    ) -> Result<Tensor> {
+        ensure!(!tail.is_empty(), "the prompt has no tokens");
+        let normed = model.forward_normed(tail, cache)?;
+        let logits = model.head_logits(&normed.narrow(1, tail.len() - 1, 1)?)?;
+        self.start(normed, &tail[1..])?;
+        Ok(logits)
+    }
+
+    /// One step from `token`, decided but not yet run (`cache` holds everything before it):
+    /// drafts at most `max_draft` tokens, verifies them, and returns the tokens decided, in
+    /// order: the accepted drafts, then the main model's own token after them; `judge` draws
+    /// the drafts and decides each row.
+    pub fn step(
+        &mut self,
+        model: &Model,
+        cache: &mut Cache,
+        token: u32,
+        max_draft: usize,
+        judge: &mut (dyn Judge + Send),
+    ) -> Result<Vec<u32>> {
+        // One hop onto the CPU pool for the whole step (each model call would make its own).
+        model.on_host_workers(|| self.step_on_pool(model, cache, token, max_draft, judge))
+    }
+
+    fn step_on_pool(
+        &mut self,
+        model: &Model,
+        cache: &mut Cache,
+        token: u32,
+        max_draft: usize,
+        judge: &mut (dyn Judge + Send),
+    ) -> Result<Vec<u32>> {
+        let Some(hidden) = self.pending_hidden.take() else {
+            bail!("speculative step before the prompt's hidden states were given (start)");
+        };
+        let k = self.draft_tokens.min(max_draft);
+        let mut next = std::mem::take(&mut self.pending_next);
+        next.push(token);
+        let head_len = self.mtp.len();
+        let drafts = if k > 0 {
+            self.draft(model, &hidden, &next, k, judge)?
+        } else {
+            Vec::new()
+        };
+
+        let mut window_tokens = Vec::with_capacity(k + 1);
+        window_tokens.push(token);
+        window_tokens.extend(&drafts);
+        let window = Window::open(cache)?;
+        let normed = match model.forward_normed(&window_tokens, cache) {
+            Ok(n) => n,
+            Err(e) => {
+                Window::abandon(cache);
+                return Err(e);
+            }
+        };
+        let logits = model.head_logits(&normed)?;
+        let mut decided = Vec::with_capacity(k + 1);
+        for (i, mut row) in logits.to_vec2::<f32>()?.into_iter().enumerate() {
+            if row.iter().any(|x| !x.is_finite()) {
+                Window::abandon(cache);
+                bail!(
+                    "the verify step's logits are not finite (row {i} of {})",
+                    k + 1
+                );
+            }
+            let t = judge.decide(&mut row, &decided, drafts.get(i).copied());
+            decided.push(t);
+            if i == k || drafts[i] != t {
+                break;
+            }
+        }
+        let accepted = decided.len() - 1;
+        window.close(cache, accepted + 1)?;
+
+        // The pairs the head has not seen: the kept positions with the main model's hidden
+        // states, each with the token after it (the last one's is the next step's token).
+        let kept = normed.narrow(1, 0, accepted + 1)?;
+        if k > 0 {
+            self.mtp.truncate(head_len + next.len());
+            self.pending_hidden = Some(kept);
+            self.pending_next = decided[..accepted].to_vec();
+        } else {
+            self.pending_hidden = Some(candle_op(Tensor::cat(&[&hidden, &kept], 1))?);
+            next.extend(&decided[..accepted]);
+            self.pending_next = next;
+        }
+
+        let s = &mut self.stats;
+        s.steps += 1;
+        s.drafted += k;
+        s.accepted += accepted;
+        s.tokens += decided.len();
+        for j in 0..k {
+            s.drafted_at[j] += 1;
+            s.accepted_at[j] += usize::from(j < accepted);
+        }
+        Ok(decided)
+    }
+
+    /// Runs the pending pairs through the head (the last gives the first draft), then chains:
+    /// each draft paired with the head's own output gives the next.
+    fn draft(
+        &mut self,
+        model: &Model,
+        hidden: &Tensor,
+        next: &[u32],
+        k: usize,
+        judge: &mut (dyn Judge + Send),
+    ) -> Result<Vec<u32>> {
+        let g = model.mtp_forward(hidden, next, &mut self.mtp)?;
+        let mut g = g.narrow(1, g.dim(1)? - 1, 1)?;
+        let mut drafts = Vec::with_capacity(k);
+        loop {
+            let mut logits = model.head_logits(&g)?.squeeze(0)?.to_vec1::<f32>()?;
+            let d = judge.draft(&mut logits, &drafts);
+            drafts.push(d);
+            if drafts.len() == k {
+                return Ok(drafts);
+            }
+            g = model.mtp_forward(&g, &[d], &mut self.mtp)?;
+        }
+    }
+}
+
+/// Index of the largest value (the first of equal ones).
+fn argmax(xs: &[f32]) -> u32 {
+    let mut best = 0;
+    for (i, &x) in xs.iter().enumerate() {
+        if x > xs[best] {
+            best = i;
+        }
+    }
+    best as u32
+}
