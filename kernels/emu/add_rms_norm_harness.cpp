@@ -60,9 +60,7 @@ void run(const Case& c, Kernel<T> kernel) {
 }  // namespace
 
 int main() {
-  guarded::install_fault_handler("add_rms_norm_harness");
-  guarded::expect_magic("ARMSEMU1");
-  const auto h = guarded::read_raw<std::uint32_t>(6);
+  const auto h = guarded::start<6>("add_rms_norm_harness", "ARMSEMU1");
   Case c;
   const std::uint32_t type = h[0];
   c.rows = h[1];
@@ -78,10 +76,7 @@ int main() {
   c.delta = guarded::read_raw<float>(c.has_delta ? n : 0);
   c.weight = guarded::read_raw<float>(c.cols);
   guarded::expect_end();
-  switch (type) {
-    case 0: run<float>(c, add_rms_norm_f32); break;
-    case 1: run<half>(c, add_rms_norm_f16); break;
-    case 2: run<bfloat>(c, add_rms_norm_bf16); break;
-  }
+  guarded::by_type(type, add_rms_norm_f32, add_rms_norm_f16, add_rms_norm_bf16,
+                   [&](auto t, auto kernel) { run<typename decltype(t)::type>(c, kernel); });
   return guarded::finish();
 }

@@ -67,22 +67,10 @@ void run(const Case& c) {
   y.write_f32();
 }
 
-template <class X>
-void run_for_scales(const Case& c, std::uint32_t scale_type) {
-  switch (scale_type) {
-    case 0: run<X, float>(c); break;
-    case 1: run<X, __half>(c); break;
-    case 2: run<X, __nv_bfloat16>(c); break;
-    default: guarded::die("unknown scale_type");
-  }
-}
-
 }  // namespace
 
 int main() {
-  guarded::install_fault_handler("affine_grouped_cuda_harness");
-  std::uint32_t h[10];
-  guarded::read_header("AGQCUDA1", h);
+  const auto h = guarded::start<10>("affine_grouped_cuda_harness", "AGQCUDA1");
   Case c;
   c.p = AffineGroupedParams{h[1], h[2], h[3], h[4], h[0], h[5], h[6], h[7]};
   const std::uint32_t x_type = h[8], scale_type = h[9];
@@ -102,11 +90,11 @@ int main() {
   c.tiles = guarded::read_raw<std::uint32_t>(std::size_t(p.tiles) * affine_grouped::kTileEntry);
   guarded::expect_end();
 
-  switch (x_type) {
-    case 0: run_for_scales<float>(c, scale_type); break;
-    case 1: run_for_scales<__half>(c, scale_type); break;
-    case 2: run_for_scales<__nv_bfloat16>(c, scale_type); break;
-    default: guarded::die("unknown x_type");
-  }
+  using guarded::by_code;
+  by_code<float, __half, __nv_bfloat16>(x_type, "unknown x_type", [&](auto x) {
+    by_code<float, __half, __nv_bfloat16>(scale_type, "unknown scale_type", [&](auto s) {
+      run<typename decltype(x)::type, typename decltype(s)::type>(c);
+    });
+  });
   return guarded::finish();
 }

@@ -81,22 +81,10 @@ void run_for_shape(const Case& c) {
   }
 }
 
-template <class X>
-void run_for_scales(const Case& c, std::uint32_t scale_type) {
-  switch (scale_type) {
-    case 0: run_for_shape<X, float>(c); break;
-    case 1: run_for_shape<X, __half>(c); break;
-    case 2: run_for_shape<X, __nv_bfloat16>(c); break;
-    default: guarded::die("unknown scale_type");
-  }
-}
-
 }  // namespace
 
 int main() {
-  guarded::install_fault_handler("affine_wide_cuda_harness");
-  std::uint32_t h[14];
-  guarded::read_header("AWDCUDA1", h);
+  const auto h = guarded::start<14>("affine_wide_cuda_harness", "AWDCUDA1");
   Case c;
   c.experts = h[0];
   c.p = AffineParams{h[1], h[2], h[3], h[4], h[5], h[6], h[7]};
@@ -118,11 +106,11 @@ int main() {
   if (p.has_ids) c.ids = guarded::read_raw<std::uint32_t>(p.out_rows);
   guarded::expect_end();
 
-  switch (x_type) {
-    case 0: run_for_scales<float>(c, scale_type); break;
-    case 1: run_for_scales<__half>(c, scale_type); break;
-    case 2: run_for_scales<__nv_bfloat16>(c, scale_type); break;
-    default: guarded::die("unknown x_type");
-  }
+  using guarded::by_code;
+  by_code<float, __half, __nv_bfloat16>(x_type, "unknown x_type", [&](auto x) {
+    by_code<float, __half, __nv_bfloat16>(scale_type, "unknown scale_type", [&](auto s) {
+      run_for_shape<typename decltype(x)::type, typename decltype(s)::type>(c);
+    });
+  });
   return guarded::finish();
 }

@@ -80,10 +80,7 @@ void run(const Case& c) {
 int main() {
   guarded::install_fault_handler("attn_decode_cuda_harness");
   const Case c = attn_decode_case::read();
-  switch (c.type) {
-    case 0: run<float>(c); break;
-    case 1: run<__half>(c); break;
-    case 2: run<__nv_bfloat16>(c); break;
-  }
+  guarded::by_code<float, __half, __nv_bfloat16>(c.type, "unknown type",
+                                                 [&](auto t) { run<typename decltype(t)::type>(c); });
   return guarded::finish();
 }

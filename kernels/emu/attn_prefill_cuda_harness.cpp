@@ -70,9 +70,7 @@ void run(const Case& c) {
 }  // namespace
 
 int main() {
-  guarded::install_fault_handler("attn_prefill_cuda_harness");
-  std::uint32_t h[9];
-  guarded::read_header("APFCUDA1", h);
+  const auto h = guarded::start<9>("attn_prefill_cuda_harness", "APFCUDA1");
   Case c;
   const std::uint32_t type = h[0];
   const unsigned batch = h[1], q_heads = h[2], kv_heads = h[3], dh = h[4], queries = h[5], keys = h[6],

@@ -72,9 +72,7 @@ void run(const Case& c, Kernel<T> kernel) {
 }  // namespace
 
 int main() {
-  guarded::install_fault_handler("attn_prep_harness");
-  guarded::expect_magic("APREPEM1");
-  const auto h = guarded::read_raw<std::uint32_t>(9);
+  const auto h = guarded::start<9>("attn_prep_harness", "APREPEM1");
   Case c;
   const std::uint32_t type = h[0];
   float eps;
@@ -95,10 +93,7 @@ int main() {
   c.keys = guarded::read_raw<float>(kv);
   c.values = guarded::read_raw<float>(kv);
   guarded::expect_end();
-  switch (type) {
-    case 0: run<float>(c, attn_prep_f32); break;
-    case 1: run<half>(c, attn_prep_f16); break;
-    case 2: run<bfloat>(c, attn_prep_bf16); break;
-  }
+  guarded::by_type(type, attn_prep_f32, attn_prep_f16, attn_prep_bf16,
+                   [&](auto t, auto kernel) { run<typename decltype(t)::type>(c, kernel); });
   return guarded::finish();
 }

@@ -44,11 +44,7 @@ struct Case : gdn_case::Inputs {
 template <class InT, class StT>
 void run(const Case& c) {
   const GdnChunkParams& p = c.p;
-  Buffer<InT> q("q", c.q, Kind::kInput);
-  Buffer<InT> k("k", c.k, Kind::kInput);
-  Buffer<InT> v("v", c.v, Kind::kInput);
-  Buffer<float> g("g", c.g, Kind::kInput);
-  Buffer<float> beta("beta", c.beta, Kind::kInput);
+  auto in = gdn_case::step_buffers<InT>(c);
   Buffer<float> mask("mask", c.mask, Kind::kInput);
   Buffer<StT> state("state", c.state, Kind::kInPlace);
   Buffer<InT> y("y", std::size_t(p.batch) * p.steps * p.value_heads * p.value_dim, Kind::kOutput);
@@ -65,7 +61,7 @@ void run(const Case& c) {
     BlockShared shared(gdn_chunk::prep_smem_floats(int(p.key_dim), int(p.value_dim)));
     metal_emu::dispatch_threadgroups(uint3{p.chunks, n_heads, 1}, threads, [&](const metal_emu::ThreadIds& id) {
       shared.poison(id);
-      gdn_chunk::prep_kernel<InT>(k.data(), v.data(), g.data(), beta.data(), mask_or_null, gcum.data(), w.data(),
+      gdn_chunk::prep_kernel<InT>(in.k.data(), in.v.data(), in.g.data(), in.beta.data(), mask_or_null, gcum.data(), w.data(),
                                   u.data(), p, int(id.thread_index_in_threadgroup), id.threadgroup_position_in_grid.x,
                                   id.threadgroup_position_in_grid.y, shared.smem);
     });
@@ -76,7 +72,7 @@ void run(const Case& c) {
                                      [&](const metal_emu::ThreadIds& id) {
                                        shared.poison(id);
                                        gdn_chunk::state_kernel<InT, StT>(
-                                           k.data(), gcum.data(), w.data(), u.data(), h.data(), state.data(), p,
+                                           in.k.data(), gcum.data(), w.data(), u.data(), h.data(), state.data(), p,
                                            int(id.thread_index_in_threadgroup), id.threadgroup_position_in_grid.x,
                                            id.threadgroup_position_in_grid.y, shared.smem);
                                      });
@@ -85,12 +81,12 @@ void run(const Case& c) {
     BlockShared shared(gdn_chunk::out_smem_floats(int(p.key_dim)));
     metal_emu::dispatch_threadgroups(uint3{p.chunks, n_heads, 1}, threads, [&](const metal_emu::ThreadIds& id) {
       shared.poison(id);
-      gdn_chunk::out_kernel<InT>(q.data(), k.data(), gcum.data(), h.data(), u.data(), mask_or_null, y.data(), p,
+      gdn_chunk::out_kernel<InT>(in.q.data(), in.k.data(), gcum.data(), h.data(), u.data(), mask_or_null, y.data(), p,
                                  int(id.thread_index_in_threadgroup), id.threadgroup_position_in_grid.x,
                                  id.threadgroup_position_in_grid.y, shared.smem);
     });
   }
-  guarded::check_all(q, k, v, g, beta, mask, state, gcum, w, u, h, y);
+  guarded::check_all(in.q, in.k, in.v, in.g, in.beta, mask, state, gcum, w, u, h, y);
   y.write_f32();
   state.write_f32();
 }

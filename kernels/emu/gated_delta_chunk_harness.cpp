@@ -135,11 +135,7 @@ template <class InT, class StT>
 void run(const Case& c, ChunkKernels<InT, StT> chunk, StepKernel<InT, StT> step, ChunkKernels<InT, float> chunk_f32,
          StepKernel<InT, float> step_f32) {
   const GdnChunkParams& p = c.p;
-  Buffer<InT> q("q", c.q, Kind::kInput);
-  Buffer<InT> k("k", c.k, Kind::kInput);
-  Buffer<InT> v("v", c.v, Kind::kInput);
-  Buffer<float> g("g", c.g, Kind::kInput);
-  Buffer<float> beta("beta", c.beta, Kind::kInput);
+  auto in = gdn_case::step_buffers<InT>(c);
   Buffer<float> mask("mask", c.mask, Kind::kInput);
   Buffer<float>* mask_ptr = p.has_mask != 0 ? &mask : nullptr;
   Buffer<StT> state("state", c.state, Kind::kInPlace);
@@ -149,20 +145,20 @@ void run(const Case& c, ChunkKernels<InT, StT> chunk, StepKernel<InT, StT> step,
   if (p.chunks == 0) {
     run_tail(c, 0, state, y.data(), step);
   } else if (!tail) {
-    run_chunks(p, q, k, v, g, beta, state, y.data(), mask_ptr, chunk);
+    run_chunks(p, in.q, in.k, in.v, in.g, in.beta, state, y.data(), mask_ptr, chunk);
   } else if (std::is_same<StT, float>::value) {
-    run_chunks(p, q, k, v, g, beta, state, y.data(), mask_ptr, chunk);
+    run_chunks(p, in.q, in.k, in.v, in.g, in.beta, state, y.data(), mask_ptr, chunk);
     run_tail(c, t0, state, y.data(), step);
   } else {
     // Both kernels on an f32 copy of the bf16 state, rounded once.
     std::vector<float> widened(state.data(), state.data() + c.state.size());
     Buffer<float> wide("state f32", widened, Kind::kInPlace);
-    run_chunks(p, q, k, v, g, beta, wide, y.data(), mask_ptr, chunk_f32);
+    run_chunks(p, in.q, in.k, in.v, in.g, in.beta, wide, y.data(), mask_ptr, chunk_f32);
     run_tail(c, t0, wide, y.data(), step_f32);
     wide.check();
     for (std::size_t i = 0; i < c.state.size(); ++i) state.data()[i] = StT(wide.data()[i]);
   }
-  guarded::check_all(q, k, v, g, beta, mask, state, y);
+  guarded::check_all(in.q, in.k, in.v, in.g, in.beta, mask, state, y);
   y.write_f32();
   state.write_f32();
 }

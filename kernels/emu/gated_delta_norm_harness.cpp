@@ -14,6 +14,7 @@
 // bytes; S is the caller's, so that several are tested. Memory checks: guarded_buffer.h.
 
 #include "guarded_buffer.h"
+#include "gdn_case.h"
 
 #include <cmath>
 #include <cstdint>
@@ -45,11 +46,7 @@ using Kernel = void (*)(const device InT*, const device InT*, const device InT*,
 template <class InT, class StT>
 void run(const Case& c, Kernel<InT, StT> kernel) {
   const GdnNormParams& p = c.p;
-  Buffer<InT> q("q", c.q, Kind::kInput);
-  Buffer<InT> k("k", c.k, Kind::kInput);
-  Buffer<InT> v("v", c.v, Kind::kInput);
-  Buffer<float> g("g", c.g, Kind::kInput);
-  Buffer<float> beta("beta", c.beta, Kind::kInput);
+  auto in = gdn_case::step_buffers<InT>(c);
   Buffer<StT> state("state", c.state, Kind::kInPlace);
   Buffer<InT> z("z", c.z, Kind::kInput);
   Buffer<InT> weight("weight", c.weight, Kind::kInput);
@@ -60,14 +57,14 @@ void run(const Case& c, Kernel<InT, StT> kernel) {
   const uint3 groups{p.batch * p.value_heads, 1, 1};
   const uint3 per_group{32, c.simdgroups, 1};
   metal_emu::dispatch_threadgroups(groups, per_group, bytes, [&](const metal_emu::ThreadIds& id) {
-    kernel((const device InT*)q.data(), (const device InT*)k.data(), (const device InT*)v.data(),
-           (const device float*)g.data(), (const device float*)beta.data(), (device StT*)state.data(),
+    kernel((const device InT*)in.q.data(), (const device InT*)in.k.data(), (const device InT*)in.v.data(),
+           (const device float*)in.g.data(), (const device float*)in.beta.data(), (device StT*)state.data(),
            (const device InT*)z.data(), (const device InT*)weight.data(), (device InT*)out.data(),
            *(constant GdnNormParams*)&params, id.threadgroup_memory_as<float>(), id.threadgroup_position_in_grid,
            id.threads_per_threadgroup, id.simdgroup_index_in_threadgroup, id.thread_index_in_simdgroup);
   });
 
-  guarded::check_all(q, k, v, g, beta, state, z, weight, out);
+  guarded::check_all(in.q, in.k, in.v, in.g, in.beta, state, z, weight, out);
   out.write_f32();
   state.write_f32();
 }
@@ -75,9 +72,7 @@ void run(const Case& c, Kernel<InT, StT> kernel) {
 }  // namespace
 
 int main() {
-  guarded::install_fault_handler("gated_delta_norm_harness");
-  std::uint32_t h[11];
-  guarded::read_header("GDNNEMU1", h);
+  const auto h = guarded::start<11>("gated_delta_norm_harness", "GDNNEMU1");
   const float eps = guarded::read_f32_word();
   Case c;
   c.p = GdnNormParams{h[0], h[1], h[2], h[3], h[4], h[5], h[9], h[10], eps};

@@ -64,9 +64,7 @@ void run(const Case& c, Kernel<InT> kernel) {
 }  // namespace
 
 int main() {
-  guarded::install_fault_handler("gated_rms_norm_harness");
-  std::uint32_t h[7];
-  guarded::read_header("GRNEMU01", h);
+  const auto h = guarded::start<7>("gated_rms_norm_harness", "GRNEMU01");
   const float eps = guarded::read_f32_word();
   const std::uint32_t type = h[0], batch = h[1], tokens = h[2], heads = h[3], dim = h[4];
   Case c;
@@ -83,11 +81,7 @@ int main() {
   c.weight = guarded::read_raw<float>(dim);
   guarded::expect_end();
 
-  switch (type) {
-    case 0: run<float>(c, gated_rms_norm_f32); break;
-    case 1: run<half>(c, gated_rms_norm_f16); break;
-    case 2: run<bfloat>(c, gated_rms_norm_bf16); break;
-    default: guarded::die("unknown type");
-  }
+  guarded::by_type(type, gated_rms_norm_f32, gated_rms_norm_f16, gated_rms_norm_bf16,
+                   [&](auto t, auto kernel) { run<typename decltype(t)::type>(c, kernel); });
   return guarded::finish();
 }

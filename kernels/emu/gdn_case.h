@@ -1,7 +1,8 @@
 // What the three gated-delta harnesses read (gated_delta_harness.cpp for the Metal step kernel,
 // gated_delta_chunk_harness.cpp and gated_delta_chunk_cuda_harness.cpp for the chunk kernels),
 // as crates/gdn-ops/tests/gated_delta_emu/mod.rs writes it: one reader, so that one test driver
-// serves all three.
+// serves all three; and the guarded q, k, v, g and beta buffers, which gated_delta_norm_harness.cpp
+// takes too.
 //
 // stdin, little-endian: an 8-byte magic, then u32 batch, steps, key_heads, value_heads,
 // key_dim, value_dim, has_mask, in_type (0 f32, 1 f16, 2 bf16), state_type (0 f32, 1 bf16),
@@ -43,6 +44,24 @@ inline void read_inputs(const Header& h, Inputs& in) {
   in.state = guarded::read_raw<float>(std::size_t(h.batch) * h.value_heads * h.value_dim * h.key_dim);
   in.mask = guarded::read_raw<float>(h.has_mask != 0 ? bt : 0);
   guarded::expect_end();
+}
+
+// The guarded inputs every gated-delta kernel reads: q, k, v in InT, g and beta in f32.
+template <class InT>
+struct StepBuffers {
+  guarded::Buffer<InT> q, k, v;
+  guarded::Buffer<float> g, beta;
+};
+
+// Those of a case's arrays (`in` holds q, k, v, g and beta as Inputs does).
+template <class InT, class In>
+StepBuffers<InT> step_buffers(const In& in) {
+  using guarded::Kind;
+  return {{"q", in.q, Kind::kInput},
+          {"k", in.k, Kind::kInput},
+          {"v", in.v, Kind::kInput},
+          {"g", in.g, Kind::kInput},
+          {"beta", in.beta, Kind::kInput}};
 }
 
 }  // namespace gdn_case

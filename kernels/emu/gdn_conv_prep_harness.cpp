@@ -104,9 +104,7 @@ std::size_t span(uint batch, uint tokens, uint batch_stride, uint token_stride, 
 }  // namespace
 
 int main() {
-  guarded::install_fault_handler("gdn_conv_prep_harness");
-  std::uint32_t h[14];
-  guarded::read_header("GCPEMU02", h);
+  const auto h = guarded::start<14>("gdn_conv_prep_harness", "GCPEMU02");
   float scales[3];
   if (std::fread(scales, sizeof(float), 3, stdin) != 3) guarded::die("short header");
   Case c;
@@ -140,11 +138,7 @@ int main() {
   c.neg_a_exp = guarded::read_raw<float>(p.value_heads);
   guarded::expect_end();
 
-  switch (type) {
-    case 0: run<float>(c, gdn_conv_prep_f32); break;
-    case 1: run<half>(c, gdn_conv_prep_f16); break;
-    case 2: run<bfloat>(c, gdn_conv_prep_bf16); break;
-    default: guarded::die("unknown type");
-  }
+  guarded::by_type(type, gdn_conv_prep_f32, gdn_conv_prep_f16, gdn_conv_prep_bf16,
+                   [&](auto t, auto kernel) { run<typename decltype(t)::type>(c, kernel); });
   return guarded::finish();
 }

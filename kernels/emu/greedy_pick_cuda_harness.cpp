@@ -57,11 +57,7 @@ void run(const GreedyPickParams& p, const std::vector<float>& values) {
 int main() {
   install_fault_handler("greedy_pick_cuda_harness");
   const greedy_pick_case::Case c = greedy_pick_case::read();
-  switch (c.in_type) {
-    case 0: run<float>(c.p, c.values); break;
-    case 1: run<__half>(c.p, c.values); break;
-    case 2: run<__nv_bfloat16>(c.p, c.values); break;
-    default: die("unknown in_type");
-  }
+  guarded::by_code<float, __half, __nv_bfloat16>(
+      c.in_type, "unknown in_type", [&](auto t) { run<typename decltype(t)::type>(c.p, c.values); });
   return guarded::finish();
 }

@@ -64,11 +64,7 @@ void run(const GreedyPickParams& p, const std::vector<float>& values, SlicesKern
 int main() {
   install_fault_handler("greedy_pick_harness");
   const greedy_pick_case::Case c = greedy_pick_case::read();
-  switch (c.in_type) {
-    case 0: run<float>(c.p, c.values, greedy_pick_slices_f32); break;
-    case 1: run<half>(c.p, c.values, greedy_pick_slices_f16); break;
-    case 2: run<bfloat>(c.p, c.values, greedy_pick_slices_bf16); break;
-    default: die("unknown in_type");
-  }
+  guarded::by_type(c.in_type, greedy_pick_slices_f32, greedy_pick_slices_f16, greedy_pick_slices_bf16,
+                   [&](auto t, auto slices) { run<typename decltype(t)::type>(c.p, c.values, slices); });
   return guarded::finish();
 }

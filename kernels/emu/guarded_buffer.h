@@ -24,6 +24,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <array>
 #include <cstring>
 #include <vector>
 
@@ -209,11 +210,27 @@ inline void expect_magic(const char* magic) {
   if (std::fread(got, 1, 8, stdin) != 8 || std::memcmp(got, magic, 8) != 0) die("bad magic");
 }
 
+// `n` u32 header words.
+inline void read_words(std::uint32_t* h, std::size_t n) {
+  if (std::fread(h, sizeof(std::uint32_t), n, stdin) != n) die("short header");
+}
+
 // The 8-byte magic, then N u32 header words.
 template <std::size_t N>
 void read_header(const char (&magic)[9], std::uint32_t (&h)[N]) {
   expect_magic(magic);
-  if (std::fread(h, sizeof(std::uint32_t), N, stdin) != N) die("short header");
+  read_words(h, N);
+}
+
+// The start of a harness's main: the fault handler for `harness`, then the input's magic and
+// its N u32 header words.
+template <std::size_t N>
+std::array<std::uint32_t, N> start(const char* harness, const char (&magic)[9]) {
+  install_fault_handler(harness);
+  expect_magic(magic);
+  std::array<std::uint32_t, N> h;
+  read_words(h.data(), N);
+  return h;
 }
 
 inline void expect_end() {
@@ -232,6 +249,36 @@ inline float read_f32_word() {
 template <class... Buffers>
 void check_all(const Buffers&... buffers) {
   (buffers.check(), ...);
+}
+
+// A type, passed by value to the callbacks of by_code and by_type.
+template <class T>
+struct Type {
+  using type = T;
+};
+
+// Calls f(Type<T>{}) with the type a harness's type code names (0, 1, 2: A, B, C, in the
+// f32, f16, bf16 order of the hosts' codes); another code is bad input, named by `what`.
+template <class A, class B, class C, class F>
+void by_code(std::uint32_t code, const char* what, F&& f) {
+  switch (code) {
+    case 0: f(Type<A>{}); break;
+    case 1: f(Type<B>{}); break;
+    case 2: f(Type<C>{}); break;
+    default: die(what);
+  }
+}
+
+// Calls f(Type<T>{}, kernel) with the Metal activation type of a type code (0 float, 1 half,
+// 2 bfloat) and that type's instantiation of a kernel, given in the same order.
+template <class KF, class KH, class KB, class F>
+void by_type(std::uint32_t code, KF f32, KH f16, KB bf16, F&& f) {
+  switch (code) {
+    case 0: f(Type<float>{}, f32); break;
+    case 1: f(Type<half>{}, f16); break;
+    case 2: f(Type<bfloat>{}, bf16); break;
+    default: die("unknown type");
+  }
 }
 
 // The harness's exit status once its results are written: 0, or 1 when stdout failed.

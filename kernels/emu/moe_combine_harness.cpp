@@ -81,11 +81,7 @@ void run(const Case& c, CombineKernel<InT> kernel) {
 }  // namespace
 
 int main() {
-  install_fault_handler("moe_combine_harness");
-  char magic[8];
-  if (std::fread(magic, 1, 8, stdin) != 8 || std::memcmp(magic, "COMBEMU2", 8) != 0) die("bad magic");
-  std::uint32_t h[10];
-  if (std::fread(h, sizeof(std::uint32_t), 10, stdin) != 10) die("short header");
+  const auto h = guarded::start<10>("moe_combine_harness", "COMBEMU2");
   Case c{h[1], h[2], h[3], h[4], h[9], 0.0f, h[6], h[7], h[8], {}, {}, {}, {}, {}};
   std::memcpy(&c.eps, &h[5], 4);
   if (c.slots == 0 || c.hidden == 0) die("slots and hidden must be positive");
@@ -97,12 +93,8 @@ int main() {
   c.weights = read_raw<float>(pairs);
   c.residual = read_raw<float>(c.has_residual != 0 ? std::size_t(c.tokens) * c.hidden : 0);
   c.norm_weight = read_raw<float>(c.has_norm != 0 ? c.hidden : 0);
-  if (std::fgetc(stdin) != EOF) die("trailing input");
-  switch (h[0]) {
-    case 0: run<float>(c, moe_combine_f32); break;
-    case 1: run<half>(c, moe_combine_f16); break;
-    case 2: run<bfloat>(c, moe_combine_bf16); break;
-    default: die("unknown in_type");
-  }
+  guarded::expect_end();
+  guarded::by_type(h[0], moe_combine_f32, moe_combine_f16, moe_combine_bf16,
+                   [&](auto t, auto kernel) { run<typename decltype(t)::type>(c, kernel); });
   return guarded::finish();
 }

@@ -57,23 +57,15 @@ void run(const Case& c, RouteKernel<InT> kernel) {
 }  // namespace
 
 int main() {
-  install_fault_handler("moe_route_harness");
-  char magic[8];
-  if (std::fread(magic, 1, 8, stdin) != 8 || std::memcmp(magic, "ROUTEMU1", 8) != 0) die("bad magic");
-  std::uint32_t h[6];
-  if (std::fread(h, sizeof(std::uint32_t), 6, stdin) != 6) die("short header");
+  const auto h = guarded::start<6>("moe_route_harness", "ROUTEMU1");
   Case c{h[1], h[2], h[3], h[4], h[5], {}};
   // The host's contract (ops/moe_route/mod.rs `supports`).
   if (c.experts == 0 || c.experts > 512) die("experts must be 1..=512");
   if (c.top_k == 0 || c.top_k > 32 || c.top_k > c.experts) die("top_k must be 1..=min(32, experts)");
   if (c.renormalise > 1 || c.has_shared > 1) die("flags must be 0 or 1");
   c.logits = read_raw<float>(std::size_t(c.tokens) * (c.experts + c.has_shared));
-  if (std::fgetc(stdin) != EOF) die("trailing input");
-  switch (h[0]) {
-    case 0: run<float>(c, moe_route_f32); break;
-    case 1: run<half>(c, moe_route_f16); break;
-    case 2: run<bfloat>(c, moe_route_bf16); break;
-    default: die("unknown in_type");
-  }
+  guarded::expect_end();
+  guarded::by_type(h[0], moe_route_f32, moe_route_f16, moe_route_bf16,
+                   [&](auto t, auto kernel) { run<typename decltype(t)::type>(c, kernel); });
   return guarded::finish();
 }

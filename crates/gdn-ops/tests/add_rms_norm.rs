@@ -1,11 +1,12 @@
 //! The CPU twin of `add_rms_norm` against the composed path it replaces in the model
 //! (`(&h + delta)` then `candle_nn::ops::rms_norm`, as crates/qwen-gdn-model's layers do),
-//! and its input checks.
+//! over the op's cases (tests/common/add_rms_norm.rs), and its input checks.
 
 mod common;
 
 use candle_core::{DType, Device, Tensor};
-use common::{tensor, values, Rng, Ty};
+use common::add_rms_norm::{inputs, runs, seed};
+use common::{max_rel, tensor, Ty};
 use gdn_ops::ops::add_rms_norm::{add_rms_norm, supports};
 
 /// The model's composed path: the residual add, then the RMSNorm.
@@ -18,22 +19,12 @@ fn composed(h: &Tensor, delta: Option<&Tensor>, w: &Tensor, eps: f32) -> (Tensor
     (sum, normed)
 }
 
-fn max_rel(got: &Tensor, want: &Tensor) -> f32 {
-    let (g, w) = (values(got), values(want));
-    let scale = w.iter().fold(0f32, |m, x| m.max(x.abs()));
-    g.iter()
-        .zip(&w)
-        .fold(0f32, |m, (a, b)| m.max((a - b).abs()))
-        / scale
-}
-
-fn compare(ty: Ty, shape: &[usize], with_delta: bool, tol: f32) {
-    let mut rng = Rng::new(shape.iter().product::<usize>() as u64 + ty.code() as u64);
-    let n: usize = shape.iter().product();
+fn compare(i: usize, shape: &[usize], ty: Ty, with_delta: bool, tol: f32) {
+    let x = inputs(shape, ty, seed(i, ty));
     let cols = *shape.last().unwrap();
-    let h = tensor(&rng.values(n, -3.0, 3.0, ty), shape, ty);
-    let d = tensor(&rng.values(n, -3.0, 3.0, ty), shape, ty);
-    let w = tensor(&rng.values(cols, 0.5, 1.5, ty), &[cols], ty);
+    let h = tensor(&x.residual, shape, ty);
+    let d = tensor(&x.delta, shape, ty);
+    let w = tensor(&x.weight, &[cols], ty);
     let delta = with_delta.then_some(&d);
     let (sum, normed) = add_rms_norm(&h, delta, &w, 1e-6).unwrap();
     let (want_sum, want_normed) = composed(&h, delta, &w, 1e-6);
@@ -49,21 +40,15 @@ fn compare(ty: Ty, shape: &[usize], with_delta: bool, tol: f32) {
 
 #[test]
 fn twin_matches_the_composed_path_in_f32() {
-    for shape in [&[1, 1, 2048][..], &[3, 200], &[2, 8192], &[5, 1]] {
-        for delta in [true, false] {
-            compare(Ty::F32, shape, delta, 1e-5);
-        }
+    for (i, shape, ty, delta) in runs(&[Ty::F32]) {
+        compare(i, shape, ty, delta, 1e-5);
     }
 }
 
 #[test]
 fn twin_matches_the_composed_path_in_bf16_and_f16() {
-    for ty in [Ty::Bf16, Ty::F16] {
-        for shape in [&[1, 1, 2048][..], &[3, 200]] {
-            for delta in [true, false] {
-                compare(ty, shape, delta, 2e-2);
-            }
-        }
+    for (i, shape, ty, delta) in runs(&[Ty::Bf16, Ty::F16]) {
+        compare(i, shape, ty, delta, 2e-2);
     }
 }
 

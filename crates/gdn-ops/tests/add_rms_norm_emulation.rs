@@ -1,6 +1,7 @@
 //! The shipped `kernels/add_rms_norm.metal`, compiled as C++ with clang-19 and the Metal
 //! emulation header (`kernels/emu/`), run on the CPU for `add_rms_norm_{f32,f16,bf16}` and
-//! compared with the CPU twin, [`gdn_ops::ops::add_rms_norm::add_rms_norm`].
+//! compared with the CPU twin, [`gdn_ops::ops::add_rms_norm::add_rms_norm`], over the op's
+//! cases (tests/common/add_rms_norm.rs).
 //!
 //! Needs Debian's `clang-19` and `libclang-rt-19-dev`; without them this test fails, never
 //! skips. `GDN_EMU_CXX` overrides the compiler.
@@ -13,49 +14,45 @@
 mod common;
 mod emu;
 
-use common::{close, failures, tensor, values, Input, Rng, Ty, TYPES};
+use common::add_rms_norm::{inputs, rows_cols, runs, seed};
+use common::{close, failures, tensor, values, Input, Ty, TYPES};
 use gdn_ops::ops::add_rms_norm::{add_rms_norm, row_threads, AddRmsNormParams};
 
 static HARNESS: emu::Harness = emu::Harness::metal("add_rms_norm_harness");
 
+/// One run of the op's cases (tests/common/add_rms_norm.rs).
 struct Case {
+    index: usize,
+    shape: &'static [usize],
     ty: Ty,
-    rows: usize,
-    cols: usize,
     delta: bool,
-    seed: u64,
 }
 
 fn check(c: &Case) -> Option<String> {
-    let mut rng = Rng::new(c.seed);
-    let n = c.rows * c.cols;
-    let residual = rng.values(n, -4.0, 4.0, c.ty);
-    let delta = if c.delta {
-        rng.values(n, -4.0, 4.0, c.ty)
-    } else {
-        vec![]
-    };
-    let weight = rng.values(c.cols, 0.5, 1.5, c.ty);
+    let (rows, cols) = rows_cols(c.shape);
+    let x = inputs(c.shape, c.ty, seed(c.index, c.ty));
+    let delta = if c.delta { x.delta } else { vec![] };
     let eps = 1e-6;
     let mut input = Input::new(b"ARMSEMU1");
     input
         .u32(c.ty.code())
-        .u32(c.rows as u32)
-        .u32(c.cols as u32)
+        .u32(rows as u32)
+        .u32(cols as u32)
         .u32(c.delta as u32)
         .f32(eps)
-        .u32(row_threads(c.cols) as u32)
-        .f32s(&residual)
+        .u32(row_threads(cols) as u32)
+        .f32s(&x.residual)
         .f32s(&delta)
-        .f32s(&weight);
+        .f32s(&x.weight);
     let got = match HARNESS.run(&input.0) {
         Ok(v) => v,
         Err(e) => return Some(e),
     };
-    let shape = [c.rows, c.cols];
-    let r = tensor(&residual, &shape, c.ty);
+    let n = rows * cols;
+    let shape = [rows, cols];
+    let r = tensor(&x.residual, &shape, c.ty);
     let d = c.delta.then(|| tensor(&delta, &shape, c.ty));
-    let w = tensor(&weight, &[c.cols], c.ty);
+    let w = tensor(&x.weight, &[cols], c.ty);
     let (sum, normed) = add_rms_norm(&r, d.as_ref(), &w, eps).unwrap();
     let (want_normed, want_sum) = (values(&normed), values(&sum));
     let (got_normed, got_sum) = got.split_at(n.min(got.len()));
@@ -70,39 +67,22 @@ fn check(c: &Case) -> Option<String> {
 
 #[test]
 fn shipped_add_rms_norm_kernels_match_the_cpu_twin() {
-    let mut cases = vec![];
-    let mut seed = 0;
-    // Qwen3-Next-80B-A3B (H = 2048), the widest row, rows not a multiple of 32 wide, one column.
-    for (rows, cols) in [
-        (1, 2048),
-        (3, 200),
-        (2, 8192),
-        (4, 1),
-        (5, 64),
-        (2, 33),
-        (1, 2600),
-    ] {
-        for ty in TYPES {
-            for delta in [true, false] {
-                seed += 1;
-                cases.push(Case {
-                    ty,
-                    rows,
-                    cols,
-                    delta,
-                    seed: seed * 7919,
-                });
-            }
-        }
-    }
+    let cases: Vec<Case> = runs(&TYPES)
+        .into_iter()
+        .map(|(index, shape, ty, delta)| Case {
+            index,
+            shape,
+            ty,
+            delta,
+        })
+        .collect();
     HARNESS.path();
     let failures: Vec<String> = failures(&cases, |c| {
         check(c).map(|e| {
             format!(
-                "add_rms_norm_{} N={} H={} delta={}: {e}",
+                "add_rms_norm_{} {:?} delta={}: {e}",
                 c.ty.name(),
-                c.rows,
-                c.cols,
+                c.shape,
                 c.delta
             )
         })
@@ -122,22 +102,10 @@ fn kernel_abi_in_source() {
     assert_eq!(std::mem::size_of::<AddRmsNormParams>(), 16);
     let src = emu::shipped_source("kernels/add_rms_norm.metal");
     assert!(src.contains("#include \"params/add_rms_norm.h\""));
-    for (i, name) in ["residual", "delta", "weight", "sum", "normed"]
-        .iter()
-        .enumerate()
-    {
-        assert!(
-            src.contains(&format!("{name} [[buffer({i})]]")),
-            "add_rms_norm.metal: {name} must be buffer {i}"
-        );
-    }
+    let buffers = ["residual", "delta", "weight", "sum", "normed"];
+    emu::assert_buffer_indices(&src, "add_rms_norm.metal", &buffers, "");
     assert!(src.contains("AddRmsNormParams& p [[buffer(5)]]"));
-    for t in ["f32", "f16", "bf16"] {
-        assert!(
-            src.contains(&format!("(add_rms_norm_{t},")),
-            "missing add_rms_norm_{t}"
-        );
-    }
+    emu::assert_instantiated(&src, "add_rms_norm");
     let cu = emu::shipped_source("kernels/add_rms_norm.cu");
     assert!(cu.contains("#include \"params/add_rms_norm.h\""));
 }

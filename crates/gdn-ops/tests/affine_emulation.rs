@@ -2,7 +2,8 @@
 //! Metal emulation header (`kernels/emu/`), run on the CPU for all nine
 //! `affine_qmv_{in}_{sc}`, nine `affine_dequant_{out}_{sc}` and nine
 //! `affine_qmv_swiglu_{in}_{sc}` kernels and compared with the
-//! Rust reference of MLX affine quantization, [`gdn_ops::ops::affine::AffineMatrix`].
+//! Rust reference of MLX affine quantization, [`gdn_ops::ops::affine::AffineMatrix`]: qmv and
+//! qmv_swiglu over the family's cases (tests/common/affine.rs), dequant over its own.
 //!
 //! Needs Debian's `clang-19` and `libclang-rt-19-dev` (the harness links with
 //! `--rtlib=compiler-rt`, for bf16 conversions that libgcc 12 lacks). Without them this test
@@ -36,64 +37,12 @@
 mod common;
 mod emu;
 
-use common::failures_on_all_cores;
-use gdn_ops::ops::affine::{dequantize_row, pack_row, unpack_row, AffineMatrix};
-use half::{bf16, f16};
+use common::affine::{cases as op_cases, inputs, pairs, seed, Case as OpCase, Gather, Kind};
+use common::affine::{widths, AFFINE_PARAMS, BITS, GROUPS};
+use common::{failures_on_all_cores, scaled_matrix, Rng, Ty, TYPES};
+use gdn_ops::ops::affine::{dequantize_row, unpack_row, AffineMatrix};
 use std::sync::Mutex;
 use std::time::Instant;
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Ty {
-    F32,
-    F16,
-    Bf16,
-}
-
-impl Ty {
-    fn code(self) -> u32 {
-        self as u32
-    }
-    fn name(self) -> &'static str {
-        ["f32", "f16", "bf16"][self as usize]
-    }
-    fn msl(self) -> &'static str {
-        ["float", "half", "bfloat"][self as usize]
-    }
-    fn round(self, x: f32) -> f32 {
-        match self {
-            Ty::F32 => x,
-            Ty::F16 => f16::from_f32(x).to_f32(),
-            Ty::Bf16 => bf16::from_f32(x).to_f32(),
-        }
-    }
-    /// Spacing of values of this type at magnitude |x|.
-    fn ulp(self, x: f64) -> f64 {
-        let (mantissa_bits, min_exp) = match self {
-            Ty::F32 => (23, -126),
-            Ty::F16 => (10, -14),
-            Ty::Bf16 => (7, -126),
-        };
-        let exp = if x == 0.0 {
-            min_exp
-        } else {
-            (x.abs().log2().floor() as i32).max(min_exp)
-        };
-        2f64.powi(exp - mantissa_bits)
-    }
-}
-
-const TYPES: [Ty; 3] = [Ty::F32, Ty::F16, Ty::Bf16];
-
-/// All nine (value type, scale type) instantiations, value type first as in the names.
-fn pairs() -> Vec<(Ty, Ty)> {
-    TYPES
-        .iter()
-        .flat_map(|&v| TYPES.iter().map(move |&s| (v, s)))
-        .collect()
-}
-
-const BITS: [usize; 6] = [2, 3, 4, 5, 6, 8];
-const GROUPS: [usize; 3] = [32, 64, 128];
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Kernel {
@@ -114,34 +63,6 @@ const KERNELS: [Kernel; 3] = [Kernel::Qmv, Kernel::Dequant, Kernel::Swiglu];
 // The dequant gate is bit for bit: no fma contraction of s * q + b.
 static HARNESS: emu::Harness = emu::Harness::metal_with("affine_harness", &["-ffp-contract=off"]);
 
-/// splitmix64, so that inputs need no dependency and are the same everywhere.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
-    }
-    fn uniform(&mut self, lo: f32, hi: f32) -> f32 {
-        lo + (hi - lo) * ((self.next() >> 40) as f32 / (1u64 << 24) as f32)
-    }
-    /// Magnitude in [lo, hi], random sign: never zero.
-    fn signed(&mut self, lo: f32, hi: f32) -> f32 {
-        let x = self.uniform(lo, hi);
-        if self.next() & 1 == 0 {
-            x
-        } else {
-            -x
-        }
-    }
-}
-
 /// Everything one emulated launch needs.
 struct Case {
     kernel: Kernel,
@@ -159,7 +80,33 @@ struct Case {
     label: String,
 }
 
-/// How a case's matrix and x are drawn.
+fn tag(v: Ty, s: Ty) -> String {
+    format!("{}_{}", v.name(), s.name())
+}
+
+/// Case `i` of the family's cases (tests/common/affine.rs) on the qmv or qmv_swiglu kernel.
+fn qmv_case(i: usize, c: &OpCase) -> Case {
+    let x = inputs(c, seed(i));
+    let kernel = match c.kind {
+        Kind::Products => Kernel::Qmv,
+        Kind::Swiglu => Kernel::Swiglu,
+    };
+    Case {
+        kernel,
+        vt: c.x,
+        st: c.scales,
+        m: x.m,
+        x: x.x,
+        x_rows: c.x_rows(),
+        x_div: c.x_div(),
+        ids: (c.gather != Gather::Dense).then_some(x.ids),
+        out_rows: c.out_rows(),
+        label: format!("{}_{} {}", kernel.name(), tag(c.x, c.scales), c.label()),
+    }
+}
+
+/// A dequant case's matrix: `[experts, rows, cols]`, scales of `scale_mag` (see
+/// [`scaled_matrix`]).
 #[derive(Clone, Copy)]
 struct Shape {
     experts: usize,
@@ -167,10 +114,7 @@ struct Shape {
     cols: usize,
     bits: usize,
     group_size: usize,
-    /// Magnitude of the scales: `None` is MLX-like (weights of about ±0.1), `Some(s)` puts
-    /// every |scale| in [s/2, s] and biases of the same order as `s·q`.
     scale_mag: Option<f32>,
-    x_mag: f32,
 }
 
 impl Shape {
@@ -182,87 +126,7 @@ impl Shape {
             bits,
             group_size,
             scale_mag: None,
-            x_mag: 1.0,
         }
-    }
-}
-
-/// A random `[experts, rows, cols]` matrix with scales and biases exactly representable in
-/// `st` (the AffineMatrix holds them as f32).
-fn matrix(rng: &mut Rng, s: Shape, st: Ty) -> AffineMatrix {
-    let stacked = s.experts * s.rows;
-    let levels = (1u32 << s.bits) - 1;
-    let mut packed = Vec::with_capacity(stacked * s.cols * s.bits / 32);
-    for _ in 0..stacked {
-        let q: Vec<u32> = (0..s.cols)
-            .map(|_| (rng.next() % (levels as u64 + 1)) as u32)
-            .collect();
-        packed.extend(pack_row(&q, s.bits));
-    }
-    let groups = stacked * s.cols / s.group_size;
-    let (mut scales, mut biases) = (Vec::with_capacity(groups), Vec::with_capacity(groups));
-    for _ in 0..groups {
-        // As MLX quantizes: bias = min of the group, scale = (max - min) / levels (negative
-        // scales occur too), so w spans about [bias, bias + scale·levels].
-        let mag = s.scale_mag.unwrap_or(0.2 / levels as f32);
-        let scale = rng.signed(0.5 * mag, mag);
-        let bias = -scale * levels as f32 * rng.uniform(0.3, 0.7);
-        scales.push(st.round(scale));
-        biases.push(st.round(bias));
-    }
-    AffineMatrix::new(
-        s.bits,
-        s.group_size,
-        [s.experts, s.rows, s.cols],
-        packed,
-        scales,
-        biases,
-    )
-    .expect("valid matrix")
-}
-
-fn tag(v: Ty, s: Ty) -> String {
-    format!("{}_{}", v.name(), s.name())
-}
-
-#[allow(clippy::too_many_arguments)]
-fn qmv_case(
-    seed: u64,
-    vt: Ty,
-    st: Ty,
-    shape: Shape,
-    x_rows: usize,
-    x_div: usize,
-    ids: Option<Vec<u32>>,
-    out_rows: usize,
-) -> Case {
-    let mut rng = Rng(seed);
-    let m = matrix(&mut rng, shape, st);
-    let x = (0..x_rows * shape.cols)
-        .map(|_| vt.round(rng.signed(0.05, 1.0) * shape.x_mag))
-        .collect();
-    let label = format!(
-        "affine_qmv_{} E={} R={} K={} bits={} gs={} M={out_rows} x_rows={x_rows} x_div={x_div} ids={ids:?} scale_mag={:?} x_mag={}",
-        tag(vt, st),
-        shape.experts,
-        shape.rows,
-        shape.cols,
-        shape.bits,
-        shape.group_size,
-        shape.scale_mag,
-        shape.x_mag
-    );
-    Case {
-        kernel: Kernel::Qmv,
-        vt,
-        st,
-        m,
-        x,
-        x_rows,
-        x_div,
-        ids,
-        out_rows,
-        label,
     }
 }
 
@@ -274,8 +138,17 @@ fn dequant_case(
     ids: Option<Vec<u32>>,
     out_rows: usize,
 ) -> Case {
-    let mut rng = Rng(seed);
-    let m = matrix(&mut rng, shape, st);
+    let mut rng = Rng::new(seed);
+    let s = shape;
+    let dims = [s.experts, s.rows, s.cols];
+    let m = scaled_matrix(
+        &mut rng,
+        s.bits,
+        s.group_size,
+        dims,
+        st.dtype(),
+        s.scale_mag,
+    );
     let label = format!(
         "affine_dequant_{} E={} R={} K={} bits={} gs={} M={out_rows} ids={ids:?} scale_mag={:?}",
         tag(vt, st),
@@ -300,94 +173,16 @@ fn dequant_case(
     }
 }
 
-/// Widths of x that a group size allows, most not a multiple of the 256 columns one
-/// simdgroup covers per step (nor of the 512 of a dequant threadgroup).
-fn widths(group_size: usize) -> [usize; 4] {
-    match group_size {
-        32 => [96, 160, 320, 256],
-        64 => [64, 192, 320, 512],
-        _ => [128, 384, 640, 256],
-    }
-}
-
+/// The family's products and SwiGLU cases on the qmv and qmv_swiglu kernels, and the dequant
+/// kernel's own cases.
 fn cases() -> Vec<Case> {
-    let mut out = vec![];
+    let mut out: Vec<Case> = op_cases()
+        .iter()
+        .enumerate()
+        .map(|(i, c)| qmv_case(i, c))
+        .collect();
     let pairs = pairs();
-    let mut next_seed = common::seeds(7919);
-
-    // qmv: every width x group size x instantiation; R = 13 and 21 leave idle simdgroups
-    // and rows, R = 8 fills a threadgroup, R = 3 leaves the second simdgroup idle.
-    for (bi, &bits) in BITS.iter().enumerate() {
-        for (gi, &gs) in GROUPS.iter().enumerate() {
-            for (pi, &(vt, st)) in pairs.iter().enumerate() {
-                let k = widths(gs)[(bi + pi) % 4];
-                let r = [13, 8, 21, 3][(gi + pi) % 4];
-                let m = [1, 3][(bi + gi + pi) % 2];
-                let shape = Shape::new(1, r, k, bits, gs);
-                out.push(qmv_case(next_seed(), vt, st, shape, m, 1, None, m));
-            }
-        }
-    }
-    // Long rows: several steps per lane, K = 2176 not a multiple of 256.
-    for (bi, &bits) in BITS.iter().enumerate() {
-        let (vt, st) = pairs[(bi * 4) % 9];
-        let k = if bi % 2 == 0 { 2048 } else { 2176 };
-        let shape = Shape::new(1, 13, k, bits, GROUPS[bi % 3]);
-        out.push(qmv_case(next_seed(), vt, st, shape, 3, 1, None, 3));
-    }
-    // Gathers: 5 experts, repeated ids; x_div = 2 is two slots per x row, x_div = 1 one
-    // x row per slot.
-    for (pi, &(vt, st)) in pairs.iter().enumerate() {
-        for x_div in [1, 2] {
-            let bits = BITS[(pi + x_div) % 6];
-            let gs = GROUPS[pi % 3];
-            let shape = Shape::new(
-                5,
-                [13, 8, 6][pi % 3],
-                widths(gs)[(pi + x_div) % 4],
-                bits,
-                gs,
-            );
-            let ids = vec![3, 0, 3, 4, 1, 1];
-            let x_rows = ids.len() / x_div;
-            out.push(qmv_case(
-                next_seed(),
-                vt,
-                st,
-                shape,
-                x_rows,
-                x_div,
-                Some(ids),
-                6,
-            ));
-        }
-    }
-    // One slot, the last expert.
-    out.push(qmv_case(
-        next_seed(),
-        Ty::Bf16,
-        Ty::Bf16,
-        Shape::new(5, 13, 256, 4, 64),
-        1,
-        1,
-        Some(vec![4]),
-        1,
-    ));
-    // bf16 scales outside the f16 range: a conversion through half would flush or overflow.
-    for (i, &vt) in TYPES.iter().enumerate() {
-        // With f16 y, x is scaled so that y stays normal (1e-6) and finite (3e5) in f16.
-        let f16_y = vt == Ty::F16;
-        for (mag, x_mag) in [
-            (1e-6f32, if f16_y { 100.0 } else { 1.0f32 }),
-            (3e5, if f16_y { 1e-4 } else { 1.0 }),
-        ] {
-            let mut shape = Shape::new(1, 13, 320, BITS[(i * 2 + (mag > 1.0) as usize) % 6], 32);
-            shape.scale_mag = Some(mag);
-            shape.x_mag = x_mag;
-            out.push(qmv_case(next_seed(), vt, Ty::Bf16, shape, 3, 1, None, 3));
-        }
-    }
-
+    let mut next_seed = common::seeds(104_729);
     // dequant: every width x group size x instantiation, with and without row ids.
     for (bi, &bits) in BITS.iter().enumerate() {
         for (gi, &gs) in GROUPS.iter().enumerate() {
@@ -397,7 +192,7 @@ fn cases() -> Vec<Case> {
                 let shape = Shape::new(e, r, k, bits, gs);
                 let seed = next_seed();
                 if (bi + gi + pi) % 2 == 0 {
-                    let mut rng = Rng(seed ^ 0xABCD);
+                    let mut rng = Rng::new(seed ^ 0xABCD);
                     let mut ids: Vec<u32> = (0..4).map(|_| rng.below(e * r) as u32).collect();
                     ids[3] = ids[0]; // a repeat
                     out.push(dequant_case(seed, vt, st, shape, Some(ids), 4));
@@ -425,54 +220,6 @@ fn cases() -> Vec<Case> {
         Some(vec![5, 6, 0]),
         3,
     ));
-
-    // qmv_swiglu: every width x group size x instantiation, gathered as the MoE block does
-    // (x [N, H], ids [N, S], x_div = S); Im = 13 and 3 leave idle simdgroups and rows, 8
-    // fills a threadgroup.
-    for (bi, &bits) in BITS.iter().enumerate() {
-        for (gi, &gs) in GROUPS.iter().enumerate() {
-            for (pi, &(vt, st)) in pairs.iter().enumerate() {
-                if (bi + gi + pi) % 3 != 0 {
-                    continue;
-                }
-                let k = widths(gs)[(bi + pi) % 4];
-                let im = [13, 8, 3, 6][(gi + pi) % 4];
-                let (tokens, slots) = [(1, 3), (2, 2), (4, 1)][(bi + pi) % 3];
-                let mut rng = Rng(next_seed() ^ 0x5A5A);
-                let ids: Vec<u32> = (0..tokens * slots).map(|_| rng.below(4) as u32).collect();
-                let mut c = qmv_case(
-                    next_seed(),
-                    vt,
-                    st,
-                    Shape::new(4, 2 * im, k, bits, gs),
-                    tokens,
-                    slots,
-                    Some(ids),
-                    tokens * slots,
-                );
-                c.kernel = Kernel::Swiglu;
-                c.label = c.label.replacen("affine_qmv", "affine_qmv_swiglu", 1);
-                out.push(c);
-            }
-        }
-    }
-    // The Qwen3-Next-80B expert shape (H = 2048, Im = 512, 4 bits, group 64), the shared
-    // expert appended as the last of 3 stacked experts, one token of 3 slots.
-    for (vt, st) in [(Ty::Bf16, Ty::Bf16), (Ty::F16, Ty::F16)] {
-        let mut c = qmv_case(
-            next_seed(),
-            vt,
-            st,
-            Shape::new(3, 1024, 2048, 4, 64),
-            1,
-            3,
-            Some(vec![1, 0, 2]),
-            3,
-        );
-        c.kernel = Kernel::Swiglu;
-        c.label = c.label.replacen("affine_qmv", "affine_qmv_swiglu", 1);
-        out.push(c);
-    }
     out
 }
 
@@ -522,38 +269,28 @@ fn run_harness(c: &Case) -> Result<Vec<f32>, String> {
     Ok(floats)
 }
 
+/// `|y − want|` as a multiple of `allowed` (infinite for a NaN or infinite `y`).
+fn excess(y: f64, want: f64, allowed: f64) -> f64 {
+    if y.is_finite() {
+        (y - want).abs() / allowed
+    } else {
+        f64::INFINITY
+    }
+}
+
 /// Checks a qmv case; returns a description of what is wrong.
 fn check_qmv(c: &Case, got: &[f32]) -> Option<String> {
     let m = &c.m;
-    let (k, r, gs) = (m.cols, m.rows, m.group_size);
-    let (wpr, gpr) = (m.words_per_row(), m.groups_per_row());
-    // Roundings a term can pass through in the kernel, plus 3 for the reference's s*q + b.
-    let n = 46 + k.div_ceil(256) + 3;
-    let gamma = n as f64 * 2f64.powi(-24) * 1.001;
-    let (mut w, mut q) = (vec![0f32; k], vec![0f32; k]);
-    let (scales, biases) = (m.scales().to_f32_vec(), m.biases().to_f32_vec());
+    let (k, r) = (m.cols, m.rows);
     let (mut worst, mut report) = (0f64, None);
     for i in 0..c.out_rows {
         let e = c.ids.as_ref().map_or(0, |ids| ids[i] as usize);
         let x = &c.x[(i / c.x_div) * k..][..k];
         for row_in_expert in 0..r {
-            let row = e * r + row_in_expert;
-            m.dequantize_row(row, &mut w);
-            unpack_row(&m.packed()[row * wpr..][..wpr], m.bits, &mut q);
-            let (mut want, mut magnitude) = (0f64, 0f64);
-            for j in 0..k {
-                let (s, b) = (scales[row * gpr + j / gs], biases[row * gpr + j / gs]);
-                want += w[j] as f64 * x[j] as f64;
-                magnitude +=
-                    ((s as f64 * q[j] as f64).abs() + (b as f64).abs()) * (x[j] as f64).abs();
-            }
+            let (want, products) = exact_product(m, e * r + row_in_expert, x);
             let y = got[i * r + row_in_expert] as f64;
-            let allowed = gamma * magnitude + c.vt.ulp(y.abs().max(want.abs()));
-            let excess = if y.is_finite() {
-                (y - want).abs() / allowed
-            } else {
-                f64::INFINITY
-            };
+            let allowed = products + c.vt.ulp64(y.abs().max(want.abs()));
+            let excess = excess(y, want, allowed);
             if excess > worst {
                 worst = excess;
                 report = Some(format!(
@@ -572,8 +309,9 @@ fn check_qmv(c: &Case, got: &[f32]) -> Option<String> {
     }
 }
 
-/// The exact `x·W[row]` (f64) and the allowance of the kernel's f32 product (as in
-/// [`check_qmv`], without the final rounding).
+/// The exact `x·W[row]` (f64, over the reference's f32 `dequantize_row` values) and the
+/// allowance of the kernel's f32 product, without the final rounding to InT: `n·2⁻²⁴·
+/// Σⱼ(|s·qⱼ| + |b|)·|xⱼ|` (see the module's gates).
 fn exact_product(m: &AffineMatrix, row: usize, x: &[f32]) -> (f64, f64) {
     let (k, gs) = (m.cols, m.group_size);
     let (wpr, gpr) = (m.words_per_row(), m.groups_per_row());
@@ -606,19 +344,15 @@ fn check_swiglu(c: &Case, got: &[f32]) -> Option<String> {
         for a in 0..im {
             let (g, g_err) = exact_product(m, e * m.rows + a, x);
             let (u, u_err) = exact_product(m, e * m.rows + im + a, x);
-            let dg = g_err + c.vt.ulp(g.abs() + g_err);
-            let du = u_err + c.vt.ulp(u.abs() + u_err);
+            let dg = g_err + c.vt.ulp64(g.abs() + g_err);
+            let du = u_err + c.vt.ulp64(u.abs() + u_err);
             let want = silu(g) * u;
             let y = got[i * im + a] as f64;
             let allowed = 1.1 * dg * (u.abs() + du)
                 + silu(g).abs() * du
                 + 1e-6 * want.abs()
-                + c.vt.ulp(y.abs().max(want.abs()));
-            let excess = if y.is_finite() {
-                (y - want).abs() / allowed
-            } else {
-                f64::INFINITY
-            };
+                + c.vt.ulp64(y.abs().max(want.abs()));
+            let excess = excess(y, want, allowed);
             if excess > worst {
                 worst = excess;
                 report = Some(format!(
@@ -738,32 +472,15 @@ fn shipped_affine_kernels_match_the_cpu_reference() {
             }
         }
     }
-    assert!(
-        failures.is_empty(),
-        "{} of {} emulated kernel runs disagree with the reference:\n{}",
-        failures.len(),
-        jobs.len(),
-        report.join("\n")
-    );
+    let what = "emulated kernel runs disagree with the reference";
+    common::assert_none_failed(failures.len(), jobs.len(), what, &report);
 }
 
 /// What the C++ build cannot see: the buffer indices (attributes, ignored by clang) and the
 /// parameter struct the Rust host side mirrors.
 #[test]
 fn kernel_abi_in_source() {
-    emu::assert_params(
-        "affine.h",
-        "AffineParams",
-        &[
-            "rows",
-            "cols",
-            "bits",
-            "group_size",
-            "out_rows",
-            "x_div",
-            "has_ids",
-        ],
-    );
+    emu::assert_params("affine.h", "AffineParams", &AFFINE_PARAMS);
     assert_eq!(
         std::mem::size_of::<gdn_ops::ops::affine::AffineParams>(),
         7 * 4

@@ -12,12 +12,17 @@
 //!
 //! Gate: every element within 1 ulp of the activation type at the twin's value plus 1e-5 of
 //! max |y| (both sides round the same weights once and sum in f32, in different orders), and
-//! every element written (the harness fails on an unwritten one).
+//! every element written (the harness fails on an unwritten one). The cases: the op's
+//! (tests/common/affine_grouped.rs) that the kernel covers, some at every tile height.
 
 mod common;
 mod emu;
 
 use candle_core::{DType, Device, Tensor};
+use common::affine::send_matrix;
+use common::affine_grouped::{
+    cases as op_cases, inputs, row_offsets, seed, Case as OpCase, EMULATION_MAX_WORK,
+};
 use common::{close, failures, random_matrix, values, Input, Rng, Ty};
 use gdn_ops::ops::affine::AffineTensor;
 use gdn_ops::ops::affine_grouped::{
@@ -27,38 +32,26 @@ use gdn_ops::ops::affine_grouped::{
 
 static HARNESS: emu::Harness = emu::Harness::cuda("affine_grouped_cuda_harness");
 
+/// A case of the op's with the emulation's own tile height.
 struct Case {
-    x: Ty,
-    scales: Ty,
-    bits: usize,
-    group: usize,
-    rows: usize,
-    cols: usize,
-    /// Rows of x per expert (0 for an expert without pairs).
-    counts: Vec<usize>,
+    op: OpCase,
+    /// Its index in the op's cases (the inputs' seed).
+    index: usize,
     /// The tile height, or `None` for the host's choice.
     tile_pairs: Option<usize>,
-    seed: u64,
 }
 
 /// Runs the kernel's body on one case; `None` when it matches the twin.
-fn check(c: &Case) -> Option<String> {
-    let mut rng = Rng::xorshift(c.seed);
-    let experts = c.counts.len();
-    let m = random_matrix(
-        &mut rng,
-        c.bits,
-        c.group,
-        [experts, c.rows, c.cols],
-        c.scales.dtype(),
-    );
-    let offsets = common::row_offsets(&c.counts);
-    let pairs = *offsets.last().unwrap() as usize;
-    let x = rng.tensor_as(&[pairs, c.cols], -1.0, 1.0, c.x.dtype());
-    let twin = AffineTensor::upload(&m, &Device::Cpu).unwrap();
-    let want = values(&twin.grouped_matmul_t(&x, &offsets).unwrap());
-    let tile_pairs = c.tile_pairs.unwrap_or_else(|| tile_pairs_for(&offsets));
-    let schedule = tile_schedule(&offsets, tile_pairs);
+fn check(case: &Case) -> Option<String> {
+    let c = &case.op;
+    let inputs = inputs(c, seed(case.index));
+    let (m, offsets) = (&inputs.m, &inputs.offsets);
+    let (experts, pairs) = (c.counts.len(), c.pairs());
+    let x = inputs.x_tensor(c);
+    let twin = AffineTensor::upload(m, &Device::Cpu).unwrap();
+    let want = values(&twin.grouped_matmul_t(&x, offsets).unwrap());
+    let tile_pairs = case.tile_pairs.unwrap_or_else(|| tile_pairs_for(offsets));
+    let schedule = tile_schedule(offsets, tile_pairs);
     let mut input = Input::new(b"AGQCUDA1");
     for v in [
         experts,
@@ -72,27 +65,12 @@ fn check(c: &Case) -> Option<String> {
     ] {
         input.u32(v as u32);
     }
-    input.u32(c.x.code()).u32(c.scales.code());
-    m.packed().iter().for_each(|&w| {
-        input.u32(w);
-    });
-    input
-        .f32s(&values(&twin.scales))
-        .f32s(&values(&twin.biases));
-    input.f32s(&values(&x));
+    send_matrix(&mut input, (c.x, c.scales), m);
+    input.f32s(&inputs.x);
     schedule.iter().for_each(|&t| {
         input.u32(t);
     });
-    let what = format!(
-        "x {} scales {} {}-bit g{} rows {} cols {} tiles of {tile_pairs}, counts {:?}",
-        c.x.name(),
-        c.scales.name(),
-        c.bits,
-        c.group,
-        c.rows,
-        c.cols,
-        c.counts
-    );
+    let what = format!("{} tiles of {tile_pairs}", c.label());
     match HARNESS.run(&input.0) {
         Err(e) => Some(format!("{what}: {e}")),
         Ok(got) => {
@@ -105,66 +83,41 @@ fn check(c: &Case) -> Option<String> {
     }
 }
 
+/// The op's cases (tests/common/affine_grouped.rs) that the kernel covers (2, 4 and 8 bits:
+/// the host runs the others per expert) and the emulator runs in time
+/// ([`EMULATION_MAX_WORK`]), at the host's tile height and, for the first instantiation
+/// cases, at every tile height.
 fn cases() -> Vec<Case> {
     let mut cases = vec![];
-    let mut seed = 0x5EED_A600;
-    let mut case = |x, scales, bits, group, rows, cols, counts: &[usize], tile_pairs| {
-        seed += 1;
-        cases.push(Case {
-            x,
-            scales,
-            bits,
-            group,
-            rows,
-            cols,
-            counts: counts.to_vec(),
-            tile_pairs,
-            seed,
-        });
-    };
-    // Every instantiation at every tile height: experts without pairs (first and last), one
-    // pair, a count that crosses a tile (70 = 64 + 6), rows that are not a multiple of the
-    // block's 128.
-    for x in [Ty::F32, Ty::F16, Ty::Bf16] {
-        for scales in [Ty::F32, Ty::F16, Ty::Bf16] {
-            for tile_pairs in TILE_PAIRS_CHOICES {
-                let counts = [0, 1, 70, 3, 0];
-                case(x, scales, 4, 64, 96, 128, &counts, Some(tile_pairs));
-            }
+    for (index, op) in op_cases().into_iter().enumerate() {
+        if !matches!(op.bits, 2 | 4 | 8) || op.work() > EMULATION_MAX_WORK {
+            continue;
+        }
+        // Experts without pairs first and last, one pair, a count that crosses a tile (70 =
+        // 64 + 6), rows that are not a multiple of the block's 128; and counts that leave
+        // whole 16-pair fragments of a tile empty (40 of 64, 17 of 32 or 64): at every tile
+        // height.
+        let every_height = [&[0, 1, 70, 3, 0][..], &[40, 17, 0, 2]].contains(&&op.counts[..]);
+        let heights: Vec<Option<usize>> = if every_height {
+            TILE_PAIRS_CHOICES.map(Some).to_vec()
+        } else {
+            vec![None]
+        };
+        for tile_pairs in heights {
+            cases.push(Case {
+                op: op.clone(),
+                index,
+                tile_pairs,
+            });
         }
     }
-    // Two row blocks, the second partial (200 = 128 + 72), and a last step of 32 columns
-    // (96 = 64 + 32); counts that leave whole 16-pair fragments of a tile empty (40 of 64, 17 of
-    // 32 or 64), at every tile height.
-    for (x, scales) in [(Ty::Bf16, Ty::Bf16), (Ty::F16, Ty::F32), (Ty::F32, Ty::F16)] {
-        for tile_pairs in TILE_PAIRS_CHOICES {
-            let counts = [40, 17, 0, 2];
-            case(x, scales, 4, 32, 200, 96, &counts, Some(tile_pairs));
-        }
-    }
-    let mut case = |x, scales, bits, group, rows, cols, counts: &[usize]| {
-        case(x, scales, bits, group, rows, cols, counts, None)
-    };
-    // The other widths and group sizes.
-    case(Ty::Bf16, Ty::Bf16, 8, 32, 64, 96, &[5, 0, 64, 2]);
-    case(Ty::Bf16, Ty::F32, 2, 128, 32, 256, &[17, 1]);
-    case(Ty::F32, Ty::Bf16, 8, 128, 80, 128, &[2, 129]);
-    // Many steps (7 and 16), 8 and 2 bits, 2-bit rows of 24 bytes.
-    case(Ty::F16, Ty::F16, 8, 64, 136, 448, &[20, 3, 33]);
-    case(Ty::Bf16, Ty::Bf16, 2, 64, 72, 1024, &[9, 2]);
-    case(Ty::Bf16, Ty::F16, 2, 32, 64, 96, &[5, 3]);
-    // Model widths: Qwen3-Next's down projection (cols 512) and gate/up input (cols 2048),
-    // 4-bit, group 64, bf16, on one or two row blocks.
-    case(Ty::Bf16, Ty::Bf16, 4, 64, 128, 512, &[64, 0, 65, 1]);
-    case(Ty::Bf16, Ty::Bf16, 4, 64, 64, 2048, &[3, 40]);
     cases
 }
 
 #[test]
 fn shipped_kernel_matches_the_cpu_twin() {
     let cases = cases();
-    let failed = failures(&cases, check);
-    assert!(failed.is_empty(), "{}", failed.join("\n"));
+    common::assert_no_failures(&failures(&cases, check), cases.len(), "cases fail");
 }
 
 /// The kernel's tile constants, as the host mirrors them.
@@ -235,7 +188,7 @@ fn the_twin_is_the_spec() {
     let mut rng = Rng::xorshift(0x5EED_A6FF);
     let m = random_matrix(&mut rng, 4, 32, [3, 8, 64], DType::BF16);
     let counts = [2, 0, 3];
-    let offsets = common::row_offsets(&counts);
+    let offsets = row_offsets(&counts);
     let x = rng.tensor_as(&[5, 64], -1.0, 1.0, DType::BF16);
     let twin = AffineTensor::upload(&m, &Device::Cpu).unwrap();
     let got = values(&twin.grouped_matmul_t(&x, &offsets).unwrap());

@@ -5,7 +5,7 @@
 //! (`gdn_ops::ops::affine_grouped::tiles`), and compared with a reference computed here from
 //! [`gdn_ops::ops::affine::AffineMatrix`]: per expert, its rows dequantized (`dequantize_row`) and
 //! rounded to the activation dtype, as the composed path does, then a matmul in f64 with that
-//! expert's rows of x.
+//! expert's rows of x, over the op's cases (tests/common/affine_grouped.rs).
 //!
 //! Gate, per output value: within `(K + 2)·2⁻²⁴·Σₖ|w̃ₖ·xₖ|` (f32 accumulation of K products in
 //! any order, each at most one rounding) plus one ulp of the activation dtype (the rounding of
@@ -21,7 +21,8 @@
 mod common;
 mod emu;
 
-use common::{random_matrix, Input, Rng, Ty, TYPES};
+use common::affine_grouped::{cases as op_cases, inputs, seed, Case as OpCase, EMULATION_MAX_WORK};
+use common::{Input, Ty, TYPES};
 use gdn_ops::ops::affine::AffineMatrix;
 use gdn_ops::ops::affine_grouped::check_offsets;
 use gdn_ops::ops::affine_grouped::tiles::{
@@ -42,42 +43,21 @@ struct Case {
     label: String,
 }
 
-/// A stack of `counts.len()` experts of `[rows, cols]`, expert `e` given `counts[e]` rows of x.
-fn case(
-    seed: u64,
-    (vt, st): (Ty, Ty),
-    (bits, group): (usize, usize),
-    [rows, cols]: [usize; 2],
-    counts: &[u32],
-) -> Case {
-    let mut rng = Rng::new(seed);
-    let m = random_matrix(
-        &mut rng,
-        bits,
-        group,
-        [counts.len(), rows, cols],
-        st.dtype(),
-    );
-    let p: u32 = counts.iter().sum();
-    let x = (0..p as usize * cols)
-        .map(|_| vt.round(rng.signed(0.05, 1.0)))
-        .collect();
-    let mut offsets = vec![0u32];
-    for c in counts {
-        offsets.push(offsets.last().unwrap() + c);
-    }
-    let label = format!(
-        "affine_grouped_qmm_{}_{} bits={bits} gs={group} R={rows} K={cols} counts={counts:?}",
-        vt.name(),
-        st.name()
-    );
+/// Case `i` of the op's cases.
+fn case(i: usize, c: &OpCase) -> Case {
+    let x = inputs(c, seed(i));
     Case {
-        vt,
-        st,
-        m,
-        x,
-        offsets,
-        label,
+        vt: c.x,
+        st: c.scales,
+        m: x.m,
+        x: x.x,
+        offsets: x.offsets,
+        label: format!(
+            "affine_grouped_qmm_{}_{} {}",
+            c.x.name(),
+            c.scales.name(),
+            c.label()
+        ),
     }
 }
 
@@ -164,71 +144,15 @@ fn check(c: &Case, y: &[f32]) -> Option<String> {
     }
 }
 
+/// The op's cases (tests/common/affine_grouped.rs) the emulator runs in time
+/// ([`EMULATION_MAX_WORK`]).
 fn cases() -> Vec<Case> {
-    let mut out = vec![];
-    let mut next_seed = common::seeds(104_729);
-    // Every instantiation, 4 and 8 bits, groups 32 and 64: experts with no rows (first, middle
-    // and last), one row, a full tile, tiles crossed (33, 65, 70); R below, at and above the
-    // 32 columns of a threadgroup, not a multiple of 8 either.
-    let counts: [&[u32]; 4] = [
-        &[0, 1, 33, 0, 5],
-        &[32, 0, 70, 1],
-        &[1, 65, 0],
-        &[3, 0, 0, 40, 2, 0],
-    ];
-    let mut i = 0;
-    for &vt in &TYPES {
-        for &st in &TYPES {
-            for (bits, group) in [(4, 64), (8, 32), (4, 32), (8, 64)] {
-                let rows = [40, 32, 13, 72][i % 4];
-                let cols: usize = [128, 96, 64, 192][(i / 2) % 4];
-                let cols = cols.max(group).next_multiple_of(group);
-                let shape = [rows, cols];
-                out.push(case(
-                    next_seed(),
-                    (vt, st),
-                    (bits, group),
-                    shape,
-                    counts[i % 4],
-                ));
-                i += 1;
-            }
-        }
-    }
-    // The other widths the kernel unpacks, group 128, one case each.
-    for (j, bits) in [2, 3, 5, 6].into_iter().enumerate() {
-        let (vt, st) = [
-            (Ty::Bf16, Ty::Bf16),
-            (Ty::F16, Ty::F32),
-            (Ty::F32, Ty::Bf16),
-            (Ty::Bf16, Ty::F16),
-        ][j];
-        out.push(case(
-            next_seed(),
-            (vt, st),
-            (bits, 128),
-            [24, 256],
-            &[2, 0, 35],
-        ));
-    }
-    // Qwen3-Next-80B's expert down projection (Im = 512 → H = 2048, 4 bits, group 64): 64
-    // column blocks per tile.
-    out.push(case(
-        next_seed(),
-        (Ty::Bf16, Ty::Bf16),
-        (4, 64),
-        [2048, 512],
-        &[5, 0, 40],
-    ));
-    // A longer K (many steps, several groups per row), as an expert's down projection reads.
-    out.push(case(
-        next_seed(),
-        (Ty::Bf16, Ty::Bf16),
-        (4, 64),
-        [48, 1024],
-        &[9, 0, 34, 1],
-    ));
-    out
+    op_cases()
+        .iter()
+        .enumerate()
+        .filter(|(_, c)| c.work() <= EMULATION_MAX_WORK)
+        .map(|(i, c)| case(i, c))
+        .collect()
 }
 
 #[test]

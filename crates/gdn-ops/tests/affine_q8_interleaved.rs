@@ -4,70 +4,29 @@
 //! for one row at a time, every row range (blocks of sixteen rows, tail rows, experts), and
 //! the row accessors (dequantize, select, concat, gather) unchanged by the repacking.
 
+mod common;
+
+use candle_core::DType;
+use common::Rng;
 use gdn_ops::ops::affine::q8::{rows_dot, supports, Q8Row};
-use gdn_ops::ops::affine::{pack_row, AffineMatrix};
-use half::{bf16, f16};
+use gdn_ops::ops::affine::AffineMatrix;
 
-/// A small deterministic generator (xorshift), so failures reproduce.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-
-    /// Uniform in [-1, 1).
-    fn f32(&mut self) -> f32 {
-        (self.next() >> 40) as f32 / (1u64 << 23) as f32 - 1.0
-    }
-}
-
-#[derive(Clone, Copy, Debug)]
-enum ParamType {
-    F32,
-    Bf16,
-    F16,
-}
-
-/// A random `[experts, rows, cols]` matrix with `bits`-bit values and group `group`.
+/// A random `[experts, rows, cols]` matrix with `bits`-bit values and group `group`, its
+/// scales and biases stored in `params`.
 fn random_matrix(
     seed: u64,
-    [experts, rows, cols]: [usize; 3],
+    shape: [usize; 3],
     bits: usize,
     group: usize,
-    params: ParamType,
+    params: DType,
 ) -> AffineMatrix {
-    let mut rng = Rng(seed);
-    let n = experts * rows;
-    let q: Vec<u32> = (0..n * cols)
-        .map(|_| (rng.next() % (1 << bits)) as u32)
-        .collect();
-    let packed: Vec<u32> = q.chunks(cols).flat_map(|r| pack_row(r, bits)).collect();
-    let groups = n * cols / group;
-    let scales: Vec<f32> = (0..groups).map(|_| 0.02 * rng.f32()).collect();
-    let biases: Vec<f32> = (0..groups).map(|_| 0.1 * rng.f32()).collect();
-    let shape = [experts, rows, cols];
-    match params {
-        ParamType::F32 => AffineMatrix::new(bits, group, shape, packed, scales, biases),
-        ParamType::Bf16 => {
-            let c = |v: Vec<f32>| -> Vec<bf16> { v.into_iter().map(bf16::from_f32).collect() };
-            AffineMatrix::new(bits, group, shape, packed, c(scales), c(biases))
-        }
-        ParamType::F16 => {
-            let c = |v: Vec<f32>| -> Vec<f16> { v.into_iter().map(f16::from_f32).collect() };
-            AffineMatrix::new(bits, group, shape, packed, c(scales), c(biases))
-        }
-    }
-    .unwrap()
+    common::random_matrix(&mut Rng::new(seed), bits, group, shape, params)
 }
 
 /// `n` random activation rows: the rows, their q8 forms, their per-group sums.
 fn activations(seed: u64, n: usize, cols: usize, group: usize) -> (Vec<f32>, Vec<Q8Row>, Vec<f32>) {
-    let mut rng = Rng(seed);
-    let x: Vec<f32> = (0..n * cols).map(|_| 3.0 * rng.f32()).collect();
+    let mut rng = Rng::new(seed);
+    let x: Vec<f32> = (0..n * cols).map(|_| rng.uniform(-3.0, 3.0)).collect();
     let xq = x.chunks(cols).map(Q8Row::quantize).collect();
     let sums = x.chunks(group).map(|g| g.iter().sum()).collect();
     (x, xq, sums)
@@ -94,7 +53,7 @@ const SHAPES: [[usize; 3]; 5] = [
 fn interleaved_products_match_the_plain_kernel() {
     for (s, &shape) in SHAPES.iter().enumerate() {
         for group in [64, 128] {
-            for params in [ParamType::Bf16, ParamType::F32, ParamType::F16] {
+            for params in [DType::BF16, DType::F32, DType::F16] {
                 let what = format!("{shape:?}, group {group}, {params:?}");
                 let plain = random_matrix(7 + s as u64, shape, 4, group, params);
                 let il = plain.clone().into_q8_interleaved();
@@ -134,7 +93,7 @@ fn interleaved_products_match_the_plain_kernel() {
 #[test]
 fn interleaved_products_do_not_depend_on_the_batch_or_the_row_range() {
     let (shape, group) = ([3, 21, 512], 64);
-    let m = random_matrix(11, shape, 4, group, ParamType::Bf16).into_q8_interleaved();
+    let m = random_matrix(11, shape, 4, group, DType::BF16).into_q8_interleaved();
     let total = shape[0] * shape[1];
     let gpr = shape[2] / group;
     let n = 9; // two blocks of four and one alone
@@ -182,13 +141,13 @@ fn interleaved_products_do_not_depend_on_the_batch_or_the_row_range() {
 #[test]
 fn only_q8_matrices_are_interleaved_and_row_edits_keep_the_layout() {
     for (bits, group) in [(8, 64), (4, 32), (2, 64), (3, 64), (6, 128)] {
-        let m = random_matrix(3, [1, 8, 256], bits, group, ParamType::Bf16);
+        let m = random_matrix(3, [1, 8, 256], bits, group, DType::BF16);
         assert!(!supports(&m));
         let m = m.into_q8_interleaved();
         assert!(m.q8_interleaved().is_none(), "{bits}-bit group {group}");
         let _ = m.packed(); // still plain
     }
-    let plain = random_matrix(5, [2, 19, 256], 4, 64, ParamType::Bf16);
+    let plain = random_matrix(5, [2, 19, 256], 4, 64, DType::BF16);
     let il = plain.clone().into_q8_interleaved();
     let rows = |m: &AffineMatrix| -> Vec<Vec<f32>> {
         (0..m.experts * m.rows)
@@ -203,7 +162,7 @@ fn only_q8_matrices_are_interleaved_and_row_edits_keep_the_layout() {
     let (a, b) = (plain.select_rows(&pick), il.select_rows(&pick));
     assert!(b.q8_interleaved().is_some());
     assert_eq!(rows(&a), rows(&b), "select_rows");
-    let single = random_matrix(6, [1, 19, 256], 4, 64, ParamType::Bf16);
+    let single = random_matrix(6, [1, 19, 256], 4, 64, DType::BF16);
     let (one, two) = (single.select_rows(&[3]), single.select_rows(&[4, 5]));
     let (one_il, two_il) = (
         one.clone().into_q8_interleaved(),

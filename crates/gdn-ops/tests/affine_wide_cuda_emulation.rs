@@ -14,39 +14,24 @@
 //! Gate: every element within 1 ulp of the activation type at the twin's value plus 1e-5 of
 //! max |y| (both sides round the same weights once and sum in f32, in different orders), every
 //! element written (the harness fails on an unwritten one), and NaN exactly where an expert id
-//! is out of range.
+//! is out of range. The cases: the family's (tests/common/affine.rs) that the wide kernels
+//! cover, and launch geometries of the emulation's own.
 
 mod common;
 mod emu;
 
-use candle_core::{Device, Tensor};
-use common::{close, failures, random_matrix, values, Input, Rng, Ty};
+use candle_core::Device;
+use common::affine::{self, Case as OpCase, Gather, Kind};
+use common::{close, failures, values, Input, Ty};
 use gdn_ops::ops::affine::{wide, AffineTensor};
 
 static HARNESS: emu::Harness = emu::Harness::cuda("affine_wide_cuda_harness");
 
-/// How the products are gathered.
-#[derive(Clone, Copy, Debug)]
-enum Gather {
-    /// One expert, no ids: `tokens` rows of x, one output row each.
-    Dense,
-    /// `slots` expert ids per token, every slot of a token reading the token's row of x.
-    PerToken { slots: usize },
-    /// `slots` expert ids per token, a row of x per slot.
-    PerSlot { slots: usize },
-}
-
+/// A case of the family's (tests/common/affine.rs) with the emulation's own launch geometry.
 struct Case {
-    x: Ty,
-    scales: Ty,
-    bits: usize,
-    group: usize,
-    experts: usize,
-    rows: usize,
-    cols: usize,
-    tokens: usize,
-    gather: Gather,
-    swiglu: bool,
+    op: OpCase,
+    /// Its index in the family's cases, for the inputs' seed; `None` for the emulation's own.
+    index: Option<usize>,
     /// Rows per row group, or `None` for the host's choice (at 132 SMs).
     rows_per_group: Option<usize>,
     /// An output row whose expert id is out of range (its outputs must be NaN).
@@ -55,46 +40,26 @@ struct Case {
 }
 
 /// Runs the kernel's body on one case; `None` when it matches the twin.
-fn check(c: &Case) -> Option<String> {
-    let mut rng = Rng::xorshift(c.seed);
-    let m = random_matrix(
-        &mut rng,
-        c.bits,
-        c.group,
-        [c.experts, c.rows, c.cols],
-        c.scales.dtype(),
-    );
-    let twin = AffineTensor::upload(&m, &Device::Cpu).unwrap();
-    let outputs = if c.swiglu { c.rows / 2 } else { c.rows };
-    let (slots, x_rows, x_div) = match c.gather {
-        Gather::Dense => (1, c.tokens, 1),
-        Gather::PerToken { slots } => (slots, c.tokens, slots),
-        Gather::PerSlot { slots } => (slots, c.tokens * slots, 1),
-    };
-    let out_rows = c.tokens * slots;
-    let x = rng.tensor_as(&[x_rows, c.cols], -1.0, 1.0, c.x.dtype());
-    let ids: Vec<u32> = (0..out_rows).map(|_| rng.below(c.experts) as u32).collect();
-    let ids_t = Tensor::from_vec(ids.clone(), (c.tokens, slots), &Device::Cpu).unwrap();
-    let want = match (c.gather, c.swiglu) {
-        (Gather::Dense, false) => twin.matmul_t(&x).unwrap(),
-        (Gather::PerToken { .. }, true) => twin.gather_swiglu(&x, &ids_t).unwrap(),
-        (Gather::PerToken { .. }, false) => twin.gather_matmul_t(&x, &ids_t).unwrap(),
-        (Gather::PerSlot { slots }, false) => {
-            let x3 = x.reshape((c.tokens, slots, c.cols)).unwrap();
-            twin.gather_matmul_t(&x3, &ids_t).unwrap()
-        }
-        (gather, true) => panic!("no SwiGLU case for {gather:?}"),
-    };
-    let want = values(&want);
-    let mut sent_ids = ids.clone();
-    if let Some(bad) = c.bad_id {
+fn check(case: &Case) -> Option<String> {
+    let c = &case.op;
+    let seed = case.index.map_or(case.seed, affine::seed);
+    let x_in = affine::inputs(c, seed);
+    let m = &x_in.m;
+    // A dense case sends no ids.
+    let mut sent_ids = x_in.ids.clone();
+    let twin = AffineTensor::upload(m, &Device::Cpu).unwrap();
+    let swiglu = c.kind == Kind::Swiglu;
+    let outputs = c.outputs();
+    let (x_div, out_rows) = (c.x_div(), c.out_rows());
+    let want = values(&x_in.run(c, &twin, &Device::Cpu));
+    if let Some(bad) = case.bad_id {
         sent_ids[bad] = (c.experts + 3) as u32;
     }
     let lpr = wide::lanes_per_row(c.bits, c.cols);
-    let rows_per_group = c
+    let rows_per_group = case
         .rows_per_group
-        .unwrap_or_else(|| wide::rows_per_group(outputs, out_rows, lpr, c.swiglu, 132));
-    let has_ids = !matches!(c.gather, Gather::Dense);
+        .unwrap_or_else(|| wide::rows_per_group(outputs, out_rows, lpr, swiglu, 132));
+    let has_ids = c.gather != Gather::Dense;
     let mut input = Input::new(b"AWDCUDA1");
     for v in [
         c.experts,
@@ -105,45 +70,27 @@ fn check(c: &Case) -> Option<String> {
         out_rows,
         x_div,
         has_ids as usize,
-        c.swiglu as usize,
+        swiglu as usize,
         rows_per_group,
         lpr,
         wide::blocks_x(outputs, lpr, rows_per_group),
     ] {
         input.u32(v as u32);
     }
-    input.u32(c.x.code()).u32(c.scales.code());
-    m.packed().iter().for_each(|&w| {
-        input.u32(w);
-    });
-    input
-        .f32s(&values(&twin.scales))
-        .f32s(&values(&twin.biases))
-        .f32s(&values(&x));
+    affine::send_matrix(&mut input, (c.x, c.scales), m);
+    input.f32s(&x_in.x);
     if has_ids {
         sent_ids.iter().for_each(|&i| {
             input.u32(i);
         });
     }
-    let what = format!(
-        "x {} scales {} {}-bit g{} {}x{}x{} {:?} tokens {} {} rows/group {rows_per_group} lpr {lpr}",
-        c.x.name(),
-        c.scales.name(),
-        c.bits,
-        c.group,
-        c.experts,
-        c.rows,
-        c.cols,
-        c.gather,
-        c.tokens,
-        if c.swiglu { "swiglu" } else { "products" },
-    );
+    let what = format!("{} rows/group {rows_per_group} lpr {lpr}", c.label());
     let mut got = match HARNESS.run(&input.0) {
         Err(e) => return Some(format!("{what}: {e}")),
         Ok(got) => got,
     };
     let mut want = want;
-    if let Some(bad) = c.bad_id {
+    if let Some(bad) = case.bad_id {
         let span = bad * outputs..(bad + 1) * outputs;
         if let Some(i) = got[span.clone()].iter().position(|v| !v.is_nan()) {
             return Some(format!(
@@ -162,31 +109,49 @@ fn check(c: &Case) -> Option<String> {
     result
 }
 
+#[test]
+fn shipped_kernel_matches_the_cpu_twin() {
+    let cases = cases();
+    common::assert_no_failures(&failures(&cases, check), cases.len(), "cases fail");
+}
+
+/// The most work (`out_rows · rows · cols`) a family case may have here: the emulated warps
+/// are fibers, a thousand times slower than the GPU.
+const MAX_WORK: usize = 60_000;
+
+/// The family's cases the wide kernels cover ([`wide::covers`]: 4 and 8 bits, rows of whole
+/// 16-byte chunks) up to [`MAX_WORK`], with the host's geometry; then the emulation's own:
+/// every rows-per-group entry point, and out-of-range expert ids.
 fn cases() -> Vec<Case> {
     let mut cases = vec![];
+    for (i, op) in affine::cases().into_iter().enumerate() {
+        if wide::covers(op.bits, op.group, op.cols) && op.out_rows() * op.rows * op.cols <= MAX_WORK
+        {
+            cases.push(Case {
+                op,
+                index: Some(i),
+                rows_per_group: None,
+                bad_id: None,
+                seed: 0,
+            });
+        }
+    }
     let mut seed = 0x5EED_A700;
     let mut case = |x,
                     scales,
                     bits,
                     group,
-                    [experts, rows, cols]: [usize; 3],
+                    shape: [usize; 3],
                     tokens,
                     gather,
                     swiglu,
                     rows_per_group,
                     bad_id| {
         seed += 1;
+        let kind = if swiglu { Kind::Swiglu } else { Kind::Products };
         cases.push(Case {
-            x,
-            scales,
-            bits,
-            group,
-            experts,
-            rows,
-            cols,
-            tokens,
-            gather,
-            swiglu,
+            op: OpCase::new(kind, (x, scales), (bits, group), shape, tokens, gather),
+            index: None,
             rows_per_group,
             bad_id,
             seed,
@@ -330,13 +295,6 @@ fn cases() -> Vec<Case> {
     cases
 }
 
-#[test]
-fn shipped_kernel_matches_the_cpu_twin() {
-    let cases = cases();
-    let failed = failures(&cases, check);
-    assert!(failed.is_empty(), "{}", failed.join("\n"));
-}
-
 /// The kernel's warps per block, as the host mirrors it, and the parameter struct the harness
 /// fills in field order.
 #[test]
@@ -350,15 +308,7 @@ fn block_constant_and_params_match_the_host() {
         .collect();
     assert_eq!(
         fields,
-        [
-            "rows",
-            "cols",
-            "bits",
-            "group_size",
-            "out_rows",
-            "x_div",
-            "has_ids"
-        ],
+        affine::AFFINE_PARAMS,
         "the harness builds AffineParams positionally"
     );
 }

@@ -1,21 +1,14 @@
 //! The CPU twin of `attn_decode` against the composed path it replaces in the model (`attend`
 //! of crates/qwen-gdn-model's attention layer for one query over views of the KV buffers,
-//! then the `sigmoid(gate)` product), and its input checks.
+//! then the `sigmoid(gate)` product) over the op's cases (tests/common/attn_decode.rs), and its
+//! input checks.
 
 mod common;
 
 use candle_core::{DType, Device, Tensor};
-use common::{tensor, values, Rng, Ty};
+use common::attn_decode::{cases, inputs, seed, Shape, EMULATION_MAX_WORK};
+use common::{max_rel, Ty};
 use gdn_ops::ops::attn_decode::{attn_decode, supports};
-
-#[derive(Clone, Copy, Debug)]
-struct Shape {
-    batch: usize,
-    q_heads: usize,
-    kv_heads: usize,
-    head_dim: usize,
-    capacity: usize,
-}
 
 /// `attend(q, k, v, offset)` for S = 1 (no mask), as the model computes it, then
 /// `o · sigmoid(gate)`: `[B, 1, Nq·Dh]`.
@@ -40,70 +33,37 @@ fn composed(q: &Tensor, gate: &Tensor, keys: &Tensor, values: &Tensor, pos: usiz
     (o * g).unwrap()
 }
 
-fn compare(s: Shape, ty: Ty, pos: usize, tol: f32) {
-    let mut rng = Rng::new((s.head_dim * 31 + pos) as u64 + ty.code() as u64);
-    let q_len = s.batch * s.q_heads * s.head_dim;
-    let kv_shape = [s.batch, s.kv_heads, s.capacity, s.head_dim];
-    let kv_len: usize = kv_shape.iter().product();
-    let q = tensor(
-        &rng.values(q_len, -1.0, 1.0, ty),
-        &[s.batch, s.q_heads, s.head_dim],
-        ty,
-    );
-    let gate = tensor(
-        &rng.values(q_len, -4.0, 4.0, ty),
-        &[s.batch, s.q_heads * s.head_dim],
-        ty,
-    );
-    let keys = tensor(&rng.values(kv_len, -1.0, 1.0, ty), &kv_shape, ty);
-    let vals = tensor(&rng.values(kv_len, -2.0, 2.0, ty), &kv_shape, ty);
-    let pos_t = Tensor::new(&[pos as u32], &Device::Cpu).unwrap();
+fn compare(i: usize, s: Shape, ty: Ty, tol: f32) {
+    let [q, gate, keys, vals] = inputs(s, ty, seed(i, ty)).tensors(s, ty);
+    let pos_t = Tensor::new(&[s.pos as u32], &Device::Cpu).unwrap();
     let got = attn_decode(&q, &gate, &keys, &vals, &pos_t).unwrap();
-    let want = composed(&q, &gate, &keys, &vals, pos);
+    let want = composed(&q, &gate, &keys, &vals, s.pos);
     assert_eq!(got.dims(), want.dims());
-    let (g, w) = (values(&got), values(&want));
-    let scale = w.iter().fold(0f32, |m, x| m.max(x.abs()));
-    let err = g
-        .iter()
-        .zip(&w)
-        .fold(0f32, |m, (a, b)| m.max((a - b).abs()))
-        / scale;
-    assert!(err <= tol, "{ty:?} {s:?} pos {pos}: off by {err}");
+    let err = max_rel(&got, &want);
+    assert!(err <= tol, "{ty:?} {s:?} pos {}: off by {err}", s.pos);
 }
 
-const QWEN3_NEXT: Shape = Shape {
-    batch: 1,
-    q_heads: 16,
-    kv_heads: 2,
-    head_dim: 256,
-    capacity: 512,
-};
-
-const SMALL: Shape = Shape {
-    batch: 2,
-    q_heads: 4,
-    kv_heads: 4,
-    head_dim: 64,
-    capacity: 32,
-};
+/// The op's cases the composed path can run: it reads keys `0..=pos`, so a position past the
+/// buffer (which the op clamps) is not one of them, nor the long contexts (the CUDA test's).
+fn composed_cases() -> impl Iterator<Item = (usize, Shape)> {
+    cases()
+        .into_iter()
+        .enumerate()
+        .filter(|(_, s)| s.pos < s.capacity && s.work() <= EMULATION_MAX_WORK)
+}
 
 #[test]
 fn twin_matches_the_composed_path_in_f32() {
-    for (s, pos) in [
-        (QWEN3_NEXT, 0),
-        (QWEN3_NEXT, 300),
-        (QWEN3_NEXT, 511),
-        (SMALL, 17),
-    ] {
-        compare(s, Ty::F32, pos, 1e-5);
+    for (i, s) in composed_cases() {
+        compare(i, s, Ty::F32, 1e-5);
     }
 }
 
 #[test]
 fn twin_matches_the_composed_path_in_bf16_and_f16() {
     for ty in [Ty::Bf16, Ty::F16] {
-        for (s, pos) in [(QWEN3_NEXT, 300), (SMALL, 17)] {
-            compare(s, ty, pos, 2e-2);
+        for (i, s) in composed_cases() {
+            compare(i, s, ty, 2e-2);
         }
     }
 }

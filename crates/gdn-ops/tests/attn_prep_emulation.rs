@@ -126,18 +126,8 @@ fn kernel_abi_in_source() {
     let buffers = [
         "qkv", "q_norm", "k_norm", "inv_freq", "pos", "keys", "values", "q", "gate",
     ];
-    for (i, name) in buffers.iter().enumerate() {
-        assert!(
-            src.contains(&format!(" {name} [[buffer({i})]]")),
-            "attn_prep.metal: {name} must be buffer {i}"
-        );
-    }
+    emu::assert_buffer_indices(&src, "attn_prep.metal", &buffers, " ");
     assert!(src.contains("AttnPrepParams& p [[buffer(9)]]"));
-    for t in ["f32", "f16", "bf16"] {
-        assert!(
-            src.contains(&format!("(attn_prep_{t},")),
-            "missing attn_prep_{t}"
-        );
-    }
+    emu::assert_instantiated(&src, "attn_prep");
     assert!(emu::shipped_source("kernels/attn_prep.cu").contains("#include \"params/attn_prep.h\""));
 }

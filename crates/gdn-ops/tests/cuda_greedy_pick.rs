@@ -1,6 +1,6 @@
 //! The CUDA greedy pick (`kernels/greedy_pick.cu`) against its CPU twin, for every
-//! instantiation: the model's vocabulary, several rows, odd lengths, ties and non-finite
-//! values. Built only with the `cuda` feature and run on the GPU machine
+//! instantiation, over the op's cases (tests/common/greedy_pick.rs): the model's vocabulary,
+//! several rows, odd lengths, ties and non-finite values. Built only with the `cuda` feature and run on the GPU machine
 //! (scripts/gpu/test-cuda.sh); without a CUDA device every test fails.
 //!
 //! Gate: the `[N, 2]` words equal to the twin's (a maximum and a count are exact).
@@ -8,11 +8,10 @@
 
 mod common;
 
-use candle_core::{DType, Device, Tensor};
-use common::{gpu, Rng};
+use candle_core::{Device, Tensor};
+use common::gpu;
+use common::greedy_pick::{cases, Values, DTYPES};
 use gdn_ops::ops::greedy_pick::greedy_pick;
-
-const DTYPES: [DType; 3] = [DType::F32, DType::F16, DType::BF16];
 
 fn words(t: &Tensor) -> Vec<Vec<u32>> {
     t.to_device(&Device::Cpu).unwrap().to_vec2::<u32>().unwrap()
@@ -25,54 +24,27 @@ fn assert_matches_twin(logits: &Tensor, dev: &Device, what: &str) {
     assert_eq!(words(&got), words(&want), "{what}");
 }
 
+/// The op's random rows (every value kind but ties and non-finite values).
 #[test]
 fn greedy_pick_matches_the_cpu_twin() {
-    let dev = gpu();
-    let mut rng = Rng::xorshift(0x5EED_0501);
-    for dtype in DTYPES {
-        for (rows, vocab) in [(1, 151_936), (1, 248_320), (4, 5_000), (3, 1_025), (2, 1)] {
-            let logits = rng.tensor_as(&[rows, vocab], -8.0, 8.0, dtype);
-            assert_matches_twin(&logits, &dev, &format!("{dtype:?} N={rows} V={vocab}"));
-        }
-    }
+    run_cases(|v| matches!(v, Values::Continuous | Values::MaxLast));
 }
 
+/// The op's tied rows, and its rows with NaN and ±Inf.
 #[test]
 fn greedy_pick_ties_and_non_finite_values_match_the_cpu_twin() {
+    run_cases(|v| !matches!(v, Values::Continuous | Values::MaxLast));
+}
+
+fn run_cases(kinds: impl Fn(Values) -> bool) {
     let dev = gpu();
-    let mut rng = Rng::xorshift(0x5EED_0502);
-    let specials = [f32::NAN, f32::INFINITY, f32::NEG_INFINITY];
-    for dtype in DTYPES {
-        for (rows, vocab) in [(1, 151_936), (3, 9_999), (2, 3)] {
-            // Two levels: the maximum repeats in every slice.
-            let ties: Vec<f32> = (0..rows * vocab).map(|_| rng.below(2) as f32).collect();
-            let ties = Tensor::from_vec(ties, (rows, vocab), &Device::Cpu)
-                .unwrap()
-                .to_dtype(dtype)
-                .unwrap();
-            assert_matches_twin(&ties, &dev, &format!("ties {dtype:?} N={rows} V={vocab}"));
-            // NaN and ±Inf scattered, the last value of each row the finite maximum.
-            let mut v: Vec<f32> = (0..rows * vocab).map(|_| rng.uniform(-8.0, 8.0)).collect();
-            for row in v.chunks_exact_mut(vocab) {
-                for j in 0..5 {
-                    row[rng.below(vocab)] = specials[j % 3];
-                }
-                row[vocab - 1] = 100.0;
-            }
-            let mixed = Tensor::from_vec(v, (rows, vocab), &Device::Cpu)
-                .unwrap()
-                .to_dtype(dtype)
-                .unwrap();
-            assert_matches_twin(
-                &mixed,
-                &dev,
-                &format!("non-finite {dtype:?} N={rows} V={vocab}"),
-            );
+    for (i, c) in cases().into_iter().enumerate() {
+        if !kinds(c.values) {
+            continue;
         }
-        let nan = Tensor::full(f32::NAN, (2, 4_000), &Device::Cpu)
-            .unwrap()
-            .to_dtype(dtype)
-            .unwrap();
-        assert_matches_twin(&nan, &dev, &format!("all NaN {dtype:?}"));
+        for (dt, dtype) in DTYPES.iter().enumerate() {
+            let what = format!("{dtype:?} {c:?}");
+            assert_matches_twin(&c.logits(i, dt), &dev, &what);
+        }
     }
 }

@@ -10,8 +10,8 @@
 mod common;
 
 use candle_core::{DType, Device, Tensor};
-use common::{assert_rel_err, gpu, random_matrix, rel_l2, Rng};
-use gdn_ops::ops::affine::AffineTensor;
+use common::affine::{self, Kind};
+use common::{assert_rel_err, gpu, rel_l2, Rng};
 
 fn tolerance(dtypes: &[DType]) -> f32 {
     if dtypes.contains(&DType::BF16) {
@@ -101,89 +101,41 @@ fn gated_delta_matches_the_cpu_reference() {
     }
 }
 
-/// Products (plain, and gathered by expert id with one or k rows per token) and row
-/// dequantization, at every bit width and group size, against the CPU twin.
+/// The affine family's products (tests/common/affine.rs: plain, and gathered by expert id with
+/// one or k rows per token, at every bit width, group size and type pair), and row
+/// dequantization of each case's matrix, against the CPU twin.
 #[test]
 fn affine_kernels_match_the_cpu_twin() {
     let dev = gpu();
-    let mut rng = Rng::xorshift(0x5EED_0002);
-    for bits in [2, 3, 4, 5, 6, 8] {
-        for group in [32, 64, 128] {
-            for scale_dtype in [DType::F32, DType::F16, DType::BF16] {
-                let (experts, rows, cols) = (5, 24 + rng.below(40), 256);
-                let m = random_matrix(&mut rng, bits, group, [experts, rows, cols], scale_dtype);
-                let (cpu, gpu_m) = (
-                    AffineTensor::upload(&m, &Device::Cpu).unwrap(),
-                    AffineTensor::upload(&m, &dev).unwrap(),
-                );
-                let case = format!("{bits}-bit g{group} scales {scale_dtype:?}");
-                for x_dtype in [DType::F32, DType::BF16] {
-                    let tol = tolerance(&[x_dtype]);
-                    let x = rng.tensor(&[3, cols], -1.0, 1.0).to_dtype(x_dtype).unwrap();
-                    let xg = x.to_device(&dev).unwrap();
-                    // Dense: stacks of one expert only; take expert 0 through a gathered product.
-                    let ids: Vec<u32> = (0..3 * 2).map(|_| rng.below(experts) as u32).collect();
-                    let ids = Tensor::from_vec(ids, (3, 2), &Device::Cpu).unwrap();
-                    let idsg = ids.to_device(&dev).unwrap();
-                    let want = cpu.gather_matmul_t(&x, &ids).unwrap();
-                    let got = gpu_m.gather_matmul_t(&xg, &idsg).unwrap();
-                    assert_rel_err(
-                        &format!("{case}: gathered products, {x_dtype:?}, one row per token"),
-                        rel_l2(&got, &want),
-                        tol,
-                    );
-                    let x3 = rng
-                        .tensor(&[3, 2, cols], -1.0, 1.0)
-                        .to_dtype(x_dtype)
-                        .unwrap();
-                    let want = cpu.gather_matmul_t(&x3, &ids).unwrap();
-                    let got = gpu_m
-                        .gather_matmul_t(&x3.to_device(&dev).unwrap(), &idsg)
-                        .unwrap();
-                    assert_rel_err(
-                        &format!("{case}: gathered products, {x_dtype:?}, a row per slot"),
-                        rel_l2(&got, &want),
-                        tol,
-                    );
-                    for out_dtype in [DType::F32, DType::BF16] {
-                        let want = cpu
-                            .dequantize(Some(&ids.flatten_all().unwrap()), 6, out_dtype)
-                            .unwrap();
-                        let got = gpu_m
-                            .dequantize(Some(&idsg.flatten_all().unwrap()), 6, out_dtype)
-                            .unwrap();
-                        // One rounding of the same f32 value on both sides: exact.
-                        assert_rel_err(
-                            &format!("{case}: dequantize rows by id into {out_dtype:?}"),
-                            rel_l2(&got, &want),
-                            0.0,
-                        );
-                    }
-                }
-                let first = cpu.dequantize(None, rows, DType::F32).unwrap();
-                let got = gpu_m.dequantize(None, rows, DType::F32).unwrap();
-                assert_rel_err(
-                    &format!("{case}: dequantize the first rows"),
-                    rel_l2(&got, &first),
-                    0.0,
-                );
-            }
-        }
-    }
-    // A single matrix, decode-shaped and prefill-shaped.
-    let m = random_matrix(&mut rng, 4, 64, [1, 96, 512], DType::BF16);
-    let (cpu, gpu_m) = (
-        AffineTensor::upload(&m, &Device::Cpu).unwrap(),
-        AffineTensor::upload(&m, &dev).unwrap(),
-    );
-    for n in [1, 3, 17] {
-        let x = rng.tensor(&[n, 512], -1.0, 1.0);
-        let want = cpu.matmul_t(&x).unwrap();
-        let got = gpu_m.matmul_t(&x.to_device(&dev).unwrap()).unwrap();
+    for (i, c) in affine::cases_of(Kind::Products) {
+        let ([cpu, gpu_m], [want, got]) = affine::on_cpu_and(&dev, i, &c);
+        let x_dtype = c.x.dtype();
+        let what = c.label();
         assert_rel_err(
-            &format!("4-bit matmul, {n} rows, f32"),
+            &format!("{what}: products"),
             rel_l2(&got, &want),
-            tolerance(&[DType::F32]),
+            tolerance(&[x_dtype]),
+        );
+        let rows = c.experts * c.rows;
+        let ids: Vec<u32> = (0..6).map(|j| ((j * 7 + i) % rows) as u32).collect();
+        let ids = Tensor::from_vec(ids, 6, &Device::Cpu).unwrap();
+        let idsg = ids.to_device(&dev).unwrap();
+        for out_dtype in [DType::F32, DType::BF16] {
+            let want = cpu.dequantize(Some(&ids), 6, out_dtype).unwrap();
+            let got = gpu_m.dequantize(Some(&idsg), 6, out_dtype).unwrap();
+            // One rounding of the same f32 value on both sides: exact.
+            assert_rel_err(
+                &format!("{what}: dequantize rows by id into {out_dtype:?}"),
+                rel_l2(&got, &want),
+                0.0,
+            );
+        }
+        let first = cpu.dequantize(None, c.rows, DType::F32).unwrap();
+        let got = gpu_m.dequantize(None, c.rows, DType::F32).unwrap();
+        assert_rel_err(
+            &format!("{what}: dequantize the first rows"),
+            rel_l2(&got, &first),
+            0.0,
         );
     }
 }

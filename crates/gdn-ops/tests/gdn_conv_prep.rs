@@ -3,16 +3,15 @@
 //! `decay` (crates/qwen-gdn-model/src/layers/gdn.rs) and `ScaledRms` (layers/norm.rs)
 //! compute it, on random inputs, with qkv, b and a as slices of one merged projection output
 //! (as the model passes them), for decode steps and prefill chunks of S tokens (S < K − 1,
-//! K − 1, K, many), from an existing conv state or from zeros (a first chunk). Plus the
-//! twin's own consistency (a chunk gives bit for bit what its tokens give one step at a time)
-//! and one test per input check.
+//! K − 1, K, many), from an existing conv state or from zeros (a first chunk): the op's cases
+//! (tests/common/gdn_conv_prep.rs). Plus the twin's own consistency (a chunk gives bit for bit
+//! what its tokens give one step at a time) and one test per input check.
 
 mod common;
 
 use candle_core::{DType, Device, Tensor, D};
-use common::{
-    assert_chunk_is_its_steps, candle_nn_rms_norm, conv_prep_dims as dims, rel_max, values, Rng,
-};
+use common::gdn_conv_prep::{assert_chunk_is_its_steps, cases, dims, Case, Tensors};
+use common::{candle_nn_rms_norm, rel_max, values, Ty};
 use gdn_ops::ops::gdn_conv_prep::{gdn_conv_prep, supports, ConvPrepDims, ConvPrepOut};
 
 /// `x · rsqrt(mean(x²) + eps) · weight` as the model's `RmsNorm::forward`.
@@ -120,83 +119,12 @@ fn composed(
     )
 }
 
-/// The inputs of one chunk: a merged projection `[B, S, C + Z + 2·Hv]` sliced into qkv, b
-/// and a (views), a conv state, taps and the decay parameters.
-struct Step {
-    proj: Tensor,
-    state: Tensor,
-    taps: Tensor,
-    dt_bias: Tensor,
-    neg_a_exp: Tensor,
-}
-
-impl Step {
-    fn new(d: ConvPrepDims, batch: usize, dtype: DType, seed: u64) -> Self {
-        Self::chunk(d, batch, 1, dtype, seed)
-    }
-
-    fn chunk(d: ConvPrepDims, batch: usize, tokens: usize, dtype: DType, seed: u64) -> Self {
-        let mut rng = Rng::new(seed);
-        let c = d.channels();
-        let z = d.value_heads * d.value_dim;
-        let mut proj = rng.tensor(&[batch, tokens, c + z + 2 * d.value_heads], -2.0, 2.0);
-        // b and a across both softplus branches and saturated sigmoids.
-        let ba = rng.tensor(&[batch, tokens, 2 * d.value_heads], -10.0, 10.0);
-        proj = Tensor::cat(&[proj.narrow(2, 0, c + z).unwrap(), ba], 2).unwrap();
-        Self {
-            proj: proj.to_dtype(dtype).unwrap(),
-            state: rng
-                .tensor(&[batch, d.kernel_size - 1, c], -2.0, 2.0)
-                .to_dtype(dtype)
-                .unwrap(),
-            taps: rng
-                .tensor(&[d.kernel_size, c], -0.6, 0.6)
-                .to_dtype(dtype)
-                .unwrap(),
-            dt_bias: rng.tensor(&[d.value_heads], -1.0, 1.0),
-            neg_a_exp: rng
-                .tensor(&[d.value_heads], -3.0, 2.5)
-                .exp()
-                .unwrap()
-                .neg()
-                .unwrap(),
-        }
-    }
-
-    /// qkv, b and a: slices of the projection.
-    fn views(&self, d: ConvPrepDims) -> [Tensor; 3] {
-        let c = d.channels();
-        let z = d.value_heads * d.value_dim;
-        [
-            self.proj.narrow(2, 0, c).unwrap(),
-            self.proj.narrow(2, c + z, d.value_heads).unwrap(),
-            self.proj
-                .narrow(2, c + z + d.value_heads, d.value_heads)
-                .unwrap(),
-        ]
-    }
-}
-
-fn compare(d: ConvPrepDims, batch: usize, dtype: DType, tol: f32, seed: u64) {
-    compare_chunk(d, batch, 1, true, dtype, tol, seed)
-}
-
-/// The twin against the composed ops on a chunk of `tokens` tokens, from a random conv state
-/// (`with_state`) or from zeros (a first chunk).
-fn compare_chunk(
-    d: ConvPrepDims,
-    batch: usize,
-    tokens: usize,
-    with_state: bool,
-    dtype: DType,
-    tol: f32,
-    seed: u64,
-) {
-    let mut s = Step::chunk(d, batch, tokens, dtype, seed);
-    if !with_state {
-        s.state = s.state.zeros_like().unwrap();
-    }
-    let [qkv, b, a] = s.views(d);
+/// The twin against the composed ops on case `i` of the op's cases, at `ty`.
+fn compare(i: usize, c: &Case, ty: Ty, tol: f32) {
+    let (d, batch, tokens, with_state) = (c.dims, c.batch, c.tokens, c.with_state);
+    let dtype = ty.dtype();
+    let s = Tensors::of_case(i, c, ty);
+    let [qkv, b, a] = s.views(&Device::Cpu);
     assert!(
         batch * tokens == 1 || !qkv.is_contiguous(),
         "the test means to pass views"
@@ -237,91 +165,68 @@ fn compare_chunk(
     }
 }
 
+/// The op's decode steps (S = 1) or prefill chunks.
+fn cases_of(chunks: bool) -> impl Iterator<Item = (usize, Case)> {
+    cases()
+        .into_iter()
+        .enumerate()
+        .filter(move |(_, c)| (c.tokens > 1) == chunks)
+}
+
 #[test]
 fn twin_matches_the_composed_path_in_f32() {
-    compare(dims(16, 128, 32, 128, 4), 1, DType::F32, 1e-5, 1);
-    compare(dims(2, 64, 6, 32, 4), 3, DType::F32, 1e-5, 2);
-    compare(dims(1, 32, 1, 96, 2), 2, DType::F32, 1e-5, 3);
-    compare(dims(3, 256, 3, 64, 8), 2, DType::F32, 1e-5, 4);
+    for (i, c) in cases_of(false) {
+        compare(i, &c, Ty::F32, 1e-5);
+    }
 }
 
 #[test]
 fn twin_matches_the_composed_path_in_bf16() {
     // The composed path rounds the conv before the SiLU and each tap product; the twin
     // rounds once: bf16 tolerance.
-    compare(dims(16, 128, 32, 128, 4), 2, DType::BF16, 2e-2, 5);
-    compare(dims(2, 64, 6, 32, 3), 3, DType::BF16, 2e-2, 6);
+    for (i, c) in cases_of(false) {
+        compare(i, &c, Ty::Bf16, 2e-2);
+    }
 }
-
-/// S = 1, 2, K − 2, K − 1, K, 37 and 300, from a state and from zeros.
-const CHUNK_TOKENS: [usize; 7] = [1, 2, 2, 3, 4, 37, 300];
 
 #[test]
 fn twin_matches_the_composed_path_on_prefill_chunks_in_f32() {
-    // K = 4: CHUNK_TOKENS covers S = K − 2, K − 1 and K.
-    let d = dims(2, 32, 4, 64, 4);
-    for (i, &s) in CHUNK_TOKENS.iter().enumerate() {
-        for with_state in [true, false] {
-            compare_chunk(d, 2, s, with_state, DType::F32, 1e-5, 100 + i as u64);
-        }
+    for (i, c) in cases_of(true) {
+        compare(i, &c, Ty::F32, 1e-5);
     }
-    // K = 8, one key head: S < K − 1 mixes old-state rows with new ones in the new state.
-    for (i, &s) in [1, 3, 6, 7, 8, 37].iter().enumerate() {
-        compare_chunk(
-            dims(1, 64, 2, 32, 8),
-            1,
-            s,
-            true,
-            DType::F32,
-            1e-5,
-            200 + i as u64,
-        );
-    }
-    // A release shape.
-    compare_chunk(
-        dims(16, 128, 32, 128, 4),
-        1,
-        37,
-        true,
-        DType::F32,
-        1e-5,
-        300,
-    );
 }
 
 #[test]
 fn twin_matches_the_composed_path_on_prefill_chunks_in_bf16_and_f16() {
-    let d = dims(2, 32, 4, 64, 4);
-    for (i, &s) in CHUNK_TOKENS.iter().enumerate() {
-        compare_chunk(d, 2, s, true, DType::BF16, 2e-2, 400 + i as u64);
-        compare_chunk(d, 1, s, false, DType::F16, 3e-3, 500 + i as u64);
+    for (i, c) in cases_of(true) {
+        compare(i, &c, Ty::Bf16, 2e-2);
+        compare(i, &c, Ty::F16, 3e-3);
     }
 }
 
 /// Runs the twin on `tokens` rows starting at `start` of every batch row of `s`'s views.
-fn run_rows(s: &Step, d: ConvPrepDims, start: usize, tokens: usize, state: &Tensor) -> ConvPrepOut {
-    let [qkv, b, a] = s.views(d).map(|t| t.narrow(1, start, tokens).unwrap());
-    gdn_conv_prep(&qkv, &b, &a, state, &s.taps, &s.dt_bias, &s.neg_a_exp, d).unwrap()
+fn run_rows(s: &Tensors, start: usize, tokens: usize, state: &Tensor) -> ConvPrepOut {
+    s.run(&Device::Cpu, start, tokens, state)
 }
 
 #[test]
 fn twin_prefill_gives_its_decode_steps_bit_for_bit() {
-    for (d, dtype) in [
-        (dims(2, 32, 4, 64, 4), DType::F32),
-        (dims(2, 32, 4, 64, 4), DType::BF16),
-        (dims(1, 64, 2, 32, 8), DType::F16),
+    for (d, ty) in [
+        (dims(2, 32, 4, 64, 4), Ty::F32),
+        (dims(2, 32, 4, 64, 4), Ty::Bf16),
+        (dims(1, 64, 2, 32, 8), Ty::F16),
     ] {
         let tokens = 11;
-        let s = Step::chunk(d, 2, tokens, dtype, 600);
-        let what = format!("{d:?} {dtype:?}");
-        let chunk = run_rows(&s, d, 0, tokens, &s.state.copy().unwrap());
+        let s = Tensors::random(d, 2, tokens, ty, 600);
+        let what = format!("{d:?} {ty:?}");
+        let chunk = run_rows(&s, 0, tokens, &s.state.copy().unwrap());
         // One token at a time, the state advanced in place.
         let state = s.state.copy().unwrap();
-        let steps: Vec<ConvPrepOut> = (0..tokens).map(|t| run_rows(&s, d, t, 1, &state)).collect();
+        let steps: Vec<ConvPrepOut> = (0..tokens).map(|t| run_rows(&s, t, 1, &state)).collect();
         assert_chunk_is_its_steps(&what, &chunk, &steps, &state);
         // And a chunk split in two (the second continuing from the first's state).
-        let first = run_rows(&s, d, 0, 4, &s.state.copy().unwrap());
-        let second = run_rows(&s, d, 4, tokens - 4, &first.conv_state);
+        let first = run_rows(&s, 0, 4, &s.state.copy().unwrap());
+        let second = run_rows(&s, 4, tokens - 4, &first.conv_state);
         let joined = Tensor::cat(&[&first.q, &second.q], 1).unwrap();
         assert_eq!(values(&joined), values(&chunk.q), "{what}: split q");
         assert_eq!(
@@ -335,11 +240,11 @@ fn twin_prefill_gives_its_decode_steps_bit_for_bit() {
 #[test]
 fn an_empty_chunk_returns_empty_outputs_and_keeps_the_state() {
     let d = dims(2, 32, 4, 32, 4);
-    let s = Step::chunk(d, 2, 3, DType::F32, 700);
+    let s = Tensors::random(d, 2, 3, Ty::F32, 700);
     let state = s.state.copy().unwrap();
     let before = values(&state);
     let launches = gdn_ops::launches::count();
-    let out = run_rows(&s, d, 1, 0, &state);
+    let out = run_rows(&s, 1, 0, &state);
     assert_eq!(gdn_ops::launches::count(), launches, "nothing launched");
     assert_eq!(out.q.dims(), [2, 0, 2, 32]);
     assert_eq!(out.k.dims(), [2, 0, 2, 32]);
@@ -353,8 +258,8 @@ fn an_empty_chunk_returns_empty_outputs_and_keeps_the_state() {
 #[test]
 fn twin_takes_contiguous_and_three_dim_inputs_alike() {
     let d = dims(2, 32, 4, 32, 4);
-    let s = Step::new(d, 2, DType::F32, 7);
-    let [qkv, b, a] = s.views(d);
+    let s = Tensors::random(d, 2, 1, Ty::F32, 7);
+    let [qkv, b, a] = s.views(&Device::Cpu);
     let run = |qkv: &Tensor, b: &Tensor, a: &Tensor| {
         let st = s.state.copy().unwrap();
         let o = gdn_conv_prep(qkv, b, a, &st, &s.taps, &s.dt_bias, &s.neg_a_exp, d).unwrap();
@@ -379,11 +284,11 @@ fn supports_the_release_shapes_only_where_the_kernels_do() {
     assert!(!supports(&dims(0, 128, 32, 128, 4), DType::F32));
 }
 
-/// Runs the op on `Step` inputs changed by `edit`, and returns its error.
+/// Runs the op on random inputs changed by `edit`, and returns its error.
 fn error_with(edit: impl FnOnce(&mut [Tensor; 7], &mut ConvPrepDims)) -> String {
     let mut d = dims(2, 32, 4, 32, 4);
-    let s = Step::new(d, 2, DType::F32, 9);
-    let [qkv, b, a] = s.views(d);
+    let s = Tensors::random(d, 2, 1, Ty::F32, 9);
+    let [qkv, b, a] = s.views(&Device::Cpu);
     let mut t = [
         qkv,
         b,

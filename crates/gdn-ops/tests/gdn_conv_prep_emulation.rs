@@ -5,7 +5,8 @@
 //! shapes and on edge sizes (one key head, Dk = 256, K = 2 and 8, head slots not a multiple
 //! of the threadgroup's four, qkv, b and a as strided views with NaN between their rows),
 //! for decode steps (S = 1, the state advanced in place) and prefill chunks (S = 2, K − 2,
-//! K − 1, K, 37, the old state read-only, the new one in its own buffer).
+//! K − 1, K, 37, the old state read-only, the new one in its own buffer): the op's cases
+//! (tests/common/gdn_conv_prep.rs) up to the emulator's work bound.
 //!
 //! Gates, per case: the conv state bit for bit (it is only moved); q, k and v within one ulp
 //! of InT of the twin's (both round once from f32 values that differ by summation order), or
@@ -17,9 +18,10 @@ mod common;
 mod emu;
 
 use candle_core::DType;
-use common::{
-    conv_prep_dims as dims, tensor_as, values, worst_excess, Input, Rng, Ty as In, TYPES,
+use common::gdn_conv_prep::{
+    cases, dims, inputs, seed, Case as OpCase, Inputs, EMULATION_MAX_WORK,
 };
+use common::{tensor_as, values, worst_excess, Input, Ty as In, TYPES};
 use gdn_ops::ops::gdn_conv_prep::{gdn_conv_prep, qk_scales, ConvPrepDims, NORM_EPS};
 use std::time::Instant;
 
@@ -35,79 +37,57 @@ struct Case {
     strides: [usize; 3],
     /// Token rows per batch row in the views' storage.
     rows_per_batch: usize,
-    /// The views' storage, rows at their strides, NaN between them.
-    qkv: Vec<f32>,
-    b: Vec<f32>,
-    a: Vec<f32>,
-    state: Vec<f32>,
-    taps: Vec<f32>,
-    dt_bias: Vec<f32>,
-    neg_a_exp: Vec<f32>,
+    /// The op's inputs, qkv, b and a as the views' storage: rows at their strides, NaN
+    /// between them.
+    x: Inputs,
 }
 
 /// `[batch, rows_per_batch]` rows of `stride` values, the first `tokens` rows of each batch
-/// row holding `len` values, NaN everywhere else (the storage of a padded view).
-#[allow(clippy::too_many_arguments)]
+/// row holding the next `len` values of `rows`, NaN everywhere else (the storage of a padded
+/// view).
 fn strided(
-    rng: &mut Rng,
-    ty: In,
+    rows: &[f32],
     batch: usize,
     rows_per_batch: usize,
     tokens: usize,
     stride: usize,
     len: usize,
-    lo: f32,
-    hi: f32,
 ) -> Vec<f32> {
     let mut v = vec![f32::NAN; batch * rows_per_batch * stride];
-    for b in 0..batch {
-        for t in 0..tokens {
-            let at = (b * rows_per_batch + t) * stride;
-            for x in &mut v[at..at + len] {
-                *x = ty.round(rng.uniform(lo, hi));
-            }
-        }
+    for (r, row) in rows.chunks_exact(len).enumerate() {
+        let at = ((r / tokens) * rows_per_batch + r % tokens) * stride;
+        v[at..at + len].copy_from_slice(row);
     }
     v
 }
 
-fn make_case(
-    ty: In,
-    dims: ConvPrepDims,
-    batch: usize,
-    tokens: usize,
-    pad: usize,
-    seed: u64,
-) -> Case {
-    let mut rng = Rng::new(seed);
-    let (c, hv, kk) = (dims.channels(), dims.value_heads, dims.kernel_size);
-    let strides = [c + 3 * pad, hv + pad, hv + 2 * pad];
+/// Case `i` of the op's cases at `ty`, the views' storage padded as the case says.
+fn make_case(i: usize, c: &OpCase, ty: In) -> Case {
+    make_case_from(c, ty, seed(i, ty))
+}
+
+fn make_case_from(c: &OpCase, ty: In, seed: u64) -> Case {
+    let x = inputs(c, ty, seed);
+    let (pad, batch, tokens) = (c.pad, c.batch, c.tokens);
+    let (ch, hv) = (c.dims.channels(), c.dims.value_heads);
+    let strides = [ch + 3 * pad, hv + pad, hv + 2 * pad];
     let rows_per_batch = tokens + usize::from(pad > 0);
-    let mut values = |n: usize, lo: f32, hi: f32| -> Vec<f32> {
-        (0..n).map(|_| ty.round(rng.uniform(lo, hi))).collect()
+    let view = |rows: &[f32], stride: usize, len: usize| {
+        strided(rows, batch, rows_per_batch, tokens, stride, len)
     };
-    let state = values(batch * (kk - 1) * c, -2.0, 2.0);
-    let taps = values(kk * c, -0.6, 0.6);
-    let mut f32s =
-        |n: usize, lo: f32, hi: f32| -> Vec<f32> { (0..n).map(|_| rng.uniform(lo, hi)).collect() };
-    let dt_bias = f32s(hv, -1.0, 1.0);
-    let neg_a_exp: Vec<f32> = f32s(hv, -3.0, 2.5).iter().map(|x| -x.exp()).collect();
-    let (r, t) = (rows_per_batch, tokens);
     Case {
         ty,
-        dims,
+        dims: c.dims,
         batch,
         tokens,
         strides,
         rows_per_batch,
-        qkv: strided(&mut rng, ty, batch, r, t, strides[0], c, -2.0, 2.0),
-        // Both softplus branches and saturated sigmoids.
-        b: strided(&mut rng, ty, batch, r, t, strides[1], hv, -8.0, 8.0),
-        a: strided(&mut rng, ty, batch, r, t, strides[2], hv, -12.0, 12.0),
-        state,
-        taps,
-        dt_bias,
-        neg_a_exp,
+        x: Inputs {
+            qkv: view(&x.qkv, strides[0], ch),
+            b: view(&x.b, strides[1], hv),
+            a: view(&x.a, strides[2], hv),
+            ..x
+        },
     }
 }
 
@@ -148,13 +128,13 @@ fn run_harness(c: &Case) -> Result<Outputs, String> {
     };
     let (hv, ch) = (d.value_heads, d.channels());
     for a in [
-        &span(&c.qkv, c.strides[0], ch),
-        &span(&c.b, c.strides[1], hv),
-        &span(&c.a, c.strides[2], hv),
-        &c.state,
-        &c.taps,
-        &c.dt_bias,
-        &c.neg_a_exp,
+        &span(&c.x.qkv, c.strides[0], ch),
+        &span(&c.x.b, c.strides[1], hv),
+        &span(&c.x.a, c.strides[2], hv),
+        &c.x.state,
+        &c.x.taps,
+        &c.x.dt_bias,
+        &c.x.neg_a_exp,
     ] {
         input.f32s(a);
     }
@@ -162,7 +142,7 @@ fn run_harness(c: &Case) -> Result<Outputs, String> {
     let rows = c.batch * c.tokens;
     let qk = rows * d.key_heads * d.key_dim;
     let gates = rows * d.value_heads;
-    let lens = [qk, qk, gates * d.value_dim, gates, gates, c.state.len()];
+    let lens = [qk, qk, gates * d.value_dim, gates, gates, c.x.state.len()];
     if floats.len() != lens.iter().sum::<usize>() {
         return Err(format!(
             "harness wrote {} floats, expected {}",
@@ -189,15 +169,19 @@ fn reference(c: &Case) -> Outputs {
             .unwrap()
     };
     let t = tensor_as;
-    let state = t(&c.state, &[c.batch, d.kernel_size - 1, d.channels()], dtype);
+    let state = t(
+        &c.x.state,
+        &[c.batch, d.kernel_size - 1, d.channels()],
+        dtype,
+    );
     let out = gdn_conv_prep(
-        &view(&c.qkv, c.strides[0], d.channels()),
-        &view(&c.b, c.strides[1], d.value_heads),
-        &view(&c.a, c.strides[2], d.value_heads),
+        &view(&c.x.qkv, c.strides[0], d.channels()),
+        &view(&c.x.b, c.strides[1], d.value_heads),
+        &view(&c.x.a, c.strides[2], d.value_heads),
         &state,
-        &t(&c.taps, &[d.kernel_size, d.channels()], dtype),
-        &t(&c.dt_bias, &[d.value_heads], DType::F32),
-        &t(&c.neg_a_exp, &[d.value_heads], DType::F32),
+        &t(&c.x.taps, &[d.kernel_size, d.channels()], dtype),
+        &t(&c.x.dt_bias, &[d.value_heads], DType::F32),
+        &t(&c.x.neg_a_exp, &[d.value_heads], DType::F32),
         d,
     )
     .unwrap();
@@ -256,51 +240,26 @@ fn check(c: &Case) -> Vec<String> {
     bad
 }
 
+/// The op's cases the emulator runs in time ([`EMULATION_MAX_WORK`]), at every type.
 #[test]
 fn shipped_gdn_conv_prep_kernels_match_the_cpu_twin() {
     let started = Instant::now();
     HARNESS.path();
-    // (dims, batch, tokens, view padding): the real shapes, then edges; decode steps (S = 1)
-    // and prefill chunks (S < K − 1, K − 1, K, many).
-    let shapes = [
-        // Qwen3-Next-80B-A3B (C = 8192); the model's views (padding > 0).
-        (dims(16, 128, 32, 128, 4), 1, 1, 0),
-        (dims(16, 128, 32, 128, 4), 2, 1, 17),
-        (dims(16, 128, 32, 128, 4), 1, 5, 17),
-        // Qwen3.5 with 48 value heads.
-        (dims(16, 128, 48, 128, 4), 1, 1, 5),
-        (dims(16, 128, 48, 128, 4), 2, 2, 0),
-        // One key head, the widest heads, the most taps; 5 slots (a partial threadgroup).
-        (dims(1, 256, 3, 96, 8), 2, 1, 1),
-        (dims(1, 256, 3, 96, 8), 2, 6, 1),
-        (dims(1, 256, 3, 96, 8), 1, 9, 0),
-        // The fewest taps, the narrowest heads, GQA 2.
-        (dims(2, 32, 4, 64, 2), 3, 1, 2),
-        (dims(2, 32, 4, 64, 2), 2, 37, 2),
-        (dims(3, 64, 6, 256, 3), 2, 1, 0),
-        // K = 4: S = 2 = K − 2, K − 1, K, 37.
-        (dims(2, 32, 4, 32, 4), 2, 2, 3),
-        (dims(2, 32, 4, 32, 4), 1, 3, 0),
-        (dims(2, 32, 4, 32, 4), 2, 4, 1),
-        (dims(2, 32, 4, 32, 4), 2, 37, 4),
-    ];
     let mut failures = vec![];
     let mut runs = 0;
-    for (si, &(d, batch, tokens, pad)) in shapes.iter().enumerate() {
+    for (i, op) in cases().iter().enumerate() {
+        if op.work() > EMULATION_MAX_WORK {
+            continue;
+        }
         for ty in TYPES {
-            let c = make_case(
-                ty,
-                d,
-                batch,
-                tokens,
-                pad,
-                0xC0DE_0000 + (si * 3 + ty as usize) as u64,
-            );
+            let c = make_case(i, op, ty);
             runs += 1;
             for bad in check(&c) {
+                let (d, batch, tokens, pad) = (op.dims, op.batch, op.tokens, op.pad);
                 failures.push(format!(
-                    "gdn_conv_prep_{} {d:?} B{batch} S{tokens} pad {pad}: {bad}",
-                    ty.name()
+                    "gdn_conv_prep_{} {d:?} B{batch} S{tokens} pad {pad} state {}: {bad}",
+                    ty.name(),
+                    op.with_state
                 ));
             }
         }
@@ -326,13 +285,13 @@ fn one_token(c: &Case, t: usize, state: Vec<f32>) -> Case {
         tokens: 1,
         strides: c.strides,
         rows_per_batch: 1,
-        qkv: rows(&c.qkv, c.strides[0]),
-        b: rows(&c.b, c.strides[1]),
-        a: rows(&c.a, c.strides[2]),
-        state,
-        taps: c.taps.clone(),
-        dt_bias: c.dt_bias.clone(),
-        neg_a_exp: c.neg_a_exp.clone(),
+        x: Inputs {
+            qkv: rows(&c.x.qkv, c.strides[0]),
+            b: rows(&c.x.b, c.strides[1]),
+            a: rows(&c.x.a, c.strides[2]),
+            state,
+            ..c.x.clone()
+        },
     }
 }
 
@@ -347,10 +306,17 @@ fn shipped_kernel_prefill_matches_its_decode_steps_bit_for_bit() {
     ];
     for (si, &(d, batch, tokens, pad)) in cases.iter().enumerate() {
         for ty in TYPES {
-            let c = make_case(ty, d, batch, tokens, pad, 0xDEC0_0000 + si as u64);
+            let op = OpCase {
+                dims: d,
+                batch,
+                tokens,
+                with_state: true,
+                pad,
+            };
+            let c = make_case_from(&op, ty, 0xDEC0_0000 + si as u64);
             let what = format!("gdn_conv_prep_{} {d:?} B{batch} S{tokens}", ty.name());
             let chunk = run_harness(&c).unwrap_or_else(|e| panic!("{what}: {e}"));
-            let mut state = c.state.clone();
+            let mut state = c.x.state.clone();
             let mut steps: Vec<Outputs> = vec![];
             for t in 0..tokens {
                 let step = run_harness(&one_token(&c, t, state)).unwrap();

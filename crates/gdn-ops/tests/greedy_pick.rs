@@ -1,12 +1,13 @@
 //! The greedy pick's CPU twin (`gdn_ops::ops::greedy_pick`) against a plain reference written
 //! from the spec (the finite values' maximum, then the first position holding it; a count of
 //! the rest), on ties, NaN and Inf, odd row lengths and rows not a multiple of the kernels'
-//! slices; plus the input checks.
+//! slices (the op's cases, tests/common/greedy_pick.rs); plus the input checks.
 
 mod common;
 
 use candle_core::{DType, Device, Tensor};
-use common::Rng;
+use common::greedy_pick::{cases, DTYPES};
+use common::{values, Rng};
 use gdn_ops::ops::greedy_pick::{greedy_pick, GreedyPickParams, BLOCK_VALUES, MAX_BLOCKS};
 
 /// The spec, as directly as it reads: `[index, non-finite count]` per row.
@@ -59,32 +60,22 @@ fn rounded(v: Vec<f32>, dtype: DType) -> Vec<f32> {
         .unwrap()
 }
 
+/// The op's cases (tests/common/greedy_pick.rs): random, tied and non-finite rows.
 #[test]
 fn twin_matches_the_reference_on_random_rows() {
-    let mut rng = Rng::new(0x6EED);
-    for dtype in [DType::F32, DType::F16, DType::BF16] {
-        // Odd lengths, and lengths around the kernels' slices and block counts.
-        for vocab in [1, 2, 31, 255, 1023, 1025, 4097, 151_936, 300_007] {
-            let rows: Vec<Vec<f32>> = (0..3)
-                .map(|_| rounded((0..vocab).map(|_| rng.uniform(-8.0, 8.0)).collect(), dtype))
+    for (i, c) in cases().iter().enumerate() {
+        for (dt, &dtype) in DTYPES.iter().enumerate() {
+            let rows: Vec<Vec<f32>> = values(&c.logits(i, dt))
+                .chunks(c.vocab)
+                .map(<[f32]>::to_vec)
                 .collect();
-            check(&rows, dtype, &format!("V={vocab}"));
+            check(&rows, dtype, &format!("{c:?}"));
         }
     }
 }
 
 #[test]
 fn ties_go_to_the_lowest_index() {
-    let mut rng = Rng::new(0x71E5);
-    for dtype in [DType::F32, DType::BF16] {
-        // Few levels: the maximum repeats across the row (and across the kernels' slices).
-        for vocab in [7, 1000, 5000, 151_936] {
-            let rows: Vec<Vec<f32>> = (0..4)
-                .map(|_| (0..vocab).map(|_| (rng.below(3) as f32) - 1.0).collect())
-                .collect();
-            check(&rows, dtype, &format!("ties V={vocab}"));
-        }
-    }
     let row = vec![1.0, 3.0, -0.0, 3.0, 0.0, 3.0];
     assert_eq!(pick(&[row], DType::F32), [[1, 0]]);
     // -0 and +0 are equal: the first wins.
@@ -103,7 +94,7 @@ fn non_finite_values_are_counted_and_never_picked() {
         vec![inf, -inf, inf, nan, -inf],
         vec![-1e30, -f32::MAX, 0.5, 0.25, f32::MAX],
     ];
-    for dtype in [DType::F32, DType::F16, DType::BF16] {
+    for dtype in DTYPES {
         let rows: Vec<Vec<f32>> = rows.iter().map(|r| rounded(r.clone(), dtype)).collect();
         check(&rows, dtype, "non-finite");
     }

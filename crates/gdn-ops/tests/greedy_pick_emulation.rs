@@ -3,7 +3,8 @@
 //! compiled as C++ with the Metal emulation header, and the bodies of `kernels/greedy_pick.cu`
 //! through `kernels/emu/cuda/`, both with their hosts' two passes and geometry
 //! (`GreedyPickParams::new`), and on geometries the host never picks (empty slices, one block,
-//! more blocks than a simdgroup has lanes).
+//! more blocks than a simdgroup has lanes), over the op's cases (tests/common/greedy_pick.rs)
+//! up to the emulator's size bound.
 //!
 //! Gate, per case: the `[N, 2]` words equal to the twin's (the pick is exact: a maximum and a
 //! count). The harnesses guard every buffer, and check that the slice pass writes every
@@ -12,15 +13,14 @@
 mod common;
 mod emu;
 
-use candle_core::{DType, Device, Tensor};
-use common::{failures, values, Input, Rng};
+use candle_core::Tensor;
+use common::greedy_pick::{
+    cases as op_cases, logits, Case as OpCase, Values, DTYPES, EMULATION_MAX_VALUES,
+};
+use common::{failures, values, Input};
 use gdn_ops::ops::greedy_pick::{greedy_pick, GreedyPickParams, THREADS};
 
-const DTYPES: [(DType, &str, &str); 3] = [
-    (DType::F32, "f32", "float"),
-    (DType::F16, "f16", "half"),
-    (DType::BF16, "bf16", "bfloat"),
-];
+const DTYPE_NAMES: [&str; 3] = ["f32", "f16", "bf16"];
 
 #[derive(Clone, Copy, Debug, PartialEq)]
 enum Kernel {
@@ -37,21 +37,6 @@ fn harness(kernel: Kernel) -> &'static emu::Harness {
     }
 }
 
-/// How a case's values are drawn.
-#[derive(Clone, Copy, Debug)]
-enum Values {
-    /// Uniform in [-8, 8).
-    Continuous,
-    /// From this many levels: the maximum repeats, across slices too.
-    Levels(usize),
-    /// Continuous, with the maximum (once) at the last index, in the last slice.
-    MaxLast,
-    /// Continuous, with this many NaN/±Inf per row, +Inf far above the finite maximum.
-    NonFinite(usize),
-    /// Every value NaN.
-    AllNan,
-}
-
 struct Case {
     dtype: usize,
     p: GreedyPickParams,
@@ -61,48 +46,36 @@ struct Case {
 }
 
 impl Case {
-    fn new(seed: u64, dtype: usize, rows: usize, vocab: usize, kind: Values) -> Self {
-        Self::with_geometry(seed, dtype, GreedyPickParams::new(rows, vocab), kind)
+    /// Case `i` of the op's cases, with the host's geometry.
+    fn of_op(i: usize, c: OpCase, dtype: usize) -> Self {
+        Self {
+            dtype,
+            p: GreedyPickParams::new(c.rows, c.vocab),
+            kind: c.values,
+            logits: c.logits(i, dtype),
+        }
     }
 
     /// `p` as given: the harnesses accept any covering geometry.
     fn with_geometry(seed: u64, dtype: usize, p: GreedyPickParams, kind: Values) -> Self {
         let (rows, vocab) = (p.rows as usize, p.vocab as usize);
-        let mut rng = Rng::new(seed);
-        let mut v: Vec<f32> = (0..rows * vocab)
-            .map(|_| match kind {
-                Values::Levels(l) => rng.below(l) as f32 * 0.5 - 1.0,
-                Values::AllNan => f32::NAN,
-                _ => rng.uniform(-8.0, 8.0),
-            })
-            .collect();
-        for row in v.chunks_exact_mut(vocab) {
-            match kind {
-                Values::MaxLast => row[vocab - 1] = 100.0,
-                Values::NonFinite(k) => {
-                    for j in 0..k {
-                        row[rng.below(vocab)] = [f32::NAN, f32::INFINITY, f32::NEG_INFINITY][j % 3];
-                    }
-                }
-                _ => {}
-            }
-        }
-        let logits = Tensor::from_vec(v, (rows, vocab), &Device::Cpu)
-            .unwrap()
-            .to_dtype(DTYPES[dtype].0)
-            .unwrap();
         Self {
             dtype,
             p,
             kind,
-            logits,
+            logits: logits(rows, vocab, kind, DTYPES[dtype], seed),
         }
     }
 
     fn label(&self, kernel: Kernel) -> String {
         format!(
             "{kernel:?} greedy_pick_{} N={} V={} B={} slice={} {:?}",
-            DTYPES[self.dtype].1, self.p.rows, self.p.vocab, self.p.blocks, self.p.slice, self.kind
+            DTYPE_NAMES[self.dtype],
+            self.p.rows,
+            self.p.vocab,
+            self.p.blocks,
+            self.p.slice,
+            self.kind
         )
     }
 
@@ -139,28 +112,16 @@ impl Case {
     }
 }
 
+/// The op's cases the emulator runs in time ([`EMULATION_MAX_VALUES`]), at every dtype, and
+/// geometries of the emulation's own.
 fn cases() -> Vec<Case> {
     let mut out = vec![];
-    let mut next = common::seeds(7_919);
-    for dt in 0..3 {
-        // Qwen3-Next's vocabulary: 149 blocks of 1020 values.
-        out.push(Case::new(next(), dt, 1, 151_936, Values::Continuous));
-        out.push(Case::new(next(), dt, 1, 151_936, Values::MaxLast));
-        out.push(Case::new(next(), dt, 1, 151_936, Values::NonFinite(40)));
-        // Several rows; odd lengths, lengths not a multiple of the slices or of the threads.
-        out.push(Case::new(next(), dt, 3, 5_000, Values::Continuous));
-        out.push(Case::new(next(), dt, 2, 1_025, Values::MaxLast));
-        out.push(Case::new(next(), dt, 2, 1, Values::Continuous));
-        out.push(Case::new(next(), dt, 1, 37, Values::MaxLast));
-        out.push(Case::new(next(), dt, 2, THREADS + 1, Values::Continuous));
-        // Ties across threads, simdgroups and slices.
-        out.push(Case::new(next(), dt, 2, 20_000, Values::Levels(2)));
-        out.push(Case::new(next(), dt, 3, 3_001, Values::Levels(5)));
-        // Non-finite values: counted, never picked; a row of NaN picks 0.
-        out.push(Case::new(next(), dt, 3, 9_999, Values::NonFinite(7)));
-        out.push(Case::new(next(), dt, 2, 3, Values::NonFinite(2)));
-        out.push(Case::new(next(), dt, 2, 2_500, Values::AllNan));
+    for (i, c) in op_cases().into_iter().enumerate() {
+        if c.rows * c.vocab <= EMULATION_MAX_VALUES {
+            out.extend((0..3).map(|dt| Case::of_op(i, c, dt)));
+        }
     }
+    let mut next = common::seeds(104_729);
     // Geometries the host never picks: empty last slices; one block for a long row; more
     // blocks (40) than the finish pass has lanes.
     let geometry = |rows, vocab, blocks, slice| GreedyPickParams {
@@ -227,7 +188,7 @@ fn greedy_pick_abi_in_source() {
         &["logits", "partials", "p"],
     );
     emu::assert_buffers(&flat, "void greedy_pick_finish(", &["partials", "out", "p"]);
-    for (_, tag, msl) in &DTYPES[..2] {
+    for (tag, msl) in [("f32", "float"), ("f16", "half")] {
         let line = format!("GREEDY_PICK_SLICES(greedy_pick_slices_{tag}, {msl})");
         assert!(flat.contains(&line), "missing `{line}`");
     }
@@ -238,7 +199,7 @@ fn greedy_pick_abi_in_source() {
         "the bfloat instantiation must be guarded"
     );
     let cu = emu::shipped_source("kernels/greedy_pick.cu");
-    for (_, tag, _) in DTYPES {
+    for tag in DTYPE_NAMES {
         assert!(
             cu.contains(&format!("GREEDY_PICK_ENTRY({tag}, ")),
             "missing {tag}"

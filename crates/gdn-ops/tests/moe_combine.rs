@@ -1,17 +1,15 @@
 //! The MoE combine's CPU twin (`gdn_ops::ops::moe_combine`) against the composed path of the
 //! model's device plan, written here with plain candle ops: moe.rs `routed_on_device`'s
 //! weighted sum (every slot, the shared expert included, as a routed one), the residual add
-//! of model.rs, and RMSNorm (candle_nn's rms_norm maths); plus one test per input check.
+//! of model.rs, and RMSNorm (candle_nn's rms_norm maths), over the op's cases
+//! (tests/common/moe_combine.rs); plus one test per input check.
 
 mod common;
 
 use candle_core::{DType, Device, Tensor, D};
-use common::{max_rel, Rng};
+use common::max_rel;
+use common::moe_combine::{cases, Form};
 use gdn_ops::ops::moe_combine::{moe_combine, moe_combine_rows, supports};
-
-fn random(shape: &[usize], seed: u64, lo: f32, hi: f32, dtype: DType) -> Tensor {
-    Rng::lcg(seed).tensor_as(shape, lo, hi, dtype)
-}
 
 /// The composed path: the weighted sum in f32 cast back, the residual added in the activation
 /// dtype, then `x · rsqrt(mean(x²) + eps) · w` in f32, rounded once.
@@ -42,28 +40,30 @@ fn composed(
     (sum, normed)
 }
 
+/// The op's decode cases with a norm (each also run without it, on the same inputs).
 #[test]
 fn twin_matches_the_composed_path() {
     for dtype in [DType::F32, DType::BF16] {
         let tol = if dtype == DType::F32 { 1e-5 } else { 2e-2 };
-        for (n, s, h) in [(1, 11, 2048), (4, 9, 256), (3, 1, 77)] {
-            let seed = (n * 100 + s * 10 + h) as u64;
-            let down = random(&[n, s, h], seed, -2.0, 2.0, dtype);
-            let weights = random(&[n, s], seed + 1, 0.0, 0.5, DType::F32);
-            let residual = random(&[n, h], seed + 2, -4.0, 4.0, dtype);
-            let norm = random(&[h], seed + 3, 0.5, 1.5, dtype);
-            let (sum, normed) =
-                moe_combine(&down, &weights, &residual, Some((&norm, 1e-6))).unwrap();
+        for (i, c) in cases().into_iter().enumerate() {
+            if c.form != (Form::Decode { norm: true }) {
+                continue;
+            }
+            let (n, s, h) = (c.tokens, c.slots, c.hidden);
+            let x = c.inputs(i, dtype);
+            let (down, weights) = (&x.down, &x.weights);
+            let (residual, norm) = (x.residual.unwrap(), x.norm_weight.unwrap());
+            let (sum, normed) = moe_combine(down, weights, &residual, Some((&norm, 1e-6))).unwrap();
             let normed = normed.expect("a norm was asked for");
             assert_eq!((sum.dims(), sum.dtype()), (residual.dims(), dtype));
-            let (want_sum, want_normed) = composed(&down, &weights, &residual, &norm, 1e-6);
+            let (want_sum, want_normed) = composed(down, weights, &residual, &norm, 1e-6);
             let (e1, e2) = (max_rel(&sum, &want_sum), max_rel(&normed, &want_normed));
             assert!(
                 e1 <= tol && e2 <= tol,
                 "{dtype:?} {n}x{s}x{h}: sum {e1:e}, normed {e2:e}"
             );
             // Without the norm: the same sum, no normed.
-            let (plain, none) = moe_combine(&down, &weights, &residual, None).unwrap();
+            let (plain, none) = moe_combine(down, weights, &residual, None).unwrap();
             assert!(none.is_none());
             assert_eq!(max_rel(&plain, &sum), 0.0);
         }
@@ -72,30 +72,22 @@ fn twin_matches_the_composed_path() {
 
 /// The prefill form against the model's composed combine of grouped products
 /// (`layers/moe/grouped.rs`): the outputs put back in pair order by `index_select`, then the
-/// weighted sum in f32 cast back. `order` is the grouped order (pair index of each row of
-/// `down`), so pair `p` is row `positions[p]`.
+/// weighted sum in f32 cast back. `rows` holds the row of `down` of each pair (the op's
+/// `Form::Rows` cases: a random grouped order).
 #[test]
 fn rows_form_matches_the_composed_scatter_and_sum() {
     for dtype in [DType::F32, DType::BF16] {
         let tol = if dtype == DType::F32 { 1e-5 } else { 2e-2 };
-        for (n, s, h, spare) in [(37, 11, 256, 0), (5, 3, 77, 4), (1, 1, 8, 0)] {
-            let seed = (n * 100 + s * 10 + h) as u64;
-            let mut rng = Rng::lcg(seed);
-            let pairs = n * s;
-            // A grouped order: the pairs sorted by a random expert id, as ExpertGroups does.
-            let ids: Vec<usize> = (0..pairs).map(|_| rng.below(7)).collect();
-            let mut order: Vec<u32> = (0..pairs as u32).collect();
-            order.sort_by_key(|&p| ids[p as usize]);
-            let mut positions = vec![0u32; pairs];
-            for (i, &p) in order.iter().enumerate() {
-                positions[p as usize] = i as u32;
+        for (i, c) in cases().into_iter().enumerate() {
+            if !matches!(c.form, Form::Rows { .. }) {
+                continue;
             }
-            let down = random(&[pairs + spare, h], seed, -2.0, 2.0, dtype);
-            let weights = random(&[n, s], seed + 1, 0.0, 0.5, DType::F32);
-            let rows = Tensor::from_vec(positions.clone(), (n, s), &Device::Cpu).unwrap();
-            let got = moe_combine_rows(&down, &rows, &weights).unwrap();
+            let (n, s, h) = (c.tokens, c.slots, c.hidden);
+            let x = c.inputs(i, dtype);
+            let (down, weights, rows) = (&x.down, &x.weights, x.rows.unwrap());
+            let got = moe_combine_rows(down, &rows, weights).unwrap();
             assert_eq!((got.dims(), got.dtype()), (&[n, h][..], dtype));
-            let index = Tensor::from_vec(positions, pairs, &Device::Cpu).unwrap();
+            let index = rows.flatten_all().unwrap();
             let in_pair_order = down
                 .index_select(&index, 0)
                 .unwrap()
@@ -116,7 +108,7 @@ fn rows_form_matches_the_composed_scatter_and_sum() {
             // residual: a zero residual adds nothing.
             let (sum, _) = moe_combine(
                 &in_pair_order,
-                &weights,
+                weights,
                 &Tensor::zeros((n, h), dtype, &Device::Cpu).unwrap(),
                 None,
             )

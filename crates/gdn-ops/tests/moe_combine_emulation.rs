@@ -2,7 +2,8 @@
 //! emulation header (`kernels/emu/`), run on the CPU for every `moe_combine_<in>`
 //! instantiation and compared with the CPU twin (`gdn_ops::ops::moe_combine`, on the same
 //! rounded inputs), in both forms: the decode step's (slots in order, residual, norm) and the
-//! prefill's (`moe_combine_rows`: rows gathered through a permutation, no residual, no norm).
+//! prefill's (`moe_combine_rows`: rows gathered through a permutation, no residual, no norm),
+//! over the op's cases (tests/common/moe_combine.rs) up to the emulator's size bound.
 //!
 //! Gates: f32 within 1e-5 of max|twin| per output; f16 and bf16 within 1 ulp of the dtype at
 //! the twin's value (the twin rounds where the kernel does, from f32 values that differ only
@@ -12,8 +13,9 @@
 mod common;
 mod emu;
 
-use candle_core::{DType, Device, Tensor};
-use common::{failures, values, Input, Rng, TYPES};
+use candle_core::{DType, Tensor};
+use common::moe_combine::{cases as op_cases, Case as OpCase, EMULATION_MAX_VALUES};
+use common::{failures, values, Input, TYPES};
 use gdn_ops::ops::moe_combine::{combine_threads, moe_combine, moe_combine_rows, MoeCombineParams};
 
 static HARNESS: emu::Harness = emu::Harness::metal("moe_combine_harness");
@@ -33,67 +35,21 @@ struct Case {
     norm_weight: Option<Tensor>,
 }
 
-/// A random permutation of `0..n`.
-fn permutation(rng: &mut Rng, n: usize) -> Vec<u32> {
-    let mut p: Vec<u32> = (0..n as u32).collect();
-    for i in (1..n).rev() {
-        p.swap(i, rng.below(i + 1));
-    }
-    p
-}
-
 impl Case {
-    fn new(
-        seed: u64,
-        dtype: usize,
-        tokens: usize,
-        slots: usize,
-        hidden: usize,
-        norm: bool,
-    ) -> Self {
-        let mut rng = Rng::new(seed);
-        let dt = TYPES[dtype].dtype();
+    /// Case `i` of the op's cases in `TYPES[dtype]`.
+    fn new(i: usize, c: OpCase, dtype: usize) -> Self {
+        let x = c.inputs(i, TYPES[dtype].dtype());
         Self {
             dtype,
-            tokens,
-            slots,
-            hidden,
+            tokens: c.tokens,
+            slots: c.slots,
+            hidden: c.hidden,
             eps: 1e-6,
-            down: rng.tensor_as(&[tokens, slots, hidden], -2.0, 2.0, dt),
-            rows: None,
-            weights: rng.tensor_as(&[tokens, slots], 0.0, 0.5, DType::F32),
-            residual: Some(rng.tensor_as(&[tokens, hidden], -4.0, 4.0, dt)),
-            norm_weight: norm.then(|| rng.tensor_as(&[hidden], 0.5, 1.5, dt)),
-        }
-    }
-
-    /// The prefill form: `tokens · slots` expert outputs in a random (grouped) order, plus
-    /// `spare` rows no slot names.
-    fn gathered(
-        seed: u64,
-        dtype: usize,
-        tokens: usize,
-        slots: usize,
-        hidden: usize,
-        spare: usize,
-    ) -> Self {
-        let mut rng = Rng::new(seed);
-        let dt = TYPES[dtype].dtype();
-        let pairs = tokens * slots;
-        let order = permutation(&mut rng, pairs + spare);
-        let rows =
-            Tensor::from_vec(order[..pairs].to_vec(), (tokens, slots), &Device::Cpu).unwrap();
-        Self {
-            dtype,
-            tokens,
-            slots,
-            hidden,
-            eps: 1e-6,
-            down: rng.tensor_as(&[pairs + spare, hidden], -2.0, 2.0, dt),
-            rows: Some(rows),
-            weights: rng.tensor_as(&[tokens, slots], 0.0, 0.5, DType::F32),
-            residual: None,
-            norm_weight: None,
+            down: x.down,
+            rows: x.rows,
+            weights: x.weights,
+            residual: x.residual,
+            norm_weight: x.norm_weight,
         }
     }
 
@@ -186,22 +142,14 @@ impl Case {
     }
 }
 
+/// The op's cases (tests/common/moe_combine.rs) the emulator runs in time
+/// ([`EMULATION_MAX_VALUES`]), at every dtype.
 fn cases() -> Vec<Case> {
     let mut out = vec![];
-    let mut next = common::seeds(7_919);
-    for dt in 0..3 {
-        // Qwen3-Next-80B: H = 2048, k = 10 routed + the shared slot.
-        out.push(Case::new(next(), dt, 2, 11, 2048, true));
-        // H not a multiple of 32; one slot; no norm.
-        out.push(Case::new(next(), dt, 3, 9, 200, true));
-        out.push(Case::new(next(), dt, 1, 1, 77, true));
-        out.push(Case::new(next(), dt, 4, 5, 256, false));
-        out.push(Case::new(next(), dt, 1, 3, 16, false));
-        // Wider than a threadgroup's registers (4 × 512 columns): the columns in turns.
-        out.push(Case::new(next(), dt, 1, 2, 2100, true));
-        // The prefill form: a permutation of the pairs, with and without spare rows.
-        out.push(Case::gathered(next(), dt, 3, 11, 2048, 0));
-        out.push(Case::gathered(next(), dt, 7, 4, 200, 5));
+    for (i, c) in op_cases().into_iter().enumerate() {
+        if c.tokens * c.slots * c.hidden <= EMULATION_MAX_VALUES {
+            out.extend((0..3).map(|dt| Case::new(i, c, dt)));
+        }
     }
     out
 }

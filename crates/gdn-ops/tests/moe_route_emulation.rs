@@ -1,6 +1,7 @@
 //! The shipped `kernels/moe_route.metal`, compiled as C++ with clang-19 and the Metal
 //! emulation header (`kernels/emu/`), run on the CPU for every `moe_route_<in>` instantiation
-//! and compared with the CPU twin (`gdn_ops::ops::moe_route`, on the same rounded logits).
+//! and compared with the CPU twin (`gdn_ops::ops::moe_route`, on the same rounded logits), over
+//! the op's cases (tests/common/moe_route.rs).
 //!
 //! Gates, per case: ids equal to the twin's, slot for slot (the selection rule, ties by the
 //! lower index included); weights within 1e-5 of the twin's (they are at most 1, and the two
@@ -10,8 +11,9 @@
 mod common;
 mod emu;
 
-use candle_core::{Device, Tensor};
-use common::{failures, values, Input, Rng, TYPES};
+use candle_core::Tensor;
+use common::moe_route::{cases as op_cases, Case as OpCase};
+use common::{failures, values, Input, TYPES};
 use gdn_ops::ops::moe_route::{moe_route, MoeRouteParams};
 
 static HARNESS: emu::Harness = emu::Harness::metal("moe_route_harness");
@@ -28,38 +30,16 @@ struct Case {
 }
 
 impl Case {
-    /// `levels`: draw logits from that many distinct values (ties), or continuous when 0.
-    #[allow(clippy::too_many_arguments)]
-    fn new(
-        seed: u64,
-        dtype: usize,
-        tokens: usize,
-        experts: usize,
-        top_k: usize,
-        renormalise: bool,
-        has_shared: bool,
-        levels: u64,
-    ) -> Self {
-        let mut rng = Rng::new(seed);
-        let width = experts + has_shared as usize;
-        let v: Vec<f32> = (0..tokens * width)
-            .map(|_| match levels {
-                0 => rng.uniform(-6.0, 6.0),
-                l => (rng.next() % l) as f32 * 0.5 - 2.0,
-            })
-            .collect();
-        let logits = Tensor::from_vec(v, (tokens, width), &Device::Cpu)
-            .unwrap()
-            .to_dtype(TYPES[dtype].dtype())
-            .unwrap();
+    /// Case `i` of the op's cases in `TYPES[dtype]`.
+    fn new(i: usize, c: OpCase, dtype: usize) -> Self {
         Self {
             dtype,
-            tokens,
-            experts,
-            top_k,
-            renormalise,
-            has_shared,
-            logits,
+            tokens: c.tokens,
+            experts: c.experts,
+            top_k: c.top_k,
+            renormalise: c.renormalise,
+            has_shared: c.has_shared,
+            logits: c.logits(i, TYPES[dtype].dtype()),
         }
     }
 
@@ -124,23 +104,11 @@ impl Case {
     }
 }
 
+/// The op's cases (tests/common/moe_route.rs) at every dtype.
 fn cases() -> Vec<Case> {
     let mut out = vec![];
-    let mut next = common::seeds(104_729);
-    for dt in 0..3 {
-        // Qwen3-Next-80B / Qwen3.5-397B, Qwen3.5-35B-A3B.
-        out.push(Case::new(next(), dt, 4, 512, 10, true, true, 0));
-        out.push(Case::new(next(), dt, 1, 256, 8, true, true, 0));
-        // Without the shared slot, without renormalisation.
-        out.push(Case::new(next(), dt, 3, 128, 8, false, false, 0));
-        // E not a multiple of 32; k = 32 (every lane a slot); k = E.
-        out.push(Case::new(next(), dt, 2, 37, 5, true, false, 0));
-        out.push(Case::new(next(), dt, 2, 40, 32, false, true, 0));
-        out.push(Case::new(next(), dt, 1, 7, 7, true, true, 0));
-        out.push(Case::new(next(), dt, 1, 1, 1, false, true, 0));
-        // Many exact ties: the lower index first.
-        out.push(Case::new(next(), dt, 4, 512, 10, false, true, 3));
-        out.push(Case::new(next(), dt, 2, 64, 20, true, false, 2));
+    for (i, c) in op_cases().into_iter().enumerate() {
+        out.extend((0..3).map(|dt| Case::new(i, c, dt)));
     }
     out
 }

@@ -5,7 +5,7 @@ mod common;
 use candle_core::DType;
 use common::*;
 use qwen_gdn_model::footprint::DecodeFootprint;
-use qwen_gdn_model::{Config, Plan, RunOptions, StateDtype};
+use qwen_gdn_model::{Config, Model, StateDtype};
 use std::path::Path;
 
 /// Sum of the payloads of a checkpoint's tensors whose names `select` accepts.
@@ -89,24 +89,26 @@ fn footprint_counts_every_qwen4_exp_byte() {
     assert_eq!(b.kv_cache - a.kv_cache, per_100);
 }
 
+/// The launches of each of three decode steps after a 5-token prefill.
+fn launches_per_decode_step(model: &Model) -> Vec<usize> {
+    let mut cache = model.new_cache();
+    model.prefill(&[1, 2, 3, 4, 5], &mut cache, 16).unwrap();
+    (0..3u32)
+        .map(|t| {
+            gdn_ops::launches::take();
+            model.forward_last(&[7 + t], &mut cache).unwrap();
+            gdn_ops::launches::take()
+        })
+        .collect()
+}
+
 /// Launches per decoded token are the same at every step: nothing grows with the context
 /// between KV steps, and decode never falls into a prefill-only path.
 #[test]
 fn launches_per_token_are_constant() {
-    let opts = RunOptions {
-        dtype: DType::BF16,
-        plan: Some(Plan::Device),
-        ..common::run_options()
-    };
+    let opts = device_plan(DType::BF16);
     let model = load_with("qwen3-next-tiny-4bit", &opts);
-    let mut cache = model.new_cache();
-    model.prefill(&[1, 2, 3, 4, 5], &mut cache, 16).unwrap();
-    let mut per_step = vec![];
-    for t in 0..3u32 {
-        gdn_ops::launches::take();
-        model.forward_last(&[7 + t], &mut cache).unwrap();
-        per_step.push(gdn_ops::launches::take());
-    }
+    let per_step = launches_per_decode_step(&model);
     assert!(per_step.iter().all(|&n| n == per_step[0]), "{per_step:?}");
     // At least the projections, norms and recurrence of every layer.
     assert!(per_step[0] > 10 * model.layers().len(), "{per_step:?}");
@@ -123,14 +125,7 @@ fn qwen3_next_80b_decodes_in_at_most_500_launches() {
         .join("../../tests/data/configs/qwen3-next-80b-a3b-instruct-4bit.json");
     let cfg = Config::from_json_str(&std::fs::read_to_string(&path).unwrap(), "80b").unwrap();
     let count = |fused: bool| {
-        let mut model = load_with(
-            "qwen3-next-tiny-4bit",
-            &RunOptions {
-                dtype: DType::BF16,
-                plan: Some(Plan::Device),
-                ..common::run_options()
-            },
-        );
+        let mut model = load_with("qwen3-next-tiny-4bit", &device_plan(DType::BF16));
         model.set_fused_decode(fused);
         LaunchBudget::measure(&model).unwrap().total_for(&cfg)
     };
@@ -146,22 +141,11 @@ fn qwen3_next_80b_decodes_in_at_most_500_launches() {
 #[test]
 fn qwen4_exp_launches_per_layer_kind_add_up() {
     use qwen_gdn_model::model::LaunchBudget;
-    let opts = RunOptions {
-        dtype: DType::BF16,
-        plan: Some(Plan::Device),
-        ..common::run_options()
-    };
+    let opts = device_plan(DType::BF16);
     let model = load_with("qwen4-exp-tiny-4bit", &opts);
     let budget = LaunchBudget::measure(&model).unwrap();
     assert!(budget.ple > 0 && budget.gdn_layer > 0 && budget.attention_layer > 0);
-    let mut cache = model.new_cache();
-    model.prefill(&[1, 2, 3, 4, 5], &mut cache, 16).unwrap();
-    let mut per_step = vec![];
-    for t in 0..3u32 {
-        gdn_ops::launches::take();
-        model.forward_last(&[7 + t], &mut cache).unwrap();
-        per_step.push(gdn_ops::launches::take());
-    }
+    let per_step = launches_per_decode_step(&model);
     assert!(per_step.iter().all(|&n| n == per_step[0]), "{per_step:?}");
     // The fixture's layers: GDN, GDN + PLE, QSA, GDN + PLE.
     assert_eq!(budget.total_for(model.config()), per_step[0], "{budget:?}");
@@ -177,11 +161,7 @@ fn qwen4_exp_launches_per_layer_kind_add_up() {
 fn the_decode_profile_accounts_for_every_launch_of_the_step() {
     use gdn_ops::profile::{LayerKind, Session};
     use qwen_gdn_model::config::LayerKind as ConfigKind;
-    let opts = RunOptions {
-        dtype: DType::BF16,
-        plan: Some(Plan::Device),
-        ..common::run_options()
-    };
+    let opts = device_plan(DType::BF16);
     for name in [
         "qwen3-next-tiny-4bit",
         "qwen3.5-moe-tiny-4bit",

@@ -16,15 +16,7 @@
 mod common;
 use candle_core::{DType, Tensor};
 use common::*;
-use qwen_gdn_model::{Plan, RunOptions};
-
-fn device_plan(dtype: DType) -> RunOptions {
-    RunOptions {
-        dtype,
-        plan: Some(Plan::Device),
-        ..common::run_options()
-    }
-}
+use qwen_gdn_model::Plan;
 
 fn check_f32(name: &str) {
     let model = load_on(name, &device_plan(DType::F32), &device_under_test());
@@ -69,19 +61,9 @@ fn check_bf16(name: &str) {
     );
 }
 
-macro_rules! per_checkpoint {
-    ($($test:ident => $name:literal),* $(,)?) => {
-        mod f32_matches_mlx_lm { $( #[test] fn $test() { super::check_f32($name) } )* }
-        mod bf16_within_kl_gate { $( #[test] fn $test() { super::check_bf16($name) } )* }
-    };
-}
-
-per_checkpoint! {
-    qwen3_next_4bit => "qwen3-next-tiny-4bit",
-    qwen35_dense_4bit_tied => "qwen3.5-tiny-4bit",
-    qwen35_moe_4bit => "qwen3.5-moe-tiny-4bit",
-    qwen3_next_bf16 => "qwen3-next-tiny-bf16",
-    qwen35_moe_raw_hf => "qwen3.5-moe-tiny-hf",
+common::per_checkpoint! {
+    f32_matches_mlx_lm => check_f32,
+    bf16_within_kl_gate => check_bf16,
 }
 
 /// Decoding one token at a time through several KV growth steps gives the logits of one

@@ -10,27 +10,8 @@
 //!   exercise them), and a decode step costs at most 11 launches per layer there.
 
 mod common;
-use candle_core::{DType, Tensor};
+use candle_core::DType;
 use common::*;
-use qwen_gdn_model::{Model, Plan, RunOptions};
-
-fn device_plan(dtype: DType) -> RunOptions {
-    RunOptions {
-        dtype,
-        plan: Some(Plan::Device),
-        ..common::run_options()
-    }
-}
-
-/// Logits `[T, vocab]` of decoding `ids` one token at a time from an empty cache.
-fn step_by_step(model: &Model, ids: &[u32]) -> Tensor {
-    let mut cache = model.new_cache();
-    let rows: Vec<Tensor> = ids
-        .iter()
-        .map(|&id| model.forward_last(&[id], &mut cache).unwrap())
-        .collect();
-    Tensor::cat(&rows, 0).unwrap()
-}
 
 fn check_f32(name: &str) {
     let mut model = load_on(name, &device_plan(DType::F32), &device_under_test());
@@ -95,19 +76,9 @@ fn bf16_gate(name: &str) -> (f32, f32) {
     }
 }
 
-macro_rules! per_checkpoint {
-    ($($test:ident => $name:literal),* $(,)?) => {
-        mod f32_fused_matches_composed_and_mlx_lm { $( #[test] fn $test() { super::check_f32($name) } )* }
-        mod bf16_fused_within_kl_gate { $( #[test] fn $test() { super::check_bf16($name) } )* }
-    };
-}
-
-per_checkpoint! {
-    qwen3_next_4bit => "qwen3-next-tiny-4bit",
-    qwen35_dense_4bit_tied => "qwen3.5-tiny-4bit",
-    qwen35_moe_4bit => "qwen3.5-moe-tiny-4bit",
-    qwen3_next_bf16 => "qwen3-next-tiny-bf16",
-    qwen35_moe_raw_hf => "qwen3.5-moe-tiny-hf",
+common::per_checkpoint! {
+    f32_fused_matches_composed_and_mlx_lm => check_f32,
+    bf16_fused_within_kl_gate => check_bf16,
 }
 
 /// The quantized MoE fixtures run every layer on the fused kernels, in each dtype, at a

@@ -9,21 +9,15 @@
 mod common;
 
 use candle_core::Device;
+use common::device_plan;
+use common::qwen4_exp::Fixture;
 use common::{argmax_rows, greedy, kl_and_top1, models_dir, rel_max_diff, Reference};
-use qwen_gdn_model::cache::{GdnCache, KvCache};
 use qwen_gdn_model::config::qwen4_exp::{OutputGate, Qwen4LayerType};
 use qwen_gdn_model::config::LayerKind;
-use qwen_gdn_model::families::qwen4_exp::hyper_connection::HyperConnection;
 use qwen_gdn_model::families::qwen4_exp::ngram_hash::NgramHash;
-use qwen_gdn_model::families::qwen4_exp::ple::PerLayerEmbedding;
-use qwen_gdn_model::families::qwen4_exp::qsa_indexer::{IndexerCache, QsaIndexer};
-use qwen_gdn_model::families::qwen4_exp::{ngram_tables, output_gate};
-use qwen_gdn_model::layers::attention::Attention;
-use qwen_gdn_model::layers::gdn::GatedDeltaNet;
-use qwen_gdn_model::layers::linear::Linear;
-use qwen_gdn_model::layers::moe::SparseMoe;
+use qwen_gdn_model::families::qwen4_exp::ngram_tables;
 use qwen_gdn_model::weights::Checkpoint;
-use qwen_gdn_model::{Config, Model, Plan, RunOptions, StateDtype};
+use qwen_gdn_model::{Config, Model, Plan, StateDtype};
 use safetensors::tensor::TensorView;
 use safetensors::{Dtype, SafeTensors};
 use serde_json::Value;
@@ -264,14 +258,6 @@ fn unknown_config_fields_are_ignored_at_load() {
 // reference is transformers on its dequantized weights). The device-plan gates run on the
 // GPU with `QWEN_GDN_TEST_DEVICE=cuda` (scripts/gpu/test-cuda.sh runs `qwen4_exp device_plan`).
 
-fn device_plan(dtype: candle_core::DType) -> RunOptions {
-    RunOptions {
-        plan: Some(Plan::Device),
-        dtype,
-        ..common::run_options()
-    }
-}
-
 /// Prefill of `first` tokens, then one token per call: every position's logits.
 fn stepped(model: &Model, tokens: &[u32], first: usize) -> candle_core::Tensor {
     let mut cache = model.new_cache();
@@ -456,34 +442,23 @@ macro_rules! gates_per_fixture {
         fn every_fixture_is_gated() {
             assert_eq!([$($name),*], common::QWEN4_EXP);
         }
-        $(
+        $(gates_per_fixture!(@gates $fixture $name
+            whole_forward_matches_transformers
+            greedy_tokens_match_transformers
+            decode_step_by_step_equals_the_whole_forward
+            bf16_gdn_states_stay_close
+            device_plan_f32_matches_transformers
+            device_plan_bf16_within_kl_gate
+        );)*
+    };
+    (@gates $fixture:ident $name:literal $($gate:ident)*) => {
         mod $fixture {
-            #[test]
-            fn whole_forward_matches_transformers() {
-                super::whole_forward_matches_transformers($name)
-            }
-            #[test]
-            fn greedy_tokens_match_transformers() {
-                super::greedy_tokens_match_transformers($name)
-            }
-            #[test]
-            fn decode_step_by_step_equals_the_whole_forward() {
-                super::decode_step_by_step_equals_the_whole_forward($name)
-            }
-            #[test]
-            fn bf16_gdn_states_stay_close() {
-                super::bf16_gdn_states_stay_close($name)
-            }
-            #[test]
-            fn device_plan_f32_matches_transformers() {
-                super::device_plan_f32_matches_transformers($name)
-            }
-            #[test]
-            fn device_plan_bf16_within_kl_gate() {
-                super::device_plan_bf16_within_kl_gate($name)
-            }
+            $(#[test]
+            fn $gate() {
+                super::$gate($name)
+            })*
         }
-    )*};
+    };
 }
 
 gates_per_fixture! {
@@ -570,125 +545,18 @@ fn config_errors_and_notices() {
     );
 }
 
-/// Every hyper-connection of the fixture, fed transformers' own inputs: the mixed inputs and
-/// gates of each layer, the residual updates that rebuild each layer's output from its mixer
-/// and MoE outputs, and the final mixer + lm_head against the logits.
-#[test]
-fn hyper_connections_match_transformers() {
-    let cfg = Config::from_dir(&fixture()).unwrap();
-    let ckpt = Checkpoint::open(&fixture(), &cfg).unwrap();
-    let r = Reference::load(NAME);
-    let close = |got: &candle_core::Tensor, key: &str, tol: f32| {
-        let d = rel_max_diff(got, r.get(key));
-        assert!(d <= tol, "{key}: {d:e} relative to max|ref|");
-    };
-    let mut hs = r.get("tf_embed").clone();
-    for i in 0..cfg.num_hidden_layers {
-        if r.0.contains_key(&format!("tf_ple.{i}")) {
-            hs = (hs + r.get(&format!("tf_ple.{i}"))).unwrap();
-        }
-        let attn = HyperConnection::load(
-            &ckpt,
-            &format!("model.layers.{i}.attn_hyper_connection"),
-            &cfg,
-            true,
-        )
-        .unwrap();
-        let (x, w) = attn.forward(&hs).unwrap();
-        let w = w.unwrap();
-        close(&x, &format!("tf_attn_hc.{i}.x"), 1e-5);
-        close(&w, &format!("tf_attn_hc.{i}.w"), 1e-5);
-        hs = HyperConnection::inject(&hs, r.get(&format!("tf_mixer.{i}")), &w).unwrap();
-        let mlp = HyperConnection::load(
-            &ckpt,
-            &format!("model.layers.{i}.mlp_hyper_connection"),
-            &cfg,
-            true,
-        )
-        .unwrap();
-        let (x, w) = mlp.forward(&hs).unwrap();
-        let w = w.unwrap();
-        close(&x, &format!("tf_mlp_hc.{i}.x"), 1e-5);
-        close(&w, &format!("tf_mlp_hc.{i}.w"), 1e-5);
-        hs = HyperConnection::inject(&hs, r.get(&format!("tf_mlp.{i}")), &w).unwrap();
-        close(&hs, &format!("tf_hidden.{i}"), 1e-5);
-        // Continue from transformers' stream so that errors do not accumulate.
-        hs = r.get(&format!("tf_hidden.{i}")).clone();
-    }
-    let mixer = HyperConnection::load(&ckpt, "model.hyper_connection_mixer", &cfg, false).unwrap();
-    let (x, w) = mixer.forward(&hs).unwrap();
-    assert!(w.is_none());
-    close(&x, "tf_final_mixed", 1e-5);
-    let head = Linear::load(&ckpt, "lm_head", cfg.vocab_size, cfg.hidden_size, &cfg).unwrap();
-    let logits = head.forward(r.get("tf_final_mixed")).unwrap();
-    close(&logits, "tf_logits", 1e-5);
-}
-
-/// Both PLE blocks of the fixture on transformers' input streams, over the whole prompt and
-/// in chunks (the carried n-gram context and conv window), against transformers' PLE term.
-#[test]
-fn per_layer_embeddings_match_transformers() {
-    let cfg = Config::from_dir(&fixture()).unwrap();
-    let ckpt = Checkpoint::open(&fixture(), &cfg).unwrap();
-    let r = Reference::load(NAME);
-    let tokens = r.ids("tf_ids");
-    for table in ngram_tables::locate(&ckpt, &cfg).unwrap() {
-        let i = table.layer;
-        let ple = PerLayerEmbedding::load(&ckpt, &table, &cfg).unwrap();
-        let hs = r.get(&format!("tf_hidden.{}", i - 1));
-        let want = r.get(&format!("tf_ple.{i}"));
-        let mut state = ple.new_state().unwrap();
-        let whole = ple.forward(hs, &tokens, &mut state).unwrap();
-        let d = rel_max_diff(&whole, want);
-        assert!(d <= 1e-5, "tf_ple.{i}: {d:e}");
-        let mut state = ple.new_state().unwrap();
-        let mut parts = vec![];
-        for (a, b) in [(0, 7), (7, 8), (8, 41), (41, tokens.len())] {
-            let chunk = hs.narrow(0, a, b - a).unwrap();
-            parts.push(ple.forward(&chunk, &tokens[a..b], &mut state).unwrap());
-        }
-        let chunked = candle_core::Tensor::cat(&parts, 0).unwrap();
-        let d = rel_max_diff(&chunked, want);
-        assert!(d <= 1e-5, "tf_ple.{i} in chunks: {d:e}");
-    }
-}
-
-/// The GDN mixers (Qwen3.5's, here with the sigmoid output gate) on transformers' inputs.
-#[test]
-fn gdn_mixers_with_the_sigmoid_gate_match_transformers() {
-    let cfg = Config::from_dir(&fixture()).unwrap();
-    let ckpt = Checkpoint::open(&fixture(), &cfg).unwrap();
-    let r = Reference::load(NAME);
-    for i in (0..cfg.num_hidden_layers).filter(|&i| cfg.layer_kind(i) == LayerKind::LinearAttention)
-    {
-        let gdn = GatedDeltaNet::load(
-            &ckpt,
-            &format!("model.layers.{i}.linear_attn"),
-            &cfg,
-            output_gate(&cfg),
-        )
-        .unwrap();
-        let x = r.get(&format!("tf_attn_hc.{i}.x")).unsqueeze(0).unwrap();
-        let mut cache = GdnCache::default();
-        let y = gdn.forward(&x, &mut cache).unwrap().squeeze(0).unwrap();
-        let d = rel_max_diff(&y, r.get(&format!("tf_mixer.{i}")));
-        assert!(d <= 1e-4, "tf_mixer.{i}: {d:e}");
-    }
-}
-
-/// The MoE blocks (Qwen3.5-MoE's, loaded from per-expert tensors) on transformers' inputs.
-#[test]
-fn moe_blocks_from_per_expert_tensors_match_transformers() {
-    let cfg = Config::from_dir(&fixture()).unwrap();
-    let ckpt = Checkpoint::open(&fixture(), &cfg).unwrap();
-    let r = Reference::load(NAME);
-    for i in 0..cfg.num_hidden_layers {
-        let moe = SparseMoe::load(&ckpt, &format!("model.layers.{i}.mlp"), &cfg).unwrap();
-        let x = r.get(&format!("tf_mlp_hc.{i}.x")).unsqueeze(0).unwrap();
-        let y = moe.forward(&x).unwrap().squeeze(0).unwrap();
-        let d = rel_max_diff(&y, r.get(&format!("tf_mlp.{i}")));
-        assert!(d <= 1e-5, "tf_mlp.{i}: {d:e}");
-    }
+common::qwen4_exp::layer_gates! { NAME;
+    /// Every hyper-connection of the fixture, fed transformers' own inputs: the mixed inputs
+    /// and gates of each layer, the residual updates that rebuild each layer's output from its
+    /// mixer and MoE outputs, and the final mixer + lm_head against the logits.
+    hyper_connections_match_transformers => hyper_connections_and_lm_head_match,
+    /// Both PLE blocks of the fixture on transformers' input streams, over the whole prompt and
+    /// in chunks (the carried n-gram context and conv window), against transformers' PLE term.
+    per_layer_embeddings_match_transformers => per_layer_embeddings_match,
+    /// The GDN mixers (Qwen3.5's, here with the sigmoid output gate) on transformers' inputs.
+    gdn_mixers_with_the_sigmoid_gate_match_transformers => gdn_mixers_match,
+    /// The MoE blocks (Qwen3.5-MoE's, loaded from per-expert tensors) on transformers' inputs.
+    moe_blocks_from_per_expert_tensors_match_transformers => moe_blocks_match,
 }
 
 /// The QSA attention layer on transformers' input: the indexer's token selection for every
@@ -696,53 +564,9 @@ fn moe_blocks_from_per_expert_tensors_match_transformers() {
 /// the same output from a 5-token prefill followed by one token per call.
 #[test]
 fn qsa_attention_matches_transformers() {
-    let cfg = Config::from_dir(&fixture()).unwrap();
-    let ckpt = Checkpoint::open(&fixture(), &cfg).unwrap();
-    let r = Reference::load(NAME);
-    let i = 2;
-    let p = format!("model.layers.{i}.self_attn");
-    let attn = Attention::load(&ckpt, &p, &cfg).unwrap();
-    let indexer = QsaIndexer::load(&ckpt, &p, &cfg).unwrap();
-    let x = r.get(&format!("tf_attn_hc.{i}.x"));
-    let n = x.dim(0).unwrap();
-
-    let mut icache = IndexerCache::default();
-    let visible = indexer.select(x, &mut icache, 0).unwrap();
-    let want = r
-        .get(&format!("qsa_selected.{i}"))
-        .to_vec2::<i32>()
-        .unwrap();
-    let mut sparse = 0;
-    for (t, (got, want)) in visible.iter().zip(&want).enumerate() {
-        let want: Vec<bool> = want.iter().map(|&v| v != 0).collect();
-        assert_eq!(got, &want, "query {t}: selected keys differ");
-        sparse += usize::from(got.iter().filter(|&&o| o).count() < t + 1);
-    }
+    let visible = Fixture::open(NAME).qsa_attention_matches();
+    let sparse = (visible.iter().enumerate())
+        .filter(|(t, got)| got.iter().filter(|&&o| o).count() < t + 1)
+        .count();
     assert!(sparse > 80, "only {sparse} sparse queries");
-
-    let mask = QsaIndexer::mask(&visible).unwrap();
-    let mut kv = KvCache::default();
-    let y = attn
-        .forward_masked(&x.unsqueeze(0).unwrap(), &mut kv, 0, Some(&mask))
-        .unwrap()
-        .squeeze(0)
-        .unwrap();
-    let d = rel_max_diff(&y, r.get(&format!("tf_mixer.{i}")));
-    assert!(d <= 1e-5, "tf_mixer.{i}: {d:e}");
-
-    let (mut icache, mut kv, mut outs) = (IndexerCache::default(), KvCache::default(), vec![]);
-    let mut offset = 0;
-    for len in std::iter::once(5).chain(std::iter::repeat_n(1, n - 5)) {
-        let xs = x.narrow(0, offset, len).unwrap();
-        let visible = indexer.select(&xs, &mut icache, offset).unwrap();
-        let mask = QsaIndexer::mask(&visible).unwrap();
-        let y = attn
-            .forward_masked(&xs.unsqueeze(0).unwrap(), &mut kv, offset, Some(&mask))
-            .unwrap();
-        outs.push(y.squeeze(0).unwrap());
-        offset += len;
-    }
-    let stepped = candle_core::Tensor::cat(&outs, 0).unwrap();
-    let d = rel_max_diff(&stepped, r.get(&format!("tf_mixer.{i}")));
-    assert!(d <= 1e-5, "tf_mixer.{i} step by step: {d:e}");
 }

@@ -11,13 +11,14 @@
 mod common;
 
 use candle_core::{DType, Device, Tensor};
+use common::qwen4_exp::Fixture;
 use common::{models_dir, rel_max_diff, Reference};
-use qwen_gdn_model::cache::{GdnCache, KvCache};
+use qwen_gdn_model::config::qwen4_exp::PleConfig;
 use qwen_gdn_model::config::LayerKind;
 use qwen_gdn_model::families::qwen4_exp::hyper_connection::HyperConnection;
 use qwen_gdn_model::families::qwen4_exp::ngram_row_format::e4m3_to_f32;
 use qwen_gdn_model::families::qwen4_exp::ple::PerLayerEmbedding;
-use qwen_gdn_model::families::qwen4_exp::qsa_indexer::{IndexerCache, QsaIndexer};
+use qwen_gdn_model::families::qwen4_exp::qsa_indexer::QsaIndexer;
 use qwen_gdn_model::families::qwen4_exp::{ngram_tables, output_gate};
 use qwen_gdn_model::layers::attention::Attention;
 use qwen_gdn_model::layers::gdn::GatedDeltaNet;
@@ -40,6 +41,11 @@ fn open(dir: &Path) -> (Config, Checkpoint) {
     let cfg = Config::from_dir(dir).unwrap();
     let ckpt = Checkpoint::open(dir, &cfg).unwrap();
     (cfg, ckpt)
+}
+
+/// The fixture's PLE settings.
+fn ple_config(cfg: &Config) -> &PleConfig {
+    cfg.qwen4_exp.as_ref().unwrap().ple.as_ref().unwrap()
 }
 
 fn f64s(t: &Tensor) -> Vec<f64> {
@@ -100,14 +106,7 @@ fn every_weight_is_what_the_reference_ran_on() {
     let (cfg, ckpt) = open(&fixture());
     assert!(!ckpt.raw_hf, "mlx-vlm layout detected as raw HF");
     let r = Reference::load(NAME);
-    let ple_kernel = cfg
-        .qwen4_exp
-        .as_ref()
-        .unwrap()
-        .ple
-        .as_ref()
-        .unwrap()
-        .conv_kernel;
+    let ple_kernel = ple_config(&cfg).conv_kernel;
     let dev = &Device::Cpu;
     let mut checked = BTreeSet::new();
     let (mut quantized, mut matrices) = (0, 0);
@@ -239,6 +238,18 @@ fn fixture_edited(
     safetensors::serialize_to_file(kept, None, &dir.join("model.safetensors")).unwrap();
 }
 
+/// [`fixture_edited`] in a fresh folder, opened: the folder (kept while it is used), the
+/// config and the checkpoint.
+fn open_edited(
+    drop: impl Fn(&str) -> bool,
+    add: Vec<(String, Dtype, Vec<usize>, Vec<u8>)>,
+) -> (tempfile::TempDir, Config, Checkpoint) {
+    let dir = tempfile::tempdir().unwrap();
+    fixture_edited(dir.path(), drop, add);
+    let (cfg, ckpt) = open(dir.path());
+    (dir, cfg, ckpt)
+}
+
 /// The official FP8 table format (U8 e4m3 shards and one `weight_scale`), decoded as
 /// `mx.from_fp8` decodes every code, times the scale.
 #[test]
@@ -254,14 +265,7 @@ fn fp8_ngram_tables_are_decoded_and_scaled() {
     }
 
     let (cfg, _) = open(&fixture());
-    let width = cfg
-        .qwen4_exp
-        .as_ref()
-        .unwrap()
-        .ple
-        .as_ref()
-        .unwrap()
-        .row_width();
+    let width = ple_config(&cfg).row_width();
     let prefix = "language_model.model.layers.1.ple.ple_embedding.ngram_embedding";
     // Every finite code, in a pattern that differs per row and column.
     let code = |row: usize, col: usize| -> u8 {
@@ -291,13 +295,7 @@ fn fp8_ngram_tables_are_decoded_and_scaled() {
         vec![],
         scale.to_le_bytes().to_vec(),
     ));
-    let dir = tempfile::tempdir().unwrap();
-    fixture_edited(
-        dir.path(),
-        |n| n.starts_with(&format!("{prefix}.shards.")),
-        add,
-    );
-    let (cfg, ckpt) = open(dir.path());
+    let (_dir, cfg, ckpt) = open_edited(|n| n.starts_with(&format!("{prefix}.shards.")), add);
     let t = ngram_tables::locate(&ckpt, &cfg).unwrap();
     assert!(!t[0].quantized);
     let table = t[0].open(&ckpt, width).unwrap();
@@ -311,9 +309,7 @@ fn fp8_ngram_tables_are_decoded_and_scaled() {
     }
 
     // FP8 shards without their scale.
-    let dir = tempfile::tempdir().unwrap();
-    fixture_edited(
-        dir.path(),
+    let (_dir, cfg, ckpt) = open_edited(
         |n| n.starts_with(&format!("{prefix}.shards.")),
         vec![(
             format!("{prefix}.shards.0.weight"),
@@ -322,7 +318,6 @@ fn fp8_ngram_tables_are_decoded_and_scaled() {
             vec![0; 512 * width],
         )],
     );
-    let (cfg, ckpt) = open(dir.path());
     let t = ngram_tables::locate(&ckpt, &cfg).unwrap();
     let e = format!("{:#}", t[0].open(&ckpt, width).unwrap_err());
     assert!(
@@ -335,13 +330,10 @@ fn fp8_ngram_tables_are_decoded_and_scaled() {
 #[test]
 fn broken_tables_give_one_line_errors() {
     // No table for layer 3: the key as mlx-vlm spells it, in the file holding layer 3's PLE.
-    let dir = tempfile::tempdir().unwrap();
-    fixture_edited(
-        dir.path(),
+    let (_dir, cfg, ckpt) = open_edited(
         |n| n.contains("layers.3.ple.ple_embedding.ngram_embedding"),
         vec![],
     );
-    let (cfg, ckpt) = open(dir.path());
     let e = format!("{:#}", ngram_tables::locate(&ckpt, &cfg).unwrap_err());
     assert_eq!(e.lines().count(), 1, "{e}");
     assert!(e.contains("model.safetensors: qwen4_exp layer 3"), "{e}");
@@ -354,13 +346,10 @@ fn broken_tables_give_one_line_errors() {
     );
 
     // A quantized shard without its biases.
-    let dir = tempfile::tempdir().unwrap();
-    fixture_edited(
-        dir.path(),
+    let (_dir, cfg, ckpt) = open_edited(
         |n| n.ends_with("layers.1.ple.ple_embedding.ngram_embedding.shards.1.biases"),
         vec![],
     );
-    let (cfg, ckpt) = open(dir.path());
     let t = ngram_tables::locate(&ckpt, &cfg).unwrap();
     let e = format!("{:#}", t[0].open(&ckpt, 32).unwrap_err());
     assert_eq!(e.lines().count(), 1, "{e}");
@@ -386,12 +375,10 @@ fn broken_tables_give_one_line_errors() {
     );
 
     // Scales of another group size than the packed rows allow.
-    let dir = tempfile::tempdir().unwrap();
     let name = "language_model.model.layers.1.ple.ple_embedding.ngram_embedding.shards.0";
     let bf16_ones =
         |n: usize| -> Vec<u8> { (0..n).flat_map(|_| half::bf16::ONE.to_le_bytes()).collect() };
-    fixture_edited(
-        dir.path(),
+    let (_dir, cfg, ckpt) = open_edited(
         |n| n == format!("{name}.scales") || n == format!("{name}.biases"),
         vec![
             (
@@ -408,176 +395,28 @@ fn broken_tables_give_one_line_errors() {
             ),
         ],
     );
-    let (cfg, ckpt) = open(dir.path());
     let e = format!("{:#}", ngram_tables::locate(&ckpt, &cfg).unwrap_err());
     assert!(e.contains("do not fit 32-wide rows"), "{e}");
 }
 
-/// Both PLE blocks on transformers' input streams, whole and in chunks, with their rows
-/// gathered from the 4-bit tables.
-#[test]
-fn per_layer_embeddings_match_transformers() {
-    let (cfg, ckpt) = open(&fixture());
-    let r = Reference::load(NAME);
-    let tokens = r.ids("tf_ids");
-    for table in ngram_tables::locate(&ckpt, &cfg).unwrap() {
-        let i = table.layer;
-        let ple = PerLayerEmbedding::load(&ckpt, &table, &cfg).unwrap();
-        let hs = r.get(&format!("tf_hidden.{}", i - 1));
-        let want = r.get(&format!("tf_ple.{i}"));
-        let mut state = ple.new_state().unwrap();
-        let whole = ple.forward(hs, &tokens, &mut state).unwrap();
-        let d = rel_max_diff(&whole, want);
-        assert!(d <= 1e-5, "tf_ple.{i}: {d:e}");
-        let mut state = ple.new_state().unwrap();
-        let mut parts = vec![];
-        for (a, b) in [(0, 7), (7, 8), (8, 41), (41, tokens.len())] {
-            let chunk = hs.narrow(0, a, b - a).unwrap();
-            parts.push(ple.forward(&chunk, &tokens[a..b], &mut state).unwrap());
-        }
-        let d = rel_max_diff(&Tensor::cat(&parts, 0).unwrap(), want);
-        assert!(d <= 1e-5, "tf_ple.{i} in chunks: {d:e}");
-    }
-}
-
-/// Every hyper-connection (4-bit down/up/inject projections), the final mixer and the 4-bit
-/// lm_head, on transformers' inputs.
-#[test]
-fn hyper_connections_and_lm_head_match_transformers() {
-    let (cfg, ckpt) = open(&fixture());
-    let r = Reference::load(NAME);
-    let close = |got: &Tensor, key: &str| {
-        let d = rel_max_diff(got, r.get(key));
-        assert!(d <= 1e-5, "{key}: {d:e} relative to max|ref|");
-    };
-    for i in 0..cfg.num_hidden_layers {
-        let mut hs = r
-            .get(&if i == 0 {
-                "tf_embed".to_string()
-            } else {
-                format!("tf_hidden.{}", i - 1)
-            })
-            .clone();
-        if r.0.contains_key(&format!("tf_ple.{i}")) {
-            hs = (hs + r.get(&format!("tf_ple.{i}"))).unwrap();
-        }
-        for (which, out) in [("attn", "tf_mixer"), ("mlp", "tf_mlp")] {
-            let hc = HyperConnection::load(
-                &ckpt,
-                &format!("model.layers.{i}.{which}_hyper_connection"),
-                &cfg,
-                true,
-            )
-            .unwrap();
-            let (x, w) = hc.forward(&hs).unwrap();
-            let w = w.unwrap();
-            close(&x, &format!("tf_{which}_hc.{i}.x"));
-            close(&w, &format!("tf_{which}_hc.{i}.w"));
-            hs = HyperConnection::inject(&hs, r.get(&format!("{out}.{i}")), &w).unwrap();
-        }
-        close(&hs, &format!("tf_hidden.{i}"));
-    }
-    let mixer = HyperConnection::load(&ckpt, "model.hyper_connection_mixer", &cfg, false).unwrap();
-    let (x, w) = mixer
-        .forward(r.get(&format!("tf_hidden.{}", cfg.num_hidden_layers - 1)))
-        .unwrap();
-    assert!(w.is_none());
-    close(&x, "tf_final_mixed");
-    let head = Linear::load(&ckpt, "lm_head", cfg.vocab_size, cfg.hidden_size, &cfg).unwrap();
-    close(&head.forward(r.get("tf_final_mixed")).unwrap(), "tf_logits");
-}
-
-/// The GDN mixers (4-bit projections, [C, K, 1] conv, sigmoid output gate).
-#[test]
-fn gdn_mixers_match_transformers() {
-    let (cfg, ckpt) = open(&fixture());
-    let r = Reference::load(NAME);
-    for i in (0..cfg.num_hidden_layers).filter(|&i| cfg.layer_kind(i) == LayerKind::LinearAttention)
-    {
-        let gdn = GatedDeltaNet::load(
-            &ckpt,
-            &format!("model.layers.{i}.linear_attn"),
-            &cfg,
-            output_gate(&cfg),
-        )
-        .unwrap();
-        let x = r.get(&format!("tf_attn_hc.{i}.x")).unsqueeze(0).unwrap();
-        let y = gdn
-            .forward(&x, &mut GdnCache::default())
-            .unwrap()
-            .squeeze(0)
-            .unwrap();
-        let d = rel_max_diff(&y, r.get(&format!("tf_mixer.{i}")));
-        assert!(d <= 1e-4, "tf_mixer.{i}: {d:e}");
-    }
-}
-
-/// The MoE blocks: stacked 4-bit experts, 8-bit router and shared-expert gate.
-#[test]
-fn moe_blocks_match_transformers() {
-    let (cfg, ckpt) = open(&fixture());
-    let r = Reference::load(NAME);
-    for i in 0..cfg.num_hidden_layers {
-        let moe = SparseMoe::load(&ckpt, &format!("model.layers.{i}.mlp"), &cfg).unwrap();
-        let x = r.get(&format!("tf_mlp_hc.{i}.x")).unsqueeze(0).unwrap();
-        let y = moe.forward(&x).unwrap().squeeze(0).unwrap();
-        let d = rel_max_diff(&y, r.get(&format!("tf_mlp.{i}")));
-        assert!(d <= 1e-5, "tf_mlp.{i}: {d:e}");
-    }
+common::qwen4_exp::layer_gates! { NAME;
+    /// Both PLE blocks on transformers' input streams, whole and in chunks, with their rows
+    /// gathered from the 4-bit tables.
+    per_layer_embeddings_match_transformers => per_layer_embeddings_match,
+    /// Every hyper-connection (4-bit down/up/inject projections), the final mixer and the
+    /// 4-bit lm_head, on transformers' inputs.
+    hyper_connections_and_lm_head_match_transformers => hyper_connections_and_lm_head_match,
+    /// The GDN mixers (4-bit projections, [C, K, 1] conv, sigmoid output gate).
+    gdn_mixers_match_transformers => gdn_mixers_match,
+    /// The MoE blocks: stacked 4-bit experts, 8-bit router and shared-expert gate.
+    moe_blocks_match_transformers => moe_blocks_match,
 }
 
 /// The QSA layer: the indexer's selection for every query, and the attention output whole
 /// and step by step (zero-centred q/k norms loaded as 1 + w in this layout too).
 #[test]
 fn qsa_attention_matches_transformers() {
-    let (cfg, ckpt) = open(&fixture());
-    let r = Reference::load(NAME);
-    let i = 2;
-    let p = format!("model.layers.{i}.self_attn");
-    let attn = Attention::load(&ckpt, &p, &cfg).unwrap();
-    let indexer = QsaIndexer::load(&ckpt, &p, &cfg).unwrap();
-    let x = r.get(&format!("tf_attn_hc.{i}.x"));
-    let n = x.dim(0).unwrap();
-    let visible = indexer.select(x, &mut IndexerCache::default(), 0).unwrap();
-    let want = r
-        .get(&format!("qsa_selected.{i}"))
-        .to_vec2::<i32>()
-        .unwrap();
-    for (t, (got, want)) in visible.iter().zip(&want).enumerate() {
-        let want: Vec<bool> = want.iter().map(|&v| v != 0).collect();
-        assert_eq!(got, &want, "query {t}: selected keys differ");
-    }
-    let mask = QsaIndexer::mask(&visible).unwrap();
-    let y = attn
-        .forward_masked(
-            &x.unsqueeze(0).unwrap(),
-            &mut KvCache::default(),
-            0,
-            Some(&mask),
-        )
-        .unwrap()
-        .squeeze(0)
-        .unwrap();
-    let d = rel_max_diff(&y, r.get(&format!("tf_mixer.{i}")));
-    assert!(d <= 1e-5, "tf_mixer.{i}: {d:e}");
-
-    let (mut icache, mut kv, mut outs) = (IndexerCache::default(), KvCache::default(), vec![]);
-    let mut offset = 0;
-    for len in std::iter::once(5).chain(std::iter::repeat_n(1, n - 5)) {
-        let xs = x.narrow(0, offset, len).unwrap();
-        let visible = indexer.select(&xs, &mut icache, offset).unwrap();
-        let mask = QsaIndexer::mask(&visible).unwrap();
-        let y = attn
-            .forward_masked(&xs.unsqueeze(0).unwrap(), &mut kv, offset, Some(&mask))
-            .unwrap();
-        outs.push(y.squeeze(0).unwrap());
-        offset += len;
-    }
-    let d = rel_max_diff(
-        &Tensor::cat(&outs, 0).unwrap(),
-        r.get(&format!("tf_mixer.{i}")),
-    );
-    assert!(d <= 1e-5, "tf_mixer.{i} step by step: {d:e}");
+    Fixture::open(NAME).qsa_attention_matches();
 }
 
 /// Loading every part of the model the way `Model::load` will (each layer's loaders, the

@@ -69,19 +69,9 @@ fn check_greedy(name: &str) {
     }
 }
 
-macro_rules! per_checkpoint {
-    ($($test:ident => $name:literal),* $(,)?) => {
-        mod logits_and_caches { $( #[test] fn $test() { super::check_logits($name) } )* }
-        mod greedy_tokens { $( #[test] fn $test() { super::check_greedy($name) } )* }
-    };
-}
-
-per_checkpoint! {
-    qwen3_next_4bit => "qwen3-next-tiny-4bit",
-    qwen35_dense_4bit_tied => "qwen3.5-tiny-4bit",
-    qwen35_moe_4bit => "qwen3.5-moe-tiny-4bit",
-    qwen3_next_bf16 => "qwen3-next-tiny-bf16",
-    qwen35_moe_raw_hf => "qwen3.5-moe-tiny-hf",
+common::per_checkpoint! {
+    logits_and_caches => check_logits,
+    greedy_tokens => check_greedy,
 }
 
 #[test]

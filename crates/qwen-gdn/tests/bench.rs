@@ -175,18 +175,11 @@ fn qwen4_exp_json_report() {
 
 fn qwen4_exp_report(name: &str) {
     let model = fixture(name);
-    let out = run(&[
+    let out = run_model(
         "bench",
-        "--model",
-        model.to_str().unwrap(),
-        "-p",
-        "16",
-        "-g",
-        "8",
-        "-r",
-        "1",
-        "--json",
-    ]);
+        &model,
+        &["-p", "16", "-g", "8", "-r", "1", "--json"],
+    );
     assert!(out.status.success(), "{name}: stderr: {}", stderr(&out));
     let report: Json = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(report["model_type"], "qwen4_exp", "{name}");
@@ -208,9 +201,6 @@ fn qwen4_exp_report(name: &str) {
 fn prefill_profile() {
     let model = fixture("qwen3.5-moe-tiny-4bit");
     let args = [
-        "bench",
-        "--model",
-        model.to_str().unwrap(),
         "--dtype",
         "bf16",
         "-p",
@@ -224,11 +214,7 @@ fn prefill_profile() {
         "--profile",
         "--json",
     ];
-    let out = command(&args)
-        .env("QWEN_GDN_MOE_PREFILL", "gemm")
-        .stdin(std::process::Stdio::null())
-        .output()
-        .unwrap();
+    let out = output(model_command("bench", &model, &args).env("QWEN_GDN_MOE_PREFILL", "gemm"));
     assert!(out.status.success(), "stderr: {}", stderr(&out));
     let err = stderr(&out);
     assert!(err.contains("prefill profile: 21 tokens"), "{err}");
@@ -348,9 +334,6 @@ fn quantized_payload(model: &std::path::Path, name: &str) -> u64 {
 fn decode_profile() {
     let model = fixture("qwen3-next-tiny-4bit");
     let args = [
-        "bench",
-        "--model",
-        model.to_str().unwrap(),
         "--dtype",
         "bf16",
         "-p",
@@ -362,10 +345,7 @@ fn decode_profile() {
         "--profile-decode",
         "--json",
     ];
-    let out = command(&args)
-        .stdin(std::process::Stdio::null())
-        .output()
-        .unwrap();
+    let out = run_model("bench", &model, &args);
     assert!(out.status.success(), "stderr: {}", stderr(&out));
     let err = stderr(&out);
     assert!(

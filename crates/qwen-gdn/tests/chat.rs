@@ -6,7 +6,7 @@ use common::*;
 use serde_json::{json, Value as Json};
 use std::io::{Read, Write};
 use std::path::Path;
-use std::process::{Output, Stdio};
+use std::process::Output;
 use tokenizers::Tokenizer;
 
 const SYSTEM: &str = "You are terse.";
@@ -14,23 +14,9 @@ const MAX_TOKENS: &str = "24";
 
 /// Runs `chat` on `model` with `lines` as its stdin (greedy, short replies, stats on).
 fn chat(model: &Path, extra: &[&str], lines: &[&str]) -> Output {
-    let mut args = vec![
-        "chat",
-        "--model",
-        model.to_str().unwrap(),
-        "--temp",
-        "0",
-        "--max-tokens",
-        MAX_TOKENS,
-        "--verbose",
-    ];
+    let mut args = vec!["--temp", "0", "--max-tokens", MAX_TOKENS, "--verbose"];
     args.extend_from_slice(extra);
-    let mut child = command(&args)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut child = spawn_piped(&mut model_command("chat", model, &args));
     let mut input = lines.join("\n");
     input.push('\n');
     let mut stdin = child.stdin.take().unwrap();
@@ -50,9 +36,6 @@ fn chat(model: &Path, extra: &[&str], lines: &[&str]) -> Output {
 /// `generate`'s greedy reply (text only) to one user message after the system prompt.
 fn generate(model: &Path, system: Option<&str>, prompt: &str) -> String {
     let mut args = vec![
-        "generate",
-        "--model",
-        model.to_str().unwrap(),
         "--prompt",
         prompt,
         "--temp",
@@ -65,7 +48,7 @@ fn generate(model: &Path, system: Option<&str>, prompt: &str) -> String {
     if let Some(system) = system {
         args.extend(["--system-prompt", system]);
     }
-    let out = run(&args);
+    let out = run_model("generate", model, &args);
     assert!(out.status.success(), "{}", stderr(&out));
     String::from_utf8(out.stdout).unwrap()
 }
@@ -262,20 +245,11 @@ fn ctrl_c_stops_the_reply_and_keeps_the_session() {
     let dir = tempfile::tempdir().unwrap();
     let saved = dir.path().join("after-ctrl-c.json");
     // Long enough to be still running when the signal comes: up to the whole context.
-    let mut child = command(&[
+    let mut child = spawn_piped(&mut model_command(
         "chat",
-        "--model",
-        model.to_str().unwrap(),
-        "--temp",
-        "0",
-        "--max-tokens",
-        "100000",
-    ])
-    .stdin(Stdio::piped())
-    .stdout(Stdio::piped())
-    .stderr(Stdio::piped())
-    .spawn()
-    .unwrap();
+        &model,
+        &["--temp", "0", "--max-tokens", "100000"],
+    ));
     let mut stdin = child.stdin.take().unwrap();
     stdin.write_all(b"Tell me everything\n").unwrap();
     let mut stdout = child.stdout.take().unwrap();
@@ -373,16 +347,11 @@ fn chat_fed(
     feed: impl FnOnce(&mut dyn Write) -> std::io::Result<()> + Send + 'static,
     file_size_limit: Option<u64>,
 ) -> Output {
-    let mut cmd = command(&["chat", "--model", model.to_str().unwrap(), "--temp", "0"]);
+    let mut cmd = model_command("chat", model, &["--temp", "0"]);
     if let Some(bytes) = file_size_limit {
         limit_file_size(&mut cmd, bytes);
     }
-    let mut child = cmd
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut child = spawn_piped(&mut cmd);
     let mut stdin = child.stdin.take().unwrap();
     // A broken pipe (the child stopped reading) ends the feed.
     let writer = std::thread::spawn(move || {

@@ -13,7 +13,6 @@
 mod common;
 
 use common::*;
-use serde_json::Value as Json;
 
 fn logprobs(level: &str, extra: &[&str]) -> Vec<f64> {
     logprobs_with(level, extra, None)
@@ -22,9 +21,6 @@ fn logprobs(level: &str, extra: &[&str]) -> Vec<f64> {
 fn logprobs_with(level: &str, extra: &[&str], q8_layout: Option<&str>) -> Vec<f64> {
     let model = fixture("qwen3-next-tiny-4bit");
     let mut args = vec![
-        "eval",
-        "--model",
-        model.to_str().unwrap(),
         "--text",
         "One two three four five six seven eight nine ten.",
         "--json",
@@ -33,20 +29,14 @@ fn logprobs_with(level: &str, extra: &[&str], q8_layout: Option<&str>) -> Vec<f6
         "1",
     ];
     args.extend(extra);
-    let mut cmd = command(&args);
+    let mut cmd = model_command("eval", &model, &args);
     cmd.env("QWEN_GDN_CPU_LEVEL", level);
     if let Some(layout) = q8_layout {
         cmd.env("QWEN_GDN_Q8_LAYOUT", layout);
     }
     let out = cmd.output().unwrap();
     assert!(out.status.success(), "{level}: {}", stderr(&out));
-    let json: Json = serde_json::from_slice(&out.stdout).unwrap();
-    json["logprobs"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|v| v.as_f64().unwrap())
-        .collect()
+    logprobs_of(&out)
 }
 
 #[test]

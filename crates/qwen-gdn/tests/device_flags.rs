@@ -9,15 +9,12 @@ use serde_json::Value as Json;
 fn eval_json(extra: &[&str]) -> Json {
     let model = fixture("qwen3.5-moe-tiny-4bit");
     let mut args = vec![
-        "eval",
-        "--model",
-        model.to_str().unwrap(),
         "--text",
         "The quick brown fox jumps over the lazy dog. It was a sunny day.",
         "--json",
     ];
     args.extend(extra);
-    let out = run(&args);
+    let out = run_model("eval", &model, &args);
     assert!(out.status.success(), "{}", stderr(&out));
     serde_json::from_slice(&out.stdout).unwrap()
 }

@@ -46,17 +46,10 @@ fn a_bad_engine_value_stops_before_the_weights() {
 #[test]
 fn an_unknown_qwen_gdn_variable_gets_one_notice() {
     let dir = fixture(MODEL);
-    let out = command(&[
-        "eval",
-        "--model",
-        dir.to_str().unwrap(),
-        "--text",
-        "One two three.",
-        "--json",
-    ])
-    .env("QWEN_GDN_GDN_PREFIL", "chunked")
-    .output()
-    .unwrap();
+    let out = model_command("eval", &dir, &["--text", "One two three.", "--json"])
+        .env("QWEN_GDN_GDN_PREFIL", "chunked")
+        .output()
+        .unwrap();
     assert!(out.status.success(), "{}", stderr(&out));
     let notices: Vec<String> = stderr(&out)
         .lines()

@@ -58,13 +58,7 @@ fn generate_with_template(template: &str) -> (std::process::Output, std::path::P
     let (tmp, dir) = copy_fixture(MODEL);
     let file = dir.join("chat_template.jinja");
     std::fs::write(&file, template).unwrap();
-    let mut cmd = command(&[
-        "generate",
-        "--model",
-        dir.to_str().unwrap(),
-        "--prompt",
-        "Hi",
-    ]);
+    let mut cmd = model_command("generate", &dir, &["--prompt", "Hi"]);
     // SAFETY: only an async-signal-safe call between fork and exec.
     unsafe {
         cmd.pre_exec(|| {
@@ -78,9 +72,7 @@ fn generate_with_template(template: &str) -> (std::process::Output, std::path::P
             Ok(())
         });
     }
-    let out = within(Duration::from_secs(60), || {
-        cmd.stdin(std::process::Stdio::null()).output().unwrap()
-    });
+    let out = within(Duration::from_secs(60), || output(&mut cmd));
     drop(tmp);
     (out, file)
 }
@@ -146,29 +138,14 @@ fn the_template_byte_budget_can_be_changed() {
     .unwrap();
     let ok = generate(&dir, &["--max-tokens", "1"]);
     assert!(ok.status.success(), "{}", stderr(&ok));
-    let out = command(&[
-        "generate",
-        "--model",
-        dir.to_str().unwrap(),
-        "--prompt",
-        "Hi",
-    ])
-    .env("QWEN_GDN_TEMPLATE_BYTES", "50000")
-    .stdin(std::process::Stdio::null())
-    .output()
-    .unwrap();
+    let out = output(
+        model_command("generate", &dir, &["--prompt", "Hi"])
+            .env("QWEN_GDN_TEMPLATE_BYTES", "50000"),
+    );
     assert_error(&out, &["chat template", "more than 50000 bytes"]);
-    let out = command(&[
-        "generate",
-        "--model",
-        dir.to_str().unwrap(),
-        "--prompt",
-        "Hi",
-    ])
-    .env("QWEN_GDN_TEMPLATE_BYTES", "lots")
-    .stdin(std::process::Stdio::null())
-    .output()
-    .unwrap();
+    let out = output(
+        model_command("generate", &dir, &["--prompt", "Hi"]).env("QWEN_GDN_TEMPLATE_BYTES", "lots"),
+    );
     assert_error(&out, &["QWEN_GDN_TEMPLATE_BYTES", "positive integer"]);
 }
 
@@ -208,13 +185,7 @@ fn an_endless_prompt_file_stops_at_the_byte_limit() {
             "max_position_embeddings",
         ],
     );
-    let out = run(&[
-        "eval",
-        "--model",
-        fixture(MODEL).to_str().unwrap(),
-        "--text-file",
-        "/dev/zero",
-    ]);
+    let out = run_model("eval", &fixture(MODEL), &["--text-file", "/dev/zero"]);
     assert_error(&out, &["--text-file /dev/zero", "bytes"]);
 }
 
@@ -225,13 +196,11 @@ fn a_long_text_is_refused_after_tokenizing_about_one_context() {
     let tmp = tempfile::tempdir().unwrap();
     let file = tmp.path().join("long.txt");
     std::fs::write(&file, "lorem ipsum dolor sit amet ".repeat(4_000)).unwrap();
-    let out = run(&[
+    let out = run_model(
         "eval",
-        "--model",
-        fixture(MODEL).to_str().unwrap(),
-        "--text-file",
-        file.to_str().unwrap(),
-    ]);
+        &fixture(MODEL),
+        &["--text-file", file.to_str().unwrap()],
+    );
     assert_error(
         &out,
         &[

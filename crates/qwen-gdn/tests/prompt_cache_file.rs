@@ -16,34 +16,16 @@ fn cache_prompt(model: &Path, out: &Path, extra: &[&str]) -> std::process::Outpu
 }
 
 fn cache_prefix(model: &Path, prefix: &str, out: &Path, extra: &[&str]) -> std::process::Output {
-    let mut args = vec![
-        "cache-prompt",
-        "--model",
-        model.to_str().unwrap(),
-        "--prompt",
-        prefix,
-        "--out",
-        out.to_str().unwrap(),
-    ];
+    let mut args = vec!["--prompt", prefix, "--out", out.to_str().unwrap()];
     args.extend_from_slice(extra);
-    run(&args)
+    run_model("cache-prompt", model, &args)
 }
 
 /// `generate` greedy: (text, stats on stderr).
 fn generate(model: &Path, prompt: &str, extra: &[&str]) -> (String, String) {
-    let mut args = vec![
-        "generate",
-        "--model",
-        model.to_str().unwrap(),
-        "--prompt",
-        prompt,
-        "--temp",
-        "0",
-        "--max-tokens",
-        "24",
-    ];
+    let mut args = vec!["--prompt", prompt, "--temp", "0", "--max-tokens", "24"];
     args.extend_from_slice(extra);
-    let out = run(&args);
+    let out = run_model("generate", model, &args);
     assert!(out.status.success(), "{}", stderr(&out));
     (
         String::from_utf8_lossy(&out.stdout).into_owned(),
@@ -160,9 +142,6 @@ fn a_file_made_the_other_way_round_is_refused() {
         let made = cache_prompt(&model, &file, flags);
         assert!(made.status.success(), "{}", stderr(&made));
         let mut args = vec![
-            "generate",
-            "--model",
-            model.to_str().unwrap(),
             "--prompt",
             REST,
             "--prompt-cache-file",
@@ -172,7 +151,7 @@ fn a_file_made_the_other_way_round_is_refused() {
             args.push("--ignore-chat-template");
         }
         assert_error(
-            &run(&args),
+            &run_model("generate", &model, &args),
             &[
                 file.file_name().unwrap().to_str().unwrap(),
                 "--ignore-chat-template",
@@ -189,15 +168,16 @@ fn files_of_another_model_or_damaged_are_refused() {
     let made = cache_prompt(&fixture("qwen3.5-moe-tiny-4bit"), &theirs, &[]);
     assert!(made.status.success(), "{}", stderr(&made));
     let use_file = |file: &Path| {
-        run(&[
+        run_model(
             "generate",
-            "--model",
-            model.to_str().unwrap(),
-            "--prompt",
-            REST,
-            "--prompt-cache-file",
-            file.to_str().unwrap(),
-        ])
+            &model,
+            &[
+                "--prompt",
+                REST,
+                "--prompt-cache-file",
+                file.to_str().unwrap(),
+            ],
+        )
     };
     assert_error(&use_file(&theirs), &["other-model.safetensors"]);
 
@@ -226,17 +206,18 @@ fn files_of_another_model_or_damaged_are_refused() {
         assert_error(&out, &[file.file_name().unwrap().to_str().unwrap()]);
     }
     // The system prompt belongs to the cached prefix.
-    let out = run(&[
+    let out = run_model(
         "generate",
-        "--model",
-        model.to_str().unwrap(),
-        "--prompt",
-        REST,
-        "--system-prompt",
-        "be brief",
-        "--prompt-cache-file",
-        mine.to_str().unwrap(),
-    ]);
+        &model,
+        &[
+            "--prompt",
+            REST,
+            "--system-prompt",
+            "be brief",
+            "--prompt-cache-file",
+            mine.to_str().unwrap(),
+        ],
+    );
     assert_error(&out, &["--system-prompt", "cache-prompt"]);
 }
 
@@ -260,16 +241,17 @@ fn out_is_never_overwritten_without_force() {
     let first = std::fs::read(&cache).unwrap();
     assert_error(&cache_prompt(&model, &cache, &[]), &["--out", "--force"]);
     assert_eq!(std::fs::read(&cache).unwrap(), first);
-    let forced = run(&[
+    let forced = run_model(
         "cache-prompt",
-        "--model",
-        model.to_str().unwrap(),
-        "--prompt",
-        "Another prefix entirely",
-        "--out",
-        cache.to_str().unwrap(),
-        "--force",
-    ]);
+        &model,
+        &[
+            "--prompt",
+            "Another prefix entirely",
+            "--out",
+            cache.to_str().unwrap(),
+            "--force",
+        ],
+    );
     assert!(forced.status.success(), "{}", stderr(&forced));
     assert_ne!(std::fs::read(&cache).unwrap(), first);
     // No temporary file is left behind.
@@ -288,17 +270,13 @@ fn a_failed_write_leaves_nothing_and_can_be_retried() {
     let model = fixture("qwen3.5-tiny-4bit");
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("cache.safetensors");
-    let mut cmd = command(&[
+    let mut cmd = model_command(
         "cache-prompt",
-        "--model",
-        model.to_str().unwrap(),
-        "--prompt",
-        PREFIX,
-        "--out",
-        out.to_str().unwrap(),
-    ]);
+        &model,
+        &["--prompt", PREFIX, "--out", out.to_str().unwrap()],
+    );
     limit_file_size(&mut cmd, 1000);
-    let failed = cmd.stdin(std::process::Stdio::null()).output().unwrap();
+    let failed = output(&mut cmd);
     assert_error(&failed, &["cache.safetensors"]);
     let left: Vec<_> = std::fs::read_dir(dir.path()).unwrap().collect();
     assert!(left.is_empty(), "left behind: {left:?}");

@@ -97,21 +97,11 @@ fn greedy_generation_matches_mlx_lm() {
             if greedy.is_null() {
                 continue;
             }
-            let mut args = vec![
-                "generate",
-                "--model",
-                model.to_str().unwrap(),
-                "--prompt",
-                prompt,
-                "--max-tokens",
-                "32",
-                "--temp",
-                "0",
-            ];
+            let mut args = vec!["--prompt", prompt, "--max-tokens", "32", "--temp", "0"];
             if raw {
                 args.push("--ignore-chat-template");
             }
-            let out = run(&args);
+            let out = run_model("generate", &model, &args);
             let err = stderr(&out);
             if !out.status.success() {
                 failures.push(format!("{name} {kind}: {err}"));
@@ -199,16 +189,11 @@ fn eval_json_matches_mlx_lm_logprobs() {
         let model = fixture(&name);
         let text = scored_text(&model, &name, &r);
         // A chunk size below the text length exercises chunked scoring too.
-        let out = run(&[
+        let out = run_model(
             "eval",
-            "--model",
-            model.to_str().unwrap(),
-            "--text",
-            &text,
-            "--json",
-            "--prefill-chunk-size",
-            "37",
-        ]);
+            &model,
+            &["--text", &text, "--json", "--prefill-chunk-size", "37"],
+        );
         if !out.status.success() {
             failures.push(format!("{name}: {}", stderr(&out)));
             continue;
@@ -254,11 +239,7 @@ fn eval_json_matches_mlx_lm_logprobs() {
 #[test]
 fn quiet_output_and_sampling_flags() {
     let model = fixture("qwen3.5-tiny-4bit");
-    let m = model.to_str().unwrap();
     let args = [
-        "generate",
-        "--model",
-        m,
         "--prompt",
         "Once upon a time",
         "--max-tokens",
@@ -266,7 +247,7 @@ fn quiet_output_and_sampling_flags() {
         "--verbose",
         "false",
     ];
-    let greedy = run(&args);
+    let greedy = run_model("generate", &model, &args);
     assert!(
         greedy.status.success() && greedy.stderr.is_empty(),
         "{}",
@@ -289,7 +270,7 @@ fn quiet_output_and_sampling_flags() {
             "--seed",
             seed,
         ]);
-        let out = run(&a);
+        let out = run_model("generate", &model, &a);
         assert!(out.status.success(), "{}", stderr(&out));
         out.stdout
     };
@@ -301,17 +282,7 @@ fn quiet_output_and_sampling_flags() {
     assert_ne!(sampled("7"), sampled("8"));
     // Thinking off changes the chat prompt of Qwen3.5 (an empty think block is prefilled).
     let prompt_tokens = |extra: &[&str]| {
-        let mut a = vec![
-            "generate",
-            "--model",
-            m,
-            "--prompt",
-            "Hi",
-            "--max-tokens",
-            "1",
-        ];
-        a.extend(extra);
-        let out = run(&a);
+        let out = generate_hi(&model, "1", extra);
         assert!(out.status.success(), "{}", stderr(&out));
         stat(&stderr(&out), "Prompt: ")
     };
@@ -329,16 +300,17 @@ fn quiet_output_and_sampling_flags() {
 #[test]
 fn ctrl_c_stops_generation_and_prints_stats() {
     let model = fixture("qwen3.5-tiny-4bit");
-    let mut child = command(&[
+    let mut child = model_command(
         "generate",
-        "--model",
-        model.to_str().unwrap(),
-        "--prompt",
-        "Tell me everything.",
-        "--max-tokens",
-        "4000",
-        "--ignore-chat-template",
-    ])
+        &model,
+        &[
+            "--prompt",
+            "Tell me everything.",
+            "--max-tokens",
+            "4000",
+            "--ignore-chat-template",
+        ],
+    )
     .stdout(std::process::Stdio::piped())
     .stderr(std::process::Stdio::piped())
     .spawn()
@@ -373,21 +345,17 @@ fn qwen4_exp_chat_template_from_the_checkpoint() {
     }
 }
 
+/// `generate --prompt Hi --max-tokens <max_tokens>` with `extra`.
+fn generate_hi(model: &Path, max_tokens: &str, extra: &[&str]) -> std::process::Output {
+    let mut args = vec!["--prompt", "Hi", "--max-tokens", max_tokens];
+    args.extend(extra);
+    run_model("generate", model, &args)
+}
+
 fn chat_template_from_the_checkpoint(name: &str) {
     let model = fixture(name);
-    let m = model.to_str().unwrap();
     let prompt_tokens = |extra: &[&str]| {
-        let mut a = vec![
-            "generate",
-            "--model",
-            m,
-            "--prompt",
-            "Hi",
-            "--max-tokens",
-            "4",
-        ];
-        a.extend(extra);
-        let out = run(&a);
+        let out = generate_hi(&model, "4", extra);
         let err = stderr(&out);
         assert!(out.status.success(), "{name}: {err}");
         assert!(

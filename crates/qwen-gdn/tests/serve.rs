@@ -41,25 +41,15 @@ fn assert_api_error(status: u16, body: &Json, want: u16, param: Option<&str>, co
 fn generate(prompt: &str, max_tokens: usize, extra: &[&str]) -> (String, usize) {
     let model = fixture(MODEL);
     let n = max_tokens.to_string();
-    let mut args = vec![
-        "generate",
-        "--model",
-        model.to_str().unwrap(),
-        "-p",
-        prompt,
-        "--temp",
-        "0",
-        "--max-tokens",
-        &n,
-    ];
+    let mut args = vec!["-p", prompt, "--temp", "0", "--max-tokens", &n];
     args.extend_from_slice(extra);
     let mut quiet = args.clone();
     quiet.extend(["--verbose", "false"]);
-    let out = run(&quiet);
+    let out = run_model("generate", &model, &quiet);
     assert!(out.status.success(), "{}", stderr(&out));
     let text = String::from_utf8(out.stdout).unwrap();
     let text = text.strip_suffix('\n').unwrap().to_string();
-    let out = run(&args);
+    let out = run_model("generate", &model, &args);
     let err = stderr(&out);
     let prompt_tokens = err
         .lines()
@@ -482,17 +472,25 @@ fn slow_and_idle_clients_are_closed() {
     assert_eq!(server.call("/v1/models", None, None).0, 200);
 }
 
-/// Sends a streamed request on a raw socket and returns it once the first text arrived.
-fn start_stream(server: &Server, max_tokens: usize) -> TcpStream {
-    let body =
-        json!({"prompt": "Once upon a time", "max_tokens": max_tokens, "stream": true}).to_string();
+/// Sends a completion request with `body` on a fresh raw socket (asking the server to close
+/// it after the answer when `close`), and returns the socket.
+fn post_raw(server: &Server, body: &Json, close: bool) -> TcpStream {
+    let body = body.to_string();
+    let close = if close { "Connection: close\r\n" } else { "" };
     let mut socket = TcpStream::connect(server.addr()).unwrap();
     write!(
         socket,
-        "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\n{close}\r\n{body}",
         body.len()
     )
     .unwrap();
+    socket
+}
+
+/// Sends a streamed request on a raw socket and returns it once the first text arrived.
+fn start_stream(server: &Server, max_tokens: usize) -> TcpStream {
+    let body = json!({"prompt": "Once upon a time", "max_tokens": max_tokens, "stream": true});
+    let mut socket = post_raw(server, &body, false);
     socket
         .set_read_timeout(Some(Duration::from_secs(120)))
         .unwrap();
@@ -507,20 +505,27 @@ fn start_stream(server: &Server, max_tokens: usize) -> TcpStream {
     socket
 }
 
-/// Waits (bounded) for a log line containing `needle`.
-fn wait_for_log(server: &Server, needle: &str) -> String {
+/// Waits (bounded) until the server's log satisfies `done`.
+fn wait_for_log_where(server: &Server, done: impl Fn(&[String]) -> bool) {
     let start = Instant::now();
-    loop {
-        if let Some(line) = server.log().into_iter().find(|l| l.contains(needle)) {
-            return line;
-        }
+    while !done(&server.log()) {
         assert!(
             start.elapsed() < Duration::from_secs(120),
-            "no {needle:?} in {:?}",
+            "{:?}",
             server.log()
         );
         std::thread::sleep(Duration::from_millis(20));
     }
+}
+
+/// Waits (bounded) for a log line containing `needle`.
+fn wait_for_log(server: &Server, needle: &str) -> String {
+    wait_for_log_where(server, |log| log.iter().any(|l| l.contains(needle)));
+    server
+        .log()
+        .into_iter()
+        .find(|l| l.contains(needle))
+        .unwrap()
 }
 
 #[test]
@@ -544,33 +549,15 @@ fn a_client_that_disconnects_cancels_its_generation() {
     let (status, reply) = server.post("/v1/completions", &json!({"prompt": "hi", "max_tokens": 2}));
     assert_eq!(status, 200, "{reply}");
     // A request that is not streamed is cancelled as well when its client goes away.
-    let body = json!({"prompt": "Once upon a time", "max_tokens": 10_000}).to_string();
-    let mut socket = TcpStream::connect(server.addr()).unwrap();
-    write!(
-        socket,
-        "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
-        body.len()
-    )
-    .unwrap();
+    let body = json!({"prompt": "Once upon a time", "max_tokens": 10_000});
+    let socket = post_raw(&server, &body, false);
     // Long enough for the idle worker to take the job up (a job whose client left while it
     // waited is skipped without a log line).
     std::thread::sleep(Duration::from_secs(1));
     drop(socket);
-    let start = Instant::now();
-    while server
-        .log()
-        .iter()
-        .filter(|l| l.contains("cancelled"))
-        .count()
-        < 2
-    {
-        assert!(
-            start.elapsed() < Duration::from_secs(120),
-            "{:?}",
-            server.log()
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    wait_for_log_where(&server, |log| {
+        log.iter().filter(|l| l.contains("cancelled")).count() >= 2
+    });
 }
 
 #[test]
@@ -584,15 +571,11 @@ fn a_full_queue_answers_503() {
     // tries may land before the waiting one, and then wait themselves.)
     let mut waiting = vec![];
     let rejected = (0..5).find_map(|_| {
-        let body = json!({"prompt": "hi", "max_tokens": 10_000, "stream": true}).to_string();
-        let mut socket = TcpStream::connect(server.addr()).unwrap();
-        write!(
-            socket,
-            "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-            body.len()
-        )
-        .unwrap();
-        socket.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+        let body = json!({"prompt": "hi", "max_tokens": 10_000, "stream": true});
+        let mut socket = post_raw(&server, &body, true);
+        socket
+            .set_read_timeout(Some(Duration::from_secs(2)))
+            .unwrap();
         let mut reply = String::new();
         match socket.read_to_string(&mut reply) {
             Ok(_) if reply.starts_with("HTTP/1.1 503") => Some(reply),

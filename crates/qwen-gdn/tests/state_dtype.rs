@@ -24,30 +24,15 @@ fn reference_json(name: &str) -> Value {
 fn eval_logprobs(model: &str, extra: &[&str], env: Option<&str>) -> Vec<f64> {
     let dir = fixture(model);
     let text = reference_json(model)["text"].as_str().unwrap().to_string();
-    let mut args = vec![
-        "eval",
-        "--model",
-        dir.to_str().unwrap(),
-        "--text",
-        &text,
-        "--json",
-        "--prefill-chunk-size",
-        "1",
-    ];
+    let mut args = vec!["--text", &text, "--json", "--prefill-chunk-size", "1"];
     args.extend_from_slice(extra);
-    let mut cmd = command(&args);
+    let mut cmd = model_command("eval", &dir, &args);
     if let Some(v) = env {
         cmd.env("MLX_LM_GDN_STATE_BF16", v);
     }
     let out = cmd.output().unwrap();
     assert!(out.status.success(), "{}", stderr(&out));
-    let json: Value = serde_json::from_slice(&out.stdout).unwrap();
-    json["logprobs"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|x| x.as_f64().unwrap())
-        .collect()
+    logprobs_of(&out)
 }
 
 #[test]
@@ -86,16 +71,11 @@ fn bf16_quality_gate_matches_mlx_lm_on_every_tiny_checkpoint() {
         let want = &reference["bf16_state"];
         let text = reference["text"].as_str().unwrap();
         let dir = fixture(name);
-        let out = run(&[
+        let out = run_model(
             "eval",
-            "--model",
-            dir.to_str().unwrap(),
-            "--text",
-            text,
-            "--json",
-            "--compare-state-dtype",
-            "bf16",
-        ]);
+            &dir,
+            &["--text", text, "--json", "--compare-state-dtype", "bf16"],
+        );
         assert!(out.status.success(), "{name}: {}", stderr(&out));
         let json: Value = serde_json::from_slice(&out.stdout).unwrap();
         let got = &json["compare"];
@@ -131,15 +111,16 @@ fn bf16_quality_gate_matches_mlx_lm_on_every_tiny_checkpoint() {
 #[test]
 fn human_output_prints_the_verdict() {
     let dir = fixture("qwen3.5-tiny-4bit");
-    let out = run(&[
+    let out = run_model(
         "eval",
-        "--model",
-        dir.to_str().unwrap(),
-        "--text",
-        "The old lighthouse keeper climbed the stairs.",
-        "--compare-state-dtype",
-        "bf16",
-    ]);
+        &dir,
+        &[
+            "--text",
+            "The old lighthouse keeper climbed the stairs.",
+            "--compare-state-dtype",
+            "bf16",
+        ],
+    );
     assert!(out.status.success(), "{}", stderr(&out));
     let text = String::from_utf8(out.stdout).unwrap();
     assert!(
@@ -160,16 +141,11 @@ fn bf16_quality_gate_runs_on_qwen4_exp() {
 fn bf16_quality_gate_passes(name: &str) {
     let text = reference_json(name)["text"].as_str().unwrap().to_string();
     let dir = fixture(name);
-    let out = run(&[
+    let out = run_model(
         "eval",
-        "--model",
-        dir.to_str().unwrap(),
-        "--text",
-        &text,
-        "--json",
-        "--compare-state-dtype",
-        "bf16",
-    ]);
+        &dir,
+        &["--text", &text, "--json", "--compare-state-dtype", "bf16"],
+    );
     assert!(out.status.success(), "{name}: {}", stderr(&out));
     let json: Value = serde_json::from_slice(&out.stdout).unwrap();
     let got = &json["compare"];

@@ -69,7 +69,7 @@ pub fn cases() -> Vec<Shape> {
 
 /// The inputs' seed of case `i` of [`cases`] at `ty`: the same on every backend.
 pub fn seed(i: usize, ty: Ty) -> u64 {
-    (i as u64 + 1) * 104_729 + ty.code() as u64
+    super::random::case_seed(104_729, i, ty.code() as u64)
 }
 
 /// `theta^(-2i/R)` for `i < R/2` with Qwen3-Next's theta 1e7, as f32 (computed in f64 as the

@@ -27,6 +27,13 @@ impl Ty {
     pub fn dtype(self) -> DType {
         [DType::F32, DType::F16, DType::BF16][self as usize]
     }
+    /// The type of an activation dtype (f32, f16 or bf16).
+    pub fn of(dtype: DType) -> Self {
+        TYPES[[DType::F32, DType::F16, DType::BF16]
+            .iter()
+            .position(|&d| d == dtype)
+            .expect("an activation dtype")]
+    }
     pub fn round(self, x: f32) -> f32 {
         match self {
             Ty::F32 => x,
@@ -34,19 +41,25 @@ impl Ty {
             Ty::Bf16 => bf16::from_f32(x).to_f32(),
         }
     }
-    /// Spacing of values of this type at magnitude |x|.
-    pub fn ulp(self, x: f32) -> f32 {
-        let (mantissa_bits, min_exp) = match self {
+    /// Mantissa bits and the least normal exponent.
+    fn format(self) -> (i32, i32) {
+        match self {
             Ty::F32 => (23, -126),
             Ty::F16 => (10, -14),
             Ty::Bf16 => (7, -126),
-        };
-        let exp = if x == 0.0 {
-            min_exp
-        } else {
-            (x.abs().log2().floor() as i32).max(min_exp)
-        };
-        2f32.powi(exp - mantissa_bits)
+        }
+    }
+    /// Spacing of values of this type at magnitude |x|.
+    pub fn ulp(self, x: f32) -> f32 {
+        let (mantissa_bits, min_exp) = self.format();
+        let exp = (x != 0.0).then(|| x.abs().log2().floor() as i32);
+        2f32.powi(exp.unwrap_or(min_exp).max(min_exp) - mantissa_bits)
+    }
+    /// [`Ty::ulp`] in f64, for gates computed in f64.
+    pub fn ulp64(self, x: f64) -> f64 {
+        let (mantissa_bits, min_exp) = self.format();
+        let exp = (x != 0.0).then(|| x.abs().log2().floor() as i32);
+        2f64.powi(exp.unwrap_or(min_exp).max(min_exp) - mantissa_bits)
     }
 }
 

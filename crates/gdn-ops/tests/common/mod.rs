@@ -5,18 +5,24 @@
 //! input encoding, and the tolerance checks.
 #![allow(dead_code, unused_imports)]
 
+pub mod add_rms_norm;
+pub mod affine;
+pub mod affine_grouped;
 pub mod attention;
+pub mod attn_decode;
 pub mod attn_prefill;
 pub mod attn_prep;
 pub mod compare;
-pub mod conv_prep;
 pub mod dtype;
 pub mod gated_delta;
 pub mod gated_delta_norm;
 pub mod gated_rms_norm;
+pub mod gdn_conv_prep;
 pub mod gpu;
-pub mod grouped;
+pub mod greedy_pick;
 pub mod harness_input;
+pub mod moe_combine;
+pub mod moe_route;
 pub mod parallel;
 pub mod random;
 pub mod reference;
@@ -25,11 +31,9 @@ pub use attention::composed_causal_attention;
 pub use compare::{
     assert_rel_err, close, max_abs, max_rel, rel_err, rel_l2, rel_max, values, worst_excess,
 };
-pub use conv_prep::{assert_chunk_is_its_steps, conv_prep_dims};
 pub use dtype::{tensor, tensor_as, St, Ty, TYPES};
 pub use gpu::{gpu, tolerance};
-pub use grouped::row_offsets;
 pub use harness_input::Input;
-pub use parallel::{assert_no_failures, failures, failures_on_all_cores};
-pub use random::{random_matrix, seeds, Rng};
+pub use parallel::{assert_no_failures, assert_none_failed, failures, failures_on_all_cores};
+pub use random::{case_seed, random_matrix, scaled_matrix, seeds, Rng};
 pub use reference::candle_nn_rms_norm;

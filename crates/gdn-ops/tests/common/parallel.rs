@@ -19,11 +19,16 @@ pub fn failures<C: Sync>(cases: &[C], check: impl Fn(&C) -> Option<String> + Syn
 /// Fails the test when any of `cases` cases failed: "N of M `what`:", then the failures, one
 /// a line.
 pub fn assert_no_failures(failures: &[String], cases: usize, what: &str) {
+    assert_none_failed(failures.len(), cases, what, failures);
+}
+
+/// Fails the test when `failed` of `cases` cases failed: "N of M `what`:", then `report` (the
+/// failures, or a summary of them), one a line.
+pub fn assert_none_failed(failed: usize, cases: usize, what: &str, report: &[String]) {
     assert!(
-        failures.is_empty(),
-        "{} of {cases} {what}:\n{}",
-        failures.len(),
-        failures.join("\n")
+        failed == 0,
+        "{failed} of {cases} {what}:\n{}",
+        report.join("\n")
     );
 }
 

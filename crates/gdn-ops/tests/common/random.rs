@@ -102,6 +102,12 @@ impl Rng {
     }
 }
 
+/// The inputs' seed of case `i` of an op's list in its `variant` (a type code, say), the same
+/// on every backend: `(i + 1)·step + variant`.
+pub fn case_seed(step: u64, i: usize, variant: u64) -> u64 {
+    (i as u64 + 1) * step + variant
+}
+
 /// Case seeds `step`, `2·step`, `3·step`, ...: one a call, so that each case of a list has
 /// its own inputs and adding a case at the end changes no other.
 pub fn seeds(step: u64) -> impl FnMut() -> u64 {
@@ -112,21 +118,44 @@ pub fn seeds(step: u64) -> impl FnMut() -> u64 {
     }
 }
 
-/// A random stack of `experts` `[rows, cols]` matrices, scales and biases stored in
-/// `scale_dtype` as a checkpoint stores them.
+/// A random stack of `experts` `[rows, cols]` matrices quantized as MLX quantizes (a group's
+/// bias its minimum, its scale its range over the levels, negative scales too: weights of
+/// about ±0.1), scales and biases stored in `scale_dtype` as a checkpoint stores them.
 pub fn random_matrix(
+    rng: &mut Rng,
+    bits: usize,
+    group: usize,
+    shape: [usize; 3],
+    scale_dtype: DType,
+) -> AffineMatrix {
+    scaled_matrix(rng, bits, group, shape, scale_dtype, None)
+}
+
+/// As [`random_matrix`], every |scale| in `[s/2, s]` for `scale_mag` `Some(s)` (biases of the
+/// same order as `s·q`).
+pub fn scaled_matrix(
     rng: &mut Rng,
     bits: usize,
     group: usize,
     [experts, rows, cols]: [usize; 3],
     scale_dtype: DType,
+    scale_mag: Option<f32>,
 ) -> AffineMatrix {
     let n = experts * rows;
-    let q: Vec<u32> = (0..n * cols).map(|_| rng.below(1 << bits) as u32).collect();
+    let levels = (1u32 << bits) - 1;
+    let q: Vec<u32> = (0..n * cols)
+        .map(|_| (rng.next() % (levels as u64 + 1)) as u32)
+        .collect();
     let words: Vec<u32> = q.chunks(cols).flat_map(|row| pack_row(row, bits)).collect();
     let groups = n * cols / group;
-    let scales: Vec<f32> = (0..groups).map(|_| rng.uniform(0.005, 0.05)).collect();
-    let biases: Vec<f32> = (0..groups).map(|_| rng.uniform(-0.2, 0.2)).collect();
+    let (mut scales, mut biases) = (Vec::with_capacity(groups), Vec::with_capacity(groups));
+    for _ in 0..groups {
+        // w spans about [bias, bias + scale·levels].
+        let mag = scale_mag.unwrap_or(0.2 / levels as f32);
+        let scale = rng.signed(0.5 * mag, mag);
+        scales.push(scale);
+        biases.push(-scale * levels as f32 * rng.uniform(0.3, 0.7));
+    }
     let shape = [experts, rows, cols];
     match scale_dtype {
         DType::BF16 => {

@@ -250,6 +250,28 @@ pub fn strip_block_comments(flat: &str) -> String {
     flat.split_whitespace().collect::<Vec<_>>().join(" ")
 }
 
+/// Asserts that `src` binds each of `buffers` at its index (` <name> [[buffer(<i>)]]`),
+/// `what` naming the kernel in the message.
+pub fn assert_buffer_indices(src: &str, what: &str, buffers: &[&str], prefix: &str) {
+    for (i, name) in buffers.iter().enumerate() {
+        assert!(
+            src.contains(&format!("{prefix}{name} [[buffer({i})]]")),
+            "{what}: {name} must be buffer {i}"
+        );
+    }
+}
+
+/// Asserts that `src` instantiates `kernel` for every activation type
+/// (`(<kernel>_<t>, ...)`).
+pub fn assert_instantiated(src: &str, kernel: &str) {
+    for t in ["f32", "f16", "bf16"] {
+        assert!(
+            src.contains(&format!("({kernel}_{t},")),
+            "missing {kernel}_{t}"
+        );
+    }
+}
+
 /// Asserts that the kernel defined from `start` on binds exactly `buffers` at indices 0.., in
 /// order, in a flattened source ([`flatten_source`]).
 pub fn assert_buffers(flat: &str, start: &str, buffers: &[&str]) {

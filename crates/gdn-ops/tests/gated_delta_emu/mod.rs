@@ -300,13 +300,8 @@ pub fn run_all(kernel: &Kernel, jobs: Vec<Job>) {
             ));
         }
     }
-    assert!(
-        failures.is_empty(),
-        "{} of {} emulated kernel runs disagree with the reference:\n{}",
-        failures.len(),
-        jobs.len(),
-        report.join("\n")
-    );
+    let what = "emulated kernel runs disagree with the reference";
+    crate::common::assert_none_failed(failures.len(), jobs.len(), what, &report);
 }
 
 /// The chunk kernels' parameter struct, which the Metal and the CUDA hosts both mirror

@@ -1,6 +1,8 @@
 //! Shared helpers: paths to the committed fixtures and numeric comparisons.
 #![allow(dead_code)]
 
+pub mod qwen4_exp;
+
 use candle_core::{Device, Tensor};
 use qwen_gdn_model::{Model, RunOptions};
 use std::collections::HashMap;
@@ -14,6 +16,31 @@ pub const CHECKPOINTS: [&str; 5] = [
     "qwen3-next-tiny-bf16",
     "qwen3.5-moe-tiny-hf",
 ];
+
+/// Test modules with one test per checkpoint of [`CHECKPOINTS`] each: `module => check` makes
+/// `mod module { #[test] fn qwen3_next_4bit() { super::check("qwen3-next-tiny-4bit") } ... }`.
+#[allow(unused_macros)] // for the tests that gate every checkpoint
+macro_rules! per_checkpoint {
+    ($($module:ident => $check:ident),* $(,)?) => {
+        $(crate::common::per_checkpoint!(@tests $module $check
+            qwen3_next_4bit "qwen3-next-tiny-4bit",
+            qwen35_dense_4bit_tied "qwen3.5-tiny-4bit",
+            qwen35_moe_4bit "qwen3.5-moe-tiny-4bit",
+            qwen3_next_bf16 "qwen3-next-tiny-bf16",
+            qwen35_moe_raw_hf "qwen3.5-moe-tiny-hf",
+        );)*
+    };
+    (@tests $module:ident $check:ident $($test:ident $name:literal,)*) => {
+        mod $module {
+            $(#[test]
+            fn $test() {
+                super::$check($name)
+            })*
+        }
+    };
+}
+#[allow(unused_imports)]
+pub(crate) use per_checkpoint;
 
 /// The `qwen4_exp` fixtures (references from transformers fp32, not mlx-lm): the raw HF layout
 /// and the mlx-vlm 4-bit layout. Their end-to-end gates are in tests/qwen4_exp.rs.
@@ -53,6 +80,25 @@ pub fn device_under_test() -> Device {
 /// from these.
 pub fn run_options() -> RunOptions {
     RunOptions::from_env().unwrap_or_else(|e| panic!("{e:#}"))
+}
+
+/// The device plan at `dtype`, with the environment's engine switches ([`run_options`]).
+pub fn device_plan(dtype: candle_core::DType) -> RunOptions {
+    RunOptions {
+        dtype,
+        plan: Some(qwen_gdn_model::Plan::Device),
+        ..run_options()
+    }
+}
+
+/// Logits `[T, vocab]` of decoding `ids` one token at a time from an empty cache.
+pub fn step_by_step(model: &Model, ids: &[u32]) -> Tensor {
+    let mut cache = model.new_cache();
+    let rows: Vec<Tensor> = ids
+        .iter()
+        .map(|&id| model.forward_last(&[id], &mut cache).unwrap())
+        .collect();
+    Tensor::cat(&rows, 0).unwrap()
 }
 
 pub fn load(name: &str) -> Model {

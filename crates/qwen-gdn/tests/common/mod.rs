@@ -64,18 +64,55 @@ pub fn limit_file_size(cmd: &mut Command, bytes: u64) {
 }
 
 pub fn run(args: &[&str]) -> Output {
-    command(args).stdin(Stdio::null()).output().unwrap()
+    output(&mut command(args))
+}
+
+/// `cmd` run to its end, its stdin closed.
+pub fn output(cmd: &mut Command) -> Output {
+    cmd.stdin(Stdio::null()).output().unwrap()
+}
+
+/// `cmd` started with its stdin, stdout and stderr piped.
+pub fn spawn_piped(cmd: &mut Command) -> std::process::Child {
+    cmd.stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+/// `qwen-gdn <subcommand> --model <model> <rest>`, in the tests' environment ([`command`]).
+pub fn model_command(subcommand: &str, model: &Path, rest: &[&str]) -> Command {
+    let mut cmd = command(&[subcommand, "--model", model.to_str().unwrap()]);
+    cmd.args(rest);
+    cmd
+}
+
+/// [`model_command`] run to its end, its stdin closed.
+pub fn run_model(subcommand: &str, model: &Path, rest: &[&str]) -> Output {
+    output(&mut model_command(subcommand, model, rest))
 }
 
 /// `generate --model <model>` with `extra`, and `--prompt "Hello there"` unless `extra` has
 /// a prompt flag.
 pub fn generate(model: &Path, extra: &[&str]) -> Output {
-    let mut args = vec!["generate", "--model", model.to_str().unwrap()];
+    let mut args = vec![];
     if !extra.iter().any(|a| a.starts_with("--prompt")) {
         args.extend(["--prompt", "Hello there"]);
     }
     args.extend(extra);
-    run(&args)
+    run_model("generate", model, &args)
+}
+
+/// The `logprobs` of an `eval --json` run's report.
+pub fn logprobs_of(out: &Output) -> Vec<f64> {
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    json["logprobs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_f64().unwrap())
+        .collect()
 }
 
 pub fn stderr(out: &Output) -> String {
