@@ -16,6 +16,7 @@
 //        -I kernels kernels/emu/affine_grouped_cuda_harness.cpp
 
 #include "guarded_buffer.h"
+#include "affine_case.h"
 
 #include <cmath>
 #include <cstdint>
@@ -67,16 +68,6 @@ void run(const Case& c) {
   y.write_f32();
 }
 
-template <class X>
-void run_for_scales(const Case& c, std::uint32_t scale_type) {
-  switch (scale_type) {
-    case 0: run<X, float>(c); break;
-    case 1: run<X, __half>(c); break;
-    case 2: run<X, __nv_bfloat16>(c); break;
-    default: guarded::die("unknown scale_type");
-  }
-}
-
 }  // namespace
 
 int main() {
@@ -95,18 +86,15 @@ int main() {
   if (p.experts == 0 || p.rows == 0) guarded::die("experts and rows must be positive");
   if (p.tile_pairs != 16 && p.tile_pairs != 32 && p.tile_pairs != 64) guarded::die("tile_pairs must be 16, 32 or 64");
   const std::size_t stacked = std::size_t(p.experts) * p.rows;
-  c.packed = guarded::read_raw<std::uint32_t>(stacked * p.cols * p.bits / 32);
-  c.scales = guarded::read_raw<float>(stacked * p.cols / p.group_size);
-  c.biases = guarded::read_raw<float>(stacked * p.cols / p.group_size);
+  affine_case::read_weights(stacked, p.cols, p.bits, p.group_size, c.packed, c.scales, c.biases);
   c.x = guarded::read_raw<float>(std::size_t(p.pairs) * p.cols);
   c.tiles = guarded::read_raw<std::uint32_t>(std::size_t(p.tiles) * affine_grouped::kTileEntry);
   guarded::expect_end();
 
-  switch (x_type) {
-    case 0: run_for_scales<float>(c, scale_type); break;
-    case 1: run_for_scales<__half>(c, scale_type); break;
-    case 2: run_for_scales<__nv_bfloat16>(c, scale_type); break;
-    default: guarded::die("unknown x_type");
-  }
+  guarded::with_float_type<__half, __nv_bfloat16>(x_type, "unknown x_type", [&](auto x) {
+    guarded::with_float_type<__half, __nv_bfloat16>(scale_type, "unknown scale_type", [&](auto s) {
+      run<typename decltype(x)::type, typename decltype(s)::type>(c);
+    });
+  });
   return guarded::finish();
 }

@@ -234,6 +234,24 @@ void check_all(const Buffers&... buffers) {
   (buffers.check(), ...);
 }
 
+// A type as a value, for the dispatch on a wire code below.
+template <class T>
+struct TypeTag {
+  using type = T;
+};
+
+// Calls f(TypeTag<T>{}) with T the float type of wire code `code`: 0 f32, 1 F16, 2 BF16 (the
+// emulated language's half types); dies with `what` on any other code.
+template <class F16, class BF16, class F>
+void with_float_type(std::uint32_t code, const char* what, F&& f) {
+  switch (code) {
+    case 0: f(TypeTag<float>{}); break;
+    case 1: f(TypeTag<F16>{}); break;
+    case 2: f(TypeTag<BF16>{}); break;
+    default: die(what);
+  }
+}
+
 // The harness's exit status once its results are written: 0, or 1 when stdout failed.
 inline int finish() { return std::fflush(stdout) == 0 ? 0 : 1; }
 
