@@ -107,7 +107,7 @@ macro_rules! cuda_source {
 pub(crate) use cuda_source;
 
 /// Kernel `name` of `source` on `dev` (the module is loaded, and JIT-compiled by the driver,
-/// on first use). Launch it with `dev.cuda_stream().launch_builder(&f)`: candle's stream.
+/// on first use). The ops launch it through [`Kernel`], on candle's stream.
 pub(crate) fn function(
     dev: &CudaDevice,
     source: &KernelSource,
