@@ -337,14 +337,7 @@ __device__ __forceinline__ void wide_body(const uint32_t* packed, const S* scale
     affine::dequantize<XT, ST>(packed, scales, biases, ids, out, p, count, total_rows);      \
   }
 
-#define AFFINE_FOR_SCALES(XN, XT)         \
-  AFFINE_ENTRIES(XN, XT, f32, float)      \
-  AFFINE_ENTRIES(XN, XT, f16, __half)     \
-  AFFINE_ENTRIES(XN, XT, bf16, __nv_bfloat16)
-
-AFFINE_FOR_SCALES(f32, float)
-AFFINE_FOR_SCALES(f16, __half)
-AFFINE_FOR_SCALES(bf16, __nv_bfloat16)
+CUDA_FOR_FLOAT_TYPE_PAIRS(AFFINE_ENTRIES)
 
 #define AFFINE_WIDE_ENTRY(KIND, SWIGLU, BITS, ROWS, XN, XT, SN, ST)                             \
   extern "C" __global__ void __launch_bounds__(affine_wide::kWideWarps * 32)                   \
@@ -370,11 +363,4 @@ AFFINE_FOR_SCALES(bf16, __nv_bfloat16)
   AFFINE_WIDE_ENTRY(swiglu, true, 8, 1, XN, XT, SN, ST)    \
   AFFINE_WIDE_ENTRY(swiglu, true, 8, 2, XN, XT, SN, ST)
 
-#define AFFINE_WIDE_FOR_SCALES(XN, XT)         \
-  AFFINE_WIDE_FOR_TYPES(XN, XT, f32, float)     \
-  AFFINE_WIDE_FOR_TYPES(XN, XT, f16, __half)    \
-  AFFINE_WIDE_FOR_TYPES(XN, XT, bf16, __nv_bfloat16)
-
-AFFINE_WIDE_FOR_SCALES(f32, float)
-AFFINE_WIDE_FOR_SCALES(f16, __half)
-AFFINE_WIDE_FOR_SCALES(bf16, __nv_bfloat16)
+CUDA_FOR_FLOAT_TYPE_PAIRS(AFFINE_WIDE_FOR_TYPES)

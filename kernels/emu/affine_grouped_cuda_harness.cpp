@@ -16,6 +16,7 @@
 //        -I kernels kernels/emu/affine_grouped_cuda_harness.cpp
 
 #include "guarded_buffer.h"
+#include "affine_case.h"
 
 #include <cmath>
 #include <cstdint>
@@ -83,9 +84,7 @@ int main() {
   if (p.experts == 0 || p.rows == 0) guarded::die("experts and rows must be positive");
   if (p.tile_pairs != 16 && p.tile_pairs != 32 && p.tile_pairs != 64) guarded::die("tile_pairs must be 16, 32 or 64");
   const std::size_t stacked = std::size_t(p.experts) * p.rows;
-  c.packed = guarded::read_raw<std::uint32_t>(stacked * p.cols * p.bits / 32);
-  c.scales = guarded::read_raw<float>(stacked * p.cols / p.group_size);
-  c.biases = guarded::read_raw<float>(stacked * p.cols / p.group_size);
+  affine_case::read_weights(stacked, p.cols, p.bits, p.group_size, c.packed, c.scales, c.biases);
   c.x = guarded::read_raw<float>(std::size_t(p.pairs) * p.cols);
   c.tiles = guarded::read_raw<std::uint32_t>(std::size_t(p.tiles) * affine_grouped::kTileEntry);
   guarded::expect_end();

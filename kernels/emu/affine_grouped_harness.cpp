@@ -22,6 +22,7 @@
 // and add, so the test can round them to InT as the kernel does.)
 
 #include "guarded_buffer.h"
+#include "affine_case.h"
 
 #include "../affine_grouped.metal"
 
@@ -94,17 +95,14 @@ int main() {
   c.tiles = h[8];
 
   // The host side's contract (affine_grouped/metal.rs checks it).
-  const bool bits_ok = c.bits == 2 || c.bits == 3 || c.bits == 4 || c.bits == 5 || c.bits == 6 || c.bits == 8;
-  if (!bits_ok) die("bits must be 2, 3, 4, 5, 6 or 8");
+  affine_case::check_metal_bits(c.bits);
   if (c.group_size == 0 || c.group_size % 32 != 0 || c.cols % c.group_size != 0) {
     die("cols must be a multiple of group_size, itself a multiple of 32");
   }
   if (c.experts == 0 || c.rows == 0 || c.tiles == 0) die("an empty launch is no launch");
   if (value_type > 2 || scale_type > 2) die("unknown value_type / scale_type");
   const std::size_t stacked = std::size_t(c.experts) * c.rows;
-  c.packed = read_raw<std::uint32_t>(stacked * c.cols * c.bits / 32);
-  c.scales = read_raw<float>(stacked * (c.cols / c.group_size));
-  c.biases = read_raw<float>(stacked * (c.cols / c.group_size));
+  affine_case::read_weights(stacked, c.cols, c.bits, c.group_size, c.packed, c.scales, c.biases);
   c.x = read_raw<float>(std::size_t(c.x_rows) * c.cols);
   c.schedule = read_raw<std::uint32_t>(std::size_t(c.tiles) * 3);
   expect_end();

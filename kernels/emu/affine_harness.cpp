@@ -24,6 +24,7 @@
 // multiply and add.)
 
 #include "guarded_buffer.h"
+#include "affine_case.h"
 
 #include <cmath>
 #include <cstdint>
@@ -141,16 +142,13 @@ int main() {
   c.x_rows = h[11];
 
   // The host side's contract (crates/gdn-ops/src/affine_tensor.rs checks it).
-  const bool bits_ok = c.bits == 2 || c.bits == 3 || c.bits == 4 || c.bits == 5 || c.bits == 6 || c.bits == 8;
-  if (!bits_ok) die("bits must be 2, 3, 4, 5, 6 or 8");
+  affine_case::check_metal_bits(c.bits);
   if (c.group_size == 0 || c.group_size % 8 != 0 || c.cols % c.group_size != 0) die("cols must be a multiple of group_size, itself a multiple of 8");
   if (c.kernel > 2) die("unknown kernel");
   if (c.kernel == 2 && c.rows % 2 != 0) die("swiglu: rows must be even (gate rows, then up rows)");
   if (c.has_ids > 1) die("has_ids must be 0 or 1");
   const std::size_t stacked = std::size_t(c.experts) * c.rows;
-  c.packed = read_raw<std::uint32_t>(stacked * c.cols * c.bits / 32);
-  c.scales = read_raw<float>(stacked * (c.cols / c.group_size));
-  c.biases = read_raw<float>(stacked * (c.cols / c.group_size));
+  affine_case::read_weights(stacked, c.cols, c.bits, c.group_size, c.packed, c.scales, c.biases);
   if (c.kernel != 1) {
     if (c.x_div == 0 || c.out_rows == 0 || (c.out_rows - 1) / c.x_div >= c.x_rows) die("qmv: x has too few rows");
     c.x = read_raw<float>(std::size_t(c.x_rows) * c.cols);

@@ -16,6 +16,7 @@
 //        -I kernels kernels/emu/affine_wide_cuda_harness.cpp
 
 #include "guarded_buffer.h"
+#include "affine_case.h"
 
 #include <cmath>
 #include <cstdint>
@@ -99,9 +100,7 @@ int main() {
   if (c.lpr != 8 && c.lpr != 16 && c.lpr != 32) guarded::die("lanes per row must be 8, 16 or 32");
   if (c.experts == 0 || p.rows == 0 || p.out_rows == 0 || p.x_div == 0) guarded::die("empty shape");
   const std::size_t stacked = std::size_t(c.experts) * p.rows;
-  c.packed = guarded::read_raw<std::uint32_t>(stacked * p.cols * p.bits / 32);
-  c.scales = guarded::read_raw<float>(stacked * p.cols / p.group_size);
-  c.biases = guarded::read_raw<float>(stacked * p.cols / p.group_size);
+  affine_case::read_weights(stacked, p.cols, p.bits, p.group_size, c.packed, c.scales, c.biases);
   c.x = guarded::read_raw<float>(std::size_t((p.out_rows - 1) / p.x_div + 1) * p.cols);
   if (p.has_ids) c.ids = guarded::read_raw<std::uint32_t>(p.out_rows);
   guarded::expect_end();

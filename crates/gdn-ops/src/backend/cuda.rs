@@ -7,17 +7,27 @@
 
 use crate::launches;
 use anyhow::{bail, ensure, Result};
+use candle_core::cuda_backend::cudarc::driver::sys::CUfunction_attribute;
 use candle_core::cuda_backend::cudarc::driver::{
-    CudaFunction, CudaView, DeviceRepr, LaunchArgs, LaunchConfig,
+    CudaFunction, CudaSlice, CudaStream, CudaView, DeviceRepr, LaunchArgs, LaunchConfig,
 };
 use candle_core::cuda_backend::CudaDType;
 use candle_core::op::BackpropOp;
-use candle_core::{CudaDevice, CudaStorage, Device, Layout, Shape, Storage, Tensor};
+use candle_core::{
+    CudaDevice, CudaStorage, DType, Device, Layout, Shape, Storage, StorageRef, Tensor, WithDType,
+};
+use std::sync::Arc;
 
 /// Calls `$body` with `$T` bound to the Rust type of a float dtype (f32, f16, bf16), or fails
-/// with "`$op`: no CUDA kernel for …": every op's dtype dispatch to its kernel instantiations.
+/// with "`$op`: no CUDA kernel for …" (or, given `$other => $fallback`, evaluates the
+/// fallback): every op's dtype dispatch to its kernel instantiations.
 macro_rules! with_float_type {
     ($dtype:expr, $op:expr, |$T:ident| $body:expr) => {
+        $crate::backend::cuda::with_float_type!($dtype, |$T| $body, other => {
+            anyhow::bail!("{}: no CUDA kernel for {other:?}", $op)
+        })
+    };
+    ($dtype:expr, |$T:ident| $body:expr, $other:pat => $fallback:expr) => {
         match $dtype {
             candle_core::DType::F32 => {
                 type $T = f32;
@@ -31,14 +41,52 @@ macro_rules! with_float_type {
                 type $T = half::bf16;
                 $body
             }
-            other => anyhow::bail!("{}: no CUDA kernel for {other:?}", $op),
+            $other => $fallback,
         }
     };
 }
 pub(crate) use with_float_type;
 
+/// Calls `$body` with `$X` and `$S` bound to the Rust types of two float dtypes (values and
+/// scales): the nine instantiations of each affine kernel.
+macro_rules! with_float_types {
+    ($x:expr, $s:expr, $op:expr, |$X:ident, $S:ident| $body:expr) => {
+        $crate::backend::cuda::with_float_type!($x, $op, |$X| {
+            $crate::backend::cuda::with_float_type!($s, $op, |$S| $body)
+        })
+    };
+}
+pub(crate) use with_float_types;
+
+/// Calls `$body` with `$I` bound to the Rust type of an activation dtype (f32, f16, bf16) and
+/// `$S` to that of a recurrent state's (f32, bf16), or fails with "`$op`: no CUDA kernel for
+/// activations … with a … state": the gated-delta kernels' dtype dispatch.
+macro_rules! with_input_and_state_types {
+    ($input:expr, $state:expr, $op:expr, |$I:ident, $S:ident| $body:expr) => {{
+        let (input, state) = ($input, $state);
+        let unsupported = || {
+            anyhow::anyhow!(
+                "{}: no CUDA kernel for activations {input:?} with a {state:?} state",
+                $op
+            )
+        };
+        match state {
+            candle_core::DType::F32 => {
+                type $S = f32;
+                $crate::backend::cuda::with_float_type!(input, |$I| $body, _ => Err(unsupported()))
+            }
+            candle_core::DType::BF16 => {
+                type $S = half::bf16;
+                $crate::backend::cuda::with_float_type!(input, |$I| $body, _ => Err(unsupported()))
+            }
+            _ => Err(unsupported()),
+        }
+    }};
+}
+pub(crate) use with_input_and_state_types;
+
 /// A shipped kernel source, compiled to PTX at build time: declare one per op with
-/// `include_str!(concat!(env!("OUT_DIR"), "/<op>.ptx"))`.
+/// [`cuda_source!`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct KernelSource {
     /// candle caches loaded modules by this name.
@@ -46,8 +94,20 @@ pub struct KernelSource {
     pub ptx: &'static str,
 }
 
+/// The [`KernelSource`] of `kernels/<name>.cu`, whose PTX the build script left in OUT_DIR,
+/// loaded as module `qwen_gdn_<name>`: `cuda_source!("attn_prep")`.
+macro_rules! cuda_source {
+    ($name:literal) => {
+        $crate::backend::cuda::KernelSource {
+            module: concat!("qwen_gdn_", $name),
+            ptx: include_str!(concat!(env!("OUT_DIR"), "/", $name, ".ptx")),
+        }
+    };
+}
+pub(crate) use cuda_source;
+
 /// Kernel `name` of `source` on `dev` (the module is loaded, and JIT-compiled by the driver,
-/// on first use). Launch it with `dev.cuda_stream().launch_builder(&f)`: candle's stream.
+/// on first use). The ops launch it through [`Kernel`], on candle's stream.
 pub(crate) fn function(
     dev: &CudaDevice,
     source: &KernelSource,
@@ -56,6 +116,75 @@ pub(crate) fn function(
     Ok(dev
         .get_or_load_custom_func(name, source.module, source.ptx)?
         .into_cuda_function())
+}
+
+/// An element type the kernels take: its device buffers bind as kernel arguments, and its
+/// dtype names the instantiation.
+pub(crate) trait Element: CudaDType + DeviceRepr + WithDType {}
+impl<T: CudaDType + DeviceRepr + WithDType> Element for T {}
+
+/// A loaded kernel with candle's stream, on which its launches are queued (so that they
+/// order with candle's own ops).
+pub(crate) struct Kernel {
+    func: CudaFunction,
+    stream: Arc<CudaStream>,
+}
+
+impl Kernel {
+    /// Kernel `name` of `source` on `dev` (see [`function`]).
+    pub(crate) fn load(dev: &CudaDevice, source: &KernelSource, name: &str) -> Result<Self> {
+        Ok(Self {
+            func: function(dev, source, name)?,
+            stream: dev.cuda_stream(),
+        })
+    }
+
+    /// Kernel `kernel` of `source` instantiated for `dtypes` (see [`super::kernel_instance`]).
+    pub(crate) fn typed(
+        dev: &CudaDevice,
+        source: &KernelSource,
+        kernel: &str,
+        dtypes: &[DType],
+        op: &str,
+    ) -> Result<Self> {
+        Self::load(dev, source, &super::kernel_instance(kernel, dtypes, op)?)
+    }
+
+    /// As [`Kernel::load`], allowed `bytes` of dynamic shared memory a block: the launches of
+    /// kernels that take more than the default 48 KB fail without this.
+    pub(crate) fn load_with_shared(
+        dev: &CudaDevice,
+        source: &KernelSource,
+        name: &str,
+        bytes: usize,
+    ) -> Result<Self> {
+        let kernel = Self::load(dev, source, name)?;
+        kernel.func.set_attribute(
+            CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+            bytes as i32,
+        )?;
+        Ok(kernel)
+    }
+
+    /// An empty argument list for one launch: push the kernel's arguments in order, then
+    /// [`launch`] it.
+    pub(crate) fn args(&self) -> LaunchArgs<'_> {
+        self.stream.launch_builder(&self.func)
+    }
+}
+
+/// The geometry of one launch: `grid` blocks of `block` threads, each block with
+/// `shared_bytes` of dynamic shared memory.
+pub(crate) fn config(
+    grid: (u32, u32, u32),
+    block: (u32, u32, u32),
+    shared_bytes: usize,
+) -> LaunchConfig {
+    LaunchConfig {
+        grid_dim: grid,
+        block_dim: block,
+        shared_mem_bytes: shared_bytes as u32,
+    }
 }
 
 /// Launches a bound kernel. Every CUDA launch of this crate goes through here, so this is
@@ -80,42 +209,67 @@ pub(crate) fn cuda_device(t: &Tensor, op: &str) -> Result<CudaDevice> {
     }
 }
 
-/// The elements of a contiguous tensor as a device view. `storage` and `layout` are what
-/// `Tensor::storage_and_layout` returned; the caller keeps its guard alive meanwhile.
-pub(crate) fn view<'a, T: CudaDType + DeviceRepr>(
-    storage: &'a Storage,
-    layout: &Layout,
+/// A tensor's storage, read-locked for as long as device views of it are bound to launches
+/// (a view borrows from it), with the tensor's layout.
+pub(crate) struct Held<'t> {
+    storage: StorageRef<'t>,
+    layout: &'t Layout,
+}
+
+impl<'t> Held<'t> {
+    pub(crate) fn new(t: &'t Tensor) -> Self {
+        let (storage, layout) = t.storage_and_layout();
+        Self { storage, layout }
+    }
+
+    fn slice<T: CudaDType + DeviceRepr>(&self, op: &str) -> Result<&CudaSlice<T>> {
+        let Storage::Cuda(s) = &*self.storage else {
+            bail!("{op}: expected a CUDA tensor")
+        };
+        Ok(s.as_cuda_slice::<T>()?)
+    }
+
+    /// The elements of a contiguous tensor as a device view.
+    pub(crate) fn view<T: CudaDType + DeviceRepr>(&self, op: &str) -> Result<CudaView<'_, T>> {
+        ensure!(
+            self.layout.is_contiguous(),
+            "{op}: inputs must be contiguous"
+        );
+        let start = self.layout.start_offset();
+        let len = self.layout.shape().elem_count();
+        Ok(self.slice::<T>(op)?.slice(start..start + len))
+    }
+
+    /// The elements `rows.start .. rows.start + rows.span` of the storage as a device view:
+    /// for views whose layout the caller has checked with [`super::row_layout`].
+    pub(crate) fn rows<T: CudaDType + DeviceRepr>(
+        &self,
+        rows: &super::RowLayout,
+        op: &str,
+    ) -> Result<CudaView<'_, T>> {
+        Ok(self
+            .slice::<T>(op)?
+            .slice(rows.start..rows.start + rows.span))
+    }
+}
+
+/// The view of an optional contiguous input, or of `fallback` in its slot when there is none:
+/// the kernel never reads the slot then (its `has_*` flag is 0), but it must hold a valid
+/// pointer.
+pub(crate) fn view_or<'a, T: CudaDType + DeviceRepr>(
+    input: &'a Option<Held>,
+    fallback: &'a Held,
     op: &str,
 ) -> Result<CudaView<'a, T>> {
-    let Storage::Cuda(s) = storage else {
-        bail!("{op}: expected a CUDA tensor")
-    };
-    ensure!(layout.is_contiguous(), "{op}: inputs must be contiguous");
-    let start = layout.start_offset();
-    let len = layout.shape().elem_count();
-    Ok(s.as_cuda_slice::<T>()?.slice(start..start + len))
+    input.as_ref().unwrap_or(fallback).view(op)
 }
 
 /// Wraps a freshly written device buffer as a contiguous tensor.
 pub(crate) fn tensor<T: CudaDType>(
-    slice: candle_core::cuda_backend::cudarc::driver::CudaSlice<T>,
+    slice: CudaSlice<T>,
     dev: &CudaDevice,
     shape: impl Into<Shape>,
 ) -> Tensor {
     let storage = CudaStorage::wrap_cuda_slice(slice, dev.clone());
     Tensor::from_storage(Storage::Cuda(storage), shape, BackpropOp::none(), false)
-}
-
-/// The elements `rows.start .. rows.start + rows.span` of a tensor's storage as a device
-/// view: for views whose layout the caller has checked with [`super::row_layout`].
-pub(crate) fn rows_view<'a, T: CudaDType + DeviceRepr>(
-    storage: &'a Storage,
-    rows: &super::RowLayout,
-    op: &str,
-) -> Result<CudaView<'a, T>> {
-    let Storage::Cuda(s) = storage else {
-        bail!("{op}: expected a CUDA tensor")
-    };
-    Ok(s.as_cuda_slice::<T>()?
-        .slice(rows.start..rows.start + rows.span))
 }

@@ -156,15 +156,36 @@ pub fn has_function(dev: &MetalDevice, source: &KernelSource, name: &str) -> Res
 
 /// A contiguous Metal tensor's buffer and byte offset.
 pub(crate) fn metal_buffer(t: &Tensor, op: &str) -> Result<(Buffer, usize)> {
-    let (storage, layout) = t.storage_and_layout();
-    let Storage::Metal(m) = &*storage else {
-        bail!("{op}: expected a Metal tensor")
-    };
-    ensure!(layout.is_contiguous(), "{op}: inputs must be contiguous");
-    Ok((
-        m.buffer().clone(),
-        layout.start_offset() * t.dtype().size_in_bytes(),
-    ))
+    let buffer = metal_buffer_of_view(t, op)?;
+    ensure!(t.is_contiguous(), "{op}: inputs must be contiguous");
+    Ok(buffer)
+}
+
+/// The buffers and byte offsets of contiguous Metal tensors, in order.
+pub(crate) fn metal_buffers<const N: usize>(
+    tensors: [&Tensor; N],
+    op: &str,
+) -> Result<[(Buffer, usize); N]> {
+    let mut buffers = Vec::with_capacity(N);
+    for t in tensors {
+        buffers.push(metal_buffer(t, op)?);
+    }
+    Ok(buffers
+        .try_into()
+        .unwrap_or_else(|_| unreachable!("one buffer per tensor")))
+}
+
+/// The buffer of an optional contiguous input, or `fallback` in its slot when there is none:
+/// the kernel never reads the slot then (its `has_*` flag is 0), but it must hold a buffer.
+pub(crate) fn metal_buffer_or(
+    input: Option<&Tensor>,
+    fallback: &(Buffer, usize),
+    op: &str,
+) -> Result<(Buffer, usize)> {
+    match input {
+        Some(t) => metal_buffer(t, op),
+        None => Ok(fallback.clone()),
+    }
 }
 
 /// The Metal device a tensor lives on.
@@ -194,6 +215,20 @@ pub(crate) fn new_output(
         .map_err(|e| anyhow!("allocating {label}: {e}"))
 }
 
+/// A buffer bound from its start: how a fresh output ([`new_output`]) takes its slot.
+pub(crate) fn from_start(buffer: &Buffer) -> (Buffer, usize) {
+    (buffer.clone(), 0)
+}
+
+/// A grid or threadgroup size: `width × height × depth`.
+pub(crate) fn size(width: usize, height: usize, depth: usize) -> MTLSize {
+    MTLSize {
+        width,
+        height,
+        depth,
+    }
+}
+
 /// Wraps a buffer a kernel wrote as a contiguous tensor.
 pub(crate) fn output(
     dev: &MetalDevice,
@@ -211,6 +246,18 @@ pub(crate) enum Binding<'a> {
     Read(&'a (Buffer, usize)),
     /// Written (or read and written in place): later readers wait for it.
     Write(&'a (Buffer, usize)),
+}
+
+/// The bindings of a kernel that reads `reads` from slots `0..` and writes `writes` (its
+/// outputs, and buffers it updates in place) in the slots after them.
+pub(crate) fn reads_then_writes<'a>(
+    reads: &[&'a (Buffer, usize)],
+    writes: &[&'a (Buffer, usize)],
+) -> Vec<Binding<'a>> {
+    let reads = reads.iter().map(|b| Binding::Read(b));
+    reads
+        .chain(writes.iter().map(|b| Binding::Write(b)))
+        .collect()
 }
 
 /// One kernel launch: buffers bound to slots `0..`, the parameters (`set_bytes`) in the slot

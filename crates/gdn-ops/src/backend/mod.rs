@@ -14,6 +14,25 @@ use candle_core::{DType, Tensor};
 
 pub(crate) use rounding::{f32_values, round_to};
 
+/// An op's dispatch on `$device`: `$f($args)` of its backend module in scope, `cpu::$f` (the
+/// CPU twin, counted as the one launch a GPU makes, see [`crate::launches::cpu_twin`]), or
+/// `metal::$f` or `cuda::$f` where this build has that backend, else "`$op`: no kernel for
+/// device …". Every op's backends take the same arguments.
+macro_rules! on_device {
+    ($device:expr, $op:expr, $f:ident($($arg:expr),* $(,)?)) => {
+        match $device {
+            candle_core::Device::Cpu => $crate::launches::cpu_twin(|| cpu::$f($($arg),*)),
+            #[cfg(any(feature = "metal", target_os = "macos"))]
+            candle_core::Device::Metal(_) => metal::$f($($arg),*),
+            #[cfg(feature = "cuda")]
+            candle_core::Device::Cuda(_) => cuda::$f($($arg),*),
+            #[allow(unreachable_patterns)]
+            other => anyhow::bail!("{}: no kernel for device {other:?}", $op),
+        }
+    };
+}
+pub(crate) use on_device;
+
 /// The kernel-name suffix of a float dtype (`<kernel>_<tag>` instantiations in `kernels/`).
 pub fn dtype_tag(dtype: DType, op: &str) -> Result<&'static str> {
     Ok(match dtype {
@@ -22,6 +41,17 @@ pub fn dtype_tag(dtype: DType, op: &str) -> Result<&'static str> {
         DType::BF16 => "bf16",
         other => bail!("{op}: no kernel for {other:?}"),
     })
+}
+
+/// The name of `kernel`'s instantiation for `dtypes`, one tag each in order
+/// (`<kernel>_<tag>_<tag>`, as `kernels/` names its entry points).
+pub fn kernel_instance(kernel: &str, dtypes: &[DType], op: &str) -> Result<String> {
+    let mut name = kernel.to_string();
+    for &dtype in dtypes {
+        name.push('_');
+        name.push_str(dtype_tag(dtype, op)?);
+    }
+    Ok(name)
 }
 
 /// Fails unless every tensor of `others` is on `anchor`'s device: "`op`: `name` is on another

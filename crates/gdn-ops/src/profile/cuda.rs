@@ -7,17 +7,14 @@
 //! needs to queue an op's launches) the host queues the event and the launches behind it, so
 //! the first event fires when the spin ends and the op starts at once.
 
-use crate::backend::cuda::{function, KernelSource};
+use crate::backend::cuda::{cuda_source, function, KernelSource};
 use anyhow::Result;
 use candle_core::cuda_backend::cudarc::driver::sys::CUevent_flags;
 use candle_core::cuda_backend::cudarc::driver::{LaunchConfig, PushKernelArg};
 use candle_core::CudaDevice;
 use std::time::Duration;
 
-const SOURCE: KernelSource = KernelSource {
-    module: "qwen_gdn_profile_spin",
-    ptx: include_str!(concat!(env!("OUT_DIR"), "/profile_spin.ptx")),
-};
+const SOURCE: KernelSource = cuda_source!("profile_spin");
 
 /// SM clock cycles of the spin: 100 000 cycles are ~50 µs at the H100's 1.98 GHz boost clock
 /// (~70 µs at 1.4 GHz), well above the host time to queue one op (a few launches).

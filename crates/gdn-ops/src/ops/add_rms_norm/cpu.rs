@@ -1,18 +1,21 @@
 //! The CPU twin of `kernels/add_rms_norm.{metal,cu}`: row by row in f32, rounding where the
 //! kernels round.
 
+use super::Inputs;
 use crate::backend::{f32_values, round_to};
 use anyhow::Result;
-use candle_core::{Tensor, D};
+use candle_core::Tensor;
 
-pub(crate) fn add_rms_norm(
-    residual: &Tensor,
-    delta: Option<&Tensor>,
-    weight: &Tensor,
-    eps: f32,
-) -> Result<(Tensor, Tensor)> {
+pub(crate) fn add_rms_norm(inputs: &Inputs) -> Result<(Tensor, Tensor)> {
+    let Inputs {
+        residual,
+        delta,
+        weight,
+        eps,
+        cols,
+        ..
+    } = *inputs;
     let dtype = residual.dtype();
-    let cols = residual.dim(D::Minus1)?;
     let r = f32_values(residual)?;
     let w = f32_values(weight)?;
     let sum: Vec<f32> = match delta {

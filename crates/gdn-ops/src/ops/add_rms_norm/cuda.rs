@@ -1,65 +1,44 @@
 //! CUDA host side of `kernels/add_rms_norm.cu`: one warp per row, four rows per block.
 
-use super::{row_threads, AddRmsNormParams, PER_THREAD};
+use super::{row_threads, AddRmsNormParams, Inputs, PER_THREAD};
 use crate::backend::cuda::{
-    cuda_device, function, launch, tensor, view, with_float_type, KernelSource,
+    config, cuda_device, cuda_source, launch, tensor, view_or, with_float_type, Element, Held,
+    Kernel, KernelSource,
 };
-use crate::backend::dtype_tag;
 use anyhow::{ensure, Result};
-use candle_core::cuda_backend::cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg};
-use candle_core::cuda_backend::CudaDType;
-use candle_core::{CudaDevice, Tensor, WithDType};
+use candle_core::cuda_backend::cudarc::driver::{DeviceRepr, PushKernelArg};
+use candle_core::{CudaDevice, Tensor};
 
 const OP: &str = "add_rms_norm";
-const SOURCE: KernelSource = KernelSource {
-    module: "qwen_gdn_add_rms_norm",
-    ptx: include_str!(concat!(env!("OUT_DIR"), "/add_rms_norm.ptx")),
-};
-/// Rows (warps) per block.
-
+const SOURCE: KernelSource = cuda_source!("add_rms_norm");
 // SAFETY: `AddRmsNormParams` is `repr(C)` of three u32 and an f32, as the kernel's struct.
 unsafe impl DeviceRepr for AddRmsNormParams {}
 
-pub(crate) fn add_rms_norm(
-    residual: &Tensor,
-    delta: Option<&Tensor>,
-    weight: &Tensor,
-    eps: f32,
-    rows: usize,
-    cols: usize,
-) -> Result<(Tensor, Tensor)> {
-    let dev = cuda_device(residual, OP)?;
-    let residual = residual.contiguous()?;
-    let delta = delta.map(|d| d.contiguous()).transpose()?;
-    let weight = weight.contiguous()?;
-    with_float_type!(residual.dtype(), OP, |T| run::<T>(
-        &residual,
-        delta.as_ref(),
-        &weight,
-        eps,
-        rows,
-        cols,
-        &dev
-    ))
+pub(crate) fn add_rms_norm(inputs: &Inputs) -> Result<(Tensor, Tensor)> {
+    let dev = cuda_device(inputs.residual, OP)?;
+    let residual = inputs.residual.contiguous()?;
+    let delta = inputs.delta.map(|d| d.contiguous()).transpose()?;
+    let weight = inputs.weight.contiguous()?;
+    let contiguous = Inputs {
+        residual: &residual,
+        delta: delta.as_ref(),
+        weight: &weight,
+        ..*inputs
+    };
+    with_float_type!(residual.dtype(), OP, |T| run::<T>(&contiguous, &dev))
 }
 
-fn run<T>(
-    residual: &Tensor,
-    delta: Option<&Tensor>,
-    weight: &Tensor,
-    eps: f32,
-    rows: usize,
-    cols: usize,
-    dev: &CudaDevice,
-) -> Result<(Tensor, Tensor)>
-where
-    T: CudaDType + DeviceRepr + WithDType,
-{
-    let func = function(
-        dev,
-        &SOURCE,
-        &format!("add_rms_norm_{}", dtype_tag(T::DTYPE, OP)?),
-    )?;
+/// `inputs`: contiguous.
+fn run<T: Element>(inputs: &Inputs, dev: &CudaDevice) -> Result<(Tensor, Tensor)> {
+    let Inputs {
+        residual,
+        delta,
+        weight,
+        cols,
+        ..
+    } = *inputs;
+    let rows = inputs.rows();
+    let kernel = Kernel::typed(dev, &SOURCE, "add_rms_norm", &[T::DTYPE], OP)?;
     let len = rows * cols;
     // SAFETY: the kernel writes every element of normed, and of sum when there is a delta.
     let normed = unsafe { dev.alloc::<T>(len)? };
@@ -68,24 +47,14 @@ where
         None => None,
     };
     {
-        let (rs, rl) = residual.storage_and_layout();
-        let (ws, wl) = weight.storage_and_layout();
-        let r_view = view::<T>(&rs, rl, OP)?;
-        let w_view = view::<T>(&ws, wl, OP)?;
-        let delta_guard = delta.map(|d| d.storage_and_layout());
-        let d_view = match &delta_guard {
-            Some((ds, dl)) => view::<T>(ds, dl, OP)?,
-            // Never read without a delta (has_delta = 0).
-            None => view::<T>(&rs, rl, OP)?,
-        };
-        let params = AddRmsNormParams {
-            rows: rows as u32,
-            cols: cols as u32,
-            has_delta: delta.is_some() as u32,
-            eps,
-        };
-        let stream = dev.cuda_stream();
-        let mut args = stream.launch_builder(&func);
+        let (r_held, w_held) = (Held::new(residual), Held::new(weight));
+        let d_held = delta.map(Held::new);
+        let r_view = r_held.view::<T>(OP)?;
+        let w_view = w_held.view::<T>(OP)?;
+        // Never read without a delta (has_delta = 0).
+        let d_view = view_or::<T>(&d_held, &r_held, OP)?;
+        let params = inputs.params();
+        let mut args = kernel.args();
         args.arg(&r_view).arg(&d_view).arg(&w_view);
         // Never written without a delta: normed fills the slot.
         match &sum {
@@ -98,14 +67,10 @@ where
             "{OP}: {cols} columns exceed the kernel's {}",
             PER_THREAD * 1024
         );
-        let config = LaunchConfig {
-            grid_dim: (rows as u32, 1, 1),
-            block_dim: (row_threads(cols) as u32, 1, 1),
-            shared_mem_bytes: 0,
-        };
+        let geometry = config((rows as u32, 1, 1), (row_threads(cols) as u32, 1, 1), 0);
         // SAFETY: arguments in the order and types of `add_rms_norm_*` in
         // kernels/add_rms_norm.cu; every view holds rows × cols elements (weight: cols).
-        unsafe { launch(args, config) }?;
+        unsafe { launch(args, geometry) }?;
     }
     let shape = residual.shape().clone();
     let normed = tensor(normed, dev, shape.clone());

@@ -3,59 +3,43 @@
 //! The geometry here is what `kernels/emu/add_rms_norm_harness.cpp` emulates; change both
 //! together.
 
-use super::{row_threads, AddRmsNormParams};
-use crate::backend::dtype_tag;
+use super::{row_threads, Inputs};
+use crate::backend::kernel_instance;
 use crate::backend::metal::{
-    encode, metal_buffer, metal_device, metal_source, new_output, output, pipeline, Binding,
-    KernelSource,
+    encode, from_start, metal_buffer, metal_buffer_or, metal_device, metal_source, new_output,
+    output, pipeline, size, Binding, KernelSource,
 };
 use anyhow::Result;
 use candle_core::Tensor;
-use objc2_metal::MTLSize;
 
 const SOURCE: KernelSource = metal_source!("add_rms_norm.metal", "params/add_rms_norm.h");
 
-pub(crate) fn add_rms_norm(
-    residual: &Tensor,
-    delta: Option<&Tensor>,
-    weight: &Tensor,
-    eps: f32,
-    rows: usize,
-    cols: usize,
-) -> Result<(Tensor, Tensor)> {
+pub(crate) fn add_rms_norm(inputs: &Inputs) -> Result<(Tensor, Tensor)> {
     const OP: &str = "add_rms_norm";
-    let dev = &metal_device(residual, OP)?;
-    let dtype = residual.dtype();
-    let name = format!("add_rms_norm_{}", dtype_tag(dtype, OP)?);
+    let (rows, cols) = (inputs.rows(), inputs.cols);
+    let dev = &metal_device(inputs.residual, OP)?;
+    let dtype = inputs.residual.dtype();
+    let name = kernel_instance("add_rms_norm", &[dtype], OP)?;
     let pipeline = pipeline(dev, &SOURCE, &name)?;
     // Before the encoder is taken: candle ops lock the same command state.
-    let residual = residual.contiguous()?;
-    let delta = delta.map(|d| d.contiguous()).transpose()?;
-    let weight = weight.contiguous()?;
+    let residual = inputs.residual.contiguous()?;
+    let delta = inputs.delta.map(|d| d.contiguous()).transpose()?;
+    let weight = inputs.weight.contiguous()?;
     let normed = new_output(dev, rows * cols, dtype, "add_rms_norm_normed")?;
     let sum = match delta {
         Some(_) => Some(new_output(dev, rows * cols, dtype, "add_rms_norm_sum")?),
         None => None,
     };
     let rb = metal_buffer(&residual, OP)?;
-    let db = match &delta {
-        Some(d) => metal_buffer(d, OP)?,
-        // Never read without a delta (has_delta = 0).
-        None => rb.clone(),
-    };
+    // Never read without a delta (has_delta = 0).
+    let db = metal_buffer_or(delta.as_ref(), &rb, OP)?;
     let wb = metal_buffer(&weight, OP)?;
-    let nb = (normed.as_ref().clone(), 0);
-    let sb = sum.as_ref().map(|s| (s.as_ref().clone(), 0));
+    let nb = from_start(&normed);
+    let sb = sum.as_deref().map(from_start);
     let sum_binding = match &sb {
         Some(s) => Binding::Write(s),
         // Never written without a delta.
         None => Binding::Read(&rb),
-    };
-    let params = AddRmsNormParams {
-        rows: rows as u32,
-        cols: cols as u32,
-        has_delta: delta.is_some() as u32,
-        eps,
     };
     encode(
         dev,
@@ -67,17 +51,9 @@ pub(crate) fn add_rms_norm(
             sum_binding,
             Binding::Write(&nb),
         ],
-        &params,
-        MTLSize {
-            width: rows,
-            height: 1,
-            depth: 1,
-        },
-        MTLSize {
-            width: row_threads(cols),
-            height: 1,
-            depth: 1,
-        },
+        &inputs.params(),
+        size(rows, 1, 1),
+        size(row_threads(cols), 1, 1),
         // The simdgroups' partial sums of squares: 32 floats.
         32 * 4,
     )?;

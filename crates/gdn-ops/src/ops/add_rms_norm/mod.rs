@@ -17,10 +17,10 @@ pub mod cuda;
 #[cfg(any(feature = "metal", target_os = "macos"))]
 pub mod metal;
 
-use crate::launches;
+use crate::backend::on_device;
 use crate::profile::{self, tensor_bytes, Traffic};
-use anyhow::{bail, ensure, Result};
-use candle_core::{DType, Device, Tensor, D};
+use anyhow::{ensure, Result};
+use candle_core::{DType, Tensor, D};
 
 /// Widest row the kernels take (`hidden_size` is 2048 in Qwen3-Next-80B-A3B).
 pub const MAX_COLS: usize = 8192;
@@ -45,6 +45,36 @@ pub struct AddRmsNormParams {
     pub cols: u32,
     pub has_delta: u32,
     pub eps: f32,
+}
+
+/// The inputs of one call after the checks, as the backends receive them.
+pub(crate) struct Inputs<'a> {
+    pub residual: &'a Tensor,
+    pub delta: Option<&'a Tensor>,
+    pub weight: &'a Tensor,
+    pub eps: f32,
+    /// H, the values of each row.
+    pub cols: usize,
+}
+
+#[cfg_attr(
+    not(any(feature = "metal", target_os = "macos", feature = "cuda")),
+    allow(dead_code)
+)]
+impl Inputs<'_> {
+    /// N, the rows of H values.
+    pub(crate) fn rows(&self) -> usize {
+        self.residual.elem_count() / self.cols
+    }
+
+    pub(crate) fn params(&self) -> AddRmsNormParams {
+        AddRmsNormParams {
+            rows: self.rows() as u32,
+            cols: self.cols as u32,
+            has_delta: self.delta.is_some() as u32,
+            eps: self.eps,
+        }
+    }
 }
 
 /// Whether the kernels cover this residual (dtype f32, f16 or bf16; `0 < H ≤ MAX_COLS`).
@@ -101,25 +131,24 @@ pub fn add_rms_norm(
         eps.is_finite() && eps >= 0.0,
         "{OP}: eps must be finite and non-negative"
     );
-    let rows = residual.elem_count() / cols;
-    ensure!(rows > 0, "{OP}: residual {:?} has no rows", residual.dims());
+    ensure!(
+        residual.elem_count() > 0,
+        "{OP}: residual {:?} has no rows",
+        residual.dims()
+    );
+    let inputs = Inputs {
+        residual,
+        delta,
+        weight,
+        eps,
+        cols,
+    };
     let device = residual.device();
     profile::kernel(
         OP,
         device,
         || Ok(traffic(residual, delta, weight)),
-        || match device {
-            Device::Cpu => launches::cpu_twin(|| cpu::add_rms_norm(residual, delta, weight, eps)),
-            #[cfg(any(feature = "metal", target_os = "macos"))]
-            Device::Metal(_) => metal::add_rms_norm(residual, delta, weight, eps, rows, cols),
-            #[cfg(feature = "cuda")]
-            Device::Cuda(_) => cuda::add_rms_norm(residual, delta, weight, eps, rows, cols),
-            #[allow(unreachable_patterns)]
-            other => {
-                let _ = rows;
-                bail!("{OP}: no kernel for device {other:?}")
-            }
-        },
+        || on_device!(device, OP, add_rms_norm(&inputs)),
     )
 }
 

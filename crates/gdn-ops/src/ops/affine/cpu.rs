@@ -2,7 +2,7 @@
 //! device plan runs (and is tested) on any machine.
 
 use super::packing::dequantize_row;
-use super::AffineTensor;
+use super::{AffineTensor, ProductKind, Products};
 use crate::backend::{f32_values, round_to};
 use anyhow::{bail, ensure, Result};
 use candle_core::{DType, Storage, Tensor};
@@ -40,13 +40,16 @@ fn cpu_row(
     out
 }
 
-pub(crate) fn products(
-    m: &AffineTensor,
-    x: &Tensor,
-    ids: Option<&Tensor>,
-    x_div: usize,
-    out_rows: usize,
-) -> Result<Tensor> {
+/// The products of `call` (see [`Products`]).
+pub(crate) fn products(m: &AffineTensor, call: &Products) -> Result<Tensor> {
+    match call.kind {
+        ProductKind::Plain => plain_products(m, call),
+        ProductKind::Swiglu => swiglu_products(m, call),
+    }
+}
+
+fn plain_products(m: &AffineTensor, call: &Products) -> Result<Tensor> {
+    let (x, ids, x_div, out_rows) = (call.x, call.ids, call.x_div, call.out_rows);
     let xs = f32_values(x)?;
     let ids: Option<Vec<u32>> = ids.map(|t| t.to_vec1::<u32>()).transpose()?;
     let (scales, biases) = (f32_values(&m.scales)?, f32_values(&m.biases)?);
@@ -70,26 +73,20 @@ pub(crate) fn products(
     Ok(Tensor::from_vec(y, (out_rows, m.rows), x.device())?.to_dtype(x.dtype())?)
 }
 
-/// SwiGLU activations of a stacked gate-and-up matrix (`m.rows = 2·Im`): output row `i`
-/// reads x row `i / x_div` and expert `ids[i]`; `g` and `u` rounded to x's dtype, then
-/// `silu(g)·u` in f32, rounded once.
-pub(crate) fn swiglu_products(
-    m: &AffineTensor,
-    x: &Tensor,
-    ids: &Tensor,
-    x_div: usize,
-    out_rows: usize,
-) -> Result<Tensor> {
+/// SwiGLU activations of a stacked gate-and-up matrix (`m.rows = 2·Im`): `g` and `u`
+/// rounded to x's dtype, then `silu(g)·u` in f32, rounded once.
+fn swiglu_products(m: &AffineTensor, call: &Products) -> Result<Tensor> {
+    let (x, ids, x_div, out_rows) = (call.x, call.ids, call.x_div, call.out_rows);
     let dtype = x.dtype();
     let round = |v: f32| round_to(dtype, v);
     let xs = f32_values(x)?;
-    let ids = ids.to_vec1::<u32>()?;
+    let ids: Option<Vec<u32>> = ids.map(|t| t.to_vec1::<u32>()).transpose()?;
     let (scales, biases) = (f32_values(&m.scales)?, f32_values(&m.biases)?);
-    let im = m.rows / 2;
+    let im = call.width(m);
     let act = with_words(&m.packed, |words| -> Result<Vec<f32>> {
         let mut act = vec![0f32; out_rows * im];
         for (i, out) in act.chunks_exact_mut(im).enumerate() {
-            let e = ids[i] as usize;
+            let e = ids.as_ref().map_or(0, |ids| ids[i] as usize);
             ensure!(
                 e < m.experts,
                 "expert id {e} out of range ({} experts)",

@@ -2,20 +2,17 @@
 //! [`AffineTensor`] (direct products for few activation rows, row dequantization for the
 //! rest), with the same meaning as the CPU twin in `affine_tensor.rs`.
 
-use super::{wide, AffineParams, AffineTensor};
+use super::{wide, AffineParams, AffineTensor, ProductKind, Products};
 use crate::backend::cuda::{
-    cuda_device, function, launch, tensor, view, with_float_type, KernelSource,
+    config, cuda_device, cuda_source, launch, tensor, view_or, with_float_types, Element, Held,
+    Kernel, KernelSource,
 };
-use crate::backend::dtype_tag;
 use anyhow::{ensure, Result};
-use candle_core::cuda_backend::cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg};
+use candle_core::cuda_backend::cudarc::driver::{CudaView, DeviceRepr, LaunchArgs, PushKernelArg};
 use candle_core::cuda_backend::CudaDType;
 use candle_core::{CudaDevice, DType, Tensor, WithDType};
 
-const SOURCE: KernelSource = KernelSource {
-    module: "qwen_gdn_affine",
-    ptx: include_str!(concat!(env!("OUT_DIR"), "/affine.ptx")),
-};
+const SOURCE: KernelSource = cuda_source!("affine");
 
 // SAFETY: `AffineParams` is `repr(C)` of seven u32, as the kernel's struct.
 unsafe impl DeviceRepr for AffineParams {}
@@ -25,171 +22,147 @@ const WARPS_PER_BLOCK: u32 = 8;
 /// Threads per block of the dequantize kernel.
 const DEQUANTIZE_BLOCK: u32 = 256;
 
-fn params(m: &AffineTensor, out_rows: usize, x_div: usize, has_ids: bool) -> AffineParams {
-    AffineParams {
-        rows: m.rows as u32,
-        cols: m.cols as u32,
-        bits: m.bits as u32,
-        group_size: m.group_size as u32,
-        out_rows: out_rows as u32,
-        x_div: x_div as u32,
-        has_ids: has_ids as u32,
+/// The storages of a stacked matrix's packed words, scales and biases, held while their views
+/// are bound: what every affine kernel reads (the grouped GEMM's too).
+pub(crate) struct HeldWeights<'a> {
+    pub(crate) packed: Held<'a>,
+    scales: Held<'a>,
+    biases: Held<'a>,
+}
+
+impl<'a> HeldWeights<'a> {
+    pub(crate) fn new(m: &'a AffineTensor) -> Self {
+        Self {
+            packed: Held::new(&m.packed),
+            scales: Held::new(&m.scales),
+            biases: Held::new(&m.biases),
+        }
+    }
+
+    /// The packed words, and the scales and biases in `S`.
+    pub(crate) fn views<S: CudaDType + DeviceRepr>(&self, op: &str) -> Result<WeightViews<'_, S>> {
+        Ok(WeightViews {
+            packed: self.packed.view(op)?,
+            scales: self.scales.view(op)?,
+            biases: self.biases.view(op)?,
+        })
     }
 }
 
-/// Calls `$body` with `$X` and `$S` bound to the Rust types of two float dtypes (values and
-/// scales): the nine instantiations of each kernel.
-macro_rules! with_float_types {
-    ($x:expr, $s:expr, $op:expr, |$X:ident, $S:ident| $body:expr) => {
-        with_float_type!($x, $op, |$X| with_float_type!($s, $op, |$S| $body))
+/// The device views of [`HeldWeights`], bound first in every affine kernel's arguments.
+pub(crate) struct WeightViews<'a, S> {
+    pub(crate) packed: CudaView<'a, u32>,
+    pub(crate) scales: CudaView<'a, S>,
+    pub(crate) biases: CudaView<'a, S>,
+}
+
+impl<'a, S> WeightViews<'a, S> {
+    /// Pushes the packed words, the scales and the biases, in that order.
+    pub(crate) fn push(&'a self, args: &mut LaunchArgs<'a>) {
+        args.arg(&self.packed).arg(&self.scales).arg(&self.biases);
+    }
+}
+
+/// The products of `call` (see [`Products`]).
+pub(crate) fn products(m: &AffineTensor, call: &Products) -> Result<Tensor> {
+    let op = call.op();
+    let dev = cuda_device(call.x, op)?;
+    ensure!(
+        call.out_rows <= 65535,
+        "{op}: {} output rows exceed the CUDA grid",
+        call.out_rows
+    );
+    let x = call.x.contiguous()?;
+    let ids = call.ids.map(|t| t.contiguous()).transpose()?;
+    let call = Products {
+        x: &x,
+        ids: ids.as_ref(),
+        ..*call
     };
-}
-
-/// `out_rows` products; output row `i` reads x row `i / x_div` and expert `ids[i]` (or 0).
-pub(crate) fn products(
-    m: &AffineTensor,
-    x: &Tensor,
-    ids: Option<&Tensor>,
-    x_div: usize,
-    out_rows: usize,
-) -> Result<Tensor> {
-    const OP: &str = "affine matmul";
-    let dev = cuda_device(x, OP)?;
-    ensure!(
-        out_rows <= 65535,
-        "{OP}: {out_rows} output rows exceed the CUDA grid"
-    );
-    let x = x.contiguous()?;
-    let ids = ids.map(|t| t.contiguous()).transpose()?;
-    with_float_types!(x.dtype(), m.scales.dtype(), OP, |X, S| {
-        products_as::<X, S>(m, &x, ids.as_ref(), x_div, out_rows, &dev, Kind::Products)
+    with_float_types!(x.dtype(), m.scales.dtype(), op, |X, S| {
+        products_as::<X, S>(m, &call, &dev)
     })
 }
 
-/// SwiGLU activations of a stacked gate-and-up matrix: output row `i` reads x row
-/// `i / x_div` with expert `ids[i]` and holds `m.rows / 2` values.
-pub(crate) fn swiglu_products(
-    m: &AffineTensor,
-    x: &Tensor,
-    ids: &Tensor,
-    x_div: usize,
-    out_rows: usize,
-) -> Result<Tensor> {
-    const OP: &str = "expert swiglu";
-    let dev = cuda_device(x, OP)?;
-    ensure!(
-        out_rows <= 65535,
-        "{OP}: {out_rows} output rows exceed the CUDA grid"
-    );
-    let x = x.contiguous()?;
-    let ids = ids.contiguous()?;
-    with_float_types!(x.dtype(), m.scales.dtype(), OP, |X, S| {
-        products_as::<X, S>(m, &x, Some(&ids), x_div, out_rows, &dev, Kind::Swiglu)
-    })
-}
-
-/// Which of the two product kernels: plain rows, or the SwiGLU of gate and up rows.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Kind {
-    Products,
-    Swiglu,
-}
-
-fn products_as<X, S>(
-    m: &AffineTensor,
-    x: &Tensor,
-    ids: Option<&Tensor>,
-    x_div: usize,
-    out_rows: usize,
-    dev: &CudaDevice,
-    kind: Kind,
-) -> Result<Tensor>
+/// `call`, its x and ids contiguous.
+fn products_as<X, S>(m: &AffineTensor, call: &Products, dev: &CudaDevice) -> Result<Tensor>
 where
-    X: CudaDType + DeviceRepr + WithDType,
-    S: CudaDType + DeviceRepr + WithDType,
+    X: Element,
+    S: Element,
 {
     const OP: &str = "affine matmul";
-    let y_cols = match kind {
-        Kind::Products => m.rows,
-        Kind::Swiglu => m.rows / 2,
-    };
+    let Products {
+        kind,
+        x,
+        ids,
+        x_div,
+        out_rows,
+    } = *call;
+    let y_cols = call.width(m);
     let geometry = if wide_fits::<X>(m, x) {
         let lpr = wide::lanes_per_row(m.bits, m.cols);
-        let rows = wide::rows_per_group(y_cols, out_rows, lpr, kind == Kind::Swiglu, sms(dev)?);
+        let rows = wide::rows_per_group(
+            y_cols,
+            out_rows,
+            lpr,
+            kind == ProductKind::Swiglu,
+            sms(dev)?,
+        );
         Geometry::Wide { lpr, rows }
     } else {
         Geometry::WarpPerRow
     };
     let name = match (geometry, kind) {
-        (Geometry::Wide { rows, .. }, Kind::Products) => {
+        (Geometry::Wide { rows, .. }, ProductKind::Plain) => {
             format!("affine_wide_products_b{}_r{rows}", m.bits)
         }
-        (Geometry::Wide { rows, .. }, Kind::Swiglu) => {
+        (Geometry::Wide { rows, .. }, ProductKind::Swiglu) => {
             format!("affine_wide_swiglu_b{}_r{rows}", m.bits)
         }
-        (Geometry::WarpPerRow, Kind::Products) => "affine_products".to_string(),
-        (Geometry::WarpPerRow, Kind::Swiglu) => "affine_products_swiglu".to_string(),
+        (Geometry::WarpPerRow, ProductKind::Plain) => "affine_products".to_string(),
+        (Geometry::WarpPerRow, ProductKind::Swiglu) => "affine_products_swiglu".to_string(),
     };
-    let name = format!(
-        "{name}_{}_{}",
-        dtype_tag(X::DTYPE, OP)?,
-        dtype_tag(S::DTYPE, OP)?
-    );
-    let func = function(dev, &SOURCE, &name)?;
+    let kernel = Kernel::typed(dev, &SOURCE, &name, &[X::DTYPE, S::DTYPE], OP)?;
     // SAFETY: the kernel writes every element of y.
     let y = unsafe { dev.alloc::<X>(out_rows * y_cols)? };
     {
-        let (ps, pl) = m.packed.storage_and_layout();
-        let (ss, sl) = m.scales.storage_and_layout();
-        let (bs, bl) = m.biases.storage_and_layout();
-        let (xs, xl) = x.storage_and_layout();
-        let packed = view::<u32>(&ps, pl, OP)?;
-        let (scales, biases) = (view::<S>(&ss, sl, OP)?, view::<S>(&bs, bl, OP)?);
-        let x_view = view::<X>(&xs, xl, OP)?;
-        let ids_guard = ids.map(|t| t.storage_and_layout());
-        let ids_view = match &ids_guard {
-            Some((is, il)) => view::<u32>(is, il, OP)?,
-            // Never read without ids (has_ids = 0).
-            None => view::<u32>(&ps, pl, OP)?,
-        };
-        let p = params(m, out_rows, x_div, ids.is_some());
+        let weights = HeldWeights::new(m);
+        let (x_held, ids_held) = (Held::new(x), ids.map(Held::new));
+        let weight_views = weights.views::<S>(OP)?;
+        let x_view = x_held.view::<X>(OP)?;
+        // Never read without ids (has_ids = 0).
+        let ids_view = view_or::<u32>(&ids_held, &weights.packed, OP)?;
+        let p = AffineParams::new(m, m.rows, out_rows, x_div, ids.is_some());
         let experts = m.experts as u32;
-        let stream = dev.cuda_stream();
-        let mut args = stream.launch_builder(&func);
-        args.arg(&packed)
-            .arg(&scales)
-            .arg(&biases)
-            .arg(&x_view)
+        let mut args = kernel.args();
+        weight_views.push(&mut args);
+        args.arg(&x_view)
             .arg(&ids_view)
             .arg(&y)
             .arg(&p)
             .arg(&experts);
         let lpr_arg;
-        let config = match geometry {
+        let blocks = match geometry {
             Geometry::Wide { lpr, rows } => {
                 lpr_arg = lpr as u32;
                 args.arg(&lpr_arg);
-                LaunchConfig {
-                    grid_dim: (wide::blocks_x(y_cols, lpr, rows) as u32, out_rows as u32, 1),
-                    block_dim: (32 * wide::WARPS as u32, 1, 1),
-                    shared_mem_bytes: 0,
-                }
+                let blocks_x = wide::blocks_x(y_cols, lpr, rows) as u32;
+                config(
+                    (blocks_x, out_rows as u32, 1),
+                    (32 * wide::WARPS as u32, 1, 1),
+                    0,
+                )
             }
-            Geometry::WarpPerRow => LaunchConfig {
-                grid_dim: (
-                    (y_cols as u32).div_ceil(WARPS_PER_BLOCK),
-                    out_rows as u32,
-                    1,
-                ),
-                block_dim: (32, WARPS_PER_BLOCK, 1),
-                shared_mem_bytes: 0,
-            },
+            Geometry::WarpPerRow => {
+                let blocks_x = (y_cols as u32).div_ceil(WARPS_PER_BLOCK);
+                config((blocks_x, out_rows as u32, 1), (32, WARPS_PER_BLOCK, 1), 0)
+            }
         };
         // SAFETY: arguments in the order and types of `affine_products_*` and
         // `affine_products_swiglu_*` (and, with the trailing lanes-per-row, `affine_wide_*`) in
         // kernels/affine.cu; x holds (out_rows - 1) / x_div + 1 rows of cols values; the wide
         // kernels' 16-byte loads were checked to be aligned (`wide_fits`).
-        unsafe { launch(args, config) }?;
+        unsafe { launch(args, blocks) }?;
     }
     Ok(tensor(y, dev, (out_rows, y_cols)))
 }
@@ -252,16 +225,11 @@ fn dequantize_as<O, S>(
     dev: &CudaDevice,
 ) -> Result<Tensor>
 where
-    O: CudaDType + DeviceRepr + WithDType,
-    S: CudaDType + DeviceRepr + WithDType,
+    O: Element,
+    S: Element,
 {
     const OP: &str = "affine dequantize";
-    let name = format!(
-        "affine_dequantize_{}_{}",
-        dtype_tag(O::DTYPE, OP)?,
-        dtype_tag(S::DTYPE, OP)?
-    );
-    let func = function(dev, &SOURCE, &name)?;
+    let kernel = Kernel::typed(dev, &SOURCE, "affine_dequantize", &[O::DTYPE, S::DTYPE], OP)?;
     let len = count * m.cols;
     ensure!(
         len <= u32::MAX as usize,
@@ -271,36 +239,25 @@ where
     // SAFETY: the kernel writes every element of out.
     let out = unsafe { dev.alloc::<O>(len)? };
     if len > 0 {
-        let (ps, pl) = m.packed.storage_and_layout();
-        let (ss, sl) = m.scales.storage_and_layout();
-        let (bs, bl) = m.biases.storage_and_layout();
-        let packed = view::<u32>(&ps, pl, OP)?;
-        let (scales, biases) = (view::<S>(&ss, sl, OP)?, view::<S>(&bs, bl, OP)?);
-        let ids_guard = ids.map(|t| t.storage_and_layout());
-        let ids_view = match &ids_guard {
-            Some((is, il)) => view::<u32>(is, il, OP)?,
-            None => view::<u32>(&ps, pl, OP)?,
-        };
-        let p = params(m, count, 1, ids.is_some());
+        let weights = HeldWeights::new(m);
+        let ids_held = ids.map(Held::new);
+        let weight_views = weights.views::<S>(OP)?;
+        // Never read without ids (has_ids = 0).
+        let ids_view = view_or::<u32>(&ids_held, &weights.packed, OP)?;
+        let p = AffineParams::new(m, m.rows, count, 1, ids.is_some());
         let (count32, total_rows) = (count as u32, (m.experts * m.rows) as u32);
-        let stream = dev.cuda_stream();
-        let mut args = stream.launch_builder(&func);
-        args.arg(&packed)
-            .arg(&scales)
-            .arg(&biases)
-            .arg(&ids_view)
+        let mut args = kernel.args();
+        weight_views.push(&mut args);
+        args.arg(&ids_view)
             .arg(&out)
             .arg(&p)
             .arg(&count32)
             .arg(&total_rows);
-        let config = LaunchConfig {
-            grid_dim: ((len as u32).div_ceil(DEQUANTIZE_BLOCK), 1, 1),
-            block_dim: (DEQUANTIZE_BLOCK, 1, 1),
-            shared_mem_bytes: 0,
-        };
+        let blocks = (len as u32).div_ceil(DEQUANTIZE_BLOCK);
+        let geometry = config((blocks, 1, 1), (DEQUANTIZE_BLOCK, 1, 1), 0);
         // SAFETY: arguments in the order and types of `affine_dequantize_*` in
         // kernels/affine.cu.
-        unsafe { launch(args, config) }?;
+        unsafe { launch(args, geometry) }?;
     }
     Ok(tensor(out, dev, (count, m.cols)))
 }

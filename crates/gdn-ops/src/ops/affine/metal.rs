@@ -4,16 +4,15 @@
 //! The launch geometry here is what `kernels/emu/affine_harness.cpp` emulates; change both
 //! together.
 
-use super::{AffineParams, AffineTensor};
-use crate::backend::dtype_tag;
+use super::{AffineParams, AffineTensor, ProductKind, Products};
+use crate::backend::kernel_instance;
 use crate::backend::metal::{
-    encode, metal_buffer, metal_device, metal_source, new_output, output, pipeline, Binding,
-    KernelSource,
+    encode, from_start, metal_buffer, metal_buffer_or, metal_buffers, metal_device, metal_source,
+    new_output, output, pipeline, reads_then_writes, size, KernelSource,
 };
 use anyhow::Result;
-use candle_core::{DType, MetalDevice, Tensor};
-use candle_metal_kernels::metal::{Buffer, ComputePipeline};
-use objc2_metal::MTLSize;
+use candle_core::{DType, Tensor};
+use candle_metal_kernels::metal::Buffer;
 
 const SOURCE: KernelSource = metal_source!("affine.metal", "params/affine.h");
 
@@ -25,137 +24,44 @@ pub const QMV_SIMDGROUPS: usize = 2;
 pub const DEQUANT_THREADS: usize = 64;
 pub const DEQUANT_VALUES_PER_THREAD: usize = 8;
 
-fn params(m: &AffineTensor, rows: usize, out_rows: usize, x_div: usize, ids: bool) -> AffineParams {
-    AffineParams {
-        rows: rows as u32,
-        cols: m.cols as u32,
-        bits: m.bits as u32,
-        group_size: m.group_size as u32,
-        out_rows: out_rows as u32,
-        x_div: x_div as u32,
-        has_ids: ids as u32,
-    }
+/// The packed words, scales and biases: the first three slots of every affine kernel (the
+/// grouped GEMM's too).
+pub(crate) fn weight_buffers(m: &AffineTensor, op: &str) -> Result<[(Buffer, usize); 3]> {
+    metal_buffers([&m.packed, &m.scales, &m.biases], op)
 }
 
-/// One launch: `inputs` read from slots 0.., the output written in the slot after them.
-fn launch(
-    dev: &MetalDevice,
-    pipeline: &ComputePipeline,
-    inputs: &[(Buffer, usize)],
-    out: &(Buffer, usize),
-    params: &AffineParams,
-    groups: MTLSize,
-    threads: MTLSize,
-) -> Result<()> {
-    let mut bindings: Vec<Binding> = inputs.iter().map(Binding::Read).collect();
-    bindings.push(Binding::Write(out));
-    encode(dev, pipeline, &bindings, params, groups, threads, 0)
-}
-
-/// The packed words, scales and biases, then the ids (or, without ids, the words again: the
-/// kernel never reads that slot, but it must be bound).
-fn weight_buffers(
-    m: &AffineTensor,
-    ids: Option<&Tensor>,
-    op: &str,
-) -> Result<[(Buffer, usize); 4]> {
-    let w = metal_buffer(&m.packed, op)?;
-    let ids = match ids {
-        Some(t) => metal_buffer(t, op)?,
-        None => w.clone(),
+/// The products of `call` (see [`Products`]): one launch of `affine_qmv_*` (or its SwiGLU
+/// form `affine_qmv_swiglu_*`, the same geometry), `out_rows` rows of `width` values, eight
+/// per threadgroup.
+pub(crate) fn products(m: &AffineTensor, call: &Products) -> Result<Tensor> {
+    let (op, width, out_rows) = (call.op(), call.width(m), call.out_rows);
+    let kernel = match call.kind {
+        ProductKind::Plain => "affine_qmv",
+        ProductKind::Swiglu => "affine_qmv_swiglu",
     };
-    Ok([
-        w,
-        metal_buffer(&m.scales, op)?,
-        metal_buffer(&m.biases, op)?,
-        ids,
-    ])
-}
-
-/// `out_rows` products: row `i` reads x row `i / x_div` with expert `ids[i]` (or expert 0).
-pub(crate) fn products(
-    m: &AffineTensor,
-    x: &Tensor,
-    ids: Option<&Tensor>,
-    x_div: usize,
-    out_rows: usize,
-) -> Result<Tensor> {
-    qmv(
-        m,
-        x,
-        ids,
-        x_div,
-        out_rows,
-        "affine_qmv",
-        m.rows,
-        "affine matmul",
-    )
-}
-
-/// SwiGLU activations of a stacked gate-and-up matrix: output row `i` reads x row
-/// `i / x_div` with expert `ids[i]` and holds `m.rows / 2` values.
-pub(crate) fn swiglu_products(
-    m: &AffineTensor,
-    x: &Tensor,
-    ids: &Tensor,
-    x_div: usize,
-    out_rows: usize,
-) -> Result<Tensor> {
-    let im = m.rows / 2;
-    qmv(
-        m,
-        x,
-        Some(ids),
-        x_div,
-        out_rows,
-        "affine_qmv_swiglu",
-        im,
-        "expert swiglu",
-    )
-}
-
-/// One launch of a qmv-shaped kernel (`<kernel>_<in>_<scale>`, the geometry of
-/// `affine_qmv`): `out_rows` rows of `width` values, eight per threadgroup.
-#[allow(clippy::too_many_arguments)]
-fn qmv(
-    m: &AffineTensor,
-    x: &Tensor,
-    ids: Option<&Tensor>,
-    x_div: usize,
-    out_rows: usize,
-    kernel: &str,
-    width: usize,
-    op: &str,
-) -> Result<Tensor> {
+    let (x, ids) = (call.x, call.ids);
     let dev = metal_device(&m.packed, op)?;
-    let name = format!(
-        "{kernel}_{}_{}",
-        dtype_tag(x.dtype(), op)?,
-        dtype_tag(m.scales.dtype(), op)?
-    );
+    let name = kernel_instance(kernel, &[x.dtype(), m.scales.dtype()], op)?;
     let pipeline = pipeline(&dev, &SOURCE, &name)?;
     // Before the encoder is taken: candle ops lock the same command state.
     let x = x.contiguous()?;
     let ids = ids.map(|t| t.contiguous()).transpose()?;
     let y = new_output(&dev, out_rows * width, x.dtype(), &format!("{kernel}_y"))?;
-    let [w, s, b, idb] = weight_buffers(m, ids.as_ref(), op)?;
+    let [w, s, b] = weight_buffers(m, op)?;
+    // Without ids, the words again: the kernel never reads that slot, but it must be bound.
+    let idb = metal_buffer_or(ids.as_ref(), &w, op)?;
     let rows_per_group = QMV_ROWS_PER_SIMDGROUP * QMV_SIMDGROUPS;
-    launch(
+    encode(
         &dev,
         &pipeline,
-        &[w, s, b, metal_buffer(&x, op)?, idb],
-        &(y.as_ref().clone(), 0),
-        &params(m, m.rows, out_rows, x_div, ids.is_some()),
-        MTLSize {
-            width: width.div_ceil(rows_per_group),
-            height: out_rows,
-            depth: 1,
-        },
-        MTLSize {
-            width: 32,
-            height: QMV_SIMDGROUPS,
-            depth: 1,
-        },
+        &reads_then_writes(
+            &[&w, &s, &b, &metal_buffer(&x, op)?, &idb],
+            &[&from_start(&y)],
+        ),
+        &AffineParams::new(m, m.rows, out_rows, call.x_div, ids.is_some()),
+        size(width.div_ceil(rows_per_group), out_rows, 1),
+        size(32, QMV_SIMDGROUPS, 1),
+        0,
     )?;
     Ok(output(&dev, y, (out_rows, width), x.dtype()))
 }
@@ -169,31 +75,21 @@ pub(crate) fn dequantize(
 ) -> Result<Tensor> {
     const OP: &str = "affine dequantize";
     let dev = metal_device(&m.packed, OP)?;
-    let name = format!(
-        "affine_dequant_{}_{}",
-        dtype_tag(dtype, OP)?,
-        dtype_tag(m.scales.dtype(), OP)?
-    );
+    let name = kernel_instance("affine_dequant", &[dtype, m.scales.dtype()], OP)?;
     let pipeline = pipeline(&dev, &SOURCE, &name)?;
     let ids = ids.map(|t| t.contiguous()).transpose()?;
     let out = new_output(&dev, count * m.cols, dtype, "affine_dequant_out")?;
     let per_group = DEQUANT_THREADS * DEQUANT_VALUES_PER_THREAD;
-    launch(
+    let [w, s, b] = weight_buffers(m, OP)?;
+    let idb = metal_buffer_or(ids.as_ref(), &w, OP)?;
+    encode(
         &dev,
         &pipeline,
-        &weight_buffers(m, ids.as_ref(), OP)?,
-        &(out.as_ref().clone(), 0),
-        &params(m, m.experts * m.rows, count, 1, ids.is_some()),
-        MTLSize {
-            width: m.cols.div_ceil(per_group),
-            height: count,
-            depth: 1,
-        },
-        MTLSize {
-            width: DEQUANT_THREADS,
-            height: 1,
-            depth: 1,
-        },
+        &reads_then_writes(&[&w, &s, &b, &idb], &[&from_start(&out)]),
+        &AffineParams::new(m, m.experts * m.rows, count, 1, ids.is_some()),
+        size(m.cols.div_ceil(per_group), count, 1),
+        size(DEQUANT_THREADS, 1, 1),
+        0,
     )?;
     Ok(output(&dev, out, (count, m.cols), dtype))
 }

@@ -23,6 +23,7 @@ pub mod q8_interleaved;
 pub mod q8_kernel;
 pub mod wide;
 
+use crate::backend::on_device;
 use crate::launches;
 use crate::profile::{self, elems_bytes, tensor_bytes, Traffic};
 use anyhow::{bail, ensure, Result};
@@ -220,16 +221,15 @@ impl AffineTensor {
                 .read(out_rows * self.rows * self.row_bytes())
                 .write(elems_bytes(out_rows * self.rows / 2, x.dtype())))
         };
-        let device = self.device();
-        let act = profile::kernel("affine_products_swiglu", device, traffic, || match device {
-            Device::Cpu => {
-                launches::cpu_twin(|| cpu::swiglu_products(self, &x, &ids, slots, out_rows))
-            }
-            #[cfg(any(feature = "metal", target_os = "macos"))]
-            Device::Metal(_) => metal::swiglu_products(self, &x, &ids, slots, out_rows),
-            #[cfg(feature = "cuda")]
-            Device::Cuda(_) => cuda::swiglu_products(self, &x, &ids, slots, out_rows),
-            other => bail!("expert swiglu: no kernel for {other:?} yet"),
+        let call = Products {
+            kind: ProductKind::Swiglu,
+            x: &x,
+            ids: Some(&ids),
+            x_div: slots,
+            out_rows,
+        };
+        let act = profile::kernel("affine_products_swiglu", self.device(), traffic, || {
+            self.run_products(&call)
         })?;
         Ok(act.reshape((n, slots, self.rows / 2))?)
     }
@@ -252,13 +252,12 @@ impl AffineTensor {
                 .write(elems_bytes(count * self.cols, dtype)))
         };
         let device = self.device();
-        profile::kernel("affine_dequantize", device, traffic, || match device {
-            Device::Cpu => launches::cpu_twin(|| cpu::dequantize(self, ids, count, dtype)),
-            #[cfg(any(feature = "metal", target_os = "macos"))]
-            Device::Metal(_) => metal::dequantize(self, ids, count, dtype),
-            #[cfg(feature = "cuda")]
-            Device::Cuda(_) => cuda::dequantize(self, ids, count, dtype),
-            other => bail!("affine dequantize: no kernel for {other:?} yet"),
+        profile::kernel("affine_dequantize", device, traffic, || {
+            on_device!(
+                device,
+                "affine dequantize",
+                dequantize(self, ids, count, dtype)
+            )
         })
     }
 
@@ -291,15 +290,19 @@ impl AffineTensor {
             None => "affine_products",
         };
         let traffic = || Ok(self.products_traffic(x, ids, out_rows));
-        let device = self.device();
-        profile::kernel(name, device, traffic, || match device {
-            Device::Cpu => launches::cpu_twin(|| cpu::products(self, x, ids, x_div, out_rows)),
-            #[cfg(any(feature = "metal", target_os = "macos"))]
-            Device::Metal(_) => metal::products(self, x, ids, x_div, out_rows),
-            #[cfg(feature = "cuda")]
-            Device::Cuda(_) => cuda::products(self, x, ids, x_div, out_rows),
-            other => bail!("affine matmul: no kernel for {other:?} yet"),
-        })
+        let call = Products {
+            kind: ProductKind::Plain,
+            x,
+            ids,
+            x_div,
+            out_rows,
+        };
+        profile::kernel(name, self.device(), traffic, || self.run_products(&call))
+    }
+
+    /// `call` on this matrix's device.
+    fn run_products(&self, call: &Products) -> Result<Tensor> {
+        on_device!(self.device(), call.op(), products(self, call))
     }
 
     /// Bytes [`Self::products`] moves (the decode profile): the x rows (each once, however
@@ -331,4 +334,65 @@ pub struct AffineParams {
     pub out_rows: u32,
     pub x_div: u32,
     pub has_ids: u32,
+}
+
+impl AffineParams {
+    /// The parameters of a launch over `m` that takes `rows` rows per expert (or, for the
+    /// dequantization's row ids, the whole stack's) and writes `out_rows` rows.
+    pub fn new(
+        m: &AffineTensor,
+        rows: usize,
+        out_rows: usize,
+        x_div: usize,
+        has_ids: bool,
+    ) -> Self {
+        Self {
+            rows: rows as u32,
+            cols: m.cols as u32,
+            bits: m.bits as u32,
+            group_size: m.group_size as u32,
+            out_rows: out_rows as u32,
+            x_div: x_div as u32,
+            has_ids: has_ids as u32,
+        }
+    }
+}
+
+/// What a products kernel writes per output row.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ProductKind {
+    /// The products with the expert's rows: `m.rows` values.
+    Plain,
+    /// The SwiGLU of a stacked gate-and-up matrix (gate rows `0..Im`, up rows `Im..2·Im`):
+    /// `Im = m.rows / 2` activations.
+    Swiglu,
+}
+
+/// One products call, as every backend receives it: `out_rows` output rows, row `i` reading
+/// x row `i / x_div` with expert `ids[i]` (expert 0 without ids).
+#[derive(Clone, Copy)]
+pub(crate) struct Products<'a> {
+    pub kind: ProductKind,
+    pub x: &'a Tensor,
+    pub ids: Option<&'a Tensor>,
+    pub x_div: usize,
+    pub out_rows: usize,
+}
+
+impl Products<'_> {
+    /// Values of each output row.
+    pub(crate) fn width(&self, m: &AffineTensor) -> usize {
+        match self.kind {
+            ProductKind::Plain => m.rows,
+            ProductKind::Swiglu => m.rows / 2,
+        }
+    }
+
+    /// The op's name in messages.
+    pub(crate) fn op(&self) -> &'static str {
+        match self.kind {
+            ProductKind::Plain => "affine matmul",
+            ProductKind::Swiglu => "expert swiglu",
+        }
+    }
 }

@@ -4,20 +4,17 @@
 
 use super::{tile_pairs_for, tile_schedule, AffineGroupedParams, SMEM_BYTES, THREADS, TILE_ROWS};
 use crate::backend::cuda::{
-    cuda_device, function, launch, tensor, view, with_float_type, KernelSource,
+    config, cuda_device, cuda_source, launch, tensor, with_float_types, Element, Held, Kernel,
+    KernelSource,
 };
-use crate::backend::dtype_tag;
+use crate::backend::kernel_instance;
+use crate::ops::affine::cuda::HeldWeights;
 use crate::ops::affine::AffineTensor;
 use anyhow::{ensure, Result};
-use candle_core::cuda_backend::cudarc::driver::sys::CUfunction_attribute;
-use candle_core::cuda_backend::cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg};
-use candle_core::cuda_backend::CudaDType;
-use candle_core::{CudaDevice, Tensor, WithDType};
+use candle_core::cuda_backend::cudarc::driver::{DeviceRepr, PushKernelArg};
+use candle_core::{CudaDevice, Tensor};
 
-const SOURCE: KernelSource = KernelSource {
-    module: "qwen_gdn_affine_grouped",
-    ptx: include_str!(concat!(env!("OUT_DIR"), "/affine_grouped.ptx")),
-};
+const SOURCE: KernelSource = cuda_source!("affine_grouped");
 
 // SAFETY: `AffineGroupedParams` is `repr(C)` of eight u32, as the kernel's struct.
 unsafe impl DeviceRepr for AffineGroupedParams {}
@@ -42,11 +39,9 @@ pub fn grouped_matmul_t(m: &AffineTensor, x: &Tensor, offsets: &[u32]) -> Result
         "{OP}: {tiles} tiles of {row_blocks} row blocks do not fit the CUDA grid"
     );
     let schedule = Tensor::from_vec(schedule, tiles * 3, x.device())?;
-    with_float_type!(x.dtype(), OP, |X| with_float_type!(
-        m.scales.dtype(),
-        OP,
-        |S| grouped_as::<X, S>(m, &x, &schedule, [tiles, tile_pairs, row_blocks], &dev)
-    ))
+    with_float_types!(x.dtype(), m.scales.dtype(), OP, |X, S| {
+        grouped_as::<X, S>(m, &x, &schedule, [tiles, tile_pairs, row_blocks], &dev)
+    })
 }
 
 fn grouped_as<X, S>(
@@ -57,33 +52,21 @@ fn grouped_as<X, S>(
     dev: &CudaDevice,
 ) -> Result<Tensor>
 where
-    X: CudaDType + DeviceRepr + WithDType,
-    S: CudaDType + DeviceRepr + WithDType,
+    X: Element,
+    S: Element,
 {
     const OP: &str = "grouped matmul";
-    let name = format!(
-        "affine_grouped_{}_{}",
-        dtype_tag(X::DTYPE, OP)?,
-        dtype_tag(S::DTYPE, OP)?
-    );
-    let func = function(dev, &SOURCE, &name)?;
-    func.set_attribute(
-        CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-        SMEM_BYTES as i32,
-    )?;
+    let name = kernel_instance("affine_grouped", &[X::DTYPE, S::DTYPE], OP)?;
+    let kernel = Kernel::load_with_shared(dev, &SOURCE, &name, SMEM_BYTES)?;
     let pairs = x.dim(0)?;
     // SAFETY: the schedule covers every pair, and the kernel writes every row of a pair.
     let y = unsafe { dev.alloc::<X>(pairs * m.rows)? };
     {
-        let (ps, pl) = m.packed.storage_and_layout();
-        let (ss, sl) = m.scales.storage_and_layout();
-        let (bs, bl) = m.biases.storage_and_layout();
-        let (xs, xl) = x.storage_and_layout();
-        let (ts, tl) = schedule.storage_and_layout();
-        let packed = view::<u32>(&ps, pl, OP)?;
-        let (scales, biases) = (view::<S>(&ss, sl, OP)?, view::<S>(&bs, bl, OP)?);
-        let x_view = view::<X>(&xs, xl, OP)?;
-        let tiles_view = view::<u32>(&ts, tl, OP)?;
+        let weights = HeldWeights::new(m);
+        let [x_held, tiles_held] = [x, schedule].map(Held::new);
+        let weight_views = weights.views::<S>(OP)?;
+        let x_view = x_held.view::<X>(OP)?;
+        let tiles_view = tiles_held.view::<u32>(OP)?;
         let p = AffineGroupedParams {
             rows: m.rows as u32,
             cols: m.cols as u32,
@@ -94,24 +77,15 @@ where
             tiles: tiles as u32,
             tile_pairs: tile_pairs as u32,
         };
-        let stream = dev.cuda_stream();
-        let mut args = stream.launch_builder(&func);
-        args.arg(&packed)
-            .arg(&scales)
-            .arg(&biases)
-            .arg(&x_view)
-            .arg(&tiles_view)
-            .arg(&y)
-            .arg(&p);
-        let config = LaunchConfig {
-            grid_dim: (tiles as u32, row_blocks as u32, 1),
-            block_dim: (THREADS as u32, 1, 1),
-            shared_mem_bytes: SMEM_BYTES as u32,
-        };
+        let mut args = kernel.args();
+        weight_views.push(&mut args);
+        args.arg(&x_view).arg(&tiles_view).arg(&y).arg(&p);
+        let grid = (tiles as u32, row_blocks as u32, 1);
+        let geometry = config(grid, (THREADS as u32, 1, 1), SMEM_BYTES);
         // SAFETY: arguments in the order and types of `affine_grouped_*` in
         // kernels/affine_grouped.cu; x holds `pairs` rows of cols values, the schedule `tiles`
         // entries inside them, and the stack `experts * rows` rows.
-        unsafe { launch(args, config) }?;
+        unsafe { launch(args, geometry) }?;
     }
     Ok(tensor(y, dev, (pairs, m.rows)))
 }

@@ -9,16 +9,16 @@ use super::check_offsets;
 use super::tiles::{
     tile_schedule, AffineGroupedParams, GROUPED_SCRATCH_BYTES, GROUPED_THREADS, GROUPED_TILE_COLS,
 };
-use crate::backend::dtype_tag;
+use crate::backend::kernel_instance;
 use crate::backend::metal::{
-    encode, metal_buffer, metal_device, metal_source, new_output, output, pipeline, Binding,
-    KernelSource,
+    encode, from_start, metal_buffers, metal_device, metal_source, new_output, output, pipeline,
+    reads_then_writes, size, KernelSource,
 };
 use crate::launches;
+use crate::ops::affine::metal::weight_buffers;
 use crate::ops::affine::AffineTensor;
 use anyhow::{ensure, Result};
 use candle_core::Tensor;
-use objc2_metal::MTLSize;
 
 const OP: &str = "grouped expert matmul";
 
@@ -72,11 +72,7 @@ pub fn grouped_matmul_t(a: &AffineTensor, x: &Tensor, offsets: &[u32]) -> Result
         a.cols
     );
     let dtype = x.dtype();
-    let name = format!(
-        "affine_grouped_qmm_{}_{}",
-        dtype_tag(dtype, OP)?,
-        dtype_tag(a.scales.dtype(), OP)?
-    );
+    let name = kernel_instance("affine_grouped_qmm", &[dtype, a.scales.dtype()], OP)?;
     if x_rows == 0 || a.rows == 0 {
         // Nothing to compute: an empty result (candle's zero fill, a blit of no bytes).
         return launches::candle_op(Tensor::zeros((x_rows, a.rows), dtype, x.device()));
@@ -101,31 +97,18 @@ pub fn grouped_matmul_t(a: &AffineTensor, x: &Tensor, offsets: &[u32]) -> Result
         x_rows: x_rows as u32,
         tiles: tiles.len() as u32,
     };
-    let inputs = [
-        metal_buffer(&a.packed, OP)?,
-        metal_buffer(&a.scales, OP)?,
-        metal_buffer(&a.biases, OP)?,
-        metal_buffer(&x, OP)?,
-        metal_buffer(&tile_buffer, OP)?,
-    ];
-    let out = (y.as_ref().clone(), 0);
-    let mut bindings: Vec<Binding> = inputs.iter().map(Binding::Read).collect();
-    bindings.push(Binding::Write(&out));
+    let [packed, scales, biases] = weight_buffers(a, OP)?;
+    let [x_buf, tiles_buf] = metal_buffers([&x, &tile_buffer], OP)?;
     encode(
         &dev,
         &pipeline,
-        &bindings,
+        &reads_then_writes(
+            &[&packed, &scales, &biases, &x_buf, &tiles_buf],
+            &[&from_start(&y)],
+        ),
         &params,
-        MTLSize {
-            width: a.rows.div_ceil(GROUPED_TILE_COLS),
-            height: tiles.len(),
-            depth: 1,
-        },
-        MTLSize {
-            width: GROUPED_THREADS,
-            height: 1,
-            depth: 1,
-        },
+        size(a.rows.div_ceil(GROUPED_TILE_COLS), tiles.len(), 1),
+        size(GROUPED_THREADS, 1, 1),
         GROUPED_SCRATCH_BYTES,
     )?;
     Ok(output(&dev, y, (x_rows, a.rows), dtype))

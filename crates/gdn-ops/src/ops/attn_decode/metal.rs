@@ -6,14 +6,13 @@
 //! together.
 
 use super::{AttnDecodeDims, Inputs, SIMDGROUPS};
-use crate::backend::dtype_tag;
+use crate::backend::kernel_instance;
 use crate::backend::metal::{
-    encode, metal_buffer, metal_device, metal_source, new_output, output, pipeline, Binding,
-    KernelSource,
+    encode, from_start, metal_buffers, metal_device, metal_source, new_output, output, pipeline,
+    reads_then_writes, size, KernelSource,
 };
 use anyhow::Result;
 use candle_core::{DType, Tensor};
-use objc2_metal::MTLSize;
 
 const SOURCE: KernelSource = metal_source!("attn_decode.metal", "params/attn_decode.h");
 
@@ -21,40 +20,25 @@ pub(crate) fn attn_decode(d: AttnDecodeDims, inputs: &Inputs) -> Result<Tensor> 
     const OP: &str = "attn_decode";
     let dev = &metal_device(inputs.q, OP)?;
     let dtype = inputs.q.dtype();
-    let tag = dtype_tag(dtype, OP)?;
+    let pipeline_for =
+        |kernel: &str| pipeline(dev, &SOURCE, &kernel_instance(kernel, &[dtype], OP)?);
     let splits = d.splits();
     // Before the encoder is taken: candle ops lock the same command state.
     let (q, gate) = (inputs.q.contiguous()?, inputs.gate.contiguous()?);
     let (keys, values, pos) = (inputs.keys, inputs.values, inputs.pos);
     let len = d.batch * d.q_heads * d.head_dim;
     let out = new_output(dev, len, dtype, "attn_decode_out")?;
-    let [qb, gb, kb, vb, pb] = [&q, &gate, keys, values, pos].map(|t| metal_buffer(t, OP));
-    let (qb, gb, kb, vb, pb) = (qb?, gb?, kb?, vb?, pb?);
-    let ob = (out.as_ref().clone(), 0);
+    let [qb, gb, kb, vb, pb] = metal_buffers([&q, &gate, keys, values, pos], OP)?;
+    let ob = from_start(&out);
     let params = d.params(SIMDGROUPS, splits);
-    let threadgroup = MTLSize {
-        width: 32,
-        height: SIMDGROUPS,
-        depth: 1,
-    };
-    let heads = |depth| MTLSize {
-        width: d.q_heads,
-        height: d.batch,
-        depth,
-    };
+    let threadgroup = size(32, SIMDGROUPS, 1);
+    let heads = |depth| size(d.q_heads, d.batch, depth);
     if splits == 1 {
-        let single = pipeline(dev, &SOURCE, &format!("attn_decode_{tag}"))?;
+        let single = pipeline_for("attn_decode")?;
         encode(
             dev,
             &single,
-            &[
-                Binding::Read(&qb),
-                Binding::Read(&gb),
-                Binding::Read(&kb),
-                Binding::Read(&vb),
-                Binding::Read(&pb),
-                Binding::Write(&ob),
-            ],
+            &reads_then_writes(&[&qb, &gb, &kb, &vb, &pb], &[&ob]),
             &params,
             heads(1),
             threadgroup,
@@ -67,35 +51,25 @@ pub(crate) fn attn_decode(d: AttnDecodeDims, inputs: &Inputs) -> Result<Tensor> 
             DType::F32,
             "attn_decode_partials",
         )?;
-        let rb = (partials.as_ref().clone(), 0);
-        let split = pipeline(dev, &SOURCE, &format!("attn_decode_split_{tag}"))?;
+        let rb = from_start(&partials);
+        let split = pipeline_for("attn_decode_split")?;
         encode(
             dev,
             &split,
-            &[
-                Binding::Read(&qb),
-                Binding::Read(&kb),
-                Binding::Read(&vb),
-                Binding::Read(&pb),
-                Binding::Write(&rb),
-            ],
+            &reads_then_writes(&[&qb, &kb, &vb, &pb], &[&rb]),
             &params,
             heads(splits),
             threadgroup,
             d.scratch_bytes(SIMDGROUPS),
         )?;
-        let combine = pipeline(dev, &SOURCE, &format!("attn_decode_combine_{tag}"))?;
+        let combine = pipeline_for("attn_decode_combine")?;
         encode(
             dev,
             &combine,
-            &[Binding::Read(&rb), Binding::Read(&gb), Binding::Write(&ob)],
+            &reads_then_writes(&[&rb, &gb], &[&ob]),
             &params,
             heads(1),
-            MTLSize {
-                width: 32,
-                height: 1,
-                depth: 1,
-            },
+            size(32, 1, 1),
             0,
         )?;
     }

@@ -33,10 +33,10 @@ pub mod cuda;
 #[cfg(any(feature = "metal", target_os = "macos"))]
 pub mod metal;
 
-use crate::launches;
+use crate::backend::on_device;
 use crate::profile::{self, elems_bytes, Traffic};
-use anyhow::{bail, ensure, Result};
-use candle_core::{DType, Device, Tensor};
+use anyhow::{ensure, Result};
+use candle_core::{DType, Tensor};
 
 /// Simdgroups (warps) per threadgroup (block), each taking every `SIMDGROUPS`-th key.
 /// (kernels/attn_decode.cu bounds its blocks at 8 warps, four resident per SM.)
@@ -140,14 +140,8 @@ pub fn attn_decode(
         "attn_decode"
     };
     let traffic = || traffic(dims, q, gate, pos);
-    profile::kernel(name, device, traffic, || match device {
-        Device::Cpu => launches::cpu_twin(|| cpu::attn_decode(dims, &inputs)),
-        #[cfg(any(feature = "metal", target_os = "macos"))]
-        Device::Metal(_) => metal::attn_decode(dims, &inputs),
-        #[cfg(feature = "cuda")]
-        Device::Cuda(_) => cuda::attn_decode(dims, &inputs),
-        #[allow(unreachable_patterns)]
-        other => bail!("attn_decode: no kernel for device {other:?}"),
+    profile::kernel(name, device, traffic, || {
+        on_device!(device, "attn_decode", attn_decode(dims, &inputs))
     })
 }
 

@@ -3,19 +3,16 @@
 //! strides (the KV cache's views); q is made contiguous.
 
 use super::{smem_bytes, AttnPrefillDims, AttnPrefillParams, THREADS};
-use crate::backend::cuda::{cuda_device, function, launch, rows_view, tensor, view, KernelSource};
-use crate::backend::{dtype_tag, row_layout, RowLayout};
+use crate::backend::cuda::{
+    config, cuda_device, cuda_source, launch, tensor, Element, Held, Kernel, KernelSource,
+};
+use crate::backend::{kernel_instance, row_layout, RowLayout};
 use anyhow::{bail, ensure, Result};
-use candle_core::cuda_backend::cudarc::driver::sys::CUfunction_attribute;
-use candle_core::cuda_backend::cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg};
-use candle_core::cuda_backend::CudaDType;
-use candle_core::{CudaDevice, DType, Tensor, WithDType};
+use candle_core::cuda_backend::cudarc::driver::{DeviceRepr, PushKernelArg};
+use candle_core::{CudaDevice, DType, Tensor};
 
 const OP: &str = "attn_prefill";
-const SOURCE: KernelSource = KernelSource {
-    module: "qwen_gdn_attn_prefill",
-    ptx: include_str!(concat!(env!("OUT_DIR"), "/attn_prefill.ptx")),
-};
+const SOURCE: KernelSource = cuda_source!("attn_prefill");
 
 // SAFETY: `AttnPrefillParams` is `repr(C)` of fourteen u32 and an f32, as the kernel's struct.
 unsafe impl DeviceRepr for AttnPrefillParams {}
@@ -81,25 +78,19 @@ fn run<T>(
     dev: &CudaDevice,
 ) -> Result<Tensor>
 where
-    T: CudaDType + DeviceRepr + WithDType,
+    T: Element,
 {
-    let tag = dtype_tag(T::DTYPE, OP)?;
-    let func = function(dev, &SOURCE, &format!("attn_prefill_{tag}"))?;
     let smem = smem_bytes(d.head_dim);
-    func.set_attribute(
-        CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-        smem as i32,
-    )?;
+    let name = kernel_instance("attn_prefill", &[T::DTYPE], OP)?;
+    let kernel = Kernel::load_with_shared(dev, &SOURCE, &name, smem)?;
     let len = d.batch * d.q_heads * d.queries * d.head_dim;
     // SAFETY: the kernel writes every row of every (query head, sequence).
     let out = unsafe { dev.alloc::<T>(len)? };
     {
-        let (qs, ql) = q.storage_and_layout();
-        let (ks, _) = k.storage_and_layout();
-        let (vs, _) = v.storage_and_layout();
-        let q_view = view::<T>(&qs, ql, OP)?;
-        let k_view = rows_view::<T>(&ks, k_rows, OP)?;
-        let v_view = rows_view::<T>(&vs, v_rows, OP)?;
+        let [q, k, v] = [q, k, v].map(Held::new);
+        let q_view = q.view::<T>(OP)?;
+        let k_view = k.rows::<T>(k_rows, OP)?;
+        let v_view = v.rows::<T>(v_rows, OP)?;
         let [k_batch_stride, k_head_stride, k_row_stride] = strides(k_rows);
         let [v_batch_stride, v_head_stride, v_row_stride] = strides(v_rows);
         let params = AttnPrefillParams {
@@ -119,23 +110,19 @@ where
             v_row_stride,
             scale: d.scale(T::DTYPE),
         };
-        let stream = dev.cuda_stream();
-        let mut args = stream.launch_builder(&func);
+        let mut args = kernel.args();
         args.arg(&q_view)
             .arg(&k_view)
             .arg(&v_view)
             .arg(&out)
             .arg(&params);
-        let config = LaunchConfig {
-            grid_dim: (d.q_tiles() as u32, d.q_heads as u32, d.batch as u32),
-            block_dim: (THREADS as u32, 1, 1),
-            shared_mem_bytes: smem as u32,
-        };
+        let grid = (d.q_tiles() as u32, d.q_heads as u32, d.batch as u32);
+        let geometry = config(grid, (THREADS as u32, 1, 1), smem);
         // SAFETY: arguments in the order and types of `attn_prefill_*` in
         // kernels/attn_prefill.cu; q covers [B, Nq, S, Dh], the k and v views every row their
         // strides reach (row_layout's span), with 16-byte aligned rows (aligned_rows); the
         // shared memory is smem_bytes(Dh), the function's limit raised to it.
-        unsafe { launch(args, config) }?;
+        unsafe { launch(args, geometry) }?;
     }
     Ok(tensor(
         out,

@@ -2,19 +2,15 @@
 
 use super::{AttnPrepDims, AttnPrepParams, Inputs};
 use crate::backend::cuda::{
-    cuda_device, function, launch, tensor, view, with_float_type, KernelSource,
+    config, cuda_device, cuda_source, launch, tensor, with_float_type, Element, Held, Kernel,
+    KernelSource,
 };
-use crate::backend::dtype_tag;
 use anyhow::{ensure, Result};
-use candle_core::cuda_backend::cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg};
-use candle_core::cuda_backend::CudaDType;
-use candle_core::{CudaDevice, Tensor, WithDType};
+use candle_core::cuda_backend::cudarc::driver::{DeviceRepr, PushKernelArg};
+use candle_core::{CudaDevice, Tensor};
 
 const OP: &str = "attn_prep";
-const SOURCE: KernelSource = KernelSource {
-    module: "qwen_gdn_attn_prep",
-    ptx: include_str!(concat!(env!("OUT_DIR"), "/attn_prep.ptx")),
-};
+const SOURCE: KernelSource = cuda_source!("attn_prep");
 
 // SAFETY: `AttnPrepParams` is `repr(C)` of six u32 and an f32, as the kernel's struct.
 unsafe impl DeviceRepr for AttnPrepParams {}
@@ -49,38 +45,26 @@ fn run<T>(
     dev: &CudaDevice,
 ) -> Result<(Tensor, Tensor)>
 where
-    T: CudaDType + DeviceRepr + WithDType,
+    T: Element,
 {
-    let func = function(
-        dev,
-        &SOURCE,
-        &format!("attn_prep_{}", dtype_tag(T::DTYPE, OP)?),
-    )?;
+    let kernel = Kernel::typed(dev, &SOURCE, "attn_prep", &[T::DTYPE], OP)?;
     let q_len = d.batch * d.q_heads * d.head_dim;
     // SAFETY: the kernel writes every element of q and gate.
     let q = unsafe { dev.alloc::<T>(q_len)? };
     let gate = unsafe { dev.alloc::<T>(q_len)? };
     {
-        let [qkv, q_norm, k_norm, inv_freq, pos, keys, values] = inputs;
-        let (xs, xl) = qkv.storage_and_layout();
-        let (qns, qnl) = q_norm.storage_and_layout();
-        let (kns, knl) = k_norm.storage_and_layout();
-        let (fs, fl) = inv_freq.storage_and_layout();
-        let (ps, pl) = pos.storage_and_layout();
-        let (ks, kl) = keys.storage_and_layout();
-        let (vs, vl) = values.storage_and_layout();
-        let x_view = view::<T>(&xs, xl, OP)?;
-        let qn_view = view::<T>(&qns, qnl, OP)?;
-        let kn_view = view::<T>(&kns, knl, OP)?;
-        let f_view = view::<f32>(&fs, fl, OP)?;
-        let p_view = view::<u32>(&ps, pl, OP)?;
+        let [qkv, q_norm, k_norm, inv_freq, pos, keys, values] = inputs.map(Held::new);
+        let x_view = qkv.view::<T>(OP)?;
+        let qn_view = q_norm.view::<T>(OP)?;
+        let kn_view = k_norm.view::<T>(OP)?;
+        let f_view = inv_freq.view::<f32>(OP)?;
+        let p_view = pos.view::<u32>(OP)?;
         // Written in place through these views; candle's single stream orders the writes
         // after earlier readers of the buffers.
-        let k_view = view::<T>(&ks, kl, OP)?;
-        let v_view = view::<T>(&vs, vl, OP)?;
+        let k_view = keys.view::<T>(OP)?;
+        let v_view = values.view::<T>(OP)?;
         let params = d.params(eps);
-        let stream = dev.cuda_stream();
-        let mut args = stream.launch_builder(&func);
+        let mut args = kernel.args();
         args.arg(&x_view)
             .arg(&qn_view)
             .arg(&kn_view)
@@ -91,14 +75,11 @@ where
             .arg(&q)
             .arg(&gate)
             .arg(&params);
-        let config = LaunchConfig {
-            grid_dim: ((d.q_heads + 2 * d.kv_heads) as u32, d.batch as u32, 1),
-            block_dim: (32, 1, 1),
-            shared_mem_bytes: 0,
-        };
+        let heads = (d.q_heads + 2 * d.kv_heads) as u32;
+        let geometry = config((heads, d.batch as u32, 1), (32, 1, 1), 0);
         // SAFETY: arguments in the order and types of `attn_prep_*` in kernels/attn_prep.cu;
         // the views cover the shapes checked in ops/attn_prep/mod.rs.
-        unsafe { launch(args, config) }?;
+        unsafe { launch(args, geometry) }?;
     }
     Ok((
         tensor(q, dev, (d.batch, d.q_heads, d.head_dim)),

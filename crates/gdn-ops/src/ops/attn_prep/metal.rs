@@ -4,14 +4,13 @@
 //! together.
 
 use super::{AttnPrepDims, Inputs};
-use crate::backend::dtype_tag;
+use crate::backend::kernel_instance;
 use crate::backend::metal::{
-    encode, metal_buffer, metal_device, metal_source, new_output, output, pipeline, Binding,
-    KernelSource,
+    encode, from_start, metal_buffers, metal_device, metal_source, new_output, output, pipeline,
+    reads_then_writes, size, KernelSource,
 };
 use anyhow::Result;
 use candle_core::Tensor;
-use objc2_metal::MTLSize;
 
 const SOURCE: KernelSource = metal_source!("attn_prep.metal", "params/attn_prep.h");
 
@@ -19,11 +18,8 @@ pub(crate) fn attn_prep(d: AttnPrepDims, inputs: &Inputs) -> Result<(Tensor, Ten
     const OP: &str = "attn_prep";
     let dev = &metal_device(inputs.qkv, OP)?;
     let dtype = inputs.qkv.dtype();
-    let pipeline = pipeline(
-        dev,
-        &SOURCE,
-        &format!("attn_prep_{}", dtype_tag(dtype, OP)?),
-    )?;
+    let name = kernel_instance("attn_prep", &[dtype], OP)?;
+    let pipeline = pipeline(dev, &SOURCE, &name)?;
     // Before the encoder is taken: candle ops lock the same command state.
     let qkv = inputs.qkv.contiguous()?;
     let (q_norm, k_norm) = (inputs.q_norm.contiguous()?, inputs.k_norm.contiguous()?);
@@ -33,35 +29,17 @@ pub(crate) fn attn_prep(d: AttnPrepDims, inputs: &Inputs) -> Result<(Tensor, Ten
     let q = new_output(dev, q_len, dtype, "attn_prep_q")?;
     let gate = new_output(dev, q_len, dtype, "attn_prep_gate")?;
     let [xb, qnb, knb, fb, pb, kb, vb] =
-        [&qkv, &q_norm, &k_norm, &inv_freq, pos, keys, values].map(|t| metal_buffer(t, OP));
-    let (xb, qnb, knb, fb, pb, kb, vb) = (xb?, qnb?, knb?, fb?, pb?, kb?, vb?);
-    let (qb, gb) = ((q.as_ref().clone(), 0), (gate.as_ref().clone(), 0));
+        metal_buffers([&qkv, &q_norm, &k_norm, &inv_freq, pos, keys, values], OP)?;
+    let (qb, gb) = (from_start(&q), from_start(&gate));
+    // keys and values are written in place: declared as written so that later readers wait
+    // for them.
     encode(
         dev,
         &pipeline,
-        &[
-            Binding::Read(&xb),
-            Binding::Read(&qnb),
-            Binding::Read(&knb),
-            Binding::Read(&fb),
-            Binding::Read(&pb),
-            // Written in place: declared as written so that later readers wait for them.
-            Binding::Write(&kb),
-            Binding::Write(&vb),
-            Binding::Write(&qb),
-            Binding::Write(&gb),
-        ],
+        &reads_then_writes(&[&xb, &qnb, &knb, &fb, &pb], &[&kb, &vb, &qb, &gb]),
         &d.params(inputs.eps),
-        MTLSize {
-            width: d.q_heads + 2 * d.kv_heads,
-            height: d.batch,
-            depth: 1,
-        },
-        MTLSize {
-            width: 32,
-            height: 1,
-            depth: 1,
-        },
+        size(d.q_heads + 2 * d.kv_heads, d.batch, 1),
+        size(32, 1, 1),
         0,
     )?;
     Ok((

@@ -32,10 +32,10 @@ pub mod cuda;
 #[cfg(any(feature = "metal", target_os = "macos"))]
 pub mod metal;
 
-use crate::launches;
+use crate::backend::on_device;
 use crate::profile::{self, elems_bytes, Traffic};
-use anyhow::{bail, ensure, Result};
-use candle_core::{DType, Device, Tensor, D};
+use anyhow::{ensure, Result};
+use candle_core::{DType, Tensor, D};
 
 /// Largest head dim the kernels take.
 pub const MAX_HEAD_DIM: usize = 512;
@@ -128,14 +128,8 @@ pub fn attn_prep(
             .write(2 * q + 2 * kv))
     };
     let device = qkv.device();
-    profile::kernel("attn_prep", device, traffic, || match device {
-        Device::Cpu => launches::cpu_twin(|| cpu::attn_prep(dims, &inputs)),
-        #[cfg(any(feature = "metal", target_os = "macos"))]
-        Device::Metal(_) => metal::attn_prep(dims, &inputs),
-        #[cfg(feature = "cuda")]
-        Device::Cuda(_) => cuda::attn_prep(dims, &inputs),
-        #[allow(unreachable_patterns)]
-        other => bail!("attn_prep: no kernel for device {other:?}"),
+    profile::kernel("attn_prep", device, traffic, || {
+        on_device!(device, "attn_prep", attn_prep(dims, &inputs))
     })
 }
 

@@ -6,7 +6,8 @@
 //! The state is rounded to its dtype once per call, as with the recurrence alone: a bf16 state
 //! that goes through both kernels is widened to an f32 copy for them and rounded back once.
 
-use super::{gated_delta_update_in, GdnDims, GdnForm, Inputs};
+use super::{ensure_state_dtype, gated_delta_update_in, GdnDims, GdnForm, Inputs};
+use crate::backend::kernel_instance;
 use anyhow::Result;
 use candle_core::{DType, Tensor};
 
@@ -40,6 +41,18 @@ impl GdnChunkParams {
             has_mask: has_mask as u32,
         }
     }
+}
+
+/// The three passes' instantiations (`kernels/gated_delta_chunk.{metal,cu}`) for activations
+/// of `input` and a state of `state` dtype: prep, state and out.
+pub(crate) fn kernel_names(input: DType, state: DType) -> Result<[String; 3]> {
+    const OP: &str = "gated_delta_chunked";
+    ensure_state_dtype(state, OP)?;
+    Ok([
+        kernel_instance("gated_delta_chunk_prep", &[input], OP)?,
+        kernel_instance("gated_delta_chunk_state", &[input, state], OP)?,
+        kernel_instance("gated_delta_chunk_out", &[input], OP)?,
+    ])
 }
 
 /// Runs `run_chunks(inputs, state, chunks)` (the device's chunk kernel over `chunks` full

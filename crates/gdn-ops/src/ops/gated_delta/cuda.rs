@@ -1,37 +1,22 @@
 //! CUDA host side of the fused gated-delta kernel (`kernels/gated_delta.cu`): the same call
 //! as the Metal one, with the state advanced in place on candle's stream.
 
-use super::{GdnDims, Inputs, Prepared};
-use crate::backend::cuda::{cuda_device, function, launch, tensor, view, KernelSource};
-use crate::backend::dtype_tag;
-use anyhow::{bail, ensure, Result};
-use candle_core::cuda_backend::cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg};
+use super::{kernel_name, GdnDims, GdnParams, Inputs, Prepared};
+use crate::backend::cuda::{
+    config, cuda_device, cuda_source, launch, tensor, with_input_and_state_types, Element, Held,
+    Kernel, KernelSource,
+};
+use anyhow::{ensure, Result};
+use candle_core::cuda_backend::cudarc::driver::{CudaView, DeviceRepr, LaunchArgs, PushKernelArg};
 use candle_core::cuda_backend::CudaDType;
-use candle_core::{DType, Tensor, WithDType};
-use half::{bf16, f16};
+use candle_core::{CudaDevice, Tensor};
 
 const OP: &str = "gated_delta_update";
-const SOURCE: KernelSource = KernelSource {
-    module: "qwen_gdn_gated_delta",
-    ptx: include_str!(concat!(env!("OUT_DIR"), "/gated_delta.ptx")),
-};
+const SOURCE: KernelSource = cuda_source!("gated_delta");
 /// Warps per block (`W` in the kernel's launch comment; measured in docs/perf-notes-gpu.md).
 const WARPS_PER_BLOCK: u32 = 4;
 /// State rows per warp: the kernel's compile-time `GDN_ROWS_PER_WARP` (2 by default).
 const ROWS_PER_WARP: u32 = 2;
-
-/// The kernel instantiation for activations of `input` and a state of `state` dtype.
-pub fn kernel_name(input: DType, state: DType) -> Result<String> {
-    ensure!(
-        matches!(state, DType::F32 | DType::BF16),
-        "{OP}: the state must be f32 or bf16"
-    );
-    Ok(format!(
-        "gated_delta_step_{}_{}",
-        dtype_tag(input, OP)?,
-        dtype_tag(state, OP)?
-    ))
-}
 
 /// A contiguous tensor the kernel reads with 16-byte vector loads, starting on a 16-byte
 /// boundary (a copy if its view starts mid-vector).
@@ -65,15 +50,78 @@ pub(crate) fn gated_delta_update(dims: GdnDims, inputs: &Inputs, state: &Tensor)
             && (state.layout().start_offset() * state.dtype().size_in_bytes()).is_multiple_of(16),
         "{OP}: the state must be contiguous and 16-byte aligned to be updated in place"
     );
-    let in_dtype = inputs.q.dtype();
-    match (in_dtype, state.dtype()) {
-        (DType::F32, DType::F32) => launch_as::<f32, f32>(dims, inputs, state, &dev),
-        (DType::F32, DType::BF16) => launch_as::<f32, bf16>(dims, inputs, state, &dev),
-        (DType::F16, DType::F32) => launch_as::<f16, f32>(dims, inputs, state, &dev),
-        (DType::F16, DType::BF16) => launch_as::<f16, bf16>(dims, inputs, state, &dev),
-        (DType::BF16, DType::F32) => launch_as::<bf16, f32>(dims, inputs, state, &dev),
-        (DType::BF16, DType::BF16) => launch_as::<bf16, bf16>(dims, inputs, state, &dev),
-        (i, s) => bail!("{OP}: no CUDA kernel for activations {i:?} with a {s:?} state"),
+    with_input_and_state_types!(inputs.q.dtype(), state.dtype(), OP, |I, S| {
+        launch_as::<I, S>(dims, inputs, state, &dev)
+    })
+}
+
+/// The storages of a call's prepared inputs and state, held while their views are bound: what
+/// the recurrence kernel here, the chunk kernels (`cuda_chunked.rs`) and the fused norm
+/// (`gated_delta_norm`) read.
+pub(crate) struct HeldInputs<'a> {
+    q: Held<'a>,
+    k: Held<'a>,
+    v: Held<'a>,
+    g: Held<'a>,
+    beta: Held<'a>,
+    state: Held<'a>,
+    mask: Option<Held<'a>>,
+}
+
+/// The device views of [`HeldInputs`]: activations in `I`, gates in f32, the state in `S`.
+pub(crate) struct InputViews<'a, I, S> {
+    pub(crate) q: CudaView<'a, I>,
+    pub(crate) k: CudaView<'a, I>,
+    pub(crate) v: CudaView<'a, I>,
+    pub(crate) g: CudaView<'a, f32>,
+    pub(crate) beta: CudaView<'a, f32>,
+    /// Written in place through this view: each state row is read and written by one warp,
+    /// and candle's single stream orders the writes after earlier readers.
+    pub(crate) state: CudaView<'a, S>,
+    /// Without a mask, g's view fills the slot: the kernels never read it (has_mask = 0).
+    pub(crate) mask: CudaView<'a, f32>,
+}
+
+impl<'a, I, S> InputViews<'a, I, S> {
+    /// Pushes q, k, v, g, beta and the state: the leading arguments of the recurrence kernels
+    /// (`gated_delta_step_*`, and `gated_delta_norm_*` of the fused norm).
+    pub(crate) fn push_recurrence(&'a self, args: &mut LaunchArgs<'a>) {
+        args.arg(&self.q)
+            .arg(&self.k)
+            .arg(&self.v)
+            .arg(&self.g)
+            .arg(&self.beta)
+            .arg(&self.state);
+    }
+}
+
+impl<'a> HeldInputs<'a> {
+    pub(crate) fn new(inputs: &'a Prepared, state: &'a Tensor) -> Self {
+        Self {
+            q: Held::new(&inputs.q),
+            k: Held::new(&inputs.k),
+            v: Held::new(&inputs.v),
+            g: Held::new(&inputs.g),
+            beta: Held::new(&inputs.beta),
+            state: Held::new(state),
+            mask: inputs.mask.as_ref().map(Held::new),
+        }
+    }
+
+    pub(crate) fn views<I, S>(&self, op: &str) -> Result<InputViews<'_, I, S>>
+    where
+        I: CudaDType + DeviceRepr,
+        S: CudaDType + DeviceRepr,
+    {
+        Ok(InputViews {
+            q: self.q.view(op)?,
+            k: self.k.view(op)?,
+            v: self.v.view(op)?,
+            g: self.g.view(op)?,
+            beta: self.beta.view(op)?,
+            state: self.state.view(op)?,
+            mask: self.mask.as_ref().unwrap_or(&self.g).view(op)?,
+        })
     }
 }
 
@@ -81,87 +129,47 @@ fn launch_as<I, S>(
     dims: GdnDims,
     inputs: &Inputs,
     state: &Tensor,
-    dev: &candle_core::CudaDevice,
+    dev: &CudaDevice,
 ) -> Result<Tensor>
 where
-    I: CudaDType + DeviceRepr + WithDType,
-    S: CudaDType + DeviceRepr + WithDType,
+    I: Element,
+    S: Element,
 {
-    let func = function(dev, &SOURCE, &kernel_name(I::DTYPE, S::DTYPE)?)?;
-    let Prepared {
-        q,
-        k,
-        v,
-        g,
-        beta,
-        mask,
-    } = inputs.prepare()?;
-    let (q, k, v) = (aligned(q)?, aligned(k)?, aligned(v)?);
+    let kernel = Kernel::load(dev, &SOURCE, &kernel_name(I::DTYPE, S::DTYPE)?)?;
+    let prepared = inputs.prepare()?;
+    let prepared = Prepared {
+        q: aligned(prepared.q)?,
+        k: aligned(prepared.k)?,
+        v: aligned(prepared.v)?,
+        ..prepared
+    };
     let y_len = dims.batch * dims.steps * dims.value_heads * dims.value_dim;
     // SAFETY: the kernel writes every element of y.
     let y = unsafe { dev.alloc::<I>(y_len)? };
     {
-        let (qs, ql) = q.storage_and_layout();
-        let (ks, kl) = k.storage_and_layout();
-        let (vs, vl) = v.storage_and_layout();
-        let (gs, gl) = g.storage_and_layout();
-        let (bs, bl) = beta.storage_and_layout();
-        let (ss, sl) = state.storage_and_layout();
-        let q_view = view::<I>(&qs, ql, OP)?;
-        let k_view = view::<I>(&ks, kl, OP)?;
-        let v_view = view::<I>(&vs, vl, OP)?;
-        let g_view = view::<f32>(&gs, gl, OP)?;
-        let beta_view = view::<f32>(&bs, bl, OP)?;
-        // Written in place through this view: the kernel reads each state row once and
-        // writes it once, and candle's single stream orders it after earlier readers.
-        let state_view = view::<S>(&ss, sl, OP)?;
-        let mask_guard = mask.as_ref().map(|m| m.storage_and_layout());
-        let mask_view = match &mask_guard {
-            Some((ms, ml)) => view::<f32>(ms, ml, OP)?,
-            // Never read without a mask (has_mask = 0); any valid pointer fills the slot.
-            None => view::<f32>(&gs, gl, OP)?,
-        };
-        let u = |n: usize| n as u32;
-        let (batch, steps, key_heads, value_heads) = (
-            u(dims.batch),
-            u(dims.steps),
-            u(dims.key_heads),
-            u(dims.value_heads),
+        let held = HeldInputs::new(&prepared, state);
+        let views = held.views::<I, S>(OP)?;
+        let p = GdnParams::new(&dims, prepared.mask.is_some());
+        let mut args = kernel.args();
+        views.push_recurrence(&mut args);
+        args.arg(&y)
+            .arg(&views.mask)
+            .arg(&p.batch)
+            .arg(&p.steps)
+            .arg(&p.key_heads)
+            .arg(&p.value_heads)
+            .arg(&p.key_dim)
+            .arg(&p.value_dim)
+            .arg(&p.has_mask);
+        let row_blocks = p.value_dim.div_ceil(WARPS_PER_BLOCK * ROWS_PER_WARP);
+        let geometry = config(
+            (row_blocks, p.batch * p.value_heads, 1),
+            (32, WARPS_PER_BLOCK, 1),
+            0,
         );
-        let (key_dim, value_dim, has_mask) = (
-            u(dims.key_dim),
-            u(dims.value_dim),
-            u(mask.is_some() as usize),
-        );
-        let stream = dev.cuda_stream();
-        let mut args = stream.launch_builder(&func);
-        args.arg(&q_view)
-            .arg(&k_view)
-            .arg(&v_view)
-            .arg(&g_view)
-            .arg(&beta_view)
-            .arg(&state_view)
-            .arg(&y)
-            .arg(&mask_view)
-            .arg(&batch)
-            .arg(&steps)
-            .arg(&key_heads)
-            .arg(&value_heads)
-            .arg(&key_dim)
-            .arg(&value_dim)
-            .arg(&has_mask);
-        let config = LaunchConfig {
-            grid_dim: (
-                value_dim.div_ceil(WARPS_PER_BLOCK * ROWS_PER_WARP),
-                batch * value_heads,
-                1,
-            ),
-            block_dim: (32, WARPS_PER_BLOCK, 1),
-            shared_mem_bytes: 0,
-        };
         // SAFETY: the arguments match the kernel's signature in kernels/gated_delta.cu, in
         // order and type, and every view covers the elements the kernel indexes.
-        unsafe { launch(args, config) }?;
+        unsafe { launch(args, geometry) }?;
     }
     Ok(tensor(
         y,

@@ -3,24 +3,19 @@
 //! launches (every chunk's local part in parallel, the state pass over the chunks in sequence,
 //! y in parallel), with the tail run by the recurrence kernel (`chunked.rs`).
 
-use super::chunked::{split_update, GdnChunkParams, CHUNK};
+use super::chunked::{kernel_names, split_update, GdnChunkParams, CHUNK};
+use super::cuda::HeldInputs;
 use super::{GdnDims, Inputs, Prepared};
-use crate::backend::cuda::{cuda_device, function, launch, tensor, view, KernelSource};
-use crate::backend::dtype_tag;
-use anyhow::{bail, ensure, Result};
-use candle_core::cuda_backend::cudarc::driver::sys::CUfunction_attribute;
-use candle_core::cuda_backend::cudarc::driver::{
-    CudaFunction, CudaSlice, DeviceRepr, LaunchConfig, PushKernelArg,
+use crate::backend::cuda::{
+    config, cuda_device, cuda_source, launch, tensor, with_input_and_state_types, Element, Kernel,
+    KernelSource,
 };
-use candle_core::cuda_backend::CudaDType;
-use candle_core::{CudaDevice, DType, Tensor, WithDType};
-use half::{bf16, f16};
+use anyhow::{ensure, Result};
+use candle_core::cuda_backend::cudarc::driver::{CudaSlice, DeviceRepr, PushKernelArg};
+use candle_core::{CudaDevice, Tensor};
 
 const OP: &str = "gated_delta_chunked";
-const SOURCE: KernelSource = KernelSource {
-    module: "qwen_gdn_gated_delta_chunk",
-    ptx: include_str!(concat!(env!("OUT_DIR"), "/gated_delta_chunk.ptx")),
-};
+const SOURCE: KernelSource = cuda_source!("gated_delta_chunk");
 
 // SAFETY: `GdnChunkParams` is `repr(C)` of eight u32, as the kernel's struct.
 unsafe impl DeviceRepr for GdnChunkParams {}
@@ -83,20 +78,6 @@ pub fn supports(dims: &GdnDims) -> bool {
         && dims.batch * dims.value_heads <= 65535
 }
 
-/// The three passes' instantiations for activations of `input` and a state of `state` dtype.
-pub fn kernel_names(input: DType, state: DType) -> Result<[String; 3]> {
-    ensure!(
-        matches!(state, DType::F32 | DType::BF16),
-        "{OP}: the state must be f32 or bf16"
-    );
-    let (i, s) = (dtype_tag(input, OP)?, dtype_tag(state, OP)?);
-    Ok([
-        format!("gated_delta_chunk_prep_{i}"),
-        format!("gated_delta_chunk_state_{i}_{s}"),
-        format!("gated_delta_chunk_out_{i}"),
-    ])
-}
-
 pub(crate) fn gated_delta_update(dims: GdnDims, inputs: &Inputs, state: &Tensor) -> Result<Tensor> {
     ensure!(
         supports(&dims),
@@ -110,34 +91,10 @@ pub(crate) fn gated_delta_update(dims: GdnDims, inputs: &Inputs, state: &Tensor)
             "{OP}: the state must be contiguous to be updated in place"
         );
         let prepared = inputs.prepare()?;
-        match (prepared.q.dtype(), state.dtype()) {
-            (DType::F32, DType::F32) => launch_as::<f32, f32>(dims, &prepared, state, chunks, &dev),
-            (DType::F32, DType::BF16) => {
-                launch_as::<f32, bf16>(dims, &prepared, state, chunks, &dev)
-            }
-            (DType::F16, DType::F32) => launch_as::<f16, f32>(dims, &prepared, state, chunks, &dev),
-            (DType::F16, DType::BF16) => {
-                launch_as::<f16, bf16>(dims, &prepared, state, chunks, &dev)
-            }
-            (DType::BF16, DType::F32) => {
-                launch_as::<bf16, f32>(dims, &prepared, state, chunks, &dev)
-            }
-            (DType::BF16, DType::BF16) => {
-                launch_as::<bf16, bf16>(dims, &prepared, state, chunks, &dev)
-            }
-            (i, s) => bail!("{OP}: no CUDA kernel for activations {i:?} with a {s:?} state"),
-        }
+        with_input_and_state_types!(prepared.q.dtype(), state.dtype(), OP, |I, S| {
+            launch_as::<I, S>(dims, &prepared, state, chunks, &dev)
+        })
     })
-}
-
-/// A pass's function, allowed `bytes` of dynamic shared memory (over the default 48 KB).
-fn pass(dev: &CudaDevice, name: &str, bytes: usize) -> Result<CudaFunction> {
-    let func = function(dev, &SOURCE, name)?;
-    func.set_attribute(
-        CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-        bytes as i32,
-    )?;
-    Ok(func)
 }
 
 /// f32 scratch of `len` elements that a pass writes in full before any pass reads it.
@@ -156,8 +113,8 @@ fn launch_as<I, S>(
     dev: &CudaDevice,
 ) -> Result<Tensor>
 where
-    I: CudaDType + DeviceRepr + WithDType,
-    S: CudaDType + DeviceRepr + WithDType,
+    I: Element,
+    S: Element,
 {
     ensure!(
         chunks >= 1 && chunks * CHUNK <= dims.steps,
@@ -171,9 +128,9 @@ where
         state_shared_bytes(dk, std::mem::size_of::<I>()),
         out_shared_bytes(dk),
     );
-    let prep = pass(dev, &prep_name, prep_smem)?;
-    let state_pass = pass(dev, &state_name, state_smem)?;
-    let out = pass(dev, &out_name, out_smem)?;
+    let prep = Kernel::load_with_shared(dev, &SOURCE, &prep_name, prep_smem)?;
+    let state_pass = Kernel::load_with_shared(dev, &SOURCE, &state_name, state_smem)?;
+    let out = Kernel::load_with_shared(dev, &SOURCE, &out_name, out_smem)?;
 
     let heads = dims.batch * dims.value_heads;
     let tokens = chunks * CHUNK;
@@ -185,47 +142,19 @@ where
     // SAFETY: the out pass writes y for the chunks' tokens; split_update writes the tail's.
     let y = unsafe { dev.alloc::<I>(y_len)? };
     let params = GdnChunkParams::new(&dims, chunks, inputs.mask.is_some());
-    let Prepared {
-        q,
-        k,
-        v,
-        g,
-        beta,
-        mask,
-    } = inputs;
     {
-        let (qs, ql) = q.storage_and_layout();
-        let (ks, kl) = k.storage_and_layout();
-        let (vs, vl) = v.storage_and_layout();
-        let (gs, gl) = g.storage_and_layout();
-        let (bs, bl) = beta.storage_and_layout();
-        let (ss, sl) = state.storage_and_layout();
-        let q_view = view::<I>(&qs, ql, OP)?;
-        let k_view = view::<I>(&ks, kl, OP)?;
-        let v_view = view::<I>(&vs, vl, OP)?;
-        let g_view = view::<f32>(&gs, gl, OP)?;
-        let beta_view = view::<f32>(&bs, bl, OP)?;
-        // Written in place through this view; candle's single stream orders it.
-        let state_view = view::<S>(&ss, sl, OP)?;
-        let mask_guard = mask.as_ref().map(|m| m.storage_and_layout());
-        let mask_view = match &mask_guard {
-            Some((ms, ml)) => view::<f32>(ms, ml, OP)?,
-            // Never read without a mask (has_mask = 0); any valid pointer fills the slot.
-            None => view::<f32>(&gs, gl, OP)?,
-        };
-        let stream = dev.cuda_stream();
-        let config = |grid_x: usize, smem: usize| LaunchConfig {
-            grid_dim: (grid_x as u32, heads as u32, 1),
-            block_dim: (THREADS, 1, 1),
-            shared_mem_bytes: smem as u32,
+        let held = HeldInputs::new(inputs, state);
+        let views = held.views::<I, S>(OP)?;
+        let geometry = |grid_x: usize, smem: usize| {
+            config((grid_x as u32, heads as u32, 1), (THREADS, 1, 1), smem)
         };
 
-        let mut args = stream.launch_builder(&prep);
-        args.arg(&k_view)
-            .arg(&v_view)
-            .arg(&g_view)
-            .arg(&beta_view)
-            .arg(&mask_view)
+        let mut args = prep.args();
+        args.arg(&views.k)
+            .arg(&views.v)
+            .arg(&views.g)
+            .arg(&views.beta)
+            .arg(&views.mask)
             .arg(&gcum)
             .arg(&w)
             .arg(&u)
@@ -233,30 +162,30 @@ where
         // SAFETY: the arguments match gated_delta_chunk_prep_<in> in kernels/gated_delta_chunk.cu,
         // in order and type; the inputs cover every (b, t < chunks * 64) the grid indexes and the
         // scratch has the sizes of the kernel's header.
-        unsafe { launch(args, config(chunks, prep_smem)) }?;
+        unsafe { launch(args, geometry(chunks, prep_smem)) }?;
 
-        let mut args = stream.launch_builder(&state_pass);
-        args.arg(&k_view)
+        let mut args = state_pass.args();
+        args.arg(&views.k)
             .arg(&gcum)
             .arg(&w)
             .arg(&u)
             .arg(&h)
-            .arg(&state_view)
+            .arg(&views.state)
             .arg(&params);
         // SAFETY: as above, for gated_delta_chunk_state_<in>_<st>; the state is [B, Hv, Dv, Dk].
-        unsafe { launch(args, config(dv / BLOCK_V, state_smem)) }?;
+        unsafe { launch(args, geometry(dv / BLOCK_V, state_smem)) }?;
 
-        let mut args = stream.launch_builder(&out);
-        args.arg(&q_view)
-            .arg(&k_view)
+        let mut args = out.args();
+        args.arg(&views.q)
+            .arg(&views.k)
             .arg(&gcum)
             .arg(&h)
             .arg(&u)
-            .arg(&mask_view)
+            .arg(&views.mask)
             .arg(&y)
             .arg(&params);
         // SAFETY: as above, for gated_delta_chunk_out_<in>; y is [B, T, Hv, Dv].
-        unsafe { launch(args, config(chunks, out_smem)) }?;
+        unsafe { launch(args, geometry(chunks, out_smem)) }?;
     }
     Ok(tensor(
         y,

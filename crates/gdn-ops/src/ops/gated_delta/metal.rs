@@ -4,47 +4,69 @@
 //! three-input custom-op limit), declares every buffer it reads or writes to candle's
 //! encoder so that hazards are tracked, and advances the state buffer in place.
 
-use super::{GdnDims, Inputs, Prepared};
-use crate::backend::dtype_tag;
+use super::{kernel_name, GdnDims, GdnParams, Inputs, Prepared};
 use crate::backend::metal::{
-    encode, metal_buffer, metal_device, metal_source, new_output, output, pipeline, Binding,
-    KernelSource,
+    encode, from_start, metal_buffer, metal_buffer_or, metal_buffers, metal_device, metal_source,
+    new_output, output, pipeline, size, Binding, KernelSource,
 };
 use anyhow::{ensure, Result};
-use candle_core::{DType, Tensor};
-use objc2_metal::MTLSize;
+use candle_core::Tensor;
+use candle_metal_kernels::metal::Buffer;
 
 const SOURCE: KernelSource = metal_source!("gated_delta.metal", "params/gated_delta.h");
-
-/// `GdnParams` of kernels/params/gated_delta.h, field for field.
-#[repr(C)]
-#[derive(Debug, Clone, Copy)]
-struct GdnParams {
-    batch: u32,
-    steps: u32,
-    key_heads: u32,
-    value_heads: u32,
-    key_dim: u32,
-    value_dim: u32,
-    has_mask: u32,
-}
 
 /// Simdgroups (state rows) per threadgroup, as in mlx-lm's launch.
 const ROWS_PER_THREADGROUP: usize = 4;
 /// Each lane keeps `Dk / 32` state values in registers; the kernel holds at most 8.
 const MAX_KEY_DIM: usize = 256;
 
-/// The kernel instantiation for activations of `input` and a state of `state` dtype.
-pub fn kernel_name(input: DType, state: DType) -> Result<String> {
-    ensure!(
-        matches!(state, DType::F32 | DType::BF16),
-        "gated_delta_update: the state must be f32 or bf16"
-    );
-    Ok(format!(
-        "gated_delta_step_{}_{}",
-        dtype_tag(input, "gated_delta_update")?,
-        dtype_tag(state, "gated_delta_update")?
-    ))
+/// The buffers of a call's prepared inputs and state: what the recurrence kernel here, the
+/// chunk kernels (`metal_chunked.rs`) and the fused norm (`gated_delta_norm`) bind.
+pub(crate) struct InputBuffers {
+    pub(crate) q: (Buffer, usize),
+    pub(crate) k: (Buffer, usize),
+    pub(crate) v: (Buffer, usize),
+    pub(crate) g: (Buffer, usize),
+    pub(crate) beta: (Buffer, usize),
+    /// Read and written in place: bound as written, so that later readers wait for it.
+    pub(crate) state: (Buffer, usize),
+    /// Without a mask, g fills the slot: the kernels never read it then (has_mask = 0).
+    pub(crate) mask: (Buffer, usize),
+}
+
+impl InputBuffers {
+    pub(crate) fn new(inputs: &Prepared, state: &Tensor, op: &str) -> Result<Self> {
+        let [q, k, v, g, beta] = metal_buffers(
+            [&inputs.q, &inputs.k, &inputs.v, &inputs.g, &inputs.beta],
+            op,
+        )?;
+        let state = metal_buffer(state, op)?;
+        let mask = metal_buffer_or(inputs.mask.as_ref(), &g, op)?;
+        Ok(Self {
+            q,
+            k,
+            v,
+            g,
+            beta,
+            state,
+            mask,
+        })
+    }
+}
+
+impl InputBuffers {
+    /// q, k, v, g and beta read, the state written (in place): the leading slots of the
+    /// recurrence kernels (`gated_delta_step_*`, and `gated_delta_norm_*` of the fused norm).
+    pub(crate) fn recurrence_bindings(&self) -> Vec<Binding<'_>> {
+        vec![
+            Binding::Read(&self.q),
+            Binding::Read(&self.k),
+            Binding::Read(&self.v),
+            Binding::Read(&self.g),
+            Binding::Read(&self.beta),
+            Binding::Write(&self.state),
+        ]
+    }
 }
 
 pub(crate) fn gated_delta_update(dims: GdnDims, inputs: &Inputs, state: &Tensor) -> Result<Tensor> {
@@ -59,62 +81,28 @@ pub(crate) fn gated_delta_update(dims: GdnDims, inputs: &Inputs, state: &Tensor)
         state.is_contiguous(),
         "gated_delta_update: the state must be contiguous to be updated in place"
     );
-    let Prepared {
-        q,
-        k,
-        v,
-        g,
-        beta,
-        mask,
-    } = inputs.prepare()?;
-    let in_dtype = q.dtype();
+    let prepared = inputs.prepare()?;
+    let in_dtype = prepared.q.dtype();
     let name = kernel_name(in_dtype, state.dtype())?;
     let pipeline = pipeline(dev, &SOURCE, &name)?;
     let y_len = dims.batch * dims.steps * dims.value_heads * dims.value_dim;
     let y_buffer = new_output(dev, y_len, in_dtype, "gated_delta_y")?;
-    let params = GdnParams {
-        batch: dims.batch as u32,
-        steps: dims.steps as u32,
-        key_heads: dims.key_heads as u32,
-        value_heads: dims.value_heads as u32,
-        key_dim: dims.key_dim as u32,
-        value_dim: dims.value_dim as u32,
-        has_mask: mask.is_some() as u32,
-    };
-    let [qb, kb, vb, gb, bb] = [&q, &k, &v, &g, &beta].map(|t| metal_buffer(t, OP));
-    let (qb, kb, vb, gb, bb) = (qb?, kb?, vb?, gb?, bb?);
-    let state_buf = metal_buffer(state, OP)?;
-    let y_buf = (y_buffer.as_ref().clone(), 0);
-    // Without a mask the kernel never reads buffer 7; bind g so the slot is valid.
-    let mask_buf = match &mask {
-        Some(m) => metal_buffer(m, OP)?,
-        None => gb.clone(),
-    };
+    let params = GdnParams::new(&dims, prepared.mask.is_some());
+    let b = InputBuffers::new(&prepared, state, OP)?;
+    let y_buf = from_start(&y_buffer);
+    let mut bindings = b.recurrence_bindings();
+    bindings.extend([Binding::Write(&y_buf), Binding::Read(&b.mask)]);
     encode(
         dev,
         &pipeline,
-        &[
-            Binding::Read(&qb),
-            Binding::Read(&kb),
-            Binding::Read(&vb),
-            Binding::Read(&gb),
-            Binding::Read(&bb),
-            // Read and written in place: declared as written so later readers wait for it.
-            Binding::Write(&state_buf),
-            Binding::Write(&y_buf),
-            Binding::Read(&mask_buf),
-        ],
+        &bindings,
         &params,
-        MTLSize {
-            width: 1,
-            height: dims.value_dim.div_ceil(ROWS_PER_THREADGROUP),
-            depth: dims.batch * dims.value_heads,
-        },
-        MTLSize {
-            width: 32,
-            height: ROWS_PER_THREADGROUP,
-            depth: 1,
-        },
+        size(
+            1,
+            dims.value_dim.div_ceil(ROWS_PER_THREADGROUP),
+            dims.batch * dims.value_heads,
+        ),
+        size(32, ROWS_PER_THREADGROUP, 1),
         0,
     )?;
     let shape = (dims.batch, dims.steps, dims.value_heads, dims.value_dim);

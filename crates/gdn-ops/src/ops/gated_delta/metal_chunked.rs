@@ -3,17 +3,16 @@
 //! as three dispatches (every chunk's local part in parallel, the state pass over the chunks in
 //! sequence, y in parallel), with the tail run by the recurrence kernel (`chunked.rs`).
 
-use super::chunked::{split_update, GdnChunkParams, CHUNK};
-use super::{GdnDims, Inputs, Prepared};
-use crate::backend::dtype_tag;
+use super::chunked::{kernel_names, split_update, GdnChunkParams, CHUNK};
+use super::metal::InputBuffers;
+use super::{GdnDims, Inputs};
 use crate::backend::metal::{
-    encode, metal_buffer, metal_device, metal_source, new_output, output, pipeline, Binding,
-    KernelSource,
+    encode, from_start, metal_device, metal_source, new_output, output, pipeline,
+    reads_then_writes, size, KernelSource,
 };
 use anyhow::{ensure, Result};
 use candle_core::{DType, Tensor};
 use candle_metal_kernels::metal::Buffer;
-use objc2_metal::MTLSize;
 
 const OP: &str = "gated_delta_chunked";
 const SOURCE: KernelSource = metal_source!("gated_delta_chunk.metal", "params/gated_delta_chunk.h");
@@ -43,20 +42,6 @@ pub fn supports(dims: &GdnDims) -> bool {
         && dims.batch * dims.value_heads > 0
 }
 
-/// The three passes' instantiations for activations of `input` and a state of `state` dtype.
-pub fn kernel_names(input: DType, state: DType) -> Result<[String; 3]> {
-    ensure!(
-        matches!(state, DType::F32 | DType::BF16),
-        "{OP}: the state must be f32 or bf16"
-    );
-    let (i, s) = (dtype_tag(input, OP)?, dtype_tag(state, OP)?);
-    Ok([
-        format!("gated_delta_chunk_prep_{i}"),
-        format!("gated_delta_chunk_state_{i}_{s}"),
-        format!("gated_delta_chunk_out_{i}"),
-    ])
-}
-
 pub(crate) fn gated_delta_update(dims: GdnDims, inputs: &Inputs, state: &Tensor) -> Result<Tensor> {
     ensure!(
         supports(&dims),
@@ -81,15 +66,8 @@ fn launch(dims: GdnDims, inputs: &Inputs, state: &Tensor, chunks: usize) -> Resu
         "{OP}: {chunks} chunks of {CHUNK} for {} tokens",
         dims.steps
     );
-    let Prepared {
-        q,
-        k,
-        v,
-        g,
-        beta,
-        mask,
-    } = inputs.prepare()?;
-    let in_dtype = q.dtype();
+    let prepared = inputs.prepare()?;
+    let in_dtype = prepared.q.dtype();
     let [prep_name, state_name, out_name] = kernel_names(in_dtype, state.dtype())?;
     let prep = pipeline(dev, &SOURCE, &prep_name)?;
     let state_pass = pipeline(dev, &SOURCE, &state_name)?;
@@ -99,7 +77,9 @@ fn launch(dims: GdnDims, inputs: &Inputs, state: &Tensor, chunks: usize) -> Resu
     let tokens = chunks * CHUNK;
     // Scratch in f32, each element written by one pass before a later one reads it.
     let scratch = |len: usize, label: &str| -> Result<(Buffer, usize)> {
-        Ok((new_output(dev, len, DType::F32, label)?.as_ref().clone(), 0))
+        Ok(from_start(
+            new_output(dev, len, DType::F32, label)?.as_ref(),
+        ))
     };
     let gcum = scratch(heads * tokens, "gated_delta_chunk_gcum")?;
     let w = scratch(heads * tokens * dk, "gated_delta_chunk_w")?;
@@ -107,57 +87,26 @@ fn launch(dims: GdnDims, inputs: &Inputs, state: &Tensor, chunks: usize) -> Resu
     let h = scratch(heads * chunks * dk * dv, "gated_delta_chunk_h")?;
     let y_len = dims.batch * dims.steps * dims.value_heads * dv;
     let y_buffer = new_output(dev, y_len, in_dtype, "gated_delta_chunk_y")?;
-    let params = GdnChunkParams::new(&dims, chunks, mask.is_some());
-    let [qb, kb, vb, gb, bb] = [&q, &k, &v, &g, &beta].map(|t| metal_buffer(t, OP));
-    let (qb, kb, vb, gb, bb) = (qb?, kb?, vb?, gb?, bb?);
-    let state_buf = metal_buffer(state, OP)?;
-    let y_buf = (y_buffer.as_ref().clone(), 0);
-    // Without a mask the kernels never read it; bind g so the slot is valid.
-    let mask_buf = match &mask {
-        Some(m) => metal_buffer(m, OP)?,
-        None => gb.clone(),
-    };
-    let threads = MTLSize {
-        width: THREADS,
-        height: 1,
-        depth: 1,
-    };
-    let grid = |width: usize| MTLSize {
-        width,
-        height: 1,
-        depth: heads,
-    };
+    let params = GdnChunkParams::new(&dims, chunks, prepared.mask.is_some());
+    let b = InputBuffers::new(&prepared, state, OP)?;
+    let y_buf = from_start(&y_buffer);
+    let threads = size(THREADS, 1, 1);
+    let grid = |width: usize| size(width, 1, heads);
     encode(
         dev,
         &prep,
-        &[
-            Binding::Read(&kb),
-            Binding::Read(&vb),
-            Binding::Read(&gb),
-            Binding::Read(&bb),
-            Binding::Read(&mask_buf),
-            Binding::Write(&gcum),
-            Binding::Write(&w),
-            Binding::Write(&u),
-        ],
+        &reads_then_writes(&[&b.k, &b.v, &b.g, &b.beta, &b.mask], &[&gcum, &w, &u]),
         &params,
         grid(chunks),
         threads,
         PREP_BYTES,
     )?;
+    // U in, V' out; the state read and written in place: declared as written so that later
+    // readers wait for them.
     encode(
         dev,
         &state_pass,
-        &[
-            Binding::Read(&kb),
-            Binding::Read(&gcum),
-            Binding::Read(&w),
-            // U in, V' out; the state read and written in place: declared as written so that
-            // later readers wait for them.
-            Binding::Write(&u),
-            Binding::Write(&h),
-            Binding::Write(&state_buf),
-        ],
+        &reads_then_writes(&[&b.k, &gcum, &w], &[&u, &h, &b.state]),
         &params,
         grid(dv / BLOCK_V),
         threads,
@@ -166,15 +115,7 @@ fn launch(dims: GdnDims, inputs: &Inputs, state: &Tensor, chunks: usize) -> Resu
     encode(
         dev,
         &out,
-        &[
-            Binding::Read(&qb),
-            Binding::Read(&kb),
-            Binding::Read(&gcum),
-            Binding::Read(&h),
-            Binding::Read(&u),
-            Binding::Read(&mask_buf),
-            Binding::Write(&y_buf),
-        ],
+        &reads_then_writes(&[&b.q, &b.k, &gcum, &h, &u, &b.mask], &[&y_buf]),
         &params,
         grid(chunks),
         threads,

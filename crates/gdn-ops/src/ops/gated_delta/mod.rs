@@ -14,10 +14,11 @@ pub mod cuda;
 #[cfg(any(feature = "metal", target_os = "macos"))]
 pub mod metal;
 
+use crate::backend::kernel_instance;
 use crate::launches;
 use crate::profile::{self, elems_bytes, Traffic};
 use anyhow::{bail, ensure, Result};
-use candle_core::{Device, Tensor};
+use candle_core::{DType, Device, Tensor};
 use std::sync::atomic::{AtomicBool, Ordering};
 
 pub use cpu_chunked::CHUNK;
@@ -155,7 +156,7 @@ pub(crate) struct Prepared {
 impl Inputs<'_> {
     pub(crate) fn prepare(&self) -> Result<Prepared> {
         let in_dtype = self.q.dtype();
-        let f32_contiguous = |t: &Tensor| t.to_dtype(candle_core::DType::F32)?.contiguous();
+        let f32_contiguous = |t: &Tensor| t.to_dtype(DType::F32)?.contiguous();
         Ok(Prepared {
             q: self.q.contiguous()?,
             k: self.k.to_dtype(in_dtype)?.contiguous()?,
@@ -165,6 +166,53 @@ impl Inputs<'_> {
             mask: self.mask.map(f32_contiguous).transpose()?,
         })
     }
+}
+
+/// `GdnParams` of kernels/params/gated_delta.h, field for field: the Metal kernel's
+/// parameters, and the CUDA kernel's trailing scalar arguments in the same order.
+#[cfg(any(feature = "metal", target_os = "macos", feature = "cuda"))]
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+struct GdnParams {
+    batch: u32,
+    steps: u32,
+    key_heads: u32,
+    value_heads: u32,
+    key_dim: u32,
+    value_dim: u32,
+    has_mask: u32,
+}
+
+#[cfg(any(feature = "metal", target_os = "macos", feature = "cuda"))]
+impl GdnParams {
+    fn new(dims: &GdnDims, has_mask: bool) -> Self {
+        Self {
+            batch: dims.batch as u32,
+            steps: dims.steps as u32,
+            key_heads: dims.key_heads as u32,
+            value_heads: dims.value_heads as u32,
+            key_dim: dims.key_dim as u32,
+            value_dim: dims.value_dim as u32,
+            has_mask: has_mask as u32,
+        }
+    }
+}
+
+/// The recurrence kernel's instantiation (`kernels/gated_delta.{metal,cu}`) for activations
+/// of `input` and a state of `state` dtype.
+pub fn kernel_name(input: DType, state: DType) -> Result<String> {
+    const OP: &str = "gated_delta_update";
+    ensure_state_dtype(state, OP)?;
+    kernel_instance("gated_delta_step", &[input, state], OP)
+}
+
+/// Fails unless the state is kept in a dtype the GPU kernels take: f32 or bf16.
+fn ensure_state_dtype(state: DType, op: &str) -> Result<()> {
+    ensure!(
+        matches!(state, DType::F32 | DType::BF16),
+        "{op}: the state must be f32 or bf16"
+    );
+    Ok(())
 }
 
 /// Shapes of one gated-delta call, read off its inputs.

@@ -22,12 +22,12 @@ pub mod cuda;
 #[cfg(any(feature = "metal", target_os = "macos"))]
 pub mod metal;
 
+use crate::backend::on_device;
 use crate::backend::{ensure_same_device, row_layout, RowLayout};
-use crate::launches;
 use crate::ops::gated_delta::{self, GdnDims};
 use crate::profile;
-use anyhow::{bail, ensure, Result};
-use candle_core::{DType, Device, Tensor};
+use anyhow::{ensure, Result};
+use candle_core::{DType, Tensor};
 
 /// `GdnNormParams` of kernels/params/gated_delta_norm.h, field for field: the launch
 /// parameters shared by the Metal and CUDA kernels.
@@ -213,13 +213,7 @@ pub fn gated_delta_update_norm(
             .read_all(weight))
     };
     let device = state.device();
-    profile::kernel("gated_delta_norm", device, traffic, || match device {
-        Device::Cpu => launches::cpu_twin(|| cpu::gated_delta_update_norm(&inputs)),
-        #[cfg(any(feature = "metal", target_os = "macos"))]
-        Device::Metal(_) => metal::gated_delta_update_norm(&inputs),
-        #[cfg(feature = "cuda")]
-        Device::Cuda(_) => cuda::gated_delta_update_norm(&inputs),
-        #[allow(unreachable_patterns)]
-        other => bail!("{OP}: no kernel for device {other:?}"),
+    profile::kernel("gated_delta_norm", device, traffic, || {
+        on_device!(device, OP, gated_delta_update_norm(&inputs))
     })
 }

@@ -3,19 +3,15 @@
 
 use super::{GatedRmsNormParams, Inputs};
 use crate::backend::cuda::{
-    cuda_device, function, launch, rows_view, tensor, view, with_float_type, KernelSource,
+    config, cuda_device, cuda_source, launch, tensor, with_float_type, Element, Held, Kernel,
+    KernelSource,
 };
-use crate::backend::dtype_tag;
 use anyhow::{ensure, Result};
-use candle_core::cuda_backend::cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg};
-use candle_core::cuda_backend::CudaDType;
-use candle_core::{CudaDevice, Tensor, WithDType};
+use candle_core::cuda_backend::cudarc::driver::{DeviceRepr, PushKernelArg};
+use candle_core::{CudaDevice, Tensor};
 
 const OP: &str = "gated_rms_norm";
-const SOURCE: KernelSource = KernelSource {
-    module: "qwen_gdn_gated_rms_norm",
-    ptx: include_str!(concat!(env!("OUT_DIR"), "/gated_rms_norm.ptx")),
-};
+const SOURCE: KernelSource = cuda_source!("gated_rms_norm");
 
 // SAFETY: `GatedRmsNormParams` is `repr(C)` of six u32 and one f32, as the kernel's struct.
 unsafe impl DeviceRepr for GatedRmsNormParams {}
@@ -30,13 +26,9 @@ pub(crate) fn gated_rms_norm(inputs: &Inputs) -> Result<Tensor> {
 
 fn launch_as<T>(inputs: &Inputs, dev: &CudaDevice) -> Result<Tensor>
 where
-    T: CudaDType + DeviceRepr + WithDType,
+    T: Element,
 {
-    let func = function(
-        dev,
-        &SOURCE,
-        &format!("gated_rms_norm_{}", dtype_tag(T::DTYPE, OP)?),
-    )?;
+    let kernel = Kernel::typed(dev, &SOURCE, "gated_rms_norm", &[T::DTYPE], OP)?;
     let params = inputs.params()?;
     let blocks = inputs.rows().div_ceil(ROWS_PER_BLOCK as usize);
     ensure!(
@@ -48,24 +40,17 @@ where
     // SAFETY: the kernel writes every element of out.
     let out = unsafe { dev.alloc::<T>(len)? };
     if len > 0 {
-        let (y_s, y_l) = inputs.y.storage_and_layout();
-        let (z_s, _) = inputs.z.storage_and_layout();
-        let (w_s, w_l) = inputs.weight.storage_and_layout();
-        let y = view::<T>(&y_s, y_l, OP)?;
+        let [y_held, z_held, w_held] = [inputs.y, inputs.z, inputs.weight].map(Held::new);
+        let y = y_held.view::<T>(OP)?;
         // z may be a view: its row layout was checked by the caller.
-        let z = rows_view::<T>(&z_s, &inputs.z_rows, OP)?;
-        let weight = view::<T>(&w_s, w_l, OP)?;
-        let stream = dev.cuda_stream();
-        let mut args = stream.launch_builder(&func);
+        let z = z_held.rows::<T>(&inputs.z_rows, OP)?;
+        let weight = w_held.view::<T>(OP)?;
+        let mut args = kernel.args();
         args.arg(&y).arg(&z).arg(&weight).arg(&out).arg(&params);
-        let config = LaunchConfig {
-            grid_dim: (blocks as u32, 1, 1),
-            block_dim: (32, ROWS_PER_BLOCK, 1),
-            shared_mem_bytes: 0,
-        };
+        let geometry = config((blocks as u32, 1, 1), (32, ROWS_PER_BLOCK, 1), 0);
         // SAFETY: arguments in the order and types of `gated_rms_norm_*` in
         // kernels/gated_rms_norm.cu; every view covers the elements the kernel indexes.
-        unsafe { launch(args, config) }?;
+        unsafe { launch(args, geometry) }?;
     }
     Ok(tensor(out, dev, inputs.y.dims()))
 }

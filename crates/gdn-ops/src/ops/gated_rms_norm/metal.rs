@@ -3,14 +3,13 @@
 //! together.
 
 use super::Inputs;
-use crate::backend::dtype_tag;
+use crate::backend::kernel_instance;
 use crate::backend::metal::{
-    encode, metal_buffer, metal_buffer_of_view, metal_device, metal_source, new_output, output,
-    pipeline, Binding, KernelSource,
+    encode, from_start, metal_buffer, metal_buffer_of_view, metal_device, metal_source, new_output,
+    output, pipeline, reads_then_writes, size, KernelSource,
 };
 use anyhow::Result;
 use candle_core::Tensor;
-use objc2_metal::MTLSize;
 
 const SOURCE: KernelSource = metal_source!("gated_rms_norm.metal", "params/gated_rms_norm.h");
 
@@ -21,7 +20,7 @@ pub(crate) fn gated_rms_norm(inputs: &Inputs) -> Result<Tensor> {
     const OP: &str = "gated_rms_norm";
     let dev = &metal_device(inputs.y, OP)?;
     let dtype = inputs.y.dtype();
-    let name = format!("gated_rms_norm_{}", dtype_tag(dtype, OP)?);
+    let name = kernel_instance("gated_rms_norm", &[dtype], OP)?;
     let pipeline = pipeline(dev, &SOURCE, &name)?;
     let params = inputs.params()?;
     let len = inputs.y.elem_count();
@@ -31,27 +30,14 @@ pub(crate) fn gated_rms_norm(inputs: &Inputs) -> Result<Tensor> {
         // z may be a view: its row layout was checked by the caller.
         let z = metal_buffer_of_view(inputs.z, OP)?;
         let weight = metal_buffer(inputs.weight, OP)?;
-        let out_buf = (out.as_ref().clone(), 0);
+        let out_buf = from_start(&out);
         encode(
             dev,
             &pipeline,
-            &[
-                Binding::Read(&y),
-                Binding::Read(&z),
-                Binding::Read(&weight),
-                Binding::Write(&out_buf),
-            ],
+            &reads_then_writes(&[&y, &z, &weight], &[&out_buf]),
             &params,
-            MTLSize {
-                width: 1,
-                height: inputs.rows().div_ceil(ROWS_PER_THREADGROUP),
-                depth: 1,
-            },
-            MTLSize {
-                width: 32,
-                height: ROWS_PER_THREADGROUP,
-                depth: 1,
-            },
+            size(1, inputs.rows().div_ceil(ROWS_PER_THREADGROUP), 1),
+            size(32, ROWS_PER_THREADGROUP, 1),
             0,
         )?;
     }

@@ -23,11 +23,11 @@ pub mod cuda;
 #[cfg(any(feature = "metal", target_os = "macos"))]
 pub mod metal;
 
+use crate::backend::on_device;
 use crate::backend::{ensure_same_device, row_layout, RowLayout};
-use crate::launches;
 use crate::profile::{self, Traffic};
-use anyhow::{bail, ensure, Result};
-use candle_core::{DType, Device, Tensor};
+use anyhow::{ensure, Result};
+use candle_core::{DType, Tensor};
 
 /// `GatedRmsNormParams` of kernels/params/gated_rms_norm.h, field for field: the launch
 /// parameters shared by the Metal and CUDA kernels.
@@ -141,13 +141,7 @@ pub fn gated_rms_norm(y: &Tensor, z: &Tensor, weight: &Tensor, eps: f32) -> Resu
             .write_all(y))
     };
     let device = y.device();
-    profile::kernel(OP, device, traffic, || match device {
-        Device::Cpu => launches::cpu_twin(|| cpu::gated_rms_norm(&inputs)),
-        #[cfg(any(feature = "metal", target_os = "macos"))]
-        Device::Metal(_) => metal::gated_rms_norm(&inputs),
-        #[cfg(feature = "cuda")]
-        Device::Cuda(_) => cuda::gated_rms_norm(&inputs),
-        #[allow(unreachable_patterns)]
-        other => bail!("{OP}: no kernel for device {other:?}"),
+    profile::kernel(OP, device, traffic, || {
+        on_device!(device, OP, gated_rms_norm(&inputs))
     })
 }

@@ -4,19 +4,15 @@
 
 use super::{supports, ConvPrepOut, ConvPrepParams, Inputs};
 use crate::backend::cuda::{
-    cuda_device, function, launch, rows_view, tensor, view, with_float_type, KernelSource,
+    config, cuda_device, cuda_source, launch, tensor, with_float_type, Element, Held, Kernel,
+    KernelSource,
 };
-use crate::backend::dtype_tag;
 use anyhow::{ensure, Result};
-use candle_core::cuda_backend::cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg};
-use candle_core::cuda_backend::CudaDType;
-use candle_core::{CudaDevice, WithDType};
+use candle_core::cuda_backend::cudarc::driver::{DeviceRepr, PushKernelArg};
+use candle_core::CudaDevice;
 
 const OP: &str = "gdn_conv_prep";
-const SOURCE: KernelSource = KernelSource {
-    module: "qwen_gdn_gdn_conv_prep",
-    ptx: include_str!(concat!(env!("OUT_DIR"), "/gdn_conv_prep.ptx")),
-};
+const SOURCE: KernelSource = cuda_source!("gdn_conv_prep");
 
 // SAFETY: `ConvPrepParams` is `repr(C)` of thirteen u32 and three f32, as the kernel's struct.
 unsafe impl DeviceRepr for ConvPrepParams {}
@@ -43,13 +39,9 @@ pub(crate) fn gdn_conv_prep(inputs: &Inputs) -> Result<ConvPrepOut> {
 
 fn launch_as<T>(inputs: &Inputs, dev: &CudaDevice) -> Result<ConvPrepOut>
 where
-    T: CudaDType + DeviceRepr + WithDType,
+    T: Element,
 {
-    let func = function(
-        dev,
-        &SOURCE,
-        &format!("gdn_conv_prep_{}", dtype_tag(T::DTYPE, OP)?),
-    )?;
+    let kernel = Kernel::typed(dev, &SOURCE, "gdn_conv_prep", &[T::DTYPE], OP)?;
     let params = inputs.params()?;
     let d = inputs.dims;
     let (bn, s) = (inputs.batch, inputs.tokens);
@@ -74,23 +66,25 @@ where
         None
     };
     {
-        let (qkv_s, _) = inputs.qkv.storage_and_layout();
-        let (b_s, _) = inputs.b.storage_and_layout();
-        let (a_s, _) = inputs.a.storage_and_layout();
-        let (st_s, st_l) = inputs.conv_state.storage_and_layout();
-        let (taps_s, taps_l) = inputs.taps.storage_and_layout();
-        let (dt_s, dt_l) = inputs.dt_bias.storage_and_layout();
-        let (na_s, na_l) = inputs.neg_a_exp.storage_and_layout();
+        let [qkv, b, a, state, taps, dt_bias, neg_a_exp] = [
+            inputs.qkv,
+            inputs.b,
+            inputs.a,
+            inputs.conv_state,
+            inputs.taps,
+            inputs.dt_bias,
+            inputs.neg_a_exp,
+        ]
+        .map(Held::new);
         // qkv, b and a may be views: their row layouts were checked by the caller.
-        let qkv = rows_view::<T>(&qkv_s, &inputs.qkv_rows, OP)?;
-        let b = rows_view::<T>(&b_s, &inputs.b_rows, OP)?;
-        let a = rows_view::<T>(&a_s, &inputs.a_rows, OP)?;
-        let state = view::<T>(&st_s, st_l, OP)?;
-        let taps = view::<T>(&taps_s, taps_l, OP)?;
-        let dt_bias = view::<f32>(&dt_s, dt_l, OP)?;
-        let neg_a_exp = view::<f32>(&na_s, na_l, OP)?;
-        let stream = dev.cuda_stream();
-        let mut args = stream.launch_builder(&func);
+        let qkv = qkv.rows::<T>(&inputs.qkv_rows, OP)?;
+        let b = b.rows::<T>(&inputs.b_rows, OP)?;
+        let a = a.rows::<T>(&inputs.a_rows, OP)?;
+        let state = state.view::<T>(OP)?;
+        let taps = taps.view::<T>(OP)?;
+        let dt_bias = dt_bias.view::<f32>(OP)?;
+        let neg_a_exp = neg_a_exp.view::<f32>(OP)?;
+        let mut args = kernel.args();
         args.arg(&qkv).arg(&b).arg(&a).arg(&state);
         match &fresh_state {
             Some(next) => args.arg(next),
@@ -105,18 +99,15 @@ where
             .arg(&g)
             .arg(&beta)
             .arg(&params);
-        let config = LaunchConfig {
-            grid_dim: (
-                (d.slots() as u32).div_ceil(SLOTS_PER_BLOCK),
-                s as u32,
-                bn as u32,
-            ),
-            block_dim: (32, SLOTS_PER_BLOCK, 1),
-            shared_mem_bytes: 0,
-        };
+        let slot_blocks = (d.slots() as u32).div_ceil(SLOTS_PER_BLOCK);
+        let geometry = config(
+            (slot_blocks, s as u32, bn as u32),
+            (32, SLOTS_PER_BLOCK, 1),
+            0,
+        );
         // SAFETY: arguments in the order and types of `gdn_conv_prep_*` in
         // kernels/gdn_conv_prep.cu; every view covers the elements the kernel indexes.
-        unsafe { launch(args, config) }?;
+        unsafe { launch(args, geometry) }?;
     }
     let qk_shape = (bn, s, d.key_heads, d.key_dim);
     Ok(ConvPrepOut {

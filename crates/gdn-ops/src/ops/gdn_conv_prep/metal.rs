@@ -3,14 +3,13 @@
 //! together.
 
 use super::{supports, ConvPrepOut, Inputs};
-use crate::backend::dtype_tag;
+use crate::backend::kernel_instance;
 use crate::backend::metal::{
-    encode, metal_buffer, metal_buffer_of_view, metal_device, metal_source, new_output, output,
-    pipeline, Binding, KernelSource,
+    encode, from_start, metal_buffer_of_view, metal_buffers, metal_device, metal_source,
+    new_output, output, pipeline, size, Binding, KernelSource,
 };
 use anyhow::{ensure, Result};
 use candle_core::DType;
-use objc2_metal::MTLSize;
 
 const SOURCE: KernelSource = metal_source!("gdn_conv_prep.metal", "params/gdn_conv_prep.h");
 
@@ -26,7 +25,7 @@ pub(crate) fn gdn_conv_prep(inputs: &Inputs) -> Result<ConvPrepOut> {
         "{OP}: no Metal kernel for {:?} in {dtype:?} (head dims multiples of 32 up to 256, 2 to 8 taps)",
         inputs.dims
     );
-    let name = format!("gdn_conv_prep_{}", dtype_tag(dtype, OP)?);
+    let name = kernel_instance("gdn_conv_prep", &[dtype], OP)?;
     let pipeline = pipeline(dev, &SOURCE, &name)?;
     let params = inputs.params()?;
     let d = inputs.dims;
@@ -54,13 +53,18 @@ pub(crate) fn gdn_conv_prep(inputs: &Inputs) -> Result<ConvPrepOut> {
         let qkv = metal_buffer_of_view(inputs.qkv, OP)?;
         let b = metal_buffer_of_view(inputs.b, OP)?;
         let a = metal_buffer_of_view(inputs.a, OP)?;
-        let state = metal_buffer(inputs.conv_state, OP)?;
-        let taps = metal_buffer(inputs.taps, OP)?;
-        let dt_bias = metal_buffer(inputs.dt_bias, OP)?;
-        let neg_a_exp = metal_buffer(inputs.neg_a_exp, OP)?;
-        let outs = [&q, &k, &v, &g, &beta].map(|o| (o.as_ref().clone(), 0));
+        let [state, taps, dt_bias, neg_a_exp] = metal_buffers(
+            [
+                inputs.conv_state,
+                inputs.taps,
+                inputs.dt_bias,
+                inputs.neg_a_exp,
+            ],
+            OP,
+        )?;
+        let outs = [&q, &k, &v, &g, &beta].map(|o| from_start(o));
         let next = match &fresh_state {
-            Some(buffer) => (buffer.as_ref().clone(), 0),
+            Some(buffer) => from_start(buffer),
             None => state.clone(),
         };
         encode(
@@ -88,16 +92,8 @@ pub(crate) fn gdn_conv_prep(inputs: &Inputs) -> Result<ConvPrepOut> {
                 Binding::Write(&outs[4]),
             ],
             &params,
-            MTLSize {
-                width: s,
-                height: d.slots().div_ceil(SLOTS_PER_THREADGROUP),
-                depth: bn,
-            },
-            MTLSize {
-                width: 32,
-                height: SLOTS_PER_THREADGROUP,
-                depth: 1,
-            },
+            size(s, d.slots().div_ceil(SLOTS_PER_THREADGROUP), bn),
+            size(32, SLOTS_PER_THREADGROUP, 1),
             0,
         )?;
     }

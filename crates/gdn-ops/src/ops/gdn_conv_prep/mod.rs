@@ -50,11 +50,11 @@ pub mod cuda;
 #[cfg(any(feature = "metal", target_os = "macos"))]
 pub mod metal;
 
+use crate::backend::on_device;
 use crate::backend::{ensure_same_device, row_layout, RowLayout};
-use crate::launches;
 use crate::profile::{self, tensor_bytes, Traffic};
 use anyhow::{bail, ensure, Result};
-use candle_core::{DType, Device, Tensor};
+use candle_core::{DType, Tensor};
 
 /// The head geometry of a GDN layer and its conv kernel size.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -327,15 +327,7 @@ pub fn gdn_conv_prep(
         OP,
         device,
         || Ok(traffic(&inputs)),
-        || match device {
-            Device::Cpu => launches::cpu_twin(|| cpu::gdn_conv_prep(&inputs)),
-            #[cfg(any(feature = "metal", target_os = "macos"))]
-            Device::Metal(_) => metal::gdn_conv_prep(&inputs),
-            #[cfg(feature = "cuda")]
-            Device::Cuda(_) => cuda::gdn_conv_prep(&inputs),
-            #[allow(unreachable_patterns)]
-            other => bail!("{OP}: no kernel for device {other:?}"),
-        },
+        || on_device!(device, OP, gdn_conv_prep(&inputs)),
     )
 }
 

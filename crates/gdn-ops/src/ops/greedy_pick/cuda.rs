@@ -7,19 +7,15 @@
 
 use super::{GreedyPickParams, THREADS};
 use crate::backend::cuda::{
-    cuda_device, function, launch, tensor, view, with_float_type, KernelSource,
+    config, cuda_device, cuda_source, launch, tensor, with_float_type, Element, Held, Kernel,
+    KernelSource,
 };
-use crate::backend::dtype_tag;
 use anyhow::{ensure, Result};
-use candle_core::cuda_backend::cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg};
-use candle_core::cuda_backend::CudaDType;
-use candle_core::{Tensor, WithDType};
+use candle_core::cuda_backend::cudarc::driver::{DeviceRepr, PushKernelArg};
+use candle_core::Tensor;
 
 const OP: &str = "greedy_pick";
-const SOURCE: KernelSource = KernelSource {
-    module: "qwen_gdn_greedy_pick",
-    ptx: include_str!(concat!(env!("OUT_DIR"), "/greedy_pick.ptx")),
-};
+const SOURCE: KernelSource = cuda_source!("greedy_pick");
 
 // SAFETY: `GreedyPickParams` is `repr(C)` of four u32, as the kernel's struct.
 unsafe impl DeviceRepr for GreedyPickParams {}
@@ -28,10 +24,7 @@ pub(crate) fn greedy_pick(logits: &Tensor, p: &GreedyPickParams) -> Result<Tenso
     with_float_type!(logits.dtype(), OP, |T| greedy_pick_as::<T>(logits, p))
 }
 
-fn greedy_pick_as<T: CudaDType + DeviceRepr + WithDType>(
-    logits: &Tensor,
-    p: &GreedyPickParams,
-) -> Result<Tensor> {
+fn greedy_pick_as<T: Element>(logits: &Tensor, p: &GreedyPickParams) -> Result<Tensor> {
     let dev = cuda_device(logits, OP)?;
     let logits = logits.contiguous()?;
     let rows = p.rows as usize;
@@ -41,38 +34,25 @@ fn greedy_pick_as<T: CudaDType + DeviceRepr + WithDType>(
     let out = unsafe { dev.alloc::<u32>(rows * 2)? };
     // The logits' storage guard lives only for the launches.
     {
-        let slices = function(
-            &dev,
-            &SOURCE,
-            &format!("greedy_pick_slices_{}", dtype_tag(T::DTYPE, OP)?),
-        )?;
-        let finish = function(&dev, &SOURCE, "greedy_pick_finish")?;
+        let slices = Kernel::typed(&dev, &SOURCE, "greedy_pick_slices", &[T::DTYPE], OP)?;
+        let finish = Kernel::load(&dev, &SOURCE, "greedy_pick_finish")?;
         // SAFETY: the slice pass writes every record (an empty slice its neutral one).
         let partials = unsafe { dev.alloc::<u32>(p.partial_words())? };
-        let (ls, ll) = logits.storage_and_layout();
-        let logits_view = view::<T>(&ls, ll, OP)?;
-        let stream = dev.cuda_stream();
-        let mut args = stream.launch_builder(&slices);
+        let held = Held::new(&logits);
+        let logits_view = held.view::<T>(OP)?;
+        let mut args = slices.args();
         args.arg(&logits_view).arg(&partials).arg(p);
-        let config = LaunchConfig {
-            grid_dim: (p.blocks, p.rows, 1),
-            block_dim: (THREADS as u32, 1, 1),
-            shared_mem_bytes: 0,
-        };
+        let slice_blocks = config((p.blocks, p.rows, 1), (THREADS as u32, 1, 1), 0);
         // SAFETY: arguments in the order and types of `greedy_pick_slices_*` in
         // kernels/greedy_pick.cu (partials: N·B records of 3 words); logits holds N rows of
         // V values and the blocks' slices stay within them.
-        unsafe { launch(args, config) }?;
-        let mut args = stream.launch_builder(&finish);
+        unsafe { launch(args, slice_blocks) }?;
+        let mut args = finish.args();
         args.arg(&partials).arg(&out).arg(p);
-        let config = LaunchConfig {
-            grid_dim: (p.rows, 1, 1),
-            block_dim: (32, 1, 1),
-            shared_mem_bytes: 0,
-        };
+        let row_warps = config((p.rows, 1, 1), (32, 1, 1), 0);
         // SAFETY: arguments of `greedy_pick_finish`, reading the records written above on the
         // same stream; out holds N·2 words.
-        unsafe { launch(args, config) }?;
+        unsafe { launch(args, row_warps) }?;
     }
     Ok(tensor(out, &dev, (rows, 2)))
 }

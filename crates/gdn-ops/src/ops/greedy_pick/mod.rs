@@ -32,9 +32,9 @@ pub mod cuda;
 #[cfg(any(feature = "metal", target_os = "macos"))]
 pub mod metal;
 
-use crate::launches;
-use anyhow::{bail, ensure, Result};
-use candle_core::{DType, Device, Tensor};
+use crate::backend::on_device;
+use anyhow::{ensure, Result};
+use candle_core::{DType, Tensor};
 
 /// Threads of a slice block (`GREEDY_PICK_THREADS` of kernels/params/greedy_pick.h).
 pub const THREADS: usize = 256;
@@ -102,12 +102,5 @@ pub fn greedy_pick(logits: &Tensor) -> Result<Tensor> {
         return Ok(Tensor::zeros((0, 2), DType::U32, logits.device())?);
     }
     let p = GreedyPickParams::new(rows, vocab);
-    match logits.device() {
-        Device::Cpu => launches::cpu_twin(|| cpu::greedy_pick(logits, &p)),
-        #[cfg(any(feature = "metal", target_os = "macos"))]
-        Device::Metal(_) => metal::greedy_pick(logits, &p),
-        #[cfg(feature = "cuda")]
-        Device::Cuda(_) => cuda::greedy_pick(logits, &p),
-        other => bail!("greedy_pick: no kernel for {other:?} yet"),
-    }
+    on_device!(logits.device(), "greedy_pick", greedy_pick(logits, &p))
 }

@@ -2,18 +2,14 @@
 
 use super::{combine_threads, Inputs, MoeCombineParams};
 use crate::backend::cuda::{
-    cuda_device, function, launch, tensor, view, with_float_type, KernelSource,
+    config, cuda_device, cuda_source, launch, tensor, view_or, with_float_type, Element, Held,
+    Kernel, KernelSource,
 };
-use crate::backend::dtype_tag;
 use anyhow::{ensure, Result};
-use candle_core::cuda_backend::cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg};
-use candle_core::cuda_backend::CudaDType;
-use candle_core::{Tensor, WithDType};
+use candle_core::cuda_backend::cudarc::driver::{DeviceRepr, PushKernelArg};
+use candle_core::Tensor;
 
-const SOURCE: KernelSource = KernelSource {
-    module: "qwen_gdn_moe_combine",
-    ptx: include_str!(concat!(env!("OUT_DIR"), "/moe_combine.ptx")),
-};
+const SOURCE: KernelSource = cuda_source!("moe_combine");
 
 // SAFETY: `MoeCombineParams` is `repr(C)` of u32 and f32 fields, as the kernel's struct.
 unsafe impl DeviceRepr for MoeCombineParams {}
@@ -27,14 +23,13 @@ pub(crate) fn moe_combine(
     ))
 }
 
-fn moe_combine_as<T: CudaDType + DeviceRepr + WithDType>(
+fn moe_combine_as<T: Element>(
     inputs: &Inputs,
     p: &MoeCombineParams,
 ) -> Result<(Tensor, Option<Tensor>)> {
     const OP: &str = "moe_combine";
     let dev = cuda_device(&inputs.down, OP)?;
-    let name = format!("moe_combine_{}", dtype_tag(T::DTYPE, OP)?);
-    let func = function(&dev, &SOURCE, &name)?;
+    let kernel = Kernel::typed(&dev, &SOURCE, "moe_combine", &[T::DTYPE], OP)?;
     let (tokens, hidden) = (p.tokens as usize, p.hidden as usize);
     ensure!(
         p.tokens <= i32::MAX as u32,
@@ -47,30 +42,22 @@ fn moe_combine_as<T: CudaDType + DeviceRepr + WithDType>(
         None => None,
     };
     if tokens > 0 {
-        let (ds, dl) = inputs.down.storage_and_layout();
-        let (ws, wl) = inputs.weights.storage_and_layout();
-        let rows_guard = inputs.rows.as_ref().map(|t| t.storage_and_layout());
-        let residual_guard = inputs.residual.as_ref().map(|t| t.storage_and_layout());
-        let norm_guard = inputs.norm_weight.as_ref().map(|t| t.storage_and_layout());
-        let down = view::<T>(&ds, dl, OP)?;
-        let weights = view::<f32>(&ws, wl, OP)?;
+        let [down_held, weights_held] = [&inputs.down, &inputs.weights].map(Held::new);
+        let [rows_held, residual_held, norm_held] =
+            [&inputs.rows, &inputs.residual, &inputs.norm_weight]
+                .map(|t| t.as_ref().map(Held::new));
+        let down = down_held.view::<T>(OP)?;
+        let weights = weights_held.view::<f32>(OP)?;
         // The buffers a call does not use are never read: `down` stands in, and a null
         // pointer for the rows (no u32 buffer is at hand).
-        let rows = rows_guard
+        let rows = rows_held
             .as_ref()
-            .map(|(s, l)| view::<u32>(s, l, OP))
+            .map(|held| held.view::<u32>(OP))
             .transpose()?;
         let no_rows: u64 = 0;
-        let residual = match &residual_guard {
-            Some((s, l)) => view::<T>(s, l, OP)?,
-            None => view::<T>(&ds, dl, OP)?,
-        };
-        let norm_weight = match &norm_guard {
-            Some((s, l)) => view::<T>(s, l, OP)?,
-            None => view::<T>(&ds, dl, OP)?,
-        };
-        let stream = dev.cuda_stream();
-        let mut args = stream.launch_builder(&func);
+        let residual = view_or::<T>(&residual_held, &down_held, OP)?;
+        let norm_weight = view_or::<T>(&norm_held, &down_held, OP)?;
+        let mut args = kernel.args();
         args.arg(&down);
         match &rows {
             Some(r) => args.arg(r),
@@ -86,17 +73,13 @@ fn moe_combine_as<T: CudaDType + DeviceRepr + WithDType>(
             None => args.arg(&sum),
         };
         args.arg(p);
-        let config = LaunchConfig {
-            grid_dim: (p.tokens, 1, 1),
-            block_dim: (combine_threads(hidden) as u32, 1, 1),
-            shared_mem_bytes: 0,
-        };
+        let geometry = config((p.tokens, 1, 1), (combine_threads(hidden) as u32, 1, 1), 0);
         // SAFETY: arguments in the order and types of `moe_combine_*` in
         // kernels/moe_combine.cu; every view covers the elements the kernel indexes: down
         // [N, S, H] (gathered: [down_rows, H], each row index checked against down_rows in
         // the kernel), rows [N, S] when gathered, weights [N, S], residual [N, H] when
         // has_residual, norm_weight [H] when has_norm.
-        unsafe { launch(args, config) }?;
+        unsafe { launch(args, geometry) }?;
     }
     Ok((
         tensor(sum, &dev, (tokens, hidden)),

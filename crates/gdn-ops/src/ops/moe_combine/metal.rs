@@ -5,14 +5,13 @@
 //! both together.
 
 use super::{combine_threads, Inputs, MoeCombineParams};
-use crate::backend::dtype_tag;
+use crate::backend::kernel_instance;
 use crate::backend::metal::{
-    encode, metal_buffer, metal_device, metal_source, new_output, output, pipeline, Binding,
-    KernelSource,
+    encode, from_start, metal_buffer, metal_buffer_or, metal_device, metal_source, new_output,
+    output, pipeline, reads_then_writes, size, KernelSource,
 };
 use anyhow::Result;
 use candle_core::Tensor;
-use objc2_metal::MTLSize;
 
 const SOURCE: KernelSource = metal_source!("moe_combine.metal", "params/moe_combine.h");
 
@@ -23,7 +22,7 @@ pub(crate) fn moe_combine(
     const OP: &str = "moe_combine";
     let dtype = inputs.down.dtype();
     let dev = metal_device(&inputs.down, OP)?;
-    let name = format!("moe_combine_{}", dtype_tag(dtype, OP)?);
+    let name = kernel_instance("moe_combine", &[dtype], OP)?;
     let pipeline = pipeline(&dev, &SOURCE, &name)?;
     let (tokens, hidden) = (p.tokens as usize, p.hidden as usize);
     let sum = new_output(&dev, tokens * hidden, dtype, "moe_combine_sum")?;
@@ -39,41 +38,25 @@ pub(crate) fn moe_combine(
     let down = metal_buffer(&inputs.down, OP)?;
     // The buffers a call does not use are never touched; `down` and the sum are bound there
     // so that every slot holds a buffer.
-    let bound_or_down = |t: &Option<Tensor>| match t {
-        Some(t) => metal_buffer(t, OP),
-        None => Ok(down.clone()),
-    };
-    let rows = bound_or_down(&inputs.rows)?;
-    let residual = bound_or_down(&inputs.residual)?;
-    let norm_weight = bound_or_down(&inputs.norm_weight)?;
-    let sum_out = (sum.as_ref().clone(), 0);
+    let rows = metal_buffer_or(inputs.rows.as_ref(), &down, OP)?;
+    let residual = metal_buffer_or(inputs.residual.as_ref(), &down, OP)?;
+    let norm_weight = metal_buffer_or(inputs.norm_weight.as_ref(), &down, OP)?;
+    let sum_out = from_start(&sum);
     let normed_out = match &normed {
-        Some(b) => (b.as_ref().clone(), 0),
+        Some(b) => from_start(b),
         None => sum_out.clone(),
     };
+    let weights = metal_buffer(&inputs.weights, OP)?;
     encode(
         &dev,
         &pipeline,
-        &[
-            Binding::Read(&down),
-            Binding::Read(&rows),
-            Binding::Read(&metal_buffer(&inputs.weights, OP)?),
-            Binding::Read(&residual),
-            Binding::Read(&norm_weight),
-            Binding::Write(&sum_out),
-            Binding::Write(&normed_out),
-        ],
+        &reads_then_writes(
+            &[&down, &rows, &weights, &residual, &norm_weight],
+            &[&sum_out, &normed_out],
+        ),
         p,
-        MTLSize {
-            width: tokens,
-            height: 1,
-            depth: 1,
-        },
-        MTLSize {
-            width: combine_threads(hidden),
-            height: 1,
-            depth: 1,
-        },
+        size(tokens, 1, 1),
+        size(combine_threads(hidden), 1, 1),
         // One partial sum of squares per simdgroup, 32 at most.
         32 * std::mem::size_of::<f32>(),
     )?;

@@ -25,10 +25,10 @@ pub mod cuda;
 #[cfg(any(feature = "metal", target_os = "macos"))]
 pub mod metal;
 
-use crate::launches;
+use crate::backend::on_device;
 use crate::profile::{self, elems_bytes, tensor_bytes, Traffic};
-use anyhow::{bail, ensure, Result};
-use candle_core::{DType, Device, Tensor};
+use anyhow::{ensure, Result};
+use candle_core::{DType, Tensor};
 
 /// `MoeCombineParams` of kernels/params/moe_combine.h, field for field.
 #[repr(C)]
@@ -209,13 +209,8 @@ fn combine(
     };
     let device = down.device();
     let traffic = || Ok(traffic(&inputs, (tokens, slots, hidden)));
-    profile::kernel("moe_combine", device, traffic, || match device {
-        Device::Cpu => launches::cpu_twin(|| cpu::moe_combine(&inputs, &p)),
-        #[cfg(any(feature = "metal", target_os = "macos"))]
-        Device::Metal(_) => metal::moe_combine(&inputs, &p),
-        #[cfg(feature = "cuda")]
-        Device::Cuda(_) => cuda::moe_combine(&inputs, &p),
-        other => bail!("moe_combine: no kernel for {other:?} yet"),
+    profile::kernel("moe_combine", device, traffic, || {
+        on_device!(device, "moe_combine", moe_combine(&inputs, &p))
     })
 }
 

@@ -2,18 +2,14 @@
 
 use super::MoeRouteParams;
 use crate::backend::cuda::{
-    cuda_device, function, launch, tensor, view, with_float_type, KernelSource,
+    config, cuda_device, cuda_source, launch, tensor, with_float_type, Element, Held, Kernel,
+    KernelSource,
 };
-use crate::backend::dtype_tag;
 use anyhow::{ensure, Result};
-use candle_core::cuda_backend::cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg};
-use candle_core::cuda_backend::CudaDType;
-use candle_core::{Tensor, WithDType};
+use candle_core::cuda_backend::cudarc::driver::{DeviceRepr, PushKernelArg};
+use candle_core::Tensor;
 
-const SOURCE: KernelSource = KernelSource {
-    module: "qwen_gdn_moe_route",
-    ptx: include_str!(concat!(env!("OUT_DIR"), "/moe_route.ptx")),
-};
+const SOURCE: KernelSource = cuda_source!("moe_route");
 
 // SAFETY: `MoeRouteParams` is `repr(C)` of five u32, as the kernel's struct.
 unsafe impl DeviceRepr for MoeRouteParams {}
@@ -27,15 +23,11 @@ pub(crate) fn moe_route(logits: &Tensor, p: &MoeRouteParams) -> Result<(Tensor, 
     ))
 }
 
-fn moe_route_as<T: CudaDType + DeviceRepr + WithDType>(
-    logits: &Tensor,
-    p: &MoeRouteParams,
-) -> Result<(Tensor, Tensor)> {
+fn moe_route_as<T: Element>(logits: &Tensor, p: &MoeRouteParams) -> Result<(Tensor, Tensor)> {
     const OP: &str = "moe_route";
     let dev = cuda_device(logits, OP)?;
     let logits = logits.contiguous()?;
-    let name = format!("moe_route_{}", dtype_tag(T::DTYPE, OP)?);
-    let func = function(&dev, &SOURCE, &name)?;
+    let kernel = Kernel::typed(&dev, &SOURCE, "moe_route", &[T::DTYPE], OP)?;
     let (tokens, slots) = (p.tokens as usize, (p.top_k + p.has_shared) as usize);
     ensure!(
         p.tokens.div_ceil(TOKENS_PER_BLOCK) <= i32::MAX as u32,
@@ -45,19 +37,15 @@ fn moe_route_as<T: CudaDType + DeviceRepr + WithDType>(
     let ids = unsafe { dev.alloc::<u32>(tokens * slots)? };
     let weights = unsafe { dev.alloc::<f32>(tokens * slots)? };
     if tokens > 0 {
-        let (ls, ll) = logits.storage_and_layout();
-        let logits_view = view::<T>(&ls, ll, OP)?;
-        let stream = dev.cuda_stream();
-        let mut args = stream.launch_builder(&func);
+        let held = Held::new(&logits);
+        let logits_view = held.view::<T>(OP)?;
+        let mut args = kernel.args();
         args.arg(&logits_view).arg(&ids).arg(&weights).arg(p);
-        let config = LaunchConfig {
-            grid_dim: (p.tokens.div_ceil(TOKENS_PER_BLOCK), 1, 1),
-            block_dim: (32, TOKENS_PER_BLOCK, 1),
-            shared_mem_bytes: 0,
-        };
+        let blocks = p.tokens.div_ceil(TOKENS_PER_BLOCK);
+        let geometry = config((blocks, 1, 1), (32, TOKENS_PER_BLOCK, 1), 0);
         // SAFETY: arguments in the order and types of `moe_route_*` in kernels/moe_route.cu;
         // logits holds tokens rows of experts + has_shared values.
-        unsafe { launch(args, config) }?;
+        unsafe { launch(args, geometry) }?;
     }
     Ok((
         tensor(ids, &dev, (tokens, slots)),

@@ -4,47 +4,34 @@
 //! together.
 
 use super::MoeRouteParams;
-use crate::backend::dtype_tag;
+use crate::backend::kernel_instance;
 use crate::backend::metal::{
-    encode, metal_buffer, metal_device, metal_source, new_output, output, pipeline, Binding,
-    KernelSource,
+    encode, from_start, metal_buffer, metal_device, metal_source, new_output, output, pipeline,
+    reads_then_writes, size, KernelSource,
 };
 use anyhow::Result;
 use candle_core::{DType, Tensor};
-use objc2_metal::MTLSize;
 
 const SOURCE: KernelSource = metal_source!("moe_route.metal", "params/moe_route.h");
 
 pub(crate) fn moe_route(logits: &Tensor, p: &MoeRouteParams) -> Result<(Tensor, Tensor)> {
     const OP: &str = "moe_route";
     let dev = metal_device(logits, OP)?;
-    let name = format!("moe_route_{}", dtype_tag(logits.dtype(), OP)?);
+    let name = kernel_instance("moe_route", &[logits.dtype()], OP)?;
     let pipeline = pipeline(&dev, &SOURCE, &name)?;
     // Before the encoder is taken: candle ops lock the same command state.
     let logits = logits.contiguous()?;
     let (tokens, slots) = (p.tokens as usize, (p.top_k + p.has_shared) as usize);
     let ids = new_output(&dev, tokens * slots, DType::U32, "moe_route_ids")?;
     let weights = new_output(&dev, tokens * slots, DType::F32, "moe_route_weights")?;
-    let (ids_out, weights_out) = ((ids.as_ref().clone(), 0), (weights.as_ref().clone(), 0));
+    let (ids_out, weights_out) = (from_start(&ids), from_start(&weights));
     encode(
         &dev,
         &pipeline,
-        &[
-            Binding::Read(&metal_buffer(&logits, OP)?),
-            Binding::Write(&ids_out),
-            Binding::Write(&weights_out),
-        ],
+        &reads_then_writes(&[&metal_buffer(&logits, OP)?], &[&ids_out, &weights_out]),
         p,
-        MTLSize {
-            width: tokens,
-            height: 1,
-            depth: 1,
-        },
-        MTLSize {
-            width: 32,
-            height: 1,
-            depth: 1,
-        },
+        size(tokens, 1, 1),
+        size(32, 1, 1),
         0,
     )?;
     Ok((

@@ -22,10 +22,10 @@ pub mod cuda;
 #[cfg(any(feature = "metal", target_os = "macos"))]
 pub mod metal;
 
-use crate::launches;
+use crate::backend::on_device;
 use crate::profile::{self, Traffic};
-use anyhow::{bail, ensure, Result};
-use candle_core::{DType, Device, Tensor};
+use anyhow::{ensure, Result};
+use candle_core::{DType, Tensor};
 
 /// Most routed experts a kernel holds (16 per lane of a 32-lane simdgroup).
 pub const MAX_EXPERTS: usize = 512;
@@ -89,12 +89,7 @@ pub fn moe_route(
             .write(tokens * slots * (4 + 4)))
     };
     let device = logits.device();
-    profile::kernel("moe_route", device, traffic, || match device {
-        Device::Cpu => launches::cpu_twin(|| cpu::moe_route(logits, &p)),
-        #[cfg(any(feature = "metal", target_os = "macos"))]
-        Device::Metal(_) => metal::moe_route(logits, &p),
-        #[cfg(feature = "cuda")]
-        Device::Cuda(_) => cuda::moe_route(logits, &p),
-        other => bail!("moe_route: no kernel for {other:?} yet"),
+    profile::kernel("moe_route", device, traffic, || {
+        on_device!(device, "moe_route", moe_route(logits, &p))
     })
 }
