@@ -12,10 +12,19 @@
 //     s, s + S, ...; grid = B * Hv. Dk a multiple of 32 up to 256 (the host checks). The
 //     keys per lane and the rows per warp (4 or 8) are compile-time, so that the state
 //     stays in registers: 16 floats a lane at Qwen3-Next's shapes with 32 warps.
+//   gated_delta_norm_cluster_<in>_<st>(same arguments)
+//     Each value head's rows split over the 4 blocks of a thread-block cluster (sm_90):
+//     grid = 4 * B * Hv, block = (32, S) with Dv % 4 == 0 and ceil(Dv / 4 / S) <= 2; block c
+//     of head n owns rows c * Dv / 4 ... (c + 1) * Dv / 4 - 1. The norm's sum of squares is
+//     summed per block, then over the cluster through distributed shared memory. Why: one
+//     block per head leaves 100 of 132 SMs idle at Qwen3-Next's 32 heads, and the step is a
+//     chain of dependent latencies on each (issue 25); four blocks a head run it on 128 SMs
+//     with a quarter of the rows each.
 //
 // Compile for candle:  nvcc -ptx -arch=sm_90 -O3 -I kernels kernels/gated_delta_norm.cu
 
 #include <cuda_bf16.h>
+#include <cooperative_groups.h>
 #include <cuda_fp16.h>
 #include <stdint.h>
 
@@ -34,11 +43,15 @@ __device__ __forceinline__ float warp_sum(float x) {
 }
 
 constexpr unsigned int kMaxWarps = 32;
+// The blocks of a cluster that share one value head (gated_delta_norm_cluster_*).
+constexpr unsigned int kClusterBlocks = 4;
 
 // PER = Dk / 32 keys per lane and ROWS (4 or 8) rows per warp at most, known at compile time
 // so that the state stays in registers: ROWS * PER floats per lane (16 at Qwen3-Next's
 // Dk = 128 with 32 warps of 4 rows).
-template <typename InT, typename StT, unsigned int PER, unsigned int ROWS>
+// CLUSTER blocks share one head (1: the whole head in one block): block `part` owns the
+// head's rows part * span ... (part + 1) * span - 1.
+template <typename InT, typename StT, unsigned int PER, unsigned int ROWS, unsigned int CLUSTER>
 __device__ __forceinline__ void step(const InT* __restrict__ q, const InT* __restrict__ k,
                      const InT* __restrict__ v, const float* __restrict__ g,
                      const float* __restrict__ beta, StT* __restrict__ state,
@@ -46,7 +59,10 @@ __device__ __forceinline__ void step(const InT* __restrict__ q, const InT* __res
                      InT* __restrict__ out, const GdnNormParams p) {
   // Two halves of one partial sum per warp, alternating by token parity: one barrier a token.
   __shared__ float partial[2 * kMaxWarps];
-  const unsigned int n = blockIdx.x;
+  // The block's sum of squares, by token parity, read by the cluster's other blocks.
+  __shared__ float block_sum[2];
+  const unsigned int n = blockIdx.x / CLUSTER;
+  const unsigned int part = blockIdx.x % CLUSTER;  // the block's rank in its 1-D cluster
   const unsigned int warp = threadIdx.y;
   const unsigned int warps = blockDim.y;
   const unsigned int lane = threadIdx.x;
@@ -55,15 +71,19 @@ __device__ __forceinline__ void step(const InT* __restrict__ q, const InT* __res
   const unsigned int hk = hv / (p.value_heads / p.key_heads);
   const unsigned int key0 = lane * PER;
   const unsigned int dim = p.value_dim;
+  const unsigned int span = dim / CLUSTER;  // the host checks dim % CLUSTER == 0
+  const unsigned int first = part * span;
+  // Row r of this warp: first + warp + r * warps, present while warp + r * warps < span.
 
   float s[ROWS][PER];
 #pragma unroll
   for (unsigned int r = 0; r < ROWS; ++r) {
-    const unsigned int dv = warp + r * warps;
+    const unsigned int local = warp + r * warps;
+    const unsigned int dv = first + local;
     const StT* s_row = state + ((size_t)n * dim + dv) * p.key_dim + key0;
 #pragma unroll
     for (unsigned int i = 0; i < PER; ++i) {
-      s[r][i] = dv < dim ? to_f32(s_row[i]) : 0.0f;
+      s[r][i] = local < span ? to_f32(s_row[i]) : 0.0f;
     }
   }
 
@@ -85,8 +105,9 @@ __device__ __forceinline__ void step(const InT* __restrict__ q, const InT* __res
     float z_r[ROWS], w_r[ROWS];
 #pragma unroll
     for (unsigned int r = 0; r < ROWS; ++r) {
-      const unsigned int dv = warp + r * warps;
-      const bool mine = dv < dim && lane == 0;
+      const unsigned int local = warp + r * warps;
+      const unsigned int dv = first + local;
+      const bool mine = local < span && lane == 0;
       z_r[r] = mine ? to_f32(z_tok[dv]) : 0.0f;
       w_r[r] = mine ? to_f32(weight[dv]) : 0.0f;
     }
@@ -96,8 +117,9 @@ __device__ __forceinline__ void step(const InT* __restrict__ q, const InT* __res
 #pragma unroll
     for (unsigned int r = 0; r < ROWS; ++r) {
       y[r] = 0.0f;
-      const unsigned int dv = warp + r * warps;
-      if (dv < dim) {  // uniform over the warp
+      const unsigned int local = warp + r * warps;
+      const unsigned int dv = first + local;
+      if (local < span) {  // uniform over the warp
         float kv = 0.0f;
 #pragma unroll
         for (unsigned int i = 0; i < PER; ++i) {
@@ -126,13 +148,26 @@ __device__ __forceinline__ void step(const InT* __restrict__ q, const InT* __res
     __syncthreads();
     float total = 0.0f;
     for (unsigned int j = 0; j < warps; ++j) total += sums[j];
+    if constexpr (CLUSTER > 1) {
+      // Every block adds the cluster's partial sums in rank order: the same total in each.
+      // The parity double buffer makes one cluster barrier a token enough, as `partial` does
+      // for the block's: a block writes this parity again only after the next token's barrier,
+      // which every block reaches after reading it.
+      cooperative_groups::cluster_group cluster = cooperative_groups::this_cluster();
+      if (warp == 0 && lane == 0) block_sum[t & 1] = total;
+      cluster.sync();
+      total = 0.0f;
+#pragma unroll
+      for (unsigned int c = 0; c < CLUSTER; ++c) total += *cluster.map_shared_rank(&block_sum[t & 1], c);
+    }
     const float inv_rms = rsqrtf(total / (float)dim + p.eps);
 
     InT* out_tok = out + gate_at * dim;
 #pragma unroll
     for (unsigned int r = 0; r < ROWS; ++r) {
-      const unsigned int dv = warp + r * warps;
-      if (dv < dim && lane == 0) {
+      const unsigned int local = warp + r * warps;
+      const unsigned int dv = first + local;
+      if (local < span && lane == 0) {
         const float normed = to_f32(from_f32<InT>(y[r] * inv_rms * w_r[r]));
         const float gate = z_r[r];
         out_tok[dv] = from_f32<InT>(gate / (1.0f + expf(-gate)) * normed);
@@ -143,29 +178,35 @@ __device__ __forceinline__ void step(const InT* __restrict__ q, const InT* __res
   // The only rounding of the state in the call: StT, never InT.
 #pragma unroll
   for (unsigned int r = 0; r < ROWS; ++r) {
-    const unsigned int dv = warp + r * warps;
+    const unsigned int local = warp + r * warps;
+    const unsigned int dv = first + local;
     StT* s_row = state + ((size_t)n * dim + dv) * p.key_dim + key0;
 #pragma unroll
     for (unsigned int i = 0; i < PER; ++i) {
-      if (dv < dim) s_row[i] = from_f32<StT>(s[r][i]);
+      if (local < span) s_row[i] = from_f32<StT>(s[r][i]);
     }
   }
+  // No block may leave while another still reads its block_sum.
+  if constexpr (CLUSTER > 1) cooperative_groups::this_cluster().sync();
 }
 
-// Dispatches on Dk (PER) and on the rows per warp (at most 4, else 8); the host rejects other
-// key dims and more than 8 rows per warp.
-template <typename InT, typename StT>
+// Dispatches on Dk (PER) and on the rows per warp: at most FEW, else MANY (the host rejects
+// other key dims and more rows per warp). One head a block: 4, else 8; a cluster's block (a
+// quarter of a head): 1, else 2. scripts/gpu/gdn_norm_variants.cu instantiates others.
+template <typename InT, typename StT, unsigned int CLUSTER, unsigned int FEW, unsigned int MANY>
 __device__ __forceinline__ void entry(const InT* q, const InT* k, const InT* v, const float* g,
                                       const float* beta, StT* state, const InT* z,
                                       const InT* weight, InT* out, const GdnNormParams& p) {
-  const bool four = p.value_dim <= 4 * blockDim.y;
+  constexpr unsigned int kFew = FEW;
+  constexpr unsigned int kMany = MANY;
+  const bool few = p.value_dim / CLUSTER <= kFew * blockDim.y;
   switch (p.key_dim) {
 #define GDN_NORM_CASE(DK)                                                                   \
   case DK:                                                                                  \
-    if (four) {                                                                             \
-      step<InT, StT, DK / 32, 4>(q, k, v, g, beta, state, z, weight, out, p);               \
+    if (few) {                                                                              \
+      step<InT, StT, DK / 32, kFew, CLUSTER>(q, k, v, g, beta, state, z, weight, out, p);   \
     } else {                                                                                \
-      step<InT, StT, DK / 32, 8>(q, k, v, g, beta, state, z, weight, out, p);               \
+      step<InT, StT, DK / 32, kMany, CLUSTER>(q, k, v, g, beta, state, z, weight, out, p);  \
     }                                                                                       \
     break;
     GDN_NORM_CASE(32)
@@ -189,12 +230,21 @@ __device__ __forceinline__ void entry(const InT* q, const InT* k, const InT* v, 
   extern "C" __global__ void __launch_bounds__(1024) gated_delta_norm_##NAME(                   \
       const InT* q, const InT* k, const InT* v, const float* g, const float* beta, StT* state,   \
       const InT* z, const InT* weight, InT* out, const GdnNormParams p) {                       \
-    gated_delta_norm::entry<InT, StT>(q, k, v, g, beta, state, z, weight, out, p);              \
+    gated_delta_norm::entry<InT, StT, 1, 4, 8>(q, k, v, g, beta, state, z, weight, out, p);     \
+  }                                                                                             \
+  extern "C" __global__ void __cluster_dims__(gated_delta_norm::kClusterBlocks, 1, 1)           \
+      __launch_bounds__(1024) gated_delta_norm_cluster_##NAME(                                  \
+          const InT* q, const InT* k, const InT* v, const float* g, const float* beta,          \
+          StT* state, const InT* z, const InT* weight, InT* out, const GdnNormParams p) {       \
+    gated_delta_norm::entry<InT, StT, gated_delta_norm::kClusterBlocks, 1, 2>(                 \
+        q, k, v, g, beta, state, z, weight, out, p);                                            \
   }
 
+#ifndef GDN_NORM_NO_ENTRY_POINTS  // scripts/gpu/gdn_norm_variants.cu declares its own
 GDN_NORM_KERNEL(f32_f32, float, float)
 GDN_NORM_KERNEL(f32_bf16, float, __nv_bfloat16)
 GDN_NORM_KERNEL(f16_f32, __half, float)
 GDN_NORM_KERNEL(f16_bf16, __half, __nv_bfloat16)
 GDN_NORM_KERNEL(bf16_f32, __nv_bfloat16, float)
 GDN_NORM_KERNEL(bf16_bf16, __nv_bfloat16, __nv_bfloat16)
+#endif

@@ -106,9 +106,8 @@ pub fn cases() -> Vec<Shape> {
         on(4, shape(1, 4, 2, 128, 64, 63)),
         // pos past the buffer: clamped to its last position.
         shape(1, 2, 1, 64, 16, 40),
-        // Split-K: one range at SPLIT_KEYS, two past it (the host's choice), ranges of 701 and
-        // 700 keys; the buffers far longer than the context (ranges of ceil(41 / 3)), 3 keys
-        // in 3 ranges.
+        // Split-K: one range at SPLIT_KEYS, two past it (the host's choice), ranges of
+        // several hundred keys; the buffers far longer than the context, 3 keys in many ranges.
         shape(1, 4, 2, 128, SPLIT_KEYS, SPLIT_KEYS - 1),
         shape(1, 4, 2, 128, SPLIT_KEYS + 256, 700),
         shape(1, 4, 2, 128, 768, 600),

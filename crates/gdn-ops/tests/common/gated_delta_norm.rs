@@ -36,7 +36,7 @@ const fn shape(
 /// Every backend's cases: Qwen3-Next-80B-A3B decode (32 simdgroups of 4 rows) and batched
 /// decode; prefills, GQA 1 to 8; 8 rows per simdgroup; Dk 32 to 256; Dv not a multiple of the
 /// simdgroups (some own 6 rows, some 7), Dv 20 to 256; an odd count of simdgroups (threadgroup
-/// memory rounded up to 16 bytes).
+/// memory rounded up to 16 bytes); Dv not a multiple of 4.
 pub fn cases() -> Vec<Shape> {
     vec![
         shape(1, 1, 16, 32, 128, 128, 32),
@@ -53,6 +53,10 @@ pub fn cases() -> Vec<Shape> {
         shape(1, 3, 1, 2, 32, 20, 3),
         shape(2, 1, 16, 32, 128, 128, 32),
         shape(1, 5, 2, 4, 64, 64, 8),
+        // Dv not a multiple of 4: CUDA's one-block-a-head kernel (the others take its cluster
+        // kernel, a quarter of the rows a block).
+        shape(1, 3, 2, 4, 64, 50, 16),
+        shape(2, 1, 1, 3, 128, 30, 8),
     ]
 }
 

@@ -42,9 +42,12 @@ use candle_core::{DType, Tensor};
 /// (kernels/attn_decode.cu bounds its blocks at 8 warps, four resident per SM.)
 pub const SIMDGROUPS: usize = 8;
 /// Positions per key range of a split: buffers of at most this capacity take one pass.
-pub const SPLIT_KEYS: usize = 512;
-/// Most key ranges per head.
-pub const MAX_SPLITS: usize = 64;
+/// 128, not 512: at 518 positions ranges of 512 keys gave 32 blocks of 16 four-key rounds a
+/// warp, 34 µs a layer on an H200 (`bench --profile-decode`, docs/perf-notes-gpu.md).
+pub const SPLIT_KEYS: usize = 128;
+/// Most key ranges per head: at Qwen3-Next's 16 query heads 32 ranges are 512 blocks, one
+/// wave of four 256-thread blocks an SM on an H100; longer contexts take longer ranges.
+pub const MAX_SPLITS: usize = 32;
 /// Largest head dim: each lane holds `Dh / 32` features of q and of the output in registers.
 pub const MAX_HEAD_DIM: usize = 256;
 

@@ -34,8 +34,9 @@ where
     S: Element,
 {
     let d = inputs.dims;
-    let kernel = Kernel::typed(dev, &SOURCE, "gated_delta_norm", &[I::DTYPE, S::DTYPE], OP)?;
-    let warps = inputs.simdgroups(32 * MAX_SIMDGROUPS)?;
+    let plan = Split::of(inputs)?;
+    let kernel = Kernel::typed(dev, &SOURCE, plan.kernel, &[I::DTYPE, S::DTYPE], OP)?;
+    let warps = plan.warps;
     let params = inputs.params()?;
     // Contiguous copies where needed; the dtypes were checked (no conversion) and there is no
     // mask.
@@ -53,8 +54,8 @@ where
         let mut args = kernel.args();
         views.push_recurrence(&mut args);
         args.arg(&z_view).arg(&w_view).arg(&out).arg(&params);
-        let heads = (d.batch * d.value_heads) as u32;
-        let geometry = config((heads, 1, 1), (32, warps as u32, 1), 0);
+        let blocks = (d.batch * d.value_heads * plan.blocks_per_head) as u32;
+        let geometry = config((blocks, 1, 1), (32, warps as u32, 1), 0);
         // SAFETY: arguments in the order and types of `gated_delta_norm_*` in
         // kernels/gated_delta_norm.cu; every view covers the elements the kernel indexes.
         unsafe { launch(args, geometry) }?;
@@ -64,4 +65,48 @@ where
         dev,
         (d.batch, d.steps, d.value_heads, d.value_dim),
     ))
+}
+
+/// The blocks that share a value head's rows: four of a thread-block cluster
+/// (`gated_delta_norm_cluster_*`, a quarter of the rows each, two a warp) wherever the rows
+/// split evenly and the heads are fewer than the GPU's SMs, else one block for the head
+/// (`gated_delta_norm_*`). Why: at Qwen3-Next's 32 value heads one block a head leaves 100 of
+/// the H100's 132 SMs idle, and each block's step is a chain of dependent latencies.
+/// Measured alone (scripts/gpu/gdn_norm_cuda.py, H200, docs/perf-notes-gpu.md): 11.9 → 6.1 µs
+/// at B = 1, 23.6 → 14.6 µs for 4 tokens; even at B = 4 (128 heads); two rows a warp beat one
+/// (9.9 µs) and 2 or 8 blocks a head (8.6, 8.3 µs).
+struct Split {
+    kernel: &'static str,
+    blocks_per_head: usize,
+    warps: usize,
+}
+
+/// `kClusterBlocks` and the cluster entry's most rows a warp, in kernels/gated_delta_norm.cu.
+const CLUSTER_BLOCKS: usize = 4;
+const CLUSTER_MAX_ROWS_PER_WARP: usize = 2;
+/// Past this many heads (batch × value heads) one block a head fills the GPU already.
+const CLUSTER_MAX_HEADS: usize = 128;
+
+impl Split {
+    fn of(inputs: &Inputs) -> Result<Self> {
+        let d = inputs.dims;
+        let span = d.value_dim / CLUSTER_BLOCKS;
+        let warps = span.div_ceil(CLUSTER_MAX_ROWS_PER_WARP).min(MAX_SIMDGROUPS);
+        if d.value_dim.is_multiple_of(CLUSTER_BLOCKS)
+            && span > 0
+            && span.div_ceil(warps) <= CLUSTER_MAX_ROWS_PER_WARP
+            && d.batch * d.value_heads <= CLUSTER_MAX_HEADS
+        {
+            return Ok(Split {
+                kernel: "gated_delta_norm_cluster",
+                blocks_per_head: CLUSTER_BLOCKS,
+                warps,
+            });
+        }
+        Ok(Split {
+            kernel: "gated_delta_norm",
+            blocks_per_head: 1,
+            warps: inputs.simdgroups(32 * MAX_SIMDGROUPS)?,
+        })
+    }
 }
