@@ -56,32 +56,38 @@ export function apply(reply, chunk) {
   }
 }
 
-// Streams the reply to `request` into `reply`, calling `onChange` after each event. An
-// HTTP error before the stream starts is thrown with `started` false; one inside the stream
-// (an error event) with `started` true. Aborting `signal` ends it with an AbortError.
+function failure(message, started) {
+  const error = new Error(message);
+  error.started = started;
+  return error;
+}
+
+// Streams the reply to `request` into `reply`, calling `onChange` after each event. A
+// refusal before the stream starts (an HTTP error, no server) is thrown with `started` false;
+// a failure inside it (an error event, a stream cut short) with `started` true. Aborting
+// `signal` ends it with an AbortError.
 export async function streamChat(request, apiKey, signal, reply, onChange) {
   const headers = { "Content-Type": "application/json" };
   if (apiKey) headers.Authorization = `Bearer ${apiKey}`;
-  const response = await fetch(ENDPOINT, {
-    method: "POST",
-    headers,
-    body: JSON.stringify(request),
-    signal,
-  });
-  if (!response.ok) {
-    const error = new Error(await errorText(response));
-    error.started = false;
-    throw error;
+  let response;
+  try {
+    response = await fetch(ENDPOINT, {
+      method: "POST",
+      headers,
+      body: JSON.stringify(request),
+      signal,
+    });
+  } catch (e) {
+    if (e.name === "AbortError") throw e;
+    throw failure(`the server does not answer (${e.message})`, false);
   }
+  if (!response.ok) throw failure(await errorText(response), false);
   for await (const data of events(response.body)) {
     if (data === "[DONE]") return;
     const chunk = JSON.parse(data);
-    if (chunk.error) {
-      const error = new Error(chunk.error.message ?? String(chunk.error));
-      error.started = true;
-      throw error;
-    }
+    if (chunk.error) throw failure(chunk.error.message ?? String(chunk.error), true);
     apply(reply, chunk);
     onChange();
   }
+  throw failure("the stream ended before its end ([DONE])", true);
 }
