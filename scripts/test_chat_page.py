@@ -3,17 +3,18 @@
 
     python scripts/test_chat_page.py QWEN_GDN MODEL_DIR ARTEFACT_DIR
 
-Starts two servers with --api-key on free ports: one on the tiny model (slowed by the
-debug-build switch QWEN_GDN_TEST_TOKEN_DELAY_MS so that a reply can be stopped mid-stream and
-its pieces seen arriving), and one whose reply is forced (QWEN_GDN_TEST_FORCE_OUTPUT) to
+Starts two servers with --api-key on free ports: one on the tiny model (slowed by the debug-build
+switch QWEN_GDN_TEST_TOKEN_DELAY_MS so that a reply can be stopped mid-stream and its
+pieces seen arriving), and one whose reply is forced (QWEN_GDN_TEST_FORCE_OUTPUT) to
 thinking, text holding HTML and script, and a tool call, since the tiny model prints
 gibberish. On the page: a send refused for the missing key, the key typed in, a streamed
 reply equal to the OpenAI endpoint's greedy text for the same conversation, copy,
 regenerate, settings refused by the page and by the server, stop, a user message holding
-HTML shown as text, a reload that finds the conversation, deleting it, and the forced reply shown as the API returns it (thinking folded, the tool
-call, markup as text, no script run). Then: every request the browser made went to
-127.0.0.1 (Chrome's network log and the page's resource entries), the page's
-Content-Security-Policy refuses other origins, and screenshots are left in ARTEFACT_DIR.
+HTML shown as text, a reload that finds the conversation, deleting it, and the forced reply
+shown as the API returns it (thinking folded, the tool call, markup as text, no script run),
+and the call answered from the page. Then: every request the browser made went to 127.0.0.1
+(Chrome's network log and the page's resource entries), the page's Content-Security-Policy
+refuses other origins, and screenshots are left in ARTEFACT_DIR.
 Every check raises on failure.
 """
 
@@ -330,6 +331,22 @@ with tempfile.TemporaryDirectory() as logs:
         check("finish: tool_calls" in driver.find_element(By.CSS_SELECTOR, ".message.assistant .meta").text, "finish")
         no_markup_ran(driver, "forced reply")
         driver.save_screenshot(str(artefacts / "chat-page.png"))
+
+        # The call answered from the page: the result goes back as a tool message and the
+        # model replies again (the forced text once more).
+        result = "Sunny <b>21 °C</b>"
+        driver.find_element(By.CSS_SELECTOR, ".tool-result").send_keys(result)
+        driver.find_element(By.CSS_SELECTOR, ".send-results").click()
+        wait(driver, lambda: len(texts(driver, ".message.assistant")) == 2 and not busy(driver), "the reply to the result")
+        check(texts(driver, "#messages .message .role") == ["You", "Model", "Tool result: get_weather", "Model"],
+              texts(driver, "#messages .message .role"))
+        check(texts(driver, ".message.tool .content") == [result], texts(driver, ".message.tool .content"))
+        check(last_reply(driver) == want["content"] and not driver.find_element(By.ID, "error").is_displayed(),
+              "the reply to the tool result")
+        check(js(driver, """return document.querySelectorAll('.tool-results').length === 1 &&
+                 [...document.querySelectorAll('.message.assistant')].at(-1).querySelector('.tool-results') !== null"""),
+              "the result form only under the last reply")
+        no_markup_ran(driver, "tool result")
         resources_from(driver, forced_base, "the forced page")
         errors = uncaught_errors(driver)
         check(not errors, f"console errors: {errors}")

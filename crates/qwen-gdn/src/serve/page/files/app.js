@@ -65,7 +65,7 @@ function render() {
     fillMessage(node, message, {
       streaming: busy?.reply === message,
       last: i === current.messages.length - 1,
-      regenerate,
+      handlers,
     });
     if (busy?.reply === message) busy.node = node;
     return node;
@@ -106,7 +106,7 @@ async function generate(undo) {
   try {
     await streamChat(request, settings["api-key"], busy.controller.signal, reply, () => {
       firstPiece ??= performance.now();
-      fillMessage(busy.node, reply, { streaming: true, last: true, regenerate });
+      fillMessage(busy.node, reply, { streaming: true, last: true, handlers });
       scrollToEnd(false);
       if (Date.now() - lastSave > 1000) save();
     });
@@ -144,6 +144,22 @@ function regenerate() {
   const previous = current.messages.at(-1)?.role === "assistant" ? current.messages.pop() : null;
   generate(() => previous && current.messages.push(previous));
 }
+
+// The user's answers to the last reply's tool calls, sent back as tool messages.
+function answerTools(results) {
+  const reply = current.messages.at(-1);
+  if (busy || reply?.role !== "assistant") return;
+  const answers = reply.toolCalls.map((call, i) => ({
+    role: "tool",
+    toolCallId: call.id,
+    name: call.name,
+    content: results[i] ?? "",
+  }));
+  current.messages.push(...answers);
+  generate(() => current.messages.splice(-answers.length));
+}
+
+const handlers = { regenerate, answerTools };
 
 function openSettings(problem) {
   $("settings").hidden = false;

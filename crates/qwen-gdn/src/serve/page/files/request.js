@@ -44,7 +44,7 @@ export function requestOptions(settings) {
 }
 
 // The messages the model sees: the system prompt, then every turn that has something to
-// say. Thinking is not sent back (the Qwen templates drop it from earlier turns); tool calls
+// say, tool results included. Thinking is not sent back (the Qwen templates drop it from earlier turns); tool calls
 // are, so the model sees what it called.
 export function requestMessages(conversation) {
   const messages = [];
@@ -54,6 +54,10 @@ export function requestMessages(conversation) {
   for (const m of conversation.messages) {
     if (m.role === "user") {
       messages.push({ role: "user", content: m.content });
+      continue;
+    }
+    if (m.role === "tool") {
+      messages.push({ role: "tool", tool_call_id: m.toolCallId, content: m.content });
       continue;
     }
     const calls = m.toolCalls ?? [];

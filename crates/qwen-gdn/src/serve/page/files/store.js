@@ -2,8 +2,9 @@
 // so it never leaves this browser but for this server) and the conversations.
 //
 // A conversation: {id, title, system, messages: [message], updated}. A message:
-// {role: "user" | "assistant", content, reasoning, toolCalls: [{id, name, arguments}],
-//  finish, usage, stopped, error}.
+// {role: "user", content}, {role: "tool", toolCallId, name, content} (the user's answer to a
+// call), or {role: "assistant", content, reasoning, toolCalls: [{id, name, arguments}],
+// finish, usage, seconds, stopped, error}.
 
 const SETTINGS = "qwen-gdn.settings";
 const CONVERSATIONS = "qwen-gdn.conversations";

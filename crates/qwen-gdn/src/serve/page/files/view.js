@@ -75,9 +75,12 @@ function metaText(message) {
 
 // A message's element, built once; fillMessage brings it up to date as the reply streams
 // (the thinking block keeps whatever open or folded state the user gave it).
+const ROLE_LABEL = { user: "You", assistant: "Model" };
+
 export function messageElement(message) {
   const node = element("article", `message ${message.role}`);
-  node.append(element("div", "role", message.role === "user" ? "You" : "Model"));
+  const label = ROLE_LABEL[message.role] ?? `Tool result: ${message.name}`;
+  node.append(element("div", "role", label));
   if (message.role === "assistant") {
     const thinking = element("details", "thinking");
     thinking.append(element("summary", "", "Thinking"), element("div", "thinking-text"));
@@ -91,13 +94,34 @@ export function messageElement(message) {
   return node;
 }
 
-export function fillMessage(node, message, { streaming, last, regenerate }) {
+// Under the last reply's tool calls: one field per call for its result, and a button that
+// sends them all back (the page runs no tool; the user answers for it).
+function toolResultsForm(calls, answerTools) {
+  const form = element("form", "tool-results");
+  const fields = calls.map((call) => {
+    const field = element("textarea", "tool-result");
+    field.rows = 2;
+    field.placeholder = `The result of ${call.name}, to send back to the model`;
+    return field;
+  });
+  const submit = element("button", "send-results", "Send the results");
+  submit.type = "submit";
+  form.append(...fields, submit);
+  form.addEventListener("submit", (e) => {
+    e.preventDefault();
+    answerTools(fields.map((f) => f.value));
+  });
+  return form;
+}
+
+// `handlers`: regenerate() and answerTools(results), offered on the last reply once it ends.
+export function fillMessage(node, message, { streaming, last, handlers }) {
   node.querySelector(".content").textContent = message.content;
   node.classList.toggle("streaming", streaming);
   const actions = node.querySelector(".actions");
   const copy = button("Copy", "copy", () => copyText(message.content, copy));
   actions.replaceChildren(copy);
-  if (message.role === "user") return;
+  if (message.role !== "assistant") return;
 
   const thinking = node.querySelector(".thinking");
   thinking.hidden = message.reasoning === "";
@@ -120,6 +144,9 @@ export function fillMessage(node, message, { streaming, last, regenerate }) {
       return box;
     }),
   );
+  if (last && !streaming && message.toolCalls.length > 0) {
+    node.querySelector(".tool-calls").append(toolResultsForm(message.toolCalls, handlers.answerTools));
+  }
   node.querySelector(".meta").textContent = metaText(message);
-  if (last && !streaming) actions.append(button("Regenerate", "regenerate", regenerate));
+  if (last && !streaming) actions.append(button("Regenerate", "regenerate", handlers.regenerate));
 }
