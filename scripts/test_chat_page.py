@@ -3,18 +3,19 @@
 
     python scripts/test_chat_page.py QWEN_GDN MODEL_DIR ARTEFACT_DIR
 
-Starts two servers with --api-key on free ports: one on the tiny model (slowed by the debug-build
-switch QWEN_GDN_TEST_TOKEN_DELAY_MS so that a reply can be stopped mid-stream and its
-pieces seen arriving), and one whose reply is forced (QWEN_GDN_TEST_FORCE_OUTPUT) to
+Starts two servers with --api-key on free ports: one on the tiny model (slowed by the
+debug-build switch QWEN_GDN_TEST_TOKEN_DELAY_MS so that a reply can be stopped mid-stream
+and its pieces seen arriving), and one whose reply is forced (QWEN_GDN_TEST_FORCE_OUTPUT) to
 thinking, text holding HTML and script, and a tool call, since the tiny model prints
 gibberish. On the page: a send refused for the missing key, the key typed in, a streamed
 reply equal to the OpenAI endpoint's greedy text for the same conversation, copy,
 regenerate, settings refused by the page and by the server, stop, a user message holding
-HTML shown as text, a reload that finds the conversation, deleting it, and the forced reply
-shown as the API returns it (thinking folded, the tool call, markup as text, no script run),
-and the call answered from the page. Then: every request the browser made went to 127.0.0.1
-(Chrome's network log and the page's resource entries), the page's Content-Security-Policy
-refuses other origins, and screenshots are left in ARTEFACT_DIR.
+HTML shown as text, a reload that finds the conversation, deleting it, a second tab's
+conversation kept, and the forced reply shown as the API returns it (thinking folded, the
+tool call, markup as text, no script run), and the call answered from the page. Then: every
+request the browser made went to 127.0.0.1 (Chrome's network log and the page's resource
+entries), the page's Content-Security-Policy refuses other origins, and screenshots are left
+in ARTEFACT_DIR.
 Every check raises on failure.
 """
 
@@ -307,6 +308,22 @@ with tempfile.TemporaryDirectory() as logs:
         driver.refresh()
         wait(driver, lambda: js(driver, "return document.body.dataset.busy") == "false", "the page after reload")
         check(texts(driver, "#conversations li") == [] and texts(driver, "#messages .message") == [], "deleted, reloaded")
+
+        # Two tabs: a conversation made in the second shows in the first's list, and the first
+        # saving its own keeps it.
+        first = driver.current_window_handle
+        driver.switch_to.new_window("tab")
+        driver.get(base + "/")
+        send(driver, "From the second tab")
+        wait(driver, lambda: texts(driver, ".message.assistant") and not busy(driver), "the second tab's reply")
+        resources_from(driver, base, "the second tab")
+        driver.close()
+        driver.switch_to.window(first)
+        wait(driver, lambda: texts(driver, "#conversations li .open") == ["From the second tab"], "the other tab's conversation")
+        send(driver, "From the first tab")
+        wait(driver, lambda: texts(driver, ".message.assistant") and not busy(driver), "the first tab's reply")
+        stored = js(driver, "return JSON.parse(localStorage.getItem('qwen-gdn.conversations')).map(c => c.title)")
+        check(sorted(stored) == ["From the first tab", "From the second tab"], stored)
         errors = uncaught_errors(driver)
         check(not errors, f"console errors: {errors}")
 

@@ -229,6 +229,18 @@ $("input").addEventListener("keydown", (e) => {
   }
 });
 $("stop").addEventListener("click", () => busy?.controller.abort());
+store.onConversationsChanged(() => {
+  const stored = store.loadConversations();
+  if (busy) {
+    // This tab's reply is still streaming: its conversation stays as it is here.
+    conversations = [...stored.filter((c) => c.id !== current.id), current];
+    renderList();
+  } else {
+    conversations = stored;
+    current = stored.find((c) => c.id === current.id) ?? store.newConversation(current.system);
+    render();
+  }
+});
 
 render();
 showModel();

@@ -49,6 +49,14 @@ export function saveCurrentId(id) {
   write(CURRENT, id);
 }
 
+// Calls `callback` when another tab of this page changes the saved conversations, so that
+// this one does not write back a list without them.
+export function onConversationsChanged(callback) {
+  window.addEventListener("storage", (e) => {
+    if (e.key === CONVERSATIONS || e.key === null) callback();
+  });
+}
+
 export function newConversation(system) {
   const id = `${Date.now().toString(36)}-${Math.random().toString(36).slice(2, 8)}`;
   return { id, title: "", system: system ?? "", messages: [], updated: Date.now() };
