@@ -37,18 +37,14 @@ pub static ALL: &[Asset] = &[
 mod tests {
     use super::ALL;
 
-    /// The `/page/...` paths a file refers to: `src=`/`href=` in HTML, `from "./x.js"` in JS.
+    /// The paths a file refers to: `src=`/`href=` in index.html (relative to `/`), `from
+    /// "./x.js"` in a script (relative to `/page/`).
     fn references(asset: &super::Asset) -> Vec<String> {
         let mut found = Vec::new();
-        for marker in ["src=\"", "href=\"", "from \"./"] {
+        for (marker, base) in [("src=\"", "/"), ("href=\"", "/"), ("from \"./", "/page/")] {
             for (at, _) in asset.body.match_indices(marker) {
                 let rest = &asset.body[at + marker.len()..];
-                let target = &rest[..rest.find('"').unwrap()];
-                found.push(if marker.starts_with("from") {
-                    format!("/page/{target}")
-                } else {
-                    target.to_string()
-                });
+                found.push(format!("{base}{}", &rest[..rest.find('"').unwrap()]));
             }
         }
         found

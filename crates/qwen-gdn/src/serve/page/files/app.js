@@ -182,7 +182,7 @@ function readSettings() {
 async function showModel() {
   const headers = settings["api-key"] ? { Authorization: `Bearer ${settings["api-key"]}` } : {};
   try {
-    const response = await fetch("/v1/models", { headers });
+    const response = await fetch("v1/models", { headers });
     if (response.status === 401) {
       $("model-name").textContent = "qwen-gdn (set the API key in Settings)";
       return;

@@ -1,7 +1,8 @@
 // One streamed chat completion: POST /v1/chat/completions with "stream": true, its
 // server-sent events read as they arrive and folded into the reply message.
 
-export const ENDPOINT = "/v1/chat/completions";
+// Relative, like every URL of the page, so that it also works behind a proxy under a path.
+export const ENDPOINT = "v1/chat/completions";
 
 // The `data:` payloads of a server-sent event stream, one per event.
 async function* events(body) {
