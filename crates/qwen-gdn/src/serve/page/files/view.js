@@ -73,10 +73,10 @@ function metaText(message) {
   return parts.join(" · ");
 }
 
-// A message's element, built once; fillMessage brings it up to date as the reply streams
-// (the thinking block keeps whatever open or folded state the user gave it).
 const ROLE_LABEL = { user: "You", assistant: "Model" };
 
+// A message's element, built once; fillMessage brings it up to date as the reply streams
+// (the thinking block keeps whatever open or folded state the user gave it).
 export function messageElement(message) {
   const node = element("article", `message ${message.role}`);
   const label = ROLE_LABEL[message.role] ?? `Tool result: ${message.name}`;
