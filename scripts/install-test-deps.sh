@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
-# Installs what the Metal checks need on Debian bookworm (root): clang-19 with compiler-rt
-# (the kernel emulation test compiles kernels/gated_delta.metal as C++; compiler-rt has the
-# bf16 conversions libgcc 12 lacks), and Debian's rustc-web toolchain with its std sources
-# (scripts/check-metal.sh builds std for aarch64-apple-darwin).
+# Installs what the Metal checks and the browser test need on Debian bookworm (root): clang-19
+# with compiler-rt (the kernel emulation test compiles kernels/gated_delta.metal as C++;
+# compiler-rt has the bf16 conversions libgcc 12 lacks), Debian's rustc-web toolchain with its
+# std sources (scripts/check-metal.sh builds std for aarch64-apple-darwin), and Chromium with
+# its chromedriver (scripts/test-chat-page.sh drives the chat page in it).
 set -euo pipefail
 need=()
 command -v clang++-19 >/dev/null || need+=(clang-19 libclang-rt-19-dev)
 [[ -x /usr/bin/rustc && -d /usr/lib/rustlib/src/rust/library ]] || need+=(rustc-web cargo-web rust-web-src)
+[[ -x /usr/bin/chromium && -x /usr/bin/chromedriver ]] || need+=(chromium chromium-driver)
 if [[ ${#need[@]} -eq 0 ]]; then
   exit 0
 fi

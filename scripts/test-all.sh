@@ -12,7 +12,8 @@
 #      chunk's attention runs in query blocks and key tiles (online softmax),
 #   7. `qwen-gdn serve` driven by the official openai, anthropic and ollama Python clients,
 #      the Prometheus parser and curl (needs PyPI once),
-#   8. the macOS type-check of the workspace with the `metal` feature.
+#   8. the chat page at `/` in headless Chromium driven by Selenium (needs PyPI once),
+#   9. the macOS type-check of the workspace with the `metal` feature.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install-test-deps.sh
@@ -25,4 +26,5 @@ QWEN_GDN_MOE_PREFILL=gemm cargo test --locked -p qwen-gdn-model --test device_pl
 QWEN_GDN_ATTN_SCORE_BYTES=4096 cargo test --locked -p qwen-gdn-model \
     --test reference --test device_plan --test prefill_chunks --test qwen4_exp
 bash scripts/test-serve-clients.sh
+bash scripts/test-chat-page.sh
 bash scripts/check-metal.sh

@@ -3,7 +3,7 @@
 //! translated into one validated request (openai/request.rs) and run through one generation
 //! path (generation.rs). Requests are validated on the async side; one worker thread owns the
 //! model and runs one generation at a time (scheduler.rs). /metrics and the request log
-//! observe all of them.
+//! observe all of them. The chat page at `/` (page/) talks to the OpenAI API from a browser.
 
 mod anthropic;
 mod auth;
@@ -21,6 +21,7 @@ mod metrics;
 mod model_facts;
 mod ollama;
 mod openai;
+mod page;
 mod request_log;
 mod routes;
 mod scheduler;
@@ -119,7 +120,8 @@ pub fn run(args: Args) -> Result<ExitCode> {
         ));
         eprint_line(&format!(
             "qwen-gdn serve: {} on http://{addr}/v1 (OpenAI, Anthropic /v1/messages), \
-             http://{addr}/api (Ollama), http://{addr}/metrics (Ctrl-C stops)",
+             http://{addr}/api (Ollama), http://{addr}/metrics, chat page http://{addr}/ \
+             (Ctrl-C stops)",
             args.model.model
         ));
         let timeouts = connections::Timeouts {

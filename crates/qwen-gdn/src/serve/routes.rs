@@ -1,5 +1,6 @@
 //! The router: each API's routes (OpenAI, Anthropic, Ollama) behind the API-key check,
-//! `/metrics` (also behind it) and `/health` (open); 404/405 for anything else in the shape of
+//! `/metrics` (also behind it), `/health` and the chat page at `/` (open: the page asks for
+//! the key and sends it with its API requests); 404/405 for anything else in the shape of
 //! the API the path belongs to; a panic in a handler caught and answered 500 in that shape.
 //! Every request goes through the request log (counted in /metrics, one JSON line with
 //! `--log-format json`).
@@ -10,7 +11,7 @@ use super::error::ApiError;
 use super::metrics;
 use super::request_log::{observe, Observer};
 use super::state::AppState;
-use super::{anthropic, ollama, openai};
+use super::{anthropic, ollama, openai, page};
 use axum::http::header;
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
@@ -38,6 +39,7 @@ pub fn router(state: Arc<AppState>, api_key: Option<String>, observer: Observer)
     };
     Router::new()
         .route("/health", get(health))
+        .merge(page::routes())
         .merge(api(openai::routes(), Dialect::OpenAi))
         .merge(api(anthropic::routes(), Dialect::Anthropic))
         .merge(api(ollama::routes(), Dialect::Ollama))
