@@ -6,7 +6,7 @@
 //! cargo run --release -p qwen-gdn-model --example decode_budget -- \
 //!     tests/data/configs/qwen3-next-80b-a3b-instruct-4bit.json models/qwen3-next-tiny-4bit
 //! cargo run --release -p qwen-gdn-model --example decode_budget -- \
-//!     tests/data/configs/qwen4-exp-assumed-release-4bit.json models/qwen4-exp-tiny-4bit
+//!     tests/data/configs/qwen3.8-flash-next-release-4bit.json models/qwen4-exp-tiny-4bit
 
 use anyhow::{Context, Result};
 use candle_core::{DType, Device};

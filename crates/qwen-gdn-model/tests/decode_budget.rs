@@ -222,3 +222,77 @@ fn the_decode_profile_accounts_for_every_launch_of_the_step() {
         );
     }
 }
+
+/// Qwen3.8-Flash-Next's public release config (tests/data/configs): its shapes, among them a
+/// GQA ratio of 3 in the GDN (16 key heads, 48 value heads) and 12 in attention (24 query
+/// heads, 2 KV heads), and its 512 experts of which 10 are routed, are all inside the fused
+/// kernels' coverage, in the activation dtypes of the device plan and both state dtypes. (The
+/// kernels' own tests run these shapes: tests/common/{gated_delta_norm,gdn_conv_prep,
+/// attn_prep,attn_decode,moe_route}.rs in gdn-ops.)
+#[test]
+fn qwen3_8_release_shapes_are_inside_the_fused_kernels() {
+    use gdn_ops::ops::{attn_decode, attn_prep, gated_delta_norm, gdn_conv_prep, moe_route};
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../tests/data/configs/qwen3.8-flash-next-release-4bit.json");
+    let cfg = Config::from_json_str(&std::fs::read_to_string(&path).unwrap(), "release").unwrap();
+    let q4 = cfg.qwen4_exp.as_ref().unwrap();
+    let qsa = q4.qsa.unwrap();
+    // The release's fields, as published (peers-2026-11.md §4b).
+    assert_eq!(
+        (
+            cfg.num_attention_heads,
+            cfg.num_key_value_heads,
+            cfg.head_dim
+        ),
+        (24, 2, 256)
+    );
+    assert_eq!(
+        (cfg.linear_num_key_heads, cfg.linear_num_value_heads),
+        (16, 48)
+    );
+    assert_eq!((cfg.num_experts, cfg.num_experts_per_tok), (512, 10));
+    assert_eq!(
+        (
+            cfg.moe_intermediate_size,
+            cfg.shared_expert_intermediate_size
+        ),
+        (640, 640)
+    );
+    assert_eq!(
+        (qsa.budget, qsa.compress_ratio, qsa.block_topk()),
+        (2048, 4, 512)
+    );
+    for dtype in [DType::BF16, DType::F16, DType::F32] {
+        let recurrence = gdn_ops::GdnDims {
+            batch: 1,
+            steps: 1,
+            key_heads: cfg.linear_num_key_heads,
+            value_heads: cfg.linear_num_value_heads,
+            key_dim: cfg.linear_key_head_dim,
+            value_dim: cfg.linear_value_head_dim,
+        };
+        for state in [DType::F32, DType::BF16] {
+            assert!(gated_delta_norm::supports(&recurrence, dtype, state));
+        }
+        let conv = gdn_conv_prep::ConvPrepDims {
+            key_heads: cfg.linear_num_key_heads,
+            key_dim: cfg.linear_key_head_dim,
+            value_heads: cfg.linear_num_value_heads,
+            value_dim: cfg.linear_value_head_dim,
+            kernel_size: cfg.linear_conv_kernel_dim,
+        };
+        assert!(gdn_conv_prep::supports(&conv, dtype));
+        assert!(attn_prep::supports(cfg.head_dim, cfg.rope_dims(), dtype));
+        assert!(attn_decode::supports(
+            cfg.head_dim,
+            cfg.num_attention_heads,
+            cfg.num_key_value_heads,
+            dtype
+        ));
+        assert!(moe_route::supports(
+            cfg.num_experts,
+            cfg.num_experts_per_tok,
+            dtype
+        ));
+    }
+}

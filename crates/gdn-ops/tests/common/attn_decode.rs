@@ -89,6 +89,10 @@ pub fn cases() -> Vec<Shape> {
         shape(1, 16, 2, 256, 8192, 8000),
         shape(1, 16, 2, 256, 16384, 16000),
         shape(1, 16, 2, 256, 65536, 65000),
+        // Qwen3.8-Flash-Next's release: Nq = 24, Nkv = 2 (GQA ratio 12), inside one range and
+        // split-K.
+        shape(1, 24, 2, 256, 512, 300),
+        shape(1, 24, 2, 256, 8192, 8000),
         // The first position (most simdgroups see no key), fewer keys than simdgroups, a
         // count of keys not a multiple of them.
         shape(1, 4, 2, 256, 256, 0),

@@ -50,6 +50,8 @@ pub fn cases() -> Vec<Shape> {
         shape(1, 16, 2, 256, 64, 256, 137),
         shape(1, 16, 2, 256, 64, 256, 255),
         shape(1, 16, 2, 256, 64, 4096, 4000),
+        // Qwen3.8-Flash-Next's release: Nq = 24, Nkv = 2 (GQA ratio 12), R = 64.
+        shape(1, 24, 2, 256, 64, 512, 301),
         // pos ≥ cap: nothing is written to the KV buffers.
         shape(1, 4, 2, 256, 64, 8, 8),
         // Full rotation, a rotated half not a multiple of 32 lanes, Dh not a multiple of 32,

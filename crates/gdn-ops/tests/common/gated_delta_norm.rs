@@ -36,10 +36,12 @@ const fn shape(
 /// Every backend's cases: Qwen3-Next-80B-A3B decode (32 simdgroups of 4 rows) and batched
 /// decode; prefills, GQA 1 to 8; 8 rows per simdgroup; Dk 32 to 256; Dv not a multiple of the
 /// simdgroups (some own 6 rows, some 7), Dv 20 to 256; an odd count of simdgroups (threadgroup
-/// memory rounded up to 16 bytes); Dv not a multiple of 4.
+/// memory rounded up to 16 bytes); Dv not a multiple of 4; Qwen3.8-Flash-Next's release
+/// decode (16 key heads, 48 value heads: GQA 3).
 pub fn cases() -> Vec<Shape> {
     vec![
         shape(1, 1, 16, 32, 128, 128, 32),
+        shape(1, 1, 16, 48, 128, 128, 32),
         shape(2, 5, 2, 4, 64, 64, 16),
         shape(1, 3, 1, 2, 256, 64, 8),
         shape(1, 4, 1, 3, 32, 100, 16),
