@@ -757,3 +757,112 @@ fn a_named_tool_choice_forces_that_call() {
         .unwrap_or("");
     assert!(!reasoning.is_empty(), "{reply}");
 }
+
+#[test]
+fn log_probabilities_equal_evals_and_bad_ones_are_400s() {
+    let server = Server::start(&[], &[]);
+    // Completions with echo and max_tokens 0 score the prompt, as evaluation harnesses ask:
+    // the values are `eval --json`'s for the same text.
+    let text = "The quick brown fox jumps over the lazy dog";
+    let (status, reply) = server.post(
+        "/v1/completions",
+        &json!({"prompt": text, "max_tokens": 0, "echo": true, "logprobs": 2}),
+    );
+    assert_eq!(status, 200, "{reply}");
+    let choice = &reply["choices"][0];
+    assert_eq!(choice["text"], text);
+    let lp = &choice["logprobs"];
+    let out = run_model("eval", &fixture(MODEL), &["--text", text, "--json"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let eval: Json = serde_json::from_slice(&out.stdout).unwrap();
+    let want = eval["logprobs"].as_array().unwrap();
+    let got = lp["token_logprobs"].as_array().unwrap();
+    assert_eq!(got.len(), want.len() + 1, "{lp}");
+    assert!(got[0].is_null(), "{lp}");
+    for (g, w) in got[1..].iter().zip(want) {
+        let (g, w) = (g.as_f64().unwrap(), w.as_f64().unwrap());
+        assert!((g - w).abs() <= 1e-5, "{g} vs eval's {w}");
+    }
+    // Each position lists its 2 most likely tokens and the chosen one; the most likely is
+    // eval's argmax.
+    for (i, top) in lp["top_logprobs"].as_array().unwrap()[1..]
+        .iter()
+        .enumerate()
+    {
+        let top = top.as_object().unwrap();
+        assert!((2..=3).contains(&top.len()), "{top:?}");
+        let token = lp["tokens"][i + 1].as_str().unwrap();
+        assert_eq!(top[token], got[i + 1], "{top:?}");
+        let best = top
+            .values()
+            .map(|v| v.as_f64().unwrap())
+            .fold(f64::MIN, f64::max);
+        assert!(best >= got[i + 1].as_f64().unwrap(), "{top:?}");
+    }
+    // A chat reply's tokens, each with its log-probability.
+    let (status, reply) = server.post(
+        "/v1/chat/completions",
+        &json!({"messages": user("hi"), "max_tokens": 3, "temperature": 0, "logprobs": true,
+                "top_logprobs": 1}),
+    );
+    assert_eq!(status, 200, "{reply}");
+    let content = reply["choices"][0]["logprobs"]["content"]
+        .as_array()
+        .unwrap();
+    assert!(!content.is_empty() && content.len() <= 3, "{reply}");
+    for t in content {
+        // Greedy: the chosen token is the most likely one.
+        assert_eq!(t["top_logprobs"][0]["token"], t["token"], "{t}");
+        assert_eq!(t["top_logprobs"][0]["logprob"], t["logprob"], "{t}");
+    }
+
+    let chat = "/v1/chat/completions";
+    let completions = "/v1/completions";
+    for (path, body, param) in [
+        (
+            chat,
+            json!({"messages": user("hi"), "logprobs": 1}),
+            "logprobs",
+        ),
+        (
+            chat,
+            json!({"messages": user("hi"), "logprobs": true, "top_logprobs": 21}),
+            "top_logprobs",
+        ),
+        (
+            chat,
+            json!({"messages": user("hi"), "logprobs": true, "top_logprobs": -1}),
+            "top_logprobs",
+        ),
+        (
+            chat,
+            json!({"messages": user("hi"), "top_logprobs": 2}),
+            "top_logprobs",
+        ),
+        (
+            completions,
+            json!({"prompt": "a", "logprobs": true}),
+            "logprobs",
+        ),
+        (
+            completions,
+            json!({"prompt": "a", "logprobs": 1.5}),
+            "logprobs",
+        ),
+        (
+            completions,
+            json!({"prompt": "a", "logprobs": 21}),
+            "logprobs",
+        ),
+        (completions, json!({"prompt": "a", "echo": "yes"}), "echo"),
+        // Nothing to generate is only a request when the prompt is echoed.
+        (
+            completions,
+            json!({"prompt": "a", "max_tokens": 0, "logprobs": 1}),
+            "max_tokens",
+        ),
+    ] {
+        let (status, reply) = server.post(path, &body);
+        assert_api_error(status, &reply, 400, Some(param), None);
+    }
+}

@@ -5,6 +5,7 @@
 
 mod conversation;
 mod eos;
+pub mod logprobs;
 mod non_finite;
 pub mod sampler;
 mod speculative_sampling;

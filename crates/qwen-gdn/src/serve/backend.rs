@@ -4,11 +4,14 @@
 //! flag. Everything the server needs from the engine goes through this file.
 
 use super::error::ApiError;
-use super::job::{Event, Finish, JobSpec, Prompt, PromptInfo, Usage};
+use super::job::{
+    Event, Finish, JobSpec, LogprobRequest, Logprobs, Prompt, PromptInfo, TokenScore, Usage,
+};
 use super::metrics::PromptCacheStats;
 use super::model_facts::ModelFacts;
 use super::scheduler::Backend;
 use super::test_hooks;
+use crate::engine::logprobs::TokenLogprob;
 use crate::engine::sampler::SamplerConfig;
 use crate::engine::{render_conversation, Engine, FinishReason, GenerateParams, PromptTokens};
 use crate::text::chat_template::{ChatTemplate, TemplateLimit};
@@ -171,6 +174,59 @@ impl EngineBackend {
             .map(|(_, i)| i)
     }
 
+    /// The text of one token as the reply shows it.
+    fn token_text(&self, token: u32) -> String {
+        let tokenizer = &self.engine.checkpoint().tokenizer;
+        tokenizer.decode(&[token], false).unwrap_or_default()
+    }
+
+    fn token_score(&self, scored: &TokenLogprob) -> TokenScore {
+        TokenScore {
+            text: self.token_text(scored.token),
+            logprob: Some(scored.logprob),
+            top: scored
+                .top
+                .iter()
+                .map(|&(t, lp)| (self.token_text(t), lp))
+                .collect(),
+        }
+    }
+
+    /// The log-probabilities of the reply (and with `asked.prompt` of the prompt), from one
+    /// teacher-forced pass over both as `eval` makes. An end-of-sequence token is not part of
+    /// the text, nor listed.
+    fn logprobs(
+        &self,
+        prompt: &[u32],
+        reply: &[u32],
+        asked: LogprobRequest,
+    ) -> Result<Logprobs, ApiError> {
+        let ids: Vec<u32> = prompt.iter().chain(reply).copied().collect();
+        let scored = self
+            .engine
+            .score_tokens(&ids, asked.top)
+            .map_err(|e| ApiError::internal(format!("scoring the tokens failed: {e:#}")))?;
+        // scored[i] is the log-probability of ids[i + 1].
+        let (of_prompt, of_reply) = scored.split_at(prompt.len() - 1);
+        let first = TokenScore {
+            text: self.token_text(prompt[0]),
+            logprob: None,
+            top: vec![],
+        };
+        Ok(Logprobs {
+            prompt: asked.prompt.then(|| {
+                std::iter::once(first)
+                    .chain(of_prompt.iter().map(|s| self.token_score(s)))
+                    .collect()
+            }),
+            generated: of_reply
+                .iter()
+                .filter(|s| !self.engine.is_eos(s.token))
+                .map(|s| self.token_score(s))
+                .collect(),
+        })
+    }
+
     /// What the Ollama API's /api/tags and /api/show tell about the model.
     pub fn model_facts(&self) -> ModelFacts {
         let checkpoint = self.engine.checkpoint();
@@ -258,6 +314,10 @@ impl Backend for EngineBackend {
             if let Some(index) = self.stop_string_hit(&job.stop, &outcome.tokens) {
                 let _ = on_event(Event::StopString(index));
             }
+        }
+        if let (Some(asked), false) = (job.logprobs, outcome.finish == FinishReason::Cancelled) {
+            let logprobs = self.logprobs(&prompt.ids, &outcome.tokens, asked)?;
+            let _ = on_event(Event::Logprobs(logprobs));
         }
         let finish = match outcome.finish {
             FinishReason::Stop => Finish::Stop,

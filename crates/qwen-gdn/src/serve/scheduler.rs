@@ -364,6 +364,7 @@ mod tests {
                 seed: None,
             },
             stop: vec![],
+            logprobs: None,
         }
     }
 

@@ -397,6 +397,7 @@ impl ChatBody {
             tool_choice: None,
             chat_template_kwargs: Some(vars),
             response_format: None,
+            top_logprobs: None,
         }
         .validate(limits)
         .map_err(ollama_names)
@@ -459,6 +460,7 @@ impl GenerateBody {
                 tool_choice: None,
                 chat_template_kwargs: Some(vars),
                 response_format: None,
+                top_logprobs: None,
             }
             .validate(limits)
         };
