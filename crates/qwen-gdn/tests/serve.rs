@@ -866,3 +866,200 @@ fn log_probabilities_equal_evals_and_bad_ones_are_400s() {
         assert_api_error(status, &reply, 400, Some(param), None);
     }
 }
+
+/// Checks `value` against the parts of JSON Schema the structured-output tests use (type,
+/// properties, required, additionalProperties false, enum, items, min/maxItems,
+/// min/maxLength, minimum/maximum); panics naming the first violation.
+fn assert_valid(value: &Json, schema: &Json, at: &str) {
+    if let Some(choices) = schema["enum"].as_array() {
+        assert!(choices.contains(value), "{at}: {value} not in {choices:?}");
+    }
+    match schema["type"].as_str() {
+        Some("object") => {
+            let object = value
+                .as_object()
+                .unwrap_or_else(|| panic!("{at}: {value} is not an object"));
+            for key in schema["required"].as_array().into_iter().flatten() {
+                assert!(
+                    object.contains_key(key.as_str().unwrap()),
+                    "{at}: {key} missing"
+                );
+            }
+            for (key, v) in object {
+                match schema["properties"].get(key) {
+                    Some(sub) => assert_valid(v, sub, &format!("{at}.{key}")),
+                    None => assert!(schema["additionalProperties"] != false, "{at}: extra {key}"),
+                }
+            }
+        }
+        Some("array") => {
+            let items = value
+                .as_array()
+                .unwrap_or_else(|| panic!("{at}: {value} is not an array"));
+            if let Some(min) = schema["minItems"].as_u64() {
+                assert!(items.len() as u64 >= min, "{at}: {} items", items.len());
+            }
+            if let Some(max) = schema["maxItems"].as_u64() {
+                assert!(items.len() as u64 <= max, "{at}: {} items", items.len());
+            }
+            for (i, item) in items.iter().enumerate() {
+                assert_valid(item, &schema["items"], &format!("{at}[{i}]"));
+            }
+        }
+        Some("string") => {
+            let s = value
+                .as_str()
+                .unwrap_or_else(|| panic!("{at}: {value} is not a string"));
+            let n = s.chars().count() as u64;
+            assert!(
+                schema["minLength"].as_u64().is_none_or(|m| n >= m),
+                "{at}: {s:?}"
+            );
+            assert!(
+                schema["maxLength"].as_u64().is_none_or(|m| n <= m),
+                "{at}: {s:?}"
+            );
+        }
+        Some("integer") => {
+            let i = value
+                .as_i64()
+                .unwrap_or_else(|| panic!("{at}: {value} is not an integer"));
+            assert!(
+                schema["minimum"].as_i64().is_none_or(|m| i >= m),
+                "{at}: {i}"
+            );
+            assert!(
+                schema["maximum"].as_i64().is_none_or(|m| i <= m),
+                "{at}: {i}"
+            );
+        }
+        Some("boolean") => assert!(value.is_boolean(), "{at}: {value}"),
+        Some(other) => panic!("{at}: the test does not check type {other}"),
+        None => {}
+    }
+}
+
+#[test]
+fn structured_output_always_parses_against_the_schema() {
+    let server = Server::start(&[], &[]);
+    let chat = "/v1/chat/completions";
+    let city = json!({"type": "object", "properties": {
+        "name": {"type": "string", "minLength": 1, "maxLength": 12},
+        "zip": {"type": "integer", "minimum": 1000, "maximum": 99999}},
+        "required": ["name", "zip"], "additionalProperties": false});
+    let schemas = [
+        // Nested objects, enums, arrays and required fields.
+        json!({"type": "object", "properties": {
+            "status": {"enum": ["ok", "failed", "pending"]},
+            "count": {"type": "integer", "minimum": 0, "maximum": 100},
+            "tags": {"type": "array", "items": {"type": "string", "maxLength": 6}, "minItems": 1, "maxItems": 3},
+            "address": city,
+            "active": {"type": "boolean"}},
+            "required": ["status", "count", "tags", "address", "active"],
+            "additionalProperties": false}),
+        json!({"type": "array", "items": city, "minItems": 2, "maxItems": 2}),
+        json!({"type": "object", "properties": {"answer": {"enum": ["yes", "no", 3, null]}},
+               "required": ["answer"], "additionalProperties": false}),
+    ];
+    // The tiny model's weights are random: only the constraint makes the replies valid.
+    for (i, schema) in schemas.iter().enumerate() {
+        for seed in 0..3 {
+            let (status, reply) = server.post(chat, &json!({
+                "messages": user("Describe a city."), "max_tokens": 400, "temperature": 1,
+                "seed": seed,
+                "response_format": {"type": "json_schema", "json_schema": {"name": "s", "schema": schema}},
+            }));
+            assert_eq!(status, 200, "{reply}");
+            let choice = &reply["choices"][0];
+            let text = choice["message"]["content"].as_str().unwrap();
+            assert_eq!(
+                choice["finish_reason"], "stop",
+                "schema {i} seed {seed}: {text:?}"
+            );
+            let value: Json = serde_json::from_str(text)
+                .unwrap_or_else(|e| panic!("schema {i} seed {seed}: {e}: {text:?}"));
+            assert_valid(&value, schema, &format!("schema {i} seed {seed}"));
+        }
+    }
+    // json_object, and Ollama's `format` (a schema, and "json").
+    let (status, reply) = server.post(
+        chat,
+        &json!({
+        "messages": user("hi"), "max_tokens": 400, "temperature": 1, "seed": 5,
+        "response_format": {"type": "json_object"}}),
+    );
+    assert_eq!(status, 200, "{reply}");
+    let text = reply["choices"][0]["message"]["content"].as_str().unwrap();
+    if reply["choices"][0]["finish_reason"] == "stop" {
+        assert!(
+            serde_json::from_str::<Json>(text).unwrap().is_object(),
+            "{text:?}"
+        );
+    } else {
+        assert!(text.starts_with('{'), "{text:?}");
+    }
+    let (status, reply) = server.post(
+        "/api/chat",
+        &json!({
+        "model": fixture(MODEL), "messages": user("hi"), "stream": false,
+        "format": schemas[2], "options": {"num_predict": 100, "seed": 1}}),
+    );
+    assert_eq!(status, 200, "{reply}");
+    let text = reply["message"]["content"].as_str().unwrap();
+    assert_valid(
+        &serde_json::from_str(text).unwrap(),
+        &schemas[2],
+        "ollama format",
+    );
+
+    // Bad schemas: 400s in each API's shape, naming the problem.
+    let huge_enum: Vec<String> = (0..120_000).map(|i| format!("w{i:07}")).collect();
+    for (schema, says) in [
+        (json!({"type": "strnig"}), "strnig"),
+        (
+            json!({"type": "string", "minLength": 5, "maxLength": 2}),
+            "Unsatisfiable",
+        ),
+        (
+            json!({"allOf": [{"type": "string"}, {"type": "integer"}]}),
+            "Unsatisfiable",
+        ),
+        (json!({"$ref": "#/definitions/missing"}), "missing"),
+        (json!({"enum": huge_enum}), "limits"),
+    ] {
+        let (status, reply) = server.post(chat, &json!({
+            "messages": user("hi"),
+            "response_format": {"type": "json_schema", "json_schema": {"name": "s", "schema": schema}}}));
+        assert_api_error(status, &reply, 400, Some("response_format"), None);
+        let message = reply["error"]["message"].as_str().unwrap();
+        assert!(message.contains(says), "{message}");
+        let (status, reply) = server.post(
+            "/api/chat",
+            &json!({
+            "model": fixture(MODEL), "messages": user("hi"), "stream": false, "format": schema}),
+        );
+        assert_eq!(status, 400, "{reply}");
+        assert!(reply["error"].as_str().unwrap().contains(says), "{reply}");
+    }
+    for (format, param) in [
+        (json!({"type": "xml"}), "response_format.type"),
+        (
+            json!({"type": "json_schema"}),
+            "response_format.json_schema",
+        ),
+        (
+            json!({"type": "json_schema", "json_schema": {"schema": {}}}),
+            "response_format.json_schema.name",
+        ),
+        (
+            json!({"type": "json_schema", "json_schema": {"name": "s", "schema": "{}"}}),
+            "response_format.json_schema.schema",
+        ),
+    ] {
+        let (status, reply) = server.post(
+            chat,
+            &json!({"messages": user("hi"), "response_format": format}),
+        );
+        assert_api_error(status, &reply, 400, Some(param), None);
+    }
+}

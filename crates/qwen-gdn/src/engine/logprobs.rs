@@ -91,11 +91,6 @@ fn rows(logits: &Tensor, targets: &[u32], top: usize) -> Result<Vec<TokenLogprob
 }
 
 impl Engine {
-    /// Whether `token` ends a reply.
-    pub fn is_eos(&self, token: u32) -> bool {
-        self.eos.contains(&token)
-    }
-
     /// Teacher-forced log-probabilities of `ids[1..]` (the first token has no context to be
     /// predicted from), run in chunks of the prefill size on a fresh cache as `eval` does, so
     /// that the values are `eval --json`'s. The prompt cache is neither read nor written.

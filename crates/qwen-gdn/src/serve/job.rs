@@ -1,6 +1,7 @@
 //! What a validated request asks of the generation worker, and what the worker sends back.
 
 use super::error::ApiError;
+use super::structured_output::OutputFormat;
 use crate::text::reasoning::ReasoningMode;
 use crate::tool_calls::ToolChoice;
 use serde_json::{Map, Value as Json};
@@ -43,6 +44,8 @@ pub struct JobSpec {
     pub stop: Vec<String>,
     /// Log-probabilities to report; `None`: none.
     pub logprobs: Option<LogprobRequest>,
+    /// The reply is constrained to this format; `None`: free text.
+    pub format: Option<OutputFormat>,
 }
 
 /// What a request asks to know of the tokens' log-probabilities.

@@ -365,6 +365,7 @@ mod tests {
             },
             stop: vec![],
             logprobs: None,
+            format: None,
         }
     }
 

@@ -7,6 +7,7 @@
 use crate::cli::arg_ranges;
 use crate::serve::error::ApiError;
 use crate::serve::job::{JobSpec, LogprobRequest, Prompt, Sampling};
+use crate::serve::structured_output::OutputFormat;
 use crate::tool_calls::{normalize_messages_for_template, ToolChoice};
 use serde::Deserialize;
 use serde_json::{Map, Value as Json};
@@ -366,14 +367,7 @@ impl ChatRequest {
     pub fn validate(mut self, limits: &Limits) -> Result<Validated, ApiError> {
         check_model(&self.common, limits)?;
         unsupported(&self.common)?;
-        if let Some(format) = &self.response_format {
-            if format.get("type").and_then(Json::as_str) != Some("text") {
-                return Err(ApiError::invalid_param(
-                    "response_format",
-                    "only response_format {\"type\": \"text\"} is supported",
-                ));
-            }
-        }
+        let format = output_format(self.response_format.as_ref())?;
         let logprobs = chat_logprobs(self.common.logprobs.as_ref(), self.top_logprobs.as_ref())?;
         let sampling = sampling(&self.common, &limits.defaults)?;
         let max_tokens = match self.max_completion_tokens {
@@ -424,6 +418,7 @@ impl ChatRequest {
                 sampling,
                 stop,
                 logprobs: logprobs.map(|top| LogprobRequest { top, prompt: false }),
+                format,
             },
             stream: self.common.stream.unwrap_or(false),
             include_usage: include_usage(&self.common),
@@ -522,6 +517,55 @@ fn check_parameters(at: &str, schema: &Map<String, Json>) -> Result<(), ApiError
     }
 }
 
+/// Chat's `response_format`: `{"type": "text"}` (free text), `{"type": "json_object"}`, or
+/// `{"type": "json_schema", "json_schema": {"name", "schema", "strict"?, "description"?}}`.
+/// Whether the schema compiles is found when the job starts (structured_output.rs).
+fn output_format(format: Option<&Json>) -> Result<Option<OutputFormat>, ApiError> {
+    let bad = |param: &str, why: &str| {
+        Err(ApiError::invalid_param(
+            param,
+            format!("invalid `{param}`: {why}"),
+        ))
+    };
+    let Some(format) = format.filter(|f| !f.is_null()) else {
+        return Ok(None);
+    };
+    let Some(format) = format.as_object() else {
+        return bad("response_format", "expected an object with a `type`");
+    };
+    match format.get("type").and_then(Json::as_str) {
+        Some("text") => Ok(None),
+        Some("json_object") => Ok(Some(OutputFormat::JsonObject)),
+        Some("json_schema") => {
+            let Some(spec) = format.get("json_schema").and_then(Json::as_object) else {
+                return bad(
+                    "response_format.json_schema",
+                    "required: an object with `name` and `schema`",
+                );
+            };
+            if !spec.get("name").is_some_and(Json::is_string) {
+                return bad("response_format.json_schema.name", "required: a string");
+            }
+            if !matches!(spec.get("strict"), None | Some(Json::Null | Json::Bool(_))) {
+                return bad("response_format.json_schema.strict", "expected a boolean");
+            }
+            match spec.get("schema") {
+                Some(schema @ Json::Object(_)) => {
+                    Ok(Some(OutputFormat::JsonSchema(schema.clone())))
+                }
+                _ => bad(
+                    "response_format.json_schema.schema",
+                    "required: a JSON Schema object",
+                ),
+            }
+        }
+        _ => bad(
+            "response_format.type",
+            "expected \"text\", \"json_object\" or \"json_schema\"",
+        ),
+    }
+}
+
 fn include_usage(c: &Common) -> bool {
     c.stream_options
         .as_ref()
@@ -591,6 +635,7 @@ impl CompletionRequest {
                 sampling,
                 stop,
                 logprobs: logprobs.map(|top| LogprobRequest { top, prompt: echo }),
+                format: None,
             },
             stream: self.common.stream.unwrap_or(false),
             include_usage: include_usage(&self.common),
