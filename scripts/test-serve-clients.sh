@@ -4,7 +4,8 @@
 # parser for /metrics (pinned in scripts/requirements-serve-test.txt, installed into a venv),
 # and curl. Starts two servers once, on free ports with a tiny checkpoint and a debug build
 # (the second one's test switch forces some thinking and a tool call), and runs every client
-# against them: each API's own checks, the same greedy text through the three APIs, then the
+# against them: each API's own checks (log-probabilities against `eval --json`, structured
+# output validated by `jsonschema`), the same greedy text through the three APIs, then the
 # metrics those requests left and the JSON request log.
 #
 #   bash scripts/test-serve-clients.sh
@@ -67,6 +68,10 @@ forced_url="$base_url"
 
 echo "== openai client" >&2
 "$py" scripts/test_serve_openai.py "$url/v1" "$key" "$forced_url/v1" || fail "the openai client checks"
+echo "== openai client: log-probabilities against eval --json" >&2
+"$py" scripts/test_serve_logprobs.py "$url/v1" "$key" "$QWEN_GDN" "$model" || fail "the log-probabilities"
+echo "== openai client: structured output validated with jsonschema" >&2
+"$py" scripts/test_serve_structured.py "$url/v1" "$key" || fail "the structured output"
 echo "== anthropic client" >&2
 "$py" scripts/test_serve_anthropic.py "$url" "$key" "$forced_url" "$name" || fail "the anthropic client checks"
 echo "== ollama client" >&2

@@ -14,6 +14,7 @@ import sys
 import urllib.request
 from importlib.metadata import version
 
+import jsonschema
 import ollama
 from serve_client_checks import Checks
 
@@ -80,7 +81,19 @@ hi = [{"role": "user", "content": "hi"}]
 expect(404, model="llama3.2", messages=hi)
 expect(400, model=model, messages=hi, options={"temprature": 0.5})
 expect(400, model=model, messages=hi, options={"mirostat": 2})
-expect(400, model=model, messages=hi, format="json")
+expect(400, model=model, messages=hi, format={"type": "string", "minLength": 3, "maxLength": 1})
+
+# Structured output through `format`: a schema the reply follows (random weights: only the
+# constraint makes it valid).
+schema = {
+    "type": "object",
+    "properties": {"city": {"type": "string", "maxLength": 10}, "days": {"enum": [1, 2, 3]}},
+    "required": ["city", "days"],
+    "additionalProperties": False,
+}
+r = client.chat(model=model, messages=hi, format=schema, options={"num_predict": 200, "seed": 2}, think=False)
+jsonschema.validate(json.loads(r.message.content), schema)
+check(r.done_reason == "stop", r)
 try:
     ollama.Client(host=base, headers={"Authorization": "Bearer wrong"}).list()
     raise AssertionError("a wrong key was accepted")

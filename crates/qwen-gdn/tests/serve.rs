@@ -757,3 +757,309 @@ fn a_named_tool_choice_forces_that_call() {
         .unwrap_or("");
     assert!(!reasoning.is_empty(), "{reply}");
 }
+
+#[test]
+fn log_probabilities_equal_evals_and_bad_ones_are_400s() {
+    let server = Server::start(&[], &[]);
+    // Completions with echo and max_tokens 0 score the prompt, as evaluation harnesses ask:
+    // the values are `eval --json`'s for the same text.
+    let text = "The quick brown fox jumps over the lazy dog";
+    let (status, reply) = server.post(
+        "/v1/completions",
+        &json!({"prompt": text, "max_tokens": 0, "echo": true, "logprobs": 2}),
+    );
+    assert_eq!(status, 200, "{reply}");
+    let choice = &reply["choices"][0];
+    assert_eq!(choice["text"], text);
+    let lp = &choice["logprobs"];
+    let out = run_model("eval", &fixture(MODEL), &["--text", text, "--json"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let eval: Json = serde_json::from_slice(&out.stdout).unwrap();
+    let want = eval["logprobs"].as_array().unwrap();
+    let got = lp["token_logprobs"].as_array().unwrap();
+    assert_eq!(got.len(), want.len() + 1, "{lp}");
+    assert!(got[0].is_null(), "{lp}");
+    for (g, w) in got[1..].iter().zip(want) {
+        let (g, w) = (g.as_f64().unwrap(), w.as_f64().unwrap());
+        assert!((g - w).abs() <= 1e-5, "{g} vs eval's {w}");
+    }
+    // Each position lists its 2 most likely tokens and the chosen one; the most likely is
+    // eval's argmax.
+    for (i, top) in lp["top_logprobs"].as_array().unwrap()[1..]
+        .iter()
+        .enumerate()
+    {
+        let top = top.as_object().unwrap();
+        assert!((2..=3).contains(&top.len()), "{top:?}");
+        let token = lp["tokens"][i + 1].as_str().unwrap();
+        assert_eq!(top[token], got[i + 1], "{top:?}");
+        let best = top
+            .values()
+            .map(|v| v.as_f64().unwrap())
+            .fold(f64::MIN, f64::max);
+        assert!(best >= got[i + 1].as_f64().unwrap(), "{top:?}");
+    }
+    // A chat reply's tokens, each with its log-probability.
+    let (status, reply) = server.post(
+        "/v1/chat/completions",
+        &json!({"messages": user("hi"), "max_tokens": 3, "temperature": 0, "logprobs": true,
+                "top_logprobs": 1}),
+    );
+    assert_eq!(status, 200, "{reply}");
+    let content = reply["choices"][0]["logprobs"]["content"]
+        .as_array()
+        .unwrap();
+    assert!(!content.is_empty() && content.len() <= 3, "{reply}");
+    for t in content {
+        // Greedy: the chosen token is the most likely one.
+        assert_eq!(t["top_logprobs"][0]["token"], t["token"], "{t}");
+        assert_eq!(t["top_logprobs"][0]["logprob"], t["logprob"], "{t}");
+    }
+
+    let chat = "/v1/chat/completions";
+    let completions = "/v1/completions";
+    for (path, body, param) in [
+        (
+            chat,
+            json!({"messages": user("hi"), "logprobs": 1}),
+            "logprobs",
+        ),
+        (
+            chat,
+            json!({"messages": user("hi"), "logprobs": true, "top_logprobs": 21}),
+            "top_logprobs",
+        ),
+        (
+            chat,
+            json!({"messages": user("hi"), "logprobs": true, "top_logprobs": -1}),
+            "top_logprobs",
+        ),
+        (
+            chat,
+            json!({"messages": user("hi"), "top_logprobs": 2}),
+            "top_logprobs",
+        ),
+        (
+            completions,
+            json!({"prompt": "a", "logprobs": true}),
+            "logprobs",
+        ),
+        (
+            completions,
+            json!({"prompt": "a", "logprobs": 1.5}),
+            "logprobs",
+        ),
+        (
+            completions,
+            json!({"prompt": "a", "logprobs": 21}),
+            "logprobs",
+        ),
+        (completions, json!({"prompt": "a", "echo": "yes"}), "echo"),
+        // Nothing to generate is only a request when the prompt is echoed.
+        (
+            completions,
+            json!({"prompt": "a", "max_tokens": 0, "logprobs": 1}),
+            "max_tokens",
+        ),
+    ] {
+        let (status, reply) = server.post(path, &body);
+        assert_api_error(status, &reply, 400, Some(param), None);
+    }
+}
+
+/// Checks `value` against the parts of JSON Schema the structured-output tests use (type,
+/// properties, required, additionalProperties false, enum, items, min/maxItems,
+/// min/maxLength, minimum/maximum); panics naming the first violation.
+fn assert_valid(value: &Json, schema: &Json, at: &str) {
+    if let Some(choices) = schema["enum"].as_array() {
+        assert!(choices.contains(value), "{at}: {value} not in {choices:?}");
+    }
+    match schema["type"].as_str() {
+        Some("object") => {
+            let object = value
+                .as_object()
+                .unwrap_or_else(|| panic!("{at}: {value} is not an object"));
+            for key in schema["required"].as_array().into_iter().flatten() {
+                assert!(
+                    object.contains_key(key.as_str().unwrap()),
+                    "{at}: {key} missing"
+                );
+            }
+            for (key, v) in object {
+                match schema["properties"].get(key) {
+                    Some(sub) => assert_valid(v, sub, &format!("{at}.{key}")),
+                    None => assert!(schema["additionalProperties"] != false, "{at}: extra {key}"),
+                }
+            }
+        }
+        Some("array") => {
+            let items = value
+                .as_array()
+                .unwrap_or_else(|| panic!("{at}: {value} is not an array"));
+            if let Some(min) = schema["minItems"].as_u64() {
+                assert!(items.len() as u64 >= min, "{at}: {} items", items.len());
+            }
+            if let Some(max) = schema["maxItems"].as_u64() {
+                assert!(items.len() as u64 <= max, "{at}: {} items", items.len());
+            }
+            for (i, item) in items.iter().enumerate() {
+                assert_valid(item, &schema["items"], &format!("{at}[{i}]"));
+            }
+        }
+        Some("string") => {
+            let s = value
+                .as_str()
+                .unwrap_or_else(|| panic!("{at}: {value} is not a string"));
+            let n = s.chars().count() as u64;
+            assert!(
+                schema["minLength"].as_u64().is_none_or(|m| n >= m),
+                "{at}: {s:?}"
+            );
+            assert!(
+                schema["maxLength"].as_u64().is_none_or(|m| n <= m),
+                "{at}: {s:?}"
+            );
+        }
+        Some("integer") => {
+            let i = value
+                .as_i64()
+                .unwrap_or_else(|| panic!("{at}: {value} is not an integer"));
+            assert!(
+                schema["minimum"].as_i64().is_none_or(|m| i >= m),
+                "{at}: {i}"
+            );
+            assert!(
+                schema["maximum"].as_i64().is_none_or(|m| i <= m),
+                "{at}: {i}"
+            );
+        }
+        Some("boolean") => assert!(value.is_boolean(), "{at}: {value}"),
+        Some(other) => panic!("{at}: the test does not check type {other}"),
+        None => {}
+    }
+}
+
+#[test]
+fn structured_output_always_parses_against_the_schema() {
+    let server = Server::start(&[], &[]);
+    let chat = "/v1/chat/completions";
+    let city = json!({"type": "object", "properties": {
+        "name": {"type": "string", "minLength": 1, "maxLength": 12},
+        "zip": {"type": "integer", "minimum": 1000, "maximum": 99999}},
+        "required": ["name", "zip"], "additionalProperties": false});
+    let schemas = [
+        // Nested objects, enums, arrays and required fields.
+        json!({"type": "object", "properties": {
+            "status": {"enum": ["ok", "failed", "pending"]},
+            "count": {"type": "integer", "minimum": 0, "maximum": 100},
+            "tags": {"type": "array", "items": {"type": "string", "maxLength": 6}, "minItems": 1, "maxItems": 3},
+            "address": city,
+            "active": {"type": "boolean"}},
+            "required": ["status", "count", "tags", "address", "active"],
+            "additionalProperties": false}),
+        json!({"type": "array", "items": city, "minItems": 2, "maxItems": 2}),
+        json!({"type": "object", "properties": {"answer": {"enum": ["yes", "no", 3, null]}},
+               "required": ["answer"], "additionalProperties": false}),
+    ];
+    // The tiny model's weights are random: only the constraint makes the replies valid.
+    for (i, schema) in schemas.iter().enumerate() {
+        for seed in 0..3 {
+            let (status, reply) = server.post(chat, &json!({
+                "messages": user("Describe a city."), "max_tokens": 400, "temperature": 1,
+                "seed": seed,
+                "response_format": {"type": "json_schema", "json_schema": {"name": "s", "schema": schema}},
+            }));
+            assert_eq!(status, 200, "{reply}");
+            let choice = &reply["choices"][0];
+            let text = choice["message"]["content"].as_str().unwrap();
+            assert_eq!(
+                choice["finish_reason"], "stop",
+                "schema {i} seed {seed}: {text:?}"
+            );
+            let value: Json = serde_json::from_str(text)
+                .unwrap_or_else(|e| panic!("schema {i} seed {seed}: {e}: {text:?}"));
+            assert_valid(&value, schema, &format!("schema {i} seed {seed}"));
+        }
+    }
+    // json_object, and Ollama's `format` (a schema, and "json").
+    let (status, reply) = server.post(
+        chat,
+        &json!({
+        "messages": user("hi"), "max_tokens": 400, "temperature": 1, "seed": 5,
+        "response_format": {"type": "json_object"}}),
+    );
+    assert_eq!(status, 200, "{reply}");
+    let text = reply["choices"][0]["message"]["content"].as_str().unwrap();
+    if reply["choices"][0]["finish_reason"] == "stop" {
+        assert!(
+            serde_json::from_str::<Json>(text).unwrap().is_object(),
+            "{text:?}"
+        );
+    } else {
+        assert!(text.starts_with('{'), "{text:?}");
+    }
+    let (status, reply) = server.post(
+        "/api/chat",
+        &json!({
+        "model": fixture(MODEL), "messages": user("hi"), "stream": false,
+        "format": schemas[2], "options": {"num_predict": 100, "seed": 1}}),
+    );
+    assert_eq!(status, 200, "{reply}");
+    let text = reply["message"]["content"].as_str().unwrap();
+    assert_valid(
+        &serde_json::from_str(text).unwrap(),
+        &schemas[2],
+        "ollama format",
+    );
+
+    // Bad schemas: 400s in each API's shape, naming the problem.
+    let huge_enum: Vec<String> = (0..120_000).map(|i| format!("w{i:07}")).collect();
+    for (schema, says) in [
+        (json!({"type": "strnig"}), "strnig"),
+        (
+            json!({"type": "string", "minLength": 5, "maxLength": 2}),
+            "Unsatisfiable",
+        ),
+        (
+            json!({"allOf": [{"type": "string"}, {"type": "integer"}]}),
+            "Unsatisfiable",
+        ),
+        (json!({"$ref": "#/definitions/missing"}), "missing"),
+        (json!({"enum": huge_enum}), "limits"),
+    ] {
+        let (status, reply) = server.post(chat, &json!({
+            "messages": user("hi"),
+            "response_format": {"type": "json_schema", "json_schema": {"name": "s", "schema": schema}}}));
+        assert_api_error(status, &reply, 400, Some("response_format"), None);
+        let message = reply["error"]["message"].as_str().unwrap();
+        assert!(message.contains(says), "{message}");
+        let (status, reply) = server.post(
+            "/api/chat",
+            &json!({
+            "model": fixture(MODEL), "messages": user("hi"), "stream": false, "format": schema}),
+        );
+        assert_eq!(status, 400, "{reply}");
+        assert!(reply["error"].as_str().unwrap().contains(says), "{reply}");
+    }
+    for (format, param) in [
+        (json!({"type": "xml"}), "response_format.type"),
+        (
+            json!({"type": "json_schema"}),
+            "response_format.json_schema",
+        ),
+        (
+            json!({"type": "json_schema", "json_schema": {"schema": {}}}),
+            "response_format.json_schema.name",
+        ),
+        (
+            json!({"type": "json_schema", "json_schema": {"name": "s", "schema": "{}"}}),
+            "response_format.json_schema.schema",
+        ),
+    ] {
+        let (status, reply) = server.post(
+            chat,
+            &json!({"messages": user("hi"), "response_format": format}),
+        );
+        assert_api_error(status, &reply, 400, Some(param), None);
+    }
+}

@@ -581,7 +581,7 @@ fn malformed_requests_get_each_apis_error_shape() {
         ("/api/chat", json!({"model": model, "messages": "hi"}).to_string(), 400, "messages"),
         ("/api/chat", json!({"model": model, "messages": hi, "options": {"temprature": 0}}).to_string(), 400, "temprature"),
         ("/api/chat", json!({"model": model, "messages": hi, "options": {"top_k": "ten"}}).to_string(), 400, "options.top_k"),
-        ("/api/chat", json!({"model": model, "messages": hi, "format": "json"}).to_string(), 400, "format"),
+        ("/api/chat", json!({"model": model, "messages": hi, "format": 5}).to_string(), 400, "format"),
         ("/api/chat", json!({"model": "llama3", "messages": hi}).to_string(), 404, "model 'llama3' not found"),
         ("/api/generate", json!({"model": model, "prompt": "a", "template": "x"}).to_string(), 400, "template"),
         ("/api/show", json!({"model": "llama3"}).to_string(), 404, "not found"),

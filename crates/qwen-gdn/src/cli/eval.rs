@@ -3,11 +3,12 @@
 //! `encode(text, add_special_tokens=False)`, which the mlx-lm references use). The `--json`
 //! object is the interface external reference checks use: keep its keys and meaning stable.
 
+use crate::engine::logprobs::score;
 use crate::engine::non_finite_logits;
 use crate::load::ModelArgs;
 use crate::ui::output::print_line;
 use anyhow::{bail, Result};
-use candle_core::{DType, Tensor, D};
+use candle_core::DType;
 use std::fmt::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -129,43 +130,4 @@ struct Report<'a> {
     ppl: f64,
     #[serde(skip_serializing_if = "Option::is_none")]
     compare: Option<&'a crate::cli::compare_state::Comparison>,
-}
-
-/// log_softmax(logits)[j, targets[j]] and argmax of each row, computed where the logits live so
-/// that only two numbers per row (not vocab-sized rows) come back to the host.
-fn score(logits: &Tensor, targets: &[u32]) -> Result<(Vec<f32>, Vec<u32>)> {
-    let max = logits.max_keepdim(D::Minus1)?;
-    let logsumexp = (logits
-        .broadcast_sub(&max)?
-        .exp()?
-        .sum_keepdim(D::Minus1)?
-        .log()?
-        + &max)?;
-    let ids = Tensor::new(targets, logits.device())?.unsqueeze(1)?;
-    let picked = logits.gather(&ids, 1)?;
-    let logprobs = (picked - logsumexp)?.squeeze(1)?.to_vec1()?;
-    let argmax = logits.argmax(D::Minus1)?.to_vec1()?;
-    Ok((logprobs, argmax))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn score_is_log_softmax_at_the_target() {
-        let logits = Tensor::new(
-            &[[1.0f32, 2.0, 3.0], [0.0, 0.0, 5.0]],
-            &candle_core::Device::Cpu,
-        )
-        .unwrap();
-        let (lp, am) = score(&logits, &[0, 2]).unwrap();
-        let want0 = 1.0 - (1f32.exp() + 2f32.exp() + 3f32.exp()).ln();
-        let want1 = 5.0 - (2.0 + 5f32.exp()).ln();
-        assert!(
-            (lp[0] - want0).abs() < 1e-6 && (lp[1] - want1).abs() < 1e-6,
-            "{lp:?}"
-        );
-        assert_eq!(am, [2, 2]);
-    }
 }

@@ -3,8 +3,10 @@
 //! at the prompt's end and every N tokens), then sample token by token, streaming the text,
 //! until an end-of-sequence token, a stop string, the token limit, a full context or a cancel.
 
+pub mod constraint;
 mod conversation;
 mod eos;
+pub mod logprobs;
 mod non_finite;
 pub mod sampler;
 mod speculative_sampling;
@@ -16,6 +18,7 @@ pub use eos::eos_ids;
 pub use non_finite::non_finite_logits;
 pub use stop_strings::{Scan, StopStrings};
 
+use crate::engine::constraint::{apply_mask, device_mask, LogitsConstraint};
 use crate::engine::sampler::{Sampler, SamplerConfig};
 use crate::engine::speculative_sampling::SamplerJudge;
 use crate::load::Checkpoint;
@@ -143,6 +146,16 @@ impl Engine {
         &self.checkpoint
     }
 
+    /// The tokens that end a reply.
+    pub fn eos(&self) -> &[u32] {
+        &self.eos
+    }
+
+    /// Whether `token` ends a reply.
+    pub fn is_eos(&self, token: u32) -> bool {
+        self.eos.contains(&token)
+    }
+
     pub fn prompt_cache_mut(&mut self) -> &mut PromptCache {
         &mut self.prompt_cache
     }
@@ -158,8 +171,23 @@ impl Engine {
         cancel: &AtomicBool,
         on_text: &mut dyn FnMut(&str) -> ControlFlow<()>,
     ) -> Result<Outcome> {
+        self.generate_constrained(prompt, params, None, cancel, on_text)
+    }
+
+    /// [`Engine::generate`], with the tokens each step may sample limited by `constraint`
+    /// (masked on the logits' device). A constrained reply is decoded a token at a time:
+    /// speculative decoding is off for it.
+    pub fn generate_constrained(
+        &mut self,
+        prompt: &PromptTokens,
+        params: &GenerateParams,
+        mut constraint: Option<&mut dyn LogitsConstraint>,
+        cancel: &AtomicBool,
+        on_text: &mut dyn FnMut(&str) -> ControlFlow<()>,
+    ) -> Result<Outcome> {
         let start = Instant::now();
-        let mut speculation = match self.draft_tokens {
+        let draft_tokens = self.draft_tokens.filter(|_| constraint.is_none());
+        let mut speculation = match draft_tokens {
             Some(k) => Some(Speculation::new(&self.model, k)?),
             None => None,
         };
@@ -216,12 +244,31 @@ impl Engine {
             let token = match decided.pop_front() {
                 Some(token) => token,
                 None => {
-                    let mut row = last_row(&logits)?;
-                    if row.iter().any(|x| !x.is_finite()) {
+                    let mut row = match constraint.as_deref_mut() {
+                        Some(c) => {
+                            let vocab = logits.dim(candle_core::D::Minus1)?;
+                            let mask = device_mask(&c.allowed()?, vocab, logits.device())?;
+                            last_row(&apply_mask(&logits, &mask)?)?
+                        }
+                        None => last_row(&logits)?,
+                    };
+                    // −∞ is what the constraint writes; NaN and +∞ only a broken model.
+                    let broken = |x: &f32| x.is_nan() || *x == f32::INFINITY;
+                    let broken = match constraint {
+                        Some(_) => row.iter().any(broken),
+                        None => row.iter().any(|x| !x.is_finite()),
+                    };
+                    if broken {
                         let seen: Vec<u32> = head.iter().chain(&history).copied().collect();
                         return Err(non_finite_logits(model, &seen, self.prefill_chunk));
                     }
-                    sampler.sample(&mut row, &history)
+                    let token = sampler.sample(&mut row, &history);
+                    if let Some(c) = constraint.as_deref_mut() {
+                        if !self.eos.contains(&token) {
+                            c.accept(token)?;
+                        }
+                    }
+                    token
                 }
             };
             outcome.prompt_time.get_or_insert_with(|| start.elapsed());

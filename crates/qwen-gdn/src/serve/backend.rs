@@ -4,11 +4,16 @@
 //! flag. Everything the server needs from the engine goes through this file.
 
 use super::error::ApiError;
-use super::job::{Event, Finish, JobSpec, Prompt, PromptInfo, Usage};
+use super::job::{
+    Event, Finish, JobSpec, LogprobRequest, Logprobs, Prompt, PromptInfo, TokenScore, Usage,
+};
 use super::metrics::PromptCacheStats;
 use super::model_facts::ModelFacts;
 use super::scheduler::Backend;
+use super::structured_output::Grammars;
 use super::test_hooks;
+use crate::engine::constraint::LogitsConstraint;
+use crate::engine::logprobs::TokenLogprob;
 use crate::engine::sampler::SamplerConfig;
 use crate::engine::{render_conversation, Engine, FinishReason, GenerateParams, PromptTokens};
 use crate::text::chat_template::{ChatTemplate, TemplateLimit};
@@ -32,6 +37,8 @@ pub struct EngineBackend {
     /// Template variables every chat gets (special tokens, enable_thinking when the
     /// vocabulary has think tags, as `generate` does); chat_template_kwargs override them.
     base_vars: Map<String, Json>,
+    /// Structured output's automata, or why there are none (read from tokenizer.json).
+    grammars: std::result::Result<Grammars, String>,
 }
 
 impl EngineBackend {
@@ -50,16 +57,24 @@ impl EngineBackend {
         let call_format = template
             .as_ref()
             .and_then(|t| ToolCallFormat::detect(&t.source()));
+        let grammars = Grammars::new(&checkpoint.dir, engine.eos()).map_err(|e| format!("{e:#}"));
         Ok(Self {
             engine,
             template,
             call_format,
             base_vars,
+            grammars,
         })
     }
 
     /// The prompt's tokens, and what the output parser must know about its end.
-    fn encode(&self, prompt: &Prompt) -> Result<(PromptTokens, PromptInfo), ApiError> {
+    /// `structured`: the reply is constrained to a format, so an open thinking block is closed
+    /// (the constraint starts with the answer).
+    fn encode(
+        &self,
+        prompt: &Prompt,
+        structured: bool,
+    ) -> Result<(PromptTokens, PromptInfo), ApiError> {
         let checkpoint = self.engine.checkpoint();
         let (limit, tokenizer) = (&checkpoint.input_limit, &checkpoint.tokenizer);
         let too_long = |e: anyhow::Error| ApiError::context_length(format!("{e:#}"));
@@ -138,6 +153,13 @@ impl EngineBackend {
                 .map_err(|e| ApiError::invalid(format!("tokenizing the prompt: {e}")))?;
             tokens.ids.extend_from_slice(ids.get_ids());
             info.forced_opening = Some(opening);
+        } else if structured && tool_choice.is_some() && text.trim_end().ends_with("<think>") {
+            let closing = "\n</think>\n\n";
+            info.reasoning = ReasoningMode::from_prompt(&(text.clone() + closing));
+            let ids = tokenizer
+                .encode(closing, false)
+                .map_err(|e| ApiError::invalid(format!("tokenizing the prompt: {e}")))?;
+            tokens.ids.extend_from_slice(ids.get_ids());
         }
         if tokens.ids.is_empty() {
             return Err(ApiError::invalid("the prompt has no tokens"));
@@ -169,6 +191,68 @@ impl EngineBackend {
             .filter_map(|(i, stop)| text.find(stop.as_str()).map(|at| (at, i)))
             .min()
             .map(|(_, i)| i)
+    }
+
+    fn grammars(&self) -> Result<&Grammars, ApiError> {
+        self.grammars.as_ref().map_err(|why| {
+            ApiError::invalid_param(
+                "response_format",
+                format!("structured output is not available for this model: {why}"),
+            )
+        })
+    }
+
+    /// The text of one token as the reply shows it.
+    fn token_text(&self, token: u32) -> String {
+        let tokenizer = &self.engine.checkpoint().tokenizer;
+        tokenizer.decode(&[token], false).unwrap_or_default()
+    }
+
+    fn token_score(&self, scored: &TokenLogprob) -> TokenScore {
+        TokenScore {
+            text: self.token_text(scored.token),
+            logprob: Some(scored.logprob),
+            top: scored
+                .top
+                .iter()
+                .map(|&(t, lp)| (self.token_text(t), lp))
+                .collect(),
+        }
+    }
+
+    /// The log-probabilities of the reply (and with `asked.prompt` of the prompt), from one
+    /// teacher-forced pass over both as `eval` makes. An end-of-sequence token is not part of
+    /// the text, nor listed.
+    fn logprobs(
+        &self,
+        prompt: &[u32],
+        reply: &[u32],
+        asked: LogprobRequest,
+    ) -> Result<Logprobs, ApiError> {
+        let ids: Vec<u32> = prompt.iter().chain(reply).copied().collect();
+        let scored = self
+            .engine
+            .score_tokens(&ids, asked.top)
+            .map_err(|e| ApiError::internal(format!("scoring the tokens failed: {e:#}")))?;
+        // scored[i] is the log-probability of ids[i + 1].
+        let (of_prompt, of_reply) = scored.split_at(prompt.len() - 1);
+        let first = TokenScore {
+            text: self.token_text(prompt[0]),
+            logprob: None,
+            top: vec![],
+        };
+        Ok(Logprobs {
+            prompt: asked.prompt.then(|| {
+                std::iter::once(first)
+                    .chain(of_prompt.iter().map(|s| self.token_score(s)))
+                    .collect()
+            }),
+            generated: of_reply
+                .iter()
+                .filter(|s| !self.engine.is_eos(s.token))
+                .map(|s| self.token_score(s))
+                .collect(),
+        })
     }
 
     /// What the Ollama API's /api/tags and /api/show tell about the model.
@@ -217,7 +301,11 @@ impl Backend for EngineBackend {
         cancel: &AtomicBool,
         on_event: &mut dyn FnMut(Event) -> ControlFlow<()>,
     ) -> Result<(Finish, Usage), ApiError> {
-        let (prompt, info) = self.encode(&job.prompt)?;
+        let (prompt, info) = self.encode(&job.prompt, job.format.is_some())?;
+        let mut constraint = match &job.format {
+            Some(format) => Some(self.grammars()?.constraint(format, "response_format")?),
+            None => None,
+        };
         let mut usage = Usage {
             prompt_tokens: prompt.ids.len(),
             cached_tokens: 0,
@@ -250,7 +338,13 @@ impl Backend for EngineBackend {
         let mut on_text = |text: &str| on_event(Event::Text(text.to_string()));
         let outcome = self
             .engine
-            .generate(&prompt, &params, cancel, &mut on_text)
+            .generate_constrained(
+                &prompt,
+                &params,
+                constraint.as_mut().map(|c| c as &mut dyn LogitsConstraint),
+                cancel,
+                &mut on_text,
+            )
             .map_err(|e| ApiError::internal(format!("generation failed: {e:#}")))?;
         usage.cached_tokens = outcome.cached_tokens;
         usage.completion_tokens = outcome.generated;
@@ -258,6 +352,10 @@ impl Backend for EngineBackend {
             if let Some(index) = self.stop_string_hit(&job.stop, &outcome.tokens) {
                 let _ = on_event(Event::StopString(index));
             }
+        }
+        if let (Some(asked), false) = (job.logprobs, outcome.finish == FinishReason::Cancelled) {
+            let logprobs = self.logprobs(&prompt.ids, &outcome.tokens, asked)?;
+            let _ = on_event(Event::Logprobs(logprobs));
         }
         let finish = match outcome.finish {
             FinishReason::Stop => Finish::Stop,

@@ -7,7 +7,7 @@
 //! future or the streamed body is dropped) the generation stops at its next token.
 
 use super::error::ApiError;
-use super::job::{Event, Finish, PromptInfo, Usage};
+use super::job::{Event, Finish, Logprobs, PromptInfo, Usage};
 use super::openai::request::Validated;
 use super::request_log::RequestLog;
 use super::scheduler::{Scheduler, Ticket};
@@ -39,6 +39,7 @@ pub struct Generation {
     first_text: Option<Instant>,
     /// The end, held back while the parser's last deltas go out.
     ending: Option<Ending>,
+    logprobs: Option<Logprobs>,
     over: bool,
 }
 
@@ -64,6 +65,8 @@ pub struct Ending {
     pub prompt_time: Duration,
     /// From the first text to the end.
     pub eval_time: Duration,
+    /// When the request asked for them.
+    pub logprobs: Option<Logprobs>,
 }
 
 impl Ending {
@@ -120,6 +123,7 @@ pub async fn start(
         submitted,
         first_text: None,
         ending: None,
+        logprobs: None,
         over: false,
     };
     let opening = generation.keep(opening);
@@ -156,6 +160,7 @@ impl Generation {
                 }
                 Some(Event::Prompt(_)) => {}
                 Some(Event::StopString(index)) => self.stop_index = Some(index),
+                Some(Event::Logprobs(logprobs)) => self.logprobs = Some(logprobs),
                 Some(Event::Done { finish, usage }) => {
                     let last = self.parser.take().map_or_else(Vec::new, |p| p.finish());
                     let last = self.keep(last);
@@ -222,7 +227,7 @@ impl Generation {
         deltas
     }
 
-    fn ending(&self, finish: Finish, usage: Usage) -> Ending {
+    fn ending(&mut self, finish: Finish, usage: Usage) -> Ending {
         let now = Instant::now();
         let first = self.first_text.unwrap_or(now);
         Ending {
@@ -233,6 +238,7 @@ impl Generation {
             total: now - self.submitted,
             prompt_time: first - self.submitted,
             eval_time: now - first,
+            logprobs: self.logprobs.take(),
         }
     }
 }

@@ -1,6 +1,7 @@
 //! What a validated request asks of the generation worker, and what the worker sends back.
 
 use super::error::ApiError;
+use super::structured_output::OutputFormat;
 use crate::text::reasoning::ReasoningMode;
 use crate::tool_calls::ToolChoice;
 use serde_json::{Map, Value as Json};
@@ -41,6 +42,38 @@ pub struct JobSpec {
     pub sampling: Sampling,
     /// Generation stops before the first of these appears; the text never contains them.
     pub stop: Vec<String>,
+    /// Log-probabilities to report; `None`: none.
+    pub logprobs: Option<LogprobRequest>,
+    /// The reply is constrained to this format; `None`: free text.
+    pub format: Option<OutputFormat>,
+}
+
+/// What a request asks to know of the tokens' log-probabilities.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LogprobRequest {
+    /// The most likely tokens to list at each position (0: only the chosen token's).
+    pub top: usize,
+    /// Also the prompt's tokens, teacher-forced (completions' `echo`).
+    pub prompt: bool,
+}
+
+/// One token of the prompt or the reply: its text and log-probability under the model (raw
+/// log_softmax, before penalties and temperature), and the most likely tokens at its place.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TokenScore {
+    pub text: String,
+    /// None for the prompt's first token, which nothing predicts.
+    pub logprob: Option<f32>,
+    pub top: Vec<(String, f32)>,
+}
+
+/// The log-probabilities a job reports, sent once the generation is over.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Logprobs {
+    /// Every prompt token, when asked for.
+    pub prompt: Option<Vec<TokenScore>>,
+    /// Every generated token (an end-of-sequence token excepted: the text does not show it).
+    pub generated: Vec<TokenScore>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -83,7 +116,8 @@ pub struct PromptInfo {
     pub forced_opening: Option<String>,
 }
 
-/// Worker → request handler, in this order: Prompt, Text*, StopString?, then Done or Failed.
+/// Worker → request handler, in this order: Prompt, Text*, StopString?, Logprobs?, then Done
+/// or Failed.
 #[derive(Debug)]
 pub enum Event {
     Prompt(PromptInfo),
@@ -91,6 +125,8 @@ pub enum Event {
     /// The generation ended at this stop string (an index into [`JobSpec::stop`]), which
     /// the text does not contain (Anthropic's `stop_sequence` reports it).
     StopString(usize),
+    /// When the job asked for them: before Done.
+    Logprobs(Logprobs),
     Done {
         finish: Finish,
         usage: Usage,

@@ -26,6 +26,7 @@ mod request_log;
 mod routes;
 mod scheduler;
 mod state;
+mod structured_output;
 mod test_hooks;
 
 use crate::engine::Engine;

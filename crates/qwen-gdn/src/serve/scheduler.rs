@@ -364,6 +364,8 @@ mod tests {
                 seed: None,
             },
             stop: vec![],
+            logprobs: None,
+            format: None,
         }
     }
 

@@ -452,6 +452,7 @@ impl MessagesRequest {
             tool_choice,
             chat_template_kwargs: Some(template_vars),
             response_format: None,
+            top_logprobs: None,
         };
         request.validate(limits).map_err(anthropic_names)
     }

@@ -166,6 +166,7 @@ mod tests {
             total: Duration::from_millis(3),
             prompt_time: Duration::from_millis(1),
             eval_time: Duration::from_millis(2),
+            logprobs: None,
         };
         let body = reply.last(
             &[Delta::Reasoning("r".into()), Delta::Content("c".into())],

@@ -188,19 +188,30 @@ pub fn resolve_model(model: &str, limits: &Limits) -> Result<String, ApiError> {
     }
 }
 
+/// Ollama's `format` as OpenAI's `response_format`: `"json"` any JSON object, an object a
+/// JSON schema the reply must follow; absent or `""` free text.
+fn response_format(format: &Option<Json>) -> Result<Option<Json>, ApiError> {
+    match format {
+        None | Some(Json::Null) => Ok(None),
+        Some(Json::String(s)) if s.is_empty() => Ok(None),
+        Some(Json::String(s)) if s == "json" => Ok(Some(json!({"type": "json_object"}))),
+        Some(schema @ Json::Object(_)) => Ok(Some(json!({
+            "type": "json_schema",
+            "json_schema": {"name": "format", "schema": schema},
+        }))),
+        Some(other) => Err(bad(
+            "format",
+            format!("{other}: expected \"json\" or a JSON schema object"),
+        )),
+    }
+}
+
 /// The fields the two endpoints share that this server cannot honour, and the template
 /// variables `think` sets.
 fn common_checks(
-    format: &Option<Json>,
     logprobs: Option<bool>,
     think: &Option<Think>,
 ) -> Result<Map<String, Json>, ApiError> {
-    if !matches!(format, None | Some(Json::Null)) && format.as_ref() != Some(&json!("")) {
-        return Err(bad(
-            "format",
-            "structured output (format) is not supported yet; leave `format` out",
-        ));
-    }
     if logprobs == Some(true) {
         return Err(bad("logprobs", "log-probabilities are not supported yet"));
     }
@@ -381,7 +392,8 @@ impl OllamaRequest for GenerateBody {
 impl ChatBody {
     fn validate_chat(self, limits: &Limits) -> Result<Validated, ApiError> {
         let model = resolve_model(&self.model, limits)?;
-        let vars = common_checks(&self.format, self.logprobs, &self.think)?;
+        let vars = common_checks(self.logprobs, &self.think)?;
+        let format = response_format(&self.format)?;
         let common = sampling(model, self.options, self.stream, limits)?;
         let messages = self
             .messages
@@ -396,7 +408,8 @@ impl ChatBody {
             tools: self.tools.filter(|t| !t.is_empty()),
             tool_choice: None,
             chat_template_kwargs: Some(vars),
-            response_format: None,
+            response_format: format,
+            top_logprobs: None,
         }
         .validate(limits)
         .map_err(ollama_names)
@@ -407,7 +420,8 @@ impl GenerateBody {
     /// Through the chat template (the output read as a chat reply, thinking split), or raw.
     fn validate_generate(self, limits: &Limits) -> Result<(Validated, Output), ApiError> {
         let model = resolve_model(&self.model, limits)?;
-        let vars = common_checks(&self.format, self.logprobs, &self.think)?;
+        let vars = common_checks(self.logprobs, &self.think)?;
+        let format = response_format(&self.format)?;
         if self.images.as_ref().is_some_and(|i| !i.is_empty()) {
             return Err(bad(
                 "images",
@@ -436,6 +450,12 @@ impl GenerateBody {
         }
         let common = sampling(model, self.options, self.stream, limits)?;
         let raw = self.raw == Some(true);
+        if raw && format.is_some() {
+            return Err(bad(
+                "format",
+                "structured output needs the chat template: leave out `raw: true`",
+            ));
+        }
         let validated = if raw {
             CompletionRequest {
                 common,
@@ -458,7 +478,8 @@ impl GenerateBody {
                 tools: None,
                 tool_choice: None,
                 chat_template_kwargs: Some(vars),
-                response_format: None,
+                response_format: format,
+                top_logprobs: None,
             }
             .validate(limits)
         };
@@ -639,9 +660,9 @@ mod tests {
                 "mirostat",
             ),
             (
-                json!({"model": "m", "messages": hi, "format": "json"}),
+                json!({"model": "m", "messages": hi, "format": "yaml"}),
                 Some("format"),
-                "not supported",
+                "expected \"json\" or a JSON schema",
             ),
             (
                 json!({"model": "m", "messages": hi, "think": "max"}),

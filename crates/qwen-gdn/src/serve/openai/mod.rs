@@ -2,6 +2,7 @@
 //! also the form the Anthropic and Ollama requests are translated into, so that one
 //! validation (request.rs) serves all three.
 
+pub mod logprobs;
 pub mod reply;
 pub mod request;
 pub mod response;

@@ -1,6 +1,7 @@
 //! A generation as OpenAI's reply: one JSON object, or a stream of server-sent events ending
 //! in `data: [DONE]`.
 
+use super::logprobs;
 use super::request::Validated;
 use super::response::Header;
 use crate::serve::dialect::Dialect;
@@ -35,11 +36,30 @@ pub async fn respond(
     };
     let shape = if chat { Shape::Chat } else { Shape::Completion };
     let header = Header::new(if chat { "chatcmpl" } else { "cmpl" }, model);
+    let echo = request.echo.unwrap_or_default();
     if request.stream {
-        stream(generation, opening, header, shape, request.include_usage)
+        stream(
+            generation,
+            opening,
+            header,
+            shape,
+            request.include_usage,
+            echo,
+        )
     } else {
-        whole(generation, opening, header, shape).await
+        whole(generation, opening, header, shape, echo).await
     }
+}
+
+/// Puts the choice's log-probabilities into a chat or completion body (or chunk).
+fn with_logprobs(mut body: Json, shape: Shape, ending: &Ending) -> Json {
+    if let Some(l) = &ending.logprobs {
+        body["choices"][0]["logprobs"] = match shape {
+            Shape::Chat => logprobs::chat(l),
+            Shape::Completion => logprobs::completion(l),
+        };
+    }
+    body
 }
 
 async fn whole(
@@ -47,6 +67,7 @@ async fn whole(
     opening: Vec<Delta>,
     header: Header,
     shape: Shape,
+    echo: String,
 ) -> Response {
     let (deltas, ending) = match generation.collect(opening).await {
         Ok(whole) => whole,
@@ -60,17 +81,16 @@ async fn whole(
             &ending.usage,
         ),
         Shape::Completion => {
-            let text: String = deltas
-                .iter()
-                .filter_map(|d| match d {
+            let text: String = std::iter::once(echo.as_str())
+                .chain(deltas.iter().filter_map(|d| match d {
                     Delta::Content(t) => Some(t.as_str()),
                     _ => None,
-                })
+                }))
                 .collect();
             header.completion(&text, Some(reason), Some(&ending.usage))
         }
     };
-    axum::Json(body).into_response()
+    axum::Json(with_logprobs(body, shape, &ending)).into_response()
 }
 
 fn stream(
@@ -79,11 +99,13 @@ fn stream(
     header: Header,
     shape: Shape,
     include_usage: bool,
+    echo: String,
 ) -> Response {
     let mut first = match shape {
         Shape::Chat => vec![sse(
             &header.chat_chunk(json!({"role": "assistant", "content": ""}), None)
         )],
+        Shape::Completion if !echo.is_empty() => vec![sse(&header.completion(&echo, None, None))],
         Shape::Completion => vec![],
     };
     first.extend(chunks(&header, shape, &opening));
@@ -98,7 +120,8 @@ fn stream(
                 ),
                 Shape::Completion => (header.completion("", Some(reason), None), "text_completion"),
             };
-            let mut out = vec![sse(&last)];
+            // The log-probabilities come once the generation is over, in the last chunk.
+            let mut out = vec![sse(&with_logprobs(last, shape, &ending))];
             if include_usage {
                 out.push(sse(&header.usage_chunk(object, &ending.usage)));
             }

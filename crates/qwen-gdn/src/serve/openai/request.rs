@@ -1,12 +1,13 @@
 //! Request bodies of /v1/chat/completions and /v1/completions, and their validation into a
-//! [`JobSpec`]. Fields the server cannot honour (n > 1, logprobs, structured output) are 400s
+//! [`JobSpec`]. Fields the server cannot honour (n > 1, structured output) are 400s
 //! rather than silently ignored; numbers are checked against the ranges of `generate`'s flags.
 //! The Anthropic and Ollama requests are translated into these two, so that every API is
 //! validated here, once.
 
 use crate::cli::arg_ranges;
 use crate::serve::error::ApiError;
-use crate::serve::job::{JobSpec, Prompt, Sampling};
+use crate::serve::job::{JobSpec, LogprobRequest, Prompt, Sampling};
+use crate::serve::structured_output::OutputFormat;
 use crate::tool_calls::{normalize_messages_for_template, ToolChoice};
 use serde::Deserialize;
 use serde_json::{Map, Value as Json};
@@ -65,6 +66,7 @@ pub struct ChatRequest {
     pub tool_choice: Option<Json>,
     pub chat_template_kwargs: Option<Map<String, Json>>,
     pub response_format: Option<Json>,
+    pub top_logprobs: Option<Json>,
 }
 
 #[derive(Deserialize, Debug)]
@@ -87,7 +89,12 @@ pub struct Validated {
     /// Tool definitions the output parser types arguments by (empty when tool_choice is none).
     pub tools: Vec<Json>,
     pub tool_choice: ToolChoice,
+    /// Completions' `echo`: the prompt text, which the reply starts with.
+    pub echo: Option<String>,
 }
+
+/// The most likely tokens a request may ask for at each position (vLLM's default bound).
+pub const MAX_TOP_LOGPROBS: u64 = 20;
 
 /// Server-wide settings requests are checked against.
 pub struct Limits {
@@ -287,16 +294,52 @@ fn unsupported(c: &Common) -> Result<(), ApiError> {
     if c.n.is_some_and(|n| n != 1) {
         return Err(ApiError::invalid_param("n", "only n = 1 is supported"));
     }
-    if c.logprobs
-        .as_ref()
-        .is_some_and(|l| !matches!(l, Json::Null | Json::Bool(false)))
-    {
-        return Err(ApiError::invalid_param(
-            "logprobs",
-            "logprobs are not supported",
-        ));
-    }
     Ok(())
+}
+
+/// A count of most likely tokens, `param` = `value`: a whole number up to [`MAX_TOP_LOGPROBS`].
+fn top_count(param: &str, value: &Json) -> Result<usize, ApiError> {
+    match value.as_u64() {
+        Some(n) if n <= MAX_TOP_LOGPROBS => Ok(n as usize),
+        _ => Err(ApiError::invalid_param(
+            param,
+            format!("`{param}` = {value}: must be a whole number from 0 to {MAX_TOP_LOGPROBS}"),
+        )),
+    }
+}
+
+/// Chat's `logprobs` (a boolean) and `top_logprobs` (which needs `logprobs: true`).
+fn chat_logprobs(logprobs: Option<&Json>, top: Option<&Json>) -> Result<Option<usize>, ApiError> {
+    let on = match logprobs {
+        None | Some(Json::Null) => false,
+        Some(Json::Bool(b)) => *b,
+        Some(other) => {
+            return Err(ApiError::invalid_param(
+                "logprobs",
+                format!("`logprobs` = {other}: expected a boolean"),
+            ))
+        }
+    };
+    let top = match top {
+        None | Some(Json::Null) => None,
+        Some(value) => Some(top_count("top_logprobs", value)?),
+    };
+    match (on, top) {
+        (false, Some(_)) => Err(ApiError::invalid_param(
+            "top_logprobs",
+            "`top_logprobs` needs `logprobs: true`",
+        )),
+        (false, None) => Ok(None),
+        (true, top) => Ok(Some(top.unwrap_or(0))),
+    }
+}
+
+/// Completions' `logprobs`: the number of most likely tokens to list (0: only the chosen one's).
+fn completion_logprobs(logprobs: Option<&Json>) -> Result<Option<usize>, ApiError> {
+    match logprobs {
+        None | Some(Json::Null) => Ok(None),
+        Some(value) => top_count("logprobs", value).map(Some),
+    }
 }
 
 fn stop(c: &mut Common) -> Result<Vec<String>, ApiError> {
@@ -324,14 +367,8 @@ impl ChatRequest {
     pub fn validate(mut self, limits: &Limits) -> Result<Validated, ApiError> {
         check_model(&self.common, limits)?;
         unsupported(&self.common)?;
-        if let Some(format) = &self.response_format {
-            if format.get("type").and_then(Json::as_str) != Some("text") {
-                return Err(ApiError::invalid_param(
-                    "response_format",
-                    "only response_format {\"type\": \"text\"} is supported",
-                ));
-            }
-        }
+        let format = output_format(self.response_format.as_ref())?;
+        let logprobs = chat_logprobs(self.common.logprobs.as_ref(), self.top_logprobs.as_ref())?;
         let sampling = sampling(&self.common, &limits.defaults)?;
         let max_tokens = match self.max_completion_tokens {
             Some(n) => max_tokens("max_completion_tokens", Some(n), limits)?,
@@ -380,11 +417,14 @@ impl ChatRequest {
                 max_tokens,
                 sampling,
                 stop,
+                logprobs: logprobs.map(|top| LogprobRequest { top, prompt: false }),
+                format,
             },
             stream: self.common.stream.unwrap_or(false),
             include_usage: include_usage(&self.common),
             tools: shown,
             tool_choice,
+            echo: None,
         })
     }
 }
@@ -477,6 +517,55 @@ fn check_parameters(at: &str, schema: &Map<String, Json>) -> Result<(), ApiError
     }
 }
 
+/// Chat's `response_format`: `{"type": "text"}` (free text), `{"type": "json_object"}`, or
+/// `{"type": "json_schema", "json_schema": {"name", "schema", "strict"?, "description"?}}`.
+/// Whether the schema compiles is found when the job starts (structured_output.rs).
+fn output_format(format: Option<&Json>) -> Result<Option<OutputFormat>, ApiError> {
+    let bad = |param: &str, why: &str| {
+        Err(ApiError::invalid_param(
+            param,
+            format!("invalid `{param}`: {why}"),
+        ))
+    };
+    let Some(format) = format.filter(|f| !f.is_null()) else {
+        return Ok(None);
+    };
+    let Some(format) = format.as_object() else {
+        return bad("response_format", "expected an object with a `type`");
+    };
+    match format.get("type").and_then(Json::as_str) {
+        Some("text") => Ok(None),
+        Some("json_object") => Ok(Some(OutputFormat::JsonObject)),
+        Some("json_schema") => {
+            let Some(spec) = format.get("json_schema").and_then(Json::as_object) else {
+                return bad(
+                    "response_format.json_schema",
+                    "required: an object with `name` and `schema`",
+                );
+            };
+            if !spec.get("name").is_some_and(Json::is_string) {
+                return bad("response_format.json_schema.name", "required: a string");
+            }
+            if !matches!(spec.get("strict"), None | Some(Json::Null | Json::Bool(_))) {
+                return bad("response_format.json_schema.strict", "expected a boolean");
+            }
+            match spec.get("schema") {
+                Some(schema @ Json::Object(_)) => {
+                    Ok(Some(OutputFormat::JsonSchema(schema.clone())))
+                }
+                _ => bad(
+                    "response_format.json_schema.schema",
+                    "required: a JSON Schema object",
+                ),
+            }
+        }
+        _ => bad(
+            "response_format.type",
+            "expected \"text\", \"json_object\" or \"json_schema\"",
+        ),
+    }
+}
+
 fn include_usage(c: &Common) -> bool {
     c.stream_options
         .as_ref()
@@ -508,9 +597,6 @@ impl CompletionRequest {
     pub fn validate(mut self, limits: &Limits) -> Result<Validated, ApiError> {
         check_model(&self.common, limits)?;
         unsupported(&self.common)?;
-        if self.echo == Some(true) {
-            return Err(ApiError::invalid_param("echo", "echo is not supported"));
-        }
         if self.suffix.is_some() {
             return Err(ApiError::invalid_param("suffix", "suffix is not supported"));
         }
@@ -532,20 +618,30 @@ impl CompletionRequest {
             return Err(ApiError::invalid_param("prompt", "the prompt is empty"));
         }
         too_long(prompt.len() as u64, limits).map_err(|e| e.with_param("prompt"))?;
+        let echo = self.echo.unwrap_or(false);
+        let logprobs = completion_logprobs(self.common.logprobs.as_ref())?;
         let sampling = sampling(&self.common, &limits.defaults)?;
-        let max_tokens = max_tokens("max_tokens", self.common.max_tokens, limits)?;
+        // With echo, nothing need be generated: the prompt's log-probabilities are the answer
+        // (how evaluation harnesses score a text).
+        let max_tokens = match self.common.max_tokens {
+            Some(0) if echo => 0,
+            n => max_tokens("max_tokens", n, limits)?,
+        };
         let stop = stop(&mut self.common)?;
         Ok(Validated {
             job: JobSpec {
-                prompt: Prompt::Text(prompt),
+                prompt: Prompt::Text(prompt.clone()),
                 max_tokens,
                 sampling,
                 stop,
+                logprobs: logprobs.map(|top| LogprobRequest { top, prompt: echo }),
+                format: None,
             },
             stream: self.common.stream.unwrap_or(false),
             include_usage: include_usage(&self.common),
             tools: vec![],
             tool_choice: ToolChoice::None,
+            echo: echo.then_some(prompt),
         })
     }
 }
@@ -791,6 +887,73 @@ mod tests {
         assert_eq!(v.job.sampling.temperature, 0.6);
         assert_eq!(v.job.sampling.top_p, 0.5);
         assert_eq!(v.job.sampling.top_k, 20);
+    }
+
+    #[test]
+    fn log_probability_requests() {
+        let with = |extra: &str| {
+            chat(&format!(
+                r#"{{"messages":[{{"role":"user","content":"a"}}]{extra}}}"#
+            ))
+        };
+        assert_eq!(with("").unwrap().job.logprobs, None);
+        assert_eq!(with(r#","logprobs":false"#).unwrap().job.logprobs, None);
+        let l = with(r#","logprobs":true,"top_logprobs":20"#)
+            .unwrap()
+            .job
+            .logprobs;
+        assert_eq!(
+            l,
+            Some(LogprobRequest {
+                top: 20,
+                prompt: false
+            })
+        );
+        let l = with(r#","logprobs":true"#).unwrap().job.logprobs;
+        assert_eq!(
+            l,
+            Some(LogprobRequest {
+                top: 0,
+                prompt: false
+            })
+        );
+        for (extra, param) in [
+            (r#","logprobs":"yes""#, "logprobs"),
+            (r#","logprobs":true,"top_logprobs":21"#, "top_logprobs"),
+            (r#","logprobs":true,"top_logprobs":2.5"#, "top_logprobs"),
+            (r#","logprobs":false,"top_logprobs":2"#, "top_logprobs"),
+        ] {
+            let e = with(extra).expect_err(extra);
+            assert_eq!(e.param.as_deref(), Some(param), "{extra}: {}", e.message);
+        }
+        let completion =
+            |body: &str| parse::<CompletionRequest>(body.as_bytes())?.validate(&limits());
+        let v = completion(r#"{"prompt":"hi","echo":true,"logprobs":3,"max_tokens":0}"#).unwrap();
+        assert_eq!(
+            v.job.logprobs,
+            Some(LogprobRequest {
+                top: 3,
+                prompt: true
+            })
+        );
+        assert_eq!((v.job.max_tokens, v.echo.as_deref()), (0, Some("hi")));
+        let v = completion(r#"{"prompt":"hi","logprobs":0}"#).unwrap();
+        assert_eq!(
+            v.job.logprobs,
+            Some(LogprobRequest {
+                top: 0,
+                prompt: false
+            })
+        );
+        assert_eq!(v.echo, None);
+        for (body, param) in [
+            (r#"{"prompt":"hi","logprobs":-1}"#, "logprobs"),
+            (r#"{"prompt":"hi","logprobs":true}"#, "logprobs"),
+            (r#"{"prompt":"hi","max_tokens":0}"#, "max_tokens"),
+        ] {
+            let e = completion(body).expect_err(body);
+            assert_eq!(e.param.as_deref(), Some(param), "{body}: {}", e.message);
+        }
     }
 
     #[test]

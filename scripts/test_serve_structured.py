@@ -1,0 +1,79 @@
+"""Structured output from `qwen-gdn serve` through the official `openai` Python client: replies
+constrained by `response_format` json_schema parse and validate against their schema with the
+`jsonschema` package (run by scripts/test-serve-clients.sh; the tiny model's weights are random,
+so only the constraint makes them valid).
+
+    python scripts/test_serve_structured.py BASE_URL API_KEY
+"""
+
+import json
+import sys
+
+import jsonschema
+import openai
+from openai import OpenAI
+from serve_client_checks import Checks
+
+base, key = sys.argv[1:3]
+client = OpenAI(base_url=base, api_key=key, max_retries=0, timeout=300)
+check = Checks()
+model = client.models.list().data[0].id
+
+person = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "minLength": 1, "maxLength": 10},
+        "age": {"type": "integer", "minimum": 0, "maximum": 120},
+        "role": {"enum": ["admin", "user", "guest"]},
+        "emails": {
+            "type": "array",
+            "items": {"type": "string", "maxLength": 12},
+            "minItems": 1,
+            "maxItems": 3,
+        },
+        "address": {
+            "type": "object",
+            "properties": {
+                "city": {"type": "string", "maxLength": 10},
+                "zip": {"type": "string", "pattern": "^[0-9]{5}$"},
+            },
+            "required": ["city", "zip"],
+            "additionalProperties": False,
+        },
+        "score": {"type": "number", "minimum": 0, "maximum": 1},
+    },
+    "required": ["name", "age", "role", "emails", "address"],
+    "additionalProperties": False,
+}
+for seed in range(4):
+    r = client.chat.completions.create(
+        model=model,
+        messages=[{"role": "user", "content": "Describe a person."}],
+        max_tokens=400,
+        temperature=1,
+        seed=seed,
+        response_format={
+            "type": "json_schema",
+            "json_schema": {"name": "person", "schema": person, "strict": True},
+        },
+    )
+    text = r.choices[0].message.content
+    check(r.choices[0].finish_reason == "stop", f"seed {seed}: cut off: {text!r}")
+    jsonschema.validate(json.loads(text), person)
+    check(True, "valid")
+
+# A schema no document satisfies: OpenAI's 400 shape.
+try:
+    client.chat.completions.create(
+        model=model,
+        messages=[{"role": "user", "content": "hi"}],
+        response_format={
+            "type": "json_schema",
+            "json_schema": {"name": "x", "schema": {"type": "string", "minLength": 3, "maxLength": 1}},
+        },
+    )
+    raise AssertionError("an unsatisfiable schema was accepted")
+except openai.BadRequestError as e:
+    check(e.status_code == 400 and "Unsatisfiable" in str(e), e)
+
+print(f"structured output: {check.count} checks passed")
