@@ -17,6 +17,7 @@ use anyhow::{bail, ensure, Result};
 use candle_core::{DType, Device, Tensor};
 use std::path::Path;
 
+mod batch_step;
 mod launch_budget;
 mod mtp;
 pub use launch_budget::{ple_layers, LaunchBudget};

@@ -134,6 +134,40 @@ impl DecoderLayer {
         }
     }
 
+    /// [`DecoderLayer::mixer_forward`] for one decode step of several sequences: row `i` of
+    /// `h` `[1, B, H]` is sequence `i`'s token at position `offsets[i]`, `caches[i]` its state
+    /// on this layer.
+    pub fn mixer_forward_batch(
+        &self,
+        h: &Tensor,
+        caches: &mut [&mut LayerCache],
+        offsets: &[usize],
+    ) -> Result<Tensor> {
+        let x = self.input_norm.forward(h)?;
+        match &self.mixer {
+            Mixer::Gdn(m) => {
+                let mut states = caches
+                    .iter_mut()
+                    .map(|c| match &mut **c {
+                        LayerCache::Gdn(c) => Ok(c),
+                        LayerCache::Attention(_) => bail!("cache does not belong to this model"),
+                    })
+                    .collect::<Result<Vec<_>>>()?;
+                m.forward_batch(&x, &mut states)
+            }
+            Mixer::Attention(m) => {
+                let mut kv = caches
+                    .iter_mut()
+                    .map(|c| match &mut **c {
+                        LayerCache::Attention(c) => Ok(c),
+                        LayerCache::Gdn(_) => bail!("cache does not belong to this model"),
+                    })
+                    .collect::<Result<Vec<_>>>()?;
+                m.forward_batch(&x, &mut kv, offsets)
+            }
+        }
+    }
+
     /// The feed-forward contribution: `mlp(post_attention_norm(h))`.
     pub fn feed_forward(&self, h: &Tensor) -> Result<Tensor> {
         let x = self.post_norm.forward(h)?;
@@ -153,6 +187,31 @@ impl DecoderLayer {
         tap: &mut dyn Tap,
     ) -> Result<Tensor> {
         let mixed = self.mixer_forward(h, cache, offset)?;
+        self.after_mixer(i, h, mixed, tap)
+    }
+
+    /// Layer `i` on one decode step of several sequences (see
+    /// [`DecoderLayer::mixer_forward_batch`]); the feed-forward takes the rows together.
+    pub fn forward_batch(
+        &self,
+        i: usize,
+        h: &Tensor,
+        caches: &mut [&mut LayerCache],
+        offsets: &[usize],
+        tap: &mut dyn Tap,
+    ) -> Result<Tensor> {
+        let mixed = self.mixer_forward_batch(h, caches, offsets)?;
+        self.after_mixer(i, h, mixed, tap)
+    }
+
+    /// The residual add of the mixer's output `mixed`, then the feed-forward and its add.
+    fn after_mixer(
+        &self,
+        i: usize,
+        h: &Tensor,
+        mixed: Tensor,
+        tap: &mut dyn Tap,
+    ) -> Result<Tensor> {
         let h = candle_op(h + &mixed)?;
         let attention = matches!(self.mixer, Mixer::Attention(_));
         tap.part(
