@@ -7,6 +7,29 @@ use crate::{Cache, Model};
 use anyhow::{bail, Result};
 use candle_core::Tensor;
 
+/// How a batched step's products treat its rows (one per sequence).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BatchProducts {
+    /// Every row computed as its sequence's decode step computes it alone: the reference
+    /// plan's host products keep their one-row kernel for any number of rows (each weight row
+    /// still read once for all); the device plan's run in groups of the matvec's rows (one
+    /// row for float weights) and its MoE one token at a time. Bit for bit what each
+    /// sequence gives alone. The reference plan's default.
+    EachRowAlone,
+    /// One product over all the rows, whichever kernel the row count picks (a GEMM sums in
+    /// another order): the fewest weight reads. The device plan's default.
+    Shared,
+}
+
+impl BatchProducts {
+    pub fn default_for(plan: crate::Plan) -> Self {
+        match plan {
+            crate::Plan::Reference => Self::EachRowAlone,
+            crate::Plan::Device => Self::Shared,
+        }
+    }
+}
+
 /// A sequence's place in a [`Batch`], valid until it leaves.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct SlotId(u64);

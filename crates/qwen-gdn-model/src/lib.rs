@@ -24,7 +24,7 @@ pub mod tensor;
 mod warm_up;
 pub mod weights;
 
-pub use batch::{Batch, SlotId};
+pub use batch::{Batch, BatchProducts, SlotId};
 pub use cache::Cache;
 pub use config::Config;
 pub use gdn_ops::capability::bf16_supported;
