@@ -52,6 +52,9 @@ the repetitions.
                      set size (getrusage), loading included
   peak_memory_source \"gpu\" or \"rss\": which of the two peak_memory_bytes is
   prefill_profile    with --profile: the time of each prefill phase
+  batch              with --batch (instead of prefill_chunk_size, gdn_state_dtype, \
+                     prompt_tps, generation_tps): per batch size {batch, aggregate_tps, \
+                     per_sequence_tps}, each {median, stddev, min, max, samples}
   decode_profile     with --profile-decode: every kernel of one decode step (op, layer, \
                      label, grids, seconds, bytes read and written, bytes per second, percent \
                      of the copy bandwidth), sums by op and by layer kind, the copy bandwidth, \
