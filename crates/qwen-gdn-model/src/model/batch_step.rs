@@ -53,7 +53,7 @@ impl Model {
         }
         self.on_host_workers(|| {
             let _q8 = gdn_ops::ops::affine::q8::Scope::enter(self.q8_activations);
-            let _rows = row_exact::Scope::enter(self.batch_products == BatchProducts::EachRowAlone);
+            let _rows = row_exact::scope(self.batch_products == BatchProducts::EachRowAlone);
             let h = self.embed(tokens)?;
             let h = self.decoder.forward_batch(h, tokens, caches, &mut NoTap)?;
             for cache in caches.iter_mut() {

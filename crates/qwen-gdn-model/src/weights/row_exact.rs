@@ -4,7 +4,7 @@
 //! dot each row against the packed weights, from eight on the rows go through a blocked GEMM,
 //! whose sums run in another order. A batched decode step stacks one row per sequence, so
 //! with the usual choice a sequence's logits would depend on how many others share its step.
-//! Inside a [`Scope`] the host products keep the one-row kernel for any `m`: each weight row
+//! Inside a [`scope`] the host products keep the one-row kernel for any `m`: each weight row
 //! is still read once for all the rows (the saving batching is for), and every row's sums run
 //! in the order they run alone, so a sequence gives the same bits in any batch.
 
@@ -20,16 +20,6 @@ pub fn enabled() -> bool {
 }
 
 /// Turns the mode on or off for the current thread until dropped.
-pub struct Scope(bool);
-
-impl Scope {
-    pub fn enter(on: bool) -> Self {
-        Self(ENABLED.with(|c| c.replace(on)))
-    }
-}
-
-impl Drop for Scope {
-    fn drop(&mut self) {
-        ENABLED.with(|c| c.set(self.0));
-    }
+pub fn scope(on: bool) -> gdn_ops::thread_flag::FlagScope {
+    gdn_ops::thread_flag::FlagScope::enter(&ENABLED, on)
 }

@@ -145,26 +145,21 @@ impl DecoderLayer {
     ) -> Result<Tensor> {
         let x = self.input_norm.forward(h)?;
         match &self.mixer {
-            Mixer::Gdn(m) => {
-                let mut states = caches
-                    .iter_mut()
-                    .map(|c| match &mut **c {
-                        LayerCache::Gdn(c) => Ok(c),
-                        LayerCache::Attention(_) => bail!("cache does not belong to this model"),
-                    })
-                    .collect::<Result<Vec<_>>>()?;
-                m.forward_batch(&x, &mut states)
-            }
-            Mixer::Attention(m) => {
-                let mut kv = caches
-                    .iter_mut()
-                    .map(|c| match &mut **c {
-                        LayerCache::Attention(c) => Ok(c),
-                        LayerCache::Gdn(_) => bail!("cache does not belong to this model"),
-                    })
-                    .collect::<Result<Vec<_>>>()?;
-                m.forward_batch(&x, &mut kv, offsets)
-            }
+            Mixer::Gdn(m) => m.forward_batch(
+                &x,
+                &mut each_as(caches, |c| match c {
+                    LayerCache::Gdn(c) => Some(c),
+                    LayerCache::Attention(_) => None,
+                })?,
+            ),
+            Mixer::Attention(m) => m.forward_batch(
+                &x,
+                &mut each_as(caches, |c| match c {
+                    LayerCache::Attention(c) => Some(c),
+                    LayerCache::Gdn(_) => None,
+                })?,
+                offsets,
+            ),
         }
     }
 
@@ -228,4 +223,19 @@ impl DecoderLayer {
         tap.part(Part::FeedForward { layer: i, moe }, &fed, &h)?;
         Ok(h)
     }
+}
+
+/// Every sequence's state on this layer as the mixer's kind of cache (`as_kind`), or the
+/// error of a cache made for another model.
+fn each_as<'a, T>(
+    caches: &'a mut [&mut LayerCache],
+    as_kind: impl Fn(&'a mut LayerCache) -> Option<&'a mut T>,
+) -> Result<Vec<&'a mut T>> {
+    caches
+        .iter_mut()
+        .map(|c| match as_kind(&mut **c) {
+            Some(c) => Ok(c),
+            None => bail!("cache does not belong to this model"),
+        })
+        .collect()
 }

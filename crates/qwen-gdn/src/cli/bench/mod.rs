@@ -171,22 +171,13 @@ pub fn run(args: Args) -> Result<ExitCode> {
     }
     let mut out = std::io::stdout().lock();
     if args.json {
-        let report = json!({
-            "model": args.model.model,
-            "model_type": model.config().model_type,
-            "size_bytes": size,
-            "backend": backend_name(model.device()),
-            "prompt_tokens": p,
-            "gen_tokens": g,
-            "repetitions": args.repetitions,
-            "prefill_chunk_size": chunk,
-            "gdn_state_dtype": state_dtype,
-            "prompt_tps": pp,
-            "generation_tps": tg,
-            "peak_memory_bytes": peak,
-            "peak_memory_source": peak_source,
-        });
-        let mut report = report;
+        let mut report = report_head(&args, &model, size);
+        report["prefill_chunk_size"] = json!(chunk);
+        report["gdn_state_dtype"] = json!(state_dtype);
+        report["prompt_tps"] = json!(pp);
+        report["generation_tps"] = json!(tg);
+        report["peak_memory_bytes"] = json!(peak);
+        report["peak_memory_source"] = json!(peak_source);
         if let Some(profile) = &profile {
             report["prefill_profile"] = profile.json();
         }
@@ -210,6 +201,19 @@ pub fn run(args: Args) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// The keys every `--json` report starts with.
+fn report_head(args: &Args, model: &Model, size: u64) -> serde_json::Value {
+    json!({
+        "model": args.model.model,
+        "model_type": model.config().model_type,
+        "size_bytes": size,
+        "backend": backend_name(model.device()),
+        "prompt_tokens": args.prompt_tokens,
+        "gen_tokens": args.gen_tokens,
+        "repetitions": args.repetitions,
+    })
+}
+
 /// `--batch`'s table or JSON object.
 fn batch_report(
     args: &Args,
@@ -223,18 +227,10 @@ fn batch_report(
     let backend = backend_name(model.device());
     let mut out = std::io::stdout().lock();
     if args.json {
-        let report = json!({
-            "model": args.model.model,
-            "model_type": model.config().model_type,
-            "size_bytes": size,
-            "backend": backend,
-            "prompt_tokens": p,
-            "gen_tokens": g,
-            "repetitions": args.repetitions,
-            "batch": rows.iter().map(batch::BatchRow::json).collect::<Vec<_>>(),
-            "peak_memory_bytes": peak,
-            "peak_memory_source": peak_source,
-        });
+        let mut report = report_head(args, model, size);
+        report["batch"] = json!(rows.iter().map(batch::BatchRow::json).collect::<Vec<_>>());
+        report["peak_memory_bytes"] = json!(peak);
+        report["peak_memory_source"] = json!(peak_source);
         emit(&mut out, &format!("{report}\n"))?;
     } else {
         let name = display_name(&args.model.model);
