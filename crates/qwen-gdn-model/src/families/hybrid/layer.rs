@@ -233,7 +233,7 @@ fn each_as<'a, T>(
 ) -> Result<Vec<&'a mut T>> {
     caches
         .iter_mut()
-        .map(|c| match as_kind(&mut **c) {
+        .map(|c| match as_kind(c) {
             Some(c) => Ok(c),
             None => bail!("cache does not belong to this model"),
         })
