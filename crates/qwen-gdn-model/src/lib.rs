@@ -4,6 +4,7 @@
 //! [`Config`] and the layers in [`layers`] are built from it → [`Model::forward`] runs
 //! tokens through embeddings, decoder layers (updating the [`Cache`] in place) and the head.
 
+pub mod batch;
 pub mod cache;
 pub mod candle_ops;
 pub mod config;
@@ -23,6 +24,7 @@ pub mod tensor;
 mod warm_up;
 pub mod weights;
 
+pub use batch::{Batch, BatchProducts, SlotId};
 pub use cache::Cache;
 pub use config::Config;
 pub use gdn_ops::capability::bf16_supported;

@@ -17,6 +17,7 @@ use anyhow::{bail, ensure, Result};
 use candle_core::{DType, Device, Tensor};
 use std::path::Path;
 
+mod batch_step;
 mod launch_budget;
 mod mtp;
 pub use launch_budget::{ple_layers, LaunchBudget};
@@ -31,6 +32,8 @@ pub struct Model {
     embed: Embedding,
     decoder: Decoder,
     lm_head: Linear,
+    /// How batched decode steps run their products ([`Model::decode_batch`]).
+    batch_products: crate::BatchProducts,
     /// The multi-token-prediction head, once [`Model::load_mtp`] found one.
     mtp: Option<crate::families::hybrid::MtpHead>,
     warnings: Vec<String>,
@@ -123,6 +126,7 @@ impl Model {
             embed,
             decoder,
             lm_head,
+            batch_products: crate::BatchProducts::default_for(plan),
             mtp: None,
             warnings,
         };

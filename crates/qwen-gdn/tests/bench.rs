@@ -562,3 +562,22 @@ fn decode_profile_needs_the_fused_step() {
     let out = bench(&["-p", "4", "-g", "1", "-r", "1", "--profile-decode"]);
     assert_error(&out, &["--profile-decode", "--dtype bf16"]);
 }
+
+#[test]
+fn batch_json_report() {
+    let out = bench(&["-p", "4", "-g", "3", "-r", "1", "--batch", "1,3", "--json"]);
+    assert!(out.status.success(), "stderr: {}", stderr(&out));
+    let report: Json = serde_json::from_slice(&out.stdout).unwrap();
+    let rows = report["batch"].as_array().expect("a batch array");
+    assert_eq!(rows.len(), 2, "{report}");
+    for (row, b) in rows.iter().zip([1.0, 3.0]) {
+        assert_eq!(row["batch"].as_f64(), Some(b), "{row}");
+        let aggregate = positive_finite(&row["aggregate_tps"]["median"], "aggregate");
+        let each = positive_finite(&row["per_sequence_tps"]["median"], "per sequence");
+        // Both from the same timed steps: B sequences' tokens against one sequence's.
+        assert!((aggregate / each - b).abs() < 1e-9, "{row}");
+    }
+    let out = bench(&["--batch", "2,0"]);
+    assert!(!out.status.success());
+    assert!(stderr(&out).contains("--batch"), "{}", stderr(&out));
+}

@@ -78,6 +78,30 @@ impl Decoder {
         }
     }
 
+    /// One decode step of several sequences: row `i` of `h` `[1, B, H]` is the embedded
+    /// `tokens[i]`, the next token of the sequence `caches[i]` holds (the caller advances the
+    /// offsets). The hybrid family shares each product's weight read over the rows; a family
+    /// without a batched step runs the sequences one after another.
+    pub fn forward_batch(
+        &self,
+        h: Tensor,
+        tokens: &[u32],
+        caches: &mut [&mut Cache],
+        tap: &mut dyn Tap,
+    ) -> Result<Tensor> {
+        match self {
+            Self::Hybrid(d) => d.forward_batch(h, caches, tap),
+            Self::Qwen4Exp(d) => {
+                let rows = caches
+                    .iter_mut()
+                    .enumerate()
+                    .map(|(i, cache)| d.forward(h.narrow(1, i, 1)?, &tokens[i..=i], cache, tap))
+                    .collect::<Result<Vec<_>>>()?;
+                crate::candle_ops::cat(&rows, 1)
+            }
+        }
+    }
+
     /// The final norm, or what takes its place: [`Decoder::forward`]'s output → the
     /// lm_head's input `[1, S, H]`.
     pub fn final_norm(&self, h: &Tensor) -> Result<Tensor> {

@@ -6,7 +6,7 @@ use super::linear::{FusedLinear, Linear};
 use super::norm::RmsNorm;
 use super::rope::PartialRope;
 use crate::cache::KvCache;
-use crate::candle_ops::{full, matmul, sigmoid, softmax_last_dim, zeros};
+use crate::candle_ops::{cat, full, matmul, sigmoid, softmax_last_dim, zeros};
 use crate::phase_profile::phase;
 use crate::tensor::{cast, contiguous};
 use crate::weights::Checkpoint;
@@ -132,6 +132,57 @@ impl Attention {
         })
     }
 
+    /// One decode step of several sequences, `x` `[1, B, H]`, row `i` the next token of the
+    /// sequence whose keys and values are `caches[i]`, at position `offsets[i]`: the
+    /// projections run once for all the rows (each weight read once), the attention per
+    /// sequence over its own keys (ragged lengths).
+    pub fn forward_batch(
+        &self,
+        x: &Tensor,
+        caches: &mut [&mut KvCache],
+        offsets: &[usize],
+    ) -> Result<Tensor> {
+        let (_, b, _) = x.dims3()?;
+        let (nq, dh) = (self.heads, self.head_dim);
+        let device = x.device();
+        let projected = self.project(x)?;
+        let (outputs, gates): (Vec<Tensor>, Vec<Tensor>) = caches
+            .iter_mut()
+            .zip(offsets)
+            .enumerate()
+            .map(|(i, (cache, &offset))| {
+                let row: Vec<Tensor> = projected
+                    .iter()
+                    .map(|p| p.narrow(1, i, 1))
+                    .collect::<candle_core::Result<_>>()?;
+                let row: [Tensor; 3] = row.try_into().expect("three projections");
+                let (q, k, v, gate) = self.rotate_and_append(&row, cache, offset)?;
+                let o = phase("attention/core", device, || {
+                    self.attend_chunk(&q, &k, &v, offset, None)
+                })?;
+                Ok((
+                    contiguous(&o.transpose(1, 2)?)?.reshape((1, 1, nq * dh))?,
+                    gate,
+                ))
+            })
+            .collect::<Result<Vec<_>>>()?
+            .into_iter()
+            .unzip();
+        phase("attention/out", device, || {
+            let (o, gate) = (cat(&outputs, 1)?, cat(&gates, 1)?);
+            debug_assert_eq!(o.dims(), &[1, b, nq * dh]);
+            let o = candle_op(o.mul(&sigmoid(&gate)?))?;
+            self.o_proj.forward(&o)
+        })
+    }
+
+    /// `[query | gate, k, v]` of `x` `[B, S, H]`.
+    fn project(&self, x: &Tensor) -> Result<[Tensor; 3]> {
+        phase("attention/qkv_prep/proj", x.device(), || {
+            Ok(self.qkv.forward(x)?.try_into().expect("three projections"))
+        })
+    }
+
     /// The rotated queries `[B, Nq, S, Dh]`, every cached key and value `[B, Nkv, T, Dh]`
     /// after appending this chunk's, and the output gate `[B, S, Nq·Dh]`.
     fn queries_and_keys(
@@ -140,16 +191,25 @@ impl Attention {
         cache: &mut KvCache,
         offset: usize,
     ) -> Result<(Tensor, Tensor, Tensor, Tensor)> {
-        let (b, s, _) = x.dims3()?;
+        let projected = self.project(x)?;
+        self.rotate_and_append(&projected, cache, offset)
+    }
+
+    /// [`Attention::queries_and_keys`] from the projections `[query | gate, k, v]` of one
+    /// sequence's tokens at `offset`.
+    fn rotate_and_append(
+        &self,
+        [qg, k, v]: &[Tensor; 3],
+        cache: &mut KvCache,
+        offset: usize,
+    ) -> Result<(Tensor, Tensor, Tensor, Tensor)> {
+        let (b, s, _) = qg.dims3()?;
         let (nq, nkv, dh) = (self.heads, self.kv_heads, self.head_dim);
-        let device = x.device();
-        let [qg, k, v]: [Tensor; 3] = phase("attention/qkv_prep/proj", device, || {
-            Ok(self.qkv.forward(x)?.try_into().expect("three projections"))
-        })?;
+        let device = qg.device();
         let (q, k, v, gate) = phase("attention/qkv_prep/norm", device, || {
             // A view of the merged projection: contiguous in decode, copied here in prefill
             // (as `reshape` would do uncounted).
-            let qg = contiguous(&qg)?.reshape((b, s, nq, 2 * dh))?;
+            let qg = contiguous(qg)?.reshape((b, s, nq, 2 * dh))?;
             let (q, gate) = (
                 qg.narrow(D::Minus1, 0, dh)?,
                 contiguous(&qg.narrow(D::Minus1, dh, dh)?)?.reshape((b, s, nq * dh))?,
@@ -157,9 +217,9 @@ impl Attention {
             let q = self.q_norm.forward(&q)?.transpose(1, 2)?;
             let k = self
                 .k_norm
-                .forward(&contiguous(&k)?.reshape((b, s, nkv, dh))?)?
+                .forward(&contiguous(k)?.reshape((b, s, nkv, dh))?)?
                 .transpose(1, 2)?;
-            let v = contiguous(&contiguous(&v)?.reshape((b, s, nkv, dh))?.transpose(1, 2)?)?;
+            let v = contiguous(&contiguous(v)?.reshape((b, s, nkv, dh))?.transpose(1, 2)?)?;
             Ok((q, k, v, gate))
         })?;
         let (q, k) = phase("attention/qkv_prep/rope", device, || {

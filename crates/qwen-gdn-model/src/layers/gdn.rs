@@ -223,27 +223,59 @@ impl GatedDeltaNet {
 
     /// `x`: `[B, S, H]`.
     pub fn forward(&self, x: &Tensor, cache: &mut GdnCache) -> Result<Tensor> {
-        let (b, s, _) = x.dims3()?;
+        let projected = self.project(x)?;
+        let y = self.mix(&projected, cache)?;
+        self.output(&y, &projected[1])
+    }
+
+    /// One decode step of several sequences, `x` `[1, B, H]`, row `i` the next token of the
+    /// sequence whose state is `caches[i]`: the projections run once for all the rows (each
+    /// weight read once), the conv and the recurrence per sequence on its own state.
+    pub fn forward_batch(&self, x: &Tensor, caches: &mut [&mut GdnCache]) -> Result<Tensor> {
+        let projected = self.project(x)?;
+        let ys = caches
+            .iter_mut()
+            .enumerate()
+            .map(|(i, cache)| {
+                let row: Vec<Tensor> = projected
+                    .iter()
+                    .map(|p| p.narrow(1, i, 1))
+                    .collect::<candle_core::Result<_>>()?;
+                let row: [Tensor; 4] = row.try_into().expect("four projections");
+                self.mix(&row, cache)
+            })
+            .collect::<Result<Vec<_>>>()?;
+        self.output(&cat(&ys, 1)?, &projected[1])
+    }
+
+    /// `[qkv, z, b, a]` of `x` `[B, S, H]`.
+    fn project(&self, x: &Tensor) -> Result<[Tensor; 4]> {
+        phase("gdn/in_proj", x.device(), || {
+            Ok(self
+                .in_proj
+                .forward(x)?
+                .try_into()
+                .expect("four projections"))
+        })
+    }
+
+    /// The conv and the recurrence on the projections of one sequence's tokens: the
+    /// recurrence's output `y` `[B, S, Hv, Dv]`, the state advanced in place.
+    fn mix(&self, [qkv, _z, beta_in, a]: &[Tensor; 4], cache: &mut GdnCache) -> Result<Tensor> {
+        let (b, s, _) = qkv.dims3()?;
         let (hk, hv, dk, dv) = (
             self.key_heads,
             self.value_heads,
             self.key_dim,
             self.value_dim,
         );
-        let device = x.device();
-        let [qkv, z, beta_in, a]: [Tensor; 4] = phase("gdn/in_proj", device, || {
-            Ok(self
-                .in_proj
-                .forward(x)?
-                .try_into()
-                .expect("four projections"))
-        })?;
+        let device = qkv.device();
         let (q, k, v, beta, g) = phase("gdn/conv_prep", device, || {
             // A verify window (`cache.steps`) keeps its conv rows: the composed front does.
             if self.conv_front == ConvFront::Fused && cache.steps.is_none() {
-                return self.conv_front_fused(&qkv, &beta_in, &a, cache);
+                return self.conv_front_fused(qkv, beta_in, a, cache);
             }
-            let conv = silu(&self.conv(&qkv, cache)?)?;
+            let conv = silu(&self.conv(qkv, cache)?)?;
             // Head views of the conv output: each is copied once, by the normalisation or here.
             let q = contiguous(&conv.narrow(D::Minus1, 0, hk * dk)?)?.reshape((b, s, hk, dk))?;
             let k =
@@ -252,11 +284,11 @@ impl GatedDeltaNet {
                 .reshape((b, s, hv, dv))?;
             let q = self.q_norm.norm.forward(&q)?;
             let k = self.k_norm.norm.forward(&k)?;
-            let beta = sigmoid(&cast(&beta_in, DType::F32)?)?;
-            let g = decay(&cast(&a, DType::F32)?, &self.dt_bias, &self.neg_a_log_exp)?;
+            let beta = sigmoid(&cast(beta_in, DType::F32)?)?;
+            let g = decay(&cast(a, DType::F32)?, &self.dt_bias, &self.neg_a_log_exp)?;
             Ok((q, k, v, beta, g))
         })?;
-        let y = phase("gdn/recurrence", device, || {
+        phase("gdn/recurrence", device, || {
             let state = self.state_for(cache, b, device)?;
             if let Some(steps) = &mut cache.steps {
                 return steps.recurrence(self.gdn_prefill, &q, &k, &v, &g, &beta, &state);
@@ -267,10 +299,16 @@ impl GatedDeltaNet {
                 }
                 None => gdn_ops::gated_delta_update(&q, &k, &v, &g, &beta, &state),
             }
-        })?;
-        phase("gdn/norm_out", device, || {
-            let z = contiguous(&z)?.reshape((b, s, hv, dv))?;
-            let out = self.norm.forward(&y, &z)?.reshape((b, s, hv * dv))?;
+        })
+    }
+
+    /// The gated output norm of `y` `[B, S, Hv, Dv]` by `z` `[B, S, Hv·Dv]`, then `out_proj`.
+    fn output(&self, y: &Tensor, z: &Tensor) -> Result<Tensor> {
+        let (b, s, _) = z.dims3()?;
+        let (hv, dv) = (self.value_heads, self.value_dim);
+        phase("gdn/norm_out", z.device(), || {
+            let z = contiguous(z)?.reshape((b, s, hv, dv))?;
+            let out = self.norm.forward(y, &z)?.reshape((b, s, hv * dv))?;
             self.out_proj.forward(&out)
         })
     }

@@ -291,6 +291,8 @@ impl<'a> Prepared<'a> {
             "activation width does not match the weight"
         );
         let sums = |group: usize| p.x.chunks_exact(group).map(|g| g.iter().sum()).collect();
+        // A batched decode step's rows each keep the kernel they get alone (`row_exact`).
+        let one_row = super::row_exact::enabled();
         let kind = match p.matrix {
             Matrix::Affine(a) if q8 && gdn_ops::ops::affine::q8::supports(a) => Kernel::Q8 {
                 matrix: a,
@@ -301,11 +303,13 @@ impl<'a> Prepared<'a> {
                     .collect(),
                 group_sums: sums(a.group_size),
             },
-            Matrix::Affine(a) if a.has_fused_dot() && m <= FUSED_DOT_MAX_ROWS => Kernel::Packed {
-                matrix: a,
-                group_sums: sums(a.group_size),
-            },
-            _ if m >= GEMM_MIN_ROWS => return None,
+            Matrix::Affine(a) if a.has_fused_dot() && (one_row || m <= FUSED_DOT_MAX_ROWS) => {
+                Kernel::Packed {
+                    matrix: a,
+                    group_sums: sums(a.group_size),
+                }
+            }
+            _ if m >= GEMM_MIN_ROWS && !one_row => return None,
             _ => Kernel::Dequantized,
         };
         Some(Self {

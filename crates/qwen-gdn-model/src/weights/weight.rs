@@ -96,11 +96,34 @@ impl Weight {
                 let y = w.matmul_t(0, &xs, m);
                 Ok(Tensor::from_vec(y, out_shape, x.device())?.to_dtype(x.dtype())?)
             }
-            Self::Quantized(a) => a.matmul_t(x),
-            Self::Dense(w) => {
-                let y = matmul(&contiguous(x)?.reshape((m, cols))?, &w.squeeze(0)?.t()?)?;
-                Ok(y.reshape(out_shape)?)
+            Self::Quantized(_) | Self::Dense(_) if super::row_exact::enabled() => {
+                // Each group of rows as a decode step computes it: at most the matvec's rows
+                // for packed weights, one row for float ones (a GEMM's blocking depends on m).
+                let per_call = match self {
+                    Self::Quantized(_) => gdn_ops::ops::affine::MATVEC_MAX_ROWS,
+                    _ => 1,
+                };
+                let x2 = contiguous(x)?.reshape((m, cols))?;
+                let parts = (0..m)
+                    .step_by(per_call)
+                    .map(|start| {
+                        self.matmul_t_rows(&x2.narrow(0, start, per_call.min(m - start))?)
+                    })
+                    .collect::<Result<Vec<_>>>()?;
+                Ok(crate::candle_ops::cat(&parts, 0)?.reshape(out_shape)?)
             }
+            _ => Ok(self
+                .matmul_t_rows(&contiguous(x)?.reshape((m, cols))?)?
+                .reshape(out_shape)?),
+        }
+    }
+
+    /// A device weight's product with the rows `x` `[m, cols]`: `[m, rows]`.
+    fn matmul_t_rows(&self, x: &Tensor) -> Result<Tensor> {
+        match self {
+            Self::Quantized(a) => a.matmul_t(x),
+            Self::Dense(w) => matmul(x, &w.squeeze(0)?.t()?),
+            Self::Host(_) => bail!("host weights take the host products"),
         }
     }
 

@@ -24,17 +24,11 @@ pub fn enabled() -> bool {
 
 /// Turns the mode on or off for the current thread until dropped (the model enters one per
 /// forward call, so models loaded with and without it can share a process).
-pub struct Scope(bool);
+pub struct Scope(#[allow(dead_code)] crate::thread_flag::FlagScope);
 
 impl Scope {
     pub fn enter(on: bool) -> Self {
-        Self(ENABLED.with(|c| c.replace(on)))
-    }
-}
-
-impl Drop for Scope {
-    fn drop(&mut self) {
-        ENABLED.with(|c| c.set(self.0));
+        Self(crate::thread_flag::FlagScope::enter(&ENABLED, on))
     }
 }
 

@@ -134,6 +134,35 @@ impl DecoderLayer {
         }
     }
 
+    /// [`DecoderLayer::mixer_forward`] for one decode step of several sequences: row `i` of
+    /// `h` `[1, B, H]` is sequence `i`'s token at position `offsets[i]`, `caches[i]` its state
+    /// on this layer.
+    pub fn mixer_forward_batch(
+        &self,
+        h: &Tensor,
+        caches: &mut [&mut LayerCache],
+        offsets: &[usize],
+    ) -> Result<Tensor> {
+        let x = self.input_norm.forward(h)?;
+        match &self.mixer {
+            Mixer::Gdn(m) => m.forward_batch(
+                &x,
+                &mut each_as(caches, |c| match c {
+                    LayerCache::Gdn(c) => Some(c),
+                    LayerCache::Attention(_) => None,
+                })?,
+            ),
+            Mixer::Attention(m) => m.forward_batch(
+                &x,
+                &mut each_as(caches, |c| match c {
+                    LayerCache::Attention(c) => Some(c),
+                    LayerCache::Gdn(_) => None,
+                })?,
+                offsets,
+            ),
+        }
+    }
+
     /// The feed-forward contribution: `mlp(post_attention_norm(h))`.
     pub fn feed_forward(&self, h: &Tensor) -> Result<Tensor> {
         let x = self.post_norm.forward(h)?;
@@ -153,6 +182,31 @@ impl DecoderLayer {
         tap: &mut dyn Tap,
     ) -> Result<Tensor> {
         let mixed = self.mixer_forward(h, cache, offset)?;
+        self.after_mixer(i, h, mixed, tap)
+    }
+
+    /// Layer `i` on one decode step of several sequences (see
+    /// [`DecoderLayer::mixer_forward_batch`]); the feed-forward takes the rows together.
+    pub fn forward_batch(
+        &self,
+        i: usize,
+        h: &Tensor,
+        caches: &mut [&mut LayerCache],
+        offsets: &[usize],
+        tap: &mut dyn Tap,
+    ) -> Result<Tensor> {
+        let mixed = self.mixer_forward_batch(h, caches, offsets)?;
+        self.after_mixer(i, h, mixed, tap)
+    }
+
+    /// The residual add of the mixer's output `mixed`, then the feed-forward and its add.
+    fn after_mixer(
+        &self,
+        i: usize,
+        h: &Tensor,
+        mixed: Tensor,
+        tap: &mut dyn Tap,
+    ) -> Result<Tensor> {
         let h = candle_op(h + &mixed)?;
         let attention = matches!(self.mixer, Mixer::Attention(_));
         tap.part(
@@ -169,4 +223,19 @@ impl DecoderLayer {
         tap.part(Part::FeedForward { layer: i, moe }, &fed, &h)?;
         Ok(h)
     }
+}
+
+/// Every sequence's state on this layer as the mixer's kind of cache (`as_kind`), or the
+/// error of a cache made for another model.
+fn each_as<'a, T>(
+    caches: &'a mut [&mut LayerCache],
+    as_kind: impl Fn(&'a mut LayerCache) -> Option<&'a mut T>,
+) -> Result<Vec<&'a mut T>> {
+    caches
+        .iter_mut()
+        .map(|c| match as_kind(c) {
+            Some(c) => Ok(c),
+            None => bail!("cache does not belong to this model"),
+        })
+        .collect()
 }

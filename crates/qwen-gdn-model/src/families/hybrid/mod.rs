@@ -159,4 +159,34 @@ impl HybridDecoder {
             |i, layer, c, h, tap| layer.forward(i, &h, c, offset, tap),
         )
     }
+
+    /// One decode step of several sequences on the composed layers: row `i` of `h`
+    /// `[1, B, H]` is the embedded next token of the sequence `caches[i]` holds, at that
+    /// cache's offset (the caller advances them). The last hidden states `[1, B, H]`.
+    pub fn forward_batch(
+        &self,
+        h: Tensor,
+        caches: &mut [&mut Cache],
+        tap: &mut dyn Tap,
+    ) -> Result<Tensor> {
+        let offsets: Vec<usize> = caches.iter().map(|c| c.offset).collect();
+        let mut per_layer: Vec<Vec<&mut LayerCache>> =
+            (0..self.layers.len()).map(|_| vec![]).collect();
+        for cache in caches.iter_mut() {
+            anyhow::ensure!(
+                cache.layers.len() == self.layers.len(),
+                "cache does not belong to this model"
+            );
+            for (layer, c) in per_layer.iter_mut().zip(cache.layers.iter_mut()) {
+                layer.push(c);
+            }
+        }
+        each_layer(
+            &self.layers,
+            &mut per_layer,
+            tap,
+            h,
+            |i, layer, c, h, tap| layer.forward_batch(i, &h, c, &offsets, tap),
+        )
+    }
 }

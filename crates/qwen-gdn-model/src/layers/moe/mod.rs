@@ -135,6 +135,21 @@ impl SparseMoe {
 
     /// `x`: `[B, S, H]` (already post-attention-normed).
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let device_experts = !matches!(&self.experts, Experts::Separate(s) if matches!(s.gate_proj, Weight::Host(_)));
+        let tokens = x.elem_count() / x.dim(D::Minus1)?;
+        if device_experts && tokens > 1 && crate::weights::row_exact::enabled() {
+            // Each token as a decode step routes and multiplies it (the grouped and GEMM
+            // forms of several tokens sum in other orders).
+            let rows = x.flatten_to(D::Minus2)?;
+            let outs = (0..tokens)
+                .map(|t| self.forward_tokens(&rows.narrow(0, t, 1)?))
+                .collect::<Result<Vec<_>>>()?;
+            return Ok(crate::candle_ops::cat(&outs, 0)?.reshape(x.dims())?);
+        }
+        self.forward_tokens(x)
+    }
+
+    fn forward_tokens(&self, x: &Tensor) -> Result<Tensor> {
         match &self.experts {
             Experts::Separate(s) => s.forward(x, self.top_k, self.norm_topk_prob),
             Experts::Stacked(s) => {

@@ -4,6 +4,7 @@
 //! decoded greedily one at a time. One warm-up repetition (not reported), then `-r` timed ones;
 //! each starts from an empty cache.
 
+mod batch;
 mod common;
 mod decode_profile;
 mod prefill_profile;
@@ -51,6 +52,9 @@ the repetitions.
                      set size (getrusage), loading included
   peak_memory_source \"gpu\" or \"rss\": which of the two peak_memory_bytes is
   prefill_profile    with --profile: the time of each prefill phase
+  batch              with --batch (instead of prefill_chunk_size, gdn_state_dtype, \
+                     prompt_tps, generation_tps): per batch size {batch, aggregate_tps, \
+                     per_sequence_tps}, each {median, stddev, min, max, samples}
   decode_profile     with --profile-decode: every kernel of one decode step (op, layer, \
                      label, grids, seconds, bytes read and written, bytes per second, percent \
                      of the copy bandwidth), sums by op and by layer kind, the copy bandwidth, \
@@ -91,6 +95,12 @@ pub struct Args {
     /// step (a GPU, or --dtype bf16 on the CPU)
     #[arg(long, conflicts_with = "prompt_cache")]
     profile_decode: bool,
+    /// Batched decode instead of pp/tg: for each batch size of the list (e.g. 1,2,4,8,16),
+    /// that many sequences of their own -p-token prompts decode -g greedy steps together;
+    /// prints the aggregate and the per-sequence generation speed
+    #[arg(long, value_name = "B,...", value_delimiter = ',', value_parser = positive_usize,
+          conflicts_with_all = ["prompt_cache", "profile", "profile_decode"])]
+    batch: Vec<usize>,
 }
 
 pub fn run(args: Args) -> Result<ExitCode> {
@@ -119,6 +129,10 @@ pub fn run(args: Args) -> Result<ExitCode> {
     let mut rng = StdRng::seed_from_u64(PROMPT_SEED);
     let prompt: Vec<u32> = (0..p).map(|_| rng.random_range(0..bound)).collect();
     let chunk = args.model.prefill_chunk_size;
+    if !args.batch.is_empty() {
+        let rows = batch::run(&model, &args.batch, (p, g), bound, chunk, args.repetitions)?;
+        return batch_report(&args, &checkpoint, &model, &rows);
+    }
 
     repetition(&model, &prompt, g, chunk).context("warm-up repetition")?;
     let (mut pp, mut tg) = (Vec::new(), Vec::new());
@@ -157,22 +171,13 @@ pub fn run(args: Args) -> Result<ExitCode> {
     }
     let mut out = std::io::stdout().lock();
     if args.json {
-        let report = json!({
-            "model": args.model.model,
-            "model_type": model.config().model_type,
-            "size_bytes": size,
-            "backend": backend_name(model.device()),
-            "prompt_tokens": p,
-            "gen_tokens": g,
-            "repetitions": args.repetitions,
-            "prefill_chunk_size": chunk,
-            "gdn_state_dtype": state_dtype,
-            "prompt_tps": pp,
-            "generation_tps": tg,
-            "peak_memory_bytes": peak,
-            "peak_memory_source": peak_source,
-        });
-        let mut report = report;
+        let mut report = report_head(&args, &model, size);
+        report["prefill_chunk_size"] = json!(chunk);
+        report["gdn_state_dtype"] = json!(state_dtype);
+        report["prompt_tps"] = json!(pp);
+        report["generation_tps"] = json!(tg);
+        report["peak_memory_bytes"] = json!(peak);
+        report["peak_memory_source"] = json!(peak_source);
         if let Some(profile) = &profile {
             report["prefill_profile"] = profile.json();
         }
@@ -191,6 +196,61 @@ pub fn run(args: Args) -> Result<ExitCode> {
             peak as f64 / 1e9
         );
         // A closed stdout (`| head`) is not an error, as in `generate`.
+        emit(&mut out, &text)?;
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The keys every `--json` report starts with.
+fn report_head(args: &Args, model: &Model, size: u64) -> serde_json::Value {
+    json!({
+        "model": args.model.model,
+        "model_type": model.config().model_type,
+        "size_bytes": size,
+        "backend": backend_name(model.device()),
+        "prompt_tokens": args.prompt_tokens,
+        "gen_tokens": args.gen_tokens,
+        "repetitions": args.repetitions,
+    })
+}
+
+/// `--batch`'s table or JSON object.
+fn batch_report(
+    args: &Args,
+    checkpoint: &crate::load::Checkpoint,
+    model: &Model,
+    rows: &[batch::BatchRow],
+) -> Result<ExitCode> {
+    let (p, g) = (args.prompt_tokens, args.gen_tokens);
+    let (peak, peak_source) = crate::cli::memory::peak();
+    let size = checkpoint_size(&checkpoint.dir)?;
+    let backend = backend_name(model.device());
+    let mut out = std::io::stdout().lock();
+    if args.json {
+        let mut report = report_head(args, model, size);
+        report["batch"] = json!(rows.iter().map(batch::BatchRow::json).collect::<Vec<_>>());
+        report["peak_memory_bytes"] = json!(peak);
+        report["peak_memory_source"] = json!(peak_source);
+        emit(&mut out, &format!("{report}\n"))?;
+    } else {
+        let name = display_name(&args.model.model);
+        let labelled: Vec<(String, &Stats)> = rows
+            .iter()
+            .flat_map(|r| {
+                [
+                    (format!("tg{g} B={} aggregate", r.batch), &r.aggregate),
+                    (format!("tg{g} B={} per sequence", r.batch), &r.per_sequence),
+                ]
+            })
+            .collect();
+        let text = format!(
+            "{}\nt/s: median ± stddev over {} repetition(s) after 1 warm-up; each sequence at depth {p}; \
+             products: {:?}\npeak memory: {:.3} GB ({peak_source})\n",
+            table(&name, size, backend, &labelled),
+            args.repetitions,
+            model.batch_products(),
+            peak as f64 / 1e9
+        );
         emit(&mut out, &text)?;
     }
     Ok(ExitCode::SUCCESS)

@@ -1,0 +1,67 @@
+//! One decode step of several sequences at once (issue 29): each sequence at its own
+//! position, with its own [`Cache`]; the products of every layer and of the output head run
+//! once for all the sequences' rows, so each weight is read once per step instead of once per
+//! sequence. The mixers run per sequence on their own state (GDN recurrence and conv window;
+//! attention over that sequence's keys, whatever its length).
+//!
+//! With [`BatchProducts::EachRowAlone`] (the reference plan's default) every row is computed
+//! as it is alone ([`row_exact`]): a sequence's logits are the same bits in any batch as from
+//! its composed single-token step. The device plan's step runs its composed ops (the fused
+//! single-token kernels are not batched yet).
+
+use super::Model;
+use crate::cache::Cache;
+use crate::tap::NoTap;
+use crate::tensor::cast;
+use crate::weights::row_exact;
+use crate::BatchProducts;
+use anyhow::{ensure, Result};
+use candle_core::{DType, Tensor};
+
+impl Model {
+    /// How batched steps run their products from now on.
+    pub fn set_batch_products(&mut self, mode: BatchProducts) {
+        self.batch_products = mode;
+    }
+
+    pub fn batch_products(&self) -> BatchProducts {
+        self.batch_products
+    }
+
+    /// Runs `tokens[i]` after what `caches[i]` holds, for every `i`, in one step, updating
+    /// each cache in place. Returns f32 logits `[B, vocab_size]`, row `i` for sequence `i`.
+    pub fn decode_batch(&self, tokens: &[u32], caches: &mut [&mut Cache]) -> Result<Tensor> {
+        ensure!(
+            !tokens.is_empty(),
+            "a batched step needs at least one sequence"
+        );
+        ensure!(
+            tokens.len() == caches.len(),
+            "{} tokens for {} sequences",
+            tokens.len(),
+            caches.len()
+        );
+        let vocab = self.config.vocab_size;
+        if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= vocab) {
+            anyhow::bail!("token id {bad} is outside the vocabulary ({vocab})");
+        }
+        for cache in caches.iter() {
+            ensure!(
+                cache.layers.len() == self.num_layers(),
+                "cache does not belong to this model"
+            );
+        }
+        self.on_host_workers(|| {
+            let _q8 = gdn_ops::ops::affine::q8::Scope::enter(self.q8_activations);
+            let _rows = row_exact::scope(self.batch_products == BatchProducts::EachRowAlone);
+            let h = self.embed(tokens)?;
+            let h = self.decoder.forward_batch(h, tokens, caches, &mut NoTap)?;
+            for cache in caches.iter_mut() {
+                cache.offset += 1;
+            }
+            let logits = self.lm_head.forward(&self.final_norm(&h)?)?;
+            crate::device_memory::sample(&self.device);
+            cast(&logits.squeeze(0)?, DType::F32)
+        })
+    }
+}
