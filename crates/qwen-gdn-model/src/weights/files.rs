@@ -4,7 +4,8 @@
 //! the folder (no `..`, no absolute path), every file must be a regular file (opening a FIFO
 //! blocks forever, reading `/dev/zero` never ends), and a symlink must resolve into the folder
 //! or, for a snapshot of the Hugging Face cache, into that repo's `blobs/`
-//! (`models--org--name/snapshots/<commit>/file -> ../../blobs/<hash>`).
+//! (`models--org--name/snapshots/<commit>/file -> ../../blobs/<hash>`; also one folder down,
+//! where `--mtp-from` caches a head).
 
 use anyhow::{anyhow, bail, Context, Result};
 use std::io::Read;
@@ -26,11 +27,17 @@ impl ModelFolder {
             .canonicalize()
             .with_context(|| format!("{}: cannot open model folder", dir.display()))?;
         let mut roots = vec![canonical.clone()];
-        let snapshots = canonical.parent();
-        if snapshots.and_then(Path::file_name) == Some("snapshots".as_ref()) {
-            let blobs = snapshots
-                .and_then(Path::parent)
-                .map(|repo| repo.join("blobs"));
+        // A snapshot, or a folder of one (the MTP head `--mtp-from` assembles:
+        // `snapshots/<commit>/mtp-head/`).
+        let snapshots = [
+            canonical.parent(),
+            canonical.parent().and_then(Path::parent),
+        ]
+        .into_iter()
+        .flatten()
+        .find(|p| p.file_name() == Some("snapshots".as_ref()));
+        if let Some(snapshots) = snapshots {
+            let blobs = snapshots.parent().map(|repo| repo.join("blobs"));
             if let Some(blobs) = blobs.and_then(|b| b.canonicalize().ok()) {
                 roots.push(blobs);
             }

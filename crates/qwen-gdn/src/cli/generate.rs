@@ -4,6 +4,7 @@
 
 use crate::cli::prompt_cache_file;
 use crate::cli::sampling_args::SamplingArgs;
+use crate::cli::speculation_args::SpeculationArgs;
 use crate::cli::template_args::TemplateArgs;
 use crate::engine::{Engine, GenerateParams, PromptTokens};
 use crate::load::{Checkpoint, ModelArgs};
@@ -44,14 +45,8 @@ pub struct Args {
     sampling: SamplingArgs,
     #[command(flatten)]
     template: TemplateArgs,
-    /// Speculative decoding with the checkpoint's multi-token-prediction head: draft N tokens
-    /// per step and verify them in one forward pass (greedy: the same text as without; at
-    /// --temp > 0 speculative sampling, the same distribution)
-    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..=16))]
-    draft_tokens: Option<u16>,
-    /// Never use the MTP head (overrides --draft-tokens)
-    #[arg(long)]
-    no_mtp: bool,
+    #[command(flatten)]
+    speculation: SpeculationArgs,
     /// Print the ========== frame and the stats (as mlx_lm.generate); `--verbose false` prints
     /// only the text
     #[arg(
@@ -86,18 +81,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
     let mut model = args
         .model
         .load_model(&checkpoint, prompt_ids.len() + args.sampling.max_tokens)?;
-    let draft_tokens = match args.draft_tokens {
-        Some(k) if !args.no_mtp => {
-            if !model.load_mtp(&checkpoint.dir)? {
-                bail!(
-                    "--draft-tokens: {} has no MTP head (mtp.* tensors); run without it or with --no-mtp",
-                    checkpoint.dir.display()
-                );
-            }
-            Some(usize::from(k))
-        }
-        _ => None,
-    };
+    let draft_tokens = args.speculation.load(&mut model, &checkpoint.dir)?;
     // GPU shader compilation, before the prompt's clock starts; reported on its own.
     let compile_time = model.warm_up()?;
     // One request: a prompt cache would only copy state that is never used again, except the

@@ -17,6 +17,7 @@ mod process;
 pub mod prompt_cache_args;
 mod prompt_cache_file;
 pub mod sampling_args;
+mod speculation_args;
 pub mod template_args;
 
 use crate::serve;

@@ -18,12 +18,12 @@ use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 
 /// What the HEAD of a file says about it.
-struct Remote {
+pub struct Remote {
     /// Where the bytes are (the CDN for LFS files, else the resolve URL itself).
-    location: String,
-    etag: String,
+    pub location: String,
+    pub etag: String,
     /// X-Linked-Size, or the Content-Length of a direct answer.
-    size: Option<u64>,
+    pub size: Option<u64>,
 }
 
 /// Downloads `file` of `repo` at `commit` into the cache unless its blob is there already,
@@ -35,11 +35,7 @@ pub fn fetch(
     commit: &str,
     file: &str,
 ) -> Result<PathBuf> {
-    let url = format!(
-        "{}/{repo}/resolve/{commit}/{}",
-        http.endpoint,
-        encode(file, true)
-    );
+    let url = resolve_url(http, repo, commit, file);
     let remote = head(http, &url, commit).with_context(|| format!("downloading {file}"))?;
     let blobs = cache.blobs();
     std::fs::create_dir_all(&blobs)
@@ -58,6 +54,15 @@ pub fn fetch(
     cache.link(commit, file, &remote.etag)
 }
 
+/// Where the Hub serves `file` of `repo` at `commit`.
+pub fn resolve_url(http: &Http, repo: &str, commit: &str, file: &str) -> String {
+    format!(
+        "{}/{repo}/resolve/{commit}/{}",
+        http.endpoint,
+        encode(file, true)
+    )
+}
+
 /// A blob in place was checked when it was placed; one of the wrong size was placed by a
 /// client that did not check (a truncated download) and is fetched again.
 fn blob_is_whole(blob: &Path, size: Option<u64>) -> bool {
@@ -67,7 +72,7 @@ fn blob_is_whole(blob: &Path, size: Option<u64>) -> bool {
     }
 }
 
-fn head(http: &Http, url: &str, commit: &str) -> Result<Remote> {
+pub fn head(http: &Http, url: &str, commit: &str) -> Result<Remote> {
     let (response, answered) = http
         .send(Purpose::Metadata, true, url, None, Follow::Relative)
         .map_err(anyhow::Error::msg)?;
@@ -110,7 +115,7 @@ fn head(http: &Http, url: &str, commit: &str) -> Result<Remote> {
     })
 }
 
-fn parse_size(value: &str, name: &str, url: &str) -> Result<u64> {
+pub fn parse_size(value: &str, name: &str, url: &str) -> Result<u64> {
     value
         .parse()
         .with_context(|| format!("{url} sent {name} {value:?}, which is not a byte count"))
@@ -161,7 +166,7 @@ fn transfer(http: &Http, remote: &Remote, file: &str, incomplete: &Path) -> Resu
             Purpose::Download,
             false,
             url,
-            ranged.then_some(kept),
+            ranged.then_some((kept, None)),
             Follow::All,
         )
         .map_err(|why| anyhow::anyhow!("downloading {file}: {why}"))?;
@@ -293,7 +298,7 @@ fn hash_file(path: &Path, hasher: &mut Sha256) -> Result<()> {
 }
 
 /// `bytes <first>-<last>/<total|*>` → (first, total).
-fn parse_content_range(value: &str) -> Option<(u64, Option<u64>)> {
+pub fn parse_content_range(value: &str) -> Option<(u64, Option<u64>)> {
     let (range, total) = value.strip_prefix("bytes ")?.split_once('/')?;
     let (first, last) = range.split_once('-')?;
     let (first, last): (u64, u64) = (first.trim().parse().ok()?, last.trim().parse().ok()?);
@@ -307,7 +312,7 @@ fn parse_content_range(value: &str) -> Option<(u64, Option<u64>)> {
     Some((first, total))
 }
 
-fn hex(bytes: &[u8]) -> String {
+pub fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 

@@ -109,15 +109,15 @@ impl Http {
         })
     }
 
-    /// Sends a GET (or a HEAD) for `url`, asking for the bytes from `from` on when given,
-    /// and follows redirects as `follow` says. Returns the last response and its URL; an
+    /// Sends a GET (or a HEAD) for `url`, asking for the bytes `first..=last` (to the end
+    /// when `last` is `None`) when `range` is given, and follows redirects as `follow` says. Returns the last response and its URL; an
     /// error is a one-line reason (the server could not be reached, or went silent).
     pub fn send(
         &self,
         purpose: Purpose,
         head: bool,
         url: &str,
-        from: Option<u64>,
+        range: Option<(u64, Option<u64>)>,
         follow: Follow,
     ) -> std::result::Result<(Response<Body>, String), String> {
         let client = self.client(purpose);
@@ -134,8 +134,14 @@ impl Http {
                     request = request.header("Authorization", format!("Bearer {token}"));
                 }
             }
-            if let Some(from) = from {
-                request = request.header("Range", format!("bytes={from}-"));
+            match range {
+                Some((first, Some(last))) => {
+                    request = request.header("Range", format!("bytes={first}-{last}"));
+                }
+                Some((first, None)) => {
+                    request = request.header("Range", format!("bytes={first}-"));
+                }
+                None => {}
             }
             let response = request
                 .call()

@@ -11,6 +11,8 @@ mod http;
 mod listing;
 #[cfg(feature = "hub")]
 mod lock;
+#[cfg(feature = "hub")]
+mod mtp_head;
 mod names;
 
 use anyhow::{bail, Context, Result};
@@ -50,6 +52,30 @@ pub fn resolve(model: &str, revision: Option<&str>) -> Result<PathBuf> {
         .with_context(|| format!("--model {model} (not a local folder, so a Hub repo id)"))?;
     check_folder(&dir)?;
     Ok(dir)
+}
+
+/// Where `--mtp-from` found the multi-token-prediction head.
+pub enum MtpSource {
+    /// A folder whose safetensors hold `mtp.*` tensors (a local checkpoint, or the head
+    /// assembled from a Hub repo's byte ranges).
+    Folder(PathBuf),
+    /// The Hub repo has no `mtp.*` tensors.
+    Absent(String),
+}
+
+/// `--mtp-from`: a local checkpoint folder as it is, or a Hub repo whose `mtp.*` tensors alone
+/// are fetched (by byte range) into the cache.
+pub fn resolve_mtp_from(source: &str) -> Result<MtpSource> {
+    let path = expand_home(source);
+    if path.is_dir() {
+        return Ok(MtpSource::Folder(path));
+    }
+    if path.exists() || !is_repo_id(source) {
+        bail!("--mtp-from {source}: neither a checkpoint folder nor a Hub repo id");
+    }
+    HubEnv::from_env()
+        .mtp_head(source, "main")
+        .with_context(|| format!("--mtp-from {source}"))
 }
 
 fn check_folder(dir: &Path) -> Result<()> {
@@ -127,6 +153,48 @@ impl HubEnv {
             });
         }
         self.download(repo, revision)
+    }
+
+    #[cfg(not(feature = "hub"))]
+    fn mtp_head(&self, repo: &str, _revision: &str) -> Result<MtpSource> {
+        bail!("{repo}: this qwen-gdn was built without the `hub` feature; pass a local folder")
+    }
+
+    #[cfg(feature = "hub")]
+    fn mtp_head(&self, repo: &str, revision: &str) -> Result<MtpSource> {
+        let cache = RepoCache::new(&self.cache, repo);
+        let from_cache = || -> Result<MtpSource> {
+            let commit = cache.commit_of(revision)?;
+            match commit.and_then(|c| mtp_head::cached(&cache, &c)) {
+                Some(dir) => Ok(MtpSource::Folder(dir)),
+                None => bail!(
+                    "the MTP head of {repo}@{revision} is not in the Hugging Face cache {}",
+                    self.cache.display()
+                ),
+            }
+        };
+        if self.offline {
+            return from_cache()
+                .map_err(|e| anyhow::anyhow!("{e:#} (HF_HUB_OFFLINE=1 reads only the cache)"));
+        }
+        let endpoint = self.endpoint.as_deref().unwrap_or("https://huggingface.co");
+        let http = http::Http::new(endpoint, self.token.clone())?;
+        let listing = match listing::fetch(&http, repo, revision) {
+            Ok(listing) => listing,
+            Err(listing::Failure::Refused(e)) => bail!("{e}"),
+            Err(listing::Failure::Unreachable(e)) => {
+                return from_cache()
+                    .map_err(|c| anyhow::anyhow!("cannot reach {endpoint} ({e}), and {c:#}"));
+            }
+        };
+        let found = mtp_head::fetch(&http, &cache, repo, &listing.commit, &listing.files)?;
+        cache.write_ref(revision, &listing.commit)?;
+        Ok(match found {
+            mtp_head::Head::Found(dir) => MtpSource::Folder(dir),
+            mtp_head::Head::Absent => MtpSource::Absent(format!(
+                "{repo}@{revision} has no MTP head (no mtp.* tensors)"
+            )),
+        })
     }
 
     /// Cache lookup only: no network.
