@@ -304,6 +304,12 @@ fn fetch_checkpoint(
 
 /// Unique shard file names of a `model.safetensors.index.json`, in first-seen order.
 fn shard_names(index: &Path) -> Result<Vec<String>> {
+    shard_names_of(index, |_| true)
+}
+
+/// Unique shard file names that the index maps a tensor name passing `wanted` to, in
+/// first-seen order.
+fn shard_names_of(index: &Path, wanted: impl Fn(&str) -> bool) -> Result<Vec<String>> {
     let read = || -> Result<Vec<String>> {
         let json: serde_json::Value = serde_json::from_slice(&std::fs::read(index)?)?;
         let map = json
@@ -311,13 +317,13 @@ fn shard_names(index: &Path) -> Result<Vec<String>> {
             .and_then(|m| m.as_object())
             .context("no \"weight_map\" object")?;
         let mut names: Vec<String> = Vec::new();
-        for file in map.values() {
+        for (key, file) in map {
             let file = file
                 .as_str()
                 .context("a weight_map value is not a string")?;
             // The index comes from the repo: its names are joined onto the snapshot folder.
             check_repo_file(file).map_err(anyhow::Error::msg)?;
-            if !names.iter().any(|n| n == file) {
+            if wanted(key) && !names.iter().any(|n| n == file) {
                 names.push(file.to_string());
             }
         }

@@ -22,7 +22,6 @@ use super::cache::RepoCache;
 use super::download::{self, head, hex, parse_content_range, parse_size, Remote};
 use super::http::{header, Follow, Http, Purpose};
 use super::lock::BlobLock;
-use super::names::check_repo_file;
 use anyhow::{bail, Context, Result};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
@@ -172,25 +171,7 @@ pub fn fetch(
 
 /// The shards the index maps `mtp.*` tensors to, in first-seen order.
 fn mtp_shards(index: &Path) -> Result<Vec<String>> {
-    let read = || -> Result<Vec<String>> {
-        let json: serde_json::Value = serde_json::from_slice(&std::fs::read(index)?)?;
-        let map = json
-            .get("weight_map")
-            .and_then(|m| m.as_object())
-            .context("no \"weight_map\" object")?;
-        let mut shards: Vec<String> = Vec::new();
-        for (key, file) in map {
-            let file = file
-                .as_str()
-                .context("a weight_map value is not a string")?;
-            check_repo_file(file).map_err(anyhow::Error::msg)?;
-            if is_mtp_key(key) && !shards.iter().any(|s| s == file) {
-                shards.push(file.to_string());
-            }
-        }
-        Ok(shards)
-    };
-    read().with_context(|| format!("reading {}", index.display()))
+    super::shard_names_of(index, is_mtp_key)
 }
 
 type Header = (
