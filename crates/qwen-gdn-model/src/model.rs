@@ -20,6 +20,7 @@ use std::path::Path;
 mod launch_budget;
 mod mtp;
 pub use launch_budget::{ple_layers, LaunchBudget};
+pub use mtp::MtpPrecision;
 
 pub struct Model {
     config: Config,
