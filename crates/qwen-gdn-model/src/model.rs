@@ -21,6 +21,7 @@ mod batch_step;
 mod launch_budget;
 mod mtp;
 pub use launch_budget::{ple_layers, LaunchBudget};
+pub use mtp::MtpPrecision;
 
 pub struct Model {
     config: Config,

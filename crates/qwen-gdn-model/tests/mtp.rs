@@ -8,7 +8,7 @@ use candle_core::{Device, Tensor};
 use common::*;
 use qwen_gdn_model::cache::{Cache, LayerCache};
 use qwen_gdn_model::speculative::{Greedy, Speculation, Window, HEAD_HISTORY};
-use qwen_gdn_model::Model;
+use qwen_gdn_model::{Model, MtpPrecision};
 use std::path::PathBuf;
 
 /// The raw HF fixtures with a torch reference (the first one's head is the best trained).
@@ -153,6 +153,50 @@ fn shifted_and_zero_centred_head_norms_are_both_read_right() {
         / want.dim(0).unwrap() as f64;
     eprintln!("4-bit head vs raw head: {err:.3} of max|logit|, top-1 agreement {agree:.3}");
     assert!(err < 0.35 && agree > 0.7, "err {err}, agreement {agree}");
+}
+
+#[test]
+fn a_float_head_is_quantized_to_the_main_checkpoints_bits_on_load() {
+    // `--mtp-from` the raw checkpoint for its 4-bit conversion: the same raw head, kept as
+    // stored and quantized on load to 4 bits, group 64 (the twin's config). The quantized one
+    // differs by what 4-bit weights change (zero would mean nothing was quantized) and still
+    // drafts the same tokens mostly.
+    let mut stored = load(MLX);
+    assert!(stored
+        .load_mtp_with(&mtp_dir(RAW[0]), MtpPrecision::AsStored)
+        .unwrap());
+    let mut quantized = load(MLX);
+    assert!(quantized
+        .load_mtp_with(&mtp_dir(RAW[0]), MtpPrecision::MainBits)
+        .unwrap());
+    let reference = reference(RAW[0]);
+    let want = head_logits_on(&stored, &reference);
+    let got = head_logits_on(&quantized, &reference);
+    let err = rel_max_diff(&got, &want);
+    let agree = argmax_rows(&got)
+        .iter()
+        .zip(argmax_rows(&want))
+        .filter(|(a, b)| **a == *b)
+        .count() as f64
+        / want.dim(0).unwrap() as f64;
+    eprintln!(
+        "head quantized on load vs as stored: {err:.3} of max|logit|, top-1 agreement {agree:.3}"
+    );
+    assert!(
+        err > 1e-3 && err < 0.35 && agree > 0.7,
+        "err {err}, agreement {agree}"
+    );
+    // A raw (unquantized) main checkpoint keeps its head as stored whatever is asked.
+    let mut raw = load(RAW[0]);
+    assert!(raw
+        .load_mtp_with(&mtp_dir(RAW[0]), MtpPrecision::MainBits)
+        .unwrap());
+    let as_stored = load_mtp(RAW[0]);
+    let same = rel_max_diff(
+        &head_logits_on(&raw, &reference),
+        &head_logits_on(&as_stored, &reference),
+    );
+    assert_eq!(same, 0.0);
 }
 
 #[test]

@@ -15,10 +15,26 @@ use anyhow::{bail, Context, Result};
 use candle_core::{DType, Tensor};
 use std::path::Path;
 
+/// How the head's float matrices are kept (`--mtp-from` an unquantized checkpoint for a
+/// quantized main model).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum MtpPrecision {
+    /// As the checkpoint stores them (bf16 for the original checkpoints).
+    AsStored,
+    /// Quantized on load to the main checkpoint's bits and group size (when it is quantized).
+    MainBits,
+}
+
 impl Model {
     /// Loads the MTP head of the checkpoint in `dir` (its `mtp.*` tensors): `false` when it
     /// has none. Hybrid families only. Shapes that disagree with the config are errors.
     pub fn load_mtp(&mut self, dir: &Path) -> Result<bool> {
+        self.load_mtp_with(dir, MtpPrecision::AsStored)
+    }
+
+    /// [`Model::load_mtp`], with the head's float matrices quantized to the main checkpoint's
+    /// bits when `precision` says so and the main checkpoint is quantized.
+    pub fn load_mtp_with(&mut self, dir: &Path, precision: MtpPrecision) -> Result<bool> {
         if !matches!(self.decoder, Decoder::Hybrid(_)) {
             bail!(
                 "{}: multi-token prediction is not supported for {} yet",
@@ -26,9 +42,12 @@ impl Model {
                 self.config.model_type
             );
         }
-        let Some(ckpt) = Checkpoint::open_mtp(dir, &self.config)? else {
+        let Some(mut ckpt) = Checkpoint::open_mtp(dir, &self.config)? else {
             return Ok(false);
         };
+        if precision == MtpPrecision::MainBits {
+            ckpt.quantize_floats_to(self.config.quantization);
+        }
         let head = MtpHead::load(&ckpt, &self.config)
             .with_context(|| format!("{}: the MTP head", dir.display()))?;
         self.mtp = Some(match self.plan {

@@ -16,7 +16,7 @@
 use super::affine::{AffineMatrix, GroupParams};
 use super::files::{read_json_text, ModelFolder};
 use super::matrix::{FloatData, FloatMatrix, Matrix};
-use crate::config::{Config, Family};
+use crate::config::{Config, Family, QuantSpec};
 use crate::LoadProgress;
 use anyhow::{anyhow, bail, Context, Result};
 use candle_core::{Device, Tensor};
@@ -76,6 +76,8 @@ pub struct Checkpoint {
     q8_interleave: bool,
     /// The `mtp.*` view ([`Checkpoint::open_mtp`]): norm weights are detected per tensor.
     mtp_view: bool,
+    /// Float matrices are quantized to this as they are read ([`Checkpoint::quantize_floats_to`]).
+    quantize_floats: Option<QuantSpec>,
 }
 
 /// Which tensors a [`Checkpoint`] holds.
@@ -291,6 +293,7 @@ impl Checkpoint {
             bytes_total,
             q8_interleave: false,
             mtp_view: view == View::Mtp,
+            quantize_floats: None,
         })
     }
 
@@ -603,12 +606,35 @@ impl Checkpoint {
         }
         let e = self.entry(&format!("{module}.weight"))?;
         self.check_shape(e, &[rows, cols])?;
-        Ok(Matrix::Float(FloatMatrix::new(
-            1,
-            rows,
-            cols,
-            self.float_data(e)?,
-        )?))
+        self.float_matrix(FloatMatrix::new(1, rows, cols, self.float_data(e)?)?)
+    }
+
+    /// From now on, float matrices (linear and expert weights) are quantized to `spec` as they
+    /// are read, those whose width splits into its groups: an MTP head from an unquantized
+    /// checkpoint (`--mtp-from`) then runs at the main checkpoint's bits.
+    pub fn quantize_floats_to(&mut self, spec: Option<QuantSpec>) {
+        self.quantize_floats = spec;
+    }
+
+    /// `m`, quantized when [`Checkpoint::quantize_floats_to`] asks for it.
+    fn float_matrix(&self, m: FloatMatrix) -> Result<Matrix> {
+        let Some(spec) = self.quantize_floats else {
+            return Ok(Matrix::Float(m));
+        };
+        let (experts, rows, cols) = (m.experts, m.rows, m.cols);
+        let mut data = vec![0f32; experts * rows * cols];
+        m.data.copy_into(0, &mut data);
+        let quantized = super::quantize_on_load::quantize(
+            &data,
+            [experts, rows, cols],
+            spec.bits,
+            spec.group_size,
+        );
+        Ok(match quantized {
+            Some(q) if self.q8_interleave => Matrix::Affine(q.into_q8_interleaved()),
+            Some(q) => Matrix::Affine(q),
+            None => Matrix::Float(m),
+        })
     }
 
     /// Optional bias of a linear layer.
@@ -731,12 +757,7 @@ impl Checkpoint {
         if self.contains(&format!("{stacked}.weight")) {
             let e = self.entry(&format!("{stacked}.weight"))?;
             self.check_shape(e, &[experts, rows, cols])?;
-            return Ok(Matrix::Float(FloatMatrix::new(
-                experts,
-                rows,
-                cols,
-                self.float_data(e)?,
-            )?));
+            return self.float_matrix(FloatMatrix::new(experts, rows, cols, self.float_data(e)?)?);
         }
         // One tensor per expert: raw Qwen3-Next, and the official qwen4_exp checkpoint.
         let per_expert = self.contains(&format!("{mlp}.experts.0.{proj}.weight"));
@@ -771,11 +792,6 @@ impl Checkpoint {
                     .collect()
             }
         };
-        Ok(Matrix::Float(FloatMatrix::new(
-            experts,
-            rows,
-            cols,
-            FloatData::F32(data),
-        )?))
+        self.float_matrix(FloatMatrix::new(experts, rows, cols, FloatData::F32(data))?)
     }
 }

@@ -26,7 +26,7 @@ impl FloatData {
         }
     }
 
-    fn copy_into(&self, start: usize, out: &mut [f32]) {
+    pub(crate) fn copy_into(&self, start: usize, out: &mut [f32]) {
         let end = start + out.len();
         match self {
             Self::F32(v) => out.copy_from_slice(&v[start..end]),

@@ -8,6 +8,7 @@ pub mod dense_experts;
 pub mod files;
 pub mod matrix;
 pub mod norm_convention;
+mod quantize_on_load;
 pub mod row_exact;
 pub mod weight;
 

@@ -4,7 +4,7 @@
 use crate::hub::{resolve_mtp_from, MtpSource};
 use crate::ui::output::eprint_line;
 use anyhow::{bail, Result};
-use qwen_gdn_model::Model;
+use qwen_gdn_model::{Model, MtpPrecision};
 use std::path::Path;
 
 /// Draft tokens per step when only `--mtp-from` asks for speculation.
@@ -27,6 +27,10 @@ pub struct SpeculationArgs {
     /// --draft-tokens asked for it
     #[arg(long, value_name = "FOLDER|REPO")]
     mtp_from: Option<String>,
+    /// Keep the --mtp-from head's matrices as stored (bf16) rather than quantizing them on load
+    /// to the main checkpoint's bits
+    #[arg(long, requires = "mtp_from")]
+    mtp_keep_dtype: bool,
 }
 
 impl SpeculationArgs {
@@ -53,7 +57,13 @@ impl SpeculationArgs {
                 }
             },
         };
-        if model.load_mtp(&dir)? {
+        // The checkpoint's own head is used as it is; one from elsewhere matches the main
+        // checkpoint's bits unless asked otherwise.
+        let precision = match self.mtp_from.is_some() && !self.mtp_keep_dtype {
+            true => MtpPrecision::MainBits,
+            false => MtpPrecision::AsStored,
+        };
+        if model.load_mtp_with(&dir, precision)? {
             return Ok(Some(k));
         }
         if !required {
