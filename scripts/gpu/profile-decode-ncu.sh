@@ -5,7 +5,9 @@
 # summarised per kernel kind by scripts/gpu/ncu_decode.py ($OUT/ncu-decode.txt, printed last).
 # ncu runs with --clock-control none (the card's own clocks, as a benchmark sees them) and
 # --cache-control all (caches flushed before each kernel: a decode step's 2.2 GB of weights
-# never stay in the 50 MB L2, though its small activations would).
+# never stay in the 50 MB L2, though its small activations would). CACHE=none keeps the caches
+# as the step leaves them: closer to the graph's times for kernels that read what the kernel
+# before them wrote.
 #
 #   run tool: carry ["gpu-artefacts/cuda", "gpu-artefacts/full-skeleton"],
 #             command: bash scripts/gpu/profile-decode-ncu.sh
@@ -23,7 +25,7 @@ fi
 ncu=$(command -v ncu || ls /usr/local/cuda*/bin/ncu 2>/dev/null | head -1)
 [ -n "$ncu" ] || { echo "no ncu on this machine" >&2; exit 1; }
 t0=$SECONDS
-QWEN_GDN_CUDA_GRAPH=0 "$ncu" --clock-control none --cache-control all --csv --print-units base \
+QWEN_GDN_CUDA_GRAPH=0 "$ncu" --clock-control none --cache-control "${CACHE:-all}" --csv --print-units base \
   --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum \
   --log-file "$OUT/ncu.csv" \
   "$bin/qwen-gdn" bench --model "$CKPT" --device cuda -p ${P:-8} -g ${G:-2} -r 1 \
