@@ -563,12 +563,12 @@ fn a_client_that_disconnects_cancels_its_generation() {
 #[test]
 fn a_full_queue_answers_503() {
     let server = Server::start(
-        &["--queue-size", "1"],
+        &["--max-batch", "1", "--queue-size", "1"],
         &[("QWEN_GDN_TEST_TOKEN_DELAY_MS", "100")],
     );
     let running = start_stream(&server, 10_000);
-    // The second request waits in the queue; further ones find it full. (The first few
-    // tries may land before the waiting one, and then wait themselves.)
+    // One request runs (--max-batch 1); the second waits in the queue; further ones find it
+    // full. (The first few tries may land before the waiting one, and then wait themselves.)
     let mut waiting = vec![];
     let rejected = (0..5).find_map(|_| {
         let body = json!({"prompt": "hi", "max_tokens": 10_000, "stream": true});

@@ -1,13 +1,14 @@
 //! Streaming detokenizer. A byte-level BPE token can hold part of a UTF-8 character (emoji, CJK),
 //! so decoding token by token prints U+FFFD garbage. This keeps a small window of tokens and
 //! emits only text that a full decode would also produce: the concatenated output equals
-//! `decode(all ids)`.
+//! `decode(all ids)`. The stream does not hold the tokenizer (a server keeps one stream per
+//! running request beside the model that owns it): each call is given it.
 
 use anyhow::Result;
 use tokenizers::Tokenizer;
 
-pub struct TokenStream<'a> {
-    tokenizer: &'a Tokenizer,
+#[derive(Default)]
+pub struct TokenStream {
     ids: Vec<u32>,
     /// Start of the window that is decoded again for context (a decoder may treat the first
     /// token specially, e.g. strip a leading space).
@@ -16,20 +17,15 @@ pub struct TokenStream<'a> {
     read: usize,
 }
 
-impl<'a> TokenStream<'a> {
-    pub fn new(tokenizer: &'a Tokenizer) -> Self {
-        Self {
-            tokenizer,
-            ids: Vec::new(),
-            prefix: 0,
-            read: 0,
-        }
+impl TokenStream {
+    pub fn new() -> Self {
+        Self::default()
     }
 
     /// Adds a token; returns the text it completes, if any.
-    pub fn push(&mut self, id: u32) -> Result<Option<String>> {
+    pub fn push(&mut self, tokenizer: &Tokenizer, id: u32) -> Result<Option<String>> {
         self.ids.push(id);
-        let (done, text) = self.pending()?;
+        let (done, text) = self.pending(tokenizer)?;
         // A trailing U+FFFD is a character still missing its continuation bytes: wait for them.
         if text.len() > done.len() && !text.ends_with('\u{FFFD}') {
             self.prefix = self.read;
@@ -40,17 +36,17 @@ impl<'a> TokenStream<'a> {
     }
 
     /// Whatever is still held back (an incomplete character at the very end).
-    pub fn finish(&mut self) -> Result<String> {
-        let (done, text) = self.pending()?;
+    pub fn finish(&mut self, tokenizer: &Tokenizer) -> Result<String> {
+        let (done, text) = self.pending(tokenizer)?;
         self.prefix = self.ids.len();
         self.read = self.ids.len();
         Ok(text.get(done.len()..).unwrap_or_default().to_string())
     }
 
     /// (already emitted part of the window, whole window), decoded.
-    fn pending(&self) -> Result<(String, String)> {
+    fn pending(&self, tokenizer: &Tokenizer) -> Result<(String, String)> {
         let decode = |ids: &[u32]| {
-            self.tokenizer
+            tokenizer
                 .decode(ids, false)
                 .map_err(anyhow::Error::msg)
         };
@@ -94,15 +90,15 @@ mod tests {
         assert!(ids
             .iter()
             .any(|&id| tok.decode(&[id], false).unwrap().contains('\u{FFFD}')));
-        let mut stream = TokenStream::new(&tok);
+        let mut stream = TokenStream::new();
         let mut out = String::new();
         for &id in &ids {
-            if let Some(piece) = stream.push(id).unwrap() {
+            if let Some(piece) = stream.push(&tok, id).unwrap() {
                 assert!(!piece.contains('\u{FFFD}'), "{piece:?}");
                 out.push_str(&piece);
             }
         }
-        out.push_str(&stream.finish().unwrap());
+        out.push_str(&stream.finish(&tok).unwrap());
         assert_eq!(out, text);
     }
 
@@ -113,12 +109,12 @@ mod tests {
         let ids = [
             1573, 1255, 162, 2047, 1459, 1924, 1932, 7, 896, 1997, 1986, 230, 129, 1381, 98,
         ];
-        let mut stream = TokenStream::new(&tok);
+        let mut stream = TokenStream::new();
         let mut out = String::new();
         for &id in &ids {
-            out.push_str(&stream.push(id).unwrap().unwrap_or_default());
+            out.push_str(&stream.push(&tok, id).unwrap().unwrap_or_default());
         }
-        out.push_str(&stream.finish().unwrap());
+        out.push_str(&stream.finish(&tok).unwrap());
         assert_eq!(out, tok.decode(&ids, false).unwrap());
     }
 }
