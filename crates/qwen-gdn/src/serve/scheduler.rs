@@ -463,8 +463,10 @@ mod tests {
                     open = cv.wait(open).unwrap();
                 }
             }
-            let mut widest = self.widest.lock().unwrap();
-            *widest = (*widest).max(self.running.len());
+            {
+                let mut widest = self.widest.lock().unwrap();
+                *widest = (*widest).max(self.running.len());
+            }
             if self.running.iter().any(|r| r.4) {
                 panic!("fake step panic");
             }
