@@ -82,7 +82,11 @@ fn plain(server: &Server, ask: &Ask) -> (String, Json, Json) {
 
 /// The same from a streamed request, read as it comes; with `cancel_after`, the client
 /// hangs up after that many text chunks (and `None` is returned).
-fn streamed(server: &Server, ask: &Ask, cancel_after: Option<usize>) -> Option<(String, Json, Json)> {
+fn streamed(
+    server: &Server,
+    ask: &Ask,
+    cancel_after: Option<usize>,
+) -> Option<(String, Json, Json)> {
     let response = ureq::post(&format!("{}/v1/completions", server.base))
         .header("Content-Type", "application/json")
         .send(ask.body(true).to_string())
@@ -196,12 +200,19 @@ fn concurrent_requests_each_get_their_text_alone() {
         assert_eq!(got.0, alone[i].0, "{}: text in the batch", asks[i].prompt);
         assert_eq!(got.1, alone[i].1, "{}: finish", asks[i].prompt);
         let (a, b) = (&got.2, &alone[i].2);
-        assert_eq!(a["completion_tokens"], b["completion_tokens"], "{}", asks[i].prompt);
+        assert_eq!(
+            a["completion_tokens"], b["completion_tokens"],
+            "{}",
+            asks[i].prompt
+        );
         assert_eq!(a["prompt_tokens"], b["prompt_tokens"], "{}", asks[i].prompt);
     }
     done.store(true, Ordering::Relaxed);
     let widest = watcher.join().unwrap();
-    assert!(widest >= 3, "the requests did not run together (at most {widest} at once)");
+    assert!(
+        widest >= 3,
+        "the requests did not run together (at most {widest} at once)"
+    );
     // The server is healthy, and the cancelled request was logged as such.
     let (status, _) = server.call("/health", None, None);
     assert_eq!(status, 200);
@@ -214,7 +225,9 @@ fn max_batch_zero_is_refused_with_one_line() {
     let out = common::command(&[
         "serve",
         "--model",
-        common::fixture(common::serve_server::MODEL).to_str().unwrap(),
+        common::fixture(common::serve_server::MODEL)
+            .to_str()
+            .unwrap(),
         "--max-batch",
         "0",
     ])
@@ -231,7 +244,8 @@ fn the_batch_size_is_printed_at_start() {
     let server = Server::start(&[], &[]);
     let log = server.log();
     assert!(
-        log.iter().any(|l| l.contains("--max-batch ") && l.contains("positions")),
+        log.iter()
+            .any(|l| l.contains("--max-batch ") && l.contains("positions")),
         "{log:?}"
     );
     drop(server);

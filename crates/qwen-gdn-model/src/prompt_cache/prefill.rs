@@ -106,7 +106,10 @@ impl ChunkedPrefill {
             self.end
         );
         let pos = cache.offset;
-        ensure!(pos <= self.end, "prefill: the cache is past the prompt's end");
+        ensure!(
+            pos <= self.end,
+            "prefill: the cache is past the prompt's end"
+        );
         let Some(stop) = self.stops.range(pos + 1..).next().copied().or_else(|| {
             // Past the last snapshot: plain chunks up to the end.
             (pos < self.end).then_some(self.end)

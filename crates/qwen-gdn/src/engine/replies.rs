@@ -170,7 +170,8 @@ impl<'c, K, S: ReplySink> Replies<'c, K, S> {
             sequence.outcome.finish = FinishReason::Length;
             return Ok(None);
         }
-        Ok(follow(engine, sequence, &logits, &mut cache)?.map(|next| (self.batch.join(cache), next)))
+        Ok(follow(engine, sequence, &logits, &mut cache)?
+            .map(|next| (self.batch.join(cache), next)))
     }
 
     fn decode(&mut self, engine: &mut Engine, ended: &mut Vec<Ended<K>>) {
@@ -200,7 +201,10 @@ impl<'c, K, S: ReplySink> Replies<'c, K, S> {
             }
         };
         for (row, mut d) in std::mem::take(&mut self.decoding).into_iter().enumerate() {
-            let cache = self.batch.cache_mut(d.slot).expect("a decoding reply's slot");
+            let cache = self
+                .batch
+                .cache_mut(d.slot)
+                .expect("a decoding reply's slot");
             let next = logits
                 .narrow(0, row, 1)
                 .map_err(anyhow::Error::from)

@@ -191,7 +191,11 @@ impl<'c, S: ReplySink> Sequence<'c, S> {
         };
         if broken {
             let seen: Vec<u32> = self.head.iter().chain(&self.history).copied().collect();
-            return Err(non_finite_logits(&engine.model, &seen, engine.prefill_chunk));
+            return Err(non_finite_logits(
+                &engine.model,
+                &seen,
+                engine.prefill_chunk,
+            ));
         }
         let token = self.sampler.sample(&mut row, &self.history);
         if let Some(c) = self.constraint.as_deref_mut() {

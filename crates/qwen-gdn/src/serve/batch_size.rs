@@ -38,9 +38,7 @@ pub fn choose(
     match (requested, free) {
         (None, None) => Choice {
             max_batch: DEFAULT_UNKNOWN,
-            line: format!(
-                "--max-batch {DEFAULT_UNKNOWN} (the free memory is unknown; {sized})"
-            ),
+            line: format!("--max-batch {DEFAULT_UNKNOWN} (the free memory is unknown; {sized})"),
             shrunk: false,
         },
         (None, Some(free)) => {

@@ -84,8 +84,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
     let model = backend.model_facts();
     let metrics = Arc::new(metrics::Metrics::new());
     let text_log = args.log_format == request_log::LogFormat::Text;
-    let scheduler =
-        scheduler::Scheduler::start_reporting(
+    let scheduler = scheduler::Scheduler::start_reporting(
         backend,
         max_batch,
         args.queue_size,

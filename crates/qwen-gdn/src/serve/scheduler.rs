@@ -259,7 +259,10 @@ impl<B: Backend> Worker<B> {
                 Err(payload) => {
                     let error = panic_error(payload);
                     let failed = self.backend.recover(true);
-                    failed.into_iter().map(|id| (id, Err(error.clone()))).collect()
+                    failed
+                        .into_iter()
+                        .map(|id| (id, Err(error.clone())))
+                        .collect()
                 }
             };
             for (id, result) in ended {
@@ -479,7 +482,10 @@ mod tests {
                 } else {
                     *n += 1;
                     let piece = format!("{}", (b'a' + (*n % 26) as u8) as char);
-                    output.send(Event::Text(piece)).is_break().then_some(Finish::Cancelled)
+                    output
+                        .send(Event::Text(piece))
+                        .is_break()
+                        .then_some(Finish::Cancelled)
                 };
                 let usage = Usage {
                     prompt_tokens: 1,
@@ -598,7 +604,11 @@ mod tests {
             }
         }
         assert_eq!(*probes.started.lock().unwrap(), vec![3, 5, 2]);
-        assert_eq!(*probes.widest.lock().unwrap(), 2, "never more than --max-batch");
+        assert_eq!(
+            *probes.widest.lock().unwrap(),
+            2,
+            "never more than --max-batch"
+        );
     }
 
     #[test]
@@ -609,7 +619,9 @@ mod tests {
         // The long job runs; a second one joins it, ends, and the long one goes on.
         while !matches!(long.events.blocking_recv(), Some(Event::Text(_))) {}
         let mut short = scheduler.submit(spec("x", 3)).unwrap();
-        assert!(matches!(last_event(&mut short), Event::Done { usage, .. } if usage.completion_tokens == 3));
+        assert!(
+            matches!(last_event(&mut short), Event::Done { usage, .. } if usage.completion_tokens == 3)
+        );
         assert_eq!(*probes.widest.lock().unwrap(), 2);
         drop(long);
     }

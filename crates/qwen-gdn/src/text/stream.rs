@@ -45,11 +45,7 @@ impl TokenStream {
 
     /// (already emitted part of the window, whole window), decoded.
     fn pending(&self, tokenizer: &Tokenizer) -> Result<(String, String)> {
-        let decode = |ids: &[u32]| {
-            tokenizer
-                .decode(ids, false)
-                .map_err(anyhow::Error::msg)
-        };
+        let decode = |ids: &[u32]| tokenizer.decode(ids, false).map_err(anyhow::Error::msg);
         let done = decode(&self.ids[self.prefix..self.read])?;
         let text = decode(&self.ids[self.prefix..])?;
         // A decoder that rewrites earlier text would make the difference meaningless; decode
