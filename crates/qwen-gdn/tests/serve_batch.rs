@@ -1,6 +1,7 @@
 //! `serve`'s continuous batching end to end (issue 29): requests of different lengths run
 //! together, one joining mid-way and one cancelled mid-stream, streamed and not, greedy, seeded
-//! sampling and a stop string; each gives exactly the text and usage it gives alone (a
+//! sampling and a stop string, prompts prefilled in pieces between the others' decode
+//! steps; each gives exactly the text and usage it gives alone (a
 //! request served by itself, which is a batch of one: the engine's single-sequence step).
 //! The reference plan (f32 on the CPU) makes a batched row the same bits as that sequence
 //! alone, so the texts must be equal, not close.
@@ -148,9 +149,10 @@ fn watch_running(server: &Server, done: Arc<AtomicBool>) -> std::thread::JoinHan
 
 #[test]
 fn concurrent_requests_each_get_their_text_alone() {
-    // 15 ms a piece of text: the requests overlap for certain.
+    // 15 ms a piece of text: the requests overlap for certain. Prefill chunks of 2 tokens:
+    // a prompt's prefill runs in pieces between the others' decode steps.
     let server = Server::start(
-        &["--max-batch", "8"],
+        &["--max-batch", "8", "--prefill-chunk-size", "2"],
         &[("QWEN_GDN_TEST_TOKEN_DELAY_MS", "15")],
     );
     let asks = asks();
