@@ -99,6 +99,24 @@ pub struct Outcome {
     pub speculation: Option<SpecStats>,
 }
 
+impl Outcome {
+    /// A run with `cached_tokens` of its prompt restored and the rest prefilled, before it
+    /// samples anything: cancelled until it finishes otherwise.
+    fn unsampled(prompt_tokens: usize, cached_tokens: usize) -> Self {
+        Self {
+            prompt_tokens,
+            cached_tokens,
+            prefilled_tokens: prompt_tokens - cached_tokens,
+            generated: 0,
+            finish: FinishReason::Cancelled,
+            prompt_time: None,
+            generation_time: None,
+            tokens: Vec::new(),
+            speculation: None,
+        }
+    }
+}
+
 /// A loaded model with its tokenizer, stop tokens and prompt cache.
 pub struct Engine {
     checkpoint: Checkpoint,
@@ -197,32 +215,15 @@ impl Engine {
             cached_tokens,
         }) = self.prefill_prompt(prompt, cancel, speculation.as_mut())?
         else {
-            return Ok(Outcome {
-                prompt_tokens: prompt.ids.len(),
-                cached_tokens: 0,
-                prefilled_tokens: 0,
-                generated: 0,
-                finish: FinishReason::Cancelled,
-                prompt_time: None,
-                generation_time: None,
-                tokens: Vec::new(),
-                speculation: None,
-            });
+            // Cancelled during the prefill: its tokens do not count as prefilled.
+            let mut outcome = Outcome::unsampled(prompt.ids.len(), 0);
+            outcome.prefilled_tokens = 0;
+            return Ok(outcome);
         };
         let ids = &prompt.ids;
         let model = &self.model;
         let max_positions = model.config().max_position_embeddings;
-        let mut outcome = Outcome {
-            prompt_tokens: ids.len(),
-            cached_tokens,
-            prefilled_tokens: ids.len() - cached_tokens,
-            generated: 0,
-            finish: FinishReason::Cancelled,
-            prompt_time: None,
-            generation_time: None,
-            tokens: Vec::new(),
-            speculation: None,
-        };
+        let mut outcome = Outcome::unsampled(ids.len(), cached_tokens);
         let (head, last) = ids.split_at(ids.len() - 1);
         if params.max_tokens == 0 {
             // The prompt is cached; nothing to generate.
