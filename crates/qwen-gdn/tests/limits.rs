@@ -295,11 +295,7 @@ fn side_files_that_are_fifos_are_refused_instead_of_blocking() {
         let (_tmp, dir) = copy_fixture(MODEL);
         let path = dir.join(name);
         std::fs::remove_file(&path).unwrap();
-        let made = std::process::Command::new("mkfifo")
-            .arg(&path)
-            .status()
-            .unwrap();
-        assert!(made.success());
+        mkfifo(&path);
         let out = within(Duration::from_secs(60), || generate(&dir, &[]));
         // The folder check may refuse it first ("has no tokenizer.json"); either way the
         // error names the file instead of blocking on it.

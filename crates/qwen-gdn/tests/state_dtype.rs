@@ -69,16 +69,7 @@ fn bf16_quality_gate_matches_mlx_lm_on_every_tiny_checkpoint() {
     for name in CHECKPOINTS {
         let reference = reference_json(name);
         let want = &reference["bf16_state"];
-        let text = reference["text"].as_str().unwrap();
-        let dir = fixture(name);
-        let out = run_model(
-            "eval",
-            &dir,
-            &["--text", text, "--json", "--compare-state-dtype", "bf16"],
-        );
-        assert!(out.status.success(), "{name}: {}", stderr(&out));
-        let json: Value = serde_json::from_slice(&out.stdout).unwrap();
-        let got = &json["compare"];
+        let got = bf16_compare(name, reference["text"].as_str().unwrap());
         let (kl, mlx_kl) = (
             got["kl_mean"].as_f64().unwrap(),
             want["kl_mean"].as_f64().unwrap(),
@@ -138,17 +129,20 @@ fn bf16_quality_gate_runs_on_qwen4_exp() {
     }
 }
 
-fn bf16_quality_gate_passes(name: &str) {
-    let text = reference_json(name)["text"].as_str().unwrap().to_string();
-    let dir = fixture(name);
+/// `eval --compare-state-dtype bf16` of `text` on the fixture `name`: its JSON `compare`.
+fn bf16_compare(name: &str, text: &str) -> Value {
     let out = run_model(
         "eval",
-        &dir,
-        &["--text", &text, "--json", "--compare-state-dtype", "bf16"],
+        &fixture(name),
+        &["--text", text, "--json", "--compare-state-dtype", "bf16"],
     );
     assert!(out.status.success(), "{name}: {}", stderr(&out));
-    let json: Value = serde_json::from_slice(&out.stdout).unwrap();
-    let got = &json["compare"];
+    let mut json: Value = serde_json::from_slice(&out.stdout).unwrap();
+    json["compare"].take()
+}
+
+fn bf16_quality_gate_passes(name: &str) {
+    let got = &bf16_compare(name, reference_json(name)["text"].as_str().unwrap());
     let (kl, top1) = (
         got["kl_mean"].as_f64().unwrap(),
         got["top1_match"].as_f64().unwrap(),

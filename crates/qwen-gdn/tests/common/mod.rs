@@ -155,3 +155,9 @@ pub fn copy_dir(src: &Path, dst: &Path) {
         std::fs::copy(entry.path(), dst.join(entry.file_name())).unwrap();
     }
 }
+
+/// Makes a named pipe at `path` (nothing may stand there): a "file" whose read never ends.
+pub fn mkfifo(path: &Path) {
+    let made = Command::new("mkfifo").arg(path).status().unwrap();
+    assert!(made.success(), "mkfifo {}", path.display());
+}
