@@ -8,14 +8,7 @@ use std::path::{Path, PathBuf};
 
 /// A scratch copy of a fixture that a test may break.
 fn scratch(name: &str) -> (tempfile::TempDir, PathBuf) {
-    let tmp = tempfile::tempdir().unwrap();
-    let dir = tmp.path().join(name);
-    std::fs::create_dir(&dir).unwrap();
-    for entry in std::fs::read_dir(models_dir().join(name)).unwrap() {
-        let p = entry.unwrap().path();
-        std::fs::copy(&p, dir.join(p.file_name().unwrap())).unwrap();
-    }
-    (tmp, dir)
+    scratch_copy(&models_dir().join(name))
 }
 
 fn load_error(dir: &Path) -> String {
