@@ -76,7 +76,7 @@ pub mod hub;
 pub mod load;
 pub mod serve;
 #[cfg(test)]
-mod test_models;
+mod test_support;
 pub mod text;
 pub mod tool_calls;
 pub mod ui;

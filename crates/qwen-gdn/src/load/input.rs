@@ -154,7 +154,7 @@ fn next_piece(text: &str) -> &str {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::test_models::tiny_tokenizer;
+    use crate::test_support::tiny_tokenizer;
 
     #[test]
     fn pieces_cut_before_whitespace_and_cover_the_text() {

@@ -77,7 +77,7 @@ pub fn message_rest(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::test_models::tiny_template;
+    use crate::test_support::tiny_template;
 
     #[test]
     fn the_two_halves_make_one_message_of_both_texts() {

@@ -74,7 +74,7 @@ impl<'a> TokenStream<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::test_models::tiny_tokenizer;
+    use crate::test_support::tiny_tokenizer;
 
     #[test]
     fn multibyte_characters_are_never_split() {
