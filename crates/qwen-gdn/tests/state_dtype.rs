@@ -22,17 +22,12 @@ fn reference_json(name: &str) -> Value {
 
 /// `eval --json` in decode mode (one token per call, so the state is stored every token).
 fn eval_logprobs(model: &str, extra: &[&str], env: Option<&str>) -> Vec<f64> {
-    let dir = fixture(model);
     let text = reference_json(model)["text"].as_str().unwrap().to_string();
-    let mut args = vec!["--text", &text, "--json", "--prefill-chunk-size", "1"];
-    args.extend_from_slice(extra);
-    let mut cmd = model_command("eval", &dir, &args);
-    if let Some(v) = env {
-        cmd.env("MLX_LM_GDN_STATE_BF16", v);
-    }
-    let out = cmd.output().unwrap();
-    assert!(out.status.success(), "{}", stderr(&out));
-    logprobs_of(&out)
+    let env: Vec<_> = env
+        .map(|v| ("MLX_LM_GDN_STATE_BF16", v))
+        .into_iter()
+        .collect();
+    eval_logprobs_per_token(&fixture(model), &text, extra, &env)
 }
 
 #[test]
