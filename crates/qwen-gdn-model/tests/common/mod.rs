@@ -104,6 +104,11 @@ pub fn device_plan(dtype: candle_core::DType) -> RunOptions {
     }
 }
 
+/// The fixture `name` on the device plan at `dtype`, on [`device_under_test`].
+pub fn load_device_plan(name: &str, dtype: candle_core::DType) -> Model {
+    load_on(name, &device_plan(dtype), &device_under_test())
+}
+
 /// Logits `[T, vocab]` of decoding `ids` one token at a time from an empty cache.
 pub fn step_by_step(model: &Model, ids: &[u32]) -> Tensor {
     let mut cache = model.new_cache();
