@@ -133,6 +133,18 @@ fn head_runs_the_same_one_pair_at_a_time() {
     );
 }
 
+/// How two heads' logits on the same inputs differ: max |got − want| / max |want|, and the
+/// share of rows whose top token is the same.
+fn compare_heads(got: &Tensor, want: &Tensor) -> (f32, f64) {
+    let agree = argmax_rows(got)
+        .iter()
+        .zip(argmax_rows(want))
+        .filter(|(a, b)| **a == *b)
+        .count() as f64
+        / want.dim(0).unwrap() as f64;
+    (rel_max_diff(got, want), agree)
+}
+
 #[test]
 fn shifted_and_zero_centred_head_norms_are_both_read_right() {
     // The raw fixture stores its head's norms zero-centred (1 + w), the MLX twin stores the
@@ -144,13 +156,7 @@ fn shifted_and_zero_centred_head_norms_are_both_read_right() {
     let reference = reference(RAW[0]);
     let want = head_logits_on(&raw, &reference);
     let got = head_logits_on(&mlx, &reference);
-    let err = rel_max_diff(&got, &want);
-    let agree = argmax_rows(&got)
-        .iter()
-        .zip(argmax_rows(&want))
-        .filter(|(a, b)| **a == *b)
-        .count() as f64
-        / want.dim(0).unwrap() as f64;
+    let (err, agree) = compare_heads(&got, &want);
     eprintln!("4-bit head vs raw head: {err:.3} of max|logit|, top-1 agreement {agree:.3}");
     assert!(err < 0.35 && agree > 0.7, "err {err}, agreement {agree}");
 }
@@ -172,13 +178,7 @@ fn a_float_head_is_quantized_to_the_main_checkpoints_bits_on_load() {
     let reference = reference(RAW[0]);
     let want = head_logits_on(&stored, &reference);
     let got = head_logits_on(&quantized, &reference);
-    let err = rel_max_diff(&got, &want);
-    let agree = argmax_rows(&got)
-        .iter()
-        .zip(argmax_rows(&want))
-        .filter(|(a, b)| **a == *b)
-        .count() as f64
-        / want.dim(0).unwrap() as f64;
+    let (err, agree) = compare_heads(&got, &want);
     eprintln!(
         "head quantized on load vs as stored: {err:.3} of max|logit|, top-1 agreement {agree:.3}"
     );
@@ -223,13 +223,7 @@ fn loading_the_head_drops_the_skipped_mtp_warning() {
 
 #[test]
 fn a_head_whose_shapes_disagree_with_the_config_is_a_one_line_error() {
-    let tmp = tempfile::tempdir().unwrap();
-    let dir = tmp.path().join(RAW[0]);
-    std::fs::create_dir(&dir).unwrap();
-    for entry in std::fs::read_dir(mtp_dir(RAW[0])).unwrap() {
-        let p = entry.unwrap().path();
-        std::fs::copy(&p, dir.join(p.file_name().unwrap())).unwrap();
-    }
+    let (_tmp, dir) = scratch_copy(&mtp_dir(RAW[0]));
     // mtp.fc.weight is [H, 2H] = [128, 256]; declare it [256, 128] (same bytes).
     reshape_in_header(&dir.join("model.safetensors"), "mtp.fc.weight", &[256, 128]);
 

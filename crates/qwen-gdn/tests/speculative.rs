@@ -7,13 +7,7 @@ use common::*;
 use std::path::PathBuf;
 
 fn mtp_fixture(name: &str) -> PathBuf {
-    let dir = repo_root().join("models/mtp").join(name);
-    assert!(
-        dir.join("config.json").is_file(),
-        "{} is missing",
-        dir.display()
-    );
-    dir
+    fixture(&format!("mtp/{name}"))
 }
 
 #[test]

@@ -23,6 +23,7 @@ mod model_facts;
 mod ollama;
 mod openai;
 mod page;
+mod posted;
 mod request_log;
 mod routes;
 mod scheduler;

@@ -66,20 +66,11 @@ impl TokenStream {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// The mini Qwen3.5 tokenizer of the test checkpoints keeps only the first 1984 BPE ranks,
-    /// so CJK and emoji characters are split over several byte tokens.
-    fn tokenizer() -> Tokenizer {
-        let path = concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/../../models/qwen3.5-tiny-4bit/tokenizer.json"
-        );
-        Tokenizer::from_file(path).unwrap()
-    }
+    use crate::test_support::tiny_tokenizer;
 
     #[test]
     fn multibyte_characters_are_never_split() {
-        let tok = tokenizer();
+        let tok = tiny_tokenizer();
         let text = "Hello 世界! 🦀🎨 naïve — «ok» 你好吗？";
         let ids = tok.encode(text, false).unwrap().get_ids().to_vec();
         // The test only means something if some token is a fragment of a character.
@@ -101,7 +92,7 @@ mod tests {
     #[test]
     fn output_equals_full_decode_for_any_ids() {
         // Random-model output: lone continuation bytes, special tokens, ids without a token.
-        let tok = tokenizer();
+        let tok = tiny_tokenizer();
         let ids = [
             1573, 1255, 162, 2047, 1459, 1924, 1932, 7, 896, 1997, 1986, 230, 129, 1381, 98,
         ];
