@@ -4,7 +4,7 @@
 
 use crate::cli::prompt_cache_file;
 use crate::cli::sampling_args::SamplingArgs;
-use crate::cli::speculation_args::SpeculationArgs;
+use crate::cli::speculation_args::{stats_line, SpeculationArgs};
 use crate::cli::template_args::TemplateArgs;
 use crate::engine::{Engine, GenerateParams, PromptTokens};
 use crate::load::{Checkpoint, ModelArgs};
@@ -81,7 +81,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
     let mut model = args
         .model
         .load_model(&checkpoint, prompt_ids.len() + args.sampling.max_tokens)?;
-    let draft_tokens = args.speculation.load(&mut model, &checkpoint.dir)?;
+    let draft_length = args.speculation.load(&mut model, &checkpoint.dir)?;
     // GPU shader compilation, before the prompt's clock starts; reported on its own.
     let compile_time = model.warm_up()?;
     // One request: a prompt cache would only copy state that is never used again, except the
@@ -98,7 +98,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
         PromptCache::new(budget),
         None,
     )?;
-    engine.set_draft_tokens(draft_tokens)?;
+    engine.set_draft_length(draft_length.clone())?;
     if let Some(path) = &args.prompt_cache_file {
         let cached = engine.load_prompt_cache_file(path)?;
         prompt_ids.splice(0..0, cached);
@@ -163,15 +163,8 @@ pub fn run(args: Args) -> Result<ExitCode> {
             outcome.generated,
             outcome.generation_time,
         );
-        if let (Some(s), Some(k)) = (&outcome.speculation, draft_tokens) {
-            eprint_line(&format!(
-                "Speculative: {k} draft tokens, acceptance {:.3} ({}/{}), {:.2} tokens per verify step ({} steps)",
-                s.acceptance(),
-                s.accepted,
-                s.drafted,
-                s.tokens_per_step(),
-                s.steps
-            ));
+        if let (Some(stats), Some(length)) = (&outcome.speculation, &draft_length) {
+            eprint_line(&stats_line(stats, length));
         }
     }
     // 130 = interrupted by SIGINT, as shells report it.
