@@ -56,7 +56,10 @@ pub fn prefill_with_snapshots_cancellable(
     );
     let stops = snapshot_positions(start, tokens.len(), snapshot_at, every);
     let mut pos = start;
-    for stop in stops.iter().copied().chain([tokens.len()]) {
+    // The end closes the last run of chunks, unless it is a snapshot position itself (the
+    // token before it would otherwise run twice).
+    let end = Some(tokens.len()).filter(|end| !stops.contains(end));
+    for stop in stops.iter().copied().chain(end) {
         let snapshot = stops.contains(&stop);
         // The token before a snapshot runs alone, as the last token of a prompt does (see
         // the module's doc): a snapshot is then the same state whether it was taken at a

@@ -388,9 +388,17 @@ impl Engine {
             None => (0, model.new_cache()),
         };
         // With speculation the prompt's last tokens run apart, so that the MTP head sees their
-        // hidden states; the prompt cache may already hold some of them.
+        // hidden states; the prompt cache may already hold some of them, and they start after
+        // the last snapshot position (a boundary, a multiple of --prompt-cache-every), so that
+        // every snapshot is taken as without speculation and a later turn resumes as far.
         let tail = match speculation {
-            Some(_) => HEAD_HISTORY.min(ids.len() - cached_tokens).max(1),
+            Some(_) => {
+                let last_stop = (prompt.boundaries.iter().copied())
+                    .chain(self.snapshot_every.map(|n| (ids.len() - 1) / n * n))
+                    .filter(|&p| p < ids.len())
+                    .fold(cached_tokens, usize::max);
+                HEAD_HISTORY.min(ids.len() - last_stop).max(1)
+            }
             None => 1,
         };
         let (head, last) = ids.split_at(ids.len() - tail);
