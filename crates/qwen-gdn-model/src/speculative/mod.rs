@@ -287,7 +287,7 @@ impl Speculation {
 }
 
 /// Index of the largest value (the first of equal ones).
-fn argmax(xs: &[f32]) -> u32 {
+pub fn argmax(xs: &[f32]) -> u32 {
     let mut best = 0;
     for (i, &x) in xs.iter().enumerate() {
         if x > xs[best] {
