@@ -2,6 +2,7 @@
 //! last prompt token in chunks, run the last one alone (its logits give the first token), then
 //! decode one token at a time, streaming the text; stats go to stderr in mlx-lm's format.
 
+use crate::cli::prompt_args::PromptArgs;
 use crate::cli::prompt_cache_file;
 use crate::cli::sampling_args::SamplingArgs;
 use crate::cli::speculation_args::{stats_line, SpeculationArgs};
@@ -23,7 +24,6 @@ use std::time::Duration;
 // Negative numbers reach the value parsers, which then say what range is allowed.
 #[command(
     allow_negative_numbers = true,
-    group(clap::ArgGroup::new("input").required(true).args(["prompt", "prompt_file"])),
     after_help = "The prompt must fit the model's context: a prompt longer than \
                   max_position_embeddings (config.json) is an error, and generation stops when \
                   the context is full.\nCtrl-C stops generation and still prints the stats."
@@ -31,12 +31,8 @@ use std::time::Duration;
 pub struct Args {
     #[command(flatten)]
     model: ModelArgs,
-    /// Prompt text; `-` reads it from stdin
-    #[arg(long, short = 'p')]
-    prompt: Option<String>,
-    /// Read the prompt from this file
-    #[arg(long, value_name = "FILE")]
-    prompt_file: Option<PathBuf>,
+    #[command(flatten)]
+    prompt: PromptArgs,
     /// Start from the prompt cache this file holds (made by `qwen-gdn cache-prompt`): the
     /// prompt continues it
     #[arg(long, value_name = "FILE")]
@@ -64,11 +60,7 @@ pub struct Args {
 pub fn run(args: Args) -> Result<ExitCode> {
     let checkpoint = args.model.open()?;
     let limit = &checkpoint.input_limit;
-    let (prompt, what) = limit.read(
-        args.prompt.as_deref(),
-        args.prompt_file.as_deref(),
-        "--prompt",
-    )?;
+    let (prompt, what) = args.prompt.read(limit)?;
     let mut prompt_ids = match &args.prompt_cache_file {
         Some(path) => {
             // Before gigabytes of weights are loaded for nothing.
