@@ -226,3 +226,47 @@ fn chat_without_a_head_refuses_draft_tokens_in_one_line() {
     let out = child.wait_with_output().unwrap();
     assert_error(&out, &["no MTP head"]);
 }
+
+/// `generate --prompt-cache-file` with speculation: the continuation of a saved prefix is the
+/// text without speculation (fixed and adaptive), on the trained dense fixture and a MoE one.
+#[test]
+fn speculation_from_a_prompt_cache_file_gives_the_text_without() {
+    for name in ["qwen3.5-mtp-tiny-hf", "qwen3.5-moe-mtp-tiny-hf"] {
+        let model = mtp_fixture(name);
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("prefix.safetensors");
+        let made = run_model(
+            "cache-prompt",
+            &model,
+            &[
+                "--prompt",
+                "The sea is wide and the",
+                "--out",
+                file.to_str().unwrap(),
+            ],
+        );
+        assert!(made.status.success(), "{}", stderr(&made));
+        let args = [
+            "--prompt",
+            " waves are tall.",
+            "--prompt-cache-file",
+            file.to_str().unwrap(),
+            "--max-tokens",
+            "48",
+            "--temp",
+            "0",
+        ];
+        let plain = generate(&model, &args);
+        assert!(plain.status.success(), "{}", stderr(&plain));
+        for k in ["2", "auto"] {
+            let spec = generate(&model, &[&args[..], &["--draft-tokens", k]].concat());
+            assert!(spec.status.success(), "{}", stderr(&spec));
+            assert_eq!(
+                String::from_utf8_lossy(&spec.stdout),
+                String::from_utf8_lossy(&plain.stdout),
+                "{name}: --draft-tokens {k}"
+            );
+            assert_eq!(speculative_lines(&spec).len(), 1, "{}", stderr(&spec));
+        }
+    }
+}
