@@ -33,7 +33,7 @@ use crate::load::Checkpoint;
 use anyhow::{bail, Result};
 use candle_core::{DType, IndexOp, Tensor};
 use qwen_gdn_model::prompt_cache::{load_snapshot, ModelIdentity};
-use qwen_gdn_model::speculative::{SpecStats, Speculation};
+use qwen_gdn_model::speculative::{DraftLength, SpecStats, Speculation};
 use qwen_gdn_model::{Cache, Model, PromptCache};
 use std::ops::ControlFlow;
 use std::path::Path;
@@ -111,9 +111,9 @@ pub struct Engine {
     prompt_cache: PromptCache,
     prefill_chunk: usize,
     snapshot_every: Option<usize>,
-    /// Draft tokens per step of speculative decoding with the model's MTP head (greedy
-    /// sampling only), or `None`.
-    draft_tokens: Option<usize>,
+    /// Draft tokens per step of speculative decoding with the model's MTP head, or `None`;
+    /// each reply starts from this (an adaptive length from its prior).
+    draft_length: Option<DraftLength>,
 }
 
 impl Engine {
@@ -132,17 +132,18 @@ impl Engine {
             prompt_cache,
             prefill_chunk: prefill_chunk.max(1),
             snapshot_every: snapshot_every.filter(|&n| n > 0),
-            draft_tokens: None,
+            draft_length: None,
         })
     }
 
-    /// Speculative decoding with `k` draft tokens per step from the model's MTP head (which
-    /// must be loaded): greedy, or speculative sampling at temp > 0; `None` turns it off.
-    pub fn set_draft_tokens(&mut self, k: Option<usize>) -> Result<()> {
-        if let Some(k) = k {
-            Speculation::new(&self.model, k)?;
+    /// Speculative decoding with `length` draft tokens per step (fixed or adaptive) from the
+    /// model's MTP head (which must be loaded): greedy, or speculative sampling at temp > 0;
+    /// `None` turns it off.
+    pub fn set_draft_length(&mut self, length: Option<DraftLength>) -> Result<()> {
+        if let Some(length) = &length {
+            Speculation::new(&self.model, length.clone())?;
         }
-        self.draft_tokens = k;
+        self.draft_length = length;
         Ok(())
     }
 

@@ -45,9 +45,18 @@ impl Engine {
             Some((n, cache)) => (n, cache),
             None => (0, self.model.new_cache()),
         };
-        // The prompt cache may already hold some of the tokens kept apart.
+        // The prompt cache may already hold some of the tokens kept apart, and they start
+        // after the last snapshot position (a boundary, a multiple of --prompt-cache-every),
+        // so that every snapshot is taken as without speculation and a later turn resumes as
+        // far.
         let tail = match speculating {
-            true => HEAD_HISTORY.min(ids.len() - cached_tokens).max(1),
+            true => {
+                let last_stop = (prompt.boundaries.iter().copied())
+                    .chain(self.snapshot_every.map(|n| (ids.len() - 1) / n * n))
+                    .filter(|&p| p < ids.len())
+                    .fold(cached_tokens, usize::max);
+                HEAD_HISTORY.min(ids.len() - last_stop).max(1)
+            }
             false => 1,
         };
         let head_len = ids.len() - tail;

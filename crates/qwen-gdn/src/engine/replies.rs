@@ -88,9 +88,11 @@ impl<'c, K, S: ReplySink> Replies<'c, K, S> {
         sink: S,
     ) -> Result<()> {
         // A constrained reply is decoded a token at a time: no speculation for it.
-        let speculation = match engine.draft_tokens.filter(|_| constraint.is_none()) {
-            Some(k) => Some(Speculation::new(&engine.model, k)?),
-            None => None,
+        let speculation = match &engine.draft_length {
+            Some(length) if constraint.is_none() => {
+                Some(Speculation::new(&engine.model, length.clone())?)
+            }
+            _ => None,
         };
         let run = engine.begin_prompt(prompt, speculation.is_some())?;
         let sequence = Sequence::new(&prompt.ids, params, constraint, sink, speculation);
