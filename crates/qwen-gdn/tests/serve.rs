@@ -536,15 +536,7 @@ fn a_client_that_disconnects_cancels_its_generation() {
     let socket = start_stream(&server, 10_000);
     drop(socket);
     let line = wait_for_log(&server, "cancelled");
-    let generated: usize = line
-        .split(", ")
-        .nth(1)
-        .unwrap()
-        .split(' ')
-        .next()
-        .unwrap()
-        .parse()
-        .unwrap();
+    let generated = leading_number(line.split(", ").nth(1).unwrap());
     assert!(generated < 100, "{line}");
     // The worker is free: the next request is served.
     let (status, reply) = server.post("/v1/completions", &json!({"prompt": "hi", "max_tokens": 2}));

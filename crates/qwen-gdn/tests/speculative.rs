@@ -133,15 +133,7 @@ fn adaptive_draft_length_gives_the_text_of_plain_greedy_decoding() {
             assert!(k <= 6 && n > 0, "{line}");
             steps_by_k += n;
         }
-        let steps: usize = line
-            .rsplit('(')
-            .next()
-            .unwrap()
-            .split(' ')
-            .next()
-            .unwrap()
-            .parse()
-            .unwrap();
+        let steps = leading_number(line.rsplit('(').next().unwrap());
         assert_eq!(steps_by_k, steps, "{line}");
     }
 }

@@ -265,12 +265,15 @@ impl<B: Backend> Worker<B> {
                         .collect()
                 }
             };
-            for (id, result) in ended {
-                if let Some(taken) = self.running.remove(&id) {
-                    self.end(taken, result);
-                }
-            }
+            // The gauge drops before the ended jobs' last events go out: a client that reads
+            // /metrics after its reply sees itself no longer running.
+            let ended: Vec<_> = (ended.into_iter())
+                .filter_map(|(id, result)| Some((self.running.remove(&id)?, result)))
+                .collect();
             self.reporting.metrics.set_running(self.running.len());
+            for (taken, result) in ended {
+                self.end(taken, result);
+            }
         }
     }
 

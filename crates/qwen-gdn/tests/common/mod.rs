@@ -179,3 +179,11 @@ pub fn mkfifo(path: &Path) {
     let made = Command::new("mkfifo").arg(path).status().unwrap();
     assert!(made.success(), "mkfifo {}", path.display());
 }
+
+/// The whole number `text` starts with, up to its first space ("12 tokens" → 12): how the
+/// tests read a count out of a log or stats line.
+pub fn leading_number(text: &str) -> usize {
+    let word = text.split(' ').next().unwrap_or_default();
+    word.parse()
+        .unwrap_or_else(|_| panic!("expected a number at the start of {text:?}"))
+}
