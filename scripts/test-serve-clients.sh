@@ -6,7 +6,9 @@
 # (the second one's test switch forces some thinking and a tool call), and runs every client
 # against them: each API's own checks (log-probabilities against `eval --json`, structured
 # output validated by `jsonschema`), the same greedy text through the three APIs, then the
-# metrics those requests left and the JSON request log.
+# metrics those requests left and the JSON request log. A third server, with a small
+# --max-batch and --queue-size, takes the load test (continuous batching: 64 concurrent
+# clients, each completed greedy reply equal to its reply alone, the rest clean 503s/400s).
 #
 #   bash scripts/test-serve-clients.sh
 #
@@ -38,12 +40,14 @@ cleanup() {
 }
 trap cleanup EXIT
 
-# Starts a server on a free port, with the environment assignments given as arguments;
-# sets $base_url once it listens. (Not run in $(...): the server would hold its output open.)
+# Starts a server on a free port, with the environment assignments given as arguments and
+# the flags in $serve_flags; sets $base_url once it listens. (Not run in $(...): the server
+# would hold its output open.)
+serve_flags=()
 start() {
     local log="$tmp/server-${#pids[@]}.log"
     env "$@" "$QWEN_GDN" serve --model "$model" --served-model-name "$name" --port 0 \
-        --api-key "$key" --log-format json >/dev/null 2>"$log" &
+        --api-key "$key" --log-format json "${serve_flags[@]}" >/dev/null 2>"$log" &
     pids+=($!)
     for _ in $(seq 1 600); do
         if grep -q "http://" "$log"; then
@@ -65,6 +69,10 @@ main_log="$tmp/server-0.log"
 forced_call=$'Checking the weather.\n</think>\n\n<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n<parameter=days>\n3\n</parameter>\n</function>\n</tool_call>'
 start QWEN_GDN_TEST_FORCE_OUTPUT="$forced_call"
 forced_url="$base_url"
+serve_flags=(--max-batch 12 --queue-size 20)
+start
+load_url="$base_url"
+serve_flags=()
 
 echo "== openai client" >&2
 "$py" scripts/test_serve_openai.py "$url/v1" "$key" "$forced_url/v1" || fail "the openai client checks"
@@ -78,6 +86,9 @@ echo "== ollama client" >&2
 "$py" scripts/test_serve_ollama.py "$url" "$key" "$forced_url" "$name" || fail "the ollama client checks"
 echo "== the same greedy text through every API" >&2
 "$py" scripts/test_serve_same_text.py "$url" "$key" "$name" || fail "the APIs' texts differ"
+
+echo "== load: 64 concurrent openai clients against --max-batch 12 --queue-size 20" >&2
+timeout 300 "$py" scripts/test_serve_load.py "$load_url" "$key" "$name" || fail "the load test"
 
 echo "== curl" >&2
 auth=(-H "Authorization: Bearer $key")

@@ -37,7 +37,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from gdn_cuda import (DT, Module, _cuda, check_cu, compare, gdn_launch,  # noqa: E402
-                      make_inputs, reference, ulp)
+                      make_inputs, open_log, reference, ulp)
 
 CHUNK = 64
 BLOCK_V = 32
@@ -280,13 +280,7 @@ def main():
     ap.add_argument("--step-ptx", required=True)
     ap.add_argument("--out", default=".")
     args = ap.parse_args()
-    os.makedirs(args.out, exist_ok=True)
-    logf = open(os.path.join(args.out, "gdn_chunk.log"), "w")
-
-    def log(s=""):
-        print(s, flush=True)
-        logf.write(s + "\n")
-        logf.flush()
+    log = open_log(args.out, "gdn_chunk.log")
 
     torch.backends.cuda.matmul.allow_tf32 = False
     log(f"torch {torch.__version__}, device {torch.cuda.get_device_name(0)}")

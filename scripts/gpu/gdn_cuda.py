@@ -515,6 +515,19 @@ def run_bench(mod, fla, log, table):
         torch.cuda.empty_cache()
 
 
+def open_log(out_dir, name):
+    """A `log(line)` that prints each line and appends it to `out_dir/name` (created anew)."""
+    os.makedirs(out_dir, exist_ok=True)
+    logf = open(os.path.join(out_dir, name), "w")
+
+    def log(s=""):
+        print(s, flush=True)
+        logf.write(s + "\n")
+        logf.flush()
+
+    return log
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--ptx", required=True, help="PTX built with -DGDN_BENCH_VARIANTS")
@@ -522,13 +535,7 @@ def main():
     ap.add_argument("--mode", default="all", choices=["check", "bench", "all"])
     ap.add_argument("--out", default=".")
     args = ap.parse_args()
-    os.makedirs(args.out, exist_ok=True)
-    logf = open(os.path.join(args.out, f"gdn_{args.mode}.log"), "w")
-
-    def log(s=""):
-        print(s, flush=True)
-        logf.write(s + "\n")
-        logf.flush()
+    log = open_log(args.out, f"gdn_{args.mode}.log")
 
     torch.backends.cuda.matmul.allow_tf32 = False
     log(f"torch {torch.__version__}, cuda {torch.version.cuda}, device {torch.cuda.get_device_name(0)}")

@@ -45,7 +45,7 @@ import traceback
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from gdn_cuda import Module, _cuda, check_cu, eager_time  # noqa: E402
+from gdn_cuda import Module, _cuda, check_cu, eager_time, open_log  # noqa: E402
 
 _cuda.cuFuncSetAttribute.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int]
 CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8
@@ -332,13 +332,7 @@ def main():
     ap.add_argument("--skip-checks", action="store_true")
     ap.add_argument("--no-ceilings", action="store_true", help="time the kernels only (no cuBLAS rows)")
     args = ap.parse_args()
-    os.makedirs(args.out, exist_ok=True)
-    logf = open(os.path.join(args.out, "grouped_gemm.log"), "w")
-
-    def log(s=""):
-        print(s, flush=True)
-        logf.write(s + "\n")
-        logf.flush()
+    log = open_log(args.out, "grouped_gemm.log")
 
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = False

@@ -2,9 +2,10 @@
 //! with plain candle tensor ops, at Qwen3-Next-80B-A3B GDN shapes, plus the bytes a decode
 //! step moves. Run with `scripts/bench-gdn`.
 
+mod timing;
+
 use candle_core::{DType, Device, Tensor, D};
 use gdn_ops::gated_delta_update;
-use std::time::Instant;
 
 const HK: usize = 16;
 const HV: usize = 32;
@@ -61,15 +62,7 @@ fn candle_ops(
 
 fn median_ms(mut f: impl FnMut(), reps: usize) -> f64 {
     f();
-    let mut times: Vec<f64> = (0..reps)
-        .map(|_| {
-            let t0 = Instant::now();
-            f();
-            t0.elapsed().as_secs_f64() * 1e3
-        })
-        .collect();
-    times.sort_by(f64::total_cmp);
-    times[reps / 2]
+    timing::sorted_ms(&mut f, reps)[reps / 2]
 }
 
 fn main() -> anyhow::Result<()> {

@@ -3,9 +3,10 @@
 //! `scripts/bench-gdn-prefill`; `--steps 512,4096`, `--reps N`, `--only chunked` (or
 //! `recurrent`) and `--g-min X` (decays uniform in [X, 1), default 0.9) change what it runs.
 
+mod timing;
+
 use candle_core::{DType, Device, Tensor};
 use gdn_ops::{gated_delta_update_in, GdnForm};
-use std::time::Instant;
 
 const HK: usize = 16;
 const HV: usize = 32;
@@ -27,18 +28,11 @@ fn cpu_ns() -> Option<u64> {
 fn time_ms(mut f: impl FnMut(), reps: usize) -> (f64, f64) {
     f();
     let cpu0 = cpu_ns();
-    let mut times: Vec<f64> = (0..reps)
-        .map(|_| {
-            let t0 = Instant::now();
-            f();
-            t0.elapsed().as_secs_f64() * 1e3
-        })
-        .collect();
+    let times = timing::sorted_ms(&mut f, reps);
     let cpu = match (cpu0, cpu_ns()) {
         (Some(a), Some(b)) => (b - a) as f64 / 1e6 / reps as f64,
         _ => f64::NAN,
     };
-    times.sort_by(f64::total_cmp);
     (times[reps / 2], cpu)
 }
 

@@ -62,11 +62,14 @@ fn without_a_delta_the_sum_is_the_residual_itself() {
 
 #[test]
 fn supports_covers_the_kernels() {
-    let t = |shape: &[usize], dtype| Tensor::zeros(shape, dtype, &Device::Cpu).unwrap();
-    assert!(supports(&t(&[1, 2048], DType::BF16)));
-    assert!(supports(&t(&[2, 8192], DType::F16)));
-    assert!(!supports(&t(&[1, 8193], DType::F32)));
-    assert!(!supports(&t(&[1, 64], DType::F64)));
+    assert!(supports(&zeros(&[1, 2048], DType::BF16)));
+    assert!(supports(&zeros(&[2, 8192], DType::F16)));
+    assert!(!supports(&zeros(&[1, 8193], DType::F32)));
+    assert!(!supports(&zeros(&[1, 64], DType::F64)));
+}
+
+fn zeros(shape: &[usize], dtype: DType) -> Tensor {
+    Tensor::zeros(shape, dtype, &Device::Cpu).unwrap()
 }
 
 fn error(h: &Tensor, d: Option<&Tensor>, w: &Tensor, eps: f32) -> String {
@@ -78,19 +81,9 @@ fn input_checks() {
     let dev = &Device::Cpu;
     let h = Tensor::zeros((2, 64), DType::F32, dev).unwrap();
     let w = Tensor::ones(64, DType::F32, dev).unwrap();
-    let e = error(
-        &h,
-        Some(&Tensor::zeros((2, 32), DType::F32, dev).unwrap()),
-        &w,
-        1e-6,
-    );
+    let e = error(&h, Some(&zeros(&[2, 32], DType::F32)), &w, 1e-6);
     assert!(e.contains("delta [2, 32] must match"), "{e}");
-    let e = error(
-        &h,
-        Some(&Tensor::zeros((2, 64), DType::BF16, dev).unwrap()),
-        &w,
-        1e-6,
-    );
+    let e = error(&h, Some(&zeros(&[2, 64], DType::BF16)), &w, 1e-6);
     assert!(e.contains("delta is BF16"), "{e}");
     let e = error(&h, None, &Tensor::ones(32, DType::F32, dev).unwrap(), 1e-6);
     assert!(e.contains("weight [32], expected [64]"), "{e}");

@@ -100,12 +100,10 @@ fn kernel_abi_in_source() {
         &["rows", "cols", "has_delta", "float eps"],
     );
     assert_eq!(std::mem::size_of::<AddRmsNormParams>(), 16);
-    let src = emu::shipped_source("kernels/add_rms_norm.metal");
-    assert!(src.contains("#include \"params/add_rms_norm.h\""));
+    let src = emu::shipped_source_including("kernels/add_rms_norm.metal", "add_rms_norm.h");
     let buffers = ["residual", "delta", "weight", "sum", "normed"];
     emu::assert_buffer_indices(&src, "add_rms_norm.metal", &buffers, "");
     assert!(src.contains("AddRmsNormParams& p [[buffer(5)]]"));
     emu::assert_instantiated(&src, "add_rms_norm");
-    let cu = emu::shipped_source("kernels/add_rms_norm.cu");
-    assert!(cu.contains("#include \"params/add_rms_norm.h\""));
+    emu::shipped_source_including("kernels/add_rms_norm.cu", "add_rms_norm.h");
 }

@@ -199,8 +199,8 @@ fn kernel_abi_in_source() {
         &["expert", "row_begin", "row_end"],
     );
     assert_eq!(std::mem::size_of::<GroupedTile>(), 3 * 4);
-    let flat = emu::shipped_source("kernels/affine_grouped.metal");
-    assert!(flat.contains("#include \"params/affine_grouped_metal.h\""));
+    let flat =
+        emu::shipped_source_including("kernels/affine_grouped.metal", "affine_grouped_metal.h");
     emu::assert_buffers(
         &flat,
         "#define AFFINE_GROUPED_QMM(",

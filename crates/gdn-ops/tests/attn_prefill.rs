@@ -12,8 +12,8 @@
 mod common;
 
 use candle_core::{DType, Device, Tensor};
-use common::attn_prefill::{cases, inputs, relative_allowance, seed};
-use common::{close, composed_causal_attention, values, TYPES};
+use common::attn_prefill::{cases, compare, inputs, seed};
+use common::{composed_causal_attention, values, TYPES};
 use gdn_ops::launches;
 use gdn_ops::ops::attn_prefill::{attn_prefill, supports};
 
@@ -25,14 +25,7 @@ fn twin_matches_the_composed_path() {
             let [q, k, v] = inputs(shape, ty, seed(i, ty)).tensors(shape, ty, &Device::Cpu);
             let got = attn_prefill(&q, &k, &v, shape.offset).unwrap();
             let want = composed_causal_attention(&q, &k, &v, shape.offset);
-            if let Some(e) = close(
-                "out",
-                &values(&got),
-                &values(&want),
-                ty,
-                2.0,
-                relative_allowance(ty),
-            ) {
+            if let Some(e) = compare(&values(&got), &want, ty) {
                 failures.push(format!("{} {shape:?}: {e}", ty.name()));
             }
         }

@@ -24,10 +24,8 @@
 mod common;
 mod emu;
 
-use common::attn_prefill::{
-    cases, inputs, relative_allowance, seed, Inputs, Shape, EMULATION_MAX_WORK,
-};
-use common::{close, failures, tensor, values, Input, Ty};
+use common::attn_prefill::{cases, compare, inputs, seed, Inputs, Shape, EMULATION_MAX_WORK};
+use common::{failures, tensor, Input, Ty};
 use gdn_ops::ops::attn_prefill::{attn_prefill, smem_bytes, AttnPrefillParams};
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -72,7 +70,7 @@ fn check(harness: &Path, ty: Ty, s: Shape, seed: u64) -> Option<String> {
         s.offset,
     )
     .unwrap();
-    close("out", &got, &values(&want), ty, 2.0, relative_allowance(ty))
+    compare(&got, &want, ty)
 }
 
 /// The op's cases the emulator can run in time ([`EMULATION_MAX_WORK`]), with their index.
@@ -202,8 +200,7 @@ fn kernel_abi_in_source() {
         "AttnPrefillParams (kernels/params/attn_prefill.h) must match ops/attn_prefill"
     );
     assert_eq!(std::mem::size_of::<AttnPrefillParams>(), 60);
-    let src = emu::shipped_source("kernels/attn_prefill.cu");
-    assert!(src.contains("#include \"params/attn_prefill.h\""));
+    let src = emu::shipped_source_including("kernels/attn_prefill.cu", "attn_prefill.h");
     assert!(
         src.contains("name(const T* q, const T* k, const T* v, T* out, const AttnPrefillParams p)")
     );

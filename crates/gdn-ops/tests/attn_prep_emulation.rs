@@ -121,13 +121,12 @@ fn kernel_abi_in_source() {
         ],
     );
     assert_eq!(std::mem::size_of::<AttnPrepParams>(), 28);
-    let src = emu::shipped_source("kernels/attn_prep.metal");
-    assert!(src.contains("#include \"params/attn_prep.h\""));
+    let src = emu::shipped_source_including("kernels/attn_prep.metal", "attn_prep.h");
     let buffers = [
         "qkv", "q_norm", "k_norm", "inv_freq", "pos", "keys", "values", "q", "gate",
     ];
     emu::assert_buffer_indices(&src, "attn_prep.metal", &buffers, " ");
     assert!(src.contains("AttnPrepParams& p [[buffer(9)]]"));
     emu::assert_instantiated(&src, "attn_prep");
-    assert!(emu::shipped_source("kernels/attn_prep.cu").contains("#include \"params/attn_prep.h\""));
+    emu::shipped_source_including("kernels/attn_prep.cu", "attn_prep.h");
 }

@@ -19,8 +19,8 @@
 mod common;
 
 use candle_core::{DType, Device, Tensor};
-use common::attn_prefill::{cases, inputs, relative_allowance, seed, shape, Shape};
-use common::{close, composed_causal_attention, gpu, values, Ty};
+use common::attn_prefill::{cases, compare, inputs, seed, shape, Shape};
+use common::{composed_causal_attention, gpu, values, Ty};
 use gdn_ops::launches;
 use gdn_ops::ops::attn_prefill::attn_prefill;
 use std::time::Instant;
@@ -41,14 +41,7 @@ fn cuda_attn_prefill_matches_the_cpu_twin() {
             let got = attn_prefill(&q, &k, &v, shape.offset).unwrap();
             let want = attn_prefill(&cpu[0], &cpu[1], &cpu[2], shape.offset).unwrap();
             assert_eq!(got.dims(), want.dims());
-            if let Some(e) = close(
-                "out",
-                &values(&got),
-                &values(&want),
-                ty,
-                2.0,
-                relative_allowance(ty),
-            ) {
+            if let Some(e) = compare(&values(&got), &want, ty) {
                 failures.push(format!("attn_prefill_{} {shape:?}: {e}", ty.name()));
             }
         }
@@ -77,14 +70,7 @@ fn cuda_attn_prefill_real_shapes() {
         let got = attn_prefill(&q, &k, &v, offset).unwrap();
         assert_eq!(launches::take(), 1, "one launch");
         let composed = composed_causal_attention(&q, &k, &v, offset);
-        if let Some(e) = close(
-            "out",
-            &values(&got),
-            &values(&composed),
-            ty,
-            2.0,
-            relative_allowance(ty),
-        ) {
+        if let Some(e) = compare(&values(&got), &composed, ty) {
             failures.push(format!("against the composed path, offset {offset}: {e}"));
         }
         for (i0, n) in [(0, 64), (1000, 100), (1984, 64)] {
@@ -97,14 +83,7 @@ fn cuda_attn_prefill_real_shapes() {
             )
             .unwrap();
             let rows = got.narrow(2, i0, n).unwrap();
-            if let Some(e) = close(
-                "out",
-                &values(&rows),
-                &values(&want),
-                ty,
-                2.0,
-                relative_allowance(ty),
-            ) {
+            if let Some(e) = compare(&values(&rows), &want, ty) {
                 failures.push(format!(
                     "against the twin, offset {offset}, rows {i0}..{}: {e}",
                     i0 + n

@@ -378,8 +378,10 @@ fn kernel_abi_in_source() {
         16 * 4
     );
     // Block comments inside the macro are documentation, not ABI.
-    let flat = emu::strip_block_comments(&emu::shipped_source("kernels/gdn_conv_prep.metal"));
-    assert!(flat.contains("#include \"params/gdn_conv_prep.h\""));
+    let flat = emu::strip_block_comments(&emu::shipped_source_including(
+        "kernels/gdn_conv_prep.metal",
+        "gdn_conv_prep.h",
+    ));
     let buffers = [
         "qkv",
         "b_in",

@@ -180,8 +180,7 @@ fn greedy_pick_abi_in_source() {
     );
     let header = emu::shipped_source("kernels/params/greedy_pick.h");
     assert!(header.contains(&format!("#define GREEDY_PICK_THREADS {THREADS}")));
-    let flat = emu::shipped_source("kernels/greedy_pick.metal");
-    assert!(flat.contains("#include \"params/greedy_pick.h\""));
+    let flat = emu::shipped_source_including("kernels/greedy_pick.metal", "greedy_pick.h");
     emu::assert_buffers(
         &flat,
         "#define GREEDY_PICK_SLICES(",

@@ -181,8 +181,7 @@ fn moe_combine_abi_in_source() {
         ],
     );
     assert_eq!(std::mem::size_of::<MoeCombineParams>(), 8 * 4);
-    let flat = emu::shipped_source("kernels/moe_combine.metal");
-    assert!(flat.contains("#include \"params/moe_combine.h\""));
+    let flat = emu::shipped_source_including("kernels/moe_combine.metal", "moe_combine.h");
     emu::assert_buffers(
         &flat,
         "#define MOE_COMBINE(",

@@ -134,8 +134,7 @@ fn moe_route_abi_in_source() {
         &["tokens", "experts", "top_k", "renormalise", "has_shared"],
     );
     assert_eq!(std::mem::size_of::<MoeRouteParams>(), 5 * 4);
-    let flat = emu::shipped_source("kernels/moe_route.metal");
-    assert!(flat.contains("#include \"params/moe_route.h\""));
+    let flat = emu::shipped_source_including("kernels/moe_route.metal", "moe_route.h");
     emu::assert_buffers(
         &flat,
         "#define MOE_ROUTE(",

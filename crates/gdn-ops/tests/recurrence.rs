@@ -1,7 +1,10 @@
 //! The fused CPU recurrence against a direct transcription of the update in f64, over
 //! shapes that exercise GQA, batches, several steps and state carried across calls.
 
+mod common;
+
 use candle_core::{DType, Device, Tensor};
+use common::values;
 use gdn_ops::gated_delta_update;
 
 struct Case {
@@ -156,14 +159,7 @@ fn bf16_state_is_rounded_once_per_call() {
     let s16 = Tensor::zeros((1, 1, 2, 8), DType::BF16, &dev).unwrap();
     gated_delta_update(&q, &k, &v, &g, &beta, &s32).unwrap();
     gated_delta_update(&q, &k, &v, &g, &beta, &s16).unwrap();
-    let a = s32.flatten_all().unwrap().to_vec1::<f32>().unwrap();
-    let b = s16
-        .to_dtype(DType::F32)
-        .unwrap()
-        .flatten_all()
-        .unwrap()
-        .to_vec1::<f32>()
-        .unwrap();
+    let (a, b) = (values(&s32), values(&s16));
     for (x, y) in a.iter().zip(&b) {
         assert_eq!(
             half::bf16::from_f32(*x).to_f32(),
@@ -265,14 +261,7 @@ fn bf16_state_drift_over_512_steps() {
         gated_delta_update(&q, &k, &v, &g, &beta, &s32).unwrap();
         gated_delta_update(&q, &k, &v, &g, &beta, &s16).unwrap();
     }
-    let a = s32.flatten_all().unwrap().to_vec1::<f32>().unwrap();
-    let b = s16
-        .to_dtype(DType::F32)
-        .unwrap()
-        .flatten_all()
-        .unwrap()
-        .to_vec1::<f32>()
-        .unwrap();
+    let (a, b) = (values(&s32), values(&s16));
     let scale = a.iter().fold(0f32, |m, x| m.max(x.abs()));
     let err = a
         .iter()

@@ -19,7 +19,7 @@ use common::*;
 use qwen_gdn_model::Plan;
 
 fn check_f32(name: &str) {
-    let model = load_on(name, &device_plan(DType::F32), &device_under_test());
+    let model = load_device_plan(name, DType::F32);
     assert_eq!(model.plan(), Plan::Device);
     let reference = Reference::load(name);
     let mut cache = model.new_cache();
@@ -34,7 +34,7 @@ fn check_f32(name: &str) {
 }
 
 fn check_bf16(name: &str) {
-    let model = load_on(name, &device_plan(DType::BF16), &device_under_test());
+    let model = load_device_plan(name, DType::BF16);
     let reference = Reference::load(name);
     let mut cache = model.new_cache();
     let logits = model.forward(&reference.ids("tf_ids"), &mut cache).unwrap();

@@ -35,13 +35,7 @@ fn finite_check() {
 
 #[test]
 fn the_first_broken_layer_is_named() {
-    let tmp = tempfile::tempdir().unwrap();
-    let dir = tmp.path().join("m");
-    std::fs::create_dir(&dir).unwrap();
-    for entry in std::fs::read_dir(models_dir().join("qwen3.5-tiny-4bit")).unwrap() {
-        let p = entry.unwrap().path();
-        std::fs::copy(&p, dir.join(p.file_name().unwrap())).unwrap();
-    }
+    let (_tmp, dir) = scratch_copy(&models_dir().join("qwen3.5-tiny-4bit"));
     let tokens = [1u32, 2, 3, 4, 5];
     let model = Model::load(&dir, &Device::Cpu, &common::run_options()).unwrap();
     let mut cache = model.new_cache();
@@ -81,13 +75,7 @@ fn the_first_broken_layer_is_named() {
 /// their hyper-connections, the final stream mixer), each poisoned in turn, later parts first.
 #[test]
 fn the_first_broken_qwen4_exp_part_is_named() {
-    let tmp = tempfile::tempdir().unwrap();
-    let dir = tmp.path().join("m");
-    std::fs::create_dir(&dir).unwrap();
-    for entry in std::fs::read_dir(models_dir().join("qwen4-exp-tiny-hf")).unwrap() {
-        let p = entry.unwrap().path();
-        std::fs::copy(&p, dir.join(p.file_name().unwrap())).unwrap();
-    }
+    let (_tmp, dir) = scratch_copy(&models_dir().join("qwen4-exp-tiny-hf"));
     let tokens = [1u32, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13];
     let model = Model::load(&dir, &Device::Cpu, &common::run_options()).unwrap();
     assert_eq!(

@@ -14,7 +14,7 @@ use candle_core::DType;
 use common::*;
 
 fn check_f32(name: &str) {
-    let mut model = load_on(name, &device_plan(DType::F32), &device_under_test());
+    let mut model = load_device_plan(name, DType::F32);
     assert!(model.fused_decode());
     let reference = Reference::load(name);
     let ids = reference.ids("tf_ids");
@@ -37,7 +37,7 @@ fn check_f32(name: &str) {
 }
 
 fn check_bf16(name: &str) {
-    let mut model = load_on(name, &device_plan(DType::BF16), &device_under_test());
+    let mut model = load_device_plan(name, DType::BF16);
     let reference = Reference::load(name);
     let ids = reference.ids("tf_ids");
     let fused = step_by_step(&model, &ids);
@@ -87,7 +87,7 @@ common::per_checkpoint! {
 fn fused_kernels_cover_the_quantized_moe_fixtures() {
     for name in ["qwen3-next-tiny-4bit", "qwen3.5-moe-tiny-4bit"] {
         for dtype in [DType::F32, DType::BF16, DType::F16] {
-            let model = load_on(name, &device_plan(dtype), &device_under_test());
+            let model = load_device_plan(name, dtype);
             let coverage = model.fused_coverage_per_layer();
             assert!(
                 coverage.iter().all(|c| c.mixer && c.feed_forward),

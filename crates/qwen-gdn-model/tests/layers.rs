@@ -55,31 +55,28 @@ fn check_layers(name: &str) -> Vec<String> {
     seen
 }
 
+/// [`check_layers`] on `name`, which must have layers of both `kinds` (mixer+feed-forward).
+fn assert_checked_kinds(name: &str, kinds: [&str; 2]) {
+    let seen = check_layers(name);
+    assert!(
+        kinds.iter().all(|k| seen.iter().any(|s| s == k)),
+        "{name}: {seen:?}"
+    );
+}
+
 #[test]
 fn qwen3_next_gdn_attention_moe_layers() {
-    let kinds = check_layers("qwen3-next-tiny-4bit");
-    assert!(
-        kinds.contains(&"gdn+moe".into()) && kinds.contains(&"attention+moe".into()),
-        "{kinds:?}"
-    );
+    assert_checked_kinds("qwen3-next-tiny-4bit", ["gdn+moe", "attention+moe"]);
 }
 
 #[test]
 fn qwen35_dense_layers() {
-    let kinds = check_layers("qwen3.5-tiny-4bit");
-    assert!(
-        kinds.contains(&"gdn+mlp".into()) && kinds.contains(&"attention+mlp".into()),
-        "{kinds:?}"
-    );
+    assert_checked_kinds("qwen3.5-tiny-4bit", ["gdn+mlp", "attention+mlp"]);
 }
 
 #[test]
 fn qwen35_moe_layers() {
-    let kinds = check_layers("qwen3.5-moe-tiny-4bit");
-    assert!(
-        kinds.contains(&"gdn+moe".into()) && kinds.contains(&"attention+moe".into()),
-        "{kinds:?}"
-    );
+    assert_checked_kinds("qwen3.5-moe-tiny-4bit", ["gdn+moe", "attention+moe"]);
 }
 
 #[test]

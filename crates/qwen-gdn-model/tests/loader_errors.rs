@@ -8,14 +8,7 @@ use std::path::{Path, PathBuf};
 
 /// A scratch copy of a fixture that a test may break.
 fn scratch(name: &str) -> (tempfile::TempDir, PathBuf) {
-    let tmp = tempfile::tempdir().unwrap();
-    let dir = tmp.path().join(name);
-    std::fs::create_dir(&dir).unwrap();
-    for entry in std::fs::read_dir(models_dir().join(name)).unwrap() {
-        let p = entry.unwrap().path();
-        std::fs::copy(&p, dir.join(p.file_name().unwrap())).unwrap();
-    }
-    (tmp, dir)
+    scratch_copy(&models_dir().join(name))
 }
 
 fn load_error(dir: &Path) -> String {
@@ -26,6 +19,14 @@ fn load_error(dir: &Path) -> String {
             assert!(!msg.contains('\n'), "error is not one line: {msg}");
             msg
         }
+    }
+}
+
+/// [`load_error`], which must contain every one of `needles`.
+fn assert_load_error(dir: &Path, needles: &[&str]) {
+    let msg = load_error(dir);
+    for needle in needles {
+        assert!(msg.contains(needle), "`{needle}` missing: {msg}");
     }
 }
 
@@ -40,11 +41,7 @@ fn truncated_safetensors_names_the_file() {
         .unwrap()
         .set_len(len / 2)
         .unwrap();
-    let msg = load_error(&dir);
-    assert!(
-        msg.contains("model.safetensors") && msg.contains("truncated"),
-        "{msg}"
-    );
+    assert_load_error(&dir, &["model.safetensors", "truncated"]);
 }
 
 #[test]
@@ -55,8 +52,7 @@ fn missing_shard_names_the_shard() {
         "fixture should be sharded through an index"
     );
     std::fs::remove_file(dir.join("model.safetensors")).unwrap();
-    let msg = load_error(&dir);
-    assert!(msg.contains("missing shard model.safetensors"), "{msg}");
+    assert_load_error(&dir, &["missing shard model.safetensors"]);
 }
 
 #[test]
@@ -64,11 +60,7 @@ fn wrong_shape_names_tensor_and_file() {
     let (_tmp, dir) = scratch("qwen3.5-tiny-4bit");
     let key = "language_model.model.layers.0.linear_attn.norm.weight";
     reshape_in_header(&dir.join("model.safetensors"), key, &[2, 16]);
-    let msg = load_error(&dir);
-    assert!(
-        msg.contains(key) && msg.contains("model.safetensors") && msg.contains("expected [32]"),
-        "{msg}"
-    );
+    assert_load_error(&dir, &[key, "model.safetensors", "expected [32]"]);
 }
 
 #[test]
@@ -76,8 +68,7 @@ fn wrong_quantized_shape_is_rejected() {
     let (_tmp, dir) = scratch("qwen3-next-tiny-4bit");
     let key = "model.layers.0.linear_attn.out_proj.weight";
     reshape_in_header(&dir.join("model.safetensors"), key, &[64, 32]);
-    let msg = load_error(&dir);
-    assert!(msg.contains(key), "{msg}");
+    assert_load_error(&dir, &[key]);
 }
 
 #[test]
@@ -88,11 +79,7 @@ fn unknown_model_type_is_named() {
         .unwrap()
         .replacen("\"qwen3_5\"", "\"mamba9\"", 1);
     std::fs::write(&cfg_path, text).unwrap();
-    let msg = load_error(&dir);
-    assert!(
-        msg.contains("config.json") && msg.contains("unsupported model_type `mamba9`"),
-        "{msg}"
-    );
+    assert_load_error(&dir, &["config.json", "unsupported model_type `mamba9`"]);
 }
 
 #[test]
@@ -109,11 +96,7 @@ fn missing_tensor_is_named() {
     out.extend_from_slice(header.as_bytes());
     out.extend_from_slice(&bytes[8 + n..]);
     std::fs::write(&file, out).unwrap();
-    let msg = load_error(&dir);
-    assert!(
-        msg.contains("missing tensor `model.layers.1.linear_attn.A_log`"),
-        "{msg}"
-    );
+    assert_load_error(&dir, &["missing tensor `model.layers.1.linear_attn.A_log`"]);
 }
 
 #[test]
@@ -124,8 +107,7 @@ fn quantization_mismatch_with_config_is_named() {
         serde_json::from_str(&std::fs::read_to_string(&cfg_path).unwrap()).unwrap();
     cfg["quantization"]["group_size"] = 32.into();
     std::fs::write(&cfg_path, cfg.to_string()).unwrap();
-    let msg = load_error(&dir);
-    assert!(msg.contains("config.json declares 4-bit group 32"), "{msg}");
+    assert_load_error(&dir, &["config.json declares 4-bit group 32"]);
 }
 
 fn load(dir: &Path) -> Model {
@@ -171,8 +153,7 @@ fn shard_paths_stay_inside_the_folder() {
     )
     .unwrap();
     list_shard_as(&dir, "link.safetensors");
-    let msg = load_error(&dir);
-    assert!(msg.contains("outside the model folder"), "{msg}");
+    assert_load_error(&dir, &["outside the model folder"]);
 }
 
 #[test]
@@ -185,11 +166,7 @@ fn a_fifo_shard_is_refused_instead_of_blocking() {
         .status()
         .unwrap();
     assert!(made.success());
-    let msg = load_error(&dir);
-    assert!(
-        msg.contains("model.safetensors") && msg.contains("not a regular file"),
-        "{msg}"
-    );
+    assert_load_error(&dir, &["model.safetensors", "not a regular file"]);
 }
 
 #[test]
@@ -214,12 +191,9 @@ fn hf_cache_snapshot_symlinks_into_blobs_load() {
 fn fewer_layers_in_config_than_in_the_checkpoint() {
     let (_tmp, dir) = scratch("qwen3.5-tiny-4bit");
     edit_config(&dir, |text| text["num_hidden_layers"] = 5.into());
-    let msg = load_error(&dir);
-    assert!(
-        msg.contains("config.json")
-            && msg.contains("num_hidden_layers is 5")
-            && msg.contains("model.layers.5"),
-        "{msg}"
+    assert_load_error(
+        &dir,
+        &["config.json", "num_hidden_layers is 5", "model.layers.5"],
     );
 }
 
@@ -258,11 +232,12 @@ fn unknown_tensors_are_listed_and_known_extras_warned_about() {
         "{warnings:?}"
     );
     add_tensor(&dir, "language_model.model.layers.0.mlp.surprise.weight");
-    let msg = load_error(&dir);
-    assert!(
-        msg.contains("`language_model.model.layers.0.mlp.surprise.weight`")
-            && msg.contains("does not use"),
-        "{msg}"
+    assert_load_error(
+        &dir,
+        &[
+            "`language_model.model.layers.0.mlp.surprise.weight`",
+            "does not use",
+        ],
     );
 }
 
@@ -345,20 +320,12 @@ fn quantization_numbers_are_checked() {
     };
     // A string used to fall back to the default silently.
     let (_tmp, dir) = set("bits", "4".into());
-    let msg = load_error(&dir);
-    assert!(
-        msg.contains("`bits`") && msg.contains("positive integer"),
-        "{msg}"
-    );
+    assert_load_error(&dir, &["`bits`", "positive integer"]);
     let (_tmp, dir) = set("bits", 0.into());
     assert!(load_error(&dir).contains("`bits`"));
     // 4-bit groups of 1-4 fill less than a word, which the kernels cannot walk.
     for group in [1, 4, 16] {
         let (_tmp, dir) = set("group_size", group.into());
-        let msg = load_error(&dir);
-        assert!(
-            msg.contains(&format!("group_size {group}")) && msg.contains("supported"),
-            "{msg}"
-        );
+        assert_load_error(&dir, &[&format!("group_size {group}"), "supported"]);
     }
 }

@@ -92,6 +92,22 @@ fn assert_same(name: &str, what: &str, got: &Run, want: &Run) {
     );
 }
 
+/// A snapshot position at the very end of the tokens given is taken once: the token before it
+/// runs once (it ran twice, and the snapshot was refused, when speculative decoding's prompt
+/// ended its prefilled part at a message boundary).
+#[test]
+fn a_snapshot_at_the_end_of_the_tokens_is_taken_once() {
+    let name = reference_plan_checkpoints().next().unwrap();
+    let model = load(name);
+    let ids = text(&model, 1, 20);
+    let mut pc = PromptCache::new(BIG);
+    let mut cache = model.new_cache();
+    prefill_with_snapshots(&model, &ids, &mut cache, CHUNK, &[12, 20], None, &mut pc).unwrap();
+    assert_eq!(cache.offset, 20);
+    let longer = [ids.clone(), text(&model, 2, 5)].concat();
+    assert_eq!(pc.lookup(&longer).unwrap().map(|(n, _)| n), Some(20));
+}
+
 /// (a) A second request that shares the system prompt resumes at its end.
 #[test]
 fn second_request_sharing_a_system_prompt_is_exact() {

@@ -11,7 +11,7 @@ use qwen_gdn_model::prompt_cache::{
 };
 use qwen_gdn_model::{Cache, Model};
 use std::collections::HashMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 fn prompt(model: &Model, n: usize) -> Vec<u32> {
     let vocab = model.config().vocab_size as u32;
@@ -161,15 +161,27 @@ fn a_file_for_another_model_is_refused() {
     assert!(load_cache(&path, &a, &other).is_ok());
 }
 
+/// A prompt-cache file of `n` prompt tokens on the fixture `name`, saved in `dir` as
+/// good.safetensors (`chat_template`: of a templated prompt): the model, its identity, the
+/// prompt and the file.
+fn good_file(
+    dir: &Path,
+    name: &str,
+    n: usize,
+    chat_template: bool,
+) -> (Model, ModelIdentity, Vec<u32>, PathBuf) {
+    let model = load(name);
+    let id = identity(name, &model);
+    let ids = prompt(&model, n);
+    let good = dir.join("good.safetensors");
+    save_snapshot(&good, &ids, &prompt_state(&model, &ids), &id, chat_template).unwrap();
+    (model, id, ids, good)
+}
+
 #[test]
 fn damaged_files_are_refused_with_one_line() {
     let dir = tempfile::tempdir().unwrap();
-    let name = "qwen3-next-tiny-4bit";
-    let model = load(name);
-    let id = identity(name, &model);
-    let ids = prompt(&model, 20);
-    let good = dir.path().join("good.safetensors");
-    save_snapshot(&good, &ids, &prompt_state(&model, &ids), &id, false).unwrap();
+    let (model, id, ids, good) = good_file(dir.path(), "qwen3-next-tiny-4bit", 20, false);
     let bytes = std::fs::read(&good).unwrap();
     let write = |file: &str, data: &[u8]| {
         let p = dir.path().join(file);
@@ -197,73 +209,50 @@ fn damaged_files_are_refused_with_one_line() {
     // Valid safetensors with our metadata, one tensor changed at a time.
     let tensors = candle_core::safetensors::load(&good, &Device::Cpu).unwrap();
     let metadata = file_metadata(&id, "3");
-    let forged = |file: &str, change: &dyn Fn(&mut HashMap<String, Tensor>)| {
+    // The error of loading the file these tensors make after `change`.
+    let forged_error = |file: &str, change: &dyn Fn(&mut HashMap<String, Tensor>)| {
         let mut t = tensors.clone();
         change(&mut t);
         let p = dir.path().join(file);
         safetensors::serialize_to_file(&t, Some(sealed(&t, metadata.clone())), &p).unwrap();
-        p
+        load_error(&p, &model, &id)
     };
     let state = tensors["layers.0.state"].clone();
-    let err = load_error(
-        &forged("shape", &|t| {
-            t.insert("layers.0.state".into(), state.narrow(1, 0, 1).unwrap());
-        }),
-        &model,
-        &id,
-    );
+    let err = forged_error("shape", &|t| {
+        t.insert("layers.0.state".into(), state.narrow(1, 0, 1).unwrap());
+    });
     assert!(err.contains("tensor `layers.0.state`"), "{err}");
-    let err = load_error(
-        &forged("dtype", &|t| {
-            t.insert(
-                "layers.0.state".into(),
-                state.to_dtype(candle_core::DType::F16).unwrap(),
-            );
-        }),
-        &model,
-        &id,
-    );
+    let err = forged_error("dtype", &|t| {
+        t.insert(
+            "layers.0.state".into(),
+            state.to_dtype(candle_core::DType::F16).unwrap(),
+        );
+    });
     assert!(err.contains("tensor `layers.0.state`"), "{err}");
-    let err = load_error(
-        &forged("missing", &|t| {
-            t.remove("layers.0.conv");
-        }),
-        &model,
-        &id,
-    );
+    let err = forged_error("missing", &|t| {
+        t.remove("layers.0.conv");
+    });
     assert!(err.contains("`layers.0.conv` is missing"), "{err}");
-    let err = load_error(
-        &forged("extra", &|t| {
-            t.insert("surprise".into(), state.clone());
-        }),
-        &model,
-        &id,
-    );
+    let err = forged_error("extra", &|t| {
+        t.insert("surprise".into(), state.clone());
+    });
     assert!(err.contains("unexpected tensor `surprise`"), "{err}");
     let vocab = model.config().vocab_size as u32;
-    let err = load_error(
-        &forged("token", &|t| {
-            let bad: Vec<u32> = ids.iter().map(|_| vocab).collect();
-            t.insert(
-                "tokens".into(),
-                Tensor::new(bad.as_slice(), &Device::Cpu).unwrap(),
-            );
-        }),
-        &model,
-        &id,
-    );
+    let err = forged_error("token", &|t| {
+        let bad: Vec<u32> = ids.iter().map(|_| vocab).collect();
+        t.insert(
+            "tokens".into(),
+            Tensor::new(bad.as_slice(), &Device::Cpu).unwrap(),
+        );
+    });
     assert!(err.contains("outside the vocabulary"), "{err}");
     // Tokens that do not match the stored KV length.
-    let err = load_error(
-        &forged("length", &|t| {
-            t.insert(
-                "tokens".into(),
-                Tensor::new(&ids[..10], &Device::Cpu).unwrap(),
-            );
-        }),
-        &model,
-        &id,
-    );
+    let err = forged_error("length", &|t| {
+        t.insert(
+            "tokens".into(),
+            Tensor::new(&ids[..10], &Device::Cpu).unwrap(),
+        );
+    });
     assert!(err.contains("tensor `layers."), "{err}");
 }
 
@@ -414,12 +403,7 @@ fn versions_and_qwen4_exp_tensors_are_checked() {
 #[test]
 fn a_flipped_bit_in_any_tensor_is_refused() {
     let dir = tempfile::tempdir().unwrap();
-    let name = "qwen4-exp-tiny-4bit";
-    let model = load(name);
-    let id = identity(name, &model);
-    let ids = prompt(&model, 21);
-    let good = dir.path().join("good.safetensors");
-    save_snapshot(&good, &ids, &prompt_state(&model, &ids), &id, true).unwrap();
+    let (model, id, _, good) = good_file(dir.path(), "qwen4-exp-tiny-4bit", 21, true);
     assert!(read_snapshot_header(&good).unwrap().chat_template);
     let bytes = std::fs::read(&good).unwrap();
     let (header_len, header) = safetensors::SafeTensors::read_metadata(&bytes).unwrap();

@@ -9,7 +9,6 @@
 mod common;
 
 use candle_core::Device;
-use common::device_plan;
 use common::qwen4_exp::Fixture;
 use common::{argmax_rows, greedy, kl_and_top1, models_dir, rel_max_diff, Reference};
 use qwen_gdn_model::config::qwen4_exp::{OutputGate, Qwen4LayerType};
@@ -188,6 +187,16 @@ fn load_error(dir: &Path) -> String {
     }
 }
 
+/// The whole fixture in a temp dir, its config.json with `text_config.<key>` = `value`.
+fn fixture_with_text_config(key: &str, value: serde_json::Value) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    fixture_without(dir.path(), |_| false);
+    let mut j = config_json();
+    j["text_config"][key] = value;
+    std::fs::write(dir.path().join("config.json"), j.to_string()).unwrap();
+    dir
+}
+
 #[test]
 fn broken_checkpoints_give_one_line_errors() {
     let dir = tempfile::tempdir().unwrap();
@@ -202,11 +211,7 @@ fn broken_checkpoints_give_one_line_errors() {
     assert_eq!(e.lines().count(), 1, "{e}");
 
     // A config whose hash seed is not the checkpoint's: the saved multipliers disagree.
-    let dir = tempfile::tempdir().unwrap();
-    fixture_without(dir.path(), |_| false);
-    let mut j = config_json();
-    j["text_config"]["seed"] = 1235.into();
-    std::fs::write(dir.path().join("config.json"), j.to_string()).unwrap();
+    let dir = fixture_with_text_config("seed", 1235.into());
     let e = load_error(dir.path());
     assert!(
         e.contains("layer_multipliers") && e.contains("another n-gram hashing"),
@@ -221,11 +226,7 @@ fn broken_checkpoints_give_one_line_errors() {
     assert!(e.contains("lacks shard 1"), "{e}");
 
     // A QSA budget the context can never reach: refused at load, naming the file and field.
-    let dir = tempfile::tempdir().unwrap();
-    fixture_without(dir.path(), |_| false);
-    let mut j = config_json();
-    j["text_config"]["indexer_budget"] = 8192.into();
-    std::fs::write(dir.path().join("config.json"), j.to_string()).unwrap();
+    let dir = fixture_with_text_config("indexer_budget", 8192.into());
     let e = load_error(dir.path());
     assert!(
         e.contains("config.json")
@@ -239,11 +240,7 @@ fn broken_checkpoints_give_one_line_errors() {
 /// `config_errors_and_notices`): the model loads and computes the same logits.
 #[test]
 fn unknown_config_fields_are_ignored_at_load() {
-    let dir = tempfile::tempdir().unwrap();
-    fixture_without(dir.path(), |_| false);
-    let mut j = config_json();
-    j["text_config"]["qsa_sink_tokens"] = 4.into();
-    std::fs::write(dir.path().join("config.json"), j.to_string()).unwrap();
+    let dir = fixture_with_text_config("qsa_sink_tokens", 4.into());
     let model = Model::load(dir.path(), &Device::Cpu, &common::run_options()).unwrap();
     let r = Reference::load(NAME);
     let logits = model
@@ -383,11 +380,7 @@ fn bf16_gdn_states_stay_close(name: &str) {
 /// The device plan in f32 (composed ops on the device; the CPU here, a GPU with
 /// `QWEN_GDN_TEST_DEVICE=cuda`): the same gates as the reference plan.
 fn device_plan_f32_matches_transformers(name: &str) {
-    let model = common::load_on(
-        name,
-        &device_plan(candle_core::DType::F32),
-        &common::device_under_test(),
-    );
+    let model = common::load_device_plan(name, candle_core::DType::F32);
     assert_eq!(model.plan(), Plan::Device);
     assert!(!model.fused_decode(), "no fused kernels for qwen4_exp yet");
     let r = Reference::load(name);
@@ -417,11 +410,7 @@ fn device_plan_f32_matches_transformers(name: &str) {
 /// The device plan in bf16 activations: within the KL gate the other families' fixtures
 /// use when no bf16 reference is recorded, whole and step by step.
 fn device_plan_bf16_within_kl_gate(name: &str) {
-    let model = common::load_on(
-        name,
-        &device_plan(candle_core::DType::BF16),
-        &common::device_under_test(),
-    );
+    let model = common::load_device_plan(name, candle_core::DType::BF16);
     let r = Reference::load(name);
     let tokens = r.ids("tf_ids");
     let whole = model.forward(&tokens, &mut model.new_cache()).unwrap();
@@ -468,59 +457,66 @@ gates_per_fixture! {
 
 #[test]
 fn config_errors_and_notices() {
-    let mut j = config_json();
-    j["text_config"]["indexer_budget"] = 8192.into(); // max_position_embeddings is 4096
-    let e = parse_err(&j);
-    assert!(
-        e.contains("`indexer_budget` = 8192 is larger than the context"),
-        "{e}"
-    );
+    // config.json with `text_config.<key>` set to `value`, or removed for `None`.
+    let with = |key: &str, value: Option<serde_json::Value>| {
+        let mut j = config_json();
+        let text_config = j["text_config"].as_object_mut().unwrap();
+        match value {
+            Some(v) => text_config.insert(key.to_string(), v),
+            None => text_config.remove(key),
+        };
+        j
+    };
+    for (key, value, needle) in [
+        // max_position_embeddings is 4096.
+        (
+            "indexer_budget",
+            Some(8192.into()),
+            "`indexer_budget` = 8192 is larger than the context",
+        ),
+        (
+            "indexer_budget",
+            Some(10.into()),
+            "multiple of indexer_compress_ratio",
+        ),
+        (
+            "indexer_head_dim",
+            None,
+            "missing required key `indexer_head_dim`",
+        ),
+        (
+            "ple_layer_ids",
+            Some(serde_json::json!([3])),
+            "entry 3 is an attention layer",
+        ),
+        ("ple_embed_dim", Some(66.into()), "`ple_embed_dim` = 66"),
+        (
+            "ple_storage",
+            Some(serde_json::json!({"manifest": "tables.json"})),
+            "`ple_storage` (n-gram tables in external files",
+        ),
+        (
+            "output_gate_type",
+            Some("gelu".into()),
+            "output gate activation `gelu`",
+        ),
+        (
+            "layer_types",
+            Some(serde_json::json!([
+                "linear_attention",
+                "mamba",
+                "full_attention",
+                "linear_attention"
+            ])),
+            "`layer_types[1]`",
+        ),
+        ("hc_count", Some(1.into()), "`hc_count` = 1"),
+    ] {
+        let e = parse_err(&with(key, value));
+        assert!(e.contains(needle), "{key}: {e}");
+    }
 
-    let mut j = config_json();
-    j["text_config"]["indexer_budget"] = 10.into();
-    assert!(parse_err(&j).contains("multiple of indexer_compress_ratio"));
-
-    let mut j = config_json();
-    j["text_config"]
-        .as_object_mut()
-        .unwrap()
-        .remove("indexer_head_dim");
-    assert!(parse_err(&j).contains("missing required key `indexer_head_dim`"));
-
-    let mut j = config_json();
-    j["text_config"]["ple_layer_ids"] = serde_json::json!([3]);
-    assert!(parse_err(&j).contains("entry 3 is an attention layer"));
-
-    let mut j = config_json();
-    j["text_config"]["ple_embed_dim"] = 66.into();
-    assert!(parse_err(&j).contains("`ple_embed_dim` = 66"));
-
-    let mut j = config_json();
-    j["text_config"]["ple_storage"] = serde_json::json!({"manifest": "tables.json"});
-    assert!(parse_err(&j).contains("`ple_storage` (n-gram tables in external files"));
-
-    let mut j = config_json();
-    j["text_config"]["output_gate_type"] = "gelu".into();
-    assert!(parse_err(&j).contains("output gate activation `gelu`"));
-
-    let mut j = config_json();
-    j["text_config"]["layer_types"] = serde_json::json!([
-        "linear_attention",
-        "mamba",
-        "full_attention",
-        "linear_attention"
-    ]);
-    assert!(parse_err(&j).contains("`layer_types[1]`"));
-
-    let mut j = config_json();
-    j["text_config"]["hc_count"] = 1.into();
-    assert!(parse_err(&j).contains("`hc_count` = 1"));
-
-    let mut j = config_json();
-    j["text_config"]
-        .as_object_mut()
-        .unwrap()
-        .remove("eos_token_id");
+    let mut j = with("eos_token_id", None);
     j.as_object_mut().unwrap().remove("eos_token_id");
     assert!(parse_err(&j).contains("`eos_token_id` is required"));
 

@@ -75,6 +75,8 @@ pub mod engine;
 pub mod hub;
 pub mod load;
 pub mod serve;
+#[cfg(test)]
+mod test_support;
 pub mod text;
 pub mod tool_calls;
 pub mod ui;

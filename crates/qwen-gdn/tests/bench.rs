@@ -581,3 +581,73 @@ fn batch_json_report() {
     assert!(!out.status.success());
     assert!(stderr(&out).contains("--batch"), "{}", stderr(&out));
 }
+
+/// `bench --draft-tokens N|auto --json` on the trained MTP fixture: the `speculative` object,
+/// its counts consistent with each other, its speed positive, and its greedy tokens plain
+/// decoding's. Speeds are not compared (the machine may be loaded).
+#[test]
+fn speculative_json_report() {
+    let model = repo_root().join("models/mtp/qwen3.5-mtp-tiny-hf");
+    for (flag, want) in [("2", Json::from(2)), ("auto", Json::from("auto"))] {
+        let out = run(&[
+            "bench",
+            "--model",
+            model.to_str().unwrap(),
+            "-p",
+            "16",
+            "-g",
+            "24",
+            "-r",
+            "1",
+            "--json",
+            "--draft-tokens",
+            flag,
+        ]);
+        assert!(out.status.success(), "stderr: {}", stderr(&out));
+        let report: Json = serde_json::from_slice(&out.stdout).unwrap();
+        let spec = &report["speculative"];
+        assert_eq!(spec["draft_tokens"], want, "{spec}");
+        assert_eq!(spec["same_tokens"], true, "{spec}");
+        let median = positive_finite(&spec["generation_tps"]["median"], "speculative tg");
+        let plain = positive_finite(&report["generation_tps"]["median"], "tg");
+        let speedup = positive_finite(&spec["speedup"], "speedup");
+        assert!((speedup - median / plain).abs() < 1e-9 * speedup);
+        let count = |key: &str| {
+            spec[key]
+                .as_u64()
+                .unwrap_or_else(|| panic!("{key}: {spec}"))
+        };
+        let (steps, drafted, accepted) = (count("steps"), count("drafted"), count("accepted"));
+        let steps_at: Vec<u64> = serde_json::from_value(spec["steps_at"].clone()).unwrap();
+        assert_eq!(steps_at.iter().sum::<u64>(), steps);
+        let by_k: u64 = steps_at.iter().enumerate().map(|(k, n)| k as u64 * n).sum();
+        assert_eq!(by_k, drafted);
+        assert!(accepted <= drafted);
+        // 24 tokens after the first: one per step plus the accepted drafts.
+        assert_eq!(accepted + steps, 24, "{spec}");
+        let close = |key: &str, want: f64| {
+            let got = spec[key].as_f64().unwrap();
+            assert!((got - want).abs() < 1e-12, "{key}: {got} vs {want}");
+        };
+        close("acceptance", accepted as f64 / drafted as f64);
+        close("tokens_per_step", 24.0 / steps as f64);
+        close("mean_draft_tokens", drafted as f64 / steps as f64);
+        if flag == "2" {
+            assert_eq!(steps_at.len(), 3);
+        }
+    }
+    // Batched decode and the prompt-cache scenario do not take it.
+    for other in [&["--batch", "1,2"][..], &["--prompt-cache", "8"]] {
+        let mut args = vec![
+            "bench",
+            "--model",
+            model.to_str().unwrap(),
+            "--draft-tokens",
+            "2",
+        ];
+        args.extend(other);
+        let out = run(&args);
+        assert!(!out.status.success(), "{other:?} was accepted");
+        assert!(stderr(&out).contains("--draft-tokens"), "{}", stderr(&out));
+    }
+}

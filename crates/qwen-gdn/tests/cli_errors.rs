@@ -288,11 +288,7 @@ fn a_template_that_is_not_a_file() {
         &[&display(&template), "not a regular file"],
     );
     std::fs::remove_dir(&template).unwrap();
-    let made = std::process::Command::new("mkfifo")
-        .arg(&template)
-        .status()
-        .unwrap();
-    assert!(made.success());
+    mkfifo(&template);
     assert_error(
         &generate(&dir, &[]),
         &[&display(&template), "not a regular file"],

@@ -19,24 +19,15 @@ fn logprobs(level: &str, extra: &[&str]) -> Vec<f64> {
 }
 
 fn logprobs_with(level: &str, extra: &[&str], q8_layout: Option<&str>) -> Vec<f64> {
-    let model = fixture("qwen3-next-tiny-4bit");
-    let mut args = vec![
-        "--text",
+    let mut env = vec![("QWEN_GDN_CPU_LEVEL", level)];
+    env.extend(q8_layout.map(|layout| ("QWEN_GDN_Q8_LAYOUT", layout)));
+    // One token per forward: the decode-shaped products, where the copies differ most.
+    eval_logprobs_per_token(
+        &fixture("qwen3-next-tiny-4bit"),
         "One two three four five six seven eight nine ten.",
-        "--json",
-        // One token per forward: the decode-shaped products, where the copies differ most.
-        "--prefill-chunk-size",
-        "1",
-    ];
-    args.extend(extra);
-    let mut cmd = model_command("eval", &model, &args);
-    cmd.env("QWEN_GDN_CPU_LEVEL", level);
-    if let Some(layout) = q8_layout {
-        cmd.env("QWEN_GDN_Q8_LAYOUT", layout);
-    }
-    let out = cmd.output().unwrap();
-    assert!(out.status.success(), "{level}: {}", stderr(&out));
-    logprobs_of(&out)
+        extra,
+        &env,
+    )
 }
 
 #[test]

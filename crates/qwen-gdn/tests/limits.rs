@@ -37,15 +37,18 @@ fn a_runaway_template_loop_runs_out_of_fuel() {
     );
 }
 
+/// A copy of the fixture with `template` as its chat template.
+fn with_template(template: &str) -> (tempfile::TempDir, std::path::PathBuf) {
+    let (tmp, dir) = copy_fixture(MODEL);
+    std::fs::write(dir.join("chat_template.jinja"), template).unwrap();
+    (tmp, dir)
+}
+
 #[test]
 fn template_output_is_bounded() {
-    let (_tmp, dir) = copy_fixture(MODEL);
     // 100 KB printed 100 000 times: 10 GB.
-    std::fs::write(
-        dir.join("chat_template.jinja"),
-        "{% set s = 'x' * 100000 %}{% for i in range(100000) %}{{ s }}{% endfor %}",
-    )
-    .unwrap();
+    let (_tmp, dir) =
+        with_template("{% set s = 'x' * 100000 %}{% for i in range(100000) %}{{ s }}{% endfor %}");
     let out = within(Duration::from_secs(60), || generate(&dir, &[]));
     assert_error(&out, &["chat template", "bytes"]);
 }
@@ -55,9 +58,7 @@ fn template_output_is_bounded() {
 /// the one-line error.
 fn generate_with_template(template: &str) -> (std::process::Output, std::path::PathBuf) {
     use std::os::unix::process::CommandExt;
-    let (tmp, dir) = copy_fixture(MODEL);
-    let file = dir.join("chat_template.jinja");
-    std::fs::write(&file, template).unwrap();
+    let (tmp, dir) = with_template(template);
     let mut cmd = model_command("generate", &dir, &["--prompt", "Hi"]);
     // SAFETY: only an async-signal-safe call between fork and exec.
     unsafe {
@@ -74,7 +75,7 @@ fn generate_with_template(template: &str) -> (std::process::Output, std::path::P
     }
     let out = within(Duration::from_secs(60), || output(&mut cmd));
     drop(tmp);
-    (out, file)
+    (out, dir.join("chat_template.jinja"))
 }
 
 #[test]
@@ -129,13 +130,9 @@ fn deep_template_recursion_and_nesting_end_in_one_error() {
 /// smaller one.
 #[test]
 fn the_template_byte_budget_can_be_changed() {
-    let (_tmp, dir) = copy_fixture(MODEL);
     // Not a constant expression: minijinja folds those when it compiles the template.
-    std::fs::write(
-        dir.join("chat_template.jinja"),
-        "{% set s = 'x' * (100000 * messages|length) %}{{ messages[0].content }}",
-    )
-    .unwrap();
+    let (_tmp, dir) =
+        with_template("{% set s = 'x' * (100000 * messages|length) %}{{ messages[0].content }}");
     let ok = generate(&dir, &["--max-tokens", "1"]);
     assert!(ok.status.success(), "{}", stderr(&ok));
     let out = output(
@@ -295,11 +292,7 @@ fn side_files_that_are_fifos_are_refused_instead_of_blocking() {
         let (_tmp, dir) = copy_fixture(MODEL);
         let path = dir.join(name);
         std::fs::remove_file(&path).unwrap();
-        let made = std::process::Command::new("mkfifo")
-            .arg(&path)
-            .status()
-            .unwrap();
-        assert!(made.success());
+        mkfifo(&path);
         let out = within(Duration::from_secs(60), || generate(&dir, &[]));
         // The folder check may refuse it first ("has no tokenizer.json"); either way the
         // error names the file instead of blocking on it.

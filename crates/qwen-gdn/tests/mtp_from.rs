@@ -141,13 +141,17 @@ fn only_the_heads_byte_ranges_are_fetched_and_the_head_works() {
     let shard2_header = u64::from_le_bytes(files[SHARD2][..8].try_into().unwrap());
     let hub = FakeHub::start(files.clone(), |_, _| None);
 
-    let out = generate_with(
-        &home,
-        &hub,
-        &model,
-        &["--mtp-from", REPO, "--draft-tokens", "2"],
-    );
-    assert!(out.status.success(), "{}", stderr(&out));
+    let with_head_from_the_hub = || {
+        let out = generate_with(
+            &home,
+            &hub,
+            &model,
+            &["--mtp-from", REPO, "--draft-tokens", "2"],
+        );
+        assert!(out.status.success(), "{}", stderr(&out));
+        out
+    };
+    let out = with_head_from_the_hub();
     // The head loaded from its own folder gives the same text and the same acceptance.
     let local = generate(
         &source_dir(),
@@ -179,13 +183,7 @@ fn only_the_heads_byte_ranges_are_fetched_and_the_head_works() {
 
     // Cached: the next run (and an offline one) fetches nothing and says nothing.
     hub.clear_requests();
-    let again = generate_with(
-        &home,
-        &hub,
-        &model,
-        &["--mtp-from", REPO, "--draft-tokens", "2"],
-    );
-    assert!(again.status.success(), "{}", stderr(&again));
+    let again = with_head_from_the_hub();
     assert_eq!(again.stdout, local.stdout);
     assert!(ranges_requested(&hub).0.is_empty());
     assert!(!stderr(&again).contains("fetched the MTP head"));

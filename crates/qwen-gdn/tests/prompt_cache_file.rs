@@ -33,6 +33,15 @@ fn generate(model: &Path, prompt: &str, extra: &[&str]) -> (String, String) {
     )
 }
 
+/// The flags of a raw prompt (no chat template), or of a templated one.
+fn raw_flags(raw: bool) -> &'static [&'static str] {
+    if raw {
+        &["--ignore-chat-template"]
+    } else {
+        &[]
+    }
+}
+
 fn prompt_tokens(stderr: &str) -> usize {
     let line = stderr
         .lines()
@@ -57,11 +66,7 @@ fn a_saved_prefix_continues_as_the_whole_prompt() {
         let whole = format!("{PREFIX}{REST}");
         for raw in [false, true] {
             let file = dir.path().join(format!("prefix-{raw}.safetensors"));
-            let flags: &[&str] = if raw {
-                &["--ignore-chat-template"]
-            } else {
-                &[]
-            };
+            let flags = raw_flags(raw);
             let made = cache_prompt(&model, &file, flags);
             assert!(made.status.success(), "{name}: {}", stderr(&made));
             let (want, want_stats) = generate(&model, &whole, flags);
@@ -103,11 +108,7 @@ fn the_split_keeps_its_whitespace() {
     let model = fixture("qwen3.5-tiny-4bit");
     let dir = tempfile::tempdir().unwrap();
     for raw in [false, true] {
-        let flags: &[&str] = if raw {
-            &["--ignore-chat-template"]
-        } else {
-            &[]
-        };
+        let flags = raw_flags(raw);
         let file = dir.path().join(format!("sea-{raw}.safetensors"));
         let made = cache_prefix(&model, "The sea is", &file, flags);
         assert!(made.status.success(), "{}", stderr(&made));
@@ -134,11 +135,7 @@ fn a_file_made_the_other_way_round_is_refused() {
     let dir = tempfile::tempdir().unwrap();
     for made_raw in [false, true] {
         let file = dir.path().join(format!("made-raw-{made_raw}.safetensors"));
-        let flags: &[&str] = if made_raw {
-            &["--ignore-chat-template"]
-        } else {
-            &[]
-        };
+        let flags = raw_flags(made_raw);
         let made = cache_prompt(&model, &file, flags);
         assert!(made.status.success(), "{}", stderr(&made));
         let mut args = vec![

@@ -401,30 +401,31 @@ fn slow_and_idle_clients_are_closed() {
     );
     wait_for_log(&server, "at most 4 connections");
     let connect = || TcpStream::connect(server.addr()).unwrap();
+    // What a new connection that sends `request` reads until the server closes it, and how
+    // long after the sending that was.
+    let closed_after = |request: &[u8], what: &str| {
+        let mut socket = connect();
+        socket.write_all(request).unwrap();
+        let sent = Instant::now();
+        let (reply, closed) = read_until_closed(&mut socket, Duration::from_secs(10)).expect(what);
+        (reply, closed - sent)
+    };
 
     // A body that stops after 10 of its 100 bytes.
-    let mut socket = connect();
-    socket
-        .write_all(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"prompt\":")
-        .unwrap();
-    let sent = Instant::now();
-    let (reply, closed) = read_until_closed(&mut socket, Duration::from_secs(10))
-        .expect("the slow body was not answered");
+    let (reply, took) = closed_after(
+        b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"prompt\":",
+        "the slow body was not answered",
+    );
     assert!(reply.starts_with("HTTP/1.1 408"), "{reply}");
     assert!(reply.contains("--body-timeout"), "{reply}");
-    let took = closed - sent;
     assert!(took >= Duration::from_millis(900), "{took:?}");
 
     // An idle kept-alive connection, after one answered request.
-    let mut socket = connect();
-    socket
-        .write_all(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
-        .unwrap();
-    let sent = Instant::now();
-    let (reply, closed) = read_until_closed(&mut socket, Duration::from_secs(10))
-        .expect("the idle connection stayed open");
+    let (reply, took) = closed_after(
+        b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n",
+        "the idle connection stayed open",
+    );
     assert!(reply.starts_with("HTTP/1.1 200"), "{reply}");
-    let took = closed - sent;
     // The keep-alive timeout (1 s), well before the header timeout (3 s).
     assert!(
         took >= Duration::from_millis(900) && took < header,
@@ -535,15 +536,7 @@ fn a_client_that_disconnects_cancels_its_generation() {
     let socket = start_stream(&server, 10_000);
     drop(socket);
     let line = wait_for_log(&server, "cancelled");
-    let generated: usize = line
-        .split(", ")
-        .nth(1)
-        .unwrap()
-        .split(' ')
-        .next()
-        .unwrap()
-        .parse()
-        .unwrap();
+    let generated = leading_number(line.split(", ").nth(1).unwrap());
     assert!(generated < 100, "{line}");
     // The worker is free: the next request is served.
     let (status, reply) = server.post("/v1/completions", &json!({"prompt": "hi", "max_tokens": 2}));
@@ -563,12 +556,12 @@ fn a_client_that_disconnects_cancels_its_generation() {
 #[test]
 fn a_full_queue_answers_503() {
     let server = Server::start(
-        &["--queue-size", "1"],
+        &["--max-batch", "1", "--queue-size", "1"],
         &[("QWEN_GDN_TEST_TOKEN_DELAY_MS", "100")],
     );
     let running = start_stream(&server, 10_000);
-    // The second request waits in the queue; further ones find it full. (The first few
-    // tries may land before the waiting one, and then wait themselves.)
+    // One request runs (--max-batch 1); the second waits in the queue; further ones find it
+    // full. (The first few tries may land before the waiting one, and then wait themselves.)
     let mut waiting = vec![];
     let rejected = (0..5).find_map(|_| {
         let body = json!({"prompt": "hi", "max_tokens": 10_000, "stream": true});

@@ -1,19 +1,24 @@
-//! `generate --draft-tokens N`: speculative decoding with the checkpoint's MTP head gives the
-//! same text as plain greedy decoding, reports its acceptance, and refuses a checkpoint
-//! without a head in one line (the MTP fixtures live in models/mtp/).
+//! `generate` and `chat` with `--draft-tokens N|auto`: speculative decoding with the
+//! checkpoint's MTP head gives the same text as plain greedy decoding (in chat across turns,
+//! with the prompt cache), reports its acceptance and the draft lengths used, and refuses a
+//! checkpoint without a head in one line (the MTP fixtures live in models/mtp/).
 
 mod common;
 use common::*;
-use std::path::PathBuf;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::Output;
+
+/// Every MTP fixture: the three raw HF ones and the 4-bit MLX twin.
+const MTP_FIXTURES: [&str; 4] = [
+    "qwen3.5-mtp-tiny-hf",
+    "qwen3-next-mtp-tiny-hf",
+    "qwen3.5-moe-mtp-tiny-hf",
+    "qwen3.5-mtp-tiny-4bit",
+];
 
 fn mtp_fixture(name: &str) -> PathBuf {
-    let dir = repo_root().join("models/mtp").join(name);
-    assert!(
-        dir.join("config.json").is_file(),
-        "{} is missing",
-        dir.display()
-    );
-    dir
+    fixture(&format!("mtp/{name}"))
 }
 
 #[test]
@@ -27,7 +32,7 @@ fn speculation_gives_the_text_of_plain_greedy_decoding() {
         let args = ["--max-tokens", "48", "--prompt", "Tell me about the sea."];
         let plain = generate(&model, &args);
         assert!(plain.status.success(), "{}", stderr(&plain));
-        for k in ["1", "3"] {
+        for k in ["1", "3", "auto"] {
             let mut with = args.to_vec();
             with.extend(["--draft-tokens", k]);
             let spec = generate(&model, &with);
@@ -69,5 +74,185 @@ fn draft_tokens_are_bounded() {
             &["--draft-tokens", bad],
         );
         assert!(!out.status.success(), "--draft-tokens {bad} was accepted");
+    }
+}
+
+/// The `Speculative: ` lines of a run's stderr.
+fn speculative_lines(out: &Output) -> Vec<String> {
+    stderr(out)
+        .lines()
+        .filter(|l| l.starts_with("Speculative: "))
+        .map(str::to_string)
+        .collect()
+}
+
+/// `--draft-tokens auto` on every fixture, 64 tokens: the greedy text without speculation, and
+/// a stats line that names the draft lengths used, whose steps add up.
+#[test]
+fn adaptive_draft_length_gives_the_text_of_plain_greedy_decoding() {
+    for name in MTP_FIXTURES {
+        let model = mtp_fixture(name);
+        let args = [
+            "--max-tokens",
+            "64",
+            "--temp",
+            "0",
+            "--prompt",
+            "Once upon a time",
+        ];
+        let plain = generate(&model, &args);
+        assert!(plain.status.success(), "{}", stderr(&plain));
+        let auto = generate(&model, &[&args[..], &["--draft-tokens", "auto"]].concat());
+        assert!(auto.status.success(), "{}", stderr(&auto));
+        assert_eq!(
+            String::from_utf8_lossy(&auto.stdout),
+            String::from_utf8_lossy(&plain.stdout),
+            "{name}"
+        );
+        let lines = speculative_lines(&auto);
+        assert_eq!(lines.len(), 1, "{name}: {lines:?}");
+        let line = &lines[0];
+        eprintln!("{name}: {line}");
+        assert!(
+            line.starts_with("Speculative: adaptive draft tokens (1–6), k used "),
+            "{line}"
+        );
+        // "k:steps 1:3 2:5 …": lengths within 1..=6 whose counts sum to the steps; the last step
+        // may draft fewer (0 when one token is left).
+        let per_k = line
+            .split("(k:steps ")
+            .nth(1)
+            .unwrap()
+            .split(')')
+            .next()
+            .unwrap();
+        let mut steps_by_k = 0;
+        for pair in per_k.split(' ') {
+            let (k, n) = pair.split_once(':').unwrap();
+            let (k, n): (usize, usize) = (k.parse().unwrap(), n.parse().unwrap());
+            assert!(k <= 6 && n > 0, "{line}");
+            steps_by_k += n;
+        }
+        let steps = leading_number(line.rsplit('(').next().unwrap());
+        assert_eq!(steps_by_k, steps, "{line}");
+    }
+}
+
+/// `chat` with `lines` on its stdin, greedy, stats on.
+fn chat(model: &Path, extra: &[&str], lines: &[&str]) -> Output {
+    let mut args = vec!["--temp", "0", "--max-tokens", "40", "--verbose"];
+    args.extend_from_slice(extra);
+    let mut child = spawn_piped(&mut model_command("chat", model, &args));
+    let input = lines.join("\n") + "\n";
+    let mut stdin = child.stdin.take().unwrap();
+    let writer = std::thread::spawn(move || stdin.write_all(input.as_bytes()));
+    let out = child.wait_with_output().unwrap();
+    writer.join().unwrap().unwrap();
+    assert!(out.status.success(), "chat failed: {}", stderr(&out));
+    out
+}
+
+/// The `Prompt: ` lines of chat's stats: the prompt tokens, cached and prefilled per turn.
+fn prompt_lines(out: &Output) -> Vec<String> {
+    stderr(out)
+        .lines()
+        .filter(|l| l.starts_with("Prompt: "))
+        .map(|l| {
+            l.split(" tokens-per-sec")
+                .next()
+                .unwrap()
+                .rsplit_once(',')
+                .unwrap()
+                .0
+                .to_string()
+        })
+        .collect()
+}
+
+/// Three turns of `chat`: the streamed replies with speculation (fixed and adaptive) are those
+/// without, token for token, and each turn resumes from the prompt cache as far as without.
+#[test]
+fn chat_replies_with_speculation_are_those_without() {
+    let lines = [
+        "Hello there",
+        "Tell me more about that.",
+        "And the third thing?",
+    ];
+    for name in MTP_FIXTURES {
+        let model = mtp_fixture(name);
+        let plain = chat(&model, &[], &lines);
+        assert!(speculative_lines(&plain).is_empty());
+        for k in ["2", "auto"] {
+            let spec = chat(&model, &["--draft-tokens", k], &lines);
+            assert_eq!(
+                String::from_utf8_lossy(&spec.stdout),
+                String::from_utf8_lossy(&plain.stdout),
+                "{name}: --draft-tokens {k}"
+            );
+            assert_eq!(
+                prompt_lines(&spec),
+                prompt_lines(&plain),
+                "{name}: --draft-tokens {k}"
+            );
+            let stats = speculative_lines(&spec);
+            assert_eq!(stats.len(), lines.len(), "{name}: {stats:?}");
+            eprintln!("{name} k={k}: {stats:?}");
+        }
+    }
+}
+
+#[test]
+fn chat_without_a_head_refuses_draft_tokens_in_one_line() {
+    let mut child = spawn_piped(&mut model_command(
+        "chat",
+        &fixture("qwen3.5-tiny-4bit"),
+        &["--draft-tokens", "auto"],
+    ));
+    drop(child.stdin.take());
+    let out = child.wait_with_output().unwrap();
+    assert_error(&out, &["no MTP head"]);
+}
+
+/// `generate --prompt-cache-file` with speculation: the continuation of a saved prefix is the
+/// text without speculation (fixed and adaptive), on the trained dense fixture and a MoE one.
+#[test]
+fn speculation_from_a_prompt_cache_file_gives_the_text_without() {
+    for name in ["qwen3.5-mtp-tiny-hf", "qwen3.5-moe-mtp-tiny-hf"] {
+        let model = mtp_fixture(name);
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("prefix.safetensors");
+        let made = run_model(
+            "cache-prompt",
+            &model,
+            &[
+                "--prompt",
+                "The sea is wide and the",
+                "--out",
+                file.to_str().unwrap(),
+            ],
+        );
+        assert!(made.status.success(), "{}", stderr(&made));
+        let args = [
+            "--prompt",
+            " waves are tall.",
+            "--prompt-cache-file",
+            file.to_str().unwrap(),
+            "--max-tokens",
+            "48",
+            "--temp",
+            "0",
+        ];
+        let plain = generate(&model, &args);
+        assert!(plain.status.success(), "{}", stderr(&plain));
+        for k in ["2", "auto"] {
+            let spec = generate(&model, &[&args[..], &["--draft-tokens", k]].concat());
+            assert!(spec.status.success(), "{}", stderr(&spec));
+            assert_eq!(
+                String::from_utf8_lossy(&spec.stdout),
+                String::from_utf8_lossy(&plain.stdout),
+                "{name}: --draft-tokens {k}"
+            );
+            assert_eq!(speculative_lines(&spec).len(), 1, "{}", stderr(&spec));
+        }
     }
 }

@@ -22,17 +22,12 @@ fn reference_json(name: &str) -> Value {
 
 /// `eval --json` in decode mode (one token per call, so the state is stored every token).
 fn eval_logprobs(model: &str, extra: &[&str], env: Option<&str>) -> Vec<f64> {
-    let dir = fixture(model);
     let text = reference_json(model)["text"].as_str().unwrap().to_string();
-    let mut args = vec!["--text", &text, "--json", "--prefill-chunk-size", "1"];
-    args.extend_from_slice(extra);
-    let mut cmd = model_command("eval", &dir, &args);
-    if let Some(v) = env {
-        cmd.env("MLX_LM_GDN_STATE_BF16", v);
-    }
-    let out = cmd.output().unwrap();
-    assert!(out.status.success(), "{}", stderr(&out));
-    logprobs_of(&out)
+    let env: Vec<_> = env
+        .map(|v| ("MLX_LM_GDN_STATE_BF16", v))
+        .into_iter()
+        .collect();
+    eval_logprobs_per_token(&fixture(model), &text, extra, &env)
 }
 
 #[test]
@@ -69,16 +64,7 @@ fn bf16_quality_gate_matches_mlx_lm_on_every_tiny_checkpoint() {
     for name in CHECKPOINTS {
         let reference = reference_json(name);
         let want = &reference["bf16_state"];
-        let text = reference["text"].as_str().unwrap();
-        let dir = fixture(name);
-        let out = run_model(
-            "eval",
-            &dir,
-            &["--text", text, "--json", "--compare-state-dtype", "bf16"],
-        );
-        assert!(out.status.success(), "{name}: {}", stderr(&out));
-        let json: Value = serde_json::from_slice(&out.stdout).unwrap();
-        let got = &json["compare"];
+        let got = bf16_compare(name, reference["text"].as_str().unwrap());
         let (kl, mlx_kl) = (
             got["kl_mean"].as_f64().unwrap(),
             want["kl_mean"].as_f64().unwrap(),
@@ -138,17 +124,20 @@ fn bf16_quality_gate_runs_on_qwen4_exp() {
     }
 }
 
-fn bf16_quality_gate_passes(name: &str) {
-    let text = reference_json(name)["text"].as_str().unwrap().to_string();
-    let dir = fixture(name);
+/// `eval --compare-state-dtype bf16` of `text` on the fixture `name`: its JSON `compare`.
+fn bf16_compare(name: &str, text: &str) -> Value {
     let out = run_model(
         "eval",
-        &dir,
-        &["--text", &text, "--json", "--compare-state-dtype", "bf16"],
+        &fixture(name),
+        &["--text", text, "--json", "--compare-state-dtype", "bf16"],
     );
     assert!(out.status.success(), "{name}: {}", stderr(&out));
-    let json: Value = serde_json::from_slice(&out.stdout).unwrap();
-    let got = &json["compare"];
+    let mut json: Value = serde_json::from_slice(&out.stdout).unwrap();
+    json["compare"].take()
+}
+
+fn bf16_quality_gate_passes(name: &str) {
+    let got = &bf16_compare(name, reference_json(name)["text"].as_str().unwrap());
     let (kl, top1) = (
         got["kl_mean"].as_f64().unwrap(),
         got["top1_match"].as_f64().unwrap(),

@@ -14,3 +14,13 @@ pub mod gdn_conv_prep;
 pub mod greedy_pick;
 pub mod moe_combine;
 pub mod moe_route;
+
+/// A dim or stride as the `u32` of a kernel's parameter struct: a one-line error naming the
+/// op and the value where it does not fit.
+#[cfg_attr(
+    not(any(feature = "metal", target_os = "macos", feature = "cuda")),
+    allow(dead_code)
+)]
+pub(crate) fn param_u32(op: &str, what: &str, n: usize) -> anyhow::Result<u32> {
+    u32::try_from(n).map_err(|_| anyhow::anyhow!("{op}: {what} {n} exceeds u32"))
+}

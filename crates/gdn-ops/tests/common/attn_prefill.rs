@@ -5,6 +5,7 @@
 
 use super::dtype::{tensor, Ty};
 use super::random::Rng;
+use super::{close, values};
 use candle_core::{Device, Tensor};
 
 /// One chunk of queries over a KV buffer.
@@ -132,6 +133,12 @@ impl Inputs {
         };
         [q.to_device(device).unwrap(), view(&self.k), view(&self.v)]
     }
+}
+
+/// The gate: every output within 2 ulp of InT of the reference's plus
+/// [`relative_allowance`] of max |reference|; `None` when `got` passes.
+pub fn compare(got: &[f32], want: &Tensor, ty: Ty) -> Option<String> {
+    close("out", got, &values(want), ty, 2.0, relative_allowance(ty))
 }
 
 /// The gate's share of max |reference| beside 2 ulp of InT: the twin, the kernel and the

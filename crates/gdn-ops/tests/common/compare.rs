@@ -73,20 +73,7 @@ pub fn close(what: &str, got: &[f32], want: &[f32], ty: Ty, ulps: f32, rel: f32)
 /// max |got − want| / max |want| over the flattened values; NaN in `got` is ignored (f32::max),
 /// unlike [`rel_max`].
 pub fn max_rel(got: &Tensor, want: &Tensor) -> f32 {
-    let a: Vec<f32> = got
-        .to_dtype(DType::F32)
-        .unwrap()
-        .flatten_all()
-        .unwrap()
-        .to_vec1()
-        .unwrap();
-    let b: Vec<f32> = want
-        .to_dtype(DType::F32)
-        .unwrap()
-        .flatten_all()
-        .unwrap()
-        .to_vec1()
-        .unwrap();
+    let (a, b) = (values(got), values(want));
     let max = b.iter().fold(0f32, |m, v| m.max(v.abs()));
     a.iter()
         .zip(&b)

@@ -240,6 +240,17 @@ pub fn shipped_source(path: &str) -> String {
     flatten_source(&std::fs::read_to_string(workspace_root().join(path)).unwrap())
 }
 
+/// A shipped source ([`shipped_source`]) that must include `kernels/params/<header>`, the
+/// parameter struct the host mirrors (outside any `/* */` comment).
+pub fn shipped_source_including(path: &str, header: &str) -> String {
+    let src = shipped_source(path);
+    assert!(
+        strip_block_comments(&src).contains(&format!("#include \"params/{header}\"")),
+        "{path} must include params/{header}"
+    );
+    src
+}
+
 /// A flattened source ([`flatten_source`]) without its `/* */` comments, squashed again.
 pub fn strip_block_comments(flat: &str) -> String {
     let mut flat = flat.to_string();

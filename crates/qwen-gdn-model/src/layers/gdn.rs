@@ -290,16 +290,23 @@ impl GatedDeltaNet {
         })?;
         phase("gdn/recurrence", device, || {
             let state = self.state_for(cache, b, device)?;
-            if let Some(steps) = &mut cache.steps {
-                return steps.recurrence(self.gdn_prefill, &q, &k, &v, &g, &beta, &state);
-            }
-            match self.gdn_prefill {
-                Some(form) => {
-                    gdn_ops::gated_delta_update_in(form, &q, &k, &v, &g, &beta, &state, None)
-                }
-                None => gdn_ops::gated_delta_update(&q, &k, &v, &g, &beta, &state),
+            let qkvgb = [&q, &k, &v, &g, &beta];
+            match &mut cache.steps {
+                // A verify window: the same call, one token at a time.
+                Some(steps) => steps.recurrence(qkvgb, &state, |x, st| self.recurrence(x, st)),
+                None => self.recurrence(qkvgb, &state),
             }
         })
+    }
+
+    /// The gated delta recurrence over `[q, k, v, g, beta]` (`[B, S, …]`) from `state`
+    /// (advanced in place), in the form this layer was set to: the one call both a plain
+    /// forward and a verify window's per-token steps make.
+    fn recurrence(&self, [q, k, v, g, beta]: [&Tensor; 5], state: &Tensor) -> Result<Tensor> {
+        match self.gdn_prefill {
+            Some(form) => gdn_ops::gated_delta_update_in(form, q, k, v, g, beta, state, None),
+            None => gdn_ops::gated_delta_update(q, k, v, g, beta, state),
+        }
     }
 
     /// The gated output norm of `y` `[B, S, Hv, Dv]` by `z` `[B, S, Hv·Dv]`, then `out_proj`.

@@ -17,12 +17,18 @@ static LAST_TABLES: Mutex<Option<Tables>> = Mutex::new(None);
 /// cos and sin for positions `offset..offset + len` at `inv_freq`, in `dtype` on `device`.
 struct Tables {
     inv_freq: Vec<f64>,
-    offset: usize,
-    len: usize,
-    dtype: DType,
+    span: Span,
     device: Device,
     cos: Tensor,
     sin: Tensor,
+}
+
+/// The positions `offset..offset + len` of a pair of tables, and their dtype.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Span {
+    offset: usize,
+    len: usize,
+    dtype: DType,
 }
 
 #[derive(Debug, Clone)]
@@ -54,27 +60,17 @@ impl PartialRope {
 
     /// cos and sin `[len, dims/2]` in `dtype` on `device`: those made last when they are for
     /// the same frequencies and positions ([`LAST_TABLES`]), else made anew.
-    fn tables(
-        &self,
-        offset: usize,
-        len: usize,
-        dtype: DType,
-        device: &Device,
-    ) -> Result<(Tensor, Tensor)> {
+    fn tables(&self, span: Span, device: &Device) -> Result<(Tensor, Tensor)> {
         let mut last = LAST_TABLES.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(t) = last.as_ref().filter(|t| {
-            (t.offset, t.len, t.dtype) == (offset, len, dtype)
-                && t.inv_freq == self.inv_freq
-                && t.device.same_device(device)
+            t.span == span && t.inv_freq == self.inv_freq && t.device.same_device(device)
         }) {
             return Ok((t.cos.clone(), t.sin.clone()));
         }
-        let (cos, sin) = self.make_tables(offset, len, dtype, device)?;
+        let (cos, sin) = self.make_tables(span, device)?;
         *last = Some(Tables {
             inv_freq: self.inv_freq.clone(),
-            offset,
-            len,
-            dtype,
+            span,
             device: device.clone(),
             cos: cos.clone(),
             sin: sin.clone(),
@@ -84,13 +80,8 @@ impl PartialRope {
 
     /// cos and sin `[len, dims/2]` in `dtype` on `device`, computed and cast on the host so
     /// that the device only receives them.
-    fn make_tables(
-        &self,
-        offset: usize,
-        len: usize,
-        dtype: DType,
-        device: &Device,
-    ) -> Result<(Tensor, Tensor)> {
+    fn make_tables(&self, span: Span, device: &Device) -> Result<(Tensor, Tensor)> {
+        let Span { offset, len, dtype } = span;
         let half = self.dims / 2;
         let (mut cos, mut sin) = (
             Vec::with_capacity(len * half),
@@ -114,7 +105,12 @@ impl PartialRope {
     /// `x`: `[B, heads, S, head_dim]` at absolute positions `offset..offset+S`.
     pub fn forward(&self, x: &Tensor, offset: usize) -> Result<Tensor> {
         let (_, _, seq, head_dim) = x.dims4()?;
-        let (cos, sin) = self.tables(offset, seq, x.dtype(), x.device())?;
+        let span = Span {
+            offset,
+            len: seq,
+            dtype: x.dtype(),
+        };
+        let (cos, sin) = self.tables(span, x.device())?;
         let rotated = candle_op(candle_nn::rotary_emb::rope(
             &contiguous(&x.narrow(D::Minus1, 0, self.dims)?)?,
             &cos,
@@ -146,8 +142,9 @@ mod tests {
             (&a, 3, 4, DType::BF16),
         ];
         for (rope, offset, len, dtype) in calls {
-            let got = rope.tables(offset, len, dtype, &dev).unwrap();
-            let want = rope.make_tables(offset, len, dtype, &dev).unwrap();
+            let span = Span { offset, len, dtype };
+            let got = rope.tables(span, &dev).unwrap();
+            let want = rope.make_tables(span, &dev).unwrap();
             for (g, w) in [(got.0, want.0), (got.1, want.1)] {
                 assert_eq!(g.dtype(), dtype);
                 let f32s = |t: Tensor| t.to_dtype(DType::F32).unwrap().to_vec2::<f32>().unwrap();

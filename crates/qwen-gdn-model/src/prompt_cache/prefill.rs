@@ -47,39 +47,90 @@ pub fn prefill_with_snapshots_cancellable(
     pc: &mut PromptCache,
     cancel: &AtomicBool,
 ) -> Result<bool> {
-    ensure!(chunk > 0, "prefill chunk size must be positive");
-    let start = cache.offset;
-    ensure!(
-        start <= tokens.len(),
-        "prefill: the cache has processed {start} tokens, more than the {} given",
-        tokens.len()
-    );
-    let stops = snapshot_positions(start, tokens.len(), snapshot_at, every);
-    let mut pos = start;
-    for stop in stops.iter().copied().chain([tokens.len()]) {
-        let snapshot = stops.contains(&stop);
+    let prefill = ChunkedPrefill::new(cache.offset, tokens.len(), chunk, snapshot_at, every)?;
+    loop {
+        if cancel.load(Ordering::Relaxed) {
+            return Ok(false);
+        }
+        if prefill.step(model, tokens, cache, pc)? {
+            return Ok(true);
+        }
+    }
+}
+
+/// A prefill with snapshots taken a piece at a time (a chunk, or the token before a snapshot
+/// with the snapshot), so that a server can run other sequences' decode steps between the
+/// pieces: the pieces are those [`prefill_with_snapshots`] runs, in the same order.
+#[derive(Debug, Clone)]
+pub struct ChunkedPrefill {
+    stops: BTreeSet<usize>,
+    end: usize,
+    chunk: usize,
+}
+
+impl ChunkedPrefill {
+    /// The prefill of tokens `start..end` (the cache holds the first `start`), in chunks of
+    /// at most `chunk`, with snapshots as [`prefill_with_snapshots`] takes them.
+    pub fn new(
+        start: usize,
+        end: usize,
+        chunk: usize,
+        snapshot_at: &[usize],
+        every: Option<usize>,
+    ) -> Result<Self> {
+        ensure!(chunk > 0, "prefill chunk size must be positive");
+        ensure!(
+            start <= end,
+            "prefill: the cache has processed {start} tokens, more than the {end} given"
+        );
+        Ok(Self {
+            stops: snapshot_positions(start, end, snapshot_at, every),
+            end,
+            chunk,
+        })
+    }
+
+    /// Runs the next piece of `tokens` (the same tokens every call) after what `cache`
+    /// holds; `true` once the cache holds all of them.
+    pub fn step(
+        &self,
+        model: &Model,
+        tokens: &[u32],
+        cache: &mut Cache,
+        pc: &mut PromptCache,
+    ) -> Result<bool> {
+        ensure!(
+            tokens.len() == self.end,
+            "prefill: {} tokens given, {} planned",
+            tokens.len(),
+            self.end
+        );
+        let pos = cache.offset;
+        ensure!(
+            pos <= self.end,
+            "prefill: the cache is past the prompt's end"
+        );
+        let Some(stop) = self.stops.range(pos + 1..).next().copied().or_else(|| {
+            // Past the last snapshot: plain chunks up to the end.
+            (pos < self.end).then_some(self.end)
+        }) else {
+            return Ok(true);
+        };
+        let snapshot = self.stops.contains(&stop);
         // The token before a snapshot runs alone, as the last token of a prompt does (see
         // the module's doc): a snapshot is then the same state whether it was taken at a
         // boundary or at a prompt's end.
         let chunks_end = if snapshot { stop - 1 } else { stop };
-        while pos < chunks_end {
-            if cancel.load(Ordering::Relaxed) {
-                return Ok(false);
-            }
-            let end = (pos + chunk).min(chunks_end);
+        if pos < chunks_end {
+            let end = (pos + self.chunk).min(chunks_end);
             model.prefill(&tokens[pos..end], cache, end - pos)?;
-            pos = end;
-        }
-        if snapshot {
-            if cancel.load(Ordering::Relaxed) {
-                return Ok(false);
-            }
+        } else {
             model.forward_last(&tokens[stop - 1..stop], cache)?;
-            pos = stop;
             pc.insert(&tokens[..stop], cache)?;
         }
+        // A snapshot at the end is taken by the piece that reaches it.
+        Ok(cache.offset == self.end)
     }
-    Ok(true)
 }
 
 /// The positions in `(start, end]` to snapshot at, in order.

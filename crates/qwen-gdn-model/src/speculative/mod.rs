@@ -11,12 +11,14 @@
 //! hidden states (the chained drafts ran on the head's own): the next step's first draft runs
 //! them all in one call, as vLLM does, after the head's cache dropped the chained entries.
 
+pub mod draft_length;
 pub mod window;
 
 use crate::cache::{Cache, KvCache};
 use crate::Model;
 use anyhow::{bail, ensure, Result};
 use candle_core::Tensor;
+pub use draft_length::{DraftLength, ADAPTIVE_MAX};
 use gdn_ops::launches::candle_op;
 pub use window::Window;
 
@@ -65,6 +67,9 @@ pub struct SpecStats {
     /// accepted.
     pub drafted_at: Vec<usize>,
     pub accepted_at: Vec<usize>,
+    /// Per draft length k (index k): how many steps drafted k tokens (fewer than asked near
+    /// the token limit; chosen per step with [`DraftLength::Adaptive`]).
+    pub steps_at: Vec<usize>,
 }
 
 impl SpecStats {
@@ -77,12 +82,17 @@ impl SpecStats {
     pub fn tokens_per_step(&self) -> f64 {
         self.tokens as f64 / self.steps.max(1) as f64
     }
+
+    /// Drafted tokens per step: the k used, on average.
+    pub fn mean_draft_tokens(&self) -> f64 {
+        self.drafted as f64 / self.steps.max(1) as f64
+    }
 }
 
 /// The drafting side of one sequence: the head's KV cache and the pairs it has not seen.
 #[derive(Debug)]
 pub struct Speculation {
-    draft_tokens: usize,
+    length: DraftLength,
     mtp: KvCache,
     /// Normed hidden states `[1, P, H]` of positions whose pairs the head has not run yet.
     pending_hidden: Option<Tensor>,
@@ -92,27 +102,36 @@ pub struct Speculation {
 }
 
 impl Speculation {
-    /// Drafts of `draft_tokens` tokens per step with `model`'s MTP head.
-    pub fn new(model: &Model, draft_tokens: usize) -> Result<Self> {
+    /// Drafts of `length` tokens per step (a fixed number, or adaptive) with `model`'s MTP
+    /// head.
+    pub fn new(model: &Model, length: impl Into<DraftLength>) -> Result<Self> {
         let Some(head) = model.mtp_head() else {
             bail!("the model has no MTP head loaded: speculative decoding needs one");
         };
+        let length = length.into();
+        let max = length.max();
         Ok(Self {
-            draft_tokens,
+            length,
             mtp: head.new_cache(),
             pending_hidden: None,
             pending_next: Vec::new(),
             stats: SpecStats {
-                drafted_at: vec![0; draft_tokens],
-                accepted_at: vec![0; draft_tokens],
+                drafted_at: vec![0; max],
+                accepted_at: vec![0; max],
+                steps_at: vec![0; max + 1],
                 ..SpecStats::default()
             },
         })
     }
 
-    /// Tokens drafted per step.
+    /// The most tokens a step drafts.
     pub fn draft_tokens(&self) -> usize {
-        self.draft_tokens
+        self.length.max()
+    }
+
+    /// How the draft length is chosen, with the adaptive rule's estimate so far.
+    pub fn length(&self) -> &DraftLength {
+        &self.length
     }
 
     /// The end of the prompt: `normed` `[1, W, H]`, the normed hidden states of its last W
@@ -175,7 +194,7 @@ impl Speculation {
         let Some(hidden) = self.pending_hidden.take() else {
             bail!("speculative step before the prompt's hidden states were given (start)");
         };
-        let k = self.draft_tokens.min(max_draft);
+        let k = self.length.next().min(max_draft);
         let mut next = std::mem::take(&mut self.pending_next);
         next.push(token);
         let head_len = self.mtp.len();
@@ -228,8 +247,10 @@ impl Speculation {
             self.pending_next = next;
         }
 
+        self.length.record(k, accepted);
         let s = &mut self.stats;
         s.steps += 1;
+        s.steps_at[k] += 1;
         s.drafted += k;
         s.accepted += accepted;
         s.tokens += decided.len();
@@ -266,7 +287,7 @@ impl Speculation {
 }
 
 /// Index of the largest value (the first of equal ones).
-fn argmax(xs: &[f32]) -> u32 {
+pub fn argmax(xs: &[f32]) -> u32 {
     let mut best = 0;
     for (i, &x) in xs.iter().enumerate() {
         if x > xs[best] {

@@ -62,6 +62,19 @@ pub fn models_dir() -> PathBuf {
     }
 }
 
+/// A scratch copy of the checkpoint folder `src` that a test may break: `(the temp dir that
+/// holds it, the copy)`.
+pub fn scratch_copy(src: &Path) -> (tempfile::TempDir, PathBuf) {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join(src.file_name().unwrap());
+    std::fs::create_dir(&dir).unwrap();
+    for entry in std::fs::read_dir(src).unwrap() {
+        let p = entry.unwrap().path();
+        std::fs::copy(&p, dir.join(p.file_name().unwrap())).unwrap();
+    }
+    (tmp, dir)
+}
+
 /// The device the device-plan tests run on: the CPU, or the first CUDA GPU with
 /// `QWEN_GDN_TEST_DEVICE=cuda` (a `cuda` build on the GPU machine). Asking for CUDA where
 /// there is none fails the test rather than falling back.
@@ -89,6 +102,11 @@ pub fn device_plan(dtype: candle_core::DType) -> RunOptions {
         plan: Some(qwen_gdn_model::Plan::Device),
         ..run_options()
     }
+}
+
+/// The fixture `name` on the device plan at `dtype`, on [`device_under_test`].
+pub fn load_device_plan(name: &str, dtype: candle_core::DType) -> Model {
+    load_on(name, &device_plan(dtype), &device_under_test())
 }
 
 /// Logits `[T, vocab]` of decoding `ids` one token at a time from an empty cache.

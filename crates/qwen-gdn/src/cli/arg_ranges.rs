@@ -8,53 +8,34 @@ pub fn parse_f32(s: &str) -> Result<f32, String> {
         .ok_or_else(|| "expected a number".into())
 }
 
+/// `s` as a number that `allowed` accepts; `why` when it does not.
+fn within(s: &str, allowed: impl Fn(f32) -> bool, why: &str) -> Result<f32, String> {
+    let x = parse_f32(s)?;
+    if allowed(x) {
+        Ok(x)
+    } else {
+        Err(why.into())
+    }
+}
+
 pub fn non_negative(s: &str) -> Result<f32, String> {
-    parse_f32(s).and_then(|x| {
-        if x >= 0.0 {
-            Ok(x)
-        } else {
-            Err("must be 0 or more".into())
-        }
-    })
+    within(s, |x| x >= 0.0, "must be 0 or more")
 }
 
 pub fn positive(s: &str) -> Result<f32, String> {
-    parse_f32(s).and_then(|x| {
-        if x > 0.0 {
-            Ok(x)
-        } else {
-            Err("must be more than 0".into())
-        }
-    })
+    within(s, |x| x > 0.0, "must be more than 0")
 }
 
 pub fn probability(s: &str) -> Result<f32, String> {
-    parse_f32(s).and_then(|x| {
-        if (0.0..=1.0).contains(&x) {
-            Ok(x)
-        } else {
-            Err("must be between 0 and 1".into())
-        }
-    })
+    within(s, |x| (0.0..=1.0).contains(&x), "must be between 0 and 1")
 }
 
 pub fn probability_above_zero(s: &str) -> Result<f32, String> {
-    probability(s).and_then(|x| {
-        if x > 0.0 {
-            Ok(x)
-        } else {
-            Err("must be more than 0 and at most 1".into())
-        }
-    })
+    probability(s)?;
+    within(s, |x| x > 0.0, "must be more than 0 and at most 1")
 }
 
 /// OpenAI's range for `presence_penalty` and `frequency_penalty`.
 pub fn penalty(s: &str) -> Result<f32, String> {
-    parse_f32(s).and_then(|x| {
-        if (-2.0..=2.0).contains(&x) {
-            Ok(x)
-        } else {
-            Err("must be between -2 and 2".into())
-        }
-    })
+    within(s, |x| (-2.0..=2.0).contains(&x), "must be between -2 and 2")
 }

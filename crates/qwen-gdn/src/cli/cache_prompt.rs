@@ -4,6 +4,7 @@
 //! prompt is the beginning of a user message that the later prompt finishes
 //! ([`crate::text::prompt_split`]).
 
+use crate::cli::prompt_args::PromptArgs;
 use crate::cli::prompt_cache_file;
 use crate::cli::template_args::TemplateArgs;
 use crate::engine::Engine;
@@ -19,7 +20,6 @@ use std::time::Instant;
 
 #[derive(clap::Args)]
 #[command(
-    group(clap::ArgGroup::new("input").required(true).args(["prompt", "prompt_file"])),
     after_help = "Through the chat template (the default), the prompt is the start of a user \
                   message: `generate --prompt-cache-file P --prompt Q` continues it with Q, the \
                   end of the message and the generation prompt, as one message holding both \
@@ -32,12 +32,8 @@ use std::time::Instant;
 pub struct Args {
     #[command(flatten)]
     model: ModelArgs,
-    /// The prompt to cache; `-` reads it from stdin
-    #[arg(long, short = 'p')]
-    prompt: Option<String>,
-    /// Read the prompt to cache from this file
-    #[arg(long, value_name = "FILE")]
-    prompt_file: Option<PathBuf>,
+    #[command(flatten)]
+    prompt: PromptArgs,
     /// Where to write the prompt cache (safetensors)
     #[arg(long, value_name = "FILE")]
     out: PathBuf,
@@ -54,11 +50,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
     refuse_existing(&args.out, args.force)?;
     let checkpoint = args.model.open()?;
     let limit = &checkpoint.input_limit;
-    let (prompt, what) = limit.read(
-        args.prompt.as_deref(),
-        args.prompt_file.as_deref(),
-        "--prompt",
-    )?;
+    let (prompt, what) = args.prompt.read(limit)?;
     let template = if args.template.ignore_chat_template {
         None
     } else {

@@ -6,6 +6,7 @@ use crate::cli::chat_command::{self, Input, HELP};
 use crate::cli::conversation::Conversation;
 use crate::cli::prompt_cache_args::PromptCacheArgs;
 use crate::cli::sampling_args::SamplingArgs;
+use crate::cli::speculation_args::{stats_line, SpeculationArgs};
 use crate::cli::template_args::TemplateArgs;
 use crate::engine::{
     render_conversation, Engine, FinishReason, GenerateParams, Outcome, PromptTokens,
@@ -16,6 +17,7 @@ use crate::ui::chat_input::{Line, LineReader};
 use crate::ui::output::eprint_line;
 use crate::ui::reply_display::{ReplyDisplay, ThinkingStyle};
 use anyhow::{bail, Context, Result};
+use qwen_gdn_model::speculative::DraftLength;
 use serde_json::{Map, Value as Json};
 use std::io::IsTerminal;
 use std::ops::ControlFlow;
@@ -46,12 +48,14 @@ pub struct Args {
     template: TemplateArgs,
     #[command(flatten)]
     prompt_cache: PromptCacheArgs,
+    #[command(flatten)]
+    speculation: SpeculationArgs,
     /// Leave the model's thinking (<think>…</think>) out of the replies shown; it is still
     /// part of the conversation as the chat template keeps it
     #[arg(long)]
     hide_thinking: bool,
-    /// After each reply, print the prompt tokens (cached and prefilled), the speeds and the
-    /// peak memory to stderr
+    /// After each reply, print the prompt tokens (cached and prefilled), the speeds, the peak
+    /// memory and what speculative decoding did to stderr
     #[arg(long)]
     verbose: bool,
 }
@@ -75,21 +79,26 @@ pub fn run(args: Args) -> Result<ExitCode> {
         )
     })?;
     let max_positions = checkpoint.input_limit.max_tokens;
-    let model = args
+    let mut model = args
         .model
         .load_model(&checkpoint, max_positions.min(PREFLIGHT_CONTEXT))?;
+    let draft_length = args.speculation.load(&mut model, &checkpoint.dir)?;
     let compile_time = model.warm_up()?;
     let prompt_cache = args.prompt_cache.prompt_cache(model.device());
+    let vars = args.template.vars(&checkpoint);
+    let mut engine = Engine::new(
+        checkpoint,
+        model,
+        args.model.prefill_chunk_size,
+        prompt_cache,
+        args.prompt_cache.prompt_cache_every,
+    )?;
+    engine.set_draft_length(draft_length.clone())?;
     let mut session = Session {
-        vars: args.template.vars(&checkpoint),
+        vars,
         template,
-        engine: Engine::new(
-            checkpoint,
-            model,
-            args.model.prefill_chunk_size,
-            prompt_cache,
-            args.prompt_cache.prompt_cache_every,
-        )?,
+        engine,
+        draft_length,
         conversation: Conversation::new(args.template.system_prompt.clone()),
         style: if args.hide_thinking {
             ThinkingStyle::Hidden
@@ -167,6 +176,8 @@ struct Session<'a> {
     template: ChatTemplate,
     vars: Map<String, Json>,
     engine: Engine,
+    /// Speculative decoding's draft length, for the stats line.
+    draft_length: Option<DraftLength>,
     conversation: Conversation,
     style: ThinkingStyle,
     turns: u64,
@@ -247,6 +258,9 @@ impl Session<'_> {
         }
         if self.args.verbose {
             print_stats(&outcome);
+            if let (Some(stats), Some(length)) = (&outcome.speculation, &self.draft_length) {
+                eprint_line(&stats_line(stats, length));
+            }
         }
         Ok(())
     }

@@ -2,9 +2,10 @@
 //! last prompt token in chunks, run the last one alone (its logits give the first token), then
 //! decode one token at a time, streaming the text; stats go to stderr in mlx-lm's format.
 
+use crate::cli::prompt_args::PromptArgs;
 use crate::cli::prompt_cache_file;
 use crate::cli::sampling_args::SamplingArgs;
-use crate::cli::speculation_args::SpeculationArgs;
+use crate::cli::speculation_args::{stats_line, SpeculationArgs};
 use crate::cli::template_args::TemplateArgs;
 use crate::engine::{Engine, GenerateParams, PromptTokens};
 use crate::load::{Checkpoint, ModelArgs};
@@ -23,7 +24,6 @@ use std::time::Duration;
 // Negative numbers reach the value parsers, which then say what range is allowed.
 #[command(
     allow_negative_numbers = true,
-    group(clap::ArgGroup::new("input").required(true).args(["prompt", "prompt_file"])),
     after_help = "The prompt must fit the model's context: a prompt longer than \
                   max_position_embeddings (config.json) is an error, and generation stops when \
                   the context is full.\nCtrl-C stops generation and still prints the stats."
@@ -31,12 +31,8 @@ use std::time::Duration;
 pub struct Args {
     #[command(flatten)]
     model: ModelArgs,
-    /// Prompt text; `-` reads it from stdin
-    #[arg(long, short = 'p')]
-    prompt: Option<String>,
-    /// Read the prompt from this file
-    #[arg(long, value_name = "FILE")]
-    prompt_file: Option<PathBuf>,
+    #[command(flatten)]
+    prompt: PromptArgs,
     /// Start from the prompt cache this file holds (made by `qwen-gdn cache-prompt`): the
     /// prompt continues it
     #[arg(long, value_name = "FILE")]
@@ -64,11 +60,7 @@ pub struct Args {
 pub fn run(args: Args) -> Result<ExitCode> {
     let checkpoint = args.model.open()?;
     let limit = &checkpoint.input_limit;
-    let (prompt, what) = limit.read(
-        args.prompt.as_deref(),
-        args.prompt_file.as_deref(),
-        "--prompt",
-    )?;
+    let (prompt, what) = args.prompt.read(limit)?;
     let mut prompt_ids = match &args.prompt_cache_file {
         Some(path) => {
             // Before gigabytes of weights are loaded for nothing.
@@ -81,7 +73,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
     let mut model = args
         .model
         .load_model(&checkpoint, prompt_ids.len() + args.sampling.max_tokens)?;
-    let draft_tokens = args.speculation.load(&mut model, &checkpoint.dir)?;
+    let draft_length = args.speculation.load(&mut model, &checkpoint.dir)?;
     // GPU shader compilation, before the prompt's clock starts; reported on its own.
     let compile_time = model.warm_up()?;
     // One request: a prompt cache would only copy state that is never used again, except the
@@ -98,7 +90,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
         PromptCache::new(budget),
         None,
     )?;
-    engine.set_draft_tokens(draft_tokens)?;
+    engine.set_draft_length(draft_length.clone())?;
     if let Some(path) = &args.prompt_cache_file {
         let cached = engine.load_prompt_cache_file(path)?;
         prompt_ids.splice(0..0, cached);
@@ -163,15 +155,8 @@ pub fn run(args: Args) -> Result<ExitCode> {
             outcome.generated,
             outcome.generation_time,
         );
-        if let (Some(s), Some(k)) = (&outcome.speculation, draft_tokens) {
-            eprint_line(&format!(
-                "Speculative: {k} draft tokens, acceptance {:.3} ({}/{}), {:.2} tokens per verify step ({} steps)",
-                s.acceptance(),
-                s.accepted,
-                s.drafted,
-                s.tokens_per_step(),
-                s.steps
-            ));
+        if let (Some(stats), Some(length)) = (&outcome.speculation, &draft_length) {
+            eprint_line(&stats_line(stats, length));
         }
     }
     // 130 = interrupted by SIGINT, as shells report it.

@@ -14,6 +14,7 @@ mod eval;
 mod generate;
 mod memory;
 mod process;
+mod prompt_args;
 pub mod prompt_cache_args;
 mod prompt_cache_file;
 pub mod sampling_args;

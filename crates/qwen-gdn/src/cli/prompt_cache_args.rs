@@ -36,7 +36,7 @@ impl PromptCacheArgs {
 }
 
 /// MemAvailable of /proc/meminfo (Linux); `None` elsewhere.
-fn host_available() -> Option<u64> {
+pub fn host_available() -> Option<u64> {
     let text = std::fs::read_to_string("/proc/meminfo").ok()?;
     let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
     let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;

@@ -1,22 +1,46 @@
-//! The speculative-decoding flags (`--draft-tokens`, `--no-mtp`, `--mtp-from`) and the one
-//! place that turns them into a loaded MTP head and a draft length.
+//! The speculative-decoding flags (`--draft-tokens`, `--no-mtp`, `--mtp-from`), shared by
+//! `generate`, `chat` and `bench`, the one place that turns them into a loaded MTP head and a
+//! draft length, and the stats line that reports what speculation did.
 
 use crate::hub::{resolve_mtp_from, MtpSource};
 use crate::ui::output::eprint_line;
 use anyhow::{bail, Result};
+use qwen_gdn_model::speculative::{DraftLength, SpecStats, ADAPTIVE_MAX};
 use qwen_gdn_model::{Model, MtpPrecision};
 use std::path::Path;
 
 /// Draft tokens per step when only `--mtp-from` asks for speculation.
 const DEFAULT_DRAFT_TOKENS: usize = 2;
+/// The largest fixed `--draft-tokens`.
+const MAX_DRAFT_TOKENS: usize = 16;
+
+/// `--draft-tokens`: a number, or `auto`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum DraftTokens {
+    Fixed(usize),
+    Auto,
+}
+
+fn parse_draft_tokens(text: &str) -> Result<DraftTokens, String> {
+    if text == "auto" {
+        return Ok(DraftTokens::Auto);
+    }
+    match text.parse::<usize>() {
+        Ok(n) if (1..=MAX_DRAFT_TOKENS).contains(&n) => Ok(DraftTokens::Fixed(n)),
+        _ => Err(format!(
+            "expected a number from 1 to {MAX_DRAFT_TOKENS}, or auto"
+        )),
+    }
+}
 
 #[derive(clap::Args)]
 pub struct SpeculationArgs {
     /// Speculative decoding with the checkpoint's multi-token-prediction head: draft N tokens
     /// per step and verify them in one forward pass (greedy: the same text as without; at
-    /// --temp > 0 speculative sampling, the same distribution)
-    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..=16))]
-    draft_tokens: Option<u16>,
+    /// --temp > 0 speculative sampling, the same distribution). `auto` chooses N from 1 to 6
+    /// before each step from the acceptance so far (docs/mtp.md)
+    #[arg(long, value_name = "N|auto", value_parser = parse_draft_tokens)]
+    draft_tokens: Option<DraftTokens>,
     /// Never use the MTP head (overrides --draft-tokens and --mtp-from)
     #[arg(long)]
     no_mtp: bool,
@@ -34,13 +58,22 @@ pub struct SpeculationArgs {
 }
 
 impl SpeculationArgs {
+    /// Whether the flags ask for speculation (the head may still turn out to be missing).
+    pub fn requested(&self) -> bool {
+        !self.no_mtp && (self.draft_tokens.is_some() || self.mtp_from.is_some())
+    }
+
     /// Loads the head the flags ask for into `model` and returns the draft length, or `None`
     /// for plain decoding.
-    pub fn load(&self, model: &mut Model, checkpoint: &Path) -> Result<Option<usize>> {
-        if self.no_mtp || (self.draft_tokens.is_none() && self.mtp_from.is_none()) {
+    pub fn load(&self, model: &mut Model, checkpoint: &Path) -> Result<Option<DraftLength>> {
+        if !self.requested() {
             return Ok(None);
         }
-        let k = self.draft_tokens.map_or(DEFAULT_DRAFT_TOKENS, usize::from);
+        let k = match self.draft_tokens {
+            None => DraftLength::Fixed(DEFAULT_DRAFT_TOKENS),
+            Some(DraftTokens::Fixed(n)) => DraftLength::Fixed(n),
+            Some(DraftTokens::Auto) => DraftLength::adaptive(ADAPTIVE_MAX),
+        };
         let required = self.draft_tokens.is_some();
         let (dir, flag) = match &self.mtp_from {
             None => (checkpoint.to_path_buf(), "--draft-tokens"),
@@ -77,5 +110,68 @@ impl SpeculationArgs {
             "{flag}: {} has no MTP head (mtp.* tensors); run without it or with --no-mtp",
             dir.display()
         )
+    }
+}
+
+/// The stats line: what was asked, the draft lengths used (when adaptive), the acceptance and
+/// the tokens per verify step.
+pub fn stats_line(stats: &SpecStats, length: &DraftLength) -> String {
+    let used = match length {
+        DraftLength::Fixed(_) => String::new(),
+        DraftLength::Adaptive(_) => {
+            let per_k: Vec<String> = (stats.steps_at.iter().enumerate())
+                .filter(|&(_, &n)| n > 0)
+                .map(|(k, n)| format!("{k}:{n}"))
+                .collect();
+            format!(
+                ", k used {:.2} per step (k:steps {})",
+                stats.mean_draft_tokens(),
+                per_k.join(" ")
+            )
+        }
+    };
+    format!(
+        "Speculative: {length}{used}, acceptance {:.3} ({}/{}), {:.2} tokens per verify step ({} steps)",
+        stats.acceptance(),
+        stats.accepted,
+        stats.drafted,
+        stats.tokens_per_step(),
+        stats.steps
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn draft_tokens_take_a_number_or_auto() {
+        assert_eq!(parse_draft_tokens("auto"), Ok(DraftTokens::Auto));
+        assert_eq!(parse_draft_tokens("16"), Ok(DraftTokens::Fixed(16)));
+        for bad in ["0", "17", "-1", "Auto", ""] {
+            assert!(parse_draft_tokens(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn the_stats_line_names_the_draft_lengths_used() {
+        let stats = SpecStats {
+            steps: 4,
+            drafted: 7,
+            accepted: 5,
+            tokens: 9,
+            drafted_at: vec![],
+            accepted_at: vec![],
+            steps_at: vec![0, 1, 3],
+        };
+        assert_eq!(
+            stats_line(&stats, &DraftLength::adaptive(2)),
+            "Speculative: adaptive draft tokens (1–2), k used 1.75 per step (k:steps 1:1 2:3), \
+             acceptance 0.714 (5/7), 2.25 tokens per verify step (4 steps)"
+        );
+        assert_eq!(
+            stats_line(&stats, &DraftLength::Fixed(2)),
+            "Speculative: 2 draft tokens, acceptance 0.714 (5/7), 2.25 tokens per verify step (4 steps)"
+        );
     }
 }

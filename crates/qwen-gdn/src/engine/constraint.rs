@@ -15,6 +15,18 @@ pub trait LogitsConstraint: Send {
     fn accept(&mut self, token: u32) -> Result<()>;
 }
 
+/// A borrowed constraint constrains as the constraint does (a caller lends its own to one
+/// reply).
+impl<T: LogitsConstraint + ?Sized> LogitsConstraint for &mut T {
+    fn allowed(&mut self) -> Result<Vec<u32>> {
+        (**self).allowed()
+    }
+
+    fn accept(&mut self, token: u32) -> Result<()> {
+        (**self).accept(token)
+    }
+}
+
 /// The bitset `words` as a `[vocab]` u8 mask (1 = allowed) on `device`. Only the words go to
 /// the device (a 32nd of the vocabulary); the bits are spread there: each word is split into
 /// 16-bit halves (exact in f32, as Metal has no f64), bit j of a half is

@@ -2,13 +2,19 @@
 //! prompt cache, prefill only what the cache does not hold (snapshotting at message boundaries,
 //! at the prompt's end and every N tokens), then sample token by token, streaming the text,
 //! until an end-of-sequence token, a stop string, the token limit, a full context or a cancel.
+//! Every reply runs through [`Replies`] (continuous batching: `serve`'s many, `generate`'s
+//! one): a prompt's prefill a chunk at a time (`prompt_run.rs`), each reply's sampling and
+//! text (`sequence.rs`), the decode steps of all replies together (`replies.rs`).
 
 pub mod constraint;
 mod conversation;
 mod eos;
 pub mod logprobs;
 mod non_finite;
+mod prompt_run;
+mod replies;
 pub mod sampler;
+mod sequence;
 mod speculative_sampling;
 mod stop_strings;
 
@@ -16,25 +22,23 @@ mod stop_strings;
 pub use conversation::render_conversation;
 pub use eos::eos_ids;
 pub use non_finite::non_finite_logits;
+pub use replies::{Ended, Replies};
+pub use sequence::ReplySink;
 pub use stop_strings::{Scan, StopStrings};
 
-use crate::engine::constraint::{apply_mask, device_mask, LogitsConstraint};
-use crate::engine::sampler::{Sampler, SamplerConfig};
-use crate::engine::speculative_sampling::SamplerJudge;
+use crate::engine::constraint::LogitsConstraint;
+use crate::engine::prompt_run::Prefilled;
+use crate::engine::sampler::SamplerConfig;
 use crate::load::Checkpoint;
-use crate::text::stream::TokenStream;
 use anyhow::{bail, Result};
 use candle_core::{DType, IndexOp, Tensor};
-use qwen_gdn_model::prompt_cache::{
-    load_snapshot, prefill_with_snapshots_cancellable, ModelIdentity,
-};
-use qwen_gdn_model::speculative::{SpecStats, Speculation, HEAD_HISTORY};
+use qwen_gdn_model::prompt_cache::{load_snapshot, ModelIdentity};
+use qwen_gdn_model::speculative::{DraftLength, SpecStats, Speculation};
 use qwen_gdn_model::{Cache, Model, PromptCache};
-use std::collections::VecDeque;
 use std::ops::ControlFlow;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// How to generate one reply.
 #[derive(Debug, Clone)]
@@ -107,9 +111,9 @@ pub struct Engine {
     prompt_cache: PromptCache,
     prefill_chunk: usize,
     snapshot_every: Option<usize>,
-    /// Draft tokens per step of speculative decoding with the model's MTP head (greedy
-    /// sampling only), or `None`.
-    draft_tokens: Option<usize>,
+    /// Draft tokens per step of speculative decoding with the model's MTP head, or `None`;
+    /// each reply starts from this (an adaptive length from its prior).
+    draft_length: Option<DraftLength>,
 }
 
 impl Engine {
@@ -128,17 +132,18 @@ impl Engine {
             prompt_cache,
             prefill_chunk: prefill_chunk.max(1),
             snapshot_every: snapshot_every.filter(|&n| n > 0),
-            draft_tokens: None,
+            draft_length: None,
         })
     }
 
-    /// Speculative decoding with `k` draft tokens per step from the model's MTP head (which
-    /// must be loaded): greedy, or speculative sampling at temp > 0; `None` turns it off.
-    pub fn set_draft_tokens(&mut self, k: Option<usize>) -> Result<()> {
-        if let Some(k) = k {
-            Speculation::new(&self.model, k)?;
+    /// Speculative decoding with `length` draft tokens per step (fixed or adaptive) from the
+    /// model's MTP head (which must be loaded): greedy, or speculative sampling at temp > 0;
+    /// `None` turns it off.
+    pub fn set_draft_length(&mut self, length: Option<DraftLength>) -> Result<()> {
+        if let Some(length) = &length {
+            Speculation::new(&self.model, length.clone())?;
         }
-        self.draft_tokens = k;
+        self.draft_length = length;
         Ok(())
     }
 
@@ -176,163 +181,25 @@ impl Engine {
 
     /// [`Engine::generate`], with the tokens each step may sample limited by `constraint`
     /// (masked on the logits' device). A constrained reply is decoded a token at a time:
-    /// speculative decoding is off for it.
+    /// speculative decoding is off for it. The reply runs as a batch of one ([`Replies`]),
+    /// the path every reply of `serve` takes.
     pub fn generate_constrained(
         &mut self,
         prompt: &PromptTokens,
         params: &GenerateParams,
-        mut constraint: Option<&mut dyn LogitsConstraint>,
+        constraint: Option<&mut dyn LogitsConstraint>,
         cancel: &AtomicBool,
         on_text: &mut dyn FnMut(&str) -> ControlFlow<()>,
     ) -> Result<Outcome> {
-        let start = Instant::now();
-        let draft_tokens = self.draft_tokens.filter(|_| constraint.is_none());
-        let mut speculation = match draft_tokens {
-            Some(k) => Some(Speculation::new(&self.model, k)?),
-            None => None,
-        };
-        let Some(Prefilled {
-            mut cache,
-            mut logits,
-            cached_tokens,
-        }) = self.prefill_prompt(prompt, cancel, speculation.as_mut())?
-        else {
-            return Ok(Outcome {
-                prompt_tokens: prompt.ids.len(),
-                cached_tokens: 0,
-                prefilled_tokens: 0,
-                generated: 0,
-                finish: FinishReason::Cancelled,
-                prompt_time: None,
-                generation_time: None,
-                tokens: Vec::new(),
-                speculation: None,
-            });
-        };
-        let ids = &prompt.ids;
-        let model = &self.model;
-        let max_positions = model.config().max_position_embeddings;
-        let mut outcome = Outcome {
-            prompt_tokens: ids.len(),
-            cached_tokens,
-            prefilled_tokens: ids.len() - cached_tokens,
-            generated: 0,
-            finish: FinishReason::Cancelled,
-            prompt_time: None,
-            generation_time: None,
-            tokens: Vec::new(),
-            speculation: None,
-        };
-        let (head, last) = ids.split_at(ids.len() - 1);
-        if params.max_tokens == 0 {
-            // The prompt is cached; nothing to generate.
-            outcome.finish = FinishReason::Length;
-            return Ok(outcome);
-        }
-
-        let mut sampler = Sampler::new(params.sampler.clone(), params.seed);
-        let mut stream = TokenStream::new(&self.checkpoint.tokenizer);
-        let mut stops = StopStrings::new(&params.stop_strings);
-        // mlx-lm's logits processors see only tokens that went through the decode step: the
-        // last prompt token and the generated ones, not the prefilled chunks.
-        let mut history = last.to_vec();
-        // False once a stop string ended the text or the consumer stopped listening.
-        let mut flush_at_end = true;
-        // Tokens a speculative step decided, not yet emitted.
-        let mut decided: VecDeque<u32> = VecDeque::new();
-        let finish = loop {
-            let token = match decided.pop_front() {
-                Some(token) => token,
-                None => {
-                    let mut row = match constraint.as_deref_mut() {
-                        Some(c) => {
-                            let vocab = logits.dim(candle_core::D::Minus1)?;
-                            let mask = device_mask(&c.allowed()?, vocab, logits.device())?;
-                            last_row(&apply_mask(&logits, &mask)?)?
-                        }
-                        None => last_row(&logits)?,
-                    };
-                    // −∞ is what the constraint writes; NaN and +∞ only a broken model.
-                    let broken = |x: &f32| x.is_nan() || *x == f32::INFINITY;
-                    let broken = match constraint {
-                        Some(_) => row.iter().any(broken),
-                        None => row.iter().any(|x| !x.is_finite()),
-                    };
-                    if broken {
-                        let seen: Vec<u32> = head.iter().chain(&history).copied().collect();
-                        return Err(non_finite_logits(model, &seen, self.prefill_chunk));
-                    }
-                    let token = sampler.sample(&mut row, &history);
-                    if let Some(c) = constraint.as_deref_mut() {
-                        if !self.eos.contains(&token) {
-                            c.accept(token)?;
-                        }
-                    }
-                    token
-                }
-            };
-            outcome.prompt_time.get_or_insert_with(|| start.elapsed());
-            outcome.generated += 1; // counted even when it is EOS, as mlx-lm does
-            outcome.tokens.push(token);
-            history.push(token);
-            if self.eos.contains(&token) {
-                break FinishReason::Stop;
-            }
-            if let Some(text) = stream.push(token)? {
-                match stops.push(&text) {
-                    Scan::Emit(text) => {
-                        if !text.is_empty() && on_text(&text).is_break() {
-                            flush_at_end = false;
-                            break FinishReason::Cancelled;
-                        }
-                    }
-                    Scan::Stop(text) => {
-                        if !text.is_empty() {
-                            let _ = on_text(&text);
-                        }
-                        flush_at_end = false;
-                        break FinishReason::Stop;
-                    }
-                }
-            }
-            if cancel.load(Ordering::Relaxed) {
-                break FinishReason::Cancelled;
-            }
-            if outcome.generated >= params.max_tokens {
-                break FinishReason::Length;
-            }
-            if cache.offset >= max_positions {
-                break FinishReason::ContextFull;
-            }
-            if !decided.is_empty() {
-                continue;
-            }
-            match &mut speculation {
-                Some(spec) => {
-                    // Drafts beyond the token limit or the context would be wasted.
-                    let room = (params.max_tokens - outcome.generated - 1)
-                        .min(max_positions - cache.offset - 1);
-                    let mut judge = SamplerJudge::new(&mut sampler, &history);
-                    decided.extend(spec.step(model, &mut cache, token, room, &mut judge)?);
-                }
-                None => logits = model.forward_last(&[token], &mut cache)?,
-            }
-        };
-        outcome.finish = finish;
-        outcome.speculation = speculation.map(|s| s.stats);
-        if flush_at_end {
-            // What the stream and the stop strings still hold (an incomplete character, a
-            // possible start of a stop string that never completed).
-            let rest = match stops.push(&stream.finish()?) {
-                Scan::Emit(text) => text + &stops.finish(),
-                Scan::Stop(text) => text,
-            };
-            if !rest.is_empty() {
-                let _ = on_text(&rest);
+        let constraint = constraint.map(|c| Box::new(c) as Box<dyn LogitsConstraint + '_>);
+        let sink = Callback { on_text, cancel };
+        let mut replies = Replies::new();
+        replies.add(self, (), prompt, params, constraint, sink)?;
+        loop {
+            if let Some(((), outcome)) = replies.step(self).pop() {
+                return outcome;
             }
         }
-        outcome.generation_time = outcome.prompt_time.map(|p| start.elapsed() - p);
-        Ok(outcome)
     }
 
     /// Runs `prompt` through the model as [`Engine::generate`] does (resuming from the
@@ -343,7 +210,7 @@ impl Engine {
         prompt: &PromptTokens,
         cancel: &AtomicBool,
     ) -> Result<Option<Cache>> {
-        Ok(self.prefill_prompt(prompt, cancel, None)?.map(|p| p.cache))
+        Ok(self.prefill_prompt(prompt, cancel)?.map(|p| p.cache))
     }
 
     /// The identity a prompt-cache file of this model records.
@@ -374,58 +241,33 @@ impl Engine {
         &mut self,
         prompt: &PromptTokens,
         cancel: &AtomicBool,
-        speculation: Option<&mut Speculation>,
     ) -> Result<Option<Prefilled>> {
-        let ids = &prompt.ids;
-        if ids.is_empty() {
-            bail!("the prompt has no tokens");
+        let mut run = self.begin_prompt(prompt, false)?;
+        loop {
+            if cancel.load(Ordering::Relaxed) {
+                return Ok(None);
+            }
+            if self.prefill_piece(&mut run)? {
+                return self.finish_prompt(run, None).map(Some);
+            }
         }
-        let model = &self.model;
-        let (cached_tokens, mut cache) = match self.prompt_cache.lookup(ids)? {
-            Some((n, cache)) => (n, cache),
-            None => (0, model.new_cache()),
-        };
-        // With speculation the prompt's last tokens run apart, so that the MTP head sees their
-        // hidden states; the prompt cache may already hold some of them.
-        let tail = match speculation {
-            Some(_) => HEAD_HISTORY.min(ids.len() - cached_tokens).max(1),
-            None => 1,
-        };
-        let (head, last) = ids.split_at(ids.len() - tail);
-        let done = prefill_with_snapshots_cancellable(
-            model,
-            head,
-            &mut cache,
-            self.prefill_chunk,
-            &prompt.boundaries,
-            self.snapshot_every,
-            &mut self.prompt_cache,
-            cancel,
-        )?;
-        if !done {
-            return Ok(None);
-        }
-        let logits = match speculation {
-            Some(spec) => spec.start_from_prompt(model, &mut cache, last)?,
-            None => model.forward_last(last, &mut cache)?,
-        };
-        // Before the first decode step changes the cache in place: the next turn of a
-        // conversation starts with this prompt.
-        self.prompt_cache.insert(ids, &cache)?;
-        Ok(Some(Prefilled {
-            cache,
-            logits,
-            cached_tokens,
-        }))
     }
 }
 
-/// A prompt run through the model.
-struct Prefilled {
-    cache: Cache,
-    /// Logits of the prompt's last token.
-    logits: Tensor,
-    cached_tokens: usize,
+/// A caller's text callback and cancel flag as a reply's sink.
+struct Callback<'a> {
+    on_text: &'a mut dyn FnMut(&str) -> ControlFlow<()>,
+    cancel: &'a AtomicBool,
+}
+
+impl ReplySink for Callback<'_> {
+    fn text(&mut self, text: &str) -> ControlFlow<()> {
+        (self.on_text)(text)
+    }
+
+    fn cancelled(&self) -> bool {
+        self.cancel.load(Ordering::Relaxed)
+    }
 }
 
 fn last_row(logits: &Tensor) -> Result<Vec<f32>> {

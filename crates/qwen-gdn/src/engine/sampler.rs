@@ -115,16 +115,8 @@ pub enum Weights {
     Draw(Vec<f64>),
 }
 
-/// The first index of the largest value, as mx.argmax.
-pub fn argmax(xs: &[f32]) -> u32 {
-    let mut best = 0;
-    for (i, &x) in xs.iter().enumerate() {
-        if x > xs[best] {
-            best = i;
-        }
-    }
-    best as u32
-}
+/// The first index of the largest value, as mx.argmax (the speculative verifier's own pick).
+pub use qwen_gdn_model::speculative::argmax;
 
 /// Each distinct token seen is penalised once: negative logits are multiplied by the penalty,
 /// positive ones divided, so a penalty > 1 always makes the token less likely.

@@ -241,7 +241,7 @@ mod tests {
                 want.push(p1[t1] * p2[t2]);
             }
         }
-        engine.set_draft_tokens(Some(1)).unwrap();
+        engine.set_draft_length(Some(1.into())).unwrap();
         let mut counts = vec![0usize; pairs.len()];
         let (mut drafted, mut accepted) = (0, 0);
         for seed in 0..2000 {

@@ -235,30 +235,24 @@ fn transfer(http: &Http, remote: &Remote, file: &str, incomplete: &Path) -> Resu
     let bar =
         crate::ui::progress::bytes(remote.size.or(sizes.first().map(|s| s.0)), file.to_string());
     bar.set_position(start);
-    let mut body = response.into_body().into_reader();
-    let mut buf = vec![0u8; 1 << 20];
     let mut got = start;
-    loop {
-        let n = match body.read(&mut buf) {
-            Ok(0) => break,
-            Ok(n) => n,
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-            Err(e) => {
-                bar.abandon();
-                let why = http.describe_read_error(Purpose::Download, &e);
-                if sha256.is_none() {
-                    let _ = std::fs::remove_file(incomplete);
-                }
-                bail!("downloading {file} from {answered}: {why} after {got} bytes; not cached");
-            }
-        };
-        out.write_all(&buf[..n])
+    let read = http.read_body(response.into_body().into_reader(), |chunk| {
+        out.write_all(chunk)
             .with_context(|| format!("cannot write {}", incomplete.display()))?;
         if sha256.is_some() {
-            hasher.update(&buf[..n]);
+            hasher.update(chunk);
         }
-        got += n as u64;
+        got += chunk.len() as u64;
         bar.set_position(got);
+        Ok(())
+    })?;
+    if let Err((why, before)) = read {
+        bar.abandon();
+        if sha256.is_none() {
+            let _ = std::fs::remove_file(incomplete);
+        }
+        let got = start + before;
+        bail!("downloading {file} from {answered}: {why} after {got} bytes; not cached");
     }
     bar.finish_and_clear();
     out.sync_all()

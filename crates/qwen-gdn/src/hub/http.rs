@@ -179,6 +179,28 @@ impl Http {
         }
     }
 
+    /// Reads a download's `body` to its end in 1 MiB chunks, handing each to `take` (whose
+    /// error ends the read) and retrying interrupted reads. The bytes read, or a read cut
+    /// short: why (as [`Self::describe_read_error`] tells it) and the bytes read before.
+    pub fn read_body(
+        &self,
+        mut body: impl std::io::Read,
+        mut take: impl FnMut(&[u8]) -> Result<()>,
+    ) -> Result<Result<u64, (String, u64)>> {
+        let mut buf = vec![0u8; 1 << 20];
+        let mut got = 0u64;
+        loop {
+            let n = match body.read(&mut buf) {
+                Ok(0) => return Ok(Ok(got)),
+                Ok(n) => n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(e) => return Ok(Err((self.describe_read_error(Purpose::Download, &e), got))),
+            };
+            got += n as u64;
+            take(&buf[..n])?;
+        }
+    }
+
     fn client(&self, purpose: Purpose) -> &Client {
         match purpose {
             Purpose::Metadata => &self.metadata,

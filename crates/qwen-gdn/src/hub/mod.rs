@@ -177,15 +177,9 @@ impl HubEnv {
             return from_cache()
                 .map_err(|e| anyhow::anyhow!("{e:#} (HF_HUB_OFFLINE=1 reads only the cache)"));
         }
-        let endpoint = self.endpoint.as_deref().unwrap_or("https://huggingface.co");
-        let http = http::Http::new(endpoint, self.token.clone())?;
-        let listing = match listing::fetch(&http, repo, revision) {
-            Ok(listing) => listing,
-            Err(listing::Failure::Refused(e)) => bail!("{e}"),
-            Err(listing::Failure::Unreachable(e)) => {
-                return from_cache()
-                    .map_err(|c| anyhow::anyhow!("cannot reach {endpoint} ({e}), and {c:#}"));
-            }
+        let (http, listing) = match self.list(repo, revision)? {
+            Ok(listed) => listed,
+            Err(away) => return from_cache().map_err(|c| anyhow::anyhow!("{away}, and {c:#}")),
         };
         let found = mtp_head::fetch(&http, &cache, repo, &listing.commit, &listing.files)?;
         cache.write_ref(revision, &listing.commit)?;
@@ -195,6 +189,31 @@ impl HubEnv {
                 "{repo}@{revision} has no MTP head (no mtp.* tensors)"
             )),
         })
+    }
+
+    #[cfg(feature = "hub")]
+    fn endpoint(&self) -> &str {
+        self.endpoint.as_deref().unwrap_or("https://huggingface.co")
+    }
+
+    /// The Hub's client and its listing of `repo@revision`; `Err` of "cannot reach <endpoint>
+    /// (why)" where the Hub cannot be reached, for the caller to try its cache (a refusal is an
+    /// error of its own).
+    #[cfg(feature = "hub")]
+    fn list(
+        &self,
+        repo: &str,
+        revision: &str,
+    ) -> Result<Result<(http::Http, listing::Listing), String>> {
+        let endpoint = self.endpoint();
+        let http = http::Http::new(endpoint, self.token.clone())?;
+        match listing::fetch(&http, repo, revision) {
+            Ok(listing) => Ok(Ok((http, listing))),
+            Err(listing::Failure::Refused(e)) => bail!("{e}"),
+            Err(listing::Failure::Unreachable(e)) => {
+                Ok(Err(format!("cannot reach {endpoint} ({e})")))
+            }
+        }
     }
 
     /// Cache lookup only: no network.
@@ -228,26 +247,24 @@ impl HubEnv {
 
     #[cfg(feature = "hub")]
     fn download(&self, repo: &str, revision: &str) -> Result<PathBuf> {
-        let endpoint = self.endpoint.as_deref().unwrap_or("https://huggingface.co");
-        let http = http::Http::new(endpoint, self.token.clone())?;
         // One listing call tells which optional files exist (no 404 probing) and the commit
         // whose snapshot may already be cached.
-        let listing = match listing::fetch(&http, repo, revision) {
-            Ok(listing) => listing,
-            Err(listing::Failure::Refused(e)) => bail!("{e}"),
-            Err(listing::Failure::Unreachable(e)) => {
+        let (http, listing) = match self.list(repo, revision)? {
+            Ok(listed) => listed,
+            Err(away) => {
                 // As with huggingface_hub, a complete cached copy works while the Hub is away.
                 return self.cached(repo, revision).map_err(|cache_err| {
                     anyhow::anyhow!(
-                        "cannot reach {endpoint} ({e}), and {cache_err:#}; once the model is \
-                         cached, HF_HUB_OFFLINE=1 runs without the network; or pass a local folder"
+                        "{away}, and {cache_err:#}; once the model is cached, HF_HUB_OFFLINE=1 \
+                         runs without the network; or pass a local folder"
                     )
                 });
             }
         };
         if names::is_commit(revision) && listing.commit != revision {
             bail!(
-                "{endpoint} listed commit {} for --revision {revision}",
+                "{} listed commit {} for --revision {revision}",
+                self.endpoint(),
                 listing.commit
             );
         }

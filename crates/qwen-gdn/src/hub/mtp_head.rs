@@ -279,24 +279,17 @@ fn get_range(
         }
     }
     // One byte more than asked tells an overlong body from a whole one.
-    let mut body = response.into_body().into_reader().take(want + 1);
-    let mut buf = vec![0u8; 1 << 20];
+    let body = response.into_body().into_reader().take(want + 1);
     let mut got = 0u64;
-    loop {
-        let n = match body.read(&mut buf) {
-            Ok(0) => break,
-            Ok(n) => n,
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-            Err(e) => {
-                let why = http.describe_read_error(Purpose::Download, &e);
-                return Err(refuse(format!("{why} after {got} bytes")));
-            }
-        };
-        got += n as u64;
+    let read = http.read_body(body, |chunk| {
+        got += chunk.len() as u64;
         if got > want {
             return Err(refuse(format!("sent more than the {want} bytes asked for")));
         }
-        out.write_all(&buf[..n])?;
+        Ok(out.write_all(chunk)?)
+    })?;
+    if let Err((why, before)) = read {
+        return Err(refuse(format!("{why} after {before} bytes")));
     }
     if got != want {
         return Err(refuse(format!("sent {got} of the {want} bytes asked for")));

@@ -154,14 +154,7 @@ fn next_piece(text: &str) -> &str {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn tokenizer() -> Tokenizer {
-        let path = concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/../../models/qwen3.5-tiny-4bit/tokenizer.json"
-        );
-        Tokenizer::from_file(path).unwrap()
-    }
+    use crate::test_support::tiny_tokenizer;
 
     #[test]
     fn pieces_cut_before_whitespace_and_cover_the_text() {
@@ -182,7 +175,7 @@ mod tests {
 
     #[test]
     fn piecewise_count_matches_the_whole_text() {
-        let tok = tokenizer();
+        let tok = tiny_tokenizer();
         let text = "Hello there, how are you?\n  Fine. 世界 🦀 ".repeat(5_000);
         let whole = tok.encode(text.as_str(), false).unwrap().len();
         let limit = InputLimit {

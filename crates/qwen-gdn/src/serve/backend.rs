@@ -1,7 +1,8 @@
 //! The adapter between the server and the engine: renders and tokenizes a job's prompt
 //! (with the message boundaries the prompt cache snapshots at), checks it against the
-//! context, and runs the engine's generation with the job's sampling, stop strings and cancel
-//! flag. Everything the server needs from the engine goes through this file.
+//! context, and adds the job's reply to the engine's running replies (continuous batching)
+//! with its sampling, stop strings, constraint and cancel flag; each step of the worker is a
+//! step of those replies. Everything the server needs from the engine goes through this file.
 
 use super::error::ApiError;
 use super::job::{
@@ -9,21 +10,24 @@ use super::job::{
 };
 use super::metrics::PromptCacheStats;
 use super::model_facts::ModelFacts;
-use super::scheduler::Backend;
+use super::scheduler::{Backend, JobId, JobOutput, JobResult};
 use super::structured_output::Grammars;
 use super::test_hooks;
 use crate::engine::constraint::LogitsConstraint;
 use crate::engine::logprobs::TokenLogprob;
 use crate::engine::sampler::SamplerConfig;
-use crate::engine::{render_conversation, Engine, FinishReason, GenerateParams, PromptTokens};
+use crate::engine::{
+    render_conversation, Engine, FinishReason, GenerateParams, Outcome, PromptTokens, Replies,
+    ReplySink,
+};
 use crate::text::chat_template::{ChatTemplate, TemplateLimit};
 use crate::text::reasoning::ReasoningMode;
 use crate::text::special_tokens::special_tokens;
 use crate::tool_calls::{ToolCallFormat, ToolChoice};
 use anyhow::Result;
 use serde_json::{Map, Value as Json};
+use std::collections::HashMap;
 use std::ops::ControlFlow;
-use std::sync::atomic::AtomicBool;
 
 /// Bytes a chat template may add around the messages and tools.
 const TEMPLATE_OVERHEAD: usize = 1 << 20;
@@ -39,6 +43,9 @@ pub struct EngineBackend {
     base_vars: Map<String, Json>,
     /// Structured output's automata, or why there are none (read from tokenizer.json).
     grammars: std::result::Result<Grammars, String>,
+    /// The jobs' replies, generated together.
+    replies: Replies<'static, JobId, JobSink>,
+    jobs: HashMap<JobId, RunningJob>,
 }
 
 impl EngineBackend {
@@ -64,6 +71,8 @@ impl EngineBackend {
             call_format,
             base_vars,
             grammars,
+            replies: Replies::new(),
+            jobs: HashMap::new(),
         })
     }
 
@@ -273,14 +282,10 @@ impl EngineBackend {
 
     /// [`test_hooks::FORCE_OUTPUT_ENV`]: the forced text, sent a few characters at a time
     /// as a generation would.
-    fn force_output(
-        &self,
-        text: &str,
-        on_event: &mut dyn FnMut(Event) -> ControlFlow<()>,
-    ) -> (Finish, usize) {
+    fn force_output(&self, text: &str, output: &JobOutput) -> (Finish, usize) {
         let chars: Vec<char> = text.chars().collect();
         for piece in chars.chunks(3) {
-            if on_event(Event::Text(piece.iter().collect())).is_break() {
+            if output.send(Event::Text(piece.iter().collect())).is_break() {
                 return (Finish::Cancelled, 0);
             }
         }
@@ -294,15 +299,63 @@ impl EngineBackend {
     }
 }
 
+/// A running job's text and cancel check, as the engine's reply sink.
+struct JobSink(JobOutput);
+
+impl ReplySink for JobSink {
+    fn text(&mut self, text: &str) -> ControlFlow<()> {
+        self.0.send(Event::Text(text.to_string()))
+    }
+
+    fn cancelled(&self) -> bool {
+        self.0.cancelled()
+    }
+}
+
+/// What the server keeps of a running job to conclude it.
+struct RunningJob {
+    output: JobOutput,
+    prompt: Vec<u32>,
+    stop: Vec<String>,
+    logprobs: Option<LogprobRequest>,
+}
+
+impl EngineBackend {
+    /// The job's end from the engine's outcome: the stop string that ended it and the
+    /// log-probabilities when asked for (sent as events), its finish and usage.
+    fn conclude(&self, job: RunningJob, outcome: Outcome) -> JobResult {
+        let usage = Usage {
+            prompt_tokens: job.prompt.len(),
+            cached_tokens: outcome.cached_tokens,
+            completion_tokens: outcome.generated,
+        };
+        if outcome.finish == FinishReason::Stop {
+            if let Some(index) = self.stop_string_hit(&job.stop, &outcome.tokens) {
+                let _ = job.output.send(Event::StopString(index));
+            }
+        }
+        if let (Some(asked), false) = (job.logprobs, outcome.finish == FinishReason::Cancelled) {
+            let logprobs = self.logprobs(&job.prompt, &outcome.tokens, asked)?;
+            let _ = job.output.send(Event::Logprobs(logprobs));
+        }
+        let finish = match outcome.finish {
+            FinishReason::Stop => Finish::Stop,
+            FinishReason::Length | FinishReason::ContextFull => Finish::Length,
+            FinishReason::Cancelled => Finish::Cancelled,
+        };
+        Ok((finish, usage))
+    }
+}
+
 impl Backend for EngineBackend {
-    fn run(
+    fn admit(
         &mut self,
+        id: JobId,
         job: &JobSpec,
-        cancel: &AtomicBool,
-        on_event: &mut dyn FnMut(Event) -> ControlFlow<()>,
-    ) -> Result<(Finish, Usage), ApiError> {
+        output: JobOutput,
+    ) -> Result<Option<(Finish, Usage)>, ApiError> {
         let (prompt, info) = self.encode(&job.prompt, job.format.is_some())?;
-        let mut constraint = match &job.format {
+        let constraint = match &job.format {
             Some(format) => Some(self.grammars()?.constraint(format, "response_format")?),
             None => None,
         };
@@ -311,13 +364,13 @@ impl Backend for EngineBackend {
             cached_tokens: 0,
             completion_tokens: 0,
         };
-        if on_event(Event::Prompt(info)).is_break() {
-            return Ok((Finish::Cancelled, usage));
+        if output.send(Event::Prompt(info)).is_break() {
+            return Ok(Some((Finish::Cancelled, usage)));
         }
         if let Some(text) = test_hooks::forced_output() {
-            let (finish, n) = self.force_output(&text, on_event);
+            let (finish, n) = self.force_output(&text, &output);
             usage.completion_tokens = n;
-            return Ok((finish, usage));
+            return Ok(Some((finish, usage)));
         }
         let s = &job.sampling;
         let params = GenerateParams {
@@ -335,39 +388,52 @@ impl Backend for EngineBackend {
             seed: s.seed,
             stop_strings: job.stop.clone(),
         };
-        let mut on_text = |text: &str| on_event(Event::Text(text.to_string()));
-        let outcome = self
-            .engine
-            .generate_constrained(
+        let constraint = constraint.map(|c| Box::new(c) as Box<dyn LogitsConstraint>);
+        self.replies
+            .add(
+                &mut self.engine,
+                id,
                 &prompt,
                 &params,
-                constraint.as_mut().map(|c| c as &mut dyn LogitsConstraint),
-                cancel,
-                &mut on_text,
+                constraint,
+                JobSink(output.clone()),
             )
             .map_err(|e| ApiError::internal(format!("generation failed: {e:#}")))?;
-        usage.cached_tokens = outcome.cached_tokens;
-        usage.completion_tokens = outcome.generated;
-        if outcome.finish == FinishReason::Stop {
-            if let Some(index) = self.stop_string_hit(&job.stop, &outcome.tokens) {
-                let _ = on_event(Event::StopString(index));
-            }
-        }
-        if let (Some(asked), false) = (job.logprobs, outcome.finish == FinishReason::Cancelled) {
-            let logprobs = self.logprobs(&prompt.ids, &outcome.tokens, asked)?;
-            let _ = on_event(Event::Logprobs(logprobs));
-        }
-        let finish = match outcome.finish {
-            FinishReason::Stop => Finish::Stop,
-            FinishReason::Length | FinishReason::ContextFull => Finish::Length,
-            FinishReason::Cancelled => Finish::Cancelled,
-        };
-        Ok((finish, usage))
+        self.jobs.insert(
+            id,
+            RunningJob {
+                output,
+                prompt: prompt.ids,
+                stop: job.stop.clone(),
+                logprobs: job.logprobs,
+            },
+        );
+        Ok(None)
     }
 
-    /// A panic may have struck while the prompt cache was being updated: start it afresh.
-    fn recover(&mut self) {
+    fn step(&mut self) -> Vec<(JobId, JobResult)> {
+        let mut results = vec![];
+        for (id, outcome) in self.replies.step(&mut self.engine) {
+            let Some(job) = self.jobs.remove(&id) else {
+                continue;
+            };
+            let result = outcome
+                .map_err(|e| ApiError::internal(format!("generation failed: {e:#}")))
+                .and_then(|outcome| self.conclude(job, outcome));
+            results.push((id, result));
+        }
+        results
+    }
+
+    /// A panic may have struck while the prompt cache was being updated: start it afresh;
+    /// a step's panic may have left the running replies' caches half-written: drop them.
+    fn recover(&mut self, running: bool) -> Vec<JobId> {
         self.engine.prompt_cache_mut().clear();
+        if !running {
+            return vec![];
+        }
+        self.replies = Replies::new();
+        self.jobs.drain().map(|(id, _)| id).collect()
     }
 
     fn prompt_cache_stats(&mut self) -> Option<PromptCacheStats> {

@@ -10,8 +10,10 @@ use std::time::Duration;
     after_help = "Endpoints: OpenAI's POST /v1/chat/completions, POST /v1/completions, GET \
                   /v1/models; Anthropic's POST /v1/messages; Ollama's POST /api/chat, POST \
                   /api/generate, GET /api/tags, POST /api/show, GET /api/version; GET /metrics \
-                  (Prometheus); GET /health. One generation runs at a time; further requests wait in a FIFO \
-                  queue of --queue-size and are answered 503 when it is full.\nSlow and idle \
+                  (Prometheus); GET /health. Up to --max-batch generations run together (continuous \
+                  batching: a request joins at the next step, leaves when it ends); further \
+                  requests wait in a FIFO queue of --queue-size and are answered 503 when it is \
+                  full.\nSlow and idle \
                   clients are closed after --header-timeout, --body-timeout and \
                   --keep-alive-timeout; the cap on connections is printed at start.\nCtrl-C stops \
                   accepting connections and lets running requests finish; a second Ctrl-C exits \
@@ -38,7 +40,13 @@ pub struct Args {
     /// Tokens generated when a request sets no max_tokens
     #[arg(long, default_value_t = 512, value_name = "N", value_parser = positive_usize)]
     pub max_tokens: usize,
-    /// Requests that may wait behind the running one; more are answered 503
+    /// Requests decoded together, each getting the text it gets alone; a size whose
+    /// sequences would not fit the free memory is shrunk to what fits, with a warning
+    /// [default: half the memory free after loading over one sequence's caches at the full
+    /// context, at most 64 (8 when the free memory is unknown); printed at start]
+    #[arg(long, value_name = "N", value_parser = positive_usize)]
+    pub max_batch: Option<usize>,
+    /// Requests that may wait behind the running ones; more are answered 503
     #[arg(long, default_value_t = 16, value_name = "N", value_parser = positive_usize)]
     pub queue_size: usize,
     /// Largest request body accepted; larger ones are answered 413

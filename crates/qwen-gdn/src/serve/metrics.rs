@@ -119,7 +119,7 @@ impl Metrics {
         let running = Gauge::default();
         registry.register(
             "requests_running",
-            "Generations running (at most 1)",
+            "Generations running together (at most --max-batch)",
             running.clone(),
         );
         // 10 ms to about 5 min.
@@ -175,8 +175,8 @@ impl Metrics {
         self.queue_depth.dec();
     }
 
-    pub fn set_running(&self, running: bool) {
-        self.running.set(i64::from(running));
+    pub fn set_running(&self, running: usize) {
+        self.running.set(i64::try_from(running).unwrap_or(i64::MAX));
     }
 
     pub fn count_generation(&self, report: &JobReport) {

@@ -2,12 +2,13 @@
 //! vLLM and mlx_lm.server), Anthropic's Messages API and Ollama's, one module each, all
 //! translated into one validated request (openai/request.rs) and run through one generation
 //! path (generation.rs). Requests are validated on the async side; one worker thread owns the
-//! model and runs one generation at a time (scheduler.rs). /metrics and the request log
+//! model and runs up to `--max-batch` generations together (scheduler.rs, batch_size.rs). /metrics and the request log
 //! observe all of them. The chat page at `/` (page/) talks to the OpenAI API from a browser.
 
 mod anthropic;
 mod auth;
 mod backend;
+mod batch_size;
 mod body;
 pub mod cli;
 mod connection_cap;
@@ -22,6 +23,7 @@ mod model_facts;
 mod ollama;
 mod openai;
 mod page;
+mod posted;
 mod request_log;
 mod routes;
 mod scheduler;
@@ -71,6 +73,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
         ));
     }
     let device = model.device().clone();
+    let max_batch = max_batch(args.max_batch, &model, &device, context);
     let engine = Engine::new(
         checkpoint,
         model,
@@ -82,8 +85,13 @@ pub fn run(args: Args) -> Result<ExitCode> {
     let model = backend.model_facts();
     let metrics = Arc::new(metrics::Metrics::new());
     let text_log = args.log_format == request_log::LogFormat::Text;
-    let scheduler =
-        scheduler::Scheduler::start_reporting(backend, args.queue_size, metrics.clone(), text_log);
+    let scheduler = scheduler::Scheduler::start_reporting(
+        backend,
+        max_batch,
+        args.queue_size,
+        metrics.clone(),
+        text_log,
+    );
     let state = Arc::new(state::AppState {
         scheduler,
         limits,
@@ -142,6 +150,29 @@ pub fn run(args: Args) -> Result<ExitCode> {
     })?;
     eprint_line("qwen-gdn serve: stopped");
     Ok(ExitCode::SUCCESS)
+}
+
+/// `--max-batch`, or the default for the memory free after loading `model` (printed).
+fn max_batch(
+    requested: Option<usize>,
+    model: &qwen_gdn_model::Model,
+    device: &candle_core::Device,
+    context: usize,
+) -> usize {
+    let cfg = model.config();
+    let context = context.min(cfg.max_position_embeddings);
+    let per_sequence =
+        crate::load::preflight::Need::of(cfg, context, model.gdn_state_dtype(), model.dtype())
+            .caches;
+    let free = qwen_gdn_model::device_memory::free_bytes(device)
+        .or_else(crate::cli::prompt_cache_args::host_available);
+    let choice = batch_size::choose(requested, free, per_sequence, context);
+    let line = match choice.shrunk {
+        true => format!("warning: {}", choice.line),
+        false => format!("qwen-gdn serve: {}", choice.line),
+    };
+    eprint_line(&line);
+    choice.max_batch
 }
 
 /// The first Ctrl-C (or SIGTERM) stops accepting connections and lets running requests end;

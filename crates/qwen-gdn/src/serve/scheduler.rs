@@ -1,8 +1,12 @@
-//! One generation at a time on the device: a worker thread owns the model (and with it the
-//! prompt cache, shared by all requests) and takes jobs first come, first served from a
-//! bounded queue. A full queue is a 503. Each job carries a cancel flag that its request sets
-//! when it is dropped (the client went away), which the generation checks at every token.
-//! A panic inside a generation is caught and answered 500; the worker keeps serving.
+//! The generation worker: a thread owns the model (and with it the prompt cache, shared by
+//! all requests) and runs up to `max_batch` jobs together, taken first come, first served
+//! from a bounded queue (a full queue is a 503). A job joins the running ones between two
+//! steps and leaves at the step it ends in; each step is one piece of a waiting prompt's
+//! prefill and one decode step of every running job (the backend's batch). Each job carries
+//! a cancel flag that its request sets when it is dropped (the client went away); the
+//! backend checks it at every step and frees the job's place.
+//! A panic while a job is admitted fails that job with 500; a panic in a step fails the jobs
+//! running in it with 500 (their states may be half-written). The worker keeps serving.
 //! The worker measures each job (queueing, time to first token, decode speed) for /metrics
 //! and the request log.
 
@@ -11,33 +15,78 @@ use super::job::{Event, Finish, JobReport, JobSpec, Prompt, Usage};
 use super::metrics::{Metrics, PromptCacheStats};
 use super::request_log::RequestLog;
 use super::test_hooks;
+use std::collections::HashMap;
 use std::ops::ControlFlow;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc::{sync_channel, SyncSender, TrySendError};
-use std::sync::Arc;
-use std::time::Instant;
+use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TryRecvError, TrySendError};
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
 
-/// What runs a job on the device: the engine in the server, a fake in unit tests.
-pub trait Backend: Send + 'static {
-    /// Renders and tokenizes the prompt, sends [`Event::Prompt`] and then the text as it is
-    /// generated through `on_event` (which breaks when nobody listens any more), and stops
-    /// early when `cancel` is set. Errors about the request (e.g. a prompt too long) are
-    /// returned as [`ApiError`]s.
-    fn run(
-        &mut self,
-        job: &JobSpec,
-        cancel: &AtomicBool,
-        on_event: &mut dyn FnMut(Event) -> ControlFlow<()>,
-    ) -> Result<(Finish, Usage), ApiError>;
+/// A job's name while it runs.
+pub type JobId = u64;
 
-    /// Called after `run` panicked: drop any state the panic may have left half-written.
-    fn recover(&mut self);
+/// How a job ended: its finish and usage, or the error that failed it.
+pub type JobResult = Result<(Finish, Usage), ApiError>;
+
+/// What runs jobs on the device, several at a time: the engine in the server, a fake in
+/// unit tests.
+pub trait Backend: Send + 'static {
+    /// Takes `job` up: renders and tokenizes the prompt and sends [`Event::Prompt`] through
+    /// `output`. `Ok(None)`: the job now runs, its text going to `output` at each
+    /// [`Backend::step`] until one of them reports its end. `Ok(Some(_))`: it ended already.
+    /// Errors about the request (e.g. a prompt too long) are [`ApiError`]s.
+    fn admit(
+        &mut self,
+        id: JobId,
+        job: &JobSpec,
+        output: JobOutput,
+    ) -> Result<Option<(Finish, Usage)>, ApiError>;
+
+    /// One step of the running jobs; returns those that ended in it (a job whose output's
+    /// reader is gone ends at the next step at the latest).
+    fn step(&mut self) -> Vec<(JobId, JobResult)>;
+
+    /// Called after a panic: drop any state the panic may have left half-written; with
+    /// `running`, the running jobs too (a step panicked), whose ids it returns.
+    fn recover(&mut self, running: bool) -> Vec<JobId>;
 
     /// What the prompt cache holds now (None: the backend has none).
     fn prompt_cache_stats(&mut self) -> Option<PromptCacheStats> {
         None
+    }
+}
+
+/// Where a running job's events go.
+#[derive(Clone)]
+pub struct JobOutput {
+    events: UnboundedSender<Event>,
+    cancel: Arc<AtomicBool>,
+    first_text: Arc<OnceLock<Instant>>,
+    /// The test switch that slows each piece of text.
+    delay: Option<Duration>,
+}
+
+impl JobOutput {
+    /// Sends `event`; `Break` when nobody listens any more.
+    pub fn send(&self, event: Event) -> ControlFlow<()> {
+        let is_text = matches!(event, Event::Text(_));
+        if is_text {
+            self.first_text.get_or_init(Instant::now);
+        }
+        if self.events.send(event).is_err() {
+            return ControlFlow::Break(());
+        }
+        if let (true, Some(delay)) = (is_text, self.delay) {
+            std::thread::sleep(delay);
+        }
+        ControlFlow::Continue(())
+    }
+
+    /// The client went away.
+    pub fn cancelled(&self) -> bool {
+        self.cancel.load(Ordering::Relaxed) || self.events.is_closed()
     }
 }
 
@@ -47,6 +96,13 @@ struct Job {
     events: UnboundedSender<Event>,
     submitted: Instant,
     log: Option<RequestLog>,
+}
+
+/// A job the worker took up.
+struct Taken {
+    job: Job,
+    taken: Instant,
+    first_text: Arc<OnceLock<Instant>>,
 }
 
 /// Where the worker reports what it measured.
@@ -80,16 +136,25 @@ pub struct Scheduler {
 }
 
 impl Scheduler {
-    /// Starts the worker thread; at most `queue_size` jobs wait behind the running one.
+    /// Starts the worker thread: at most `max_batch` jobs run together, `queue_size` more
+    /// wait.
     #[cfg(test)]
-    pub fn start(backend: impl Backend, queue_size: usize) -> Self {
-        Self::start_reporting(backend, queue_size, Arc::new(Metrics::new()), true)
+    pub fn start(backend: impl Backend, max_batch: usize, queue_size: usize) -> Self {
+        Self::start_reporting(
+            backend,
+            max_batch,
+            queue_size,
+            Arc::new(Metrics::new()),
+            true,
+        )
     }
 
-    /// Starts the worker thread, counting into `metrics`; at most `queue_size` jobs wait
-    /// behind the running one. `text_log`: the worker writes its line per job on stderr.
+    /// Starts the worker thread, counting into `metrics`: at most `max_batch` jobs run
+    /// together, `queue_size` more wait. `text_log`: the worker writes its line per job on
+    /// stderr.
     pub fn start_reporting(
-        mut backend: impl Backend,
+        backend: impl Backend,
+        max_batch: usize,
         queue_size: usize,
         metrics: Arc<Metrics>,
         text_log: bool,
@@ -99,14 +164,17 @@ impl Scheduler {
             metrics: metrics.clone(),
             text_log,
         };
+        let worker = Worker {
+            backend,
+            queue,
+            max_batch: max_batch.max(1),
+            running: HashMap::new(),
+            next_id: 0,
+            reporting,
+        };
         std::thread::Builder::new()
             .name("generation".into())
-            .spawn(move || {
-                while let Ok(job) = queue.recv() {
-                    reporting.metrics.dequeued();
-                    run_job(&mut backend, job, &reporting);
-                }
-            })
+            .spawn(move || worker.run())
             .expect("spawning the generation thread");
         Self { jobs, metrics }
     }
@@ -154,75 +222,144 @@ impl Scheduler {
     }
 }
 
-fn run_job(backend: &mut impl Backend, job: Job, reporting: &Reporting) {
-    let taken = Instant::now();
-    // A client that left while its job waited costs nothing.
-    if job.cancel.load(Ordering::Relaxed) {
-        if let Some(log) = &job.log {
-            log.set_job(JobReport {
-                finish: "cancelled",
-                queued: taken - job.submitted,
-                ..Default::default()
-            });
+struct Worker<B> {
+    backend: B,
+    queue: Receiver<Job>,
+    max_batch: usize,
+    running: HashMap<JobId, Taken>,
+    next_id: JobId,
+    reporting: Reporting,
+}
+
+impl<B: Backend> Worker<B> {
+    fn run(mut self) {
+        loop {
+            // New jobs join between steps while there is room; an idle worker waits for one.
+            while self.running.len() < self.max_batch {
+                let job = match self.running.is_empty() {
+                    true => match self.queue.recv() {
+                        Ok(job) => job,
+                        Err(_) => return,
+                    },
+                    false => match self.queue.try_recv() {
+                        Ok(job) => job,
+                        Err(TryRecvError::Empty | TryRecvError::Disconnected) => break,
+                    },
+                };
+                self.reporting.metrics.dequeued();
+                self.admit(job);
+            }
+            self.reporting.metrics.set_running(self.running.len());
+            if self.running.is_empty() {
+                continue;
+            }
+            let ended = catch_unwind(AssertUnwindSafe(|| self.backend.step()));
+            let ended = match ended {
+                Ok(ended) => ended,
+                Err(payload) => {
+                    let error = panic_error(payload);
+                    let failed = self.backend.recover(true);
+                    failed
+                        .into_iter()
+                        .map(|id| (id, Err(error.clone())))
+                        .collect()
+                }
+            };
+            // The gauge drops before the ended jobs' last events go out: a client that reads
+            // /metrics after its reply sees itself no longer running.
+            let ended: Vec<_> = (ended.into_iter())
+                .filter_map(|(id, result)| Some((self.running.remove(&id)?, result)))
+                .collect();
+            self.reporting.metrics.set_running(self.running.len());
+            for (taken, result) in ended {
+                self.end(taken, result);
+            }
         }
-        return;
     }
-    reporting.metrics.set_running(true);
-    let delay = test_hooks::token_delay();
-    let events = &job.events;
-    let mut first_text: Option<Instant> = None;
-    let mut on_event = |event: Event| {
-        let is_text = matches!(event, Event::Text(_));
-        if is_text && first_text.is_none() {
-            first_text = Some(Instant::now());
+
+    fn admit(&mut self, job: Job) {
+        let taken = Instant::now();
+        // A client that left while its job waited costs nothing.
+        if job.cancel.load(Ordering::Relaxed) {
+            if let Some(log) = &job.log {
+                log.set_job(JobReport {
+                    finish: "cancelled",
+                    queued: taken - job.submitted,
+                    ..Default::default()
+                });
+            }
+            return;
         }
-        if events.send(event).is_err() {
-            return ControlFlow::Break(());
+        let id = self.next_id;
+        self.next_id += 1;
+        let first_text = Arc::new(OnceLock::new());
+        let output = JobOutput {
+            events: job.events.clone(),
+            cancel: job.cancel.clone(),
+            first_text: first_text.clone(),
+            delay: test_hooks::token_delay(),
+        };
+        let admitted = catch_unwind(AssertUnwindSafe(|| {
+            test_hooks::maybe_panic(&prompt_text(&job.spec.prompt));
+            self.backend.admit(id, &job.spec, output)
+        }));
+        let taken = Taken {
+            job,
+            taken,
+            first_text,
+        };
+        match admitted {
+            Ok(Ok(None)) => {
+                self.running.insert(id, taken);
+            }
+            Ok(Ok(Some(ended))) => self.end(taken, Ok(ended)),
+            Ok(Err(e)) => self.end(taken, Err(e)),
+            Err(payload) => {
+                self.backend.recover(false);
+                self.end(taken, Err(panic_error(payload)));
+            }
         }
-        if let (true, Some(delay)) = (is_text, delay) {
-            std::thread::sleep(delay);
-        }
-        ControlFlow::Continue(())
-    };
-    let outcome = catch_unwind(AssertUnwindSafe(|| {
-        test_hooks::maybe_panic(&prompt_text(&job.spec.prompt));
-        backend.run(&job.spec, &job.cancel, &mut on_event)
-    }));
-    let last = match outcome {
-        Ok(Ok((finish, usage))) => Event::Done { finish, usage },
-        Ok(Err(e)) => Event::Failed(e),
-        Err(payload) => {
-            backend.recover();
-            let what = payload
-                .downcast_ref::<String>()
-                .map(String::as_str)
-                .or_else(|| payload.downcast_ref::<&str>().copied())
-                .unwrap_or("a panic");
-            Event::Failed(ApiError::internal(format!(
-                "internal error during generation: {what}"
-            )))
-        }
-    };
-    let report = report(&job, &last, taken, first_text);
-    reporting.metrics.count_generation(&report);
-    if let Some(stats) = backend.prompt_cache_stats() {
-        reporting.metrics.set_prompt_cache(&stats);
     }
-    reporting.metrics.set_running(false);
-    if reporting.text_log {
-        log(&last);
+
+    /// Reports a job's end and sends its last event.
+    fn end(&mut self, taken: Taken, result: JobResult) {
+        let last = match result {
+            Ok((finish, usage)) => Event::Done { finish, usage },
+            Err(e) => Event::Failed(e),
+        };
+        let report = report(&taken, &last);
+        let reporting = &self.reporting;
+        reporting.metrics.count_generation(&report);
+        if let Some(stats) = self.backend.prompt_cache_stats() {
+            reporting.metrics.set_prompt_cache(&stats);
+        }
+        if reporting.text_log {
+            log(&last);
+        }
+        if let Some(log) = &taken.job.log {
+            log.set_job(report);
+        }
+        let _ = taken.job.events.send(last);
     }
-    if let Some(log) = &job.log {
-        log.set_job(report);
-    }
-    let _ = job.events.send(last);
+}
+
+/// The 500 for a panic on the worker.
+fn panic_error(payload: Box<dyn std::any::Any + Send>) -> ApiError {
+    let what = payload
+        .downcast_ref::<String>()
+        .map(String::as_str)
+        .or_else(|| payload.downcast_ref::<&str>().copied())
+        .unwrap_or("a panic");
+    ApiError::internal(format!("internal error during generation: {what}"))
 }
 
 /// The job's measurements, from its last event and the time of its first text.
-fn report(job: &Job, last: &Event, taken: Instant, first_text: Option<Instant>) -> JobReport {
+fn report(taken: &Taken, last: &Event) -> JobReport {
     let end = Instant::now();
+    let job = &taken.job;
+    let first_text = taken.first_text.get().copied();
     let mut report = JobReport {
-        queued: taken - job.submitted,
+        queued: taken.taken - job.submitted,
         time_to_first_token: first_text.map(|t| t - job.submitted),
         ..Default::default()
     };
@@ -283,31 +420,48 @@ mod tests {
     use super::*;
     use crate::serve::job::{PromptInfo, Sampling};
     use std::sync::Mutex;
-    use std::time::Duration;
 
-    /// Emits "a", "b", ... one piece per token until max_tokens or cancel; "panic" panics.
+    /// Emits "b", "c", ... one piece per job and step until max_tokens or cancel; "panic"
+    /// panics when admitted, "step-panic" at its first step; "error" is refused.
     struct Fake {
         started: Arc<Mutex<Vec<usize>>>,
         recovered: Arc<AtomicBool>,
         gate: Option<Arc<(Mutex<bool>, std::sync::Condvar)>>,
+        /// Running jobs: (id, max_tokens, generated, output, panics).
+        running: Vec<(JobId, usize, usize, JobOutput, bool)>,
+        /// The most jobs seen running in one step.
+        widest: Arc<Mutex<usize>>,
     }
 
     impl Backend for Fake {
-        fn run(
+        fn admit(
             &mut self,
+            id: JobId,
             job: &JobSpec,
-            cancel: &AtomicBool,
-            on_event: &mut dyn FnMut(Event) -> ControlFlow<()>,
-        ) -> Result<(Finish, Usage), ApiError> {
+            output: JobOutput,
+        ) -> Result<Option<(Finish, Usage)>, ApiError> {
             self.started.lock().unwrap().push(job.max_tokens);
-            if let Prompt::Text(t) = &job.prompt {
-                if t == "panic" {
-                    panic!("fake panic");
-                }
-                if t == "error" {
-                    return Err(ApiError::invalid("fake error"));
-                }
+            let text = match &job.prompt {
+                Prompt::Text(t) => t.clone(),
+                _ => String::new(),
+            };
+            if text == "panic" {
+                panic!("fake panic");
             }
+            if text == "error" {
+                return Err(ApiError::invalid("fake error"));
+            }
+            let _ = output.send(Event::Prompt(PromptInfo {
+                prompt_tokens: 1,
+                reasoning: crate::text::reasoning::ReasoningMode::Off,
+                forced_opening: None,
+            }));
+            self.running
+                .push((id, job.max_tokens, 0, output, text == "step-panic"));
+            Ok(None)
+        }
+
+        fn step(&mut self) -> Vec<(JobId, JobResult)> {
             if let Some(gate) = &self.gate {
                 let (lock, cv) = &**gate;
                 let mut open = lock.lock().unwrap();
@@ -315,37 +469,49 @@ mod tests {
                     open = cv.wait(open).unwrap();
                 }
             }
-            let _ = on_event(Event::Prompt(PromptInfo {
-                prompt_tokens: 1,
-                reasoning: crate::text::reasoning::ReasoningMode::Off,
-                forced_opening: None,
-            }));
-            let mut n = 0;
-            let finish = loop {
-                if cancel.load(Ordering::Relaxed) {
-                    break Finish::Cancelled;
-                }
-                if n == job.max_tokens {
-                    break Finish::Length;
-                }
-                n += 1;
-                if on_event(Event::Text(format!("{}", (b'a' + (n % 26) as u8) as char))).is_break()
-                {
-                    break Finish::Cancelled;
-                }
-            };
-            Ok((
-                finish,
-                Usage {
+            {
+                let mut widest = self.widest.lock().unwrap();
+                *widest = (*widest).max(self.running.len());
+            }
+            if self.running.iter().any(|r| r.4) {
+                panic!("fake step panic");
+            }
+            let mut ended = vec![];
+            self.running.retain_mut(|(id, max, n, output, _)| {
+                let finish = if output.cancelled() {
+                    Some(Finish::Cancelled)
+                } else if *n == *max {
+                    Some(Finish::Length)
+                } else {
+                    *n += 1;
+                    let piece = format!("{}", (b'a' + (*n % 26) as u8) as char);
+                    output
+                        .send(Event::Text(piece))
+                        .is_break()
+                        .then_some(Finish::Cancelled)
+                };
+                let usage = Usage {
                     prompt_tokens: 1,
                     cached_tokens: 0,
-                    completion_tokens: n,
-                },
-            ))
+                    completion_tokens: *n,
+                };
+                match finish {
+                    Some(finish) => {
+                        ended.push((*id, Ok((finish, usage))));
+                        false
+                    }
+                    None => true,
+                }
+            });
+            ended
         }
 
-        fn recover(&mut self) {
+        fn recover(&mut self, running: bool) -> Vec<JobId> {
             self.recovered.store(true, Ordering::Relaxed);
+            match running {
+                true => self.running.drain(..).map(|r| r.0).collect(),
+                false => vec![],
+            }
         }
     }
 
@@ -369,58 +535,109 @@ mod tests {
         }
     }
 
-    fn fake(
-        gate: Option<Arc<(Mutex<bool>, std::sync::Condvar)>>,
-    ) -> (Fake, Arc<Mutex<Vec<usize>>>, Arc<AtomicBool>) {
-        let started = Arc::new(Mutex::new(vec![]));
-        let recovered = Arc::new(AtomicBool::new(false));
+    struct Probes {
+        started: Arc<Mutex<Vec<usize>>>,
+        recovered: Arc<AtomicBool>,
+        widest: Arc<Mutex<usize>>,
+    }
+
+    fn fake(gate: Option<Arc<(Mutex<bool>, std::sync::Condvar)>>) -> (Fake, Probes) {
+        let probes = Probes {
+            started: Arc::new(Mutex::new(vec![])),
+            recovered: Arc::new(AtomicBool::new(false)),
+            widest: Arc::new(Mutex::new(0)),
+        };
         (
             Fake {
-                started: started.clone(),
-                recovered: recovered.clone(),
+                started: probes.started.clone(),
+                recovered: probes.recovered.clone(),
                 gate,
+                running: vec![],
+                widest: probes.widest.clone(),
             },
-            started,
-            recovered,
+            probes,
         )
     }
 
-    fn last_event(ticket: &mut Ticket) -> Event {
-        let mut last = None;
+    /// The job's text and its last event.
+    fn finish(ticket: &mut Ticket) -> (String, Event) {
+        let (mut text, mut last) = (String::new(), None);
         while let Some(e) = ticket.events.blocking_recv() {
+            if let Event::Text(t) = &e {
+                text.push_str(t);
+            }
             last = Some(e);
         }
-        last.expect("no events")
+        (text, last.expect("no events"))
+    }
+
+    fn last_event(ticket: &mut Ticket) -> Event {
+        finish(ticket).1
+    }
+
+    fn gate() -> Arc<(Mutex<bool>, std::sync::Condvar)> {
+        Arc::new((Mutex::new(false), std::sync::Condvar::new()))
+    }
+
+    fn open(gate: &Arc<(Mutex<bool>, std::sync::Condvar)>) {
+        *gate.0.lock().unwrap() = true;
+        gate.1.notify_all();
     }
 
     #[test]
-    fn jobs_run_in_order_and_finish() {
-        let (backend, started, _) = fake(None);
-        let scheduler = Scheduler::start(backend, 4);
-        let mut a = scheduler.submit(spec("x", 3)).unwrap();
-        let mut b = scheduler.submit(spec("x", 5)).unwrap();
-        match last_event(&mut a) {
-            Event::Done { finish, usage } => {
-                assert_eq!(finish, Finish::Length);
-                assert_eq!(usage.completion_tokens, 3);
+    fn jobs_run_together_up_to_max_batch_and_each_gets_its_own_text() {
+        let gate = gate();
+        let (backend, probes) = fake(Some(gate.clone()));
+        let scheduler = Scheduler::start(backend, 2, 4);
+        let mut tickets: Vec<Ticket> = [3, 5, 2]
+            .iter()
+            .map(|&n| scheduler.submit(spec("x", n)).unwrap())
+            .collect();
+        open(&gate);
+        let expected = ["bcd", "bcdef", "bc"];
+        for (ticket, want) in tickets.iter_mut().zip(expected) {
+            let (text, last) = finish(ticket);
+            assert_eq!(text, want);
+            match last {
+                Event::Done { finish, usage } => {
+                    assert_eq!(finish, Finish::Length);
+                    assert_eq!(usage.completion_tokens, want.len());
+                }
+                e => panic!("{e:?}"),
             }
-            e => panic!("{e:?}"),
         }
-        assert!(
-            matches!(last_event(&mut b), Event::Done { usage, .. } if usage.completion_tokens == 5)
+        assert_eq!(*probes.started.lock().unwrap(), vec![3, 5, 2]);
+        assert_eq!(
+            *probes.widest.lock().unwrap(),
+            2,
+            "never more than --max-batch"
         );
-        assert_eq!(*started.lock().unwrap(), vec![3, 5]);
+    }
+
+    #[test]
+    fn a_job_joins_while_others_run() {
+        let (backend, probes) = fake(None);
+        let scheduler = Scheduler::start(backend, 4, 4);
+        let mut long = scheduler.submit(spec("x", usize::MAX)).unwrap();
+        // The long job runs; a second one joins it, ends, and the long one goes on.
+        while !matches!(long.events.blocking_recv(), Some(Event::Text(_))) {}
+        let mut short = scheduler.submit(spec("x", 3)).unwrap();
+        assert!(
+            matches!(last_event(&mut short), Event::Done { usage, .. } if usage.completion_tokens == 3)
+        );
+        assert_eq!(*probes.widest.lock().unwrap(), 2);
+        drop(long);
     }
 
     #[test]
     fn a_full_queue_is_503_and_a_panic_is_500_then_the_worker_goes_on() {
-        let gate = Arc::new((Mutex::new(false), std::sync::Condvar::new()));
-        let (backend, started, recovered) = fake(Some(gate.clone()));
-        let scheduler = Scheduler::start(backend, 1);
+        let gate = gate();
+        let (backend, probes) = fake(Some(gate.clone()));
+        let scheduler = Scheduler::start(backend, 1, 1);
         let mut running = scheduler.submit(spec("x", 2)).unwrap();
-        // Wait until the worker took the first job (it then blocks on the gate), so that the
-        // queue holds exactly the next one.
-        while started.lock().unwrap().is_empty() {
+        // Wait until the worker took the first job (its step then blocks on the gate), so
+        // that the queue holds exactly the next one.
+        while probes.started.lock().unwrap().is_empty() {
             std::thread::sleep(Duration::from_millis(5));
         }
         let mut queued = scheduler.submit(spec("panic", 1)).unwrap();
@@ -429,8 +646,7 @@ mod tests {
             .err()
             .expect("queue should be full");
         assert_eq!(full.status, axum::http::StatusCode::SERVICE_UNAVAILABLE);
-        *gate.0.lock().unwrap() = true;
-        gate.1.notify_all();
+        open(&gate);
         assert!(matches!(last_event(&mut running), Event::Done { .. }));
         match last_event(&mut queued) {
             Event::Failed(e) => {
@@ -439,15 +655,27 @@ mod tests {
             }
             e => panic!("{e:?}"),
         }
-        assert!(recovered.load(Ordering::Relaxed));
+        assert!(probes.recovered.load(Ordering::Relaxed));
+        let mut after = scheduler.submit(spec("x", 2)).unwrap();
+        assert!(matches!(last_event(&mut after), Event::Done { .. }));
+    }
+
+    #[test]
+    fn a_panic_in_a_step_fails_the_jobs_in_it_and_the_worker_goes_on() {
+        let (backend, _) = fake(None);
+        let scheduler = Scheduler::start(backend, 4, 4);
+        let mut bad = scheduler.submit(spec("step-panic", 3)).unwrap();
+        assert!(
+            matches!(last_event(&mut bad), Event::Failed(e) if e.message.contains("fake step panic"))
+        );
         let mut after = scheduler.submit(spec("x", 2)).unwrap();
         assert!(matches!(last_event(&mut after), Event::Done { .. }));
     }
 
     #[test]
     fn dropping_the_ticket_cancels_the_generation() {
-        let (backend, _, _) = fake(None);
-        let scheduler = Scheduler::start(backend, 4);
+        let (backend, _) = fake(None);
+        let scheduler = Scheduler::start(backend, 1, 4);
         let mut ticket = scheduler.submit(spec("x", usize::MAX)).unwrap();
         // Read a few pieces, then hang up.
         let mut pieces = 0;
@@ -466,8 +694,8 @@ mod tests {
 
     #[test]
     fn errors_from_the_backend_reach_the_request() {
-        let (backend, _, _) = fake(None);
-        let scheduler = Scheduler::start(backend, 4);
+        let (backend, _) = fake(None);
+        let scheduler = Scheduler::start(backend, 4, 4);
         let mut ticket = scheduler.submit(spec("error", 1)).unwrap();
         assert!(
             matches!(last_event(&mut ticket), Event::Failed(e) if e.status == axum::http::StatusCode::BAD_REQUEST)

@@ -1,14 +1,10 @@
 //! What every request handler shares: the worker's queue, the limits requests are checked
 //! against, the metrics and the model's description.
 
-use super::body::read_limited;
-use super::error::ApiError;
 use super::metrics::Metrics;
 use super::model_facts::ModelFacts;
 use super::openai::request::Limits;
 use super::scheduler::Scheduler;
-use axum::body::Body;
-use axum::http::HeaderMap;
 use std::sync::Arc;
 
 pub struct AppState {
@@ -25,16 +21,5 @@ impl AppState {
     /// The name replies give as their model.
     pub fn model_name(&self) -> &str {
         &self.limits.model_names[0]
-    }
-
-    /// A request's body, read under --max-request-bytes and --body-timeout, then `parse`d.
-    pub async fn read<T>(
-        &self,
-        headers: &HeaderMap,
-        body: Body,
-        parse: impl FnOnce(&[u8]) -> Result<T, ApiError>,
-    ) -> Result<T, ApiError> {
-        let bytes = read_limited(headers, body, self.max_request_bytes, self.body_timeout).await?;
-        parse(&bytes)
     }
 }

@@ -77,20 +77,11 @@ pub fn message_rest(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn template() -> ChatTemplate {
-        let dir = concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/../../models/qwen3.5-tiny-4bit"
-        );
-        ChatTemplate::from_dir(std::path::Path::new(dir), None)
-            .unwrap()
-            .unwrap()
-    }
+    use crate::test_support::tiny_template;
 
     #[test]
     fn the_two_halves_make_one_message_of_both_texts() {
-        let t = template();
+        let t = tiny_template();
         let vars = Map::from_iter([("enable_thinking".to_string(), Json::Bool(true))]);
         let head = open_message(&t, Some("sys"), "Read this document.\nIt says", &vars).unwrap();
         let rest = message_rest(&t, "what?", &vars).unwrap();
@@ -111,7 +102,7 @@ mod tests {
     /// whitespace, on either side of it.
     #[test]
     fn whitespace_at_the_split_is_kept() {
-        let t = template();
+        let t = tiny_template();
         let vars = Map::new();
         for (first, second) in [
             ("The sea is", " blue"),

@@ -190,10 +190,8 @@ mod tests {
     fn split(mode: ReasoningMode, text: &str, cuts: &[usize]) -> Vec<Piece> {
         let mut s = ReasoningSplitter::new(mode);
         let mut pieces = Vec::new();
-        let mut from = 0;
-        for &c in cuts.iter().chain([text.len()].iter()) {
-            pieces.extend(s.push(&text[from..c]));
-            from = c;
+        for piece in crate::test_support::pieces(text, cuts) {
+            pieces.extend(s.push(piece));
         }
         pieces.extend(s.finish());
         let mut joined: Vec<Piece> = Vec::new();

@@ -213,10 +213,8 @@ fn corpus() -> Vec<Case> {
 fn feed(options: &ParserOptions, text: &str, cuts: &[usize]) -> Vec<Event> {
     let mut parser = OutputParser::new(options.clone()).with_call_id_base("t");
     let mut events = Vec::new();
-    let mut from = 0;
-    for &c in cuts.iter().chain([text.len()].iter()) {
-        events.extend(parser.push(&text[from..c]));
-        from = c;
+    for piece in crate::test_support::pieces(text, cuts) {
+        events.extend(parser.push(piece));
     }
     events.extend(parser.finish());
     output_parser::coalesce(events)

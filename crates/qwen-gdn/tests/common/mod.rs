@@ -105,6 +105,24 @@ pub fn generate(model: &Path, extra: &[&str]) -> Output {
 }
 
 /// The `logprobs` of an `eval --json` run's report.
+/// `eval --json` of `text` one token per forward (`--prefill-chunk-size 1`: the decode-shaped
+/// products, the state stored every token), with `extra` flags and `env` set: its
+/// log-probabilities.
+pub fn eval_logprobs_per_token(
+    model: &Path,
+    text: &str,
+    extra: &[&str],
+    env: &[(&str, &str)],
+) -> Vec<f64> {
+    let mut args = vec!["--text", text, "--json", "--prefill-chunk-size", "1"];
+    args.extend_from_slice(extra);
+    let mut cmd = model_command("eval", model, &args);
+    cmd.envs(env.iter().copied());
+    let out = cmd.output().unwrap();
+    assert!(out.status.success(), "{env:?}: {}", stderr(&out));
+    logprobs_of(&out)
+}
+
 pub fn logprobs_of(out: &Output) -> Vec<f64> {
     let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     json["logprobs"]
@@ -154,4 +172,18 @@ pub fn copy_dir(src: &Path, dst: &Path) {
         let entry = entry.unwrap();
         std::fs::copy(entry.path(), dst.join(entry.file_name())).unwrap();
     }
+}
+
+/// Makes a named pipe at `path` (nothing may stand there): a "file" whose read never ends.
+pub fn mkfifo(path: &Path) {
+    let made = Command::new("mkfifo").arg(path).status().unwrap();
+    assert!(made.success(), "mkfifo {}", path.display());
+}
+
+/// The whole number `text` starts with, up to its first space ("12 tokens" → 12): how the
+/// tests read a count out of a log or stats line.
+pub fn leading_number(text: &str) -> usize {
+    let word = text.split(' ').next().unwrap_or_default();
+    word.parse()
+        .unwrap_or_else(|_| panic!("expected a number at the start of {text:?}"))
 }

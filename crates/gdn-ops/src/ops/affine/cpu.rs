@@ -40,52 +40,20 @@ fn cpu_row(
     out
 }
 
-/// The products of `call` (see [`Products`]).
+/// The products of `call` (see [`Products`]), row by row in f32, rounded once to x's dtype.
+/// SwiGLU activations of a stacked gate-and-up matrix (`m.rows = 2·Im`) round `g` and `u`
+/// to x's dtype, then `silu(g)·u` in f32.
 pub(crate) fn products(m: &AffineTensor, call: &Products) -> Result<Tensor> {
-    match call.kind {
-        ProductKind::Plain => plain_products(m, call),
-        ProductKind::Swiglu => swiglu_products(m, call),
-    }
-}
-
-fn plain_products(m: &AffineTensor, call: &Products) -> Result<Tensor> {
-    let (x, ids, x_div, out_rows) = (call.x, call.ids, call.x_div, call.out_rows);
-    let xs = f32_values(x)?;
-    let ids: Option<Vec<u32>> = ids.map(|t| t.to_vec1::<u32>()).transpose()?;
-    let (scales, biases) = (f32_values(&m.scales)?, f32_values(&m.biases)?);
-    let y = with_words(&m.packed, |words| -> Result<Vec<f32>> {
-        let mut y = vec![0f32; out_rows * m.rows];
-        for (i, out) in y.chunks_exact_mut(m.rows).enumerate() {
-            let e = ids.as_ref().map_or(0, |ids| ids[i] as usize);
-            ensure!(
-                e < m.experts,
-                "expert id {e} out of range ({} experts)",
-                m.experts
-            );
-            let xr = &xs[(i / x_div) * m.cols..(i / x_div + 1) * m.cols];
-            for (r, o) in out.iter_mut().enumerate() {
-                let w = cpu_row(m, words, &scales, &biases, e * m.rows + r);
-                *o = w.iter().zip(xr).map(|(w, x)| w * x).sum();
-            }
-        }
-        Ok(y)
-    })??;
-    Ok(Tensor::from_vec(y, (out_rows, m.rows), x.device())?.to_dtype(x.dtype())?)
-}
-
-/// SwiGLU activations of a stacked gate-and-up matrix (`m.rows = 2·Im`): `g` and `u`
-/// rounded to x's dtype, then `silu(g)·u` in f32, rounded once.
-fn swiglu_products(m: &AffineTensor, call: &Products) -> Result<Tensor> {
     let (x, ids, x_div, out_rows) = (call.x, call.ids, call.x_div, call.out_rows);
     let dtype = x.dtype();
     let round = |v: f32| round_to(dtype, v);
     let xs = f32_values(x)?;
     let ids: Option<Vec<u32>> = ids.map(|t| t.to_vec1::<u32>()).transpose()?;
     let (scales, biases) = (f32_values(&m.scales)?, f32_values(&m.biases)?);
-    let im = call.width(m);
-    let act = with_words(&m.packed, |words| -> Result<Vec<f32>> {
-        let mut act = vec![0f32; out_rows * im];
-        for (i, out) in act.chunks_exact_mut(im).enumerate() {
+    let width = call.width(m);
+    let y = with_words(&m.packed, |words| -> Result<Vec<f32>> {
+        let mut y = vec![0f32; out_rows * width];
+        for (i, out) in y.chunks_exact_mut(width).enumerate() {
             let e = ids.as_ref().map_or(0, |ids| ids[i] as usize);
             ensure!(
                 e < m.experts,
@@ -93,19 +61,25 @@ fn swiglu_products(m: &AffineTensor, call: &Products) -> Result<Tensor> {
                 m.experts
             );
             let xr = &xs[(i / x_div) * m.cols..(i / x_div + 1) * m.cols];
-            let dot = |row: usize| -> f32 {
-                let w = cpu_row(m, words, &scales, &biases, row);
+            // Row `r` of expert `e`'s matrix times x's row.
+            let dot = |r: usize| -> f32 {
+                let w = cpu_row(m, words, &scales, &biases, e * m.rows + r);
                 w.iter().zip(xr).map(|(w, x)| w * x).sum()
             };
-            for (a, o) in out.iter_mut().enumerate() {
-                let g = round(dot(e * m.rows + a));
-                let u = round(dot(e * m.rows + im + a));
-                *o = round(g / (1.0 + (-g).exp()) * u);
+            for (r, o) in out.iter_mut().enumerate() {
+                *o = match call.kind {
+                    ProductKind::Plain => dot(r),
+                    ProductKind::Swiglu => {
+                        let g = round(dot(r));
+                        let u = round(dot(width + r));
+                        round(g / (1.0 + (-g).exp()) * u)
+                    }
+                };
             }
         }
-        Ok(act)
+        Ok(y)
     })??;
-    Ok(Tensor::from_vec(act, (out_rows, im), x.device())?.to_dtype(dtype)?)
+    Ok(Tensor::from_vec(y, (out_rows, width), x.device())?.to_dtype(dtype)?)
 }
 
 pub(crate) fn dequantize(

@@ -89,10 +89,7 @@ pub(crate) struct Inputs<'a> {
 impl Inputs<'_> {
     pub(crate) fn params(&self) -> Result<GdnNormParams> {
         let d = self.dims;
-        let u = |n: usize, what: &str| -> Result<u32> {
-            u32::try_from(n)
-                .map_err(|_| anyhow::anyhow!("gated_delta_update_norm: {what} {n} exceeds u32"))
-        };
+        let u = |n: usize, what: &str| super::param_u32("gated_delta_update_norm", what, n);
         Ok(GdnNormParams {
             batch: u(d.batch, "batch")?,
             steps: u(d.steps, "steps")?,

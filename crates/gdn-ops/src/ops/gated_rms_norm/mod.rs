@@ -73,9 +73,7 @@ pub(crate) struct Inputs<'a> {
 impl Inputs<'_> {
     pub(crate) fn params(&self) -> Result<GatedRmsNormParams> {
         let (b, t, hv, dv) = self.shape;
-        let u = |n: usize, what: &str| -> Result<u32> {
-            u32::try_from(n).map_err(|_| anyhow::anyhow!("gated_rms_norm: {what} {n} exceeds u32"))
-        };
+        let u = |n: usize, what: &str| super::param_u32("gated_rms_norm", what, n);
         Ok(GatedRmsNormParams {
             rows: u(b * t * hv, "rows")?,
             tokens: u(t, "tokens")?,

@@ -178,9 +178,7 @@ pub(crate) struct Inputs<'a> {
 impl Inputs<'_> {
     pub(crate) fn params(&self) -> Result<ConvPrepParams> {
         let d = self.dims;
-        let u = |n: usize, what: &str| -> Result<u32> {
-            u32::try_from(n).map_err(|_| anyhow::anyhow!("gdn_conv_prep: {what} {n} exceeds u32"))
-        };
+        let u = |n: usize, what: &str| super::param_u32("gdn_conv_prep", what, n);
         let (q_scale, k_scale) = qk_scales(d.key_dim);
         Ok(ConvPrepParams {
             batch: u(self.batch, "batch")?,

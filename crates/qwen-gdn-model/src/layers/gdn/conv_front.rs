@@ -65,16 +65,7 @@ impl GatedDeltaNet {
     ) -> Result<Prepared> {
         let (batch, _, channels) = qkv.dims3()?;
         let conv_state = self.conv_state_for(cache, batch, channels, qkv)?;
-        let out = gdn_conv_prep::gdn_conv_prep(
-            qkv,
-            b,
-            a,
-            &conv_state,
-            &self.conv_taps,
-            &self.dt_bias,
-            &self.neg_a_log_exp,
-            self.conv_prep_dims(),
-        )?;
+        let out = self.conv_prep(qkv, b, a, &conv_state)?;
         cache.conv = Some(out.conv_state);
         Ok((out.q, out.k, out.v, out.beta, out.g))
     }

@@ -41,6 +41,27 @@ impl GatedDeltaNet {
         }
     }
 
+    /// The fused conv front (`gdn_conv_prep`) on this layer's taps, decay parameters and dims:
+    /// `qkv` `[B, S, C]`, `b` and `a` `[B, S, Hv]`, `conv_state` `[B, K−1, C]`.
+    pub(super) fn conv_prep(
+        &self,
+        qkv: &Tensor,
+        b: &Tensor,
+        a: &Tensor,
+        conv_state: &Tensor,
+    ) -> Result<gdn_conv_prep::ConvPrepOut> {
+        gdn_conv_prep::gdn_conv_prep(
+            qkv,
+            b,
+            a,
+            conv_state,
+            &self.conv_taps,
+            &self.dt_bias,
+            &self.neg_a_log_exp,
+            self.conv_prep_dims(),
+        )
+    }
+
     /// One token per sequence: `x` `[B, H]` (input-normed) → the mixer's output `[B, H]`.
     pub(crate) fn decode_fused(&self, x: &Tensor, cache: &mut GdnCache) -> Result<Tensor> {
         let b = x.dim(0)?;
@@ -52,16 +73,7 @@ impl GatedDeltaNet {
         let channels = qkv.dim(1)?;
         let conv_state = self.conv_state_for(cache, b, channels, x)?;
         let state = self.state_for(cache, b, x.device())?;
-        let prepared = gdn_conv_prep::gdn_conv_prep(
-            &qkv,
-            &beta_in,
-            &a,
-            &conv_state,
-            &self.conv_taps,
-            &self.dt_bias,
-            &self.neg_a_log_exp,
-            self.conv_prep_dims(),
-        )?;
+        let prepared = self.conv_prep(&qkv, &beta_in, &a, &conv_state)?;
         let z = z.reshape((b, 1, hv, dv))?;
         let out = gated_delta_norm::gated_delta_update_norm(
             &prepared.q,

@@ -29,30 +29,22 @@ impl GdnSteps {
         self.window = Some(padded.clone());
     }
 
-    /// The recurrence over the window's tokens, one call per token (the call a decode step
-    /// makes), keeping a copy of `state` after each. Returns `y` `[B, S, Hv, Dv]`.
-    #[allow(clippy::too_many_arguments)]
+    /// The recurrence over the window's tokens `[q, k, v, g, beta]` (`[B, S, …]`), one
+    /// `step` per token (the layer's own call, as a decode step makes it), keeping a copy of
+    /// `state` after each. Returns `y` `[B, S, Hv, Dv]`.
     pub(super) fn recurrence(
         &mut self,
-        form: Option<gdn_ops::GdnForm>,
-        q: &Tensor,
-        k: &Tensor,
-        v: &Tensor,
-        g: &Tensor,
-        beta: &Tensor,
+        qkvgb: [&Tensor; 5],
         state: &Tensor,
+        step: impl Fn([&Tensor; 5], &Tensor) -> Result<Tensor>,
     ) -> Result<Tensor> {
-        let s = q.dim(1)?;
+        let s = qkvgb[0].dim(1)?;
         let mut ys = Vec::with_capacity(s);
         for t in 0..s {
-            let at = |x: &Tensor| x.narrow(1, t, 1);
-            let (q, k, v, g, beta) = (at(q)?, at(k)?, at(v)?, at(g)?, at(beta)?);
-            ys.push(match form {
-                Some(form) => {
-                    gdn_ops::gated_delta_update_in(form, &q, &k, &v, &g, &beta, state, None)?
-                }
-                None => gdn_ops::gated_delta_update(&q, &k, &v, &g, &beta, state)?,
-            });
+            let at: Vec<Tensor> = (qkvgb.iter())
+                .map(|x| x.narrow(1, t, 1))
+                .collect::<candle_core::Result<_>>()?;
+            ys.push(step([&at[0], &at[1], &at[2], &at[3], &at[4]], state)?);
             self.states.push(own_copy(state)?);
         }
         candle_op(Tensor::cat(&ys, 1))

@@ -9,7 +9,9 @@ mod common;
 mod decode_profile;
 mod prefill_profile;
 mod prompt_cache;
+mod speculative;
 
+use crate::cli::speculation_args::SpeculationArgs;
 use crate::load::{positive_usize, ModelArgs};
 use crate::ui::output::emit;
 use anyhow::{Context, Result};
@@ -55,6 +57,13 @@ the repetitions.
   batch              with --batch (instead of prefill_chunk_size, gdn_state_dtype, \
                      prompt_tps, generation_tps): per batch size {batch, aggregate_tps, \
                      per_sequence_tps}, each {median, stddev, min, max, samples}
+  speculative        with --draft-tokens N|auto (or --mtp-from): the tg test again with \
+                     speculative decoding: {draft_tokens (N or \"auto\"), generation_tps \
+                     {median, stddev, min, max, samples}, speedup (its median over \
+                     generation_tps's), acceptance (accepted over drafted), tokens_per_step, \
+                     mean_draft_tokens, steps, drafted, accepted, steps_at (steps per draft \
+                     length, index = length), same_tokens (whether the greedy tokens are plain \
+                     decoding's)}
   decode_profile     with --profile-decode: every kernel of one decode step (op, layer, \
                      label, grids, seconds, bytes read and written, bytes per second, percent \
                      of the copy bandwidth), sums by op and by layer kind, the copy bandwidth, \
@@ -80,7 +89,8 @@ pub struct Args {
     /// The prompt-cache scenario instead of pp/tg: time to first token of a -p-token request
     /// that shares its first N tokens with an earlier one (resumed from the prompt cache),
     /// against the same request with an empty cache (-g is not used)
-    #[arg(long, value_name = "N", value_parser = positive_usize)]
+    #[arg(long, value_name = "N", value_parser = positive_usize,
+          conflicts_with_all = ["draft_tokens", "mtp_from"])]
     prompt_cache: Option<usize>,
     /// After the timed repetitions, one more prefill of the prompt with the device drained
     /// around every phase of every layer, and the time of each phase printed to stderr (and
@@ -99,8 +109,12 @@ pub struct Args {
     /// that many sequences of their own -p-token prompts decode -g greedy steps together;
     /// prints the aggregate and the per-sequence generation speed
     #[arg(long, value_name = "B,...", value_delimiter = ',', value_parser = positive_usize,
-          conflicts_with_all = ["prompt_cache", "profile", "profile_decode"])]
+          conflicts_with_all = ["prompt_cache", "profile", "profile_decode", "draft_tokens", "mtp_from"])]
     batch: Vec<usize>,
+    /// With --draft-tokens: the tg test is run again with speculative decoding (its speed, the
+    /// speedup, the acceptance)
+    #[command(flatten)]
+    speculation: SpeculationArgs,
 }
 
 pub fn run(args: Args) -> Result<ExitCode> {
@@ -121,7 +135,8 @@ pub fn run(args: Args) -> Result<ExitCode> {
     if sum > limit.max_tokens as u128 {
         return Err(limit.too_long(&format!("-p {p} plus -g {g}"), &format!("{sum} tokens")));
     }
-    let model = args.model.load_model(&checkpoint, p + g)?;
+    let mut model = args.model.load_model(&checkpoint, p + g)?;
+    let draft_length = args.speculation.load(&mut model, &checkpoint.dir)?;
     if args.profile_decode {
         decode_profile::check_fused(&model)?;
     }
@@ -136,13 +151,27 @@ pub fn run(args: Args) -> Result<ExitCode> {
 
     repetition(&model, &prompt, g, chunk).context("warm-up repetition")?;
     let (mut pp, mut tg) = (Vec::new(), Vec::new());
+    let mut plain_tokens = Vec::new();
     for i in 0..args.repetitions {
-        let (prompt_time, gen_time) = repetition(&model, &prompt, g, chunk)
+        let (prompt_time, gen_time, tokens) = repetition(&model, &prompt, g, chunk)
             .with_context(|| format!("repetition {}", i + 1))?;
         pp.push(rate(p, prompt_time));
         tg.push(rate(g, gen_time));
+        plain_tokens = tokens;
     }
     let (pp, tg) = (Stats::new(pp), Stats::new(tg));
+    let speculative = match &draft_length {
+        Some(length) => Some(speculative::SpeculativeTg::run(
+            &model,
+            &prompt,
+            g,
+            chunk,
+            args.repetitions,
+            length,
+            &plain_tokens,
+        )?),
+        None => None,
+    };
     let profile = if args.profile {
         Some(prefill_profile::profile_prefill(&model, &prompt, chunk)?)
     } else {
@@ -178,6 +207,9 @@ pub fn run(args: Args) -> Result<ExitCode> {
         report["generation_tps"] = json!(tg);
         report["peak_memory_bytes"] = json!(peak);
         report["peak_memory_source"] = json!(peak_source);
+        if let Some(spec) = &speculative {
+            report["speculative"] = spec.json(&tg);
+        }
         if let Some(profile) = &profile {
             report["prefill_profile"] = profile.json();
         }
@@ -187,13 +219,17 @@ pub fn run(args: Args) -> Result<ExitCode> {
         emit(&mut out, &format!("{report}\n"))?;
     } else {
         let name = display_name(&args.model.model);
-        let rows = [(format!("pp{p}"), &pp), (format!("tg{g}"), &tg)];
+        let mut rows = vec![(format!("pp{p}"), &pp), (format!("tg{g}"), &tg)];
+        if let Some(spec) = &speculative {
+            rows.push((spec.label(g), &spec.tps));
+        }
         let text = format!(
             "{}\nt/s: median ± stddev over {} repetition(s) after 1 warm-up; tg{g} runs at depth {p}; \
-             GDN state {state_dtype}; prefill chunk {chunk}\npeak memory: {:.3} GB ({peak_source})\n",
+             GDN state {state_dtype}; prefill chunk {chunk}\npeak memory: {:.3} GB ({peak_source})\n{}",
             table(&name, size, backend_name(model.device()), &rows),
             args.repetitions,
-            peak as f64 / 1e9
+            peak as f64 / 1e9,
+            speculative.as_ref().map_or(String::new(), |s| s.summary(&tg))
         );
         // A closed stdout (`| head`) is not an error, as in `generate`.
         emit(&mut out, &text)?;
@@ -256,13 +292,14 @@ fn batch_report(
     Ok(ExitCode::SUCCESS)
 }
 
-/// One repetition from an empty cache: (prompt time, generation time).
+/// One repetition from an empty cache: (prompt time, generation time, the generated tokens
+/// after the first).
 fn repetition(
     model: &Model,
     prompt: &[u32],
     gen_tokens: usize,
     chunk: usize,
-) -> Result<(Duration, Duration)> {
+) -> Result<(Duration, Duration, Vec<u32>)> {
     let mut cache = model.new_cache();
     let start = Instant::now();
     // All chunks but the last skip the output head; the last one gives the first token.
@@ -285,7 +322,9 @@ fn repetition(
             chunk,
         )?;
     }
-    Ok((prompt_time, start.elapsed()))
+    let gen_time = start.elapsed();
+    seen.push(token);
+    Ok((prompt_time, gen_time, seen.split_off(prompt.len() + 1)))
 }
 
 fn rate(tokens: usize, time: Duration) -> f64 {

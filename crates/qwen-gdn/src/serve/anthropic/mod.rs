@@ -8,35 +8,25 @@ mod reply;
 mod request;
 
 use super::dialect::Dialect;
-use super::request_log::RequestLog;
+use super::posted::Posted;
 use super::state::AppState;
-use axum::body::Body;
-use axum::extract::State;
-use axum::http::HeaderMap;
 use axum::response::Response;
 use axum::routing::post;
-use axum::{Extension, Router};
+use axum::Router;
 use std::sync::Arc;
 
 pub fn routes() -> Router<Arc<AppState>> {
     Router::new().route("/v1/messages", post(messages))
 }
 
-async fn messages(
-    State(state): State<Arc<AppState>>,
-    Extension(log): Extension<RequestLog>,
-    headers: HeaderMap,
-    body: Body,
-) -> Response {
-    let validated = state
-        .read(&headers, body, |b| {
-            let request = request::parse(b)?;
-            let model = request.model.clone();
-            Ok((model, request.validate(&state.limits)?))
-        })
-        .await;
+async fn messages(p: Posted) -> Response {
+    let validated = p.body.and_then(|b| {
+        let request = request::parse(&b)?;
+        let model = request.model.clone();
+        Ok((model, request.validate(&p.state.limits)?))
+    });
     match validated {
-        Ok((model, v)) => reply::respond(&state.scheduler, v, model, Some(log)).await,
+        Ok((model, v)) => reply::respond(&p.state.scheduler, v, model, Some(p.log)).await,
         Err(e) => Dialect::Anthropic.error(e),
     }
 }

@@ -11,14 +11,12 @@ mod request;
 
 use super::dialect::Dialect;
 use super::error::ApiError;
+use super::posted::Posted;
 use super::request_log::RequestLog;
 use super::state::AppState;
-use axum::body::Body;
-use axum::extract::State;
-use axum::http::HeaderMap;
 use axum::response::Response;
 use axum::routing::{get, post};
-use axum::{Extension, Router};
+use axum::Router;
 use request::{ChatBody, GenerateBody, OllamaRequest};
 use std::sync::Arc;
 
@@ -31,26 +29,14 @@ pub fn routes() -> Router<Arc<AppState>> {
         .route("/api/version", get(info::version))
 }
 
-async fn chat(
-    State(state): State<Arc<AppState>>,
-    Extension(log): Extension<RequestLog>,
-    headers: HeaderMap,
-    body: Body,
-) -> Response {
-    let body = state.read(&headers, body, request::parse::<ChatBody>).await;
-    run(&state, body, log).await
+async fn chat(p: Posted) -> Response {
+    let body = p.body.and_then(|b| request::parse::<ChatBody>(&b));
+    run(&p.state, body, p.log).await
 }
 
-async fn generate(
-    State(state): State<Arc<AppState>>,
-    Extension(log): Extension<RequestLog>,
-    headers: HeaderMap,
-    body: Body,
-) -> Response {
-    let body = state
-        .read(&headers, body, request::parse::<GenerateBody>)
-        .await;
-    run(&state, body, log).await
+async fn generate(p: Posted) -> Response {
+    let body = p.body.and_then(|b| request::parse::<GenerateBody>(&b));
+    run(&p.state, body, p.log).await
 }
 
 /// A chat or generate request: answered "load" when it has nothing to generate (as Ollama

@@ -20,33 +20,41 @@ use crate::serve::openai::request::{
 use serde::Deserialize;
 use serde_json::{json, Map, Value as Json};
 
-#[derive(Deserialize, Debug)]
-#[serde(deny_unknown_fields)]
-pub struct ChatBody {
+/// Declares the body of `/api/chat` or `/api/generate`: its own fields, then the ones both
+/// share. (serde's `deny_unknown_fields` cannot take these from a flattened struct.)
+macro_rules! ollama_body {
+    ($name:ident { $($own:tt)* }) => {
+        #[derive(Deserialize, Debug)]
+        #[serde(deny_unknown_fields)]
+        pub struct $name {
+            $($own)*
+            pub format: Option<Json>,
+            pub options: Option<Options>,
+            pub stream: Option<bool>,
+            /// Accepted: the model stays loaded for the server's life.
+            #[serde(rename = "keep_alive")]
+            _keep_alive: Option<KeepAlive>,
+            pub think: Option<Think>,
+            /// Accepted: a prompt past the context is refused (400), never cut.
+            #[serde(rename = "truncate")]
+            _truncate: Option<bool>,
+            #[serde(rename = "shift")]
+            _shift: Option<bool>,
+            pub logprobs: Option<bool>,
+            #[serde(rename = "top_logprobs")]
+            _top_logprobs: Option<u64>,
+        }
+    };
+}
+
+ollama_body!(ChatBody {
     pub model: String,
     #[serde(default)]
     pub messages: Vec<Message>,
     pub tools: Option<Vec<Json>>,
-    pub format: Option<Json>,
-    pub options: Option<Options>,
-    pub stream: Option<bool>,
-    /// Accepted: the model stays loaded for the server's life.
-    #[serde(rename = "keep_alive")]
-    _keep_alive: Option<KeepAlive>,
-    pub think: Option<Think>,
-    /// Accepted: a prompt past the context is refused (400), never cut.
-    #[serde(rename = "truncate")]
-    _truncate: Option<bool>,
-    #[serde(rename = "shift")]
-    _shift: Option<bool>,
-    pub logprobs: Option<bool>,
-    #[serde(rename = "top_logprobs")]
-    _top_logprobs: Option<u64>,
-}
+});
 
-#[derive(Deserialize, Debug)]
-#[serde(deny_unknown_fields)]
-pub struct GenerateBody {
+ollama_body!(GenerateBody {
     pub model: String,
     #[serde(default)]
     pub prompt: String,
@@ -56,22 +64,7 @@ pub struct GenerateBody {
     pub context: Option<Vec<i64>>,
     pub raw: Option<bool>,
     pub images: Option<Vec<Json>>,
-    pub format: Option<Json>,
-    pub options: Option<Options>,
-    pub stream: Option<bool>,
-    /// Accepted: the model stays loaded for the server's life.
-    #[serde(rename = "keep_alive")]
-    _keep_alive: Option<KeepAlive>,
-    pub think: Option<Think>,
-    /// Accepted: a prompt past the context is refused (400), never cut.
-    #[serde(rename = "truncate")]
-    _truncate: Option<bool>,
-    #[serde(rename = "shift")]
-    _shift: Option<bool>,
-    pub logprobs: Option<bool>,
-    #[serde(rename = "top_logprobs")]
-    _top_logprobs: Option<u64>,
-}
+});
 
 #[derive(Deserialize, Debug)]
 #[serde(deny_unknown_fields)]

@@ -9,14 +9,13 @@ pub mod response;
 
 use super::dialect::Dialect;
 use super::error::ApiError;
+use super::posted::Posted;
 use super::request_log::RequestLog;
 use super::state::AppState;
-use axum::body::Body;
 use axum::extract::{Path, State};
-use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use axum::{Extension, Json, Router};
+use axum::{Json, Router};
 use request::{parse, ChatRequest, CompletionRequest};
 use response::unix_now;
 use serde_json::json;
@@ -52,32 +51,18 @@ async fn model(State(state): State<Arc<AppState>>, Path(id): Path<String>) -> Re
     }
 }
 
-async fn chat_completions(
-    State(state): State<Arc<AppState>>,
-    Extension(log): Extension<RequestLog>,
-    headers: HeaderMap,
-    body: Body,
-) -> Response {
-    let validated = state
-        .read(&headers, body, |b| {
-            parse::<ChatRequest>(b)?.validate(&state.limits)
-        })
-        .await;
-    respond(&state, validated, true, log).await
+async fn chat_completions(p: Posted) -> Response {
+    let validated = p
+        .body
+        .and_then(|b| parse::<ChatRequest>(&b)?.validate(&p.state.limits));
+    respond(&p.state, validated, true, p.log).await
 }
 
-async fn completions(
-    State(state): State<Arc<AppState>>,
-    Extension(log): Extension<RequestLog>,
-    headers: HeaderMap,
-    body: Body,
-) -> Response {
-    let validated = state
-        .read(&headers, body, |b| {
-            parse::<CompletionRequest>(b)?.validate(&state.limits)
-        })
-        .await;
-    respond(&state, validated, false, log).await
+async fn completions(p: Posted) -> Response {
+    let validated = p
+        .body
+        .and_then(|b| parse::<CompletionRequest>(&b)?.validate(&p.state.limits));
+    respond(&p.state, validated, false, p.log).await
 }
 
 async fn respond(

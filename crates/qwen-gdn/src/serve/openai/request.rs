@@ -680,44 +680,32 @@ mod tests {
 
     #[test]
     fn bad_requests_name_the_field() {
-        let cases = [
+        // Fields added to a request of one user message.
+        let fields = [
+            (r#""temperature":"hot""#, "temperature"),
+            (r#""temperature":-1"#, "temperature"),
+            (r#""top_p":0"#, "top_p"),
+            (r#""min_p":1.5"#, "min_p"),
+            (r#""top_k":-2"#, "top_k"),
+            (r#""presence_penalty":2.5"#, "presence_penalty"),
+            (r#""frequency_penalty":-3"#, "frequency_penalty"),
+            (r#""max_tokens":0"#, "max_tokens"),
+            (r#""seed":-1"#, "seed"),
+            (r#""n":2"#, "n"),
+            (r#""tool_choice":"required""#, "tool_choice"),
             (
-                r#"{"messages":[{"role":"user","content":"a"}],"temperature":"hot"}"#,
-                "temperature",
+                r#""chat_template_kwargs":{"messages":1}"#,
+                "chat_template_kwargs",
             ),
-            (
-                r#"{"messages":[{"role":"user","content":"a"}],"temperature":-1}"#,
-                "temperature",
-            ),
-            (
-                r#"{"messages":[{"role":"user","content":"a"}],"top_p":0}"#,
-                "top_p",
-            ),
-            (
-                r#"{"messages":[{"role":"user","content":"a"}],"min_p":1.5}"#,
-                "min_p",
-            ),
-            (
-                r#"{"messages":[{"role":"user","content":"a"}],"top_k":-2}"#,
-                "top_k",
-            ),
-            (
-                r#"{"messages":[{"role":"user","content":"a"}],"presence_penalty":2.5}"#,
-                "presence_penalty",
-            ),
-            (
-                r#"{"messages":[{"role":"user","content":"a"}],"frequency_penalty":-3}"#,
-                "frequency_penalty",
-            ),
-            (
-                r#"{"messages":[{"role":"user","content":"a"}],"max_tokens":0}"#,
-                "max_tokens",
-            ),
-            (
-                r#"{"messages":[{"role":"user","content":"a"}],"seed":-1}"#,
-                "seed",
-            ),
-            (r#"{"messages":[{"role":"user","content":"a"}],"n":2}"#, "n"),
+        ];
+        let mut cases: Vec<(String, &str)> = fields
+            .into_iter()
+            .map(|(field, param)| {
+                let body = format!(r#"{{"messages":[{{"role":"user","content":"a"}}],{field}}}"#);
+                (body, param)
+            })
+            .collect();
+        for (body, param) in [
             (
                 r#"{"messages":[{"role":"robot","content":"a"}]}"#,
                 "messages[0].role",
@@ -726,20 +714,14 @@ mod tests {
                 r#"{"messages":[{"role":"user","content":[{"type":"image_url"}]}]}"#,
                 "messages[0].content[0]",
             ),
-            (
-                r#"{"messages":[{"role":"user","content":"a"}],"tool_choice":"required"}"#,
-                "tool_choice",
-            ),
-            (
-                r#"{"messages":[{"role":"user","content":"a"}],"chat_template_kwargs":{"messages":1}}"#,
-                "chat_template_kwargs",
-            ),
             (r#"{"messages":[]}"#, "messages"),
-        ];
-        for (body, param) in cases {
+        ] {
+            cases.push((body.to_string(), param));
+        }
+        for (body, param) in &cases {
             let e = chat(body).expect_err(body);
             assert_eq!(e.status, 400, "{body}");
-            assert_eq!(e.param.as_deref(), Some(param), "{body}: {}", e.message);
+            assert_eq!(e.param.as_deref(), Some(*param), "{body}: {}", e.message);
         }
         assert_eq!(chat("{").unwrap_err().status, 400);
         assert_eq!(chat("[1]").unwrap_err().status, 400);

@@ -1,0 +1,262 @@
+//! The replies generated together (continuous batching): replies join and leave at any step.
+//! Each step runs one piece (a chunk) of the first waiting prompt's prefill, so that a long
+//! prompt holds the others back by at most one chunk, then one decode step of every reply
+//! that is decoding, as one [`Batch`] step. A reply joins the batch once its prompt is in
+//! its cache (a prompt-cache hit joins at its cached position) and leaves when it ends or
+//! its reader is gone, freeing its slot before the next step.
+//!
+//! A step of one reply runs the model's single-sequence step (the fused decode where the
+//! plan has it), so a reply alone is exactly what `generate` gives; a step of several runs
+//! [`Model::decode_batch`](qwen_gdn_model::Model::decode_batch), whose rows are each
+//! reply's logits alone (bit for bit with the reference plan; within its f32 gate on the
+//! device plan, `qwen-gdn-model/src/batch.rs`). A reply with speculative decoding runs its
+//! speculative steps on its own cache, to its end, when its prompt is in.
+
+use super::constraint::LogitsConstraint;
+use super::prompt_run::{Prefilled, PromptRun};
+use super::sequence::{Advance, ReplySink, Sequence};
+use super::{Engine, FinishReason, GenerateParams, Outcome, PromptTokens};
+use anyhow::{anyhow, Result};
+use candle_core::Tensor;
+use qwen_gdn_model::speculative::Speculation;
+use qwen_gdn_model::{Batch, Cache, SlotId};
+use std::collections::VecDeque;
+
+pub struct Replies<'c, K, S> {
+    batch: Batch,
+    /// Prompts waiting for (or in) their prefill, first come first served.
+    starting: VecDeque<Starting<'c, K, S>>,
+    /// Replies in the batch, in the order they joined.
+    decoding: Vec<Decoding<'c, K, S>>,
+}
+
+struct Starting<'c, K, S> {
+    key: K,
+    run: PromptRun,
+    sequence: Sequence<'c, S>,
+}
+
+struct Decoding<'c, K, S> {
+    key: K,
+    slot: SlotId,
+    sequence: Sequence<'c, S>,
+    /// The token the next step runs.
+    next: u32,
+}
+
+/// A reply that ended in a step: its key and outcome, or why it failed.
+pub type Ended<K> = (K, Result<Outcome>);
+
+impl<K, S> Default for Replies<'_, K, S> {
+    fn default() -> Self {
+        Self {
+            batch: Batch::new(),
+            starting: VecDeque::new(),
+            decoding: Vec::new(),
+        }
+    }
+}
+
+impl<'c, K, S: ReplySink> Replies<'c, K, S> {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Replies not yet ended: prefilling or decoding.
+    pub fn len(&self) -> usize {
+        self.starting.len() + self.decoding.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Replies decoding in the batch.
+    pub fn decoding(&self) -> usize {
+        self.decoding.len()
+    }
+
+    /// Adds a reply to `prompt`, its text going to `sink`: the prompt is looked up in the
+    /// prompt cache now and prefilled by the next steps.
+    pub fn add(
+        &mut self,
+        engine: &mut Engine,
+        key: K,
+        prompt: &PromptTokens,
+        params: &GenerateParams,
+        constraint: Option<Box<dyn LogitsConstraint + 'c>>,
+        sink: S,
+    ) -> Result<()> {
+        // A constrained reply is decoded a token at a time: no speculation for it.
+        let speculation = match &engine.draft_length {
+            Some(length) if constraint.is_none() => {
+                Some(Speculation::new(&engine.model, length.clone())?)
+            }
+            _ => None,
+        };
+        let run = engine.begin_prompt(prompt, speculation.is_some())?;
+        let sequence = Sequence::new(&prompt.ids, params, constraint, sink, speculation);
+        self.starting.push_back(Starting { key, run, sequence });
+        Ok(())
+    }
+
+    /// One step: a piece of the first waiting prompt's prefill, then one decode step of the
+    /// replies in the batch. Returns the replies that ended in it.
+    pub fn step(&mut self, engine: &mut Engine) -> Vec<Ended<K>> {
+        let mut ended = vec![];
+        self.prefill_piece(engine, &mut ended);
+        self.decode(engine, &mut ended);
+        ended
+    }
+
+    fn prefill_piece(&mut self, engine: &mut Engine, ended: &mut Vec<Ended<K>>) {
+        let Some(first) = self.starting.front_mut() else {
+            return;
+        };
+        let cancelled = first.sequence.cancelled();
+        let done = match cancelled {
+            true => Ok(false),
+            false => engine.prefill_piece(&mut first.run),
+        };
+        let (cancelled, done) = match done {
+            Ok(done) => (cancelled, done),
+            Err(e) => {
+                let first = self.starting.pop_front().expect("a first prompt");
+                ended.push((first.key, Err(e)));
+                return;
+            }
+        };
+        if !cancelled && !done {
+            return;
+        }
+        let Starting {
+            key,
+            run,
+            mut sequence,
+        } = self.starting.pop_front().expect("a first prompt");
+        if cancelled {
+            // Nothing was generated: the outcome says so (finish: cancelled).
+            ended.push((key, sequence.finish(engine)));
+            return;
+        }
+        match self.join(engine, run, &mut sequence) {
+            Ok(Some((slot, next))) => self.decoding.push(Decoding {
+                key,
+                slot,
+                sequence,
+                next,
+            }),
+            Ok(None) => ended.push((key, sequence.finish(engine))),
+            Err(e) => ended.push((key, Err(e))),
+        }
+    }
+
+    /// The prompt's last token gives the reply's first token; the reply then joins the
+    /// batch with its next token, unless it is already over (`None`).
+    fn join(
+        &mut self,
+        engine: &mut Engine,
+        run: PromptRun,
+        sequence: &mut Sequence<'c, S>,
+    ) -> Result<Option<(SlotId, u32)>> {
+        let Prefilled {
+            mut cache,
+            logits,
+            cached_tokens,
+        } = engine.finish_prompt(run, sequence.speculation.as_mut())?;
+        let outcome = &mut sequence.outcome;
+        outcome.cached_tokens = cached_tokens;
+        outcome.prefilled_tokens = outcome.prompt_tokens - cached_tokens;
+        if sequence.max_tokens() == 0 {
+            // The prompt is cached; nothing to generate.
+            sequence.outcome.finish = FinishReason::Length;
+            return Ok(None);
+        }
+        Ok(follow(engine, sequence, &logits, &mut cache)?
+            .map(|next| (self.batch.join(cache), next)))
+    }
+
+    fn decode(&mut self, engine: &mut Engine, ended: &mut Vec<Ended<K>>) {
+        // A reply whose reader left frees its slot before the step.
+        let (gone, decoding): (Vec<_>, Vec<_>) = std::mem::take(&mut self.decoding)
+            .into_iter()
+            .partition(|d| d.sequence.cancelled());
+        self.decoding = decoding;
+        for d in gone {
+            self.batch.leave(d.slot);
+            ended.push((d.key, d.sequence.finish(engine)));
+        }
+        if self.decoding.is_empty() {
+            return;
+        }
+        let logits = self.run_step(engine);
+        let logits = match logits {
+            Ok(logits) => logits,
+            Err(e) => {
+                // The step failed for all of them (their caches may be half-written).
+                let why = format!("{e:#}");
+                for d in std::mem::take(&mut self.decoding) {
+                    self.batch.leave(d.slot);
+                    ended.push((d.key, Err(anyhow!("{why}"))));
+                }
+                return;
+            }
+        };
+        for (row, mut d) in std::mem::take(&mut self.decoding).into_iter().enumerate() {
+            let cache = self
+                .batch
+                .cache_mut(d.slot)
+                .expect("a decoding reply's slot");
+            let next = logits
+                .narrow(0, row, 1)
+                .map_err(anyhow::Error::from)
+                .and_then(|row| follow(engine, &mut d.sequence, &row, cache));
+            match next {
+                Ok(Some(next)) => {
+                    d.next = next;
+                    self.decoding.push(d);
+                }
+                Ok(None) => {
+                    self.batch.leave(d.slot);
+                    ended.push((d.key, d.sequence.finish(engine)));
+                }
+                Err(e) => {
+                    self.batch.leave(d.slot);
+                    ended.push((d.key, Err(e)));
+                }
+            }
+        }
+    }
+
+    /// The decode step of the batch: logits `[rows, vocab]`, a row per decoding reply.
+    fn run_step(&mut self, engine: &Engine) -> Result<Tensor> {
+        if let [alone] = self.decoding.as_slice() {
+            let cache = self.batch.cache_mut(alone.slot).expect("its slot");
+            return engine.model.forward_last(&[alone.next], cache);
+        }
+        let next: Vec<(SlotId, u32)> = self.decoding.iter().map(|d| (d.slot, d.next)).collect();
+        self.batch.step(&engine.model, &next)
+    }
+}
+
+/// The reply's next token from `logits`, and the tokens after it that need no batched step
+/// (decided by a speculative step): `Some(token)` for the next step to run, `None` when the
+/// reply is over.
+fn follow<S: ReplySink>(
+    engine: &Engine,
+    sequence: &mut Sequence<'_, S>,
+    logits: &Tensor,
+    cache: &mut Cache,
+) -> Result<Option<u32>> {
+    let mut logits = Some(logits);
+    loop {
+        match sequence.advance(engine, logits.take(), cache.offset)? {
+            Advance::Done => return Ok(None),
+            Advance::Feed(_) if sequence.has_decided() => {}
+            Advance::Feed(token) if sequence.speculation.is_some() => {
+                sequence.speculate(engine, cache, token)?
+            }
+            Advance::Feed(token) => return Ok(Some(token)),
+        }
+    }
+}
