@@ -17,7 +17,7 @@ pub use file::{
     SNAPSHOT_FORMAT, SNAPSHOT_FORMAT_VERSION,
 };
 pub use identity::ModelIdentity;
-pub use prefill::{prefill_with_snapshots, prefill_with_snapshots_cancellable, ChunkedPrefill};
+pub use prefill::{prefill_with_snapshots, ChunkedPrefill};
 pub use snapshot::{LayerSnapshot, Snapshot};
 
 use crate::Cache;

@@ -13,7 +13,6 @@ use super::PromptCache;
 use crate::{Cache, Model};
 use anyhow::{ensure, Result};
 use std::collections::BTreeSet;
-use std::sync::atomic::{AtomicBool, Ordering};
 
 /// Runs `tokens[cache.offset..]` (the cache holds the first `cache.offset` tokens already) in
 /// chunks of at most `chunk` tokens, and inserts a snapshot into `pc` at each position of
@@ -28,34 +27,9 @@ pub fn prefill_with_snapshots(
     every: Option<usize>,
     pc: &mut PromptCache,
 ) -> Result<()> {
-    let never = AtomicBool::new(false);
-    prefill_with_snapshots_cancellable(model, tokens, cache, chunk, snapshot_at, every, pc, &never)
-        .map(|_| ())
-}
-
-/// [`prefill_with_snapshots`], checking `cancel` before each chunk: returns `false` when it
-/// stopped early (the cache then holds a prefix of `tokens`, and every snapshot taken is
-/// complete).
-#[allow(clippy::too_many_arguments)]
-pub fn prefill_with_snapshots_cancellable(
-    model: &Model,
-    tokens: &[u32],
-    cache: &mut Cache,
-    chunk: usize,
-    snapshot_at: &[usize],
-    every: Option<usize>,
-    pc: &mut PromptCache,
-    cancel: &AtomicBool,
-) -> Result<bool> {
     let prefill = ChunkedPrefill::new(cache.offset, tokens.len(), chunk, snapshot_at, every)?;
-    loop {
-        if cancel.load(Ordering::Relaxed) {
-            return Ok(false);
-        }
-        if prefill.step(model, tokens, cache, pc)? {
-            return Ok(true);
-        }
-    }
+    while !prefill.step(model, tokens, cache, pc)? {}
+    Ok(())
 }
 
 /// A prefill with snapshots taken a piece at a time (a chunk, or the token before a snapshot

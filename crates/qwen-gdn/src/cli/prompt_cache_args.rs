@@ -28,15 +28,19 @@ impl PromptCacheArgs {
     }
 
     pub fn budget(&self, device: &Device) -> u64 {
-        self.prompt_cache_bytes.unwrap_or_else(|| {
-            let free = qwen_gdn_model::device_memory::free_bytes(device).or_else(host_available);
-            free.map_or(FALLBACK_BUDGET, |b| b / 4)
-        })
+        self.prompt_cache_bytes
+            .unwrap_or_else(|| free_memory(device).map_or(FALLBACK_BUDGET, |b| b / 4))
     }
 }
 
+/// The memory free for caches on `device` (after loading the model): the device's own free
+/// memory where it can be asked, else the host's (shared with a CPU "device").
+pub fn free_memory(device: &Device) -> Option<u64> {
+    qwen_gdn_model::device_memory::free_bytes(device).or_else(host_available)
+}
+
 /// MemAvailable of /proc/meminfo (Linux); `None` elsewhere.
-pub fn host_available() -> Option<u64> {
+fn host_available() -> Option<u64> {
     let text = std::fs::read_to_string("/proc/meminfo").ok()?;
     let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
     let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;

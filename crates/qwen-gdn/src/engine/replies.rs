@@ -114,20 +114,16 @@ impl<'c, K, S: ReplySink> Replies<'c, K, S> {
             return;
         };
         let cancelled = first.sequence.cancelled();
-        let done = match cancelled {
-            true => Ok(false),
-            false => engine.prefill_piece(&mut first.run),
-        };
-        let (cancelled, done) = match done {
-            Ok(done) => (cancelled, done),
-            Err(e) => {
-                let first = self.starting.pop_front().expect("a first prompt");
-                ended.push((first.key, Err(e)));
-                return;
+        if !cancelled {
+            match engine.prefill_piece(&mut first.run) {
+                Ok(false) => return, // more pieces to run
+                Ok(true) => {}
+                Err(e) => {
+                    let first = self.starting.pop_front().expect("a first prompt");
+                    ended.push((first.key, Err(e)));
+                    return;
+                }
             }
-        };
-        if !cancelled && !done {
-            return;
         }
         let Starting {
             key,

@@ -164,8 +164,7 @@ fn max_batch(
     let per_sequence =
         crate::load::preflight::Need::of(cfg, context, model.gdn_state_dtype(), model.dtype())
             .caches;
-    let free = qwen_gdn_model::device_memory::free_bytes(device)
-        .or_else(crate::cli::prompt_cache_args::host_available);
+    let free = crate::cli::prompt_cache_args::free_memory(device);
     let choice = batch_size::choose(requested, free, per_sequence, context);
     let line = match choice.shrunk {
         true => format!("warning: {}", choice.line),
