@@ -9,6 +9,7 @@
 pub mod constraint;
 mod conversation;
 mod eos;
+mod isolated;
 pub mod logprobs;
 mod non_finite;
 mod prompt_run;
@@ -22,7 +23,8 @@ mod stop_strings;
 pub use conversation::render_conversation;
 pub use eos::eos_ids;
 pub use non_finite::non_finite_logits;
-pub use replies::{Ended, Replies};
+pub use isolated::{isolated, panic_message};
+pub use replies::{Ended, NewReply, Replies};
 pub use sequence::ReplySink;
 pub use stop_strings::{Scan, StopStrings};
 
@@ -149,6 +151,11 @@ impl Engine {
 
     pub fn checkpoint(&self) -> &Checkpoint {
         &self.checkpoint
+    }
+
+    /// Tokens in the model's vocabulary (rows of its logits).
+    pub fn vocab_size(&self) -> usize {
+        self.model.config().vocab_size
     }
 
     /// The tokens that end a reply.

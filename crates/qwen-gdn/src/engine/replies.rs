@@ -11,16 +11,24 @@
 //! reply's logits alone (bit for bit with the reference plan; within its f32 gate on the
 //! device plan, `qwen-gdn-model/src/batch.rs`). A reply with speculative decoding runs its
 //! speculative steps on its own cache, to its end, when its prompt is in.
+//!
+//! A prompt may have several replies (a request's `n` choices): it is prefilled once, and
+//! each reply decodes from its own copy of the prompt's cache (`choices.rs`).
+//! Each reply's own work (sampling, constraint, stop strings, text) runs isolated: a panic
+//! in it fails that reply alone (`isolated.rs`).
 
 use super::constraint::LogitsConstraint;
+use super::isolated::{isolated, Panicked};
 use super::prompt_run::{Prefilled, PromptRun};
 use super::sequence::{Advance, ReplySink, Sequence};
 use super::{Engine, FinishReason, GenerateParams, Outcome, PromptTokens};
-use anyhow::{anyhow, Result};
+use anyhow::{anyhow, Error, Result};
 use candle_core::Tensor;
 use qwen_gdn_model::speculative::Speculation;
 use qwen_gdn_model::{Batch, Cache, SlotId};
 use std::collections::VecDeque;
+
+mod choices;
 
 pub struct Replies<'c, K, S> {
     batch: Batch,
@@ -31,9 +39,17 @@ pub struct Replies<'c, K, S> {
 }
 
 struct Starting<'c, K, S> {
-    key: K,
     run: PromptRun,
-    sequence: Sequence<'c, S>,
+    /// The prompt's replies, each with its key (one, or a request's `n` choices).
+    replies: Vec<(K, Sequence<'c, S>)>,
+}
+
+/// One reply to add: its key, how to generate it, and where its text goes.
+pub struct NewReply<'c, K, S> {
+    pub key: K,
+    pub params: GenerateParams,
+    pub constraint: Option<Box<dyn LogitsConstraint + 'c>>,
+    pub sink: S,
 }
 
 struct Decoding<'c, K, S> {
@@ -87,16 +103,47 @@ impl<'c, K, S: ReplySink> Replies<'c, K, S> {
         constraint: Option<Box<dyn LogitsConstraint + 'c>>,
         sink: S,
     ) -> Result<()> {
-        // A constrained reply is decoded a token at a time: no speculation for it.
-        let speculation = match &engine.draft_length {
-            Some(length) if constraint.is_none() => {
+        let reply = NewReply {
+            key,
+            params: params.clone(),
+            constraint,
+            sink,
+        };
+        self.add_choices(engine, prompt, vec![reply])
+    }
+
+    /// Adds `replies` to one `prompt` (a request's choices): the prompt is prefilled once,
+    /// and each reply then decodes from its own copy of its cache.
+    pub fn add_choices(
+        &mut self,
+        engine: &mut Engine,
+        prompt: &PromptTokens,
+        replies: Vec<NewReply<'c, K, S>>,
+    ) -> Result<()> {
+        // A constrained reply is decoded a token at a time: no speculation for it; nor for
+        // choices, whose speculative states would need copying too.
+        let speculation = match (&engine.draft_length, replies.as_slice()) {
+            (Some(length), [only]) if only.constraint.is_none() => {
                 Some(Speculation::new(&engine.model, length.clone())?)
             }
             _ => None,
         };
         let run = engine.begin_prompt(prompt, speculation.is_some())?;
-        let sequence = Sequence::new(&prompt.ids, params, constraint, sink, speculation);
-        self.starting.push_back(Starting { key, run, sequence });
+        let mut speculation = speculation;
+        let replies = replies
+            .into_iter()
+            .map(|r| {
+                let sequence = Sequence::new(
+                    &prompt.ids,
+                    &r.params,
+                    r.constraint,
+                    r.sink,
+                    speculation.take(),
+                );
+                (r.key, sequence)
+            })
+            .collect();
+        self.starting.push_back(Starting { run, replies });
         Ok(())
     }
 
@@ -113,63 +160,79 @@ impl<'c, K, S: ReplySink> Replies<'c, K, S> {
         let Some(first) = self.starting.front_mut() else {
             return;
         };
-        let cancelled = first.sequence.cancelled();
+        let cancelled = first.replies.iter().all(|(_, s)| s.cancelled());
         if !cancelled {
-            match engine.prefill_piece(&mut first.run) {
+            match isolated(|| engine.prefill_piece(&mut first.run)) {
                 Ok(false) => return, // more pieces to run
                 Ok(true) => {}
                 Err(e) => {
                     let first = self.starting.pop_front().expect("a first prompt");
-                    ended.push((first.key, Err(e)));
+                    fail_prompt(engine, first.replies, e, ended);
                     return;
                 }
             }
         }
-        let Starting {
-            key,
-            run,
-            mut sequence,
-        } = self.starting.pop_front().expect("a first prompt");
+        let Starting { run, replies } = self.starting.pop_front().expect("a first prompt");
         if cancelled {
             // Nothing was generated: the outcome says so (finish: cancelled).
-            ended.push((key, sequence.finish(engine)));
+            for (key, sequence) in replies {
+                ended.push(end(engine, key, sequence));
+            }
             return;
         }
-        match self.join(engine, run, &mut sequence) {
-            Ok(Some((slot, next))) => self.decoding.push(Decoding {
-                key,
-                slot,
-                sequence,
-                next,
-            }),
-            Ok(None) => ended.push((key, sequence.finish(engine))),
-            Err(e) => ended.push((key, Err(e))),
-        }
+        self.join(engine, run, replies, ended);
     }
 
-    /// The prompt's last token gives the reply's first token; the reply then joins the
-    /// batch with its next token, unless it is already over (`None`).
+    /// The prompt's last token gives each reply its first token; each reply then joins the
+    /// batch with its next token, unless it is already over.
     fn join(
         &mut self,
         engine: &mut Engine,
         run: PromptRun,
-        sequence: &mut Sequence<'c, S>,
-    ) -> Result<Option<(SlotId, u32)>> {
-        let Prefilled {
-            mut cache,
-            logits,
-            cached_tokens,
-        } = engine.finish_prompt(run, sequence.speculation.as_mut())?;
-        let outcome = &mut sequence.outcome;
-        outcome.cached_tokens = cached_tokens;
-        outcome.prefilled_tokens = outcome.prompt_tokens - cached_tokens;
-        if sequence.max_tokens() == 0 {
-            // The prompt is cached; nothing to generate.
-            sequence.outcome.finish = FinishReason::Length;
-            return Ok(None);
+        mut replies: Vec<(K, Sequence<'c, S>)>,
+        ended: &mut Vec<Ended<K>>,
+    ) {
+        let speculation = match replies.as_mut_slice() {
+            [(_, only)] => only.speculation.as_mut(),
+            _ => None,
+        };
+        let prefilled = isolated(|| engine.finish_prompt(run, speculation)).and_then(
+            |Prefilled {
+                 cache,
+                 logits,
+                 cached_tokens,
+             }| {
+                let caches = choices::caches_for(cache, replies.len())?;
+                Ok((caches, logits, cached_tokens))
+            },
+        );
+        let (caches, logits, cached_tokens) = match prefilled {
+            Ok(prefilled) => prefilled,
+            Err(e) => return fail_prompt(engine, replies, e, ended),
+        };
+        for ((key, mut sequence), mut cache) in replies.into_iter().zip(caches) {
+            let outcome = &mut sequence.outcome;
+            outcome.cached_tokens = cached_tokens;
+            outcome.prefilled_tokens = outcome.prompt_tokens - cached_tokens;
+            if sequence.max_tokens() == 0 {
+                // The prompt is cached; nothing to generate.
+                sequence.outcome.finish = FinishReason::Length;
+            }
+            let next = match sequence.max_tokens() == 0 || sequence.cancelled() {
+                true => Ok(None),
+                false => isolated(|| follow(engine, &mut sequence, &logits, &mut cache)),
+            };
+            match next {
+                Ok(Some(next)) => self.decoding.push(Decoding {
+                    key,
+                    slot: self.batch.join(cache),
+                    sequence,
+                    next,
+                }),
+                Ok(None) => ended.push(end(engine, key, sequence)),
+                Err(e) => ended.push((key, Err(e))),
+            }
         }
-        Ok(follow(engine, sequence, &logits, &mut cache)?
-            .map(|next| (self.batch.join(cache), next)))
     }
 
     fn decode(&mut self, engine: &mut Engine, ended: &mut Vec<Ended<K>>) {
@@ -180,17 +243,18 @@ impl<'c, K, S: ReplySink> Replies<'c, K, S> {
         self.decoding = decoding;
         for d in gone {
             self.batch.leave(d.slot);
-            ended.push((d.key, d.sequence.finish(engine)));
+            ended.push(end(engine, d.key, d.sequence));
         }
         if self.decoding.is_empty() {
             return;
         }
-        let logits = self.run_step(engine);
+        let logits = isolated(|| self.run_step(engine));
         let logits = match logits {
             Ok(logits) => logits,
             Err(e) => {
-                // The step failed for all of them (their caches may be half-written).
-                let why = format!("{e:#}");
+                // The step is shared: it failed for all of them (their caches may be
+                // half-written).
+                let why = format!("the batched decode step failed: {e:#}");
                 for d in std::mem::take(&mut self.decoding) {
                     self.batch.leave(d.slot);
                     ended.push((d.key, Err(anyhow!("{why}"))));
@@ -203,10 +267,11 @@ impl<'c, K, S: ReplySink> Replies<'c, K, S> {
                 .batch
                 .cache_mut(d.slot)
                 .expect("a decoding reply's slot");
-            let next = logits
-                .narrow(0, row, 1)
-                .map_err(anyhow::Error::from)
-                .and_then(|row| follow(engine, &mut d.sequence, &row, cache));
+            // This reply's own work: a panic in it fails this reply alone.
+            let next = isolated(|| {
+                let row = logits.narrow(0, row, 1)?;
+                follow(engine, &mut d.sequence, &row, cache)
+            });
             match next {
                 Ok(Some(next)) => {
                     d.next = next;
@@ -214,7 +279,7 @@ impl<'c, K, S: ReplySink> Replies<'c, K, S> {
                 }
                 Ok(None) => {
                     self.batch.leave(d.slot);
-                    ended.push((d.key, d.sequence.finish(engine)));
+                    ended.push(end(engine, d.key, d.sequence));
                 }
                 Err(e) => {
                     self.batch.leave(d.slot);
@@ -233,6 +298,27 @@ impl<'c, K, S: ReplySink> Replies<'c, K, S> {
         let next: Vec<(SlotId, u32)> = self.decoding.iter().map(|d| (d.slot, d.next)).collect();
         self.batch.step(&engine.model, &next)
     }
+}
+
+/// A reply's end: its outcome once the text still held is flushed (isolated, as the flush
+/// runs the reply's stop strings and sink).
+fn end<K, S: ReplySink>(engine: &Engine, key: K, sequence: Sequence<'_, S>) -> Ended<K> {
+    (key, isolated(|| sequence.finish(engine)))
+}
+
+/// The prompt's replies all fail with `e` (each with its own copy of the message). After a
+/// panic the prompt cache may be half-updated: it starts afresh.
+fn fail_prompt<K, S>(
+    engine: &mut Engine,
+    replies: Vec<(K, Sequence<'_, S>)>,
+    e: Error,
+    ended: &mut Vec<Ended<K>>,
+) {
+    if e.is::<Panicked>() {
+        engine.prompt_cache_mut().clear();
+    }
+    let why = format!("{e:#}");
+    ended.extend(replies.into_iter().map(|(key, _)| (key, Err(anyhow!("{why}")))));
 }
 
 /// The reply's next token from `logits`, and the tokens after it that need no batched step

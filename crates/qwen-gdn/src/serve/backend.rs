@@ -8,17 +8,18 @@ use super::error::ApiError;
 use super::job::{
     Event, Finish, JobSpec, LogprobRequest, Logprobs, Prompt, PromptInfo, TokenScore, Usage,
 };
+use super::choices::choice_seed;
 use super::metrics::PromptCacheStats;
 use super::model_facts::ModelFacts;
-use super::scheduler::{Backend, JobId, JobOutput, JobResult};
+use super::scheduler::{prompt_text, Backend, JobId, JobOutput, JobResult};
 use super::structured_output::Grammars;
 use super::test_hooks;
 use crate::engine::constraint::LogitsConstraint;
 use crate::engine::logprobs::TokenLogprob;
 use crate::engine::sampler::SamplerConfig;
 use crate::engine::{
-    render_conversation, Engine, FinishReason, GenerateParams, Outcome, PromptTokens, Replies,
-    ReplySink,
+    isolated, render_conversation, Engine, FinishReason, GenerateParams, NewReply, Outcome,
+    PromptTokens, Replies, ReplySink,
 };
 use crate::text::chat_template::{ChatTemplate, TemplateLimit};
 use crate::text::reasoning::ReasoningMode;
@@ -350,64 +351,86 @@ impl EngineBackend {
 impl Backend for EngineBackend {
     fn admit(
         &mut self,
-        id: JobId,
         job: &JobSpec,
-        output: JobOutput,
+        choices: Vec<(JobId, JobOutput)>,
     ) -> Result<Option<(Finish, Usage)>, ApiError> {
         let (prompt, info) = self.encode(&job.prompt, job.format.is_some())?;
-        let constraint = match &job.format {
-            Some(format) => Some(self.grammars()?.constraint(format, "response_format")?),
-            None => None,
-        };
+        // Each choice has its own constraint (its own place in the grammar).
+        let text = prompt_text(&job.prompt);
+        let mut constraints = vec![];
+        for _ in &choices {
+            let constraint: Option<Box<dyn LogitsConstraint>> = match &job.format {
+                Some(format) => Some(Box::new(
+                    self.grammars()?.constraint(format, "response_format")?,
+                )),
+                None => test_hooks::faulty_constraint(&text, self.engine.vocab_size())
+                    .map(|c| Box::new(c) as Box<dyn LogitsConstraint>),
+            };
+            constraints.push(constraint);
+        }
         let mut usage = Usage {
             prompt_tokens: prompt.ids.len(),
             cached_tokens: 0,
             completion_tokens: 0,
         };
-        if output.send(Event::Prompt(info)).is_break() {
+        let mut listening = false;
+        for (_, output) in &choices {
+            listening |= output.send(Event::Prompt(info.clone())).is_continue();
+        }
+        if !listening {
             return Ok(Some((Finish::Cancelled, usage)));
         }
         if let Some(text) = test_hooks::forced_output() {
-            let (finish, n) = self.force_output(&text, &output);
-            usage.completion_tokens = n;
-            return Ok(Some((finish, usage)));
+            for (_, output) in &choices {
+                let (finish, n) = self.force_output(&text, output);
+                usage.completion_tokens = n;
+                if finish == Finish::Cancelled {
+                    return Ok(Some((finish, usage)));
+                }
+            }
+            return Ok(Some((Finish::Stop, usage)));
         }
         let s = &job.sampling;
-        let params = GenerateParams {
-            max_tokens: job.max_tokens,
-            sampler: SamplerConfig {
-                temp: s.temperature,
-                top_p: s.top_p,
-                min_p: s.min_p,
-                top_k: s.top_k,
-                repetition_penalty: s.repetition_penalty,
-                presence_penalty: s.presence_penalty,
-                frequency_penalty: s.frequency_penalty,
-                repetition_context_size: 20,
-            },
-            seed: s.seed,
-            stop_strings: job.stop.clone(),
+        let sampler = SamplerConfig {
+            temp: s.temperature,
+            top_p: s.top_p,
+            min_p: s.min_p,
+            top_k: s.top_k,
+            repetition_penalty: s.repetition_penalty,
+            presence_penalty: s.presence_penalty,
+            frequency_penalty: s.frequency_penalty,
+            repetition_context_size: 20,
         };
-        let constraint = constraint.map(|c| Box::new(c) as Box<dyn LogitsConstraint>);
-        self.replies
-            .add(
-                &mut self.engine,
-                id,
-                &prompt,
-                &params,
+        let replies = choices
+            .iter()
+            .zip(constraints)
+            .enumerate()
+            .map(|(index, ((id, output), constraint))| NewReply {
+                key: *id,
+                params: GenerateParams {
+                    max_tokens: job.max_tokens,
+                    sampler: sampler.clone(),
+                    seed: choice_seed(s.seed, index),
+                    stop_strings: job.stop.clone(),
+                },
                 constraint,
-                JobSink(output.clone()),
-            )
+                sink: JobSink(output.clone()),
+            })
+            .collect();
+        self.replies
+            .add_choices(&mut self.engine, &prompt, replies)
             .map_err(|e| ApiError::internal(format!("generation failed: {e:#}")))?;
-        self.jobs.insert(
-            id,
-            RunningJob {
-                output,
-                prompt: prompt.ids,
-                stop: job.stop.clone(),
-                logprobs: job.logprobs,
-            },
-        );
+        for (id, output) in choices {
+            self.jobs.insert(
+                id,
+                RunningJob {
+                    output,
+                    prompt: prompt.ids.clone(),
+                    stop: job.stop.clone(),
+                    logprobs: job.logprobs,
+                },
+            );
+        }
         Ok(None)
     }
 
@@ -417,9 +440,12 @@ impl Backend for EngineBackend {
             let Some(job) = self.jobs.remove(&id) else {
                 continue;
             };
+            // The job's own work (its stop string, its log-probabilities' pass): a panic in it
+            // fails this job alone.
             let result = outcome
+                .and_then(|outcome| isolated(|| Ok(self.conclude(job, outcome))))
                 .map_err(|e| ApiError::internal(format!("generation failed: {e:#}")))
-                .and_then(|outcome| self.conclude(job, outcome));
+                .and_then(|concluded| concluded);
             results.push((id, result));
         }
         results

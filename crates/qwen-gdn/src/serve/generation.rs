@@ -5,6 +5,8 @@
 //!
 //! The generation owns the job's cancel guard: when the client disconnects (the handler
 //! future or the streamed body is dropped) the generation stops at its next token.
+//! A request for `n` choices is `n` generations of one prompt, run together; their steps are
+//! merged into one body, each tagged with its choice's index.
 
 use super::error::ApiError;
 use super::job::{Event, Finish, Logprobs, PromptInfo, Usage};
@@ -87,8 +89,35 @@ pub async fn start(
     output: Output,
     log: Option<RequestLog>,
 ) -> Result<(Generation, Vec<Delta>), ApiError> {
+    let mut started = start_choices(scheduler, request, 1, output, log).await?;
+    Ok(started.pop().expect("one generation"))
+}
+
+/// [`start`] for `n` choices of the request's prompt, run together: a generation (and the
+/// deltas of its opened call) per choice, in the choices' order.
+pub async fn start_choices(
+    scheduler: &Scheduler,
+    request: &Validated,
+    n: usize,
+    output: Output,
+    log: Option<RequestLog>,
+) -> Result<Vec<(Generation, Vec<Delta>)>, ApiError> {
     let submitted = Instant::now();
-    let mut ticket = scheduler.submit_logged(request.job.clone(), log)?;
+    let tickets = scheduler.submit_choices(request.job.clone(), n, log)?;
+    let mut started = vec![];
+    for ticket in tickets {
+        started.push(begin(ticket, request, output, submitted).await?);
+    }
+    Ok(started)
+}
+
+/// A queued choice's generation, once the worker has taken it up.
+async fn begin(
+    mut ticket: Ticket,
+    request: &Validated,
+    output: Output,
+    submitted: Instant,
+) -> Result<(Generation, Vec<Delta>), ApiError> {
     let info = match ticket.events.recv().await {
         Some(Event::Prompt(info)) => info,
         Some(Event::Failed(e)) => return Err(e),
@@ -201,17 +230,9 @@ impl Generation {
     pub fn into_body(
         self,
         first: Vec<Bytes>,
-        render: impl FnMut(Step) -> Vec<Bytes> + Send + 'static,
+        mut render: impl FnMut(Step) -> Vec<Bytes> + Send + 'static,
     ) -> Body {
-        let steps = stream::unfold(self, |mut generation| async move {
-            let step = generation.next().await?;
-            Some((step, generation))
-        });
-        let body = stream::iter(vec![first])
-            .chain(steps.map(render))
-            .flat_map(stream::iter)
-            .map(Ok::<Bytes, Infallible>);
-        Body::from_stream(body)
+        choices_body(vec![self], first, move |_, step| render(step))
     }
 
     /// Drops empty text pieces and counts the calls.
@@ -241,4 +262,38 @@ impl Generation {
             logprobs: self.logprobs.take(),
         }
     }
+}
+
+/// A streamed body of several choices: `first`, then what `render` makes of each step of
+/// each choice (its index, the step) as the steps come, until every choice has ended, or
+/// until the first that fails (the others are then dropped, which cancels them).
+pub fn choices_body(
+    generations: Vec<Generation>,
+    first: Vec<Bytes>,
+    mut render: impl FnMut(usize, Step) -> Vec<Bytes> + Send + 'static,
+) -> Body {
+    let each = generations.into_iter().enumerate().map(|(index, generation)| {
+        stream::unfold(generation, |mut generation| async move {
+            let step = generation.next().await?;
+            Some((step, generation))
+        })
+        .map(move |step| (index, step))
+        .boxed()
+    });
+    let steps = stream::unfold(
+        (stream::select_all(each), false),
+        |(mut steps, failed)| async move {
+            if failed {
+                return None;
+            }
+            let (index, step) = steps.next().await?;
+            let failed = matches!(step, Step::Failed(_));
+            Some(((index, step), (steps, failed)))
+        },
+    );
+    let body = stream::iter(vec![first])
+        .chain(steps.map(move |(index, step)| render(index, step)))
+        .flat_map(stream::iter)
+        .map(Ok::<Bytes, Infallible>);
+    Body::from_stream(body)
 }

@@ -10,6 +10,7 @@ mod auth;
 mod backend;
 mod batch_size;
 mod body;
+mod choices;
 pub mod cli;
 mod connection_cap;
 mod connections;
@@ -53,7 +54,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
     for warning in warnings {
         eprint_line(&format!("warning: {warning}"));
     }
-    let limits = openai::request::Limits {
+    let mut limits = openai::request::Limits {
         defaults,
         model_names: if args.served_model_name.is_empty() {
             vec![args.model.model.clone()]
@@ -63,6 +64,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
         default_max_tokens: args.max_tokens,
         max_prompt_bytes: checkpoint.input_limit.max_bytes,
         context,
+        max_choices: 1, // --max-batch, once the model is loaded
     };
     let model = args.model.load_model(&checkpoint, context)?;
     let compile_time = model.warm_up()?;
@@ -74,6 +76,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
     }
     let device = model.device().clone();
     let max_batch = max_batch(args.max_batch, &model, &device, context);
+    limits.max_choices = max_batch;
     let engine = Engine::new(
         checkpoint,
         model,

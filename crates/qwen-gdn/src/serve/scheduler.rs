@@ -5,8 +5,12 @@
 //! prefill and one decode step of every running job (the backend's batch). Each job carries
 //! a cancel flag that its request sets when it is dropped (the client went away); the
 //! backend checks it at every step and frees the job's place.
-//! A panic while a job is admitted fails that job with 500; a panic in a step fails the jobs
-//! running in it with 500 (their states may be half-written). The worker keeps serving.
+//! A request asking for `n` choices is queued as one entry and admitted as `n` jobs at once
+//! (when there is room for all of them), which the backend runs from one prefill of the
+//! prompt; each choice has its own events, cancel flag and end.
+//! A panic while a job is admitted fails that job with 500; a panic in a step that the
+//! backend did not isolate fails the jobs running in it with 500 (their states may be
+//! half-written). The worker keeps serving.
 //! The worker measures each job (queueing, time to first token, decode speed) for /metrics
 //! and the request log.
 
@@ -33,15 +37,15 @@ pub type JobResult = Result<(Finish, Usage), ApiError>;
 /// What runs jobs on the device, several at a time: the engine in the server, a fake in
 /// unit tests.
 pub trait Backend: Send + 'static {
-    /// Takes `job` up: renders and tokenizes the prompt and sends [`Event::Prompt`] through
-    /// `output`. `Ok(None)`: the job now runs, its text going to `output` at each
-    /// [`Backend::step`] until one of them reports its end. `Ok(Some(_))`: it ended already.
-    /// Errors about the request (e.g. a prompt too long) are [`ApiError`]s.
+    /// Takes `job` up as `choices` (its id and output per choice; one unless the request
+    /// asked for `n`): renders and tokenizes the prompt and sends [`Event::Prompt`] through
+    /// each output. `Ok(None)`: the choices now run, each one's text going to its output at
+    /// each [`Backend::step`] until one of them reports its end. `Ok(Some(_))`: they ended
+    /// already. Errors about the request (e.g. a prompt too long) are [`ApiError`]s.
     fn admit(
         &mut self,
-        id: JobId,
         job: &JobSpec,
-        output: JobOutput,
+        choices: Vec<(JobId, JobOutput)>,
     ) -> Result<Option<(Finish, Usage)>, ApiError>;
 
     /// One step of the running jobs; returns those that ended in it (a job whose output's
@@ -90,19 +94,28 @@ impl JobOutput {
     }
 }
 
+/// A queued request: its job and the channel of each of its choices.
 struct Job {
     spec: JobSpec,
-    cancel: Arc<AtomicBool>,
-    events: UnboundedSender<Event>,
+    choices: Vec<Channel>,
     submitted: Instant,
     log: Option<RequestLog>,
 }
 
-/// A job the worker took up.
+/// Where one choice's events go, and its cancel flag.
+struct Channel {
+    cancel: Arc<AtomicBool>,
+    events: UnboundedSender<Event>,
+}
+
+/// A choice the worker took up.
 struct Taken {
-    job: Job,
+    channel: Channel,
+    submitted: Instant,
     taken: Instant,
     first_text: Arc<OnceLock<Instant>>,
+    /// The request's log, kept by its first choice.
+    log: Option<RequestLog>,
 }
 
 /// Where the worker reports what it measured.
@@ -169,6 +182,7 @@ impl Scheduler {
             queue,
             max_batch: max_batch.max(1),
             running: HashMap::new(),
+            waiting: None,
             next_id: 0,
             reporting,
         };
@@ -182,22 +196,35 @@ impl Scheduler {
     /// Queues `spec`; a 503 when the queue is full.
     #[cfg(test)]
     pub fn submit(&self, spec: JobSpec) -> Result<Ticket, ApiError> {
-        self.submit_logged(spec, None)
+        let mut tickets = self.submit_choices(spec, 1, None)?;
+        Ok(tickets.pop().expect("one ticket"))
     }
 
-    /// Queues `spec` (a 503 when the queue is full), the worker's measurements going to the
-    /// request's `log` too.
-    pub fn submit_logged(
+    /// Queues `spec` for `n` choices, admitted together (a 503 when the queue is full): a
+    /// ticket per choice; the worker's measurements of the first go to the request's `log`
+    /// too.
+    pub fn submit_choices(
         &self,
         spec: JobSpec,
+        n: usize,
         log: Option<RequestLog>,
-    ) -> Result<Ticket, ApiError> {
-        let cancel = Arc::new(AtomicBool::new(false));
-        let (events, receiver) = unbounded_channel();
+    ) -> Result<Vec<Ticket>, ApiError> {
+        let (mut choices, mut tickets) = (vec![], vec![]);
+        for _ in 0..n.max(1) {
+            let cancel = Arc::new(AtomicBool::new(false));
+            let (events, receiver) = unbounded_channel();
+            choices.push(Channel {
+                cancel: cancel.clone(),
+                events,
+            });
+            tickets.push(Ticket {
+                events: receiver,
+                _cancel: CancelOnDrop(cancel),
+            });
+        }
         let job = Job {
             spec,
-            cancel: cancel.clone(),
-            events,
+            choices,
             submitted: Instant::now(),
             log,
         };
@@ -208,10 +235,7 @@ impl Scheduler {
             self.metrics.dequeued();
         }
         match sent {
-            Ok(()) => Ok(Ticket {
-                events: receiver,
-                _cancel: CancelOnDrop(cancel),
-            }),
+            Ok(()) => Ok(tickets),
             Err(TrySendError::Full(_)) => Err(ApiError::overloaded(
                 "the server is busy: the request queue is full (--queue-size); retry later",
             )),
@@ -227,6 +251,9 @@ struct Worker<B> {
     queue: Receiver<Job>,
     max_batch: usize,
     running: HashMap<JobId, Taken>,
+    /// A request taken from the queue whose choices wait for room in the batch (it goes
+    /// first, before the queue).
+    waiting: Option<Job>,
     next_id: JobId,
     reporting: Reporting,
 }
@@ -236,16 +263,24 @@ impl<B: Backend> Worker<B> {
         loop {
             // New jobs join between steps while there is room; an idle worker waits for one.
             while self.running.len() < self.max_batch {
-                let job = match self.running.is_empty() {
-                    true => match self.queue.recv() {
+                let job = match (self.waiting.take(), self.running.is_empty()) {
+                    (Some(job), _) => job,
+                    (None, true) => match self.queue.recv() {
                         Ok(job) => job,
                         Err(_) => return,
                     },
-                    false => match self.queue.try_recv() {
+                    (None, false) => match self.queue.try_recv() {
                         Ok(job) => job,
                         Err(TryRecvError::Empty | TryRecvError::Disconnected) => break,
                     },
                 };
+                // A request's choices join together: it waits (first in line) for room for
+                // all. The requests validate n ≤ max_batch, so an empty batch has room.
+                let room = self.max_batch - self.running.len();
+                if job.choices.len() > room && !self.running.is_empty() {
+                    self.waiting = Some(job);
+                    break;
+                }
                 self.reporting.metrics.dequeued();
                 self.admit(job);
             }
@@ -280,7 +315,7 @@ impl<B: Backend> Worker<B> {
     fn admit(&mut self, job: Job) {
         let taken = Instant::now();
         // A client that left while its job waited costs nothing.
-        if job.cancel.load(Ordering::Relaxed) {
+        if job.choices.iter().all(|c| c.cancel.load(Ordering::Relaxed)) {
             if let Some(log) = &job.log {
                 log.set_job(JobReport {
                     finish: "cancelled",
@@ -290,34 +325,56 @@ impl<B: Backend> Worker<B> {
             }
             return;
         }
-        let id = self.next_id;
-        self.next_id += 1;
-        let first_text = Arc::new(OnceLock::new());
-        let output = JobOutput {
-            events: job.events.clone(),
-            cancel: job.cancel.clone(),
-            first_text: first_text.clone(),
-            delay: test_hooks::token_delay(),
-        };
+        let Job {
+            spec,
+            choices,
+            submitted,
+            mut log,
+        } = job;
+        let mut outputs = vec![];
+        let mut choices: Vec<(JobId, Taken)> = choices
+            .into_iter()
+            .map(|channel| {
+                let id = self.next_id;
+                self.next_id += 1;
+                let first_text = Arc::new(OnceLock::new());
+                outputs.push((
+                    id,
+                    JobOutput {
+                        events: channel.events.clone(),
+                        cancel: channel.cancel.clone(),
+                        first_text: first_text.clone(),
+                        delay: test_hooks::token_delay(),
+                    },
+                ));
+                let taken = Taken {
+                    channel,
+                    submitted,
+                    taken,
+                    first_text,
+                    log: log.take(),
+                };
+                (id, taken)
+            })
+            .collect();
         let admitted = catch_unwind(AssertUnwindSafe(|| {
-            test_hooks::maybe_panic(&prompt_text(&job.spec.prompt));
-            self.backend.admit(id, &job.spec, output)
+            test_hooks::maybe_panic(&prompt_text(&spec.prompt));
+            self.backend.admit(&spec, outputs)
         }));
-        let taken = Taken {
-            job,
-            taken,
-            first_text,
-        };
-        match admitted {
+        let result = match admitted {
             Ok(Ok(None)) => {
-                self.running.insert(id, taken);
+                self.running.extend(choices);
+                return;
             }
-            Ok(Ok(Some(ended))) => self.end(taken, Ok(ended)),
-            Ok(Err(e)) => self.end(taken, Err(e)),
+            Ok(Ok(Some(ended))) => Ok(ended),
+            Ok(Err(e)) => Err(e),
             Err(payload) => {
                 self.backend.recover(false);
-                self.end(taken, Err(panic_error(payload)));
+                Err(panic_error(payload))
             }
+        };
+        for (_, taken) in choices.drain(..) {
+            self.end(taken, result.clone());
         }
     }
 
@@ -336,31 +393,26 @@ impl<B: Backend> Worker<B> {
         if reporting.text_log {
             log(&last);
         }
-        if let Some(log) = &taken.job.log {
+        if let Some(log) = &taken.log {
             log.set_job(report);
         }
-        let _ = taken.job.events.send(last);
+        let _ = taken.channel.events.send(last);
     }
 }
 
 /// The 500 for a panic on the worker.
 fn panic_error(payload: Box<dyn std::any::Any + Send>) -> ApiError {
-    let what = payload
-        .downcast_ref::<String>()
-        .map(String::as_str)
-        .or_else(|| payload.downcast_ref::<&str>().copied())
-        .unwrap_or("a panic");
+    let what = crate::engine::panic_message(payload.as_ref());
     ApiError::internal(format!("internal error during generation: {what}"))
 }
 
 /// The job's measurements, from its last event and the time of its first text.
 fn report(taken: &Taken, last: &Event) -> JobReport {
     let end = Instant::now();
-    let job = &taken.job;
     let first_text = taken.first_text.get().copied();
     let mut report = JobReport {
-        queued: taken.taken - job.submitted,
-        time_to_first_token: first_text.map(|t| t - job.submitted),
+        queued: taken.taken - taken.submitted,
+        time_to_first_token: first_text.map(|t| t - taken.submitted),
         ..Default::default()
     };
     match last {
@@ -407,8 +459,8 @@ fn log(event: &Event) {
     crate::ui::output::eprint_line(&line);
 }
 
-/// The prompt's text, for the test panic switch.
-fn prompt_text(prompt: &Prompt) -> String {
+/// The prompt's text, for the test panic switches.
+pub fn prompt_text(prompt: &Prompt) -> String {
     match prompt {
         Prompt::Text(text) => text.clone(),
         Prompt::Chat { messages, .. } => serde_json::to_string(messages).unwrap_or_default(),
@@ -436,9 +488,8 @@ mod tests {
     impl Backend for Fake {
         fn admit(
             &mut self,
-            id: JobId,
             job: &JobSpec,
-            output: JobOutput,
+            choices: Vec<(JobId, JobOutput)>,
         ) -> Result<Option<(Finish, Usage)>, ApiError> {
             self.started.lock().unwrap().push(job.max_tokens);
             let text = match &job.prompt {
@@ -451,13 +502,15 @@ mod tests {
             if text == "error" {
                 return Err(ApiError::invalid("fake error"));
             }
-            let _ = output.send(Event::Prompt(PromptInfo {
-                prompt_tokens: 1,
-                reasoning: crate::text::reasoning::ReasoningMode::Off,
-                forced_opening: None,
-            }));
-            self.running
-                .push((id, job.max_tokens, 0, output, text == "step-panic"));
+            for (id, output) in choices {
+                let _ = output.send(Event::Prompt(PromptInfo {
+                    prompt_tokens: 1,
+                    reasoning: crate::text::reasoning::ReasoningMode::Off,
+                    forced_opening: None,
+                }));
+                self.running
+                    .push((id, job.max_tokens, 0, output, text == "step-panic"));
+            }
             Ok(None)
         }
 
@@ -627,6 +680,28 @@ mod tests {
         );
         assert_eq!(*probes.widest.lock().unwrap(), 2);
         drop(long);
+    }
+
+    #[test]
+    fn a_requests_choices_wait_for_room_for_all_then_run_together() {
+        let (backend, probes) = fake(None);
+        let scheduler = Scheduler::start(backend, 3, 4);
+        let mut long = scheduler.submit(spec("x", usize::MAX)).unwrap();
+        while !matches!(long.events.blocking_recv(), Some(Event::Text(_))) {}
+        // Two more fit beside the long one; three wait until it leaves.
+        let mut two = scheduler.submit_choices(spec("x", 4), 2, None).unwrap();
+        let mut three = scheduler.submit_choices(spec("x", 3), 3, None).unwrap();
+        for ticket in &mut two {
+            assert_eq!(finish(ticket).0, "bcde");
+        }
+        assert_eq!(*probes.widest.lock().unwrap(), 3);
+        assert_eq!(*probes.started.lock().unwrap(), vec![usize::MAX, 4]);
+        drop(long);
+        for ticket in &mut three {
+            assert_eq!(finish(ticket).0, "bcd");
+        }
+        assert_eq!(*probes.widest.lock().unwrap(), 3, "never more than --max-batch");
+        assert_eq!(*probes.started.lock().unwrap(), vec![usize::MAX, 4, 3]);
     }
 
     #[test]

@@ -1,5 +1,5 @@
 //! Request bodies of /v1/chat/completions and /v1/completions, and their validation into a
-//! [`JobSpec`]. Fields the server cannot honour (n > 1, structured output) are 400s
+//! [`JobSpec`]. Fields the server cannot honour (n beyond --max-batch, best_of) are 400s
 //! rather than silently ignored; numbers are checked against the ranges of `generate`'s flags.
 //! The Anthropic and Ollama requests are translated into these two, so that every API is
 //! validated here, once.
@@ -91,6 +91,8 @@ pub struct Validated {
     pub tool_choice: ToolChoice,
     /// Completions' `echo`: the prompt text, which the reply starts with.
     pub echo: Option<String>,
+    /// `n`: replies to the prompt, generated together (serve/choices.rs).
+    pub choices: usize,
 }
 
 /// The most likely tokens a request may ask for at each position (vLLM's default bound).
@@ -106,6 +108,8 @@ pub struct Limits {
     pub max_prompt_bytes: u64,
     pub context: usize,
     pub defaults: SamplingDefaults,
+    /// The most choices (`n`) a request may ask for: they run together, so --max-batch.
+    pub max_choices: usize,
 }
 
 #[cfg(test)]
@@ -119,6 +123,7 @@ impl Limits {
             max_prompt_bytes,
             context: 50,
             defaults: SamplingDefaults::from_generation_config(None).0,
+            max_choices: 4,
         }
     }
 }
@@ -290,11 +295,20 @@ fn max_tokens(param: &str, value: Option<u64>, limits: &Limits) -> Result<usize,
     }
 }
 
-fn unsupported(c: &Common) -> Result<(), ApiError> {
-    if c.n.is_some_and(|n| n != 1) {
-        return Err(ApiError::invalid_param("n", "only n = 1 is supported"));
+/// `n`: at least 1, and at most what runs together (the choices share one batch).
+fn choices(c: &Common, limits: &Limits) -> Result<usize, ApiError> {
+    match c.n {
+        None => Ok(1),
+        Some(0) => Err(ApiError::invalid_param("n", "`n` must be at least 1")),
+        Some(n) if n > limits.max_choices as u64 => Err(ApiError::invalid_param(
+            "n",
+            format!(
+                "`n` is {n}, more than the {} replies this server generates together (--max-batch)",
+                limits.max_choices
+            ),
+        )),
+        Some(n) => Ok(n as usize),
     }
-    Ok(())
 }
 
 /// A count of most likely tokens, `param` = `value`: a whole number up to [`MAX_TOP_LOGPROBS`].
@@ -366,7 +380,7 @@ fn too_long(bytes: u64, limits: &Limits) -> Result<(), ApiError> {
 impl ChatRequest {
     pub fn validate(mut self, limits: &Limits) -> Result<Validated, ApiError> {
         check_model(&self.common, limits)?;
-        unsupported(&self.common)?;
+        let choices = choices(&self.common, limits)?;
         let format = output_format(self.response_format.as_ref())?;
         let logprobs = chat_logprobs(self.common.logprobs.as_ref(), self.top_logprobs.as_ref())?;
         let sampling = sampling(&self.common, &limits.defaults)?;
@@ -425,6 +439,7 @@ impl ChatRequest {
             tools: shown,
             tool_choice,
             echo: None,
+            choices,
         })
     }
 }
@@ -596,14 +611,15 @@ fn tool_choice(choice: Option<&Json>, tools: &[Json]) -> Result<ToolChoice, ApiE
 impl CompletionRequest {
     pub fn validate(mut self, limits: &Limits) -> Result<Validated, ApiError> {
         check_model(&self.common, limits)?;
-        unsupported(&self.common)?;
+        let choices = choices(&self.common, limits)?;
         if self.suffix.is_some() {
             return Err(ApiError::invalid_param("suffix", "suffix is not supported"));
         }
-        if self.best_of.is_some_and(|n| n != 1) {
+        // best_of > n ranks candidates the reply does not show: not supported.
+        if self.best_of.is_some_and(|b| b != choices as u64) {
             return Err(ApiError::invalid_param(
                 "best_of",
-                "only best_of = 1 is supported",
+                "only best_of = n is supported",
             ));
         }
         let mut prompts = std::mem::replace(&mut self.prompt, OneOrMany::Many(vec![])).into_vec();
@@ -642,6 +658,7 @@ impl CompletionRequest {
             tools: vec![],
             tool_choice: ToolChoice::None,
             echo: echo.then_some(prompt),
+            choices,
         })
     }
 }
@@ -691,7 +708,8 @@ mod tests {
             (r#""frequency_penalty":-3"#, "frequency_penalty"),
             (r#""max_tokens":0"#, "max_tokens"),
             (r#""seed":-1"#, "seed"),
-            (r#""n":2"#, "n"),
+            (r#""n":0"#, "n"),
+            (r#""n":5"#, "n"),
             (r#""tool_choice":"required""#, "tool_choice"),
             (
                 r#""chat_template_kwargs":{"messages":1}"#,

@@ -25,6 +25,17 @@ pub fn usage(u: &Usage) -> Json {
     })
 }
 
+/// Choice `index` of a whole chat completion; `message` holds role, content,
+/// reasoning_content, tool_calls.
+pub fn chat_choice(index: usize, message: Json, finish_reason: &str) -> Json {
+    json!({"index": index, "message": message, "logprobs": null, "finish_reason": finish_reason})
+}
+
+/// Choice `index` of a text completion, whole or a streamed piece.
+pub fn completion_choice(index: usize, text: &str, finish_reason: Option<&str>) -> Json {
+    json!({"index": index, "text": text, "logprobs": null, "finish_reason": finish_reason})
+}
+
 /// Fields every response object of one request shares.
 pub struct Header {
     pub id: String,
@@ -52,30 +63,25 @@ impl Header {
         })
     }
 
-    /// A whole chat completion; `message` holds role, content, reasoning_content, tool_calls.
-    pub fn chat(&self, message: Json, finish_reason: &str, u: &Usage) -> Json {
-        let mut body = self.object(
-            "chat.completion",
-            json!([{"index": 0, "message": message, "logprobs": null, "finish_reason": finish_reason}]),
-        );
+    /// A whole chat completion of `choices` ([`chat_choice`]).
+    pub fn chat(&self, choices: Vec<Json>, u: &Usage) -> Json {
+        let mut body = self.object("chat.completion", Json::Array(choices));
         body["usage"] = usage(u);
         body
     }
 
-    /// One streamed chat chunk.
-    pub fn chat_chunk(&self, delta: Json, finish_reason: Option<&str>) -> Json {
+    /// One streamed chat chunk, of choice `index`.
+    pub fn chat_chunk(&self, index: usize, delta: Json, finish_reason: Option<&str>) -> Json {
         self.object(
             "chat.completion.chunk",
-            json!([{"index": 0, "delta": delta, "logprobs": null, "finish_reason": finish_reason}]),
+            json!([{"index": index, "delta": delta, "logprobs": null, "finish_reason": finish_reason}]),
         )
     }
 
-    /// A whole text completion, or (with `usage` None) one streamed piece of one.
-    pub fn completion(&self, text: &str, finish_reason: Option<&str>, u: Option<&Usage>) -> Json {
-        let mut body = self.object(
-            "text_completion",
-            json!([{"index": 0, "text": text, "logprobs": null, "finish_reason": finish_reason}]),
-        );
+    /// A whole text completion of `choices` ([`completion_choice`]), or (with `usage` None)
+    /// one streamed piece of one.
+    pub fn completion(&self, choices: Vec<Json>, u: Option<&Usage>) -> Json {
+        let mut body = self.object("text_completion", Json::Array(choices));
         if let Some(u) = u {
             body["usage"] = usage(u);
         }
