@@ -332,19 +332,28 @@ fn each_choice_of_n_is_its_reply_alone_with_seed_plus_its_index() {
                 choice_of(&alone["choices"][0]),
                 "{path} choice {i} against seed {seed} alone"
             );
-            assert_eq!(together["usage"]["prompt_tokens"], alone["usage"]["prompt_tokens"]);
+            assert_eq!(
+                together["usage"]["prompt_tokens"],
+                alone["usage"]["prompt_tokens"]
+            );
             completion_tokens += alone["usage"]["completion_tokens"].as_u64().unwrap();
         }
         // The prompt counted once, the completions summed.
         assert_eq!(together["usage"]["completion_tokens"], completion_tokens);
         let distinct: std::collections::HashSet<String> =
             choices.iter().map(|c| choice_of(c).to_string()).collect();
-        assert!(distinct.len() > 1, "the seeds made no difference: {together}");
+        assert!(
+            distinct.len() > 1,
+            "the seeds made no difference: {together}"
+        );
         // Streamed: the same choices, each chunk naming its choice.
         let chunks = stream_chunks(
             &server,
             path,
-            &with(&body, json!({"n": 3, "stream": true, "stream_options": {"include_usage": true}})),
+            &with(
+                &body,
+                json!({"n": 3, "stream": true, "stream_options": {"include_usage": true}}),
+            ),
         );
         let mut texts = vec![String::new(); 3];
         let mut finishes = vec![Json::Null; 3];
@@ -360,9 +369,14 @@ fn each_choice_of_n_is_its_reply_alone_with_seed_plus_its_index() {
             }
         }
         for (i, choice) in choices.iter().enumerate() {
-            let whole = choice["text"].as_str().or(choice["message"]["content"].as_str());
+            let whole = choice["text"]
+                .as_str()
+                .or(choice["message"]["content"].as_str());
             assert_eq!(texts[i], whole.unwrap(), "{path} streamed choice {i}");
-            assert_eq!(finishes[i], choice["finish_reason"], "{path} streamed choice {i}");
+            assert_eq!(
+                finishes[i], choice["finish_reason"],
+                "{path} streamed choice {i}"
+            );
         }
         let usage = &chunks.last().unwrap()["usage"];
         assert_eq!(usage["completion_tokens"], completion_tokens, "{chunks:?}");
@@ -408,15 +422,26 @@ fn a_panic_in_one_replys_sampling_fails_that_reply_alone() {
     assert_eq!(status, 500, "{reply}");
     let message = reply["error"]["message"].as_str().unwrap();
     assert!(message.contains("test panic in one reply"), "{reply}");
-    let chunks = stream_chunks(&server, "/v1/completions", &with(&faulty, json!({"stream": true})));
+    let chunks = stream_chunks(
+        &server,
+        "/v1/completions",
+        &with(&faulty, json!({"stream": true})),
+    );
     let last = chunks.last().unwrap();
     assert!(
-        last["error"]["message"].as_str().unwrap().contains("test panic in one reply"),
+        last["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("test panic in one reply"),
         "{chunks:?}"
     );
     for (i, handle) in others.into_iter().enumerate() {
         let got = handle.join().unwrap();
-        assert_eq!(got, alone[i], "{}: beside the panicking replies", asks[i].prompt);
+        assert_eq!(
+            got, alone[i],
+            "{}: beside the panicking replies",
+            asks[i].prompt
+        );
     }
     let (status, _) = server.call("/health", None, None);
     assert_eq!(status, 200);

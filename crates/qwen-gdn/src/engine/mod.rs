@@ -22,8 +22,8 @@ mod stop_strings;
 #[allow(unused_imports)] // for chat and serve
 pub use conversation::render_conversation;
 pub use eos::eos_ids;
-pub use non_finite::non_finite_logits;
 pub use isolated::{isolated, panic_message};
+pub use non_finite::non_finite_logits;
 pub use replies::{Ended, NewReply, Replies};
 pub use sequence::ReplySink;
 pub use stop_strings::{Scan, StopStrings};

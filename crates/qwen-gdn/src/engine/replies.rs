@@ -318,7 +318,11 @@ fn fail_prompt<K, S>(
         engine.prompt_cache_mut().clear();
     }
     let why = format!("{e:#}");
-    ended.extend(replies.into_iter().map(|(key, _)| (key, Err(anyhow!("{why}")))));
+    ended.extend(
+        replies
+            .into_iter()
+            .map(|(key, _)| (key, Err(anyhow!("{why}")))),
+    );
 }
 
 /// The reply's next token from `logits`, and the tokens after it that need no batched step

@@ -4,11 +4,11 @@
 //! with its sampling, stop strings, constraint and cancel flag; each step of the worker is a
 //! step of those replies. Everything the server needs from the engine goes through this file.
 
+use super::choices::choice_seed;
 use super::error::ApiError;
 use super::job::{
     Event, Finish, JobSpec, LogprobRequest, Logprobs, Prompt, PromptInfo, TokenScore, Usage,
 };
-use super::choices::choice_seed;
 use super::metrics::PromptCacheStats;
 use super::model_facts::ModelFacts;
 use super::scheduler::{prompt_text, Backend, JobId, JobOutput, JobResult};

@@ -272,14 +272,17 @@ pub fn choices_body(
     first: Vec<Bytes>,
     mut render: impl FnMut(usize, Step) -> Vec<Bytes> + Send + 'static,
 ) -> Body {
-    let each = generations.into_iter().enumerate().map(|(index, generation)| {
-        stream::unfold(generation, |mut generation| async move {
-            let step = generation.next().await?;
-            Some((step, generation))
-        })
-        .map(move |step| (index, step))
-        .boxed()
-    });
+    let each = generations
+        .into_iter()
+        .enumerate()
+        .map(|(index, generation)| {
+            stream::unfold(generation, |mut generation| async move {
+                let step = generation.next().await?;
+                Some((step, generation))
+            })
+            .map(move |step| (index, step))
+            .boxed()
+        });
     let steps = stream::unfold(
         (stream::select_all(each), false),
         |(mut steps, failed)| async move {

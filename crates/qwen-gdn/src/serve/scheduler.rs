@@ -700,7 +700,11 @@ mod tests {
         for ticket in &mut three {
             assert_eq!(finish(ticket).0, "bcd");
         }
-        assert_eq!(*probes.widest.lock().unwrap(), 3, "never more than --max-batch");
+        assert_eq!(
+            *probes.widest.lock().unwrap(),
+            3,
+            "never more than --max-batch"
+        );
         assert_eq!(*probes.started.lock().unwrap(), vec![usize::MAX, 4, 3]);
     }
 

@@ -117,10 +117,9 @@ fn stream(
                 json!({"role": "assistant", "content": ""}),
                 None,
             ))),
-            Shape::Completion if !echo.is_empty() => first.push(sse(&header.completion(
-                vec![completion_choice(index, &echo, None)],
-                None,
-            ))),
+            Shape::Completion if !echo.is_empty() => first.push(sse(
+                &header.completion(vec![completion_choice(index, &echo, None)], None)
+            )),
             Shape::Completion => {}
         }
         first.extend(chunks(&header, shape, index, &opening));
@@ -181,10 +180,9 @@ fn chunks(header: &Header, shape: Shape, index: usize, deltas: &[Delta]) -> Vec<
         .filter_map(|d| match shape {
             Shape::Chat => Some(sse(&header.chat_chunk(index, chat_delta(d), None))),
             Shape::Completion => match d {
-                Delta::Content(t) => Some(sse(&header.completion(
-                    vec![completion_choice(index, t, None)],
-                    None,
-                ))),
+                Delta::Content(t) => Some(sse(
+                    &header.completion(vec![completion_choice(index, t, None)], None)
+                )),
                 _ => None,
             },
         })
