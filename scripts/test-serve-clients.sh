@@ -8,7 +8,8 @@
 # output validated by `jsonschema`), the same greedy text through the three APIs, then the
 # metrics those requests left and the JSON request log. A third server, with a small
 # --max-batch and --queue-size, takes the load test (continuous batching: 64 concurrent
-# clients, each completed greedy reply equal to its reply alone, the rest clean 503s/400s).
+# clients, each completed greedy reply equal to its reply alone, each choice of the n=2
+# requests equal to its reply alone with seed + i, the rest clean 503s).
 #
 #   bash scripts/test-serve-clients.sh
 #

@@ -1,10 +1,12 @@
 """The load test of serve's continuous batching with the official `openai` client (run by
 scripts/test-serve-clients.sh against a server with a small --max-batch and --queue-size):
 64 concurrent clients on 127.0.0.1, plain and streamed, completions and chat, mixed lengths,
-some hanging up mid-stream and some asking for n=2. Checks:
+some hanging up mid-stream and some asking for n=2 sampled choices with a seed. Checks:
 - every request that completes gives the text it gives alone (greedy; measured first, one
   request at a time) and a finish_reason, streamed or not;
-- every other request gets a clean error: 503 (queue full) or 400 (n=2), in OpenAI's shape;
+- every n=2 request that completes gives two choices, choice i equal to the reply alone with
+  n=1 and seed + i (the seed rule; sampled, so the seeds matter);
+- every other request gets a clean error: 503 (queue full), in OpenAI's shape;
 - no stream ends without [DONE] or an error;
 - requests ran together (the running gauge of /metrics went past 1);
 - the server is healthy after, with nothing left running or queued.
@@ -42,9 +44,14 @@ def client():
     return openai.OpenAI(base_url=f"{base}/v1", api_key=key, max_retries=0, timeout=TIMEOUT)
 
 
-def ask(c, kind, prompt, max_tokens, stream, cancel_after=None, n=1):
-    """(text, finish_reason) of one request; None when the client hung up on purpose."""
-    common = dict(model=model, max_tokens=max_tokens, temperature=0, n=n)
+# The sampling of the n=2 requests: choice i is the reply alone with seed SEED + i.
+SAMPLED = dict(temperature=0.8, seed=11)
+
+
+def ask(c, kind, prompt, max_tokens, stream, cancel_after=None, n=1, sampling=None):
+    """[(text, finish_reason)] of one request, one per choice; None when the client hung up
+    on purpose."""
+    common = dict(model=model, max_tokens=max_tokens, n=n, **(sampling or dict(temperature=0)))
     if kind == "chat":
         call = lambda **kw: c.chat.completions.create(  # noqa: E731
             messages=[{"role": "user", "content": prompt}],
@@ -54,22 +61,24 @@ def ask(c, kind, prompt, max_tokens, stream, cancel_after=None, n=1):
         call = lambda **kw: c.completions.create(prompt=prompt, **common, **kw)  # noqa: E731
         piece = lambda choice: choice.text or ""  # noqa: E731
     if not stream:
-        choice = call().choices[0]
-        return piece(choice), choice.finish_reason
-    text, finish, chunks = "", None, 0
+        choices = sorted(call().choices, key=lambda choice: choice.index)
+        assert [choice.index for choice in choices] == list(range(n)), choices
+        return [(piece(choice), choice.finish_reason) for choice in choices]
+    texts, finishes, chunks = [""] * n, [None] * n, 0
     with call(stream=True) as s:
         for chunk in s:
             if not chunk.choices:
                 continue
-            text += piece(chunk.choices[0])
-            finish = chunk.choices[0].finish_reason or finish
+            for choice in chunk.choices:
+                texts[choice.index] += piece(choice)
+                finishes[choice.index] = choice.finish_reason or finishes[choice.index]
             chunks += 1
             if cancel_after is not None and chunks >= cancel_after:
                 return None  # leaving the with block closes the connection
     # The client's iterator ends at [DONE]; a cut connection raises instead.
-    if finish is None:
-        raise AssertionError(f"a stream ended without a finish_reason: {text!r}")
-    return text, finish
+    if None in finishes:
+        raise AssertionError(f"a stream ended without a finish_reason: {texts!r}")
+    return list(zip(texts, finishes))
 
 
 def running_gauge():
@@ -81,11 +90,19 @@ def running_gauge():
     return 0.0
 
 
-alone = {}
+def is_n2(i):
+    return i % 16 == 6
+
+
+alone, alone_n2 = {}, {}
 c = client()
 for kind, prompt, max_tokens in KINDS:
     alone[(kind, prompt)] = ask(c, kind, prompt, max_tokens, stream=False)
-    assert alone[(kind, prompt)][0], f"no text alone for {prompt!r}"
+    assert alone[(kind, prompt)][0][0], f"no text alone for {prompt!r}"
+for kind, prompt, max_tokens in {KINDS[i % len(KINDS)] for i in range(CLIENTS) if is_n2(i)}:
+    seeded = [dict(SAMPLED, seed=SAMPLED["seed"] + i) for i in range(2)]
+    alone_n2[(kind, prompt)] = [ask(c, kind, prompt, max_tokens, False, sampling=s)[0] for s in seeded]
+    assert alone_n2[(kind, prompt)][0] != alone_n2[(kind, prompt)][1], "the seeds made no difference"
 
 widest = [0.0]
 stop = threading.Event()
@@ -101,22 +118,21 @@ def one(i):
     kind, prompt, max_tokens = KINDS[i % len(KINDS)]
     stream = i % 2 == 1
     cancel_after = 2 if i % 8 == 3 else None
-    n = 2 if i % 16 == 6 else 1
+    n, sampling, want = 1, None, alone[(kind, prompt)]
+    if is_n2(i):
+        n, sampling, want = 2, SAMPLED, alone_n2[(kind, prompt)]
     try:
-        got = ask(client(), kind, prompt, max_tokens, stream, cancel_after, n)
+        got = ask(client(), kind, prompt, max_tokens, stream, cancel_after, n, sampling)
     except openai.APIStatusError as e:
         body = e.response.json()
         assert {"message", "type", "param", "code"} <= body["error"].keys(), body
-        if e.status_code == 400 and n == 2:
-            return "400"
         if e.status_code == 503:
             return "503"
         raise AssertionError(f"client {i}: unexpected {e.status_code}: {body}")
     if got is None:
         return "cancelled"
-    assert n == 1, f"client {i}: n=2 was served"
-    assert got == alone[(kind, prompt)], f"client {i} ({kind} {prompt!r}, stream={stream}): {got} != alone {alone[(kind, prompt)]}"
-    return "same"
+    assert got == want, f"client {i} ({kind} {prompt!r}, n={n}, stream={stream}): {got} != alone {want}"
+    return "same" if n == 1 else "same n=2"
 
 
 watcher = threading.Thread(target=watch, daemon=True)
@@ -130,7 +146,6 @@ elapsed = time.monotonic() - start
 counts = {k: outcomes.count(k) for k in sorted(set(outcomes))}
 print(f"load: {CLIENTS} clients in {elapsed:.1f} s: {counts}; at most {widest[0]:.0f} running together")
 assert counts.get("same", 0) >= CLIENTS // 4, counts
-assert counts.get("400", 0) == len([i for i in range(CLIENTS) if i % 16 == 6]), counts
 assert widest[0] > 1, "the requests never ran together"
 
 # Healthy after: /health, a request alone gives its text, nothing left running or queued.
@@ -138,6 +153,10 @@ with urllib.request.urlopen(f"{base}/health", timeout=10) as r:
     assert r.status == 200
 kind, prompt, max_tokens = KINDS[0]
 assert ask(client(), kind, prompt, max_tokens, stream=True) == alone[(kind, prompt)]
+# n=2 streamed, whatever the load let through: each choice its reply alone with seed + i.
+(kind, prompt), want = next(iter(alone_n2.items()))
+max_tokens = next(m for k, p, m in KINDS if (k, p) == (kind, prompt))
+assert ask(client(), kind, prompt, max_tokens, stream=True, n=2, sampling=SAMPLED) == want
 for _ in range(100):
     if running_gauge() == 0:
         break
