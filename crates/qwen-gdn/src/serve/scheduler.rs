@@ -667,13 +667,20 @@ mod tests {
         );
     }
 
+    /// A scheduler of `max_batch` running a job that never ends by itself, once its text
+    /// comes.
+    fn running_a_long_job(max_batch: usize) -> (Scheduler, Ticket, Probes) {
+        let (backend, probes) = fake(None);
+        let scheduler = Scheduler::start(backend, max_batch, 4);
+        let mut long = scheduler.submit(spec("x", usize::MAX)).unwrap();
+        while !matches!(long.events.blocking_recv(), Some(Event::Text(_))) {}
+        (scheduler, long, probes)
+    }
+
     #[test]
     fn a_job_joins_while_others_run() {
-        let (backend, probes) = fake(None);
-        let scheduler = Scheduler::start(backend, 4, 4);
-        let mut long = scheduler.submit(spec("x", usize::MAX)).unwrap();
         // The long job runs; a second one joins it, ends, and the long one goes on.
-        while !matches!(long.events.blocking_recv(), Some(Event::Text(_))) {}
+        let (scheduler, long, probes) = running_a_long_job(4);
         let mut short = scheduler.submit(spec("x", 3)).unwrap();
         assert!(
             matches!(last_event(&mut short), Event::Done { usage, .. } if usage.completion_tokens == 3)
@@ -684,10 +691,7 @@ mod tests {
 
     #[test]
     fn a_requests_choices_wait_for_room_for_all_then_run_together() {
-        let (backend, probes) = fake(None);
-        let scheduler = Scheduler::start(backend, 3, 4);
-        let mut long = scheduler.submit(spec("x", usize::MAX)).unwrap();
-        while !matches!(long.events.blocking_recv(), Some(Event::Text(_))) {}
+        let (scheduler, long, probes) = running_a_long_job(3);
         // Two more fit beside the long one; three wait until it leaves.
         let mut two = scheduler.submit_choices(spec("x", 4), 2, None).unwrap();
         let mut three = scheduler.submit_choices(spec("x", 3), 3, None).unwrap();
