@@ -772,6 +772,35 @@ fn forced_tool_calls_are_well_formed_and_follow_the_schemas() {
             json!({"messages": user("Weather in Paris?"), "tools": tools, "tool_choice": choice,
                    "max_tokens": 200, "temperature": temperature, "seed": seed})
         };
+        // Bad choices and a schema the automaton refuses: 400s naming the field, in one line.
+        let bad_schema = json!([{"type": "function", "function": {"name": "f", "parameters": {
+            "type": "object", "properties": {"x": {"type": "strnig"}}, "required": ["x"]}}}]);
+        for (body, param, says) in [
+            (
+                json!({"messages": user("hi"), "tool_choice": "required"}),
+                "tool_choice",
+                "tools",
+            ),
+            (
+                json!({"messages": user("hi"), "tools": tools,
+                       "tool_choice": {"type": "function", "function": {"name": "nope"}}}),
+                "tool_choice",
+                "nope",
+            ),
+            (
+                json!({"messages": user("hi"), "tools": bad_schema, "tool_choice": "required"}),
+                "tools",
+                "strnig",
+            ),
+        ] {
+            let (status, reply) = server.post(chat, &body);
+            assert_api_error(status, &reply, 400, Some(param), None);
+            let message = reply["error"]["message"].as_str().unwrap();
+            assert!(
+                message.contains(says) && !message.contains('\n'),
+                "{message}"
+            );
+        }
         // Unconstrained, the random weights never write a call: only the constraint does.
         for seed in 0..3 {
             let mut body = ask(json!("auto"), 1, seed);
@@ -899,6 +928,29 @@ fn anthropic_tool_choice_any_and_tool_are_constrained() {
                 .unwrap_or_else(|| panic!("{at}: {events:?}"));
             assert_eq!(stop["delta"]["stop_reason"], "tool_use", "{at}");
         }
+    }
+    // Anthropic's error shape for a tool_choice that names no declared tool, or asks for any
+    // call with no tools.
+    for choice in [
+        json!({"type": "tool", "name": "nope"}),
+        json!({"type": "any"}),
+    ] {
+        let mut body = json!({"model": fixture(MODEL), "max_tokens": 20,
+            "messages": [{"role": "user", "content": "Weather?"}], "tool_choice": choice});
+        if choice["type"] == "tool" {
+            body["tools"] = json!(tools);
+        }
+        let (status, reply) = server.post("/v1/messages", &body);
+        assert_eq!(status, 400, "{reply}");
+        assert_eq!(reply["type"], "error", "{reply}");
+        assert_eq!(reply["error"]["type"], "invalid_request_error", "{reply}");
+        assert!(
+            reply["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("tool_choice"),
+            "{reply}"
+        );
     }
 }
 

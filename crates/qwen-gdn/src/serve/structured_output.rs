@@ -106,7 +106,12 @@ impl Grammars {
         what: &str,
     ) -> Result<GrammarConstraint, ApiError> {
         let parser = self.factory.create_parser(grammar).map_err(|e| {
-            let why = format!("{e:#}");
+            // One line: the answer names the field and the problem.
+            let why = format!("{e:#}")
+                .lines()
+                .map(str::trim)
+                .collect::<Vec<_>>()
+                .join(" ");
             let message = if mentions_a_limit(&why) {
                 format!(
                     "the {what} is over the structured-output automaton's limits ({}): {why}",
