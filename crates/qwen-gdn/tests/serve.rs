@@ -650,6 +650,23 @@ fn weather_tool() -> Json {
     }}])
 }
 
+/// `body` streamed from /v1/chat/completions: its chunks (`[DONE]` left out) and the
+/// `tool_calls` of their deltas.
+fn streamed_tool_calls(server: &Server, body: &Json) -> (Vec<Json>, Vec<Json>) {
+    let mut body = body.clone();
+    body["stream"] = json!(true);
+    let events = server.stream("/v1/chat/completions", &body);
+    let chunks: Vec<Json> = events[..events.len() - 1]
+        .iter()
+        .map(|e| serde_json::from_str(e).unwrap())
+        .collect();
+    let calls = chunks
+        .iter()
+        .filter_map(|c| c["choices"][0]["delta"].get("tool_calls").cloned())
+        .collect();
+    (chunks, calls)
+}
+
 #[test]
 fn tool_calls_come_back_in_openai_shape() {
     // The tiny models print gibberish: the reply is forced (a debug-build test switch) to a
@@ -672,18 +689,8 @@ fn tool_calls_come_back_in_openai_shape() {
     assert_eq!(args, json!({"city": "Paris <Nord>", "days": 3}));
 
     // Streamed: one tool_calls delta with the whole call, then finish_reason tool_calls.
-    let mut body = body.clone();
-    body["stream"] = json!(true);
-    let events = server.stream("/v1/chat/completions", &body);
-    let chunks: Vec<Json> = events[..events.len() - 1]
-        .iter()
-        .map(|e| serde_json::from_str(e).unwrap())
-        .collect();
-    let calls: Vec<&Json> = chunks
-        .iter()
-        .filter_map(|c| c["choices"][0]["delta"].get("tool_calls"))
-        .collect();
-    assert_eq!(calls.len(), 1, "{events:?}");
+    let (chunks, calls) = streamed_tool_calls(&server, &body);
+    assert_eq!(calls.len(), 1, "{chunks:?}");
     assert_eq!(calls[0][0]["index"], 0);
     assert_eq!(calls[0][0]["function"]["name"], "get_weather");
     assert_eq!(
@@ -830,18 +837,8 @@ fn forced_tool_calls_are_well_formed_and_follow_the_schemas() {
                 assert_declared_call(&function["name"], &arguments, &tools, wanted, &at);
 
                 // Streamed: the same call (the same seed samples the same tokens).
-                let mut body = body.clone();
-                body["stream"] = json!(true);
-                let events = server.stream(chat, &body);
-                let chunks: Vec<Json> = events[..events.len() - 1]
-                    .iter()
-                    .map(|e| serde_json::from_str(e).unwrap())
-                    .collect();
-                let streamed: Vec<&Json> = chunks
-                    .iter()
-                    .filter_map(|c| c["choices"][0]["delta"].get("tool_calls"))
-                    .collect();
-                assert_eq!(streamed.len(), 1, "{at}: {events:?}");
+                let (chunks, streamed) = streamed_tool_calls(&server, &body);
+                assert_eq!(streamed.len(), 1, "{at}: {chunks:?}");
                 assert_eq!(streamed[0][0]["function"]["name"], function["name"], "{at}");
                 assert_eq!(
                     streamed[0][0]["function"]["arguments"], function["arguments"],
