@@ -137,4 +137,38 @@ messages += [
 r = forced.messages.create(model=model, messages=messages, tools=tools, max_tokens=256, thinking=thinking)
 check(r.type == "message", r)
 
+# tool_choice any / tool on the unforced server: the reply is constrained to one call to a
+# declared tool with input valid against its schema (random weights never write one alone).
+bounded = {
+    "name": "set_alarm",
+    "input_schema": {
+        "type": "object",
+        "properties": {
+            "hour": {"type": "integer", "minimum": 0, "maximum": 23},
+            "repeat": {"type": "boolean"},
+            "label": {"enum": ["work", "gym"]},
+        },
+        "required": ["hour", "repeat"],
+        "additionalProperties": False,
+    },
+}
+for choice in [{"type": "any"}, {"type": "tool", "name": "set_alarm"}]:
+    ask = dict(model=model, messages=messages[:1], tools=[bounded], tool_choice=choice, max_tokens=200)
+    r = client.messages.create(**ask, extra_body=GREEDY)
+    check(r.stop_reason == "tool_use", r)
+    (use,) = [b for b in r.content if b.type == "tool_use"]
+    hour, repeat = use.input.get("hour"), use.input.get("repeat")
+    check(use.name == "set_alarm" and isinstance(hour, int) and 0 <= hour <= 23, use)
+    check(isinstance(repeat, bool) and set(use.input) <= {"hour", "repeat", "label"}, use)
+    with client.messages.stream(**ask, extra_body=GREEDY) as s:
+        final = s.get_final_message()
+    check(final.stop_reason == "tool_use", final)
+    check([b.input for b in final.content if b.type == "tool_use"] == [use.input], final)
+try:
+    client.messages.create(model=model, messages=messages[:1], tools=[bounded], max_tokens=5,
+                           tool_choice={"type": "tool", "name": "nope"})
+    raise AssertionError("a tool_choice naming an undeclared tool was accepted")
+except anthropic.BadRequestError as e:
+    check(e.body["error"]["type"] == "invalid_request_error" and "tool_choice" in str(e), e.body)
+
 print(f"anthropic {anthropic.__version__}: {check.count} checks passed")

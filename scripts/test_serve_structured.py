@@ -1,6 +1,6 @@
 """Structured output from `qwen-gdn serve` through the official `openai` Python client: replies
-constrained by `response_format` json_schema parse and validate against their schema with the
-`jsonschema` package (run by scripts/test-serve-clients.sh; the tiny model's weights are random,
+constrained by `response_format` json_schema, and tool calls forced by `tool_choice`, parse and
+validate against their schema with the `jsonschema` package (run by scripts/test-serve-clients.sh; the tiny model's weights are random,
 so only the constraint makes them valid).
 
     python scripts/test_serve_structured.py BASE_URL API_KEY
@@ -75,5 +75,58 @@ try:
     raise AssertionError("an unsatisfiable schema was accepted")
 except openai.BadRequestError as e:
     check(e.status_code == 400 and "Unsatisfiable" in str(e), e)
+
+# Forced tool calls: tool_choice required or named gives one call to a declared tool whose
+# arguments validate against its schema (the tiny model never writes one unconstrained).
+alarm = {
+    "type": "object",
+    "properties": {
+        "hour": {"type": "integer", "minimum": 0, "maximum": 23},
+        "repeat": {"type": "boolean"},
+        "label": {"type": "string", "minLength": 1, "maxLength": 8},
+    },
+    "required": ["hour", "repeat"],
+    "additionalProperties": False,
+}
+tools = [
+    {"type": "function", "function": {"name": "set_alarm", "parameters": alarm}},
+    {"type": "function", "function": {"name": "add_person", "parameters": person}},
+]
+schemas = {t["function"]["name"]: t["function"]["parameters"] for t in tools}
+for choice in ["required", {"type": "function", "function": {"name": "set_alarm"}}]:
+    for seed in range(2):
+        ask = dict(
+            model=model,
+            messages=[{"role": "user", "content": "Wake me at seven."}],
+            tools=tools,
+            tool_choice=choice,
+            max_tokens=400,
+            temperature=1,
+            seed=seed,
+        )
+        r = client.chat.completions.create(**ask)
+        check(r.choices[0].finish_reason == "tool_calls", f"{choice} seed {seed}: {r}")
+        (call,) = r.choices[0].message.tool_calls
+        name = call.function.name
+        check(name in schemas and (choice == "required" or name == "set_alarm"), call)
+        jsonschema.validate(json.loads(call.function.arguments), schemas[name])
+        # Streamed: the same seed, the same call.
+        deltas = [
+            d
+            for chunk in client.chat.completions.create(**ask, stream=True)
+            for d in (chunk.choices[0].delta.tool_calls or [] if chunk.choices else [])
+        ]
+        check(len(deltas) == 1 and deltas[0].function.name == name, deltas)
+        check(deltas[0].function.arguments == call.function.arguments, deltas)
+try:
+    client.chat.completions.create(
+        model=model,
+        messages=[{"role": "user", "content": "hi"}],
+        tools=tools,
+        tool_choice={"type": "function", "function": {"name": "nope"}},
+    )
+    raise AssertionError("a tool_choice naming an undeclared tool was accepted")
+except openai.BadRequestError as e:
+    check(e.status_code == 400 and e.body["param"] == "tool_choice", e)
 
 print(f"structured output: {check.count} checks passed")

@@ -650,6 +650,23 @@ fn weather_tool() -> Json {
     }}])
 }
 
+/// `body` streamed from /v1/chat/completions: its chunks (`[DONE]` left out) and the
+/// `tool_calls` of their deltas.
+fn streamed_tool_calls(server: &Server, body: &Json) -> (Vec<Json>, Vec<Json>) {
+    let mut body = body.clone();
+    body["stream"] = json!(true);
+    let events = server.stream("/v1/chat/completions", &body);
+    let chunks: Vec<Json> = events[..events.len() - 1]
+        .iter()
+        .map(|e| serde_json::from_str(e).unwrap())
+        .collect();
+    let calls = chunks
+        .iter()
+        .filter_map(|c| c["choices"][0]["delta"].get("tool_calls").cloned())
+        .collect();
+    (chunks, calls)
+}
+
 #[test]
 fn tool_calls_come_back_in_openai_shape() {
     // The tiny models print gibberish: the reply is forced (a debug-build test switch) to a
@@ -672,18 +689,8 @@ fn tool_calls_come_back_in_openai_shape() {
     assert_eq!(args, json!({"city": "Paris <Nord>", "days": 3}));
 
     // Streamed: one tool_calls delta with the whole call, then finish_reason tool_calls.
-    let mut body = body.clone();
-    body["stream"] = json!(true);
-    let events = server.stream("/v1/chat/completions", &body);
-    let chunks: Vec<Json> = events[..events.len() - 1]
-        .iter()
-        .map(|e| serde_json::from_str(e).unwrap())
-        .collect();
-    let calls: Vec<&Json> = chunks
-        .iter()
-        .filter_map(|c| c["choices"][0]["delta"].get("tool_calls"))
-        .collect();
-    assert_eq!(calls.len(), 1, "{events:?}");
+    let (chunks, calls) = streamed_tool_calls(&server, &body);
+    assert_eq!(calls.len(), 1, "{chunks:?}");
     assert_eq!(calls[0][0]["index"], 0);
     assert_eq!(calls[0][0]["function"]["name"], "get_weather");
     assert_eq!(
@@ -717,38 +724,231 @@ fn tool_calls_come_back_in_openai_shape() {
     assert_eq!(status, 200, "{reply}");
 }
 
+/// Tools whose every argument is bounded (lengths, ranges, enums, no extra keys): a call the
+/// tiny model writes under the constraint always ends within a few dozen tokens.
+fn bounded_tools() -> Json {
+    json!([
+        {"type": "function", "function": {"name": "get_weather", "parameters": {
+            "type": "object", "properties": {
+                "city": {"type": "string", "minLength": 1, "maxLength": 12},
+                "days": {"type": "integer", "minimum": 1, "maximum": 7},
+                "unit": {"enum": ["celsius", "fahrenheit"]},
+                "where": {"type": "object", "properties": {
+                    "zip": {"type": "integer", "minimum": 1000, "maximum": 9999}},
+                    "required": ["zip"], "additionalProperties": false}},
+            "required": ["city", "days"], "additionalProperties": false}}},
+        {"type": "function", "function": {"name": "set_alarm", "parameters": {
+            "type": "object", "properties": {
+                "hour": {"type": "integer", "minimum": 0, "maximum": 23},
+                "repeat": {"type": "boolean"},
+                "on": {"type": "array", "items": {"enum": ["mon", "tue", "wed"]}, "maxItems": 3}},
+            "required": ["hour", "repeat"], "additionalProperties": false}}},
+    ])
+}
+
+/// Panics unless `name(arguments)` is a call to one of `tools` (to `named` when given) whose
+/// arguments validate against that tool's schema.
+fn assert_declared_call(
+    name: &Json,
+    arguments: &Json,
+    tools: &Json,
+    named: Option<&str>,
+    at: &str,
+) {
+    let name = name.as_str().unwrap_or_else(|| panic!("{at}: no name"));
+    if let Some(named) = named {
+        assert_eq!(name, named, "{at}");
+    }
+    let tool = tools
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["function"]["name"] == name)
+        .unwrap_or_else(|| panic!("{at}: {name} was not declared"));
+    assert_valid(arguments, &tool["function"]["parameters"], at);
+}
+
 #[test]
-fn a_named_tool_choice_forces_that_call() {
+fn forced_tool_calls_are_well_formed_and_follow_the_schemas() {
+    let tools = bounded_tools();
+    // Both call formats: Qwen3.5's XML and Qwen3-Next's Hermes JSON.
+    for model in [MODEL, "qwen3-next-tiny-4bit"] {
+        let server = Server::start_on(&fixture(model), &[], &[]);
+        let chat = "/v1/chat/completions";
+        let ask = |choice: Json, temperature: u32, seed: u64| {
+            json!({"messages": user("Weather in Paris?"), "tools": tools, "tool_choice": choice,
+                   "max_tokens": 200, "temperature": temperature, "seed": seed})
+        };
+        // Bad choices and a schema the automaton refuses: 400s naming the field, in one line.
+        let bad_schema = json!([{"type": "function", "function": {"name": "f", "parameters": {
+            "type": "object", "properties": {"x": {"type": "strnig"}}, "required": ["x"]}}}]);
+        for (body, param, says) in [
+            (
+                json!({"messages": user("hi"), "tool_choice": "required"}),
+                "tool_choice",
+                "tools",
+            ),
+            (
+                json!({"messages": user("hi"), "tools": tools,
+                       "tool_choice": {"type": "function", "function": {"name": "nope"}}}),
+                "tool_choice",
+                "nope",
+            ),
+            (
+                json!({"messages": user("hi"), "tools": bad_schema, "tool_choice": "required"}),
+                "tools",
+                "strnig",
+            ),
+        ] {
+            let (status, reply) = server.post(chat, &body);
+            assert_api_error(status, &reply, 400, Some(param), None);
+            let message = reply["error"]["message"].as_str().unwrap();
+            assert!(
+                message.contains(says) && !message.contains('\n'),
+                "{message}"
+            );
+        }
+        // Unconstrained, the random weights never write a call: only the constraint does.
+        for seed in 0..3 {
+            let mut body = ask(json!("auto"), 1, seed);
+            body["chat_template_kwargs"] = json!({"enable_thinking": false});
+            let (status, reply) = server.post(chat, &body);
+            assert_eq!(status, 200, "{reply}");
+            assert_ne!(
+                reply["choices"][0]["finish_reason"], "tool_calls",
+                "{model}: {reply}"
+            );
+        }
+        let named = json!({"type": "function", "function": {"name": "set_alarm"}});
+        for (choice, wanted) in [(json!("required"), None), (named, Some("set_alarm"))] {
+            // Greedy, then sampled with three seeds.
+            for (temperature, seed) in [(0, 0), (1, 0), (1, 1), (1, 2)] {
+                let at = format!("{model} {choice} temperature {temperature} seed {seed}");
+                let body = ask(choice.clone(), temperature, seed);
+                let (status, reply) = server.post(chat, &body);
+                assert_eq!(status, 200, "{at}: {reply}");
+                let choice0 = &reply["choices"][0];
+                assert_eq!(choice0["finish_reason"], "tool_calls", "{at}: {reply}");
+                let calls = choice0["message"]["tool_calls"].as_array().unwrap();
+                assert_eq!(calls.len(), 1, "{at}: {reply}");
+                let function = &calls[0]["function"];
+                let arguments: Json =
+                    serde_json::from_str(function["arguments"].as_str().unwrap()).unwrap();
+                assert_declared_call(&function["name"], &arguments, &tools, wanted, &at);
+
+                // Streamed: the same call (the same seed samples the same tokens).
+                let (chunks, streamed) = streamed_tool_calls(&server, &body);
+                assert_eq!(streamed.len(), 1, "{at}: {chunks:?}");
+                assert_eq!(streamed[0][0]["function"]["name"], function["name"], "{at}");
+                assert_eq!(
+                    streamed[0][0]["function"]["arguments"], function["arguments"],
+                    "{at}"
+                );
+                assert_eq!(
+                    chunks.last().unwrap()["choices"][0]["finish_reason"],
+                    "tool_calls",
+                    "{at}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn anthropic_tool_choice_any_and_tool_are_constrained() {
     let server = Server::start(&[], &[]);
-    let body = json!({
-        "messages": user("Weather in Paris?"), "tools": weather_tool(), "max_tokens": 8, "temperature": 0,
-        "tool_choice": {"type": "function", "function": {"name": "get_weather"}},
-    });
-    let (status, reply) = server.post("/v1/chat/completions", &body);
-    assert_eq!(status, 200, "{reply}");
-    let message = &reply["choices"][0]["message"];
-    // The reply starts inside the call the server opened; the tiny model never closes it
-    // within 8 tokens, so it comes back as content (never an error).
-    match message.get("tool_calls") {
-        Some(calls) => assert_eq!(calls[0]["function"]["name"], "get_weather", "{reply}"),
-        None => assert!(
-            message["content"]
+    let tools: Vec<Json> = bounded_tools()
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| {
+            let f = &t["function"];
+            json!({"name": f["name"], "input_schema": f["parameters"]})
+        })
+        .collect();
+    let declared = bounded_tools();
+    for (choice, wanted) in [
+        (json!({"type": "any"}), None),
+        (
+            json!({"type": "tool", "name": "get_weather"}),
+            Some("get_weather"),
+        ),
+    ] {
+        // Greedy, then sampled twice (Anthropic's API has no seed: any well-formed call passes).
+        for (round, temperature) in [0, 1, 1].into_iter().enumerate() {
+            let at = format!("{choice} temperature {temperature} round {round}");
+            let body = json!({"model": fixture(MODEL), "max_tokens": 200,
+                "temperature": temperature, "messages": [{"role": "user", "content": "Weather?"}],
+                "tools": tools, "tool_choice": choice});
+            let (status, reply) = server.post("/v1/messages", &body);
+            assert_eq!(status, 200, "{at}: {reply}");
+            assert_eq!(reply["stop_reason"], "tool_use", "{at}: {reply}");
+            let calls: Vec<&Json> = reply["content"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter(|b| b["type"] == "tool_use")
+                .collect();
+            assert_eq!(calls.len(), 1, "{at}: {reply}");
+            assert_declared_call(
+                &calls[0]["name"],
+                &calls[0]["input"],
+                &declared,
+                wanted,
+                &at,
+            );
+
+            let mut body = body.clone();
+            body["stream"] = json!(true);
+            let events: Vec<Json> = server
+                .stream("/v1/messages", &body)
+                .iter()
+                .map(|e| serde_json::from_str(e).unwrap())
+                .collect();
+            let start = events
+                .iter()
+                .find(|e| {
+                    e["type"] == "content_block_start" && e["content_block"]["type"] == "tool_use"
+                })
+                .unwrap_or_else(|| panic!("{at}: {events:?}"));
+            let input: String = events
+                .iter()
+                .filter(|e| e["delta"]["type"] == "input_json_delta")
+                .map(|e| e["delta"]["partial_json"].as_str().unwrap())
+                .collect();
+            let input: Json = serde_json::from_str(&input).unwrap();
+            let name = &start["content_block"]["name"];
+            assert_declared_call(name, &input, &declared, wanted, &at);
+            let stop = events
+                .iter()
+                .find(|e| e["type"] == "message_delta")
+                .unwrap_or_else(|| panic!("{at}: {events:?}"));
+            assert_eq!(stop["delta"]["stop_reason"], "tool_use", "{at}");
+        }
+    }
+    // Anthropic's error shape for a tool_choice that names no declared tool, or asks for any
+    // call with no tools.
+    for choice in [
+        json!({"type": "tool", "name": "nope"}),
+        json!({"type": "any"}),
+    ] {
+        let mut body = json!({"model": fixture(MODEL), "max_tokens": 20,
+            "messages": [{"role": "user", "content": "Weather?"}], "tool_choice": choice});
+        if choice["type"] == "tool" {
+            body["tools"] = json!(tools);
+        }
+        let (status, reply) = server.post("/v1/messages", &body);
+        assert_eq!(status, 400, "{reply}");
+        assert_eq!(reply["type"], "error", "{reply}");
+        assert_eq!(reply["error"]["type"], "invalid_request_error", "{reply}");
+        assert!(
+            reply["error"]["message"]
                 .as_str()
                 .unwrap()
-                .starts_with("<tool_call>\n<function=get_weather>\n"),
+                .contains("tool_choice"),
             "{reply}"
-        ),
+        );
     }
-    assert!(message.get("reasoning_content").is_none(), "{reply}");
-    // Thinking on (the default for this vocabulary): the reply is reasoning.
-    let (_, reply) = server.post(
-        "/v1/chat/completions",
-        &json!({"messages": user("hi"), "max_tokens": 6, "temperature": 0}),
-    );
-    let reasoning = reply["choices"][0]["message"]["reasoning_content"]
-        .as_str()
-        .unwrap_or("");
-    assert!(!reasoning.is_empty(), "{reply}");
 }
 
 #[test]

@@ -14,6 +14,7 @@ use super::model_facts::ModelFacts;
 use super::scheduler::{prompt_text, Backend, JobId, JobOutput, JobResult};
 use super::structured_output::Grammars;
 use super::test_hooks;
+use super::tool_call_grammar::tool_call_grammar;
 use crate::engine::constraint::LogitsConstraint;
 use crate::engine::logprobs::TokenLogprob;
 use crate::engine::sampler::SamplerConfig;
@@ -77,18 +78,19 @@ impl EngineBackend {
         })
     }
 
-    /// The prompt's tokens, and what the output parser must know about its end.
+    /// The prompt's tokens, what the output parser must know about its end, and the grammar of
+    /// the call when `tool_choice` forces one (serve/tool_call_grammar.rs).
     /// `structured`: the reply is constrained to a format, so an open thinking block is closed
     /// (the constraint starts with the answer).
     fn encode(
         &self,
         prompt: &Prompt,
         structured: bool,
-    ) -> Result<(PromptTokens, PromptInfo), ApiError> {
+    ) -> Result<(PromptTokens, PromptInfo, Option<String>), ApiError> {
         let checkpoint = self.engine.checkpoint();
         let (limit, tokenizer) = (&checkpoint.input_limit, &checkpoint.tokenizer);
         let too_long = |e: anyhow::Error| ApiError::context_length(format!("{e:#}"));
-        let (mut tokens, text, tool_choice) = match prompt {
+        let (mut tokens, text, tool_choice, tools) = match prompt {
             Prompt::Text(text) => {
                 // Tokenizes at most about a context's worth before giving up.
                 limit
@@ -99,7 +101,7 @@ impl EngineBackend {
                     .map_err(|e| ApiError::invalid(format!("tokenizing the prompt: {e}")))?
                     .get_ids()
                     .to_vec();
-                (PromptTokens::plain(ids), text.clone(), None)
+                (PromptTokens::plain(ids), text.clone(), None, None)
             }
             Prompt::Chat {
                 messages,
@@ -131,7 +133,7 @@ impl EngineBackend {
                 let tokens =
                     render_conversation(template, tokenizer, messages, tools.as_ref(), true, &vars)
                         .map_err(template_error)?;
-                (tokens, text, Some(tool_choice))
+                (tokens, text, Some(tool_choice), tools.as_ref())
             }
         };
         let mut info = PromptInfo {
@@ -147,16 +149,27 @@ impl EngineBackend {
             Some(ToolChoice::Function(name)) => Some(Some(name.as_str())),
             _ => None,
         };
+        let mut call_grammar = None;
         if let (Some(function), Some(format)) = (function, self.call_format) {
             // The Qwen templates have no tool_choice: a call is forced by writing its opening
-            // after the generation prompt. An open thinking block is closed first (as the
-            // template does with thinking off), so the call is the answer.
+            // after the generation prompt, and the rest of it is constrained to the grammar of
+            // a call to the request's tools (or, with no automaton for this vocabulary, only
+            // the opening is written, the function's name included). An open thinking block is
+            // closed first (as the template does with thinking off), so the call is the answer.
             let mut appended = String::new();
             if text.trim_end().ends_with("<think>") {
                 appended.push_str("\n</think>\n\n");
             }
             info.reasoning = ReasoningMode::from_prompt(&(text.clone() + &appended));
-            let opening = format.call_opening(function);
+            let opening = if self.grammars.is_ok() {
+                let tools = tools
+                    .and_then(Json::as_array)
+                    .map_or(&[][..], Vec::as_slice);
+                call_grammar = Some(tool_call_grammar(format, tools, function));
+                format.call_opening(None)
+            } else {
+                format.call_opening(function)
+            };
             appended.push_str(&opening);
             let ids = tokenizer
                 .encode(appended.as_str(), false)
@@ -179,7 +192,7 @@ impl EngineBackend {
         limit
             .check_fits(tokens.ids.len() + 1, "the prompt")
             .map_err(too_long)?;
-        Ok((tokens, info))
+        Ok((tokens, info, call_grammar))
     }
 
     /// Which of `stops` ended a generation that stopped by itself: the engine drops the stop
@@ -354,16 +367,21 @@ impl Backend for EngineBackend {
         job: &JobSpec,
         choices: Vec<(JobId, JobOutput)>,
     ) -> Result<Option<(Finish, Usage)>, ApiError> {
-        let (prompt, info) = self.encode(&job.prompt, job.format.is_some())?;
-        // Each choice has its own constraint (its own place in the grammar).
+        let (prompt, info, call_grammar) = self.encode(&job.prompt, job.format.is_some())?;
+        // Each choice has its own constraint (its own place in the grammar). A forced call is
+        // the whole reply: `response_format` (which shapes content) has nothing left to
+        // constrain.
         let text = prompt_text(&job.prompt);
         let mut constraints = vec![];
         for _ in &choices {
-            let constraint: Option<Box<dyn LogitsConstraint>> = match &job.format {
-                Some(format) => Some(Box::new(
+            let constraint: Option<Box<dyn LogitsConstraint>> = match (&call_grammar, &job.format) {
+                (Some(grammar), _) => Some(Box::new(
+                    self.grammars()?.tool_call_constraint(grammar.clone())?,
+                )),
+                (None, Some(format)) => Some(Box::new(
                     self.grammars()?.constraint(format, "response_format")?,
                 )),
-                None => test_hooks::faulty_constraint(&text, self.engine.vocab_size())
+                (None, None) => test_hooks::faulty_constraint(&text, self.engine.vocab_size())
                     .map(|c| Box::new(c) as Box<dyn LogitsConstraint>),
             };
             constraints.push(constraint);

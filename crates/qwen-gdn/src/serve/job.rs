@@ -16,7 +16,8 @@ pub enum Prompt {
         tools: Option<Json>,
         /// chat_template_kwargs.
         template_vars: Map<String, Json>,
-        /// "required" or a named function: the prompt ends with the opening of a call.
+        /// "required" or a named function: the prompt ends with the opening of a call and the
+        /// reply is constrained to the rest of one (serve/tool_call_grammar.rs).
         tool_choice: ToolChoice,
     },
     Text(String),

@@ -31,6 +31,7 @@ mod scheduler;
 mod state;
 mod structured_output;
 mod test_hooks;
+mod tool_call_grammar;
 
 use crate::engine::Engine;
 use crate::load::read_json_opt;

@@ -1,9 +1,10 @@
 //! Structured output: a reply constrained to a JSON schema (OpenAI's `response_format`
-//! json_schema / json_object). The schema automaton is guidance-ai's `llguidance` (MIT, kept
-//! up by the people behind vLLM's and llama.cpp's structured-output back ends, pure Rust):
-//! it compiles the schema into a grammar and computes, per token, the bitset of tokens that
-//! keep the text a prefix of a valid document, walking the tokenizer's token trie. The
-//! engine masks the logits with that bitset on the device (engine/constraint.rs).
+//! json_schema / json_object), or to one tool call (`tool_choice` required or named). The
+//! automaton is guidance-ai's `llguidance` (MIT, kept up by the people behind vLLM's and
+//! llama.cpp's structured-output back ends, pure Rust): it compiles the schema or grammar and
+//! computes, per token, the bitset of tokens that keep the text a prefix of a valid document,
+//! walking the tokenizer's token trie. The engine masks the logits with that bitset on the
+//! device (engine/constraint.rs).
 
 use super::error::ApiError;
 use crate::engine::constraint::LogitsConstraint;
@@ -25,25 +26,29 @@ pub enum OutputFormat {
 }
 
 impl OutputFormat {
-    /// The schema llguidance compiles: compact JSON (`", "` and `": "` between items, no other
-    /// whitespace), unless the schema sets llguidance's own `x-guidance` options. Flexible
-    /// whitespace would let a model pad the reply with blanks up to max_tokens.
     fn schema(&self) -> Json {
-        let mut schema = match self {
+        compact_json(match self {
             OutputFormat::JsonSchema(schema) => schema.clone(),
             OutputFormat::JsonObject => serde_json::json!({"type": "object"}),
-        };
-        if let Some(object) = schema.as_object_mut() {
-            object.entry("x-guidance").or_insert_with(|| {
-                serde_json::json!({
-                    "whitespace_flexible": false,
-                    "item_separator": ", ",
-                    "key_separator": ": ",
-                })
-            });
-        }
-        schema
+        })
     }
+}
+
+/// The schema llguidance compiles: compact JSON (`", "` and `": "` between items, no other
+/// whitespace, as Python's `json.dumps` and the templates' `tojson` write it), unless the
+/// schema sets llguidance's own `x-guidance` options. Flexible whitespace would let a model
+/// pad the reply with blanks up to max_tokens.
+pub fn compact_json(mut schema: Json) -> Json {
+    if let Some(object) = schema.as_object_mut() {
+        object.entry("x-guidance").or_insert_with(|| {
+            serde_json::json!({
+                "whitespace_flexible": false,
+                "item_separator": ", ",
+                "key_separator": ": ",
+            })
+        });
+    }
+    schema
 }
 
 /// Builds the constraint of each request from the model's vocabulary (read once).
@@ -80,21 +85,44 @@ impl Grammars {
         &self,
         format: &OutputFormat,
         param: &str,
-    ) -> Result<JsonConstraint, ApiError> {
-        let grammar = TopLevelGrammar::from_json_schema(format.schema());
+    ) -> Result<GrammarConstraint, ApiError> {
+        self.compile(
+            TopLevelGrammar::from_json_schema(format.schema()),
+            param,
+            "schema",
+        )
+    }
+
+    /// The constraint of a forced tool call: `grammar` (serve/tool_call_grammar.rs) embeds the
+    /// tools' schemas, so a bad one is a 400 on `tools`.
+    pub fn tool_call_constraint(&self, grammar: String) -> Result<GrammarConstraint, ApiError> {
+        self.compile(TopLevelGrammar::from_lark(grammar), "tools", "tool schema")
+    }
+
+    fn compile(
+        &self,
+        grammar: TopLevelGrammar,
+        param: &str,
+        what: &str,
+    ) -> Result<GrammarConstraint, ApiError> {
         let parser = self.factory.create_parser(grammar).map_err(|e| {
-            let why = format!("{e:#}");
+            // One line: the answer names the field and the problem.
+            let why = format!("{e:#}")
+                .lines()
+                .map(str::trim)
+                .collect::<Vec<_>>()
+                .join(" ");
             let message = if mentions_a_limit(&why) {
                 format!(
-                    "the schema is over the structured-output automaton's limits ({}): {why}",
+                    "the {what} is over the structured-output automaton's limits ({}): {why}",
                     limits(self.factory.limits())
                 )
             } else {
-                format!("invalid schema: {why}")
+                format!("invalid {what}: {why}")
             };
             ApiError::invalid_param(param, message)
         })?;
-        Ok(JsonConstraint {
+        Ok(GrammarConstraint {
             matcher: Matcher::new(Ok(parser)),
         })
     }
@@ -116,11 +144,11 @@ fn limits(l: &ParserLimits) -> String {
 }
 
 /// One reply's automaton.
-pub struct JsonConstraint {
+pub struct GrammarConstraint {
     matcher: Matcher,
 }
 
-impl LogitsConstraint for JsonConstraint {
+impl LogitsConstraint for GrammarConstraint {
     fn allowed(&mut self) -> Result<Vec<u32>> {
         // Once the document is complete only an end-of-sequence token is allowed.
         let mask = self.matcher.compute_mask_or_eos()?;

@@ -28,7 +28,7 @@ pub use complete::parse_complete;
 pub use format::ToolCallFormat;
 pub use messages::normalize_messages_for_template;
 pub use output_parser::{Event, OutputParser, ParserOptions};
-pub use schema::ToolSchemas;
+pub use schema::{schema_types, ToolSchemas};
 #[cfg(test)]
 pub use tool_call::ToolCall;
 pub use tool_choice::ToolChoice;

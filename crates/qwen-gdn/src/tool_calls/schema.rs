@@ -105,8 +105,9 @@ impl ToolSchemas {
 }
 
 /// The types a property schema allows: `type` (a string or a list), else the `type` of each
-/// `anyOf` / `oneOf` alternative.
-fn schema_types(schema: &Json) -> Vec<String> {
+/// `anyOf` / `oneOf` alternative. Constrained calls write a value in the form this reading
+/// expects (serve/tool_call_grammar.rs).
+pub fn schema_types(schema: &Json) -> Vec<String> {
     let mut out = Vec::new();
     match schema.get("type") {
         Some(Json::String(t)) => out.push(t.clone()),
