@@ -96,6 +96,21 @@ fn counter(server: &Server, name: &str) -> u64 {
         .unwrap_or_else(|| panic!("no {name} in {text}"))
 }
 
+/// The `n`-th line of a 40-token request in the server's log, once its stderr has been read
+/// that far (the worker writes it just before the request's last event).
+fn log_line(server: &Server, n: usize) -> String {
+    for _ in 0..500 {
+        let log = server.log();
+        let mut lines =
+            (log.into_iter()).filter(|l| l.starts_with("request: ") && l.contains(" 40 generated"));
+        if let Some(line) = lines.nth(n - 1) {
+            return line;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    panic!("no log line {n} of a 40-token request: {:?}", server.log())
+}
+
 #[test]
 fn replies_with_mtp_are_generates_alone_and_beside_another() {
     let (code, _) = generate(CODE, 40, &["--temp", "0"]);
@@ -201,11 +216,7 @@ fn replies_with_mtp_are_generates_alone_and_beside_another() {
     let (accepted, proposed) = drafts(&long_usage);
     let generated = long_usage["completion_tokens"].as_u64().unwrap();
     let verify_steps = counter(&server, "qwen_gdn_spec_decode_verify_steps_total");
-    let log = server.log();
-    let line = (log.iter())
-        .filter(|l| l.starts_with("request: ") && l.contains("40 generated"))
-        .last()
-        .unwrap_or_else(|| panic!("{log:?}"));
+    let line = log_line(&server, 2);
     let long_steps: u64 = common::leading_number(line.split(" accepted in ").nth(1).unwrap())
         .try_into()
         .unwrap();
