@@ -87,6 +87,16 @@ impl Batch {
     /// One decode step of the listed sequences (the others sit this step out), each taking
     /// its next token: f32 logits `[next.len(), vocab]`, row `i` for `next[i]`.
     pub fn step(&mut self, model: &Model, next: &[(SlotId, u32)]) -> Result<Tensor> {
+        Ok(self.step_normed(model, next)?.0)
+    }
+
+    /// [`Batch::step`], also returning the normed hidden states `[1, next.len(), H]`
+    /// ([`Model::decode_batch_normed`]).
+    pub fn step_normed(
+        &mut self,
+        model: &Model,
+        next: &[(SlotId, u32)],
+    ) -> Result<(Tensor, Tensor)> {
         let mut picked: Vec<(usize, &mut Cache)> = vec![];
         for (id, cache) in self.slots.iter_mut() {
             let mut listed = next.iter().enumerate().filter(|(_, (n, _))| n == id);
@@ -103,6 +113,6 @@ impl Batch {
         picked.sort_by_key(|(row, _)| *row);
         let tokens: Vec<u32> = next.iter().map(|(_, t)| *t).collect();
         let mut caches: Vec<&mut Cache> = picked.into_iter().map(|(_, c)| c).collect();
-        model.decode_batch(&tokens, &mut caches)
+        model.decode_batch_normed(&tokens, &mut caches)
     }
 }

@@ -8,9 +8,9 @@ use candle_core::{Device, Tensor};
 use common::*;
 use qwen_gdn_model::cache::{Cache, LayerCache};
 use qwen_gdn_model::speculative::{
-    DraftLength, Greedy, Speculation, Window, ADAPTIVE_MAX, HEAD_HISTORY,
+    argmax, DraftLength, Greedy, Judge, Speculation, Window, ADAPTIVE_MAX, HEAD_HISTORY,
 };
-use qwen_gdn_model::{Model, MtpPrecision};
+use qwen_gdn_model::{Batch, Model, MtpPrecision};
 use std::path::PathBuf;
 
 /// The raw HF fixtures with a torch reference (the first one's head is the best trained).
@@ -413,4 +413,109 @@ fn a_closed_window_leaves_no_recording_behind() {
     let w = Window::open(&mut cache).unwrap();
     model.forward_normed(&[6], &mut cache).unwrap();
     assert!(w.close(&mut cache, 2).is_err());
+}
+
+/// Greedy drafts and decisions that keep the logits of each step's first draft.
+#[derive(Default)]
+struct FirstDrafts(Vec<Vec<f32>>);
+
+impl Judge for FirstDrafts {
+    fn draft(&mut self, logits: &mut [f32], before: &[u32]) -> u32 {
+        if before.is_empty() {
+            self.0.push(logits.to_vec());
+        }
+        argmax(logits)
+    }
+
+    fn decide(&mut self, logits: &mut [f32], _before: &[u32], _draft: Option<u32>) -> u32 {
+        argmax(logits)
+    }
+}
+
+/// `serve` decodes a speculating reply in the batch's plain steps while others decode
+/// (`Speculation::record_plain` with its row's normed hidden state), speculatively when it is
+/// alone. After 70 plain steps beside another sequence (past `HEAD_HISTORY` pending pairs, so
+/// the head's catch-up runs once) the head must be where 70 speculative steps that drafted
+/// nothing leave it: the next steps' first drafts have the same logits, bit for bit, and they
+/// are the head's logits over every pair of the text in one call (the torch-checked forward).
+#[test]
+fn plain_batched_steps_leave_the_head_as_steps_without_drafts() {
+    let model = load_mtp(RAW[0]);
+    let prompt = reference(RAW[0]).ids("ids")[..12].to_vec();
+    let plain_steps = 70;
+    let speculative_steps = 4;
+
+    // A: speculative steps that draft nothing, then speculative steps of 2 drafts.
+    let mut a = Speculation::new(&model, 2).unwrap();
+    let (mut cache, first) = start(&model, &mut a, &prompt);
+    let mut judge_a = FirstDrafts::default();
+    let mut tokens_a = vec![first];
+    for step in 0..plain_steps + speculative_steps {
+        let max_draft = if step < plain_steps { 0 } else { 2 };
+        let token = *tokens_a.last().unwrap();
+        let decided = a.step(&model, &mut cache, token, max_draft, &mut judge_a);
+        tokens_a.extend(decided.unwrap());
+    }
+
+    // B: batched steps beside another sequence, then the same speculative steps.
+    let mut b = Speculation::new(&model, 2).unwrap();
+    let (cache, first) = start(&model, &mut b, &prompt);
+    let mut batch = Batch::new();
+    let slot = batch.join(cache);
+    let mut other = model.new_cache();
+    model.prefill(&prompt[..5], &mut other, 2048).unwrap();
+    let beside = batch.join(other);
+    let (mut tokens_b, mut other_next) = (vec![first], prompt[5]);
+    for _ in 0..plain_steps {
+        let token = *tokens_b.last().unwrap();
+        let (logits, normed) = batch
+            .step_normed(&model, &[(slot, token), (beside, other_next)])
+            .unwrap();
+        b.record_plain(&model, token, &normed.narrow(1, 0, 1).unwrap())
+            .unwrap();
+        let picks = argmax_rows(&logits);
+        tokens_b.push(picks[0]);
+        other_next = picks[1];
+    }
+    assert_eq!(tokens_b[..], tokens_a[..=plain_steps], "the plain tokens");
+    let mut cache = batch.leave(slot).unwrap();
+    let mut judge_b = FirstDrafts::default();
+    for _ in 0..speculative_steps {
+        let token = *tokens_b.last().unwrap();
+        let decided = b.step(&model, &mut cache, token, 2, &mut judge_b);
+        tokens_b.extend(decided.unwrap());
+    }
+    assert_eq!(tokens_b, tokens_a);
+    assert_eq!(judge_a.0.len(), speculative_steps);
+    assert_eq!(judge_b.0, judge_a.0, "the first drafts' logits");
+    assert_eq!(b.stats.accepted, a.stats.accepted);
+
+    // The first draft after the plain steps: the head over every pair (hidden state of
+    // position i, token i + 1) of the text so far, in one call.
+    let text: Vec<u32> = prompt
+        .iter()
+        .chain(&tokens_a[..=plain_steps])
+        .copied()
+        .collect();
+    let n = text.len() - 1;
+    let normed = model
+        .forward_normed(&text[..n], &mut model.new_cache())
+        .unwrap();
+    let g = model
+        .mtp_forward(
+            &normed,
+            &text[1..],
+            &mut model.mtp_head().unwrap().new_cache(),
+        )
+        .unwrap();
+    let want = model.head_logits(&g.narrow(1, n - 1, 1).unwrap()).unwrap();
+    let got = Tensor::new(&judge_a.0[0][..], &Device::Cpu)
+        .unwrap()
+        .unsqueeze(0)
+        .unwrap();
+    let (diff, agree) = compare_heads(&got, &want);
+    assert!(
+        diff < 1e-4 && agree == 1.0,
+        "{diff} of max|logit|, top-1 {agree}"
+    );
 }

@@ -31,6 +31,17 @@ impl Model {
     /// Runs `tokens[i]` after what `caches[i]` holds, for every `i`, in one step, updating
     /// each cache in place. Returns f32 logits `[B, vocab_size]`, row `i` for sequence `i`.
     pub fn decode_batch(&self, tokens: &[u32], caches: &mut [&mut Cache]) -> Result<Tensor> {
+        Ok(self.decode_batch_normed(tokens, caches)?.0)
+    }
+
+    /// [`Model::decode_batch`], also returning the normed hidden states `[1, B, H]` the logits
+    /// came from (what [`Model::forward_normed`] gives for one sequence): the MTP head's input
+    /// for a sequence that decodes speculatively when it runs alone.
+    pub fn decode_batch_normed(
+        &self,
+        tokens: &[u32],
+        caches: &mut [&mut Cache],
+    ) -> Result<(Tensor, Tensor)> {
         ensure!(
             !tokens.is_empty(),
             "a batched step needs at least one sequence"
@@ -59,9 +70,10 @@ impl Model {
             for cache in caches.iter_mut() {
                 cache.offset += 1;
             }
-            let logits = self.lm_head.forward(&self.final_norm(&h)?)?;
+            let normed = self.final_norm(&h)?;
+            let logits = self.lm_head.forward(&normed)?;
             crate::device_memory::sample(&self.device);
-            cast(&logits.squeeze(0)?, DType::F32)
+            Ok((cast(&logits.squeeze(0)?, DType::F32)?, normed))
         })
     }
 }

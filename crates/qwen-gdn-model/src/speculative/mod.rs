@@ -242,9 +242,12 @@ impl Speculation {
             self.pending_hidden = Some(kept);
             self.pending_next = decided[..accepted].to_vec();
         } else {
-            self.pending_hidden = Some(candle_op(Tensor::cat(&[&hidden, &kept], 1))?);
-            next.extend(&decided[..accepted]);
+            // Nothing drafted, nothing accepted: the token's pair is pending, as after a
+            // plain step.
+            next.pop();
+            self.pending_hidden = Some(hidden);
             self.pending_next = next;
+            self.pend(model, token, &kept)?;
         }
 
         self.length.record(k, accepted);
@@ -259,6 +262,40 @@ impl Speculation {
             s.accepted_at[j] += usize::from(j < accepted);
         }
         Ok(decided)
+    }
+
+    /// The main model ran `token` outside a speculative step (a decode step of a batch of
+    /// several sequences), `normed` `[1, 1, H]` its normed hidden state: the head's history
+    /// goes on as after a step that drafted nothing, so the next speculative step drafts
+    /// exactly as if every step had been one.
+    pub fn record_plain(&mut self, model: &Model, token: u32, normed: &Tensor) -> Result<()> {
+        model.on_host_workers(|| self.pend(model, token, normed))
+    }
+
+    /// Appends the pair (`token` after the last pending position, `normed` at `token`) to the
+    /// pending ones. Past [`HEAD_HISTORY`] of them, those whose next token is known run
+    /// through the head now, so that a long run of plain steps keeps neither a growing tensor
+    /// nor a long head call for the next draft (the head's cache gets the same rows either
+    /// way: its rows are causal, row by row).
+    fn pend(&mut self, model: &Model, token: u32, normed: &Tensor) -> Result<()> {
+        let Some(hidden) = self.pending_hidden.take() else {
+            bail!("a plain step recorded before the prompt's hidden states were given (start)");
+        };
+        self.pending_next.push(token);
+        let hidden = candle_op(Tensor::cat(&[&hidden, normed], 1))?;
+        let known = self.pending_next.len();
+        if known < HEAD_HISTORY {
+            self.pending_hidden = Some(hidden);
+            return Ok(());
+        }
+        model.mtp_forward(
+            &hidden.narrow(1, 0, known)?,
+            &self.pending_next,
+            &mut self.mtp,
+        )?;
+        self.pending_hidden = Some(hidden.narrow(1, known, 1)?);
+        self.pending_next.clear();
+        Ok(())
     }
 
     /// Runs the pending pairs through the head (the last gives the first draft), then chains:

@@ -18,7 +18,7 @@ mod prompt_args;
 pub mod prompt_cache_args;
 mod prompt_cache_file;
 pub mod sampling_args;
-mod speculation_args;
+pub mod speculation_args;
 pub mod template_args;
 
 use crate::serve;

@@ -283,4 +283,6 @@ fn last_row(logits: &Tensor) -> Result<Vec<f32>> {
 }
 
 #[cfg(test)]
+mod step_mode_tests;
+#[cfg(test)]
 mod tests;

@@ -9,8 +9,15 @@
 //! plan has it), so a reply alone is exactly what `generate` gives; a step of several runs
 //! [`Model::decode_batch`](qwen_gdn_model::Model::decode_batch), whose rows are each
 //! reply's logits alone (bit for bit with the reference plan; within its f32 gate on the
-//! device plan, `qwen-gdn-model/src/batch.rs`). A reply with speculative decoding runs its
-//! speculative steps on its own cache, to its end, when its prompt is in.
+//! device plan, `qwen-gdn-model/src/batch.rs`).
+//!
+//! A reply with speculative decoding (the model's MTP head) runs a speculative step when it
+//! is the only one decoding: it drafts, verifies in one pass and keeps what is accepted, on
+//! its own cache ([`StepMode`]). With others it takes the batch's plain step, and its head's
+//! history goes on as after a step that drafted nothing (the batched step's normed hidden
+//! state of its row), so that its next speculative step drafts as if it had been alone.
+//! Greedy text is the plain greedy text either way; a seeded reply at temperature > 0 draws
+//! its random numbers per step, so it is what `generate` gives when it ran alone throughout.
 //!
 //! A prompt may have several replies (a request's `n` choices): it is prefilled once, and
 //! each reply decodes from its own copy of the prompt's cache (`choices.rs`).
@@ -22,7 +29,7 @@ use super::isolated::{isolated, Panicked};
 use super::prompt_run::{Prefilled, PromptRun};
 use super::sequence::{Advance, ReplySink, Sequence};
 use super::{Engine, FinishReason, GenerateParams, Outcome, PromptTokens};
-use anyhow::{anyhow, Error, Result};
+use anyhow::{anyhow, bail, Error, Result};
 use candle_core::Tensor;
 use qwen_gdn_model::speculative::Speculation;
 use qwen_gdn_model::{Batch, Cache, SlotId};
@@ -210,7 +217,7 @@ impl<'c, K, S: ReplySink> Replies<'c, K, S> {
             Ok(prefilled) => prefilled,
             Err(e) => return fail_prompt(engine, replies, e, ended),
         };
-        for ((key, mut sequence), mut cache) in replies.into_iter().zip(caches) {
+        for ((key, mut sequence), cache) in replies.into_iter().zip(caches) {
             let outcome = &mut sequence.outcome;
             outcome.cached_tokens = cached_tokens;
             outcome.prefilled_tokens = outcome.prompt_tokens - cached_tokens;
@@ -220,7 +227,7 @@ impl<'c, K, S: ReplySink> Replies<'c, K, S> {
             }
             let next = match sequence.max_tokens() == 0 || sequence.cancelled() {
                 true => Ok(None),
-                false => isolated(|| follow(engine, &mut sequence, &logits, &mut cache)),
+                false => isolated(|| follow(engine, &mut sequence, Some(&logits), &cache)),
             };
             match next {
                 Ok(Some(next)) => self.decoding.push(Decoding {
@@ -248,30 +255,24 @@ impl<'c, K, S: ReplySink> Replies<'c, K, S> {
         if self.decoding.is_empty() {
             return;
         }
-        let logits = isolated(|| self.run_step(engine));
-        let logits = match logits {
-            Ok(logits) => logits,
-            Err(e) => {
-                // The step is shared: it failed for all of them (their caches may be
-                // half-written).
-                let why = format!("the batched decode step failed: {e:#}");
-                for d in std::mem::take(&mut self.decoding) {
-                    self.batch.leave(d.slot);
-                    ended.push((d.key, Err(anyhow!("{why}"))));
+        let nexts = match StepMode::of(&self.decoding) {
+            // The reply's own work: a panic in it fails this reply alone.
+            StepMode::Speculative => vec![isolated(|| self.speculative_step(engine))],
+            StepMode::Plain => match isolated(|| self.plain_step(engine)) {
+                Ok(nexts) => nexts,
+                Err(e) => {
+                    // The step is shared: it failed for all of them (their caches may be
+                    // half-written).
+                    let why = format!("the batched decode step failed: {e:#}");
+                    for d in std::mem::take(&mut self.decoding) {
+                        self.batch.leave(d.slot);
+                        ended.push((d.key, Err(anyhow!("{why}"))));
+                    }
+                    return;
                 }
-                return;
-            }
+            },
         };
-        for (row, mut d) in std::mem::take(&mut self.decoding).into_iter().enumerate() {
-            let cache = self
-                .batch
-                .cache_mut(d.slot)
-                .expect("a decoding reply's slot");
-            // This reply's own work: a panic in it fails this reply alone.
-            let next = isolated(|| {
-                let row = logits.narrow(0, row, 1)?;
-                follow(engine, &mut d.sequence, &row, cache)
-            });
+        for (mut d, next) in std::mem::take(&mut self.decoding).into_iter().zip(nexts) {
             match next {
                 Ok(Some(next)) => {
                     d.next = next;
@@ -289,14 +290,52 @@ impl<'c, K, S: ReplySink> Replies<'c, K, S> {
         }
     }
 
-    /// The decode step of the batch: logits `[rows, vocab]`, a row per decoding reply.
-    fn run_step(&mut self, engine: &Engine) -> Result<Tensor> {
+    /// The speculative step of the one reply decoding: its next token(s), or `None` when it
+    /// is over.
+    fn speculative_step(&mut self, engine: &Engine) -> Result<Option<u32>> {
+        let [alone] = self.decoding.as_mut_slice() else {
+            bail!("a speculative step needs exactly one reply decoding");
+        };
+        let cache = self.batch.cache_mut(alone.slot).expect("its slot");
+        alone.sequence.speculate(engine, cache, alone.next)?;
+        follow(engine, &mut alone.sequence, None, cache)
+    }
+
+    /// One decode step of every reply decoding (one row each): per reply its next token, or
+    /// `None` when it is over. A reply that speculates when alone records its row's normed
+    /// hidden state for its head. An error of the step itself fails them all; each reply's
+    /// own work runs isolated (a panic in it fails that reply alone).
+    fn plain_step(&mut self, engine: &Engine) -> Result<Vec<Result<Option<u32>>>> {
+        let (logits, normed) = self.run_step(engine)?;
+        let mut nexts = Vec::with_capacity(self.decoding.len());
+        for (row, d) in self.decoding.iter_mut().enumerate() {
+            let cache = (self.batch.cache_mut(d.slot)).expect("a decoding reply's slot");
+            let next = isolated(|| {
+                if let (Some(spec), Some(normed)) = (d.sequence.speculation.as_mut(), &normed) {
+                    spec.record_plain(&engine.model, d.next, &normed.narrow(1, row, 1)?)?;
+                }
+                follow(
+                    engine,
+                    &mut d.sequence,
+                    Some(&logits.narrow(0, row, 1)?),
+                    cache,
+                )
+            });
+            nexts.push(next);
+        }
+        Ok(nexts)
+    }
+
+    /// The decode step of the batch: logits `[rows, vocab]`, a row per decoding reply, and
+    /// (for several) the normed hidden states `[1, rows, H]` they came from.
+    fn run_step(&mut self, engine: &Engine) -> Result<(Tensor, Option<Tensor>)> {
         if let [alone] = self.decoding.as_slice() {
             let cache = self.batch.cache_mut(alone.slot).expect("its slot");
-            return engine.model.forward_last(&[alone.next], cache);
+            return Ok((engine.model.forward_last(&[alone.next], cache)?, None));
         }
         let next: Vec<(SlotId, u32)> = self.decoding.iter().map(|d| (d.slot, d.next)).collect();
-        self.batch.step(&engine.model, &next)
+        let (logits, normed) = self.batch.step_normed(&engine.model, &next)?;
+        Ok((logits, Some(normed)))
     }
 }
 
@@ -325,23 +364,38 @@ fn fail_prompt<K, S>(
     );
 }
 
-/// The reply's next token from `logits`, and the tokens after it that need no batched step
-/// (decided by a speculative step): `Some(token)` for the next step to run, `None` when the
-/// reply is over.
+/// How a step decodes the replies in the batch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum StepMode {
+    /// One reply decoding, with speculation: drafted by its MTP head, verified in one pass of
+    /// the main model, rolled back to the last accepted token.
+    Speculative,
+    /// A token per reply, in one step of the batch (the single-sequence step for one).
+    Plain,
+}
+
+impl StepMode {
+    fn of<K, S>(decoding: &[Decoding<'_, K, S>]) -> Self {
+        match decoding {
+            [alone] if alone.sequence.speculation.is_some() => Self::Speculative,
+            _ => Self::Plain,
+        }
+    }
+}
+
+/// The reply's next token from `logits` (its row of a plain step; `None` after a speculative
+/// step) and from the tokens the speculative step decided after it: `Some(token)` for the next
+/// step to run, `None` when the reply is over.
 fn follow<S: ReplySink>(
     engine: &Engine,
     sequence: &mut Sequence<'_, S>,
-    logits: &Tensor,
-    cache: &mut Cache,
+    mut logits: Option<&Tensor>,
+    cache: &Cache,
 ) -> Result<Option<u32>> {
-    let mut logits = Some(logits);
     loop {
         match sequence.advance(engine, logits.take(), cache.offset)? {
             Advance::Done => return Ok(None),
             Advance::Feed(_) if sequence.has_decided() => {}
-            Advance::Feed(token) if sequence.speculation.is_some() => {
-                sequence.speculate(engine, cache, token)?
-            }
             Advance::Feed(token) => return Ok(Some(token)),
         }
     }

@@ -7,7 +7,7 @@
 use super::choices::choice_seed;
 use super::error::ApiError;
 use super::job::{
-    Event, Finish, JobSpec, LogprobRequest, Logprobs, Prompt, PromptInfo, TokenScore, Usage,
+    Drafts, Event, Finish, JobSpec, LogprobRequest, Logprobs, Prompt, PromptInfo, TokenScore, Usage,
 };
 use super::metrics::PromptCacheStats;
 use super::model_facts::ModelFacts;
@@ -342,6 +342,11 @@ impl EngineBackend {
             prompt_tokens: job.prompt.len(),
             cached_tokens: outcome.cached_tokens,
             completion_tokens: outcome.generated,
+            drafts: outcome.speculation.as_ref().map(|s| Drafts {
+                steps: s.steps,
+                proposed: s.drafted,
+                accepted: s.accepted,
+            }),
         };
         if outcome.finish == FinishReason::Stop {
             if let Some(index) = self.stop_string_hit(&job.stop, &outcome.tokens) {
@@ -388,8 +393,7 @@ impl Backend for EngineBackend {
         }
         let mut usage = Usage {
             prompt_tokens: prompt.ids.len(),
-            cached_tokens: 0,
-            completion_tokens: 0,
+            ..Usage::default()
         };
         let mut listening = false;
         for (_, output) in &choices {

@@ -2,6 +2,7 @@
 
 use super::request_log::LogFormat;
 use crate::cli::prompt_cache_args::PromptCacheArgs;
+use crate::cli::speculation_args::SpeculationArgs;
 use crate::load::{positive_usize, ModelArgs};
 use std::time::Duration;
 
@@ -13,7 +14,9 @@ use std::time::Duration;
                   (Prometheus); GET /health. Up to --max-batch generations run together (continuous \
                   batching: a request joins at the next step, leaves when it ends); further \
                   requests wait in a FIFO queue of --queue-size and are answered 503 when it is \
-                  full.\nSlow and idle \
+                  full. With --draft-tokens a request decodes speculatively (the MTP head \
+                  drafts, the model verifies) while it is the only one decoding, and in the \
+                  batch's plain steps while others are.\nSlow and idle \
                   clients are closed after --header-timeout, --body-timeout and \
                   --keep-alive-timeout; the cap on connections is printed at start.\nCtrl-C stops \
                   accepting connections and lets running requests finish; a second Ctrl-C exits \
@@ -24,6 +27,8 @@ pub struct Args {
     pub model: ModelArgs,
     #[command(flatten)]
     pub prompt_cache: PromptCacheArgs,
+    #[command(flatten)]
+    pub speculation: SpeculationArgs,
     /// Address to listen on; 127.0.0.1 keeps the server off the network
     #[arg(long, default_value = "127.0.0.1")]
     pub host: String,

@@ -97,12 +97,26 @@ impl Finish {
     }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Usage {
     pub prompt_tokens: usize,
     /// Prompt tokens restored from the prompt cache instead of prefilled.
     pub cached_tokens: usize,
     pub completion_tokens: usize,
+    /// What speculative decoding did for the reply (`serve --draft-tokens`); `None` when it
+    /// was off for it.
+    pub drafts: Option<Drafts>,
+}
+
+/// A reply's draft tokens under speculative decoding.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Drafts {
+    /// Verify steps: forward passes of the model over a drafted window.
+    pub steps: usize,
+    /// Draft tokens the MTP head proposed.
+    pub proposed: usize,
+    /// Draft tokens the model accepted (each a token decided without a step of its own).
+    pub accepted: usize,
 }
 
 /// The prompt as the worker saw it, sent before any text.

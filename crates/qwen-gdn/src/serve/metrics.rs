@@ -37,6 +37,9 @@ pub struct Metrics {
     running: Gauge,
     time_to_first_token: Histogram,
     tokens_per_second: Histogram,
+    verify_steps: Counter,
+    draft_tokens: Counter,
+    accepted_draft_tokens: Counter,
 }
 
 impl Default for Metrics {
@@ -137,6 +140,25 @@ impl Metrics {
             "Decode speed of each generation: tokens after the first over the time they took",
             tokens_per_second.clone(),
         );
+        // vLLM's spec_decode counters, by their meaning.
+        let verify_steps = Counter::default();
+        registry.register(
+            "spec_decode_verify_steps",
+            "Speculative decoding: forward passes of the model over drafted tokens",
+            verify_steps.clone(),
+        );
+        let draft_tokens = Counter::default();
+        registry.register(
+            "spec_decode_draft_tokens",
+            "Speculative decoding: draft tokens the MTP head proposed",
+            draft_tokens.clone(),
+        );
+        let accepted_draft_tokens = Counter::default();
+        registry.register(
+            "spec_decode_accepted_tokens",
+            "Speculative decoding: draft tokens the model accepted",
+            accepted_draft_tokens.clone(),
+        );
         Self {
             registry,
             requests,
@@ -153,6 +175,9 @@ impl Metrics {
             running,
             time_to_first_token,
             tokens_per_second,
+            verify_steps,
+            draft_tokens,
+            accepted_draft_tokens,
         }
     }
 
@@ -193,6 +218,11 @@ impl Metrics {
             } else {
                 self.cache_misses.inc();
             }
+            if let Some(d) = &usage.drafts {
+                self.verify_steps.inc_by(d.steps as u64);
+                self.draft_tokens.inc_by(d.proposed as u64);
+                self.accepted_draft_tokens.inc_by(d.accepted as u64);
+            }
         }
         if let Some(t) = report.time_to_first_token {
             self.time_to_first_token.observe(t.as_secs_f64());
@@ -224,7 +254,7 @@ pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; cha
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::serve::job::Usage;
+    use crate::serve::job::{Drafts, Usage};
     use std::time::Duration;
 
     #[test]
@@ -239,6 +269,11 @@ mod tests {
                 prompt_tokens: 10,
                 cached_tokens: 4,
                 completion_tokens: 5,
+                drafts: Some(Drafts {
+                    steps: 3,
+                    proposed: 6,
+                    accepted: 4,
+                }),
             }),
             time_to_first_token: Some(Duration::from_millis(30)),
             tokens_per_second: Some(12.0),
@@ -266,6 +301,9 @@ mod tests {
             "qwen_gdn_time_to_first_token_seconds_bucket{le=\"0.04\"} 1",
             "qwen_gdn_time_to_first_token_seconds_bucket{le=\"0.02\"} 0",
             "qwen_gdn_generation_tokens_per_second_sum 12.0",
+            "qwen_gdn_spec_decode_verify_steps_total 3",
+            "qwen_gdn_spec_decode_draft_tokens_total 6",
+            "qwen_gdn_spec_decode_accepted_tokens_total 4",
         ] {
             assert!(text.lines().any(|l| l == line), "no {line:?} in\n{text}");
         }

@@ -67,7 +67,8 @@ pub fn run(args: Args) -> Result<ExitCode> {
         context,
         max_choices: 1, // --max-batch, once the model is loaded
     };
-    let model = args.model.load_model(&checkpoint, context)?;
+    let mut model = args.model.load_model(&checkpoint, context)?;
+    let draft_length = args.speculation.load(&mut model, &checkpoint.dir)?;
     let compile_time = model.warm_up()?;
     if !compile_time.is_zero() {
         eprint_line(&format!(
@@ -78,13 +79,20 @@ pub fn run(args: Args) -> Result<ExitCode> {
     let device = model.device().clone();
     let max_batch = max_batch(args.max_batch, &model, &device, context);
     limits.max_choices = max_batch;
-    let engine = Engine::new(
+    let mut engine = Engine::new(
         checkpoint,
         model,
         args.model.prefill_chunk_size,
         args.prompt_cache.prompt_cache(&device),
         args.prompt_cache.prompt_cache_every,
     )?;
+    if let Some(length) = &draft_length {
+        eprint_line(&format!(
+            "qwen-gdn serve: speculative decoding with the MTP head, {length} (a request alone \
+             in the batch)"
+        ));
+    }
+    engine.set_draft_length(draft_length)?;
     let backend = backend::EngineBackend::new(engine)?;
     let model = backend.model_facts();
     let metrics = Arc::new(metrics::Metrics::new());

@@ -87,6 +87,11 @@ impl Record {
                 line.insert("prompt_tokens".into(), u.prompt_tokens.into());
                 line.insert("cached_tokens".into(), u.cached_tokens.into());
                 line.insert("completion_tokens".into(), u.completion_tokens.into());
+                if let Some(d) = u.drafts {
+                    line.insert("verify_steps".into(), d.steps.into());
+                    line.insert("draft_tokens".into(), d.proposed.into());
+                    line.insert("accepted_draft_tokens".into(), d.accepted.into());
+                }
             }
             line.insert("queue_ms".into(), json!(millis(job.queued)));
             if let Some(t) = job.time_to_first_token {

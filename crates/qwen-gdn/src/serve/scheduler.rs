@@ -443,10 +443,14 @@ fn report(taken: &Taken, last: &Event) -> JobReport {
 fn log(event: &Event) {
     let line = match event {
         Event::Done { finish, usage } => format!(
-            "request: {} prompt tokens ({} cached), {} generated, {}",
+            "request: {} prompt tokens ({} cached), {} generated{}, {}",
             usage.prompt_tokens,
             usage.cached_tokens,
             usage.completion_tokens,
+            usage.drafts.map_or(String::new(), |d| format!(
+                " ({}/{} draft tokens accepted in {} verify steps)",
+                d.accepted, d.proposed, d.steps
+            )),
             match finish {
                 Finish::Stop => "stop",
                 Finish::Length => "length",
@@ -547,6 +551,7 @@ mod tests {
                     prompt_tokens: 1,
                     cached_tokens: 0,
                     completion_tokens: *n,
+                    ..Usage::default()
                 };
                 match finish {
                     Some(finish) => {

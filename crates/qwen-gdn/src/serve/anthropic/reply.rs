@@ -345,6 +345,7 @@ mod tests {
             prompt_tokens: 10,
             cached_tokens: 4,
             completion_tokens: 3,
+            ..Usage::default()
         });
         assert_eq!(
             u,

@@ -160,6 +160,7 @@ mod tests {
                 prompt_tokens: 5,
                 cached_tokens: 0,
                 completion_tokens: 3,
+                ..Usage::default()
             },
             stop_sequence: None,
             tool_calls: 0,

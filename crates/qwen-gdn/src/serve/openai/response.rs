@@ -17,12 +17,20 @@ pub fn new_id(prefix: &str) -> String {
 }
 
 pub fn usage(u: &Usage) -> Json {
-    json!({
+    let mut usage = json!({
         "prompt_tokens": u.prompt_tokens,
         "completion_tokens": u.completion_tokens,
         "total_tokens": u.prompt_tokens + u.completion_tokens,
         "prompt_tokens_details": {"cached_tokens": u.cached_tokens},
-    })
+    });
+    if let Some(d) = &u.drafts {
+        // OpenAI's names for predicted tokens that did and did not make it into the reply.
+        usage["completion_tokens_details"] = json!({
+            "accepted_prediction_tokens": d.accepted,
+            "rejected_prediction_tokens": d.proposed - d.accepted,
+        });
+    }
+    usage
 }
 
 /// Choice `index` of a whole chat completion; `message` holds role, content,
