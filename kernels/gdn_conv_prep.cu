@@ -81,6 +81,17 @@ __device__ void prep(const InT* __restrict__ qkv, const InT* __restrict__ b_in,
   InT* next = next_state + (size_t)batch * history * channels;
   const bool last_token = token + 1 == p.tokens;
 
+  // A value slot's decay and gate inputs are asked for with the window, not after the conv
+  // (lane 0 reads them; they were a second round trip at the end of the warp's work).
+  float a_x = 0.0f, b_x = 0.0f, neg_a = 0.0f;
+  if (is_value && lane == 0) {
+    const unsigned int hv = slot - 2 * key_heads;
+    a_x = to_f32(a_in[(size_t)batch * p.a_batch_stride + (size_t)token * p.a_token_stride + hv]) +
+          dt_bias[hv];
+    b_x = to_f32(b_in[(size_t)batch * p.b_batch_stride + (size_t)token * p.b_token_stride + hv]);
+    neg_a = neg_a_exp[hv];
+  }
+
   // Every window is read before anything is computed or written: the loads of all of a
   // lane's channels are in flight together (written channel by channel, the in-place state
   // write of one channel kept the next channel's loads waiting behind it), and the in-place
@@ -136,14 +147,9 @@ __device__ void prep(const InT* __restrict__ qkv, const InT* __restrict__ b_in,
     if (lane == 0) {
       const unsigned int hv = slot - 2 * key_heads;
       const size_t at = row * p.value_heads + hv;
-      const float a_x =
-          to_f32(a_in[(size_t)batch * p.a_batch_stride + (size_t)token * p.a_token_stride + hv]) +
-          dt_bias[hv];
       // softplus, stable for large |x|.
       const float softplus = fmaxf(a_x, 0.0f) + log1pf(expf(-fabsf(a_x)));
-      g[at] = expf(neg_a_exp[hv] * softplus);
-      const float b_x =
-          to_f32(b_in[(size_t)batch * p.b_batch_stride + (size_t)token * p.b_token_stride + hv]);
+      g[at] = expf(neg_a * softplus);
       beta[at] = 1.0f / (1.0f + expf(-b_x));
     }
     return;

@@ -28,10 +28,6 @@ __device__ __forceinline__ float warp_max(float v) {
   for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
   return v;
 }
-__device__ __forceinline__ uint32_t warp_min(uint32_t v) {
-  for (int o = 16; o > 0; o >>= 1) v = min(v, __shfl_xor_sync(0xffffffffu, v, o));
-  return v;
-}
 __device__ __forceinline__ float warp_sum(float v) {
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
   return v;
@@ -67,11 +63,12 @@ __device__ void route(const T* logits, uint32_t* ids, float* weights, const MoeR
 #pragma unroll
   for (uint32_t t = 0; t < kMaxPerLane; ++t) v[t] = lane + 32 * t < E ? v[t] / total : -1.f;
 
-  uint32_t my_id = 0;
-  float my_weight = 0.f, chosen_sum = 0.f;
-  for (uint32_t r = 0; r < p.top_k; ++r) {
-    float best = -1.f;
-    uint32_t best_e = 0xFFFFFFFFu;
+  // Each lane's best remaining expert: the first (lowest) of its largest probabilities.
+  float best = -1.f;
+  uint32_t best_e = 0xFFFFFFFFu;
+  auto rescan = [&]() {
+    best = -1.f;
+    best_e = 0xFFFFFFFFu;
 #pragma unroll
     for (uint32_t t = 0; t < kMaxPerLane; ++t) {
       if (v[t] > best) {
@@ -79,12 +76,25 @@ __device__ void route(const T* logits, uint32_t* ids, float* weights, const MoeR
         best_e = lane + 32 * t;
       }
     }
-    const float top = warp_max(best);
-    uint32_t winner = warp_min(best == top ? best_e : 0xFFFFFFFFu);
+  };
+  rescan();
+  uint32_t my_id = 0;
+  float my_weight = 0.f, chosen_sum = 0.f;
+  for (uint32_t r = 0; r < p.top_k; ++r) {
+    // The round's largest probability, then the lowest expert holding it: two warp reductions
+    // in hardware (REDUX) where ten shuffles were. Probabilities are non-negative floats, whose
+    // bits order as unsigned integers; + 1 keeps 0 for a lane with no candidate left.
+    const uint32_t key = best >= 0.f ? __float_as_uint(best) + 1u : 0u;
+    const uint32_t top_key = __reduce_max_sync(0xffffffffu, key);
+    const float top = top_key == 0u ? -1.f : __uint_as_float(top_key - 1u);
+    uint32_t winner = __reduce_min_sync(0xffffffffu, key == top_key ? best_e : 0xFFFFFFFFu);
     winner = winner < E ? winner : E - 1;
+    if (best_e == winner) {  // only the winner's lane has a new best
 #pragma unroll
-    for (uint32_t t = 0; t < kMaxPerLane; ++t) {
-      if (lane + 32 * t == winner) v[t] = -1.f;
+      for (uint32_t t = 0; t < kMaxPerLane; ++t) {
+        if (lane + 32 * t == winner) v[t] = -1.f;
+      }
+      rescan();
     }
     if (lane == r) {
       my_id = winner;

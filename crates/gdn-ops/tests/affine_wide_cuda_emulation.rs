@@ -23,9 +23,10 @@ mod emu;
 use candle_core::Device;
 use common::affine::{self, Case as OpCase, Gather, Kind};
 use common::{close, failures, values, Input, Ty};
-use gdn_ops::ops::affine::{wide, AffineTensor};
+use gdn_ops::ops::affine::{stream, wide, AffineTensor};
 
 static HARNESS: emu::Harness = emu::Harness::cuda("affine_wide_cuda_harness");
+static STREAM_HARNESS: emu::Harness = emu::Harness::cuda("affine_stream_cuda_harness");
 
 /// A case of the family's (tests/common/affine.rs) with the emulation's own launch geometry.
 struct Case {
@@ -59,33 +60,14 @@ fn check(case: &Case) -> Option<String> {
     let rows_per_group = case
         .rows_per_group
         .unwrap_or_else(|| wide::rows_per_group(outputs, out_rows, lpr, swiglu, 132));
-    let has_ids = c.gather != Gather::Dense;
-    let mut input = Input::new(b"AWDCUDA1");
-    for v in [
-        c.experts,
-        c.rows,
-        c.cols,
-        c.bits,
-        c.group,
-        out_rows,
-        x_div,
-        has_ids as usize,
-        swiglu as usize,
+    let geometry = [
         rows_per_group,
         lpr,
         wide::blocks_x(outputs, lpr, rows_per_group),
-    ] {
-        input.u32(v as u32);
-    }
-    affine::send_matrix(&mut input, (c.x, c.scales), m);
-    input.f32s(&x_in.x);
-    if has_ids {
-        sent_ids.iter().for_each(|&i| {
-            input.u32(i);
-        });
-    }
+    ];
+    let input = encode(case, b"AWDCUDA1", &geometry, &x_in, &sent_ids);
     let what = format!("{} rows/group {rows_per_group} lpr {lpr}", c.label());
-    let mut got = match HARNESS.run(&input.0) {
+    let mut got = match HARNESS.run(&input) {
         Err(e) => return Some(format!("{what}: {e}")),
         Ok(got) => got,
     };
@@ -107,6 +89,112 @@ fn check(case: &Case) -> Option<String> {
         eprintln!("{what}: ok");
     }
     result
+}
+
+/// The harness input of `case`: the shape, then the kernel's own `geometry` fields, then the
+/// weights, x and (when gathered) the expert ids sent.
+fn encode(
+    case: &Case,
+    magic: &[u8; 8],
+    geometry: &[usize],
+    x_in: &affine::Inputs,
+    sent_ids: &[u32],
+) -> Vec<u8> {
+    let c = &case.op;
+    let has_ids = c.gather != Gather::Dense;
+    let mut input = Input::new(magic);
+    for v in [
+        c.experts,
+        c.rows,
+        c.cols,
+        c.bits,
+        c.group,
+        c.out_rows(),
+        c.x_div(),
+        has_ids as usize,
+        (c.kind == Kind::Swiglu) as usize,
+    ]
+    .into_iter()
+    .chain(geometry.iter().copied())
+    {
+        input.u32(v as u32);
+    }
+    affine::send_matrix(&mut input, (c.x, c.scales), &x_in.m);
+    input.f32s(&x_in.x);
+    if has_ids {
+        sent_ids.iter().for_each(|&i| {
+            input.u32(i);
+        });
+    }
+    input.0
+}
+
+/// Runs the streamed body (kernels/affine_stream.cu) and the wide body on one case at the same
+/// rows per group; `None` when the two outputs are the same bits. The streamed launch is the
+/// host's (`stream::launch`) for the family's cases, and 1 to 3 blocks for the emulation's own,
+/// so that every warp walks several row groups with the next one's loads in flight.
+fn check_stream(case: &Case, which: usize) -> Option<String> {
+    let c = &case.op;
+    let seed = case.index.map_or(case.seed, affine::seed);
+    let x_in = affine::inputs(c, seed);
+    let mut sent_ids = x_in.ids.clone();
+    if let Some(bad) = case.bad_id {
+        sent_ids[bad] = (c.experts + 3) as u32;
+    }
+    let swiglu = c.kind == Kind::Swiglu;
+    let outputs = c.outputs();
+    let lpr = wide::lanes_per_row(c.bits, c.cols);
+    let host = stream::launch(c.bits, c.cols, outputs, c.out_rows(), swiglu, 132);
+    let (rows, blocks_x) = match case.rows_per_group {
+        None => (host.rows, host.blocks_x),
+        // Instantiated: 1 or 2 rows a group for the products, 1 for the SwiGLU.
+        Some(r) => (if swiglu { 1 } else { r.min(2) }, 1 + which % 3),
+    };
+    let wide_geometry = [rows, lpr, wide::blocks_x(outputs, lpr, rows)];
+    let stream_geometry = [rows, lpr, blocks_x, host.steps];
+    let what = format!(
+        "{} rows/group {rows} lpr {lpr} steps {} blocks {blocks_x}",
+        c.label(),
+        host.steps
+    );
+    let run = |harness: &emu::Harness, magic, geometry: &[usize]| {
+        harness.run(&encode(case, magic, geometry, &x_in, &sent_ids))
+    };
+    let (wide_y, stream_y) = match (
+        run(&HARNESS, b"AWDCUDA1", &wide_geometry),
+        run(&STREAM_HARNESS, b"ASTCUDA1", &stream_geometry),
+    ) {
+        (Ok(w), Ok(s)) => (w, s),
+        (Err(e), _) | (_, Err(e)) => return Some(format!("{what}: {e}")),
+    };
+    let differ = wide_y
+        .iter()
+        .zip(&stream_y)
+        .position(|(w, s)| w.to_bits() != s.to_bits());
+    match differ {
+        Some(i) => Some(format!(
+            "{what}: streamed [{i}] = {} against the wide kernel's {}",
+            stream_y[i], wide_y[i]
+        )),
+        None => {
+            eprintln!("{what}: same bits");
+            None
+        }
+    }
+}
+
+#[test]
+fn shipped_streamed_kernel_gives_the_wide_kernels_bits() {
+    let cases: Vec<(usize, Case)> = cases()
+        .into_iter()
+        .filter(|c| stream::covers(c.op.bits, c.op.group, c.op.cols))
+        .enumerate()
+        .collect();
+    let failed: Vec<String> = cases
+        .iter()
+        .filter_map(|(i, c)| check_stream(c, *i))
+        .collect();
+    common::assert_no_failures(&failed, cases.len(), "cases differ");
 }
 
 #[test]

@@ -66,8 +66,15 @@ inline uint4 make_uint4(unsigned x, unsigned y, unsigned z, unsigned w) {
   return v;
 }
 
+// CUDA's float4 is the Metal emulation's (16 bytes, 16-aligned).
+inline float4 make_float4(float x, float y, float z, float w) {
+  float4 v;
+  v.x = x, v.y = y, v.z = z, v.w = w;
+  return v;
+}
+
 struct dim3 {
   unsigned x, y, z;
 };
 // Read only by the entry points, which the harness never calls.
-inline dim3 threadIdx, blockIdx, blockDim;
+inline dim3 threadIdx, blockIdx, blockDim, gridDim;

@@ -2,7 +2,7 @@
 //! [`AffineTensor`] (direct products for few activation rows, row dequantization for the
 //! rest), with the same meaning as the CPU twin in `affine_tensor.rs`.
 
-use super::{wide, AffineParams, AffineTensor, ProductKind, Products};
+use super::{stream, wide, AffineParams, AffineTensor, ProductKind, Products};
 use crate::backend::cuda::{
     config, cuda_device, cuda_source, launch, tensor, view_or, with_float_types, Element, Held,
     Kernel, KernelSource,
@@ -13,6 +13,7 @@ use candle_core::cuda_backend::CudaDType;
 use candle_core::{CudaDevice, DType, Tensor, WithDType};
 
 const SOURCE: KernelSource = cuda_source!("affine");
+const STREAM_SOURCE: KernelSource = cuda_source!("affine_stream");
 
 // SAFETY: `AffineParams` is `repr(C)` of seven u32, as the kernel's struct.
 unsafe impl DeviceRepr for AffineParams {}
@@ -99,30 +100,38 @@ where
         out_rows,
     } = *call;
     let y_cols = call.width(m);
+    let swiglu = kind == ProductKind::Swiglu;
     let geometry = if wide_fits::<X>(m, x) {
         let lpr = wide::lanes_per_row(m.bits, m.cols);
-        let rows = wide::rows_per_group(
-            y_cols,
-            out_rows,
-            lpr,
-            kind == ProductKind::Swiglu,
-            sms(dev)?,
-        );
-        Geometry::Wide { lpr, rows }
+        if stream::covers(m.bits, m.group_size, m.cols) {
+            Geometry::Stream {
+                lpr,
+                launch: stream::launch(m.bits, m.cols, y_cols, out_rows, swiglu, sms(dev)?),
+            }
+        } else {
+            let rows = wide::rows_per_group(y_cols, out_rows, lpr, swiglu, sms(dev)?);
+            Geometry::Wide { lpr, rows }
+        }
     } else {
         Geometry::WarpPerRow
     };
-    let name = match (geometry, kind) {
-        (Geometry::Wide { rows, .. }, ProductKind::Plain) => {
-            format!("affine_wide_products_b{}_r{rows}", m.bits)
-        }
-        (Geometry::Wide { rows, .. }, ProductKind::Swiglu) => {
-            format!("affine_wide_swiglu_b{}_r{rows}", m.bits)
-        }
-        (Geometry::WarpPerRow, ProductKind::Plain) => "affine_products".to_string(),
-        (Geometry::WarpPerRow, ProductKind::Swiglu) => "affine_products_swiglu".to_string(),
+    let kind_name = if swiglu { "swiglu" } else { "products" };
+    let (source, name) = match geometry {
+        Geometry::Stream { launch, .. } => (
+            &STREAM_SOURCE,
+            format!(
+                "affine_stream_{kind_name}_b{}_r{}_s{}",
+                m.bits, launch.rows, launch.steps
+            ),
+        ),
+        Geometry::Wide { rows, .. } => (
+            &SOURCE,
+            format!("affine_wide_{kind_name}_b{}_r{rows}", m.bits),
+        ),
+        Geometry::WarpPerRow if swiglu => (&SOURCE, "affine_products_swiglu".to_string()),
+        Geometry::WarpPerRow => (&SOURCE, "affine_products".to_string()),
     };
-    let kernel = Kernel::typed(dev, &SOURCE, &name, &[X::DTYPE, S::DTYPE], OP)?;
+    let kernel = Kernel::typed(dev, source, &name, &[X::DTYPE, S::DTYPE], OP)?;
     // SAFETY: the kernel writes every element of y.
     let y = unsafe { dev.alloc::<X>(out_rows * y_cols)? };
     {
@@ -143,6 +152,15 @@ where
             .arg(&experts);
         let lpr_arg;
         let blocks = match geometry {
+            Geometry::Stream { lpr, launch } => {
+                lpr_arg = lpr as u32;
+                args.arg(&lpr_arg);
+                config(
+                    (launch.blocks_x as u32, out_rows as u32, 1),
+                    (32 * stream::WARPS as u32, 1, 1),
+                    stream::shared_bytes(m.bits, m.cols),
+                )
+            }
             Geometry::Wide { lpr, rows } => {
                 lpr_arg = lpr as u32;
                 args.arg(&lpr_arg);
@@ -160,8 +178,10 @@ where
         };
         // SAFETY: arguments in the order and types of `affine_products_*` and
         // `affine_products_swiglu_*` (and, with the trailing lanes-per-row, `affine_wide_*`) in
-        // kernels/affine.cu; x holds (out_rows - 1) / x_div + 1 rows of cols values; the wide
-        // kernels' 16-byte loads were checked to be aligned (`wide_fits`).
+        // kernels/affine.cu (the streamed ones, `affine_stream_*` in kernels/affine_stream.cu,
+        // take the wide ones' arguments); x holds (out_rows - 1) / x_div + 1 rows of cols
+        // values; the wide and streamed kernels' 16-byte loads were checked to be aligned
+        // (`wide_fits`).
         unsafe { launch(args, blocks) }?;
     }
     Ok(tensor(y, dev, (out_rows, y_cols)))
@@ -174,6 +194,8 @@ enum Geometry {
     WarpPerRow,
     /// `affine_wide_*`: `lpr` lanes per row, `rows` outputs per row group (see [`wide`]).
     Wide { lpr: usize, rows: usize },
+    /// `affine_stream_*`: the wide kernels' sums, streamed (see [`stream`]).
+    Stream { lpr: usize, launch: stream::Launch },
 }
 
 /// Whether the wide kernels take this matrix and input: its width and groups ([`wide::covers`])

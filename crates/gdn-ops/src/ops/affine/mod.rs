@@ -21,6 +21,7 @@ pub mod packing;
 pub mod q8;
 pub mod q8_interleaved;
 pub mod q8_kernel;
+pub mod stream;
 pub mod wide;
 
 use crate::backend::on_device;

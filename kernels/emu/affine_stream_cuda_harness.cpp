@@ -1,0 +1,131 @@
+// Runs the body of the shipped streamed decode products of kernels/affine_stream.cu
+// (affine_stream::stream_body, the `affine_stream_{products,swiglu}_b<bits>_r<rows>_s<steps>_*`
+// entry points) on the CPU through kernels/emu/cuda/cuda_emu.h: blocks (blocks_x, out_rows) of
+// kStreamWarps warps with the dynamic shared memory of crates/gdn-ops/src/ops/affine/stream.rs.
+// Used by crates/gdn-ops/tests/affine_wide_cuda_emulation.rs, which compares its output with
+// the wide kernel's, bit for bit.
+//
+// stdin, little-endian: "ASTCUDA1", then u32 experts, rows, cols, bits, group_size, out_rows,
+// x_div, has_ids, swiglu, rows_per_group, lanes_per_row, blocks_x, steps, x_type, scale_type
+// (0 f32, 1 f16, 2 bf16), then u32 packed [E * rows, cols * bits / 32], f32 scales and biases
+// [E * rows, cols / group_size] (exact in the scale type), f32 x [(out_rows - 1) / x_div + 1,
+// cols] (exact in the x type), u32 ids [out_rows] (present when has_ids).
+// stdout: f32 y [out_rows, outputs], outputs = rows (products) or rows / 2 (swiglu). Every
+// element must be written.
+//
+// Build: clang++-19 -std=c++17 -O2 --rtlib=compiler-rt -I kernels/emu/cuda -I kernels/emu
+//        -I kernels kernels/emu/affine_stream_cuda_harness.cpp
+
+#include "guarded_buffer.h"
+#include "affine_case.h"
+
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <vector>
+
+#include "cuda_emu.h"
+#include "block_shared.h"
+
+#include "../affine_stream.cu"
+
+// The entry points' extern __shared__ array, defined so that they link (never called here).
+float4 stream_shared[1];
+
+namespace {
+
+using guarded::Buffer;
+using guarded::Kind;
+
+struct Case {
+  AffineParams p;
+  std::uint32_t experts, swiglu, rows_per_group, lpr, blocks_x, steps;
+  std::vector<std::uint32_t> packed, ids;
+  std::vector<float> scales, biases, x;
+};
+
+template <uint32_t BITS, uint32_t ROWS, bool SWIGLU, uint32_t STEPS, class X, class S>
+void run(const Case& c) {
+  const AffineParams& p = c.p;
+  const std::uint32_t outputs = SWIGLU ? p.rows / 2 : p.rows;
+  Buffer<uint> packed("packed", c.packed, Kind::kInput);
+  Buffer<S> scales("scales", c.scales, Kind::kInput);
+  Buffer<S> biases("biases", c.biases, Kind::kInput);
+  Buffer<X> x("x", c.x, Kind::kInput);
+  // Without ids the kernel must not read them: a one-element buffer whose read would fault
+  // only past its guard, so bind it and check nothing else.
+  Buffer<uint> ids("ids", c.p.has_ids ? c.ids : std::vector<std::uint32_t>{0}, Kind::kInput);
+  Buffer<X> y("y", std::size_t(p.out_rows) * outputs, Kind::kOutput);
+  const uint3 groups{c.blocks_x, p.out_rows, 1};
+  BlockShared shared((p.cols + p.cols / (128 / BITS)));
+  metal_emu::dispatch_threadgroups(groups, uint3{affine_stream::kStreamWarps * 32, 1, 1}, [&](const metal_emu::ThreadIds& id) {
+    shared.poison(id);
+    affine_stream::stream_body<BITS, ROWS, SWIGLU, STEPS, X, S>(
+        packed.data(), scales.data(), biases.data(), x.data(), ids.data(), y.data(), p, c.experts, c.lpr,
+        id.thread_index_in_threadgroup, id.threadgroup_position_in_grid.x, c.blocks_x,
+        id.threadgroup_position_in_grid.y, shared.smem);
+  });
+  shared.check();
+  guarded::check_all(packed, scales, biases, x, ids, y);
+  y.write_f32();
+}
+
+template <uint32_t BITS, uint32_t ROWS, bool SWIGLU, class X, class S>
+void run_for_steps(const Case& c) {
+  switch (c.steps) {
+    case 1: run<BITS, ROWS, SWIGLU, 1, X, S>(c); break;
+    case 2: run<BITS, ROWS, SWIGLU, 2, X, S>(c); break;
+    case 4: run<BITS, ROWS, SWIGLU, 4, X, S>(c); break;
+    default: guarded::die("steps must be 1, 2 or 4");
+  }
+}
+
+template <class X, class S>
+void run_for_shape(const Case& c) {
+  const bool sw = c.swiglu != 0;
+  const unsigned key = c.p.bits * 100 + c.rows_per_group * 10 + (sw ? 1 : 0);
+  switch (key) {
+    case 410: run_for_steps<4, 1, false, X, S>(c); break;
+    case 420: run_for_steps<4, 2, false, X, S>(c); break;
+    case 810: run_for_steps<8, 1, false, X, S>(c); break;
+    case 820: run_for_steps<8, 2, false, X, S>(c); break;
+    case 411: run_for_steps<4, 1, true, X, S>(c); break;
+    case 811: run_for_steps<8, 1, true, X, S>(c); break;
+    default: guarded::die("no entry point for these bits / rows per group / kind");
+  }
+}
+
+}  // namespace
+
+int main() {
+  const auto h = guarded::start<15>("affine_stream_cuda_harness", "ASTCUDA1");
+  Case c;
+  c.experts = h[0];
+  c.p = AffineParams{h[1], h[2], h[3], h[4], h[5], h[6], h[7]};
+  c.swiglu = h[8], c.rows_per_group = h[9], c.lpr = h[10], c.blocks_x = h[11], c.steps = h[12];
+  const std::uint32_t x_type = h[13], scale_type = h[14];
+  const AffineParams& p = c.p;
+  // The host side's contract (ops/affine/stream.rs checks it).
+  if (p.bits != 4 && p.bits != 8) guarded::die("bits must be 4 or 8");
+  const std::uint32_t v = 128 / p.bits;
+  if (p.cols % v != 0 || p.cols / v < 8) guarded::die("cols must be whole 16-byte chunks, at least 8");
+  if (p.group_size % v != 0 || p.cols % p.group_size != 0) guarded::die("groups must hold whole chunks");
+  if (c.lpr != 8 && c.lpr != 16 && c.lpr != 32) guarded::die("lanes per row must be 8, 16 or 32");
+  if (c.blocks_x == 0) guarded::die("blocks_x must be at least 1");
+  if ((p.cols / v + c.lpr - 1) / c.lpr > c.steps) guarded::die("more chunks a lane than steps");
+  if (c.experts == 0 || p.rows == 0 || p.out_rows == 0 || p.x_div == 0) guarded::die("empty shape");
+  const std::size_t stacked = std::size_t(c.experts) * p.rows;
+  affine_case::read_weights(stacked, p.cols, p.bits, p.group_size, c.packed, c.scales, c.biases);
+  c.x = guarded::read_raw<float>(std::size_t((p.out_rows - 1) / p.x_div + 1) * p.cols);
+  if (p.has_ids) c.ids = guarded::read_raw<std::uint32_t>(p.out_rows);
+  guarded::expect_end();
+
+  using guarded::by_code;
+  by_code<float, __half, __nv_bfloat16>(x_type, "unknown x_type", [&](auto x) {
+    by_code<float, __half, __nv_bfloat16>(scale_type, "unknown scale_type", [&](auto s) {
+      run_for_shape<typename decltype(x)::type, typename decltype(s)::type>(c);
+    });
+  });
+  return guarded::finish();
+}
