@@ -10,26 +10,22 @@
 #     interleaved layout's NEON kernels, judged against mlx-lm's logits), once per NEON level
 #     pinned with QWEN_GDN_CPU_LEVEL.
 #
-# Needs (installed here when missing, as root): Debian's qemu-user and gcc-aarch64-linux-gnu
-# (the linker and the C runtime), and rustup's std for the target.
+# Needs (installed when missing, as root, by scripts/install-test-deps.sh): Debian's qemu-user
+# and gcc-aarch64-linux-gnu (the linker and the C runtime); and rustup's std for the target.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 TARGET=aarch64-unknown-linux-gnu
 
-need=()
-command -v qemu-aarch64 >/dev/null || need+=(qemu-user)
-command -v aarch64-linux-gnu-gcc >/dev/null || need+=(gcc-aarch64-linux-gnu libc6-dev-arm64-cross)
-if [[ ${#need[@]} -gt 0 ]]; then
-  if [[ $(id -u) -ne 0 ]]; then
-    echo "test-aarch64: missing ${need[*]}; run this script as root (apt-get)" >&2
-    exit 1
-  fi
-  echo "test-aarch64: installing ${need[*]}"
-  export DEBIAN_FRONTEND=noninteractive
-  apt-get update -qq
-  apt-get install -y -qq "${need[@]}" >/dev/null
+bash scripts/install-test-deps.sh
+# The target's std from rustup; where rustup cannot fetch it, std built from Debian's
+# rustc-web sources (as scripts/check-metal.sh does, in a target dir of its own).
+cargo=(cargo)
+if ! rustup target list --installed 2>/dev/null | grep -qx "$TARGET" &&
+  ! rustup target add "$TARGET"; then
+  echo "test-aarch64: no rustup std for $TARGET; building std with Debian's rustc-web"
+  export RUSTC=/usr/bin/rustc RUSTC_BOOTSTRAP=1 CARGO_TARGET_DIR=target/test-aarch64
+  cargo=(/usr/bin/cargo -Zbuild-std=std,panic_abort)
 fi
-rustup target list --installed | grep -qx "$TARGET" || rustup target add "$TARGET"
 
 export CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_LINKER=aarch64-linux-gnu-gcc
 # The test binaries' own `cargo test` runner: qemu with the target's libraries.
@@ -37,8 +33,9 @@ qemu() {
   CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_RUNNER="qemu-aarch64 -L /usr/aarch64-linux-gnu -cpu $1" \
     "${@:2}"
 }
-ops=(cargo test --locked --target "$TARGET" -p gdn-ops --lib --test cpu_levels)
-gate=(cargo test --locked --target "$TARGET" -p qwen-gdn-model --test q8_activations qwen3_next_4bit)
+ops=("${cargo[@]}" test --locked --target "$TARGET" -p gdn-ops --lib --test cpu_levels)
+gate=("${cargo[@]}" test --locked --target "$TARGET" -p qwen-gdn-model --test q8_activations
+  qwen3_next_4bit)
 
 start=$SECONDS
 "${ops[@]}" --no-run

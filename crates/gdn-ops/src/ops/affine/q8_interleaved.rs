@@ -269,6 +269,22 @@ impl<'a, P> Block<'a, P> {
     }
 }
 
+impl<P> Block<'_, P> {
+    /// The block's groups, with the block's and the activation rows' sizes checked once, so
+    /// that the SIMD kernels' loops read unchecked.
+    pub(super) fn checked_groups(&self, xs: &[Activation]) -> usize {
+        let groups = self.scales.len() / ROWS;
+        let chunks = groups * self.chunks_per_group;
+        assert!(self.words.len() == chunks * WORDS_PER_CHUNK * ROWS);
+        assert!(self.biases.len() == groups * ROWS);
+        for x in xs {
+            assert!(x.q.values().len() == chunks * CHUNK && x.q.lane_scales().len() == 8 * chunks);
+            assert!(x.group_sums.len() == groups);
+        }
+        groups
+    }
+}
+
 /// A stored scale or bias type the kernel widens sixteen at a time.
 pub(super) trait Param: Copy {
     /// Read by the SIMD kernels only.
@@ -296,18 +312,21 @@ impl Param for bf16 {
 /// The selected level's copy of the kernel ([`crate::simd::level`]); every copy gives the
 /// same bits.
 fn dispatch<P: Param, const A: usize>(b: &Block<P>, xs: &[Activation; A]) -> [[f32; ROWS]; A] {
-    run_at(crate::simd::level(), b, xs)
+    // SAFETY: the selected level is one the CPU supports (`select_level` refuses others).
+    unsafe { run_at(crate::simd::level(), b, xs) }
 }
 
-/// The kernel's copy for `level`, which the CPU must support (the level's selection checked
-/// it; the tests check it).
-fn run_at<P: Param, const A: usize>(
+/// The kernel's copy for `level`.
+///
+/// # Safety
+/// The CPU supports `level` (asked once per selection, not per block: the question costs a
+/// few string comparisons, the block a few thousand instructions).
+unsafe fn run_at<P: Param, const A: usize>(
     level: crate::simd::Level,
     b: &Block<P>,
     xs: &[Activation; A],
 ) -> [[f32; ROWS]; A] {
     use crate::simd::Level;
-    assert!(level.supported(), "CPU level {} unsupported", level.name());
     match level {
         // SAFETY (each arm): the CPU has the level's features, which include the copy's.
         #[cfg(target_arch = "x86_64")]
@@ -369,13 +388,7 @@ unsafe fn block_dots_vnni<P: Param, const A: usize>(
     xs: &[Activation; A],
 ) -> [[f32; ROWS]; A] {
     use std::arch::x86_64::*;
-    let groups = b.scales.len() / ROWS;
-    let chunks = groups * b.chunks_per_group;
-    assert!(b.words.len() == chunks * WORDS_PER_CHUNK * ROWS && b.biases.len() == groups * ROWS);
-    for x in xs {
-        assert!(x.q.values().len() == chunks * CHUNK && x.q.lane_scales().len() == 8 * chunks);
-        assert!(x.group_sums.len() == groups);
-    }
+    let groups = b.checked_groups(xs);
     // Sixteen scales or biases of group g, widened to f32 (a bf16 is the top half of an f32).
     // A macro, not a closure: the intrinsics stay inside this function's target features.
     macro_rules! load {
@@ -489,7 +502,9 @@ mod tests {
             b: &Block<P>,
             xs: &[Activation; A],
         ) -> [[f32; ROWS]; A] {
-            run_at(*self, b, xs)
+            assert!(self.supported());
+            // SAFETY: checked just above.
+            unsafe { run_at(*self, b, xs) }
         }
     }
 

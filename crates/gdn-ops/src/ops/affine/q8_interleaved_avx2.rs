@@ -85,13 +85,7 @@ macro_rules! block_dots_256 {
             b: &Block<P>,
             xs: &[Activation; A],
         ) -> [[f32; ROWS]; A] {
-            let groups = b.scales.len() / ROWS;
-            let chunks = groups * b.chunks_per_group;
-            assert!(b.words.len() == chunks * WORDS_PER_CHUNK * ROWS && b.biases.len() == groups * ROWS);
-            for x in xs {
-                assert!(x.q.values().len() == chunks * CHUNK && x.q.lane_scales().len() == 8 * chunks);
-                assert!(x.group_sums.len() == groups);
-            }
+            let groups = b.checked_groups(xs);
             let low_mask = _mm256_set1_epi8(0x0F);
             let mut out = [[0f32; ROWS]; A];
             for rows8 in [0, 8] {

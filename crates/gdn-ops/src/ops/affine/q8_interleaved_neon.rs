@@ -63,18 +63,6 @@ unsafe fn load4<P: Param>(p: &[P], at: usize) -> float32x4_t {
     }
 }
 
-/// A block's and its activations' sizes, checked once so that the loops read unchecked.
-fn check<P>(b: &Block<P>, xs: &[&Activation]) -> (usize, usize) {
-    let groups = b.scales.len() / ROWS;
-    let chunks = groups * b.chunks_per_group;
-    assert!(b.words.len() == chunks * WORDS_PER_CHUNK * ROWS && b.biases.len() == groups * ROWS);
-    for x in xs {
-        assert!(x.q.values().len() == chunks * CHUNK && x.q.lane_scales().len() == 8 * chunks);
-        assert!(x.group_sums.len() == groups);
-    }
-    (groups, chunks)
-}
-
 /// The float steps shared by both copies, for one quarter of rows and `A` activation rows:
 /// the bias sums per group, then per chunk half `acc_h += f32(isum) · (x_scale · w_scale)`
 /// with the integer sums from `isums(c, h)`, and `(acc_0 + acc_1) + bias sum` stored at
@@ -138,8 +126,8 @@ pub(super) unsafe fn block_dots_sdot<P: Param, const A: usize>(
     b: &Block<P>,
     xs: &[Activation; A],
 ) -> [[f32; ROWS]; A] {
+    let groups = b.checked_groups(xs);
     let refs: [&Activation; A] = std::array::from_fn(|a| &xs[a]);
-    let (groups, _) = check(b, &refs);
     let mut out = [[0f32; ROWS]; A];
     for q in (0..ROWS).step_by(4) {
         let isums = |c: usize, h: usize| -> [int32x4_t; A] {
@@ -186,10 +174,10 @@ pub(super) unsafe fn block_dots_smmla<P: Param, const A: usize>(
     b: &Block<P>,
     xs: &[Activation; A],
 ) -> [[f32; ROWS]; A] {
+    let groups = b.checked_groups(xs);
     let mut out = [[0f32; ROWS]; A];
     for a in (0..A - A % 2).step_by(2) {
         let pair = [&xs[a], &xs[a + 1]];
-        let (groups, _) = check(b, &pair);
         let (first, second) = out[a..a + 2].split_at_mut(1);
         for q in (0..ROWS).step_by(4) {
             let isums = |c: usize, h: usize| -> [int32x4_t; 2] {
