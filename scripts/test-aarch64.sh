@@ -10,6 +10,10 @@
 #     interleaved layout's NEON kernels, judged against mlx-lm's logits), once per NEON level
 #     pinned with QWEN_GDN_CPU_LEVEL.
 #
+# Time (2026-11-28, the 2-core development machine, loaded by other builds): from a clean
+# target dir the aarch64 build takes 6.5 min of CPU (gdn-ops' and the model crate's dependencies
+# for the target, 10.5 min wall while loaded); afterwards 0.5–2 min; the qemu runs 35–90 s.
+#
 # Needs (installed when missing, as root, by scripts/install-test-deps.sh): Debian's qemu-user
 # and gcc-aarch64-linux-gnu (the linker and the C runtime); and rustup's std for the target.
 set -euo pipefail
