@@ -13,7 +13,9 @@
 #   7. `qwen-gdn serve` driven by the official openai, anthropic and ollama Python clients,
 #      the Prometheus parser and curl (needs PyPI once),
 #   8. the chat page at `/` in headless Chromium driven by Selenium (needs PyPI once),
-#   9. the macOS type-check of the workspace with the `metal` feature.
+#   9. the macOS type-check of the workspace with the `metal` feature,
+#  10. the CPU kernels' NEON levels as aarch64 binaries under qemu-user (gdn-ops' CPU tests and
+#      one model gate; installs qemu-user and the cross linker when missing).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install-test-deps.sh
@@ -28,3 +30,4 @@ QWEN_GDN_ATTN_SCORE_BYTES=4096 cargo test --locked -p qwen-gdn-model \
 bash scripts/test-serve-clients.sh
 bash scripts/test-chat-page.sh
 bash scripts/check-metal.sh
+bash scripts/test-aarch64.sh

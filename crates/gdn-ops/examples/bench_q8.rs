@@ -148,9 +148,13 @@ fn main() -> anyhow::Result<()> {
         );
     }
 
-    // The same in the interleaved layout (where the CPU has its kernel: AVX-512 VNNI).
-    if !gdn_ops::simd::has_vnni() {
-        println!("(no AVX-512 VNNI: the interleaved layout's portable kernel is not timed)");
+    // The same in the interleaved layout (where the CPU level has a SIMD kernel for it).
+    let level = gdn_ops::simd::level();
+    if !level.has_interleaved_q8_kernel() {
+        println!(
+            "(level {}: the interleaved layout's portable kernel is not timed)",
+            level.name()
+        );
         return Ok(());
     }
     let il = m.clone().into_q8_interleaved();

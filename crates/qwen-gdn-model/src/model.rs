@@ -74,7 +74,7 @@ impl Model {
             }
         }
         let variants = opts.layer_variants(device);
-        opts.apply_process_wide();
+        opts.apply_process_wide()?;
         let cfg = Config::from_dir(dir)?;
         let mut ckpt = Checkpoint::open(dir, &cfg)?;
         ckpt.report_progress(opts.progress.clone());

@@ -26,10 +26,12 @@ use std::time::Duration;
 /// Forces one gated-delta form for every call of the GDN layers' forward: `recurrent` or
 /// `chunked` (unset: calls of 16 tokens or more take the chunked form where the device has it).
 pub const GDN_PREFILL_VAR: &str = "QWEN_GDN_GDN_PREFILL";
-/// Caps the CPU copies the hot loops run: `portable`, `avx2`, or `avx512` and `best` (no cap:
-/// the best copy the CPU has).
+/// Pins the CPU level the hot loops run ([`Level::name`]: `portable`, `avx2`, `avx2-vnni`,
+/// `avx512`, `avx512-vnni`, `neon`, `neon-dotprod`, `neon-i8mm`), or `best` (the best level
+/// the CPU has). A level the CPU lacks is refused, naming the missing feature.
 pub const CPU_LEVEL_VAR: &str = "QWEN_GDN_CPU_LEVEL";
-/// The q8 mode's 4-bit matrix layout: `interleaved` (repacked for AVX-512 VNNI) or `plain`.
+/// The q8 mode's 4-bit matrix layout: `auto` (interleaved where the CPU level has a kernel for
+/// it), `interleaved` or `plain`.
 pub const Q8_LAYOUT_VAR: &str = "QWEN_GDN_Q8_LAYOUT";
 /// Microseconds the CPU pool's idle workers spin for work during a pass (0: they sleep).
 pub const SPIN_US_VAR: &str = "QWEN_GDN_SPIN_US";
@@ -93,9 +95,9 @@ pub struct RunOptions {
     /// `QWEN_GDN_GDN_PREFILL`: one gated-delta form for every GDN layer call; `None` lets the
     /// length choose.
     pub gdn_prefill: Option<GdnForm>,
-    /// `QWEN_GDN_CPU_LEVEL`: the best CPU copy the hot loops may run (process-wide, set by
-    /// [`crate::Model::load`]).
-    pub cpu_level: Level,
+    /// `QWEN_GDN_CPU_LEVEL`: the CPU level the hot loops run, one the CPU has; `None`: the best
+    /// it has (process-wide, set by [`crate::Model::load`]).
+    pub cpu_level: Option<Level>,
     /// `QWEN_GDN_Q8_LAYOUT`: the q8 mode's matrix layout.
     pub q8_layout: Q8Layout,
     /// `QWEN_GDN_SPIN_US`: how long the CPU pool's idle workers spin for work (process-wide,
@@ -125,8 +127,8 @@ impl Default for RunOptions {
             fused_decode: true,
             progress: None,
             gdn_prefill: None,
-            cpu_level: Level::Avx512,
-            q8_layout: Q8Layout::Interleaved,
+            cpu_level: None,
+            q8_layout: Q8Layout::Auto,
             spin: gdn_ops::threads::DEFAULT_SPIN,
             conv_front: None,
             attn_prefill: AttnPrefill::Kernel,
@@ -187,22 +189,20 @@ impl RunOptions {
             )?);
         }
         if let Some(t) = text(CPU_LEVEL_VAR)? {
-            o.cpu_level = choice(
-                CPU_LEVEL_VAR,
-                &t,
-                &[
-                    ("portable", Level::Portable),
-                    ("avx2", Level::Avx2),
-                    ("avx512", Level::Avx512),
-                    ("best", Level::Avx512),
-                ],
-            )?;
+            let mut table: Vec<(&str, Option<Level>)> =
+                Level::ALL.iter().map(|&l| (l.name(), Some(l))).collect();
+            table.push(("best", None));
+            o.cpu_level = choice(CPU_LEVEL_VAR, &t, &table)?;
+            if let Some(why) = o.cpu_level.and_then(Level::missing) {
+                bail!("{CPU_LEVEL_VAR}={t}: {why}");
+            }
         }
         if let Some(t) = text(Q8_LAYOUT_VAR)? {
             o.q8_layout = choice(
                 Q8_LAYOUT_VAR,
                 &t,
                 &[
+                    ("auto", Q8Layout::Auto),
                     ("interleaved", Q8Layout::Interleaved),
                     ("plain", Q8Layout::Plain),
                 ],
@@ -265,9 +265,13 @@ impl RunOptions {
 
     /// Sets the switches that belong to the process, not to one model: the CPU copies
     /// (chosen deep in every CPU kernel) and the CPU pool's spinners. The last load wins.
-    pub(crate) fn apply_process_wide(&self) {
-        gdn_ops::simd::cap_level(self.cpu_level);
+    /// A level the CPU lacks (set in the options by hand, not read by [`Self::from_env`], which
+    /// refuses it) is an error naming the missing feature.
+    pub(crate) fn apply_process_wide(&self) -> Result<()> {
+        gdn_ops::simd::select_level(self.cpu_level)
+            .map_err(|why| anyhow::anyhow!("{CPU_LEVEL_VAR}: {why}"))?;
         gdn_ops::threads::set_spin_budget(self.spin);
+        Ok(())
     }
 }
 

@@ -19,8 +19,8 @@ fn nothing_set_is_the_default() {
     let o = from(&[]).unwrap();
     let d = RunOptions::default();
     assert_eq!(o.gdn_prefill, None);
-    assert_eq!(o.cpu_level, Level::Avx512);
-    assert_eq!(o.q8_layout, Q8Layout::Interleaved);
+    assert_eq!(o.cpu_level, None);
+    assert_eq!(o.q8_layout, Q8Layout::Auto);
     assert_eq!(o.spin, Duration::ZERO);
     assert_eq!(o.gdn_state_dtype, StateDtype::F32);
     assert_eq!(o.conv_front, None);
@@ -42,9 +42,11 @@ fn nothing_set_is_the_default() {
 
 #[test]
 fn every_switch_takes_its_values() {
+    // The best level this CPU has: any machine runs the test.
+    let best = Level::best();
     let o = from(&[
         (GDN_PREFILL_VAR, "chunked"),
-        (CPU_LEVEL_VAR, "avx2"),
+        (CPU_LEVEL_VAR, best.name()),
         (Q8_LAYOUT_VAR, "plain"),
         (SPIN_US_VAR, "1000"),
         (STATE_BF16_VAR, "1"),
@@ -56,7 +58,7 @@ fn every_switch_takes_its_values() {
     ])
     .unwrap();
     assert_eq!(o.gdn_prefill, Some(GdnForm::Chunked));
-    assert_eq!(o.cpu_level, Level::Avx2);
+    assert_eq!(o.cpu_level, Some(best));
     assert_eq!(o.q8_layout, Q8Layout::Plain);
     assert_eq!(o.spin, Duration::from_micros(1000));
     assert_eq!(o.gdn_state_dtype, StateDtype::Bf16);
@@ -77,7 +79,10 @@ fn every_switch_takes_its_values() {
     ])
     .unwrap();
     assert_eq!(o.gdn_prefill, Some(GdnForm::Recurrent));
-    assert_eq!(o.cpu_level, Level::Portable);
+    assert_eq!(o.cpu_level, Some(Level::Portable));
+    assert_eq!(from(&[(CPU_LEVEL_VAR, "best")]).unwrap().cpu_level, None);
+    let layout = from(&[(Q8_LAYOUT_VAR, "interleaved")]).unwrap().q8_layout;
+    assert_eq!(layout, Q8Layout::Interleaved);
     assert_eq!(o.layer_variants(&Device::Cpu).moe_prefill, MoePrefill::Gemm);
     assert!(o.cuda_graph);
     assert_eq!(o.spin, Duration::ZERO);
@@ -124,8 +129,28 @@ fn a_bad_value_is_one_line_naming_the_variable_and_the_values() {
     );
     assert_eq!(
         error(CPU_LEVEL_VAR, "sse"),
-        "QWEN_GDN_CPU_LEVEL=sse: expected portable, avx2, avx512 or best"
+        "QWEN_GDN_CPU_LEVEL=sse: expected portable, avx2, avx2-vnni, avx512, avx512-vnni, neon, \
+         neon-dotprod, neon-i8mm or best"
     );
+    // A level of another architecture, and one this CPU lacks, are refused in one line that
+    // names what is missing.
+    let foreign = if cfg!(target_arch = "aarch64") {
+        "avx2"
+    } else {
+        "neon"
+    };
+    let e = error(CPU_LEVEL_VAR, foreign);
+    assert!(
+        e.starts_with(&format!("{CPU_LEVEL_VAR}={foreign}: it needs an ")),
+        "{e}"
+    );
+    for level in Level::ALL.into_iter().filter(|l| !l.supported()) {
+        let e = error(CPU_LEVEL_VAR, level.name());
+        assert!(
+            !e.contains('\n') && (e.contains("lacks") || e.contains("needs")),
+            "{e}"
+        );
+    }
     assert_eq!(
         error(MOE_PREFILL_VAR, "many"),
         "QWEN_GDN_MOE_PREFILL=many: expected pairs, gemm, grouped or grouped:<min tokens>"

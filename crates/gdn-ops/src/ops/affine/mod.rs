@@ -20,6 +20,10 @@ pub mod metal;
 pub mod packing;
 pub mod q8;
 pub mod q8_interleaved;
+#[cfg(target_arch = "x86_64")]
+mod q8_interleaved_avx2;
+#[cfg(target_arch = "aarch64")]
+mod q8_interleaved_neon;
 pub mod q8_kernel;
 pub mod stream;
 pub mod wide;

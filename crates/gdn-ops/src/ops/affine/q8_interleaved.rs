@@ -28,7 +28,7 @@ use half::bf16;
 pub const ROWS: usize = 16;
 
 /// Packed 32-bit words per row and chunk (64 four-bit values).
-const WORDS_PER_CHUNK: usize = CHUNK / 8;
+pub(super) const WORDS_PER_CHUNK: usize = CHUNK / 8;
 
 /// Activation rows per kernel call: each block's chunk is loaded and unpacked once for all of
 /// them. Three accumulators and two partial sums per activation row, so four fit the 32
@@ -38,18 +38,26 @@ const ACTIVATIONS_AT_ONCE: usize = 4;
 /// Which layout the q8 mode runs its 4-bit matrices in (the model's `QWEN_GDN_Q8_LAYOUT`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Q8Layout {
-    /// Repacked at load into blocks of interleaved rows for the VNNI kernel (the default).
+    /// Interleaved where the CPU level has a SIMD kernel for it
+    /// ([`Level::has_interleaved_q8_kernel`](crate::simd::Level::has_interleaved_q8_kernel)),
+    /// else plain: the portable kernel on the interleaved layout is slower than the plain
+    /// layout's (the default).
     #[default]
+    Auto,
+    /// Repacked at load into blocks of interleaved rows, whatever the level.
     Interleaved,
     /// The checkpoint's own layout, run by the plain q8 kernels.
     Plain,
 }
 
-/// Whether matrices that the q8 mode runs should be repacked at load: `layout` is
-/// interleaved and the CPU has the kernel (AVX-512 VNNI; on other CPUs the portable copy
-/// would be slower than the plain layout's SIMD kernels).
+/// Whether matrices that the q8 mode runs should be repacked at load for `layout`, at the
+/// selected CPU level.
 pub fn repack_at_load(layout: Q8Layout) -> bool {
-    layout == Q8Layout::Interleaved && crate::simd::has_vnni()
+    match layout {
+        Q8Layout::Auto => crate::simd::level().has_interleaved_q8_kernel(),
+        Q8Layout::Interleaved => true,
+        Q8Layout::Plain => false,
+    }
 }
 
 /// Per-group scales and biases of each block, `[blocks, groups, ROWS]`, in the stored dtype
@@ -236,11 +244,11 @@ impl Interleaved {
 }
 
 /// One interleaved block: `[chunks, WORDS_PER_CHUNK, ROWS]` words, `[groups, ROWS]` params.
-struct Block<'a, P> {
-    words: &'a [u32],
-    scales: &'a [P],
-    biases: &'a [P],
-    chunks_per_group: usize,
+pub(super) struct Block<'a, P> {
+    pub(super) words: &'a [u32],
+    pub(super) scales: &'a [P],
+    pub(super) biases: &'a [P],
+    pub(super) chunks_per_group: usize,
 }
 
 impl<'a, P> Block<'a, P> {
@@ -261,10 +269,26 @@ impl<'a, P> Block<'a, P> {
     }
 }
 
+impl<P> Block<'_, P> {
+    /// The block's groups, with the block's and the activation rows' sizes checked once, so
+    /// that the SIMD kernels' loops read unchecked.
+    pub(super) fn checked_groups(&self, xs: &[Activation]) -> usize {
+        let groups = self.scales.len() / ROWS;
+        let chunks = groups * self.chunks_per_group;
+        assert!(self.words.len() == chunks * WORDS_PER_CHUNK * ROWS);
+        assert!(self.biases.len() == groups * ROWS);
+        for x in xs {
+            assert!(x.q.values().len() == chunks * CHUNK && x.q.lane_scales().len() == 8 * chunks);
+            assert!(x.group_sums.len() == groups);
+        }
+        groups
+    }
+}
+
 /// A stored scale or bias type the kernel widens sixteen at a time.
-trait Param: Copy {
-    /// Read by the x86-64 kernel only.
-    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+pub(super) trait Param: Copy {
+    /// Read by the SIMD kernels only.
+    #[allow(dead_code)]
     const IS_BF16: bool;
     fn widen(self) -> f32;
 }
@@ -285,14 +309,40 @@ impl Param for bf16 {
     }
 }
 
-/// The VNNI kernel where the CPU has it, else the portable one.
+/// The selected level's copy of the kernel ([`crate::simd::level`]); every copy gives the
+/// same bits.
 fn dispatch<P: Param, const A: usize>(b: &Block<P>, xs: &[Activation; A]) -> [[f32; ROWS]; A] {
-    #[cfg(target_arch = "x86_64")]
-    if crate::simd::has_vnni() {
-        // SAFETY: the CPU has AVX-512 F, BW, VL and VNNI, and AVX2 and FMA.
-        return unsafe { block_dots_vnni(b, xs) };
+    // SAFETY: the selected level is one the CPU supports (`select_level` refuses others).
+    unsafe { run_at(crate::simd::level(), b, xs) }
+}
+
+/// The kernel's copy for `level`.
+///
+/// # Safety
+/// The CPU supports `level` (asked once per selection, not per block: the question costs a
+/// few string comparisons, the block a few thousand instructions).
+unsafe fn run_at<P: Param, const A: usize>(
+    level: crate::simd::Level,
+    b: &Block<P>,
+    xs: &[Activation; A],
+) -> [[f32; ROWS]; A] {
+    use crate::simd::Level;
+    match level {
+        // SAFETY (each arm): the CPU has the level's features, which include the copy's.
+        #[cfg(target_arch = "x86_64")]
+        Level::Avx512Vnni => unsafe { block_dots_vnni(b, xs) },
+        #[cfg(target_arch = "x86_64")]
+        Level::Avx2 | Level::Avx512 => unsafe {
+            super::q8_interleaved_avx2::block_dots_avx2(b, xs)
+        },
+        #[cfg(target_arch = "x86_64")]
+        Level::Avx2Vnni => unsafe { super::q8_interleaved_avx2::block_dots_avxvnni(b, xs) },
+        #[cfg(target_arch = "aarch64")]
+        Level::NeonDotprod => unsafe { super::q8_interleaved_neon::block_dots_sdot(b, xs) },
+        #[cfg(target_arch = "aarch64")]
+        Level::NeonI8mm => unsafe { super::q8_interleaved_neon::block_dots_smmla(b, xs) },
+        _ => std::array::from_fn(|a| block_dots_portable(b, &xs[a])),
     }
-    std::array::from_fn(|a| block_dots_portable(b, &xs[a]))
 }
 
 /// The kernel's arithmetic in scalar code, row by row: see the module's documentation.
@@ -338,13 +388,7 @@ unsafe fn block_dots_vnni<P: Param, const A: usize>(
     xs: &[Activation; A],
 ) -> [[f32; ROWS]; A] {
     use std::arch::x86_64::*;
-    let groups = b.scales.len() / ROWS;
-    let chunks = groups * b.chunks_per_group;
-    assert!(b.words.len() == chunks * WORDS_PER_CHUNK * ROWS && b.biases.len() == groups * ROWS);
-    for x in xs {
-        assert!(x.q.values().len() == chunks * CHUNK && x.q.lane_scales().len() == 8 * chunks);
-        assert!(x.group_sums.len() == groups);
-    }
+    let groups = b.checked_groups(xs);
     // Sixteen scales or biases of group g, widened to f32 (a bf16 is the top half of an f32).
     // A macro, not a closure: the intrinsics stay inside this function's target features.
     macro_rules! load {
@@ -435,33 +479,86 @@ mod tests {
         })
     }
 
-    /// Four activation rows' dots of one block: the VNNI kernel on all four at once and on
+    /// Four activation rows' dots of one block: a level's copy on all four at once and on
     /// each alone, and the portable kernel on each.
-    #[cfg(target_arch = "x86_64")]
     type Dots = ([[f32; ROWS]; 4], Vec<[f32; ROWS]>, Vec<[f32; ROWS]>);
 
+    /// A copy of the kernel under test: a level's, or a test-only twin.
+    trait KernelCopy {
+        fn name(&self) -> &str;
+        fn dots<P: Param, const A: usize>(
+            &self,
+            b: &Block<P>,
+            xs: &[Activation; A],
+        ) -> [[f32; ROWS]; A];
+    }
+
+    impl KernelCopy for Level {
+        fn name(&self) -> &str {
+            Level::name(*self)
+        }
+        fn dots<P: Param, const A: usize>(
+            &self,
+            b: &Block<P>,
+            xs: &[Activation; A],
+        ) -> [[f32; ROWS]; A] {
+            assert!(self.supported());
+            // SAFETY: checked just above.
+            unsafe { run_at(*self, b, xs) }
+        }
+    }
+
+    /// The AVX-VNNI copy's arithmetic in AVX-512 VL's encoding of `vpdpbusd`.
     #[cfg(target_arch = "x86_64")]
-    fn three_ways<P: Param>(b: &Block<P>, acts: &[Activation; 4]) -> Dots {
-        // SAFETY: the caller checked has_vnni().
-        let together = unsafe { block_dots_vnni(b, acts) };
+    struct EvexVnni;
+
+    #[cfg(target_arch = "x86_64")]
+    impl KernelCopy for EvexVnni {
+        fn name(&self) -> &str {
+            "avx2-vnni (EVEX twin)"
+        }
+        fn dots<P: Param, const A: usize>(
+            &self,
+            b: &Block<P>,
+            xs: &[Activation; A],
+        ) -> [[f32; ROWS]; A] {
+            assert!(Level::Avx512Vnni.supported());
+            // SAFETY: AVX-512 VNNI implies every feature the twin is compiled for.
+            unsafe { super::super::q8_interleaved_avx2::block_dots_evex_vnni(b, xs) }
+        }
+    }
+
+    fn three_ways<P: Param>(copy: &impl KernelCopy, b: &Block<P>, acts: &[Activation; 4]) -> Dots {
+        let together = copy.dots(b, acts);
         let alone = acts
             .iter()
-            // SAFETY: as above.
-            .map(|x| unsafe { block_dots_vnni(b, std::array::from_ref(x)) }[0])
+            .map(|x| copy.dots(b, std::array::from_ref(x))[0])
             .collect();
         let portable = acts.iter().map(|x| block_dots_portable(b, x)).collect();
         (together, alone, portable)
     }
 
-    /// The VNNI kernel and the portable one agree bit for bit, one activation row and four
-    /// at a time, for one and two chunks per group, with bf16 and f32 parameters.
-    #[cfg(target_arch = "x86_64")]
+    use crate::simd::Level;
+
+    /// Every level's copy this CPU runs and the portable kernel agree bit for bit, one
+    /// activation row and four at a time, for one and two chunks per group, with bf16 and f32
+    /// parameters.
     #[test]
-    fn vnni_and_portable_blocks_agree() {
-        if !crate::simd::has_vnni() {
-            eprintln!("no AVX-512 VNNI here: only the portable kernel runs");
-            return;
+    fn every_level_and_portable_blocks_agree() {
+        for level in Level::ALL {
+            match level.missing() {
+                None => same_bits_as_portable(&level),
+                Some(why) => eprintln!("{}: not run ({why})", level.name()),
+            }
         }
+        // Without AVX-VNNI its copy's arithmetic still runs, in the AVX-512 encoding.
+        #[cfg(target_arch = "x86_64")]
+        if !Level::Avx2Vnni.supported() && Level::Avx512Vnni.supported() {
+            same_bits_as_portable(&EvexVnni);
+        }
+    }
+
+    fn same_bits_as_portable(level: &impl KernelCopy) {
         let cols = 640;
         let x: Vec<Vec<f32>> = (0..4)
             .map(|a| {
@@ -490,18 +587,19 @@ mod tests {
                         for a in 0..4 {
                             for i in 0..ROWS {
                                 let w = want[a][i].to_bits();
-                                assert_eq!(together[a][i].to_bits(), w, "group {group}, bf16 {bf16_params}, block {block}, act {a}, row {i}: four at once");
-                                assert_eq!(alone[a][i].to_bits(), w, "group {group}, bf16 {bf16_params}, block {block}, act {a}, row {i}: alone");
+                                let at = format!("{}: group {group}, bf16 {bf16_params}, block {block}, act {a}, row {i}", level.name());
+                                assert_eq!(together[a][i].to_bits(), w, "{at}: four at once");
+                                assert_eq!(alone[a][i].to_bits(), w, "{at}: alone");
                             }
                         }
                     };
                     let block = (words, params, group / CHUNK);
                     match &m.params {
                         Params::Bf16 { scales, biases } => {
-                            check(three_ways(&Block::new(block, scales, biases), &acts))
+                            check(three_ways(level, &Block::new(block, scales, biases), &acts))
                         }
                         Params::F32 { scales, biases } => {
-                            check(three_ways(&Block::new(block, scales, biases), &acts))
+                            check(three_ways(level, &Block::new(block, scales, biases), &acts))
                         }
                     }
                 }

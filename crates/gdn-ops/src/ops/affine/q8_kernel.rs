@@ -133,19 +133,22 @@ pub fn rows_dot_plain<P: Widen>(
     }
 }
 
-/// The VNNI kernel or else the AVX2 one where the CPU has it, else the portable one.
+/// The selected level's copy ([`crate::simd::level`]): AVX-512 VNNI, AVX-VNNI, AVX2, else
+/// the portable one (aarch64 runs the interleaved layout's kernels instead).
 fn dispatch<P: Widen, const A: usize>(w: &WeightRow<P>, xs: &[Activation; A]) -> [f32; A] {
     #[cfg(target_arch = "x86_64")]
-    if crate::simd::has_vnni() {
-        // SAFETY: the CPU has AVX-512 F, VL and VNNI, and AVX2 and FMA.
-        return unsafe { row_dots_vnni(w, xs) };
+    use crate::simd::Level;
+    match crate::simd::level() {
+        // SAFETY (each arm): the selected level is supported by the CPU, and its features
+        // include the copy's.
+        #[cfg(target_arch = "x86_64")]
+        Level::Avx512Vnni => unsafe { row_dots_vnni(w, xs) },
+        #[cfg(target_arch = "x86_64")]
+        Level::Avx2Vnni => unsafe { row_dots_avxvnni(w, xs) },
+        #[cfg(target_arch = "x86_64")]
+        Level::Avx2 | Level::Avx512 => unsafe { row_dots_avx2(w, xs) },
+        _ => std::array::from_fn(|a| row_dot_portable(w, &xs[a])),
     }
-    #[cfg(target_arch = "x86_64")]
-    if crate::simd::level() >= crate::simd::Level::Avx2 {
-        // SAFETY: AVX2 and FMA are present (the level says so).
-        return unsafe { row_dots_avx2(w, xs) };
-    }
-    std::array::from_fn(|a| row_dot_portable(w, &xs[a]))
 }
 
 /// A stored scale or bias type, widened to f32 (exactly) one value at a time.
@@ -234,8 +237,8 @@ fn row_dot_portable<P: Widen>(w: &WeightRow<P>, x: &Activation) -> f32 {
 /// converted and scaled into that row's f32 accumulator: one horizontal sum per pair, none
 /// per chunk, and `A` independent FMA chains that hide each other's latency.
 ///
-/// The kernel is written once and compiled twice (`row_dots_kernel!`): for AVX2, and for
-/// AVX-512 VNNI, where one `vpdpbusd` does the u8 × i8 products and their four-way i32 sums
+/// The kernel is written once and compiled three times (`row_dots_kernel!`): for AVX2, and
+/// for AVX-VNNI and AVX-512 VNNI, where one `vpdpbusd` does the u8 × i8 products and their four-way i32 sums
 /// (the same integers: nothing saturates in either form, so the results are bit-identical).
 macro_rules! row_dots_kernel {
     ($name:ident, $features:literal, $chunk_dot:ident) => {
@@ -345,7 +348,23 @@ unsafe fn chunk_dot_vnni(
     _mm256_dpbusd_epi32(even, hi, x_odd)
 }
 
+/// The same sums with AVX-VNNI (VEX `vpdpbusd`).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,avxvnni")]
+#[inline]
+unsafe fn chunk_dot_avxvnni(
+    lo: std::arch::x86_64::__m256i,
+    hi: std::arch::x86_64::__m256i,
+    x_even: std::arch::x86_64::__m256i,
+    x_odd: std::arch::x86_64::__m256i,
+) -> std::arch::x86_64::__m256i {
+    use std::arch::x86_64::*;
+    let even = _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), lo, x_even);
+    _mm256_dpbusd_avx_epi32(even, hi, x_odd)
+}
+
 row_dots_kernel!(row_dots_avx2, "avx2,fma", chunk_dot_avx2);
+row_dots_kernel!(row_dots_avxvnni, "avx2,fma,avxvnni", chunk_dot_avxvnni);
 row_dots_kernel!(
     row_dots_vnni,
     "avx2,fma,avx512f,avx512vl,avx512vnni",
@@ -416,15 +435,28 @@ mod tests {
         });
         type Kernel<P> = unsafe fn(&WeightRow<P>, &[Activation; 3]) -> [f32; 3];
         type Single<P> = unsafe fn(&WeightRow<P>, &[Activation; 1]) -> [f32; 1];
+        use crate::simd::Level;
         let mut kernels: Vec<(&str, Kernel<P>, Single<P>)> =
             vec![("avx2", row_dots_avx2::<P, 3>, row_dots_avx2::<P, 1>)];
-        if crate::simd::has_vnni() {
-            kernels.push(("vnni", row_dots_vnni::<P, 3>, row_dots_vnni::<P, 1>));
-        } else {
-            eprintln!("no AVX-512 VNNI here: only the AVX2 kernel is compared");
+        for (level, batched, single) in [
+            (
+                Level::Avx2Vnni,
+                row_dots_avxvnni::<P, 3> as Kernel<P>,
+                row_dots_avxvnni::<P, 1> as Single<P>,
+            ),
+            (
+                Level::Avx512Vnni,
+                row_dots_vnni::<P, 3>,
+                row_dots_vnni::<P, 1>,
+            ),
+        ] {
+            match level.missing() {
+                None => kernels.push((level.name(), batched, single)),
+                Some(why) => eprintln!("{}: not compared ({why})", level.name()),
+            }
         }
         for (name, batched, single) in kernels {
-            // SAFETY: the caller checked that AVX2 is present, and has_vnni() the rest.
+            // SAFETY: the caller checked that AVX2 is present, and `missing` the rest.
             let together = unsafe { batched(w, &acts) };
             for (a, x) in acts.iter().enumerate() {
                 let want = row_dot_portable(w, x);
@@ -446,7 +478,7 @@ mod tests {
     #[cfg(target_arch = "x86_64")]
     #[test]
     fn simd_and_portable_rows_agree() {
-        if crate::simd::level() < crate::simd::Level::Avx2 {
+        if !crate::simd::Level::Avx2.supported() {
             eprintln!("no AVX2 here: only the portable row runs");
             return;
         }

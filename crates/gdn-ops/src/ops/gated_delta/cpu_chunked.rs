@@ -78,7 +78,7 @@ impl HostForm for Chunked {
     }
 }
 
-/// Runs one key head's group with the code compiled for the best level this CPU has: the
+/// Runs one key head's group with the code compiled for the selected level's float copy: the
 /// products use fused multiply-adds where the level guarantees them (a software `fma`
 /// would be a library call per product).
 fn run_group<S: StateElem>(op: &HostInputs, b: usize, hk: usize, s: &mut [S], y: &mut [f32]) {
@@ -92,11 +92,13 @@ fn run_group<S: StateElem>(op: &HostInputs, b: usize, hk: usize, s: &mut [S], y:
         fn avx2<S: StateElem>(op: &HostInputs, b: usize, hk: usize, s: &mut [S], y: &mut [f32]) {
             group_body::<S, true>(op, b, hk, s, y)
         }
-        match crate::simd::level() {
-            // SAFETY: the CPU supports the features each copy was compiled for.
-            crate::simd::Level::Avx512 => unsafe { avx512(op, b, hk, s, y) },
-            crate::simd::Level::Avx2 => unsafe { avx2(op, b, hk, s, y) },
-            crate::simd::Level::Portable => group_body::<S, false>(op, b, hk, s, y),
+        use crate::simd::FloatCopy;
+        match crate::simd::level().float_copy() {
+            // SAFETY: the selected level's CPU features include each copy's.
+            FloatCopy::Avx512 => unsafe { avx512(op, b, hk, s, y) },
+            // SAFETY: as above.
+            FloatCopy::Avx2 => unsafe { avx2(op, b, hk, s, y) },
+            FloatCopy::Portable => group_body::<S, false>(op, b, hk, s, y),
         }
     }
     #[cfg(not(target_arch = "x86_64"))]
