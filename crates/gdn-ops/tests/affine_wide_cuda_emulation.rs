@@ -51,7 +51,7 @@ fn check(case: &Case) -> Option<String> {
     let twin = AffineTensor::upload(m, &Device::Cpu).unwrap();
     let swiglu = c.kind == Kind::Swiglu;
     let outputs = c.outputs();
-    let (x_div, out_rows) = (c.x_div(), c.out_rows());
+    let out_rows = c.out_rows();
     let want = values(&x_in.run(c, &twin, &Device::Cpu));
     if let Some(bad) = case.bad_id {
         sent_ids[bad] = (c.experts + 3) as u32;

@@ -18,11 +18,9 @@ pub fn choice_seed(seed: Option<u64>, index: usize) -> Option<u64> {
 
 /// The usage of a request from its choices' (the first choice's prompt counts).
 pub fn total_usage(choices: &[Usage]) -> Usage {
-    let mut total = choices.first().copied().unwrap_or(Usage {
-        prompt_tokens: 0,
-        cached_tokens: 0,
-        completion_tokens: 0,
-    });
+    // Choices never speculate (engine/replies.rs): the first choice's drafts are the
+    // request's only when it has one choice.
+    let mut total = choices.first().copied().unwrap_or_default();
     total.completion_tokens = choices.iter().map(|u| u.completion_tokens).sum();
     total
 }
@@ -41,6 +39,7 @@ mod tests {
             prompt_tokens: p,
             cached_tokens: 1,
             completion_tokens: c,
+            drafts: None,
         };
         let total = total_usage(&[u(5, 3), u(5, 4), u(5, 1)]);
         assert_eq!(total, u(5, 8));
