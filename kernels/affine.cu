@@ -40,6 +40,7 @@
 
 #include "params/affine.h"
 #include "cuda_convert.h"
+#include "affine_row_group.h"
 
 namespace affine {
 
@@ -295,27 +296,7 @@ __device__ __forceinline__ void wide_body(const uint32_t* packed, const S* scale
       acc[r] = fmaf(s[r], chunk_qx<BITS>(w[r], xs), fmaf(b[r], sx, acc[r]));
     }
   }
-  // Sum over the row group's lanes (xor offsets below lpr stay inside it); every lane of the
-  // warp takes part.
-#pragma unroll
-  for (uint32_t r = 0; r < NR; ++r) {
-    for (uint32_t o = lpr / 2; o > 0; o >>= 1) acc[r] += __shfl_xor_sync(0xffffffffu, acc[r], o);
-  }
-  if (l != 0) return;
-#pragma unroll
-  for (uint32_t r = 0; r < ROWS; ++r) {
-    const uint32_t o = o0 + r;
-    if (o >= outputs) continue;
-    float v;
-    if (SWIGLU) {
-      const float gate = to_f32(from_f32<X>(acc[r]));
-      const float up = to_f32(from_f32<X>(acc[ROWS + r]));
-      v = gate / (1.f + expf(-gate)) * up;
-    } else {
-      v = acc[r];
-    }
-    y[(size_t)i * outputs + o] = from_f32<X>(v);
-  }
+  affine_row_group::reduce_and_write<ROWS, SWIGLU>(acc, lpr, l, y + (size_t)i * outputs, o0, outputs);
 }
 
 }  // namespace affine_wide

@@ -39,6 +39,7 @@
 
 #include "params/affine.h"
 #include "cuda_convert.h"
+#include "affine_row_group.h"
 
 namespace affine_stream {
 
@@ -215,28 +216,8 @@ __device__ __forceinline__ void stream_body(const uint32_t* __restrict__ packed,
         }
       }
     }
-    // Reduce over the row group's lanes and write.
-#pragma unroll
-    for (uint32_t r = 0; r < NR; ++r) {
-      for (uint32_t o = lpr / 2; o > 0; o >>= 1) acc[r] += __shfl_xor_sync(0xffffffffu, acc[r], o);
-    }
     const uint32_t o0 = ((first_wr + round * wr_stride) * subs + sub) * ROWS;
-    if (l == 0) {
-#pragma unroll
-      for (uint32_t r = 0; r < ROWS; ++r) {
-        const uint32_t o = o0 + r;
-        if (o >= outputs) continue;
-        float v;
-        if (SWIGLU) {
-          const float gate = to_f32(from_f32<X>(acc[r]));
-          const float up = to_f32(from_f32<X>(acc[ROWS + r]));
-          v = gate / (1.f + expf(-gate)) * up;
-        } else {
-          v = acc[r];
-        }
-        y[(size_t)i * outputs + o] = from_f32<X>(v);
-      }
-    }
+    affine_row_group::reduce_and_write<ROWS, SWIGLU>(acc, lpr, l, y + (size_t)i * outputs, o0, outputs);
     cur = next;
   }
 }

@@ -25,10 +25,9 @@ fn main() {
         "cargo:rerun-if-changed={}",
         kernels.join("params").display()
     );
-    println!(
-        "cargo:rerun-if-changed={}",
-        kernels.join("cuda_convert.h").display()
-    );
+    for header in ["cuda_convert.h", "affine_row_group.h"] {
+        println!("cargo:rerun-if-changed={}", kernels.join(header).display());
+    }
     let mut sources: Vec<_> = std::fs::read_dir(kernels)
         .expect("kernels/ beside the crates")
         .map(|e| e.expect("kernels/ entry").path())

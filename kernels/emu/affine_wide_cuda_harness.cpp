@@ -1,12 +1,16 @@
 // Runs the body of the shipped wide decode products of kernels/affine.cu
-// (affine_wide::wide_body, the `affine_wide_{products,swiglu}_b<bits>_r<rows>_*` entry points) on
-// the CPU through kernels/emu/cuda/cuda_emu.h, with the launch geometry of
-// crates/gdn-ops/src/ops/affine/wide.rs: blocks (blocks_x, out_rows) of kWideWarps warps. Used by
-// crates/gdn-ops/tests/affine_wide_cuda_emulation.rs, which compares with the CPU twin.
+// (affine_wide::wide_body, the `affine_wide_{products,swiglu}_b<bits>_r<rows>_*` entry points),
+// or of the streamed ones of kernels/affine_stream.cu (affine_stream::stream_body, the
+// `affine_stream_{products,swiglu}_b<bits>_r<rows>_s<steps>_*` entry points, with their dynamic
+// shared memory), on the CPU through kernels/emu/cuda/cuda_emu.h, with the launch geometry of
+// crates/gdn-ops/src/ops/affine/{wide,stream}.rs: blocks (blocks_x, out_rows) of 4 warps. Used
+// by crates/gdn-ops/tests/affine_wide_cuda_emulation.rs, which compares the wide body with the
+// CPU twin and the streamed body with the wide one.
 //
-// stdin, little-endian: "AWDCUDA1", then u32 experts, rows, cols, bits, group_size, out_rows,
-// x_div, has_ids, swiglu, rows_per_group, lanes_per_row, blocks_x, x_type, scale_type (0 f32,
-// 1 f16, 2 bf16), then u32 packed [E * rows, cols * bits / 32], f32 scales and biases
+// stdin, little-endian: "AWDCUDA2", then u32 experts, rows, cols, bits, group_size, out_rows,
+// x_div, has_ids, swiglu, rows_per_group, lanes_per_row, blocks_x, streamed (0 wide, 1
+// streamed), steps (the streamed body's chunk steps a lane: 1, 2 or 4), x_type, scale_type
+// (0 f32, 1 f16, 2 bf16), then u32 packed [E * rows, cols * bits / 32], f32 scales and biases
 // [E * rows, cols / group_size] (exact in the scale type), f32 x [(out_rows - 1) / x_div + 1,
 // cols] (exact in the x type), u32 ids [out_rows] (present when has_ids).
 // stdout: f32 y [out_rows, outputs], outputs = rows (products) or rows / 2 (swiglu). Every
@@ -25,8 +29,14 @@
 #include <vector>
 
 #include "cuda_emu.h"
+#include "block_shared.h"
 
 #include "../affine.cu"
+#include "../affine_stream.cu"
+
+// The streamed entry points' extern __shared__ array, defined so that they link (never
+// called here: the harness passes its own).
+float4 stream_shared[1];
 
 namespace {
 
@@ -35,12 +45,15 @@ using guarded::Kind;
 
 struct Case {
   AffineParams p;
-  std::uint32_t experts, swiglu, rows_per_group, lpr, blocks_x;
+  std::uint32_t experts, swiglu, rows_per_group, lpr, blocks_x, streamed, steps;
   std::vector<std::uint32_t> packed, ids;
   std::vector<float> scales, biases, x;
 };
 
-template <uint32_t BITS, uint32_t ROWS, bool SWIGLU, class X, class S>
+static_assert(affine_wide::kWideWarps == affine_stream::kStreamWarps, "one block shape for both");
+
+// STEPS 0: the wide body; 1, 2 or 4: the streamed body, a lane's chunk steps of a row.
+template <uint32_t BITS, uint32_t ROWS, bool SWIGLU, uint32_t STEPS, class X, class S>
 void run(const Case& c) {
   const AffineParams& p = c.p;
   const std::uint32_t outputs = SWIGLU ? p.rows / 2 : p.rows;
@@ -53,14 +66,35 @@ void run(const Case& c) {
   Buffer<uint> ids("ids", c.p.has_ids ? c.ids : std::vector<std::uint32_t>{0}, Kind::kInput);
   Buffer<X> y("y", std::size_t(p.out_rows) * outputs, Kind::kOutput);
   const uint3 groups{c.blocks_x, p.out_rows, 1};
+  BlockShared shared((p.cols + p.cols / (128 / BITS)));  // the streamed body's x
   metal_emu::dispatch_threadgroups(groups, uint3{affine_wide::kWideWarps * 32, 1, 1}, [&](const metal_emu::ThreadIds& id) {
-    affine_wide::wide_body<BITS, ROWS, SWIGLU, X, S>(
-        packed.data(), scales.data(), biases.data(), x.data(), ids.data(), y.data(), p, c.experts, c.lpr,
-        id.thread_index_in_simdgroup, id.simdgroup_index_in_threadgroup, id.threadgroup_position_in_grid.x,
-        id.threadgroup_position_in_grid.y);
+    if constexpr (STEPS == 0) {
+      affine_wide::wide_body<BITS, ROWS, SWIGLU, X, S>(
+          packed.data(), scales.data(), biases.data(), x.data(), ids.data(), y.data(), p, c.experts, c.lpr,
+          id.thread_index_in_simdgroup, id.simdgroup_index_in_threadgroup, id.threadgroup_position_in_grid.x,
+          id.threadgroup_position_in_grid.y);
+    } else {
+      shared.poison(id);
+      affine_stream::stream_body<BITS, ROWS, SWIGLU, STEPS, X, S>(
+          packed.data(), scales.data(), biases.data(), x.data(), ids.data(), y.data(), p, c.experts, c.lpr,
+          id.thread_index_in_threadgroup, id.threadgroup_position_in_grid.x, c.blocks_x,
+          id.threadgroup_position_in_grid.y, shared.smem);
+    }
   });
+  shared.check();
   guarded::check_all(packed, scales, biases, x, ids, y);
   y.write_f32();
+}
+
+template <uint32_t BITS, uint32_t ROWS, bool SWIGLU, class X, class S>
+void run_for_steps(const Case& c) {
+  if (!c.streamed) return run<BITS, ROWS, SWIGLU, 0, X, S>(c);
+  switch (c.steps) {
+    case 1: run<BITS, ROWS, SWIGLU, 1, X, S>(c); break;
+    case 2: run<BITS, ROWS, SWIGLU, 2, X, S>(c); break;
+    case 4: run<BITS, ROWS, SWIGLU, 4, X, S>(c); break;
+    default: guarded::die("steps must be 1, 2 or 4");
+  }
 }
 
 template <class X, class S>
@@ -68,16 +102,16 @@ void run_for_shape(const Case& c) {
   const bool sw = c.swiglu != 0;
   const unsigned key = c.p.bits * 100 + c.rows_per_group * 10 + (sw ? 1 : 0);
   switch (key) {
-    case 410: run<4, 1, false, X, S>(c); break;
-    case 420: run<4, 2, false, X, S>(c); break;
-    case 440: run<4, 4, false, X, S>(c); break;
-    case 810: run<8, 1, false, X, S>(c); break;
-    case 820: run<8, 2, false, X, S>(c); break;
-    case 840: run<8, 4, false, X, S>(c); break;
-    case 411: run<4, 1, true, X, S>(c); break;
-    case 421: run<4, 2, true, X, S>(c); break;
-    case 811: run<8, 1, true, X, S>(c); break;
-    case 821: run<8, 2, true, X, S>(c); break;
+    case 410: run_for_steps<4, 1, false, X, S>(c); break;
+    case 420: run_for_steps<4, 2, false, X, S>(c); break;
+    case 440: run<4, 4, false, 0, X, S>(c); break;
+    case 810: run_for_steps<8, 1, false, X, S>(c); break;
+    case 820: run_for_steps<8, 2, false, X, S>(c); break;
+    case 840: run<8, 4, false, 0, X, S>(c); break;
+    case 411: run_for_steps<4, 1, true, X, S>(c); break;
+    case 421: run<4, 2, true, 0, X, S>(c); break;
+    case 811: run_for_steps<8, 1, true, X, S>(c); break;
+    case 821: run<8, 2, true, 0, X, S>(c); break;
     default: guarded::die("no entry point for these bits / rows per group / kind");
   }
 }
@@ -85,12 +119,13 @@ void run_for_shape(const Case& c) {
 }  // namespace
 
 int main() {
-  const auto h = guarded::start<14>("affine_wide_cuda_harness", "AWDCUDA1");
+  const auto h = guarded::start<16>("affine_wide_cuda_harness", "AWDCUDA2");
   Case c;
   c.experts = h[0];
   c.p = AffineParams{h[1], h[2], h[3], h[4], h[5], h[6], h[7]};
   c.swiglu = h[8], c.rows_per_group = h[9], c.lpr = h[10], c.blocks_x = h[11];
-  const std::uint32_t x_type = h[12], scale_type = h[13];
+  c.streamed = h[12], c.steps = h[13];
+  const std::uint32_t x_type = h[14], scale_type = h[15];
   const AffineParams& p = c.p;
   // The host side's contract (ops/affine/wide.rs checks it).
   if (p.bits != 4 && p.bits != 8) guarded::die("bits must be 4 or 8");
@@ -98,6 +133,10 @@ int main() {
   if (p.cols % v != 0 || p.cols / v < 8) guarded::die("cols must be whole 16-byte chunks, at least 8");
   if (p.group_size % v != 0 || p.cols % p.group_size != 0) guarded::die("groups must hold whole chunks");
   if (c.lpr != 8 && c.lpr != 16 && c.lpr != 32) guarded::die("lanes per row must be 8, 16 or 32");
+  if (c.blocks_x == 0) guarded::die("blocks_x must be at least 1");
+  if (c.streamed && (p.cols / v + c.lpr - 1) / c.lpr > c.steps) guarded::die("more chunks a lane than steps");
+  if (c.streamed && (c.rows_per_group > 2 || (c.swiglu && c.rows_per_group > 1)))
+    guarded::die("no streamed entry point for these rows per group");
   if (c.experts == 0 || p.rows == 0 || p.out_rows == 0 || p.x_div == 0) guarded::die("empty shape");
   const std::size_t stacked = std::size_t(c.experts) * p.rows;
   affine_case::read_weights(stacked, p.cols, p.bits, p.group_size, c.packed, c.scales, c.biases);

@@ -272,21 +272,29 @@ SHAPES = [
 ]
 
 
+def timing_inputs(shape, gen, bw):
+    """One decode shape's timing inputs: copies of the weights together larger than the L2
+    (each timed launch reads the next), x, the expert ids per copy, and the bytes floor."""
+    (name, experts, rows, cols, bits, slots, xrows, swiglu) = shape
+    per_copy = Matrix(1, 1, cols, bits, 64, "bf16", gen).nbytes(experts * rows)
+    copies = max(2, min(16, math.ceil(200e6 / per_copy)))
+    mats = [Matrix(experts, rows, cols, bits, 64, "bf16", gen) for _ in range(copies)]
+    x = (torch.rand(xrows, cols, generator=gen, device="cuda") * 2 - 1).to(torch.bfloat16)
+    ids = [torch.randperm(experts, generator=gen, device="cuda")[:slots].to(torch.int32) if experts > 1 else None
+           for _ in range(copies)]
+    x_div = 1 if xrows == slots else slots
+    outs = rows // 2 if swiglu else rows
+    read = mats[0].nbytes(slots * rows) + x.numel() * 2
+    written = slots * outs * 2
+    return copies, mats, x, ids, x_div, outs, read, written, (read + written) / bw * 1e6
+
+
 def timing(old, new, bw, sms, log):
     gen = torch.Generator(device="cuda").manual_seed(11)
     rows_out = []
-    for (name, experts, rows, cols, bits, slots, xrows, swiglu) in SHAPES:
-        per_copy = Matrix(1, 1, cols, bits, 64, "bf16", gen).nbytes(experts * rows)
-        copies = max(2, min(16, math.ceil(200e6 / per_copy)))
-        mats = [Matrix(experts, rows, cols, bits, 64, "bf16", gen) for _ in range(copies)]
-        x = (torch.rand(xrows, cols, generator=gen, device="cuda") * 2 - 1).to(torch.bfloat16)
-        ids = [torch.randperm(experts, generator=gen, device="cuda")[:slots].to(torch.int32) if experts > 1 else None
-               for _ in range(copies)]
-        x_div = 1 if xrows == slots else slots
-        outs = rows // 2 if swiglu else rows
-        read = mats[0].nbytes(slots * rows) + x.numel() * 2
-        written = slots * outs * 2
-        floor_us = (read + written) / bw * 1e6
+    for shape in SHAPES:
+        (name, experts, rows, cols, bits, slots, xrows, swiglu) = shape
+        copies, mats, x, ids, x_div, outs, read, written, floor_us = timing_inputs(shape, gen, bw)
         n = 64
         t_old = time_graph([lambda k=k: run_old(old, mats[k % copies], x, ids[k % copies], x_div, slots, swiglu, "bf16", "bf16")
                             for k in range(n)])

@@ -25,7 +25,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from affine_decode_cuda import (DT, SHAPES, WIDE_WARPS, Matrix, Params, choose_rows,  # noqa: E402
                                 copy_bandwidth, lanes_per_row, reference, rel_err, run_wide,
-                                time_graph, wide_geometry)
+                                time_graph, timing_inputs, wide_geometry)
 from gdn_cuda import Module, _cuda, check_cu  # noqa: E402
 
 
@@ -125,17 +125,9 @@ def correctness(wide, streams, log):
 def timing(wide, streams, bw, sms, log):
     gen = torch.Generator(device="cuda").manual_seed(11)
     table = []
-    for (name, experts, rows, cols, bits, slots, xrows, swiglu) in SHAPES:
-        per_copy = Matrix(1, 1, cols, bits, 64, "bf16", gen).nbytes(experts * rows)
-        copies = max(2, min(16, math.ceil(200e6 / per_copy)))
-        mats = [Matrix(experts, rows, cols, bits, 64, "bf16", gen) for _ in range(copies)]
-        x = (torch.rand(xrows, cols, generator=gen, device="cuda") * 2 - 1).to(torch.bfloat16)
-        ids = [torch.randperm(experts, generator=gen, device="cuda")[:slots].to(torch.int32) if experts > 1 else None
-               for _ in range(copies)]
-        x_div = 1 if xrows == slots else slots
-        outs = rows // 2 if swiglu else rows
-        read = mats[0].nbytes(slots * rows) + x.numel() * 2
-        floor_us = (read + slots * outs * 2) / bw * 1e6
+    for shape in SHAPES:
+        (name, experts, rows, cols, bits, slots, xrows, swiglu) = shape
+        copies, mats, x, ids, x_div, outs, read, _, floor_us = timing_inputs(shape, gen, bw)
         n = 64
         lpr = lanes_per_row(cols, bits)
         auto = choose_rows(outs, slots, lpr, swiglu, sms)

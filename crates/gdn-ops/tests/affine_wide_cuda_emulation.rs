@@ -26,7 +26,6 @@ use common::{close, failures, values, Input, Ty};
 use gdn_ops::ops::affine::{stream, wide, AffineTensor};
 
 static HARNESS: emu::Harness = emu::Harness::cuda("affine_wide_cuda_harness");
-static STREAM_HARNESS: emu::Harness = emu::Harness::cuda("affine_stream_cuda_harness");
 
 /// A case of the family's (tests/common/affine.rs) with the emulation's own launch geometry.
 struct Case {
@@ -60,12 +59,8 @@ fn check(case: &Case) -> Option<String> {
     let rows_per_group = case
         .rows_per_group
         .unwrap_or_else(|| wide::rows_per_group(outputs, out_rows, lpr, swiglu, 132));
-    let geometry = [
-        rows_per_group,
-        lpr,
-        wide::blocks_x(outputs, lpr, rows_per_group),
-    ];
-    let input = encode(case, b"AWDCUDA1", &geometry, &x_in, &sent_ids);
+    let blocks_x = wide::blocks_x(outputs, lpr, rows_per_group);
+    let input = encode(case, [rows_per_group, lpr, blocks_x, 0, 1], &x_in, &sent_ids);
     let what = format!("{} rows/group {rows_per_group} lpr {lpr}", c.label());
     let mut got = match HARNESS.run(&input) {
         Err(e) => return Some(format!("{what}: {e}")),
@@ -91,18 +86,18 @@ fn check(case: &Case) -> Option<String> {
     result
 }
 
-/// The harness input of `case`: the shape, then the kernel's own `geometry` fields, then the
-/// weights, x and (when gathered) the expert ids sent.
+/// The harness input of `case`: the shape, then the launch (rows per group, lanes per row,
+/// blocks along the outputs, streamed or wide, the streamed body's steps), then the weights, x
+/// and (when gathered) the expert ids sent.
 fn encode(
     case: &Case,
-    magic: &[u8; 8],
-    geometry: &[usize],
+    launch: [usize; 5],
     x_in: &affine::Inputs,
     sent_ids: &[u32],
 ) -> Vec<u8> {
     let c = &case.op;
     let has_ids = c.gather != Gather::Dense;
-    let mut input = Input::new(magic);
+    let mut input = Input::new(b"AWDCUDA2");
     for v in [
         c.experts,
         c.rows,
@@ -115,7 +110,7 @@ fn encode(
         (c.kind == Kind::Swiglu) as usize,
     ]
     .into_iter()
-    .chain(geometry.iter().copied())
+    .chain(launch)
     {
         input.u32(v as u32);
     }
@@ -150,20 +145,15 @@ fn check_stream(case: &Case, which: usize) -> Option<String> {
         // Instantiated: 1 or 2 rows a group for the products, 1 for the SwiGLU.
         Some(r) => (if swiglu { 1 } else { r.min(2) }, 1 + which % 3),
     };
-    let wide_geometry = [rows, lpr, wide::blocks_x(outputs, lpr, rows)];
-    let stream_geometry = [rows, lpr, blocks_x, host.steps];
+    let wide_launch = [rows, lpr, wide::blocks_x(outputs, lpr, rows), 0, 1];
+    let stream_launch = [rows, lpr, blocks_x, 1, host.steps];
     let what = format!(
         "{} rows/group {rows} lpr {lpr} steps {} blocks {blocks_x}",
         c.label(),
         host.steps
     );
-    let run = |harness: &emu::Harness, magic, geometry: &[usize]| {
-        harness.run(&encode(case, magic, geometry, &x_in, &sent_ids))
-    };
-    let (wide_y, stream_y) = match (
-        run(&HARNESS, b"AWDCUDA1", &wide_geometry),
-        run(&STREAM_HARNESS, b"ASTCUDA1", &stream_geometry),
-    ) {
+    let run = |launch| HARNESS.run(&encode(case, launch, &x_in, &sent_ids));
+    let (wide_y, stream_y) = match (run(wide_launch), run(stream_launch)) {
         (Ok(w), Ok(s)) => (w, s),
         (Err(e), _) | (_, Err(e)) => return Some(format!("{what}: {e}")),
     };
