@@ -60,7 +60,12 @@ fn check(case: &Case) -> Option<String> {
         .rows_per_group
         .unwrap_or_else(|| wide::rows_per_group(outputs, out_rows, lpr, swiglu, 132));
     let blocks_x = wide::blocks_x(outputs, lpr, rows_per_group);
-    let input = encode(case, [rows_per_group, lpr, blocks_x, 0, 1], &x_in, &sent_ids);
+    let input = encode(
+        case,
+        [rows_per_group, lpr, blocks_x, 0, 1],
+        &x_in,
+        &sent_ids,
+    );
     let what = format!("{} rows/group {rows_per_group} lpr {lpr}", c.label());
     let mut got = match HARNESS.run(&input) {
         Err(e) => return Some(format!("{what}: {e}")),
@@ -89,12 +94,7 @@ fn check(case: &Case) -> Option<String> {
 /// The harness input of `case`: the shape, then the launch (rows per group, lanes per row,
 /// blocks along the outputs, streamed or wide, the streamed body's steps), then the weights, x
 /// and (when gathered) the expert ids sent.
-fn encode(
-    case: &Case,
-    launch: [usize; 5],
-    x_in: &affine::Inputs,
-    sent_ids: &[u32],
-) -> Vec<u8> {
+fn encode(case: &Case, launch: [usize; 5], x_in: &affine::Inputs, sent_ids: &[u32]) -> Vec<u8> {
     let c = &case.op;
     let has_ids = c.gather != Gather::Dense;
     let mut input = Input::new(b"AWDCUDA2");
