@@ -165,22 +165,28 @@ def rel_err(got, want):
     return float(torch.linalg.norm(g - w) / max(float(torch.linalg.norm(w)), 1e-30))
 
 
-def correctness(mod, log):
-    gen = torch.Generator().manual_seed(7)
-    tol = {"f32": 2e-5, "f16": 2e-3, "bf16": 8e-3}
-    failures, cases = 0, 0
+TOLERANCE = {"f32": 2e-5, "f16": 2e-3, "bf16": 8e-3}
+
+
+def correctness_cases(gen, scale_types, rows_choices, covered=lambda cols, bits: True):
+    """The checked cases: 4 and 8 bits, groups 32/64/128, 256-4096 columns, each scale and x
+    type, both kinds, each rows-per-group choice (`rows_choices(swiglu)`), one token with one
+    and four slots (an out-of-range id among them: NaN) and two tokens with a row of x per
+    slot. Yields (case, m, x, ids, x_div, out_rows, want), case a dict of the parameters."""
     for bits in (4, 8):
         for group in (32, 64, 128):
             for cols in (256, 512, 2048, 4096):
                 if cols % group:
                     continue
-                for sdt in ("f32", "f16", "bf16"):
+                for sdt in scale_types:
                     for xdt in ("f32", "f16", "bf16"):
                         for swiglu in (False, True):
                             rows = 2 * (5 + int(torch.randint(0, 60, (1,), generator=gen)))
                             experts = 3
                             m = Matrix(experts, rows, cols, bits, group, sdt, gen)
-                            for r in ((1, 2) if swiglu else (1, 2, 4)):
+                            if not covered(cols, bits):
+                                continue
+                            for r in rows_choices(swiglu):
                                 for (tokens, slots, per_slot) in ((1, 1, False), (1, 4, False), (2, 3, True)):
                                     out_rows = tokens * slots
                                     ids = torch.randint(0, experts, (out_rows,), generator=gen, dtype=torch.int32)
@@ -191,22 +197,32 @@ def correctness(mod, log):
                                     x = (torch.rand(xr, cols, generator=gen) * 2 - 1).to(DT[xdt]).cuda()
                                     x_div = 1 if per_slot else slots
                                     want = reference(m, x, ids, x_div, out_rows, swiglu, xdt)
-                                    a = run_wide(mod, m, x, ids, x_div, out_rows, swiglu, r, xdt, sdt)
-                                    b = run_wide(mod, m, x, ids, x_div, out_rows, swiglu, r, xdt, sdt)
-                                    torch.cuda.synchronize()
-                                    err = rel_err(a, want)
-                                    same = torch.equal(a.view(torch.int8) if a.dtype != torch.float32 else a.view(torch.int32),
-                                                       b.view(torch.int8) if b.dtype != torch.float32 else b.view(torch.int32))
-                                    ok = err <= tol[xdt] and same
-                                    cases += 1
-                                    if not ok:
-                                        failures += 1
-                                        worst = int(torch.argmax((a.double() - want).abs().nan_to_num(float("inf"))))
-                                        print(f"  worst at {worst}: got {a.flatten()[worst].item()} want {want.flatten()[worst].item()}; "
-                                              f"max|want| {want.abs().max().item():.4g} max|got| {a.double().abs().max().item():.4g}", file=log)
-                                        print(f"FAIL bits {bits} g{group} cols {cols} s {sdt} x {xdt} "
-                                              f"{'swiglu' if swiglu else 'products'} r{r} tokens {tokens} slots {slots}: "
-                                              f"rel err {err:.3g} (tol {tol[xdt]}), repeat identical {same}", file=log)
+                                    case = dict(bits=bits, group=group, cols=cols, sdt=sdt, xdt=xdt, swiglu=swiglu,
+                                                r=r, tokens=tokens, slots=slots)
+                                    yield case, m, x, ids, x_div, out_rows, want
+
+
+def correctness(mod, log):
+    gen = torch.Generator().manual_seed(7)
+    tol = TOLERANCE
+    failures, cases = 0, 0
+    for c, m, x, ids, x_div, out_rows, want in correctness_cases(
+            gen, ("f32", "f16", "bf16"), lambda swiglu: (1, 2) if swiglu else (1, 2, 4)):
+        swiglu, r, xdt, sdt = c["swiglu"], c["r"], c["xdt"], c["sdt"]
+        a = run_wide(mod, m, x, ids, x_div, out_rows, swiglu, r, xdt, sdt)
+        b = run_wide(mod, m, x, ids, x_div, out_rows, swiglu, r, xdt, sdt)
+        torch.cuda.synchronize()
+        err = rel_err(a, want)
+        same = torch.equal(a.view(torch.int8) if a.dtype != torch.float32 else a.view(torch.int32),
+                           b.view(torch.int8) if b.dtype != torch.float32 else b.view(torch.int32))
+        ok = err <= tol[xdt] and same
+        cases += 1
+        if not ok:
+            failures += 1
+            worst = int(torch.argmax((a.double() - want).abs().nan_to_num(float("inf"))))
+            print(f"  worst at {worst}: got {a.flatten()[worst].item()} want {want.flatten()[worst].item()}; "
+                  f"max|want| {want.abs().max().item():.4g} max|got| {a.double().abs().max().item():.4g}", file=log)
+            print(f"FAIL {c}: rel err {err:.3g} (tol {tol[xdt]}), repeat identical {same}", file=log)
     # A dense (no ids) product too.
     m = Matrix(1, 77, 2048, 4, 64, "bf16", gen)
     x = (torch.rand(1, 2048, generator=gen) * 2 - 1).to(torch.bfloat16).cuda()

@@ -24,8 +24,9 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from affine_decode_cuda import (DT, SHAPES, WIDE_WARPS, Matrix, Params, choose_rows,  # noqa: E402
-                                copy_bandwidth, lanes_per_row, reference, rel_err, run_wide,
-                                time_graph, timing_inputs, wide_geometry)
+                                copy_bandwidth, lanes_per_row, rel_err, run_wide,
+                                correctness_cases, time_graph, timing_inputs, TOLERANCE,
+                                wide_geometry)
 from gdn_cuda import Module, _cuda, check_cu  # noqa: E402
 
 
@@ -76,49 +77,28 @@ def same_bits(a, b):
 
 def correctness(wide, streams, log):
     gen = torch.Generator().manual_seed(7)
-    tol = {"f32": 2e-5, "f16": 2e-3, "bf16": 8e-3}
     failures = cases = 0
-    for bits in (4, 8):
-        for group in (32, 64, 128):
-            for cols in (256, 512, 2048, 4096):
-                if cols % group:
-                    continue
-                for sdt in ("f32", "bf16"):
-                    for xdt in ("f32", "f16", "bf16"):
-                        for swiglu in (False, True):
-                            rows = 2 * (5 + int(torch.randint(0, 60, (1,), generator=gen)))
-                            experts = 3
-                            m = Matrix(experts, rows, cols, bits, group, sdt, gen)
-                            outs = rows // 2 if swiglu else rows
-                            lpr = lanes_per_row(cols, bits)
-                            if -(-(cols // (128 // bits)) // lpr) > 4:
-                                continue  # past the streamed kernels' 4 chunk steps a lane
-                            for r in ((1,) if swiglu else (1, 2)):
-                                for (tokens, slots, per_slot) in ((1, 1, False), (1, 4, False), (2, 3, True)):
-                                    out_rows = tokens * slots
-                                    ids = torch.randint(0, experts, (out_rows,), generator=gen, dtype=torch.int32)
-                                    if slots == 4:
-                                        ids[2] = experts + 5  # out of range: NaN
-                                    ids = ids.cuda()
-                                    xr = out_rows if per_slot else tokens
-                                    x = (torch.rand(xr, cols, generator=gen) * 2 - 1).to(DT[xdt]).cuda()
-                                    x_div = 1 if per_slot else slots
-                                    want = reference(m, x, ids, x_div, out_rows, swiglu, xdt)
-                                    base = run_wide(wide, m, x, ids, x_div, out_rows, swiglu, r, xdt, sdt)
-                                    full = full_blocks(outs, lpr, r)
-                                    for tag, mod in streams.items():
-                                        for bx in sorted({1, 3, full}):
-                                            got = run_stream(mod, m, x, ids, x_div, out_rows, swiglu, r, xdt, sdt, bx)
-                                            torch.cuda.synchronize()
-                                            err = rel_err(got, want)
-                                            ok = err <= tol[xdt] and same_bits(got, base)
-                                            cases += 1
-                                            if not ok:
-                                                failures += 1
-                                                print(f"FAIL {tag} bits {bits} g{group} cols {cols} s {sdt} x {xdt} "
-                                                      f"{'swiglu' if swiglu else 'products'} r{r} tokens {tokens} "
-                                                      f"slots {slots} blocks {bx}: rel err {err:.3g}, same bits as wide "
-                                                      f"{same_bits(got, base)}", file=log)
+
+    def covered(cols, bits):  # at most the streamed kernels' 4 chunk steps a lane
+        return -(-(cols // (128 // bits)) // lanes_per_row(cols, bits)) <= 4
+
+    for c, m, x, ids, x_div, out_rows, want in correctness_cases(
+            gen, ("f32", "bf16"), lambda swiglu: (1,) if swiglu else (1, 2), covered):
+        swiglu, r, xdt, sdt = c["swiglu"], c["r"], c["xdt"], c["sdt"]
+        outs = m.rows // 2 if swiglu else m.rows
+        base = run_wide(wide, m, x, ids, x_div, out_rows, swiglu, r, xdt, sdt)
+        full = full_blocks(outs, lanes_per_row(m.cols, m.bits), r)
+        for tag, mod in streams.items():
+            for bx in sorted({1, 3, full}):
+                got = run_stream(mod, m, x, ids, x_div, out_rows, swiglu, r, xdt, sdt, bx)
+                torch.cuda.synchronize()
+                err = rel_err(got, want)
+                ok = err <= TOLERANCE[xdt] and same_bits(got, base)
+                cases += 1
+                if not ok:
+                    failures += 1
+                    print(f"FAIL {tag} {c} blocks {bx}: rel err {err:.3g}, same bits as wide "
+                          f"{same_bits(got, base)}", file=log)
     return cases, failures
 
 
