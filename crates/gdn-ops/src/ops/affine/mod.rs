@@ -22,6 +22,7 @@ pub mod q8;
 pub mod q8_interleaved;
 #[cfg(target_arch = "x86_64")]
 mod q8_interleaved_avx2;
+mod q8_interleaved_block;
 #[cfg(target_arch = "aarch64")]
 mod q8_interleaved_neon;
 pub mod q8_kernel;

@@ -8,7 +8,7 @@
 //! and the float steps are the portable kernel's, in its order: the results are bit for bit
 //! the portable kernel's.
 
-use super::q8_interleaved::{Block, Param, ROWS, WORDS_PER_CHUNK};
+use super::q8_interleaved_block::{Block, Param, ROWS, WORDS_PER_CHUNK};
 use super::q8_kernel::{Activation, CHUNK};
 use std::arch::x86_64::*;
 

@@ -12,7 +12,7 @@
 //! `sdot` and `smmla` are written as inline assembly: their `std::arch` intrinsics are not
 //! stable yet (`stdarch_neon_dotprod`, `stdarch_neon_i8mm`).
 
-use super::q8_interleaved::{Block, Param, ROWS, WORDS_PER_CHUNK};
+use super::q8_interleaved_block::{Block, Param, ROWS, WORDS_PER_CHUNK};
 use super::q8_kernel::{Activation, CHUNK};
 use std::arch::aarch64::*;
 use std::arch::asm;
