@@ -241,12 +241,13 @@ __device__ __forceinline__ void stream_body(const uint32_t* __restrict__ packed,
   AFFINE_STREAM_ENTRY(KIND, SWIGLU, BITS, ROWS, 2, XN, XT, SN, ST)        \
   AFFINE_STREAM_ENTRY(KIND, SWIGLU, BITS, ROWS, 4, XN, XT, SN, ST)
 
-#define AFFINE_STREAM_FOR_TYPES(XN, XT, SN, ST)                   \
-  AFFINE_STREAM_FOR_STEPS(products, false, 4, 1, XN, XT, SN, ST) \
-  AFFINE_STREAM_FOR_STEPS(products, false, 4, 2, XN, XT, SN, ST) \
-  AFFINE_STREAM_FOR_STEPS(products, false, 8, 1, XN, XT, SN, ST) \
-  AFFINE_STREAM_FOR_STEPS(products, false, 8, 2, XN, XT, SN, ST) \
-  AFFINE_STREAM_FOR_STEPS(swiglu, true, 4, 1, XN, XT, SN, ST)    \
-  AFFINE_STREAM_FOR_STEPS(swiglu, true, 8, 1, XN, XT, SN, ST)
+// Per bit width: the products at 1 and 2 rows a group, the SwiGLU at 1.
+#define AFFINE_STREAM_FOR_BITS(BITS, XN, XT, SN, ST)                    \
+  AFFINE_STREAM_FOR_STEPS(products, false, BITS, 1, XN, XT, SN, ST)     \
+  AFFINE_STREAM_FOR_STEPS(products, false, BITS, 2, XN, XT, SN, ST)     \
+  AFFINE_STREAM_FOR_STEPS(swiglu, true, BITS, 1, XN, XT, SN, ST)
+
+#define AFFINE_STREAM_FOR_TYPES(XN, XT, SN, ST) \
+  AFFINE_STREAM_FOR_BITS(4, XN, XT, SN, ST) AFFINE_STREAM_FOR_BITS(8, XN, XT, SN, ST)
 
 CUDA_FOR_FLOAT_TYPE_PAIRS(AFFINE_STREAM_FOR_TYPES)
