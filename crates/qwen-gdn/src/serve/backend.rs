@@ -373,24 +373,25 @@ impl Backend for EngineBackend {
         choices: Vec<(JobId, JobOutput)>,
     ) -> Result<Option<(Finish, Usage)>, ApiError> {
         let (prompt, info, call_grammar) = self.encode(&job.prompt, job.format.is_some())?;
-        // Each choice has its own constraint (its own place in the grammar). A forced call is
-        // the whole reply: `response_format` (which shapes content) has nothing left to
-        // constrain.
+        // A forced call is the whole reply: `response_format` (which shapes content) has
+        // nothing left to constrain. The grammar is compiled once; each choice decodes on its
+        // own copy of the automaton (its own place in the grammar).
+        let grammar = match (call_grammar, &job.format) {
+            (Some(grammar), _) => Some(self.grammars()?.tool_call_constraint(grammar)?),
+            (None, Some(format)) => Some(self.grammars()?.constraint(format, "response_format")?),
+            (None, None) => None,
+        };
         let text = prompt_text(&job.prompt);
-        let mut constraints = vec![];
-        for _ in &choices {
-            let constraint: Option<Box<dyn LogitsConstraint>> = match (&call_grammar, &job.format) {
-                (Some(grammar), _) => Some(Box::new(
-                    self.grammars()?.tool_call_constraint(grammar.clone())?,
-                )),
-                (None, Some(format)) => Some(Box::new(
-                    self.grammars()?.constraint(format, "response_format")?,
-                )),
-                (None, None) => test_hooks::faulty_constraint(&text, self.engine.vocab_size())
+        let constraints: Vec<Option<Box<dyn LogitsConstraint>>> = choices
+            .iter()
+            .map(|_| match &grammar {
+                Some(grammar) => {
+                    Some(Box::new(grammar.independent_copy()) as Box<dyn LogitsConstraint>)
+                }
+                None => test_hooks::faulty_constraint(&text, self.engine.vocab_size())
                     .map(|c| Box::new(c) as Box<dyn LogitsConstraint>),
-            };
-            constraints.push(constraint);
-        }
+            })
+            .collect();
         let mut usage = Usage {
             prompt_tokens: prompt.ids.len(),
             ..Usage::default()

@@ -148,6 +148,16 @@ pub struct GrammarConstraint {
     matcher: Matcher,
 }
 
+impl GrammarConstraint {
+    /// An independent copy of the automaton in its current state (a request's choices each
+    /// take one of the compiled, unstarted constraint instead of compiling it again).
+    pub fn independent_copy(&self) -> Self {
+        Self {
+            matcher: self.matcher.deep_clone(),
+        }
+    }
+}
+
 impl LogitsConstraint for GrammarConstraint {
     fn allowed(&mut self) -> Result<Vec<u32>> {
         // Once the document is complete only an end-of-sequence token is allowed.
