@@ -15,21 +15,23 @@
 //   The shared layout is [values / 4][chunks] float4s: the lanes of a warp read consecutive
 //   chunks' float4s, without bank conflicts. Each chunk's sum of x (for the biases) is summed
 //   in the wide kernel's order.
-// - A warp walks its row groups one after another (grid-stride: the host launches a few
-//   blocks per SM), and a ring of kDepth steps (a step = one 16-byte chunk of each of the row
-//   group's rows, with its scales and biases) keeps the next steps' loads in flight while the
-//   current one is computed.
+// - A warp walks its row groups one after another (grid-stride: the host launches the blocks
+//   the SMs hold at once), and the next row group's loads (a lane's S chunks of each of its
+//   rows, with their scales and biases: a `Round`) are in flight while the current one is
+//   summed.
 // The lane -> chunk assignment, the per-chunk order of the sums and the shuffle reduction are
 // the wide kernel's: the results are the same bits (the GPU harness checks that).
 //
 // ENTRY POINTS (extern "C"; <x>, <s> in {f32, f16, bf16}):
-//   affine_stream_<kind>_b<BITS>_r<ROWS>_<x>_<s>(packed, scales, biases, x, ids, y, p,
-//                                                experts, lpr)
-//     The arguments and results of affine_wide_<kind>_b<BITS>_r<ROWS>_<x>_<s>.
+//   affine_stream_<kind>_b<BITS>_r<ROWS>_s<S>_<x>_<s>(packed, scales, biases, x, ids, y, p,
+//                                                     experts, lpr)
+//     The arguments and results of affine_wide_<kind>_b<BITS>_r<ROWS>_<x>_<s>; S (1, 2 or 4)
+//     at least the chunks a lane takes of a row, ceil(cols / V / lpr).
 //     block = kStreamWarps * 32 threads, dynamic shared memory = 4 * (cols + cols / V) bytes
 //     (V = 128 / BITS values a chunk); grid = (any count >= 1, out_rows): block x takes the
 //     row groups block x, block x + gridDim.x, ... of kStreamWarps * 32 / lpr each.
-//     The host checks what it checks for the wide kernel, and cols <= 8192 (shared memory).
+//     The host checks what it checks for the wide kernel, at most 4 chunks a lane, and groups
+//     of a power-of-two count of chunks (crates/gdn-ops/src/ops/affine/stream.rs).
 //
 // Compile for candle:  nvcc -ptx -arch=sm_90 -O3 -I kernels kernels/affine_stream.cu
 
@@ -120,10 +122,14 @@ __device__ __forceinline__ void stream_body(const uint32_t* __restrict__ packed,
   const uint32_t subs = 32 / lpr, sub = lane / lpr, l = lane % lpr;
   const uint32_t e = p.has_ids ? ids[i] : 0;
   const uint32_t first_wr = block_x * kStreamWarps + warp, wr_stride = blocks_x * kStreamWarps;
+  // This warp's rounds (a row group per sub-warp each) and a round's first output.
   const uint32_t per_round = subs * ROWS;
+  const uint32_t all_rounds = (outputs + per_round - 1) / per_round;
+  const uint32_t rounds = first_wr < all_rounds ? (all_rounds - first_wr + wr_stride - 1) / wr_stride : 0;
+  auto first_output = [&](uint32_t round) { return ((first_wr + round * wr_stride) * subs + sub) * ROWS; };
   if (e >= experts) {  // uniform over the block: no barrier or shuffle follows
-    for (uint32_t wr = first_wr; wr * per_round < outputs; wr += wr_stride) {
-      const uint32_t o0 = (wr * subs + sub) * ROWS;
+    for (uint32_t round = 0; round < rounds; ++round) {
+      const uint32_t o0 = first_output(round);
       for (uint32_t r = 0; r < ROWS; ++r) {
         if (l == 0 && o0 + r < outputs) y[(size_t)i * outputs + o0 + r] = from_f32<X>(__uint_as_float(0x7fc00000u));
       }
@@ -138,11 +144,8 @@ __device__ __forceinline__ void stream_body(const uint32_t* __restrict__ packed,
   float4* xs4 = reinterpret_cast<float4*>(shared);  // [V / 4][chunks]
   float* sx = shared + p.cols;                        // [chunks]
 
-  const uint32_t all_rounds = (outputs + per_round - 1) / per_round;
-  const uint32_t rounds = first_wr < all_rounds ? (all_rounds - first_wr + wr_stride - 1) / wr_stride : 0;
-
   auto load = [&](uint32_t round, Round<NR, S>& rd) {
-    const uint32_t o0 = ((first_wr + round * wr_stride) * subs + sub) * ROWS;
+    const uint32_t o0 = first_output(round);
 #pragma unroll
     for (uint32_t r = 0; r < NR; ++r) {
       // Rows past the matrix read its last row (a valid address) and are never written.
@@ -216,8 +219,8 @@ __device__ __forceinline__ void stream_body(const uint32_t* __restrict__ packed,
         }
       }
     }
-    const uint32_t o0 = ((first_wr + round * wr_stride) * subs + sub) * ROWS;
-    affine_row_group::reduce_and_write<ROWS, SWIGLU>(acc, lpr, l, y + (size_t)i * outputs, o0, outputs);
+    affine_row_group::reduce_and_write<ROWS, SWIGLU>(acc, lpr, l, y + (size_t)i * outputs,
+                                                     first_output(round), outputs);
     cur = next;
   }
 }
