@@ -129,14 +129,13 @@ impl<'c, K, S: ReplySink> Replies<'c, K, S> {
     ) -> Result<()> {
         // A constrained reply is decoded a token at a time: no speculation for it; nor for
         // choices, whose speculative states would need copying too.
-        let speculation = match (&engine.draft_length, replies.as_slice()) {
+        let mut speculation = match (&engine.draft_length, replies.as_slice()) {
             (Some(length), [only]) if only.constraint.is_none() => {
                 Some(Speculation::new(&engine.model, length.clone())?)
             }
             _ => None,
         };
         let run = engine.begin_prompt(prompt, speculation.is_some())?;
-        let mut speculation = speculation;
         let replies = replies
             .into_iter()
             .map(|r| {
@@ -221,13 +220,15 @@ impl<'c, K, S: ReplySink> Replies<'c, K, S> {
             let outcome = &mut sequence.outcome;
             outcome.cached_tokens = cached_tokens;
             outcome.prefilled_tokens = outcome.prompt_tokens - cached_tokens;
-            if sequence.max_tokens() == 0 {
+            let nothing_to_generate = sequence.max_tokens() == 0;
+            if nothing_to_generate {
                 // The prompt is cached; nothing to generate.
                 sequence.outcome.finish = FinishReason::Length;
             }
-            let next = match sequence.max_tokens() == 0 || sequence.cancelled() {
-                true => Ok(None),
-                false => isolated(|| follow(engine, &mut sequence, Some(&logits), &cache)),
+            let next = if nothing_to_generate || sequence.cancelled() {
+                Ok(None)
+            } else {
+                isolated(|| follow(engine, &mut sequence, Some(&logits), &cache))
             };
             match next {
                 Ok(Some(next)) => self.decoding.push(Decoding {
