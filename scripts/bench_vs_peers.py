@@ -15,7 +15,9 @@ Subcommands:
              `llama-bench` rounds, reads an optional mlx JSON, prints the table; its last two
              lines are `decode ratio vs llama.cpp: X.XX` and `prefill ratio vs llama.cpp: Y.YY`.
              `--baseline-env VAR=VALUE` adds a third qwen-gdn q8 run per round with that
-             variable set (e.g. QWEN_GDN_Q8_LAYOUT=plain), measured in the same rounds.
+             variable set (e.g. QWEN_GDN_Q8_LAYOUT=plain), measured in the same rounds;
+             `--baseline-bin PATH` runs that baseline with another build of qwen-gdn (e.g. the
+             commit before a restructuring: a before/after in the same rounds).
 
 Roofline (bytes per decoded token, all read once from memory; compute is assumed free):
   - weights: every tensor of the checkpoint at its stored size (4-bit words + bf16 scales and
@@ -234,10 +236,13 @@ def cmd_run(a) -> None:
     lb = {"pp": [], "tg": [], "rss": []}
     base = {"pp": [], "tg": [], "rss": [], "peak": []}
     base_env = dict([a.baseline_env.split("=", 1)]) if a.baseline_env else None
+    has_base = bool(a.baseline_env or a.baseline_bin)
+    base_label = " ".join(x for x in (a.baseline_env, a.baseline_bin and f"build {a.baseline_bin}") if x)
+    base_cmd = ([a.baseline_bin] + qg_cmd[1:]) if a.baseline_bin else qg_cmd
     for i in range(a.rounds):
         order = [("qwen-gdn q8", qg_cmd + ["--q8-activations"]), ("llama.cpp", lb_cmd), ("qwen-gdn f32", qg_cmd)]
-        if base_env:
-            order.insert(2, ("qwen-gdn q8 baseline", qg_cmd + ["--q8-activations"]))
+        if has_base:
+            order.insert(2, ("qwen-gdn q8 baseline", base_cmd + ["--q8-activations"]))
         if i % 2:
             order.reverse()  # alternate who goes first, so drift hits all alike
         for engine, cmd in order:
@@ -280,8 +285,8 @@ def cmd_run(a) -> None:
         ("qwen-gdn (f32, exact)", f"{Path(a.model).name} (MLX 4-bit g64)", gb(exact["size"]), fmt_rate(exact["pp"]),
          fmt_rate(exact["tg"]), gb(max(exact["peak"])), f"{100 * statistics.median(exact['tg']) / roof:.0f}%"),
     ]
-    if base_env:
-        rows.insert(2, (f"qwen-gdn --q8-activations, {a.baseline_env}", f"{Path(a.model).name} (MLX 4-bit g64)",
+    if has_base:
+        rows.insert(2, (f"qwen-gdn --q8-activations, {base_label}", f"{Path(a.model).name} (MLX 4-bit g64)",
                         gb(base["size"]), fmt_rate(base["pp"]), fmt_rate(base["tg"]), gb(max(base["peak"])),
                         f"{100 * statistics.median(base['tg']) / roof:.0f}%"))
     rows += [
@@ -325,14 +330,14 @@ def cmd_run(a) -> None:
     print("  note: qwen-gdn's tg runs at depth -p (mlx_lm.benchmark style), llama-bench's from an empty context;"
           " the KV read of the 2 attention layers is small here, so the difference is too.")
     (out_dir / "result.json").write_text(json.dumps({
-        "qwen_gdn": qg, "qwen_gdn_exact": exact, "qwen_gdn_baseline": base if base_env else None, "llama_cpp": lb, "mlx_lm": mlx, "roofline": rf, "gguf": gg,
+        "qwen_gdn": qg, "qwen_gdn_exact": exact, "qwen_gdn_baseline": base if has_base else None, "llama_cpp": lb, "mlx_lm": mlx, "roofline": rf, "gguf": gg,
         "bandwidth_bytes_per_s": bw, "roofline_tps": roof, "roofline_gguf_tps": roof_gguf,
         "p": a.p, "g": a.g, "rounds": a.rounds, "threads": a.threads,
     }, indent=1))
     print(f"exact f32 path: decode ratio {statistics.median(exact['tg']) / statistics.median(lb['tg']):.2f}, "
           f"prefill ratio {statistics.median(exact['pp']) / statistics.median(lb['pp']):.2f} (the ratios below are --q8-activations)")
-    if base_env:
-        print(f"baseline q8 ({a.baseline_env}): decode ratio {statistics.median(base['tg']) / statistics.median(lb['tg']):.2f}, "
+    if has_base:
+        print(f"baseline q8 ({base_label}): decode ratio {statistics.median(base['tg']) / statistics.median(lb['tg']):.2f}, "
               f"prefill ratio {statistics.median(base['pp']) / statistics.median(lb['pp']):.2f}")
     print(f"decode ratio vs llama.cpp: {statistics.median(qg['tg']) / statistics.median(lb['tg']):.2f}")
     print(f"prefill ratio vs llama.cpp: {statistics.median(qg['pp']) / statistics.median(lb['pp']):.2f}")
@@ -360,6 +365,7 @@ def main() -> None:
     x.add_argument("--bandwidth", type=float, required=True, help="copy bandwidth, bytes/s")
     x.add_argument("--mlx-json")
     x.add_argument("--baseline-env", help="VAR=VALUE: one more q8 run per round with it set")
+    x.add_argument("--baseline-bin", help="another qwen-gdn binary for that baseline run")
     x.add_argument("--out-dir", required=True)
     a = ap.parse_args()
     if a.cmd == "mlx":
