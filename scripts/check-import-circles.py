@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import os
 import re
 import sys
 from pathlib import Path
@@ -48,6 +49,8 @@ RUST_NOISE = re.compile(
     r"""|b?'(?:\\u\{[0-9a-fA-F]+\}|\\.|[^\\'\n])'""",
 )
 MOD_DECL = re.compile(r"\b(?:pub(?:\s*\([^)]*\))?\s+)?mod\s+(r#)?(\w+)\s*([;{])")
+# `#[path = "file.rs"]` before a `mod NAME;` (other attributes may stand between them).
+PATH_ATTR = re.compile(r'#\[path\s*=\s*"([^"]+)"\]\s*(?:#\[[^\]]*\]\s*)*$')
 USE_STMT = re.compile(r"\buse\s+([^;]*);")
 PATH = re.compile(r"(?<![\w:$])((?:\w+::)+\w+|(?:\w+::)+\{|(?:\w+::)+\*)")
 
@@ -121,7 +124,8 @@ class RustCrate:
     def _place(self, file: Path, module: tuple[str, ...], child_dir: Path) -> None:
         if file in self.code:
             bad_input(f"error: {file} is reached twice through mod lines")
-        code = blank_noise(file.read_text(encoding="utf-8"))
+        raw = file.read_text(encoding="utf-8")
+        code = blank_noise(raw)
         self.code[file] = code
         self.modules[module] = file
         scopes = [(module, 0, len(code))]
@@ -131,7 +135,16 @@ class RustCrate:
             outer = self._scope_at(scopes, m.start())
             # `mod y;` inside an inline `mod x { … }` of foo.rs lives in foo/x/y.rs.
             folder = child_dir.joinpath(*outer[len(module) :])
-            if m.group(3) == ";":
+            attr = PATH_ATTR.search(raw, max(0, m.start() - 300), m.start())
+            if m.group(3) == ";" and attr:
+                # A `#[path]` file: named from this file's folder, its children beside it.
+                if outer != module:
+                    bad_input(f"error: {file}: `#[path]` on `mod {name};` inside an inline module is not read")
+                target = Path(os.path.normpath(file.parent / attr.group(1)))
+                if not target.is_file():
+                    bad_input(f"error: {file}: `mod {name};` has no file {target} (its #[path])")
+                self._place(target, outer + (name,), target.parent)
+            elif m.group(3) == ";":
                 target = self._child_file(folder, name, file)
                 # foo/mod.rs keeps its children beside it; foo.rs keeps them in foo/.
                 target_children = target.parent if target.name == "mod.rs" else target.with_suffix("")

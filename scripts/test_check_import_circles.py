@@ -69,6 +69,20 @@ class CheckImportCircles(unittest.TestCase):
         self.assertIn(":1: expected `owner: file file …`", run.stderr)
         self.assertEqual(len(run.stderr.strip().splitlines()), 1)
 
+    def test_a_path_attribute_places_its_file(self):
+        # `#[path]` names a file outside the module tree's folders (a list shared with another
+        # crate's tests): it is read, and a circle through it is found.
+        with tempfile.TemporaryDirectory() as root:
+            src = Path(root) / "crates" / "demo" / "src"
+            src.mkdir(parents=True)
+            (Path(root) / "shared").mkdir()
+            (src / "lib.rs").write_text('mod a;\n#[cfg(test)]\n#[path = "../../../shared/b.rs"]\nmod b;\n')
+            (src / "a.rs").write_text("use crate::b::f;\npub struct A;\n")
+            (Path(root) / "shared" / "b.rs").write_text("use crate::a::A;\npub fn f(_: A) {}\n")
+            run = subprocess.run([sys.executable, str(CHECK), "--root", root], capture_output=True, text=True, check=False)
+        self.assertEqual(run.returncode, 1, run.stdout + run.stderr)
+        self.assertIn("import circle: crates/demo/src/a.rs shared/b.rs", run.stdout)
+        self.assertIn("3 files, 2 imports, 1 circles", run.stdout)
 
 if __name__ == "__main__":
     unittest.main()

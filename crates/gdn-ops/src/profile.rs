@@ -12,7 +12,9 @@
 //!   open row ([`note_grid`]); candle's own ops, which cannot be timed one by one here, are
 //!   only counted ([`note_candle`], from [`crate::launches::candle_ops`]): their time shows as
 //!   the remainder between the rows and the step's wall time.
-//! - The model says which layer runs ([`layer`]) and which projection ([`labelled`]).
+//! - The model says which layer runs ([`layer`]) and which step of its work ([`labelled`]):
+//!   the one way to name a step, which the rows carry and a step watcher ([`steps`], the
+//!   model's phase timer) times.
 //!
 //! Timing ([`timer`]): on CUDA the op's own GPU time between two events, the stream drained
 //! before and a short spin kernel queued ahead so that host launch latency is not counted; on
@@ -26,6 +28,7 @@
 mod copy_bandwidth;
 #[cfg(feature = "cuda")]
 mod cuda;
+pub mod steps;
 mod timer;
 
 pub(crate) mod record;
@@ -131,9 +134,11 @@ impl Drop for LayerScope {
     }
 }
 
-/// Runs `f` with its rows labelled `label` (the projection they compute: `gdn.in_proj`,
-/// `lm_head`). Nested labels replace the outer one for their extent.
-pub fn labelled<R>(label: &'static str, f: impl FnOnce() -> R) -> R {
+/// Runs `f`, the step `label` of the caller's work (a projection, `gdn.in_proj`, or a block's
+/// step, `gdn/recurrence`): its kernel rows carry the label, and the step watcher, if one is
+/// set ([`steps::watch_steps`]), sees it run. Nested labels replace the outer one on the rows
+/// for their extent; a watcher sees each.
+pub fn labelled<R>(label: &'static str, f: impl FnOnce() -> Result<R>) -> Result<R> {
     let outer = LABEL.with(|l| l.replace(Some(label)));
     // Restored however `f` ends (a panic included), so a label never leaks to later rows.
     struct Restore(Option<&'static str>);
@@ -143,7 +148,10 @@ pub fn labelled<R>(label: &'static str, f: impl FnOnce() -> R) -> R {
         }
     }
     let _restore = Restore(outer);
-    f()
+    match steps::watcher() {
+        Some(watch) => steps::run_watched(&*watch, label, f),
+        None => f(),
+    }
 }
 
 #[cfg(test)]
@@ -304,5 +312,63 @@ mod tests {
         assert!(enabled());
         drop(session);
         assert!(!enabled());
+    }
+
+    /// Notes the steps of the thread that set it, as `(label, depth)` on entry.
+    struct Notes {
+        thread: std::thread::ThreadId,
+        seen: std::sync::Mutex<Vec<(&'static str, usize)>>,
+        depth: std::sync::atomic::AtomicUsize,
+    }
+
+    impl steps::StepWatch for Notes {
+        fn watch(&self, label: &'static str, step: &mut dyn FnMut() -> Result<()>) -> Result<()> {
+            use std::sync::atomic::Ordering::Relaxed;
+            if std::thread::current().id() != self.thread {
+                return step();
+            }
+            let depth = self.depth.fetch_add(1, Relaxed);
+            self.seen.lock().unwrap().push((label, depth));
+            let out = step();
+            self.depth.fetch_sub(1, Relaxed);
+            out
+        }
+    }
+
+    #[test]
+    fn one_label_names_the_rows_and_the_watched_step() {
+        let dev = Device::Cpu;
+        let notes = std::sync::Arc::new(Notes {
+            thread: std::thread::current().id(),
+            seen: Default::default(),
+            depth: Default::default(),
+        });
+        let session = Session::start();
+        let watching = steps::watch_steps(notes.clone());
+        let out = labelled("moe", || {
+            kernel("moe_route", &dev, traffic(1, 1), twin)?;
+            labelled("moe/down", || {
+                kernel("affine_products", &dev, traffic(2, 2), twin)
+            })
+        })
+        .unwrap();
+        drop(watching);
+        // Not watched any more: still labelled on the rows.
+        labelled("lm_head", || {
+            kernel("affine_products", &dev, traffic(3, 3), twin)
+        })
+        .unwrap();
+        let rec = session.finish();
+        assert_eq!(out, 7);
+        assert_eq!(*notes.seen.lock().unwrap(), [("moe", 0), ("moe/down", 1)]);
+        let rows: Vec<_> = rec.kernels.iter().map(|k| (k.op, k.label)).collect();
+        assert_eq!(
+            rows,
+            [
+                ("moe_route", Some("moe")),
+                ("affine_products", Some("moe/down")),
+                ("affine_products", Some("lm_head")),
+            ]
+        );
     }
 }

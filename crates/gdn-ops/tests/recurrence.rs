@@ -4,36 +4,21 @@
 mod common;
 
 use candle_core::{DType, Device, Tensor};
-use common::values;
+use common::gated_delta::GdnDims;
+use common::{values, Rng};
 use gdn_ops::gated_delta_update;
 
-struct Case {
-    b: usize,
-    t: usize,
-    hk: usize,
-    hv: usize,
-    dk: usize,
-    dv: usize,
-}
-
+/// Values in `[lo, hi)` from the MMIX LCG seeded with `seed` (its first draw skipped).
 fn pseudo_random(n: usize, seed: u64, lo: f32, hi: f32) -> Vec<f32> {
-    let mut x = seed
-        .wrapping_mul(6364136223846793005)
-        .wrapping_add(1442695040888963407);
-    (0..n)
-        .map(|_| {
-            x = x
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            lo + (hi - lo) * ((x >> 40) as f32 / (1u64 << 24) as f32)
-        })
-        .collect()
+    let mut rng = Rng::lcg(seed);
+    rng.next();
+    (0..n).map(|_| rng.uniform(lo, hi)).collect()
 }
 
 /// S ← gS; kv = Sk; δ = (v − kv)β; S ← S + δkᵀ; y = Sq — written as plainly as possible.
 #[allow(clippy::too_many_arguments)]
 fn naive(
-    c: &Case,
+    c: &GdnDims,
     q: &[f32],
     k: &[f32],
     v: &[f32],
@@ -68,7 +53,7 @@ fn naive(
     y
 }
 
-fn check(c: Case, calls: usize) {
+fn check(c: GdnDims, calls: usize) {
     let dev = Device::Cpu;
     let state_len = c.b * c.hv * c.dv * c.dk;
     let mut want_state = vec![0f64; state_len];
@@ -117,32 +102,12 @@ fn check(c: Case, calls: usize) {
 
 #[test]
 fn decode_steps_with_gqa() {
-    check(
-        Case {
-            b: 1,
-            t: 1,
-            hk: 2,
-            hv: 4,
-            dk: 32,
-            dv: 16,
-        },
-        5,
-    );
+    check(GdnDims::new(1, 1, 2, 4, 32, 16), 5);
 }
 
 #[test]
 fn prefill_chunks_batched() {
-    check(
-        Case {
-            b: 2,
-            t: 7,
-            hk: 1,
-            hv: 3,
-            dk: 40,
-            dv: 8,
-        },
-        2,
-    );
+    check(GdnDims::new(2, 7, 1, 3, 40, 8), 2);
 }
 
 #[test]

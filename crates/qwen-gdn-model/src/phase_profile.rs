@@ -4,15 +4,18 @@
 //! `ple` (`qwen4_exp`), `gdn` or `attention` (the mixer with its norm and residual add),
 //! `moe` or `mlp` (likewise), and `lm_head` (the final norm and the output head), each from
 //! the tap event before it to its own. Inside the building blocks, whose steps the loop does
-//! not see, [`phase`] times the steps (`gdn/in_proj`, `moe/gate_up`, …) while a timer is on.
+//! not see, the steps are named where their kernels are launched, with the launch layer's one
+//! labelling call (`gdn_ops::profile::labelled("gdn/in_proj", …)`, which also names the
+//! kernel profile's rows), and the timer watches those labels while it lives
+//! (`gdn_ops::profile::steps`): no block keeps a timer of its own.
 //!
 //! On a GPU the host only queues work, so a host clock around a phase measures nothing unless
-//! the device has drained first: the timer synchronizes the device at every event, and
-//! [`phase`] before and after the step it times, so each phase is charged with the device work
-//! it queued. Those synchronizations cost time of their own (one host round trip each), so a
-//! profiled pass is slower than an unprofiled one: the profile is for the split between
-//! phases, the benchmark's own numbers for the speed. Off (the default), a step is one
-//! relaxed atomic load.
+//! the device has drained first: the timer synchronizes the device at every event, and before
+//! and after each labelled step, so each phase is charged with the device work it queued.
+//! Those synchronizations cost time of their own (one host round trip each), so a profiled
+//! pass is slower than an unprofiled one: the profile is for the split between phases, the
+//! benchmark's own numbers for the speed. Off (the default), a step is one relaxed atomic
+//! load.
 //!
 //! Phases nest by name: `moe/gate_up` is inside `moe`, and a report lists, under each parent,
 //! its children and what the parent spent outside them.
@@ -20,11 +23,9 @@
 use crate::tap::{Part, Tap};
 use anyhow::Result;
 use candle_core::Device;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Mutex;
+use gdn_ops::profile::steps::{watch_steps, StepWatch, Watching};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-
-static ENABLED: AtomicBool = AtomicBool::new(false);
 
 /// Totals per phase name, in the order each name was first seen (so a report follows the
 /// order of a layer's work). A handful of names: a linear search is the cheapest map.
@@ -39,32 +40,39 @@ pub struct PhaseTime {
     pub calls: u64,
 }
 
-/// Turns step timing on or off for every thread (the reference plan runs layers on pool
-/// workers).
-fn set_enabled(on: bool) {
-    ENABLED.store(on, Ordering::Relaxed);
-}
-
-pub fn enabled() -> bool {
-    ENABLED.load(Ordering::Relaxed)
-}
-
-/// The tap that times the phases of the layer loop, and turns on the timing of the steps
-/// inside the blocks while it lives. One at a time: the totals are process-wide.
+/// The tap that times the phases of the layer loop, and the labelled steps inside the blocks
+/// while it lives. One at a time: the totals are process-wide.
 pub struct PhaseTimer {
     device: Device,
     /// When the last event was seen (the device drained then).
     mark: Instant,
+    /// The labelled steps of every thread are timed until this drops (the reference plan
+    /// runs layers on pool workers).
+    _steps: Watching,
+}
+
+/// Times each labelled step, the device drained before and after it.
+struct StepTimer(Device);
+
+impl StepWatch for StepTimer {
+    fn watch(&self, label: &'static str, step: &mut dyn FnMut() -> Result<()>) -> Result<()> {
+        self.0.synchronize()?;
+        let start = Instant::now();
+        step()?;
+        self.0.synchronize()?;
+        record(label, start.elapsed());
+        Ok(())
+    }
 }
 
 impl PhaseTimer {
     /// Clears the totals and starts timing passes on `device`.
     pub fn start(device: &Device) -> Self {
         take();
-        set_enabled(true);
         Self {
             device: device.clone(),
             mark: Instant::now(),
+            _steps: watch_steps(Arc::new(StepTimer(device.clone()))),
         }
     }
 
@@ -97,12 +105,6 @@ impl PhaseTimer {
     }
 }
 
-impl Drop for PhaseTimer {
-    fn drop(&mut self) {
-        set_enabled(false);
-    }
-}
-
 impl Tap for PhaseTimer {
     fn begin_pass(&mut self) -> Result<()> {
         self.mark()
@@ -124,24 +126,6 @@ impl Tap for PhaseTimer {
         self.mark = now;
         Ok(())
     }
-}
-
-/// Runs `work` as the step `name` of a block, timing it (device drained before and after)
-/// while a [`PhaseTimer`] is on.
-pub fn phase<R>(
-    name: &'static str,
-    device: &Device,
-    work: impl FnOnce() -> Result<R>,
-) -> Result<R> {
-    if !enabled() {
-        return work();
-    }
-    device.synchronize()?;
-    let start = Instant::now();
-    let out = work()?;
-    device.synchronize()?;
-    record(name, start.elapsed());
-    Ok(out)
 }
 
 fn record(name: &'static str, elapsed: Duration) {
@@ -225,6 +209,7 @@ fn push_subtree(times: &[PhaseTime], t: &PhaseTime, depth: usize, rows: &mut Vec
 #[cfg(test)]
 mod tests {
     use super::*;
+    use gdn_ops::profile::labelled;
 
     fn time(name: &'static str, ms: u64, calls: u64) -> PhaseTime {
         PhaseTime {
@@ -272,21 +257,28 @@ mod tests {
         assert_eq!(names, ["moe/down", "attention"]);
     }
 
+    /// A block's step is named once, where its kernels are launched: the phase timer sees the
+    /// label (children nested under their parent), and only while it lives.
     #[test]
-    fn phases_are_timed_only_when_enabled() {
-        // The one test that touches the global switch and totals.
+    fn labelled_steps_are_timed_only_while_a_timer_lives() {
+        // The one test that starts a timer: the totals are process-wide. Other tests' steps
+        // may be timed meanwhile, so only this test's names are looked at.
         let dev = Device::Cpu;
-        take();
-        phase("off", &dev, || Ok(())).unwrap();
-        assert!(take().is_empty());
-        set_enabled(true);
-        let out = phase("on", &dev, || Ok(7)).unwrap();
-        phase("on", &dev, || Ok(())).unwrap();
-        set_enabled(false);
+        let mine = |times: Vec<PhaseTime>| -> Vec<(&'static str, u64)> {
+            times
+                .into_iter()
+                .filter(|t| t.name.starts_with("timer_test"))
+                .map(|t| (t.name, t.calls))
+                .collect()
+        };
+        labelled("timer_test", || Ok(())).unwrap();
+        let timer = PhaseTimer::start(&dev);
+        let out = labelled("timer_test", || Ok(7)).unwrap();
+        labelled("timer_test", || labelled("timer_test/inner", || Ok(()))).unwrap();
+        let times = timer.finish();
         assert_eq!(out, 7);
-        let times = take();
-        assert_eq!(times.len(), 1);
-        assert_eq!((times[0].name, times[0].calls), ("on", 2));
-        assert!(take().is_empty());
+        assert_eq!(mine(times), [("timer_test", 2), ("timer_test/inner", 1)]);
+        labelled("timer_test", || Ok(())).unwrap();
+        assert!(mine(take()).is_empty());
     }
 }

@@ -5,14 +5,6 @@ mod common;
 use common::*;
 use serde_json::Value;
 
-const CHECKPOINTS: [&str; 5] = [
-    "qwen3-next-tiny-4bit",
-    "qwen3.5-tiny-4bit",
-    "qwen3.5-moe-tiny-4bit",
-    "qwen3-next-tiny-bf16",
-    "qwen3.5-moe-tiny-hf",
-];
-
 fn reference_json(name: &str) -> Value {
     let path = repo_root()
         .join("models/reference")

@@ -8,19 +8,23 @@ use super::random::Rng;
 use super::{close, values};
 use candle_core::{Device, Tensor};
 
-/// One chunk of queries over a KV buffer.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct Shape {
-    pub batch: usize,
-    pub q_heads: usize,
-    pub kv_heads: usize,
-    pub head_dim: usize,
-    /// S.
-    pub queries: usize,
-    /// The position of the first query: the keys cached before the chunk.
-    pub offset: usize,
-    /// Positions the KV buffers hold (≥ T = offset + S): K and V are views narrowed to T.
-    pub capacity: usize,
+super::shape_and_constructor! {
+    /// One chunk of queries over a KV buffer.
+    ///
+    /// `shape` takes (B, Nq, Nkv, Dh, S, offset, cap).
+    #[derive(Clone, Copy, Debug, PartialEq)]
+    pub struct Shape {
+        pub batch: usize,
+        pub q_heads: usize,
+        pub kv_heads: usize,
+        pub head_dim: usize,
+        /// S.
+        pub queries: usize,
+        /// The position of the first query: the keys cached before the chunk.
+        pub offset: usize,
+        /// Positions the KV buffers hold (≥ T = offset + S): K and V are views narrowed to T.
+        pub capacity: usize,
+    }
 }
 
 impl Shape {
@@ -38,27 +42,6 @@ impl Shape {
 /// every lane as a fiber, thousands of times slower than the GPU, so Qwen3-Next's 16 heads on
 /// 200-token chunks are the CUDA test's alone.
 pub const EMULATION_MAX_WORK: usize = 40_000_000;
-
-/// (B, Nq, Nkv, Dh, S, offset, cap).
-pub const fn shape(
-    batch: usize,
-    q_heads: usize,
-    kv_heads: usize,
-    head_dim: usize,
-    queries: usize,
-    offset: usize,
-    capacity: usize,
-) -> Shape {
-    Shape {
-        batch,
-        q_heads,
-        kv_heads,
-        head_dim,
-        queries,
-        offset,
-        capacity,
-    }
-}
 
 /// Every backend's cases: first chunks (T = S) and later ones over cached keys in longer
 /// buffers; S below, at and above the 64-row query tile, one query; key counts on and off the

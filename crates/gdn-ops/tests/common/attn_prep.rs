@@ -7,37 +7,20 @@ use super::compare::close;
 use super::dtype::Ty;
 use super::random::Rng;
 
-/// One decode token per sequence at position `pos` of KV buffers of `capacity` slots.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct Shape {
-    pub batch: usize,
-    pub q_heads: usize,
-    pub kv_heads: usize,
-    pub head_dim: usize,
-    /// R, the rotated dims at the front of each head (0: no rotation).
-    pub rope_dims: usize,
-    pub capacity: usize,
-    pub pos: usize,
-}
-
-/// (B, Nq, Nkv, Dh, R, cap, pos).
-pub const fn shape(
-    batch: usize,
-    q_heads: usize,
-    kv_heads: usize,
-    head_dim: usize,
-    rope_dims: usize,
-    capacity: usize,
-    pos: usize,
-) -> Shape {
-    Shape {
-        batch,
-        q_heads,
-        kv_heads,
-        head_dim,
-        rope_dims,
-        capacity,
-        pos,
+super::shape_and_constructor! {
+    /// One decode token per sequence at position `pos` of KV buffers of `capacity` slots.
+    ///
+    /// `shape` takes (B, Nq, Nkv, Dh, R, cap, pos).
+    #[derive(Clone, Copy, Debug, PartialEq)]
+    pub struct Shape {
+        pub batch: usize,
+        pub q_heads: usize,
+        pub kv_heads: usize,
+        pub head_dim: usize,
+        /// R, the rotated dims at the front of each head (0: no rotation).
+        pub rope_dims: usize,
+        pub capacity: usize,
+        pub pos: usize,
     }
 }
 

@@ -6,24 +6,16 @@
 use super::random::Rng;
 use candle_core::{DType, Tensor};
 
-/// y `[B, T, Hv, Dv]`, and the gap between z's tokens where z is a strided view.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct Shape {
-    pub b: usize,
-    pub t: usize,
-    pub hv: usize,
-    pub dv: usize,
-    /// Elements between two tokens' z rows in the emulation's strided z (NaN there).
-    pub z_gap: usize,
-}
-
-const fn shape(b: usize, t: usize, hv: usize, dv: usize, z_gap: usize) -> Shape {
-    Shape {
-        b,
-        t,
-        hv,
-        dv,
-        z_gap,
+super::shape_and_constructor! {
+    /// y `[B, T, Hv, Dv]`, and the gap between z's tokens where z is a strided view.
+    #[derive(Clone, Copy, Debug, PartialEq)]
+    pub struct Shape {
+        pub b: usize,
+        pub t: usize,
+        pub hv: usize,
+        pub dv: usize,
+        /// Elements between two tokens' z rows in the emulation's strided z (NaN there).
+        pub z_gap: usize,
     }
 }
 

@@ -5,6 +5,23 @@
 //! input encoding, and the tolerance checks.
 #![allow(dead_code, unused_imports)]
 
+/// An op's case shape and its positional constructor, `shape(…)` with the arguments in the
+/// fields' order, from one list of fields: the case tables read `shape(1, 16, 2, 256, …)`.
+macro_rules! shape_and_constructor {
+    ($(#[$meta:meta])* pub struct Shape { $($(#[$field_meta:meta])* pub $field:ident: $ty:ty,)* }) => {
+        $(#[$meta])*
+        pub struct Shape {
+            $($(#[$field_meta])* pub $field: $ty,)*
+        }
+
+        #[allow(clippy::too_many_arguments)]
+        pub const fn shape($($field: $ty),*) -> Shape {
+            Shape { $($field),* }
+        }
+    };
+}
+pub(crate) use shape_and_constructor;
+
 pub mod add_rms_norm;
 pub mod affine;
 pub mod affine_grouped;

@@ -7,7 +7,6 @@ use super::norm::RmsNorm;
 use super::rope::PartialRope;
 use crate::cache::KvCache;
 use crate::candle_ops::{cat, full, matmul, sigmoid, softmax_last_dim, zeros};
-use crate::phase_profile::phase;
 use crate::tensor::{cast, contiguous};
 use crate::weights::Checkpoint;
 use crate::weights::Weight;
@@ -15,6 +14,7 @@ use crate::Config;
 use anyhow::Result;
 use candle_core::{DType, Device, Tensor, D};
 use gdn_ops::launches::{candle_op, candle_ops};
+use gdn_ops::profile::labelled;
 
 mod blocked;
 mod decode;
@@ -118,14 +118,13 @@ impl Attention {
     ) -> Result<Tensor> {
         let (b, s, _) = x.dims3()?;
         let (nq, dh) = (self.heads, self.head_dim);
-        let device = x.device();
-        let (q, k, v, gate) = phase("attention/qkv_prep", device, || {
+        let (q, k, v, gate) = labelled("attention/qkv_prep", || {
             self.queries_and_keys(x, cache, offset)
         })?;
-        let o = phase("attention/core", device, || {
+        let o = labelled("attention/core", || {
             self.attend_chunk(&q, &k, &v, offset, mask)
         })?;
-        phase("attention/out", device, || {
+        labelled("attention/out", || {
             let o = contiguous(&o.transpose(1, 2)?)?.reshape((b, s, nq * dh))?;
             let o = candle_op(o.mul(&sigmoid(&gate)?))?;
             self.o_proj.forward(&o)
@@ -144,7 +143,6 @@ impl Attention {
     ) -> Result<Tensor> {
         let (_, b, _) = x.dims3()?;
         let (nq, dh) = (self.heads, self.head_dim);
-        let device = x.device();
         let projected = self.project(x)?;
         let (outputs, gates): (Vec<Tensor>, Vec<Tensor>) = caches
             .iter_mut()
@@ -157,7 +155,7 @@ impl Attention {
                     .collect::<candle_core::Result<_>>()?;
                 let row: [Tensor; 3] = row.try_into().expect("three projections");
                 let (q, k, v, gate) = self.rotate_and_append(&row, cache, offset)?;
-                let o = phase("attention/core", device, || {
+                let o = labelled("attention/core", || {
                     self.attend_chunk(&q, &k, &v, offset, None)
                 })?;
                 Ok((
@@ -168,7 +166,7 @@ impl Attention {
             .collect::<Result<Vec<_>>>()?
             .into_iter()
             .unzip();
-        phase("attention/out", device, || {
+        labelled("attention/out", || {
             let (o, gate) = (cat(&outputs, 1)?, cat(&gates, 1)?);
             debug_assert_eq!(o.dims(), &[1, b, nq * dh]);
             let o = candle_op(o.mul(&sigmoid(&gate)?))?;
@@ -178,7 +176,7 @@ impl Attention {
 
     /// `[query | gate, k, v]` of `x` `[B, S, H]`.
     fn project(&self, x: &Tensor) -> Result<[Tensor; 3]> {
-        phase("attention/qkv_prep/proj", x.device(), || {
+        labelled("attention/qkv_prep/proj", || {
             Ok(self.qkv.forward(x)?.try_into().expect("three projections"))
         })
     }
@@ -205,8 +203,7 @@ impl Attention {
     ) -> Result<(Tensor, Tensor, Tensor, Tensor)> {
         let (b, s, _) = qg.dims3()?;
         let (nq, nkv, dh) = (self.heads, self.kv_heads, self.head_dim);
-        let device = qg.device();
-        let (q, k, v, gate) = phase("attention/qkv_prep/norm", device, || {
+        let (q, k, v, gate) = labelled("attention/qkv_prep/norm", || {
             // A view of the merged projection: contiguous in decode, copied here in prefill
             // (as `reshape` would do uncounted).
             let qg = contiguous(qg)?.reshape((b, s, nq, 2 * dh))?;
@@ -222,13 +219,13 @@ impl Attention {
             let v = contiguous(&contiguous(v)?.reshape((b, s, nkv, dh))?.transpose(1, 2)?)?;
             Ok((q, k, v, gate))
         })?;
-        let (q, k) = phase("attention/qkv_prep/rope", device, || {
+        let (q, k) = labelled("attention/qkv_prep/rope", || {
             Ok((
                 self.rope.forward(&q, offset)?,
                 self.rope.forward(&k, offset)?,
             ))
         })?;
-        let (k, v) = phase("attention/qkv_prep/append", device, || cache.append(&k, &v))?;
+        let (k, v) = labelled("attention/qkv_prep/append", || cache.append(&k, &v))?;
         Ok((q, k, v, gate))
     }
 

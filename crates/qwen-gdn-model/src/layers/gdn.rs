@@ -17,13 +17,13 @@ use super::norm::{Gate, GatedRmsNorm, RmsNorm, ScaledRms};
 use crate::cache::GdnCache;
 use crate::candle_ops::{cat, sigmoid, silu, zeros};
 use crate::config::Family;
-use crate::phase_profile::phase;
 use crate::tensor::{cast, contiguous};
 use crate::weights::Checkpoint;
 use crate::Config;
 use anyhow::Result;
 use candle_core::{DType, Device, Tensor, D};
 use gdn_ops::launches::candle_op;
+use gdn_ops::profile::labelled;
 
 mod conv_front;
 mod decode;
@@ -250,7 +250,7 @@ impl GatedDeltaNet {
 
     /// `[qkv, z, b, a]` of `x` `[B, S, H]`.
     fn project(&self, x: &Tensor) -> Result<[Tensor; 4]> {
-        phase("gdn/in_proj", x.device(), || {
+        labelled("gdn/in_proj", || {
             Ok(self
                 .in_proj
                 .forward(x)?
@@ -270,7 +270,7 @@ impl GatedDeltaNet {
             self.value_dim,
         );
         let device = qkv.device();
-        let (q, k, v, beta, g) = phase("gdn/conv_prep", device, || {
+        let (q, k, v, beta, g) = labelled("gdn/conv_prep", || {
             // A verify window (`cache.steps`) keeps its conv rows: the composed front does.
             if self.conv_front == ConvFront::Fused && cache.steps.is_none() {
                 return self.conv_front_fused(qkv, beta_in, a, cache);
@@ -288,7 +288,7 @@ impl GatedDeltaNet {
             let g = decay(&cast(a, DType::F32)?, &self.dt_bias, &self.neg_a_log_exp)?;
             Ok((q, k, v, beta, g))
         })?;
-        phase("gdn/recurrence", device, || {
+        labelled("gdn/recurrence", || {
             let state = self.state_for(cache, b, device)?;
             let qkvgb = [&q, &k, &v, &g, &beta];
             match &mut cache.steps {
@@ -313,7 +313,7 @@ impl GatedDeltaNet {
     fn output(&self, y: &Tensor, z: &Tensor) -> Result<Tensor> {
         let (b, s, _) = z.dims3()?;
         let (hv, dv) = (self.value_heads, self.value_dim);
-        phase("gdn/norm_out", z.device(), || {
+        labelled("gdn/norm_out", || {
             let z = contiguous(z)?.reshape((b, s, hv, dv))?;
             let out = self.norm.forward(y, &z)?.reshape((b, s, hv * dv))?;
             self.out_proj.forward(&out)

@@ -6,13 +6,13 @@ use super::Model;
 use crate::cache::{Cache, KvCache};
 use crate::families::hybrid::MtpHead;
 use crate::families::Decoder;
-use crate::phase_profile::phase;
 use crate::tap::NoTap;
 use crate::tensor::cast;
 use crate::weights::Checkpoint;
 use crate::Plan;
 use anyhow::{bail, Context, Result};
 use candle_core::{DType, Tensor};
+use gdn_ops::profile::labelled;
 use std::path::Path;
 
 /// How the head's float matrices are kept (`--mtp-from` an unquantized checkpoint for a
@@ -94,7 +94,7 @@ impl Model {
     pub fn head_logits(&self, normed: &Tensor) -> Result<Tensor> {
         self.on_host_workers(|| {
             let _q8 = gdn_ops::ops::affine::q8::Scope::enter(self.q8_activations);
-            let logits = phase("lm_head", &self.device, || self.lm_head.forward(normed))?;
+            let logits = labelled("lm_head", || self.lm_head.forward(normed))?;
             cast(&logits.squeeze(0)?, DType::F32)
         })
     }
@@ -119,9 +119,7 @@ impl Model {
         self.on_host_workers(|| {
             let _q8 = gdn_ops::ops::affine::q8::Scope::enter(self.q8_activations);
             let embedded = self.embed(next)?;
-            phase("mtp", &self.device, || {
-                head.forward(&embedded, hidden, cache)
-            })
+            labelled("mtp", || head.forward(&embedded, hidden, cache))
         })
     }
 }

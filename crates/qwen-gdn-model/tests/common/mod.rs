@@ -1,21 +1,16 @@
 //! Shared helpers: paths to the committed fixtures and numeric comparisons.
 #![allow(dead_code)]
 
+mod checkpoints;
 pub mod qwen4_exp;
+
+#[allow(unused_imports)] // each test file uses a different subset
+pub use checkpoints::{CHECKPOINTS, QWEN4_EXP};
 
 use candle_core::{Device, Tensor};
 use qwen_gdn_model::{Model, RunOptions};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-
-/// Every checkpoint under models/ with a recorded mlx-lm reference.
-pub const CHECKPOINTS: [&str; 5] = [
-    "qwen3-next-tiny-4bit",
-    "qwen3.5-tiny-4bit",
-    "qwen3.5-moe-tiny-4bit",
-    "qwen3-next-tiny-bf16",
-    "qwen3.5-moe-tiny-hf",
-];
 
 /// Test modules with one test per checkpoint of [`CHECKPOINTS`] each: `module => check` makes
 /// `mod module { #[test] fn qwen3_next_4bit() { super::check("qwen3-next-tiny-4bit") } ... }`.
@@ -41,10 +36,6 @@ macro_rules! per_checkpoint {
 }
 #[allow(unused_imports)]
 pub(crate) use per_checkpoint;
-
-/// The `qwen4_exp` fixtures (references from transformers fp32, not mlx-lm): the raw HF layout
-/// and the mlx-vlm 4-bit layout. Their end-to-end gates are in tests/qwen4_exp.rs.
-pub const QWEN4_EXP: [&str; 2] = ["qwen4-exp-tiny-hf", "qwen4-exp-tiny-4bit"];
 
 /// The checkpoints whose references carry per-layer activations.
 pub const LAYERED: [&str; 3] = [

@@ -8,13 +8,10 @@ use crate::text::chat_template::ChatTemplate;
 use qwen_gdn_model::RunOptions;
 use serde_json::{json, Map, Value as Json};
 
-const CHECKPOINTS: [&str; 5] = [
-    "qwen3-next-tiny-4bit",
-    "qwen3.5-tiny-4bit",
-    "qwen3.5-moe-tiny-4bit",
-    "qwen3-next-tiny-bf16",
-    "qwen3.5-moe-tiny-hf",
-];
+// The fixtures' one list, shared with the integration tests of both crates.
+#[path = "../../../qwen-gdn-model/tests/common/checkpoints.rs"]
+mod checkpoints;
+use checkpoints::CHECKPOINTS;
 
 /// An engine on `models/<name>` (also used by `speculative_sampling.rs`'s tests).
 pub(super) fn engine(name: &str, budget: u64) -> Engine {

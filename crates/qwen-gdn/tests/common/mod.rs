@@ -1,8 +1,13 @@
 //! Helpers shared by the integration tests: run the built binary and locate the fixtures.
 #![allow(dead_code)] // each test file uses a different subset
 
+#[path = "../../../qwen-gdn-model/tests/common/checkpoints.rs"]
+mod checkpoints;
 pub mod fake_hub;
 pub mod serve_server;
+
+#[allow(unused_imports)] // each test file uses a different subset
+pub use checkpoints::{CHECKPOINTS, QWEN4_EXP};
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
@@ -13,10 +18,6 @@ pub fn repo_root() -> PathBuf {
         .canonicalize()
         .unwrap()
 }
-
-/// The `qwen4_exp` fixtures: the raw HF layout and the mlx-vlm 4-bit layout (references from
-/// transformers fp32).
-pub const QWEN4_EXP: [&str; 2] = ["qwen4-exp-tiny-hf", "qwen4-exp-tiny-4bit"];
 
 /// A tiny checkpoint under models/ (made by scripts/gen_fixtures.py).
 pub fn fixture(name: &str) -> PathBuf {

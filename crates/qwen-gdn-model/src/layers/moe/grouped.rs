@@ -21,11 +21,11 @@
 use super::groups::ExpertGroups;
 use super::{swiglu_halves, StackedExperts};
 use crate::candle_ops::{matmul, swiglu};
-use crate::phase_profile::phase;
 use crate::tensor::contiguous;
 use anyhow::{bail, Result};
 use candle_core::{Device, Tensor};
 use gdn_ops::ops::affine::MATVEC_MAX_ROWS;
+use gdn_ops::profile::labelled;
 
 /// How the device plan runs a prefill chunk's quantized expert products.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -173,28 +173,25 @@ impl StackedExperts {
         if x.dims2()?.0 == 0 {
             return self.forward_composed(x, top_k, renormalise);
         }
-        let device = x.device();
-        let (ids, weights) = phase("moe/route", device, || {
+        let (ids, weights) = labelled("moe/route", || {
             self.route_prefill(&self.router.forward(x)?, top_k, renormalise)
         })?;
         // The one host read of the chunk (the expert ids), so this phase includes the wait.
-        let (groups, offsets, rows) = phase("moe/group", device, || {
+        let (groups, offsets, rows) = labelled("moe/group", || {
             let groups = ExpertGroups::read(&ids, self.gate_up.experts, 1)?;
             let offsets = groups.offsets()?;
             let rows = groups.gather(x)?; // [P, H], sorted by expert
             Ok((groups, offsets, rows))
         })?;
         let inner = self.gate_up.rows / 2;
-        let gate_up = phase("moe/gate_up", device, || {
+        let gate_up = labelled("moe/gate_up", || {
             self.gate_up.grouped_matmul_t(&rows, &offsets) // [P, 2·Im]
         })?;
-        let act = phase("moe/swiglu", device, || swiglu_halves(&gate_up, inner))?;
-        let down = phase("moe/down", device, || {
+        let act = labelled("moe/swiglu", || swiglu_halves(&gate_up, inner))?;
+        let down = labelled("moe/down", || {
             self.down.grouped_matmul_t(&act, &offsets) // [P, H]
         })?;
-        phase("moe/combine", device, || {
-            groups.weighted_sum(&down, &weights)
-        })
+        labelled("moe/combine", || groups.weighted_sum(&down, &weights))
     }
 }
 
