@@ -19,8 +19,21 @@
 // residual is never read; unless gathered, rows is never read. A gathered row index at or past
 // down_rows adds nothing (the host never passes one; the guard keeps a bad one in bounds).
 //
+//   moe_combine_cluster_<x>(same arguments): the decode form (never gathered) with a token's
+//     columns split over the kClusterBlocks blocks of a thread-block cluster (sm_90): block c
+//     of token n's cluster takes columns [c * span, (c + 1) * span), span = ceil(H / kClusterBlocks),
+//     combine_threads(span) threads of kPer columns each (the host picks it only where
+//     span <= kPer * 512), grid = N * kClusterBlocks. sum is the one-block kernel's bit for bit
+//     (a column's arithmetic does not depend on the split); the norm's sum of squares is summed
+//     per block as there, then over the cluster's blocks in rank order through distributed
+//     shared memory: a fixed order (the same bits run to run), not the one-block kernel's.
+//     Why: one block per token keeps a decode step's 45 KB of expert rows on one SM, ~8 us a
+//     call against a launch floor of ~4.4 us (docs/perf-notes-gpu.md, issue 25). The residual
+//     and norm weight are asked for with the expert rows, not after their sum.
+//
 // Compile for candle:  nvcc -ptx -arch=sm_90 -O3 kernels/moe_combine.cu -o moe_combine.ptx
 
+#include <cooperative_groups.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <stdint.h>
@@ -32,6 +45,7 @@ namespace moe_combine {
 
 constexpr uint32_t kPer = 4;  // COMBINE_PER on the host: columns a thread holds
 constexpr uint32_t kSlotTile = 12;  // slots whose loads are in flight together (top-10 + shared)
+constexpr uint32_t kClusterBlocks = 4;  // CLUSTER_BLOCKS on the host: moe_combine_cluster_*'s
 
 using cuda_convert::from_f32;
 using cuda_convert::to_f32;
@@ -138,7 +152,99 @@ __device__ void combine(const T* __restrict__ down, const uint32_t* __restrict__
   }
 }
 
+// The decode form (not gathered) over CLUSTER blocks a token (CLUSTER = 1: one block, the
+// same early loads; scripts/gpu/moe_combine_variants.cu times it). The block's columns must
+// fit its registers: ceil(H / CLUSTER) <= kPer * blockDim.x (the host's rule).
+template <typename T, uint32_t CLUSTER>
+__device__ void combine_split(const T* __restrict__ down, const float* __restrict__ weights,
+                              const T* __restrict__ residual, const T* __restrict__ norm_weight,
+                              T* __restrict__ sum, T* __restrict__ normed, const MoeCombineParams p) {
+  __shared__ float warp_sums[32];
+  __shared__ float block_sum;  // read by the cluster's other blocks
+  const uint32_t token = blockIdx.x / CLUSTER, part = blockIdx.x % CLUSTER;
+  const uint32_t H = p.hidden, tid = threadIdx.x, threads = blockDim.x;
+  const uint32_t span = (H + CLUSTER - 1) / CLUSTER, first = part * span;
+  const uint32_t end = min(H, first + span);
+  const float* w = weights + (size_t)token * p.slots;
+  const size_t row = (size_t)token * H;
+  const T* d_tok = down + (size_t)token * p.slots * H;
+  // Everything the block reads besides the expert rows, asked for with them (each was one more
+  // round trip after the sum when loaded where it is used).
+  T res[kPer], nw[kPer];
+#pragma unroll
+  for (uint32_t k = 0; k < kPer; ++k) {
+    const uint32_t j = first + tid + k * threads;
+    res[k] = p.has_residual && j < end ? residual[row + j] : from_f32<T>(0.f);
+    nw[k] = p.has_norm && j < end ? norm_weight[j] : from_f32<T>(0.f);
+  }
+  float t[kPer];
+#pragma unroll
+  for (uint32_t k = 0; k < kPer; ++k) t[k] = 0.f;
+  for (uint32_t s0 = 0; s0 < p.slots; s0 += kSlotTile) {
+    T d[kSlotTile][kPer];
+    float ws[kSlotTile];
+#pragma unroll
+    for (uint32_t u = 0; u < kSlotTile; ++u) {
+      const uint32_t s = s0 + u;
+      const bool used = s < p.slots;
+      ws[u] = used ? w[s] : 0.f;
+#pragma unroll
+      for (uint32_t k = 0; k < kPer; ++k) {
+        const uint32_t j = first + tid + k * threads;
+        d[u][k] = used && j < end ? d_tok[(size_t)s * H + j] : from_f32<T>(0.f);
+      }
+    }
+#pragma unroll
+    for (uint32_t u = 0; u < kSlotTile; ++u) {
+      if (s0 + u >= p.slots) break;
+#pragma unroll
+      for (uint32_t k = 0; k < kPer; ++k) t[k] = fmaf(ws[u], to_f32(d[u][k]), t[k]);
+    }
+  }
+  // The one-block kernel's roundings, column for column.
+  float squares = 0.f;
+#pragma unroll
+  for (uint32_t k = 0; k < kPer; ++k) {
+    const uint32_t j = first + tid + k * threads;
+    if (j < end) {
+      const T total = p.has_residual ? from_f32<T>(to_f32(res[k]) + to_f32(from_f32<T>(t[k])))
+                                     : from_f32<T>(t[k]);
+      sum[row + j] = total;
+      t[k] = to_f32(total);
+      squares = fmaf(t[k], t[k], squares);
+    }
+  }
+  if (!p.has_norm) return;  // uniform over the cluster
+  for (int o = 16; o > 0; o >>= 1) squares += __shfl_xor_sync(0xffffffffu, squares, o);
+  if (tid % 32 == 0) warp_sums[tid / 32] = squares;
+  __syncthreads();
+  float total = 0.f;
+  for (uint32_t i = 0; i < threads / 32; ++i) total += warp_sums[i];
+  if constexpr (CLUSTER > 1) {
+    // Every block adds the cluster's block sums in rank order: the same total in each, the
+    // same run to run.
+    cooperative_groups::cluster_group cluster = cooperative_groups::this_cluster();
+    if (tid == 0) block_sum = total;
+    cluster.sync();
+    total = 0.f;
+#pragma unroll
+    for (uint32_t c = 0; c < CLUSTER; ++c) total += *cluster.map_shared_rank(&block_sum, c);
+    // No block may leave while another still reads its block_sum: arrive now, wait after the
+    // stores.
+    cluster.barrier_arrive();
+  }
+  const float inv_rms = rsqrtf(total / (float)H + p.eps);
+#pragma unroll
+  for (uint32_t k = 0; k < kPer; ++k) {
+    const uint32_t j = first + tid + k * threads;
+    if (j < end) normed[row + j] = from_f32<T>(t[k] * inv_rms * to_f32(nw[k]));
+  }
+  if constexpr (CLUSTER > 1) cooperative_groups::this_cluster().barrier_wait();
+}
+
 }  // namespace moe_combine
+
+#ifndef MOE_COMBINE_NO_ENTRY_POINTS
 
 #define MOE_COMBINE_ENTRY(XN, XT)                                                          \
   extern "C" __global__ void __launch_bounds__(512) moe_combine_##XN(                     \
@@ -150,3 +256,18 @@ __device__ void combine(const T* __restrict__ down, const uint32_t* __restrict__
 MOE_COMBINE_ENTRY(f32, float)
 MOE_COMBINE_ENTRY(f16, __half)
 MOE_COMBINE_ENTRY(bf16, __nv_bfloat16)
+
+#define MOE_COMBINE_CLUSTER_ENTRY(XN, XT)                                                         \
+  extern "C" __global__ void __cluster_dims__(moe_combine::kClusterBlocks, 1, 1)                 \
+      __launch_bounds__(512) moe_combine_cluster_##XN(                                           \
+          const XT* down, const uint32_t* rows, const float* weights, const XT* residual,        \
+          const XT* norm_weight, XT* sum, XT* normed, const MoeCombineParams p) {                \
+    moe_combine::combine_split<XT, moe_combine::kClusterBlocks>(down, weights, residual,         \
+                                                                norm_weight, sum, normed, p);    \
+  }
+
+MOE_COMBINE_CLUSTER_ENTRY(f32, float)
+MOE_COMBINE_CLUSTER_ENTRY(f16, __half)
+MOE_COMBINE_CLUSTER_ENTRY(bf16, __nv_bfloat16)
+
+#endif  // MOE_COMBINE_NO_ENTRY_POINTS
