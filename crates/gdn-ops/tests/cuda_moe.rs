@@ -15,7 +15,8 @@ use common::affine::{self, Kind};
 use common::moe_combine::{cases as combine_cases, Form};
 use common::moe_route::cases as route_cases;
 use common::{assert_rel_err, gpu, rel_l2, tolerance};
-use gdn_ops::ops::moe_combine::{moe_combine, moe_combine_rows};
+use gdn_ops::ops::moe_combine::cuda::uses_cluster;
+use gdn_ops::ops::moe_combine::{moe_combine, moe_combine_rows, moe_combine_with, CombineKernel};
 use gdn_ops::ops::moe_route::moe_route;
 
 const DTYPES: [DType; 3] = [DType::F32, DType::F16, DType::BF16];
@@ -48,10 +49,16 @@ fn moe_route_matches_the_cpu_twin() {
     }
 }
 
-/// The combine's decode cases (tests/common/moe_combine.rs).
+/// The combine's decode cases (tests/common/moe_combine.rs), on each kernel: one block a token
+/// and, where `uses_cluster` takes it (Qwen3-Next's decode among the cases), a token over a
+/// cluster of blocks. Both within tolerance of the CPU twin; the cluster's `sum` equal to the
+/// one-block kernel's bit for bit (a column's arithmetic does not depend on the split), its
+/// `normed` within 1 ulp of it (only the sum of squares is added in another order) and the
+/// same bits on a second call (a fixed order).
 #[test]
 fn moe_combine_matches_the_cpu_twin() {
     let dev = gpu();
+    let mut clustered = 0;
     for dtype in DTYPES {
         for (i, c) in combine_cases().into_iter().enumerate() {
             let Form::Decode { norm } = c.form else {
@@ -63,29 +70,100 @@ fn moe_combine_matches_the_cpu_twin() {
             let (want_sum, want_normed) =
                 moe_combine(down, weights, &residual, nw.map(|w| (w, 1e-6))).unwrap();
             let on = |t: &Tensor| t.to_device(&dev).unwrap();
+            let (down_gpu, weights_gpu, residual_gpu) = (on(down), on(weights), on(&residual));
             let nw_gpu = nw.map(on);
-            let (sum, normed) = moe_combine(
-                &on(down),
-                &on(weights),
-                &on(&residual),
-                nw_gpu.as_ref().map(|w| (w, 1e-6)),
-            )
-            .unwrap();
+            let run = |kernel| {
+                moe_combine_with(
+                    &down_gpu,
+                    &weights_gpu,
+                    &residual_gpu,
+                    nw_gpu.as_ref().map(|w| (w, 1e-6)),
+                    kernel,
+                )
+                .unwrap()
+            };
             let what = format!(
                 "moe_combine {dtype:?} N={} S={} H={} norm={norm}",
                 c.tokens, c.slots, c.hidden
             );
-            assert_rel_err(
-                &format!("{what}: sum"),
-                rel_l2(&sum, &want_sum),
-                tolerance(dtype),
+            let one = run(CombineKernel::OneBlock);
+            let auto = run(CombineKernel::Auto);
+            for (kernel, (sum, normed)) in [("one block", &one), ("auto", &auto)] {
+                let what = format!("{what} {kernel}");
+                assert_rel_err(
+                    &format!("{what}: sum"),
+                    rel_l2(sum, &want_sum),
+                    tolerance(dtype),
+                );
+                assert_eq!(normed.is_some(), want_normed.is_some());
+                if let (Some(g), Some(w)) = (normed, &want_normed) {
+                    assert_rel_err(&format!("{what}: normed"), rel_l2(g, w), tolerance(dtype));
+                }
+            }
+            if !uses_cluster(c.tokens, c.hidden, false, CombineKernel::Auto) {
+                continue;
+            }
+            clustered += 1;
+            assert_eq!(
+                bits(&auto.0),
+                bits(&one.0),
+                "{what}: cluster sum != one block's"
             );
-            assert_eq!(normed.is_some(), want_normed.is_some());
-            if let (Some(g), Some(w)) = (normed, want_normed) {
-                assert_rel_err(&format!("{what}: normed"), rel_l2(&g, &w), tolerance(dtype));
+            if let (Some(g), Some(w)) = (&auto.1, &one.1) {
+                let ulps = max_ulps(g, w, dtype);
+                assert!(
+                    ulps <= 1.0,
+                    "{what}: cluster normed {ulps} ulps from one block's"
+                );
+                let again = run(CombineKernel::Auto).1.unwrap();
+                assert_eq!(
+                    bits(&again),
+                    bits(g),
+                    "{what}: cluster normed differs run to run"
+                );
             }
         }
     }
+    assert!(clustered > 0, "no case ran the cluster kernel");
+}
+
+/// Every element's bits, as u32 (any float dtype; f16 and bf16 widened to f32 exactly).
+fn bits(t: &Tensor) -> Vec<u32> {
+    t.to_dtype(DType::F32)
+        .unwrap()
+        .flatten_all()
+        .unwrap()
+        .to_vec1::<f32>()
+        .unwrap()
+        .into_iter()
+        .map(f32::to_bits)
+        .collect()
+}
+
+/// The largest |got − want| in units of `dtype`'s spacing at `want` (its subnormals' below
+/// the smallest normal).
+fn max_ulps(got: &Tensor, want: &Tensor, dtype: DType) -> f32 {
+    let (mantissa, tiny) = match dtype {
+        DType::F32 => (23, f32::MIN_POSITIVE),
+        DType::F16 => (10, 2f32.powi(-14)),
+        _ => (7, f32::MIN_POSITIVE),
+    };
+    let values = |t: &Tensor| {
+        t.to_dtype(DType::F32)
+            .unwrap()
+            .flatten_all()
+            .unwrap()
+            .to_vec1::<f32>()
+            .unwrap()
+    };
+    values(got)
+        .into_iter()
+        .zip(values(want))
+        .map(|(g, w)| {
+            let spacing = (w.abs().max(tiny).log2().floor() - mantissa as f32).exp2();
+            (g - w).abs() / spacing
+        })
+        .fold(0.0, f32::max)
 }
 
 /// The prefill form: expert outputs in a shuffled (grouped) order read back through `rows`,

@@ -18,6 +18,7 @@ use crate::{LoadProgress, Plan};
 use anyhow::{bail, Result};
 use candle_core::{DType, Device};
 use gdn_ops::ops::affine::q8_interleaved::Q8Layout;
+use gdn_ops::ops::moe_combine::CombineKernel;
 use gdn_ops::simd::Level;
 use gdn_ops::{GdnForm, StateDtype};
 use std::ffi::OsString;
@@ -48,9 +49,12 @@ pub const ATTN_SCORE_BYTES_VAR: &str = "QWEN_GDN_ATTN_SCORE_BYTES";
 pub const MOE_PREFILL_VAR: &str = crate::layers::moe::grouped::MOE_PREFILL_VAR;
 /// CUDA graphs for decode steps: `1` (replay) or `0` (eager launches).
 pub const CUDA_GRAPH_VAR: &str = "QWEN_GDN_CUDA_GRAPH";
+/// CUDA's decode MoE combine: `auto` (a token over a cluster of blocks where it applies) or
+/// `one-block` (one block a token: the A/B reference).
+pub const MOE_COMBINE_VAR: &str = "QWEN_GDN_MOE_COMBINE";
 
 /// The engine switches [`RunOptions::from_env`] reads.
-pub const ENGINE_VARS: [&str; 10] = [
+pub const ENGINE_VARS: [&str; 11] = [
     GDN_PREFILL_VAR,
     CPU_LEVEL_VAR,
     Q8_LAYOUT_VAR,
@@ -61,6 +65,7 @@ pub const ENGINE_VARS: [&str; 10] = [
     ATTN_SCORE_BYTES_VAR,
     MOE_PREFILL_VAR,
     CUDA_GRAPH_VAR,
+    MOE_COMBINE_VAR,
 ];
 
 /// The other `QWEN_GDN_*` variables the project reads: the binary's (`serve --api-key`'s
@@ -115,6 +120,8 @@ pub struct RunOptions {
     pub moe_prefill: Option<MoePrefillAsked>,
     /// `QWEN_GDN_CUDA_GRAPH`: decode steps on CUDA replay captured graphs.
     pub cuda_graph: bool,
+    /// `QWEN_GDN_MOE_COMBINE`: the kernel of the fused decode step's MoE combine (CUDA).
+    pub moe_combine: CombineKernel,
 }
 
 impl Default for RunOptions {
@@ -135,6 +142,7 @@ impl Default for RunOptions {
             attn_score_bytes: SCORE_BUDGET_BYTES,
             moe_prefill: None,
             cuda_graph: true,
+            moe_combine: CombineKernel::Auto,
         }
     }
 }
@@ -151,6 +159,8 @@ pub struct LayerVariants {
     pub moe_prefill: MoePrefill,
     /// CUDA decode steps replay captured graphs.
     pub cuda_graph: bool,
+    /// The fused decode step's MoE combine kernel.
+    pub moe_combine: CombineKernel,
 }
 
 impl RunOptions {
@@ -245,6 +255,16 @@ impl RunOptions {
         if let Some(t) = text(CUDA_GRAPH_VAR)? {
             o.cuda_graph = choice(CUDA_GRAPH_VAR, &t, &[("1", true), ("0", false)])?;
         }
+        if let Some(t) = text(MOE_COMBINE_VAR)? {
+            o.moe_combine = choice(
+                MOE_COMBINE_VAR,
+                &t,
+                &[
+                    ("auto", CombineKernel::Auto),
+                    ("one-block", CombineKernel::OneBlock),
+                ],
+            )?;
+        }
         Ok(o)
     }
 
@@ -260,6 +280,7 @@ impl RunOptions {
                 None => MoePrefill::default_for(device),
             },
             cuda_graph: self.cuda_graph,
+            moe_combine: self.moe_combine,
         }
     }
 

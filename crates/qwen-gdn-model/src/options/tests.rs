@@ -28,6 +28,7 @@ fn nothing_set_is_the_default() {
     assert_eq!(o.attn_score_bytes, SCORE_BUDGET_BYTES);
     assert_eq!(o.moe_prefill, None);
     assert!(o.cuda_graph);
+    assert_eq!(o.moe_combine, CombineKernel::Auto);
     assert_eq!(
         o.layer_variants(&Device::Cpu),
         d.layer_variants(&Device::Cpu)
@@ -55,6 +56,7 @@ fn every_switch_takes_its_values() {
         (ATTN_SCORE_BYTES_VAR, "4096"),
         (MOE_PREFILL_VAR, "grouped:3"),
         (CUDA_GRAPH_VAR, "0"),
+        (MOE_COMBINE_VAR, "one-block"),
     ])
     .unwrap();
     assert_eq!(o.gdn_prefill, Some(GdnForm::Chunked));
@@ -70,12 +72,17 @@ fn every_switch_takes_its_values() {
         MoePrefill::Grouped { min_tokens: 3 }
     );
     assert!(!o.cuda_graph);
+    assert_eq!(
+        o.layer_variants(&Device::Cpu).moe_combine,
+        CombineKernel::OneBlock
+    );
     let o = from(&[
         (GDN_PREFILL_VAR, "recurrent"),
         (CPU_LEVEL_VAR, "portable"),
         (MOE_PREFILL_VAR, "gemm"),
         (CUDA_GRAPH_VAR, "1"),
         (SPIN_US_VAR, "0"),
+        (MOE_COMBINE_VAR, "auto"),
     ])
     .unwrap();
     assert_eq!(o.gdn_prefill, Some(GdnForm::Recurrent));
@@ -85,6 +92,7 @@ fn every_switch_takes_its_values() {
     assert_eq!(layout, Q8Layout::Interleaved);
     assert_eq!(o.layer_variants(&Device::Cpu).moe_prefill, MoePrefill::Gemm);
     assert!(o.cuda_graph);
+    assert_eq!(o.moe_combine, CombineKernel::Auto);
     assert_eq!(o.spin, Duration::ZERO);
     // `grouped` alone takes the device's threshold.
     let o = from(&[(MOE_PREFILL_VAR, "grouped")]).unwrap();
@@ -96,7 +104,7 @@ fn every_switch_takes_its_values() {
 
 #[test]
 fn a_bad_value_is_one_line_naming_the_variable_and_the_values() {
-    let cases: [(&str, &str, &[&str]); 9] = [
+    let cases: [(&str, &str, &[&str]); 10] = [
         (GDN_PREFILL_VAR, "chunk", &["recurrent", "chunked"]),
         (
             CPU_LEVEL_VAR,
@@ -110,6 +118,7 @@ fn a_bad_value_is_one_line_naming_the_variable_and_the_values() {
         (ATTN_SCORE_BYTES_VAR, "3", &["whole number ≥ 4"]),
         (MOE_PREFILL_VAR, "grouped:0", &["whole number ≥ 1"]),
         (CUDA_GRAPH_VAR, "off", &["1", "0"]),
+        (MOE_COMBINE_VAR, "cluster", &["auto", "one-block"]),
     ];
     for (var, value, accepted) in cases {
         let e = error(var, value);

@@ -1,7 +1,7 @@
 //! The CPU twin of the MoE combine kernels: f32 arithmetic, rounded to the activation dtype
 //! exactly where the kernels store (the expert sum, the residual sum, the normed value).
 
-use super::{Inputs, MoeCombineParams};
+use super::{CombineKernel, Inputs, MoeCombineParams};
 use crate::backend::{f32_values, round_to};
 use anyhow::Result;
 use candle_core::Tensor;
@@ -9,6 +9,7 @@ use candle_core::Tensor;
 pub(crate) fn moe_combine(
     inputs: &Inputs,
     p: &MoeCombineParams,
+    _kernel: CombineKernel, // the twin of every kernel
 ) -> Result<(Tensor, Option<Tensor>)> {
     let (tokens, slots, hidden) = (p.tokens as usize, p.slots as usize, p.hidden as usize);
     let dtype = inputs.down.dtype();

@@ -4,7 +4,7 @@
 //! The launch geometry here is what `kernels/emu/moe_combine_harness.cpp` emulates; change
 //! both together.
 
-use super::{combine_threads, Inputs, MoeCombineParams};
+use super::{combine_threads, CombineKernel, Inputs, MoeCombineParams};
 use crate::backend::kernel_instance;
 use crate::backend::metal::{
     encode, from_start, metal_buffer, metal_buffer_or, metal_device, metal_source, new_output,
@@ -18,6 +18,7 @@ const SOURCE: KernelSource = metal_source!("moe_combine.metal", "params/moe_comb
 pub(crate) fn moe_combine(
     inputs: &Inputs,
     p: &MoeCombineParams,
+    _kernel: CombineKernel, // one kernel
 ) -> Result<(Tensor, Option<Tensor>)> {
     const OP: &str = "moe_combine";
     let dtype = inputs.down.dtype();

@@ -16,8 +16,10 @@
 //! `sum = InT(acc)`. It replaces a gather of `[N·S, H]`, its f32 copy, the weighted product
 //! and the reduction over slots (four passes over `N·S·H` values) by one read of them.
 //!
-//! Kernels: `kernels/moe_combine.metal` and `kernels/moe_combine.cu` (`moe_combine_<in>`);
-//! [`cpu`] is the twin both must match.
+//! Kernels: `kernels/moe_combine.metal` and `kernels/moe_combine.cu` (`moe_combine_<in>`, one
+//! block a token; on CUDA the decode form of a few tokens takes `moe_combine_cluster_<in>`, a
+//! token's columns over a thread-block cluster, unless [`CombineKernel::OneBlock`] is asked
+//! for); [`cpu`] is the twin both must match.
 
 pub(crate) mod cpu;
 #[cfg(feature = "cuda")]
@@ -54,6 +56,18 @@ pub(crate) struct Inputs {
     norm_weight: Option<Tensor>,
 }
 
+/// Which kernel takes a decode-form call ([`moe_combine_with`]). Only CUDA has a choice; the
+/// other backends run their one kernel whatever is asked.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum CombineKernel {
+    /// On CUDA, a token's columns over a cluster of blocks where the call is small enough
+    /// (`cuda::uses_cluster`), else one block a token.
+    #[default]
+    Auto,
+    /// One block a token always: the cluster kernel's reference, and the A/B switch.
+    OneBlock,
+}
+
 /// Columns a thread keeps in registers (`kPer` in both kernels).
 pub const COMBINE_PER: usize = 4;
 
@@ -88,6 +102,17 @@ pub fn moe_combine(
     residual: &Tensor,
     norm: Option<(&Tensor, f32)>,
 ) -> Result<(Tensor, Option<Tensor>)> {
+    moe_combine_with(down, weights, residual, norm, CombineKernel::Auto)
+}
+
+/// [`moe_combine`] on the kernel `kernel` asks for (CUDA; the same maths on every backend).
+pub fn moe_combine_with(
+    down: &Tensor,
+    weights: &Tensor,
+    residual: &Tensor,
+    norm: Option<(&Tensor, f32)>,
+    kernel: CombineKernel,
+) -> Result<(Tensor, Option<Tensor>)> {
     let (tokens, slots, hidden) = down
         .dims3()
         .map_err(|_| anyhow::anyhow!("moe_combine: down {:?} must be [N, S, H]", down.dims()))?;
@@ -117,6 +142,7 @@ pub fn moe_combine(
         Some(residual),
         norm,
         (tokens, slots, hidden),
+        kernel,
     )?;
     Ok((
         sum.reshape(residual.dims())?,
@@ -151,6 +177,7 @@ pub fn moe_combine_rows(down: &Tensor, rows: &Tensor, weights: &Tensor) -> Resul
         None,
         None,
         (tokens, slots, hidden),
+        CombineKernel::OneBlock,
     )?;
     Ok(sum)
 }
@@ -164,6 +191,7 @@ fn combine(
     residual: Option<&Tensor>,
     norm: Option<(&Tensor, f32)>,
     (tokens, slots, hidden): (usize, usize, usize),
+    kernel: CombineKernel,
 ) -> Result<(Tensor, Option<Tensor>)> {
     let dtype = down.dtype();
     ensure!(
@@ -210,7 +238,7 @@ fn combine(
     let device = down.device();
     let traffic = || Ok(traffic(&inputs, (tokens, slots, hidden)));
     profile::kernel("moe_combine", device, traffic, || {
-        on_device!(device, "moe_combine", moe_combine(&inputs, &p))
+        on_device!(device, "moe_combine", moe_combine(&inputs, &p, kernel))
     })
 }
 

@@ -15,7 +15,7 @@ use crate::tap::{each_layer, Tap};
 use crate::tensor::cast;
 use anyhow::{bail, Result};
 use candle_core::{DType, Tensor};
-use gdn_ops::ops::{add_rms_norm::add_rms_norm, moe_combine::moe_combine};
+use gdn_ops::ops::{add_rms_norm::add_rms_norm, moe_combine::moe_combine_with};
 use gdn_ops::profile::{self, LayerKind};
 
 /// Which parts of each layer the fused kernels cover, decided once at load.
@@ -135,11 +135,12 @@ impl HybridDecoder {
         Ok(match &layer.feed_forward {
             FeedForward::Moe(m) if covered.feed_forward => {
                 let (down, weights) = m.decode_fused(&x)?;
-                let (h, x) = moe_combine(
+                let (h, x) = moe_combine_with(
                     &down,
                     &weights,
                     &h,
                     Some((&next_norm.weight, next_norm.eps)),
+                    self.moe_combine,
                 )?;
                 (h, x.expect("a norm weight was given"))
             }

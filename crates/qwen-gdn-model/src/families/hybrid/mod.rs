@@ -22,6 +22,7 @@ use crate::weights::Checkpoint;
 use crate::{Config, Plan, StateDtype};
 use anyhow::Result;
 use candle_core::{DType, Device, Tensor};
+use gdn_ops::ops::moe_combine::CombineKernel;
 
 /// The hybrid family's layers and final norm, and how its decode steps run.
 #[derive(Debug)]
@@ -35,6 +36,8 @@ pub struct HybridDecoder {
     /// Decode steps on CUDA replay captured graphs (`RunOptions::cuda_graph`, read once).
     #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
     cuda_graph: bool,
+    /// The fused step's MoE combine kernel (`RunOptions::moe_combine`).
+    moe_combine: CombineKernel,
     /// The CUDA decode step last captured, replayed while the cache a step is given holds
     /// the very tensors it was captured against (`cuda_graph.rs`).
     #[cfg(feature = "cuda")]
@@ -73,6 +76,7 @@ impl HybridDecoder {
             fused_decode: false,
             coverage,
             cuda_graph: true,
+            moe_combine: CombineKernel::Auto,
             #[cfg(feature = "cuda")]
             decode_graph: std::sync::Mutex::new(None),
         })
@@ -87,6 +91,7 @@ impl HybridDecoder {
             }
         }
         self.cuda_graph = v.cuda_graph;
+        self.moe_combine = v.moe_combine;
     }
 
     pub fn set_moe_prefill(&mut self, mode: MoePrefill) {
