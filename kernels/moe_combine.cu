@@ -154,8 +154,9 @@ __device__ void combine(const T* __restrict__ down, const uint32_t* __restrict__
 
 // The decode form (not gathered) over CLUSTER blocks a token (CLUSTER = 1: one block, the
 // same early loads; scripts/gpu/moe_combine_variants.cu times it). The block's columns must
-// fit its registers: ceil(H / CLUSTER) <= kPer * blockDim.x (the host's rule).
-template <typename T, uint32_t CLUSTER>
+// fit its registers: ceil(H / CLUSTER) <= kPer * blockDim.x (the host's rule). RANKS: the
+// block sums the norm adds, CLUSTER but in the harness's deliberate break (one left out).
+template <typename T, uint32_t CLUSTER, uint32_t RANKS = CLUSTER>
 __device__ void combine_split(const T* __restrict__ down, const float* __restrict__ weights,
                               const T* __restrict__ residual, const T* __restrict__ norm_weight,
                               T* __restrict__ sum, T* __restrict__ normed, const MoeCombineParams p) {
@@ -228,7 +229,7 @@ __device__ void combine_split(const T* __restrict__ down, const float* __restric
     cluster.sync();
     total = 0.f;
 #pragma unroll
-    for (uint32_t c = 0; c < CLUSTER; ++c) total += *cluster.map_shared_rank(&block_sum, c);
+    for (uint32_t c = 0; c < RANKS; ++c) total += *cluster.map_shared_rank(&block_sum, c);
     // No block may leave while another still reads its block_sum: arrive now, wait after the
     // stores.
     cluster.barrier_arrive();

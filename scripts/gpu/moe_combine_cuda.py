@@ -38,6 +38,7 @@ class Params(ctypes.Structure):  # kernels/params/moe_combine.h
 
 PER, MAX_THREADS = 4, 512  # kPer and the launch bound of kernels/moe_combine.cu
 VARIANTS = [("v_one", 1), ("v_c1", 1), ("v_c2", 2), ("v_c4", 4), ("v_c8", 8)]  # (entry, blocks a token)
+BREAK = ("x_c4_drop", 4)  # the last block's sum of squares left out: the checks must fail it
 EPS = 1e-6
 
 
@@ -99,8 +100,8 @@ def check(mod, gen):
         base = outputs(N, H)
         launch(mod, "v_one", 1, t, base)
         torch.cuda.synchronize()
-        for name, cl in VARIANTS:
-            if -(-H // cl) > PER * MAX_THREADS:
+        for name, cl in VARIANTS + [BREAK]:
+            if -(-H // cl) > PER * MAX_THREADS or (name == BREAK[0] and not norm):
                 continue
             out, again = outputs(N, H), outputs(N, H)
             launch(mod, name, cl, t, out)
@@ -116,8 +117,9 @@ def check(mod, gen):
                 same = torch.equal(out["normed"], again["normed"])
                 ok = ok and ulps <= 1.0 and e_n <= 8e-3 and same
                 note += f", normed {ulps:.0f} ulp of one (ref {e_n:.1e}), {'same' if same else 'OTHER'} bits again"
-            failures += not ok
-            print(f"  N={N:<2} S={S:<2} H={H:<4} norm={int(norm)} {name:<6} {'ok' if ok else 'FAIL'}: {note}")
+            verdict = ("caught" if not ok else "NOT CAUGHT") if name == BREAK[0] else ("ok" if ok else "FAIL")
+            failures += verdict in ("FAIL", "NOT CAUGHT")
+            print(f"  N={N:<2} S={S:<2} H={H:<4} norm={int(norm)} {name:<9} {verdict}: {note}")
     return failures
 
 
