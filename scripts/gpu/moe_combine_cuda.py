@@ -93,7 +93,7 @@ def rel_l2(got, want):
 def check(mod, gen):
     failures = 0
     shapes = [(1, 11, 2048, True), (2, 11, 2048, True), (4, 9, 4096, True), (3, 9, 200, True),
-              (1, 1, 77, True), (3, 1, 77, True), (4, 5, 256, False), (1, 3, 16, False), (16, 11, 2048, True)]
+              (1, 1, 77, True), (3, 1, 77, True), (4, 5, 256, False), (1, 3, 16, False), (1, 3, 5, True), (16, 11, 2048, True)]
     for N, S, H, norm in shapes:
         t = inputs(N, S, H, norm, gen)
         want_sum, want_normed = reference(t)

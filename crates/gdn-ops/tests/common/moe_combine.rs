@@ -65,6 +65,9 @@ pub fn cases() -> Vec<Case> {
         case(1, 1, 8, Rows { spare: 0 }),
         case(1, 1, 77, Rows { spare: 0 }),
         case(2048, 11, 2048, Rows { spare: 0 }),
+        // A token's cluster on CUDA with a block past the last column (H = 5 over 4 blocks of
+        // 2 columns): it still takes part in the norm's cluster barrier.
+        case(1, 3, 5, Decode { norm: true }),
     ]
 }
 
