@@ -156,7 +156,9 @@ __device__ void combine(const T* __restrict__ down, const uint32_t* __restrict__
 // same early loads; scripts/gpu/moe_combine_variants.cu times it). The block's columns must
 // fit its registers: ceil(H / CLUSTER) <= kPer * blockDim.x (the host's rule). RANKS: the
 // block sums the norm adds, CLUSTER but in the harness's deliberate break (one left out).
-template <typename T, uint32_t CLUSTER, uint32_t RANKS = CLUSTER>
+// CHUNKED (the harness's only, needs H % kPer == 0 and 8-byte aligned rows): a thread's kPer
+// columns side by side, each slot's read one vector load, not kPer strided ones.
+template <typename T, uint32_t CLUSTER, uint32_t RANKS = CLUSTER, bool CHUNKED = false>
 __device__ void combine_split(const T* __restrict__ down, const float* __restrict__ weights,
                               const T* __restrict__ residual, const T* __restrict__ norm_weight,
                               T* __restrict__ sum, T* __restrict__ normed, const MoeCombineParams p) {
@@ -164,8 +166,11 @@ __device__ void combine_split(const T* __restrict__ down, const float* __restric
   __shared__ float block_sum;  // read by the cluster's other blocks
   const uint32_t token = blockIdx.x / CLUSTER, part = blockIdx.x % CLUSTER;
   const uint32_t H = p.hidden, tid = threadIdx.x, threads = blockDim.x;
-  const uint32_t span = (H + CLUSTER - 1) / CLUSTER, first = part * span;
-  const uint32_t end = min(H, first + span);
+  const uint32_t per_block = (H + CLUSTER - 1) / CLUSTER;
+  const uint32_t span = CHUNKED ? (per_block + kPer - 1) / kPer * kPer : per_block;
+  const uint32_t first = part * span, end = min(H, first + span);
+  // Column k of this thread's kPer.
+  auto column = [&](uint32_t k) { return CHUNKED ? first + tid * kPer + k : first + tid + k * threads; };
   const float* w = weights + (size_t)token * p.slots;
   const size_t row = (size_t)token * H;
   const T* d_tok = down + (size_t)token * p.slots * H;
@@ -174,7 +179,7 @@ __device__ void combine_split(const T* __restrict__ down, const float* __restric
   T res[kPer], nw[kPer];
 #pragma unroll
   for (uint32_t k = 0; k < kPer; ++k) {
-    const uint32_t j = first + tid + k * threads;
+    const uint32_t j = column(k);
     res[k] = p.has_residual && j < end ? residual[row + j] : from_f32<T>(0.f);
     nw[k] = p.has_norm && j < end ? norm_weight[j] : from_f32<T>(0.f);
   }
@@ -189,10 +194,19 @@ __device__ void combine_split(const T* __restrict__ down, const float* __restric
       const uint32_t s = s0 + u;
       const bool used = s < p.slots;
       ws[u] = used ? w[s] : 0.f;
+      if constexpr (CHUNKED) {
+        struct alignas(sizeof(T) * kPer) Chunk { T v[kPer]; };
+        const uint32_t j = column(0);
+        Chunk c;
+        if (used && j < end) c = *reinterpret_cast<const Chunk*>(d_tok + (size_t)s * H + j);
 #pragma unroll
-      for (uint32_t k = 0; k < kPer; ++k) {
-        const uint32_t j = first + tid + k * threads;
-        d[u][k] = used && j < end ? d_tok[(size_t)s * H + j] : from_f32<T>(0.f);
+        for (uint32_t k = 0; k < kPer; ++k) d[u][k] = used && j < end ? c.v[k] : from_f32<T>(0.f);
+      } else {
+#pragma unroll
+        for (uint32_t k = 0; k < kPer; ++k) {
+          const uint32_t j = column(k);
+          d[u][k] = used && j < end ? d_tok[(size_t)s * H + j] : from_f32<T>(0.f);
+        }
       }
     }
 #pragma unroll
@@ -206,7 +220,7 @@ __device__ void combine_split(const T* __restrict__ down, const float* __restric
   float squares = 0.f;
 #pragma unroll
   for (uint32_t k = 0; k < kPer; ++k) {
-    const uint32_t j = first + tid + k * threads;
+    const uint32_t j = column(k);
     if (j < end) {
       const T total = p.has_residual ? from_f32<T>(to_f32(res[k]) + to_f32(from_f32<T>(t[k])))
                                      : from_f32<T>(t[k]);
@@ -237,7 +251,7 @@ __device__ void combine_split(const T* __restrict__ down, const float* __restric
   const float inv_rms = rsqrtf(total / (float)H + p.eps);
 #pragma unroll
   for (uint32_t k = 0; k < kPer; ++k) {
-    const uint32_t j = first + tid + k * threads;
+    const uint32_t j = column(k);
     if (j < end) normed[row + j] = from_f32<T>(t[k] * inv_rms * to_f32(nw[k]));
   }
   if constexpr (CLUSTER > 1) cooperative_groups::this_cluster().barrier_wait();

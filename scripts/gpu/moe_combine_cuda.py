@@ -37,7 +37,10 @@ class Params(ctypes.Structure):  # kernels/params/moe_combine.h
 
 
 PER, MAX_THREADS = 4, 512  # kPer and the launch bound of kernels/moe_combine.cu
-VARIANTS = [("v_one", 1), ("v_c1", 1), ("v_c2", 2), ("v_c4", 4), ("v_c8", 8)]  # (entry, blocks a token)
+# (entry, blocks a token); *_vec: a thread's 4 columns side by side, one 8-byte load a slot
+# (H % 4 == 0 only; the harness's variants, not shipped)
+VARIANTS = [("v_one", 1), ("v_c1", 1), ("v_c2", 2), ("v_c4", 4), ("v_c8", 8),
+            ("v_c2_vec", 2), ("v_c4_vec", 4), ("v_c8_vec", 8)]
 BREAK = ("x_c4_drop", 4)  # the last block's sum of squares left out: the checks must fail it
 EPS = 1e-6
 
@@ -58,6 +61,8 @@ def launch(mod, name, cluster, t, out):
     arr = (ctypes.c_void_p * len(holders))(*[ctypes.cast(ctypes.byref(h), ctypes.c_void_p) for h in holders])
     stream = torch.cuda.current_stream().cuda_stream
     span = -(-H // cluster)
+    if name.endswith("_vec"):
+        span = -(-span // PER) * PER
     rc = _cuda.cuLaunchKernel(mod.func(name), N * cluster, 1, 1, threads(span if name != "v_one" else H), 1, 1,
                               0, ctypes.c_void_p(stream), arr, None)
     check_cu(rc, f"cuLaunchKernel({name}, N={N} S={S} H={H})")
@@ -101,7 +106,8 @@ def check(mod, gen):
         launch(mod, "v_one", 1, t, base)
         torch.cuda.synchronize()
         for name, cl in VARIANTS + [BREAK]:
-            if -(-H // cl) > PER * MAX_THREADS or (name == BREAK[0] and not norm):
+            if (-(-H // cl) > PER * MAX_THREADS or (name == BREAK[0] and not norm)
+                    or (name.endswith("_vec") and H % PER)):
                 continue
             out, again = outputs(N, H), outputs(N, H)
             launch(mod, name, cl, t, out)
