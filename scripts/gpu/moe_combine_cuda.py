@@ -132,7 +132,7 @@ def check(mod, gen):
 def bench(mod, gen, launches):
     N, S, H = 1, 11, 2048
     print(f"\ntime, N={N} S={S} H={H} bf16 with residual and norm, graphs of {launches} launches")
-    print(f"{'variant':<7} {'grid':>4} {'threads':>7} {'regs':>4} {'hot us':>7} {'cold us':>8} {'vs one (hot, cold)':>19}")
+    print(f"{'variant':<9} {'grid':>4} {'threads':>7} {'regs':>4} {'hot us':>7} {'cold us':>8} {'vs one (hot, cold)':>19}")
     hot_t = inputs(N, S, H, True, gen)
     cold_t = [inputs(N, S, H, True, gen) for _ in range(launches)]
     out = outputs(N, H)
@@ -143,7 +143,7 @@ def bench(mod, gen, launches):
         one = one or (hot, cold)
         regs, _ = mod.regs(name)
         span = H if name == "v_one" else -(-H // cl)
-        print(f"{name:<7} {N * cl:>4} {threads(span):>7} {regs:>4} {hot:>7.2f} {cold:>8.2f} "
+        print(f"{name:<9} {N * cl:>4} {threads(span):>7} {regs:>4} {hot:>7.2f} {cold:>8.2f} "
               f"{one[0] / hot:>9.2f}x {one[1] / cold:>7.2f}x")
 
 
