@@ -26,8 +26,9 @@ pub const CLUSTER_MAX_TOKENS: usize = 16;
 /// token's columns over [`CLUSTER_BLOCKS`] blocks of a cluster, sm_90): the decode form
 /// (`gathered` false) of at most [`CLUSTER_MAX_TOKENS`] tokens whose block's columns fit its
 /// registers, unless `kernel` asks for one block. Why: one block a token keeps a decode
-/// step's 45 KB of expert rows on one SM, ~8 µs a call against a ~4.4 µs launch floor
-/// (docs/perf-notes-gpu.md, issue 25).
+/// step's 45 KB of expert rows on one SM. Measured alone at Qwen3-Next's decode shape
+/// (scripts/gpu/moe_combine_cuda.py, H200, rows in L2 as in the step): 4.83 µs a call on one
+/// block, 3.32 on a cluster of 4, 3.30 of 8, 3.63 of 2 (docs/perf-notes-gpu.md, issue 25).
 pub fn uses_cluster(tokens: usize, hidden: usize, gathered: bool, kernel: CombineKernel) -> bool {
     kernel == CombineKernel::Auto
         && !gathered
