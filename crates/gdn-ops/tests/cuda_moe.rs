@@ -110,10 +110,15 @@ fn moe_combine_matches_the_cpu_twin() {
                 "{what}: cluster sum != one block's"
             );
             if let (Some(g), Some(w)) = (&auto.1, &one.1) {
+                // The norm's sum of squares is added in another order (per block, then
+                // over the cluster): its rounding moves `normed` by a few f32 ulps (measured
+                // 3 at H = 2048: ~log2(H) roundings of the sum, halved by the rsqrt), which
+                // a bf16 or f16 output rounds away.
                 let ulps = max_ulps(g, w, dtype);
+                let limit = if dtype == DType::F32 { 16.0 } else { 1.0 };
                 assert!(
-                    ulps <= 1.0,
-                    "{what}: cluster normed {ulps} ulps from one block's"
+                    ulps <= limit,
+                    "{what}: cluster normed {ulps} ulps from one block's (at most {limit})"
                 );
                 let again = run(CombineKernel::Auto).1.unwrap();
                 assert_eq!(
