@@ -17,7 +17,9 @@
 //!
 //! Split-K (`attn_decode_split_*` + `attn_decode_combine_*`) runs at the split count the host
 //! picks from the capacity (contexts on both sides of `SPLIT_KEYS`) and at forced counts:
-//! more ranges than keys (empty ranges), ranges not dividing the keys, the most ranges.
+//! more ranges than keys (empty ranges), ranges not dividing the keys, the most ranges. The
+//! long-context split passes of the CUDA file (`attn_decode_split_{pipelined,early}_*` and
+//! `attn_decode_combine_wide_*`) run on every split case whose rows they take.
 
 mod common;
 mod emu;
@@ -31,6 +33,13 @@ use std::path::Path;
 static METAL_HARNESS: emu::Harness = emu::Harness::metal("attn_decode_harness");
 
 static CUDA_HARNESS: emu::Harness = emu::Harness::cuda("attn_decode_cuda_harness");
+
+/// The long-context split passes (`run_pipelined`, `combine_wide`), with the next batch's
+/// keys loaded early (1) and without (0).
+static CUDA_PIPELINED: emu::Harness =
+    emu::Harness::cuda_with("attn_decode_cuda_harness", &["-DATTN_DECODE_NEXT_KEYS=1"]);
+static CUDA_EARLY: emu::Harness =
+    emu::Harness::cuda_with("attn_decode_cuda_harness", &["-DATTN_DECODE_NEXT_KEYS=0"]);
 
 fn check(harness: &Path, i: usize, ty: Ty, s: Shape) -> Option<String> {
     let mut x = inputs(s, ty, seed(i, ty));
@@ -81,14 +90,32 @@ fn shipped_cuda_attn_decode_bodies_match_the_cpu_twin() {
     run_all(CUDA_HARNESS.path(), "cuda");
 }
 
+/// The long-context passes on every split case whose rows they take (16 bytes a lane: Dh 256
+/// in f16/bf16, Dh 128 in f32), whatever its capacity: the host launches them from
+/// `LONG_CONTEXT_CAPACITY` on, which the emulator's work bound would leave few cases of.
+#[test]
+fn shipped_cuda_long_context_split_bodies_match_the_cpu_twin() {
+    for (harness, kind) in [(&CUDA_PIPELINED, "pipelined"), (&CUDA_EARLY, "early")] {
+        run_cases(harness.path(), kind, |s, ty| {
+            s.splits > 1 && s.head_dim / 32 * ty.dtype().size_in_bytes() == 16
+        });
+    }
+}
+
 /// The op's cases the emulator runs in time ([`EMULATION_MAX_WORK`]), at every type.
 fn run_all(harness: &Path, kind: &str) {
+    run_cases(harness, kind, |_, _| true);
+}
+
+/// The cases of [`run_all`] that `takes` keeps.
+fn run_cases(harness: &Path, kind: &str, takes: impl Fn(Shape, Ty) -> bool) {
     let mut jobs = vec![];
     for (i, s) in cases().into_iter().enumerate() {
         if s.work() <= EMULATION_MAX_WORK {
-            jobs.extend(TYPES.map(|ty| (i, ty, s)));
+            jobs.extend(TYPES.map(|ty| (i, ty, s)).into_iter().filter(|&(_, ty, s)| takes(s, ty)));
         }
     }
+    assert!(!jobs.is_empty(), "{kind}: no case");
     let failures: Vec<String> = failures(&jobs, |&(i, ty, s)| {
         check(harness, i, ty, s).map(|e| format!("{kind} attn_decode_{} {s:?}: {e}", ty.name()))
     });

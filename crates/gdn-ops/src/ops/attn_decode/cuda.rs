@@ -1,7 +1,9 @@
 //! CUDA host side of `kernels/attn_decode.cu`: a block of [`SIMDGROUPS`] warps per (query
 //! head, sequence), or per (query head, sequence, key range) and a combine pass when the
-//! context is split ([`AttnDecodeDims::splits`]).
+//! context is split ([`AttnDecodeDims::splits`]); long contexts take the split passes
+//! [`SplitPasses`] picks.
 
+use super::long_context::SplitPasses;
 use super::{AttnDecodeDims, AttnDecodeParams, Inputs, SIMDGROUPS};
 use crate::backend::cuda::{
     config, cuda_device, cuda_source, launch, tensor, with_float_type, Element, Held, Kernel,
@@ -73,7 +75,9 @@ where
         } else {
             // SAFETY: the split pass writes every record (an empty range its neutral one).
             let partials = unsafe { dev.alloc::<f32>(d.partial_len(splits))? };
-            let split = kernel("attn_decode_split")?;
+            let (split_name, combine_name, combine_threads) =
+                SplitPasses::for_dims(d, std::mem::size_of::<T>()).kernels(d.head_dim);
+            let split = kernel(split_name)?;
             let mut args = split.args();
             args.arg(&q_view)
                 .arg(&k_view)
@@ -81,13 +85,17 @@ where
                 .arg(&p_view)
                 .arg(&partials)
                 .arg(&params);
-            // SAFETY: arguments of `attn_decode_split_*`; grid depth = params.splits, and
+            // SAFETY: arguments of `attn_decode_split_*` (both variants alike); grid depth = params.splits, and
             // partials holds B·Nq·splits·(2 + Dh) floats.
             unsafe { launch(args, block) }?;
-            let combine = kernel("attn_decode_combine")?;
+            let combine = kernel(combine_name)?;
             let mut args = combine.args();
             args.arg(&partials).arg(&g_view).arg(&out).arg(&params);
-            let heads = config((d.q_heads as u32, d.batch as u32, 1), (32, 1, 1), 0);
+            let heads = config(
+                (d.q_heads as u32, d.batch as u32, 1),
+                (combine_threads as u32, 1, 1),
+                0,
+            );
             // SAFETY: arguments of `attn_decode_combine_*`, reading the records written above
             // on the same stream.
             unsafe { launch(args, heads) }?;
