@@ -262,8 +262,11 @@ __device__ void run_pipelined(const T* q, const T* keys, const T* values,
   const uint32_t end = min(begin + per_split, last + 1);
   const uint32_t stride = kKeys * groups;
 
-  // q held as loaded too (converted at each use, to the same floats): 4 registers, not 8.
-  const uint4 qr = load_row16(q + head_at);
+  // q held in its type too (converted at each use, to the same floats): 4 registers, not 8.
+  // Read element by element: the host aligns the KV buffers to 16 bytes, not q.
+  uint4 qr;
+#pragma unroll
+  for (uint32_t i = 0; i < kPer; ++i) reinterpret_cast<T*>(&qr)[i] = q[head_at + i];
   float o[kPer];
 #pragma unroll
   for (uint32_t i = 0; i < kPer; ++i) o[i] = 0.f;

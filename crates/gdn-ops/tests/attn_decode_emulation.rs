@@ -27,6 +27,7 @@ mod emu;
 use candle_core::{Device, Tensor};
 use common::attn_decode::{cases, inputs, seed, Shape, EMULATION_MAX_WORK};
 use common::{close, failures, values, Input, Ty, TYPES};
+use gdn_ops::ops::attn_decode::long_context::SplitPasses;
 use gdn_ops::ops::attn_decode::{attn_decode, AttnDecodeParams};
 use std::path::Path;
 
@@ -112,7 +113,12 @@ fn run_cases(harness: &Path, kind: &str, takes: impl Fn(Shape, Ty) -> bool) {
     let mut jobs = vec![];
     for (i, s) in cases().into_iter().enumerate() {
         if s.work() <= EMULATION_MAX_WORK {
-            jobs.extend(TYPES.map(|ty| (i, ty, s)).into_iter().filter(|&(_, ty, s)| takes(s, ty)));
+            jobs.extend(
+                TYPES
+                    .map(|ty| (i, ty, s))
+                    .into_iter()
+                    .filter(|&(_, ty, s)| takes(s, ty)),
+            );
         }
     }
     assert!(!jobs.is_empty(), "{kind}: no case");
@@ -163,4 +169,18 @@ fn kernel_abi_in_source() {
             "attn_decode.cu: missing {kernel}_<t>"
         );
     }
+    // The long-context pair (ops/attn_decode/long_context.rs): the split pass through the
+    // ATTN_DECODE_PIPELINED macro, the combine as above.
+    let (split, combine, _) = SplitPasses::LongContext.kernels(256);
+    let variant = split
+        .strip_prefix("attn_decode_split_")
+        .expect("a split pass");
+    assert!(
+        cu.contains(&format!("ATTN_DECODE_PIPELINED(TN, T, {variant},")),
+        "attn_decode.cu: missing {split}_<t>"
+    );
+    assert!(
+        cu.contains(&format!(" {combine}_##TN(")),
+        "attn_decode.cu: missing {combine}_<t>"
+    );
 }

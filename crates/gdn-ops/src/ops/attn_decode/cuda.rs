@@ -85,8 +85,9 @@ where
                 .arg(&p_view)
                 .arg(&partials)
                 .arg(&params);
-            // SAFETY: arguments of `attn_decode_split_*` (both variants alike); grid depth = params.splits, and
-            // partials holds B·Nq·splits·(2 + Dh) floats.
+            // SAFETY: arguments of `attn_decode_split_*` (the long-context pass takes the
+            // same); grid depth = params.splits, and partials holds B·Nq·splits·(2 + Dh)
+            // floats.
             unsafe { launch(args, block) }?;
             let combine = kernel(combine_name)?;
             let mut args = combine.args();
@@ -96,8 +97,8 @@ where
                 (combine_threads as u32, 1, 1),
                 0,
             );
-            // SAFETY: arguments of `attn_decode_combine_*`, reading the records written above
-            // on the same stream.
+            // SAFETY: arguments of `attn_decode_combine_*` (and of the wide one, on blocks of
+            // Dh <= 256 threads), reading the records written above on the same stream.
             unsafe { launch(args, heads) }?;
         }
     }

@@ -67,13 +67,34 @@ mod tests {
     #[test]
     fn long_contexts_of_16_byte_rows_take_the_pipelined_passes() {
         // Qwen3-Next in bf16: after 512 positions the shipped pair, after 4k and 16k the new.
-        assert_eq!(SplitPasses::for_dims(dims(256, 768), 2), SplitPasses::Shipped);
-        assert_eq!(SplitPasses::for_dims(dims(256, 4095), 2), SplitPasses::Shipped);
-        assert_eq!(SplitPasses::for_dims(dims(256, 4096), 2), SplitPasses::LongContext);
-        assert_eq!(SplitPasses::for_dims(dims(256, 16640), 2), SplitPasses::LongContext);
+        assert_eq!(
+            SplitPasses::for_dims(dims(256, 768), 2),
+            SplitPasses::Shipped
+        );
+        assert_eq!(
+            SplitPasses::for_dims(dims(256, 4095), 2),
+            SplitPasses::Shipped
+        );
+        assert_eq!(
+            SplitPasses::for_dims(dims(256, 4096), 2),
+            SplitPasses::LongContext
+        );
+        assert_eq!(
+            SplitPasses::for_dims(dims(256, 16640), 2),
+            SplitPasses::LongContext
+        );
         // Rows of another width a lane: f32 at Dh 256 (32 bytes), bf16 at Dh 128 (8).
-        assert_eq!(SplitPasses::for_dims(dims(256, 16640), 4), SplitPasses::Shipped);
-        assert_eq!(SplitPasses::for_dims(dims(128, 16640), 2), SplitPasses::Shipped);
-        assert_eq!(SplitPasses::for_dims(dims(128, 16640), 4), SplitPasses::LongContext);
+        assert_eq!(
+            SplitPasses::for_dims(dims(256, 16640), 4),
+            SplitPasses::Shipped
+        );
+        assert_eq!(
+            SplitPasses::for_dims(dims(128, 16640), 2),
+            SplitPasses::Shipped
+        );
+        assert_eq!(
+            SplitPasses::for_dims(dims(128, 16640), 4),
+            SplitPasses::LongContext
+        );
     }
 }
