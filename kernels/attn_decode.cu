@@ -244,17 +244,19 @@ __device__ __forceinline__ float row16_at(const uint4& raw, uint32_t i) {
   return to_f32(reinterpret_cast<const T*>(&raw)[i]);
 }
 
-template <typename T, bool kNextKeys>
+template <typename T, bool kNextKeys, uint32_t kHeads>
 __device__ void run_pipelined(const T* q, const T* keys, const T* values,
                               const uint32_t* pos_buf, float* partials,
-                              const AttnDecodeParams p, uint32_t h, uint32_t b, uint32_t split,
+                              const AttnDecodeParams p, uint32_t pair, uint32_t b, uint32_t split,
                               uint32_t sg, uint32_t lane, float* scratch) {
   constexpr uint32_t kPer = 16 / sizeof(T);  // a lane's features: one 16-byte load a row
-  if (h >= p.q_heads || b >= p.batch || p.head_dim != 32 * kPer) return;
+  // Query heads h0 .. h0 + kHeads - 1, of one KV head (the host takes kHeads > 1 only where
+  // they divide the group).
+  const uint32_t h0 = pair * kHeads;
+  if (h0 >= p.q_heads || b >= p.batch || p.head_dim != 32 * kPer) return;
   const uint32_t dh = p.head_dim, groups = p.simdgroups;
-  const uint32_t kvh = h / (p.q_heads / p.kv_heads);
+  const uint32_t kvh = h0 / (p.q_heads / p.kv_heads);
   const uint32_t last = min(pos_buf[0], p.capacity - 1);
-  const size_t head_at = ((size_t)b * p.q_heads + h) * dh + lane * kPer;
   const size_t kv_at = ((size_t)b * p.kv_heads + kvh) * p.capacity * dh + lane * kPer;
   const uint32_t splits = p.splits;
   const uint32_t per_split = last / splits + 1;
@@ -262,15 +264,21 @@ __device__ void run_pipelined(const T* q, const T* keys, const T* values,
   const uint32_t end = min(begin + per_split, last + 1);
   const uint32_t stride = kKeys * groups;
 
-  // q held in its type too (converted at each use, to the same floats): 4 registers, not 8.
-  // Read element by element: the host aligns the KV buffers to 16 bytes, not q.
-  uint4 qr;
+  // q held in its type too (converted at each use, to the same floats): 4 registers a head,
+  // not 8. Read element by element: the host aligns the KV buffers to 16 bytes, not q.
+  uint4 qr[kHeads];
+  float o[kHeads][kPer], m[kHeads], l[kHeads];
 #pragma unroll
-  for (uint32_t i = 0; i < kPer; ++i) reinterpret_cast<T*>(&qr)[i] = q[head_at + i];
-  float o[kPer];
+  for (uint32_t g = 0; g < kHeads; ++g) {
+    const size_t head_at = ((size_t)b * p.q_heads + h0 + g) * dh + lane * kPer;
 #pragma unroll
-  for (uint32_t i = 0; i < kPer; ++i) o[i] = 0.f;
-  float m = -FLT_MAX, l = 0.f;
+    for (uint32_t i = 0; i < kPer; ++i) {
+      reinterpret_cast<T*>(&qr[g])[i] = q[head_at + i];
+      o[g][i] = 0.f;
+    }
+    m[g] = -FLT_MAX;
+    l[g] = 0.f;
+  }
   uint4 kr[kKeys];
   uint32_t t0 = begin + sg;
   if (t0 < end) {
@@ -283,13 +291,17 @@ __device__ void run_pipelined(const T* q, const T* keys, const T* values,
 #pragma unroll
     for (uint32_t u = 0; u < kKeys; ++u)
       vr[u] = load_row16(values + kv_at + (size_t)min(t0 + u * groups, end - 1) * dh);
-    float s[kKeys];
+    float s[kHeads][kKeys];
 #pragma unroll
-    for (uint32_t u = 0; u < kKeys; ++u) {
-      float dot = 0.f;
+    for (uint32_t g = 0; g < kHeads; ++g) {
 #pragma unroll
-      for (uint32_t i = 0; i < kPer; ++i) dot = fmaf(row16_at<T>(qr, i), row16_at<T>(kr[u], i), dot);
-      s[u] = dot;
+      for (uint32_t u = 0; u < kKeys; ++u) {
+        float dot = 0.f;
+#pragma unroll
+        for (uint32_t i = 0; i < kPer; ++i)
+          dot = fmaf(row16_at<T>(qr[g], i), row16_at<T>(kr[u], i), dot);
+        s[g][u] = dot;
+      }
     }
     if (kNextKeys && t0 + stride < end) {
 #pragma unroll
@@ -299,36 +311,48 @@ __device__ void run_pipelined(const T* q, const T* keys, const T* values,
 #pragma unroll
     for (int off = 16; off > 0; off >>= 1) {
 #pragma unroll
-      for (uint32_t u = 0; u < kKeys; ++u) s[u] += __shfl_xor_sync(0xffffffffu, s[u], off);
-    }
-    float m_new = m;
+      for (uint32_t g = 0; g < kHeads; ++g) {
 #pragma unroll
-    for (uint32_t u = 0; u < kKeys; ++u) {
-      s[u] = t0 + u * groups < end ? s[u] * p.scale : -FLT_MAX;
-      m_new = fmaxf(m_new, s[u]);
-    }
-    const float rescale = expf(m - m_new);
-    l *= rescale;
-#pragma unroll
-    for (uint32_t i = 0; i < kPer; ++i) o[i] *= rescale;
-#pragma unroll
-    for (uint32_t u = 0; u < kKeys; ++u) {
-      if (t0 + u * groups < end) {  // uniform over the warp; as run's break
-        const float w = expf(s[u] - m_new);
-        l += w;
-#pragma unroll
-        for (uint32_t i = 0; i < kPer; ++i) o[i] = fmaf(w, row16_at<T>(vr[u], i), o[i]);
+        for (uint32_t u = 0; u < kKeys; ++u)
+          s[g][u] += __shfl_xor_sync(0xffffffffu, s[g][u], off);
       }
     }
-    m = m_new;
+#pragma unroll
+    for (uint32_t g = 0; g < kHeads; ++g) {
+      float m_new = m[g];
+#pragma unroll
+      for (uint32_t u = 0; u < kKeys; ++u) {
+        s[g][u] = t0 + u * groups < end ? s[g][u] * p.scale : -FLT_MAX;
+        m_new = fmaxf(m_new, s[g][u]);
+      }
+      const float rescale = expf(m[g] - m_new);
+      l[g] *= rescale;
+#pragma unroll
+      for (uint32_t i = 0; i < kPer; ++i) o[g][i] *= rescale;
+#pragma unroll
+      for (uint32_t u = 0; u < kKeys; ++u) {
+        if (t0 + u * groups < end) {  // uniform over the warp; as run's break
+          const float w = expf(s[g][u] - m_new);
+          l[g] += w;
+#pragma unroll
+          for (uint32_t i = 0; i < kPer; ++i) o[g][i] = fmaf(w, row16_at<T>(vr[u], i), o[g][i]);
+        }
+      }
+      m[g] = m_new;
+    }
     if (!kNextKeys && t0 + stride < end) {
 #pragma unroll
       for (uint32_t u = 0; u < kKeys; ++u)
         kr[u] = load_row16(keys + kv_at + (size_t)min(t0 + stride + u * groups, end - 1) * dh);
     }
   }
-  merge_warps<T, true>(m, l, o, kPer, nullptr, static_cast<T*>(nullptr), partials, p, h, b, split,
-                       sg, lane, scratch);
+  // One head's records at a time through the block's scratch.
+#pragma unroll
+  for (uint32_t g = 0; g < kHeads; ++g) {
+    if (g > 0) __syncthreads();  // warp 0 has read the previous head's scratch
+    merge_warps<T, true>(m[g], l[g], o[g], kPer, nullptr, static_cast<T*>(nullptr), partials, p,
+                         h0 + g, b, split, sg, lane, scratch);
+  }
 }
 
 // The combine pass with a thread per feature: block (h, b) of Dh threads, each merging its
@@ -363,13 +387,13 @@ __device__ void combine_wide(const float* partials, const T* gate, T* out,
 // The long-context split pass (attn_decode::run_pipelined): values loaded with their keys
 // (early), and the next batch's keys too (pipelined). Same arguments and launch as
 // attn_decode_split_<t>.
-#define ATTN_DECODE_PIPELINED(TN, T, NAME, NEXT_KEYS, BLOCKS_PER_SM)                       \
+#define ATTN_DECODE_PIPELINED(TN, T, NAME, NEXT_KEYS, HEADS, BLOCKS_PER_SM)                \
   extern "C" __global__ void __launch_bounds__(256, BLOCKS_PER_SM)                        \
       attn_decode_split_##NAME##_##TN(                                                    \
       const T* q, const T* keys, const T* values, const uint32_t* pos, float* partials,    \
       const AttnDecodeParams p) {                                                          \
     extern __shared__ float attn_decode_scratch[];                                         \
-    attn_decode::run_pipelined<T, NEXT_KEYS>(q, keys, values, pos, partials, p, blockIdx.x, \
+    attn_decode::run_pipelined<T, NEXT_KEYS, HEADS>(q, keys, values, pos, partials, p, blockIdx.x, \
                                              blockIdx.y, blockIdx.z, threadIdx.y,          \
                                              threadIdx.x, attn_decode_scratch);            \
   }
@@ -394,9 +418,10 @@ __device__ void combine_wide(const float* partials, const T* gate, T* out,
                                                       T* out, const AttnDecodeParams p) {  \
     attn_decode::combine<T>(partials, gate, out, p, blockIdx.x, blockIdx.y, threadIdx.x);  \
   }                                                                                        \
-  ATTN_DECODE_PIPELINED(TN, T, early, false, 4)                                            \
-  ATTN_DECODE_PIPELINED(TN, T, pipelined, true, 4)                                         \
-  ATTN_DECODE_PIPELINED(TN, T, pipelined3, true, 3)                                        \
+  ATTN_DECODE_PIPELINED(TN, T, early, false, 1, 4)                                         \
+  ATTN_DECODE_PIPELINED(TN, T, pipelined, true, 1, 4)                                      \
+  ATTN_DECODE_PIPELINED(TN, T, pipelined3, true, 1, 3)                                     \
+  ATTN_DECODE_PIPELINED(TN, T, pair, true, 2, 2)                                           \
   extern "C" __global__ void attn_decode_combine_wide_##TN(const float* partials,          \
                                                            const T* gate, T* out,          \
                                                            const AttnDecodeParams p) {     \

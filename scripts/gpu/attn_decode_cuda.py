@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """The long-context split pass of attention decode (kernels/attn_decode.cu,
-`attn_decode_split_{early,pipelined,pipelined3}_*` with `attn_decode_combine_wide_*`) against
+`attn_decode_split_{early,pipelined,pipelined3,pair}_*` with `attn_decode_combine_wide_*`) against
 the shipped `attn_decode_split_*` + `attn_decode_combine_*` on a CUDA GPU, at
 Qwen3-Next-80B-A3B's shape (16 query heads, 2 KV heads, head dim 256, bf16 KV cache; issue 25).
 
@@ -38,13 +38,15 @@ class Params(ctypes.Structure):  # kernels/params/attn_decode.h
         ("scale", ctypes.c_float)]
 
 
-# (label, split entry point, combine entry point); the first is the shipped pair.
+# (label, split entry point, combine entry point, query heads a split block); the first is
+# the shipped pair.
 PAIRS = [
-    ("shipped", "attn_decode_split_bf16", "attn_decode_combine_bf16"),
-    ("early+wide", "attn_decode_split_early_bf16", "attn_decode_combine_wide_bf16"),
-    ("pipelined+wide", "attn_decode_split_pipelined_bf16", "attn_decode_combine_wide_bf16"),
-    ("pipelined3+wide", "attn_decode_split_pipelined3_bf16", "attn_decode_combine_wide_bf16"),
-    ("shipped+wide", "attn_decode_split_bf16", "attn_decode_combine_wide_bf16"),
+    ("shipped", "attn_decode_split_bf16", "attn_decode_combine_bf16", 1),
+    ("early+wide", "attn_decode_split_early_bf16", "attn_decode_combine_wide_bf16", 1),
+    ("pipelined+wide", "attn_decode_split_pipelined_bf16", "attn_decode_combine_wide_bf16", 1),
+    ("pipelined3+wide", "attn_decode_split_pipelined3_bf16", "attn_decode_combine_wide_bf16", 1),
+    ("pair+wide", "attn_decode_split_pair_bf16", "attn_decode_combine_wide_bf16", 2),
+    ("shipped+wide", "attn_decode_split_bf16", "attn_decode_combine_wide_bf16", 1),
 ]
 
 
@@ -65,9 +67,9 @@ class Case:
         self.out = torch.empty(1, nq * dh, dtype=bf, device="cuda")
         self.p = Params(1, nq, nkv, dh, cap, SIMDGROUPS, self.splits, dh ** -0.5)
 
-    def run(self, mod, split, combine, do_split=True, do_combine=True):
+    def run(self, mod, split, combine, heads, do_split=True, do_combine=True):
         if do_split:
-            launch_shared(mod, split, (self.nq, 1, self.splits), (32, SIMDGROUPS, 1),
+            launch_shared(mod, split, (self.nq // heads, 1, self.splits), (32, SIMDGROUPS, 1),
                           SIMDGROUPS * (2 + self.dh) * 4,
                           [("p", self.q.data_ptr()), ("p", self.keys.data_ptr()),
                            ("p", self.values.data_ptr()), ("p", self.pos_t.data_ptr()),
@@ -102,10 +104,10 @@ def correctness(mod, positions, gen, log):
         want = c.reference()
         tol = 2 * ulp(want, torch.bfloat16) + 1e-5 * want.abs().max()
         base = None
-        for label, split, combine in PAIRS:
+        for label, split, combine, heads in PAIRS:
             c.partials.fill_(float("nan"))
             c.out.fill_(float("nan"))
-            c.run(mod, split, combine)
+            c.run(mod, split, combine, heads)
             torch.cuda.synchronize()
             got = (c.partials.clone(), c.out.clone())
             err = ((got[1].double() - want).abs() / tol).max().item()
@@ -133,9 +135,9 @@ def timing(mod, positions, layers, gen, log):
             f"({floor:.1f} MB read a layer)")
         log(f"{'pair':<16} {'regs':>9} {'lmem':>9} {'split+comb':>10} {'split':>7} {'combine':>7}  us/layer")
         shipped = None
-        for label, split, combine in PAIRS:
-            def run(c, s=True, m=True, split=split, combine=combine):
-                return lambda: c.run(mod, split, combine, s, m)
+        for label, split, combine, heads in PAIRS:
+            def run(c, s=True, m=True, split=split, combine=combine, heads=heads):
+                return lambda: c.run(mod, split, combine, heads, s, m)
             both = time_graph([run(c) for c in cases])
             alone = time_graph([run(c, m=False) for c in cases])
             comb = time_graph([run(c, s=False) for c in cases])

@@ -41,6 +41,11 @@ static CUDA_PIPELINED: emu::Harness =
     emu::Harness::cuda_with("attn_decode_cuda_harness", &["-DATTN_DECODE_NEXT_KEYS=1"]);
 static CUDA_EARLY: emu::Harness =
     emu::Harness::cuda_with("attn_decode_cuda_harness", &["-DATTN_DECODE_NEXT_KEYS=0"]);
+/// Pipelined, two query heads a warp (cases whose GQA group is even).
+static CUDA_PAIR: emu::Harness = emu::Harness::cuda_with(
+    "attn_decode_cuda_harness",
+    &["-DATTN_DECODE_NEXT_KEYS=1", "-DATTN_DECODE_HEADS=2"],
+);
 
 fn check(harness: &Path, i: usize, ty: Ty, s: Shape) -> Option<String> {
     let mut x = inputs(s, ty, seed(i, ty));
@@ -96,11 +101,14 @@ fn shipped_cuda_attn_decode_bodies_match_the_cpu_twin() {
 /// `LONG_CONTEXT_CAPACITY` on, which the emulator's work bound would leave few cases of.
 #[test]
 fn shipped_cuda_long_context_split_bodies_match_the_cpu_twin() {
+    let rows_of_16_bytes =
+        |s: Shape, ty: Ty| s.splits > 1 && s.head_dim / 32 * ty.dtype().size_in_bytes() == 16;
     for (harness, kind) in [(&CUDA_PIPELINED, "pipelined"), (&CUDA_EARLY, "early")] {
-        run_cases(harness.path(), kind, |s, ty| {
-            s.splits > 1 && s.head_dim / 32 * ty.dtype().size_in_bytes() == 16
-        });
+        run_cases(harness.path(), kind, rows_of_16_bytes);
     }
+    run_cases(CUDA_PAIR.path(), "pair", |s, ty| {
+        rows_of_16_bytes(s, ty) && (s.q_heads / s.kv_heads).is_multiple_of(2)
+    });
 }
 
 /// The op's cases the emulator runs in time ([`EMULATION_MAX_WORK`]), at every type.
