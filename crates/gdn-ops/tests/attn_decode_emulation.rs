@@ -179,16 +179,24 @@ fn kernel_abi_in_source() {
     }
     // The long-context pair (ops/attn_decode/long_context.rs): the split pass through the
     // ATTN_DECODE_PIPELINED macro, the combine as above.
-    let (split, combine, _) = SplitPasses::LongContext.kernels(256);
-    let variant = split
-        .strip_prefix("attn_decode_split_")
-        .expect("a split pass");
-    assert!(
-        cu.contains(&format!("ATTN_DECODE_PIPELINED(TN, T, {variant},")),
-        "attn_decode.cu: missing {split}_<t>"
-    );
-    assert!(
-        cu.contains(&format!(" {combine}_##TN(")),
-        "attn_decode.cu: missing {combine}_<t>"
-    );
+    for passes in [SplitPasses::Pipelined, SplitPasses::HeadPairs] {
+        let k = passes.kernels(256);
+        let variant = k
+            .split
+            .strip_prefix("attn_decode_split_")
+            .expect("a split pass");
+        let heads = k.heads_per_block;
+        assert!(
+            cu.contains(&format!(
+                "ATTN_DECODE_PIPELINED(TN, T, {variant}, true, {heads},"
+            )),
+            "attn_decode.cu: missing {}_<t> over {heads} heads a block",
+            k.split
+        );
+        assert!(
+            cu.contains(&format!(" {}_##TN(", k.combine)),
+            "attn_decode.cu: missing {}_<t>",
+            k.combine
+        );
+    }
 }
