@@ -222,18 +222,20 @@ __device__ void combine(const float* partials, const T* gate, T* out, const Attn
 }
 
 
-// The split pass for long contexts (the host picks it from PIPELINE_FROM_CAPACITY positions
-// of capacity on, ops/attn_decode/cuda.rs): run<T, true>'s maths in its order, the same keys
-// a warp, the same four-key batches, the same bits, with the loads issued early. ptxas turns
-// run's value loads, each behind its `t >= end` break and its exponential, into four round
-// trips to L2 after the keys' one: five a batch, ~3.3 µs a batch at 16k positions (ncu: 59%
-// of stalls on global loads, 50% occupancy). Here a batch's value rows are loaded with its keys
-// (clamped to the range, as the keys are; an out-of-range row is loaded and not used), and
-// with kNextKeys the next batch's keys are loaded as soon as this batch's dot products have
-// consumed the key registers, before the shuffles, exponentials and value sums: one round
-// trip a batch, partly hidden. Rows of exactly 16 bytes a lane (Dh 256 in 16-bit types,
-// Dh 128 in f32), held as loaded and converted at use, so that a batch's keys and values fit
-// in 64 registers. Any other row width leaves its records unwritten: the host never launches it.
+// The split pass for long contexts (the host's choice: ops/attn_decode/long_context.rs):
+// run<T, true>'s maths in its order, the same keys a warp, the same four-key batches, the same
+// bits, with the loads issued early. ptxas turns run's value loads, each behind its
+// `t >= end` break and its exponential, into four round trips to L2 after the keys' one: five
+// a batch (ncu at 16k positions: 59% of stalls on global loads). Here a batch's value rows are
+// loaded with its keys (clamped to the range, as the keys are; an out-of-range row is loaded
+// and not used), and the next batch's keys as soon as this batch's dot products have consumed
+// the key registers, before the shuffles, exponentials and value sums: one round trip a batch,
+// partly hidden. With kHeads = 2 a warp serves two query heads of its KV head from each row it
+// loads (half the L2 -> SM bytes, the loads' addresses and conversions shared), each head's
+// maths still in run's order. Rows of exactly 16 bytes a lane (Dh 256 in 16-bit types, Dh 128
+// in f32), held as loaded and converted at use. Any other row width leaves its records
+// unwritten: the host never launches it. Measured: docs/perf-notes-gpu.md, "loads in flight
+// at long contexts".
 template <typename T>
 __device__ __forceinline__ uint4 load_row16(const T* src) {
   return *reinterpret_cast<const uint4*>(src);
@@ -244,7 +246,7 @@ __device__ __forceinline__ float row16_at(const uint4& raw, uint32_t i) {
   return to_f32(reinterpret_cast<const T*>(&raw)[i]);
 }
 
-template <typename T, bool kNextKeys, uint32_t kHeads>
+template <typename T, uint32_t kHeads>
 __device__ void run_pipelined(const T* q, const T* keys, const T* values,
                               const uint32_t* pos_buf, float* partials,
                               const AttnDecodeParams p, uint32_t pair, uint32_t b, uint32_t split,
@@ -303,7 +305,7 @@ __device__ void run_pipelined(const T* q, const T* keys, const T* values,
         s[g][u] = dot;
       }
     }
-    if (kNextKeys && t0 + stride < end) {
+    if (t0 + stride < end) {
 #pragma unroll
       for (uint32_t u = 0; u < kKeys; ++u)
         kr[u] = load_row16(keys + kv_at + (size_t)min(t0 + stride + u * groups, end - 1) * dh);
@@ -339,11 +341,6 @@ __device__ void run_pipelined(const T* q, const T* keys, const T* values,
         }
       }
       m[g] = m_new;
-    }
-    if (!kNextKeys && t0 + stride < end) {
-#pragma unroll
-      for (uint32_t u = 0; u < kKeys; ++u)
-        kr[u] = load_row16(keys + kv_at + (size_t)min(t0 + stride + u * groups, end - 1) * dh);
     }
   }
   // One head's records at a time through the block's scratch.
@@ -384,16 +381,17 @@ __device__ void combine_wide(const float* partials, const T* gate, T* out,
 // thread. The four-key batches asked for 72, three blocks per SM, and the 16 heads x 33
 // key ranges of a split at 16k positions (528 blocks, one wave of 4 x 132) took two waves.
 #define ATTN_DECODE_BOUNDS __launch_bounds__(256, 4)
-// The long-context split pass (attn_decode::run_pipelined): values loaded with their keys
-// (early), and the next batch's keys too (pipelined). Same arguments and launch as
-// attn_decode_split_<t>.
-#define ATTN_DECODE_PIPELINED(TN, T, NAME, NEXT_KEYS, HEADS, BLOCKS_PER_SM)                \
+// The long-context split pass (attn_decode::run_pipelined) over HEADS query heads a block:
+// the arguments of attn_decode_split_<t>, grid (Nq / HEADS, B, P). pipelined: 64 registers
+// (28 bytes of spills outside the loads), four blocks an SM; pair: 107, no spills, two blocks
+// an SM (Qwen3-Next's 8 pairs x 32 ranges: 256 blocks, all resident on 132 SMs).
+#define ATTN_DECODE_PIPELINED(TN, T, NAME, HEADS, BLOCKS_PER_SM)                           \
   extern "C" __global__ void __launch_bounds__(256, BLOCKS_PER_SM)                        \
       attn_decode_split_##NAME##_##TN(                                                    \
       const T* q, const T* keys, const T* values, const uint32_t* pos, float* partials,    \
       const AttnDecodeParams p) {                                                          \
     extern __shared__ float attn_decode_scratch[];                                         \
-    attn_decode::run_pipelined<T, NEXT_KEYS, HEADS>(q, keys, values, pos, partials, p, blockIdx.x, \
+    attn_decode::run_pipelined<T, HEADS>(q, keys, values, pos, partials, p, blockIdx.x,   \
                                              blockIdx.y, blockIdx.z, threadIdx.y,          \
                                              threadIdx.x, attn_decode_scratch);            \
   }
@@ -418,10 +416,8 @@ __device__ void combine_wide(const float* partials, const T* gate, T* out,
                                                       T* out, const AttnDecodeParams p) {  \
     attn_decode::combine<T>(partials, gate, out, p, blockIdx.x, blockIdx.y, threadIdx.x);  \
   }                                                                                        \
-  ATTN_DECODE_PIPELINED(TN, T, early, false, 1, 4)                                         \
-  ATTN_DECODE_PIPELINED(TN, T, pipelined, true, 1, 4)                                      \
-  ATTN_DECODE_PIPELINED(TN, T, pipelined3, true, 1, 3)                                     \
-  ATTN_DECODE_PIPELINED(TN, T, pair, true, 2, 2)                                           \
+  ATTN_DECODE_PIPELINED(TN, T, pipelined, 1, 4)                                            \
+  ATTN_DECODE_PIPELINED(TN, T, pair, 2, 2)                                                 \
   extern "C" __global__ void attn_decode_combine_wide_##TN(const float* partials,          \
                                                            const T* gate, T* out,          \
                                                            const AttnDecodeParams p) {     \

@@ -6,10 +6,10 @@
 // NaN-filled partials [B, Nq, P, 2 + Dh], then the combine pass on blocks (Nq, B) of 32
 // threads. Used by crates/gdn-ops/tests/attn_decode_emulation.rs.
 //
-// Built with -DATTN_DECODE_NEXT_KEYS=0 or 1 (and -DATTN_DECODE_HEADS=2 for head pairs), the
-// split cases run the long-context passes instead (attn_decode::run_pipelined<T,
-// ATTN_DECODE_NEXT_KEYS, heads> on blocks (Nq / heads, B, P), then combine_wide on blocks of Dh
-// threads), which take rows of 16 bytes a lane only (another width leaves the records NaN).
+// Built with -DATTN_DECODE_HEADS=1 or 2, the split cases run the long-context passes instead
+// (attn_decode::run_pipelined<T, ATTN_DECODE_HEADS> on blocks (Nq / heads, B, P), then
+// combine_wide on blocks of Dh threads), which take rows of 16 bytes a lane only (another
+// width leaves the records NaN).
 //
 // stdin and stdout: kernels/emu/attn_decode_case.h (shared with the Metal kernels' harness), so
 // that one test drives both.
@@ -42,8 +42,8 @@ namespace {
 
 using attn_decode_case::Case;
 
-// Query heads a block of the long-context split pass takes (-DATTN_DECODE_HEADS=2: head
-// pairs, for cases whose GQA group is even); the shipped pass takes one.
+// Query heads a block of the long-context split pass takes (2: head pairs, for cases whose
+// GQA group is even); the shipped pass takes one.
 #ifdef ATTN_DECODE_HEADS
 constexpr uint32_t kHeads = ATTN_DECODE_HEADS;
 #else
@@ -74,8 +74,8 @@ void run(const Case& c) {
         uint3{p.q_heads / kHeads, p.batch, p.splits}, threads, [&](const metal_emu::ThreadIds& id) {
           shared.poison(id);
           const uint3 block = id.threadgroup_position_in_grid;
-#ifdef ATTN_DECODE_NEXT_KEYS
-          attn_decode::run_pipelined<T, ATTN_DECODE_NEXT_KEYS, kHeads>(
+#ifdef ATTN_DECODE_HEADS
+          attn_decode::run_pipelined<T, kHeads>(
               q.data(), keys.data(), values.data(), pos.data(), partials.data(), p, block.x, block.y, block.z,
               id.simdgroup_index_in_threadgroup, id.thread_index_in_simdgroup, smem);
 #else
@@ -84,7 +84,7 @@ void run(const Case& c) {
                                     id.simdgroup_index_in_threadgroup, id.thread_index_in_simdgroup, smem);
 #endif
         });
-#ifdef ATTN_DECODE_NEXT_KEYS
+#ifdef ATTN_DECODE_HEADS
     // The wide combine: Dh threads a block, a thread a feature (up to 256: the emulator's
     // threadgroups of 32-thread simdgroups).
     metal_emu::dispatch_threadgroups(uint3{p.q_heads, p.batch, 1}, uint3{32, p.head_dim / 32, 1},

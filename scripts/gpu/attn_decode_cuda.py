@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """The long-context split pass of attention decode (kernels/attn_decode.cu,
-`attn_decode_split_{early,pipelined,pipelined3,pair}_*` with `attn_decode_combine_wide_*`) against
+`attn_decode_split_{pipelined,pair}_*` with `attn_decode_combine_wide_*`) against
 the shipped `attn_decode_split_*` + `attn_decode_combine_*` on a CUDA GPU, at
 Qwen3-Next-80B-A3B's shape (16 query heads, 2 KV heads, head dim 256, bf16 KV cache; issue 25).
 
@@ -42,9 +42,7 @@ class Params(ctypes.Structure):  # kernels/params/attn_decode.h
 # the shipped pair.
 PAIRS = [
     ("shipped", "attn_decode_split_bf16", "attn_decode_combine_bf16", 1),
-    ("early+wide", "attn_decode_split_early_bf16", "attn_decode_combine_wide_bf16", 1),
     ("pipelined+wide", "attn_decode_split_pipelined_bf16", "attn_decode_combine_wide_bf16", 1),
-    ("pipelined3+wide", "attn_decode_split_pipelined3_bf16", "attn_decode_combine_wide_bf16", 1),
     ("pair+wide", "attn_decode_split_pair_bf16", "attn_decode_combine_wide_bf16", 2),
     ("shipped+wide", "attn_decode_split_bf16", "attn_decode_combine_wide_bf16", 1),
 ]

@@ -18,7 +18,7 @@
 //! Split-K (`attn_decode_split_*` + `attn_decode_combine_*`) runs at the split count the host
 //! picks from the capacity (contexts on both sides of `SPLIT_KEYS`) and at forced counts:
 //! more ranges than keys (empty ranges), ranges not dividing the keys, the most ranges. The
-//! long-context split passes of the CUDA file (`attn_decode_split_{pipelined,early}_*` and
+//! long-context split passes of the CUDA file (`attn_decode_split_{pipelined,pair}_*` and
 //! `attn_decode_combine_wide_*`) run on every split case whose rows they take.
 
 mod common;
@@ -35,17 +35,12 @@ static METAL_HARNESS: emu::Harness = emu::Harness::metal("attn_decode_harness");
 
 static CUDA_HARNESS: emu::Harness = emu::Harness::cuda("attn_decode_cuda_harness");
 
-/// The long-context split passes (`run_pipelined`, `combine_wide`), with the next batch's
-/// keys loaded early (1) and without (0).
+/// The long-context split passes (`run_pipelined`, `combine_wide`): a query head a block, and
+/// head pairs (cases whose GQA group is even).
 static CUDA_PIPELINED: emu::Harness =
-    emu::Harness::cuda_with("attn_decode_cuda_harness", &["-DATTN_DECODE_NEXT_KEYS=1"]);
-static CUDA_EARLY: emu::Harness =
-    emu::Harness::cuda_with("attn_decode_cuda_harness", &["-DATTN_DECODE_NEXT_KEYS=0"]);
-/// Pipelined, two query heads a warp (cases whose GQA group is even).
-static CUDA_PAIR: emu::Harness = emu::Harness::cuda_with(
-    "attn_decode_cuda_harness",
-    &["-DATTN_DECODE_NEXT_KEYS=1", "-DATTN_DECODE_HEADS=2"],
-);
+    emu::Harness::cuda_with("attn_decode_cuda_harness", &["-DATTN_DECODE_HEADS=1"]);
+static CUDA_PAIR: emu::Harness =
+    emu::Harness::cuda_with("attn_decode_cuda_harness", &["-DATTN_DECODE_HEADS=2"]);
 
 fn check(harness: &Path, i: usize, ty: Ty, s: Shape) -> Option<String> {
     let mut x = inputs(s, ty, seed(i, ty));
@@ -103,9 +98,7 @@ fn shipped_cuda_attn_decode_bodies_match_the_cpu_twin() {
 fn shipped_cuda_long_context_split_bodies_match_the_cpu_twin() {
     let rows_of_16_bytes =
         |s: Shape, ty: Ty| s.splits > 1 && s.head_dim / 32 * ty.dtype().size_in_bytes() == 16;
-    for (harness, kind) in [(&CUDA_PIPELINED, "pipelined"), (&CUDA_EARLY, "early")] {
-        run_cases(harness.path(), kind, rows_of_16_bytes);
-    }
+    run_cases(CUDA_PIPELINED.path(), "pipelined", rows_of_16_bytes);
     run_cases(CUDA_PAIR.path(), "pair", |s, ty| {
         rows_of_16_bytes(s, ty) && (s.q_heads / s.kv_heads).is_multiple_of(2)
     });
@@ -187,9 +180,7 @@ fn kernel_abi_in_source() {
             .expect("a split pass");
         let heads = k.heads_per_block;
         assert!(
-            cu.contains(&format!(
-                "ATTN_DECODE_PIPELINED(TN, T, {variant}, true, {heads},"
-            )),
+            cu.contains(&format!("ATTN_DECODE_PIPELINED(TN, T, {variant}, {heads},")),
             "attn_decode.cu: missing {}_<t> over {heads} heads a block",
             k.split
         );
