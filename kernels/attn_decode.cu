@@ -66,6 +66,53 @@ __device__ __forceinline__ void load_lane(const T* src, uint32_t per_lane,
   }
 }
 
+// The block's warps' (max, sum, outputs) merged through shared memory (scratch: S * (2 + Dh)
+// floats) by warp 0: into the range's record of `partials` (kSplit), else gated into `out`.
+// o: a lane's per_lane (<= N) output features.
+template <typename T, bool kSplit, uint32_t N>
+__device__ __forceinline__ void merge_warps(float m, float l, const float (&o)[N],
+                                            uint32_t per_lane, const T* gate, T* out,
+                                            float* partials, const AttnDecodeParams p, uint32_t h,
+                                            uint32_t b, uint32_t split, uint32_t sg,
+                                            uint32_t lane, float* scratch) {
+  const uint32_t dh = p.head_dim, groups = p.simdgroups, splits = kSplit ? p.splits : 1;
+  const size_t head_at = ((size_t)b * p.q_heads + h) * dh + lane * per_lane;
+  // Layout: [S] running maxima, [S] sums, [S][Dh] partial outputs.
+  float* maxima = scratch;
+  float* sums = scratch + groups;
+  float* partial = scratch + 2 * groups;
+  if (lane == 0) {
+    maxima[sg] = m;
+    sums[sg] = l;
+  }
+  for (uint32_t i = 0; i < per_lane; ++i) partial[sg * dh + lane * per_lane + i] = o[i];
+  __syncthreads();
+  if (sg != 0) return;
+  float top = -FLT_MAX;
+  for (uint32_t s = 0; s < groups; ++s) top = fmaxf(top, maxima[s]);
+  float total = 0.f;
+  for (uint32_t s = 0; s < groups; ++s) total += sums[s] * expf(maxima[s] - top);
+  // An empty split range leaves (-FLT_MAX, 0, 0), which the combine pass weighs 0.
+  float* record =
+      kSplit ? partials + (((size_t)b * p.q_heads + h) * splits + split) * (2 + dh) : partials;
+  if (kSplit && lane == 0) {
+    record[0] = top;
+    record[1] = total;
+  }
+  for (uint32_t i = 0; i < per_lane; ++i) {
+    const uint32_t j = lane * per_lane + i;
+    float acc = 0.f;
+    for (uint32_t s = 0; s < groups; ++s) acc += partial[s * dh + j] * expf(maxima[s] - top);
+    if (kSplit) {
+      record[2 + j] = acc;
+    } else {
+      const float attended = to_f32(from_f32<T>(acc / total));
+      const float g = to_f32(gate[head_at + i]);
+      out[head_at + i] = from_f32<T>(attended * (1.f / (1.f + expf(-g))));
+    }
+  }
+}
+
 // kSplit: this block takes key range blockIdx.z of p.splits and writes its record to
 // `partials`; otherwise it takes every key and writes `out`.
 // Block (h, b, split), warp sg, lane; scratch: the block's S * (2 + Dh) shared floats.
@@ -145,40 +192,8 @@ __device__ void run(const T* q, const T* gate, const T* keys, const T* values,
     m = m_new;
   }
 
-  // Layout: [S] running maxima, [S] sums, [S][Dh] partial outputs.
-  float* maxima = scratch;
-  float* sums = scratch + groups;
-  float* partial = scratch + 2 * groups;
-  if (lane == 0) {
-    maxima[sg] = m;
-    sums[sg] = l;
-  }
-  for (uint32_t i = 0; i < per_lane; ++i) partial[sg * dh + lane * per_lane + i] = o[i];
-  __syncthreads();
-  if (sg != 0) return;
-  float top = -FLT_MAX;
-  for (uint32_t s = 0; s < groups; ++s) top = fmaxf(top, maxima[s]);
-  float total = 0.f;
-  for (uint32_t s = 0; s < groups; ++s) total += sums[s] * expf(maxima[s] - top);
-  // An empty split range leaves (-FLT_MAX, 0, 0), which the combine pass weighs 0.
-  float* record =
-      kSplit ? partials + (((size_t)b * p.q_heads + h) * splits + split) * (2 + dh) : partials;
-  if (kSplit && lane == 0) {
-    record[0] = top;
-    record[1] = total;
-  }
-  for (uint32_t i = 0; i < per_lane; ++i) {
-    const uint32_t j = lane * per_lane + i;
-    float acc = 0.f;
-    for (uint32_t s = 0; s < groups; ++s) acc += partial[s * dh + j] * expf(maxima[s] - top);
-    if (kSplit) {
-      record[2 + j] = acc;
-    } else {
-      const float attended = to_f32(from_f32<T>(acc / total));
-      const float g = to_f32(gate[head_at + i]);
-      out[head_at + i] = from_f32<T>(attended * (1.f / (1.f + expf(-g))));
-    }
-  }
+  merge_warps<T, kSplit>(m, l, o, per_lane, gate, out, partials, p, h, b, split, sg, lane,
+                         scratch);
 }
 
 // The merge of a split's records: block (h, b), one warp.
@@ -206,12 +221,180 @@ __device__ void combine(const float* partials, const T* gate, T* out, const Attn
   }
 }
 
+
+// The split pass for long contexts (the host's choice: ops/attn_decode/long_context.rs):
+// run<T, true>'s maths in its order, the same keys a warp, the same four-key batches, the same
+// bits, with the loads issued early. ptxas turns run's value loads, each behind its
+// `t >= end` break and its exponential, into four round trips to L2 after the keys' one: five
+// a batch (ncu at 16k positions: 59% of stalls on global loads). Here a batch's value rows are
+// loaded with its keys (clamped to the range, as the keys are; an out-of-range row is loaded
+// and not used), and the next batch's keys as soon as this batch's dot products have consumed
+// the key registers, before the shuffles, exponentials and value sums: one round trip a batch,
+// partly hidden. With kHeads = 2 a warp serves two query heads of its KV head from each row it
+// loads (half the L2 -> SM bytes, the loads' addresses and conversions shared), each head's
+// maths still in run's order. Rows of exactly 16 bytes a lane (Dh 256 in 16-bit types, Dh 128
+// in f32), held as loaded and converted at use. Any other row width leaves its records
+// unwritten: the host never launches it. Measured: docs/perf-notes-gpu.md, "loads in flight
+// at long contexts".
+template <typename T>
+__device__ __forceinline__ uint4 load_row16(const T* src) {
+  return *reinterpret_cast<const uint4*>(src);
+}
+
+template <typename T>
+__device__ __forceinline__ float row16_at(const uint4& raw, uint32_t i) {
+  return to_f32(reinterpret_cast<const T*>(&raw)[i]);
+}
+
+template <typename T, uint32_t kHeads>
+__device__ void run_pipelined(const T* q, const T* keys, const T* values,
+                              const uint32_t* pos_buf, float* partials,
+                              const AttnDecodeParams p, uint32_t pair, uint32_t b, uint32_t split,
+                              uint32_t sg, uint32_t lane, float* scratch) {
+  constexpr uint32_t kPer = 16 / sizeof(T);  // a lane's features: one 16-byte load a row
+  // Query heads h0 .. h0 + kHeads - 1, of one KV head (the host takes kHeads > 1 only where
+  // they divide the group).
+  const uint32_t h0 = pair * kHeads;
+  if (h0 >= p.q_heads || b >= p.batch || p.head_dim != 32 * kPer) return;
+  const uint32_t dh = p.head_dim, groups = p.simdgroups;
+  const uint32_t kvh = h0 / (p.q_heads / p.kv_heads);
+  const uint32_t last = min(pos_buf[0], p.capacity - 1);
+  const size_t kv_at = ((size_t)b * p.kv_heads + kvh) * p.capacity * dh + lane * kPer;
+  const uint32_t splits = p.splits;
+  const uint32_t per_split = last / splits + 1;
+  const uint32_t begin = min(split * per_split, last + 1);
+  const uint32_t end = min(begin + per_split, last + 1);
+  const uint32_t stride = kKeys * groups;
+
+  // q held in its type too (converted at each use, to the same floats): 4 registers a head,
+  // not 8. Read element by element: the host aligns the KV buffers to 16 bytes, not q.
+  uint4 qr[kHeads];
+  float o[kHeads][kPer], m[kHeads], l[kHeads];
+#pragma unroll
+  for (uint32_t g = 0; g < kHeads; ++g) {
+    const size_t head_at = ((size_t)b * p.q_heads + h0 + g) * dh + lane * kPer;
+#pragma unroll
+    for (uint32_t i = 0; i < kPer; ++i) {
+      reinterpret_cast<T*>(&qr[g])[i] = q[head_at + i];
+      o[g][i] = 0.f;
+    }
+    m[g] = -FLT_MAX;
+    l[g] = 0.f;
+  }
+  uint4 kr[kKeys];
+  uint32_t t0 = begin + sg;
+  if (t0 < end) {
+#pragma unroll
+    for (uint32_t u = 0; u < kKeys; ++u)
+      kr[u] = load_row16(keys + kv_at + (size_t)min(t0 + u * groups, end - 1) * dh);
+  }
+  for (; t0 < end; t0 += stride) {
+    uint4 vr[kKeys];
+#pragma unroll
+    for (uint32_t u = 0; u < kKeys; ++u)
+      vr[u] = load_row16(values + kv_at + (size_t)min(t0 + u * groups, end - 1) * dh);
+    float s[kHeads][kKeys];
+#pragma unroll
+    for (uint32_t g = 0; g < kHeads; ++g) {
+#pragma unroll
+      for (uint32_t u = 0; u < kKeys; ++u) {
+        float dot = 0.f;
+#pragma unroll
+        for (uint32_t i = 0; i < kPer; ++i)
+          dot = fmaf(row16_at<T>(qr[g], i), row16_at<T>(kr[u], i), dot);
+        s[g][u] = dot;
+      }
+    }
+    if (t0 + stride < end) {
+#pragma unroll
+      for (uint32_t u = 0; u < kKeys; ++u)
+        kr[u] = load_row16(keys + kv_at + (size_t)min(t0 + stride + u * groups, end - 1) * dh);
+    }
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) {
+#pragma unroll
+      for (uint32_t g = 0; g < kHeads; ++g) {
+#pragma unroll
+        for (uint32_t u = 0; u < kKeys; ++u)
+          s[g][u] += __shfl_xor_sync(0xffffffffu, s[g][u], off);
+      }
+    }
+#pragma unroll
+    for (uint32_t g = 0; g < kHeads; ++g) {
+      float m_new = m[g];
+#pragma unroll
+      for (uint32_t u = 0; u < kKeys; ++u) {
+        s[g][u] = t0 + u * groups < end ? s[g][u] * p.scale : -FLT_MAX;
+        m_new = fmaxf(m_new, s[g][u]);
+      }
+      const float rescale = expf(m[g] - m_new);
+      l[g] *= rescale;
+#pragma unroll
+      for (uint32_t i = 0; i < kPer; ++i) o[g][i] *= rescale;
+#pragma unroll
+      for (uint32_t u = 0; u < kKeys; ++u) {
+        if (t0 + u * groups < end) {  // uniform over the warp; as run's break
+          const float w = expf(s[g][u] - m_new);
+          l[g] += w;
+#pragma unroll
+          for (uint32_t i = 0; i < kPer; ++i) o[g][i] = fmaf(w, row16_at<T>(vr[u], i), o[g][i]);
+        }
+      }
+      m[g] = m_new;
+    }
+  }
+  // One head's records at a time through the block's scratch.
+#pragma unroll
+  for (uint32_t g = 0; g < kHeads; ++g) {
+    if (g > 0) __syncthreads();  // warp 0 has read the previous head's scratch
+    merge_warps<T, true>(m[g], l[g], o[g], kPer, nullptr, static_cast<T*>(nullptr), partials, p,
+                         h0 + g, b, split, sg, lane, scratch);
+  }
+}
+
+// The combine pass with a thread per feature: block (h, b) of Dh threads, each merging its
+// feature over the ranges in combine's order (the same bits as combine, whose lanes walk
+// Dh / 32 features one after another, 32 ranges a feature at 16k positions: 15 µs a layer).
+template <typename T>
+__device__ void combine_wide(const float* partials, const T* gate, T* out,
+                             const AttnDecodeParams p, uint32_t h, uint32_t b, uint32_t j) {
+  if (h >= p.q_heads || b >= p.batch || j >= p.head_dim) return;
+  const uint32_t dh = p.head_dim, splits = p.splits, stride = 2 + dh;
+  const float* records = partials + ((size_t)b * p.q_heads + h) * splits * stride;
+  const size_t at = ((size_t)b * p.q_heads + h) * dh + j;
+  float top = -FLT_MAX;
+  for (uint32_t s = 0; s < splits; ++s) top = fmaxf(top, records[s * stride]);
+  float total = 0.f, acc = 0.f;
+  for (uint32_t s = 0; s < splits; ++s) {
+    const float weight = expf(records[s * stride] - top);
+    total += records[s * stride + 1] * weight;
+    acc += records[s * stride + 2 + j] * weight;
+  }
+  const float attended = to_f32(from_f32<T>(acc / total));
+  const float g = to_f32(gate[at]);
+  out[at] = from_f32<T>(attended * (1.f / (1.f + expf(-g))));
+}
+
 }  // namespace attn_decode
 
 // Four blocks of 8 warps (the host's SIMDGROUPS) resident per SM: at most 64 registers a
 // thread. The four-key batches asked for 72, three blocks per SM, and the 16 heads x 33
 // key ranges of a split at 16k positions (528 blocks, one wave of 4 x 132) took two waves.
 #define ATTN_DECODE_BOUNDS __launch_bounds__(256, 4)
+// The long-context split pass (attn_decode::run_pipelined) over HEADS query heads a block:
+// the arguments of attn_decode_split_<t>, grid (Nq / HEADS, B, P). pipelined: 64 registers
+// (28 bytes of spills outside the loads), four blocks an SM; pair: 107, no spills, two blocks
+// an SM (Qwen3-Next's 8 pairs x 32 ranges: 256 blocks, all resident on 132 SMs).
+#define ATTN_DECODE_PIPELINED(TN, T, NAME, HEADS, BLOCKS_PER_SM)                           \
+  extern "C" __global__ void __launch_bounds__(256, BLOCKS_PER_SM)                        \
+      attn_decode_split_##NAME##_##TN(                                                    \
+      const T* q, const T* keys, const T* values, const uint32_t* pos, float* partials,    \
+      const AttnDecodeParams p) {                                                          \
+    extern __shared__ float attn_decode_scratch[];                                         \
+    attn_decode::run_pipelined<T, HEADS>(q, keys, values, pos, partials, p, blockIdx.x,   \
+                                             blockIdx.y, blockIdx.z, threadIdx.y,          \
+                                             threadIdx.x, attn_decode_scratch);            \
+  }
 #define ATTN_DECODE_ENTRY(TN, T)                                                           \
   extern "C" __global__ void ATTN_DECODE_BOUNDS attn_decode_##TN(const T* q, const T* gate, const T* keys,    \
                                               const T* values, const uint32_t* pos, T* out, \
@@ -232,6 +415,13 @@ __device__ void combine(const float* partials, const T* gate, T* out, const Attn
   extern "C" __global__ void attn_decode_combine_##TN(const float* partials, const T* gate, \
                                                       T* out, const AttnDecodeParams p) {  \
     attn_decode::combine<T>(partials, gate, out, p, blockIdx.x, blockIdx.y, threadIdx.x);  \
+  }                                                                                        \
+  ATTN_DECODE_PIPELINED(TN, T, pipelined, 1, 4)                                            \
+  ATTN_DECODE_PIPELINED(TN, T, pair, 2, 2)                                                 \
+  extern "C" __global__ void attn_decode_combine_wide_##TN(const float* partials,          \
+                                                           const T* gate, T* out,          \
+                                                           const AttnDecodeParams p) {     \
+    attn_decode::combine_wide<T>(partials, gate, out, p, blockIdx.x, blockIdx.y, threadIdx.x); \
   }
 
 ATTN_DECODE_ENTRY(f32, float)

@@ -6,6 +6,11 @@
 // NaN-filled partials [B, Nq, P, 2 + Dh], then the combine pass on blocks (Nq, B) of 32
 // threads. Used by crates/gdn-ops/tests/attn_decode_emulation.rs.
 //
+// Built with -DATTN_DECODE_HEADS=1 or 2, the split cases run the long-context passes instead
+// (attn_decode::run_pipelined<T, ATTN_DECODE_HEADS> on blocks (Nq / heads, B, P), then
+// combine_wide on blocks of Dh threads), which take rows of 16 bytes a lane only (another
+// width leaves the records NaN).
+//
 // stdin and stdout: kernels/emu/attn_decode_case.h (shared with the Metal kernels' harness), so
 // that one test drives both.
 //
@@ -37,6 +42,14 @@ namespace {
 
 using attn_decode_case::Case;
 
+// Query heads a block of the long-context split pass takes (2: head pairs, for cases whose
+// GQA group is even); the shipped pass takes one.
+#ifdef ATTN_DECODE_HEADS
+constexpr uint32_t kHeads = ATTN_DECODE_HEADS;
+#else
+constexpr uint32_t kHeads = 1;
+#endif
+
 template <class T>
 void run(const Case& c) {
   const AttnDecodeParams& p = c.p;
@@ -58,18 +71,36 @@ void run(const Case& c) {
     });
   } else {
     metal_emu::dispatch_threadgroups(
-        uint3{p.q_heads, p.batch, p.splits}, threads, [&](const metal_emu::ThreadIds& id) {
+        uint3{p.q_heads / kHeads, p.batch, p.splits}, threads, [&](const metal_emu::ThreadIds& id) {
           shared.poison(id);
           const uint3 block = id.threadgroup_position_in_grid;
+#ifdef ATTN_DECODE_HEADS
+          attn_decode::run_pipelined<T, kHeads>(
+              q.data(), keys.data(), values.data(), pos.data(), partials.data(), p, block.x, block.y, block.z,
+              id.simdgroup_index_in_threadgroup, id.thread_index_in_simdgroup, smem);
+#else
           attn_decode::run<T, true>(q.data(), nullptr, keys.data(), values.data(), pos.data(), nullptr,
                                     partials.data(), p, block.x, block.y, block.z,
                                     id.simdgroup_index_in_threadgroup, id.thread_index_in_simdgroup, smem);
+#endif
         });
+#ifdef ATTN_DECODE_HEADS
+    // The wide combine: Dh threads a block, a thread a feature (up to 256: the emulator's
+    // threadgroups of 32-thread simdgroups).
+    metal_emu::dispatch_threadgroups(uint3{p.q_heads, p.batch, 1}, uint3{32, p.head_dim / 32, 1},
+                                     [&](const metal_emu::ThreadIds& id) {
+                                       const uint3 block = id.threadgroup_position_in_grid;
+                                       attn_decode::combine_wide<T>(partials.data(), gate.data(), out.data(), p,
+                                                                    block.x, block.y,
+                                                                    id.thread_index_in_threadgroup);
+                                     });
+#else
     metal_emu::dispatch_threadgroups(uint3{p.q_heads, p.batch, 1}, uint3{32, 1, 1}, [&](const metal_emu::ThreadIds& id) {
       const uint3 block = id.threadgroup_position_in_grid;
       attn_decode::combine<T>(partials.data(), gate.data(), out.data(), p, block.x, block.y,
                               id.thread_index_in_simdgroup);
     });
+#endif
   }
   shared.check();
   b.check_and_write();

@@ -17,7 +17,9 @@
 //!
 //! Split-K (`attn_decode_split_*` + `attn_decode_combine_*`) runs at the split count the host
 //! picks from the capacity (contexts on both sides of `SPLIT_KEYS`) and at forced counts:
-//! more ranges than keys (empty ranges), ranges not dividing the keys, the most ranges.
+//! more ranges than keys (empty ranges), ranges not dividing the keys, the most ranges. The
+//! long-context split passes of the CUDA file (`attn_decode_split_{pipelined,pair}_*` and
+//! `attn_decode_combine_wide_*`) run on every split case whose rows they take.
 
 mod common;
 mod emu;
@@ -25,12 +27,20 @@ mod emu;
 use candle_core::{Device, Tensor};
 use common::attn_decode::{cases, inputs, seed, Shape, EMULATION_MAX_WORK};
 use common::{close, failures, values, Input, Ty, TYPES};
+use gdn_ops::ops::attn_decode::long_context::SplitPasses;
 use gdn_ops::ops::attn_decode::{attn_decode, AttnDecodeParams};
 use std::path::Path;
 
 static METAL_HARNESS: emu::Harness = emu::Harness::metal("attn_decode_harness");
 
 static CUDA_HARNESS: emu::Harness = emu::Harness::cuda("attn_decode_cuda_harness");
+
+/// The long-context split passes (`run_pipelined`, `combine_wide`): a query head a block, and
+/// head pairs (cases whose GQA group is even).
+static CUDA_PIPELINED: emu::Harness =
+    emu::Harness::cuda_with("attn_decode_cuda_harness", &["-DATTN_DECODE_HEADS=1"]);
+static CUDA_PAIR: emu::Harness =
+    emu::Harness::cuda_with("attn_decode_cuda_harness", &["-DATTN_DECODE_HEADS=2"]);
 
 fn check(harness: &Path, i: usize, ty: Ty, s: Shape) -> Option<String> {
     let mut x = inputs(s, ty, seed(i, ty));
@@ -81,14 +91,38 @@ fn shipped_cuda_attn_decode_bodies_match_the_cpu_twin() {
     run_all(CUDA_HARNESS.path(), "cuda");
 }
 
+/// The long-context passes on every split case whose rows they take (16 bytes a lane: Dh 256
+/// in f16/bf16, Dh 128 in f32), whatever its capacity: the host launches them from
+/// `LONG_CONTEXT_CAPACITY` on, which the emulator's work bound would leave few cases of.
+#[test]
+fn shipped_cuda_long_context_split_bodies_match_the_cpu_twin() {
+    let rows_of_16_bytes =
+        |s: Shape, ty: Ty| s.splits > 1 && s.head_dim / 32 * ty.dtype().size_in_bytes() == 16;
+    run_cases(CUDA_PIPELINED.path(), "pipelined", rows_of_16_bytes);
+    run_cases(CUDA_PAIR.path(), "pair", |s, ty| {
+        rows_of_16_bytes(s, ty) && (s.q_heads / s.kv_heads).is_multiple_of(2)
+    });
+}
+
 /// The op's cases the emulator runs in time ([`EMULATION_MAX_WORK`]), at every type.
 fn run_all(harness: &Path, kind: &str) {
+    run_cases(harness, kind, |_, _| true);
+}
+
+/// The cases of [`run_all`] that `takes` keeps.
+fn run_cases(harness: &Path, kind: &str, takes: impl Fn(Shape, Ty) -> bool) {
     let mut jobs = vec![];
     for (i, s) in cases().into_iter().enumerate() {
         if s.work() <= EMULATION_MAX_WORK {
-            jobs.extend(TYPES.map(|ty| (i, ty, s)));
+            jobs.extend(
+                TYPES
+                    .map(|ty| (i, ty, s))
+                    .into_iter()
+                    .filter(|&(_, ty, s)| takes(s, ty)),
+            );
         }
     }
+    assert!(!jobs.is_empty(), "{kind}: no case");
     let failures: Vec<String> = failures(&jobs, |&(i, ty, s)| {
         check(harness, i, ty, s).map(|e| format!("{kind} attn_decode_{} {s:?}: {e}", ty.name()))
     });
@@ -134,6 +168,26 @@ fn kernel_abi_in_source() {
         assert!(
             cu.contains(&format!(" {kernel}_##TN(")),
             "attn_decode.cu: missing {kernel}_<t>"
+        );
+    }
+    // The long-context pair (ops/attn_decode/long_context.rs): the split pass through the
+    // ATTN_DECODE_PIPELINED macro, the combine as above.
+    for passes in [SplitPasses::Pipelined, SplitPasses::HeadPairs] {
+        let k = passes.kernels(256);
+        let variant = k
+            .split
+            .strip_prefix("attn_decode_split_")
+            .expect("a split pass");
+        let heads = k.heads_per_block;
+        assert!(
+            cu.contains(&format!("ATTN_DECODE_PIPELINED(TN, T, {variant}, {heads},")),
+            "attn_decode.cu: missing {}_<t> over {heads} heads a block",
+            k.split
+        );
+        assert!(
+            cu.contains(&format!(" {}_##TN(", k.combine)),
+            "attn_decode.cu: missing {}_<t>",
+            k.combine
         );
     }
 }

@@ -4,7 +4,10 @@
 //! a CUDA device every test fails.
 //!
 //! The split-K pass is chosen by capacity (`AttnDecodeDims::splits`), so the long shapes
-//! run it; the simdgroup and split counts the emulated cases force are the emulation's.
+//! run it; the simdgroup and split counts the emulated cases force are the emulation's. From
+//! `LONG_CONTEXT_CAPACITY` positions on, rows of 16 bytes a lane take the long-context pair
+//! (ops/attn_decode/long_context.rs): the 8k, 16k and 64k cases at Dh 256 in f16/bf16 and the
+//! 8k case at Dh 128 in f32.
 //!
 //! Gate: within 2 ulp of InT plus 1e-5 of max |ref| (online softmax split over warps versus
 //! the twin's two passes, then two roundings to InT).

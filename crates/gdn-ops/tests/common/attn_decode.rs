@@ -127,6 +127,11 @@ pub fn cases() -> Vec<Shape> {
         split(5, shape(1, 2, 1, 64, 16, 40)),
         split(MAX_SPLITS, shape(1, 2, 2, 64, 4096, 4000)),
         split(4, on(4, shape(1, 4, 2, 256, 300, 299))),
+        // The long-context split passes (16 bytes a lane; the host's from 4 096 positions of
+        // capacity on): ranges of 500 keys, 16 batches of four a warp, the last one partial;
+        // f32 at Dh 128 over 32 ranges (the op launches them there on CUDA).
+        split(4, shape(1, 4, 2, 256, 2048, 2000)),
+        shape(1, 4, 2, 128, 8192, 7000),
     ]
 }
 

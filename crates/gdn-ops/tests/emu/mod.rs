@@ -19,7 +19,14 @@ pub fn workspace_root() -> PathBuf {
 /// temporary folder. Panics, never skips, when clang-19 or compiler-rt is missing.
 pub fn compile_harness(name: &str, extra_flags: &[&str]) -> PathBuf {
     let emu = workspace_root().join("kernels/emu");
-    let out = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("{name}-{}", std::process::id()));
+    // One binary per set of flags: a harness may be built twice with other -D flags.
+    let variant: String = extra_flags
+        .iter()
+        .filter(|f| f.starts_with("-D"))
+        .flat_map(|f| f.chars().filter(char::is_ascii_alphanumeric))
+        .collect();
+    let out = Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("{name}{variant}-{}", std::process::id()));
     let cxx = std::env::var("GDN_EMU_CXX").unwrap_or_else(|_| "clang++-19".into());
     let started = Instant::now();
     let result = Command::new(&cxx)
@@ -82,9 +89,13 @@ impl Harness {
     /// `kernels/emu/<name>.cpp`, a shipped `.cu` kernel body on the Metal emulation plus the
     /// CUDA stand-ins.
     pub const fn cuda(name: &'static str) -> Self {
+        Self::cuda_with(name, &[])
+    }
+    /// As [`Harness::cuda`], compiled with extra clang flags.
+    pub const fn cuda_with(name: &'static str, flags: &'static [&'static str]) -> Self {
         Self {
             name,
-            flags: &[],
+            flags,
             cuda: true,
             path: OnceLock::new(),
         }

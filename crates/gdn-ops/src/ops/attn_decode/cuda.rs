@@ -1,7 +1,9 @@
 //! CUDA host side of `kernels/attn_decode.cu`: a block of [`SIMDGROUPS`] warps per (query
 //! head, sequence), or per (query head, sequence, key range) and a combine pass when the
-//! context is split ([`AttnDecodeDims::splits`]).
+//! context is split ([`AttnDecodeDims::splits`]); long contexts take the split passes
+//! [`SplitPasses`] picks.
 
+use super::long_context::SplitPasses;
 use super::{AttnDecodeDims, AttnDecodeParams, Inputs, SIMDGROUPS};
 use crate::backend::cuda::{
     config, cuda_device, cuda_source, launch, tensor, with_float_type, Element, Held, Kernel,
@@ -51,11 +53,18 @@ where
         let v_view = values.view::<T>(OP)?;
         let p_view = pos.view::<u32>(OP)?;
         let params = d.params(SIMDGROUPS, splits);
-        let block = config(
-            (d.q_heads as u32, d.batch as u32, splits as u32),
-            (32, SIMDGROUPS as u32, 1),
-            d.scratch_bytes(SIMDGROUPS),
-        );
+        // Blocks of SIMDGROUPS warps over (query heads / heads a block, sequences, ranges).
+        let blocks = |heads_per_block: usize| {
+            config(
+                (
+                    (d.q_heads / heads_per_block) as u32,
+                    d.batch as u32,
+                    splits as u32,
+                ),
+                (32, SIMDGROUPS as u32, 1),
+                d.scratch_bytes(SIMDGROUPS),
+            )
+        };
         if splits == 1 {
             let single = kernel("attn_decode")?;
             let mut args = single.args();
@@ -69,11 +78,12 @@ where
             // SAFETY: arguments in the order and types of `attn_decode_*` in
             // kernels/attn_decode.cu; the views cover the shapes checked in
             // ops/attn_decode/mod.rs, and the shared memory holds SIMDGROUPS * (2 + Dh) floats.
-            unsafe { launch(args, block) }?;
+            unsafe { launch(args, blocks(1)) }?;
         } else {
             // SAFETY: the split pass writes every record (an empty range its neutral one).
             let partials = unsafe { dev.alloc::<f32>(d.partial_len(splits))? };
-            let split = kernel("attn_decode_split")?;
+            let passes = SplitPasses::for_dims(d, std::mem::size_of::<T>()).kernels(d.head_dim);
+            let split = kernel(passes.split)?;
             let mut args = split.args();
             args.arg(&q_view)
                 .arg(&k_view)
@@ -81,15 +91,20 @@ where
                 .arg(&p_view)
                 .arg(&partials)
                 .arg(&params);
-            // SAFETY: arguments of `attn_decode_split_*`; grid depth = params.splits, and
-            // partials holds B·Nq·splits·(2 + Dh) floats.
-            unsafe { launch(args, block) }?;
-            let combine = kernel("attn_decode_combine")?;
+            // SAFETY: arguments of `attn_decode_split_*` (the long-context passes take the
+            // same); grid depth = params.splits, heads_per_block divides the GQA group
+            // (long_context.rs), and partials holds B·Nq·splits·(2 + Dh) floats.
+            unsafe { launch(args, blocks(passes.heads_per_block)) }?;
+            let combine = kernel(passes.combine)?;
             let mut args = combine.args();
             args.arg(&partials).arg(&g_view).arg(&out).arg(&params);
-            let heads = config((d.q_heads as u32, d.batch as u32, 1), (32, 1, 1), 0);
-            // SAFETY: arguments of `attn_decode_combine_*`, reading the records written above
-            // on the same stream.
+            let heads = config(
+                (d.q_heads as u32, d.batch as u32, 1),
+                (passes.combine_threads as u32, 1, 1),
+                0,
+            );
+            // SAFETY: arguments of `attn_decode_combine_*` (and of the wide one, on blocks of
+            // Dh <= 256 threads), reading the records written above on the same stream.
             unsafe { launch(args, heads) }?;
         }
     }

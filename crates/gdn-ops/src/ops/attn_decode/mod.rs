@@ -30,6 +30,7 @@
 pub(crate) mod cpu;
 #[cfg(feature = "cuda")]
 pub mod cuda;
+pub mod long_context;
 #[cfg(any(feature = "metal", target_os = "macos"))]
 pub mod metal;
 
