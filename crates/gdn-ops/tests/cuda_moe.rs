@@ -132,17 +132,19 @@ fn moe_combine_matches_the_cpu_twin() {
     assert!(clustered > 0, "no case ran the cluster kernel");
 }
 
-/// Every element's bits, as u32 (any float dtype; f16 and bf16 widened to f32 exactly).
-fn bits(t: &Tensor) -> Vec<u32> {
+/// Every element as f32 (any float dtype; f16 and bf16 widen exactly).
+fn f32_values(t: &Tensor) -> Vec<f32> {
     t.to_dtype(DType::F32)
         .unwrap()
         .flatten_all()
         .unwrap()
         .to_vec1::<f32>()
         .unwrap()
-        .into_iter()
-        .map(f32::to_bits)
-        .collect()
+}
+
+/// Every element's bits, as u32 (f16 and bf16 widened to f32 exactly).
+fn bits(t: &Tensor) -> Vec<u32> {
+    f32_values(t).into_iter().map(f32::to_bits).collect()
 }
 
 /// The largest |got − want| in units of `dtype`'s spacing at `want` (its subnormals' below
@@ -153,17 +155,9 @@ fn max_ulps(got: &Tensor, want: &Tensor, dtype: DType) -> f32 {
         DType::F16 => (10, 2f32.powi(-14)),
         _ => (7, f32::MIN_POSITIVE),
     };
-    let values = |t: &Tensor| {
-        t.to_dtype(DType::F32)
-            .unwrap()
-            .flatten_all()
-            .unwrap()
-            .to_vec1::<f32>()
-            .unwrap()
-    };
-    values(got)
+    f32_values(got)
         .into_iter()
-        .zip(values(want))
+        .zip(f32_values(want))
         .map(|(g, w)| {
             let spacing = (w.abs().max(tiny).log2().floor() - mantissa as f32).exp2();
             (g - w).abs() / spacing
