@@ -3,8 +3,8 @@
 //! (attention hyper-connection), runs the GDN or the QSA indexed attention, injects the output
 //! back into every stream, and does the same around the MoE. The model's last
 //! hyper-connection (without injection) replaces the final norm. Composed ops: f32 on the CPU
-//! (reference plan), or on the device in the compute dtype (device plan, no fused kernels
-//! yet); the indexer's selection and the n-gram gather run on the host in both. A decode step
+//! (reference plan), or on the device in the compute dtype (device plan); the indexer's
+//! selection and the n-gram gather run on the host in both. On the device plan a decode step
 //! runs the GDN mixers and MoE blocks on the fused kernels when fused decode is on (`fused.rs`).
 
 use super::fused;
