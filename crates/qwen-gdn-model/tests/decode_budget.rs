@@ -151,6 +151,62 @@ fn qwen4_exp_launches_per_layer_kind_add_up() {
     assert_eq!(budget.total_for(model.config()), per_step[0], "{budget:?}");
 }
 
+/// qwen4_exp's decode step, fused against composed, on the 4-bit fixture (bf16). There every
+/// MoE block runs fused, no mixer does (its GDN head dims of 16 are outside the kernels'
+/// coverage, and a QSA mixer never runs fused), so each layer saves the same launches (its
+/// MoE block's, composed minus fused) and the step saves that many times the layers; the
+/// kinds still add up. The counts projected to the release config are printed.
+#[test]
+fn qwen4_exp_fused_decode_saves_each_moe_blocks_launches() {
+    use qwen_gdn_model::model::LaunchBudget;
+    let count = |fused: bool| {
+        let mut model = load_with("qwen4-exp-tiny-4bit", &device_plan(DType::BF16));
+        model.set_fused_decode(fused);
+        assert_eq!(model.fused_decode(), fused);
+        let budget = LaunchBudget::measure(&model).unwrap();
+        let mut cache = model.new_cache();
+        model.prefill(&[1, 2, 3, 4, 5], &mut cache, 16).unwrap();
+        gdn_ops::launches::take();
+        let (_, per_layer) = model.decode_step_with_launches(6, &mut cache).unwrap();
+        let total = gdn_ops::launches::take();
+        assert_eq!(budget.total_for(model.config()), total, "{budget:?}");
+        if fused {
+            let coverage = model.fused_coverage_per_layer();
+            assert!(
+                coverage.iter().all(|c| c.feed_forward && !c.mixer),
+                "{coverage:?}"
+            );
+        }
+        (budget, per_layer, total)
+    };
+    let (fused, composed) = (count(true), count(false));
+    let saved: Vec<usize> = composed
+        .1
+        .iter()
+        .zip(&fused.1)
+        .map(|(c, f)| c - f)
+        .collect();
+    assert!(
+        saved[0] > 0 && saved.iter().all(|&s| s == saved[0]),
+        "{saved:?}"
+    );
+    assert_eq!(fused.2, composed.2 - saved.len() * saved[0]);
+    assert_eq!(fused.0.outside, composed.0.outside);
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../tests/data/configs/qwen3.8-flash-next-release-4bit.json");
+    let cfg = Config::from_json_str(&std::fs::read_to_string(&path).unwrap(), "release").unwrap();
+    eprintln!(
+        "qwen4_exp decode, fixture: {} launches fused, {} composed ({} saved per layer); \
+         release config: {} fused, {} composed (MoE blocks fused only: the fixture's GDN \
+         widths are outside the kernels)",
+        fused.2,
+        composed.2,
+        saved[0],
+        fused.0.total_for(&cfg),
+        composed.0.total_for(&cfg)
+    );
+}
+
 /// The decode profile (`gdn_ops::profile`, `bench --profile-decode`) sees every launch of a
 /// fused step where it happens: per layer, its kernel rows' launches plus the candle launches
 /// it counted equal the launches `decode_step_with_launches` counts for that layer, and over

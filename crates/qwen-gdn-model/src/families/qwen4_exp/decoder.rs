@@ -3,9 +3,11 @@
 //! (attention hyper-connection), runs the GDN or the QSA indexed attention, injects the output
 //! back into every stream, and does the same around the MoE. The model's last
 //! hyper-connection (without injection) replaces the final norm. Composed ops: f32 on the CPU
-//! (reference plan), or on the device in the compute dtype (device plan, no fused kernels
-//! yet); the indexer's selection and the n-gram gather run on the host in both.
+//! (reference plan), or on the device in the compute dtype (device plan); the indexer's
+//! selection and the n-gram gather run on the host in both. On the device plan a decode step
+//! runs the GDN mixers and MoE blocks on the fused kernels when fused decode is on (`fused.rs`).
 
+use super::fused;
 use super::hyper_connection::HyperConnection;
 use super::ngram_tables;
 use super::ple::PerLayerEmbedding;
@@ -14,6 +16,7 @@ use super::state::{self, QsaState};
 use crate::cache::{Cache, FamilyState, GdnCache, KvCache, LayerCache};
 use crate::config::qwen4_exp::OutputGate;
 use crate::config::LayerKind;
+use crate::families::hybrid::LayerCoverage;
 use crate::layers::attention::Attention;
 use crate::layers::gdn::GatedDeltaNet;
 use crate::layers::moe::{MoePrefill, SparseMoe};
@@ -67,6 +70,9 @@ pub struct Qwen4ExpDecoder {
     pub layers: Vec<Qwen4ExpLayer>,
     pub final_mixer: HyperConnection,
     pub streams: usize,
+    /// Per layer, the parts a decode step runs on the fused kernels (`fused.rs`); empty when
+    /// fused decode is off, and every step runs the composed ops.
+    fused: Vec<LayerCoverage>,
 }
 
 impl Qwen4ExpDecoder {
@@ -116,6 +122,7 @@ impl Qwen4ExpDecoder {
             layers,
             final_mixer: HyperConnection::load(ckpt, "model.hyper_connection_mixer", cfg, false)?,
             streams: q.hc_count,
+            fused: Vec::new(),
         })
     }
 
@@ -149,6 +156,7 @@ impl Qwen4ExpDecoder {
             layers,
             final_mixer: self.final_mixer.into_device(device, dtype)?,
             streams: self.streams,
+            fused: Vec::new(),
         })
     }
 
@@ -166,6 +174,25 @@ impl Qwen4ExpDecoder {
         for layer in &mut self.layers {
             layer.moe.set_prefill(mode);
         }
+    }
+
+    /// Runs decode steps' GDN mixers and MoE blocks on the fused kernels where they cover
+    /// the layer in `dtype` (device plan; the caller checks), or everything composed.
+    pub fn set_fused_decode(&mut self, on: bool, dtype: DType) {
+        self.fused = if on {
+            fused::coverage(&self.layers, dtype)
+        } else {
+            Vec::new()
+        };
+    }
+
+    pub fn fused_decode(&self) -> bool {
+        !self.fused.is_empty()
+    }
+
+    /// Per layer, what a decode step runs fused (empty when fused decode is off).
+    pub fn coverage(&self) -> &[LayerCoverage] {
+        &self.fused
     }
 
     /// A fresh cache per layer: GDN states (plus the PLE context and window on PLE layers),
@@ -209,12 +236,21 @@ impl Qwen4ExpDecoder {
     ) -> Result<Tensor> {
         let offset = cache.offset;
         let hs = self.streams_of(&embedded.squeeze(0)?)?;
+        // A decode step (one token) runs the fused parts; a prompt, the composed layers.
+        let none = LayerCoverage {
+            mixer: false,
+            feed_forward: false,
+        };
+        let parts = |i: usize| match tokens.len() {
+            1 => self.fused.get(i).copied().unwrap_or(none),
+            _ => none,
+        };
         let hs = each_layer(
             &self.layers,
             &mut cache.layers,
             tap,
             hs,
-            |i, layer, c, hs, tap| layer.forward(i, &hs, tokens, c, offset, tap),
+            |i, layer, c, hs, tap| layer.forward(i, &hs, tokens, c, offset, parts(i), tap),
         )?;
         Ok(hs.unsqueeze(0)?)
     }
@@ -227,7 +263,9 @@ impl Qwen4ExpDecoder {
 
 impl Qwen4ExpLayer {
     /// Runs `tokens` (at positions `offset..`) through layer `i`: streams `hs` `[T, S·H]` in
-    /// and out, `cache` advanced, the streams after each part shown to `tap`.
+    /// and out, `cache` advanced, the streams after each part shown to `tap`; the parts
+    /// `fused` names run on the fused kernels (one token only).
+    #[allow(clippy::too_many_arguments)]
     pub fn forward(
         &self,
         i: usize,
@@ -235,13 +273,14 @@ impl Qwen4ExpLayer {
         tokens: &[u32],
         cache: &mut LayerCache,
         offset: usize,
+        fused: LayerCoverage,
         tap: &mut dyn Tap,
     ) -> Result<Tensor> {
         let hs = self.add_per_layer_embedding(hs, tokens, cache)?;
         if self.ple.is_some() {
             tap.part(Part::PerLayerEmbedding { layer: i }, &hs, &hs)?;
         }
-        let hs = self.mixer_residual(&hs, cache, offset)?;
+        let hs = self.mixer_residual(&hs, cache, offset, fused.mixer)?;
         let attention = matches!(self.mixer, Qwen4Mixer::Qsa(_));
         tap.part(
             Part::Mixer {
@@ -251,7 +290,7 @@ impl Qwen4ExpLayer {
             &hs,
             &hs,
         )?;
-        let hs = self.feed_forward_residual(&hs)?;
+        let hs = self.feed_forward_residual(&hs, fused.feed_forward)?;
         tap.part(
             Part::FeedForward {
                 layer: i,
@@ -289,10 +328,12 @@ impl Qwen4ExpLayer {
         hs: &Tensor,
         cache: &mut LayerCache,
         offset: usize,
+        fused: bool,
     ) -> Result<Tensor> {
         let (x, w) = self.attn_hc.forward(hs)?;
         let w = w.ok_or_else(|| anyhow!("attention hyper-connection without injection"))?;
         let y = match (&self.mixer, cache) {
+            (Qwen4Mixer::Gdn(m), LayerCache::Gdn(c)) if fused => fused::gdn_mixer(m, &x, c)?,
             (Qwen4Mixer::Gdn(m), LayerCache::Gdn(c)) => {
                 m.forward(&x.unsqueeze(0)?, c)?.squeeze(0)?
             }
@@ -314,10 +355,14 @@ impl Qwen4ExpLayer {
     }
 
     /// The MoE hyper-connection, the MoE block and its injection into the streams.
-    pub fn feed_forward_residual(&self, hs: &Tensor) -> Result<Tensor> {
+    pub fn feed_forward_residual(&self, hs: &Tensor, fused: bool) -> Result<Tensor> {
         let (x, w) = self.mlp_hc.forward(hs)?;
         let w = w.ok_or_else(|| anyhow!("MoE hyper-connection without injection"))?;
-        let y = self.moe.forward(&x.unsqueeze(0)?)?.squeeze(0)?;
+        let y = if fused {
+            fused::moe_block(&self.moe, &x)?
+        } else {
+            self.moe.forward(&x.unsqueeze(0)?)?.squeeze(0)?
+        };
         HyperConnection::inject(hs, &y, &w)
     }
 }

@@ -5,6 +5,7 @@
 
 pub mod config;
 pub mod decoder;
+pub mod fused;
 pub mod hyper_connection;
 pub mod ngram_hash;
 pub mod ngram_row_format;

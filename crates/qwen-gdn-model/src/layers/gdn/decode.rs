@@ -2,11 +2,14 @@
 //! for the conv (with its state), SiLU, the q/k L2 norms, the decay and β
 //! (`gdn_conv_prep`), one for the recurrence with the gated RMSNorm applied to its output
 //! (`gated_delta_update_norm`, the state advanced in place in its own dtype), and the
-//! out-projection.
+//! out-projection. The fused norm's gate is SiLU (Qwen3-Next, Qwen3.5); a layer with a
+//! sigmoid output gate (`qwen4_exp`'s `output_gate_type: sigmoid`) runs the fused recurrence
+//! (`gated_delta_update`) and its gated norm composed instead, until the kernel takes the gate.
 //! [`GatedDeltaNet::forward`] is the composed path these kernels are tested against.
 
 use super::GatedDeltaNet;
 use crate::cache::GdnCache;
+use crate::layers::norm::Gate;
 use anyhow::Result;
 use candle_core::{DType, Tensor};
 use gdn_ops::ops::{gated_delta_norm, gdn_conv_prep};
@@ -75,18 +78,112 @@ impl GatedDeltaNet {
         let state = self.state_for(cache, b, x.device())?;
         let prepared = self.conv_prep(&qkv, &beta_in, &a, &conv_state)?;
         let z = z.reshape((b, 1, hv, dv))?;
-        let out = gated_delta_norm::gated_delta_update_norm(
-            &prepared.q,
-            &prepared.k,
-            &prepared.v,
-            &prepared.g,
-            &prepared.beta,
-            &state,
-            &z,
-            &self.norm.norm.weight,
-            self.norm.norm.eps,
-        )?;
+        let out = match self.norm.gate {
+            Gate::Silu => gated_delta_norm::gated_delta_update_norm(
+                &prepared.q,
+                &prepared.k,
+                &prepared.v,
+                &prepared.g,
+                &prepared.beta,
+                &state,
+                &z,
+                &self.norm.norm.weight,
+                self.norm.norm.eps,
+            )?,
+            Gate::Sigmoid => {
+                let y = gdn_ops::gated_delta_update(
+                    &prepared.q,
+                    &prepared.k,
+                    &prepared.v,
+                    &prepared.g,
+                    &prepared.beta,
+                    &state,
+                )?;
+                self.norm.forward(&y, &z)?
+            }
+        };
         let out = out.reshape((b, hv * dv))?;
         profile::labelled("gdn.out_proj", || self.out_proj.forward(&out))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::families::hybrid::Mixer;
+    use crate::{Model, Plan, RunOptions};
+    use candle_core::Device;
+
+    /// The fused GDN decode step against the composed one, with the layer's output gate
+    /// (SiLU, then the sigmoid that `qwen4_exp` configures), over several steps of random
+    /// inputs: a GDN layer of the Qwen3.5 fixture, whose widths the kernels cover (the
+    /// `qwen4_exp` fixture's head dims of 16 are not). Fails when the fused arm applies the
+    /// wrong gate.
+    #[test]
+    fn fused_decode_matches_composed_for_each_output_gate() {
+        let dir =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models/qwen3.5-tiny-4bit");
+        let opts = RunOptions {
+            dtype: DType::F32,
+            plan: Some(Plan::Device),
+            ..RunOptions::default()
+        };
+        let model = Model::load(&dir, &Device::Cpu, &opts).unwrap();
+        let mut gdn = model
+            .layers()
+            .iter()
+            .find_map(|l| match &l.mixer {
+                Mixer::Gdn(m) => Some(m.clone()),
+                Mixer::Attention(_) => None,
+            })
+            .unwrap();
+        assert!(gdn.fused_decode_supported(DType::F32));
+        let hidden = model.config().hidden_size;
+        let mut outputs = Vec::new();
+        for gate in [Gate::Silu, Gate::Sigmoid] {
+            gdn.norm.gate = gate;
+            let (mut fused_cache, mut composed_cache) = (GdnCache::default(), GdnCache::default());
+            let mut fused_rows = Vec::new();
+            for step in 0..4u64 {
+                let x = Tensor::randn(0f32, 1., (1, hidden), &Device::Cpu).unwrap();
+                let fused = gdn.decode_fused(&x, &mut fused_cache).unwrap();
+                let composed = gdn
+                    .forward(&x.unsqueeze(1).unwrap(), &mut composed_cache)
+                    .unwrap()
+                    .squeeze(1)
+                    .unwrap();
+                let scale = composed
+                    .abs()
+                    .unwrap()
+                    .max_all()
+                    .unwrap()
+                    .to_scalar::<f32>()
+                    .unwrap();
+                let d = (&fused - &composed)
+                    .unwrap()
+                    .abs()
+                    .unwrap()
+                    .max_all()
+                    .unwrap()
+                    .to_scalar::<f32>()
+                    .unwrap();
+                assert!(
+                    d <= 1e-5 * scale.max(1.),
+                    "{gate:?} step {step}: {d:e} of {scale:e}"
+                );
+                fused_rows.push(fused);
+            }
+            outputs.push(Tensor::cat(&fused_rows, 0).unwrap());
+        }
+        // The gates give different outputs, so a swapped gate cannot pass.
+        let apart = (&outputs[0] - &outputs[1])
+            .unwrap()
+            .abs()
+            .unwrap()
+            .max_all()
+            .unwrap()
+            .to_scalar::<f32>()
+            .unwrap();
+        assert!(apart > 1e-3, "{apart:e}");
     }
 }

@@ -1,0 +1,46 @@
+//! The `qwen4_exp` decode step's parts on the Qwen3-Next fused kernels (one token per
+//! sequence): the GDN mixer (`gdn_conv_prep`, `gated_delta_update_norm` with the layer's own
+//! output gate) and the MoE block (router, `moe_route`, the gathered gate/up SwiGLU and down
+//! products, and their weighted sum by `moe_combine`). What stays composed in the step, and
+//! why: the hyper-connection mixing and injection, the PLE gather and conv (no kernels for
+//! them yet), and the QSA attention (`attn_decode` takes no mask, and the indexer's
+//! selection is computed on the host). The composed layer is the reference it is tested
+//! against (tests/qwen4_exp.rs).
+
+use super::decoder::{Qwen4ExpLayer, Qwen4Mixer};
+use crate::cache::GdnCache;
+use crate::families::hybrid::LayerCoverage;
+use crate::layers::gdn::GatedDeltaNet;
+use crate::layers::moe::SparseMoe;
+use anyhow::Result;
+use candle_core::{DType, Tensor};
+use gdn_ops::ops::moe_combine::moe_combine;
+
+/// Per layer, what the fused kernels cover in `dtype`: the GDN mixer (never the QSA one) and
+/// the MoE block.
+pub fn coverage(layers: &[Qwen4ExpLayer], dtype: DType) -> Vec<LayerCoverage> {
+    layers
+        .iter()
+        .map(|l| LayerCoverage {
+            mixer: match &l.mixer {
+                Qwen4Mixer::Gdn(m) => m.fused_decode_supported(dtype),
+                Qwen4Mixer::Qsa(_) => false,
+            },
+            feed_forward: l.moe.fused_decode_supported(dtype),
+        })
+        .collect()
+}
+
+/// The GDN mixer on one token: `x` `[1, H]` (the hyper-connection's mix) → `[1, H]`.
+pub fn gdn_mixer(m: &GatedDeltaNet, x: &Tensor, cache: &mut GdnCache) -> Result<Tensor> {
+    m.decode_fused(x, cache)
+}
+
+/// The MoE block on one token: `x` `[1, H]` → the weighted sum of its slots `[1, H]` (the
+/// shared expert is one of the slots). The sum has no residual here (the hyper-connection
+/// injects it into the streams), so `moe_combine` adds it to zeros.
+pub fn moe_block(moe: &SparseMoe, x: &Tensor) -> Result<Tensor> {
+    let (down, weights) = moe.decode_fused(x)?;
+    let (sum, _) = moe_combine(&down, &weights, &x.zeros_like()?, None)?;
+    Ok(sum)
+}
