@@ -1,17 +1,17 @@
 //! Which split passes the CUDA kernels take: the shipped `attn_decode_split_*` +
-//! `attn_decode_combine_*`, or from [`LONG_CONTEXT_CAPACITY`] positions on a long-context pair
-//! of kernels/attn_decode.cu (`attn_decode::run_pipelined`, `attn_decode::combine_wide`): the
+//! `attn_decode_combine_*` (rows that are not 16 bytes a lane), or the pipelined pair of
+//! kernels/attn_decode.cu (`attn_decode::run_pipelined`, `attn_decode::combine_wide`): the
 //! same keys a warp in the same order — the same bits — with a batch's value rows and the next
-//! batch's keys loaded early, a warp serving two query heads of its KV head where the GQA group
-//! is even, and a thread per feature in the combine. CUDA only: the Metal kernels keep one pair.
+//! batch's keys loaded early, from [`LONG_CONTEXT_CAPACITY`] positions on a warp serving two
+//! query heads of its KV head where the GQA group is even, and a thread per feature in the
+//! combine. CUDA only: the Metal kernels keep one pair.
 
 use super::AttnDecodeDims;
 
-/// KV capacity from which the long-context passes run: where the split count reaches
+/// KV capacity from which head pairs run: where the split count reaches
 /// [`MAX_SPLITS`](super::MAX_SPLITS) (32 × [`SPLIT_KEYS`](super::SPLIT_KEYS)) and the ranges
-/// grow with the context, so that each warp walks several batches whose loads the pipeline
-/// overlaps. Below it (decode after a few hundred positions) the launches are the ones
-/// measured before (docs/perf-notes-gpu.md, "attn_decode, loads in flight at long contexts").
+/// grow with the context, so that a block has enough keys to share its loaded rows between two
+/// heads (docs/perf-notes-gpu.md, "attn_decode, loads in flight at long contexts").
 pub const LONG_CONTEXT_CAPACITY: usize = 4096;
 
 /// The two launches of a split.
@@ -43,11 +43,15 @@ impl SplitPasses {
     /// rows of exactly 16 bytes a lane (`Dh / 32 · elem_bytes`: Dh 256 in f16/bf16, Dh 128
     /// in f32), which they hold in registers as loaded; head pairs need an even GQA group.
     pub fn for_dims(d: AttnDecodeDims, elem_bytes: usize) -> Self {
-        if d.capacity < LONG_CONTEXT_CAPACITY || d.head_dim / 32 * elem_bytes != 16 {
+        if d.head_dim / 32 * elem_bytes != 16 {
             Self::Shipped
-        } else if (d.q_heads / d.kv_heads).is_multiple_of(2) {
+        } else if d.capacity >= LONG_CONTEXT_CAPACITY && (d.q_heads / d.kv_heads).is_multiple_of(2)
+        {
             Self::HeadPairs
         } else {
+            // Below the long-context capacity the one-head pipelined pass still beats the
+            // shipped pair (capacity 768: 9.4 against 14.7 µs a layer on the H200, the same
+            // bits), while head pairs halve a grid that is already small there.
             Self::Pipelined
         }
     }
@@ -94,10 +98,10 @@ mod tests {
     #[test]
     fn long_contexts_of_16_byte_rows_take_the_long_context_passes() {
         use SplitPasses::*;
-        // Qwen3-Next in bf16 (16 query heads over 2): after 512 positions the shipped pair,
-        // from 4k on head pairs.
-        assert_eq!(SplitPasses::for_dims(dims(16, 256, 768), 2), Shipped);
-        assert_eq!(SplitPasses::for_dims(dims(16, 256, 4095), 2), Shipped);
+        // Qwen3-Next in bf16 (16 query heads over 2): after 512 positions the one-head
+        // pipelined pass, from 4k on head pairs.
+        assert_eq!(SplitPasses::for_dims(dims(16, 256, 768), 2), Pipelined);
+        assert_eq!(SplitPasses::for_dims(dims(16, 256, 4095), 2), Pipelined);
         assert_eq!(SplitPasses::for_dims(dims(16, 256, 4096), 2), HeadPairs);
         assert_eq!(SplitPasses::for_dims(dims(16, 256, 16640), 2), HeadPairs);
         // An odd group (6 over 2): one head a block.
