@@ -28,3 +28,18 @@ pub fn cast(x: &Tensor, dtype: DType) -> Result<Tensor> {
 pub fn own_copy(t: &Tensor) -> Result<Tensor> {
     candle_op(t.force_contiguous())
 }
+
+/// The largest |element| of `t`, as f32: the tests' measure of a difference between two paths.
+#[cfg(test)]
+pub(crate) fn max_abs(t: &Tensor) -> f32 {
+    t.to_dtype(candle_core::DType::F32)
+        .unwrap()
+        .abs()
+        .unwrap()
+        .flatten_all()
+        .unwrap()
+        .max(0)
+        .unwrap()
+        .to_scalar()
+        .unwrap()
+}

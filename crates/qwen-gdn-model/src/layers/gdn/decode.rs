@@ -77,28 +77,23 @@ impl GatedDeltaNet {
         let conv_state = self.conv_state_for(cache, b, channels, x)?;
         let state = self.state_for(cache, b, x.device())?;
         let prepared = self.conv_prep(&qkv, &beta_in, &a, &conv_state)?;
+        let (q, k, v, g, beta) = (
+            &prepared.q,
+            &prepared.k,
+            &prepared.v,
+            &prepared.g,
+            &prepared.beta,
+        );
         let z = z.reshape((b, 1, hv, dv))?;
+        let (weight, eps) = (&self.norm.norm.weight, self.norm.norm.eps);
         let out = match self.norm.gate {
             Gate::Silu => gated_delta_norm::gated_delta_update_norm(
-                &prepared.q,
-                &prepared.k,
-                &prepared.v,
-                &prepared.g,
-                &prepared.beta,
-                &state,
-                &z,
-                &self.norm.norm.weight,
-                self.norm.norm.eps,
+                q, k, v, g, beta, &state, &z, weight, eps,
             )?,
+            // The fused norm gates with SiLU only: a sigmoid gate runs the recurrence's kernel
+            // and the composed gated norm.
             Gate::Sigmoid => {
-                let y = gdn_ops::gated_delta_update(
-                    &prepared.q,
-                    &prepared.k,
-                    &prepared.v,
-                    &prepared.g,
-                    &prepared.beta,
-                    &state,
-                )?;
+                let y = gdn_ops::gated_delta_update(q, k, v, g, beta, &state)?;
                 self.norm.forward(&y, &z)?
             }
         };
@@ -111,6 +106,7 @@ impl GatedDeltaNet {
 mod tests {
     use super::*;
     use crate::families::hybrid::Mixer;
+    use crate::tensor::max_abs;
     use crate::{Model, Plan, RunOptions};
     use candle_core::Device;
 
@@ -152,21 +148,8 @@ mod tests {
                     .unwrap()
                     .squeeze(1)
                     .unwrap();
-                let scale = composed
-                    .abs()
-                    .unwrap()
-                    .max_all()
-                    .unwrap()
-                    .to_scalar::<f32>()
-                    .unwrap();
-                let d = (&fused - &composed)
-                    .unwrap()
-                    .abs()
-                    .unwrap()
-                    .max_all()
-                    .unwrap()
-                    .to_scalar::<f32>()
-                    .unwrap();
+                let scale = max_abs(&composed);
+                let d = max_abs(&(&fused - &composed).unwrap());
                 assert!(
                     d <= 1e-5 * scale.max(1.),
                     "{gate:?} step {step}: {d:e} of {scale:e}"
@@ -176,14 +159,7 @@ mod tests {
             outputs.push(Tensor::cat(&fused_rows, 0).unwrap());
         }
         // The gates give different outputs, so a swapped gate cannot pass.
-        let apart = (&outputs[0] - &outputs[1])
-            .unwrap()
-            .abs()
-            .unwrap()
-            .max_all()
-            .unwrap()
-            .to_scalar::<f32>()
-            .unwrap();
+        let apart = max_abs(&(&outputs[0] - &outputs[1]).unwrap());
         assert!(apart > 1e-3, "{apart:e}");
     }
 }

@@ -253,14 +253,7 @@ mod tests {
         .unwrap();
         let want = d.gather_matmul_t(&act, &ids).unwrap();
         assert_eq!(got.dims(), [n, 2, h]);
-        let diff = (got - want)
-            .unwrap()
-            .abs()
-            .unwrap()
-            .max_all()
-            .unwrap()
-            .to_scalar::<f32>()
-            .unwrap();
+        let diff = crate::tensor::max_abs(&(got - want).unwrap());
         assert!(diff < 1e-5, "{diff}");
     }
 

@@ -57,18 +57,7 @@ fn selection_mask(queries: usize, keys: usize, offset: usize, seed: u64) -> Tens
     Tensor::from_vec(mask, (queries, keys), &Device::Cpu).unwrap()
 }
 
-fn max_abs(t: &Tensor) -> f32 {
-    t.to_dtype(DType::F32)
-        .unwrap()
-        .abs()
-        .unwrap()
-        .flatten_all()
-        .unwrap()
-        .max(0)
-        .unwrap()
-        .to_scalar()
-        .unwrap()
-}
+use crate::tensor::max_abs;
 
 fn check(c: Case, dtype: DType, seed: u64) {
     let keys = c.offset + c.queries;
