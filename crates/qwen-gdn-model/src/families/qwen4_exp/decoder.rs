@@ -64,6 +64,20 @@ pub struct Qwen4ExpLayer {
     pub moe: SparseMoe,
 }
 
+impl Qwen4ExpLayer {
+    /// What the fused kernels (`fused.rs`) cover of this layer in `dtype`: the GDN mixer
+    /// (never the QSA one) and the MoE block.
+    fn fused_coverage(&self, dtype: DType) -> LayerCoverage {
+        LayerCoverage {
+            mixer: match &self.mixer {
+                Qwen4Mixer::Gdn(m) => m.fused_decode_supported(dtype),
+                Qwen4Mixer::Qsa(_) => false,
+            },
+            feed_forward: self.moe.fused_decode_supported(dtype),
+        }
+    }
+}
+
 /// Every layer of a `qwen4_exp` model and the final stream mixer.
 #[derive(Debug)]
 pub struct Qwen4ExpDecoder {
@@ -180,7 +194,10 @@ impl Qwen4ExpDecoder {
     /// the layer in `dtype` (device plan; the caller checks), or everything composed.
     pub fn set_fused_decode(&mut self, on: bool, dtype: DType) {
         self.fused = if on {
-            fused::coverage(&self.layers, dtype)
+            self.layers
+                .iter()
+                .map(|l| l.fused_coverage(dtype))
+                .collect()
         } else {
             Vec::new()
         };

@@ -7,29 +7,12 @@
 //! selection is computed on the host). The composed layer is the reference it is tested
 //! against (tests/qwen4_exp.rs).
 
-use super::decoder::{Qwen4ExpLayer, Qwen4Mixer};
 use crate::cache::GdnCache;
-use crate::families::hybrid::LayerCoverage;
 use crate::layers::gdn::GatedDeltaNet;
 use crate::layers::moe::SparseMoe;
 use anyhow::Result;
-use candle_core::{DType, Tensor};
+use candle_core::Tensor;
 use gdn_ops::ops::moe_combine::moe_combine;
-
-/// Per layer, what the fused kernels cover in `dtype`: the GDN mixer (never the QSA one) and
-/// the MoE block.
-pub fn coverage(layers: &[Qwen4ExpLayer], dtype: DType) -> Vec<LayerCoverage> {
-    layers
-        .iter()
-        .map(|l| LayerCoverage {
-            mixer: match &l.mixer {
-                Qwen4Mixer::Gdn(m) => m.fused_decode_supported(dtype),
-                Qwen4Mixer::Qsa(_) => false,
-            },
-            feed_forward: l.moe.fused_decode_supported(dtype),
-        })
-        .collect()
-}
 
 /// The GDN mixer on one token: `x` `[1, H]` (the hyper-connection's mix) → `[1, H]`.
 pub fn gdn_mixer(m: &GatedDeltaNet, x: &Tensor, cache: &mut GdnCache) -> Result<Tensor> {
