@@ -66,6 +66,25 @@ __device__ __forceinline__ void load_lane(const T* src, uint32_t per_lane,
   }
 }
 
+// The attention's output feature at `at`: the merged sum over the softmax total, rounded to T
+// as the composed path rounds it, times the sigmoid of its gate.
+template <typename T>
+__device__ __forceinline__ void store_gated(const T* gate, T* out, size_t at, float acc,
+                                            float total) {
+  const float attended = to_f32(from_f32<T>(acc / total));
+  const float g = to_f32(gate[at]);
+  out[at] = from_f32<T>(attended * (1.f / (1.f + expf(-g))));
+}
+
+// The largest range maximum among a head's `splits` records (range 0 holds key 0, so it is a
+// real score).
+__device__ __forceinline__ float records_top(const float* records, uint32_t splits,
+                                             uint32_t stride) {
+  float top = -FLT_MAX;
+  for (uint32_t s = 0; s < splits; ++s) top = fmaxf(top, records[s * stride]);
+  return top;
+}
+
 // The block's warps' (max, sum, outputs) merged through shared memory (scratch: S * (2 + Dh)
 // floats) by warp 0: into the range's record of `partials` (kSplit), else gated into `out`.
 // o: a lane's per_lane (<= N) output features.
@@ -106,9 +125,7 @@ __device__ __forceinline__ void merge_warps(float m, float l, const float (&o)[N
     if (kSplit) {
       record[2 + j] = acc;
     } else {
-      const float attended = to_f32(from_f32<T>(acc / total));
-      const float g = to_f32(gate[head_at + i]);
-      out[head_at + i] = from_f32<T>(attended * (1.f / (1.f + expf(-g))));
+      store_gated(gate, out, head_at + i, acc, total);
     }
   }
 }
@@ -204,9 +221,7 @@ __device__ void combine(const float* partials, const T* gate, T* out, const Attn
   const uint32_t dh = p.head_dim, per_lane = dh / 32, splits = p.splits, stride = 2 + dh;
   const float* records = partials + ((size_t)b * p.q_heads + h) * splits * stride;
   const size_t head_at = ((size_t)b * p.q_heads + h) * dh + lane * per_lane;
-  // Range 0 holds key 0, so top is a real score.
-  float top = -FLT_MAX;
-  for (uint32_t s = 0; s < splits; ++s) top = fmaxf(top, records[s * stride]);
+  const float top = records_top(records, splits, stride);
   float total = 0.f;
   for (uint32_t s = 0; s < splits; ++s) total += records[s * stride + 1] * expf(records[s * stride] - top);
   for (uint32_t i = 0; i < per_lane; ++i) {
@@ -215,9 +230,7 @@ __device__ void combine(const float* partials, const T* gate, T* out, const Attn
     for (uint32_t s = 0; s < splits; ++s) {
       acc += records[s * stride + 2 + j] * expf(records[s * stride] - top);
     }
-    const float attended = to_f32(from_f32<T>(acc / total));
-    const float g = to_f32(gate[head_at + i]);
-    out[head_at + i] = from_f32<T>(attended * (1.f / (1.f + expf(-g))));
+    store_gated(gate, out, head_at + i, acc, total);
   }
 }
 
@@ -362,17 +375,14 @@ __device__ void combine_wide(const float* partials, const T* gate, T* out,
   const uint32_t dh = p.head_dim, splits = p.splits, stride = 2 + dh;
   const float* records = partials + ((size_t)b * p.q_heads + h) * splits * stride;
   const size_t at = ((size_t)b * p.q_heads + h) * dh + j;
-  float top = -FLT_MAX;
-  for (uint32_t s = 0; s < splits; ++s) top = fmaxf(top, records[s * stride]);
+  const float top = records_top(records, splits, stride);
   float total = 0.f, acc = 0.f;
   for (uint32_t s = 0; s < splits; ++s) {
     const float weight = expf(records[s * stride] - top);
     total += records[s * stride + 1] * weight;
     acc += records[s * stride + 2 + j] * weight;
   }
-  const float attended = to_f32(from_f32<T>(acc / total));
-  const float g = to_f32(gate[at]);
-  out[at] = from_f32<T>(attended * (1.f / (1.f + expf(-g))));
+  store_gated(gate, out, at, acc, total);
 }
 
 }  // namespace attn_decode

@@ -27,16 +27,6 @@ extern "C" __global__ void __launch_bounds__(512) v_c1(MOE_COMBINE_ARGS) {
 MOE_COMBINE_VARIANT(v_c2, 2)
 MOE_COMBINE_VARIANT(v_c4, 4)
 MOE_COMBINE_VARIANT(v_c8, 8)
-// A thread's 4 columns side by side, one 8-byte load a slot (H % 4 == 0 only).
-#define MOE_COMBINE_CHUNKED(NAME, CL)                                                          \
-  extern "C" __global__ void __cluster_dims__(CL, 1, 1) __launch_bounds__(512)                 \
-      NAME(MOE_COMBINE_ARGS) {                                                                 \
-    moe_combine::combine_split<__nv_bfloat16, CL, CL, true>(down, weights, residual,           \
-                                                            norm_weight, sum, normed, p);      \
-  }
-MOE_COMBINE_CHUNKED(v_c2_vec, 2)
-MOE_COMBINE_CHUNKED(v_c4_vec, 4)
-MOE_COMBINE_CHUNKED(v_c8_vec, 8)
 extern "C" __global__ void __cluster_dims__(4, 1, 1) __launch_bounds__(512) x_c4_drop(MOE_COMBINE_ARGS) {
   moe_combine::combine_split<__nv_bfloat16, 4, 3>(down, weights, residual, norm_weight, sum, normed, p);
 }
