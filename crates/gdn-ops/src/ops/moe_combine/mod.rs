@@ -150,6 +150,25 @@ pub fn moe_combine_with(
     ))
 }
 
+/// The weighted expert outputs alone, without a residual or a norm: `down` `[N, S, H]`,
+/// `weights` `[N, S]` f32 → `[N, H]`, `InT(Σ_s weights[n, s] · down[n, s])` (slots in order;
+/// for a block whose output is added to the stream elsewhere, e.g. by a hyper-connection).
+pub fn moe_weighted_sum(down: &Tensor, weights: &Tensor) -> Result<Tensor> {
+    let (tokens, slots, hidden) = down.dims3().map_err(|_| {
+        anyhow::anyhow!("moe_weighted_sum: down {:?} must be [N, S, H]", down.dims())
+    })?;
+    let (sum, _) = combine(
+        down,
+        None,
+        weights,
+        None,
+        None,
+        (tokens, slots, hidden),
+        CombineKernel::Auto,
+    )?;
+    Ok(sum)
+}
+
 /// The weighted sum of expert outputs kept in grouped order: `down` `[P, H]`, `rows` `[N, S]`
 /// u32 (slot `s` of token `n` is row `rows[n, s]` of `down`), `weights` `[N, S]` f32 →
 /// `[N, H]` in `down`'s dtype, `InT(Σ_s weights[n, s] · down[rows[n, s]])` (slots in order).

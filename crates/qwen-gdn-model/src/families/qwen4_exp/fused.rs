@@ -12,7 +12,7 @@ use crate::layers::gdn::GatedDeltaNet;
 use crate::layers::moe::SparseMoe;
 use anyhow::Result;
 use candle_core::Tensor;
-use gdn_ops::ops::moe_combine::moe_combine;
+use gdn_ops::ops::moe_combine::moe_weighted_sum;
 
 /// The GDN mixer on one token: `x` `[1, H]` (the hyper-connection's mix) → `[1, H]`.
 pub fn gdn_mixer(m: &GatedDeltaNet, x: &Tensor, cache: &mut GdnCache) -> Result<Tensor> {
@@ -20,10 +20,9 @@ pub fn gdn_mixer(m: &GatedDeltaNet, x: &Tensor, cache: &mut GdnCache) -> Result<
 }
 
 /// The MoE block on one token: `x` `[1, H]` → the weighted sum of its slots `[1, H]` (the
-/// shared expert is one of the slots). The sum has no residual here (the hyper-connection
-/// injects it into the streams), so `moe_combine` adds it to zeros.
+/// shared expert is one of the slots), without a residual: the hyper-connection injects it
+/// into the streams.
 pub fn moe_block(moe: &SparseMoe, x: &Tensor) -> Result<Tensor> {
     let (down, weights) = moe.decode_fused(x)?;
-    let (sum, _) = moe_combine(&down, &weights, &x.zeros_like()?, None)?;
-    Ok(sum)
+    moe_weighted_sum(&down, &weights)
 }
