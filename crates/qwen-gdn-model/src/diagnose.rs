@@ -119,7 +119,6 @@ pub fn first_non_finite(model: &Model, tokens: &[u32], chunk: usize) -> Result<O
         };
         // As the model's own forward pass: the reference plan's products run on the CPU pool.
         let final_finite = model.on_host_workers(|| {
-            let _q8 = gdn_ops::ops::affine::q8::Scope::enter(model.q8_activations());
             all_finite(&model.final_norm(&h)?)
         })?;
         if !final_finite {

@@ -11,7 +11,7 @@ use crate::layers::linear::{Embedding, Linear};
 use crate::layers::moe::MoePrefill;
 use crate::tap::{LaunchCounter, NoTap, Part, Tap};
 use crate::tensor::cast;
-use crate::weights::Checkpoint;
+use crate::weights::{row_exact, Checkpoint};
 use crate::{Config, Plan, RunOptions, StateDtype};
 use anyhow::{bail, ensure, Result};
 use candle_core::{DType, Device, Tensor};
@@ -269,7 +269,6 @@ impl Model {
             "cache does not belong to this model"
         );
         self.on_host_workers(|| {
-            let _q8 = gdn_ops::ops::affine::q8::Scope::enter(self.q8_activations);
             tap.begin_pass()?;
             let h = self.embed(tokens)?;
             tap.part(Part::Embedding, &h, &h)?;
@@ -282,7 +281,6 @@ impl Model {
     /// The final norm and the output head on `h`, shown to `tap` as [`Part::OutputHead`].
     fn logits(&self, h: &Tensor, tap: &mut dyn Tap) -> Result<Tensor> {
         self.on_host_workers(|| {
-            let _q8 = gdn_ops::ops::affine::q8::Scope::enter(self.q8_activations);
             let logits = self.lm_head.forward(&self.final_norm(h)?)?;
             tap.part(Part::OutputHead, &logits, &logits)?;
             crate::device_memory::sample(&self.device);
@@ -293,13 +291,26 @@ impl Model {
     /// The reference plan's products are host loops split over rayon: they run from a
     /// worker of the CPU pool (see `gdn_ops::threads`). The device plan stays on the
     /// caller's thread, where its per-thread launch counter and device queues live.
+    ///
+    /// The products' modes are per-thread switches, so they are entered here, on the thread
+    /// that runs `work`: this model's 8-bit activations, and the caller's row-exact mode. A
+    /// pool worker waiting inside one pass can pick up another caller's whole pass (rayon
+    /// steals it while it waits); without this, that pass ran under the waiting pass's
+    /// switches — a sequence prefilled alone while a batched step waited took the batch's
+    /// row-exact products and came out a few ulps off (the flaky `batched_decode` failure).
     pub(crate) fn on_host_workers<R: Send>(
         &self,
         work: impl FnOnce() -> Result<R> + Send,
     ) -> Result<R> {
+        let (q8, rows) = (self.q8_activations, row_exact::enabled());
+        let with_modes = move || {
+            let _q8 = gdn_ops::ops::affine::q8::Scope::enter(q8);
+            let _rows = row_exact::scope(rows);
+            work()
+        };
         match self.plan {
-            Plan::Reference => gdn_ops::threads::on_cpu_pool(work),
-            Plan::Device => work(),
+            Plan::Reference => gdn_ops::threads::on_cpu_pool(with_modes),
+            Plan::Device => with_modes(),
         }
     }
 

@@ -63,7 +63,6 @@ impl Model {
             );
         }
         self.on_host_workers(|| {
-            let _q8 = gdn_ops::ops::affine::q8::Scope::enter(self.q8_activations);
             let _rows = row_exact::scope(self.batch_products == BatchProducts::EachRowAlone);
             let h = self.embed(tokens)?;
             let h = self.decoder.forward_batch(h, tokens, caches, &mut NoTap)?;

@@ -84,7 +84,6 @@ impl Model {
     pub fn forward_normed(&self, tokens: &[u32], cache: &mut Cache) -> Result<Tensor> {
         let h = self.run_layers(tokens, cache, &mut NoTap)?;
         self.on_host_workers(|| {
-            let _q8 = gdn_ops::ops::affine::q8::Scope::enter(self.q8_activations);
             self.final_norm(&h)
         })
     }
@@ -93,7 +92,6 @@ impl Model {
     /// same numbers [`Model::forward`] gives for those positions.
     pub fn head_logits(&self, normed: &Tensor) -> Result<Tensor> {
         self.on_host_workers(|| {
-            let _q8 = gdn_ops::ops::affine::q8::Scope::enter(self.q8_activations);
             let logits = labelled("lm_head", || self.lm_head.forward(normed))?;
             cast(&logits.squeeze(0)?, DType::F32)
         })
@@ -117,7 +115,6 @@ impl Model {
             bail!("token id {t} is outside the vocabulary ({vocab})");
         }
         self.on_host_workers(|| {
-            let _q8 = gdn_ops::ops::affine::q8::Scope::enter(self.q8_activations);
             let embedded = self.embed(next)?;
             labelled("mtp", || head.forward(&embedded, hidden, cache))
         })
