@@ -19,6 +19,13 @@ Subcommands:
              `--baseline-bin PATH` runs that baseline with another build of qwen-gdn (e.g. the
              commit before a restructuring: a before/after in the same rounds).
 
+  batch      (stdlib only) batched decode (issue 29): alternates `qwen-gdn bench --batch B,...
+             --q8-activations` (both `--batch-products`: `shared`, the fewest weight reads, and
+             `each-row-alone`, every sequence's own bits) and `llama-batched-bench -npl B,...`
+             rounds on the same weights, prints the aggregate decode tok/s per B side by side;
+             its last line is `batched decode ratio vs llama.cpp: B=1 X.XX, ..., lowest Y.YY`
+             (qwen-gdn shared over llama.cpp, medians).
+
 Roofline (bytes per decoded token, all read once from memory; compute is assumed free):
   - weights: every tensor of the checkpoint at its stored size (4-bit words + bf16 scales and
     biases; the 8-bit router and shared-expert gate; norms, conv, A_log, dt_bias), except the
@@ -343,6 +350,85 @@ def cmd_run(a) -> None:
     print(f"prefill ratio vs llama.cpp: {statistics.median(qg['pp']) / statistics.median(lb['pp']):.2f}")
 
 
+def cmd_batch(a) -> None:
+    out_dir = Path(a.out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    log = open(out_dir / "runs.log", "a")
+    sizes = [int(b) for b in a.batch.split(",")]
+    qg_cmd = [a.qwen_gdn, "bench", "--model", a.model, "-p", str(a.p), "-g", str(a.g), "-r", "1", "--json",
+              "--q8-activations", "--batch", a.batch, "--batch-products"]
+    # Every sequence its own prompt (not one shared prefill), one decode step for all of them
+    # at once: what `qwen-gdn bench --batch` times. -c holds all the sequences' positions.
+    context = max(sizes) * (a.p + a.g) + 64
+    lb_cmd = [a.batched_bench, "-m", a.gguf, "-c", str(context), "-npp", str(a.p), "-ntg", str(a.g),
+              "-npl", a.batch, "-t", str(a.threads), "--output-format", "jsonl"]
+    runs = {"qwen-gdn shared": {b: [] for b in sizes}, "qwen-gdn each-row-alone": {b: [] for b in sizes},
+            "llama.cpp": {b: [] for b in sizes}}
+    commands = {"qwen-gdn shared": qg_cmd + ["shared"], "qwen-gdn each-row-alone": qg_cmd + ["each-row-alone"],
+                "llama.cpp": lb_cmd}
+    for i in range(a.rounds):
+        order = list(commands)
+        if i % 2:
+            order.reverse()  # alternate who goes first, so drift hits all alike
+        for engine in order:
+            print(f"[bench-vs-peers] round {i + 1}/{a.rounds}: {engine}", file=sys.stderr, flush=True)
+            out, _, wall = run_timed(commands[engine], log)
+            if engine == "llama.cpp":
+                # llama-batched-bench's rows (JSON lines) come through its log with everything
+                # else; run_timed wrote both of its streams to the log.
+                rows = [json.loads(l) for l in log_tail(log).splitlines() if l.startswith('{"n_kv_max"')]
+                got = {r["pl"]: r["speed_tg"] for r in rows}
+            else:
+                got = {r["batch"]: r["aggregate_tps"]["median"] for r in json.loads(out)["batch"]}
+            for b in sizes:
+                if b not in got:
+                    sys.exit(f"{engine} gave no row for B={b} (see {log.name})")
+                runs[engine][b].append(got[b])
+            print(f"[bench-vs-peers]   {engine}: " + ", ".join(f"B={b} {got[b]:.2f}" for b in sizes)
+                  + f" t/s, {wall:.0f} s", file=sys.stderr, flush=True)
+
+    med = {e: {b: statistics.median(v) for b, v in r.items()} for e, r in runs.items()}
+    head = ("B", "qwen-gdn shared t/s", "qwen-gdn each-row-alone t/s", "llama.cpp t/s", "shared / llama.cpp",
+            "each-row-alone / llama.cpp")
+    rows = [head] + [
+        (str(b), fmt_rate(runs["qwen-gdn shared"][b]), fmt_rate(runs["qwen-gdn each-row-alone"][b]),
+         fmt_rate(runs["llama.cpp"][b]), f"{med['qwen-gdn shared'][b] / med['llama.cpp'][b]:.2f}",
+         f"{med['qwen-gdn each-row-alone'][b] / med['llama.cpp'][b]:.2f}")
+        for b in sizes
+    ]
+    widths = [max(len(r[c]) for r in rows) for c in range(len(head))]
+
+    def line(r):
+        return "| " + " | ".join(s.ljust(w) for s, w in zip(r, widths)) + " |"
+
+    print(f"machine: {machine_line()}")
+    print(f"model: {Path(a.model).name} (MLX 4-bit g64) against {Path(a.gguf).name} (Q4_0)")
+    print(f"runs: {a.rounds} alternated rounds of `qwen-gdn bench --batch {a.batch} -p {a.p} -g {a.g} -r 1 "
+          f"--q8-activations` (each --batch-products) and `llama-batched-bench -npp {a.p} -ntg {a.g} -npl {a.batch} "
+          f"-t {a.threads}`; aggregate decode tok/s (all B sequences' tokens over the decode time), each "
+          f"sequence with its own {a.p}-token prompt; median (min-max) over rounds")
+    print()
+    print(line(rows[0]))
+    print("|" + "|".join("-" * (w + 2) for w in widths) + "|")
+    for r in rows[1:]:
+        print(line(r))
+    print()
+    (out_dir / "result.json").write_text(json.dumps({
+        "runs": {e: {str(b): v for b, v in r.items()} for e, r in runs.items()},
+        "p": a.p, "g": a.g, "rounds": a.rounds, "threads": a.threads, "batch": sizes,
+    }, indent=1))
+    ratios = [med["qwen-gdn shared"][b] / med["llama.cpp"][b] for b in sizes]
+    print("batched decode ratio vs llama.cpp: " + ", ".join(f"B={b} {r:.2f}" for b, r in zip(sizes, ratios))
+          + f", lowest {min(ratios):.2f}")
+
+
+def log_tail(log) -> str:
+    """What the last command wrote to the log (llama-batched-bench prints its rows on stderr)."""
+    log.flush()
+    text = Path(log.name).read_text()
+    return text[text.rfind("\n$ "):]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -367,11 +453,24 @@ def main() -> None:
     x.add_argument("--baseline-env", help="VAR=VALUE: one more q8 run per round with it set")
     x.add_argument("--baseline-bin", help="another qwen-gdn binary for that baseline run")
     x.add_argument("--out-dir", required=True)
+    y = sub.add_parser("batch")
+    y.add_argument("--qwen-gdn", required=True)
+    y.add_argument("--batched-bench", required=True)
+    y.add_argument("--model", required=True, help="MLX 4-bit folder")
+    y.add_argument("--gguf", required=True)
+    y.add_argument("-p", type=int, default=128)
+    y.add_argument("-g", type=int, default=32)
+    y.add_argument("--batch", default="1,2,4,8,16")
+    y.add_argument("--rounds", type=int, default=3)
+    y.add_argument("--threads", type=int, default=os.cpu_count())
+    y.add_argument("--out-dir", required=True)
     a = ap.parse_args()
     if a.cmd == "mlx":
         cmd_mlx(a)
     elif a.cmd == "roofline":
         print(json.dumps(roofline(Path(a.model), a.context), indent=1))
+    elif a.cmd == "batch":
+        cmd_batch(a)
     else:
         cmd_run(a)
 

@@ -4,7 +4,7 @@
 #
 #   bash scripts/gen-bench-gguf.sh build/bench-models/qwen3-next-bench-hf
 #       -> build/bench-models/qwen3-next-bench-q4_0.gguf (and llama.cpp built if missing)
-#   bash scripts/gen-bench-gguf.sh --build-only      # only llama.cpp: llama-bench, llama-quantize
+#   bash scripts/gen-bench-gguf.sh --build-only      # only llama.cpp: llama-bench, llama-batched-bench, llama-quantize
 #   bash scripts/gen-bench-gguf.sh --force DIR...    # redo the conversion even if up to date
 #
 # The -hf folders are those written by scripts/gen-bench-checkpoints.sh (raw HF bf16 layout; its
@@ -16,7 +16,7 @@
 #    `--no-binary :all:` pip also builds cmake and ninja from source just to read the metadata)
 #    into build/llama.cpp/ and unpacked; build/llama.cpp/src links to its vendor/llama.cpp.
 # 2. Build: cmake, Release, GGML_NATIVE=ON, LLAMA_CURL=OFF, tests/examples/server off, and only
-#    the targets llama-bench and llama-quantize -> build/llama.cpp/build/bin/ (cmake from Debian's
+#    the targets llama-bench, llama-batched-bench and llama-quantize -> build/llama.cpp/build/bin/ (cmake from Debian's
 #    apt, installed if missing; ~7 min on 2 cores). AMX is compiled out (-mno-amx-*) unless
 #    LLAMA_AMX=1: with -march=native on a CPU that lists AMX, ggml builds its AMX matmul, and
 #    in the VMs this project benchmarks on its first AMX instruction dies with SIGILL, so
@@ -80,11 +80,11 @@ ensure_llama_source() {
 
 ensure_llama_build() {
     local bin="$llama_dir/build/bin"
-    if [ -x "$bin/llama-bench" ] && [ -x "$bin/llama-quantize" ]; then
+    if [ -x "$bin/llama-bench" ] && [ -x "$bin/llama-quantize" ] && [ -x "$bin/llama-batched-bench" ]; then
         return
     fi
     command -v cmake >/dev/null || { log "installing cmake (apt)"; apt-get install -y -q cmake >/dev/null || { apt-get update -q >/dev/null && apt-get install -y -q cmake >/dev/null; }; }
-    log "building llama.cpp (llama-bench, llama-quantize) with $jobs jobs; log in $llama_dir/build.log"
+    log "building llama.cpp (llama-bench, llama-batched-bench, llama-quantize) with $jobs jobs; log in $llama_dir/build.log"
     local t0=$SECONDS
     local no_amx=()
     if [ "${LLAMA_AMX:-0}" != 1 ]; then
@@ -95,7 +95,7 @@ ensure_llama_build() {
         cmake -S "$llama_dir/src" -B "$llama_dir/build" -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON "${no_amx[@]}" \
             -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
             -DLLAMA_BUILD_SERVER=OFF
-        cmake --build "$llama_dir/build" --config Release -j "$jobs" --target llama-bench llama-quantize
+        cmake --build "$llama_dir/build" --config Release -j "$jobs" --target llama-bench llama-batched-bench llama-quantize
     } >"$llama_dir/build.log" 2>&1 || { tail -30 "$llama_dir/build.log" >&2; exit 1; }
     log "llama.cpp built in $((SECONDS - t0)) s"
 }

@@ -577,7 +577,28 @@ fn batch_json_report() {
         // Both from the same timed steps: B sequences' tokens against one sequence's.
         assert!((aggregate / each - b).abs() < 1e-9, "{row}");
     }
+    // The CPU's default keeps each row's bits; --batch-products picks the other form.
+    assert_eq!(report["batch_products"], "EachRowAlone", "{report}");
+    let out = bench(&[
+        "-p",
+        "4",
+        "-g",
+        "2",
+        "-r",
+        "1",
+        "--batch",
+        "2",
+        "--batch-products",
+        "shared",
+        "--json",
+    ]);
+    assert!(out.status.success(), "stderr: {}", stderr(&out));
+    let report: Json = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(report["batch_products"], "Shared", "{report}");
     let out = bench(&["--batch", "2,0"]);
+    assert!(!out.status.success());
+    assert!(stderr(&out).contains("--batch"), "{}", stderr(&out));
+    let out = bench(&["--batch-products", "shared"]);
     assert!(!out.status.success());
     assert!(stderr(&out).contains("--batch"), "{}", stderr(&out));
 }

@@ -7,10 +7,26 @@ use super::common::{Stats, PROMPT_SEED};
 use super::rate;
 use anyhow::{Context, Result};
 use candle_core::D;
-use qwen_gdn_model::{Cache, Model};
+use qwen_gdn_model::{BatchProducts, Cache, Model};
 use rand::{rngs::StdRng, Rng, SeedableRng};
 use serde_json::json;
 use std::time::{Duration, Instant};
+
+/// `--batch-products`: [`BatchProducts`] on the command line.
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+pub(crate) enum ProductsArg {
+    EachRowAlone,
+    Shared,
+}
+
+impl From<ProductsArg> for BatchProducts {
+    fn from(arg: ProductsArg) -> Self {
+        match arg {
+            ProductsArg::EachRowAlone => Self::EachRowAlone,
+            ProductsArg::Shared => Self::Shared,
+        }
+    }
+}
 
 /// Aggregate and per-sequence generation speed at one batch size.
 pub(super) struct BatchRow {

@@ -111,6 +111,11 @@ pub struct Args {
     #[arg(long, value_name = "B,...", value_delimiter = ',', value_parser = positive_usize,
           conflicts_with_all = ["prompt_cache", "profile", "profile_decode", "draft_tokens", "mtp_from"])]
     batch: Vec<usize>,
+    /// With --batch: how the batched step's products treat the rows. `each-row-alone`: every
+    /// sequence gets the bits it gets alone (the CPU's default); `shared`: one product over
+    /// all rows, the fewest weight reads (the GPU's default). Default: the plan's
+    #[arg(long, value_enum, requires = "batch")]
+    batch_products: Option<batch::ProductsArg>,
     /// With --draft-tokens: the tg test is run again with speculative decoding (its speed, the
     /// speedup, the acceptance)
     #[command(flatten)]
@@ -145,6 +150,9 @@ pub fn run(args: Args) -> Result<ExitCode> {
     let prompt: Vec<u32> = (0..p).map(|_| rng.random_range(0..bound)).collect();
     let chunk = args.model.prefill_chunk_size;
     if !args.batch.is_empty() {
+        if let Some(products) = args.batch_products {
+            model.set_batch_products(products.into());
+        }
         let rows = batch::run(&model, &args.batch, (p, g), bound, chunk, args.repetitions)?;
         return batch_report(&args, &checkpoint, &model, &rows);
     }
@@ -265,6 +273,7 @@ fn batch_report(
     if args.json {
         let mut report = report_head(args, model, size);
         report["batch"] = json!(rows.iter().map(batch::BatchRow::json).collect::<Vec<_>>());
+        report["batch_products"] = json!(format!("{:?}", model.batch_products()));
         report["peak_memory_bytes"] = json!(peak);
         report["peak_memory_source"] = json!(peak_source);
         emit(&mut out, &format!("{report}\n"))?;
