@@ -169,8 +169,10 @@ __device__ __forceinline__ void step(const InT* __restrict__ q, const InT* __res
       const unsigned int dv = first + local;
       if (local < span && lane == 0) {
         const float normed = to_f32(from_f32<InT>(y[r] * inv_rms * w_r[r]));
+        // silu(z) = z * sigmoid(z): the numerator picks the gate (p.sigmoid_gate: qwen4_exp).
         const float gate = z_r[r];
-        out_tok[dv] = from_f32<InT>(gate / (1.0f + expf(-gate)) * normed);
+        const float numerator = p.sigmoid_gate ? 1.0f : gate;
+        out_tok[dv] = from_f32<InT>(numerator / (1.0f + expf(-gate)) * normed);
       }
     }
   }

@@ -6,7 +6,8 @@
 // Per token, per state row S[b, hv, dv, :] (mlx-lm's order, as gated_delta.metal):
 //   S <- g*S;  kv = S.k;  delta = (v - kv)*beta;  S <- S + delta (x) k;  y[dv] = InT(S.q)
 // then over the Dv outputs of (b, t, hv):
-//   n = InT(y * rsqrt(mean(y^2) + eps) * weight);  out = InT(silu(z) * n)
+//   n = InT(y * rsqrt(mean(y^2) + eps) * weight);  out = InT(gate(z) * n), the gate silu, or
+//   sigmoid where p.sigmoid_gate is set (qwen4_exp's output_gate_type)
 // y is rounded to InT before the norm, exactly as the unfused path stores it in between.
 //
 // Layout: one threadgroup per (b, hv), S simdgroups; simdgroup s owns the state rows
@@ -130,8 +131,10 @@ inline void gated_delta_norm_impl(
       const uint dv = simdgroup + r * simdgroups;
       if (dv < dim && lane == 0) {
         const float normed = float(static_cast<InT>(y[r] * inv_rms * float(weight[dv])));
+        // silu(z) = z * sigmoid(z): the numerator picks the gate (p.sigmoid_gate: qwen4_exp).
         const float gate = float(z_tok[dv]);
-        out_tok[dv] = static_cast<InT>(gate / (1.0f + exp(-gate)) * normed);
+        const float numerator = p.sigmoid_gate ? 1.0f : gate;
+        out_tok[dv] = static_cast<InT>(numerator / (1.0f + exp(-gate)) * normed);
       }
     }
   }

@@ -3,7 +3,7 @@
 //
 // stdin, little-endian: "GDNNEMU1", then u32 batch, steps, key_heads, value_heads, key_dim,
 // value_dim, in_type (0 f32, 1 f16, 2 bf16), state_type (0 f32, 1 bf16), simdgroups S,
-// z_batch_stride, z_token_stride; f32 eps; then f32 arrays q, k [B,T,Hk,Dk], v [B,T,Hv,Dv],
+// z_batch_stride, z_token_stride, sigmoid_gate (0 silu, 1 sigmoid); f32 eps; then f32 arrays q, k [B,T,Hk,Dk], v [B,T,Hv,Dv],
 // g, beta [B,T,Hv], state [B,Hv,Dv,Dk], z (a view: (B-1)*z_batch_stride +
 // (T-1)*z_token_stride + Hv*Dv values, the gaps NaN), weight [Dv]. Inputs are converted to
 // the instantiation's InT / StT here (exactly, when the caller already rounded them).
@@ -72,10 +72,11 @@ void run(const Case& c, Kernel<InT, StT> kernel) {
 }  // namespace
 
 int main() {
-  const auto h = guarded::start<11>("gated_delta_norm_harness", "GDNNEMU1");
+  const auto h = guarded::start<12>("gated_delta_norm_harness", "GDNNEMU1");
   const float eps = guarded::read_f32_word();
   Case c;
-  c.p = GdnNormParams{h[0], h[1], h[2], h[3], h[4], h[5], h[9], h[10], eps};
+  c.p = GdnNormParams{h[0], h[1], h[2], h[3], h[4], h[5], h[9], h[10], eps, h[11]};
+  if (h[11] > 1) guarded::die("sigmoid_gate must be 0 or 1");
   const std::uint32_t in_type = h[6], st_type = h[7];
   c.simdgroups = h[8];
   const GdnNormParams& p = c.p;

@@ -15,6 +15,7 @@ struct GdnNormParams {
   unsigned int z_batch_stride;  // elements from z[b, t] to z[b + 1, t]
   unsigned int z_token_stride;  // elements from z[b, t] to z[b, t + 1]
   float eps;                    // of the gated RMSNorm
+  unsigned int sigmoid_gate;    // 1: out = sigmoid(z) * n (qwen4_exp); 0: silu(z) * n
 };
 
 #endif

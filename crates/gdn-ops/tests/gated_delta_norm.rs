@@ -1,6 +1,7 @@
 //! The CPU twin of `gated_delta_update_norm` against the two-op path it replaces: the
 //! recurrence ([`gdn_ops::gated_delta_update`]) followed by the model's composed
-//! `GatedRmsNorm::forward` (crates/qwen-gdn-model/src/layers/norm.rs) in plain candle ops, over
+//! `GatedRmsNorm::forward` (crates/qwen-gdn-model/src/layers/norm.rs) in plain candle ops, with
+//! either gate (silu; sigmoid, `qwen4_exp`'s), over
 //! the op's cases (tests/common/gated_delta_norm.rs) on random inputs, with z as a slice of a merged projection output. The state must come out
 //! the same, bit for bit. Plus one test per input check.
 
@@ -10,16 +11,21 @@ use candle_core::{DType, Tensor};
 use common::gated_delta_norm::{cases, norm_tensors};
 use common::{candle_nn_rms_norm, gated_delta, rel_max, values, Rng};
 use gdn_ops::ops::gated_delta::{GdnDims, CHUNKED_MIN_STEPS};
-use gdn_ops::ops::gated_delta_norm::{gated_delta_update_norm, supports};
+use gdn_ops::ops::gated_delta_norm::{gated_delta_update_norm, supports, Gate};
 
 /// `GatedRmsNorm::forward` on the recurrence's output, z made contiguous as
 /// `GatedDeltaNet::forward` does.
-fn gated_norm(y: &Tensor, z: &Tensor, weight: &Tensor, eps: f32) -> Tensor {
+fn gated_norm(y: &Tensor, z: &Tensor, weight: &Tensor, eps: f32, gate: Gate) -> Tensor {
     let z = z.contiguous().unwrap().reshape(y.dims()).unwrap();
     let n = candle_nn_rms_norm(y, weight, eps)
         .to_dtype(DType::F32)
         .unwrap();
-    let gate = z.to_dtype(DType::F32).unwrap().silu().unwrap();
+    let z = z.to_dtype(DType::F32).unwrap();
+    let gate = match gate {
+        Gate::Silu => z.silu(),
+        Gate::Sigmoid => candle_nn::ops::sigmoid(&z),
+    }
+    .unwrap();
     (gate * n).unwrap().to_dtype(y.dtype()).unwrap()
 }
 
@@ -46,7 +52,7 @@ fn dims(b: usize, t: usize, hk: usize, hv: usize, dk: usize, dv: usize) -> GdnDi
     }
 }
 
-fn compare(d: GdnDims, dtype: DType, st: DType, tol: f32, seed: u64) {
+fn compare(d: GdnDims, dtype: DType, st: DType, gate: Gate, tol: f32, seed: u64) {
     let [q, k, v, g, beta, state, proj, w] = inputs(d, dtype, st, seed);
     let z = proj
         .narrow(
@@ -56,11 +62,12 @@ fn compare(d: GdnDims, dtype: DType, st: DType, tol: f32, seed: u64) {
         )
         .unwrap();
     let fused_state = state.copy().unwrap();
-    let got = gated_delta_update_norm(&q, &k, &v, &g, &beta, &fused_state, &z, &w, 1e-6).unwrap();
+    let got =
+        gated_delta_update_norm(&q, &k, &v, &g, &beta, &fused_state, &z, &w, 1e-6, gate).unwrap();
     let two_op_state = state.copy().unwrap();
     let y = gdn_ops::gated_delta_update(&q, &k, &v, &g, &beta, &two_op_state).unwrap();
-    let want = gated_norm(&y, &z, &w, 1e-6);
-    let what = format!("{d:?} {dtype:?}/{st:?}");
+    let want = gated_norm(&y, &z, &w, 1e-6, gate);
+    let what = format!("{d:?} {dtype:?}/{st:?} {gate:?}");
     assert_eq!(values(&fused_state), values(&two_op_state), "{what}: state");
     assert_eq!(got.dtype(), dtype);
     let e = rel_max(&got, &want);
@@ -68,8 +75,8 @@ fn compare(d: GdnDims, dtype: DType, st: DType, tol: f32, seed: u64) {
 }
 
 /// Every case at f32 activations (f32 and bf16 state) to 1e-5, and at bf16 activations to
-/// 2e-2; but those of [`CHUNKED_MIN_STEPS`] tokens or more, for which the two-op path takes the
-/// chunked form, whose state is not the recurrence's bit for bit.
+/// 2e-2, with each gate; but those of [`CHUNKED_MIN_STEPS`] tokens or more, for which the
+/// two-op path takes the chunked form, whose state is not the recurrence's bit for bit.
 #[test]
 fn twin_matches_the_two_op_path() {
     for (i, c) in cases().iter().enumerate() {
@@ -78,11 +85,13 @@ fn twin_matches_the_two_op_path() {
         }
         let g = c.d;
         let d = dims(g.b, g.t, g.hk, g.hv, g.dk, g.dv);
-        let seed = 1 + 4 * i as u64;
-        compare(d, DType::F32, DType::F32, 1e-5, seed);
-        compare(d, DType::F32, DType::BF16, 1e-5, seed + 1);
-        compare(d, DType::BF16, DType::F32, 2e-2, seed + 2);
-        compare(d, DType::BF16, DType::BF16, 2e-2, seed + 3);
+        for gate in [Gate::Silu, Gate::Sigmoid] {
+            let seed = 1 + 4 * i as u64;
+            compare(d, DType::F32, DType::F32, gate, 1e-5, seed);
+            compare(d, DType::F32, DType::BF16, gate, 1e-5, seed + 1);
+            compare(d, DType::BF16, DType::F32, gate, 2e-2, seed + 2);
+            compare(d, DType::BF16, DType::BF16, gate, 2e-2, seed + 3);
+        }
     }
 }
 
@@ -116,7 +125,7 @@ fn error_with(edit: impl FnOnce(&mut [Tensor; 8])) -> String {
     t[6] = t[6].narrow(2, 0, 4 * 32).unwrap();
     edit(&mut t);
     let [q, k, v, g, beta, state, z, w] = &t;
-    gated_delta_update_norm(q, k, v, g, beta, state, z, w, 1e-6)
+    gated_delta_update_norm(q, k, v, g, beta, state, z, w, 1e-6, Gate::Silu)
         .expect_err("the op must reject this")
         .to_string()
 }
@@ -192,7 +201,7 @@ fn rejects_a_negative_eps() {
     let d = dims(1, 1, 1, 1, 32, 32);
     let [q, k, v, g, beta, state, proj, w] = inputs(d, DType::F32, DType::F32, 10);
     let z = proj.narrow(2, 0, 32).unwrap();
-    let e = gated_delta_update_norm(&q, &k, &v, &g, &beta, &state, &z, &w, f32::NAN)
+    let e = gated_delta_update_norm(&q, &k, &v, &g, &beta, &state, &z, &w, f32::NAN, Gate::Silu)
         .expect_err("the op must reject this")
         .to_string();
     assert!(e.contains("eps must be finite"), "{e}");

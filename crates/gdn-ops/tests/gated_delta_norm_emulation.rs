@@ -4,7 +4,8 @@
 //! compared with the CPU twin [`gdn_ops::ops::gated_delta_norm::gated_delta_update_norm`]
 //! (the recurrence's reference, then the gated norm's twin), over the op's cases
 //! (tests/common/gated_delta_norm.rs: the real Qwen3-Next decode shape and edge sizes, 3 to 32
-//! simdgroups), z a strided view with NaN between its tokens.
+//! simdgroups), z a strided view with NaN between its tokens, the output gate silu and sigmoid
+//! on alternate cases.
 //!
 //! Gates, per case, those of the recurrence's emulation test (tests/metal_emulation.rs) for
 //! the state plus the norm's for the output:
@@ -25,7 +26,7 @@ use common::gated_delta::{
 };
 use common::gated_delta_norm::{cases, Shape};
 use common::{max_abs, tensor_as, values, worst_excess, Input, Rng, St, Ty as In};
-use gdn_ops::ops::gated_delta_norm::gated_delta_update_norm;
+use gdn_ops::ops::gated_delta_norm::{gated_delta_update_norm, Gate};
 use std::time::Instant;
 
 static HARNESS: emu::Harness = emu::Harness::metal("gated_delta_norm_harness");
@@ -33,6 +34,7 @@ static HARNESS: emu::Harness = emu::Harness::metal("gated_delta_norm_harness");
 struct Case {
     s: Shape,
     inp: In,
+    gate: Gate,
     z_strides: (usize, usize),
     q: Vec<f32>,
     k: Vec<f32>,
@@ -45,7 +47,7 @@ struct Case {
     weight: Vec<f32>,
 }
 
-fn make_case(s: Shape, inp: In, st: St, seed: u64) -> Case {
+fn make_case(s: Shape, inp: In, st: St, gate: Gate, seed: u64) -> Case {
     let mut rng = Rng::new(seed);
     let GdnDims { b, t, hv, dv, .. } = s.d;
     let x = gdn_inputs(&mut rng, inp, st, s.d);
@@ -64,6 +66,7 @@ fn make_case(s: Shape, inp: In, st: St, seed: u64) -> Case {
     Case {
         s,
         inp,
+        gate,
         z_strides,
         q: x.q,
         k: x.k,
@@ -96,6 +99,7 @@ fn run_harness(c: &Case, st: St) -> Result<Out, String> {
         c.s.simdgroups,
         c.z_strides.0,
         c.z_strides.1,
+        usize::from(c.gate == Gate::Sigmoid),
     ];
     for h in header {
         input.u32(h as u32);
@@ -136,6 +140,7 @@ fn reference(c: &Case, st: St) -> Out {
         &z,
         &t(&c.weight, &[s.dv], dtype),
         1e-6,
+        c.gate,
     )
     .unwrap();
     let f = values;
@@ -203,11 +208,12 @@ fn shipped_gated_delta_norm_kernels_match_the_cpu_twin() {
     let mut runs = 0;
     for (si, s) in cases().into_iter().enumerate() {
         for (ii, &(inp, st)) in INSTANTIATIONS.iter().enumerate() {
-            let c = make_case(s, inp, st, 0xD17A_0000 + (si * 8 + ii) as u64);
+            let gate = [Gate::Silu, Gate::Sigmoid][(si + ii) % 2];
+            let c = make_case(s, inp, st, gate, 0xD17A_0000 + (si * 8 + ii) as u64);
             runs += 1;
             for bad in check(&c, st) {
                 failures.push(format!(
-                    "gated_delta_norm_{}_{} {s:?}: {bad}",
+                    "gated_delta_norm_{}_{} {s:?} {gate:?}: {bad}",
                     inp.name(),
                     st.name()
                 ));
@@ -235,11 +241,12 @@ fn kernel_abi_in_source() {
             "z_batch_stride",
             "z_token_stride",
             "float eps",
+            "sigmoid_gate",
         ],
     );
     assert_eq!(
         std::mem::size_of::<gdn_ops::ops::gated_delta_norm::GdnNormParams>(),
-        9 * 4
+        10 * 4
     );
     let flat = emu::strip_block_comments(&emu::shipped_source_including(
         "kernels/gated_delta_norm.metal",

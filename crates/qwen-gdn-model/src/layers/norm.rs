@@ -42,12 +42,9 @@ pub struct GatedRmsNorm {
 }
 
 /// The gate of a [`GatedRmsNorm`]: `silu(z)` (Qwen3-Next, Qwen3.5), or `sigmoid(z)` (a
-/// family's choice: `qwen4_exp` with `output_gate_type: sigmoid`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Gate {
-    Silu,
-    Sigmoid,
-}
+/// family's choice: `qwen4_exp` with `output_gate_type: sigmoid`). The fused decode kernel's
+/// own choice, so that the layer hands it over as it is.
+pub use gdn_ops::ops::gated_delta_norm::Gate;
 
 impl GatedRmsNorm {
     pub fn forward(&self, x: &Tensor, z: &Tensor) -> Result<Tensor> {

@@ -14,7 +14,8 @@ use candle_core::{CudaDevice, Tensor};
 const OP: &str = "gated_delta_update_norm";
 const SOURCE: KernelSource = cuda_source!("gated_delta_norm");
 
-// SAFETY: `GdnNormParams` is `repr(C)` of eight u32 and one f32, as the kernel's struct.
+// SAFETY: `GdnNormParams` is `repr(C)` of eight u32, one f32 and one u32, as the kernel's
+// struct.
 unsafe impl DeviceRepr for GdnNormParams {}
 
 pub(crate) fn gated_delta_update_norm(inputs: &Inputs) -> Result<Tensor> {

@@ -5,7 +5,8 @@
 //!
 //! Per token, per state row `S[b, hv, dv, :]` (mlx-lm's order): `S ← g·S`; `kv = S·k`;
 //! `δ = (v − kv)·β`; `S ← S + δ⊗k`; `y[dv] = InT(S·q)`. Then per `(b, t, hv)` over its `Dv`
-//! outputs: `n = InT(y·rsqrt(mean(y²) + eps)·weight)`, `out = InT(silu(z)·n)`. Arithmetic is
+//! outputs: `n = InT(y·rsqrt(mean(y²) + eps)·weight)`, `out = InT(gate(z)·n)`, the gate
+//! `silu` (Qwen3-Next, Qwen3.5) or `sigmoid` (`qwen4_exp`'s `output_gate_type`). Arithmetic is
 //! f32; y is rounded to `InT` before the norm exactly as the two-op path stores it in
 //! between; the state is read once and written once per call in its own dtype (f32, or bf16
 //! when opted in), never rounded to `InT`.
@@ -43,6 +44,17 @@ pub struct GdnNormParams {
     pub z_batch_stride: u32,
     pub z_token_stride: u32,
     pub eps: f32,
+    /// 1: the gate is `sigmoid(z)`; 0: `silu(z)`.
+    pub sigmoid_gate: u32,
+}
+
+/// The gate on the normed output: `silu(z)`, or `sigmoid(z)` (a family's choice:
+/// `qwen4_exp`'s `output_gate_type: sigmoid`). One kernel takes both: `silu(z)` is
+/// `z·sigmoid(z)`, so the kernels' gate is `(sigmoid ? 1 : z) / (1 + exp(−z))`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Gate {
+    Silu,
+    Sigmoid,
 }
 
 /// State rows one simdgroup (warp) keeps in registers.
@@ -77,6 +89,7 @@ pub(crate) struct Inputs<'a> {
     pub z: &'a Tensor,
     pub weight: &'a Tensor,
     pub eps: f32,
+    pub gate: Gate,
     /// Where z's tokens are (a view is read in place).
     pub z_rows: RowLayout,
 }
@@ -100,6 +113,7 @@ impl Inputs<'_> {
             z_batch_stride: u(self.z_rows.strides[0], "z batch stride")?,
             z_token_stride: u(self.z_rows.strides[1], "z token stride")?,
             eps: self.eps,
+            sigmoid_gate: u32::from(self.gate == Gate::Sigmoid),
         })
     }
 
@@ -120,7 +134,8 @@ impl Inputs<'_> {
 }
 
 /// Advances `state` in place over `T` tokens and returns the gated RMSNorm of the
-/// recurrence's output, `[B, T, Hv, Dv]` in q's dtype; see the module documentation.
+/// recurrence's output with `gate`, `[B, T, Hv, Dv]` in q's dtype; see the module
+/// documentation.
 #[allow(clippy::too_many_arguments)]
 pub fn gated_delta_update_norm(
     q: &Tensor,
@@ -132,6 +147,7 @@ pub fn gated_delta_update_norm(
     z: &Tensor,
     weight: &Tensor,
     eps: f32,
+    gate: Gate,
 ) -> Result<Tensor> {
     const OP: &str = "gated_delta_update_norm";
     let recurrence = gated_delta::Inputs::new(q, k, v, g, beta, None);
@@ -195,6 +211,7 @@ pub fn gated_delta_update_norm(
         z,
         weight,
         eps,
+        gate,
         z_rows: row_layout(
             z,
             &[dims.batch, dims.steps],

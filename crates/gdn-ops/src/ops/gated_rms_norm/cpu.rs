@@ -8,6 +8,11 @@ use anyhow::Result;
 use candle_core::Tensor;
 
 pub(crate) fn gated_rms_norm(inputs: &Inputs) -> Result<Tensor> {
+    gated_rms_norm_with(inputs, silu)
+}
+
+/// [`gated_rms_norm`] with another gate on f32 z (`gated_delta_norm`'s sigmoid).
+pub(crate) fn gated_rms_norm_with(inputs: &Inputs, gate: fn(f32) -> f32) -> Result<Tensor> {
     let dtype = inputs.y.dtype();
     let round = |x: f32| round_to(dtype, x);
     let (_, _, _, dv) = inputs.shape;
@@ -22,7 +27,7 @@ pub(crate) fn gated_rms_norm(inputs: &Inputs) -> Result<Tensor> {
             let inv_rms = 1.0 / (mean + inputs.eps).sqrt();
             out.extend(y_row.iter().zip(z_row).zip(&weight).map(|((y, z), w)| {
                 let n = round(y * inv_rms * w);
-                round(silu(*z) * n)
+                round(gate(*z) * n)
             }));
         }
     }

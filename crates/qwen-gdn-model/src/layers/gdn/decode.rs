@@ -2,14 +2,12 @@
 //! for the conv (with its state), SiLU, the q/k L2 norms, the decay and β
 //! (`gdn_conv_prep`), one for the recurrence with the gated RMSNorm applied to its output
 //! (`gated_delta_update_norm`, the state advanced in place in its own dtype), and the
-//! out-projection. The fused norm's gate is SiLU (Qwen3-Next, Qwen3.5); a layer with a
-//! sigmoid output gate (`qwen4_exp`'s `output_gate_type: sigmoid`) runs the fused recurrence
-//! (`gated_delta_update`) and its gated norm composed instead, until the kernel takes the gate.
+//! out-projection. The fused norm takes the layer's gate: SiLU (Qwen3-Next, Qwen3.5) or
+//! sigmoid (`qwen4_exp`'s `output_gate_type: sigmoid`).
 //! [`GatedDeltaNet::forward`] is the composed path these kernels are tested against.
 
 use super::GatedDeltaNet;
 use crate::cache::GdnCache;
-use crate::layers::norm::Gate;
 use anyhow::Result;
 use candle_core::{DType, Tensor};
 use gdn_ops::ops::{gated_delta_norm, gdn_conv_prep};
@@ -86,17 +84,18 @@ impl GatedDeltaNet {
         );
         let z = z.reshape((b, 1, hv, dv))?;
         let (weight, eps) = (&self.norm.norm.weight, self.norm.norm.eps);
-        let out = match self.norm.gate {
-            Gate::Silu => gated_delta_norm::gated_delta_update_norm(
-                q, k, v, g, beta, &state, &z, weight, eps,
-            )?,
-            // The fused norm gates with SiLU only: a sigmoid gate runs the recurrence's kernel
-            // and the composed gated norm.
-            Gate::Sigmoid => {
-                let y = gdn_ops::gated_delta_update(q, k, v, g, beta, &state)?;
-                self.norm.forward(&y, &z)?
-            }
-        };
+        let out = gated_delta_norm::gated_delta_update_norm(
+            q,
+            k,
+            v,
+            g,
+            beta,
+            &state,
+            &z,
+            weight,
+            eps,
+            self.norm.gate,
+        )?;
         let out = out.reshape((b, hv * dv))?;
         profile::labelled("gdn.out_proj", || self.out_proj.forward(&out))
     }
@@ -106,6 +105,7 @@ impl GatedDeltaNet {
 mod tests {
     use super::*;
     use crate::families::hybrid::Mixer;
+    use crate::layers::norm::Gate;
     use crate::tensor::max_abs;
     use crate::{Model, Plan, RunOptions};
     use candle_core::Device;
@@ -114,7 +114,7 @@ mod tests {
     /// (SiLU, then the sigmoid that `qwen4_exp` configures), over several steps of random
     /// inputs: a GDN layer of the Qwen3.5 fixture, whose widths the kernels cover (the
     /// `qwen4_exp` fixture's head dims of 16 are not). Fails when the fused arm applies the
-    /// wrong gate.
+    /// wrong gate, or when a gate costs launches the other does not (a composed norm).
     #[test]
     fn fused_decode_matches_composed_for_each_output_gate() {
         let dir =
@@ -135,14 +135,16 @@ mod tests {
             .unwrap();
         assert!(gdn.fused_decode_supported(DType::F32));
         let hidden = model.config().hidden_size;
-        let mut outputs = Vec::new();
+        let (mut outputs, mut launches) = (Vec::new(), Vec::new());
         for gate in [Gate::Silu, Gate::Sigmoid] {
             gdn.norm.gate = gate;
             let (mut fused_cache, mut composed_cache) = (GdnCache::default(), GdnCache::default());
             let mut fused_rows = Vec::new();
             for step in 0..4u64 {
                 let x = Tensor::randn(0f32, 1., (1, hidden), &Device::Cpu).unwrap();
+                gdn_ops::launches::take();
                 let fused = gdn.decode_fused(&x, &mut fused_cache).unwrap();
+                launches.push((gate, gdn_ops::launches::take()));
                 let composed = gdn
                     .forward(&x.unsqueeze(1).unwrap(), &mut composed_cache)
                     .unwrap()
@@ -161,5 +163,12 @@ mod tests {
         // The gates give different outputs, so a swapped gate cannot pass.
         let apart = max_abs(&(&outputs[0] - &outputs[1]).unwrap());
         assert!(apart > 1e-3, "{apart:e}");
+        // Both gates run the same kernels step by step (the first step also allocates the
+        // states): the sigmoid takes no composed norm.
+        let (silu, sigmoid) = launches.split_at(launches.len() / 2);
+        assert!(
+            silu.iter().zip(sigmoid).all(|(a, b)| a.1 == b.1 && a.1 > 0),
+            "{launches:?}"
+        );
     }
 }
