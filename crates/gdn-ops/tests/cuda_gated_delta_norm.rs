@@ -23,7 +23,10 @@ fn gated_delta_norm_matches_the_cpu_twin() {
     let mut rng = Rng::xorshift(0x5EED_D17A);
     for (i, c) in cases().into_iter().enumerate() {
         let (b, t, hk, hv, dk, dv) = c.d.tuple();
-        for (j, in_dtype) in [DType::F32, DType::F16, DType::BF16].into_iter().enumerate() {
+        for (j, in_dtype) in [DType::F32, DType::F16, DType::BF16]
+            .into_iter()
+            .enumerate()
+        {
             for (l, st_dtype) in [DType::F32, DType::BF16].into_iter().enumerate() {
                 let gate = [Gate::Silu, Gate::Sigmoid][(i + j + l) % 2];
                 let seed = rng.next();

@@ -118,9 +118,7 @@ pub fn first_non_finite(model: &Model, tokens: &[u32], chunk: usize) -> Result<O
             other => other?,
         };
         // As the model's own forward pass: the reference plan's products run on the CPU pool.
-        let final_finite = model.on_host_workers(|| {
-            all_finite(&model.final_norm(&h)?)
-        })?;
+        let final_finite = model.on_host_workers(|| all_finite(&model.final_norm(&h)?))?;
         if !final_finite {
             return Ok(match model.decoder() {
                 Decoder::Hybrid(_) => Origin::FinalNorm,

@@ -83,9 +83,7 @@ impl Model {
     /// head's.
     pub fn forward_normed(&self, tokens: &[u32], cache: &mut Cache) -> Result<Tensor> {
         let h = self.run_layers(tokens, cache, &mut NoTap)?;
-        self.on_host_workers(|| {
-            self.final_norm(&h)
-        })
+        self.on_host_workers(|| self.final_norm(&h))
     }
 
     /// The output head over normed hidden states `[1, S, H]`: f32 logits `[S, vocab]`, the

@@ -22,6 +22,8 @@ pub(crate) fn gated_delta_update_norm(inputs: &Inputs) -> Result<Tensor> {
     match inputs.gate {
         Gate::Silu => gated_rms_norm::cpu::gated_rms_norm(&norm),
         // As the kernels compute it: 1 / (1 + exp(−z)).
-        Gate::Sigmoid => gated_rms_norm::cpu::gated_rms_norm_with(&norm, |z| 1.0 / (1.0 + (-z).exp())),
+        Gate::Sigmoid => {
+            gated_rms_norm::cpu::gated_rms_norm_with(&norm, |z| 1.0 / (1.0 + (-z).exp()))
+        }
     }
 }
