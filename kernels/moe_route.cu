@@ -8,6 +8,11 @@
 //     lower index; weight p (or p / sum of the chosen p, in slot order, when renormalise);
 //     slot k (has_shared): id E, weight sigmoid(logits[n, E]).
 //     block = (32, W) threads (one warp per token), grid = ceil(N / W).
+//   moe_route_block_<x>(logits, ids, weights, MoeRouteParams p)
+//     the same outputs, bit for bit, from one block per token: block = 32 * ceil(E / 32)
+//     threads (one per expert), grid = N. The warp body's k rounds are serial (~6.4 µs a call
+//     at E 512, k 10 on the H200); here every warp offers its few best, which bound the k-th
+//     largest from below, and the few experts above that bound are ranked in parallel.
 // The host launches only with 1 <= E <= 512 and 1 <= k <= min(32, E). NaN probabilities are
 // never chosen; a slot without a candidate gets id E - 1 and weight -1.
 //
@@ -33,10 +38,12 @@ __device__ __forceinline__ float warp_sum(float v) {
   return v;
 }
 
+constexpr uint32_t kMaxPerLane = 16;  // E <= 512
+
+// The warp body: one warp routes token `token`, lane `lane` holding experts lane, lane + 32, ...
 template <typename T>
-__device__ void route(const T* logits, uint32_t* ids, float* weights, const MoeRouteParams p) {
-  constexpr uint32_t kMaxPerLane = 16;  // E <= 512
-  const uint32_t token = blockIdx.x * blockDim.y + threadIdx.y, lane = threadIdx.x;
+__device__ void route(const T* logits, uint32_t* ids, float* weights, const MoeRouteParams p,
+                      uint32_t token, uint32_t lane) {
   // Whole warps leave: every shuffle below has all 32 lanes.
   if (token >= p.tokens) return;
   const uint32_t E = p.experts, slots = p.top_k + p.has_shared;
@@ -114,12 +121,142 @@ __device__ void route(const T* logits, uint32_t* ids, float* weights, const MoeR
   }
 }
 
+// ---- The block body -------------------------------------------------------------------------
+
+constexpr uint32_t kFull = 0xffffffffu;
+constexpr uint32_t kMaxWarps = 16;  // one thread an expert, E <= 512
+
+// What a block shares: a few KB, far under the 48 KB of static shared memory.
+struct BlockShared {
+  float exps[32 * kMaxWarps];    // exp(logit - max) of every expert
+  uint32_t keys[32 * kMaxWarps]; // the candidates' keys, in expert order
+  float warp_max[kMaxWarps];
+  // Each warp's m = ceil(k / warps) largest keys: warps * m < warps + k <= 48.
+  uint32_t warp_top[kMaxWarps + 32];
+  uint32_t warp_count[kMaxWarps];
+  uint32_t slot_id[32];
+  float slot_weight[32];
+};
+
+// A non-NaN float's order as a signed integer's, and back (REDUX reduces integers only).
+__device__ __forceinline__ int ordered(float f) {
+  const int i = __float_as_int(f);
+  return i ^ ((i >> 31) & 0x7fffffff);
+}
+__device__ __forceinline__ float from_ordered(int i) {
+  return __int_as_float(i ^ ((i >> 31) & 0x7fffffff));
+}
+
+// The block body: the block routes token `token`, thread `thread` (of 32 * warps, warps =
+// ceil(E / 32)) holding expert `thread`. Same selection, ids order and weight bits as `route`:
+// - the softmax denominator is summed in `route`'s order (lane l: experts l, l + 32, ... in
+//   turn, then across the lanes), every warp for itself, from the exps in shared memory;
+// - an expert's key is its probability's bits + 1 (0: NaN or past E); the k slots are the k
+//   largest keys, equal keys by the lower expert, as `route`'s rounds take them;
+// - each warp hands in its m = ceil(k / warps) largest keys, one expert each: at least k
+//   distinct experts, so an expert that k of them exceed is not in the top k. The others,
+//   the candidates (typically 15-20 at E 512, k 10), are ranked against each other;
+// - the chosen weights are summed in slot order, as `route` sums them.
+template <typename T>
+__device__ void route_block(const T* logits, uint32_t* ids, float* weights,
+                            const MoeRouteParams p, uint32_t token, uint32_t thread,
+                            uint32_t warps, BlockShared& sh) {
+  if (token >= p.tokens) return;  // the whole block
+  const uint32_t lane = thread & 31, warp = thread >> 5;
+  const uint32_t E = p.experts, k = p.top_k, slots = k + p.has_shared;
+  const T* row = logits + (size_t)token * (E + p.has_shared);
+  const uint32_t e = thread;
+  const float x = e < E ? to_f32(row[e]) : -INFINITY;
+  // The largest logit, NaN left out (as `route`'s `>` leaves it): one value whatever the order.
+  const int warp_top_logit = __reduce_max_sync(kFull, ordered(x > -INFINITY ? x : -INFINITY));
+  if (lane == 0) sh.warp_max[warp] = from_ordered(warp_top_logit);
+  // Slots no candidate fills keep `route`'s empty slot.
+  if (thread < k) {
+    sh.slot_id[thread] = E - 1;
+    sh.slot_weight[thread] = -1.f;
+  }
+  __syncthreads();
+  float top_logit = -INFINITY;
+  for (uint32_t w = 0; w < warps; ++w) top_logit = fmaxf(top_logit, sh.warp_max[w]);
+  const float ex = e < E ? expf(x - top_logit) : 0.f;
+  if (e < E) sh.exps[e] = ex;
+  __syncthreads();
+  float local_sum = 0.f;
+  for (uint32_t t = 0; t < warps; ++t) {
+    if (lane + 32 * t < E) local_sum += sh.exps[lane + 32 * t];
+  }
+  const float total = warp_sum(local_sum);
+  const float prob = e < E ? ex / total : -1.f;
+  const uint32_t key = prob >= 0.f ? __float_as_uint(prob) + 1u : 0u;
+
+  const uint32_t m = (k + warps - 1) / warps;
+  uint32_t live = key;
+  for (uint32_t r = 0; r < m; ++r) {
+    const uint32_t top = __reduce_max_sync(kFull, live);
+    const uint32_t first = __ffs(__ballot_sync(kFull, live == top)) - 1;
+    if (lane == first) live = 0u;
+    if (lane == 0) sh.warp_top[warp * m + r] = top;
+  }
+  __syncthreads();
+  uint32_t above = 0;
+  for (uint32_t j = 0; j < warps * m; ++j) above += sh.warp_top[j] > key ? 1u : 0u;
+  const bool candidate = key != 0u && above < k;
+
+  // The candidates in expert order: pos below the count of every warp before this one.
+  const uint32_t mask = __ballot_sync(kFull, candidate);
+  if (lane == 0) sh.warp_count[warp] = __popc(mask);
+  __syncthreads();
+  uint32_t pos = __popc(mask & ((1u << lane) - 1u)), count = 0;
+  for (uint32_t w = 0; w < warps; ++w) {
+    const uint32_t c = sh.warp_count[w];
+    pos += w < warp ? c : 0u;
+    count += c;
+  }
+  if (candidate) sh.keys[pos] = key;
+  __syncthreads();
+  if (candidate) {
+    // Slot = how many candidates come first: a larger key, or an equal one of a lower expert.
+    uint32_t rank = 0;
+    for (uint32_t j = 0; j < count && rank < k; ++j) {
+      const uint32_t other = sh.keys[j];
+      rank += other > key || (other == key && j < pos) ? 1u : 0u;
+    }
+    if (rank < k) {
+      sh.slot_id[rank] = e;
+      sh.slot_weight[rank] = prob;
+    }
+  }
+  __syncthreads();
+  if (warp != 0) return;
+  float chosen_sum = 0.f;
+  for (uint32_t r = 0; r < k; ++r) chosen_sum += sh.slot_weight[r];
+  uint32_t* ids_row = ids + (size_t)token * slots;
+  float* weights_row = weights + (size_t)token * slots;
+  if (lane < k) {
+    const float w = sh.slot_weight[lane];
+    ids_row[lane] = sh.slot_id[lane];
+    weights_row[lane] = p.renormalise ? w / chosen_sum : w;
+  }
+  if (p.has_shared && lane == 0) {
+    ids_row[k] = E;
+    weights_row[k] = 1.f / (1.f + expf(-to_f32(row[E])));
+  }
+}
+
 }  // namespace moe_route
 
-#define MOE_ROUTE_ENTRY(XN, XT)                                                        \
-  extern "C" __global__ void moe_route_##XN(const XT* logits, uint32_t* ids,           \
-                                            float* weights, const MoeRouteParams p) {  \
-    moe_route::route<XT>(logits, ids, weights, p);                                     \
+#define MOE_ROUTE_ENTRY(XN, XT)                                                              \
+  extern "C" __global__ void moe_route_##XN(const XT* logits, uint32_t* ids,                 \
+                                            float* weights, const MoeRouteParams p) {        \
+    moe_route::route<XT>(logits, ids, weights, p, blockIdx.x * blockDim.y + threadIdx.y,     \
+                         threadIdx.x);                                                       \
+  }                                                                                          \
+  extern "C" __global__ void __launch_bounds__(32 * moe_route::kMaxWarps)                    \
+      moe_route_block_##XN(const XT* logits, uint32_t* ids, float* weights,                  \
+                           const MoeRouteParams p) {                                         \
+    __shared__ moe_route::BlockShared shared;                                                \
+    moe_route::route_block<XT>(logits, ids, weights, p, blockIdx.x, threadIdx.x,             \
+                               blockDim.x / 32, shared);                                     \
   }
 
 MOE_ROUTE_ENTRY(f32, float)

@@ -48,6 +48,11 @@ inline float __int_as_float(int i) {
   std::memcpy(&f, &i, 4);
   return f;
 }
+inline int __float_as_int(float f) {
+  int i;
+  std::memcpy(&i, &f, 4);
+  return i;
+}
 inline unsigned __float_as_uint(float f) {
   unsigned u;
   std::memcpy(&u, &f, 4);
@@ -71,6 +76,33 @@ inline float4 make_float4(float x, float y, float z, float w) {
   float4 v;
   v.x = x, v.y = y, v.z = z, v.w = w;
   return v;
+}
+
+// Bit counts: set bits, and the 1-based position of the lowest one (0 for none).
+inline int __popc(unsigned x) { return __builtin_popcount(x); }
+inline int __ffs(unsigned x) { return __builtin_ffs(int(x)); }
+
+// The warp reductions in hardware (REDUX) and the vote (full-warp masks only): rendezvous of
+// the 32 lanes as the simdgroup functions are, each call site its own.
+inline unsigned __reduce_max_sync(unsigned, unsigned v, metal_emu::Site site = metal_emu::Site::here()) {
+  return metal::simd_max(v, site);
+}
+inline int __reduce_max_sync(unsigned, int v, metal_emu::Site site = metal_emu::Site::here()) {
+  return metal::simd_max(v, site);
+}
+inline unsigned __reduce_min_sync(unsigned, unsigned v, metal_emu::Site site = metal_emu::Site::here()) {
+  return metal::simd_min(v, site);
+}
+namespace cuda_emu {
+// Lane i's predicate as bit i, for every lane.
+inline void ballot(metal_emu::SimdCall* lanes) {
+  unsigned r = 0;
+  for (int i = 0; i < metal_emu::kSimdWidth; ++i) r |= metal_emu::operand<bool>(lanes[i]) ? 1u << i : 0u;
+  for (int i = 0; i < metal_emu::kSimdWidth; ++i) metal_emu::answer(lanes[i], r);
+}
+}  // namespace cuda_emu
+inline unsigned __ballot_sync(unsigned, bool pred, metal_emu::Site site = metal_emu::Site::here()) {
+  return metal_emu::simd_collective<unsigned>("__ballot_sync", &cuda_emu::ballot, pred, 0, site);
 }
 
 struct dim3 {
