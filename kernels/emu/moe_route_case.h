@@ -25,7 +25,7 @@ struct Case {
 };
 
 inline Case read() {
-  const auto h = guarded::start<7>("moe_route harness", "ROUTEMU2");
+  const auto h = guarded::start<7>("moe_route_harness", "ROUTEMU2");
   Case c{h[0], MoeRouteParams{h[1], h[2], h[3], h[4], h[5]}, Body(h[6]), {}};
   if (c.p.experts == 0 || c.p.experts > 512) guarded::die("experts must be 1..=512");
   if (c.p.top_k == 0 || c.p.top_k > 32 || c.p.top_k > c.p.experts) guarded::die("top_k must be 1..=min(32, experts)");

@@ -64,7 +64,6 @@ void run(const moe_route_case::Case& c) {
 }  // namespace
 
 int main() {
-  install_fault_handler("moe_route_cuda_harness");
   const moe_route_case::Case c = moe_route_case::read();
   guarded::by_code<float, __half, __nv_bfloat16>(c.in_type, "unknown in_type",
                                                  [&](auto t) { run<typename decltype(t)::type>(c); });
