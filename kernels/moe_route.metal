@@ -123,7 +123,9 @@ constant constexpr uint kGroupTop = kGroupMax + kMaxSimdgroups;
 constant constexpr uint kGroupCount = kGroupTop + kMaxSimdgroups + 32;
 constant constexpr uint kSlotId = kGroupCount + kMaxSimdgroups;
 constant constexpr uint kSlotWeight = kSlotId + 32;
-constant constexpr uint kBlockScratchWords = kSlotWeight + 32;  // 1168 words, 4672 bytes
+// The host sets this many (BLOCK_SCRATCH_WORDS in crates/gdn-ops/src/ops/moe_route/mod.rs).
+constant constexpr uint kBlockScratchWords = 1168;
+static_assert(kSlotWeight + 32 == kBlockScratchWords, "the layout fills the scratch");
 
 // A non-NaN float's order as a signed integer's, and back.
 inline int ordered(float f) {

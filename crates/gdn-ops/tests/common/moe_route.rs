@@ -58,6 +58,11 @@ pub fn cases() -> Vec<Case> {
         // Many exact ties: the lower index first.
         case(4, 512, 10, false, true, 3),
         case(2, 64, 20, true, false, 2),
+        // Every logit equal (every expert a candidate of the block body), and ties at the top
+        // of the real shapes, one not a multiple of 32.
+        case(2, 512, 10, true, true, 1),
+        case(3, 256, 8, true, true, 12),
+        case(2, 100, 10, true, false, 4),
     ]
 }
 

@@ -2,11 +2,16 @@
 //! selection rule (strictly greater wins, lowest index first), the chosen probabilities
 //! summed in slot order.
 
-use super::MoeRouteParams;
+use super::{MoeRouteParams, RouteKernel};
 use anyhow::Result;
 use candle_core::{DType, Tensor};
 
-pub(crate) fn moe_route(logits: &Tensor, p: &MoeRouteParams) -> Result<(Tensor, Tensor)> {
+/// Both kernel bodies' twin: they differ in their threads, not in their outputs.
+pub(crate) fn moe_route(
+    logits: &Tensor,
+    p: &MoeRouteParams,
+    _kernel: RouteKernel,
+) -> Result<(Tensor, Tensor)> {
     let (tokens, experts, k) = (p.tokens as usize, p.experts as usize, p.top_k as usize);
     let width = experts + p.has_shared as usize;
     let slots = k + p.has_shared as usize;

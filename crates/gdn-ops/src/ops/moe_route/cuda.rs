@@ -1,6 +1,8 @@
-//! CUDA host side of `kernels/moe_route.cu`: one warp per token.
+//! CUDA host side of `kernels/moe_route.cu`: one warp per token (`moe_route_<x>`), or one
+//! block per token, one thread an expert (`moe_route_block_<x>`). The geometries here are what
+//! `kernels/emu/moe_route_cuda_harness.cpp` emulates; change both together.
 
-use super::MoeRouteParams;
+use super::{block_threads, MoeRouteParams, RouteKernel};
 use crate::backend::cuda::{
     config, cuda_device, cuda_source, launch, tensor, with_float_type, Element, Held, Kernel,
     KernelSource,
@@ -17,20 +19,41 @@ unsafe impl DeviceRepr for MoeRouteParams {}
 /// Warps (tokens) per block.
 const TOKENS_PER_BLOCK: u32 = 4;
 
-pub(crate) fn moe_route(logits: &Tensor, p: &MoeRouteParams) -> Result<(Tensor, Tensor)> {
+pub(crate) fn moe_route(
+    logits: &Tensor,
+    p: &MoeRouteParams,
+    body: RouteKernel,
+) -> Result<(Tensor, Tensor)> {
     with_float_type!(logits.dtype(), "moe_route", |T| moe_route_as::<T>(
-        logits, p
+        logits, p, body
     ))
 }
 
-fn moe_route_as<T: Element>(logits: &Tensor, p: &MoeRouteParams) -> Result<(Tensor, Tensor)> {
+fn moe_route_as<T: Element>(
+    logits: &Tensor,
+    p: &MoeRouteParams,
+    body: RouteKernel,
+) -> Result<(Tensor, Tensor)> {
     const OP: &str = "moe_route";
     let dev = cuda_device(logits, OP)?;
     let logits = logits.contiguous()?;
-    let kernel = Kernel::typed(&dev, &SOURCE, "moe_route", &[T::DTYPE], OP)?;
+    // (blocks, block shape) a call takes.
+    let (name, blocks, threads) = match body {
+        RouteKernel::Warp => (
+            "moe_route",
+            p.tokens.div_ceil(TOKENS_PER_BLOCK),
+            (32, TOKENS_PER_BLOCK, 1),
+        ),
+        RouteKernel::Block => (
+            "moe_route_block",
+            p.tokens,
+            (block_threads(p.experts as usize) as u32, 1, 1),
+        ),
+    };
+    let kernel = Kernel::typed(&dev, &SOURCE, name, &[T::DTYPE], OP)?;
     let (tokens, slots) = (p.tokens as usize, (p.top_k + p.has_shared) as usize);
     ensure!(
-        p.tokens.div_ceil(TOKENS_PER_BLOCK) <= i32::MAX as u32,
+        blocks <= i32::MAX as u32,
         "{OP}: {tokens} tokens exceed the CUDA grid"
     );
     // SAFETY: the kernel writes every element of both outputs.
@@ -41,10 +64,10 @@ fn moe_route_as<T: Element>(logits: &Tensor, p: &MoeRouteParams) -> Result<(Tens
         let logits_view = held.view::<T>(OP)?;
         let mut args = kernel.args();
         args.arg(&logits_view).arg(&ids).arg(&weights).arg(p);
-        let blocks = p.tokens.div_ceil(TOKENS_PER_BLOCK);
-        let geometry = config((blocks, 1, 1), (32, TOKENS_PER_BLOCK, 1), 0);
-        // SAFETY: arguments in the order and types of `moe_route_*` in kernels/moe_route.cu;
-        // logits holds tokens rows of experts + has_shared values.
+        // The block body's shared memory is static.
+        let geometry = config((blocks, 1, 1), threads, 0);
+        // SAFETY: arguments in the order and types of `moe_route_*` and `moe_route_block_*`
+        // in kernels/moe_route.cu; logits holds tokens rows of experts + has_shared values.
         unsafe { launch(args, geometry) }?;
     }
     Ok((

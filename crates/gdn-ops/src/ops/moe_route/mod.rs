@@ -13,8 +13,10 @@
 //! NaN probabilities are never chosen; a slot left without a candidate gets id `E - 1` and
 //! weight −1, so ids always index a real expert.
 //!
-//! Kernels: `kernels/moe_route.metal` (`moe_route_<in>`), `kernels/moe_route.cu`
-//! (`moe_route_<in>`); [`cpu`] is the twin both must match.
+//! Kernels: `kernels/moe_route.metal` and `kernels/moe_route.cu`, two bodies each with the
+//! same outputs bit for bit ([`RouteKernel`]): `moe_route_<in>` (one simdgroup a token, k
+//! serial rounds) and `moe_route_block_<in>` (one threadgroup a token, one thread an expert);
+//! [`cpu`] is the twin both must match.
 
 pub(crate) mod cpu;
 #[cfg(feature = "cuda")]
@@ -31,6 +33,27 @@ use candle_core::{DType, Tensor};
 pub const MAX_EXPERTS: usize = 512;
 /// Most routed slots (one lane each).
 pub const MAX_TOP_K: usize = 32;
+
+/// Which body routes a call: the same selection, ids order and weight bits either way.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum RouteKernel {
+    /// One simdgroup (warp) a token, its k rounds one after another: 6.43 µs a call at
+    /// E 512, k 10 on the H200 (docs/perf-notes-gpu.md).
+    #[default]
+    Warp,
+    /// One threadgroup (block) a token of [`block_threads`] threads, one an expert, the top k
+    /// ranked in parallel. Not yet measured on a GPU.
+    Block,
+}
+
+/// Threads of a token's threadgroup in the block body: one per expert, whole simdgroups.
+pub fn block_threads(experts: usize) -> usize {
+    experts.div_ceil(32) * 32
+}
+
+/// Threadgroup memory of the Metal block body, in 4-byte words (`kBlockScratchWords` of
+/// kernels/moe_route.metal; the CUDA body's is static).
+pub const BLOCK_SCRATCH_WORDS: usize = 1168;
 
 /// `MoeRouteParams` of kernels/params/moe_route.h, field for field.
 #[repr(C)]
@@ -59,6 +82,17 @@ pub fn moe_route(
     top_k: usize,
     renormalise: bool,
     has_shared: bool,
+) -> Result<(Tensor, Tensor)> {
+    moe_route_with(logits, top_k, renormalise, has_shared, RouteKernel::Warp)
+}
+
+/// [`moe_route`] on the body `kernel` names (Metal and CUDA; the CPU has one twin).
+pub fn moe_route_with(
+    logits: &Tensor,
+    top_k: usize,
+    renormalise: bool,
+    has_shared: bool,
+    kernel: RouteKernel,
 ) -> Result<(Tensor, Tensor)> {
     let (tokens, width) = logits
         .dims2()
@@ -90,6 +124,6 @@ pub fn moe_route(
     };
     let device = logits.device();
     profile::kernel("moe_route", device, traffic, || {
-        on_device!(device, "moe_route", moe_route(logits, &p))
+        on_device!(device, "moe_route", moe_route(logits, &p, kernel))
     })
 }
