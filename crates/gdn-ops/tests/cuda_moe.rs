@@ -17,11 +17,12 @@ use common::moe_route::cases as route_cases;
 use common::{assert_rel_err, gpu, rel_l2, tolerance};
 use gdn_ops::ops::moe_combine::cuda::uses_cluster;
 use gdn_ops::ops::moe_combine::{moe_combine, moe_combine_rows, moe_combine_with, CombineKernel};
-use gdn_ops::ops::moe_route::moe_route;
+use gdn_ops::ops::moe_route::{moe_route, moe_route_with, RouteKernel};
 
 const DTYPES: [DType; 3] = [DType::F32, DType::F16, DType::BF16];
 
-/// The router's cases (tests/common/moe_route.rs).
+/// The router's cases (tests/common/moe_route.rs), on both bodies: each against the twin,
+/// and the block body's outputs equal to the warp body's bit for bit.
 #[test]
 fn moe_route_matches_the_cpu_twin() {
     let dev = gpu();
@@ -30,21 +31,38 @@ fn moe_route_matches_the_cpu_twin() {
             let (k, renorm, shared) = (c.top_k, c.renormalise, c.has_shared);
             let logits = c.logits(i, dtype);
             let (want_ids, want_w) = moe_route(&logits, k, renorm, shared).unwrap();
-            let (ids, w) = moe_route(&logits.to_device(&dev).unwrap(), k, renorm, shared).unwrap();
-            let what = format!(
-                "moe_route {dtype:?} N={} E={} k={k} levels={}",
-                c.tokens, c.experts, c.levels
-            );
-            assert_eq!(
-                ids.to_device(&Device::Cpu)
+            let on_gpu = logits.to_device(&dev).unwrap();
+            let mut bodies = vec![];
+            for body in [RouteKernel::Warp, RouteKernel::Block] {
+                let (ids, w) = moe_route_with(&on_gpu, k, renorm, shared, body).unwrap();
+                let what = format!(
+                    "moe_route {body:?} {dtype:?} N={} E={} k={k} levels={}",
+                    c.tokens, c.experts, c.levels
+                );
+                let ids = ids
+                    .to_device(&Device::Cpu)
                     .unwrap()
                     .to_vec2::<u32>()
-                    .unwrap(),
-                want_ids.to_vec2::<u32>().unwrap(),
-                "{what}: ids"
+                    .unwrap();
+                assert_eq!(ids, want_ids.to_vec2::<u32>().unwrap(), "{what}: ids");
+                // The weights are f32 whatever the logits.
+                assert_rel_err(&what, rel_l2(&w, &want_w), 1e-5);
+                let bits: Vec<u32> = w
+                    .flatten_all()
+                    .unwrap()
+                    .to_device(&Device::Cpu)
+                    .unwrap()
+                    .to_vec1::<f32>()
+                    .unwrap()
+                    .iter()
+                    .map(|x| x.to_bits())
+                    .collect();
+                bodies.push(bits);
+            }
+            assert_eq!(
+                bodies[0], bodies[1],
+                "moe_route {dtype:?} case {i}: the block body's weights differ from the warp body's"
             );
-            // The weights are f32 whatever the logits.
-            assert_rel_err(&what, rel_l2(&w, &want_w), 1e-5);
         }
     }
 }

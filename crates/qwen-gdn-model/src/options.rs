@@ -19,6 +19,7 @@ use anyhow::{bail, Result};
 use candle_core::{DType, Device};
 use gdn_ops::ops::affine::q8_interleaved::Q8Layout;
 use gdn_ops::ops::moe_combine::CombineKernel;
+use gdn_ops::ops::moe_route::RouteKernel;
 use gdn_ops::simd::Level;
 use gdn_ops::{GdnForm, StateDtype};
 use std::ffi::OsString;
@@ -52,9 +53,12 @@ pub const CUDA_GRAPH_VAR: &str = "QWEN_GDN_CUDA_GRAPH";
 /// CUDA's decode MoE combine: `auto` (a token over a cluster of blocks where it applies) or
 /// `one-block` (one block a token: the A/B reference).
 pub const MOE_COMBINE_VAR: &str = "QWEN_GDN_MOE_COMBINE";
+/// The MoE router's kernel body (Metal, CUDA): `warp` (one simdgroup a token, the measured
+/// default) or `block` (one threadgroup a token; the same outputs, bit for bit; unmeasured).
+pub const MOE_ROUTE_VAR: &str = "QWEN_GDN_MOE_ROUTE";
 
 /// The engine switches [`RunOptions::from_env`] reads.
-pub const ENGINE_VARS: [&str; 11] = [
+pub const ENGINE_VARS: [&str; 12] = [
     GDN_PREFILL_VAR,
     CPU_LEVEL_VAR,
     Q8_LAYOUT_VAR,
@@ -66,6 +70,7 @@ pub const ENGINE_VARS: [&str; 11] = [
     MOE_PREFILL_VAR,
     CUDA_GRAPH_VAR,
     MOE_COMBINE_VAR,
+    MOE_ROUTE_VAR,
 ];
 
 /// The other `QWEN_GDN_*` variables the project reads: the binary's (`serve --api-key`'s
@@ -122,6 +127,8 @@ pub struct RunOptions {
     pub cuda_graph: bool,
     /// `QWEN_GDN_MOE_COMBINE`: the kernel of the fused decode step's MoE combine (CUDA).
     pub moe_combine: CombineKernel,
+    /// `QWEN_GDN_MOE_ROUTE`: the MoE router's kernel body (Metal, CUDA).
+    pub moe_route: RouteKernel,
 }
 
 impl Default for RunOptions {
@@ -143,6 +150,7 @@ impl Default for RunOptions {
             moe_prefill: None,
             cuda_graph: true,
             moe_combine: CombineKernel::Auto,
+            moe_route: RouteKernel::Warp,
         }
     }
 }
@@ -161,6 +169,8 @@ pub struct LayerVariants {
     pub cuda_graph: bool,
     /// The fused decode step's MoE combine kernel.
     pub moe_combine: CombineKernel,
+    /// The MoE router's kernel body, decode and prefill.
+    pub moe_route: RouteKernel,
 }
 
 impl RunOptions {
@@ -265,6 +275,13 @@ impl RunOptions {
                 ],
             )?;
         }
+        if let Some(t) = text(MOE_ROUTE_VAR)? {
+            o.moe_route = choice(
+                MOE_ROUTE_VAR,
+                &t,
+                &[("warp", RouteKernel::Warp), ("block", RouteKernel::Block)],
+            )?;
+        }
         Ok(o)
     }
 
@@ -281,6 +298,7 @@ impl RunOptions {
             },
             cuda_graph: self.cuda_graph,
             moe_combine: self.moe_combine,
+            moe_route: self.moe_route,
         }
     }
 

@@ -12,6 +12,7 @@ use crate::tap::Tap;
 use crate::{Cache, StateDtype};
 use anyhow::Result;
 use candle_core::{DType, Device, Tensor};
+use gdn_ops::ops::moe_route::RouteKernel;
 
 /// The decoder layers and what replaces the final norm, per family.
 #[derive(Debug)]
@@ -45,6 +46,15 @@ impl Decoder {
             Self::Qwen4Exp(d) => d.set_variants(v),
         }
         self.set_moe_prefill(v.moe_prefill);
+        self.set_moe_route(v.moe_route);
+    }
+
+    /// The MoE router kernel's body of every MoE block.
+    pub fn set_moe_route(&mut self, kernel: RouteKernel) {
+        match self {
+            Self::Hybrid(d) => d.set_moe_route(kernel),
+            Self::Qwen4Exp(d) => d.set_moe_route(kernel),
+        }
     }
 
     pub fn set_moe_prefill(&mut self, mode: MoePrefill) {

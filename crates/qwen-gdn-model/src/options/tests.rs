@@ -29,6 +29,7 @@ fn nothing_set_is_the_default() {
     assert_eq!(o.moe_prefill, None);
     assert!(o.cuda_graph);
     assert_eq!(o.moe_combine, CombineKernel::Auto);
+    assert_eq!(o.moe_route, RouteKernel::Warp);
     assert_eq!(
         o.layer_variants(&Device::Cpu),
         d.layer_variants(&Device::Cpu)
@@ -57,6 +58,7 @@ fn every_switch_takes_its_values() {
         (MOE_PREFILL_VAR, "grouped:3"),
         (CUDA_GRAPH_VAR, "0"),
         (MOE_COMBINE_VAR, "one-block"),
+        (MOE_ROUTE_VAR, "block"),
     ])
     .unwrap();
     assert_eq!(o.gdn_prefill, Some(GdnForm::Chunked));
@@ -76,6 +78,7 @@ fn every_switch_takes_its_values() {
         o.layer_variants(&Device::Cpu).moe_combine,
         CombineKernel::OneBlock
     );
+    assert_eq!(o.layer_variants(&Device::Cpu).moe_route, RouteKernel::Block);
     let o = from(&[
         (GDN_PREFILL_VAR, "recurrent"),
         (CPU_LEVEL_VAR, "portable"),
@@ -83,6 +86,7 @@ fn every_switch_takes_its_values() {
         (CUDA_GRAPH_VAR, "1"),
         (SPIN_US_VAR, "0"),
         (MOE_COMBINE_VAR, "auto"),
+        (MOE_ROUTE_VAR, "warp"),
     ])
     .unwrap();
     assert_eq!(o.gdn_prefill, Some(GdnForm::Recurrent));
@@ -93,6 +97,7 @@ fn every_switch_takes_its_values() {
     assert_eq!(o.layer_variants(&Device::Cpu).moe_prefill, MoePrefill::Gemm);
     assert!(o.cuda_graph);
     assert_eq!(o.moe_combine, CombineKernel::Auto);
+    assert_eq!(o.moe_route, RouteKernel::Warp);
     assert_eq!(o.spin, Duration::ZERO);
     // `grouped` alone takes the device's threshold.
     let o = from(&[(MOE_PREFILL_VAR, "grouped")]).unwrap();
@@ -104,7 +109,7 @@ fn every_switch_takes_its_values() {
 
 #[test]
 fn a_bad_value_is_one_line_naming_the_variable_and_the_values() {
-    let cases: [(&str, &str, &[&str]); 10] = [
+    let cases: [(&str, &str, &[&str]); 11] = [
         (GDN_PREFILL_VAR, "chunk", &["recurrent", "chunked"]),
         (
             CPU_LEVEL_VAR,
@@ -119,6 +124,7 @@ fn a_bad_value_is_one_line_naming_the_variable_and_the_values() {
         (MOE_PREFILL_VAR, "grouped:0", &["whole number ≥ 1"]),
         (CUDA_GRAPH_VAR, "off", &["1", "0"]),
         (MOE_COMBINE_VAR, "cluster", &["auto", "one-block"]),
+        (MOE_ROUTE_VAR, "threadgroup", &["warp", "block"]),
     ];
     for (var, value, accepted) in cases {
         let e = error(var, value);

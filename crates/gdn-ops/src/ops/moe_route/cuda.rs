@@ -37,7 +37,7 @@ fn moe_route_as<T: Element>(
     const OP: &str = "moe_route";
     let dev = cuda_device(logits, OP)?;
     let logits = logits.contiguous()?;
-    // (blocks, block shape) a call takes.
+    // The entry point, its blocks and their shape.
     let (name, blocks, threads) = match body {
         RouteKernel::Warp => (
             "moe_route",

@@ -23,6 +23,7 @@ use crate::{Config, Plan, StateDtype};
 use anyhow::Result;
 use candle_core::{DType, Device, Tensor};
 use gdn_ops::ops::moe_combine::CombineKernel;
+use gdn_ops::ops::moe_route::RouteKernel;
 
 /// The hybrid family's layers and final norm, and how its decode steps run.
 #[derive(Debug)]
@@ -98,6 +99,14 @@ impl HybridDecoder {
         for layer in &mut self.layers {
             if let FeedForward::Moe(moe) = &mut layer.feed_forward {
                 moe.set_prefill(mode);
+            }
+        }
+    }
+
+    pub fn set_moe_route(&mut self, kernel: RouteKernel) {
+        for layer in &mut self.layers {
+            if let FeedForward::Moe(moe) = &mut layer.feed_forward {
+                moe.set_route(kernel);
             }
         }
     }

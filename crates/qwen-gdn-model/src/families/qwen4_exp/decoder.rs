@@ -190,6 +190,12 @@ impl Qwen4ExpDecoder {
         }
     }
 
+    pub fn set_moe_route(&mut self, kernel: gdn_ops::ops::moe_route::RouteKernel) {
+        for layer in &mut self.layers {
+            layer.moe.set_route(kernel);
+        }
+    }
+
     /// Runs decode steps' GDN mixers and MoE blocks on the fused kernels where they cover
     /// the layer in `dtype` (device plan; the caller checks), or everything composed.
     pub fn set_fused_decode(&mut self, on: bool, dtype: DType) {

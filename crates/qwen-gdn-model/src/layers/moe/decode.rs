@@ -27,8 +27,13 @@ impl SparseMoe {
             .stacked()
             .ok_or_else(|| anyhow::anyhow!("fused MoE decode needs stacked experts"))?;
         let logits = profile::labelled("moe.router", || s.router.forward(x))?;
-        let (ids, weights) =
-            moe_route::moe_route(&logits, self.top_k, self.norm_topk_prob, s.has_shared)?;
+        let (ids, weights) = moe_route::moe_route_with(
+            &logits,
+            self.top_k,
+            self.norm_topk_prob,
+            s.has_shared,
+            s.route,
+        )?;
         let act = profile::labelled("moe.gate_up", || s.gate_up.gather_swiglu(x, &ids))?; // [N, S, Im]
         let down = profile::labelled("moe.down", || s.down.gather_matmul_t(&act, &ids))?; // [N, S, H]
         Ok((down, weights))

@@ -133,6 +133,14 @@ impl SparseMoe {
         self.prefill = mode;
     }
 
+    /// The router kernel's body, decode and prefill (the stacked form routes on the device;
+    /// the separate form composes).
+    pub fn set_route(&mut self, kernel: gdn_ops::ops::moe_route::RouteKernel) {
+        if let Experts::Stacked(s) = &mut self.experts {
+            s.route = kernel;
+        }
+    }
+
     /// `x`: `[B, S, H]` (already post-attention-normed).
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let device_experts = !matches!(&self.experts, Experts::Separate(s) if matches!(s.gate_proj, Weight::Host(_)));

@@ -35,6 +35,8 @@ pub struct StackedExperts {
     /// Routed experts `E`.
     pub experts: usize,
     pub has_shared: bool,
+    /// The router kernel's body (`RunOptions::moe_route`).
+    pub route: moe_route::RouteKernel,
 }
 
 /// The affine matrix behind a host weight.
@@ -114,6 +116,7 @@ impl StackedExperts {
             down: AffineTensor::upload(&down, device)?,
             experts,
             has_shared: shared.is_some(),
+            route: moe_route::RouteKernel::default(),
         }))
     }
 
@@ -160,7 +163,13 @@ impl StackedExperts {
         renormalise: bool,
     ) -> Result<(Tensor, Tensor)> {
         if !logits.device().is_cpu() && moe_route::supports(self.experts, top_k, logits.dtype()) {
-            return moe_route::moe_route(logits, top_k, renormalise, self.has_shared);
+            return moe_route::moe_route_with(
+                logits,
+                top_k,
+                renormalise,
+                self.has_shared,
+                self.route,
+            );
         }
         self.route_composed(logits, top_k, renormalise)
     }
