@@ -128,8 +128,9 @@ constexpr uint32_t kMaxWarps = 16;  // one thread an expert, E <= 512
 
 // What a block shares: a few KB, far under the 48 KB of static shared memory.
 struct BlockShared {
-  float exps[32 * kMaxWarps];    // exp(logit - max) of every expert
-  uint32_t keys[32 * kMaxWarps]; // the candidates' keys, in expert order
+  // The candidates' keys in expert order, and 4 zeros after the last (read as uint4s).
+  alignas(16) uint32_t keys[32 * kMaxWarps + 4];
+  float exps[32 * kMaxWarps];  // exp(logit - max) of every expert
   float warp_max[kMaxWarps];
   // Each warp's m = ceil(k / warps) largest keys: warps * m < warps + k <= 48.
   uint32_t warp_top[kMaxWarps + 32];
@@ -213,13 +214,18 @@ __device__ void route_block(const T* logits, uint32_t* ids, float* weights,
     count += c;
   }
   if (candidate) sh.keys[pos] = key;
+  if (thread < 4) sh.keys[count + thread] = 0u;  // a zero key never comes first
   __syncthreads();
   if (candidate) {
     // Slot = how many candidates come first: a larger key, or an equal one of a lower expert.
+    // Four keys a load, and no early exit, so that the loads are issued ahead.
+    const auto first = [&](uint32_t other, uint32_t j) {
+      return other > key || (other == key && j < pos) ? 1u : 0u;
+    };
     uint32_t rank = 0;
-    for (uint32_t j = 0; j < count && rank < k; ++j) {
-      const uint32_t other = sh.keys[j];
-      rank += other > key || (other == key && j < pos) ? 1u : 0u;
+    for (uint32_t j = 0; j < count; j += 4) {
+      const uint4 q = *reinterpret_cast<const uint4*>(&sh.keys[j]);
+      rank += first(q.x, j) + first(q.y, j + 1) + first(q.z, j + 2) + first(q.w, j + 3);
     }
     if (rank < k) {
       sh.slot_id[rank] = e;

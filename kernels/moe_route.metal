@@ -113,18 +113,18 @@ inline void moe_route_impl(
 // ---- The threadgroup body -------------------------------------------------------------------
 
 constant constexpr uint kMaxSimdgroups = 16;  // one thread an expert, E <= 512
-// Threadgroup memory, in 4-byte words: the exps and the candidates' keys (one an expert),
+// Threadgroup memory, in 4-byte words: the candidates' keys and the exps (one an expert),
 // each simdgroup's largest logit, its m = ceil(k / simdgroups) best keys (simdgroups * m <
 // simdgroups + k <= 48), its candidate count, and the k slots' ids and weights.
-constant constexpr uint kExps = 0;
-constant constexpr uint kKeys = kExps + 32 * kMaxSimdgroups;
-constant constexpr uint kGroupMax = kKeys + 32 * kMaxSimdgroups;
+constant constexpr uint kKeys = 0;  // and 4 zeros after the last candidate (read 4 a step)
+constant constexpr uint kExps = kKeys + 32 * kMaxSimdgroups + 4;
+constant constexpr uint kGroupMax = kExps + 32 * kMaxSimdgroups;
 constant constexpr uint kGroupTop = kGroupMax + kMaxSimdgroups;
 constant constexpr uint kGroupCount = kGroupTop + kMaxSimdgroups + 32;
 constant constexpr uint kSlotId = kGroupCount + kMaxSimdgroups;
 constant constexpr uint kSlotWeight = kSlotId + 32;
 // The host sets this many (BLOCK_SCRATCH_WORDS in crates/gdn-ops/src/ops/moe_route/mod.rs).
-constant constexpr uint kBlockScratchWords = 1168;
+constant constexpr uint kBlockScratchWords = 1172;
 static_assert(kSlotWeight + 32 == kBlockScratchWords, "the layout fills the scratch");
 
 // A non-NaN float's order as a signed integer's, and back.
@@ -239,13 +239,19 @@ inline void moe_route_block_impl(
   if (candidate) {
     keys[pos] = key;
   }
+  if (thread < 4) {
+    keys[count + thread] = 0;  // a zero key never comes first
+  }
   threadgroup_barrier(mem_flags::mem_threadgroup);
   if (candidate) {
     // Slot = how many candidates come first: a larger key, or an equal one of a lower expert.
+    // Four keys a step, and no early exit, so that the loads are issued ahead.
     uint rank = 0;
-    for (uint j = 0; j < count && rank < k; ++j) {
-      const uint other = keys[j];
-      rank += other > key || (other == key && j < pos) ? 1 : 0;
+    for (uint j = 0; j < count; j += 4) {
+      for (uint i = j; i < j + 4; ++i) {
+        const uint other = keys[i];
+        rank += other > key || (other == key && i < pos) ? 1 : 0;
+      }
     }
     if (rank < k) {
       slot_id[rank] = e;

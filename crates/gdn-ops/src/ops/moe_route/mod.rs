@@ -53,7 +53,7 @@ pub fn block_threads(experts: usize) -> usize {
 
 /// Threadgroup memory of the Metal block body, in 4-byte words (`kBlockScratchWords` of
 /// kernels/moe_route.metal; the CUDA body's is static).
-pub const BLOCK_SCRATCH_WORDS: usize = 1168;
+pub const BLOCK_SCRATCH_WORDS: usize = 1172;
 
 /// `MoeRouteParams` of kernels/params/moe_route.h, field for field.
 #[repr(C)]
