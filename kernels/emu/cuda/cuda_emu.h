@@ -1,5 +1,6 @@
-// Just enough CUDA to run the bodies of kernels/gated_delta_chunk.cu, kernels/affine_grouped.cu
-// and kernels/attn_decode.cu on the CPU, on top of the Metal emulation (kernels/emu/metal_emu.h):
+// Just enough CUDA to run the bodies of kernels/gated_delta_chunk.cu, kernels/affine_grouped.cu,
+// kernels/attn_decode.cu, kernels/moe_route.cu (and others) on the CPU, on top of the Metal
+// emulation (kernels/emu/metal_emu.h):
 // a block is a threadgroup of fibers, a warp a simdgroup, __syncthreads a threadgroup barrier,
 // __syncwarp a simdgroup barrier, __shfl_up_sync simd_shuffle_up (the same semantics: lanes
 // below the offset keep their value), __shfl_xor_sync simd_shuffle_xor (full-warp masks only);
