@@ -142,7 +142,8 @@ impl Case {
 
 /// The op's cases (tests/common/moe_route.rs) at every dtype, then `RANDOM` seeded ones at
 /// the real shapes (E 512, k 10 and E 256, k 8, the shared slot, renormalised) and at a width
-/// not a multiple of 32, drawn from a few levels (exact ties near the top) or continuous.
+/// not a multiple of 32, drawn from a few levels (exact ties near the top) or continuous, some
+/// with a NaN or an infinite logit.
 fn cases() -> Vec<Case> {
     const RANDOM: usize = 24;
     let mut out = vec![];
@@ -155,12 +156,18 @@ fn cases() -> Vec<Case> {
         let levels = [0, 2, 7, 40][(n / 3) % 4];
         let tokens = 1 + (rng.next() % 3) as usize;
         let width = experts + 1;
-        let v: Vec<f32> = (0..tokens * width)
+        let mut v: Vec<f32> = (0..tokens * width)
             .map(|_| match levels {
                 0 => rng.uniform(-6.0, 6.0),
                 l => (rng.next() % l) as f32 * 0.25 - 2.0,
             })
             .collect();
+        // One case in four has a NaN, +inf or -inf logit in its first row (a NaN or +inf
+        // leaves every probability of the row NaN: every slot empty).
+        if n % 4 == 3 {
+            v[(rng.next() % experts as u64) as usize] =
+                [f32::NAN, f32::INFINITY, f32::NEG_INFINITY][n / 4 % 3];
+        }
         let dtype = n % 3;
         let logits = Tensor::from_vec(v, (tokens, width), &Device::Cpu)
             .unwrap()
