@@ -15,6 +15,19 @@ rescales the launches so that they sum to the step's time replayed as a graph (n
 caches before each kernel, which inflates small kernels); without it they are taken as measured.
 The benchmark's own launches after the step (candle's argmax and NaN check) are left out: the
 Mac build picks the token its own way.
+
+  python3 scripts/metal_estimate.py STEP.json --batch 1,4,16,64 [--experts 512 --top-k 10]
+
+--batch (issue 29): the same step run for B sequences at once on kernels that take B rows (the
+design the batched step is heading for: one dispatch per kernel whatever B, as many as the
+single-token step). Per launch, from the measured one: the dense products read their weights
+once (bytes as measured); the routed experts' products (the gathered gate/up SwiGLU and the
+down product after it) read the experts B tokens select, D(B) = E·(1 − (1 − k/E)^B) distinct
+ones for uniform routing (the most a real router spreads them; the shared expert once), so
+their bytes scale by (D(B) + shared) / (k + shared); the per-sequence mixer kernels (the GDN
+state and conv window, attention's keys and values) scale by B; the rest (routing, combine,
+norms: latency-bound, bytes negligible) as measured. Each launch keeps its measured efficiency
+on its bytes. Prints the aggregate tok/s (B tokens a step) per chip.
 """
 import argparse
 import json
@@ -25,6 +38,51 @@ COMMAND_BUFFER_US = 20.0
 BENCH_ONLY = ("fast_argmax", "fast_sum", "bsub")
 
 
+# Kernels whose bytes are one sequence's state: the GDN recurrence and conv window, attention.
+PER_SEQUENCE = ("gated_delta_norm", "gdn_conv_prep", "attn_prep", "attn_decode")
+ROUTED_SWIGLU = "affine_wide_swiglu"
+
+
+def batch_factors(launches, b, experts, top_k, shared):
+    """Per launch, what its bytes are multiplied by when the step runs B sequences."""
+    distinct = experts * (1 - (1 - top_k / experts) ** b)
+    routed = (distinct + shared) / (top_k + shared)
+    factors = []
+    for i, l in enumerate(launches):
+        name = l["kernel"]
+        after_swiglu = i > 0 and launches[i - 1]["kernel"].startswith(ROUTED_SWIGLU)
+        if name.startswith(ROUTED_SWIGLU) or after_swiglu:
+            factors.append(routed)  # the gathered gate/up, then the gathered down product
+        elif name.startswith(PER_SEQUENCE):
+            factors.append(float(b))
+        else:
+            factors.append(1.0)
+    return distinct, factors
+
+
+def batched(launches, a, scale, fixed):
+    """The --batch table: aggregate tok/s per chip for each B."""
+    sizes = [int(x) for x in a.batch.split(",")]
+    print(f"| B | distinct experts a layer (uniform routing) | GB a step | "
+          + " | ".join(f"{c} tok/s" for c, _ in CHIPS) + " |")
+    print("|---|---|---|" + "---|" * len(CHIPS))
+    for b in sizes:
+        distinct, factors = batch_factors(launches, b, a.experts, a.top_k, a.shared_experts)
+        eta_bytes, total = 0.0, 0.0
+        for l, f in zip(launches, factors):
+            t = l["us"] * scale
+            by = l["read"] + l["written"]
+            busy = max(t - fixed, 1e-3)
+            eta = min(1.0, by / (busy * 1e-6 * a.gpu_bandwidth)) if by else 1.0
+            eta_bytes += by * f / eta if eta else 0.0
+            total += by * f
+        rates = []
+        for _, bw in CHIPS:
+            step_ms = eta_bytes / bw * 1e3 + (len(launches) * DISPATCH_US + COMMAND_BUFFER_US) / 1e3 + a.sync_ms
+            rates.append(f"{b * 1e3 / step_ms:.0f}")
+        print(f"| {b} | {distinct:.1f} | {total / 1e9:.2f} | " + " | ".join(rates) + " |")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("step")
@@ -33,11 +91,18 @@ def main():
     ap.add_argument("--step-us", type=float, help="the step's graph-replayed time, to rescale ncu's")
     ap.add_argument("--sync-ms", type=float, default=0.3, help="host sync per token")
     ap.add_argument("--mlx-tok-s", type=float, default=67.7, help="mlx-lm on an M3 Ultra (peers-2026.md)")
+    ap.add_argument("--batch", help="B,...: the batched step's aggregate instead (see above)")
+    ap.add_argument("--experts", type=int, default=512, help="routed experts a layer")
+    ap.add_argument("--top-k", type=int, default=10, help="experts a token selects")
+    ap.add_argument("--shared-experts", type=int, default=1, help="shared experts a layer")
     a = ap.parse_args()
     launches = [l for l in json.load(open(a.step)) if not l["kernel"].startswith(BENCH_ONLY)]
     total_us = sum(l["us"] for l in launches)
     scale = a.step_us / total_us if a.step_us else 1.0
     fixed = min(l["us"] for l in launches) * scale
+    if a.batch:
+        batched(launches, a, scale, fixed)
+        return
     by_kind = {}
     for l in launches:
         t = l["us"] * scale
