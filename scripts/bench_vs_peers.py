@@ -218,6 +218,21 @@ def gb(x: float | None) -> str:
     return "-" if x is None else f"{x / 1e9:.2f} GB"
 
 
+def print_table(rows: list[tuple[str, ...]]) -> None:
+    """A Markdown table, its first row the header, with blank lines around it."""
+    widths = [max(len(r[c]) for r in rows) for c in range(len(rows[0]))]
+
+    def line(r):
+        return "| " + " | ".join(s.ljust(w) for s, w in zip(r, widths)) + " |"
+
+    print()
+    print(line(rows[0]))
+    print("|" + "|".join("-" * (w + 2) for w in widths) + "|")
+    for r in rows[1:]:
+        print(line(r))
+    print()
+
+
 def machine_line() -> str:
     model = "?"
     for line in subprocess.run(["lscpu"], capture_output=True, text=True).stdout.splitlines():
@@ -305,11 +320,6 @@ def cmd_run(a) -> None:
                      gb(qg["size"]), f"{mlx['prompt_tps']:.2f} (pp{mlx['prompt_tokens']})",
                      f"{mlx['generation_tps']:.2f} (tg{mlx['generation_tokens']})", gb(mlx["peak_memory_bytes"]),
                      f"{100 * mlx['generation_tps'] / roof:.0f}%"))
-    widths = [max(len(r[c]) for r in rows) for c in range(len(rows[0]))]
-
-    def line(r):
-        return "| " + " | ".join(s.ljust(w) for s, w in zip(r, widths)) + " |"
-
     print(f"machine: {machine_line()}")
     print(f"memory bandwidth: {bw / 1e9:.2f} GB/s (STREAM-style copy, {a.threads} threads, read + written bytes, best of 10)")
     print(f"model: {Path(a.model).name}: {rf['layers']} layers ({rf['gdn_layers']} GDN + {rf['attention_layers']} attention), "
@@ -318,12 +328,7 @@ def cmd_run(a) -> None:
           f"and `llama-bench -p {a.p} -n {a.g} -t {a.threads} -r 1` (one warm-up each); "
           f"median (min-max) over rounds")
     print(f"llama.cpp: llama-cpp-python 0.3.36 vendored source, commit {lb.get('commit')}, GGML_NATIVE, CPU backend")
-    print()
-    print(line(rows[0]))
-    print("|" + "|".join("-" * (w + 2) for w in widths) + "|")
-    for r in rows[1:]:
-        print(line(r))
-    print()
+    print_table(rows)
     print(f"decode roofline ({Path(a.model).name}, context {context:g}):")
     for k, v in rf["weights"].items():
         print(f"  {k:<34} {v / 1e6:9.2f} MB")
@@ -396,23 +401,13 @@ def cmd_batch(a) -> None:
          f"{med['qwen-gdn each-row-alone'][b] / med['llama.cpp'][b]:.2f}")
         for b in sizes
     ]
-    widths = [max(len(r[c]) for r in rows) for c in range(len(head))]
-
-    def line(r):
-        return "| " + " | ".join(s.ljust(w) for s, w in zip(r, widths)) + " |"
-
     print(f"machine: {machine_line()}")
     print(f"model: {Path(a.model).name} (MLX 4-bit g64) against {Path(a.gguf).name} (Q4_0)")
     print(f"runs: {a.rounds} alternated rounds of `qwen-gdn bench --batch {a.batch} -p {a.p} -g {a.g} -r 1 "
           f"--q8-activations` (each --batch-products) and `llama-batched-bench -npp {a.p} -ntg {a.g} -npl {a.batch} "
           f"-t {a.threads}`; aggregate decode tok/s (all B sequences' tokens over the decode time), each "
           f"sequence with its own {a.p}-token prompt; median (min-max) over rounds")
-    print()
-    print(line(rows[0]))
-    print("|" + "|".join("-" * (w + 2) for w in widths) + "|")
-    for r in rows[1:]:
-        print(line(r))
-    print()
+    print_table(rows)
     (out_dir / "result.json").write_text(json.dumps({
         "runs": {e: {str(b): v for b, v in r.items()} for e, r in runs.items()},
         "p": a.p, "g": a.g, "rounds": a.rounds, "threads": a.threads, "batch": sizes,
@@ -429,6 +424,19 @@ def log_tail(log) -> str:
     return text[text.rfind("\n$ "):]
 
 
+def side_by_side_args(parser, peer: str, p: int, g: int) -> None:
+    """What `run` and `batch` both take: the two engines, the weights, the sizes, the rounds."""
+    parser.add_argument("--qwen-gdn", required=True)
+    parser.add_argument(peer, required=True, help="the llama.cpp tool to run")
+    parser.add_argument("--model", required=True, help="MLX 4-bit folder")
+    parser.add_argument("--gguf", required=True)
+    parser.add_argument("-p", type=int, default=p)
+    parser.add_argument("-g", type=int, default=g)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=os.cpu_count())
+    parser.add_argument("--out-dir", required=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -440,30 +448,14 @@ def main() -> None:
     r.add_argument("--model", required=True)
     r.add_argument("--context", type=float, default=0)
     x = sub.add_parser("run")
-    x.add_argument("--qwen-gdn", required=True)
-    x.add_argument("--llama-bench", required=True)
-    x.add_argument("--model", required=True, help="MLX 4-bit folder")
-    x.add_argument("--gguf", required=True)
-    x.add_argument("-p", type=int, default=512)
-    x.add_argument("-g", type=int, default=128)
-    x.add_argument("--rounds", type=int, default=3)
-    x.add_argument("--threads", type=int, default=os.cpu_count())
+    side_by_side_args(x, "--llama-bench", p=512, g=128)
     x.add_argument("--bandwidth", type=float, required=True, help="copy bandwidth, bytes/s")
     x.add_argument("--mlx-json")
     x.add_argument("--baseline-env", help="VAR=VALUE: one more q8 run per round with it set")
     x.add_argument("--baseline-bin", help="another qwen-gdn binary for that baseline run")
-    x.add_argument("--out-dir", required=True)
     y = sub.add_parser("batch")
-    y.add_argument("--qwen-gdn", required=True)
-    y.add_argument("--batched-bench", required=True)
-    y.add_argument("--model", required=True, help="MLX 4-bit folder")
-    y.add_argument("--gguf", required=True)
-    y.add_argument("-p", type=int, default=128)
-    y.add_argument("-g", type=int, default=32)
+    side_by_side_args(y, "--batched-bench", p=128, g=32)
     y.add_argument("--batch", default="1,2,4,8,16")
-    y.add_argument("--rounds", type=int, default=3)
-    y.add_argument("--threads", type=int, default=os.cpu_count())
-    y.add_argument("--out-dir", required=True)
     a = ap.parse_args()
     if a.cmd == "mlx":
         cmd_mlx(a)
