@@ -247,7 +247,7 @@ fn start(model: &Model, spec: &mut Speculation, prompt: &[u32]) -> (Cache, u32) 
         model.prefill(&prompt[..split], &mut cache, 2048).unwrap();
     }
     let logits = spec
-        .start_from_prompt(model, &mut cache, &prompt[split..])
+        .start_from_prompt(model, &mut cache, prompt, split)
         .unwrap();
     (cache, argmax_rows(&logits)[0])
 }

@@ -200,7 +200,7 @@ impl GatedDeltaNet {
         };
         let padded = cat(&[&prev, x], 1)?; // [B, S+K-1, C]
         if let Some(steps) = &mut cache.steps {
-            steps.record_window(&padded);
+            steps.record_window(&padded, k - 1)?;
         }
 
         // A copy, not a view: the narrow is already contiguous, so `contiguous()` would keep

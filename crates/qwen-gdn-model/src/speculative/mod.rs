@@ -1,5 +1,6 @@
-//! Speculative decoding with the model's own multi-token-prediction head (issue 28): the head
-//! drafts k tokens, chained; the main model verifies them in one forward pass of k + 1 tokens;
+//! Speculative decoding (issue 28): a drafter proposes k tokens — the model's own
+//! multi-token-prediction head, chained, or a separate small draft model ([`draft_model`]);
+//! the main model verifies them in one forward pass of k + 1 tokens;
 //! the longest prefix the main model accepts is kept, plus the main model's own token after
 //! it; the main model's cache is rewound to the last kept token ([`window`]). A [`Judge`]
 //! draws the drafts and decides each row: greedily ([`Greedy`]: the output is the main model's
@@ -12,6 +13,7 @@
 //! them all in one call, as vLLM does, after the head's cache dropped the chained entries.
 
 pub mod draft_length;
+pub mod draft_model;
 pub mod window;
 
 use crate::cache::{Cache, KvCache};
@@ -19,7 +21,9 @@ use crate::Model;
 use anyhow::{bail, ensure, Result};
 use candle_core::Tensor;
 pub use draft_length::{DraftLength, ADAPTIVE_MAX};
+pub use draft_model::DraftModel;
 use gdn_ops::launches::candle_op;
+use std::sync::Arc;
 pub use window::Window;
 
 /// Prompt tokens whose hidden states the head sees before the first draft (the rest of the
@@ -89,16 +93,33 @@ impl SpecStats {
     }
 }
 
-/// The drafting side of one sequence: the head's KV cache and the pairs it has not seen.
+/// The drafting side of one sequence: its drafter's state, the draft length and the counts.
 #[derive(Debug)]
 pub struct Speculation {
     length: DraftLength,
+    drafter: Drafter,
+    pub stats: SpecStats,
+}
+
+/// What proposes the drafts.
+#[derive(Debug)]
+enum Drafter {
+    /// The main model's own MTP head.
+    Head(Head),
+    /// A separate small model sharing the main model's tokenizer.
+    Model(DraftModel),
+}
+
+/// The MTP head's side: its KV cache and the pairs it has not seen.
+#[derive(Debug)]
+struct Head {
     mtp: KvCache,
     /// Normed hidden states `[1, P, H]` of positions whose pairs the head has not run yet.
     pending_hidden: Option<Tensor>,
     /// The tokens after the first `P − 1` of them (the last one's is the next step's token).
     pending_next: Vec<u32>,
-    pub stats: SpecStats,
+    /// While a step's drafts are being verified: the head's cache length before it drafted.
+    drafted_from: Option<usize>,
 }
 
 impl Speculation {
@@ -108,20 +129,46 @@ impl Speculation {
         let Some(head) = model.mtp_head() else {
             bail!("the model has no MTP head loaded: speculative decoding needs one");
         };
-        let length = length.into();
-        let max = length.max();
-        Ok(Self {
-            length,
+        let head = Head {
             mtp: head.new_cache(),
             pending_hidden: None,
             pending_next: Vec::new(),
+            drafted_from: None,
+        };
+        Ok(Self::with_drafter(Drafter::Head(head), length.into()))
+    }
+
+    /// Drafts of `length` tokens per step from `draft`, a separate model whose vocabulary
+    /// must be `model`'s.
+    pub fn with_draft_model(
+        model: &Model,
+        draft: Arc<Model>,
+        length: impl Into<DraftLength>,
+    ) -> Result<Self> {
+        let drafter = Drafter::Model(DraftModel::new(model, draft)?);
+        Ok(Self::with_drafter(drafter, length.into()))
+    }
+
+    fn with_drafter(drafter: Drafter, length: DraftLength) -> Self {
+        let max = length.max();
+        Self {
+            length,
+            drafter,
             stats: SpecStats {
                 drafted_at: vec![0; max],
                 accepted_at: vec![0; max],
                 steps_at: vec![0; max + 1],
                 ..SpecStats::default()
             },
-        })
+        }
+    }
+
+    /// The draft model's state, when a draft model drafts (for tests of its rewind).
+    pub fn draft_model(&self) -> Option<&DraftModel> {
+        match &self.drafter {
+            Drafter::Model(d) => Some(d),
+            Drafter::Head(_) => None,
+        }
     }
 
     /// The most tokens a step drafts.
@@ -138,29 +185,39 @@ impl Speculation {
     /// tokens ([`Model::forward_normed`]), and `after` the W − 1 prompt tokens that follow the
     /// first of them. The head's history starts there.
     pub fn start(&mut self, normed: Tensor, after: &[u32]) -> Result<()> {
+        let Drafter::Head(head) = &mut self.drafter else {
+            bail!("a draft model starts from the prompt's tokens (start_from_prompt)");
+        };
         ensure!(
             normed.dim(1)? == after.len() + 1,
             "{} hidden states for {} following tokens",
             normed.dim(1)?,
             after.len()
         );
-        self.mtp = KvCache::default();
-        self.pending_hidden = Some(normed);
-        self.pending_next = after.to_vec();
+        head.mtp = KvCache::default();
+        head.pending_hidden = Some(normed);
+        head.pending_next = after.to_vec();
         Ok(())
     }
 
-    /// Runs the prompt's last tokens `tail` (the cache holds those before them) keeping their
-    /// normed hidden states, which start the head's history ([`Speculation::start`]); returns
-    /// the logits of the prompt's last token, `[1, vocab]`. A longer tail gives the head more
-    /// of the prompt to attend to; [`HEAD_HISTORY`] is what the engine uses.
+    /// Runs the prompt's last tokens, `prompt[tail_from..]` (the cache holds those before
+    /// them), keeping their normed hidden states, which start the head's history
+    /// ([`Speculation::start`]); a draft model prefills the whole prompt instead. Returns the
+    /// logits of the prompt's last token, `[1, vocab]`. A longer tail gives the head more of
+    /// the prompt to attend to; [`HEAD_HISTORY`] is what the engine uses.
     pub fn start_from_prompt(
         &mut self,
         model: &Model,
         cache: &mut Cache,
-        tail: &[u32],
+        prompt: &[u32],
+        tail_from: usize,
     ) -> Result<Tensor> {
-        ensure!(!tail.is_empty(), "the prompt has no tokens");
+        ensure!(tail_from < prompt.len(), "the prompt has no tokens");
+        let tail = &prompt[tail_from..];
+        if let Drafter::Model(draft) = &mut self.drafter {
+            draft.start(prompt)?;
+            return model.forward_last(tail, cache);
+        }
         let normed = model.forward_normed(tail, cache)?;
         let logits = model.head_logits(&normed.narrow(1, tail.len() - 1, 1)?)?;
         self.start(normed, &tail[1..])?;
@@ -191,17 +248,10 @@ impl Speculation {
         max_draft: usize,
         judge: &mut (dyn Judge + Send),
     ) -> Result<Vec<u32>> {
-        let Some(hidden) = self.pending_hidden.take() else {
-            bail!("speculative step before the prompt's hidden states were given (start)");
-        };
         let k = self.length.next().min(max_draft);
-        let mut next = std::mem::take(&mut self.pending_next);
-        next.push(token);
-        let head_len = self.mtp.len();
-        let drafts = if k > 0 {
-            self.draft(model, &hidden, &next, k, judge)?
-        } else {
-            Vec::new()
+        let drafts = match &mut self.drafter {
+            Drafter::Head(head) => head.draft(model, token, k, judge)?,
+            Drafter::Model(draft) => draft.draft(token, k, judge)?,
         };
 
         let mut window_tokens = Vec::with_capacity(k + 1);
@@ -233,21 +283,9 @@ impl Speculation {
         }
         let accepted = decided.len() - 1;
         window.close(cache, accepted + 1)?;
-
-        // The pairs the head has not seen: the kept positions with the main model's hidden
-        // states, each with the token after it (the last one's is the next step's token).
-        let kept = normed.narrow(1, 0, accepted + 1)?;
-        if k > 0 {
-            self.mtp.truncate(head_len + next.len());
-            self.pending_hidden = Some(kept);
-            self.pending_next = decided[..accepted].to_vec();
-        } else {
-            // Nothing drafted, nothing accepted: the token's pair is pending, as after a
-            // plain step.
-            next.pop();
-            self.pending_hidden = Some(hidden);
-            self.pending_next = next;
-            self.pend(model, token, &kept)?;
+        match &mut self.drafter {
+            Drafter::Head(head) => head.keep(model, token, &normed, &decided)?,
+            Drafter::Model(draft) => draft.keep(&drafts, accepted)?,
         }
 
         self.length.record(k, accepted);
@@ -265,11 +303,74 @@ impl Speculation {
     }
 
     /// The main model ran `token` outside a speculative step (a decode step of a batch of
-    /// several sequences), `normed` `[1, 1, H]` its normed hidden state: the head's history
+    /// several sequences), `normed` `[1, 1, H]` its normed hidden state: the drafter's history
     /// goes on as after a step that drafted nothing, so the next speculative step drafts
     /// exactly as if every step had been one.
     pub fn record_plain(&mut self, model: &Model, token: u32, normed: &Tensor) -> Result<()> {
-        model.on_host_workers(|| self.pend(model, token, normed))
+        model.on_host_workers(|| match &mut self.drafter {
+            Drafter::Head(head) => head.pend(model, token, normed),
+            Drafter::Model(draft) => draft.record_plain(token),
+        })
+    }
+}
+
+impl Head {
+    /// Runs the pending pairs through the head (the last gives the first draft), then chains:
+    /// each draft paired with the head's own output gives the next. What [`Head::keep`]
+    /// needs after the verify step stays pending: the pairs, with `token` appended.
+    fn draft(
+        &mut self,
+        model: &Model,
+        token: u32,
+        k: usize,
+        judge: &mut (dyn Judge + Send),
+    ) -> Result<Vec<u32>> {
+        let Some(hidden) = &self.pending_hidden else {
+            bail!("speculative step before the prompt's hidden states were given (start)");
+        };
+        self.pending_next.push(token);
+        if k == 0 {
+            return Ok(Vec::new());
+        }
+        self.drafted_from = Some(self.mtp.len());
+        let g = model.mtp_forward(hidden, &self.pending_next, &mut self.mtp)?;
+        let mut g = g.narrow(1, g.dim(1)? - 1, 1)?;
+        let mut drafts = Vec::with_capacity(k);
+        loop {
+            let mut logits = model.head_logits(&g)?.squeeze(0)?.to_vec1::<f32>()?;
+            let d = judge.draft(&mut logits, &drafts);
+            drafts.push(d);
+            if drafts.len() == k {
+                return Ok(drafts);
+            }
+            g = model.mtp_forward(&g, &[d], &mut self.mtp)?;
+        }
+    }
+
+    /// After the verify step that started from `token` and `decided` these tokens, `normed`
+    /// the main model's normed hidden states of the window: the pairs the head has not seen
+    /// are the kept positions with the main model's hidden states, each with the token after
+    /// it (the last one's is the next step's token); the head's cache drops its chained
+    /// entries.
+    fn keep(&mut self, model: &Model, token: u32, normed: &Tensor, decided: &[u32]) -> Result<()> {
+        let accepted = decided.len() - 1;
+        let kept = normed.narrow(1, 0, accepted + 1)?;
+        match self.drafted_from.take() {
+            // The head ran the pending pairs (one per entry of `pending_next`), then its
+            // chain, which it drops.
+            Some(head_len) => {
+                self.mtp.truncate(head_len + self.pending_next.len());
+                self.pending_hidden = Some(kept);
+                self.pending_next = decided[..accepted].to_vec();
+            }
+            // Nothing drafted, nothing accepted: the token's pair is pending, as after a
+            // plain step.
+            None => {
+                self.pending_next.pop();
+                self.pend(model, token, &kept)?;
+            }
+        }
+        Ok(())
     }
 
     /// Appends the pair (`token` after the last pending position, `normed` at `token`) to the
@@ -296,30 +397,6 @@ impl Speculation {
         self.pending_hidden = Some(hidden.narrow(1, known, 1)?);
         self.pending_next.clear();
         Ok(())
-    }
-
-    /// Runs the pending pairs through the head (the last gives the first draft), then chains:
-    /// each draft paired with the head's own output gives the next.
-    fn draft(
-        &mut self,
-        model: &Model,
-        hidden: &Tensor,
-        next: &[u32],
-        k: usize,
-        judge: &mut (dyn Judge + Send),
-    ) -> Result<Vec<u32>> {
-        let g = model.mtp_forward(hidden, next, &mut self.mtp)?;
-        let mut g = g.narrow(1, g.dim(1)? - 1, 1)?;
-        let mut drafts = Vec::with_capacity(k);
-        loop {
-            let mut logits = model.head_logits(&g)?.squeeze(0)?.to_vec1::<f32>()?;
-            let d = judge.draft(&mut logits, &drafts);
-            drafts.push(d);
-            if drafts.len() == k {
-                return Ok(drafts);
-            }
-            g = model.mtp_forward(&g, &[d], &mut self.mtp)?;
-        }
     }
 }
 

@@ -95,7 +95,7 @@ impl Engine {
         let ids = &run.prompt.ids;
         let last = &ids[run.head_len..];
         let logits = match speculation {
-            Some(spec) => spec.start_from_prompt(&self.model, &mut run.cache, last)?,
+            Some(spec) => spec.start_from_prompt(&self.model, &mut run.cache, ids, run.head_len)?,
             None => self.model.forward_last(last, &mut run.cache)?,
         };
         self.prompt_cache.insert(ids, &run.cache)?;

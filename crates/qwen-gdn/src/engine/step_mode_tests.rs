@@ -49,7 +49,9 @@ fn replayed(
 ) -> (Vec<u32>, SpecStats) {
     let mut spec = Speculation::new(model, DraftLength::Fixed(2)).unwrap();
     let mut cache = model.new_cache();
-    let logits = spec.start_from_prompt(model, &mut cache, prompt).unwrap();
+    let logits = spec
+        .start_from_prompt(model, &mut cache, prompt, 0)
+        .unwrap();
     let mut out = vec![argmax(&last_row(&logits).unwrap())];
     let mut judge = Greedy(|row: &mut [f32], _: &[u32]| argmax(row));
     let mut step = 0;

@@ -24,9 +24,19 @@ pub struct GdnSteps {
 }
 
 impl GdnSteps {
-    /// Keeps the conv input rows of the window (`[previous K−1 rows; the window's]`).
-    pub(super) fn record_window(&mut self, padded: &Tensor) {
-        self.window = Some(padded.clone());
+    /// Keeps the conv input rows of a forward call inside the window (`padded`: the `K − 1`
+    /// rows before the call, then its own). A window may span several calls (a draft model
+    /// drafts one token a call): each call's own rows are appended to what the window holds,
+    /// whose last `K − 1` rows are the ones the call started from.
+    pub(super) fn record_window(&mut self, padded: &Tensor, before: usize) -> Result<()> {
+        self.window = Some(match self.window.take() {
+            None => padded.clone(),
+            Some(held) => {
+                let own = padded.narrow(1, before, padded.dim(1)? - before)?;
+                candle_op(Tensor::cat(&[&held, &own], 1))?
+            }
+        });
+        Ok(())
     }
 
     /// The recurrence over the window's tokens `[q, k, v, g, beta]` (`[B, S, …]`), one

@@ -122,7 +122,7 @@ fn repetition(
     for part in head.chunks(chunk) {
         model.prefill(part, &mut cache, chunk)?;
     }
-    let logits = spec.start_from_prompt(model, &mut cache, tail)?;
+    let logits = spec.start_from_prompt(model, &mut cache, prompt, head.len())?;
     let mut token = greedy(model, &logits, prompt, chunk)?;
     let mut judge = Greedy(|row: &mut [f32], _: &[u32]| argmax(row));
     let mut tokens = Vec::with_capacity(gen_tokens + 16);

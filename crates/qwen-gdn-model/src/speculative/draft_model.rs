@@ -1,0 +1,146 @@
+//! Drafts from a separate small model (`--draft-model`, as mlx-lm's speculative decoding has):
+//! it keeps its own [`Cache`] of the sequence, drafts k tokens one decode step at a time, and
+//! after the main model's verify step is put back exactly where it would be had it seen only
+//! the kept tokens.
+//!
+//! How it is rewound: a [`Window`] over its cache, opened before it runs the step's unseen
+//! tokens and its drafts, closed on the kept ones (the same per-token record the main model's
+//! verify step uses). Why not recompute: a rejected draft then costs the draft model nothing
+//! more, and its cache never holds the rejected tokens. The price is one recurrent state per
+//! GDN layer of the draft model per token of the window (at most k + 1), held while it is open.
+
+use super::{Judge, Window};
+use crate::cache::Cache;
+use crate::Model;
+use anyhow::{bail, ensure, Result};
+use std::sync::Arc;
+
+/// A draft model's side of one sequence.
+pub struct DraftModel {
+    model: Arc<Model>,
+    cache: Cache,
+    /// Tokens of the sequence the draft model has not run yet, before the step's token.
+    unseen: Vec<u32>,
+    /// The open window of the current step and how many tokens it ran before the drafts.
+    window: Option<(Window, usize)>,
+}
+
+impl std::fmt::Debug for DraftModel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DraftModel")
+            .field("offset", &self.cache.offset)
+            .field("unseen", &self.unseen)
+            .field("window", &self.window)
+            .finish_non_exhaustive()
+    }
+}
+
+impl DraftModel {
+    /// A drafter for `main`'s sequences from `draft`, which must share its vocabulary.
+    pub fn new(main: &Model, draft: Arc<Model>) -> Result<Self> {
+        let (want, got) = (main.config().vocab_size, draft.config().vocab_size);
+        ensure!(
+            want == got,
+            "the draft model's vocabulary has {got} tokens, the main model's {want}: they must share a tokenizer"
+        );
+        let cache = draft.new_cache();
+        Ok(Self {
+            model: draft,
+            cache,
+            unseen: Vec::new(),
+            window: None,
+        })
+    }
+
+    /// The prompt, whose last token the next step runs: the draft model prefills the rest.
+    pub fn start(&mut self, prompt: &[u32]) -> Result<()> {
+        let Some((&last, before)) = prompt.split_last() else {
+            bail!("the prompt has no tokens");
+        };
+        self.cache = self.model.new_cache();
+        if !before.is_empty() {
+            self.model.prefill(before, &mut self.cache, 2048)?;
+        }
+        self.unseen = vec![last];
+        Ok(())
+    }
+
+    /// The main model ran `token` outside a speculative step. The draft model catches up on
+    /// all but it now, so that its next window holds no more than the step needs.
+    pub fn record_plain(&mut self, token: u32) -> Result<()> {
+        if !self.unseen.is_empty() {
+            self.model.forward_last(&self.unseen, &mut self.cache)?;
+        }
+        self.unseen = vec![token];
+        Ok(())
+    }
+
+    /// Up to `k` drafts after `token`, one decode step of the draft model each, inside a
+    /// window that [`DraftModel::keep`] closes. `k` = 0 drafts nothing and runs nothing.
+    pub fn draft(
+        &mut self,
+        token: u32,
+        k: usize,
+        judge: &mut (dyn Judge + Send),
+    ) -> Result<Vec<u32>> {
+        self.unseen.push(token);
+        if k == 0 {
+            return Ok(Vec::new());
+        }
+        ensure!(self.window.is_none(), "a draft window is already open");
+        let run = std::mem::take(&mut self.unseen);
+        let window = Window::open(&mut self.cache)?;
+        let drafts = match drafts_in_window(&self.model, &mut self.cache, &run, k, judge) {
+            Ok(d) => d,
+            Err(e) => {
+                Window::abandon(&mut self.cache);
+                return Err(e);
+            }
+        };
+        self.window = Some((window, run.len()));
+        Ok(drafts)
+    }
+
+    /// After the verify step: `drafts` were proposed, the first `accepted` kept. The cache
+    /// keeps the tokens before the drafts and the accepted drafts it ran (the last draft never
+    /// ran); an accepted last draft becomes the one token it has not seen.
+    pub fn keep(&mut self, drafts: &[u32], accepted: usize) -> Result<()> {
+        let Some((window, before)) = self.window.take() else {
+            return Ok(()); // nothing was drafted: the step's token waits in `unseen`
+        };
+        let k = drafts.len();
+        window.close(&mut self.cache, before + accepted.min(k - 1))?;
+        self.unseen = match accepted == k {
+            true => vec![drafts[k - 1]],
+            false => Vec::new(),
+        };
+        Ok(())
+    }
+
+    /// The draft model's cache and the tokens it has not run (for tests of the rewind).
+    pub fn state(&self) -> (&Cache, &[u32]) {
+        (&self.cache, &self.unseen)
+    }
+}
+
+/// `k` drafts: `run` (the tokens the draft model has not seen, the step's token last), then
+/// each draft, one decode step each; every draft drawn by `judge` from the draft model's logits.
+fn drafts_in_window(
+    model: &Model,
+    cache: &mut Cache,
+    run: &[u32],
+    k: usize,
+    judge: &mut (dyn Judge + Send),
+) -> Result<Vec<u32>> {
+    let mut drafts = Vec::with_capacity(k);
+    let mut logits = model.forward_last(run, cache)?;
+    loop {
+        let mut row = logits.squeeze(0)?.to_vec1::<f32>()?;
+        let d = judge.draft(&mut row, &drafts);
+        drafts.push(d);
+        if drafts.len() == k {
+            return Ok(drafts);
+        }
+        logits = model.forward_last(&[d], cache)?;
+    }
+}
