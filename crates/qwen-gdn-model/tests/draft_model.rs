@@ -29,7 +29,7 @@ impl Judge for TestJudge {
     fn draft(&mut self, logits: &mut [f32], _before: &[u32]) -> u32 {
         self.drafted += 1;
         let best = argmax(logits);
-        match self.spoil && self.drafted % 3 == 0 {
+        match self.spoil && self.drafted.is_multiple_of(3) {
             true => (best + 1) % logits.len() as u32,
             false => best,
         }

@@ -256,3 +256,94 @@ fn speculation_from_a_prompt_cache_file_gives_the_text_without() {
         }
     }
 }
+
+/// `--draft-model`: a separate model drafts (here the main model itself, and its 4-bit
+/// conversion); the text is plain greedy decoding's and the stats line is printed.
+#[test]
+fn a_draft_model_gives_the_text_of_plain_greedy_decoding() {
+    let model = fixture("qwen3-next-tiny-bf16");
+    let args = ["--max-tokens", "32", "--prompt", "Tell me about the sea."];
+    let plain = generate(&model, &args);
+    assert!(plain.status.success(), "{}", stderr(&plain));
+    for draft in ["qwen3-next-tiny-bf16", "qwen3-next-tiny-4bit"] {
+        for k in ["2", "auto"] {
+            let draft_path = fixture(draft);
+            let mut with = args.to_vec();
+            with.extend([
+                "--draft-model",
+                draft_path.to_str().unwrap(),
+                "--draft-tokens",
+                k,
+            ]);
+            let spec = generate(&model, &with);
+            assert!(spec.status.success(), "{}", stderr(&spec));
+            assert_eq!(spec.stdout, plain.stdout, "draft {draft}: k = {k}");
+            assert!(
+                stderr(&spec)
+                    .lines()
+                    .any(|l| l.starts_with("Speculative: ")),
+                "{}",
+                stderr(&spec)
+            );
+        }
+    }
+}
+
+/// A draft model whose tokenizer differs (two tokens' ids swapped in a copy of a fixture with
+/// the main model's tokenizer), or one given with --mtp-from, is refused in one line before
+/// anything is generated.
+#[test]
+fn a_draft_model_with_another_tokenizer_is_refused() {
+    let main = fixture("qwen3-next-tiny-bf16");
+    let dir = tempfile::tempdir().unwrap();
+    let other = dir.path().join("draft");
+    std::fs::create_dir(&other).unwrap();
+    for entry in std::fs::read_dir(fixture("qwen3-next-tiny-4bit")).unwrap() {
+        let entry = entry.unwrap();
+        std::fs::copy(entry.path(), other.join(entry.file_name())).unwrap();
+    }
+    // Two tokens of the vocabulary swap ids.
+    let path = other.join("tokenizer.json");
+    let mut json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    let vocab = json["model"]["vocab"].as_object_mut().unwrap();
+    let (a, b) = ("the".to_string(), "a".to_string());
+    let (ia, ib) = (vocab[&a].clone(), vocab[&b].clone());
+    vocab.insert(a, ib);
+    vocab.insert(b, ia);
+    std::fs::write(&path, json.to_string()).unwrap();
+    let out = generate(
+        &main,
+        &[
+            "--max-tokens",
+            "4",
+            "--prompt",
+            "Hi",
+            "--draft-model",
+            other.to_str().unwrap(),
+        ],
+    );
+    assert!(!out.status.success());
+    let err = stderr(&out);
+    let lines: Vec<&str> = err.lines().filter(|l| l.starts_with("error")).collect();
+    assert_eq!(lines.len(), 1, "{err}");
+    assert!(
+        lines[0].contains("--draft-model") && lines[0].contains("tokenizer"),
+        "{err}"
+    );
+    let with_head = generate(
+        &main,
+        &[
+            "--draft-model",
+            other.to_str().unwrap(),
+            "--mtp-from",
+            main.to_str().unwrap(),
+        ],
+    );
+    assert!(!with_head.status.success());
+    assert!(
+        stderr(&with_head).contains("--mtp-from"),
+        "{}",
+        stderr(&with_head)
+    );
+}

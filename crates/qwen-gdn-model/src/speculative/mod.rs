@@ -101,6 +101,17 @@ pub struct Speculation {
     pub stats: SpecStats,
 }
 
+/// Where a sequence's drafts come from: what an engine keeps to start each sequence's
+/// [`Speculation`].
+#[derive(Clone, Default)]
+pub enum DrafterSource {
+    /// The main model's own MTP head (which must be loaded).
+    #[default]
+    Head,
+    /// A separate small model sharing the main model's tokenizer.
+    Model(Arc<Model>),
+}
+
 /// What proposes the drafts.
 #[derive(Debug)]
 enum Drafter {
@@ -136,6 +147,18 @@ impl Speculation {
             drafted_from: None,
         };
         Ok(Self::with_drafter(Drafter::Head(head), length.into()))
+    }
+
+    /// Drafts of `length` tokens per step from `source`.
+    pub fn from_source(
+        model: &Model,
+        source: &DrafterSource,
+        length: impl Into<DraftLength>,
+    ) -> Result<Self> {
+        match source {
+            DrafterSource::Head => Self::new(model, length),
+            DrafterSource::Model(draft) => Self::with_draft_model(model, draft.clone(), length),
+        }
     }
 
     /// Drafts of `length` tokens per step from `draft`, a separate model whose vocabulary

@@ -79,10 +79,12 @@ pub fn run(args: Args) -> Result<ExitCode> {
         )
     })?;
     let max_positions = checkpoint.input_limit.max_tokens;
-    let mut model = args
-        .model
-        .load_model(&checkpoint, max_positions.min(PREFLIGHT_CONTEXT))?;
+    let context = max_positions.min(PREFLIGHT_CONTEXT);
+    let mut model = args.model.load_model(&checkpoint, context)?;
     let draft_length = args.speculation.load(&mut model, &checkpoint.dir)?;
+    let drafter = args
+        .speculation
+        .drafter(&args.model, &checkpoint, context)?;
     let compile_time = model.warm_up()?;
     let prompt_cache = args.prompt_cache.prompt_cache(model.device());
     let vars = args.template.vars(&checkpoint);
@@ -93,6 +95,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
         prompt_cache,
         args.prompt_cache.prompt_cache_every,
     )?;
+    engine.set_drafter(drafter);
     engine.set_draft_length(draft_length.clone())?;
     let mut session = Session {
         vars,

@@ -5,7 +5,7 @@
 use crate::cli::prompt_args::PromptArgs;
 use crate::cli::prompt_cache_file;
 use crate::cli::sampling_args::SamplingArgs;
-use crate::cli::speculation_args::{stats_line, SpeculationArgs};
+use crate::cli::speculation_args::{stats_line, SpeculationArgs, MAX_DRAFT_TOKENS};
 use crate::cli::template_args::TemplateArgs;
 use crate::engine::{Engine, GenerateParams, PromptTokens};
 use crate::load::{Checkpoint, ModelArgs};
@@ -70,10 +70,13 @@ pub fn run(args: Args) -> Result<ExitCode> {
         None => encode_prompt(&args, &checkpoint, &prompt, &what)?,
     };
     limit.check_fits(prompt_ids.len(), &what)?;
-    let mut model = args
-        .model
-        .load_model(&checkpoint, prompt_ids.len() + args.sampling.max_tokens)?;
+    let context = prompt_ids.len() + args.sampling.max_tokens;
+    let mut model = args.model.load_model(&checkpoint, context)?;
     let draft_length = args.speculation.load(&mut model, &checkpoint.dir)?;
+    // The draft model runs up to a step's drafts past the main model's positions.
+    let drafter = args
+        .speculation
+        .drafter(&args.model, &checkpoint, context + MAX_DRAFT_TOKENS)?;
     // GPU shader compilation, before the prompt's clock starts; reported on its own.
     let compile_time = model.warm_up()?;
     // One request: a prompt cache would only copy state that is never used again, except the
@@ -90,6 +93,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
         PromptCache::new(budget),
         None,
     )?;
+    engine.set_drafter(drafter);
     engine.set_draft_length(draft_length.clone())?;
     if let Some(path) = &args.prompt_cache_file {
         let cached = engine.load_prompt_cache_file(path)?;

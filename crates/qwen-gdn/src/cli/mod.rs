@@ -10,6 +10,7 @@ mod chat;
 mod chat_command;
 mod compare_state;
 mod conversation;
+pub mod draft_model;
 mod eval;
 mod generate;
 mod memory;

@@ -1,18 +1,19 @@
-//! The speculative-decoding flags (`--draft-tokens`, `--no-mtp`, `--mtp-from`), shared by
-//! `generate`, `chat` and `bench`, the one place that turns them into a loaded MTP head and a
-//! draft length, and the stats line that reports what speculation did.
+//! The speculative-decoding flags (`--draft-tokens`, `--no-mtp`, `--mtp-from`,
+//! `--draft-model`), shared by `generate`, `chat`, `serve` and `bench`, the one place that
+//! turns them into a drafter (a loaded MTP head, or a draft model) and a draft length, and the
+//! stats line that reports what speculation did.
 
 use crate::hub::{resolve_mtp_from, MtpSource};
 use crate::ui::output::eprint_line;
 use anyhow::{bail, Result};
-use qwen_gdn_model::speculative::{DraftLength, SpecStats, ADAPTIVE_MAX};
+use qwen_gdn_model::speculative::{DraftLength, DrafterSource, SpecStats, ADAPTIVE_MAX};
 use qwen_gdn_model::{Model, MtpPrecision};
 use std::path::Path;
 
 /// Draft tokens per step when only `--mtp-from` asks for speculation.
 const DEFAULT_DRAFT_TOKENS: usize = 2;
 /// The largest fixed `--draft-tokens`.
-const MAX_DRAFT_TOKENS: usize = 16;
+pub const MAX_DRAFT_TOKENS: usize = 16;
 
 /// `--draft-tokens`: a number, or `auto`.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -55,16 +56,40 @@ pub struct SpeculationArgs {
     /// to the main checkpoint's bits
     #[arg(long, requires = "mtp_from")]
     mtp_keep_dtype: bool,
+    /// Draft with this separate small model (a folder or Hub repo sharing the main model's
+    /// tokenizer) instead of an MTP head, as mlx-lm's --draft-model; 2 draft tokens unless
+    /// --draft-tokens
+    #[arg(long, value_name = "FOLDER|REPO", conflicts_with_all = ["mtp_from", "no_mtp"])]
+    pub draft_model: Option<String>,
 }
 
 impl SpeculationArgs {
     /// Whether the flags ask for speculation (the head may still turn out to be missing).
     pub fn requested(&self) -> bool {
-        !self.no_mtp && (self.draft_tokens.is_some() || self.mtp_from.is_some())
+        !self.no_mtp
+            && (self.draft_tokens.is_some()
+                || self.mtp_from.is_some()
+                || self.draft_model.is_some())
+    }
+
+    /// The drafter the flags ask for: `--draft-model`'s model, loaded with `main_args`'
+    /// settings for runs of at most `context` positions, or the MTP head.
+    pub fn drafter(
+        &self,
+        main_args: &crate::load::ModelArgs,
+        main: &crate::load::Checkpoint,
+        context: usize,
+    ) -> Result<DrafterSource> {
+        Ok(match &self.draft_model {
+            Some(source) => {
+                DrafterSource::Model(super::draft_model::load(source, main_args, main, context)?)
+            }
+            None => DrafterSource::Head,
+        })
     }
 
     /// Loads the head the flags ask for into `model` and returns the draft length, or `None`
-    /// for plain decoding.
+    /// for plain decoding (a draft model is loaded by [`SpeculationArgs::drafter`]).
     pub fn load(&self, model: &mut Model, checkpoint: &Path) -> Result<Option<DraftLength>> {
         if !self.requested() {
             return Ok(None);
@@ -74,6 +99,9 @@ impl SpeculationArgs {
             Some(DraftTokens::Fixed(n)) => DraftLength::Fixed(n),
             Some(DraftTokens::Auto) => DraftLength::adaptive(ADAPTIVE_MAX),
         };
+        if self.draft_model.is_some() {
+            return Ok(Some(k)); // the draft model drafts: no head to load
+        }
         let required = self.draft_tokens.is_some();
         let (dir, flag) = match &self.mtp_from {
             None => (checkpoint.to_path_buf(), "--draft-tokens"),

@@ -35,7 +35,7 @@ use crate::load::Checkpoint;
 use anyhow::{bail, Result};
 use candle_core::{DType, IndexOp, Tensor};
 use qwen_gdn_model::prompt_cache::{load_snapshot, ModelIdentity};
-use qwen_gdn_model::speculative::{DraftLength, SpecStats, Speculation};
+use qwen_gdn_model::speculative::{DraftLength, DrafterSource, SpecStats, Speculation};
 use qwen_gdn_model::{Cache, Model, PromptCache};
 use std::ops::ControlFlow;
 use std::path::Path;
@@ -113,9 +113,11 @@ pub struct Engine {
     prompt_cache: PromptCache,
     prefill_chunk: usize,
     snapshot_every: Option<usize>,
-    /// Draft tokens per step of speculative decoding with the model's MTP head, or `None`;
-    /// each reply starts from this (an adaptive length from its prior).
+    /// Draft tokens per step of speculative decoding, or `None`; each reply starts from this
+    /// (an adaptive length from its prior).
     draft_length: Option<DraftLength>,
+    /// What drafts: the model's MTP head, or a draft model.
+    drafter: DrafterSource,
 }
 
 impl Engine {
@@ -135,18 +137,29 @@ impl Engine {
             prefill_chunk: prefill_chunk.max(1),
             snapshot_every: snapshot_every.filter(|&n| n > 0),
             draft_length: None,
+            drafter: DrafterSource::Head,
         })
     }
 
     /// Speculative decoding with `length` draft tokens per step (fixed or adaptive) from the
-    /// model's MTP head (which must be loaded): greedy, or speculative sampling at temp > 0;
-    /// `None` turns it off.
+    /// drafter ([`Engine::set_drafter`]; the model's MTP head unless set, which must be
+    /// loaded): greedy, or speculative sampling at temp > 0; `None` turns it off.
     pub fn set_draft_length(&mut self, length: Option<DraftLength>) -> Result<()> {
         if let Some(length) = &length {
-            Speculation::new(&self.model, length.clone())?;
+            self.new_speculation(length)?;
         }
         self.draft_length = length;
         Ok(())
+    }
+
+    /// What drafts from now on: the model's MTP head, or a draft model.
+    pub fn set_drafter(&mut self, drafter: DrafterSource) {
+        self.drafter = drafter;
+    }
+
+    /// A reply's drafting side, `length` draft tokens per step.
+    pub(super) fn new_speculation(&self, length: &DraftLength) -> Result<Speculation> {
+        Speculation::from_source(&self.model, &self.drafter, length.clone())
     }
 
     pub fn checkpoint(&self) -> &Checkpoint {

@@ -31,7 +31,6 @@ use super::sequence::{Advance, ReplySink, Sequence};
 use super::{Engine, FinishReason, GenerateParams, Outcome, PromptTokens};
 use anyhow::{anyhow, bail, Error, Result};
 use candle_core::Tensor;
-use qwen_gdn_model::speculative::Speculation;
 use qwen_gdn_model::{Batch, Cache, SlotId};
 use std::collections::VecDeque;
 
@@ -131,7 +130,7 @@ impl<'c, K, S: ReplySink> Replies<'c, K, S> {
         // choices, whose speculative states would need copying too.
         let mut speculation = match (&engine.draft_length, replies.as_slice()) {
             (Some(length), [only]) if only.constraint.is_none() => {
-                Some(Speculation::new(&engine.model, length.clone())?)
+                Some(engine.new_speculation(length)?)
             }
             _ => None,
         };

@@ -15,7 +15,7 @@ use serde_json::Value as Json;
 use std::path::{Path, PathBuf};
 use tokenizers::Tokenizer;
 
-#[derive(clap::Args)]
+#[derive(clap::Args, Clone)]
 pub struct ModelArgs {
     /// A local model folder, or a Hugging Face repo id (org/name) fetched into or reused from the
     /// HF cache ($HF_HUB_CACHE, else $HF_HOME/hub, else ~/.cache/huggingface/hub).

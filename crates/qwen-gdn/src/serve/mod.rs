@@ -69,6 +69,9 @@ pub fn run(args: Args) -> Result<ExitCode> {
     };
     let mut model = args.model.load_model(&checkpoint, context)?;
     let draft_length = args.speculation.load(&mut model, &checkpoint.dir)?;
+    let drafter = args
+        .speculation
+        .drafter(&args.model, &checkpoint, context)?;
     let compile_time = model.warm_up()?;
     if !compile_time.is_zero() {
         eprint_line(&format!(
@@ -87,11 +90,16 @@ pub fn run(args: Args) -> Result<ExitCode> {
         args.prompt_cache.prompt_cache_every,
     )?;
     if let Some(length) = &draft_length {
+        let with = match &args.speculation.draft_model {
+            Some(source) => format!("the draft model {source}"),
+            None => "the MTP head".to_string(),
+        };
         eprint_line(&format!(
-            "qwen-gdn serve: speculative decoding with the MTP head, {length} (a request alone \
-             in the batch)"
+            "qwen-gdn serve: speculative decoding with {with}, {length} (a request alone in \
+             the batch)"
         ));
     }
+    engine.set_drafter(drafter);
     engine.set_draft_length(draft_length)?;
     let backend = backend::EngineBackend::new(engine)?;
     let model = backend.model_facts();

@@ -109,7 +109,7 @@ pub struct Args {
     /// that many sequences of their own -p-token prompts decode -g greedy steps together;
     /// prints the aggregate and the per-sequence generation speed
     #[arg(long, value_name = "B,...", value_delimiter = ',', value_parser = positive_usize,
-          conflicts_with_all = ["prompt_cache", "profile", "profile_decode", "draft_tokens", "mtp_from"])]
+          conflicts_with_all = ["prompt_cache", "profile", "profile_decode", "draft_tokens", "mtp_from", "draft_model"])]
     batch: Vec<usize>,
     /// With --batch: how the batched step's products treat the rows. `each-row-alone`: every
     /// sequence gets the bits it gets alone (the CPU's default); `shared`: one product over
@@ -142,6 +142,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
     }
     let mut model = args.model.load_model(&checkpoint, p + g)?;
     let draft_length = args.speculation.load(&mut model, &checkpoint.dir)?;
+    let drafter = args.speculation.drafter(&args.model, &checkpoint, p + g)?;
     if args.profile_decode {
         decode_profile::check_fused(&model)?;
     }
@@ -175,7 +176,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
             g,
             chunk,
             args.repetitions,
-            length,
+            (length, &drafter),
             &plain_tokens,
         )?),
         None => None,

@@ -7,7 +7,7 @@
 use crate::cli::speculation_args::stats_line;
 use anyhow::{Context, Result};
 use qwen_gdn_model::speculative::{
-    argmax, DraftLength, Greedy, SpecStats, Speculation, HEAD_HISTORY,
+    argmax, DraftLength, DrafterSource, Greedy, SpecStats, Speculation, HEAD_HISTORY,
 };
 use qwen_gdn_model::Model;
 use serde_json::json;
@@ -17,6 +17,8 @@ use super::common::{greedy, Stats};
 
 /// The speculative tg test's result.
 pub(crate) struct SpeculativeTg {
+    /// Drafted by a draft model (`--draft-model`), not the MTP head.
+    pub(crate) draft_model: bool,
     pub(crate) length: DraftLength,
     pub(crate) tps: Stats,
     /// The last timed repetition's counts (greedy: every repetition's are the same).
@@ -34,16 +36,16 @@ impl SpeculativeTg {
         gen_tokens: usize,
         chunk: usize,
         repetitions: usize,
-        length: &DraftLength,
+        (length, drafter): (&DraftLength, &DrafterSource),
         plain_tokens: &[u32],
     ) -> Result<Self> {
-        repetition(model, prompt, gen_tokens, chunk, length)
+        repetition(model, prompt, gen_tokens, chunk, length, drafter)
             .context("speculative warm-up repetition")?;
         let mut samples = Vec::new();
         let mut same_tokens = true;
         let mut stats = SpecStats::default();
         for i in 0..repetitions {
-            let (time, tokens, s) = repetition(model, prompt, gen_tokens, chunk, length)
+            let (time, tokens, s) = repetition(model, prompt, gen_tokens, chunk, length, drafter)
                 .with_context(|| format!("speculative repetition {}", i + 1))?;
             samples.push(gen_tokens as f64 / time.as_secs_f64().max(1e-9));
             same_tokens &= tokens == plain_tokens;
@@ -51,6 +53,7 @@ impl SpeculativeTg {
         }
         Ok(Self {
             length: length.clone(),
+            draft_model: matches!(drafter, DrafterSource::Model(_)),
             tps: Stats::new(samples),
             stats,
             same_tokens,
@@ -64,9 +67,14 @@ impl SpeculativeTg {
 
     /// The table's row label.
     pub(crate) fn label(&self, gen_tokens: usize) -> String {
+        let by = if self.draft_model {
+            "draft model"
+        } else {
+            "MTP"
+        };
         match &self.length {
-            DraftLength::Fixed(k) => format!("tg{gen_tokens} MTP k={k}"),
-            DraftLength::Adaptive(_) => format!("tg{gen_tokens} MTP auto"),
+            DraftLength::Fixed(k) => format!("tg{gen_tokens} {by} k={k}"),
+            DraftLength::Adaptive(_) => format!("tg{gen_tokens} {by} auto"),
         }
     }
 
@@ -115,10 +123,11 @@ fn repetition(
     gen_tokens: usize,
     chunk: usize,
     length: &DraftLength,
+    drafter: &DrafterSource,
 ) -> Result<(Duration, Vec<u32>, SpecStats)> {
-    let mut spec = Speculation::new(model, length.clone())?;
+    let mut spec = Speculation::from_source(model, drafter, length.clone())?;
     let mut cache = model.new_cache();
-    let (head, tail) = prompt.split_at(prompt.len() - HEAD_HISTORY.min(prompt.len()));
+    let head = &prompt[..prompt.len() - HEAD_HISTORY.min(prompt.len())];
     for part in head.chunks(chunk) {
         model.prefill(part, &mut cache, chunk)?;
     }
