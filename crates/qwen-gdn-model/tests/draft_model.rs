@@ -101,19 +101,20 @@ fn speculative_greedy(
     let logits = spec
         .start_from_prompt(main, &mut cache, prompt, split)
         .unwrap();
-    let mut out = vec![argmax_rows(&logits)[0]];
+    let first = vec![argmax_rows(&logits)[0]];
     let mut judge = TestJudge { spoil, drafted: 0 };
-    while out.len() < n {
-        let token = *out.last().unwrap();
-        let max_draft = n - out.len() - 1;
-        out.extend(
-            spec.step(main, &mut cache, token, max_draft, &mut judge)
-                .unwrap(),
-        );
-        let sequence: Vec<u32> = [prompt[split]].into_iter().chain(out.clone()).collect();
-        assert_draft_cache_exact(draft, &spec, prompt, &sequence);
-    }
-    out.truncate(n);
+    let out = speculate_to(
+        main,
+        &mut spec,
+        &mut cache,
+        first,
+        n,
+        &mut judge,
+        |spec, out| {
+            let sequence: Vec<u32> = [prompt[split]].iter().chain(out).copied().collect();
+            assert_draft_cache_exact(draft, spec, prompt, &sequence);
+        },
+    );
     (out, spec)
 }
 

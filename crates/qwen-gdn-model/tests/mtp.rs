@@ -261,7 +261,6 @@ fn speculative_greedy(
 ) -> (Vec<u32>, Speculation) {
     let mut spec = Speculation::new(model, length).unwrap();
     let (mut cache, first) = start(model, &mut spec, prompt);
-    let mut out = vec![first];
     let mut judge = Greedy(|row: &mut [f32], _: &[u32]| {
         let t = Tensor::new(&*row, &Device::Cpu)
             .unwrap()
@@ -269,15 +268,15 @@ fn speculative_greedy(
             .unwrap();
         argmax_rows(&t)[0]
     });
-    while out.len() < n {
-        let token = *out.last().unwrap();
-        let max_draft = n - out.len() - 1;
-        out.extend(
-            spec.step(model, &mut cache, token, max_draft, &mut judge)
-                .unwrap(),
-        );
-    }
-    out.truncate(n);
+    let out = speculate_to(
+        model,
+        &mut spec,
+        &mut cache,
+        vec![first],
+        n,
+        &mut judge,
+        |_, _| {},
+    );
     (out, spec)
 }
 

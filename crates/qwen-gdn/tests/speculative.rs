@@ -295,13 +295,7 @@ fn a_draft_model_gives_the_text_of_plain_greedy_decoding() {
 #[test]
 fn a_draft_model_with_another_tokenizer_is_refused() {
     let main = fixture("qwen3-next-tiny-bf16");
-    let dir = tempfile::tempdir().unwrap();
-    let other = dir.path().join("draft");
-    std::fs::create_dir(&other).unwrap();
-    for entry in std::fs::read_dir(fixture("qwen3-next-tiny-4bit")).unwrap() {
-        let entry = entry.unwrap();
-        std::fs::copy(entry.path(), other.join(entry.file_name())).unwrap();
-    }
+    let (_dir, other) = copy_fixture("qwen3-next-tiny-4bit");
     // Two tokens of the vocabulary swap ids.
     let path = other.join("tokenizer.json");
     let mut json: serde_json::Value =
@@ -323,14 +317,7 @@ fn a_draft_model_with_another_tokenizer_is_refused() {
             other.to_str().unwrap(),
         ],
     );
-    assert!(!out.status.success());
-    let err = stderr(&out);
-    let lines: Vec<&str> = err.lines().filter(|l| l.starts_with("error")).collect();
-    assert_eq!(lines.len(), 1, "{err}");
-    assert!(
-        lines[0].contains("--draft-model") && lines[0].contains("tokenizer"),
-        "{err}"
-    );
+    assert_error(&out, &["--draft-model", "tokenizer", "has another id"]);
     let with_head = generate(
         &main,
         &[

@@ -39,26 +39,19 @@ inline float __fmul_rn(float a, float b) { return a * b; }
 inline float __fadd_rn(float a, float b) { return a + b; }
 
 // Bit casts between float and its 32 bits.
-inline float __uint_as_float(unsigned u) {
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
+namespace cuda_emu {
+template <class To, class From>
+inline To bits_as(From from) {
+  static_assert(sizeof(To) == sizeof(From), "a bit cast keeps the size");
+  To to;
+  std::memcpy(&to, &from, sizeof(To));
+  return to;
 }
-inline float __int_as_float(int i) {
-  float f;
-  std::memcpy(&f, &i, 4);
-  return f;
-}
-inline int __float_as_int(float f) {
-  int i;
-  std::memcpy(&i, &f, 4);
-  return i;
-}
-inline unsigned __float_as_uint(float f) {
-  unsigned u;
-  std::memcpy(&u, &f, 4);
-  return u;
-}
+}  // namespace cuda_emu
+inline float __uint_as_float(unsigned u) { return cuda_emu::bits_as<float>(u); }
+inline float __int_as_float(int i) { return cuda_emu::bits_as<float>(i); }
+inline int __float_as_int(float f) { return cuda_emu::bits_as<int>(f); }
+inline unsigned __float_as_uint(float f) { return cuda_emu::bits_as<unsigned>(f); }
 
 // CUDA's uint2 and uint4 (loads and stores of 8 and 16 bytes): the Metal emulation's uint2, and
 // a uint4 of the same kind; both sized and aligned as CUDA's.

@@ -238,3 +238,26 @@ pub fn reshape_in_header(file: &Path, tensor: &str, shape: &[usize]) {
     out.extend_from_slice(&bytes[8 + n..]);
     std::fs::write(file, out).unwrap();
 }
+
+/// Speculative steps from `out` (the tokens decided so far, at least the first) until `n`
+/// tokens are decided, drafts bounded so that none runs past `n`; `after` sees the
+/// speculation and the tokens so far after each step. Returns the first `n` tokens.
+#[allow(dead_code)] // not every test binary speculates
+pub fn speculate_to(
+    model: &Model,
+    spec: &mut qwen_gdn_model::speculative::Speculation,
+    cache: &mut qwen_gdn_model::Cache,
+    mut out: Vec<u32>,
+    n: usize,
+    judge: &mut (dyn qwen_gdn_model::speculative::Judge + Send),
+    mut after: impl FnMut(&qwen_gdn_model::speculative::Speculation, &[u32]),
+) -> Vec<u32> {
+    while out.len() < n {
+        let token = *out.last().unwrap();
+        let max_draft = n - out.len() - 1;
+        out.extend(spec.step(model, cache, token, max_draft, judge).unwrap());
+        after(spec, &out);
+    }
+    out.truncate(n);
+    out
+}

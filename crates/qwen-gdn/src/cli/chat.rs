@@ -81,10 +81,9 @@ pub fn run(args: Args) -> Result<ExitCode> {
     let max_positions = checkpoint.input_limit.max_tokens;
     let context = max_positions.min(PREFLIGHT_CONTEXT);
     let mut model = args.model.load_model(&checkpoint, context)?;
-    let draft_length = args.speculation.load(&mut model, &checkpoint.dir)?;
-    let drafter = args
-        .speculation
-        .drafter(&args.model, &checkpoint, context)?;
+    let (draft_length, drafter) =
+        args.speculation
+            .prepare(&mut model, &args.model, &checkpoint, context)?;
     let compile_time = model.warm_up()?;
     let prompt_cache = args.prompt_cache.prompt_cache(model.device());
     let vars = args.template.vars(&checkpoint);

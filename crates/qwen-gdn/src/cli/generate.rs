@@ -5,7 +5,7 @@
 use crate::cli::prompt_args::PromptArgs;
 use crate::cli::prompt_cache_file;
 use crate::cli::sampling_args::SamplingArgs;
-use crate::cli::speculation_args::{stats_line, SpeculationArgs, MAX_DRAFT_TOKENS};
+use crate::cli::speculation_args::{stats_line, SpeculationArgs};
 use crate::cli::template_args::TemplateArgs;
 use crate::engine::{Engine, GenerateParams, PromptTokens};
 use crate::load::{Checkpoint, ModelArgs};
@@ -72,11 +72,9 @@ pub fn run(args: Args) -> Result<ExitCode> {
     limit.check_fits(prompt_ids.len(), &what)?;
     let context = prompt_ids.len() + args.sampling.max_tokens;
     let mut model = args.model.load_model(&checkpoint, context)?;
-    let draft_length = args.speculation.load(&mut model, &checkpoint.dir)?;
-    // The draft model runs up to a step's drafts past the main model's positions.
-    let drafter = args
-        .speculation
-        .drafter(&args.model, &checkpoint, context + MAX_DRAFT_TOKENS)?;
+    let (draft_length, drafter) =
+        args.speculation
+            .prepare(&mut model, &args.model, &checkpoint, context)?;
     // GPU shader compilation, before the prompt's clock starts; reported on its own.
     let compile_time = model.warm_up()?;
     // One request: a prompt cache would only copy state that is never used again, except the

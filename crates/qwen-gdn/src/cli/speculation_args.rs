@@ -13,7 +13,7 @@ use std::path::Path;
 /// Draft tokens per step when only `--mtp-from` asks for speculation.
 const DEFAULT_DRAFT_TOKENS: usize = 2;
 /// The largest fixed `--draft-tokens`.
-pub const MAX_DRAFT_TOKENS: usize = 16;
+const MAX_DRAFT_TOKENS: usize = 16;
 
 /// `--draft-tokens`: a number, or `auto`.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -72,9 +72,25 @@ impl SpeculationArgs {
                 || self.draft_model.is_some())
     }
 
+    /// What the flags ask for, for `model` loaded from `main` with `main_args` for runs of at
+    /// most `context` positions: the draft length (`None`: plain decoding; the MTP head is
+    /// loaded into `model` when it drafts) and the drafter.
+    pub fn prepare(
+        &self,
+        model: &mut Model,
+        main_args: &crate::load::ModelArgs,
+        main: &crate::load::Checkpoint,
+        context: usize,
+    ) -> Result<(Option<DraftLength>, DrafterSource)> {
+        let length = self.load(model, &main.dir)?;
+        // The draft model runs up to a step's drafts past the main model's positions.
+        let drafter = self.drafter(main_args, main, context + MAX_DRAFT_TOKENS)?;
+        Ok((length, drafter))
+    }
+
     /// The drafter the flags ask for: `--draft-model`'s model, loaded with `main_args`'
     /// settings for runs of at most `context` positions, or the MTP head.
-    pub fn drafter(
+    fn drafter(
         &self,
         main_args: &crate::load::ModelArgs,
         main: &crate::load::Checkpoint,
@@ -90,7 +106,7 @@ impl SpeculationArgs {
 
     /// Loads the head the flags ask for into `model` and returns the draft length, or `None`
     /// for plain decoding (a draft model is loaded by [`SpeculationArgs::drafter`]).
-    pub fn load(&self, model: &mut Model, checkpoint: &Path) -> Result<Option<DraftLength>> {
+    fn load(&self, model: &mut Model, checkpoint: &Path) -> Result<Option<DraftLength>> {
         if !self.requested() {
             return Ok(None);
         }

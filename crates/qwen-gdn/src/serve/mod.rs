@@ -68,10 +68,9 @@ pub fn run(args: Args) -> Result<ExitCode> {
         max_choices: 1, // --max-batch, once the model is loaded
     };
     let mut model = args.model.load_model(&checkpoint, context)?;
-    let draft_length = args.speculation.load(&mut model, &checkpoint.dir)?;
-    let drafter = args
-        .speculation
-        .drafter(&args.model, &checkpoint, context)?;
+    let (draft_length, drafter) =
+        args.speculation
+            .prepare(&mut model, &args.model, &checkpoint, context)?;
     let compile_time = model.warm_up()?;
     if !compile_time.is_zero() {
         eprint_line(&format!(

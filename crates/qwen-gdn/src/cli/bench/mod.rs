@@ -141,8 +141,9 @@ pub fn run(args: Args) -> Result<ExitCode> {
         return Err(limit.too_long(&format!("-p {p} plus -g {g}"), &format!("{sum} tokens")));
     }
     let mut model = args.model.load_model(&checkpoint, p + g)?;
-    let draft_length = args.speculation.load(&mut model, &checkpoint.dir)?;
-    let drafter = args.speculation.drafter(&args.model, &checkpoint, p + g)?;
+    let (draft_length, drafter) =
+        args.speculation
+            .prepare(&mut model, &args.model, &checkpoint, p + g)?;
     if args.profile_decode {
         decode_profile::check_fused(&model)?;
     }
