@@ -2,7 +2,8 @@
 //! drafts equals greedy output without, for k = 1..4 and the adaptive length, with a draft
 //! model that agrees with the main one (itself: every draft accepted, windows of several
 //! calls), the same with every third draft spoiled (drafts rejected in the middle of the
-//! window, the cache rewound into it) and one that never agrees (another architecture);
+//! window, the cache rewound into it) and one that never agrees (another architecture), on two
+//! targets (qwen3-next and qwen3.5, each the other's disagreeing draft);
 //! after every step the draft model's
 //! cache is bit for bit a cache that ran only the kept tokens, one decode step each.
 
@@ -13,9 +14,10 @@ use qwen_gdn_model::speculative::{argmax, DraftLength, Judge, Speculation, ADAPT
 use qwen_gdn_model::Model;
 use std::sync::Arc;
 
-const MAIN: &str = "qwen3-next-tiny-bf16";
-/// Another architecture with the same tokenizer: its drafts disagree with the main model's.
-const OTHER: &str = "qwen3.5-tiny-4bit";
+/// Two targets of different architectures that share a tokenizer: each is the other's
+/// draft model that disagrees with it often.
+const NEXT: &str = "qwen3-next-tiny-bf16";
+const QWEN35: &str = "qwen3.5-tiny-4bit";
 
 /// Greedy decisions; greedy drafts, but every third one replaced by the next token id when
 /// `spoil` is set (so that a draft model agreeing with the main one still has drafts
@@ -120,23 +122,34 @@ fn speculative_greedy(
 
 #[test]
 fn greedy_output_with_a_draft_model_equals_greedy_output_without() {
-    let main = load(MAIN);
-    let prompt = Reference::load(MAIN).ids("tf_ids")[..12].to_vec();
+    greedy_output_is_kept_with_drafts_for(NEXT, QWEN35);
+}
+
+#[test]
+fn greedy_output_with_a_draft_model_equals_greedy_output_without_on_a_second_target() {
+    greedy_output_is_kept_with_drafts_for(QWEN35, NEXT);
+}
+
+/// Greedy decoding of `target` with drafts from itself (spoiled or not) and from `other`.
+fn greedy_output_is_kept_with_drafts_for(target: &str, other_name: &str) {
+    let main = load(target);
+    let prompt = Reference::load(target).ids("tf_ids")[..12].to_vec();
     let want = greedy(&main, &prompt, 64);
-    let itself = Arc::new(load(MAIN));
-    let other = Arc::new(load(OTHER));
+    let itself = Arc::new(load(target));
+    let other = Arc::new(load(other_name));
     for (name, draft, spoil) in [
-        (MAIN, &itself, false),
-        (MAIN, &itself, true),
-        (OTHER, &other, false),
+        (target, &itself, false),
+        (target, &itself, true),
+        (other_name, &other, false),
     ] {
         let lengths = (1..=4)
             .map(DraftLength::Fixed)
             .chain([DraftLength::adaptive(ADAPTIVE_MAX)]);
         for length in lengths {
+            eprintln!("case: target {target}, draft {name}, spoil {spoil}, {length}");
             let (got, spec) = speculative_greedy(&main, draft, &prompt, 64, length.clone(), spoil);
             let what = format!(
-                "draft {name}{}, {length}",
+                "target {target}, draft {name}{}, {length}",
                 if spoil { " spoiled" } else { "" }
             );
             assert_eq!(got, want, "{what}: tokens");
@@ -148,7 +161,7 @@ fn greedy_output_with_a_draft_model_equals_greedy_output_without() {
                 s.drafted,
                 s.tokens_per_step()
             );
-            match (name == MAIN, spoil) {
+            match (name == target, spoil) {
                 // The main model drafting for itself: its drafts are its own greedy tokens.
                 (true, false) => assert!(s.acceptance() > 0.95, "{what}: {s:?}"),
                 // Spoiled drafts are rejected, the others kept: rewinds into the window.

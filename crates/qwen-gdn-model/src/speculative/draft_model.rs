@@ -68,9 +68,7 @@ impl DraftModel {
     /// The main model ran `token` outside a speculative step. The draft model catches up on
     /// all but it now, so that its next window holds no more than the step needs.
     pub fn record_plain(&mut self, token: u32) -> Result<()> {
-        if !self.unseen.is_empty() {
-            self.model.forward_last(&self.unseen, &mut self.cache)?;
-        }
+        decode_each(&self.model, &mut self.cache, &self.unseen)?;
         self.unseen = vec![token];
         Ok(())
     }
@@ -133,7 +131,9 @@ fn drafts_in_window(
     judge: &mut (dyn Judge + Send),
 ) -> Result<Vec<u32>> {
     let mut drafts = Vec::with_capacity(k);
-    let mut logits = model.forward_last(run, cache)?;
+    let Some(mut logits) = decode_each(model, cache, run)? else {
+        bail!("a draft step has no token to run");
+    };
     loop {
         let mut row = logits.squeeze(0)?.to_vec1::<f32>()?;
         let d = judge.draft(&mut row, &drafts);
@@ -143,4 +143,21 @@ fn drafts_in_window(
         }
         logits = model.forward_last(&[d], cache)?;
     }
+}
+
+/// Runs `tokens` one decode step each and returns the last step's logits. Why not one forward
+/// of all of them: the draft model's cache must not depend on how acceptance grouped the
+/// tokens. A 4-bit matmul of two rows is not bit for bit two matmuls of one row on the CPU, so
+/// a cache that caught up on two tokens in one call differed (from the 54th token on the
+/// qwen3.5-tiny-4bit fixture) from one that decoded them one by one.
+fn decode_each(
+    model: &Model,
+    cache: &mut Cache,
+    tokens: &[u32],
+) -> Result<Option<candle_core::Tensor>> {
+    let mut logits = None;
+    for &t in tokens {
+        logits = Some(model.forward_last(&[t], cache)?);
+    }
+    Ok(logits)
 }
