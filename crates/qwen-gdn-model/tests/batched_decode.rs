@@ -291,7 +291,31 @@ fn device_plan_f32(name: &str) {
     );
 }
 
-per_checkpoint!(reference => reference_plan, device => device_plan_f32);
+/// The device plan with fused decode on: the batched step runs the fused kernels
+/// (`families/hybrid/batch_decode.rs`) and its reference is the fused single-sequence step.
+fn device_plan_fused_f32(name: &str) {
+    let mut model = load_on(name, &device_plan(DType::F32), &device_under_test());
+    assert!(model.fused_decode(), "{name}: the device plan decodes fused");
+    let shared = compare(name, &model);
+    model.set_batch_products(BatchProducts::EachRowAlone);
+    let exact = compare(name, &model);
+    eprintln!(
+        "{name}: device plan f32 fused, batch vs fused alone: shared products {shared:e}, each row alone {exact:e}"
+    );
+    assert!(
+        exact <= FUSED_ROW_EXACT_GATE,
+        "{name}: the row-exact fused batched step differs by {exact:e}"
+    );
+    assert!(
+        shared <= 5e-5,
+        "{name}: fused batched device step differs by {shared:e}"
+    );
+}
+
+/// The fused batched step with each row's products alone against the fused step alone.
+const FUSED_ROW_EXACT_GATE: f32 = 0.0;
+
+per_checkpoint!(reference => reference_plan, device => device_plan_f32, device_fused => device_plan_fused_f32);
 
 mod qwen4_exp {
     #[test]

@@ -3,6 +3,7 @@
 //! decode step of the device plan ([`decode`]; replayed from a CUDA graph on CUDA,
 //! `cuda_graph.rs`).
 
+pub mod batch_decode;
 pub mod config;
 #[cfg(feature = "cuda")]
 pub(crate) mod cuda_graph;
