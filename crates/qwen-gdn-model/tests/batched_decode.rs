@@ -295,7 +295,10 @@ fn device_plan_f32(name: &str) {
 /// (`families/hybrid/batch_decode.rs`) and its reference is the fused single-sequence step.
 fn device_plan_fused_f32(name: &str) {
     let mut model = load_on(name, &device_plan(DType::F32), &device_under_test());
-    assert!(model.fused_decode(), "{name}: the device plan decodes fused");
+    assert!(
+        model.fused_decode(),
+        "{name}: the device plan decodes fused"
+    );
     let shared = compare(name, &model);
     model.set_batch_products(BatchProducts::EachRowAlone);
     let exact = compare(name, &model);

@@ -10,10 +10,10 @@
 //! step runs the fused kernels (`families/hybrid/batch_decode.rs`).
 
 use super::Model;
-use crate::families::Decoder;
-use crate::families::hybrid::HybridDecoder;
 use crate::cache::Cache;
-use crate::tap::NoTap;
+use crate::families::hybrid::HybridDecoder;
+use crate::families::Decoder;
+use crate::tap::{LaunchCounter, NoTap, Tap};
 use crate::tensor::cast;
 use crate::weights::row_exact;
 use crate::BatchProducts;
@@ -58,6 +58,27 @@ impl Model {
         tokens: &[u32],
         caches: &mut [&mut Cache],
     ) -> Result<(Tensor, Tensor)> {
+        self.decode_batch_tapped(tokens, caches, &mut NoTap)
+    }
+
+    /// [`Model::decode_batch`], also returning the kernel launches of each layer (the
+    /// `batch_budget` example's count).
+    pub fn decode_batch_with_launches(
+        &self,
+        tokens: &[u32],
+        caches: &mut [&mut Cache],
+    ) -> Result<(Tensor, Vec<usize>)> {
+        let mut counter = LaunchCounter::default();
+        let (logits, _) = self.decode_batch_tapped(tokens, caches, &mut counter)?;
+        Ok((logits, counter.per_layer))
+    }
+
+    fn decode_batch_tapped(
+        &self,
+        tokens: &[u32],
+        caches: &mut [&mut Cache],
+        tap: &mut dyn Tap,
+    ) -> Result<(Tensor, Tensor)> {
         ensure!(
             !tokens.is_empty(),
             "a batched step needs at least one sequence"
@@ -82,9 +103,11 @@ impl Model {
             let _rows = row_exact::scope(self.batch_products == BatchProducts::EachRowAlone);
             let h = self.embed(tokens)?;
             let normed = match self.batch_decoding() {
-                BatchDecoding::Fused(d) => d.decode_batch_fused(&h.squeeze(0)?, caches)?.unsqueeze(0)?,
+                BatchDecoding::Fused(d) => d
+                    .decode_batch_fused(&h.squeeze(0)?, caches, tap)?
+                    .unsqueeze(0)?,
                 BatchDecoding::Composed => {
-                    let h = self.decoder.forward_batch(h, tokens, caches, &mut NoTap)?;
+                    let h = self.decoder.forward_batch(h, tokens, caches, tap)?;
                     self.final_norm(&h)?
                 }
             };

@@ -10,7 +10,8 @@
 use super::{FeedForward, HybridDecoder, Mixer};
 use crate::cache::{Cache, LayerCache};
 use crate::candle_ops::cat;
-use anyhow::{bail, Result};
+use crate::tap::{each_layer, Tap};
+use anyhow::{bail, ensure, Result};
 use candle_core::Tensor;
 use gdn_ops::ops::{add_rms_norm::add_rms_norm, moe_combine::moe_combine_with};
 
@@ -22,56 +23,68 @@ impl HybridDecoder {
         &self,
         embedded: &Tensor,
         caches: &mut [&mut Cache],
+        tap: &mut dyn Tap,
     ) -> Result<Tensor> {
         let rows = embedded.dim(0)?;
         let device = embedded.device();
-        let positions = caches
-            .iter()
-            .map(|c| Ok(Tensor::new(&[c.offset as u32], device)?))
-            .collect::<Result<Vec<_>>>()?;
         let offsets: Vec<usize> = caches.iter().map(|c| c.offset).collect();
-        let first_norm = &self.layers[0].input_norm;
-        let (mut h, mut x) = add_rms_norm(embedded, None, &first_norm.weight, first_norm.eps)?;
-        for (i, layer) in self.layers.iter().enumerate() {
-            let covered = self.coverage[i];
-            let mut layer_caches = caches
-                .iter_mut()
-                .map(|c| match c.layers.get_mut(i) {
-                    Some(l) => Ok(l),
-                    None => bail!("cache does not belong to this model"),
-                })
-                .collect::<Result<Vec<&mut LayerCache>>>()?;
-            let mixed = if covered.mixer {
-                self.mix_rows_fused(&layer.mixer, &x, &mut layer_caches, &positions)?
-            } else {
-                mix_rows_composed(&layer.mixer, &x, &mut layer_caches, &offsets)?
-            };
-            let post = &layer.post_norm;
-            let (h_mid, x_mid) = add_rms_norm(&h, Some(&mixed), &post.weight, post.eps)?;
-            let next_norm = self.layers.get(i + 1).map_or(&self.norm, |n| &n.input_norm);
-            (h, x) = match &layer.feed_forward {
-                FeedForward::Moe(m)
-                    if covered.feed_forward && m.fused_decode_supports_rows(rows, x.dtype()) =>
-                {
-                    let (down, weights) = m.decode_fused(&x_mid)?;
-                    let (h, x) = moe_combine_with(
-                        &down,
-                        &weights,
-                        &h_mid,
-                        Some((&next_norm.weight, next_norm.eps)),
-                        self.moe_combine,
-                    )?;
-                    (h, x.expect("a norm weight was given"))
-                }
-                ff => {
-                    let out = match ff {
-                        FeedForward::Moe(m) => m.forward(&x_mid)?,
-                        FeedForward::Dense(m) => m.forward(&x_mid)?,
-                    };
-                    add_rms_norm(&h_mid, Some(&out), &next_norm.weight, next_norm.eps)?
-                }
-            };
+        let positions = offsets
+            .iter()
+            .map(|&o| Ok(Tensor::new(&[o as u32], device)?))
+            .collect::<Result<Vec<_>>>()?;
+        let mut per_layer: Vec<Vec<&mut LayerCache>> =
+            (0..self.layers.len()).map(|_| vec![]).collect();
+        for cache in caches.iter_mut() {
+            ensure!(
+                cache.layers.len() == self.layers.len(),
+                "cache does not belong to this model"
+            );
+            for (layer, c) in per_layer.iter_mut().zip(cache.layers.iter_mut()) {
+                layer.push(c);
+            }
         }
+        let first_norm = &self.layers[0].input_norm;
+        let first = add_rms_norm(embedded, None, &first_norm.weight, first_norm.eps)?;
+        let (_, x) = each_layer(
+            &self.layers,
+            &mut per_layer,
+            tap,
+            first,
+            |i, layer, layer_caches, (h, x), _| {
+                let covered = self.coverage[i];
+                let mixed = if covered.mixer {
+                    self.mix_rows_fused(&layer.mixer, &x, layer_caches, &positions)?
+                } else {
+                    mix_rows_composed(&layer.mixer, &x, layer_caches, &offsets)?
+                };
+                let post = &layer.post_norm;
+                let (h, x) = add_rms_norm(&h, Some(&mixed), &post.weight, post.eps)?;
+                let next_norm = self.layers.get(i + 1).map_or(&self.norm, |n| &n.input_norm);
+                Ok(match &layer.feed_forward {
+                    FeedForward::Moe(m)
+                        if covered.feed_forward
+                            && m.fused_decode_supports_rows(rows, x.dtype()) =>
+                    {
+                        let (down, weights) = m.decode_fused(&x)?;
+                        let (h, x) = moe_combine_with(
+                            &down,
+                            &weights,
+                            &h,
+                            Some((&next_norm.weight, next_norm.eps)),
+                            self.moe_combine,
+                        )?;
+                        (h, x.expect("a norm weight was given"))
+                    }
+                    ff => {
+                        let out = match ff {
+                            FeedForward::Moe(m) => m.forward(&x)?,
+                            FeedForward::Dense(m) => m.forward(&x)?,
+                        };
+                        add_rms_norm(&h, Some(&out), &next_norm.weight, next_norm.eps)?
+                    }
+                })
+            },
+        )?;
         Ok(x)
     }
 

@@ -73,9 +73,11 @@ impl GatedDeltaNet {
     /// The merged in-projection of [`GatedDeltaNet::decode_fused`]: `x` `[B, H]` →
     /// `[qkv, z, b, a]`, each `[B, ·]` (one product for every row of a batched step).
     pub(crate) fn decode_in_proj(&self, x: &Tensor) -> Result<[Tensor; 4]> {
-        Ok(profile::labelled("gdn.in_proj", || self.in_proj.forward(x))?
-            .try_into()
-            .expect("four projections"))
+        Ok(
+            profile::labelled("gdn.in_proj", || self.in_proj.forward(x))?
+                .try_into()
+                .expect("four projections"),
+        )
     }
 
     /// The out-projection of [`GatedDeltaNet::decode_fused`]: `[B, Hv·Dv]` → `[B, H]`.
