@@ -11,7 +11,7 @@ use super::{FeedForward, HybridDecoder, Mixer};
 use crate::cache::{Cache, LayerCache};
 use crate::candle_ops::cat;
 use crate::tap::{each_layer, Tap};
-use anyhow::{bail, ensure, Result};
+use anyhow::{bail, Result};
 use candle_core::Tensor;
 use gdn_ops::ops::{add_rms_norm::add_rms_norm, moe_combine::moe_combine_with};
 
@@ -32,17 +32,7 @@ impl HybridDecoder {
             .iter()
             .map(|&o| Ok(Tensor::new(&[o as u32], device)?))
             .collect::<Result<Vec<_>>>()?;
-        let mut per_layer: Vec<Vec<&mut LayerCache>> =
-            (0..self.layers.len()).map(|_| vec![]).collect();
-        for cache in caches.iter_mut() {
-            ensure!(
-                cache.layers.len() == self.layers.len(),
-                "cache does not belong to this model"
-            );
-            for (layer, c) in per_layer.iter_mut().zip(cache.layers.iter_mut()) {
-                layer.push(c);
-            }
-        }
+        let mut per_layer = super::per_layer(self.layers.len(), caches)?;
         let first_norm = &self.layers[0].input_norm;
         let first = add_rms_norm(embedded, None, &first_norm.weight, first_norm.eps)?;
         let (_, x) = each_layer(
