@@ -8,7 +8,12 @@
 //! - device plan in f32, against the same plan's composed single-sequence step: bit for bit
 //!   with `BatchProducts::EachRowAlone`; with the default shared products (one GEMM over the
 //!   rows, grouped experts) the same tokens and logits within 5e-5 of max|logit| (measured
-//!   2.6e-6 to 1.75e-5 on the fixtures, printed).
+//!   2.6e-6 to 1.75e-5 on the fixtures, printed);
+//! - device plan in f32 with fused decode on (the batched step on the fused kernels), against
+//!   the fused single-sequence step: bit for bit with `BatchProducts::EachRowAlone` (the
+//!   state kernels run per sequence, the norms/adds per row); shared products within 5e-5
+//!   (measured 2.0e-6 to 8.9e-6, printed). Breaking the batched attention (every sequence
+//!   reading row 0's q/k/v) fails it on the tokens.
 
 mod common;
 use candle_core::{DType, Tensor};
@@ -291,7 +296,34 @@ fn device_plan_f32(name: &str) {
     );
 }
 
-per_checkpoint!(reference => reference_plan, device => device_plan_f32);
+/// The device plan with fused decode on: the batched step runs the fused kernels
+/// (`families/hybrid/batch_decode.rs`) and its reference is the fused single-sequence step.
+fn device_plan_fused_f32(name: &str) {
+    let mut model = load_on(name, &device_plan(DType::F32), &device_under_test());
+    assert!(
+        model.fused_decode(),
+        "{name}: the device plan decodes fused"
+    );
+    let shared = compare(name, &model);
+    model.set_batch_products(BatchProducts::EachRowAlone);
+    let exact = compare(name, &model);
+    eprintln!(
+        "{name}: device plan f32 fused, batch vs fused alone: shared products {shared:e}, each row alone {exact:e}"
+    );
+    assert!(
+        exact <= FUSED_ROW_EXACT_GATE,
+        "{name}: the row-exact fused batched step differs by {exact:e}"
+    );
+    assert!(
+        shared <= 5e-5,
+        "{name}: fused batched device step differs by {shared:e}"
+    );
+}
+
+/// The fused batched step with each row's products alone against the fused step alone.
+const FUSED_ROW_EXACT_GATE: f32 = 0.0;
+
+per_checkpoint!(reference => reference_plan, device => device_plan_f32, device_fused => device_plan_fused_f32);
 
 mod qwen4_exp {
     #[test]

@@ -6,19 +6,35 @@
 //!
 //! With [`BatchProducts::EachRowAlone`] (the reference plan's default) every row is computed
 //! as it is alone ([`row_exact`]): a sequence's logits are the same bits in any batch as from
-//! its composed single-token step. The device plan's step runs its composed ops (the fused
-//! single-token kernels are not batched yet).
+//! its composed single-token step. With the decoder's fused decode on (the device plan), the
+//! step runs the fused kernels (`families/hybrid/batch_decode.rs`).
 
 use super::Model;
 use crate::cache::Cache;
-use crate::tap::NoTap;
+use crate::families::hybrid::HybridDecoder;
+use crate::families::Decoder;
+use crate::tap::{LaunchCounter, NoTap, Tap};
 use crate::tensor::cast;
 use crate::weights::row_exact;
 use crate::BatchProducts;
 use anyhow::{ensure, Result};
 use candle_core::{DType, Tensor};
 
+/// How a batched step runs its layers: the device plan's fused kernels (the decoder's fused
+/// decode on), or the composed ops (the reference plan, fused decode off, other families).
+enum BatchDecoding<'a> {
+    Fused(&'a HybridDecoder),
+    Composed,
+}
+
 impl Model {
+    fn batch_decoding(&self) -> BatchDecoding<'_> {
+        match &self.decoder {
+            Decoder::Hybrid(d) if d.fused_decode() => BatchDecoding::Fused(d),
+            _ => BatchDecoding::Composed,
+        }
+    }
+
     /// How batched steps run their products from now on.
     pub fn set_batch_products(&mut self, mode: BatchProducts) {
         self.batch_products = mode;
@@ -41,6 +57,27 @@ impl Model {
         &self,
         tokens: &[u32],
         caches: &mut [&mut Cache],
+    ) -> Result<(Tensor, Tensor)> {
+        self.decode_batch_tapped(tokens, caches, &mut NoTap)
+    }
+
+    /// [`Model::decode_batch`], also returning the kernel launches of each layer (the
+    /// `batch_budget` example's count).
+    pub fn decode_batch_with_launches(
+        &self,
+        tokens: &[u32],
+        caches: &mut [&mut Cache],
+    ) -> Result<(Tensor, Vec<usize>)> {
+        let mut counter = LaunchCounter::default();
+        let (logits, _) = self.decode_batch_tapped(tokens, caches, &mut counter)?;
+        Ok((logits, counter.per_layer))
+    }
+
+    fn decode_batch_tapped(
+        &self,
+        tokens: &[u32],
+        caches: &mut [&mut Cache],
+        tap: &mut dyn Tap,
     ) -> Result<(Tensor, Tensor)> {
         ensure!(
             !tokens.is_empty(),
@@ -65,11 +102,18 @@ impl Model {
         self.on_host_workers(|| {
             let _rows = row_exact::scope(self.batch_products == BatchProducts::EachRowAlone);
             let h = self.embed(tokens)?;
-            let h = self.decoder.forward_batch(h, tokens, caches, &mut NoTap)?;
+            let normed = match self.batch_decoding() {
+                BatchDecoding::Fused(d) => d
+                    .decode_batch_fused(&h.squeeze(0)?, caches, tap)?
+                    .unsqueeze(0)?,
+                BatchDecoding::Composed => {
+                    let h = self.decoder.forward_batch(h, tokens, caches, tap)?;
+                    self.final_norm(&h)?
+                }
+            };
             for cache in caches.iter_mut() {
                 cache.offset += 1;
             }
-            let normed = self.final_norm(&h)?;
             let logits = self.lm_head.forward(&normed)?;
             crate::device_memory::sample(&self.device);
             Ok((cast(&logits.squeeze(0)?, DType::F32)?, normed))

@@ -3,6 +3,7 @@
 //! decode step of the device plan ([`decode`]; replayed from a CUDA graph on CUDA,
 //! `cuda_graph.rs`).
 
+pub mod batch_decode;
 pub mod config;
 #[cfg(feature = "cuda")]
 pub(crate) mod cuda_graph;
@@ -184,17 +185,7 @@ impl HybridDecoder {
         tap: &mut dyn Tap,
     ) -> Result<Tensor> {
         let offsets: Vec<usize> = caches.iter().map(|c| c.offset).collect();
-        let mut per_layer: Vec<Vec<&mut LayerCache>> =
-            (0..self.layers.len()).map(|_| vec![]).collect();
-        for cache in caches.iter_mut() {
-            anyhow::ensure!(
-                cache.layers.len() == self.layers.len(),
-                "cache does not belong to this model"
-            );
-            for (layer, c) in per_layer.iter_mut().zip(cache.layers.iter_mut()) {
-                layer.push(c);
-            }
-        }
+        let mut per_layer = per_layer(self.layers.len(), caches)?;
         each_layer(
             &self.layers,
             &mut per_layer,
@@ -203,4 +194,23 @@ impl HybridDecoder {
             |i, layer, c, h, tap| layer.forward_batch(i, &h, c, &offsets, tap),
         )
     }
+}
+
+/// The sequences' caches regrouped by layer: entry `i` holds every sequence's state on layer
+/// `i` (what a batched step's layer loop takes).
+fn per_layer<'a>(
+    layers: usize,
+    caches: &'a mut [&mut Cache],
+) -> Result<Vec<Vec<&'a mut LayerCache>>> {
+    let mut per_layer: Vec<Vec<&mut LayerCache>> = (0..layers).map(|_| vec![]).collect();
+    for cache in caches.iter_mut() {
+        anyhow::ensure!(
+            cache.layers.len() == layers,
+            "cache does not belong to this model"
+        );
+        for (layer, c) in per_layer.iter_mut().zip(cache.layers.iter_mut()) {
+            layer.push(c);
+        }
+    }
+    Ok(per_layer)
 }

@@ -28,22 +28,45 @@ impl Attention {
         cache: &mut KvCache,
         pos: &Tensor,
     ) -> Result<Tensor> {
-        let b = x.dim(0)?;
-        let (nq, nkv, dh) = (self.heads, self.kv_heads, self.head_dim);
-        let qkv = profile::labelled("attn.qkv", || match self.qkv.merged() {
+        let qkv = self.decode_qkv(x)?;
+        let o = self.decode_attend_fused(&qkv, cache, pos)?;
+        self.decode_o_proj(&o)
+    }
+
+    /// The merged q/k/v product of [`Attention::decode_fused`]: `x` `[B, H]` → `[B, ·]` (one
+    /// product for every row of a batched step).
+    pub(crate) fn decode_qkv(&self, x: &Tensor) -> Result<Tensor> {
+        profile::labelled("attn.qkv", || match self.qkv.merged() {
             Some(linear) => linear.forward(x),
             None => {
                 let parts = self.qkv.forward(x)?;
                 cat(&parts, D::Minus1)
             }
-        })?;
-        let (keys, values) = cache.buffers_for_next((b, nkv, dh), x)?;
+        })
+    }
+
+    /// The o-projection of [`Attention::decode_fused`]: `[B, Nq·Dh]` → `[B, H]`.
+    pub(crate) fn decode_o_proj(&self, o: &Tensor) -> Result<Tensor> {
+        profile::labelled("attn.o_proj", || self.o_proj.forward(o))
+    }
+
+    /// The fused prep (norms, RoPE, KV append) and attention on the q/k/v product `qkv` of
+    /// the sequences `cache` holds, at `pos`: the gated attention output `[B, Nq·Dh]`.
+    pub(crate) fn decode_attend_fused(
+        &self,
+        qkv: &Tensor,
+        cache: &mut KvCache,
+        pos: &Tensor,
+    ) -> Result<Tensor> {
+        let b = qkv.dim(0)?;
+        let (nq, nkv, dh) = (self.heads, self.kv_heads, self.head_dim);
+        let (keys, values) = cache.buffers_for_next((b, nkv, dh), qkv)?;
         let inv_freq = self
             .rope_inv_freq
             .as_ref()
             .context("fused attention decode needs the device plan")?;
         let (q, gate) = attn_prep::attn_prep(
-            &qkv,
+            qkv,
             &self.q_norm.weight,
             &self.k_norm.weight,
             self.q_norm.eps,
@@ -54,7 +77,6 @@ impl Attention {
         )?;
         cache.advance(1);
         let o = attn_decode::attn_decode(&q, &gate, &keys, &values, pos)?;
-        let o = o.reshape((b, nq * dh))?;
-        profile::labelled("attn.o_proj", || self.o_proj.forward(&o))
+        Ok(o.reshape((b, nq * dh))?)
     }
 }

@@ -65,16 +65,39 @@ impl GatedDeltaNet {
 
     /// One token per sequence: `x` `[B, H]` (input-normed) → the mixer's output `[B, H]`.
     pub(crate) fn decode_fused(&self, x: &Tensor, cache: &mut GdnCache) -> Result<Tensor> {
-        let b = x.dim(0)?;
-        let (hv, dv) = (self.value_heads, self.value_dim);
-        let [qkv, z, beta_in, a]: [Tensor; 4] =
+        let parts = self.decode_in_proj(x)?;
+        let out = self.decode_mix_fused(&parts, cache)?;
+        self.decode_out_proj(&out)
+    }
+
+    /// The merged in-projection of [`GatedDeltaNet::decode_fused`]: `x` `[B, H]` →
+    /// `[qkv, z, b, a]`, each `[B, ·]` (one product for every row of a batched step).
+    pub(crate) fn decode_in_proj(&self, x: &Tensor) -> Result<[Tensor; 4]> {
+        Ok(
             profile::labelled("gdn.in_proj", || self.in_proj.forward(x))?
                 .try_into()
-                .expect("four projections");
+                .expect("four projections"),
+        )
+    }
+
+    /// The out-projection of [`GatedDeltaNet::decode_fused`]: `[B, Hv·Dv]` → `[B, H]`.
+    pub(crate) fn decode_out_proj(&self, out: &Tensor) -> Result<Tensor> {
+        profile::labelled("gdn.out_proj", || self.out_proj.forward(out))
+    }
+
+    /// The fused conv front and recurrence on the in-projection's `parts` (rows of the
+    /// sequences `cache` holds): the normed, gated recurrence output `[B, Hv·Dv]`.
+    pub(crate) fn decode_mix_fused(
+        &self,
+        [qkv, z, beta_in, a]: &[Tensor; 4],
+        cache: &mut GdnCache,
+    ) -> Result<Tensor> {
+        let b = qkv.dim(0)?;
+        let (hv, dv) = (self.value_heads, self.value_dim);
         let channels = qkv.dim(1)?;
-        let conv_state = self.conv_state_for(cache, b, channels, x)?;
-        let state = self.state_for(cache, b, x.device())?;
-        let prepared = self.conv_prep(&qkv, &beta_in, &a, &conv_state)?;
+        let conv_state = self.conv_state_for(cache, b, channels, qkv)?;
+        let state = self.state_for(cache, b, qkv.device())?;
+        let prepared = self.conv_prep(qkv, beta_in, a, &conv_state)?;
         let (q, k, v, g, beta) = (
             &prepared.q,
             &prepared.k,
@@ -96,8 +119,7 @@ impl GatedDeltaNet {
             eps,
             self.norm.gate,
         )?;
-        let out = out.reshape((b, hv * dv))?;
-        profile::labelled("gdn.out_proj", || self.out_proj.forward(&out))
+        Ok(out.reshape((b, hv * dv))?)
     }
 }
 

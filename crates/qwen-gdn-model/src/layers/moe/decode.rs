@@ -14,9 +14,14 @@ use gdn_ops::profile;
 impl SparseMoe {
     /// Whether the fused kernels cover this block in `dtype`.
     pub(crate) fn fused_decode_supported(&self, dtype: DType) -> bool {
+        self.fused_decode_supports_rows(1, dtype)
+    }
+
+    /// Whether the fused kernels take `rows` tokens in one launch each (a batched step).
+    pub(crate) fn fused_decode_supports_rows(&self, rows: usize, dtype: DType) -> bool {
         self.stacked().is_some_and(|s| {
             moe_route::supports(s.experts, self.top_k, dtype)
-                && s.gate_up.supports_gather_swiglu(1, dtype)
+                && s.gate_up.supports_gather_swiglu(rows, dtype)
         })
     }
 

@@ -1,0 +1,143 @@
+//! One decode step of several sequences on the fused kernels of the device plan (issue 29):
+//! each product (the mixers' in/out-projections, the MoE's router and experts, the head)
+//! runs once over the B rows, and so do the norms and residual adds (`add_rms_norm`,
+//! `moe_combine`); the mixers' state kernels run per sequence on that sequence's state,
+//! the same single-token kernels [`HybridDecoder::decode_step`] launches (fused conv front
+//! and recurrence for GDN, `attn_prep` + `attn_decode` for attention). A layer outside the
+//! kernels' coverage, or a MoE whose gathered SwiGLU does not take B rows, runs its
+//! composed ops, as the single-sequence step does.
+
+use super::{FeedForward, HybridDecoder, Mixer};
+use crate::cache::{Cache, LayerCache};
+use crate::candle_ops::cat;
+use crate::tap::{each_layer, Tap};
+use anyhow::{bail, Result};
+use candle_core::Tensor;
+use gdn_ops::ops::{add_rms_norm::add_rms_norm, moe_combine::moe_combine_with};
+
+impl HybridDecoder {
+    /// The embedded tokens `[B, H]` (row `i` the next token of the sequence `caches[i]`
+    /// holds, at that cache's offset; the caller advances the offsets) → the final-normed
+    /// last hidden states `[B, H]`, the head's input.
+    pub fn decode_batch_fused(
+        &self,
+        embedded: &Tensor,
+        caches: &mut [&mut Cache],
+        tap: &mut dyn Tap,
+    ) -> Result<Tensor> {
+        let rows = embedded.dim(0)?;
+        let device = embedded.device();
+        let offsets: Vec<usize> = caches.iter().map(|c| c.offset).collect();
+        let positions = offsets
+            .iter()
+            .map(|&o| Ok(Tensor::new(&[o as u32], device)?))
+            .collect::<Result<Vec<_>>>()?;
+        let mut per_layer = super::per_layer(self.layers.len(), caches)?;
+        let first_norm = &self.layers[0].input_norm;
+        let first = add_rms_norm(embedded, None, &first_norm.weight, first_norm.eps)?;
+        let (_, x) = each_layer(
+            &self.layers,
+            &mut per_layer,
+            tap,
+            first,
+            |i, layer, layer_caches, (h, x), _| {
+                let covered = self.coverage[i];
+                let mixed = if covered.mixer {
+                    self.mix_rows_fused(&layer.mixer, &x, layer_caches, &positions)?
+                } else {
+                    mix_rows_composed(&layer.mixer, &x, layer_caches, &offsets)?
+                };
+                let post = &layer.post_norm;
+                let (h, x) = add_rms_norm(&h, Some(&mixed), &post.weight, post.eps)?;
+                let next_norm = self.layers.get(i + 1).map_or(&self.norm, |n| &n.input_norm);
+                Ok(match &layer.feed_forward {
+                    FeedForward::Moe(m)
+                        if covered.feed_forward
+                            && m.fused_decode_supports_rows(rows, x.dtype()) =>
+                    {
+                        let (down, weights) = m.decode_fused(&x)?;
+                        let (h, x) = moe_combine_with(
+                            &down,
+                            &weights,
+                            &h,
+                            Some((&next_norm.weight, next_norm.eps)),
+                            self.moe_combine,
+                        )?;
+                        (h, x.expect("a norm weight was given"))
+                    }
+                    ff => {
+                        let out = match ff {
+                            FeedForward::Moe(m) => m.forward(&x)?,
+                            FeedForward::Dense(m) => m.forward(&x)?,
+                        };
+                        add_rms_norm(&h, Some(&out), &next_norm.weight, next_norm.eps)?
+                    }
+                })
+            },
+        )?;
+        Ok(x)
+    }
+
+    /// A covered mixer over the rows of `x` `[B, H]` (input-normed): the projections once
+    /// for all rows, the state kernels per sequence.
+    fn mix_rows_fused(
+        &self,
+        mixer: &Mixer,
+        x: &Tensor,
+        caches: &mut [&mut LayerCache],
+        positions: &[Tensor],
+    ) -> Result<Tensor> {
+        match mixer {
+            Mixer::Gdn(m) => {
+                let parts = m.decode_in_proj(x)?;
+                let mut outs = Vec::with_capacity(caches.len());
+                for (row, cache) in caches.iter_mut().enumerate() {
+                    let LayerCache::Gdn(c) = cache else {
+                        bail!("cache does not belong to this model");
+                    };
+                    let part = |t: &Tensor| t.narrow(0, row, 1);
+                    let row_parts = [
+                        part(&parts[0])?,
+                        part(&parts[1])?,
+                        part(&parts[2])?,
+                        part(&parts[3])?,
+                    ];
+                    outs.push(m.decode_mix_fused(&row_parts, c)?);
+                }
+                m.decode_out_proj(&cat(&outs, 0)?)
+            }
+            Mixer::Attention(m) => {
+                let qkv = m.decode_qkv(x)?;
+                let mut outs = Vec::with_capacity(caches.len());
+                for (row, (cache, pos)) in caches.iter_mut().zip(positions).enumerate() {
+                    let LayerCache::Attention(c) = cache else {
+                        bail!("cache does not belong to this model");
+                    };
+                    outs.push(m.decode_attend_fused(&qkv.narrow(0, row, 1)?, c, pos)?);
+                }
+                m.decode_o_proj(&cat(&outs, 0)?)
+            }
+        }
+    }
+}
+
+/// A mixer outside the kernels' coverage, row by row through its composed ops (as the
+/// single-sequence fused step runs it).
+fn mix_rows_composed(
+    mixer: &Mixer,
+    x: &Tensor,
+    caches: &mut [&mut LayerCache],
+    offsets: &[usize],
+) -> Result<Tensor> {
+    let mut outs = Vec::with_capacity(caches.len());
+    for (row, (cache, &offset)) in caches.iter_mut().zip(offsets).enumerate() {
+        let x = x.narrow(0, row, 1)?.unsqueeze(1)?;
+        let out = match (mixer, &mut **cache) {
+            (Mixer::Gdn(m), LayerCache::Gdn(c)) => m.forward(&x, c)?,
+            (Mixer::Attention(m), LayerCache::Attention(c)) => m.forward(&x, c, offset)?,
+            _ => bail!("cache does not belong to this model"),
+        };
+        outs.push(out.squeeze(1)?);
+    }
+    cat(&outs, 0)
+}
