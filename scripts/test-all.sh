@@ -15,7 +15,9 @@
 #   8. the chat page at `/` in headless Chromium driven by Selenium (needs PyPI once),
 #   9. the macOS type-check of the workspace with the `metal` feature,
 #  10. the CPU kernels' NEON levels as aarch64 binaries under qemu-user (gdn-ops' CPU tests and
-#      one model gate; installs qemu-user and the cross linker when missing).
+#      one model gate; installs qemu-user and the cross linker when missing),
+#  11. the MPI collectives between 2 and 3 processes under mpirun (scripts/test-mpi.sh;
+#      installs Open MPI when missing).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install-test-deps.sh
@@ -31,3 +33,4 @@ bash scripts/test-serve-clients.sh
 bash scripts/test-chat-page.sh
 bash scripts/check-metal.sh
 bash scripts/test-aarch64.sh
+bash scripts/test-mpi.sh

@@ -1,0 +1,24 @@
+//! The operations the parallel plans need from the engine underneath.
+
+use anyhow::Result;
+
+/// One rank's view of the job: `size()` ranks numbered from 0, each owning one device.
+///
+/// Buffers are host `f32` slices: the pipeline plan sends one activation `[S, H]` per stage
+/// boundary and step, which is small next to a layer's work. An NCCL implementation (cudarc)
+/// would take device buffers; it fits as a second implementor once the plans are generic over
+/// a buffer type, and the calls keep the same shape (peer, count, sum).
+pub trait Collective {
+    /// This rank's number, `0..size()`.
+    fn rank(&self) -> usize;
+    /// How many ranks the job has.
+    fn size(&self) -> usize;
+    /// Sends `data` to rank `to` (blocks until the buffer may be reused).
+    fn send(&self, to: usize, data: &[f32]) -> Result<()>;
+    /// Receives exactly `data.len()` values from rank `from` into `data`.
+    fn receive(&self, from: usize, data: &mut [f32]) -> Result<()>;
+    /// Element-wise sum of `data` over all ranks, left in `data` on every rank.
+    fn all_reduce_sum(&self, data: &mut [f32]) -> Result<()>;
+    /// Every rank's `value`, in rank order, on every rank.
+    fn all_gather_u64(&self, value: u64) -> Result<Vec<u64>>;
+}
