@@ -279,21 +279,7 @@ fn device_plan_f32(name: &str) {
     // The batched step runs the composed ops: the same ops alone are its reference.
     model.set_fused_decode(false);
     assert_eq!(model.batch_products(), BatchProducts::Shared);
-    let shared = compare(name, &model);
-    model.set_batch_products(BatchProducts::EachRowAlone);
-    let exact = compare(name, &model);
-    eprintln!(
-        "{name}: device plan f32, batch vs composed alone: shared products {shared:e}, each row alone {exact:e}"
-    );
-    assert_eq!(
-        exact, 0.0,
-        "{name}: the row-exact batched device step is not bit-exact"
-    );
-    // Shared products reorder sums (GEMMs, grouped experts); the tokens were checked equal.
-    assert!(
-        shared <= 5e-5,
-        "{name}: batched device step differs by {shared:e}"
-    );
+    shared_and_row_exact(name, &mut model, "composed");
 }
 
 /// The device plan with fused decode on: the batched step runs the fused kernels
@@ -304,24 +290,29 @@ fn device_plan_fused_f32(name: &str) {
         model.fused_decode(),
         "{name}: the device plan decodes fused"
     );
-    let shared = compare(name, &model);
+    shared_and_row_exact(name, &mut model, "fused");
+}
+
+/// The batched device step against the same step alone (`what`: composed or fused), with
+/// the default shared products, then each row's alone: bit-exact with rows alone; shared
+/// products reorder sums (GEMMs, grouped experts), so within 5e-5 of max|logit| (the tokens
+/// were checked equal).
+fn shared_and_row_exact(name: &str, model: &mut Model, what: &str) {
+    let shared = compare(name, model);
     model.set_batch_products(BatchProducts::EachRowAlone);
-    let exact = compare(name, &model);
+    let exact = compare(name, model);
     eprintln!(
-        "{name}: device plan f32 fused, batch vs fused alone: shared products {shared:e}, each row alone {exact:e}"
+        "{name}: device plan f32, batch vs {what} alone: shared products {shared:e}, each row alone {exact:e}"
     );
-    assert!(
-        exact <= FUSED_ROW_EXACT_GATE,
-        "{name}: the row-exact fused batched step differs by {exact:e}"
+    assert_eq!(
+        exact, 0.0,
+        "{name}: the row-exact batched device step ({what}) is not bit-exact"
     );
     assert!(
         shared <= 5e-5,
-        "{name}: fused batched device step differs by {shared:e}"
+        "{name}: batched device step ({what}) differs by {shared:e}"
     );
 }
-
-/// The fused batched step with each row's products alone against the fused step alone.
-const FUSED_ROW_EXACT_GATE: f32 = 0.0;
 
 per_checkpoint!(reference => reference_plan, device => device_plan_f32, device_fused => device_plan_fused_f32);
 

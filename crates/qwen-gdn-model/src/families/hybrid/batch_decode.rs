@@ -13,7 +13,7 @@ use crate::candle_ops::cat;
 use crate::tap::{each_layer, Tap};
 use anyhow::{bail, Result};
 use candle_core::Tensor;
-use gdn_ops::ops::{add_rms_norm::add_rms_norm, moe_combine::moe_combine_with};
+use gdn_ops::ops::add_rms_norm::add_rms_norm;
 
 impl HybridDecoder {
     /// The embedded tokens `[B, H]` (row `i` the next token of the sequence `caches[i]`
@@ -50,29 +50,11 @@ impl HybridDecoder {
                 let post = &layer.post_norm;
                 let (h, x) = add_rms_norm(&h, Some(&mixed), &post.weight, post.eps)?;
                 let next_norm = self.layers.get(i + 1).map_or(&self.norm, |n| &n.input_norm);
-                Ok(match &layer.feed_forward {
-                    FeedForward::Moe(m)
-                        if covered.feed_forward
-                            && m.fused_decode_supports_rows(rows, x.dtype()) =>
-                    {
-                        let (down, weights) = m.decode_fused(&x)?;
-                        let (h, x) = moe_combine_with(
-                            &down,
-                            &weights,
-                            &h,
-                            Some((&next_norm.weight, next_norm.eps)),
-                            self.moe_combine,
-                        )?;
-                        (h, x.expect("a norm weight was given"))
-                    }
-                    ff => {
-                        let out = match ff {
-                            FeedForward::Moe(m) => m.forward(&x)?,
-                            FeedForward::Dense(m) => m.forward(&x)?,
-                        };
-                        add_rms_norm(&h, Some(&out), &next_norm.weight, next_norm.eps)?
-                    }
-                })
+                // The gathered SwiGLU takes a few rows at most: past that the MoE composes.
+                let fused = covered.feed_forward
+                    && matches!(&layer.feed_forward,
+                        FeedForward::Moe(m) if m.fused_decode_supports_rows(rows, x.dtype()));
+                self.feed_forward_step(layer, fused, (h, x), next_norm)
             },
         )?;
         Ok(x)

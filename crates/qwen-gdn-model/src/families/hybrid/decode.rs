@@ -132,8 +132,21 @@ impl HybridDecoder {
         };
         let post = &layer.post_norm;
         let (h, x) = add_rms_norm(&h, Some(&mixed), &post.weight, post.eps)?;
+        self.feed_forward_step(layer, covered.feed_forward, (h, x), next_norm)
+    }
+
+    /// The feed-forward of a decode step (one row per sequence) after the mixer: the residual
+    /// stream `h` and its post-norm `x` in, the stream and `next_norm` of it out; a MoE block
+    /// on the fused kernels (`fused`: they cover it for these rows), else composed.
+    pub(super) fn feed_forward_step(
+        &self,
+        layer: &DecoderLayer,
+        fused: bool,
+        (h, x): (Tensor, Tensor),
+        next_norm: &RmsNorm,
+    ) -> Result<(Tensor, Tensor)> {
         Ok(match &layer.feed_forward {
-            FeedForward::Moe(m) if covered.feed_forward => {
+            FeedForward::Moe(m) if fused => {
                 let (down, weights) = m.decode_fused(&x)?;
                 let (h, x) = moe_combine_with(
                     &down,
