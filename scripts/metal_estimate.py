@@ -43,6 +43,21 @@ PER_SEQUENCE = ("gated_delta_norm", "gdn_conv_prep", "attn_prep", "attn_decode")
 ROUTED_SWIGLU = "affine_wide_swiglu"
 
 
+def measured(l, scale, fixed, gpu_bandwidth):
+    """A launch's time on the measuring GPU (rescaled), its bytes, and its efficiency on them:
+    the fraction of the copy bandwidth the time past the fixed cost achieves (1 for none)."""
+    t = l["us"] * scale
+    by = l["read"] + l["written"]
+    busy = max(t - fixed, 1e-3)
+    eta = min(1.0, by / (busy * 1e-6 * gpu_bandwidth)) if by else 1.0
+    return t, by, eta
+
+
+def mac_dispatch_ms(launches: int) -> float:
+    """Apple's cost of the step's dependent dispatches and its command buffer."""
+    return (launches * DISPATCH_US + COMMAND_BUFFER_US) / 1e3
+
+
 def batch_factors(launches, b, experts, top_k, shared):
     """Per launch, what its bytes are multiplied by when the step runs B sequences."""
     distinct = experts * (1 - (1 - top_k / experts) ** b)
@@ -70,15 +85,12 @@ def batched(launches, a, scale, fixed):
         distinct, factors = batch_factors(launches, b, a.experts, a.top_k, a.shared_experts)
         eta_bytes, total = 0.0, 0.0
         for l, f in zip(launches, factors):
-            t = l["us"] * scale
-            by = l["read"] + l["written"]
-            busy = max(t - fixed, 1e-3)
-            eta = min(1.0, by / (busy * 1e-6 * a.gpu_bandwidth)) if by else 1.0
+            _, by, eta = measured(l, scale, fixed, a.gpu_bandwidth)
             eta_bytes += by * f / eta if eta else 0.0
             total += by * f
         rates = []
         for _, bw in CHIPS:
-            step_ms = eta_bytes / bw * 1e3 + (len(launches) * DISPATCH_US + COMMAND_BUFFER_US) / 1e3 + a.sync_ms
+            step_ms = eta_bytes / bw * 1e3 + mac_dispatch_ms(len(launches)) + a.sync_ms
             rates.append(f"{b * 1e3 / step_ms:.0f}")
         print(f"| {b} | {distinct:.1f} | {total / 1e9:.2f} | " + " | ".join(rates) + " |")
 
@@ -105,10 +117,7 @@ def main():
         return
     by_kind = {}
     for l in launches:
-        t = l["us"] * scale
-        b = l["read"] + l["written"]
-        busy = max(t - fixed, 1e-3)
-        eta = min(1.0, b / (busy * 1e-6 * a.gpu_bandwidth)) if b else 1.0
+        t, b, eta = measured(l, scale, fixed, a.gpu_bandwidth)
         kind = by_kind.setdefault(l["kernel"], {"n": 0, "bytes": 0.0, "h100_us": 0.0, "eta_bytes": 0.0})
         kind["n"] += 1
         kind["bytes"] += b
@@ -127,7 +136,7 @@ def main():
     print("|---|---|---|---|---|---|")
     for chip, bw in CHIPS:
         bytes_ms = sum(k["eta_bytes"] for k in by_kind.values()) / bw * 1e3
-        dispatch_ms = (n * DISPATCH_US + COMMAND_BUFFER_US) / 1e3
+        dispatch_ms = mac_dispatch_ms(n)
         step_ms = bytes_ms + dispatch_ms + a.sync_ms
         ratio = f"{1e3 / step_ms / a.mlx_tok_s:.2f}x" if chip == "M3 Ultra" else ""
         print(f"| {chip} | {bw / 1e9:.0f} | {bytes_ms:.2f} | {dispatch_ms:.2f} | {1e3 / step_ms:.1f} | {ratio} |")
