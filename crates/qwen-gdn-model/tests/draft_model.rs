@@ -96,7 +96,7 @@ fn speculative_greedy(
     length: DraftLength,
     spoil: bool,
 ) -> (Vec<u32>, Speculation) {
-    let mut spec = Speculation::with_draft_model(main, draft.clone(), length).unwrap();
+    let mut spec = Speculation::with_draft_model(main, draft.clone(), 2048, length).unwrap();
     let mut cache = main.new_cache();
     let split = prompt.len() - 1;
     main.prefill(&prompt[..split], &mut cache, 2048).unwrap();

@@ -18,6 +18,8 @@ use std::sync::Arc;
 /// A draft model's side of one sequence.
 pub struct DraftModel {
     model: Arc<Model>,
+    /// Prompt tokens a prefill pass of the draft model takes.
+    prefill_chunk: usize,
     cache: Cache,
     /// Tokens of the sequence the draft model has not run yet, before the step's token.
     unseen: Vec<u32>,
@@ -36,8 +38,9 @@ impl std::fmt::Debug for DraftModel {
 }
 
 impl DraftModel {
-    /// A drafter for `main`'s sequences from `draft`, which must share its vocabulary.
-    pub fn new(main: &Model, draft: Arc<Model>) -> Result<Self> {
+    /// A drafter for `main`'s sequences from `draft`, which must share its vocabulary,
+    /// prefilling prompts `prefill_chunk` tokens a pass.
+    pub fn new(main: &Model, draft: Arc<Model>, prefill_chunk: usize) -> Result<Self> {
         let (want, got) = (main.config().vocab_size, draft.config().vocab_size);
         ensure!(
             want == got,
@@ -46,6 +49,7 @@ impl DraftModel {
         let cache = draft.new_cache();
         Ok(Self {
             model: draft,
+            prefill_chunk: prefill_chunk.max(1),
             cache,
             unseen: Vec::new(),
             window: None,
@@ -59,7 +63,8 @@ impl DraftModel {
         };
         self.cache = self.model.new_cache();
         if !before.is_empty() {
-            self.model.prefill(before, &mut self.cache, 2048)?;
+            self.model
+                .prefill(before, &mut self.cache, self.prefill_chunk)?;
         }
         self.unseen = vec![last];
         Ok(())

@@ -108,8 +108,13 @@ pub enum DrafterSource {
     /// The main model's own MTP head (which must be loaded).
     #[default]
     Head,
-    /// A separate small model sharing the main model's tokenizer.
-    Model(Arc<Model>),
+    /// A separate small model sharing the main model's tokenizer, which prefills each
+    /// prompt `prefill_chunk` tokens a pass (the run's bound on peak memory, as the main
+    /// model's).
+    Model {
+        model: Arc<Model>,
+        prefill_chunk: usize,
+    },
 }
 
 /// What proposes the drafts.
@@ -157,18 +162,22 @@ impl Speculation {
     ) -> Result<Self> {
         match source {
             DrafterSource::Head => Self::new(model, length),
-            DrafterSource::Model(draft) => Self::with_draft_model(model, draft.clone(), length),
+            DrafterSource::Model {
+                model: draft,
+                prefill_chunk,
+            } => Self::with_draft_model(model, draft.clone(), *prefill_chunk, length),
         }
     }
 
     /// Drafts of `length` tokens per step from `draft`, a separate model whose vocabulary
-    /// must be `model`'s.
+    /// must be `model`'s, prefilling prompts `prefill_chunk` tokens a pass.
     pub fn with_draft_model(
         model: &Model,
         draft: Arc<Model>,
+        prefill_chunk: usize,
         length: impl Into<DraftLength>,
     ) -> Result<Self> {
-        let drafter = Drafter::Model(DraftModel::new(model, draft)?);
+        let drafter = Drafter::Model(DraftModel::new(model, draft, prefill_chunk)?);
         Ok(Self::with_drafter(drafter, length.into()))
     }
 

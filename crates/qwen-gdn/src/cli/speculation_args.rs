@@ -97,9 +97,10 @@ impl SpeculationArgs {
         context: usize,
     ) -> Result<DrafterSource> {
         Ok(match &self.draft_model {
-            Some(source) => {
-                DrafterSource::Model(super::draft_model::load(source, main_args, main, context)?)
-            }
+            Some(source) => DrafterSource::Model {
+                model: super::draft_model::load(source, main_args, main, context)?,
+                prefill_chunk: main_args.prefill_chunk_size,
+            },
             None => DrafterSource::Head,
         })
     }

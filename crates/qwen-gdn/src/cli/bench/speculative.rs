@@ -53,7 +53,7 @@ impl SpeculativeTg {
         }
         Ok(Self {
             length: length.clone(),
-            draft_model: matches!(drafter, DrafterSource::Model(_)),
+            draft_model: matches!(drafter, DrafterSource::Model { .. }),
             tps: Stats::new(samples),
             stats,
             same_tokens,
