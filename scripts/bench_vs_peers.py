@@ -379,9 +379,8 @@ def cmd_batch(a) -> None:
             print(f"[bench-vs-peers] round {i + 1}/{a.rounds}: {engine}", file=sys.stderr, flush=True)
             out, _, wall = run_timed(commands[engine], log)
             if engine == "llama.cpp":
-                # llama-batched-bench's rows (JSON lines) come through its log with everything
-                # else; run_timed wrote both of its streams to the log.
-                rows = [json.loads(l) for l in log_tail(log).splitlines() if l.startswith('{"n_kv_max"')]
+                # llama-batched-bench prints its rows (JSON lines) on stdout, its log on stderr.
+                rows = [json.loads(l) for l in out.splitlines() if l.startswith('{"n_kv_max"')]
                 got = {r["pl"]: r["speed_tg"] for r in rows}
             else:
                 got = {r["batch"]: r["aggregate_tps"]["median"] for r in json.loads(out)["batch"]}
@@ -415,13 +414,6 @@ def cmd_batch(a) -> None:
     ratios = [med["qwen-gdn shared"][b] / med["llama.cpp"][b] for b in sizes]
     print("batched decode ratio vs llama.cpp: " + ", ".join(f"B={b} {r:.2f}" for b, r in zip(sizes, ratios))
           + f", lowest {min(ratios):.2f}")
-
-
-def log_tail(log) -> str:
-    """What the last command wrote to the log (llama-batched-bench prints its rows on stderr)."""
-    log.flush()
-    text = Path(log.name).read_text()
-    return text[text.rfind("\n$ "):]
 
 
 def side_by_side_args(parser, peer: str, p: int, g: int) -> None:
