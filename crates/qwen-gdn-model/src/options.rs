@@ -279,7 +279,11 @@ impl RunOptions {
             o.moe_route = choice(
                 MOE_ROUTE_VAR,
                 &t,
-                &[("warp", RouteKernel::Warp), ("block", RouteKernel::Block)],
+                &[
+                    ("auto", RouteKernel::Auto),
+                    ("warp", RouteKernel::Warp),
+                    ("block", RouteKernel::Block),
+                ],
             )?;
         }
         Ok(o)

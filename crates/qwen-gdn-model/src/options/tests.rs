@@ -29,7 +29,7 @@ fn nothing_set_is_the_default() {
     assert_eq!(o.moe_prefill, None);
     assert!(o.cuda_graph);
     assert_eq!(o.moe_combine, CombineKernel::Auto);
-    assert_eq!(o.moe_route, RouteKernel::Warp);
+    assert_eq!(o.moe_route, RouteKernel::Auto);
     assert_eq!(
         o.layer_variants(&Device::Cpu),
         d.layer_variants(&Device::Cpu)
@@ -97,7 +97,7 @@ fn every_switch_takes_its_values() {
     assert_eq!(o.layer_variants(&Device::Cpu).moe_prefill, MoePrefill::Gemm);
     assert!(o.cuda_graph);
     assert_eq!(o.moe_combine, CombineKernel::Auto);
-    assert_eq!(o.moe_route, RouteKernel::Warp);
+    assert_eq!(o.moe_route, RouteKernel::Auto);
     assert_eq!(o.spin, Duration::ZERO);
     // `grouped` alone takes the device's threshold.
     let o = from(&[(MOE_PREFILL_VAR, "grouped")]).unwrap();

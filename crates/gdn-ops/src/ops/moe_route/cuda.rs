@@ -39,7 +39,8 @@ fn moe_route_as<T: Element>(
     let logits = logits.contiguous()?;
     // The entry point, its blocks and their shape.
     let (name, blocks, threads) = match body {
-        RouteKernel::Warp => (
+        // `Auto` was resolved by `moe_route_with` (`RouteKernel::for_tokens`).
+        RouteKernel::Warp | RouteKernel::Auto => (
             "moe_route",
             p.tokens.div_ceil(TOKENS_PER_BLOCK),
             (32, TOKENS_PER_BLOCK, 1),

@@ -31,7 +31,8 @@ pub(crate) fn moe_route(
             // same outputs.
             (pipeline.max_total_threads_per_threadgroup() >= threads).then_some(pipeline)
         }
-        RouteKernel::Warp => None,
+        // `Auto` was resolved by `moe_route_with` (`RouteKernel::for_tokens`).
+        RouteKernel::Warp | RouteKernel::Auto => None,
     };
     let (pipeline, threads, scratch) = match block {
         Some(pipeline) => (pipeline, threads, 4 * BLOCK_SCRATCH_WORDS),

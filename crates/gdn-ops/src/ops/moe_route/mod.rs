@@ -37,13 +37,34 @@ pub const MAX_TOP_K: usize = 32;
 /// Which body routes a call: the same selection, ids order and weight bits either way.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum RouteKernel {
-    /// One simdgroup (warp) a token, its k rounds one after another: 6.43 µs a call at
-    /// E 512, k 10 on the H200 (docs/perf-notes-gpu.md).
+    /// [`RouteKernel::Block`] for calls of at most [`BLOCK_MAX_TOKENS`] tokens (decode),
+    /// [`RouteKernel::Warp`] above (prefill chunks), as measured on the H200.
     #[default]
+    Auto,
+    /// One simdgroup (warp) a token, its k rounds one after another: 6.33 µs a call at
+    /// E 512, k 10, N 1 on the H200, but the faster body from N 512 on (7.47 against 9.93 µs;
+    /// 15.6 against 52.3 at N 4096: a block a token leaves too few blocks resident).
     Warp,
     /// One threadgroup (block) a token of [`block_threads`] threads, one an expert, the top k
-    /// ranked in parallel. Not yet measured on a GPU.
+    /// ranked in parallel: 4.24 µs at E 512, k 10, N 1 and 4 (0.67× the warp body), and the
+    /// decode step +4.6% (docs/perf-notes-gpu.md "moe_route over a block: measured").
     Block,
+}
+
+/// Most tokens a call routes with the block body under [`RouteKernel::Auto`]: measured faster
+/// at N 1 and 4 (both routers), slower from N 512; between them it is not measured, so the
+/// decode sizes (one token, a verify window, a small batch) take it and prefill does not.
+pub const BLOCK_MAX_TOKENS: usize = 4;
+
+impl RouteKernel {
+    /// The body that routes a call of `tokens` tokens.
+    pub fn for_tokens(self, tokens: usize) -> RouteKernel {
+        match self {
+            RouteKernel::Auto if tokens <= BLOCK_MAX_TOKENS => RouteKernel::Block,
+            RouteKernel::Auto => RouteKernel::Warp,
+            concrete => concrete,
+        }
+    }
 }
 
 /// Threads of a token's threadgroup in the block body: one per expert, whole simdgroups.
@@ -107,6 +128,7 @@ pub fn moe_route_with(
         "moe_route: no kernel for {experts} experts, top_k {top_k}, {:?} logits",
         logits.dtype()
     );
+    let kernel = kernel.for_tokens(tokens);
     let p = MoeRouteParams {
         tokens: tokens as u32,
         experts: experts as u32,
