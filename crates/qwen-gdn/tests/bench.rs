@@ -672,3 +672,71 @@ fn speculative_json_report() {
         assert!(stderr(&out).contains("--draft-tokens"), "{}", stderr(&out));
     }
 }
+
+/// `bench --verify-cost K --json`: a verify pass timed for k = 0..=K, its ratios to the
+/// one-token pass, and the projection recomputed from the reported times (the formula of
+/// verify_cost.rs: (1 − a^(k+1)) / (1 − a) tokens over t(k+1) plus k estimated draft calls).
+#[test]
+fn verify_cost_json_report() {
+    let out = bench(&[
+        "-p",
+        "16",
+        "-g",
+        "4",
+        "-r",
+        "1",
+        "--json",
+        "--verify-cost",
+        "3",
+    ]);
+    assert!(out.status.success(), "stderr: {}", stderr(&out));
+    let report: Json = serde_json::from_slice(&out.stdout).unwrap();
+    let cost = &report["verify_cost"];
+    let passes: Vec<f64> = (0..4)
+        .map(|k| positive_finite(&cost["pass_seconds"][k]["median"], "pass"))
+        .collect();
+    assert!(cost["pass_seconds"][4].is_null(), "{cost}");
+    let ratios: Vec<f64> = serde_json::from_value(cost["ratio_to_one_token"].clone()).unwrap();
+    assert_eq!(ratios[0], 1.0);
+    for k in 0..4 {
+        assert!((ratios[k] - passes[k] / passes[0]).abs() < 1e-9, "{cost}");
+    }
+    let tg_step = positive_finite(&cost["tg_step_seconds"], "tg step");
+    let tg = positive_finite(&report["generation_tps"]["median"], "tg");
+    assert!((tg_step - 1.0 / tg).abs() < 1e-9 * tg_step);
+    let head = positive_finite(&cost["output_head_seconds"]["median"], "head");
+    let draft = positive_finite(&cost["draft_call_estimate_seconds"], "draft call");
+    let config: Json = serde_json::from_str(
+        &std::fs::read_to_string(fixture("qwen3.5-moe-tiny-4bit").join("config.json")).unwrap(),
+    )
+    .unwrap();
+    let layers = config["text_config"]["num_hidden_layers"].as_f64().unwrap();
+    let want_draft = head + (tg_step - head).max(0.0) / layers;
+    assert!(
+        (draft - want_draft).abs() < 1e-9 * draft,
+        "{draft} vs {want_draft}"
+    );
+    let projected = cost["projected_tps"].as_array().unwrap();
+    assert_eq!(projected.len(), 3);
+    for (i, row) in projected.iter().enumerate() {
+        let k = i + 1;
+        assert_eq!(row["k"], k);
+        for cell in row["by_acceptance"].as_array().unwrap() {
+            let a = cell["acceptance"].as_f64().unwrap();
+            let want = (1.0 - a.powi(k as i32 + 1)) / (1.0 - a) / (passes[k] + k as f64 * draft);
+            let got = positive_finite(&cell["tps"], "projected tps");
+            assert!(
+                (got - want).abs() < 1e-9 * want,
+                "k={k} a={a}: {got} vs {want}"
+            );
+        }
+    }
+    // A prompt shorter than the window is refused in one line.
+    let out = bench(&["-p", "2", "-g", "2", "-r", "1", "--verify-cost", "3"]);
+    assert!(!out.status.success());
+    let err = stderr(&out);
+    assert!(
+        err.contains("--verify-cost 3") && err.lines().count() <= 2,
+        "{err}"
+    );
+}

@@ -10,6 +10,7 @@ mod decode_profile;
 mod prefill_profile;
 mod prompt_cache;
 mod speculative;
+mod verify_cost;
 
 use crate::cli::speculation_args::SpeculationArgs;
 use crate::load::{positive_usize, ModelArgs};
@@ -64,6 +65,10 @@ the repetitions.
                      mean_draft_tokens, steps, drafted, accepted, steps_at (steps per draft \
                      length, index = length), same_tokens (whether the greedy tokens are plain \
                      decoding's)}
+  verify_cost        with --verify-cost K: {pass_seconds (per k = 0..K, {median, stddev, \
+                     min, max, samples}), ratio_to_one_token (t(k+1)/t(1)), tg_step_seconds, \
+                     output_head_seconds, draft_call_estimate_seconds, projected_tps (per k: \
+                     tps at acceptances 0.6, 0.7, 0.8, 0.9)}
   decode_profile     with --profile-decode: every kernel of one decode step (op, layer, \
                      label, grids, seconds, bytes read and written, bytes per second, percent \
                      of the copy bandwidth), sums by op and by layer kind, the copy bandwidth, \
@@ -116,6 +121,12 @@ pub struct Args {
     /// all rows, the fewest weight reads (the GPU's default). Default: the plan's
     #[arg(long, value_enum, requires = "batch")]
     batch_products: Option<batch::ProductsArg>,
+    /// After the tg test: the verify pass of speculative decoding for k = 0..=K drafts timed
+    /// at depth -p (its t(k+1)/t(1)), and the speed it projects at acceptances 0.6–0.9
+    /// (random weights make real acceptance meaningless; this needs no MTP head)
+    #[arg(long, value_name = "K", value_parser = positive_usize,
+          conflicts_with_all = ["prompt_cache", "batch", "draft_tokens", "mtp_from", "draft_model"])]
+    verify_cost: Option<usize>,
     /// With --draft-tokens: the tg test is run again with speculative decoding (its speed, the
     /// speedup, the acceptance)
     #[command(flatten)]
@@ -182,6 +193,19 @@ pub fn run(args: Args) -> Result<ExitCode> {
         )?),
         None => None,
     };
+    let verify_cost = match args.verify_cost {
+        Some(k) => Some(
+            verify_cost::VerifyCost::run(
+                &model,
+                &prompt,
+                chunk,
+                (k, args.repetitions.max(8)),
+                tg.median,
+            )
+            .context("timing the verify pass (--verify-cost)")?,
+        ),
+        None => None,
+    };
     let profile = if args.profile {
         Some(prefill_profile::profile_prefill(&model, &prompt, chunk)?)
     } else {
@@ -220,6 +244,9 @@ pub fn run(args: Args) -> Result<ExitCode> {
         if let Some(spec) = &speculative {
             report["speculative"] = spec.json(&tg);
         }
+        if let Some(cost) = &verify_cost {
+            report["verify_cost"] = cost.json();
+        }
         if let Some(profile) = &profile {
             report["prefill_profile"] = profile.json();
         }
@@ -240,7 +267,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
             args.repetitions,
             peak as f64 / 1e9,
             speculative.as_ref().map_or(String::new(), |s| s.summary(&tg))
-        );
+        ) + &verify_cost.as_ref().map_or(String::new(), |c| c.table());
         // A closed stdout (`| head`) is not an error, as in `generate`.
         emit(&mut out, &text)?;
     }
