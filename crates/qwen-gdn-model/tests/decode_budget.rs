@@ -256,6 +256,8 @@ fn qwen4_exp_qsa_layer_launches_past_the_budget() {
     );
     assert_eq!(fused_reads, 0);
     assert_eq!(composed_reads, 8);
+    // Every step of a block launches the same kernels (a step replayed as recorded).
+    assert!(fused.iter().all(|&n| n == fused[0]), "{fused:?}");
 }
 
 /// The decode profile (`gdn_ops::profile`, `bench --profile-decode`) sees every launch of a

@@ -4,6 +4,11 @@
 //! are device ops, so the step reads nothing back. The composed step's host selection
 //! ([`QsaIndexer::select`], one read-back of the projection a call) is its reference.
 //!
+//! Every step launches the same kernels (for a replayed step, and so that a step's launches
+//! do not depend on where in a block it falls): each pools the tail as it stands and writes
+//! the pooled key into the row where the next block goes. Until the tail is full that row is
+//! not a block yet and nothing reads it; the step that fills the tail writes the block.
+//!
 //! The choice needs no sort. The host keeps the first `k` blocks of a stable sort by score,
 //! highest first, the earlier block first among equal scores; block `b` is among them exactly
 //! when fewer than `k` blocks come before it in that order:
@@ -31,35 +36,42 @@ pub struct DeviceIndexKeys {
     /// unused.
     buf: Tensor,
     blocks: usize,
-    /// `[r, Di]` f32, `0 < r < c`: the raw keys of the incomplete block.
-    tail: Option<Tensor>,
+    /// `[c, Di]` f32: the raw keys of the incomplete block in rows `..tail_len`, written in
+    /// place; the rows after hold the previous block's (or zeros).
+    tail: Tensor,
+    tail_len: usize,
 }
 
 impl DeviceIndexKeys {
-    /// The host's keys on `device` (a new sequence has none).
-    fn upload(blocks: &[Vec<f32>], tail: &[Vec<f32>], di: usize, device: &Device) -> Result<Self> {
-        let rows = |v: &[Vec<f32>]| -> Result<Tensor> {
-            ensure!(
-                v.iter().all(|r| r.len() == di),
-                "QSA indexer keys of another width than {di}"
-            );
-            let flat: Vec<f32> = v.iter().flatten().copied().collect();
-            Ok(Tensor::from_vec(flat, (v.len(), di), device)?)
+    /// The host's keys on `device` (a new sequence has none), padded with zeros to the
+    /// buffers' sizes on the host: an upload, no kernel.
+    fn upload(
+        blocks: &[Vec<f32>],
+        tail: &[Vec<f32>],
+        (di, c): (usize, usize),
+        device: &Device,
+    ) -> Result<Self> {
+        ensure!(
+            blocks.iter().chain(tail).all(|r| r.len() == di),
+            "QSA indexer keys of another width than {di}"
+        );
+        ensure!(
+            tail.len() < c,
+            "QSA indexer: {} tail keys of a block of {c}",
+            tail.len()
+        );
+        let padded = |v: &[Vec<f32>], rows: usize| -> Result<Tensor> {
+            let mut flat: Vec<f32> = v.iter().flatten().copied().collect();
+            flat.resize(rows * di, 0.0);
+            Ok(Tensor::from_vec(flat, (rows, di), device)?)
         };
-        let capacity = blocks.len().div_ceil(BLOCK_STEP).max(1) * BLOCK_STEP;
-        let buf = zeros((capacity, di), DType::F32, device)?;
-        if !blocks.is_empty() {
-            write_at(&buf, &rows(blocks)?, 0, 0)?;
-        }
-        let tail = if tail.is_empty() {
-            None
-        } else {
-            Some(rows(tail)?)
-        };
+        // Room for the next block's row, which every step writes.
+        let capacity = (blocks.len() + 1).div_ceil(BLOCK_STEP) * BLOCK_STEP;
         Ok(Self {
-            buf,
+            buf: padded(blocks, capacity)?,
             blocks: blocks.len(),
-            tail,
+            tail: padded(tail, c)?,
+            tail_len: tail.len(),
         })
     }
 
@@ -68,10 +80,7 @@ impl DeviceIndexKeys {
     pub fn download(&self) -> Result<(Vec<Vec<f32>>, Vec<Vec<f32>>)> {
         let host = |t: &Tensor| read_back(t.to_device(&Device::Cpu)?.to_vec2::<f32>());
         let blocks = host(&self.buf.narrow(0, 0, self.blocks)?)?;
-        let tail = match &self.tail {
-            Some(t) => host(t)?,
-            None => Vec::new(),
-        };
+        let tail = host(&self.tail.narrow(0, 0, self.tail_len)?)?;
         Ok((blocks, tail))
     }
 
@@ -83,28 +92,26 @@ impl DeviceIndexKeys {
     /// Bytes in use (block keys and tail keys, f32).
     pub fn bytes(&self) -> u64 {
         let di = self.buf.dim(1).unwrap_or(0);
-        let tail = self.tail.as_ref().map_or(0, |t| t.dim(0).unwrap_or(0));
-        (4 * di * (self.blocks + tail)) as u64
+        (4 * di * (self.blocks + self.tail_len)) as u64
     }
 
-    /// A copy that shares no storage: the block buffer is written in place.
+    /// A copy that shares no storage: both buffers are written in place.
     pub fn deep_clone(&self) -> Result<Self> {
         Ok(Self {
             buf: self.buf.copy()?,
+            tail: self.tail.copy()?,
             ..self.clone()
         })
     }
 
-    /// Appends a block key `[1, Di]`, growing the buffer by [`BLOCK_STEP`] when full.
-    fn push_block(&mut self, key: &Tensor) -> Result<()> {
+    /// Grows the block buffer by [`BLOCK_STEP`] rows when the next block's row is past it.
+    fn reserve_next_block(&mut self) -> Result<()> {
         let (capacity, di) = self.buf.dims2()?;
         if self.blocks == capacity {
             let grown = zeros((capacity + BLOCK_STEP, di), DType::F32, self.buf.device())?;
             write_at(&grown, &self.buf, 0, 0)?;
             self.buf = grown;
         }
-        write_at(&self.buf, key, 0, self.blocks)?;
-        self.blocks += 1;
         Ok(())
     }
 }
@@ -150,27 +157,32 @@ impl QsaIndexer {
         let (n, di, c) = (self.qsa.n_heads, self.qsa.head_dim, self.qsa.compress_ratio);
         let device = x.device();
         if cache.device.is_none() {
-            let keys = DeviceIndexKeys::upload(&cache.blocks, &cache.tail, di, device)?;
+            let keys = DeviceIndexKeys::upload(&cache.blocks, &cache.tail, (di, c), device)?;
             cache.blocks.clear();
             cache.tail.clear();
             cache.device = Some(keys);
         }
         let keys = cache.device.as_mut().expect("set above");
         let qk = cast(&self.proj.forward(x)?, DType::F32)?;
-        // The key of this token joins the tail; a full tail becomes a block.
-        let raw = qk.narrow(1, n * di, di)?;
-        let tail = match keys.tail.take() {
-            Some(t) => cat(&[&t, &raw], 0)?,
-            None => contiguous(&raw)?,
-        };
+        // The key of this token joins the tail; the tail pooled (mean, norm, RoPE at the
+        // block's first position) goes to the next block's row, a block once the tail is full.
+        write_at(
+            &keys.tail,
+            &contiguous(&qk.narrow(1, n * di, di)?)?,
+            0,
+            keys.tail_len,
+        )?;
+        keys.tail_len += 1;
         cache.len += 1;
-        if tail.dim(0)? == c {
-            let pooled = candle_op(tail.mean_keepdim(0))?;
-            let normed = self.norm_rows(&pooled, k_norm)?.reshape((1, 1, 1, di))?;
-            let start = keys.blocks * c;
-            keys.push_block(&self.rope.forward(&normed, start)?.reshape((1, di))?)?;
-        } else {
-            keys.tail = Some(tail);
+        keys.reserve_next_block()?;
+        let pooled = candle_op(keys.tail.mean_keepdim(0))?;
+        let normed = self.norm_rows(&pooled, k_norm)?.reshape((1, 1, 1, di))?;
+        let start = keys.blocks * c;
+        let pooled = self.rope.forward(&normed, start)?.reshape((1, di))?;
+        write_at(&keys.buf, &contiguous(&pooled)?, 0, keys.blocks)?;
+        if keys.tail_len == c {
+            keys.blocks += 1;
+            keys.tail_len = 0;
         }
         let (t, k) = (offset, self.qsa.block_topk());
         let m = (t + 1) / c;
