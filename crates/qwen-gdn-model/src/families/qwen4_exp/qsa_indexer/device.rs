@@ -29,6 +29,9 @@ use gdn_ops::launches::{candle_op, read_back};
 /// tokens are the KV cache's step of 256 positions.
 const BLOCK_STEP: usize = 64;
 
+/// The block keys and the tail keys on the host, one `Vec` a key.
+pub type HostKeys = (Vec<Vec<f32>>, Vec<Vec<f32>>);
+
 /// The indexer's keys of one sequence on the device.
 #[derive(Debug, Clone)]
 pub struct DeviceIndexKeys {
@@ -77,7 +80,7 @@ impl DeviceIndexKeys {
 
     /// The block keys and the tail keys on the host (read back: for a prompt's host
     /// selection or a prompt-cache file, never inside a decode step).
-    pub fn download(&self) -> Result<(Vec<Vec<f32>>, Vec<Vec<f32>>)> {
+    pub fn download(&self) -> Result<HostKeys> {
         let host = |t: &Tensor| read_back(t.to_device(&Device::Cpu)?.to_vec2::<f32>());
         let blocks = host(&self.buf.narrow(0, 0, self.blocks)?)?;
         let tail = host(&self.tail.narrow(0, 0, self.tail_len)?)?;
