@@ -154,7 +154,8 @@ fn qwen4_exp_launches_per_layer_kind_add_up() {
 
 /// qwen4_exp's decode step, fused against composed, on the 4-bit fixture (bf16). There every
 /// MoE block runs fused, no GDN mixer does (its head dims of 16 are outside the kernels'
-/// coverage) and the QSA mixer selects on the device, so each GDN layer saves the same
+/// coverage) and the QSA mixer selects on the device (and attends on the fused kernels
+/// inside the budget), so each GDN layer saves the same
 /// launches (its MoE block's, composed minus fused) and the step saves the sum over the
 /// layers; the kinds still add up. The counts projected to the release config are printed.
 #[test]
@@ -211,9 +212,9 @@ fn qwen4_exp_fused_decode_saves_each_moe_blocks_launches() {
     let cfg = Config::from_json_str(&std::fs::read_to_string(&path).unwrap(), "release").unwrap();
     eprintln!(
         "qwen4_exp decode, fixture: {} launches fused, {} composed ({} saved per GDN layer, \
-         per layer {saved:?}); release config: {} fused, {} composed (MoE blocks and QSA \
-         selection fused only: the fixture's GDN widths are outside the kernels; measured \
-         at position 5, inside the QSA budget)",
+         per layer {saved:?}); release config: {} fused, {} composed (MoE blocks, QSA \
+         selection and attention fused; the fixture's GDN widths are outside the kernels; \
+         measured at position 5, inside the QSA budget)",
         fused.2,
         composed.2,
         gdn_saved[0],

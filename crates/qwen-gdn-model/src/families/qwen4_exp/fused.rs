@@ -5,7 +5,8 @@
 //! selection on the device (`qsa_indexer/device.rs`: no read-back, where the composed step
 //! reads the projection back to select on the host). What stays composed in the step, and
 //! why: the hyper-connection mixing and injection, the PLE gather and conv (no kernels for
-//! them yet), and the QSA attention under the selection's mask (`attn_decode` takes no mask).
+//! them yet), and the QSA attention past the budget, under the selection's mask
+//! (`attn_decode` takes no block list; inside the budget it runs on the fused kernels).
 //! The composed layer is the reference it is tested against (tests/qwen4_exp.rs).
 
 use super::decoder::IndexedAttention;
@@ -31,8 +32,10 @@ pub fn moe_block(moe: &SparseMoe, x: &Tensor) -> Result<Tensor> {
 }
 
 /// The QSA mixer on one token at position `offset`: `x` `[1, H]` → `[1, H]`. The indexer
-/// selects on the device; the attention runs composed under its mask (causal while the
-/// context fits the budget).
+/// selects on the device. While every key is visible (the context fits the budget) the
+/// attention runs on the fused kernels (`attn_prep`, `attn_decode`) where they cover the
+/// layer; past the budget it runs composed under the selection's mask, since `attn_decode`
+/// takes no block list yet (named once on stderr on a GPU).
 pub fn qsa_mixer(
     q: &IndexedAttention,
     x: &Tensor,
@@ -42,7 +45,25 @@ pub fn qsa_mixer(
     let keys =
         state::indexer_mut(cache).ok_or_else(|| anyhow!("cache lacks the QSA indexer state"))?;
     let mask = q.indexer.select_on_device(x, keys, offset)?;
-    Ok(q.attention
-        .forward_masked(&x.unsqueeze(0)?, cache, offset, mask.as_ref())?
-        .squeeze(0)?)
+    match mask {
+        None if q.attention.fused_decode_supported(x.dtype()) => {
+            // The position for the kernels to read on the device: an upload, no kernel.
+            let pos = Tensor::new(&[offset as u32], x.device())?;
+            q.attention.decode_fused(x, cache, &pos)
+        }
+        mask => {
+            if mask.is_some() && !x.device().is_cpu() {
+                static ONCE: std::sync::Once = std::sync::Once::new();
+                ONCE.call_once(|| {
+                    eprintln!(
+                        "note: QSA attention past the indexer's budget runs composed under \
+                         the selection's mask (no block-list attention kernel yet)"
+                    )
+                });
+            }
+            Ok(q.attention
+                .forward_masked(&x.unsqueeze(0)?, cache, offset, mask.as_ref())?
+                .squeeze(0)?)
+        }
+    }
 }
