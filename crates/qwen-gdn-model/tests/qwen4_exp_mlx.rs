@@ -423,8 +423,9 @@ fn qsa_attention_matches_transformers() {
 /// query after a 5-token prefill, with no read-back.
 #[test]
 fn qsa_device_selection_matches_transformers() {
+    // Positions 5..90 on the device, sparse from position 11 on.
     let sparse = Fixture::open(NAME).qsa_device_selection_matches();
-    assert!(sparse > 80, "only {sparse} sparse queries");
+    assert!(sparse >= 79, "only {sparse} sparse queries");
 }
 
 /// Loading every part of the model the way `Model::load` will (each layer's loaders, the

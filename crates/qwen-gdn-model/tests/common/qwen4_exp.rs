@@ -198,8 +198,9 @@ impl Fixture {
     /// The fused decode step's selection on the device (`QsaIndexer::select_on_device`, the
     /// keys kept there) on transformers' inputs to the QSA layer: a 5-token prefill selected
     /// on the host, then one token a call on the device, every query's mask equal to
-    /// transformers' recorded selection, with nothing read back. Returns how many queries
-    /// dropped keys.
+    /// transformers' recorded selection, with nothing read back; then the last 10 queries as
+    /// a prompt chunk selected on the host from the keys read back. Returns how many
+    /// device-selected queries dropped keys.
     pub fn qsa_device_selection_matches(&self) -> usize {
         let (cfg, ckpt, r) = (&self.cfg, &self.ckpt, &self.r);
         let i = 2;
@@ -220,7 +221,10 @@ impl Fixture {
             .select(&x.narrow(0, 0, 5).unwrap(), &mut keys, 0)
             .unwrap();
         let mut sparse = 0;
-        for t in 5..n {
+        // The last 10 queries: a prompt chunk after the decode steps, selected on the host
+        // from the keys read back.
+        let last = n - 10;
+        for t in 5..last {
             let before = gdn_ops::launches::read_backs();
             let mask = indexer
                 .select_on_device(&x.narrow(0, t, 1).unwrap(), &mut keys, t)
@@ -251,10 +255,17 @@ impl Fixture {
             assert_eq!(got, want, "query {t}: selected keys differ");
             sparse += usize::from(got.iter().any(|&o| !o));
         }
-        // The keys read back equal the host's own run over the same tokens.
+        let visible = indexer
+            .select(&x.narrow(0, last, n - last).unwrap(), &mut keys, last)
+            .unwrap();
+        assert!(keys.device.is_none());
+        for (t, got) in (last..n).zip(&visible) {
+            let want: Vec<bool> = want[t][..n].iter().map(|&v| v != 0).collect();
+            assert_eq!(got, &want, "query {t} (host, after the device steps)");
+        }
+        // The keys equal the host's own run over the same tokens.
         let mut host = IndexerCache::default();
         indexer.select(x, &mut host, 0).unwrap();
-        keys.to_host().unwrap();
         assert_eq!(
             (keys.blocks.len(), keys.tail.len()),
             (host.blocks.len(), host.tail.len())
