@@ -7,7 +7,9 @@
 # 3. the device plan on CUDA against mlx-lm's references on every tiny checkpoint, with the
 #    model issue's gates (device_plan with QWEN_GDN_TEST_DEVICE=cuda), and the fused decode
 #    step (a replayed CUDA graph) against the composed step (fused_decode); qwen4_exp's
-#    device plan against transformers on its two fixtures (qwen4_exp device_plan);
+#    device plan against transformers on its two fixtures (qwen4_exp device_plan), and its
+#    fused step (QSA selection on the device, no read-back) against its composed step
+#    (qwen4_exp fused_decode);
 # 4. `qwen-gdn eval --device cuda --compare-state-dtype bf16` on every tiny checkpoint.
 # Logs go to $OUT (or gpu-artefacts/out); the last lines are a summary. Exit 1 if any step fails.
 set -uo pipefail
@@ -54,10 +56,12 @@ step "grouped + gemm MoE prefill vs pairs" grouped_moe.txt env QWEN_GDN_TEST_DEV
 step "device plan, grouped:1, vs mlx-lm" device_plan_grouped.txt env QWEN_GDN_TEST_DEVICE=cuda \
   QWEN_GDN_MOE_PREFILL=grouped:1 QWEN_GDN_MODELS_DIR="$PWD/models" "$bin/device_plan" \
   --test-threads=1 --nocapture || fail=1
-# qwen4_exp (composed ops, host round trips for the n-gram gather and the QSA selection) on
-# both fixtures against transformers: the f32 gates and the bf16 KL gate of the device plan.
+# qwen4_exp on both fixtures against transformers: the f32 gates and the bf16 KL gate of the
+# device plan; its fused step (the QSA selection on the device: no read-back, counted)
+# against the composed step (the host selection, one read-back a QSA layer).
 step "qwen4_exp device plan vs transformers" qwen4_exp.txt env QWEN_GDN_TEST_DEVICE=cuda \
-  QWEN_GDN_MODELS_DIR="$PWD/models" "$bin/qwen4_exp" device_plan --test-threads=1 --nocapture || fail=1
+  QWEN_GDN_MODELS_DIR="$PWD/models" "$bin/qwen4_exp" device_plan fused_decode --test-threads=1 \
+  --nocapture || fail=1
 for m in qwen3-next-tiny-4bit qwen3.5-tiny-4bit qwen3.5-moe-tiny-4bit qwen3-next-tiny-bf16 qwen3.5-moe-tiny-hf qwen4-exp-tiny-hf qwen4-exp-tiny-4bit; do
   python3 -c "import json,sys; print(json.load(open('models/reference/$m.json'))['text'])" >"/tmp/$m.txt"
   # The gate's PASS/FAIL is reported, not required: random tiny models are more sensitive than
@@ -67,7 +71,7 @@ for m in qwen3-next-tiny-4bit qwen3.5-tiny-4bit qwen3.5-moe-tiny-4bit qwen3-next
     --compare-state-dtype bf16 || fail=1
 done
 
-grep -hE "rel err|rel diff|KL|top-1|fused vs" "$OUT"/kernels.txt "$OUT"/device_plan.txt "$OUT"/fused_decode.txt "$OUT"/grouped_moe.txt "$OUT"/device_plan_grouped.txt "$OUT"/qwen4_exp.txt | tail -n 400 >"$OUT/numbers.txt"
+grep -hE "rel err|rel diff|KL|top-1|fused vs|read-backs" "$OUT"/kernels.txt "$OUT"/device_plan.txt "$OUT"/fused_decode.txt "$OUT"/grouped_moe.txt "$OUT"/device_plan_grouped.txt "$OUT"/qwen4_exp.txt | tail -n 400 >"$OUT/numbers.txt"
 grep -hE "^test result|FAILED|panicked" "$OUT"/kernels.txt "$OUT"/device_plan.txt "$OUT"/fused_decode.txt \
   "$OUT"/prompt_cache.txt "$OUT"/grouped_moe.txt "$OUT"/device_plan_grouped.txt "$OUT"/qwen4_exp.txt
 for m in qwen3-next-tiny-4bit qwen3.5-tiny-4bit qwen3.5-moe-tiny-4bit qwen3-next-tiny-bf16 qwen3.5-moe-tiny-hf qwen4-exp-tiny-hf qwen4-exp-tiny-4bit; do

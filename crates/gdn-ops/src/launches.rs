@@ -55,3 +55,21 @@ pub fn candle_ops<T>(n: usize, result: candle_core::Result<T>) -> anyhow::Result
     crate::profile::record::note_candle(n);
     Ok(result?)
 }
+
+thread_local! {
+    static READ_BACKS: Cell<usize> = const { Cell::new(0) };
+}
+
+/// A read of a device tensor's values by the host (`to_vec*`, `to_scalar`, a copy to the CPU)
+/// inside the model's step: each one drains the device's queue, so a decode step that is to
+/// be replayed without the host (a CUDA graph, one Metal command buffer) must have none. Wrap
+/// the read in this, as [`candle_op`] wraps a launch: it counts one per call.
+pub fn read_back<T>(result: candle_core::Result<T>) -> anyhow::Result<T> {
+    READ_BACKS.with(|c| c.set(c.get() + 1));
+    Ok(result?)
+}
+
+/// This thread's count of [`read_back`]s so far.
+pub fn read_backs() -> usize {
+    READ_BACKS.with(Cell::get)
+}

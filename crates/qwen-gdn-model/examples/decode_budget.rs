@@ -86,9 +86,14 @@ fn main() -> Result<()> {
         );
     }
     println!();
-    // Host syncs per token: the logits' readback, and for qwen4_exp one more per QSA layer
-    // (its indexer's projection is read back for the selection on the host).
-    let syncs = 1 + if cfg.qwen4_exp.is_some() { n_attn } else { 0 };
+    // Host syncs per token: the logits' readback, and for qwen4_exp's composed step one more
+    // per QSA layer (its indexer's projection is read back for the selection on the host;
+    // the fused step selects on the device).
+    let syncs = 1 + if cfg.qwen4_exp.is_some() && !model.fused_decode() {
+        n_attn
+    } else {
+        0
+    };
     metal_estimate(
         total,
         syncs,

@@ -4,6 +4,7 @@
 mod common;
 use candle_core::DType;
 use common::*;
+use qwen_gdn_model::config::LayerKind;
 use qwen_gdn_model::footprint::DecodeFootprint;
 use qwen_gdn_model::{Config, Model, StateDtype};
 use std::path::Path;
@@ -152,10 +153,11 @@ fn qwen4_exp_launches_per_layer_kind_add_up() {
 }
 
 /// qwen4_exp's decode step, fused against composed, on the 4-bit fixture (bf16). There every
-/// MoE block runs fused, no mixer does (its GDN head dims of 16 are outside the kernels'
-/// coverage, and a QSA mixer never runs fused), so each layer saves the same launches (its
-/// MoE block's, composed minus fused) and the step saves that many times the layers; the
-/// kinds still add up. The counts projected to the release config are printed.
+/// MoE block runs fused, no GDN mixer does (its head dims of 16 are outside the kernels'
+/// coverage) and the QSA mixer selects on the device (and attends on the fused kernels
+/// inside the budget), so each GDN layer saves the same
+/// launches (its MoE block's, composed minus fused) and the step saves the sum over the
+/// layers; the kinds still add up. The counts projected to the release config are printed.
 #[test]
 fn qwen4_exp_fused_decode_saves_each_moe_blocks_launches() {
     use qwen_gdn_model::model::LaunchBudget;
@@ -170,41 +172,93 @@ fn qwen4_exp_fused_decode_saves_each_moe_blocks_launches() {
         let (_, per_layer) = model.decode_step_with_launches(6, &mut cache).unwrap();
         let total = gdn_ops::launches::take();
         assert_eq!(budget.total_for(model.config()), total, "{budget:?}");
+        let attention: Vec<bool> = (0..per_layer.len())
+            .map(|i| model.config().layer_kind(i) == LayerKind::FullAttention)
+            .collect();
         if fused {
             let coverage = model.fused_coverage_per_layer();
             assert!(
-                coverage.iter().all(|c| c.feed_forward && !c.mixer),
+                coverage
+                    .iter()
+                    .zip(&attention)
+                    .all(|(c, &a)| c.feed_forward && c.mixer == a),
                 "{coverage:?}"
             );
         }
-        (budget, per_layer, total)
+        (budget, per_layer, total, attention)
     };
     let (fused, composed) = (count(true), count(false));
-    let saved: Vec<usize> = composed
+    let saved: Vec<isize> = composed
         .1
         .iter()
         .zip(&fused.1)
-        .map(|(c, f)| c - f)
+        .map(|(&c, &f)| c as isize - f as isize)
+        .collect();
+    let gdn_saved: Vec<isize> = (saved.iter().zip(&fused.3))
+        .filter(|(_, &a)| !a)
+        .map(|(&s, _)| s)
         .collect();
     assert!(
-        saved[0] > 0 && saved.iter().all(|&s| s == saved[0]),
+        gdn_saved[0] > 0 && gdn_saved.iter().all(|&s| s == gdn_saved[0]),
         "{saved:?}"
     );
-    assert_eq!(fused.2, composed.2 - saved.len() * saved[0]);
+    assert_eq!(
+        fused.2 as isize,
+        composed.2 as isize - saved.iter().sum::<isize>()
+    );
     assert_eq!(fused.0.outside, composed.0.outside);
     let path = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("../../tests/data/configs/qwen3.8-flash-next-release-4bit.json");
     let cfg = Config::from_json_str(&std::fs::read_to_string(&path).unwrap(), "release").unwrap();
     eprintln!(
-        "qwen4_exp decode, fixture: {} launches fused, {} composed ({} saved per layer); \
-         release config: {} fused, {} composed (MoE blocks fused only: the fixture's GDN \
-         widths are outside the kernels)",
+        "qwen4_exp decode, fixture: {} launches fused, {} composed ({} saved per GDN layer, \
+         per layer {saved:?}); release config: {} fused, {} composed (MoE blocks, QSA \
+         selection and attention fused; the fixture's GDN widths are outside the kernels; \
+         measured at position 5, inside the QSA budget)",
         fused.2,
         composed.2,
-        saved[0],
+        gdn_saved[0],
         fused.0.total_for(&cfg),
         composed.0.total_for(&cfg)
     );
+}
+
+/// The QSA layer's decode launches past the indexer's budget (the fixture's is 8 tokens, 2
+/// blocks: sparse from position 11 on), fused (selection on the device) against composed
+/// (selection on the host, one read-back), over 8 steps: every step of a block (4 tokens),
+/// the completing one included. Printed for the perf notes; the fused step reads nothing
+/// back.
+#[test]
+fn qwen4_exp_qsa_layer_launches_past_the_budget() {
+    let count = |fused: bool| {
+        let mut model = load_with("qwen4-exp-tiny-4bit", &device_plan(DType::BF16));
+        model.set_fused_decode(fused);
+        let qsa = (0..model.config().num_hidden_layers)
+            .find(|&i| model.config().layer_kind(i) == LayerKind::FullAttention)
+            .unwrap();
+        let mut cache = model.new_cache();
+        let prompt: Vec<u32> = (1..=40).collect();
+        model.prefill(&prompt, &mut cache, 16).unwrap();
+        let read_backs = gdn_ops::launches::read_backs();
+        let per_step: Vec<usize> = (0..8u32)
+            .map(|t| {
+                gdn_ops::launches::take();
+                let (_, per_layer) = model.decode_step_with_launches(50 + t, &mut cache).unwrap();
+                gdn_ops::launches::take();
+                per_layer[qsa]
+            })
+            .collect();
+        (per_step, gdn_ops::launches::read_backs() - read_backs)
+    };
+    let ((fused, fused_reads), (composed, composed_reads)) = (count(true), count(false));
+    eprintln!(
+        "qwen4_exp QSA layer past the budget, launches per step: fused {fused:?}, composed \
+         {composed:?}; read-backs over 8 steps: fused {fused_reads}, composed {composed_reads}"
+    );
+    assert_eq!(fused_reads, 0);
+    assert_eq!(composed_reads, 8);
+    // Every step of a block launches the same kernels (a step replayed as recorded).
+    assert!(fused.iter().all(|&n| n == fused[0]), "{fused:?}");
 }
 
 /// The decode profile (`gdn_ops::profile`, `bench --profile-decode`) sees every launch of a

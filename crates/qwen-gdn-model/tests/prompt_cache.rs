@@ -229,7 +229,7 @@ fn prefix_ending_between_two_snapshots_is_exact() {
 }
 
 /// Every cached tensor, KV trimmed to its length; qwen4_exp's PLE window and n-gram context
-/// and its indexer's block and tail keys as tensors too.
+/// and its indexer's block and tail keys (on the host) as tensors too.
 fn tensors(cache: &Cache) -> Vec<Tensor> {
     let host = |v: Vec<f32>| Tensor::new(v, &candle_core::Device::Cpu).unwrap();
     cache
@@ -247,6 +247,9 @@ fn tensors(cache: &Cache) -> Vec<Tensor> {
             LayerCache::Attention(c) => {
                 let mut t = vec![c.keys().unwrap(), c.values().unwrap()];
                 if let Some(ix) = indexer(c) {
+                    // Where a fused decode step left them on the device, read back.
+                    let mut ix = ix.clone();
+                    ix.to_host().unwrap();
                     t.push(host(ix.blocks.concat()));
                     t.push(host(ix.tail.concat()));
                     t.push(host(vec![ix.len as f32]));

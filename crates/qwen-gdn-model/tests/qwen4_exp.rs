@@ -424,10 +424,11 @@ fn fused_decode_matches_composed(name: &str) {
             layer.mixer,
             qwen_gdn_model::families::qwen4_exp::Qwen4Mixer::Gdn(_)
         );
-        // A QSA mixer never runs fused; the fixture's GDN head dims (16) are outside the
-        // kernels' coverage (multiples of 32), so its GDN mixers run composed here: the fused
-        // GDN arm, with each output gate, is tested in `layers::gdn::decode`.
-        assert!(!c.mixer || gdn, "{name}: layer {i}: {c:?}");
+        // A QSA mixer always runs its fused part (the selection on the device); the
+        // fixture's GDN head dims (16) are outside the kernels' coverage (multiples of 32), so
+        // its GDN mixers run composed here: the fused GDN arm, with each output gate, is
+        // tested in `layers::gdn::decode`.
+        assert_eq!(c.mixer, !gdn, "{name}: layer {i}: {c:?}");
         assert_eq!(
             c.feed_forward,
             layer.moe.stacked().is_some(),
@@ -440,22 +441,59 @@ fn fused_decode_matches_composed(name: &str) {
             "{name}: {coverage:?}"
         );
     }
+    let qsa_layers = decoder
+        .layers
+        .iter()
+        .filter(|l| {
+            matches!(
+                l.mixer,
+                qwen_gdn_model::families::qwen4_exp::Qwen4Mixer::Qsa(_)
+            )
+        })
+        .count();
+    assert!(qsa_layers > 0);
     let r = Reference::load(name);
     let tokens = r.ids("tf_ids");
     let prompt = r.ids("greedy_prompt_ids");
+    // The prompts run past the QSA budget, so that the selection drops blocks.
+    let budget = model
+        .config()
+        .qwen4_exp
+        .as_ref()
+        .unwrap()
+        .qsa
+        .unwrap()
+        .budget;
+    assert!(tokens.len() > 4 * budget && prompt.len() + 16 > budget + 8);
+    // Host read-backs of the decode steps from an empty cache (`step_by_step`; the logits
+    // are not read inside the step).
     let run = |model: &Model| {
+        let before = gdn_ops::launches::read_backs();
+        let steps = common::step_by_step(model, &tokens);
+        let read_backs = gdn_ops::launches::read_backs() - before;
         (
-            common::step_by_step(model, &tokens)
-                .to_device(&Device::Cpu)
-                .unwrap(),
+            steps.to_device(&Device::Cpu).unwrap(),
             stepped(model, &tokens, 5),
             greedy(model, &prompt, 16),
+            read_backs,
         )
     };
     let fused = run(&model);
     model.set_fused_decode(false);
     assert!(!model.fused_decode());
     let composed = run(&model);
+    eprintln!(
+        "{name}: read-backs over {} decode steps: {} fused, {} composed",
+        tokens.len(),
+        fused.3,
+        composed.3
+    );
+    assert_eq!(fused.3, 0, "{name}: the fused step read back");
+    assert_eq!(
+        composed.3,
+        qsa_layers * tokens.len(),
+        "{name}: the composed step reads the indexer's projection back once a QSA layer"
+    );
     for (what, f, c) in [
         ("from empty", &fused.0, &composed.0),
         ("after a prefill of 5", &fused.1, &composed.1),
@@ -630,4 +668,13 @@ fn qsa_attention_matches_transformers() {
         .filter(|(t, got)| got.iter().filter(|&&o| o).count() < t + 1)
         .count();
     assert!(sparse > 80, "only {sparse} sparse queries");
+}
+
+/// The fused decode step's QSA selection on the device: transformers' selection for every
+/// query after a 5-token prefill, with no read-back (`Fixture::qsa_device_selection_matches`).
+#[test]
+fn qsa_device_selection_matches_transformers() {
+    // Positions 5..90 on the device, sparse from position 11 on.
+    let sparse = Fixture::open(NAME).qsa_device_selection_matches();
+    assert!(sparse >= 79, "only {sparse} sparse queries");
 }

@@ -419,6 +419,15 @@ fn qsa_attention_matches_transformers() {
     Fixture::open(NAME).qsa_attention_matches();
 }
 
+/// The fused decode step's QSA selection on the device: transformers' selection for every
+/// query after a 5-token prefill, with no read-back.
+#[test]
+fn qsa_device_selection_matches_transformers() {
+    // Positions 5..90 on the device, sparse from position 11 on.
+    let sparse = Fixture::open(NAME).qsa_device_selection_matches();
+    assert!(sparse >= 79, "only {sparse} sparse queries");
+}
+
 /// Loading every part of the model the way `Model::load` will (each layer's loaders, the
 /// 4-bit embedding, lm_head, the tables) uses every tensor of the checkpoint: only the vision
 /// tower is left, as a warning, so the leftover check of `Model::load` will pass. The

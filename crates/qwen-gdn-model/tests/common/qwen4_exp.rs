@@ -18,7 +18,7 @@ macro_rules! layer_gates {
 pub(crate) use layer_gates;
 
 use super::{models_dir, rel_max_diff, Reference};
-use candle_core::Tensor;
+use candle_core::{DType, Device, Tensor};
 use qwen_gdn_model::cache::{GdnCache, KvCache};
 use qwen_gdn_model::config::LayerKind;
 use qwen_gdn_model::families::qwen4_exp::hyper_connection::HyperConnection;
@@ -193,5 +193,96 @@ impl Fixture {
         );
         assert!(d <= 1e-5, "tf_mixer.{i} step by step: {d:e}");
         visible
+    }
+
+    /// The fused decode step's selection on the device (`QsaIndexer::select_on_device`, the
+    /// keys kept there) on transformers' inputs to the QSA layer: a 5-token prefill selected
+    /// on the host, then one token a call on the device, every query's mask equal to
+    /// transformers' recorded selection, with nothing read back; then the last 10 queries as
+    /// a prompt chunk selected on the host from the keys read back. Returns how many
+    /// device-selected queries dropped keys.
+    pub fn qsa_device_selection_matches(&self) -> usize {
+        let (cfg, ckpt, r) = (&self.cfg, &self.ckpt, &self.r);
+        let i = 2;
+        let p = format!("model.layers.{i}.self_attn");
+        let indexer = QsaIndexer::load(ckpt, &p, cfg)
+            .unwrap()
+            .into_device(&Device::Cpu, DType::F32)
+            .unwrap();
+        assert!(indexer.selects_on_device());
+        let x = r.get(&format!("tf_attn_hc.{i}.x"));
+        let n = x.dim(0).unwrap();
+        let want = r
+            .get(&format!("qsa_selected.{i}"))
+            .to_vec2::<i32>()
+            .unwrap();
+        let mut keys = IndexerCache::default();
+        indexer
+            .select(&x.narrow(0, 0, 5).unwrap(), &mut keys, 0)
+            .unwrap();
+        let mut sparse = 0;
+        // The last 10 queries: a prompt chunk after the decode steps, selected on the host
+        // from the keys read back.
+        let last = n - 10;
+        for t in 5..last {
+            let before = gdn_ops::launches::read_backs();
+            let mask = indexer
+                .select_on_device(&x.narrow(0, t, 1).unwrap(), &mut keys, t)
+                .unwrap();
+            assert_eq!(
+                gdn_ops::launches::read_backs(),
+                before,
+                "query {t}: the device selection read back"
+            );
+            assert!(keys.device.is_some() && keys.blocks.is_empty());
+            let got: Vec<bool> = match mask {
+                Some(m) => {
+                    assert_eq!(m.dims(), &[1, t + 1]);
+                    m.flatten_all()
+                        .unwrap()
+                        .to_vec1::<f32>()
+                        .unwrap()
+                        .iter()
+                        .map(|&v| {
+                            assert!(v == 0.0 || v == f32::NEG_INFINITY, "mask value {v}");
+                            v == 0.0
+                        })
+                        .collect()
+                }
+                None => vec![true; t + 1],
+            };
+            let want: Vec<bool> = want[t][..t + 1].iter().map(|&v| v != 0).collect();
+            assert_eq!(got, want, "query {t}: selected keys differ");
+            sparse += usize::from(got.iter().any(|&o| !o));
+        }
+        let visible = indexer
+            .select(&x.narrow(0, last, n - last).unwrap(), &mut keys, last)
+            .unwrap();
+        assert!(keys.device.is_none());
+        for (t, got) in (last..n).zip(&visible) {
+            let want: Vec<bool> = want[t][..n].iter().map(|&v| v != 0).collect();
+            assert_eq!(got, &want, "query {t} (host, after the device steps)");
+        }
+        // The keys equal the host's own run over the same tokens.
+        let mut host = IndexerCache::default();
+        indexer.select(x, &mut host, 0).unwrap();
+        assert_eq!(
+            (keys.blocks.len(), keys.tail.len()),
+            (host.blocks.len(), host.tail.len())
+        );
+        for (got, want) in keys
+            .blocks
+            .iter()
+            .chain(&keys.tail)
+            .zip(host.blocks.iter().chain(&host.tail))
+        {
+            let d = got
+                .iter()
+                .zip(want)
+                .map(|(a, b)| (a - b).abs())
+                .fold(0f32, f32::max);
+            assert!(d <= 1e-5, "index keys differ by {d:e}");
+        }
+        sparse
     }
 }

@@ -5,7 +5,8 @@
 //! hyper-connection (without injection) replaces the final norm. Composed ops: f32 on the CPU
 //! (reference plan), or on the device in the compute dtype (device plan); the indexer's
 //! selection and the n-gram gather run on the host in both. On the device plan a decode step
-//! runs the GDN mixers and MoE blocks on the fused kernels when fused decode is on (`fused.rs`).
+//! runs the GDN mixers and MoE blocks on the fused kernels, and the indexer's selection on the
+//! device (nothing read back), when fused decode is on (`fused.rs`).
 
 use super::fused;
 use super::hyper_connection::HyperConnection;
@@ -65,13 +66,14 @@ pub struct Qwen4ExpLayer {
 }
 
 impl Qwen4ExpLayer {
-    /// What the fused kernels (`fused.rs`) cover of this layer in `dtype`: the GDN mixer
-    /// (never the QSA one) and the MoE block.
+    /// What the fused decode step (`fused.rs`) covers of this layer in `dtype`: the GDN
+    /// mixer where its kernels do, the QSA mixer's selection on the device (device plan),
+    /// and the MoE block.
     fn fused_coverage(&self, dtype: DType) -> LayerCoverage {
         LayerCoverage {
             mixer: match &self.mixer {
                 Qwen4Mixer::Gdn(m) => m.fused_decode_supported(dtype),
-                Qwen4Mixer::Qsa(_) => false,
+                Qwen4Mixer::Qsa(q) => q.indexer.selects_on_device(),
             },
             feed_forward: self.moe.fused_decode_supported(dtype),
         }
@@ -359,6 +361,9 @@ impl Qwen4ExpLayer {
             (Qwen4Mixer::Gdn(m), LayerCache::Gdn(c)) if fused => fused::gdn_mixer(m, &x, c)?,
             (Qwen4Mixer::Gdn(m), LayerCache::Gdn(c)) => {
                 m.forward(&x.unsqueeze(0)?, c)?.squeeze(0)?
+            }
+            (Qwen4Mixer::Qsa(q), LayerCache::Attention(c)) if fused => {
+                fused::qsa_mixer(q, &x, c, offset)?
             }
             (Qwen4Mixer::Qsa(q), LayerCache::Attention(c)) => {
                 let (attention, indexer) = (&q.attention, &q.indexer);

@@ -1,16 +1,20 @@
 //! The `qwen4_exp` decode step's parts on the Qwen3-Next fused kernels (one token per
 //! sequence): the GDN mixer (`gdn_conv_prep`, `gated_delta_update_norm` with the layer's own
 //! output gate) and the MoE block (router, `moe_route`, the gathered gate/up SwiGLU and down
-//! products, and their weighted sum by `moe_combine`). What stays composed in the step, and
+//! products, and their weighted sum by `moe_combine`), and the QSA mixer with its indexer's
+//! selection on the device (`qsa_indexer/device.rs`: no read-back, where the composed step
+//! reads the projection back to select on the host). What stays composed in the step, and
 //! why: the hyper-connection mixing and injection, the PLE gather and conv (no kernels for
-//! them yet), and the QSA attention (`attn_decode` takes no mask, and the indexer's
-//! selection is computed on the host). The composed layer is the reference it is tested
-//! against (tests/qwen4_exp.rs).
+//! them yet), and the QSA attention past the budget, under the selection's mask
+//! (`attn_decode` takes no block list; inside the budget it runs on the fused kernels).
+//! The composed layer is the reference it is tested against (tests/qwen4_exp.rs).
 
-use crate::cache::GdnCache;
+use super::decoder::IndexedAttention;
+use super::state;
+use crate::cache::{GdnCache, KvCache};
 use crate::layers::gdn::GatedDeltaNet;
 use crate::layers::moe::SparseMoe;
-use anyhow::Result;
+use anyhow::{anyhow, Result};
 use candle_core::Tensor;
 use gdn_ops::ops::moe_combine::moe_weighted_sum;
 
@@ -25,4 +29,41 @@ pub fn gdn_mixer(m: &GatedDeltaNet, x: &Tensor, cache: &mut GdnCache) -> Result<
 pub fn moe_block(moe: &SparseMoe, x: &Tensor) -> Result<Tensor> {
     let (down, weights) = moe.decode_fused(x)?;
     moe_weighted_sum(&down, &weights)
+}
+
+/// The QSA mixer on one token at position `offset`: `x` `[1, H]` → `[1, H]`. The indexer
+/// selects on the device. While every key is visible (the context fits the budget) the
+/// attention runs on the fused kernels (`attn_prep`, `attn_decode`) where they cover the
+/// layer; past the budget it runs composed under the selection's mask, since `attn_decode`
+/// takes no block list yet (named once on stderr on a GPU).
+pub fn qsa_mixer(
+    q: &IndexedAttention,
+    x: &Tensor,
+    cache: &mut KvCache,
+    offset: usize,
+) -> Result<Tensor> {
+    let keys =
+        state::indexer_mut(cache).ok_or_else(|| anyhow!("cache lacks the QSA indexer state"))?;
+    let mask = q.indexer.select_on_device(x, keys, offset)?;
+    match mask {
+        None if q.attention.fused_decode_supported(x.dtype()) => {
+            // The position for the kernels to read on the device: an upload, no kernel.
+            let pos = Tensor::new(&[offset as u32], x.device())?;
+            q.attention.decode_fused(x, cache, &pos)
+        }
+        mask => {
+            if mask.is_some() && !x.device().is_cpu() {
+                static ONCE: std::sync::Once = std::sync::Once::new();
+                ONCE.call_once(|| {
+                    eprintln!(
+                        "note: QSA attention past the indexer's budget runs composed under \
+                         the selection's mask (no block-list attention kernel yet)"
+                    )
+                });
+            }
+            Ok(q.attention
+                .forward_masked(&x.unsqueeze(0)?, cache, offset, mask.as_ref())?
+                .squeeze(0)?)
+        }
+    }
 }

@@ -4,8 +4,14 @@
 //! with `Σ_heads relu(q·k) / √Di` and keeps the best `budget / c` of them plus the incomplete
 //! tail block. Up to `(k+1)·c − 1` tokens of context this is plain causal attention.
 //!
-//! Reference plan: the projection is a candle product, the pooling, scores and top-k run on
-//! the host in f32 (they are small: one `Di` vector per block).
+//! Reference (and composed) plan: the projection is a candle product, the pooling, scores and
+//! top-k run on the host in f32 (they are small: one `Di` vector per block), at the cost of one
+//! read-back of the projection per call. The fused decode step selects on the device instead
+//! (`device.rs`), with the keys kept there.
+
+mod device;
+
+pub use device::DeviceIndexKeys;
 
 use crate::config::qwen4_exp::QsaConfig;
 use crate::layers::linear::Linear;
@@ -25,13 +31,28 @@ pub struct IndexerCache {
     pub tail: Vec<Vec<f32>>,
     /// Tokens seen.
     pub len: usize,
+    /// The keys on the device, where the fused decode step keeps them: while set it holds
+    /// every key and `blocks` and `tail` are empty ([`IndexerCache::to_host`] brings them
+    /// back for the host selection of a prompt).
+    pub device: Option<DeviceIndexKeys>,
 }
 
 impl IndexerCache {
     /// Bytes held (block keys and tail keys, f32).
     pub fn bytes(&self) -> u64 {
         let floats: usize = self.blocks.iter().chain(&self.tail).map(Vec::len).sum();
-        4 * floats as u64
+        4 * floats as u64 + self.device.as_ref().map_or(0, DeviceIndexKeys::bytes)
+    }
+
+    /// Moves the keys from the device to the host vectors (one read-back; nothing when they
+    /// are already there).
+    pub fn to_host(&mut self) -> Result<()> {
+        if let Some(keys) = self.device.take() {
+            let (blocks, tail) = keys.download()?;
+            self.blocks = blocks;
+            self.tail = tail;
+        }
+        Ok(())
     }
 }
 
@@ -45,6 +66,8 @@ pub struct QsaIndexer {
     rope: PartialRope,
     qsa: QsaConfig,
     eps: f32,
+    /// The device plan's `1 + w` norms, f32 on the device (for the selection there).
+    device_norms: Option<(Tensor, Tensor)>,
 }
 
 fn rms_norm_1p(x: &mut [f32], w: &[f32], eps: f32) {
@@ -81,14 +104,17 @@ impl QsaIndexer {
             rope: PartialRope::new(cfg.rope_dims(), cfg.rope_theta),
             qsa,
             eps: cfg.rms_norm_eps as f32,
+            device_norms: None,
         })
     }
 
-    /// The device plan's copy: the projection on `device` in `dtype` (the selection stays
-    /// on the host, in f32).
+    /// The device plan's copy: the projection on `device` in `dtype`, the norms in f32 there
+    /// for the fused decode step's selection (the composed step selects on the host, in f32).
     pub fn into_device(self, device: &Device, dtype: DType) -> Result<Self> {
+        let norm = |w: &[f32]| Tensor::from_slice(w, w.len(), device);
         Ok(Self {
             proj: self.proj.into_device(device, dtype)?,
+            device_norms: Some((norm(&self.q_norm)?, norm(&self.k_norm)?)),
             ..self
         })
     }
@@ -126,14 +152,16 @@ impl QsaIndexer {
             "QSA indexer: cache holds {} tokens, offset {offset}",
             cache.len
         );
+        cache.to_host()?;
         let (n, di, c) = (self.qsa.n_heads, self.qsa.head_dim, self.qsa.compress_ratio);
         let s = x.dim(0)?;
-        let qk = self
-            .proj
-            .forward(x)?
-            .to_dtype(DType::F32)?
-            .to_device(&Device::Cpu)?
-            .to_vec2::<f32>()?;
+        let qk = gdn_ops::launches::read_back(
+            self.proj
+                .forward(x)?
+                .to_dtype(DType::F32)?
+                .to_device(&Device::Cpu)?
+                .to_vec2::<f32>(),
+        )?;
         // Queries: per head norm, then RoPE at the token's position.
         let mut queries = Vec::with_capacity(s);
         for (i, row) in qk.iter().enumerate() {

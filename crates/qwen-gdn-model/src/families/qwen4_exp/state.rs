@@ -84,9 +84,11 @@ impl QsaState {
     }
 
     /// The keys as one `[blocks + tail, Di]` f32 tensor: the pooled block keys, then the raw
-    /// keys of the incomplete block.
+    /// keys of the incomplete block (read back first where a decode step left them on the
+    /// device).
     fn keys_tensor(&self) -> Result<Tensor> {
-        let ix = &self.keys;
+        let mut ix = self.keys.clone();
+        ix.to_host()?;
         let rows = ix.blocks.len() + ix.tail.len();
         ensure!(
             ix.blocks
@@ -112,9 +114,14 @@ impl FamilyState for QsaState {
         Box::new(self.clone())
     }
 
-    /// Host vectors: a clone is already a copy.
+    /// The host vectors' clone is already a copy; the device buffer is written in place, so
+    /// it is copied.
     fn deep_clone(&self) -> Result<Box<dyn FamilyState>> {
-        Ok(Box::new(self.clone()))
+        let mut copy = self.clone();
+        if let Some(keys) = &self.keys.device {
+            copy.keys.device = Some(keys.deep_clone()?);
+        }
+        Ok(Box::new(copy))
     }
 
     fn bytes(&self) -> u64 {
@@ -142,6 +149,7 @@ impl FamilyState for QsaState {
                 blocks: blocks.to_vec(),
                 tail: tail.to_vec(),
                 len: n,
+                device: None,
             },
             ..self.clone()
         }))

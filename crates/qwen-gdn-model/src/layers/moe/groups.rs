@@ -93,7 +93,7 @@ impl ExpertGroups {
     /// stay loose (one gathered per-pair product for all of them).
     pub fn read(ids: &Tensor, experts: usize, min_tokens: usize) -> Result<Self> {
         let (_, slots) = ids.dims2()?;
-        let host: Vec<u32> = ids.flatten_all()?.to_vec1()?;
+        let host: Vec<u32> = gdn_ops::launches::read_back(ids.flatten_all()?.to_vec1())?;
         Self::new(&host, slots, experts, min_tokens, ids.device())
     }
 

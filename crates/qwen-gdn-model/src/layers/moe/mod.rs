@@ -251,10 +251,9 @@ impl SeparateExperts {
     ) -> Result<Tensor> {
         let h = x.dim(D::Minus1)?;
         let n_experts = gate_proj.experts();
-        let probs = self
-            .probabilities(&x.flatten_to(D::Minus2)?)?
-            .to_vec2::<f32>()?;
-        let xs = x.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?;
+        let probs =
+            gdn_ops::launches::read_back(self.probabilities(&x.flatten_to(D::Minus2)?)?.to_vec2())?;
+        let xs = gdn_ops::launches::read_back(x.to_dtype(DType::F32)?.flatten_all()?.to_vec1())?;
         // Tokens per expert: (token index, routing weight).
         let mut assigned: Vec<Vec<(usize, f32)>> = vec![vec![]; n_experts];
         for (tok, p) in probs.iter().enumerate() {

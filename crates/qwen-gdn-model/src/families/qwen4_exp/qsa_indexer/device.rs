@@ -1,0 +1,282 @@
+//! The QSA indexer's selection on the device, for the fused decode step (one token a call):
+//! the pooled block keys stay in a device buffer that grows like the KV cache, the raw keys of
+//! the incomplete block beside it, and the scores, the choice of blocks and the additive mask
+//! are device ops, so the step reads nothing back. The composed step's host selection
+//! ([`QsaIndexer::select`], one read-back of the projection a call) is its reference.
+//!
+//! Every step launches the same kernels (for a replayed step, and so that a step's launches
+//! do not depend on where in a block it falls): each pools the tail as it stands and writes
+//! the pooled key into the row where the next block goes. Until the tail is full that row is
+//! not a block yet and nothing reads it; the step that fills the tail writes the block.
+//!
+//! The choice needs no sort. The host keeps the first `k` blocks of a stable sort by score,
+//! highest first, the earlier block first among equal scores; block `b` is among them exactly
+//! when fewer than `k` blocks come before it in that order:
+//! `rank_b = #{j : s_j > s_b} + #{j < b : s_j = s_b}`, kept iff `rank_b < k`. The relu makes
+//! exact ties common (every block whose heads all score ≤ 0 scores 0), and the rank keeps the
+//! host's rule for them. Composed, the ranks compare all pairs: `[m, m]` bytes for `m` blocks
+//! (1 MiB at 4,096 tokens of the release config's compression 4, 1 GiB at 131,072), which
+//! a selection kernel would not need.
+
+use super::{IndexerCache, QsaIndexer};
+use crate::candle_ops::{cat, full, matmul, write_at, zeros};
+use crate::tensor::{cast, contiguous};
+use anyhow::{ensure, Context, Result};
+use candle_core::{DType, Device, Tensor};
+use gdn_ops::launches::{candle_op, read_back};
+
+/// Block keys the device buffer grows by when full: 64 blocks of the release config's 4
+/// tokens are the KV cache's step of 256 positions.
+const BLOCK_STEP: usize = 64;
+
+/// The block keys and the tail keys on the host, one `Vec` a key.
+pub type HostKeys = (Vec<Vec<f32>>, Vec<Vec<f32>>);
+
+/// The indexer's keys of one sequence on the device.
+#[derive(Debug, Clone)]
+pub struct DeviceIndexKeys {
+    /// `[capacity, Di]` f32: the normalised, rotated block keys; rows from `blocks` on are
+    /// unused.
+    buf: Tensor,
+    blocks: usize,
+    /// `[c, Di]` f32: the raw keys of the incomplete block in rows `..tail_len`, written in
+    /// place; the rows after hold the previous block's (or zeros).
+    tail: Tensor,
+    tail_len: usize,
+}
+
+impl DeviceIndexKeys {
+    /// The host's keys on `device` (a new sequence has none), padded with zeros to the
+    /// buffers' sizes on the host: an upload, no kernel.
+    fn upload(
+        blocks: &[Vec<f32>],
+        tail: &[Vec<f32>],
+        (di, c): (usize, usize),
+        device: &Device,
+    ) -> Result<Self> {
+        ensure!(
+            blocks.iter().chain(tail).all(|r| r.len() == di),
+            "QSA indexer keys of another width than {di}"
+        );
+        ensure!(
+            tail.len() < c,
+            "QSA indexer: {} tail keys of a block of {c}",
+            tail.len()
+        );
+        let padded = |v: &[Vec<f32>], rows: usize| -> Result<Tensor> {
+            let mut flat: Vec<f32> = v.iter().flatten().copied().collect();
+            flat.resize(rows * di, 0.0);
+            Ok(Tensor::from_vec(flat, (rows, di), device)?)
+        };
+        // Room for the next block's row, which every step writes.
+        let capacity = (blocks.len() + 1).div_ceil(BLOCK_STEP) * BLOCK_STEP;
+        Ok(Self {
+            buf: padded(blocks, capacity)?,
+            blocks: blocks.len(),
+            tail: padded(tail, c)?,
+            tail_len: tail.len(),
+        })
+    }
+
+    /// The block keys and the tail keys on the host (read back: for a prompt's host
+    /// selection or a prompt-cache file, never inside a decode step).
+    pub fn download(&self) -> Result<HostKeys> {
+        let host = |t: &Tensor| read_back(t.to_device(&Device::Cpu)?.to_vec2::<f32>());
+        let blocks = host(&self.buf.narrow(0, 0, self.blocks)?)?;
+        let tail = host(&self.tail.narrow(0, 0, self.tail_len)?)?;
+        Ok((blocks, tail))
+    }
+
+    /// Complete blocks held.
+    pub fn blocks(&self) -> usize {
+        self.blocks
+    }
+
+    /// Bytes in use (block keys and tail keys, f32).
+    pub fn bytes(&self) -> u64 {
+        let di = self.buf.dim(1).unwrap_or(0);
+        (4 * di * (self.blocks + self.tail_len)) as u64
+    }
+
+    /// A copy that shares no storage: both buffers are written in place.
+    pub fn deep_clone(&self) -> Result<Self> {
+        Ok(Self {
+            buf: self.buf.copy()?,
+            tail: self.tail.copy()?,
+            ..self.clone()
+        })
+    }
+
+    /// Grows the block buffer by [`BLOCK_STEP`] rows when the next block's row is past it.
+    fn reserve_next_block(&mut self) -> Result<()> {
+        let (capacity, di) = self.buf.dims2()?;
+        if self.blocks == capacity {
+            let grown = zeros((capacity + BLOCK_STEP, di), DType::F32, self.buf.device())?;
+            write_at(&grown, &self.buf, 0, 0)?;
+            self.buf = grown;
+        }
+        Ok(())
+    }
+}
+
+impl QsaIndexer {
+    /// Whether [`QsaIndexer::select_on_device`] can run: the device plan's copy.
+    pub fn selects_on_device(&self) -> bool {
+        self.device_norms.is_some()
+    }
+
+    /// `1 + w`-weighted RMSNorm of the rows of `x` `[rows, Di]` (f32) on the device.
+    fn norm_rows(&self, x: &Tensor, w: &Tensor) -> Result<Tensor> {
+        let ms = candle_op(candle_op(x.sqr())?.mean_keepdim(1))?;
+        let inv = candle_op(candle_op((ms + self.eps as f64)?.sqrt())?.recip())?;
+        candle_op(candle_op(x.broadcast_mul(&inv))?.broadcast_mul(w))
+    }
+
+    /// The fused decode step's selection for the one token `x` `[1, H]` at position
+    /// `offset`: advances `cache` (whose keys move to `x`'s device at the first call, one
+    /// upload) and returns the additive mask `[1, offset + 1]` (0 open, −∞ closed) in `x`'s
+    /// dtype on `x`'s device, or `None` while every key is visible (`m ≤ k`, plain causal
+    /// attention). The same selection as [`QsaIndexer::select`], with nothing read back.
+    pub fn select_on_device(
+        &self,
+        x: &Tensor,
+        cache: &mut IndexerCache,
+        offset: usize,
+    ) -> Result<Option<Tensor>> {
+        ensure!(
+            cache.len == offset,
+            "QSA indexer: cache holds {} tokens, offset {offset}",
+            cache.len
+        );
+        ensure!(
+            x.dim(0)? == 1,
+            "QSA device selection: one token a call, got {}",
+            x.dim(0)?
+        );
+        let (q_norm, k_norm) = self
+            .device_norms
+            .as_ref()
+            .context("QSA device selection needs the device plan")?;
+        let (n, di, c) = (self.qsa.n_heads, self.qsa.head_dim, self.qsa.compress_ratio);
+        let device = x.device();
+        if cache.device.is_none() {
+            let keys = DeviceIndexKeys::upload(&cache.blocks, &cache.tail, (di, c), device)?;
+            cache.blocks.clear();
+            cache.tail.clear();
+            cache.device = Some(keys);
+        }
+        let keys = cache.device.as_mut().expect("set above");
+        let qk = cast(&self.proj.forward(x)?, DType::F32)?;
+        // The key of this token joins the tail; the tail pooled (mean, norm, RoPE at the
+        // block's first position) goes to the next block's row, a block once the tail is full.
+        write_at(
+            &keys.tail,
+            &contiguous(&qk.narrow(1, n * di, di)?)?,
+            0,
+            keys.tail_len,
+        )?;
+        keys.tail_len += 1;
+        cache.len += 1;
+        keys.reserve_next_block()?;
+        let pooled = candle_op(keys.tail.mean_keepdim(0))?;
+        let normed = self.norm_rows(&pooled, k_norm)?.reshape((1, 1, 1, di))?;
+        let start = keys.blocks * c;
+        let pooled = self.rope.forward(&normed, start)?.reshape((1, di))?;
+        write_at(&keys.buf, &contiguous(&pooled)?, 0, keys.blocks)?;
+        if keys.tail_len == c {
+            keys.blocks += 1;
+            keys.tail_len = 0;
+        }
+        let (t, k) = (offset, self.qsa.block_topk());
+        let m = (t + 1) / c;
+        debug_assert_eq!(m, keys.blocks);
+        if m <= k {
+            return Ok(None);
+        }
+        // Queries: per head norm, then RoPE at the token's position.
+        let q = contiguous(&qk.narrow(1, 0, n * di)?)?.reshape((n, di))?;
+        let q = self.norm_rows(&q, q_norm)?.reshape((1, n, 1, di))?;
+        let q = self.rope.forward(&q, t)?.reshape((n, di))?;
+        let scores = matmul(&q, &keys.buf.narrow(0, 0, m)?.t()?)?; // [n, m]
+        let scale = 1.0 / (di as f64).sqrt();
+        let scores = candle_op(candle_op(candle_op(scores.relu())?.sum(0))?.affine(scale, 0.0))?;
+        let kept = kept_blocks(&scores, k)?; // [m] f32, 1 kept
+                                             // Every token of a kept block, then the incomplete block's, open: log(1) = 0,
+                                             // log(0) = −∞.
+        let tokens = candle_op(kept.reshape((m, 1))?.broadcast_as((m, c))?.contiguous())?;
+        let open = cat(
+            &[&tokens.reshape(m * c)?, &full(1f32, t + 1 - m * c, device)?],
+            0,
+        )?;
+        let mask = candle_op(open.log())?;
+        Ok(Some(cast(&mask, x.dtype())?.reshape((1, t + 1))?))
+    }
+}
+
+/// `[m]` f32: 1 for the `k` blocks the host's order puts first (highest score, the earlier
+/// block among equal scores), 0 for the rest, from `scores` `[m]` f32 (see the module's
+/// rank).
+pub fn kept_blocks(scores: &Tensor, k: usize) -> Result<Tensor> {
+    let m = scores.dim(0)?;
+    // Row b compares block b's score (a column) with every block j's (a row).
+    let (own, other) = (scores.reshape((m, 1))?, scores.reshape((1, m))?);
+    let higher = candle_op(other.broadcast_gt(&own))?;
+    let equal = candle_op(other.broadcast_eq(&own))?;
+    let ids = candle_op(Tensor::arange(0u32, m as u32, scores.device()))?;
+    let earlier = candle_op(ids.reshape((1, m))?.broadcast_lt(&ids.reshape((m, 1))?))?;
+    // j comes before b: an equal score and an earlier block, or else a higher score (no
+    // arithmetic on the u8 comparisons, which not every backend has).
+    let ahead = candle_op(equal.where_cond(&earlier, &higher))?;
+    let rank = candle_op(cast(&ahead, DType::F32)?.sum(1))?;
+    cast(&candle_op(rank.lt(k as f32))?, DType::F32)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The host's rule ([`QsaIndexer::select`]): a stable sort by score, highest first, the
+    /// earlier block first among equals; its first `k` blocks.
+    fn host_top_k(scores: &[f32], k: usize) -> Vec<bool> {
+        let mut order: Vec<(f32, usize)> = scores.iter().copied().zip(0..).collect();
+        order.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
+        let mut kept = vec![false; scores.len()];
+        order[..k].iter().for_each(|&(_, b)| kept[b] = true);
+        kept
+    }
+
+    /// The ranks keep exactly the host's blocks, on scores with many exact ties (zeros, as
+    /// the relu gives, and a few repeated levels) and on distinct scores, for every `k` from 1
+    /// to `m`.
+    #[test]
+    fn kept_blocks_are_the_hosts_top_k_ties_included() {
+        let mut seed = 0x9e37_79b9_u32;
+        let mut next = || {
+            seed ^= seed << 13;
+            seed ^= seed >> 17;
+            seed ^= seed << 5;
+            seed
+        };
+        for m in [1usize, 2, 5, 17, 64] {
+            for levels in [0u32, 1, 3, 1000] {
+                let scores: Vec<f32> = (0..m)
+                    .map(|_| match levels {
+                        0 => (next() % 1_000_000) as f32 / 7.0,
+                        l => (next() % (l + 1)) as f32 * 0.5,
+                    })
+                    .collect();
+                let t = Tensor::from_slice(&scores, m, &Device::Cpu).unwrap();
+                for k in 1..=m {
+                    let got: Vec<bool> = kept_blocks(&t, k)
+                        .unwrap()
+                        .to_vec1::<f32>()
+                        .unwrap()
+                        .iter()
+                        .map(|&v| v == 1.0)
+                        .collect();
+                    assert_eq!(got, host_top_k(&scores, k), "m {m}, k {k}: {scores:?}");
+                }
+            }
+        }
+    }
+}
