@@ -42,6 +42,7 @@ pub mod moe_combine;
 pub mod moe_route;
 pub mod parallel;
 pub mod random;
+pub mod state_slots;
 pub mod reference;
 
 pub use attention::composed_causal_attention;

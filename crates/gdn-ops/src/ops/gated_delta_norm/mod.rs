@@ -149,7 +149,39 @@ pub fn gated_delta_update_norm(
     eps: f32,
     gate: Gate,
 ) -> Result<Tensor> {
-    const OP: &str = "gated_delta_update_norm";
+    let inputs = Inputs::checked(q, k, v, g, beta, state, z, weight, eps, gate)?;
+    let dims = inputs.dims;
+    // Bytes moved (the decode profile): the recurrence's (`gated_delta::traffic`: its inputs,
+    // the state read and written once, the output written), plus z and the norm weight read.
+    let traffic = || {
+        Ok(gated_delta::traffic(&inputs.recurrence, dims, state)
+            .read_all(z)
+            .read_all(weight))
+    };
+    let device = state.device();
+    profile::kernel("gated_delta_norm", device, traffic, || {
+        on_device!(device, OP, gated_delta_update_norm(&inputs))
+    })
+}
+
+const OP: &str = "gated_delta_update_norm";
+
+impl<'a> Inputs<'a> {
+    /// The checks of one call (shapes, dtypes, devices, the state contiguous): the inputs as
+    /// the backends receive them, or a one-line error.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn checked(
+        q: &'a Tensor,
+        k: &'a Tensor,
+        v: &'a Tensor,
+        g: &'a Tensor,
+        beta: &'a Tensor,
+        state: &'a Tensor,
+        z: &'a Tensor,
+        weight: &'a Tensor,
+        eps: f32,
+        gate: Gate,
+    ) -> Result<Self> {
     let recurrence = gated_delta::Inputs::new(q, k, v, g, beta, None);
     let dims = GdnDims::of(&recurrence, state)?;
     let dtype = q.dtype();
@@ -204,7 +236,7 @@ pub fn gated_delta_update_norm(
             ("weight", weight),
         ],
     )?;
-    let inputs = Inputs {
+    Ok(Inputs {
         recurrence,
         dims,
         state,
@@ -218,16 +250,6 @@ pub fn gated_delta_update_norm(
             dims.value_heads * dims.value_dim,
             "gated_delta_update_norm: z",
         )?,
-    };
-    // Bytes moved (the decode profile): the recurrence's (`gated_delta::traffic`: its inputs,
-    // the state read and written once, the output written), plus z and the norm weight read.
-    let traffic = || {
-        Ok(gated_delta::traffic(&inputs.recurrence, dims, state)
-            .read_all(z)
-            .read_all(weight))
-    };
-    let device = state.device();
-    profile::kernel("gated_delta_norm", device, traffic, || {
-        on_device!(device, OP, gated_delta_update_norm(&inputs))
     })
+    }
 }

@@ -214,7 +214,40 @@ pub fn gdn_conv_prep(
     neg_a_exp: &Tensor,
     dims: ConvPrepDims,
 ) -> Result<ConvPrepOut> {
-    const OP: &str = "gdn_conv_prep";
+    // One token may come as [B, C] rows: the same as [B, 1, C].
+    let (qkv, b, a) = match qkv.rank() {
+        2 => (qkv.unsqueeze(1)?, b.unsqueeze(1)?, a.unsqueeze(1)?),
+        _ => (qkv.clone(), b.clone(), a.clone()),
+    };
+    let inputs = Inputs::checked(&qkv, &b, &a, conv_state, taps, dt_bias, neg_a_exp, dims)?;
+    if inputs.tokens == 0 || inputs.batch == 0 {
+        return empty(&inputs);
+    }
+    let device = conv_state.device();
+    profile::kernel(
+        OP,
+        device,
+        || Ok(traffic(&inputs)),
+        || on_device!(device, OP, gdn_conv_prep(&inputs)),
+    )
+}
+
+const OP: &str = "gdn_conv_prep";
+
+impl<'a> Inputs<'a> {
+    /// The checks of one call with `qkv`, `b`, `a` as `[B, S, ·]`: the inputs as the backends
+    /// receive them, or a one-line error.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn checked(
+        qkv: &'a Tensor,
+        b: &'a Tensor,
+        a: &'a Tensor,
+        conv_state: &'a Tensor,
+        taps: &'a Tensor,
+        dt_bias: &'a Tensor,
+        neg_a_exp: &'a Tensor,
+        dims: ConvPrepDims,
+    ) -> Result<Self> {
     let d = dims;
     ensure!(
         d.key_heads > 0 && d.key_dim > 0 && d.value_dim > 0,
@@ -253,12 +286,6 @@ pub fn gdn_conv_prep(
         conv_state.is_contiguous(),
         "{OP}: conv_state must be contiguous to be updated in place"
     );
-    // One token may come as [B, C] rows: the same as [B, 1, C].
-    let (qkv, b, a) = match qkv.rank() {
-        2 => (qkv.unsqueeze(1)?, b.unsqueeze(1)?, a.unsqueeze(1)?),
-        _ => (qkv.clone(), b.clone(), a.clone()),
-    };
-    let (qkv, b, a) = (&qkv, &b, &a);
     let tokens = match qkv.dims() {
         &[qb, s, _] if qb == batch => s,
         other => bail!("{OP}: qkv {other:?}, expected [{batch}, S, {c}] or [{batch}, {c}]"),
@@ -302,7 +329,7 @@ pub fn gdn_conv_prep(
         ],
     )?;
     let lead = [batch, tokens];
-    let inputs = Inputs {
+    Ok(Inputs {
         dims,
         batch,
         tokens,
@@ -316,23 +343,14 @@ pub fn gdn_conv_prep(
         qkv_rows: row_layout(qkv, &lead, c, "gdn_conv_prep: qkv")?,
         b_rows: row_layout(b, &lead, hv, "gdn_conv_prep: b")?,
         a_rows: row_layout(a, &lead, hv, "gdn_conv_prep: a")?,
-    };
-    if tokens == 0 || batch == 0 {
-        return empty(&inputs);
+    })
     }
-    let device = conv_state.device();
-    profile::kernel(
-        OP,
-        device,
-        || Ok(traffic(&inputs)),
-        || on_device!(device, OP, gdn_conv_prep(&inputs)),
-    )
 }
 
 /// Bytes moved (the decode profile): the chunk's qkv, b and a rows (the views' elements, not
 /// the wider projection they sit in), the conv state, the taps, dt_bias and neg_a_exp read;
 /// q, k, v (`C` values per token), g and beta (f32) and the conv state written.
-fn traffic(inputs: &Inputs) -> Traffic {
+pub(crate) fn traffic(inputs: &Inputs) -> Traffic {
     let tokens = inputs.batch * inputs.tokens;
     let hv = inputs.dims.value_heads;
     let state = tensor_bytes(inputs.conv_state);
