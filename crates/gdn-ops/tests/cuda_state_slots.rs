@@ -34,9 +34,16 @@ fn recurrence_slots_match_the_per_sequence_kernel_and_the_twin() {
             let (want, want_states) =
                 assert_recurrence_slots_exact(&Device::Cpu, c, dtype, st, gate, seed);
             let tol = tolerance(dtype).max(tolerance(st));
-            for (g, w) in got.iter().zip(&want).chain(got_states.iter().zip(&want_states)) {
+            for (g, w) in got
+                .iter()
+                .zip(&want)
+                .chain(got_states.iter().zip(&want_states))
+            {
                 let e = rel_max(g, w);
-                assert!(e <= 2.0 * tol, "{c:?} {dtype:?}/{st:?}: {e:e} against the twin");
+                assert!(
+                    e <= 2.0 * tol,
+                    "{c:?} {dtype:?}/{st:?}: {e:e} against the twin"
+                );
             }
         }
     }
@@ -51,7 +58,11 @@ fn conv_slots_match_the_per_sequence_kernel_and_the_twin() {
             let (got, got_states) = assert_conv_slots_exact(&dev, c, ty, seed);
             let (want, want_states) = assert_conv_slots_exact(&Device::Cpu, c, ty, seed);
             let tol = tolerance(ty.dtype());
-            for (g, w) in got.iter().zip(&want).chain(got_states.iter().zip(&want_states)) {
+            for (g, w) in got
+                .iter()
+                .zip(&want)
+                .chain(got_states.iter().zip(&want_states))
+            {
                 let e = rel_max(g, w);
                 assert!(e <= 2.0 * tol, "{c:?} {ty:?}: {e:e} against the twin");
             }

@@ -42,8 +42,8 @@ pub mod moe_combine;
 pub mod moe_route;
 pub mod parallel;
 pub mod random;
-pub mod state_slots;
 pub mod reference;
+pub mod state_slots;
 
 pub use attention::composed_causal_attention;
 pub use compare::{

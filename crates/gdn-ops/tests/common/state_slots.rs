@@ -77,19 +77,9 @@ pub fn assert_recurrence_slots_exact(
         let up = |t: &Tensor| t.to_device(dev).unwrap();
         let (q, k, v, g, beta, w) = (up(&q), up(&k), up(&v), up(&g), up(&beta), up(&w));
         let z = z_of(&up(&proj), d);
-        let got = gated_delta_update_norm_slots(
-            &q,
-            &k,
-            &v,
-            &g,
-            &beta,
-            &slot_states,
-            &z,
-            &w,
-            1e-6,
-            gate,
-        )
-        .unwrap();
+        let got =
+            gated_delta_update_norm_slots(&q, &k, &v, &g, &beta, &slot_states, &z, &w, 1e-6, gate)
+                .unwrap();
         let want = (0..b)
             .map(|r| {
                 let row = |t: &Tensor| t.narrow(0, r, 1).unwrap();
@@ -112,7 +102,11 @@ pub fn assert_recurrence_slots_exact(
         assert_eq!(got.dims(), want.dims(), "{what}");
         assert_eq!(bits(&got), bits(&want), "{what}: step {step} output");
         for (r, (s, w)) in slot_states.iter().zip(&row_states).enumerate() {
-            assert_eq!(bits(s), bits(w), "{what}: step {step} state of sequence {r}");
+            assert_eq!(
+                bits(s),
+                bits(w),
+                "{what}: step {step} state of sequence {r}"
+            );
         }
         outs.push(got);
     }
@@ -136,7 +130,8 @@ pub fn assert_conv_slots_exact(
         let t = Tensors::random(d, b, 1, ty, seed + 1 + step);
         let [qkv, bb, a] = t.views(dev).map(|x| x.squeeze(1).unwrap());
         let up = |x: &Tensor| x.to_device(dev).unwrap();
-        let (taps, dt_bias, neg_a_exp) = (up(&first.taps), up(&first.dt_bias), up(&first.neg_a_exp));
+        let (taps, dt_bias, neg_a_exp) =
+            (up(&first.taps), up(&first.dt_bias), up(&first.neg_a_exp));
         let got = gdn_conv_prep_slots(&qkv, &bb, &a, &slot_states, &taps, &dt_bias, &neg_a_exp, d)
             .unwrap();
         let per_row = (0..b)
@@ -170,7 +165,11 @@ pub fn assert_conv_slots_exact(
             outs.push(g.clone());
         }
         for (r, (s, w)) in slot_states.iter().zip(&row_states).enumerate() {
-            assert_eq!(bits(s), bits(w), "{what}: step {step} conv state of sequence {r}");
+            assert_eq!(
+                bits(s),
+                bits(w),
+                "{what}: step {step} conv state of sequence {r}"
+            );
         }
     }
     (outs, slot_states)

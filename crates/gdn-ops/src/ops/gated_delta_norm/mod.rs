@@ -182,74 +182,74 @@ impl<'a> Inputs<'a> {
         eps: f32,
         gate: Gate,
     ) -> Result<Self> {
-    let recurrence = gated_delta::Inputs::new(q, k, v, g, beta, None);
-    let dims = GdnDims::of(&recurrence, state)?;
-    let dtype = q.dtype();
-    ensure!(
-        matches!(dtype, DType::F32 | DType::F16 | DType::BF16),
-        "{OP}: activations must be f32, f16 or bf16 (got {dtype:?})"
-    );
-    for (name, t) in [("k", k), ("v", v), ("z", z), ("weight", weight)] {
+        let recurrence = gated_delta::Inputs::new(q, k, v, g, beta, None);
+        let dims = GdnDims::of(&recurrence, state)?;
+        let dtype = q.dtype();
         ensure!(
-            t.dtype() == dtype,
-            "{OP}: {name} is {:?}, q {dtype:?}: they must match",
-            t.dtype()
+            matches!(dtype, DType::F32 | DType::F16 | DType::BF16),
+            "{OP}: activations must be f32, f16 or bf16 (got {dtype:?})"
         );
-    }
-    for (name, t) in [("g", g), ("beta", beta)] {
+        for (name, t) in [("k", k), ("v", v), ("z", z), ("weight", weight)] {
+            ensure!(
+                t.dtype() == dtype,
+                "{OP}: {name} is {:?}, q {dtype:?}: they must match",
+                t.dtype()
+            );
+        }
+        for (name, t) in [("g", g), ("beta", beta)] {
+            ensure!(
+                t.dtype() == DType::F32,
+                "{OP}: {name} must be f32 (got {:?})",
+                t.dtype()
+            );
+        }
         ensure!(
-            t.dtype() == DType::F32,
-            "{OP}: {name} must be f32 (got {:?})",
-            t.dtype()
+            matches!(state.dtype(), DType::F32 | DType::BF16),
+            "{OP}: the state must be f32 or bf16 (got {:?})",
+            state.dtype()
         );
-    }
-    ensure!(
-        matches!(state.dtype(), DType::F32 | DType::BF16),
-        "{OP}: the state must be f32 or bf16 (got {:?})",
-        state.dtype()
-    );
-    ensure!(
-        state.is_contiguous(),
-        "{OP}: the state must be contiguous to be updated in place"
-    );
-    ensure!(
-        weight.dims() == [dims.value_dim] && weight.is_contiguous(),
-        "{OP}: weight {:?} must be a contiguous [{}]",
-        weight.dims(),
-        dims.value_dim
-    );
-    ensure!(
-        eps.is_finite() && eps >= 0.0,
-        "{OP}: eps must be finite and non-negative (got {eps})"
-    );
-    ensure_same_device(
-        OP,
-        state,
-        "the state",
-        &[
-            ("q", q),
-            ("k", k),
-            ("v", v),
-            ("g", g),
-            ("beta", beta),
-            ("z", z),
-            ("weight", weight),
-        ],
-    )?;
-    Ok(Inputs {
-        recurrence,
-        dims,
-        state,
-        z,
-        weight,
-        eps,
-        gate,
-        z_rows: row_layout(
+        ensure!(
+            state.is_contiguous(),
+            "{OP}: the state must be contiguous to be updated in place"
+        );
+        ensure!(
+            weight.dims() == [dims.value_dim] && weight.is_contiguous(),
+            "{OP}: weight {:?} must be a contiguous [{}]",
+            weight.dims(),
+            dims.value_dim
+        );
+        ensure!(
+            eps.is_finite() && eps >= 0.0,
+            "{OP}: eps must be finite and non-negative (got {eps})"
+        );
+        ensure_same_device(
+            OP,
+            state,
+            "the state",
+            &[
+                ("q", q),
+                ("k", k),
+                ("v", v),
+                ("g", g),
+                ("beta", beta),
+                ("z", z),
+                ("weight", weight),
+            ],
+        )?;
+        Ok(Inputs {
+            recurrence,
+            dims,
+            state,
             z,
-            &[dims.batch, dims.steps],
-            dims.value_heads * dims.value_dim,
-            "gated_delta_update_norm: z",
-        )?,
-    })
+            weight,
+            eps,
+            gate,
+            z_rows: row_layout(
+                z,
+                &[dims.batch, dims.steps],
+                dims.value_heads * dims.value_dim,
+                "gated_delta_update_norm: z",
+            )?,
+        })
     }
 }

@@ -37,7 +37,10 @@ where
     let d = inputs.dims;
     // The entry one sequence's launch would take (cluster or not): the same sums per head.
     let plan = Split::of(batch, d.value_heads)?;
-    let name = format!("gated_delta_norm_slots{}", &plan.kernel["gated_delta_norm".len()..]);
+    let name = format!(
+        "gated_delta_norm_slots{}",
+        &plan.kernel["gated_delta_norm".len()..]
+    );
     let kernel = Kernel::typed(dev, &SOURCE, &name, &[I::DTYPE, S::DTYPE], OP)?;
     let params = batch.params()?;
     let prepared = batch.recurrence.prepare()?;

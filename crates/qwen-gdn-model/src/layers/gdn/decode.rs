@@ -8,9 +8,9 @@
 
 use super::GatedDeltaNet;
 use crate::cache::GdnCache;
+use crate::candle_ops::cat;
 use anyhow::Result;
 use candle_core::{DType, Tensor};
-use crate::candle_ops::cat;
 use gdn_ops::ops::{gated_delta_norm, gated_delta_norm_slots, gdn_conv_prep, gdn_conv_prep_slots};
 use gdn_ops::profile;
 use gdn_ops::GdnDims;
