@@ -1,12 +1,13 @@
-//! The GDN state kernels over B sequences on the CPU twins: `gdn_conv_prep_slots` and
-//! `gated_delta_update_norm_slots` against the per-sequence ops row by row, bit for bit
-//! (tests/common/state_slots.rs), and their input checks.
+//! The state kernels over B sequences on the CPU twins: `gdn_conv_prep_slots`,
+//! `gated_delta_update_norm_slots` and `attn_prep_slots` against the per-sequence ops row by
+//! row, bit for bit (tests/common/state_slots.rs), and the slot ops' input checks.
 
 mod common;
 
 use candle_core::{DType, Device, Tensor};
 use common::state_slots::{
-    assert_conv_slots_exact, assert_recurrence_slots_exact, conv_cases, recurrence_cases,
+    assert_conv_slots_exact, assert_prep_slots_exact, assert_recurrence_slots_exact, conv_cases,
+    prep_cases, recurrence_cases,
 };
 use common::TYPES;
 use gdn_ops::ops::gated_delta_norm::Gate;
@@ -34,6 +35,15 @@ fn conv_slots_are_the_per_sequence_op() {
     for (i, c) in conv_cases().into_iter().enumerate() {
         for ty in TYPES {
             assert_conv_slots_exact(&Device::Cpu, c, ty, 200 + 10 * i as u64 + ty as u64);
+        }
+    }
+}
+
+#[test]
+fn attn_prep_slots_are_the_per_sequence_op() {
+    for (i, c) in prep_cases().into_iter().enumerate() {
+        for ty in TYPES {
+            assert_prep_slots_exact(&Device::Cpu, c, ty, 500 + 10 * i as u64 + ty as u64);
         }
     }
 }

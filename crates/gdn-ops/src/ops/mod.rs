@@ -7,6 +7,7 @@ pub mod affine_grouped;
 pub mod attn_decode;
 pub mod attn_prefill;
 pub mod attn_prep;
+pub mod attn_prep_slots;
 pub mod gated_delta;
 pub mod gated_delta_norm;
 pub mod gated_delta_norm_slots;

@@ -174,3 +174,93 @@ pub fn assert_conv_slots_exact(
     }
     (outs, slot_states)
 }
+
+/// An attention prep case: B sequences at (Nq, Nkv, Dh, R), sequence `r` with KV buffers of
+/// capacity `8 + 5r` at position `3r + 1` (each its own length and capacity).
+pub type PrepCase = (usize, usize, usize, usize, usize);
+
+/// Qwen3-Next-80B-A3B's attention (16 query heads, 2 KV heads, Dh 256, R 64) at B = 3, and a
+/// small GQA-2 layer at B = 5 with every feature rotated.
+pub fn prep_cases() -> Vec<PrepCase> {
+    vec![(3, 16, 2, 256, 64), (5, 4, 2, 64, 64)]
+}
+
+/// `attn_prep_slots` on `dev` against `attn_prep` per row on `dev`, two steps (positions
+/// advancing), q, gate and every KV buffer bit for bit. Returns the slot op's q and gate of
+/// every step and its final buffers.
+pub fn assert_prep_slots_exact(
+    dev: &Device,
+    (b, nq, nkv, dh, rope): PrepCase,
+    ty: Ty,
+    seed: u64,
+) -> (Vec<Tensor>, Vec<Tensor>) {
+    use gdn_ops::ops::attn_prep::attn_prep;
+    use gdn_ops::ops::attn_prep_slots::attn_prep_slots;
+    let what = format!("attn_prep slots B{b} Nq{nq} Nkv{nkv} Dh{dh} R{rope} {ty:?} on {dev:?}");
+    let mut rng = Rng::new(seed);
+    let dtype = ty.dtype();
+    let t = |rng: &mut Rng, shape: &[usize], lo: f32, hi: f32| {
+        rng.tensor(shape, lo, hi)
+            .to_dtype(dtype)
+            .unwrap()
+            .to_device(dev)
+            .unwrap()
+    };
+    let buffers = |rng: &mut Rng| {
+        (0..b)
+            .map(|r| t(rng, &[1, nkv, 8 + 5 * r, dh], -1.0, 1.0))
+            .collect::<Vec<_>>()
+    };
+    let (keys, values) = (buffers(&mut rng), buffers(&mut rng));
+    let copies = |v: &[Tensor]| v.iter().map(|x| x.copy().unwrap()).collect::<Vec<_>>();
+    let (row_keys, row_values) = (copies(&keys), copies(&values));
+    let q_norm = t(&mut rng, &[dh], 0.5, 1.5);
+    let k_norm = t(&mut rng, &[dh], 0.5, 1.5);
+    let inv_freq = Tensor::new(super::attn_prep::inv_freq(rope).as_slice(), dev).unwrap();
+    let mut outs = Vec::new();
+    for step in 0..2u32 {
+        let qkv = t(&mut rng, &[b, (2 * nq + 2 * nkv) * dh], -3.0, 3.0);
+        let positions = (0..b)
+            .map(|r| Tensor::new(&[3 * r as u32 + 1 + step], dev).unwrap())
+            .collect::<Vec<_>>();
+        let (q, gate) = attn_prep_slots(
+            &qkv, &q_norm, &k_norm, 1e-6, &inv_freq, &positions, &keys, &values,
+        )
+        .unwrap();
+        let (want_q, want_gate): (Vec<_>, Vec<_>) = (0..b)
+            .map(|r| {
+                attn_prep(
+                    &qkv.narrow(0, r, 1).unwrap(),
+                    &q_norm,
+                    &k_norm,
+                    1e-6,
+                    &inv_freq,
+                    &positions[r],
+                    &row_keys[r],
+                    &row_values[r],
+                )
+                .unwrap()
+            })
+            .unzip();
+        let want_q = Tensor::cat(&want_q, 0).unwrap();
+        let want_gate = Tensor::cat(&want_gate, 0).unwrap();
+        assert_eq!(q.dims(), want_q.dims(), "{what}");
+        assert_eq!(bits(&q), bits(&want_q), "{what}: step {step} q");
+        assert_eq!(bits(&gate), bits(&want_gate), "{what}: step {step} gate");
+        for r in 0..b {
+            assert_eq!(
+                bits(&keys[r]),
+                bits(&row_keys[r]),
+                "{what}: step {step} keys of sequence {r}"
+            );
+            assert_eq!(
+                bits(&values[r]),
+                bits(&row_values[r]),
+                "{what}: step {step} values of sequence {r}"
+            );
+        }
+        outs.push(q);
+        outs.push(gate);
+    }
+    (outs, keys.into_iter().chain(values).collect())
+}

@@ -4,8 +4,9 @@
 //! `moe_combine`). The GDN mixers' state kernels (conv front, recurrence with its norm) run
 //! once over the B sequences, each on its own states through a table of their addresses
 //! (`gdn_conv_prep_slots`, `gated_delta_update_norm_slots`; per sequence where the device has
-//! no slot kernel); attention's (`attn_prep` + `attn_decode`) run per sequence, the same
-//! single-token kernels [`HybridDecoder::decode_step`] launches. A layer outside the
+//! no slot kernel); attention's prep (`attn_prep_slots`) once over the B sequences' KV
+//! buffers, its `attn_decode` per sequence (each its own length), the single-token kernel
+//! [`HybridDecoder::decode_step`] launches. A layer outside the
 //! kernels' coverage, or a MoE whose gathered SwiGLU does not take B rows, runs its
 //! composed ops, as the single-sequence step does.
 
@@ -85,14 +86,15 @@ impl HybridDecoder {
             }
             Mixer::Attention(m) => {
                 let qkv = m.decode_qkv(x)?;
-                let mut outs = Vec::with_capacity(caches.len());
-                for (row, (cache, pos)) in caches.iter_mut().zip(positions).enumerate() {
-                    let LayerCache::Attention(c) = cache else {
-                        bail!("cache does not belong to this model");
-                    };
-                    outs.push(m.decode_attend_fused(&qkv.narrow(0, row, 1)?, c, pos)?);
-                }
-                m.decode_o_proj(&cat(&outs, 0)?)
+                let mut kv_caches = caches
+                    .iter_mut()
+                    .map(|cache| match cache {
+                        LayerCache::Attention(c) => Ok(c),
+                        _ => bail!("cache does not belong to this model"),
+                    })
+                    .collect::<Result<Vec<_>>>()?;
+                let o = m.decode_attend_fused_rows(&qkv, &mut kv_caches, positions)?;
+                m.decode_o_proj(&o)
             }
         }
     }
