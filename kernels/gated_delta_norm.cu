@@ -20,6 +20,13 @@
 //     block per head leaves 100 of 132 SMs idle at Qwen3-Next's 32 heads, and the step is a
 //     chain of dependent latencies on each (issue 25); four blocks a head run it on 128 SMs
 //     with a quarter of the rows each.
+//   gated_delta_norm_slots_<in>_<st>, gated_delta_norm_slots_cluster_<in>_<st>
+//       (q, k, v, g, beta, slots, z, weight, out, GdnNormParams p)
+//     The two above over B sequences whose states are separate tensors: slots [B] holds the
+//     device address of sequence b's state [1, Hv, Dv, Dk] (StT), advanced in place; every
+//     other argument and the geometry as above. The host picks the entry (cluster or not) as
+//     it would for one sequence, so that each head is computed as the per-sequence launch
+//     computes it (the cluster's sum of squares is added in another order).
 //
 // Compile for candle:  nvcc -ptx -arch=sm_90 -O3 -I kernels kernels/gated_delta_norm.cu
 
@@ -56,7 +63,8 @@ __device__ __forceinline__ void step(const InT* __restrict__ q, const InT* __res
                      const InT* __restrict__ v, const float* __restrict__ g,
                      const float* __restrict__ beta, StT* __restrict__ state,
                      const InT* __restrict__ z, const InT* __restrict__ weight,
-                     InT* __restrict__ out, const GdnNormParams p) {
+                     InT* __restrict__ out, const GdnNormParams p,
+                     const unsigned long long* __restrict__ slots = nullptr) {
   // Two halves of one partial sum per warp, alternating by token parity: one barrier a token.
   __shared__ float partial[2 * kMaxWarps];
   // The block's sum of squares, by token parity, read by the cluster's other blocks.
@@ -74,13 +82,19 @@ __device__ __forceinline__ void step(const InT* __restrict__ q, const InT* __res
   const unsigned int span = dim / CLUSTER;  // the host checks dim % CLUSTER == 0
   const unsigned int first = part * span;
   // Row r of this warp: first + warp + r * warps, present while warp + r * warps < span.
+  // The head's state: in the call's [B, Hv, Dv, Dk] tensor, or (the slot entries) in sequence
+  // b's own [1, Hv, Dv, Dk] state at the device address slots[b]. Either way the same rows
+  // in the same order: a slot launch computes what the per-sequence launch does, bit for bit.
+  StT* head_state = slots != nullptr
+                        ? reinterpret_cast<StT*>(slots[b]) + (size_t)hv * dim * p.key_dim
+                        : state + (size_t)n * dim * p.key_dim;
 
   float s[ROWS][PER];
 #pragma unroll
   for (unsigned int r = 0; r < ROWS; ++r) {
     const unsigned int local = warp + r * warps;
     const unsigned int dv = first + local;
-    const StT* s_row = state + ((size_t)n * dim + dv) * p.key_dim + key0;
+    const StT* s_row = head_state + (size_t)dv * p.key_dim + key0;
 #pragma unroll
     for (unsigned int i = 0; i < PER; ++i) {
       s[r][i] = local < span ? to_f32(s_row[i]) : 0.0f;
@@ -182,7 +196,7 @@ __device__ __forceinline__ void step(const InT* __restrict__ q, const InT* __res
   for (unsigned int r = 0; r < ROWS; ++r) {
     const unsigned int local = warp + r * warps;
     const unsigned int dv = first + local;
-    StT* s_row = state + ((size_t)n * dim + dv) * p.key_dim + key0;
+    StT* s_row = head_state + (size_t)dv * p.key_dim + key0;
 #pragma unroll
     for (unsigned int i = 0; i < PER; ++i) {
       if (local < span) s_row[i] = from_f32<StT>(s[r][i]);
@@ -198,7 +212,8 @@ __device__ __forceinline__ void step(const InT* __restrict__ q, const InT* __res
 template <typename InT, typename StT, unsigned int CLUSTER, unsigned int FEW, unsigned int MANY>
 __device__ __forceinline__ void entry(const InT* q, const InT* k, const InT* v, const float* g,
                                       const float* beta, StT* state, const InT* z,
-                                      const InT* weight, InT* out, const GdnNormParams& p) {
+                                      const InT* weight, InT* out, const GdnNormParams& p,
+                                      const unsigned long long* slots = nullptr) {
   constexpr unsigned int kFew = FEW;
   constexpr unsigned int kMany = MANY;
   const bool few = p.value_dim / CLUSTER <= kFew * blockDim.y;
@@ -206,9 +221,9 @@ __device__ __forceinline__ void entry(const InT* q, const InT* k, const InT* v, 
 #define GDN_NORM_CASE(DK)                                                                   \
   case DK:                                                                                  \
     if (few) {                                                                              \
-      step<InT, StT, DK / 32, kFew, CLUSTER>(q, k, v, g, beta, state, z, weight, out, p);   \
+      step<InT, StT, DK / 32, kFew, CLUSTER>(q, k, v, g, beta, state, z, weight, out, p, slots); \
     } else {                                                                                \
-      step<InT, StT, DK / 32, kMany, CLUSTER>(q, k, v, g, beta, state, z, weight, out, p);  \
+      step<InT, StT, DK / 32, kMany, CLUSTER>(q, k, v, g, beta, state, z, weight, out, p, slots); \
     }                                                                                       \
     break;
     GDN_NORM_CASE(32)
@@ -240,6 +255,21 @@ __device__ __forceinline__ void entry(const InT* q, const InT* k, const InT* v, 
           StT* state, const InT* z, const InT* weight, InT* out, const GdnNormParams p) {       \
     gated_delta_norm::entry<InT, StT, gated_delta_norm::kClusterBlocks, 1, 2>(                 \
         q, k, v, g, beta, state, z, weight, out, p);                                            \
+  }                                                                                             \
+  extern "C" __global__ void __launch_bounds__(1024) gated_delta_norm_slots_##NAME(             \
+      const InT* q, const InT* k, const InT* v, const float* g, const float* beta,              \
+      const unsigned long long* slots, const InT* z, const InT* weight, InT* out,               \
+      const GdnNormParams p) {                                                                  \
+    gated_delta_norm::entry<InT, StT, 1, 4, 8>(q, k, v, g, beta, nullptr, z, weight, out, p,    \
+                                               slots);                                          \
+  }                                                                                             \
+  extern "C" __global__ void __cluster_dims__(gated_delta_norm::kClusterBlocks, 1, 1)           \
+      __launch_bounds__(1024) gated_delta_norm_slots_cluster_##NAME(                            \
+          const InT* q, const InT* k, const InT* v, const float* g, const float* beta,          \
+          const unsigned long long* slots, const InT* z, const InT* weight, InT* out,           \
+          const GdnNormParams p) {                                                              \
+    gated_delta_norm::entry<InT, StT, gated_delta_norm::kClusterBlocks, 1, 2>(                 \
+        q, k, v, g, beta, nullptr, z, weight, out, p, slots);                                   \
   }
 
 #ifndef GDN_NORM_NO_ENTRY_POINTS  // scripts/gpu/gdn_norm_variants.cu declares its own

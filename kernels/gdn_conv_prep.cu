@@ -17,6 +17,10 @@
 //     heads, Hv v heads; grid = (ceil((2 Hk + Hv) / 4), S, B). Lane l owns channels
 //     l + 32 i of its head. Dk, Dv multiples of 32 up to 256, 2 <= K <= 8, S and B at most
 //     65535 (the host checks).
+//   gdn_conv_prep_slots_<t>(qkv, b, a, slots, taps, dt_bias, neg_a_exp, q, k, v, g, beta, p)
+//     The decode step (S = 1) over B sequences whose conv states are separate tensors:
+//     slots [B] holds the device address of sequence b's conv state [1, K-1, C], shifted in
+//     place. Everything else as above: each sequence's outputs are what its own launch gives.
 //
 // Compile for candle:  nvcc -ptx -arch=sm_90 -O3 -I kernels kernels/gdn_conv_prep.cu
 
@@ -39,7 +43,8 @@ __device__ void prep(const InT* __restrict__ qkv, const InT* __restrict__ b_in,
                      const InT* __restrict__ taps, const float* __restrict__ dt_bias,
                      const float* __restrict__ neg_a_exp, InT* __restrict__ q,
                      InT* __restrict__ k, InT* __restrict__ v, float* __restrict__ g,
-                     float* __restrict__ beta, const ConvPrepParams p) {
+                     float* __restrict__ beta, const ConvPrepParams p,
+                     const unsigned long long* __restrict__ slots = nullptr) {
   constexpr unsigned int kMaxPerLane = 8;
   constexpr unsigned int kMaxTaps = 8;
   // All 32 lanes of a warp share threadIdx.y: padding warps leave whole.
@@ -77,8 +82,13 @@ __device__ void prep(const InT* __restrict__ qkv, const InT* __restrict__ b_in,
   const unsigned int per_lane = width / 32;
   const unsigned int history = p.kernel_size - 1;
   const InT* rows = qkv + (size_t)batch * p.qkv_batch_stride;
-  const InT* state = conv_state + (size_t)batch * history * channels;
-  InT* next = next_state + (size_t)batch * history * channels;
+  // Sequence `batch`'s conv state: a row of the call's [B, K-1, C] tensor, or (the slot
+  // entry, a decode step) its own [1, K-1, C] tensor at the device address slots[batch],
+  // shifted in place.
+  const InT* state = slots != nullptr ? reinterpret_cast<const InT*>(slots[batch])
+                                      : conv_state + (size_t)batch * history * channels;
+  InT* next = slots != nullptr ? reinterpret_cast<InT*>(slots[batch])
+                               : next_state + (size_t)batch * history * channels;
   const bool last_token = token + 1 == p.tokens;
 
   // A value slot's decay and gate inputs are asked for with the window, not after the conv
@@ -173,6 +183,13 @@ __device__ void prep(const InT* __restrict__ qkv, const InT* __restrict__ b_in,
       float* beta, const ConvPrepParams p) {                                                    \
     gdn_conv_prep::prep<T>(qkv, b_in, a_in, conv_state, next_state, taps, dt_bias, neg_a_exp,   \
                            q, k, v, g, beta, p);                                                \
+  }                                                                                             \
+  extern "C" __global__ void gdn_conv_prep_slots_##NAME(                                        \
+      const T* qkv, const T* b_in, const T* a_in, const unsigned long long* slots,              \
+      const T* taps, const float* dt_bias, const float* neg_a_exp, T* q, T* k, T* v, float* g,  \
+      float* beta, const ConvPrepParams p) {                                                    \
+    gdn_conv_prep::prep<T>(qkv, b_in, a_in, nullptr, nullptr, taps, dt_bias, neg_a_exp, q, k,   \
+                           v, g, beta, p, slots);                                               \
   }
 
 GDN_CONV_PREP(f32, float)

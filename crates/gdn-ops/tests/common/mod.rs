@@ -43,6 +43,7 @@ pub mod moe_route;
 pub mod parallel;
 pub mod random;
 pub mod reference;
+pub mod state_slots;
 
 pub use attention::composed_causal_attention;
 pub use compare::{

@@ -149,7 +149,7 @@ pub(crate) struct Inputs<'a> {
 
 impl Inputs<'_> {
     /// Checks the tensors against each other (see the module doc) and reads the call's dims.
-    fn check(&self) -> Result<AttnPrepDims> {
+    pub(crate) fn check(&self) -> Result<AttnPrepDims> {
         let (qkv, keys, values) = (self.qkv, self.keys, self.values);
         let (q_norm, k_norm, inv_freq, pos) = (self.q_norm, self.k_norm, self.inv_freq, self.pos);
         let eps = self.eps;

@@ -35,7 +35,7 @@ where
     S: Element,
 {
     let d = inputs.dims;
-    let plan = Split::of(inputs)?;
+    let plan = Split::of(inputs, d.batch * d.value_heads)?;
     let kernel = Kernel::typed(dev, &SOURCE, plan.kernel, &[I::DTYPE, S::DTYPE], OP)?;
     let warps = plan.warps;
     let params = inputs.params()?;
@@ -76,10 +76,10 @@ where
 /// Measured alone (scripts/gpu/gdn_norm_cuda.py, H200, docs/perf-notes-gpu.md): 11.9 → 6.1 µs
 /// at B = 1, 23.6 → 14.6 µs for 4 tokens; even at B = 4 (128 heads); two rows a warp beat one
 /// (9.9 µs) and 2 or 8 blocks a head (8.6, 8.3 µs).
-struct Split {
-    kernel: &'static str,
-    blocks_per_head: usize,
-    warps: usize,
+pub(crate) struct Split {
+    pub(crate) kernel: &'static str,
+    pub(crate) blocks_per_head: usize,
+    pub(crate) warps: usize,
 }
 
 /// `kClusterBlocks` and the cluster entry's most rows a warp, in kernels/gated_delta_norm.cu.
@@ -89,14 +89,17 @@ const CLUSTER_MAX_ROWS_PER_WARP: usize = 2;
 const CLUSTER_MAX_HEADS: usize = 128;
 
 impl Split {
-    fn of(inputs: &Inputs) -> Result<Self> {
+    /// The split for a launch over `heads` (batch × value heads) heads. The slot launch
+    /// (`gated_delta_norm_slots`) passes one sequence's heads, so that each sequence runs the
+    /// entry its own launch would, with the same sums in the same order.
+    pub(crate) fn of(inputs: &Inputs, heads: usize) -> Result<Self> {
         let d = inputs.dims;
         let span = d.value_dim / CLUSTER_BLOCKS;
         let warps = span.div_ceil(CLUSTER_MAX_ROWS_PER_WARP).min(MAX_SIMDGROUPS);
         if d.value_dim.is_multiple_of(CLUSTER_BLOCKS)
             && span > 0
             && span.div_ceil(warps) <= CLUSTER_MAX_ROWS_PER_WARP
-            && d.batch * d.value_heads <= CLUSTER_MAX_HEADS
+            && heads <= CLUSTER_MAX_HEADS
         {
             return Ok(Split {
                 kernel: "gated_delta_norm_cluster",

@@ -149,76 +149,8 @@ pub fn gated_delta_update_norm(
     eps: f32,
     gate: Gate,
 ) -> Result<Tensor> {
-    const OP: &str = "gated_delta_update_norm";
-    let recurrence = gated_delta::Inputs::new(q, k, v, g, beta, None);
-    let dims = GdnDims::of(&recurrence, state)?;
-    let dtype = q.dtype();
-    ensure!(
-        matches!(dtype, DType::F32 | DType::F16 | DType::BF16),
-        "{OP}: activations must be f32, f16 or bf16 (got {dtype:?})"
-    );
-    for (name, t) in [("k", k), ("v", v), ("z", z), ("weight", weight)] {
-        ensure!(
-            t.dtype() == dtype,
-            "{OP}: {name} is {:?}, q {dtype:?}: they must match",
-            t.dtype()
-        );
-    }
-    for (name, t) in [("g", g), ("beta", beta)] {
-        ensure!(
-            t.dtype() == DType::F32,
-            "{OP}: {name} must be f32 (got {:?})",
-            t.dtype()
-        );
-    }
-    ensure!(
-        matches!(state.dtype(), DType::F32 | DType::BF16),
-        "{OP}: the state must be f32 or bf16 (got {:?})",
-        state.dtype()
-    );
-    ensure!(
-        state.is_contiguous(),
-        "{OP}: the state must be contiguous to be updated in place"
-    );
-    ensure!(
-        weight.dims() == [dims.value_dim] && weight.is_contiguous(),
-        "{OP}: weight {:?} must be a contiguous [{}]",
-        weight.dims(),
-        dims.value_dim
-    );
-    ensure!(
-        eps.is_finite() && eps >= 0.0,
-        "{OP}: eps must be finite and non-negative (got {eps})"
-    );
-    ensure_same_device(
-        OP,
-        state,
-        "the state",
-        &[
-            ("q", q),
-            ("k", k),
-            ("v", v),
-            ("g", g),
-            ("beta", beta),
-            ("z", z),
-            ("weight", weight),
-        ],
-    )?;
-    let inputs = Inputs {
-        recurrence,
-        dims,
-        state,
-        z,
-        weight,
-        eps,
-        gate,
-        z_rows: row_layout(
-            z,
-            &[dims.batch, dims.steps],
-            dims.value_heads * dims.value_dim,
-            "gated_delta_update_norm: z",
-        )?,
-    };
+    let inputs = Inputs::checked(q, k, v, g, beta, state, z, weight, eps, gate)?;
+    let dims = inputs.dims;
     // Bytes moved (the decode profile): the recurrence's (`gated_delta::traffic`: its inputs,
     // the state read and written once, the output written), plus z and the norm weight read.
     let traffic = || {
@@ -230,4 +162,94 @@ pub fn gated_delta_update_norm(
     profile::kernel("gated_delta_norm", device, traffic, || {
         on_device!(device, OP, gated_delta_update_norm(&inputs))
     })
+}
+
+const OP: &str = "gated_delta_update_norm";
+
+impl<'a> Inputs<'a> {
+    /// The checks of one call (shapes, dtypes, devices, the state contiguous): the inputs as
+    /// the backends receive them, or a one-line error.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn checked(
+        q: &'a Tensor,
+        k: &'a Tensor,
+        v: &'a Tensor,
+        g: &'a Tensor,
+        beta: &'a Tensor,
+        state: &'a Tensor,
+        z: &'a Tensor,
+        weight: &'a Tensor,
+        eps: f32,
+        gate: Gate,
+    ) -> Result<Self> {
+        let recurrence = gated_delta::Inputs::new(q, k, v, g, beta, None);
+        let dims = GdnDims::of(&recurrence, state)?;
+        let dtype = q.dtype();
+        ensure!(
+            matches!(dtype, DType::F32 | DType::F16 | DType::BF16),
+            "{OP}: activations must be f32, f16 or bf16 (got {dtype:?})"
+        );
+        for (name, t) in [("k", k), ("v", v), ("z", z), ("weight", weight)] {
+            ensure!(
+                t.dtype() == dtype,
+                "{OP}: {name} is {:?}, q {dtype:?}: they must match",
+                t.dtype()
+            );
+        }
+        for (name, t) in [("g", g), ("beta", beta)] {
+            ensure!(
+                t.dtype() == DType::F32,
+                "{OP}: {name} must be f32 (got {:?})",
+                t.dtype()
+            );
+        }
+        ensure!(
+            matches!(state.dtype(), DType::F32 | DType::BF16),
+            "{OP}: the state must be f32 or bf16 (got {:?})",
+            state.dtype()
+        );
+        ensure!(
+            state.is_contiguous(),
+            "{OP}: the state must be contiguous to be updated in place"
+        );
+        ensure!(
+            weight.dims() == [dims.value_dim] && weight.is_contiguous(),
+            "{OP}: weight {:?} must be a contiguous [{}]",
+            weight.dims(),
+            dims.value_dim
+        );
+        ensure!(
+            eps.is_finite() && eps >= 0.0,
+            "{OP}: eps must be finite and non-negative (got {eps})"
+        );
+        ensure_same_device(
+            OP,
+            state,
+            "the state",
+            &[
+                ("q", q),
+                ("k", k),
+                ("v", v),
+                ("g", g),
+                ("beta", beta),
+                ("z", z),
+                ("weight", weight),
+            ],
+        )?;
+        Ok(Inputs {
+            recurrence,
+            dims,
+            state,
+            z,
+            weight,
+            eps,
+            gate,
+            z_rows: row_layout(
+                z,
+                &[dims.batch, dims.steps],
+                dims.value_heads * dims.value_dim,
+                "gated_delta_update_norm: z",
+            )?,
+        })
+    }
 }

@@ -18,7 +18,7 @@ const SOURCE: KernelSource = cuda_source!("gdn_conv_prep");
 unsafe impl DeviceRepr for ConvPrepParams {}
 
 /// Warps (head slots) per block.
-const SLOTS_PER_BLOCK: u32 = 4;
+pub(crate) const SLOTS_PER_BLOCK: u32 = 4;
 
 pub(crate) fn gdn_conv_prep(inputs: &Inputs) -> Result<ConvPrepOut> {
     let dev = cuda_device(inputs.conv_state, OP)?;

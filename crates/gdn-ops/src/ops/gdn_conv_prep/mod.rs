@@ -214,110 +214,13 @@ pub fn gdn_conv_prep(
     neg_a_exp: &Tensor,
     dims: ConvPrepDims,
 ) -> Result<ConvPrepOut> {
-    const OP: &str = "gdn_conv_prep";
-    let d = dims;
-    ensure!(
-        d.key_heads > 0 && d.key_dim > 0 && d.value_dim > 0,
-        "{OP}: head counts and dims must be positive ({d:?})"
-    );
-    ensure!(
-        d.value_heads.is_multiple_of(d.key_heads),
-        "{OP}: {} value heads not a multiple of {} key heads",
-        d.value_heads,
-        d.key_heads
-    );
-    ensure!(
-        d.kernel_size >= 2,
-        "{OP}: the conv needs at least 2 taps (got {})",
-        d.kernel_size
-    );
-    let dtype = qkv.dtype();
-    ensure!(
-        matches!(dtype, DType::F32 | DType::F16 | DType::BF16),
-        "{OP}: activations must be f32, f16 or bf16 (got {dtype:?})"
-    );
-    let (c, hv, kk) = (d.channels(), d.value_heads, d.kernel_size);
-    let (batch, history, state_c) = conv_state.dims3().map_err(|_| {
-        anyhow::anyhow!(
-            "{OP}: conv_state {:?} must be [B, K-1, C]",
-            conv_state.dims()
-        )
-    })?;
-    ensure!(
-        (history, state_c) == (kk - 1, c),
-        "{OP}: conv_state {:?}, expected [B, {}, {c}]",
-        conv_state.dims(),
-        kk - 1
-    );
-    ensure!(
-        conv_state.is_contiguous(),
-        "{OP}: conv_state must be contiguous to be updated in place"
-    );
     // One token may come as [B, C] rows: the same as [B, 1, C].
     let (qkv, b, a) = match qkv.rank() {
         2 => (qkv.unsqueeze(1)?, b.unsqueeze(1)?, a.unsqueeze(1)?),
         _ => (qkv.clone(), b.clone(), a.clone()),
     };
-    let (qkv, b, a) = (&qkv, &b, &a);
-    let tokens = match qkv.dims() {
-        &[qb, s, _] if qb == batch => s,
-        other => bail!("{OP}: qkv {other:?}, expected [{batch}, S, {c}] or [{batch}, {c}]"),
-    };
-    ensure!(
-        taps.dims() == [kk, c] && taps.is_contiguous(),
-        "{OP}: taps {:?} must be a contiguous [{kk}, {c}]",
-        taps.dims()
-    );
-    for (name, t) in [
-        ("b", b),
-        ("a", a),
-        ("conv_state", conv_state),
-        ("taps", taps),
-    ] {
-        ensure!(
-            t.dtype() == dtype,
-            "{OP}: {name} is {:?}, qkv {dtype:?}: they must match",
-            t.dtype()
-        );
-    }
-    for (name, t) in [("dt_bias", dt_bias), ("neg_a_exp", neg_a_exp)] {
-        ensure!(
-            t.dims() == [hv] && t.dtype() == DType::F32 && t.is_contiguous(),
-            "{OP}: {name} must be a contiguous f32 [{hv}] (got {:?} {:?})",
-            t.dtype(),
-            t.dims()
-        );
-    }
-    ensure_same_device(
-        OP,
-        conv_state,
-        "conv_state",
-        &[
-            ("qkv", qkv),
-            ("b", b),
-            ("a", a),
-            ("taps", taps),
-            ("dt_bias", dt_bias),
-            ("neg_a_exp", neg_a_exp),
-        ],
-    )?;
-    let lead = [batch, tokens];
-    let inputs = Inputs {
-        dims,
-        batch,
-        tokens,
-        qkv,
-        b,
-        a,
-        conv_state,
-        taps,
-        dt_bias,
-        neg_a_exp,
-        qkv_rows: row_layout(qkv, &lead, c, "gdn_conv_prep: qkv")?,
-        b_rows: row_layout(b, &lead, hv, "gdn_conv_prep: b")?,
-        a_rows: row_layout(a, &lead, hv, "gdn_conv_prep: a")?,
-    };
-    if tokens == 0 || batch == 0 {
+    let inputs = Inputs::checked(&qkv, &b, &a, conv_state, taps, dt_bias, neg_a_exp, dims)?;
+    if inputs.tokens == 0 || inputs.batch == 0 {
         return empty(&inputs);
     }
     let device = conv_state.device();
@@ -329,10 +232,125 @@ pub fn gdn_conv_prep(
     )
 }
 
+const OP: &str = "gdn_conv_prep";
+
+impl<'a> Inputs<'a> {
+    /// The checks of one call with `qkv`, `b`, `a` as `[B, S, ·]`: the inputs as the backends
+    /// receive them, or a one-line error.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn checked(
+        qkv: &'a Tensor,
+        b: &'a Tensor,
+        a: &'a Tensor,
+        conv_state: &'a Tensor,
+        taps: &'a Tensor,
+        dt_bias: &'a Tensor,
+        neg_a_exp: &'a Tensor,
+        dims: ConvPrepDims,
+    ) -> Result<Self> {
+        let d = dims;
+        ensure!(
+            d.key_heads > 0 && d.key_dim > 0 && d.value_dim > 0,
+            "{OP}: head counts and dims must be positive ({d:?})"
+        );
+        ensure!(
+            d.value_heads.is_multiple_of(d.key_heads),
+            "{OP}: {} value heads not a multiple of {} key heads",
+            d.value_heads,
+            d.key_heads
+        );
+        ensure!(
+            d.kernel_size >= 2,
+            "{OP}: the conv needs at least 2 taps (got {})",
+            d.kernel_size
+        );
+        let dtype = qkv.dtype();
+        ensure!(
+            matches!(dtype, DType::F32 | DType::F16 | DType::BF16),
+            "{OP}: activations must be f32, f16 or bf16 (got {dtype:?})"
+        );
+        let (c, hv, kk) = (d.channels(), d.value_heads, d.kernel_size);
+        let (batch, history, state_c) = conv_state.dims3().map_err(|_| {
+            anyhow::anyhow!(
+                "{OP}: conv_state {:?} must be [B, K-1, C]",
+                conv_state.dims()
+            )
+        })?;
+        ensure!(
+            (history, state_c) == (kk - 1, c),
+            "{OP}: conv_state {:?}, expected [B, {}, {c}]",
+            conv_state.dims(),
+            kk - 1
+        );
+        ensure!(
+            conv_state.is_contiguous(),
+            "{OP}: conv_state must be contiguous to be updated in place"
+        );
+        let tokens = match qkv.dims() {
+            &[qb, s, _] if qb == batch => s,
+            other => bail!("{OP}: qkv {other:?}, expected [{batch}, S, {c}] or [{batch}, {c}]"),
+        };
+        ensure!(
+            taps.dims() == [kk, c] && taps.is_contiguous(),
+            "{OP}: taps {:?} must be a contiguous [{kk}, {c}]",
+            taps.dims()
+        );
+        for (name, t) in [
+            ("b", b),
+            ("a", a),
+            ("conv_state", conv_state),
+            ("taps", taps),
+        ] {
+            ensure!(
+                t.dtype() == dtype,
+                "{OP}: {name} is {:?}, qkv {dtype:?}: they must match",
+                t.dtype()
+            );
+        }
+        for (name, t) in [("dt_bias", dt_bias), ("neg_a_exp", neg_a_exp)] {
+            ensure!(
+                t.dims() == [hv] && t.dtype() == DType::F32 && t.is_contiguous(),
+                "{OP}: {name} must be a contiguous f32 [{hv}] (got {:?} {:?})",
+                t.dtype(),
+                t.dims()
+            );
+        }
+        ensure_same_device(
+            OP,
+            conv_state,
+            "conv_state",
+            &[
+                ("qkv", qkv),
+                ("b", b),
+                ("a", a),
+                ("taps", taps),
+                ("dt_bias", dt_bias),
+                ("neg_a_exp", neg_a_exp),
+            ],
+        )?;
+        let lead = [batch, tokens];
+        Ok(Inputs {
+            dims,
+            batch,
+            tokens,
+            qkv,
+            b,
+            a,
+            conv_state,
+            taps,
+            dt_bias,
+            neg_a_exp,
+            qkv_rows: row_layout(qkv, &lead, c, "gdn_conv_prep: qkv")?,
+            b_rows: row_layout(b, &lead, hv, "gdn_conv_prep: b")?,
+            a_rows: row_layout(a, &lead, hv, "gdn_conv_prep: a")?,
+        })
+    }
+}
+
 /// Bytes moved (the decode profile): the chunk's qkv, b and a rows (the views' elements, not
 /// the wider projection they sit in), the conv state, the taps, dt_bias and neg_a_exp read;
 /// q, k, v (`C` values per token), g and beta (f32) and the conv state written.
-fn traffic(inputs: &Inputs) -> Traffic {
+pub(crate) fn traffic(inputs: &Inputs) -> Traffic {
     let tokens = inputs.batch * inputs.tokens;
     let hv = inputs.dims.value_heads;
     let state = tensor_bytes(inputs.conv_state);

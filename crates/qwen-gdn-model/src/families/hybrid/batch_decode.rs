@@ -1,9 +1,12 @@
 //! One decode step of several sequences on the fused kernels of the device plan (issue 29):
 //! each product (the mixers' in/out-projections, the MoE's router and experts, the head)
 //! runs once over the B rows, and so do the norms and residual adds (`add_rms_norm`,
-//! `moe_combine`); the mixers' state kernels run per sequence on that sequence's state,
-//! the same single-token kernels [`HybridDecoder::decode_step`] launches (fused conv front
-//! and recurrence for GDN, `attn_prep` + `attn_decode` for attention). A layer outside the
+//! `moe_combine`). The GDN mixers' state kernels (conv front, recurrence with its norm) run
+//! once over the B sequences, each on its own states through a table of their addresses
+//! (`gdn_conv_prep_slots`, `gated_delta_update_norm_slots`; per sequence where the device has
+//! no slot kernel); attention's prep (`attn_prep_slots`) once over the B sequences' KV
+//! buffers, its `attn_decode` per sequence (each its own length), the single-token kernel
+//! [`HybridDecoder::decode_step`] launches. A layer outside the
 //! kernels' coverage, or a MoE whose gathered SwiGLU does not take B rows, runs its
 //! composed ops, as the single-sequence step does.
 
@@ -72,32 +75,26 @@ impl HybridDecoder {
         match mixer {
             Mixer::Gdn(m) => {
                 let parts = m.decode_in_proj(x)?;
-                let mut outs = Vec::with_capacity(caches.len());
-                for (row, cache) in caches.iter_mut().enumerate() {
-                    let LayerCache::Gdn(c) = cache else {
-                        bail!("cache does not belong to this model");
-                    };
-                    let part = |t: &Tensor| t.narrow(0, row, 1);
-                    let row_parts = [
-                        part(&parts[0])?,
-                        part(&parts[1])?,
-                        part(&parts[2])?,
-                        part(&parts[3])?,
-                    ];
-                    outs.push(m.decode_mix_fused(&row_parts, c)?);
-                }
-                m.decode_out_proj(&cat(&outs, 0)?)
+                let mut gdn_caches = caches
+                    .iter_mut()
+                    .map(|cache| match cache {
+                        LayerCache::Gdn(c) => Ok(c),
+                        _ => bail!("cache does not belong to this model"),
+                    })
+                    .collect::<Result<Vec<_>>>()?;
+                m.decode_out_proj(&m.decode_mix_fused_rows(&parts, &mut gdn_caches)?)
             }
             Mixer::Attention(m) => {
                 let qkv = m.decode_qkv(x)?;
-                let mut outs = Vec::with_capacity(caches.len());
-                for (row, (cache, pos)) in caches.iter_mut().zip(positions).enumerate() {
-                    let LayerCache::Attention(c) = cache else {
-                        bail!("cache does not belong to this model");
-                    };
-                    outs.push(m.decode_attend_fused(&qkv.narrow(0, row, 1)?, c, pos)?);
-                }
-                m.decode_o_proj(&cat(&outs, 0)?)
+                let mut kv_caches = caches
+                    .iter_mut()
+                    .map(|cache| match cache {
+                        LayerCache::Attention(c) => Ok(c),
+                        _ => bail!("cache does not belong to this model"),
+                    })
+                    .collect::<Result<Vec<_>>>()?;
+                let o = m.decode_attend_fused_rows(&qkv, &mut kv_caches, positions)?;
+                m.decode_o_proj(&o)
             }
         }
     }

@@ -9,7 +9,7 @@ use crate::cache::KvCache;
 use crate::candle_ops::cat;
 use anyhow::{Context, Result};
 use candle_core::{DType, Tensor, D};
-use gdn_ops::ops::{attn_decode, attn_prep};
+use gdn_ops::ops::{attn_decode, attn_prep, attn_prep_slots, gated_delta_norm_slots};
 use gdn_ops::profile;
 
 impl Attention {
@@ -78,5 +78,58 @@ impl Attention {
         cache.advance(1);
         let o = attn_decode::attn_decode(&q, &gate, &keys, &values, pos)?;
         Ok(o.reshape((b, nq * dh))?)
+    }
+
+    /// The fused prep and attention of a batched step: row `r` of `qkv` belongs to the
+    /// sequence `caches[r]` holds, at `positions[r]` (`[1]` u32 on the device, that cache's
+    /// length). Where the device has the slot kernel (`attn_prep_slots`: the CPU twin, CUDA)
+    /// the prep runs once for all rows, each writing its own KV buffers; `attn_decode` runs
+    /// per sequence (each its own length). Elsewhere (Metal) [`Attention::decode_attend_fused`]
+    /// runs per row. Either way each row is its single-sequence step's, bit for bit. Returns
+    /// `[B, Nq·Dh]`.
+    pub(crate) fn decode_attend_fused_rows(
+        &self,
+        qkv: &Tensor,
+        caches: &mut [&mut KvCache],
+        positions: &[Tensor],
+    ) -> Result<Tensor> {
+        let rows = caches.len();
+        if !gated_delta_norm_slots::supports_device(qkv.device()) {
+            let mut outs = Vec::with_capacity(rows);
+            for (row, (cache, pos)) in caches.iter_mut().zip(positions).enumerate() {
+                outs.push(self.decode_attend_fused(&qkv.narrow(0, row, 1)?, cache, pos)?);
+            }
+            return cat(&outs, 0);
+        }
+        let (nq, nkv, dh) = (self.heads, self.kv_heads, self.head_dim);
+        let mut keys = Vec::with_capacity(rows);
+        let mut values = Vec::with_capacity(rows);
+        for cache in caches.iter_mut() {
+            let (k, v) = cache.buffers_for_next((1, nkv, dh), qkv)?;
+            keys.push(k);
+            values.push(v);
+        }
+        let inv_freq = self
+            .rope_inv_freq
+            .as_ref()
+            .context("fused attention decode needs the device plan")?;
+        let (q, gate) = attn_prep_slots::attn_prep_slots(
+            qkv,
+            &self.q_norm.weight,
+            &self.k_norm.weight,
+            self.q_norm.eps,
+            inv_freq,
+            positions,
+            &keys,
+            &values,
+        )?;
+        let mut outs = Vec::with_capacity(rows);
+        for (row, cache) in caches.iter_mut().enumerate() {
+            cache.advance(1);
+            let (q, gate) = (q.narrow(0, row, 1)?, gate.narrow(0, row, 1)?);
+            let o = attn_decode::attn_decode(&q, &gate, &keys[row], &values[row], &positions[row])?;
+            outs.push(o.reshape((1, nq * dh))?);
+        }
+        cat(&outs, 0)
     }
 }

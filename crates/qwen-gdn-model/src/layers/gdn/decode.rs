@@ -8,9 +8,10 @@
 
 use super::GatedDeltaNet;
 use crate::cache::GdnCache;
+use crate::candle_ops::cat;
 use anyhow::Result;
 use candle_core::{DType, Tensor};
-use gdn_ops::ops::{gated_delta_norm, gdn_conv_prep};
+use gdn_ops::ops::{gated_delta_norm, gated_delta_norm_slots, gdn_conv_prep, gdn_conv_prep_slots};
 use gdn_ops::profile;
 use gdn_ops::GdnDims;
 
@@ -120,6 +121,63 @@ impl GatedDeltaNet {
             self.norm.gate,
         )?;
         Ok(out.reshape((b, hv * dv))?)
+    }
+
+    /// The fused conv front and recurrence of a batched step: row `r` of `parts` belongs to
+    /// the sequence `caches[r]` holds. Where the device has the slot kernels
+    /// (`gdn_conv_prep_slots`, `gated_delta_update_norm_slots`: the CPU twins, CUDA) each runs
+    /// once for all rows, every sequence on its own conv and recurrent state; elsewhere
+    /// (Metal) [`GatedDeltaNet::decode_mix_fused`] runs per row. Either way each row's output
+    /// is its sequence's single-sequence step's, bit for bit. Returns `[B, Hv·Dv]`.
+    pub(crate) fn decode_mix_fused_rows(
+        &self,
+        parts: &[Tensor; 4],
+        caches: &mut [&mut GdnCache],
+    ) -> Result<Tensor> {
+        let [qkv, z, beta_in, a] = parts;
+        if !gated_delta_norm_slots::supports_device(qkv.device()) {
+            let mut outs = Vec::with_capacity(caches.len());
+            for (row, cache) in caches.iter_mut().enumerate() {
+                let part = |t: &Tensor| t.narrow(0, row, 1);
+                let row_parts = [part(qkv)?, part(z)?, part(beta_in)?, part(a)?];
+                outs.push(self.decode_mix_fused(&row_parts, cache)?);
+            }
+            return cat(&outs, 0);
+        }
+        let rows = qkv.dim(0)?;
+        let (hv, dv) = (self.value_heads, self.value_dim);
+        let channels = qkv.dim(1)?;
+        let mut conv_states = Vec::with_capacity(rows);
+        let mut states = Vec::with_capacity(rows);
+        for cache in caches.iter_mut() {
+            conv_states.push(self.conv_state_for(cache, 1, channels, qkv)?);
+            states.push(self.state_for(cache, 1, qkv.device())?);
+        }
+        let prepared = gdn_conv_prep_slots::gdn_conv_prep_slots(
+            qkv,
+            beta_in,
+            a,
+            &conv_states,
+            &self.conv_taps,
+            &self.dt_bias,
+            &self.neg_a_log_exp,
+            self.conv_prep_dims(),
+        )?;
+        let z = z.reshape((rows, 1, hv, dv))?;
+        let (weight, eps) = (&self.norm.norm.weight, self.norm.norm.eps);
+        let out = gated_delta_norm_slots::gated_delta_update_norm_slots(
+            &prepared.q,
+            &prepared.k,
+            &prepared.v,
+            &prepared.g,
+            &prepared.beta,
+            &states,
+            &z,
+            weight,
+            eps,
+            self.norm.gate,
+        )?;
+        Ok(out.reshape((rows, hv * dv))?)
     }
 }
 

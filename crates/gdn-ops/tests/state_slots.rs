@@ -1,0 +1,76 @@
+//! The state kernels over B sequences on the CPU twins: `gdn_conv_prep_slots`,
+//! `gated_delta_update_norm_slots` and `attn_prep_slots` against the per-sequence ops row by
+//! row, bit for bit (tests/common/state_slots.rs), and the slot ops' input checks.
+
+mod common;
+
+use candle_core::{DType, Device, Tensor};
+use common::state_slots::{
+    assert_conv_slots_exact, assert_prep_slots_exact, assert_recurrence_slots_exact, conv_cases,
+    prep_cases, recurrence_cases,
+};
+use common::TYPES;
+use gdn_ops::ops::gated_delta_norm::Gate;
+use gdn_ops::ops::gated_delta_norm_slots::gated_delta_update_norm_slots;
+
+#[test]
+fn recurrence_slots_are_the_per_sequence_op() {
+    for (i, c) in recurrence_cases().into_iter().enumerate() {
+        for (j, (dtype, st)) in [
+            (DType::F32, DType::F32),
+            (DType::F32, DType::BF16),
+            (DType::BF16, DType::F32),
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            let gate = [Gate::Silu, Gate::Sigmoid][(i + j) % 2];
+            assert_recurrence_slots_exact(&Device::Cpu, c, dtype, st, gate, 100 + 10 * i as u64);
+        }
+    }
+}
+
+#[test]
+fn conv_slots_are_the_per_sequence_op() {
+    for (i, c) in conv_cases().into_iter().enumerate() {
+        for ty in TYPES {
+            assert_conv_slots_exact(&Device::Cpu, c, ty, 200 + 10 * i as u64 + ty as u64);
+        }
+    }
+}
+
+#[test]
+fn attn_prep_slots_are_the_per_sequence_op() {
+    for (i, c) in prep_cases().into_iter().enumerate() {
+        for ty in TYPES {
+            assert_prep_slots_exact(&Device::Cpu, c, ty, 500 + 10 * i as u64 + ty as u64);
+        }
+    }
+}
+
+/// One line for each bad call: no states, a state count that is not q's rows, states of
+/// different dtypes, a state of the wrong shape.
+#[test]
+fn recurrence_slots_reject_bad_states() {
+    let dev = Device::Cpu;
+    let (b, hk, hv, dk, dv) = (2, 1, 2, 32, 32);
+    let q = Tensor::zeros((b, 1, hk, dk), DType::F32, &dev).unwrap();
+    let v = Tensor::zeros((b, 1, hv, dv), DType::F32, &dev).unwrap();
+    let g = Tensor::ones((b, 1, hv), DType::F32, &dev).unwrap();
+    let z = v.clone();
+    let w = Tensor::ones(dv, DType::F32, &dev).unwrap();
+    let state = |dtype: DType, dv: usize| Tensor::zeros((1, hv, dv, dk), dtype, &dev).unwrap();
+    let run = |states: &[Tensor]| {
+        gated_delta_update_norm_slots(&q, &q, &v, &g, &g, states, &z, &w, 1e-6, Gate::Silu)
+            .unwrap_err()
+            .to_string()
+    };
+    assert!(run(&[]).contains("no sequences"), "{}", run(&[]));
+    let one = run(&[state(DType::F32, dv)]);
+    assert!(one.contains("2 rows of q for 1 states"), "{one}");
+    let mixed = run(&[state(DType::F32, dv), state(DType::BF16, dv)]);
+    assert!(mixed.contains("state 1 is BF16"), "{mixed}");
+    let shape = run(&[state(DType::F32, dv), state(DType::F32, dv + 1)]);
+    assert!(shape.contains("state"), "{shape}");
+    assert!(!shape.contains('\n'), "{shape}");
+}
