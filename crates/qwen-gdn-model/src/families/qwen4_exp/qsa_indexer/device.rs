@@ -81,9 +81,19 @@ impl DeviceIndexKeys {
     /// The block keys and the tail keys on the host (read back: for a prompt's host
     /// selection or a prompt-cache file, never inside a decode step).
     pub fn download(&self) -> Result<HostKeys> {
-        let host = |t: &Tensor| read_back(t.to_device(&Device::Cpu)?.to_vec2::<f32>());
-        let blocks = host(&self.buf.narrow(0, 0, self.blocks)?)?;
-        let tail = host(&self.tail.narrow(0, 0, self.tail_len)?)?;
+        // No copy of zero rows (a zero-byte transfer is an invalid argument to CUDA).
+        let host = |t: &Tensor, rows: usize| -> Result<Vec<Vec<f32>>> {
+            match rows {
+                0 => Ok(Vec::new()),
+                _ => read_back(
+                    t.narrow(0, 0, rows)?
+                        .to_device(&Device::Cpu)?
+                        .to_vec2::<f32>(),
+                ),
+            }
+        };
+        let blocks = host(&self.buf, self.blocks)?;
+        let tail = host(&self.tail, self.tail_len)?;
         Ok((blocks, tail))
     }
 
@@ -204,10 +214,13 @@ impl QsaIndexer {
                                              // Every token of a kept block, then the incomplete block's, open: log(1) = 0,
                                              // log(0) = −∞.
         let tokens = candle_op(kept.reshape((m, 1))?.broadcast_as((m, c))?.contiguous())?;
-        let open = cat(
-            &[&tokens.reshape(m * c)?, &full(1f32, t + 1 - m * c, device)?],
-            0,
-        )?;
+        // The incomplete block is empty right after a block completes: no zero-length
+        // tensor (a zero-byte allocation is an invalid argument to the CUDA driver).
+        let tokens = tokens.reshape(m * c)?;
+        let open = match t + 1 - m * c {
+            0 => tokens,
+            open_tail => cat(&[&tokens, &full(1f32, open_tail, device)?], 0)?,
+        };
         let mask = candle_op(open.log())?;
         Ok(Some(cast(&mask, x.dtype())?.reshape((1, t + 1))?))
     }
