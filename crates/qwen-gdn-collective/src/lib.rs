@@ -7,6 +7,8 @@ mod agreement;
 mod collective;
 mod layer_split;
 #[cfg(feature = "mpi")]
+mod launcher_stop;
+#[cfg(feature = "mpi")]
 mod mpi_world;
 
 pub use agreement::ensure_same_fingerprint;

@@ -14,10 +14,12 @@ pub mod draft_model;
 mod eval;
 mod generate;
 mod memory;
+mod pipeline_generate;
 mod process;
 mod prompt_args;
 pub mod prompt_cache_args;
 mod prompt_cache_file;
+mod ranks;
 pub mod sampling_args;
 pub mod speculation_args;
 pub mod template_args;
@@ -77,7 +79,7 @@ pub fn main() -> ExitCode {
         }
     };
     let result = match cli.command {
-        Command::Generate(args) => generate::run(args),
+        Command::Generate(args) => pipeline_generate::dispatch(args),
         Command::Eval(args) => eval::run(args),
         Command::Bench(args) => bench::run(args),
         Command::Chat(args) => chat::run(args),
