@@ -50,7 +50,7 @@ for fault in stall:1:3 die:1:3 stall:2:3; do
     echo "pipeline_mpi on 3 ranks, fault $fault"
     start=$(date +%s)
     status=0
-    QWEN_GDN_PIPELINE_FAULT=$fault timeout 60 "${mpirun[@]}" -np 3 "$pipeline" --test-threads=1 \
+    PIPELINE_TEST_FAULT=$fault timeout 60 "${mpirun[@]}" -np 3 "$pipeline" --test-threads=1 \
         --nocapture >"$log" 2>&1 || status=$?
     took=$(( $(date +%s) - start ))
     faulty=${fault#*:}; faulty=${faulty%%:*}

@@ -3,7 +3,7 @@
 //! greedy steps, bit for bit the f32 logits and the tokens of the whole model in one process
 //! (which the last rank also loads, as the reference).
 //!
-//! `QWEN_GDN_PIPELINE_FAULT=die:<rank>:<step>` or `stall:<rank>:<step>` makes that rank exit or
+//! `PIPELINE_TEST_FAULT=die:<rank>:<step>` or `stall:<rank>:<step>` makes that rank exit or
 //! hang at that decode step of the first fixture: every other rank must then end with one
 //! line (`rank R: ...`) and exit code 3 within the deadline ([`DEADLINE`]); the script checks.
 //! One test function: MPI is initialized once per process.
@@ -44,9 +44,16 @@ fn bits(t: &Tensor) -> Vec<u32> {
         .collect()
 }
 
+/// Writes `line` to stderr in one write: mpirun merges the ranks' stderr, and a line written in
+/// pieces would interleave with another rank's.
+fn say(line: &str) {
+    use std::io::Write;
+    let _ = std::io::stderr().write_all(format!("{line}\n").as_bytes());
+}
+
 /// A fault to inject: (kind, rank, decode step).
 fn fault() -> Option<(String, usize, usize)> {
-    let spec = std::env::var("QWEN_GDN_PIPELINE_FAULT").ok()?;
+    let spec = std::env::var("PIPELINE_TEST_FAULT").ok()?;
     let parts: Vec<&str> = spec.split(':').collect();
     match parts[..] {
         [kind, rank, step] if kind == "die" || kind == "stall" => Some((
@@ -54,7 +61,7 @@ fn fault() -> Option<(String, usize, usize)> {
             rank.parse().expect("fault rank"),
             step.parse().expect("fault step"),
         )),
-        _ => panic!("QWEN_GDN_PIPELINE_FAULT={spec}: expected die|stall:<rank>:<step>"),
+        _ => panic!("PIPELINE_TEST_FAULT={spec}: expected die|stall:<rank>:<step>"),
     }
 }
 
@@ -113,7 +120,7 @@ fn pipelined(
         &mut |i, ids| {
             if let Some((kind, rank, at)) = fault {
                 if *rank == pipeline.rank() && *at == i {
-                    eprintln!("rank {rank}: test fault: {kind} at decode step {i}");
+                    say(&format!("rank {rank}: test fault: {kind} at decode step {i}"));
                     if kind == "die" {
                         std::process::exit(0);
                     }
@@ -156,7 +163,7 @@ fn pipeline_equals_one_rank() {
             Ok(run) => run,
             Err(e) => {
                 // The one line a surviving rank ends with.
-                eprintln!("error: {e:#}");
+                say(&format!("error: {e:#}"));
                 std::process::exit(3);
             }
         };
@@ -176,7 +183,7 @@ fn pipeline_equals_one_rank() {
                     "{name}: step {i}: {ranks} ranks' logits differ from one rank's"
                 );
             }
-            eprintln!("{name}: {ranks} ranks = 1 rank over {STEPS} greedy steps (tokens and f32 logits, bit for bit)");
+            say(&format!("{name}: {ranks} ranks = 1 rank over {STEPS} greedy steps (tokens and f32 logits, bit for bit)"));
         } else {
             assert!(logits.is_empty());
         }
