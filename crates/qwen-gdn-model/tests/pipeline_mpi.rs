@@ -136,6 +136,13 @@ fn pipelined(
 
 #[test]
 fn pipeline_equals_one_rank() {
+    // A failed check on one rank ends the process at once, without MPI's finalize: mpirun
+    // then stops the job, instead of the other ranks waiting forever in the next collective.
+    let report = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        report(info);
+        std::process::exit(101);
+    }));
     let mut world = MpiWorld::init().unwrap();
     world.set_deadline(Some(DEADLINE));
     world.end_with_one_line_when_stopped();
