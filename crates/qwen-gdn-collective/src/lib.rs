@@ -5,9 +5,9 @@
 
 mod agreement;
 mod collective;
-mod layer_split;
 #[cfg(feature = "mpi")]
 mod launcher_stop;
+mod layer_split;
 #[cfg(feature = "mpi")]
 mod mpi_world;
 

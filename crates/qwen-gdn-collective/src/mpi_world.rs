@@ -4,10 +4,10 @@ use crate::Collective;
 use anyhow::{anyhow, bail, ensure, Result};
 use mpi::collective::SystemOperation;
 use mpi::datatype::Equivalence;
-use mpi::topology::{Communicator, SimpleCommunicator};
-use mpi::traits::{CommunicatorCollectives, Destination, Source};
 use mpi::point_to_point::Status;
 use mpi::request::{Request, StaticScope};
+use mpi::topology::{Communicator, SimpleCommunicator};
+use mpi::traits::{CommunicatorCollectives, Destination, Source};
 use mpi::Rank;
 use std::time::{Duration, Instant};
 
@@ -110,7 +110,10 @@ impl Collective for MpiWorld {
         // abandoned (MPI may read the buffer until the request completes).
         let buf: &'static mut [f32] = Box::leak(data.to_vec().into_boxed_slice());
         let ptr: *mut [f32] = buf;
-        let request = self.world.process_at_rank(peer).immediate_send(StaticScope, &*buf);
+        let request = self
+            .world
+            .process_at_rank(peer)
+            .immediate_send(StaticScope, &*buf);
         let me = self.rank();
         self.finish(request, |s| {
             format!("rank {me}: rank {to} took nothing within {s} s (it died or the link stalled)")

@@ -147,12 +147,7 @@ impl Model {
                 }))
             }
             None => Decoder::Hybrid(HybridDecoder::load(
-                &ckpt,
-                &cfg,
-                plan,
-                device,
-                opts.dtype,
-                &part,
+                &ckpt, &cfg, plan, device, opts.dtype, &part,
             )?),
         };
         let warnings = ckpt.leftovers()?.into_iter().collect();

@@ -179,8 +179,8 @@ impl Pipeline {
     pub fn share_token(&self, chosen: Option<u32>) -> Result<u32> {
         let last = self.ranks() - 1;
         if self.is_last() {
-            let token = chosen
-                .ok_or_else(|| anyhow::anyhow!("the last pipeline stage picked no token"))?;
+            let token =
+                chosen.ok_or_else(|| anyhow::anyhow!("the last pipeline stage picked no token"))?;
             // The id travels as the bits of an f32 (MPI copies them untouched).
             for rank in 0..last {
                 self.world.send(rank, &[f32::from_bits(token)])?;

@@ -120,7 +120,9 @@ fn pipelined(
         &mut |i, ids| {
             if let Some((kind, rank, at)) = fault {
                 if *rank == pipeline.rank() && *at == i {
-                    say(&format!("rank {rank}: test fault: {kind} at decode step {i}"));
+                    say(&format!(
+                        "rank {rank}: test fault: {kind} at decode step {i}"
+                    ));
                     if kind == "die" {
                         std::process::exit(0);
                     }
@@ -175,15 +177,21 @@ fn pipeline_equals_one_rank() {
             }
         };
         // Every rank followed the same tokens.
-        let hash = tokens
-            .iter()
-            .fold(0xcbf29ce484222325u64, |h, &t| (h ^ t as u64).wrapping_mul(0x100000001b3));
+        let hash = tokens.iter().fold(0xcbf29ce484222325u64, |h, &t| {
+            (h ^ t as u64).wrapping_mul(0x100000001b3)
+        });
         let all = world.all_gather_u64(hash).unwrap();
-        assert!(all.iter().all(|&h| h == hash), "{name}: ranks followed different tokens");
+        assert!(
+            all.iter().all(|&h| h == hash),
+            "{name}: ranks followed different tokens"
+        );
         if pipeline.is_last() {
             assert_eq!(logits.len(), STEPS);
             let (want_tokens, want_logits) = one_rank(&dir, &ids);
-            assert_eq!(tokens, want_tokens, "{name}: {ranks} ranks chose other tokens");
+            assert_eq!(
+                tokens, want_tokens,
+                "{name}: {ranks} ranks chose other tokens"
+            );
             for (i, (got, want)) in logits.iter().zip(&want_logits).enumerate() {
                 assert!(
                     bits(got) == bits(want),
@@ -205,6 +213,9 @@ fn pipeline_equals_one_rank() {
         },
         ..common::run_options()
     };
-    let err = Model::load(&dir, &Device::Cpu, &opts).err().unwrap().to_string();
+    let err = Model::load(&dir, &Device::Cpu, &opts)
+        .err()
+        .unwrap()
+        .to_string();
     assert!(err.contains("hybrid family only"), "{err}");
 }

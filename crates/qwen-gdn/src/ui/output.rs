@@ -24,7 +24,9 @@ pub fn print_line(text: &str) -> Result<bool> {
 pub fn eprint_line(text: &str) {
     // One write of the whole line: the ranks of an `mpirun` job share one stderr, and a line
     // written in pieces interleaves with another rank's.
-    let _ = std::io::stderr().lock().write_all(format!("{text}\n").as_bytes());
+    let _ = std::io::stderr()
+        .lock()
+        .write_all(format!("{text}\n").as_bytes());
 }
 
 #[cfg(test)]
