@@ -172,6 +172,7 @@ fn pipeline_equals_one_rank() {
             Ok(run) => run,
             Err(e) => {
                 // The one line a surviving rank ends with.
+                qwen_gdn_collective::ending_with_own_line();
                 say(&format!("error: {e:#}"));
                 std::process::exit(3);
             }

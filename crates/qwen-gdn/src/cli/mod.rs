@@ -89,6 +89,8 @@ pub fn main() -> ExitCode {
     match result {
         Ok(code) => code,
         Err(e) => {
+            // A pipeline rank's own error is its one last line (no launcher-stop line after).
+            qwen_gdn_collective::ending_with_own_line();
             // `{:#}` joins the context chain with ": "; any newline inside a message
             // (e.g. from a template error) is folded so that the error stays one line.
             output::eprint_line(&format!(
