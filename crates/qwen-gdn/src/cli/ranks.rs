@@ -6,7 +6,6 @@ use anyhow::{bail, Context, Result};
 use qwen_gdn_collective::Collective;
 use std::process::ExitCode;
 use std::rc::Rc;
-use std::time::Duration;
 
 #[derive(clap::Args)]
 pub struct RankArgs {
@@ -43,7 +42,7 @@ pub fn launched_world(rank_timeout: u64) -> Result<Option<Rc<dyn Collective>>> {
     #[cfg(feature = "mpi")]
     {
         let mut world = qwen_gdn_collective::MpiWorld::init()?;
-        world.set_deadline(Some(Duration::from_secs(rank_timeout)));
+        world.set_deadline(Some(std::time::Duration::from_secs(rank_timeout)));
         world.end_with_one_line_when_stopped();
         if world.size() <= 1 {
             return Ok(None);
@@ -52,7 +51,7 @@ pub fn launched_world(rank_timeout: u64) -> Result<Option<Rc<dyn Collective>>> {
     }
     #[cfg(not(feature = "mpi"))]
     {
-        let _ = (rank_timeout, Duration::ZERO);
+        let _ = rank_timeout;
         bail!(
             "started by mpirun with {} ranks, but this qwen-gdn was built without MPI (cargo build --release --features mpi)",
             launched_size()
