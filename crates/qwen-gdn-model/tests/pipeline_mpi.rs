@@ -70,12 +70,16 @@ fn prompt(vocab: usize, len: usize) -> Vec<u32> {
     (0..len).map(|i| ((i * 7919 + 11) % vocab) as u32).collect()
 }
 
+/// One forward call `(step index, tokens)` → the token every rank continues with, and this
+/// rank's logits if it has them.
+type Step<'a> = dyn FnMut(usize, &[u32]) -> anyhow::Result<(u32, Option<Tensor>)> + 'a;
+
 /// Greedy generation through `step`: prefill all but the last prompt token in chunks, then
 /// `STEPS` forward calls of one token; every call's logits (where this rank has them).
 fn generate(
     prompt: &[u32],
     prefill: &mut dyn FnMut(&[u32]) -> anyhow::Result<()>,
-    step: &mut dyn FnMut(usize, &[u32]) -> anyhow::Result<(u32, Option<Tensor>)>,
+    step: &mut Step,
 ) -> anyhow::Result<(Vec<u32>, Vec<Tensor>)> {
     let (last, head) = prompt.split_last().unwrap();
     prefill(head)?;
