@@ -16,8 +16,9 @@
 #   9. the macOS type-check of the workspace with the `metal` feature,
 #  10. the CPU kernels' NEON levels as aarch64 binaries under qemu-user (gdn-ops' CPU tests and
 #      one model gate; installs qemu-user and the cross linker when missing),
-#  11. the MPI collectives between 2 and 3 processes under mpirun (scripts/test-mpi.sh;
-#      installs Open MPI when missing).
+#  11. MPI between 2 and 3 processes under mpirun (scripts/test-mpi.sh; installs Open MPI when
+#      missing): the collectives, the pipeline gate (N ranks = 1 rank bit for bit in f32 on every
+#      hybrid fixture), a dying or stalled rank, and `generate --ranks N`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install-test-deps.sh

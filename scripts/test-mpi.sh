@@ -1,22 +1,88 @@
 #!/usr/bin/env bash
-# The MPI collectives between real processes: 2 and 3 ranks on this machine's CPU (loopback)
-# under mpirun. Installs Open MPI from Debian when missing (CI runs as root on a fresh machine);
-# bindgen also needs libclang. Each run is bounded by a timeout so that a stuck rank fails the
-# job instead of hanging it.
+# The MPI layer between real processes on this machine's CPU (loopback) under mpirun:
+#  1. the collectives on 2 and 3 ranks (crates/qwen-gdn-collective/tests/mpi_collective.rs);
+#  2. the pipeline plan's gate on 2 and 3 ranks: every hybrid fixture, 64 greedy steps, tokens
+#     and f32 logits bit for bit those of one rank (crates/qwen-gdn-model/tests/pipeline_mpi.rs);
+#  3. a rank that dies or stalls mid-decode: every other rank ends with one `error: rank ...`
+#     line and a non-zero exit within its 5 s deadline (plus start-up), no hang;
+#  4. `qwen-gdn generate --ranks 2` and `mpirun -n 3 qwen-gdn generate` (the `mpi` build):
+#     the same text as one process, with the layout printed.
+# Installs Open MPI from Debian when missing (CI runs as root on a fresh machine); bindgen also
+# needs libclang. Each run is bounded by a timeout so that a stuck rank fails the job instead
+# of hanging it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if ! command -v mpirun >/dev/null || ! command -v mpicc >/dev/null; then
     apt-get update -qq
     apt-get install -y -qq libopenmpi-dev openmpi-bin libclang-dev >/dev/null
 fi
-binary=$(cargo test --locked -p qwen-gdn-collective --features mpi --test mpi_collective \
-    --no-run --message-format=json \
-    | python3 -c 'import json,sys
+# The path of the executable target $1 that cargo command "${@:2}" builds.
+built() {
+    local name=$1
+    shift
+    cargo "$@" --message-format=json | python3 -c 'import json,sys
 for line in sys.stdin:
     m = json.loads(line)
-    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] == "mpi_collective":
-        print(m["executable"])')
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] == sys.argv[1]:
+        print(m["executable"])' "$name"
+}
+# The path of test binary $3 of package $1 built with feature $2.
+test_binary() {
+    built "$3" test --locked -p "$1" --features "$2" --test "$3" --no-run
+}
+mpirun=(mpirun --allow-run-as-root --oversubscribe)
+collective=$(test_binary qwen-gdn-collective mpi mpi_collective)
 for ranks in 2 3; do
     echo "mpi_collective on $ranks ranks"
-    timeout 120 mpirun --allow-run-as-root --oversubscribe -np "$ranks" "$binary" --test-threads=1
+    timeout 120 "${mpirun[@]}" -np "$ranks" "$collective" --test-threads=1
+done
+
+pipeline=$(test_binary qwen-gdn-model mpi pipeline_mpi)
+for ranks in 2 3; do
+    echo "pipeline_mpi on $ranks ranks"
+    timeout 300 "${mpirun[@]}" -np "$ranks" "$pipeline" --test-threads=1 --nocapture
+done
+
+# A fault at decode step 3 of 3 ranks: the survivors' one line each, within the deadline.
+log=$(mktemp)
+trap 'rm -f "$log"' EXIT
+for fault in stall:1:3 die:1:3 stall:2:3; do
+    echo "pipeline_mpi on 3 ranks, fault $fault"
+    start=$(date +%s)
+    status=0
+    PIPELINE_TEST_FAULT=$fault timeout 60 "${mpirun[@]}" -np 3 "$pipeline" --test-threads=1 \
+        --nocapture >"$log" 2>&1 || status=$?
+    took=$(( $(date +%s) - start ))
+    faulty=${fault#*:}; faulty=${faulty%%:*}
+    if [ "$status" -eq 0 ] || [ "$status" -eq 124 ]; then
+        cat "$log"; echo "FAIL: fault $fault: exit status $status (expected a failure, not a pass or a hang)"; exit 1
+    fi
+    for rank in 0 1 2; do
+        [ "$rank" = "$faulty" ] && continue
+        # Its own timeout's line, or, when mpirun stopped it first (after the dead rank, or
+        # after the first survivor to give up), the line of the launcher's SIGTERM.
+        if [ "$(grep -c "^error: rank $rank: " "$log")" != 1 ]; then
+            cat "$log"; echo "FAIL: fault $fault: rank $rank did not end with its one line"; exit 1
+        fi
+    done
+    echo "fault $fault: exit $status after ${took}s"
+done
+
+# generate over ranks prints what one process prints (greedy, the tied-head fixture and one with
+# an untied head), and the layout.
+qwen_gdn=$(built qwen-gdn build --locked -p qwen-gdn --features mpi --bin qwen-gdn)
+for model in models/qwen3.5-tiny-4bit models/qwen3-next-tiny-4bit; do
+    run=(generate --model "$model" --prompt "The pipeline" --max-tokens 24 --verbose false)
+    want=$(timeout 120 "$qwen_gdn" "${run[@]}" 2>/dev/null)
+    got2=$(timeout 120 "$qwen_gdn" "${run[@]}" --ranks 2 2>"$log")
+    grep -q "^pipeline stage 1 of 2 on .*: layers 3..6 + final norm and output head$" "$log" \
+        || { cat "$log"; echo "FAIL: $model: no layout line for rank 1 of 2"; exit 1; }
+    got3=$(timeout 120 "${mpirun[@]}" -np 3 "$qwen_gdn" "${run[@]}" 2>"$log")
+    grep -q "^pipeline stage 0 of 3 on .*: layers 0..2 + embedding$" "$log" \
+        || { cat "$log"; echo "FAIL: $model: no layout line for rank 0 of 3"; exit 1; }
+    if [ "$got2" != "$want" ] || [ "$got3" != "$want" ]; then
+        printf 'one process: %q\n2 ranks:     %q\n3 ranks:     %q\n' "$want" "$got2" "$got3"
+        echo "FAIL: $model: generate over ranks differs from one process"; exit 1
+    fi
+    echo "generate on $model: 2 and 3 ranks print what one process prints"
 done

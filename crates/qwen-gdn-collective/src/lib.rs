@@ -5,6 +5,8 @@
 
 mod agreement;
 mod collective;
+#[cfg(feature = "mpi")]
+mod launcher_stop;
 mod layer_split;
 #[cfg(feature = "mpi")]
 mod mpi_world;
@@ -14,3 +16,11 @@ pub use collective::Collective;
 pub use layer_split::{split_layers, Stage};
 #[cfg(feature = "mpi")]
 pub use mpi_world::MpiWorld;
+
+/// Call before printing this process's own last line (an error) and exiting: a launcher's
+/// SIGTERM arriving after it then adds no second line (see
+/// `MpiWorld::end_with_one_line_when_stopped`; without the `mpi` feature, nothing to do).
+pub fn ending_with_own_line() {
+    #[cfg(feature = "mpi")]
+    launcher_stop::mute();
+}

@@ -1,12 +1,15 @@
 //! [`Collective`] on MPI (Open MPI here, Homebrew's on a Mac) through rsmpi.
 
 use crate::Collective;
-use anyhow::{anyhow, ensure, Result};
+use anyhow::{anyhow, bail, ensure, Result};
 use mpi::collective::SystemOperation;
 use mpi::datatype::Equivalence;
+use mpi::point_to_point::Status;
+use mpi::request::{Request, StaticScope};
 use mpi::topology::{Communicator, SimpleCommunicator};
 use mpi::traits::{CommunicatorCollectives, Destination, Source};
 use mpi::Rank;
+use std::time::{Duration, Instant};
 
 /// The MPI world of this process. MPI allows one initialization per process, so there is one
 /// `MpiWorld` per process; dropping it finalizes MPI.
@@ -14,6 +17,9 @@ pub struct MpiWorld {
     // Declared before the universe: the communicator must go before MPI is finalized.
     world: SimpleCommunicator,
     _universe: mpi::environment::Universe,
+    /// How long a send or a receive may wait for its peer before it fails
+    /// ([`MpiWorld::set_deadline`]); `None` waits forever.
+    deadline: Option<Duration>,
 }
 
 impl MpiWorld {
@@ -24,7 +30,55 @@ impl MpiWorld {
         Ok(Self {
             world: universe.world(),
             _universe: universe,
+            deadline: None,
         })
+    }
+
+    /// From now on, a SIGTERM from the launcher (which stops every rank once one has ended)
+    /// ends this rank with one line naming it, exit code 143 (`launcher_stop.rs`).
+    pub fn end_with_one_line_when_stopped(&self) {
+        crate::launcher_stop::install(self.rank());
+    }
+
+    /// From now on a send or a receive that its peer does not complete within `deadline` fails
+    /// with one line naming both ranks (a rank that died or a link that stalled), instead of
+    /// blocking forever. The transfer is then abandoned: its buffer is leaked, since MPI may
+    /// still touch it, and the caller is expected to end the process.
+    pub fn set_deadline(&mut self, deadline: Option<Duration>) {
+        self.deadline = deadline;
+    }
+
+    /// Polls `request` until it completes or the deadline passes. On time, the buffer MPI
+    /// was given comes back to be freed; late, it stays leaked with the request (see
+    /// [`MpiWorld::set_deadline`]).
+    fn finish<B: ?Sized>(
+        &self,
+        mut request: Request<'static, B, StaticScope>,
+        what: impl Fn(u64) -> String,
+    ) -> Result<Status> {
+        let Some(deadline) = self.deadline else {
+            return Ok(request.wait());
+        };
+        let start = Instant::now();
+        let mut polls = 0u32;
+        loop {
+            match request.test() {
+                Ok(status) => return Ok(status),
+                Err(pending) => request = pending,
+            }
+            if start.elapsed() > deadline {
+                std::mem::forget(request);
+                bail!("{}", what(deadline.as_secs()));
+            }
+            // Spin briefly (a decode step's activation arrives within microseconds of being
+            // sent), then give the core back: ranks may share cores with each other.
+            polls += 1;
+            if polls < 1000 {
+                std::hint::spin_loop();
+            } else {
+                std::thread::sleep(Duration::from_micros(50));
+            }
+        }
     }
 
     fn peer(&self, rank: usize) -> Result<Rank> {
@@ -47,15 +101,50 @@ impl Collective for MpiWorld {
     }
 
     fn send(&self, to: usize, data: &[f32]) -> Result<()> {
-        self.world.process_at_rank(self.peer(to)?).send(data);
+        let peer = self.peer(to)?;
+        if self.deadline.is_none() {
+            self.world.process_at_rank(peer).send(data);
+            return Ok(());
+        }
+        // A non-blocking send on a buffer of its own, so that a send to a dead rank can be
+        // abandoned (MPI may read the buffer until the request completes).
+        let buf: &'static mut [f32] = Box::leak(data.to_vec().into_boxed_slice());
+        let ptr: *mut [f32] = buf;
+        let request = self
+            .world
+            .process_at_rank(peer)
+            .immediate_send(StaticScope, &*buf);
+        let me = self.rank();
+        self.finish(request, |s| {
+            format!("rank {me}: rank {to} took nothing within {s} s (it died or the link stalled)")
+        })?;
+        // SAFETY: the request completed, so MPI no longer reads the buffer, and `ptr` is the
+        // only way left to it.
+        drop(unsafe { Box::from_raw(ptr) });
         Ok(())
     }
 
     fn receive(&self, from: usize, data: &mut [f32]) -> Result<()> {
-        let status = self
-            .world
-            .process_at_rank(self.peer(from)?)
-            .receive_into(data);
+        let peer = self.peer(from)?;
+        let status = if self.deadline.is_none() {
+            self.world.process_at_rank(peer).receive_into(data)
+        } else {
+            let buf: &'static mut [f32] = Box::leak(vec![0f32; data.len()].into_boxed_slice());
+            let ptr: *mut [f32] = buf;
+            let request = self
+                .world
+                .process_at_rank(peer)
+                .immediate_receive_into(StaticScope, buf);
+            let me = self.rank();
+            let status = self.finish(request, |s| {
+                format!("rank {me}: nothing from rank {from} within {s} s (it died or the link stalled)")
+            })?;
+            // SAFETY: the request completed, so MPI no longer writes the buffer, and `ptr` is
+            // the only way left to it.
+            let got = unsafe { Box::from_raw(ptr) };
+            data.copy_from_slice(&got);
+            status
+        };
         let got = status.count(f32::equivalent_datatype()) as usize;
         ensure!(
             got == data.len(),

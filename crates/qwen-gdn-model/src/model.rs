@@ -12,7 +12,7 @@ use crate::layers::moe::MoePrefill;
 use crate::tap::{LaunchCounter, NoTap, Part, Tap};
 use crate::tensor::cast;
 use crate::weights::{row_exact, Checkpoint};
-use crate::{Config, Plan, RunOptions, StateDtype};
+use crate::{Config, ModelPart, Plan, RunOptions, StateDtype};
 use anyhow::{bail, ensure, Result};
 use candle_core::{DType, Device, Tensor};
 use std::path::Path;
@@ -30,9 +30,16 @@ pub struct Model {
     plan: Plan,
     q8_activations: bool,
     gdn_state_dtype: StateDtype,
-    embed: Embedding,
+    /// The token embedding; `None` on a pipeline stage other than the first.
+    embed: Option<Embedding>,
     decoder: Decoder,
-    lm_head: Linear,
+    /// The output head; `None` on a pipeline stage other than the last.
+    lm_head: Option<Linear>,
+    /// What this process holds of the model ([`ModelPart`]).
+    part: ModelPart,
+    /// The whole checkpoint's headers, hashed before a stage's view is cut
+    /// ([`Checkpoint::header_fingerprint`]).
+    checkpoint_fingerprint: u64,
     /// How batched decode steps run their products ([`Model::decode_batch`]).
     batch_products: crate::BatchProducts,
     /// The multi-token-prediction head, once [`Model::load_mtp`] found one.
@@ -77,6 +84,23 @@ impl Model {
         opts.apply_process_wide()?;
         let cfg = Config::from_dir(dir)?;
         let mut ckpt = Checkpoint::open(dir, &cfg)?;
+        let part = opts.part.clone();
+        if part != ModelPart::Whole {
+            ensure!(
+                cfg.qwen4_exp.is_none(),
+                "{}: a pipeline stage runs the hybrid family only (qwen4_exp is not split yet)",
+                dir.display()
+            );
+            let layers = part.layers(cfg.num_hidden_layers);
+            ensure!(
+                !layers.is_empty() && layers.end <= cfg.num_hidden_layers,
+                "pipeline stage layers {layers:?} are not within the model's {} layers",
+                cfg.num_hidden_layers
+            );
+        }
+        let tied = cfg.tie_word_embeddings;
+        let checkpoint_fingerprint = ckpt.header_fingerprint();
+        ckpt.restrict_to(&part, tied);
         ckpt.report_progress(opts.progress.clone());
         ckpt.interleave_for_q8(
             opts.q8_activations
@@ -89,23 +113,31 @@ impl Model {
             Plan::Device => w.into_device(device, opts.dtype),
         };
         let (v, h) = (cfg.vocab_size, cfg.hidden_size);
-        let embed = Embedding {
-            table: place(crate::weights::Weight::Host(ckpt.matrix(
-                "model.embed_tokens",
-                v,
-                h,
-                &cfg,
-            )?))?,
-        };
-        let lm_head = if cfg.tie_word_embeddings {
-            embed.as_linear()
+        // A tied head is the embedding table: the last stage reads it too.
+        let embed = if part.embeds() || (tied && part.has_head()) {
+            Some(Embedding {
+                table: place(crate::weights::Weight::Host(ckpt.matrix(
+                    "model.embed_tokens",
+                    v,
+                    h,
+                    &cfg,
+                )?))?,
+            })
         } else {
-            let head = Linear::load(&ckpt, "lm_head", v, h, &cfg)?;
-            match plan {
-                Plan::Reference => head,
-                Plan::Device => head.into_device(device, opts.dtype)?,
+            None
+        };
+        let lm_head = match (part.has_head(), &embed) {
+            (false, _) => None,
+            (true, Some(embed)) if tied => Some(embed.as_linear()),
+            (true, _) => {
+                let head = Linear::load(&ckpt, "lm_head", v, h, &cfg)?;
+                Some(match plan {
+                    Plan::Reference => head,
+                    Plan::Device => head.into_device(device, opts.dtype)?,
+                })
             }
         };
+        let embed = embed.filter(|_| part.embeds());
         let decoder = match cfg.qwen4_exp {
             Some(_) => {
                 let decoder = Qwen4ExpDecoder::load(&ckpt, &cfg)?;
@@ -114,7 +146,9 @@ impl Model {
                     Plan::Device => decoder.into_device(device, opts.dtype)?,
                 }))
             }
-            None => Decoder::Hybrid(HybridDecoder::load(&ckpt, &cfg, plan, device, opts.dtype)?),
+            None => Decoder::Hybrid(HybridDecoder::load(
+                &ckpt, &cfg, plan, device, opts.dtype, &part,
+            )?),
         };
         let warnings = ckpt.leftovers()?.into_iter().collect();
         let mut model = Self {
@@ -127,6 +161,8 @@ impl Model {
             embed,
             decoder,
             lm_head,
+            part,
+            checkpoint_fingerprint,
             batch_products: crate::BatchProducts::default_for(plan),
             mtp: None,
             warnings,
@@ -239,10 +275,35 @@ impl Model {
         self.decoder.new_cache(state_dtype)
     }
 
+    /// What this process holds of the model: all of it, or one pipeline stage.
+    pub fn part(&self) -> &ModelPart {
+        &self.part
+    }
+
+    /// A hash of the whole checkpoint's tensor headers (names, dtypes, shapes, byte ranges),
+    /// the same on every pipeline stage although each reads only its own tensors' data.
+    pub fn checkpoint_fingerprint(&self) -> u64 {
+        self.checkpoint_fingerprint
+    }
+
+    /// The token embedding (every process but a pipeline's non-first stages holds it).
+    fn embedding(&self) -> Result<&Embedding> {
+        self.embed
+            .as_ref()
+            .ok_or_else(|| anyhow::anyhow!("this pipeline stage does not hold the embedding"))
+    }
+
+    /// The output head (every process but a pipeline's non-last stages holds it).
+    pub(crate) fn head(&self) -> Result<&Linear> {
+        self.lm_head
+            .as_ref()
+            .ok_or_else(|| anyhow::anyhow!("this pipeline stage does not hold the output head"))
+    }
+
     /// `[S]` ids → `[1, S, H]` embeddings.
     pub fn embed(&self, tokens: &[u32]) -> Result<Tensor> {
         Ok(self
-            .embed
+            .embedding()?
             .forward(tokens, &self.device, self.dtype)?
             .unsqueeze(0)?)
     }
@@ -263,6 +324,19 @@ impl Model {
         cache: &mut Cache,
         tap: &mut dyn Tap,
     ) -> Result<Tensor> {
+        self.run_layers_from(None, tokens, cache, tap)
+    }
+
+    /// [`Model::run_layers`] on this process's layers, starting from `received` `[1, S, H]`
+    /// (the previous pipeline stage's hidden states for `tokens`) or, when `None`, from the
+    /// embedded `tokens`. Returns the hidden states after this process's last layer.
+    pub fn run_layers_from(
+        &self,
+        received: Option<Tensor>,
+        tokens: &[u32],
+        cache: &mut Cache,
+        tap: &mut dyn Tap,
+    ) -> Result<Tensor> {
         ensure!(!tokens.is_empty(), "forward needs at least one token");
         ensure!(
             cache.layers.len() == self.num_layers(),
@@ -270,8 +344,14 @@ impl Model {
         );
         self.on_host_workers(|| {
             tap.begin_pass()?;
-            let h = self.embed(tokens)?;
-            tap.part(Part::Embedding, &h, &h)?;
+            let h = match received {
+                Some(h) => h,
+                None => {
+                    let h = self.embed(tokens)?;
+                    tap.part(Part::Embedding, &h, &h)?;
+                    h
+                }
+            };
             let h = self.decoder.forward(h, tokens, cache, tap)?;
             cache.offset += tokens.len();
             Ok(h)
@@ -281,7 +361,7 @@ impl Model {
     /// The final norm and the output head on `h`, shown to `tap` as [`Part::OutputHead`].
     fn logits(&self, h: &Tensor, tap: &mut dyn Tap) -> Result<Tensor> {
         self.on_host_workers(|| {
-            let logits = self.lm_head.forward(&self.final_norm(h)?)?;
+            let logits = self.head()?.forward(&self.final_norm(h)?)?;
             tap.part(Part::OutputHead, &logits, &logits)?;
             crate::device_memory::sample(&self.device);
             cast(&logits.squeeze(0)?, DType::F32)
@@ -350,6 +430,12 @@ impl Model {
         let mut no_tap = NoTap;
         let tap = tap.unwrap_or(&mut no_tap);
         let h = self.run_layers(tokens, cache, tap)?;
+        self.last_logits(&h, tap)
+    }
+
+    /// The logits `[1, vocab_size]` of the last position of the hidden states `h` `[1, S, H]`
+    /// (the last pipeline stage's end of a forward call).
+    pub fn last_logits(&self, h: &Tensor, tap: &mut dyn Tap) -> Result<Tensor> {
         let s = h.dim(1)?;
         self.logits(&h.narrow(1, s - 1, 1)?, tap)
     }
@@ -414,8 +500,8 @@ impl Model {
                     bail!("token id {token} is outside the vocabulary ({vocab})");
                 }
                 let ends = Ends {
-                    embed: &self.embed,
-                    head: &self.lm_head,
+                    embed: self.embedding()?,
+                    head: self.head()?,
                     device: &self.device,
                     dtype: self.dtype,
                 };

@@ -129,6 +129,9 @@ pub struct RunOptions {
     pub moe_combine: CombineKernel,
     /// `QWEN_GDN_MOE_ROUTE`: the MoE router's kernel body (Metal, CUDA).
     pub moe_route: RouteKernel,
+    /// The part of the model to load: all of it, or one pipeline stage's (set by the
+    /// pipeline plan, `crate::pipeline`, never from the environment).
+    pub part: crate::ModelPart,
 }
 
 impl Default for RunOptions {
@@ -151,6 +154,7 @@ impl Default for RunOptions {
             cuda_graph: true,
             moe_combine: CombineKernel::Auto,
             moe_route: RouteKernel::Warp,
+            part: crate::ModelPart::Whole,
         }
     }
 }

@@ -310,3 +310,27 @@ fn an_index_with_an_empty_weight_map() {
         stderr(&out)
     );
 }
+
+/// Pipeline launch without MPI (the default build): `--ranks` and a start by mpirun of several
+/// ranks are one line each, naming the feature to build with.
+#[test]
+fn ranks_without_mpi() {
+    let dir = fixture("qwen3.5-tiny-4bit");
+    let model = dir.to_str().unwrap();
+    assert_error(
+        &run(&[
+            "generate", "--model", model, "--prompt", "hi", "--ranks", "2",
+        ]),
+        &["--ranks needs a qwen-gdn built with MPI", "--features mpi"],
+    );
+    let out = output(
+        command(&["generate", "--model", model, "--prompt", "hi"]).env("OMPI_COMM_WORLD_SIZE", "2"),
+    );
+    assert_error(&out, &["started by mpirun with 2 ranks", "--features mpi"]);
+    assert_error(
+        &run(&[
+            "generate", "--model", model, "--prompt", "hi", "--ranks", "0",
+        ]),
+        &["--ranks"],
+    );
+}

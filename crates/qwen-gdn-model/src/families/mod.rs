@@ -116,7 +116,7 @@ impl Decoder {
     /// lm_head's input `[1, S, H]`.
     pub fn final_norm(&self, h: &Tensor) -> Result<Tensor> {
         match self {
-            Self::Hybrid(d) => d.norm.forward(h),
+            Self::Hybrid(d) => d.final_norm()?.forward(h),
             Self::Qwen4Exp(d) => Ok(d.final_mix(&h.squeeze(0)?)?.unsqueeze(0)?),
         }
     }

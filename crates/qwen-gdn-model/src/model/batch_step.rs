@@ -114,7 +114,7 @@ impl Model {
             for cache in caches.iter_mut() {
                 cache.offset += 1;
             }
-            let logits = self.lm_head.forward(&normed)?;
+            let logits = self.head()?.forward(&normed)?;
             crate::device_memory::sample(&self.device);
             Ok((cast(&logits.squeeze(0)?, DType::F32)?, normed))
         })

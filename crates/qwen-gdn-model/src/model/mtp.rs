@@ -90,7 +90,7 @@ impl Model {
     /// same numbers [`Model::forward`] gives for those positions.
     pub fn head_logits(&self, normed: &Tensor) -> Result<Tensor> {
         self.on_host_workers(|| {
-            let logits = labelled("lm_head", || self.lm_head.forward(normed))?;
+            let logits = labelled("lm_head", || self.head()?.forward(normed))?;
             cast(&logits.squeeze(0)?, DType::F32)
         })
     }

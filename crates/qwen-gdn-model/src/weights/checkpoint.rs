@@ -297,6 +297,44 @@ impl Checkpoint {
         })
     }
 
+    /// Keeps in view only the tensors `part` owns (a pipeline stage's layers and ends): the
+    /// others can no longer be read (asking for one is a "missing tensor" error, so a stage
+    /// that strays is caught), nor are they counted as unused by [`Checkpoint::leftovers`] or
+    /// in the bytes the progress bar waits for. Their pages are never touched: a tensor is read
+    /// only when a loader asks for it.
+    pub fn restrict_to(&mut self, part: &crate::ModelPart, tied: bool) {
+        self.entries.retain(|name, _| part.owns(name, tied));
+        self.bytes_total = self
+            .entries
+            .values()
+            .map(|e| (e.info.data_offsets.1 - e.info.data_offsets.0) as u64)
+            .sum();
+    }
+
+    /// A hash of every tensor's name, dtype, shape and byte range, from the headers alone
+    /// (no tensor data is read): what ranks compare before they run a plan together, since
+    /// each stage reads only its own tensors' data.
+    pub fn header_fingerprint(&self) -> u64 {
+        use sha2::{Digest, Sha256};
+        let mut names: Vec<&String> = self.entries.keys().collect();
+        names.sort_unstable();
+        let mut hash = Sha256::new();
+        for name in names {
+            let e = &self.entries[name];
+            hash.update(format!(
+                "{name} {:?} {:?} {:?} {}\n",
+                e.info.dtype,
+                e.info.shape,
+                e.info.data_offsets,
+                self.files[e.file]
+                    .path
+                    .file_name()
+                    .map_or(String::new(), |f| f.to_string_lossy().into_owned())
+            ));
+        }
+        u64::from_le_bytes(hash.finalize()[..8].try_into().expect("8 bytes"))
+    }
+
     /// From now on, 4-bit matrices that the 8-bit-activation kernel takes are read into its
     /// interleaved layout (`AffineMatrix::into_q8_interleaved`), each as it is read, so that
     /// only one copy of a tensor's words is ever held beyond the mapped file.

@@ -4,6 +4,7 @@
 
 use crate::cli::prompt_args::PromptArgs;
 use crate::cli::prompt_cache_file;
+use crate::cli::ranks::RankArgs;
 use crate::cli::sampling_args::SamplingArgs;
 use crate::cli::speculation_args::{stats_line, SpeculationArgs};
 use crate::cli::template_args::TemplateArgs;
@@ -30,19 +31,19 @@ use std::time::Duration;
 )]
 pub struct Args {
     #[command(flatten)]
-    model: ModelArgs,
+    pub(crate) model: ModelArgs,
     #[command(flatten)]
-    prompt: PromptArgs,
+    pub(crate) prompt: PromptArgs,
     /// Start from the prompt cache this file holds (made by `qwen-gdn cache-prompt`): the
     /// prompt continues it
     #[arg(long, value_name = "FILE")]
-    prompt_cache_file: Option<PathBuf>,
+    pub(crate) prompt_cache_file: Option<PathBuf>,
     #[command(flatten)]
-    sampling: SamplingArgs,
+    pub(crate) sampling: SamplingArgs,
     #[command(flatten)]
-    template: TemplateArgs,
+    pub(crate) template: TemplateArgs,
     #[command(flatten)]
-    speculation: SpeculationArgs,
+    pub(crate) speculation: SpeculationArgs,
     /// Print the ========== frame and the stats (as mlx_lm.generate); `--verbose false` prints
     /// only the text
     #[arg(
@@ -54,7 +55,9 @@ pub struct Args {
         action = clap::ArgAction::Set,
         value_parser = clap::builder::BoolishValueParser::new()
     )]
-    verbose: bool,
+    pub(crate) verbose: bool,
+    #[command(flatten)]
+    pub(crate) ranks: RankArgs,
 }
 
 pub fn run(args: Args) -> Result<ExitCode> {
@@ -171,7 +174,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
 
 /// Chat-templated (unless there is no template or --ignore-chat-template) and tokenized prompt;
 /// `what` names it in errors.
-fn encode_prompt(
+pub(crate) fn encode_prompt(
     args: &Args,
     checkpoint: &Checkpoint,
     prompt: &str,
@@ -241,7 +244,7 @@ fn ctrl_c_flag() -> Result<&'static AtomicBool> {
 
 /// mlx-lm's report. Prompt speed covers prefill plus the first sampled token; generation speed
 /// divides all generated tokens (the first included) by the time after the first, as mlx-lm does.
-fn print_stats(
+pub(crate) fn print_stats(
     prompt_tokens: usize,
     prompt_time: Option<Duration>,
     generated: usize,

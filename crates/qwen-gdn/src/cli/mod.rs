@@ -14,10 +14,12 @@ pub mod draft_model;
 mod eval;
 mod generate;
 mod memory;
+mod pipeline_generate;
 mod process;
 mod prompt_args;
 pub mod prompt_cache_args;
 mod prompt_cache_file;
+mod ranks;
 pub mod sampling_args;
 pub mod speculation_args;
 pub mod template_args;
@@ -77,7 +79,7 @@ pub fn main() -> ExitCode {
         }
     };
     let result = match cli.command {
-        Command::Generate(args) => generate::run(args),
+        Command::Generate(args) => pipeline_generate::dispatch(args),
         Command::Eval(args) => eval::run(args),
         Command::Bench(args) => bench::run(args),
         Command::Chat(args) => chat::run(args),
@@ -87,6 +89,8 @@ pub fn main() -> ExitCode {
     match result {
         Ok(code) => code,
         Err(e) => {
+            // A pipeline rank's own error is its one last line (no launcher-stop line after).
+            qwen_gdn_collective::ending_with_own_line();
             // `{:#}` joins the context chain with ": "; any newline inside a message
             // (e.g. from a template error) is folded so that the error stays one line.
             output::eprint_line(&format!(

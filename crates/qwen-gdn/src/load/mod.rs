@@ -10,7 +10,7 @@ use crate::ui::output::eprint_line;
 use anyhow::{bail, Context, Result};
 use candle_core::{DType, Device};
 use qwen_gdn_model::weights::files::{check_regular, read_json_text};
-use qwen_gdn_model::{Config, LoadProgress, Model, RunOptions, StateDtype};
+use qwen_gdn_model::{Config, LoadProgress, Model, ModelPart, RunOptions, StateDtype};
 use serde_json::Value as Json;
 use std::path::{Path, PathBuf};
 use tokenizers::Tokenizer;
@@ -135,6 +135,16 @@ impl ModelArgs {
     /// Loads the model for a run of at most `context` positions, refusing one that would not
     /// fit the GPU.
     pub fn load_model(&self, checkpoint: &Checkpoint, context: usize) -> Result<Model> {
+        self.load_model_part(checkpoint, context, ModelPart::Whole)
+    }
+
+    /// [`ModelArgs::load_model`] of `part` of the model only (a pipeline stage's layers).
+    pub fn load_model_part(
+        &self,
+        checkpoint: &Checkpoint,
+        context: usize,
+        part: ModelPart,
+    ) -> Result<Model> {
         // The environment's engine switches, before anything is loaded: a bad value stops
         // here, in one line.
         let env = RunOptions::from_env()?;
@@ -166,6 +176,7 @@ impl ModelArgs {
                 shown.set_position(done);
             })),
             fused_decode: !self.composed_decode,
+            part,
             ..env
         };
         let model = Model::load(&checkpoint.dir, &device, &opts);

@@ -22,7 +22,11 @@ pub fn print_line(text: &str) -> Result<bool> {
 
 /// One line to stderr; a failure to write it is dropped.
 pub fn eprint_line(text: &str) {
-    let _ = writeln!(std::io::stderr().lock(), "{text}");
+    // One write of the whole line: the ranks of an `mpirun` job share one stderr, and a line
+    // written in pieces interleaves with another rank's.
+    let _ = std::io::stderr()
+        .lock()
+        .write_all(format!("{text}\n").as_bytes());
 }
 
 #[cfg(test)]

@@ -38,6 +38,7 @@ impl HybridDecoder {
         let mut per_layer = super::per_layer(self.layers.len(), caches)?;
         let first_norm = &self.layers[0].input_norm;
         let first = add_rms_norm(embedded, None, &first_norm.weight, first_norm.eps)?;
+        let final_norm = self.final_norm()?;
         let (_, x) = each_layer(
             &self.layers,
             &mut per_layer,
@@ -52,7 +53,7 @@ impl HybridDecoder {
                 };
                 let post = &layer.post_norm;
                 let (h, x) = add_rms_norm(&h, Some(&mixed), &post.weight, post.eps)?;
-                let next_norm = self.layers.get(i + 1).map_or(&self.norm, |n| &n.input_norm);
+                let next_norm = self.layers.get(i + 1).map_or(final_norm, |n| &n.input_norm);
                 // The gathered SwiGLU takes a few rows at most: past that the MoE composes.
                 let fused = covered.feed_forward
                     && matches!(&layer.feed_forward,

@@ -81,6 +81,7 @@ impl HybridDecoder {
         let first_norm = &self.layers[0].input_norm;
         let (h, x) = add_rms_norm(&embedded, None, &first_norm.weight, first_norm.eps)?;
         let offset = cache.offset;
+        let final_norm = self.final_norm()?;
         let (_, x) = each_layer(
             &self.layers,
             &mut cache.layers,
@@ -95,7 +96,7 @@ impl HybridDecoder {
                         Mixer::Attention(_) => LayerKind::Attention,
                     },
                 );
-                let next_norm = self.layers.get(i + 1).map_or(&self.norm, |n| &n.input_norm);
+                let next_norm = self.layers.get(i + 1).map_or(final_norm, |n| &n.input_norm);
                 self.fused_layer(i, layer, layer_cache, (h, x), next_norm, pos, offset)
             },
         )?;

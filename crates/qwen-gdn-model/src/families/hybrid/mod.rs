@@ -20,7 +20,7 @@ use crate::layers::moe::MoePrefill;
 use crate::layers::norm::RmsNorm;
 use crate::tap::{each_layer, Tap};
 use crate::weights::Checkpoint;
-use crate::{Config, Plan, StateDtype};
+use crate::{Config, ModelPart, Plan, StateDtype};
 use anyhow::Result;
 use candle_core::{DType, Device, Tensor};
 use gdn_ops::ops::moe_combine::CombineKernel;
@@ -29,8 +29,10 @@ use gdn_ops::ops::moe_route::RouteKernel;
 /// The hybrid family's layers and final norm, and how its decode steps run.
 #[derive(Debug)]
 pub struct HybridDecoder {
+    /// The layers this process holds: all of them, or one pipeline stage's.
     pub layers: Vec<DecoderLayer>,
-    pub norm: RmsNorm,
+    /// The final norm; `None` on a pipeline stage other than the last.
+    pub norm: Option<RmsNorm>,
     /// Decode steps run on the fused kernels (device plan); off, they run the composed ops.
     fused_decode: bool,
     /// Per layer, what the fused kernels cover.
@@ -47,16 +49,19 @@ pub struct HybridDecoder {
 }
 
 impl HybridDecoder {
-    /// Every layer and the final norm; on the device plan each layer moves to `device` as
-    /// soon as it is built, so that the host holds at most one layer beyond the mapped files.
+    /// The layers of `part` and, when it has the head, the final norm; on the device plan each
+    /// layer moves to `device` as soon as it is built, so that the host holds at most one layer
+    /// beyond the mapped files.
     pub fn load(
         ckpt: &Checkpoint,
         cfg: &Config,
         plan: Plan,
         device: &Device,
         dtype: DType,
+        part: &ModelPart,
     ) -> Result<Self> {
-        let layers = (0..cfg.num_hidden_layers)
+        let layers = part
+            .layers(cfg.num_hidden_layers)
             .map(|i| {
                 let layer = DecoderLayer::load(ckpt, i, cfg)?;
                 match plan {
@@ -66,11 +71,16 @@ impl HybridDecoder {
                 .map_err(|e| e.context(format!("loading layer {i}")))
             })
             .collect::<Result<Vec<_>>>()?;
-        let norm = RmsNorm {
-            weight: ckpt.norm("model.norm.weight", cfg.hidden_size, &Device::Cpu)?,
-            eps: cfg.rms_norm_eps as f32,
-        }
-        .into_device(device, dtype)?;
+        let norm = match part.has_head() {
+            true => Some(
+                RmsNorm {
+                    weight: ckpt.norm("model.norm.weight", cfg.hidden_size, &Device::Cpu)?,
+                    eps: cfg.rms_norm_eps as f32,
+                }
+                .into_device(device, dtype)?,
+            ),
+            false => None,
+        };
         let coverage = decode::fused_coverage(&layers, dtype);
         Ok(Self {
             layers,
@@ -146,6 +156,13 @@ impl HybridDecoder {
 
     pub fn fused_decode(&self) -> bool {
         self.fused_decode
+    }
+
+    /// The final norm (every process but a pipeline's non-last stages holds it).
+    pub fn final_norm(&self) -> Result<&RmsNorm> {
+        self.norm
+            .as_ref()
+            .ok_or_else(|| anyhow::anyhow!("this pipeline stage does not hold the final norm"))
     }
 
     /// Per layer, whether the fused decode kernels cover its mixer and its feed-forward.

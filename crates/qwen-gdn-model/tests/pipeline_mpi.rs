@@ -1,0 +1,226 @@
+//! The pipeline plan's gate (issue 31): under `mpirun -np N` (scripts/test-mpi.sh runs 2 and
+//! 3 ranks), every hybrid fixture split into N stages gives, over a chunked prefill and 64
+//! greedy steps, bit for bit the f32 logits and the tokens of the whole model in one process
+//! (which the last rank also loads, as the reference).
+//!
+//! `PIPELINE_TEST_FAULT=die:<rank>:<step>` or `stall:<rank>:<step>` makes that rank exit or
+//! hang at that decode step of the first fixture: every other rank must then end with one
+//! line (`rank R: ...`) and exit code 3 within the deadline ([`DEADLINE`]); the script checks.
+//! One test function: MPI is initialized once per process.
+
+mod common;
+
+use candle_core::{DType, Device, Tensor};
+use qwen_gdn_collective::{Collective, MpiWorld};
+use qwen_gdn_model::pipeline::Pipeline;
+use qwen_gdn_model::{Cache, Config, Model, ModelPart, RunOptions};
+use std::rc::Rc;
+use std::time::Duration;
+
+/// How long a rank waits for its neighbour before it gives up (the fault runs' bound).
+const DEADLINE: Duration = Duration::from_secs(5);
+const STEPS: usize = 64;
+const CHUNK: usize = 5;
+
+fn argmax(logits: &Tensor) -> u32 {
+    let v = logits.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+    let mut best = 0;
+    for (i, x) in v.iter().enumerate() {
+        if *x > v[best] {
+            best = i;
+        }
+    }
+    best as u32
+}
+
+fn bits(t: &Tensor) -> Vec<u32> {
+    assert_eq!(t.dtype(), DType::F32);
+    t.flatten_all()
+        .unwrap()
+        .to_vec1::<f32>()
+        .unwrap()
+        .iter()
+        .map(|x| x.to_bits())
+        .collect()
+}
+
+/// Writes `line` to stderr in one write: mpirun merges the ranks' stderr, and a line written in
+/// pieces would interleave with another rank's.
+fn say(line: &str) {
+    use std::io::Write;
+    let _ = std::io::stderr().write_all(format!("{line}\n").as_bytes());
+}
+
+/// A fault to inject: (kind, rank, decode step).
+fn fault() -> Option<(String, usize, usize)> {
+    let spec = std::env::var("PIPELINE_TEST_FAULT").ok()?;
+    let parts: Vec<&str> = spec.split(':').collect();
+    match parts[..] {
+        [kind, rank, step] if kind == "die" || kind == "stall" => Some((
+            kind.to_string(),
+            rank.parse().expect("fault rank"),
+            step.parse().expect("fault step"),
+        )),
+        _ => panic!("PIPELINE_TEST_FAULT={spec}: expected die|stall:<rank>:<step>"),
+    }
+}
+
+/// The prompt: `len` ids spread over the vocabulary.
+fn prompt(vocab: usize, len: usize) -> Vec<u32> {
+    (0..len).map(|i| ((i * 7919 + 11) % vocab) as u32).collect()
+}
+
+/// One forward call `(step index, tokens)` → the token every rank continues with, and this
+/// rank's logits if it has them.
+type Step<'a> = dyn FnMut(usize, &[u32]) -> anyhow::Result<(u32, Option<Tensor>)> + 'a;
+
+/// Greedy generation through `step`: prefill all but the last prompt token in chunks, then
+/// `STEPS` forward calls of one token; every call's logits (where this rank has them).
+fn generate(
+    prompt: &[u32],
+    prefill: &mut dyn FnMut(&[u32]) -> anyhow::Result<()>,
+    step: &mut Step,
+) -> anyhow::Result<(Vec<u32>, Vec<Tensor>)> {
+    let (last, head) = prompt.split_last().unwrap();
+    prefill(head)?;
+    let (mut tokens, mut logits) = (vec![], vec![]);
+    let mut next = *last;
+    for i in 0..STEPS {
+        let (token, l) = step(i, &[next])?;
+        tokens.push(token);
+        logits.extend(l);
+        next = token;
+    }
+    Ok((tokens, logits))
+}
+
+fn one_rank(dir: &std::path::Path, prompt: &[u32]) -> (Vec<u32>, Vec<Tensor>) {
+    let model = Model::load(dir, &Device::Cpu, &common::run_options()).unwrap();
+    let mut cache = model.new_cache();
+    let cache = std::cell::RefCell::new(&mut cache);
+    generate(
+        prompt,
+        &mut |ids| model.prefill(ids, &mut cache.borrow_mut(), CHUNK),
+        &mut |_, ids| {
+            let logits = model.forward_last(ids, &mut cache.borrow_mut())?;
+            Ok((argmax(&logits), Some(logits)))
+        },
+    )
+    .unwrap()
+}
+
+/// One pipeline run; `Err` carries the one line a surviving rank ends with.
+fn pipelined(
+    pipeline: &Pipeline,
+    model: &Model,
+    cache: &mut Cache,
+    prompt: &[u32],
+    fault: Option<&(String, usize, usize)>,
+) -> anyhow::Result<(Vec<u32>, Vec<Tensor>)> {
+    let cache = std::cell::RefCell::new(cache);
+    generate(
+        prompt,
+        &mut |ids| pipeline.prefill(model, ids, &mut cache.borrow_mut(), CHUNK),
+        &mut |i, ids| {
+            if let Some((kind, rank, at)) = fault {
+                if *rank == pipeline.rank() && *at == i {
+                    say(&format!(
+                        "rank {rank}: test fault: {kind} at decode step {i}"
+                    ));
+                    if kind == "die" {
+                        std::process::exit(0);
+                    }
+                    std::thread::sleep(DEADLINE * 20);
+                }
+            }
+            let logits = pipeline.forward_last(model, ids, &mut cache.borrow_mut())?;
+            let token = pipeline.share_token(logits.as_ref().map(argmax))?;
+            Ok((token, logits))
+        },
+    )
+}
+
+#[test]
+fn pipeline_equals_one_rank() {
+    // A failed check on one rank ends the process at once, without MPI's finalize: mpirun
+    // then stops the job, instead of the other ranks waiting forever in the next collective.
+    let report = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        report(info);
+        std::process::exit(101);
+    }));
+    let mut world = MpiWorld::init().unwrap();
+    world.set_deadline(Some(DEADLINE));
+    world.end_with_one_line_when_stopped();
+    let world: Rc<dyn Collective> = Rc::new(world);
+    let (rank, ranks) = (world.rank(), world.size());
+    let fault = fault();
+    for name in common::CHECKPOINTS {
+        let dir = common::models_dir().join(name);
+        let cfg = Config::from_dir(&dir).unwrap();
+        let layers = cfg.num_hidden_layers;
+        let pipeline = Pipeline::new(world.clone(), layers).unwrap();
+        let part = pipeline.part(layers);
+        let opts = RunOptions {
+            part: part.clone(),
+            ..common::run_options()
+        };
+        let model = Model::load(&dir, &Device::Cpu, &opts)
+            .unwrap_or_else(|e| panic!("{name}, rank {rank}: {e:#}"));
+        assert_eq!(model.layers().len(), part.layers(layers).len(), "{name}");
+        pipeline.ensure_agreement(&model).unwrap();
+        let ids = prompt(cfg.vocab_size, 12);
+        let mut cache = model.new_cache();
+        let (tokens, logits) = match pipelined(&pipeline, &model, &mut cache, &ids, fault.as_ref())
+        {
+            Ok(run) => run,
+            Err(e) => {
+                // The one line a surviving rank ends with.
+                qwen_gdn_collective::ending_with_own_line();
+                say(&format!("error: {e:#}"));
+                std::process::exit(3);
+            }
+        };
+        // Every rank followed the same tokens.
+        let hash = tokens.iter().fold(0xcbf29ce484222325u64, |h, &t| {
+            (h ^ t as u64).wrapping_mul(0x100000001b3)
+        });
+        let all = world.all_gather_u64(hash).unwrap();
+        assert!(
+            all.iter().all(|&h| h == hash),
+            "{name}: ranks followed different tokens"
+        );
+        if pipeline.is_last() {
+            assert_eq!(logits.len(), STEPS);
+            let (want_tokens, want_logits) = one_rank(&dir, &ids);
+            assert_eq!(
+                tokens, want_tokens,
+                "{name}: {ranks} ranks chose other tokens"
+            );
+            for (i, (got, want)) in logits.iter().zip(&want_logits).enumerate() {
+                assert!(
+                    bits(got) == bits(want),
+                    "{name}: step {i}: {ranks} ranks' logits differ from one rank's"
+                );
+            }
+            say(&format!("{name}: {ranks} ranks = 1 rank over {STEPS} greedy steps (tokens and f32 logits, bit for bit)"));
+        } else {
+            assert!(logits.is_empty());
+        }
+    }
+    // A family the pipeline does not split yet is refused in one line.
+    let dir = common::models_dir().join(common::QWEN4_EXP[0]);
+    let opts = RunOptions {
+        part: ModelPart::Stage {
+            layers: 0..1,
+            first: true,
+            last: false,
+        },
+        ..common::run_options()
+    };
+    let err = Model::load(&dir, &Device::Cpu, &opts)
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(err.contains("hybrid family only"), "{err}");
+}

@@ -1,0 +1,101 @@
+//! How `generate` becomes a pipeline of ranks: under `mpirun -n N` (a build with the `mpi`
+//! feature), each process is one stage; `--ranks N` on one host starts `mpirun -n N` of this
+//! very binary with the same arguments.
+
+use anyhow::{bail, Context, Result};
+use qwen_gdn_collective::Collective;
+use std::process::ExitCode;
+use std::rc::Rc;
+
+#[derive(clap::Args)]
+pub struct RankArgs {
+    /// Run as a pipeline of N processes on this host (layers split between them): starts
+    /// `mpirun -n N` of this binary (needs Open MPI and a build with the `mpi` feature).
+    /// Across hosts, start the binary under `mpirun` yourself
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=1024))]
+    pub ranks: Option<u32>,
+    /// Pipeline: how long a rank waits for its neighbour's activation or token before it ends,
+    /// with one line naming the rank that is gone (died, or its link stalled)
+    #[arg(long, value_name = "SECONDS", default_value_t = 60,
+          value_parser = clap::value_parser!(u64).range(1..=86_400))]
+    pub rank_timeout: u64,
+}
+
+/// Environment variables a launcher sets in every rank it starts: Open MPI's, then the PMI
+/// ones of MPICH's Hydra (and Slurm).
+const WORLD_SIZE_VARS: [&str; 2] = ["OMPI_COMM_WORLD_SIZE", "PMI_SIZE"];
+
+/// The number of ranks the launcher that started this process asked for (1 outside one).
+fn launched_size() -> usize {
+    WORLD_SIZE_VARS
+        .iter()
+        .find_map(|v| std::env::var(v).ok()?.parse().ok())
+        .unwrap_or(1)
+}
+
+/// This process's rank of the job `mpirun` started, when it started more than one; `None`
+/// when the run is a single process.
+pub fn launched_world(rank_timeout: u64) -> Result<Option<Rc<dyn Collective>>> {
+    if launched_size() <= 1 {
+        return Ok(None);
+    }
+    #[cfg(feature = "mpi")]
+    {
+        let mut world = qwen_gdn_collective::MpiWorld::init()?;
+        world.set_deadline(Some(std::time::Duration::from_secs(rank_timeout)));
+        world.end_with_one_line_when_stopped();
+        if world.size() <= 1 {
+            return Ok(None);
+        }
+        Ok(Some(Rc::new(world)))
+    }
+    #[cfg(not(feature = "mpi"))]
+    {
+        let _ = rank_timeout;
+        bail!(
+            "started by mpirun with {} ranks, but this qwen-gdn was built without MPI (cargo build --release --features mpi)",
+            launched_size()
+        )
+    }
+}
+
+/// `--ranks N`: runs this binary again under `mpirun -n N` with the same arguments minus
+/// `--ranks`, and ends with its exit status.
+pub fn spawn_under_mpirun(ranks: u32) -> Result<ExitCode> {
+    if !cfg!(feature = "mpi") {
+        bail!("--ranks needs a qwen-gdn built with MPI (cargo build --release --features mpi)");
+    }
+    let exe = std::env::current_exe().context("--ranks: finding this binary")?;
+    let mut args = vec![];
+    let mut rest = std::env::args().skip(1);
+    while let Some(arg) = rest.next() {
+        if arg == "--ranks" {
+            rest.next();
+        } else if !arg.starts_with("--ranks=") {
+            args.push(arg);
+        }
+    }
+    let mut mpirun = std::process::Command::new("mpirun");
+    // Open MPI refuses root unless told, and more ranks than cores unless told.
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } == 0 {
+        mpirun.arg("--allow-run-as-root");
+    }
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    if ranks as usize > cores {
+        mpirun.arg("--oversubscribe");
+    }
+    mpirun.args(["-n", &ranks.to_string()]).arg(exe).args(args);
+    let status = match mpirun.status() {
+        Ok(status) => status,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            bail!("--ranks: mpirun is not on PATH (install Open MPI: apt install openmpi-bin, brew install open-mpi)")
+        }
+        Err(e) => bail!("--ranks: cannot start mpirun: {e}"),
+    };
+    Ok(match status.code() {
+        Some(0) => ExitCode::SUCCESS,
+        Some(code) => ExitCode::from(u8::try_from(code).unwrap_or(1)),
+        None => ExitCode::FAILURE,
+    })
+}
