@@ -153,7 +153,7 @@ impl Default for RunOptions {
             moe_prefill: None,
             cuda_graph: true,
             moe_combine: CombineKernel::Auto,
-            moe_route: RouteKernel::Warp,
+            moe_route: RouteKernel::Auto,
             part: crate::ModelPart::Whole,
         }
     }

@@ -86,7 +86,7 @@ fn every_switch_takes_its_values() {
         (CUDA_GRAPH_VAR, "1"),
         (SPIN_US_VAR, "0"),
         (MOE_COMBINE_VAR, "auto"),
-        (MOE_ROUTE_VAR, "warp"),
+        (MOE_ROUTE_VAR, "auto"),
     ])
     .unwrap();
     assert_eq!(o.gdn_prefill, Some(GdnForm::Recurrent));
@@ -98,6 +98,10 @@ fn every_switch_takes_its_values() {
     assert!(o.cuda_graph);
     assert_eq!(o.moe_combine, CombineKernel::Auto);
     assert_eq!(o.moe_route, RouteKernel::Auto);
+    assert_eq!(
+        from(&[(MOE_ROUTE_VAR, "warp")]).unwrap().moe_route,
+        RouteKernel::Warp
+    );
     assert_eq!(o.spin, Duration::ZERO);
     // `grouped` alone takes the device's threshold.
     let o = from(&[(MOE_PREFILL_VAR, "grouped")]).unwrap();

@@ -149,3 +149,21 @@ pub fn moe_route_with(
         on_device!(device, "moe_route", moe_route(logits, &p, kernel))
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `Auto` takes the block body for decode-sized calls and the warp body for prefill
+    /// chunks; a concrete body is kept whatever the size.
+    #[test]
+    fn auto_picks_the_measured_body_by_size() {
+        let auto = RouteKernel::Auto;
+        assert_eq!(auto.for_tokens(1), RouteKernel::Block);
+        assert_eq!(auto.for_tokens(BLOCK_MAX_TOKENS), RouteKernel::Block);
+        assert_eq!(auto.for_tokens(BLOCK_MAX_TOKENS + 1), RouteKernel::Warp);
+        assert_eq!(auto.for_tokens(4096), RouteKernel::Warp);
+        assert_eq!(RouteKernel::Warp.for_tokens(1), RouteKernel::Warp);
+        assert_eq!(RouteKernel::Block.for_tokens(4096), RouteKernel::Block);
+    }
+}
