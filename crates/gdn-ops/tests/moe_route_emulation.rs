@@ -85,7 +85,8 @@ impl Case {
             self.renormalise as usize,
             self.has_shared as usize,
             match body {
-                RouteKernel::Warp => 0,
+                // The harness takes a concrete body; `Auto` is resolved by size as the host does.
+                RouteKernel::Warp | RouteKernel::Auto => 0,
                 RouteKernel::Block => 1,
             },
         ] {
