@@ -10,6 +10,7 @@
 
 use super::fused;
 use super::hyper_connection::HyperConnection;
+pub use super::indexed_attention::IndexedAttention;
 use super::ngram_tables;
 use super::ple::PerLayerEmbedding;
 use super::qsa_indexer::QsaIndexer;
@@ -45,13 +46,6 @@ pub enum Qwen4Mixer {
     Gdn(Box<GatedDeltaNet>),
     /// Qwen3.5's gated attention restricted to the keys the indexer selects.
     Qsa(Box<IndexedAttention>),
-}
-
-/// The QSA mixer: the attention and its indexer.
-#[derive(Debug)]
-pub struct IndexedAttention {
-    pub attention: Attention,
-    pub indexer: QsaIndexer,
 }
 
 /// One `qwen4_exp` decoder layer.

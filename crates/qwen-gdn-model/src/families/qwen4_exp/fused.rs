@@ -9,7 +9,7 @@
 //! (`attn_decode` takes no block list; inside the budget it runs on the fused kernels).
 //! The composed layer is the reference it is tested against (tests/qwen4_exp.rs).
 
-use super::decoder::IndexedAttention;
+use super::indexed_attention::IndexedAttention;
 use super::state;
 use crate::cache::{GdnCache, KvCache};
 use crate::layers::gdn::GatedDeltaNet;
