@@ -214,13 +214,12 @@ impl QsaIndexer {
                                              // Every token of a kept block, then the incomplete block's, open: log(1) = 0,
                                              // log(0) = −∞.
         let tokens = candle_op(kept.reshape((m, 1))?.broadcast_as((m, c))?.contiguous())?;
-        // The incomplete block is empty right after a block completes: no zero-length
-        // tensor (a zero-byte allocation is an invalid argument to the CUDA driver).
-        let tokens = tokens.reshape(m * c)?;
-        let open = match t + 1 - m * c {
-            0 => tokens,
-            open_tail => cat(&[&tokens, &full(1f32, open_tail, device)?], 0)?,
-        };
+        // The incomplete block's 0..c open positions: a whole open block, then cut to t + 1
+        // by a view. Never a zero-length tensor (right after a block completes, a zero-byte
+        // allocation is an invalid argument to the CUDA driver), and the same launches every
+        // step of a block.
+        let open =
+            cat(&[&tokens.reshape(m * c)?, &full(1f32, c, device)?], 0)?.narrow(0, 0, t + 1)?;
         let mask = candle_op(open.log())?;
         Ok(Some(cast(&mask, x.dtype())?.reshape((1, t + 1))?))
     }
