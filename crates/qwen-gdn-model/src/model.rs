@@ -20,8 +20,10 @@ use std::path::Path;
 mod batch_step;
 mod launch_budget;
 mod mtp;
+mod random_weights;
 pub use launch_budget::{ple_layers, LaunchBudget};
 pub use mtp::MtpPrecision;
+pub use random_weights::RandomWeights;
 
 pub struct Model {
     config: Config,
@@ -46,6 +48,14 @@ impl Model {
         if !dir.is_dir() {
             bail!("{}: model folder does not exist", dir.display());
         }
+        let plan = Self::checked_plan(device, opts)?;
+        let cfg = Config::from_dir(dir)?;
+        let ckpt = Checkpoint::open(dir, &cfg)?;
+        Self::from_checkpoint(cfg, ckpt, plan, device, opts)
+    }
+
+    /// The plan `opts` asks for (else the device's), refused where it cannot run.
+    fn checked_plan(device: &Device, opts: &RunOptions) -> Result<Plan> {
         let plan = opts
             .plan
             .unwrap_or_else(|| Plan::for_device(device, opts.dtype));
@@ -73,10 +83,19 @@ impl Model {
                 );
             }
         }
+        Ok(plan)
+    }
+
+    /// Builds the model from `ckpt`'s tensors, files or random ([`Model::random`]).
+    fn from_checkpoint(
+        cfg: Config,
+        mut ckpt: Checkpoint,
+        plan: Plan,
+        device: &Device,
+        opts: &RunOptions,
+    ) -> Result<Self> {
         let variants = opts.layer_variants(device);
         opts.apply_process_wide()?;
-        let cfg = Config::from_dir(dir)?;
-        let mut ckpt = Checkpoint::open(dir, &cfg)?;
         ckpt.report_progress(opts.progress.clone());
         ckpt.interleave_for_q8(
             opts.q8_activations
@@ -108,11 +127,8 @@ impl Model {
         };
         let decoder = match cfg.qwen4_exp {
             Some(_) => {
-                let decoder = Qwen4ExpDecoder::load(&ckpt, &cfg)?;
-                Decoder::Qwen4Exp(Box::new(match plan {
-                    Plan::Reference => decoder,
-                    Plan::Device => decoder.into_device(device, opts.dtype)?,
-                }))
+                let target = (plan == Plan::Device).then_some((device, opts.dtype));
+                Decoder::Qwen4Exp(Box::new(Qwen4ExpDecoder::load(&ckpt, &cfg, target)?))
             }
             None => Decoder::Hybrid(HybridDecoder::load(&ckpt, &cfg, plan, device, opts.dtype)?),
         };

@@ -135,6 +135,22 @@ impl ModelArgs {
     /// Loads the model for a run of at most `context` positions, refusing one that would not
     /// fit the GPU.
     pub fn load_model(&self, checkpoint: &Checkpoint, context: usize) -> Result<Model> {
+        self.load_with(
+            |device, state, dtype| {
+                crate::load::preflight::check(device, &checkpoint.dir, context, state, dtype)
+            },
+            |device, opts| Model::load(&checkpoint.dir, device, opts),
+        )
+    }
+
+    /// What [`ModelArgs::load_model`] does around the loading itself: the device, dtypes and
+    /// options from the flags and the environment, `preflight` (may the model fit the
+    /// device?), a progress bar around `build`, and the load's warnings.
+    pub fn load_with(
+        &self,
+        preflight: impl FnOnce(&Device, StateDtype, DType) -> Result<()>,
+        build: impl FnOnce(&Device, &RunOptions) -> Result<Model>,
+    ) -> Result<Model> {
         // The environment's engine switches, before anything is loaded: a bad value stops
         // here, in one line.
         let env = RunOptions::from_env()?;
@@ -153,7 +169,7 @@ impl ModelArgs {
         if let Some(notice) = notice {
             eprintln!("{notice}");
         }
-        crate::load::preflight::check(&device, &checkpoint.dir, context, gdn_state_dtype, dtype)?;
+        preflight(&device, gdn_state_dtype, dtype)?;
         let bar = crate::ui::progress::bytes(None, "loading weights");
         let shown = bar.clone();
         let opts = RunOptions {
@@ -168,7 +184,7 @@ impl ModelArgs {
             fused_decode: !self.composed_decode,
             ..env
         };
-        let model = Model::load(&checkpoint.dir, &device, &opts);
+        let model = build(&device, &opts);
         bar.finish_and_clear();
         let model = model?;
         for warning in model.load_warnings() {
