@@ -40,6 +40,8 @@ pub struct Model {
     /// The multi-token-prediction head, once [`Model::load_mtp`] found one.
     mtp: Option<crate::families::hybrid::MtpHead>,
     warnings: Vec<String>,
+    /// Every tensor the loaders read, as stored: (canonical name, dtype, shape), sorted.
+    weight_layout: Vec<(String, String, Vec<usize>)>,
 }
 
 impl Model {
@@ -133,6 +135,7 @@ impl Model {
             None => Decoder::Hybrid(HybridDecoder::load(&ckpt, &cfg, plan, device, opts.dtype)?),
         };
         let warnings = ckpt.leftovers()?.into_iter().collect();
+        let weight_layout = ckpt.used_layout();
         let mut model = Self {
             config: cfg,
             device: device.clone(),
@@ -146,6 +149,7 @@ impl Model {
             batch_products: crate::BatchProducts::default_for(plan),
             mtp: None,
             warnings,
+            weight_layout,
         };
         model.decoder.set_variants(&variants);
         model.set_fused_decode(plan == Plan::Device && opts.fused_decode);
@@ -186,6 +190,13 @@ impl Model {
             Decoder::Hybrid(d) => d.coverage(),
             Decoder::Qwen4Exp(d) => d.coverage(),
         }
+    }
+
+    /// Every tensor the loaders read, as stored (canonical name, dtype, shape; sorted): what
+    /// the random-weights test compares with a checkpoint's (the shapes of packed words and
+    /// group parameters give the bits and group size).
+    pub fn weight_layout(&self) -> &[(String, String, Vec<usize>)] {
+        &self.weight_layout
     }
 
     /// What loading found odd but harmless (tensors a text model skips), for the user.

@@ -489,6 +489,19 @@ impl Checkpoint {
         )))
     }
 
+    /// The tensors the loaders asked for, as stored: (canonical name, dtype, shape), sorted.
+    pub fn used_layout(&self) -> Vec<(String, String, Vec<usize>)> {
+        let used = self.used.lock().unwrap_or_else(|e| e.into_inner());
+        let mut out: Vec<_> = self
+            .entries()
+            .iter()
+            .filter(|(name, _)| used.contains(*name))
+            .map(|(name, e)| (name.clone(), format!("{:?}", e.info.dtype), e.info.shape.clone()))
+            .collect();
+        out.sort();
+        out
+    }
+
     pub fn contains(&self, name: &str) -> bool {
         self.entries().contains_key(name)
     }
