@@ -110,7 +110,11 @@ fn a_router_declared_at_4_bits_changes_the_layout() {
             .unwrap()
     };
     let (r8, r4) = (router(&a), router(&b));
-    assert_eq!(r8.2[1] * 2, r4.2[1] * 4, "8-bit words hold 4 values, 4-bit 8");
+    assert_eq!(
+        r8.2[1] * 2,
+        r4.2[1] * 4,
+        "8-bit words hold 4 values, 4-bit 8"
+    );
     assert_ne!(r8, r4);
 }
 

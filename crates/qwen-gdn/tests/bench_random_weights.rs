@@ -48,7 +48,10 @@ fn every_fixture_config_benches_with_random_weights() {
             assert!(v.is_finite() && v > 0.0, "{name}: {key} {v}");
         }
         assert_eq!(report["size_bytes"], 0, "{name}");
-        assert!(stderr.contains("random weights (seed 0)"), "{name}: {stderr}");
+        assert!(
+            stderr.contains("random weights (seed 0)"),
+            "{name}: {stderr}"
+        );
     }
 }
 
@@ -65,14 +68,30 @@ fn bad_random_weight_runs_are_one_line_errors() {
     .unwrap();
     for (args, says) in [
         (vec!["--random-weights"], "--config"),
-        (vec!["--config", "/nonexistent.json", "--random-weights"], "not found"),
         (
-            vec!["--config", config, "--random-weights", "--model", dir.to_str().unwrap()],
+            vec!["--config", "/nonexistent.json", "--random-weights"],
+            "not found",
+        ),
+        (
+            vec![
+                "--config",
+                config,
+                "--random-weights",
+                "--model",
+                dir.to_str().unwrap(),
+            ],
             "leave out --model",
         ),
-        (vec!["--config", "Cargo.toml", "--random-weights"], "invalid JSON"),
         (
-            vec!["--config", unknown.path().to_str().unwrap(), "--random-weights"],
+            vec!["--config", "Cargo.toml", "--random-weights"],
+            "invalid JSON",
+        ),
+        (
+            vec![
+                "--config",
+                unknown.path().to_str().unwrap(),
+                "--random-weights",
+            ],
             "llama",
         ),
         (vec![], "--model"),

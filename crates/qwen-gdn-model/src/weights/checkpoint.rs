@@ -496,7 +496,13 @@ impl Checkpoint {
             .entries()
             .iter()
             .filter(|(name, _)| used.contains(*name))
-            .map(|(name, e)| (name.clone(), format!("{:?}", e.info.dtype), e.info.shape.clone()))
+            .map(|(name, e)| {
+                (
+                    name.clone(),
+                    format!("{:?}", e.info.dtype),
+                    e.info.shape.clone(),
+                )
+            })
             .collect();
         out.sort();
         out
