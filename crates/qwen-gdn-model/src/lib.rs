@@ -32,7 +32,7 @@ pub use config::Config;
 pub use gdn_ops::capability::bf16_supported;
 pub use gdn_ops::StateDtype;
 pub use load_progress::LoadProgress;
-pub use model::{Model, MtpPrecision};
+pub use model::{Model, MtpPrecision, RandomWeights};
 pub use model_part::ModelPart;
 pub use options::{LayerVariants, RunOptions};
 pub use prompt_cache::{prefill_with_snapshots, PromptCache};

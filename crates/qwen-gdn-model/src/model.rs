@@ -20,8 +20,10 @@ use std::path::Path;
 mod batch_step;
 mod launch_budget;
 mod mtp;
+mod random_weights;
 pub use launch_budget::{ple_layers, LaunchBudget};
 pub use mtp::MtpPrecision;
+pub use random_weights::RandomWeights;
 
 pub struct Model {
     config: Config,
@@ -45,6 +47,8 @@ pub struct Model {
     /// The multi-token-prediction head, once [`Model::load_mtp`] found one.
     mtp: Option<crate::families::hybrid::MtpHead>,
     warnings: Vec<String>,
+    /// Every tensor the loaders read, as stored: (canonical name, dtype, shape), sorted.
+    weight_layout: Vec<(String, String, Vec<usize>)>,
 }
 
 impl Model {
@@ -53,6 +57,14 @@ impl Model {
         if !dir.is_dir() {
             bail!("{}: model folder does not exist", dir.display());
         }
+        let plan = Self::checked_plan(device, opts)?;
+        let cfg = Config::from_dir(dir)?;
+        let ckpt = Checkpoint::open(dir, &cfg)?;
+        Self::from_checkpoint(cfg, ckpt, plan, device, opts)
+    }
+
+    /// The plan `opts` asks for (else the device's), refused where it cannot run.
+    fn checked_plan(device: &Device, opts: &RunOptions) -> Result<Plan> {
         let plan = opts
             .plan
             .unwrap_or_else(|| Plan::for_device(device, opts.dtype));
@@ -80,16 +92,24 @@ impl Model {
                 );
             }
         }
+        Ok(plan)
+    }
+
+    /// Builds the model from `ckpt`'s tensors, files or random ([`Model::random`]).
+    fn from_checkpoint(
+        cfg: Config,
+        mut ckpt: Checkpoint,
+        plan: Plan,
+        device: &Device,
+        opts: &RunOptions,
+    ) -> Result<Self> {
         let variants = opts.layer_variants(device);
         opts.apply_process_wide()?;
-        let cfg = Config::from_dir(dir)?;
-        let mut ckpt = Checkpoint::open(dir, &cfg)?;
         let part = opts.part.clone();
         if part != ModelPart::Whole {
             ensure!(
                 cfg.qwen4_exp.is_none(),
-                "{}: a pipeline stage runs the hybrid family only (qwen4_exp is not split yet)",
-                dir.display()
+                "a pipeline stage runs the hybrid family only (qwen4_exp is not split yet)"
             );
             let layers = part.layers(cfg.num_hidden_layers);
             ensure!(
@@ -140,17 +160,15 @@ impl Model {
         let embed = embed.filter(|_| part.embeds());
         let decoder = match cfg.qwen4_exp {
             Some(_) => {
-                let decoder = Qwen4ExpDecoder::load(&ckpt, &cfg)?;
-                Decoder::Qwen4Exp(Box::new(match plan {
-                    Plan::Reference => decoder,
-                    Plan::Device => decoder.into_device(device, opts.dtype)?,
-                }))
+                let target = (plan == Plan::Device).then_some((device, opts.dtype));
+                Decoder::Qwen4Exp(Box::new(Qwen4ExpDecoder::load(&ckpt, &cfg, target)?))
             }
             None => Decoder::Hybrid(HybridDecoder::load(
                 &ckpt, &cfg, plan, device, opts.dtype, &part,
             )?),
         };
         let warnings = ckpt.leftovers()?.into_iter().collect();
+        let weight_layout = ckpt.used_layout();
         let mut model = Self {
             config: cfg,
             device: device.clone(),
@@ -166,6 +184,7 @@ impl Model {
             batch_products: crate::BatchProducts::default_for(plan),
             mtp: None,
             warnings,
+            weight_layout,
         };
         model.decoder.set_variants(&variants);
         model.set_fused_decode(plan == Plan::Device && opts.fused_decode);
@@ -206,6 +225,13 @@ impl Model {
             Decoder::Hybrid(d) => d.coverage(),
             Decoder::Qwen4Exp(d) => d.coverage(),
         }
+    }
+
+    /// Every tensor the loaders read, as stored (canonical name, dtype, shape; sorted): what
+    /// the random-weights test compares with a checkpoint's (the shapes of packed words and
+    /// group parameters give the bits and group size).
+    pub fn weight_layout(&self) -> &[(String, String, Vec<usize>)] {
+        &self.weight_layout
     }
 
     /// What loading found odd but harmless (tensors a text model skips), for the user.

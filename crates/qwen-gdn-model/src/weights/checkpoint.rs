@@ -16,6 +16,7 @@
 use super::affine::{AffineMatrix, GroupParams};
 use super::files::{read_json_text, ModelFolder};
 use super::matrix::{FloatData, FloatMatrix, Matrix};
+use super::random_weights::{self, Fill, MatrixLayout};
 use crate::config::{Config, Family, QuantSpec};
 use crate::LoadProgress;
 use anyhow::{anyhow, bail, Context, Result};
@@ -27,7 +28,7 @@ use safetensors::SafeTensors;
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex, RwLock};
 
 struct ShardFile {
     path: PathBuf,
@@ -41,6 +42,19 @@ struct Entry {
     info: TensorInfo,
     /// The key as spelled in the file, for error messages and quantization overrides.
     original: String,
+    /// With random weights: what the tensor's values are drawn from.
+    fill: Option<Fill>,
+}
+
+/// Where the tensors' bytes come from: the checkpoint's files, or random weights of the
+/// shapes the loaders ask for ([`Checkpoint::random`]).
+enum TensorBytes {
+    Files(Vec<ShardFile>),
+    Random {
+        seed: u64,
+        /// The tensors handed out as mappings ([`Checkpoint::raw_location`]), made once.
+        mapped: Mutex<HashMap<String, Arc<Mmap>>>,
+    },
 }
 
 /// See [`Checkpoint::raw_location`].
@@ -54,11 +68,14 @@ pub struct RawLocation {
     pub shape: Vec<usize>,
     /// The key as spelled in the file.
     pub original: String,
+    /// With random weights, the tensor's bytes (there is no file to map).
+    pub generated: Option<Arc<Mmap>>,
 }
 
 pub struct Checkpoint {
-    files: Vec<ShardFile>,
-    entries: HashMap<String, Entry>,
+    bytes: TensorBytes,
+    /// Every tensor by canonical name; with random weights, those the loaders asked for.
+    entries: RwLock<HashMap<String, Arc<Entry>>>,
     /// Canonical names the loaders have asked for (see [`Checkpoint::leftovers`]).
     used: Mutex<HashSet<String>>,
     /// Known extras skipped at open: (kind, how many).
@@ -209,7 +226,8 @@ impl Checkpoint {
     /// ([`super::norm_convention`]): conversions disagree on whether they shifted the head's.
     pub fn open_mtp(dir: &Path, config: &Config) -> Result<Option<Self>> {
         let ckpt = Self::open_view(dir, config, View::Mtp)?;
-        Ok((!ckpt.entries.is_empty()).then_some(ckpt))
+        let empty = ckpt.entries().is_empty();
+        Ok((!empty).then_some(ckpt))
     }
 
     fn open_view(dir: &Path, config: &Config, view: View) -> Result<Self> {
@@ -245,11 +263,12 @@ impl Checkpoint {
                 }
                 entries.insert(
                     name,
-                    Entry {
+                    Arc::new(Entry {
                         file: idx,
                         info: info.clone(),
                         original: key,
-                    },
+                        fill: None,
+                    }),
                 );
             }
             files.push(ShardFile {
@@ -280,8 +299,8 @@ impl Checkpoint {
             }
         }
         Ok(Self {
-            files,
-            entries,
+            bytes: TensorBytes::Files(files),
+            entries: RwLock::new(entries),
             used: Mutex::new(HashSet::new()),
             skipped,
             dir: dir.to_path_buf(),
@@ -303,9 +322,9 @@ impl Checkpoint {
     /// in the bytes the progress bar waits for. Their pages are never touched: a tensor is read
     /// only when a loader asks for it.
     pub fn restrict_to(&mut self, part: &crate::ModelPart, tied: bool) {
-        self.entries.retain(|name, _| part.owns(name, tied));
-        self.bytes_total = self
-            .entries
+        let entries = self.entries.get_mut().unwrap_or_else(|e| e.into_inner());
+        entries.retain(|name, _| part.owns(name, tied));
+        self.bytes_total = entries
             .values()
             .map(|e| (e.info.data_offsets.1 - e.info.data_offsets.0) as u64)
             .sum();
@@ -316,23 +335,142 @@ impl Checkpoint {
     /// each stage reads only its own tensors' data.
     pub fn header_fingerprint(&self) -> u64 {
         use sha2::{Digest, Sha256};
-        let mut names: Vec<&String> = self.entries.keys().collect();
+        let entries = self.entries();
+        let mut names: Vec<&String> = entries.keys().collect();
         names.sort_unstable();
         let mut hash = Sha256::new();
         for name in names {
-            let e = &self.entries[name];
+            let e = &entries[name];
             hash.update(format!(
                 "{name} {:?} {:?} {:?} {}\n",
                 e.info.dtype,
                 e.info.shape,
                 e.info.data_offsets,
-                self.files[e.file]
-                    .path
-                    .file_name()
-                    .map_or(String::new(), |f| f.to_string_lossy().into_owned())
+                match &self.bytes {
+                    TensorBytes::Files(files) => files[e.file]
+                        .path
+                        .file_name()
+                        .map_or(String::new(), |f| f.to_string_lossy().into_owned()),
+                    TensorBytes::Random { seed, .. } => format!("random {seed}"),
+                }
             ));
         }
         u64::from_le_bytes(hash.finalize()[..8].try_into().expect("8 bytes"))
+    }
+
+    /// Random weights of the shapes the loaders ask for, in the layout an mlx conversion of
+    /// `config` stores them (`random_weights.rs`), seeded by `seed`: each tensor is made
+    /// when a loader reads it and dropped once copied, so the host holds one at a time.
+    pub fn random(config: &Config, seed: u64) -> Self {
+        Self {
+            bytes: TensorBytes::Random {
+                seed,
+                mapped: Mutex::new(HashMap::new()),
+            },
+            entries: RwLock::new(HashMap::new()),
+            used: Mutex::new(HashSet::new()),
+            skipped: vec![],
+            dir: PathBuf::from(format!("random weights (seed {seed})")),
+            model_type: config.model_type.clone(),
+            raw_hf: false,
+            family: config.family,
+            progress: None,
+            bytes_read: AtomicU64::new(0),
+            bytes_total: 0,
+            q8_interleave: false,
+            mtp_view: false,
+            quantize_floats: None,
+        }
+    }
+
+    /// Whether the tensors are random ([`Checkpoint::random`]) rather than read from files.
+    pub fn is_random(&self) -> bool {
+        matches!(self.bytes, TensorBytes::Random { .. })
+    }
+
+    /// With random weights, registers the tensor `name` (canonical) as a loader expects it;
+    /// a tensor already registered (or any, when reading files) is left as it is.
+    fn declare(&self, name: &str, dtype: Dtype, shape: Vec<usize>, fill: Fill) {
+        if !self.is_random() {
+            return;
+        }
+        let mut entries = self.entries.write().unwrap_or_else(|e| e.into_inner());
+        if entries.contains_key(name) {
+            return;
+        }
+        let len = shape.iter().product::<usize>() * dtype.bitsize() / 8;
+        let info = TensorInfo {
+            dtype,
+            shape,
+            data_offsets: (0, len),
+        };
+        let original = random_weights::stored_key(self.family, name);
+        entries.insert(
+            name.to_string(),
+            Arc::new(Entry {
+                file: 0,
+                info,
+                original,
+                fill: Some(fill),
+            }),
+        );
+    }
+
+    /// With random weights, a float tensor: its fill from its name unless `fill` is given.
+    fn declare_float(&self, name: &str, shape: &[usize], fill: Option<Fill>) {
+        let dtype = random_weights::float_dtype(self.family, name);
+        let fill = fill.unwrap_or_else(|| random_weights::float_fill(name));
+        self.declare(name, dtype, shape.to_vec(), fill);
+    }
+
+    /// With random weights, the matrix `module` of `[lead.., cols]` in the layout an mlx
+    /// conversion gives it: packed words, scales and biases, or a float weight.
+    pub(crate) fn declare_matrix(
+        &self,
+        module: &str,
+        lead_rows: &[usize],
+        cols: usize,
+        config: &Config,
+    ) {
+        if !self.is_random() {
+            return;
+        }
+        let with_last = |last: usize| {
+            let mut shape = lead_rows.to_vec();
+            shape.push(last);
+            shape
+        };
+        match random_weights::layout(config, module, cols) {
+            MatrixLayout::Affine(spec) => {
+                let (scales, biases) = random_weights::group_fills(spec.bits);
+                let groups = with_last(cols / spec.group_size);
+                let packed = with_last(cols * spec.bits / 32);
+                self.declare(&format!("{module}.weight"), Dtype::U32, packed, Fill::Words);
+                self.declare(
+                    &format!("{module}.scales"),
+                    Dtype::BF16,
+                    groups.clone(),
+                    scales,
+                );
+                self.declare(&format!("{module}.biases"), Dtype::BF16, groups, biases);
+            }
+            MatrixLayout::Float => self.declare_float(
+                &format!("{module}.weight"),
+                &with_last(cols),
+                Some(Fill::Normal { std: 0.02 }),
+            ),
+        }
+    }
+
+    /// A random tensor's bytes in an anonymous mapping, for the readers that gather rows from
+    /// a mapping themselves (the n-gram tables).
+    fn generate_mapped(&self, seed: u64, e: &Entry) -> Result<Mmap> {
+        let (a, b) = e.info.data_offsets;
+        let mut map = memmap2::MmapMut::map_anon((b - a).max(1))
+            .with_context(|| format!("{}: cannot map {} bytes", self.location(e), b - a))?;
+        let fill = e.fill.unwrap_or(Fill::Words);
+        random_weights::fill_bytes(seed, &e.original, e.info.dtype, fill, &mut map[..b - a]);
+        Ok(map.make_read_only()?)
     }
 
     /// From now on, 4-bit matrices that the 8-bit-activation kernel takes are read into its
@@ -352,8 +490,8 @@ impl Checkpoint {
     /// warning about the known extras that were skipped, if any.
     pub fn leftovers(&self) -> Result<Option<String>> {
         let used = self.used.lock().unwrap_or_else(|e| e.into_inner());
-        let mut unused: Vec<&str> = self
-            .entries
+        let entries = self.entries();
+        let mut unused: Vec<&str> = entries
             .iter()
             .filter(|(name, _)| !used.contains(*name))
             .map(|(_, e)| e.original.as_str())
@@ -393,13 +531,36 @@ impl Checkpoint {
         )))
     }
 
+    /// The tensors the loaders asked for, as stored: (canonical name, dtype, shape), sorted.
+    pub fn used_layout(&self) -> Vec<(String, String, Vec<usize>)> {
+        let used = self.used.lock().unwrap_or_else(|e| e.into_inner());
+        let mut out: Vec<_> = self
+            .entries()
+            .iter()
+            .filter(|(name, _)| used.contains(*name))
+            .map(|(name, e)| {
+                (
+                    name.clone(),
+                    format!("{:?}", e.info.dtype),
+                    e.info.shape.clone(),
+                )
+            })
+            .collect();
+        out.sort();
+        out
+    }
+
     pub fn contains(&self, name: &str) -> bool {
-        self.entries.contains_key(name)
+        self.entries().contains_key(name)
     }
 
     /// Canonical names of every tensor the checkpoint holds (extras excluded), unordered.
-    pub fn names(&self) -> impl Iterator<Item = &str> {
-        self.entries.keys().map(String::as_str)
+    pub fn names(&self) -> Vec<String> {
+        self.entries().keys().cloned().collect()
+    }
+
+    fn entries(&self) -> std::sync::RwLockReadGuard<'_, HashMap<String, Arc<Entry>>> {
+        self.entries.read().unwrap_or_else(|e| e.into_inner())
     }
 
     /// The folder the checkpoint was opened from.
@@ -415,10 +576,10 @@ impl Checkpoint {
             Dtype::I32 => 4,
             other => bail!(
                 "{}: dtype {other:?}, expected an integer tensor",
-                self.location(e)
+                self.location(&e)
             ),
         };
-        Ok(self.with_bytes(e, |b| {
+        Ok(self.with_bytes(&e, |b| {
             b.chunks_exact(elem)
                 .map(|c| match c.len() {
                     8 => i64::from_le_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]]),
@@ -433,20 +594,39 @@ impl Checkpoint {
     /// the tensor as used.
     pub fn raw_location(&self, name: &str) -> Option<RawLocation> {
         let e = self.entry(name).ok()?;
-        let f = &self.files[e.file];
+        let (a, b) = e.info.data_offsets;
+        let (path, start, generated) = match &self.bytes {
+            TensorBytes::Files(files) => {
+                let f = &files[e.file];
+                (f.path.clone(), f.data_start, None)
+            }
+            TensorBytes::Random { seed, mapped } => {
+                let mut mapped = mapped.lock().unwrap_or_else(|e| e.into_inner());
+                let map = match mapped.get(name) {
+                    Some(map) => map.clone(),
+                    None => {
+                        let map = Arc::new(self.generate_mapped(*seed, &e).ok()?);
+                        mapped.insert(name.to_string(), map.clone());
+                        map
+                    }
+                };
+                (self.dir.clone(), 0, Some(map))
+            }
+        };
         Some(RawLocation {
-            path: f.path.clone(),
-            start: f.data_start + e.info.data_offsets.0,
-            end: f.data_start + e.info.data_offsets.1,
+            path,
+            start: start + a,
+            end: start + b,
             dtype: e.info.dtype,
             shape: e.info.shape.clone(),
             original: e.original.clone(),
+            generated,
         })
     }
 
     /// The stored shape of a tensor (canonical name), without reading it.
-    pub fn shape(&self, name: &str) -> Option<&[usize]> {
-        self.entries.get(name).map(|e| e.info.shape.as_slice())
+    pub fn shape(&self, name: &str) -> Option<Vec<usize>> {
+        self.entries().get(name).map(|e| e.info.shape.clone())
     }
 
     /// The folder's config.json, for error messages about the config.
@@ -454,29 +634,37 @@ impl Checkpoint {
         self.dir.join("config.json")
     }
 
-    fn entry(&self, name: &str) -> Result<&Entry> {
-        if self.entries.contains_key(name) {
+    fn entry(&self, name: &str) -> Result<Arc<Entry>> {
+        let entries = self.entries();
+        if entries.contains_key(name) {
             let mut used = self.used.lock().unwrap_or_else(|e| e.into_inner());
             if !used.contains(name) {
                 used.insert(name.to_string());
             }
         }
-        self.entries.get(name).ok_or_else(|| {
-            let files: Vec<String> = self
-                .files
-                .iter()
-                .map(|f| f.path.display().to_string())
-                .collect();
-            anyhow!("missing tensor `{name}` in {}", files.join(", "))
+        entries.get(name).cloned().ok_or_else(|| match &self.bytes {
+            TensorBytes::Files(files) => {
+                let files: Vec<String> =
+                    files.iter().map(|f| f.path.display().to_string()).collect();
+                anyhow!("missing tensor `{name}` in {}", files.join(", "))
+            }
+            TensorBytes::Random { .. } => {
+                anyhow!("missing tensor `{name}` in {}", self.dir.display())
+            }
         })
     }
 
     fn location(&self, e: &Entry) -> String {
-        format!(
-            "tensor `{}` in {}",
-            e.original,
-            self.files[e.file].path.display()
-        )
+        match &self.bytes {
+            TensorBytes::Files(files) => format!(
+                "tensor `{}` in {}",
+                e.original,
+                files[e.file].path.display()
+            ),
+            TensorBytes::Random { .. } => {
+                format!("tensor `{}` of {}", e.original, self.dir.display())
+            }
+        }
     }
 
     /// Runs `copy` on the tensor's bytes, then gives the mapped pages back to the kernel.
@@ -486,8 +674,16 @@ impl Checkpoint {
     /// its size. The mapping is read-only and backed by the file, so a later read of the same
     /// range (a tensor read twice, a neighbour sharing the edge page) faults it back in.
     fn with_bytes<T>(&self, e: &Entry, copy: impl FnOnce(&[u8]) -> T) -> T {
-        let f = &self.files[e.file];
         let (a, b) = e.info.data_offsets;
+        let f = match &self.bytes {
+            TensorBytes::Files(files) => &files[e.file],
+            TensorBytes::Random { seed, .. } => {
+                // One tensor's bytes at a time: made, copied by the loader, dropped.
+                let fill = e.fill.unwrap_or(Fill::Words);
+                let bytes = random_weights::bytes(*seed, &e.original, e.info.dtype, fill, b - a);
+                return copy(&bytes);
+            }
+        };
         let out = copy(&f.mmap[f.data_start + a..f.data_start + b]);
         if let Some(progress) = &self.progress {
             let len = (b - a) as u64;
@@ -524,8 +720,8 @@ impl Checkpoint {
     /// Float tensor data converted to f32, with its shape checked.
     fn f32_data(&self, name: &str, want: &[usize]) -> Result<Vec<f32>> {
         let e = self.entry(name)?;
-        self.check_shape(e, want)?;
-        self.float_data(e).map(|d| {
+        self.check_shape(&e, want)?;
+        self.float_data(&e).map(|d| {
             let mut out = vec![0f32; want.iter().product()];
             match d {
                 FloatData::F32(v) => out.copy_from_slice(&v),
@@ -576,6 +772,7 @@ impl Checkpoint {
 
     /// A plain float tensor (A_log, dt_bias, gated-norm weight...), as f32 on `device`.
     pub fn tensor(&self, name: &str, shape: &[usize], device: &Device) -> Result<Tensor> {
+        self.declare_float(name, shape, None);
         let data = self.f32_data(name, shape)?;
         Ok(Tensor::from_vec(data, shape, device)?)
     }
@@ -585,8 +782,15 @@ impl Checkpoint {
     /// at run time, not in the checkpoint), so they get `1 + w`, in f32 as both references
     /// compute it.
     pub fn norm(&self, name: &str, dim: usize, device: &Device) -> Result<Tensor> {
-        let mut data = self.f32_data(name, &[dim])?;
         let qwen4_exp = self.model_type.starts_with("qwen4_exp");
+        let zero_centred = qwen4_exp
+            && [".q_norm.weight", ".k_norm.weight"]
+                .iter()
+                .any(|s| name.ends_with(s));
+        // Random norms are 1 where the model uses the weight as it is, 0 where it adds 1.
+        let one = Fill::Constant(if zero_centred { 0.0 } else { 1.0 });
+        self.declare_float(name, &[dim], Some(one));
+        let mut data = self.f32_data(name, &[dim])?;
         if self.mtp_view {
             // In f32, as the reference computes 1 + w.
             if super::norm_convention::zero_centred(&data) {
@@ -620,6 +824,7 @@ impl Checkpoint {
         kernel: usize,
         device: &Device,
     ) -> Result<Tensor> {
+        self.declare_float(name, &[channels, kernel, 1], None);
         let e = self.entry(name)?;
         let (mlx, hf) = ([channels, kernel, 1], [channels, 1, kernel]);
         let shape: &[usize] = if e.info.shape == hf && kernel != 1 {
@@ -639,12 +844,13 @@ impl Checkpoint {
         cols: usize,
         config: &Config,
     ) -> Result<Matrix> {
+        self.declare_matrix(module, &[rows], cols, config);
         if self.contains(&format!("{module}.scales")) {
             return self.affine(module, &[rows], cols, config);
         }
         let e = self.entry(&format!("{module}.weight"))?;
-        self.check_shape(e, &[rows, cols])?;
-        self.float_matrix(FloatMatrix::new(1, rows, cols, self.float_data(e)?)?)
+        self.check_shape(&e, &[rows, cols])?;
+        self.float_matrix(FloatMatrix::new(1, rows, cols, self.float_data(&e)?)?)
     }
 
     /// From now on, float matrices (linear and expert weights) are quantized to `spec` as they
@@ -698,7 +904,7 @@ impl Checkpoint {
         let b = self.entry(&format!("{module}.biases")).map_err(|_| {
             anyhow!(
                 "{}: quantized without `.biases` (only MLX affine quantization is supported)",
-                self.location(s)
+                self.location(&s)
             )
         })?;
         let rank = lead_rows.len() + 1;
@@ -711,7 +917,7 @@ impl Checkpoint {
         {
             bail!(
                 "{}: shape {:?} does not fit a quantized {:?}x{cols} weight",
-                self.location(w),
+                self.location(&w),
                 w.info.shape,
                 lead_rows
             );
@@ -719,7 +925,7 @@ impl Checkpoint {
         if w.info.dtype != Dtype::U32 {
             bail!(
                 "{}: quantized weights must be uint32, got {:?}",
-                self.location(w),
+                self.location(&w),
                 w.info.dtype
             );
         }
@@ -728,7 +934,7 @@ impl Checkpoint {
         if packed_cols * 32 != bits * cols || groups * group_size != cols {
             bail!(
                 "{}: packed width {packed_cols} and {groups} groups do not fit {cols} inputs",
-                self.location(w)
+                self.location(&w)
             );
         }
         let module_path = w.original.trim_end_matches(".weight");
@@ -740,7 +946,7 @@ impl Checkpoint {
             if (spec.bits, spec.group_size) != (bits, group_size) {
                 bail!(
                     "{}: stored as {bits}-bit group {group_size}, but config.json declares {}-bit group {}",
-                    self.location(w),
+                    self.location(&w),
                     spec.bits,
                     spec.group_size
                 );
@@ -748,15 +954,15 @@ impl Checkpoint {
         }
         let mut group_shape = lead_rows.to_vec();
         group_shape.push(groups);
-        self.check_shape(s, &group_shape)?;
-        self.check_shape(b, &group_shape)?;
-        let packed: Vec<u32> = self.with_bytes(w, |raw| {
+        self.check_shape(&s, &group_shape)?;
+        self.check_shape(&b, &group_shape)?;
+        let packed: Vec<u32> = self.with_bytes(&w, |raw| {
             raw.chunks_exact(4)
                 .map(|c| u32::from_le_bytes(c.try_into().unwrap()))
                 .collect()
         });
-        let scales = self.group_params(s, &group_shape)?;
-        let biases = self.group_params(b, &group_shape)?;
+        let scales = self.group_params(&s, &group_shape)?;
+        let biases = self.group_params(&b, &group_shape)?;
         let (experts, rows) = match lead_rows {
             [r] => (1, *r),
             [e, r] => (*e, *r),
@@ -774,7 +980,7 @@ impl Checkpoint {
             true => Matrix::Affine(m.into_q8_interleaved()),
             false => Matrix::Affine(m),
         })
-        .with_context(|| self.location(w))
+        .with_context(|| self.location(&w))
     }
 
     /// Stacked expert weights `[experts, rows, cols]` for projection `proj` (`gate_proj`,
@@ -789,13 +995,14 @@ impl Checkpoint {
         config: &Config,
     ) -> Result<Matrix> {
         let stacked = format!("{mlp}.switch_mlp.{proj}");
+        self.declare_matrix(&stacked, &[experts, rows], cols, config);
         if self.contains(&format!("{stacked}.scales")) {
             return self.affine(&stacked, &[experts, rows], cols, config);
         }
         if self.contains(&format!("{stacked}.weight")) {
             let e = self.entry(&format!("{stacked}.weight"))?;
-            self.check_shape(e, &[experts, rows, cols])?;
-            return self.float_matrix(FloatMatrix::new(experts, rows, cols, self.float_data(e)?)?);
+            self.check_shape(&e, &[experts, rows, cols])?;
+            return self.float_matrix(FloatMatrix::new(experts, rows, cols, self.float_data(&e)?)?);
         }
         // One tensor per expert: raw Qwen3-Next, and the official qwen4_exp checkpoint.
         let per_expert = self.contains(&format!("{mlp}.experts.0.{proj}.weight"));

@@ -9,6 +9,7 @@ pub mod files;
 pub mod matrix;
 pub mod norm_convention;
 mod quantize_on_load;
+pub mod random_weights;
 pub mod row_exact;
 pub mod weight;
 

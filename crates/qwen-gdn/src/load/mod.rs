@@ -145,6 +145,24 @@ impl ModelArgs {
         context: usize,
         part: ModelPart,
     ) -> Result<Model> {
+        self.load_with(
+            |device, state, dtype| {
+                crate::load::preflight::check(device, &checkpoint.dir, context, state, dtype)
+            },
+            |device, opts| Model::load(&checkpoint.dir, device, opts),
+            part,
+        )
+    }
+
+    /// What [`ModelArgs::load_model`] does around the loading itself: the device, dtypes and
+    /// options from the flags and the environment, `preflight` (may the model fit the
+    /// device?), a progress bar around `build`, and the load's warnings.
+    pub fn load_with(
+        &self,
+        preflight: impl FnOnce(&Device, StateDtype, DType) -> Result<()>,
+        build: impl FnOnce(&Device, &RunOptions) -> Result<Model>,
+        part: ModelPart,
+    ) -> Result<Model> {
         // The environment's engine switches, before anything is loaded: a bad value stops
         // here, in one line.
         let env = RunOptions::from_env()?;
@@ -163,7 +181,7 @@ impl ModelArgs {
         if let Some(notice) = notice {
             eprintln!("{notice}");
         }
-        crate::load::preflight::check(&device, &checkpoint.dir, context, gdn_state_dtype, dtype)?;
+        preflight(&device, gdn_state_dtype, dtype)?;
         let bar = crate::ui::progress::bytes(None, "loading weights");
         let shown = bar.clone();
         let opts = RunOptions {
@@ -179,7 +197,7 @@ impl ModelArgs {
             part,
             ..env
         };
-        let model = Model::load(&checkpoint.dir, &device, &opts);
+        let model = build(&device, &opts);
         bar.finish_and_clear();
         let model = model?;
         for warning in model.load_warnings() {

@@ -87,12 +87,25 @@ pub fn check(
     state: StateDtype,
     dtype: DType,
 ) -> Result<()> {
+    if qwen_gdn_model::device_memory::working_set_bytes(device).is_none() {
+        return Ok(());
+    }
+    check_config(device, &Config::from_dir(dir)?, context, state, dtype)
+}
+
+/// [`check`] for a model described by `cfg` alone (random weights).
+pub fn check_config(
+    device: &Device,
+    cfg: &Config,
+    context: usize,
+    state: StateDtype,
+    dtype: DType,
+) -> Result<()> {
     let Some(limit) = qwen_gdn_model::device_memory::working_set_bytes(device) else {
         return Ok(());
     };
-    let cfg = Config::from_dir(dir)?;
     let context = context.min(cfg.max_position_embeddings);
-    match judge(Need::of(&cfg, context, state, dtype), limit, context) {
+    match judge(Need::of(cfg, context, state, dtype), limit, context) {
         Verdict::Fits => Ok(()),
         Verdict::Close(warning) => {
             eprintln!("warning: {warning}");

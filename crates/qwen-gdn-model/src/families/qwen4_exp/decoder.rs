@@ -85,10 +85,30 @@ pub struct Qwen4ExpDecoder {
     fused: Vec<LayerCoverage>,
 }
 
+impl Qwen4ExpLayer {
+    fn into_device(self, device: &Device, dtype: DType) -> Result<Self> {
+        Ok(Self {
+            ple: self.ple.map(|p| p.into_device(device, dtype)).transpose()?,
+            attn_hc: self.attn_hc.into_device(device, dtype)?,
+            mixer: match self.mixer {
+                Qwen4Mixer::Gdn(m) => Qwen4Mixer::Gdn(Box::new(m.into_device(device, dtype)?)),
+                Qwen4Mixer::Qsa(q) => Qwen4Mixer::Qsa(Box::new(IndexedAttention {
+                    attention: q.attention.into_device(device, dtype)?,
+                    indexer: q.indexer.into_device(device, dtype)?,
+                })),
+            },
+            mlp_hc: self.mlp_hc.into_device(device, dtype)?,
+            moe: self.moe.into_device(device, dtype)?,
+        })
+    }
+}
+
 impl Qwen4ExpDecoder {
     /// Loads the layers; the n-gram tables are located (and checked) first, so that a
-    /// checkpoint without them fails before anything else is read.
-    pub fn load(ckpt: &Checkpoint, cfg: &Config) -> Result<Self> {
+    /// checkpoint without them fails before anything else is read. With a `target`, each
+    /// layer moves there as soon as it is built, so that the host holds one layer at a time
+    /// (the release's 177B parameters do not fit a GPU machine's memory twice).
+    pub fn load(ckpt: &Checkpoint, cfg: &Config, target: Option<(&Device, DType)>) -> Result<Self> {
         let q = cfg
             .qwen4_exp
             .as_ref()
@@ -118,19 +138,29 @@ impl Qwen4ExpDecoder {
                 };
                 let hc =
                     |name: &str| HyperConnection::load(ckpt, &format!("{p}.{name}"), cfg, true);
-                Ok(Qwen4ExpLayer {
+                let layer = Qwen4ExpLayer {
                     ple,
                     attn_hc: hc("attn_hyper_connection")?,
                     mixer,
                     mlp_hc: hc("mlp_hyper_connection")?,
                     moe: SparseMoe::load(ckpt, &format!("{p}.mlp"), cfg)?,
-                })
+                };
+                match target {
+                    Some((device, dtype)) => layer
+                        .into_device(device, dtype)
+                        .map_err(|e| e.context(format!("moving layer {i} to {device:?}"))),
+                    None => Ok(layer),
+                }
                 .map_err(|e: anyhow::Error| e.context(format!("loading layer {i}")))
             })
             .collect::<Result<Vec<_>>>()?;
+        let final_mixer = HyperConnection::load(ckpt, "model.hyper_connection_mixer", cfg, false)?;
         Ok(Self {
             layers,
-            final_mixer: HyperConnection::load(ckpt, "model.hyper_connection_mixer", cfg, false)?,
+            final_mixer: match target {
+                Some((device, dtype)) => final_mixer.into_device(device, dtype)?,
+                None => final_mixer,
+            },
             streams: q.hc_count,
             fused: Vec::new(),
         })
@@ -144,22 +174,8 @@ impl Qwen4ExpDecoder {
             .into_iter()
             .enumerate()
             .map(|(i, l)| {
-                Ok(Qwen4ExpLayer {
-                    ple: l.ple.map(|p| p.into_device(device, dtype)).transpose()?,
-                    attn_hc: l.attn_hc.into_device(device, dtype)?,
-                    mixer: match l.mixer {
-                        Qwen4Mixer::Gdn(m) => {
-                            Qwen4Mixer::Gdn(Box::new(m.into_device(device, dtype)?))
-                        }
-                        Qwen4Mixer::Qsa(q) => Qwen4Mixer::Qsa(Box::new(IndexedAttention {
-                            attention: q.attention.into_device(device, dtype)?,
-                            indexer: q.indexer.into_device(device, dtype)?,
-                        })),
-                    },
-                    mlp_hc: l.mlp_hc.into_device(device, dtype)?,
-                    moe: l.moe.into_device(device, dtype)?,
-                })
-                .map_err(|e: anyhow::Error| e.context(format!("moving layer {i} to {device:?}")))
+                l.into_device(device, dtype)
+                    .map_err(|e| e.context(format!("moving layer {i} to {device:?}")))
             })
             .collect::<Result<Vec<_>>>()?;
         Ok(Self {

@@ -42,6 +42,20 @@ pub fn locate(ckpt: &Checkpoint, cfg: &Config) -> Result<Vec<NgramTable>> {
         .collect()
 }
 
+/// With random weights ([`Checkpoint::random`]): registers each PLE layer's table as one
+/// shard (`shards.0`, a layout [`locate`] accepts) of the rows the config's hash needs, in the
+/// layout config.json declares for it, before [`locate`] looks for the tables by name.
+pub fn declare_random(ckpt: &Checkpoint, cfg: &Config) {
+    let Some(ple) = cfg.qwen4_exp.as_ref().and_then(|q| q.ple.as_ref()) else {
+        return;
+    };
+    for (p, &layer) in ple.layers.iter().enumerate() {
+        let rows = NgramHash::new(ple, p, cfg.vocab_size).rows as usize;
+        let shard = format!("model.layers.{layer}.ple.ple_embedding.ngram_embedding.shards.0");
+        ckpt.declare_matrix(&shard, &[rows], ple.row_width(), cfg);
+    }
+}
+
 fn locate_layer(
     ckpt: &Checkpoint,
     cfg: &Config,
@@ -52,7 +66,8 @@ fn locate_layer(
     let dir = ckpt.dir().display().to_string();
     let prefix = format!("model.layers.{layer}.ple.ple_embedding.ngram_embedding.");
     let mut shards: Vec<(usize, String)> = vec![];
-    for name in ckpt.names() {
+    for name in &ckpt.names() {
+        let name = name.as_str();
         let Some(rest) = name.strip_prefix(&prefix) else {
             continue;
         };
@@ -131,6 +146,7 @@ fn locate_layer(
         let shape = ckpt
             .shape(&weight)
             .ok_or_else(|| anyhow!("{dir}: `{weight}` vanished"))?;
+        let shape = shape.as_slice();
         if shape.len() != 2 {
             bail!(
                 "{dir}: n-gram table shard `{weight}` has shape {shape:?}; expected [rows, width]"
@@ -185,7 +201,7 @@ fn check_declared_quantization(
         weight.path.display(),
         weight.original
     );
-    let (bits, group_size) = RowFormat::affine_layout(&what, shape, scales, shape[0], width)?;
+    let (bits, group_size) = RowFormat::affine_layout(&what, shape, &scales, shape[0], width)?;
     let module = weight.original.trim_end_matches(".weight");
     if let Some(spec) = cfg.quant_spec_for(module).flatten().or(cfg.quantization) {
         ensure!(
@@ -223,9 +239,12 @@ struct Maps(Vec<(std::path::PathBuf, Arc<Mmap>)>);
 
 impl Maps {
     fn bytes(&mut self, loc: &RawLocation) -> Result<MappedBytes> {
-        let map = match self.0.iter().find(|(p, _)| *p == loc.path) {
-            Some((_, m)) => m.clone(),
-            None => {
+        let found = self.0.iter().find(|(p, _)| *p == loc.path);
+        let map = match (&loc.generated, found) {
+            // Random weights: the tensor's own mapping.
+            (Some(generated), _) => generated.clone(),
+            (None, Some((_, m))) => m.clone(),
+            (None, None) => {
                 let file = std::fs::File::open(&loc.path)
                     .with_context(|| format!("{}: cannot open", loc.path.display()))?;
                 // SAFETY: read-only mapping of a checkpoint file, as Checkpoint does.

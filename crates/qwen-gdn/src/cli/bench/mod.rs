@@ -9,6 +9,7 @@ mod common;
 mod decode_profile;
 mod prefill_profile;
 mod prompt_cache;
+mod random_weights;
 mod speculative;
 mod verify_cost;
 
@@ -39,9 +40,10 @@ reported. The table shows the median ± the sample standard deviation and the mi
 the repetitions.
 
 --json prints one object:
-  model              --model as given
+  model              --model as given (with --random-weights, the --config path)
   model_type         config.json's model_type
-  size_bytes         total size of the checkpoint's *.safetensors files
+  size_bytes         total size of the checkpoint's *.safetensors files (with \
+                     --random-weights, 0: there is none)
   backend            \"cpu\", \"cuda\" or \"metal\" (--device)
   prompt_tokens      -p
   gen_tokens         -g
@@ -74,11 +76,20 @@ the repetitions.
                      of the copy bandwidth), sums by op and by layer kind, the copy bandwidth, \
                      the step's wall time and launch counts
 (samples: one value per timed repetition, in order; stddev: sample standard deviation, 0 for \
-one repetition)."
+one repetition).
+
+Without a checkpoint: --config <config.json> --random-weights times the model the config \
+describes with random weights of its real shapes and quantized layouts (--seed, and for \
+qwen4_exp --ngram-rows); the prompt is -p random ids below the vocabulary size."
 )]
+// --model is optional here: --config with --random-weights replaces it (`random_weights.rs`
+// refuses both or neither in one line).
+#[command(mut_arg("model", |a| a.required(false).default_value("").hide_default_value(true)))]
 pub struct Args {
     #[command(flatten)]
     model: ModelArgs,
+    #[command(flatten)]
+    random: random_weights::RandomWeightArgs,
     /// Prompt length in tokens (the pp test)
     #[arg(short = 'p', long, default_value_t = 512, value_name = "N", value_parser = positive_usize)]
     prompt_tokens: usize,
@@ -134,6 +145,10 @@ pub struct Args {
 }
 
 pub fn run(args: Args) -> Result<ExitCode> {
+    let random = args.random.config(&args.model)?;
+    if let Some((path, config)) = random {
+        return run_random(&args, path, config);
+    }
     if let Some(shared) = args.prompt_cache {
         return prompt_cache::run(
             &args.model,
@@ -155,10 +170,70 @@ pub fn run(args: Args) -> Result<ExitCode> {
     let (draft_length, drafter) =
         args.speculation
             .prepare(&mut model, &args.model, &checkpoint, p + g)?;
+    let bound = token_bound(&checkpoint.tokenizer, model.config().vocab_size);
+    let source = Source {
+        name: args.model.model.clone(),
+        size: checkpoint_size(&checkpoint.dir)?,
+    };
+    measure(&args, model, &source, bound, (draft_length, drafter))
+}
+
+/// Where the model came from, as the report names it.
+struct Source {
+    /// --model, or the --config path with --random-weights.
+    name: String,
+    /// Bytes of its *.safetensors files (0 with random weights).
+    size: u64,
+}
+
+/// `--random-weights`: the same runs on a model of random weights (no tokenizer, no
+/// speculative decoding, no prompt cache: clap refuses those with it).
+fn run_random(
+    args: &Args,
+    path: std::path::PathBuf,
+    config: qwen_gdn_model::Config,
+) -> Result<ExitCode> {
+    let (p, g) = (args.prompt_tokens, args.gen_tokens);
+    let positions = config.max_position_embeddings;
+    if p as u128 + g as u128 > positions as u128 {
+        anyhow::bail!(
+            "{}: -p {p} plus -g {g} is past max_position_embeddings ({positions})",
+            path.display()
+        );
+    }
+    let built = args.random.load(&args.model, path, config, p + g)?;
+    for note in &built.notes {
+        crate::ui::output::eprint_line(note);
+    }
+    let bound = u32::try_from(built.model.config().vocab_size).unwrap_or(u32::MAX);
+    let source = Source {
+        name: built.name,
+        size: 0,
+    };
+    measure(
+        args,
+        built.model,
+        &source,
+        bound,
+        (None, Default::default()),
+    )
+}
+
+/// The timed runs and the report, whatever the model's source; prompt ids are below `bound`.
+fn measure(
+    args: &Args,
+    mut model: Model,
+    source: &Source,
+    bound: u32,
+    (draft_length, drafter): (
+        Option<qwen_gdn_model::speculative::DraftLength>,
+        qwen_gdn_model::speculative::DrafterSource,
+    ),
+) -> Result<ExitCode> {
+    let (p, g) = (args.prompt_tokens, args.gen_tokens);
     if args.profile_decode {
         decode_profile::check_fused(&model)?;
     }
-    let bound = token_bound(&checkpoint.tokenizer, model.config().vocab_size);
     let mut rng = StdRng::seed_from_u64(PROMPT_SEED);
     let prompt: Vec<u32> = (0..p).map(|_| rng.random_range(0..bound)).collect();
     let chunk = args.model.prefill_chunk_size;
@@ -167,7 +242,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
             model.set_batch_products(products.into());
         }
         let rows = batch::run(&model, &args.batch, (p, g), bound, chunk, args.repetitions)?;
-        return batch_report(&args, &checkpoint, &model, &rows);
+        return batch_report(args, source, &model, &rows);
     }
 
     repetition(&model, &prompt, g, chunk).context("warm-up repetition")?;
@@ -220,7 +295,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
         None
     };
     let (peak, peak_source) = crate::cli::memory::peak();
-    let size = checkpoint_size(&checkpoint.dir)?;
+    let size = source.size;
     let state_dtype = match gdn_state_dtype(&model) {
         StateDtype::F32 => "f32",
         StateDtype::Bf16 => "bf16",
@@ -234,7 +309,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
     }
     let mut out = std::io::stdout().lock();
     if args.json {
-        let mut report = report_head(&args, &model, size);
+        let mut report = report_head(args, source, &model);
         report["prefill_chunk_size"] = json!(chunk);
         report["gdn_state_dtype"] = json!(state_dtype);
         report["prompt_tps"] = json!(pp);
@@ -255,7 +330,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
         }
         emit(&mut out, &format!("{report}\n"))?;
     } else {
-        let name = display_name(&args.model.model);
+        let name = display_name(&source.name);
         let mut rows = vec![(format!("pp{p}"), &pp), (format!("tg{g}"), &tg)];
         if let Some(spec) = &speculative {
             rows.push((spec.label(g), &spec.tps));
@@ -275,11 +350,11 @@ pub fn run(args: Args) -> Result<ExitCode> {
 }
 
 /// The keys every `--json` report starts with.
-fn report_head(args: &Args, model: &Model, size: u64) -> serde_json::Value {
+fn report_head(args: &Args, source: &Source, model: &Model) -> serde_json::Value {
     json!({
-        "model": args.model.model,
+        "model": source.name,
         "model_type": model.config().model_type,
-        "size_bytes": size,
+        "size_bytes": source.size,
         "backend": backend_name(model.device()),
         "prompt_tokens": args.prompt_tokens,
         "gen_tokens": args.gen_tokens,
@@ -290,24 +365,24 @@ fn report_head(args: &Args, model: &Model, size: u64) -> serde_json::Value {
 /// `--batch`'s table or JSON object.
 fn batch_report(
     args: &Args,
-    checkpoint: &crate::load::Checkpoint,
+    source: &Source,
     model: &Model,
     rows: &[batch::BatchRow],
 ) -> Result<ExitCode> {
     let (p, g) = (args.prompt_tokens, args.gen_tokens);
     let (peak, peak_source) = crate::cli::memory::peak();
-    let size = checkpoint_size(&checkpoint.dir)?;
+    let size = source.size;
     let backend = backend_name(model.device());
     let mut out = std::io::stdout().lock();
     if args.json {
-        let mut report = report_head(args, model, size);
+        let mut report = report_head(args, source, model);
         report["batch"] = json!(rows.iter().map(batch::BatchRow::json).collect::<Vec<_>>());
         report["batch_products"] = json!(format!("{:?}", model.batch_products()));
         report["peak_memory_bytes"] = json!(peak);
         report["peak_memory_source"] = json!(peak_source);
         emit(&mut out, &format!("{report}\n"))?;
     } else {
-        let name = display_name(&args.model.model);
+        let name = display_name(&source.name);
         let labelled: Vec<(String, &Stats)> = rows
             .iter()
             .flat_map(|r| {
