@@ -92,10 +92,21 @@ impl KvCache {
     /// caller calls [`KvCache::advance`]. `like` gives the dtype and device.
     pub fn buffers_for_next(
         &mut self,
+        dims: (usize, usize, usize),
+        like: &Tensor,
+    ) -> Result<(Tensor, Tensor)> {
+        self.buffers_for(1, dims, like)
+    }
+
+    /// [`KvCache::buffers_for_next`] for `n` more positions (a verify pass's rows, written
+    /// at `len .. len + n`).
+    pub fn buffers_for(
+        &mut self,
+        n: usize,
         (b, h, d): (usize, usize, usize),
         like: &Tensor,
     ) -> Result<(Tensor, Tensor)> {
-        self.reserve(self.len + 1, (b, h, d), like)?;
+        self.reserve(self.len + n, (b, h, d), like)?;
         Ok((
             self.keys.clone().expect("reserved"),
             self.values.clone().expect("reserved"),

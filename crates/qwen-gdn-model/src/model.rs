@@ -21,6 +21,7 @@ mod batch_step;
 mod launch_budget;
 mod mtp;
 mod random_weights;
+mod verify;
 pub use launch_budget::{ple_layers, LaunchBudget};
 pub use mtp::MtpPrecision;
 pub use random_weights::RandomWeights;
@@ -44,6 +45,9 @@ pub struct Model {
     checkpoint_fingerprint: u64,
     /// How batched decode steps run their products ([`Model::decode_batch`]).
     batch_products: crate::BatchProducts,
+    /// Verify passes on the fused kernels where the fused decode step runs
+    /// (`RunOptions::fused_verify`; [`Model::verify`]).
+    fused_verify: bool,
     /// The multi-token-prediction head, once [`Model::load_mtp`] found one.
     mtp: Option<crate::families::hybrid::MtpHead>,
     warnings: Vec<String>,
@@ -182,6 +186,7 @@ impl Model {
             part,
             checkpoint_fingerprint,
             batch_products: crate::BatchProducts::default_for(plan),
+            fused_verify: opts.fused_verify,
             mtp: None,
             warnings,
             weight_layout,

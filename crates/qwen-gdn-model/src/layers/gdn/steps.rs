@@ -12,7 +12,7 @@
 use crate::tensor::own_copy;
 use anyhow::{ensure, Result};
 use candle_core::Tensor;
-use gdn_ops::launches::candle_op;
+use gdn_ops::launches::{candle_op, candle_ops};
 
 /// What one GDN layer recorded over a verify window.
 #[derive(Debug, Clone, Default)]
@@ -42,22 +42,28 @@ impl GdnSteps {
     /// The recurrence over the window's tokens `[q, k, v, g, beta]` (`[B, S, …]`), one
     /// `step` per token (the layer's own call, as a decode step makes it), keeping a copy of
     /// `state` after each. Returns `y` `[B, S, Hv, Dv]`.
-    pub(super) fn recurrence(
+    ///
+    /// The inputs may be any `N` tensors with the tokens on dim 1 (the fused verify pass adds
+    /// the output gate `z` to the five): `step` gets each token's slices (views, no copies).
+    pub(super) fn recurrence<const N: usize>(
         &mut self,
-        qkvgb: [&Tensor; 5],
+        inputs: [&Tensor; N],
         state: &Tensor,
-        step: impl Fn([&Tensor; 5], &Tensor) -> Result<Tensor>,
+        step: impl Fn([&Tensor; N], &Tensor) -> Result<Tensor>,
     ) -> Result<Tensor> {
-        let s = qkvgb[0].dim(1)?;
+        let s = inputs[0].dim(1)?;
         let mut ys = Vec::with_capacity(s);
         for t in 0..s {
-            let at: Vec<Tensor> = (qkvgb.iter())
+            let at: Vec<Tensor> = (inputs.iter())
                 .map(|x| x.narrow(1, t, 1))
                 .collect::<candle_core::Result<_>>()?;
-            ys.push(step([&at[0], &at[1], &at[2], &at[3], &at[4]], state)?);
+            ys.push(step(std::array::from_fn(|i| &at[i]), state)?);
             self.states.push(own_copy(state)?);
         }
-        candle_op(Tensor::cat(&ys, 1))
+        match ys.len() {
+            1 => Ok(ys.remove(0)),
+            _ => candle_ops(ys.len(), Tensor::cat(&ys, 1)),
+        }
     }
 
     /// Tokens the window recorded.

@@ -17,7 +17,6 @@
 //! output head, over the layer count): an estimate, said so in the table.
 
 use anyhow::{Context, Result};
-use candle_core::Tensor;
 use qwen_gdn_model::speculative::Window;
 use qwen_gdn_model::Model;
 use serde_json::json;
@@ -171,11 +170,8 @@ fn verify_pass(
     tokens: &[u32],
 ) -> Result<()> {
     let window = Window::open(cache)?;
-    let logits: Result<Tensor> = model
-        .forward_normed(tokens, cache)
-        .and_then(|normed| model.head_logits(&normed));
-    let logits = match logits {
-        Ok(l) => l,
+    let logits = match model.verify(tokens, cache) {
+        Ok((l, _)) => l,
         Err(e) => {
             Window::abandon(cache);
             return Err(e);

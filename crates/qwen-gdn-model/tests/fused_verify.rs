@@ -1,0 +1,261 @@
+//! Speculative decoding's verify pass on the fused kernels (`Model::verify`,
+//! `families/hybrid/verify.rs`) on the device plan in f32 on the CPU (the kernels' CPU twins),
+//! on every fixture:
+//!
+//! - the logits of its T = 1..5 rows are those of T fused decode steps: bit for bit with the
+//!   products row by row (`BatchProducts::EachRowAlone`), within 1e-5 of max|logit| with one
+//!   product over the rows (`Shared`, the GPU's default), and within the fused-vs-composed
+//!   gate (1e-4) of the composed verify (the prefill path, the reference);
+//! - a window closed on any prefix leaves the cache bit for bit where the kept tokens' decode
+//!   steps leave it (GDN conv and recurrent state, KV);
+//! - no host read-back inside the pass (`gdn_ops::launches::read_backs`), and its launches
+//!   well under T decode steps' (the budget below);
+//! - greedy output with speculation (MTP head, k = 1..4) equals greedy output without, on the
+//!   device plan, with the fused verify.
+
+mod common;
+use candle_core::{DType, Device, Tensor};
+use common::*;
+use gdn_ops::launches;
+use gdn_ops::ops::affine::MATVEC_MAX_ROWS;
+use qwen_gdn_model::cache::{Cache, LayerCache};
+use qwen_gdn_model::config::LayerKind;
+use qwen_gdn_model::speculative::{DraftLength, Greedy, Speculation, Window};
+use qwen_gdn_model::{BatchProducts, Model};
+
+/// Tokens of the prompt before the verify windows.
+const PROMPT: usize = 9;
+/// The longest verify pass checked: k = 4 drafts.
+const MAX_ROWS: usize = 5;
+
+fn conv_state_and_kv(cache: &Cache) -> Vec<Vec<f32>> {
+    let mut out = vec![];
+    for layer in &cache.layers {
+        match layer {
+            LayerCache::Gdn(c) => {
+                out.push(flat(c.conv.as_ref().unwrap()));
+                out.push(flat(c.state.as_ref().unwrap()));
+            }
+            LayerCache::Attention(c) => {
+                out.push(flat(&c.keys().unwrap()));
+                out.push(flat(&c.values().unwrap()));
+            }
+        }
+    }
+    out
+}
+
+fn same_bits(a: &[Vec<f32>], b: &[Vec<f32>]) -> bool {
+    a.len() == b.len()
+        && a.iter().zip(b).all(|(x, y)| {
+            x.len() == y.len() && x.iter().zip(y).all(|(p, q)| p.to_bits() == q.to_bits())
+        })
+}
+
+/// The verify pass of `tokens` inside a window after `base`: logits `[T, vocab]`, its
+/// launches and host read-backs, and the window (still open) with the cache.
+fn verify_in_window(
+    model: &Model,
+    base: &Cache,
+    tokens: &[u32],
+) -> (Tensor, usize, usize, Window, Cache) {
+    let mut cache = base.deep_clone().unwrap();
+    let window = Window::open(&mut cache).unwrap();
+    let read_backs = launches::read_backs();
+    launches::take();
+    let (logits, normed) = model.verify(tokens, &mut cache).unwrap();
+    let spent = launches::take();
+    let read_backs = launches::read_backs() - read_backs;
+    assert_eq!(normed.dims(), [1, tokens.len(), model.config().hidden_size]);
+    (logits, spent, read_backs, window, cache)
+}
+
+/// T fused decode steps after `base`: their logits `[T, vocab]`, the launches of each, and
+/// the cache after each step.
+fn decode_steps(model: &Model, base: &Cache, tokens: &[u32]) -> (Tensor, Vec<usize>, Vec<Cache>) {
+    let mut cache = base.deep_clone().unwrap();
+    let (mut rows, mut spent, mut after) = (vec![], vec![], vec![]);
+    for &t in tokens {
+        launches::take();
+        rows.push(model.forward_last(&[t], &mut cache).unwrap());
+        spent.push(launches::take());
+        after.push(cache.deep_clone().unwrap());
+    }
+    (Tensor::cat(&rows, 0).unwrap(), spent, after)
+}
+
+fn check(name: &str) {
+    let mut model = load_device_plan(name, DType::F32);
+    assert!(model.fused_decode(), "{name}: fused decode is off");
+    assert!(model.fused_verify(), "{name}: fused verify is off");
+    let cfg = model.config().clone();
+    let ids = Reference::load(name).ids("tf_ids");
+    assert!(ids.len() >= PROMPT + MAX_ROWS, "{name}: {} ids", ids.len());
+    let mut base = model.new_cache();
+    model.prefill(&ids[..PROMPT], &mut base, 2048).unwrap();
+    let attention_layers = (0..cfg.num_hidden_layers)
+        .filter(|&i| cfg.layer_kind(i) == LayerKind::FullAttention)
+        .count();
+    let gdn_layers = cfg.num_hidden_layers - attention_layers;
+    // Where the kernels cover every layer, the pass has no host read-back and keeps to the
+    // launch budget below. (An MoE outside them, unquantized experts, composes its rows, and
+    // its grouping reads the routing back, as the composed verify does.)
+    let covered = model
+        .fused_coverage_per_layer()
+        .iter()
+        .all(|c| c.mixer && c.feed_forward);
+    // Launches of the fused verify of T = 1.. rows (one product over the rows).
+    let mut launches_at = vec![];
+    for rows in 1..=MAX_ROWS {
+        let tokens = &ids[PROMPT..PROMPT + rows];
+        let (want, step_launches, after) = decode_steps(&model, &base, tokens);
+        let scale = flat(&want).iter().fold(0f32, |m, x| m.max(x.abs()));
+
+        // Row by row: the decode steps' bits, the logits and every state the window keeps.
+        model.set_batch_products(BatchProducts::EachRowAlone);
+        let (got, _, read_backs, window, mut cache) = verify_in_window(&model, &base, tokens);
+        assert!(
+            read_backs == 0 || !covered,
+            "{name}, T={rows}: {read_backs} host read-backs"
+        );
+        assert_eq!(
+            flat(&got),
+            flat(&want),
+            "{name}, T={rows}: the verify rows are not the decode steps' bits"
+        );
+        window.close(&mut cache, rows).unwrap();
+        assert!(
+            same_bits(
+                &conv_state_and_kv(&cache),
+                &conv_state_and_kv(&after[rows - 1])
+            ),
+            "{name}, T={rows}: the state after the pass is not the decode steps'"
+        );
+        for kept in 1..rows {
+            let (_, _, _, window, mut cache) = verify_in_window(&model, &base, tokens);
+            window.close(&mut cache, kept).unwrap();
+            assert_eq!(cache.offset, PROMPT + kept);
+            assert!(
+                same_bits(
+                    &conv_state_and_kv(&cache),
+                    &conv_state_and_kv(&after[kept - 1])
+                ),
+                "{name}, T={rows}: kept {kept}: the rewound state is not the decode steps'"
+            );
+        }
+
+        // One product over the rows (the GPU's default): the f32 gate, and the launches.
+        model.set_batch_products(BatchProducts::Shared);
+        let (shared, spent, read_backs, ..) = verify_in_window(&model, &base, tokens);
+        assert!(
+            read_backs == 0 || !covered,
+            "{name}, T={rows}: {read_backs} host read-backs"
+        );
+        let d = rel_max_diff(&shared, &want);
+        assert!(
+            d <= 1e-5,
+            "{name}, T={rows}: shared products {d:e} of max|logit| {scale}"
+        );
+        launches_at.push(spent);
+
+        // The composed verify, the reference: the fused-vs-composed gate.
+        model.set_fused_verify(false);
+        let (composed, composed_launches, composed_read_backs, ..) =
+            verify_in_window(&model, &base, tokens);
+        model.set_fused_verify(true);
+        let d_composed = rel_max_diff(&shared, &composed);
+        assert!(
+            d_composed <= 1e-4,
+            "{name}, T={rows}: fused vs composed verify {d_composed:e}"
+        );
+
+        let step = step_launches.iter().sum::<usize>() / rows;
+        eprintln!(
+            "{name}, T={rows}: fused verify {spent} launches, {read_backs} read-backs; \
+             {rows} decode steps {} launches; composed verify {composed_launches} launches, \
+             {composed_read_backs} read-backs; shared products {d:e} of max|logit|, \
+             vs composed {d_composed:e}",
+            step * rows
+        );
+        if rows >= 2 {
+            assert!(
+                spent < rows * step,
+                "{name}, T={rows}: {spent} ≥ {rows} steps of {step}"
+            );
+        }
+    }
+    // The budget where the kernels cover every layer: one row costs the decode step and the
+    // window's recording (GDN: the conv rows joined, 2, and the state copied, 1); each further
+    // row of a pass adds per GDN layer its recurrence, state copy and output row (3, and 1
+    // for joining the outputs once there are two), per attention layer its `attn_decode` and
+    // output row (2, and 1), nothing per product; past MATVEC_MAX_ROWS rows a second pass.
+    // Both checked to the launch: a pass that drops to the composed MoE or to dequantized
+    // products (over MATVEC_MAX_ROWS rows in one pass) is far over.
+    if covered {
+        let base_step = launches_at[0];
+        let per_row = 3 * gdn_layers + 2 * attention_layers;
+        let join = gdn_layers + attention_layers;
+        for (i, &spent) in launches_at.iter().enumerate().take(MATVEC_MAX_ROWS).skip(1) {
+            let budget = base_step + i * per_row + join;
+            assert!(
+                spent <= budget,
+                "{name}, T={}: {spent} launches, budget {budget}",
+                i + 1
+            );
+        }
+        // The second pass also joins its conv rows to the window's (1 per GDN layer), and
+        // the two passes' logits and normed rows are joined (2 + 2).
+        let two_passes = launches_at[MATVEC_MAX_ROWS - 1] + base_step + gdn_layers + 4;
+        assert!(
+            launches_at[MATVEC_MAX_ROWS] <= two_passes,
+            "{name}: {launches_at:?}"
+        );
+    }
+}
+
+common::per_checkpoint! {
+    verify_rows_are_decode_steps => check,
+}
+
+/// Greedy decoding with speculation on the device plan (the fused verify, both product
+/// modes) gives plain greedy decoding's tokens, k = 1..4, on the MTP fixtures the fused
+/// kernels cover.
+#[test]
+fn greedy_with_fused_verify_equals_greedy_without() {
+    for name in ["qwen3.5-mtp-tiny-4bit", "qwen3-next-mtp-tiny-hf"] {
+        let dir = models_dir().join("mtp").join(name);
+        let mut model = Model::load(&dir, &Device::Cpu, &device_plan(DType::F32)).unwrap();
+        assert!(model.load_mtp(&dir).unwrap(), "{name}: no MTP head");
+        assert!(model.fused_verify(), "{name}");
+        let prompt: Vec<u32> = (0..12).map(|i| (i * 37 + 5) % 200).collect();
+        let want = greedy(&model, &prompt, 40);
+        for products in [BatchProducts::EachRowAlone, BatchProducts::Shared] {
+            model.set_batch_products(products);
+            for k in 1..=4 {
+                let mut spec = Speculation::new(&model, DraftLength::Fixed(k)).unwrap();
+                let mut cache = model.new_cache();
+                let logits = spec
+                    .start_from_prompt(&model, &mut cache, &prompt, 0)
+                    .unwrap();
+                let first = argmax_rows(&logits)[0];
+                let mut judge =
+                    Greedy(|row: &mut [f32], _: &[u32]| qwen_gdn_model::speculative::argmax(row));
+                let got = speculate_to(
+                    &model,
+                    &mut spec,
+                    &mut cache,
+                    vec![first],
+                    40,
+                    &mut judge,
+                    |_, _| {},
+                );
+                assert_eq!(got, want, "{name}, {products:?}, k={k}");
+                eprintln!(
+                    "{name}, {products:?}, k={k}: acceptance {:.3}, {:.2} tokens per step",
+                    spec.stats.acceptance(),
+                    spec.stats.tokens_per_step()
+                );
+            }
+        }
+    }
+}
