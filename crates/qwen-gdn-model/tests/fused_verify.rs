@@ -2,12 +2,12 @@
 //! `families/hybrid/verify.rs`) on the device plan in f32 on the CPU (the kernels' CPU twins),
 //! on every fixture:
 //!
-//! - the logits of its T = 1..5 rows are those of T fused decode steps: bit for bit with the
-//!   products row by row (`BatchProducts::EachRowAlone`), within 1e-5 of max|logit| with one
+//! - the logits of its T = 1..5 rows are those of T fused decode steps: bit for bit (on the
+//!   CPU; within 1e-5 on a GPU, `QWEN_GDN_TEST_DEVICE=cuda`) with the products row by row (`BatchProducts::EachRowAlone`), within 1e-5 of max|logit| with one
 //!   product over the rows (`Shared`, the GPU's default), and within the fused-vs-composed
 //!   gate (1e-4) of the composed verify (the prefill path, the reference);
-//! - a window closed on any prefix leaves the cache bit for bit where the kept tokens' decode
-//!   steps leave it (GDN conv and recurrent state, KV);
+//! - a window closed on any prefix leaves the cache bit for bit (CPU) where the kept tokens'
+//!   decode steps leave it (GDN conv and recurrent state, KV);
 //! - no host read-back inside the pass (`gdn_ops::launches::read_backs`), and its launches
 //!   well under T decode steps' (the budget below);
 //! - greedy output with speculation (MTP head, k = 1..4) equals greedy output without, on the
@@ -45,10 +45,16 @@ fn conv_state_and_kv(cache: &Cache) -> Vec<Vec<f32>> {
     out
 }
 
-fn same_bits(a: &[Vec<f32>], b: &[Vec<f32>]) -> bool {
+/// Every state tensor the same bits (`exact`), or within 1e-5 of its largest |value|.
+fn states_match(a: &[Vec<f32>], b: &[Vec<f32>], exact: bool) -> bool {
     a.len() == b.len()
         && a.iter().zip(b).all(|(x, y)| {
-            x.len() == y.len() && x.iter().zip(y).all(|(p, q)| p.to_bits() == q.to_bits())
+            let scale = y.iter().fold(0f32, |m, v| m.max(v.abs())).max(1e-30);
+            x.len() == y.len()
+                && x.iter().zip(y).all(|(p, q)| match exact {
+                    true => p.to_bits() == q.to_bits(),
+                    false => (p - q).abs() <= 1e-5 * scale,
+                })
         })
 }
 
@@ -89,6 +95,9 @@ fn check(name: &str) {
     assert!(model.fused_decode(), "{name}: fused decode is off");
     assert!(model.fused_verify(), "{name}: fused verify is off");
     let cfg = model.config().clone();
+    // Bit for bit on the CPU twins; on a GPU (QWEN_GDN_TEST_DEVICE=cuda) the decode step is
+    // a replayed graph and one-row products may take other kernels: the f32 gate.
+    let exact = matches!(model.device(), Device::Cpu);
     let ids = Reference::load(name).ids("tf_ids");
     assert!(ids.len() >= PROMPT + MAX_ROWS, "{name}: {} ids", ids.len());
     let mut base = model.new_cache();
@@ -118,16 +127,26 @@ fn check(name: &str) {
             read_backs == 0 || !covered,
             "{name}, T={rows}: {read_backs} host read-backs"
         );
-        assert_eq!(
-            flat(&got),
-            flat(&want),
-            "{name}, T={rows}: the verify rows are not the decode steps' bits"
-        );
+        match exact {
+            true => assert_eq!(
+                flat(&got),
+                flat(&want),
+                "{name}, T={rows}: the verify rows are not the decode steps' bits"
+            ),
+            false => {
+                let d = rel_max_diff(&got, &want);
+                assert!(
+                    d <= 1e-5,
+                    "{name}, T={rows}: rows alone {d:e} of max|logit|"
+                );
+            }
+        }
         window.close(&mut cache, rows).unwrap();
         assert!(
-            same_bits(
+            states_match(
                 &conv_state_and_kv(&cache),
-                &conv_state_and_kv(&after[rows - 1])
+                &conv_state_and_kv(&after[rows - 1]),
+                exact
             ),
             "{name}, T={rows}: the state after the pass is not the decode steps'"
         );
@@ -136,9 +155,10 @@ fn check(name: &str) {
             window.close(&mut cache, kept).unwrap();
             assert_eq!(cache.offset, PROMPT + kept);
             assert!(
-                same_bits(
+                states_match(
                     &conv_state_and_kv(&cache),
-                    &conv_state_and_kv(&after[kept - 1])
+                    &conv_state_and_kv(&after[kept - 1]),
+                    exact
                 ),
                 "{name}, T={rows}: kept {kept}: the rewound state is not the decode steps'"
             );
