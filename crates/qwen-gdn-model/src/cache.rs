@@ -223,6 +223,12 @@ impl Cache {
     pub fn new(layers: Vec<LayerCache>) -> Self {
         Self { offset: 0, layers }
     }
+
+    /// Whether a verify window is open over this cache (its GDN layers record every token's
+    /// state: `crate::speculative::Window`).
+    pub fn in_window(&self) -> bool {
+        (self.layers.iter()).any(|l| matches!(l, LayerCache::Gdn(c) if c.steps.is_some()))
+    }
 }
 
 impl Cache {

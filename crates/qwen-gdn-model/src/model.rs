@@ -525,6 +525,14 @@ impl Model {
             bail!("cache does not belong to this model");
         }
         match &self.decoder {
+            // Inside a verify window (a draft model drafts one step at a time in one) every
+            // GDN layer must record its state: the fused step does not, the verify pass does
+            // (or the composed layers, when it is off).
+            Decoder::Hybrid(d) if d.fused_decode() && cache.in_window() => {
+                let mut no_tap = NoTap;
+                let tap = tap.unwrap_or(&mut no_tap);
+                Ok(self.verify_tapped(&[token], cache, tap)?.0)
+            }
             Decoder::Hybrid(d) if d.fused_decode() => {
                 let vocab = self.config.vocab_size;
                 if token as usize >= vocab {

@@ -279,3 +279,47 @@ fn greedy_with_fused_verify_equals_greedy_without() {
         }
     }
 }
+
+/// A draft model on the device plan drafts one fused step at a time inside its own verify
+/// window (its steps run as one-row verify passes, which record the GDN states; a plain fused
+/// step records nothing and the window could not close): greedy output with its drafts, the
+/// main model on the device plan too, equals greedy output without, k = 1..3, with a draft
+/// model that agrees (itself) and one that does not (the other architecture).
+#[test]
+fn a_draft_model_on_the_device_plan_keeps_greedy_output() {
+    let main = load_device_plan("qwen3.5-tiny-4bit", DType::F32);
+    let prompt = Reference::load("qwen3.5-tiny-4bit").ids("tf_ids")[..12].to_vec();
+    let want = greedy(&main, &prompt, 24);
+    for draft_name in ["qwen3.5-tiny-4bit", "qwen3-next-tiny-bf16"] {
+        let draft = std::sync::Arc::new(load_device_plan(draft_name, DType::F32));
+        assert!(draft.fused_decode() && draft.fused_verify(), "{draft_name}");
+        for k in 1..=3 {
+            let mut spec =
+                Speculation::with_draft_model(&main, draft.clone(), 2048, DraftLength::Fixed(k))
+                    .unwrap();
+            let mut cache = main.new_cache();
+            let split = prompt.len() - 1;
+            main.prefill(&prompt[..split], &mut cache, 2048).unwrap();
+            let logits = spec
+                .start_from_prompt(&main, &mut cache, &prompt, split)
+                .unwrap();
+            let first = argmax_rows(&logits)[0];
+            let mut judge =
+                Greedy(|row: &mut [f32], _: &[u32]| qwen_gdn_model::speculative::argmax(row));
+            let got = speculate_to(
+                &main,
+                &mut spec,
+                &mut cache,
+                vec![first],
+                24,
+                &mut judge,
+                |_, _| {},
+            );
+            assert_eq!(got, want, "draft {draft_name}, k={k}");
+            eprintln!(
+                "draft {draft_name}, k={k}: acceptance {:.3}",
+                spec.stats.acceptance()
+            );
+        }
+    }
+}

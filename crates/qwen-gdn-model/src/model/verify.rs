@@ -52,7 +52,9 @@ impl Model {
         Ok((logits, counter.per_layer))
     }
 
-    fn verify_tapped(
+    /// [`Model::verify`] watched by `tap` (the fused pass's layers; the composed one runs
+    /// unwatched).
+    pub(super) fn verify_tapped(
         &self,
         tokens: &[u32],
         cache: &mut Cache,
