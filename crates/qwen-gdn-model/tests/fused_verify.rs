@@ -18,7 +18,7 @@ use candle_core::{DType, Device, Tensor};
 use common::*;
 use gdn_ops::launches;
 use gdn_ops::ops::affine::MATVEC_MAX_ROWS;
-use qwen_gdn_model::cache::{Cache, LayerCache};
+use qwen_gdn_model::cache::Cache;
 use qwen_gdn_model::config::LayerKind;
 use qwen_gdn_model::speculative::{DraftLength, Greedy, Speculation, Window};
 use qwen_gdn_model::{BatchProducts, Model};
@@ -27,23 +27,6 @@ use qwen_gdn_model::{BatchProducts, Model};
 const PROMPT: usize = 9;
 /// The longest verify pass checked: k = 4 drafts.
 const MAX_ROWS: usize = 5;
-
-fn conv_state_and_kv(cache: &Cache) -> Vec<Vec<f32>> {
-    let mut out = vec![];
-    for layer in &cache.layers {
-        match layer {
-            LayerCache::Gdn(c) => {
-                out.push(flat(c.conv.as_ref().unwrap()));
-                out.push(flat(c.state.as_ref().unwrap()));
-            }
-            LayerCache::Attention(c) => {
-                out.push(flat(&c.keys().unwrap()));
-                out.push(flat(&c.values().unwrap()));
-            }
-        }
-    }
-    out
-}
 
 /// Every state tensor the same bits (`exact`), or within 1e-5 of its largest |value|.
 fn states_match(a: &[Vec<f32>], b: &[Vec<f32>], exact: bool) -> bool {
@@ -150,11 +133,7 @@ fn check(name: &str) {
         }
         window.close(&mut cache, rows).unwrap();
         assert!(
-            states_match(
-                &conv_state_and_kv(&cache),
-                &conv_state_and_kv(&after[rows - 1]),
-                exact
-            ),
+            states_match(&gdn_and_kv(&cache), &gdn_and_kv(&after[rows - 1]), exact),
             "{name}, T={rows}: the state after the pass is not the decode steps'"
         );
         for kept in 1..rows {
@@ -162,11 +141,7 @@ fn check(name: &str) {
             window.close(&mut cache, kept).unwrap();
             assert_eq!(cache.offset, PROMPT + kept);
             assert!(
-                states_match(
-                    &conv_state_and_kv(&cache),
-                    &conv_state_and_kv(&after[kept - 1]),
-                    exact
-                ),
+                states_match(&gdn_and_kv(&cache), &gdn_and_kv(&after[kept - 1]), exact),
                 "{name}, T={rows}: kept {kept}: the rewound state is not the decode steps'"
             );
         }
@@ -265,22 +240,7 @@ fn greedy_with_fused_verify_equals_greedy_without() {
             model.set_batch_products(products);
             for k in 1..=4 {
                 let mut spec = Speculation::new(&model, DraftLength::Fixed(k)).unwrap();
-                let mut cache = model.new_cache();
-                let logits = spec
-                    .start_from_prompt(&model, &mut cache, prompt, 0)
-                    .unwrap();
-                let first = argmax_rows(&logits)[0];
-                let mut judge =
-                    Greedy(|row: &mut [f32], _: &[u32]| qwen_gdn_model::speculative::argmax(row));
-                let got = speculate_to(
-                    &model,
-                    &mut spec,
-                    &mut cache,
-                    vec![first],
-                    40,
-                    &mut judge,
-                    |_, _| {},
-                );
+                let got = speculative_greedy(&model, &mut spec, prompt, 0, 40);
                 assert_eq!(got, want, "{name}, {products:?}, k={k}");
                 let s = &spec.stats;
                 eprintln!(
@@ -311,24 +271,7 @@ fn a_draft_model_on_the_device_plan_keeps_greedy_output() {
             let mut spec =
                 Speculation::with_draft_model(&main, draft.clone(), 2048, DraftLength::Fixed(k))
                     .unwrap();
-            let mut cache = main.new_cache();
-            let split = prompt.len() - 1;
-            main.prefill(&prompt[..split], &mut cache, 2048).unwrap();
-            let logits = spec
-                .start_from_prompt(&main, &mut cache, &prompt, split)
-                .unwrap();
-            let first = argmax_rows(&logits)[0];
-            let mut judge =
-                Greedy(|row: &mut [f32], _: &[u32]| qwen_gdn_model::speculative::argmax(row));
-            let got = speculate_to(
-                &main,
-                &mut spec,
-                &mut cache,
-                vec![first],
-                24,
-                &mut judge,
-                |_, _| {},
-            );
+            let got = speculative_greedy(&main, &mut spec, &prompt, prompt.len() - 1, 24);
             assert_eq!(got, want, "draft {draft_name}, k={k}");
             eprintln!(
                 "draft {draft_name}, k={k}: acceptance {:.3}",
@@ -336,4 +279,35 @@ fn a_draft_model_on_the_device_plan_keeps_greedy_output() {
             );
         }
     }
+}
+
+/// `n` greedy tokens after `prompt` with `spec`'s drafts: `prompt[..tail_from]` prefilled,
+/// the rest through `Speculation::start_from_prompt`, then speculative steps.
+fn speculative_greedy(
+    model: &Model,
+    spec: &mut Speculation,
+    prompt: &[u32],
+    tail_from: usize,
+    n: usize,
+) -> Vec<u32> {
+    let mut cache = model.new_cache();
+    if tail_from > 0 {
+        model
+            .prefill(&prompt[..tail_from], &mut cache, 2048)
+            .unwrap();
+    }
+    let logits = spec
+        .start_from_prompt(model, &mut cache, prompt, tail_from)
+        .unwrap();
+    let first = argmax_rows(&logits)[0];
+    let mut judge = Greedy(|row: &mut [f32], _: &[u32]| qwen_gdn_model::speculative::argmax(row));
+    speculate_to(
+        model,
+        spec,
+        &mut cache,
+        vec![first],
+        n,
+        &mut judge,
+        |_, _| {},
+    )
 }

@@ -15,7 +15,7 @@
 //! `RunOptions::fused_verify` (`QWEN_GDN_VERIFY=composed`); `tests/fused_verify.rs` holds the
 //! two against T fused decode steps.
 
-use super::{FeedForward, HybridDecoder, Mixer};
+use super::{HybridDecoder, Mixer};
 use crate::cache::{Cache, LayerCache};
 use crate::tap::{each_layer, Tap};
 use anyhow::{bail, Result};
@@ -40,7 +40,6 @@ impl HybridDecoder {
             .collect::<Result<Vec<_>>>()?;
         let first_norm = &self.layers[0].input_norm;
         let first = add_rms_norm(embedded, None, &first_norm.weight, first_norm.eps)?;
-        let final_norm = self.final_norm()?;
         let (_, x) = each_layer(
             &self.layers,
             &mut cache.layers,
@@ -65,14 +64,7 @@ impl HybridDecoder {
                     }
                     _ => bail!("cache does not belong to this model"),
                 };
-                let post = &layer.post_norm;
-                let (h, x) = add_rms_norm(&h, Some(&mixed), &post.weight, post.eps)?;
-                let next_norm = self.layers.get(i + 1).map_or(final_norm, |n| &n.input_norm);
-                // The gathered SwiGLU takes a few rows at most: past that the MoE composes.
-                let fused = covered.feed_forward
-                    && matches!(&layer.feed_forward,
-                        FeedForward::Moe(m) if m.fused_decode_supports_rows(rows, x.dtype()));
-                self.feed_forward_step(layer, fused, (h, x), next_norm)
+                self.rows_after_mixer(i, layer, &h, &mixed)
             },
         )?;
         Ok(x)
