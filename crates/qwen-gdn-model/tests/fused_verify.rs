@@ -187,12 +187,13 @@ fn check(name: &str) {
         }
     }
     // The budget where the kernels cover every layer: one row costs the decode step and the
-    // window's recording (GDN: the conv rows joined, 2, and the state copied, 1); each further
-    // row of a pass adds per GDN layer its recurrence, state copy and output row (3, and 1
-    // for joining the outputs once there are two), per attention layer its `attn_decode` and
-    // output row (2, and 1), nothing per product; past MATVEC_MAX_ROWS rows a second pass.
-    // Both checked to the launch: a pass that drops to the composed MoE or to dequantized
-    // products (over MATVEC_MAX_ROWS rows in one pass) is far over.
+    // window's conv rows (joined: 2 per GDN layer); each further row of a pass adds per GDN
+    // layer its recurrence, the copy of the state before it (the last token's state is the
+    // live one) and its output row (3, and 1 for joining the outputs once there are two),
+    // per attention layer its `attn_decode` and output row (2, and 1), nothing per product;
+    // past MATVEC_MAX_ROWS rows a second pass. Both checked to the launch: a pass that drops
+    // to the composed MoE or to dequantized products (over MATVEC_MAX_ROWS rows in one pass)
+    // is far over.
     if covered {
         let base_step = launches_at[0];
         let per_row = 3 * gdn_layers + 2 * attention_layers;
@@ -205,9 +206,10 @@ fn check(name: &str) {
                 i + 1
             );
         }
-        // The second pass also joins its conv rows to the window's (1 per GDN layer), and
-        // the two passes' logits and normed rows are joined (2 + 2).
-        let two_passes = launches_at[MATVEC_MAX_ROWS - 1] + base_step + gdn_layers + 4;
+        // The second pass also joins its conv rows to the window's and copies the first
+        // pass's last state (1 + 1 per GDN layer), and the two passes' logits and normed rows
+        // are joined (2 + 2).
+        let two_passes = launches_at[MATVEC_MAX_ROWS - 1] + base_step + 2 * gdn_layers + 4;
         assert!(
             launches_at[MATVEC_MAX_ROWS] <= two_passes,
             "{name}: {launches_at:?}"

@@ -6,8 +6,9 @@
 //! after each token, and keeps the conv input rows of the call; [`GdnSteps::rewind`] then gives
 //! the state after any prefix of the call, bit for bit, with no recomputation.
 //!
-//! Cost: one recurrent state per token of the window (`Hv·Dv·Dk` values in the state dtype)
-//! and the window's `K − 1 + S` conv input rows, per GDN layer, held until the window closes.
+//! Cost: one recurrent state per token of the window but the last (`Hv·Dv·Dk` values in the
+//! state dtype) and the window's `K − 1 + S` conv input rows, per GDN layer, held until the
+//! window closes.
 
 use crate::tensor::own_copy;
 use anyhow::{ensure, Result};
@@ -19,8 +20,13 @@ use gdn_ops::launches::{candle_op, candle_ops};
 pub struct GdnSteps {
     /// `[B, K−1+S, C]`: the conv rows before the window, then the window's own.
     window: Option<Tensor>,
-    /// The recurrent state after each token of the window.
+    /// The recurrent state after each token of the window: copies, but for the last token
+    /// the live state itself (the tensor the layer advances in place), which is copied just
+    /// before the next token advances it. So a window that keeps every token costs no copy
+    /// of the last state, and a pass of T tokens T − 1 copies.
     states: Vec<Tensor>,
+    /// Whether the last entry of `states` is the live state.
+    last_is_live: bool,
 }
 
 impl GdnSteps {
@@ -57,8 +63,13 @@ impl GdnSteps {
             let at: Vec<Tensor> = (inputs.iter())
                 .map(|x| x.narrow(1, t, 1))
                 .collect::<candle_core::Result<_>>()?;
+            if self.last_is_live {
+                let last = self.states.last_mut().expect("a live entry");
+                *last = own_copy(last)?;
+            }
             ys.push(step(std::array::from_fn(|i| &at[i]), state)?);
-            self.states.push(own_copy(state)?);
+            self.states.push(state.clone());
+            self.last_is_live = true;
         }
         match ys.len() {
             1 => Ok(ys.remove(0)),
@@ -77,7 +88,7 @@ impl GdnSteps {
 
     /// The layer's state after the first `kept` tokens of the window (1 ≤ kept ≤ the window's
     /// length): the conv window of the `K − 1` rows that end with that token, and the
-    /// recurrent state copied after it.
+    /// recurrent state after it (the live state itself when every token is kept).
     pub fn rewind(self, kept: usize) -> Result<(Tensor, Tensor)> {
         ensure!(
             (1..=self.states.len()).contains(&kept),
