@@ -9,7 +9,7 @@ use super::Model;
 use crate::cache::Cache;
 use crate::candle_ops::cat;
 use crate::families::{Decoder, Ends};
-use crate::tap::{LaunchCounter, NoTap, Tap};
+use crate::tap::{NoTap, Tap};
 use crate::tensor::cast;
 use crate::weights::row_exact;
 use crate::BatchProducts;
@@ -38,18 +38,6 @@ impl Model {
     /// [`Model::head_logits`] give, on the fused kernels when [`Model::fused_verify`].
     pub fn verify(&self, tokens: &[u32], cache: &mut Cache) -> Result<(Tensor, Tensor)> {
         self.verify_tapped(tokens, cache, &mut NoTap)
-    }
-
-    /// [`Model::verify`], also returning the kernel launches of each layer (the rest of the
-    /// pass, embedding, first norm and head, is the total minus their sum).
-    pub fn verify_with_launches(
-        &self,
-        tokens: &[u32],
-        cache: &mut Cache,
-    ) -> Result<(Tensor, Vec<usize>)> {
-        let mut counter = LaunchCounter::default();
-        let (logits, _) = self.verify_tapped(tokens, cache, &mut counter)?;
-        Ok((logits, counter.per_layer))
     }
 
     /// [`Model::verify`] watched by `tap` (the fused pass's layers; the composed one runs
