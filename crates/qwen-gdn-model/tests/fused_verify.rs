@@ -186,30 +186,30 @@ fn check(name: &str) {
             );
         }
     }
-    // The budget where the kernels cover every layer: one row costs the decode step and the
-    // window's conv rows (joined: 2 per GDN layer); each further row of a pass adds per GDN
-    // layer its recurrence, the copy of the state before it (the last token's state is the
-    // live one) and its output row (3, and 1 for joining the outputs once there are two),
-    // per attention layer its `attn_decode` and output row (2, and 1), nothing per product;
-    // past MATVEC_MAX_ROWS rows a second pass. Both checked to the launch: a pass that drops
-    // to the composed MoE or to dequantized products (over MATVEC_MAX_ROWS rows in one pass)
-    // is far over.
+    // The budget where the kernels cover every layer, to the launch: a one-row pass costs
+    // the decode step and a copy of each GDN layer's conv rows before the window (the conv
+    // front advances them in place); a pass of T ≥ 2 rows the decode step (its conv rows are
+    // left as they were), plus per further row: per GDN layer its recurrence, the copy of
+    // the state before it (the last token's state is the live one) and its output row (3),
+    // per attention layer its `attn_decode` and output row (2), nothing per product; and
+    // joining the rows once (1 per layer). Past MATVEC_MAX_ROWS rows a second pass, which
+    // copies the first pass's last state (1 per GDN layer), and the logits and normed rows
+    // of the two are joined (2 + 2). A pass that drops to the composed MoE or to dequantized
+    // products (more than MATVEC_MAX_ROWS rows in one pass) is far over.
     if covered {
-        let base_step = launches_at[0];
+        let one_row = launches_at[0];
+        let step = one_row - gdn_layers;
         let per_row = 3 * gdn_layers + 2 * attention_layers;
         let join = gdn_layers + attention_layers;
         for (i, &spent) in launches_at.iter().enumerate().take(MATVEC_MAX_ROWS).skip(1) {
-            let budget = base_step + i * per_row + join;
+            let budget = step + i * per_row + join;
             assert!(
                 spent <= budget,
                 "{name}, T={}: {spent} launches, budget {budget}",
                 i + 1
             );
         }
-        // The second pass also joins its conv rows to the window's and copies the first
-        // pass's last state (1 + 1 per GDN layer), and the two passes' logits and normed rows
-        // are joined (2 + 2).
-        let two_passes = launches_at[MATVEC_MAX_ROWS - 1] + base_step + 2 * gdn_layers + 4;
+        let two_passes = launches_at[MATVEC_MAX_ROWS - 1] + step + gdn_layers + 4;
         assert!(
             launches_at[MATVEC_MAX_ROWS] <= two_passes,
             "{name}: {launches_at:?}"

@@ -18,8 +18,12 @@ use gdn_ops::launches::{candle_op, candle_ops};
 /// What one GDN layer recorded over a verify window.
 #[derive(Debug, Clone, Default)]
 pub struct GdnSteps {
-    /// `[B, K−1+S, C]`: the conv rows before the window, then the window's own.
-    window: Option<Tensor>,
+    /// The conv input rows `[B, ·, C]` in parts along the token dim: the `K − 1` rows before
+    /// the window, then the window's own, as each call gave them (views; nothing is joined
+    /// until a rewind needs rows of them).
+    window: Vec<Tensor>,
+    /// `K − 1`: the rows before the window.
+    before: usize,
     /// The recurrent state after each token of the window: copies, but for the last token
     /// the live state itself (the tensor the layer advances in place), which is copied just
     /// before the next token advances it. So a window that keeps every token costs no copy
@@ -35,13 +39,41 @@ impl GdnSteps {
     /// drafts one token a call): each call's own rows are appended to what the window holds,
     /// whose last `K − 1` rows are the ones the call started from.
     pub(super) fn record_window(&mut self, padded: &Tensor, before: usize) -> Result<()> {
-        self.window = Some(match self.window.take() {
-            None => padded.clone(),
-            Some(held) => {
-                let own = padded.narrow(1, before, padded.dim(1)? - before)?;
-                candle_op(Tensor::cat(&[&held, &own], 1))?
-            }
-        });
+        if self.window.is_empty() {
+            self.before = before;
+            self.window.push(padded.clone());
+        } else {
+            self.window
+                .push(padded.narrow(1, before, padded.dim(1)? - before)?);
+        }
+        Ok(())
+    }
+
+    /// Whether the window still needs the conv rows before it ([`GdnSteps::record_before`]):
+    /// nothing was recorded yet.
+    pub(super) fn needs_before(&self) -> bool {
+        self.window.is_empty()
+    }
+
+    /// The `K − 1` conv rows before the window, `[B, K−1, C]` (a tensor nothing advances
+    /// any more: the caller copies a state it will advance in place).
+    pub(super) fn record_before(&mut self, rows: Tensor) -> Result<()> {
+        ensure!(
+            self.window.is_empty(),
+            "the window's first rows are already recorded"
+        );
+        self.before = rows.dim(1)?;
+        self.window.push(rows);
+        Ok(())
+    }
+
+    /// A call's own conv input rows `[B, S, C]` (a view is kept as it is).
+    pub(super) fn record_rows(&mut self, rows: Tensor) -> Result<()> {
+        ensure!(
+            !self.window.is_empty(),
+            "the rows before the window come first"
+        );
+        self.window.push(rows);
         Ok(())
     }
 
@@ -95,11 +127,26 @@ impl GdnSteps {
             "rewinding a GDN layer to {kept} of the {} tokens it recorded",
             self.states.len()
         );
-        let window = self
-            .window
-            .ok_or_else(|| anyhow::anyhow!("the GDN layer recorded no conv window"))?;
-        let rows = window.dim(1)? - self.states.len(); // K − 1
-        let conv = candle_op(window.narrow(1, kept, rows)?.force_contiguous())?;
+        // Rows kept .. kept + K − 1 of the window's rows (the `K − 1` before it first).
+        let (from, to) = (kept, kept + self.before);
+        let (mut pieces, mut at) = (Vec::new(), 0);
+        for part in &self.window {
+            let len = part.dim(1)?;
+            let (lo, hi) = (from.max(at), to.min(at + len));
+            if lo < hi {
+                pieces.push(part.narrow(1, lo - at, hi - lo)?);
+            }
+            at += len;
+        }
+        ensure!(
+            at == self.before + self.states.len() && !pieces.is_empty(),
+            "the GDN layer recorded {at} conv rows for {} tokens",
+            self.states.len()
+        );
+        let conv = match pieces.len() {
+            1 => candle_op(pieces[0].force_contiguous())?,
+            n => candle_ops(n, Tensor::cat(&pieces, 1))?,
+        };
         let state = self.states.into_iter().nth(kept - 1).expect("kept ≤ len");
         Ok((conv, state))
     }

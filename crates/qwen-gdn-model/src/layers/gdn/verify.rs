@@ -9,14 +9,15 @@
 //!   while a verify window records (`GdnSteps`: the state after each token is copied, so that
 //!   the window can keep any prefix), one launch for all T tokens otherwise.
 //!
-//! So a GDN layer costs 2 + 2·T launches in a window (conv rows recorded, conv front, then a
-//! recurrence and a state copy per token, the outputs joined) plus its two products, against
-//! T times the decode step's four. [`GatedDeltaNet::forward`] with a window open (the
-//! composed verify) is the reference it is tested against (`tests/fused_verify.rs`).
+//! So a GDN layer costs, in a window, its two products, the conv front, a recurrence per
+//! token, a state copy per token but the last, the outputs joined (T copies) and, for a
+//! one-token pass, a copy of the conv rows before it; T decode steps cost four launches
+//! each. [`GatedDeltaNet::forward`] with a window open (the composed verify) is the
+//! reference it is tested against (`tests/fused_verify.rs`).
 
 use super::GatedDeltaNet;
 use crate::cache::GdnCache;
-use crate::candle_ops::cat;
+use crate::tensor::own_copy;
 use anyhow::Result;
 use candle_core::Tensor;
 use gdn_ops::ops::gated_delta_norm;
@@ -39,9 +40,16 @@ impl GatedDeltaNet {
         );
         let conv_state = self.conv_state_for(cache, 1, channels, &qkv)?;
         if let Some(steps) = &mut cache.steps {
-            // The conv rows before the window and the window's own, joined before the conv
-            // front runs (for one token it advances the state in place).
-            steps.record_window(&cat(&[&conv_state, &qkv], 1)?, self.kernel - 1)?;
+            // The conv rows before the window (copied for one token, which the conv front
+            // advances in place; for more it writes a new state and leaves these as they
+            // are), then this pass's own: a view of the in-projection.
+            if steps.needs_before() {
+                steps.record_before(match tokens {
+                    1 => own_copy(&conv_state)?,
+                    _ => conv_state.clone(),
+                })?;
+            }
+            steps.record_rows(qkv.clone())?;
         }
         let prepared = self.conv_prep(&qkv, &beta_in, &a, &conv_state)?;
         cache.conv = Some(prepared.conv_state.clone());
