@@ -58,7 +58,7 @@ tests_json=$(mktemp)
 # CUDA op test of gdn-ops (tests/cuda_*.rs), the model tests that run the device plan on CUDA
 # (QWEN_GDN_TEST_DEVICE=cuda), and one CLI test, which makes cargo build the qwen-gdn binary.
 cuda_tests=$(cd crates/gdn-ops/tests && ls cuda_*.rs | sed 's/\.rs$//')
-model_tests="device_plan fused_decode prompt_cache grouped_moe qwen4_exp conv_front batched_decode"
+model_tests="device_plan fused_decode fused_verify prompt_cache grouped_moe qwen4_exp conv_front batched_decode"
 cargo test --release --locked --no-run --message-format=json \
   -p gdn-ops -p qwen-gdn-model -p qwen-gdn \
   --features gdn-ops/cuda,qwen-gdn-model/cuda,qwen-gdn/cuda \

@@ -42,6 +42,11 @@ step "device plan vs mlx-lm (5 models)" device_plan.txt env QWEN_GDN_TEST_DEVICE
 # The fused decode step (replayed as a CUDA graph) against the composed step and mlx-lm.
 step "fused decode vs composed + mlx-lm" fused_decode.txt env QWEN_GDN_TEST_DEVICE=cuda \
   QWEN_GDN_MODELS_DIR="$PWD/models" "$bin/fused_decode" --test-threads=1 --nocapture || fail=1
+# Speculative decoding's fused verify pass (k + 1 rows) against k + 1 fused decode steps
+# (f32 gate), its rollback, its launch budget and no read-back inside it.
+step "fused verify vs decode steps" fused_verify.txt env QWEN_GDN_TEST_DEVICE=cuda \
+  QWEN_GDN_MODELS_DIR="$PWD/models" "$bin/fused_verify" verify_rows_are_decode_steps \
+  --test-threads=1 --nocapture || fail=1
 # A conversation resumed from prompt-cache snapshots gives the uncached run's tokens and
 # logits bit for bit on the device plan.
 step "prompt cache exact on the device plan" prompt_cache.txt env QWEN_GDN_TEST_DEVICE=cuda \
@@ -71,8 +76,8 @@ for m in qwen3-next-tiny-4bit qwen3.5-tiny-4bit qwen3.5-moe-tiny-4bit qwen3-next
     --compare-state-dtype bf16 || fail=1
 done
 
-grep -hE "rel err|rel diff|KL|top-1|fused vs|read-backs" "$OUT"/kernels.txt "$OUT"/device_plan.txt "$OUT"/fused_decode.txt "$OUT"/grouped_moe.txt "$OUT"/device_plan_grouped.txt "$OUT"/qwen4_exp.txt | tail -n 400 >"$OUT/numbers.txt"
-grep -hE "^test result|FAILED|panicked" "$OUT"/kernels.txt "$OUT"/device_plan.txt "$OUT"/fused_decode.txt \
+grep -hE "rel err|rel diff|KL|top-1|fused vs|fused verify|read-backs" "$OUT"/kernels.txt "$OUT"/device_plan.txt "$OUT"/fused_decode.txt "$OUT"/fused_verify.txt "$OUT"/grouped_moe.txt "$OUT"/device_plan_grouped.txt "$OUT"/qwen4_exp.txt | tail -n 400 >"$OUT/numbers.txt"
+grep -hE "^test result|FAILED|panicked" "$OUT"/kernels.txt "$OUT"/device_plan.txt "$OUT"/fused_decode.txt "$OUT"/fused_verify.txt \
   "$OUT"/prompt_cache.txt "$OUT"/grouped_moe.txt "$OUT"/device_plan_grouped.txt "$OUT"/qwen4_exp.txt
 for m in qwen3-next-tiny-4bit qwen3.5-tiny-4bit qwen3.5-moe-tiny-4bit qwen3-next-tiny-bf16 qwen3.5-moe-tiny-hf qwen4-exp-tiny-hf qwen4-exp-tiny-4bit; do
   echo "$m: $(grep -hiE "kl|top-1|pass|fail" "$OUT/state_$m.txt" | tr '\n' ' ' | cut -c1-220)"

@@ -92,10 +92,21 @@ impl KvCache {
     /// caller calls [`KvCache::advance`]. `like` gives the dtype and device.
     pub fn buffers_for_next(
         &mut self,
+        dims: (usize, usize, usize),
+        like: &Tensor,
+    ) -> Result<(Tensor, Tensor)> {
+        self.buffers_for(1, dims, like)
+    }
+
+    /// [`KvCache::buffers_for_next`] for `n` more positions (a verify pass's rows, written
+    /// at `len .. len + n`).
+    pub fn buffers_for(
+        &mut self,
+        n: usize,
         (b, h, d): (usize, usize, usize),
         like: &Tensor,
     ) -> Result<(Tensor, Tensor)> {
-        self.reserve(self.len + 1, (b, h, d), like)?;
+        self.reserve(self.len + n, (b, h, d), like)?;
         Ok((
             self.keys.clone().expect("reserved"),
             self.values.clone().expect("reserved"),
@@ -211,6 +222,12 @@ impl Cache {
     /// An empty cache with these layers.
     pub fn new(layers: Vec<LayerCache>) -> Self {
         Self { offset: 0, layers }
+    }
+
+    /// Whether a verify window is open over this cache (its GDN layers record every token's
+    /// state: `crate::speculative::Window`).
+    pub fn in_window(&self) -> bool {
+        (self.layers.iter()).any(|l| matches!(l, LayerCache::Gdn(c) if c.steps.is_some()))
     }
 }
 

@@ -21,6 +21,7 @@ mod batch_step;
 mod launch_budget;
 mod mtp;
 mod random_weights;
+mod verify;
 pub use launch_budget::{ple_layers, LaunchBudget};
 pub use mtp::MtpPrecision;
 pub use random_weights::RandomWeights;
@@ -44,6 +45,9 @@ pub struct Model {
     checkpoint_fingerprint: u64,
     /// How batched decode steps run their products ([`Model::decode_batch`]).
     batch_products: crate::BatchProducts,
+    /// Verify passes on the fused kernels where the fused decode step runs
+    /// (`RunOptions::fused_verify`; [`Model::verify`]).
+    fused_verify: bool,
     /// The multi-token-prediction head, once [`Model::load_mtp`] found one.
     mtp: Option<crate::families::hybrid::MtpHead>,
     warnings: Vec<String>,
@@ -182,6 +186,7 @@ impl Model {
             part,
             checkpoint_fingerprint,
             batch_products: crate::BatchProducts::default_for(plan),
+            fused_verify: opts.fused_verify,
             mtp: None,
             warnings,
             weight_layout,
@@ -520,6 +525,14 @@ impl Model {
             bail!("cache does not belong to this model");
         }
         match &self.decoder {
+            // Inside a verify window (a draft model drafts one step at a time in one) every
+            // GDN layer must record its state: the fused step does not, the verify pass does
+            // (or the composed layers, when it is off).
+            Decoder::Hybrid(d) if d.fused_decode() && cache.in_window() => {
+                let mut no_tap = NoTap;
+                let tap = tap.unwrap_or(&mut no_tap);
+                Ok(self.verify_tapped(&[token], cache, tap)?.0)
+            }
             Decoder::Hybrid(d) if d.fused_decode() => {
                 let vocab = self.config.vocab_size;
                 if token as usize >= vocab {

@@ -56,9 +56,12 @@ pub const MOE_COMBINE_VAR: &str = "QWEN_GDN_MOE_COMBINE";
 /// The MoE router's kernel body (Metal, CUDA): `warp` (one simdgroup a token, the measured
 /// default) or `block` (one threadgroup a token; the same outputs, bit for bit; unmeasured).
 pub const MOE_ROUTE_VAR: &str = "QWEN_GDN_MOE_ROUTE";
+/// Speculative decoding's verify pass on the device plan: `fused` (the fused decode kernels,
+/// products over the pass's rows) or `composed` (the prefill path, the reference).
+pub const VERIFY_VAR: &str = "QWEN_GDN_VERIFY";
 
 /// The engine switches [`RunOptions::from_env`] reads.
-pub const ENGINE_VARS: [&str; 12] = [
+pub const ENGINE_VARS: [&str; 13] = [
     GDN_PREFILL_VAR,
     CPU_LEVEL_VAR,
     Q8_LAYOUT_VAR,
@@ -71,6 +74,7 @@ pub const ENGINE_VARS: [&str; 12] = [
     CUDA_GRAPH_VAR,
     MOE_COMBINE_VAR,
     MOE_ROUTE_VAR,
+    VERIFY_VAR,
 ];
 
 /// The other `QWEN_GDN_*` variables the project reads: the binary's (`serve --api-key`'s
@@ -100,6 +104,10 @@ pub struct RunOptions {
     /// Device plan: decode steps on the fused kernels (on by default; off runs the composed
     /// ops they are tested against).
     pub fused_decode: bool,
+    /// `QWEN_GDN_VERIFY`: device plan with fused decode on: speculative decoding's verify
+    /// pass on the fused kernels (on by default; off runs the composed prefill path, the
+    /// reference).
+    pub fused_verify: bool,
     /// Follows the bytes read from the checkpoint while loading.
     pub progress: Option<LoadProgress>,
     /// `QWEN_GDN_GDN_PREFILL`: one gated-delta form for every GDN layer call; `None` lets the
@@ -142,6 +150,7 @@ impl Default for RunOptions {
             plan: None,
             q8_activations: false,
             fused_decode: true,
+            fused_verify: true,
             progress: None,
             gdn_prefill: None,
             cpu_level: None,
@@ -289,6 +298,9 @@ impl RunOptions {
                     ("block", RouteKernel::Block),
                 ],
             )?;
+        }
+        if let Some(t) = text(VERIFY_VAR)? {
+            o.fused_verify = choice(VERIFY_VAR, &t, &[("fused", true), ("composed", false)])?;
         }
         Ok(o)
     }

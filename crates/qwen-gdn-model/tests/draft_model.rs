@@ -9,7 +9,6 @@
 
 mod common;
 use common::*;
-use qwen_gdn_model::cache::{Cache, LayerCache};
 use qwen_gdn_model::speculative::{argmax, DraftLength, Judge, Speculation, ADAPTIVE_MAX};
 use qwen_gdn_model::Model;
 use std::sync::Arc;
@@ -40,24 +39,6 @@ impl Judge for TestJudge {
     fn decide(&mut self, logits: &mut [f32], _before: &[u32], _draft: Option<u32>) -> u32 {
         argmax(logits)
     }
-}
-
-/// Every GDN state, conv window, key and value of `cache`, as f32 values.
-fn gdn_and_kv(cache: &Cache) -> Vec<Vec<f32>> {
-    let mut out = vec![];
-    for layer in &cache.layers {
-        match layer {
-            LayerCache::Gdn(c) => {
-                out.extend(c.conv.iter().map(flat));
-                out.extend(c.state.iter().map(flat));
-            }
-            LayerCache::Attention(c) => {
-                out.extend(c.keys().iter().map(flat));
-                out.extend(c.values().iter().map(flat));
-            }
-        }
-    }
-    out
 }
 
 /// The draft model's cache after a step must be one that ran the prompt but its last token,

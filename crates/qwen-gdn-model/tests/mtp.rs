@@ -341,23 +341,6 @@ fn the_adaptive_length_follows_the_heads_acceptance() {
     assert!(twin < 2.0, "{twin}");
 }
 
-fn gdn_and_kv(cache: &Cache) -> Vec<Vec<f32>> {
-    let mut out = vec![];
-    for layer in &cache.layers {
-        match layer {
-            LayerCache::Gdn(c) => {
-                out.push(flat(c.conv.as_ref().unwrap()));
-                out.push(flat(c.state.as_ref().unwrap()));
-            }
-            LayerCache::Attention(c) => {
-                out.push(flat(&c.keys().unwrap()));
-                out.push(flat(&c.values().unwrap()));
-            }
-        }
-    }
-    out
-}
-
 #[test]
 fn rollback_after_a_rejected_draft_is_exact() {
     let model = load(RAW[0]);

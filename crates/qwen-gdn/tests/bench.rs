@@ -731,6 +731,36 @@ fn verify_cost_json_report() {
             );
         }
     }
+    // The reference plan has no fused step: the composed verify, whose logits are read back.
+    assert_eq!(cost["fused"], false, "{cost}");
+    let read_backs: Vec<usize> = serde_json::from_value(cost["pass_read_backs"].clone()).unwrap();
+    assert!(read_backs.iter().all(|&r| r >= 1), "{cost}");
+    // The device plan (bf16 on the CPU): the fused verify, whose only read-back is the
+    // logits', and whose launches grow by far less than a pass per row.
+    let out = bench(&[
+        "-p",
+        "16",
+        "-g",
+        "2",
+        "-r",
+        "1",
+        "--json",
+        "--dtype",
+        "bf16",
+        "--verify-cost",
+        "3",
+    ]);
+    assert!(out.status.success(), "stderr: {}", stderr(&out));
+    let report: Json = serde_json::from_slice(&out.stdout).unwrap();
+    let cost = &report["verify_cost"];
+    assert_eq!(cost["fused"], true, "{cost}");
+    let read_backs: Vec<usize> = serde_json::from_value(cost["pass_read_backs"].clone()).unwrap();
+    assert_eq!(read_backs, [1, 1, 1, 1], "{cost}");
+    let launches: Vec<usize> = serde_json::from_value(cost["pass_launches"].clone()).unwrap();
+    for k in 1..4 {
+        assert!(launches[k] > launches[k - 1], "{launches:?}");
+        assert!(launches[k] < 2 * launches[0], "{launches:?}");
+    }
     // A prompt shorter than the window is refused in one line.
     let out = bench(&["-p", "2", "-g", "2", "-r", "1", "--verify-cost", "3"]);
     assert!(!out.status.success());

@@ -18,6 +18,7 @@ use gdn_ops::profile::labelled;
 
 mod blocked;
 mod decode;
+mod verify;
 
 pub use blocked::{BlockPlan, SCORE_BUDGET_BYTES};
 

@@ -28,6 +28,7 @@ use gdn_ops::profile::labelled;
 mod conv_front;
 mod decode;
 pub mod steps;
+mod verify;
 
 pub use conv_front::ConvFront;
 pub use steps::GdnSteps;

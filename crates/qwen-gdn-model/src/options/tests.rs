@@ -30,6 +30,7 @@ fn nothing_set_is_the_default() {
     assert!(o.cuda_graph);
     assert_eq!(o.moe_combine, CombineKernel::Auto);
     assert_eq!(o.moe_route, RouteKernel::Auto);
+    assert!(o.fused_verify && d.fused_verify);
     assert_eq!(
         o.layer_variants(&Device::Cpu),
         d.layer_variants(&Device::Cpu)
@@ -59,8 +60,10 @@ fn every_switch_takes_its_values() {
         (CUDA_GRAPH_VAR, "0"),
         (MOE_COMBINE_VAR, "one-block"),
         (MOE_ROUTE_VAR, "block"),
+        (VERIFY_VAR, "composed"),
     ])
     .unwrap();
+    assert!(!o.fused_verify);
     assert_eq!(o.gdn_prefill, Some(GdnForm::Chunked));
     assert_eq!(o.cpu_level, Some(best));
     assert_eq!(o.q8_layout, Q8Layout::Plain);
@@ -87,8 +90,10 @@ fn every_switch_takes_its_values() {
         (SPIN_US_VAR, "0"),
         (MOE_COMBINE_VAR, "auto"),
         (MOE_ROUTE_VAR, "auto"),
+        (VERIFY_VAR, "fused"),
     ])
     .unwrap();
+    assert!(o.fused_verify);
     assert_eq!(o.gdn_prefill, Some(GdnForm::Recurrent));
     assert_eq!(o.cpu_level, Some(Level::Portable));
     assert_eq!(from(&[(CPU_LEVEL_VAR, "best")]).unwrap().cpu_level, None);
@@ -113,7 +118,7 @@ fn every_switch_takes_its_values() {
 
 #[test]
 fn a_bad_value_is_one_line_naming_the_variable_and_the_values() {
-    let cases: [(&str, &str, &[&str]); 11] = [
+    let cases: [(&str, &str, &[&str]); 12] = [
         (GDN_PREFILL_VAR, "chunk", &["recurrent", "chunked"]),
         (
             CPU_LEVEL_VAR,
@@ -129,6 +134,7 @@ fn a_bad_value_is_one_line_naming_the_variable_and_the_values() {
         (CUDA_GRAPH_VAR, "off", &["1", "0"]),
         (MOE_COMBINE_VAR, "cluster", &["auto", "one-block"]),
         (MOE_ROUTE_VAR, "threadgroup", &["warp", "block"]),
+        (VERIFY_VAR, "on", &["fused", "composed"]),
     ];
     for (var, value, accepted) in cases {
         let e = error(var, value);

@@ -290,14 +290,15 @@ impl Speculation {
         window_tokens.push(token);
         window_tokens.extend(&drafts);
         let window = Window::open(cache)?;
-        let normed = match model.forward_normed(&window_tokens, cache) {
-            Ok(n) => n,
+        // The verify pass: on the fused kernels where the device plan runs them
+        // (`Model::verify`), its logits the one read-back.
+        let (logits, normed) = match model.verify(&window_tokens, cache) {
+            Ok(pass) => pass,
             Err(e) => {
                 Window::abandon(cache);
                 return Err(e);
             }
         };
-        let logits = model.head_logits(&normed)?;
         let mut decided = Vec::with_capacity(k + 1);
         for (i, mut row) in logits.to_vec2::<f32>()?.into_iter().enumerate() {
             if row.iter().any(|x| !x.is_finite()) {

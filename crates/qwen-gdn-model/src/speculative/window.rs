@@ -70,9 +70,13 @@ impl Window {
                         "a GDN layer recorded {} of the window's {seen} tokens",
                         steps.len()
                     );
-                    let (conv, state) = steps.rewind(kept)?;
-                    c.conv = Some(conv);
-                    c.state = Some(state);
+                    // Every token kept: the layer's conv window and state are already
+                    // those after the last one.
+                    if kept < seen {
+                        let (conv, state) = steps.rewind(kept)?;
+                        c.conv = Some(conv);
+                        c.state = Some(state);
+                    }
                 }
                 (LayerCache::Attention(c), Some(len)) => c.truncate(len + kept),
                 _ => bail!("the cache changed its layers inside a verify window"),

@@ -163,6 +163,27 @@ pub fn flat(t: &Tensor) -> Vec<f32> {
         .unwrap()
 }
 
+/// Every GDN conv window and recurrent state, key and value of `cache` (the cached positions
+/// only), as f32 values: what the rollback tests compare bit for bit.
+#[allow(dead_code)] // not every test binary rewinds
+pub fn gdn_and_kv(cache: &qwen_gdn_model::Cache) -> Vec<Vec<f32>> {
+    use qwen_gdn_model::cache::LayerCache;
+    let mut out = vec![];
+    for layer in &cache.layers {
+        match layer {
+            LayerCache::Gdn(c) => {
+                out.extend(c.conv.iter().map(flat));
+                out.extend(c.state.iter().map(flat));
+            }
+            LayerCache::Attention(c) => {
+                out.extend(c.keys().iter().map(flat));
+                out.extend(c.values().iter().map(flat));
+            }
+        }
+    }
+    out
+}
+
 /// Largest |a − b| relative to the largest |b|: the tolerance measure used throughout.
 pub fn rel_max_diff(got: &Tensor, want: &Tensor) -> f32 {
     assert_eq!(got.dims(), want.dims(), "shape mismatch");

@@ -10,7 +10,7 @@
 //! kernels' coverage, or a MoE whose gathered SwiGLU does not take B rows, runs its
 //! composed ops, as the single-sequence step does.
 
-use super::{FeedForward, HybridDecoder, Mixer};
+use super::{DecoderLayer, FeedForward, HybridDecoder, Mixer};
 use crate::cache::{Cache, LayerCache};
 use crate::candle_ops::cat;
 use crate::tap::{each_layer, Tap};
@@ -28,7 +28,6 @@ impl HybridDecoder {
         caches: &mut [&mut Cache],
         tap: &mut dyn Tap,
     ) -> Result<Tensor> {
-        let rows = embedded.dim(0)?;
         let device = embedded.device();
         let offsets: Vec<usize> = caches.iter().map(|c| c.offset).collect();
         let positions = offsets
@@ -38,7 +37,6 @@ impl HybridDecoder {
         let mut per_layer = super::per_layer(self.layers.len(), caches)?;
         let first_norm = &self.layers[0].input_norm;
         let first = add_rms_norm(embedded, None, &first_norm.weight, first_norm.eps)?;
-        let final_norm = self.final_norm()?;
         let (_, x) = each_layer(
             &self.layers,
             &mut per_layer,
@@ -51,17 +49,34 @@ impl HybridDecoder {
                 } else {
                     mix_rows_composed(&layer.mixer, &x, layer_caches, &offsets)?
                 };
-                let post = &layer.post_norm;
-                let (h, x) = add_rms_norm(&h, Some(&mixed), &post.weight, post.eps)?;
-                let next_norm = self.layers.get(i + 1).map_or(final_norm, |n| &n.input_norm);
-                // The gathered SwiGLU takes a few rows at most: past that the MoE composes.
-                let fused = covered.feed_forward
-                    && matches!(&layer.feed_forward,
-                        FeedForward::Moe(m) if m.fused_decode_supports_rows(rows, x.dtype()));
-                self.feed_forward_step(layer, fused, (h, x), next_norm)
+                self.rows_after_mixer(i, layer, &h, &mixed)
             },
         )?;
         Ok(x)
+    }
+
+    /// The rest of layer `i` over the rows of a fused step after its mixer (`mixed`, the
+    /// residual stream `h`): the post-norm's residual add, then the feed-forward on the fused
+    /// kernels where they cover it for these rows (the gathered SwiGLU takes a few rows at
+    /// most: past that the MoE composes). Returns the stream and the next norm of it.
+    pub(super) fn rows_after_mixer(
+        &self,
+        i: usize,
+        layer: &DecoderLayer,
+        h: &Tensor,
+        mixed: &Tensor,
+    ) -> Result<(Tensor, Tensor)> {
+        let post = &layer.post_norm;
+        let (h, x) = add_rms_norm(h, Some(mixed), &post.weight, post.eps)?;
+        let next_norm = match self.layers.get(i + 1) {
+            Some(next) => &next.input_norm,
+            None => self.final_norm()?,
+        };
+        let rows = x.dim(0)?;
+        let fused = self.coverage[i].feed_forward
+            && matches!(&layer.feed_forward,
+                FeedForward::Moe(m) if m.fused_decode_supports_rows(rows, x.dtype()));
+        self.feed_forward_step(layer, fused, (h, x), next_norm)
     }
 
     /// A covered mixer over the rows of `x` `[B, H]` (input-normed): the projections once

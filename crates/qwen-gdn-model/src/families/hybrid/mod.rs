@@ -10,6 +10,7 @@ pub(crate) mod cuda_graph;
 pub mod decode;
 pub mod layer;
 pub mod mtp;
+pub mod verify;
 
 pub use decode::LayerCoverage;
 pub use layer::{DecoderLayer, FeedForward, Mixer};

@@ -6,21 +6,31 @@
 //! after each token, and keeps the conv input rows of the call; [`GdnSteps::rewind`] then gives
 //! the state after any prefix of the call, bit for bit, with no recomputation.
 //!
-//! Cost: one recurrent state per token of the window (`Hv·Dv·Dk` values in the state dtype)
-//! and the window's `K − 1 + S` conv input rows, per GDN layer, held until the window closes.
+//! Cost: one recurrent state per token of the window but the last (`Hv·Dv·Dk` values in the
+//! state dtype) and the window's `K − 1 + S` conv input rows, per GDN layer, held until the
+//! window closes.
 
 use crate::tensor::own_copy;
 use anyhow::{ensure, Result};
 use candle_core::Tensor;
-use gdn_ops::launches::candle_op;
+use gdn_ops::launches::{candle_op, candle_ops};
 
 /// What one GDN layer recorded over a verify window.
 #[derive(Debug, Clone, Default)]
 pub struct GdnSteps {
-    /// `[B, K−1+S, C]`: the conv rows before the window, then the window's own.
-    window: Option<Tensor>,
-    /// The recurrent state after each token of the window.
+    /// The conv input rows `[B, ·, C]` in parts along the token dim: the `K − 1` rows before
+    /// the window, then the window's own, as each call gave them (views; nothing is joined
+    /// until a rewind needs rows of them).
+    window: Vec<Tensor>,
+    /// `K − 1`: the rows before the window.
+    before: usize,
+    /// The recurrent state after each token of the window: copies, but for the last token
+    /// the live state itself (the tensor the layer advances in place), which is copied just
+    /// before the next token advances it. So a window that keeps every token costs no copy
+    /// of the last state, and a pass of T tokens T − 1 copies.
     states: Vec<Tensor>,
+    /// Whether the last entry of `states` is the live state.
+    last_is_live: bool,
 }
 
 impl GdnSteps {
@@ -29,35 +39,74 @@ impl GdnSteps {
     /// drafts one token a call): each call's own rows are appended to what the window holds,
     /// whose last `K − 1` rows are the ones the call started from.
     pub(super) fn record_window(&mut self, padded: &Tensor, before: usize) -> Result<()> {
-        self.window = Some(match self.window.take() {
-            None => padded.clone(),
-            Some(held) => {
-                let own = padded.narrow(1, before, padded.dim(1)? - before)?;
-                candle_op(Tensor::cat(&[&held, &own], 1))?
-            }
-        });
+        if self.window.is_empty() {
+            self.before = before;
+            self.window.push(padded.clone());
+        } else {
+            self.window
+                .push(padded.narrow(1, before, padded.dim(1)? - before)?);
+        }
+        Ok(())
+    }
+
+    /// Whether the window still needs the conv rows before it ([`GdnSteps::record_before`]):
+    /// nothing was recorded yet.
+    pub(super) fn needs_before(&self) -> bool {
+        self.window.is_empty()
+    }
+
+    /// The `K − 1` conv rows before the window, `[B, K−1, C]` (a tensor nothing advances
+    /// any more: the caller copies a state it will advance in place).
+    pub(super) fn record_before(&mut self, rows: Tensor) -> Result<()> {
+        ensure!(
+            self.window.is_empty(),
+            "the window's first rows are already recorded"
+        );
+        self.before = rows.dim(1)?;
+        self.window.push(rows);
+        Ok(())
+    }
+
+    /// A call's own conv input rows `[B, S, C]` (a view is kept as it is).
+    pub(super) fn record_rows(&mut self, rows: Tensor) -> Result<()> {
+        ensure!(
+            !self.window.is_empty(),
+            "the rows before the window come first"
+        );
+        self.window.push(rows);
         Ok(())
     }
 
     /// The recurrence over the window's tokens `[q, k, v, g, beta]` (`[B, S, …]`), one
     /// `step` per token (the layer's own call, as a decode step makes it), keeping a copy of
     /// `state` after each. Returns `y` `[B, S, Hv, Dv]`.
-    pub(super) fn recurrence(
+    ///
+    /// The inputs may be any `N` tensors with the tokens on dim 1 (the fused verify pass adds
+    /// the output gate `z` to the five): `step` gets each token's slices (views, no copies).
+    pub(super) fn recurrence<const N: usize>(
         &mut self,
-        qkvgb: [&Tensor; 5],
+        inputs: [&Tensor; N],
         state: &Tensor,
-        step: impl Fn([&Tensor; 5], &Tensor) -> Result<Tensor>,
+        step: impl Fn([&Tensor; N], &Tensor) -> Result<Tensor>,
     ) -> Result<Tensor> {
-        let s = qkvgb[0].dim(1)?;
+        let s = inputs[0].dim(1)?;
         let mut ys = Vec::with_capacity(s);
         for t in 0..s {
-            let at: Vec<Tensor> = (qkvgb.iter())
+            let at: Vec<Tensor> = (inputs.iter())
                 .map(|x| x.narrow(1, t, 1))
                 .collect::<candle_core::Result<_>>()?;
-            ys.push(step([&at[0], &at[1], &at[2], &at[3], &at[4]], state)?);
-            self.states.push(own_copy(state)?);
+            if self.last_is_live {
+                let last = self.states.last_mut().expect("a live entry");
+                *last = own_copy(last)?;
+            }
+            ys.push(step(std::array::from_fn(|i| &at[i]), state)?);
+            self.states.push(state.clone());
+            self.last_is_live = true;
         }
-        candle_op(Tensor::cat(&ys, 1))
+        match ys.len() {
+            1 => Ok(ys.remove(0)),
+            _ => candle_ops(ys.len(), Tensor::cat(&ys, 1)),
+        }
     }
 
     /// Tokens the window recorded.
@@ -71,18 +120,33 @@ impl GdnSteps {
 
     /// The layer's state after the first `kept` tokens of the window (1 ≤ kept ≤ the window's
     /// length): the conv window of the `K − 1` rows that end with that token, and the
-    /// recurrent state copied after it.
+    /// recurrent state after it (the live state itself when every token is kept).
     pub fn rewind(self, kept: usize) -> Result<(Tensor, Tensor)> {
         ensure!(
             (1..=self.states.len()).contains(&kept),
             "rewinding a GDN layer to {kept} of the {} tokens it recorded",
             self.states.len()
         );
-        let window = self
-            .window
-            .ok_or_else(|| anyhow::anyhow!("the GDN layer recorded no conv window"))?;
-        let rows = window.dim(1)? - self.states.len(); // K − 1
-        let conv = candle_op(window.narrow(1, kept, rows)?.force_contiguous())?;
+        // Rows kept .. kept + K − 1 of the window's rows (the `K − 1` before it first).
+        let (from, to) = (kept, kept + self.before);
+        let (mut pieces, mut at) = (Vec::new(), 0);
+        for part in &self.window {
+            let len = part.dim(1)?;
+            let (lo, hi) = (from.max(at), to.min(at + len));
+            if lo < hi {
+                pieces.push(part.narrow(1, lo - at, hi - lo)?);
+            }
+            at += len;
+        }
+        ensure!(
+            at == self.before + self.states.len() && !pieces.is_empty(),
+            "the GDN layer recorded {at} conv rows for {} tokens",
+            self.states.len()
+        );
+        let conv = match pieces.len() {
+            1 => candle_op(pieces[0].force_contiguous())?,
+            n => candle_ops(n, Tensor::cat(&pieces, 1))?,
+        };
         let state = self.states.into_iter().nth(kept - 1).expect("kept ≤ len");
         Ok((conv, state))
     }

@@ -68,7 +68,10 @@ the repetitions.
                      length, index = length), same_tokens (whether the greedy tokens are plain \
                      decoding's)}
   verify_cost        with --verify-cost K: {pass_seconds (per k = 0..K, {median, stddev, \
-                     min, max, samples}), ratio_to_one_token (t(k+1)/t(1)), tg_step_seconds, \
+                     min, max, samples}), pass_launches, pass_read_backs (per k: one \
+                     pass's kernel launches and host reads, the logits' included), fused \
+                     (the fused verify pass, else the composed one: QWEN_GDN_VERIFY), \
+                     ratio_to_one_token (t(k+1)/t(1)), tg_step_seconds, \
                      output_head_seconds, draft_call_estimate_seconds, projected_tps (per k: \
                      tps at acceptances 0.6, 0.7, 0.8, 0.9)}
   decode_profile     with --profile-decode: every kernel of one decode step (op, layer, \

@@ -17,7 +17,6 @@
 //! output head, over the layer count): an estimate, said so in the table.
 
 use anyhow::{Context, Result};
-use candle_core::Tensor;
 use qwen_gdn_model::speculative::Window;
 use qwen_gdn_model::Model;
 use serde_json::json;
@@ -34,6 +33,11 @@ const WARM_UP_PASSES: usize = 2;
 pub(crate) struct VerifyCost {
     /// Per k = 0..=K: the verify pass of k + 1 tokens.
     passes: Vec<Stats>,
+    /// Per k: the kernel launches and host read-backs of one pass (`gdn_ops::launches`).
+    launches: Vec<(usize, usize)>,
+    /// Whether the passes ran the fused verify (`Model::fused_verify`; else the composed
+    /// prefill path).
+    fused: bool,
     /// The output head over one row, with its read-back.
     head: Stats,
     /// The plain decode step (1 / the tg median).
@@ -63,7 +67,17 @@ impl VerifyCost {
             max_k + 1
         );
         let mut passes = Vec::with_capacity(max_k + 1);
+        let mut launches = Vec::with_capacity(max_k + 1);
         for k in 0..=max_k {
+            // One counted pass first (untimed, as the warm-up ones).
+            let read_backs = gdn_ops::launches::read_backs();
+            gdn_ops::launches::take();
+            verify_pass(model, &mut cache, &tokens[..k + 1])
+                .with_context(|| format!("verify pass of {} tokens", k + 1))?;
+            launches.push((
+                gdn_ops::launches::take(),
+                gdn_ops::launches::read_backs() - read_backs,
+            ));
             let mut samples = Vec::with_capacity(repetitions);
             for i in 0..WARM_UP_PASSES + repetitions {
                 let start = Instant::now();
@@ -86,6 +100,8 @@ impl VerifyCost {
         }
         Ok(Self {
             passes,
+            launches,
+            fused: model.fused_verify(),
             head: Stats::new(head),
             tg_step: 1.0 / tg_tps.max(1e-9),
             layers: model.num_layers(),
@@ -111,17 +127,25 @@ impl VerifyCost {
     /// The table printed under bench's own.
     pub(crate) fn table(&self) -> String {
         let mut s = String::from(
-            "\n| verify pass | ms (median) | t(k+1)/t(1) | / tg step |\n|---|---|---|---|\n",
+            "\n| verify pass | ms (median) | t(k+1)/t(1) | / tg step | launches | read-backs |\n\
+             |---|---|---|---|---|---|\n",
         );
         for (k, pass) in self.passes.iter().enumerate() {
+            let (launches, read_backs) = self.launches[k];
             s += &format!(
-                "| k={k} ({} tokens) | {:.3} | {:.2} | {:.2} |\n",
+                "| k={k} ({} tokens) | {:.3} | {:.2} | {:.2} | {launches} | {read_backs} |\n",
                 k + 1,
                 pass.median * 1e3,
                 self.ratio(k),
                 pass.median / self.tg_step
             );
         }
+        s += &format!(
+            "(the {} verify pass; QWEN_GDN_VERIFY={} runs the other; the read-backs include \
+             the logits')\n",
+            if self.fused { "fused" } else { "composed" },
+            if self.fused { "composed" } else { "fused" },
+        );
         s += &format!(
             "\ntg step {:.3} ms; output head (one row, read back) {:.3} ms; draft call estimated \
              {:.3} ms (output head + 1/{} of the tg step: no MTP head timed)\n\n\
@@ -148,6 +172,9 @@ impl VerifyCost {
     pub(crate) fn json(&self) -> serde_json::Value {
         json!({
             "pass_seconds": self.passes.iter().map(|p| json!(p)).collect::<Vec<_>>(),
+            "pass_launches": self.launches.iter().map(|l| l.0).collect::<Vec<_>>(),
+            "pass_read_backs": self.launches.iter().map(|l| l.1).collect::<Vec<_>>(),
+            "fused": self.fused,
             "ratio_to_one_token": (0..self.passes.len()).map(|k| self.ratio(k)).collect::<Vec<_>>(),
             "tg_step_seconds": self.tg_step,
             "output_head_seconds": self.head,
@@ -171,17 +198,14 @@ fn verify_pass(
     tokens: &[u32],
 ) -> Result<()> {
     let window = Window::open(cache)?;
-    let logits: Result<Tensor> = model
-        .forward_normed(tokens, cache)
-        .and_then(|normed| model.head_logits(&normed));
-    let logits = match logits {
-        Ok(l) => l,
+    let logits = match model.verify(tokens, cache) {
+        Ok((l, _)) => l,
         Err(e) => {
             Window::abandon(cache);
             return Err(e);
         }
     };
-    let rows = logits.to_vec2::<f32>()?;
+    let rows = gdn_ops::launches::read_back(logits.to_vec2::<f32>())?;
     anyhow::ensure!(
         rows.iter().flatten().all(|x| x.is_finite()),
         "the verify pass's logits are not finite"
