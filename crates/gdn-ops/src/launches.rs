@@ -43,6 +43,13 @@ pub fn cpu_twin<R>(f: impl FnOnce() -> R) -> R {
     counted_as(1, f)
 }
 
+/// A slot op's CPU twin: one launch and the upload of the address table its kernel reads
+/// (see [`upload`]).
+pub fn cpu_slot_twin<R>(f: impl FnOnce() -> R) -> R {
+    upload(1);
+    cpu_twin(f)
+}
+
 /// A candle op that launches one kernel on a GPU (an elementwise op, a reduction, a copy).
 pub fn candle_op<T>(result: candle_core::Result<T>) -> anyhow::Result<T> {
     candle_ops(1, result)
@@ -72,4 +79,22 @@ pub fn read_back<T>(result: candle_core::Result<T>) -> anyhow::Result<T> {
 /// This thread's count of [`read_back`]s so far.
 pub fn read_backs() -> usize {
     READ_BACKS.with(Cell::get)
+}
+
+thread_local! {
+    static UPLOADS: Cell<usize> = const { Cell::new(0) };
+}
+
+/// Records `n` copies of host memory to the device inside the model's step (a slot kernel's
+/// address table, a sequence's position): each is a host call on the step's path and, in a
+/// CUDA graph, a node that must be fed from a fixed host buffer. Counted where the copy is
+/// made, and by a CPU twin for the table its kernel would read, so that the count is the
+/// same on every backend.
+pub fn upload(n: usize) {
+    UPLOADS.with(|c| c.set(c.get() + n));
+}
+
+/// This thread's count of [`upload`]s so far.
+pub fn uploads() -> usize {
+    UPLOADS.with(Cell::get)
 }

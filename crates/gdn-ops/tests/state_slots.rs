@@ -6,8 +6,8 @@ mod common;
 
 use candle_core::{DType, Device, Tensor};
 use common::state_slots::{
-    assert_conv_slots_exact, assert_prep_slots_exact, assert_recurrence_slots_exact, conv_cases,
-    prep_cases, recurrence_cases,
+    assert_conv_slots_exact, assert_decode_slots_exact, assert_prep_slots_exact,
+    assert_recurrence_slots_exact, conv_cases, decode_cases, prep_cases, recurrence_cases,
 };
 use common::TYPES;
 use gdn_ops::ops::gated_delta_norm::Gate;
@@ -45,6 +45,43 @@ fn attn_prep_slots_are_the_per_sequence_op() {
         for ty in TYPES {
             assert_prep_slots_exact(&Device::Cpu, c, ty, 500 + 10 * i as u64 + ty as u64);
         }
+    }
+}
+
+#[test]
+fn attn_decode_slots_are_the_per_sequence_op() {
+    for (i, c) in decode_cases().iter().enumerate() {
+        for ty in TYPES {
+            assert_decode_slots_exact(&Device::Cpu, c, ty, 700 + 10 * i as u64 + ty as u64);
+        }
+    }
+}
+
+/// One line for each bad call of the decode's slot op: no sequences, a buffer count that is
+/// not q's rows, sequences of different head dims.
+#[test]
+fn attn_decode_slots_reject_bad_calls() {
+    use gdn_ops::ops::attn_decode_slots::attn_decode_slots;
+    let dev = Device::Cpu;
+    let (nq, nkv) = (4, 2);
+    let q = |dh: usize| Tensor::zeros((2, nq, dh), DType::F32, &dev).unwrap();
+    let gate = |dh: usize| Tensor::zeros((2, nq * dh), DType::F32, &dev).unwrap();
+    let kv = |dh: usize| Tensor::zeros((1, nkv, 8, dh), DType::F32, &dev).unwrap();
+    let pos = Tensor::new(&[3u32], &dev).unwrap();
+    let run = |q: &Tensor, gate: &Tensor, kv: &[Tensor], n: usize| {
+        let positions = vec![pos.clone(); n];
+        attn_decode_slots(q, gate, kv, kv, &positions)
+            .unwrap_err()
+            .to_string()
+    };
+    let none = run(&q(32), &gate(32), &[], 0);
+    assert!(none.contains("no sequences"), "{none}");
+    let count = run(&q(32), &gate(32), &[kv(32)], 1);
+    assert!(count.contains("for 1 positions"), "{count}");
+    let heads = run(&q(32), &gate(32), &[kv(32), kv(64)], 2);
+    assert!(heads.contains("keys"), "{heads}");
+    for e in [none, count, heads] {
+        assert!(!e.contains('\n'), "{e}");
     }
 }
 

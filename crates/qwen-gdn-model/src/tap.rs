@@ -70,23 +70,27 @@ impl fmt::Display for Stopped {
 
 impl std::error::Error for Stopped {}
 
-/// Counts the kernel launches of each layer: the difference of
-/// [`gdn_ops::launches::count`] around it (counted where the kernels are launched).
+/// Counts the kernel launches of each layer, and its host uploads: the differences of
+/// [`gdn_ops::launches::count`] and [`gdn_ops::launches::uploads`] around it (counted where the
+/// kernels are launched and the copies made).
 #[derive(Debug, Default)]
 pub struct LaunchCounter {
     pub per_layer: Vec<usize>,
-    before: usize,
+    pub uploads_per_layer: Vec<usize>,
+    before: (usize, usize),
 }
 
 impl Tap for LaunchCounter {
     fn enter_layer(&mut self, _layer: usize) -> Result<()> {
-        self.before = gdn_ops::launches::count();
+        self.before = (gdn_ops::launches::count(), gdn_ops::launches::uploads());
         Ok(())
     }
 
     fn leave_layer(&mut self, _layer: usize) {
         self.per_layer
-            .push(gdn_ops::launches::count() - self.before);
+            .push(gdn_ops::launches::count() - self.before.0);
+        self.uploads_per_layer
+            .push(gdn_ops::launches::uploads() - self.before.1);
     }
 }
 

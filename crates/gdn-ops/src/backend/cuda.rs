@@ -9,7 +9,7 @@ use crate::launches;
 use anyhow::{bail, ensure, Result};
 use candle_core::cuda_backend::cudarc::driver::sys::CUfunction_attribute;
 use candle_core::cuda_backend::cudarc::driver::{
-    CudaFunction, CudaSlice, CudaStream, CudaView, DeviceRepr, LaunchArgs, LaunchConfig,
+    CudaFunction, CudaSlice, CudaStream, CudaView, DevicePtr, DeviceRepr, LaunchArgs, LaunchConfig,
 };
 use candle_core::cuda_backend::CudaDType;
 use candle_core::op::BackpropOp;
@@ -240,6 +240,19 @@ impl<'t> Held<'t> {
         Ok(self.slice::<T>(op)?.slice(start..start + len))
     }
 
+    /// The device address of a contiguous tensor's first element, as a slot table holds it
+    /// ([`slot_table`]). The tensor stays read-locked while `self` lives; the caller keeps it
+    /// alive until the launch that reads the address is queued.
+    pub(crate) fn address<T: CudaDType + DeviceRepr>(
+        &self,
+        stream: &Arc<CudaStream>,
+        op: &str,
+    ) -> Result<u64> {
+        let view = self.view::<T>(op)?;
+        let (ptr, _sync) = view.device_ptr(stream);
+        Ok(ptr)
+    }
+
     /// The elements `rows.start .. rows.start + rows.span` of the storage as a device view:
     /// for views whose layout the caller has checked with [`super::row_layout`].
     pub(crate) fn rows<T: CudaDType + DeviceRepr>(
@@ -251,6 +264,31 @@ impl<'t> Held<'t> {
             .slice::<T>(op)?
             .slice(rows.start..rows.start + rows.span))
     }
+}
+
+/// The table of device addresses a slot kernel reads its sequences' buffers through (see
+/// `ops::gated_delta_norm_slots` for why a table): `rows` words a sequence, each a
+/// [`Held::address`] or a plain number (a capacity), uploaded on candle's stream so that the
+/// launch that reads it is ordered after the copy. Every slot launcher builds its table here,
+/// and counts the upload ([`launches::upload`]).
+pub(crate) fn slot_table(dev: &CudaDevice, words: &[u64]) -> Result<CudaSlice<u64>> {
+    launches::upload(1);
+    Ok(dev.clone_htod(words)?)
+}
+
+/// The [`slot_table`] of one address a sequence: each of `held`'s contiguous tensors (a
+/// sequence's state), typed `T`.
+pub(crate) fn address_table<T: CudaDType + DeviceRepr>(
+    dev: &CudaDevice,
+    held: &[Held],
+    op: &str,
+) -> Result<CudaSlice<u64>> {
+    let stream = dev.cuda_stream();
+    let words = held
+        .iter()
+        .map(|h| h.address::<T>(&stream, op))
+        .collect::<Result<Vec<_>>>()?;
+    slot_table(dev, &words)
 }
 
 /// The view of an optional contiguous input, or of `fallback` in its slot when there is none:

@@ -87,7 +87,7 @@ pub fn attn_prep_slots(
     };
     let device = qkv.device();
     profile::kernel(OP, device, traffic, || match device {
-        Device::Cpu => crate::launches::cpu_twin(|| cpu::attn_prep_slots(&inputs)),
+        Device::Cpu => crate::launches::cpu_slot_twin(|| cpu::attn_prep_slots(&inputs)),
         #[cfg(feature = "cuda")]
         Device::Cuda(_) => cuda::attn_prep_slots(&inputs),
         other => anyhow::bail!("{OP}: no kernel for device {other:?}"),

@@ -144,7 +144,9 @@ pub fn gated_delta_update_norm_slots(
     };
     let device = first.device();
     profile::kernel("gated_delta_norm_slots", device, traffic, || match device {
-        Device::Cpu => crate::launches::cpu_twin(|| cpu::gated_delta_update_norm_slots(&inputs)),
+        Device::Cpu => {
+            crate::launches::cpu_slot_twin(|| cpu::gated_delta_update_norm_slots(&inputs))
+        }
         #[cfg(feature = "cuda")]
         Device::Cuda(_) => cuda::gated_delta_update_norm_slots(&inputs),
         other => anyhow::bail!("{OP}: no kernel for device {other:?}"),

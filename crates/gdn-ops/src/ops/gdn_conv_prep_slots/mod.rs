@@ -120,7 +120,7 @@ pub fn gdn_conv_prep_slots(
     };
     let device = first.device();
     profile::kernel(OP, device, moved, || match device {
-        Device::Cpu => crate::launches::cpu_twin(|| cpu::gdn_conv_prep_slots(&inputs)),
+        Device::Cpu => crate::launches::cpu_slot_twin(|| cpu::gdn_conv_prep_slots(&inputs)),
         #[cfg(feature = "cuda")]
         Device::Cuda(_) => cuda::gdn_conv_prep_slots(&inputs),
         other => anyhow::bail!("{OP}: no kernel for device {other:?}"),

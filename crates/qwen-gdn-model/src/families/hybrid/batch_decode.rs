@@ -4,9 +4,9 @@
 //! `moe_combine`). The GDN mixers' state kernels (conv front, recurrence with its norm) run
 //! once over the B sequences, each on its own states through a table of their addresses
 //! (`gdn_conv_prep_slots`, `gated_delta_update_norm_slots`; per sequence where the device has
-//! no slot kernel); attention's prep (`attn_prep_slots`) once over the B sequences' KV
-//! buffers, its `attn_decode` per sequence (each its own length), the single-token kernel
-//! [`HybridDecoder::decode_step`] launches. A layer outside the
+//! no slot kernel); attention's prep (`attn_prep_slots`) and its `attn_decode_slots`
+//! once over the B sequences' KV buffers (each its own length), the single-token kernels'
+//! bodies that [`HybridDecoder::decode_step`] launches. A layer outside the
 //! kernels' coverage, or a MoE whose gathered SwiGLU does not take B rows, runs its
 //! composed ops, as the single-sequence step does.
 
@@ -31,6 +31,9 @@ impl HybridDecoder {
         let rows = embedded.dim(0)?;
         let device = embedded.device();
         let offsets: Vec<usize> = caches.iter().map(|c| c.offset).collect();
+        // Each sequence's position, copied to the device once a step for all layers (counted
+        // as the host uploads they are).
+        gdn_ops::launches::upload(rows);
         let positions = offsets
             .iter()
             .map(|&o| Ok(Tensor::new(&[o as u32], device)?))
