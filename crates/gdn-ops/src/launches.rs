@@ -43,13 +43,6 @@ pub fn cpu_twin<R>(f: impl FnOnce() -> R) -> R {
     counted_as(1, f)
 }
 
-/// A slot op's CPU twin: one launch and the upload of the address table its kernel reads
-/// (see [`upload`]).
-pub fn cpu_slot_twin<R>(f: impl FnOnce() -> R) -> R {
-    upload(1);
-    cpu_twin(f)
-}
-
 /// A candle op that launches one kernel on a GPU (an elementwise op, a reduction, a copy).
 pub fn candle_op<T>(result: candle_core::Result<T>) -> anyhow::Result<T> {
     candle_ops(1, result)

@@ -267,13 +267,34 @@ impl<'t> Held<'t> {
 }
 
 /// The table of device addresses a slot kernel reads its sequences' buffers through (see
-/// `ops::gated_delta_norm_slots` for why a table): `rows` words a sequence, each a
-/// [`Held::address`] or a plain number (a capacity), uploaded on candle's stream so that the
-/// launch that reads it is ordered after the copy. Every slot launcher builds its table here,
-/// and counts the upload ([`launches::upload`]).
-pub(crate) fn slot_table(dev: &CudaDevice, words: &[u64]) -> Result<CudaSlice<u64>> {
-    launches::upload(1);
-    Ok(dev.clone_htod(words)?)
+/// `ops::gated_delta_norm_slots` for why a table): `words` (a sequence's [`Held::address`]es
+/// and plain numbers such as its capacity), uploaded on candle's stream, so that the launch
+/// that reads it is ordered after the copy, when no table of the same words on `dev` is kept
+/// ([`crate::slot_tables`]: once per batch composition; counted there).
+pub(crate) fn slot_table(dev: &CudaDevice, words: &[u64]) -> Result<Arc<CudaSlice<u64>>> {
+    let ordinal = dev.cuda_stream().context().ordinal() as u64;
+    let key: Vec<u64> = std::iter::once(ordinal)
+        .chain(words.iter().copied())
+        .collect();
+    DEVICE_TABLES.with(|t| {
+        t.borrow_mut()
+            .get_or_upload(&key, |_| Ok(Arc::new(dev.clone_htod(words)?)))
+    })
+}
+
+thread_local! {
+    static DEVICE_TABLES: std::cell::RefCell<crate::slot_tables::Tables<Arc<CudaSlice<u64>>>> =
+        std::cell::RefCell::new(Default::default());
+}
+
+/// Frees the device tables this thread keeps ([`crate::slot_tables::clear`]).
+pub(crate) fn clear_slot_tables() {
+    DEVICE_TABLES.with(|t| t.borrow_mut().clear());
+}
+
+/// Device tables this thread keeps.
+pub(crate) fn slot_tables_kept() -> usize {
+    DEVICE_TABLES.with(|t| t.borrow().len())
 }
 
 /// The [`slot_table`] of one address a sequence: each of `held`'s contiguous tensors (a
@@ -282,7 +303,7 @@ pub(crate) fn address_table<T: CudaDType + DeviceRepr>(
     dev: &CudaDevice,
     held: &[Held],
     op: &str,
-) -> Result<CudaSlice<u64>> {
+) -> Result<Arc<CudaSlice<u64>>> {
     let stream = dev.cuda_stream();
     let words = held
         .iter()

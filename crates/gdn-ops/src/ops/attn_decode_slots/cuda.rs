@@ -106,7 +106,7 @@ where
         let mut args = first_pass.args();
         args.arg(&q)
             .arg(&gate)
-            .arg(&slots)
+            .arg(slots.as_ref())
             .arg(&partials)
             .arg(&out)
             .arg(&params);
@@ -126,7 +126,7 @@ where
             let mut args = combine.args();
             args.arg(&partials)
                 .arg(&gate)
-                .arg(&slots)
+                .arg(slots.as_ref())
                 .arg(&out)
                 .arg(&params);
             let heads = config(

@@ -18,6 +18,7 @@ pub mod cuda;
 
 use crate::ops::attn_decode::{traffic, AttnDecodeDims, Inputs};
 use crate::profile::{self, Traffic};
+use crate::slot_tables;
 use anyhow::{ensure, Result};
 use candle_core::{Device, Tensor};
 
@@ -97,7 +98,15 @@ pub fn attn_decode_slots(
     };
     let device = q.device();
     profile::kernel(OP, device, moved, || match device {
-        Device::Cpu => crate::launches::cpu_slot_twin(|| cpu::attn_decode_slots(&inputs)),
+        Device::Cpu => {
+            let rows = inputs
+                .rows
+                .iter()
+                .map(|(d, r)| (r.keys, r.values, r.pos, d.capacity))
+                .collect::<Vec<_>>();
+            let words = slot_tables::host_kv_words(&rows)?;
+            slot_tables::cpu_slot_twin(&words, || cpu::attn_decode_slots(&inputs))
+        }
         #[cfg(feature = "cuda")]
         Device::Cuda(_) => cuda::attn_decode_slots(&inputs),
         other => anyhow::bail!("{OP}: no kernel for device {other:?}"),

@@ -62,7 +62,7 @@ where
         let params = d.params(first.eps);
         let mut args = kernel.args();
         views.push(&mut args);
-        args.arg(&slots).arg(&q).arg(&gate).arg(&params);
+        args.arg(slots.as_ref()).arg(&q).arg(&gate).arg(&params);
         let heads = (d.q_heads + 2 * d.kv_heads) as u32;
         let geometry = config((heads, n as u32, 1), (32, 1, 1), 0);
         // SAFETY: arguments in the order and types of `attn_prep_slots_*` in

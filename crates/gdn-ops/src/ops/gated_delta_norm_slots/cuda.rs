@@ -52,7 +52,7 @@ where
         let norm = norm.views::<I>(batch, OP)?;
         let mut args = kernel.args();
         views.push_gates(&mut args);
-        args.arg(&slots);
+        args.arg(slots.as_ref());
         norm.push(&mut args);
         args.arg(&out).arg(&params);
         let blocks = (d.batch * d.value_heads * plan.blocks_per_head) as u32;

@@ -52,7 +52,7 @@ where
         let views = held.views::<T>(batch, OP)?;
         let mut args = kernel.args();
         views.push_rows(&mut args);
-        args.arg(&slots);
+        args.arg(slots.as_ref());
         views.push_layer(&mut args);
         out.push(&mut args);
         args.arg(&params);
