@@ -4,12 +4,11 @@
 //! stream; a grid over (query heads, sequences, the most ranges of any sequence), then the
 //! combine over the sequences that split.
 
-use super::{SlotInputs, SLOT_WORDS};
+use super::{passes, SlotInputs, SLOT_WORDS};
 use crate::backend::cuda::{
     config, cuda_device, cuda_source, launch, slot_table, tensor, with_float_type, Element, Held,
     Kernel, KernelSource,
 };
-use crate::ops::attn_decode::long_context::SplitPasses;
 use crate::ops::attn_decode::{AttnDecodeDims, SIMDGROUPS};
 use anyhow::{ensure, Result};
 use candle_core::cuda_backend::cudarc::driver::PushKernelArg;
@@ -17,20 +16,6 @@ use candle_core::{CudaDevice, Tensor};
 
 const OP: &str = "attn_decode_slots";
 const SOURCE: KernelSource = cuda_source!("attn_decode");
-
-/// `kSingle`, `kShipped`, `kPipelined`, `kPairs` of kernels/attn_decode.cu: the body a
-/// sequence's own launch (`ops/attn_decode/cuda.rs`) runs for `d` (its one-sequence dims) in
-/// elements of `elem_bytes`.
-pub fn passes(d: AttnDecodeDims, elem_bytes: usize) -> u64 {
-    if d.splits() == 1 {
-        return 0;
-    }
-    match SplitPasses::for_dims(d, elem_bytes) {
-        SplitPasses::Shipped => 1,
-        SplitPasses::Pipelined => 2,
-        SplitPasses::HeadPairs => 3,
-    }
-}
 
 pub(crate) fn attn_decode_slots(inputs: &SlotInputs) -> Result<Tensor> {
     let dev = cuda_device(inputs.q, OP)?;

@@ -16,6 +16,7 @@ pub(crate) mod cpu;
 #[cfg(feature = "cuda")]
 pub mod cuda;
 
+use crate::ops::attn_decode::long_context::SplitPasses;
 use crate::ops::attn_decode::{traffic, AttnDecodeDims, Inputs};
 use crate::profile::{self, Traffic};
 use crate::slot_tables;
@@ -99,12 +100,15 @@ pub fn attn_decode_slots(
     let device = q.device();
     profile::kernel(OP, device, moved, || match device {
         Device::Cpu => {
-            let rows = inputs
-                .rows
-                .iter()
-                .map(|(d, r)| (r.keys, r.values, r.pos, d.capacity))
-                .collect::<Vec<_>>();
-            let words = slot_tables::host_kv_words(&rows)?;
+            // The kernel's table, row for row, with host addresses.
+            let elem = q.dtype().size_in_bytes();
+            let mut words = Vec::with_capacity(SLOT_WORDS * n);
+            for (d, r) in &inputs.rows {
+                words.extend(slot_tables::host_kv_words(&[(
+                    r.keys, r.values, r.pos, d.capacity,
+                )])?);
+                words.extend([d.splits() as u64, passes(*d, elem)]);
+            }
             slot_tables::cpu_slot_twin(&words, || cpu::attn_decode_slots(&inputs))
         }
         #[cfg(feature = "cuda")]
@@ -116,3 +120,17 @@ pub fn attn_decode_slots(
 /// Eight-byte words of a sequence's row of the table (`attn_decode::Slot` in
 /// kernels/attn_decode.cu): keys, values, position, capacity, key ranges, passes.
 pub const SLOT_WORDS: usize = 6;
+
+/// `kSingle`, `kShipped`, `kPipelined`, `kPairs` of kernels/attn_decode.cu: the body a
+/// sequence's own launch (`ops/attn_decode/cuda.rs`) runs for `d` (its one-sequence dims) in
+/// elements of `elem_bytes`.
+pub fn passes(d: AttnDecodeDims, elem_bytes: usize) -> u64 {
+    if d.splits() == 1 {
+        return 0;
+    }
+    match SplitPasses::for_dims(d, elem_bytes) {
+        SplitPasses::Shipped => 1,
+        SplitPasses::Pipelined => 2,
+        SplitPasses::HeadPairs => 3,
+    }
+}
