@@ -46,48 +46,50 @@ struct Case {
 }
 
 fn cases() -> Vec<Case> {
+    let case = |ty, (nq, nkv, dh), simdgroups, seqs| Case {
+        ty,
+        nq,
+        nkv,
+        dh,
+        simdgroups,
+        seqs,
+    };
     vec![
         // Rows of 16 bytes a lane (f32 at Dh 128): every kind in one launch.
-        Case {
-            ty: Ty::F32,
-            nq: 4,
-            nkv: 2,
-            dh: 128,
-            simdgroups: 4,
-            seqs: vec![
+        case(
+            Ty::F32,
+            (4, 2, 128),
+            4,
+            vec![
                 (40, 39, 1, SINGLE_PASS),
                 (200, 150, 2, SHIPPED),
                 (300, 299, 3, PIPELINED_PASS),
                 (260, 200, 5, PAIRS),
             ],
-        },
+        ),
         // Qwen3-Next's head dim in bf16.
-        Case {
-            ty: Ty::Bf16,
-            nq: 4,
-            nkv: 2,
-            dh: 256,
-            simdgroups: 8,
-            seqs: vec![
+        case(
+            Ty::Bf16,
+            (4, 2, 256),
+            8,
+            vec![
                 (130, 129, 2, PIPELINED_PASS),
                 (64, 10, 1, SINGLE_PASS),
                 (200, 199, 4, PAIRS),
             ],
-        },
+        ),
         // An odd GQA group, f16 rows of 4 bytes a lane: the shipped split, with more ranges
         // than keys in one sequence.
-        Case {
-            ty: Ty::F16,
-            nq: 6,
-            nkv: 2,
-            dh: 64,
-            simdgroups: 2,
-            seqs: vec![
+        case(
+            Ty::F16,
+            (6, 2, 64),
+            2,
+            vec![
                 (33, 32, 1, SINGLE_PASS),
                 (150, 149, 2, SHIPPED),
                 (70, 5, 7, SHIPPED),
             ],
-        },
+        ),
     ]
 }
 

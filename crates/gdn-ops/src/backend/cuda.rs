@@ -312,6 +312,37 @@ pub(crate) fn address_table<T: CudaDType + DeviceRepr>(
     slot_table(dev, &words)
 }
 
+/// Each sequence's KV buffers and position, read-locked while a slot launch that reads them
+/// through its table is bound (`attn_prep_slots`, `attn_decode_slots`).
+pub(crate) struct HeldKv<'t>(Vec<[Held<'t>; 3]>);
+
+impl<'t> HeldKv<'t> {
+    /// `rows`: each sequence's keys, values (`[1, Nkv, cap, Dh]`) and `[1]` u32 position.
+    pub(crate) fn new(rows: impl Iterator<Item = [&'t Tensor; 3]>) -> Self {
+        Self(rows.map(|r| r.map(Held::new)).collect())
+    }
+
+    /// Each sequence's first table words: the addresses of its keys and values (in `T`) and
+    /// of its position.
+    pub(crate) fn addresses<T: CudaDType + DeviceRepr>(
+        &self,
+        dev: &CudaDevice,
+        op: &str,
+    ) -> Result<Vec<[u64; 3]>> {
+        let stream = dev.cuda_stream();
+        self.0
+            .iter()
+            .map(|[k, v, p]| {
+                Ok([
+                    k.address::<T>(&stream, op)?,
+                    v.address::<T>(&stream, op)?,
+                    p.address::<u32>(&stream, op)?,
+                ])
+            })
+            .collect()
+    }
+}
+
 /// The view of an optional contiguous input, or of `fallback` in its slot when there is none:
 /// the kernel never reads the slot then (its `has_*` flag is 0), but it must hold a valid
 /// pointer.

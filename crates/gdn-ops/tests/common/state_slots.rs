@@ -198,14 +198,8 @@ pub fn assert_prep_slots_exact(
     use gdn_ops::ops::attn_prep_slots::attn_prep_slots;
     let what = format!("attn_prep slots B{b} Nq{nq} Nkv{nkv} Dh{dh} R{rope} {ty:?} on {dev:?}");
     let mut rng = Rng::new(seed);
-    let dtype = ty.dtype();
-    let t = |rng: &mut Rng, shape: &[usize], lo: f32, hi: f32| {
-        rng.tensor(shape, lo, hi)
-            .to_dtype(dtype)
-            .unwrap()
-            .to_device(dev)
-            .unwrap()
-    };
+    let t =
+        |rng: &mut Rng, shape: &[usize], lo: f32, hi: f32| random_on(rng, shape, lo, hi, ty, dev);
     let buffers = |rng: &mut Rng| {
         (0..b)
             .map(|r| t(rng, &[1, nkv, 8 + 5 * r, dh], -1.0, 1.0))
@@ -295,14 +289,8 @@ pub fn assert_decode_slots_exact(
     let b = caps.len();
     let what = format!("attn_decode slots Nq{nq} Nkv{nkv} Dh{dh} caps {caps:?} {ty:?} on {dev:?}");
     let mut rng = Rng::new(seed);
-    let dtype = ty.dtype();
-    let t = |rng: &mut Rng, shape: &[usize], lo: f32, hi: f32| {
-        rng.tensor(shape, lo, hi)
-            .to_dtype(dtype)
-            .unwrap()
-            .to_device(dev)
-            .unwrap()
-    };
+    let t =
+        |rng: &mut Rng, shape: &[usize], lo: f32, hi: f32| random_on(rng, shape, lo, hi, ty, dev);
     let buffers = |rng: &mut Rng, lo: f32, hi: f32| {
         caps.iter()
             .map(|&cap| t(rng, &[1, nkv, cap, dh], lo, hi))
@@ -337,4 +325,13 @@ pub fn assert_decode_slots_exact(
         );
     }
     got
+}
+
+/// A random tensor of `shape` in [lo, hi), in `ty`, on `dev`.
+fn random_on(rng: &mut Rng, shape: &[usize], lo: f32, hi: f32, ty: Ty, dev: &Device) -> Tensor {
+    rng.tensor(shape, lo, hi)
+        .to_dtype(ty.dtype())
+        .unwrap()
+        .to_device(dev)
+        .unwrap()
 }

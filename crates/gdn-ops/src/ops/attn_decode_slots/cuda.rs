@@ -7,7 +7,7 @@
 use super::{passes, SlotInputs, SLOT_WORDS};
 use crate::backend::cuda::{
     config, cuda_device, cuda_source, launch, slot_table, tensor, with_float_type, Element, Held,
-    Kernel, KernelSource,
+    HeldKv, Kernel, KernelSource,
 };
 use crate::ops::attn_decode::{AttnDecodeDims, SIMDGROUPS};
 use anyhow::{ensure, Result};
@@ -61,14 +61,9 @@ where
     {
         // Every sequence's buffers and position stay read-locked until the launches are
         // queued; they are only read.
-        let held: Vec<[Held; 3]> = inputs
-            .rows
-            .iter()
-            .map(|(_, r)| [r.keys, r.values, r.pos].map(Held::new))
-            .collect();
-        let stream = dev.cuda_stream();
+        let kv = HeldKv::new(inputs.rows.iter().map(|(_, r)| [r.keys, r.values, r.pos]));
         let mut table = Vec::with_capacity(SLOT_WORDS * n);
-        for ((rd, r), [k, v, p]) in inputs.rows.iter().zip(&held) {
+        for ((rd, r), [k, v, p]) in inputs.rows.iter().zip(kv.addresses::<T>(dev, OP)?) {
             // The kernel reads each lane's keys and values in 16- or 8-byte loads.
             for (name, t) in [("keys", r.keys), ("values", r.values)] {
                 ensure!(
@@ -76,12 +71,8 @@ where
                     "{OP}: {name} must start on a 16-byte boundary"
                 );
             }
-            table.push(k.address::<T>(&stream, OP)?);
-            table.push(v.address::<T>(&stream, OP)?);
-            table.push(p.address::<u32>(&stream, OP)?);
-            table.push(rd.capacity as u64);
-            table.push(rd.splits() as u64);
-            table.push(passes(*rd, elem));
+            let (cap, splits) = (rd.capacity as u64, rd.splits() as u64);
+            table.extend([k, v, p, cap, splits, passes(*rd, elem)]);
         }
         let slots = slot_table(dev, &table)?;
         let [q, gate] = [q, gate].map(Held::new);

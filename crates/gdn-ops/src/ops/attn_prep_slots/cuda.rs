@@ -4,7 +4,7 @@
 
 use super::SlotInputs;
 use crate::backend::cuda::{
-    config, cuda_device, cuda_source, launch, slot_table, tensor, with_float_type, Element, Held,
+    config, cuda_device, cuda_source, launch, slot_table, tensor, with_float_type, Element, HeldKv,
     Kernel, KernelSource,
 };
 use crate::ops::attn_prep::cuda::HeldInputs;
@@ -43,18 +43,10 @@ where
     {
         // Every sequence's buffers and position stay read-locked until the launch is queued;
         // the kernel writes the buffers in place, ordered on candle's stream.
-        let held: Vec<[Held; 3]> = inputs
-            .rows
-            .iter()
-            .map(|(_, r)| [r.keys, r.values, r.pos].map(Held::new))
-            .collect();
-        let stream = dev.cuda_stream();
+        let kv = HeldKv::new(inputs.rows.iter().map(|(_, r)| [r.keys, r.values, r.pos]));
         let mut table = Vec::with_capacity(4 * n);
-        for ((rd, _), [k, v, p]) in inputs.rows.iter().zip(&held) {
-            table.push(k.address::<T>(&stream, OP)?);
-            table.push(v.address::<T>(&stream, OP)?);
-            table.push(p.address::<u32>(&stream, OP)?);
-            table.push(rd.capacity as u64);
+        for ((rd, _), [k, v, p]) in inputs.rows.iter().zip(kv.addresses::<T>(dev, OP)?) {
+            table.extend([k, v, p, rd.capacity as u64]);
         }
         let slots = slot_table(dev, &table)?;
         let held = HeldInputs::new([&qkv, &q_norm, &k_norm, &inv_freq]);

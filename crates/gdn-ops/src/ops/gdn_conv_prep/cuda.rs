@@ -12,7 +12,7 @@ use candle_core::cuda_backend::cudarc::driver::{
     CudaSlice, CudaView, DeviceRepr, LaunchArgs, PushKernelArg,
 };
 use candle_core::CudaDevice;
-use candle_core::Tensor;
+use candle_core::{DType, Tensor};
 
 const OP: &str = "gdn_conv_prep";
 const SOURCE: KernelSource = cuda_source!("gdn_conv_prep");
@@ -24,13 +24,7 @@ unsafe impl DeviceRepr for ConvPrepParams {}
 pub(crate) const SLOTS_PER_BLOCK: u32 = 4;
 
 pub(crate) fn gdn_conv_prep(inputs: &Inputs) -> Result<ConvPrepOut> {
-    let dev = cuda_device(inputs.conv_state, OP)?;
-    let dtype = inputs.qkv.dtype();
-    ensure!(
-        supports(&inputs.dims, dtype),
-        "{OP}: no CUDA kernel for {:?} in {dtype:?} (head dims multiples of 32 up to 256, 2 to 8 taps)",
-        inputs.dims
-    );
+    let (dev, dtype) = checked_device(inputs, OP)?;
     ensure!(
         inputs.batch <= 65535 && inputs.tokens <= 65535,
         "{OP}: a batch of {} by {} tokens exceeds the CUDA grid (65535 each)",
@@ -147,6 +141,19 @@ impl<T: Element> Outputs<T> {
             tensor(self.beta, dev, (bn, s, d.value_heads)),
         ]
     }
+}
+
+/// The device and dtype of a call, checked against the kernels' coverage: both launchers'
+/// entry.
+pub(crate) fn checked_device(inputs: &Inputs, op: &str) -> Result<(CudaDevice, DType)> {
+    let dev = cuda_device(inputs.conv_state, op)?;
+    let dtype = inputs.qkv.dtype();
+    ensure!(
+        supports(&inputs.dims, dtype),
+        "{op}: no CUDA kernel for {:?} in {dtype:?} (head dims multiples of 32 up to 256, 2 to 8 taps)",
+        inputs.dims
+    );
+    Ok((dev, dtype))
 }
 
 /// The inputs both conv-front launches bind besides the state (the per-sequence launch's

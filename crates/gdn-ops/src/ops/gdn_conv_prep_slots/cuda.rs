@@ -4,11 +4,10 @@
 
 use super::{SlotInputs, SlotsOut};
 use crate::backend::cuda::{
-    address_table, config, cuda_device, cuda_source, launch, with_float_type, Element, Held,
-    Kernel, KernelSource,
+    address_table, config, cuda_source, launch, with_float_type, Element, Held, Kernel,
+    KernelSource,
 };
-use crate::ops::gdn_conv_prep::cuda::{HeldInputs, Outputs, SLOTS_PER_BLOCK};
-use crate::ops::gdn_conv_prep::supports;
+use crate::ops::gdn_conv_prep::cuda::{checked_device, HeldInputs, Outputs, SLOTS_PER_BLOCK};
 use anyhow::{ensure, Result};
 use candle_core::cuda_backend::cudarc::driver::PushKernelArg;
 use candle_core::CudaDevice;
@@ -18,13 +17,7 @@ const SOURCE: KernelSource = cuda_source!("gdn_conv_prep");
 
 pub(crate) fn gdn_conv_prep_slots(inputs: &SlotInputs) -> Result<SlotsOut> {
     let batch = &inputs.batch;
-    let dev = cuda_device(batch.conv_state, OP)?;
-    let dtype = batch.qkv.dtype();
-    ensure!(
-        supports(&batch.dims, dtype),
-        "{OP}: no CUDA kernel for {:?} in {dtype:?}",
-        batch.dims
-    );
+    let (dev, dtype) = checked_device(batch, OP)?;
     ensure!(
         batch.batch <= 65535,
         "{OP}: {} sequences exceed the CUDA grid (65535)",
