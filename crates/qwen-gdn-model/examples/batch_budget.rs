@@ -1,4 +1,5 @@
-//! Prints the kernel launches of one batched decode step (`Model::decode_batch`) for a config
+//! Prints the kernel launches, host uploads (address tables, positions) and read-backs (in the
+//! layers) of one batched decode step (`Model::decode_batch`) for a config
 //! at several batch sizes, composed (fused decode off: the step before issue 29's fused
 //! batch) and fused, counted per layer kind on a tiny checkpoint with the same layer kinds
 //! (the count does not depend on widths) and scaled to the config's layers.
@@ -39,8 +40,8 @@ fn main() -> Result<()> {
     let (n_gdn, n_attn) = LaunchBudget::layers_of(&cfg);
     println!("kernel launches per batched decode step of {config} ({n_gdn} GDN + {n_attn} attention layers), device plan, bf16:");
     println!(
-        "{:>5} {:>10} {:>10} {:>12} {:>10} {:>8}",
-        "B", "path", "per GDN", "per attention", "step", "uploads"
+        "{:>5} {:>10} {:>10} {:>12} {:>10} {:>8} {:>10}",
+        "B", "path", "per GDN", "per attention", "step", "uploads", "read-backs"
     );
     for &b in &batches {
         for fused in [false, true] {
@@ -80,8 +81,13 @@ fn main() -> Result<()> {
                 + n_gdn * first_of(LayerKind::LinearAttention, &counter.uploads_per_layer)?
                 + n_attn * first_of(LayerKind::FullAttention, &counter.uploads_per_layer)?;
             let step = outside + n_gdn * gdn + n_attn * attn;
+            let read_backs = n_gdn
+                * first_of(LayerKind::LinearAttention, &counter.read_backs_per_layer)?
+                + n_attn * first_of(LayerKind::FullAttention, &counter.read_backs_per_layer)?;
             let path = if fused { "fused" } else { "composed" };
-            println!("{b:>5} {path:>10} {gdn:>10} {attn:>12} {step:>10} {uploads:>8}");
+            println!(
+                "{b:>5} {path:>10} {gdn:>10} {attn:>12} {step:>10} {uploads:>8} {read_backs:>10}"
+            );
         }
     }
     Ok(())
