@@ -132,6 +132,21 @@ pub(crate) fn host_words(tensors: &[Tensor]) -> Result<Vec<u64>> {
     tensors.iter().map(host_address).collect()
 }
 
+/// The host words of a table of each sequence's KV buffers and position, and its capacity
+/// (`attn_prep_slots`, `attn_decode_slots`).
+pub(crate) fn host_kv_words(rows: &[(&Tensor, &Tensor, &Tensor, usize)]) -> Result<Vec<u64>> {
+    let mut words = Vec::with_capacity(4 * rows.len());
+    for &(keys, values, pos, capacity) in rows {
+        words.extend([
+            host_address(keys)?,
+            host_address(values)?,
+            host_address(pos)?,
+            capacity as u64,
+        ]);
+    }
+    Ok(words)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -139,11 +154,11 @@ mod tests {
     #[test]
     fn a_table_is_uploaded_once_per_content_and_the_oldest_goes_first() {
         let mut tables = Tables::<u32>::default();
-        let mut made = 0;
-        let mut get = |tables: &mut Tables<u32>, words: &[u64]| {
+        let made = std::cell::Cell::new(0);
+        let get = |tables: &mut Tables<u32>, words: &[u64]| {
             tables
                 .get_or_upload(words, |w| {
-                    made += 1;
+                    made.set(made.get() + 1);
                     Ok(w[0] as u32)
                 })
                 .unwrap()
@@ -158,22 +173,6 @@ mod tests {
         // [1, 2] and [1, 3] were the least recently used: both gone.
         assert!(!tables.entries.contains_key(&vec![1, 2]));
         assert!(!tables.entries.contains_key(&vec![1, 3]));
-        drop(get);
-        assert_eq!(made, 2 + CAPACITY);
+        assert_eq!(made.get(), 2 + CAPACITY);
     }
-}
-
-/// The host words of a table of each sequence's KV buffers and position, and its capacity
-/// (`attn_prep_slots`, `attn_decode_slots`).
-pub(crate) fn host_kv_words(rows: &[(&Tensor, &Tensor, &Tensor, usize)]) -> Result<Vec<u64>> {
-    let mut words = Vec::with_capacity(4 * rows.len());
-    for &(keys, values, pos, capacity) in rows {
-        words.extend([
-            host_address(keys)?,
-            host_address(values)?,
-            host_address(pos)?,
-            capacity as u64,
-        ]);
-    }
-    Ok(words)
 }
