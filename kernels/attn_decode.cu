@@ -10,6 +10,9 @@
 //   attn_decode_split_<t>(q, keys, values, pos, partials, p): block and shared memory as
 //   above, grid (Nq, B, P), partials f32 [B, Nq, P, 2 + Dh];
 //   attn_decode_combine_<t>(partials, gate, out, p): block (32), grid (Nq, B).
+//   B sequences with KV buffers of their own (a table of their addresses, see run_slot):
+//   attn_decode_slots_<t>(q, gate, slots, partials, out, p), then, where any sequence is
+//   split, attn_decode_combine_slots_<t>(partials, gate, slots, out, p).
 // pos is read from device memory (a CUDA graph replays the launch for every token); the
 // last attended position is min(pos, cap - 1).
 //
@@ -385,6 +388,80 @@ __device__ void combine_wide(const float* partials, const T* gate, T* out,
   store_gated(gate, out, at, acc, total);
 }
 
+// B sequences in one launch (attn_decode_slots_<t>, attn_decode_combine_slots_<t>): sequence
+// b's KV buffers, position, capacity, key ranges and passes come from row b of a table; its
+// blocks run the body its own launch (attn_decode_<t> or a split pair, the host's choice per
+// sequence: ops/attn_decode_slots/cuda.rs) runs, on its q, gate and out rows and its own
+// records, with b = 0 and p.capacity, p.splits its own: the same bits as that launch.
+// A row of the table: eight-byte words, as the host writes them.
+struct Slot {
+  const void* keys;    // [1, Nkv, cap, Dh] T
+  const void* values;  // [1, Nkv, cap, Dh] T
+  const uint32_t* pos;
+  uint64_t capacity;
+  uint64_t splits;  // its key ranges (1: the one-pass body)
+  uint64_t passes;  // kSingle, kShipped, kPipelined or kPairs
+};
+constexpr uint64_t kSingle = 0, kShipped = 1, kPipelined = 2, kPairs = 3;
+
+// The sequence's own launch parameters: one sequence, its capacity and ranges.
+__device__ __forceinline__ AttnDecodeParams slot_params(AttnDecodeParams p, const Slot& s) {
+  p.batch = 1;
+  p.capacity = (uint32_t)s.capacity;
+  p.splits = (uint32_t)s.splits;
+  return p;
+}
+
+// Block (x, b, split): x a query head (a head pair's index for kPairs, whose blocks past
+// Nq / 2 return), split one of the sequence's ranges (blocks past them return). p.splits: the
+// most ranges of any sequence, the stride of each sequence's records in `partials`.
+template <typename T>
+__device__ void run_slot(const T* q, const T* gate, const Slot* slots, float* partials, T* out,
+                         const AttnDecodeParams p, uint32_t x, uint32_t b, uint32_t split,
+                         uint32_t sg, uint32_t lane, float* scratch) {
+  if (b >= p.batch) return;
+  const Slot s = slots[b];
+  // Uniform over the block: all threads reach the bodies' __syncthreads, or none does.
+  if (split >= s.splits) return;
+  const AttnDecodeParams one = slot_params(p, s);
+  const size_t rows = (size_t)b * p.q_heads * p.head_dim;
+  float* records = partials + (size_t)b * p.q_heads * p.splits * (2 + p.head_dim);
+  const T* keys = static_cast<const T*>(s.keys);
+  const T* values = static_cast<const T*>(s.values);
+  if (s.passes == kSingle) {
+    run<T, false>(q + rows, gate + rows, keys, values, s.pos, out + rows, nullptr, one, x, 0, 0,
+                  sg, lane, scratch);
+  } else if (s.passes == kShipped) {
+    run<T, true>(q + rows, nullptr, keys, values, s.pos, nullptr, records, one, x, 0, split, sg,
+                 lane, scratch);
+  } else if (s.passes == kPipelined) {
+    run_pipelined<T, 1>(q + rows, keys, values, s.pos, records, one, x, 0, split, sg, lane,
+                        scratch);
+  } else if (s.passes == kPairs) {
+    run_pipelined<T, 2>(q + rows, keys, values, s.pos, records, one, x, 0, split, sg, lane,
+                        scratch);
+  }
+}
+
+// The combine of every split sequence: block (h, b) of Dh threads; a sequence of one range
+// was written by run_slot. kShipped merges as combine (its first warp), the others as
+// combine_wide, as their own launches do.
+template <typename T>
+__device__ void combine_slot(const float* partials, const T* gate, const Slot* slots, T* out,
+                             const AttnDecodeParams p, uint32_t h, uint32_t b, uint32_t j) {
+  if (b >= p.batch) return;
+  const Slot s = slots[b];
+  if (s.passes == kSingle) return;
+  const AttnDecodeParams one = slot_params(p, s);
+  const size_t rows = (size_t)b * p.q_heads * p.head_dim;
+  const float* records = partials + (size_t)b * p.q_heads * p.splits * (2 + p.head_dim);
+  if (s.passes == kShipped) {
+    if (j < 32) combine<T>(records, gate + rows, out + rows, one, h, 0, j);
+  } else {
+    combine_wide<T>(records, gate + rows, out + rows, one, h, 0, j);
+  }
+}
+
 }  // namespace attn_decode
 
 // Four blocks of 8 warps (the host's SIMDGROUPS) resident per SM: at most 64 registers a
@@ -404,6 +481,23 @@ __device__ void combine_wide(const float* partials, const T* gate, T* out,
     attn_decode::run_pipelined<T, HEADS>(q, keys, values, pos, partials, p, blockIdx.x,   \
                                              blockIdx.y, blockIdx.z, threadIdx.y,          \
                                              threadIdx.x, attn_decode_scratch);            \
+  }
+// The slot entries (attn_decode::run_slot, combine_slot): grid (Nq, B, p.splits) of (32, S)
+// threads with the one-pass kernel's shared memory, then grid (Nq, B) of Dh threads. Two
+// blocks an SM: the pair body's 107 registers fit, the others' run as they would at four.
+#define ATTN_DECODE_SLOTS(TN, T)                                                           \
+  extern "C" __global__ void __launch_bounds__(256, 2) attn_decode_slots_##TN(            \
+      const T* q, const T* gate, const attn_decode::Slot* slots, float* partials, T* out,  \
+      const AttnDecodeParams p) {                                                          \
+    extern __shared__ float attn_decode_scratch[];                                         \
+    attn_decode::run_slot<T>(q, gate, slots, partials, out, p, blockIdx.x, blockIdx.y,     \
+                             blockIdx.z, threadIdx.y, threadIdx.x, attn_decode_scratch);   \
+  }                                                                                        \
+  extern "C" __global__ void attn_decode_combine_slots_##TN(                               \
+      const float* partials, const T* gate, const attn_decode::Slot* slots, T* out,        \
+      const AttnDecodeParams p) {                                                          \
+    attn_decode::combine_slot<T>(partials, gate, slots, out, p, blockIdx.x, blockIdx.y,    \
+                                 threadIdx.x);                                             \
   }
 #define ATTN_DECODE_ENTRY(TN, T)                                                           \
   extern "C" __global__ void ATTN_DECODE_BOUNDS attn_decode_##TN(const T* q, const T* gate, const T* keys,    \
@@ -432,7 +526,8 @@ __device__ void combine_wide(const float* partials, const T* gate, T* out,
                                                            const T* gate, T* out,          \
                                                            const AttnDecodeParams p) {     \
     attn_decode::combine_wide<T>(partials, gate, out, p, blockIdx.x, blockIdx.y, threadIdx.x); \
-  }
+  }                                                                                        \
+  ATTN_DECODE_SLOTS(TN, T)
 
 ATTN_DECODE_ENTRY(f32, float)
 ATTN_DECODE_ENTRY(f16, __half)

@@ -73,3 +73,21 @@ pub fn read_back<T>(result: candle_core::Result<T>) -> anyhow::Result<T> {
 pub fn read_backs() -> usize {
     READ_BACKS.with(Cell::get)
 }
+
+thread_local! {
+    static UPLOADS: Cell<usize> = const { Cell::new(0) };
+}
+
+/// Records `n` copies of host memory to the device inside the model's step (a slot kernel's
+/// address table, a sequence's position): each is a host call on the step's path and, in a
+/// CUDA graph, a node that must be fed from a fixed host buffer. Counted where the copy is
+/// made, and by a CPU twin for the table its kernel would read, so that the count is the
+/// same on every backend.
+pub fn upload(n: usize) {
+    UPLOADS.with(|c| c.set(c.get() + n));
+}
+
+/// This thread's count of [`upload`]s so far.
+pub fn uploads() -> usize {
+    UPLOADS.with(Cell::get)
+}

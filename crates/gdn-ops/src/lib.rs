@@ -13,6 +13,7 @@ pub mod launches;
 pub mod ops;
 pub mod profile;
 pub mod simd;
+pub mod slot_tables;
 pub mod thread_flag;
 pub mod threads;
 

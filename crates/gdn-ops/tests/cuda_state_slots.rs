@@ -1,6 +1,7 @@
 //! The CUDA slot kernels (`gdn_conv_prep_slots_*` in kernels/gdn_conv_prep.cu,
 //! `gated_delta_norm_slots{,_cluster}_*` in kernels/gated_delta_norm.cu, `attn_prep_slots_*`
-//! in kernels/attn_prep.cu) against the
+//! in kernels/attn_prep.cu, `attn_decode_slots_*` and `attn_decode_combine_slots_*` in
+//! kernels/attn_decode.cu) against the
 //! per-sequence CUDA kernels row by row, bit for bit (tests/common/state_slots.rs: what a
 //! batched decode step needs for each sequence to get its own tokens), and against the CPU
 //! twins within the per-sequence kernels' tolerance (tests/common/gpu.rs). Built only with the
@@ -11,10 +12,10 @@ mod common;
 
 use candle_core::{DType, Device};
 use common::state_slots::{
-    assert_conv_slots_exact, assert_prep_slots_exact, assert_recurrence_slots_exact, conv_cases,
-    prep_cases, recurrence_cases,
+    assert_conv_slots_exact, assert_decode_slots_exact, assert_prep_slots_exact,
+    assert_recurrence_slots_exact, conv_cases, decode_cases, prep_cases, recurrence_cases,
 };
-use common::{gpu, rel_max, tolerance, TYPES};
+use common::{close, gpu, rel_max, tolerance, values, TYPES};
 use gdn_ops::ops::gated_delta_norm::Gate;
 
 #[test]
@@ -90,4 +91,25 @@ fn attn_prep_slots_match_the_per_sequence_kernel_and_the_twin() {
             }
         }
     }
+}
+
+/// The decode attention's slot kernels against the per-sequence launches (one pass, the
+/// shipped split, the pipelined pass, head pairs: each sequence its own, ragged capacities in
+/// one launch) bit for bit, and against the twin within the per-sequence kernel's gate
+/// (tests/cuda_attn_decode.rs: 2 ulp of InT plus 1e-5 of max |ref|).
+#[test]
+fn attn_decode_slots_match_the_per_sequence_kernels_and_the_twin() {
+    let dev = gpu();
+    let mut failures = vec![];
+    for (i, c) in decode_cases().iter().enumerate() {
+        for ty in TYPES {
+            let seed = 800 + 10 * i as u64 + ty as u64;
+            let got = assert_decode_slots_exact(&dev, c, ty, seed);
+            let want = assert_decode_slots_exact(&Device::Cpu, c, ty, seed);
+            if let Some(e) = close("out", &values(&got), &values(&want), ty, 2.0, 1e-5) {
+                failures.push(format!("{c:?} {ty:?}: {e}"));
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
 }

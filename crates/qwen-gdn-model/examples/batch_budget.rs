@@ -1,4 +1,5 @@
-//! Prints the kernel launches of one batched decode step (`Model::decode_batch`) for a config
+//! Prints the kernel launches, host uploads (address tables, positions) and read-backs (in the
+//! layers) of one batched decode step (`Model::decode_batch`) for a config
 //! at several batch sizes, composed (fused decode off: the step before issue 29's fused
 //! batch) and fused, counted per layer kind on a tiny checkpoint with the same layer kinds
 //! (the count does not depend on widths) and scaled to the config's layers.
@@ -39,8 +40,8 @@ fn main() -> Result<()> {
     let (n_gdn, n_attn) = LaunchBudget::layers_of(&cfg);
     println!("kernel launches per batched decode step of {config} ({n_gdn} GDN + {n_attn} attention layers), device plan, bf16:");
     println!(
-        "{:>5} {:>10} {:>10} {:>12} {:>10}",
-        "B", "path", "per GDN", "per attention", "step"
+        "{:>5} {:>10} {:>10} {:>12} {:>10} {:>8} {:>10}",
+        "B", "path", "per GDN", "per attention", "step", "uploads", "read-backs"
     );
     for &b in &batches {
         for fused in [false, true] {
@@ -57,21 +58,36 @@ fn main() -> Result<()> {
             // A first step allocates states; the second is the steady one.
             model.decode_batch(&tokens, &mut refs)?;
             gdn_ops::launches::take();
-            let (_, per_layer) = model.decode_batch_with_launches(&tokens, &mut refs)?;
+            let uploads_before = gdn_ops::launches::uploads();
+            let (_, counter) = model.decode_batch_counted(&tokens, &mut refs)?;
+            let per_layer = &counter.per_layer;
             let outside = gdn_ops::launches::take() - per_layer.iter().sum::<usize>();
-            let first_of = |kind: LayerKind| {
-                (0..per_layer.len())
+            // Host-to-device copies of the step (address tables, positions), scaled as the
+            // launches are.
+            let uploads_outside = gdn_ops::launches::uploads()
+                - uploads_before
+                - counter.uploads_per_layer.iter().sum::<usize>();
+            let first_of = |kind: LayerKind, counts: &[usize]| {
+                (0..counts.len())
                     .find(|&i| model.config().layer_kind(i) == kind)
-                    .map(|i| per_layer[i])
+                    .map(|i| counts[i])
                     .context("a layer kind the tiny checkpoint lacks")
             };
             let (gdn, attn) = (
-                first_of(LayerKind::LinearAttention)?,
-                first_of(LayerKind::FullAttention)?,
+                first_of(LayerKind::LinearAttention, per_layer)?,
+                first_of(LayerKind::FullAttention, per_layer)?,
             );
+            let uploads = uploads_outside
+                + n_gdn * first_of(LayerKind::LinearAttention, &counter.uploads_per_layer)?
+                + n_attn * first_of(LayerKind::FullAttention, &counter.uploads_per_layer)?;
             let step = outside + n_gdn * gdn + n_attn * attn;
+            let read_backs = n_gdn
+                * first_of(LayerKind::LinearAttention, &counter.read_backs_per_layer)?
+                + n_attn * first_of(LayerKind::FullAttention, &counter.read_backs_per_layer)?;
             let path = if fused { "fused" } else { "composed" };
-            println!("{b:>5} {path:>10} {gdn:>10} {attn:>12} {step:>10}");
+            println!(
+                "{b:>5} {path:>10} {gdn:>10} {attn:>12} {step:>10} {uploads:>8} {read_backs:>10}"
+            );
         }
     }
     Ok(())

@@ -70,23 +70,37 @@ impl fmt::Display for Stopped {
 
 impl std::error::Error for Stopped {}
 
-/// Counts the kernel launches of each layer: the difference of
-/// [`gdn_ops::launches::count`] around it (counted where the kernels are launched).
+/// Counts the kernel launches of each layer, its host uploads and read-backs: the
+/// differences of [`gdn_ops::launches::count`], [`gdn_ops::launches::uploads`] and
+/// [`gdn_ops::launches::read_backs`] around it (counted where the
+/// kernels are launched and the copies made).
 #[derive(Debug, Default)]
 pub struct LaunchCounter {
     pub per_layer: Vec<usize>,
-    before: usize,
+    pub uploads_per_layer: Vec<usize>,
+    /// Host reads of device values ([`gdn_ops::launches::read_back`]): a step with any cannot
+    /// be captured as a CUDA graph.
+    pub read_backs_per_layer: Vec<usize>,
+    before: (usize, usize, usize),
 }
 
 impl Tap for LaunchCounter {
     fn enter_layer(&mut self, _layer: usize) -> Result<()> {
-        self.before = gdn_ops::launches::count();
+        self.before = (
+            gdn_ops::launches::count(),
+            gdn_ops::launches::uploads(),
+            gdn_ops::launches::read_backs(),
+        );
         Ok(())
     }
 
     fn leave_layer(&mut self, _layer: usize) {
         self.per_layer
-            .push(gdn_ops::launches::count() - self.before);
+            .push(gdn_ops::launches::count() - self.before.0);
+        self.uploads_per_layer
+            .push(gdn_ops::launches::uploads() - self.before.1);
+        self.read_backs_per_layer
+            .push(gdn_ops::launches::read_backs() - self.before.2);
     }
 }
 

@@ -348,3 +348,43 @@ fn bad_batches_are_refused() {
         "a refused step changes nothing"
     );
 }
+
+/// The fused batched step in steady state uploads one thing a step, the sequences' positions:
+/// the slot kernels' address tables are uploaded at the first step of a batch composition and
+/// reused after it (`gdn_ops::slot_tables`); a sequence leaving changes every table once.
+/// Counted on the device under test (the CPU twins look tables up as the CUDA launchers do).
+#[test]
+fn steady_batched_steps_upload_only_the_positions() {
+    use gdn_ops::launches::uploads;
+    let model = load_on(
+        "qwen3-next-tiny-4bit",
+        &device_plan(DType::F32),
+        &device_under_test(),
+    );
+    assert!(model.fused_decode(), "the device plan decodes fused");
+    gdn_ops::slot_tables::clear();
+    let mut caches: Vec<Cache> = (0..3)
+        .map(|i| {
+            let mut c = model.new_cache();
+            model.prefill(&[1, 2, 3, 4 + i], &mut c, 16).unwrap();
+            c
+        })
+        .collect();
+    let step = |caches: &mut [Cache]| {
+        let mut refs: Vec<_> = caches.iter_mut().collect();
+        let tokens = vec![5u32; refs.len()];
+        let before = uploads();
+        model.decode_batch(&tokens, &mut refs).unwrap();
+        uploads() - before
+    };
+    let layers = model.config().num_hidden_layers;
+    let first = step(&mut caches);
+    // The positions, and two tables a layer (conv front and recurrence; prep and decode).
+    assert_eq!(first, 1 + 2 * layers, "the first step of a composition");
+    for i in 0..4 {
+        assert_eq!(step(&mut caches), 1, "steady step {i}");
+    }
+    caches.pop();
+    assert_eq!(step(&mut caches), 1 + 2 * layers, "a sequence left");
+    assert_eq!(step(&mut caches), 1, "steady after the leave");
+}

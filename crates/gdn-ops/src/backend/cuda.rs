@@ -9,7 +9,7 @@ use crate::launches;
 use anyhow::{bail, ensure, Result};
 use candle_core::cuda_backend::cudarc::driver::sys::CUfunction_attribute;
 use candle_core::cuda_backend::cudarc::driver::{
-    CudaFunction, CudaSlice, CudaStream, CudaView, DeviceRepr, LaunchArgs, LaunchConfig,
+    CudaFunction, CudaSlice, CudaStream, CudaView, DevicePtr, DeviceRepr, LaunchArgs, LaunchConfig,
 };
 use candle_core::cuda_backend::CudaDType;
 use candle_core::op::BackpropOp;
@@ -240,6 +240,19 @@ impl<'t> Held<'t> {
         Ok(self.slice::<T>(op)?.slice(start..start + len))
     }
 
+    /// The device address of a contiguous tensor's first element, as a slot table holds it
+    /// ([`slot_table`]). The tensor stays read-locked while `self` lives; the caller keeps it
+    /// alive until the launch that reads the address is queued.
+    pub(crate) fn address<T: CudaDType + DeviceRepr>(
+        &self,
+        stream: &Arc<CudaStream>,
+        op: &str,
+    ) -> Result<u64> {
+        let view = self.view::<T>(op)?;
+        let (ptr, _sync) = view.device_ptr(stream);
+        Ok(ptr)
+    }
+
     /// The elements `rows.start .. rows.start + rows.span` of the storage as a device view:
     /// for views whose layout the caller has checked with [`super::row_layout`].
     pub(crate) fn rows<T: CudaDType + DeviceRepr>(
@@ -250,6 +263,83 @@ impl<'t> Held<'t> {
         Ok(self
             .slice::<T>(op)?
             .slice(rows.start..rows.start + rows.span))
+    }
+}
+
+/// The table of device addresses a slot kernel reads its sequences' buffers through (see
+/// `ops::gated_delta_norm_slots` for why a table): `words` (a sequence's [`Held::address`]es
+/// and plain numbers such as its capacity), uploaded on candle's stream, so that the launch
+/// that reads it is ordered after the copy, when no table of the same words on `dev` is kept
+/// ([`crate::slot_tables`]: once per batch composition; counted there).
+pub(crate) fn slot_table(dev: &CudaDevice, words: &[u64]) -> Result<Arc<CudaSlice<u64>>> {
+    let ordinal = dev.cuda_stream().context().ordinal() as u64;
+    let key: Vec<u64> = std::iter::once(ordinal)
+        .chain(words.iter().copied())
+        .collect();
+    DEVICE_TABLES.with(|t| {
+        t.borrow_mut()
+            .get_or_upload(&key, |_| Ok(Arc::new(dev.clone_htod(words)?)))
+    })
+}
+
+thread_local! {
+    static DEVICE_TABLES: std::cell::RefCell<crate::slot_tables::Tables<Arc<CudaSlice<u64>>>> =
+        std::cell::RefCell::new(Default::default());
+}
+
+/// Frees the device tables this thread keeps ([`crate::slot_tables::clear`]).
+pub(crate) fn clear_slot_tables() {
+    DEVICE_TABLES.with(|t| t.borrow_mut().clear());
+}
+
+/// Device tables this thread keeps.
+pub(crate) fn slot_tables_kept() -> usize {
+    DEVICE_TABLES.with(|t| t.borrow().len())
+}
+
+/// The [`slot_table`] of one address a sequence: each of `held`'s contiguous tensors (a
+/// sequence's state), typed `T`.
+pub(crate) fn address_table<T: CudaDType + DeviceRepr>(
+    dev: &CudaDevice,
+    held: &[Held],
+    op: &str,
+) -> Result<Arc<CudaSlice<u64>>> {
+    let stream = dev.cuda_stream();
+    let words = held
+        .iter()
+        .map(|h| h.address::<T>(&stream, op))
+        .collect::<Result<Vec<_>>>()?;
+    slot_table(dev, &words)
+}
+
+/// Each sequence's KV buffers and position, read-locked while a slot launch that reads them
+/// through its table is bound (`attn_prep_slots`, `attn_decode_slots`).
+pub(crate) struct HeldKv<'t>(Vec<[Held<'t>; 3]>);
+
+impl<'t> HeldKv<'t> {
+    /// `rows`: each sequence's keys, values (`[1, Nkv, cap, Dh]`) and `[1]` u32 position.
+    pub(crate) fn new(rows: impl Iterator<Item = [&'t Tensor; 3]>) -> Self {
+        Self(rows.map(|r| r.map(Held::new)).collect())
+    }
+
+    /// Each sequence's first table words: the addresses of its keys and values (in `T`) and
+    /// of its position.
+    pub(crate) fn addresses<T: CudaDType + DeviceRepr>(
+        &self,
+        dev: &CudaDevice,
+        op: &str,
+    ) -> Result<Vec<[u64; 3]>> {
+        let stream = dev.cuda_stream();
+        self.0
+            .iter()
+            .map(|[k, v, p]| {
+                Ok([
+                    k.address::<T>(&stream, op)?,
+                    v.address::<T>(&stream, op)?,
+                    p.address::<u32>(&stream, op)?,
+                ])
+            })
+            .collect()
     }
 }
 

@@ -5,6 +5,7 @@ pub mod add_rms_norm;
 pub mod affine;
 pub mod affine_grouped;
 pub mod attn_decode;
+pub mod attn_decode_slots;
 pub mod attn_prefill;
 pub mod attn_prep;
 pub mod attn_prep_slots;

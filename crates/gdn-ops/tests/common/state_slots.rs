@@ -198,14 +198,8 @@ pub fn assert_prep_slots_exact(
     use gdn_ops::ops::attn_prep_slots::attn_prep_slots;
     let what = format!("attn_prep slots B{b} Nq{nq} Nkv{nkv} Dh{dh} R{rope} {ty:?} on {dev:?}");
     let mut rng = Rng::new(seed);
-    let dtype = ty.dtype();
-    let t = |rng: &mut Rng, shape: &[usize], lo: f32, hi: f32| {
-        rng.tensor(shape, lo, hi)
-            .to_dtype(dtype)
-            .unwrap()
-            .to_device(dev)
-            .unwrap()
-    };
+    let t =
+        |rng: &mut Rng, shape: &[usize], lo: f32, hi: f32| random_on(rng, shape, lo, hi, ty, dev);
     let buffers = |rng: &mut Rng| {
         (0..b)
             .map(|r| t(rng, &[1, nkv, 8 + 5 * r, dh], -1.0, 1.0))
@@ -263,4 +257,81 @@ pub fn assert_prep_slots_exact(
         outs.push(gate);
     }
     (outs, keys.into_iter().chain(values).collect())
+}
+
+/// An attention decode case: (Nq, Nkv, Dh) and each sequence's KV capacity; sequence `r`
+/// attends up to position `cap_r − 1 − r` (each its own length).
+pub type DecodeCase = (usize, usize, usize, Vec<usize>);
+
+/// Ragged capacities that take every body a one-sequence launch picks: one pass (≤ 128
+/// positions), the split into a few ranges (the shipped pair where rows are not 16 bytes a
+/// lane, else the pipelined pass), 32 ranges from 4 096 on (head pairs where the GQA group is
+/// even: Qwen3-Next in f16/bf16 and Dh 128 in f32; the pipelined pass for the odd group of 3).
+pub fn decode_cases() -> Vec<DecodeCase> {
+    vec![
+        (16, 2, 256, vec![64, 300, 4160, 129]),
+        (4, 2, 128, vec![200, 8, 4100]),
+        (6, 2, 256, vec![130, 4100]),
+    ]
+}
+
+/// `attn_decode_slots` on `dev` against `attn_decode` per row on `dev`, bit for bit. Returns
+/// the slot op's output.
+pub fn assert_decode_slots_exact(
+    dev: &Device,
+    (nq, nkv, dh, caps): &DecodeCase,
+    ty: Ty,
+    seed: u64,
+) -> Tensor {
+    use gdn_ops::ops::attn_decode::attn_decode;
+    use gdn_ops::ops::attn_decode_slots::attn_decode_slots;
+    let (nq, nkv, dh) = (*nq, *nkv, *dh);
+    let b = caps.len();
+    let what = format!("attn_decode slots Nq{nq} Nkv{nkv} Dh{dh} caps {caps:?} {ty:?} on {dev:?}");
+    let mut rng = Rng::new(seed);
+    let t =
+        |rng: &mut Rng, shape: &[usize], lo: f32, hi: f32| random_on(rng, shape, lo, hi, ty, dev);
+    let buffers = |rng: &mut Rng, lo: f32, hi: f32| {
+        caps.iter()
+            .map(|&cap| t(rng, &[1, nkv, cap, dh], lo, hi))
+            .collect::<Vec<_>>()
+    };
+    let keys = buffers(&mut rng, -1.0, 1.0);
+    let values = buffers(&mut rng, -2.0, 2.0);
+    let q = t(&mut rng, &[b, nq, dh], -1.0, 1.0);
+    let gate = t(&mut rng, &[b, nq * dh], -4.0, 4.0);
+    let positions = caps
+        .iter()
+        .enumerate()
+        .map(|(r, &cap)| Tensor::new(&[cap.saturating_sub(1 + r) as u32], dev).unwrap())
+        .collect::<Vec<_>>();
+    let got = attn_decode_slots(&q, &gate, &keys, &values, &positions).unwrap();
+    let want = (0..b)
+        .map(|r| {
+            let row = |x: &Tensor| x.narrow(0, r, 1).unwrap();
+            attn_decode(&row(&q), &row(&gate), &keys[r], &values[r], &positions[r]).unwrap()
+        })
+        .collect::<Vec<_>>();
+    let want = Tensor::cat(&want, 0).unwrap();
+    assert_eq!(got.dims(), want.dims(), "{what}");
+    let (got_bits, want_bits) = (bits(&got), bits(&want));
+    let row = nq * dh;
+    for r in 0..b {
+        let (g, w) = (&got_bits[r * row..][..row], &want_bits[r * row..][..row]);
+        let differ = g.iter().zip(w).filter(|(a, b)| a != b).count();
+        assert_eq!(
+            differ, 0,
+            "{what}: sequence {r}: {differ} of {row} values differ"
+        );
+    }
+    got
+}
+
+/// A random tensor of `shape` in [lo, hi), in `ty`, on `dev`.
+fn random_on(rng: &mut Rng, shape: &[usize], lo: f32, hi: f32, ty: Ty, dev: &Device) -> Tensor {
+    rng.tensor(shape, lo, hi)
+        .to_dtype(ty.dtype())
+        .unwrap()
+        .to_device(dev)
+        .unwrap()
 }

@@ -68,9 +68,19 @@ impl Model {
         tokens: &[u32],
         caches: &mut [&mut Cache],
     ) -> Result<(Tensor, Vec<usize>)> {
+        let (logits, counter) = self.decode_batch_counted(tokens, caches)?;
+        Ok((logits, counter.per_layer))
+    }
+
+    /// [`Model::decode_batch`], also returning each layer's kernel launches and host uploads.
+    pub fn decode_batch_counted(
+        &self,
+        tokens: &[u32],
+        caches: &mut [&mut Cache],
+    ) -> Result<(Tensor, LaunchCounter)> {
         let mut counter = LaunchCounter::default();
         let (logits, _) = self.decode_batch_tapped(tokens, caches, &mut counter)?;
-        Ok((logits, counter.per_layer))
+        Ok((logits, counter))
     }
 
     fn decode_batch_tapped(

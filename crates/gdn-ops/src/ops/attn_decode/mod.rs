@@ -154,7 +154,12 @@ pub fn attn_decode(
 /// capacity; the output written. The position lives on the device: it is read back, which
 /// the profile does only when profiling (between drained ops). The split's partial records
 /// are scratch, not counted.
-fn traffic(d: AttnDecodeDims, q: &Tensor, gate: &Tensor, pos: &Tensor) -> Result<Traffic> {
+pub(crate) fn traffic(
+    d: AttnDecodeDims,
+    q: &Tensor,
+    gate: &Tensor,
+    pos: &Tensor,
+) -> Result<Traffic> {
     let last = (pos.to_vec1::<u32>()?[0] as usize).min(d.capacity - 1);
     let dtype = q.dtype();
     let kv = elems_bytes(d.batch * d.kv_heads * (last + 1) * d.head_dim, dtype);
@@ -179,7 +184,7 @@ pub(crate) struct Inputs<'a> {
 
 impl Inputs<'_> {
     /// Checks the tensors against each other (see the module doc) and reads the call's dims.
-    fn check(&self) -> Result<AttnDecodeDims> {
+    pub(crate) fn check(&self) -> Result<AttnDecodeDims> {
         let (q, gate, pos) = (self.q, self.gate, self.pos);
         let (keys, values) = (self.keys, self.values);
         const OP: &str = "attn_decode";

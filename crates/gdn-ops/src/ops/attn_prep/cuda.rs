@@ -6,7 +6,7 @@ use crate::backend::cuda::{
     KernelSource,
 };
 use anyhow::{ensure, Result};
-use candle_core::cuda_backend::cudarc::driver::{DeviceRepr, PushKernelArg};
+use candle_core::cuda_backend::cudarc::driver::{CudaView, DeviceRepr, LaunchArgs, PushKernelArg};
 use candle_core::{CudaDevice, Tensor};
 
 const OP: &str = "attn_prep";
@@ -53,11 +53,10 @@ where
     let q = unsafe { dev.alloc::<T>(q_len)? };
     let gate = unsafe { dev.alloc::<T>(q_len)? };
     {
-        let [qkv, q_norm, k_norm, inv_freq, pos, keys, values] = inputs.map(Held::new);
-        let x_view = qkv.view::<T>(OP)?;
-        let qn_view = q_norm.view::<T>(OP)?;
-        let kn_view = k_norm.view::<T>(OP)?;
-        let f_view = inv_freq.view::<f32>(OP)?;
+        let [qkv, q_norm, k_norm, inv_freq, pos, keys, values] = inputs;
+        let held = HeldInputs::new([qkv, q_norm, k_norm, inv_freq]);
+        let views = held.views::<T>(OP)?;
+        let [pos, keys, values] = [pos, keys, values].map(Held::new);
         let p_view = pos.view::<u32>(OP)?;
         // Written in place through these views; candle's single stream orders the writes
         // after earlier readers of the buffers.
@@ -65,11 +64,8 @@ where
         let v_view = values.view::<T>(OP)?;
         let params = d.params(eps);
         let mut args = kernel.args();
-        args.arg(&x_view)
-            .arg(&qn_view)
-            .arg(&kn_view)
-            .arg(&f_view)
-            .arg(&p_view)
+        views.push(&mut args);
+        args.arg(&p_view)
             .arg(&k_view)
             .arg(&v_view)
             .arg(&q)
@@ -85,4 +81,44 @@ where
         tensor(q, dev, (d.batch, d.q_heads, d.head_dim)),
         tensor(gate, dev, (d.batch, d.q_heads * d.head_dim)),
     ))
+}
+
+/// The inputs both prep launches bind before the KV (the per-sequence launch's buffers and
+/// position, the slot launch's table of them): qkv, q_norm, k_norm (contiguous, `T`) and
+/// inv_freq (f32), read-locked while their views are bound.
+pub(crate) struct HeldInputs<'a>([Held<'a>; 4]);
+
+/// The device views of [`HeldInputs`], in the kernels' argument order.
+pub(crate) struct InputViews<'a, T> {
+    qkv: CudaView<'a, T>,
+    q_norm: CudaView<'a, T>,
+    k_norm: CudaView<'a, T>,
+    inv_freq: CudaView<'a, f32>,
+}
+
+impl<'a> HeldInputs<'a> {
+    /// `[qkv, q_norm, k_norm, inv_freq]`, each contiguous.
+    pub(crate) fn new(inputs: [&'a Tensor; 4]) -> Self {
+        Self(inputs.map(Held::new))
+    }
+
+    pub(crate) fn views<T: Element>(&self, op: &str) -> Result<InputViews<'_, T>> {
+        let [qkv, q_norm, k_norm, inv_freq] = &self.0;
+        Ok(InputViews {
+            qkv: qkv.view(op)?,
+            q_norm: q_norm.view(op)?,
+            k_norm: k_norm.view(op)?,
+            inv_freq: inv_freq.view(op)?,
+        })
+    }
+}
+
+impl<'a, T: Element> InputViews<'a, T> {
+    /// qkv, q_norm, k_norm, inv_freq: the kernels' leading arguments.
+    pub(crate) fn push(&'a self, args: &mut LaunchArgs<'a>) {
+        args.arg(&self.qkv)
+            .arg(&self.q_norm)
+            .arg(&self.k_norm)
+            .arg(&self.inv_freq);
+    }
 }

@@ -4,11 +4,12 @@
 
 use super::SlotInputs;
 use crate::backend::cuda::{
-    config, cuda_device, cuda_source, launch, tensor, with_float_type, Element, Held, Kernel,
-    KernelSource,
+    config, cuda_device, cuda_source, launch, slot_table, tensor, with_float_type, Element, HeldKv,
+    Kernel, KernelSource,
 };
+use crate::ops::attn_prep::cuda::HeldInputs;
 use anyhow::{ensure, Result};
-use candle_core::cuda_backend::cudarc::driver::{DevicePtr, PushKernelArg};
+use candle_core::cuda_backend::cudarc::driver::PushKernelArg;
 use candle_core::{CudaDevice, Tensor};
 
 const OP: &str = "attn_prep_slots";
@@ -42,34 +43,18 @@ where
     {
         // Every sequence's buffers and position stay read-locked until the launch is queued;
         // the kernel writes the buffers in place, ordered on candle's stream.
-        let held: Vec<[Held; 3]> = inputs
-            .rows
-            .iter()
-            .map(|(_, r)| [r.keys, r.values, r.pos].map(Held::new))
-            .collect();
-        let stream = dev.cuda_stream();
+        let kv = HeldKv::new(inputs.rows.iter().map(|(_, r)| [r.keys, r.values, r.pos]));
         let mut table = Vec::with_capacity(4 * n);
-        for ((rd, _), [k, v, p]) in inputs.rows.iter().zip(&held) {
-            let (k, v, p) = (k.view::<T>(OP)?, v.view::<T>(OP)?, p.view::<u32>(OP)?);
-            table.push(k.device_ptr(&stream).0);
-            table.push(v.device_ptr(&stream).0);
-            table.push(p.device_ptr(&stream).0);
-            table.push(rd.capacity as u64);
+        for ((rd, _), [k, v, p]) in inputs.rows.iter().zip(kv.addresses::<T>(dev, OP)?) {
+            table.extend([k, v, p, rd.capacity as u64]);
         }
-        let slots = dev.clone_htod(table.as_slice())?;
-        let [x, qn, kn, f] = [&qkv, &q_norm, &k_norm, &inv_freq].map(Held::new);
-        let (x, qn, kn) = (x.view::<T>(OP)?, qn.view::<T>(OP)?, kn.view::<T>(OP)?);
-        let f = f.view::<f32>(OP)?;
+        let slots = slot_table(dev, &table)?;
+        let held = HeldInputs::new([&qkv, &q_norm, &k_norm, &inv_freq]);
+        let views = held.views::<T>(OP)?;
         let params = d.params(first.eps);
         let mut args = kernel.args();
-        args.arg(&x)
-            .arg(&qn)
-            .arg(&kn)
-            .arg(&f)
-            .arg(&slots)
-            .arg(&q)
-            .arg(&gate)
-            .arg(&params);
+        views.push(&mut args);
+        args.arg(slots.as_ref()).arg(&q).arg(&gate).arg(&params);
         let heads = (d.q_heads + 2 * d.kv_heads) as u32;
         let geometry = config((heads, n as u32, 1), (32, 1, 1), 0);
         // SAFETY: arguments in the order and types of `attn_prep_slots_*` in

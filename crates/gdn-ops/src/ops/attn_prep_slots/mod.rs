@@ -15,6 +15,7 @@ pub mod cuda;
 
 use crate::ops::attn_prep::{AttnPrepDims, Inputs};
 use crate::profile::{self, elems_bytes, Traffic};
+use crate::slot_tables;
 use anyhow::{ensure, Result};
 use candle_core::{Device, Tensor};
 
@@ -87,7 +88,15 @@ pub fn attn_prep_slots(
     };
     let device = qkv.device();
     profile::kernel(OP, device, traffic, || match device {
-        Device::Cpu => crate::launches::cpu_twin(|| cpu::attn_prep_slots(&inputs)),
+        Device::Cpu => {
+            let rows = inputs
+                .rows
+                .iter()
+                .map(|(d, r)| (r.keys, r.values, r.pos, d.capacity))
+                .collect::<Vec<_>>();
+            let words = slot_tables::host_kv_words(&rows)?;
+            slot_tables::cpu_slot_twin(&words, || cpu::attn_prep_slots(&inputs))
+        }
         #[cfg(feature = "cuda")]
         Device::Cuda(_) => cuda::attn_prep_slots(&inputs),
         other => anyhow::bail!("{OP}: no kernel for device {other:?}"),

@@ -86,12 +86,18 @@ impl<'a, I, S> InputViews<'a, I, S> {
     /// Pushes q, k, v, g, beta and the state: the leading arguments of the recurrence kernels
     /// (`gated_delta_step_*`, and `gated_delta_norm_*` of the fused norm).
     pub(crate) fn push_recurrence(&'a self, args: &mut LaunchArgs<'a>) {
+        self.push_gates(args);
+        args.arg(&self.state);
+    }
+
+    /// Pushes q, k, v, g and beta: the arguments before the state (the slot kernels take a
+    /// table of the states' addresses in its place).
+    pub(crate) fn push_gates(&'a self, args: &mut LaunchArgs<'a>) {
         args.arg(&self.q)
             .arg(&self.k)
             .arg(&self.v)
             .arg(&self.g)
-            .arg(&self.beta)
-            .arg(&self.state);
+            .arg(&self.beta);
     }
 }
 

@@ -8,8 +8,8 @@ use crate::backend::cuda::{
 };
 use crate::ops::gated_delta::cuda::HeldInputs;
 use anyhow::{ensure, Result};
-use candle_core::cuda_backend::cudarc::driver::{DeviceRepr, PushKernelArg};
-use candle_core::{CudaDevice, Tensor};
+use candle_core::cuda_backend::cudarc::driver::{CudaView, DeviceRepr, LaunchArgs, PushKernelArg};
+use candle_core::{CudaDevice, DType, Tensor};
 
 const OP: &str = "gated_delta_update_norm";
 const SOURCE: KernelSource = cuda_source!("gated_delta_norm");
@@ -19,13 +19,7 @@ const SOURCE: KernelSource = cuda_source!("gated_delta_norm");
 unsafe impl DeviceRepr for GdnNormParams {}
 
 pub(crate) fn gated_delta_update_norm(inputs: &Inputs) -> Result<Tensor> {
-    let dev = cuda_device(inputs.state, OP)?;
-    let (dtype, st) = (inputs.recurrence.q.dtype(), inputs.state.dtype());
-    ensure!(
-        supports(&inputs.dims, dtype, st),
-        "{OP}: no CUDA kernel for {:?} with {dtype:?} activations and a {st:?} state",
-        inputs.dims
-    );
+    let (dev, dtype, st) = checked_device(inputs, OP)?;
     with_input_and_state_types!(dtype, st, OP, |I, S| launch_as::<I, S>(inputs, &dev))
 }
 
@@ -48,13 +42,12 @@ where
     if len > 0 {
         let held = HeldInputs::new(&prepared, inputs.state);
         let views = held.views::<I, S>(OP)?;
-        let [z_held, w_held] = [inputs.z, inputs.weight].map(Held::new);
-        // z may be a view: its row layout was checked by the caller.
-        let z_view = z_held.rows::<I>(&inputs.z_rows, OP)?;
-        let w_view = w_held.view::<I>(OP)?;
+        let norm = HeldNorm::new(inputs);
+        let norm = norm.views::<I>(inputs, OP)?;
         let mut args = kernel.args();
         views.push_recurrence(&mut args);
-        args.arg(&z_view).arg(&w_view).arg(&out).arg(&params);
+        norm.push(&mut args);
+        args.arg(&out).arg(&params);
         let blocks = (d.batch * d.value_heads * plan.blocks_per_head) as u32;
         let geometry = config((blocks, 1, 1), (32, warps as u32, 1), 0);
         // SAFETY: arguments in the order and types of `gated_delta_norm_*` in
@@ -66,6 +59,56 @@ where
         dev,
         (d.batch, d.steps, d.value_heads, d.value_dim),
     ))
+}
+
+/// The gated norm's inputs of both launches (the per-sequence and the slot kernel): z and
+/// the norm's weight, read-locked while their views are bound.
+pub(crate) struct HeldNorm<'a> {
+    z: Held<'a>,
+    weight: Held<'a>,
+}
+
+/// The device views of [`HeldNorm`].
+pub(crate) struct NormViews<'a, I> {
+    z: CudaView<'a, I>,
+    weight: CudaView<'a, I>,
+}
+
+impl<'a> HeldNorm<'a> {
+    pub(crate) fn new(inputs: &Inputs<'a>) -> Self {
+        Self {
+            z: Held::new(inputs.z),
+            weight: Held::new(inputs.weight),
+        }
+    }
+
+    /// z may be a view: its row layout (in `inputs`) was checked by the caller.
+    pub(crate) fn views<I: Element>(&self, inputs: &Inputs, op: &str) -> Result<NormViews<'_, I>> {
+        Ok(NormViews {
+            z: self.z.rows(&inputs.z_rows, op)?,
+            weight: self.weight.view(op)?,
+        })
+    }
+}
+
+impl<'a, I: Element> NormViews<'a, I> {
+    /// z, weight: the arguments after the recurrence's (the output follows).
+    pub(crate) fn push(&'a self, args: &mut LaunchArgs<'a>) {
+        args.arg(&self.z).arg(&self.weight);
+    }
+}
+
+/// The device and dtypes of a call, checked against the kernels' coverage: both launchers'
+/// entry.
+pub(crate) fn checked_device(inputs: &Inputs, op: &str) -> Result<(CudaDevice, DType, DType)> {
+    let dev = cuda_device(inputs.state, op)?;
+    let (dtype, st) = (inputs.recurrence.q.dtype(), inputs.state.dtype());
+    ensure!(
+        supports(&inputs.dims, dtype, st),
+        "{op}: no CUDA kernel for {:?} with {dtype:?} activations and a {st:?} state",
+        inputs.dims
+    );
+    Ok((dev, dtype, st))
 }
 
 /// The blocks that share a value head's rows: four of a thread-block cluster

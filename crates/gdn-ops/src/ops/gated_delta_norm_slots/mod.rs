@@ -27,6 +27,7 @@ use crate::backend::row_layout;
 use crate::ops::gated_delta::{self, GdnDims};
 use crate::ops::gated_delta_norm::{Gate, Inputs};
 use crate::profile;
+use crate::slot_tables;
 use anyhow::{ensure, Result};
 use candle_core::{Device, Tensor};
 
@@ -144,7 +145,10 @@ pub fn gated_delta_update_norm_slots(
     };
     let device = first.device();
     profile::kernel("gated_delta_norm_slots", device, traffic, || match device {
-        Device::Cpu => crate::launches::cpu_twin(|| cpu::gated_delta_update_norm_slots(&inputs)),
+        Device::Cpu => {
+            let words = slot_tables::host_words(states)?;
+            slot_tables::cpu_slot_twin(&words, || cpu::gated_delta_update_norm_slots(&inputs))
+        }
         #[cfg(feature = "cuda")]
         Device::Cuda(_) => cuda::gated_delta_update_norm_slots(&inputs),
         other => anyhow::bail!("{OP}: no kernel for device {other:?}"),

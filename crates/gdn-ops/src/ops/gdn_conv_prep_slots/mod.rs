@@ -19,6 +19,7 @@ pub mod cuda;
 use crate::backend::row_layout;
 use crate::ops::gdn_conv_prep::{traffic, ConvPrepDims, Inputs};
 use crate::profile;
+use crate::slot_tables;
 use anyhow::{ensure, Result};
 use candle_core::{Device, Tensor};
 
@@ -120,7 +121,10 @@ pub fn gdn_conv_prep_slots(
     };
     let device = first.device();
     profile::kernel(OP, device, moved, || match device {
-        Device::Cpu => crate::launches::cpu_twin(|| cpu::gdn_conv_prep_slots(&inputs)),
+        Device::Cpu => {
+            let words = slot_tables::host_words(conv_states)?;
+            slot_tables::cpu_slot_twin(&words, || cpu::gdn_conv_prep_slots(&inputs))
+        }
         #[cfg(feature = "cuda")]
         Device::Cuda(_) => cuda::gdn_conv_prep_slots(&inputs),
         other => anyhow::bail!("{OP}: no kernel for device {other:?}"),

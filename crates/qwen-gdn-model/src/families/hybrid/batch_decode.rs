@@ -4,9 +4,9 @@
 //! `moe_combine`). The GDN mixers' state kernels (conv front, recurrence with its norm) run
 //! once over the B sequences, each on its own states through a table of their addresses
 //! (`gdn_conv_prep_slots`, `gated_delta_update_norm_slots`; per sequence where the device has
-//! no slot kernel); attention's prep (`attn_prep_slots`) once over the B sequences' KV
-//! buffers, its `attn_decode` per sequence (each its own length), the single-token kernel
-//! [`HybridDecoder::decode_step`] launches. A layer outside the
+//! no slot kernel); attention's prep (`attn_prep_slots`) and its `attn_decode_slots`
+//! once over the B sequences' KV buffers (each its own length), the single-token kernels'
+//! bodies that [`HybridDecoder::decode_step`] launches. A layer outside the
 //! kernels' coverage, or a MoE whose gathered SwiGLU does not take B rows, runs its
 //! composed ops, as the single-sequence step does.
 
@@ -14,7 +14,7 @@ use super::{DecoderLayer, FeedForward, HybridDecoder, Mixer};
 use crate::cache::{Cache, LayerCache};
 use crate::candle_ops::cat;
 use crate::tap::{each_layer, Tap};
-use anyhow::{bail, Result};
+use anyhow::{bail, Context, Result};
 use candle_core::Tensor;
 use gdn_ops::ops::add_rms_norm::add_rms_norm;
 
@@ -30,10 +30,12 @@ impl HybridDecoder {
     ) -> Result<Tensor> {
         let device = embedded.device();
         let offsets: Vec<usize> = caches.iter().map(|c| c.offset).collect();
-        let positions = offsets
-            .iter()
-            .map(|&o| Ok(Tensor::new(&[o as u32], device)?))
-            .collect::<Result<Vec<_>>>()?;
+        // Held for the step: the positions buffer is this step's until its kernels are queued.
+        let mut held = self
+            .batch_positions
+            .lock()
+            .map_err(|_| anyhow::anyhow!("a batched step panicked while holding its positions"))?;
+        let positions = step_positions(&mut held, &offsets, device)?;
         let mut per_layer = super::per_layer(self.layers.len(), caches)?;
         let first_norm = &self.layers[0].input_norm;
         let first = add_rms_norm(embedded, None, &first_norm.weight, first_norm.eps)?;
@@ -114,6 +116,30 @@ impl HybridDecoder {
             }
         }
     }
+}
+
+/// Each sequence's position as a `[1]` u32 view of one `[B]` buffer on the device, which is
+/// kept from step to step (`buffer`) and rewritten in place: one upload and one copy a step,
+/// and the same addresses every step, so that the slot kernels' tables (which hold them) are
+/// uploaded once per batch composition (`gdn_ops::slot_tables`). A new buffer when B changes.
+fn step_positions(
+    buffer: &mut Option<Tensor>,
+    offsets: &[usize],
+    device: &candle_core::Device,
+) -> Result<Vec<Tensor>> {
+    let values: Vec<u32> = offsets.iter().map(|&o| o as u32).collect();
+    gdn_ops::launches::upload(1);
+    let fresh = Tensor::new(values.as_slice(), device)?;
+    match buffer {
+        Some(b) if b.dim(0)? == values.len() && b.device().same_device(device) => {
+            gdn_ops::launches::candle_op(b.slice_set(&fresh, 0, 0))?;
+        }
+        _ => *buffer = Some(fresh),
+    }
+    let b = buffer
+        .as_ref()
+        .context("the positions buffer was just set")?;
+    (0..values.len()).map(|i| Ok(b.narrow(0, i, 1)?)).collect()
 }
 
 /// A mixer outside the kernels' coverage, row by row through its composed ops (as the

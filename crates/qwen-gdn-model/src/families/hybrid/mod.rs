@@ -47,6 +47,10 @@ pub struct HybridDecoder {
     /// the very tensors it was captured against (`cuda_graph.rs`).
     #[cfg(feature = "cuda")]
     decode_graph: std::sync::Mutex<Option<cuda_graph::DecodeGraph>>,
+    /// The batched step's positions, `[B]` u32 on the device, rewritten in place each step
+    /// (`batch_decode.rs`): the slot kernels' tables hold their addresses, which must not
+    /// change from step to step for the tables to be reused.
+    batch_positions: std::sync::Mutex<Option<Tensor>>,
 }
 
 impl HybridDecoder {
@@ -92,6 +96,7 @@ impl HybridDecoder {
             moe_combine: CombineKernel::Auto,
             #[cfg(feature = "cuda")]
             decode_graph: std::sync::Mutex::new(None),
+            batch_positions: std::sync::Mutex::new(None),
         })
     }
 

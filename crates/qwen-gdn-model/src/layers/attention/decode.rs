@@ -9,7 +9,9 @@ use crate::cache::KvCache;
 use crate::candle_ops::cat;
 use anyhow::{Context, Result};
 use candle_core::{DType, Tensor, D};
-use gdn_ops::ops::{attn_decode, attn_prep, attn_prep_slots, gated_delta_norm_slots};
+use gdn_ops::ops::{
+    attn_decode, attn_decode_slots, attn_prep, attn_prep_slots, gated_delta_norm_slots,
+};
 use gdn_ops::profile;
 
 impl Attention {
@@ -94,6 +96,9 @@ impl Attention {
         positions: &[Tensor],
     ) -> Result<Tensor> {
         let rows = caches.len();
+        // Metal has no slot kernels: candle's Metal encoder declares residency and hazards
+        // only for the buffers bound as arguments, and a buffer named only in a table of
+        // addresses would be neither resident nor ordered. One launch per sequence there.
         if !gated_delta_norm_slots::supports_device(qkv.device()) {
             let mut outs = Vec::with_capacity(rows);
             for (row, (cache, pos)) in caches.iter_mut().zip(positions).enumerate() {
@@ -123,13 +128,12 @@ impl Attention {
             &keys,
             &values,
         )?;
-        let mut outs = Vec::with_capacity(rows);
-        for (row, cache) in caches.iter_mut().enumerate() {
+        for cache in caches.iter_mut() {
             cache.advance(1);
-            let (q, gate) = (q.narrow(0, row, 1)?, gate.narrow(0, row, 1)?);
-            let o = attn_decode::attn_decode(&q, &gate, &keys[row], &values[row], &positions[row])?;
-            outs.push(o.reshape((1, nq * dh))?);
         }
-        cat(&outs, 0)
+        // Each sequence over its own length and buffers, in one launch (two where a context
+        // is split): `attn_decode_slots` runs the body each sequence's own launch would.
+        let o = attn_decode_slots::attn_decode_slots(&q, &gate, &keys, &values, positions)?;
+        Ok(o.reshape((rows, nq * dh))?)
     }
 }
