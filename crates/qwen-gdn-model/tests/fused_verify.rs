@@ -179,7 +179,9 @@ fn check(name: &str) {
              vs composed {d_composed:e}",
             step * rows
         );
-        if rows >= 2 {
+        // On CUDA the decode steps replay a captured graph, counted as one launch a step:
+        // the comparison with their kernels holds where they launch one by one (the CPU).
+        if rows >= 2 && exact {
             assert!(
                 spent < rows * step,
                 "{name}, T={rows}: {spent} ≥ {rows} steps of {step}"
