@@ -37,6 +37,7 @@ pub mod gated_rms_norm;
 pub mod gdn_conv_prep;
 pub mod gpu;
 pub mod greedy_pick;
+pub mod hyper_connection;
 pub mod harness_input;
 pub mod moe_combine;
 pub mod moe_route;
