@@ -34,9 +34,13 @@ fn cuda_hyper_connection_matches_the_cpu_twin() {
                 "hc_inject_norm_{} N={n} S={s} H={h} inject={inject} norm={norm}",
                 ty.name()
             );
-            let (want_sum, want_normed) =
-                hc_inject_norm(&hs, inject.then_some((&y, &g)), norm.then_some((&w, EPS)), s)
-                    .unwrap();
+            let (want_sum, want_normed) = hc_inject_norm(
+                &hs,
+                inject.then_some((&y, &g)),
+                norm.then_some((&w, EPS)),
+                s,
+            )
+            .unwrap();
             let (sum, normed) = hc_inject_norm(
                 &hs_g,
                 inject.then_some((&y_g, &g_g)),

@@ -38,7 +38,11 @@ fn composed_norm(x: &Tensor, weight: &Tensor) -> Tensor {
         .unwrap();
     let ms = xf.sqr().unwrap().mean_keepdim(D::Minus1).unwrap();
     let inv = (ms + EPS as f64).unwrap().sqrt().unwrap().recip().unwrap();
-    let y = xf.broadcast_mul(&inv).unwrap().broadcast_mul(weight).unwrap();
+    let y = xf
+        .broadcast_mul(&inv)
+        .unwrap()
+        .broadcast_mul(weight)
+        .unwrap();
     y.reshape((t, groups * group))
         .unwrap()
         .to_dtype(x.dtype())

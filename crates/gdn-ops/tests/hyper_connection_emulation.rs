@@ -80,8 +80,13 @@ fn check(c: &Case) -> Option<String> {
     let y = tensor(&x.y, &[n, h], c.ty);
     let g = tensor(&x.gate, &[n, s], c.ty);
     let w = Tensor::from_vec(x.weight.clone(), (s, h), &Device::Cpu).unwrap();
-    let (sum, normed) =
-        hc_inject_norm(&hs, inject.then_some((&y, &g)), norm.then_some((&w, EPS)), s).unwrap();
+    let (sum, normed) = hc_inject_norm(
+        &hs,
+        inject.then_some((&y, &g)),
+        norm.then_some((&w, EPS)),
+        s,
+    )
+    .unwrap();
     let len = n * s * h;
     let want_len = len * (inject as usize + norm as usize);
     if got.len() != want_len {
@@ -117,12 +122,7 @@ fn shipped_hyper_connection_kernels_match_the_cpu_twin() {
             } else {
                 "hc_mix"
             };
-            format!(
-                "{kernel}_{} {:?} {:?}: {e}",
-                c.ty.name(),
-                c.shape,
-                c.form
-            )
+            format!("{kernel}_{} {:?} {:?}: {e}", c.ty.name(), c.shape, c.form)
         })
     });
     common::assert_no_failures(&failures, cases.len(), "cases fail");

@@ -489,7 +489,11 @@ fn qwen4_exp_launches_per_component() {
     }
     let (gdn_composed, qsa, moe) = (gdn.unwrap(), qsa.unwrap(), moe.unwrap());
     // The fixture's layers are these parts.
-    assert_eq!(budget.gdn_layer, hc_fused + gdn_composed + moe, "{budget:?}");
+    assert_eq!(
+        budget.gdn_layer,
+        hc_fused + gdn_composed + moe,
+        "{budget:?}"
+    );
     assert_eq!(budget.attention_layer, hc_fused + qsa + moe, "{budget:?}");
     // The fused GDN mixer, on Qwen3-Next's fixture (inside the GDN kernels).
     let next = load_with("qwen3-next-tiny-4bit", &device_plan(DType::BF16));

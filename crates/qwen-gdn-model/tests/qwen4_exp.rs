@@ -544,7 +544,10 @@ fn hyper_connections_fused_match_composed(
         let n = hc.normed(&hs).unwrap();
         let (x, g) = hc.mix_normed(&n).unwrap();
         let d = rel_max_diff(&x, &want_x);
-        assert!(d <= 1e-5, "{name}: hyper-connection {k}: mixing off by {d:e}");
+        assert!(
+            d <= 1e-5,
+            "{name}: hyper-connection {k}: mixing off by {d:e}"
+        );
         let (Some(w), Some(g)) = (want_w, g) else {
             assert!(hc.inject.is_none(), "{name}: hyper-connection {k}: no gate");
             continue;
@@ -552,11 +555,17 @@ fn hyper_connections_fused_match_composed(
         let want = HyperConnection::inject(&hs, &y, &w).unwrap();
         let (sum, normed) = HyperConnection::inject_normed(&hs, &y, &g, next).unwrap();
         let d = rel_max_diff(&sum, &want);
-        assert!(d <= 1e-5, "{name}: hyper-connection {k}: injection off by {d:e}");
+        assert!(
+            d <= 1e-5,
+            "{name}: hyper-connection {k}: injection off by {d:e}"
+        );
         if let (Some(next), Some(normed)) = (next, normed) {
             let want = next.norm.forward(&want).unwrap();
             let d = rel_max_diff(&normed, &want);
-            assert!(d <= 1e-5, "{name}: hyper-connection {k}: next norm off by {d:e}");
+            assert!(
+                d <= 1e-5,
+                "{name}: hyper-connection {k}: next norm off by {d:e}"
+            );
         }
     }
 }

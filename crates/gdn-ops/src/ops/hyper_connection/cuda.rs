@@ -19,7 +19,9 @@ unsafe impl DeviceRepr for HcMixParams {}
 pub(crate) fn hc_inject_norm(inputs: &InjectInputs) -> Result<(Option<Tensor>, Option<Tensor>)> {
     const OP: &str = "hc_inject_norm";
     let dev = cuda_device(&inputs.hs, OP)?;
-    with_float_type!(inputs.hs.dtype(), OP, |T| run_inject_norm::<T>(inputs, &dev))
+    with_float_type!(inputs.hs.dtype(), OP, |T| run_inject_norm::<T>(
+        inputs, &dev
+    ))
 }
 
 fn run_inject_norm<T: Element>(

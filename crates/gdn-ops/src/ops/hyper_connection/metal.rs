@@ -13,8 +13,7 @@ use crate::backend::metal::{
 use anyhow::Result;
 use candle_core::Tensor;
 
-const SOURCE: KernelSource =
-    metal_source!("hyper_connection.metal", "params/hyper_connection.h");
+const SOURCE: KernelSource = metal_source!("hyper_connection.metal", "params/hyper_connection.h");
 
 pub(crate) fn hc_inject_norm(inputs: &InjectInputs) -> Result<(Option<Tensor>, Option<Tensor>)> {
     const OP: &str = "hc_inject_norm";
