@@ -4,6 +4,7 @@
 //   hc_inject_norm: w = InT(2 * InT(sigmoid(InT(g[n,s] / S))))
 //                   sum = InT(hs + InT(w * y[n,j]))                    (has_inject)
 //                   normed = InT(sum * rsqrt(mean_j sum^2 + eps) * weight[s,j])   (has_norm)
+//   hc_act:         a[i] = InT(silu(InT(d[i] / S)))     (d: the down product's output)
 //   hc_mix:         x[n,j] = InT((1/S) * sum_s InT(InT(sigmoid(u[n,s,j])) * normed[n,s,j]))
 //
 // ENTRY POINTS (extern "C"; <t> in {f32, f16, bf16}):
@@ -12,6 +13,8 @@
 //     per stream row; grid = N * S. H <= kPer * 1024 = 8192 (MAX_COLS on the host).
 //     Without an injection y, gate and sum are never touched; without a norm weight and
 //     normed neither: pass any valid pointer.
+//   hc_act_<t>(d, a, HcActParams p)
+//     block = 256 threads (MIX_THREADS), one value each; grid = ceil(len / 256).
 //   hc_mix_<t>(up, normed, x, HcMixParams p)
 //     block = 256 threads (MIX_THREADS), one output value each; grid = ceil(N * H / 256).
 //
@@ -110,6 +113,15 @@ __device__ __forceinline__ void inject_norm_body(const T* __restrict__ hs, const
   }
 }
 
+// One value of the low-rank mixer's activation.
+template <typename T>
+__device__ __forceinline__ void act_body(const T* __restrict__ d, T* __restrict__ a,
+                                         const HcActParams& p, uint32_t i) {
+  if (i >= p.len) return;
+  const float t = rounded<T>(to_f32(d[i]) / (float)p.streams);
+  a[i] = from_f32<T>(t / (1.f + expf(-t)));
+}
+
 // One output value x[n, j] (i = n * H + j).
 template <typename T>
 __device__ __forceinline__ void mix_body(const T* __restrict__ up, const T* __restrict__ normed,
@@ -139,6 +151,9 @@ __device__ void run_inject_norm(const T* hs, const T* y, const T* gate, const fl
                                                  const float* weight, T* sum, T* normed,      \
                                                  const HcInjectNormParams p) {                \
     hyper_connection::run_inject_norm<T>(hs, y, gate, weight, sum, normed, p);                \
+  }                                                                                           \
+  extern "C" __global__ void hc_act_##TN(const T* d, T* a, const HcActParams p) {             \
+    hyper_connection::act_body<T>(d, a, p, blockIdx.x * blockDim.x + threadIdx.x);            \
   }                                                                                           \
   extern "C" __global__ void hc_mix_##TN(const T* up, const T* normed, T* x,                  \
                                          const HcMixParams p) {                               \

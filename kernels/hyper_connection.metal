@@ -3,6 +3,7 @@
 //   hc_inject_norm: w = InT(2 * InT(sigmoid(InT(g[n,s] / S))))
 //                   sum = InT(hs + InT(w * y[n,j]))                    (has_inject)
 //                   normed = InT(sum * rsqrt(mean_j sum^2 + eps) * weight[s,j])   (has_norm)
+//   hc_act:         a[i] = InT(silu(InT(d[i] / S)))     (d: the down product's output)
 //   hc_mix:         x[n,j] = InT((1/S) * sum_s InT(InT(sigmoid(u[n,s,j])) * normed[n,s,j]))
 //
 // Launch, hc_inject_norm: threadgroups (N * S, 1, 1), one per stream row, of (T, 1, 1)
@@ -11,6 +12,7 @@
 // of them) in registers between the injection and the norm; the sum of squares is a simd_sum
 // per simdgroup and a pass over their partial sums (in another order than the CPU twin's,
 // within rounding).
+// Launch, hc_act: threadgroups (ceil(len / 256), 1, 1) of (256, 1, 1) threads, one value each.
 // Launch, hc_mix: threadgroups (ceil(N * H / 256), 1, 1) of (256, 1, 1) threads, one output
 // value each.
 //
@@ -101,6 +103,15 @@ inline void hc_inject_norm_impl(
 }
 
 template <typename InT>
+inline void hc_act_impl(const device InT* d, device InT* a, constant HcActParams& p, uint i) {
+  if (i >= p.len) {
+    return;
+  }
+  const float t = float(InT(float(d[i]) / float(p.streams)));
+  a[i] = InT(t / (1.0f + exp(-t)));
+}
+
+template <typename InT>
 inline void hc_mix_impl(
     const device InT* up,
     const device InT* normed,
@@ -120,7 +131,7 @@ inline void hc_mix_impl(
   x[i] = InT(acc / float(p.streams));
 }
 
-// Entry points hc_inject_norm_{f32,f16,bf16} and hc_mix_{f32,f16,bf16}: plain kernels
+// Entry points hc_inject_norm_, hc_act_ and hc_mix_{f32,f16,bf16}: plain kernels
 // forwarding to the templates (see kernels/affine.metal for why not explicit instantiations).
 #define HC_INJECT_NORM(name, InT)                                                        \
   [[kernel]] void name(                                                                  \
@@ -141,6 +152,15 @@ inline void hc_mix_impl(
                              simd, partial);                                             \
   }
 
+#define HC_ACT(name, InT)                                                                \
+  [[kernel]] void name(                                                                  \
+      const device InT* d [[buffer(0)]], /* [N, R] */                                    \
+      device InT* a [[buffer(1)]],       /* [N, R] */                                    \
+      constant HcActParams& p [[buffer(2)]],                                             \
+      uint i [[thread_position_in_grid]]) {                                              \
+    hc_act_impl<InT>(d, a, p, i);                                                        \
+  }
+
 #define HC_MIX(name, InT)                                                                \
   [[kernel]] void name(                                                                  \
       const device InT* up [[buffer(0)]],     /* [N, S, H] */                            \
@@ -153,9 +173,12 @@ inline void hc_mix_impl(
 
 HC_INJECT_NORM(hc_inject_norm_f32, float)
 HC_INJECT_NORM(hc_inject_norm_f16, half)
+HC_ACT(hc_act_f32, float)
+HC_ACT(hc_act_f16, half)
 HC_MIX(hc_mix_f32, float)
 HC_MIX(hc_mix_f16, half)
 #if defined(__HAVE_BFLOAT__)
 HC_INJECT_NORM(hc_inject_norm_bf16, bfloat)
+HC_ACT(hc_act_bf16, bfloat)
 HC_MIX(hc_mix_bf16, bfloat)
 #endif

@@ -1,15 +1,16 @@
 // Runs the shipped kernels/hyper_connection.metal on the CPU through metal_emu.h. Used by
 // crates/gdn-ops/tests/hyper_connection_emulation.rs.
 //
-// stdin, little-endian: "HCONEMU1", u32 kernel (0 hc_inject_norm, 1 hc_mix), type (0 f32,
+// stdin, little-endian: "HCONEMU1", u32 kernel (0 hc_inject_norm, 1 hc_mix, 2 hc_act), type (0 f32,
 // 1 f16, 2 bf16), tokens N, streams S, cols H, has_inject, has_norm, f32 eps, u32 threads per
-// threadgroup (hc_inject_norm: the host's row_threads(H); hc_mix: MIX_THREADS); then f32
+// threadgroup (hc_inject_norm: the host's row_threads(H); hc_mix, hc_act: MIX_THREADS); then f32
 // values converted to the instantiation's type here (exactly, when the caller rounded them):
 //   hc_inject_norm: hs [N, S, H], y [N, H] and gate [N, S] (if has_inject), weight [S, H]
 //                   (f32, if has_norm);
-//   hc_mix:         up [N, S, H], normed [N, S, H].
+//   hc_mix:         up [N, S, H], normed [N, S, H];
+//   hc_act:         d [N, H] (the down product's output, R = H here).
 // stdout: hc_inject_norm: f32 sum [N, S, H] (if has_inject), then normed [N, S, H] (if
-// has_norm); hc_mix: f32 x [N, H].
+// has_norm); hc_mix: f32 x [N, H]; hc_act: f32 a [N, H].
 //
 // The launch geometry is crates/gdn-ops/src/ops/hyper_connection/metal.rs's. Unused slots
 // are unbound (null): a kernel that touches them faults. Buffers are guarded
@@ -76,6 +77,28 @@ void run_inject(const Case& c, InjectKernel<T> kernel) {
 }
 
 template <class T>
+using ActKernel = void (*)(const device T*, device T*, constant HcActParams&, uint);
+
+template <class T>
+void run_act(const Case& c, ActKernel<T> kernel) {
+  const std::size_t n = std::size_t(c.tokens) * c.cols;
+  Buffer<T> d("d", n, Kind::kInput);
+  Buffer<T> a("a", n, Kind::kOutput);
+  d.fill(guarded::read_raw<float>(n));
+  guarded::expect_end();
+  const HcActParams params{uint(n), c.streams};
+  const uint groups = uint((n + c.threads - 1) / c.threads);
+  metal_emu::dispatch_threadgroups(uint3{groups, 1, 1}, uint3{c.threads, 1, 1}, 0,
+                                   [&](const metal_emu::ThreadIds& id) {
+                                     kernel((const device T*)d.data(), (device T*)a.data(),
+                                            *(constant HcActParams*)&params,
+                                            id.thread_position_in_grid.x);
+                                   });
+  guarded::check_all(d, a);
+  a.write_f32();
+}
+
+template <class T>
 void run_mix(const Case& c, MixKernel<T> kernel) {
   const std::size_t n = std::size_t(c.tokens) * c.streams * c.cols;
   const std::size_t out = std::size_t(c.tokens) * c.cols;
@@ -111,7 +134,7 @@ int main() {
   c.has_norm = h[6];
   std::memcpy(&c.eps, &h[7], 4);
   c.threads = h[8];
-  if (kernel > 1 || type > 2 || c.tokens == 0 || c.streams == 0 || c.cols == 0 ||
+  if (kernel > 2 || type > 2 || c.tokens == 0 || c.streams == 0 || c.cols == 0 ||
       c.has_inject > 1 || c.has_norm > 1)
     guarded::die("bad header");
   if (c.threads == 0 || c.threads % 32 != 0 || c.threads > 1024)
@@ -121,6 +144,9 @@ int main() {
     if (!c.has_inject && !c.has_norm) guarded::die("neither an injection nor a norm");
     guarded::by_type(type, hc_inject_norm_f32, hc_inject_norm_f16, hc_inject_norm_bf16,
                      [&](auto t, auto k) { run_inject<typename decltype(t)::type>(c, k); });
+  } else if (kernel == 2) {
+    guarded::by_type(type, hc_act_f32, hc_act_f16, hc_act_bf16,
+                     [&](auto t, auto k) { run_act<typename decltype(t)::type>(c, k); });
   } else {
     guarded::by_type(type, hc_mix_f32, hc_mix_f16, hc_mix_bf16,
                      [&](auto t, auto k) { run_mix<typename decltype(t)::type>(c, k); });

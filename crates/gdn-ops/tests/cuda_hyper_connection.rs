@@ -1,10 +1,10 @@
-//! The CUDA `hc_inject_norm_{f32,f16,bf16}` and `hc_mix_{f32,f16,bf16}` kernels
+//! The CUDA `hc_inject_norm_`, `hc_act_` and `hc_mix_{f32,f16,bf16}` kernels
 //! (`kernels/hyper_connection.cu`) against the CPU twin, for every instantiation and every
 //! form (injection, norm, both), over the op's cases (tests/common/hyper_connection.rs). Built
 //! only with the `cuda` feature and run on the GPU machine (scripts/gpu/test-cuda.sh); without
 //! a CUDA device every test fails.
 //!
-//! Gates: `sum` and `x` within 1 ulp of InT (`expf` may differ from the host's in its last
+//! Gates: `sum`, `a` and `x` within 1 ulp of InT (`expf` may differ from the host's in its last
 //! bit); `normed` within 1 ulp plus 1e-5 of max |normed|.
 #![cfg(feature = "cuda")]
 
@@ -13,7 +13,7 @@ mod common;
 use candle_core::{Device, Tensor};
 use common::hyper_connection::{inputs, runs, seed, FORMS};
 use common::{close, gpu, tensor, values, TYPES};
-use gdn_ops::ops::hyper_connection::{hc_inject_norm, hc_mix};
+use gdn_ops::ops::hyper_connection::{hc_act, hc_inject_norm, hc_mix};
 
 const EPS: f32 = 1e-6;
 
@@ -65,6 +65,12 @@ fn cuda_hyper_connection_matches_the_cpu_twin() {
         let got = hc_mix(&on_gpu(&up), &on_gpu(&normed), s).unwrap();
         if let Some(e) = close("x", &values(&got), &values(&want), ty, 1.0, 0.0) {
             failures.push(format!("hc_mix_{} N={n} S={s} H={h}: {e}", ty.name()));
+        }
+        let d = tensor(&x.down, &[n, h], ty);
+        let want = hc_act(&d, s).unwrap();
+        let got = hc_act(&on_gpu(&d), s).unwrap();
+        if let Some(e) = close("a", &values(&got), &values(&want), ty, 1.0, 0.0) {
+            failures.push(format!("hc_act_{} N={n} S={s} R={h}: {e}", ty.name()));
         }
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));

@@ -1,7 +1,7 @@
 //! The CPU twin of the hyper-connection kernels against the composed candle ops they replace
 //! in the model (crates/qwen-gdn-model/src/families/qwen4_exp/hyper_connection.rs: the
 //! injection `hs + w[s]·y` with `w = 2·sigmoid(g / S)`, the grouped RMSNorm with its `[S, H]`
-//! weight, and the mixing `mean_s sigmoid(u)·n`), over the op's cases
+//! weight, the low-rank activation `silu(d / S)` and the mixing `mean_s sigmoid(u)·n`), over the op's cases
 //! (tests/common/hyper_connection.rs), and its input checks.
 
 mod common;
@@ -9,7 +9,7 @@ mod common;
 use candle_core::{DType, Device, Tensor, D};
 use common::hyper_connection::{inputs, runs, seed, FORMS};
 use common::{max_rel, tensor, Ty};
-use gdn_ops::ops::hyper_connection::{hc_inject_norm, hc_mix};
+use gdn_ops::ops::hyper_connection::{hc_act, hc_inject_norm, hc_mix};
 
 const EPS: f32 = 1e-6;
 
@@ -102,6 +102,13 @@ fn compare(i: usize, (n, s, h): (usize, usize, usize), ty: Ty, tol: f32) {
     assert_eq!(mixed.dims(), [n, h]);
     let err = max_rel(&mixed, &composed_mix(&up, &normed, s));
     assert!(err <= tol, "{ty:?} N={n} S={s} H={h}: mix off by {err}");
+    // The model's composed activation: `silu(d / S)`.
+    let d = tensor(&x.down, &[n, h], ty);
+    let a = hc_act(&d, s).unwrap();
+    assert_eq!(a.dims(), [n, h]);
+    let want = (&d / s as f64).unwrap().silu().unwrap();
+    let err = max_rel(&a, &want);
+    assert!(err <= tol, "{ty:?} N={n} S={s} H={h}: act off by {err}");
 }
 
 #[test]
@@ -143,6 +150,11 @@ fn worked_example() {
     let up = Tensor::zeros((1, 4), DType::F32, &Device::Cpu).unwrap();
     let x = hc_mix(&up, &hs, 2).unwrap().to_vec2::<f32>().unwrap();
     assert_eq!(x, [[0.75, 0.75]]);
+    // silu(0) = 0, silu(2) = 2·sigmoid(2), on d / S with S = 2.
+    let d = Tensor::new(&[[0f32, 4.]], &Device::Cpu).unwrap();
+    let a = hc_act(&d, 2).unwrap().to_vec2::<f32>().unwrap();
+    let want = 2.0 / (1.0 + (-2f32).exp());
+    assert!(a[0][0] == 0.0 && (a[0][1] - want).abs() < 1e-6, "{a:?}");
 }
 
 #[test]

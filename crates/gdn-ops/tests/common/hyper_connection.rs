@@ -30,7 +30,8 @@ pub fn seed(i: usize, ty: Ty) -> u64 {
 /// One case's inputs as values rounded to `ty` (the norm weight stays f32, as the model keeps
 /// it): the streams `hs` and a block output `y` in [-4, 4), the injection gate logits `[N, S]`
 /// in [-8, 8), the norm weight `[S, H]` around 1, the up product's logits `[N, S·H]` in
-/// [-6, 6) and normed streams in [-3, 3).
+/// [-6, 6), normed streams in [-3, 3), and a down product's output `[N, R]` (R = H here) in
+/// [-12, 12) for the low-rank activation.
 pub struct Inputs {
     pub hs: Vec<f32>,
     pub y: Vec<f32>,
@@ -38,6 +39,7 @@ pub struct Inputs {
     pub weight: Vec<f32>,
     pub up: Vec<f32>,
     pub normed: Vec<f32>,
+    pub down: Vec<f32>,
 }
 
 pub fn inputs((n, s, h): (usize, usize, usize), ty: Ty, seed: u64) -> Inputs {
@@ -49,6 +51,7 @@ pub fn inputs((n, s, h): (usize, usize, usize), ty: Ty, seed: u64) -> Inputs {
         weight: rng.values(s * h, 0.5, 1.5, Ty::F32),
         up: rng.values(n * s * h, -6.0, 6.0, ty),
         normed: rng.values(n * s * h, -3.0, 3.0, ty),
+        down: rng.values(n * h, -12.0, 12.0, ty),
     }
 }
 

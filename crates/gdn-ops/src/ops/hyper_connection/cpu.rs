@@ -1,7 +1,7 @@
 //! The CPU twin of `kernels/hyper_connection.{metal,cu}`: f32 arithmetic, rounded to the
 //! activation dtype exactly where the kernels store or round.
 
-use super::{InjectInputs, MixInputs};
+use super::{ActInputs, InjectInputs, MixInputs};
 use crate::backend::{f32_values, round_to};
 use anyhow::Result;
 use candle_core::Tensor;
@@ -66,6 +66,21 @@ pub(crate) fn hc_inject_norm(inputs: &InjectInputs) -> Result<(Option<Tensor>, O
         None => None,
     };
     Ok((sum, normed.map(wrap).transpose()?))
+}
+
+pub(crate) fn hc_act(inputs: &ActInputs) -> Result<Tensor> {
+    let streams = inputs.params.streams as f32;
+    let dtype = inputs.d.dtype();
+    let round = |x: f32| round_to(dtype, x);
+    let a: Vec<f32> = f32_values(&inputs.d)?
+        .into_iter()
+        .map(|d| {
+            let t = round(d / streams);
+            round(t / (1.0 + (-t).exp()))
+        })
+        .collect();
+    let len = a.len();
+    Ok(Tensor::from_vec(a, len, inputs.d.device())?.to_dtype(dtype)?)
 }
 
 pub(crate) fn hc_mix(inputs: &MixInputs) -> Result<Tensor> {

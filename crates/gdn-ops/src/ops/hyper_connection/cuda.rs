@@ -1,7 +1,10 @@
 //! CUDA host side of `kernels/hyper_connection.cu`: `hc_inject_norm` one block per stream
 //! row, `hc_mix` one thread per output value.
 
-use super::{row_threads, HcInjectNormParams, HcMixParams, InjectInputs, MixInputs, MIX_THREADS};
+use super::ActInputs;
+use super::{
+    row_threads, HcActParams, HcInjectNormParams, HcMixParams, InjectInputs, MixInputs, MIX_THREADS,
+};
 use super::{MAX_COLS, PER_THREAD};
 use crate::backend::cuda::{
     config, cuda_device, cuda_source, launch, tensor, view_or, with_float_type, Element, Held,
@@ -15,6 +18,7 @@ const SOURCE: KernelSource = cuda_source!("hyper_connection");
 // SAFETY: `repr(C)` of u32s and an f32, as the kernels' structs.
 unsafe impl DeviceRepr for HcInjectNormParams {}
 unsafe impl DeviceRepr for HcMixParams {}
+unsafe impl DeviceRepr for HcActParams {}
 
 pub(crate) fn hc_inject_norm(inputs: &InjectInputs) -> Result<(Option<Tensor>, Option<Tensor>)> {
     const OP: &str = "hc_inject_norm";
@@ -114,4 +118,31 @@ fn run_mix<T: Element>(inputs: &MixInputs, dev: &CudaDevice) -> Result<Tensor> {
         unsafe { launch(args, geometry) }?;
     }
     Ok(tensor(x, dev, (p.tokens as usize, p.cols as usize)))
+}
+
+pub(crate) fn hc_act(inputs: &ActInputs) -> Result<Tensor> {
+    const OP: &str = "hc_act";
+    let dev = cuda_device(&inputs.d, OP)?;
+    with_float_type!(inputs.d.dtype(), OP, |T| run_act::<T>(inputs, &dev))
+}
+
+fn run_act<T: Element>(inputs: &ActInputs, dev: &CudaDevice) -> Result<Tensor> {
+    const OP: &str = "hc_act";
+    let p = inputs.params;
+    let len = p.len as usize;
+    let kernel = Kernel::typed(dev, &SOURCE, "hc_act", &[T::DTYPE], OP)?;
+    // SAFETY: the kernel writes every one of the len values.
+    let a = unsafe { dev.alloc::<T>(len)? };
+    {
+        let d = Held::new(&inputs.d);
+        let d_view = d.view::<T>(OP)?;
+        let mut args = kernel.args();
+        args.arg(&d_view).arg(&a).arg(&p);
+        let blocks = len.div_ceil(MIX_THREADS) as u32;
+        let geometry = config((blocks, 1, 1), (MIX_THREADS as u32, 1, 1), 0);
+        // SAFETY: arguments in the order and types of `hc_act_*` in
+        // kernels/hyper_connection.cu; d and a hold len elements.
+        unsafe { launch(args, geometry) }?;
+    }
+    Ok(tensor(a, dev, len))
 }

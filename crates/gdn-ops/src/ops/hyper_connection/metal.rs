@@ -4,7 +4,7 @@
 //! The geometry here is what `kernels/emu/hyper_connection_harness.cpp` emulates; change both
 //! together.
 
-use super::{row_threads, InjectInputs, MixInputs, MIX_THREADS};
+use super::{row_threads, ActInputs, InjectInputs, MixInputs, MIX_THREADS};
 use crate::backend::kernel_instance;
 use crate::backend::metal::{
     encode, from_start, metal_buffer, metal_buffer_or, metal_device, metal_source, new_output,
@@ -85,4 +85,26 @@ pub(crate) fn hc_mix(inputs: &MixInputs) -> Result<Tensor> {
         0,
     )?;
     Ok(output(&dev, x, (tokens, cols), dtype))
+}
+
+pub(crate) fn hc_act(inputs: &ActInputs) -> Result<Tensor> {
+    const OP: &str = "hc_act";
+    let len = inputs.params.len as usize;
+    let dtype = inputs.d.dtype();
+    let dev = metal_device(&inputs.d, OP)?;
+    let name = kernel_instance("hc_act", &[dtype], OP)?;
+    let pipeline = pipeline(&dev, &SOURCE, &name)?;
+    let a = new_output(&dev, len, dtype, "hc_act_a")?;
+    let d = metal_buffer(&inputs.d, OP)?;
+    let a_out = from_start(&a);
+    encode(
+        &dev,
+        &pipeline,
+        &reads_then_writes(&[&d], &[&a_out]),
+        &inputs.params,
+        size(len.div_ceil(MIX_THREADS), 1, 1),
+        size(MIX_THREADS, 1, 1),
+        0,
+    )?;
+    Ok(output(&dev, a, len, dtype))
 }

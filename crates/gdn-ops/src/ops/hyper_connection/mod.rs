@@ -25,6 +25,11 @@
 //!
 //! It replaces the sigmoid, the product and the mean over streams (4 launches) by one.
 //!
+//! [`hc_act`]: the low-rank mixer's activation on the down product's output `d` `[N, R]`:
+//! - `a = InT(silu(InT(d / S)))`, `silu(t) = t / (1 + e^{-t})`.
+//!
+//! It replaces the scale and the silu (2 launches) by one.
+//!
 //! Kernels: `kernels/hyper_connection.{metal,cu}` (`hc_inject_norm_<t>`: one block per
 //! stream row of [`row_threads`] threads holding [`PER_THREAD`] values each; `hc_mix_<t>`:
 //! [`MIX_THREADS`] threads a block, one output value each); [`cpu`] is the twin both match.
@@ -67,6 +72,14 @@ pub struct HcInjectNormParams {
     pub eps: f32,
 }
 
+/// `HcActParams` of kernels/params/hyper_connection.h, field for field.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct HcActParams {
+    pub len: u32,
+    pub streams: u32,
+}
+
 /// `HcMixParams` of kernels/params/hyper_connection.h, field for field.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -91,6 +104,12 @@ pub(crate) struct MixInputs {
     pub up: Tensor,
     pub normed: Tensor,
     pub params: HcMixParams,
+}
+
+/// The inputs of one [`hc_act`] call after the checks (contiguous).
+pub(crate) struct ActInputs {
+    pub d: Tensor,
+    pub params: HcActParams,
 }
 
 /// Whether the kernels cover `streams` streams of `hidden` in `dtype`; the model keeps the
@@ -239,6 +258,38 @@ pub fn hc_mix(up: &Tensor, normed: &Tensor, streams: usize) -> Result<Tensor> {
         || Ok(mix_traffic(&inputs)),
         || on_device!(device, OP, hc_mix(&inputs)),
     )
+}
+
+/// `silu(d / S)`, shaped and typed as `d` (the down product's output `[N, R]`; see the module
+/// doc).
+pub fn hc_act(d: &Tensor, streams: usize) -> Result<Tensor> {
+    const OP: &str = "hc_act";
+    let dtype = d.dtype();
+    ensure!(
+        matches!(dtype, DType::F32 | DType::F16 | DType::BF16),
+        "{OP}: no kernel for {dtype:?} (f32/f16/bf16)"
+    );
+    ensure!(streams >= 1, "{OP}: no streams");
+    let len = d.elem_count();
+    ensure!(
+        len >= 1 && u32::try_from(len).is_ok() && u32::try_from(streams).is_ok(),
+        "{OP}: {len} values of {streams} streams are outside the kernel (1..=u32::MAX)"
+    );
+    let inputs = ActInputs {
+        d: d.contiguous()?,
+        params: HcActParams {
+            len: len as u32,
+            streams: streams as u32,
+        },
+    };
+    let device = d.device();
+    let a = profile::kernel(
+        OP,
+        device,
+        || Ok(Traffic::new().read_all(&inputs.d).write_all(&inputs.d)),
+        || on_device!(device, OP, hc_act(&inputs)),
+    )?;
+    Ok(a.reshape(d.dims())?)
 }
 
 /// Bytes moved (the decode profile): the streams read, with an injection `y` and the gate

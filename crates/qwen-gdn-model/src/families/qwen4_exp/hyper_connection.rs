@@ -15,7 +15,7 @@ use crate::Config;
 use anyhow::{ensure, Result};
 use candle_core::{DType, Device, Tensor, D};
 use gdn_ops::launches::candle_op;
-use gdn_ops::ops::hyper_connection::{hc_inject_norm, hc_mix};
+use gdn_ops::ops::hyper_connection::{hc_act, hc_inject_norm, hc_mix};
 
 /// RMSNorm applied to each group of `group` features separately, with a zero-centred weight
 /// (`1 + w`): the norm of the hyper-connections and of the per-layer embeddings. Neither the
@@ -202,12 +202,12 @@ impl HyperConnection {
 
     /// The rest of [`Self::forward`] from the normed streams `n` `[T, S·H]` (from
     /// [`Self::normed`] or [`Self::inject_normed`]): the block's input `[T, H]` (the down and
-    /// up products on their kernels, the mixing on `hc_mix`) and, with injection weights, the
+    /// up products on their kernels, the activation between them on `hc_act`, the mixing on
+    /// `hc_mix`) and, with injection weights, the
     /// injection product's gate logits `[T, S]` before their sigmoid, which
     /// [`Self::inject_normed`] applies.
     pub fn mix_normed(&self, n: &Tensor) -> Result<(Tensor, Option<Tensor>)> {
-        let s = self.streams as f64;
-        let a = silu(&candle_op(self.down.forward(n)? / s)?)?;
+        let a = hc_act(&self.down.forward(n)?, self.streams)?;
         let x = hc_mix(&self.up.forward(&a)?, n, self.streams)?;
         let g = self.inject.as_ref().map(|l| l.forward(n)).transpose()?;
         Ok((x, g))
