@@ -5,8 +5,9 @@
 //! hyper-connection (without injection) replaces the final norm. Composed ops: f32 on the CPU
 //! (reference plan), or on the device in the compute dtype (device plan); the indexer's
 //! selection and the n-gram gather run on the host in both. On the device plan a decode step
-//! runs the GDN mixers and MoE blocks on the fused kernels, and the indexer's selection on the
-//! device (nothing read back), when fused decode is on (`fused.rs`).
+//! runs the GDN mixers, MoE blocks and hyper-connections on the fused kernels, and the
+//! indexer's selection on the device (nothing read back), when fused decode is on
+//! (`fused.rs`).
 
 use super::fused;
 use super::hyper_connection::HyperConnection;
