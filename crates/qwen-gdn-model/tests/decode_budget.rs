@@ -554,6 +554,9 @@ fn qwen4_exp_launches_per_component() {
         step(hc_fused, gdn_fused, final_mix),
         budget.total_for(&cfg),
     );
-    assert_eq!(step(hc_fused, gdn_composed, final_mix), budget.total_for(&cfg));
+    assert_eq!(
+        step(hc_fused, gdn_composed, final_mix),
+        budget.total_for(&cfg)
+    );
     assert!(hc_fused * 3 < hc_composed, "{hc_fused} vs {hc_composed}");
 }

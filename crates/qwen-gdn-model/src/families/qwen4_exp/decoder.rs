@@ -457,18 +457,18 @@ impl Qwen4ExpLayer {
         fused: bool,
     ) -> Result<Tensor> {
         Ok(match (&self.mixer, cache) {
-            (Qwen4Mixer::Gdn(m), LayerCache::Gdn(c)) if fused => fused::gdn_mixer(m, &x, c)?,
+            (Qwen4Mixer::Gdn(m), LayerCache::Gdn(c)) if fused => fused::gdn_mixer(m, x, c)?,
             (Qwen4Mixer::Gdn(m), LayerCache::Gdn(c)) => {
                 m.forward(&x.unsqueeze(0)?, c)?.squeeze(0)?
             }
             (Qwen4Mixer::Qsa(q), LayerCache::Attention(c)) if fused => {
-                fused::qsa_mixer(q, &x, c, offset)?
+                fused::qsa_mixer(q, x, c, offset)?
             }
             (Qwen4Mixer::Qsa(q), LayerCache::Attention(c)) => {
                 let (attention, indexer) = (&q.attention, &q.indexer);
                 let keys = state::indexer_mut(c)
                     .ok_or_else(|| anyhow!("cache lacks the QSA indexer state"))?;
-                let visible = indexer.select(&x, keys, offset)?;
+                let visible = indexer.select(x, keys, offset)?;
                 let mask = QsaIndexer::mask(&visible)?
                     .to_device(x.device())?
                     .to_dtype(x.dtype())?;
