@@ -29,6 +29,7 @@
 #include <stdint.h>
 
 #include "params/hyper_connection.h"
+#include "cuda_block_sum.h"
 #include "cuda_convert.h"
 
 namespace hyper_connection {
@@ -46,15 +47,7 @@ __device__ __forceinline__ float rounded(float x) {
 
 __device__ __forceinline__ float sigmoid(float x) { return 1.f / (1.f + expf(-x)); }
 
-// The block's sum of v (every thread returns it), through `warp_sums` (32 floats).
-__device__ __forceinline__ float block_sum(float v, float* warp_sums, uint32_t tid, uint32_t threads) {
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  if (tid % 32 == 0) warp_sums[tid / 32] = v;
-  __syncthreads();
-  float total = 0.f;
-  for (uint32_t w = 0; w < threads / 32; ++w) total += warp_sums[w];
-  return total;
-}
+using cuda_block_sum::block_sum;
 
 // One stream row (token n = row / S, stream s = row % S), with the thread and block indices
 // and the shared scratch as arguments.

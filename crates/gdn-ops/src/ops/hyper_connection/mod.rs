@@ -45,20 +45,13 @@ use crate::profile::{self, tensor_bytes, Traffic};
 use anyhow::{ensure, Result};
 use candle_core::{DType, Tensor};
 
-/// Widest stream the injection/norm kernel takes ([`PER_THREAD`] · 1024).
-pub const MAX_COLS: usize = 8192;
+/// The injection/norm kernel holds a stream row as `add_rms_norm` holds a row: the widest
+/// stream it takes, the values of a row each thread holds (`kPer` in both kernels), and the
+/// threads of a row's block (whole simdgroups, a row's loads in flight together).
+pub use super::add_rms_norm::{row_threads, MAX_COLS, PER_THREAD};
 
-/// Values of a stream row each thread holds (`kPer` in both kernels).
-pub const PER_THREAD: usize = 8;
-
-/// Threads of a block of the mixing kernel, one output value each.
+/// Threads of a block of the elementwise kernels (`hc_act`, `hc_mix`), one value each.
 pub const MIX_THREADS: usize = 256;
-
-/// Threads of a stream row's block in [`hc_inject_norm`]: [`PER_THREAD`] values each, whole
-/// simdgroups (as `add_rms_norm`: a row's loads go out together).
-pub fn row_threads(cols: usize) -> usize {
-    (cols.div_ceil(PER_THREAD).div_ceil(32) * 32).clamp(32, 1024)
-}
 
 /// `HcInjectNormParams` of kernels/params/hyper_connection.h, field for field.
 #[repr(C)]

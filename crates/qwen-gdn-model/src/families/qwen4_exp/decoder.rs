@@ -304,9 +304,8 @@ impl Qwen4ExpDecoder {
             &mut cache.layers,
             tap,
             hs,
-            |i, layer, c, hs, tap| match fused_hc {
-                true => layer.forward_fused_hc(i, &hs, tokens, c, offset, parts(i), tap),
-                false => layer.forward(i, &hs, tokens, c, offset, parts(i), tap),
+            |i, layer, c, hs, tap| {
+                layer.forward(i, &hs, tokens, c, offset, parts(i), fused_hc, tap)
             },
         )?;
         Ok(hs.unsqueeze(0)?)
@@ -326,7 +325,11 @@ impl Qwen4ExpDecoder {
 impl Qwen4ExpLayer {
     /// Runs `tokens` (at positions `offset..`) through layer `i`: streams `hs` `[T, S·H]` in
     /// and out, `cache` advanced, the streams after each part shown to `tap`; the parts
-    /// `fused` names run on the fused kernels (one token only).
+    /// `fused` names run on the fused kernels (one token only), and with `fused_hc` the
+    /// hyper-connections too: the attention hyper-connection's norm (one launch), the
+    /// mixer's injection fused with the MoE hyper-connection's norm (one), the MoE block's
+    /// injection (one), and each hyper-connection's activation and mixing between its
+    /// products (`hc_act`, `hc_mix`).
     #[allow(clippy::too_many_arguments)]
     pub fn forward(
         &self,
@@ -336,52 +339,27 @@ impl Qwen4ExpLayer {
         cache: &mut LayerCache,
         offset: usize,
         fused: LayerCoverage,
+        fused_hc: bool,
         tap: &mut dyn Tap,
     ) -> Result<Tensor> {
         let hs = self.add_per_layer_embedding(hs, tokens, cache)?;
         if self.ple.is_some() {
             tap.part(Part::PerLayerEmbedding { layer: i }, &hs, &hs)?;
         }
-        let hs = self.mixer_residual(&hs, cache, offset, fused.mixer)?;
-        let attention = matches!(self.mixer, Qwen4Mixer::Qsa(_));
-        tap.part(
-            Part::Mixer {
-                layer: i,
-                attention,
-            },
-            &hs,
-            &hs,
-        )?;
-        let hs = self.feed_forward_residual(&hs, fused.feed_forward)?;
-        tap.part(
-            Part::FeedForward {
-                layer: i,
-                moe: true,
-            },
-            &hs,
-            &hs,
-        )?;
-        Ok(hs)
-    }
-
-    /// [`Self::forward`] for one token with the hyper-connections on the fused kernels: the
-    /// attention hyper-connection's norm (one launch), the mixer's injection fused with the
-    /// MoE hyper-connection's norm (one), the MoE block's injection (one), and each
-    /// hyper-connection's mixing on `hc_mix` between its products.
-    #[allow(clippy::too_many_arguments)]
-    pub fn forward_fused_hc(
-        &self,
-        i: usize,
-        hs: &Tensor,
-        tokens: &[u32],
-        cache: &mut LayerCache,
-        offset: usize,
-        fused: LayerCoverage,
-        tap: &mut dyn Tap,
-    ) -> Result<Tensor> {
-        let hs = self.add_per_layer_embedding(hs, tokens, cache)?;
-        if self.ple.is_some() {
-            tap.part(Part::PerLayerEmbedding { layer: i }, &hs, &hs)?;
+        let mixer = Part::Mixer {
+            layer: i,
+            attention: matches!(self.mixer, Qwen4Mixer::Qsa(_)),
+        };
+        let feed_forward = Part::FeedForward {
+            layer: i,
+            moe: true,
+        };
+        if !fused_hc {
+            let hs = self.mixer_residual(&hs, cache, offset, fused.mixer)?;
+            tap.part(mixer, &hs, &hs)?;
+            let hs = self.feed_forward_residual(&hs, fused.feed_forward)?;
+            tap.part(feed_forward, &hs, &hs)?;
+            return Ok(hs);
         }
         let n = self.attn_hc.normed(&hs)?;
         let (x, g) = self.attn_hc.mix_normed(&n)?;
@@ -389,27 +367,12 @@ impl Qwen4ExpLayer {
         let y = self.mixer_output(&x, cache, offset, fused.mixer)?;
         let (hs, n) = HyperConnection::inject_normed(&hs, &y, &g, Some(&self.mlp_hc))?;
         let n = n.ok_or_else(|| anyhow!("hc_inject_norm returned no normed streams"))?;
-        let attention = matches!(self.mixer, Qwen4Mixer::Qsa(_));
-        tap.part(
-            Part::Mixer {
-                layer: i,
-                attention,
-            },
-            &hs,
-            &hs,
-        )?;
+        tap.part(mixer, &hs, &hs)?;
         let (x, g) = self.mlp_hc.mix_normed(&n)?;
         let g = g.ok_or_else(|| anyhow!("MoE hyper-connection without injection"))?;
         let y = self.moe_output(&x, fused.feed_forward)?;
         let (hs, _) = HyperConnection::inject_normed(&hs, &y, &g, None)?;
-        tap.part(
-            Part::FeedForward {
-                layer: i,
-                moe: true,
-            },
-            &hs,
-            &hs,
-        )?;
+        tap.part(feed_forward, &hs, &hs)?;
         Ok(hs)
     }
 

@@ -5,7 +5,7 @@
 //! selection on the device (`qsa_indexer/device.rs`: no read-back, where the composed step
 //! reads the projection back to select on the host). The hyper-connections' norm, injection
 //! and mixing run on the `hyper_connection` kernels (`HyperConnection::{normed, mix_normed,
-//! inject_normed}`, called by `Qwen4ExpLayer::forward_fused_hc`). What stays composed in the
+//! inject_normed}`, called by `Qwen4ExpLayer::forward` with `fused_hc`). What stays composed in the
 //! step, and why: the PLE gather and conv (no kernels for them yet; one PLE layer in the
 //! release), and the QSA attention past the budget, under the selection's mask
 //! (`attn_decode` takes no block list; inside the budget it runs on the fused kernels).
