@@ -64,9 +64,9 @@ fn run_inject_norm<T: Element>(
         // Never read without an injection (has_inject = 0).
         let y_view = view_or::<T>(&y, &hs, OP)?;
         let g_view = view_or::<T>(&g, &hs, OP)?;
+        let w_view = w.as_ref().map(|w| w.view::<f32>(OP)).transpose()?;
         let mut args = kernel.args();
         args.arg(&hs_view).arg(&y_view).arg(&g_view);
-        let w_view = w.as_ref().map(|w| w.view::<f32>(OP)).transpose()?;
         match (&w_view, &no_weight) {
             (Some(v), _) => args.arg(v),
             (None, Some(z)) => args.arg(z),
