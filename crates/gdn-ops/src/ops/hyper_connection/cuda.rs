@@ -1,11 +1,8 @@
 //! CUDA host side of `kernels/hyper_connection.cu`: `hc_inject_norm` one block per stream
-//! row, `hc_mix` one thread per output value.
+//! row, `hc_act` and `hc_mix` one thread per output value.
 
-use super::ActInputs;
-use super::{
-    row_threads, HcActParams, HcInjectNormParams, HcMixParams, InjectInputs, MixInputs, MIX_THREADS,
-};
-use super::{MAX_COLS, PER_THREAD};
+use super::{row_threads, ActInputs, InjectInputs, MixInputs, MAX_COLS, MIX_THREADS, PER_THREAD};
+use super::{HcActParams, HcInjectNormParams, HcMixParams};
 use crate::backend::cuda::{
     config, cuda_device, cuda_source, launch, tensor, view_or, with_float_type, Element, Held,
     Kernel, KernelSource,

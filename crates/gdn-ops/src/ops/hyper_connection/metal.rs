@@ -1,5 +1,5 @@
 //! Metal host side of `kernels/hyper_connection.metal`: `hc_inject_norm` one threadgroup per
-//! stream row, `hc_mix` one thread per output value.
+//! stream row, `hc_act` and `hc_mix` one thread per output value.
 //!
 //! The geometry here is what `kernels/emu/hyper_connection_harness.cpp` emulates; change both
 //! together.
