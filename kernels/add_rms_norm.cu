@@ -22,6 +22,7 @@
 #include <stdint.h>
 
 #include "params/add_rms_norm.h"
+#include "cuda_block_sum.h"
 #include "cuda_convert.h"
 
 namespace add_rms_norm {
@@ -32,15 +33,7 @@ using cuda_convert::to_f32;
 // Columns per thread, held in registers (ADD_RMS_NORM_PER on the host).
 constexpr uint32_t kPer = 8;
 
-// The block's sum of v (every thread returns it), through `warp_sums` (32 floats).
-__device__ __forceinline__ float block_sum(float v, float* warp_sums, uint32_t tid, uint32_t threads) {
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  if (tid % 32 == 0) warp_sums[tid / 32] = v;
-  __syncthreads();
-  float total = 0.f;
-  for (uint32_t w = 0; w < threads / 32; ++w) total += warp_sums[w];
-  return total;
-}
+using cuda_block_sum::block_sum;
 
 // The body, with the thread and block indices and the shared scratch as arguments.
 template <typename T>

@@ -153,13 +153,16 @@ fn qwen4_exp_launches_per_layer_kind_add_up() {
 }
 
 /// qwen4_exp's decode step, fused against composed, on the 4-bit fixture (bf16). There every
-/// MoE block runs fused, no GDN mixer does (its head dims of 16 are outside the kernels'
-/// coverage) and the QSA mixer selects on the device (and attends on the fused kernels
-/// inside the budget), so each GDN layer saves the same
-/// launches (its MoE block's, composed minus fused) and the step saves the sum over the
-/// layers; the kinds still add up. The counts projected to the release config are printed.
+/// MoE block and every hyper-connection runs fused, no GDN mixer does (its head dims of 16
+/// are outside the kernels' coverage) and the QSA mixer selects on the device (and attends on
+/// the fused kernels inside the budget), so each GDN layer saves the same launches (its MoE
+/// block's and its two hyper-connections', composed minus fused), the final mixer its own,
+/// and the step the sum; the kinds still add up. The step's budget at the release config:
+/// at most 2,232 launches fused (4,019 before the hyper-connection kernels; the composed
+/// step's 4,931 unchanged), as the fixture measures it (GDN mixers composed; fused, as the
+/// release's widths run them, 1,296: `qwen4_exp_launches_per_component`).
 #[test]
-fn qwen4_exp_fused_decode_saves_each_moe_blocks_launches() {
+fn qwen4_exp_fused_decode_saves_each_moe_blocks_and_hyper_connections_launches() {
     use qwen_gdn_model::model::LaunchBudget;
     let count = |fused: bool| {
         let mut model = load_with("qwen4-exp-tiny-4bit", &device_plan(DType::BF16));
@@ -202,25 +205,28 @@ fn qwen4_exp_fused_decode_saves_each_moe_blocks_launches() {
         gdn_saved[0] > 0 && gdn_saved.iter().all(|&s| s == gdn_saved[0]),
         "{saved:?}"
     );
+    // The final mixer: 16 composed launches, 5 fused (norm, 2 products, `hc_act`, `hc_mix`).
+    assert_eq!(composed.0.outside - fused.0.outside, 11);
     assert_eq!(
         fused.2 as isize,
-        composed.2 as isize - saved.iter().sum::<isize>()
+        composed.2 as isize - saved.iter().sum::<isize>() - 11
     );
-    assert_eq!(fused.0.outside, composed.0.outside);
     let path = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("../../tests/data/configs/qwen3.8-flash-next-release-4bit.json");
     let cfg = Config::from_json_str(&std::fs::read_to_string(&path).unwrap(), "release").unwrap();
     eprintln!(
         "qwen4_exp decode, fixture: {} launches fused, {} composed ({} saved per GDN layer, \
-         per layer {saved:?}); release config: {} fused, {} composed (MoE blocks, QSA \
-         selection and attention fused; the fixture's GDN widths are outside the kernels; \
-         measured at position 5, inside the QSA budget)",
+         per layer {saved:?}); release config: {} fused, {} composed (MoE blocks, \
+         hyper-connections, QSA selection and attention fused; the fixture's GDN widths are \
+         outside the kernels; measured at position 5, inside the QSA budget)",
         fused.2,
         composed.2,
         gdn_saved[0],
         fused.0.total_for(&cfg),
         composed.0.total_for(&cfg)
     );
+    assert!(fused.0.total_for(&cfg) <= 2_232, "{:?}", fused.0);
+    assert_eq!(composed.0.total_for(&cfg), 4_931, "{:?}", composed.0);
 }
 
 /// The QSA layer's decode launches past the indexer's budget (the fixture's is 8 tokens, 2
@@ -405,4 +411,152 @@ fn qwen3_8_release_shapes_are_inside_the_fused_kernels() {
             dtype
         ));
     }
+}
+
+/// Where qwen4_exp's decode launches go, per component, on the device plan (bf16): the
+/// hyper-connections composed (norm, products, gates, mixing, injection: the reference) and
+/// fused (`hc_inject_norm`, `hc_mix` between the products), the PLE block, the mixers and the
+/// MoE block, each counted around its own call on one token of the 4-bit fixture. The
+/// fixture's GDN widths are outside the fused GDN kernels, so the fused GDN mixer is counted
+/// on Qwen3-Next's fixture (the same `decode_fused`). The parts add up to the fixture's
+/// measured layers, and the table scaled to the release config's layers is printed
+/// (docs/perf-notes-gpu.md keeps it). Fails when a part's count changes unnoticed.
+#[test]
+fn qwen4_exp_launches_per_component() {
+    use candle_core::Tensor;
+    use qwen_gdn_model::cache::LayerCache;
+    use qwen_gdn_model::families::hybrid::Mixer;
+    use qwen_gdn_model::families::qwen4_exp::hyper_connection::HyperConnection;
+    use qwen_gdn_model::families::qwen4_exp::{fused, Qwen4Mixer};
+    use qwen_gdn_model::model::LaunchBudget;
+    let count = |f: &mut dyn FnMut()| {
+        gdn_ops::launches::take();
+        f();
+        gdn_ops::launches::take()
+    };
+    let model = load_with("qwen4-exp-tiny-4bit", &device_plan(DType::BF16));
+    let decoder = model.qwen4_exp().unwrap();
+    assert!(decoder.fused_hyper_connections());
+    let budget = LaunchBudget::measure(&model).unwrap();
+    let mut cache = model.new_cache();
+    model.prefill(&[1, 2, 3, 4, 5], &mut cache, 16).unwrap();
+    let h = model.config().hidden_size;
+    let random = |cols: usize| {
+        Tensor::randn(0f32, 1.0, (1, cols), &candle_core::Device::Cpu)
+            .unwrap()
+            .to_dtype(DType::BF16)
+            .unwrap()
+    };
+    let (hs, y) = (random(decoder.streams * h), random(h));
+    let hc = &decoder.layers[0].attn_hc;
+    // Composed: the mixing (its grouped norm counted apart) and the injection.
+    let hc_norm = count(&mut || drop(hc.norm.forward(&hs).unwrap()));
+    let hc_mix = count(&mut || drop(hc.forward(&hs).unwrap()));
+    let (_, w) = hc.forward(&hs).unwrap();
+    let hc_inject = count(&mut || drop(HyperConnection::inject(&hs, &y, w.as_ref().unwrap())));
+    // Fused: the norm alone, the mixing from the normed streams, the injection with (or
+    // without) the next norm.
+    let f_norm = count(&mut || drop(hc.normed(&hs).unwrap()));
+    let n = hc.normed(&hs).unwrap();
+    let f_mix = count(&mut || drop(hc.mix_normed(&n).unwrap()));
+    let (_, g) = hc.mix_normed(&n).unwrap();
+    let g = g.unwrap();
+    let f_inject = count(&mut || {
+        HyperConnection::inject_normed(&hs, &y, &g, Some(hc)).unwrap();
+    });
+    let f_inject_alone = count(&mut || {
+        HyperConnection::inject_normed(&hs, &y, &g, None).unwrap();
+    });
+    assert_eq!((f_norm, f_inject, f_inject_alone), (1, 1, 1));
+    let hc_fused = f_norm + 2 * f_mix + f_inject + f_inject_alone;
+    let hc_composed = 2 * (hc_mix + hc_inject);
+    // The mixers and the MoE block of the fixture, as a decode step runs them.
+    let (mut gdn, mut qsa, mut moe) = (None, None, None);
+    for (i, layer) in decoder.layers.iter().enumerate() {
+        let c = &mut cache.layers[i];
+        match (&layer.mixer, c) {
+            (Qwen4Mixer::Gdn(m), LayerCache::Gdn(c)) if gdn.is_none() && layer.ple.is_none() => {
+                gdn = Some(count(&mut || {
+                    m.forward(&y.unsqueeze(0).unwrap(), c).unwrap();
+                }))
+            }
+            (Qwen4Mixer::Qsa(q), LayerCache::Attention(c)) if qsa.is_none() => {
+                qsa = Some(count(&mut || drop(fused::qsa_mixer(q, &y, c, 5).unwrap())))
+            }
+            _ => {}
+        }
+        moe.get_or_insert_with(|| count(&mut || drop(fused::moe_block(&layer.moe, &y).unwrap())));
+    }
+    let (gdn_composed, qsa, moe) = (gdn.unwrap(), qsa.unwrap(), moe.unwrap());
+    // The fixture's layers are these parts.
+    assert_eq!(
+        budget.gdn_layer,
+        hc_fused + gdn_composed + moe,
+        "{budget:?}"
+    );
+    assert_eq!(budget.attention_layer, hc_fused + qsa + moe, "{budget:?}");
+    // The fused GDN mixer, on Qwen3-Next's fixture (inside the GDN kernels).
+    let next = load_with("qwen3-next-tiny-4bit", &device_plan(DType::BF16));
+    let mut next_cache = next.new_cache();
+    next.prefill(&[1, 2, 3, 4, 5], &mut next_cache, 16).unwrap();
+    let (i, m) = (next.layers().iter().enumerate())
+        .find_map(|(i, l)| match &l.mixer {
+            Mixer::Gdn(m) => Some((i, m)),
+            _ => None,
+        })
+        .unwrap();
+    let LayerCache::Gdn(c) = &mut next_cache.layers[i] else {
+        panic!("layer {i} has no GDN cache")
+    };
+    let x = random(next.config().hidden_size);
+    let gdn_fused = count(&mut || drop(fused::gdn_mixer(m, &x, c).unwrap()));
+    let final_mix = count(&mut || drop(decoder.final_mix(&hs).unwrap()));
+    let final_composed = count(&mut || drop(decoder.final_mixer.forward(&hs).unwrap()));
+    let release = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../tests/data/configs/qwen3.8-flash-next-release-4bit.json");
+    let cfg =
+        Config::from_json_str(&std::fs::read_to_string(&release).unwrap(), "release").unwrap();
+    let layers = cfg.num_hidden_layers;
+    let (gdn_layers, qsa_layers) = LaunchBudget::layers_of(&cfg);
+    let ple_layers = qwen_gdn_model::model::ple_layers(&cfg).len();
+    let outside = budget.outside - final_mix;
+    let step = |hc: usize, gdn: usize, final_mix: usize| {
+        outside
+            + final_mix
+            + layers * (hc + moe)
+            + gdn_layers * gdn
+            + qsa_layers * qsa
+            + ple_layers * budget.ple
+    };
+    eprintln!(
+        "qwen4_exp decode launches per component (bf16; per call, then x the release's \
+         {layers} layers: {gdn_layers} GDN, {qsa_layers} QSA, {ple_layers} PLE):\n\
+         HC per layer composed {hc_composed} (2 x (mixing {hc_mix}, of it norm {hc_norm}, + \
+         injection {hc_inject})) -> release {}\n\
+         HC per layer fused {hc_fused} (norm {f_norm}, 2 x mixing {f_mix}, injection+norm \
+         {f_inject}, injection {f_inject_alone}) -> release {}\n\
+         final mix composed {final_composed}, fused {final_mix}; outside the layers \
+         otherwise {outside}\n\
+         PLE block {} -> release {}\n\
+         GDN mixer fused {gdn_fused} (composed at the fixture's widths {gdn_composed}) -> \
+         release {}\nQSA mixer (inside the budget) {qsa} -> release {}\nMoE block {moe} -> \
+         release {}\n\
+         step at the release config, GDN fused: HC composed {}, HC fused {}; as the fixture \
+         measures it (GDN composed): {}",
+        layers * hc_composed,
+        layers * hc_fused,
+        budget.ple,
+        ple_layers * budget.ple,
+        gdn_layers * gdn_fused,
+        qsa_layers * qsa,
+        layers * moe,
+        step(hc_composed, gdn_fused, final_composed),
+        step(hc_fused, gdn_fused, final_mix),
+        budget.total_for(&cfg),
+    );
+    assert_eq!(
+        step(hc_fused, gdn_composed, final_mix),
+        budget.total_for(&cfg)
+    );
+    assert!(hc_fused * 3 < hc_composed, "{hc_fused} vs {hc_composed}");
 }

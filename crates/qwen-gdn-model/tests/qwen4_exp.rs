@@ -408,15 +408,19 @@ fn device_plan_f32_matches_transformers(name: &str) {
     );
 }
 
-/// The fused decode step (GDN mixers and MoE blocks on the fused kernels' CPU twins) against
-/// the composed step it replaces, in f32: token by token from an empty cache and after a
-/// prefill, logits within 1e-4 of max|logit| with every argmax, and the same greedy tokens.
-/// Every MoE block where the experts are stacked is covered (all of the quantized fixture's),
-/// so the kernels are what is compared there.
+/// The fused decode step (GDN mixers, MoE blocks and every hyper-connection with the final
+/// mixer on the fused kernels' CPU twins) against the composed step it replaces, in f32:
+/// token by token from an empty cache and after a prefill, logits within 1e-4 of max|logit|
+/// with every argmax, and the same greedy tokens. Every MoE block where the experts are
+/// stacked is covered (all of the quantized fixture's), so the kernels are what is compared
+/// there. Each hyper-connection's fused parts (norm, mixing, injection with the next norm)
+/// are also compared with its composed forward and injection on the fixture's own weights.
 fn fused_decode_matches_composed(name: &str) {
     let mut model = common::load_device_plan(name, candle_core::DType::F32);
     assert!(model.fused_decode());
     let decoder = model.qwen4_exp().unwrap();
+    assert!(decoder.fused_hyper_connections(), "{name}");
+    hyper_connections_fused_match_composed(name, decoder);
     let coverage = model.fused_coverage_per_layer();
     assert_eq!(coverage.len(), decoder.layers.len());
     for (i, (layer, c)) in decoder.layers.iter().zip(coverage).enumerate() {
@@ -481,6 +485,7 @@ fn fused_decode_matches_composed(name: &str) {
     let fused = run(&model);
     model.set_fused_decode(false);
     assert!(!model.fused_decode());
+    assert!(!model.qwen4_exp().unwrap().fused_hyper_connections());
     let composed = run(&model);
     eprintln!(
         "{name}: read-backs over {} decode steps: {} fused, {} composed",
@@ -507,6 +512,62 @@ fn fused_decode_matches_composed(name: &str) {
         assert_eq!(argmax_rows(f), argmax_rows(c), "{name}: {what}");
     }
     assert_eq!(fused.2, composed.2, "{name}: greedy tokens");
+}
+
+/// Every hyper-connection of `decoder` (and the final mixer) on random streams, fused
+/// (`normed`, `mix_normed`, `inject_normed`: the `hyper_connection` kernels' CPU twins between
+/// the products) against composed (`forward`, `inject`), in the decoder's dtype (f32): the
+/// block input, the injected streams and the next norm within 1e-5 of their max.
+fn hyper_connections_fused_match_composed(
+    name: &str,
+    decoder: &qwen_gdn_model::families::qwen4_exp::Qwen4ExpDecoder,
+) {
+    use qwen_gdn_model::families::qwen4_exp::hyper_connection::HyperConnection;
+    let hc0 = &decoder.layers[0].attn_hc;
+    let (s, h) = (hc0.streams, hc0.hidden);
+    let dev = hc0.norm.weight.device().clone();
+    let hs = candle_core::Tensor::randn(0f32, 1.0, (1, s * h), &dev).unwrap();
+    let y = candle_core::Tensor::randn(0f32, 2.0, (1, h), &dev).unwrap();
+    let hcs = decoder
+        .layers
+        .iter()
+        .flat_map(|l| [&l.attn_hc, &l.mlp_hc])
+        .chain([&decoder.final_mixer]);
+    let nexts = decoder
+        .layers
+        .iter()
+        .flat_map(|l| [&l.attn_hc, &l.mlp_hc])
+        .skip(1)
+        .chain([&decoder.final_mixer]);
+    for (k, (hc, next)) in hcs.zip(nexts.map(Some).chain([None])).enumerate() {
+        let (want_x, want_w) = hc.forward(&hs).unwrap();
+        let n = hc.normed(&hs).unwrap();
+        let (x, g) = hc.mix_normed(&n).unwrap();
+        let d = rel_max_diff(&x, &want_x);
+        assert!(
+            d <= 1e-5,
+            "{name}: hyper-connection {k}: mixing off by {d:e}"
+        );
+        let (Some(w), Some(g)) = (want_w, g) else {
+            assert!(hc.inject.is_none(), "{name}: hyper-connection {k}: no gate");
+            continue;
+        };
+        let want = HyperConnection::inject(&hs, &y, &w).unwrap();
+        let (sum, normed) = HyperConnection::inject_normed(&hs, &y, &g, next).unwrap();
+        let d = rel_max_diff(&sum, &want);
+        assert!(
+            d <= 1e-5,
+            "{name}: hyper-connection {k}: injection off by {d:e}"
+        );
+        if let (Some(next), Some(normed)) = (next, normed) {
+            let want = next.norm.forward(&want).unwrap();
+            let d = rel_max_diff(&normed, &want);
+            assert!(
+                d <= 1e-5,
+                "{name}: hyper-connection {k}: next norm off by {d:e}"
+            );
+        }
+    }
 }
 
 /// The device plan in bf16 activations: within the KL gate the other families' fixtures

@@ -16,6 +16,7 @@ pub mod gated_rms_norm;
 pub mod gdn_conv_prep;
 pub mod gdn_conv_prep_slots;
 pub mod greedy_pick;
+pub mod hyper_connection;
 pub mod moe_combine;
 pub mod moe_route;
 

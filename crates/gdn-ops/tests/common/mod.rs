@@ -38,6 +38,7 @@ pub mod gdn_conv_prep;
 pub mod gpu;
 pub mod greedy_pick;
 pub mod harness_input;
+pub mod hyper_connection;
 pub mod moe_combine;
 pub mod moe_route;
 pub mod parallel;

@@ -5,8 +5,9 @@
 //! hyper-connection (without injection) replaces the final norm. Composed ops: f32 on the CPU
 //! (reference plan), or on the device in the compute dtype (device plan); the indexer's
 //! selection and the n-gram gather run on the host in both. On the device plan a decode step
-//! runs the GDN mixers and MoE blocks on the fused kernels, and the indexer's selection on the
-//! device (nothing read back), when fused decode is on (`fused.rs`).
+//! runs the GDN mixers, MoE blocks and hyper-connections on the fused kernels, and the
+//! indexer's selection on the device (nothing read back), when fused decode is on
+//! (`fused.rs`).
 
 use super::fused;
 use super::hyper_connection::HyperConnection;
@@ -83,6 +84,10 @@ pub struct Qwen4ExpDecoder {
     /// Per layer, the parts a decode step runs on the fused kernels (`fused.rs`); empty when
     /// fused decode is off, and every step runs the composed ops.
     fused: Vec<LayerCoverage>,
+    /// Whether a decode step runs every hyper-connection (and the final mixer) on the fused
+    /// kernels (`hyper_connection` in gdn-ops): fused decode on, and the streams inside
+    /// the kernels' coverage.
+    fused_hc: bool,
 }
 
 impl Qwen4ExpLayer {
@@ -163,6 +168,7 @@ impl Qwen4ExpDecoder {
             },
             streams: q.hc_count,
             fused: Vec::new(),
+            fused_hc: false,
         })
     }
 
@@ -183,6 +189,7 @@ impl Qwen4ExpDecoder {
             final_mixer: self.final_mixer.into_device(device, dtype)?,
             streams: self.streams,
             fused: Vec::new(),
+            fused_hc: false,
         })
     }
 
@@ -211,6 +218,12 @@ impl Qwen4ExpDecoder {
     /// Runs decode steps' GDN mixers and MoE blocks on the fused kernels where they cover
     /// the layer in `dtype` (device plan; the caller checks), or everything composed.
     pub fn set_fused_decode(&mut self, on: bool, dtype: DType) {
+        self.fused_hc = on
+            && self.final_mixer.fused_supported(dtype)
+            && self
+                .layers
+                .iter()
+                .all(|l| l.attn_hc.fused_supported(dtype) && l.mlp_hc.fused_supported(dtype));
         self.fused = if on {
             self.layers
                 .iter()
@@ -223,6 +236,11 @@ impl Qwen4ExpDecoder {
 
     pub fn fused_decode(&self) -> bool {
         !self.fused.is_empty()
+    }
+
+    /// Whether a decode step runs the hyper-connections on the fused kernels.
+    pub fn fused_hyper_connections(&self) -> bool {
+        self.fused_hc
     }
 
     /// Per layer, what a decode step runs fused (empty when fused decode is off).
@@ -280,18 +298,26 @@ impl Qwen4ExpDecoder {
             1 => self.fused.get(i).copied().unwrap_or(none),
             _ => none,
         };
+        let fused_hc = self.fused_hc && tokens.len() == 1;
         let hs = each_layer(
             &self.layers,
             &mut cache.layers,
             tap,
             hs,
-            |i, layer, c, hs, tap| layer.forward(i, &hs, tokens, c, offset, parts(i), tap),
+            |i, layer, c, hs, tap| {
+                layer.forward(i, &hs, tokens, c, offset, parts(i), fused_hc, tap)
+            },
         )?;
         Ok(hs.unsqueeze(0)?)
     }
 
-    /// The final mixer: streams `[T, S·H]` → the lm_head input `[T, H]`.
+    /// The final mixer: streams `[T, S·H]` → the lm_head input `[T, H]`; one token's on the
+    /// fused kernels when the decode step's hyper-connections are.
     pub fn final_mix(&self, hs: &Tensor) -> Result<Tensor> {
+        if self.fused_hc && hs.dim(0)? == 1 {
+            let n = self.final_mixer.normed(hs)?;
+            return Ok(self.final_mixer.mix_normed(&n)?.0);
+        }
         Ok(self.final_mixer.forward(hs)?.0)
     }
 }
@@ -299,7 +325,11 @@ impl Qwen4ExpDecoder {
 impl Qwen4ExpLayer {
     /// Runs `tokens` (at positions `offset..`) through layer `i`: streams `hs` `[T, S·H]` in
     /// and out, `cache` advanced, the streams after each part shown to `tap`; the parts
-    /// `fused` names run on the fused kernels (one token only).
+    /// `fused` names run on the fused kernels (one token only), and with `fused_hc` the
+    /// hyper-connections too: the attention hyper-connection's norm (one launch), the
+    /// mixer's injection fused with the MoE hyper-connection's norm (one), the MoE block's
+    /// injection (one), and each hyper-connection's activation and mixing between its
+    /// products (`hc_act`, `hc_mix`).
     #[allow(clippy::too_many_arguments)]
     pub fn forward(
         &self,
@@ -309,31 +339,40 @@ impl Qwen4ExpLayer {
         cache: &mut LayerCache,
         offset: usize,
         fused: LayerCoverage,
+        fused_hc: bool,
         tap: &mut dyn Tap,
     ) -> Result<Tensor> {
         let hs = self.add_per_layer_embedding(hs, tokens, cache)?;
         if self.ple.is_some() {
             tap.part(Part::PerLayerEmbedding { layer: i }, &hs, &hs)?;
         }
-        let hs = self.mixer_residual(&hs, cache, offset, fused.mixer)?;
-        let attention = matches!(self.mixer, Qwen4Mixer::Qsa(_));
-        tap.part(
-            Part::Mixer {
-                layer: i,
-                attention,
-            },
-            &hs,
-            &hs,
-        )?;
-        let hs = self.feed_forward_residual(&hs, fused.feed_forward)?;
-        tap.part(
-            Part::FeedForward {
-                layer: i,
-                moe: true,
-            },
-            &hs,
-            &hs,
-        )?;
+        let mixer = Part::Mixer {
+            layer: i,
+            attention: matches!(self.mixer, Qwen4Mixer::Qsa(_)),
+        };
+        let feed_forward = Part::FeedForward {
+            layer: i,
+            moe: true,
+        };
+        if !fused_hc {
+            let hs = self.mixer_residual(&hs, cache, offset, fused.mixer)?;
+            tap.part(mixer, &hs, &hs)?;
+            let hs = self.feed_forward_residual(&hs, fused.feed_forward)?;
+            tap.part(feed_forward, &hs, &hs)?;
+            return Ok(hs);
+        }
+        let n = self.attn_hc.normed(&hs)?;
+        let (x, g) = self.attn_hc.mix_normed(&n)?;
+        let g = g.ok_or_else(|| anyhow!("attention hyper-connection without injection"))?;
+        let y = self.mixer_output(&x, cache, offset, fused.mixer)?;
+        let (hs, n) = HyperConnection::inject_normed(&hs, &y, &g, Some(&self.mlp_hc))?;
+        let n = n.ok_or_else(|| anyhow!("hc_inject_norm returned no normed streams"))?;
+        tap.part(mixer, &hs, &hs)?;
+        let (x, g) = self.mlp_hc.mix_normed(&n)?;
+        let g = g.ok_or_else(|| anyhow!("MoE hyper-connection without injection"))?;
+        let y = self.moe_output(&x, fused.feed_forward)?;
+        let (hs, _) = HyperConnection::inject_normed(&hs, &y, &g, None)?;
+        tap.part(feed_forward, &hs, &hs)?;
         Ok(hs)
     }
 
@@ -367,19 +406,32 @@ impl Qwen4ExpLayer {
     ) -> Result<Tensor> {
         let (x, w) = self.attn_hc.forward(hs)?;
         let w = w.ok_or_else(|| anyhow!("attention hyper-connection without injection"))?;
-        let y = match (&self.mixer, cache) {
-            (Qwen4Mixer::Gdn(m), LayerCache::Gdn(c)) if fused => fused::gdn_mixer(m, &x, c)?,
+        let y = self.mixer_output(&x, cache, offset, fused)?;
+        HyperConnection::inject(hs, &y, &w)
+    }
+
+    /// The mixer (GDN or QSA) on its input `x` `[T, H]`, on the fused kernels where `fused`
+    /// says (one token): its output `[T, H]`; advances the mixer's cache.
+    fn mixer_output(
+        &self,
+        x: &Tensor,
+        cache: &mut LayerCache,
+        offset: usize,
+        fused: bool,
+    ) -> Result<Tensor> {
+        Ok(match (&self.mixer, cache) {
+            (Qwen4Mixer::Gdn(m), LayerCache::Gdn(c)) if fused => fused::gdn_mixer(m, x, c)?,
             (Qwen4Mixer::Gdn(m), LayerCache::Gdn(c)) => {
                 m.forward(&x.unsqueeze(0)?, c)?.squeeze(0)?
             }
             (Qwen4Mixer::Qsa(q), LayerCache::Attention(c)) if fused => {
-                fused::qsa_mixer(q, &x, c, offset)?
+                fused::qsa_mixer(q, x, c, offset)?
             }
             (Qwen4Mixer::Qsa(q), LayerCache::Attention(c)) => {
                 let (attention, indexer) = (&q.attention, &q.indexer);
                 let keys = state::indexer_mut(c)
                     .ok_or_else(|| anyhow!("cache lacks the QSA indexer state"))?;
-                let visible = indexer.select(&x, keys, offset)?;
+                let visible = indexer.select(x, keys, offset)?;
                 let mask = QsaIndexer::mask(&visible)?
                     .to_device(x.device())?
                     .to_dtype(x.dtype())?;
@@ -388,19 +440,24 @@ impl Qwen4ExpLayer {
                     .squeeze(0)?
             }
             _ => bail!("cache does not belong to this model"),
-        };
-        HyperConnection::inject(hs, &y, &w)
+        })
     }
 
     /// The MoE hyper-connection, the MoE block and its injection into the streams.
     pub fn feed_forward_residual(&self, hs: &Tensor, fused: bool) -> Result<Tensor> {
         let (x, w) = self.mlp_hc.forward(hs)?;
         let w = w.ok_or_else(|| anyhow!("MoE hyper-connection without injection"))?;
-        let y = if fused {
-            fused::moe_block(&self.moe, &x)?
-        } else {
-            self.moe.forward(&x.unsqueeze(0)?)?.squeeze(0)?
-        };
+        let y = self.moe_output(&x, fused)?;
         HyperConnection::inject(hs, &y, &w)
+    }
+
+    /// The MoE block on its input `x` `[T, H]`, on the fused kernels when `fused` (one
+    /// token): its output `[T, H]`, without a residual.
+    fn moe_output(&self, x: &Tensor, fused: bool) -> Result<Tensor> {
+        if fused {
+            fused::moe_block(&self.moe, x)
+        } else {
+            Ok(self.moe.forward(&x.unsqueeze(0)?)?.squeeze(0)?)
+        }
     }
 }

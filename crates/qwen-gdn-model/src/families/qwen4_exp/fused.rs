@@ -3,9 +3,11 @@
 //! output gate) and the MoE block (router, `moe_route`, the gathered gate/up SwiGLU and down
 //! products, and their weighted sum by `moe_combine`), and the QSA mixer with its indexer's
 //! selection on the device (`qsa_indexer/device.rs`: no read-back, where the composed step
-//! reads the projection back to select on the host). What stays composed in the step, and
-//! why: the hyper-connection mixing and injection, the PLE gather and conv (no kernels for
-//! them yet), and the QSA attention past the budget, under the selection's mask
+//! reads the projection back to select on the host). The hyper-connections' norm, injection
+//! and mixing run on the `hyper_connection` kernels (`HyperConnection::{normed, mix_normed,
+//! inject_normed}`, called by `Qwen4ExpLayer::forward` with `fused_hc`). What stays composed in the
+//! step, and why: the PLE gather and conv (no kernels for them yet; one PLE layer in the
+//! release), and the QSA attention past the budget, under the selection's mask
 //! (`attn_decode` takes no block list; inside the budget it runs on the fused kernels).
 //! The composed layer is the reference it is tested against (tests/qwen4_exp.rs).
 

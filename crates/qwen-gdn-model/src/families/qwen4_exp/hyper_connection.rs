@@ -2,7 +2,11 @@
 //! of `H`; a learned low-rank mixer turns them into the block's input, and the block's output
 //! is added back to each stream with its own gate. The model's last one (without gates)
 //! replaces the final norm. Composed candle ops in the activation dtype (f32 on the
-//! reference plan).
+//! reference plan); a fused decode step runs the norm, the injection and the mixing on the
+//! `hyper_connection` kernels of gdn-ops ([`HyperConnection::normed`],
+//! [`HyperConnection::mix_normed`], [`HyperConnection::inject_normed`]), the products
+//! between them on the affine kernels, with [`HyperConnection::forward`] and
+//! [`HyperConnection::inject`] as their reference.
 
 use crate::candle_ops::{sigmoid, silu};
 use crate::layers::linear::Linear;
@@ -11,6 +15,7 @@ use crate::Config;
 use anyhow::{ensure, Result};
 use candle_core::{DType, Device, Tensor, D};
 use gdn_ops::launches::candle_op;
+use gdn_ops::ops::hyper_connection::{hc_act, hc_inject_norm, hc_mix};
 
 /// RMSNorm applied to each group of `group` features separately, with a zero-centred weight
 /// (`1 + w`): the norm of the hyper-connections and of the per-layer embeddings. Neither the
@@ -167,6 +172,49 @@ impl HyperConnection {
             None => None,
         };
         Ok((x, w))
+    }
+
+    /// Whether the fused kernels cover this hyper-connection's streams in `dtype`.
+    pub fn fused_supported(&self, dtype: DType) -> bool {
+        gdn_ops::ops::hyper_connection::supports(self.streams, self.hidden, dtype)
+    }
+
+    /// The grouped norm of `hs` `[T, S·H]` on the fused kernel (one launch): the first step
+    /// of [`Self::forward`].
+    pub fn normed(&self, hs: &Tensor) -> Result<Tensor> {
+        let (_, normed) = hc_inject_norm(hs, None, Some(self.norm_args()), self.streams)?;
+        normed.ok_or_else(|| anyhow::anyhow!("hc_inject_norm returned no normed streams"))
+    }
+
+    /// A block's output `y` `[T, H]` injected into `hs` with the gate logits `g` `[T, S]`
+    /// (from [`Self::mix_normed`]), and, when `next` is given, the next hyper-connection's
+    /// norm of the result, on one fused kernel: `(streams, next's normed streams)`. The
+    /// fused form of [`Self::inject`] followed by `next`'s norm.
+    pub fn inject_normed(
+        hs: &Tensor,
+        y: &Tensor,
+        g: &Tensor,
+        next: Option<&HyperConnection>,
+    ) -> Result<(Tensor, Option<Tensor>)> {
+        let streams = g.dim(1)?;
+        hc_inject_norm(hs, Some((y, g)), next.map(|n| n.norm_args()), streams)
+    }
+
+    /// The rest of [`Self::forward`] from the normed streams `n` `[T, S·H]` (from
+    /// [`Self::normed`] or [`Self::inject_normed`]): the block's input `[T, H]` (the down and
+    /// up products on their kernels, the activation between them on `hc_act`, the mixing on
+    /// `hc_mix`) and, with injection weights, the
+    /// injection product's gate logits `[T, S]` before their sigmoid, which
+    /// [`Self::inject_normed`] applies.
+    pub fn mix_normed(&self, n: &Tensor) -> Result<(Tensor, Option<Tensor>)> {
+        let a = hc_act(&self.down.forward(n)?, self.streams)?;
+        let x = hc_mix(&self.up.forward(&a)?, n, self.streams)?;
+        let g = self.inject.as_ref().map(|l| l.forward(n)).transpose()?;
+        Ok((x, g))
+    }
+
+    fn norm_args(&self) -> (&Tensor, f32) {
+        (&self.norm.weight, self.norm.eps as f32)
     }
 
     /// `hs + concat_s(w[s] · y)`: the block output `y` `[T, H]` added to every stream of the

@@ -1,0 +1,145 @@
+//! CUDA host side of `kernels/hyper_connection.cu`: `hc_inject_norm` one block per stream
+//! row, `hc_act` and `hc_mix` one thread per output value.
+
+use super::{row_threads, ActInputs, InjectInputs, MixInputs, MAX_COLS, MIX_THREADS, PER_THREAD};
+use super::{HcActParams, HcInjectNormParams, HcMixParams};
+use crate::backend::cuda::{
+    config, cuda_device, cuda_source, launch, tensor, view_or, with_float_type, Element, Held,
+    Kernel, KernelSource,
+};
+use anyhow::{ensure, Result};
+use candle_core::cuda_backend::cudarc::driver::{DeviceRepr, PushKernelArg};
+use candle_core::{CudaDevice, Tensor};
+
+const SOURCE: KernelSource = cuda_source!("hyper_connection");
+// SAFETY: `repr(C)` of u32s and an f32, as the kernels' structs.
+unsafe impl DeviceRepr for HcInjectNormParams {}
+unsafe impl DeviceRepr for HcMixParams {}
+unsafe impl DeviceRepr for HcActParams {}
+
+pub(crate) fn hc_inject_norm(inputs: &InjectInputs) -> Result<(Option<Tensor>, Option<Tensor>)> {
+    const OP: &str = "hc_inject_norm";
+    let dev = cuda_device(&inputs.hs, OP)?;
+    with_float_type!(inputs.hs.dtype(), OP, |T| run_inject_norm::<T>(
+        inputs, &dev
+    ))
+}
+
+fn run_inject_norm<T: Element>(
+    inputs: &InjectInputs,
+    dev: &CudaDevice,
+) -> Result<(Option<Tensor>, Option<Tensor>)> {
+    const OP: &str = "hc_inject_norm";
+    let p = inputs.params;
+    let (rows, cols) = ((p.tokens * p.streams) as usize, p.cols as usize);
+    ensure!(
+        cols <= MAX_COLS && cols <= PER_THREAD * 1024,
+        "{OP}: {cols} columns exceed the kernel's {MAX_COLS}"
+    );
+    let kernel = Kernel::typed(dev, &SOURCE, "hc_inject_norm", &[T::DTYPE], OP)?;
+    let len = rows * cols;
+    // SAFETY: the kernel writes every element of sum with an injection, of normed with a norm.
+    let sum = match inputs.inject {
+        Some(_) => Some(unsafe { dev.alloc::<T>(len)? }),
+        None => None,
+    };
+    let normed = match inputs.weight {
+        Some(_) => Some(unsafe { dev.alloc::<T>(len)? }),
+        None => None,
+    };
+    // The weight slot without a norm: never read, but it must be a valid f32 pointer.
+    let no_weight = match inputs.weight {
+        Some(_) => None,
+        None => Some(dev.alloc_zeros::<f32>(1)?),
+    };
+    {
+        let hs = Held::new(&inputs.hs);
+        let y = inputs.inject.as_ref().map(|(y, _)| Held::new(y));
+        let g = inputs.inject.as_ref().map(|(_, g)| Held::new(g));
+        let w = inputs.weight.as_ref().map(Held::new);
+        let hs_view = hs.view::<T>(OP)?;
+        // Never read without an injection (has_inject = 0).
+        let y_view = view_or::<T>(&y, &hs, OP)?;
+        let g_view = view_or::<T>(&g, &hs, OP)?;
+        let w_view = w.as_ref().map(|w| w.view::<f32>(OP)).transpose()?;
+        let mut args = kernel.args();
+        args.arg(&hs_view).arg(&y_view).arg(&g_view);
+        match (&w_view, &no_weight) {
+            (Some(v), _) => args.arg(v),
+            (None, Some(z)) => args.arg(z),
+            (None, None) => unreachable!("a weight or its stand-in"),
+        };
+        // An absent output's slot holds the other one: never written there.
+        match (&sum, &normed) {
+            (Some(s), Some(n)) => args.arg(s).arg(n),
+            (Some(s), None) => args.arg(s).arg(s),
+            (None, Some(n)) => args.arg(n).arg(n),
+            (None, None) => unreachable!("checked in mod.rs: an injection or a norm"),
+        };
+        args.arg(&p);
+        let geometry = config((rows as u32, 1, 1), (row_threads(cols) as u32, 1, 1), 0);
+        // SAFETY: arguments in the order and types of `hc_inject_norm_*` in
+        // kernels/hyper_connection.cu; hs, sum and normed hold N·S·H elements, y N·H, the
+        // gate logits N·S, the weight S·H (f32).
+        unsafe { launch(args, geometry) }?;
+    }
+    let shape = inputs.hs.shape().clone();
+    Ok((
+        sum.map(|s| tensor(s, dev, shape.clone())),
+        normed.map(|n| tensor(n, dev, shape.clone())),
+    ))
+}
+
+pub(crate) fn hc_mix(inputs: &MixInputs) -> Result<Tensor> {
+    const OP: &str = "hc_mix";
+    let dev = cuda_device(&inputs.up, OP)?;
+    with_float_type!(inputs.up.dtype(), OP, |T| run_mix::<T>(inputs, &dev))
+}
+
+fn run_mix<T: Element>(inputs: &MixInputs, dev: &CudaDevice) -> Result<Tensor> {
+    const OP: &str = "hc_mix";
+    let p = inputs.params;
+    let len = (p.tokens * p.cols) as usize;
+    let kernel = Kernel::typed(dev, &SOURCE, "hc_mix", &[T::DTYPE], OP)?;
+    // SAFETY: the kernel writes every one of the N·H values.
+    let x = unsafe { dev.alloc::<T>(len)? };
+    {
+        let (up, normed) = (Held::new(&inputs.up), Held::new(&inputs.normed));
+        let (up_view, normed_view) = (up.view::<T>(OP)?, normed.view::<T>(OP)?);
+        let mut args = kernel.args();
+        args.arg(&up_view).arg(&normed_view).arg(&x).arg(&p);
+        let blocks = len.div_ceil(MIX_THREADS) as u32;
+        let geometry = config((blocks, 1, 1), (MIX_THREADS as u32, 1, 1), 0);
+        // SAFETY: arguments in the order and types of `hc_mix_*` in
+        // kernels/hyper_connection.cu; up and normed hold N·S·H elements, x N·H.
+        unsafe { launch(args, geometry) }?;
+    }
+    Ok(tensor(x, dev, (p.tokens as usize, p.cols as usize)))
+}
+
+pub(crate) fn hc_act(inputs: &ActInputs) -> Result<Tensor> {
+    const OP: &str = "hc_act";
+    let dev = cuda_device(&inputs.d, OP)?;
+    with_float_type!(inputs.d.dtype(), OP, |T| run_act::<T>(inputs, &dev))
+}
+
+fn run_act<T: Element>(inputs: &ActInputs, dev: &CudaDevice) -> Result<Tensor> {
+    const OP: &str = "hc_act";
+    let p = inputs.params;
+    let len = p.len as usize;
+    let kernel = Kernel::typed(dev, &SOURCE, "hc_act", &[T::DTYPE], OP)?;
+    // SAFETY: the kernel writes every one of the len values.
+    let a = unsafe { dev.alloc::<T>(len)? };
+    {
+        let d = Held::new(&inputs.d);
+        let d_view = d.view::<T>(OP)?;
+        let mut args = kernel.args();
+        args.arg(&d_view).arg(&a).arg(&p);
+        let blocks = len.div_ceil(MIX_THREADS) as u32;
+        let geometry = config((blocks, 1, 1), (MIX_THREADS as u32, 1, 1), 0);
+        // SAFETY: arguments in the order and types of `hc_act_*` in
+        // kernels/hyper_connection.cu; d and a hold len elements.
+        unsafe { launch(args, geometry) }?;
+    }
+    Ok(tensor(a, dev, len))
+}

@@ -1,0 +1,309 @@
+//! The elementwise and per-stream parts of a `qwen4_exp` hyper-connection in a decode step
+//! (crates/qwen-gdn-model/src/families/qwen4_exp/hyper_connection.rs holds the composed
+//! maths these replace), in two kernels; the three products between them stay the affine
+//! kernels.
+//!
+//! The residual is `S` streams of `H` per token, `hs` `[N, S·H]` in the activation dtype
+//! InT (f32, f16 or bf16). Per token n, stream s and column j, in f32, rounded to InT where
+//! the composed ops store:
+//!
+//! [`hc_inject_norm`]: a block's output `y` `[N, H]` injected into every stream with its gate
+//! from the logits `g` `[N, S]` (the injection product's output), then the grouped RMSNorm
+//! of the next hyper-connection with its weight `[S, H]` (f32, `1 + w`):
+//! - `w = InT(2 · InT(sigmoid(InT(g[n, s] / S))))`;
+//! - `sum = InT(f32(hs) + InT(w · f32(y[n, j])))` (without an injection `sum` is `hs` itself,
+//!   returned as is);
+//! - `normed = InT(sum · rsqrt(mean_j sum² + eps) · weight[s, j])`, the mean over the
+//!   stream's `H` values (without a norm weight, nothing).
+//!
+//! It replaces the composed injection (5 launches) and the grouped norm (8) by one launch.
+//!
+//! [`hc_mix`]: the streams mixed into the block's input, from the up product's logits `u`
+//! `[N, S·H]` and the normed streams `n` `[N, S·H]`:
+//! - `x[n, j] = InT((1/S) · Σ_s InT(InT(sigmoid(u[n, s, j])) · f32(n[n, s, j])))` (streams in
+//!   order), `[N, H]`.
+//!
+//! It replaces the sigmoid, the product and the mean over streams (4 launches) by one.
+//!
+//! [`hc_act`]: the low-rank mixer's activation on the down product's output `d` `[N, R]`:
+//! - `a = InT(silu(InT(d / S)))`, `silu(t) = t / (1 + e^{-t})`.
+//!
+//! It replaces the scale and the silu (2 launches) by one.
+//!
+//! Kernels: `kernels/hyper_connection.{metal,cu}` (`hc_inject_norm_<t>`: one block per
+//! stream row of [`row_threads`] threads holding [`PER_THREAD`] values each; `hc_mix_<t>`:
+//! [`MIX_THREADS`] threads a block, one output value each); [`cpu`] is the twin both match.
+
+pub(crate) mod cpu;
+#[cfg(feature = "cuda")]
+pub mod cuda;
+#[cfg(any(feature = "metal", target_os = "macos"))]
+pub mod metal;
+
+use crate::backend::on_device;
+use crate::profile::{self, tensor_bytes, Traffic};
+use anyhow::{ensure, Result};
+use candle_core::{DType, Tensor};
+
+/// The injection/norm kernel holds a stream row as `add_rms_norm` holds a row: the widest
+/// stream it takes, the values of a row each thread holds (`kPer` in both kernels), and the
+/// threads of a row's block (whole simdgroups, a row's loads in flight together).
+pub use super::add_rms_norm::{row_threads, MAX_COLS, PER_THREAD};
+
+/// Threads of a block of the elementwise kernels (`hc_act`, `hc_mix`), one value each.
+pub const MIX_THREADS: usize = 256;
+
+/// `HcInjectNormParams` of kernels/params/hyper_connection.h, field for field.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct HcInjectNormParams {
+    pub tokens: u32,
+    pub streams: u32,
+    pub cols: u32,
+    pub has_inject: u32,
+    pub has_norm: u32,
+    pub eps: f32,
+}
+
+/// `HcActParams` of kernels/params/hyper_connection.h, field for field.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct HcActParams {
+    pub len: u32,
+    pub streams: u32,
+}
+
+/// `HcMixParams` of kernels/params/hyper_connection.h, field for field.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct HcMixParams {
+    pub tokens: u32,
+    pub streams: u32,
+    pub cols: u32,
+}
+
+/// The inputs of one [`hc_inject_norm`] call after the checks (contiguous).
+pub(crate) struct InjectInputs {
+    pub hs: Tensor,
+    /// `(y [N, H], g [N, S])`.
+    pub inject: Option<(Tensor, Tensor)>,
+    /// `[S, H]` f32.
+    pub weight: Option<Tensor>,
+    pub params: HcInjectNormParams,
+}
+
+/// The inputs of one [`hc_mix`] call after the checks (contiguous).
+pub(crate) struct MixInputs {
+    pub up: Tensor,
+    pub normed: Tensor,
+    pub params: HcMixParams,
+}
+
+/// The inputs of one [`hc_act`] call after the checks (contiguous).
+pub(crate) struct ActInputs {
+    pub d: Tensor,
+    pub params: HcActParams,
+}
+
+/// Whether the kernels cover `streams` streams of `hidden` in `dtype`; the model keeps the
+/// composed ops otherwise.
+pub fn supports(streams: usize, hidden: usize, dtype: DType) -> bool {
+    streams >= 1
+        && (1..=MAX_COLS).contains(&hidden)
+        && (streams * hidden) <= u32::MAX as usize
+        && matches!(dtype, DType::F32 | DType::F16 | DType::BF16)
+}
+
+/// `(sum, normed)`: `hs` `[N, S·H]` with `inject = (y [N, H], g [N, S])` injected, and its
+/// grouped RMSNorm when `norm = (weight [S, H] f32, eps)` is given (see the module doc).
+/// Without an injection `sum` is `hs` itself.
+pub fn hc_inject_norm(
+    hs: &Tensor,
+    inject: Option<(&Tensor, &Tensor)>,
+    norm: Option<(&Tensor, f32)>,
+    streams: usize,
+) -> Result<(Tensor, Option<Tensor>)> {
+    const OP: &str = "hc_inject_norm";
+    let (tokens, width) = hs
+        .dims2()
+        .map_err(|_| anyhow::anyhow!("{OP}: hs {:?} must be [N, S·H]", hs.dims()))?;
+    ensure!(
+        streams >= 1 && width % streams == 0,
+        "{OP}: {width} features are not {streams} streams"
+    );
+    let cols = width / streams;
+    let dtype = hs.dtype();
+    ensure!(
+        supports(streams, cols, dtype) && tokens >= 1,
+        "{OP}: no kernel for {tokens} tokens of {streams} streams of {cols} {dtype:?} values \
+         (f32/f16/bf16, 1..={MAX_COLS} a stream)"
+    );
+    ensure!(
+        inject.is_some() || norm.is_some(),
+        "{OP}: neither an injection nor a norm to compute"
+    );
+    if let Some((y, g)) = inject {
+        ensure!(
+            y.dims() == [tokens, cols] && y.dtype() == dtype,
+            "{OP}: y {:?} {:?} must be [{tokens}, {cols}] {dtype:?}",
+            y.dims(),
+            y.dtype()
+        );
+        ensure!(
+            g.dims() == [tokens, streams] && g.dtype() == dtype,
+            "{OP}: gate logits {:?} {:?} must be [{tokens}, {streams}] {dtype:?}",
+            g.dims(),
+            g.dtype()
+        );
+    }
+    if let Some((w, eps)) = norm {
+        ensure!(
+            w.dims() == [streams, cols] && w.dtype() == DType::F32,
+            "{OP}: norm weight {:?} {:?} must be [{streams}, {cols}] f32",
+            w.dims(),
+            w.dtype()
+        );
+        ensure!(
+            eps.is_finite() && eps >= 0.0,
+            "{OP}: eps must be finite and non-negative"
+        );
+    }
+    let others = inject
+        .into_iter()
+        .flat_map(|(y, g)| [y, g])
+        .chain(norm.map(|n| n.0));
+    for t in others {
+        ensure!(
+            t.device().same_device(hs.device()),
+            "{OP}: inputs on different devices"
+        );
+    }
+    let inputs = InjectInputs {
+        hs: hs.contiguous()?,
+        inject: inject
+            .map(|(y, g)| -> Result<_> { Ok((y.contiguous()?, g.contiguous()?)) })
+            .transpose()?,
+        weight: norm.map(|n| n.0.contiguous()).transpose()?,
+        params: HcInjectNormParams {
+            tokens: tokens as u32,
+            streams: streams as u32,
+            cols: cols as u32,
+            has_inject: inject.is_some() as u32,
+            has_norm: norm.is_some() as u32,
+            eps: norm.map_or(0.0, |n| n.1),
+        },
+    };
+    let device = hs.device();
+    let (sum, normed): (Option<Tensor>, Option<Tensor>) = profile::kernel(
+        OP,
+        device,
+        || Ok(inject_traffic(&inputs)),
+        || on_device!(device, OP, hc_inject_norm(&inputs)),
+    )?;
+    Ok((sum.unwrap_or_else(|| hs.clone()), normed))
+}
+
+/// `x` `[N, H]`: the streams mixed into the block's input from the up product's logits `up`
+/// and the normed streams `normed`, both `[N, S·H]` (see the module doc).
+pub fn hc_mix(up: &Tensor, normed: &Tensor, streams: usize) -> Result<Tensor> {
+    const OP: &str = "hc_mix";
+    let (tokens, width) = up
+        .dims2()
+        .map_err(|_| anyhow::anyhow!("{OP}: up {:?} must be [N, S·H]", up.dims()))?;
+    ensure!(
+        streams >= 1 && width % streams == 0,
+        "{OP}: {width} features are not {streams} streams"
+    );
+    let cols = width / streams;
+    let dtype = up.dtype();
+    ensure!(
+        supports(streams, cols, dtype) && tokens >= 1,
+        "{OP}: no kernel for {tokens} tokens of {streams} streams of {cols} {dtype:?} values"
+    );
+    ensure!(
+        normed.dims() == up.dims() && normed.dtype() == dtype,
+        "{OP}: normed {:?} {:?} must be {:?} {dtype:?}",
+        normed.dims(),
+        normed.dtype(),
+        up.dims()
+    );
+    ensure!(
+        normed.device().same_device(up.device()),
+        "{OP}: inputs on different devices"
+    );
+    ensure!(
+        u32::try_from(tokens * width).is_ok(),
+        "{OP}: {tokens} tokens of {width} exceed u32"
+    );
+    let inputs = MixInputs {
+        up: up.contiguous()?,
+        normed: normed.contiguous()?,
+        params: HcMixParams {
+            tokens: tokens as u32,
+            streams: streams as u32,
+            cols: cols as u32,
+        },
+    };
+    let device = up.device();
+    profile::kernel(
+        OP,
+        device,
+        || Ok(mix_traffic(&inputs)),
+        || on_device!(device, OP, hc_mix(&inputs)),
+    )
+}
+
+/// `silu(d / S)`, shaped and typed as `d` (the down product's output `[N, R]`; see the module
+/// doc).
+pub fn hc_act(d: &Tensor, streams: usize) -> Result<Tensor> {
+    const OP: &str = "hc_act";
+    let dtype = d.dtype();
+    ensure!(
+        matches!(dtype, DType::F32 | DType::F16 | DType::BF16),
+        "{OP}: no kernel for {dtype:?} (f32/f16/bf16)"
+    );
+    ensure!(streams >= 1, "{OP}: no streams");
+    let len = d.elem_count();
+    ensure!(
+        len >= 1 && u32::try_from(len).is_ok() && u32::try_from(streams).is_ok(),
+        "{OP}: {len} values of {streams} streams are outside the kernel (1..=u32::MAX)"
+    );
+    let inputs = ActInputs {
+        d: d.contiguous()?,
+        params: HcActParams {
+            len: len as u32,
+            streams: streams as u32,
+        },
+    };
+    let device = d.device();
+    let a = profile::kernel(
+        OP,
+        device,
+        || Ok(Traffic::new().read_all(&inputs.d).write_all(&inputs.d)),
+        || on_device!(device, OP, hc_act(&inputs)),
+    )?;
+    Ok(a.reshape(d.dims())?)
+}
+
+/// Bytes moved (the decode profile): the streams read, with an injection `y` and the gate
+/// logits read and the sum written, with a norm its weight read and the normed streams
+/// written.
+fn inject_traffic(inputs: &InjectInputs) -> Traffic {
+    let rows = tensor_bytes(&inputs.hs);
+    let mut t = Traffic::new().read(rows);
+    if let Some((y, g)) = &inputs.inject {
+        t = t.read(tensor_bytes(y) + tensor_bytes(g)).write(rows);
+    }
+    if let Some(w) = &inputs.weight {
+        t = t.read(tensor_bytes(w)).write(rows);
+    }
+    t
+}
+
+/// Bytes moved (the decode profile): both `[N, S·H]` inputs read, `[N, H]` written.
+fn mix_traffic(inputs: &MixInputs) -> Traffic {
+    let out = tensor_bytes(&inputs.up) / inputs.params.streams as usize;
+    Traffic::new()
+        .read(tensor_bytes(&inputs.up) + tensor_bytes(&inputs.normed))
+        .write(out)
+}

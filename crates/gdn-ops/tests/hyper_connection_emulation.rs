@@ -1,0 +1,189 @@
+//! The shipped `kernels/hyper_connection.metal`, compiled as C++ with clang-19 and the Metal
+//! emulation header (`kernels/emu/`), run on the CPU for `hc_inject_norm_{f32,f16,bf16}` (with
+//! and without the injection and the norm), `hc_act_{f32,f16,bf16}` and `hc_mix_{f32,f16,bf16}`,
+//! and compared with the
+//! CPU twin ([`gdn_ops::ops::hyper_connection`]) over the op's cases
+//! (tests/common/hyper_connection.rs).
+//!
+//! Needs Debian's `clang-19` and `libclang-rt-19-dev`; without them this test fails, never
+//! skips. `GDN_EMU_CXX` overrides the compiler.
+//!
+//! Gates, per case: `sum`, `a` and `x` within 1 ulp of InT of the twin's (the same roundings, but
+//! `exp` may differ in its last bit); `normed` within 1 ulp plus 1e-5 of max |normed| (the
+//! f32 sum of squares is added in another order). The harness guards every buffer and leaves
+//! the unused slots unbound.
+
+mod common;
+mod emu;
+
+use candle_core::{Device, Tensor};
+use common::hyper_connection::{inputs, runs, seed, FORMS};
+use common::{close, failures, tensor, values, Input, Ty, TYPES};
+use gdn_ops::ops::hyper_connection::{
+    hc_act, hc_inject_norm, hc_mix, row_threads, HcActParams, HcInjectNormParams, HcMixParams,
+    MIX_THREADS,
+};
+
+static HARNESS: emu::Harness = emu::Harness::metal("hyper_connection_harness");
+
+const EPS: f32 = 1e-6;
+
+struct Case {
+    index: usize,
+    shape: (usize, usize, usize),
+    ty: Ty,
+    kernel: Kernel,
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Kernel {
+    /// `hc_inject_norm` with (inject, norm).
+    InjectNorm(bool, bool),
+    Mix,
+    Act,
+}
+
+impl Kernel {
+    fn code(self) -> u32 {
+        match self {
+            Kernel::InjectNorm(..) => 0,
+            Kernel::Mix => 1,
+            Kernel::Act => 2,
+        }
+    }
+}
+
+fn header(input: &mut Input, c: &Case, inject: bool, norm: bool, threads: usize) {
+    let (n, s, h) = c.shape;
+    input
+        .u32(c.kernel.code())
+        .u32(c.ty.code())
+        .u32(n as u32)
+        .u32(s as u32)
+        .u32(h as u32)
+        .u32(inject as u32)
+        .u32(norm as u32)
+        .f32(EPS)
+        .u32(threads as u32);
+}
+
+fn check(c: &Case) -> Option<String> {
+    let (n, s, h) = c.shape;
+    let x = inputs(c.shape, c.ty, seed(c.index, c.ty));
+    let mut input = Input::new(b"HCONEMU1");
+    if let Kernel::Act = c.kernel {
+        header(&mut input, c, false, false, MIX_THREADS);
+        input.f32s(&x.down);
+        let got = match HARNESS.run(&input.0) {
+            Ok(v) => v,
+            Err(e) => return Some(e),
+        };
+        let want = values(&hc_act(&tensor(&x.down, &[n, h], c.ty), s).unwrap());
+        return close("a", &got, &want, c.ty, 1.0, 0.0);
+    }
+    let Kernel::InjectNorm(inject, norm) = c.kernel else {
+        header(&mut input, c, false, false, MIX_THREADS);
+        input.f32s(&x.up).f32s(&x.normed);
+        let got = match HARNESS.run(&input.0) {
+            Ok(v) => v,
+            Err(e) => return Some(e),
+        };
+        let up = tensor(&x.up, &[n, s * h], c.ty);
+        let normed = tensor(&x.normed, &[n, s * h], c.ty);
+        let want = values(&hc_mix(&up, &normed, s).unwrap());
+        return close("x", &got, &want, c.ty, 1.0, 0.0);
+    };
+    header(&mut input, c, inject, norm, row_threads(h));
+    input.f32s(&x.hs);
+    if inject {
+        input.f32s(&x.y).f32s(&x.gate);
+    }
+    if norm {
+        input.f32s(&x.weight);
+    }
+    let got = match HARNESS.run(&input.0) {
+        Ok(v) => v,
+        Err(e) => return Some(e),
+    };
+    let hs = tensor(&x.hs, &[n, s * h], c.ty);
+    let y = tensor(&x.y, &[n, h], c.ty);
+    let g = tensor(&x.gate, &[n, s], c.ty);
+    let w = Tensor::from_vec(x.weight.clone(), (s, h), &Device::Cpu).unwrap();
+    let (sum, normed) = hc_inject_norm(
+        &hs,
+        inject.then_some((&y, &g)),
+        norm.then_some((&w, EPS)),
+        s,
+    )
+    .unwrap();
+    let len = n * s * h;
+    let want_len = len * (inject as usize + norm as usize);
+    if got.len() != want_len {
+        return Some(format!("{} values printed, expected {want_len}", got.len()));
+    }
+    let (got_sum, got_normed) = got.split_at(if inject { len } else { 0 });
+    let sum_err = inject
+        .then(|| close("sum", got_sum, &values(&sum), c.ty, 1.0, 0.0))
+        .flatten();
+    sum_err.or_else(|| {
+        normed.and_then(|nd| close("normed", got_normed, &values(&nd), c.ty, 1.0, 1e-5))
+    })
+}
+
+#[test]
+fn shipped_hyper_connection_kernels_match_the_cpu_twin() {
+    let mut cases = vec![];
+    for (index, shape, ty) in runs(&TYPES) {
+        let forms = FORMS.iter().map(|&(i, n)| Kernel::InjectNorm(i, n));
+        for kernel in forms.chain([Kernel::Mix, Kernel::Act]) {
+            cases.push(Case {
+                index,
+                shape,
+                ty,
+                kernel,
+            });
+        }
+    }
+    HARNESS.path();
+    let failures: Vec<String> = failures(&cases, |c| {
+        check(c).map(|e| format!("{:?} {} {:?}: {e}", c.kernel, c.ty.name(), c.shape))
+    });
+    common::assert_no_failures(&failures, cases.len(), "cases fail");
+}
+
+/// What the C++ build cannot see: the buffer indices, the parameter structs the host mirrors,
+/// and the instantiation names.
+#[test]
+fn kernel_abi_in_source() {
+    emu::assert_params(
+        "hyper_connection.h",
+        "HcInjectNormParams",
+        &[
+            "tokens",
+            "streams",
+            "cols",
+            "has_inject",
+            "has_norm",
+            "float eps",
+        ],
+    );
+    emu::assert_params(
+        "hyper_connection.h",
+        "HcMixParams",
+        &["tokens", "streams", "cols"],
+    );
+    assert_eq!(std::mem::size_of::<HcInjectNormParams>(), 24);
+    emu::assert_params("hyper_connection.h", "HcActParams", &["len", "streams"]);
+    assert_eq!(std::mem::size_of::<HcMixParams>(), 12);
+    assert_eq!(std::mem::size_of::<HcActParams>(), 8);
+    let src = emu::shipped_source_including("kernels/hyper_connection.metal", "hyper_connection.h");
+    let inject = ["hs", "y", "gate", "weight", "sum", "normed"];
+    emu::assert_buffer_indices(&src, "hyper_connection.metal", &inject, "");
+    assert!(src.contains("HcInjectNormParams& p [[buffer(6)]]"));
+    assert!(src.contains("HcMixParams& p [[buffer(3)]]"));
+    assert!(src.contains("HcActParams& p [[buffer(2)]]"));
+    emu::assert_instantiated(&src, "hc_act");
+    emu::assert_instantiated(&src, "hc_inject_norm");
+    emu::assert_instantiated(&src, "hc_mix");
+    emu::shipped_source_including("kernels/hyper_connection.cu", "hyper_connection.h");
+}

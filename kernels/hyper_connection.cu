@@ -1,0 +1,158 @@
+// The hyper-connection kernels of a qwen4_exp decode step on CUDA: the twins of
+// kernels/hyper_connection.metal, with crates/gdn-ops/src/ops/hyper_connection/cpu.rs as the
+// reference both must match (its mod.rs holds the spec).
+//   hc_inject_norm: w = InT(2 * InT(sigmoid(InT(g[n,s] / S))))
+//                   sum = InT(hs + InT(w * y[n,j]))                    (has_inject)
+//                   normed = InT(sum * rsqrt(mean_j sum^2 + eps) * weight[s,j])   (has_norm)
+//   hc_act:         a[i] = InT(silu(InT(d[i] / S)))     (d: the down product's output)
+//   hc_mix:         x[n,j] = InT((1/S) * sum_s InT(InT(sigmoid(u[n,s,j])) * normed[n,s,j]))
+//
+// ENTRY POINTS (extern "C"; <t> in {f32, f16, bf16}):
+//   hc_inject_norm_<t>(hs, y, gate, weight (f32), sum, normed, HcInjectNormParams p)
+//     block = ceil(H / kPer) threads rounded up to a multiple of 32 (at most 1024), one block
+//     per stream row; grid = N * S. H <= kPer * 1024 = 8192 (MAX_COLS on the host).
+//     Without an injection y, gate and sum are never touched; without a norm weight and
+//     normed neither: pass any valid pointer.
+//   hc_act_<t>(d, a, HcActParams p)
+//     block = 256 threads (MIX_THREADS), one value each; grid = ceil(len / 256).
+//   hc_mix_<t>(up, normed, x, HcMixParams p)
+//     block = 256 threads (MIX_THREADS), one output value each; grid = ceil(N * H / 256).
+//
+// A decode step's residual is 4 streams of a few thousand values: the composed ops spent 25
+// launches a hyper-connection on them. Each thread of hc_inject_norm holds its kPer columns of
+// its stream in registers between the injection and the norm (as add_rms_norm.cu does).
+//
+// Compile for candle:  nvcc -ptx -arch=sm_90 -O3 -I kernels kernels/hyper_connection.cu
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <stdint.h>
+
+#include "params/hyper_connection.h"
+#include "cuda_block_sum.h"
+#include "cuda_convert.h"
+
+namespace hyper_connection {
+
+using cuda_convert::from_f32;
+using cuda_convert::to_f32;
+
+// Columns per thread, held in registers (PER_THREAD on the host).
+constexpr uint32_t kPer = 8;
+
+template <typename T>
+__device__ __forceinline__ float rounded(float x) {
+  return to_f32(from_f32<T>(x));
+}
+
+__device__ __forceinline__ float sigmoid(float x) { return 1.f / (1.f + expf(-x)); }
+
+using cuda_block_sum::block_sum;
+
+// One stream row (token n = row / S, stream s = row % S), with the thread and block indices
+// and the shared scratch as arguments.
+template <typename T>
+__device__ __forceinline__ void inject_norm_body(const T* __restrict__ hs, const T* __restrict__ y,
+                                                 const T* __restrict__ gate,
+                                                 const float* __restrict__ weight, T* __restrict__ sum,
+                                                 T* __restrict__ normed, const HcInjectNormParams& p,
+                                                 uint32_t row, uint32_t tid, uint32_t threads,
+                                                 float* warp_sums) {
+  if (row >= p.tokens * p.streams) return;  // the whole block
+  const uint32_t n = row / p.streams, s = row % p.streams;
+  const size_t base = (size_t)row * p.cols;
+  const bool inject = p.has_inject != 0;
+  float v[kPer];
+#pragma unroll
+  for (uint32_t k = 0; k < kPer; ++k) {
+    const uint32_t j = tid + k * threads;
+    v[k] = j < p.cols ? to_f32(hs[base + j]) : 0.f;
+  }
+  if (inject) {
+    // gate is [N, S]: this row's logit.
+    const float g = rounded<T>(to_f32(gate[row]) / (float)p.streams);
+    const float w = rounded<T>(2.f * rounded<T>(sigmoid(g)));
+#pragma unroll
+    for (uint32_t k = 0; k < kPer; ++k) {
+      const uint32_t j = tid + k * threads;
+      // Rounded before it is squared: the norm sees the stored sum.
+      if (j < p.cols) v[k] = rounded<T>(v[k] + rounded<T>(w * to_f32(y[(size_t)n * p.cols + j])));
+    }
+  }
+  if (p.has_norm != 0) {
+    // The norm's weights are loaded before the reduction waits, not after it.
+    float wt[kPer];
+#pragma unroll
+    for (uint32_t k = 0; k < kPer; ++k) {
+      const uint32_t j = tid + k * threads;
+      wt[k] = j < p.cols ? weight[(size_t)s * p.cols + j] : 0.f;
+    }
+    float squares = 0.f;
+#pragma unroll
+    for (uint32_t k = 0; k < kPer; ++k) squares = fmaf(v[k], v[k], squares);
+    const float inv = rsqrtf(block_sum(squares, warp_sums, tid, threads) / (float)p.cols + p.eps);
+#pragma unroll
+    for (uint32_t k = 0; k < kPer; ++k) {
+      const uint32_t j = tid + k * threads;
+      if (j < p.cols) normed[base + j] = from_f32<T>(v[k] * inv * wt[k]);
+    }
+  }
+  if (inject) {
+#pragma unroll
+    for (uint32_t k = 0; k < kPer; ++k) {
+      const uint32_t j = tid + k * threads;
+      if (j < p.cols) sum[base + j] = from_f32<T>(v[k]);
+    }
+  }
+}
+
+// One value of the low-rank mixer's activation.
+template <typename T>
+__device__ __forceinline__ void act_body(const T* __restrict__ d, T* __restrict__ a,
+                                         const HcActParams& p, uint32_t i) {
+  if (i >= p.len) return;
+  const float t = rounded<T>(to_f32(d[i]) / (float)p.streams);
+  a[i] = from_f32<T>(t / (1.f + expf(-t)));
+}
+
+// One output value x[n, j] (i = n * H + j).
+template <typename T>
+__device__ __forceinline__ void mix_body(const T* __restrict__ up, const T* __restrict__ normed,
+                                         T* __restrict__ x, const HcMixParams& p, uint32_t i) {
+  if (i >= p.tokens * p.cols) return;
+  const uint32_t n = i / p.cols, j = i % p.cols;
+  float acc = 0.f;
+  for (uint32_t s = 0; s < p.streams; ++s) {
+    const size_t at = ((size_t)n * p.streams + s) * p.cols + j;
+    acc += rounded<T>(rounded<T>(sigmoid(to_f32(up[at]))) * to_f32(normed[at]));
+  }
+  x[i] = from_f32<T>(acc / (float)p.streams);
+}
+
+template <typename T>
+__device__ void run_inject_norm(const T* hs, const T* y, const T* gate, const float* weight, T* sum,
+                                T* normed, const HcInjectNormParams p) {
+  __shared__ float warp_sums[32];
+  inject_norm_body<T>(hs, y, gate, weight, sum, normed, p, blockIdx.x, threadIdx.x, blockDim.x,
+                      warp_sums);
+}
+
+}  // namespace hyper_connection
+
+#define HC_ENTRIES(TN, T)                                                                     \
+  extern "C" __global__ void hc_inject_norm_##TN(const T* hs, const T* y, const T* gate,      \
+                                                 const float* weight, T* sum, T* normed,      \
+                                                 const HcInjectNormParams p) {                \
+    hyper_connection::run_inject_norm<T>(hs, y, gate, weight, sum, normed, p);                \
+  }                                                                                           \
+  extern "C" __global__ void hc_act_##TN(const T* d, T* a, const HcActParams p) {             \
+    hyper_connection::act_body<T>(d, a, p, blockIdx.x * blockDim.x + threadIdx.x);            \
+  }                                                                                           \
+  extern "C" __global__ void hc_mix_##TN(const T* up, const T* normed, T* x,                  \
+                                         const HcMixParams p) {                               \
+    hyper_connection::mix_body<T>(up, normed, x, p, blockIdx.x * blockDim.x + threadIdx.x);   \
+  }
+
+HC_ENTRIES(f32, float)
+HC_ENTRIES(f16, __half)
+HC_ENTRIES(bf16, __nv_bfloat16)

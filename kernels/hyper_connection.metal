@@ -1,0 +1,184 @@
+// The hyper-connection kernels of a qwen4_exp decode step (crates/gdn-ops/src/ops/
+// hyper_connection: the spec; its cpu.rs is the twin this must match):
+//   hc_inject_norm: w = InT(2 * InT(sigmoid(InT(g[n,s] / S))))
+//                   sum = InT(hs + InT(w * y[n,j]))                    (has_inject)
+//                   normed = InT(sum * rsqrt(mean_j sum^2 + eps) * weight[s,j])   (has_norm)
+//   hc_act:         a[i] = InT(silu(InT(d[i] / S)))     (d: the down product's output)
+//   hc_mix:         x[n,j] = InT((1/S) * sum_s InT(InT(sigmoid(u[n,s,j])) * normed[n,s,j]))
+//
+// Launch, hc_inject_norm: threadgroups (N * S, 1, 1), one per stream row, of (T, 1, 1)
+// threads with T = row_threads(H) (ceil(H / kPer) rounded up to whole simdgroups, at most
+// 1024), threadgroup memory of 32 floats at index 0. Thread t holds columns t, t + T, ... (kPer
+// of them) in registers between the injection and the norm; the sum of squares is a simd_sum
+// per simdgroup and a pass over their partial sums (in another order than the CPU twin's,
+// within rounding).
+// Launch, hc_act: threadgroups (ceil(len / 256), 1, 1) of (256, 1, 1) threads, one value each.
+// Launch, hc_mix: threadgroups (ceil(N * H / 256), 1, 1) of (256, 1, 1) threads, one output
+// value each.
+//
+// Host obligations: H <= kPer * 1024 = 8192. Without an injection (has_inject == 0) y, gate
+// and sum are never touched, without a norm (has_norm == 0) weight and normed neither: bind
+// any buffer there so that validation layers stay quiet.
+
+#include <metal_stdlib>
+using namespace metal;
+
+#include "params/hyper_connection.h"
+
+constant constexpr uint kHcPer = 8;  // PER_THREAD on the host
+
+inline float hc_sigmoid(float x) {
+  return 1.0f / (1.0f + exp(-x));
+}
+
+template <typename InT>
+inline void hc_inject_norm_impl(
+    const device InT* hs,
+    const device InT* y,
+    const device InT* gate,
+    const device float* weight,
+    device InT* sum,
+    device InT* normed,
+    constant HcInjectNormParams& p,
+    uint row,
+    uint tid,
+    uint threads,
+    uint lane,
+    uint simd,
+    threadgroup float* partial) {
+  if (row >= p.tokens * p.streams) {
+    return;  // the whole threadgroup
+  }
+  const uint n = row / p.streams;
+  const uint s = row % p.streams;
+  const ulong base = ulong(row) * p.cols;
+  const bool inject = p.has_inject != 0;
+  float v[kHcPer];
+  for (uint k = 0; k < kHcPer; ++k) {
+    const uint j = tid + k * threads;
+    v[k] = j < p.cols ? float(hs[base + j]) : 0.0f;
+  }
+  if (inject) {
+    // gate is [N, S]: this row's logit.
+    const float g = float(InT(float(gate[row]) / float(p.streams)));
+    const float w = float(InT(2.0f * float(InT(hc_sigmoid(g)))));
+    for (uint k = 0; k < kHcPer; ++k) {
+      const uint j = tid + k * threads;
+      // Rounded before it is squared: the norm sees the stored sum.
+      if (j < p.cols) {
+        v[k] = float(InT(v[k] + float(InT(w * float(y[ulong(n) * p.cols + j])))));
+      }
+    }
+  }
+  if (p.has_norm != 0) {
+    float squares = 0.0f;
+    for (uint k = 0; k < kHcPer; ++k) {
+      squares += v[k] * v[k];
+    }
+    squares = simd_sum(squares);
+    if (lane == 0) {
+      partial[simd] = squares;
+    }
+    threadgroup_barrier(mem_flags::mem_threadgroup);
+    float total = 0.0f;
+    for (uint i = 0; i < threads / 32; ++i) {
+      total += partial[i];
+    }
+    const float inv = rsqrt(total / float(p.cols) + p.eps);
+    for (uint k = 0; k < kHcPer; ++k) {
+      const uint j = tid + k * threads;
+      if (j < p.cols) {
+        normed[base + j] = InT(v[k] * inv * weight[ulong(s) * p.cols + j]);
+      }
+    }
+  }
+  if (inject) {
+    for (uint k = 0; k < kHcPer; ++k) {
+      const uint j = tid + k * threads;
+      if (j < p.cols) {
+        sum[base + j] = InT(v[k]);
+      }
+    }
+  }
+}
+
+template <typename InT>
+inline void hc_act_impl(const device InT* d, device InT* a, constant HcActParams& p, uint i) {
+  if (i >= p.len) {
+    return;
+  }
+  const float t = float(InT(float(d[i]) / float(p.streams)));
+  a[i] = InT(t / (1.0f + exp(-t)));
+}
+
+template <typename InT>
+inline void hc_mix_impl(
+    const device InT* up,
+    const device InT* normed,
+    device InT* x,
+    constant HcMixParams& p,
+    uint i) {
+  if (i >= p.tokens * p.cols) {
+    return;
+  }
+  const uint n = i / p.cols;
+  const uint j = i % p.cols;
+  float acc = 0.0f;
+  for (uint s = 0; s < p.streams; ++s) {
+    const ulong at = (ulong(n) * p.streams + s) * p.cols + j;
+    acc += float(InT(float(InT(hc_sigmoid(float(up[at])))) * float(normed[at])));
+  }
+  x[i] = InT(acc / float(p.streams));
+}
+
+// Entry points hc_inject_norm_, hc_act_ and hc_mix_{f32,f16,bf16}: plain kernels
+// forwarding to the templates (see kernels/affine.metal for why not explicit instantiations).
+#define HC_INJECT_NORM(name, InT)                                                        \
+  [[kernel]] void name(                                                                  \
+      const device InT* hs [[buffer(0)]],       /* [N, S, H] */                          \
+      const device InT* y [[buffer(1)]],        /* [N, H], read if has_inject */         \
+      const device InT* gate [[buffer(2)]],     /* [N, S], read if has_inject */         \
+      const device float* weight [[buffer(3)]], /* [S, H], read if has_norm */           \
+      device InT* sum [[buffer(4)]],            /* [N, S, H], written if has_inject */   \
+      device InT* normed [[buffer(5)]],         /* [N, S, H], written if has_norm */     \
+      constant HcInjectNormParams& p [[buffer(6)]],                                      \
+      threadgroup float* partial [[threadgroup(0)]],                                     \
+      uint3 tg [[threadgroup_position_in_grid]],                                         \
+      uint tid [[thread_index_in_threadgroup]],                                          \
+      uint3 tpg [[threads_per_threadgroup]],                                             \
+      uint lane [[thread_index_in_simdgroup]],                                           \
+      uint simd [[simdgroup_index_in_threadgroup]]) {                                    \
+    hc_inject_norm_impl<InT>(hs, y, gate, weight, sum, normed, p, tg.x, tid, tpg.x, lane,  \
+                             simd, partial);                                             \
+  }
+
+#define HC_ACT(name, InT)                                                                \
+  [[kernel]] void name(                                                                  \
+      const device InT* d [[buffer(0)]], /* [N, R] */                                    \
+      device InT* a [[buffer(1)]],       /* [N, R] */                                    \
+      constant HcActParams& p [[buffer(2)]],                                             \
+      uint i [[thread_position_in_grid]]) {                                              \
+    hc_act_impl<InT>(d, a, p, i);                                                        \
+  }
+
+#define HC_MIX(name, InT)                                                                \
+  [[kernel]] void name(                                                                  \
+      const device InT* up [[buffer(0)]],     /* [N, S, H] */                            \
+      const device InT* normed [[buffer(1)]], /* [N, S, H] */                            \
+      device InT* x [[buffer(2)]],            /* [N, H] */                               \
+      constant HcMixParams& p [[buffer(3)]],                                             \
+      uint i [[thread_position_in_grid]]) {                                              \
+    hc_mix_impl<InT>(up, normed, x, p, i);                                               \
+  }
+
+HC_INJECT_NORM(hc_inject_norm_f32, float)
+HC_INJECT_NORM(hc_inject_norm_f16, half)
+HC_ACT(hc_act_f32, float)
+HC_ACT(hc_act_f16, half)
+HC_MIX(hc_mix_f32, float)
+HC_MIX(hc_mix_f16, half)
+#if defined(__HAVE_BFLOAT__)
+HC_INJECT_NORM(hc_inject_norm_bf16, bfloat)
+HC_ACT(hc_act_bf16, bfloat)
+HC_MIX(hc_mix_bf16, bfloat)
+#endif

@@ -1,0 +1,28 @@
+// Parameters of the hyper-connection kernels (kernels/hyper_connection.metal,
+// kernels/hyper_connection.cu), declared once for the shaders, the emulation harness and the
+// host: mirrored field for field by `HcInjectNormParams`, `HcActParams` and `HcMixParams` in
+// crates/gdn-ops/src/ops/hyper_connection/mod.rs (#[repr(C)]).
+#ifndef QWEN_GDN_PARAMS_HYPER_CONNECTION_H
+#define QWEN_GDN_PARAMS_HYPER_CONNECTION_H
+
+struct HcInjectNormParams {
+  unsigned int tokens;      // N
+  unsigned int streams;     // S
+  unsigned int cols;        // H, the width of one stream
+  unsigned int has_inject;  // 1: sum = hs + w[s] * y is written; 0: sum is hs itself
+  unsigned int has_norm;    // 1: normed is written
+  float eps;
+};
+
+struct HcActParams {
+  unsigned int len;      // values of the down product's output, N * R
+  unsigned int streams;  // S
+};
+
+struct HcMixParams {
+  unsigned int tokens;   // N
+  unsigned int streams;  // S
+  unsigned int cols;     // H
+};
+
+#endif
