@@ -82,18 +82,27 @@ thread_local! {
     static HOST: RefCell<Tables<()>> = RefCell::new(Tables::default());
 }
 
+#[cfg(feature = "cuda")]
+thread_local! {
+    /// The CUDA slot launchers' tables on the device (`backend::cuda::slot_table`), kept here
+    /// beside the host's so that [`clear`] and [`kept`] cover both.
+    pub(crate) static DEVICE: RefCell<
+        Tables<std::sync::Arc<candle_core::cuda_backend::cudarc::driver::CudaSlice<u64>>>,
+    > = RefCell::new(Tables::default());
+}
+
 /// Frees every table this thread keeps (the next call of each slot op uploads its table).
 pub fn clear() {
     HOST.with(|t| t.borrow_mut().clear());
     #[cfg(feature = "cuda")]
-    crate::backend::cuda::clear_slot_tables();
+    DEVICE.with(|t| t.borrow_mut().clear());
 }
 
 /// Tables this thread keeps, on every backend.
 pub fn kept() -> usize {
     let host = HOST.with(|t| t.borrow().len());
     #[cfg(feature = "cuda")]
-    let host = host + crate::backend::cuda::slot_tables_kept();
+    let host = host + DEVICE.with(|t| t.borrow().len());
     host
 }
 

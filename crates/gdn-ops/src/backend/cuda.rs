@@ -276,25 +276,10 @@ pub(crate) fn slot_table(dev: &CudaDevice, words: &[u64]) -> Result<Arc<CudaSlic
     let key: Vec<u64> = std::iter::once(ordinal)
         .chain(words.iter().copied())
         .collect();
-    DEVICE_TABLES.with(|t| {
+    crate::slot_tables::DEVICE.with(|t| {
         t.borrow_mut()
             .get_or_upload(&key, |_| Ok(Arc::new(dev.clone_htod(words)?)))
     })
-}
-
-thread_local! {
-    static DEVICE_TABLES: std::cell::RefCell<crate::slot_tables::Tables<Arc<CudaSlice<u64>>>> =
-        std::cell::RefCell::new(Default::default());
-}
-
-/// Frees the device tables this thread keeps ([`crate::slot_tables::clear`]).
-pub(crate) fn clear_slot_tables() {
-    DEVICE_TABLES.with(|t| t.borrow_mut().clear());
-}
-
-/// Device tables this thread keeps.
-pub(crate) fn slot_tables_kept() -> usize {
-    DEVICE_TABLES.with(|t| t.borrow().len())
 }
 
 /// The [`slot_table`] of one address a sequence: each of `held`'s contiguous tensors (a
