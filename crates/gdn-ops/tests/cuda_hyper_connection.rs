@@ -16,6 +16,11 @@ use common::{close, gpu, tensor, values, TYPES};
 use gdn_ops::ops::hyper_connection::{hc_act, hc_inject_norm, hc_mix};
 
 const EPS: f32 = 1e-6;
+/// The streams' sums and the mix (a gate or weight times a value, summed over streams) may
+/// round differently on the GPU (fused multiply-adds, its `exp`): one H200 run measured at most
+/// 1.2e-8 of max|ref| apart from the twin, where a wrong stream or weight is off by O(max|ref|).
+/// The allowance is 1e-6 of max|ref| on top of one ulp of the value.
+const SUM_REL: f32 = 1e-6;
 
 #[test]
 fn cuda_hyper_connection_matches_the_cpu_twin() {
@@ -48,7 +53,7 @@ fn cuda_hyper_connection_matches_the_cpu_twin() {
                 s,
             )
             .unwrap();
-            let err = close("sum", &values(&sum), &values(&want_sum), ty, 1.0, 0.0).or_else(|| {
+            let err = close("sum", &values(&sum), &values(&want_sum), ty, 1.0, SUM_REL).or_else(|| {
                 match (normed, want_normed) {
                     (Some(a), Some(b)) => close("normed", &values(&a), &values(&b), ty, 1.0, 1e-5),
                     (None, None) => None,
@@ -63,13 +68,13 @@ fn cuda_hyper_connection_matches_the_cpu_twin() {
         let normed = tensor(&x.normed, &[n, s * h], ty);
         let want = hc_mix(&up, &normed, s).unwrap();
         let got = hc_mix(&on_gpu(&up), &on_gpu(&normed), s).unwrap();
-        if let Some(e) = close("x", &values(&got), &values(&want), ty, 1.0, 0.0) {
+        if let Some(e) = close("x", &values(&got), &values(&want), ty, 1.0, SUM_REL) {
             failures.push(format!("hc_mix_{} N={n} S={s} H={h}: {e}", ty.name()));
         }
         let d = tensor(&x.down, &[n, h], ty);
         let want = hc_act(&d, s).unwrap();
         let got = hc_act(&on_gpu(&d), s).unwrap();
-        if let Some(e) = close("a", &values(&got), &values(&want), ty, 1.0, 0.0) {
+        if let Some(e) = close("a", &values(&got), &values(&want), ty, 4.0, 0.0) {
             failures.push(format!("hc_act_{} N={n} S={s} R={h}: {e}", ty.name()));
         }
     }
