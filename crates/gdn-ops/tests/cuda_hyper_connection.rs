@@ -53,13 +53,13 @@ fn cuda_hyper_connection_matches_the_cpu_twin() {
                 s,
             )
             .unwrap();
-            let err = close("sum", &values(&sum), &values(&want_sum), ty, 1.0, SUM_REL).or_else(|| {
-                match (normed, want_normed) {
+            let err = close("sum", &values(&sum), &values(&want_sum), ty, 1.0, SUM_REL).or_else(
+                || match (normed, want_normed) {
                     (Some(a), Some(b)) => close("normed", &values(&a), &values(&b), ty, 1.0, 1e-5),
                     (None, None) => None,
                     _ => Some("normed returned on one side only".into()),
-                }
-            });
+                },
+            );
             if let Some(e) = err {
                 failures.push(format!("{label}: {e}"));
             }
