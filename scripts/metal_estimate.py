@@ -40,7 +40,9 @@ BENCH_ONLY = ("fast_argmax", "fast_sum", "bsub")
 
 # Kernels whose bytes are one sequence's state: the GDN recurrence and conv window, attention.
 PER_SEQUENCE = ("gated_delta_norm", "gdn_conv_prep", "attn_prep", "attn_decode")
-ROUTED_SWIGLU = "affine_wide_swiglu"
+# The gathered gate/up SwiGLU of the routed experts, in each design the profiles name (the wide
+# kernels of fb38491, the streamed ones since 719623c).
+ROUTED_SWIGLU = ("affine_wide_swiglu", "affine_stream_swiglu")
 
 
 def measured(l, scale, fixed, gpu_bandwidth):
