@@ -296,6 +296,25 @@ impl Model {
         self.decoder.num_layers()
     }
 
+    /// Refuses a token id outside the vocabulary, in one line: the device plan's embedding
+    /// gathers rows by device ids, which would read past the table.
+    pub(crate) fn check_token_ids(&self, tokens: &[u32]) -> Result<()> {
+        let vocab = self.config.vocab_size;
+        if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= vocab) {
+            bail!("token id {bad} is outside the vocabulary ({vocab})");
+        }
+        Ok(())
+    }
+
+    /// Refuses a cache made for another model (another layer count).
+    pub(crate) fn check_cache(&self, cache: &Cache) -> Result<()> {
+        ensure!(
+            cache.layers.len() == self.num_layers(),
+            "cache does not belong to this model"
+        );
+        Ok(())
+    }
+
     /// A fresh cache whose GDN states are stored in the dtype the model was loaded with.
     pub fn new_cache(&self) -> Cache {
         self.new_cache_with(self.gdn_state_dtype)
@@ -369,10 +388,7 @@ impl Model {
         tap: &mut dyn Tap,
     ) -> Result<Tensor> {
         ensure!(!tokens.is_empty(), "forward needs at least one token");
-        ensure!(
-            cache.layers.len() == self.num_layers(),
-            "cache does not belong to this model"
-        );
+        self.check_cache(cache)?;
         self.on_host_workers(|| {
             tap.begin_pass()?;
             let h = match received {
@@ -521,9 +537,7 @@ impl Model {
         cache: &mut Cache,
         tap: Option<&mut dyn Tap>,
     ) -> Result<Tensor> {
-        if cache.layers.len() != self.num_layers() {
-            bail!("cache does not belong to this model");
-        }
+        self.check_cache(cache)?;
         match &self.decoder {
             // Inside a verify window (a draft model drafts one step at a time in one) every
             // GDN layer must record its state: the fused step does not, the verify pass does
@@ -534,10 +548,7 @@ impl Model {
                 Ok(self.verify_tapped(&[token], cache, tap)?.0)
             }
             Decoder::Hybrid(d) if d.fused_decode() => {
-                let vocab = self.config.vocab_size;
-                if token as usize >= vocab {
-                    bail!("token id {token} is outside the vocabulary ({vocab})");
-                }
+                self.check_token_ids(&[token])?;
                 let ends = Ends {
                     embed: self.embedding()?,
                     head: self.head()?,

@@ -99,15 +99,9 @@ impl Model {
             tokens.len(),
             caches.len()
         );
-        let vocab = self.config.vocab_size;
-        if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= vocab) {
-            anyhow::bail!("token id {bad} is outside the vocabulary ({vocab})");
-        }
+        self.check_token_ids(tokens)?;
         for cache in caches.iter() {
-            ensure!(
-                cache.layers.len() == self.num_layers(),
-                "cache does not belong to this model"
-            );
+            self.check_cache(cache)?;
         }
         self.on_host_workers(|| {
             let _rows = row_exact::scope(self.batch_products == BatchProducts::EachRowAlone);

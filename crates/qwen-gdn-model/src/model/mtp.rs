@@ -108,10 +108,7 @@ impl Model {
         let Some(head) = &self.mtp else {
             bail!("the model has no MTP head loaded");
         };
-        let vocab = self.config.vocab_size;
-        if let Some(t) = next.iter().find(|&&t| t as usize >= vocab) {
-            bail!("token id {t} is outside the vocabulary ({vocab})");
-        }
+        self.check_token_ids(next)?;
         self.on_host_workers(|| {
             let embedded = self.embed(next)?;
             labelled("mtp", || head.forward(&embedded, hidden, cache))

@@ -13,7 +13,7 @@ use crate::tap::{NoTap, Tap};
 use crate::tensor::cast;
 use crate::weights::row_exact;
 use crate::BatchProducts;
-use anyhow::{bail, ensure, Result};
+use anyhow::{ensure, Result};
 use candle_core::{DType, Tensor};
 use gdn_ops::ops::affine::MATVEC_MAX_ROWS;
 use gdn_ops::profile::labelled;
@@ -55,14 +55,8 @@ impl Model {
             return self.verify_composed(tokens, cache);
         }
         ensure!(!tokens.is_empty(), "a verify pass needs at least one token");
-        ensure!(
-            cache.layers.len() == self.num_layers(),
-            "cache does not belong to this model"
-        );
-        let vocab = self.config.vocab_size;
-        if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= vocab) {
-            bail!("token id {bad} is outside the vocabulary ({vocab})");
-        }
+        self.check_cache(cache)?;
+        self.check_token_ids(tokens)?;
         self.on_host_workers(|| {
             // The rows' products as the batched step runs them: each row alone (bit for bit
             // the decode step's) or one product over the rows (the GPU's default).
