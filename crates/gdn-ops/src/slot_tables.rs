@@ -20,6 +20,18 @@ use candle_core::{CpuStorage, Storage, Tensor};
 use std::cell::RefCell;
 use std::collections::HashMap;
 
+/// Whether `device` has the slot kernels, every slot op's answer (the dims and dtypes are
+/// each per-sequence op's, e.g. [`crate::ops::gated_delta_norm::supports`]).
+pub fn supports_device(device: &candle_core::Device) -> bool {
+    match device {
+        candle_core::Device::Cpu => true,
+        candle_core::Device::Cuda(_) => cfg!(feature = "cuda"),
+        // No Metal kernels yet: a table of addresses needs argument buffers or `gpuAddress`
+        // with residency and hazards declared by hand (docs/perf-notes.md).
+        candle_core::Device::Metal(_) => false,
+    }
+}
+
 /// Most tables kept per thread: a step of Qwen3-Next-80B-A3B uses 96 (two a layer), so a few
 /// batch compositions fit.
 pub const CAPACITY: usize = 1024;
@@ -100,10 +112,10 @@ pub fn clear() {
 
 /// Tables this thread keeps, on every backend.
 pub fn kept() -> usize {
-    let host = HOST.with(|t| t.borrow().len());
+    let kept = HOST.with(|t| t.borrow().len());
     #[cfg(feature = "cuda")]
-    let host = host + DEVICE.with(|t| t.borrow().len());
-    host
+    let kept = kept + DEVICE.with(|t| t.borrow().len());
+    kept
 }
 
 /// A CPU twin's stand-in for its kernel's table: `words` built from [`host_address`]es as the

@@ -10,7 +10,7 @@
 //! Output `[B, 1, Nq·Dh]`, as the per-sequence op's rows stacked. Backends: the CPU twin (the
 //! per-sequence twin on each row) and CUDA (`attn_decode_slots_*`,
 //! `attn_decode_combine_slots_*` in kernels/attn_decode.cu); none on Metal
-//! ([`crate::ops::gated_delta_norm_slots::supports_device`] answers for every slot op).
+//! ([`crate::slot_tables::supports_device`] answers for every slot op).
 
 pub(crate) mod cpu;
 #[cfg(feature = "cuda")]

@@ -7,7 +7,7 @@
 //!
 //! Outputs: `q` `[B, Nq, Dh]`, `gate` `[B, Nq·Dh]`. Backends: the CPU twin (the per-sequence
 //! twin on each row) and CUDA (`attn_prep_slots_*` in kernels/attn_prep.cu); none on Metal
-//! ([`crate::ops::gated_delta_norm_slots::supports_device`] answers for every slot op).
+//! ([`crate::slot_tables::supports_device`] answers for every slot op).
 
 pub(crate) mod cpu;
 #[cfg(feature = "cuda")]

@@ -17,7 +17,7 @@
 //!
 //! Backends: the CPU twin (the per-sequence twin on each sequence's rows) and CUDA
 //! (`gated_delta_norm_slots_*` in kernels/gated_delta_norm.cu). Metal has no kernel yet:
-//! [`supports_device`] says so and the model launches per sequence there.
+//! [`crate::slot_tables::supports_device`] says so and the model launches per sequence there.
 
 pub(crate) mod cpu;
 #[cfg(feature = "cuda")]
@@ -32,18 +32,6 @@ use anyhow::{ensure, Result};
 use candle_core::{Device, Tensor};
 
 const OP: &str = "gated_delta_update_norm_slots";
-
-/// Whether `device` has the slot kernel (the dims and dtypes are the per-sequence op's,
-/// [`crate::ops::gated_delta_norm::supports`]).
-pub fn supports_device(device: &Device) -> bool {
-    match device {
-        Device::Cpu => true,
-        Device::Cuda(_) => cfg!(feature = "cuda"),
-        // No Metal kernel yet: a state address table needs argument buffers or `gpuAddress`
-        // with residency and hazards declared by hand (docs/perf-notes.md).
-        Device::Metal(_) => false,
-    }
-}
 
 /// The inputs of one slot call after the checks: each sequence's rows as a per-sequence
 /// call's inputs (the CPU twin runs those), and the whole batch's (the kernel reads those,

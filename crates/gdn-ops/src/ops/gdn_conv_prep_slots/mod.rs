@@ -10,7 +10,7 @@
 //!
 //! Backends: the CPU twin (the per-sequence twin on each row) and CUDA
 //! (`gdn_conv_prep_slots_*` in kernels/gdn_conv_prep.cu); none on Metal yet
-//! ([`crate::ops::gated_delta_norm_slots::supports_device`] answers for both slot ops).
+//! ([`crate::slot_tables::supports_device`] answers for both slot ops).
 
 pub(crate) mod cpu;
 #[cfg(feature = "cuda")]

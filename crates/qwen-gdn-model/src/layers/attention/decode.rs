@@ -9,9 +9,7 @@ use crate::cache::KvCache;
 use crate::candle_ops::cat;
 use anyhow::{Context, Result};
 use candle_core::{DType, Tensor, D};
-use gdn_ops::ops::{
-    attn_decode, attn_decode_slots, attn_prep, attn_prep_slots, gated_delta_norm_slots,
-};
+use gdn_ops::ops::{attn_decode, attn_decode_slots, attn_prep, attn_prep_slots};
 use gdn_ops::profile;
 
 impl Attention {
@@ -99,7 +97,7 @@ impl Attention {
         // Metal has no slot kernels: candle's Metal encoder declares residency and hazards
         // only for the buffers bound as arguments, and a buffer named only in a table of
         // addresses would be neither resident nor ordered. One launch per sequence there.
-        if !gated_delta_norm_slots::supports_device(qkv.device()) {
+        if !gdn_ops::slot_tables::supports_device(qkv.device()) {
             let mut outs = Vec::with_capacity(rows);
             for (row, (cache, pos)) in caches.iter_mut().zip(positions).enumerate() {
                 outs.push(self.decode_attend_fused(&qkv.narrow(0, row, 1)?, cache, pos)?);

@@ -14,7 +14,7 @@ use crate::cache::KvCache;
 use crate::candle_ops::cat;
 use anyhow::{ensure, Context, Result};
 use candle_core::Tensor;
-use gdn_ops::ops::{attn_decode, attn_prep_slots, gated_delta_norm_slots};
+use gdn_ops::ops::{attn_decode, attn_prep_slots};
 
 impl Attention {
     /// The T tokens of one sequence, `x` `[T, H]` (input-normed), `positions[t]` the `[1]`
@@ -33,7 +33,7 @@ impl Attention {
             "{} positions for {tokens} verify rows",
             positions.len()
         );
-        if !gated_delta_norm_slots::supports_device(qkv.device()) {
+        if !gdn_ops::slot_tables::supports_device(qkv.device()) {
             let mut outs = Vec::with_capacity(tokens);
             for (row, pos) in positions.iter().enumerate() {
                 outs.push(self.decode_attend_fused(&qkv.narrow(0, row, 1)?, cache, pos)?);

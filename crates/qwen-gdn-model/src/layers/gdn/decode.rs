@@ -135,7 +135,7 @@ impl GatedDeltaNet {
         caches: &mut [&mut GdnCache],
     ) -> Result<Tensor> {
         let [qkv, z, beta_in, a] = parts;
-        if !gated_delta_norm_slots::supports_device(qkv.device()) {
+        if !gdn_ops::slot_tables::supports_device(qkv.device()) {
             let mut outs = Vec::with_capacity(caches.len());
             for (row, cache) in caches.iter_mut().enumerate() {
                 let part = |t: &Tensor| t.narrow(0, row, 1);
