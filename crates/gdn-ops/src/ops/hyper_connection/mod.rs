@@ -114,6 +114,25 @@ pub fn supports(streams: usize, hidden: usize, dtype: DType) -> bool {
         && matches!(dtype, DType::F32 | DType::F16 | DType::BF16)
 }
 
+/// `(tokens, cols)` of `t` (the argument `what` of `op`), `[N, S·H]` in `streams` streams,
+/// refused where the kernels do not cover it.
+fn streams_shape(op: &str, what: &str, t: &Tensor, streams: usize) -> Result<(usize, usize)> {
+    let (tokens, width) = t
+        .dims2()
+        .map_err(|_| anyhow::anyhow!("{op}: {what} {:?} must be [N, S·H]", t.dims()))?;
+    ensure!(
+        streams >= 1 && width % streams == 0,
+        "{op}: {width} features are not {streams} streams"
+    );
+    let (cols, dtype) = (width / streams, t.dtype());
+    ensure!(
+        supports(streams, cols, dtype) && tokens >= 1,
+        "{op}: no kernel for {tokens} tokens of {streams} streams of {cols} {dtype:?} values \
+         (f32/f16/bf16, 1..={MAX_COLS} a stream)"
+    );
+    Ok((tokens, cols))
+}
+
 /// `(sum, normed)`: `hs` `[N, S·H]` with `inject = (y [N, H], g [N, S])` injected, and its
 /// grouped RMSNorm when `norm = (weight [S, H] f32, eps)` is given (see the module doc).
 /// Without an injection `sum` is `hs` itself.
@@ -124,20 +143,8 @@ pub fn hc_inject_norm(
     streams: usize,
 ) -> Result<(Tensor, Option<Tensor>)> {
     const OP: &str = "hc_inject_norm";
-    let (tokens, width) = hs
-        .dims2()
-        .map_err(|_| anyhow::anyhow!("{OP}: hs {:?} must be [N, S·H]", hs.dims()))?;
-    ensure!(
-        streams >= 1 && width % streams == 0,
-        "{OP}: {width} features are not {streams} streams"
-    );
-    let cols = width / streams;
+    let (tokens, cols) = streams_shape(OP, "hs", hs, streams)?;
     let dtype = hs.dtype();
-    ensure!(
-        supports(streams, cols, dtype) && tokens >= 1,
-        "{OP}: no kernel for {tokens} tokens of {streams} streams of {cols} {dtype:?} values \
-         (f32/f16/bf16, 1..={MAX_COLS} a stream)"
-    );
     ensure!(
         inject.is_some() || norm.is_some(),
         "{OP}: neither an injection nor a norm to compute"
@@ -207,19 +214,8 @@ pub fn hc_inject_norm(
 /// and the normed streams `normed`, both `[N, S·H]` (see the module doc).
 pub fn hc_mix(up: &Tensor, normed: &Tensor, streams: usize) -> Result<Tensor> {
     const OP: &str = "hc_mix";
-    let (tokens, width) = up
-        .dims2()
-        .map_err(|_| anyhow::anyhow!("{OP}: up {:?} must be [N, S·H]", up.dims()))?;
-    ensure!(
-        streams >= 1 && width % streams == 0,
-        "{OP}: {width} features are not {streams} streams"
-    );
-    let cols = width / streams;
-    let dtype = up.dtype();
-    ensure!(
-        supports(streams, cols, dtype) && tokens >= 1,
-        "{OP}: no kernel for {tokens} tokens of {streams} streams of {cols} {dtype:?} values"
-    );
+    let (tokens, cols) = streams_shape(OP, "up", up, streams)?;
+    let (width, dtype) = (streams * cols, up.dtype());
     ensure!(
         normed.dims() == up.dims() && normed.dtype() == dtype,
         "{OP}: normed {:?} {:?} must be {:?} {dtype:?}",
