@@ -29,8 +29,6 @@ pub struct GdnSteps {
     /// before the next token advances it. So a window that keeps every token costs no copy
     /// of the last state, and a pass of T tokens T − 1 copies.
     states: Vec<Tensor>,
-    /// Whether the last entry of `states` is the live state.
-    last_is_live: bool,
 }
 
 impl GdnSteps {
@@ -95,13 +93,12 @@ impl GdnSteps {
             let at: Vec<Tensor> = (inputs.iter())
                 .map(|x| x.narrow(1, t, 1))
                 .collect::<candle_core::Result<_>>()?;
-            if self.last_is_live {
-                let last = self.states.last_mut().expect("a live entry");
+            // The last entry is the live state: copy it before this token advances it.
+            if let Some(last) = self.states.last_mut() {
                 *last = own_copy(last)?;
             }
             ys.push(step(std::array::from_fn(|i| &at[i]), state)?);
             self.states.push(state.clone());
-            self.last_is_live = true;
         }
         match ys.len() {
             1 => Ok(ys.remove(0)),
