@@ -34,9 +34,13 @@ impl HybridDecoder {
         let rows = embedded.dim(0)?;
         let device = embedded.device();
         let offset = cache.offset;
-        // The pass's only uploads: each row's position, for attention's kernels.
+        // The pass's only upload: the rows' positions, for attention's kernels, one `[1]`
+        // view of it a row (as the batched step's, `batch_decode.rs`).
+        let values: Vec<u32> = (0..rows).map(|t| (offset + t) as u32).collect();
+        gdn_ops::launches::upload(1);
+        let all = Tensor::new(values.as_slice(), device)?;
         let positions = (0..rows)
-            .map(|t| Ok(Tensor::new(&[(offset + t) as u32], device)?))
+            .map(|t| Ok(all.narrow(0, t, 1)?))
             .collect::<Result<Vec<_>>>()?;
         let first_norm = &self.layers[0].input_norm;
         let first = add_rms_norm(embedded, None, &first_norm.weight, first_norm.eps)?;
