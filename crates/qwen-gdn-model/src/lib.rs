@@ -8,6 +8,8 @@ pub mod batch;
 pub mod cache;
 pub mod candle_ops;
 pub mod config;
+#[cfg(feature = "cuda")]
+pub mod cuda_graph;
 pub mod device_memory;
 pub mod diagnose;
 pub mod families;

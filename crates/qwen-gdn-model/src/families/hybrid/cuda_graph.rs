@@ -21,19 +21,12 @@
 
 use super::HybridDecoder;
 use crate::cache::{Cache, LayerCache};
+use crate::cuda_graph::{capture, prepare, write};
 use crate::families::Ends;
 use crate::tap::NoTap;
 use anyhow::{bail, Context, Result};
-use candle_core::cuda_backend::cudarc::driver::{sys, CudaGraph};
+use candle_core::cuda_backend::cudarc::driver::CudaGraph;
 use candle_core::{Device, Tensor, TensorId};
-
-/// Set when a capture failed: later steps run eagerly.
-static BROKEN: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
-
-/// Whether graphs still work (the run asks for them with `RunOptions::cuda_graph`).
-pub fn enabled() -> bool {
-    !BROKEN.load(std::sync::atomic::Ordering::Relaxed)
-}
 
 /// One captured step and what it was captured against.
 pub struct DecodeGraph {
@@ -116,8 +109,8 @@ pub fn step(decoder: &HybridDecoder, ends: &Ends, token: u32, cache: &mut Cache)
         .map_err(|_| anyhow::anyhow!("a decode step panicked while holding the CUDA graph"))?;
     if let Some(graph) = slot.as_ref() {
         if room_for_one(cache) && graph.layout == layout(cache) {
-            write_u32(dev, &graph.token, token)?;
-            write_u32(dev, &graph.pos, cache.offset as u32)?;
+            write(dev, &graph.token, &[token])?;
+            write(dev, &graph.pos, &[cache.offset as u32])?;
             graph.graph.launch().context("replaying the decode graph")?;
             // A copy: callers may keep a step's logits while the next replay rewrites these.
             let logits = graph.logits.copy()?;
@@ -132,12 +125,9 @@ pub fn step(decoder: &HybridDecoder, ends: &Ends, token: u32, cache: &mut Cache)
         }
     }
     *slot = None;
-    // SAFETY: candle runs every op on one stream, so cudarc's cross-stream events (which a
-    // capture must not wait on) order nothing.
-    unsafe { dev.disable_event_tracking() };
+    let _uploads = prepare(dev);
     let token_buf = Tensor::new(&[token], ends.device)?;
     let pos_buf = Tensor::new(&[cache.offset as u32], ends.device)?;
-    let _uploads = dev.enable_cuda_graph_htod_cache();
     // The eager step: this token's result, and it grows the KV buffers if they are full, so
     // that the capture below allocates nothing that outlives it.
     let before = bookkeeping(cache);
@@ -146,31 +136,16 @@ pub fn step(decoder: &HybridDecoder, ends: &Ends, token: u32, cache: &mut Cache)
     // The same step again, recorded and not run: from the same host-side state.
     restore(cache, &before);
     let out = logits.zeros_like()?;
-    let stream = dev.cuda_stream();
-    stream
-        .begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
-        .context("starting the decode graph capture")?;
     // The step's own output is freed inside the graph once copied into `out`.
-    let captured = decoder
-        .decode_step_on(ends, &token_buf, &pos_buf, cache, &mut NoTap)
-        .and_then(|l| Ok(out.slice_set(&l, 0, 0)?));
-    let graph = stream.end_capture(
-        sys::CUgraphInstantiate_flags::CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH,
-    );
+    let graph = capture(dev, "decode step", || {
+        let l = decoder.decode_step_on(ends, &token_buf, &pos_buf, cache, &mut NoTap)?;
+        Ok(out.slice_set(&l, 0, 0)?)
+    });
     restore(cache, &after);
-    let graph = match (captured, graph) {
-        (Ok(()), Ok(Some(graph))) => graph,
-        (captured, graph) => {
-            // This token's logits came from the eager step; every later step runs eagerly.
-            let why = match (captured, graph) {
-                (Err(e), _) => format!("{e:#}"),
-                (_, Err(e)) => e.to_string(),
-                _ => "the capture recorded nothing".to_string(),
-            };
-            BROKEN.store(true, std::sync::atomic::Ordering::Relaxed);
-            eprintln!("note: CUDA graph capture of the decode step failed ({why}); decoding without graphs");
-            return Ok(logits);
-        }
+    // Without a graph this token's logits came from the eager step; every later step runs
+    // eagerly.
+    let Some(graph) = graph else {
+        return Ok(logits);
     };
     *slot = Some(DecodeGraph {
         graph,
@@ -180,24 +155,4 @@ pub fn step(decoder: &HybridDecoder, ends: &Ends, token: u32, cache: &mut Cache)
         layout: layout(cache),
     });
     Ok(logits)
-}
-
-/// Writes one u32 into a `[1]` device tensor in place, on candle's stream (so that the
-/// replay launched after it reads it), outside any capture.
-fn write_u32(dev: &candle_core::CudaDevice, t: &Tensor, value: u32) -> Result<()> {
-    use candle_core::cuda_backend::cudarc::driver::{result, DevicePtr};
-    let (storage, layout) = t.storage_and_layout();
-    let candle_core::Storage::Cuda(s) = &*storage else {
-        bail!("expected a CUDA tensor");
-    };
-    let stream = dev.cuda_stream();
-    let slice = s.as_cuda_slice::<u32>()?;
-    let view = slice.slice(layout.start_offset()..layout.start_offset() + 1);
-    let (ptr, _sync) = view.device_ptr(&stream);
-    let src = [value];
-    // SAFETY: `ptr` addresses one u32 of a live allocation; a copy from pageable host
-    // memory is staged before this call returns, so `src` may go out of scope after it.
-    unsafe { result::memcpy_htod_async(ptr, &src, stream.cu_stream()) }
-        .context("writing the decode graph's input")?;
-    Ok(())
 }

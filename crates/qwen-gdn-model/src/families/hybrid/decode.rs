@@ -56,7 +56,7 @@ impl HybridDecoder {
     ) -> Result<Tensor> {
         let Some(tap) = tap else {
             #[cfg(feature = "cuda")]
-            if ends.device.is_cuda() && self.cuda_graph && super::cuda_graph::enabled() {
+            if ends.device.is_cuda() && self.cuda_graph && crate::cuda_graph::enabled() {
                 return super::cuda_graph::step(self, ends, token, cache);
             }
             return self.decode_step(ends, token, cache, Some(&mut crate::tap::NoTap));
