@@ -18,7 +18,8 @@ use candle_core::{DType, Device, Tensor};
 use common::*;
 use gdn_ops::launches;
 use gdn_ops::ops::affine::MATVEC_MAX_ROWS;
-use qwen_gdn_model::cache::Cache;
+use gdn_ops::ops::attn_decode;
+use qwen_gdn_model::cache::{Cache, LayerCache};
 use qwen_gdn_model::config::LayerKind;
 use qwen_gdn_model::speculative::{DraftLength, Greedy, Speculation, Window};
 use qwen_gdn_model::{BatchProducts, Model};
@@ -73,6 +74,19 @@ fn decode_steps(model: &Model, base: &Cache, tokens: &[u32]) -> (Tensor, Vec<usi
     (Tensor::cat(&rows, 0).unwrap(), spent, after)
 }
 
+/// The largest capacity of the cache's KV buffers, in positions.
+fn capacity_of(cache: &Cache) -> usize {
+    cache
+        .layers
+        .iter()
+        .filter_map(|l| match l {
+            LayerCache::Attention(c) => Some(c.capacity()),
+            LayerCache::Gdn(_) => None,
+        })
+        .max()
+        .unwrap_or(0)
+}
+
 fn check(name: &str) {
     let mut model = load_device_plan(name, DType::F32);
     assert!(model.fused_decode(), "{name}: fused decode is off");
@@ -98,6 +112,9 @@ fn check(name: &str) {
         .all(|c| c.mixer && c.feed_forward);
     // Launches of the fused verify of T = 1.. rows (one product over the rows).
     let mut launches_at = vec![];
+    // The KV buffers' largest capacity in the passes: past SPLIT_KEYS positions a GPU's
+    // `attn_decode` is two launches (split and combine).
+    let mut kv_capacity = 0;
     for rows in 1..=MAX_ROWS {
         let tokens = &ids[PROMPT..PROMPT + rows];
         let (want, step_launches, after) = decode_steps(&model, &base, tokens);
@@ -148,7 +165,8 @@ fn check(name: &str) {
 
         // One product over the rows (the GPU's default): the f32 gate, and the launches.
         model.set_batch_products(BatchProducts::Shared);
-        let (shared, spent, read_backs, ..) = verify_in_window(&model, &base, tokens);
+        let (shared, spent, read_backs, _, after_pass) = verify_in_window(&model, &base, tokens);
+        kv_capacity = kv_capacity.max(capacity_of(&after_pass));
         assert!(
             read_backs == 0 || !covered,
             "{name}, T={rows}: {read_backs} host read-backs"
@@ -193,7 +211,8 @@ fn check(name: &str) {
     // front advances them in place); a pass of T ≥ 2 rows the decode step (its conv rows are
     // left as they were), plus per further row: per GDN layer its recurrence, the copy of
     // the state before it (the last token's state is the live one) and its output row (3),
-    // per attention layer its `attn_decode` and output row (2), nothing per product; and
+    // per attention layer its `attn_decode` (one launch, or two past SPLIT_KEYS positions on
+    // a GPU) and output row, nothing per product; and
     // joining the rows once (1 per layer). Past MATVEC_MAX_ROWS rows a second pass, which
     // copies the first pass's last state (1 per GDN layer), and the logits and normed rows
     // of the two are joined (2 + 2). A pass that drops to the composed MoE or to dequantized
@@ -201,7 +220,8 @@ fn check(name: &str) {
     if covered {
         let one_row = launches_at[0];
         let step = one_row - gdn_layers;
-        let per_row = 3 * gdn_layers + 2 * attention_layers;
+        let attn_decode = attn_decode::launches(kv_capacity, model.device());
+        let per_row = 3 * gdn_layers + (attn_decode + 1) * attention_layers;
         let join = gdn_layers + attention_layers;
         for (i, &spent) in launches_at.iter().enumerate().take(MATVEC_MAX_ROWS).skip(1) {
             let budget = step + i * per_row + join;

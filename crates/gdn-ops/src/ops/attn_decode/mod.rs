@@ -80,7 +80,7 @@ impl AttnDecodeDims {
     /// Key ranges per head: one per [`SPLIT_KEYS`] positions of capacity (the context
     /// rounded up to the KV buffers' growth step), at most [`MAX_SPLITS`].
     pub fn splits(&self) -> usize {
-        self.capacity.div_ceil(SPLIT_KEYS).clamp(1, MAX_SPLITS)
+        splits(self.capacity)
     }
 
     /// f32 values of the records a split leaves for the combine pass: `2 + Dh` per range.
@@ -105,6 +105,21 @@ impl AttnDecodeDims {
     /// sum and `Dh` output values, in f32, rounded up to the 16 bytes Metal requires.
     pub fn scratch_bytes(&self, simdgroups: usize) -> usize {
         (simdgroups * (2 + self.head_dim) * 4).next_multiple_of(16)
+    }
+}
+
+/// Key ranges per head for KV buffers of `capacity` positions (see [`AttnDecodeDims::splits`]).
+fn splits(capacity: usize) -> usize {
+    capacity.div_ceil(SPLIT_KEYS).clamp(1, MAX_SPLITS)
+}
+
+/// Kernel launches of one [`attn_decode`] on `device` over KV buffers of `capacity`
+/// positions: one, or on a GPU past [`SPLIT_KEYS`] positions the split pass and its combine
+/// (the CPU twin runs every range in one call). For launch budgets.
+pub fn launches(capacity: usize, device: &candle_core::Device) -> usize {
+    match device.is_cpu() || splits(capacity) == 1 {
+        true => 1,
+        false => 2,
     }
 }
 
