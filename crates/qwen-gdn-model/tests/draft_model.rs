@@ -3,7 +3,8 @@
 //! model that agrees with the main one (itself: every draft accepted, windows of several
 //! calls), the same with every third draft spoiled (drafts rejected in the middle of the
 //! window, the cache rewound into it) and one that never agrees (another architecture), on two
-//! targets (qwen3-next and qwen3.5, each the other's disagreeing draft);
+//! targets (qwen3-next and qwen3.5, each the other's disagreeing draft), and on qwen4_exp,
+//! whose family state is rewound by replay;
 //! after every step the draft model's
 //! cache is bit for bit a cache that ran only the kept tokens, one decode step each.
 
@@ -59,7 +60,7 @@ fn assert_draft_cache_exact(draft: &Model, spec: &Speculation, prompt: &[u32], s
         &sequence[seen..seen + unseen.len()],
         "the tokens the draft model has not run follow those it has"
     );
-    let (got, want) = (gdn_and_kv(cache), gdn_and_kv(&want));
+    let (got, want) = (layer_states(cache), layer_states(&want));
     assert_eq!(got.len(), want.len());
     for (i, (a, b)) in got.iter().zip(&want).enumerate() {
         let same = a.len() == b.len() && a.iter().zip(b).all(|(p, q)| p.to_bits() == q.to_bits());
@@ -109,6 +110,14 @@ fn greedy_output_with_a_draft_model_equals_greedy_output_without() {
 #[test]
 fn greedy_output_with_a_draft_model_equals_greedy_output_without_on_a_second_target() {
     greedy_output_is_kept_with_drafts_for(QWEN35, NEXT);
+}
+
+/// A target whose cache holds a family's own layer state (`qwen4_exp`: the PLE window and
+/// the QSA indexer's keys), which windows rewind by replay: as main model and as its own
+/// draft model.
+#[test]
+fn greedy_output_with_a_draft_model_equals_greedy_output_without_on_qwen4_exp() {
+    greedy_output_is_kept_with_drafts_for(QWEN4_EXP[0], QWEN35);
 }
 
 /// Greedy decoding of `target` with drafts from itself (spoiled or not) and from `other`.

@@ -289,6 +289,28 @@ fn a_draft_model_gives_the_text_of_plain_greedy_decoding() {
     }
 }
 
+/// `--draft-model` on Qwen3.8-Flash-Next (`qwen4_exp`), whose per-layer embedding and QSA
+/// indexer state windows rewind by running the kept tokens again: as main and draft model,
+/// the text is plain greedy decoding's.
+#[test]
+fn a_draft_model_gives_the_text_of_plain_greedy_decoding_on_qwen4_exp() {
+    let model = fixture("qwen4-exp-tiny-hf");
+    let args = ["--max-tokens", "24", "--prompt", "Tell me about the sea."];
+    let plain = generate(&model, &args);
+    assert!(plain.status.success(), "{}", stderr(&plain));
+    let mut with = args.to_vec();
+    with.extend([
+        "--draft-model",
+        model.to_str().unwrap(),
+        "--draft-tokens",
+        "3",
+    ]);
+    let spec = generate(&model, &with);
+    assert!(spec.status.success(), "{}", stderr(&spec));
+    assert_eq!(spec.stdout, plain.stdout);
+    assert_eq!(speculative_lines(&spec).len(), 1, "{}", stderr(&spec));
+}
+
 /// A draft model whose tokenizer differs (two tokens' ids swapped in a copy of a fixture with
 /// the main model's tokenizer), or one given with --mtp-from, is refused in one line before
 /// anything is generated.

@@ -8,6 +8,8 @@
 //! verify step uses). Why not recompute: a rejected draft then costs the draft model nothing
 //! more, and its cache never holds the rejected tokens. The price is one recurrent state per
 //! GDN layer of the draft model per token of the window (at most k + 1), held while it is open.
+//! A draft model with a family's own layer state (`qwen4_exp`) is rewound by replay instead:
+//! its kept tokens run again, one decode step each (window.rs).
 
 use super::{Judge, Window};
 use crate::cache::Cache;
@@ -23,8 +25,8 @@ pub struct DraftModel {
     cache: Cache,
     /// Tokens of the sequence the draft model has not run yet, before the step's token.
     unseen: Vec<u32>,
-    /// The open window of the current step and how many tokens it ran before the drafts.
-    window: Option<(Window, usize)>,
+    /// The open window of the current step and the tokens it ran before the drafts.
+    window: Option<(Window, Vec<u32>)>,
 }
 
 impl std::fmt::Debug for DraftModel {
@@ -100,7 +102,7 @@ impl DraftModel {
                 return Err(e);
             }
         };
-        self.window = Some((window, run.len()));
+        self.window = Some((window, run));
         Ok(drafts)
     }
 
@@ -108,11 +110,19 @@ impl DraftModel {
     /// keeps the tokens before the drafts and the accepted drafts it ran (the last draft never
     /// ran); an accepted last draft becomes the one token it has not seen.
     pub fn keep(&mut self, drafts: &[u32], accepted: usize) -> Result<()> {
-        let Some((window, before)) = self.window.take() else {
+        let Some((window, run)) = self.window.take() else {
             return Ok(()); // nothing was drafted: the step's token waits in `unseen`
         };
         let k = drafts.len();
-        window.close(&mut self.cache, before + accepted.min(k - 1))?;
+        // A family's own layer state rewinds by running the kept tokens again, one decode
+        // step each as they first ran (window.rs).
+        let ran: Vec<u32> = run.iter().chain(&drafts[..k - 1]).copied().collect();
+        let model = &self.model;
+        window.close_replaying(
+            &mut self.cache,
+            run.len() + accepted.min(k - 1),
+            |cache, kept| decode_each(model, cache, &ran[..kept]).map(drop),
+        )?;
         self.unseen = match accepted == k {
             true => vec![drafts[k - 1]],
             false => Vec::new(),

@@ -315,7 +315,10 @@ impl Speculation {
             }
         }
         let accepted = decided.len() - 1;
-        window.close(cache, accepted + 1)?;
+        // A family's own layer state rewinds by running the kept tokens again (window.rs).
+        window.close_replaying(cache, accepted + 1, |cache, kept| {
+            model.verify(&window_tokens[..kept], cache).map(drop)
+        })?;
         match &mut self.drafter {
             Drafter::Head(head) => head.keep(model, token, &normed, &decided)?,
             Drafter::Model(draft) => draft.keep(&drafts, accepted)?,

@@ -11,10 +11,22 @@
 //! Why per-token copies rather than recomputing the kept tokens: a rejected draft then costs
 //! no second forward pass. The price is memory: per GDN layer one recurrent state
 //! (`Hv·Dv·Dk` values) per token of the window, held only while it is open.
+//!
+//! A family's own layer state (`qwen4_exp`: the per-layer embedding's n-gram context and conv
+//! window, the QSA indexer's pooled and tail keys) is not recorded token by token: the
+//! indexer pools a block's raw keys as it completes and keeps no per-token history. A cache
+//! that holds one is rewound by replay instead: the window keeps a copy of every layer's state
+//! at its opening (GDN state and conv rows, the family's state; the KV only as its length),
+//! and a close that rejects a token puts those back and runs the kept tokens again
+//! ([`Window::close_replaying`]). The state is then, by construction, the one a cache that
+//! never saw the rejected tokens gets from the same call. Its price: one copy of the
+//! recurrent states and the family's state while the window is open (not one per token),
+//! and a second pass over the kept tokens after a rejection.
 
-use crate::cache::{Cache, LayerCache};
+use crate::cache::{Cache, FamilyState, LayerCache};
 use crate::layers::gdn::GdnSteps;
 use anyhow::{bail, ensure, Result};
+use candle_core::Tensor;
 
 /// What the cache was when the window opened.
 #[derive(Debug)]
@@ -22,45 +34,128 @@ pub struct Window {
     offset: usize,
     /// Per layer: the KV length of an attention layer.
     kv_lens: Vec<Option<usize>>,
+    /// For a cache with a family's own layer state: every layer's state at the opening, put
+    /// back before the kept tokens are run again (see the module doc).
+    opening: Option<Vec<Opening>>,
+}
+
+/// One layer's state at a replay window's opening (copies: the states advance in place).
+#[derive(Debug)]
+struct Opening {
+    conv: Option<Tensor>,
+    state: Option<Tensor>,
+    family: Option<Box<dyn FamilyState>>,
+}
+
+impl Opening {
+    fn of(layer: &LayerCache) -> Result<Self> {
+        let copy = |t: &Option<Tensor>| t.as_ref().map(Tensor::copy).transpose();
+        let family = |f: &Option<Box<dyn FamilyState>>| f.as_ref().map(|f| f.deep_clone());
+        Ok(match layer {
+            LayerCache::Gdn(c) => Self {
+                conv: copy(&c.conv)?,
+                state: copy(&c.state)?,
+                family: family(&c.family).transpose()?,
+            },
+            LayerCache::Attention(c) => Self {
+                conv: None,
+                state: None,
+                family: family(&c.family).transpose()?,
+            },
+        })
+    }
+}
+
+/// Whether `cache` holds a family's own layer state, which a window rewinds by replay.
+fn has_family_state(cache: &Cache) -> bool {
+    cache.layers.iter().any(|l| match l {
+        LayerCache::Gdn(c) => c.family.is_some(),
+        LayerCache::Attention(c) => c.family.is_some(),
+    })
 }
 
 impl Window {
     /// Starts recording: every GDN layer of `cache` keeps its state after each token of the
-    /// next forward pass.
+    /// next forward pass; or, for a cache with a family's own layer state, every layer's
+    /// state is copied now, to be replayed from (see the module doc).
     pub fn open(cache: &mut Cache) -> Result<Self> {
+        let replay = has_family_state(cache);
         let mut kv_lens = Vec::with_capacity(cache.layers.len());
+        let mut opening = Vec::new();
         for layer in &mut cache.layers {
+            if replay {
+                opening.push(Opening::of(layer)?);
+            }
             match layer {
                 LayerCache::Gdn(c) => {
                     ensure!(c.steps.is_none(), "a verify window is already open");
-                    if c.family.is_some() {
-                        bail!("speculative decoding cannot rewind a family's own layer state (qwen4_exp) yet");
+                    if !replay {
+                        c.steps = Some(GdnSteps::default());
                     }
-                    c.steps = Some(GdnSteps::default());
                     kv_lens.push(None);
                 }
-                LayerCache::Attention(c) => {
-                    if c.family.is_some() {
-                        bail!("speculative decoding cannot rewind a family's own layer state (qwen4_exp) yet");
-                    }
-                    kv_lens.push(Some(c.len()));
-                }
+                LayerCache::Attention(c) => kv_lens.push(Some(c.len())),
             }
         }
         Ok(Self {
             offset: cache.offset,
             kv_lens,
+            opening: replay.then_some(opening),
         })
     }
 
+    /// Whether closing this window on fewer tokens than it saw runs the kept ones again
+    /// ([`Window::close_replaying`]).
+    pub fn replays(&self) -> bool {
+        self.opening.is_some()
+    }
+
     /// Stops recording and keeps the first `kept` tokens of the window (at least one: the
-    /// token the step started from is always kept).
+    /// token the step started from is always kept). A window that [`Window::replays`] must be
+    /// closed with [`Window::close_replaying`] unless every token is kept.
     pub fn close(self, cache: &mut Cache, kept: usize) -> Result<()> {
+        self.close_replaying(cache, kept, |_, _| {
+            bail!("this cache holds a family's own layer state: its window is closed by running the kept tokens again")
+        })
+    }
+
+    /// [`Window::close`], where `replay(cache, kept)` runs the window's first `kept` tokens
+    /// again through the model (as the window's pass ran them) when the window rewinds by
+    /// replay and a token is rejected; otherwise `replay` is not called.
+    pub fn close_replaying(
+        self,
+        cache: &mut Cache,
+        kept: usize,
+        replay: impl FnOnce(&mut Cache, usize) -> Result<()>,
+    ) -> Result<()> {
         let seen = cache.offset - self.offset;
         ensure!(
             (1..=seen).contains(&kept),
             "keeping {kept} of the {seen} tokens of a verify window"
         );
+        if let Some(opening) = self.opening {
+            if kept == seen {
+                return Ok(());
+            }
+            ensure!(
+                opening.len() == cache.layers.len(),
+                "the cache changed its layers inside a verify window"
+            );
+            for ((layer, was), kv_len) in cache.layers.iter_mut().zip(opening).zip(self.kv_lens) {
+                match (layer, kv_len) {
+                    (LayerCache::Gdn(c), None) => {
+                        (c.conv, c.state, c.family) = (was.conv, was.state, was.family);
+                    }
+                    (LayerCache::Attention(c), Some(len)) => {
+                        c.truncate(len);
+                        c.family = was.family;
+                    }
+                    _ => bail!("the cache changed its layers inside a verify window"),
+                }
+            }
+            cache.offset = self.offset;
+            return replay(cache, kept);
+        }
         for (layer, kv_len) in cache.layers.iter_mut().zip(self.kv_lens) {
             match (layer, kv_len) {
                 (LayerCache::Gdn(c), None) => {

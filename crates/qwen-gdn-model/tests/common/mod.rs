@@ -184,6 +184,24 @@ pub fn gdn_and_kv(cache: &qwen_gdn_model::Cache) -> Vec<Vec<f32>> {
     out
 }
 
+/// [`gdn_and_kv`], then every layer's family state as its prompt-cache file fields
+/// (`qwen4_exp`: the per-layer embedding's conv window, the QSA indexer's keys), flattened.
+#[allow(dead_code)] // not every includer compares family state
+pub fn layer_states(cache: &qwen_gdn_model::Cache) -> Vec<Vec<f32>> {
+    use qwen_gdn_model::cache::LayerCache;
+    let mut out = gdn_and_kv(cache);
+    for layer in &cache.layers {
+        let family = match layer {
+            LayerCache::Gdn(c) => &c.family,
+            LayerCache::Attention(c) => &c.family,
+        };
+        if let Some(f) = family {
+            out.extend(f.snapshot_fields().unwrap().iter().map(|(_, t)| flat(t)));
+        }
+    }
+    out
+}
+
 /// Largest |a − b| relative to the largest |b|: the tolerance measure used throughout.
 pub fn rel_max_diff(got: &Tensor, want: &Tensor) -> f32 {
     assert_eq!(got.dims(), want.dims(), "shape mismatch");
