@@ -5,6 +5,8 @@
 #     and f32 logits bit for bit those of one rank (crates/qwen-gdn-model/tests/pipeline_mpi.rs);
 #  3. a rank that dies or stalls mid-decode: every other rank ends with one `error: rank ...`
 #     line and a non-zero exit within its 5 s deadline (plus start-up), no hang;
+#  3b. the expert-parallel plan's gate on 2 and 3 ranks (crates/qwen-gdn-model/tests/
+#     experts_mpi.rs: every MoE fixture bit for bit one process's) and its faults;
 #  4. `qwen-gdn generate --ranks 2` and `mpirun -n 3 qwen-gdn generate` (the `mpi` build):
 #     the same text as one process, with the layout printed.
 # Installs Open MPI from Debian when missing (CI runs as root on a fresh machine); bindgen also
@@ -68,6 +70,32 @@ for fault in stall:1:3 die:1:3 stall:2:3; do
     echo "fault $fault: exit $status after ${took}s"
 done
 
+# The expert-parallel plan: every MoE fixture (qwen4_exp included) with its experts over 2 and 3
+# ranks, 64 greedy steps, tokens and f32 logits bit for bit one process's on every rank; then a
+# rank that dies or stalls in a reduction: the others' one line each within the deadline.
+experts=$(test_binary qwen-gdn-model mpi experts_mpi)
+for ranks in 2 3; do
+    echo "experts_mpi on $ranks ranks"
+    timeout 300 "${mpirun[@]}" -np "$ranks" "$experts" --test-threads=1 --nocapture
+done
+for fault in stall:2:3 die:1:3; do
+    echo "experts_mpi on 3 ranks, fault $fault"
+    status=0
+    EXPERTS_TEST_FAULT=$fault timeout 60 "${mpirun[@]}" -np 3 "$experts" --test-threads=1 \
+        --nocapture >"$log" 2>&1 || status=$?
+    faulty=${fault#*:}; faulty=${faulty%%:*}
+    if [ "$status" -eq 0 ] || [ "$status" -eq 124 ]; then
+        cat "$log"; echo "FAIL: experts fault $fault: exit status $status (expected a failure, not a pass or a hang)"; exit 1
+    fi
+    for rank in 0 1 2; do
+        [ "$rank" = "$faulty" ] && continue
+        if [ "$(grep -c "^error: rank $rank: " "$log")" != 1 ]; then
+            cat "$log"; echo "FAIL: experts fault $fault: rank $rank did not end with its one line"; exit 1
+        fi
+    done
+    echo "experts fault $fault: exit $status"
+done
+
 # generate over ranks prints what one process prints (greedy, the tied-head fixture and one with
 # an untied head), and the layout.
 qwen_gdn=$(built qwen-gdn build --locked -p qwen-gdn --features mpi --bin qwen-gdn)
@@ -85,4 +113,22 @@ for model in models/qwen3.5-tiny-4bit models/qwen3-next-tiny-4bit; do
         echo "FAIL: $model: generate over ranks differs from one process"; exit 1
     fi
     echo "generate on $model: 2 and 3 ranks print what one process prints"
+done
+
+# generate with the experts split over ranks prints what one process prints (greedy, and
+# sampled with a seed: every rank must draw the same token), with the layout.
+model=models/qwen3-next-tiny-4bit
+for sampling in "--temp 0" "--temp 0.8 --seed 7"; do
+    # shellcheck disable=SC2206 # the sampling flags are words
+    run=(generate --model "$model" --prompt "The experts" --max-tokens 24 --verbose false $sampling)
+    want=$(timeout 120 "$qwen_gdn" "${run[@]}" 2>/dev/null)
+    got2=$(timeout 120 "$qwen_gdn" "${run[@]}" --ranks 2 --parallel experts 2>"$log")
+    grep -q "^expert parallel, rank 1 of 2 on .*: experts 4..8 of 8 in each MoE layer" "$log" \
+        || { cat "$log"; echo "FAIL: $model: no expert layout line for rank 1 of 2"; exit 1; }
+    got3=$(timeout 120 "${mpirun[@]}" -np 3 "$qwen_gdn" "${run[@]}" --parallel experts 2>"$log")
+    if [ "$got2" != "$want" ] || [ "$got3" != "$want" ]; then
+        printf 'one process: %q\n2 ranks:     %q\n3 ranks:     %q\n' "$want" "$got2" "$got3"
+        echo "FAIL: $model ($sampling): generate --parallel experts differs from one process"; exit 1
+    fi
+    echo "generate --parallel experts on $model ($sampling): 2 and 3 ranks print what one process prints"
 done

@@ -22,3 +22,8 @@ pub trait Collective {
     /// Every rank's `value`, in rank order, on every rank.
     fn all_gather_u64(&self, value: u64) -> Result<Vec<u64>>;
 }
+
+/// A job's world as every plan holds it: shared between the plan, the model's layers (an
+/// expert-parallel MoE block exchanges from inside the forward pass, on the CPU pool's
+/// threads) and the generation loop.
+pub type World = std::sync::Arc<dyn Collective + Send + Sync>;

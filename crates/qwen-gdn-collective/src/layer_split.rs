@@ -1,4 +1,5 @@
-//! Which layers each pipeline stage owns.
+//! Which layers each pipeline stage owns, and which experts each rank of an expert-parallel
+//! plan owns: one rule for both.
 
 use anyhow::{ensure, Result};
 use std::ops::Range;
@@ -16,21 +17,34 @@ pub struct Stage {
 /// leaves a rank without a layer is refused.
 pub fn split_layers(num_layers: usize, ranks: usize) -> Result<Vec<Stage>> {
     ensure!(ranks > 0, "a pipeline needs at least one rank");
+    Ok(split_contiguous(num_layers, ranks, "layers", "a layer")?
+        .into_iter()
+        .enumerate()
+        .map(|(rank, layers)| Stage { rank, layers })
+        .collect())
+}
+
+/// Splits `num_experts` experts of every MoE layer over `ranks` (an expert-parallel plan),
+/// by the pipeline's rule: contiguous, `num_experts / ranks` each and the first
+/// `num_experts % ranks` ranks one more; a rank left without an expert is refused.
+pub fn split_experts(num_experts: usize, ranks: usize) -> Result<Vec<Range<usize>>> {
+    ensure!(ranks > 0, "an expert-parallel plan needs at least one rank");
+    split_contiguous(num_experts, ranks, "experts", "an expert")
+}
+
+/// `n` items over `ranks` contiguous ranges, the first `n % ranks` one longer.
+fn split_contiguous(n: usize, ranks: usize, items: &str, one: &str) -> Result<Vec<Range<usize>>> {
     ensure!(
-        ranks <= num_layers,
-        "{ranks} ranks for {num_layers} layers would leave a rank without a layer (use at most {num_layers} ranks)"
+        ranks <= n,
+        "{ranks} ranks for {n} {items} would leave a rank without {one} (use at most {n} ranks)"
     );
-    let (base, extra) = (num_layers / ranks, num_layers % ranks);
+    let (base, extra) = (n / ranks, n % ranks);
     let mut start = 0;
     Ok((0..ranks)
         .map(|rank| {
             let len = base + usize::from(rank < extra);
-            let stage = Stage {
-                rank,
-                layers: start..start + len,
-            };
             start += len;
-            stage
+            start - len..start
         })
         .collect())
 }
@@ -54,6 +68,14 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn experts_split_like_layers() {
+        assert_eq!(split_experts(8, 3).unwrap(), vec![0..3, 3..6, 6..8]);
+        assert_eq!(split_experts(4, 2).unwrap(), vec![0..2, 2..4]);
+        let err = split_experts(2, 3).unwrap_err().to_string();
+        assert!(err.contains("without an expert"), "{err}");
     }
 
     #[test]

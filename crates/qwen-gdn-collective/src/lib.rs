@@ -12,10 +12,10 @@ mod layer_split;
 mod mpi_world;
 
 pub use agreement::ensure_same_fingerprint;
-pub use collective::Collective;
-pub use layer_split::{split_layers, Stage};
+pub use collective::{Collective, World};
+pub use layer_split::{split_experts, split_layers, Stage};
 #[cfg(feature = "mpi")]
-pub use mpi_world::MpiWorld;
+pub use mpi_world::{MpiWorld, SharedMpiWorld};
 
 /// Call before printing this process's own last line (an error) and exiting: a launcher's
 /// SIGTERM arriving after it then adds no second line (see

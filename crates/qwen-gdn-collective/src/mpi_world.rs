@@ -24,9 +24,17 @@ pub struct MpiWorld {
 
 impl MpiWorld {
     /// Initializes MPI. Outside `mpirun` this is a world of one rank.
+    ///
+    /// With serialized threading: any thread may call MPI, one at a time. An expert-parallel
+    /// plan exchanges from inside the forward pass, which runs on the CPU pool's workers
+    /// ([`SharedMpiWorld`] serializes those calls).
     pub fn init() -> Result<Self> {
-        let universe = mpi::initialize()
+        let (universe, threading) = mpi::initialize_with_threading(mpi::Threading::Serialized)
             .ok_or_else(|| anyhow!("MPI was already initialized in this process"))?;
+        ensure!(
+            threading >= mpi::Threading::Serialized,
+            "this MPI library offers only {threading:?} threading; serialized calls from several threads are needed"
+        );
         Ok(Self {
             world: universe.world(),
             _universe: universe,
@@ -156,8 +164,33 @@ impl Collective for MpiWorld {
 
     fn all_reduce_sum(&self, data: &mut [f32]) -> Result<()> {
         let mine = data.to_vec();
-        self.world
-            .all_reduce_into(&mine[..], data, SystemOperation::sum());
+        if self.deadline.is_none() {
+            self.world
+                .all_reduce_into(&mine[..], data, SystemOperation::sum());
+            return Ok(());
+        }
+        // Non-blocking on buffers of its own, so that a reduction a dead rank never joins can
+        // be abandoned at the deadline (as a send is).
+        let send: &'static [f32] = Box::leak(mine.into_boxed_slice());
+        let recv: &'static mut [f32] = Box::leak(vec![0f32; data.len()].into_boxed_slice());
+        let (send_ptr, recv_ptr): (*const [f32], *mut [f32]) = (send, recv);
+        let request =
+            self.world
+                .immediate_all_reduce_into(StaticScope, send, recv, SystemOperation::sum());
+        let me = self.rank();
+        self.finish(request, |s| {
+            format!("rank {me}: a reduction over every rank did not complete within {s} s (a rank died or a link stalled)")
+        })?;
+        // SAFETY: the request completed, so MPI no longer reads or writes either buffer, and
+        // these pointers are the only ways left to them.
+        let (sent, got) = unsafe {
+            (
+                Box::from_raw(send_ptr as *mut [f32]),
+                Box::from_raw(recv_ptr),
+            )
+        };
+        drop(sent);
+        data.copy_from_slice(&got);
         Ok(())
     }
 
@@ -165,5 +198,51 @@ impl Collective for MpiWorld {
         let mut all = vec![0u64; self.size()];
         self.world.all_gather_into(&value, &mut all[..]);
         Ok(all)
+    }
+}
+
+/// The MPI world shared by threads: every call takes a lock, so MPI sees one call at a time,
+/// as the serialized threading [`MpiWorld::init`] asks for allows from any thread.
+pub struct SharedMpiWorld(std::sync::Mutex<MpiWorld>);
+
+// SAFETY: MPI was initialized with `Threading::Serialized` (checked in `MpiWorld::init`), which
+// allows calls from any thread as long as no two overlap; the mutex makes every call to the
+// communicator exclusive. The communicator handle itself is only an id MPI resolves per call.
+unsafe impl Send for SharedMpiWorld {}
+unsafe impl Sync for SharedMpiWorld {}
+
+impl SharedMpiWorld {
+    pub fn new(world: MpiWorld) -> Self {
+        Self(std::sync::Mutex::new(world))
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, MpiWorld> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+impl Collective for SharedMpiWorld {
+    fn rank(&self) -> usize {
+        self.lock().rank()
+    }
+
+    fn size(&self) -> usize {
+        self.lock().size()
+    }
+
+    fn send(&self, to: usize, data: &[f32]) -> Result<()> {
+        self.lock().send(to, data)
+    }
+
+    fn receive(&self, from: usize, data: &mut [f32]) -> Result<()> {
+        self.lock().receive(from, data)
+    }
+
+    fn all_reduce_sum(&self, data: &mut [f32]) -> Result<()> {
+        self.lock().all_reduce_sum(data)
+    }
+
+    fn all_gather_u64(&self, value: u64) -> Result<Vec<u64>> {
+        self.lock().all_gather_u64(value)
     }
 }

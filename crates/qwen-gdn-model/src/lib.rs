@@ -12,6 +12,7 @@ pub mod config;
 pub mod cuda_graph;
 pub mod device_memory;
 pub mod diagnose;
+pub mod expert_parallel;
 pub mod families;
 pub mod footprint;
 pub mod layers;

@@ -253,6 +253,11 @@ impl Model {
         self.plan
     }
 
+    /// The family's layers, for plans that reshape them after load (expert parallel).
+    pub(crate) fn decoder_mut(&mut self) -> &mut Decoder {
+        &mut self.decoder
+    }
+
     /// How GDN recurrent states of new caches are stored.
     pub fn gdn_state_dtype(&self) -> StateDtype {
         self.gdn_state_dtype

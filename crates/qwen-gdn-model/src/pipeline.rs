@@ -13,9 +13,8 @@ use crate::tap::NoTap;
 use crate::{Cache, Model, ModelPart};
 use anyhow::{ensure, Result};
 use candle_core::{DType, Tensor};
-use qwen_gdn_collective::{ensure_same_fingerprint, split_layers, Collective, Stage};
+use qwen_gdn_collective::{ensure_same_fingerprint, split_layers, Stage, World};
 use sha2::{Digest, Sha256};
-use std::rc::Rc;
 
 /// How one generation is spread over processes, chosen by the launch (`mpirun -n N`,
 /// `--ranks N`): everything in this process, or one stage of a pipeline.
@@ -36,13 +35,13 @@ impl ParallelPlan {
 
 /// This rank's stage of a pipeline over `world`.
 pub struct Pipeline {
-    world: Rc<dyn Collective>,
+    world: World,
     stages: Vec<Stage>,
 }
 
 impl Pipeline {
     /// Splits `num_layers` layers over the ranks of `world` (refused when a rank would get none).
-    pub fn new(world: Rc<dyn Collective>, num_layers: usize) -> Result<Self> {
+    pub fn new(world: World, num_layers: usize) -> Result<Self> {
         let stages = split_layers(num_layers, world.size())?;
         Ok(Self { world, stages })
     }

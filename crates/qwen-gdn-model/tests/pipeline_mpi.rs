@@ -11,10 +11,10 @@
 mod common;
 
 use candle_core::{DType, Device, Tensor};
-use qwen_gdn_collective::{Collective, MpiWorld};
+use qwen_gdn_collective::{MpiWorld, SharedMpiWorld, World};
 use qwen_gdn_model::pipeline::Pipeline;
 use qwen_gdn_model::{Cache, Config, Model, ModelPart, RunOptions};
-use std::rc::Rc;
+use std::sync::Arc;
 use std::time::Duration;
 
 /// How long a rank waits for its neighbour before it gives up (the fault runs' bound).
@@ -152,7 +152,7 @@ fn pipeline_equals_one_rank() {
     let mut world = MpiWorld::init().unwrap();
     world.set_deadline(Some(DEADLINE));
     world.end_with_one_line_when_stopped();
-    let world: Rc<dyn Collective> = Rc::new(world);
+    let world: World = Arc::new(SharedMpiWorld::new(world));
     let (rank, ranks) = (world.rank(), world.size());
     let fault = fault();
     for name in common::CHECKPOINTS {

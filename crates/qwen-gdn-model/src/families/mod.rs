@@ -51,16 +51,29 @@ impl Decoder {
 
     /// The MoE router kernel's body of every MoE block.
     pub fn set_moe_route(&mut self, kernel: RouteKernel) {
-        match self {
-            Self::Hybrid(d) => d.set_moe_route(kernel),
-            Self::Qwen4Exp(d) => d.set_moe_route(kernel),
-        }
+        self.moe_blocks_mut()
+            .into_iter()
+            .for_each(|m| m.set_route(kernel));
     }
 
     pub fn set_moe_prefill(&mut self, mode: MoePrefill) {
+        self.moe_blocks_mut()
+            .into_iter()
+            .for_each(|m| m.set_prefill(mode));
+    }
+
+    /// Every MoE block this process holds, in layer order.
+    pub fn moe_blocks_mut(&mut self) -> Vec<&mut crate::layers::moe::SparseMoe> {
         match self {
-            Self::Hybrid(d) => d.set_moe_prefill(mode),
-            Self::Qwen4Exp(d) => d.set_moe_prefill(mode),
+            Self::Hybrid(d) => d
+                .layers
+                .iter_mut()
+                .filter_map(|l| match &mut l.feed_forward {
+                    hybrid::FeedForward::Moe(m) => Some(m.as_mut()),
+                    hybrid::FeedForward::Dense(_) => None,
+                })
+                .collect(),
+            Self::Qwen4Exp(d) => d.layers.iter_mut().map(|l| &mut l.moe).collect(),
         }
     }
 

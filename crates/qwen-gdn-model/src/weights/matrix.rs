@@ -117,6 +117,29 @@ impl Matrix {
         }
     }
 
+    /// A copy of experts `range` of the stack, as a stack of `range.len()` experts (one
+    /// rank's shard of an expert-parallel plan).
+    pub fn experts_range(&self, range: std::ops::Range<usize>) -> anyhow::Result<Self> {
+        Ok(match self {
+            Self::Affine(m) => Self::Affine(m.experts_range(range)?),
+            Self::Float(m) => {
+                anyhow::ensure!(
+                    range.start < range.end && range.end <= m.experts,
+                    "experts {range:?} of a stack of {}",
+                    m.experts
+                );
+                let per = m.rows * m.cols;
+                let elems = range.start * per..range.end * per;
+                let data = match &m.data {
+                    FloatData::F32(v) => FloatData::F32(v[elems].to_vec()),
+                    FloatData::Bf16(v) => FloatData::Bf16(v[elems].to_vec()),
+                    FloatData::F16(v) => FloatData::F16(v[elems].to_vec()),
+                };
+                Self::Float(FloatMatrix::new(range.len(), m.rows, m.cols, data)?)
+            }
+        })
+    }
+
     /// Bytes of weight data (what one full pass over this matrix reads).
     pub fn bytes(&self) -> usize {
         match self {

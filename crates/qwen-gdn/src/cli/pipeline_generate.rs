@@ -1,21 +1,134 @@
-//! `generate` as one stage of a pipeline (`mpirun -n N qwen-gdn generate ...` or
-//! `--ranks N`): every rank tokenizes the prompt and runs the same loop; each holds its layers
-//! only ([`Pipeline`]), the last picks each token with the sampler and sends it to the others,
-//! and rank 0 streams the text and prints the stats. The prompt cache and speculative decoding
+//! `generate` as one rank of a plan (`mpirun -n N qwen-gdn generate ...` or `--ranks N`,
+//! `--parallel pipeline|experts`): every rank tokenizes the prompt and runs the same loop.
+//! - pipeline: each rank holds its layers only ([`Pipeline`]), the last picks each token with
+//!   the sampler and sends it to the others;
+//! - experts: each rank holds every layer but only its share of the experts
+//!   ([`ExpertParallel`]); every rank computes the same logits and its sampler (same seed)
+//!   picks the same token, which the ranks check against each other every step.
+//!
+//! Rank 0 streams the text and prints the stats. The prompt cache and speculative decoding
 //! are single-process features and are refused here.
 
 use crate::cli::generate::{encode_prompt, print_stats, Args};
+use crate::cli::ranks::ParallelKind;
 use crate::engine::eos_ids;
 use crate::engine::sampler::Sampler;
 use crate::text::stream::TokenStream;
 use crate::ui::output::{emit, eprint_line};
+use anyhow::ensure;
 use anyhow::{bail, Result};
-use qwen_gdn_collective::Collective;
+use candle_core::Tensor;
+use qwen_gdn_collective::World;
+use qwen_gdn_model::expert_parallel::ExpertParallel;
 use qwen_gdn_model::pipeline::Pipeline;
-use qwen_gdn_model::Config;
+use qwen_gdn_model::{Cache, Config, Model, ModelPart};
 use std::process::ExitCode;
-use std::rc::Rc;
 use std::time::Instant;
+
+/// The plan this rank runs.
+enum RankPlan {
+    Pipeline(Pipeline),
+    Experts(ExpertParallel, World),
+}
+
+impl RankPlan {
+    fn layout_line(&self, host: &str) -> String {
+        match self {
+            Self::Pipeline(p) => p.layout_line(host),
+            Self::Experts(e, _) => e.layout_line(host),
+        }
+    }
+
+    fn rank(&self) -> usize {
+        match self {
+            Self::Pipeline(p) => p.rank(),
+            Self::Experts(e, _) => e.rank(),
+        }
+    }
+
+    fn part(&self, layers: usize) -> ModelPart {
+        match self {
+            Self::Pipeline(p) => p.part(layers),
+            Self::Experts(..) => ModelPart::Whole,
+        }
+    }
+
+    /// Whether this rank has logits to pick tokens from.
+    fn picks(&self) -> bool {
+        match self {
+            Self::Pipeline(p) => p.is_last(),
+            Self::Experts(..) => true,
+        }
+    }
+
+    /// The sampler's seed: `asked`, or under expert parallel (where every rank samples the
+    /// same logits and must draw the same token) rank 0's random one, on every rank.
+    fn seed(&self, asked: Option<u64>) -> Result<Option<u64>> {
+        match (self, asked) {
+            (Self::Experts(_, world), None) => {
+                Ok(Some(world.all_gather_u64(rand::random::<u64>())?[0]))
+            }
+            _ => Ok(asked),
+        }
+    }
+
+    /// Ready `model` (loaded with [`RankPlan::part`]) and check every rank agrees on it.
+    fn ready(&self, model: &mut Model) -> Result<()> {
+        match self {
+            Self::Pipeline(p) => p.ensure_agreement(model),
+            Self::Experts(e, _) => {
+                e.apply(model)?;
+                e.ensure_agreement(model)
+            }
+        }
+    }
+
+    fn prefill(
+        &self,
+        model: &Model,
+        tokens: &[u32],
+        cache: &mut Cache,
+        chunk: usize,
+    ) -> Result<()> {
+        match self {
+            Self::Pipeline(p) => p.prefill(model, tokens, cache, chunk),
+            Self::Experts(..) => model.prefill(tokens, cache, chunk),
+        }
+    }
+
+    fn forward_last(
+        &self,
+        model: &Model,
+        tokens: &[u32],
+        cache: &mut Cache,
+    ) -> Result<Option<Tensor>> {
+        match self {
+            Self::Pipeline(p) => p.forward_last(model, tokens, cache),
+            Self::Experts(..) => Ok(Some(model.forward_last(tokens, cache)?)),
+        }
+    }
+
+    /// The token every rank continues with (`chosen` where this rank picked one).
+    fn share_token(&self, chosen: Option<u32>) -> Result<u32> {
+        match self {
+            Self::Pipeline(p) => p.share_token(chosen),
+            Self::Experts(_, world) => {
+                let token = chosen
+                    .ok_or_else(|| anyhow::anyhow!("an expert-parallel rank picked no token"))?;
+                let all = world.all_gather_u64(u64::from(token))?;
+                let differ = all.iter().position(|&t| t != u64::from(token));
+                ensure!(
+                    differ.is_none(),
+                    "rank {} picked token {} where rank {} picked {token}: the ranks' logits differ",
+                    differ.unwrap_or(0),
+                    all[differ.unwrap_or(0)],
+                    self.rank()
+                );
+                Ok(token)
+            }
+        }
+    }
+}
 
 /// `generate`: in one process, as a pipeline stage when `mpirun` started this process among
 /// several, or, with `--ranks N`, by starting `mpirun -n N` of this binary.
@@ -29,12 +142,12 @@ pub fn dispatch(args: Args) -> Result<ExitCode> {
     }
 }
 
-fn run(args: &Args, world: Rc<dyn Collective>) -> Result<ExitCode> {
+fn run(args: &Args, world: World) -> Result<ExitCode> {
     if args.prompt_cache_file.is_some() {
-        bail!("--prompt-cache-file is not supported by a pipeline of ranks yet");
+        bail!("--prompt-cache-file is not supported over ranks yet");
     }
     if args.speculation.requested() {
-        bail!("speculative decoding is not supported by a pipeline of ranks yet");
+        bail!("speculative decoding is not supported over ranks yet");
     }
     let checkpoint = args.model.open()?;
     let limit = &checkpoint.input_limit;
@@ -42,18 +155,26 @@ fn run(args: &Args, world: Rc<dyn Collective>) -> Result<ExitCode> {
     let ids = encode_prompt(args, &checkpoint, &prompt, &what)?;
     limit.check_fits(ids.len(), &what)?;
     let context = ids.len() + args.sampling.max_tokens;
-    let layers = Config::from_dir(&checkpoint.dir)?.num_hidden_layers;
-    let pipeline = Pipeline::new(world, layers)?;
+    let config = Config::from_dir(&checkpoint.dir)?;
+    let layers = config.num_hidden_layers;
+    let pipeline = match args.ranks.parallel {
+        ParallelKind::Pipeline => RankPlan::Pipeline(Pipeline::new(world, layers)?),
+        ParallelKind::Experts => RankPlan::Experts(
+            ExpertParallel::new(world.clone(), config.num_experts)?,
+            world,
+        ),
+    };
     eprint_line(&pipeline.layout_line(&host_name()));
-    let model = args
+    let mut model = args
         .model
         .load_model_part(&checkpoint, context, pipeline.part(layers))?;
-    pipeline.ensure_agreement(&model)?;
+    pipeline.ready(&mut model)?;
     let eos = eos_ids(&checkpoint, &model.config().eos_token_id)?;
     let max_positions = model.config().max_position_embeddings;
+    let seed = pipeline.seed(args.sampling.seed)?;
     let mut sampler = pipeline
-        .is_last()
-        .then(|| Sampler::new(args.sampling.sampler(), args.sampling.seed));
+        .picks()
+        .then(|| Sampler::new(args.sampling.sampler(), seed));
     let printer = pipeline.rank() == 0;
     let mut out = std::io::stdout().lock();
     if printer && args.verbose {

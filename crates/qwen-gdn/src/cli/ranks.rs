@@ -1,11 +1,11 @@
-//! How `generate` becomes a pipeline of ranks: under `mpirun -n N` (a build with the `mpi`
-//! feature), each process is one stage; `--ranks N` on one host starts `mpirun -n N` of this
-//! very binary with the same arguments.
+//! How `generate` runs over ranks: under `mpirun -n N` (a build with the `mpi` feature), each
+//! process is one rank of the plan `--parallel` names (a pipeline stage, or a share of the
+//! experts); `--ranks N` on one host starts `mpirun -n N` of this very binary with the same
+//! arguments.
 
 use anyhow::{bail, Context, Result};
-use qwen_gdn_collective::Collective;
+use qwen_gdn_collective::World;
 use std::process::ExitCode;
-use std::rc::Rc;
 
 #[derive(clap::Args)]
 pub struct RankArgs {
@@ -14,11 +14,23 @@ pub struct RankArgs {
     /// Across hosts, start the binary under `mpirun` yourself
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=1024))]
     pub ranks: Option<u32>,
-    /// Pipeline: how long a rank waits for its neighbour's activation or token before it ends,
+    /// How the model is split over the ranks: `pipeline` (each rank a contiguous range of
+    /// layers; for hosts joined by slow links) or `experts` (each rank a share of every MoE
+    /// block's experts, the rest on every rank; the reference plan, f32 on the CPU)
+    #[arg(long, value_enum, default_value_t = ParallelKind::Pipeline)]
+    pub parallel: ParallelKind,
+    /// How long a rank waits for another's activation, token or reduction before it ends,
     /// with one line naming the rank that is gone (died, or its link stalled)
     #[arg(long, value_name = "SECONDS", default_value_t = 60,
           value_parser = clap::value_parser!(u64).range(1..=86_400))]
     pub rank_timeout: u64,
+}
+
+/// The plans `--parallel` chooses from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum ParallelKind {
+    Pipeline,
+    Experts,
 }
 
 /// Environment variables a launcher sets in every rank it starts: Open MPI's, then the PMI
@@ -35,19 +47,22 @@ fn launched_size() -> usize {
 
 /// This process's rank of the job `mpirun` started, when it started more than one; `None`
 /// when the run is a single process.
-pub fn launched_world(rank_timeout: u64) -> Result<Option<Rc<dyn Collective>>> {
+pub fn launched_world(rank_timeout: u64) -> Result<Option<World>> {
     if launched_size() <= 1 {
         return Ok(None);
     }
     #[cfg(feature = "mpi")]
     {
+        use qwen_gdn_collective::Collective;
         let mut world = qwen_gdn_collective::MpiWorld::init()?;
         world.set_deadline(Some(std::time::Duration::from_secs(rank_timeout)));
         world.end_with_one_line_when_stopped();
         if world.size() <= 1 {
             return Ok(None);
         }
-        Ok(Some(Rc::new(world)))
+        Ok(Some(std::sync::Arc::new(
+            qwen_gdn_collective::SharedMpiWorld::new(world),
+        )))
     }
     #[cfg(not(feature = "mpi"))]
     {

@@ -59,6 +59,15 @@ impl GroupParams {
         self.len() * self.dtype().size_in_bytes()
     }
 
+    /// A copy of elements `range`.
+    pub fn slice(&self, range: std::ops::Range<usize>) -> Self {
+        match self {
+            Self::F32(v) => Self::F32(v[range].to_vec()),
+            Self::Bf16(v) => Self::Bf16(v[range].to_vec()),
+            Self::F16(v) => Self::F16(v[range].to_vec()),
+        }
+    }
+
     /// Widens elements `start .. start + out.len()` into `out` (exactly: f32 holds every
     /// bf16 and f16 value).
     #[inline]

@@ -73,6 +73,28 @@ impl AffineMatrix {
         })
     }
 
+    /// A copy of experts `range` of the stack (the shard one rank of an expert-parallel plan
+    /// holds), as a stack of `range.len()` experts. The plain layout only: the q8 mode's
+    /// interleaved words are made after sharding.
+    pub fn experts_range(&self, range: std::ops::Range<usize>) -> Result<Self> {
+        if range.start >= range.end || range.end > self.experts {
+            bail!("experts {range:?} of a stack of {}", self.experts);
+        }
+        if self.interleaved.is_some() {
+            bail!("experts of a matrix already in the q8 interleaved layout");
+        }
+        let rows = range.start * self.rows..range.end * self.rows;
+        let (words, groups) = (self.cols * self.bits / 32, self.cols / self.group_size);
+        Self::new(
+            self.bits,
+            self.group_size,
+            [range.len(), self.rows, self.cols],
+            self.packed[rows.start * words..rows.end * words].to_vec(),
+            self.scales.slice(rows.start * groups..rows.end * groups),
+            self.biases.slice(rows.start * groups..rows.end * groups),
+        )
+    }
+
     /// The same matrix with its packed words in the q8 kernel's interleaved layout (sixteen
     /// rows four bytes at a time; [`q8_interleaved`](super::q8_interleaved)), the plain words dropped;
     /// unchanged if the q8 mode does not take it. Dequantizing and the other row accessors

@@ -17,7 +17,6 @@ pub use layer::{DecoderLayer, FeedForward, Mixer};
 pub use mtp::MtpHead;
 
 use crate::cache::{Cache, LayerCache};
-use crate::layers::moe::MoePrefill;
 use crate::layers::norm::RmsNorm;
 use crate::tap::{each_layer, Tap};
 use crate::weights::Checkpoint;
@@ -25,7 +24,6 @@ use crate::{Config, ModelPart, Plan, StateDtype};
 use anyhow::Result;
 use candle_core::{DType, Device, Tensor};
 use gdn_ops::ops::moe_combine::CombineKernel;
-use gdn_ops::ops::moe_route::RouteKernel;
 
 /// The hybrid family's layers and final norm, and how its decode steps run.
 #[derive(Debug)]
@@ -110,22 +108,6 @@ impl HybridDecoder {
         }
         self.cuda_graph = v.cuda_graph;
         self.moe_combine = v.moe_combine;
-    }
-
-    pub fn set_moe_prefill(&mut self, mode: MoePrefill) {
-        for layer in &mut self.layers {
-            if let FeedForward::Moe(moe) = &mut layer.feed_forward {
-                moe.set_prefill(mode);
-            }
-        }
-    }
-
-    pub fn set_moe_route(&mut self, kernel: RouteKernel) {
-        for layer in &mut self.layers {
-            if let FeedForward::Moe(moe) = &mut layer.feed_forward {
-                moe.set_route(kernel);
-            }
-        }
     }
 
     /// Decode steps on the fused kernels (`on`, device plan only) or the composed ops. Layers

@@ -22,7 +22,7 @@ use crate::config::LayerKind;
 use crate::families::hybrid::LayerCoverage;
 use crate::layers::attention::Attention;
 use crate::layers::gdn::GatedDeltaNet;
-use crate::layers::moe::{MoePrefill, SparseMoe};
+use crate::layers::moe::SparseMoe;
 use crate::layers::norm::Gate;
 use crate::tap::{each_layer, Part, Tap};
 use crate::weights::Checkpoint;
@@ -200,18 +200,6 @@ impl Qwen4ExpDecoder {
                 Qwen4Mixer::Gdn(m) => m.set_variants(v),
                 Qwen4Mixer::Qsa(q) => q.attention.set_variants(v),
             }
-        }
-    }
-
-    pub fn set_moe_prefill(&mut self, mode: MoePrefill) {
-        for layer in &mut self.layers {
-            layer.moe.set_prefill(mode);
-        }
-    }
-
-    pub fn set_moe_route(&mut self, kernel: gdn_ops::ops::moe_route::RouteKernel) {
-        for layer in &mut self.layers {
-            layer.moe.set_route(kernel);
         }
     }
 

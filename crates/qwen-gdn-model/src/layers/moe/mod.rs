@@ -15,6 +15,7 @@
 //!   the reference).
 
 mod decode;
+mod expert_shard;
 pub mod grouped;
 pub mod groups;
 pub mod stacked;
@@ -27,6 +28,7 @@ use crate::weights::{Checkpoint, Matrix, Product, Weight};
 use crate::Config;
 use anyhow::Result;
 use candle_core::{DType, Device, Tensor, D};
+pub use expert_shard::ExpertShard;
 use gdn_ops::launches::candle_op;
 pub use grouped::{MoePrefill, MoePrefillAsked};
 pub use stacked::StackedExperts;
@@ -57,6 +59,9 @@ struct SeparateExperts {
     up_proj: Weight,
     down_proj: Weight,
     shared_expert: Option<(Mlp, Linear)>,
+    /// Under expert parallelism, the experts the stacks above hold and how the ranks
+    /// combine (`expert_shard.rs`); `None`: every expert.
+    shard: Option<ExpertShard>,
 }
 
 /// The `k` most probable experts of one token, with their (optionally renormalised) weights.
@@ -94,6 +99,7 @@ impl SparseMoe {
                 up_proj: Weight::Host(ckpt.experts(prefix, "up_proj", e, im, h, cfg)?),
                 down_proj: Weight::Host(ckpt.experts(prefix, "down_proj", e, h, im, cfg)?),
                 shared_expert,
+                shard: None,
             })),
             top_k: cfg.num_experts_per_tok,
             norm_topk_prob: cfg.norm_topk_prob,
@@ -117,6 +123,34 @@ impl SparseMoe {
             None => Experts::Separate(Box::new(s.into_device(device, dtype)?)),
         };
         Ok(Self { experts, ..self })
+    }
+
+    /// Keeps only experts `shard.experts` of the block (their stacks copied, the others
+    /// dropped) and combines with the other ranks from now on. The reference plan only (host
+    /// weights, before any move to the device).
+    pub fn shard_experts(&mut self, shard: ExpertShard) -> Result<()> {
+        let Experts::Separate(s) = &mut self.experts else {
+            anyhow::bail!("expert parallel runs the reference plan (host weights); this block is on the device plan");
+        };
+        let (Weight::Host(g), Weight::Host(u), Weight::Host(d)) =
+            (&s.gate_proj, &s.up_proj, &s.down_proj)
+        else {
+            anyhow::bail!("expert parallel runs the reference plan (host weights); this block's experts are on a device");
+        };
+        anyhow::ensure!(
+            s.shard.is_none() && g.experts() == shard.total,
+            "expert parallel: a block of {} experts sharded as one of {}",
+            g.experts(),
+            shard.total
+        );
+        let range = shard.experts.clone();
+        (s.gate_proj, s.up_proj, s.down_proj) = (
+            Weight::Host(g.experts_range(range.clone())?),
+            Weight::Host(u.experts_range(range.clone())?),
+            Weight::Host(d.experts_range(range)?),
+        );
+        s.shard = Some(shard);
+        Ok(())
     }
 
     /// The regrouped form, when the weights have one (device plan, quantized).
@@ -197,6 +231,7 @@ impl SeparateExperts {
                     ))
                 })
                 .transpose()?,
+            shard: self.shard,
         })
     }
 
@@ -250,21 +285,32 @@ impl SeparateExperts {
         renormalise: bool,
     ) -> Result<Tensor> {
         let h = x.dim(D::Minus1)?;
-        let n_experts = gate_proj.experts();
+        // Under expert parallelism the stacks hold experts `first ..` of `n_experts`.
+        let (n_experts, owned) = match &self.shard {
+            Some(s) => (s.total, s.experts.clone()),
+            None => (gate_proj.experts(), 0..gate_proj.experts()),
+        };
+        let first = owned.start;
         let probs =
             gdn_ops::launches::read_back(self.probabilities(&x.flatten_to(D::Minus2)?)?.to_vec2())?;
         let xs = gdn_ops::launches::read_back(x.to_dtype(DType::F32)?.flatten_all()?.to_vec1())?;
-        // Tokens per expert: (token index, routing weight).
+        // Tokens per expert: (token index, routing weight); and each token's experts in
+        // ascending order (the order one process adds them in).
         let mut assigned: Vec<Vec<(usize, f32)>> = vec![vec![]; n_experts];
+        let mut experts_of: Vec<Vec<usize>> = Vec::with_capacity(probs.len());
         for (tok, p) in probs.iter().enumerate() {
-            for (e, w) in route(p, top_k, renormalise) {
+            let chosen = route(p, top_k, renormalise);
+            let mut ids: Vec<usize> = chosen.iter().map(|c| c.0).collect();
+            ids.sort_unstable();
+            experts_of.push(ids);
+            for (e, w) in chosen {
                 assigned[e].push((tok, w));
             }
         }
         let chosen: Vec<(usize, &[(usize, f32)])> = assigned
             .iter()
             .enumerate()
-            .filter(|(_, t)| !t.is_empty())
+            .filter(|(e, t)| !t.is_empty() && owned.contains(e))
             .map(|(e, t)| (e, t.as_slice()))
             .collect();
         let inputs: Vec<Vec<f32>> = chosen
@@ -291,7 +337,10 @@ impl SeparateExperts {
             .zip(&inputs)
             .flat_map(|(&(e, tokens), x)| {
                 let m = tokens.len();
-                [product(gate_proj, e, x, m), product(up_proj, e, x, m)]
+                [
+                    product(gate_proj, e - first, x, m),
+                    product(up_proj, e - first, x, m),
+                ]
             })
             .collect();
         let gate_up = Matrix::matmul_t_many(&gate_up);
@@ -308,17 +357,41 @@ impl SeparateExperts {
         let down: Vec<Product> = chosen
             .iter()
             .zip(&acts)
-            .map(|(&(e, tokens), act)| product(down_proj, e, act, tokens.len()))
+            .map(|(&(e, tokens), act)| product(down_proj, e - first, act, tokens.len()))
             .collect();
-        let mut out = vec![0f32; xs.len()];
-        for ((_, tokens), down) in chosen.iter().zip(Matrix::matmul_t_many(&down)) {
-            for (&(t, w), y) in tokens.iter().zip(down.chunks_exact(h)) {
-                out[t * h..(t + 1) * h]
-                    .iter_mut()
-                    .zip(y)
-                    .for_each(|(o, y)| *o += w * y);
+        let down = Matrix::matmul_t_many(&down);
+        let out = match &self.shard {
+            None => {
+                let mut out = vec![0f32; xs.len()];
+                for ((_, tokens), down) in chosen.iter().zip(down) {
+                    for (&(t, w), y) in tokens.iter().zip(down.chunks_exact(h)) {
+                        out[t * h..(t + 1) * h]
+                            .iter_mut()
+                            .zip(y)
+                            .for_each(|(o, y)| *o += w * y);
+                    }
+                }
+                out
             }
-        }
+            Some(shard) => {
+                // Each weighted result into its (token, slot), the slot its expert's place
+                // among the token's; the ranks then combine (expert_shard.rs).
+                let mut slots = vec![0f32; experts_of.len() * top_k * h];
+                for ((e, tokens), down) in chosen.iter().zip(down) {
+                    for (&(t, w), y) in tokens.iter().zip(down.chunks_exact(h)) {
+                        let j = experts_of[t]
+                            .binary_search(e)
+                            .expect("a token's own expert");
+                        let at = (t * top_k + j) * h;
+                        slots[at..at + h]
+                            .iter_mut()
+                            .zip(y)
+                            .for_each(|(o, y)| *o = w * y);
+                    }
+                }
+                shard.combine(slots, top_k, h)?
+            }
+        };
         Ok(Tensor::from_vec(out, x.dims(), x.device())?.to_dtype(x.dtype())?)
     }
 }

@@ -1,0 +1,111 @@
+//! Expert parallel (issue 31): every rank holds every layer but only its share of each MoE
+//! block's experts ([`qwen_gdn_collective::split_experts`]); the router and the shared expert
+//! are replicated. A forward call runs on every rank with the same tokens: attention, GDN and
+//! routing are computed by each rank alike, each MoE block's experts by the rank that holds
+//! them, and one sum over the ranks per MoE block combines them
+//! (`layers/moe/expert_shard.rs`), so that every rank has the block's output, bit for bit one
+//! process's, and every rank computes the same logits and picks the same token.
+//!
+//! What it is for: the experts are nearly all of an MoE model's bytes (Qwen3-Next-80B: 77 of
+//! 80 B parameters), so N ranks hold about 1/N of the model each. What it costs: the
+//! non-expert work is repeated on every rank, and each MoE layer waits for one reduction.
+//!
+//! Runs the reference plan (host weights, f32, the CPU). A rank reads the whole checkpoint
+//! at load and then drops the experts of the other ranks: its resident memory is its share,
+//! its reading is not yet (the loader reads each stack whole).
+
+use crate::layers::moe::ExpertShard;
+use crate::{Model, Plan};
+use anyhow::{bail, ensure, Result};
+use qwen_gdn_collective::{ensure_same_fingerprint, split_experts, World};
+use sha2::{Digest, Sha256};
+use std::ops::Range;
+
+/// This rank's share of an expert-parallel job over `world`.
+pub struct ExpertParallel {
+    world: World,
+    /// Every rank's experts, in rank order.
+    shares: Vec<Range<usize>>,
+}
+
+impl ExpertParallel {
+    /// Splits `num_experts` experts over the ranks of `world` (refused when a rank would get
+    /// none).
+    pub fn new(world: World, num_experts: usize) -> Result<Self> {
+        ensure!(
+            num_experts > 0,
+            "expert parallel needs an MoE model (the config has no experts)"
+        );
+        let shares = split_experts(num_experts, world.size())?;
+        Ok(Self { world, shares })
+    }
+
+    pub fn rank(&self) -> usize {
+        self.world.rank()
+    }
+
+    pub fn ranks(&self) -> usize {
+        self.world.size()
+    }
+
+    /// This rank's experts of every MoE block.
+    pub fn experts(&self) -> Range<usize> {
+        self.shares[self.rank()].clone()
+    }
+
+    /// Drops the other ranks' experts from every MoE block of `model` and makes the blocks
+    /// combine over the ranks. The reference plan only.
+    pub fn apply(&self, model: &mut Model) -> Result<()> {
+        if model.plan() != Plan::Reference {
+            bail!("expert parallel runs the reference plan (f32 on the CPU); this model was loaded on the {:?} plan", model.plan());
+        }
+        let total = self.shares.last().map_or(0, |r| r.end);
+        let blocks = model.decoder_mut().moe_blocks_mut();
+        ensure!(
+            !blocks.is_empty(),
+            "expert parallel: the model has no MoE blocks"
+        );
+        for block in blocks {
+            block.shard_experts(ExpertShard {
+                experts: self.experts(),
+                total,
+                world: self.world.clone(),
+            })?;
+        }
+        Ok(())
+    }
+
+    /// One line naming this rank's share and `host`, e.g.
+    /// `expert parallel, rank 1 of 3 on host-a: experts 3..6 of 8 in each MoE layer`.
+    pub fn layout_line(&self, host: &str) -> String {
+        let e = self.experts();
+        let total = self.shares.last().map_or(0, |r| r.end);
+        format!(
+            "expert parallel, rank {} of {} on {host}: experts {}..{} of {total} in each MoE layer (router and shared expert on every rank)",
+            self.rank(),
+            self.ranks(),
+            e.start,
+            e.end
+        )
+    }
+
+    /// Refuses to run, on every rank with one line naming the rank that differs, unless all
+    /// ranks load the same config and checkpoint (tensor headers) under the same plan.
+    pub fn ensure_agreement(&self, model: &Model) -> Result<()> {
+        let mut hash = Sha256::new();
+        hash.update(format!("{:?}", model.config()));
+        hash.update(model.checkpoint_fingerprint().to_le_bytes());
+        hash.update(format!(
+            "experts {:?} {:?} {:?}",
+            self.shares,
+            model.dtype(),
+            model.plan()
+        ));
+        let fingerprint = u64::from_le_bytes(hash.finalize()[..8].try_into().expect("8 bytes"));
+        ensure_same_fingerprint(
+            self.world.as_ref(),
+            fingerprint,
+            "config, checkpoint and expert-parallel plan",
+        )
+    }
+}
