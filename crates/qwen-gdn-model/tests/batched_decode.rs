@@ -423,7 +423,13 @@ fn batched_moe_past_four_rows_reads_nothing_back() {
     let (_, steady) = step();
     for i in 0..3 {
         let (reads, launches) = step();
-        assert_eq!(reads, 0, "step {i}: {reads} read-backs in a batched step of {rows} rows");
-        assert_eq!(launches, steady, "step {i}: launches differ from a steady step's");
+        assert_eq!(
+            reads, 0,
+            "step {i}: {reads} read-backs in a batched step of {rows} rows"
+        );
+        assert_eq!(
+            launches, steady,
+            "step {i}: launches differ from a steady step's"
+        );
     }
 }
