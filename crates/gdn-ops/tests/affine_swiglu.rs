@@ -8,7 +8,7 @@ mod common;
 use candle_core::{DType, Device, Tensor};
 use common::affine::{self, Kind};
 use common::{max_rel, random_matrix, Rng};
-use gdn_ops::ops::affine::{AffineMatrix, AffineTensor, MATVEC_MAX_ROWS};
+use gdn_ops::ops::affine::{AffineMatrix, AffineTensor, GATHER_MAX_TOKENS};
 
 /// `(gate_up [E, 2·Im, H], gate [E, Im, H], up [E, Im, H])` on the CPU: a stacked matrix and
 /// its gate and up rows apart.
@@ -67,11 +67,40 @@ fn twin_matches_the_composed_products() {
     }
 }
 
+/// A batched step's rows (issue 29): each token's slots over 16 and 64 tokens equal what that
+/// token gets alone, bit for bit (every pair is its own output row).
+#[test]
+fn batched_rows_equal_each_row_alone() {
+    let [gate_up, ..] = stacks(8, 16, 128, 4, 32, 7);
+    let mut rng = Rng::new(11);
+    for tokens in [16, GATHER_MAX_TOKENS] {
+        let slots = 3;
+        let xs: Vec<f32> = (0..tokens * 128).map(|_| rng.uniform(-1.0, 1.0)).collect();
+        let ids: Vec<u32> = (0..tokens * slots).map(|_| rng.below(8) as u32).collect();
+        let x = Tensor::from_vec(xs, (tokens, 128), &Device::Cpu).unwrap();
+        let ids = Tensor::from_vec(ids, (tokens, slots), &Device::Cpu).unwrap();
+        assert!(gate_up.supports_gather_swiglu(tokens, DType::F32));
+        let all = gate_up.gather_swiglu(&x, &ids).unwrap();
+        for t in 0..tokens {
+            let one = gate_up
+                .gather_swiglu(&x.narrow(0, t, 1).unwrap(), &ids.narrow(0, t, 1).unwrap())
+                .unwrap();
+            let got = all.narrow(0, t, 1).unwrap().flatten_all().unwrap();
+            let want = one.flatten_all().unwrap();
+            assert_eq!(
+                got.to_vec1::<f32>().unwrap(),
+                want.to_vec1::<f32>().unwrap(),
+                "token {t} of {tokens}"
+            );
+        }
+    }
+}
+
 #[test]
 fn supports_decode_rows_of_a_stacked_gate_and_up_matrix() {
     let [gate_up, gate, _] = stacks(2, 3, 64, 4, 32, 1);
-    assert!(gate_up.supports_gather_swiglu(MATVEC_MAX_ROWS, DType::BF16));
-    assert!(!gate_up.supports_gather_swiglu(MATVEC_MAX_ROWS + 1, DType::BF16));
+    assert!(gate_up.supports_gather_swiglu(GATHER_MAX_TOKENS, DType::BF16));
+    assert!(!gate_up.supports_gather_swiglu(GATHER_MAX_TOKENS + 1, DType::BF16));
     assert!(!gate_up.supports_gather_swiglu(0, DType::BF16));
     assert!(!gate_up.supports_gather_swiglu(1, DType::U32));
     // 3 rows per expert: not gate rows then as many up rows.
@@ -116,7 +145,7 @@ fn rejects_x_of_another_width_or_rows() {
 #[test]
 fn rejects_more_than_decode_rows() {
     let [gate_up, ..] = stacks(2, 3, 64, 4, 32, 1);
-    let (x, ids) = inputs(MATVEC_MAX_ROWS + 1, 2);
+    let (x, ids) = inputs(GATHER_MAX_TOKENS + 1, 2);
     assert!(err(gate_up.gather_swiglu(&x, &ids)).contains("at most"));
 }
 

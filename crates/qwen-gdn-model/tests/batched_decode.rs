@@ -349,6 +349,25 @@ fn bad_batches_are_refused() {
     );
 }
 
+/// Qwen3-Next's 4-bit fixture on the device plan (fused decode) and `sequences` caches, each
+/// after its own four-token prompt.
+fn fused_next_with_sequences(sequences: usize) -> (Model, Vec<Cache>) {
+    let model = load_on(
+        "qwen3-next-tiny-4bit",
+        &device_plan(DType::F32),
+        &device_under_test(),
+    );
+    assert!(model.fused_decode(), "the device plan decodes fused");
+    let caches = (0..sequences as u32)
+        .map(|i| {
+            let mut c = model.new_cache();
+            model.prefill(&[1, 2, 3, 4 + i], &mut c, 16).unwrap();
+            c
+        })
+        .collect();
+    (model, caches)
+}
+
 /// The fused batched step in steady state uploads one thing a step, the sequences' positions:
 /// the slot kernels' address tables are uploaded at the first step of a batch composition and
 /// reused after it (`gdn_ops::slot_tables`); a sequence leaving changes every table once.
@@ -356,20 +375,8 @@ fn bad_batches_are_refused() {
 #[test]
 fn steady_batched_steps_upload_only_the_positions() {
     use gdn_ops::launches::uploads;
-    let model = load_on(
-        "qwen3-next-tiny-4bit",
-        &device_plan(DType::F32),
-        &device_under_test(),
-    );
-    assert!(model.fused_decode(), "the device plan decodes fused");
     gdn_ops::slot_tables::clear();
-    let mut caches: Vec<Cache> = (0..3)
-        .map(|i| {
-            let mut c = model.new_cache();
-            model.prefill(&[1, 2, 3, 4 + i], &mut c, 16).unwrap();
-            c
-        })
-        .collect();
+    let (model, mut caches) = fused_next_with_sequences(3);
     let step = |caches: &mut [Cache]| {
         let mut refs: Vec<_> = caches.iter_mut().collect();
         let tokens = vec![5u32; refs.len()];
@@ -387,4 +394,37 @@ fn steady_batched_steps_upload_only_the_positions() {
     caches.pop();
     assert_eq!(step(&mut caches), 1 + 2 * layers, "a sequence left");
     assert_eq!(step(&mut caches), 1, "steady after the leave");
+}
+
+/// Issue 29: past `MATVEC_MAX_ROWS` rows (six sequences here) the batched step's MoE stays on
+/// the gathered kernels: no routing read back to the host (the composed path read the top-k
+/// ids back once a MoE layer), and every steady step launches as many kernels.
+#[test]
+fn batched_moe_past_four_rows_reads_nothing_back() {
+    use gdn_ops::launches::{count, read_backs};
+    use gdn_ops::ops::affine::{GATHER_MAX_TOKENS, MATVEC_MAX_ROWS};
+    let rows = MATVEC_MAX_ROWS + 2;
+    assert!(rows <= GATHER_MAX_TOKENS);
+    let (model, mut caches) = fused_next_with_sequences(rows);
+    let mut step = || {
+        let mut refs: Vec<_> = caches.iter_mut().collect();
+        let tokens = vec![5u32; refs.len()];
+        let (reads, launches) = (read_backs(), count());
+        model.decode_batch(&tokens, &mut refs).unwrap();
+        (read_backs() - reads, count() - launches)
+    };
+    // The first step of a composition creates the positions' buffer (one copy fewer).
+    step();
+    let (_, steady) = step();
+    for i in 0..3 {
+        let (reads, launches) = step();
+        assert_eq!(
+            reads, 0,
+            "step {i}: {reads} read-backs in a batched step of {rows} rows"
+        );
+        assert_eq!(
+            launches, steady,
+            "step {i}: launches differ from a steady step's"
+        );
+    }
 }

@@ -42,6 +42,16 @@ pub use packing::{dequantize_row, pack_row, unpack_row, SUPPORTED_BITS, SUPPORTE
 /// row, the decode case); beyond it the weight is dequantized once and multiplied densely.
 pub const MATVEC_MAX_ROWS: usize = 4;
 
+/// Most tokens one gathered SwiGLU product ([`AffineTensor::gather_swiglu`]) takes: a batched
+/// decode step's rows (issue 29). Every (token, slot) pair is its own output row reading its
+/// expert, so a pair computes what it computes alone, and the step neither reads the routing
+/// back nor launches per expert. The bytes grow with the pairs (B·S expert reads, against
+/// the distinct experts a grouping reads): at Qwen3-Next-80B's 11 slots of ~1.6 MB, B = 64
+/// reads ≤ 704 experts a layer (~54 GB a step, ~11 ms at the H200's bandwidth) where a
+/// grouping reads ~367 (~28 GB), against the 63 ms a step measured with the composed,
+/// read-back path. Past this many rows the grouping's bytes win, and the MoE composes.
+pub const GATHER_MAX_TOKENS: usize = 64;
+
 /// A `[experts, rows, cols]` affine matrix on a device.
 #[derive(Debug, Clone)]
 pub struct AffineTensor {
@@ -171,12 +181,12 @@ impl AffineTensor {
     }
 
     /// Whether [`Self::gather_swiglu`] has a kernel for `tokens` rows of x in `dtype`: decode
-    /// only (`tokens <= MATVEC_MAX_ROWS`, as the direct products), a stacked gate-and-up
+    /// rows only (`tokens <= GATHER_MAX_TOKENS`, a batched step's), a stacked gate-and-up
     /// matrix (an even number of rows per expert), and the bit widths and group sizes the
     /// products support. Otherwise the model runs `gather_matmul_t` on separate gate and up
     /// stacks and the SwiGLU with candle ops.
     pub fn supports_gather_swiglu(&self, tokens: usize, dtype: DType) -> bool {
-        (1..=MATVEC_MAX_ROWS).contains(&tokens)
+        (1..=GATHER_MAX_TOKENS).contains(&tokens)
             && self.rows >= 2
             && self.rows.is_multiple_of(2)
             && matches!(self.bits, 2 | 3 | 4 | 5 | 6 | 8)
@@ -193,7 +203,7 @@ impl AffineTensor {
     /// `e = ids[n, s]`, in f32: `g = InT(x·W[e, i])`, `u = InT(x·W[e, Im + i])`,
     /// `act = InT(silu(g)·u)`, `silu(g) = g / (1 + exp(−g))`.
     ///
-    /// Decode rows only: `N <= MATVEC_MAX_ROWS` (see [`Self::supports_gather_swiglu`]); more
+    /// Decode rows only: `N <= GATHER_MAX_TOKENS` (see [`Self::supports_gather_swiglu`]); more
     /// rows are an error, and the model falls back to the composed products.
     pub fn gather_swiglu(&self, x: &Tensor, ids: &Tensor) -> Result<Tensor> {
         let (n, slots) = ids.dims2()?;
@@ -211,8 +221,8 @@ impl AffineTensor {
             self.cols
         );
         ensure!(
-            n <= MATVEC_MAX_ROWS,
-            "expert swiglu: {n} tokens; the fused kernel covers at most {MATVEC_MAX_ROWS}"
+            n <= GATHER_MAX_TOKENS,
+            "expert swiglu: {n} tokens; the fused kernel covers at most {GATHER_MAX_TOKENS}"
         );
         let x = x.contiguous()?;
         let ids = ids.flatten_all()?;

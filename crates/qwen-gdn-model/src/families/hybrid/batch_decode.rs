@@ -59,8 +59,9 @@ impl HybridDecoder {
 
     /// The rest of layer `i` over the rows of a fused step after its mixer (`mixed`, the
     /// residual stream `h`): the post-norm's residual add, then the feed-forward on the fused
-    /// kernels where they cover it for these rows (the gathered SwiGLU takes a few rows at
-    /// most: past that the MoE composes). Returns the stream and the next norm of it.
+    /// kernels where they cover it for these rows (the gathered SwiGLU takes up to
+    /// `GATHER_MAX_TOKENS` rows, no routing read back: past that the MoE composes). Returns
+    /// the stream and the next norm of it.
     pub(super) fn rows_after_mixer(
         &self,
         i: usize,
