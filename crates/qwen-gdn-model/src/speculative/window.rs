@@ -15,6 +15,8 @@
 use crate::cache::{Cache, LayerCache};
 use crate::layers::gdn::GdnSteps;
 use anyhow::{bail, ensure, Result};
+use candle_core::Tensor;
+use gdn_ops::launches::candle_op;
 
 /// What the cache was when the window opened.
 #[derive(Debug)]
@@ -74,8 +76,10 @@ impl Window {
                     // those after the last one.
                     if kept < seen {
                         let (conv, state) = steps.rewind(kept)?;
-                        c.conv = Some(conv);
-                        c.state = Some(state);
+                        // Copied into the live tensors rather than put in their place: a
+                        // CUDA graph captured on them (decode or verify) stays valid.
+                        c.conv = Some(into_place(c.conv.take(), conv)?);
+                        c.state = Some(into_place(c.state.take(), state)?);
                     }
                 }
                 (LayerCache::Attention(c), Some(len)) => c.truncate(len + kept),
@@ -93,5 +97,22 @@ impl Window {
                 c.steps = None;
             }
         }
+    }
+}
+
+/// `value` copied into `live` in place when `live` has its shape and dtype (so keeps its
+/// identity); else `value` itself.
+fn into_place(live: Option<Tensor>, value: Tensor) -> Result<Tensor> {
+    match live {
+        Some(live)
+            if live.shape() == value.shape()
+                && live.dtype() == value.dtype()
+                && live.is_contiguous()
+                && value.is_contiguous() =>
+        {
+            candle_op(live.slice_set(&value, 0, 0))?;
+            Ok(live)
+        }
+        _ => Ok(value),
     }
 }
