@@ -40,7 +40,8 @@ pub struct HybridDecoder {
     fused_decode: bool,
     /// Per layer, what the fused kernels cover.
     coverage: Vec<LayerCoverage>,
-    /// Decode steps on CUDA replay captured graphs (`RunOptions::cuda_graph`, read once).
+    /// Decode steps and verify passes on CUDA replay captured graphs (`RunOptions::cuda_graph`,
+    /// read once).
     #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
     cuda_graph: bool,
     /// The fused step's MoE combine kernel (`RunOptions::moe_combine`).
