@@ -103,6 +103,59 @@ thread_local! {
     > = RefCell::new(Tables::default());
 }
 
+/// The device tables handed out while a [`keeping`] call runs, held by its [`Kept`].
+#[cfg(feature = "cuda")]
+thread_local! {
+    static KEEPING: RefCell<Option<Vec<std::sync::Arc<candle_core::cuda_backend::cudarc::driver::CudaSlice<u64>>>>> =
+        const { RefCell::new(None) };
+}
+
+/// Tables kept alive past the cache's own hold (see [`keeping`]).
+#[derive(Default)]
+pub struct Kept {
+    #[cfg(feature = "cuda")]
+    _tables: Vec<std::sync::Arc<candle_core::cuda_backend::cudarc::driver::CudaSlice<u64>>>,
+}
+
+impl std::fmt::Debug for Kept {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Kept").finish_non_exhaustive()
+    }
+}
+
+/// Runs `f` and returns, with its result, every device table a slot op of `f` was handed
+/// (uploaded or found kept). A captured CUDA graph reads its slot launches' tables on every
+/// replay, long after the launch that looked them up: holding them keeps them from being
+/// freed when this thread's cache drops them (least recently used, or [`clear`]).
+pub fn keeping<R>(f: impl FnOnce() -> R) -> (R, Kept) {
+    #[cfg(feature = "cuda")]
+    {
+        let outer = KEEPING.with(|k| k.borrow_mut().replace(Vec::new()));
+        let r = f();
+        let tables = KEEPING.with(|k| std::mem::replace(&mut *k.borrow_mut(), outer));
+        (
+            r,
+            Kept {
+                _tables: tables.unwrap_or_default(),
+            },
+        )
+    }
+    #[cfg(not(feature = "cuda"))]
+    (f(), Kept::default())
+}
+
+/// Notes a device table handed to a slot launch (for [`keeping`]).
+#[cfg(feature = "cuda")]
+pub(crate) fn handed_out(
+    table: &std::sync::Arc<candle_core::cuda_backend::cudarc::driver::CudaSlice<u64>>,
+) {
+    KEEPING.with(|k| {
+        if let Some(kept) = k.borrow_mut().as_mut() {
+            kept.push(table.clone());
+        }
+    });
+}
+
 /// Frees every table this thread keeps (the next call of each slot op uploads its table).
 pub fn clear() {
     HOST.with(|t| t.borrow_mut().clear());

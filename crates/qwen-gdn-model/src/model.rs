@@ -548,9 +548,11 @@ impl Model {
             // GDN layer must record its state: the fused step does not, the verify pass does
             // (or the composed layers, when it is off).
             Decoder::Hybrid(d) if d.fused_decode() && cache.in_window() => {
+                // Eagerly (with a tap): a CUDA graph covers a window of one pass, and a
+                // draft model's window spans a pass per drafted token.
                 let mut no_tap = NoTap;
                 let tap = tap.unwrap_or(&mut no_tap);
-                Ok(self.verify_tapped(&[token], cache, tap)?.0)
+                Ok(self.verify_tapped(&[token], cache, Some(tap))?.0)
             }
             Decoder::Hybrid(d) if d.fused_decode() => {
                 self.check_token_ids(&[token])?;

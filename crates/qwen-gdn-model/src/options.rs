@@ -131,7 +131,7 @@ pub struct RunOptions {
     /// `QWEN_GDN_MOE_PREFILL`: the device plan's MoE prefill; `None` is the device's default
     /// ([`MoePrefill::default_for`]).
     pub moe_prefill: Option<MoePrefillAsked>,
-    /// `QWEN_GDN_CUDA_GRAPH`: decode steps on CUDA replay captured graphs.
+    /// `QWEN_GDN_CUDA_GRAPH`: decode steps and verify passes on CUDA replay captured graphs.
     pub cuda_graph: bool,
     /// `QWEN_GDN_MOE_COMBINE`: the kernel of the fused decode step's MoE combine (CUDA).
     pub moe_combine: CombineKernel,
@@ -178,7 +178,7 @@ pub struct LayerVariants {
     pub attn_prefill: AttnPrefill,
     pub attn_score_bytes: usize,
     pub moe_prefill: MoePrefill,
-    /// CUDA decode steps replay captured graphs.
+    /// CUDA decode steps and verify passes replay captured graphs.
     pub cuda_graph: bool,
     /// The fused decode step's MoE combine kernel.
     pub moe_combine: CombineKernel,

@@ -21,8 +21,9 @@ use gdn_ops::ops::affine::MATVEC_MAX_ROWS;
 use gdn_ops::ops::attn_decode;
 use qwen_gdn_model::cache::{Cache, LayerCache};
 use qwen_gdn_model::config::LayerKind;
+use qwen_gdn_model::layers::gdn::GdnSteps;
 use qwen_gdn_model::speculative::{DraftLength, Greedy, Speculation, Window};
-use qwen_gdn_model::{BatchProducts, Model};
+use qwen_gdn_model::{BatchProducts, Model, RunOptions};
 
 /// Tokens of the prompt before the verify windows.
 const PROMPT: usize = 9;
@@ -87,13 +88,26 @@ fn capacity_of(cache: &Cache) -> usize {
         .unwrap_or(0)
 }
 
+/// The fixture `name` on the device plan in f32 on the device under test, its CUDA graphs
+/// on (`graphs`) or off.
+fn load_with_graphs(name: &str, graphs: bool) -> Model {
+    let opts = RunOptions {
+        cuda_graph: graphs,
+        ..device_plan(DType::F32)
+    };
+    load_on(name, &opts, &device_under_test())
+}
+
 fn check(name: &str) {
-    let mut model = load_device_plan(name, DType::F32);
+    // The eager fused pass, its launches counted one by one (on CUDA a graph's capture would
+    // count its kernels twice): `verify_graph_replays_match_the_eager_pass` holds the
+    // replayed graph to it.
+    let mut model = load_with_graphs(name, false);
     assert!(model.fused_decode(), "{name}: fused decode is off");
     assert!(model.fused_verify(), "{name}: fused verify is off");
     let cfg = model.config().clone();
-    // Bit for bit on the CPU twins; on a GPU (QWEN_GDN_TEST_DEVICE=cuda) the decode step is
-    // a replayed graph and one-row products may take other kernels: the f32 gate.
+    // Bit for bit on the CPU twins; on a GPU (QWEN_GDN_TEST_DEVICE=cuda) one-row products
+    // may take other kernels: the f32 gate.
     let exact = matches!(model.device(), Device::Cpu);
     let ids = Reference::load(name).ids("tf_ids");
     assert!(ids.len() >= PROMPT + MAX_ROWS, "{name}: {} ids", ids.len());
@@ -241,6 +255,76 @@ fn check(name: &str) {
 
 common::per_checkpoint! {
     verify_rows_are_decode_steps => check,
+}
+
+/// Every GDN layer's just-opened window made one that copies into persistent buffers for
+/// a pass of `rows` rows, as `families/hybrid/verify_graph.rs` does before a capture.
+fn into_buffers(cache: &mut Cache, rows: usize) {
+    for l in &mut cache.layers {
+        if let LayerCache::Gdn(c) = l {
+            let (conv, state) = (c.conv.as_ref().unwrap(), c.state.as_ref().unwrap());
+            let (b, before, channels) = conv.dims3().unwrap();
+            let buffer = Tensor::zeros((b, before + rows, channels), conv.dtype(), conv.device());
+            let states = (1..rows).map(|_| state.zeros_like().unwrap()).collect();
+            c.steps = Some(GdnSteps::in_buffers(buffer.unwrap(), states));
+        }
+    }
+}
+
+/// Speculative steps of T = 1..5 rows, each window closed on a varying prefix (rejections),
+/// on two copies of one fixture: the verify pass replayed from a CUDA graph per T
+/// (`families/hybrid/verify_graph.rs`; a capture is replayed after the rollbacks of earlier
+/// steps) and the eager pass (graphs off). Every step's logits and the state the closed
+/// window leaves (GDN conv and recurrent state, KV) agree within the f32 gate, and on CUDA
+/// the graph was replayed. Short on purpose (one fixture, 12 steps). On the CPU, where there
+/// is no graph, the first copy's windows copy into persistent buffers as a capture's do
+/// (bit for bit the same then, but held to the same gate).
+#[test]
+fn verify_graph_replays_match_the_eager_pass() {
+    let name = "qwen3-next-tiny-4bit";
+    let graphed = load_with_graphs(name, true);
+    let eager = load_with_graphs(name, false);
+    assert!(graphed.fused_verify() && eager.fused_verify(), "{name}");
+    assert!(
+        (graphed.fused_coverage_per_layer().iter()).all(|c| c.mixer && c.feed_forward),
+        "{name}: a layer outside the fused kernels runs no graph"
+    );
+    let ids = Reference::load(name).ids("tf_ids");
+    let (mut a, mut b) = (graphed.new_cache(), eager.new_cache());
+    graphed.prefill(&ids[..PROMPT], &mut a, 2048).unwrap();
+    eager.prefill(&ids[..PROMPT], &mut b, 2048).unwrap();
+    let replays = qwen_gdn_model::families::hybrid::verify::graph_replays();
+    let mut at = PROMPT;
+    for (step, rows) in [3, 3, 5, 2, 1, 4, 3, 5, 2, 3, 1, 4].into_iter().enumerate() {
+        let tokens: Vec<u32> = (0..rows).map(|t| ids[(at + t) % ids.len()]).collect();
+        let kept = 1 + (step * 7) % rows;
+        let pass = |model: &Model, cache: &mut Cache| {
+            let window = Window::open(cache).unwrap();
+            // Off CUDA, what a capture sets up by hand: the window's persistent buffers,
+            // so that the in-place path (conv window, rows, states, the close) is checked.
+            if !graphed.device().is_cuda() && std::ptr::eq(model, &graphed) {
+                into_buffers(cache, rows);
+            }
+            let (logits, _) = model.verify(&tokens, cache).unwrap();
+            window.close(cache, kept).unwrap();
+            logits
+        };
+        let (got, want) = (pass(&graphed, &mut a), pass(&eager, &mut b));
+        let d = rel_max_diff(&got, &want);
+        assert!(d <= 1e-5, "step {step}, T={rows}: graph vs eager {d:e}");
+        assert_eq!(a.offset, b.offset);
+        assert!(
+            states_match(&gdn_and_kv(&a), &gdn_and_kv(&b), false),
+            "step {step}, T={rows}, kept {kept}: the graph's state is not the eager pass's"
+        );
+        at += kept;
+    }
+    let replays = qwen_gdn_model::families::hybrid::verify::graph_replays() - replays;
+    eprintln!("{name}: {replays} verify passes replayed from a CUDA graph of 12");
+    if graphed.device().is_cuda() {
+        // 12 passes of 5 distinct T: 7 could replay; a KV buffer growing recaptures.
+        assert!(replays >= 4, "{replays} verify graph replays");
+    }
 }
 
 /// Greedy decoding with speculation on the device plan (the fused verify, both product

@@ -276,10 +276,12 @@ pub(crate) fn slot_table(dev: &CudaDevice, words: &[u64]) -> Result<Arc<CudaSlic
     let key: Vec<u64> = std::iter::once(ordinal)
         .chain(words.iter().copied())
         .collect();
-    crate::slot_tables::DEVICE.with(|t| {
+    let table = crate::slot_tables::DEVICE.with(|t| {
         t.borrow_mut()
             .get_or_upload(&key, |_| Ok(Arc::new(dev.clone_htod(words)?)))
-    })
+    })?;
+    crate::slot_tables::handed_out(&table);
+    Ok(table)
 }
 
 /// The [`slot_table`] of one address a sequence: each of `held`'s contiguous tensors (a

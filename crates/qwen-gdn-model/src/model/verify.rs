@@ -7,16 +7,12 @@
 
 use super::Model;
 use crate::cache::Cache;
-use crate::candle_ops::cat;
 use crate::families::{Decoder, Ends};
-use crate::tap::{NoTap, Tap};
-use crate::tensor::cast;
+use crate::tap::Tap;
 use crate::weights::row_exact;
 use crate::BatchProducts;
 use anyhow::{ensure, Result};
-use candle_core::{DType, Tensor};
-use gdn_ops::ops::affine::MATVEC_MAX_ROWS;
-use gdn_ops::profile::labelled;
+use candle_core::Tensor;
 
 impl Model {
     /// Verify passes on the fused kernels (`on`, where the fused decode step runs) or on the
@@ -37,16 +33,17 @@ impl Model {
     /// came from (the MTP head's input): what [`Model::forward_normed`] and
     /// [`Model::head_logits`] give, on the fused kernels when [`Model::fused_verify`].
     pub fn verify(&self, tokens: &[u32], cache: &mut Cache) -> Result<(Tensor, Tensor)> {
-        self.verify_tapped(tokens, cache, &mut NoTap)
+        self.verify_tapped(tokens, cache, None)
     }
 
     /// [`Model::verify`] watched by `tap` (the fused pass's layers; the composed one runs
-    /// unwatched).
+    /// unwatched). Without a tap, on CUDA, the fused pass replays a captured graph
+    /// (`families/hybrid/verify_graph.rs`).
     pub(super) fn verify_tapped(
         &self,
         tokens: &[u32],
         cache: &mut Cache,
-        tap: &mut dyn Tap,
+        tap: Option<&mut dyn Tap>,
     ) -> Result<(Tensor, Tensor)> {
         let Decoder::Hybrid(d) = &self.decoder else {
             return self.verify_composed(tokens, cache);
@@ -67,24 +64,9 @@ impl Model {
                 device: &self.device,
                 dtype: self.dtype,
             };
-            // Past MATVEC_MAX_ROWS rows the quantized products dequantize their whole matrix
-            // (prefill's choice) and the gathered experts compose: longer windows run as
-            // passes of at most that many rows, one after the other on the same window.
-            let (mut logits, mut normed) = (vec![], vec![]);
-            for part in tokens.chunks(MATVEC_MAX_ROWS) {
-                let ids = Tensor::new(part, &self.device)?;
-                let embedded = labelled("embed", || ends.embed.forward_ids(&ids, ends.dtype))?;
-                let x = d.verify_fused(&embedded, cache, tap)?;
-                cache.offset += part.len();
-                logits.push(labelled("lm_head", || ends.head.forward(&x))?);
-                normed.push(x);
-            }
+            let (logits, normed) = d.verify_pass(&ends, tokens, cache, tap)?;
             crate::device_memory::sample(&self.device);
-            let (logits, normed) = match logits.len() {
-                1 => (logits.remove(0), normed.remove(0)),
-                _ => (cat(&logits, 0)?, cat(&normed, 0)?),
-            };
-            Ok((cast(&logits, DType::F32)?, normed.unsqueeze(0)?))
+            Ok((logits, normed.unsqueeze(0)?))
         })
     }
 

@@ -27,6 +27,7 @@ use crate::cache::{Cache, FamilyState, LayerCache};
 use crate::layers::gdn::GdnSteps;
 use anyhow::{bail, ensure, Result};
 use candle_core::Tensor;
+use gdn_ops::launches::candle_op;
 
 /// What the cache was when the window opened.
 #[derive(Debug)]
@@ -144,7 +145,18 @@ impl Window {
             for ((layer, was), kv_len) in cache.layers.iter_mut().zip(opening).zip(self.kv_lens) {
                 match (layer, kv_len) {
                     (LayerCache::Gdn(c), None) => {
-                        (c.conv, c.state, c.family) = (was.conv, was.state, was.family);
+                        // In place where the shapes allow, as below: a captured decode graph
+                        // stays valid.
+                        let put = |live: &mut Option<Tensor>, was: Option<Tensor>| -> Result<()> {
+                            *live = match was {
+                                Some(was) => Some(into_place(live.take(), was)?),
+                                None => None,
+                            };
+                            Ok(())
+                        };
+                        put(&mut c.conv, was.conv)?;
+                        put(&mut c.state, was.state)?;
+                        c.family = was.family;
                     }
                     (LayerCache::Attention(c), Some(len)) => {
                         c.truncate(len);
@@ -169,8 +181,10 @@ impl Window {
                     // those after the last one.
                     if kept < seen {
                         let (conv, state) = steps.rewind(kept)?;
-                        c.conv = Some(conv);
-                        c.state = Some(state);
+                        // Copied into the live tensors rather than put in their place: a
+                        // CUDA graph captured on them (decode or verify) stays valid.
+                        c.conv = Some(into_place(c.conv.take(), conv)?);
+                        c.state = Some(into_place(c.state.take(), state)?);
                     }
                 }
                 (LayerCache::Attention(c), Some(len)) => c.truncate(len + kept),
@@ -188,5 +202,22 @@ impl Window {
                 c.steps = None;
             }
         }
+    }
+}
+
+/// `value` copied into `live` in place when `live` has its shape and dtype (so keeps its
+/// identity); else `value` itself.
+fn into_place(live: Option<Tensor>, value: Tensor) -> Result<Tensor> {
+    match live {
+        Some(live)
+            if live.shape() == value.shape()
+                && live.dtype() == value.dtype()
+                && live.is_contiguous()
+                && value.is_contiguous() =>
+        {
+            candle_op(live.slice_set(&value, 0, 0))?;
+            Ok(live)
+        }
+        _ => Ok(value),
     }
 }

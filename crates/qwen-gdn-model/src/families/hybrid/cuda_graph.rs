@@ -52,7 +52,7 @@ unsafe impl Send for DecodeGraph {}
 unsafe impl Sync for DecodeGraph {}
 
 /// The tensor ids a step reads and writes in place, per layer.
-fn layout(cache: &Cache) -> Vec<[Option<TensorId>; 4]> {
+pub(super) fn layout(cache: &Cache) -> Vec<[Option<TensorId>; 4]> {
     let id = |t: Option<&Tensor>| t.map(Tensor::id);
     cache
         .layers
@@ -67,16 +67,16 @@ fn layout(cache: &Cache) -> Vec<[Option<TensorId>; 4]> {
         .collect()
 }
 
-/// Whether every KV buffer has room for one more position.
-fn room_for_one(cache: &Cache) -> bool {
+/// Whether every KV buffer has room for `rows` more positions.
+pub(super) fn room_for(cache: &Cache, rows: usize) -> bool {
     cache.layers.iter().all(|l| match l {
-        LayerCache::Attention(c) => c.len() < c.capacity(),
+        LayerCache::Attention(c) => c.len() + rows <= c.capacity(),
         LayerCache::Gdn(_) => true,
     })
 }
 
 /// Host-side bookkeeping of a step: the offset and every KV length.
-fn bookkeeping(cache: &Cache) -> (usize, Vec<usize>) {
+pub(super) fn bookkeeping(cache: &Cache) -> (usize, Vec<usize>) {
     let lens = cache
         .layers
         .iter()
@@ -88,7 +88,17 @@ fn bookkeeping(cache: &Cache) -> (usize, Vec<usize>) {
     (cache.offset, lens)
 }
 
-fn restore(cache: &mut Cache, (offset, lens): &(usize, Vec<usize>)) {
+/// A replay's bookkeeping: `rows` positions written into every KV buffer.
+pub(super) fn advance(cache: &mut Cache, rows: usize) {
+    cache.offset += rows;
+    for l in &mut cache.layers {
+        if let LayerCache::Attention(c) = l {
+            c.advance(rows);
+        }
+    }
+}
+
+pub(super) fn restore(cache: &mut Cache, (offset, lens): &(usize, Vec<usize>)) {
     cache.offset = *offset;
     for (l, &len) in cache.layers.iter_mut().zip(lens) {
         if let LayerCache::Attention(c) = l {
@@ -108,19 +118,14 @@ pub fn step(decoder: &HybridDecoder, ends: &Ends, token: u32, cache: &mut Cache)
         .lock()
         .map_err(|_| anyhow::anyhow!("a decode step panicked while holding the CUDA graph"))?;
     if let Some(graph) = slot.as_ref() {
-        if room_for_one(cache) && graph.layout == layout(cache) {
+        if room_for(cache, 1) && graph.layout == layout(cache) {
             write(dev, &graph.token, &[token])?;
             write(dev, &graph.pos, &[cache.offset as u32])?;
             graph.graph.launch().context("replaying the decode graph")?;
             // A copy: callers may keep a step's logits while the next replay rewrites these.
             let logits = graph.logits.copy()?;
             // The replay wrote one position into every KV buffer.
-            cache.offset += 1;
-            for l in &mut cache.layers {
-                if let LayerCache::Attention(c) = l {
-                    c.advance(1);
-                }
-            }
+            advance(cache, 1);
             return Ok(logits);
         }
     }

@@ -11,6 +11,8 @@ pub mod decode;
 pub mod layer;
 pub mod mtp;
 pub mod verify;
+#[cfg(feature = "cuda")]
+pub(crate) mod verify_graph;
 
 pub use decode::LayerCoverage;
 pub use layer::{DecoderLayer, FeedForward, Mixer};
@@ -36,7 +38,8 @@ pub struct HybridDecoder {
     fused_decode: bool,
     /// Per layer, what the fused kernels cover.
     coverage: Vec<LayerCoverage>,
-    /// Decode steps on CUDA replay captured graphs (`RunOptions::cuda_graph`, read once).
+    /// Decode steps and verify passes on CUDA replay captured graphs (`RunOptions::cuda_graph`,
+    /// read once).
     #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
     cuda_graph: bool,
     /// The fused step's MoE combine kernel (`RunOptions::moe_combine`).
@@ -45,6 +48,9 @@ pub struct HybridDecoder {
     /// the very tensors it was captured against (`cuda_graph.rs`).
     #[cfg(feature = "cuda")]
     decode_graph: std::sync::Mutex<Option<cuda_graph::DecodeGraph>>,
+    /// The CUDA verify passes captured, one per number of rows (`verify_graph.rs`).
+    #[cfg(feature = "cuda")]
+    verify_graphs: std::sync::Mutex<Vec<verify_graph::VerifyGraph>>,
     /// The batched step's positions, `[B]` u32 on the device, rewritten in place each step
     /// (`batch_decode.rs`): the slot kernels' tables hold their addresses, which must not
     /// change from step to step for the tables to be reused.
@@ -94,6 +100,8 @@ impl HybridDecoder {
             moe_combine: CombineKernel::Auto,
             #[cfg(feature = "cuda")]
             decode_graph: std::sync::Mutex::new(None),
+            #[cfg(feature = "cuda")]
+            verify_graphs: std::sync::Mutex::new(Vec::new()),
             batch_positions: std::sync::Mutex::new(None),
         })
     }

@@ -9,38 +9,114 @@
 //!   the verify window (`layers/gdn/verify.rs`); attention's T keys appended in one launch
 //!   and each query row attending to the positions up to its own (`layers/attention/verify.rs`).
 //!
-//! Nothing is read back to the host: the positions are uploaded once for the pass, and the
-//! logits are the pass's only read-back, the caller's. The composed verify (the prefill path
+//! Nothing is read back to the host: the ids and positions are uploaded once for the pass
+//! (or, replaying a CUDA graph, written into the graph's buffers: `verify_graph.rs`), and
+//! the logits are the pass's only read-back, the caller's. The composed verify (the prefill path
 //! inside a window: `Model::forward_normed`) is the reference, chosen by
 //! `RunOptions::fused_verify` (`QWEN_GDN_VERIFY=composed`); `tests/fused_verify.rs` holds the
 //! two against T fused decode steps.
 
 use super::{HybridDecoder, Mixer};
 use crate::cache::{Cache, LayerCache};
-use crate::tap::{each_layer, Tap};
+use crate::candle_ops::cat;
+use crate::families::Ends;
+use crate::tap::{each_layer, NoTap, Tap};
+use crate::tensor::cast;
 use anyhow::{bail, Result};
-use candle_core::Tensor;
+use candle_core::{DType, Tensor};
 use gdn_ops::ops::add_rms_norm::add_rms_norm;
+use gdn_ops::ops::affine::MATVEC_MAX_ROWS;
+use gdn_ops::profile::labelled;
+
+/// Verify passes replayed from a CUDA graph in this process (`verify_graph.rs`).
+static GRAPH_REPLAYS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// How many verify passes were replayed from a CUDA graph in this process (0 off CUDA): the
+/// tests' evidence that the graph ran.
+pub fn graph_replays() -> usize {
+    GRAPH_REPLAYS.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+pub(super) fn count_graph_replay() {
+    GRAPH_REPLAYS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+}
 
 impl HybridDecoder {
+    /// The T tokens of one sequence at the cache's offset through the embedding, the
+    /// layers and the head, advancing the cache by T → the f32 logits `[T, vocab]` and the
+    /// final-normed hidden states `[T, H]`. Without a tap, on CUDA, a captured graph of the
+    /// pass is replayed (`verify_graph.rs`); otherwise it runs eagerly.
+    pub fn verify_pass(
+        &self,
+        ends: &Ends,
+        tokens: &[u32],
+        cache: &mut Cache,
+        tap: Option<&mut dyn Tap>,
+    ) -> Result<(Tensor, Tensor)> {
+        let Some(tap) = tap else {
+            #[cfg(feature = "cuda")]
+            if let Some(out) = super::verify_graph::pass(self, ends, tokens, cache)? {
+                return Ok(out);
+            }
+            return self.verify_pass(ends, tokens, cache, Some(&mut NoTap));
+        };
+        // The pass's only uploads: the ids and the rows' positions.
+        let values: Vec<u32> = (0..tokens.len())
+            .map(|t| (cache.offset + t) as u32)
+            .collect();
+        gdn_ops::launches::upload(1);
+        let positions = Tensor::new(values.as_slice(), ends.device)?;
+        let ids = Tensor::new(tokens, ends.device)?;
+        self.verify_pass_on(ends, &ids, &positions, cache, tap)
+    }
+
+    /// [`HybridDecoder::verify_pass`] for the ids and positions held in `[T]` u32 device
+    /// tensors (what a captured graph reads on replay).
+    pub(crate) fn verify_pass_on(
+        &self,
+        ends: &Ends,
+        ids: &Tensor,
+        positions: &Tensor,
+        cache: &mut Cache,
+        tap: &mut dyn Tap,
+    ) -> Result<(Tensor, Tensor)> {
+        // Past MATVEC_MAX_ROWS rows the quantized products dequantize their whole matrix
+        // (prefill's choice) and the gathered experts compose: longer windows run as
+        // passes of at most that many rows, one after the other on the same window.
+        let (mut logits, mut normed) = (vec![], vec![]);
+        let rows = ids.dim(0)?;
+        for start in (0..rows).step_by(MATVEC_MAX_ROWS) {
+            let n = MATVEC_MAX_ROWS.min(rows - start);
+            let part = ids.narrow(0, start, n)?;
+            let embedded = labelled("embed", || ends.embed.forward_ids(&part, ends.dtype))?;
+            let x = self.verify_fused(&embedded, &positions.narrow(0, start, n)?, cache, tap)?;
+            cache.offset += n;
+            logits.push(labelled("lm_head", || ends.head.forward(&x))?);
+            normed.push(x);
+        }
+        let (logits, normed) = match logits.len() {
+            1 => (logits.remove(0), normed.remove(0)),
+            _ => (cat(&logits, 0)?, cat(&normed, 0)?),
+        };
+        Ok((cast(&logits, DType::F32)?, normed))
+    }
+
     /// The embedded tokens `[T, H]` of one sequence at the cache's offset (the caller
-    /// advances it by T) → the final-normed hidden states `[T, H]`, the head's input.
+    /// advances it by T), `positions` their `[T]` u32 device positions → the final-normed
+    /// hidden states `[T, H]`, the head's input.
     pub fn verify_fused(
         &self,
         embedded: &Tensor,
+        positions: &Tensor,
         cache: &mut Cache,
         tap: &mut dyn Tap,
     ) -> Result<Tensor> {
         let rows = embedded.dim(0)?;
-        let device = embedded.device();
         let offset = cache.offset;
-        // The pass's only upload: the rows' positions, for attention's kernels, one `[1]`
-        // view of it a row (as the batched step's, `batch_decode.rs`).
-        let values: Vec<u32> = (0..rows).map(|t| (offset + t) as u32).collect();
-        gdn_ops::launches::upload(1);
-        let all = Tensor::new(values.as_slice(), device)?;
+        // One `[1]` view of the positions a row (as the batched step's, `batch_decode.rs`).
         let positions = (0..rows)
-            .map(|t| Ok(all.narrow(0, t, 1)?))
+            .map(|t| Ok(positions.narrow(0, t, 1)?))
             .collect::<Result<Vec<_>>>()?;
         let first_norm = &self.layers[0].input_norm;
         let first = add_rms_norm(embedded, None, &first_norm.weight, first_norm.eps)?;

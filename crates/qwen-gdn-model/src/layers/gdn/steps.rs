@@ -29,9 +29,68 @@ pub struct GdnSteps {
     /// before the next token advances it. So a window that keeps every token costs no copy
     /// of the last state, and a pass of T tokens T − 1 copies.
     states: Vec<Tensor>,
+    /// Set for a pass replayed from a CUDA graph (`families/hybrid/verify_graph.rs`): the
+    /// buffers, allocated before the capture, that the rows and states are copied into, so
+    /// that what the window holds is the same tensors at every replay.
+    buffers: Option<StepBuffers>,
+}
+
+/// The persistent buffers of [`GdnSteps::in_buffers`].
+#[derive(Debug, Clone)]
+struct StepBuffers {
+    /// `[B, K − 1 + T, C]`: the rows before the window, then the window's T.
+    rows: Tensor,
+    /// Rows of `rows` written so far.
+    filled: usize,
+    /// The states after each token of the window but the last (`T − 1`, each the state's
+    /// shape and dtype).
+    states: Vec<Tensor>,
 }
 
 impl GdnSteps {
+    /// A window that copies its conv rows into `rows` (`[B, K − 1 + T, C]`) and the states
+    /// after its tokens but the last into `states` (a CUDA graph's persistent buffers)
+    /// instead of keeping views and fresh copies.
+    pub fn in_buffers(rows: Tensor, states: Vec<Tensor>) -> Self {
+        Self {
+            buffers: Some(StepBuffers {
+                rows,
+                filled: 0,
+                states,
+            }),
+            ..Self::default()
+        }
+    }
+
+    /// Whether nothing was recorded yet and nothing is copied into persistent buffers (a
+    /// window just opened).
+    pub fn is_fresh(&self) -> bool {
+        self.window.is_empty() && self.states.is_empty() && self.buffers.is_none()
+    }
+
+    /// Whether the window copies into persistent buffers ([`GdnSteps::in_buffers`]): then
+    /// the layer also keeps its conv window in place (the tensor a graph was captured with).
+    pub(super) fn in_place(&self) -> bool {
+        self.buffers.is_some()
+    }
+
+    /// `rows` as the window keeps them: copied into the persistent buffer (next to what it
+    /// holds) when there is one, else as they are.
+    fn kept_rows(&mut self, rows: Tensor) -> Result<Tensor> {
+        let Some(b) = &mut self.buffers else {
+            return Ok(rows);
+        };
+        let n = rows.dim(1)?;
+        let rows = match rows.is_contiguous() {
+            true => rows,
+            false => own_copy(&rows)?,
+        };
+        candle_op(b.rows.slice_set(&rows, 1, b.filled))?;
+        let kept = b.rows.narrow(1, b.filled, n)?;
+        b.filled += n;
+        Ok(kept)
+    }
+
     /// Keeps the conv input rows of a forward call inside the window (`padded`: the `K − 1`
     /// rows before the call, then its own). A window may span several calls (a draft model
     /// drafts one token a call): each call's own rows are appended to what the window holds,
@@ -61,6 +120,7 @@ impl GdnSteps {
             "the window's first rows are already recorded"
         );
         self.before = rows.dim(1)?;
+        let rows = self.kept_rows(rows)?;
         self.window.push(rows);
         Ok(())
     }
@@ -71,6 +131,7 @@ impl GdnSteps {
             !self.window.is_empty(),
             "the rows before the window come first"
         );
+        let rows = self.kept_rows(rows)?;
         self.window.push(rows);
         Ok(())
     }
@@ -94,8 +155,15 @@ impl GdnSteps {
                 .map(|x| x.narrow(1, t, 1))
                 .collect::<candle_core::Result<_>>()?;
             // The last entry is the live state: copy it before this token advances it.
+            let before = self.states.len().wrapping_sub(1);
             if let Some(last) = self.states.last_mut() {
-                *last = own_copy(last)?;
+                *last = match self.buffers.as_ref().and_then(|b| b.states.get(before)) {
+                    Some(buffer) => {
+                        candle_op(buffer.slice_set(last, 0, 0))?;
+                        buffer.clone()
+                    }
+                    None => own_copy(last)?,
+                };
             }
             ys.push(step(std::array::from_fn(|i| &at[i]), state)?);
             self.states.push(state.clone());

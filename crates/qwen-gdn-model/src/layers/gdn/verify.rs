@@ -20,6 +20,7 @@ use crate::cache::GdnCache;
 use crate::tensor::own_copy;
 use anyhow::Result;
 use candle_core::Tensor;
+use gdn_ops::launches::candle_op;
 use gdn_ops::ops::gated_delta_norm;
 
 impl GatedDeltaNet {
@@ -39,20 +40,26 @@ impl GatedDeltaNet {
             a.unsqueeze(0)?,
         );
         let conv_state = self.conv_state_for(cache, 1, channels, &qkv)?;
+        let in_place = cache.steps.as_ref().is_some_and(|s| s.in_place());
         if let Some(steps) = &mut cache.steps {
             // The conv rows before the window (copied for one token, which the conv front
-            // advances in place; for more it writes a new state and leaves these as they
-            // are), then this pass's own: a view of the in-projection.
+            // advances in place, and when the window copies into its own buffers; for more
+            // it writes a new state and leaves these as they are), then this pass's own: a
+            // view of the in-projection.
             if steps.needs_before() {
-                steps.record_before(match tokens {
-                    1 => own_copy(&conv_state)?,
-                    _ => conv_state.clone(),
+                steps.record_before(match tokens == 1 && !in_place {
+                    true => own_copy(&conv_state)?,
+                    false => conv_state.clone(),
                 })?;
             }
             steps.record_rows(qkv.clone())?;
         }
         let prepared = self.conv_prep(&qkv, &beta_in, &a, &conv_state)?;
-        cache.conv = Some(prepared.conv_state.clone());
+        match in_place && tokens > 1 {
+            // A CUDA graph's pass keeps the conv window the tensor it was captured with.
+            true => candle_op(conv_state.slice_set(&prepared.conv_state, 0, 0))?,
+            false => cache.conv = Some(prepared.conv_state.clone()),
+        }
         let state = self.state_for(cache, 1, qkv.device())?;
         let (weight, eps, gate) = (&self.norm.norm.weight, self.norm.norm.eps, self.norm.gate);
         let step = |[q, k, v, g, beta, z]: [&Tensor; 6], state: &Tensor| {
