@@ -13,6 +13,7 @@ pub mod mtp;
 pub mod verify;
 #[cfg(feature = "cuda")]
 pub(crate) mod verify_graph;
+mod verify_replays;
 
 pub use decode::LayerCoverage;
 pub use layer::{DecoderLayer, FeedForward, Mixer};

@@ -28,19 +28,7 @@ use gdn_ops::ops::add_rms_norm::add_rms_norm;
 use gdn_ops::ops::affine::MATVEC_MAX_ROWS;
 use gdn_ops::profile::labelled;
 
-/// Verify passes replayed from a CUDA graph in this process (`verify_graph.rs`).
-static GRAPH_REPLAYS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-
-/// How many verify passes were replayed from a CUDA graph in this process (0 off CUDA): the
-/// tests' evidence that the graph ran.
-pub fn graph_replays() -> usize {
-    GRAPH_REPLAYS.load(std::sync::atomic::Ordering::Relaxed)
-}
-
-#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
-pub(super) fn count_graph_replay() {
-    GRAPH_REPLAYS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-}
+pub use super::verify_replays::graph_replays;
 
 impl HybridDecoder {
     /// The T tokens of one sequence at the cache's offset through the embedding, the

@@ -120,7 +120,7 @@ pub fn pass(
             g.graph.launch().context("replaying the verify graph")?;
             set_windows(cache, &g.steps);
             advance(cache, rows);
-            super::verify::count_graph_replay();
+            super::verify_replays::count_graph_replay();
             // Copies: callers keep a step's outputs while the next replay rewrites these.
             return Ok(Some((g.logits.copy()?, g.normed.copy()?)));
         }
