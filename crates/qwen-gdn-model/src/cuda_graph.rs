@@ -4,13 +4,17 @@
 //!
 //! A graph bakes in every device address its kernels touched, so a step's inputs (token ids,
 //! positions, rows gathered on the host) live in device tensors allocated before the capture
-//! and are rewritten in place before each replay ([`write`]). The families own what they
-//! capture and when a capture is stale (`families/hybrid/cuda_graph.rs`).
+//! and are rewritten in place before each replay ([`write`]). What every family's cache
+//! shares is here too: the tensors a step writes in place ([`layout`]; a capture is stale
+//! once one of them changes), the KV buffers' room, and the host-side counts a capture must
+//! leave as it found them ([`Bookkeeping`]). The families own what they capture and what
+//! else makes it stale (`families/hybrid/cuda_graph.rs`, `families/qwen4_exp/cuda_graph.rs`).
 
+use crate::cache::{Cache, LayerCache};
 use anyhow::{bail, Context, Result};
 use candle_core::cuda_backend::cudarc::driver::{result, sys, CudaGraph, DevicePtr, DeviceRepr};
 use candle_core::cuda_backend::CudaDType;
-use candle_core::{CudaDevice, Tensor};
+use candle_core::{CudaDevice, Tensor, TensorId};
 
 /// Set when a capture failed: later steps of every graph run eagerly.
 static BROKEN: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
@@ -88,4 +92,74 @@ pub fn write<T: CudaDType + DeviceRepr>(dev: &CudaDevice, t: &Tensor, values: &[
     unsafe { result::memcpy_htod_async(ptr, values, stream.cu_stream()) }
         .context("writing a CUDA graph's input")?;
     Ok(())
+}
+
+/// The ids of the cache tensors a step reads and writes in place, per layer: a GDN layer's
+/// conv window and state, an attention layer's keys and values.
+pub fn layout(cache: &Cache) -> Vec<[Option<TensorId>; 4]> {
+    let id = |t: Option<&Tensor>| t.map(Tensor::id);
+    cache
+        .layers
+        .iter()
+        .map(|l| match l {
+            LayerCache::Gdn(c) => [id(c.conv.as_ref()), id(c.state.as_ref()), None, None],
+            LayerCache::Attention(c) => {
+                let (k, v) = c.buffers();
+                [None, None, id(k), id(v)]
+            }
+        })
+        .collect()
+}
+
+/// Whether every KV buffer has room for one more position (a replay cannot grow one).
+pub fn room_for_one(cache: &Cache) -> bool {
+    cache.layers.iter().all(|l| match l {
+        LayerCache::Attention(c) => c.len() < c.capacity(),
+        LayerCache::Gdn(_) => true,
+    })
+}
+
+/// The host-side counts of a cache that a step advances: its offset and every KV length.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Bookkeeping {
+    offset: usize,
+    kv_lens: Vec<usize>,
+}
+
+impl Bookkeeping {
+    pub fn of(cache: &Cache) -> Self {
+        let kv_lens = cache
+            .layers
+            .iter()
+            .map(|l| match l {
+                LayerCache::Attention(c) => c.len(),
+                LayerCache::Gdn(_) => 0,
+            })
+            .collect();
+        Self {
+            offset: cache.offset,
+            kv_lens,
+        }
+    }
+
+    /// Puts these counts back into `cache` (its tensors stay).
+    pub fn restore(&self, cache: &mut Cache) {
+        cache.offset = self.offset;
+        for (l, &len) in cache.layers.iter_mut().zip(&self.kv_lens) {
+            if let LayerCache::Attention(c) = l {
+                c.set_len(len);
+            }
+        }
+    }
+}
+
+/// The counts after a replay of one decode step: the offset and every KV length one on (the
+/// replay wrote one position into every KV buffer).
+pub fn advance_one(cache: &mut Cache) {
+    cache.offset += 1;
+    for l in &mut cache.layers {
+        if let LayerCache::Attention(c) = l {
+            c.advance(1);
+        }
+    }
 }

@@ -557,6 +557,16 @@ impl Model {
                 };
                 d.decode_step(&ends, token, cache, tap)
             }
+            Decoder::Qwen4Exp(d) if d.fused_decode() => {
+                self.check_token_ids(&[token])?;
+                let ends = Ends {
+                    embed: self.embedding()?,
+                    head: self.head()?,
+                    device: &self.device,
+                    dtype: self.dtype,
+                };
+                d.decode_step(&ends, token, cache, tap)
+            }
             _ => {
                 let mut no_tap = NoTap;
                 let tap = tap.unwrap_or(&mut no_tap);

@@ -20,8 +20,8 @@
 //! fused steps).
 
 use super::HybridDecoder;
-use crate::cache::{Cache, LayerCache};
-use crate::cuda_graph::{capture, prepare, write};
+use crate::cache::Cache;
+use crate::cuda_graph::{advance_one, capture, layout, prepare, room_for_one, write, Bookkeeping};
 use crate::families::Ends;
 use crate::tap::NoTap;
 use anyhow::{bail, Context, Result};
@@ -51,52 +51,6 @@ impl std::fmt::Debug for DecodeGraph {
 unsafe impl Send for DecodeGraph {}
 unsafe impl Sync for DecodeGraph {}
 
-/// The tensor ids a step reads and writes in place, per layer.
-fn layout(cache: &Cache) -> Vec<[Option<TensorId>; 4]> {
-    let id = |t: Option<&Tensor>| t.map(Tensor::id);
-    cache
-        .layers
-        .iter()
-        .map(|l| match l {
-            LayerCache::Gdn(c) => [id(c.conv.as_ref()), id(c.state.as_ref()), None, None],
-            LayerCache::Attention(c) => {
-                let (k, v) = c.buffers();
-                [None, None, id(k), id(v)]
-            }
-        })
-        .collect()
-}
-
-/// Whether every KV buffer has room for one more position.
-fn room_for_one(cache: &Cache) -> bool {
-    cache.layers.iter().all(|l| match l {
-        LayerCache::Attention(c) => c.len() < c.capacity(),
-        LayerCache::Gdn(_) => true,
-    })
-}
-
-/// Host-side bookkeeping of a step: the offset and every KV length.
-fn bookkeeping(cache: &Cache) -> (usize, Vec<usize>) {
-    let lens = cache
-        .layers
-        .iter()
-        .map(|l| match l {
-            LayerCache::Attention(c) => c.len(),
-            LayerCache::Gdn(_) => 0,
-        })
-        .collect();
-    (cache.offset, lens)
-}
-
-fn restore(cache: &mut Cache, (offset, lens): &(usize, Vec<usize>)) {
-    cache.offset = *offset;
-    for (l, &len) in cache.layers.iter_mut().zip(lens) {
-        if let LayerCache::Attention(c) = l {
-            c.set_len(len);
-        }
-    }
-}
-
 /// One decode step through the cache's graph, capturing it first when needed (`token`
 /// already checked against the vocabulary).
 pub fn step(decoder: &HybridDecoder, ends: &Ends, token: u32, cache: &mut Cache) -> Result<Tensor> {
@@ -114,13 +68,7 @@ pub fn step(decoder: &HybridDecoder, ends: &Ends, token: u32, cache: &mut Cache)
             graph.graph.launch().context("replaying the decode graph")?;
             // A copy: callers may keep a step's logits while the next replay rewrites these.
             let logits = graph.logits.copy()?;
-            // The replay wrote one position into every KV buffer.
-            cache.offset += 1;
-            for l in &mut cache.layers {
-                if let LayerCache::Attention(c) = l {
-                    c.advance(1);
-                }
-            }
+            advance_one(cache);
             return Ok(logits);
         }
     }
@@ -130,18 +78,18 @@ pub fn step(decoder: &HybridDecoder, ends: &Ends, token: u32, cache: &mut Cache)
     let pos_buf = Tensor::new(&[cache.offset as u32], ends.device)?;
     // The eager step: this token's result, and it grows the KV buffers if they are full, so
     // that the capture below allocates nothing that outlives it.
-    let before = bookkeeping(cache);
+    let before = Bookkeeping::of(cache);
     let logits = decoder.decode_step_on(ends, &token_buf, &pos_buf, cache, &mut NoTap)?;
-    let after = bookkeeping(cache);
+    let after = Bookkeeping::of(cache);
     // The same step again, recorded and not run: from the same host-side state.
-    restore(cache, &before);
+    before.restore(cache);
     let out = logits.zeros_like()?;
     // The step's own output is freed inside the graph once copied into `out`.
     let graph = capture(dev, "decode step", || {
         let l = decoder.decode_step_on(ends, &token_buf, &pos_buf, cache, &mut NoTap)?;
         Ok(out.slice_set(&l, 0, 0)?)
     });
-    restore(cache, &after);
+    after.restore(cache);
     // Without a graph this token's logits came from the eager step; every later step runs
     // eagerly.
     let Some(graph) = graph else {

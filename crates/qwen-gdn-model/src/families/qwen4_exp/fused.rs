@@ -13,6 +13,7 @@
 
 use super::indexed_attention::IndexedAttention;
 use super::state;
+use super::step_inputs::StepInputs;
 use crate::cache::{GdnCache, KvCache};
 use crate::layers::gdn::GatedDeltaNet;
 use crate::layers::moe::SparseMoe;
@@ -38,20 +39,26 @@ pub fn moe_block(moe: &SparseMoe, x: &Tensor) -> Result<Tensor> {
 /// attention runs on the fused kernels (`attn_prep`, `attn_decode`) where they cover the
 /// layer; past the budget it runs composed under the selection's mask, since `attn_decode`
 /// takes no block list yet (named once on stderr on a GPU).
+///
+/// The position-dependent inputs (the token's position, the indexer's rows and rotation)
+/// come from `step`'s device tensors, so that inside the budget a CUDA graph replays it.
 pub fn qsa_mixer(
     q: &IndexedAttention,
     x: &Tensor,
     cache: &mut KvCache,
     offset: usize,
+    step: &StepInputs,
 ) -> Result<Tensor> {
     let keys =
         state::indexer_mut(cache).ok_or_else(|| anyhow!("cache lacks the QSA indexer state"))?;
-    let mask = q.indexer.select_on_device(x, keys, offset)?;
+    let inputs = step
+        .indexer
+        .as_ref()
+        .ok_or_else(|| anyhow!("step inputs without the QSA indexer's"))?;
+    let mask = q.indexer.select_on_device(x, keys, offset, inputs)?;
     match mask {
         None if q.attention.fused_decode_supported(x.dtype()) => {
-            // The position for the kernels to read on the device: an upload, no kernel.
-            let pos = Tensor::new(&[offset as u32], x.device())?;
-            q.attention.decode_fused(x, cache, &pos)
+            q.attention.decode_fused(x, cache, &step.pos)
         }
         mask => {
             if mask.is_some() && !x.device().is_cpu() {

@@ -1,0 +1,229 @@
+//! The `qwen4_exp` CUDA decode step as a graph: captured once per cache layout and replayed
+//! per token, so that a token costs one graph launch of host time instead of one per kernel
+//! (~1,300 at the release's size). The shared mechanics (recording, the in-place input
+//! writes, the KV buffers' room and counts) are `crate::cuda_graph`'s; this file adds what
+//! only this family has.
+//!
+//! Everything a step reads that changes from token to token is prepared on the host and
+//! written into the step's input tensors before each replay ([`StepInputs`]): the token id
+//! and position, the PLE layers' gathered n-gram rows, and the QSA indexer's rows and
+//! rotation. Besides the GDN states, conv windows and KV buffers, the step writes in place
+//! the PLE conv windows and the indexer's block and tail keys, so a graph is replayed only
+//! while the cache holds the very tensors it was captured with, the KV buffers and the
+//! indexer's block buffer have room for one more token; otherwise the step runs eagerly once
+//! (growing the buffers, moving the indexer's keys to the device) and is captured again.
+//!
+//! A step is replayed only where its launches do not depend on the position: every part on
+//! the fused kernels, and every QSA layer inside its indexer's budget (up to `(k+1)·c − 1`
+//! tokens the attention sees every key). Past the budget the selection's mask has the
+//! position's width and the attention runs composed under it: those steps run eagerly
+//! (named once on stderr). After a replay the host-side counts (offset, KV lengths, the
+//! indexer's blocks and tail, the PLE contexts) are advanced here as the eager step does.
+//!
+//! `QWEN_GDN_CUDA_GRAPH=0` (`RunOptions::cuda_graph`, read once) turns graphs off.
+
+use super::step_inputs::StepInputs;
+use super::{state, Qwen4ExpDecoder, Qwen4Mixer};
+use crate::cache::{Cache, LayerCache};
+use crate::cuda_graph::{advance_one, capture, layout, prepare, room_for_one, Bookkeeping};
+use crate::families::Ends;
+use crate::tap::NoTap;
+use anyhow::{anyhow, bail, Context, Result};
+use candle_core::cuda_backend::cudarc::driver::CudaGraph;
+use candle_core::{DType, Device, Tensor, TensorId};
+
+/// One captured step and what it was captured against.
+pub struct DecodeGraph {
+    graph: CudaGraph,
+    /// The step's output, allocated before the capture and rewritten by each replay.
+    logits: Tensor,
+    /// The step's inputs, rewritten before each replay.
+    inputs: StepInputs,
+    layout: Vec<[Option<TensorId>; 4]>,
+    family: Vec<[Option<TensorId>; 2]>,
+}
+
+impl std::fmt::Debug for DecodeGraph {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DecodeGraph").finish_non_exhaustive()
+    }
+}
+
+// SAFETY: a graph is only launched, captured or dropped under its decoder's mutex, so by one
+// thread at a time, and cudarc binds the context per call.
+unsafe impl Send for DecodeGraph {}
+unsafe impl Sync for DecodeGraph {}
+
+/// Per layer, the ids of this family's tensors a step writes in place: a PLE layer's conv
+/// window; a QSA layer's block keys and tail keys (once on the device).
+fn family_layout(cache: &Cache) -> Vec<[Option<TensorId>; 2]> {
+    cache
+        .layers
+        .iter()
+        .map(|l| match l {
+            LayerCache::Gdn(c) => [state::ple(c).map(|p| p.window.id()), None],
+            LayerCache::Attention(c) => match state::indexer(c).and_then(|i| i.device.as_ref()) {
+                Some(keys) => {
+                    let (blocks, tail) = keys.buffers();
+                    [Some(blocks.id()), Some(tail.id())]
+                }
+                None => [None, None],
+            },
+        })
+        .collect()
+}
+
+/// Per QSA layer, the indexer's counts a step advances: tokens seen, and the device keys'
+/// complete blocks and tail length.
+type IndexerCounts = Vec<Option<(usize, Option<(usize, usize)>)>>;
+
+fn indexer_counts(cache: &Cache) -> IndexerCounts {
+    cache
+        .layers
+        .iter()
+        .map(|l| match l {
+            LayerCache::Attention(c) => {
+                state::indexer(c).map(|i| (i.len, i.device.as_ref().map(|k| k.counts())))
+            }
+            LayerCache::Gdn(_) => None,
+        })
+        .collect()
+}
+
+fn restore_indexer_counts(cache: &mut Cache, counts: &IndexerCounts) {
+    for (l, counts) in cache.layers.iter_mut().zip(counts) {
+        if let (LayerCache::Attention(c), Some((len, keys))) = (l, counts) {
+            if let Some(ix) = state::indexer_mut(c) {
+                ix.len = *len;
+                if let (Some(k), Some(counts)) = (ix.device.as_mut(), keys) {
+                    k.set_counts(*counts);
+                }
+            }
+        }
+    }
+}
+
+impl Qwen4ExpDecoder {
+    /// Whether a step's launches can be the same at every position inside the indexers'
+    /// budget: every part of every layer on the fused kernels (the composed ones take the
+    /// position on the host), the QSA attention's included.
+    fn replayable(&self, dtype: DType) -> bool {
+        self.fused_hyper_connections()
+            && self.coverage().len() == self.layers.len()
+            && self.coverage().iter().all(|c| c.mixer && c.feed_forward)
+            && self.layers.iter().all(|l| match &l.mixer {
+                Qwen4Mixer::Qsa(q) => q.attention.fused_decode_supported(dtype),
+                Qwen4Mixer::Gdn(_) => true,
+            })
+    }
+
+    /// Whether the step at `offset` is inside every QSA layer's budget (no mask).
+    fn within_budget(&self, offset: usize) -> bool {
+        self.layers.iter().all(|l| match &l.mixer {
+            Qwen4Mixer::Qsa(q) => q.indexer.within_budget(offset),
+            Qwen4Mixer::Gdn(_) => true,
+        })
+    }
+
+    /// Whether every QSA layer's keys are on the device with room for one more block row.
+    fn indexers_ready(&self, cache: &Cache) -> bool {
+        cache.layers.iter().all(|l| match l {
+            LayerCache::Attention(c) => state::indexer(c)
+                .and_then(|i| i.device.as_ref())
+                .is_some_and(|k| k.room_for_one()),
+            LayerCache::Gdn(_) => true,
+        })
+    }
+
+    /// The indexers' counts after a replay, as the eager step advances them.
+    fn advance_indexers(&self, cache: &mut Cache) -> Result<()> {
+        for (layer, c) in self.layers.iter().zip(&mut cache.layers) {
+            if let (Qwen4Mixer::Qsa(q), LayerCache::Attention(c)) = (&layer.mixer, c) {
+                state::indexer_mut(c)
+                    .ok_or_else(|| anyhow!("cache lacks the QSA indexer state"))?
+                    .advance_on_device(q.indexer.config().compress_ratio);
+            }
+        }
+        Ok(())
+    }
+}
+
+/// One decode step through the decoder's graph where the step can be replayed, capturing it
+/// first when needed; eagerly elsewhere (`token` already checked against the vocabulary).
+pub fn step(
+    decoder: &Qwen4ExpDecoder,
+    ends: &Ends,
+    token: u32,
+    cache: &mut Cache,
+) -> Result<Tensor> {
+    let Device::Cuda(dev) = ends.device else {
+        bail!("CUDA graphs need a CUDA device");
+    };
+    if !decoder.replayable(ends.dtype) || !decoder.within_budget(cache.offset) {
+        if decoder.replayable(ends.dtype) {
+            static ONCE: std::sync::Once = std::sync::Once::new();
+            ONCE.call_once(|| {
+                eprintln!(
+                    "note: qwen4_exp decode steps past the QSA indexer's budget run without \
+                     a CUDA graph (the selection's mask has the position's width)"
+                )
+            });
+        }
+        return decoder.decode_step(ends, token, cache, Some(&mut NoTap));
+    }
+    let mut slot = decoder
+        .decode_graph
+        .lock()
+        .map_err(|_| anyhow!("a decode step panicked while holding the CUDA graph"))?;
+    let values = decoder.step_values(token, cache)?;
+    if let Some(graph) = slot.as_ref() {
+        if room_for_one(cache)
+            && decoder.indexers_ready(cache)
+            && graph.layout == layout(cache)
+            && graph.family == family_layout(cache)
+        {
+            graph.inputs.write(dev, &values)?;
+            graph
+                .graph
+                .launch()
+                .context("replaying the qwen4_exp decode graph")?;
+            // A copy: callers may keep a step's logits while the next replay rewrites these.
+            let logits = graph.logits.copy()?;
+            advance_one(cache);
+            decoder.advance_indexers(cache)?;
+            values.advance_contexts(cache)?;
+            return Ok(logits);
+        }
+    }
+    *slot = None;
+    let _uploads = prepare(dev);
+    let inputs = values.upload(ends.device)?;
+    // The eager step: this token's result; it grows the KV and block-key buffers if they are
+    // full and moves the indexer's keys to the device, so that the capture below allocates
+    // nothing that outlives it.
+    let before = (Bookkeeping::of(cache), indexer_counts(cache));
+    let logits = decoder.decode_step_on(ends, &inputs, cache, &mut NoTap)?;
+    let after = (Bookkeeping::of(cache), indexer_counts(cache));
+    // The same step again, recorded and not run: from the same host-side counts.
+    before.0.restore(cache);
+    restore_indexer_counts(cache, &before.1);
+    let out = logits.zeros_like()?;
+    let graph = capture(dev, "qwen4_exp decode step", || {
+        let l = decoder.decode_step_on(ends, &inputs, cache, &mut NoTap)?;
+        Ok(out.slice_set(&l, 0, 0)?)
+    });
+    after.0.restore(cache);
+    restore_indexer_counts(cache, &after.1);
+    values.advance_contexts(cache)?;
+    let Some(graph) = graph else {
+        return Ok(logits);
+    };
+    *slot = Some(DecodeGraph {
+        graph,
+        logits: out,
+        inputs,
+        layout: layout(cache),
+        family: family_layout(cache),
+    });
+    Ok(logits)
+}
