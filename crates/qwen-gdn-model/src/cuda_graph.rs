@@ -19,6 +19,30 @@ use candle_core::{CudaDevice, Tensor, TensorId};
 /// Set when a capture failed: later steps of every graph run eagerly.
 static BROKEN: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
+/// Graphs captured and replays launched in this process (every family's): tests read them
+/// to know that a step ran from a graph.
+static CAPTURES: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+static REPLAYS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// Graphs captured so far in this process.
+pub fn captures() -> usize {
+    CAPTURES.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+/// Replays launched so far in this process.
+pub fn replays() -> usize {
+    REPLAYS.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+/// Launches `graph` (the `what` step's replay) on candle's stream.
+pub fn launch(graph: &CudaGraph, what: &str) -> Result<()> {
+    graph
+        .launch()
+        .with_context(|| format!("replaying the {what} graph"))?;
+    REPLAYS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    Ok(())
+}
+
 /// Whether graphs still work (the run asks for them with `RunOptions::cuda_graph`).
 pub fn enabled() -> bool {
     !BROKEN.load(std::sync::atomic::Ordering::Relaxed)
@@ -56,7 +80,10 @@ pub fn capture(
                     sys::CUgraphInstantiate_flags::CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH,
                 );
                 match (recorded, graph) {
-                    (Ok(()), Ok(Some(graph))) => return Some(graph),
+                    (Ok(()), Ok(Some(graph))) => {
+                        CAPTURES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        return Some(graph);
+                    }
                     (Err(e), _) => format!("{e:#}"),
                     (_, Err(e)) => e.to_string(),
                     _ => "the capture recorded nothing".to_string(),

@@ -739,3 +739,72 @@ fn qsa_device_selection_matches_transformers() {
     let sparse = Fixture::open(NAME).qsa_device_selection_matches();
     assert!(sparse >= 79, "only {sparse} sparse queries");
 }
+
+/// The decode step replayed from a CUDA graph against the eager step (graphs off,
+/// `RunOptions::cuda_graph`) on the 4-bit fixture's bf16 device plan: two sequences decoded
+/// in turn, three steps each and then the first again past the QSA budget, so that there is
+/// a capture, replays, a re-capture at each switch of cache, and eager steps past the
+/// budget. Every step's greedy token must be the same and its logits within 1e-3 of
+/// max|logit|; a replay reading a stale input (token, position, PLE rows, the indexer's
+/// rows) or a cache tensor it was not captured with would not be. On CUDA the graph path
+/// must have run: 3 captures, and a replay of every other step inside the budget. Elsewhere
+/// both models run the same eager step.
+#[test]
+fn cuda_graph_decode_matches_eager() {
+    use candle_core::{DType, Tensor};
+    let name = "qwen4-exp-tiny-4bit";
+    let device = common::device_under_test();
+    let load = |cuda_graph: bool| {
+        let opts = qwen_gdn_model::RunOptions {
+            cuda_graph,
+            ..common::device_plan(DType::BF16)
+        };
+        common::load_on(name, &opts, &device)
+    };
+    let (graphed, eager) = (load(true), load(false));
+    assert!(graphed.fused_decode());
+    let qsa = graphed.config().qwen4_exp.as_ref().unwrap().qsa.unwrap();
+    let c = qsa.compress_ratio;
+    // The last position whose step sees every key (no selection mask): replayed.
+    let last_within = (qsa.budget / c + 1) * c - 2;
+    assert!(last_within >= 6, "{qsa:?}");
+    let prompt = Reference::load(name).ids("greedy_prompt_ids");
+    // (sequence, steps): A from position 1, B from 2, A again, then A past the budget.
+    let schedule = [(0, 3), (1, 3), (0, 3), (0, last_within - 6 + 5)];
+    let run = |model: &Model| -> Vec<(u32, Tensor)> {
+        let mut caches = [model.new_cache(), model.new_cache()];
+        model.prefill(&prompt[..1], &mut caches[0], 16).unwrap();
+        model.prefill(&prompt[..2], &mut caches[1], 16).unwrap();
+        let mut next = [prompt[1], prompt[2]];
+        let mut out = Vec::new();
+        for &(s, steps) in &schedule {
+            for _ in 0..steps {
+                let logits = model.forward_last(&[next[s]], &mut caches[s]).unwrap();
+                next[s] = argmax_rows(&logits)[0];
+                out.push((next[s], logits));
+            }
+        }
+        assert!(caches[0].offset > last_within + 1, "A ran past the budget");
+        out
+    };
+    #[cfg(feature = "cuda")]
+    let before = (
+        qwen_gdn_model::cuda_graph::captures(),
+        qwen_gdn_model::cuda_graph::replays(),
+    );
+    let got = run(&graphed);
+    #[cfg(feature = "cuda")]
+    if device.is_cuda() {
+        let captures = qwen_gdn_model::cuda_graph::captures() - before.0;
+        let replays = qwen_gdn_model::cuda_graph::replays() - before.1;
+        eprintln!("{name}: {captures} captures, {replays} replays");
+        // A at 1 (capture), 2, 3; B at 2 (capture), 3, 4; A at 4 (capture) .. last_within.
+        assert_eq!((captures, replays), (3, last_within), "graph path not taken");
+    }
+    let want = run(&eager);
+    for (i, ((gt, gl), (wt, wl))) in got.iter().zip(&want).enumerate() {
+        let d = rel_max_diff(gl, wl);
+        assert!(d <= 1e-3, "step {i}: logits off by {d:e} of max|logit|");
+        assert_eq!(gt, wt, "step {i}: greedy token");
+    }
+}

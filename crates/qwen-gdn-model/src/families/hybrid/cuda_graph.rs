@@ -21,7 +21,9 @@
 
 use super::HybridDecoder;
 use crate::cache::Cache;
-use crate::cuda_graph::{advance_one, capture, layout, prepare, room_for_one, write, Bookkeeping};
+use crate::cuda_graph::{
+    advance_one, capture, launch, layout, prepare, room_for_one, write, Bookkeeping,
+};
 use crate::families::Ends;
 use crate::tap::NoTap;
 use anyhow::{bail, Context, Result};
@@ -65,7 +67,7 @@ pub fn step(decoder: &HybridDecoder, ends: &Ends, token: u32, cache: &mut Cache)
         if room_for_one(cache) && graph.layout == layout(cache) {
             write(dev, &graph.token, &[token])?;
             write(dev, &graph.pos, &[cache.offset as u32])?;
-            graph.graph.launch().context("replaying the decode graph")?;
+            launch(&graph.graph, "decode step")?;
             // A copy: callers may keep a step's logits while the next replay rewrites these.
             let logits = graph.logits.copy()?;
             advance_one(cache);

@@ -25,10 +25,12 @@
 use super::step_inputs::StepInputs;
 use super::{state, Qwen4ExpDecoder, Qwen4Mixer};
 use crate::cache::{Cache, LayerCache};
-use crate::cuda_graph::{advance_one, capture, layout, prepare, room_for_one, Bookkeeping};
+use crate::cuda_graph::{
+    advance_one, capture, launch, layout, prepare, room_for_one, Bookkeeping,
+};
 use crate::families::Ends;
 use crate::tap::NoTap;
-use anyhow::{anyhow, bail, Context, Result};
+use anyhow::{anyhow, bail, Result};
 use candle_core::cuda_backend::cudarc::driver::CudaGraph;
 use candle_core::{DType, Device, Tensor, TensorId};
 
@@ -105,16 +107,21 @@ fn restore_indexer_counts(cache: &mut Cache, counts: &IndexerCounts) {
 
 impl Qwen4ExpDecoder {
     /// Whether a step's launches can be the same at every position inside the indexers'
-    /// budget: every part of every layer on the fused kernels (the composed ones take the
-    /// position on the host), the QSA attention's included.
+    /// budget: every MoE block on the fused kernels, every QSA layer's selection and
+    /// attention too (the composed ones take the position on the host or read back). A
+    /// composed GDN mixer is position-free, and the step keeps its tensors in place.
     fn replayable(&self, dtype: DType) -> bool {
-        self.fused_hyper_connections()
-            && self.coverage().len() == self.layers.len()
-            && self.coverage().iter().all(|c| c.mixer && c.feed_forward)
-            && self.layers.iter().all(|l| match &l.mixer {
-                Qwen4Mixer::Qsa(q) => q.attention.fused_decode_supported(dtype),
-                Qwen4Mixer::Gdn(_) => true,
-            })
+        self.coverage().len() == self.layers.len()
+            && self
+                .layers
+                .iter()
+                .zip(self.coverage())
+                .all(|(l, c)| match &l.mixer {
+                    Qwen4Mixer::Qsa(q) => {
+                        c.feed_forward && c.mixer && q.attention.fused_decode_supported(dtype)
+                    }
+                    Qwen4Mixer::Gdn(_) => c.feed_forward,
+                })
     }
 
     /// Whether the step at `offset` is inside every QSA layer's budget (no mask).
@@ -183,10 +190,7 @@ pub fn step(
             && graph.family == family_layout(cache)
         {
             graph.inputs.write(dev, &values)?;
-            graph
-                .graph
-                .launch()
-                .context("replaying the qwen4_exp decode graph")?;
+            launch(&graph.graph, "qwen4_exp decode step")?;
             // A copy: callers may keep a step's logits while the next replay rewrites these.
             let logits = graph.logits.copy()?;
             advance_one(cache);
@@ -197,7 +201,10 @@ pub fn step(
     }
     *slot = None;
     let _uploads = prepare(dev);
-    let inputs = values.upload(ends.device)?;
+    let inputs = StepInputs {
+        in_place: true,
+        ..values.upload(ends.device)?
+    };
     // The eager step: this token's result; it grows the KV and block-key buffers if they are
     // full and moves the indexer's keys to the device, so that the capture below allocates
     // nothing that outlives it.

@@ -503,7 +503,7 @@ impl Qwen4ExpLayer {
                     .get(i)
                     .and_then(Option::as_ref)
                     .ok_or_else(|| anyhow!("step inputs without layer {i}'s PLE rows"))?;
-                ple.forward_rows(hs, rows, state, true)?
+                ple.forward_rows(hs, rows, state, step.in_place)?
             }
         };
         candle_op(hs.add(&term))
@@ -539,7 +539,15 @@ impl Qwen4ExpLayer {
         Ok(match (&self.mixer, cache) {
             (Qwen4Mixer::Gdn(m), LayerCache::Gdn(c)) if fused => fused::gdn_mixer(m, x, c)?,
             (Qwen4Mixer::Gdn(m), LayerCache::Gdn(c)) => {
-                m.forward(&x.unsqueeze(0)?, c)?.squeeze(0)?
+                let kept = step
+                    .filter(|s| s.in_place)
+                    .map(|_| (c.conv.clone(), c.state.clone()));
+                let y = m.forward(&x.unsqueeze(0)?, c)?.squeeze(0)?;
+                if let Some((conv, state)) = kept {
+                    c.conv = fused::kept_in_place(conv, c.conv.take())?;
+                    c.state = fused::kept_in_place(state, c.state.take())?;
+                }
+                y
             }
             (Qwen4Mixer::Qsa(q), LayerCache::Attention(c)) if fused => {
                 let step = step.ok_or_else(|| anyhow!("a fused QSA mixer without step inputs"))?;

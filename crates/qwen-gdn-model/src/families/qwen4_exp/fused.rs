@@ -76,3 +76,21 @@ pub fn qsa_mixer(
         }
     }
 }
+
+/// The tensor a cache field holds after a composed step that replaced `old` by `new`, for a
+/// step that keeps its cache tensors (`StepInputs::in_place`): `old` with `new` written into
+/// it where both exist alike (one copy), else `new` (the first step makes the tensor).
+pub fn kept_in_place(old: Option<Tensor>, new: Option<Tensor>) -> Result<Option<Tensor>> {
+    match (old, new) {
+        (Some(old), Some(new))
+            if old.dims() == new.dims()
+                && old.dtype() == new.dtype()
+                && old.device().same_device(new.device())
+                && old.is_contiguous() =>
+        {
+            crate::candle_ops::write_at(&old, &new, 0, 0)?;
+            Ok(Some(old))
+        }
+        (_, new) => Ok(new),
+    }
+}

@@ -37,6 +37,11 @@ pub struct StepInputs {
     pub indexer: Option<IndexerInputs>,
     /// Per layer: a PLE layer's rows `[1, row_width]` f32.
     pub ple_rows: Vec<Option<Tensor>>,
+    /// Whether the step keeps every cache tensor it advances (the PLE windows, a composed
+    /// GDN mixer's conv window and state) and writes it in place, as a CUDA graph's step
+    /// must (it bakes their addresses in): one copy each. Off, they are replaced by new
+    /// tensors, as the composed layers do.
+    pub in_place: bool,
 }
 
 impl Qwen4ExpDecoder {
@@ -93,6 +98,7 @@ impl StepValues {
                         .transpose()
                 })
                 .collect::<candle_core::Result<_>>()?,
+            in_place: false,
         })
     }
 
