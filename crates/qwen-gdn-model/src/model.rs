@@ -337,7 +337,7 @@ impl Model {
     }
 
     /// The token embedding (every process but a pipeline's non-first stages holds it).
-    fn embedding(&self) -> Result<&Embedding> {
+    pub(crate) fn embedding(&self) -> Result<&Embedding> {
         self.embed
             .as_ref()
             .ok_or_else(|| anyhow::anyhow!("this pipeline stage does not hold the embedding"))

@@ -799,7 +799,11 @@ fn cuda_graph_decode_matches_eager() {
         let replays = qwen_gdn_model::cuda_graph::replays() - before.1;
         eprintln!("{name}: {captures} captures, {replays} replays");
         // A at 1 (capture), 2, 3; B at 2 (capture), 3, 4; A at 4 (capture) .. last_within.
-        assert_eq!((captures, replays), (3, last_within), "graph path not taken");
+        assert_eq!(
+            (captures, replays),
+            (3, last_within),
+            "graph path not taken"
+        );
     }
     let want = run(&eager);
     for (i, ((gt, gl), (wt, wl))) in got.iter().zip(&want).enumerate() {

@@ -25,9 +25,7 @@
 use super::step_inputs::StepInputs;
 use super::{state, Qwen4ExpDecoder, Qwen4Mixer};
 use crate::cache::{Cache, LayerCache};
-use crate::cuda_graph::{
-    advance_one, capture, launch, layout, prepare, room_for_one, Bookkeeping,
-};
+use crate::cuda_graph::{advance_one, capture, launch, layout, prepare, room_for_one, Bookkeeping};
 use crate::families::Ends;
 use crate::tap::NoTap;
 use anyhow::{anyhow, bail, Result};

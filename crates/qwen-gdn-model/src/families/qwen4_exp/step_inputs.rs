@@ -142,3 +142,96 @@ impl StepInputs {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::cache::LayerCache;
+    use crate::families::qwen4_exp::state;
+    use crate::families::{Decoder, Ends};
+    use crate::tap::NoTap;
+    use crate::{Model, Plan, RunOptions};
+    use candle_core::{DType, Device, TensorId};
+
+    /// The ids of the tensors a graph's step must keep: PLE windows, GDN conv windows and
+    /// states.
+    fn kept_ids(cache: &crate::Cache) -> Vec<Option<TensorId>> {
+        cache
+            .layers
+            .iter()
+            .flat_map(|l| match l {
+                LayerCache::Gdn(c) => vec![
+                    state::ple(c).map(|p| p.window.id()),
+                    c.conv.as_ref().map(|t| t.id()),
+                    c.state.as_ref().map(|t| t.id()),
+                ],
+                LayerCache::Attention(_) => Vec::new(),
+            })
+            .collect()
+    }
+
+    /// The step a CUDA graph captures (inputs in tensors, `in_place`) against the eager
+    /// step on the CPU (4-bit fixture, bf16 device plan: its GDN mixers run composed, one
+    /// layer has a PLE): bit for bit the same logits over 12 steps, past the QSA budget,
+    /// with the PLE windows and the composed GDN mixers' conv windows and states kept (the
+    /// same tensors, written in place) from the second step on.
+    #[test]
+    fn the_in_place_step_matches_the_eager_step() {
+        let dir = match std::env::var_os("QWEN_GDN_MODELS_DIR") {
+            Some(d) => std::path::PathBuf::from(d),
+            None => std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../models"),
+        }
+        .join("qwen4-exp-tiny-4bit");
+        let opts = RunOptions {
+            dtype: DType::BF16,
+            plan: Some(Plan::Device),
+            ..RunOptions::default()
+        };
+        let model = Model::load(&dir, &Device::Cpu, &opts).unwrap();
+        let Decoder::Qwen4Exp(d) = model.decoder() else {
+            panic!("not a qwen4_exp model")
+        };
+        assert!(d.fused_decode());
+        let ends = Ends {
+            embed: model.embedding().unwrap(),
+            head: model.head().unwrap(),
+            device: model.device(),
+            dtype: model.dtype(),
+        };
+        let (mut eager, mut kept) = (model.new_cache(), model.new_cache());
+        model.prefill(&[3, 1, 4], &mut eager, 16).unwrap();
+        model.prefill(&[3, 1, 4], &mut kept, 16).unwrap();
+        let mut token = 1;
+        let mut ids = None;
+        for step in 0..12 {
+            let want = d
+                .decode_step(&ends, token, &mut eager, Some(&mut NoTap))
+                .unwrap();
+            let values = d.step_values(token, &kept).unwrap();
+            let inputs = super::StepInputs {
+                in_place: true,
+                ..values.upload(&Device::Cpu).unwrap()
+            };
+            let got = d
+                .decode_step_on(&ends, &inputs, &mut kept, &mut NoTap)
+                .unwrap();
+            values.advance_contexts(&mut kept).unwrap();
+            let diff = (got - &want)
+                .unwrap()
+                .abs()
+                .unwrap()
+                .max_all()
+                .unwrap()
+                .to_scalar::<f32>()
+                .unwrap();
+            assert_eq!(diff, 0.0, "step {step}");
+            let now = kept_ids(&kept);
+            assert!(now.iter().any(Option::is_some));
+            if let Some(before) = &ids {
+                assert_eq!(&now, before, "step {step}: a kept tensor was replaced");
+            }
+            ids = Some(now);
+            assert_eq!(kept.offset, eager.offset);
+            token = crate::speculative::argmax(&want.flatten_all().unwrap().to_vec1().unwrap());
+        }
+    }
+}
