@@ -547,7 +547,7 @@ impl Model {
                 let tap = tap.unwrap_or(&mut no_tap);
                 Ok(self.verify_tapped(&[token], cache, tap)?.0)
             }
-            Decoder::Hybrid(d) if d.fused_decode() => {
+            decoder if self.fused_decode() => {
                 self.check_token_ids(&[token])?;
                 let ends = Ends {
                     embed: self.embedding()?,
@@ -555,17 +555,10 @@ impl Model {
                     device: &self.device,
                     dtype: self.dtype,
                 };
-                d.decode_step(&ends, token, cache, tap)
-            }
-            Decoder::Qwen4Exp(d) if d.fused_decode() => {
-                self.check_token_ids(&[token])?;
-                let ends = Ends {
-                    embed: self.embedding()?,
-                    head: self.head()?,
-                    device: &self.device,
-                    dtype: self.dtype,
-                };
-                d.decode_step(&ends, token, cache, tap)
+                match decoder {
+                    Decoder::Hybrid(d) => d.decode_step(&ends, token, cache, tap),
+                    Decoder::Qwen4Exp(d) => d.decode_step(&ends, token, cache, tap),
+                }
             }
             _ => {
                 let mut no_tap = NoTap;
