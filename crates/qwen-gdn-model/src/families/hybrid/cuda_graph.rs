@@ -26,7 +26,7 @@ use crate::cuda_graph::{
 };
 use crate::families::Ends;
 use crate::tap::NoTap;
-use anyhow::{bail, Context, Result};
+use anyhow::{bail, Result};
 use candle_core::cuda_backend::cudarc::driver::CudaGraph;
 use candle_core::{Device, Tensor, TensorId};
 
