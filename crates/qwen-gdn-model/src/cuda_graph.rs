@@ -11,6 +11,7 @@
 //! else makes it stale (`families/hybrid/cuda_graph.rs`, `families/qwen4_exp/cuda_graph.rs`).
 
 use crate::cache::{Cache, LayerCache};
+pub use crate::cache_counts::Bookkeeping;
 use anyhow::{bail, Context, Result};
 use candle_core::cuda_backend::cudarc::driver::{result, sys, CudaGraph, DevicePtr, DeviceRepr};
 use candle_core::cuda_backend::CudaDType;
@@ -90,9 +91,15 @@ pub fn capture(
                 }
             }
         };
+    disable(what, &why);
+    None
+}
+
+/// Turns graphs off for the rest of the run, with a one-line note: the `what` step's capture
+/// failed, or gave a graph that cannot be replayed, for the reason `why`.
+pub fn disable(what: &str, why: &str) {
     BROKEN.store(true, std::sync::atomic::Ordering::Relaxed);
     eprintln!("note: CUDA graph capture of the {what} failed ({why}); running it without graphs");
-    None
 }
 
 /// Writes `values` into the first `values.len()` elements of the device tensor `t` in place,
@@ -144,40 +151,6 @@ pub fn room_for_one(cache: &Cache) -> bool {
         LayerCache::Attention(c) => c.len() < c.capacity(),
         LayerCache::Gdn(_) => true,
     })
-}
-
-/// The host-side counts of a cache that a step advances: its offset and every KV length.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Bookkeeping {
-    offset: usize,
-    kv_lens: Vec<usize>,
-}
-
-impl Bookkeeping {
-    pub fn of(cache: &Cache) -> Self {
-        let kv_lens = cache
-            .layers
-            .iter()
-            .map(|l| match l {
-                LayerCache::Attention(c) => c.len(),
-                LayerCache::Gdn(_) => 0,
-            })
-            .collect();
-        Self {
-            offset: cache.offset,
-            kv_lens,
-        }
-    }
-
-    /// Puts these counts back into `cache` (its tensors stay).
-    pub fn restore(&self, cache: &mut Cache) {
-        cache.offset = self.offset;
-        for (l, &len) in cache.layers.iter_mut().zip(&self.kv_lens) {
-            if let LayerCache::Attention(c) = l {
-                c.set_len(len);
-            }
-        }
-    }
 }
 
 /// The counts after a replay of one decode step: the offset and every KV length one on (the

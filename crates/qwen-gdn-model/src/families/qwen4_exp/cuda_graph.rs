@@ -20,12 +20,20 @@
 //! (named once on stderr). After a replay the host-side counts (offset, KV lengths, the
 //! indexer's blocks and tail, the PLE contexts) are advanced here as the eager step does.
 //!
+//! No capture is attempted where a part of the step would run on the host or read back (a
+//! GDN recurrence of key head dims no CUDA kernel covers, a composed MoE or QSA part): those
+//! steps run eagerly, the reason named once on stderr. A capture records the step from the
+//! counts the eager run started from ([`StepCounts`]); after it, failed or not, the cache is
+//! the eager step's again (tensors and counts), so that no tensor of the graph's memory
+//! stays in it.
+//!
 //! `QWEN_GDN_CUDA_GRAPH=0` (`RunOptions::cuda_graph`, read once) turns graphs off.
 
+use super::step_counts::StepCounts;
 use super::step_inputs::StepInputs;
 use super::{state, Qwen4ExpDecoder, Qwen4Mixer};
 use crate::cache::{Cache, LayerCache};
-use crate::cuda_graph::{advance_one, capture, launch, layout, prepare, room_for_one, Bookkeeping};
+use crate::cuda_graph::{advance_one, capture, disable, launch, layout, prepare, room_for_one};
 use crate::families::Ends;
 use crate::tap::NoTap;
 use anyhow::{anyhow, bail, Result};
@@ -73,53 +81,34 @@ fn family_layout(cache: &Cache) -> Vec<[Option<TensorId>; 2]> {
         .collect()
 }
 
-/// Per QSA layer, the indexer's counts a step advances: tokens seen, and the device keys'
-/// complete blocks and tail length.
-type IndexerCounts = Vec<Option<(usize, Option<(usize, usize)>)>>;
-
-fn indexer_counts(cache: &Cache) -> IndexerCounts {
-    cache
-        .layers
-        .iter()
-        .map(|l| match l {
-            LayerCache::Attention(c) => {
-                state::indexer(c).map(|i| (i.len, i.device.as_ref().map(|k| k.counts())))
-            }
-            LayerCache::Gdn(_) => None,
-        })
-        .collect()
-}
-
-fn restore_indexer_counts(cache: &mut Cache, counts: &IndexerCounts) {
-    for (l, counts) in cache.layers.iter_mut().zip(counts) {
-        if let (LayerCache::Attention(c), Some((len, keys))) = (l, counts) {
-            if let Some(ix) = state::indexer_mut(c) {
-                ix.len = *len;
-                if let (Some(k), Some(counts)) = (ix.device.as_mut(), keys) {
-                    k.set_counts(*counts);
-                }
-            }
-        }
-    }
-}
-
 impl Qwen4ExpDecoder {
-    /// Whether a step's launches can be the same at every position inside the indexers'
-    /// budget: every MoE block on the fused kernels, every QSA layer's selection and
-    /// attention too (the composed ones take the position on the host or read back). A
-    /// composed GDN mixer is position-free, and the step keeps its tensors in place.
-    fn replayable(&self, dtype: DType) -> bool {
-        self.coverage().len() == self.layers.len()
-            && self
-                .layers
-                .iter()
-                .zip(self.coverage())
-                .all(|(l, c)| match &l.mixer {
-                    Qwen4Mixer::Qsa(q) => {
-                        c.feed_forward && c.mixer && q.attention.fused_decode_supported(dtype)
-                    }
-                    Qwen4Mixer::Gdn(_) => c.feed_forward,
-                })
+    /// Why a step's launches could not be the same at every position inside the indexers'
+    /// budget, or could read back (then no capture is attempted): `None` where every MoE
+    /// block is on the fused kernels, every QSA layer's selection and attention too (the
+    /// composed ones take the position on the host or read back), and every GDN layer's
+    /// recurrence runs on the device (a composed GDN mixer is position-free, and the step
+    /// keeps its tensors in place; but its recurrence runs on the host, a read-back, for key
+    /// head dims no CUDA kernel covers).
+    fn not_replayable(&self, dtype: DType, device: &Device) -> Option<String> {
+        if self.coverage().len() != self.layers.len() {
+            return Some("the fused decode step's coverage is not known".into());
+        }
+        self.layers
+            .iter()
+            .zip(self.coverage())
+            .enumerate()
+            .find_map(|(i, (l, c))| match &l.mixer {
+                _ if !c.feed_forward => Some(format!("layer {i}'s MoE block runs composed")),
+                Qwen4Mixer::Qsa(q) if !(c.mixer && q.attention.fused_decode_supported(dtype)) => {
+                    Some(format!(
+                        "layer {i}'s QSA selection or attention runs composed"
+                    ))
+                }
+                Qwen4Mixer::Gdn(g) if !c.mixer && !g.recurrence_on_device(device) => Some(format!(
+                    "layer {i}'s GDN recurrence runs on the host (no kernel for its dims)"
+                )),
+                _ => None,
+            })
     }
 
     /// Whether the step at `offset` is inside every QSA layer's budget (no mask).
@@ -164,16 +153,21 @@ pub fn step(
     let Device::Cuda(dev) = ends.device else {
         bail!("CUDA graphs need a CUDA device");
     };
-    if !decoder.replayable(ends.dtype) || !decoder.within_budget(cache.offset) {
-        if decoder.replayable(ends.dtype) {
-            static ONCE: std::sync::Once = std::sync::Once::new();
-            ONCE.call_once(|| {
-                eprintln!(
-                    "note: qwen4_exp decode steps past the QSA indexer's budget run without \
-                     a CUDA graph (the selection's mask has the position's width)"
-                )
-            });
-        }
+    if let Some(why) = decoder.not_replayable(ends.dtype, ends.device) {
+        static ONCE: std::sync::Once = std::sync::Once::new();
+        ONCE.call_once(|| {
+            eprintln!("note: qwen4_exp decode steps run without a CUDA graph: {why}");
+        });
+        return decoder.decode_step(ends, token, cache, Some(&mut NoTap));
+    }
+    if !decoder.within_budget(cache.offset) {
+        static ONCE: std::sync::Once = std::sync::Once::new();
+        ONCE.call_once(|| {
+            eprintln!(
+                "note: qwen4_exp decode steps past the QSA indexer's budget run without \
+                 a CUDA graph (the selection's mask has the position's width)"
+            )
+        });
         return decoder.decode_step(ends, token, cache, Some(&mut NoTap));
     }
     let mut slot = decoder
@@ -206,23 +200,41 @@ pub fn step(
     // The eager step: this token's result; it grows the KV and block-key buffers if they are
     // full and moves the indexer's keys to the device, so that the capture below allocates
     // nothing that outlives it.
-    let before = (Bookkeeping::of(cache), indexer_counts(cache));
+    let before = StepCounts::of(cache);
     let logits = decoder.decode_step_on(ends, &inputs, cache, &mut NoTap)?;
-    let after = (Bookkeeping::of(cache), indexer_counts(cache));
-    // The same step again, recorded and not run: from the same host-side counts.
-    before.0.restore(cache);
-    restore_indexer_counts(cache, &before.1);
+    // The cache after the eager step (its tensors shared, its counts copied): the truth the
+    // cache is reset to after the capture, whether it succeeds or not, so that nothing the
+    // capture recorded (counts advanced, tensors of the graph's memory, invalid after a
+    // failed capture) stays in it.
+    let after = cache.clone();
+    // The same step again, recorded and not run: on the eager step's tensors, from the
+    // host-side counts it started from.
+    if let Err(e) = before.restore(cache) {
+        *cache = after;
+        values.advance_contexts(cache)?;
+        disable("qwen4_exp decode step", &format!("{e:#}"));
+        return Ok(logits);
+    }
     let out = logits.zeros_like()?;
     let graph = capture(dev, "qwen4_exp decode step", || {
         let l = decoder.decode_step_on(ends, &inputs, cache, &mut NoTap)?;
         Ok(out.slice_set(&l, 0, 0)?)
     });
-    after.0.restore(cache);
-    restore_indexer_counts(cache, &after.1);
+    // A replay writes only into the tensors the capture found in the cache: a step that
+    // replaced one would leave its result in the graph's memory, not in the cache.
+    let kept = layout(cache) == layout(&after) && family_layout(cache) == family_layout(&after);
+    *cache = after;
     values.advance_contexts(cache)?;
     let Some(graph) = graph else {
         return Ok(logits);
     };
+    if !kept {
+        disable(
+            "qwen4_exp decode step",
+            "the captured step replaced a cache tensor instead of writing it in place",
+        );
+        return Ok(logits);
+    }
     *slot = Some(DecodeGraph {
         graph,
         logits: out,

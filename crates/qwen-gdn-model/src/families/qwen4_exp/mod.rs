@@ -16,6 +16,7 @@ pub mod ngram_tables;
 pub mod ple;
 pub mod qsa_indexer;
 pub mod state;
+pub mod step_counts;
 pub mod step_inputs;
 
 pub use decoder::{output_gate, IndexedAttention, Qwen4ExpDecoder, Qwen4ExpLayer, Qwen4Mixer};
