@@ -82,7 +82,10 @@ pub fn step(decoder: &HybridDecoder, ends: &Ends, token: u32, cache: &mut Cache)
     // that the capture below allocates nothing that outlives it.
     let before = Bookkeeping::of(cache);
     let logits = decoder.decode_step_on(ends, &token_buf, &pos_buf, cache, &mut NoTap)?;
-    let after = Bookkeeping::of(cache);
+    // The cache after the eager step (tensors shared, counts copied): put back after the
+    // capture, failed or not, so that no tensor of the graph's memory (invalid after a failed
+    // capture) stays in it.
+    let after = cache.clone();
     // The same step again, recorded and not run: from the same host-side state.
     before.restore(cache);
     let out = logits.zeros_like()?;
@@ -91,7 +94,7 @@ pub fn step(decoder: &HybridDecoder, ends: &Ends, token: u32, cache: &mut Cache)
         let l = decoder.decode_step_on(ends, &token_buf, &pos_buf, cache, &mut NoTap)?;
         Ok(out.slice_set(&l, 0, 0)?)
     });
-    after.restore(cache);
+    *cache = after;
     // Without a graph this token's logits came from the eager step; every later step runs
     // eagerly.
     let Some(graph) = graph else {
