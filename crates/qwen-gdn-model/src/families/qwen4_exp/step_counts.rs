@@ -106,8 +106,7 @@ mod tests {
     use super::*;
     use crate::families::{Decoder, Ends};
     use crate::tap::NoTap;
-    use crate::{Model, Plan, RunOptions};
-    use candle_core::{DType, Device};
+    use candle_core::Device;
 
     /// A capture's bookkeeping on the CPU (4-bit fixture, bf16 device plan): from a prefilled
     /// cache (the indexer's keys still on the host), at each of 6 positions (a block
@@ -117,17 +116,7 @@ mod tests {
     /// position) and leave the counts the first left.
     #[test]
     fn a_step_runs_again_from_the_restored_counts() {
-        let dir = match std::env::var_os("QWEN_GDN_MODELS_DIR") {
-            Some(d) => std::path::PathBuf::from(d),
-            None => std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../models"),
-        }
-        .join("qwen4-exp-tiny-4bit");
-        let opts = RunOptions {
-            dtype: DType::BF16,
-            plan: Some(Plan::Device),
-            ..RunOptions::default()
-        };
-        let model = Model::load(&dir, &Device::Cpu, &opts).unwrap();
+        let model = super::super::step_inputs::tests::tiny_4bit_on_cpu();
         let Decoder::Qwen4Exp(d) = model.decoder() else {
             panic!("not a qwen4_exp model")
         };

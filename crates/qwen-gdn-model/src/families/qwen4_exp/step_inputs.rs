@@ -144,13 +144,29 @@ impl StepInputs {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use crate::cache::LayerCache;
     use crate::families::qwen4_exp::state;
     use crate::families::{Decoder, Ends};
     use crate::tap::NoTap;
     use crate::{Model, Plan, RunOptions};
     use candle_core::{DType, Device, TensorId};
+
+    /// The 4-bit fixture on the CPU, bf16 device plan (fused decode; its GDN mixers run
+    /// composed, one layer has a PLE): the model the CPU tests of a graph's step run.
+    pub(crate) fn tiny_4bit_on_cpu() -> Model {
+        let dir = match std::env::var_os("QWEN_GDN_MODELS_DIR") {
+            Some(d) => std::path::PathBuf::from(d),
+            None => std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../models"),
+        }
+        .join("qwen4-exp-tiny-4bit");
+        let opts = RunOptions {
+            dtype: DType::BF16,
+            plan: Some(Plan::Device),
+            ..RunOptions::default()
+        };
+        Model::load(&dir, &Device::Cpu, &opts).unwrap()
+    }
 
     /// The ids of the tensors a graph's step must keep: PLE windows, GDN conv windows and
     /// states.
@@ -176,17 +192,7 @@ mod tests {
     /// same tensors, written in place) from the second step on.
     #[test]
     fn the_in_place_step_matches_the_eager_step() {
-        let dir = match std::env::var_os("QWEN_GDN_MODELS_DIR") {
-            Some(d) => std::path::PathBuf::from(d),
-            None => std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../models"),
-        }
-        .join("qwen4-exp-tiny-4bit");
-        let opts = RunOptions {
-            dtype: DType::BF16,
-            plan: Some(Plan::Device),
-            ..RunOptions::default()
-        };
-        let model = Model::load(&dir, &Device::Cpu, &opts).unwrap();
+        let model = tiny_4bit_on_cpu();
         let Decoder::Qwen4Exp(d) = model.decoder() else {
             panic!("not a qwen4_exp model")
         };
