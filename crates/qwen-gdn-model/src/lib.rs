@@ -6,6 +6,7 @@
 
 pub mod batch;
 pub mod cache;
+pub mod cache_counts;
 pub mod candle_ops;
 pub mod config;
 #[cfg(feature = "cuda")]

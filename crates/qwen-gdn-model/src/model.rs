@@ -342,7 +342,7 @@ impl Model {
     }
 
     /// The token embedding (every process but a pipeline's non-first stages holds it).
-    fn embedding(&self) -> Result<&Embedding> {
+    pub(crate) fn embedding(&self) -> Result<&Embedding> {
         self.embed
             .as_ref()
             .ok_or_else(|| anyhow::anyhow!("this pipeline stage does not hold the embedding"))
@@ -554,7 +554,7 @@ impl Model {
                 let tap = tap.unwrap_or(&mut no_tap);
                 Ok(self.verify_tapped(&[token], cache, Some(tap))?.0)
             }
-            Decoder::Hybrid(d) if d.fused_decode() => {
+            decoder if self.fused_decode() => {
                 self.check_token_ids(&[token])?;
                 let ends = Ends {
                     embed: self.embedding()?,
@@ -562,7 +562,10 @@ impl Model {
                     device: &self.device,
                     dtype: self.dtype,
                 };
-                d.decode_step(&ends, token, cache, tap)
+                match decoder {
+                    Decoder::Hybrid(d) => d.decode_step(&ends, token, cache, tap),
+                    Decoder::Qwen4Exp(d) => d.decode_step(&ends, token, cache, tap),
+                }
             }
             _ => {
                 let mut no_tap = NoTap;

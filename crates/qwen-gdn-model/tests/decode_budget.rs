@@ -427,6 +427,7 @@ fn qwen4_exp_launches_per_component() {
     use qwen_gdn_model::cache::LayerCache;
     use qwen_gdn_model::families::hybrid::Mixer;
     use qwen_gdn_model::families::qwen4_exp::hyper_connection::HyperConnection;
+    use qwen_gdn_model::families::qwen4_exp::step_inputs::StepInputs;
     use qwen_gdn_model::families::qwen4_exp::{fused, Qwen4Mixer};
     use qwen_gdn_model::model::LaunchBudget;
     let count = |f: &mut dyn FnMut()| {
@@ -481,7 +482,17 @@ fn qwen4_exp_launches_per_component() {
                 }))
             }
             (Qwen4Mixer::Qsa(q), LayerCache::Attention(c)) if qsa.is_none() => {
-                qsa = Some(count(&mut || drop(fused::qsa_mixer(q, &y, c, 5).unwrap())))
+                // The step's inputs are uploaded before the step (no kernel).
+                let step = StepInputs {
+                    token: Tensor::new(&[0u32], y.device()).unwrap(),
+                    pos: Tensor::new(&[5u32], y.device()).unwrap(),
+                    indexer: Some(q.indexer.step_values(5).upload(y.device()).unwrap()),
+                    ple_rows: Vec::new(),
+                    in_place: false,
+                };
+                qsa = Some(count(&mut || {
+                    drop(fused::qsa_mixer(q, &y, c, 5, &step).unwrap())
+                }))
             }
             _ => {}
         }

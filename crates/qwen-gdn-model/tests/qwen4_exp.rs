@@ -739,3 +739,99 @@ fn qsa_device_selection_matches_transformers() {
     let sparse = Fixture::open(NAME).qsa_device_selection_matches();
     assert!(sparse >= 79, "only {sparse} sparse queries");
 }
+
+/// The decode step replayed from a CUDA graph against the eager step (graphs off,
+/// `RunOptions::cuda_graph`) on the 4-bit fixture's bf16 device plan: two sequences decoded
+/// in turn, three steps each and then the first again past the QSA budget, so that there is
+/// a capture, replays, a re-capture at each switch of cache, and eager steps past the
+/// budget. Every step's greedy token must be the same and its logits within 1e-3 of
+/// max|logit|; a replay reading a stale input (token, position, PLE rows, the indexer's
+/// rows) or a cache tensor it was not captured with would not be. On CUDA, where the
+/// kernels cover the fixture's GDN recurrence, the graph path must have run: 3 captures,
+/// and a replay of every other step inside the budget. The fixture's key head dim (16) has
+/// no CUDA gated-delta kernel (it runs on the host, a read-back a graph cannot hold): then
+/// no capture may be attempted (none, no replay) and, as on other devices, both models run
+/// the same eager step: the logits must be bit for bit the same.
+#[test]
+fn cuda_graph_decode_matches_eager() {
+    use candle_core::{DType, Tensor};
+    let name = "qwen4-exp-tiny-4bit";
+    let device = common::device_under_test();
+    let load = |cuda_graph: bool| {
+        let opts = qwen_gdn_model::RunOptions {
+            cuda_graph,
+            ..common::device_plan(DType::BF16)
+        };
+        common::load_on(name, &opts, &device)
+    };
+    let (graphed, eager) = (load(true), load(false));
+    assert!(graphed.fused_decode());
+    let qsa = graphed.config().qwen4_exp.as_ref().unwrap().qsa.unwrap();
+    let c = qsa.compress_ratio;
+    // The last position whose step sees every key (no selection mask): replayed.
+    let last_within = (qsa.budget / c + 1) * c - 2;
+    assert!(last_within >= 6, "{qsa:?}");
+    let prompt = Reference::load(name).ids("greedy_prompt_ids");
+    // (sequence, steps): A from position 1, B from 2, A again, then A past the budget.
+    let schedule = [(0, 3), (1, 3), (0, 3), (0, last_within - 6 + 5)];
+    let run = |model: &Model| -> Vec<(u32, Tensor)> {
+        let mut caches = [model.new_cache(), model.new_cache()];
+        model.prefill(&prompt[..1], &mut caches[0], 16).unwrap();
+        model.prefill(&prompt[..2], &mut caches[1], 16).unwrap();
+        let mut next = [prompt[1], prompt[2]];
+        let mut out = Vec::new();
+        for &(s, steps) in &schedule {
+            for _ in 0..steps {
+                let logits = model.forward_last(&[next[s]], &mut caches[s]).unwrap();
+                next[s] = argmax_rows(&logits)[0];
+                out.push((next[s], logits));
+            }
+        }
+        assert!(caches[0].offset > last_within + 1, "A ran past the budget");
+        out
+    };
+    #[cfg(feature = "cuda")]
+    let before = (
+        qwen_gdn_model::cuda_graph::captures(),
+        qwen_gdn_model::cuda_graph::replays(),
+    );
+    let got = run(&graphed);
+    let cfg = graphed.config();
+    let recurrence = gdn_ops::GdnDims {
+        batch: 1,
+        steps: 1,
+        key_heads: cfg.linear_num_key_heads,
+        value_heads: cfg.linear_num_value_heads,
+        key_dim: cfg.linear_key_head_dim,
+        value_dim: cfg.linear_value_head_dim,
+    };
+    let graphs =
+        device.is_cuda() && gdn_ops::ops::gated_delta::runs_on_device(&device, &recurrence);
+    #[cfg(feature = "cuda")]
+    if device.is_cuda() {
+        let captures = qwen_gdn_model::cuda_graph::captures() - before.0;
+        let replays = qwen_gdn_model::cuda_graph::replays() - before.1;
+        eprintln!("{name}: {captures} captures, {replays} replays (graphs expected: {graphs})");
+        // A at 1 (capture), 2, 3; B at 2 (capture), 3, 4; A at 4 (capture) .. last_within.
+        let expected = if graphs { (3, last_within) } else { (0, 0) };
+        assert_eq!(
+            (captures, replays),
+            expected,
+            "graph path (or fallback) not taken"
+        );
+        assert!(
+            qwen_gdn_model::cuda_graph::enabled(),
+            "a capture failed: graphs turned off"
+        );
+    }
+    let want = run(&eager);
+    for (i, ((gt, gl), (wt, wl))) in got.iter().zip(&want).enumerate() {
+        let d = rel_max_diff(gl, wl);
+        let tolerance = if graphs { 1e-3 } else { 0.0 };
+        assert!(
+            d <= tolerance,
+            "step {i}: logits off by {d:e} of max|logit|"
+        );
+        assert_eq!(gt, wt, "step {i}: greedy token");
+    }
+}

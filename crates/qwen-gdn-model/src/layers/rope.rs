@@ -88,11 +88,9 @@ impl PartialRope {
             Vec::with_capacity(len * half),
         );
         for p in offset..offset + len {
-            for f in &self.inv_freq {
-                let angle = p as f64 * f;
-                cos.push(angle.cos() as f32);
-                sin.push(angle.sin() as f32);
-            }
+            let (c, s) = self.angles(p);
+            cos.extend(c);
+            sin.extend(s);
         }
         let place = |v: Vec<f32>| -> Result<Tensor> {
             Ok(Tensor::from_vec(v, (len, half), &Device::Cpu)?
@@ -102,19 +100,38 @@ impl PartialRope {
         Ok((place(cos)?, place(sin)?))
     }
 
+    /// cos and sin `[dims/2]` of position `p` (f32, computed in f64): one row of the tables,
+    /// for a caller that writes it into a device buffer itself (a CUDA graph's input).
+    pub fn angles(&self, p: usize) -> (Vec<f32>, Vec<f32>) {
+        self.inv_freq
+            .iter()
+            .map(|f| {
+                let angle = p as f64 * f;
+                (angle.cos() as f32, angle.sin() as f32)
+            })
+            .unzip()
+    }
+
     /// `x`: `[B, heads, S, head_dim]` at absolute positions `offset..offset+S`.
     pub fn forward(&self, x: &Tensor, offset: usize) -> Result<Tensor> {
-        let (_, _, seq, head_dim) = x.dims4()?;
+        let (_, _, seq, _) = x.dims4()?;
         let span = Span {
             offset,
             len: seq,
             dtype: x.dtype(),
         };
         let (cos, sin) = self.tables(span, x.device())?;
+        self.rotate(x, &cos, &sin)
+    }
+
+    /// `x` `[B, heads, S, head_dim]` rotated by the tables `cos`, `sin` `[S, dims/2]` (in
+    /// `x`'s dtype, on its device).
+    pub fn rotate(&self, x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
+        let head_dim = x.dim(D::Minus1)?;
         let rotated = candle_op(candle_nn::rotary_emb::rope(
             &contiguous(&x.narrow(D::Minus1, 0, self.dims)?)?,
-            &cos,
-            &sin,
+            cos,
+            sin,
         ))?;
         if self.dims == head_dim {
             return Ok(rotated);

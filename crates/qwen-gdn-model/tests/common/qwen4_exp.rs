@@ -225,9 +225,11 @@ impl Fixture {
         // from the keys read back.
         let last = n - 10;
         for t in 5..last {
+            // The step's inputs are uploaded before the step (a graph's are written then).
+            let step = indexer.step_values(t).upload(x.device()).unwrap();
             let before = gdn_ops::launches::read_backs();
             let mask = indexer
-                .select_on_device(&x.narrow(0, t, 1).unwrap(), &mut keys, t)
+                .select_on_device(&x.narrow(0, t, 1).unwrap(), &mut keys, t, &step)
                 .unwrap();
             assert_eq!(
                 gdn_ops::launches::read_backs(),

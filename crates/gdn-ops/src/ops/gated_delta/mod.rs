@@ -91,6 +91,20 @@ pub fn chunked_by_default_on(device: &Device, steps: usize) -> bool {
     }
 }
 
+/// Whether the recurrence (`gated_delta_update`) runs on `device` itself for these dims:
+/// on CUDA, dims no kernel covers run on the host (a read-back and an upload of the state),
+/// which a captured CUDA graph cannot hold.
+pub fn runs_on_device(device: &Device, dims: &GdnDims) -> bool {
+    match device {
+        #[cfg(feature = "cuda")]
+        Device::Cuda(_) => cuda::supports(dims),
+        _ => {
+            let _ = dims;
+            true
+        }
+    }
+}
+
 /// Whether `device` has the chunked form for these dims. The CPU takes any dims (its buffers
 /// are padded to whole tiles); a device backend whose kernels cover fewer narrows this.
 pub fn chunked_supported_on(device: &Device, dims: &GdnDims) -> bool {

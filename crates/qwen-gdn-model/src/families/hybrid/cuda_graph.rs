@@ -20,11 +20,13 @@
 //! fused steps).
 
 use super::HybridDecoder;
-use crate::cache::{Cache, LayerCache};
-use crate::cuda_graph::{capture, prepare, write};
+use crate::cache::Cache;
+use crate::cuda_graph::{
+    advance, capture, launch, layout, prepare, room_for, write, Bookkeeping,
+};
 use crate::families::Ends;
 use crate::tap::NoTap;
-use anyhow::{bail, Context, Result};
+use anyhow::{bail, Result};
 use candle_core::cuda_backend::cudarc::driver::CudaGraph;
 use candle_core::{Device, Tensor, TensorId};
 
@@ -51,62 +53,6 @@ impl std::fmt::Debug for DecodeGraph {
 unsafe impl Send for DecodeGraph {}
 unsafe impl Sync for DecodeGraph {}
 
-/// The tensor ids a step reads and writes in place, per layer.
-pub(super) fn layout(cache: &Cache) -> Vec<[Option<TensorId>; 4]> {
-    let id = |t: Option<&Tensor>| t.map(Tensor::id);
-    cache
-        .layers
-        .iter()
-        .map(|l| match l {
-            LayerCache::Gdn(c) => [id(c.conv.as_ref()), id(c.state.as_ref()), None, None],
-            LayerCache::Attention(c) => {
-                let (k, v) = c.buffers();
-                [None, None, id(k), id(v)]
-            }
-        })
-        .collect()
-}
-
-/// Whether every KV buffer has room for `rows` more positions.
-pub(super) fn room_for(cache: &Cache, rows: usize) -> bool {
-    cache.layers.iter().all(|l| match l {
-        LayerCache::Attention(c) => c.len() + rows <= c.capacity(),
-        LayerCache::Gdn(_) => true,
-    })
-}
-
-/// Host-side bookkeeping of a step: the offset and every KV length.
-pub(super) fn bookkeeping(cache: &Cache) -> (usize, Vec<usize>) {
-    let lens = cache
-        .layers
-        .iter()
-        .map(|l| match l {
-            LayerCache::Attention(c) => c.len(),
-            LayerCache::Gdn(_) => 0,
-        })
-        .collect();
-    (cache.offset, lens)
-}
-
-/// A replay's bookkeeping: `rows` positions written into every KV buffer.
-pub(super) fn advance(cache: &mut Cache, rows: usize) {
-    cache.offset += rows;
-    for l in &mut cache.layers {
-        if let LayerCache::Attention(c) = l {
-            c.advance(rows);
-        }
-    }
-}
-
-pub(super) fn restore(cache: &mut Cache, (offset, lens): &(usize, Vec<usize>)) {
-    cache.offset = *offset;
-    for (l, &len) in cache.layers.iter_mut().zip(lens) {
-        if let LayerCache::Attention(c) = l {
-            c.set_len(len);
-        }
-    }
-}
-
 /// One decode step through the cache's graph, capturing it first when needed (`token`
 /// already checked against the vocabulary).
 pub fn step(decoder: &HybridDecoder, ends: &Ends, token: u32, cache: &mut Cache) -> Result<Tensor> {
@@ -121,10 +67,9 @@ pub fn step(decoder: &HybridDecoder, ends: &Ends, token: u32, cache: &mut Cache)
         if room_for(cache, 1) && graph.layout == layout(cache) {
             write(dev, &graph.token, &[token])?;
             write(dev, &graph.pos, &[cache.offset as u32])?;
-            graph.graph.launch().context("replaying the decode graph")?;
+            launch(&graph.graph, "decode step")?;
             // A copy: callers may keep a step's logits while the next replay rewrites these.
             let logits = graph.logits.copy()?;
-            // The replay wrote one position into every KV buffer.
             advance(cache, 1);
             return Ok(logits);
         }
@@ -135,18 +80,21 @@ pub fn step(decoder: &HybridDecoder, ends: &Ends, token: u32, cache: &mut Cache)
     let pos_buf = Tensor::new(&[cache.offset as u32], ends.device)?;
     // The eager step: this token's result, and it grows the KV buffers if they are full, so
     // that the capture below allocates nothing that outlives it.
-    let before = bookkeeping(cache);
+    let before = Bookkeeping::of(cache);
     let logits = decoder.decode_step_on(ends, &token_buf, &pos_buf, cache, &mut NoTap)?;
-    let after = bookkeeping(cache);
+    // The cache after the eager step (tensors shared, counts copied): put back after the
+    // capture, failed or not, so that no tensor of the graph's memory (invalid after a failed
+    // capture) stays in it.
+    let after = cache.clone();
     // The same step again, recorded and not run: from the same host-side state.
-    restore(cache, &before);
+    before.restore(cache);
     let out = logits.zeros_like()?;
     // The step's own output is freed inside the graph once copied into `out`.
     let graph = capture(dev, "decode step", || {
         let l = decoder.decode_step_on(ends, &token_buf, &pos_buf, cache, &mut NoTap)?;
         Ok(out.slice_set(&l, 0, 0)?)
     });
-    restore(cache, &after);
+    *cache = after;
     // Without a graph this token's logits came from the eager step; every later step runs
     // eagerly.
     let Some(graph) = graph else {

@@ -20,10 +20,10 @@
 //! kernels, a window that already recorded, a cache without its states yet, T past
 //! [`MAX_ROWS`]) runs the eager pass, the first such reason named once on stderr.
 
-use super::cuda_graph::{advance, bookkeeping, layout, restore, room_for};
 use super::HybridDecoder;
 use crate::cache::{Cache, LayerCache};
-use crate::cuda_graph::{capture, enabled, prepare, write};
+use crate::cache_counts::Bookkeeping;
+use crate::cuda_graph::{advance, capture, enabled, layout, prepare, room_for, write};
 use crate::families::Ends;
 use crate::layers::gdn::GdnSteps;
 use crate::tap::NoTap;
@@ -151,9 +151,9 @@ pub fn pass(
     }
     // The eager pass: this step's result; it grows the KV buffers if they are full, so that
     // the capture below allocates nothing that outlives it.
-    let before = bookkeeping(cache);
+    let before = Bookkeeping::of(cache);
     let (logits, normed) = decoder.verify_pass_on(ends, &ids, &positions, cache, &mut NoTap)?;
-    let after = bookkeeping(cache);
+    let after = Bookkeeping::of(cache);
     let windows: Vec<Option<GdnSteps>> = (cache.layers.iter())
         .map(|l| match l {
             LayerCache::Gdn(c) => c.steps.clone(),
@@ -161,7 +161,7 @@ pub fn pass(
         })
         .collect();
     // The same pass again, recorded and not run: from the same host-side state.
-    restore(cache, &before);
+    before.restore(cache);
     set_windows(cache, &fresh);
     let (out_logits, out_normed) = (logits.zeros_like()?, normed.zeros_like()?);
     let (graph, tables) = gdn_ops::slot_tables::keeping(|| {
@@ -171,7 +171,7 @@ pub fn pass(
             Ok(out_normed.slice_set(&n, 0, 0)?)
         })
     });
-    restore(cache, &after);
+    after.restore(cache);
     set_windows(cache, &windows);
     if let Some(graph) = graph {
         graphs.push(VerifyGraph {

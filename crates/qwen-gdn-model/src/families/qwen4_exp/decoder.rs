@@ -16,15 +16,18 @@ use super::ngram_tables;
 use super::ple::PerLayerEmbedding;
 use super::qsa_indexer::QsaIndexer;
 use super::state::{self, QsaState};
+use super::step_inputs::StepInputs;
 use crate::cache::{Cache, FamilyState, GdnCache, KvCache, LayerCache};
 use crate::config::qwen4_exp::OutputGate;
 use crate::config::LayerKind;
 use crate::families::hybrid::LayerCoverage;
+use crate::families::Ends;
 use crate::layers::attention::Attention;
 use crate::layers::gdn::GatedDeltaNet;
 use crate::layers::moe::SparseMoe;
 use crate::layers::norm::Gate;
-use crate::tap::{each_layer, Part, Tap};
+use crate::tap::{each_layer, NoTap, Part, Tap};
+use crate::tensor::cast;
 use crate::weights::Checkpoint;
 use crate::{Config, StateDtype};
 use anyhow::{anyhow, bail, Result};
@@ -88,6 +91,12 @@ pub struct Qwen4ExpDecoder {
     /// kernels (`hyper_connection` in gdn-ops): fused decode on, and the streams inside
     /// the kernels' coverage.
     fused_hc: bool,
+    /// Decode steps on CUDA replay captured graphs (`RunOptions::cuda_graph`, read once).
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    cuda_graph: bool,
+    /// The CUDA decode step last captured (`cuda_graph.rs`).
+    #[cfg(feature = "cuda")]
+    pub(super) decode_graph: std::sync::Mutex<Option<super::cuda_graph::DecodeGraph>>,
 }
 
 impl Qwen4ExpLayer {
@@ -169,6 +178,9 @@ impl Qwen4ExpDecoder {
             streams: q.hc_count,
             fused: Vec::new(),
             fused_hc: false,
+            cuda_graph: true,
+            #[cfg(feature = "cuda")]
+            decode_graph: std::sync::Mutex::new(None),
         })
     }
 
@@ -190,6 +202,9 @@ impl Qwen4ExpDecoder {
             streams: self.streams,
             fused: Vec::new(),
             fused_hc: false,
+            cuda_graph: true,
+            #[cfg(feature = "cuda")]
+            decode_graph: std::sync::Mutex::new(None),
         })
     }
 
@@ -201,6 +216,7 @@ impl Qwen4ExpDecoder {
                 Qwen4Mixer::Qsa(q) => q.attention.set_variants(v),
             }
         }
+        self.cuda_graph = v.cuda_graph;
     }
 
     /// Runs decode steps' GDN mixers and MoE blocks on the fused kernels where they cover
@@ -275,28 +291,100 @@ impl Qwen4ExpDecoder {
         cache: &mut Cache,
         tap: &mut dyn Tap,
     ) -> Result<Tensor> {
-        let offset = cache.offset;
         let hs = self.streams_of(&embedded.squeeze(0)?)?;
         // A decode step (one token) runs the fused parts; a prompt, the composed layers.
+        if let (true, &[token]) = (self.fused_decode(), tokens) {
+            let values = self.step_values(token, cache)?;
+            let step = values.upload(embedded.device())?;
+            let hs = self.layers_forward(hs, tokens, Some(&step), cache, tap)?;
+            values.advance_contexts(cache)?;
+            return Ok(hs.unsqueeze(0)?);
+        }
+        Ok(self
+            .layers_forward(hs, tokens, None, cache, tap)?
+            .unsqueeze(0)?)
+    }
+
+    /// Every layer on the streams `hs` `[T, S·H]` at the cache's offset (not advanced): with
+    /// `step` (one token) the fused parts, reading the step's inputs from its tensors (the
+    /// PLE contexts are the caller's to advance); without, the composed layers on `tokens`.
+    fn layers_forward(
+        &self,
+        hs: Tensor,
+        tokens: &[u32],
+        step: Option<&StepInputs>,
+        cache: &mut Cache,
+        tap: &mut dyn Tap,
+    ) -> Result<Tensor> {
+        let offset = cache.offset;
         let none = LayerCoverage {
             mixer: false,
             feed_forward: false,
         };
-        let parts = |i: usize| match tokens.len() {
-            1 => self.fused.get(i).copied().unwrap_or(none),
-            _ => none,
+        let parts = |i: usize| match step {
+            Some(_) => self.fused.get(i).copied().unwrap_or(none),
+            None => none,
         };
-        let fused_hc = self.fused_hc && tokens.len() == 1;
-        let hs = each_layer(
+        let fused_hc = self.fused_hc && step.is_some();
+        each_layer(
             &self.layers,
             &mut cache.layers,
             tap,
             hs,
             |i, layer, c, hs, tap| {
-                layer.forward(i, &hs, tokens, c, offset, parts(i), fused_hc, tap)
+                let input = match step {
+                    Some(step) => LayerInput::Step(step),
+                    None => LayerInput::Tokens(tokens),
+                };
+                layer.forward(i, &hs, input, c, offset, parts(i), fused_hc, tap)
             },
-        )?;
-        Ok(hs.unsqueeze(0)?)
+        )
+    }
+
+    /// `[1, vocab]` f32 logits of `token` (already checked against the vocabulary) after
+    /// what `cache` holds, on the fused step (fused decode on), advancing the cache, each
+    /// layer shown to `tap`. On CUDA without a tap the step is replayed from a captured
+    /// graph where it can be (`cuda_graph.rs`); with one it runs eagerly.
+    pub fn decode_step(
+        &self,
+        ends: &Ends,
+        token: u32,
+        cache: &mut Cache,
+        tap: Option<&mut dyn Tap>,
+    ) -> Result<Tensor> {
+        let Some(tap) = tap else {
+            #[cfg(feature = "cuda")]
+            if ends.device.is_cuda() && self.cuda_graph && crate::cuda_graph::enabled() {
+                return super::cuda_graph::step(self, ends, token, cache);
+            }
+            return self.decode_step(ends, token, cache, Some(&mut NoTap));
+        };
+        let values = self.step_values(token, cache)?;
+        let step = values.upload(ends.device)?;
+        let logits = self.decode_step_on(ends, &step, cache, tap)?;
+        values.advance_contexts(cache)?;
+        Ok(logits)
+    }
+
+    /// The fused step on the inputs held in `step`'s device tensors (what a captured graph
+    /// reads on replay): embedding, layers, final mixer and head; advances the cache's
+    /// offset, KV lengths and indexer counts, not the PLE contexts ([`super::step_inputs::StepValues`]'s).
+    pub(crate) fn decode_step_on(
+        &self,
+        ends: &Ends,
+        step: &StepInputs,
+        cache: &mut Cache,
+        tap: &mut dyn Tap,
+    ) -> Result<Tensor> {
+        tap.begin_pass()?;
+        let embedded = ends.embed.forward_ids(&step.token, ends.dtype)?; // [1, H]
+        tap.part(Part::Embedding, &embedded, &embedded)?;
+        let hs = self.streams_of(&embedded)?;
+        let hs = self.layers_forward(hs, &[], Some(step), cache, tap)?;
+        cache.offset += 1;
+        let logits = ends.head.forward(&self.final_mix(&hs)?)?;
+        tap.part(Part::OutputHead, &logits, &logits)?;
+        cast(&logits, DType::F32)
     }
 
     /// The final mixer: streams `[T, S·H]` → the lm_head input `[T, H]`; one token's on the
@@ -308,6 +396,14 @@ impl Qwen4ExpDecoder {
         }
         Ok(self.final_mixer.forward(hs)?.0)
     }
+}
+
+/// What a layer runs on: a prompt's (or a composed step's) token ids, or a fused step's
+/// inputs on the device.
+#[derive(Debug, Clone, Copy)]
+pub enum LayerInput<'a> {
+    Tokens(&'a [u32]),
+    Step(&'a StepInputs),
 }
 
 impl Qwen4ExpLayer {
@@ -323,14 +419,18 @@ impl Qwen4ExpLayer {
         &self,
         i: usize,
         hs: &Tensor,
-        tokens: &[u32],
+        input: LayerInput,
         cache: &mut LayerCache,
         offset: usize,
         fused: LayerCoverage,
         fused_hc: bool,
         tap: &mut dyn Tap,
     ) -> Result<Tensor> {
-        let hs = self.add_per_layer_embedding(hs, tokens, cache)?;
+        let hs = self.add_per_layer_embedding(i, hs, input, cache)?;
+        let step = match input {
+            LayerInput::Step(step) => Some(step),
+            LayerInput::Tokens(_) => None,
+        };
         if self.ple.is_some() {
             tap.part(Part::PerLayerEmbedding { layer: i }, &hs, &hs)?;
         }
@@ -343,7 +443,7 @@ impl Qwen4ExpLayer {
             moe: true,
         };
         if !fused_hc {
-            let hs = self.mixer_residual(&hs, cache, offset, fused.mixer)?;
+            let hs = self.mixer_residual(&hs, cache, offset, fused.mixer, step)?;
             tap.part(mixer, &hs, &hs)?;
             let hs = self.feed_forward_residual(&hs, fused.feed_forward)?;
             tap.part(feed_forward, &hs, &hs)?;
@@ -352,7 +452,7 @@ impl Qwen4ExpLayer {
         let n = self.attn_hc.normed(&hs)?;
         let (x, g) = self.attn_hc.mix_normed(&n)?;
         let g = g.ok_or_else(|| anyhow!("attention hyper-connection without injection"))?;
-        let y = self.mixer_output(&x, cache, offset, fused.mixer)?;
+        let y = self.mixer_output(&x, cache, offset, fused.mixer, step)?;
         let (hs, n) = HyperConnection::inject_normed(&hs, &y, &g, Some(&self.mlp_hc))?;
         let n = n.ok_or_else(|| anyhow!("hc_inject_norm returned no normed streams"))?;
         tap.part(mixer, &hs, &hs)?;
@@ -364,12 +464,15 @@ impl Qwen4ExpLayer {
         Ok(hs)
     }
 
-    /// The streams plus this layer's per-layer embedding of `tokens` (unchanged on a layer
-    /// without one); advances the PLE's n-gram context and conv window.
+    /// The streams plus this layer's (layer `i`'s) per-layer embedding (unchanged on a layer
+    /// without one): of `tokens`, advancing the PLE's n-gram context and conv window, or of
+    /// a step's gathered rows, advancing the window in place (the context is the step's
+    /// caller's).
     pub fn add_per_layer_embedding(
         &self,
+        i: usize,
         hs: &Tensor,
-        tokens: &[u32],
+        input: LayerInput,
         cache: &mut LayerCache,
     ) -> Result<Tensor> {
         let Some(ple) = &self.ple else {
@@ -380,7 +483,18 @@ impl Qwen4ExpLayer {
         };
         let state = state::ple_mut(c)
             .ok_or_else(|| anyhow!("cache lacks the per-layer embedding state"))?;
-        candle_op(hs.add(&ple.forward(hs, tokens, state)?))
+        let term = match input {
+            LayerInput::Tokens(tokens) => ple.forward(hs, tokens, state)?,
+            LayerInput::Step(step) => {
+                let rows = step
+                    .ple_rows
+                    .get(i)
+                    .and_then(Option::as_ref)
+                    .ok_or_else(|| anyhow!("step inputs without layer {i}'s PLE rows"))?;
+                ple.forward_rows(hs, rows, state, step.in_place)?
+            }
+        };
+        candle_op(hs.add(&term))
     }
 
     /// The attention hyper-connection, the mixer (GDN or QSA) and its injection into the
@@ -391,29 +505,41 @@ impl Qwen4ExpLayer {
         cache: &mut LayerCache,
         offset: usize,
         fused: bool,
+        step: Option<&StepInputs>,
     ) -> Result<Tensor> {
         let (x, w) = self.attn_hc.forward(hs)?;
         let w = w.ok_or_else(|| anyhow!("attention hyper-connection without injection"))?;
-        let y = self.mixer_output(&x, cache, offset, fused)?;
+        let y = self.mixer_output(&x, cache, offset, fused, step)?;
         HyperConnection::inject(hs, &y, &w)
     }
 
     /// The mixer (GDN or QSA) on its input `x` `[T, H]`, on the fused kernels where `fused`
-    /// says (one token): its output `[T, H]`; advances the mixer's cache.
+    /// says (one token, whose `step` inputs the fused QSA mixer reads): its output `[T, H]`;
+    /// advances the mixer's cache.
     fn mixer_output(
         &self,
         x: &Tensor,
         cache: &mut LayerCache,
         offset: usize,
         fused: bool,
+        step: Option<&StepInputs>,
     ) -> Result<Tensor> {
         Ok(match (&self.mixer, cache) {
             (Qwen4Mixer::Gdn(m), LayerCache::Gdn(c)) if fused => fused::gdn_mixer(m, x, c)?,
             (Qwen4Mixer::Gdn(m), LayerCache::Gdn(c)) => {
-                m.forward(&x.unsqueeze(0)?, c)?.squeeze(0)?
+                let kept = step
+                    .filter(|s| s.in_place)
+                    .map(|_| (c.conv.clone(), c.state.clone()));
+                let y = m.forward(&x.unsqueeze(0)?, c)?.squeeze(0)?;
+                if let Some((conv, state)) = kept {
+                    c.conv = fused::kept_in_place(conv, c.conv.take())?;
+                    c.state = fused::kept_in_place(state, c.state.take())?;
+                }
+                y
             }
             (Qwen4Mixer::Qsa(q), LayerCache::Attention(c)) if fused => {
-                fused::qsa_mixer(q, x, c, offset)?
+                let step = step.ok_or_else(|| anyhow!("a fused QSA mixer without step inputs"))?;
+                fused::qsa_mixer(q, x, c, offset, step)?
             }
             (Qwen4Mixer::Qsa(q), LayerCache::Attention(c)) => {
                 let (attention, indexer) = (&q.attention, &q.indexer);

@@ -13,6 +13,7 @@
 
 use super::indexed_attention::IndexedAttention;
 use super::state;
+use super::step_inputs::StepInputs;
 use crate::cache::{GdnCache, KvCache};
 use crate::layers::gdn::GatedDeltaNet;
 use crate::layers::moe::SparseMoe;
@@ -38,20 +39,26 @@ pub fn moe_block(moe: &SparseMoe, x: &Tensor) -> Result<Tensor> {
 /// attention runs on the fused kernels (`attn_prep`, `attn_decode`) where they cover the
 /// layer; past the budget it runs composed under the selection's mask, since `attn_decode`
 /// takes no block list yet (named once on stderr on a GPU).
+///
+/// The position-dependent inputs (the token's position, the indexer's rows and rotation)
+/// come from `step`'s device tensors, so that inside the budget a CUDA graph replays it.
 pub fn qsa_mixer(
     q: &IndexedAttention,
     x: &Tensor,
     cache: &mut KvCache,
     offset: usize,
+    step: &StepInputs,
 ) -> Result<Tensor> {
     let keys =
         state::indexer_mut(cache).ok_or_else(|| anyhow!("cache lacks the QSA indexer state"))?;
-    let mask = q.indexer.select_on_device(x, keys, offset)?;
+    let inputs = step
+        .indexer
+        .as_ref()
+        .ok_or_else(|| anyhow!("step inputs without the QSA indexer's"))?;
+    let mask = q.indexer.select_on_device(x, keys, offset, inputs)?;
     match mask {
         None if q.attention.fused_decode_supported(x.dtype()) => {
-            // The position for the kernels to read on the device: an upload, no kernel.
-            let pos = Tensor::new(&[offset as u32], x.device())?;
-            q.attention.decode_fused(x, cache, &pos)
+            q.attention.decode_fused(x, cache, &step.pos)
         }
         mask => {
             if mask.is_some() && !x.device().is_cpu() {
@@ -67,5 +74,25 @@ pub fn qsa_mixer(
                 .forward_masked(&x.unsqueeze(0)?, cache, offset, mask.as_ref())?
                 .squeeze(0)?)
         }
+    }
+}
+
+/// The tensor a cache field holds after a composed step that replaced `old` by `new`, for a
+/// step that keeps its cache tensors (`StepInputs::in_place`): `old` with `new` written into
+/// it where both exist alike (one copy), else `new` (the first step makes the tensor).
+pub fn kept_in_place(old: Option<Tensor>, new: Option<Tensor>) -> Result<Option<Tensor>> {
+    match (old, new) {
+        // Advanced in place already (the GDN state).
+        (Some(old), Some(new)) if old.id() == new.id() => Ok(Some(old)),
+        (Some(old), Some(new))
+            if old.dims() == new.dims()
+                && old.dtype() == new.dtype()
+                && old.device().same_device(new.device())
+                && old.is_contiguous() =>
+        {
+            crate::candle_ops::write_at(&old, &new, 0, 0)?;
+            Ok(Some(old))
+        }
+        (_, new) => Ok(new),
     }
 }

@@ -4,6 +4,8 @@
 //! here; the shared mixers and MoE come from [`crate::layers`].
 
 pub mod config;
+#[cfg(feature = "cuda")]
+pub(crate) mod cuda_graph;
 pub mod decoder;
 pub mod fused;
 pub mod hyper_connection;
@@ -14,5 +16,7 @@ pub mod ngram_tables;
 pub mod ple;
 pub mod qsa_indexer;
 pub mod state;
+pub mod step_counts;
+pub mod step_inputs;
 
 pub use decoder::{output_gate, IndexedAttention, Qwen4ExpDecoder, Qwen4ExpLayer, Qwen4Mixer};

@@ -125,12 +125,40 @@ impl PerLayerEmbedding {
     pub fn forward(&self, hs: &Tensor, tokens: &[u32], state: &mut PleState) -> Result<Tensor> {
         let t = tokens.len();
         ensure!(hs.dim(0)? == t, "PLE: {} rows for {t} tokens", hs.dim(0)?);
-        let (ids, context) = self.hash.ids(&state.context, tokens);
-        let width = self.table.width * self.hash.heads();
-        // Row-major [T, heads, row] is the concatenation of the heads' rows per token.
-        let emb = Tensor::from_vec(self.table.gather(&ids)?, (t, width), &Device::Cpu)?
-            .to_device(hs.device())?
-            .to_dtype(hs.dtype())?;
+        let (rows, context) = self.rows(&state.context, tokens)?;
+        let emb =
+            Tensor::from_vec(rows, (t, self.row_width()), &Device::Cpu)?.to_device(hs.device())?;
+        let out = self.forward_rows(hs, &emb, state, false)?;
+        state.context = context;
+        Ok(out)
+    }
+
+    /// Elements of one token's gathered rows (every hash head's row).
+    pub fn row_width(&self) -> usize {
+        self.table.width * self.hash.heads()
+    }
+
+    /// The host part of [`Self::forward`]: the gathered rows of `tokens` after `context`,
+    /// `[T, row_width]` row-major f32 (per token the concatenation of its heads' rows), and
+    /// the context after them.
+    pub fn rows(&self, context: &[u32], tokens: &[u32]) -> Result<(Vec<f32>, Vec<u32>)> {
+        let (ids, context) = self.hash.ids(context, tokens);
+        Ok((self.table.gather(&ids)?, context))
+    }
+
+    /// The device part of [`Self::forward`] on the gathered rows `emb` `[T, row_width]` (f32,
+    /// on `hs`'s device): advances the conv window, not the n-gram context (the caller's,
+    /// who gathered the rows). With `in_place` a window already on `hs`'s device is
+    /// rewritten in place (its tensor kept: a CUDA graph's step bakes in its address).
+    pub fn forward_rows(
+        &self,
+        hs: &Tensor,
+        emb: &Tensor,
+        state: &mut PleState,
+        in_place: bool,
+    ) -> Result<Tensor> {
+        let t = hs.dim(0)?;
+        let emb = emb.to_dtype(hs.dtype())?;
         let (s, h) = (self.streams, self.hidden);
         let keys = self.norm_key.forward(&self.key_proj.forward(&emb)?)?;
         let value = self.value_proj.forward(&emb)?;
@@ -144,13 +172,13 @@ impl PerLayerEmbedding {
         let gated = candle_op(gate.broadcast_mul(&candle_op(value.reshape((t, 1, h)))?))?;
         let gated = candle_op(gated.reshape((t, s * h)))?;
         let normed = self.norm_conv.forward(&gated)?;
-        let conv = self.dilated_conv(&normed, state)?;
-        state.context = context;
+        let conv = self.dilated_conv(&normed, state, in_place)?;
         candle_op(gated.add(&conv))
     }
 
-    /// `silu(Σ_j w[:, j] · x[t − (K−1−j)·dilation])` with the state's window before `x`.
-    fn dilated_conv(&self, x: &Tensor, state: &mut PleState) -> Result<Tensor> {
+    /// `silu(Σ_j w[:, j] · x[t − (K−1−j)·dilation])` with the state's window before `x`;
+    /// the window advanced in place when `in_place` and it lives on `x`'s device.
+    fn dilated_conv(&self, x: &Tensor, state: &mut PleState, in_place: bool) -> Result<Tensor> {
         let t = x.dim(0)?;
         let (_, k) = self.conv.dims2()?;
         let keep = state.window.dim(0)?;
@@ -168,8 +196,13 @@ impl PerLayerEmbedding {
                 Some(a) => candle_op(a.add(&term))?,
             });
         }
-        state.window =
+        let next =
             candle_op(padded.narrow(0, padded.dim(0)? - keep, keep))?.to_dtype(DType::F32)?;
+        if in_place && state.window.device().same_device(x.device()) {
+            crate::candle_ops::write_at(&state.window, &next, 0, 0)?;
+        } else {
+            state.window = next;
+        }
         let acc = acc.ok_or_else(|| anyhow!("PLE conv kernel is empty"))?;
         silu(&acc)
     }

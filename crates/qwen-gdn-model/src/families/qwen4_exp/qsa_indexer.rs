@@ -11,7 +11,7 @@
 
 mod device;
 
-pub use device::DeviceIndexKeys;
+pub use device::{DeviceIndexKeys, IndexerInputs, IndexerValues};
 
 use crate::config::qwen4_exp::QsaConfig;
 use crate::layers::linear::Linear;

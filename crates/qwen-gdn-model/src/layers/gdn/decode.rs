@@ -10,22 +10,36 @@ use super::GatedDeltaNet;
 use crate::cache::GdnCache;
 use crate::candle_ops::cat;
 use anyhow::Result;
-use candle_core::{DType, Tensor};
-use gdn_ops::ops::{gated_delta_norm, gated_delta_norm_slots, gdn_conv_prep, gdn_conv_prep_slots};
+use candle_core::{DType, Device, Tensor};
+use gdn_ops::ops::{
+    gated_delta, gated_delta_norm, gated_delta_norm_slots, gdn_conv_prep, gdn_conv_prep_slots,
+};
 use gdn_ops::profile;
 use gdn_ops::GdnDims;
 
 impl GatedDeltaNet {
-    /// Whether the fused kernels cover this layer in `dtype`.
-    pub(crate) fn fused_decode_supported(&self, dtype: DType) -> bool {
-        let recurrence = GdnDims {
+    /// The dims of one decode step's recurrence.
+    fn step_dims(&self) -> GdnDims {
+        GdnDims {
             batch: 1,
             steps: 1,
             key_heads: self.key_heads,
             value_heads: self.value_heads,
             key_dim: self.key_dim,
             value_dim: self.value_dim,
-        };
+        }
+    }
+
+    /// Whether the composed step's recurrence runs on `device` itself (not on the host, as
+    /// it does on CUDA for key head dims no kernel covers): a CUDA graph can then hold it.
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))] // the CUDA graph's question
+    pub(crate) fn recurrence_on_device(&self, device: &Device) -> bool {
+        gated_delta::runs_on_device(device, &self.step_dims())
+    }
+
+    /// Whether the fused kernels cover this layer in `dtype`.
+    pub(crate) fn fused_decode_supported(&self, dtype: DType) -> bool {
+        let recurrence = self.step_dims();
         // Either state dtype: the cache may switch it between calls.
         gdn_conv_prep::supports(&self.conv_prep_dims(), dtype)
             && [DType::F32, DType::BF16]

@@ -102,6 +102,22 @@ impl DeviceIndexKeys {
         self.blocks
     }
 
+    /// The host-side counts a step advances: complete blocks and tail keys (saved and put
+    /// back around a CUDA graph's capture, which records the step without running it).
+    pub fn counts(&self) -> (usize, usize) {
+        (self.blocks, self.tail_len)
+    }
+
+    pub fn set_counts(&mut self, (blocks, tail_len): (usize, usize)) {
+        self.blocks = blocks;
+        self.tail_len = tail_len;
+    }
+
+    /// The tensors a step writes in place: the block keys and the tail keys.
+    pub fn buffers(&self) -> (&Tensor, &Tensor) {
+        (&self.buf, &self.tail)
+    }
+
     /// Bytes in use (block keys and tail keys, f32).
     pub fn bytes(&self) -> u64 {
         let di = self.buf.dim(1).unwrap_or(0);
@@ -117,6 +133,21 @@ impl DeviceIndexKeys {
         })
     }
 
+    /// Whether a step can write the next block's row without growing the buffer (a CUDA
+    /// graph's replay cannot grow it).
+    pub fn room_for_one(&self) -> bool {
+        self.blocks < self.buf.dim(0).unwrap_or(0)
+    }
+
+    /// The counts after one token's key joined the tail (a block once the tail holds `c`).
+    fn advance(&mut self, c: usize) {
+        self.tail_len += 1;
+        if self.tail_len == c {
+            self.blocks += 1;
+            self.tail_len = 0;
+        }
+    }
+
     /// Grows the block buffer by [`BLOCK_STEP`] rows when the next block's row is past it.
     fn reserve_next_block(&mut self) -> Result<()> {
         let (capacity, di) = self.buf.dims2()?;
@@ -129,7 +160,69 @@ impl DeviceIndexKeys {
     }
 }
 
+/// What a step's selection reads that depends on its position, as device tensors (so that
+/// a captured CUDA graph's replay reads them from there, rewritten before each replay): the
+/// tail row the token's key goes to and the row of the next block, each repeated over a
+/// `[1, Di]` u32 index (a scatter's), and the rotation of the next block's first position,
+/// cos and sin `[1, rope_dims/2]` f32. The same for every QSA layer of a step.
+#[derive(Debug, Clone)]
+pub struct IndexerInputs {
+    pub tail_row: Tensor,
+    pub block_row: Tensor,
+    pub cos: Tensor,
+    pub sin: Tensor,
+}
+
+/// The host values of [`IndexerInputs`] at one position.
+#[derive(Debug, Clone, PartialEq)]
+pub struct IndexerValues {
+    pub tail_row: Vec<u32>,
+    pub block_row: Vec<u32>,
+    pub cos: Vec<f32>,
+    pub sin: Vec<f32>,
+}
+
+impl IndexerValues {
+    /// Uploaded to `device` (new tensors).
+    pub fn upload(&self, device: &Device) -> Result<IndexerInputs> {
+        let row = |v: &[u32]| Tensor::from_slice(v, (1, v.len()), device);
+        let angle = |v: &[f32]| Tensor::from_slice(v, (1, v.len()), device);
+        Ok(IndexerInputs {
+            tail_row: row(&self.tail_row)?,
+            block_row: row(&self.block_row)?,
+            cos: angle(&self.cos)?,
+            sin: angle(&self.sin)?,
+        })
+    }
+}
+
+impl IndexerCache {
+    /// The host-side counts after one step of the device selection (blocks of `c` tokens):
+    /// what [`QsaIndexer::select_on_device`] advances, and a CUDA graph's replay of it.
+    pub fn advance_on_device(&mut self, c: usize) {
+        self.len += 1;
+        if let Some(keys) = self.device.as_mut() {
+            keys.advance(c);
+        }
+    }
+}
+
 impl QsaIndexer {
+    /// The step inputs of the token at position `offset` (the indexer has seen `offset`
+    /// tokens): its key goes to tail row `offset mod c`, the tail pooled to block row
+    /// `offset div c`, rotated at that block's first position.
+    pub fn step_values(&self, offset: usize) -> IndexerValues {
+        let (di, c) = (self.qsa.head_dim, self.qsa.compress_ratio);
+        let blocks = offset / c;
+        let (cos, sin) = self.rope.angles(blocks * c);
+        IndexerValues {
+            tail_row: vec![(offset % c) as u32; di],
+            block_row: vec![blocks as u32; di],
+            cos,
+            sin,
+        }
+    }
+
     /// Whether [`QsaIndexer::select_on_device`] can run: the device plan's copy.
     pub fn selects_on_device(&self) -> bool {
         self.device_norms.is_some()
@@ -142,16 +235,25 @@ impl QsaIndexer {
         candle_op(candle_op(x.broadcast_mul(&inv))?.broadcast_mul(w))
     }
 
+    /// Whether a step at position `offset` sees every key (the selection returns no mask).
+    pub fn within_budget(&self, offset: usize) -> bool {
+        (offset + 1) / self.qsa.compress_ratio <= self.qsa.block_topk()
+    }
+
     /// The fused decode step's selection for the one token `x` `[1, H]` at position
-    /// `offset`: advances `cache` (whose keys move to `x`'s device at the first call, one
-    /// upload) and returns the additive mask `[1, offset + 1]` (0 open, −∞ closed) in `x`'s
-    /// dtype on `x`'s device, or `None` while every key is visible (`m ≤ k`, plain causal
-    /// attention). The same selection as [`QsaIndexer::select`], with nothing read back.
+    /// `offset`, with that position's `step` inputs ([`QsaIndexer::step_values`]): advances
+    /// `cache` (whose keys move to `x`'s device at the first call, one upload) and returns
+    /// the additive mask `[1, offset + 1]` (0 open, −∞ closed) in `x`'s dtype on `x`'s
+    /// device, or `None` while every key is visible (`m ≤ k`, plain causal attention). The
+    /// same selection as [`QsaIndexer::select`], with nothing read back. Inside the budget
+    /// its launches and their arguments do not depend on the position (the rows written
+    /// and the rotation come from `step`): a CUDA graph can replay it.
     pub fn select_on_device(
         &self,
         x: &Tensor,
         cache: &mut IndexerCache,
         offset: usize,
+        step: &IndexerInputs,
     ) -> Result<Option<Tensor>> {
         ensure!(
             cache.len == offset,
@@ -179,24 +281,30 @@ impl QsaIndexer {
         let qk = cast(&self.proj.forward(x)?, DType::F32)?;
         // The key of this token joins the tail; the tail pooled (mean, norm, RoPE at the
         // block's first position) goes to the next block's row, a block once the tail is full.
-        write_at(
-            &keys.tail,
+        ensure!(
+            keys.tail_len == offset % c && keys.blocks == offset / c,
+            "QSA indexer: {} blocks and {} tail keys at position {offset}",
+            keys.blocks,
+            keys.tail_len
+        );
+        keys.reserve_next_block()?;
+        candle_op(keys.tail.scatter_set(
+            &step.tail_row,
             &contiguous(&qk.narrow(1, n * di, di)?)?,
             0,
-            keys.tail_len,
-        )?;
-        keys.tail_len += 1;
-        cache.len += 1;
-        keys.reserve_next_block()?;
+        ))?;
         let pooled = candle_op(keys.tail.mean_keepdim(0))?;
         let normed = self.norm_rows(&pooled, k_norm)?.reshape((1, 1, 1, di))?;
-        let start = keys.blocks * c;
-        let pooled = self.rope.forward(&normed, start)?.reshape((1, di))?;
-        write_at(&keys.buf, &contiguous(&pooled)?, 0, keys.blocks)?;
-        if keys.tail_len == c {
-            keys.blocks += 1;
-            keys.tail_len = 0;
-        }
+        let pooled = self
+            .rope
+            .rotate(&normed, &step.cos, &step.sin)?
+            .reshape((1, di))?;
+        candle_op(
+            keys.buf
+                .scatter_set(&step.block_row, &contiguous(&pooled)?, 0),
+        )?;
+        cache.advance_on_device(c);
+        let keys = cache.device.as_ref().expect("set above");
         let (t, k) = (offset, self.qsa.block_topk());
         let m = (t + 1) / c;
         debug_assert_eq!(m, keys.blocks);
