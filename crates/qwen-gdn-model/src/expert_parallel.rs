@@ -17,8 +17,7 @@
 use crate::layers::moe::ExpertShard;
 use crate::{Model, Plan};
 use anyhow::{bail, ensure, Result};
-use qwen_gdn_collective::{ensure_same_fingerprint, split_experts, World};
-use sha2::{Digest, Sha256};
+use qwen_gdn_collective::{split_experts, World};
 use std::ops::Range;
 
 /// This rank's share of an expert-parallel job over `world`.
@@ -92,19 +91,10 @@ impl ExpertParallel {
     /// Refuses to run, on every rank with one line naming the rank that differs, unless all
     /// ranks load the same config and checkpoint (tensor headers) under the same plan.
     pub fn ensure_agreement(&self, model: &Model) -> Result<()> {
-        let mut hash = Sha256::new();
-        hash.update(format!("{:?}", model.config()));
-        hash.update(model.checkpoint_fingerprint().to_le_bytes());
-        hash.update(format!(
-            "experts {:?} {:?} {:?}",
-            self.shares,
-            model.dtype(),
-            model.plan()
-        ));
-        let fingerprint = u64::from_le_bytes(hash.finalize()[..8].try_into().expect("8 bytes"));
-        ensure_same_fingerprint(
+        crate::rank_agreement::ensure_ranks_agree(
             self.world.as_ref(),
-            fingerprint,
+            model,
+            &format!("experts {:?}", self.shares),
             "config, checkpoint and expert-parallel plan",
         )
     }

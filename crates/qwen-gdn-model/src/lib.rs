@@ -24,6 +24,7 @@ pub mod options;
 pub mod phase_profile;
 pub mod pipeline;
 pub mod prompt_cache;
+mod rank_agreement;
 pub mod speculative;
 pub mod tap;
 pub mod tensor;

@@ -13,8 +13,7 @@ use crate::tap::NoTap;
 use crate::{Cache, Model, ModelPart};
 use anyhow::{ensure, Result};
 use candle_core::{DType, Tensor};
-use qwen_gdn_collective::{ensure_same_fingerprint, split_layers, Stage, World};
-use sha2::{Digest, Sha256};
+use qwen_gdn_collective::{split_layers, Stage, World};
 
 /// How one generation is spread over processes, chosen by the launch (`mpirun -n N`,
 /// `--ranks N`): everything in this process, or one stage of a pipeline.
@@ -96,19 +95,10 @@ impl Pipeline {
     /// Refuses to run, on every rank with one line naming the rank that differs, unless all
     /// ranks load the same config and checkpoint (tensor headers) under the same plan.
     pub fn ensure_agreement(&self, model: &Model) -> Result<()> {
-        let mut hash = Sha256::new();
-        hash.update(format!("{:?}", model.config()));
-        hash.update(model.checkpoint_fingerprint().to_le_bytes());
-        hash.update(format!(
-            "pipeline {:?} {:?} {:?}",
-            self.stages,
-            model.dtype(),
-            model.plan()
-        ));
-        let fingerprint = u64::from_le_bytes(hash.finalize()[..8].try_into().expect("8 bytes"));
-        ensure_same_fingerprint(
+        crate::rank_agreement::ensure_ranks_agree(
             self.world.as_ref(),
-            fingerprint,
+            model,
+            &format!("pipeline {:?}", self.stages),
             "config, checkpoint and pipeline plan",
         )
     }

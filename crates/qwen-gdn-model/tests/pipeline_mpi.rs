@@ -10,7 +10,9 @@
 
 mod common;
 
-use candle_core::{DType, Device, Tensor};
+use common::ranks::{argmax, bits, fault, prompt, say};
+
+use candle_core::{Device, Tensor};
 use qwen_gdn_collective::{MpiWorld, SharedMpiWorld, World};
 use qwen_gdn_model::pipeline::Pipeline;
 use qwen_gdn_model::{Cache, Config, Model, ModelPart, RunOptions};
@@ -21,54 +23,6 @@ use std::time::Duration;
 const DEADLINE: Duration = Duration::from_secs(5);
 const STEPS: usize = 64;
 const CHUNK: usize = 5;
-
-fn argmax(logits: &Tensor) -> u32 {
-    let v = logits.flatten_all().unwrap().to_vec1::<f32>().unwrap();
-    let mut best = 0;
-    for (i, x) in v.iter().enumerate() {
-        if *x > v[best] {
-            best = i;
-        }
-    }
-    best as u32
-}
-
-fn bits(t: &Tensor) -> Vec<u32> {
-    assert_eq!(t.dtype(), DType::F32);
-    t.flatten_all()
-        .unwrap()
-        .to_vec1::<f32>()
-        .unwrap()
-        .iter()
-        .map(|x| x.to_bits())
-        .collect()
-}
-
-/// Writes `line` to stderr in one write: mpirun merges the ranks' stderr, and a line written in
-/// pieces would interleave with another rank's.
-fn say(line: &str) {
-    use std::io::Write;
-    let _ = std::io::stderr().write_all(format!("{line}\n").as_bytes());
-}
-
-/// A fault to inject: (kind, rank, decode step).
-fn fault() -> Option<(String, usize, usize)> {
-    let spec = std::env::var("PIPELINE_TEST_FAULT").ok()?;
-    let parts: Vec<&str> = spec.split(':').collect();
-    match parts[..] {
-        [kind, rank, step] if kind == "die" || kind == "stall" => Some((
-            kind.to_string(),
-            rank.parse().expect("fault rank"),
-            step.parse().expect("fault step"),
-        )),
-        _ => panic!("PIPELINE_TEST_FAULT={spec}: expected die|stall:<rank>:<step>"),
-    }
-}
-
-/// The prompt: `len` ids spread over the vocabulary.
-fn prompt(vocab: usize, len: usize) -> Vec<u32> {
-    (0..len).map(|i| ((i * 7919 + 11) % vocab) as u32).collect()
-}
 
 /// One forward call `(step index, tokens)` → the token every rank continues with, and this
 /// rank's logits if it has them.
@@ -154,7 +108,7 @@ fn pipeline_equals_one_rank() {
     world.end_with_one_line_when_stopped();
     let world: World = Arc::new(SharedMpiWorld::new(world));
     let (rank, ranks) = (world.rank(), world.size());
-    let fault = fault();
+    let fault = fault("PIPELINE_TEST_FAULT");
     for name in common::CHECKPOINTS {
         let dir = common::models_dir().join(name);
         let cfg = Config::from_dir(&dir).unwrap();

@@ -3,6 +3,8 @@
 
 mod checkpoints;
 pub mod qwen4_exp;
+#[allow(dead_code)] // only the tests run under mpirun use it
+pub mod ranks;
 
 #[allow(unused_imports)] // each test file uses a different subset
 pub use checkpoints::{CHECKPOINTS, QWEN4_EXP};

@@ -21,9 +21,7 @@
 
 use super::HybridDecoder;
 use crate::cache::Cache;
-use crate::cuda_graph::{
-    advance, capture, launch, layout, prepare, room_for, write, Bookkeeping,
-};
+use crate::cuda_graph::{advance, capture, launch, layout, prepare, room_for, write, Bookkeeping};
 use crate::families::Ends;
 use crate::tap::NoTap;
 use anyhow::{bail, Result};
