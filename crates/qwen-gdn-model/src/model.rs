@@ -349,6 +349,17 @@ impl Model {
     }
 
     /// The output head (every process but a pipeline's non-last stages holds it).
+    /// What a family's fused passes take from outside its layers: the embedding, the output
+    /// head, the device and the dtype.
+    pub(crate) fn ends(&self) -> Result<Ends<'_>> {
+        Ok(Ends {
+            embed: self.embedding()?,
+            head: self.head()?,
+            device: &self.device,
+            dtype: self.dtype,
+        })
+    }
+
     pub(crate) fn head(&self) -> Result<&Linear> {
         self.lm_head
             .as_ref()
@@ -556,12 +567,7 @@ impl Model {
             }
             decoder if self.fused_decode() => {
                 self.check_token_ids(&[token])?;
-                let ends = Ends {
-                    embed: self.embedding()?,
-                    head: self.head()?,
-                    device: &self.device,
-                    dtype: self.dtype,
-                };
+                let ends = self.ends()?;
                 match decoder {
                     Decoder::Hybrid(d) => d.decode_step(&ends, token, cache, tap),
                     Decoder::Qwen4Exp(d) => d.decode_step(&ends, token, cache, tap),

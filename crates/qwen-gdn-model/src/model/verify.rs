@@ -7,7 +7,7 @@
 
 use super::Model;
 use crate::cache::Cache;
-use crate::families::{Decoder, Ends};
+use crate::families::Decoder;
 use crate::tap::Tap;
 use crate::weights::row_exact;
 use crate::BatchProducts;
@@ -58,12 +58,7 @@ impl Model {
             // The rows' products as the batched step runs them: each row alone (bit for bit
             // the decode step's) or one product over the rows (the GPU's default).
             let _rows = row_exact::scope(self.batch_products == BatchProducts::EachRowAlone);
-            let ends = Ends {
-                embed: self.embedding()?,
-                head: self.head()?,
-                device: &self.device,
-                dtype: self.dtype,
-            };
+            let ends = self.ends()?;
             let (logits, normed) = d.verify_pass(&ends, tokens, cache, tap)?;
             crate::device_memory::sample(&self.device);
             Ok((logits, normed.unsqueeze(0)?))

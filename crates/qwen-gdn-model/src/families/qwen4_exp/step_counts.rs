@@ -104,7 +104,7 @@ fn restore_family_counts(cache: &mut Cache, counts: &[FamilyCounts]) -> Result<(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::families::{Decoder, Ends};
+    use crate::families::Decoder;
     use crate::tap::NoTap;
     use candle_core::Device;
 
@@ -121,12 +121,7 @@ mod tests {
             panic!("not a qwen4_exp model")
         };
         assert!(d.fused_decode());
-        let ends = Ends {
-            embed: model.embedding().unwrap(),
-            head: model.head().unwrap(),
-            device: model.device(),
-            dtype: model.dtype(),
-        };
+        let ends = model.ends().unwrap();
         let mut cache = model.new_cache();
         model.prefill(&[3, 1, 4], &mut cache, 16).unwrap();
         let indexers = |c: &StepCounts| {

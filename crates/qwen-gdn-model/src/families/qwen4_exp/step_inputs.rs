@@ -147,7 +147,7 @@ impl StepInputs {
 pub(crate) mod tests {
     use crate::cache::LayerCache;
     use crate::families::qwen4_exp::state;
-    use crate::families::{Decoder, Ends};
+    use crate::families::Decoder;
     use crate::tap::NoTap;
     use crate::{Model, Plan, RunOptions};
     use candle_core::{DType, Device, TensorId};
@@ -197,12 +197,7 @@ pub(crate) mod tests {
             panic!("not a qwen4_exp model")
         };
         assert!(d.fused_decode());
-        let ends = Ends {
-            embed: model.embedding().unwrap(),
-            head: model.head().unwrap(),
-            device: model.device(),
-            dtype: model.dtype(),
-        };
+        let ends = model.ends().unwrap();
         let (mut eager, mut kept) = (model.new_cache(), model.new_cache());
         model.prefill(&[3, 1, 4], &mut eager, 16).unwrap();
         model.prefill(&[3, 1, 4], &mut kept, 16).unwrap();

@@ -294,16 +294,10 @@ impl SeparateExperts {
         let probs =
             gdn_ops::launches::read_back(self.probabilities(&x.flatten_to(D::Minus2)?)?.to_vec2())?;
         let xs = gdn_ops::launches::read_back(x.to_dtype(DType::F32)?.flatten_all()?.to_vec1())?;
-        // Tokens per expert: (token index, routing weight); and each token's experts in
-        // ascending order (the order one process adds them in).
+        // Tokens per expert: (token index, routing weight).
         let mut assigned: Vec<Vec<(usize, f32)>> = vec![vec![]; n_experts];
-        let mut experts_of: Vec<Vec<usize>> = Vec::with_capacity(probs.len());
         for (tok, p) in probs.iter().enumerate() {
-            let chosen = route(p, top_k, renormalise);
-            let mut ids: Vec<usize> = chosen.iter().map(|c| c.0).collect();
-            ids.sort_unstable();
-            experts_of.push(ids);
-            for (e, w) in chosen {
+            for (e, w) in route(p, top_k, renormalise) {
                 assigned[e].push((tok, w));
             }
         }
@@ -374,6 +368,12 @@ impl SeparateExperts {
                 out
             }
             Some(shard) => {
+                // Each token's experts in ascending order (the order one process adds them
+                // in): walking the experts in order lists them so.
+                let mut experts_of: Vec<Vec<usize>> = vec![Vec::with_capacity(top_k); probs.len()];
+                for (e, tokens) in assigned.iter().enumerate() {
+                    tokens.iter().for_each(|&(t, _)| experts_of[t].push(e));
+                }
                 // Each weighted result into its (token, slot), the slot its expert's place
                 // among the token's; the ranks then combine (expert_shard.rs).
                 let mut slots = vec![0f32; experts_of.len() * top_k * h];
