@@ -10,12 +10,14 @@
 //! 80 B parameters), so N ranks hold about 1/N of the model each. What it costs: the
 //! non-expert work is repeated on every rank, and each MoE layer waits for one reduction.
 //!
-//! Runs the reference plan (host weights, f32, the CPU). A rank reads the whole checkpoint
-//! at load and then drops the experts of the other ranks: its resident memory is its share,
-//! its reading is not yet (the loader reads each stack whole).
+//! Runs the reference plan (host weights, f32, the CPU). A rank loads [`ExpertParallel::part`]:
+//! every layer, and of each MoE block only its own experts' bytes (the stacked expert tensors
+//! are read for its rows only, and one-tensor-per-expert checkpoints drop the other experts'
+//! tensors from view), so that its reading and its resident memory are its share. It maps the
+//! checkpoint files whole, as every load does, but touches only its own pages.
 
 use crate::layers::moe::ExpertShard;
-use crate::{Model, Plan};
+use crate::{Model, ModelPart, Plan};
 use anyhow::{bail, ensure, Result};
 use qwen_gdn_collective::{split_experts, World};
 use std::ops::Range;
@@ -50,6 +52,13 @@ impl ExpertParallel {
     /// This rank's experts of every MoE block.
     pub fn experts(&self) -> Range<usize> {
         self.shares[self.rank()].clone()
+    }
+
+    /// What this rank loads: every layer, and its own experts of each MoE block.
+    pub fn part(&self) -> ModelPart {
+        ModelPart::Experts {
+            share: self.experts(),
+        }
     }
 
     /// Drops the other ranks' experts from every MoE block of `model` and makes the blocks

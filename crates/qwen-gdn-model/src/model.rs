@@ -110,7 +110,7 @@ impl Model {
         let variants = opts.layer_variants(device);
         opts.apply_process_wide()?;
         let part = opts.part.clone();
-        if part != ModelPart::Whole {
+        if part.is_stage() {
             ensure!(
                 cfg.qwen4_exp.is_none(),
                 "a pipeline stage runs the hybrid family only (qwen4_exp is not split yet)"

@@ -19,13 +19,14 @@ use super::matrix::{FloatData, FloatMatrix, Matrix};
 use super::random_weights::{self, Fill, MatrixLayout};
 use crate::config::{Config, Family, QuantSpec};
 use crate::LoadProgress;
-use anyhow::{anyhow, bail, Context, Result};
+use anyhow::{anyhow, bail, ensure, Context, Result};
 use candle_core::{Device, Tensor};
 use half::{bf16, f16};
 use memmap2::Mmap;
 use safetensors::tensor::{Dtype, TensorInfo};
 use safetensors::SafeTensors;
 use std::collections::{HashMap, HashSet};
+use std::ops::Range;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
@@ -95,6 +96,9 @@ pub struct Checkpoint {
     mtp_view: bool,
     /// Float matrices are quantized to this as they are read ([`Checkpoint::quantize_floats_to`]).
     quantize_floats: Option<QuantSpec>,
+    /// The experts of each MoE block this process reads (an expert-parallel rank's share,
+    /// [`crate::ModelPart::Experts`]); `None`: all of them.
+    expert_share: Option<Range<usize>>,
 }
 
 /// Which tensors a [`Checkpoint`] holds.
@@ -313,21 +317,39 @@ impl Checkpoint {
             q8_interleave: false,
             mtp_view: view == View::Mtp,
             quantize_floats: None,
+            expert_share: None,
         })
     }
 
-    /// Keeps in view only the tensors `part` owns (a pipeline stage's layers and ends): the
-    /// others can no longer be read (asking for one is a "missing tensor" error, so a stage
-    /// that strays is caught), nor are they counted as unused by [`Checkpoint::leftovers`] or
-    /// in the bytes the progress bar waits for. Their pages are never touched: a tensor is read
-    /// only when a loader asks for it.
+    /// Keeps in view only the tensors `part` owns (a pipeline stage's layers and ends, or an
+    /// expert share's tensors): the others can no longer be read (asking for one is a "missing
+    /// tensor" error, so a stage that strays is caught), nor are they counted as unused by
+    /// [`Checkpoint::leftovers`] or in the bytes the progress bar waits for. Their pages are
+    /// never touched: a tensor is read only when a loader asks for it. An expert share also
+    /// reads stacked expert tensors for its own experts' rows only ([`Checkpoint::experts`]).
     pub fn restrict_to(&mut self, part: &crate::ModelPart, tied: bool) {
+        self.expert_share = part.expert_share();
         let entries = self.entries.get_mut().unwrap_or_else(|e| e.into_inner());
         entries.retain(|name, _| part.owns(name, tied));
+        let share = self.expert_share.clone();
         self.bytes_total = entries
-            .values()
-            .map(|e| (e.info.data_offsets.1 - e.info.data_offsets.0) as u64)
+            .iter()
+            .map(|(name, e)| {
+                let len = (e.info.data_offsets.1 - e.info.data_offsets.0) as u64;
+                match (&share, e.info.shape.first()) {
+                    (Some(share), Some(&experts)) if is_expert_stack(name) && experts > 0 => {
+                        len / experts as u64 * share.len() as u64
+                    }
+                    _ => len,
+                }
+            })
             .sum();
+    }
+
+    /// Tensor bytes the loaders have read from the files so far (a stacked expert tensor read
+    /// for an expert share counts its share's rows only).
+    pub fn bytes_read(&self) -> u64 {
+        self.bytes_read.load(Ordering::Relaxed)
     }
 
     /// A hash of every tensor's name, dtype, shape and byte range, from the headers alone
@@ -380,6 +402,7 @@ impl Checkpoint {
             q8_interleave: false,
             mtp_view: false,
             quantize_floats: None,
+            expert_share: None,
         }
     }
 
@@ -674,20 +697,39 @@ impl Checkpoint {
     /// its size. The mapping is read-only and backed by the file, so a later read of the same
     /// range (a tensor read twice, a neighbour sharing the edge page) faults it back in.
     fn with_bytes<T>(&self, e: &Entry, copy: impl FnOnce(&[u8]) -> T) -> T {
-        let (a, b) = e.info.data_offsets;
+        self.with_leading(e, None, copy)
+    }
+
+    /// [`Checkpoint::with_bytes`] of the rows `lead` of the tensor's leading axis only (the
+    /// experts of a stacked expert tensor), or of all of it. The caller has checked the shape.
+    fn with_leading<T>(
+        &self,
+        e: &Entry,
+        lead: Option<Range<usize>>,
+        copy: impl FnOnce(&[u8]) -> T,
+    ) -> T {
+        let (start, end) = e.info.data_offsets;
+        let (a, b) = match (lead, e.info.shape.first()) {
+            (Some(rows), Some(&all)) if all > 0 => {
+                let row = (end - start) / all;
+                (start + rows.start * row, start + rows.end * row)
+            }
+            _ => (start, end),
+        };
         let f = match &self.bytes {
             TensorBytes::Files(files) => &files[e.file],
             TensorBytes::Random { seed, .. } => {
                 // One tensor's bytes at a time: made, copied by the loader, dropped.
                 let fill = e.fill.unwrap_or(Fill::Words);
-                let bytes = random_weights::bytes(*seed, &e.original, e.info.dtype, fill, b - a);
-                return copy(&bytes);
+                let bytes =
+                    random_weights::bytes(*seed, &e.original, e.info.dtype, fill, end - start);
+                return copy(&bytes[a - start..b - start]);
             }
         };
         let out = copy(&f.mmap[f.data_start + a..f.data_start + b]);
+        let len = (b - a) as u64;
+        let done = self.bytes_read.fetch_add(len, Ordering::Relaxed) + len;
         if let Some(progress) = &self.progress {
-            let len = (b - a) as u64;
-            let done = self.bytes_read.fetch_add(len, Ordering::Relaxed) + len;
             // A tensor read twice must not push the count past the total.
             progress.report(done.min(self.bytes_total), self.bytes_total);
         }
@@ -719,27 +761,43 @@ impl Checkpoint {
 
     /// Float tensor data converted to f32, with its shape checked.
     fn f32_data(&self, name: &str, want: &[usize]) -> Result<Vec<f32>> {
-        let e = self.entry(name)?;
-        self.check_shape(&e, want)?;
-        self.float_data(&e).map(|d| {
-            let mut out = vec![0f32; want.iter().product()];
-            match d {
-                FloatData::F32(v) => out.copy_from_slice(&v),
-                FloatData::Bf16(v) => out.iter_mut().zip(v).for_each(|(o, x)| *o = x.to_f32()),
-                FloatData::F16(v) => out.iter_mut().zip(v).for_each(|(o, x)| *o = x.to_f32()),
-            }
-            out
-        })
+        self.f32_rows(name, want, None)
     }
 
-    /// Quantization scales or biases in their stored dtype, shape checked.
-    fn group_params(&self, e: &Entry, want: &[usize]) -> Result<GroupParams> {
+    /// [`Checkpoint::f32_data`] of the rows `lead` of the leading axis only, or of all.
+    fn f32_rows(&self, name: &str, want: &[usize], lead: Option<Range<usize>>) -> Result<Vec<f32>> {
+        let e = self.entry(name)?;
+        self.check_shape(&e, want)?;
+        let rows = lead.as_ref().map_or(want[0], |r| r.len());
+        let len = want[1..].iter().product::<usize>() * rows;
+        self.with_leading(&e, lead, |raw| self.decode_floats(&e, raw))
+            .map(|d| {
+                let mut out = vec![0f32; len];
+                match d {
+                    FloatData::F32(v) => out.copy_from_slice(&v),
+                    FloatData::Bf16(v) => out.iter_mut().zip(v).for_each(|(o, x)| *o = x.to_f32()),
+                    FloatData::F16(v) => out.iter_mut().zip(v).for_each(|(o, x)| *o = x.to_f32()),
+                }
+                out
+            })
+    }
+
+    /// Quantization scales or biases in their stored dtype, shape checked; the rows `lead` of
+    /// the leading axis only, or all.
+    fn group_params(
+        &self,
+        e: &Entry,
+        want: &[usize],
+        lead: Option<Range<usize>>,
+    ) -> Result<GroupParams> {
         self.check_shape(e, want)?;
-        Ok(match self.float_data(e)? {
-            FloatData::F32(v) => v.into(),
-            FloatData::Bf16(v) => v.into(),
-            FloatData::F16(v) => v.into(),
-        })
+        Ok(
+            match self.with_leading(e, lead, |raw| self.decode_floats(e, raw))? {
+                FloatData::F32(v) => v.into(),
+                FloatData::Bf16(v) => v.into(),
+                FloatData::F16(v) => v.into(),
+            },
+        )
     }
 
     fn float_data(&self, e: &Entry) -> Result<FloatData> {
@@ -846,7 +904,7 @@ impl Checkpoint {
     ) -> Result<Matrix> {
         self.declare_matrix(module, &[rows], cols, config);
         if self.contains(&format!("{module}.scales")) {
-            return self.affine(module, &[rows], cols, config);
+            return self.affine(module, &[rows], cols, config, None);
         }
         let e = self.entry(&format!("{module}.weight"))?;
         self.check_shape(&e, &[rows, cols])?;
@@ -892,12 +950,15 @@ impl Checkpoint {
 
     /// Quantized `[lead.., rows, cols]`; bits and group size follow from the packed shapes
     /// and must agree with config.json's `quantization` block where it names them.
+    /// An affine-quantized matrix; `lead`: of a stack (`lead_rows` `[experts, rows]`), the
+    /// experts to read (all when `None`).
     fn affine(
         &self,
         module: &str,
         lead_rows: &[usize],
         cols: usize,
         config: &Config,
+        lead: Option<Range<usize>>,
     ) -> Result<Matrix> {
         let w = self.entry(&format!("{module}.weight"))?;
         let s = self.entry(&format!("{module}.scales"))?;
@@ -956,16 +1017,16 @@ impl Checkpoint {
         group_shape.push(groups);
         self.check_shape(&s, &group_shape)?;
         self.check_shape(&b, &group_shape)?;
-        let packed: Vec<u32> = self.with_bytes(&w, |raw| {
+        let packed: Vec<u32> = self.with_leading(&w, lead.clone(), |raw| {
             raw.chunks_exact(4)
                 .map(|c| u32::from_le_bytes(c.try_into().unwrap()))
                 .collect()
         });
-        let scales = self.group_params(&s, &group_shape)?;
-        let biases = self.group_params(&b, &group_shape)?;
+        let scales = self.group_params(&s, &group_shape, lead.clone())?;
+        let biases = self.group_params(&b, &group_shape, lead.clone())?;
         let (experts, rows) = match lead_rows {
             [r] => (1, *r),
-            [e, r] => (*e, *r),
+            [e, r] => (lead.map_or(*e, |l| l.len()), *r),
             _ => unreachable!("matrices have one or two leading axes"),
         };
         AffineMatrix::new(
@@ -984,7 +1045,9 @@ impl Checkpoint {
     }
 
     /// Stacked expert weights `[experts, rows, cols]` for projection `proj` (`gate_proj`,
-    /// `up_proj` or `down_proj`) of the MoE block at `mlp` (e.g. `model.layers.3.mlp`).
+    /// `up_proj` or `down_proj`) of the MoE block at `mlp` (e.g. `model.layers.3.mlp`); with an
+    /// expert share ([`crate::ModelPart::Experts`]), `[share, rows, cols]`: the share's experts
+    /// only, the others' bytes not read.
     pub fn experts(
         &self,
         mlp: &str,
@@ -994,25 +1057,33 @@ impl Checkpoint {
         cols: usize,
         config: &Config,
     ) -> Result<Matrix> {
+        let share = self.expert_share.clone().unwrap_or(0..experts);
+        ensure!(
+            !share.is_empty() && share.end <= experts,
+            "experts {share:?} asked of a block of {experts} experts ({mlp})"
+        );
+        let lead = Some(share.clone());
         let stacked = format!("{mlp}.switch_mlp.{proj}");
         self.declare_matrix(&stacked, &[experts, rows], cols, config);
         if self.contains(&format!("{stacked}.scales")) {
-            return self.affine(&stacked, &[experts, rows], cols, config);
+            return self.affine(&stacked, &[experts, rows], cols, config, lead);
         }
         if self.contains(&format!("{stacked}.weight")) {
             let e = self.entry(&format!("{stacked}.weight"))?;
             self.check_shape(&e, &[experts, rows, cols])?;
-            return self.float_matrix(FloatMatrix::new(experts, rows, cols, self.float_data(&e)?)?);
+            let data = self.with_leading(&e, lead, |raw| self.decode_floats(&e, raw))?;
+            return self.float_matrix(FloatMatrix::new(share.len(), rows, cols, data)?);
         }
         // One tensor per expert: raw Qwen3-Next, and the official qwen4_exp checkpoint.
-        let per_expert = self.contains(&format!("{mlp}.experts.0.{proj}.weight"));
+        // (An expert share holds its own experts' tensors only: look for its first.)
+        let per_expert = self.contains(&format!("{mlp}.experts.{}.{proj}.weight", share.start));
         let data = match self.family {
             // Stacked here.
             Family::Qwen3Next | Family::Qwen35
                 if per_expert || self.family == Family::Qwen3Next =>
             {
                 let mut data = vec![];
-                for i in 0..experts {
+                for i in share.clone() {
                     data.extend(
                         self.f32_data(&format!("{mlp}.experts.{i}.{proj}.weight"), &[rows, cols])?,
                     );
@@ -1020,16 +1091,19 @@ impl Checkpoint {
                 data
             }
             // Raw Qwen3.5-MoE: `gate_up_proj [E, 2*I, H]` (gate first) and `down_proj [E, H, I]`.
-            Family::Qwen35 if proj == "down_proj" => {
-                self.f32_data(&format!("{mlp}.experts.down_proj"), &[experts, rows, cols])?
-            }
+            Family::Qwen35 if proj == "down_proj" => self.f32_rows(
+                &format!("{mlp}.experts.down_proj"),
+                &[experts, rows, cols],
+                lead,
+            )?,
             _ => {
-                let fused = self.f32_data(
+                let fused = self.f32_rows(
                     &format!("{mlp}.experts.gate_up_proj"),
                     &[experts, 2 * rows, cols],
+                    lead,
                 )?;
                 let half = if proj == "gate_proj" { 0 } else { rows };
-                (0..experts)
+                (0..share.len())
                     .flat_map(|e| {
                         let start = (e * 2 * rows + half) * cols;
                         fused[start..start + rows * cols].iter().copied()
@@ -1037,6 +1111,19 @@ impl Checkpoint {
                     .collect()
             }
         };
-        self.float_matrix(FloatMatrix::new(experts, rows, cols, FloatData::F32(data))?)
+        self.float_matrix(FloatMatrix::new(
+            share.len(),
+            rows,
+            cols,
+            FloatData::F32(data),
+        )?)
     }
+}
+
+/// A tensor stacking every expert of a MoE block on its leading axis (mlx's `switch_mlp`
+/// stacks, raw Qwen3.5-MoE's `experts.gate_up_proj` and `experts.down_proj`).
+fn is_expert_stack(name: &str) -> bool {
+    name.contains(".switch_mlp.")
+        || name.ends_with(".experts.gate_up_proj")
+        || name.ends_with(".experts.down_proj")
 }

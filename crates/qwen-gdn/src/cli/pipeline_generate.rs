@@ -49,7 +49,7 @@ impl RankPlan {
     fn part(&self, layers: usize) -> ModelPart {
         match self {
             Self::Pipeline(p) => p.part(layers),
-            Self::Experts(..) => ModelPart::Whole,
+            Self::Experts(e, _) => e.part(),
         }
     }
 

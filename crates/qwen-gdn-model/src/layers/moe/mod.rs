@@ -137,18 +137,23 @@ impl SparseMoe {
         else {
             anyhow::bail!("expert parallel runs the reference plan (host weights); this block's experts are on a device");
         };
+        let range = shard.experts.clone();
+        // Loaded whole (then the other ranks' experts are dropped here), or loaded as this
+        // rank's share already (`ModelPart::Experts`: the others were never read).
+        let loaded_as_share = g.experts() == range.len();
         anyhow::ensure!(
-            s.shard.is_none() && g.experts() == shard.total,
-            "expert parallel: a block of {} experts sharded as one of {}",
+            s.shard.is_none() && (g.experts() == shard.total || loaded_as_share),
+            "expert parallel: a block of {} experts sharded as experts {range:?} of {}",
             g.experts(),
             shard.total
         );
-        let range = shard.experts.clone();
-        (s.gate_proj, s.up_proj, s.down_proj) = (
-            Weight::Host(g.experts_range(range.clone())?),
-            Weight::Host(u.experts_range(range.clone())?),
-            Weight::Host(d.experts_range(range)?),
-        );
+        if !loaded_as_share {
+            (s.gate_proj, s.up_proj, s.down_proj) = (
+                Weight::Host(g.experts_range(range.clone())?),
+                Weight::Host(u.experts_range(range.clone())?),
+                Weight::Host(d.experts_range(range)?),
+            );
+        }
         s.shard = Some(shard);
         Ok(())
     }
