@@ -7,6 +7,8 @@
 #     line and a non-zero exit within its 5 s deadline (plus start-up), no hang;
 #  3b. the expert-parallel plan's gate on 2 and 3 ranks (crates/qwen-gdn-model/tests/
 #     experts_mpi.rs: every MoE fixture bit for bit one process's) and its faults;
+#  3c. the tensor-parallel plan's gate on 2 and 3 ranks (tests/tensor_mpi.rs: every hybrid
+#     fixture bit for bit one process's);
 #  4. `qwen-gdn generate --ranks 2` and `mpirun -n 3 qwen-gdn generate` (the `mpi` build):
 #     the same text as one process, with the layout printed.
 # Installs Open MPI from Debian when missing (CI runs as root on a fresh machine); bindgen also
@@ -96,6 +98,16 @@ for fault in stall:2:3 die:1:3; do
     echo "experts fault $fault: exit $status"
 done
 
+# The tensor-parallel plan: every hybrid fixture with its GDN and attention heads over 2 and 3
+# ranks (4 heads: 2 / 1 / 1 on 3 ranks), 64 greedy steps, tokens and f32 logits bit for bit one
+# process's on every rank; qwen4_exp refused in one line. (Its reductions are the expert plan's
+# bounded sums, whose faults are injected above.)
+tensor=$(test_binary qwen-gdn-model mpi tensor_mpi)
+for ranks in 2 3; do
+    echo "tensor_mpi on $ranks ranks"
+    timeout 300 "${mpirun[@]}" -np "$ranks" "$tensor" --test-threads=1 --nocapture
+done
+
 # generate over ranks prints what one process prints (greedy, the tied-head fixture and one with
 # an untied head), and the layout.
 qwen_gdn=$(built qwen-gdn build --locked -p qwen-gdn --features mpi --bin qwen-gdn)
@@ -115,20 +127,25 @@ for model in models/qwen3.5-tiny-4bit models/qwen3-next-tiny-4bit; do
     echo "generate on $model: 2 and 3 ranks print what one process prints"
 done
 
-# generate with the experts split over ranks prints what one process prints (greedy, and
-# sampled with a seed: every rank must draw the same token), with the layout.
+# generate with the experts, or the heads, split over ranks prints what one process prints
+# (greedy, and sampled with a seed: every rank must draw the same token), with the layout.
 model=models/qwen3-next-tiny-4bit
-for sampling in "--temp 0" "--temp 0.8 --seed 7"; do
-    # shellcheck disable=SC2206 # the sampling flags are words
-    run=(generate --model "$model" --prompt "The experts" --max-tokens 24 --verbose false $sampling)
-    want=$(timeout 120 "$qwen_gdn" "${run[@]}" 2>/dev/null)
-    got2=$(timeout 120 "$qwen_gdn" "${run[@]}" --ranks 2 --parallel experts 2>"$log")
-    grep -q "^expert parallel, rank 1 of 2 on .*: experts 4..8 of 8 in each MoE layer" "$log" \
-        || { cat "$log"; echo "FAIL: $model: no expert layout line for rank 1 of 2"; exit 1; }
-    got3=$(timeout 120 "${mpirun[@]}" -np 3 "$qwen_gdn" "${run[@]}" --parallel experts 2>"$log")
-    if [ "$got2" != "$want" ] || [ "$got3" != "$want" ]; then
-        printf 'one process: %q\n2 ranks:     %q\n3 ranks:     %q\n' "$want" "$got2" "$got3"
-        echo "FAIL: $model ($sampling): generate --parallel experts differs from one process"; exit 1
-    fi
-    echo "generate --parallel experts on $model ($sampling): 2 and 3 ranks print what one process prints"
+for plan in "experts:^expert parallel, rank 1 of 2 on .*: experts 4..8 of 8 in each MoE layer" \
+    "tensor:^tensor parallel, rank 1 of 2 on .*: GDN value heads 2..4 of 4, attention heads 2..4 of 4"; do
+    kind=${plan%%:*}
+    layout=${plan#*:}
+    for sampling in "--temp 0" "--temp 0.8 --seed 7"; do
+        # shellcheck disable=SC2206 # the sampling flags are words
+        run=(generate --model "$model" --prompt "The $kind" --max-tokens 24 --verbose false $sampling)
+        want=$(timeout 120 "$qwen_gdn" "${run[@]}" 2>/dev/null)
+        got2=$(timeout 120 "$qwen_gdn" "${run[@]}" --ranks 2 --parallel "$kind" 2>"$log")
+        grep -q "$layout" "$log" \
+            || { cat "$log"; echo "FAIL: $model: no $kind layout line for rank 1 of 2"; exit 1; }
+        got3=$(timeout 120 "${mpirun[@]}" -np 3 "$qwen_gdn" "${run[@]}" --parallel "$kind" 2>"$log")
+        if [ "$got2" != "$want" ] || [ "$got3" != "$want" ]; then
+            printf 'one process: %q\n2 ranks:     %q\n3 ranks:     %q\n' "$want" "$got2" "$got3"
+            echo "FAIL: $model ($sampling): generate --parallel $kind differs from one process"; exit 1
+        fi
+        echo "generate --parallel $kind on $model ($sampling): 2 and 3 ranks print what one process prints"
+    done
 done

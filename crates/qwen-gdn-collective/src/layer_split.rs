@@ -32,6 +32,13 @@ pub fn split_experts(num_experts: usize, ranks: usize) -> Result<Vec<Range<usize
     split_contiguous(num_experts, ranks, "experts", "an expert")
 }
 
+/// Splits a mixer's `heads` output heads over `ranks` (a tensor-parallel plan), by the same
+/// rule; a rank left without a head is refused.
+pub fn split_heads(heads: usize, ranks: usize) -> Result<Vec<Range<usize>>> {
+    ensure!(ranks > 0, "a tensor-parallel plan needs at least one rank");
+    split_contiguous(heads, ranks, "heads", "a head")
+}
+
 /// `n` items over `ranks` contiguous ranges, the first `n % ranks` one longer.
 fn split_contiguous(n: usize, ranks: usize, items: &str, one: &str) -> Result<Vec<Range<usize>>> {
     ensure!(

@@ -13,7 +13,7 @@ mod mpi_world;
 
 pub use agreement::ensure_same_fingerprint;
 pub use collective::{Collective, World};
-pub use layer_split::{split_experts, split_layers, Stage};
+pub use layer_split::{split_experts, split_heads, split_layers, Stage};
 #[cfg(feature = "mpi")]
 pub use mpi_world::{MpiWorld, SharedMpiWorld};
 

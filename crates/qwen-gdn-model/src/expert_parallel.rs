@@ -17,6 +17,7 @@
 //! checkpoint files whole, as every load does, but touches only its own pages.
 
 use crate::layers::moe::ExpertShard;
+use crate::split_plan::SplitPlan;
 use crate::{Model, ModelPart, Plan};
 use anyhow::{bail, ensure, Result};
 use qwen_gdn_collective::{split_experts, World};
@@ -41,10 +42,6 @@ impl ExpertParallel {
         Ok(Self { world, shares })
     }
 
-    pub fn rank(&self) -> usize {
-        self.world.rank()
-    }
-
     pub fn ranks(&self) -> usize {
         self.world.size()
     }
@@ -53,9 +50,15 @@ impl ExpertParallel {
     pub fn experts(&self) -> Range<usize> {
         self.shares[self.rank()].clone()
     }
+}
+
+impl SplitPlan for ExpertParallel {
+    fn rank(&self) -> usize {
+        self.world.rank()
+    }
 
     /// What this rank loads: every layer, and its own experts of each MoE block.
-    pub fn part(&self) -> ModelPart {
+    fn part(&self) -> ModelPart {
         ModelPart::Experts {
             share: self.experts(),
         }
@@ -63,7 +66,7 @@ impl ExpertParallel {
 
     /// Drops the other ranks' experts from every MoE block of `model` and makes the blocks
     /// combine over the ranks. The reference plan only.
-    pub fn apply(&self, model: &mut Model) -> Result<()> {
+    fn apply(&self, model: &mut Model) -> Result<()> {
         if model.plan() != Plan::Reference {
             bail!("expert parallel runs the reference plan (f32 on the CPU); this model was loaded on the {:?} plan", model.plan());
         }
@@ -85,7 +88,7 @@ impl ExpertParallel {
 
     /// One line naming this rank's share and `host`, e.g.
     /// `expert parallel, rank 1 of 3 on host-a: experts 3..6 of 8 in each MoE layer`.
-    pub fn layout_line(&self, host: &str) -> String {
+    fn layout_line(&self, host: &str) -> String {
         let e = self.experts();
         let total = self.shares.last().map_or(0, |r| r.end);
         format!(
@@ -99,7 +102,7 @@ impl ExpertParallel {
 
     /// Refuses to run, on every rank with one line naming the rank that differs, unless all
     /// ranks load the same config and checkpoint (tensor headers) under the same plan.
-    pub fn ensure_agreement(&self, model: &Model) -> Result<()> {
+    fn ensure_agreement(&self, model: &Model) -> Result<()> {
         crate::rank_agreement::ensure_ranks_agree(
             self.world.as_ref(),
             model,

@@ -26,8 +26,10 @@ pub mod pipeline;
 pub mod prompt_cache;
 mod rank_agreement;
 pub mod speculative;
+pub mod split_plan;
 pub mod tap;
 pub mod tensor;
+pub mod tensor_parallel;
 mod warm_up;
 pub mod weights;
 

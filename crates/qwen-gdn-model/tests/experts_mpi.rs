@@ -12,13 +12,12 @@
 
 mod common;
 
-use common::ranks::{argmax, bits, fault, prompt, say};
+use common::ranks::{bits, fault, greedy, mpi_world, prompt, say};
 
-use candle_core::{Device, Tensor};
-use qwen_gdn_collective::{MpiWorld, SharedMpiWorld, World};
+use candle_core::Device;
 use qwen_gdn_model::expert_parallel::ExpertParallel;
+use qwen_gdn_model::split_plan::SplitPlan;
 use qwen_gdn_model::{Config, Model, RunOptions};
-use std::sync::Arc;
 use std::time::Duration;
 
 /// How long a rank waits in a reduction before it gives up (the fault runs' bound).
@@ -26,41 +25,9 @@ const DEADLINE: Duration = Duration::from_secs(5);
 const STEPS: usize = 64;
 const CHUNK: usize = 5;
 
-/// Greedy generation on `model`: all but the last prompt token prefilled in chunks, then
-/// `STEPS` decode steps; every step's logits. `before_step(i)` runs before step `i`.
-fn greedy(
-    model: &Model,
-    prompt: &[u32],
-    before_step: &mut dyn FnMut(usize),
-) -> anyhow::Result<(Vec<u32>, Vec<Tensor>)> {
-    let mut cache = model.new_cache();
-    let (last, head) = prompt.split_last().unwrap();
-    model.prefill(head, &mut cache, CHUNK)?;
-    let (mut tokens, mut logits) = (vec![], vec![]);
-    let mut next = *last;
-    for i in 0..STEPS {
-        before_step(i);
-        let l = model.forward_last(&[next], &mut cache)?;
-        next = argmax(&l);
-        tokens.push(next);
-        logits.push(l);
-    }
-    Ok((tokens, logits))
-}
-
 #[test]
 fn expert_parallel_equals_one_rank() {
-    // A failed check on one rank ends the process at once, without MPI's finalize: mpirun
-    // then stops the job, instead of the other ranks waiting in the next reduction.
-    let report = std::panic::take_hook();
-    std::panic::set_hook(Box::new(move |info| {
-        report(info);
-        std::process::exit(101);
-    }));
-    let mut world = MpiWorld::init().unwrap();
-    world.set_deadline(Some(DEADLINE));
-    world.end_with_one_line_when_stopped();
-    let world: World = Arc::new(SharedMpiWorld::new(world));
+    let world = mpi_world(DEADLINE);
     let (rank, ranks) = (world.rank(), world.size());
     let fault = fault("EXPERTS_TEST_FAULT");
     let moe = common::CHECKPOINTS
@@ -100,7 +67,7 @@ fn expert_parallel_equals_one_rank() {
                 }
             }
         };
-        let (tokens, logits) = match greedy(&model, &ids, &mut before_step) {
+        let (tokens, logits) = match greedy(&model, &ids, STEPS, CHUNK, &mut before_step) {
             Ok(run) => run,
             Err(e) => {
                 // The one line a surviving rank ends with.
@@ -120,7 +87,8 @@ fn expert_parallel_equals_one_rank() {
         );
         if rank == 0 {
             let whole = Model::load(&dir, &Device::Cpu, &common::run_options()).unwrap();
-            let (want_tokens, want_logits) = greedy(&whole, &ids, &mut |_| {}).unwrap();
+            let (want_tokens, want_logits) =
+                greedy(&whole, &ids, STEPS, CHUNK, &mut |_| {}).unwrap();
             assert_eq!(
                 tokens, want_tokens,
                 "{name}: {ranks} ranks chose other tokens"

@@ -10,13 +10,11 @@
 
 mod common;
 
-use common::ranks::{argmax, bits, fault, prompt, say};
+use common::ranks::{argmax, bits, fault, mpi_world, prompt, say};
 
 use candle_core::{Device, Tensor};
-use qwen_gdn_collective::{MpiWorld, SharedMpiWorld, World};
 use qwen_gdn_model::pipeline::Pipeline;
 use qwen_gdn_model::{Cache, Config, Model, ModelPart, RunOptions};
-use std::sync::Arc;
 use std::time::Duration;
 
 /// How long a rank waits for its neighbour before it gives up (the fault runs' bound).
@@ -96,17 +94,7 @@ fn pipelined(
 
 #[test]
 fn pipeline_equals_one_rank() {
-    // A failed check on one rank ends the process at once, without MPI's finalize: mpirun
-    // then stops the job, instead of the other ranks waiting forever in the next collective.
-    let report = std::panic::take_hook();
-    std::panic::set_hook(Box::new(move |info| {
-        report(info);
-        std::process::exit(101);
-    }));
-    let mut world = MpiWorld::init().unwrap();
-    world.set_deadline(Some(DEADLINE));
-    world.end_with_one_line_when_stopped();
-    let world: World = Arc::new(SharedMpiWorld::new(world));
+    let world = mpi_world(DEADLINE);
     let (rank, ranks) = (world.rank(), world.size());
     let fault = fault("PIPELINE_TEST_FAULT");
     for name in common::CHECKPOINTS {

@@ -2,6 +2,7 @@
 //! head, q/k get RMSNorm and partial RoPE, GQA softmax attention over the KV cache, and the
 //! output is multiplied by `sigmoid(gate)` before `o_proj`.
 
+use super::head_shard::HeadShard;
 use super::linear::{FusedLinear, Linear};
 use super::norm::RmsNorm;
 use super::rope::PartialRope;
@@ -48,6 +49,9 @@ pub struct Attention {
     prefill: AttnPrefill,
     /// Bytes of f32 scores one block of [`blocked`] attention may hold.
     score_budget: usize,
+    /// Under tensor parallel: this rank's query heads (`heads`/`kv_heads` are then the
+    /// rank's), gathered over the ranks before `o_proj` ([`Attention::shard_heads`]).
+    shard: Option<HeadShard>,
 }
 
 impl Attention {
@@ -82,7 +86,45 @@ impl Attention {
             head_dim: dh,
             prefill: AttnPrefill::Kernel,
             score_budget: SCORE_BUDGET_BYTES,
+            shard: None,
         })
+    }
+
+    /// Keeps only the query heads `shard.heads` and the KV heads they read
+    /// ([`HeadShard::key_heads`]): the rows of the q (with each head's gate), k and v
+    /// projections. The reference plan only (host weights).
+    pub fn shard_heads(&mut self, shard: HeadShard) -> Result<()> {
+        let (nq, nkv, dh) = (self.heads, self.kv_heads, self.head_dim);
+        anyhow::ensure!(
+            self.shard.is_none() && shard.total == nq && shard.heads.end <= nq,
+            "tensor parallel: query heads {:?} of {} asked of an attention layer of {nq}",
+            shard.heads,
+            shard.total
+        );
+        let kv = shard.key_heads(nq / nkv);
+        let rows = |heads: &[usize], width: usize| -> Vec<usize> {
+            heads
+                .iter()
+                .flat_map(|&h| h * width..(h + 1) * width)
+                .collect()
+        };
+        let queries: Vec<usize> = shard.heads.clone().collect();
+        // q_proj holds `[query | gate]` per head.
+        self.qkv =
+            self.qkv
+                .select_outputs(&[rows(&queries, 2 * dh), rows(&kv, dh), rows(&kv, dh)])?;
+        (self.heads, self.kv_heads) = (queries.len(), kv.len());
+        self.shard = Some(shard);
+        Ok(())
+    }
+
+    /// `o_proj` of the gated heads' output `[B, S, heads · Dh]`, every rank's heads gathered
+    /// first under tensor parallel.
+    fn out(&self, o: &Tensor) -> Result<Tensor> {
+        match &self.shard {
+            Some(shard) => self.o_proj.forward(&shard.gather(o)?),
+            None => self.o_proj.forward(o),
+        }
     }
 
     /// The run's prefill attention and score budget.
@@ -128,7 +170,7 @@ impl Attention {
         labelled("attention/out", || {
             let o = contiguous(&o.transpose(1, 2)?)?.reshape((b, s, nq * dh))?;
             let o = candle_op(o.mul(&sigmoid(&gate)?))?;
-            self.o_proj.forward(&o)
+            self.out(&o)
         })
     }
 
@@ -171,7 +213,7 @@ impl Attention {
             let (o, gate) = (cat(&outputs, 1)?, cat(&gates, 1)?);
             debug_assert_eq!(o.dims(), &[1, b, nq * dh]);
             let o = candle_op(o.mul(&sigmoid(&gate)?))?;
-            self.o_proj.forward(&o)
+            self.out(&o)
         })
     }
 

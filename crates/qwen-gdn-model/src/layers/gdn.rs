@@ -12,6 +12,7 @@
 //! interleaved `in_proj_qkvz` / `in_proj_ba` rows are permuted at load (lossless, also for
 //! quantized weights), Qwen3.5's separate projections are stacked.
 
+use super::head_shard::HeadShard;
 use super::linear::{FusedLinear, Linear};
 use super::norm::{Gate, GatedRmsNorm, RmsNorm, ScaledRms};
 use crate::cache::GdnCache;
@@ -56,6 +57,9 @@ pub struct GatedDeltaNet {
     conv_front: ConvFront,
     /// The form every recurrence call takes, when the run forces one (else the length picks).
     gdn_prefill: Option<gdn_ops::GdnForm>,
+    /// Under tensor parallel: this rank's value heads (`key_heads`/`value_heads` are then the
+    /// rank's), gathered over the ranks before `out_proj` ([`GatedDeltaNet::shard_heads`]).
+    shard: Option<HeadShard>,
 }
 
 /// Row order that turns Qwen3-Next's per-key-head groups
@@ -150,7 +154,59 @@ impl GatedDeltaNet {
             kernel: cfg.linear_conv_kernel_dim,
             conv_front: ConvFront::Composed,
             gdn_prefill: None,
+            shard: None,
         })
+    }
+
+    /// Keeps only the value heads `shard.heads` and the key heads they read
+    /// ([`HeadShard::key_heads`]): the rows of the in-projections, the conv's channels and
+    /// the heads' decay parameters. The reference plan only (host weights).
+    pub fn shard_heads(&mut self, shard: HeadShard) -> Result<()> {
+        let (hk, hv, dk, dv) = (
+            self.key_heads,
+            self.value_heads,
+            self.key_dim,
+            self.value_dim,
+        );
+        anyhow::ensure!(
+            self.shard.is_none() && shard.total == hv && shard.heads.end <= hv,
+            "tensor parallel: value heads {:?} of {} asked of a GDN layer of {hv}",
+            shard.heads,
+            shard.total
+        );
+        let keys = shard.key_heads(hv / hk);
+        let values: Vec<usize> = shard.heads.clone().collect();
+        let rows = |heads: &[usize], width: usize, at: usize| -> Vec<usize> {
+            heads
+                .iter()
+                .flat_map(|&h| at + h * width..at + (h + 1) * width)
+                .collect()
+        };
+        // The conv's channels are `[q | k | v]`; z, b and a follow the value heads.
+        let qkv = [
+            rows(&keys, dk, 0),
+            rows(&keys, dk, hk * dk),
+            rows(&values, dv, 2 * hk * dk),
+        ]
+        .concat();
+        self.in_proj = self.in_proj.select_outputs(&[
+            qkv.clone(),
+            rows(&values, dv, 0),
+            values.clone(),
+            values.clone(),
+        ])?;
+        let index = |rows: &[usize]| {
+            Tensor::new(
+                rows.iter().map(|&r| r as u32).collect::<Vec<_>>(),
+                &Device::Cpu,
+            )
+        };
+        self.conv_taps = self.conv_taps.index_select(&index(&qkv)?, 1)?;
+        self.neg_a_log_exp = self.neg_a_log_exp.index_select(&index(&values)?, 0)?;
+        self.dt_bias = self.dt_bias.index_select(&index(&values)?, 0)?;
+        (self.key_heads, self.value_heads) = (keys.len(), values.len());
+        self.shard = Some(shard);
+        Ok(())
     }
 
     /// The device plan's copy: weights on `device`, activations in `dtype`; the decay
@@ -317,7 +373,10 @@ impl GatedDeltaNet {
         labelled("gdn/norm_out", || {
             let z = contiguous(z)?.reshape((b, s, hv, dv))?;
             let out = self.norm.forward(y, &z)?.reshape((b, s, hv * dv))?;
-            self.out_proj.forward(&out)
+            match &self.shard {
+                Some(shard) => self.out_proj.forward(&shard.gather(&out)?),
+                None => self.out_proj.forward(&out),
+            }
         })
     }
 }

@@ -112,6 +112,60 @@ impl FusedLinear {
         &self.out_dims
     }
 
+    /// Keeps, of each output part `i`, its rows `keep[i]` (in that order): a tensor-parallel
+    /// rank's heads (`layers/head_shard.rs`). Host weights only (the reference plan).
+    pub fn select_outputs(&self, keep: &[Vec<usize>]) -> Result<Self> {
+        anyhow::ensure!(
+            keep.len() == self.out_dims.len(),
+            "{} row lists for {} fused outputs",
+            keep.len(),
+            self.out_dims.len()
+        );
+        // Global row numbers over the concatenated outputs, then cut per merged product.
+        let mut wanted = vec![];
+        let mut start = 0;
+        for (rows, &n) in keep.iter().zip(&self.out_dims) {
+            anyhow::ensure!(rows.iter().all(|&r| r < n), "a kept row is past {n}");
+            wanted.extend(rows.iter().map(|&r| start + r));
+            start += n;
+        }
+        let mut parts = vec![];
+        let mut first = 0;
+        for part in &self.parts {
+            let n = part.out_dim();
+            let local: Vec<usize> = wanted
+                .iter()
+                .filter(|&&g| (first..first + n).contains(&g))
+                .map(|&g| g - first)
+                .collect();
+            first += n;
+            if local.is_empty() {
+                continue;
+            }
+            let Weight::Host(m) = &part.weight else {
+                anyhow::bail!("tensor parallel runs the reference plan (host weights)");
+            };
+            let bias = match &part.bias {
+                Some(b) => {
+                    let idx = Tensor::new(
+                        local.iter().map(|&r| r as u32).collect::<Vec<_>>(),
+                        b.device(),
+                    )?;
+                    Some(b.index_select(&idx, 0)?)
+                }
+                None => None,
+            };
+            parts.push(Linear {
+                weight: Weight::Host(m.select_rows(&local)),
+                bias,
+            });
+        }
+        Ok(Self {
+            parts,
+            out_dims: keep.iter().map(Vec::len).collect(),
+        })
+    }
+
     pub fn into_device(self, device: &Device, dtype: DType) -> Result<Self> {
         Ok(Self {
             parts: self

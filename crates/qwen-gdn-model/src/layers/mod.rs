@@ -4,6 +4,7 @@
 pub mod attention;
 pub mod fused_attention;
 pub mod gdn;
+pub mod head_shard;
 pub mod linear;
 pub mod mlp;
 pub mod moe;

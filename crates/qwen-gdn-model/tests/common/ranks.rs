@@ -47,3 +47,44 @@ pub fn fault(var: &str) -> Option<(String, usize, usize)> {
 pub fn prompt(vocab: usize, len: usize) -> Vec<u32> {
     (0..len).map(|i| ((i * 7919 + 11) % vocab) as u32).collect()
 }
+
+/// This process's rank of the `mpirun` job, its reductions bounded by `deadline`, shared as
+/// the plans hold it. A failed check on one rank then ends the process at once, without MPI's
+/// finalize: mpirun stops the job, instead of the other ranks waiting forever in the next
+/// collective.
+#[cfg(feature = "mpi")]
+pub fn mpi_world(deadline: std::time::Duration) -> qwen_gdn_collective::World {
+    let report = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        report(info);
+        std::process::exit(101);
+    }));
+    let mut world = qwen_gdn_collective::MpiWorld::init().unwrap();
+    world.set_deadline(Some(deadline));
+    world.end_with_one_line_when_stopped();
+    std::sync::Arc::new(qwen_gdn_collective::SharedMpiWorld::new(world))
+}
+
+/// Greedy generation on `model`: all but the last prompt token prefilled in chunks, then
+/// `steps` decode steps; every step's logits. `before_step(i)` runs before step `i`.
+pub fn greedy(
+    model: &qwen_gdn_model::Model,
+    prompt: &[u32],
+    steps: usize,
+    chunk: usize,
+    before_step: &mut dyn FnMut(usize),
+) -> anyhow::Result<(Vec<u32>, Vec<Tensor>)> {
+    let mut cache = model.new_cache();
+    let (last, head) = prompt.split_last().unwrap();
+    model.prefill(head, &mut cache, chunk)?;
+    let (mut tokens, mut logits) = (vec![], vec![]);
+    let mut next = *last;
+    for i in 0..steps {
+        before_step(i);
+        let l = model.forward_last(&[next], &mut cache)?;
+        next = argmax(&l);
+        tokens.push(next);
+        logits.push(l);
+    }
+    Ok((tokens, logits))
+}

@@ -21,35 +21,38 @@ use candle_core::Tensor;
 use qwen_gdn_collective::World;
 use qwen_gdn_model::expert_parallel::ExpertParallel;
 use qwen_gdn_model::pipeline::Pipeline;
+use qwen_gdn_model::split_plan::SplitPlan;
+use qwen_gdn_model::tensor_parallel::TensorParallel;
 use qwen_gdn_model::{Cache, Config, Model, ModelPart};
 use std::process::ExitCode;
 use std::time::Instant;
 
-/// The plan this rank runs.
+/// The plan this rank runs: a pipeline stage, or a share of every layer (expert or tensor
+/// parallel), where every rank has the logits.
 enum RankPlan {
     Pipeline(Pipeline),
-    Experts(ExpertParallel, World),
+    Split(Box<dyn SplitPlan>, World),
 }
 
 impl RankPlan {
     fn layout_line(&self, host: &str) -> String {
         match self {
             Self::Pipeline(p) => p.layout_line(host),
-            Self::Experts(e, _) => e.layout_line(host),
+            Self::Split(e, _) => e.layout_line(host),
         }
     }
 
     fn rank(&self) -> usize {
         match self {
             Self::Pipeline(p) => p.rank(),
-            Self::Experts(e, _) => e.rank(),
+            Self::Split(e, _) => e.rank(),
         }
     }
 
     fn part(&self, layers: usize) -> ModelPart {
         match self {
             Self::Pipeline(p) => p.part(layers),
-            Self::Experts(e, _) => e.part(),
+            Self::Split(e, _) => e.part(),
         }
     }
 
@@ -57,15 +60,15 @@ impl RankPlan {
     fn picks(&self) -> bool {
         match self {
             Self::Pipeline(p) => p.is_last(),
-            Self::Experts(..) => true,
+            Self::Split(..) => true,
         }
     }
 
-    /// The sampler's seed: `asked`, or under expert parallel (where every rank samples the
-    /// same logits and must draw the same token) rank 0's random one, on every rank.
+    /// The sampler's seed: `asked`, or under a split plan (where every rank samples the same
+    /// logits and must draw the same token) rank 0's random one, on every rank.
     fn seed(&self, asked: Option<u64>) -> Result<Option<u64>> {
         match (self, asked) {
-            (Self::Experts(_, world), None) => {
+            (Self::Split(_, world), None) => {
                 Ok(Some(world.all_gather_u64(rand::random::<u64>())?[0]))
             }
             _ => Ok(asked),
@@ -76,7 +79,7 @@ impl RankPlan {
     fn ready(&self, model: &mut Model) -> Result<()> {
         match self {
             Self::Pipeline(p) => p.ensure_agreement(model),
-            Self::Experts(e, _) => {
+            Self::Split(e, _) => {
                 e.apply(model)?;
                 e.ensure_agreement(model)
             }
@@ -92,7 +95,7 @@ impl RankPlan {
     ) -> Result<()> {
         match self {
             Self::Pipeline(p) => p.prefill(model, tokens, cache, chunk),
-            Self::Experts(..) => model.prefill(tokens, cache, chunk),
+            Self::Split(..) => model.prefill(tokens, cache, chunk),
         }
     }
 
@@ -104,7 +107,7 @@ impl RankPlan {
     ) -> Result<Option<Tensor>> {
         match self {
             Self::Pipeline(p) => p.forward_last(model, tokens, cache),
-            Self::Experts(..) => Ok(Some(model.forward_last(tokens, cache)?)),
+            Self::Split(..) => Ok(Some(model.forward_last(tokens, cache)?)),
         }
     }
 
@@ -112,9 +115,8 @@ impl RankPlan {
     fn share_token(&self, chosen: Option<u32>) -> Result<u32> {
         match self {
             Self::Pipeline(p) => p.share_token(chosen),
-            Self::Experts(_, world) => {
-                let token = chosen
-                    .ok_or_else(|| anyhow::anyhow!("an expert-parallel rank picked no token"))?;
+            Self::Split(_, world) => {
+                let token = chosen.ok_or_else(|| anyhow::anyhow!("a rank picked no token"))?;
                 let all = world.all_gather_u64(u64::from(token))?;
                 let differ = all.iter().position(|&t| t != u64::from(token));
                 ensure!(
@@ -159,8 +161,12 @@ fn run(args: &Args, world: World) -> Result<ExitCode> {
     let layers = config.num_hidden_layers;
     let pipeline = match args.ranks.parallel {
         ParallelKind::Pipeline => RankPlan::Pipeline(Pipeline::new(world, layers)?),
-        ParallelKind::Experts => RankPlan::Experts(
-            ExpertParallel::new(world.clone(), config.num_experts)?,
+        ParallelKind::Experts => RankPlan::Split(
+            Box::new(ExpertParallel::new(world.clone(), config.num_experts)?),
+            world,
+        ),
+        ParallelKind::Tensor => RankPlan::Split(
+            Box::new(TensorParallel::new(world.clone(), &config)?),
             world,
         ),
     };

@@ -15,8 +15,10 @@ pub struct RankArgs {
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=1024))]
     pub ranks: Option<u32>,
     /// How the model is split over the ranks: `pipeline` (each rank a contiguous range of
-    /// layers; for hosts joined by slow links) or `experts` (each rank a share of every MoE
-    /// block's experts, the rest on every rank; the reference plan, f32 on the CPU)
+    /// layers; for hosts joined by slow links), `experts` (each rank a share of every MoE
+    /// block's experts, the rest on every rank) or `tensor` (each rank a share of every GDN and
+    /// attention layer's heads, the rest on every rank); `experts` and `tensor` run the
+    /// reference plan, f32 on the CPU
     #[arg(long, value_enum, default_value_t = ParallelKind::Pipeline)]
     pub parallel: ParallelKind,
     /// How long a rank waits for another's activation, token or reduction before it ends,
@@ -31,6 +33,7 @@ pub struct RankArgs {
 pub enum ParallelKind {
     Pipeline,
     Experts,
+    Tensor,
 }
 
 /// Environment variables a launcher sets in every rank it starts: Open MPI's, then the PMI
