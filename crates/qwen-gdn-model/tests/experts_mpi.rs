@@ -12,7 +12,9 @@
 
 mod common;
 
-use common::ranks::{bits, fault, greedy, mpi_world, prompt, say};
+use common::ranks::{
+    assert_bit_for_bit, assert_same_tokens_on_every_rank, fault, greedy, mpi_world, prompt, say,
+};
 
 use candle_core::Device;
 use qwen_gdn_model::expert_parallel::ExpertParallel;
@@ -76,30 +78,18 @@ fn expert_parallel_equals_one_rank() {
                 std::process::exit(3);
             }
         };
-        // Every rank followed the same tokens.
-        let hash = tokens.iter().fold(0xcbf29ce484222325u64, |h, &t| {
-            (h ^ t as u64).wrapping_mul(0x100000001b3)
-        });
-        let all = world.all_gather_u64(hash).unwrap();
-        assert!(
-            all.iter().all(|&h| h == hash),
-            "{name}: ranks followed different tokens"
-        );
+        assert_same_tokens_on_every_rank(world.as_ref(), name, &tokens);
         if rank == 0 {
             let whole = Model::load(&dir, &Device::Cpu, &common::run_options()).unwrap();
             let (want_tokens, want_logits) =
                 greedy(&whole, &ids, STEPS, CHUNK, &mut |_| {}).unwrap();
-            assert_eq!(
-                tokens, want_tokens,
-                "{name}: {ranks} ranks chose other tokens"
+            assert_bit_for_bit(
+                name,
+                "experts",
+                ranks,
+                (&tokens, &logits),
+                (&want_tokens, &want_logits),
             );
-            for (i, (got, want)) in logits.iter().zip(&want_logits).enumerate() {
-                assert!(
-                    bits(got) == bits(want),
-                    "{name}: step {i}: {ranks} ranks' logits differ from one rank's"
-                );
-            }
-            say(&format!("{name}: experts over {ranks} ranks = 1 rank over {STEPS} greedy steps (tokens and f32 logits, bit for bit)"));
         }
     }
     // A model without experts is refused in one line.

@@ -10,7 +10,9 @@
 
 mod common;
 
-use common::ranks::{argmax, bits, fault, mpi_world, prompt, say};
+use common::ranks::{
+    argmax, assert_bit_for_bit, assert_same_tokens_on_every_rank, fault, mpi_world, prompt, say,
+};
 
 use candle_core::{Device, Tensor};
 use qwen_gdn_model::pipeline::Pipeline;
@@ -123,29 +125,16 @@ fn pipeline_equals_one_rank() {
                 std::process::exit(3);
             }
         };
-        // Every rank followed the same tokens.
-        let hash = tokens.iter().fold(0xcbf29ce484222325u64, |h, &t| {
-            (h ^ t as u64).wrapping_mul(0x100000001b3)
-        });
-        let all = world.all_gather_u64(hash).unwrap();
-        assert!(
-            all.iter().all(|&h| h == hash),
-            "{name}: ranks followed different tokens"
-        );
+        assert_same_tokens_on_every_rank(world.as_ref(), name, &tokens);
         if pipeline.is_last() {
-            assert_eq!(logits.len(), STEPS);
             let (want_tokens, want_logits) = one_rank(&dir, &ids);
-            assert_eq!(
-                tokens, want_tokens,
-                "{name}: {ranks} ranks chose other tokens"
+            assert_bit_for_bit(
+                name,
+                "layers",
+                ranks,
+                (&tokens, &logits),
+                (&want_tokens, &want_logits),
             );
-            for (i, (got, want)) in logits.iter().zip(&want_logits).enumerate() {
-                assert!(
-                    bits(got) == bits(want),
-                    "{name}: step {i}: {ranks} ranks' logits differ from one rank's"
-                );
-            }
-            say(&format!("{name}: {ranks} ranks = 1 rank over {STEPS} greedy steps (tokens and f32 logits, bit for bit)"));
         } else {
             assert!(logits.is_empty());
         }

@@ -11,7 +11,9 @@
 
 mod common;
 
-use common::ranks::{bits, greedy, mpi_world, prompt, say};
+use common::ranks::{
+    assert_bit_for_bit, assert_same_tokens_on_every_rank, greedy, mpi_world, prompt, say,
+};
 
 use candle_core::Device;
 use qwen_gdn_model::split_plan::SplitPlan;
@@ -40,30 +42,18 @@ fn tensor_parallel_equals_one_rank() {
         let ids = prompt(cfg.vocab_size, 12);
         let (tokens, logits) = greedy(&model, &ids, STEPS, CHUNK, &mut |_| {})
             .unwrap_or_else(|e| panic!("{name}, rank {rank}: {e:#}"));
-        // Every rank followed the same tokens.
-        let hash = tokens.iter().fold(0xcbf29ce484222325u64, |h, &t| {
-            (h ^ t as u64).wrapping_mul(0x100000001b3)
-        });
-        let all = world.all_gather_u64(hash).unwrap();
-        assert!(
-            all.iter().all(|&h| h == hash),
-            "{name}: ranks followed different tokens"
-        );
+        assert_same_tokens_on_every_rank(world.as_ref(), name, &tokens);
         if rank == 0 {
             let whole = Model::load(&dir, &Device::Cpu, &common::run_options()).unwrap();
             let (want_tokens, want_logits) =
                 greedy(&whole, &ids, STEPS, CHUNK, &mut |_| {}).unwrap();
-            assert_eq!(
-                tokens, want_tokens,
-                "{name}: {ranks} ranks chose other tokens"
+            assert_bit_for_bit(
+                name,
+                "heads",
+                ranks,
+                (&tokens, &logits),
+                (&want_tokens, &want_logits),
             );
-            for (i, (got, want)) in logits.iter().zip(&want_logits).enumerate() {
-                assert!(
-                    bits(got) == bits(want),
-                    "{name}: step {i}: {ranks} ranks' logits differ from one rank's"
-                );
-            }
-            say(&format!("{name}: heads over {ranks} ranks = 1 rank over {STEPS} greedy steps (tokens and f32 logits, bit for bit)"));
         }
     }
     // qwen4_exp's mixers are not split: refused in one line.

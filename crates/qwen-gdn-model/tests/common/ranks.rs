@@ -88,3 +88,45 @@ pub fn greedy(
     }
     Ok((tokens, logits))
 }
+
+/// Asserts that every rank of `world` followed `tokens` (one hash each, gathered).
+pub fn assert_same_tokens_on_every_rank(
+    world: &dyn qwen_gdn_collective::Collective,
+    name: &str,
+    tokens: &[u32],
+) {
+    let hash = tokens.iter().fold(0xcbf29ce484222325u64, |h, &t| {
+        (h ^ t as u64).wrapping_mul(0x100000001b3)
+    });
+    let all = world.all_gather_u64(hash).unwrap();
+    assert!(
+        all.iter().all(|&h| h == hash),
+        "{name}: ranks followed different tokens"
+    );
+}
+
+/// Asserts that the tokens and every step's f32 logits of a run over `ranks` ranks are bit
+/// for bit one process's (`want`), then says so in one line naming `what` was split.
+pub fn assert_bit_for_bit(
+    name: &str,
+    what: &str,
+    ranks: usize,
+    (tokens, logits): (&[u32], &[Tensor]),
+    (want_tokens, want_logits): (&[u32], &[Tensor]),
+) {
+    assert_eq!(
+        tokens, want_tokens,
+        "{name}: {ranks} ranks chose other tokens"
+    );
+    assert_eq!(logits.len(), want_logits.len(), "{name}: steps");
+    for (i, (got, want)) in logits.iter().zip(want_logits).enumerate() {
+        assert!(
+            bits(got) == bits(want),
+            "{name}: step {i}: {ranks} ranks' logits differ from one rank's"
+        );
+    }
+    say(&format!(
+        "{name}: {what} over {ranks} ranks = 1 rank over {} greedy steps (tokens and f32 logits, bit for bit)",
+        tokens.len()
+    ));
+}
