@@ -8,7 +8,7 @@
 #  3b. the expert-parallel plan's gate on 2 and 3 ranks (crates/qwen-gdn-model/tests/
 #     experts_mpi.rs: every MoE fixture bit for bit one process's) and its faults;
 #  3c. the tensor-parallel plan's gate on 2 and 3 ranks (tests/tensor_mpi.rs: every hybrid
-#     fixture bit for bit one process's);
+#     fixture bit for bit one process's, the MoE ones with their experts split too);
 #  4. `qwen-gdn generate --ranks 2` and `mpirun -n 3 qwen-gdn generate` (the `mpi` build):
 #     the same text as one process, with the layout printed.
 # Installs Open MPI from Debian when missing (CI runs as root on a fresh machine); bindgen also
@@ -131,7 +131,8 @@ done
 # (greedy, and sampled with a seed: every rank must draw the same token), with the layout.
 model=models/qwen3-next-tiny-4bit
 for plan in "experts:^expert parallel, rank 1 of 2 on .*: experts 4..8 of 8 in each MoE layer" \
-    "tensor:^tensor parallel, rank 1 of 2 on .*: GDN value heads 2..4 of 4, attention heads 2..4 of 4"; do
+    "tensor:^tensor parallel, rank 1 of 2 on .*: GDN value heads 2..4 of 4, attention heads 2..4 of 4" \
+    "tensor-experts:^tensor parallel, rank 1 of 2 on .*: GDN value heads 2..4 of 4, .*; experts 4..8 of 8"; do
     kind=${plan%%:*}
     layout=${plan#*:}
     for sampling in "--temp 0" "--temp 0.8 --seed 7"; do

@@ -29,6 +29,7 @@ pub mod speculative;
 pub mod split_plan;
 pub mod tap;
 pub mod tensor;
+pub mod tensor_and_experts;
 pub mod tensor_parallel;
 mod warm_up;
 pub mod weights;

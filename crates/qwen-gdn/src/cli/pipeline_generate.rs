@@ -22,6 +22,7 @@ use qwen_gdn_collective::World;
 use qwen_gdn_model::expert_parallel::ExpertParallel;
 use qwen_gdn_model::pipeline::Pipeline;
 use qwen_gdn_model::split_plan::SplitPlan;
+use qwen_gdn_model::tensor_and_experts::TensorAndExperts;
 use qwen_gdn_model::tensor_parallel::TensorParallel;
 use qwen_gdn_model::{Cache, Config, Model, ModelPart};
 use std::process::ExitCode;
@@ -167,6 +168,10 @@ fn run(args: &Args, world: World) -> Result<ExitCode> {
         ),
         ParallelKind::Tensor => RankPlan::Split(
             Box::new(TensorParallel::new(world.clone(), &config)?),
+            world,
+        ),
+        ParallelKind::TensorExperts => RankPlan::Split(
+            Box::new(TensorAndExperts::new(world.clone(), &config)?),
             world,
         ),
     };

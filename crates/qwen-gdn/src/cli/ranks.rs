@@ -16,9 +16,9 @@ pub struct RankArgs {
     pub ranks: Option<u32>,
     /// How the model is split over the ranks: `pipeline` (each rank a contiguous range of
     /// layers; for hosts joined by slow links), `experts` (each rank a share of every MoE
-    /// block's experts, the rest on every rank) or `tensor` (each rank a share of every GDN and
-    /// attention layer's heads, the rest on every rank); `experts` and `tensor` run the
-    /// reference plan, f32 on the CPU
+    /// block's experts, the rest on every rank), `tensor` (each rank a share of every GDN and
+    /// attention layer's heads, the rest on every rank) or `tensor-experts` (both); all but
+    /// `pipeline` run the reference plan, f32 on the CPU
     #[arg(long, value_enum, default_value_t = ParallelKind::Pipeline)]
     pub parallel: ParallelKind,
     /// How long a rank waits for another's activation, token or reduction before it ends,
@@ -34,6 +34,7 @@ pub enum ParallelKind {
     Pipeline,
     Experts,
     Tensor,
+    TensorExperts,
 }
 
 /// Environment variables a launcher sets in every rank it starts: Open MPI's, then the PMI
