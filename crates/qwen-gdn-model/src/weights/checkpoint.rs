@@ -949,9 +949,8 @@ impl Checkpoint {
     }
 
     /// Quantized `[lead.., rows, cols]`; bits and group size follow from the packed shapes
-    /// and must agree with config.json's `quantization` block where it names them.
-    /// An affine-quantized matrix; `lead`: of a stack (`lead_rows` `[experts, rows]`), the
-    /// experts to read (all when `None`).
+    /// and must agree with config.json's `quantization` block where it names them. `lead`: of
+    /// a stack (`lead_rows` `[experts, rows]`), the experts to read (all when `None`).
     fn affine(
         &self,
         module: &str,
