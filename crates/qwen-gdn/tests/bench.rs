@@ -555,6 +555,69 @@ fn decode_profile() {
     assert_eq!(bytes(attn), (2 * 4 * 64 * 2 + 4 + kv, 4 * 64 * 2));
 }
 
+/// `--profile-verify T` profiles one fused verify pass of T tokens: every product, norm and
+/// the conv front once per layer over the T rows, the GDN recurrence and attention once per
+/// token (the pass's sequential parts), each row placed in its layer and timed; the pass keeps
+/// one token, so the profiled one runs after the prompt, a warm-up and 5 timed passes.
+#[test]
+fn verify_profile() {
+    let model = fixture("qwen3-next-tiny-4bit");
+    let t = 3;
+    let args = [
+        "--dtype",
+        "bf16",
+        "-p",
+        "9",
+        "-g",
+        "1",
+        "-r",
+        "1",
+        "--profile-verify",
+        "3",
+        "--json",
+    ];
+    let out = run_model("bench", &model, &args);
+    assert!(out.status.success(), "stderr: {}", stderr(&out));
+    let err = stderr(&out);
+    assert!(
+        err.contains("one fused verify pass of 3 tokens (closed on one) at position"),
+        "{err}"
+    );
+    let report: Json = serde_json::from_slice(&out.stdout).unwrap();
+    let p = &report["verify_profile"];
+    assert_eq!(p["position"], 9 + 1 + 5);
+    let rows = p["kernels"].as_array().unwrap();
+    let calls = |layer: u64, op: &str| {
+        rows.iter()
+            .filter(|r| r["layer"] == layer && r["op"] == op)
+            .count()
+    };
+    // Tiny Qwen3-Next: layers 2 and 5 attention, the rest GDN, a MoE block in each.
+    for layer in 0..6u64 {
+        let per_token = match layer % 3 == 2 {
+            true => ["attn_decode"],
+            false => ["gated_delta_norm"],
+        };
+        for op in per_token {
+            assert_eq!(calls(layer, op), t, "layer {layer}: {op}");
+        }
+        for op in [
+            "affine_products_swiglu",
+            "affine_products_gathered",
+            "moe_route",
+            "moe_combine",
+        ] {
+            assert_eq!(calls(layer, op), 1, "layer {layer}: {op} over the {t} rows");
+        }
+        // The mixer's two products and the router, each once over the rows.
+        assert_eq!(calls(layer, "affine_products"), 3, "layer {layer}");
+    }
+    for r in rows {
+        positive_finite(&r["seconds"], "seconds");
+        assert!(r["layer"].is_u64() || r["layer_kind"] == "outside", "{r}");
+    }
+}
+
 /// The profile is of the fused decode step: the reference plan (f32 on the CPU) has none,
 /// and says what to use instead.
 #[test]

@@ -36,6 +36,12 @@ impl Model {
         self.verify_tapped(tokens, cache, None)
     }
 
+    /// [`Model::verify`] always eager, never a CUDA graph's replay (a tap is watching it):
+    /// `bench --profile-verify` times its kernels one by one through it.
+    pub fn verify_eager(&self, tokens: &[u32], cache: &mut Cache) -> Result<(Tensor, Tensor)> {
+        self.verify_tapped(tokens, cache, Some(&mut crate::tap::NoTap))
+    }
+
     /// [`Model::verify`] watched by `tap` (the fused pass's layers; the composed one runs
     /// unwatched). Without a tap, on CUDA, the fused pass replays a captured graph
     /// (`families/hybrid/verify_graph.rs`).

@@ -26,7 +26,7 @@ use anyhow::{bail, Result};
 use candle_core::{DType, Tensor};
 use gdn_ops::ops::add_rms_norm::add_rms_norm;
 use gdn_ops::ops::affine::MATVEC_MAX_ROWS;
-use gdn_ops::profile::labelled;
+use gdn_ops::profile::{self, labelled, LayerKind};
 
 pub use super::verify_replays::graph_replays;
 
@@ -114,6 +114,14 @@ impl HybridDecoder {
             tap,
             first,
             |i, layer, layer_cache, (h, x), _| {
+                // The profile's rows of this layer (`bench --profile-verify`).
+                let _profiled = profile::layer(
+                    i,
+                    match layer.mixer {
+                        Mixer::Gdn(_) => LayerKind::Gdn,
+                        Mixer::Attention(_) => LayerKind::Attention,
+                    },
+                );
                 let covered = self.coverage[i];
                 let mixed = match (&layer.mixer, layer_cache) {
                     (Mixer::Gdn(m), LayerCache::Gdn(c)) if covered.mixer => {

@@ -18,7 +18,48 @@ use std::time::{Duration, Instant};
 /// Unprofiled eager steps whose median is the step's wall time.
 const WALL_STEPS: usize = 5;
 
+/// What is profiled: one decode step, or one verify pass of speculative decoding.
+#[derive(Clone, Copy)]
+pub(crate) enum Profiled {
+    DecodeStep,
+    /// A verify pass of this many tokens (the step's token and its drafts), closed on one
+    /// kept token, as `--verify-cost` times it.
+    VerifyPass(usize),
+}
+
+impl Profiled {
+    fn describe(self) -> String {
+        match self {
+            Self::DecodeStep => "one fused decode step".into(),
+            Self::VerifyPass(t) => format!("one fused verify pass of {t} tokens (closed on one)"),
+        }
+    }
+
+    /// Runs it once at the cache's end, eagerly, with `token` next (a verify pass's first
+    /// token; its drafts are the last ids of `seen`: only their cost is measured). A decode
+    /// step returns its logits, to pick the next token from.
+    fn run(
+        self,
+        model: &Model,
+        token: u32,
+        seen: &[u32],
+        cache: &mut qwen_gdn_model::cache::Cache,
+    ) -> Result<Option<candle_core::Tensor>> {
+        match self {
+            Self::DecodeStep => Ok(Some(model.decode_step_with_launches(token, cache)?.0)),
+            Self::VerifyPass(t) => {
+                let tokens: Vec<u32> = std::iter::once(token)
+                    .chain(seen.iter().rev().take(t - 1).copied())
+                    .collect();
+                super::verify_cost::verify_pass_by(model, cache, &tokens, Model::verify_eager)?;
+                Ok(None)
+            }
+        }
+    }
+}
+
 pub(crate) struct DecodeProfile {
+    what: Profiled,
     backend: &'static str,
     /// Cached positions before the profiled step.
     position: usize,
@@ -32,7 +73,12 @@ pub(crate) struct DecodeProfile {
 
 /// Prefills `prompt` as a bench repetition does, then times [`WALL_STEPS`] eager decode
 /// steps and profiles one more.
-pub(crate) fn profile_decode(model: &Model, prompt: &[u32], chunk: usize) -> Result<DecodeProfile> {
+pub(crate) fn profile_decode(
+    model: &Model,
+    prompt: &[u32],
+    chunk: usize,
+    what: Profiled,
+) -> Result<DecodeProfile> {
     check_fused(model)?;
     let device = model.device();
     let bandwidth = profile::copy_bandwidth(device).context("measuring the copy bandwidth")?;
@@ -52,22 +98,26 @@ pub(crate) fn profile_decode(model: &Model, prompt: &[u32], chunk: usize) -> Res
         device.synchronize()?;
         let start = Instant::now();
         seen.push(token);
-        let (logits, _) = model.decode_step_with_launches(token, &mut cache)?;
+        let logits = what.run(model, token, &seen, &mut cache)?;
         device.synchronize()?;
         times.push(start.elapsed());
-        token = super::common::greedy(model, &logits, &seen, chunk)?;
+        if let Some(logits) = logits {
+            token = super::common::greedy(model, &logits, &seen, chunk)?;
+        }
     }
     times.remove(0);
     times.sort();
     let position = cache.offset;
     gdn_ops::launches::take();
+    seen.push(token);
     let session = profile::Session::start();
-    let (logits, _) = model.decode_step_with_launches(token, &mut cache)?;
+    let logits = what.run(model, token, &seen, &mut cache)?;
     device.synchronize()?;
     let recording = session.finish();
     let launches = gdn_ops::launches::take();
     drop(logits);
     Ok(DecodeProfile {
+        what,
         backend: super::common::backend_name(device),
         position,
         wall: times[times.len() / 2],
@@ -85,6 +135,22 @@ pub(crate) fn check_fused(model: &Model) -> Result<()> {
              (the reference plan of f32 on the CPU, --composed-decode, or a family without \
              it): use --dtype bf16 on the CPU, or a GPU"
         );
+    }
+    Ok(())
+}
+
+/// Fails unless `model` verifies on the fused pass and the prompt holds the `t − 1` drafts'
+/// ids (checked before the benchmark runs).
+pub(crate) fn check_fused_verify(model: &Model, t: usize, prompt_tokens: usize) -> Result<()> {
+    if !model.fused_verify() {
+        bail!(
+            "--profile-verify profiles the fused verify pass, which this model does not run \
+             (the reference plan of f32 on the CPU, --composed-decode, or a family without \
+             it): use --dtype bf16 on the CPU, or a GPU"
+        );
+    }
+    if prompt_tokens < t {
+        bail!("--profile-verify {t} needs a prompt of at least {t} tokens (-p)");
     }
     Ok(())
 }
@@ -167,10 +233,11 @@ impl DecodeProfile {
         let kb = |b: u64| b as f64 / 1e3;
         let rows_time = self.rows_time();
         let mut out = format!(
-            "decode profile ({}): one fused decode step at position {}, B = 1, each kernel timed \
-             alone with the device drained (not graph-replayed)\ncopy bandwidth {:.1} GB/s \
-             ({} MiB copy, read + written bytes)\n",
+            "decode profile ({}): {} at position {}, B = 1, each kernel timed alone with the \
+             device drained (not graph-replayed)\ncopy bandwidth {:.1} GB/s ({} MiB copy, read + \
+             written bytes)\n",
             self.backend,
+            self.what.describe(),
             self.position,
             self.bandwidth.bytes_per_second / 1e9,
             self.bandwidth.buffer_bytes >> 20,
@@ -316,6 +383,7 @@ impl DecodeProfile {
         };
         let rows_time = self.rows_time();
         json!({
+            "profiled": self.what.describe(),
             "backend": self.backend,
             "position": self.position,
             "copy_bandwidth": {

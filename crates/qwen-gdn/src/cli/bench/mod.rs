@@ -7,6 +7,7 @@
 mod batch;
 mod common;
 mod decode_profile;
+use decode_profile::Profiled;
 mod prefill_profile;
 mod prompt_cache;
 mod random_weights;
@@ -124,6 +125,13 @@ pub struct Args {
     /// step (a GPU, or --dtype bf16 on the CPU)
     #[arg(long, conflicts_with = "prompt_cache")]
     profile_decode: bool,
+    /// After the timed repetitions, one verify pass of speculative decoding of T tokens (the
+    /// step's token and T − 1 drafts) at depth -p, profiled as --profile-decode profiles a
+    /// step: run eagerly, each kernel timed alone (`verify_profile` in --json). Needs the
+    /// fused verify pass (a hybrid model on a GPU, or --dtype bf16 on the CPU)
+    #[arg(long, value_name = "T", value_parser = positive_usize,
+          conflicts_with_all = ["prompt_cache", "batch", "draft_tokens", "mtp_from", "draft_model"])]
+    profile_verify: Option<usize>,
     /// Batched decode instead of pp/tg: for each batch size of the list (e.g. 1,2,4,8,16),
     /// that many sequences of their own -p-token prompts decode -g greedy steps together;
     /// prints the aggregate and the per-sequence generation speed
@@ -237,6 +245,9 @@ fn measure(
     if args.profile_decode {
         decode_profile::check_fused(&model)?;
     }
+    if let Some(t) = args.profile_verify {
+        decode_profile::check_fused_verify(&model, t, args.prompt_tokens)?;
+    }
     let mut rng = StdRng::seed_from_u64(PROMPT_SEED);
     let prompt: Vec<u32> = (0..p).map(|_| rng.random_range(0..bound)).collect();
     let chunk = args.model.prefill_chunk_size;
@@ -291,11 +302,18 @@ fn measure(
     };
     let decode_profile = if args.profile_decode {
         Some(
-            decode_profile::profile_decode(&model, &prompt, chunk)
+            decode_profile::profile_decode(&model, &prompt, chunk, Profiled::DecodeStep)
                 .context("profiling a decode step (--profile-decode)")?,
         )
     } else {
         None
+    };
+    let verify_profile = match args.profile_verify {
+        Some(t) => Some(
+            decode_profile::profile_decode(&model, &prompt, chunk, Profiled::VerifyPass(t))
+                .context("profiling a verify pass (--profile-verify)")?,
+        ),
+        None => None,
     };
     let (peak, peak_source) = crate::cli::memory::peak();
     let size = source.size;
@@ -307,7 +325,7 @@ fn measure(
     if let Some(profile) = &profile {
         eprint!("{}", profile.table());
     }
-    if let Some(profile) = &decode_profile {
+    for profile in decode_profile.iter().chain(&verify_profile) {
         eprint!("{}", profile.table());
     }
     let mut out = std::io::stdout().lock();
@@ -330,6 +348,9 @@ fn measure(
         }
         if let Some(profile) = &decode_profile {
             report["decode_profile"] = profile.json();
+        }
+        if let Some(profile) = &verify_profile {
+            report["verify_profile"] = profile.json();
         }
         emit(&mut out, &format!("{report}\n"))?;
     } else {

@@ -197,8 +197,23 @@ fn verify_pass(
     cache: &mut qwen_gdn_model::cache::Cache,
     tokens: &[u32],
 ) -> Result<()> {
+    verify_pass_by(model, cache, tokens, Model::verify)
+}
+
+/// [`verify_pass`] with the forward pass run by `verify` (e.g. [`Model::verify_eager`], never
+/// a graph's replay: `bench --profile-verify`).
+pub(crate) fn verify_pass_by(
+    model: &Model,
+    cache: &mut qwen_gdn_model::cache::Cache,
+    tokens: &[u32],
+    verify: impl Fn(
+        &Model,
+        &[u32],
+        &mut qwen_gdn_model::cache::Cache,
+    ) -> Result<(candle_core::Tensor, candle_core::Tensor)>,
+) -> Result<()> {
     let window = Window::open(cache)?;
-    let logits = match model.verify(tokens, cache) {
+    let logits = match verify(model, tokens, cache) {
         Ok((l, _)) => l,
         Err(e) => {
             Window::abandon(cache);
