@@ -311,6 +311,44 @@ fn a_draft_model_gives_the_text_of_plain_greedy_decoding_on_qwen4_exp() {
     assert_eq!(speculative_lines(&spec).len(), 1, "{}", stderr(&spec));
 }
 
+/// Qwen3.8-Flash-Next's (`qwen4_exp`) own MTP head (docs/mtp.md §8, the fixture of
+/// scripts/gen_fixture_qwen4_exp_mtp.py): greedy text with speculation is plain greedy's at
+/// k = 1, 3 and auto, with some drafts accepted; a seeded sampled run (speculative sampling)
+/// repeats itself.
+#[test]
+fn the_qwen4_exp_head_gives_the_text_of_plain_greedy_decoding() {
+    let model = mtp_fixture("qwen4-exp-mtp-tiny-hf");
+    let args = ["--max-tokens", "48", "--prompt", "Tell me about the sea."];
+    let plain = generate(&model, &args);
+    assert!(plain.status.success(), "{}", stderr(&plain));
+    for k in ["1", "3", "auto"] {
+        let mut with = args.to_vec();
+        with.extend(["--draft-tokens", k]);
+        let spec = generate(&model, &with);
+        assert!(spec.status.success(), "{}", stderr(&spec));
+        assert_eq!(spec.stdout, plain.stdout, "k = {k}");
+        let lines = speculative_lines(&spec);
+        assert_eq!(lines.len(), 1, "{}", stderr(&spec));
+        assert!(!lines[0].contains("acceptance 0.000"), "{}", lines[0]);
+    }
+    let sampled = [
+        "--max-tokens",
+        "32",
+        "--prompt",
+        "Tell me about the sea.",
+        "--temp",
+        "1",
+        "--seed",
+        "7",
+        "--draft-tokens",
+        "2",
+    ];
+    let (a, b) = (generate(&model, &sampled), generate(&model, &sampled));
+    assert!(a.status.success(), "{}", stderr(&a));
+    assert_eq!(a.stdout, b.stdout);
+    assert_eq!(speculative_lines(&a).len(), 1, "{}", stderr(&a));
+}
+
 /// A draft model whose tokenizer differs (two tokens' ids swapped in a copy of a fixture with
 /// the main model's tokenizer), or one given with --mtp-from, is refused in one line before
 /// anything is generated.
