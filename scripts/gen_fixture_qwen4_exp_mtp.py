@@ -241,6 +241,40 @@ def round_head_to_bf16(head) -> None:
     mx.eval(head.parameters())
 
 
+def selection_margins(head, streams, ids: np.ndarray) -> np.ndarray:
+    """Per pair row of the reference, how far the QSA indexer's top-k cut-off of the head is
+    from a tie: the k-th best block score minus the next one (1e9 on rows with no more
+    complete blocks than the budget, which see every block). The scores are ReLU sums, so
+    blocks at exactly 0 tie often, and which of them mlx's argpartition keeps is its own
+    choice: the tests compare only rows with a margin. The same calls as
+    `Qwen4ExpQSAIndexer.select_from_projected` (uncached, no padding)."""
+    head._next_position = 0
+    nxt = mx.array(ids[None, 1:])
+    x = head.fuse_inputs(head._input_embed(nxt), streams[None, :-1])
+    positions = head._position_ids(length=x.shape[1])
+    layer = head.layers[0]
+    mixed, _, _ = layer.attn_hyper_connection(x)
+    ix = layer.self_attn.indexer
+    qk = ix.index_qk_proj(mixed)
+    b, t, _ = qk.shape
+    qk = qk.reshape(b, t, ix.n_heads + ix.kv_heads, ix.head_dim)
+    q = ix._apply_rope(ix.q_layernorm(qk[:, :, : ix.n_heads]).transpose(0, 2, 1, 3), positions)
+    keys = qk[:, :, ix.n_heads :].squeeze(2)
+    blocks = t // ix.compress_ratio
+    pooled = keys[:, : blocks * ix.compress_ratio].reshape(b, blocks, ix.compress_ratio, ix.head_dim)
+    pooled = mx.expand_dims(ix.k_layernorm(mx.mean(pooled.astype(mx.float32), axis=2)), 1)
+    pooled = ix._apply_rope(pooled, positions[..., mx.arange(blocks) * ix.compress_ratio])
+    scores = q.astype(mx.float32) @ pooled.astype(mx.float32).transpose(0, 1, 3, 2)
+    scores = np.array(mx.sum(mx.maximum(scores, 0), axis=1)[0] / math.sqrt(ix.head_dim))
+    margins = np.full(t, 1e9, dtype=np.float32)
+    for i in range(t):
+        complete = (i + 1) // ix.compress_ratio
+        if complete > ix.block_topk:
+            best = np.sort(scores[i, :complete])[::-1]
+            margins[i] = best[ix.block_topk - 1] - best[ix.block_topk]
+    return margins
+
+
 def chain(head, lm_model, ids: np.ndarray, streams, at: int, k: int):
     """mlx-vlm's own drafting from position `at` (its greedy draft_block after
     prefill_from_target_hidden over the pairs up to `at`): k tokens, and each draft's logits
@@ -312,6 +346,7 @@ def main() -> None:
     cached = head._lm_head_fn(mixed)[0]
     scale = float(mx.abs(logits).max())
     cached_vs_full = float(mx.abs(cached - logits).max()) / scale
+    margins = selection_margins(head, s, ref_ids)
     at, k = 40, 4
     tokens, chain_logits = chain(head, model, ref_ids, s, at, k)
     top2 = mx.sort(logits, axis=-1)[:, -2:]
@@ -331,7 +366,10 @@ def main() -> None:
         "head_agrees_with_main_on_ref": round(
             float((np.array(mx.argmax(logits[:-1], -1)) == np.array(mx.argmax(main_logits[1:-1], -1))).mean()), 4
         ),
+        "head_selection_margins": "per pair row, the head's QSA top-k cut-off margin (1e9: every block visible); rows under 1e-4 are a tie that mlx's argpartition breaks its own way",
+        "head_tied_rows": [int(i) for i in np.nonzero(margins < 1e-4)[0]],
         "chain_at": at,
+        "train_prompt_ids": "the prompt of the first training sequence: the head memorised its training continuations (held-out top-1 is low), so acceptance is measured from it",
         "training": training,
     }
     REF.mkdir(parents=True, exist_ok=True)
@@ -345,6 +383,8 @@ def main() -> None:
             "chain_at": mx.array([at], dtype=mx.int64),
             "chain_tokens": mx.array(np.array(tokens, dtype=np.int64)),
             "chain_logits": chain_logits.astype(mx.float32),
+            "train_prompt_ids": mx.array(train_seqs[0, :PROMPT].astype(np.int64)),
+            "head_selection_margins": mx.array(margins),
         },
     )
     (REF / f"{NAME}.json").write_text(json.dumps(meta, indent=2) + "\n")

@@ -22,7 +22,11 @@ fn fixture() -> PathBuf {
 fn load_mtp(dir: &Path) -> Model {
     let mut model = Model::load(dir, &Device::Cpu, &run_options())
         .unwrap_or_else(|e| panic!("loading {}: {e:#}", dir.display()));
-    assert!(model.load_mtp(dir).unwrap(), "{}: no MTP head", dir.display());
+    assert!(
+        model.load_mtp(dir).unwrap(),
+        "{}: no MTP head",
+        dir.display()
+    );
     model
 }
 
@@ -46,6 +50,27 @@ fn head_logits_on(model: &Model, streams: &Tensor, ids: &[u32]) -> Tensor {
     model.mtp_logits(&out).unwrap()
 }
 
+/// The pair rows whose QSA selection has a margin, and the tied ones: the indexer's block
+/// scores are ReLU sums, so blocks at exactly 0 tie at the top-k cut-off now and then, and
+/// which one mlx's argpartition keeps is its own choice (ours keeps the first).
+fn rows_with_a_margin(reference: &Reference) -> (Vec<u32>, Vec<u32>) {
+    let margins = flat(reference.get("head_selection_margins"));
+    let (mut rows, mut tied) = (vec![], vec![]);
+    for (i, m) in margins.iter().enumerate() {
+        if *m > 1e-4 {
+            rows.push(i as u32)
+        } else {
+            tied.push(i as u32)
+        }
+    }
+    (rows, tied)
+}
+
+fn select(t: &Tensor, rows: &[u32]) -> Tensor {
+    t.index_select(&Tensor::new(rows, t.device()).unwrap(), 0)
+        .unwrap()
+}
+
 #[test]
 fn head_logits_match_mlx_vlms_drafter() {
     let model = load_mtp(&fixture());
@@ -54,7 +79,8 @@ fn head_logits_match_mlx_vlms_drafter() {
     let want = reference.get("head_logits");
     // The head alone, on mlx-vlm's streams.
     let got = head_logits_on(&model, reference.get("streams"), &ids);
-    let head_err = rel_max_diff(&got, want);
+    let (rows, tied) = rows_with_a_margin(&reference);
+    let head_err = rel_max_diff(&select(&got, &rows), &select(want, &rows));
     // End to end: our main model's streams (before its final mixer) into our head.
     let streams = model.forward_normed(&ids, &mut model.new_cache()).unwrap();
     let streams_err = rel_max_diff(&streams.squeeze(0).unwrap(), reference.get("streams"));
@@ -63,14 +89,20 @@ fn head_logits_match_mlx_vlms_drafter() {
         reference.get("main_logits"),
     );
     let e2e = head_logits_on(&model, &streams.squeeze(0).unwrap(), &ids);
-    let e2e_err = rel_max_diff(&e2e, want);
+    let e2e_err = rel_max_diff(&select(&e2e, &rows), &select(want, &rows));
     eprintln!(
-        "{NAME}: head {head_err:.2e}, streams {streams_err:.2e}, main logits {main_err:.2e}, end to end {e2e_err:.2e} (of max|logit|)"
+        "{NAME}: head {head_err:.2e}, streams {streams_err:.2e}, main logits {main_err:.2e}, end to end {e2e_err:.2e} (of max|logit|) on {} rows; tied rows {tied:?}",
+        rows.len()
     );
+    // Ties at the indexer's cut-off are rare (one row of 63 in the fixture).
+    assert!(tied.len() <= 2, "tied rows {tied:?}");
     assert!(head_err < 1e-4, "head logits off by {head_err:.2e}");
     assert!(streams_err < 1e-4, "streams off by {streams_err:.2e}");
     assert!(main_err < 1e-4, "main logits off by {main_err:.2e}");
-    assert!(e2e_err < 1e-4, "end-to-end head logits off by {e2e_err:.2e}");
+    assert!(
+        e2e_err < 1e-4,
+        "end-to-end head logits off by {e2e_err:.2e}"
+    );
 }
 
 #[test]
@@ -110,6 +142,9 @@ fn chained_drafts_are_mlx_vlms() {
     assert!(err < 1e-4, "chained logits off by {err:.2e}");
 }
 
+/// A change to a checkpoint's tensors.
+type Edit = dyn Fn(&mut HashMap<String, Tensor>);
+
 /// A copy of the fixture whose `mtp.*` tensors are rewritten by `edit` (f32 where changed).
 fn edited_copy(edit: impl Fn(&mut HashMap<String, Tensor>)) -> (tempfile::TempDir, PathBuf) {
     let (tmp, dir) = scratch_copy(&fixture());
@@ -120,8 +155,11 @@ fn edited_copy(edit: impl Fn(&mut HashMap<String, Tensor>)) -> (tempfile::TempDi
     (tmp, dir)
 }
 
+/// `mtp.*.<…norm…>.weight`: the head's nine norms (pre-fc ×2, q/k, the indexer's q/k, three
+/// hyper-connections').
 fn is_head_norm(name: &str) -> bool {
-    name.starts_with("mtp.") && name.ends_with("norm.weight")
+    let module = name.rsplit('.').nth(1).unwrap_or("");
+    name.starts_with("mtp.") && name.ends_with(".weight") && module.contains("norm")
 }
 
 #[test]
@@ -132,7 +170,7 @@ fn shifted_and_zero_centred_head_norms_are_both_read_right() {
     // (the break in the report).
     let (_tmp, shifted) = edited_copy(|t| {
         let names: Vec<String> = t.keys().filter(|k| is_head_norm(k)).cloned().collect();
-        assert!(names.len() >= 9, "{names:?}");
+        assert_eq!(names.len(), 9, "{names:?}");
         for k in names {
             let w = t[&k].to_dtype(DType::F32).unwrap();
             t.insert(k, (w + 1.0).unwrap());
@@ -150,7 +188,7 @@ fn shifted_and_zero_centred_head_norms_are_both_read_right() {
 #[test]
 fn a_missing_or_mis_shaped_head_tensor_is_a_one_line_error() {
     let h = 64;
-    let cases: [(&str, Box<dyn Fn(&mut HashMap<String, Tensor>)>, &str); 2] = [
+    let cases: [(&str, Box<Edit>, &str); 2] = [
         (
             "mtp.fc_hidden.weight",
             Box::new(|t| {
@@ -216,10 +254,13 @@ fn speculative_greedy(
 #[test]
 fn greedy_output_with_speculation_equals_greedy_output_without() {
     let model = load_mtp(&fixture());
-    let ids = reference().ids("ids");
-    // The reference's prompt (trained-on distribution), and a longer one whose head history
-    // starts after a prefilled part.
-    for prompt in [&ids[..12], &ids[..40]] {
+    let reference = reference();
+    let ids = reference.ids("ids");
+    let trained = reference.ids("train_prompt_ids");
+    // A training prompt (the head memorised its continuation: drafts are accepted), the
+    // held-out reference prompt (few are), and a longer one whose head history starts after
+    // a prefilled part.
+    for prompt in [&trained[..], &ids[..12], &ids[..40]] {
         let want = greedy(&model, prompt, 64);
         let lengths = (1..=4)
             .map(DraftLength::Fixed)
@@ -235,15 +276,19 @@ fn greedy_output_with_speculation_equals_greedy_output_without() {
                 s.tokens_per_step(),
                 s.steps
             );
-            assert!(s.accepted > 0, "{length}: nothing accepted: {s:?}");
+            if prompt == &trained[..] {
+                assert!(s.accepted > 0, "{length}: nothing accepted: {s:?}");
+            }
         }
     }
 }
 
+/// On a prompt it was trained on (its held-out top-1 is low: the tiny random model's
+/// continuations are memorised, not learnt; the .json has the record).
 #[test]
 fn the_trained_head_is_accepted_often() {
     let model = load_mtp(&fixture());
-    let prompt = reference().ids("ids")[..12].to_vec();
+    let prompt = reference().ids("train_prompt_ids");
     let (_, spec) = speculative_greedy(&model, &prompt, 64, DraftLength::Fixed(1));
     eprintln!("k = 1: {:?}", spec.stats);
     assert!(spec.stats.acceptance() > 0.3, "{:?}", spec.stats);

@@ -12,7 +12,7 @@ use candle_core::{DType, Device, Tensor};
 
 #[derive(Debug)]
 pub enum FamilyMtpHead {
-    Hybrid(MtpHead),
+    Hybrid(Box<MtpHead>),
     Qwen4Exp(Box<Qwen4ExpMtpHead>),
 }
 
@@ -20,7 +20,7 @@ impl FamilyMtpHead {
     /// The device plan's copy.
     pub fn into_device(self, device: &Device, dtype: DType) -> Result<Self> {
         Ok(match self {
-            Self::Hybrid(h) => Self::Hybrid(h.into_device(device, dtype)?),
+            Self::Hybrid(h) => Self::Hybrid(Box::new(h.into_device(device, dtype)?)),
             Self::Qwen4Exp(h) => Self::Qwen4Exp(Box::new(h.into_device(device, dtype)?)),
         })
     }

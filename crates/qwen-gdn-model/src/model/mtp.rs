@@ -44,7 +44,9 @@ impl Model {
             ckpt.quantize_floats_to(self.config.quantization);
         }
         let head = match self.decoder {
-            Decoder::Hybrid(_) => MtpHead::load(&ckpt, &self.config).map(FamilyMtpHead::Hybrid),
+            Decoder::Hybrid(_) => {
+                MtpHead::load(&ckpt, &self.config).map(|h| FamilyMtpHead::Hybrid(Box::new(h)))
+            }
             Decoder::Qwen4Exp(_) => Qwen4ExpMtpHead::load(&ckpt, &self.config)
                 .map(|h| FamilyMtpHead::Qwen4Exp(Box::new(h))),
         }

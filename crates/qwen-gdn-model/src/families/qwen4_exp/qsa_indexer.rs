@@ -89,7 +89,9 @@ impl QsaIndexer {
         let di = qsa.head_dim;
         let norm = |n: &str| -> Result<Vec<f32>> {
             let name = format!("{prefix}.indexer.{n}.weight");
-            Ok(ckpt.centred_norm(&name, &[di], &Device::Cpu)?.to_vec1::<f32>()?)
+            Ok(ckpt
+                .centred_norm(&name, &[di], &Device::Cpu)?
+                .to_vec1::<f32>()?)
         };
         Ok(Self {
             proj: Linear::load(
