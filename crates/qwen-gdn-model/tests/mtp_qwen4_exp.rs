@@ -187,14 +187,14 @@ fn shifted_and_zero_centred_head_norms_are_both_read_right() {
 
 #[test]
 fn a_missing_or_mis_shaped_head_tensor_is_a_one_line_error() {
-    let h = 64;
+    const H: usize = 64;
     let cases: [(&str, Box<Edit>, &str); 2] = [
         (
             "mtp.fc_hidden.weight",
             Box::new(|t| {
                 t.insert(
                     "mtp.fc_hidden.weight".into(),
-                    Tensor::zeros((h, 2 * h), DType::F32, &Device::Cpu).unwrap(),
+                    Tensor::zeros((H, 2 * H), DType::F32, &Device::Cpu).unwrap(),
                 );
             }),
             "expected [64, 64]",
