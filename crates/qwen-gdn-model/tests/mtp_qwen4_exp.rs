@@ -7,8 +7,7 @@
 mod common;
 use candle_core::{DType, Device, Tensor};
 use common::*;
-use qwen_gdn_model::cache::Cache;
-use qwen_gdn_model::speculative::{DraftLength, Greedy, Speculation, ADAPTIVE_MAX, HEAD_HISTORY};
+use qwen_gdn_model::speculative::{DraftLength, ADAPTIVE_MAX};
 use qwen_gdn_model::Model;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -214,41 +213,6 @@ fn a_missing_or_mis_shaped_head_tensor_is_a_one_line_error() {
         assert!(!msg.contains('\n'), "not one line: {msg}");
         assert!(msg.contains(tensor) && msg.contains(expected), "{msg}");
     }
-}
-
-/// The prompt as the engine runs it: all but the last `HEAD_HISTORY` tokens prefilled, those
-/// through `start_from_prompt`. Returns the first token (greedy).
-fn start(model: &Model, spec: &mut Speculation, prompt: &[u32]) -> (Cache, u32) {
-    let mut cache = model.new_cache();
-    let split = prompt.len().saturating_sub(HEAD_HISTORY);
-    if split > 0 {
-        model.prefill(&prompt[..split], &mut cache, 2048).unwrap();
-    }
-    let logits = spec
-        .start_from_prompt(model, &mut cache, prompt, split)
-        .unwrap();
-    (cache, argmax_rows(&logits)[0])
-}
-
-fn speculative_greedy(
-    model: &Model,
-    prompt: &[u32],
-    n: usize,
-    length: DraftLength,
-) -> (Vec<u32>, Speculation) {
-    let mut spec = Speculation::new(model, length).unwrap();
-    let (mut cache, first) = start(model, &mut spec, prompt);
-    let mut judge = Greedy(|row: &mut [f32], _: &[u32]| qwen_gdn_model::speculative::argmax(row));
-    let out = speculate_to(
-        model,
-        &mut spec,
-        &mut cache,
-        vec![first],
-        n,
-        &mut judge,
-        |_, _| {},
-    );
-    (out, spec)
 }
 
 #[test]
