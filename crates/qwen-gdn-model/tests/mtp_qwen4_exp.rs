@@ -7,7 +7,7 @@
 mod common;
 use candle_core::{DType, Device, Tensor};
 use common::*;
-use qwen_gdn_model::speculative::{DraftLength, ADAPTIVE_MAX};
+use qwen_gdn_model::speculative::{argmax, DraftLength, Judge, Speculation, ADAPTIVE_MAX};
 use qwen_gdn_model::Model;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -256,4 +256,64 @@ fn the_trained_head_is_accepted_often() {
     let (_, spec) = speculative_greedy(&model, &prompt, 64, DraftLength::Fixed(1));
     eprintln!("k = 1: {:?}", spec.stats);
     assert!(spec.stats.acceptance() > 0.3, "{:?}", spec.stats);
+}
+
+/// Records the head's logits of each step's first draft.
+struct FirstDrafts(Vec<Vec<f32>>);
+
+impl Judge for FirstDrafts {
+    fn draft(&mut self, logits: &mut [f32], before: &[u32]) -> u32 {
+        if before.is_empty() {
+            self.0.push(logits.to_vec());
+        }
+        argmax(logits)
+    }
+
+    fn decide(&mut self, logits: &mut [f32], _: &[u32], _: Option<u32>) -> u32 {
+        argmax(logits)
+    }
+}
+
+#[test]
+fn after_rejected_drafts_the_head_is_as_if_it_saw_only_the_kept_pairs() {
+    // Each step drafts k = 3 from the head's cache after the previous step dropped its
+    // chained entries, its QSA indexer state included (the indexer pools keys per block, so a
+    // chained entry that completed a block must not stay pooled). Each first draft's logits
+    // must be those of the head run once over every pair of the decided sequence (the main
+    // model's streams), up to that step's token.
+    let model = load_mtp(&fixture());
+    let prompt = reference().ids("train_prompt_ids");
+    let mut spec = Speculation::new(&model, 3).unwrap();
+    let (mut cache, first) = speculation_start(&model, &mut spec, &prompt);
+    let mut judge = FirstDrafts(vec![]);
+    let mut positions = vec![prompt.len()];
+    let out = speculate_to(
+        &model,
+        &mut spec,
+        &mut cache,
+        vec![first],
+        48,
+        &mut judge,
+        |_, out| positions.push(prompt.len() + out.len() - 1),
+    );
+    let s = &spec.stats;
+    assert!(s.accepted > 0 && s.accepted < s.drafted, "{s:?}");
+    let seq: Vec<u32> = prompt.iter().chain(&out).copied().collect();
+    let streams = model.forward_normed(&seq, &mut model.new_cache()).unwrap();
+    let all = head_logits_on(&model, &streams.squeeze(0).unwrap(), &seq);
+    let mut worst = 0f32;
+    for (logits, &p) in judge.0.iter().zip(&positions) {
+        let got = Tensor::new(logits.as_slice(), &Device::Cpu)
+            .unwrap()
+            .unsqueeze(0)
+            .unwrap();
+        worst = worst.max(rel_max_diff(&got, &all.narrow(0, p - 1, 1).unwrap()));
+    }
+    eprintln!(
+        "{} steps ({} accepted of {} drafted): first drafts within {worst:.2e} of the head over every pair",
+        judge.0.len(),
+        s.accepted,
+        s.drafted
+    );
+    assert!(worst < 1e-4, "{worst:.2e}");
 }
