@@ -2,8 +2,8 @@
 model's own greedy continuations, and its reference from **mlx-vlm 0.7.10's drafter**
 (`mlx_vlm/speculative/drafters/qwen4_exp_mtp`, `Qwen4ExpMTPDraftModel`), run by mlx on the CPU.
 
-Run as `WITH_TORCH=1 bash scripts/with-fixture-venv.sh scripts/gen_fixture_qwen4_exp_mtp.py`
-(WITH_TORCH=1 installs the mlx-vlm wheel; torch itself is not used here). Writes only:
+Run as `WITH_TORCH=1 bash scripts/gen-fixtures.sh --only qwen4_exp_mtp` (WITH_TORCH=1 installs
+the mlx-vlm wheel; torch itself is not used here). Writes only:
 
   models/mtp/qwen4-exp-mtp-tiny-hf/                 models/qwen4-exp-tiny-hf (its main weights
                                                     unchanged, its placeholder `mtp.fc` dropped)
