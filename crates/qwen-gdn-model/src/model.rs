@@ -49,7 +49,7 @@ pub struct Model {
     /// (`RunOptions::fused_verify`; [`Model::verify`]).
     fused_verify: bool,
     /// The multi-token-prediction head, once [`Model::load_mtp`] found one.
-    mtp: Option<crate::families::hybrid::MtpHead>,
+    mtp: Option<crate::families::FamilyMtpHead>,
     warnings: Vec<String>,
     /// Every tensor the loaders read, as stored: (canonical name, dtype, shape), sorted.
     weight_layout: Vec<(String, String, Vec<usize>)>,

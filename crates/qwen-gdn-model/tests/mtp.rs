@@ -6,10 +6,8 @@
 mod common;
 use candle_core::{Device, Tensor};
 use common::*;
-use qwen_gdn_model::cache::{Cache, LayerCache};
-use qwen_gdn_model::speculative::{
-    argmax, DraftLength, Greedy, Judge, Speculation, Window, ADAPTIVE_MAX, HEAD_HISTORY,
-};
+use qwen_gdn_model::cache::LayerCache;
+use qwen_gdn_model::speculative::{argmax, DraftLength, Judge, Speculation, Window, ADAPTIVE_MAX};
 use qwen_gdn_model::{Batch, Model, MtpPrecision};
 use std::path::PathBuf;
 
@@ -238,48 +236,6 @@ fn a_head_whose_shapes_disagree_with_the_config_is_a_one_line_error() {
     );
 }
 
-/// The prompt as the engine runs it for speculation: all but the last `HEAD_HISTORY` tokens
-/// prefilled, those through `start_from_prompt`. Returns the first token (greedy).
-fn start(model: &Model, spec: &mut Speculation, prompt: &[u32]) -> (Cache, u32) {
-    let mut cache = model.new_cache();
-    let split = prompt.len().saturating_sub(HEAD_HISTORY);
-    if split > 0 {
-        model.prefill(&prompt[..split], &mut cache, 2048).unwrap();
-    }
-    let logits = spec
-        .start_from_prompt(model, &mut cache, prompt, split)
-        .unwrap();
-    (cache, argmax_rows(&logits)[0])
-}
-
-/// Greedy decoding with speculation, `n` tokens.
-fn speculative_greedy(
-    model: &Model,
-    prompt: &[u32],
-    n: usize,
-    length: impl Into<DraftLength>,
-) -> (Vec<u32>, Speculation) {
-    let mut spec = Speculation::new(model, length).unwrap();
-    let (mut cache, first) = start(model, &mut spec, prompt);
-    let mut judge = Greedy(|row: &mut [f32], _: &[u32]| {
-        let t = Tensor::new(&*row, &Device::Cpu)
-            .unwrap()
-            .unsqueeze(0)
-            .unwrap();
-        argmax_rows(&t)[0]
-    });
-    let out = speculate_to(
-        model,
-        &mut spec,
-        &mut cache,
-        vec![first],
-        n,
-        &mut judge,
-        |_, _| {},
-    );
-    (out, spec)
-}
-
 #[test]
 fn greedy_output_with_speculation_equals_greedy_output_without() {
     for name in RAW.iter().copied().chain([MLX]) {
@@ -429,7 +385,7 @@ fn plain_batched_steps_leave_the_head_as_steps_without_drafts() {
 
     // A: speculative steps that draft nothing, then speculative steps of 2 drafts.
     let mut a = Speculation::new(&model, 2).unwrap();
-    let (mut cache, first) = start(&model, &mut a, &prompt);
+    let (mut cache, first) = speculation_start(&model, &mut a, &prompt);
     let mut judge_a = FirstDrafts::default();
     let mut tokens_a = vec![first];
     for step in 0..plain_steps + speculative_steps {
@@ -441,7 +397,7 @@ fn plain_batched_steps_leave_the_head_as_steps_without_drafts() {
 
     // B: batched steps beside another sequence, then the same speculative steps.
     let mut b = Speculation::new(&model, 2).unwrap();
-    let (cache, first) = start(&model, &mut b, &prompt);
+    let (cache, first) = speculation_start(&model, &mut b, &prompt);
     let mut batch = Batch::new();
     let slot = batch.join(cache);
     let mut other = model.new_cache();

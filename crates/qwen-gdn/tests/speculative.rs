@@ -21,6 +21,35 @@ fn mtp_fixture(name: &str) -> PathBuf {
     fixture(&format!("mtp/{name}"))
 }
 
+/// `generate` with `args` and then `--draft-tokens k` for each of `ks` on `model`: every
+/// speculative run gives plain decoding's text and one stats line, returned with the run's
+/// arguments.
+fn speculative_runs<'a>(
+    model: &Path,
+    args: &[&'a str],
+    ks: &[&'a str],
+) -> Vec<(Vec<&'a str>, String)> {
+    let plain = generate(model, args);
+    assert!(plain.status.success(), "{}", stderr(&plain));
+    ks.iter()
+        .map(|&k| {
+            let mut with = args.to_vec();
+            with.extend(["--draft-tokens", k]);
+            let spec = generate(model, &with);
+            assert!(spec.status.success(), "{}", stderr(&spec));
+            assert_eq!(spec.stdout, plain.stdout, "{}: k = {k}", model.display());
+            let lines = speculative_lines(&spec);
+            assert_eq!(lines.len(), 1, "{}", stderr(&spec));
+            let line = lines[0].clone();
+            assert!(
+                line.contains("acceptance") && line.contains("tokens per verify step"),
+                "{line}"
+            );
+            (with, line)
+        })
+        .collect()
+}
+
 #[test]
 fn speculation_gives_the_text_of_plain_greedy_decoding() {
     for name in [
@@ -31,22 +60,7 @@ fn speculation_gives_the_text_of_plain_greedy_decoding() {
         let model = mtp_fixture(name);
         let args = ["--max-tokens", "48", "--prompt", "Tell me about the sea."];
         let plain = generate(&model, &args);
-        assert!(plain.status.success(), "{}", stderr(&plain));
-        for k in ["1", "3", "auto"] {
-            let mut with = args.to_vec();
-            with.extend(["--draft-tokens", k]);
-            let spec = generate(&model, &with);
-            assert!(spec.status.success(), "{}", stderr(&spec));
-            assert_eq!(spec.stdout, plain.stdout, "{name}: k = {k}");
-            let err = stderr(&spec);
-            let line = err
-                .lines()
-                .find(|l| l.starts_with("Speculative: "))
-                .unwrap_or_else(|| panic!("{name}: no stats line in {err}"));
-            assert!(
-                line.contains("acceptance") && line.contains("tokens per verify step"),
-                "{line}"
-            );
+        for (mut with, _) in speculative_runs(&model, &args, &["1", "3", "auto"]) {
             // --no-mtp turns it off.
             with.push("--no-mtp");
             let off = generate(&model, &with);
@@ -309,6 +323,35 @@ fn a_draft_model_gives_the_text_of_plain_greedy_decoding_on_qwen4_exp() {
     assert!(spec.status.success(), "{}", stderr(&spec));
     assert_eq!(spec.stdout, plain.stdout);
     assert_eq!(speculative_lines(&spec).len(), 1, "{}", stderr(&spec));
+}
+
+/// Qwen3.8-Flash-Next's (`qwen4_exp`) own MTP head (docs/mtp.md §8, the fixture of
+/// scripts/gen_fixture_qwen4_exp_mtp.py): greedy text with speculation is plain greedy's at
+/// k = 1, 3 and auto; a seeded sampled run (speculative sampling)
+/// repeats itself.
+#[test]
+fn the_qwen4_exp_head_gives_the_text_of_plain_greedy_decoding() {
+    let model = mtp_fixture("qwen4-exp-mtp-tiny-hf");
+    let args = ["--max-tokens", "48", "--prompt", "Tell me about the sea."];
+    // (Acceptance: the head memorised its training continuations, and this prompt is not
+    // one; `cargo test -p qwen-gdn-model --test mtp_qwen4_exp` measures it on one.)
+    speculative_runs(&model, &args, &["1", "3", "auto"]);
+    let sampled = [
+        "--max-tokens",
+        "32",
+        "--prompt",
+        "Tell me about the sea.",
+        "--temp",
+        "1",
+        "--seed",
+        "7",
+        "--draft-tokens",
+        "2",
+    ];
+    let (a, b) = (generate(&model, &sampled), generate(&model, &sampled));
+    assert!(a.status.success(), "{}", stderr(&a));
+    assert_eq!(a.stdout, b.stdout);
+    assert_eq!(speculative_lines(&a).len(), 1, "{}", stderr(&a));
 }
 
 /// A draft model whose tokenizer differs (two tokens' ids swapped in a copy of a fixture with

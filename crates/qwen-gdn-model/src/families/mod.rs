@@ -4,7 +4,10 @@
 //! embedding and the output head that every family shares ([`crate::Model`]).
 
 pub mod hybrid;
+pub mod mtp_head;
 pub mod qwen4_exp;
+
+pub use mtp_head::FamilyMtpHead;
 
 use crate::layers::linear::{Embedding, Linear};
 use crate::layers::moe::MoePrefill;
@@ -131,6 +134,24 @@ impl Decoder {
         match self {
             Self::Hybrid(d) => d.final_norm()?.forward(h),
             Self::Qwen4Exp(d) => Ok(d.final_mix(&h.squeeze(0)?)?.unsqueeze(0)?),
+        }
+    }
+
+    /// What a family's MTP head reads of [`Decoder::forward`]'s output: the lm_head's input
+    /// (after the final norm) for the hybrid families, the streams before the final mixer
+    /// for `qwen4_exp` (mlx-vlm's drafter, docs/mtp.md §8).
+    pub fn drafter_hidden(&self, h: &Tensor) -> Result<Tensor> {
+        match self {
+            Self::Hybrid(_) => self.final_norm(h),
+            Self::Qwen4Exp(_) => Ok(h.clone()),
+        }
+    }
+
+    /// The lm_head's input from [`Decoder::drafter_hidden`]'s output.
+    pub fn head_input(&self, drafter_hidden: &Tensor) -> Result<Tensor> {
+        match self {
+            Self::Hybrid(_) => Ok(drafter_hidden.clone()),
+            Self::Qwen4Exp(_) => self.final_norm(drafter_hidden),
         }
     }
 }

@@ -106,19 +106,20 @@ impl Model {
         self.on_host_workers(|| {
             let _rows = row_exact::scope(self.batch_products == BatchProducts::EachRowAlone);
             let h = self.embed(tokens)?;
+            // `normed`: what the MTP head reads ([`Model::forward_normed`]).
             let normed = match self.batch_decoding() {
                 BatchDecoding::Fused(d) => d
                     .decode_batch_fused(&h.squeeze(0)?, caches, tap)?
                     .unsqueeze(0)?,
                 BatchDecoding::Composed => {
                     let h = self.decoder.forward_batch(h, tokens, caches, tap)?;
-                    self.final_norm(&h)?
+                    self.decoder.drafter_hidden(&h)?
                 }
             };
             for cache in caches.iter_mut() {
                 cache.offset += 1;
             }
-            let logits = self.head()?.forward(&normed)?;
+            let logits = self.head()?.forward(&self.decoder.head_input(&normed)?)?;
             crate::device_memory::sample(&self.device);
             Ok((cast(&logits.squeeze(0)?, DType::F32)?, normed))
         })

@@ -5,7 +5,8 @@
 use super::Model;
 use crate::cache::{Cache, KvCache};
 use crate::families::hybrid::MtpHead;
-use crate::families::Decoder;
+use crate::families::qwen4_exp::mtp::Qwen4ExpMtpHead;
+use crate::families::{Decoder, FamilyMtpHead};
 use crate::tap::NoTap;
 use crate::tensor::cast;
 use crate::weights::Checkpoint;
@@ -27,7 +28,8 @@ pub enum MtpPrecision {
 
 impl Model {
     /// Loads the MTP head of the checkpoint in `dir` (its `mtp.*` tensors): `false` when it
-    /// has none. Hybrid families only. Shapes that disagree with the config are errors.
+    /// has none. The hybrid families' head, or `qwen4_exp`'s own (fc's over the streams, its
+    /// own mixer). Shapes that disagree with the config are errors.
     pub fn load_mtp(&mut self, dir: &Path) -> Result<bool> {
         self.load_mtp_with(dir, MtpPrecision::AsStored)
     }
@@ -35,21 +37,20 @@ impl Model {
     /// [`Model::load_mtp`], with the head's float matrices quantized to the main checkpoint's
     /// bits when `precision` says so and the main checkpoint is quantized.
     pub fn load_mtp_with(&mut self, dir: &Path, precision: MtpPrecision) -> Result<bool> {
-        if !matches!(self.decoder, Decoder::Hybrid(_)) {
-            bail!(
-                "{}: multi-token prediction is not supported for {} yet",
-                dir.display(),
-                self.config.model_type
-            );
-        }
         let Some(mut ckpt) = Checkpoint::open_mtp(dir, &self.config)? else {
             return Ok(false);
         };
         if precision == MtpPrecision::MainBits {
             ckpt.quantize_floats_to(self.config.quantization);
         }
-        let head = MtpHead::load(&ckpt, &self.config)
-            .with_context(|| format!("{}: the MTP head", dir.display()))?;
+        let head = match self.decoder {
+            Decoder::Hybrid(_) => {
+                MtpHead::load(&ckpt, &self.config).map(|h| FamilyMtpHead::Hybrid(Box::new(h)))
+            }
+            Decoder::Qwen4Exp(_) => Qwen4ExpMtpHead::load(&ckpt, &self.config)
+                .map(|h| FamilyMtpHead::Qwen4Exp(Box::new(h))),
+        }
+        .with_context(|| format!("{}: the MTP head", dir.display()))?;
         self.mtp = Some(match self.plan {
             Plan::Reference => head,
             Plan::Device => head.into_device(&self.device, self.dtype)?,
@@ -74,31 +75,48 @@ impl Model {
     }
 
     /// The MTP head, once loaded.
-    pub fn mtp_head(&self) -> Option<&MtpHead> {
+    pub fn mtp_head(&self) -> Option<&FamilyMtpHead> {
         self.mtp.as_ref()
     }
 
     /// Runs `tokens` after what `cache` holds (updating it in place) and returns the last
-    /// hidden states after the final norm, `[1, S, H]`: the lm_head's input, and the MTP
-    /// head's.
+    /// hidden states the MTP head reads: after the final norm, `[1, S, H]` (the lm_head's
+    /// input), or for `qwen4_exp` the streams before the final mixer, `[1, S, streams·H]`
+    /// ([`Model::head_logits`] takes either).
     pub fn forward_normed(&self, tokens: &[u32], cache: &mut Cache) -> Result<Tensor> {
         let h = self.run_layers(tokens, cache, &mut NoTap)?;
-        self.on_host_workers(|| self.final_norm(&h))
+        self.on_host_workers(|| self.decoder.drafter_hidden(&h))
     }
 
-    /// The output head over normed hidden states `[1, S, H]`: f32 logits `[S, vocab]`, the
-    /// same numbers [`Model::forward`] gives for those positions.
+    /// The output head over [`Model::forward_normed`]'s hidden states (for `qwen4_exp`
+    /// after the final mixer): f32 logits `[S, vocab]`, the same numbers [`Model::forward`]
+    /// gives for those positions.
     pub fn head_logits(&self, normed: &Tensor) -> Result<Tensor> {
         self.on_host_workers(|| {
-            let logits = labelled("lm_head", || self.head()?.forward(normed))?;
+            let input = self.decoder.head_input(normed)?;
+            let logits = labelled("lm_head", || self.head()?.forward(&input))?;
             cast(&logits.squeeze(0)?, DType::F32)
         })
     }
 
-    /// The MTP head on the pairs (`hidden[i]`, `next[i]`): `hidden` `[1, S, H]` normed hidden
-    /// states of the main model (or of the head itself, for a chained draft), `next` the S
-    /// tokens that follow them. Returns the head's normed output `[1, S, H]`
-    /// ([`Model::head_logits`] turns it into the drafts' logits).
+    /// The drafts' logits `[S, vocab]` from [`Model::mtp_forward`]'s output: the main
+    /// model's lm_head, after the head's own mixer for `qwen4_exp`.
+    pub fn mtp_logits(&self, out: &Tensor) -> Result<Tensor> {
+        let Some(head) = &self.mtp else {
+            bail!("the model has no MTP head loaded");
+        };
+        self.on_host_workers(|| {
+            let input = head.logits_input(out)?;
+            let logits = labelled("lm_head", || self.head()?.forward(&input))?;
+            cast(&logits.squeeze(0)?, DType::F32)
+        })
+    }
+
+    /// The MTP head on the pairs (`hidden[i]`, `next[i]`): `hidden` what
+    /// [`Model::forward_normed`] gives (or the head's own output, for a chained draft),
+    /// `next` the S tokens that follow them. Returns the head's output, the hidden state a
+    /// chained draft pairs with: normed `[1, S, H]`, or `qwen4_exp`'s streams
+    /// ([`Model::mtp_logits`] turns it into the drafts' logits).
     pub fn mtp_forward(
         &self,
         hidden: &Tensor,
@@ -111,7 +129,7 @@ impl Model {
         self.check_token_ids(next)?;
         self.on_host_workers(|| {
             let embedded = self.embed(next)?;
-            labelled("mtp", || head.forward(&embedded, hidden, cache))
+            labelled("mtp", || head.forward(&embedded, hidden, next, cache))
         })
     }
 }

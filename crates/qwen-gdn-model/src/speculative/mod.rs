@@ -16,7 +16,7 @@ pub mod draft_length;
 pub mod draft_model;
 pub mod window;
 
-use crate::cache::{Cache, KvCache};
+use crate::cache::{Cache, FamilyState, KvCache};
 use crate::Model;
 use anyhow::{bail, ensure, Result};
 use candle_core::Tensor;
@@ -130,12 +130,19 @@ enum Drafter {
 #[derive(Debug)]
 struct Head {
     mtp: KvCache,
+    /// An empty cache of the head (`qwen4_exp`'s carries its indexer state), to start from.
+    empty: KvCache,
     /// Normed hidden states `[1, P, H]` of positions whose pairs the head has not run yet.
     pending_hidden: Option<Tensor>,
     /// The tokens after the first `P − 1` of them (the last one's is the next step's token).
     pending_next: Vec<u32>,
     /// While a step's drafts are being verified: the head's cache length before it drafted.
     drafted_from: Option<usize>,
+    /// While a step's drafts are being verified: the family state of the head's cache
+    /// (`qwen4_exp`'s indexer) after the pending pairs, before the chained drafts. The
+    /// indexer pools its keys per block and keeps no per-token history, so dropping the
+    /// chained entries puts this copy back rather than cutting a length.
+    chain_from: Option<Box<dyn FamilyState>>,
 }
 
 impl Speculation {
@@ -147,9 +154,11 @@ impl Speculation {
         };
         let head = Head {
             mtp: head.new_cache(),
+            empty: head.new_cache(),
             pending_hidden: None,
             pending_next: Vec::new(),
             drafted_from: None,
+            chain_from: None,
         };
         Ok(Self::with_drafter(Drafter::Head(head), length.into()))
     }
@@ -226,7 +235,7 @@ impl Speculation {
             normed.dim(1)?,
             after.len()
         );
-        head.mtp = KvCache::default();
+        head.mtp = head.empty.clone();
         head.pending_hidden = Some(normed);
         head.pending_next = after.to_vec();
         Ok(())
@@ -371,9 +380,13 @@ impl Head {
         self.drafted_from = Some(self.mtp.len());
         let g = model.mtp_forward(hidden, &self.pending_next, &mut self.mtp)?;
         let mut g = g.narrow(1, g.dim(1)? - 1, 1)?;
+        self.chain_from = match &self.mtp.family {
+            Some(f) if k > 1 => Some(f.deep_clone()?),
+            _ => None,
+        };
         let mut drafts = Vec::with_capacity(k);
         loop {
-            let mut logits = model.head_logits(&g)?.squeeze(0)?.to_vec1::<f32>()?;
+            let mut logits = model.mtp_logits(&g)?.squeeze(0)?.to_vec1::<f32>()?;
             let d = judge.draft(&mut logits, &drafts);
             drafts.push(d);
             if drafts.len() == k {
@@ -396,6 +409,9 @@ impl Head {
             // chain, which it drops.
             Some(head_len) => {
                 self.mtp.truncate(head_len + self.pending_next.len());
+                if let Some(family) = self.chain_from.take() {
+                    self.mtp.family = Some(family);
+                }
                 self.pending_hidden = Some(kept);
                 self.pending_next = decided[..accepted].to_vec();
             }

@@ -835,6 +835,20 @@ impl Checkpoint {
         Ok(Tensor::from_vec(data, shape, device)?)
     }
 
+    /// A norm weight that every known layout of its model stores zero-centred (`qwen4_exp`'s
+    /// hyper-connection and indexer norms, which neither its HF nor its mlx-vlm layout
+    /// shifts): `1 + w`, added in f32 as both references do. In the MTP view the values decide
+    /// instead, as for every head norm ([`super::norm_convention`]): a conversion that shifted
+    /// them would otherwise only lower the drafts' acceptance.
+    pub fn centred_norm(&self, name: &str, shape: &[usize], device: &Device) -> Result<Tensor> {
+        self.declare_float(name, shape, None);
+        let mut data = self.f32_data(name, shape)?;
+        if !self.mtp_view || super::norm_convention::zero_centred(&data) {
+            data.iter_mut().for_each(|v| *v += 1.0);
+        }
+        Ok(Tensor::from_vec(data, shape, device)?)
+    }
+
     /// An RMSNorm weight, used as a plain multiplier (shifted by +1 here for raw HF layout).
     /// `qwen4_exp`'s `q_norm`/`k_norm` are zero-centred in both of its layouts (mlx-vlm adds 1
     /// at run time, not in the checkpoint), so they get `1 + w`, in f32 as both references

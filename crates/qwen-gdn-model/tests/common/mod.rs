@@ -302,3 +302,55 @@ pub fn speculate_to(
     out.truncate(n);
     out
 }
+
+/// The prompt as the engine runs it for speculation: all but the last `HEAD_HISTORY` tokens
+/// prefilled, those through `start_from_prompt`. Returns the cache and the first token
+/// (greedy).
+pub fn speculation_start(
+    model: &Model,
+    spec: &mut qwen_gdn_model::speculative::Speculation,
+    prompt: &[u32],
+) -> (qwen_gdn_model::Cache, u32) {
+    let mut cache = model.new_cache();
+    let split = prompt
+        .len()
+        .saturating_sub(qwen_gdn_model::speculative::HEAD_HISTORY);
+    if split > 0 {
+        model.prefill(&prompt[..split], &mut cache, 2048).unwrap();
+    }
+    let logits = spec
+        .start_from_prompt(model, &mut cache, prompt, split)
+        .unwrap();
+    (cache, argmax_rows(&logits)[0])
+}
+
+/// Greedy decoding with speculation from the model's MTP head, `n` tokens.
+pub fn speculative_greedy(
+    model: &Model,
+    prompt: &[u32],
+    n: usize,
+    length: impl Into<qwen_gdn_model::speculative::DraftLength>,
+) -> (Vec<u32>, qwen_gdn_model::speculative::Speculation) {
+    use qwen_gdn_model::speculative::{Greedy, Speculation};
+    let mut spec = Speculation::new(model, length).unwrap();
+    let (mut cache, first) = speculation_start(model, &mut spec, prompt);
+    // The argmax plain greedy decoding takes ([`greedy`]), ties included.
+    let mut judge = Greedy(|row: &mut [f32], _: &[u32]| {
+        argmax_rows(
+            &Tensor::new(&*row, &Device::Cpu)
+                .unwrap()
+                .unsqueeze(0)
+                .unwrap(),
+        )[0]
+    });
+    let out = speculate_to(
+        model,
+        &mut spec,
+        &mut cache,
+        vec![first],
+        n,
+        &mut judge,
+        |_, _| {},
+    );
+    (out, spec)
+}

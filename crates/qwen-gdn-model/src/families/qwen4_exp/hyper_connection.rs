@@ -19,7 +19,7 @@ use gdn_ops::ops::hyper_connection::{hc_act, hc_inject_norm, hc_mix};
 
 /// RMSNorm applied to each group of `group` features separately, with a zero-centred weight
 /// (`1 + w`): the norm of the hyper-connections and of the per-layer embeddings. Neither the
-/// HF nor the mlx-vlm layout stores `1 + w` for it.
+/// HF nor the mlx-vlm layout stores `1 + w` for it ([`Checkpoint::centred_norm`]).
 #[derive(Debug, Clone)]
 pub struct GroupedRmsNorm {
     /// `1 + w`, shaped `[groups, group]`.
@@ -36,9 +36,9 @@ impl GroupedRmsNorm {
         group: usize,
         eps: f64,
     ) -> Result<Self> {
-        let w = ckpt.tensor(name, &[groups * group], &Device::Cpu)?;
+        let w = ckpt.centred_norm(name, &[groups * group], &Device::Cpu)?;
         Ok(Self {
-            weight: candle_op((w + 1.0)?.reshape((groups, group)))?,
+            weight: candle_op(w.reshape((groups, group)))?,
             eps,
         })
     }

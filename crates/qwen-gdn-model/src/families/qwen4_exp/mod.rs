@@ -10,6 +10,7 @@ pub mod decoder;
 pub mod fused;
 pub mod hyper_connection;
 pub mod indexed_attention;
+pub mod mtp;
 pub mod ngram_hash;
 pub mod ngram_row_format;
 pub mod ngram_tables;

@@ -88,8 +88,10 @@ impl QsaIndexer {
             .ok_or_else(|| anyhow!("the config has no QSA indexer"))?;
         let di = qsa.head_dim;
         let norm = |n: &str| -> Result<Vec<f32>> {
-            let w = ckpt.tensor(&format!("{prefix}.indexer.{n}.weight"), &[di], &Device::Cpu)?;
-            Ok(w.to_vec1::<f32>()?.iter().map(|x| 1.0 + x).collect())
+            let name = format!("{prefix}.indexer.{n}.weight");
+            Ok(ckpt
+                .centred_norm(&name, &[di], &Device::Cpu)?
+                .to_vec1::<f32>()?)
         };
         Ok(Self {
             proj: Linear::load(
