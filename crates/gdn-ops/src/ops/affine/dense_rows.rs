@@ -20,8 +20,9 @@
 //! [`DenseRows::Auto`] picks by rows and shape (argued in docs/perf-notes-gpu.md, "Dense
 //! products of 5–64 rows"). The choice is process-wide, set by `Model::load` from
 //! `RunOptions` (`QWEN_GDN_DENSE_ROWS`), like the CPU level: the products are leaves under
-//! every layer.
+//! every layer. A [`scope`] overrides it on one thread (the tests).
 
+use std::cell::Cell;
 use std::sync::atomic::{AtomicU8, Ordering};
 
 /// Most activation rows the choice covers: a batched decode step's (the gathered expert
@@ -104,14 +105,42 @@ impl DenseRows {
 
 static CHOICE: AtomicU8 = AtomicU8::new(0);
 
+thread_local! {
+    /// A [`scope`]'s choice on this thread, over the process's.
+    static SCOPED: Cell<Option<DenseRows>> = const { Cell::new(None) };
+}
+
 /// Sets the process's choice (the last model load wins, as for the CPU level).
 pub fn set_dense_rows(choice: DenseRows) {
     CHOICE.store(choice.code(), Ordering::Relaxed);
 }
 
-/// The process's choice.
+/// The choice in force on this thread: a [`scope`]'s, else the process's.
 pub fn dense_rows() -> DenseRows {
-    DenseRows::from_code(CHOICE.load(Ordering::Relaxed))
+    SCOPED
+        .get()
+        .unwrap_or_else(|| DenseRows::from_code(CHOICE.load(Ordering::Relaxed)))
+}
+
+/// Runs this thread's products on `choice` until the guard drops (then the choice before it):
+/// how a test compares the paths while other threads load models, each load setting the
+/// process's choice.
+pub fn scope(choice: DenseRows) -> Scope {
+    Scope {
+        before: SCOPED.replace(Some(choice)),
+    }
+}
+
+/// The guard of [`scope`].
+#[must_use = "the choice holds while the guard lives"]
+pub struct Scope {
+    before: Option<DenseRows>,
+}
+
+impl Drop for Scope {
+    fn drop(&mut self) {
+        SCOPED.set(self.before);
+    }
 }
 
 #[cfg(test)]
@@ -127,6 +156,23 @@ mod tests {
         assert_eq!(auto.path(64, 151_936, true), DenseRows::Grouped);
         assert_eq!(auto.path(16, 12_352, true), DenseRows::Dequantize);
         assert_eq!(auto.path(16, 151_936, false), DenseRows::Dequantize);
+    }
+
+    #[test]
+    fn a_scope_overrides_the_process_choice_on_its_thread_only() {
+        let process = dense_rows();
+        {
+            let _rows = scope(DenseRows::RowProducts);
+            assert_eq!(dense_rows(), DenseRows::RowProducts);
+            {
+                let _inner = scope(DenseRows::Grouped);
+                assert_eq!(dense_rows(), DenseRows::Grouped);
+            }
+            assert_eq!(dense_rows(), DenseRows::RowProducts);
+            let other = std::thread::spawn(dense_rows).join().unwrap();
+            assert_eq!(other, process, "another thread keeps the process's choice");
+        }
+        assert_eq!(dense_rows(), process);
     }
 
     #[test]

@@ -36,6 +36,7 @@ use crate::profile::{self, elems_bytes, tensor_bytes, Traffic};
 use anyhow::{bail, ensure, Result};
 use candle_core::{DType, Device, Tensor};
 pub use dense_rows::{dense_rows, set_dense_rows, DenseRows, DENSE_ROWS_MAX};
+pub use dense_rows::scope as dense_rows_scope;
 pub use group_params::GroupParams;
 pub use matrix::AffineMatrix;
 pub use packing::{dequantize_row, pack_row, unpack_row, SUPPORTED_BITS, SUPPORTED_GROUPS};
