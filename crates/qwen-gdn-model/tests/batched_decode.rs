@@ -321,7 +321,10 @@ fn shared_and_row_exact(name: &str, model: &mut Model, what: &str) {
 fn device_fused_row_products(name: &str) {
     use gdn_ops::ops::affine::{dense_rows_scope, DenseRows};
     let model = load_on(name, &device_plan(DType::F32), &device_under_test());
-    assert!(model.fused_decode(), "{name}: the device plan decodes fused");
+    assert!(
+        model.fused_decode(),
+        "{name}: the device plan decodes fused"
+    );
     assert_eq!(model.batch_products(), BatchProducts::Shared);
     let _rows = dense_rows_scope(DenseRows::RowProducts);
     let diff = compare(name, &model);

@@ -5,13 +5,13 @@
 //! `kernels/affine_grouped.cu`). Each check picks the path on its thread (`dense_rows_scope`),
 //! whatever the process's choice.
 
-use candle_core::{DType, Device, Tensor};
 use super::{random_matrix, Rng};
+use candle_core::{DType, Device, Tensor};
 use gdn_ops::launches;
+use gdn_ops::ops::affine::dense_rows_scope as scope;
 use gdn_ops::ops::affine::{
     AffineMatrix, AffineTensor, DenseRows, DENSE_ROWS_MAX, MATVEC_MAX_ROWS,
 };
-use gdn_ops::ops::affine::dense_rows_scope as scope;
 
 /// The matrices: Qwen3-Next's 4-bit group 64 and the router's 8-bit group 32 (both on every
 /// kernel), and a 3-bit one (no grouped kernel on CUDA: its `Grouped` dequantizes); output

@@ -141,7 +141,11 @@ fn a_bad_value_is_one_line_naming_the_variable_and_the_values() {
         (MOE_COMBINE_VAR, "cluster", &["auto", "one-block"]),
         (MOE_ROUTE_VAR, "threadgroup", &["warp", "block"]),
         (VERIFY_VAR, "on", &["fused", "composed"]),
-        (DENSE_ROWS_VAR, "gemm", &["auto", "dequantize", "rows", "grouped"]),
+        (
+            DENSE_ROWS_VAR,
+            "gemm",
+            &["auto", "dequantize", "rows", "grouped"],
+        ),
     ];
     for (var, value, accepted) in cases {
         let e = error(var, value);

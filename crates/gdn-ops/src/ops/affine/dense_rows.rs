@@ -93,7 +93,8 @@ impl DenseRows {
         match self {
             DenseRows::Auto if x_rows <= AUTO_ROW_PRODUCTS_MAX => DenseRows::RowProducts,
             DenseRows::Auto | DenseRows::Grouped
-                if grouped && (self == DenseRows::Grouped || outputs >= AUTO_GROUPED_MIN_OUTPUTS) =>
+                if grouped
+                    && (self == DenseRows::Grouped || outputs >= AUTO_GROUPED_MIN_OUTPUTS) =>
             {
                 DenseRows::Grouped
             }
@@ -182,7 +183,10 @@ mod tests {
             DenseRows::RowProducts
         );
         assert_eq!(DenseRows::Grouped.path(5, 2048, true), DenseRows::Grouped);
-        assert_eq!(DenseRows::Grouped.path(5, 2048, false), DenseRows::Dequantize);
+        assert_eq!(
+            DenseRows::Grouped.path(5, 2048, false),
+            DenseRows::Dequantize
+        );
         assert_eq!(
             DenseRows::Dequantize.path(5, 151_936, true),
             DenseRows::Dequantize
