@@ -5,7 +5,7 @@
 //! `kernels/affine_grouped.cu`). Each check picks the path on its thread (`dense_rows_scope`),
 //! whatever the process's choice.
 
-use super::{random_matrix, Rng};
+use super::{random_matrix, values, Rng};
 use candle_core::{DType, Device, Tensor};
 use gdn_ops::launches;
 use gdn_ops::ops::affine::dense_rows_scope as scope;
@@ -36,15 +36,6 @@ fn reference(m: &AffineMatrix, x: &[f32], rows: usize) -> Vec<f64> {
         }
     }
     y
-}
-
-fn values(t: &Tensor) -> Vec<f32> {
-    t.to_dtype(DType::F32)
-        .unwrap()
-        .flatten_all()
-        .unwrap()
-        .to_vec1::<f32>()
-        .unwrap()
 }
 
 /// Every path, f32 and bf16 activations, 5..=64 rows: within the dtype's rounding of the f64
