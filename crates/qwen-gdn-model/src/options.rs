@@ -18,6 +18,7 @@ use crate::{LoadProgress, Plan};
 use anyhow::{bail, Result};
 use candle_core::{DType, Device};
 use gdn_ops::ops::affine::q8_interleaved::Q8Layout;
+use gdn_ops::ops::affine::DenseRows;
 use gdn_ops::ops::moe_combine::CombineKernel;
 use gdn_ops::ops::moe_route::RouteKernel;
 use gdn_ops::simd::Level;
@@ -59,9 +60,14 @@ pub const MOE_ROUTE_VAR: &str = "QWEN_GDN_MOE_ROUTE";
 /// Speculative decoding's verify pass on the device plan: `fused` (the fused decode kernels,
 /// products over the pass's rows) or `composed` (the prefill path, the reference).
 pub const VERIFY_VAR: &str = "QWEN_GDN_VERIFY";
+/// How a quantized matrix multiplies 5–64 activation rows (a batched decode step's): `auto`,
+/// `rows` (the decode products a row each: each row bit for bit alone), `grouped` (the grouped
+/// quantized GEMM with one group) or `dequantize` (a dequantized copy and a GEMM, the
+/// reference). See `gdn_ops::ops::affine::dense_rows`.
+pub const DENSE_ROWS_VAR: &str = "QWEN_GDN_DENSE_ROWS";
 
 /// The engine switches [`RunOptions::from_env`] reads.
-pub const ENGINE_VARS: [&str; 13] = [
+pub const ENGINE_VARS: [&str; 14] = [
     GDN_PREFILL_VAR,
     CPU_LEVEL_VAR,
     Q8_LAYOUT_VAR,
@@ -75,6 +81,7 @@ pub const ENGINE_VARS: [&str; 13] = [
     MOE_COMBINE_VAR,
     MOE_ROUTE_VAR,
     VERIFY_VAR,
+    DENSE_ROWS_VAR,
 ];
 
 /// The other `QWEN_GDN_*` variables the project reads: the binary's (`serve --api-key`'s
@@ -137,6 +144,9 @@ pub struct RunOptions {
     pub moe_combine: CombineKernel,
     /// `QWEN_GDN_MOE_ROUTE`: the MoE router's kernel body (Metal, CUDA).
     pub moe_route: RouteKernel,
+    /// `QWEN_GDN_DENSE_ROWS`: how quantized products of 5–64 rows run (process-wide, set by
+    /// [`crate::Model::load`]).
+    pub dense_rows: DenseRows,
     /// The part of the model to load: all of it, or one pipeline stage's (set by the
     /// pipeline plan, `crate::pipeline`, never from the environment).
     pub part: crate::ModelPart,
@@ -163,6 +173,7 @@ impl Default for RunOptions {
             cuda_graph: true,
             moe_combine: CombineKernel::Auto,
             moe_route: RouteKernel::Auto,
+            dense_rows: DenseRows::Auto,
             part: crate::ModelPart::Whole,
         }
     }
@@ -299,6 +310,9 @@ impl RunOptions {
                 ],
             )?;
         }
+        if let Some(t) = text(DENSE_ROWS_VAR)? {
+            o.dense_rows = choice(DENSE_ROWS_VAR, &t, &DenseRows::NAMED)?;
+        }
         if let Some(t) = text(VERIFY_VAR)? {
             o.fused_verify = choice(VERIFY_VAR, &t, &[("fused", true), ("composed", false)])?;
         }
@@ -323,13 +337,15 @@ impl RunOptions {
     }
 
     /// Sets the switches that belong to the process, not to one model: the CPU copies
-    /// (chosen deep in every CPU kernel) and the CPU pool's spinners. The last load wins.
+    /// (chosen deep in every CPU kernel), the CPU pool's spinners and the quantized products'
+    /// path for 5–64 rows (a leaf under every layer). The last load wins.
     /// A level the CPU lacks (set in the options by hand, not read by [`Self::from_env`], which
     /// refuses it) is an error naming the missing feature.
     pub(crate) fn apply_process_wide(&self) -> Result<()> {
         gdn_ops::simd::select_level(self.cpu_level)
             .map_err(|why| anyhow::anyhow!("{CPU_LEVEL_VAR}: {why}"))?;
         gdn_ops::threads::set_spin_budget(self.spin);
+        gdn_ops::ops::affine::set_dense_rows(self.dense_rows);
         Ok(())
     }
 }

@@ -314,7 +314,46 @@ fn shared_and_row_exact(name: &str, model: &mut Model, what: &str) {
     );
 }
 
+/// Issue 29's exactness gate for the quantized products past `MATVEC_MAX_ROWS` rows: with the
+/// row products (`DenseRows::RowProducts`, what `auto` runs up to 8 rows) every product of the
+/// fused batched step is a row's own (the MoE's gathered kernels are per pair already), so the
+/// default shared products are bit for bit each sequence alone, over steps of up to ten rows.
+fn device_fused_row_products(name: &str) {
+    use gdn_ops::ops::affine::{dense_rows_scope, DenseRows};
+    let model = load_on(name, &device_plan(DType::F32), &device_under_test());
+    assert!(
+        model.fused_decode(),
+        "{name}: the device plan decodes fused"
+    );
+    assert_eq!(model.batch_products(), BatchProducts::Shared);
+    let _rows = dense_rows_scope(DenseRows::RowProducts);
+    let diff = compare(name, &model);
+    eprintln!("{name}: fused batch, dense row products, vs alone: {diff:e}");
+    assert_eq!(
+        diff, 0.0,
+        "{name}: the batched step with dense row products is not bit-exact"
+    );
+}
+
 per_checkpoint!(reference => reference_plan, device => device_plan_f32, device_fused => device_plan_fused_f32);
+
+/// The quantized fixtures (float checkpoints' dense weights run one GEMM over the rows).
+mod device_fused_rows {
+    #[test]
+    fn qwen3_next_4bit() {
+        super::device_fused_row_products("qwen3-next-tiny-4bit")
+    }
+
+    #[test]
+    fn qwen35_dense_4bit_tied() {
+        super::device_fused_row_products("qwen3.5-tiny-4bit")
+    }
+
+    #[test]
+    fn qwen35_moe_4bit() {
+        super::device_fused_row_products("qwen3.5-moe-tiny-4bit")
+    }
+}
 
 mod qwen4_exp {
     #[test]

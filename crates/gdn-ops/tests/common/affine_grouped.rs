@@ -135,6 +135,12 @@ pub fn cases() -> Vec<Case> {
     out.push(case(bf16, (4, 64), [128, 512], &[64, 0, 65, 1]));
     out.push(case(bf16, (4, 64), [64, 2048], &[3, 40]));
     out.push(case(bf16, (4, 64), [48, 1024], &[9, 0, 34, 1]));
+    // A batched decode step's dense product (issue 29, `DenseRows::Grouped`): one matrix,
+    // one group of 5 to 64 rows in one tile, 8-bit f32 activations (the router's width).
+    for rows_x in [5, 16, 33, 64] {
+        out.push(case(bf16, (4, 64), [200, 256], &[rows_x]));
+    }
+    out.push(case((Ty::F32, Ty::Bf16), (8, 32), [72, 128], &[9]));
     // Qwen3-Next-80B's expert shapes (gate/up [1024, 2048], down [2048, 512]) with 512
     // tokens × 11 slots routed at random over 64 experts, skewed: a few take many pairs,
     // several none.

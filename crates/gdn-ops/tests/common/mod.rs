@@ -24,6 +24,7 @@ pub(crate) use shape_and_constructor;
 
 pub mod add_rms_norm;
 pub mod affine;
+pub mod affine_dense_rows;
 pub mod affine_grouped;
 pub mod attention;
 pub mod attn_decode;

@@ -30,6 +30,7 @@ fn nothing_set_is_the_default() {
     assert!(o.cuda_graph);
     assert_eq!(o.moe_combine, CombineKernel::Auto);
     assert_eq!(o.moe_route, RouteKernel::Auto);
+    assert_eq!(o.dense_rows, DenseRows::Auto);
     assert!(o.fused_verify && d.fused_verify);
     assert_eq!(
         o.layer_variants(&Device::Cpu),
@@ -61,9 +62,14 @@ fn every_switch_takes_its_values() {
         (MOE_COMBINE_VAR, "one-block"),
         (MOE_ROUTE_VAR, "block"),
         (VERIFY_VAR, "composed"),
+        (DENSE_ROWS_VAR, "rows"),
     ])
     .unwrap();
     assert!(!o.fused_verify);
+    assert_eq!(o.dense_rows, DenseRows::RowProducts);
+    for (name, choice) in DenseRows::NAMED {
+        assert_eq!(from(&[(DENSE_ROWS_VAR, name)]).unwrap().dense_rows, choice);
+    }
     assert_eq!(o.gdn_prefill, Some(GdnForm::Chunked));
     assert_eq!(o.cpu_level, Some(best));
     assert_eq!(o.q8_layout, Q8Layout::Plain);
@@ -118,7 +124,7 @@ fn every_switch_takes_its_values() {
 
 #[test]
 fn a_bad_value_is_one_line_naming_the_variable_and_the_values() {
-    let cases: [(&str, &str, &[&str]); 12] = [
+    let cases: [(&str, &str, &[&str]); 13] = [
         (GDN_PREFILL_VAR, "chunk", &["recurrent", "chunked"]),
         (
             CPU_LEVEL_VAR,
@@ -135,6 +141,11 @@ fn a_bad_value_is_one_line_naming_the_variable_and_the_values() {
         (MOE_COMBINE_VAR, "cluster", &["auto", "one-block"]),
         (MOE_ROUTE_VAR, "threadgroup", &["warp", "block"]),
         (VERIFY_VAR, "on", &["fused", "composed"]),
+        (
+            DENSE_ROWS_VAR,
+            "gemm",
+            &["auto", "dequantize", "rows", "grouped"],
+        ),
     ];
     for (var, value, accepted) in cases {
         let e = error(var, value);

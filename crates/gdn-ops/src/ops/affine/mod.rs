@@ -13,6 +13,7 @@
 pub(crate) mod cpu;
 #[cfg(feature = "cuda")]
 pub mod cuda;
+pub mod dense_rows;
 pub mod group_params;
 pub mod matrix;
 #[cfg(any(feature = "metal", target_os = "macos"))]
@@ -34,12 +35,16 @@ use crate::launches;
 use crate::profile::{self, elems_bytes, tensor_bytes, Traffic};
 use anyhow::{bail, ensure, Result};
 use candle_core::{DType, Device, Tensor};
+pub use dense_rows::scope as dense_rows_scope;
+pub use dense_rows::{dense_rows, set_dense_rows, DenseRows, DENSE_ROWS_MAX};
 pub use group_params::GroupParams;
 pub use matrix::AffineMatrix;
 pub use packing::{dequantize_row, pack_row, unpack_row, SUPPORTED_BITS, SUPPORTED_GROUPS};
 
 /// Up to this many activation rows, products read the packed weights directly (one pass per
-/// row, the decode case); beyond it the weight is dequantized once and multiplied densely.
+/// row, the decode case); beyond it, up to [`DENSE_ROWS_MAX`] rows (a batched decode step),
+/// the process's [`DenseRows`] choice runs them, and past that (prefill) the weight is
+/// dequantized once and multiplied densely.
 pub const MATVEC_MAX_ROWS: usize = 4;
 
 /// Most tokens one gathered SwiGLU product ([`AffineTensor::gather_swiglu`]) takes: a batched
@@ -146,13 +151,22 @@ impl AffineTensor {
         let x_rows = self.check_input(x, "affine matmul")?;
         let mut out_shape = x.dims().to_vec();
         *out_shape.last_mut().expect("checked rank") = self.rows;
-        let y = if x_rows <= MATVEC_MAX_ROWS {
-            let x2 = x.reshape((x_rows, self.cols))?;
-            self.products(&x2, None, 1, x_rows)?
+        let x2 = x.reshape((x_rows, self.cols))?;
+        let path = if x_rows <= MATVEC_MAX_ROWS {
+            DenseRows::RowProducts
+        } else if x_rows <= DENSE_ROWS_MAX {
+            dense_rows().path(x_rows, self.rows, self.has_grouped_kernel(&x2))
         } else {
             // Prefill: dequantizing once beats reading the packed weights per row.
-            let w = self.dequantize(None, self.rows, x.dtype())?;
-            launches::candle_op(x.reshape((x_rows, self.cols))?.matmul(&w.t()?))?
+            DenseRows::Dequantize
+        };
+        let y = match path {
+            DenseRows::RowProducts => self.products(&x2, None, 1, x_rows)?,
+            DenseRows::Grouped => self.grouped_matmul_t(&x2, &[0, x_rows as u32])?,
+            _ => {
+                let w = self.dequantize(None, self.rows, x.dtype())?;
+                launches::candle_op(x2.matmul(&w.t()?))?
+            }
         };
         Ok(y.reshape(out_shape)?)
     }

@@ -38,9 +38,36 @@ pub fn grouped_matmul_t(m: &AffineTensor, x: &Tensor, offsets: &[u32]) -> Result
         tiles > 0 && tiles <= i32::MAX as usize && row_blocks <= 65535,
         "{OP}: {tiles} tiles of {row_blocks} row blocks do not fit the CUDA grid"
     );
-    let schedule = Tensor::from_vec(schedule, tiles * 3, x.device())?;
+    let schedule = if tiles == 1 {
+        single_tile_schedule(&schedule, x.device())?
+    } else {
+        Tensor::from_vec(schedule, tiles * 3, x.device())?
+    };
     with_float_types!(x.dtype(), m.scales.dtype(), OP, |X, S| {
         grouped_as::<X, S>(m, &x, &schedule, [tiles, tile_pairs, row_blocks], &dev)
+    })
+}
+
+/// The device copy of a one-tile schedule (a batched decode step's dense product: one group
+/// of at most a tile's rows, `[0, 0, rows]`), uploaded once per device and row count, so that
+/// a steady step uploads none of them (and a captured graph could read it on every replay).
+fn single_tile_schedule(schedule: &[u32], device: &candle_core::Device) -> Result<Tensor> {
+    use std::cell::RefCell;
+    thread_local! {
+        static KEPT: RefCell<Vec<(Vec<u32>, Tensor)>> = const { RefCell::new(Vec::new()) };
+    }
+    KEPT.with(|kept| {
+        let mut kept = kept.borrow_mut();
+        let found = kept
+            .iter()
+            .find(|(words, t)| words == schedule && t.device().same_device(device));
+        if let Some((_, t)) = found {
+            return Ok(t.clone());
+        }
+        let t = Tensor::from_slice(schedule, schedule.len(), device)?;
+        // One entry per row count (at most a tile's) and device: bounded by construction.
+        kept.push((schedule.to_vec(), t.clone()));
+        Ok(t)
     })
 }
 

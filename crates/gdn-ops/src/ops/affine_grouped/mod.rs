@@ -139,6 +139,27 @@ impl AffineTensor {
             && matches!(self.scales.dtype(), DType::F32 | DType::F16 | DType::BF16)
     }
 
+    /// Whether [`Self::grouped_matmul_t`] runs its kernel (or, on the CPU, its twin) for `x`
+    /// on this device, rather than the per-expert path: what a caller that is itself the
+    /// per-expert path's product ([`Self::matmul_t`]) asks first.
+    pub fn has_grouped_kernel(&self, x: &Tensor) -> bool {
+        match self.device() {
+            Device::Cpu => true,
+            #[cfg(any(feature = "metal", target_os = "macos"))]
+            Device::Metal(_) => metal::supports(self),
+            #[cfg(feature = "cuda")]
+            Device::Cuda(_) => {
+                self.supports_grouped_kernel(x.dtype())
+                    && (x.layout().start_offset() * x.dtype().size_in_bytes()).is_multiple_of(16)
+            }
+            #[allow(unreachable_patterns)]
+            _ => {
+                let _ = x;
+                false
+            }
+        }
+    }
+
     /// The same products, one expert at a time ([`Self::matmul_t`] on each expert with rows:
     /// a dequantization and a matmul, or the direct products for a few rows), concatenated.
     pub fn grouped_per_expert(&self, x: &Tensor, offsets: &[u32]) -> Result<Tensor> {

@@ -402,6 +402,7 @@ fn batch_report(
         let mut report = report_head(args, source, model);
         report["batch"] = json!(rows.iter().map(batch::BatchRow::json).collect::<Vec<_>>());
         report["batch_products"] = json!(format!("{:?}", model.batch_products()));
+        report["dense_rows"] = json!(format!("{:?}", gdn_ops::ops::affine::dense_rows()));
         report["peak_memory_bytes"] = json!(peak);
         report["peak_memory_source"] = json!(peak_source);
         emit(&mut out, &format!("{report}\n"))?;
@@ -418,10 +419,11 @@ fn batch_report(
             .collect();
         let text = format!(
             "{}\nt/s: median ± stddev over {} repetition(s) after 1 warm-up; each sequence at depth {p}; \
-             products: {:?}\npeak memory: {:.3} GB ({peak_source})\n",
+             products: {:?}, dense rows: {:?}\npeak memory: {:.3} GB ({peak_source})\n",
             table(&name, size, backend, &labelled),
             args.repetitions,
             model.batch_products(),
+            gdn_ops::ops::affine::dense_rows(),
             peak as f64 / 1e9
         );
         emit(&mut out, &text)?;

@@ -1,0 +1,198 @@
+//! How a single quantized matrix multiplies more activation rows than the decode products take
+//! ([`super::MATVEC_MAX_ROWS`]) and at most [`DENSE_ROWS_MAX`]: the rows of a batched decode
+//! step (issue 29: the in/out projections, the router, the shared expert and the head of B
+//! sequences at once).
+//!
+//! Three ways, none of which makes a dequantized copy of the matrix:
+//! - [`DenseRows::RowProducts`]: the decode products with one output row per activation row
+//!   (`x_div` = 1). Each row runs exactly the sums it runs alone, so a batched step's row is
+//!   bit for bit its single-sequence step's. Each row unpacks the whole matrix again (from L2
+//!   when the rows' blocks walk it together): the instructions grow with B.
+//! - [`DenseRows::Grouped`]: the prefill's grouped quantized GEMM
+//!   (`ops/affine_grouped`, kernels/affine_grouped.{cu,metal}) with one group: every row in one
+//!   tile of at most [`crate::ops::affine_grouped::TILE_PAIRS`], the packed weights read and
+//!   dequantized once, the products on tensor cores. Its grid is one block per 128 output
+//!   rows, so it fills the GPU only on tall matrices (the head); the sums differ from the
+//!   decode products' (within the f32 gate, not bit for bit).
+//! - [`DenseRows::Dequantize`]: the whole matrix dequantized into x's dtype and a dense GEMM,
+//!   every step (what ran before; ~4× the packed bytes written and read again, 2 launches).
+//!
+//! [`DenseRows::Auto`] picks by rows and shape (argued in docs/perf-notes-gpu.md, "Dense
+//! products of 5–64 rows"). The choice is process-wide, set by `Model::load` from
+//! `RunOptions` (`QWEN_GDN_DENSE_ROWS`), like the CPU level: the products are leaves under
+//! every layer. A [`scope`] overrides it on one thread (the tests).
+
+use std::cell::Cell;
+use std::sync::atomic::{AtomicU8, Ordering};
+
+/// Most activation rows the choice covers: a batched decode step's (the gathered expert
+/// products' bound too). More rows are a prefill chunk's and dequantize once.
+pub const DENSE_ROWS_MAX: usize = crate::ops::affine::GATHER_MAX_TOKENS;
+
+/// Up to this many rows [`DenseRows::Auto`] runs the row products: on the H200 the decode
+/// products of Qwen3-Next-80B's dense matrices take ~0.26 ms of issue a row (≈ 2.2 G weights,
+/// ~4 instructions each, at ~33 T lane-instructions/s), against ~1.8 ms of dequantized bytes
+/// plus two launches a product for the dequantizing path: they break even near 7 rows.
+pub const AUTO_ROW_PRODUCTS_MAX: usize = 8;
+
+/// Output rows from which [`DenseRows::Auto`] takes the grouped GEMM: 128 blocks of its 128
+/// rows, about one block per SM of an H100/H200 (132). Below it the GEMM's few blocks walk
+/// the columns alone (a 2 048-row out-projection: 16 blocks) and the dequantizing path's full
+/// grids win; above it (the 151 936-row head) it reads 155 MB once where the dequantizing path
+/// writes and reads ~620 MB twice.
+pub const AUTO_GROUPED_MIN_OUTPUTS: usize = 128 * 128;
+
+/// How [`super::AffineTensor::matmul_t`] runs 5..=[`DENSE_ROWS_MAX`] rows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum DenseRows {
+    /// Row products up to [`AUTO_ROW_PRODUCTS_MAX`] rows, then the grouped GEMM on matrices
+    /// of at least [`AUTO_GROUPED_MIN_OUTPUTS`] rows, else dequantize.
+    #[default]
+    Auto,
+    /// Dequantize and a dense GEMM (the reference the others are tested against).
+    Dequantize,
+    /// The decode products, one output row per activation row (each row bit for bit alone).
+    RowProducts,
+    /// The grouped quantized GEMM with one group, where the device has it.
+    Grouped,
+}
+
+impl DenseRows {
+    /// Every choice, with its name in `QWEN_GDN_DENSE_ROWS`.
+    pub const NAMED: [(&'static str, DenseRows); 4] = [
+        ("auto", DenseRows::Auto),
+        ("dequantize", DenseRows::Dequantize),
+        ("rows", DenseRows::RowProducts),
+        ("grouped", DenseRows::Grouped),
+    ];
+
+    fn code(self) -> u8 {
+        match self {
+            DenseRows::Auto => 0,
+            DenseRows::Dequantize => 1,
+            DenseRows::RowProducts => 2,
+            DenseRows::Grouped => 3,
+        }
+    }
+
+    fn from_code(code: u8) -> Self {
+        match code {
+            1 => DenseRows::Dequantize,
+            2 => DenseRows::RowProducts,
+            3 => DenseRows::Grouped,
+            _ => DenseRows::Auto,
+        }
+    }
+
+    /// The path for `x_rows` activation rows (in `MATVEC_MAX_ROWS < x_rows <= DENSE_ROWS_MAX`)
+    /// of a matrix of `outputs` rows; `grouped` says whether the grouped kernel takes this
+    /// matrix, input and device. Never `Auto`; `Grouped` falls back to `Dequantize` where the
+    /// kernel is missing.
+    pub fn path(self, x_rows: usize, outputs: usize, grouped: bool) -> DenseRows {
+        debug_assert!(x_rows <= DENSE_ROWS_MAX);
+        match self {
+            DenseRows::Auto if x_rows <= AUTO_ROW_PRODUCTS_MAX => DenseRows::RowProducts,
+            DenseRows::Auto | DenseRows::Grouped
+                if grouped
+                    && (self == DenseRows::Grouped || outputs >= AUTO_GROUPED_MIN_OUTPUTS) =>
+            {
+                DenseRows::Grouped
+            }
+            DenseRows::RowProducts => DenseRows::RowProducts,
+            _ => DenseRows::Dequantize,
+        }
+    }
+}
+
+static CHOICE: AtomicU8 = AtomicU8::new(0);
+
+thread_local! {
+    /// A [`scope`]'s choice on this thread, over the process's.
+    static SCOPED: Cell<Option<DenseRows>> = const { Cell::new(None) };
+}
+
+/// Sets the process's choice (the last model load wins, as for the CPU level).
+pub fn set_dense_rows(choice: DenseRows) {
+    CHOICE.store(choice.code(), Ordering::Relaxed);
+}
+
+/// The choice in force on this thread: a [`scope`]'s, else the process's.
+pub fn dense_rows() -> DenseRows {
+    SCOPED
+        .get()
+        .unwrap_or_else(|| DenseRows::from_code(CHOICE.load(Ordering::Relaxed)))
+}
+
+/// Runs this thread's products on `choice` until the guard drops (then the choice before it):
+/// how a test compares the paths while other threads load models, each load setting the
+/// process's choice.
+pub fn scope(choice: DenseRows) -> Scope {
+    Scope {
+        before: SCOPED.replace(Some(choice)),
+    }
+}
+
+/// The guard of [`scope`].
+#[must_use = "the choice holds while the guard lives"]
+pub struct Scope {
+    before: Option<DenseRows>,
+}
+
+impl Drop for Scope {
+    fn drop(&mut self) {
+        SCOPED.set(self.before);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn auto_takes_row_products_then_the_gemm_on_tall_matrices() {
+        let auto = DenseRows::Auto;
+        assert_eq!(auto.path(5, 2048, true), DenseRows::RowProducts);
+        assert_eq!(auto.path(8, 151_936, true), DenseRows::RowProducts);
+        assert_eq!(auto.path(9, 151_936, true), DenseRows::Grouped);
+        assert_eq!(auto.path(64, 151_936, true), DenseRows::Grouped);
+        assert_eq!(auto.path(16, 12_352, true), DenseRows::Dequantize);
+        assert_eq!(auto.path(16, 151_936, false), DenseRows::Dequantize);
+    }
+
+    #[test]
+    fn a_scope_overrides_the_process_choice_on_its_thread_only() {
+        let process = dense_rows();
+        {
+            let _rows = scope(DenseRows::RowProducts);
+            assert_eq!(dense_rows(), DenseRows::RowProducts);
+            {
+                let _inner = scope(DenseRows::Grouped);
+                assert_eq!(dense_rows(), DenseRows::Grouped);
+            }
+            assert_eq!(dense_rows(), DenseRows::RowProducts);
+            let other = std::thread::spawn(dense_rows).join().unwrap();
+            assert_eq!(other, process, "another thread keeps the process's choice");
+        }
+        assert_eq!(dense_rows(), process);
+    }
+
+    #[test]
+    fn forced_choices_hold_where_the_kernel_exists() {
+        assert_eq!(
+            DenseRows::RowProducts.path(64, 2048, true),
+            DenseRows::RowProducts
+        );
+        assert_eq!(DenseRows::Grouped.path(5, 2048, true), DenseRows::Grouped);
+        assert_eq!(
+            DenseRows::Grouped.path(5, 2048, false),
+            DenseRows::Dequantize
+        );
+        assert_eq!(
+            DenseRows::Dequantize.path(5, 151_936, true),
+            DenseRows::Dequantize
+        );
+        for (_, c) in DenseRows::NAMED {
+            assert_eq!(DenseRows::from_code(c.code()), c);
+        }
+    }
+}

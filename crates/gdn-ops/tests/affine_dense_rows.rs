@@ -1,0 +1,24 @@
+//! A quantized matrix times 5–64 activation rows (a batched decode step's dense products,
+//! issue 29) on each path of `DenseRows`, on the CPU twins (tests/common/affine_dense_rows.rs):
+//! every path against the dequantized f64 reference; the row products bit for bit what each
+//! row gets alone; the launches each path costs.
+
+mod common;
+
+use candle_core::Device;
+use common::affine_dense_rows as check;
+
+#[test]
+fn every_path_matches_the_dequantized_reference() {
+    check::every_path_matches_the_dequantized_reference(&Device::Cpu);
+}
+
+#[test]
+fn row_products_give_each_row_what_it_gets_alone() {
+    check::row_products_give_each_row_what_it_gets_alone(&Device::Cpu);
+}
+
+#[test]
+fn only_the_dequantizing_path_launches_twice() {
+    check::only_the_dequantizing_path_launches_twice(&Device::Cpu);
+}

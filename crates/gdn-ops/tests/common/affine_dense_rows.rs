@@ -1,0 +1,148 @@
+//! The checks of a quantized matrix times 5–64 activation rows (a batched decode step's dense
+//! products, issue 29) on each path of `DenseRows` (`ops/affine/dense_rows.rs`), written once
+//! for every device: tests/affine_dense_rows.rs runs them on the CPU twins,
+//! tests/cuda_affine_dense_rows.rs on CUDA (the streamed products and
+//! `kernels/affine_grouped.cu`). Each check picks the path on its thread (`dense_rows_scope`),
+//! whatever the process's choice.
+
+use super::{random_matrix, values, Rng};
+use candle_core::{DType, Device, Tensor};
+use gdn_ops::launches;
+use gdn_ops::ops::affine::dense_rows_scope as scope;
+use gdn_ops::ops::affine::{
+    AffineMatrix, AffineTensor, DenseRows, DENSE_ROWS_MAX, MATVEC_MAX_ROWS,
+};
+
+/// The matrices: Qwen3-Next's 4-bit group 64 and the router's 8-bit group 32 (both on every
+/// kernel), and a 3-bit one (no grouped kernel on CUDA: its `Grouped` dequantizes); output
+/// rows that are not a multiple of the grouped GEMM's 128.
+fn matrices(rng: &mut Rng) -> Vec<AffineMatrix> {
+    vec![
+        random_matrix(rng, 4, 64, [1, 200, 256], DType::BF16),
+        random_matrix(rng, 8, 32, [1, 72, 128], DType::F32),
+        random_matrix(rng, 3, 64, [1, 40, 256], DType::F16),
+    ]
+}
+
+/// `x W^T` in f64 from the dequantized matrix.
+fn reference(m: &AffineMatrix, x: &[f32], rows: usize) -> Vec<f64> {
+    let mut w = vec![0f32; m.cols];
+    let mut y = vec![0f64; rows * m.rows];
+    for r in 0..m.rows {
+        m.dequantize_row(r, &mut w);
+        for i in 0..rows {
+            let xr = &x[i * m.cols..(i + 1) * m.cols];
+            y[i * m.rows + r] = w.iter().zip(xr).map(|(&w, &x)| w as f64 * x as f64).sum();
+        }
+    }
+    y
+}
+
+/// Every path, f32 and bf16 activations, 5..=64 rows: within the dtype's rounding of the f64
+/// reference, relative to the largest output (bf16 rounds x, the weights for the GEMMs, and
+/// the output once each).
+pub fn every_path_matches_the_dequantized_reference(dev: &Device) {
+    let mut rng = Rng::new(29);
+    // Per activation dtype (f32, bf16) and path.
+    let mut worst = [[0f64; 4]; 2];
+    for m in matrices(&mut rng) {
+        let w = AffineTensor::upload(&m, dev).unwrap();
+        for rows in [MATVEC_MAX_ROWS + 1, 8, 9, 16, 33, DENSE_ROWS_MAX] {
+            let xs: Vec<f32> = (0..rows * m.cols).map(|_| rng.uniform(-1.0, 1.0)).collect();
+            for (d, dtype) in [DType::F32, DType::BF16].into_iter().enumerate() {
+                let x = Tensor::from_slice(&xs, (rows, m.cols), dev)
+                    .unwrap()
+                    .to_dtype(dtype)
+                    .unwrap();
+                // The reference sees the x the kernels see.
+                let x_seen = values(&x);
+                let want = reference(&m, &x_seen, rows);
+                let scale = want.iter().fold(0f64, |a, v| a.max(v.abs()));
+                let tol = if dtype == DType::F32 { 1e-5 } else { 2e-2 };
+                for (k, (name, choice)) in DenseRows::NAMED.into_iter().enumerate() {
+                    let _path = scope(choice);
+                    let got = values(&w.matmul_t(&x).unwrap());
+                    let err = got
+                        .iter()
+                        .zip(&want)
+                        .fold(0f64, |a, (&g, &w)| a.max((g as f64 - w).abs()))
+                        / scale;
+                    worst[d][k] = worst[d][k].max(err);
+                    assert!(
+                        err <= tol,
+                        "{name}: {}-bit [{}, {}], {rows} rows of {dtype:?}: {err:e} of max|y|",
+                        m.bits,
+                        m.rows,
+                        m.cols
+                    );
+                }
+            }
+        }
+    }
+    eprintln!(
+        "worst error of max|y| per path {:?}: f32 {:?}, bf16 {:?}",
+        DenseRows::NAMED.map(|n| n.0),
+        worst[0],
+        worst[1]
+    );
+}
+
+/// The row products (`rows`, and `auto` up to its bound): each of 5, 8, 16 and 64 rows gets,
+/// bit for bit, what it gets alone (one row: the decode products).
+pub fn row_products_give_each_row_what_it_gets_alone(dev: &Device) {
+    let mut rng = Rng::new(7);
+    for m in matrices(&mut rng) {
+        let w = AffineTensor::upload(&m, dev).unwrap();
+        for (choice, rows) in [
+            (DenseRows::RowProducts, 16),
+            (DenseRows::RowProducts, DENSE_ROWS_MAX),
+            (DenseRows::Auto, MATVEC_MAX_ROWS + 1),
+            (DenseRows::Auto, 8),
+        ] {
+            let _path = scope(choice);
+            let xs: Vec<f32> = (0..rows * m.cols).map(|_| rng.uniform(-1.0, 1.0)).collect();
+            let x = Tensor::from_slice(&xs, (rows, m.cols), dev)
+                .unwrap()
+                .to_dtype(DType::BF16)
+                .unwrap();
+            let all = values(&w.matmul_t(&x).unwrap());
+            for r in 0..rows {
+                let one = values(&w.matmul_t(&x.narrow(0, r, 1).unwrap()).unwrap());
+                assert_eq!(
+                    &all[r * m.rows..(r + 1) * m.rows],
+                    one.as_slice(),
+                    "{choice:?}: row {r} of {rows}, {}-bit [{}, {}]",
+                    m.bits,
+                    m.rows,
+                    m.cols
+                );
+            }
+        }
+    }
+}
+
+/// No path past the decode rows dequantizes but `dequantize`: the row products and the
+/// grouped GEMM are one launch a product, the dequantizing path two (a dequantization and a
+/// GEMM). A prefill's 65 rows dequantize whatever the choice.
+pub fn only_the_dequantizing_path_launches_twice(dev: &Device) {
+    let mut rng = Rng::new(3);
+    let m = random_matrix(&mut rng, 4, 64, [1, 200, 256], DType::BF16);
+    let w = AffineTensor::upload(&m, dev).unwrap();
+    let launched = |choice: DenseRows, rows: usize| {
+        let _path = scope(choice);
+        let x = Tensor::zeros((rows, m.cols), DType::BF16, dev).unwrap();
+        launches::take();
+        w.matmul_t(&x).unwrap();
+        launches::take()
+    };
+    assert_eq!(launched(DenseRows::RowProducts, 16), 1);
+    assert_eq!(launched(DenseRows::Grouped, 16), 1);
+    assert_eq!(launched(DenseRows::Dequantize, 16), 2);
+    assert_eq!(launched(DenseRows::Auto, 8), 1, "auto: row products");
+    assert_eq!(
+        launched(DenseRows::Auto, 16),
+        2,
+        "auto: 200 rows are too few for the grouped GEMM's grid"
+    );
+    assert_eq!(launched(DenseRows::RowProducts, DENSE_ROWS_MAX + 1), 2);
+}
