@@ -1,16 +1,21 @@
 // Runs the shipped kernels/hyper_connection.metal on the CPU through metal_emu.h. Used by
 // crates/gdn-ops/tests/hyper_connection_emulation.rs.
 //
-// stdin, little-endian: "HCONEMU1", u32 kernel (0 hc_inject_norm, 1 hc_mix, 2 hc_act), type (0 f32,
+// stdin, little-endian: "HCONEMU1", u32 kernel (0 hc_inject_norm, 1 hc_mix, 2 hc_act, 3 hc_up_mix),
+// type (0 f32,
 // 1 f16, 2 bf16), tokens N, streams S, cols H, has_inject, has_norm, f32 eps, u32 threads per
 // threadgroup (hc_inject_norm: the host's row_threads(H); hc_mix, hc_act: MIX_THREADS); then f32
-// values converted to the instantiation's type here (exactly, when the caller rounded them):
+// values converted to the instantiation's type here (exactly, when the caller rounded them);
+// hc_up_mix has 4 more u32 header words first: the scale type (0 f32, 1 f16, 2 bf16), rank R,
+// bits and group size:
 //   hc_inject_norm: hs [N, S, H], y [N, H] and gate [N, S] (if has_inject), weight [S, H]
 //                   (f32, if has_norm);
 //   hc_mix:         up [N, S, H], normed [N, S, H];
-//   hc_act:         d [N, H] (the down product's output, R = H here).
+//   hc_act:         d [N, H] (the down product's output, R = H here);
+//   hc_up_mix:      u32 packed words [S * H, R * bits / 32], f32 scales and biases
+//                   [S * H, R / group] (converted to the scale type), d [N, R], normed [N, S, H].
 // stdout: hc_inject_norm: f32 sum [N, S, H] (if has_inject), then normed [N, S, H] (if
-// has_norm); hc_mix: f32 x [N, H]; hc_act: f32 a [N, H].
+// has_norm); hc_mix and hc_up_mix: f32 x [N, H]; hc_act: f32 a [N, H].
 //
 // The launch geometry is crates/gdn-ops/src/ops/hyper_connection/metal.rs's. Unused slots
 // are unbound (null): a kernel that touches them faults. Buffers are guarded
@@ -121,6 +126,72 @@ void run_mix(const Case& c, MixKernel<T> kernel) {
   x.write_f32();
 }
 
+struct UpMixShape {
+  uint scale_type, rank, bits, group_size;
+};
+
+template <class T, class S>
+using UpMixKernel = void (*)(const device uint*, const device S*, const device S*,
+                             const device T*, const device T*, device T*,
+                             constant HcUpMixParams&, threadgroup float*, uint3, uint, uint3, uint,
+                             uint);
+
+template <class T, class S>
+void run_up_mix(const Case& c, const UpMixShape& u, UpMixKernel<T, S> kernel) {
+  const std::size_t rows = std::size_t(c.streams) * c.cols;
+  const std::size_t words = rows * u.rank * u.bits / 32, groups = rows * (u.rank / u.group_size);
+  const std::size_t n = std::size_t(c.tokens) * c.streams * c.cols;
+  Buffer<uint> packed("packed", words, Kind::kInput);
+  Buffer<S> scales("scales", groups, Kind::kInput);
+  Buffer<S> biases("biases", groups, Kind::kInput);
+  Buffer<T> d("d", std::size_t(c.tokens) * u.rank, Kind::kInput);
+  Buffer<T> normed("normed", n, Kind::kInput);
+  Buffer<T> x("x", std::size_t(c.tokens) * c.cols, Kind::kOutput);
+  packed.fill(guarded::read_raw<std::uint32_t>(words));
+  scales.fill(guarded::read_raw<float>(groups));
+  biases.fill(guarded::read_raw<float>(groups));
+  d.fill(guarded::read_raw<float>(std::size_t(c.tokens) * u.rank));
+  normed.fill(guarded::read_raw<float>(n));
+  guarded::expect_end();
+  const HcUpMixParams params{c.tokens, c.streams, c.cols, u.rank, u.bits, u.group_size};
+  const uint warps = c.threads / 32;
+  const uint bytes = (u.rank * 4 + 15) / 16 * 16;
+  metal_emu::dispatch_threadgroups(
+      uint3{(c.cols + warps - 1) / warps, c.tokens, 1}, uint3{c.threads, 1, 1}, bytes,
+      [&](const metal_emu::ThreadIds& id) {
+        kernel((const device uint*)packed.data(), (const device S*)scales.data(),
+               (const device S*)biases.data(), (const device T*)d.data(),
+               (const device T*)normed.data(), (device T*)x.data(),
+               *(constant HcUpMixParams*)&params, id.threadgroup_memory_as<float>(),
+               id.threadgroup_position_in_grid, id.thread_index_in_threadgroup,
+               id.threads_per_threadgroup, id.thread_index_in_simdgroup,
+               id.simdgroup_index_in_threadgroup);
+      });
+  guarded::check_all(packed, scales, biases, d, normed, x);
+  x.write_f32();
+}
+
+// Every (activation, scale) instantiation of hc_up_mix, by their type codes.
+void up_mix(const Case& c, uint type) {
+  UpMixShape u;
+  guarded::read_words(&u.scale_type, 4);
+  if (u.scale_type > 2 || type > 2) guarded::die("unknown type");
+  if ((u.bits != 2 && u.bits != 4 && u.bits != 8) || u.rank == 0 || u.rank > 8192 ||
+      u.group_size == 0 || u.group_size % (32 / u.bits) != 0 || u.rank % u.group_size != 0)
+    guarded::die("bad up matrix");
+  switch (type * 3 + u.scale_type) {
+    case 0: run_up_mix<float, float>(c, u, hc_up_mix_f32_f32); break;
+    case 1: run_up_mix<float, half>(c, u, hc_up_mix_f32_f16); break;
+    case 2: run_up_mix<float, bfloat>(c, u, hc_up_mix_f32_bf16); break;
+    case 3: run_up_mix<half, float>(c, u, hc_up_mix_f16_f32); break;
+    case 4: run_up_mix<half, half>(c, u, hc_up_mix_f16_f16); break;
+    case 5: run_up_mix<half, bfloat>(c, u, hc_up_mix_f16_bf16); break;
+    case 6: run_up_mix<bfloat, float>(c, u, hc_up_mix_bf16_f32); break;
+    case 7: run_up_mix<bfloat, half>(c, u, hc_up_mix_bf16_f16); break;
+    default: run_up_mix<bfloat, bfloat>(c, u, hc_up_mix_bf16_bf16); break;
+  }
+}
+
 }  // namespace
 
 int main() {
@@ -134,7 +205,7 @@ int main() {
   c.has_norm = h[6];
   std::memcpy(&c.eps, &h[7], 4);
   c.threads = h[8];
-  if (kernel > 2 || type > 2 || c.tokens == 0 || c.streams == 0 || c.cols == 0 ||
+  if (kernel > 3 || type > 2 || c.tokens == 0 || c.streams == 0 || c.cols == 0 ||
       c.has_inject > 1 || c.has_norm > 1)
     guarded::die("bad header");
   if (c.threads == 0 || c.threads % 32 != 0 || c.threads > 1024)
@@ -144,6 +215,8 @@ int main() {
     if (!c.has_inject && !c.has_norm) guarded::die("neither an injection nor a norm");
     guarded::by_type(type, hc_inject_norm_f32, hc_inject_norm_f16, hc_inject_norm_bf16,
                      [&](auto t, auto k) { run_inject<typename decltype(t)::type>(c, k); });
+  } else if (kernel == 3) {
+    up_mix(c, type);
   } else if (kernel == 2) {
     guarded::by_type(type, hc_act_f32, hc_act_f16, hc_act_bf16,
                      [&](auto t, auto k) { run_act<typename decltype(t)::type>(c, k); });

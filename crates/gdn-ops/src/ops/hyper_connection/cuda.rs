@@ -1,12 +1,15 @@
 //! CUDA host side of `kernels/hyper_connection.cu`: `hc_inject_norm` one block per stream
-//! row, `hc_act` and `hc_mix` one thread per output value.
+//! row, `hc_act` and `hc_mix` one thread per output value, `hc_up_mix` one warp per output
+//! value.
 
 use super::{row_threads, ActInputs, InjectInputs, MixInputs, MAX_COLS, MIX_THREADS, PER_THREAD};
-use super::{HcActParams, HcInjectNormParams, HcMixParams};
+use super::{HcActParams, HcInjectNormParams, HcMixParams, HcUpMixParams};
+use super::{UpMixInputs, UP_MIX_WARPS};
 use crate::backend::cuda::{
-    config, cuda_device, cuda_source, launch, tensor, view_or, with_float_type, Element, Held,
-    Kernel, KernelSource,
+    config, cuda_device, cuda_source, launch, tensor, view_or, with_float_type, with_float_types,
+    Element, Held, Kernel, KernelSource,
 };
+use crate::ops::affine::cuda::HeldWeights;
 use anyhow::{ensure, Result};
 use candle_core::cuda_backend::cudarc::driver::{DeviceRepr, PushKernelArg};
 use candle_core::{CudaDevice, Tensor};
@@ -16,6 +19,7 @@ const SOURCE: KernelSource = cuda_source!("hyper_connection");
 unsafe impl DeviceRepr for HcInjectNormParams {}
 unsafe impl DeviceRepr for HcMixParams {}
 unsafe impl DeviceRepr for HcActParams {}
+unsafe impl DeviceRepr for HcUpMixParams {}
 
 pub(crate) fn hc_inject_norm(inputs: &InjectInputs) -> Result<(Option<Tensor>, Option<Tensor>)> {
     const OP: &str = "hc_inject_norm";
@@ -142,4 +146,43 @@ fn run_act<T: Element>(inputs: &ActInputs, dev: &CudaDevice) -> Result<Tensor> {
         unsafe { launch(args, geometry) }?;
     }
     Ok(tensor(a, dev, len))
+}
+
+pub(crate) fn hc_up_mix(inputs: &UpMixInputs) -> Result<Tensor> {
+    const OP: &str = "hc_up_mix";
+    let dev = cuda_device(&inputs.normed, OP)?;
+    with_float_types!(
+        inputs.normed.dtype(),
+        inputs.up.scales.dtype(),
+        OP,
+        |X, S| run_up_mix::<X, S>(inputs, &dev)
+    )
+}
+
+fn run_up_mix<X: Element, S: Element>(inputs: &UpMixInputs, dev: &CudaDevice) -> Result<Tensor> {
+    const OP: &str = "hc_up_mix";
+    let p = inputs.params;
+    ensure!(p.tokens <= 65535, "{OP}: {} tokens exceed the CUDA grid", p.tokens);
+    let len = (p.tokens * p.cols) as usize;
+    let kernel = Kernel::typed(dev, &SOURCE, "hc_up_mix", &[X::DTYPE, S::DTYPE], OP)?;
+    // SAFETY: the kernel writes every one of the N·H values.
+    let x = unsafe { dev.alloc::<X>(len)? };
+    {
+        let weights = HeldWeights::new(inputs.up);
+        let views = weights.views::<S>(OP)?;
+        let (d, normed) = (Held::new(&inputs.d), Held::new(&inputs.normed));
+        let (d_view, normed_view) = (d.view::<X>(OP)?, normed.view::<X>(OP)?);
+        let mut args = kernel.args();
+        views.push(&mut args);
+        args.arg(&d_view).arg(&normed_view).arg(&x).arg(&p);
+        let blocks = (p.cols as usize).div_ceil(UP_MIX_WARPS) as u32;
+        // The token's R activations in f32, shared by the block's warps.
+        let shared = p.rank as usize * std::mem::size_of::<f32>();
+        let geometry = config((blocks, p.tokens, 1), (32, UP_MIX_WARPS as u32, 1), shared);
+        // SAFETY: arguments in the order and types of `hc_up_mix_*` in
+        // kernels/hyper_connection.cu; the weights hold S·H rows of R columns, d N·R values,
+        // normed N·S·H, x N·H.
+        unsafe { launch(args, geometry) }?;
+    }
+    Ok(tensor(x, dev, (p.tokens as usize, p.cols as usize)))
 }

@@ -30,9 +30,23 @@
 //!
 //! It replaces the scale and the silu (2 launches) by one.
 //!
+//! [`hc_up_mix`]: `hc_act`, the up product and `hc_mix` in one launch, from the down
+//! product's output `d` `[N, R]`, the up matrix `W` (MLX affine, `[S·H, R]`, 2, 4 or 8 bits)
+//! and the normed streams `n` `[N, S·H]`:
+//! - `a = InT(silu(InT(d / S)))` (as `hc_act`);
+//! - `u[n, s, j] = InT(Σ_k W[s·H + j, k] · a[n, k])`, f32 products and sums (as the affine
+//!   product rounds it);
+//! - `x` from `u` and `n` as `hc_mix`.
+//!
+//! It replaces `hc_act`, the up product and `hc_mix` (3 launches) by one: every block
+//! recomputes the `R` activations of its token (R = 320 at the release: a few hundred
+//! values against the `S` weight rows of `R` each it reads per output).
+//!
 //! Kernels: `kernels/hyper_connection.{metal,cu}` (`hc_inject_norm_<t>`: one block per
 //! stream row of [`row_threads`] threads holding [`PER_THREAD`] values each; `hc_mix_<t>`:
-//! [`MIX_THREADS`] threads a block, one output value each); [`cpu`] is the twin both match.
+//! [`MIX_THREADS`] threads a block, one output value each; `hc_up_mix_<t>_<s>`:
+//! [`UP_MIX_WARPS`] warps a block, one output value each, the token's activations in shared
+//! memory); [`cpu`] is the twin both match.
 
 pub(crate) mod cpu;
 #[cfg(feature = "cuda")]
@@ -40,6 +54,7 @@ pub mod cuda;
 #[cfg(any(feature = "metal", target_os = "macos"))]
 pub mod metal;
 
+use super::affine::AffineTensor;
 use crate::backend::on_device;
 use crate::profile::{self, tensor_bytes, Traffic};
 use anyhow::{ensure, Result};
@@ -52,6 +67,24 @@ pub use super::add_rms_norm::{row_threads, MAX_COLS, PER_THREAD};
 
 /// Threads of a block of the elementwise kernels (`hc_act`, `hc_mix`), one value each.
 pub const MIX_THREADS: usize = 256;
+
+/// Warps (simdgroups) of a `hc_up_mix` block, one output value `x[n, j]` each.
+pub const UP_MIX_WARPS: usize = 8;
+
+/// The widest low-rank activation `hc_up_mix` holds in a block's shared memory (32 KB of f32).
+pub const MAX_RANK: usize = 8192;
+
+/// `HcUpMixParams` of kernels/params/hyper_connection.h, field for field.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct HcUpMixParams {
+    pub tokens: u32,
+    pub streams: u32,
+    pub cols: u32,
+    pub rank: u32,
+    pub bits: u32,
+    pub group_size: u32,
+}
 
 /// `HcInjectNormParams` of kernels/params/hyper_connection.h, field for field.
 #[repr(C)]
@@ -103,6 +136,33 @@ pub(crate) struct MixInputs {
 pub(crate) struct ActInputs {
     pub d: Tensor,
     pub params: HcActParams,
+}
+
+/// The inputs of one [`hc_up_mix`] call after the checks (contiguous).
+pub(crate) struct UpMixInputs<'a> {
+    /// `[N, R]`.
+    pub d: Tensor,
+    pub up: &'a AffineTensor,
+    /// `[N, S·H]`.
+    pub normed: Tensor,
+    pub params: HcUpMixParams,
+}
+
+/// Whether `hc_up_mix` covers the up matrix `up` of a hyper-connection of `streams` streams
+/// of `hidden` in `dtype`: one `[S·H, R]` matrix of whole values per packed word (2, 4, 8
+/// bits) whose groups span whole words, R at most [`MAX_RANK`], scales and biases of one
+/// float type. The model keeps `hc_act`, the product and `hc_mix` otherwise.
+pub fn supports_up_mix(up: &AffineTensor, streams: usize, hidden: usize, dtype: DType) -> bool {
+    let floats = |t: DType| matches!(t, DType::F32 | DType::F16 | DType::BF16);
+    supports(streams, hidden, dtype)
+        && up.experts == 1
+        && up.rows == streams * hidden
+        && (1..=MAX_RANK).contains(&up.cols)
+        && matches!(up.bits, 2 | 4 | 8)
+        && up.group_size % (32 / up.bits) == 0
+        && up.cols % up.group_size == 0
+        && floats(up.scales.dtype())
+        && up.scales.dtype() == up.biases.dtype()
 }
 
 /// Whether the kernels cover `streams` streams of `hidden` in `dtype`; the model keeps the
@@ -279,6 +339,61 @@ pub fn hc_act(d: &Tensor, streams: usize) -> Result<Tensor> {
         || on_device!(device, OP, hc_act(&inputs)),
     )?;
     Ok(a.reshape(d.dims())?)
+}
+
+/// `x` `[N, H]`: `hc_act` of the down product's output `d` `[N, R]`, its product with the
+/// up matrix `up` (`[S·H, R]`) and `hc_mix` of that with the normed streams `normed`
+/// `[N, S·H]`, in one launch (see the module doc); refused where [`supports_up_mix`] is not.
+pub fn hc_up_mix(d: &Tensor, up: &AffineTensor, normed: &Tensor, streams: usize) -> Result<Tensor> {
+    const OP: &str = "hc_up_mix";
+    let (tokens, cols) = streams_shape(OP, "normed", normed, streams)?;
+    let dtype = normed.dtype();
+    ensure!(
+        supports_up_mix(up, streams, cols, dtype),
+        "{OP}: no kernel for a {}-bit group-{} up matrix [{}, {}] ({:?} scales) of {streams}          streams of {cols} (2/4/8 bits, groups of whole words, 1..={MAX_RANK} columns)",
+        up.bits,
+        up.group_size,
+        up.rows,
+        up.cols,
+        up.scales.dtype()
+    );
+    ensure!(
+        d.dims() == [tokens, up.cols] && d.dtype() == dtype,
+        "{OP}: d {:?} {:?} must be [{tokens}, {}] {dtype:?}",
+        d.dims(),
+        d.dtype(),
+        up.cols
+    );
+    for t in [d, &up.packed] {
+        ensure!(
+            t.device().same_device(normed.device()),
+            "{OP}: inputs on different devices"
+        );
+    }
+    let inputs = UpMixInputs {
+        d: d.contiguous()?,
+        up,
+        normed: normed.contiguous()?,
+        params: HcUpMixParams {
+            tokens: tokens as u32,
+            streams: streams as u32,
+            cols: cols as u32,
+            rank: up.cols as u32,
+            bits: up.bits as u32,
+            group_size: up.group_size as u32,
+        },
+    };
+    let device = normed.device();
+    profile::kernel(
+        OP,
+        device,
+        || {
+            Ok(Traffic::new()
+                .read(tensor_bytes(&inputs.d) + tensor_bytes(&inputs.normed) + up.bytes())
+                .write(tensor_bytes(&inputs.normed) / streams))
+        },
+        || on_device!(device, OP, hc_up_mix(&inputs)),
+    )
 }
 
 /// Bytes moved (the decode profile): the streams read, with an injection `y` and the gate
