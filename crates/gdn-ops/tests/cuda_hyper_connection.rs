@@ -1,19 +1,23 @@
-//! The CUDA `hc_inject_norm_`, `hc_act_` and `hc_mix_{f32,f16,bf16}` kernels
-//! (`kernels/hyper_connection.cu`) against the CPU twin, for every instantiation and every
-//! form (injection, norm, both), over the op's cases (tests/common/hyper_connection.rs). Built
+//! The CUDA `hc_inject_norm_`, `hc_act_` and `hc_mix_{f32,f16,bf16}` kernels and
+//! `hc_up_mix_<x>_<s>` (`kernels/hyper_connection.cu`) against the CPU twin, for every
+//! instantiation and every form (injection, norm, both), over the op's cases
+//! (tests/common/hyper_connection.rs). Built
 //! only with the `cuda` feature and run on the GPU machine (scripts/gpu/test-cuda.sh); without
 //! a CUDA device every test fails.
 //!
 //! Gates: `sum`, `a` and `x` within 1 ulp of InT (`expf` may differ from the host's in its last
-//! bit); `normed` within 1 ulp plus 1e-5 of max |normed|.
+//! bit); `normed` within 1 ulp plus 1e-5 of max |normed|; `hc_up_mix`'s `x` within 2 ulps
+//! plus 1e-5 of max |x| of the twin's and of the three CUDA kernels it replaces (the
+//! product's f32 sum in another order can move a rounded logit by an ulp).
 #![cfg(feature = "cuda")]
 
 mod common;
 
 use candle_core::{Device, Tensor};
-use common::hyper_connection::{inputs, runs, seed, FORMS};
+use common::hyper_connection::{inputs, runs, seed, up_mix_inputs, up_mix_runs, up_mix_seed, FORMS};
 use common::{close, gpu, tensor, values, TYPES};
-use gdn_ops::ops::hyper_connection::{hc_act, hc_inject_norm, hc_mix};
+use gdn_ops::ops::affine::AffineTensor;
+use gdn_ops::ops::hyper_connection::{hc_act, hc_inject_norm, hc_mix, hc_up_mix};
 
 const EPS: f32 = 1e-6;
 /// The streams' sums and the mix (a gate or weight times a value, summed over streams) may
@@ -76,6 +80,30 @@ fn cuda_hyper_connection_matches_the_cpu_twin() {
         let got = hc_act(&on_gpu(&d), s).unwrap();
         if let Some(e) = close("a", &values(&got), &values(&want), ty, 4.0, 0.0) {
             failures.push(format!("hc_act_{} N={n} S={s} R={h}: {e}", ty.name()));
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+#[test]
+fn cuda_up_mix_matches_the_cpu_twin_and_the_three_kernels() {
+    let gpu = gpu();
+    let mut failures = vec![];
+    for (i, c, ty) in up_mix_runs(&TYPES) {
+        let (n, s, h, r) = (c.tokens, c.streams, c.cols, c.rank);
+        let x = up_mix_inputs(&c, ty, up_mix_seed(i, ty));
+        let [w, w_g] = [&Device::Cpu, &gpu].map(|d| AffineTensor::upload(&x.m, d).unwrap());
+        let d = tensor(&x.d, &[n, r], ty);
+        let normed = tensor(&x.normed, &[n, s * h], ty);
+        let (d_g, normed_g) = (d.to_device(&gpu).unwrap(), normed.to_device(&gpu).unwrap());
+        let want = values(&hc_up_mix(&d, &w, &normed, s).unwrap());
+        let got = values(&hc_up_mix(&d_g, &w_g, &normed_g, s).unwrap());
+        let a = hc_act(&d_g, s).unwrap().reshape((n, r)).unwrap();
+        let three = values(&hc_mix(&w_g.matmul_t(&a).unwrap(), &normed_g, s).unwrap());
+        let err = close("x vs twin", &got, &want, ty, 2.0, 1e-5)
+            .or_else(|| close("x vs three kernels", &got, &three, ty, 2.0, 1e-5));
+        if let Some(e) = err {
+            failures.push(format!("hc_up_mix_{} {c:?}: {e}", ty.name()));
         }
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));

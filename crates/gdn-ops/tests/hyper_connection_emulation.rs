@@ -1,7 +1,7 @@
 //! The shipped `kernels/hyper_connection.metal`, compiled as C++ with clang-19 and the Metal
 //! emulation header (`kernels/emu/`), run on the CPU for `hc_inject_norm_{f32,f16,bf16}` (with
-//! and without the injection and the norm), `hc_act_{f32,f16,bf16}` and `hc_mix_{f32,f16,bf16}`,
-//! and compared with the
+//! and without the injection and the norm), `hc_act_{f32,f16,bf16}`, `hc_mix_{f32,f16,bf16}`
+//! and `hc_up_mix_<x>_<s>` (every activation and scale type), and compared with the
 //! CPU twin ([`gdn_ops::ops::hyper_connection`]) over the op's cases
 //! (tests/common/hyper_connection.rs).
 //!
@@ -10,18 +10,22 @@
 //!
 //! Gates, per case: `sum`, `a` and `x` within 1 ulp of InT of the twin's (the same roundings, but
 //! `exp` may differ in its last bit); `normed` within 1 ulp plus 1e-5 of max |normed| (the
-//! f32 sum of squares is added in another order). The harness guards every buffer and leaves
-//! the unused slots unbound.
+//! f32 sum of squares is added in another order); `hc_up_mix`'s `x` within 2 ulps plus 1e-5
+//! of max |x| (the product's f32 sum is added in another order, which can move the rounded
+//! logit by an ulp). The harness guards every buffer and leaves the unused slots unbound.
 
 mod common;
 mod emu;
 
 use candle_core::{Device, Tensor};
-use common::hyper_connection::{inputs, runs, seed, FORMS};
+use common::hyper_connection::{
+    inputs, runs, seed, up_mix_inputs, up_mix_runs, up_mix_seed, UpMixCase, FORMS,
+};
 use common::{close, failures, tensor, values, Input, Ty, TYPES};
+use gdn_ops::ops::affine::AffineTensor;
 use gdn_ops::ops::hyper_connection::{
-    hc_act, hc_inject_norm, hc_mix, row_threads, HcActParams, HcInjectNormParams, HcMixParams,
-    MIX_THREADS,
+    hc_act, hc_inject_norm, hc_mix, hc_up_mix, row_threads, HcActParams, HcInjectNormParams,
+    HcMixParams, HcUpMixParams, MIX_THREADS, UP_MIX_WARPS,
 };
 
 static HARNESS: emu::Harness = emu::Harness::metal("hyper_connection_harness");
@@ -151,6 +155,54 @@ fn shipped_hyper_connection_kernels_match_the_cpu_twin() {
     common::assert_no_failures(&failures, cases.len(), "cases fail");
 }
 
+/// `hc_up_mix` case `c` at `ty` on the emulator against the twin.
+fn check_up_mix(i: usize, c: &UpMixCase, ty: Ty) -> Option<String> {
+    let (n, s, h, r) = (c.tokens, c.streams, c.cols, c.rank);
+    let x = up_mix_inputs(c, ty, up_mix_seed(i, ty));
+    let mut input = Input::new(b"HCONEMU1");
+    input
+        .u32(3)
+        .u32(ty.code())
+        .u32(n as u32)
+        .u32(s as u32)
+        .u32(h as u32)
+        .u32(0)
+        .u32(0)
+        .f32(EPS)
+        .u32((32 * UP_MIX_WARPS) as u32)
+        .u32(c.scales.code())
+        .u32(r as u32)
+        .u32(c.bits as u32)
+        .u32(c.group as u32);
+    x.m.packed().iter().for_each(|&w| {
+        input.u32(w);
+    });
+    input
+        .f32s(&x.m.scales().to_f32_vec())
+        .f32s(&x.m.biases().to_f32_vec())
+        .f32s(&x.d)
+        .f32s(&x.normed);
+    let got = match HARNESS.run(&input.0) {
+        Ok(v) => v,
+        Err(e) => return Some(e),
+    };
+    let w = AffineTensor::upload(&x.m, &Device::Cpu).unwrap();
+    let d = tensor(&x.d, &[n, r], ty);
+    let normed = tensor(&x.normed, &[n, s * h], ty);
+    let want = values(&hc_up_mix(&d, &w, &normed, s).unwrap());
+    close("x", &got, &want, ty, 2.0, 1e-5)
+}
+
+#[test]
+fn shipped_up_mix_kernel_matches_the_cpu_twin() {
+    let cases = up_mix_runs(&TYPES);
+    HARNESS.path();
+    let failures: Vec<String> = failures(&cases, |(i, c, ty)| {
+        check_up_mix(*i, c, *ty).map(|e| format!("up_mix {} {c:?}: {e}", ty.name()))
+    });
+    common::assert_no_failures(&failures, cases.len(), "cases fail");
+}
+
 /// What the C++ build cannot see: the buffer indices, the parameter structs the host mirrors,
 /// and the instantiation names.
 #[test]
@@ -176,12 +228,19 @@ fn kernel_abi_in_source() {
     emu::assert_params("hyper_connection.h", "HcActParams", &["len", "streams"]);
     assert_eq!(std::mem::size_of::<HcMixParams>(), 12);
     assert_eq!(std::mem::size_of::<HcActParams>(), 8);
+    emu::assert_params(
+        "hyper_connection.h",
+        "HcUpMixParams",
+        &["tokens", "streams", "cols", "rank", "bits", "group_size"],
+    );
+    assert_eq!(std::mem::size_of::<HcUpMixParams>(), 24);
     let src = emu::shipped_source_including("kernels/hyper_connection.metal", "hyper_connection.h");
     let inject = ["hs", "y", "gate", "weight", "sum", "normed"];
     emu::assert_buffer_indices(&src, "hyper_connection.metal", &inject, "");
     assert!(src.contains("HcInjectNormParams& p [[buffer(6)]]"));
     assert!(src.contains("HcMixParams& p [[buffer(3)]]"));
     assert!(src.contains("HcActParams& p [[buffer(2)]]"));
+    assert!(src.contains("HcUpMixParams& p [[buffer(6)]]"));
     emu::assert_instantiated(&src, "hc_act");
     emu::assert_instantiated(&src, "hc_inject_norm");
     emu::assert_instantiated(&src, "hc_mix");

@@ -7,16 +7,20 @@
 //! [`HyperConnection::mix_normed`], [`HyperConnection::inject_normed`]), the products
 //! between them on the affine kernels, with [`HyperConnection::forward`] and
 //! [`HyperConnection::inject`] as their reference. The down and injection products read the
-//! same normed streams and are one merged product ([`HyperConnection::down_and_gates`]).
+//! same normed streams and are one merged product ([`HyperConnection::down_and_gates`]); the
+//! activation, the up product and the mixing are one kernel (`hc_up_mix`) where it covers the
+//! quantized up matrix.
 
 use crate::candle_ops::{sigmoid, silu};
 use crate::layers::linear::{FusedLinear, Linear};
+use crate::weights::Weight;
 use crate::weights::Checkpoint;
 use crate::Config;
 use anyhow::{ensure, Result};
 use candle_core::{DType, Device, Tensor, D};
 use gdn_ops::launches::candle_op;
-use gdn_ops::ops::hyper_connection::{hc_act, hc_inject_norm, hc_mix};
+use gdn_ops::ops::affine::AffineTensor;
+use gdn_ops::ops::hyper_connection::{hc_act, hc_inject_norm, hc_mix, hc_up_mix, supports_up_mix};
 
 /// RMSNorm applied to each group of `group` features separately, with a zero-centred weight
 /// (`1 + w`): the norm of the hyper-connections and of the per-layer embeddings. Neither the
@@ -215,16 +219,43 @@ impl HyperConnection {
     }
 
     /// The rest of [`Self::forward`] from the normed streams `n` `[T, S·H]` (from
-    /// [`Self::normed`] or [`Self::inject_normed`]): the block's input `[T, H]` (the down and
-    /// up products on their kernels, the activation between them on `hc_act`, the mixing on
-    /// `hc_mix`) and, with injection weights, the
-    /// injection product's gate logits `[T, S]` before their sigmoid, which
-    /// [`Self::inject_normed`] applies.
+    /// [`Self::normed`] or [`Self::inject_normed`]): the block's input `[T, H]` (the merged
+    /// down and inject product on the affine kernels, then the activation, the up product
+    /// and the mixing on `hc_up_mix`, or where it does not cover the up matrix on `hc_act`,
+    /// the product and `hc_mix`) and, with injection weights, the injection product's gate
+    /// logits `[T, S]` before their sigmoid, which [`Self::inject_normed`] applies.
     pub fn mix_normed(&self, n: &Tensor) -> Result<(Tensor, Option<Tensor>)> {
         let (d, g) = self.down_and_gates(n)?;
-        let a = hc_act(&d, self.streams)?;
-        let x = hc_mix(&self.up.forward(&a)?, n, self.streams)?;
+        let x = match self.up_mix_matrix(n.dtype()) {
+            Some(up) => hc_up_mix(&d, up, n, self.streams)?,
+            None => {
+                if !n.device().is_cpu() {
+                    static ONCE: std::sync::Once = std::sync::Once::new();
+                    ONCE.call_once(|| {
+                        eprintln!(
+                            "note: no hc_up_mix kernel for this hyper-connection's up matrix; \
+                             using hc_act, the product and hc_mix"
+                        )
+                    });
+                }
+                let a = hc_act(&d, self.streams)?;
+                hc_mix(&self.up.forward(&a)?, n, self.streams)?
+            }
+        };
         Ok((x, g))
+    }
+
+    /// The up matrix when `hc_up_mix` covers it in `dtype` (quantized, without bias, a shape
+    /// and width of its kernels); `None` keeps `hc_act`, the product and `hc_mix`.
+    pub fn up_mix_matrix(&self, dtype: DType) -> Option<&AffineTensor> {
+        match (&self.up.weight, &self.up.bias) {
+            (Weight::Quantized(up), None)
+                if supports_up_mix(up, self.streams, self.hidden, dtype) =>
+            {
+                Some(up)
+            }
+            _ => None,
+        }
     }
 
     fn norm_args(&self) -> (&Tensor, f32) {
