@@ -14,7 +14,9 @@
 mod common;
 
 use candle_core::{Device, Tensor};
-use common::hyper_connection::{inputs, runs, seed, up_mix_inputs, up_mix_runs, up_mix_seed, FORMS};
+use common::hyper_connection::{
+    inputs, runs, seed, up_mix_inputs, up_mix_runs, up_mix_seed, FORMS,
+};
 use common::{close, gpu, tensor, values, TYPES};
 use gdn_ops::ops::affine::AffineTensor;
 use gdn_ops::ops::hyper_connection::{hc_act, hc_inject_norm, hc_mix, hc_up_mix};

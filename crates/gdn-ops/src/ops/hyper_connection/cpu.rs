@@ -2,9 +2,9 @@
 //! activation dtype exactly where the kernels store or round.
 
 use super::{ActInputs, HcActParams, HcMixParams, InjectInputs, MixInputs, UpMixInputs};
+use crate::backend::{f32_values, round_to};
 use crate::ops::affine::cpu::products;
 use crate::ops::affine::{ProductKind, Products};
-use crate::backend::{f32_values, round_to};
 use anyhow::Result;
 use candle_core::Tensor;
 

@@ -162,7 +162,11 @@ pub(crate) fn hc_up_mix(inputs: &UpMixInputs) -> Result<Tensor> {
 fn run_up_mix<X: Element, S: Element>(inputs: &UpMixInputs, dev: &CudaDevice) -> Result<Tensor> {
     const OP: &str = "hc_up_mix";
     let p = inputs.params;
-    ensure!(p.tokens <= 65535, "{OP}: {} tokens exceed the CUDA grid", p.tokens);
+    ensure!(
+        p.tokens <= 65535,
+        "{OP}: {} tokens exceed the CUDA grid",
+        p.tokens
+    );
     let len = (p.tokens * p.cols) as usize;
     let kernel = Kernel::typed(dev, &SOURCE, "hc_up_mix", &[X::DTYPE, S::DTYPE], OP)?;
     // SAFETY: the kernel writes every one of the N·H values.

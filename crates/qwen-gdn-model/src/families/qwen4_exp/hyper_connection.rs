@@ -13,8 +13,8 @@
 
 use crate::candle_ops::{sigmoid, silu};
 use crate::layers::linear::{FusedLinear, Linear};
-use crate::weights::Weight;
 use crate::weights::Checkpoint;
+use crate::weights::Weight;
 use crate::Config;
 use anyhow::{ensure, Result};
 use candle_core::{DType, Device, Tensor, D};
