@@ -3,6 +3,8 @@
 // reference both must match (its mod.rs holds the spec).
 //   hc_inject_norm: w = InT(2 * InT(sigmoid(InT(g[n,s] / S))))
 //                   sum = InT(hs + InT(w * y[n,j]))                    (has_inject)
+//                   with K = slots > 0: y[n,j] = InT(sum_k slot_weights[n,k] * y[n,k,j]),
+//                   a MoE block's slot outputs summed as moe_combine sums them
 //                   normed = InT(sum * rsqrt(mean_j sum^2 + eps) * weight[s,j])   (has_norm)
 //   hc_act:         a[i] = InT(silu(InT(d[i] / S)))     (d: the down product's output)
 //   hc_mix:         x[n,j] = InT((1/S) * sum_s InT(InT(sigmoid(u[n,s,j])) * normed[n,s,j]))
@@ -10,11 +12,12 @@
 //                   [S*H, R] (f32 products and sums, affine.cu's per-word order), then hc_mix
 //
 // ENTRY POINTS (extern "C"; <t> in {f32, f16, bf16}):
-//   hc_inject_norm_<t>(hs, y, gate, weight (f32), sum, normed, HcInjectNormParams p)
+//   hc_inject_norm_<t>(hs, y, gate, weight (f32), slot_weights (f32), sum, normed,
+//                      HcInjectNormParams p)
 //     block = ceil(H / kPer) threads rounded up to a multiple of 32 (at most 1024), one block
 //     per stream row; grid = N * S. H <= kPer * 1024 = 8192 (MAX_COLS on the host).
 //     Without an injection y, gate and sum are never touched; without a norm weight and
-//     normed neither: pass any valid pointer.
+//     normed neither; slot_weights only with slots > 0: pass any valid pointer.
 //   hc_act_<t>(d, a, HcActParams p)
 //     block = 256 threads (MIX_THREADS), one value each; grid = ceil(len / 256).
 //   hc_mix_<t>(up, normed, x, HcMixParams p)
@@ -61,7 +64,9 @@ using cuda_block_sum::block_sum;
 template <typename T>
 __device__ __forceinline__ void inject_norm_body(const T* __restrict__ hs, const T* __restrict__ y,
                                                  const T* __restrict__ gate,
-                                                 const float* __restrict__ weight, T* __restrict__ sum,
+                                                 const float* __restrict__ weight,
+                                                 const float* __restrict__ slot_weights,
+                                                 T* __restrict__ sum,
                                                  T* __restrict__ normed, const HcInjectNormParams& p,
                                                  uint32_t row, uint32_t tid, uint32_t threads,
                                                  float* warp_sums) {
@@ -82,8 +87,21 @@ __device__ __forceinline__ void inject_norm_body(const T* __restrict__ hs, const
 #pragma unroll
     for (uint32_t k = 0; k < kPer; ++k) {
       const uint32_t j = tid + k * threads;
+      if (j >= p.cols) continue;
+      float yj;
+      if (p.slots == 0) {
+        yj = to_f32(y[(size_t)n * p.cols + j]);
+      } else {
+        // moe_combine's sum over the slots, in order, rounded once.
+        float acc = 0.f;
+        for (uint32_t k2 = 0; k2 < p.slots; ++k2) {
+          const size_t r = (size_t)n * p.slots + k2;
+          acc = fmaf(slot_weights[r], to_f32(y[r * p.cols + j]), acc);
+        }
+        yj = rounded<T>(acc);
+      }
       // Rounded before it is squared: the norm sees the stored sum.
-      if (j < p.cols) v[k] = rounded<T>(v[k] + rounded<T>(w * to_f32(y[(size_t)n * p.cols + j])));
+      v[k] = rounded<T>(v[k] + rounded<T>(w * yj));
     }
   }
   if (p.has_norm != 0) {
@@ -205,20 +223,22 @@ __device__ void run_up_mix(const uint32_t* packed, const S* scales, const S* bia
 }
 
 template <typename T>
-__device__ void run_inject_norm(const T* hs, const T* y, const T* gate, const float* weight, T* sum,
-                                T* normed, const HcInjectNormParams p) {
+__device__ void run_inject_norm(const T* hs, const T* y, const T* gate, const float* weight,
+                                const float* slot_weights, T* sum, T* normed,
+                                const HcInjectNormParams p) {
   __shared__ float warp_sums[32];
-  inject_norm_body<T>(hs, y, gate, weight, sum, normed, p, blockIdx.x, threadIdx.x, blockDim.x,
-                      warp_sums);
+  inject_norm_body<T>(hs, y, gate, weight, slot_weights, sum, normed, p, blockIdx.x, threadIdx.x,
+                      blockDim.x, warp_sums);
 }
 
 }  // namespace hyper_connection
 
 #define HC_ENTRIES(TN, T)                                                                     \
   extern "C" __global__ void hc_inject_norm_##TN(const T* hs, const T* y, const T* gate,      \
-                                                 const float* weight, T* sum, T* normed,      \
-                                                 const HcInjectNormParams p) {                \
-    hyper_connection::run_inject_norm<T>(hs, y, gate, weight, sum, normed, p);                \
+                                                 const float* weight,                         \
+                                                 const float* slot_weights, T* sum,           \
+                                                 T* normed, const HcInjectNormParams p) {     \
+    hyper_connection::run_inject_norm<T>(hs, y, gate, weight, slot_weights, sum, normed, p);  \
   }                                                                                           \
   extern "C" __global__ void hc_act_##TN(const T* d, T* a, const HcActParams p) {             \
     hyper_connection::act_body<T>(d, a, p, blockIdx.x * blockDim.x + threadIdx.x);            \

@@ -2,6 +2,8 @@
 // hyper_connection: the spec; its cpu.rs is the twin this must match):
 //   hc_inject_norm: w = InT(2 * InT(sigmoid(InT(g[n,s] / S))))
 //                   sum = InT(hs + InT(w * y[n,j]))                    (has_inject)
+//                   with K = slots > 0: y[n,j] = InT(sum_k slot_weights[n,k] * y[n,k,j]),
+//                   a MoE block's slot outputs summed as moe_combine sums them
 //                   normed = InT(sum * rsqrt(mean_j sum^2 + eps) * weight[s,j])   (has_norm)
 //   hc_act:         a[i] = InT(silu(InT(d[i] / S)))     (d: the down product's output)
 //   hc_mix:         x[n,j] = InT((1/S) * sum_s InT(InT(sigmoid(u[n,s,j])) * normed[n,s,j]))
@@ -44,6 +46,7 @@ inline void hc_inject_norm_impl(
     const device InT* y,
     const device InT* gate,
     const device float* weight,
+    const device float* slot_weights,
     device InT* sum,
     device InT* normed,
     constant HcInjectNormParams& p,
@@ -71,10 +74,23 @@ inline void hc_inject_norm_impl(
     const float w = float(InT(2.0f * float(InT(hc_sigmoid(g)))));
     for (uint k = 0; k < kHcPer; ++k) {
       const uint j = tid + k * threads;
-      // Rounded before it is squared: the norm sees the stored sum.
-      if (j < p.cols) {
-        v[k] = float(InT(v[k] + float(InT(w * float(y[ulong(n) * p.cols + j])))));
+      if (j >= p.cols) {
+        continue;
       }
+      float yj;
+      if (p.slots == 0) {
+        yj = float(y[ulong(n) * p.cols + j]);
+      } else {
+        // moe_combine's sum over the slots, in order, rounded once.
+        float acc = 0.0f;
+        for (uint k2 = 0; k2 < p.slots; ++k2) {
+          const ulong r = ulong(n) * p.slots + k2;
+          acc += slot_weights[r] * float(y[r * p.cols + j]);
+        }
+        yj = float(InT(acc));
+      }
+      // Rounded before it is squared: the norm sees the stored sum.
+      v[k] = float(InT(v[k] + float(InT(w * yj))));
     }
   }
   if (p.has_norm != 0) {
@@ -222,20 +238,21 @@ inline void hc_up_mix_impl(
 #define HC_INJECT_NORM(name, InT)                                                        \
   [[kernel]] void name(                                                                  \
       const device InT* hs [[buffer(0)]],       /* [N, S, H] */                          \
-      const device InT* y [[buffer(1)]],        /* [N, H], read if has_inject */         \
+      const device InT* y [[buffer(1)]],        /* [N, H] or [N, K, H], if has_inject */ \
       const device InT* gate [[buffer(2)]],     /* [N, S], read if has_inject */         \
       const device float* weight [[buffer(3)]], /* [S, H], read if has_norm */           \
-      device InT* sum [[buffer(4)]],            /* [N, S, H], written if has_inject */   \
-      device InT* normed [[buffer(5)]],         /* [N, S, H], written if has_norm */     \
-      constant HcInjectNormParams& p [[buffer(6)]],                                      \
+      const device float* slot_weights [[buffer(4)]], /* [N, K], read if slots = K > 0 */ \
+      device InT* sum [[buffer(5)]],            /* [N, S, H], written if has_inject */   \
+      device InT* normed [[buffer(6)]],         /* [N, S, H], written if has_norm */     \
+      constant HcInjectNormParams& p [[buffer(7)]],                                      \
       threadgroup float* partial [[threadgroup(0)]],                                     \
       uint3 tg [[threadgroup_position_in_grid]],                                         \
       uint tid [[thread_index_in_threadgroup]],                                          \
       uint3 tpg [[threads_per_threadgroup]],                                             \
       uint lane [[thread_index_in_simdgroup]],                                           \
       uint simd [[simdgroup_index_in_threadgroup]]) {                                    \
-    hc_inject_norm_impl<InT>(hs, y, gate, weight, sum, normed, p, tg.x, tid, tpg.x, lane,  \
-                             simd, partial);                                             \
+    hc_inject_norm_impl<InT>(hs, y, gate, weight, slot_weights, sum, normed, p, tg.x, tid,  \
+                             tpg.x, lane, simd, partial);                                \
   }
 
 #define HC_ACT(name, InT)                                                                \

@@ -4,12 +4,14 @@
 // stdin, little-endian: "HCONEMU1", u32 kernel (0 hc_inject_norm, 1 hc_mix, 2 hc_act, 3 hc_up_mix),
 // type (0 f32,
 // 1 f16, 2 bf16), tokens N, streams S, cols H, has_inject, has_norm, f32 eps, u32 threads per
-// threadgroup (hc_inject_norm: the host's row_threads(H); hc_mix, hc_act: MIX_THREADS); then f32
+// threadgroup (hc_inject_norm: the host's row_threads(H); hc_mix, hc_act: MIX_THREADS), slots K
+// (hc_inject_norm: y from K slot outputs, 0 for y itself); then f32
 // values converted to the instantiation's type here (exactly, when the caller rounded them);
 // hc_up_mix has 4 more u32 header words first: the scale type (0 f32, 1 f16, 2 bf16), rank R,
 // bits and group size:
-//   hc_inject_norm: hs [N, S, H], y [N, H] and gate [N, S] (if has_inject), weight [S, H]
-//                   (f32, if has_norm);
+//   hc_inject_norm: hs [N, S, H], y [N, H] (K = 0) or [N, K, H] and gate [N, S] (if
+//                   has_inject), weight [S, H] (f32, if has_norm), slot weights [N, K] (f32, if
+//                   K > 0);
 //   hc_mix:         up [N, S, H], normed [N, S, H];
 //   hc_act:         d [N, H] (the down product's output, R = H here);
 //   hc_up_mix:      u32 packed words [S * H, R * bits / 32], f32 scales and biases
@@ -35,13 +37,13 @@ using guarded::Buffer;
 using guarded::Kind;
 
 struct Case {
-  uint tokens, streams, cols, has_inject, has_norm, threads;
+  uint tokens, streams, cols, has_inject, has_norm, threads, slots;
   float eps;
 };
 
 template <class T>
 using InjectKernel = void (*)(const device T*, const device T*, const device T*,
-                              const device float*, device T*, device T*,
+                              const device float*, const device float*, device T*, device T*,
                               constant HcInjectNormParams&, threadgroup float*, uint3, uint, uint3,
                               uint, uint);
 template <class T>
@@ -51,24 +53,30 @@ using MixKernel = void (*)(const device T*, const device T*, device T*, constant
 template <class T>
 void run_inject(const Case& c, InjectKernel<T> kernel) {
   const std::size_t rows = std::size_t(c.tokens) * c.streams, n = rows * c.cols;
+  const std::size_t y_len = std::size_t(c.tokens) * (c.slots ? c.slots : 1) * c.cols;
+  const std::size_t slot_len = std::size_t(c.tokens) * c.slots;
   Buffer<T> hs("hs", n, Kind::kInput);
-  Buffer<T> y("y", c.has_inject ? std::size_t(c.tokens) * c.cols : 0, Kind::kInput);
+  Buffer<T> y("y", c.has_inject ? y_len : 0, Kind::kInput);
   Buffer<T> gate("gate", c.has_inject ? rows : 0, Kind::kInput);
   Buffer<float> weight("weight", c.has_norm ? std::size_t(c.streams) * c.cols : 0, Kind::kInput);
+  Buffer<float> slot_weights("slot_weights", slot_len, Kind::kInput);
   Buffer<T> sum("sum", c.has_inject ? n : 0, Kind::kOutput);
   Buffer<T> normed("normed", c.has_norm ? n : 0, Kind::kOutput);
   hs.fill(guarded::read_raw<float>(n));
-  y.fill(guarded::read_raw<float>(c.has_inject ? std::size_t(c.tokens) * c.cols : 0));
+  y.fill(guarded::read_raw<float>(c.has_inject ? y_len : 0));
   gate.fill(guarded::read_raw<float>(c.has_inject ? rows : 0));
   weight.fill(guarded::read_raw<float>(c.has_norm ? std::size_t(c.streams) * c.cols : 0));
+  slot_weights.fill(guarded::read_raw<float>(slot_len));
   guarded::expect_end();
-  const HcInjectNormParams params{c.tokens, c.streams, c.cols, c.has_inject, c.has_norm, c.eps};
+  const HcInjectNormParams params{c.tokens,   c.streams,   c.cols, c.has_inject,
+                                  c.has_norm, c.eps,       c.slots};
   metal_emu::dispatch_threadgroups(
       uint3{uint(rows), 1, 1}, uint3{c.threads, 1, 1}, 32 * sizeof(float),
       [&](const metal_emu::ThreadIds& id) {
         kernel((const device T*)hs.data(), c.has_inject ? (const device T*)y.data() : nullptr,
                c.has_inject ? (const device T*)gate.data() : nullptr,
                c.has_norm ? (const device float*)weight.data() : nullptr,
+               c.slots ? (const device float*)slot_weights.data() : nullptr,
                c.has_inject ? (device T*)sum.data() : nullptr,
                c.has_norm ? (device T*)normed.data() : nullptr,
                *(constant HcInjectNormParams*)&params, id.threadgroup_memory_as<float>(),
@@ -76,7 +84,7 @@ void run_inject(const Case& c, InjectKernel<T> kernel) {
                id.threads_per_threadgroup, id.thread_index_in_simdgroup,
                id.simdgroup_index_in_threadgroup);
       });
-  guarded::check_all(hs, y, gate, weight, sum, normed);
+  guarded::check_all(hs, y, gate, weight, slot_weights, sum, normed);
   sum.write_f32();
   normed.write_f32();
 }
@@ -195,7 +203,7 @@ void up_mix(const Case& c, uint type) {
 }  // namespace
 
 int main() {
-  const auto h = guarded::start<9>("hyper_connection_harness", "HCONEMU1");
+  const auto h = guarded::start<10>("hyper_connection_harness", "HCONEMU1");
   const std::uint32_t kernel = h[0], type = h[1];
   Case c;
   c.tokens = h[2];
@@ -205,6 +213,7 @@ int main() {
   c.has_norm = h[6];
   std::memcpy(&c.eps, &h[7], 4);
   c.threads = h[8];
+  c.slots = h[9];
   if (kernel > 3 || type > 2 || c.tokens == 0 || c.streams == 0 || c.cols == 0 ||
       c.has_inject > 1 || c.has_norm > 1)
     guarded::die("bad header");
@@ -213,6 +222,7 @@ int main() {
   if (kernel == 0) {
     if (c.cols > 8 * c.threads) guarded::die("a row's threads hold 8 columns each");
     if (!c.has_inject && !c.has_norm) guarded::die("neither an injection nor a norm");
+    if (c.slots && !c.has_inject) guarded::die("slots without an injection");
     guarded::by_type(type, hc_inject_norm_f32, hc_inject_norm_f16, hc_inject_norm_bf16,
                      [&](auto t, auto k) { run_inject<typename decltype(t)::type>(c, k); });
   } else if (kernel == 3) {

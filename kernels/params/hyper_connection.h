@@ -13,6 +13,8 @@ struct HcInjectNormParams {
   unsigned int has_inject;  // 1: sum = hs + w[s] * y is written; 0: sum is hs itself
   unsigned int has_norm;    // 1: normed is written
   float eps;
+  unsigned int slots;       // 0: y is the block's output [N, H]; K > 0: y is a MoE block's K
+                            // slot outputs [N, K, H], summed with the f32 slot_weights [N, K]
 };
 
 struct HcActParams {

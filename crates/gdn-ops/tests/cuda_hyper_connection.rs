@@ -15,11 +15,13 @@ mod common;
 
 use candle_core::{Device, Tensor};
 use common::hyper_connection::{
-    inputs, runs, seed, up_mix_inputs, up_mix_runs, up_mix_seed, FORMS,
+    inputs, runs, seed, up_mix_inputs, up_mix_runs, up_mix_seed, FORMS, SLOTS,
 };
 use common::{close, gpu, tensor, values, TYPES};
 use gdn_ops::ops::affine::AffineTensor;
-use gdn_ops::ops::hyper_connection::{hc_act, hc_inject_norm, hc_mix, hc_up_mix};
+use gdn_ops::ops::hyper_connection::{
+    hc_act, hc_inject_norm, hc_inject_slots_norm, hc_mix, hc_up_mix,
+};
 
 const EPS: f32 = 1e-6;
 /// The streams' sums and the mix (a gate or weight times a value, summed over streams) may
@@ -55,6 +57,34 @@ fn cuda_hyper_connection_matches_the_cpu_twin() {
             let (sum, normed) = hc_inject_norm(
                 &hs_g,
                 inject.then_some((&y_g, &g_g)),
+                norm.then_some((&w_g, EPS)),
+                s,
+            )
+            .unwrap();
+            let err = close("sum", &values(&sum), &values(&want_sum), ty, 1.0, SUM_REL).or_else(
+                || match (normed, want_normed) {
+                    (Some(a), Some(b)) => close("normed", &values(&a), &values(&b), ty, 1.0, 1e-5),
+                    (None, None) => None,
+                    _ => Some("normed returned on one side only".into()),
+                },
+            );
+            if let Some(e) = err {
+                failures.push(format!("{label}: {e}"));
+            }
+        }
+        // A MoE block's slots injected, with and without the next norm.
+        let down = tensor(&x.slot_down, &[n, SLOTS, h], ty);
+        let sw = Tensor::from_vec(x.slot_weights.clone(), (n, SLOTS), &Device::Cpu).unwrap();
+        for norm in [true, false] {
+            let label = format!(
+                "hc_inject_slots_norm_{} N={n} S={s} H={h} norm={norm}",
+                ty.name()
+            );
+            let (want_sum, want_normed) =
+                hc_inject_slots_norm(&hs, (&down, &sw, &g), norm.then_some((&w, EPS)), s).unwrap();
+            let (sum, normed) = hc_inject_slots_norm(
+                &hs_g,
+                (&on_gpu(&down), &on_gpu(&sw), &g_g),
                 norm.then_some((&w_g, EPS)),
                 s,
             )

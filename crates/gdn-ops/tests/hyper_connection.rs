@@ -10,11 +10,14 @@ mod common;
 
 use candle_core::{DType, Device, Tensor, D};
 use common::hyper_connection::{
-    inputs, runs, seed, up_mix_inputs, up_mix_runs, up_mix_seed, UpMixCase, FORMS,
+    inputs, runs, seed, up_mix_inputs, up_mix_runs, up_mix_seed, UpMixCase, FORMS, SLOTS,
 };
 use common::{max_rel, tensor, values, Ty};
 use gdn_ops::ops::affine::AffineTensor;
-use gdn_ops::ops::hyper_connection::{hc_act, hc_inject_norm, hc_mix, hc_up_mix};
+use gdn_ops::ops::hyper_connection::{
+    hc_act, hc_inject_norm, hc_inject_slots_norm, hc_mix, hc_up_mix,
+};
+use gdn_ops::ops::moe_combine::moe_weighted_sum;
 
 const EPS: f32 = 1e-6;
 
@@ -99,6 +102,40 @@ fn compare(i: usize, (n, s, h): (usize, usize, usize), ty: Ty, tol: f32) {
                 assert!(err <= tol, "{label}: normed off by {err}");
             }
             None => assert!(!norm, "{label}: no normed"),
+        }
+    }
+    // A MoE block's slots: the same as `moe_weighted_sum` then the injection (exactly), and
+    // within `tol` of the composed weighted sum, injection and norm.
+    let down = tensor(&x.slot_down, &[n, SLOTS, h], ty);
+    let sw = Tensor::from_vec(x.slot_weights.clone(), (n, SLOTS), &Device::Cpu).unwrap();
+    for norm in [true, false] {
+        let label = format!("{ty:?} N={n} S={s} H={h} slots norm={norm}");
+        let norm = norm.then_some((&w, EPS));
+        let (sum, normed) = hc_inject_slots_norm(&hs, (&down, &sw, &g), norm, s).unwrap();
+        let y = moe_weighted_sum(&down, &sw).unwrap();
+        let (two_sum, two_normed) = hc_inject_norm(&hs, Some((&y, &g)), norm, s).unwrap();
+        assert_eq!(
+            values(&sum),
+            values(&two_sum),
+            "{label}: not moe_weighted_sum's"
+        );
+        let two_normed = two_normed.map(|t| values(&t));
+        assert_eq!(normed.as_ref().map(values), two_normed, "{label}: normed");
+        let y = down
+            .to_dtype(DType::F32)
+            .unwrap()
+            .broadcast_mul(&sw.reshape((n, SLOTS, 1)).unwrap())
+            .unwrap()
+            .sum(1)
+            .unwrap()
+            .to_dtype(ty.dtype())
+            .unwrap();
+        let want = composed_inject(&hs, &y, &g, s);
+        let err = max_rel(&sum, &want);
+        assert!(err <= tol, "{label}: sum off by {err}");
+        if let Some(normed) = normed {
+            let err = max_rel(&normed, &composed_norm(&want, &w));
+            assert!(err <= tol, "{label}: normed off by {err}");
         }
     }
     let up = tensor(&x.up, &[n, s * h], ty);

@@ -1,6 +1,7 @@
 //! The shipped `kernels/hyper_connection.metal`, compiled as C++ with clang-19 and the Metal
 //! emulation header (`kernels/emu/`), run on the CPU for `hc_inject_norm_{f32,f16,bf16}` (with
-//! and without the injection and the norm), `hc_act_{f32,f16,bf16}`, `hc_mix_{f32,f16,bf16}`
+//! and without the injection and the norm, the injection of a block's output or of a MoE
+//! block's slots), `hc_act_{f32,f16,bf16}`, `hc_mix_{f32,f16,bf16}`
 //! and `hc_up_mix_<x>_<s>` (every activation and scale type), and compared with the
 //! CPU twin ([`gdn_ops::ops::hyper_connection`]) over the op's cases
 //! (tests/common/hyper_connection.rs).
@@ -19,13 +20,13 @@ mod emu;
 
 use candle_core::{Device, Tensor};
 use common::hyper_connection::{
-    inputs, runs, seed, up_mix_inputs, up_mix_runs, up_mix_seed, UpMixCase, FORMS,
+    inputs, runs, seed, up_mix_inputs, up_mix_runs, up_mix_seed, UpMixCase, FORMS, SLOTS,
 };
 use common::{close, failures, tensor, values, Input, Ty, TYPES};
 use gdn_ops::ops::affine::AffineTensor;
 use gdn_ops::ops::hyper_connection::{
-    hc_act, hc_inject_norm, hc_mix, hc_up_mix, row_threads, HcActParams, HcInjectNormParams,
-    HcMixParams, HcUpMixParams, MIX_THREADS, UP_MIX_WARPS,
+    hc_act, hc_inject_norm, hc_inject_slots_norm, hc_mix, hc_up_mix, row_threads, HcActParams,
+    HcInjectNormParams, HcMixParams, HcUpMixParams, MIX_THREADS, UP_MIX_WARPS,
 };
 
 static HARNESS: emu::Harness = emu::Harness::metal("hyper_connection_harness");
@@ -43,6 +44,8 @@ struct Case {
 enum Kernel {
     /// `hc_inject_norm` with (inject, norm).
     InjectNorm(bool, bool),
+    /// `hc_inject_slots_norm` with (norm).
+    InjectSlots(bool),
     Mix,
     Act,
 }
@@ -50,7 +53,7 @@ enum Kernel {
 impl Kernel {
     fn code(self) -> u32 {
         match self {
-            Kernel::InjectNorm(..) => 0,
+            Kernel::InjectNorm(..) | Kernel::InjectSlots(_) => 0,
             Kernel::Mix => 1,
             Kernel::Act => 2,
         }
@@ -58,6 +61,10 @@ impl Kernel {
 }
 
 fn header(input: &mut Input, c: &Case, inject: bool, norm: bool, threads: usize) {
+    let slots = match c.kernel {
+        Kernel::InjectSlots(_) => SLOTS,
+        _ => 0,
+    };
     let (n, s, h) = c.shape;
     input
         .u32(c.kernel.code())
@@ -68,7 +75,8 @@ fn header(input: &mut Input, c: &Case, inject: bool, norm: bool, threads: usize)
         .u32(inject as u32)
         .u32(norm as u32)
         .f32(EPS)
-        .u32(threads as u32);
+        .u32(threads as u32)
+        .u32(slots as u32);
 }
 
 fn check(c: &Case) -> Option<String> {
@@ -84,6 +92,33 @@ fn check(c: &Case) -> Option<String> {
         };
         let want = values(&hc_act(&tensor(&x.down, &[n, h], c.ty), s).unwrap());
         return close("a", &got, &want, c.ty, 1.0, 0.0);
+    }
+    if let Kernel::InjectSlots(norm) = c.kernel {
+        header(&mut input, c, true, norm, row_threads(h));
+        input.f32s(&x.hs).f32s(&x.slot_down).f32s(&x.gate);
+        if norm {
+            input.f32s(&x.weight);
+        }
+        input.f32s(&x.slot_weights);
+        let got = match HARNESS.run(&input.0) {
+            Ok(v) => v,
+            Err(e) => return Some(e),
+        };
+        let hs = tensor(&x.hs, &[n, s * h], c.ty);
+        let down = tensor(&x.slot_down, &[n, SLOTS, h], c.ty);
+        let g = tensor(&x.gate, &[n, s], c.ty);
+        let w = Tensor::from_vec(x.weight.clone(), (s, h), &Device::Cpu).unwrap();
+        let sw = Tensor::from_vec(x.slot_weights.clone(), (n, SLOTS), &Device::Cpu).unwrap();
+        let norm_arg = norm.then_some((&w, EPS));
+        let (sum, normed) = hc_inject_slots_norm(&hs, (&down, &sw, &g), norm_arg, s).unwrap();
+        let len = n * s * h;
+        if got.len() != len * (1 + norm as usize) {
+            return Some(format!("{} values printed", got.len()));
+        }
+        let (got_sum, got_normed) = got.split_at(len);
+        return close("sum", got_sum, &values(&sum), c.ty, 1.0, 0.0).or_else(|| {
+            normed.and_then(|nd| close("normed", got_normed, &values(&nd), c.ty, 1.0, 1e-5))
+        });
     }
     let Kernel::InjectNorm(inject, norm) = c.kernel else {
         header(&mut input, c, false, false, MIX_THREADS);
@@ -139,7 +174,8 @@ fn shipped_hyper_connection_kernels_match_the_cpu_twin() {
     let mut cases = vec![];
     for (index, shape, ty) in runs(&TYPES) {
         let forms = FORMS.iter().map(|&(i, n)| Kernel::InjectNorm(i, n));
-        for kernel in forms.chain([Kernel::Mix, Kernel::Act]) {
+        let slots = [Kernel::InjectSlots(true), Kernel::InjectSlots(false)];
+        for kernel in forms.chain(slots).chain([Kernel::Mix, Kernel::Act]) {
             cases.push(Case {
                 index,
                 shape,
@@ -170,6 +206,7 @@ fn check_up_mix(i: usize, c: &UpMixCase, ty: Ty) -> Option<String> {
         .u32(0)
         .f32(EPS)
         .u32((32 * UP_MIX_WARPS) as u32)
+        .u32(0)
         .u32(c.scales.code())
         .u32(r as u32)
         .u32(c.bits as u32)
@@ -217,6 +254,7 @@ fn kernel_abi_in_source() {
             "has_inject",
             "has_norm",
             "float eps",
+            "slots",
         ],
     );
     emu::assert_params(
@@ -224,7 +262,7 @@ fn kernel_abi_in_source() {
         "HcMixParams",
         &["tokens", "streams", "cols"],
     );
-    assert_eq!(std::mem::size_of::<HcInjectNormParams>(), 24);
+    assert_eq!(std::mem::size_of::<HcInjectNormParams>(), 28);
     emu::assert_params("hyper_connection.h", "HcActParams", &["len", "streams"]);
     assert_eq!(std::mem::size_of::<HcMixParams>(), 12);
     assert_eq!(std::mem::size_of::<HcActParams>(), 8);
@@ -235,9 +273,9 @@ fn kernel_abi_in_source() {
     );
     assert_eq!(std::mem::size_of::<HcUpMixParams>(), 24);
     let src = emu::shipped_source_including("kernels/hyper_connection.metal", "hyper_connection.h");
-    let inject = ["hs", "y", "gate", "weight", "sum", "normed"];
+    let inject = ["hs", "y", "gate", "weight", "slot_weights", "sum", "normed"];
     emu::assert_buffer_indices(&src, "hyper_connection.metal", &inject, "");
-    assert!(src.contains("HcInjectNormParams& p [[buffer(6)]]"));
+    assert!(src.contains("HcInjectNormParams& p [[buffer(7)]]"));
     assert!(src.contains("HcMixParams& p [[buffer(3)]]"));
     assert!(src.contains("HcActParams& p [[buffer(2)]]"));
     assert!(src.contains("HcUpMixParams& p [[buffer(6)]]"));

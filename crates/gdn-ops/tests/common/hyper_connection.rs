@@ -31,8 +31,9 @@ pub fn seed(i: usize, ty: Ty) -> u64 {
 /// One case's inputs as values rounded to `ty` (the norm weight stays f32, as the model keeps
 /// it): the streams `hs` and a block output `y` in [-4, 4), the injection gate logits `[N, S]`
 /// in [-8, 8), the norm weight `[S, H]` around 1, the up product's logits `[N, S·H]` in
-/// [-6, 6), normed streams in [-3, 3), and a down product's output `[N, R]` (R = H here) in
-/// [-12, 12) for the low-rank activation.
+/// [-6, 6), normed streams in [-3, 3), a down product's output `[N, R]` (R = H here) in
+/// [-12, 12) for the low-rank activation, and a MoE block's [`SLOTS`] slot outputs `[N, K, H]`
+/// in [-4, 4) with their f32 weights `[N, K]` in [0, 0.5).
 pub struct Inputs {
     pub hs: Vec<f32>,
     pub y: Vec<f32>,
@@ -41,7 +42,12 @@ pub struct Inputs {
     pub up: Vec<f32>,
     pub normed: Vec<f32>,
     pub down: Vec<f32>,
+    pub slot_down: Vec<f32>,
+    pub slot_weights: Vec<f32>,
 }
+
+/// The slots of the MoE outputs `hc_inject_slots_norm` is tested with.
+pub const SLOTS: usize = 3;
 
 pub fn inputs((n, s, h): (usize, usize, usize), ty: Ty, seed: u64) -> Inputs {
     let mut rng = Rng::new(seed);
@@ -53,6 +59,8 @@ pub fn inputs((n, s, h): (usize, usize, usize), ty: Ty, seed: u64) -> Inputs {
         up: rng.values(n * s * h, -6.0, 6.0, ty),
         normed: rng.values(n * s * h, -3.0, 3.0, ty),
         down: rng.values(n * h, -12.0, 12.0, ty),
+        slot_down: rng.values(n * SLOTS * h, -4.0, 4.0, ty),
+        slot_weights: rng.values(n * SLOTS, 0.0, 0.5, Ty::F32),
     }
 }
 

@@ -27,6 +27,22 @@ pub(crate) fn hc_inject_norm(inputs: &InjectInputs) -> Result<(Option<Tensor>, O
     let mut sum = f32_values(&inputs.hs)?;
     if let Some((y, g)) = &inputs.inject {
         let (y, g) = (f32_values(y)?, f32_values(g)?);
+        // A MoE block's slots summed as `moe_combine` sums them: in order, rounded once.
+        let y = match &inputs.slot_weights {
+            Some(w) => {
+                let (w, k) = (f32_values(w)?, p.slots as usize);
+                (0..tokens * cols)
+                    .map(|i| {
+                        let (n, j) = (i / cols, i % cols);
+                        let acc = (0..k).fold(0f32, |acc, s| {
+                            acc + w[n * k + s] * y[(n * k + s) * cols + j]
+                        });
+                        round(acc)
+                    })
+                    .collect()
+            }
+            None => y,
+        };
         for (row, values) in sum.chunks_exact_mut(cols).enumerate() {
             let n = row / streams;
             let w = inject_gate(g[row], streams, round);

@@ -51,28 +51,32 @@ fn run_inject_norm<T: Element>(
         Some(_) => Some(unsafe { dev.alloc::<T>(len)? }),
         None => None,
     };
-    // The weight slot without a norm: never read, but it must be a valid f32 pointer.
-    let no_weight = match inputs.weight {
-        Some(_) => None,
-        None => Some(dev.alloc_zeros::<f32>(1)?),
+    // The weight slots without a norm or slots: never read, but valid f32 pointers.
+    let no_weight = match (&inputs.weight, &inputs.slot_weights) {
+        (Some(_), Some(_)) => None,
+        _ => Some(dev.alloc_zeros::<f32>(1)?),
     };
     {
         let hs = Held::new(&inputs.hs);
         let y = inputs.inject.as_ref().map(|(y, _)| Held::new(y));
         let g = inputs.inject.as_ref().map(|(_, g)| Held::new(g));
         let w = inputs.weight.as_ref().map(Held::new);
+        let slot_w = inputs.slot_weights.as_ref().map(Held::new);
         let hs_view = hs.view::<T>(OP)?;
         // Never read without an injection (has_inject = 0).
         let y_view = view_or::<T>(&y, &hs, OP)?;
         let g_view = view_or::<T>(&g, &hs, OP)?;
         let w_view = w.as_ref().map(|w| w.view::<f32>(OP)).transpose()?;
+        let slot_w_view = slot_w.as_ref().map(|w| w.view::<f32>(OP)).transpose()?;
         let mut args = kernel.args();
         args.arg(&hs_view).arg(&y_view).arg(&g_view);
-        match (&w_view, &no_weight) {
-            (Some(v), _) => args.arg(v),
-            (None, Some(z)) => args.arg(z),
-            (None, None) => unreachable!("a weight or its stand-in"),
-        };
+        for view in [&w_view, &slot_w_view] {
+            match (view, &no_weight) {
+                (Some(v), _) => args.arg(v),
+                (None, Some(z)) => args.arg(z),
+                (None, None) => unreachable!("a weight or its stand-in"),
+            };
+        }
         // An absent output's slot holds the other one: never written there.
         match (&sum, &normed) {
             (Some(s), Some(n)) => args.arg(s).arg(n),
@@ -83,8 +87,8 @@ fn run_inject_norm<T: Element>(
         args.arg(&p);
         let geometry = config((rows as u32, 1, 1), (row_threads(cols) as u32, 1, 1), 0);
         // SAFETY: arguments in the order and types of `hc_inject_norm_*` in
-        // kernels/hyper_connection.cu; hs, sum and normed hold N·S·H elements, y N·H, the
-        // gate logits N·S, the weight S·H (f32).
+        // kernels/hyper_connection.cu; hs, sum and normed hold N·S·H elements, y N·H (N·K·H
+        // with K slots), the gate logits N·S, the weight S·H (f32), the slot weights N·K.
         unsafe { launch(args, geometry) }?;
     }
     let shape = inputs.hs.shape().clone();

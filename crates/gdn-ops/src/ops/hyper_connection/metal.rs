@@ -40,6 +40,7 @@ pub(crate) fn hc_inject_norm(inputs: &InjectInputs) -> Result<(Option<Tensor>, O
     let y = metal_buffer_or(inputs.inject.as_ref().map(|(y, _)| y), &hs, OP)?;
     let gate = metal_buffer_or(inputs.inject.as_ref().map(|(_, g)| g), &hs, OP)?;
     let weight = metal_buffer_or(inputs.weight.as_ref(), &hs, OP)?;
+    let slot_weights = metal_buffer_or(inputs.slot_weights.as_ref(), &hs, OP)?;
     let sum_out = sum.as_deref().map(from_start);
     let normed_out = normed.as_deref().map(from_start);
     let (sum_slot, normed_slot) = match (&sum_out, &normed_out) {
@@ -51,7 +52,10 @@ pub(crate) fn hc_inject_norm(inputs: &InjectInputs) -> Result<(Option<Tensor>, O
     encode(
         &dev,
         &pipeline,
-        &reads_then_writes(&[&hs, &y, &gate, &weight], &[sum_slot, normed_slot]),
+        &reads_then_writes(
+            &[&hs, &y, &gate, &weight, &slot_weights],
+            &[sum_slot, normed_slot],
+        ),
         p,
         size(rows, 1, 1),
         size(row_threads(cols), 1, 1),

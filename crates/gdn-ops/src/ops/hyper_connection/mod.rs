@@ -17,6 +17,9 @@
 //!   stream's `H` values (without a norm weight, nothing).
 //!
 //! It replaces the composed injection (5 launches) and the grouped norm (8) by one launch.
+//! [`hc_inject_slots_norm`] injects a MoE block's output from its slots instead: `y[n, j] =
+//! InT(Σ_k weights[n, k] · f32(down[n, k, j]))` (slots in order, f32 weights), the sum
+//! `moe_combine` would have launched for it.
 //!
 //! [`hc_mix`]: the streams mixed into the block's input, from the up product's logits `u`
 //! `[N, S·H]` and the normed streams `n` `[N, S·H]`:
@@ -96,6 +99,7 @@ pub struct HcInjectNormParams {
     pub has_inject: u32,
     pub has_norm: u32,
     pub eps: f32,
+    pub slots: u32,
 }
 
 /// `HcActParams` of kernels/params/hyper_connection.h, field for field.
@@ -118,8 +122,10 @@ pub struct HcMixParams {
 /// The inputs of one [`hc_inject_norm`] call after the checks (contiguous).
 pub(crate) struct InjectInputs {
     pub hs: Tensor,
-    /// `(y [N, H], g [N, S])`.
+    /// `(y [N, H], g [N, S])`, or with slot weights `(down [N, K, H], g [N, S])`.
     pub inject: Option<(Tensor, Tensor)>,
+    /// `[N, K]` f32: `y` is the weighted sum of `down`'s K slots.
+    pub slot_weights: Option<Tensor>,
     /// `[S, H]` f32.
     pub weight: Option<Tensor>,
     pub params: HcInjectNormParams,
@@ -202,6 +208,28 @@ pub fn hc_inject_norm(
     norm: Option<(&Tensor, f32)>,
     streams: usize,
 ) -> Result<(Tensor, Option<Tensor>)> {
+    inject_norm(hs, inject, None, norm, streams)
+}
+
+/// [`hc_inject_norm`] of a MoE block's output given by its slots: `down` `[N, K, H]` and
+/// their f32 weights `weights` `[N, K]` (see the module doc), gate logits `g` `[N, S]`.
+pub fn hc_inject_slots_norm(
+    hs: &Tensor,
+    (down, weights, g): (&Tensor, &Tensor, &Tensor),
+    norm: Option<(&Tensor, f32)>,
+    streams: usize,
+) -> Result<(Tensor, Option<Tensor>)> {
+    inject_norm(hs, Some((down, g)), Some(weights), norm, streams)
+}
+
+/// Both injections: `y` `[N, H]` alone, or `[N, K, H]` with `slot_weights` `[N, K]`.
+fn inject_norm(
+    hs: &Tensor,
+    inject: Option<(&Tensor, &Tensor)>,
+    slot_weights: Option<&Tensor>,
+    norm: Option<(&Tensor, f32)>,
+    streams: usize,
+) -> Result<(Tensor, Option<Tensor>)> {
     const OP: &str = "hc_inject_norm";
     let (tokens, cols) = streams_shape(OP, "hs", hs, streams)?;
     let dtype = hs.dtype();
@@ -209,10 +237,28 @@ pub fn hc_inject_norm(
         inject.is_some() || norm.is_some(),
         "{OP}: neither an injection nor a norm to compute"
     );
+    let slots = match slot_weights {
+        Some(w) => {
+            let k = w.dim(1).unwrap_or(0);
+            ensure!(
+                w.dims() == [tokens, k] && k >= 1 && w.dtype() == DType::F32,
+                "{OP}: slot weights {:?} {:?} must be [{tokens}, K] f32",
+                w.dims(),
+                w.dtype()
+            );
+            k
+        }
+        None => 0,
+    };
     if let Some((y, g)) = inject {
+        let want: &[usize] = if slots == 0 {
+            &[tokens, cols]
+        } else {
+            &[tokens, slots, cols]
+        };
         ensure!(
-            y.dims() == [tokens, cols] && y.dtype() == dtype,
-            "{OP}: y {:?} {:?} must be [{tokens}, {cols}] {dtype:?}",
+            y.dims() == want && y.dtype() == dtype,
+            "{OP}: y {:?} {:?} must be {want:?} {dtype:?}",
             y.dims(),
             y.dtype()
         );
@@ -238,7 +284,8 @@ pub fn hc_inject_norm(
     let others = inject
         .into_iter()
         .flat_map(|(y, g)| [y, g])
-        .chain(norm.map(|n| n.0));
+        .chain(norm.map(|n| n.0))
+        .chain(slot_weights);
     for t in others {
         ensure!(
             t.device().same_device(hs.device()),
@@ -251,6 +298,7 @@ pub fn hc_inject_norm(
             .map(|(y, g)| -> Result<_> { Ok((y.contiguous()?, g.contiguous()?)) })
             .transpose()?,
         weight: norm.map(|n| n.0.contiguous()).transpose()?,
+        slot_weights: slot_weights.map(|w| w.contiguous()).transpose()?,
         params: HcInjectNormParams {
             tokens: tokens as u32,
             streams: streams as u32,
@@ -258,6 +306,7 @@ pub fn hc_inject_norm(
             has_inject: inject.is_some() as u32,
             has_norm: norm.is_some() as u32,
             eps: norm.map_or(0.0, |n| n.1),
+            slots: slots as u32,
         },
     };
     let device = hs.device();
@@ -404,6 +453,9 @@ fn inject_traffic(inputs: &InjectInputs) -> Traffic {
     let mut t = Traffic::new().read(rows);
     if let Some((y, g)) = &inputs.inject {
         t = t.read(tensor_bytes(y) + tensor_bytes(g)).write(rows);
+    }
+    if let Some(w) = &inputs.slot_weights {
+        t = t.read(tensor_bytes(w));
     }
     if let Some(w) = &inputs.weight {
         t = t.read(tensor_bytes(w)).write(rows);

@@ -449,9 +449,9 @@ impl Qwen4ExpLayer {
     /// hyper-connections too: the attention hyper-connection's norm (one launch, or none
     /// when `fused_hc` carries it in), the mixer's injection fused with the MoE
     /// hyper-connection's norm (one), the MoE block's injection with the norm of
-    /// `fused_hc.next` (one; its normed streams returned with the streams), and each
-    /// hyper-connection's merged down and inject product, activation, up product and mixing
-    /// (`hc_act`, `hc_mix`).
+    /// `fused_hc.next` (one, which also sums the fused MoE block's slots; its normed streams
+    /// returned with the streams), and each hyper-connection's merged down and inject
+    /// product and `hc_up_mix` (activation, up product and mixing).
     #[allow(clippy::too_many_arguments)]
     pub fn forward(
         &self,
@@ -500,8 +500,13 @@ impl Qwen4ExpLayer {
         tap.part(mixer, &hs, &hs)?;
         let (x, g) = self.mlp_hc.mix_normed(&n)?;
         let g = g.ok_or_else(|| anyhow!("MoE hyper-connection without injection"))?;
-        let y = self.moe_output(&x, fused.feed_forward)?;
-        let (hs, next) = HyperConnection::inject_normed(&hs, &y, &g, chain.next)?;
+        let (hs, next) = if fused.feed_forward {
+            let (down, weights) = fused::moe_slots(&self.moe, &x)?;
+            HyperConnection::inject_slots_normed(&hs, (&down, &weights), &g, chain.next)?
+        } else {
+            let y = self.moe_output(&x, false)?;
+            HyperConnection::inject_normed(&hs, &y, &g, chain.next)?
+        };
         tap.part(feed_forward, &hs, &hs)?;
         Ok((hs, next))
     }

@@ -20,7 +20,9 @@ use anyhow::{ensure, Result};
 use candle_core::{DType, Device, Tensor, D};
 use gdn_ops::launches::candle_op;
 use gdn_ops::ops::affine::AffineTensor;
-use gdn_ops::ops::hyper_connection::{hc_act, hc_inject_norm, hc_mix, hc_up_mix, supports_up_mix};
+use gdn_ops::ops::hyper_connection::{
+    hc_act, hc_inject_norm, hc_inject_slots_norm, hc_mix, hc_up_mix, supports_up_mix,
+};
 
 /// RMSNorm applied to each group of `group` features separately, with a zero-centred weight
 /// (`1 + w`): the norm of the hyper-connections and of the per-layer embeddings. Neither the
@@ -216,6 +218,19 @@ impl HyperConnection {
     ) -> Result<(Tensor, Option<Tensor>)> {
         let streams = g.dim(1)?;
         hc_inject_norm(hs, Some((y, g)), next.map(|n| n.norm_args()), streams)
+    }
+
+    /// [`Self::inject_normed`] of a fused MoE block's output given by its slots: `down`
+    /// `[T, K, H]` and their f32 routing weights `[T, K]`, summed in the same launch (the
+    /// `moe_combine` launch it replaces).
+    pub fn inject_slots_normed(
+        hs: &Tensor,
+        (down, weights): (&Tensor, &Tensor),
+        g: &Tensor,
+        next: Option<&HyperConnection>,
+    ) -> Result<(Tensor, Option<Tensor>)> {
+        let streams = g.dim(1)?;
+        hc_inject_slots_norm(hs, (down, weights, g), next.map(|n| n.norm_args()), streams)
     }
 
     /// The rest of [`Self::forward`] from the normed streams `n` `[T, S·H]` (from
