@@ -191,8 +191,8 @@ fn compare_up_mix(i: usize, c: UpMixCase, ty: Ty, tol: f32) {
     assert_eq!(got.dims(), [n, h], "{label}");
     let a = hc_act(&d, s).unwrap().reshape((n, r)).unwrap();
     let three = hc_mix(&w.matmul_t(&a).unwrap(), &normed, s).unwrap();
-    let d = apart(&got, &three);
-    assert!(d == 0.0, "{label}: {d} from the three kernels' values");
+    let off = apart(&got, &three);
+    assert!(off == 0.0, "{label}: {off} from the three kernels' values");
     let dense = w.dequantize(None, s * h, DType::F32).unwrap();
     let a = (d.to_dtype(DType::F32).unwrap() / s as f64)
         .unwrap()
