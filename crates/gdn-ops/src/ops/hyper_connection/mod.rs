@@ -165,8 +165,8 @@ pub fn supports_up_mix(up: &AffineTensor, streams: usize, hidden: usize, dtype: 
         && up.rows == streams * hidden
         && (1..=MAX_RANK).contains(&up.cols)
         && matches!(up.bits, 2 | 4 | 8)
-        && up.group_size % (32 / up.bits) == 0
-        && up.cols % up.group_size == 0
+        && up.group_size.is_multiple_of(32 / up.bits)
+        && up.cols.is_multiple_of(up.group_size)
         && floats(up.scales.dtype())
         && up.scales.dtype() == up.biases.dtype()
 }
