@@ -41,6 +41,7 @@
 #include "params/hyper_connection.h"
 #include "cuda_block_sum.h"
 #include "cuda_convert.h"
+#include "affine_word_dot.h"
 
 namespace hyper_connection {
 
@@ -155,26 +156,13 @@ __device__ __forceinline__ void mix_body(const T* __restrict__ up, const T* __re
 }
 
 // One lane's share of an up row's dot product with the activations in shared memory, as
-// affine.cu's lane_dot_words computes it (every 32nd word, s * sum(q a) + b * sum(a) a word).
+// affine.cu's decode products sum it (kernels/affine_word_dot.h).
 template <uint32_t BITS, typename S>
 __device__ __forceinline__ float up_lane_dot(const uint32_t* row, const S* row_scales,
                                              const S* row_biases, const float* act,
                                              const HcUpMixParams& p, uint32_t lane) {
-  constexpr uint32_t PER_WORD = 32 / BITS, MASK = (1u << BITS) - 1u;
-  const uint32_t words = p.rank / PER_WORD;
-  float acc = 0.f;
-  for (uint32_t w = lane; w < words; w += 32) {
-    const uint32_t word = row[w], j0 = w * PER_WORD, g = j0 / p.group_size;
-    float qa = 0.f, sa = 0.f;
-#pragma unroll
-    for (uint32_t k = 0; k < PER_WORD; ++k) {
-      const float av = act[j0 + k];
-      qa = fmaf((float)((word >> (k * BITS)) & MASK), av, qa);
-      sa += av;
-    }
-    acc = fmaf(to_f32(row_scales[g]), qa, fmaf(to_f32(row_biases[g]), sa, acc));
-  }
-  return acc;
+  return affine_word_dot::lane_dot<BITS>(row, row_scales, row_biases, act, p.rank, p.group_size,
+                                         lane);
 }
 
 // Output x[n, j] of one warp; every thread of the block first writes its share of token n's
