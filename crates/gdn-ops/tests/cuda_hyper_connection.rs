@@ -30,6 +30,21 @@ const EPS: f32 = 1e-6;
 /// The allowance is 1e-6 of max|ref| on top of one ulp of the value.
 const SUM_REL: f32 = 1e-6;
 
+/// Where the GPU's `(sum, normed)` of an injection is off the twin's, if anywhere.
+fn injection_off(
+    (sum, normed): (Tensor, Option<Tensor>),
+    (want_sum, want_normed): (Tensor, Option<Tensor>),
+    ty: common::Ty,
+) -> Option<String> {
+    close("sum", &values(&sum), &values(&want_sum), ty, 1.0, SUM_REL).or_else(|| {
+        match (normed, want_normed) {
+            (Some(a), Some(b)) => close("normed", &values(&a), &values(&b), ty, 1.0, 1e-5),
+            (None, None) => None,
+            _ => Some("normed returned on one side only".into()),
+        }
+    })
+}
+
 #[test]
 fn cuda_hyper_connection_matches_the_cpu_twin() {
     let gpu = gpu();
@@ -61,14 +76,7 @@ fn cuda_hyper_connection_matches_the_cpu_twin() {
                 s,
             )
             .unwrap();
-            let err = close("sum", &values(&sum), &values(&want_sum), ty, 1.0, SUM_REL).or_else(
-                || match (normed, want_normed) {
-                    (Some(a), Some(b)) => close("normed", &values(&a), &values(&b), ty, 1.0, 1e-5),
-                    (None, None) => None,
-                    _ => Some("normed returned on one side only".into()),
-                },
-            );
-            if let Some(e) = err {
+            if let Some(e) = injection_off((sum, normed), (want_sum, want_normed), ty) {
                 failures.push(format!("{label}: {e}"));
             }
         }
@@ -89,14 +97,7 @@ fn cuda_hyper_connection_matches_the_cpu_twin() {
                 s,
             )
             .unwrap();
-            let err = close("sum", &values(&sum), &values(&want_sum), ty, 1.0, SUM_REL).or_else(
-                || match (normed, want_normed) {
-                    (Some(a), Some(b)) => close("normed", &values(&a), &values(&b), ty, 1.0, 1e-5),
-                    (None, None) => None,
-                    _ => Some("normed returned on one side only".into()),
-                },
-            );
-            if let Some(e) = err {
+            if let Some(e) = injection_off((sum, normed), (want_sum, want_normed), ty) {
                 failures.push(format!("{label}: {e}"));
             }
         }
