@@ -41,6 +41,7 @@
 #include "params/affine.h"
 #include "cuda_convert.h"
 #include "affine_row_group.h"
+#include "affine_word_dot.h"
 
 namespace affine {
 
@@ -65,27 +66,13 @@ __device__ __forceinline__ float weight(const uint32_t* packed, const S* scales,
 }
 
 // One lane's share of a row's dot product for widths that put whole values in a word (2, 4,
-// 8 bits): the lane takes every 32nd word, and since a group spans whole words, each word
-// needs one scale and one bias: s * sum(q x) + b * sum(x), as MLX's qmv computes it.
+// 8 bits): kernels/affine_word_dot.h.
 template <uint32_t BITS, typename X, typename S>
 __device__ __forceinline__ float lane_dot_words(const uint32_t* row, const S* row_scales,
                                                 const S* row_biases, const X* xr,
                                                 const AffineParams& p, uint32_t lane) {
-  constexpr uint32_t PER_WORD = 32 / BITS, MASK = (1u << BITS) - 1u;
-  const uint32_t words = p.cols / PER_WORD;
-  float acc = 0.f;
-  for (uint32_t w = lane; w < words; w += 32) {
-    const uint32_t word = row[w], j0 = w * PER_WORD, g = j0 / p.group_size;
-    float qx = 0.f, sx = 0.f;
-#pragma unroll
-    for (uint32_t k = 0; k < PER_WORD; ++k) {
-      const float xv = to_f32(xr[j0 + k]);
-      qx = fmaf((float)((word >> (k * BITS)) & MASK), xv, qx);
-      sx += xv;
-    }
-    acc = fmaf(to_f32(row_scales[g]), qx, fmaf(to_f32(row_biases[g]), sx, acc));
-  }
-  return acc;
+  return affine_word_dot::lane_dot<BITS>(row, row_scales, row_biases, xr, p.cols, p.group_size,
+                                         lane);
 }
 
 // Any width (3, 5 and 6 bits straddle words): one element per lane and step.

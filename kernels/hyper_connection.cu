@@ -3,20 +3,30 @@
 // reference both must match (its mod.rs holds the spec).
 //   hc_inject_norm: w = InT(2 * InT(sigmoid(InT(g[n,s] / S))))
 //                   sum = InT(hs + InT(w * y[n,j]))                    (has_inject)
+//                   with K = slots > 0: y[n,j] = InT(sum_k slot_weights[n,k] * y[n,k,j]),
+//                   a MoE block's slot outputs summed as moe_combine sums them
 //                   normed = InT(sum * rsqrt(mean_j sum^2 + eps) * weight[s,j])   (has_norm)
 //   hc_act:         a[i] = InT(silu(InT(d[i] / S)))     (d: the down product's output)
 //   hc_mix:         x[n,j] = InT((1/S) * sum_s InT(InT(sigmoid(u[n,s,j])) * normed[n,s,j]))
+//   hc_up_mix:      hc_act, u[n,s,j] = InT(W[s*H+j] . a[n]) with the affine up matrix W
+//                   [S*H, R] (f32 products and sums, affine.cu's per-word order), then hc_mix
 //
 // ENTRY POINTS (extern "C"; <t> in {f32, f16, bf16}):
-//   hc_inject_norm_<t>(hs, y, gate, weight (f32), sum, normed, HcInjectNormParams p)
+//   hc_inject_norm_<t>(hs, y, gate, weight (f32), slot_weights (f32), sum, normed,
+//                      HcInjectNormParams p)
 //     block = ceil(H / kPer) threads rounded up to a multiple of 32 (at most 1024), one block
 //     per stream row; grid = N * S. H <= kPer * 1024 = 8192 (MAX_COLS on the host).
 //     Without an injection y, gate and sum are never touched; without a norm weight and
-//     normed neither: pass any valid pointer.
+//     normed neither; slot_weights only with slots > 0: pass any valid pointer.
 //   hc_act_<t>(d, a, HcActParams p)
 //     block = 256 threads (MIX_THREADS), one value each; grid = ceil(len / 256).
 //   hc_mix_<t>(up, normed, x, HcMixParams p)
 //     block = 256 threads (MIX_THREADS), one output value each; grid = ceil(N * H / 256).
+//   hc_up_mix_<t>_<s>(packed, scales, biases, d, normed, x, HcUpMixParams p)
+//     <s>: the up matrix's scale and bias type. block = (32, W = 8) (UP_MIX_WARPS), one warp
+//     per output value x[n, j], j = blockIdx.x * W + threadIdx.y, n = blockIdx.y; grid =
+//     (ceil(H / W), N); dynamic shared memory R floats (the token's activations, recomputed
+//     by every block). bits 2, 4 or 8, groups of whole words, R <= 8192 (MAX_RANK).
 //
 // A decode step's residual is 4 streams of a few thousand values: the composed ops spent 25
 // launches a hyper-connection on them. Each thread of hc_inject_norm holds its kPer columns of
@@ -31,6 +41,7 @@
 #include "params/hyper_connection.h"
 #include "cuda_block_sum.h"
 #include "cuda_convert.h"
+#include "affine_word_dot.h"
 
 namespace hyper_connection {
 
@@ -54,7 +65,9 @@ using cuda_block_sum::block_sum;
 template <typename T>
 __device__ __forceinline__ void inject_norm_body(const T* __restrict__ hs, const T* __restrict__ y,
                                                  const T* __restrict__ gate,
-                                                 const float* __restrict__ weight, T* __restrict__ sum,
+                                                 const float* __restrict__ weight,
+                                                 const float* __restrict__ slot_weights,
+                                                 T* __restrict__ sum,
                                                  T* __restrict__ normed, const HcInjectNormParams& p,
                                                  uint32_t row, uint32_t tid, uint32_t threads,
                                                  float* warp_sums) {
@@ -75,8 +88,21 @@ __device__ __forceinline__ void inject_norm_body(const T* __restrict__ hs, const
 #pragma unroll
     for (uint32_t k = 0; k < kPer; ++k) {
       const uint32_t j = tid + k * threads;
+      if (j >= p.cols) continue;
+      float yj;
+      if (p.slots == 0) {
+        yj = to_f32(y[(size_t)n * p.cols + j]);
+      } else {
+        // moe_combine's sum over the slots, in order, rounded once.
+        float acc = 0.f;
+        for (uint32_t k2 = 0; k2 < p.slots; ++k2) {
+          const size_t r = (size_t)n * p.slots + k2;
+          acc = fmaf(slot_weights[r], to_f32(y[r * p.cols + j]), acc);
+        }
+        yj = rounded<T>(acc);
+      }
       // Rounded before it is squared: the norm sees the stored sum.
-      if (j < p.cols) v[k] = rounded<T>(v[k] + rounded<T>(w * to_f32(y[(size_t)n * p.cols + j])));
+      v[k] = rounded<T>(v[k] + rounded<T>(w * yj));
     }
   }
   if (p.has_norm != 0) {
@@ -129,21 +155,78 @@ __device__ __forceinline__ void mix_body(const T* __restrict__ up, const T* __re
   x[i] = from_f32<T>(acc / (float)p.streams);
 }
 
+// One lane's share of an up row's dot product with the activations in shared memory, as
+// affine.cu's decode products sum it (kernels/affine_word_dot.h).
+template <uint32_t BITS, typename S>
+__device__ __forceinline__ float up_lane_dot(const uint32_t* row, const S* row_scales,
+                                             const S* row_biases, const float* act,
+                                             const HcUpMixParams& p, uint32_t lane) {
+  return affine_word_dot::lane_dot<BITS>(row, row_scales, row_biases, act, p.rank, p.group_size,
+                                         lane);
+}
+
+// Output x[n, j] of one warp; every thread of the block first writes its share of token n's
+// activations into `act` (R floats), so the whole block calls this.
+template <typename X, typename S>
+__device__ __forceinline__ void up_mix_body(const uint32_t* __restrict__ packed,
+                                            const S* __restrict__ scales,
+                                            const S* __restrict__ biases, const X* __restrict__ d,
+                                            const X* __restrict__ normed, X* __restrict__ x,
+                                            const HcUpMixParams& p, uint32_t n, uint32_t j,
+                                            uint32_t tid, uint32_t threads, uint32_t lane,
+                                            float* act) {
+  for (uint32_t k = tid; k < p.rank; k += threads) {
+    const float t = rounded<X>(to_f32(d[(size_t)n * p.rank + k]) / (float)p.streams);
+    act[k] = rounded<X>(t / (1.f + expf(-t)));
+  }
+  __syncthreads();
+  if (j >= p.cols) return;  // a whole warp, after the barrier
+  const uint32_t words = p.rank * p.bits / 32, groups = p.rank / p.group_size;
+  float acc = 0.f;
+  for (uint32_t s = 0; s < p.streams; ++s) {
+    const size_t row = (size_t)s * p.cols + j;
+    const uint32_t* row_words = packed + row * words;
+    const S* row_scales = scales + row * groups;
+    const S* row_biases = biases + row * groups;
+    float dot;
+    switch (p.bits) {
+      case 4: dot = up_lane_dot<4>(row_words, row_scales, row_biases, act, p, lane); break;
+      case 8: dot = up_lane_dot<8>(row_words, row_scales, row_biases, act, p, lane); break;
+      default: dot = up_lane_dot<2>(row_words, row_scales, row_biases, act, p, lane);
+    }
+    for (int o = 16; o > 0; o >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, o);
+    const size_t at = ((size_t)n * p.streams + s) * p.cols + j;
+    acc += rounded<X>(rounded<X>(sigmoid(rounded<X>(dot))) * to_f32(normed[at]));
+  }
+  if (lane == 0) x[(size_t)n * p.cols + j] = from_f32<X>(acc / (float)p.streams);
+}
+
+template <typename X, typename S>
+__device__ void run_up_mix(const uint32_t* packed, const S* scales, const S* biases, const X* d,
+                           const X* normed, X* x, const HcUpMixParams p) {
+  extern __shared__ float act[];
+  up_mix_body<X, S>(packed, scales, biases, d, normed, x, p, blockIdx.y,
+                    blockIdx.x * blockDim.y + threadIdx.y, threadIdx.y * 32 + threadIdx.x,
+                    blockDim.x * blockDim.y, threadIdx.x, act);
+}
+
 template <typename T>
-__device__ void run_inject_norm(const T* hs, const T* y, const T* gate, const float* weight, T* sum,
-                                T* normed, const HcInjectNormParams p) {
+__device__ void run_inject_norm(const T* hs, const T* y, const T* gate, const float* weight,
+                                const float* slot_weights, T* sum, T* normed,
+                                const HcInjectNormParams p) {
   __shared__ float warp_sums[32];
-  inject_norm_body<T>(hs, y, gate, weight, sum, normed, p, blockIdx.x, threadIdx.x, blockDim.x,
-                      warp_sums);
+  inject_norm_body<T>(hs, y, gate, weight, slot_weights, sum, normed, p, blockIdx.x, threadIdx.x,
+                      blockDim.x, warp_sums);
 }
 
 }  // namespace hyper_connection
 
 #define HC_ENTRIES(TN, T)                                                                     \
   extern "C" __global__ void hc_inject_norm_##TN(const T* hs, const T* y, const T* gate,      \
-                                                 const float* weight, T* sum, T* normed,      \
-                                                 const HcInjectNormParams p) {                \
-    hyper_connection::run_inject_norm<T>(hs, y, gate, weight, sum, normed, p);                \
+                                                 const float* weight,                         \
+                                                 const float* slot_weights, T* sum,           \
+                                                 T* normed, const HcInjectNormParams p) {     \
+    hyper_connection::run_inject_norm<T>(hs, y, gate, weight, slot_weights, sum, normed, p);  \
   }                                                                                           \
   extern "C" __global__ void hc_act_##TN(const T* d, T* a, const HcActParams p) {             \
     hyper_connection::act_body<T>(d, a, p, blockIdx.x * blockDim.x + threadIdx.x);            \
@@ -156,3 +239,19 @@ __device__ void run_inject_norm(const T* hs, const T* y, const T* gate, const fl
 HC_ENTRIES(f32, float)
 HC_ENTRIES(f16, __half)
 HC_ENTRIES(bf16, __nv_bfloat16)
+
+#define HC_UP_MIX(XN, XT, SN, ST)                                                              \
+  extern "C" __global__ void hc_up_mix_##XN##_##SN(const uint32_t* packed, const ST* scales,   \
+                                                   const ST* biases, const XT* d,              \
+                                                   const XT* normed, XT* x,                    \
+                                                   const HcUpMixParams p) {                    \
+    hyper_connection::run_up_mix<XT, ST>(packed, scales, biases, d, normed, x, p);             \
+  }
+#define HC_UP_MIX_SCALES(XN, XT)            \
+  HC_UP_MIX(XN, XT, f32, float)             \
+  HC_UP_MIX(XN, XT, f16, __half)            \
+  HC_UP_MIX(XN, XT, bf16, __nv_bfloat16)
+
+HC_UP_MIX_SCALES(f32, float)
+HC_UP_MIX_SCALES(f16, __half)
+HC_UP_MIX_SCALES(bf16, __nv_bfloat16)

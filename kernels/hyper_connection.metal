@@ -2,9 +2,13 @@
 // hyper_connection: the spec; its cpu.rs is the twin this must match):
 //   hc_inject_norm: w = InT(2 * InT(sigmoid(InT(g[n,s] / S))))
 //                   sum = InT(hs + InT(w * y[n,j]))                    (has_inject)
+//                   with K = slots > 0: y[n,j] = InT(sum_k slot_weights[n,k] * y[n,k,j]),
+//                   a MoE block's slot outputs summed as moe_combine sums them
 //                   normed = InT(sum * rsqrt(mean_j sum^2 + eps) * weight[s,j])   (has_norm)
 //   hc_act:         a[i] = InT(silu(InT(d[i] / S)))     (d: the down product's output)
 //   hc_mix:         x[n,j] = InT((1/S) * sum_s InT(InT(sigmoid(u[n,s,j])) * normed[n,s,j]))
+//   hc_up_mix:      hc_act, u[n,s,j] = InT(W[s*H+j] . a[n]) with the affine up matrix W
+//                   [S*H, R] in f32 (ScT scales and biases), then hc_mix
 //
 // Launch, hc_inject_norm: threadgroups (N * S, 1, 1), one per stream row, of (T, 1, 1)
 // threads with T = row_threads(H) (ceil(H / kPer) rounded up to whole simdgroups, at most
@@ -15,6 +19,11 @@
 // Launch, hc_act: threadgroups (ceil(len / 256), 1, 1) of (256, 1, 1) threads, one value each.
 // Launch, hc_mix: threadgroups (ceil(N * H / 256), 1, 1) of (256, 1, 1) threads, one output
 // value each.
+// Launch, hc_up_mix: threadgroups (ceil(H / 8), N, 1) of (32 * 8, 1, 1) threads (UP_MIX_WARPS
+// simdgroups, one output value x[n, j] each, j = tg.x * 8 + simdgroup), threadgroup memory of
+// R floats at index 0 (token n's activations, which every threadgroup recomputes). Lane l of
+// a simdgroup takes every 32nd packed word of a row, s * sum(q a) + b * sum(a) a word, and
+// simd_sum adds the lanes (another order than the CPU twin's, within rounding).
 //
 // Host obligations: H <= kPer * 1024 = 8192. Without an injection (has_inject == 0) y, gate
 // and sum are never touched, without a norm (has_norm == 0) weight and normed neither: bind
@@ -37,6 +46,7 @@ inline void hc_inject_norm_impl(
     const device InT* y,
     const device InT* gate,
     const device float* weight,
+    const device float* slot_weights,
     device InT* sum,
     device InT* normed,
     constant HcInjectNormParams& p,
@@ -64,10 +74,23 @@ inline void hc_inject_norm_impl(
     const float w = float(InT(2.0f * float(InT(hc_sigmoid(g)))));
     for (uint k = 0; k < kHcPer; ++k) {
       const uint j = tid + k * threads;
-      // Rounded before it is squared: the norm sees the stored sum.
-      if (j < p.cols) {
-        v[k] = float(InT(v[k] + float(InT(w * float(y[ulong(n) * p.cols + j])))));
+      if (j >= p.cols) {
+        continue;
       }
+      float yj;
+      if (p.slots == 0) {
+        yj = float(y[ulong(n) * p.cols + j]);
+      } else {
+        // moe_combine's sum over the slots, in order, rounded once.
+        float acc = 0.0f;
+        for (uint k2 = 0; k2 < p.slots; ++k2) {
+          const ulong r = ulong(n) * p.slots + k2;
+          acc += slot_weights[r] * float(y[r * p.cols + j]);
+        }
+        yj = float(InT(acc));
+      }
+      // Rounded before it is squared: the norm sees the stored sum.
+      v[k] = float(InT(v[k] + float(InT(w * yj))));
     }
   }
   if (p.has_norm != 0) {
@@ -131,25 +154,105 @@ inline void hc_mix_impl(
   x[i] = InT(acc / float(p.streams));
 }
 
+// One lane's share of an up row's dot product with the activations in threadgroup memory.
+template <uint BITS, typename ScT>
+inline float hc_up_lane_dot(
+    const device uint* row,
+    const device ScT* row_scales,
+    const device ScT* row_biases,
+    threadgroup float* act,
+    constant HcUpMixParams& p,
+    uint lane) {
+  constexpr uint kPerWord = 32 / BITS;
+  constexpr uint kMask = (1u << BITS) - 1u;
+  const uint words = p.rank / kPerWord;
+  float acc = 0.0f;
+  for (uint w = lane; w < words; w += 32) {
+    const uint word = row[w];
+    const uint j0 = w * kPerWord;
+    const uint g = j0 / p.group_size;
+    float qa = 0.0f;
+    float sa = 0.0f;
+    for (uint k = 0; k < kPerWord; ++k) {
+      const float av = act[j0 + k];
+      qa = fma(float((word >> (k * BITS)) & kMask), av, qa);
+      sa += av;
+    }
+    acc = fma(float(row_scales[g]), qa, fma(float(row_biases[g]), sa, acc));
+  }
+  return acc;
+}
+
+// Output x[n, j] of one simdgroup; every thread of the threadgroup first writes its share of
+// token n's activations into `act` (R floats), so the whole threadgroup calls this.
+template <typename InT, typename ScT>
+inline void hc_up_mix_impl(
+    const device uint* packed,
+    const device ScT* scales,
+    const device ScT* biases,
+    const device InT* d,
+    const device InT* normed,
+    device InT* x,
+    constant HcUpMixParams& p,
+    uint n,
+    uint j,
+    uint tid,
+    uint threads,
+    uint lane,
+    threadgroup float* act) {
+  for (uint k = tid; k < p.rank; k += threads) {
+    const float t = float(InT(float(d[ulong(n) * p.rank + k]) / float(p.streams)));
+    act[k] = float(InT(t / (1.0f + exp(-t))));
+  }
+  threadgroup_barrier(mem_flags::mem_threadgroup);
+  if (j >= p.cols) {
+    return;  // a whole simdgroup, after the barrier
+  }
+  const uint words = p.rank * p.bits / 32;
+  const uint groups = p.rank / p.group_size;
+  float acc = 0.0f;
+  for (uint s = 0; s < p.streams; ++s) {
+    const ulong row = ulong(s) * p.cols + j;
+    const device uint* row_words = packed + row * words;
+    const device ScT* row_scales = scales + row * groups;
+    const device ScT* row_biases = biases + row * groups;
+    float dot;
+    if (p.bits == 4) {
+      dot = hc_up_lane_dot<4, ScT>(row_words, row_scales, row_biases, act, p, lane);
+    } else if (p.bits == 8) {
+      dot = hc_up_lane_dot<8, ScT>(row_words, row_scales, row_biases, act, p, lane);
+    } else {
+      dot = hc_up_lane_dot<2, ScT>(row_words, row_scales, row_biases, act, p, lane);
+    }
+    dot = simd_sum(dot);
+    const ulong at = (ulong(n) * p.streams + s) * p.cols + j;
+    acc += float(InT(float(InT(hc_sigmoid(float(InT(dot))))) * float(normed[at])));
+  }
+  if (lane == 0) {
+    x[ulong(n) * p.cols + j] = InT(acc / float(p.streams));
+  }
+}
+
 // Entry points hc_inject_norm_, hc_act_ and hc_mix_{f32,f16,bf16}: plain kernels
 // forwarding to the templates (see kernels/affine.metal for why not explicit instantiations).
 #define HC_INJECT_NORM(name, InT)                                                        \
   [[kernel]] void name(                                                                  \
       const device InT* hs [[buffer(0)]],       /* [N, S, H] */                          \
-      const device InT* y [[buffer(1)]],        /* [N, H], read if has_inject */         \
+      const device InT* y [[buffer(1)]],        /* [N, H] or [N, K, H], if has_inject */ \
       const device InT* gate [[buffer(2)]],     /* [N, S], read if has_inject */         \
       const device float* weight [[buffer(3)]], /* [S, H], read if has_norm */           \
-      device InT* sum [[buffer(4)]],            /* [N, S, H], written if has_inject */   \
-      device InT* normed [[buffer(5)]],         /* [N, S, H], written if has_norm */     \
-      constant HcInjectNormParams& p [[buffer(6)]],                                      \
+      const device float* slot_weights [[buffer(4)]], /* [N, K], read if slots = K > 0 */ \
+      device InT* sum [[buffer(5)]],            /* [N, S, H], written if has_inject */   \
+      device InT* normed [[buffer(6)]],         /* [N, S, H], written if has_norm */     \
+      constant HcInjectNormParams& p [[buffer(7)]],                                      \
       threadgroup float* partial [[threadgroup(0)]],                                     \
       uint3 tg [[threadgroup_position_in_grid]],                                         \
       uint tid [[thread_index_in_threadgroup]],                                          \
       uint3 tpg [[threads_per_threadgroup]],                                             \
       uint lane [[thread_index_in_simdgroup]],                                           \
       uint simd [[simdgroup_index_in_threadgroup]]) {                                    \
-    hc_inject_norm_impl<InT>(hs, y, gate, weight, sum, normed, p, tg.x, tid, tpg.x, lane,  \
-                             simd, partial);                                             \
+    hc_inject_norm_impl<InT>(hs, y, gate, weight, slot_weights, sum, normed, p, tg.x, tid,  \
+                             tpg.x, lane, simd, partial);                                \
   }
 
 #define HC_ACT(name, InT)                                                                \
@@ -171,13 +274,42 @@ inline void hc_mix_impl(
     hc_mix_impl<InT>(up, normed, x, p, i);                                               \
   }
 
+// hc_up_mix_<InT>_<ScT>: the up matrix's scales and biases in ScT.
+#define HC_UP_MIX(name, InT, ScT)                                                         \
+  [[kernel]] void name(                                                                  \
+      const device uint* packed [[buffer(0)]],  /* [S * H, R * bits / 32] */             \
+      const device ScT* scales [[buffer(1)]],   /* [S * H, R / group_size] */            \
+      const device ScT* biases [[buffer(2)]],   /* [S * H, R / group_size] */            \
+      const device InT* d [[buffer(3)]],        /* [N, R] */                             \
+      const device InT* normed [[buffer(4)]],   /* [N, S, H] */                          \
+      device InT* x [[buffer(5)]],              /* [N, H] */                             \
+      constant HcUpMixParams& p [[buffer(6)]],                                           \
+      threadgroup float* act [[threadgroup(0)]],                                         \
+      uint3 tg [[threadgroup_position_in_grid]],                                         \
+      uint tid [[thread_index_in_threadgroup]],                                          \
+      uint3 tpg [[threads_per_threadgroup]],                                             \
+      uint lane [[thread_index_in_simdgroup]],                                           \
+      uint simd [[simdgroup_index_in_threadgroup]]) {                                    \
+    hc_up_mix_impl<InT, ScT>(packed, scales, biases, d, normed, x, p, tg.y,               \
+                             tg.x * (tpg.x / 32) + simd, tid, tpg.x, lane, act);          \
+  }
+
 HC_INJECT_NORM(hc_inject_norm_f32, float)
 HC_INJECT_NORM(hc_inject_norm_f16, half)
 HC_ACT(hc_act_f32, float)
 HC_ACT(hc_act_f16, half)
 HC_MIX(hc_mix_f32, float)
 HC_MIX(hc_mix_f16, half)
+HC_UP_MIX(hc_up_mix_f32_f32, float, float)
+HC_UP_MIX(hc_up_mix_f32_f16, float, half)
+HC_UP_MIX(hc_up_mix_f16_f32, half, float)
+HC_UP_MIX(hc_up_mix_f16_f16, half, half)
 #if defined(__HAVE_BFLOAT__)
+HC_UP_MIX(hc_up_mix_f32_bf16, float, bfloat)
+HC_UP_MIX(hc_up_mix_f16_bf16, half, bfloat)
+HC_UP_MIX(hc_up_mix_bf16_f32, bfloat, float)
+HC_UP_MIX(hc_up_mix_bf16_f16, bfloat, half)
+HC_UP_MIX(hc_up_mix_bf16_bf16, bfloat, bfloat)
 HC_INJECT_NORM(hc_inject_norm_bf16, bfloat)
 HC_ACT(hc_act_bf16, bfloat)
 HC_MIX(hc_mix_bf16, bfloat)

@@ -25,7 +25,12 @@ fn main() {
         "cargo:rerun-if-changed={}",
         kernels.join("params").display()
     );
-    for header in ["cuda_convert.h", "cuda_block_sum.h", "affine_row_group.h"] {
+    for header in [
+        "cuda_convert.h",
+        "cuda_block_sum.h",
+        "affine_row_group.h",
+        "affine_word_dot.h",
+    ] {
         println!("cargo:rerun-if-changed={}", kernels.join(header).display());
     }
     let mut sources: Vec<_> = std::fs::read_dir(kernels)

@@ -1,19 +1,27 @@
-//! The CUDA `hc_inject_norm_`, `hc_act_` and `hc_mix_{f32,f16,bf16}` kernels
-//! (`kernels/hyper_connection.cu`) against the CPU twin, for every instantiation and every
-//! form (injection, norm, both), over the op's cases (tests/common/hyper_connection.rs). Built
+//! The CUDA `hc_inject_norm_`, `hc_act_` and `hc_mix_{f32,f16,bf16}` kernels and
+//! `hc_up_mix_<x>_<s>` (`kernels/hyper_connection.cu`) against the CPU twin, for every
+//! instantiation and every form (injection, norm, both), over the op's cases
+//! (tests/common/hyper_connection.rs). Built
 //! only with the `cuda` feature and run on the GPU machine (scripts/gpu/test-cuda.sh); without
 //! a CUDA device every test fails.
 //!
 //! Gates: `sum`, `a` and `x` within 1 ulp of InT (`expf` may differ from the host's in its last
-//! bit); `normed` within 1 ulp plus 1e-5 of max |normed|.
+//! bit); `normed` within 1 ulp plus 1e-5 of max |normed|; `hc_up_mix`'s `x` within 2 ulps
+//! plus 1e-5 of max |x| of the twin's and of the three CUDA kernels it replaces (the
+//! product's f32 sum in another order can move a rounded logit by an ulp).
 #![cfg(feature = "cuda")]
 
 mod common;
 
 use candle_core::{Device, Tensor};
-use common::hyper_connection::{inputs, runs, seed, FORMS};
+use common::hyper_connection::{
+    inputs, runs, seed, up_mix_inputs, up_mix_runs, up_mix_seed, FORMS, SLOTS,
+};
 use common::{close, gpu, tensor, values, TYPES};
-use gdn_ops::ops::hyper_connection::{hc_act, hc_inject_norm, hc_mix};
+use gdn_ops::ops::affine::AffineTensor;
+use gdn_ops::ops::hyper_connection::{
+    hc_act, hc_inject_norm, hc_inject_slots_norm, hc_mix, hc_up_mix,
+};
 
 const EPS: f32 = 1e-6;
 /// The streams' sums and the mix (a gate or weight times a value, summed over streams) may
@@ -21,6 +29,21 @@ const EPS: f32 = 1e-6;
 /// 1.2e-8 of max|ref| apart from the twin, where a wrong stream or weight is off by O(max|ref|).
 /// The allowance is 1e-6 of max|ref| on top of one ulp of the value.
 const SUM_REL: f32 = 1e-6;
+
+/// Where the GPU's `(sum, normed)` of an injection is off the twin's, if anywhere.
+fn injection_off(
+    (sum, normed): (Tensor, Option<Tensor>),
+    (want_sum, want_normed): (Tensor, Option<Tensor>),
+    ty: common::Ty,
+) -> Option<String> {
+    close("sum", &values(&sum), &values(&want_sum), ty, 1.0, SUM_REL).or_else(|| {
+        match (normed, want_normed) {
+            (Some(a), Some(b)) => close("normed", &values(&a), &values(&b), ty, 1.0, 1e-5),
+            (None, None) => None,
+            _ => Some("normed returned on one side only".into()),
+        }
+    })
+}
 
 #[test]
 fn cuda_hyper_connection_matches_the_cpu_twin() {
@@ -53,14 +76,28 @@ fn cuda_hyper_connection_matches_the_cpu_twin() {
                 s,
             )
             .unwrap();
-            let err = close("sum", &values(&sum), &values(&want_sum), ty, 1.0, SUM_REL).or_else(
-                || match (normed, want_normed) {
-                    (Some(a), Some(b)) => close("normed", &values(&a), &values(&b), ty, 1.0, 1e-5),
-                    (None, None) => None,
-                    _ => Some("normed returned on one side only".into()),
-                },
+            if let Some(e) = injection_off((sum, normed), (want_sum, want_normed), ty) {
+                failures.push(format!("{label}: {e}"));
+            }
+        }
+        // A MoE block's slots injected, with and without the next norm.
+        let down = tensor(&x.slot_down, &[n, SLOTS, h], ty);
+        let sw = Tensor::from_vec(x.slot_weights.clone(), (n, SLOTS), &Device::Cpu).unwrap();
+        for norm in [true, false] {
+            let label = format!(
+                "hc_inject_slots_norm_{} N={n} S={s} H={h} norm={norm}",
+                ty.name()
             );
-            if let Some(e) = err {
+            let (want_sum, want_normed) =
+                hc_inject_slots_norm(&hs, (&down, &sw, &g), norm.then_some((&w, EPS)), s).unwrap();
+            let (sum, normed) = hc_inject_slots_norm(
+                &hs_g,
+                (&on_gpu(&down), &on_gpu(&sw), &g_g),
+                norm.then_some((&w_g, EPS)),
+                s,
+            )
+            .unwrap();
+            if let Some(e) = injection_off((sum, normed), (want_sum, want_normed), ty) {
                 failures.push(format!("{label}: {e}"));
             }
         }
@@ -76,6 +113,30 @@ fn cuda_hyper_connection_matches_the_cpu_twin() {
         let got = hc_act(&on_gpu(&d), s).unwrap();
         if let Some(e) = close("a", &values(&got), &values(&want), ty, 4.0, 0.0) {
             failures.push(format!("hc_act_{} N={n} S={s} R={h}: {e}", ty.name()));
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+#[test]
+fn cuda_up_mix_matches_the_cpu_twin_and_the_three_kernels() {
+    let gpu = gpu();
+    let mut failures = vec![];
+    for (i, c, ty) in up_mix_runs(&TYPES) {
+        let (n, s, h, r) = (c.tokens, c.streams, c.cols, c.rank);
+        let x = up_mix_inputs(&c, ty, up_mix_seed(i, ty));
+        let [w, w_g] = [&Device::Cpu, &gpu].map(|d| AffineTensor::upload(&x.m, d).unwrap());
+        let d = tensor(&x.d, &[n, r], ty);
+        let normed = tensor(&x.normed, &[n, s * h], ty);
+        let (d_g, normed_g) = (d.to_device(&gpu).unwrap(), normed.to_device(&gpu).unwrap());
+        let want = values(&hc_up_mix(&d, &w, &normed, s).unwrap());
+        let got = values(&hc_up_mix(&d_g, &w_g, &normed_g, s).unwrap());
+        let a = hc_act(&d_g, s).unwrap().reshape((n, r)).unwrap();
+        let three = values(&hc_mix(&w_g.matmul_t(&a).unwrap(), &normed_g, s).unwrap());
+        let err = close("x vs twin", &got, &want, ty, 2.0, 1e-5)
+            .or_else(|| close("x vs three kernels", &got, &three, ty, 2.0, 1e-5));
+        if let Some(e) = err {
+            failures.push(format!("hc_up_mix_{} {c:?}: {e}", ty.name()));
         }
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));

@@ -2,14 +2,22 @@
 //! in the model (crates/qwen-gdn-model/src/families/qwen4_exp/hyper_connection.rs: the
 //! injection `hs + w[s]·y` with `w = 2·sigmoid(g / S)`, the grouped RMSNorm with its `[S, H]`
 //! weight, the low-rank activation `silu(d / S)` and the mixing `mean_s sigmoid(u)·n`), over the op's cases
-//! (tests/common/hyper_connection.rs), and its input checks.
+//! (tests/common/hyper_connection.rs), and its input checks; `hc_up_mix` against the three
+//! twins it fuses (exactly) and against the composed ops (activation, dense product with the
+//! dequantized up matrix, mixing).
 
 mod common;
 
 use candle_core::{DType, Device, Tensor, D};
-use common::hyper_connection::{inputs, runs, seed, FORMS};
-use common::{max_rel, tensor, Ty};
-use gdn_ops::ops::hyper_connection::{hc_act, hc_inject_norm, hc_mix};
+use common::hyper_connection::{
+    inputs, runs, seed, up_mix_inputs, up_mix_runs, up_mix_seed, UpMixCase, FORMS, SLOTS,
+};
+use common::{max_rel, tensor, values, Ty};
+use gdn_ops::ops::affine::AffineTensor;
+use gdn_ops::ops::hyper_connection::{
+    hc_act, hc_inject_norm, hc_inject_slots_norm, hc_mix, hc_up_mix,
+};
+use gdn_ops::ops::moe_combine::moe_weighted_sum;
 
 const EPS: f32 = 1e-6;
 
@@ -61,6 +69,13 @@ fn composed_mix(up: &Tensor, normed: &Tensor, s: usize) -> Tensor {
         .unwrap()
 }
 
+/// The largest absolute difference between two tensors' values.
+fn apart(a: &Tensor, b: &Tensor) -> f32 {
+    (values(a).iter().zip(values(b)))
+        .map(|(x, y)| (x - y).abs())
+        .fold(0f32, f32::max)
+}
+
 fn compare(i: usize, (n, s, h): (usize, usize, usize), ty: Ty, tol: f32) {
     let x = inputs((n, s, h), ty, seed(i, ty));
     let hs = tensor(&x.hs, &[n, s * h], ty);
@@ -96,6 +111,43 @@ fn compare(i: usize, (n, s, h): (usize, usize, usize), ty: Ty, tol: f32) {
             None => assert!(!norm, "{label}: no normed"),
         }
     }
+    // A MoE block's slots: the same as `moe_weighted_sum` then the injection (exactly), and
+    // within `tol` of the composed weighted sum, injection and norm.
+    let down = tensor(&x.slot_down, &[n, SLOTS, h], ty);
+    let sw = Tensor::from_vec(x.slot_weights.clone(), (n, SLOTS), &Device::Cpu).unwrap();
+    for norm in [true, false] {
+        let label = format!("{ty:?} N={n} S={s} H={h} slots norm={norm}");
+        let norm = norm.then_some((&w, EPS));
+        let (sum, normed) = hc_inject_slots_norm(&hs, (&down, &sw, &g), norm, s).unwrap();
+        let y = moe_weighted_sum(&down, &sw).unwrap();
+        let (two_sum, two_normed) = hc_inject_norm(&hs, Some((&y, &g)), norm, s).unwrap();
+        let d = apart(&sum, &two_sum);
+        assert!(
+            d == 0.0,
+            "{label}: {d} from moe_weighted_sum then hc_inject_norm"
+        );
+        if let (Some(a), Some(b)) = (&normed, &two_normed) {
+            let d = apart(a, b);
+            assert!(d == 0.0, "{label}: normed {d} from moe_weighted_sum's");
+        }
+        assert_eq!(normed.is_some(), two_normed.is_some(), "{label}");
+        let y = down
+            .to_dtype(DType::F32)
+            .unwrap()
+            .broadcast_mul(&sw.reshape((n, SLOTS, 1)).unwrap())
+            .unwrap()
+            .sum(1)
+            .unwrap()
+            .to_dtype(ty.dtype())
+            .unwrap();
+        let want = composed_inject(&hs, &y, &g, s);
+        let err = max_rel(&sum, &want);
+        assert!(err <= tol, "{label}: sum off by {err}");
+        if let Some(normed) = normed {
+            let err = max_rel(&normed, &composed_norm(&want, &w));
+            assert!(err <= tol, "{label}: normed off by {err}");
+        }
+    }
     let up = tensor(&x.up, &[n, s * h], ty);
     let normed = tensor(&x.normed, &[n, s * h], ty);
     let mixed = hc_mix(&up, &normed, s).unwrap();
@@ -122,6 +174,48 @@ fn twin_matches_the_composed_path_in_f32() {
 fn twin_matches_the_composed_path_in_bf16_and_f16() {
     for (i, shape, ty) in runs(&[Ty::Bf16, Ty::F16]) {
         compare(i, shape, ty, 2e-2);
+    }
+}
+
+/// `hc_up_mix` on case `c`: equal to `hc_act`, the up product and `hc_mix` one after the
+/// other (the twin is their composition), and within `tol` of max |x| of the model's composed
+/// ops in f32: `silu(d / S)`, the product with the dequantized matrix, `mean_s sigmoid(u)·n`.
+fn compare_up_mix(i: usize, c: UpMixCase, ty: Ty, tol: f32) {
+    let (n, s, h, r) = (c.tokens, c.streams, c.cols, c.rank);
+    let label = format!("{ty:?} {c:?}");
+    let x = up_mix_inputs(&c, ty, up_mix_seed(i, ty));
+    let w = AffineTensor::upload(&x.m, &Device::Cpu).unwrap();
+    let d = tensor(&x.d, &[n, r], ty);
+    let normed = tensor(&x.normed, &[n, s * h], ty);
+    let got = hc_up_mix(&d, &w, &normed, s).unwrap();
+    assert_eq!(got.dims(), [n, h], "{label}");
+    let a = hc_act(&d, s).unwrap().reshape((n, r)).unwrap();
+    let three = hc_mix(&w.matmul_t(&a).unwrap(), &normed, s).unwrap();
+    let off = apart(&got, &three);
+    assert!(off == 0.0, "{label}: {off} from the three kernels' values");
+    let dense = w.dequantize(None, s * h, DType::F32).unwrap();
+    let a = (d.to_dtype(DType::F32).unwrap() / s as f64)
+        .unwrap()
+        .silu()
+        .unwrap();
+    let u = a.matmul(&dense.t().unwrap()).unwrap();
+    let f32_normed = normed.to_dtype(DType::F32).unwrap();
+    let want = composed_mix(&u, &f32_normed, s);
+    let err = max_rel(&got.to_dtype(DType::F32).unwrap(), &want);
+    assert!(err <= tol, "{label}: up_mix off by {err}");
+}
+
+#[test]
+fn up_mix_twin_matches_the_composed_path_in_f32() {
+    for (i, c, ty) in up_mix_runs(&[Ty::F32]) {
+        compare_up_mix(i, c, ty, 1e-5);
+    }
+}
+
+#[test]
+fn up_mix_twin_matches_the_composed_path_in_bf16_and_f16() {
+    for (i, c, ty) in up_mix_runs(&[Ty::Bf16, Ty::F16]) {
+        compare_up_mix(i, c, ty, 2e-2);
     }
 }
 
@@ -172,4 +266,18 @@ fn bad_inputs_are_one_line_errors() {
     let n16 = hs.to_dtype(DType::BF16).unwrap();
     let e = format!("{:#}", hc_mix(&hs, &n16, 2).unwrap_err());
     assert!(e.contains("normed") && !e.contains('\n'), "{e}");
+    // hc_up_mix: a d of the wrong width, and a 3-bit matrix (outside the kernel).
+    let c = common::hyper_connection::up_mix_cases()[1];
+    let x = up_mix_inputs(&c, Ty::F32, 1);
+    let w = AffineTensor::upload(&x.m, &Device::Cpu).unwrap();
+    let normed = Tensor::zeros((1, 4 * 64), DType::F32, &Device::Cpu).unwrap();
+    let d = Tensor::zeros((1, 63), DType::F32, &Device::Cpu).unwrap();
+    let e = format!("{:#}", hc_up_mix(&d, &w, &normed, 4).unwrap_err());
+    assert!(e.contains("d [1, 63]") && !e.contains('\n'), "{e}");
+    let mut rng = common::Rng::new(2);
+    let m3 = common::scaled_matrix(&mut rng, 3, 32, [1, 256, 64], DType::F32, None);
+    let w3 = AffineTensor::upload(&m3, &Device::Cpu).unwrap();
+    let d = Tensor::zeros((1, 64), DType::F32, &Device::Cpu).unwrap();
+    let e = format!("{:#}", hc_up_mix(&d, &w3, &normed, 4).unwrap_err());
+    assert!(e.contains("3-bit") && !e.contains('\n'), "{e}");
 }

@@ -1,7 +1,8 @@
 //! The shipped `kernels/hyper_connection.metal`, compiled as C++ with clang-19 and the Metal
 //! emulation header (`kernels/emu/`), run on the CPU for `hc_inject_norm_{f32,f16,bf16}` (with
-//! and without the injection and the norm), `hc_act_{f32,f16,bf16}` and `hc_mix_{f32,f16,bf16}`,
-//! and compared with the
+//! and without the injection and the norm, the injection of a block's output or of a MoE
+//! block's slots), `hc_act_{f32,f16,bf16}`, `hc_mix_{f32,f16,bf16}`
+//! and `hc_up_mix_<x>_<s>` (every activation and scale type), and compared with the
 //! CPU twin ([`gdn_ops::ops::hyper_connection`]) over the op's cases
 //! (tests/common/hyper_connection.rs).
 //!
@@ -10,18 +11,22 @@
 //!
 //! Gates, per case: `sum`, `a` and `x` within 1 ulp of InT of the twin's (the same roundings, but
 //! `exp` may differ in its last bit); `normed` within 1 ulp plus 1e-5 of max |normed| (the
-//! f32 sum of squares is added in another order). The harness guards every buffer and leaves
-//! the unused slots unbound.
+//! f32 sum of squares is added in another order); `hc_up_mix`'s `x` within 2 ulps plus 1e-5
+//! of max |x| (the product's f32 sum is added in another order, which can move the rounded
+//! logit by an ulp). The harness guards every buffer and leaves the unused slots unbound.
 
 mod common;
 mod emu;
 
 use candle_core::{Device, Tensor};
-use common::hyper_connection::{inputs, runs, seed, FORMS};
+use common::hyper_connection::{
+    inputs, runs, seed, up_mix_inputs, up_mix_runs, up_mix_seed, UpMixCase, FORMS, SLOTS,
+};
 use common::{close, failures, tensor, values, Input, Ty, TYPES};
+use gdn_ops::ops::affine::AffineTensor;
 use gdn_ops::ops::hyper_connection::{
-    hc_act, hc_inject_norm, hc_mix, row_threads, HcActParams, HcInjectNormParams, HcMixParams,
-    MIX_THREADS,
+    hc_act, hc_inject_norm, hc_inject_slots_norm, hc_mix, hc_up_mix, row_threads, HcActParams,
+    HcInjectNormParams, HcMixParams, HcUpMixParams, MIX_THREADS, UP_MIX_WARPS,
 };
 
 static HARNESS: emu::Harness = emu::Harness::metal("hyper_connection_harness");
@@ -39,6 +44,8 @@ struct Case {
 enum Kernel {
     /// `hc_inject_norm` with (inject, norm).
     InjectNorm(bool, bool),
+    /// `hc_inject_slots_norm` with (norm).
+    InjectSlots(bool),
     Mix,
     Act,
 }
@@ -46,7 +53,7 @@ enum Kernel {
 impl Kernel {
     fn code(self) -> u32 {
         match self {
-            Kernel::InjectNorm(..) => 0,
+            Kernel::InjectNorm(..) | Kernel::InjectSlots(_) => 0,
             Kernel::Mix => 1,
             Kernel::Act => 2,
         }
@@ -54,6 +61,10 @@ impl Kernel {
 }
 
 fn header(input: &mut Input, c: &Case, inject: bool, norm: bool, threads: usize) {
+    let slots = match c.kernel {
+        Kernel::InjectSlots(_) => SLOTS,
+        _ => 0,
+    };
     let (n, s, h) = c.shape;
     input
         .u32(c.kernel.code())
@@ -64,7 +75,8 @@ fn header(input: &mut Input, c: &Case, inject: bool, norm: bool, threads: usize)
         .u32(inject as u32)
         .u32(norm as u32)
         .f32(EPS)
-        .u32(threads as u32);
+        .u32(threads as u32)
+        .u32(slots as u32);
 }
 
 fn check(c: &Case) -> Option<String> {
@@ -80,6 +92,33 @@ fn check(c: &Case) -> Option<String> {
         };
         let want = values(&hc_act(&tensor(&x.down, &[n, h], c.ty), s).unwrap());
         return close("a", &got, &want, c.ty, 1.0, 0.0);
+    }
+    if let Kernel::InjectSlots(norm) = c.kernel {
+        header(&mut input, c, true, norm, row_threads(h));
+        input.f32s(&x.hs).f32s(&x.slot_down).f32s(&x.gate);
+        if norm {
+            input.f32s(&x.weight);
+        }
+        input.f32s(&x.slot_weights);
+        let got = match HARNESS.run(&input.0) {
+            Ok(v) => v,
+            Err(e) => return Some(e),
+        };
+        let hs = tensor(&x.hs, &[n, s * h], c.ty);
+        let down = tensor(&x.slot_down, &[n, SLOTS, h], c.ty);
+        let g = tensor(&x.gate, &[n, s], c.ty);
+        let w = Tensor::from_vec(x.weight.clone(), (s, h), &Device::Cpu).unwrap();
+        let sw = Tensor::from_vec(x.slot_weights.clone(), (n, SLOTS), &Device::Cpu).unwrap();
+        let norm_arg = norm.then_some((&w, EPS));
+        let (sum, normed) = hc_inject_slots_norm(&hs, (&down, &sw, &g), norm_arg, s).unwrap();
+        let len = n * s * h;
+        if got.len() != len * (1 + norm as usize) {
+            return Some(format!("{} values printed", got.len()));
+        }
+        let (got_sum, got_normed) = got.split_at(len);
+        return close("sum", got_sum, &values(&sum), c.ty, 1.0, 0.0).or_else(|| {
+            normed.and_then(|nd| close("normed", got_normed, &values(&nd), c.ty, 1.0, 1e-5))
+        });
     }
     let Kernel::InjectNorm(inject, norm) = c.kernel else {
         header(&mut input, c, false, false, MIX_THREADS);
@@ -135,7 +174,8 @@ fn shipped_hyper_connection_kernels_match_the_cpu_twin() {
     let mut cases = vec![];
     for (index, shape, ty) in runs(&TYPES) {
         let forms = FORMS.iter().map(|&(i, n)| Kernel::InjectNorm(i, n));
-        for kernel in forms.chain([Kernel::Mix, Kernel::Act]) {
+        let slots = [Kernel::InjectSlots(true), Kernel::InjectSlots(false)];
+        for kernel in forms.chain(slots).chain([Kernel::Mix, Kernel::Act]) {
             cases.push(Case {
                 index,
                 shape,
@@ -147,6 +187,55 @@ fn shipped_hyper_connection_kernels_match_the_cpu_twin() {
     HARNESS.path();
     let failures: Vec<String> = failures(&cases, |c| {
         check(c).map(|e| format!("{:?} {} {:?}: {e}", c.kernel, c.ty.name(), c.shape))
+    });
+    common::assert_no_failures(&failures, cases.len(), "cases fail");
+}
+
+/// `hc_up_mix` case `c` at `ty` on the emulator against the twin.
+fn check_up_mix(i: usize, c: &UpMixCase, ty: Ty) -> Option<String> {
+    let (n, s, h, r) = (c.tokens, c.streams, c.cols, c.rank);
+    let x = up_mix_inputs(c, ty, up_mix_seed(i, ty));
+    let mut input = Input::new(b"HCONEMU1");
+    input
+        .u32(3)
+        .u32(ty.code())
+        .u32(n as u32)
+        .u32(s as u32)
+        .u32(h as u32)
+        .u32(0)
+        .u32(0)
+        .f32(EPS)
+        .u32((32 * UP_MIX_WARPS) as u32)
+        .u32(0)
+        .u32(c.scales.code())
+        .u32(r as u32)
+        .u32(c.bits as u32)
+        .u32(c.group as u32);
+    x.m.packed().iter().for_each(|&w| {
+        input.u32(w);
+    });
+    input
+        .f32s(&x.m.scales().to_f32_vec())
+        .f32s(&x.m.biases().to_f32_vec())
+        .f32s(&x.d)
+        .f32s(&x.normed);
+    let got = match HARNESS.run(&input.0) {
+        Ok(v) => v,
+        Err(e) => return Some(e),
+    };
+    let w = AffineTensor::upload(&x.m, &Device::Cpu).unwrap();
+    let d = tensor(&x.d, &[n, r], ty);
+    let normed = tensor(&x.normed, &[n, s * h], ty);
+    let want = values(&hc_up_mix(&d, &w, &normed, s).unwrap());
+    close("x", &got, &want, ty, 2.0, 1e-5)
+}
+
+#[test]
+fn shipped_up_mix_kernel_matches_the_cpu_twin() {
+    let cases = up_mix_runs(&TYPES);
+    HARNESS.path();
+    let failures: Vec<String> = failures(&cases, |(i, c, ty)| {
+        check_up_mix(*i, c, *ty).map(|e| format!("up_mix {} {c:?}: {e}", ty.name()))
     });
     common::assert_no_failures(&failures, cases.len(), "cases fail");
 }
@@ -165,6 +254,7 @@ fn kernel_abi_in_source() {
             "has_inject",
             "has_norm",
             "float eps",
+            "slots",
         ],
     );
     emu::assert_params(
@@ -172,16 +262,23 @@ fn kernel_abi_in_source() {
         "HcMixParams",
         &["tokens", "streams", "cols"],
     );
-    assert_eq!(std::mem::size_of::<HcInjectNormParams>(), 24);
+    assert_eq!(std::mem::size_of::<HcInjectNormParams>(), 28);
     emu::assert_params("hyper_connection.h", "HcActParams", &["len", "streams"]);
     assert_eq!(std::mem::size_of::<HcMixParams>(), 12);
     assert_eq!(std::mem::size_of::<HcActParams>(), 8);
+    emu::assert_params(
+        "hyper_connection.h",
+        "HcUpMixParams",
+        &["tokens", "streams", "cols", "rank", "bits", "group_size"],
+    );
+    assert_eq!(std::mem::size_of::<HcUpMixParams>(), 24);
     let src = emu::shipped_source_including("kernels/hyper_connection.metal", "hyper_connection.h");
-    let inject = ["hs", "y", "gate", "weight", "sum", "normed"];
+    let inject = ["hs", "y", "gate", "weight", "slot_weights", "sum", "normed"];
     emu::assert_buffer_indices(&src, "hyper_connection.metal", &inject, "");
-    assert!(src.contains("HcInjectNormParams& p [[buffer(6)]]"));
+    assert!(src.contains("HcInjectNormParams& p [[buffer(7)]]"));
     assert!(src.contains("HcMixParams& p [[buffer(3)]]"));
     assert!(src.contains("HcActParams& p [[buffer(2)]]"));
+    assert!(src.contains("HcUpMixParams& p [[buffer(6)]]"));
     emu::assert_instantiated(&src, "hc_act");
     emu::assert_instantiated(&src, "hc_inject_norm");
     emu::assert_instantiated(&src, "hc_mix");

@@ -22,7 +22,7 @@ mod launch_budget;
 mod mtp;
 mod random_weights;
 mod verify;
-pub use launch_budget::{ple_layers, LaunchBudget};
+pub use launch_budget::{carried_norm_layers, ple_layers, LaunchBudget};
 pub use mtp::MtpPrecision;
 pub use random_weights::RandomWeights;
 

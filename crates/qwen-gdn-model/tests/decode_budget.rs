@@ -158,9 +158,12 @@ fn qwen4_exp_launches_per_layer_kind_add_up() {
 /// the fused kernels inside the budget), so each GDN layer saves the same launches (its MoE
 /// block's and its two hyper-connections', composed minus fused), the final mixer its own,
 /// and the step the sum; the kinds still add up. The step's budget at the release config:
-/// at most 2,232 launches fused (4,019 before the hyper-connection kernels; the composed
-/// step's 4,931 unchanged), as the fixture measures it (GDN mixers composed; fused, as the
-/// release's widths run them, 1,296: `qwen4_exp_launches_per_component`).
+/// at most 1,847 launches fused (4,019 before the hyper-connection kernels, 2,232 before
+/// the merged down+inject product, the norms carried across layers, `hc_up_mix` and the MoE
+/// weighted sum inside the injection; the
+/// composed step 4,835, 4,931 before the merged product), as the fixture measures it (GDN
+/// mixers composed; fused, as the release's widths run them, 911:
+/// `qwen4_exp_launches_per_component`).
 #[test]
 fn qwen4_exp_fused_decode_saves_each_moe_blocks_and_hyper_connections_launches() {
     use qwen_gdn_model::model::LaunchBudget;
@@ -205,11 +208,12 @@ fn qwen4_exp_fused_decode_saves_each_moe_blocks_and_hyper_connections_launches()
         gdn_saved[0] > 0 && gdn_saved.iter().all(|&s| s == gdn_saved[0]),
         "{saved:?}"
     );
-    // The final mixer: 16 composed launches, 5 fused (norm, 2 products, `hc_act`, `hc_mix`).
-    assert_eq!(composed.0.outside - fused.0.outside, 11);
+    // The final mixer: 16 composed launches, 2 fused (the down product, `hc_up_mix`; its
+    // norm computed by the last layer's injection).
+    assert_eq!(composed.0.outside - fused.0.outside, 14);
     assert_eq!(
         fused.2 as isize,
-        composed.2 as isize - saved.iter().sum::<isize>() - 11
+        composed.2 as isize - saved.iter().sum::<isize>() - 14
     );
     let path = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("../../tests/data/configs/qwen3.8-flash-next-release-4bit.json");
@@ -225,8 +229,8 @@ fn qwen4_exp_fused_decode_saves_each_moe_blocks_and_hyper_connections_launches()
         fused.0.total_for(&cfg),
         composed.0.total_for(&cfg)
     );
-    assert!(fused.0.total_for(&cfg) <= 2_232, "{:?}", fused.0);
-    assert_eq!(composed.0.total_for(&cfg), 4_931, "{:?}", composed.0);
+    assert!(fused.0.total_for(&cfg) <= 1_847, "{:?}", fused.0);
+    assert_eq!(composed.0.total_for(&cfg), 4_835, "{:?}", composed.0);
 }
 
 /// The QSA layer's decode launches past the indexer's budget (the fixture's is 8 tokens, 2
@@ -496,7 +500,8 @@ fn qwen4_exp_launches_per_component() {
             }
             _ => {}
         }
-        moe.get_or_insert_with(|| count(&mut || drop(fused::moe_block(&layer.moe, &y).unwrap())));
+        // Its weighted sum is the injection's (`inject_slots_normed`), counted there.
+        moe.get_or_insert_with(|| count(&mut || drop(fused::moe_slots(&layer.moe, &y).unwrap())));
     }
     let (gdn_composed, qsa, moe) = (gdn.unwrap(), qsa.unwrap(), moe.unwrap());
     // The fixture's layers are these parts.
@@ -530,14 +535,19 @@ fn qwen4_exp_launches_per_component() {
     let layers = cfg.num_hidden_layers;
     let (gdn_layers, qsa_layers) = LaunchBudget::layers_of(&cfg);
     let ple_layers = qwen_gdn_model::model::ple_layers(&cfg).len();
-    let outside = budget.outside - final_mix;
-    let step = |hc: usize, gdn: usize, final_mix: usize| {
+    // In the step the final mixer's norm comes with the last injection, as every layer's
+    // but the first's and the PLE layers' does (the launch each saves).
+    let carried = qwen_gdn_model::model::carried_norm_layers(&cfg).len();
+    assert_eq!((budget.carried_norm, carried), (1, layers - 1 - ple_layers));
+    let outside = budget.outside - (final_mix - budget.carried_norm);
+    let step = |hc: usize, gdn: usize, final_mix: usize, carried_norm: usize| {
         outside
             + final_mix
             + layers * (hc + moe)
             + gdn_layers * gdn
             + qsa_layers * qsa
             + ple_layers * budget.ple
+            - (carried + 1) * carried_norm
     };
     eprintln!(
         "qwen4_exp decode launches per component (bf16; per call, then x the release's \
@@ -550,7 +560,8 @@ fn qwen4_exp_launches_per_component() {
          otherwise {outside}\n\
          PLE block {} -> release {}\n\
          GDN mixer fused {gdn_fused} (composed at the fixture's widths {gdn_composed}) -> \
-         release {}\nQSA mixer (inside the budget) {qsa} -> release {}\nMoE block {moe} -> \
+         release {}\nQSA mixer (inside the budget) {qsa} -> release {}\nMoE block (its weighted sum in the \
+         injection) {moe} -> \
          release {}\n\
          step at the release config, GDN fused: HC composed {}, HC fused {}; as the fixture \
          measures it (GDN composed): {}",
@@ -561,12 +572,12 @@ fn qwen4_exp_launches_per_component() {
         gdn_layers * gdn_fused,
         qsa_layers * qsa,
         layers * moe,
-        step(hc_composed, gdn_fused, final_composed),
-        step(hc_fused, gdn_fused, final_mix),
+        step(hc_composed, gdn_fused, final_composed, 0),
+        step(hc_fused, gdn_fused, final_mix, 1),
         budget.total_for(&cfg),
     );
     assert_eq!(
-        step(hc_fused, gdn_composed, final_mix),
+        step(hc_fused, gdn_composed, final_mix, 1),
         budget.total_for(&cfg)
     );
     assert!(hc_fused * 3 < hc_composed, "{hc_fused} vs {hc_composed}");

@@ -549,7 +549,7 @@ fn hyper_connections_fused_match_composed(
             "{name}: hyper-connection {k}: mixing off by {d:e}"
         );
         let (Some(w), Some(g)) = (want_w, g) else {
-            assert!(hc.inject.is_none(), "{name}: hyper-connection {k}: no gate");
+            assert!(!hc.has_inject(), "{name}: hyper-connection {k}: no gate");
             continue;
         };
         let want = HyperConnection::inject(&hs, &y, &w).unwrap();

@@ -17,6 +17,11 @@ pub struct LaunchBudget {
     pub attention_layer: usize,
     /// `qwen4_exp`: the launches of a PLE block (0 for the other families).
     pub ple: usize,
+    /// `qwen4_exp` with the fused hyper-connections: the launch a layer saves when the
+    /// previous layer's last launch computed its first norm (every layer but the first and
+    /// the PLE layers, [`carried_norm_layers`]); the per-layer counts above are of a layer
+    /// that computes its own. 0 for the other families.
+    pub carried_norm: usize,
 }
 
 impl LaunchBudget {
@@ -26,8 +31,15 @@ impl LaunchBudget {
         let mut cache = model.new_cache();
         model.prefill(&[1, 2, 3, 4, 5], &mut cache, 16)?;
         gdn_ops::launches::take();
-        let (_, per_layer) = model.decode_step_with_launches(6, &mut cache)?;
+        let (_, mut per_layer) = model.decode_step_with_launches(6, &mut cache)?;
         let outside = gdn_ops::launches::take() - per_layer.iter().sum::<usize>();
+        let carried_norm = match model.qwen4_exp() {
+            Some(d) if model.fused_decode() && d.fused_hyper_connections() => 1,
+            _ => 0,
+        };
+        for i in carried_norm_layers(model.config()) {
+            per_layer[i] += carried_norm;
+        }
         let ple_layers = ple_layers(model.config());
         let first_of = |kind: LayerKind, ple: bool, what: &str| {
             (0..per_layer.len())
@@ -46,6 +58,7 @@ impl LaunchBudget {
             gdn_layer,
             attention_layer: first_of(LayerKind::FullAttention, false, "attention")?,
             ple,
+            carried_norm,
         })
     }
 
@@ -64,7 +77,21 @@ impl LaunchBudget {
             + gdn * self.gdn_layer
             + attention * self.attention_layer
             + ple_layers(config).len() * self.ple
+            - carried_norm_layers(config).len() * self.carried_norm
     }
+}
+
+/// The `qwen4_exp` layers whose attention hyper-connection's norm the previous layer's MoE
+/// injection computes in a fused step: all but the first and the PLE layers (a PLE layer
+/// adds its embedding between the two). Empty for the other families.
+pub fn carried_norm_layers(config: &Config) -> Vec<usize> {
+    if config.qwen4_exp.is_none() {
+        return Vec::new();
+    }
+    let ple = ple_layers(config);
+    (1..config.num_hidden_layers)
+        .filter(|i| !ple.contains(i))
+        .collect()
 }
 
 /// The zero-based layers with a `qwen4_exp` per-layer embedding.

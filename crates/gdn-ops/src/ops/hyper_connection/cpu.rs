@@ -1,8 +1,10 @@
 //! The CPU twin of `kernels/hyper_connection.{metal,cu}`: f32 arithmetic, rounded to the
 //! activation dtype exactly where the kernels store or round.
 
-use super::{ActInputs, InjectInputs, MixInputs};
+use super::{ActInputs, HcActParams, HcMixParams, InjectInputs, MixInputs, UpMixInputs};
 use crate::backend::{f32_values, round_to};
+use crate::ops::affine::cpu::products;
+use crate::ops::affine::{ProductKind, Products};
 use anyhow::Result;
 use candle_core::Tensor;
 
@@ -25,6 +27,22 @@ pub(crate) fn hc_inject_norm(inputs: &InjectInputs) -> Result<(Option<Tensor>, O
     let mut sum = f32_values(&inputs.hs)?;
     if let Some((y, g)) = &inputs.inject {
         let (y, g) = (f32_values(y)?, f32_values(g)?);
+        // A MoE block's slots summed as `moe_combine` sums them: in order, rounded once.
+        let y = match &inputs.slot_weights {
+            Some(w) => {
+                let (w, k) = (f32_values(w)?, p.slots as usize);
+                (0..tokens * cols)
+                    .map(|i| {
+                        let (n, j) = (i / cols, i % cols);
+                        let acc = (0..k).fold(0f32, |acc, s| {
+                            acc + w[n * k + s] * y[(n * k + s) * cols + j]
+                        });
+                        round(acc)
+                    })
+                    .collect()
+            }
+            None => y,
+        };
         for (row, values) in sum.chunks_exact_mut(cols).enumerate() {
             let n = row / streams;
             let w = inject_gate(g[row], streams, round);
@@ -100,4 +118,39 @@ pub(crate) fn hc_mix(inputs: &MixInputs) -> Result<Tensor> {
         *out = round(acc / streams as f32);
     }
     Ok(Tensor::from_vec(x, (tokens, cols), inputs.up.device())?.to_dtype(dtype)?)
+}
+
+/// `hc_act`, the up product and `hc_mix` as the three twins compute them one after the
+/// other: the fused kernel's arithmetic is theirs (only the order of the product's f32 sum
+/// differs on a device).
+pub(crate) fn hc_up_mix(inputs: &UpMixInputs) -> Result<Tensor> {
+    let p = &inputs.params;
+    let (tokens, rank) = (p.tokens as usize, p.rank as usize);
+    let a = hc_act(&ActInputs {
+        d: inputs.d.clone(),
+        params: HcActParams {
+            len: p.tokens * p.rank,
+            streams: p.streams,
+        },
+    })?
+    .reshape((tokens, rank))?;
+    let up = products(
+        inputs.up,
+        &Products {
+            kind: ProductKind::Plain,
+            x: &a,
+            ids: None,
+            x_div: 1,
+            out_rows: tokens,
+        },
+    )?;
+    hc_mix(&MixInputs {
+        up,
+        normed: inputs.normed.clone(),
+        params: HcMixParams {
+            tokens: p.tokens,
+            streams: p.streams,
+            cols: p.cols,
+        },
+    })
 }

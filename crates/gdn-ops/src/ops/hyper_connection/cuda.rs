@@ -1,12 +1,15 @@
 //! CUDA host side of `kernels/hyper_connection.cu`: `hc_inject_norm` one block per stream
-//! row, `hc_act` and `hc_mix` one thread per output value.
+//! row, `hc_act` and `hc_mix` one thread per output value, `hc_up_mix` one warp per output
+//! value.
 
 use super::{row_threads, ActInputs, InjectInputs, MixInputs, MAX_COLS, MIX_THREADS, PER_THREAD};
-use super::{HcActParams, HcInjectNormParams, HcMixParams};
+use super::{HcActParams, HcInjectNormParams, HcMixParams, HcUpMixParams};
+use super::{UpMixInputs, UP_MIX_WARPS};
 use crate::backend::cuda::{
-    config, cuda_device, cuda_source, launch, tensor, view_or, with_float_type, Element, Held,
-    Kernel, KernelSource,
+    config, cuda_device, cuda_source, launch, tensor, view_or, with_float_type, with_float_types,
+    Element, Held, Kernel, KernelSource,
 };
+use crate::ops::affine::cuda::HeldWeights;
 use anyhow::{ensure, Result};
 use candle_core::cuda_backend::cudarc::driver::{DeviceRepr, PushKernelArg};
 use candle_core::{CudaDevice, Tensor};
@@ -16,6 +19,7 @@ const SOURCE: KernelSource = cuda_source!("hyper_connection");
 unsafe impl DeviceRepr for HcInjectNormParams {}
 unsafe impl DeviceRepr for HcMixParams {}
 unsafe impl DeviceRepr for HcActParams {}
+unsafe impl DeviceRepr for HcUpMixParams {}
 
 pub(crate) fn hc_inject_norm(inputs: &InjectInputs) -> Result<(Option<Tensor>, Option<Tensor>)> {
     const OP: &str = "hc_inject_norm";
@@ -47,28 +51,32 @@ fn run_inject_norm<T: Element>(
         Some(_) => Some(unsafe { dev.alloc::<T>(len)? }),
         None => None,
     };
-    // The weight slot without a norm: never read, but it must be a valid f32 pointer.
-    let no_weight = match inputs.weight {
-        Some(_) => None,
-        None => Some(dev.alloc_zeros::<f32>(1)?),
+    // The weight slots without a norm or slots: never read, but valid f32 pointers.
+    let no_weight = match (&inputs.weight, &inputs.slot_weights) {
+        (Some(_), Some(_)) => None,
+        _ => Some(dev.alloc_zeros::<f32>(1)?),
     };
     {
         let hs = Held::new(&inputs.hs);
         let y = inputs.inject.as_ref().map(|(y, _)| Held::new(y));
         let g = inputs.inject.as_ref().map(|(_, g)| Held::new(g));
         let w = inputs.weight.as_ref().map(Held::new);
+        let slot_w = inputs.slot_weights.as_ref().map(Held::new);
         let hs_view = hs.view::<T>(OP)?;
         // Never read without an injection (has_inject = 0).
         let y_view = view_or::<T>(&y, &hs, OP)?;
         let g_view = view_or::<T>(&g, &hs, OP)?;
         let w_view = w.as_ref().map(|w| w.view::<f32>(OP)).transpose()?;
+        let slot_w_view = slot_w.as_ref().map(|w| w.view::<f32>(OP)).transpose()?;
         let mut args = kernel.args();
         args.arg(&hs_view).arg(&y_view).arg(&g_view);
-        match (&w_view, &no_weight) {
-            (Some(v), _) => args.arg(v),
-            (None, Some(z)) => args.arg(z),
-            (None, None) => unreachable!("a weight or its stand-in"),
-        };
+        for view in [&w_view, &slot_w_view] {
+            match (view, &no_weight) {
+                (Some(v), _) => args.arg(v),
+                (None, Some(z)) => args.arg(z),
+                (None, None) => unreachable!("a weight or its stand-in"),
+            };
+        }
         // An absent output's slot holds the other one: never written there.
         match (&sum, &normed) {
             (Some(s), Some(n)) => args.arg(s).arg(n),
@@ -79,8 +87,8 @@ fn run_inject_norm<T: Element>(
         args.arg(&p);
         let geometry = config((rows as u32, 1, 1), (row_threads(cols) as u32, 1, 1), 0);
         // SAFETY: arguments in the order and types of `hc_inject_norm_*` in
-        // kernels/hyper_connection.cu; hs, sum and normed hold N·S·H elements, y N·H, the
-        // gate logits N·S, the weight S·H (f32).
+        // kernels/hyper_connection.cu; hs, sum and normed hold N·S·H elements, y N·H (N·K·H
+        // with K slots), the gate logits N·S, the weight S·H (f32), the slot weights N·K.
         unsafe { launch(args, geometry) }?;
     }
     let shape = inputs.hs.shape().clone();
@@ -142,4 +150,47 @@ fn run_act<T: Element>(inputs: &ActInputs, dev: &CudaDevice) -> Result<Tensor> {
         unsafe { launch(args, geometry) }?;
     }
     Ok(tensor(a, dev, len))
+}
+
+pub(crate) fn hc_up_mix(inputs: &UpMixInputs) -> Result<Tensor> {
+    const OP: &str = "hc_up_mix";
+    let dev = cuda_device(&inputs.normed, OP)?;
+    with_float_types!(
+        inputs.normed.dtype(),
+        inputs.up.scales.dtype(),
+        OP,
+        |X, S| run_up_mix::<X, S>(inputs, &dev)
+    )
+}
+
+fn run_up_mix<X: Element, S: Element>(inputs: &UpMixInputs, dev: &CudaDevice) -> Result<Tensor> {
+    const OP: &str = "hc_up_mix";
+    let p = inputs.params;
+    ensure!(
+        p.tokens <= 65535,
+        "{OP}: {} tokens exceed the CUDA grid",
+        p.tokens
+    );
+    let len = (p.tokens * p.cols) as usize;
+    let kernel = Kernel::typed(dev, &SOURCE, "hc_up_mix", &[X::DTYPE, S::DTYPE], OP)?;
+    // SAFETY: the kernel writes every one of the N·H values.
+    let x = unsafe { dev.alloc::<X>(len)? };
+    {
+        let weights = HeldWeights::new(inputs.up);
+        let views = weights.views::<S>(OP)?;
+        let (d, normed) = (Held::new(&inputs.d), Held::new(&inputs.normed));
+        let (d_view, normed_view) = (d.view::<X>(OP)?, normed.view::<X>(OP)?);
+        let mut args = kernel.args();
+        views.push(&mut args);
+        args.arg(&d_view).arg(&normed_view).arg(&x).arg(&p);
+        let blocks = (p.cols as usize).div_ceil(UP_MIX_WARPS) as u32;
+        // The token's R activations in f32, shared by the block's warps.
+        let shared = p.rank as usize * std::mem::size_of::<f32>();
+        let geometry = config((blocks, p.tokens, 1), (32, UP_MIX_WARPS as u32, 1), shared);
+        // SAFETY: arguments in the order and types of `hc_up_mix_*` in
+        // kernels/hyper_connection.cu; the weights hold S·H rows of R columns, d N·R values,
+        // normed N·S·H, x N·H.
+        unsafe { launch(args, geometry) }?;
+    }
+    Ok(tensor(x, dev, (p.tokens as usize, p.cols as usize)))
 }

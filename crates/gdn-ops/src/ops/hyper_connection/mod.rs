@@ -17,6 +17,9 @@
 //!   stream's `H` values (without a norm weight, nothing).
 //!
 //! It replaces the composed injection (5 launches) and the grouped norm (8) by one launch.
+//! [`hc_inject_slots_norm`] injects a MoE block's output from its slots instead: `y[n, j] =
+//! InT(Σ_k weights[n, k] · f32(down[n, k, j]))` (slots in order, f32 weights), the sum
+//! `moe_combine` would have launched for it.
 //!
 //! [`hc_mix`]: the streams mixed into the block's input, from the up product's logits `u`
 //! `[N, S·H]` and the normed streams `n` `[N, S·H]`:
@@ -30,9 +33,23 @@
 //!
 //! It replaces the scale and the silu (2 launches) by one.
 //!
+//! [`hc_up_mix`]: `hc_act`, the up product and `hc_mix` in one launch, from the down
+//! product's output `d` `[N, R]`, the up matrix `W` (MLX affine, `[S·H, R]`, 2, 4 or 8 bits)
+//! and the normed streams `n` `[N, S·H]`:
+//! - `a = InT(silu(InT(d / S)))` (as `hc_act`);
+//! - `u[n, s, j] = InT(Σ_k W[s·H + j, k] · a[n, k])`, f32 products and sums (as the affine
+//!   product rounds it);
+//! - `x` from `u` and `n` as `hc_mix`.
+//!
+//! It replaces `hc_act`, the up product and `hc_mix` (3 launches) by one: every block
+//! recomputes the `R` activations of its token (R = 320 at the release: a few hundred
+//! values against the `S` weight rows of `R` each it reads per output).
+//!
 //! Kernels: `kernels/hyper_connection.{metal,cu}` (`hc_inject_norm_<t>`: one block per
 //! stream row of [`row_threads`] threads holding [`PER_THREAD`] values each; `hc_mix_<t>`:
-//! [`MIX_THREADS`] threads a block, one output value each); [`cpu`] is the twin both match.
+//! [`MIX_THREADS`] threads a block, one output value each; `hc_up_mix_<t>_<s>`:
+//! [`UP_MIX_WARPS`] warps a block, one output value each, the token's activations in shared
+//! memory); [`cpu`] is the twin both match.
 
 pub(crate) mod cpu;
 #[cfg(feature = "cuda")]
@@ -40,6 +57,7 @@ pub mod cuda;
 #[cfg(any(feature = "metal", target_os = "macos"))]
 pub mod metal;
 
+use super::affine::AffineTensor;
 use crate::backend::on_device;
 use crate::profile::{self, tensor_bytes, Traffic};
 use anyhow::{ensure, Result};
@@ -53,6 +71,24 @@ pub use super::add_rms_norm::{row_threads, MAX_COLS, PER_THREAD};
 /// Threads of a block of the elementwise kernels (`hc_act`, `hc_mix`), one value each.
 pub const MIX_THREADS: usize = 256;
 
+/// Warps (simdgroups) of a `hc_up_mix` block, one output value `x[n, j]` each.
+pub const UP_MIX_WARPS: usize = 8;
+
+/// The widest low-rank activation `hc_up_mix` holds in a block's shared memory (32 KB of f32).
+pub const MAX_RANK: usize = 8192;
+
+/// `HcUpMixParams` of kernels/params/hyper_connection.h, field for field.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct HcUpMixParams {
+    pub tokens: u32,
+    pub streams: u32,
+    pub cols: u32,
+    pub rank: u32,
+    pub bits: u32,
+    pub group_size: u32,
+}
+
 /// `HcInjectNormParams` of kernels/params/hyper_connection.h, field for field.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -63,6 +99,7 @@ pub struct HcInjectNormParams {
     pub has_inject: u32,
     pub has_norm: u32,
     pub eps: f32,
+    pub slots: u32,
 }
 
 /// `HcActParams` of kernels/params/hyper_connection.h, field for field.
@@ -85,8 +122,10 @@ pub struct HcMixParams {
 /// The inputs of one [`hc_inject_norm`] call after the checks (contiguous).
 pub(crate) struct InjectInputs {
     pub hs: Tensor,
-    /// `(y [N, H], g [N, S])`.
+    /// `(y [N, H], g [N, S])`, or with slot weights `(down [N, K, H], g [N, S])`.
     pub inject: Option<(Tensor, Tensor)>,
+    /// `[N, K]` f32: `y` is the weighted sum of `down`'s K slots.
+    pub slot_weights: Option<Tensor>,
     /// `[S, H]` f32.
     pub weight: Option<Tensor>,
     pub params: HcInjectNormParams,
@@ -103,6 +142,33 @@ pub(crate) struct MixInputs {
 pub(crate) struct ActInputs {
     pub d: Tensor,
     pub params: HcActParams,
+}
+
+/// The inputs of one [`hc_up_mix`] call after the checks (contiguous).
+pub(crate) struct UpMixInputs<'a> {
+    /// `[N, R]`.
+    pub d: Tensor,
+    pub up: &'a AffineTensor,
+    /// `[N, S·H]`.
+    pub normed: Tensor,
+    pub params: HcUpMixParams,
+}
+
+/// Whether `hc_up_mix` covers the up matrix `up` of a hyper-connection of `streams` streams
+/// of `hidden` in `dtype`: one `[S·H, R]` matrix of whole values per packed word (2, 4, 8
+/// bits) whose groups span whole words, R at most [`MAX_RANK`], scales and biases of one
+/// float type. The model keeps `hc_act`, the product and `hc_mix` otherwise.
+pub fn supports_up_mix(up: &AffineTensor, streams: usize, hidden: usize, dtype: DType) -> bool {
+    let floats = |t: DType| matches!(t, DType::F32 | DType::F16 | DType::BF16);
+    supports(streams, hidden, dtype)
+        && up.experts == 1
+        && up.rows == streams * hidden
+        && (1..=MAX_RANK).contains(&up.cols)
+        && matches!(up.bits, 2 | 4 | 8)
+        && up.group_size.is_multiple_of(32 / up.bits)
+        && up.cols.is_multiple_of(up.group_size)
+        && floats(up.scales.dtype())
+        && up.scales.dtype() == up.biases.dtype()
 }
 
 /// Whether the kernels cover `streams` streams of `hidden` in `dtype`; the model keeps the
@@ -142,6 +208,28 @@ pub fn hc_inject_norm(
     norm: Option<(&Tensor, f32)>,
     streams: usize,
 ) -> Result<(Tensor, Option<Tensor>)> {
+    inject_norm(hs, inject, None, norm, streams)
+}
+
+/// [`hc_inject_norm`] of a MoE block's output given by its slots: `down` `[N, K, H]` and
+/// their f32 weights `weights` `[N, K]` (see the module doc), gate logits `g` `[N, S]`.
+pub fn hc_inject_slots_norm(
+    hs: &Tensor,
+    (down, weights, g): (&Tensor, &Tensor, &Tensor),
+    norm: Option<(&Tensor, f32)>,
+    streams: usize,
+) -> Result<(Tensor, Option<Tensor>)> {
+    inject_norm(hs, Some((down, g)), Some(weights), norm, streams)
+}
+
+/// Both injections: `y` `[N, H]` alone, or `[N, K, H]` with `slot_weights` `[N, K]`.
+fn inject_norm(
+    hs: &Tensor,
+    inject: Option<(&Tensor, &Tensor)>,
+    slot_weights: Option<&Tensor>,
+    norm: Option<(&Tensor, f32)>,
+    streams: usize,
+) -> Result<(Tensor, Option<Tensor>)> {
     const OP: &str = "hc_inject_norm";
     let (tokens, cols) = streams_shape(OP, "hs", hs, streams)?;
     let dtype = hs.dtype();
@@ -149,10 +237,28 @@ pub fn hc_inject_norm(
         inject.is_some() || norm.is_some(),
         "{OP}: neither an injection nor a norm to compute"
     );
+    let slots = match slot_weights {
+        Some(w) => {
+            let k = w.dim(1).unwrap_or(0);
+            ensure!(
+                w.dims() == [tokens, k] && k >= 1 && w.dtype() == DType::F32,
+                "{OP}: slot weights {:?} {:?} must be [{tokens}, K] f32",
+                w.dims(),
+                w.dtype()
+            );
+            k
+        }
+        None => 0,
+    };
     if let Some((y, g)) = inject {
+        let want: &[usize] = if slots == 0 {
+            &[tokens, cols]
+        } else {
+            &[tokens, slots, cols]
+        };
         ensure!(
-            y.dims() == [tokens, cols] && y.dtype() == dtype,
-            "{OP}: y {:?} {:?} must be [{tokens}, {cols}] {dtype:?}",
+            y.dims() == want && y.dtype() == dtype,
+            "{OP}: y {:?} {:?} must be {want:?} {dtype:?}",
             y.dims(),
             y.dtype()
         );
@@ -178,7 +284,8 @@ pub fn hc_inject_norm(
     let others = inject
         .into_iter()
         .flat_map(|(y, g)| [y, g])
-        .chain(norm.map(|n| n.0));
+        .chain(norm.map(|n| n.0))
+        .chain(slot_weights);
     for t in others {
         ensure!(
             t.device().same_device(hs.device()),
@@ -191,6 +298,7 @@ pub fn hc_inject_norm(
             .map(|(y, g)| -> Result<_> { Ok((y.contiguous()?, g.contiguous()?)) })
             .transpose()?,
         weight: norm.map(|n| n.0.contiguous()).transpose()?,
+        slot_weights: slot_weights.map(|w| w.contiguous()).transpose()?,
         params: HcInjectNormParams {
             tokens: tokens as u32,
             streams: streams as u32,
@@ -198,6 +306,7 @@ pub fn hc_inject_norm(
             has_inject: inject.is_some() as u32,
             has_norm: norm.is_some() as u32,
             eps: norm.map_or(0.0, |n| n.1),
+            slots: slots as u32,
         },
     };
     let device = hs.device();
@@ -281,6 +390,61 @@ pub fn hc_act(d: &Tensor, streams: usize) -> Result<Tensor> {
     Ok(a.reshape(d.dims())?)
 }
 
+/// `x` `[N, H]`: `hc_act` of the down product's output `d` `[N, R]`, its product with the
+/// up matrix `up` (`[S·H, R]`) and `hc_mix` of that with the normed streams `normed`
+/// `[N, S·H]`, in one launch (see the module doc); refused where [`supports_up_mix`] is not.
+pub fn hc_up_mix(d: &Tensor, up: &AffineTensor, normed: &Tensor, streams: usize) -> Result<Tensor> {
+    const OP: &str = "hc_up_mix";
+    let (tokens, cols) = streams_shape(OP, "normed", normed, streams)?;
+    let dtype = normed.dtype();
+    ensure!(
+        supports_up_mix(up, streams, cols, dtype),
+        "{OP}: no kernel for a {}-bit group-{} up matrix [{}, {}] ({:?} scales) of {streams}          streams of {cols} (2/4/8 bits, groups of whole words, 1..={MAX_RANK} columns)",
+        up.bits,
+        up.group_size,
+        up.rows,
+        up.cols,
+        up.scales.dtype()
+    );
+    ensure!(
+        d.dims() == [tokens, up.cols] && d.dtype() == dtype,
+        "{OP}: d {:?} {:?} must be [{tokens}, {}] {dtype:?}",
+        d.dims(),
+        d.dtype(),
+        up.cols
+    );
+    for t in [d, &up.packed] {
+        ensure!(
+            t.device().same_device(normed.device()),
+            "{OP}: inputs on different devices"
+        );
+    }
+    let inputs = UpMixInputs {
+        d: d.contiguous()?,
+        up,
+        normed: normed.contiguous()?,
+        params: HcUpMixParams {
+            tokens: tokens as u32,
+            streams: streams as u32,
+            cols: cols as u32,
+            rank: up.cols as u32,
+            bits: up.bits as u32,
+            group_size: up.group_size as u32,
+        },
+    };
+    let device = normed.device();
+    profile::kernel(
+        OP,
+        device,
+        || {
+            Ok(Traffic::new()
+                .read(tensor_bytes(&inputs.d) + tensor_bytes(&inputs.normed) + up.bytes())
+                .write(tensor_bytes(&inputs.normed) / streams))
+        },
+        || on_device!(device, OP, hc_up_mix(&inputs)),
+    )
+}
+
 /// Bytes moved (the decode profile): the streams read, with an injection `y` and the gate
 /// logits read and the sum written, with a norm its weight read and the normed streams
 /// written.
@@ -289,6 +453,9 @@ fn inject_traffic(inputs: &InjectInputs) -> Traffic {
     let mut t = Traffic::new().read(rows);
     if let Some((y, g)) = &inputs.inject {
         t = t.read(tensor_bytes(y) + tensor_bytes(g)).write(rows);
+    }
+    if let Some(w) = &inputs.slot_weights {
+        t = t.read(tensor_bytes(w));
     }
     if let Some(w) = &inputs.weight {
         t = t.read(tensor_bytes(w)).write(rows);

@@ -296,18 +296,22 @@ impl Qwen4ExpDecoder {
         if let (true, &[token]) = (self.fused_decode(), tokens) {
             let values = self.step_values(token, cache)?;
             let step = values.upload(embedded.device())?;
-            let hs = self.layers_forward(hs, tokens, Some(&step), cache, tap)?;
+            // The final mixer's normed streams are the caller's to recompute (`final_mix`).
+            let (hs, _) = self.layers_forward(hs, tokens, Some(&step), cache, tap)?;
             values.advance_contexts(cache)?;
             return Ok(hs.unsqueeze(0)?);
         }
         Ok(self
             .layers_forward(hs, tokens, None, cache, tap)?
+            .0
             .unsqueeze(0)?)
     }
 
     /// Every layer on the streams `hs` `[T, S·H]` at the cache's offset (not advanced): with
     /// `step` (one token) the fused parts, reading the step's inputs from its tensors (the
     /// PLE contexts are the caller's to advance); without, the composed layers on `tokens`.
+    /// With the fused hyper-connections also the final mixer's normed streams, which the
+    /// last layer's injection computed in the same launch (see [`HcChain`]).
     fn layers_forward(
         &self,
         hs: Tensor,
@@ -315,7 +319,7 @@ impl Qwen4ExpDecoder {
         step: Option<&StepInputs>,
         cache: &mut Cache,
         tap: &mut dyn Tap,
-    ) -> Result<Tensor> {
+    ) -> Result<(Tensor, Option<Tensor>)> {
         let offset = cache.offset;
         let none = LayerCoverage {
             mixer: false,
@@ -330,15 +334,30 @@ impl Qwen4ExpDecoder {
             &self.layers,
             &mut cache.layers,
             tap,
-            hs,
-            |i, layer, c, hs, tap| {
+            (hs, None),
+            |i, layer, c, (hs, normed), tap| {
                 let input = match step {
                     Some(step) => LayerInput::Step(step),
                     None => LayerInput::Tokens(tokens),
                 };
-                layer.forward(i, &hs, input, c, offset, parts(i), fused_hc, tap)
+                let chain = fused_hc.then(|| HcChain {
+                    normed,
+                    next: self.hc_after(i),
+                });
+                layer.forward(i, &hs, input, c, offset, parts(i), chain, tap)
             },
         )
+    }
+
+    /// The hyper-connection whose norm follows layer `i`'s MoE injection directly: the next
+    /// layer's attention one, the final mixer's after the last layer; `None` before a PLE
+    /// layer, whose embedding is added to the streams between the two.
+    fn hc_after(&self, i: usize) -> Option<&HyperConnection> {
+        match self.layers.get(i + 1) {
+            Some(next) if next.ple.is_some() => None,
+            Some(next) => Some(&next.attn_hc),
+            None => Some(&self.final_mixer),
+        }
     }
 
     /// `[1, vocab]` f32 logits of `token` (already checked against the vocabulary) after
@@ -380,9 +399,13 @@ impl Qwen4ExpDecoder {
         let embedded = ends.embed.forward_ids(&step.token, ends.dtype)?; // [1, H]
         tap.part(Part::Embedding, &embedded, &embedded)?;
         let hs = self.streams_of(&embedded)?;
-        let hs = self.layers_forward(hs, &[], Some(step), cache, tap)?;
+        let (hs, normed) = self.layers_forward(hs, &[], Some(step), cache, tap)?;
         cache.offset += 1;
-        let logits = ends.head.forward(&self.final_mix(&hs)?)?;
+        let mixed = match normed {
+            Some(n) => self.final_mixer.mix_normed(&n)?.0,
+            None => self.final_mix(&hs)?,
+        };
+        let logits = ends.head.forward(&mixed)?;
         tap.part(Part::OutputHead, &logits, &logits)?;
         cast(&logits, DType::F32)
     }
@@ -398,6 +421,19 @@ impl Qwen4ExpDecoder {
     }
 }
 
+/// How a fused step's hyper-connections meet across a layer boundary: a layer's last launch
+/// (the MoE block's injection, `hc_inject_norm`) also computes the norm of the
+/// hyper-connection after it, one launch instead of two.
+#[derive(Debug, Clone)]
+pub struct HcChain<'a> {
+    /// This layer's attention hyper-connection's normed streams, when the previous layer's
+    /// injection computed them; `None` on the first layer and after a PLE layer's embedding.
+    pub normed: Option<Tensor>,
+    /// The hyper-connection whose norm this layer's injection computes (the next layer's
+    /// attention one or the final mixer); `None` when something comes between.
+    pub next: Option<&'a HyperConnection>,
+}
+
 /// What a layer runs on: a prompt's (or a composed step's) token ids, or a fused step's
 /// inputs on the device.
 #[derive(Debug, Clone, Copy)]
@@ -410,10 +446,12 @@ impl Qwen4ExpLayer {
     /// Runs `tokens` (at positions `offset..`) through layer `i`: streams `hs` `[T, S·H]` in
     /// and out, `cache` advanced, the streams after each part shown to `tap`; the parts
     /// `fused` names run on the fused kernels (one token only), and with `fused_hc` the
-    /// hyper-connections too: the attention hyper-connection's norm (one launch), the
-    /// mixer's injection fused with the MoE hyper-connection's norm (one), the MoE block's
-    /// injection (one), and each hyper-connection's activation and mixing between its
-    /// products (`hc_act`, `hc_mix`).
+    /// hyper-connections too: the attention hyper-connection's norm (one launch, or none
+    /// when `fused_hc` carries it in), the mixer's injection fused with the MoE
+    /// hyper-connection's norm (one), the MoE block's injection with the norm of
+    /// `fused_hc.next` (one, which also sums the fused MoE block's slots; its normed streams
+    /// returned with the streams), and each hyper-connection's merged down and inject
+    /// product and `hc_up_mix` (activation, up product and mixing).
     #[allow(clippy::too_many_arguments)]
     pub fn forward(
         &self,
@@ -423,9 +461,9 @@ impl Qwen4ExpLayer {
         cache: &mut LayerCache,
         offset: usize,
         fused: LayerCoverage,
-        fused_hc: bool,
+        fused_hc: Option<HcChain>,
         tap: &mut dyn Tap,
-    ) -> Result<Tensor> {
+    ) -> Result<(Tensor, Option<Tensor>)> {
         let hs = self.add_per_layer_embedding(i, hs, input, cache)?;
         let step = match input {
             LayerInput::Step(step) => Some(step),
@@ -442,14 +480,18 @@ impl Qwen4ExpLayer {
             layer: i,
             moe: true,
         };
-        if !fused_hc {
+        let Some(chain) = fused_hc else {
             let hs = self.mixer_residual(&hs, cache, offset, fused.mixer, step)?;
             tap.part(mixer, &hs, &hs)?;
             let hs = self.feed_forward_residual(&hs, fused.feed_forward)?;
             tap.part(feed_forward, &hs, &hs)?;
-            return Ok(hs);
-        }
-        let n = self.attn_hc.normed(&hs)?;
+            return Ok((hs, None));
+        };
+        let n = match chain.normed {
+            Some(n) if self.ple.is_none() => n,
+            Some(_) => bail!("layer {i}: normed streams carried into a PLE layer"),
+            None => self.attn_hc.normed(&hs)?,
+        };
         let (x, g) = self.attn_hc.mix_normed(&n)?;
         let g = g.ok_or_else(|| anyhow!("attention hyper-connection without injection"))?;
         let y = self.mixer_output(&x, cache, offset, fused.mixer, step)?;
@@ -458,10 +500,15 @@ impl Qwen4ExpLayer {
         tap.part(mixer, &hs, &hs)?;
         let (x, g) = self.mlp_hc.mix_normed(&n)?;
         let g = g.ok_or_else(|| anyhow!("MoE hyper-connection without injection"))?;
-        let y = self.moe_output(&x, fused.feed_forward)?;
-        let (hs, _) = HyperConnection::inject_normed(&hs, &y, &g, None)?;
+        let (hs, next) = if fused.feed_forward {
+            let (down, weights) = fused::moe_slots(&self.moe, &x)?;
+            HyperConnection::inject_slots_normed(&hs, (&down, &weights), &g, chain.next)?
+        } else {
+            let y = self.moe_output(&x, false)?;
+            HyperConnection::inject_normed(&hs, &y, &g, chain.next)?
+        };
         tap.part(feed_forward, &hs, &hs)?;
-        Ok(hs)
+        Ok((hs, next))
     }
 
     /// The streams plus this layer's (layer `i`'s) per-layer embedding (unchanged on a layer

@@ -30,8 +30,15 @@ pub fn gdn_mixer(m: &GatedDeltaNet, x: &Tensor, cache: &mut GdnCache) -> Result<
 /// shared expert is one of the slots), without a residual: the hyper-connection injects it
 /// into the streams.
 pub fn moe_block(moe: &SparseMoe, x: &Tensor) -> Result<Tensor> {
-    let (down, weights) = moe.decode_fused(x)?;
+    let (down, weights) = moe_slots(moe, x)?;
     moe_weighted_sum(&down, &weights)
+}
+
+/// The MoE block on one token before its weighted sum: every slot's down product `[1, K, H]`
+/// and the f32 routing weights `[1, K]`, which the fused hyper-connections sum inside their
+/// injection (`HyperConnection::inject_slots_normed`).
+pub fn moe_slots(moe: &SparseMoe, x: &Tensor) -> Result<(Tensor, Tensor)> {
+    moe.decode_fused(x)
 }
 
 /// The QSA mixer on one token at position `offset`: `x` `[1, H]` → `[1, H]`. The indexer

@@ -6,16 +6,23 @@
 //! `hyper_connection` kernels of gdn-ops ([`HyperConnection::normed`],
 //! [`HyperConnection::mix_normed`], [`HyperConnection::inject_normed`]), the products
 //! between them on the affine kernels, with [`HyperConnection::forward`] and
-//! [`HyperConnection::inject`] as their reference.
+//! [`HyperConnection::inject`] as their reference. The down and injection products read the
+//! same normed streams and are one merged product ([`HyperConnection::down_and_gates`]); the
+//! activation, the up product and the mixing are one kernel (`hc_up_mix`) where it covers the
+//! quantized up matrix.
 
 use crate::candle_ops::{sigmoid, silu};
-use crate::layers::linear::Linear;
+use crate::layers::linear::{FusedLinear, Linear};
 use crate::weights::Checkpoint;
+use crate::weights::Weight;
 use crate::Config;
 use anyhow::{ensure, Result};
 use candle_core::{DType, Device, Tensor, D};
 use gdn_ops::launches::candle_op;
-use gdn_ops::ops::hyper_connection::{hc_act, hc_inject_norm, hc_mix};
+use gdn_ops::ops::affine::AffineTensor;
+use gdn_ops::ops::hyper_connection::{
+    hc_act, hc_inject_norm, hc_inject_slots_norm, hc_mix, hc_up_mix, supports_up_mix,
+};
 
 /// RMSNorm applied to each group of `group` features separately, with a zero-centred weight
 /// (`1 + w`): the norm of the hyper-connections and of the per-layer embeddings. Neither the
@@ -71,12 +78,13 @@ impl GroupedRmsNorm {
 #[derive(Debug, Clone)]
 pub struct HyperConnection {
     pub norm: GroupedRmsNorm,
-    /// `[R, S·H]`.
-    pub down: Linear,
+    /// The down product `[R, S·H]` and, with injection weights, the injection product
+    /// `[S, S·H]` after it: both read the normed streams, so they are one matrix (merged
+    /// at load when their quantization matches) and one launch, the outputs narrowed views
+    /// of its `[T, R + S]` (see [`Self::down_and_gates`]).
+    pub down_inject: FusedLinear,
     /// `[S·H, R]`.
     pub up: Linear,
-    /// `[S, S·H]`; `None` for the final mixer.
-    pub inject: Option<Linear>,
     pub streams: usize,
     pub hidden: usize,
 }
@@ -95,6 +103,22 @@ impl HyperConnection {
             .ok_or_else(|| anyhow::anyhow!("hyper-connections need a qwen4_exp config"))?;
         let (s, h, r) = (q.hc_count, config.hidden_size, q.hc_lowrank);
         let width = s * h;
+        let mut down_inject = vec![Linear::load(
+            ckpt,
+            &format!("{module}.input_mix_weight_down"),
+            r,
+            width,
+            config,
+        )?];
+        if with_inject {
+            down_inject.push(Linear::load(
+                ckpt,
+                &format!("{module}.block_inject_weight"),
+                s,
+                width,
+                config,
+            )?);
+        }
         Ok(Self {
             norm: GroupedRmsNorm::load(
                 ckpt,
@@ -103,13 +127,7 @@ impl HyperConnection {
                 h,
                 config.rms_norm_eps,
             )?,
-            down: Linear::load(
-                ckpt,
-                &format!("{module}.input_mix_weight_down"),
-                r,
-                width,
-                config,
-            )?,
+            down_inject: FusedLinear::new(down_inject),
             up: Linear::load(
                 ckpt,
                 &format!("{module}.input_mix_weight_up"),
@@ -117,17 +135,6 @@ impl HyperConnection {
                 r,
                 config,
             )?,
-            inject: if with_inject {
-                Some(Linear::load(
-                    ckpt,
-                    &format!("{module}.block_inject_weight"),
-                    s,
-                    width,
-                    config,
-                )?)
-            } else {
-                None
-            },
             streams: s,
             hidden: h,
         })
@@ -137,12 +144,8 @@ impl HyperConnection {
     pub fn into_device(self, device: &Device, dtype: DType) -> Result<Self> {
         Ok(Self {
             norm: self.norm.into_device(device)?,
-            down: self.down.into_device(device, dtype)?,
+            down_inject: self.down_inject.into_device(device, dtype)?,
             up: self.up.into_device(device, dtype)?,
-            inject: self
-                .inject
-                .map(|l| l.into_device(device, dtype))
-                .transpose()?,
             streams: self.streams,
             hidden: self.hidden,
         })
@@ -159,19 +162,36 @@ impl HyperConnection {
         );
         let s = self.streams as f64;
         let n = self.norm.forward(hs)?;
-        let a = silu(&candle_op(self.down.forward(&n)? / s)?)?;
+        let (d, g) = self.down_and_gates(&n)?;
+        let a = silu(&candle_op(d / s)?)?;
         let m = sigmoid(&self.up.forward(&a)?)?;
         let mixed = candle_op(m.mul(&n))?;
         let x =
             candle_op(candle_op(mixed.reshape((t, self.streams, self.hidden)))?.mean(D::Minus2))?;
-        let w = match &self.inject {
-            Some(inject) => {
-                let g = candle_op(inject.forward(&n)? / s)?;
+        let w = match g {
+            Some(g) => {
+                let g = candle_op(g / s)?;
                 Some(candle_op(sigmoid(&g)? * 2.0)?)
             }
             None => None,
         };
         Ok((x, w))
+    }
+
+    /// Whether this hyper-connection has injection weights (all but the final mixer).
+    pub fn has_inject(&self) -> bool {
+        self.down_inject.out_dims().len() == 2
+    }
+
+    /// The down product `[T, R]` of the normed streams `n` `[T, S·H]` and, with injection
+    /// weights, the injection product's gate logits `[T, S]`: one merged product, its outputs
+    /// narrowed views (contiguous at one token, so the fused kernels read them in place).
+    pub fn down_and_gates(&self, n: &Tensor) -> Result<(Tensor, Option<Tensor>)> {
+        let mut outs = self.down_inject.forward(n)?.into_iter();
+        let d = outs
+            .next()
+            .ok_or_else(|| anyhow::anyhow!("hyper-connection without a down product"))?;
+        Ok((d, outs.next()))
     }
 
     /// Whether the fused kernels cover this hyper-connection's streams in `dtype`.
@@ -200,17 +220,57 @@ impl HyperConnection {
         hc_inject_norm(hs, Some((y, g)), next.map(|n| n.norm_args()), streams)
     }
 
+    /// [`Self::inject_normed`] of a fused MoE block's output given by its slots: `down`
+    /// `[T, K, H]` and their f32 routing weights `[T, K]`, summed in the same launch (the
+    /// `moe_combine` launch it replaces).
+    pub fn inject_slots_normed(
+        hs: &Tensor,
+        (down, weights): (&Tensor, &Tensor),
+        g: &Tensor,
+        next: Option<&HyperConnection>,
+    ) -> Result<(Tensor, Option<Tensor>)> {
+        let streams = g.dim(1)?;
+        hc_inject_slots_norm(hs, (down, weights, g), next.map(|n| n.norm_args()), streams)
+    }
+
     /// The rest of [`Self::forward`] from the normed streams `n` `[T, S·H]` (from
-    /// [`Self::normed`] or [`Self::inject_normed`]): the block's input `[T, H]` (the down and
-    /// up products on their kernels, the activation between them on `hc_act`, the mixing on
-    /// `hc_mix`) and, with injection weights, the
-    /// injection product's gate logits `[T, S]` before their sigmoid, which
-    /// [`Self::inject_normed`] applies.
+    /// [`Self::normed`] or [`Self::inject_normed`]): the block's input `[T, H]` (the merged
+    /// down and inject product on the affine kernels, then the activation, the up product
+    /// and the mixing on `hc_up_mix`, or where it does not cover the up matrix on `hc_act`,
+    /// the product and `hc_mix`) and, with injection weights, the injection product's gate
+    /// logits `[T, S]` before their sigmoid, which [`Self::inject_normed`] applies.
     pub fn mix_normed(&self, n: &Tensor) -> Result<(Tensor, Option<Tensor>)> {
-        let a = hc_act(&self.down.forward(n)?, self.streams)?;
-        let x = hc_mix(&self.up.forward(&a)?, n, self.streams)?;
-        let g = self.inject.as_ref().map(|l| l.forward(n)).transpose()?;
+        let (d, g) = self.down_and_gates(n)?;
+        let x = match self.up_mix_matrix(n.dtype()) {
+            Some(up) => hc_up_mix(&d, up, n, self.streams)?,
+            None => {
+                if !n.device().is_cpu() {
+                    static ONCE: std::sync::Once = std::sync::Once::new();
+                    ONCE.call_once(|| {
+                        eprintln!(
+                            "note: no hc_up_mix kernel for this hyper-connection's up matrix; \
+                             using hc_act, the product and hc_mix"
+                        )
+                    });
+                }
+                let a = hc_act(&d, self.streams)?;
+                hc_mix(&self.up.forward(&a)?, n, self.streams)?
+            }
+        };
         Ok((x, g))
+    }
+
+    /// The up matrix when `hc_up_mix` covers it in `dtype` (quantized, without bias, a shape
+    /// and width of its kernels); `None` keeps `hc_act`, the product and `hc_mix`.
+    pub fn up_mix_matrix(&self, dtype: DType) -> Option<&AffineTensor> {
+        match (&self.up.weight, &self.up.bias) {
+            (Weight::Quantized(up), None)
+                if supports_up_mix(up, self.streams, self.hidden, dtype) =>
+            {
+                Some(up)
+            }
+            _ => None,
+        }
     }
 
     fn norm_args(&self) -> (&Tensor, f32) {

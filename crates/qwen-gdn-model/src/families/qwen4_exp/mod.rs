@@ -20,4 +20,6 @@ pub mod state;
 pub mod step_counts;
 pub mod step_inputs;
 
-pub use decoder::{output_gate, IndexedAttention, Qwen4ExpDecoder, Qwen4ExpLayer, Qwen4Mixer};
+pub use decoder::{
+    output_gate, HcChain, IndexedAttention, Qwen4ExpDecoder, Qwen4ExpLayer, Qwen4Mixer,
+};
