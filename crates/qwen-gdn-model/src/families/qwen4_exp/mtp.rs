@@ -181,14 +181,14 @@ impl Qwen4ExpMtpHead {
             &mut layer_cache,
             offset,
             none,
-            false,
+            None,
             &mut NoTap,
         );
         let LayerCache::Attention(kv) = layer_cache else {
             unreachable!("an attention cache stays one")
         };
         *cache = kv;
-        Ok(out?.unsqueeze(0)?)
+        Ok(out?.0.unsqueeze(0)?)
     }
 
     /// The lm_head's input `[1, T, H]` from the head's output streams `[1, T, S·H]`: the
