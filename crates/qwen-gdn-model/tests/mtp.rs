@@ -7,7 +7,7 @@ mod common;
 use candle_core::{Device, Tensor};
 use common::*;
 use qwen_gdn_model::cache::LayerCache;
-use qwen_gdn_model::speculative::{argmax, DraftLength, Judge, Speculation, Window, ADAPTIVE_MAX};
+use qwen_gdn_model::speculative::{DraftLength, Speculation, Window, ADAPTIVE_MAX};
 use qwen_gdn_model::{Batch, Model, MtpPrecision};
 use std::path::PathBuf;
 
@@ -351,23 +351,6 @@ fn a_closed_window_leaves_no_recording_behind() {
     let w = Window::open(&mut cache).unwrap();
     model.forward_normed(&[6], &mut cache).unwrap();
     assert!(w.close(&mut cache, 2).is_err());
-}
-
-/// Greedy drafts and decisions that keep the logits of each step's first draft.
-#[derive(Default)]
-struct FirstDrafts(Vec<Vec<f32>>);
-
-impl Judge for FirstDrafts {
-    fn draft(&mut self, logits: &mut [f32], before: &[u32]) -> u32 {
-        if before.is_empty() {
-            self.0.push(logits.to_vec());
-        }
-        argmax(logits)
-    }
-
-    fn decide(&mut self, logits: &mut [f32], _before: &[u32], _draft: Option<u32>) -> u32 {
-        argmax(logits)
-    }
 }
 
 /// `serve` decodes a speculating reply in the batch's plain steps while others decode

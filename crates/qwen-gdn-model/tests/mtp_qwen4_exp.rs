@@ -7,7 +7,7 @@
 mod common;
 use candle_core::{DType, Device, Tensor};
 use common::*;
-use qwen_gdn_model::speculative::{argmax, DraftLength, Judge, Speculation, ADAPTIVE_MAX};
+use qwen_gdn_model::speculative::{DraftLength, Speculation, ADAPTIVE_MAX};
 use qwen_gdn_model::Model;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -256,22 +256,6 @@ fn the_trained_head_is_accepted_often() {
     let (_, spec) = speculative_greedy(&model, &prompt, 64, DraftLength::Fixed(1));
     eprintln!("k = 1: {:?}", spec.stats);
     assert!(spec.stats.acceptance() > 0.3, "{:?}", spec.stats);
-}
-
-/// Records the head's logits of each step's first draft.
-struct FirstDrafts(Vec<Vec<f32>>);
-
-impl Judge for FirstDrafts {
-    fn draft(&mut self, logits: &mut [f32], before: &[u32]) -> u32 {
-        if before.is_empty() {
-            self.0.push(logits.to_vec());
-        }
-        argmax(logits)
-    }
-
-    fn decide(&mut self, logits: &mut [f32], _: &[u32], _: Option<u32>) -> u32 {
-        argmax(logits)
-    }
 }
 
 #[test]

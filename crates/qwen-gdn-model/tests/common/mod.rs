@@ -354,3 +354,21 @@ pub fn speculative_greedy(
     );
     (out, spec)
 }
+
+/// Greedy drafts and decisions that keep the logits of each step's first draft (what the
+/// head gives from its cache as the previous step left it).
+#[derive(Default)]
+pub struct FirstDrafts(pub Vec<Vec<f32>>);
+
+impl qwen_gdn_model::speculative::Judge for FirstDrafts {
+    fn draft(&mut self, logits: &mut [f32], before: &[u32]) -> u32 {
+        if before.is_empty() {
+            self.0.push(logits.to_vec());
+        }
+        qwen_gdn_model::speculative::argmax(logits)
+    }
+
+    fn decide(&mut self, logits: &mut [f32], _before: &[u32], _draft: Option<u32>) -> u32 {
+        qwen_gdn_model::speculative::argmax(logits)
+    }
+}
