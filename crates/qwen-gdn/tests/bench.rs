@@ -330,31 +330,32 @@ fn quantized_payload(model: &std::path::Path, name: &str) -> u64 {
 /// equal to the step's, and the bytes of the rows computed from the checkpoint's shapes: the
 /// output head reads its whole matrix, the gathered expert products only the top-k and shared
 /// experts' rows (not the stack), the GDN recurrence its state once each way.
-#[test]
-fn decode_profile() {
+/// A profiling bench run on tiny Qwen3-Next (bf16 on the CPU, `-p 9 -g 1 -r 1 --json`) with
+/// `flags`: its `key` report, after checking that stderr's table names `what`.
+fn profile_report(flags: &[&str], what: &str, key: &str) -> Json {
     let model = fixture("qwen3-next-tiny-4bit");
-    let args = [
-        "--dtype",
-        "bf16",
-        "-p",
-        "9",
-        "-g",
-        "1",
-        "-r",
-        "1",
-        "--profile-decode",
-        "--json",
-    ];
+    let mut args = vec!["--dtype", "bf16", "-p", "9", "-g", "1", "-r", "1", "--json"];
+    args.extend(flags);
     let out = run_model("bench", &model, &args);
     assert!(out.status.success(), "stderr: {}", stderr(&out));
     let err = stderr(&out);
     assert!(
-        err.contains("decode profile (cpu): one fused decode step at position"),
+        err.contains(&format!("decode profile (cpu): {what} at position")),
         "{err}"
     );
     assert!(err.contains("by layer kind"), "{err}");
     let report: Json = serde_json::from_slice(&out.stdout).unwrap();
-    let p = &report["decode_profile"];
+    report[key].clone()
+}
+
+#[test]
+fn decode_profile() {
+    let model = fixture("qwen3-next-tiny-4bit");
+    let p = &profile_report(
+        &["--profile-decode"],
+        "one fused decode step",
+        "decode_profile",
+    );
     assert_eq!(p["backend"], "cpu");
     // 9 prompt tokens, a warm-up and 5 timed steps before the profiled one.
     assert_eq!(p["position"], 9 + 1 + 5);
@@ -561,30 +562,12 @@ fn decode_profile() {
 /// one token, so the profiled one runs after the prompt, a warm-up and 5 timed passes.
 #[test]
 fn verify_profile() {
-    let model = fixture("qwen3-next-tiny-4bit");
     let t = 3;
-    let args = [
-        "--dtype",
-        "bf16",
-        "-p",
-        "9",
-        "-g",
-        "1",
-        "-r",
-        "1",
-        "--profile-verify",
-        "3",
-        "--json",
-    ];
-    let out = run_model("bench", &model, &args);
-    assert!(out.status.success(), "stderr: {}", stderr(&out));
-    let err = stderr(&out);
-    assert!(
-        err.contains("one fused verify pass of 3 tokens (closed on one) at position"),
-        "{err}"
+    let p = &profile_report(
+        &["--profile-verify", "3"],
+        "one fused verify pass of 3 tokens (closed on one)",
+        "verify_profile",
     );
-    let report: Json = serde_json::from_slice(&out.stdout).unwrap();
-    let p = &report["verify_profile"];
     assert_eq!(p["position"], 9 + 1 + 5);
     let rows = p["kernels"].as_array().unwrap();
     let calls = |layer: u64, op: &str| {
