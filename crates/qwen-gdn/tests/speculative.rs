@@ -354,6 +354,29 @@ fn the_qwen4_exp_head_gives_the_text_of_plain_greedy_decoding() {
     assert_eq!(speculative_lines(&a).len(), 1, "{}", stderr(&a));
 }
 
+/// `--mtp-from <folder>` on Qwen3.8-Flash-Next: the MTP checkpoint's folder lends its head to
+/// the same main model stored without one (models/qwen4-exp-tiny-hf, whose main weights the
+/// MTP fixture shares): the text and the speculation line are those of the MTP checkpoint run
+/// alone, and the text is plain greedy's.
+#[test]
+fn mtp_from_a_folder_lends_the_qwen4_exp_head() {
+    let head = mtp_fixture("qwen4-exp-mtp-tiny-hf");
+    let args = ["--max-tokens", "24", "--prompt", "Tell me about the sea."];
+    let own = speculative_runs(&head, &args, &["2"]);
+    let main = fixture("qwen4-exp-tiny-hf");
+    let plain = generate(&main, &args);
+    assert!(plain.status.success(), "{}", stderr(&plain));
+    let lent = [
+        args.as_slice(),
+        &["--mtp-from", head.to_str().unwrap(), "--draft-tokens", "2"],
+    ]
+    .concat();
+    let out = generate(&main, &lent);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(out.stdout, plain.stdout);
+    assert_eq!(speculative_lines(&out), vec![own[0].1.clone()]);
+}
+
 /// A draft model whose tokenizer differs (two tokens' ids swapped in a copy of a fixture with
 /// the main model's tokenizer), or one given with --mtp-from, is refused in one line before
 /// anything is generated.
