@@ -50,6 +50,17 @@ impl ExpertParallel {
     pub fn experts(&self) -> Range<usize> {
         self.shares[self.rank()].clone()
     }
+
+    /// The share part of [`SplitPlan::layout_line`], e.g. `experts 3..6 of 8 in each MoE
+    /// layer (router and shared expert on every rank)`.
+    pub fn share_line(&self) -> String {
+        let e = self.experts();
+        let total = self.shares.last().map_or(0, |r| r.end);
+        format!(
+            "experts {}..{} of {total} in each MoE layer (router and shared expert on every rank)",
+            e.start, e.end
+        )
+    }
 }
 
 impl SplitPlan for ExpertParallel {
@@ -89,14 +100,11 @@ impl SplitPlan for ExpertParallel {
     /// One line naming this rank's share and `host`, e.g.
     /// `expert parallel, rank 1 of 3 on host-a: experts 3..6 of 8 in each MoE layer`.
     fn layout_line(&self, host: &str) -> String {
-        let e = self.experts();
-        let total = self.shares.last().map_or(0, |r| r.end);
         format!(
-            "expert parallel, rank {} of {} on {host}: experts {}..{} of {total} in each MoE layer (router and shared expert on every rank)",
+            "expert parallel, rank {} of {} on {host}: {}",
             self.rank(),
             self.ranks(),
-            e.start,
-            e.end
+            self.share_line()
         )
     }
 

@@ -47,8 +47,10 @@ impl SplitPlan for TensorAndExperts {
     }
 
     fn layout_line(&self, host: &str) -> String {
-        let experts = self.experts.layout_line(host);
-        let share = experts.split_once(": ").map_or(&*experts, |(_, s)| s);
-        format!("{}; {share}", self.tensor.layout_line(host))
+        format!(
+            "{}; {}",
+            self.tensor.layout_line(host),
+            self.experts.share_line()
+        )
     }
 }

@@ -57,6 +57,15 @@ impl TensorParallel {
     pub fn ranks(&self) -> usize {
         self.world.size()
     }
+
+    /// This rank's share of a mixer whose heads are split as `shares` (every rank's).
+    fn share_of(&self, shares: &[Range<usize>]) -> HeadShard {
+        HeadShard {
+            heads: shares[self.rank()].clone(),
+            total: shares.last().map_or(0, |r| r.end),
+            world: self.world.clone(),
+        }
+    }
 }
 
 impl SplitPlan for TensorParallel {
@@ -70,22 +79,13 @@ impl SplitPlan for TensorParallel {
         if model.plan() != Plan::Reference {
             bail!("tensor parallel runs the reference plan (f32 on the CPU); this model was loaded on the {:?} plan", model.plan());
         }
-        let rank = self.rank();
         let Decoder::Hybrid(decoder) = model.decoder_mut() else {
             bail!("tensor parallel runs the hybrid family only");
         };
         for layer in &mut decoder.layers {
             match &mut layer.mixer {
-                Mixer::Gdn(m) => m.shard_heads(HeadShard {
-                    heads: self.gdn[rank].clone(),
-                    total: self.gdn.last().map_or(0, |r| r.end),
-                    world: self.world.clone(),
-                })?,
-                Mixer::Attention(m) => m.shard_heads(HeadShard {
-                    heads: self.attention[rank].clone(),
-                    total: self.attention.last().map_or(0, |r| r.end),
-                    world: self.world.clone(),
-                })?,
+                Mixer::Gdn(m) => m.shard_heads(self.share_of(&self.gdn))?,
+                Mixer::Attention(m) => m.shard_heads(self.share_of(&self.attention))?,
             }
         }
         Ok(())
@@ -94,17 +94,17 @@ impl SplitPlan for TensorParallel {
     /// One line naming this rank's share and `host`, e.g. `tensor parallel, rank 1 of 2 on
     /// host-a: GDN value heads 2..4 of 4, attention heads 2..4 of 4 in each layer`.
     fn layout_line(&self, host: &str) -> String {
-        let (g, a) = (&self.gdn[self.rank()], &self.attention[self.rank()]);
+        let (g, a) = (self.share_of(&self.gdn), self.share_of(&self.attention));
         format!(
             "tensor parallel, rank {} of {} on {host}: GDN value heads {}..{} of {}, attention heads {}..{} of {} in each layer (output projections and feed-forwards on every rank)",
             self.rank(),
             self.ranks(),
-            g.start,
-            g.end,
-            self.gdn.last().map_or(0, |r| r.end),
-            a.start,
-            a.end,
-            self.attention.last().map_or(0, |r| r.end),
+            g.heads.start,
+            g.heads.end,
+            g.total,
+            a.heads.start,
+            a.heads.end,
+            a.total,
         )
     }
 

@@ -2,7 +2,7 @@
 //! head, q/k get RMSNorm and partial RoPE, GQA softmax attention over the KV cache, and the
 //! output is multiplied by `sigmoid(gate)` before `o_proj`.
 
-use super::head_shard::HeadShard;
+use super::head_shard::{all_heads, head_rows, HeadShard};
 use super::linear::{FusedLinear, Linear};
 use super::norm::RmsNorm;
 use super::rope::PartialRope;
@@ -102,17 +102,13 @@ impl Attention {
             shard.total
         );
         let kv = shard.key_heads(nq / nkv);
-        let rows = |heads: &[usize], width: usize| -> Vec<usize> {
-            heads
-                .iter()
-                .flat_map(|&h| h * width..(h + 1) * width)
-                .collect()
-        };
         let queries: Vec<usize> = shard.heads.clone().collect();
         // q_proj holds `[query | gate]` per head.
-        self.qkv =
-            self.qkv
-                .select_outputs(&[rows(&queries, 2 * dh), rows(&kv, dh), rows(&kv, dh)])?;
+        self.qkv = self.qkv.select_outputs(&[
+            head_rows(&queries, 2 * dh, 0),
+            head_rows(&kv, dh, 0),
+            head_rows(&kv, dh, 0),
+        ])?;
         (self.heads, self.kv_heads) = (queries.len(), kv.len());
         self.shard = Some(shard);
         Ok(())
@@ -121,10 +117,7 @@ impl Attention {
     /// `o_proj` of the gated heads' output `[B, S, heads · Dh]`, every rank's heads gathered
     /// first under tensor parallel.
     fn out(&self, o: &Tensor) -> Result<Tensor> {
-        match &self.shard {
-            Some(shard) => self.o_proj.forward(&shard.gather(o)?),
-            None => self.o_proj.forward(o),
-        }
+        self.o_proj.forward(&all_heads(self.shard.as_ref(), o)?)
     }
 
     /// The run's prefill attention and score budget.

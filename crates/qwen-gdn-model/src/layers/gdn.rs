@@ -12,7 +12,7 @@
 //! interleaved `in_proj_qkvz` / `in_proj_ba` rows are permuted at load (lossless, also for
 //! quantized weights), Qwen3.5's separate projections are stacked.
 
-use super::head_shard::HeadShard;
+use super::head_shard::{all_heads, head_rows, HeadShard};
 use super::linear::{FusedLinear, Linear};
 use super::norm::{Gate, GatedRmsNorm, RmsNorm, ScaledRms};
 use crate::cache::GdnCache;
@@ -176,22 +176,16 @@ impl GatedDeltaNet {
         );
         let keys = shard.key_heads(hv / hk);
         let values: Vec<usize> = shard.heads.clone().collect();
-        let rows = |heads: &[usize], width: usize, at: usize| -> Vec<usize> {
-            heads
-                .iter()
-                .flat_map(|&h| at + h * width..at + (h + 1) * width)
-                .collect()
-        };
         // The conv's channels are `[q | k | v]`; z, b and a follow the value heads.
         let qkv = [
-            rows(&keys, dk, 0),
-            rows(&keys, dk, hk * dk),
-            rows(&values, dv, 2 * hk * dk),
+            head_rows(&keys, dk, 0),
+            head_rows(&keys, dk, hk * dk),
+            head_rows(&values, dv, 2 * hk * dk),
         ]
         .concat();
         self.in_proj = self.in_proj.select_outputs(&[
             qkv.clone(),
-            rows(&values, dv, 0),
+            head_rows(&values, dv, 0),
             values.clone(),
             values.clone(),
         ])?;
@@ -373,10 +367,8 @@ impl GatedDeltaNet {
         labelled("gdn/norm_out", || {
             let z = contiguous(z)?.reshape((b, s, hv, dv))?;
             let out = self.norm.forward(y, &z)?.reshape((b, s, hv * dv))?;
-            match &self.shard {
-                Some(shard) => self.out_proj.forward(&shard.gather(&out)?),
-                None => self.out_proj.forward(&out),
-            }
+            self.out_proj
+                .forward(&all_heads(self.shard.as_ref(), &out)?)
         })
     }
 }

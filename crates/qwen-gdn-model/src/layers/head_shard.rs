@@ -80,6 +80,24 @@ impl HeadShard {
     }
 }
 
+/// The rows (or channels) of `heads`, each `width` wide, in a block starting at `at`: a
+/// sharded mixer's projection rows of its heads, in the heads' order.
+pub fn head_rows(heads: &[usize], width: usize, at: usize) -> Vec<usize> {
+    heads
+        .iter()
+        .flat_map(|&h| at + h * width..at + (h + 1) * width)
+        .collect()
+}
+
+/// A mixer's head outputs as its output projection reads them: `local` itself, or under
+/// tensor parallel (`shard`) every rank's heads gathered ([`HeadShard::gather`]).
+pub fn all_heads(shard: Option<&HeadShard>, local: &Tensor) -> Result<Tensor> {
+    match shard {
+        Some(shard) => shard.gather(local),
+        None => Ok(local.clone()),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -331,17 +331,13 @@ impl Checkpoint {
         self.expert_share = part.expert_share();
         let entries = self.entries.get_mut().unwrap_or_else(|e| e.into_inner());
         entries.retain(|name, _| part.owns(name, tied));
-        let share = self.expert_share.clone();
+        let share = &self.expert_share;
         self.bytes_total = entries
             .iter()
             .map(|(name, e)| {
-                let len = (e.info.data_offsets.1 - e.info.data_offsets.0) as u64;
-                match (&share, e.info.shape.first()) {
-                    (Some(share), Some(&experts)) if is_expert_stack(name) && experts > 0 => {
-                        len / experts as u64 * share.len() as u64
-                    }
-                    _ => len,
-                }
+                let lead = share.clone().filter(|_| is_expert_stack(name));
+                let (a, b) = byte_range(&e.info, lead);
+                (b - a) as u64
             })
             .sum();
     }
@@ -709,13 +705,7 @@ impl Checkpoint {
         copy: impl FnOnce(&[u8]) -> T,
     ) -> T {
         let (start, end) = e.info.data_offsets;
-        let (a, b) = match (lead, e.info.shape.first()) {
-            (Some(rows), Some(&all)) if all > 0 => {
-                let row = (end - start) / all;
-                (start + rows.start * row, start + rows.end * row)
-            }
-            _ => (start, end),
-        };
+        let (a, b) = byte_range(&e.info, lead);
         let f = match &self.bytes {
             TensorBytes::Files(files) => &files[e.file],
             TensorBytes::Random { seed, .. } => {
@@ -768,18 +758,19 @@ impl Checkpoint {
     fn f32_rows(&self, name: &str, want: &[usize], lead: Option<Range<usize>>) -> Result<Vec<f32>> {
         let e = self.entry(name)?;
         self.check_shape(&e, want)?;
-        let rows = lead.as_ref().map_or(want[0], |r| r.len());
-        let len = want[1..].iter().product::<usize>() * rows;
-        self.with_leading(&e, lead, |raw| self.decode_floats(&e, raw))
-            .map(|d| {
-                let mut out = vec![0f32; len];
-                match d {
-                    FloatData::F32(v) => out.copy_from_slice(&v),
-                    FloatData::Bf16(v) => out.iter_mut().zip(v).for_each(|(o, x)| *o = x.to_f32()),
-                    FloatData::F16(v) => out.iter_mut().zip(v).for_each(|(o, x)| *o = x.to_f32()),
-                }
-                out
-            })
+        let len = match &lead {
+            Some(rows) => want[1..].iter().product::<usize>() * rows.len(),
+            None => want.iter().product(),
+        };
+        self.float_rows(&e, lead).map(|d| {
+            let mut out = vec![0f32; len];
+            match d {
+                FloatData::F32(v) => out.copy_from_slice(&v),
+                FloatData::Bf16(v) => out.iter_mut().zip(v).for_each(|(o, x)| *o = x.to_f32()),
+                FloatData::F16(v) => out.iter_mut().zip(v).for_each(|(o, x)| *o = x.to_f32()),
+            }
+            out
+        })
     }
 
     /// Quantization scales or biases in their stored dtype, shape checked; the rows `lead` of
@@ -791,17 +782,20 @@ impl Checkpoint {
         lead: Option<Range<usize>>,
     ) -> Result<GroupParams> {
         self.check_shape(e, want)?;
-        Ok(
-            match self.with_leading(e, lead, |raw| self.decode_floats(e, raw))? {
-                FloatData::F32(v) => v.into(),
-                FloatData::Bf16(v) => v.into(),
-                FloatData::F16(v) => v.into(),
-            },
-        )
+        Ok(match self.float_rows(e, lead)? {
+            FloatData::F32(v) => v.into(),
+            FloatData::Bf16(v) => v.into(),
+            FloatData::F16(v) => v.into(),
+        })
     }
 
     fn float_data(&self, e: &Entry) -> Result<FloatData> {
-        self.with_bytes(e, |raw| self.decode_floats(e, raw))
+        self.float_rows(e, None)
+    }
+
+    /// [`Checkpoint::float_data`] of the rows `lead` of the leading axis only, or of all.
+    fn float_rows(&self, e: &Entry, lead: Option<Range<usize>>) -> Result<FloatData> {
+        self.with_leading(e, lead, |raw| self.decode_floats(e, raw))
     }
 
     fn decode_floats(&self, e: &Entry, raw: &[u8]) -> Result<FloatData> {
@@ -1084,7 +1078,7 @@ impl Checkpoint {
         if self.contains(&format!("{stacked}.weight")) {
             let e = self.entry(&format!("{stacked}.weight"))?;
             self.check_shape(&e, &[experts, rows, cols])?;
-            let data = self.with_leading(&e, lead, |raw| self.decode_floats(&e, raw))?;
+            let data = self.float_rows(&e, lead)?;
             return self.float_matrix(FloatMatrix::new(share.len(), rows, cols, data)?);
         }
         // One tensor per expert: raw Qwen3-Next, and the official qwen4_exp checkpoint.
@@ -1130,6 +1124,19 @@ impl Checkpoint {
             cols,
             FloatData::F32(data),
         )?)
+    }
+}
+
+/// The byte range, within the data section, of the rows `lead` of the tensor's leading axis
+/// (the experts of a stacked expert tensor), or of the whole tensor.
+fn byte_range(info: &TensorInfo, lead: Option<Range<usize>>) -> (usize, usize) {
+    let (start, end) = info.data_offsets;
+    match (lead, info.shape.first()) {
+        (Some(rows), Some(&all)) if all > 0 => {
+            let row = (end - start) / all;
+            (start + rows.start * row, start + rows.end * row)
+        }
+        _ => (start, end),
     }
 }
 
