@@ -2,7 +2,9 @@
 //! fetched by byte range only (the index, two header ranges and the head's tensors of the one
 //! shard that holds them), assembled, cached, and gives the text and acceptance of the head
 //! loaded locally; a tampered or short range is refused in one line; a repo without a head
-//! lets generation go on without speculation.
+//! lets generation go on without speculation. Qwen3.5's head and Qwen3.8-Flash-Next's
+//! (`qwen4_exp`: its own layout, an fc per hyper-connection stream and a mixer of its own) go
+//! the same way.
 #![cfg(feature = "hub")]
 
 mod common;
@@ -14,13 +16,15 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Output;
 
-const SOURCE: &str = "qwen3.5-mtp-tiny-hf";
+/// The MTP fixtures served: Qwen3.5's head, and Qwen3.8-Flash-Next's.
+const QWEN35: &str = "qwen3.5-mtp-tiny-hf";
+const QWEN4_EXP: &str = "qwen4-exp-mtp-tiny-hf";
 const SHARD1: &str = "model-00001-of-00002.safetensors";
 const SHARD2: &str = "model-00002-of-00002.safetensors";
 const PROMPT: [&str; 4] = ["--prompt", "Tell me about the sea.", "--max-tokens", "32"];
 
-fn source_dir() -> PathBuf {
-    repo_root().join("models/mtp").join(SOURCE)
+fn source_dir(source: &str) -> PathBuf {
+    repo_root().join("models/mtp").join(source)
 }
 
 fn is_mtp(name: &str) -> bool {
@@ -28,8 +32,8 @@ fn is_mtp(name: &str) -> bool {
 }
 
 /// The fixture's tensors as (name, dtype, shape, bytes).
-fn tensors() -> Vec<(String, safetensors::Dtype, Vec<usize>, Vec<u8>)> {
-    let bytes = std::fs::read(source_dir().join("model.safetensors")).unwrap();
+fn tensors(source: &str) -> Vec<(String, safetensors::Dtype, Vec<usize>, Vec<u8>)> {
+    let bytes = std::fs::read(source_dir(source).join("model.safetensors")).unwrap();
     let st = SafeTensors::deserialize(&bytes).unwrap();
     let mut out: Vec<_> = st
         .tensors()
@@ -50,8 +54,8 @@ fn serialize(tensors: &[&(String, safetensors::Dtype, Vec<usize>, Vec<u8>)]) -> 
 
 /// The fixture as a sharded Hub repo: shard 1 holds half the main model's tensors, shard 2
 /// the other half and the head. Returns the files and the head's tensor bytes.
-fn sharded_repo() -> (BTreeMap<String, Vec<u8>>, u64) {
-    let all = tensors();
+fn sharded_repo(source: &str) -> (BTreeMap<String, Vec<u8>>, u64) {
+    let all = tensors(source);
     let main: Vec<_> = all.iter().filter(|t| !is_mtp(&t.0)).collect();
     let head: Vec<_> = all.iter().filter(|t| is_mtp(&t.0)).collect();
     let (first, rest) = main.split_at(main.len() / 2);
@@ -65,7 +69,10 @@ fn sharded_repo() -> (BTreeMap<String, Vec<u8>>, u64) {
     }
     let mut files = BTreeMap::new();
     for f in ["config.json", "tokenizer.json", "tokenizer_config.json"] {
-        files.insert(f.to_string(), std::fs::read(source_dir().join(f)).unwrap());
+        files.insert(
+            f.to_string(),
+            std::fs::read(source_dir(source).join(f)).unwrap(),
+        );
     }
     files.insert(SHARD1.into(), serialize(first));
     files.insert(SHARD2.into(), serialize(&second));
@@ -79,10 +86,10 @@ fn sharded_repo() -> (BTreeMap<String, Vec<u8>>, u64) {
 }
 
 /// The fixture without its head, as an mlx-lm conversion would be: a local folder.
-fn headless_copy(tmp: &Path) -> PathBuf {
+fn headless_copy(tmp: &Path, source: &str) -> PathBuf {
     let dir = tmp.join("headless");
-    copy_dir(&source_dir(), &dir);
-    let all = tensors();
+    copy_dir(&source_dir(source), &dir);
+    let all = tensors(source);
     let main: Vec<_> = all.iter().filter(|t| !is_mtp(&t.0)).collect();
     std::fs::write(dir.join("model.safetensors"), serialize(&main)).unwrap();
     dir
@@ -130,12 +137,20 @@ fn ranges_requested(hub: &FakeHub) -> (Vec<(String, u64, u64)>, Vec<String>) {
     (ranged, whole)
 }
 
-#[test]
-fn only_the_heads_byte_ranges_are_fetched_and_the_head_works() {
-    let tmp = tempfile::tempdir().unwrap();
-    let home = tmp.path().join("home");
-    let model = headless_copy(tmp.path());
-    let (files, head_bytes) = sharded_repo();
+/// A Hub run of `source`'s head, fetched by range into `home`'s cache for the fixture without
+/// its head, already checked against the head loaded from its own folder (`local`).
+struct HubHead {
+    local: Output,
+    files: BTreeMap<String, Vec<u8>>,
+    fetched: u64,
+}
+
+/// Serves `source` as a sharded repo, runs `generate --mtp-from` on its headless copy, and
+/// asserts what every source must give: the local head's text and acceptance, ranges of the
+/// head's shard only (its header, then its tensors), said once with the byte count.
+fn fetch_head_from_the_hub(tmp: &Path, home: &Path, source: &str) -> (HubHead, FakeHub) {
+    let model = headless_copy(tmp, source);
+    let (files, head_bytes) = sharded_repo(source);
     let shard2_sha = sha256_hex(&files[SHARD2]);
     let shard1_sha = sha256_hex(&files[SHARD1]);
     let shard2_header = u64::from_le_bytes(files[SHARD2][..8].try_into().unwrap());
@@ -154,7 +169,7 @@ fn only_the_heads_byte_ranges_are_fetched_and_the_head_works() {
     let out = with_head_from_the_hub();
     // The head loaded from its own folder gives the same text and the same acceptance.
     let local = generate(
-        &source_dir(),
+        &source_dir(source),
         &[PROMPT.as_slice(), &["--draft-tokens", "2"]].concat(),
     );
     assert!(local.status.success(), "{}", stderr(&local));
@@ -180,6 +195,37 @@ fn only_the_heads_byte_ranges_are_fetched_and_the_head_works() {
         .collect();
     assert_eq!(said.len(), 1, "{said:?}");
     assert!(said[0].contains(&format!("{fetched} bytes")), "{}", said[0]);
+    let head = HubHead {
+        local,
+        files,
+        fetched,
+    };
+    (head, hub)
+}
+
+#[test]
+fn only_the_heads_byte_ranges_are_fetched_and_the_head_works() {
+    let tmp = tempfile::tempdir().unwrap();
+    let home = tmp.path().join("home");
+    let model = tmp.path().join("headless");
+    let (first, hub) = fetch_head_from_the_hub(tmp.path(), &home, QWEN35);
+    let HubHead {
+        local,
+        files,
+        fetched,
+        ..
+    } = first;
+    let shard2_sha = sha256_hex(&files[SHARD2]);
+    let with_head_from_the_hub = || {
+        let out = generate_with(
+            &home,
+            &hub,
+            &model,
+            &["--mtp-from", REPO, "--draft-tokens", "2"],
+        );
+        assert!(out.status.success(), "{}", stderr(&out));
+        out
+    };
 
     // Cached: the next run (and an offline one) fetches nothing and says nothing.
     hub.clear_requests();
@@ -220,7 +266,7 @@ fn only_the_heads_byte_ranges_are_fetched_and_the_head_works() {
 
 /// A fault on the head's tensor ranges (not the headers, which are bytes 0..8+header).
 fn tampering(kind: &'static str) -> FakeHub {
-    let (files, _) = sharded_repo();
+    let (files, _) = sharded_repo(QWEN35);
     FakeHub::start(files, move |req, served| {
         let range = req.header("range")?.strip_prefix("bytes=")?;
         let first: usize = range.split_once('-')?.0.parse().ok()?;
@@ -261,7 +307,7 @@ fn a_tampered_or_short_range_is_refused_in_one_line() {
     ] {
         let tmp = tempfile::tempdir().unwrap();
         let home = tmp.path().join("home");
-        let model = headless_copy(tmp.path());
+        let model = headless_copy(tmp.path(), QWEN35);
         let hub = tampering(kind);
         let out = generate_with(&home, &hub, &model, &["--mtp-from", REPO]);
         assert!(!out.status.success(), "{kind}: accepted");
@@ -289,7 +335,7 @@ fn a_tampered_or_short_range_is_refused_in_one_line() {
 fn a_repo_without_a_head_goes_on_without_speculation_unless_asked() {
     let tmp = tempfile::tempdir().unwrap();
     let home = tmp.path().join("home");
-    let model = headless_copy(tmp.path());
+    let model = headless_copy(tmp.path(), QWEN35);
     // Served from a single model.safetensors without an index.
     let hub = FakeHub::serving(&model);
     let plain = generate(&model, PROMPT.as_slice());
@@ -320,4 +366,14 @@ fn a_repo_without_a_head_goes_on_without_speculation_unless_asked() {
         lines[0].contains("no MTP head") && lines[0].contains("--draft-tokens"),
         "{err}"
     );
+}
+
+/// Qwen3.8-Flash-Next's head (its own layout: an fc per hyper-connection stream, a QSA + MoE
+/// layer and a mixer of its own) comes from a Hub repo the same way: only its shard's header
+/// and tensors are fetched, and it gives the text and acceptance of the head loaded locally.
+#[test]
+fn the_qwen4_exp_head_is_fetched_by_range_and_works() {
+    let tmp = tempfile::tempdir().unwrap();
+    let home = tmp.path().join("home");
+    fetch_head_from_the_hub(tmp.path(), &home, QWEN4_EXP);
 }
