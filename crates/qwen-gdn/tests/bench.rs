@@ -333,19 +333,26 @@ fn quantized_payload(model: &std::path::Path, name: &str) -> u64 {
 /// A profiling bench run on tiny Qwen3-Next (bf16 on the CPU, `-p 9 -g 1 -r 1 --json`) with
 /// `flags`: its `key` report, after checking that stderr's table names `what`.
 fn profile_report(flags: &[&str], what: &str, key: &str) -> Json {
+    profile_reports(flags, &[what])[key].clone()
+}
+
+/// The whole `--json` report of a bench on the tiny Qwen3-Next (bf16, fused) with `flags`,
+/// whose stderr holds a profile table for each of `whats`.
+fn profile_reports(flags: &[&str], whats: &[&str]) -> Json {
     let model = fixture("qwen3-next-tiny-4bit");
     let mut args = vec!["--dtype", "bf16", "-p", "9", "-g", "1", "-r", "1", "--json"];
     args.extend(flags);
     let out = run_model("bench", &model, &args);
     assert!(out.status.success(), "stderr: {}", stderr(&out));
     let err = stderr(&out);
-    assert!(
-        err.contains(&format!("decode profile (cpu): {what} at position")),
-        "{err}"
-    );
+    for what in whats {
+        assert!(
+            err.contains(&format!("decode profile (cpu): {what} at position")),
+            "{err}"
+        );
+    }
     assert!(err.contains("by layer kind"), "{err}");
-    let report: Json = serde_json::from_slice(&out.stdout).unwrap();
-    report[key].clone()
+    serde_json::from_slice(&out.stdout).unwrap()
 }
 
 #[test]
@@ -594,6 +601,71 @@ fn verify_profile() {
         }
         // The mixer's two products and the router, each once over the rows.
         assert_eq!(calls(layer, "affine_products"), 3, "layer {layer}");
+    }
+    for r in rows {
+        positive_finite(&r["seconds"], "seconds");
+        assert!(r["layer"].is_u64() || r["layer_kind"] == "outside", "{r}");
+    }
+}
+
+/// `--profile-batch B`: one batched step of B sequences, every kernel placed in its layer,
+/// each run once over the B rows (the products over the rows, the GDN and attention state
+/// kernels over the B sequences' slots), and the state kernels moving B sequences' states:
+/// at least B times what the single step's moves.
+#[test]
+fn batch_profile() {
+    let b = 3;
+    let report = profile_reports(
+        &["--profile-decode", "--profile-batch", "3"],
+        &[
+            "one fused decode step",
+            "one fused batched decode step of 3 sequences",
+        ],
+    );
+    let (one, p) = (&report["decode_profile"], &report["batch_profile"]);
+    assert_eq!(p["sequences"], b);
+    // Sequence 0: 9 prompt tokens, a warm-up and 5 timed steps before the profiled one.
+    assert_eq!(p["position"], 9 + 1 + 5);
+    let rows = p["kernels"].as_array().unwrap();
+    let calls = |layer: u64, op: &str| {
+        rows.iter()
+            .filter(|r| r["layer"] == layer && r["op"] == op)
+            .count()
+    };
+    let read = |profile: &Json, layer: u64, op: &str| -> u64 {
+        profile["kernels"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|r| r["layer"] == layer && r["op"] == op)
+            .map(|r| r["bytes_read"].as_u64().unwrap())
+            .sum()
+    };
+    // Tiny Qwen3-Next: layers 2 and 5 attention, the rest GDN, a MoE block in each.
+    for layer in 0..6u64 {
+        let (state, alone) = match layer % 3 == 2 {
+            true => (["attn_prep_slots", "attn_decode_slots"], "attn_decode"),
+            false => (
+                ["gdn_conv_prep_slots", "gated_delta_norm_slots"],
+                "gated_delta_norm",
+            ),
+        };
+        for op in state.into_iter().chain([
+            "affine_products_swiglu",
+            "affine_products_gathered",
+            "moe_route",
+            "moe_combine",
+        ]) {
+            assert_eq!(calls(layer, op), 1, "layer {layer}: {op} over the {b} rows");
+        }
+        // The mixer's two products and the router, each once over the rows.
+        assert_eq!(calls(layer, "affine_products"), 3, "layer {layer}");
+        let (batched, single) = (read(p, layer, state[1]), read(one, layer, alone));
+        assert!(
+            single > 0 && batched >= b as u64 * single * 9 / 10,
+            "layer {layer}: {} read {batched} bytes for {b} sequences, {alone} {single} for one",
+            state[1]
+        );
     }
     for r in rows {
         positive_finite(&r["seconds"], "seconds");

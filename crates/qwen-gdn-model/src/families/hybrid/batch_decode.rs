@@ -17,6 +17,7 @@ use crate::tap::{each_layer, Tap};
 use anyhow::{bail, Context, Result};
 use candle_core::Tensor;
 use gdn_ops::ops::add_rms_norm::add_rms_norm;
+use gdn_ops::profile::{self, LayerKind};
 
 impl HybridDecoder {
     /// The embedded tokens `[B, H]` (row `i` the next token of the sequence `caches[i]`
@@ -45,6 +46,14 @@ impl HybridDecoder {
             tap,
             first,
             |i, layer, layer_caches, (h, x), _| {
+                // The batch profile's rows of this layer (`bench --profile-batch`).
+                let _profiled = profile::layer(
+                    i,
+                    match layer.mixer {
+                        Mixer::Gdn(_) => LayerKind::Gdn,
+                        Mixer::Attention(_) => LayerKind::Attention,
+                    },
+                );
                 let covered = self.coverage[i];
                 let mixed = if covered.mixer {
                     self.mix_rows_fused(&layer.mixer, &x, layer_caches, &positions)?

@@ -10,21 +10,26 @@
 //! (drained before and after), and the difference is shown as the remainder.
 
 use anyhow::{bail, Context, Result};
+use candle_core::Tensor;
 use gdn_ops::profile::{self, CopyBandwidth, KernelRow, LayerKind, Recording};
-use qwen_gdn_model::Model;
+use qwen_gdn_model::{Cache, Model};
 use serde_json::{json, Value};
 use std::time::{Duration, Instant};
 
 /// Unprofiled eager steps whose median is the step's wall time.
 const WALL_STEPS: usize = 5;
 
-/// What is profiled: one decode step, or one verify pass of speculative decoding.
+/// What is profiled: one decode step, one verify pass of speculative decoding, or one
+/// batched decode step.
 #[derive(Clone, Copy)]
 pub(crate) enum Profiled {
     DecodeStep,
     /// A verify pass of this many tokens (the step's token and its drafts), closed on one
     /// kept token, as `--verify-cost` times it.
     VerifyPass(usize),
+    /// A batched decode step of this many sequences (`Model::decode_batch`), each at depth
+    /// -p of its own prompt, as `--batch` times it.
+    BatchStep(usize),
 }
 
 impl Profiled {
@@ -32,29 +37,90 @@ impl Profiled {
         match self {
             Self::DecodeStep => "one fused decode step".into(),
             Self::VerifyPass(t) => format!("one fused verify pass of {t} tokens (closed on one)"),
+            Self::BatchStep(b) => format!("one fused batched decode step of {b} sequences"),
         }
     }
 
-    /// Runs it once at the cache's end, eagerly, with `token` next (a verify pass's first
-    /// token; its drafts are the last ids of `seen`: only their cost is measured). A decode
-    /// step returns its logits, to pick the next token from.
-    fn run(
-        self,
-        model: &Model,
-        token: u32,
-        seen: &[u32],
-        cache: &mut qwen_gdn_model::cache::Cache,
-    ) -> Result<Option<candle_core::Tensor>> {
+    /// The sequences one run steps (B of a batched step; 1 otherwise).
+    fn sequences(self) -> usize {
         match self {
-            Self::DecodeStep => Ok(Some(model.decode_step_with_launches(token, cache)?.0)),
-            Self::VerifyPass(t) => {
-                let tokens: Vec<u32> = std::iter::once(token)
-                    .chain(seen.iter().rev().take(t - 1).copied())
+            Self::BatchStep(b) => b,
+            Self::DecodeStep | Self::VerifyPass(_) => 1,
+        }
+    }
+}
+
+/// What a profiled run steps: each sequence's cache, the ids it has seen, and its next token.
+struct Subject {
+    what: Profiled,
+    caches: Vec<Cache>,
+    seen: Vec<Vec<u32>>,
+    tokens: Vec<u32>,
+}
+
+impl Subject {
+    /// Prefills `what`'s sequences as a bench repetition does: the prompt itself for one,
+    /// and for a batch of B the prompt rotated by the sequence's index, so that the rows route
+    /// to experts of their own (as the distinct prompts of `--batch` do).
+    fn prefill(model: &Model, prompt: &[u32], chunk: usize, what: Profiled) -> Result<Self> {
+        let (mut caches, mut seen, mut tokens) = (vec![], vec![], vec![]);
+        for i in 0..what.sequences() {
+            let mut ids = prompt.to_vec();
+            ids.rotate_left(i % prompt.len().max(1));
+            let mut cache = model.new_cache();
+            let chunks: Vec<&[u32]> = ids.chunks(chunk).collect();
+            let (last, head) = chunks.split_last().context("empty prompt")?;
+            for part in head {
+                model.prefill(part, &mut cache, chunk)?;
+            }
+            let logits = model.forward_last(last, &mut cache)?;
+            tokens.push(super::common::greedy(model, &logits, &ids, chunk)?);
+            caches.push(cache);
+            seen.push(ids);
+        }
+        Ok(Self {
+            what,
+            caches,
+            seen,
+            tokens,
+        })
+    }
+
+    /// Runs the profiled thing once at the caches' ends, eagerly (a verify pass's first token
+    /// is the next one, its drafts the last ids seen: only their cost is measured). A decode
+    /// step returns its logits, to pick the next tokens from after the clock stops.
+    fn run(&mut self, model: &Model) -> Result<Option<Tensor>> {
+        for (seen, &token) in self.seen.iter_mut().zip(&self.tokens) {
+            seen.push(token);
+        }
+        match self.what {
+            Profiled::DecodeStep => Ok(Some(
+                model
+                    .decode_step_with_launches(self.tokens[0], &mut self.caches[0])?
+                    .0,
+            )),
+            Profiled::VerifyPass(t) => {
+                let tokens: Vec<u32> = std::iter::once(self.tokens[0])
+                    .chain(self.seen[0].iter().rev().take(t - 1).copied())
                     .collect();
+                let cache = &mut self.caches[0];
                 super::verify_cost::verify_pass_by(model, cache, &tokens, Model::verify_eager)?;
                 Ok(None)
             }
+            Profiled::BatchStep(_) => {
+                let mut refs: Vec<&mut Cache> = self.caches.iter_mut().collect();
+                Ok(Some(model.decode_batch(&self.tokens, &mut refs)?))
+            }
         }
+    }
+
+    /// The next tokens from a step's logits (greedy, as the benchmark decodes).
+    fn pick(&mut self, model: &Model, logits: &Tensor, chunk: usize) -> Result<()> {
+        self.tokens = match self.what {
+            Profiled::BatchStep(_) => logits.argmax(candle_core::D::Minus1)?.to_vec1::<u32>()?,
+            _ => vec![super::common::greedy(model, logits, &self.seen[0], chunk)?],
+        };
+        Ok(())
     }
 }
 
@@ -82,36 +148,26 @@ pub(crate) fn profile_decode(
     check_fused(model)?;
     let device = model.device();
     let bandwidth = profile::copy_bandwidth(device).context("measuring the copy bandwidth")?;
-    let mut cache = model.new_cache();
-    let chunks: Vec<&[u32]> = prompt.chunks(chunk).collect();
-    let (last, head) = chunks.split_last().context("empty prompt")?;
-    for part in head {
-        model.prefill(part, &mut cache, chunk)?;
-    }
-    let mut seen = prompt.to_vec();
-    let mut token =
-        super::common::greedy(model, &model.forward_last(last, &mut cache)?, &seen, chunk)?;
+    let mut subject = Subject::prefill(model, prompt, chunk, what)?;
     // A warm-up step (kernels compiled and loaded, buffers pooled), then the timed ones; the
-    // next token is read back after the clock stops.
+    // next tokens are read back after the clock stops.
     let mut times = Vec::with_capacity(WALL_STEPS);
     for _ in 0..=WALL_STEPS {
         device.synchronize()?;
         let start = Instant::now();
-        seen.push(token);
-        let logits = what.run(model, token, &seen, &mut cache)?;
+        let logits = subject.run(model)?;
         device.synchronize()?;
         times.push(start.elapsed());
         if let Some(logits) = logits {
-            token = super::common::greedy(model, &logits, &seen, chunk)?;
+            subject.pick(model, &logits, chunk)?;
         }
     }
     times.remove(0);
     times.sort();
-    let position = cache.offset;
+    let position = subject.caches[0].offset;
     gdn_ops::launches::take();
-    seen.push(token);
     let session = profile::Session::start();
-    let logits = what.run(model, token, &seen, &mut cache)?;
+    let logits = subject.run(model)?;
     device.synchronize()?;
     let recording = session.finish();
     let launches = gdn_ops::launches::take();
@@ -233,12 +289,13 @@ impl DecodeProfile {
         let kb = |b: u64| b as f64 / 1e3;
         let rows_time = self.rows_time();
         let mut out = format!(
-            "decode profile ({}): {} at position {}, B = 1, each kernel timed alone with the \
+            "decode profile ({}): {} at position {}, B = {}, each kernel timed alone with the \
              device drained (not graph-replayed)\ncopy bandwidth {:.1} GB/s ({} MiB copy, read + \
              written bytes)\n",
             self.backend,
             self.what.describe(),
             self.position,
+            self.what.sequences(),
             self.bandwidth.bytes_per_second / 1e9,
             self.bandwidth.buffer_bytes >> 20,
         );
@@ -386,6 +443,7 @@ impl DecodeProfile {
             "profiled": self.what.describe(),
             "backend": self.backend,
             "position": self.position,
+            "sequences": self.what.sequences(),
             "copy_bandwidth": {
                 "bytes_per_second": self.bandwidth.bytes_per_second,
                 "buffer_bytes": self.bandwidth.buffer_bytes,

@@ -79,6 +79,9 @@ the repetitions.
                      label, grids, seconds, bytes read and written, bytes per second, percent \
                      of the copy bandwidth), sums by op and by layer kind, the copy bandwidth, \
                      the step's wall time and launch counts
+  verify_profile     with --profile-verify T: the same for one verify pass of T tokens
+  batch_profile      with --profile-batch B: the same for one batched step of B sequences \
+                     (its `sequences`)
 (samples: one value per timed repetition, in order; stddev: sample standard deviation, 0 for \
 one repetition).
 
@@ -132,6 +135,13 @@ pub struct Args {
     #[arg(long, value_name = "T", value_parser = positive_usize,
           conflicts_with_all = ["prompt_cache", "batch", "draft_tokens", "mtp_from", "draft_model"])]
     profile_verify: Option<usize>,
+    /// After the timed repetitions, one batched decode step of B sequences (each at depth -p
+    /// of its own prompt) profiled as --profile-decode profiles a step: run eagerly, each
+    /// kernel timed alone (`batch_profile` in --json). Needs the fused step (a GPU, or --dtype
+    /// bf16 on the CPU)
+    #[arg(long, value_name = "B", value_parser = positive_usize,
+          conflicts_with_all = ["prompt_cache", "batch", "draft_tokens", "mtp_from", "draft_model"])]
+    profile_batch: Option<usize>,
     /// Batched decode instead of pp/tg: for each batch size of the list (e.g. 1,2,4,8,16),
     /// that many sequences of their own -p-token prompts decode -g greedy steps together;
     /// prints the aggregate and the per-sequence generation speed
@@ -242,7 +252,7 @@ fn measure(
     ),
 ) -> Result<ExitCode> {
     let (p, g) = (args.prompt_tokens, args.gen_tokens);
-    if args.profile_decode {
+    if args.profile_decode || args.profile_batch.is_some() {
         decode_profile::check_fused(&model)?;
     }
     if let Some(t) = args.profile_verify {
@@ -315,6 +325,13 @@ fn measure(
         ),
         None => None,
     };
+    let batch_profile = match args.profile_batch {
+        Some(b) => Some(
+            decode_profile::profile_decode(&model, &prompt, chunk, Profiled::BatchStep(b))
+                .context("profiling a batched decode step (--profile-batch)")?,
+        ),
+        None => None,
+    };
     let (peak, peak_source) = crate::cli::memory::peak();
     let size = source.size;
     let state_dtype = match gdn_state_dtype(&model) {
@@ -325,7 +342,11 @@ fn measure(
     if let Some(profile) = &profile {
         eprint!("{}", profile.table());
     }
-    for profile in decode_profile.iter().chain(&verify_profile) {
+    for profile in decode_profile
+        .iter()
+        .chain(&verify_profile)
+        .chain(&batch_profile)
+    {
         eprint!("{}", profile.table());
     }
     let mut out = std::io::stdout().lock();
@@ -351,6 +372,9 @@ fn measure(
         }
         if let Some(profile) = &verify_profile {
             report["verify_profile"] = profile.json();
+        }
+        if let Some(profile) = &batch_profile {
+            report["batch_profile"] = profile.json();
         }
         emit(&mut out, &format!("{report}\n"))?;
     } else {
