@@ -156,17 +156,13 @@ fn fetch_head_from_the_hub(tmp: &Path, home: &Path, source: &str) -> (HubHead, F
     let shard2_header = u64::from_le_bytes(files[SHARD2][..8].try_into().unwrap());
     let hub = FakeHub::start(files.clone(), |_, _| None);
 
-    let with_head_from_the_hub = || {
-        let out = generate_with(
-            &home,
-            &hub,
-            &model,
-            &["--mtp-from", REPO, "--draft-tokens", "2"],
-        );
-        assert!(out.status.success(), "{}", stderr(&out));
-        out
-    };
-    let out = with_head_from_the_hub();
+    let out = generate_with(
+        home,
+        &hub,
+        &model,
+        &["--mtp-from", REPO, "--draft-tokens", "2"],
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
     // The head loaded from its own folder gives the same text and the same acceptance.
     let local = generate(
         &source_dir(source),
