@@ -30,6 +30,29 @@ impl BatchProducts {
     }
 }
 
+/// How a batched step of the fused kernels runs its MoE blocks' expert products over the B
+/// rows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum BatchMoe {
+    /// The decode step's kernels over the rows: one gathered product per (row, slot) pair, no
+    /// read-back; an expert chosen by several rows is read once per pair. The default.
+    #[default]
+    Gathered,
+    /// The prefill's expert-grouped products (`MoePrefill`, `QWEN_GDN_MOE_PREFILL`): each
+    /// expert chosen by several rows read once for all of them, after reading the routing
+    /// back. What may pay at large B, where rows share experts (`bench --batch --batch-moe
+    /// grouped` measures it).
+    Grouped,
+}
+
+impl BatchMoe {
+    /// Whether a step gathers its pairs. Under [`BatchProducts::EachRowAlone`] it always does:
+    /// a row's MoE is then its own decode step's, whatever the grouped forms would sum.
+    pub fn gathers(self) -> bool {
+        self == Self::Gathered || crate::weights::row_exact::enabled()
+    }
+}
+
 /// A sequence's place in a [`Batch`], valid until it leaves.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct SlotId(u64);

@@ -34,7 +34,7 @@ pub mod tensor_parallel;
 mod warm_up;
 pub mod weights;
 
-pub use batch::{Batch, BatchProducts, SlotId};
+pub use batch::{Batch, BatchMoe, BatchProducts, SlotId};
 pub use cache::Cache;
 pub use config::Config;
 pub use gdn_ops::capability::bf16_supported;

@@ -45,6 +45,7 @@ pub struct Model {
     checkpoint_fingerprint: u64,
     /// How batched decode steps run their products ([`Model::decode_batch`]).
     batch_products: crate::BatchProducts,
+    batch_moe: crate::BatchMoe,
     /// Verify passes on the fused kernels where the fused decode step runs
     /// (`RunOptions::fused_verify`; [`Model::verify`]).
     fused_verify: bool,
@@ -186,6 +187,7 @@ impl Model {
             part,
             checkpoint_fingerprint,
             batch_products: crate::BatchProducts::default_for(plan),
+            batch_moe: crate::BatchMoe::default(),
             fused_verify: opts.fused_verify,
             mtp: None,
             warnings,

@@ -18,7 +18,7 @@
 mod common;
 use candle_core::{DType, Tensor};
 use common::*;
-use qwen_gdn_model::{Batch, BatchProducts, Cache, Model, PromptCache};
+use qwen_gdn_model::{Batch, BatchMoe, BatchProducts, Cache, Model, PromptCache};
 
 /// How a sequence picks its next token: greedy, or sampled at `temp` from its own stream.
 #[derive(Clone, Copy)]
@@ -352,6 +352,52 @@ mod device_fused_rows {
     #[test]
     fn qwen35_moe_4bit() {
         super::device_fused_row_products("qwen3.5-moe-tiny-4bit")
+    }
+}
+
+/// `BatchMoe::Grouped`: the fused batched step runs its MoE blocks on the prefill's
+/// expert-grouped products (composed ops, routing read back) instead of the gathered kernels;
+/// each sequence still gets its own tokens and logits within the shared products' gate
+/// (5e-5 of max|logit|), and under `EachRowAlone` the rows are gathered again, bit for bit.
+fn device_fused_grouped_moe(name: &str) {
+    let mut model = load_on(name, &device_plan(DType::F32), &device_under_test());
+    assert!(
+        model.fused_decode(),
+        "{name}: the device plan decodes fused"
+    );
+    let launches = |model: &Model| {
+        let mut caches: Vec<Cache> = (0..3u32)
+            .map(|i| {
+                let mut c = model.new_cache();
+                model.prefill(&[1, 2, 3 + i], &mut c, 16).unwrap();
+                c
+            })
+            .collect();
+        let mut refs: Vec<&mut Cache> = caches.iter_mut().collect();
+        model
+            .decode_batch_with_launches(&[5, 6, 7], &mut refs)
+            .unwrap()
+            .1
+    };
+    let gathered = launches(&model);
+    model.set_batch_moe(BatchMoe::Grouped);
+    let grouped = launches(&model);
+    assert_ne!(
+        gathered, grouped,
+        "{name}: the grouped MoE ran the same launches as the gathered one"
+    );
+    shared_and_row_exact(name, &mut model, "fused, grouped MoE");
+}
+
+mod device_fused_grouped_moe {
+    #[test]
+    fn qwen3_next_4bit() {
+        super::device_fused_grouped_moe("qwen3-next-tiny-4bit")
+    }
+
+    #[test]
+    fn qwen35_moe_4bit() {
+        super::device_fused_grouped_moe("qwen3.5-moe-tiny-4bit")
     }
 }
 

@@ -16,7 +16,7 @@ use crate::families::Decoder;
 use crate::tap::{LaunchCounter, NoTap, Tap};
 use crate::tensor::cast;
 use crate::weights::row_exact;
-use crate::BatchProducts;
+use crate::{BatchMoe, BatchProducts};
 use anyhow::{ensure, Result};
 use candle_core::{DType, Tensor};
 
@@ -42,6 +42,15 @@ impl Model {
 
     pub fn batch_products(&self) -> BatchProducts {
         self.batch_products
+    }
+
+    /// How fused batched steps run their MoE blocks' expert products from now on.
+    pub fn set_batch_moe(&mut self, mode: BatchMoe) {
+        self.batch_moe = mode;
+    }
+
+    pub fn batch_moe(&self) -> BatchMoe {
+        self.batch_moe
     }
 
     /// Runs `tokens[i]` after what `caches[i]` holds, for every `i`, in one step, updating
@@ -109,7 +118,7 @@ impl Model {
             // `normed`: what the MTP head reads ([`Model::forward_normed`]).
             let normed = match self.batch_decoding() {
                 BatchDecoding::Fused(d) => d
-                    .decode_batch_fused(&h.squeeze(0)?, caches, tap)?
+                    .decode_batch_fused(&h.squeeze(0)?, caches, self.batch_moe, tap)?
                     .unsqueeze(0)?,
                 BatchDecoding::Composed => {
                     let h = self.decoder.forward_batch(h, tokens, caches, tap)?;

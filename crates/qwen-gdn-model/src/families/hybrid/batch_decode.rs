@@ -14,6 +14,7 @@ use super::{DecoderLayer, FeedForward, HybridDecoder, Mixer};
 use crate::cache::{Cache, LayerCache};
 use crate::candle_ops::cat;
 use crate::tap::{each_layer, Tap};
+use crate::BatchMoe;
 use anyhow::{bail, Context, Result};
 use candle_core::Tensor;
 use gdn_ops::ops::add_rms_norm::add_rms_norm;
@@ -27,6 +28,7 @@ impl HybridDecoder {
         &self,
         embedded: &Tensor,
         caches: &mut [&mut Cache],
+        moe: BatchMoe,
         tap: &mut dyn Tap,
     ) -> Result<Tensor> {
         let device = embedded.device();
@@ -60,7 +62,7 @@ impl HybridDecoder {
                 } else {
                     mix_rows_composed(&layer.mixer, &x, layer_caches, &offsets)?
                 };
-                self.rows_after_mixer(i, layer, &h, &mixed)
+                self.rows_after_mixer(i, layer, &h, &mixed, moe.gathers())
             },
         )?;
         Ok(x)
@@ -69,14 +71,15 @@ impl HybridDecoder {
     /// The rest of layer `i` over the rows of a fused step after its mixer (`mixed`, the
     /// residual stream `h`): the post-norm's residual add, then the feed-forward on the fused
     /// kernels where they cover it for these rows (the gathered SwiGLU takes up to
-    /// `GATHER_MAX_TOKENS` rows, no routing read back: past that the MoE composes). Returns
-    /// the stream and the next norm of it.
+    /// `GATHER_MAX_TOKENS` rows, no routing read back: past that, or unless `gathered`, the
+    /// MoE composes: its expert-grouped products). Returns the stream and the next norm of it.
     pub(super) fn rows_after_mixer(
         &self,
         i: usize,
         layer: &DecoderLayer,
         h: &Tensor,
         mixed: &Tensor,
+        gathered: bool,
     ) -> Result<(Tensor, Tensor)> {
         let post = &layer.post_norm;
         let (h, x) = add_rms_norm(h, Some(mixed), &post.weight, post.eps)?;
@@ -85,7 +88,8 @@ impl HybridDecoder {
             None => self.final_norm()?,
         };
         let rows = x.dim(0)?;
-        let fused = self.coverage[i].feed_forward
+        let fused = gathered
+            && self.coverage[i].feed_forward
             && matches!(&layer.feed_forward,
                 FeedForward::Moe(m) if m.fused_decode_supports_rows(rows, x.dtype()));
         self.feed_forward_step(layer, fused, (h, x), next_norm)

@@ -140,7 +140,8 @@ impl HybridDecoder {
                     }
                     _ => bail!("cache does not belong to this model"),
                 };
-                self.rows_after_mixer(i, layer, &h, &mixed)
+                // Gathered: a verify row's MoE as its decode step runs it.
+                self.rows_after_mixer(i, layer, &h, &mixed, true)
             },
         )?;
         Ok(x)

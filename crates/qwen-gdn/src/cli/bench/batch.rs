@@ -7,7 +7,7 @@ use super::common::{Stats, PROMPT_SEED};
 use super::rate;
 use anyhow::{Context, Result};
 use candle_core::D;
-use qwen_gdn_model::{BatchProducts, Cache, Model};
+use qwen_gdn_model::{BatchMoe, BatchProducts, Cache, Model};
 use rand::{rngs::StdRng, Rng, SeedableRng};
 use serde_json::json;
 use std::time::{Duration, Instant};
@@ -24,6 +24,22 @@ impl From<ProductsArg> for BatchProducts {
         match arg {
             ProductsArg::EachRowAlone => Self::EachRowAlone,
             ProductsArg::Shared => Self::Shared,
+        }
+    }
+}
+
+/// `--batch-moe`: [`BatchMoe`] on the command line.
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+pub(crate) enum MoeArg {
+    Gathered,
+    Grouped,
+}
+
+impl From<MoeArg> for BatchMoe {
+    fn from(arg: MoeArg) -> Self {
+        match arg {
+            MoeArg::Gathered => Self::Gathered,
+            MoeArg::Grouped => Self::Grouped,
         }
     }
 }

@@ -17,7 +17,7 @@ mod verify_cost;
 use crate::cli::speculation_args::SpeculationArgs;
 use crate::load::{positive_usize, ModelArgs};
 use crate::ui::output::emit;
-use anyhow::{Context, Result};
+use anyhow::{bail, Context, Result};
 use common::{
     backend_name, checkpoint_size, display_name, gdn_state_dtype, greedy, human_size,
     markdown_table, token_bound, Stats, PROMPT_SEED,
@@ -153,6 +153,12 @@ pub struct Args {
     /// all rows, the fewest weight reads (the GPU's default). Default: the plan's
     #[arg(long, value_enum, requires = "batch")]
     batch_products: Option<batch::ProductsArg>,
+    /// With --batch or --profile-batch: how the fused batched step runs the MoE experts over
+    /// the rows. `gathered`: one product per (row, expert) pair, no read-back (the default);
+    /// `grouped`: the prefill's expert-grouped products, each expert read once for all the
+    /// rows that chose it, after reading the routing back
+    #[arg(long, value_enum)]
+    batch_moe: Option<batch::MoeArg>,
     /// After the tg test: the verify pass of speculative decoding for k = 0..=K drafts timed
     /// at depth -p (its t(k+1)/t(1)), and the speed it projects at acceptances 0.6–0.9
     /// (random weights make real acceptance meaningless; this needs no MTP head)
@@ -252,6 +258,12 @@ fn measure(
     ),
 ) -> Result<ExitCode> {
     let (p, g) = (args.prompt_tokens, args.gen_tokens);
+    if let Some(moe) = args.batch_moe {
+        if args.batch.is_empty() && args.profile_batch.is_none() {
+            bail!("--batch-moe applies to batched steps: give --batch or --profile-batch");
+        }
+        model.set_batch_moe(moe.into());
+    }
     if args.profile_decode || args.profile_batch.is_some() {
         decode_profile::check_fused(&model)?;
     }
@@ -426,6 +438,7 @@ fn batch_report(
         let mut report = report_head(args, source, model);
         report["batch"] = json!(rows.iter().map(batch::BatchRow::json).collect::<Vec<_>>());
         report["batch_products"] = json!(format!("{:?}", model.batch_products()));
+        report["batch_moe"] = json!(format!("{:?}", model.batch_moe()));
         report["dense_rows"] = json!(format!("{:?}", gdn_ops::ops::affine::dense_rows()));
         report["peak_memory_bytes"] = json!(peak);
         report["peak_memory_source"] = json!(peak_source);
@@ -443,10 +456,11 @@ fn batch_report(
             .collect();
         let text = format!(
             "{}\nt/s: median ± stddev over {} repetition(s) after 1 warm-up; each sequence at depth {p}; \
-             products: {:?}, dense rows: {:?}\npeak memory: {:.3} GB ({peak_source})\n",
+             products: {:?}, MoE: {:?}, dense rows: {:?}\npeak memory: {:.3} GB ({peak_source})\n",
             table(&name, size, backend, &labelled),
             args.repetitions,
             model.batch_products(),
+            model.batch_moe(),
             gdn_ops::ops::affine::dense_rows(),
             peak as f64 / 1e9
         );
