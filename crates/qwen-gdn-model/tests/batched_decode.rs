@@ -466,7 +466,10 @@ fn steady_batched_steps_upload_only_the_positions() {
         let mut refs: Vec<_> = caches.iter_mut().collect();
         let tokens = vec![5u32; refs.len()];
         let before = uploads();
-        model.decode_batch(&tokens, &mut refs).unwrap();
+        // The eager step (counted launches: never a CUDA graph's replay).
+        model
+            .decode_batch_with_launches(&tokens, &mut refs)
+            .unwrap();
         uploads() - before
     };
     let layers = model.config().num_hidden_layers;
@@ -495,7 +498,10 @@ fn batched_moe_past_four_rows_reads_nothing_back() {
         let mut refs: Vec<_> = caches.iter_mut().collect();
         let tokens = vec![5u32; refs.len()];
         let (reads, launches) = (read_backs(), count());
-        model.decode_batch(&tokens, &mut refs).unwrap();
+        // The eager step (counted launches: never a CUDA graph's replay).
+        model
+            .decode_batch_with_launches(&tokens, &mut refs)
+            .unwrap();
         (read_backs() - reads, count() - launches)
     };
     // The first step of a composition creates the positions' buffer (one copy fewer).
@@ -512,4 +518,53 @@ fn batched_moe_past_four_rows_reads_nothing_back() {
             "step {i}: launches differ from a steady step's"
         );
     }
+}
+
+/// Issue 29 on CUDA: the batched step is a graph per batch size. Three sequences step from
+/// one capture (the first step eager and captured, the rest replayed), a sequence leaving
+/// makes the two left capture a graph of their own, and every step gives the logits of the
+/// same step run eagerly (within 1e-5 of max|logit|; the same tokens).
+#[cfg(feature = "cuda")]
+#[test]
+fn batched_steps_replay_a_graph_per_batch_size() {
+    use qwen_gdn_model::cuda_graph::{captures, enabled, replays};
+    if !device_under_test().is_cuda() {
+        return;
+    }
+    let (model, mut graphed) = fused_next_with_sequences(3);
+    let mut eager: Vec<Cache> = (0..3u32)
+        .map(|i| {
+            let mut c = model.new_cache();
+            model.prefill(&[1, 2, 3, 4 + i], &mut c, 16).unwrap();
+            c
+        })
+        .collect();
+    let mut tokens = vec![5u32, 6, 7];
+    let mut steps = |graphed: &mut [Cache], eager: &mut [Cache], n: usize| {
+        let before = (captures(), replays());
+        for step in 0..n {
+            let rows = graphed.len();
+            let mut g: Vec<&mut Cache> = graphed.iter_mut().collect();
+            let got = model.decode_batch(&tokens[..rows], &mut g).unwrap();
+            let mut e: Vec<&mut Cache> = eager.iter_mut().collect();
+            let (want, _) = model
+                .decode_batch_with_launches(&tokens[..rows], &mut e)
+                .unwrap();
+            let d = rel_max_diff(&got, &want);
+            assert!(d <= 1e-5, "step {step} of {rows}: graph vs eager {d:e}");
+            let picked = argmax_rows(&got);
+            assert_eq!(picked, argmax_rows(&want), "step {step} of {rows}");
+            tokens[..rows].copy_from_slice(&picked);
+        }
+        (captures() - before.0, replays() - before.1)
+    };
+    assert_eq!(
+        steps(&mut graphed, &mut eager, 5),
+        (1, 4),
+        "three sequences"
+    );
+    graphed.pop();
+    eager.pop();
+    assert_eq!(steps(&mut graphed, &mut eager, 4), (1, 3), "two sequences");
+    assert!(enabled(), "a capture failed: graphs turned off");
 }

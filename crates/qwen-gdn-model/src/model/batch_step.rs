@@ -67,7 +67,7 @@ impl Model {
         tokens: &[u32],
         caches: &mut [&mut Cache],
     ) -> Result<(Tensor, Tensor)> {
-        self.decode_batch_tapped(tokens, caches, &mut NoTap)
+        self.decode_batch_tapped(tokens, caches, None)
     }
 
     /// [`Model::decode_batch`], also returning the kernel launches of each layer (the
@@ -88,7 +88,7 @@ impl Model {
         caches: &mut [&mut Cache],
     ) -> Result<(Tensor, LaunchCounter)> {
         let mut counter = LaunchCounter::default();
-        let (logits, _) = self.decode_batch_tapped(tokens, caches, &mut counter)?;
+        let (logits, _) = self.decode_batch_tapped(tokens, caches, Some(&mut counter))?;
         Ok((logits, counter))
     }
 
@@ -96,7 +96,7 @@ impl Model {
         &self,
         tokens: &[u32],
         caches: &mut [&mut Cache],
-        tap: &mut dyn Tap,
+        tap: Option<&mut dyn Tap>,
     ) -> Result<(Tensor, Tensor)> {
         ensure!(
             !tokens.is_empty(),
@@ -114,6 +114,27 @@ impl Model {
         }
         self.on_host_workers(|| {
             let _rows = row_exact::scope(self.batch_products == BatchProducts::EachRowAlone);
+            // Without a tap, on CUDA: the step replayed from its batch size's graph.
+            #[cfg(feature = "cuda")]
+            if let (None, BatchDecoding::Fused(d)) = (&tap, self.batch_decoding()) {
+                if d.batch_graphs_apply(&self.device, self.batch_moe) {
+                    let ends = self.ends()?;
+                    let out = crate::families::hybrid::batch_graph::step(
+                        d,
+                        &ends,
+                        tokens,
+                        caches,
+                        self.batch_moe,
+                    )?;
+                    crate::device_memory::sample(&self.device);
+                    return Ok(out);
+                }
+            }
+            let mut no_tap = NoTap;
+            let tap: &mut dyn Tap = match tap {
+                Some(tap) => tap,
+                None => &mut no_tap,
+            };
             let h = self.embed(tokens)?;
             // `normed`: what the MTP head reads ([`Model::forward_normed`]).
             let normed = match self.batch_decoding() {

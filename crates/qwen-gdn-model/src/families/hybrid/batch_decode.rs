@@ -21,6 +21,18 @@ use gdn_ops::ops::add_rms_norm::add_rms_norm;
 use gdn_ops::profile::{self, LayerKind};
 
 impl HybridDecoder {
+    /// Whether a batched step of `moe` products may replay a CUDA graph on `device`
+    /// (`batch_graph.rs`): graphs on (`RunOptions::cuda_graph`, no failed capture) and the MoE
+    /// gathered, which reads nothing back.
+    pub fn batch_graphs_apply(&self, device: &candle_core::Device, moe: BatchMoe) -> bool {
+        cfg!(feature = "cuda")
+            && device.is_cuda()
+            && self.fused_decode()
+            && self.cuda_graph
+            && moe.gathers()
+            && graphs_work()
+    }
+
     /// The embedded tokens `[B, H]` (row `i` the next token of the sequence `caches[i]`
     /// holds, at that cache's offset; the caller advances the offsets) → the final-normed
     /// last hidden states `[B, H]`, the head's input.
@@ -39,6 +51,21 @@ impl HybridDecoder {
             .lock()
             .map_err(|_| anyhow::anyhow!("a batched step panicked while holding its positions"))?;
         let positions = step_positions(&mut held, &offsets, device)?;
+        self.decode_batch_fused_at(embedded, caches, moe, &positions, tap)
+    }
+
+    /// [`Self::decode_batch_fused`] with each sequence's position already in `positions`
+    /// (`[1]` u32 device views, written before the step): what a CUDA graph of the batched
+    /// step records (`batch_graph.rs`), since it uploads nothing itself.
+    pub(super) fn decode_batch_fused_at(
+        &self,
+        embedded: &Tensor,
+        caches: &mut [&mut Cache],
+        moe: BatchMoe,
+        positions: &[Tensor],
+        tap: &mut dyn Tap,
+    ) -> Result<Tensor> {
+        let offsets: Vec<usize> = caches.iter().map(|c| c.offset).collect();
         let mut per_layer = super::per_layer(self.layers.len(), caches)?;
         let first_norm = &self.layers[0].input_norm;
         let first = add_rms_norm(embedded, None, &first_norm.weight, first_norm.eps)?;
@@ -58,7 +85,7 @@ impl HybridDecoder {
                 );
                 let covered = self.coverage[i];
                 let mixed = if covered.mixer {
-                    self.mix_rows_fused(&layer.mixer, &x, layer_caches, &positions)?
+                    self.mix_rows_fused(&layer.mixer, &x, layer_caches, positions)?
                 } else {
                     mix_rows_composed(&layer.mixer, &x, layer_caches, &offsets)?
                 };
@@ -175,4 +202,12 @@ fn mix_rows_composed(
         outs.push(out.squeeze(1)?);
     }
     cat(&outs, 0)
+}
+
+/// Whether no CUDA graph capture has failed in this process (there are none without CUDA).
+fn graphs_work() -> bool {
+    #[cfg(feature = "cuda")]
+    return crate::cuda_graph::enabled();
+    #[cfg(not(feature = "cuda"))]
+    false
 }

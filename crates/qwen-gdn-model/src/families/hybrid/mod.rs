@@ -4,6 +4,8 @@
 //! `cuda_graph.rs`).
 
 pub mod batch_decode;
+#[cfg(feature = "cuda")]
+pub(crate) mod batch_graph;
 pub mod config;
 #[cfg(feature = "cuda")]
 pub(crate) mod cuda_graph;
@@ -52,6 +54,9 @@ pub struct HybridDecoder {
     /// The CUDA verify passes captured, one per number of rows (`verify_graph.rs`).
     #[cfg(feature = "cuda")]
     verify_graphs: std::sync::Mutex<Vec<verify_graph::VerifyGraph>>,
+    /// The CUDA batched steps captured, one per batch size (`batch_graph.rs`).
+    #[cfg(feature = "cuda")]
+    batch_graphs: std::sync::Mutex<Vec<batch_graph::BatchGraph>>,
     /// The batched step's positions, `[B]` u32 on the device, rewritten in place each step
     /// (`batch_decode.rs`): the slot kernels' tables hold their addresses, which must not
     /// change from step to step for the tables to be reused.
@@ -103,6 +108,8 @@ impl HybridDecoder {
             decode_graph: std::sync::Mutex::new(None),
             #[cfg(feature = "cuda")]
             verify_graphs: std::sync::Mutex::new(Vec::new()),
+            #[cfg(feature = "cuda")]
+            batch_graphs: std::sync::Mutex::new(Vec::new()),
             batch_positions: std::sync::Mutex::new(None),
         })
     }
