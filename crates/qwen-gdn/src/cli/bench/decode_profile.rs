@@ -109,7 +109,9 @@ impl Subject {
             }
             Profiled::BatchStep(_) => {
                 let mut refs: Vec<&mut Cache> = self.caches.iter_mut().collect();
-                Ok(Some(model.decode_batch(&self.tokens, &mut refs)?))
+                // The eager step (its launches counted), never a CUDA graph's replay.
+                let step = model.decode_batch_with_launches(&self.tokens, &mut refs)?;
+                Ok(Some(step.0))
             }
         }
     }
