@@ -577,11 +577,7 @@ fn verify_profile() {
     );
     assert_eq!(p["position"], 9 + 1 + 5);
     let rows = p["kernels"].as_array().unwrap();
-    let calls = |layer: u64, op: &str| {
-        rows.iter()
-            .filter(|r| r["layer"] == layer && r["op"] == op)
-            .count()
-    };
+    let calls = |layer: u64, op: &str| calls_in(p, layer, op);
     // Tiny Qwen3-Next: layers 2 and 5 attention, the rest GDN, a MoE block in each.
     for layer in 0..6u64 {
         let per_token = match layer % 3 == 2 {
@@ -591,21 +587,38 @@ fn verify_profile() {
         for op in per_token {
             assert_eq!(calls(layer, op), t, "layer {layer}: {op}");
         }
-        for op in [
-            "affine_products_swiglu",
-            "affine_products_gathered",
-            "moe_route",
-            "moe_combine",
-        ] {
-            assert_eq!(calls(layer, op), 1, "layer {layer}: {op} over the {t} rows");
-        }
-        // The mixer's two products and the router, each once over the rows.
-        assert_eq!(calls(layer, "affine_products"), 3, "layer {layer}");
+        assert_once_over_rows(&calls, layer, t);
     }
     for r in rows {
         positive_finite(&r["seconds"], "seconds");
         assert!(r["layer"].is_u64() || r["layer_kind"] == "outside", "{r}");
     }
+}
+
+/// The rows of `profile` for op `op` in layer `layer`.
+fn calls_in(profile: &Json, layer: u64, op: &str) -> usize {
+    let rows = profile["kernels"].as_array().unwrap();
+    rows.iter()
+        .filter(|r| r["layer"] == layer && r["op"] == op)
+        .count()
+}
+
+/// A layer of the tiny Qwen3-Next in a profile over several rows (`calls(layer, op)`): its MoE
+/// kernels and its three products (the mixer's two and the router) each once over the `rows`.
+fn assert_once_over_rows(calls: &dyn Fn(u64, &str) -> usize, layer: u64, rows: usize) {
+    for op in [
+        "affine_products_swiglu",
+        "affine_products_gathered",
+        "moe_route",
+        "moe_combine",
+    ] {
+        assert_eq!(
+            calls(layer, op),
+            1,
+            "layer {layer}: {op} over the {rows} rows"
+        );
+    }
+    assert_eq!(calls(layer, "affine_products"), 3, "layer {layer}");
 }
 
 /// `--profile-batch B`: one batched step of B sequences, every kernel placed in its layer,
@@ -627,11 +640,7 @@ fn batch_profile() {
     // Sequence 0: 9 prompt tokens, a warm-up and 5 timed steps before the profiled one.
     assert_eq!(p["position"], 9 + 1 + 5);
     let rows = p["kernels"].as_array().unwrap();
-    let calls = |layer: u64, op: &str| {
-        rows.iter()
-            .filter(|r| r["layer"] == layer && r["op"] == op)
-            .count()
-    };
+    let calls = |layer: u64, op: &str| calls_in(p, layer, op);
     let read = |profile: &Json, layer: u64, op: &str| -> u64 {
         profile["kernels"]
             .as_array()
@@ -650,16 +659,10 @@ fn batch_profile() {
                 "gated_delta_norm",
             ),
         };
-        for op in state.into_iter().chain([
-            "affine_products_swiglu",
-            "affine_products_gathered",
-            "moe_route",
-            "moe_combine",
-        ]) {
+        for op in state {
             assert_eq!(calls(layer, op), 1, "layer {layer}: {op} over the {b} rows");
         }
-        // The mixer's two products and the router, each once over the rows.
-        assert_eq!(calls(layer, "affine_products"), 3, "layer {layer}");
+        assert_once_over_rows(&calls, layer, b);
         let (batched, single) = (read(p, layer, state[1]), read(one, layer, alone));
         assert!(
             single > 0 && batched >= b as u64 * single * 9 / 10,
