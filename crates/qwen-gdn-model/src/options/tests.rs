@@ -127,7 +127,7 @@ fn every_switch_takes_its_values() {
 
 #[test]
 fn a_bad_value_is_one_line_naming_the_variable_and_the_values() {
-    let cases: [(&str, &str, &[&str]); 13] = [
+    let cases: [(&str, &str, &[&str]); 14] = [
         (GDN_PREFILL_VAR, "chunk", &["recurrent", "chunked"]),
         (
             CPU_LEVEL_VAR,
