@@ -26,7 +26,10 @@ fn window_kernel_is_t_one_token_launches_bit_for_bit() {
     let mut rng = Rng::xorshift(0x5EED_3E7D);
     let (mut failures, mut runs) = (vec![], 0);
     for (i, c) in cases().into_iter().enumerate() {
-        for (j, dtype) in [DType::F32, DType::F16, DType::BF16].into_iter().enumerate() {
+        for (j, dtype) in [DType::F32, DType::F16, DType::BF16]
+            .into_iter()
+            .enumerate()
+        {
             for (l, st) in [DType::F32, DType::BF16].into_iter().enumerate() {
                 let gate = [Gate::Silu, Gate::Sigmoid][(i + j + l) % 2];
                 let seed = rng.next() | 1;
@@ -39,11 +42,7 @@ fn window_kernel_is_t_one_token_launches_bit_for_bit() {
                 for bad in differences(&got, &steps) {
                     failures.push(format!("{what}: against one-token launches: {bad}"));
                 }
-                let mut worst = vec![(
-                    "out",
-                    rel_max(&got.out, &twin.out),
-                    2.0 * tolerance(dtype),
-                )];
+                let mut worst = vec![("out", rel_max(&got.out, &twin.out), 2.0 * tolerance(dtype))];
                 for (a, b) in got.states.iter().zip(&twin.states) {
                     worst.push(("state", rel_max(a, b), tolerance(st)));
                 }

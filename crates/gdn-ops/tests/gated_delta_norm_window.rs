@@ -18,7 +18,10 @@ fn one_call_is_t_one_token_calls_bit_for_bit() {
     let mut runs = 0;
     let mut rng = Rng::xorshift(0x3E7D_0A11);
     for (i, c) in cases().into_iter().enumerate() {
-        for (j, dtype) in [DType::F32, DType::F16, DType::BF16].into_iter().enumerate() {
+        for (j, dtype) in [DType::F32, DType::F16, DType::BF16]
+            .into_iter()
+            .enumerate()
+        {
             for (l, st) in [DType::F32, DType::BF16].into_iter().enumerate() {
                 let gate = [Gate::Silu, Gate::Sigmoid][(i + j + l) % 2];
                 let x = norm_tensors(&mut Rng::xorshift(rng.next() | 1), c.d, dtype, st);
@@ -67,7 +70,9 @@ fn a_bad_after_is_a_one_line_error() {
         .unwrap_err()
         .to_string();
         assert!(
-            e.starts_with("gated_delta_update_norm_window: ") && e.contains(why) && !e.contains('\n'),
+            e.starts_with("gated_delta_update_norm_window: ")
+                && e.contains(why)
+                && !e.contains('\n'),
             "{e}"
         );
     }

@@ -98,10 +98,8 @@ fn run_harness(c: &Case) -> Result<Runs, String> {
     }
     let floats = HARNESS.run(&input.0)?;
     let (out, state) = (s.b * s.t * s.hv * s.dv, s.b * s.hv * s.dv * s.dk);
-    let [w_out, mut w_after, w_state, p_out, p_states] = emu::split_output(
-        floats,
-        [out, (s.t - 1) * state, state, out, s.t * state],
-    )?;
+    let [w_out, mut w_after, w_state, p_out, p_states] =
+        emu::split_output(floats, [out, (s.t - 1) * state, state, out, s.t * state])?;
     w_after.extend(w_state);
     Ok(Runs {
         window: (w_out, w_after),

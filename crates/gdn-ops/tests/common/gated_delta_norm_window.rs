@@ -44,10 +44,9 @@ pub fn one_launch(dev: &Device, x: &[Tensor; 8], d: GdnDims, gate: Gate) -> Run 
         state.device(),
     )
     .unwrap();
-    let out = gated_delta_update_norm_window(
-        &q, &k, &v, &g, &beta, &state, &z, &w, 1e-6, gate, &after,
-    )
-    .unwrap();
+    let out =
+        gated_delta_update_norm_window(&q, &k, &v, &g, &beta, &state, &z, &w, 1e-6, gate, &after)
+            .unwrap();
     let mut states: Vec<Tensor> = (0..d.t - 1).map(|t| after.get(t).unwrap()).collect();
     states.push(state);
     Run { out, states }

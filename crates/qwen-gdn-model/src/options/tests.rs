@@ -32,7 +32,10 @@ fn nothing_set_is_the_default() {
     assert_eq!(o.moe_route, RouteKernel::Auto);
     assert_eq!(o.dense_rows, DenseRows::Auto);
     assert!(o.fused_verify && d.fused_verify);
-    assert_eq!((o.verify_window, d.verify_window), (VerifyWindow::OneLaunch, VerifyWindow::OneLaunch));
+    assert_eq!(
+        (o.verify_window, d.verify_window),
+        (VerifyWindow::OneLaunch, VerifyWindow::OneLaunch)
+    );
     assert_eq!(
         o.layer_variants(&Device::Cpu),
         d.layer_variants(&Device::Cpu)

@@ -16,7 +16,14 @@ pub(crate) fn gated_delta_update_norm_window(window: &WindowInputs) -> Result<Te
     let mut outs = Vec::with_capacity(steps);
     for t in 0..steps {
         let at = |x: &Tensor| x.narrow(1, t, 1);
-        let (q, k, v, g, beta, z) = (at(r.q)?, at(r.k)?, at(r.v)?, at(r.g)?, at(r.beta)?, at(i.z)?);
+        let (q, k, v, g, beta, z) = (
+            at(r.q)?,
+            at(r.k)?,
+            at(r.v)?,
+            at(r.g)?,
+            at(r.beta)?,
+            at(i.z)?,
+        );
         let one = Inputs::checked(&q, &k, &v, &g, &beta, i.state, &z, i.weight, i.eps, i.gate)?;
         outs.push(gated_delta_update_norm(&one)?);
         if t + 1 < steps {

@@ -4,8 +4,8 @@
 
 use super::WindowInputs;
 use crate::backend::cuda::{
-    config, launch, tensor, with_input_and_state_types, Element, Held, Kernel, KernelSource,
-    cuda_source,
+    config, cuda_source, launch, tensor, with_input_and_state_types, Element, Held, Kernel,
+    KernelSource,
 };
 use crate::ops::gated_delta::cuda::HeldInputs;
 use crate::ops::gated_delta_norm::cuda::{checked_device, HeldNorm, Split};

@@ -80,10 +80,7 @@ pub fn gated_delta_update_norm_window(
         after.device().same_device(state.device()),
         "{OP}: after is on another device than the state"
     );
-    let window = WindowInputs {
-        inputs,
-        after,
-    };
+    let window = WindowInputs { inputs, after };
     // Bytes moved: the plain op's (its inputs, the state read and written once, the output),
     // plus the T − 1 states written.
     let traffic = || {

@@ -177,7 +177,10 @@ impl GdnSteps {
         step: impl Fn([&Tensor; N], &Tensor, &Tensor) -> Result<Tensor>,
     ) -> Result<Tensor> {
         let s = inputs[0].dim(1)?;
-        ensure!(s > 1, "a one-launch window takes two tokens or more, got {s}");
+        ensure!(
+            s > 1,
+            "a one-launch window takes two tokens or more, got {s}"
+        );
         self.keep_live_state()?;
         let kept = self.states.len();
         let buffer = (self.buffers.as_ref())
