@@ -8,7 +8,7 @@
 // state [B,Hv,Dv,Dk]; then the one-token launches' out [B,T,Hv,Dv] and the state after each
 // token [T,B,Hv,Dv,Dk].
 //
-// The launch geometry is crates/gdn-ops/src/ops/gated_delta_norm_window/metal.rs's (the plain
+// The launch geometry is crates/gdn-ops/src/ops/gated_delta_norm/metal.rs's `launch` (the plain
 // op's, `after` at buffer 9): threadgroups (B*Hv, 1, 1) of (32, S, 1) threads, 2*S floats of
 // threadgroup memory rounded up to 16 bytes; S is the caller's. Memory checks: guarded_buffer.h.
 
