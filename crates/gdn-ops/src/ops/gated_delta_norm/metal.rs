@@ -17,12 +17,12 @@ use candle_core::Tensor;
 const SOURCE: KernelSource = metal_source!("gated_delta_norm.metal", "params/gated_delta_norm.h");
 
 pub(crate) fn gated_delta_update_norm(inputs: &Inputs) -> Result<Tensor> {
-    launch(inputs, None, "gated_delta_update_norm")
+    launch_entry(inputs, None, "gated_delta_update_norm")
 }
 
 /// A launch of `gated_delta_norm_*`, or, given `after` (`[T − 1, B, Hv, Dv, Dk]`, checked by
 /// the caller), of `gated_delta_norm_window_*` with it bound after the output (buffer 9).
-pub(crate) fn launch(inputs: &Inputs, after: Option<&Tensor>, op: &str) -> Result<Tensor> {
+pub(crate) fn launch_entry(inputs: &Inputs, after: Option<&Tensor>, op: &str) -> Result<Tensor> {
     let d = inputs.dims;
     let dev = &metal_device(inputs.state, op)?;
     let dtype = inputs.recurrence.q.dtype();

@@ -2,12 +2,12 @@
 //! op's launch (`ops/gated_delta_norm/metal.rs`) with the window's states at buffer 9.
 
 use super::WindowInputs;
-use crate::ops::gated_delta_norm::metal::launch;
+use crate::ops::gated_delta_norm::metal::launch_entry;
 use anyhow::Result;
 use candle_core::Tensor;
 
 pub(crate) fn gated_delta_update_norm_window(window: &WindowInputs) -> Result<Tensor> {
-    launch(
+    launch_entry(
         &window.inputs,
         Some(window.after),
         "gated_delta_update_norm_window",
