@@ -2,8 +2,10 @@
 //!
 //! A GDN layer cannot be rewound the way a KV cache is truncated: its recurrent state and conv
 //! window hold every token it has seen. While a `GdnCache` carries a `GdnSteps`, the layer
-//! runs the recurrence of a multi-token call one token at a time and keeps a copy of the state
-//! after each token, and keeps the conv input rows of the call; [`GdnSteps::rewind`] then gives
+//! keeps the state after each token of a multi-token call (the composed path runs the
+//! recurrence one token at a time and copies it; the fused verify pass's one launch writes
+//! them into one `[T − 1, ·state]` tensor, [`GdnSteps::recurrence_in_one_launch`]), and keeps
+//! the conv input rows of the call; [`GdnSteps::rewind`] then gives
 //! the state after any prefix of the call, bit for bit, with no recomputation.
 //!
 //! Cost: one recurrent state per token of the window but the last (`Hv·Dv·Dk` values in the
