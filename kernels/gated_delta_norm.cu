@@ -27,6 +27,13 @@
 //     other argument and the geometry as above. The host picks the entry (cluster or not) as
 //     it would for one sequence, so that each head is computed as the per-sequence launch
 //     computes it (the cluster's sum of squares is added in another order).
+//   gated_delta_norm_window_<in>_<st>, gated_delta_norm_window_cluster_<in>_<st>
+//       (q, k, v, g, beta, state, z, weight, out, after, GdnNormParams p)
+//     The two first over a verify window of T tokens (speculative decoding, issue 28), bit for
+//     bit what T one-token launches of the same entry give: the state is rounded to StT after
+//     every token (as each launch stores it), and the state after token t < T - 1 is also
+//     written to after [T - 1, B, Hv, Dv, Dk] (StT), the window's rollback points. Why: one
+//     launch a GDN layer instead of T, and no state copies between them.
 //
 // Compile for candle:  nvcc -ptx -arch=sm_90 -O3 -I kernels kernels/gated_delta_norm.cu
 
@@ -58,13 +65,17 @@ constexpr unsigned int kClusterBlocks = 4;
 // Dk = 128 with 32 warps of 4 rows).
 // CLUSTER blocks share one head (1: the whole head in one block): block `part` owns the
 // head's rows part * span ... (part + 1) * span - 1.
-template <typename InT, typename StT, unsigned int PER, unsigned int ROWS, unsigned int CLUSTER>
+// WINDOW (the window entries): the state is rounded to StT after every token, as T one-token
+// launches round it, and the state after token t < T - 1 is written to `after` as well.
+template <typename InT, typename StT, unsigned int PER, unsigned int ROWS, unsigned int CLUSTER,
+          bool WINDOW = false>
 __device__ __forceinline__ void step(const InT* __restrict__ q, const InT* __restrict__ k,
                      const InT* __restrict__ v, const float* __restrict__ g,
                      const float* __restrict__ beta, StT* __restrict__ state,
                      const InT* __restrict__ z, const InT* __restrict__ weight,
                      InT* __restrict__ out, const GdnNormParams p,
-                     const unsigned long long* __restrict__ slots = nullptr) {
+                     const unsigned long long* __restrict__ slots = nullptr,
+                     StT* __restrict__ after = nullptr) {
   // Two halves of one partial sum per warp, alternating by token parity: one barrier a token.
   __shared__ float partial[2 * kMaxWarps];
   // The block's sum of squares, by token parity, read by the cluster's other blocks.
@@ -189,6 +200,24 @@ __device__ __forceinline__ void step(const InT* __restrict__ q, const InT* __res
         out_tok[dv] = from_f32<InT>(numerator / (1.0f + expf(-gate)) * normed);
       }
     }
+    if constexpr (WINDOW) {
+      // A one-token launch stores the state in StT and the next one reads it back: the same
+      // rounding here keeps every token's arithmetic that of T launches, bit for bit. The
+      // states after the tokens but the last are the window's (rollback); the last is `state`.
+      StT* after_head = after + ((size_t)t * p.batch * p.value_heads + n) * dim * p.key_dim;
+#pragma unroll
+      for (unsigned int r = 0; r < ROWS; ++r) {
+        const unsigned int local = warp + r * warps;
+        const unsigned int dv = first + local;
+        StT* a_row = after_head + (size_t)dv * p.key_dim + key0;
+#pragma unroll
+        for (unsigned int i = 0; i < PER; ++i) {
+          const StT rounded = from_f32<StT>(s[r][i]);
+          s[r][i] = to_f32(rounded);
+          if (local < span && t + 1 < p.steps) a_row[i] = rounded;
+        }
+      }
+    }
   }
 
   // The only rounding of the state in the call: StT, never InT.
@@ -209,11 +238,13 @@ __device__ __forceinline__ void step(const InT* __restrict__ q, const InT* __res
 // Dispatches on Dk (PER) and on the rows per warp: at most FEW, else MANY (the host rejects
 // other key dims and more rows per warp). One head a block: 4, else 8; a cluster's block (a
 // quarter of a head): 1, else 2. scripts/gpu/gdn_norm_variants.cu instantiates others.
-template <typename InT, typename StT, unsigned int CLUSTER, unsigned int FEW, unsigned int MANY>
+template <typename InT, typename StT, unsigned int CLUSTER, unsigned int FEW, unsigned int MANY,
+          bool WINDOW = false>
 __device__ __forceinline__ void entry(const InT* q, const InT* k, const InT* v, const float* g,
                                       const float* beta, StT* state, const InT* z,
                                       const InT* weight, InT* out, const GdnNormParams& p,
-                                      const unsigned long long* slots = nullptr) {
+                                      const unsigned long long* slots = nullptr,
+                                      StT* after = nullptr) {
   constexpr unsigned int kFew = FEW;
   constexpr unsigned int kMany = MANY;
   const bool few = p.value_dim / CLUSTER <= kFew * blockDim.y;
@@ -221,9 +252,11 @@ __device__ __forceinline__ void entry(const InT* q, const InT* k, const InT* v, 
 #define GDN_NORM_CASE(DK)                                                                   \
   case DK:                                                                                  \
     if (few) {                                                                              \
-      step<InT, StT, DK / 32, kFew, CLUSTER>(q, k, v, g, beta, state, z, weight, out, p, slots); \
+      step<InT, StT, DK / 32, kFew, CLUSTER, WINDOW>(q, k, v, g, beta, state, z, weight, out, p, \
+                                                     slots, after);                         \
     } else {                                                                                \
-      step<InT, StT, DK / 32, kMany, CLUSTER>(q, k, v, g, beta, state, z, weight, out, p, slots); \
+      step<InT, StT, DK / 32, kMany, CLUSTER, WINDOW>(q, k, v, g, beta, state, z, weight, out, p, \
+                                                      slots, after);                        \
     }                                                                                       \
     break;
     GDN_NORM_CASE(32)
@@ -270,6 +303,20 @@ __device__ __forceinline__ void entry(const InT* q, const InT* k, const InT* v, 
           const GdnNormParams p) {                                                              \
     gated_delta_norm::entry<InT, StT, gated_delta_norm::kClusterBlocks, 1, 2>(                 \
         q, k, v, g, beta, nullptr, z, weight, out, p, slots);                                   \
+  }                                                                                             \
+  extern "C" __global__ void __launch_bounds__(1024) gated_delta_norm_window_##NAME(            \
+      const InT* q, const InT* k, const InT* v, const float* g, const float* beta, StT* state,   \
+      const InT* z, const InT* weight, InT* out, StT* after, const GdnNormParams p) {           \
+    gated_delta_norm::entry<InT, StT, 1, 4, 8, true>(q, k, v, g, beta, state, z, weight, out, p, \
+                                                     nullptr, after);                           \
+  }                                                                                             \
+  extern "C" __global__ void __cluster_dims__(gated_delta_norm::kClusterBlocks, 1, 1)           \
+      __launch_bounds__(1024) gated_delta_norm_window_cluster_##NAME(                           \
+          const InT* q, const InT* k, const InT* v, const float* g, const float* beta,          \
+          StT* state, const InT* z, const InT* weight, InT* out, StT* after,                    \
+          const GdnNormParams p) {                                                              \
+    gated_delta_norm::entry<InT, StT, gated_delta_norm::kClusterBlocks, 1, 2, true>(           \
+        q, k, v, g, beta, state, z, weight, out, p, nullptr, after);                            \
   }
 
 #ifndef GDN_NORM_NO_ENTRY_POINTS  // scripts/gpu/gdn_norm_variants.cu declares its own

@@ -32,7 +32,11 @@ using namespace metal;
 
 #include "params/gated_delta_norm.h"
 
-template <typename InT, typename StT>
+// kWindow (the gated_delta_norm_window_* entries, a verify window of T tokens): the state is
+// rounded to StT after every token, as T one-token launches store and reload it, and the state
+// after token t < T - 1 is also written to after [T - 1, B, Hv, Dv, Dk] (the window's rollback
+// points): bit for bit T one-token launches, in one launch and with no state copies.
+template <typename InT, typename StT, bool kWindow = false>
 inline void gated_delta_norm_impl(
     const device InT* q,
     const device InT* k,
@@ -48,7 +52,8 @@ inline void gated_delta_norm_impl(
     uint n,
     uint simdgroup,
     uint simdgroups,
-    uint lane) {
+    uint lane,
+    device StT* after = nullptr) {
   // Fixed register arrays (see gated_delta.metal): 8 keys per lane cover Dk = 256, 8 rows
   // per simdgroup cover Dv = 8 * S.
   constexpr uint kMaxKeysPerLane = 8;
@@ -137,6 +142,20 @@ inline void gated_delta_norm_impl(
         out_tok[dv] = static_cast<InT>(numerator / (1.0f + exp(-gate)) * normed);
       }
     }
+    if (kWindow) {
+      device StT* after_head = after + (ulong(t) * p.batch * p.value_heads + n) * dim * p.key_dim;
+      for (uint r = 0; r < kMaxRowsPerSimdgroup; ++r) {
+        const uint dv = simdgroup + r * simdgroups;
+        device StT* a_row = after_head + ulong(dv) * p.key_dim + key0;
+        for (uint i = 0; i < kMaxKeysPerLane; ++i) {
+          const StT rounded = static_cast<StT>(s[r][i]);
+          s[r][i] = float(rounded);
+          if (dv < dim && i < per_lane && t + 1 < p.steps) {
+            a_row[i] = rounded;
+          }
+        }
+      }
+    }
   }
 
   // The only rounding of the state in the call: StT, never InT.
@@ -174,6 +193,31 @@ inline void gated_delta_norm_impl(
                                     lane);                                       \
   }
 
+// The window entries: gated_delta_norm_window_{InT}_{StT}, `after` at buffer 9 (the
+// parameters after the buffers, at 10).
+#define GDN_NORM_WINDOW_KERNEL(name, InT, StT)                                   \
+  [[kernel]] void name(                                                          \
+      const device InT* q [[buffer(0)]],       /* [B, T, Hk, Dk] */              \
+      const device InT* k [[buffer(1)]],       /* [B, T, Hk, Dk] */              \
+      const device InT* v [[buffer(2)]],       /* [B, T, Hv, Dv] */              \
+      const device float* g [[buffer(3)]],     /* [B, T, Hv] */                  \
+      const device float* beta [[buffer(4)]],  /* [B, T, Hv] */                  \
+      device StT* state [[buffer(5)]],         /* [B, Hv, Dv, Dk], in place */   \
+      const device InT* z [[buffer(6)]],       /* tokens of Hv * Dv */           \
+      const device InT* weight [[buffer(7)]],  /* [Dv] */                        \
+      device InT* out [[buffer(8)]],           /* [B, T, Hv, Dv] */              \
+      device StT* after [[buffer(9)]],         /* [T - 1, B, Hv, Dv, Dk] */      \
+      constant GdnNormParams& p [[buffer(10)]],                                  \
+      threadgroup float* partial [[threadgroup(0)]], /* 2 * S floats */          \
+      uint3 tg [[threadgroup_position_in_grid]],                                 \
+      uint3 threads [[threads_per_threadgroup]],                                 \
+      uint simdgroup [[simdgroup_index_in_threadgroup]],                         \
+      uint lane [[thread_index_in_simdgroup]]) {                                 \
+    gated_delta_norm_impl<InT, StT, true>(q, k, v, g, beta, state, z, weight,    \
+                                          out, partial, p, tg.x, simdgroup,      \
+                                          threads.y, lane, after);               \
+  }
+
 GDN_NORM_KERNEL(gated_delta_norm_f32_f32, float, float)
 GDN_NORM_KERNEL(gated_delta_norm_f16_f32, half, float)
 #if defined(__HAVE_BFLOAT__)
@@ -181,4 +225,13 @@ GDN_NORM_KERNEL(gated_delta_norm_f32_bf16, float, bfloat)
 GDN_NORM_KERNEL(gated_delta_norm_f16_bf16, half, bfloat)
 GDN_NORM_KERNEL(gated_delta_norm_bf16_f32, bfloat, float)
 GDN_NORM_KERNEL(gated_delta_norm_bf16_bf16, bfloat, bfloat)
+#endif
+
+GDN_NORM_WINDOW_KERNEL(gated_delta_norm_window_f32_f32, float, float)
+GDN_NORM_WINDOW_KERNEL(gated_delta_norm_window_f16_f32, half, float)
+#if defined(__HAVE_BFLOAT__)
+GDN_NORM_WINDOW_KERNEL(gated_delta_norm_window_f32_bf16, float, bfloat)
+GDN_NORM_WINDOW_KERNEL(gated_delta_norm_window_f16_bf16, half, bfloat)
+GDN_NORM_WINDOW_KERNEL(gated_delta_norm_window_bf16_f32, bfloat, float)
+GDN_NORM_WINDOW_KERNEL(gated_delta_norm_window_bf16_bf16, bfloat, bfloat)
 #endif

@@ -12,7 +12,7 @@
 //! The README's "Environment variables" table lists them all.
 
 use crate::layers::attention::{AttnPrefill, SCORE_BUDGET_BYTES};
-use crate::layers::gdn::ConvFront;
+use crate::layers::gdn::{ConvFront, VerifyWindow};
 use crate::layers::moe::{MoePrefill, MoePrefillAsked};
 use crate::{LoadProgress, Plan};
 use anyhow::{bail, Result};
@@ -60,6 +60,10 @@ pub const MOE_ROUTE_VAR: &str = "QWEN_GDN_MOE_ROUTE";
 /// Speculative decoding's verify pass on the device plan: `fused` (the fused decode kernels,
 /// products over the pass's rows) or `composed` (the prefill path, the reference).
 pub const VERIFY_VAR: &str = "QWEN_GDN_VERIFY";
+/// The fused verify pass's GDN recurrence: `one-launch` (the T tokens in one
+/// `gated_delta_norm_window` launch a layer) or `per-token` (a launch and a state copy a
+/// token: the reference). The same states and outputs, bit for bit.
+pub const VERIFY_WINDOW_VAR: &str = "QWEN_GDN_VERIFY_WINDOW";
 /// How a quantized matrix multiplies 5–64 activation rows (a batched decode step's): `auto`,
 /// `rows` (the decode products a row each: each row bit for bit alone), `grouped` (the grouped
 /// quantized GEMM with one group) or `dequantize` (a dequantized copy and a GEMM, the
@@ -67,7 +71,7 @@ pub const VERIFY_VAR: &str = "QWEN_GDN_VERIFY";
 pub const DENSE_ROWS_VAR: &str = "QWEN_GDN_DENSE_ROWS";
 
 /// The engine switches [`RunOptions::from_env`] reads.
-pub const ENGINE_VARS: [&str; 14] = [
+pub const ENGINE_VARS: [&str; 15] = [
     GDN_PREFILL_VAR,
     CPU_LEVEL_VAR,
     Q8_LAYOUT_VAR,
@@ -81,6 +85,7 @@ pub const ENGINE_VARS: [&str; 14] = [
     MOE_COMBINE_VAR,
     MOE_ROUTE_VAR,
     VERIFY_VAR,
+    VERIFY_WINDOW_VAR,
     DENSE_ROWS_VAR,
 ];
 
@@ -115,6 +120,9 @@ pub struct RunOptions {
     /// pass on the fused kernels (on by default; off runs the composed prefill path, the
     /// reference).
     pub fused_verify: bool,
+    /// `QWEN_GDN_VERIFY_WINDOW`: the fused verify pass's GDN recurrence in one launch a layer
+    /// or a launch a token.
+    pub verify_window: VerifyWindow,
     /// Follows the bytes read from the checkpoint while loading.
     pub progress: Option<LoadProgress>,
     /// `QWEN_GDN_GDN_PREFILL`: one gated-delta form for every GDN layer call; `None` lets the
@@ -161,6 +169,7 @@ impl Default for RunOptions {
             q8_activations: false,
             fused_decode: true,
             fused_verify: true,
+            verify_window: VerifyWindow::OneLaunch,
             progress: None,
             gdn_prefill: None,
             cpu_level: None,
@@ -195,6 +204,8 @@ pub struct LayerVariants {
     pub moe_combine: CombineKernel,
     /// The MoE router's kernel body, decode and prefill.
     pub moe_route: RouteKernel,
+    /// The fused verify pass's GDN recurrence.
+    pub verify_window: VerifyWindow,
 }
 
 impl RunOptions {
@@ -316,6 +327,16 @@ impl RunOptions {
         if let Some(t) = text(VERIFY_VAR)? {
             o.fused_verify = choice(VERIFY_VAR, &t, &[("fused", true), ("composed", false)])?;
         }
+        if let Some(t) = text(VERIFY_WINDOW_VAR)? {
+            o.verify_window = choice(
+                VERIFY_WINDOW_VAR,
+                &t,
+                &[
+                    ("one-launch", VerifyWindow::OneLaunch),
+                    ("per-token", VerifyWindow::PerToken),
+                ],
+            )?;
+        }
         Ok(o)
     }
 
@@ -333,6 +354,7 @@ impl RunOptions {
             cuda_graph: self.cuda_graph,
             moe_combine: self.moe_combine,
             moe_route: self.moe_route,
+            verify_window: self.verify_window,
         }
     }
 

@@ -21,7 +21,7 @@ use gdn_ops::ops::affine::MATVEC_MAX_ROWS;
 use gdn_ops::ops::attn_decode;
 use qwen_gdn_model::cache::{Cache, LayerCache};
 use qwen_gdn_model::config::LayerKind;
-use qwen_gdn_model::layers::gdn::GdnSteps;
+use qwen_gdn_model::layers::gdn::{GdnSteps, VerifyWindow};
 use qwen_gdn_model::speculative::{DraftLength, Greedy, Speculation, Window};
 use qwen_gdn_model::{BatchProducts, Model, RunOptions};
 
@@ -223,11 +223,14 @@ fn check(name: &str) {
     // The budget where the kernels cover every layer, to the launch: a one-row pass costs
     // the decode step and a copy of each GDN layer's conv rows before the window (the conv
     // front advances them in place); a pass of T ≥ 2 rows the decode step (its conv rows are
-    // left as they were), plus per further row: per GDN layer its recurrence, the copy of
-    // the state before it (the last token's state is the live one) and its output row (3),
-    // per attention layer its `attn_decode` (one launch, or two past SPLIT_KEYS positions on
-    // a GPU) and output row, nothing per product; and
-    // joining the rows once (1 per layer). Past MATVEC_MAX_ROWS rows a second pass, which
+    // left as they were), plus per further row: per GDN layer nothing with the window's
+    // recurrence in one launch (`QWEN_GDN_VERIFY_WINDOW=one-launch`, the default: the
+    // window's states are written by that launch into one buffer, allocated once), else its
+    // recurrence, the copy of the state before it (the last token's state is the live one)
+    // and its output row (3); per attention layer its `attn_decode` (one launch, or two past
+    // SPLIT_KEYS positions on a GPU) and output row, nothing per product; and once per layer
+    // joining the rows, or allocating the GDN window's states (1 per layer). Past
+    // MATVEC_MAX_ROWS rows a second pass, which
     // copies the first pass's last state (1 per GDN layer), and the logits and normed rows
     // of the two are joined (2 + 2). A pass that drops to the composed MoE or to dequantized
     // products (more than MATVEC_MAX_ROWS rows in one pass) is far over.
@@ -235,7 +238,11 @@ fn check(name: &str) {
         let one_row = launches_at[0];
         let step = one_row - gdn_layers;
         let attn_decode = attn_decode::launches(kv_capacity, model.device());
-        let per_row = 3 * gdn_layers + (attn_decode + 1) * attention_layers;
+        let gdn_per_row = match run_options().verify_window {
+            VerifyWindow::OneLaunch => 0,
+            VerifyWindow::PerToken => 3 * gdn_layers,
+        };
+        let per_row = gdn_per_row + (attn_decode + 1) * attention_layers;
         let join = gdn_layers + attention_layers;
         for (i, &spent) in launches_at.iter().enumerate().take(MATVEC_MAX_ROWS).skip(1) {
             let budget = step + i * per_row + join;
@@ -265,8 +272,12 @@ fn into_buffers(cache: &mut Cache, rows: usize) {
             let (conv, state) = (c.conv.as_ref().unwrap(), c.state.as_ref().unwrap());
             let (b, before, channels) = conv.dims3().unwrap();
             let buffer = Tensor::zeros((b, before + rows, channels), conv.dtype(), conv.device());
-            let states = (1..rows).map(|_| state.zeros_like().unwrap()).collect();
-            c.steps = Some(GdnSteps::in_buffers(buffer.unwrap(), states));
+            let after = (rows > 1).then(|| {
+                let mut shape = vec![rows - 1];
+                shape.extend_from_slice(state.dims());
+                Tensor::zeros(shape, state.dtype(), state.device()).unwrap()
+            });
+            c.steps = Some(GdnSteps::in_buffers(buffer.unwrap(), after));
         }
     }
 }

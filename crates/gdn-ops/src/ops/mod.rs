@@ -12,6 +12,7 @@ pub mod attn_prep_slots;
 pub mod gated_delta;
 pub mod gated_delta_norm;
 pub mod gated_delta_norm_slots;
+pub mod gated_delta_norm_window;
 pub mod gated_rms_norm;
 pub mod gdn_conv_prep;
 pub mod gdn_conv_prep_slots;

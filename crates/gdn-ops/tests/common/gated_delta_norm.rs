@@ -59,6 +59,8 @@ pub fn cases() -> Vec<Shape> {
         // kernel, a quarter of the rows a block).
         shape(1, 3, 2, 4, 64, 50, 16),
         shape(2, 1, 1, 3, 128, 30, 8),
+        // Qwen3-Next-80B's speculative verify pass of 4 tokens (tests/gated_delta_norm_window.rs).
+        shape(1, 4, 16, 32, 128, 128, 32),
     ]
 }
 

@@ -34,6 +34,7 @@ pub mod compare;
 pub mod dtype;
 pub mod gated_delta;
 pub mod gated_delta_norm;
+pub mod gated_delta_norm_window;
 pub mod gated_rms_norm;
 pub mod gdn_conv_prep;
 pub mod gpu;

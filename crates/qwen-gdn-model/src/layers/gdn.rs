@@ -33,6 +33,7 @@ mod verify;
 
 pub use conv_front::ConvFront;
 pub use steps::GdnSteps;
+pub use verify::VerifyWindow;
 
 #[derive(Debug, Clone)]
 pub struct GatedDeltaNet {
@@ -55,6 +56,8 @@ pub struct GatedDeltaNet {
     /// How `forward` computes the conv front: composed ops unless the device plan picks the
     /// fused kernel ([`ConvFront::for_layer`], at [`GatedDeltaNet::set_variants`]).
     conv_front: ConvFront,
+    /// How the fused verify pass runs a window's recurrence (`verify.rs`).
+    verify_window: VerifyWindow,
     /// The form every recurrence call takes, when the run forces one (else the length picks).
     gdn_prefill: Option<gdn_ops::GdnForm>,
     /// Under tensor parallel: this rank's value heads (`key_heads`/`value_heads` are then the
@@ -153,6 +156,7 @@ impl GatedDeltaNet {
             value_dim: dv,
             kernel: cfg.linear_conv_kernel_dim,
             conv_front: ConvFront::Composed,
+            verify_window: VerifyWindow::OneLaunch,
             gdn_prefill: None,
             shard: None,
         })
@@ -233,6 +237,7 @@ impl GatedDeltaNet {
     /// The run's recurrence form and, on the device plan, its conv front.
     pub fn set_variants(&mut self, v: &crate::LayerVariants) {
         self.gdn_prefill = v.gdn_prefill;
+        self.verify_window = v.verify_window;
         let device_plan = !matches!(self.out_proj.weight, crate::weights::Weight::Host(_));
         if device_plan {
             let (device, dtype) = (self.conv_taps.device().clone(), self.conv_taps.dtype());

@@ -33,6 +33,10 @@ fn nothing_set_is_the_default() {
     assert_eq!(o.dense_rows, DenseRows::Auto);
     assert!(o.fused_verify && d.fused_verify);
     assert_eq!(
+        (o.verify_window, d.verify_window),
+        (VerifyWindow::OneLaunch, VerifyWindow::OneLaunch)
+    );
+    assert_eq!(
         o.layer_variants(&Device::Cpu),
         d.layer_variants(&Device::Cpu)
     );
@@ -62,10 +66,12 @@ fn every_switch_takes_its_values() {
         (MOE_COMBINE_VAR, "one-block"),
         (MOE_ROUTE_VAR, "block"),
         (VERIFY_VAR, "composed"),
+        (VERIFY_WINDOW_VAR, "per-token"),
         (DENSE_ROWS_VAR, "rows"),
     ])
     .unwrap();
     assert!(!o.fused_verify);
+    assert_eq!(o.verify_window, VerifyWindow::PerToken);
     assert_eq!(o.dense_rows, DenseRows::RowProducts);
     for (name, choice) in DenseRows::NAMED {
         assert_eq!(from(&[(DENSE_ROWS_VAR, name)]).unwrap().dense_rows, choice);
@@ -124,7 +130,7 @@ fn every_switch_takes_its_values() {
 
 #[test]
 fn a_bad_value_is_one_line_naming_the_variable_and_the_values() {
-    let cases: [(&str, &str, &[&str]); 13] = [
+    let cases: [(&str, &str, &[&str]); 14] = [
         (GDN_PREFILL_VAR, "chunk", &["recurrent", "chunked"]),
         (
             CPU_LEVEL_VAR,
@@ -141,6 +147,7 @@ fn a_bad_value_is_one_line_naming_the_variable_and_the_values() {
         (MOE_COMBINE_VAR, "cluster", &["auto", "one-block"]),
         (MOE_ROUTE_VAR, "threadgroup", &["warp", "block"]),
         (VERIFY_VAR, "on", &["fused", "composed"]),
+        (VERIFY_WINDOW_VAR, "batched", &["one-launch", "per-token"]),
         (
             DENSE_ROWS_VAR,
             "gemm",

@@ -19,18 +19,40 @@ const SOURCE: KernelSource = cuda_source!("gated_delta_norm");
 unsafe impl DeviceRepr for GdnNormParams {}
 
 pub(crate) fn gated_delta_update_norm(inputs: &Inputs) -> Result<Tensor> {
-    let (dev, dtype, st) = checked_device(inputs, OP)?;
-    with_input_and_state_types!(dtype, st, OP, |I, S| launch_as::<I, S>(inputs, &dev))
+    launch_entry(inputs, None, OP)
 }
 
-fn launch_as<I, S>(inputs: &Inputs, dev: &CudaDevice) -> Result<Tensor>
+/// A launch of `gated_delta_norm_*` (cluster or not), or, given `after` (`[T − 1, B, Hv, Dv,
+/// Dk]`, checked by the caller), of the same entry's window twin
+/// `gated_delta_norm_window_*` with it after the output (`ops/gated_delta_norm_window`): the
+/// same split, so that every token's sums run as the one-token launch runs them.
+pub(crate) fn launch_entry(inputs: &Inputs, after: Option<&Tensor>, op: &str) -> Result<Tensor> {
+    let (dev, dtype, st) = checked_device(inputs, op)?;
+    with_input_and_state_types!(dtype, st, op, |I, S| launch_as::<I, S>(
+        inputs, after, &dev, op
+    ))
+}
+
+fn launch_as<I, S>(
+    inputs: &Inputs,
+    after: Option<&Tensor>,
+    dev: &CudaDevice,
+    op: &str,
+) -> Result<Tensor>
 where
     I: Element,
     S: Element,
 {
     let d = inputs.dims;
     let plan = Split::of(inputs, d.batch * d.value_heads)?;
-    let kernel = Kernel::typed(dev, &SOURCE, plan.kernel, &[I::DTYPE, S::DTYPE], OP)?;
+    let name = match after {
+        Some(_) => format!(
+            "gated_delta_norm_window{}",
+            &plan.kernel["gated_delta_norm".len()..]
+        ),
+        None => plan.kernel.to_string(),
+    };
+    let kernel = Kernel::typed(dev, &SOURCE, &name, &[I::DTYPE, S::DTYPE], op)?;
     let warps = plan.warps;
     let params = inputs.params()?;
     // Contiguous copies where needed; the dtypes were checked (no conversion) and there is no
@@ -41,17 +63,26 @@ where
     let out = unsafe { dev.alloc::<I>(len)? };
     if len > 0 {
         let held = HeldInputs::new(&prepared, inputs.state);
-        let views = held.views::<I, S>(OP)?;
+        let views = held.views::<I, S>(op)?;
         let norm = HeldNorm::new(inputs);
-        let norm = norm.views::<I>(inputs, OP)?;
+        let norm = norm.views::<I>(inputs, op)?;
+        // The window's states are written through this view, as the state is: each row by
+        // the warp that owns it.
+        let after = after.map(Held::new);
+        let after = after.as_ref().map(|a| a.view::<S>(op)).transpose()?;
         let mut args = kernel.args();
         views.push_recurrence(&mut args);
         norm.push(&mut args);
-        args.arg(&out).arg(&params);
+        args.arg(&out);
+        if let Some(after) = &after {
+            args.arg(after);
+        }
+        args.arg(&params);
         let blocks = (d.batch * d.value_heads * plan.blocks_per_head) as u32;
         let geometry = config((blocks, 1, 1), (32, warps as u32, 1), 0);
-        // SAFETY: arguments in the order and types of `gated_delta_norm_*` in
-        // kernels/gated_delta_norm.cu; every view covers the elements the kernel indexes.
+        // SAFETY: arguments in the order and types of `gated_delta_norm_*` (with `after`:
+        // `gated_delta_norm_window_*`) in kernels/gated_delta_norm.cu; every view covers the
+        // elements the kernel indexes (after: [T − 1, B, Hv, Dv, Dk], checked by the caller).
         unsafe { launch(args, geometry) }?;
     }
     Ok(tensor(

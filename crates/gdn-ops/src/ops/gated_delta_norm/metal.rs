@@ -1,6 +1,8 @@
-//! Metal host side of `kernels/gated_delta_norm.metal`: binding and launch geometry. The
-//! geometry here is what `kernels/emu/gated_delta_norm_harness.cpp` emulates; change both
-//! together.
+//! Metal host side of `kernels/gated_delta_norm.metal`: binding and launch geometry, of the
+//! plain entries and of the window entries (`ops/gated_delta_norm_window`: the same geometry,
+//! the window's states one more buffer). The geometry here is what
+//! `kernels/emu/gated_delta_norm_harness.cpp` and `gated_delta_norm_window_harness.cpp`
+//! emulate; change them together.
 
 use super::{supports, Inputs};
 use crate::backend::kernel_instance;
@@ -15,16 +17,25 @@ use candle_core::Tensor;
 const SOURCE: KernelSource = metal_source!("gated_delta_norm.metal", "params/gated_delta_norm.h");
 
 pub(crate) fn gated_delta_update_norm(inputs: &Inputs) -> Result<Tensor> {
-    const OP: &str = "gated_delta_update_norm";
+    launch_entry(inputs, None, "gated_delta_update_norm")
+}
+
+/// A launch of `gated_delta_norm_*`, or, given `after` (`[T − 1, B, Hv, Dv, Dk]`, checked by
+/// the caller), of `gated_delta_norm_window_*` with it bound after the output (buffer 9).
+pub(crate) fn launch_entry(inputs: &Inputs, after: Option<&Tensor>, op: &str) -> Result<Tensor> {
     let d = inputs.dims;
-    let dev = &metal_device(inputs.state, OP)?;
+    let dev = &metal_device(inputs.state, op)?;
     let dtype = inputs.recurrence.q.dtype();
     ensure!(
         supports(&d, dtype, inputs.state.dtype()),
-        "{OP}: no Metal kernel for {d:?} with {dtype:?} activations and a {:?} state",
+        "{op}: no Metal kernel for {d:?} with {dtype:?} activations and a {:?} state",
         inputs.state.dtype()
     );
-    let name = kernel_instance("gated_delta_norm", &[dtype, inputs.state.dtype()], OP)?;
+    let kernel = match after {
+        Some(_) => "gated_delta_norm_window",
+        None => "gated_delta_norm",
+    };
+    let name = kernel_instance(kernel, &[dtype, inputs.state.dtype()], op)?;
     let pipeline = pipeline(dev, &SOURCE, &name)?;
     // As many simdgroups as this pipeline allows (its registers bound the threads).
     let simdgroups = inputs.simdgroups(pipeline.max_total_threads_per_threadgroup())?;
@@ -35,10 +46,11 @@ pub(crate) fn gated_delta_update_norm(inputs: &Inputs) -> Result<Tensor> {
     let len = d.batch * d.steps * d.value_heads * d.value_dim;
     let out = new_output(dev, len, dtype, "gated_delta_norm_out")?;
     if len > 0 {
-        let b = InputBuffers::new(&prepared, inputs.state, OP)?;
+        let b = InputBuffers::new(&prepared, inputs.state, op)?;
         // z may be a view: its row layout was checked by the caller.
-        let z = metal_buffer_of_view(inputs.z, OP)?;
-        let weight = metal_buffer(inputs.weight, OP)?;
+        let z = metal_buffer_of_view(inputs.z, op)?;
+        let weight = metal_buffer(inputs.weight, op)?;
+        let after = after.map(|a| metal_buffer(a, op)).transpose()?;
         let out_buf = from_start(&out);
         let mut bindings = b.recurrence_bindings();
         bindings.extend([
@@ -46,6 +58,7 @@ pub(crate) fn gated_delta_update_norm(inputs: &Inputs) -> Result<Tensor> {
             Binding::Read(&weight),
             Binding::Write(&out_buf),
         ]);
+        bindings.extend(after.as_ref().map(Binding::Write));
         encode(
             dev,
             &pipeline,

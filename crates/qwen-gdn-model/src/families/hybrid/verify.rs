@@ -5,8 +5,9 @@
 //! - every product (the mixers' projections, the MoE's router and gathered experts, the
 //!   head) and every norm and residual add runs once over the T rows, each weight read once;
 //! - the sequential parts stay sequential on the one state: the GDN conv front over the T
-//!   tokens in one launch and the recurrence token by token, each token's state recorded for
-//!   the verify window (`layers/gdn/verify.rs`); attention's T keys appended in one launch
+//!   tokens in one launch and the recurrence over the T tokens in one launch that writes each
+//!   token's state where the verify window keeps it (`layers/gdn/verify.rs`;
+//!   `QWEN_GDN_VERIFY_WINDOW=per-token`: a launch and a state copy a token, the reference); attention's T keys appended in one launch
 //!   and each query row attending to the positions up to its own (`layers/attention/verify.rs`).
 //!
 //! Nothing is read back to the host: the ids and positions are uploaded once for the pass

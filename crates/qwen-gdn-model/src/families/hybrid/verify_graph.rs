@@ -142,10 +142,15 @@ pub fn pass(
         };
         let (b, before, channels) = conv.dims3()?;
         let buffer_rows = Tensor::zeros((b, before + rows, channels), conv.dtype(), ends.device)?;
-        let states = (1..rows)
-            .map(|_| Ok(state.zeros_like()?))
-            .collect::<Result<Vec<_>>>()?;
-        let steps = GdnSteps::in_buffers(buffer_rows, states);
+        let after = match rows {
+            1 => None,
+            _ => {
+                let mut shape = vec![rows - 1];
+                shape.extend_from_slice(state.dims());
+                Some(Tensor::zeros(shape, state.dtype(), ends.device)?)
+            }
+        };
+        let steps = GdnSteps::in_buffers(buffer_rows, after);
         c.steps = Some(steps.clone());
         fresh.push(Some(steps));
     }

@@ -2,8 +2,10 @@
 //!
 //! A GDN layer cannot be rewound the way a KV cache is truncated: its recurrent state and conv
 //! window hold every token it has seen. While a `GdnCache` carries a `GdnSteps`, the layer
-//! runs the recurrence of a multi-token call one token at a time and keeps a copy of the state
-//! after each token, and keeps the conv input rows of the call; [`GdnSteps::rewind`] then gives
+//! keeps the state after each token of a multi-token call (the composed path runs the
+//! recurrence one token at a time and copies it; the fused verify pass's one launch writes
+//! them into one `[T − 1, ·state]` tensor, [`GdnSteps::recurrence_in_one_launch`]), and keeps
+//! the conv input rows of the call; [`GdnSteps::rewind`] then gives
 //! the state after any prefix of the call, bit for bit, with no recomputation.
 //!
 //! Cost: one recurrent state per token of the window but the last (`Hv·Dv·Dk` values in the
@@ -42,21 +44,22 @@ struct StepBuffers {
     rows: Tensor,
     /// Rows of `rows` written so far.
     filled: usize,
-    /// The states after each token of the window but the last (`T − 1`, each the state's
-    /// shape and dtype).
-    states: Vec<Tensor>,
+    /// The states after each token of the window but the last: `[T − 1, ·state's shape]` in
+    /// the state's dtype (`None` for T = 1), where the one-launch recurrence writes them
+    /// ([`GdnSteps::recurrence_in_one_launch`]); `states` holds views of it.
+    after: Option<Tensor>,
 }
 
 impl GdnSteps {
-    /// A window that copies its conv rows into `rows` (`[B, K − 1 + T, C]`) and the states
-    /// after its tokens but the last into `states` (a CUDA graph's persistent buffers)
-    /// instead of keeping views and fresh copies.
-    pub fn in_buffers(rows: Tensor, states: Vec<Tensor>) -> Self {
+    /// A window that copies its conv rows into `rows` (`[B, K − 1 + T, C]`) and keeps the
+    /// states after its tokens but the last in `after` (`[T − 1, ·state's shape]`, `None` for
+    /// T = 1: a CUDA graph's persistent buffers) instead of keeping views and fresh copies.
+    pub fn in_buffers(rows: Tensor, after: Option<Tensor>) -> Self {
         Self {
             buffers: Some(StepBuffers {
                 rows,
                 filled: 0,
-                states,
+                after,
             }),
             ..Self::default()
         }
@@ -154,17 +157,7 @@ impl GdnSteps {
             let at: Vec<Tensor> = (inputs.iter())
                 .map(|x| x.narrow(1, t, 1))
                 .collect::<candle_core::Result<_>>()?;
-            // The last entry is the live state: copy it before this token advances it.
-            let before = self.states.len().wrapping_sub(1);
-            if let Some(last) = self.states.last_mut() {
-                *last = match self.buffers.as_ref().and_then(|b| b.states.get(before)) {
-                    Some(buffer) => {
-                        candle_op(buffer.slice_set(last, 0, 0))?;
-                        buffer.clone()
-                    }
-                    None => own_copy(last)?,
-                };
-            }
+            self.keep_live_state()?;
             ys.push(step(std::array::from_fn(|i| &at[i]), state)?);
             self.states.push(state.clone());
         }
@@ -172,6 +165,63 @@ impl GdnSteps {
             1 => Ok(ys.remove(0)),
             _ => candle_ops(ys.len(), Tensor::cat(&ys, 1)),
         }
+    }
+
+    /// [`GdnSteps::recurrence`] in one call: `step` (the layer's
+    /// `gated_delta_update_norm_window`) runs the S tokens and writes the state after each
+    /// but the last into its third argument, `[S − 1, ·state's shape]`: the window's buffer
+    /// when it has one, else a fresh tensor. The same states, bit for bit (the op's contract),
+    /// with one launch instead of S and no copies. Returns `y` `[B, S, Hv, Dv]`.
+    pub(super) fn recurrence_in_one_launch<const N: usize>(
+        &mut self,
+        inputs: [&Tensor; N],
+        state: &Tensor,
+        step: impl Fn([&Tensor; N], &Tensor, &Tensor) -> Result<Tensor>,
+    ) -> Result<Tensor> {
+        let s = inputs[0].dim(1)?;
+        ensure!(
+            s > 1,
+            "a one-launch window takes two tokens or more, got {s}"
+        );
+        self.keep_live_state()?;
+        let kept = self.states.len();
+        let buffer = (self.buffers.as_ref())
+            .and_then(|b| b.after.as_ref())
+            .filter(|a| a.dim(0).is_ok_and(|n| kept + s - 1 <= n));
+        let after = match buffer {
+            Some(a) => a.narrow(0, kept, s - 1)?,
+            None => {
+                let mut shape = vec![s - 1];
+                shape.extend_from_slice(state.dims());
+                candle_op(Tensor::zeros(shape, state.dtype(), state.device()))?
+            }
+        };
+        let y = step(inputs, state, &after)?;
+        for t in 0..s - 1 {
+            self.states.push(after.get(t)?);
+        }
+        self.states.push(state.clone());
+        Ok(y)
+    }
+
+    /// The last recorded state is the live one (the tensor the layer advances in place):
+    /// copied (into the window's buffer when it has one) before the next token advances it.
+    fn keep_live_state(&mut self) -> Result<()> {
+        let before = self.states.len().wrapping_sub(1);
+        let buffer = (self.buffers.as_ref())
+            .and_then(|b| b.after.as_ref())
+            .filter(|a| a.dim(0).is_ok_and(|n| before < n));
+        if let Some(last) = self.states.last_mut() {
+            *last = match buffer {
+                Some(after) => {
+                    let slot = after.get(before)?;
+                    candle_op(slot.slice_set(last, 0, 0))?;
+                    slot
+                }
+                None => own_copy(last)?,
+            };
+        }
+        Ok(())
     }
 
     /// Tokens the window recorded.

@@ -5,14 +5,17 @@
 //! - the merged in-projection and the out-projection: one product each over T rows;
 //! - the conv front: one `gdn_conv_prep` launch over the T tokens (every token's arithmetic
 //!   is the decode step's, bit for bit: the op's contract);
-//! - the recurrence with its gated norm (`gated_delta_update_norm`): one launch per token
-//!   while a verify window records (`GdnSteps`: the state after each token is copied, so that
-//!   the window can keep any prefix), one launch for all T tokens otherwise.
+//! - the recurrence with its gated norm: while a verify window records, one
+//!   `gated_delta_update_norm_window` launch for the T tokens that also writes the state after
+//!   each token but the last where the window keeps it (`GdnSteps::recurrence_in_one_launch`,
+//!   bit for bit T one-token launches); with `QWEN_GDN_VERIFY_WINDOW=per-token`
+//!   (`VerifyWindow::PerToken`, the reference) one launch per token with the state copied
+//!   after each (`GdnSteps::recurrence`); one plain launch for all T tokens outside a window.
 //!
-//! So a GDN layer costs, in a window, its two products, the conv front, a recurrence per
-//! token, a state copy per token but the last, the outputs joined (T copies) and, for a
-//! one-token pass, a copy of the conv rows before it; T decode steps cost four launches
-//! each. [`GatedDeltaNet::forward`] with a window open (the composed verify) is the
+//! So a GDN layer costs, in a window, its two products, the conv front, one recurrence launch
+//! and, for a one-token pass, a copy of the conv rows before it (per token: a recurrence per
+//! token, a state copy per token but the last and the outputs joined); T decode steps cost
+//! four launches each. [`GatedDeltaNet::forward`] with a window open (the composed verify) is the
 //! reference it is tested against (`tests/fused_verify.rs`).
 
 use super::GatedDeltaNet;
@@ -22,6 +25,18 @@ use anyhow::Result;
 use candle_core::Tensor;
 use gdn_ops::launches::candle_op;
 use gdn_ops::ops::gated_delta_norm;
+use gdn_ops::ops::gated_delta_norm_window::gated_delta_update_norm_window;
+
+/// How the fused verify pass runs the recurrence of a window of T > 1 tokens
+/// (`QWEN_GDN_VERIFY_WINDOW`, `RunOptions::verify_window`): the same states and outputs, bit
+/// for bit, either way.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum VerifyWindow {
+    /// One `gated_delta_update_norm_window` launch a layer, the states written in place.
+    OneLaunch,
+    /// A launch a token and a copy of the state after each: the reference.
+    PerToken,
+}
 
 impl GatedDeltaNet {
     /// The T tokens of one sequence, `x` `[T, H]` (input-normed) → the mixer's output
@@ -65,9 +80,15 @@ impl GatedDeltaNet {
         let step = |[q, k, v, g, beta, z]: [&Tensor; 6], state: &Tensor| {
             gated_delta_norm::gated_delta_update_norm(q, k, v, g, beta, state, z, weight, eps, gate)
         };
+        let window_step = |[q, k, v, g, beta, z]: [&Tensor; 6], state: &Tensor, after: &Tensor| {
+            gated_delta_update_norm_window(q, k, v, g, beta, state, z, weight, eps, gate, after)
+        };
         let p = &prepared;
         let inputs = [&p.q, &p.k, &p.v, &p.g, &p.beta, &z];
         let out = match &mut cache.steps {
+            Some(steps) if tokens > 1 && self.verify_window == VerifyWindow::OneLaunch => {
+                steps.recurrence_in_one_launch(inputs, &state, window_step)?
+            }
             Some(steps) => steps.recurrence(inputs, &state, step)?,
             None => step(inputs, &state)?,
         }; // [1, T, Hv, Dv]
