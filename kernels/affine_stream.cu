@@ -33,10 +33,11 @@
 //     The host checks what it checks for the wide kernel, at most 4 chunks a lane, and groups
 //     of a power-of-two count of chunks (crates/gdn-ops/src/ops/affine/stream.rs).
 //   affine_stream_rows_b<BITS>_t<T>_s<S>_<x>_<s>(packed, scales, biases, x, y, p, lpr)
-//     Dense products of T = p.out_rows (2..8) activation rows, x [T, cols] and y [T, rows]
+//     Dense products of M = p.out_rows (2..8, at most T: 2, 4 or 8) activation rows,
+//     x [M, cols] and y [M, rows]
 //     (no ids, x_div 1), one weight row a row group: the bits of T launches of
 //     affine_stream_products_* at one activation row each. Dynamic shared memory
-//     T * 4 * (cols + cols / V) bytes (over 48 KB from T * cols > 11 904: the host raises the
+//     M * 4 * (cols + cols / V) bytes (over 48 KB from M * cols > 11 904: the host raises the
 //     kernel's limit); grid = (any count >= 1, 1).
 //
 // Compile for candle:  nvcc -ptx -arch=sm_90 -O3 -I kernels kernels/affine_stream.cu
@@ -253,14 +254,16 @@ __device__ __forceinline__ void stream_body(const uint32_t* __restrict__ packed,
   }
 }
 
-// The products of T activation rows (2..8, a verify pass's or a batched step's dense
-// products) in one pass over the weights: each lane's chunk is loaded and unpacked once and
+// The products of nt = p.out_rows <= T activation rows (2..8, a verify pass's or a batched
+// step's dense products; T in {2, 4, 8} holds them) in one pass over the weights: each lane's chunk is loaded and unpacked once and
 // summed against the T rows of x staged in shared memory ([T][V / 4][chunks] float4s, then
 // [T][chunks] sums), where stream_body at one activation row a block redoes the loads (from
 // L2) and the unpacking per row. One weight row a row group (the round's loads and the
 // unpacked chunk stay in registers whatever T). A row's sums are stream_body's, term for
 // term: the same lanes' chunks, unpacked_qx's order, the same shuffle tree, so each row's
 // output is the bits it gets alone. Dense products only (no ids, x row t for output row t).
+// T is a capacity (2, 4 or 8), not the count: three instantiations instead of seven, a few
+// idle accumulators at most.
 template <uint32_t BITS, uint32_t T, uint32_t S, typename X, typename SC>
 __device__ __forceinline__ void rows_body(const uint32_t* __restrict__ packed,
                                           const SC* __restrict__ scales,
@@ -270,7 +273,7 @@ __device__ __forceinline__ void rows_body(const uint32_t* __restrict__ packed,
                                           uint32_t block_x, uint32_t blocks_x, float* shared) {
   constexpr uint32_t V = 128 / BITS;
   const uint32_t lane = tid % 32, warp = tid / 32;
-  const uint32_t outputs = p.rows;
+  const uint32_t outputs = p.rows, nt = min(p.out_rows, T);
   const uint32_t subs = 32 / lpr, sub = lane / lpr, l = lane % lpr;
   const uint32_t first_wr = block_x * kStreamWarps + warp, wr_stride = blocks_x * kStreamWarps;
   const uint32_t all_rounds = (outputs + subs - 1) / subs;
@@ -280,8 +283,8 @@ __device__ __forceinline__ void rows_body(const uint32_t* __restrict__ packed,
   const uint32_t chunks = p.cols / V;
   uint32_t group_shift = 0;
   while ((V << group_shift) < p.group_size) ++group_shift;
-  float4* xs4 = reinterpret_cast<float4*>(shared);  // [T][V / 4][chunks]
-  float* sx = shared + T * p.cols;                    // [T][chunks]
+  float4* xs4 = reinterpret_cast<float4*>(shared);  // [nt][V / 4][chunks]
+  float* sx = shared + nt * p.cols;                   // [nt][chunks]
 
   auto load = [&](uint32_t round, Round<1, S>& rd) {
     // Rows past the matrix read its last row (a valid address) and are never written.
@@ -302,7 +305,7 @@ __device__ __forceinline__ void rows_body(const uint32_t* __restrict__ packed,
 
   Round<1, S> cur, next;
   if (rounds > 0) load(0, cur);
-  for (uint32_t at = tid; at < T * chunks; at += kStreamWarps * 32) {
+  for (uint32_t at = tid; at < nt * chunks; at += kStreamWarps * 32) {
     const uint32_t t = at / chunks, c = at % chunks;
     stage_chunk<BITS>(x + (size_t)t * p.cols, c, chunks, xs4 + t * (V / 4) * chunks, sx + t * chunks);
   }
@@ -321,6 +324,7 @@ __device__ __forceinline__ void rows_body(const uint32_t* __restrict__ packed,
         unpack_chunk<BITS>(cur.w[k][0], q);
 #pragma unroll
         for (uint32_t t = 0; t < T; ++t) {
+          if (t >= nt) break;  // uniform over the block
           const float4* xt = xs4 + t * (V / 4) * chunks;
           float xs[V];
 #pragma unroll
@@ -334,6 +338,7 @@ __device__ __forceinline__ void rows_body(const uint32_t* __restrict__ packed,
     }
 #pragma unroll
     for (uint32_t t = 0; t < T; ++t) {
+      if (t >= nt) break;
       float one[1] = {acc[t]};
       affine_row_group::reduce_and_write<1, false>(one, lpr, l, y + (size_t)t * outputs, first_output(round),
                                                    outputs);
@@ -383,14 +388,10 @@ __device__ __forceinline__ void rows_body(const uint32_t* __restrict__ packed,
   AFFINE_STREAM_ROWS_ENTRY(BITS, T, 2, XN, XT, SN, ST)        \
   AFFINE_STREAM_ROWS_ENTRY(BITS, T, 4, XN, XT, SN, ST)
 
-// The products of 2..8 activation rows a pass (rows_body).
+// The products of 2..8 activation rows a pass (rows_body), held for 2, 4 or 8.
 #define AFFINE_STREAM_ROWS_FOR_BITS(BITS, XN, XT, SN, ST) \
   AFFINE_STREAM_ROWS_FOR_STEPS(BITS, 2, XN, XT, SN, ST)   \
-  AFFINE_STREAM_ROWS_FOR_STEPS(BITS, 3, XN, XT, SN, ST)   \
   AFFINE_STREAM_ROWS_FOR_STEPS(BITS, 4, XN, XT, SN, ST)   \
-  AFFINE_STREAM_ROWS_FOR_STEPS(BITS, 5, XN, XT, SN, ST)   \
-  AFFINE_STREAM_ROWS_FOR_STEPS(BITS, 6, XN, XT, SN, ST)   \
-  AFFINE_STREAM_ROWS_FOR_STEPS(BITS, 7, XN, XT, SN, ST)   \
   AFFINE_STREAM_ROWS_FOR_STEPS(BITS, 8, XN, XT, SN, ST)
 
 #define AFFINE_STREAM_FOR_TYPES(XN, XT, SN, ST)                                     \

@@ -88,7 +88,8 @@ void run(const Case& c) {
   y.write_f32();
 }
 
-// The streamed products of T = out_rows activation rows a pass (affine_stream::rows_body).
+// The streamed products of out_rows activation rows a pass (affine_stream::rows_body), held
+// for T.
 template <uint32_t BITS, uint32_t T, uint32_t STEPS, class X, class S>
 void run_rows(const Case& c) {
   const AffineParams& p = c.p;
@@ -96,8 +97,8 @@ void run_rows(const Case& c) {
   Buffer<S> scales("scales", c.scales, Kind::kInput);
   Buffer<S> biases("biases", c.biases, Kind::kInput);
   Buffer<X> x("x", c.x, Kind::kInput);
-  Buffer<X> y("y", std::size_t(T) * p.rows, Kind::kOutput);
-  BlockShared shared(T * (p.cols + p.cols / (128 / BITS)));
+  Buffer<X> y("y", std::size_t(p.out_rows) * p.rows, Kind::kOutput);
+  BlockShared shared(p.out_rows * (p.cols + p.cols / (128 / BITS)));
   metal_emu::dispatch_threadgroups(uint3{c.blocks_x, 1, 1}, uint3{affine_stream::kStreamWarps * 32, 1, 1},
                                    [&](const metal_emu::ThreadIds& id) {
                                      shared.poison(id);
@@ -121,18 +122,14 @@ void run_rows_for_steps(const Case& c) {
   }
 }
 
+// The instantiated capacity that holds the rows, as the host picks it (stream::pass_capacity).
 template <uint32_t BITS, class X, class S>
 void run_rows_for_count(const Case& c) {
-  switch (c.p.out_rows) {
-    case 2: run_rows_for_steps<BITS, 2, X, S>(c); break;
-    case 3: run_rows_for_steps<BITS, 3, X, S>(c); break;
-    case 4: run_rows_for_steps<BITS, 4, X, S>(c); break;
-    case 5: run_rows_for_steps<BITS, 5, X, S>(c); break;
-    case 6: run_rows_for_steps<BITS, 6, X, S>(c); break;
-    case 7: run_rows_for_steps<BITS, 7, X, S>(c); break;
-    case 8: run_rows_for_steps<BITS, 8, X, S>(c); break;
-    default: guarded::die("the rows kernel takes 2 to 8 activation rows");
-  }
+  const uint32_t m = c.p.out_rows;
+  if (m < 2 || m > 8) guarded::die("the rows kernel takes 2 to 8 activation rows");
+  if (m <= 2) return run_rows_for_steps<BITS, 2, X, S>(c);
+  if (m <= 4) return run_rows_for_steps<BITS, 4, X, S>(c);
+  run_rows_for_steps<BITS, 8, X, S>(c);
 }
 
 template <uint32_t BITS, uint32_t ROWS, bool SWIGLU, class X, class S>

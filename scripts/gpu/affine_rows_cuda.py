@@ -63,7 +63,8 @@ def one_row_blocks(m, t, sms):  # stream.rs launch() for products at out_rows = 
 
 def run_pass(mod, m, x, t, blocks, y):
     lpr = lanes_per_row(m.cols, m.bits)
-    name = f"affine_stream_rows_b{m.bits}_t{t}_s{steps_for(m.cols // (128 // m.bits), lpr)}_bf16_bf16"
+    cap = 2 if t <= 2 else 4 if t <= 4 else 8  # stream.rs pass_capacity
+    name = f"affine_stream_rows_b{m.bits}_t{cap}_s{steps_for(m.cols // (128 // m.bits), lpr)}_bf16_bf16"
     smem = pass_shared(m, t)
     check_cu(_cuda.cuFuncSetAttribute(mod.func(name), MAX_DYNAMIC_SHARED, smem), "cuFuncSetAttribute")
     p = Params(m.rows, m.cols, m.bits, m.group, t, 1, 0)

@@ -581,6 +581,10 @@ fn kernel_abi_in_source() {
             "#define AFFINE_QMV_SWIGLU(",
             &["w", "scales", "biases", "x", "ids", "y", "p"][..],
         ),
+        (
+            "#define AFFINE_QMV_PASS(",
+            &["w", "scales", "biases", "x", "y", "p"][..],
+        ),
     ];
     for (start, buffers) in kernels {
         emu::assert_buffers(&flat, start, buffers);
@@ -590,6 +594,7 @@ fn kernel_abi_in_source() {
             (Kernel::Qmv, "AFFINE_QMV"),
             (Kernel::Dequant, "AFFINE_DEQUANT"),
             (Kernel::Swiglu, "AFFINE_QMV_SWIGLU"),
+            (Kernel::Pass, "AFFINE_QMV_PASS"),
         ] {
             let line = format!(
                 "{mac}({}_{}, {}, {})",

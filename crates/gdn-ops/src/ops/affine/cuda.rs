@@ -128,7 +128,12 @@ where
     let (source, name) = match geometry {
         Geometry::Pass { launch, .. } => (
             &STREAM_SOURCE,
-            format!("affine_stream_rows_b{}_t{out_rows}_s{}", m.bits, launch.steps),
+            format!(
+                "affine_stream_rows_b{}_t{}_s{}",
+                m.bits,
+                stream::pass_capacity(out_rows),
+                launch.steps
+            ),
         ),
         Geometry::Stream { launch, .. } => (
             &STREAM_SOURCE,

@@ -105,6 +105,16 @@ pub fn launch(
 /// pass of up to 8 tokens, a batched step of up to 8 sequences.
 pub const PASS_ROWS: std::ops::RangeInclusive<usize> = 2..=8;
 
+/// The instantiated row capacity (`t<T>` in the kernel's name: 2, 4 or 8) that holds
+/// `x_rows` rows.
+pub fn pass_capacity(x_rows: usize) -> usize {
+    match x_rows {
+        0..=2 => 2,
+        3..=4 => 4,
+        _ => 8,
+    }
+}
+
 /// Shared memory an SM of an H100/H200 gives its blocks (228 KB, 1 KB of it reserved a block).
 const SM_SHARED_BYTES: usize = 228 * 1024;
 
@@ -197,5 +207,7 @@ mod tests {
         assert!(!pass_covers(4, 64, 4096, 9), "9 rows: one launch a row");
         assert!(!pass_covers(4, 64, 4096, 1), "1 row: the one-row kernel");
         assert!(!pass_covers(4, 64, 8192, 2), "8 chunks a lane");
+        let capacities: Vec<usize> = PASS_ROWS.map(pass_capacity).collect();
+        assert_eq!(capacities, [2, 4, 4, 8, 8, 8, 8]);
     }
 }
