@@ -56,7 +56,12 @@ enum Kernel {
 
 impl Kernel {
     fn name(self) -> &'static str {
-        ["affine_qmv", "affine_dequant", "affine_qmv_swiglu", "affine_qmv_pass"][self as usize]
+        [
+            "affine_qmv",
+            "affine_dequant",
+            "affine_qmv_swiglu",
+            "affine_qmv_pass",
+        ][self as usize]
     }
 }
 

@@ -88,12 +88,13 @@ fn products_in_one_pass(m: &AffineTensor, x: &Tensor, rows: usize) -> Result<Ten
     encode(
         &dev,
         &pipeline,
-        &reads_then_writes(
-            &[&w, &s, &b, &metal_buffer(&x, OP)?],
-            &[&from_start(&y)],
-        ),
+        &reads_then_writes(&[&w, &s, &b, &metal_buffer(&x, OP)?], &[&from_start(&y)]),
         &AffineParams::new(m, m.rows, rows, 1, false),
-        size(m.rows.div_ceil(QMV_ROWS_PER_SIMDGROUP * QMV_SIMDGROUPS), 1, 1),
+        size(
+            m.rows.div_ceil(QMV_ROWS_PER_SIMDGROUP * QMV_SIMDGROUPS),
+            1,
+            1,
+        ),
         size(32, QMV_SIMDGROUPS, 1),
         0,
     )?;
