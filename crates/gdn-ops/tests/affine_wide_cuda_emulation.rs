@@ -200,7 +200,7 @@ fn check_pass(case: &Case, which: usize) -> Option<String> {
     let lpr = wide::lanes_per_row(c.bits, c.cols);
     let alone = stream::launch(c.bits, c.cols, outputs, 1, false, 132);
     let host = stream::pass_launch(c.bits, c.cols, outputs, x_rows, 132);
-    let blocks_x = if which % 2 == 0 {
+    let blocks_x = if which.is_multiple_of(2) {
         host.blocks_x
     } else {
         1 + which % 3
