@@ -22,6 +22,9 @@
 //    gate-and-up matrix (R = 2*Im rows per expert): threadgroups (ceil(R/2/8), M, 1),
 //    threads (32, 2, 1); each simdgroup reads 4 gate and the 4 matching up rows and writes
 //    4 consecutive activations of y [M, R/2].
+//  * affine_qmv_pass_{in}_{sc}: the dense products (no ids, x_div 1) of M = 2..8 rows at
+//    once: threadgroups (ceil(R/8), 1, 1), threads (32, 2, 1); each simdgroup computes its
+//    4 output rows for all M rows of x, each row's bits what affine_qmv gives it alone.
 //  * affine_dequant_{out}_{sc}: threadgroups (ceil(K/8/64), M, 1), threads per threadgroup
 //    (64, 1, 1). Each thread writes 8 consecutive values of one output row.
 
@@ -72,8 +75,12 @@ inline Quants8 load_quants8(const device uint* row, uint j0) {
   return r;
 }
 
-// One simdgroup's (up to) 4 rows r0.. of expert e against x row i / x_div.
-template <typename InT, typename ScT, uint BITS>
+// One simdgroup's (up to) 4 rows r0.. of expert e against nt <= T consecutive output rows
+// i.. (x row (i + t) / x_div each): the products of one output row (T = 1, affine_qmv) or of
+// up to 8 dense rows at once (affine_qmv_pass), each weight word loaded and unpacked once for
+// all of them. A row's sums are the same expressions in the same order whatever T: each
+// row's output is the bits it gets alone.
+template <typename InT, typename ScT, uint BITS, uint T>
 inline void affine_qmv_rows(
     const device uint* w,
     const device ScT* scales,
@@ -83,6 +90,7 @@ inline void affine_qmv_rows(
     constant AffineParams& p,
     uint e,
     uint i,
+    uint nt,
     uint r0,
     uint lane) {
   constexpr uint kRows = 4;          // QMV_ROWS_PER_SIMDGROUP on the host
@@ -95,18 +103,25 @@ inline void affine_qmv_rows(
   // Same for all 32 lanes: the skipped rows (past R) are skipped by the whole simdgroup.
   const uint nrows = R - r0 < kRows ? R - r0 : kRows;
   const ulong row0 = ulong(e) * R + r0;
-  const device InT* xr = x + ulong(i / p.x_div) * K;
 
-  float acc[kRows];
-  for (uint rr = 0; rr < kRows; ++rr) {
-    acc[rr] = 0.0f;
+  float acc[T][kRows];
+  for (uint t = 0; t < T; ++t) {
+    for (uint rr = 0; rr < kRows; ++rr) {
+      acc[t][rr] = 0.0f;
+    }
   }
   for (uint j0 = lane * kPerLane; j0 < K; j0 += kStep) {
-    float xv[kPerLane];
-    float xsum = 0.0f;
-    for (uint t = 0; t < kPerLane; ++t) {
-      xv[t] = float(xr[j0 + t]);
-      xsum += xv[t];
+    float xv[T][kPerLane];
+    float xsum[T];
+    for (uint t = 0; t < T; ++t) {
+      xsum[t] = 0.0f;
+      if (t < nt) {
+        const device InT* xr = x + ulong((i + t) / p.x_div) * K;
+        for (uint c = 0; c < kPerLane; ++c) {
+          xv[t][c] = float(xr[j0 + c]);
+          xsum[t] += xv[t][c];
+        }
+      }
     }
     // group_size is a multiple of 8: the 8 columns lie in one group.
     const uint g = j0 / p.group_size;
@@ -114,27 +129,36 @@ inline void affine_qmv_rows(
       if (rr < nrows) {
         const ulong row = row0 + rr;
         const Quants8 q = load_quants8<BITS>(w + row * wpr, j0);
-        float qx = 0.0f;
-        for (uint t = 0; t < kPerLane; ++t) {
-          qx += q.q[t] * xv[t];
-        }
         const ulong sb = row * gpr + g;
-        // sum (s*q + b)*x over the group's columns = s*sum(q*x) + b*sum(x).
-        acc[rr] += float(scales[sb]) * qx + float(biases[sb]) * xsum;
+        const float s = float(scales[sb]), b = float(biases[sb]);
+        for (uint t = 0; t < T; ++t) {
+          if (t < nt) {
+            float qx = 0.0f;
+            for (uint c = 0; c < kPerLane; ++c) {
+              qx += q.q[c] * xv[t][c];
+            }
+            // sum (s*q + b)*x over the group's columns = s*sum(q*x) + b*sum(x).
+            acc[t][rr] += s * qx + b * xsum[t];
+          }
+        }
       }
     }
   }
   // All reductions first, then one store branch: no lane-dependent branch between two
   // simd_sums (one the compiler could duplicate the second call across).
-  for (uint rr = 0; rr < kRows; ++rr) {
-    if (rr < nrows) {
-      acc[rr] = simd_sum(acc[rr]);
+  for (uint t = 0; t < T; ++t) {
+    for (uint rr = 0; rr < kRows; ++rr) {
+      if (t < nt && rr < nrows) {
+        acc[t][rr] = simd_sum(acc[t][rr]);
+      }
     }
   }
   if (lane == 0) {
-    for (uint rr = 0; rr < kRows; ++rr) {
-      if (rr < nrows) {
-        y[ulong(i) * R + r0 + rr] = static_cast<InT>(acc[rr]);
+    for (uint t = 0; t < T; ++t) {
+      for (uint rr = 0; rr < kRows; ++rr) {
+        if (t < nt && rr < nrows) {
+          y[ulong(i + t) * R + r0 + rr] = static_cast<InT>(acc[t][rr]);
+        }
       }
     }
   }
@@ -163,12 +187,12 @@ inline void affine_qmv_impl(
   }
   const uint e = p.has_ids != 0 ? ids[i] : 0u;
   switch (p.bits) {
-    case 2: affine_qmv_rows<InT, ScT, 2>(w, scales, biases, x, y, p, e, i, r0, lane); break;
-    case 3: affine_qmv_rows<InT, ScT, 3>(w, scales, biases, x, y, p, e, i, r0, lane); break;
-    case 4: affine_qmv_rows<InT, ScT, 4>(w, scales, biases, x, y, p, e, i, r0, lane); break;
-    case 5: affine_qmv_rows<InT, ScT, 5>(w, scales, biases, x, y, p, e, i, r0, lane); break;
-    case 6: affine_qmv_rows<InT, ScT, 6>(w, scales, biases, x, y, p, e, i, r0, lane); break;
-    case 8: affine_qmv_rows<InT, ScT, 8>(w, scales, biases, x, y, p, e, i, r0, lane); break;
+    case 2: affine_qmv_rows<InT, ScT, 2, 1>(w, scales, biases, x, y, p, e, i, 1, r0, lane); break;
+    case 3: affine_qmv_rows<InT, ScT, 3, 1>(w, scales, biases, x, y, p, e, i, 1, r0, lane); break;
+    case 4: affine_qmv_rows<InT, ScT, 4, 1>(w, scales, biases, x, y, p, e, i, 1, r0, lane); break;
+    case 5: affine_qmv_rows<InT, ScT, 5, 1>(w, scales, biases, x, y, p, e, i, 1, r0, lane); break;
+    case 6: affine_qmv_rows<InT, ScT, 6, 1>(w, scales, biases, x, y, p, e, i, 1, r0, lane); break;
+    case 8: affine_qmv_rows<InT, ScT, 8, 1>(w, scales, biases, x, y, p, e, i, 1, r0, lane); break;
     default:
       // Unsupported width (a host bug): make it loud rather than leave y unwritten.
       if (lane == 0) {
@@ -177,6 +201,65 @@ inline void affine_qmv_impl(
         }
       }
       break;
+  }
+}
+
+// affine_qmv_pass: the dense products of p.out_rows = 2..8 rows (x [M, K], no ids, x_div 1)
+// in one pass over the weights, the rows held for 2, 4 or 8 (the fewest registers that take
+// them).
+template <typename InT, typename ScT, uint T>
+inline void affine_qmv_pass_rows(
+    const device uint* w,
+    const device ScT* scales,
+    const device ScT* biases,
+    const device InT* x,
+    device InT* y,
+    constant AffineParams& p,
+    uint r0,
+    uint lane) {
+  const uint nt = p.out_rows;
+  switch (p.bits) {
+    case 2: affine_qmv_rows<InT, ScT, 2, T>(w, scales, biases, x, y, p, 0, 0, nt, r0, lane); break;
+    case 3: affine_qmv_rows<InT, ScT, 3, T>(w, scales, biases, x, y, p, 0, 0, nt, r0, lane); break;
+    case 4: affine_qmv_rows<InT, ScT, 4, T>(w, scales, biases, x, y, p, 0, 0, nt, r0, lane); break;
+    case 5: affine_qmv_rows<InT, ScT, 5, T>(w, scales, biases, x, y, p, 0, 0, nt, r0, lane); break;
+    case 6: affine_qmv_rows<InT, ScT, 6, T>(w, scales, biases, x, y, p, 0, 0, nt, r0, lane); break;
+    case 8: affine_qmv_rows<InT, ScT, 8, T>(w, scales, biases, x, y, p, 0, 0, nt, r0, lane); break;
+    default:
+      if (lane == 0) {
+        for (uint t = 0; t < nt; ++t) {
+          for (uint rr = 0; rr < 4 && r0 + rr < p.rows; ++rr) {
+            y[ulong(t) * p.rows + r0 + rr] = static_cast<InT>(NAN);
+          }
+        }
+      }
+      break;
+  }
+}
+
+template <typename InT, typename ScT>
+inline void affine_qmv_pass_impl(
+    const device uint* w,
+    const device ScT* scales,
+    const device ScT* biases,
+    const device InT* x,
+    device InT* y,
+    constant AffineParams& p,
+    uint3 tg,
+    uint simdgroup,
+    uint lane) {
+  constexpr uint kRows = 4;        // QMV_ROWS_PER_SIMDGROUP on the host
+  constexpr uint kSimdgroups = 2;  // QMV_SIMDGROUPS on the host
+  const uint r0 = tg.x * (kRows * kSimdgroups) + simdgroup * kRows;
+  if (r0 >= p.rows || p.out_rows == 0 || p.out_rows > 8) {  // whole simdgroups leave
+    return;
+  }
+  if (p.out_rows <= 2) {
+    affine_qmv_pass_rows<InT, ScT, 2>(w, scales, biases, x, y, p, r0, lane);
+  } else if (p.out_rows <= 4) {
+    affine_qmv_pass_rows<InT, ScT, 4>(w, scales, biases, x, y, p, r0, lane);
+  } else {
+    affine_qmv_pass_rows<InT, ScT, 8>(w, scales, biases, x, y, p, r0, lane);
   }
 }
 
@@ -394,6 +477,22 @@ inline void affine_dequant_impl(
                                      simdgroup, lane);                             \
   }
 
+// y [M, R]: the dense products of M = 2..8 rows of x in one pass over the weights.
+#define AFFINE_QMV_PASS(name, InT, ScT)                                            \
+  [[kernel]] void name(                                                            \
+      const device uint* w [[buffer(0)]],      /* [R, K*bits/32] */                \
+      const device ScT* scales [[buffer(1)]],  /* [R, K/group_size] */             \
+      const device ScT* biases [[buffer(2)]],  /* [R, K/group_size] */             \
+      const device InT* x [[buffer(3)]],       /* [M, K] */                        \
+      device InT* y [[buffer(4)]],             /* [M, R] */                        \
+      constant AffineParams& p [[buffer(5)]],                                      \
+      uint3 tg [[threadgroup_position_in_grid]],                                   \
+      uint simdgroup [[simdgroup_index_in_threadgroup]],                           \
+      uint lane [[thread_index_in_simdgroup]]) {                                   \
+    affine_qmv_pass_impl<InT, ScT>(w, scales, biases, x, y, p, tg, simdgroup,      \
+                                   lane);                                          \
+  }
+
 #define AFFINE_DEQUANT(name, OutT, ScT)                                            \
   [[kernel]] void name(                                                            \
       const device uint* w [[buffer(0)]],      /* [E*R, K*bits/32] */              \
@@ -442,4 +541,16 @@ AFFINE_QMV_SWIGLU(affine_qmv_swiglu_f16_bf16, half, bfloat)
 AFFINE_QMV_SWIGLU(affine_qmv_swiglu_bf16_f32, bfloat, float)
 AFFINE_QMV_SWIGLU(affine_qmv_swiglu_bf16_f16, bfloat, half)
 AFFINE_QMV_SWIGLU(affine_qmv_swiglu_bf16_bf16, bfloat, bfloat)
+#endif
+
+AFFINE_QMV_PASS(affine_qmv_pass_f32_f32, float, float)
+AFFINE_QMV_PASS(affine_qmv_pass_f32_f16, float, half)
+AFFINE_QMV_PASS(affine_qmv_pass_f16_f32, half, float)
+AFFINE_QMV_PASS(affine_qmv_pass_f16_f16, half, half)
+#if defined(__HAVE_BFLOAT__)
+AFFINE_QMV_PASS(affine_qmv_pass_f32_bf16, float, bfloat)
+AFFINE_QMV_PASS(affine_qmv_pass_f16_bf16, half, bfloat)
+AFFINE_QMV_PASS(affine_qmv_pass_bf16_f32, bfloat, float)
+AFFINE_QMV_PASS(affine_qmv_pass_bf16_f16, bfloat, half)
+AFFINE_QMV_PASS(affine_qmv_pass_bf16_bf16, bfloat, bfloat)
 #endif

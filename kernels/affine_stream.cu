@@ -32,6 +32,13 @@
 //     row groups block x, block x + gridDim.x, ... of kStreamWarps * 32 / lpr each.
 //     The host checks what it checks for the wide kernel, at most 4 chunks a lane, and groups
 //     of a power-of-two count of chunks (crates/gdn-ops/src/ops/affine/stream.rs).
+//   affine_stream_rows_b<BITS>_t<T>_s<S>_<x>_<s>(packed, scales, biases, x, y, p, lpr)
+//     Dense products of M = p.out_rows (2..8, at most T: 2, 4 or 8) activation rows,
+//     x [M, cols] and y [M, rows]
+//     (no ids, x_div 1), one weight row a row group: the bits of T launches of
+//     affine_stream_products_* at one activation row each. Dynamic shared memory
+//     M * 4 * (cols + cols / V) bytes (over 48 KB from M * cols > 11 904: the host raises the
+//     kernel's limit); grid = (any count >= 1, 1).
 //
 // Compile for candle:  nvcc -ptx -arch=sm_90 -O3 -I kernels kernels/affine_stream.cu
 
@@ -75,26 +82,68 @@ __device__ __forceinline__ float place_factor(uint32_t t) {
   return __uint_as_float((127u - BITS * (t % HALF)) << 23);
 }
 
-// sum(q x) over a chunk's four words, in the wide kernel's order (two chains: even and odd
-// values), with xs pre-multiplied by place_factor.
+// A chunk's 128 / BITS values q * 2^(BITS m), in column order (the in-place unpacking).
 template <uint32_t BITS>
-__device__ __forceinline__ float chunk_qx(const uint4 w, const float* xs) {
+__device__ __forceinline__ void unpack_chunk(const uint4 w, float* q) {
   constexpr uint32_t PER = 32 / BITS, HALF = PER / 2, MASK = (1u << BITS) - 1u;
   const uint32_t words[4] = {w.x, w.y, w.z, w.w};
-  float a = 0.f, b = 0.f;
 #pragma unroll
   for (uint32_t i = 0; i < 4; ++i) {
     const uint32_t lo = words[i], hi = words[i] >> 16;
 #pragma unroll
-    for (uint32_t k = 0; k < PER; k += 2) {
-      const uint32_t k1 = k + 1;
-      const float q0 = unpack(k < HALF ? lo : hi, MASK << (BITS * (k % HALF)));
-      const float q1 = unpack(k1 < HALF ? lo : hi, MASK << (BITS * (k1 % HALF)));
-      a = fmaf(q0, xs[i * PER + k], a);
-      b = fmaf(q1, xs[i * PER + k1], b);
-    }
+    for (uint32_t k = 0; k < PER; ++k) q[i * PER + k] = unpack(k < HALF ? lo : hi, MASK << (BITS * (k % HALF)));
+  }
+}
+
+// sum(q x) over a chunk of unpacked values, in the wide kernel's order (two chains: even and
+// odd values), with xs pre-multiplied by place_factor. The one order of every streamed
+// product: a row's sums are the same bits whichever kernel (one activation row or several)
+// runs them.
+template <uint32_t BITS>
+__device__ __forceinline__ float unpacked_qx(const float* q, const float* xs) {
+  constexpr uint32_t V = 128 / BITS;
+  float a = 0.f, b = 0.f;
+#pragma unroll
+  for (uint32_t k = 0; k < V; k += 2) {
+    a = fmaf(q[k], xs[k], a);
+    b = fmaf(q[k + 1], xs[k + 1], b);
   }
   return a + b;
+}
+
+// sum(q x) over a chunk's four words (unpacked, then unpacked_qx).
+template <uint32_t BITS>
+__device__ __forceinline__ float chunk_qx(const uint4 w, const float* xs) {
+  float q[128 / BITS];
+  unpack_chunk<BITS>(w, q);
+  return unpacked_qx<BITS>(q, xs);
+}
+
+// Chunk c of an x row into shared memory ([V / 4][chunks] float4s), pre-multiplied by
+// place_factor, and the chunk's sum in the wide kernel's order (its load_x: values in column
+// order) into sx[c].
+template <uint32_t BITS, typename X>
+__device__ __forceinline__ void stage_chunk(const X* __restrict__ xr, uint32_t c, uint32_t chunks,
+                                            float4* xs4, float* sx) {
+  constexpr uint32_t V = 128 / BITS, PER16 = 16 / sizeof(X);
+  uint4 raw[V / PER16];  // the chunk's x in 16-byte loads
+#pragma unroll
+  for (uint32_t v = 0; v < V / PER16; ++v) raw[v] = *reinterpret_cast<const uint4*>(xr + c * V + v * PER16);
+  const X* vals = reinterpret_cast<const X*>(raw);
+  float sum = 0.f;
+#pragma unroll
+  for (uint32_t m = 0; m < V / 4; ++m) {
+    float v4[4];
+#pragma unroll
+    for (uint32_t t = 0; t < 4; ++t) {
+      const uint32_t at = 4 * m + t;  // value of the chunk
+      v4[t] = to_f32(vals[at]);
+      sum += v4[t];
+      v4[t] *= place_factor<BITS>(at);
+    }
+    xs4[m * chunks + c] = make_float4(v4[0], v4[1], v4[2], v4[3]);
+  }
+  sx[c] = sum;
 }
 
 // The loads of one round: the S chunks of each of the row group's NR rows that this lane
@@ -173,27 +222,7 @@ __device__ __forceinline__ void stream_body(const uint32_t* __restrict__ packed,
   // x of this output row into shared memory, pre-multiplied; each chunk's sum in the wide
   // kernel's order (its load_x: values in column order).
   const X* xr = x + (size_t)(i / p.x_div) * p.cols;
-  constexpr uint32_t PER16 = 16 / sizeof(X);
-  for (uint32_t c = tid; c < chunks; c += kStreamWarps * 32) {
-    uint4 raw[V / PER16];  // the chunk's x in 16-byte loads
-#pragma unroll
-    for (uint32_t v = 0; v < V / PER16; ++v) raw[v] = *reinterpret_cast<const uint4*>(xr + c * V + v * PER16);
-    const X* vals = reinterpret_cast<const X*>(raw);
-    float sum = 0.f;
-#pragma unroll
-    for (uint32_t m = 0; m < V / 4; ++m) {
-      float v4[4];
-#pragma unroll
-      for (uint32_t t = 0; t < 4; ++t) {
-        const uint32_t at = 4 * m + t;  // value of the chunk
-        v4[t] = to_f32(vals[at]);
-        sum += v4[t];
-        v4[t] *= place_factor<BITS>(at);
-      }
-      xs4[m * chunks + c] = make_float4(v4[0], v4[1], v4[2], v4[3]);
-    }
-    sx[c] = sum;
-  }
+  for (uint32_t c = tid; c < chunks; c += kStreamWarps * 32) stage_chunk<BITS>(xr, c, chunks, xs4, sx);
   __syncthreads();
 
   for (uint32_t round = 0; round < rounds; ++round) {  // uniform over the warp
@@ -225,6 +254,99 @@ __device__ __forceinline__ void stream_body(const uint32_t* __restrict__ packed,
   }
 }
 
+// The products of nt = p.out_rows <= T activation rows (2..8, a verify pass's or a batched
+// step's dense products; T in {2, 4, 8} holds them) in one pass over the weights: each lane's chunk is loaded and unpacked once and
+// summed against the T rows of x staged in shared memory ([T][V / 4][chunks] float4s, then
+// [T][chunks] sums), where stream_body at one activation row a block redoes the loads (from
+// L2) and the unpacking per row. One weight row a row group (the round's loads and the
+// unpacked chunk stay in registers whatever T). A row's sums are stream_body's, term for
+// term: the same lanes' chunks, unpacked_qx's order, the same shuffle tree, so each row's
+// output is the bits it gets alone. Dense products only (no ids, x row t for output row t).
+// T is a capacity (2, 4 or 8), not the count: three instantiations instead of seven, a few
+// idle accumulators at most.
+template <uint32_t BITS, uint32_t T, uint32_t S, typename X, typename SC>
+__device__ __forceinline__ void rows_body(const uint32_t* __restrict__ packed,
+                                          const SC* __restrict__ scales,
+                                          const SC* __restrict__ biases,
+                                          const X* __restrict__ x, X* __restrict__ y,
+                                          const AffineParams& p, uint32_t lpr, uint32_t tid,
+                                          uint32_t block_x, uint32_t blocks_x, float* shared) {
+  constexpr uint32_t V = 128 / BITS;
+  const uint32_t lane = tid % 32, warp = tid / 32;
+  const uint32_t outputs = p.rows, nt = min(p.out_rows, T);
+  const uint32_t subs = 32 / lpr, sub = lane / lpr, l = lane % lpr;
+  const uint32_t first_wr = block_x * kStreamWarps + warp, wr_stride = blocks_x * kStreamWarps;
+  const uint32_t all_rounds = (outputs + subs - 1) / subs;
+  const uint32_t rounds = first_wr < all_rounds ? (all_rounds - first_wr + wr_stride - 1) / wr_stride : 0;
+  auto first_output = [&](uint32_t round) { return (first_wr + round * wr_stride) * subs + sub; };
+  const uint32_t words_per_row = p.cols * BITS / 32, groups = p.cols / p.group_size;
+  const uint32_t chunks = p.cols / V;
+  uint32_t group_shift = 0;
+  while ((V << group_shift) < p.group_size) ++group_shift;
+  float4* xs4 = reinterpret_cast<float4*>(shared);  // [nt][V / 4][chunks]
+  float* sx = shared + nt * p.cols;                   // [nt][chunks]
+
+  auto load = [&](uint32_t round, Round<1, S>& rd) {
+    // Rows past the matrix read its last row (a valid address) and are never written.
+    const uint32_t o = min(first_output(round), outputs - 1);
+    const uint4* wrow = reinterpret_cast<const uint4*>(packed + (size_t)o * words_per_row);
+    const SC* srow = scales + (size_t)o * groups;
+    const SC* brow = biases + (size_t)o * groups;
+#pragma unroll
+    for (uint32_t k = 0; k < S; ++k) {
+      const uint32_t c = l + k * lpr;
+      if (c < chunks) {
+        rd.w[k][0] = wrow[c];
+        rd.s[k][0] = to_f32(srow[c >> group_shift]);
+        rd.b[k][0] = to_f32(brow[c >> group_shift]);
+      }
+    }
+  };
+
+  Round<1, S> cur, next;
+  if (rounds > 0) load(0, cur);
+  for (uint32_t at = tid; at < nt * chunks; at += kStreamWarps * 32) {
+    const uint32_t t = at / chunks, c = at % chunks;
+    stage_chunk<BITS>(x + (size_t)t * p.cols, c, chunks, xs4 + t * (V / 4) * chunks, sx + t * chunks);
+  }
+  __syncthreads();
+
+  for (uint32_t round = 0; round < rounds; ++round) {  // uniform over the warp
+    if (round + 1 < rounds) load(round + 1, next);
+    float acc[T];
+#pragma unroll
+    for (uint32_t t = 0; t < T; ++t) acc[t] = 0.f;
+#pragma unroll
+    for (uint32_t k = 0; k < S; ++k) {
+      const uint32_t c = l + k * lpr;
+      if (c < chunks) {
+        float q[V];
+        unpack_chunk<BITS>(cur.w[k][0], q);
+#pragma unroll
+        for (uint32_t t = 0; t < T; ++t) {
+          if (t >= nt) break;  // uniform over the block
+          const float4* xt = xs4 + t * (V / 4) * chunks;
+          float xs[V];
+#pragma unroll
+          for (uint32_t m = 0; m < V / 4; ++m) {
+            const float4 v = xt[m * chunks + c];
+            xs[4 * m] = v.x, xs[4 * m + 1] = v.y, xs[4 * m + 2] = v.z, xs[4 * m + 3] = v.w;
+          }
+          acc[t] = fmaf(cur.s[k][0], unpacked_qx<BITS>(q, xs), fmaf(cur.b[k][0], sx[t * chunks + c], acc[t]));
+        }
+      }
+    }
+#pragma unroll
+    for (uint32_t t = 0; t < T; ++t) {
+      if (t >= nt) break;
+      float one[1] = {acc[t]};
+      affine_row_group::reduce_and_write<1, false>(one, lpr, l, y + (size_t)t * outputs, first_output(round),
+                                                   outputs);
+    }
+    cur = next;
+  }
+}
+
 }  // namespace affine_stream
 
 #define AFFINE_STREAM_ENTRY(KIND, SWIGLU, BITS, ROWS, STEPS, XN, XT, SN, ST)                    \
@@ -250,7 +372,30 @@ __device__ __forceinline__ void stream_body(const uint32_t* __restrict__ packed,
   AFFINE_STREAM_FOR_STEPS(products, false, BITS, 2, XN, XT, SN, ST)     \
   AFFINE_STREAM_FOR_STEPS(swiglu, true, BITS, 1, XN, XT, SN, ST)
 
-#define AFFINE_STREAM_FOR_TYPES(XN, XT, SN, ST) \
-  AFFINE_STREAM_FOR_BITS(4, XN, XT, SN, ST) AFFINE_STREAM_FOR_BITS(8, XN, XT, SN, ST)
+#define AFFINE_STREAM_ROWS_ENTRY(BITS, T, STEPS, XN, XT, SN, ST)                                  \
+  extern "C" __global__ void __launch_bounds__(affine_stream::kStreamWarps * 32)               \
+      affine_stream_rows_b##BITS##_t##T##_s##STEPS##_##XN##_##SN(                               \
+          const uint32_t* packed, const ST* scales, const ST* biases, const XT* x, XT* y,      \
+          const AffineParams p, const uint32_t lpr) {                                          \
+    extern __shared__ float4 stream_shared[];                                                   \
+    affine_stream::rows_body<BITS, T, STEPS, XT, ST>(packed, scales, biases, x, y, p, lpr,      \
+                                                     threadIdx.x, blockIdx.x, gridDim.x,         \
+                                                     reinterpret_cast<float*>(stream_shared));   \
+  }
+
+#define AFFINE_STREAM_ROWS_FOR_STEPS(BITS, T, XN, XT, SN, ST) \
+  AFFINE_STREAM_ROWS_ENTRY(BITS, T, 1, XN, XT, SN, ST)        \
+  AFFINE_STREAM_ROWS_ENTRY(BITS, T, 2, XN, XT, SN, ST)        \
+  AFFINE_STREAM_ROWS_ENTRY(BITS, T, 4, XN, XT, SN, ST)
+
+// The products of 2..8 activation rows a pass (rows_body), held for 2, 4 or 8.
+#define AFFINE_STREAM_ROWS_FOR_BITS(BITS, XN, XT, SN, ST) \
+  AFFINE_STREAM_ROWS_FOR_STEPS(BITS, 2, XN, XT, SN, ST)   \
+  AFFINE_STREAM_ROWS_FOR_STEPS(BITS, 4, XN, XT, SN, ST)   \
+  AFFINE_STREAM_ROWS_FOR_STEPS(BITS, 8, XN, XT, SN, ST)
+
+#define AFFINE_STREAM_FOR_TYPES(XN, XT, SN, ST)                                     \
+  AFFINE_STREAM_FOR_BITS(4, XN, XT, SN, ST) AFFINE_STREAM_FOR_BITS(8, XN, XT, SN, ST) \
+  AFFINE_STREAM_ROWS_FOR_BITS(4, XN, XT, SN, ST) AFFINE_STREAM_ROWS_FOR_BITS(8, XN, XT, SN, ST)
 
 CUDA_FOR_FLOAT_TYPE_PAIRS(AFFINE_STREAM_FOR_TYPES)

@@ -1,13 +1,14 @@
 // Runs the shipped kernels/affine.metal on the CPU through metal_emu.h. Used by
 // crates/gdn-ops/tests/affine_emulation.rs.
 //
-// stdin, little-endian: "AFFEMU01", then u32 kernel (0 qmv, 1 dequant, 2 qmv_swiglu), value_type (qmv: InT,
+// stdin, little-endian: "AFFEMU01", then u32 kernel (0 qmv, 1 dequant, 2 qmv_swiglu, 3 qmv_pass: the
+// dense products of out_rows = 2..8 rows in one pass, no ids, x_div 1), value_type (qmv: InT,
 // dequant: OutT; 0 f32, 1 f16, 2 bf16), scale_type (same codes), experts E, rows R, cols K,
 // bits, group_size, out_rows M, x_div, has_ids, x_rows X; then packed u32 [E*R, K*bits/32],
 // f32 scales and biases [E*R, K/group_size], for qmv f32 x [X, K], and when has_ids u32 ids
 // [M]. Inputs are converted to the instantiation's InT / ScT here (exactly, when the caller
 // already rounded them).
-// stdout: f32 [M, R] (qmv), [M, R/2] (qmv_swiglu) or [M, K] (dequant). qmv_swiglu is read
+// stdout: f32 [M, R] (qmv, qmv_pass), [M, R/2] (qmv_swiglu) or [M, K] (dequant). qmv_swiglu is read
 // like qmv (it takes the same inputs).
 //
 // The launch geometry and the AffineParams the host passes are reproduced here; they must
@@ -94,6 +95,36 @@ void run_qmv(const Case& c, QmvKernel<InT, ScT> kernel, bool swiglu) {
   y.write_f32();
 }
 
+template <class InT, class ScT>
+using PassKernel = void (*)(const device uint*, const device ScT*, const device ScT*, const device InT*,
+                            device InT*, constant AffineParams&, uint3, uint, uint);
+
+// affine_qmv_pass_*: the M = out_rows (2..8) dense rows in one pass, one threadgroup row.
+template <class InT, class ScT>
+void run_qmv_pass(const Case& c, PassKernel<InT, ScT> kernel) {
+  Buffer<uint> w("w", c.packed.size(), Kind::kInput);
+  Buffer<ScT> scales("scales", c.scales.size(), Kind::kInput);
+  Buffer<ScT> biases("biases", c.biases.size(), Kind::kInput);
+  Buffer<InT> x("x", c.x.size(), Kind::kInput);
+  Buffer<InT> y("y", std::size_t(c.out_rows) * c.rows, Kind::kOutput);
+  w.fill(c.packed);
+  scales.fill(c.scales);
+  biases.fill(c.biases);
+  x.fill(c.x);
+  // Host: AffineParams::new(m, m.rows, rows, 1, false).
+  const AffineParams params{c.rows, c.cols, c.bits, c.group_size, c.out_rows, 1, 0};
+  const uint rows_per_group = kQmvRowsPerSimdgroup * kQmvSimdgroups;
+  const uint3 groups{(c.rows + rows_per_group - 1) / rows_per_group, 1, 1};
+  const uint3 per_group{32, kQmvSimdgroups, 1};
+  metal_emu::dispatch_threadgroups(groups, per_group, [&](const metal_emu::ThreadIds& id) {
+    kernel((const device uint*)w.data(), (const device ScT*)scales.data(), (const device ScT*)biases.data(),
+           (const device InT*)x.data(), (device InT*)y.data(), *(constant AffineParams*)&params,
+           id.threadgroup_position_in_grid, id.simdgroup_index_in_threadgroup, id.thread_index_in_simdgroup);
+  });
+  guarded::check_all(w, scales, biases, x, y);
+  y.write_f32();
+}
+
 template <class OutT, class ScT>
 void run_dequant(const Case& c, DequantKernel<OutT, ScT> kernel) {
   Buffer<uint> w("w", c.packed.size(), Kind::kInput);
@@ -144,7 +175,9 @@ int main() {
   // The host side's contract (crates/gdn-ops/src/affine_tensor.rs checks it).
   affine_case::check_metal_bits(c.bits);
   if (c.group_size == 0 || c.group_size % 8 != 0 || c.cols % c.group_size != 0) die("cols must be a multiple of group_size, itself a multiple of 8");
-  if (c.kernel > 2) die("unknown kernel");
+  if (c.kernel > 3) die("unknown kernel");
+  if (c.kernel == 3 && (c.has_ids != 0 || c.x_div != 1 || c.experts != 1 || c.out_rows < 2 || c.out_rows > 8))
+    die("qmv_pass: dense products of 2 to 8 rows (no ids, x_div 1, one expert)");
   if (c.kernel == 2 && c.rows % 2 != 0) die("swiglu: rows must be even (gate rows, then up rows)");
   if (c.has_ids > 1) die("has_ids must be 0 or 1");
   const std::size_t stacked = std::size_t(c.experts) * c.rows;
@@ -178,6 +211,18 @@ int main() {
       case 6: run_qmv<bfloat, float>(c, affine_qmv_bf16_f32, false); break;
       case 7: run_qmv<bfloat, half>(c, affine_qmv_bf16_f16, false); break;
       case 8: run_qmv<bfloat, bfloat>(c, affine_qmv_bf16_bf16, false); break;
+    }
+  } else if (c.kernel == 3) {
+    switch (which) {
+      case 0: run_qmv_pass<float, float>(c, affine_qmv_pass_f32_f32); break;
+      case 1: run_qmv_pass<float, half>(c, affine_qmv_pass_f32_f16); break;
+      case 2: run_qmv_pass<float, bfloat>(c, affine_qmv_pass_f32_bf16); break;
+      case 3: run_qmv_pass<half, float>(c, affine_qmv_pass_f16_f32); break;
+      case 4: run_qmv_pass<half, half>(c, affine_qmv_pass_f16_f16); break;
+      case 5: run_qmv_pass<half, bfloat>(c, affine_qmv_pass_f16_bf16); break;
+      case 6: run_qmv_pass<bfloat, float>(c, affine_qmv_pass_bf16_f32); break;
+      case 7: run_qmv_pass<bfloat, half>(c, affine_qmv_pass_bf16_f16); break;
+      case 8: run_qmv_pass<bfloat, bfloat>(c, affine_qmv_pass_bf16_bf16); break;
     }
   } else if (c.kernel == 2) {
     switch (which) {

@@ -2,14 +2,16 @@
 // (affine_wide::wide_body, the `affine_wide_{products,swiglu}_b<bits>_r<rows>_*` entry points),
 // or of the streamed ones of kernels/affine_stream.cu (affine_stream::stream_body, the
 // `affine_stream_{products,swiglu}_b<bits>_r<rows>_s<steps>_*` entry points, with their dynamic
-// shared memory), on the CPU through kernels/emu/cuda/cuda_emu.h, with the launch geometry of
+// shared memory, and affine_stream::rows_body, `affine_stream_rows_b<bits>_t<T>_s<steps>_*`),
+// on the CPU through kernels/emu/cuda/cuda_emu.h, with the launch geometry of
 // crates/gdn-ops/src/ops/affine/{wide,stream}.rs: blocks (blocks_x, out_rows) of 4 warps. Used
 // by crates/gdn-ops/tests/affine_wide_cuda_emulation.rs, which compares the wide body with the
 // CPU twin and the streamed body with the wide one.
 //
 // stdin, little-endian: "AWDCUDA2", then u32 experts, rows, cols, bits, group_size, out_rows,
 // x_div, has_ids, swiglu, rows_per_group, lanes_per_row, blocks_x, streamed (0 wide, 1
-// streamed), steps (the streamed body's chunk steps a lane: 1, 2 or 4), x_type, scale_type
+// streamed, 2 streamed over T = out_rows activation rows a pass: affine_stream::rows_body,
+// dense products only), steps (the streamed body's chunk steps a lane: 1, 2 or 4), x_type, scale_type
 // (0 f32, 1 f16, 2 bf16), then u32 packed [E * rows, cols * bits / 32], f32 scales and biases
 // [E * rows, cols / group_size] (exact in the scale type), f32 x [(out_rows - 1) / x_div + 1,
 // cols] (exact in the x type), u32 ids [out_rows] (present when has_ids).
@@ -86,6 +88,50 @@ void run(const Case& c) {
   y.write_f32();
 }
 
+// The streamed products of out_rows activation rows a pass (affine_stream::rows_body), held
+// for T.
+template <uint32_t BITS, uint32_t T, uint32_t STEPS, class X, class S>
+void run_rows(const Case& c) {
+  const AffineParams& p = c.p;
+  Buffer<uint> packed("packed", c.packed, Kind::kInput);
+  Buffer<S> scales("scales", c.scales, Kind::kInput);
+  Buffer<S> biases("biases", c.biases, Kind::kInput);
+  Buffer<X> x("x", c.x, Kind::kInput);
+  Buffer<X> y("y", std::size_t(p.out_rows) * p.rows, Kind::kOutput);
+  BlockShared shared(p.out_rows * (p.cols + p.cols / (128 / BITS)));
+  metal_emu::dispatch_threadgroups(uint3{c.blocks_x, 1, 1}, uint3{affine_stream::kStreamWarps * 32, 1, 1},
+                                   [&](const metal_emu::ThreadIds& id) {
+                                     shared.poison(id);
+                                     affine_stream::rows_body<BITS, T, STEPS, X, S>(
+                                         packed.data(), scales.data(), biases.data(), x.data(), y.data(), p,
+                                         c.lpr, id.thread_index_in_threadgroup,
+                                         id.threadgroup_position_in_grid.x, c.blocks_x, shared.smem);
+                                   });
+  shared.check();
+  guarded::check_all(packed, scales, biases, x, y);
+  y.write_f32();
+}
+
+template <uint32_t BITS, uint32_t T, class X, class S>
+void run_rows_for_steps(const Case& c) {
+  switch (c.steps) {
+    case 1: run_rows<BITS, T, 1, X, S>(c); break;
+    case 2: run_rows<BITS, T, 2, X, S>(c); break;
+    case 4: run_rows<BITS, T, 4, X, S>(c); break;
+    default: guarded::die("steps must be 1, 2 or 4");
+  }
+}
+
+// The instantiated capacity that holds the rows, as the host picks it (stream::pass_capacity).
+template <uint32_t BITS, class X, class S>
+void run_rows_for_count(const Case& c) {
+  const uint32_t m = c.p.out_rows;
+  if (m < 2 || m > 8) guarded::die("the rows kernel takes 2 to 8 activation rows");
+  if (m <= 2) return run_rows_for_steps<BITS, 2, X, S>(c);
+  if (m <= 4) return run_rows_for_steps<BITS, 4, X, S>(c);
+  run_rows_for_steps<BITS, 8, X, S>(c);
+}
+
 template <uint32_t BITS, uint32_t ROWS, bool SWIGLU, class X, class S>
 void run_for_steps(const Case& c) {
   if (!c.streamed) return run<BITS, ROWS, SWIGLU, 0, X, S>(c);
@@ -99,6 +145,7 @@ void run_for_steps(const Case& c) {
 
 template <class X, class S>
 void run_for_shape(const Case& c) {
+  if (c.streamed == 2) return c.p.bits == 4 ? run_rows_for_count<4, X, S>(c) : run_rows_for_count<8, X, S>(c);
   const bool sw = c.swiglu != 0;
   const unsigned key = c.p.bits * 100 + c.rows_per_group * 10 + (sw ? 1 : 0);
   switch (key) {
@@ -137,6 +184,8 @@ int main() {
   if (c.streamed && (p.cols / v + c.lpr - 1) / c.lpr > c.steps) guarded::die("more chunks a lane than steps");
   if (c.streamed && (c.rows_per_group > 2 || (c.swiglu && c.rows_per_group > 1)))
     guarded::die("no streamed entry point for these rows per group");
+  if (c.streamed == 2 && (c.swiglu || p.has_ids || p.x_div != 1 || c.rows_per_group != 1 || c.experts != 1))
+    guarded::die("the rows kernel takes dense products, one row a group");
   if (c.experts == 0 || p.rows == 0 || p.out_rows == 0 || p.x_div == 0) guarded::die("empty shape");
   const std::size_t stacked = std::size_t(c.experts) * p.rows;
   affine_case::read_weights(stacked, p.cols, p.bits, p.group_size, c.packed, c.scales, c.biases);

@@ -50,11 +50,18 @@ enum Kernel {
     Dequant,
     /// `affine_qmv_swiglu_*`: a stacked gate-and-up matrix, read like qmv.
     Swiglu,
+    /// `affine_qmv_pass_*`: 2..=8 dense rows in one pass (checked against [`Kernel::Qmv`]).
+    Pass,
 }
 
 impl Kernel {
     fn name(self) -> &'static str {
-        ["affine_qmv", "affine_dequant", "affine_qmv_swiglu"][self as usize]
+        [
+            "affine_qmv",
+            "affine_dequant",
+            "affine_qmv_swiglu",
+            "affine_qmv_pass",
+        ][self as usize]
     }
 }
 
@@ -256,7 +263,7 @@ fn run_harness(c: &Case) -> Result<Vec<f32>, String> {
     let floats = HARNESS.run(&bytes)?;
     let want = c.out_rows
         * match c.kernel {
-            Kernel::Qmv => m.rows,
+            Kernel::Qmv | Kernel::Pass => m.rows,
             Kernel::Dequant => m.cols,
             Kernel::Swiglu => m.rows / 2,
         };
@@ -415,6 +422,73 @@ fn check_dequant(c: &Case, got: &[f32]) -> Option<String> {
     first.map(|f| format!("{bad} of {} values differ, first {f}", got.len()))
 }
 
+/// `affine_qmv_pass_*` over 2..=8 dense rows against `affine_qmv_*` over the same rows (a
+/// threadgroup row each, each row alone): the same bits, every bit width, each (x, scales)
+/// type, row counts held for 2, 4 and 8, rows past a simdgroup's 4 and a threadgroup's 8.
+#[test]
+fn one_pass_over_several_rows_gives_each_row_its_bits_alone() {
+    let mut rng = Rng::new(0x28_29);
+    let mut jobs = vec![];
+    for (k, rows) in (2..=8).enumerate() {
+        for (i, &bits) in BITS.iter().enumerate() {
+            let (vt, st) = (TYPES[(i + k) % 3], TYPES[(i + 2 * k) % 3]);
+            let group = GROUPS[(i + k) % GROUPS.len()];
+            let cols = 2 * 256.max(group);
+            let m = scaled_matrix(&mut rng, bits, group, [1, 21, cols], st.dtype(), None);
+            let x: Vec<f32> = (0..rows * cols)
+                .map(|_| vt.round(rng.uniform(-1.0, 1.0)))
+                .collect();
+            let label = format!("{rows} rows, {bits}-bit group {group}, {}", tag(vt, st));
+            jobs.push(Case {
+                kernel: Kernel::Pass,
+                vt,
+                st,
+                m,
+                x,
+                x_rows: rows,
+                x_div: 1,
+                ids: None,
+                out_rows: rows,
+                label,
+            });
+        }
+    }
+    let failures = failures_on_all_cores(&jobs, |c| {
+        let alone = Case {
+            kernel: Kernel::Qmv,
+            m: c.m.clone(),
+            x: c.x.clone(),
+            ids: None,
+            label: c.label.clone(),
+            ..*c
+        };
+        let (pass, rows) = match (run_harness(c), run_harness(&alone)) {
+            (Ok(p), Ok(r)) => (p, r),
+            (Err(e), _) | (_, Err(e)) => return Some(format!("[{}] {e}", c.label)),
+        };
+        let differ = pass
+            .iter()
+            .zip(&rows)
+            .position(|(a, b)| a.to_bits() != b.to_bits());
+        differ.map(|i| {
+            format!(
+                "[{}] row {} output {}: {} in one pass, {} alone",
+                c.label,
+                i / c.m.rows,
+                i % c.m.rows,
+                pass[i],
+                rows[i]
+            )
+        })
+    });
+    assert!(
+        failures.is_empty(),
+        "{} of {} cases differ: {failures:?}",
+        failures.len(),
+        jobs.len()
+    );
+}
+
 #[test]
 fn shipped_affine_kernels_match_the_cpu_reference() {
     let started = Instant::now();
@@ -442,6 +516,7 @@ fn shipped_affine_kernels_match_the_cpu_reference() {
                 Kernel::Qmv => check_qmv(c, &got),
                 Kernel::Dequant => check_dequant(c, &got),
                 Kernel::Swiglu => check_swiglu(c, &got),
+                Kernel::Pass => Some("the pass kernel is checked by its own test".into()),
             },
         };
         bad.map(|bad| format!("[{}] {bad}", c.label))
@@ -511,6 +586,10 @@ fn kernel_abi_in_source() {
             "#define AFFINE_QMV_SWIGLU(",
             &["w", "scales", "biases", "x", "ids", "y", "p"][..],
         ),
+        (
+            "#define AFFINE_QMV_PASS(",
+            &["w", "scales", "biases", "x", "y", "p"][..],
+        ),
     ];
     for (start, buffers) in kernels {
         emu::assert_buffers(&flat, start, buffers);
@@ -520,6 +599,7 @@ fn kernel_abi_in_source() {
             (Kernel::Qmv, "AFFINE_QMV"),
             (Kernel::Dequant, "AFFINE_DEQUANT"),
             (Kernel::Swiglu, "AFFINE_QMV_SWIGLU"),
+            (Kernel::Pass, "AFFINE_QMV_PASS"),
         ] {
             let line = format!(
                 "{mac}({}_{}, {}, {})",

@@ -187,6 +187,101 @@ fn shipped_streamed_kernel_gives_the_wide_kernels_bits() {
     common::assert_no_failures(&failed, cases.len(), "cases differ");
 }
 
+/// Runs the one-pass body (`affine_stream::rows_body`: T activation rows, each weight chunk
+/// unpacked once) and the streamed one-row body (one block row per activation row, each row
+/// alone) on a dense case of T = 2..8 rows; `None` when every row's outputs are the same bits.
+/// The one-pass launch is the host's (`stream::pass_launch`) or 1 to 3 blocks, so that warps
+/// walk several row groups.
+fn check_pass(case: &Case, which: usize) -> Option<String> {
+    let c = &case.op;
+    let x_in = affine::inputs(c, case.seed);
+    let outputs = c.outputs();
+    let x_rows = c.out_rows();
+    let lpr = wide::lanes_per_row(c.bits, c.cols);
+    let alone = stream::launch(c.bits, c.cols, outputs, 1, false, 132);
+    let host = stream::pass_launch(c.bits, c.cols, outputs, x_rows, 132);
+    let blocks_x = if which.is_multiple_of(2) {
+        host.blocks_x
+    } else {
+        1 + which % 3
+    };
+    let what = format!(
+        "{} x rows {x_rows} lpr {lpr} steps {} blocks {blocks_x}",
+        c.label(),
+        host.steps
+    );
+    let run = |launch| HARNESS.run(&encode(case, launch, &x_in, &x_in.ids));
+    let one_row = [alone.rows, lpr, alone.blocks_x, 1, alone.steps];
+    let (alone_y, pass_y) = match (run(one_row), run([1, lpr, blocks_x, 2, host.steps])) {
+        (Ok(a), Ok(p)) => (a, p),
+        (Err(e), _) | (_, Err(e)) => return Some(format!("{what}: {e}")),
+    };
+    let differ = alone_y
+        .iter()
+        .zip(&pass_y)
+        .position(|(a, p)| a.to_bits() != p.to_bits());
+    match differ {
+        Some(i) => Some(format!(
+            "{what}: one pass [row {}, {}] = {} against {} alone",
+            i / outputs,
+            i % outputs,
+            pass_y[i],
+            alone_y[i]
+        )),
+        None => {
+            eprintln!("{what}: same bits");
+            None
+        }
+    }
+}
+
+#[test]
+fn one_pass_over_several_rows_gives_each_row_its_bits_alone() {
+    let mut cases = vec![];
+    let mut seed = 0x5EED_B800;
+    // Every row count, both widths, 8/16/32 lanes a row and 1, 2 and 4 steps (256, 512, 2048,
+    // 4096 columns at 4 bits), a row count of a partial block, each (x, scales) type.
+    let shapes = [
+        (Ty::Bf16, Ty::Bf16, 4, 64, 36, 2048),
+        (Ty::F32, Ty::Bf16, 4, 64, 20, 4096),
+        (Ty::F16, Ty::F16, 4, 32, 40, 512),
+        (Ty::F32, Ty::F32, 8, 32, 24, 256),
+        (Ty::Bf16, Ty::F16, 8, 128, 12, 2048),
+        (Ty::F16, Ty::F32, 4, 128, 70, 256),
+        (Ty::Bf16, Ty::F32, 4, 64, 24, 1280),
+    ];
+    for (k, x_rows) in stream::PASS_ROWS.enumerate() {
+        for (i, &(x, scales, bits, group, rows, cols)) in shapes.iter().enumerate() {
+            // Every shape at 2, 5 and 8 rows; one shape a count between.
+            if !matches!(x_rows, 2 | 5 | 8) && i != k % shapes.len() {
+                continue;
+            }
+            seed += 1;
+            let op = OpCase::new(
+                Kind::Products,
+                (x, scales),
+                (bits, group),
+                [1, rows, cols],
+                x_rows,
+                Gather::Dense,
+            );
+            cases.push(Case {
+                op,
+                index: None,
+                rows_per_group: Some(1),
+                bad_id: None,
+                seed,
+            });
+        }
+    }
+    let failed: Vec<String> = cases
+        .iter()
+        .enumerate()
+        .filter_map(|(i, c)| check_pass(c, i))
+        .collect();
+    common::assert_no_failures(&failed, cases.len(), "cases differ");
+}
+
 #[test]
 fn shipped_kernel_matches_the_cpu_twin() {
     let cases = cases();

@@ -22,6 +22,11 @@ fn row_products_give_each_row_what_it_gets_alone() {
 }
 
 #[test]
+fn one_pass_rows_give_each_row_its_bits_alone() {
+    check::one_pass_rows_give_each_row_its_bits_alone(&gpu());
+}
+
+#[test]
 fn only_the_dequantizing_path_launches_twice() {
     check::only_the_dequantizing_path_launches_twice(&gpu());
 }

@@ -17,7 +17,7 @@ mod common;
 use candle_core::{DType, Device, Tensor};
 use common::*;
 use gdn_ops::launches;
-use gdn_ops::ops::affine::MATVEC_MAX_ROWS;
+use gdn_ops::ops::affine::dense_rows;
 use gdn_ops::ops::attn_decode;
 use qwen_gdn_model::cache::{Cache, LayerCache};
 use qwen_gdn_model::config::LayerKind;
@@ -229,11 +229,11 @@ fn check(name: &str) {
     // recurrence, the copy of the state before it (the last token's state is the live one)
     // and its output row (3); per attention layer its `attn_decode` (one launch, or two past
     // SPLIT_KEYS positions on a GPU) and output row, nothing per product; and once per layer
-    // joining the rows, or allocating the GDN window's states (1 per layer). Past
-    // MATVEC_MAX_ROWS rows a second pass, which
-    // copies the first pass's last state (1 per GDN layer), and the logits and normed rows
-    // of the two are joined (2 + 2). A pass that drops to the composed MoE or to dequantized
-    // products (more than MATVEC_MAX_ROWS rows in one pass) is far over.
+    // joining the rows, or allocating the GDN window's states (1 per layer). Up to the rows
+    // the quantized products run row by row (`DenseRows::row_products_max`: 8 under `auto`)
+    // one pass; past them a second pass, which copies the first pass's last state (1 per GDN
+    // layer), and the logits and normed rows of the two are joined (2 + 2). A pass that drops
+    // to the composed MoE or to dequantized products is far over.
     if covered {
         let one_row = launches_at[0];
         let step = one_row - gdn_layers;
@@ -244,7 +244,8 @@ fn check(name: &str) {
         };
         let per_row = gdn_per_row + (attn_decode + 1) * attention_layers;
         let join = gdn_layers + attention_layers;
-        for (i, &spent) in launches_at.iter().enumerate().take(MATVEC_MAX_ROWS).skip(1) {
+        let per_pass = dense_rows().row_products_max();
+        for (i, &spent) in launches_at.iter().enumerate().take(per_pass).skip(1) {
             let budget = step + i * per_row + join;
             assert!(
                 spent <= budget,
@@ -252,11 +253,10 @@ fn check(name: &str) {
                 i + 1
             );
         }
-        let two_passes = launches_at[MATVEC_MAX_ROWS - 1] + step + gdn_layers + 4;
-        assert!(
-            launches_at[MATVEC_MAX_ROWS] <= two_passes,
-            "{name}: {launches_at:?}"
-        );
+        if let Some(&spent) = launches_at.get(per_pass) {
+            let two_passes = launches_at[per_pass - 1] + step + gdn_layers + 4;
+            assert!(spent <= two_passes, "{name}: {launches_at:?}");
+        }
     }
 }
 

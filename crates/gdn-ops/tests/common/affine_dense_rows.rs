@@ -121,6 +121,51 @@ pub fn row_products_give_each_row_what_it_gets_alone(dev: &Device) {
     }
 }
 
+/// 2..=8 rows of the model's widths (2 048 and 4 096 columns at 4 bits, 2 048 at 8: the
+/// one-pass streamed kernel on CUDA, 1, 2 and 4 chunks a lane, over 48 KB of staged x from
+/// 6 rows) under `auto`: each row bit for bit what it gets alone, f32 and bf16 activations.
+pub fn one_pass_rows_give_each_row_its_bits_alone(dev: &Device) {
+    let mut rng = Rng::new(28);
+    let matrices = [
+        random_matrix(&mut rng, 4, 64, [1, 300, 2048], DType::BF16),
+        random_matrix(&mut rng, 4, 64, [1, 136, 4096], DType::BF16),
+        random_matrix(&mut rng, 8, 32, [1, 72, 2048], DType::F32),
+        random_matrix(&mut rng, 4, 64, [1, 200, 256], DType::F16),
+    ];
+    let _path = scope(DenseRows::Auto);
+    for m in matrices {
+        let w = AffineTensor::upload(&m, dev).unwrap();
+        for rows in 2..=8 {
+            for dtype in [DType::F32, DType::BF16] {
+                let xs: Vec<f32> = (0..rows * m.cols).map(|_| rng.uniform(-1.0, 1.0)).collect();
+                let x = Tensor::from_slice(&xs, (rows, m.cols), dev)
+                    .unwrap()
+                    .to_dtype(dtype)
+                    .unwrap();
+                let all = values(&w.matmul_t(&x).unwrap());
+                for r in 0..rows {
+                    let one = values(&w.matmul_t(&x.narrow(0, r, 1).unwrap()).unwrap());
+                    let mine = &all[r * m.rows..(r + 1) * m.rows];
+                    let differ = mine
+                        .iter()
+                        .zip(&one)
+                        .position(|(a, b)| a.to_bits() != b.to_bits());
+                    assert!(
+                        differ.is_none(),
+                        "row {r} of {rows} {dtype:?}, {}-bit [{}, {}]: [{}] = {} against {} alone",
+                        m.bits,
+                        m.rows,
+                        m.cols,
+                        differ.unwrap(),
+                        mine[differ.unwrap()],
+                        one[differ.unwrap()]
+                    );
+                }
+            }
+        }
+    }
+}
+
 /// No path past the decode rows dequantizes but `dequantize`: the row products and the
 /// grouped GEMM are one launch a product, the dequantizing path two (a dequantization and a
 /// GEMM). A prefill's 65 rows dequantize whatever the choice.

@@ -7,6 +7,7 @@ use crate::backend::cuda::{
     config, cuda_device, cuda_source, launch, tensor, view_or, with_float_types, Element, Held,
     Kernel, KernelSource,
 };
+use crate::backend::kernel_instance;
 use anyhow::{ensure, Result};
 use candle_core::cuda_backend::cudarc::driver::{CudaView, DeviceRepr, LaunchArgs, PushKernelArg};
 use candle_core::cuda_backend::CudaDType;
@@ -20,6 +21,8 @@ unsafe impl DeviceRepr for AffineParams {}
 
 /// Warps (output values) per block of the products kernel.
 const WARPS_PER_BLOCK: u32 = 8;
+/// Dynamic shared memory a block gets without raising the kernel's limit.
+const DEFAULT_SHARED_BYTES: usize = 48 * 1024;
 /// Threads per block of the dequantize kernel.
 const DEQUANTIZE_BLOCK: u32 = 256;
 
@@ -101,9 +104,15 @@ where
     } = *call;
     let y_cols = call.width(m);
     let swiglu = kind == ProductKind::Swiglu;
+    let dense = !swiglu && ids.is_none() && x_div == 1;
     let geometry = if wide_fits::<X>(m, x) {
         let lpr = wide::lanes_per_row(m.bits, m.cols);
-        if stream::covers(m.bits, m.group_size, m.cols) {
+        if dense && stream::pass_covers(m.bits, m.group_size, m.cols, out_rows) {
+            Geometry::Pass {
+                lpr,
+                launch: stream::pass_launch(m.bits, m.cols, y_cols, out_rows, sms(dev)?),
+            }
+        } else if stream::covers(m.bits, m.group_size, m.cols) {
             Geometry::Stream {
                 lpr,
                 launch: stream::launch(m.bits, m.cols, y_cols, out_rows, swiglu, sms(dev)?),
@@ -117,6 +126,15 @@ where
     };
     let kind_name = if swiglu { "swiglu" } else { "products" };
     let (source, name) = match geometry {
+        Geometry::Pass { launch, .. } => (
+            &STREAM_SOURCE,
+            format!(
+                "affine_stream_rows_b{}_t{}_s{}",
+                m.bits,
+                stream::pass_capacity(out_rows),
+                launch.steps
+            ),
+        ),
         Geometry::Stream { launch, .. } => (
             &STREAM_SOURCE,
             format!(
@@ -131,7 +149,15 @@ where
         Geometry::WarpPerRow if swiglu => (&SOURCE, "affine_products_swiglu".to_string()),
         Geometry::WarpPerRow => (&SOURCE, "affine_products".to_string()),
     };
-    let kernel = Kernel::typed(dev, source, &name, &[X::DTYPE, S::DTYPE], OP)?;
+    let pass_shared = stream::pass_shared_bytes(m.bits, m.cols, out_rows);
+    let kernel = match geometry {
+        // Past the default 48 KB a block the launch fails unless the kernel's limit is raised.
+        Geometry::Pass { .. } if pass_shared > DEFAULT_SHARED_BYTES => {
+            let instance = kernel_instance(&name, &[X::DTYPE, S::DTYPE], OP)?;
+            Kernel::load_with_shared(dev, source, &instance, pass_shared)?
+        }
+        _ => Kernel::typed(dev, source, &name, &[X::DTYPE, S::DTYPE], OP)?,
+    };
     // SAFETY: the kernel writes every element of y.
     let y = unsafe { dev.alloc::<X>(out_rows * y_cols)? };
     {
@@ -145,13 +171,26 @@ where
         let experts = m.experts as u32;
         let mut args = kernel.args();
         weight_views.push(&mut args);
-        args.arg(&x_view)
-            .arg(&ids_view)
-            .arg(&y)
-            .arg(&p)
-            .arg(&experts);
+        args.arg(&x_view);
+        // The one-pass kernels take neither ids nor experts (dense products).
+        if !matches!(geometry, Geometry::Pass { .. }) {
+            args.arg(&ids_view);
+        }
+        args.arg(&y).arg(&p);
+        if !matches!(geometry, Geometry::Pass { .. }) {
+            args.arg(&experts);
+        }
         let lpr_arg;
         let blocks = match geometry {
+            Geometry::Pass { lpr, launch } => {
+                lpr_arg = lpr as u32;
+                args.arg(&lpr_arg);
+                config(
+                    (launch.blocks_x as u32, 1, 1),
+                    (32 * stream::WARPS as u32, 1, 1),
+                    pass_shared,
+                )
+            }
             Geometry::Stream { lpr, launch } => {
                 lpr_arg = lpr as u32;
                 args.arg(&lpr_arg);
@@ -179,7 +218,8 @@ where
         // SAFETY: arguments in the order and types of `affine_products_*` and
         // `affine_products_swiglu_*` (and, with the trailing lanes-per-row, `affine_wide_*`) in
         // kernels/affine.cu (the streamed ones, `affine_stream_*` in kernels/affine_stream.cu,
-        // take the wide ones' arguments); x holds (out_rows - 1) / x_div + 1 rows of cols
+        // take the wide ones' arguments, `affine_stream_rows_*` the same without ids and
+        // experts); x holds (out_rows - 1) / x_div + 1 rows of cols
         // values; the wide and streamed kernels' 16-byte loads were checked to be aligned
         // (`wide_fits`).
         unsafe { launch(args, blocks) }?;
@@ -196,6 +236,9 @@ enum Geometry {
     Wide { lpr: usize, rows: usize },
     /// `affine_stream_*`: the wide kernels' sums, streamed (see [`stream`]).
     Stream { lpr: usize, launch: stream::Launch },
+    /// `affine_stream_rows_*`: the streamed sums of 2..=8 dense rows in one pass over the
+    /// weights, each row's bits as alone (see [`stream::pass_launch`]).
+    Pass { lpr: usize, launch: stream::Launch },
 }
 
 /// Whether the wide kernels take this matrix and input: its width and groups ([`wide::covers`])

@@ -84,6 +84,16 @@ impl DenseRows {
         }
     }
 
+    /// The most rows one product runs as row products under this choice (each row the bits
+    /// it gets alone, whatever the matrix): a verify pass of more rows runs as several.
+    pub fn row_products_max(self) -> usize {
+        match self {
+            DenseRows::Auto => AUTO_ROW_PRODUCTS_MAX,
+            DenseRows::RowProducts => DENSE_ROWS_MAX,
+            DenseRows::Dequantize | DenseRows::Grouped => crate::ops::affine::MATVEC_MAX_ROWS,
+        }
+    }
+
     /// The path for `x_rows` activation rows (in `MATVEC_MAX_ROWS < x_rows <= DENSE_ROWS_MAX`)
     /// of a matrix of `outputs` rows; `grouped` says whether the grouped kernel takes this
     /// matrix, input and device. Never `Auto`; `Grouped` falls back to `Dequantize` where the
@@ -194,5 +204,7 @@ mod tests {
         for (_, c) in DenseRows::NAMED {
             assert_eq!(DenseRows::from_code(c.code()), c);
         }
+        assert_eq!(DenseRows::Auto.row_products_max(), 8);
+        assert_eq!(DenseRows::Dequantize.row_products_max(), 4);
     }
 }

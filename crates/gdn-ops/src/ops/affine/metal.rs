@@ -32,14 +32,18 @@ pub(crate) fn weight_buffers(m: &AffineTensor, op: &str) -> Result<[(Buffer, usi
 
 /// The products of `call` (see [`Products`]): one launch of `affine_qmv_*` (or its SwiGLU
 /// form `affine_qmv_swiglu_*`, the same geometry), `out_rows` rows of `width` values, eight
-/// per threadgroup.
+/// per threadgroup; 2..=8 dense rows in one pass over the weights (`affine_qmv_pass_*`).
 pub(crate) fn products(m: &AffineTensor, call: &Products) -> Result<Tensor> {
     let (op, width, out_rows) = (call.op(), call.width(m), call.out_rows);
+    let (x, ids) = (call.x, call.ids);
+    let dense = call.kind == ProductKind::Plain && ids.is_none() && call.x_div == 1;
+    if dense && PASS_ROWS.contains(&out_rows) {
+        return products_in_one_pass(m, x, out_rows);
+    }
     let kernel = match call.kind {
         ProductKind::Plain => "affine_qmv",
         ProductKind::Swiglu => "affine_qmv_swiglu",
     };
-    let (x, ids) = (call.x, call.ids);
     let dev = metal_device(&m.packed, op)?;
     let name = kernel_instance(kernel, &[x.dtype(), m.scales.dtype()], op)?;
     let pipeline = pipeline(&dev, &SOURCE, &name)?;
@@ -64,6 +68,37 @@ pub(crate) fn products(m: &AffineTensor, call: &Products) -> Result<Tensor> {
         0,
     )?;
     Ok(output(&dev, y, (out_rows, width), x.dtype()))
+}
+
+/// Dense rows `affine_qmv_pass_*` takes at once (more run `affine_qmv`, a threadgroup row
+/// each).
+const PASS_ROWS: std::ops::RangeInclusive<usize> = 2..=8;
+
+/// `x [rows, K] W^T` for 2..=8 dense rows in one launch of `affine_qmv_pass_*`: each weight
+/// word read and unpacked once for all rows, each row's bits what `affine_qmv` gives it
+/// alone (kernels/affine.metal).
+fn products_in_one_pass(m: &AffineTensor, x: &Tensor, rows: usize) -> Result<Tensor> {
+    const OP: &str = "affine matmul";
+    let dev = metal_device(&m.packed, OP)?;
+    let name = kernel_instance("affine_qmv_pass", &[x.dtype(), m.scales.dtype()], OP)?;
+    let pipeline = pipeline(&dev, &SOURCE, &name)?;
+    let x = x.contiguous()?;
+    let y = new_output(&dev, rows * m.rows, x.dtype(), "affine_qmv_pass_y")?;
+    let [w, s, b] = weight_buffers(m, OP)?;
+    encode(
+        &dev,
+        &pipeline,
+        &reads_then_writes(&[&w, &s, &b, &metal_buffer(&x, OP)?], &[&from_start(&y)]),
+        &AffineParams::new(m, m.rows, rows, 1, false),
+        size(
+            m.rows.div_ceil(QMV_ROWS_PER_SIMDGROUP * QMV_SIMDGROUPS),
+            1,
+            1,
+        ),
+        size(32, QMV_SIMDGROUPS, 1),
+        0,
+    )?;
+    Ok(output(&dev, y, (rows, m.rows), x.dtype()))
 }
 
 /// `count` rows (those listed in `ids`, or the first `count`) of the stacked matrix in `dtype`.

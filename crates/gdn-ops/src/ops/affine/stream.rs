@@ -101,6 +101,53 @@ pub fn launch(
     }
 }
 
+/// Activation rows the one-pass kernels (`affine_stream_rows_b<bits>_t<T>_*`) take: a verify
+/// pass of up to 8 tokens, a batched step of up to 8 sequences.
+pub const PASS_ROWS: std::ops::RangeInclusive<usize> = 2..=8;
+
+/// The instantiated row capacity (`t<T>` in the kernel's name: 2, 4 or 8) that holds
+/// `x_rows` rows.
+pub fn pass_capacity(x_rows: usize) -> usize {
+    match x_rows {
+        0..=2 => 2,
+        3..=4 => 4,
+        _ => 8,
+    }
+}
+
+/// Shared memory an SM of an H100/H200 gives its blocks (228 KB, 1 KB of it reserved a block).
+const SM_SHARED_BYTES: usize = 228 * 1024;
+
+/// Dynamic shared memory of a one-pass block: the T rows of x in f32 and each chunk's sum.
+pub fn pass_shared_bytes(bits: usize, cols: usize, x_rows: usize) -> usize {
+    x_rows * shared_bytes(bits, cols)
+}
+
+/// Whether one pass over the weights takes `x_rows` dense rows of this matrix: the streamed
+/// kernels take it, 2..=8 rows, and the rows of x fit a block's shared memory (227 KB on an
+/// H100/H200: 8 rows of 4 096 columns take 135 KB).
+pub fn pass_covers(bits: usize, group_size: usize, cols: usize, x_rows: usize) -> bool {
+    covers(bits, group_size, cols)
+        && PASS_ROWS.contains(&x_rows)
+        && pass_shared_bytes(bits, cols, x_rows) + 1024 <= SM_SHARED_BYTES
+}
+
+/// The launch of one pass over `x_rows` rows: one weight row a row group (the unpacked chunk
+/// and the round's loads stay in registers whatever the rows), as many blocks as the SMs hold
+/// at once by registers (as the one-row kernel at its steps) and by shared memory, never more
+/// than the row groups need.
+pub fn pass_launch(bits: usize, cols: usize, outputs: usize, x_rows: usize, sms: usize) -> Launch {
+    let lpr = wide::lanes_per_row(bits, cols);
+    let steps = steps(bits, cols, lpr);
+    let by_shared = SM_SHARED_BYTES / (pass_shared_bytes(bits, cols, x_rows) + 1024);
+    let resident = resident_blocks(1, steps).min(by_shared).max(1);
+    Launch {
+        rows: 1,
+        steps,
+        blocks_x: wide::blocks_x(outputs, lpr, 1).min(resident * sms),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -141,5 +188,26 @@ mod tests {
         assert_eq!(at(4, 512, 2048, 11, false), (1, 1, 96));
         // The head.
         assert_eq!(at(4, 2048, 151936, 1, false), (1, 2, 1056));
+    }
+
+    #[test]
+    fn one_pass_launches_hold_the_rows_of_x_in_shared_memory() {
+        let at = |cols, outputs, x_rows| {
+            let l = pass_launch(4, cols, outputs, x_rows, 132);
+            (l.rows, l.steps, l.blocks_x)
+        };
+        // In-projection at 4 rows (33 KB of x): 6 blocks an SM (8 at one row); at 8 (66 KB): 3.
+        assert_eq!(at(2048, 12352, 4), (1, 2, 792));
+        assert_eq!(at(2048, 12352, 8), (1, 2, 396));
+        // Out-projection of 4 096 columns at 8 rows (135 KB): one block an SM.
+        assert_eq!(at(4096, 2048, 8), (1, 4, 132));
+        // Few outputs: the row groups bound the grid.
+        assert_eq!(at(2048, 64, 2), (1, 2, 16));
+        assert!(pass_covers(4, 64, 4096, 8));
+        assert!(!pass_covers(4, 64, 4096, 9), "9 rows: one launch a row");
+        assert!(!pass_covers(4, 64, 4096, 1), "1 row: the one-row kernel");
+        assert!(!pass_covers(4, 64, 8192, 2), "8 chunks a lane");
+        let capacities: Vec<usize> = PASS_ROWS.map(pass_capacity).collect();
+        assert_eq!(capacities, [2, 4, 4, 8, 8, 8, 8]);
     }
 }

@@ -26,7 +26,7 @@ use crate::tensor::cast;
 use anyhow::{bail, Result};
 use candle_core::{DType, Tensor};
 use gdn_ops::ops::add_rms_norm::add_rms_norm;
-use gdn_ops::ops::affine::MATVEC_MAX_ROWS;
+use gdn_ops::ops::affine::dense_rows;
 use gdn_ops::profile::{self, labelled, LayerKind};
 
 pub use super::verify_replays::graph_replays;
@@ -70,13 +70,15 @@ impl HybridDecoder {
         cache: &mut Cache,
         tap: &mut dyn Tap,
     ) -> Result<(Tensor, Tensor)> {
-        // Past MATVEC_MAX_ROWS rows the quantized products dequantize their whole matrix
-        // (prefill's choice) and the gathered experts compose: longer windows run as
-        // passes of at most that many rows, one after the other on the same window.
+        // Past the rows the quantized products run row by row (8 under `auto`: one pass over
+        // the weights, each row's bits as alone) they take another path (a dequantized copy,
+        // a GEMM): longer windows run as passes of at most that many rows, one after the
+        // other on the same window.
         let (mut logits, mut normed) = (vec![], vec![]);
         let rows = ids.dim(0)?;
-        for start in (0..rows).step_by(MATVEC_MAX_ROWS) {
-            let n = MATVEC_MAX_ROWS.min(rows - start);
+        let per_pass = dense_rows().row_products_max();
+        for start in (0..rows).step_by(per_pass) {
+            let n = per_pass.min(rows - start);
             let part = ids.narrow(0, start, n)?;
             let embedded = labelled("embed", || ends.embed.forward_ids(&part, ends.dtype))?;
             let x = self.verify_fused(&embedded, &positions.narrow(0, start, n)?, cache, tap)?;
