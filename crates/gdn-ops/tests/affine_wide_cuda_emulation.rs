@@ -23,7 +23,7 @@ mod emu;
 use candle_core::Device;
 use common::affine::{self, Case as OpCase, Gather, Kind};
 use common::{close, failures, values, Input, Ty};
-use gdn_ops::ops::affine::{stream, wide, AffineTensor};
+use gdn_ops::ops::affine::{split, stream, wide, AffineTensor};
 
 static HARNESS: emu::Harness = emu::Harness::cuda("affine_wide_cuda_harness");
 
@@ -92,7 +92,7 @@ fn check(case: &Case) -> Option<String> {
 }
 
 /// The harness input of `case`: the shape, then the launch (rows per group, lanes per row,
-/// blocks along the outputs, streamed or wide, the streamed body's steps), then the weights, x
+/// blocks along the outputs, the body: 0 wide, 1 streamed, 2 split, the streamed body's steps), then the weights, x
 /// and (when gathered) the expert ids sent.
 fn encode(case: &Case, launch: [usize; 5], x_in: &affine::Inputs, sent_ids: &[u32]) -> Vec<u8> {
     let c = &case.op;
@@ -185,6 +185,124 @@ fn shipped_streamed_kernel_gives_the_wide_kernels_bits() {
         .filter_map(|(i, c)| check_stream(c, *i))
         .collect();
     common::assert_no_failures(&failed, cases.len(), "cases differ");
+}
+
+/// Runs the block-split body (`affine_split::split_body`) on one case, `rows_per_group` rows a
+/// block or the host's choice at 132 SMs; `None` when it matches the twin (the wide kernel's
+/// gate: it sums the same chunks in another order).
+fn check_split(case: &Case) -> Option<String> {
+    let c = &case.op;
+    let x_in = affine::inputs(c, case.seed);
+    let mut sent_ids = x_in.ids.clone();
+    let mut want = values(&x_in.run(
+        c,
+        &AffineTensor::upload(&x_in.m, &Device::Cpu).unwrap(),
+        &Device::Cpu,
+    ));
+    if let Some(bad) = case.bad_id {
+        sent_ids[bad] = (c.experts + 3) as u32;
+    }
+    let outputs = c.outputs();
+    let rows = case
+        .rows_per_group
+        .unwrap_or_else(|| split::rows_per_block(outputs, c.out_rows(), 132));
+    let launch = [rows, 32, split::blocks_x(outputs, rows), 2, 1];
+    let what = format!("{} split, {rows} rows a block", c.label());
+    let mut got = match HARNESS.run(&encode(case, launch, &x_in, &sent_ids)) {
+        Err(e) => return Some(format!("{what}: {e}")),
+        Ok(got) => got,
+    };
+    if let Some(bad) = case.bad_id {
+        let span = bad * outputs..(bad + 1) * outputs;
+        if let Some(i) = got[span.clone()].iter().position(|v| !v.is_nan()) {
+            return Some(format!(
+                "{what}: output row {bad} has an out-of-range expert id, yet [{i}] = {}",
+                got[span.start + i]
+            ));
+        }
+        got.drain(span.clone());
+        want.drain(span);
+    }
+    let result = close(&what, &got, &want, c.x, 1.0, 1e-5);
+    if result.is_none() {
+        eprintln!("{what}: ok");
+    }
+    result
+}
+
+/// The split body's cases: the merged hyper-connection product's row length (10 240 four-bit
+/// columns, 320 chunks: lanes of one and of two chunks) at a few rows, both rows-a-block entry
+/// points with a partial last block, 8 bits, rows shorter than the block's lanes (idle warps
+/// add nothing), gathered rows and an out-of-range expert id.
+fn split_cases() -> Vec<Case> {
+    let mut seed = 0x5EED_5B17;
+    let mut cases = vec![];
+    let mut case = |(x, scales), (bits, group), shape, gather, rows_per_group, bad_id| {
+        seed += 1;
+        cases.push(Case {
+            op: OpCase::new(Kind::Products, (x, scales), (bits, group), shape, 1, gather),
+            index: None,
+            rows_per_group,
+            bad_id,
+            seed,
+        });
+    };
+    let (dense, tok) = (Gather::Dense, Gather::PerToken { slots: 2 });
+    case(
+        (Ty::Bf16, Ty::Bf16),
+        (4, 64),
+        [1, 5, 10240],
+        dense,
+        Some(2),
+        None,
+    );
+    case(
+        (Ty::F32, Ty::F16),
+        (4, 32),
+        [1, 3, 8192],
+        dense,
+        Some(1),
+        None,
+    );
+    case(
+        (Ty::F16, Ty::F32),
+        (8, 64),
+        [1, 5, 4096],
+        dense,
+        Some(2),
+        None,
+    );
+    case(
+        (Ty::Bf16, Ty::F32),
+        (8, 128),
+        [1, 3, 6144],
+        dense,
+        None,
+        None,
+    );
+    case(
+        (Ty::Bf16, Ty::Bf16),
+        (4, 64),
+        [1, 7, 2048],
+        dense,
+        Some(2),
+        None,
+    );
+    case(
+        (Ty::Bf16, Ty::Bf16),
+        (4, 64),
+        [3, 3, 4096],
+        tok,
+        Some(2),
+        Some(1),
+    );
+    cases
+}
+
+#[test]
+fn shipped_split_kernel_matches_the_cpu_twin() {
+    let cases = split_cases();
+    common::assert_no_failures(&failures(&cases, check_split), cases.len(), "cases fail");
 }
 
 #[test]
@@ -378,8 +496,12 @@ fn cases() -> Vec<Case> {
 #[test]
 fn block_constant_and_params_match_the_host() {
     let flat = emu::shipped_source("kernels/affine.cu");
-    let line = format!("constexpr uint32_t kWideWarps = {};", wide::WARPS);
-    assert!(flat.contains(&line), "missing `{line}`");
+    for line in [
+        format!("constexpr uint32_t kWideWarps = {};", wide::WARPS),
+        format!("constexpr uint32_t kSplitWarps = {};", split::WARPS),
+    ] {
+        assert!(flat.contains(&line), "missing `{line}`");
+    }
     let fields: Vec<String> = emu::params_fields("affine.h", "AffineParams")
         .into_iter()
         .map(|(_, name)| name)

@@ -141,3 +141,41 @@ fn cuda_up_mix_matches_the_cpu_twin_and_the_three_kernels() {
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
+
+/// The hyper-connection's merged down+inject product (`[R + S, S·H]`: 324 rows of 10 240
+/// four-bit g64 columns at the release) on CUDA against the CPU twin: at one token it takes
+/// the block-split kernel (`affine_split_products_b4_r2`, ops/affine/split.rs), 5 rows the one
+/// row a block entry point, and 3 tokens the wide kernel. Gate: 1 ulp of the activation type
+/// plus 1e-5 of max |y| (the same chunks summed in another order).
+#[test]
+fn cuda_merged_down_inject_product_matches_the_cpu_twin() {
+    use common::random::{scaled_matrix, Rng};
+    let gpu = gpu();
+    let mut failures = vec![];
+    for (rows, tokens) in [(324, 1), (5, 1), (324, 3)] {
+        for ty in TYPES {
+            let mut rng = Rng::new(0x5EED_D0 + rows as u64 * 7 + tokens as u64);
+            let cols = 4 * 2560;
+            let m = scaled_matrix(
+                &mut rng,
+                4,
+                64,
+                [1, rows, cols],
+                candle_core::DType::BF16,
+                None,
+            );
+            let x = tensor(
+                &rng.values(tokens * cols, -3.0, 3.0, ty),
+                &[tokens, cols],
+                ty,
+            );
+            let [w, w_g] = [&Device::Cpu, &gpu].map(|d| AffineTensor::upload(&m, d).unwrap());
+            let want = values(&w.matmul_t(&x).unwrap());
+            let got = values(&w_g.matmul_t(&x.to_device(&gpu).unwrap()).unwrap());
+            if let Some(e) = close("y", &got, &want, ty, 1.0, 1e-5) {
+                failures.push(format!("{rows} rows x {tokens} tokens, {}: {e}", ty.name()));
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}

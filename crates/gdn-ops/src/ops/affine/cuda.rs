@@ -2,7 +2,7 @@
 //! [`AffineTensor`] (direct products for few activation rows, row dequantization for the
 //! rest), with the same meaning as the CPU twin in `affine_tensor.rs`.
 
-use super::{stream, wide, AffineParams, AffineTensor, ProductKind, Products};
+use super::{split, stream, wide, AffineParams, AffineTensor, ProductKind, Products};
 use crate::backend::cuda::{
     config, cuda_device, cuda_source, launch, tensor, view_or, with_float_types, Element, Held,
     Kernel, KernelSource,
@@ -103,7 +103,11 @@ where
     let swiglu = kind == ProductKind::Swiglu;
     let geometry = if wide_fits::<X>(m, x) {
         let lpr = wide::lanes_per_row(m.bits, m.cols);
-        if stream::covers(m.bits, m.group_size, m.cols) {
+        if !swiglu && split::chooses(m.bits, m.group_size, m.cols, y_cols, out_rows, sms(dev)?) {
+            Geometry::Split {
+                rows: split::rows_per_block(y_cols, out_rows, sms(dev)?),
+            }
+        } else if stream::covers(m.bits, m.group_size, m.cols) {
             Geometry::Stream {
                 lpr,
                 launch: stream::launch(m.bits, m.cols, y_cols, out_rows, swiglu, sms(dev)?),
@@ -127,6 +131,10 @@ where
         Geometry::Wide { rows, .. } => (
             &SOURCE,
             format!("affine_wide_{kind_name}_b{}_r{rows}", m.bits),
+        ),
+        Geometry::Split { rows } => (
+            &SOURCE,
+            format!("affine_split_products_b{}_r{rows}", m.bits),
         ),
         Geometry::WarpPerRow if swiglu => (&SOURCE, "affine_products_swiglu".to_string()),
         Geometry::WarpPerRow => (&SOURCE, "affine_products".to_string()),
@@ -171,6 +179,11 @@ where
                     0,
                 )
             }
+            Geometry::Split { rows } => config(
+                (split::blocks_x(y_cols, rows) as u32, out_rows as u32, 1),
+                (32 * split::WARPS as u32, 1, 1),
+                0,
+            ),
             Geometry::WarpPerRow => {
                 let blocks_x = (y_cols as u32).div_ceil(WARPS_PER_BLOCK);
                 config((blocks_x, out_rows as u32, 1), (32, WARPS_PER_BLOCK, 1), 0)
@@ -179,7 +192,7 @@ where
         // SAFETY: arguments in the order and types of `affine_products_*` and
         // `affine_products_swiglu_*` (and, with the trailing lanes-per-row, `affine_wide_*`) in
         // kernels/affine.cu (the streamed ones, `affine_stream_*` in kernels/affine_stream.cu,
-        // take the wide ones' arguments); x holds (out_rows - 1) / x_div + 1 rows of cols
+        // take the wide ones' arguments, the split ones the products' arguments); x holds (out_rows - 1) / x_div + 1 rows of cols
         // values; the wide and streamed kernels' 16-byte loads were checked to be aligned
         // (`wide_fits`).
         unsafe { launch(args, blocks) }?;
@@ -196,6 +209,9 @@ enum Geometry {
     Wide { lpr: usize, rows: usize },
     /// `affine_stream_*`: the wide kernels' sums, streamed (see [`stream`]).
     Stream { lpr: usize, launch: stream::Launch },
+    /// `affine_split_products_*`: the wide kernels' sums, a block of warps on each of `rows`
+    /// rows (few rows, long rows: see [`split`]).
+    Split { rows: usize },
 }
 
 /// Whether the wide kernels take this matrix and input: its width and groups ([`wide::covers`])
