@@ -226,7 +226,7 @@ fn wide_fits<X: WithDType>(m: &AffineTensor, x: &Tensor) -> bool {
 
 /// The device's streaming multiprocessors (the wide kernels size their grids by it), read once
 /// per device.
-fn sms(dev: &CudaDevice) -> Result<usize> {
+pub(crate) fn sms(dev: &CudaDevice) -> Result<usize> {
     use candle_core::cuda_backend::cudarc::driver::sys::CUdevice_attribute;
     use std::sync::OnceLock;
     static SMS: OnceLock<usize> = OnceLock::new();
