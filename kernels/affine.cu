@@ -227,6 +227,35 @@ __device__ __forceinline__ float load_x(const X* xr, uint32_t j0, float (&xs)[V]
   return sum;
 }
 
+// Chunk c of each of the NR rows `row` against x: acc[r] += s * sum(q x) + b * sum(x), the
+// chunk's words, then its scales and biases, then x asked for before any is summed. The wide
+// kernels' and the split kernels' per-chunk step.
+template <uint32_t BITS, uint32_t NR, typename X, typename S>
+__device__ __forceinline__ void add_chunk(const uint32_t* packed, const S* scales, const S* biases,
+                                          const X* xr, const size_t (&row)[NR],
+                                          uint32_t words_per_row, uint32_t groups,
+                                          uint32_t group_size, uint32_t c, float (&acc)[NR]) {
+  constexpr uint32_t V = 128 / BITS;  // values per 16-byte chunk
+  uint4 w[NR];
+#pragma unroll
+  for (uint32_t r = 0; r < NR; ++r) {
+    w[r] = *reinterpret_cast<const uint4*>(packed + row[r] * words_per_row + 4 * c);
+  }
+  const uint32_t g = c * V / group_size;
+  float s[NR], b[NR];
+#pragma unroll
+  for (uint32_t r = 0; r < NR; ++r) {
+    s[r] = to_f32(scales[row[r] * groups + g]);
+    b[r] = to_f32(biases[row[r] * groups + g]);
+  }
+  float xs[V];
+  const float sx = load_x<X, V>(xr, c * V, xs);
+#pragma unroll
+  for (uint32_t r = 0; r < NR; ++r) {
+    acc[r] = fmaf(s[r], chunk_qx<BITS>(w[r], xs), fmaf(b[r], sx, acc[r]));
+  }
+}
+
 // The body of both kinds, with the thread's lane and warp and the block's indices as
 // arguments (kernels/emu runs it on the CPU). SWIGLU: outputs are activations, and a row group
 // reads ROWS gate rows and the ROWS matching up rows.
@@ -264,24 +293,7 @@ __device__ __forceinline__ void wide_body(const uint32_t* packed, const S* scale
   for (uint32_t r = 0; r < NR; ++r) acc[r] = 0.f;
 #pragma unroll 2
   for (uint32_t c = l; c < chunks; c += lpr) {
-    uint4 w[NR];
-#pragma unroll
-    for (uint32_t r = 0; r < NR; ++r) {
-      w[r] = *reinterpret_cast<const uint4*>(packed + row[r] * words_per_row + 4 * c);
-    }
-    const uint32_t g = c * V / p.group_size;
-    float s[NR], b[NR];
-#pragma unroll
-    for (uint32_t r = 0; r < NR; ++r) {
-      s[r] = to_f32(scales[row[r] * groups + g]);
-      b[r] = to_f32(biases[row[r] * groups + g]);
-    }
-    float xs[V];
-    const float sx = load_x<X, V>(xr, c * V, xs);
-#pragma unroll
-    for (uint32_t r = 0; r < NR; ++r) {
-      acc[r] = fmaf(s[r], chunk_qx<BITS>(w[r], xs), fmaf(b[r], sx, acc[r]));
-    }
+    add_chunk<BITS, NR>(packed, scales, biases, xr, row, words_per_row, groups, p.group_size, c, acc);
   }
   affine_row_group::reduce_and_write<ROWS, SWIGLU>(acc, lpr, l, y + (size_t)i * outputs, o0, outputs);
 }
@@ -358,7 +370,6 @@ CUDA_FOR_FLOAT_TYPE_PAIRS(AFFINE_WIDE_FOR_TYPES)
 namespace affine_split {
 
 using cuda_convert::from_f32;
-using cuda_convert::to_f32;
 
 constexpr uint32_t kSplitWarps = 8;
 
@@ -396,19 +407,8 @@ __device__ __forceinline__ void split_body(const uint32_t* __restrict__ packed,
   // all asked for before the first is summed.
 #pragma unroll 2
   for (uint32_t c = tid; c < chunks; c += LANES) {
-    uint4 w[ROWS];
-    float s[ROWS], b[ROWS];
-    const uint32_t g = c * V / p.group_size;
-#pragma unroll
-    for (uint32_t r = 0; r < ROWS; ++r) {
-      w[r] = *reinterpret_cast<const uint4*>(packed + row[r] * words_per_row + 4 * c);
-      s[r] = to_f32(scales[row[r] * groups + g]);
-      b[r] = to_f32(biases[row[r] * groups + g]);
-    }
-    float xs[V];
-    const float sx = affine_wide::load_x<X, V>(xr, c * V, xs);
-#pragma unroll
-    for (uint32_t r = 0; r < ROWS; ++r) acc[r] = fmaf(s[r], affine_wide::chunk_qx<BITS>(w[r], xs), fmaf(b[r], sx, acc[r]));
+    affine_wide::add_chunk<BITS, ROWS>(packed, scales, biases, xr, row, words_per_row, groups,
+                                       p.group_size, c, acc);
   }
 #pragma unroll
   for (uint32_t r = 0; r < ROWS; ++r) {

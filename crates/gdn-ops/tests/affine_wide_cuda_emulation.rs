@@ -42,37 +42,52 @@ struct Case {
 /// Runs the kernel's body on one case; `None` when it matches the twin.
 fn check(case: &Case) -> Option<String> {
     let c = &case.op;
-    let seed = case.index.map_or(case.seed, affine::seed);
-    let x_in = affine::inputs(c, seed);
-    let m = &x_in.m;
-    // A dense case sends no ids.
-    let mut sent_ids = x_in.ids.clone();
-    let twin = AffineTensor::upload(m, &Device::Cpu).unwrap();
-    let swiglu = c.kind == Kind::Swiglu;
-    let outputs = c.outputs();
-    let out_rows = c.out_rows();
-    let want = values(&x_in.run(c, &twin, &Device::Cpu));
-    if let Some(bad) = case.bad_id {
-        sent_ids[bad] = (c.experts + 3) as u32;
-    }
+    let (x_in, sent_ids, want) = prepare(case, case.index.map_or(case.seed, affine::seed));
+    let (outputs, swiglu) = (c.outputs(), c.kind == Kind::Swiglu);
     let lpr = wide::lanes_per_row(c.bits, c.cols);
     let rows_per_group = case
         .rows_per_group
-        .unwrap_or_else(|| wide::rows_per_group(outputs, out_rows, lpr, swiglu, 132));
+        .unwrap_or_else(|| wide::rows_per_group(outputs, c.out_rows(), lpr, swiglu, 132));
     let blocks_x = wide::blocks_x(outputs, lpr, rows_per_group);
-    let input = encode(
-        case,
-        [rows_per_group, lpr, blocks_x, 0, 1],
-        &x_in,
-        &sent_ids,
-    );
+    let launch = [rows_per_group, lpr, blocks_x, 0, 1];
     let what = format!("{} rows/group {rows_per_group} lpr {lpr}", c.label());
-    let mut got = match HARNESS.run(&input) {
+    judge(
+        &what,
+        HARNESS.run(&encode(case, launch, &x_in, &sent_ids)),
+        want,
+        case,
+    )
+}
+
+/// The inputs of `case` from `seed`, the expert ids sent (one out of range where the case
+/// says), and the CPU twin's outputs.
+fn prepare(case: &Case, seed: u64) -> (affine::Inputs, Vec<u32>, Vec<f32>) {
+    let c = &case.op;
+    let x_in = affine::inputs(c, seed);
+    let twin = AffineTensor::upload(&x_in.m, &Device::Cpu).unwrap();
+    let want = values(&x_in.run(c, &twin, &Device::Cpu));
+    // A dense case sends no ids.
+    let mut sent_ids = x_in.ids.clone();
+    if let Some(bad) = case.bad_id {
+        sent_ids[bad] = (c.experts + 3) as u32;
+    }
+    (x_in, sent_ids, want)
+}
+
+/// The harness's output `got` against the twin's `want`: NaN in the row of an out-of-range
+/// expert id, the rest within 1 ulp + 1e-5 of max |y|; `None` when it matches.
+fn judge(
+    what: &str,
+    got: Result<Vec<f32>, String>,
+    mut want: Vec<f32>,
+    case: &Case,
+) -> Option<String> {
+    let mut got = match got {
         Err(e) => return Some(format!("{what}: {e}")),
         Ok(got) => got,
     };
-    let mut want = want;
     if let Some(bad) = case.bad_id {
+        let outputs = case.op.outputs();
         let span = bad * outputs..(bad + 1) * outputs;
         if let Some(i) = got[span.clone()].iter().position(|v| !v.is_nan()) {
             return Some(format!(
@@ -84,7 +99,7 @@ fn check(case: &Case) -> Option<String> {
         got.drain(span.clone());
         want.drain(span);
     }
-    let result = close(&what, &got, &want, c.x, 1.0, 1e-5);
+    let result = close(what, &got, &want, case.op.x, 1.0, 1e-5);
     if result.is_none() {
         eprintln!("{what}: ok");
     }
@@ -192,42 +207,19 @@ fn shipped_streamed_kernel_gives_the_wide_kernels_bits() {
 /// gate: it sums the same chunks in another order).
 fn check_split(case: &Case) -> Option<String> {
     let c = &case.op;
-    let x_in = affine::inputs(c, case.seed);
-    let mut sent_ids = x_in.ids.clone();
-    let mut want = values(&x_in.run(
-        c,
-        &AffineTensor::upload(&x_in.m, &Device::Cpu).unwrap(),
-        &Device::Cpu,
-    ));
-    if let Some(bad) = case.bad_id {
-        sent_ids[bad] = (c.experts + 3) as u32;
-    }
+    let (x_in, sent_ids, want) = prepare(case, case.seed);
     let outputs = c.outputs();
     let rows = case
         .rows_per_group
         .unwrap_or_else(|| split::rows_per_block(outputs, c.out_rows(), 132));
     let launch = [rows, 32, split::blocks_x(outputs, rows), 2, 1];
     let what = format!("{} split, {rows} rows a block", c.label());
-    let mut got = match HARNESS.run(&encode(case, launch, &x_in, &sent_ids)) {
-        Err(e) => return Some(format!("{what}: {e}")),
-        Ok(got) => got,
-    };
-    if let Some(bad) = case.bad_id {
-        let span = bad * outputs..(bad + 1) * outputs;
-        if let Some(i) = got[span.clone()].iter().position(|v| !v.is_nan()) {
-            return Some(format!(
-                "{what}: output row {bad} has an out-of-range expert id, yet [{i}] = {}",
-                got[span.start + i]
-            ));
-        }
-        got.drain(span.clone());
-        want.drain(span);
-    }
-    let result = close(&what, &got, &want, c.x, 1.0, 1e-5);
-    if result.is_none() {
-        eprintln!("{what}: ok");
-    }
-    result
+    judge(
+        &what,
+        HARNESS.run(&encode(case, launch, &x_in, &sent_ids)),
+        want,
+        case,
+    )
 }
 
 /// The split body's cases: the merged hyper-connection product's row length (10 240 four-bit
