@@ -63,6 +63,9 @@ mod tests {
         assert!(chooses(4, 64, 10240, 324, 1, 132));
         assert_eq!(rows_per_block(324, 1, 132), 2);
         assert_eq!(blocks_x(324, 2), 162);
+        // The release's 8-bit router (513 rows of 2 560: 5 chunks a lane, not streamed): the
+        // wide grid's 129 blocks of 4 warps are 516 warps, under 4 an SM.
+        assert!(chooses(8, 64, 2560, 513, 1, 132));
         // Its up product's rows are short (320 columns): not this kernel's.
         assert!(!chooses(4, 64, 320, 10240, 1, 132));
         // The streamed kernels' shapes stay theirs: the in-projection, the out-projection.
