@@ -153,18 +153,17 @@ fn cuda_merged_down_inject_product_matches_the_cpu_twin() {
     use common::random::{scaled_matrix, Rng};
     let gpu = gpu();
     let mut failures = vec![];
-    for (rows, tokens) in [(324, 1), (5, 1), (324, 3)] {
+    let merged = 4 * 2560;
+    for (rows, cols, bits, tokens) in [
+        (324, merged, 4, 1),
+        (5, merged, 4, 1),
+        (324, merged, 4, 3),
+        (513, 2560, 8, 1),
+    ] {
         for ty in TYPES {
             let mut rng = Rng::new(0x5EED_D0 + rows as u64 * 7 + tokens as u64);
-            let cols = 4 * 2560;
-            let m = scaled_matrix(
-                &mut rng,
-                4,
-                64,
-                [1, rows, cols],
-                candle_core::DType::BF16,
-                None,
-            );
+            let bf16 = candle_core::DType::BF16;
+            let m = scaled_matrix(&mut rng, bits, 64, [1, rows, cols], bf16, None);
             let x = tensor(
                 &rng.values(tokens * cols, -3.0, 3.0, ty),
                 &[tokens, cols],
