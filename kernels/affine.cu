@@ -227,6 +227,35 @@ __device__ __forceinline__ float load_x(const X* xr, uint32_t j0, float (&xs)[V]
   return sum;
 }
 
+// Chunk c of each of the NR rows `row` against x: acc[r] += s * sum(q x) + b * sum(x), the
+// chunk's words, then its scales and biases, then x asked for before any is summed. The wide
+// kernels' and the split kernels' per-chunk step.
+template <uint32_t BITS, uint32_t NR, typename X, typename S>
+__device__ __forceinline__ void add_chunk(const uint32_t* packed, const S* scales, const S* biases,
+                                          const X* xr, const size_t (&row)[NR],
+                                          uint32_t words_per_row, uint32_t groups,
+                                          uint32_t group_size, uint32_t c, float (&acc)[NR]) {
+  constexpr uint32_t V = 128 / BITS;  // values per 16-byte chunk
+  uint4 w[NR];
+#pragma unroll
+  for (uint32_t r = 0; r < NR; ++r) {
+    w[r] = *reinterpret_cast<const uint4*>(packed + row[r] * words_per_row + 4 * c);
+  }
+  const uint32_t g = c * V / group_size;
+  float s[NR], b[NR];
+#pragma unroll
+  for (uint32_t r = 0; r < NR; ++r) {
+    s[r] = to_f32(scales[row[r] * groups + g]);
+    b[r] = to_f32(biases[row[r] * groups + g]);
+  }
+  float xs[V];
+  const float sx = load_x<X, V>(xr, c * V, xs);
+#pragma unroll
+  for (uint32_t r = 0; r < NR; ++r) {
+    acc[r] = fmaf(s[r], chunk_qx<BITS>(w[r], xs), fmaf(b[r], sx, acc[r]));
+  }
+}
+
 // The body of both kinds, with the thread's lane and warp and the block's indices as
 // arguments (kernels/emu runs it on the CPU). SWIGLU: outputs are activations, and a row group
 // reads ROWS gate rows and the ROWS matching up rows.
@@ -264,24 +293,7 @@ __device__ __forceinline__ void wide_body(const uint32_t* packed, const S* scale
   for (uint32_t r = 0; r < NR; ++r) acc[r] = 0.f;
 #pragma unroll 2
   for (uint32_t c = l; c < chunks; c += lpr) {
-    uint4 w[NR];
-#pragma unroll
-    for (uint32_t r = 0; r < NR; ++r) {
-      w[r] = *reinterpret_cast<const uint4*>(packed + row[r] * words_per_row + 4 * c);
-    }
-    const uint32_t g = c * V / p.group_size;
-    float s[NR], b[NR];
-#pragma unroll
-    for (uint32_t r = 0; r < NR; ++r) {
-      s[r] = to_f32(scales[row[r] * groups + g]);
-      b[r] = to_f32(biases[row[r] * groups + g]);
-    }
-    float xs[V];
-    const float sx = load_x<X, V>(xr, c * V, xs);
-#pragma unroll
-    for (uint32_t r = 0; r < NR; ++r) {
-      acc[r] = fmaf(s[r], chunk_qx<BITS>(w[r], xs), fmaf(b[r], sx, acc[r]));
-    }
+    add_chunk<BITS, NR>(packed, scales, biases, xr, row, words_per_row, groups, p.group_size, c, acc);
   }
   affine_row_group::reduce_and_write<ROWS, SWIGLU>(acc, lpr, l, y + (size_t)i * outputs, o0, outputs);
 }
@@ -332,3 +344,101 @@ CUDA_FOR_FLOAT_TYPE_PAIRS(AFFINE_ENTRIES)
   AFFINE_WIDE_ENTRY(swiglu, true, 8, 2, XN, XT, SN, ST)
 
 CUDA_FOR_FLOAT_TYPE_PAIRS(AFFINE_WIDE_FOR_TYPES)
+
+// ---------------------------------------------------------------------------------------------
+// Block-split products for 4- and 8-bit matrices of few rows and long rows: the wide kernels'
+// per-chunk sums (affine_wide::chunk_qx, load_x) with a whole block on each row instead of
+// one warp.
+//
+// Why. A matrix of a few hundred rows of many thousand columns (qwen4_exp's merged
+// hyper-connection down+inject product: 324 rows of 10 240 four-bit columns) is too long a row
+// for the streamed kernel (more than 4 chunks a lane) and gives the wide kernel one warp a row:
+// 324 warps on 132 SMs, each lane walking 10 chunks two at a time, a few dependent DRAM round
+// trips with almost nothing else in flight (15 us for 1.9 MB on the H200). Here the
+// kSplitWarps warps of a block share the row (lane tid takes chunks tid, tid + 256, ...: 1-2
+// chunks of a row at that shape), so the whole matrix's loads are in flight at once; each
+// warp's partial is reduced by shuffles and the warps' partials are summed in shared memory in
+// warp order: deterministic, no atomics, no second launch. The order over chunks differs from
+// the wide kernel's (a lane's chunks, then lanes by shuffle, then warps): the CPU twin's
+// result within rounding, not the wide kernel's bits.
+//   affine_split_products_b<BITS>_r<ROWS>_<x>_<s>(packed, scales, biases, x, ids, y, p,
+//                                                 experts)
+//     y[i, r] as affine_products, ROWS output rows a block; NaN for an out-of-range expert id.
+//     block = kSplitWarps * 32 threads; grid = (ceil(rows / ROWS), out_rows).
+//     The host checks what it checks for the wide kernel (crates/gdn-ops/src/ops/affine/
+//     split.rs chooses the shapes).
+namespace affine_split {
+
+using cuda_convert::from_f32;
+
+constexpr uint32_t kSplitWarps = 8;
+
+// Output rows block_x * ROWS .. + ROWS of output row i, with the thread's index in its block
+// and the block's shared scratch (kSplitWarps * ROWS floats) as arguments (kernels/emu runs it
+// on the CPU). Every thread of the block calls it.
+template <uint32_t BITS, uint32_t ROWS, typename X, typename S>
+__device__ __forceinline__ void split_body(const uint32_t* __restrict__ packed,
+                                           const S* __restrict__ scales,
+                                           const S* __restrict__ biases, const X* __restrict__ x,
+                                           const uint32_t* __restrict__ ids, X* __restrict__ y,
+                                           const AffineParams& p, uint32_t experts, uint32_t tid,
+                                           uint32_t block_x, uint32_t i, float* partials) {
+  constexpr uint32_t V = 128 / BITS;  // values per 16-byte chunk
+  constexpr uint32_t LANES = kSplitWarps * 32;
+  if (i >= p.out_rows) return;  // uniform over the block
+  const uint32_t lane = tid % 32, warp = tid / 32;
+  const uint32_t o0 = block_x * ROWS;
+  const uint32_t e = p.has_ids ? ids[i] : 0;
+  if (e >= experts) {  // uniform over the block: no barrier follows
+    if (tid < ROWS && o0 + tid < p.rows) y[(size_t)i * p.rows + o0 + tid] = from_f32<X>(__uint_as_float(0x7fc00000u));
+    return;
+  }
+  const uint32_t words_per_row = p.cols * BITS / 32, groups = p.cols / p.group_size;
+  const uint32_t chunks = p.cols / V;
+  // Rows past the matrix read its last row (a valid address) and are never written.
+  size_t row[ROWS];
+#pragma unroll
+  for (uint32_t r = 0; r < ROWS; ++r) row[r] = (size_t)e * p.rows + min(o0 + r, p.rows - 1);
+  const X* xr = x + (size_t)(i / p.x_div) * p.cols;
+  float acc[ROWS];
+#pragma unroll
+  for (uint32_t r = 0; r < ROWS; ++r) acc[r] = 0.f;
+  // One or two chunks a lane at the shapes this is chosen for: unrolled, their loads are
+  // all asked for before the first is summed.
+#pragma unroll 2
+  for (uint32_t c = tid; c < chunks; c += LANES) {
+    affine_wide::add_chunk<BITS, ROWS>(packed, scales, biases, xr, row, words_per_row, groups,
+                                       p.group_size, c, acc);
+  }
+#pragma unroll
+  for (uint32_t r = 0; r < ROWS; ++r) {
+    for (uint32_t o = 16; o > 0; o >>= 1) acc[r] += __shfl_xor_sync(0xffffffffu, acc[r], o);
+    if (lane == 0) partials[r * kSplitWarps + warp] = acc[r];
+  }
+  __syncthreads();
+  if (tid < ROWS && o0 + tid < p.rows) {
+    float sum = 0.f;
+    for (uint32_t w = 0; w < kSplitWarps; ++w) sum += partials[tid * kSplitWarps + w];
+    y[(size_t)i * p.rows + o0 + tid] = from_f32<X>(sum);
+  }
+}
+
+}  // namespace affine_split
+
+#define AFFINE_SPLIT_ENTRY(BITS, ROWS, XN, XT, SN, ST)                                           \
+  extern "C" __global__ void __launch_bounds__(affine_split::kSplitWarps * 32)                  \
+      affine_split_products_b##BITS##_r##ROWS##_##XN##_##SN(                                    \
+          const uint32_t* packed, const ST* scales, const ST* biases, const XT* x,             \
+          const uint32_t* ids, XT* y, const AffineParams p, const uint32_t experts) {          \
+    __shared__ float partials[affine_split::kSplitWarps * ROWS];                                \
+    affine_split::split_body<BITS, ROWS, XT, ST>(packed, scales, biases, x, ids, y, p, experts, \
+                                                 threadIdx.x, blockIdx.x, blockIdx.y, partials); \
+  }
+
+#define AFFINE_SPLIT_FOR_TYPES(XN, XT, SN, ST) \
+  AFFINE_SPLIT_ENTRY(4, 1, XN, XT, SN, ST)     \
+  AFFINE_SPLIT_ENTRY(4, 2, XN, XT, SN, ST)     \
+  AFFINE_SPLIT_ENTRY(8, 1, XN, XT, SN, ST)     \
+  AFFINE_SPLIT_ENTRY(8, 2, XN, XT, SN, ST)
+
+CUDA_FOR_FLOAT_TYPE_PAIRS(AFFINE_SPLIT_FOR_TYPES)

@@ -14,8 +14,10 @@
 // ENTRY POINTS (extern "C"; <t> in {f32, f16, bf16}):
 //   hc_inject_norm_<t>(hs, y, gate, weight (f32), slot_weights (f32), sum, normed,
 //                      HcInjectNormParams p)
-//     block = ceil(H / kPer) threads rounded up to a multiple of 32 (at most 1024), one block
-//     per stream row; grid = N * S. H <= kPer * 1024 = 8192 (MAX_COLS on the host).
+//     block = any multiple of 32 threads from ceil(H / kPer) up to 1024 (the host takes a
+//     thread a column when the stream rows are fewer than the SMs: ops/hyper_connection/mod.rs
+//     inject_row_threads), one block per stream row; grid = N * S. H <= kPer * 1024 = 8192
+//     (MAX_COLS on the host).
 //     Without an injection y, gate and sum are never touched; without a norm weight and
 //     normed neither; slot_weights only with slots > 0: pass any valid pointer.
 //   hc_act_<t>(d, a, HcActParams p)

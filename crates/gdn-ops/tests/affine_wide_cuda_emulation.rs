@@ -23,7 +23,7 @@ mod emu;
 use candle_core::Device;
 use common::affine::{self, Case as OpCase, Gather, Kind};
 use common::{close, failures, values, Input, Ty};
-use gdn_ops::ops::affine::{stream, wide, AffineTensor};
+use gdn_ops::ops::affine::{split, stream, wide, AffineTensor};
 
 static HARNESS: emu::Harness = emu::Harness::cuda("affine_wide_cuda_harness");
 
@@ -42,37 +42,52 @@ struct Case {
 /// Runs the kernel's body on one case; `None` when it matches the twin.
 fn check(case: &Case) -> Option<String> {
     let c = &case.op;
-    let seed = case.index.map_or(case.seed, affine::seed);
-    let x_in = affine::inputs(c, seed);
-    let m = &x_in.m;
-    // A dense case sends no ids.
-    let mut sent_ids = x_in.ids.clone();
-    let twin = AffineTensor::upload(m, &Device::Cpu).unwrap();
-    let swiglu = c.kind == Kind::Swiglu;
-    let outputs = c.outputs();
-    let out_rows = c.out_rows();
-    let want = values(&x_in.run(c, &twin, &Device::Cpu));
-    if let Some(bad) = case.bad_id {
-        sent_ids[bad] = (c.experts + 3) as u32;
-    }
+    let (x_in, sent_ids, want) = prepare(case, case.index.map_or(case.seed, affine::seed));
+    let (outputs, swiglu) = (c.outputs(), c.kind == Kind::Swiglu);
     let lpr = wide::lanes_per_row(c.bits, c.cols);
     let rows_per_group = case
         .rows_per_group
-        .unwrap_or_else(|| wide::rows_per_group(outputs, out_rows, lpr, swiglu, 132));
+        .unwrap_or_else(|| wide::rows_per_group(outputs, c.out_rows(), lpr, swiglu, 132));
     let blocks_x = wide::blocks_x(outputs, lpr, rows_per_group);
-    let input = encode(
-        case,
-        [rows_per_group, lpr, blocks_x, 0, 1],
-        &x_in,
-        &sent_ids,
-    );
+    let launch = [rows_per_group, lpr, blocks_x, 0, 1];
     let what = format!("{} rows/group {rows_per_group} lpr {lpr}", c.label());
-    let mut got = match HARNESS.run(&input) {
+    judge(
+        &what,
+        HARNESS.run(&encode(case, launch, &x_in, &sent_ids)),
+        want,
+        case,
+    )
+}
+
+/// The inputs of `case` from `seed`, the expert ids sent (one out of range where the case
+/// says), and the CPU twin's outputs.
+fn prepare(case: &Case, seed: u64) -> (affine::Inputs, Vec<u32>, Vec<f32>) {
+    let c = &case.op;
+    let x_in = affine::inputs(c, seed);
+    let twin = AffineTensor::upload(&x_in.m, &Device::Cpu).unwrap();
+    let want = values(&x_in.run(c, &twin, &Device::Cpu));
+    // A dense case sends no ids.
+    let mut sent_ids = x_in.ids.clone();
+    if let Some(bad) = case.bad_id {
+        sent_ids[bad] = (c.experts + 3) as u32;
+    }
+    (x_in, sent_ids, want)
+}
+
+/// The harness's output `got` against the twin's `want`: NaN in the row of an out-of-range
+/// expert id, the rest within 1 ulp + 1e-5 of max |y|; `None` when it matches.
+fn judge(
+    what: &str,
+    got: Result<Vec<f32>, String>,
+    mut want: Vec<f32>,
+    case: &Case,
+) -> Option<String> {
+    let mut got = match got {
         Err(e) => return Some(format!("{what}: {e}")),
         Ok(got) => got,
     };
-    let mut want = want;
     if let Some(bad) = case.bad_id {
+        let outputs = case.op.outputs();
         let span = bad * outputs..(bad + 1) * outputs;
         if let Some(i) = got[span.clone()].iter().position(|v| !v.is_nan()) {
             return Some(format!(
@@ -84,7 +99,7 @@ fn check(case: &Case) -> Option<String> {
         got.drain(span.clone());
         want.drain(span);
     }
-    let result = close(&what, &got, &want, c.x, 1.0, 1e-5);
+    let result = close(what, &got, &want, case.op.x, 1.0, 1e-5);
     if result.is_none() {
         eprintln!("{what}: ok");
     }
@@ -92,7 +107,7 @@ fn check(case: &Case) -> Option<String> {
 }
 
 /// The harness input of `case`: the shape, then the launch (rows per group, lanes per row,
-/// blocks along the outputs, streamed or wide, the streamed body's steps), then the weights, x
+/// blocks along the outputs, the body: 0 wide, 1 streamed, 2 split, the streamed body's steps), then the weights, x
 /// and (when gathered) the expert ids sent.
 fn encode(case: &Case, launch: [usize; 5], x_in: &affine::Inputs, sent_ids: &[u32]) -> Vec<u8> {
     let c = &case.op;
@@ -212,7 +227,7 @@ fn check_pass(case: &Case, which: usize) -> Option<String> {
     );
     let run = |launch| HARNESS.run(&encode(case, launch, &x_in, &x_in.ids));
     let one_row = [alone.rows, lpr, alone.blocks_x, 1, alone.steps];
-    let (alone_y, pass_y) = match (run(one_row), run([1, lpr, blocks_x, 2, host.steps])) {
+    let (alone_y, pass_y) = match (run(one_row), run([1, lpr, blocks_x, 3, host.steps])) {
         (Ok(a), Ok(p)) => (a, p),
         (Err(e), _) | (_, Err(e)) => return Some(format!("{what}: {e}")),
     };
@@ -280,6 +295,101 @@ fn one_pass_over_several_rows_gives_each_row_its_bits_alone() {
         .filter_map(|(i, c)| check_pass(c, i))
         .collect();
     common::assert_no_failures(&failed, cases.len(), "cases differ");
+}
+
+/// Runs the block-split body (`affine_split::split_body`) on one case, `rows_per_group` rows a
+/// block or the host's choice at 132 SMs; `None` when it matches the twin (the wide kernel's
+/// gate: it sums the same chunks in another order).
+fn check_split(case: &Case) -> Option<String> {
+    let c = &case.op;
+    let (x_in, sent_ids, want) = prepare(case, case.seed);
+    let outputs = c.outputs();
+    let rows = case
+        .rows_per_group
+        .unwrap_or_else(|| split::rows_per_block(outputs, c.out_rows(), 132));
+    let launch = [rows, 32, split::blocks_x(outputs, rows), 2, 1];
+    let what = format!("{} split, {rows} rows a block", c.label());
+    judge(
+        &what,
+        HARNESS.run(&encode(case, launch, &x_in, &sent_ids)),
+        want,
+        case,
+    )
+}
+
+/// The split body's cases: the merged hyper-connection product's row length (10 240 four-bit
+/// columns, 320 chunks: lanes of one and of two chunks) at a few rows, both rows-a-block entry
+/// points with a partial last block, 8 bits, rows shorter than the block's lanes (idle warps
+/// add nothing), gathered rows and an out-of-range expert id.
+fn split_cases() -> Vec<Case> {
+    let mut seed = 0x5EED_5B17;
+    let mut cases = vec![];
+    let mut case = |(x, scales), (bits, group), shape, gather, rows_per_group, bad_id| {
+        seed += 1;
+        cases.push(Case {
+            op: OpCase::new(Kind::Products, (x, scales), (bits, group), shape, 1, gather),
+            index: None,
+            rows_per_group,
+            bad_id,
+            seed,
+        });
+    };
+    let (dense, tok) = (Gather::Dense, Gather::PerToken { slots: 2 });
+    case(
+        (Ty::Bf16, Ty::Bf16),
+        (4, 64),
+        [1, 5, 10240],
+        dense,
+        Some(2),
+        None,
+    );
+    case(
+        (Ty::F32, Ty::F16),
+        (4, 32),
+        [1, 3, 8192],
+        dense,
+        Some(1),
+        None,
+    );
+    case(
+        (Ty::F16, Ty::F32),
+        (8, 64),
+        [1, 5, 4096],
+        dense,
+        Some(2),
+        None,
+    );
+    case(
+        (Ty::Bf16, Ty::F32),
+        (8, 128),
+        [1, 3, 6144],
+        dense,
+        None,
+        None,
+    );
+    case(
+        (Ty::Bf16, Ty::Bf16),
+        (4, 64),
+        [1, 7, 2048],
+        dense,
+        Some(2),
+        None,
+    );
+    case(
+        (Ty::Bf16, Ty::Bf16),
+        (4, 64),
+        [3, 3, 4096],
+        tok,
+        Some(2),
+        Some(1),
+    );
+    cases
+}
+
+#[test]
+fn shipped_split_kernel_matches_the_cpu_twin() {
+    let cases = split_cases();
+    common::assert_no_failures(&failures(&cases, check_split), cases.len(), "cases fail");
 }
 
 #[test]
@@ -473,8 +583,12 @@ fn cases() -> Vec<Case> {
 #[test]
 fn block_constant_and_params_match_the_host() {
     let flat = emu::shipped_source("kernels/affine.cu");
-    let line = format!("constexpr uint32_t kWideWarps = {};", wide::WARPS);
-    assert!(flat.contains(&line), "missing `{line}`");
+    for line in [
+        format!("constexpr uint32_t kWideWarps = {};", wide::WARPS),
+        format!("constexpr uint32_t kSplitWarps = {};", split::WARPS),
+    ] {
+        assert!(flat.contains(&line), "missing `{line}`");
+    }
     let fields: Vec<String> = emu::params_fields("affine.h", "AffineParams")
         .into_iter()
         .map(|(_, name)| name)

@@ -141,3 +141,42 @@ fn cuda_up_mix_matches_the_cpu_twin_and_the_three_kernels() {
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
+
+/// The hyper-connection's merged down+inject product (`[R + S, S·H]`: 324 rows of 10 240
+/// four-bit g64 columns at the release) on CUDA against the CPU twin: at one token it takes
+/// the block-split kernel (`affine_split_products_b4_r2`, ops/affine/split.rs), 5 rows the one
+/// row a block entry point, and 3 tokens the wide kernel; the release's 8-bit router (513 rows
+/// of 2 560) takes the split kernel too. Gate: 1 ulp of the activation type plus 1e-5 of max
+/// |y| (the same chunks summed in another order).
+#[test]
+fn cuda_merged_down_inject_product_matches_the_cpu_twin() {
+    use common::random::{scaled_matrix, Rng};
+    let gpu = gpu();
+    let mut failures = vec![];
+    let merged = 4 * 2560;
+    for (rows, cols, bits, tokens) in [
+        (324, merged, 4, 1),
+        (5, merged, 4, 1),
+        (324, merged, 4, 3),
+        (513, 2560, 8, 1),
+    ] {
+        for ty in TYPES {
+            let mut rng = Rng::new(0x5EED_D0 + rows as u64 * 7 + tokens as u64);
+            let bf16 = candle_core::DType::BF16;
+            let m = scaled_matrix(&mut rng, bits, 64, [1, rows, cols], bf16, None);
+            let x = tensor(
+                &rng.values(tokens * cols, -3.0, 3.0, ty),
+                &[tokens, cols],
+                ty,
+            );
+            let [w, w_g] = [&Device::Cpu, &gpu].map(|d| AffineTensor::upload(&m, d).unwrap());
+            let want = values(&w.matmul_t(&x).unwrap());
+            let got = values(&w_g.matmul_t(&x.to_device(&gpu).unwrap()).unwrap());
+            if let Some(e) = close("y", &got, &want, ty, 1.0, 1e-5) {
+                let what = format!("{rows} rows of {cols} {bits}-bit x {tokens} tokens");
+                failures.push(format!("{what}, {}: {e}", ty.name()));
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}

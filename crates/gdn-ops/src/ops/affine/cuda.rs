@@ -2,7 +2,7 @@
 //! [`AffineTensor`] (direct products for few activation rows, row dequantization for the
 //! rest), with the same meaning as the CPU twin in `affine_tensor.rs`.
 
-use super::{stream, wide, AffineParams, AffineTensor, ProductKind, Products};
+use super::{split, stream, wide, AffineParams, AffineTensor, ProductKind, Products};
 use crate::backend::cuda::{
     config, cuda_device, cuda_source, launch, tensor, view_or, with_float_types, Element, Held,
     Kernel, KernelSource,
@@ -112,6 +112,12 @@ where
                 lpr,
                 launch: stream::pass_launch(m.bits, m.cols, y_cols, out_rows, sms(dev)?),
             }
+        } else if !swiglu
+            && split::chooses(m.bits, m.group_size, m.cols, y_cols, out_rows, sms(dev)?)
+        {
+            Geometry::Split {
+                rows: split::rows_per_block(y_cols, out_rows, sms(dev)?),
+            }
         } else if stream::covers(m.bits, m.group_size, m.cols) {
             Geometry::Stream {
                 lpr,
@@ -145,6 +151,10 @@ where
         Geometry::Wide { rows, .. } => (
             &SOURCE,
             format!("affine_wide_{kind_name}_b{}_r{rows}", m.bits),
+        ),
+        Geometry::Split { rows } => (
+            &SOURCE,
+            format!("affine_split_products_b{}_r{rows}", m.bits),
         ),
         Geometry::WarpPerRow if swiglu => (&SOURCE, "affine_products_swiglu".to_string()),
         Geometry::WarpPerRow => (&SOURCE, "affine_products".to_string()),
@@ -210,6 +220,11 @@ where
                     0,
                 )
             }
+            Geometry::Split { rows } => config(
+                (split::blocks_x(y_cols, rows) as u32, out_rows as u32, 1),
+                (32 * split::WARPS as u32, 1, 1),
+                0,
+            ),
             Geometry::WarpPerRow => {
                 let blocks_x = (y_cols as u32).div_ceil(WARPS_PER_BLOCK);
                 config((blocks_x, out_rows as u32, 1), (32, WARPS_PER_BLOCK, 1), 0)
@@ -219,8 +234,8 @@ where
         // `affine_products_swiglu_*` (and, with the trailing lanes-per-row, `affine_wide_*`) in
         // kernels/affine.cu (the streamed ones, `affine_stream_*` in kernels/affine_stream.cu,
         // take the wide ones' arguments, `affine_stream_rows_*` the same without ids and
-        // experts); x holds (out_rows - 1) / x_div + 1 rows of cols
-        // values; the wide and streamed kernels' 16-byte loads were checked to be aligned
+        // experts, the split ones the products' arguments); x holds (out_rows - 1) / x_div + 1
+        // rows of cols values; the wide and streamed kernels' 16-byte loads were checked to be aligned
         // (`wide_fits`).
         unsafe { launch(args, blocks) }?;
     }
@@ -239,6 +254,9 @@ enum Geometry {
     /// `affine_stream_rows_*`: the streamed sums of 2..=8 dense rows in one pass over the
     /// weights, each row's bits as alone (see [`stream::pass_launch`]).
     Pass { lpr: usize, launch: stream::Launch },
+    /// `affine_split_products_*`: the wide kernels' sums, a block of warps on each of `rows`
+    /// rows (few rows, long rows: see [`split`]).
+    Split { rows: usize },
 }
 
 /// Whether the wide kernels take this matrix and input: its width and groups ([`wide::covers`])
@@ -253,7 +271,7 @@ fn wide_fits<X: WithDType>(m: &AffineTensor, x: &Tensor) -> bool {
 
 /// The device's streaming multiprocessors (the wide kernels size their grids by it), read once
 /// per device.
-fn sms(dev: &CudaDevice) -> Result<usize> {
+pub(crate) fn sms(dev: &CudaDevice) -> Result<usize> {
     use candle_core::cuda_backend::cudarc::driver::sys::CUdevice_attribute;
     use std::sync::OnceLock;
     static SMS: OnceLock<usize> = OnceLock::new();

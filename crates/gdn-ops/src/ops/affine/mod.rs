@@ -27,6 +27,7 @@ mod q8_interleaved_block;
 #[cfg(target_arch = "aarch64")]
 mod q8_interleaved_neon;
 pub mod q8_kernel;
+pub mod split;
 pub mod stream;
 pub mod wide;
 

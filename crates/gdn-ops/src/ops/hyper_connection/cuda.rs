@@ -1,15 +1,17 @@
 //! CUDA host side of `kernels/hyper_connection.cu`: `hc_inject_norm` one block per stream
-//! row, `hc_act` and `hc_mix` one thread per output value, `hc_up_mix` one warp per output
+//! row (a thread a column when the rows are fewer than the SMs: [`inject_row_threads`]), `hc_act` and `hc_mix` one thread per output value, `hc_up_mix` one warp per output
 //! value.
 
-use super::{row_threads, ActInputs, InjectInputs, MixInputs, MAX_COLS, MIX_THREADS, PER_THREAD};
+use super::{
+    inject_row_threads, ActInputs, InjectInputs, MixInputs, MAX_COLS, MIX_THREADS, PER_THREAD,
+};
 use super::{HcActParams, HcInjectNormParams, HcMixParams, HcUpMixParams};
 use super::{UpMixInputs, UP_MIX_WARPS};
 use crate::backend::cuda::{
     config, cuda_device, cuda_source, launch, tensor, view_or, with_float_type, with_float_types,
     Element, Held, Kernel, KernelSource,
 };
-use crate::ops::affine::cuda::HeldWeights;
+use crate::ops::affine::cuda::{sms, HeldWeights};
 use anyhow::{ensure, Result};
 use candle_core::cuda_backend::cudarc::driver::{DeviceRepr, PushKernelArg};
 use candle_core::{CudaDevice, Tensor};
@@ -85,7 +87,8 @@ fn run_inject_norm<T: Element>(
             (None, None) => unreachable!("checked in mod.rs: an injection or a norm"),
         };
         args.arg(&p);
-        let geometry = config((rows as u32, 1, 1), (row_threads(cols) as u32, 1, 1), 0);
+        let threads = inject_row_threads(rows, cols, sms(dev)?) as u32;
+        let geometry = config((rows as u32, 1, 1), (threads, 1, 1), 0);
         // SAFETY: arguments in the order and types of `hc_inject_norm_*` in
         // kernels/hyper_connection.cu; hs, sum and normed hold N·S·H elements, y N·H (N·K·H
         // with K slots), the gate logits N·S, the weight S·H (f32), the slot weights N·K.

@@ -68,6 +68,19 @@ use candle_core::{DType, Tensor};
 /// threads of a row's block (whole simdgroups, a row's loads in flight together).
 pub use super::add_rms_norm::{row_threads, MAX_COLS, PER_THREAD};
 
+/// Threads of `hc_inject_norm`'s block for `rows` stream rows of `cols` values on a GPU of
+/// `sms` SMs. A decode step has N·S = 4 stream rows: 4 blocks, 4 busy SMs, each thread of
+/// [`row_threads`] walking [`PER_THREAD`] columns (with a MoE block's K = 11 slots, 88 loads a
+/// thread) — 10.9 µs a call on the H200 for ~70 KB a row. With fewer rows than SMs a row's
+/// block takes a thread a column up to 1 024 (the kernel guards every column past `cols`): at
+/// H = 2 560 three columns a thread, a third of the serial loads, three times the warps.
+pub fn inject_row_threads(rows: usize, cols: usize, sms: usize) -> usize {
+    if rows >= sms {
+        return row_threads(cols);
+    }
+    (cols.div_ceil(32) * 32).clamp(row_threads(cols), 1024)
+}
+
 /// Threads of a block of the elementwise kernels (`hc_act`, `hc_mix`), one value each.
 pub const MIX_THREADS: usize = 256;
 
@@ -469,4 +482,22 @@ fn mix_traffic(inputs: &MixInputs) -> Traffic {
     Traffic::new()
         .read(tensor_bytes(&inputs.up) + tensor_bytes(&inputs.normed))
         .write(out)
+}
+
+#[cfg(test)]
+mod geometry_tests {
+    use super::*;
+
+    #[test]
+    fn few_stream_rows_take_a_thread_a_column() {
+        // Release decode: 4 stream rows of 2 560 → 1 024 threads (3 columns each), not 320.
+        assert_eq!(row_threads(2560), 320);
+        assert_eq!(inject_row_threads(4, 2560, 132), 1024);
+        // The tiny fixture's 64 columns: a thread each.
+        assert_eq!(inject_row_threads(4, 64, 132), 64);
+        // H = 8 192 needs all 1 024 threads either way.
+        assert_eq!(inject_row_threads(4, 8192, 132), 1024);
+        // Prefill (many rows): PER_THREAD columns a thread, as before.
+        assert_eq!(inject_row_threads(512 * 4, 2560, 132), 320);
+    }
 }
