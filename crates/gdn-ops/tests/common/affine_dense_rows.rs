@@ -44,7 +44,7 @@ fn reference(m: &AffineMatrix, x: &[f32], rows: usize) -> Vec<f64> {
 pub fn every_path_matches_the_dequantized_reference(dev: &Device) {
     let mut rng = Rng::new(29);
     // Per activation dtype (f32, bf16) and path.
-    let mut worst = [[0f64; 4]; 2];
+    let mut worst = [[0f64; DenseRows::NAMED.len()]; 2];
     for m in matrices(&mut rng) {
         let w = AffineTensor::upload(&m, dev).unwrap();
         for rows in [MATVEC_MAX_ROWS + 1, 8, 9, 16, 33, DENSE_ROWS_MAX] {
@@ -123,7 +123,7 @@ pub fn row_products_give_each_row_what_it_gets_alone(dev: &Device) {
 
 /// 2..=8 rows of the model's widths (2 048 and 4 096 columns at 4 bits, 2 048 at 8: the
 /// one-pass streamed kernel on CUDA, 1, 2 and 4 chunks a lane, over 48 KB of staged x from
-/// 6 rows) under `auto`: each row bit for bit what it gets alone, f32 and bf16 activations.
+/// 6 rows) under `one-pass`: each row bit for bit what it gets alone, f32 and bf16 activations.
 pub fn one_pass_rows_give_each_row_its_bits_alone(dev: &Device) {
     let mut rng = Rng::new(28);
     let matrices = [
@@ -132,7 +132,7 @@ pub fn one_pass_rows_give_each_row_its_bits_alone(dev: &Device) {
         random_matrix(&mut rng, 8, 32, [1, 72, 2048], DType::F32),
         random_matrix(&mut rng, 4, 64, [1, 200, 256], DType::F16),
     ];
-    let _path = scope(DenseRows::Auto);
+    let _path = scope(DenseRows::OnePass);
     for m in matrices {
         let w = AffineTensor::upload(&m, dev).unwrap();
         for rows in 2..=8 {

@@ -107,7 +107,10 @@ where
     let dense = !swiglu && ids.is_none() && x_div == 1;
     let geometry = if wide_fits::<X>(m, x) {
         let lpr = wide::lanes_per_row(m.bits, m.cols);
-        if dense && stream::pass_covers(m.bits, m.group_size, m.cols, out_rows) {
+        if dense
+            && super::dense_rows::one_pass()
+            && stream::pass_covers(m.bits, m.group_size, m.cols, out_rows)
+        {
             Geometry::Pass {
                 lpr,
                 launch: stream::pass_launch(m.bits, m.cols, y_cols, out_rows, sms(dev)?),

@@ -55,15 +55,22 @@ pub enum DenseRows {
     RowProducts,
     /// The grouped quantized GEMM with one group, where the device has it.
     Grouped,
+    /// As `Auto`, with 2..=8 dense rows in one pass over the weights (`affine_stream_rows_*`
+    /// on CUDA, `affine_qmv_pass_*` on Metal: each weight chunk unpacked once for all rows,
+    /// each row's bits as alone). Opt-in: on the H200 it ran slower than the row products'
+    /// grid of one block row per activation row (`gdn.in_proj` over 4 rows 38.7 µs a call
+    /// against 29.7; docs/perf-notes-gpu.md, "rows8"), and Metal's is not measured.
+    OnePass,
 }
 
 impl DenseRows {
     /// Every choice, with its name in `QWEN_GDN_DENSE_ROWS`.
-    pub const NAMED: [(&'static str, DenseRows); 4] = [
+    pub const NAMED: [(&'static str, DenseRows); 5] = [
         ("auto", DenseRows::Auto),
         ("dequantize", DenseRows::Dequantize),
         ("rows", DenseRows::RowProducts),
         ("grouped", DenseRows::Grouped),
+        ("one-pass", DenseRows::OnePass),
     ];
 
     fn code(self) -> u8 {
@@ -72,6 +79,7 @@ impl DenseRows {
             DenseRows::Dequantize => 1,
             DenseRows::RowProducts => 2,
             DenseRows::Grouped => 3,
+            DenseRows::OnePass => 4,
         }
     }
 
@@ -80,6 +88,7 @@ impl DenseRows {
             1 => DenseRows::Dequantize,
             2 => DenseRows::RowProducts,
             3 => DenseRows::Grouped,
+            4 => DenseRows::OnePass,
             _ => DenseRows::Auto,
         }
     }
@@ -88,7 +97,7 @@ impl DenseRows {
     /// it gets alone, whatever the matrix): a verify pass of more rows runs as several.
     pub fn row_products_max(self) -> usize {
         match self {
-            DenseRows::Auto => AUTO_ROW_PRODUCTS_MAX,
+            DenseRows::Auto | DenseRows::OnePass => AUTO_ROW_PRODUCTS_MAX,
             DenseRows::RowProducts => DENSE_ROWS_MAX,
             DenseRows::Dequantize | DenseRows::Grouped => crate::ops::affine::MATVEC_MAX_ROWS,
         }
@@ -101,8 +110,10 @@ impl DenseRows {
     pub fn path(self, x_rows: usize, outputs: usize, grouped: bool) -> DenseRows {
         debug_assert!(x_rows <= DENSE_ROWS_MAX);
         match self {
-            DenseRows::Auto if x_rows <= AUTO_ROW_PRODUCTS_MAX => DenseRows::RowProducts,
-            DenseRows::Auto | DenseRows::Grouped
+            DenseRows::Auto | DenseRows::OnePass if x_rows <= AUTO_ROW_PRODUCTS_MAX => {
+                DenseRows::RowProducts
+            }
+            DenseRows::Auto | DenseRows::OnePass | DenseRows::Grouped
                 if grouped
                     && (self == DenseRows::Grouped || outputs >= AUTO_GROUPED_MIN_OUTPUTS) =>
             {
@@ -119,6 +130,12 @@ static CHOICE: AtomicU8 = AtomicU8::new(0);
 thread_local! {
     /// A [`scope`]'s choice on this thread, over the process's.
     static SCOPED: Cell<Option<DenseRows>> = const { Cell::new(None) };
+}
+
+/// Whether dense products of 2..=8 rows run in one pass over the weights on this thread
+/// ([`DenseRows::OnePass`]).
+pub fn one_pass() -> bool {
+    dense_rows() == DenseRows::OnePass
 }
 
 /// Sets the process's choice (the last model load wins, as for the CPU level).

@@ -32,12 +32,13 @@ pub(crate) fn weight_buffers(m: &AffineTensor, op: &str) -> Result<[(Buffer, usi
 
 /// The products of `call` (see [`Products`]): one launch of `affine_qmv_*` (or its SwiGLU
 /// form `affine_qmv_swiglu_*`, the same geometry), `out_rows` rows of `width` values, eight
-/// per threadgroup; 2..=8 dense rows in one pass over the weights (`affine_qmv_pass_*`).
+/// per threadgroup; with [`super::DenseRows::OnePass`], 2..=8 dense rows in one pass over the
+/// weights (`affine_qmv_pass_*`).
 pub(crate) fn products(m: &AffineTensor, call: &Products) -> Result<Tensor> {
     let (op, width, out_rows) = (call.op(), call.width(m), call.out_rows);
     let (x, ids) = (call.x, call.ids);
     let dense = call.kind == ProductKind::Plain && ids.is_none() && call.x_div == 1;
-    if dense && PASS_ROWS.contains(&out_rows) {
+    if dense && super::dense_rows::one_pass() && PASS_ROWS.contains(&out_rows) {
         return products_in_one_pass(m, x, out_rows);
     }
     let kernel = match call.kind {
