@@ -117,15 +117,10 @@ impl Model {
             // Without a tap, on CUDA: the step replayed from its batch size's graph.
             #[cfg(feature = "cuda")]
             if let (None, BatchDecoding::Fused(d)) = (&tap, self.batch_decoding()) {
-                if d.batch_graphs_apply(&self.device, self.batch_moe) {
+                use crate::families::hybrid::batch_graph;
+                if batch_graph::applies(d, &self.device, self.batch_moe) {
                     let ends = self.ends()?;
-                    let out = crate::families::hybrid::batch_graph::step(
-                        d,
-                        &ends,
-                        tokens,
-                        caches,
-                        self.batch_moe,
-                    )?;
+                    let out = batch_graph::step(d, &ends, tokens, caches, self.batch_moe)?;
                     crate::device_memory::sample(&self.device);
                     return Ok(out);
                 }

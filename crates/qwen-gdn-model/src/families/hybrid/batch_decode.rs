@@ -18,21 +18,9 @@ use crate::BatchMoe;
 use anyhow::{bail, Context, Result};
 use candle_core::Tensor;
 use gdn_ops::ops::add_rms_norm::add_rms_norm;
-use gdn_ops::profile::{self, LayerKind};
+use gdn_ops::profile;
 
 impl HybridDecoder {
-    /// Whether a batched step of `moe` products may replay a CUDA graph on `device`
-    /// (`batch_graph.rs`): graphs on (`RunOptions::cuda_graph`, no failed capture) and the MoE
-    /// gathered, which reads nothing back.
-    pub fn batch_graphs_apply(&self, device: &candle_core::Device, moe: BatchMoe) -> bool {
-        cfg!(feature = "cuda")
-            && device.is_cuda()
-            && self.fused_decode()
-            && self.cuda_graph
-            && moe.gathers()
-            && graphs_work()
-    }
-
     /// The embedded tokens `[B, H]` (row `i` the next token of the sequence `caches[i]`
     /// holds, at that cache's offset; the caller advances the offsets) → the final-normed
     /// last hidden states `[B, H]`, the head's input.
@@ -76,13 +64,7 @@ impl HybridDecoder {
             first,
             |i, layer, layer_caches, (h, x), _| {
                 // The batch profile's rows of this layer (`bench --profile-batch`).
-                let _profiled = profile::layer(
-                    i,
-                    match layer.mixer {
-                        Mixer::Gdn(_) => LayerKind::Gdn,
-                        Mixer::Attention(_) => LayerKind::Attention,
-                    },
-                );
+                let _profiled = profile::layer(i, layer.mixer.profile_kind());
                 let covered = self.coverage[i];
                 let mixed = if covered.mixer {
                     self.mix_rows_fused(&layer.mixer, &x, layer_caches, positions)?
@@ -202,12 +184,4 @@ fn mix_rows_composed(
         outs.push(out.squeeze(1)?);
     }
     cat(&outs, 0)
-}
-
-/// Whether no CUDA graph capture has failed in this process (there are none without CUDA).
-fn graphs_work() -> bool {
-    #[cfg(feature = "cuda")]
-    return crate::cuda_graph::enabled();
-    #[cfg(not(feature = "cuda"))]
-    false
 }

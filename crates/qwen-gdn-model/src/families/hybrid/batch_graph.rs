@@ -64,6 +64,13 @@ impl BatchGraph {
     }
 }
 
+/// Whether a fused batched step of `moe` products replays a graph on `device`, as the
+/// single-sequence step's rule (`decode.rs`): a CUDA device, graphs on (`RunOptions::
+/// cuda_graph`, no failed capture), and the MoE gathered, which reads nothing back.
+pub fn applies(decoder: &HybridDecoder, device: &Device, moe: BatchMoe) -> bool {
+    device.is_cuda() && decoder.cuda_graph && moe.gathers() && crate::cuda_graph::enabled()
+}
+
 /// The step's work between its inputs and outputs: the embedded ids, the layers over the B
 /// rows at the positions held in `positions`, the head. Advances no offset (the KV lengths
 /// are advanced by the attention layers, as in the eager step).

@@ -16,7 +16,7 @@ use crate::tensor::cast;
 use anyhow::{bail, Result};
 use candle_core::{DType, Tensor};
 use gdn_ops::ops::{add_rms_norm::add_rms_norm, moe_combine::moe_combine_with};
-use gdn_ops::profile::{self, LayerKind};
+use gdn_ops::profile;
 
 /// Which parts of each layer the fused kernels cover, decided once at load.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -89,13 +89,7 @@ impl HybridDecoder {
             (h, x),
             |i, layer, layer_cache, (h, x), _| {
                 // The decode profile's rows of this layer (`bench --profile-decode`).
-                let _profiled = profile::layer(
-                    i,
-                    match layer.mixer {
-                        Mixer::Gdn(_) => LayerKind::Gdn,
-                        Mixer::Attention(_) => LayerKind::Attention,
-                    },
-                );
+                let _profiled = profile::layer(i, layer.mixer.profile_kind());
                 let next_norm = self.layers.get(i + 1).map_or(final_norm, |n| &n.input_norm);
                 self.fused_layer(i, layer, layer_cache, (h, x), next_norm, pos, offset)
             },

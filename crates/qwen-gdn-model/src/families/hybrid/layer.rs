@@ -21,6 +21,17 @@ pub enum Mixer {
     Attention(Attention),
 }
 
+impl Mixer {
+    /// The kind a kernel profile files this mixer's layer under (`bench --profile-decode`,
+    /// `--profile-verify`, `--profile-batch`).
+    pub fn profile_kind(&self) -> gdn_ops::profile::LayerKind {
+        match self {
+            Mixer::Gdn(_) => gdn_ops::profile::LayerKind::Gdn,
+            Mixer::Attention(_) => gdn_ops::profile::LayerKind::Attention,
+        }
+    }
+}
+
 #[derive(Debug, Clone)]
 pub enum FeedForward {
     Dense(Mlp),

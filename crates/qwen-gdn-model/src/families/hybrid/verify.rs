@@ -7,8 +7,9 @@
 //! - the sequential parts stay sequential on the one state: the GDN conv front over the T
 //!   tokens in one launch and the recurrence over the T tokens in one launch that writes each
 //!   token's state where the verify window keeps it (`layers/gdn/verify.rs`;
-//!   `QWEN_GDN_VERIFY_WINDOW=per-token`: a launch and a state copy a token, the reference); attention's T keys appended in one launch
-//!   and each query row attending to the positions up to its own (`layers/attention/verify.rs`).
+//!   `QWEN_GDN_VERIFY_WINDOW=per-token`: a launch and a state copy a token, the reference);
+//!   attention's T keys appended in one launch and each query row attending to the positions
+//!   up to its own (`layers/attention/verify.rs`).
 //!
 //! Nothing is read back to the host: the ids and positions are uploaded once for the pass
 //! (or, replaying a CUDA graph, written into the graph's buffers: `verify_graph.rs`), and
@@ -27,7 +28,7 @@ use anyhow::{bail, Result};
 use candle_core::{DType, Tensor};
 use gdn_ops::ops::add_rms_norm::add_rms_norm;
 use gdn_ops::ops::affine::dense_rows;
-use gdn_ops::profile::{self, labelled, LayerKind};
+use gdn_ops::profile::{self, labelled};
 
 pub use super::verify_replays::graph_replays;
 
@@ -118,13 +119,7 @@ impl HybridDecoder {
             first,
             |i, layer, layer_cache, (h, x), _| {
                 // The profile's rows of this layer (`bench --profile-verify`).
-                let _profiled = profile::layer(
-                    i,
-                    match layer.mixer {
-                        Mixer::Gdn(_) => LayerKind::Gdn,
-                        Mixer::Attention(_) => LayerKind::Attention,
-                    },
-                );
+                let _profiled = profile::layer(i, layer.mixer.profile_kind());
                 let covered = self.coverage[i];
                 let mixed = match (&layer.mixer, layer_cache) {
                     (Mixer::Gdn(m), LayerCache::Gdn(c)) if covered.mixer => {
