@@ -32,7 +32,9 @@
 //     row groups block x, block x + gridDim.x, ... of kStreamWarps * 32 / lpr each.
 //     The host checks what it checks for the wide kernel, at most 4 chunks a lane, and groups
 //     of a power-of-two count of chunks (crates/gdn-ops/src/ops/affine/stream.rs).
-//   affine_stream_rows_b<BITS>_t<T>_s<S>_<x>_<s>(packed, scales, biases, x, y, p, lpr)
+//   affine_stream_rows_b<BITS>_t<T>_s<S>_<x>_<s>(packed, scales, biases, x, y, p, lpr)  [module
+//       affine_stream_rows.cu: opt-in (QWEN_GDN_DENSE_ROWS=one-pass), and 162 of the 324
+//       entries, so a process that never runs them never JIT-compiles them]
 //     Dense products of M = p.out_rows (2..8, at most T: 2, 4 or 8) activation rows,
 //     x [M, cols] and y [M, rows]
 //     (no ids, x_div 1), one weight row a row group: the bits of T launches of
@@ -394,8 +396,15 @@ __device__ __forceinline__ void rows_body(const uint32_t* __restrict__ packed,
   AFFINE_STREAM_ROWS_FOR_STEPS(BITS, 4, XN, XT, SN, ST)   \
   AFFINE_STREAM_ROWS_FOR_STEPS(BITS, 8, XN, XT, SN, ST)
 
-#define AFFINE_STREAM_FOR_TYPES(XN, XT, SN, ST)                                     \
-  AFFINE_STREAM_FOR_BITS(4, XN, XT, SN, ST) AFFINE_STREAM_FOR_BITS(8, XN, XT, SN, ST) \
+#define AFFINE_STREAM_FOR_TYPES(XN, XT, SN, ST) \
+  AFFINE_STREAM_FOR_BITS(4, XN, XT, SN, ST) AFFINE_STREAM_FOR_BITS(8, XN, XT, SN, ST)
+
+#define AFFINE_STREAM_ROWS_FOR_TYPES(XN, XT, SN, ST) \
   AFFINE_STREAM_ROWS_FOR_BITS(4, XN, XT, SN, ST) AFFINE_STREAM_ROWS_FOR_BITS(8, XN, XT, SN, ST)
 
+// The driver JIT-compiles a PTX module whole at its first load (~54 s for this one with the
+// row entries in it, on a fresh H200): the one-pass row entries are emitted by
+// affine_stream_rows.cu instead, which defines AFFINE_STREAM_NO_ENTRY_POINTS.
+#ifndef AFFINE_STREAM_NO_ENTRY_POINTS
 CUDA_FOR_FLOAT_TYPE_PAIRS(AFFINE_STREAM_FOR_TYPES)
+#endif

@@ -21,14 +21,16 @@
 //     chain of dependent latencies on each (issue 25); four blocks a head run it on 128 SMs
 //     with a quarter of the rows each.
 //   gated_delta_norm_slots_<in>_<st>, gated_delta_norm_slots_cluster_<in>_<st>
-//       (q, k, v, g, beta, slots, z, weight, out, GdnNormParams p)
+//       (q, k, v, g, beta, slots, z, weight, out, GdnNormParams p)  [module
+//       gated_delta_norm_slots.cu]
 //     The two above over B sequences whose states are separate tensors: slots [B] holds the
 //     device address of sequence b's state [1, Hv, Dv, Dk] (StT), advanced in place; every
 //     other argument and the geometry as above. The host picks the entry (cluster or not) as
 //     it would for one sequence, so that each head is computed as the per-sequence launch
 //     computes it (the cluster's sum of squares is added in another order).
 //   gated_delta_norm_window_<in>_<st>, gated_delta_norm_window_cluster_<in>_<st>
-//       (q, k, v, g, beta, state, z, weight, out, after, GdnNormParams p)
+//       (q, k, v, g, beta, state, z, weight, out, after, GdnNormParams p)  [module
+//       gated_delta_norm_window.cu]
 //     The two first over a verify window of T tokens (speculative decoding, issue 28), bit for
 //     bit what T one-token launches of the same entry give: the state is rounded to StT after
 //     every token (as each launch stores it), and the state after token t < T - 1 is also
@@ -276,7 +278,12 @@ __device__ __forceinline__ void entry(const InT* q, const InT* k, const InT* v, 
 }  // namespace gated_delta_norm
 
 // __launch_bounds__(1024): any block of up to 32 warps launches (registers capped to fit).
-#define GDN_NORM_KERNEL(NAME, InT, StT)                                                         \
+// Three families of entry points, each in a module of its own (this file: the decode step's;
+// gated_delta_norm_slots.cu: the batched step's; gated_delta_norm_window.cu: the verify
+// window's), because the driver JIT-compiles a PTX module whole at its first load: with all
+// 36 entries in one module a fresh machine spent ~98 s on it (docs/perf-notes-gpu.md,
+// thirteenth session), whichever one the process needed.
+#define GDN_NORM_DECODE_KERNELS(NAME, InT, StT)                                                 \
   extern "C" __global__ void __launch_bounds__(1024) gated_delta_norm_##NAME(                   \
       const InT* q, const InT* k, const InT* v, const float* g, const float* beta, StT* state,   \
       const InT* z, const InT* weight, InT* out, const GdnNormParams p) {                       \
@@ -288,7 +295,9 @@ __device__ __forceinline__ void entry(const InT* q, const InT* k, const InT* v, 
           StT* state, const InT* z, const InT* weight, InT* out, const GdnNormParams p) {       \
     gated_delta_norm::entry<InT, StT, gated_delta_norm::kClusterBlocks, 1, 2>(                 \
         q, k, v, g, beta, state, z, weight, out, p);                                            \
-  }                                                                                             \
+  }
+
+#define GDN_NORM_SLOTS_KERNELS(NAME, InT, StT)                                                  \
   extern "C" __global__ void __launch_bounds__(1024) gated_delta_norm_slots_##NAME(             \
       const InT* q, const InT* k, const InT* v, const float* g, const float* beta,              \
       const unsigned long long* slots, const InT* z, const InT* weight, InT* out,               \
@@ -303,7 +312,9 @@ __device__ __forceinline__ void entry(const InT* q, const InT* k, const InT* v, 
           const GdnNormParams p) {                                                              \
     gated_delta_norm::entry<InT, StT, gated_delta_norm::kClusterBlocks, 1, 2>(                 \
         q, k, v, g, beta, nullptr, z, weight, out, p, slots);                                   \
-  }                                                                                             \
+  }
+
+#define GDN_NORM_WINDOW_KERNELS(NAME, InT, StT)                                                 \
   extern "C" __global__ void __launch_bounds__(1024) gated_delta_norm_window_##NAME(            \
       const InT* q, const InT* k, const InT* v, const float* g, const float* beta, StT* state,   \
       const InT* z, const InT* weight, InT* out, StT* after, const GdnNormParams p) {           \
@@ -319,11 +330,16 @@ __device__ __forceinline__ void entry(const InT* q, const InT* k, const InT* v, 
         q, k, v, g, beta, state, z, weight, out, p, nullptr, after);                            \
   }
 
-#ifndef GDN_NORM_NO_ENTRY_POINTS  // scripts/gpu/gdn_norm_variants.cu declares its own
-GDN_NORM_KERNEL(f32_f32, float, float)
-GDN_NORM_KERNEL(f32_bf16, float, __nv_bfloat16)
-GDN_NORM_KERNEL(f16_f32, __half, float)
-GDN_NORM_KERNEL(f16_bf16, __half, __nv_bfloat16)
-GDN_NORM_KERNEL(bf16_f32, __nv_bfloat16, float)
-GDN_NORM_KERNEL(bf16_bf16, __nv_bfloat16, __nv_bfloat16)
+// One family's entries for every (activation, state) pair.
+#define GDN_NORM_FOR_TYPES(FAMILY)                 \
+  FAMILY(f32_f32, float, float)                    \
+  FAMILY(f32_bf16, float, __nv_bfloat16)           \
+  FAMILY(f16_f32, __half, float)                   \
+  FAMILY(f16_bf16, __half, __nv_bfloat16)          \
+  FAMILY(bf16_f32, __nv_bfloat16, float)           \
+  FAMILY(bf16_bf16, __nv_bfloat16, __nv_bfloat16)
+
+// scripts/gpu/gdn_norm_variants.cu and the slot and window modules declare their own.
+#ifndef GDN_NORM_NO_ENTRY_POINTS
+GDN_NORM_FOR_TYPES(GDN_NORM_DECODE_KERNELS)
 #endif

@@ -15,6 +15,8 @@ use candle_core::{CudaDevice, DType, Tensor, WithDType};
 
 const SOURCE: KernelSource = cuda_source!("affine");
 const STREAM_SOURCE: KernelSource = cuda_source!("affine_stream");
+/// The one-pass row entries (opt-in): a module of their own, JIT-compiled only where used.
+const STREAM_ROWS_SOURCE: KernelSource = cuda_source!("affine_stream_rows");
 
 // SAFETY: `AffineParams` is `repr(C)` of seven u32, as the kernel's struct.
 unsafe impl DeviceRepr for AffineParams {}
@@ -136,7 +138,7 @@ where
     let kind_name = if swiglu { "swiglu" } else { "products" };
     let (source, name) = match geometry {
         Geometry::Pass { launch, .. } => (
-            &STREAM_SOURCE,
+            &STREAM_ROWS_SOURCE,
             format!(
                 "affine_stream_rows_b{}_t{}_s{}",
                 m.bits,

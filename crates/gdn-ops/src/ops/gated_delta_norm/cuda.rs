@@ -13,6 +13,9 @@ use candle_core::{CudaDevice, DType, Tensor};
 
 const OP: &str = "gated_delta_update_norm";
 const SOURCE: KernelSource = cuda_source!("gated_delta_norm");
+/// The window's entries: a module of their own (kernels/gated_delta_norm_window.cu), JIT-compiled
+/// only by a process that verifies drafts.
+const WINDOW_SOURCE: KernelSource = cuda_source!("gated_delta_norm_window");
 
 // SAFETY: `GdnNormParams` is `repr(C)` of eight u32, one f32 and one u32, as the kernel's
 // struct.
@@ -45,14 +48,17 @@ where
 {
     let d = inputs.dims;
     let plan = Split::of(inputs, d.batch * d.value_heads)?;
-    let name = match after {
-        Some(_) => format!(
-            "gated_delta_norm_window{}",
-            &plan.kernel["gated_delta_norm".len()..]
+    let (source, name) = match after {
+        Some(_) => (
+            &WINDOW_SOURCE,
+            format!(
+                "gated_delta_norm_window{}",
+                &plan.kernel["gated_delta_norm".len()..]
+            ),
         ),
-        None => plan.kernel.to_string(),
+        None => (&SOURCE, plan.kernel.to_string()),
     };
-    let kernel = Kernel::typed(dev, &SOURCE, &name, &[I::DTYPE, S::DTYPE], op)?;
+    let kernel = Kernel::typed(dev, source, &name, &[I::DTYPE, S::DTYPE], op)?;
     let warps = plan.warps;
     let params = inputs.params()?;
     // Contiguous copies where needed; the dtypes were checked (no conversion) and there is no

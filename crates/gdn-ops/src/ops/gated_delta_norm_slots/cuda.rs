@@ -1,4 +1,5 @@
-//! CUDA host side of `gated_delta_norm_slots_*` (kernels/gated_delta_norm.cu): the table of
+//! CUDA host side of `gated_delta_norm_slots_*` (kernels/gated_delta_norm_slots.cu, the body in
+//! kernels/gated_delta_norm.cu): the table of
 //! the states' device addresses, uploaded on candle's stream, and the per-sequence op's
 //! launch geometry over B sequences.
 
@@ -14,7 +15,7 @@ use candle_core::cuda_backend::cudarc::driver::PushKernelArg;
 use candle_core::{CudaDevice, Tensor};
 
 const OP: &str = "gated_delta_update_norm_slots";
-const SOURCE: KernelSource = cuda_source!("gated_delta_norm");
+const SOURCE: KernelSource = cuda_source!("gated_delta_norm_slots");
 
 pub(crate) fn gated_delta_update_norm_slots(inputs: &SlotInputs) -> Result<Tensor> {
     let (dev, dtype, st) = checked_device(&inputs.batch, OP)?;
