@@ -263,3 +263,33 @@ fn a_qwen4_exp_drafter_is_refused_for_another_family() {
         "{msg}"
     );
 }
+
+#[test]
+fn greedy_output_with_either_drafter_equals_greedy_output_without() {
+    use qwen_gdn_model::speculative::DraftLength;
+    // From a prompt the head was trained on (it memorised its continuation: drafts are
+    // accepted; docs/mtp.md §8) and the held-out reference prompt.
+    let hf = reference("qwen4-exp-mtp-tiny-hf");
+    let (trained, held) = (hf.ids("train_prompt_ids"), hf.ids("ids")[..12].to_vec());
+    for name in [BF16, FOUR_BIT] {
+        let model = with_head(&mtp_dir(name));
+        for prompt in [&trained[..], &held[..]] {
+            let want = greedy(&model, prompt, 48);
+            for k in 1..=3 {
+                let (got, spec) = speculative_greedy(&model, prompt, 48, DraftLength::Fixed(k));
+                assert_eq!(got, want, "{name}: prompt of {}, k = {k}", prompt.len());
+                let s = &spec.stats;
+                eprintln!(
+                    "{name} prompt {} k = {k}: acceptance {:.3} ({}/{})",
+                    if prompt == &trained[..] { "trained" } else { "held out" },
+                    s.acceptance(),
+                    s.accepted,
+                    s.drafted
+                );
+                if prompt == &trained[..] {
+                    assert!(s.accepted > 0, "{name} k = {k}: nothing accepted: {s:?}");
+                }
+            }
+        }
+    }
+}

@@ -16,6 +16,18 @@ use std::path::Path;
 /// `MTP_SPLITTERS`).
 const DRAFTERS: [(&str, &[&str]); 1] = [("qwen4_exp_mtp", &["qwen4_exp", "qwen4_exp_text"])];
 
+/// Whether `dir`'s config.json names a separate MTP drafter (mlx-vlm's `<base>_mtp` model
+/// types, read or not): such a folder is a head for the main model, never a model to run
+/// (`--draft-model` of one loads it as the head, as mlx-vlm's `load_drafter` does).
+pub fn declares_a_drafter(dir: &Path) -> bool {
+    let text = read_json_text(&dir.join("config.json")).ok().flatten();
+    let root: Option<Value> = text.and_then(|t| serde_json::from_str(&t).ok());
+    let model_type = root.as_ref().and_then(|r| r.get("model_type"));
+    model_type
+        .and_then(Value::as_str)
+        .is_some_and(|t| t.ends_with("_mtp"))
+}
+
 /// What a drafter folder's config.json declares beyond its tensors.
 pub(crate) struct DrafterFolder {
     /// Its own `quantization` block: the bits its quantized tensors must be stored at.
