@@ -293,3 +293,19 @@ fn greedy_output_with_either_drafter_equals_greedy_output_without() {
         }
     }
 }
+
+#[test]
+fn only_a_drafter_quantized_by_its_maker_keeps_its_float_matrices() {
+    // `--mtp-from` quantizes a head's float matrices to a quantized main model's bits, but
+    // not a drafter that mlx-vlm quantized: its float ones (the router gate, the matrices
+    // whose width does not split into groups) were kept float on purpose.
+    use qwen_gdn_model::weights::Checkpoint;
+    let config = main_model().config().clone();
+    let declares = |name: &str| {
+        let ckpt = Checkpoint::open_mtp(&mtp_dir(name), &config).unwrap().unwrap();
+        ckpt.declares_its_own_quantization()
+    };
+    assert!(declares(FOUR_BIT));
+    assert!(!declares(BF16));
+    assert!(!declares("qwen4-exp-mtp-tiny-hf"));
+}

@@ -432,9 +432,17 @@ fn a_drafter_that_does_not_fit_is_refused_in_one_line() {
         (&wide, ["config.json: text_config.hidden_size is 128", "a drafter for another model"]),
         (&short, ["layers.0.mlp.switch_mlp.up_proj", "model.safetensors"]),
     ];
-    for (dir, needles) in cases {
+    // models/qwen4-exp-tiny-4bit is another tiny model (its experts twice as wide).
+    let other = fixture("qwen4-exp-tiny-4bit");
+    let drafter = mtp_fixture("qwen4-exp-mtp-tiny-drafter-4bit");
+    let cases = cases.into_iter().map(|(d, n)| (&main, d, n)).chain([(
+        &other,
+        &drafter,
+        ["text_config.moe_intermediate_size is 32, the main model's is 64", "config.json"],
+    )]);
+    for (main, dir, needles) in cases {
         for flag in ["--mtp-from", "--draft-model"] {
-            let out = generate(&main, &[flag, dir.to_str().unwrap(), "--max-tokens", "4"]);
+            let out = generate(main, &[flag, dir.to_str().unwrap(), "--max-tokens", "4"]);
             // The main checkpoint's own warning (its placeholder head) comes first.
             let err = stderr(&out);
             assert!(!out.status.success() && !err.contains("panicked"), "{err}");

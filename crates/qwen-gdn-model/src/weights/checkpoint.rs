@@ -955,6 +955,17 @@ impl Checkpoint {
         self.quantize_floats = spec;
     }
 
+    /// Whether the folder is a drafter quantized by its maker (its own `quantization` block):
+    /// its float tensors were kept float on purpose (mlx-vlm keeps the router gate, and every
+    /// matrix whose width does not split into groups) and stay so.
+    pub fn declares_its_own_quantization(&self) -> bool {
+        self.declared_quantization
+            .as_ref()
+            .is_some_and(|(global, overrides)| {
+                global.is_some() || overrides.iter().any(|(_, s)| s.is_some())
+            })
+    }
+
     /// `m`, quantized when [`Checkpoint::quantize_floats_to`] asks for it.
     fn float_matrix(&self, m: FloatMatrix) -> Result<Matrix> {
         let Some(spec) = self.quantize_floats else {
