@@ -3,8 +3,8 @@ own split** (`mlx_vlm.speculative.drafters.qwen4_exp_mtp.split`, what `mlx_vlm.c
 runs), and their references from **mlx-vlm itself** loading those folders (`load_drafter`,
 `Qwen4ExpMTPDraftModel`), run by mlx on the CPU in f32.
 
-Run as `WITH_TORCH=1 bash scripts/with-fixture-venv.sh scripts/gen_fixture_qwen4_exp_drafter.py`
-after gen_fixture_qwen4_exp_mtp.py (it splits that fixture's trained head). Writes only:
+Run as `WITH_TORCH=1 bash scripts/gen-fixtures.sh --only qwen4_exp_drafter` after
+gen_fixture_qwen4_exp_mtp.py (it splits that fixture's trained head). Writes only:
 
   models/mtp/qwen4-exp-mtp-tiny-drafter-bf16/    split(source): config.json
                                                  (`model_type: qwen4_exp_mtp`, the main
