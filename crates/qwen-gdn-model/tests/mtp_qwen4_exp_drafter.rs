@@ -135,11 +135,7 @@ fn the_bf16_drafter_is_the_hf_head_it_was_split_from() {
     let ids = reference.ids("ids");
     let streams = reference.get("streams");
     let drafter = head_logits_on(&with_head(&mtp_dir(BF16)), streams, &ids);
-    let hf = head_logits_on(
-        &with_head(&mtp_dir("qwen4-exp-mtp-tiny-hf")),
-        streams,
-        &ids,
-    );
+    let hf = head_logits_on(&with_head(&mtp_dir("qwen4-exp-mtp-tiny-hf")), streams, &ids);
     let err = rel_max_diff(&drafter, &hf);
     eprintln!("bf16 drafter vs HF-layout head: {err:.2e} of max|logit|");
     assert!(err <= 1e-6, "bf16 drafter vs HF head: {err:.2e}");
@@ -203,7 +199,10 @@ fn a_drafter_that_does_not_fit_is_a_one_line_error() {
             BF16,
             Box::new(keep),
             Box::new(|j| j["text_config"]["hidden_size"] = 128.into()),
-            ["config.json: text_config.hidden_size is 128", "main model's is 64"],
+            [
+                "config.json: text_config.hidden_size is 128",
+                "main model's is 64",
+            ],
         ),
         // Its tensors of another width, the config left right.
         (
@@ -221,14 +220,20 @@ fn a_drafter_that_does_not_fit_is_a_one_line_error() {
                 t.remove("layers.0.mlp.switch_mlp.up_proj.weight");
             }),
             Box::new(same),
-            ["missing tensor `layers.0.mlp.switch_mlp.up_proj.weight`", "model.safetensors"],
+            [
+                "missing tensor `layers.0.mlp.switch_mlp.up_proj.weight`",
+                "model.safetensors",
+            ],
         ),
         // Quantized otherwise than its own config declares, globally or per tensor.
         (
             FOUR_BIT,
             Box::new(keep),
             Box::new(|j| j["quantization"]["bits"] = 8.into()),
-            ["stored as 4-bit group 64", "config.json declares 8-bit group 64"],
+            [
+                "stored as 4-bit group 64",
+                "config.json declares 8-bit group 64",
+            ],
         ),
         (
             FOUR_BIT,
@@ -237,7 +242,10 @@ fn a_drafter_that_does_not_fit_is_a_one_line_error() {
                 j["quantization"]["layers.0.self_attn.q_proj"] =
                     serde_json::json!({"bits": 8, "group_size": 64})
             }),
-            ["layers.0.self_attn.q_proj.weight", "declares 8-bit group 64"],
+            [
+                "layers.0.self_attn.q_proj.weight",
+                "declares 8-bit group 64",
+            ],
         ),
     ];
     for (name, tensors, config, expected) in cases {
@@ -281,7 +289,11 @@ fn greedy_output_with_either_drafter_equals_greedy_output_without() {
                 let s = &spec.stats;
                 eprintln!(
                     "{name} prompt {} k = {k}: acceptance {:.3} ({}/{})",
-                    if prompt == &trained[..] { "trained" } else { "held out" },
+                    if prompt == &trained[..] {
+                        "trained"
+                    } else {
+                        "held out"
+                    },
                     s.acceptance(),
                     s.accepted,
                     s.drafted
@@ -302,7 +314,9 @@ fn only_a_drafter_quantized_by_its_maker_keeps_its_float_matrices() {
     use qwen_gdn_model::weights::Checkpoint;
     let config = main_model().config().clone();
     let declares = |name: &str| {
-        let ckpt = Checkpoint::open_mtp(&mtp_dir(name), &config).unwrap().unwrap();
+        let ckpt = Checkpoint::open_mtp(&mtp_dir(name), &config)
+            .unwrap()
+            .unwrap();
         ckpt.declares_its_own_quantization()
     };
     assert!(declares(FOUR_BIT));

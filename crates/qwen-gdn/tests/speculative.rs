@@ -388,16 +388,27 @@ fn an_mlx_vlm_drafter_lends_the_qwen4_exp_head() {
     let plain = generate(&main, &args);
     assert!(plain.status.success(), "{}", stderr(&plain));
     let lent = |flag: &str, dir: &Path| {
-        let with = [args.as_slice(), &[flag, dir.to_str().unwrap(), "--draft-tokens", "2"]];
+        let with = [
+            args.as_slice(),
+            &[flag, dir.to_str().unwrap(), "--draft-tokens", "2"],
+        ];
         let out = generate(&main, &with.concat());
-        assert!(out.status.success(), "{flag} {}: {}", dir.display(), stderr(&out));
+        assert!(
+            out.status.success(),
+            "{flag} {}: {}",
+            dir.display(),
+            stderr(&out)
+        );
         assert_eq!(out.stdout, plain.stdout, "{flag} {}", dir.display());
         let lines = speculative_lines(&out);
         assert_eq!(lines.len(), 1, "{}", stderr(&out));
         lines[0].clone()
     };
     let hf = lent("--mtp-from", &mtp_fixture("qwen4-exp-mtp-tiny-hf"));
-    for name in ["qwen4-exp-mtp-tiny-drafter-bf16", "qwen4-exp-mtp-tiny-drafter-4bit"] {
+    for name in [
+        "qwen4-exp-mtp-tiny-drafter-bf16",
+        "qwen4-exp-mtp-tiny-drafter-4bit",
+    ] {
         for flag in ["--mtp-from", "--draft-model"] {
             let line = lent(flag, &mtp_fixture(name));
             eprintln!("{name} {flag}: {line}");
@@ -429,8 +440,17 @@ fn a_drafter_that_does_not_fit_is_refused_in_one_line() {
         .filter(|(n, _)| n != "layers.0.mlp.switch_mlp.up_proj.scales");
     std::fs::write(&file, safetensors::serialize(kept, None).unwrap()).unwrap();
     let cases = [
-        (&wide, ["config.json: text_config.hidden_size is 128", "a drafter for another model"]),
-        (&short, ["layers.0.mlp.switch_mlp.up_proj", "model.safetensors"]),
+        (
+            &wide,
+            [
+                "config.json: text_config.hidden_size is 128",
+                "a drafter for another model",
+            ],
+        ),
+        (
+            &short,
+            ["layers.0.mlp.switch_mlp.up_proj", "model.safetensors"],
+        ),
     ];
     // models/qwen4-exp-tiny-4bit is another tiny model (its experts twice as wide).
     let other = fixture("qwen4-exp-tiny-4bit");
@@ -438,7 +458,10 @@ fn a_drafter_that_does_not_fit_is_refused_in_one_line() {
     let cases = cases.into_iter().map(|(d, n)| (&main, d, n)).chain([(
         &other,
         &drafter,
-        ["text_config.moe_intermediate_size is 32, the main model's is 64", "config.json"],
+        [
+            "text_config.moe_intermediate_size is 32, the main model's is 64",
+            "config.json",
+        ],
     )]);
     for (main, dir, needles) in cases {
         for flag in ["--mtp-from", "--draft-model"] {
