@@ -7,6 +7,9 @@
 
 mod common;
 use candle_core::{DType, Device, Tensor};
+use common::qwen4_exp_head::{
+    chained_drafts, head_logits_on, mtp_reference as reference, rows_with_a_margin, select,
+};
 use common::*;
 use qwen_gdn_model::Model;
 use std::collections::HashMap;
@@ -37,42 +40,6 @@ fn with_head(head: &Path) -> Model {
     model
 }
 
-fn reference(name: &str) -> Reference {
-    let path = mtp_dir("reference").join(format!("{name}.safetensors"));
-    Reference(
-        candle_core::safetensors::load(&path, &Device::Cpu)
-            .unwrap_or_else(|e| panic!("{}: {e}", path.display())),
-    )
-}
-
-/// The head over every recorded pair (mlx-vlm's streams, the ids) in one causal call.
-fn head_logits_on(model: &Model, streams: &Tensor, ids: &[u32]) -> Tensor {
-    let n = ids.len();
-    let streams = streams.narrow(0, 0, n - 1).unwrap().unsqueeze(0).unwrap();
-    let mut cache = model.mtp_head().unwrap().new_cache();
-    let out = model.mtp_forward(&streams, &ids[1..], &mut cache).unwrap();
-    model.mtp_logits(&out).unwrap()
-}
-
-/// The pair rows whose QSA top-k cut-off has a margin (the tied ones mlx's argpartition breaks
-/// its own way: mtp_qwen4_exp.rs says why), and the tied ones.
-fn rows_with_a_margin(reference: &Reference) -> (Vec<u32>, Vec<u32>) {
-    let margins = flat(reference.get("head_selection_margins"));
-    let (mut rows, mut tied) = (vec![], vec![]);
-    for (i, m) in margins.iter().enumerate() {
-        match *m > 1e-4 {
-            true => rows.push(i as u32),
-            false => tied.push(i as u32),
-        }
-    }
-    (rows, tied)
-}
-
-fn select(t: &Tensor, rows: &[u32]) -> Tensor {
-    t.index_select(&Tensor::new(rows, t.device()).unwrap(), 0)
-        .unwrap()
-}
-
 /// The drafter's head logits against mlx-vlm's on the rows with a margin: the error relative
 /// to max|logit|.
 fn logits_error(name: &str) -> f32 {
@@ -92,40 +59,12 @@ fn logits_error(name: &str) -> f32 {
 }
 
 /// mlx-vlm's `draft_block` after its prefill over the pairs up to `chain_at`, replayed: our
-/// tokens and the logits' error relative to max|logit|.
-fn chained_drafts(name: &str) -> (Vec<u32>, Vec<u32>, f32) {
-    let model = with_head(&mtp_dir(name));
+/// tokens, mlx-vlm's and the logits' error relative to max|logit|.
+fn chained(name: &str) -> (Vec<u32>, Vec<u32>, f32) {
     let reference = reference(name);
-    let ids = reference.ids("ids");
-    let at = reference.ids("chain_at")[0] as usize;
-    let want = reference.ids("chain_tokens");
-    let streams = reference.get("streams").unsqueeze(0).unwrap();
-    let mut cache = model.mtp_head().unwrap().new_cache();
-    let out = model
-        .mtp_forward(
-            &streams.narrow(1, 0, at + 1).unwrap(),
-            &ids[1..at + 2],
-            &mut cache,
-        )
-        .unwrap();
-    let mut h = out.narrow(1, at, 1).unwrap();
-    let (mut tokens, mut logits) = (vec![], vec![]);
-    loop {
-        let l = model.mtp_logits(&h).unwrap();
-        let t = argmax_rows(&l)[0];
-        tokens.push(t);
-        logits.push(l);
-        if tokens.len() == want.len() {
-            break;
-        }
-        h = model.mtp_forward(&h, &[t], &mut cache).unwrap();
-    }
-    let err = rel_max_diff(
-        &Tensor::cat(&logits, 0).unwrap(),
-        reference.get("chain_logits"),
-    );
-    eprintln!("{name}: chain from {at}: {tokens:?} (mlx-vlm {want:?}), logits {err:.2e}");
-    (tokens, want, err)
+    let (tokens, err) = chained_drafts(&with_head(&mtp_dir(name)), &reference);
+    eprintln!("{name}: chain {tokens:?}, logits {err:.2e}");
+    (tokens, reference.ids("chain_tokens"), err)
 }
 
 #[test]
@@ -155,14 +94,14 @@ fn four_bit_drafter_logits_match_mlx_vlms() {
 
 #[test]
 fn bf16_drafter_chains_mlx_vlms_drafts() {
-    let (got, want, err) = chained_drafts(BF16);
+    let (got, want, err) = chained(BF16);
     assert_eq!(got, want);
     assert!(err < 1e-4, "chained logits off by {err:.2e}");
 }
 
 #[test]
 fn four_bit_drafter_chains_mlx_vlms_drafts() {
-    let (got, want, err) = chained_drafts(FOUR_BIT);
+    let (got, want, err) = chained(FOUR_BIT);
     assert_eq!(got, want);
     assert!(err < 1e-4, "chained logits off by {err:.2e}");
 }
