@@ -24,6 +24,7 @@ pub use limits::{
     MAX_WIDTH,
 };
 pub use quantization::QuantSpec;
+pub(crate) use quantization::{read_quantization, Quantization};
 
 use crate::weights::files::read_json_text;
 use anyhow::{anyhow, bail, Context, Result};

@@ -6,6 +6,7 @@
 
 mod common;
 use candle_core::{DType, Device, Tensor};
+use common::qwen4_exp_head::*;
 use common::*;
 use qwen_gdn_model::speculative::{DraftLength, Speculation, ADAPTIVE_MAX};
 use qwen_gdn_model::Model;
@@ -30,44 +31,7 @@ fn load_mtp(dir: &Path) -> Model {
 }
 
 fn reference() -> Reference {
-    let path = models_dir()
-        .join("mtp")
-        .join("reference")
-        .join(format!("{NAME}.safetensors"));
-    Reference(
-        candle_core::safetensors::load(&path, &Device::Cpu)
-            .unwrap_or_else(|e| panic!("{}: {e}", path.display())),
-    )
-}
-
-/// The head over every recorded pair (mlx-vlm's streams, the ids) in one call: its logits.
-fn head_logits_on(model: &Model, streams: &Tensor, ids: &[u32]) -> Tensor {
-    let n = ids.len();
-    let streams = streams.narrow(0, 0, n - 1).unwrap().unsqueeze(0).unwrap();
-    let mut cache = model.mtp_head().unwrap().new_cache();
-    let out = model.mtp_forward(&streams, &ids[1..], &mut cache).unwrap();
-    model.mtp_logits(&out).unwrap()
-}
-
-/// The pair rows whose QSA selection has a margin, and the tied ones: the indexer's block
-/// scores are ReLU sums, so blocks at exactly 0 tie at the top-k cut-off now and then, and
-/// which one mlx's argpartition keeps is its own choice (ours keeps the first).
-fn rows_with_a_margin(reference: &Reference) -> (Vec<u32>, Vec<u32>) {
-    let margins = flat(reference.get("head_selection_margins"));
-    let (mut rows, mut tied) = (vec![], vec![]);
-    for (i, m) in margins.iter().enumerate() {
-        if *m > 1e-4 {
-            rows.push(i as u32)
-        } else {
-            tied.push(i as u32)
-        }
-    }
-    (rows, tied)
-}
-
-fn select(t: &Tensor, rows: &[u32]) -> Tensor {
-    t.index_select(&Tensor::new(rows, t.device()).unwrap(), 0)
-        .unwrap()
+    mtp_reference(NAME)
 }
 
 #[test]
@@ -106,38 +70,10 @@ fn head_logits_match_mlx_vlms_drafter() {
 
 #[test]
 fn chained_drafts_are_mlx_vlms() {
-    // mlx-vlm's draft_block after its prefill over the pairs up to `at`: the first draft from
-    // the pairs, the next ones each from (the head's own output streams, the previous draft).
-    let model = load_mtp(&fixture());
+    // mlx-vlm's draft_block after its prefill over the pairs up to `at`.
     let reference = reference();
-    let ids = reference.ids("ids");
-    let at = reference.ids("chain_at")[0] as usize;
-    let want_tokens = reference.ids("chain_tokens");
-    let want_logits = reference.get("chain_logits");
-    let streams = reference.get("streams").unsqueeze(0).unwrap();
-    let mut cache = model.mtp_head().unwrap().new_cache();
-    let out = model
-        .mtp_forward(
-            &streams.narrow(1, 0, at + 1).unwrap(),
-            &ids[1..at + 2],
-            &mut cache,
-        )
-        .unwrap();
-    let mut h = out.narrow(1, at, 1).unwrap();
-    let (mut tokens, mut logits) = (vec![], vec![]);
-    loop {
-        let l = model.mtp_logits(&h).unwrap();
-        let t = argmax_rows(&l)[0];
-        tokens.push(t);
-        logits.push(l);
-        if tokens.len() == want_tokens.len() {
-            break;
-        }
-        h = model.mtp_forward(&h, &[t], &mut cache).unwrap();
-    }
-    let err = rel_max_diff(&Tensor::cat(&logits, 0).unwrap(), want_logits);
-    eprintln!("chain from {at}: {tokens:?}, logits off by {err:.2e}");
-    assert_eq!(tokens, want_tokens);
+    let (tokens, err) = chained_drafts(&load_mtp(&fixture()), &reference);
+    assert_eq!(tokens, reference.ids("chain_tokens"));
     assert!(err < 1e-4, "chained logits off by {err:.2e}");
 }
 

@@ -373,3 +373,41 @@ fn the_qwen4_exp_head_is_fetched_by_range_and_works() {
     let home = tmp.path().join("home");
     fetch_head_from_the_hub(tmp.path(), &home, QWEN4_EXP);
 }
+
+/// mlx-vlm's separate drafter of Qwen3.8-Flash-Next's head as a Hub repo (the 4-bit fixture's
+/// folder served): its one shard's header shows no `mtp.*` tensors and no embedding, its
+/// config.json says `qwen4_exp_mtp`, so the whole (small) repo is fetched and lent as the head:
+/// the text and stats line of the folder given locally; offline, the cached copy serves.
+#[test]
+fn an_mlx_vlm_drafter_repo_is_fetched_whole_and_lends_the_head() {
+    let tmp = tempfile::tempdir().unwrap();
+    let home = tmp.path().join("home");
+    let drafter = source_dir("qwen4-exp-mtp-tiny-drafter-4bit");
+    let main = repo_root().join("models/qwen4-exp-tiny-hf");
+    let hub = FakeHub::serving(&drafter);
+    let local = generate(
+        &main,
+        &[
+            PROMPT.as_slice(),
+            &["--mtp-from", drafter.to_str().unwrap()],
+        ]
+        .concat(),
+    );
+    assert!(local.status.success(), "{}", stderr(&local));
+    let out = generate_with(&home, &hub, &main, &["--mtp-from", REPO]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(out.stdout, local.stdout);
+    assert_eq!(speculative_line(&out), speculative_line(&local));
+    let mut offline = command(
+        &[
+            ["generate", "--model", main.to_str().unwrap()].as_slice(),
+            PROMPT.as_slice(),
+            &["--mtp-from", REPO],
+        ]
+        .concat(),
+    );
+    offline.env("HF_HOME", &home).env("HF_HUB_OFFLINE", "1");
+    let out = offline.output().unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(speculative_line(&out), speculative_line(&local));
+}

@@ -377,6 +377,108 @@ fn mtp_from_a_folder_lends_the_qwen4_exp_head() {
     assert_eq!(speculative_lines(&out), vec![own[0].1.clone()]);
 }
 
+/// mlx-vlm's separate drafter of Qwen3.8-Flash-Next's head (models/mtp/qwen4-exp-mtp-tiny-
+/// drafter-{bf16,4bit}: the MTP fixture's head split by mlx-vlm's own `split_qwen4_exp_mtp`),
+/// given with `--mtp-from` or, as mlx-vlm users type it, `--draft-model`: plain greedy's text
+/// and one stats line; the bf16 drafter's line is that of the HF-layout head it was split from.
+#[test]
+fn an_mlx_vlm_drafter_lends_the_qwen4_exp_head() {
+    let main = fixture("qwen4-exp-tiny-hf");
+    let args = ["--max-tokens", "24", "--prompt", "Tell me about the sea."];
+    let plain = generate(&main, &args);
+    assert!(plain.status.success(), "{}", stderr(&plain));
+    let lent = |flag: &str, dir: &Path| {
+        let with = [
+            args.as_slice(),
+            &[flag, dir.to_str().unwrap(), "--draft-tokens", "2"],
+        ];
+        let out = generate(&main, &with.concat());
+        assert!(
+            out.status.success(),
+            "{flag} {}: {}",
+            dir.display(),
+            stderr(&out)
+        );
+        assert_eq!(out.stdout, plain.stdout, "{flag} {}", dir.display());
+        let lines = speculative_lines(&out);
+        assert_eq!(lines.len(), 1, "{}", stderr(&out));
+        lines[0].clone()
+    };
+    let hf = lent("--mtp-from", &mtp_fixture("qwen4-exp-mtp-tiny-hf"));
+    for name in [
+        "qwen4-exp-mtp-tiny-drafter-bf16",
+        "qwen4-exp-mtp-tiny-drafter-4bit",
+    ] {
+        for flag in ["--mtp-from", "--draft-model"] {
+            let line = lent(flag, &mtp_fixture(name));
+            eprintln!("{name} {flag}: {line}");
+            if name.ends_with("bf16") {
+                assert_eq!(line, hf, "{flag} {name}");
+            }
+        }
+    }
+}
+
+/// A drafter folder of another model (its config's hidden size), or one missing a tensor, is
+/// refused in one line before anything is generated.
+#[test]
+fn a_drafter_that_does_not_fit_is_refused_in_one_line() {
+    let main = fixture("qwen4-exp-tiny-hf");
+    let (_tmp, wide) = copy_fixture("mtp/qwen4-exp-mtp-tiny-drafter-bf16");
+    let path = wide.join("config.json");
+    let mut json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    json["text_config"]["hidden_size"] = 128.into();
+    std::fs::write(&path, json.to_string()).unwrap();
+    let (_tmp2, short) = copy_fixture("mtp/qwen4-exp-mtp-tiny-drafter-4bit");
+    let file = short.join("model.safetensors");
+    let bytes = std::fs::read(&file).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let kept = st
+        .tensors()
+        .into_iter()
+        .filter(|(n, _)| n != "layers.0.mlp.switch_mlp.up_proj.scales");
+    std::fs::write(&file, safetensors::serialize(kept, None).unwrap()).unwrap();
+    let cases = [
+        (
+            &wide,
+            [
+                "config.json: text_config.hidden_size is 128",
+                "a drafter for another model",
+            ],
+        ),
+        (
+            &short,
+            ["layers.0.mlp.switch_mlp.up_proj", "model.safetensors"],
+        ),
+    ];
+    // models/qwen4-exp-tiny-4bit is another tiny model (its experts twice as wide).
+    let other = fixture("qwen4-exp-tiny-4bit");
+    let drafter = mtp_fixture("qwen4-exp-mtp-tiny-drafter-4bit");
+    let cases = cases.into_iter().map(|(d, n)| (&main, d, n)).chain([(
+        &other,
+        &drafter,
+        [
+            "text_config.moe_intermediate_size is 32, the main model's is 64",
+            "config.json",
+        ],
+    )]);
+    for (main, dir, needles) in cases {
+        for flag in ["--mtp-from", "--draft-model"] {
+            let out = generate(main, &[flag, dir.to_str().unwrap(), "--max-tokens", "4"]);
+            // The main checkpoint's own warning (its placeholder head) comes first.
+            let err = stderr(&out);
+            assert!(!out.status.success() && !err.contains("panicked"), "{err}");
+            let lines: Vec<&str> = err.lines().filter(|l| !l.starts_with("warning")).collect();
+            assert_eq!(lines.len(), 1, "{err}");
+            assert!(lines[0].starts_with("error: "), "{err}");
+            for needle in needles {
+                assert!(lines[0].contains(needle), "{needle:?} not in {err}");
+            }
+        }
+    }
+}
+
 /// A draft model whose tokenizer differs (two tokens' ids swapped in a copy of a fixture with
 /// the main model's tokenizer), or one given with --mtp-from, is refused in one line before
 /// anything is generated.

@@ -22,7 +22,8 @@ use std::path::Path;
 pub enum MtpPrecision {
     /// As the checkpoint stores them (bf16 for the original checkpoints).
     AsStored,
-    /// Quantized on load to the main checkpoint's bits and group size (when it is quantized).
+    /// Quantized on load to the main checkpoint's bits and group size (when it is quantized),
+    /// unless the head is a drafter quantized by its maker (then as stored).
     MainBits,
 }
 
@@ -40,7 +41,7 @@ impl Model {
         let Some(mut ckpt) = Checkpoint::open_mtp(dir, &self.config)? else {
             return Ok(false);
         };
-        if precision == MtpPrecision::MainBits {
+        if precision == MtpPrecision::MainBits && !ckpt.declares_its_own_quantization() {
             ckpt.quantize_floats_to(self.config.quantization);
         }
         let head = match self.decoder {

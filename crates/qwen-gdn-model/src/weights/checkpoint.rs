@@ -14,10 +14,11 @@
 //! Layers ask for tensors by their canonical (mlx) names and get them already sanitized.
 
 use super::affine::{AffineMatrix, GroupParams};
+use super::drafter_folder::DrafterFolder;
 use super::files::{read_json_text, ModelFolder};
 use super::matrix::{FloatData, FloatMatrix, Matrix};
 use super::random_weights::{self, Fill, MatrixLayout};
-use crate::config::{Config, Family, QuantSpec};
+use crate::config::{Config, Family, QuantSpec, Quantization};
 use crate::LoadProgress;
 use anyhow::{anyhow, bail, ensure, Context, Result};
 use candle_core::{Device, Tensor};
@@ -94,6 +95,11 @@ pub struct Checkpoint {
     q8_interleave: bool,
     /// The `mtp.*` view ([`Checkpoint::open_mtp`]): norm weights are detected per tensor.
     mtp_view: bool,
+    /// A drafter folder's own `quantization` block, which its quantized tensors must agree
+    /// with instead of the main config's (`drafter_folder.rs`).
+    declared_quantization: Option<Quantization>,
+    /// The files name the head's tensors without `mtp.` (a drafter folder): so do errors.
+    unprefixed: bool,
     /// Float matrices are quantized to this as they are read ([`Checkpoint::quantize_floats_to`]).
     quantize_floats: Option<QuantSpec>,
     /// The experts of each MoE block this process reads (an expert-parallel rank's share,
@@ -108,6 +114,9 @@ enum View {
     Model,
     /// The multi-token-prediction head's `mtp.*` tensors only.
     Mtp,
+    /// mlx-vlm's separate drafter folder: every tensor is the head's, named without `mtp.`
+    /// (`drafter_folder.rs`); canonical names get the prefix, as in the [`View::Mtp`] view.
+    Drafter,
 }
 
 /// Norm weights that HF stores zero-centred and mlx-lm shifts by +1 (the gated GDN norm is
@@ -228,8 +237,16 @@ impl Checkpoint {
     /// names keep the `mtp.` prefix), or `None` when it has none. Every norm weight read from
     /// this view is taken as stored zero-centred or shifted, whichever its values say
     /// ([`super::norm_convention`]): conversions disagree on whether they shifted the head's.
+    /// mlx-vlm's separate drafter folder (`model_type: qwen4_exp_mtp`) is read as that view.
     pub fn open_mtp(dir: &Path, config: &Config) -> Result<Option<Self>> {
-        let ckpt = Self::open_view(dir, config, View::Mtp)?;
+        let drafter = DrafterFolder::read(dir, config)?;
+        let view = match drafter {
+            Some(_) => View::Drafter,
+            None => View::Mtp,
+        };
+        let mut ckpt = Self::open_view(dir, config, view)?;
+        ckpt.unprefixed = drafter.is_some();
+        ckpt.declared_quantization = drafter.map(|d| d.quantization);
         let empty = ckpt.entries().is_empty();
         Ok((!empty).then_some(ckpt))
     }
@@ -253,8 +270,11 @@ impl Checkpoint {
             })?;
             let idx = files.len();
             for (key, info) in meta.tensors() {
-                let name = canonical_name(&key, config.family);
-                if view == View::Mtp {
+                let name = match view {
+                    View::Drafter if !key.starts_with("mtp.") => format!("mtp.{key}"),
+                    _ => canonical_name(&key, config.family),
+                };
+                if view != View::Model {
                     if !name.starts_with("mtp.") {
                         continue;
                     }
@@ -315,7 +335,9 @@ impl Checkpoint {
             bytes_read: AtomicU64::new(0),
             bytes_total,
             q8_interleave: false,
-            mtp_view: view == View::Mtp,
+            mtp_view: view != View::Model,
+            declared_quantization: None,
+            unprefixed: false,
             quantize_floats: None,
             expert_share: None,
         })
@@ -397,6 +419,8 @@ impl Checkpoint {
             bytes_total: 0,
             q8_interleave: false,
             mtp_view: false,
+            declared_quantization: None,
+            unprefixed: false,
             quantize_floats: None,
             expert_share: None,
         }
@@ -661,14 +685,19 @@ impl Checkpoint {
                 used.insert(name.to_string());
             }
         }
+        // As the files spell it.
+        let spelled = match self.unprefixed {
+            true => name.strip_prefix("mtp.").unwrap_or(name),
+            false => name,
+        };
         entries.get(name).cloned().ok_or_else(|| match &self.bytes {
             TensorBytes::Files(files) => {
                 let files: Vec<String> =
                     files.iter().map(|f| f.path.display().to_string()).collect();
-                anyhow!("missing tensor `{name}` in {}", files.join(", "))
+                anyhow!("missing tensor `{spelled}` in {}", files.join(", "))
             }
             TensorBytes::Random { .. } => {
-                anyhow!("missing tensor `{name}` in {}", self.dir.display())
+                anyhow!("missing tensor `{spelled}` in {}", self.dir.display())
             }
         })
     }
@@ -926,6 +955,17 @@ impl Checkpoint {
         self.quantize_floats = spec;
     }
 
+    /// Whether the folder is a drafter quantized by its maker (its own `quantization` block):
+    /// its float tensors were kept float on purpose (mlx-vlm keeps the router gate, and every
+    /// matrix whose width does not split into groups) and stay so.
+    pub fn declares_its_own_quantization(&self) -> bool {
+        self.declared_quantization
+            .as_ref()
+            .is_some_and(|(global, overrides)| {
+                global.is_some() || overrides.iter().any(|(_, s)| s.is_some())
+            })
+    }
+
     /// `m`, quantized when [`Checkpoint::quantize_floats_to`] asks for it.
     fn float_matrix(&self, m: FloatMatrix) -> Result<Matrix> {
         let Some(spec) = self.quantize_floats else {
@@ -1006,15 +1046,26 @@ impl Checkpoint {
             );
         }
         let module_path = w.original.trim_end_matches(".weight");
-        let declared = config
-            .quant_spec_for(module_path)
-            .flatten()
-            .or(config.quantization);
+        let declared = match &self.declared_quantization {
+            Some((global, overrides)) => overrides
+                .iter()
+                .find(|(p, _)| p == module_path)
+                .and_then(|(_, s)| *s)
+                .or(*global),
+            None => config
+                .quant_spec_for(module_path)
+                .flatten()
+                .or(config.quantization),
+        };
         if let Some(spec) = declared {
             if (spec.bits, spec.group_size) != (bits, group_size) {
                 bail!(
-                    "{}: stored as {bits}-bit group {group_size}, but config.json declares {}-bit group {}",
+                    "{}: stored as {bits}-bit group {group_size}, but {} declares {}-bit group {}",
                     self.location(&w),
+                    match self.declared_quantization {
+                        Some(_) => self.config_path().display().to_string(),
+                        None => "config.json".to_string(),
+                    },
                     spec.bits,
                     spec.group_size
                 );
@@ -1075,7 +1126,12 @@ impl Checkpoint {
         if self.contains(&format!("{stacked}.scales")) {
             return self.affine(&stacked, &[experts, rows], cols, config, lead);
         }
-        if self.contains(&format!("{stacked}.weight")) {
+        // A block stored stacked (mlx, mlx-vlm's drafter) that lacks this projection's stack:
+        // that stack is what is missing, not the raw layouts tried below.
+        let stacks = ["gate_proj", "up_proj", "down_proj"]
+            .iter()
+            .any(|p| self.contains(&format!("{mlp}.switch_mlp.{p}.weight")));
+        if stacks || self.contains(&format!("{stacked}.weight")) {
             let e = self.entry(&format!("{stacked}.weight"))?;
             self.check_shape(&e, &[experts, rows, cols])?;
             let data = self.float_rows(&e, lead)?;

@@ -5,6 +5,7 @@
 pub use gdn_ops::ops::affine;
 pub mod checkpoint;
 pub mod dense_experts;
+pub mod drafter_folder;
 pub mod files;
 pub mod matrix;
 pub mod norm_convention;

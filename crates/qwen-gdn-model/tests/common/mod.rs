@@ -3,6 +3,7 @@
 
 mod checkpoints;
 pub mod qwen4_exp;
+pub mod qwen4_exp_head;
 #[allow(dead_code)] // only the tests run under mpirun use it
 pub mod ranks;
 

@@ -7,6 +7,7 @@ use crate::hub::{resolve_mtp_from, MtpSource};
 use crate::ui::output::eprint_line;
 use anyhow::{bail, Result};
 use qwen_gdn_model::speculative::{DraftLength, DrafterSource, SpecStats, ADAPTIVE_MAX};
+use qwen_gdn_model::weights::drafter_folder::declares_a_drafter;
 use qwen_gdn_model::{Model, MtpPrecision};
 use std::path::Path;
 
@@ -47,7 +48,8 @@ pub struct SpeculationArgs {
     no_mtp: bool,
     /// Take the MTP head from this checkpoint folder or Hub repo (the original checkpoint of a
     /// conversion that dropped it): only its mtp.* tensors' byte ranges are fetched, and cached
-    /// in the Hugging Face cache. Turns speculation on (2 draft tokens unless --draft-tokens);
+    /// in the Hugging Face cache. A local folder may also be mlx-vlm's separate drafter
+    /// (`mlx_vlm.convert --mtp`, model_type qwen4_exp_mtp, bf16 or quantized). Turns speculation on (2 draft tokens unless --draft-tokens);
     /// a repo without a head is reported and generation goes on without speculation, unless
     /// --draft-tokens asked for it
     #[arg(long, value_name = "FOLDER|REPO")]
@@ -58,7 +60,8 @@ pub struct SpeculationArgs {
     mtp_keep_dtype: bool,
     /// Draft with this separate small model (a folder or Hub repo sharing the main model's
     /// tokenizer) instead of an MTP head, as mlx-lm's --draft-model; 2 draft tokens unless
-    /// --draft-tokens
+    /// --draft-tokens. A folder of mlx-vlm's MTP drafter (model_type qwen4_exp_mtp) is taken
+    /// as the head, as mlx-vlm's --draft-model does (the same as --mtp-from)
     #[arg(long, value_name = "FOLDER|REPO", conflicts_with_all = ["mtp_from", "no_mtp"])]
     pub draft_model: Option<String>,
 }
@@ -97,12 +100,24 @@ impl SpeculationArgs {
         context: usize,
     ) -> Result<DrafterSource> {
         Ok(match &self.draft_model {
-            Some(source) => DrafterSource::Model {
+            Some(source) if !declares_a_drafter(Path::new(source)) => DrafterSource::Model {
                 model: super::draft_model::load(source, main_args, main, context)?,
                 prefill_chunk: main_args.prefill_chunk_size,
             },
-            None => DrafterSource::Head,
+            _ => DrafterSource::Head,
         })
+    }
+
+    /// Where the head comes from other than the main checkpoint, and the flag that named it:
+    /// `--mtp-from`, or `--draft-model` of an MTP drafter folder.
+    fn head_source(&self) -> Option<(&str, &'static str)> {
+        match (&self.mtp_from, &self.draft_model) {
+            (Some(source), _) => Some((source, "--mtp-from")),
+            (None, Some(source)) if declares_a_drafter(Path::new(source)) => {
+                Some((source, "--draft-model"))
+            }
+            _ => None,
+        }
     }
 
     /// Loads the head the flags ask for into `model` and returns the draft length, or `None`
@@ -116,28 +131,28 @@ impl SpeculationArgs {
             Some(DraftTokens::Fixed(n)) => DraftLength::Fixed(n),
             Some(DraftTokens::Auto) => DraftLength::adaptive(ADAPTIVE_MAX),
         };
-        if self.draft_model.is_some() {
+        let head_source = self.head_source();
+        if self.draft_model.is_some() && head_source.is_none() {
             return Ok(Some(k)); // the draft model drafts: no head to load
         }
         let required = self.draft_tokens.is_some();
-        let (dir, flag) = match &self.mtp_from {
+        let (dir, flag) = match head_source {
             None => (checkpoint.to_path_buf(), "--draft-tokens"),
-            Some(source) => match resolve_mtp_from(source)? {
-                MtpSource::Folder(dir) => (dir, "--mtp-from"),
+            Some((source, flag)) => match resolve_mtp_from(source)? {
+                MtpSource::Folder(dir) => (dir, flag),
                 MtpSource::Absent(why) if required => {
-                    bail!("--mtp-from: {why}, and --draft-tokens asks for speculation")
+                    bail!("{flag}: {why}, and --draft-tokens asks for speculation")
                 }
                 MtpSource::Absent(why) => {
-                    eprint_line(&format!(
-                        "--mtp-from: {why}; generating without speculation"
-                    ));
+                    eprint_line(&format!("{flag}: {why}; generating without speculation"));
                     return Ok(None);
                 }
             },
         };
         // The checkpoint's own head is used as it is; one from elsewhere matches the main
-        // checkpoint's bits unless asked otherwise.
-        let precision = match self.mtp_from.is_some() && !self.mtp_keep_dtype {
+        // checkpoint's bits unless asked otherwise (a quantized drafter's matrices stay as
+        // they are: only float ones are quantized).
+        let precision = match head_source.is_some() && !self.mtp_keep_dtype {
             true => MtpPrecision::MainBits,
             false => MtpPrecision::AsStored,
         };
@@ -146,7 +161,7 @@ impl SpeculationArgs {
         }
         if !required {
             eprint_line(&format!(
-                "--mtp-from: {} has no MTP head (mtp.* tensors); generating without speculation",
+                "{flag}: {} has no MTP head (mtp.* tensors); generating without speculation",
                 dir.display()
             ));
             return Ok(None);

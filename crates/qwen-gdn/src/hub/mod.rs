@@ -18,6 +18,8 @@ mod names;
 use anyhow::{bail, Context, Result};
 use cache::RepoCache;
 use names::{check_repo_file, check_revision};
+#[cfg(feature = "hub")]
+use qwen_gdn_model::weights::drafter_folder::declares_a_drafter;
 use std::path::{Path, PathBuf};
 
 /// Files a checkpoint folder must have before the weights are opened.
@@ -57,7 +59,8 @@ pub fn resolve(model: &str, revision: Option<&str>) -> Result<PathBuf> {
 /// Where `--mtp-from` found the multi-token-prediction head.
 pub enum MtpSource {
     /// A folder whose safetensors hold `mtp.*` tensors (a local checkpoint, or the head
-    /// assembled from a Hub repo's byte ranges).
+    /// assembled from a Hub repo's byte ranges), or mlx-vlm's separate drafter (a local
+    /// folder, or a whole Hub repo of one).
     Folder(PathBuf),
     /// The Hub repo has no `mtp.*` tensors.
     Absent(String),
@@ -165,7 +168,16 @@ impl HubEnv {
         let cache = RepoCache::new(&self.cache, repo);
         let from_cache = || -> Result<MtpSource> {
             let commit = cache.commit_of(revision)?;
-            match commit.and_then(|c| mtp_head::cached(&cache, &c)) {
+            // A head assembled from byte ranges, or a whole drafter repo fetched before.
+            let drafter = || {
+                self.cached(repo, revision)
+                    .ok()
+                    .filter(|d| declares_a_drafter(d))
+            };
+            match commit
+                .and_then(|c| mtp_head::cached(&cache, &c))
+                .or_else(drafter)
+            {
                 Some(dir) => Ok(MtpSource::Folder(dir)),
                 None => bail!(
                     "the MTP head of {repo}@{revision} is not in the Hugging Face cache {}",
@@ -182,12 +194,24 @@ impl HubEnv {
             Err(away) => return from_cache().map_err(|c| anyhow::anyhow!("{away}, and {c:#}")),
         };
         let found = mtp_head::fetch(&http, &cache, repo, &listing.commit, &listing.files)?;
+        let absent = || {
+            MtpSource::Absent(format!(
+                "{repo}@{revision} has no MTP head (no mtp.* tensors)"
+            ))
+        };
+        if let mtp_head::Head::NotAModel = found {
+            // mlx-vlm's separate drafter is the head and nothing else (small): all of it.
+            if listing.files.contains("config.json") {
+                let config = download::fetch(&http, &cache, repo, &listing.commit, "config.json")?;
+                if config.parent().is_some_and(declares_a_drafter) {
+                    return self.download(repo, revision).map(MtpSource::Folder);
+                }
+            }
+        }
         cache.write_ref(revision, &listing.commit)?;
         Ok(match found {
             mtp_head::Head::Found(dir) => MtpSource::Folder(dir),
-            mtp_head::Head::Absent => MtpSource::Absent(format!(
-                "{repo}@{revision} has no MTP head (no mtp.* tensors)"
-            )),
+            mtp_head::Head::Absent | mtp_head::Head::NotAModel => absent(),
         })
     }
 

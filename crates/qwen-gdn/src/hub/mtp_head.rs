@@ -44,6 +44,9 @@ pub enum Head {
     Found(PathBuf),
     /// The repo has no `mtp.*` tensors.
     Absent,
+    /// No `mtp.*` tensors and no embedding either: not a whole model, perhaps mlx-vlm's
+    /// separate drafter (its head's tensors without the prefix; its config.json says).
+    NotAModel,
 }
 
 /// `ranges.json`: what the cached head was assembled from.
@@ -133,10 +136,12 @@ pub fn fetch(
     let mut sources = Vec::new();
     let mut fetched = 0u64;
     let mut metadata = None;
+    let mut embedding = false;
     for shard in &shards {
         let url = download::resolve_url(http, repo, commit, shard);
         let remote = head(http, &url, commit).with_context(|| format!("{repo}: {shard}"))?;
-        let (header_len, tensors, meta) = read_header(http, &remote, shard)?;
+        let (header_len, tensors, meta, embeds) = read_header(http, &remote, shard)?;
+        embedding |= embeds;
         fetched += 8 + header_len;
         metadata = metadata.or(meta);
         let data_start = 8 + header_len;
@@ -164,7 +169,11 @@ pub fn fetch(
     }
     let tensor_count: usize = sources.iter().map(|s| s.3.len()).sum();
     if tensor_count == 0 {
-        return Ok(Head::Absent);
+        // A sharded repo's index named no shard: a whole model without a head.
+        return Ok(match embedding || shards.is_empty() {
+            true => Head::Absent,
+            false => Head::NotAModel,
+        });
     }
     assemble(http, cache, repo, commit, sources, metadata, fetched).map(Head::Found)
 }
@@ -178,9 +187,11 @@ type Header = (
     u64,
     BTreeMap<String, TensorEntry>,
     Option<serde_json::Value>,
+    bool,
 );
 
-/// The shard's header: its length, its tensors, and its `__metadata__`.
+/// The shard's header: its length, its `mtp.*` tensors, its `__metadata__`, and whether it
+/// holds an embedding (`embed_tokens`: a whole model's shard).
 fn read_header(http: &Http, remote: &Remote, shard: &str) -> Result<Header> {
     let mut first = Vec::new();
     get_range(http, remote, shard, 0, 7, &mut first)?;
@@ -194,6 +205,7 @@ fn read_header(http: &Http, remote: &Remote, shard: &str) -> Result<Header> {
     let mut json: BTreeMap<String, serde_json::Value> = serde_json::from_slice(&text)
         .with_context(|| format!("{shard}: the safetensors header is not a JSON object"))?;
     let metadata = json.remove("__metadata__");
+    let embedding = json.keys().any(|k| k.contains("embed_tokens."));
     let mut tensors = BTreeMap::new();
     for (key, value) in json {
         if !is_mtp_key(&key) {
@@ -214,7 +226,7 @@ fn read_header(http: &Http, remote: &Remote, shard: &str) -> Result<Header> {
         }
         tensors.insert(key, entry);
     }
-    Ok((len, tensors, metadata))
+    Ok((len, tensors, metadata, embedding))
 }
 
 fn dtype_bytes(dtype: &str) -> Option<u64> {

@@ -37,6 +37,7 @@ use crate::engine::Engine;
 use crate::load::read_json_opt;
 use crate::ui::output::eprint_line;
 use anyhow::{Context, Result};
+use qwen_gdn_model::speculative::DrafterSource;
 use std::process::ExitCode;
 use std::sync::Arc;
 
@@ -89,9 +90,10 @@ pub fn run(args: Args) -> Result<ExitCode> {
         args.prompt_cache.prompt_cache_every,
     )?;
     if let Some(length) = &draft_length {
-        let with = match &args.speculation.draft_model {
-            Some(source) => format!("the draft model {source}"),
-            None => "the MTP head".to_string(),
+        // `--draft-model` of an MTP drafter folder lends a head, not a model.
+        let with = match (&drafter, &args.speculation.draft_model) {
+            (DrafterSource::Model { .. }, Some(source)) => format!("the draft model {source}"),
+            _ => "the MTP head".to_string(),
         };
         eprint_line(&format!(
             "qwen-gdn serve: speculative decoding with {with}, {length} (a request alone in \
