@@ -9,6 +9,8 @@
 #     experts_mpi.rs: every MoE fixture bit for bit one process's) and its faults;
 #  3c. the tensor-parallel plan's gate on 2 and 3 ranks (tests/tensor_mpi.rs: every hybrid
 #     fixture bit for bit one process's, the MoE ones with their experts split too);
+#  3d. the prompt cache over ranks on 2 and 3 ranks (tests/prompt_cache_mpi.rs: each rank's
+#     shard snapshotted and restored, a resumed request bit for bit a cold one, every plan);
 #  4. `qwen-gdn generate --ranks 2` and `mpirun -n 3 qwen-gdn generate` (the `mpi` build):
 #     the same text as one process, with the layout printed.
 # Installs Open MPI from Debian when missing (CI runs as root on a fresh machine); bindgen also
@@ -106,6 +108,15 @@ tensor=$(test_binary qwen-gdn-model mpi tensor_mpi)
 for ranks in 2 3; do
     echo "tensor_mpi on $ranks ranks"
     timeout 300 "${mpirun[@]}" -np "$ranks" "$tensor" --test-threads=1 --nocapture
+done
+
+# The prompt cache over ranks: each rank snapshots its own shard of the state (every plan, every
+# hybrid fixture); a request resumed from the shards is bit for bit the cold one over ranks and
+# in one process, and when one rank lost its snapshot every rank misses.
+prompt_cache=$(test_binary qwen-gdn-model mpi prompt_cache_mpi)
+for ranks in 2 3; do
+    echo "prompt_cache_mpi on $ranks ranks"
+    timeout 120 "${mpirun[@]}" -np "$ranks" "$prompt_cache" --test-threads=1 --nocapture
 done
 
 # generate over ranks prints what one process prints (greedy, the tied-head fixture and one with

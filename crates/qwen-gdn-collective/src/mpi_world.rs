@@ -162,6 +162,36 @@ impl Collective for MpiWorld {
         Ok(())
     }
 
+    fn receive_waiting(&self, from: usize, data: &mut [f32]) -> Result<()> {
+        let peer = self.peer(from)?;
+        // Polled with sleeps rather than MPI's blocking wait, which spins a core for as long
+        // as the person takes.
+        let buf: &'static mut [f32] = Box::leak(vec![0f32; data.len()].into_boxed_slice());
+        let ptr: *mut [f32] = buf;
+        let mut request = self
+            .world
+            .process_at_rank(peer)
+            .immediate_receive_into(StaticScope, buf);
+        let status = loop {
+            match request.test() {
+                Ok(status) => break status,
+                Err(pending) => request = pending,
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        };
+        // SAFETY: the request completed, so MPI no longer writes the buffer, and `ptr` is the
+        // only way left to it.
+        let received = unsafe { Box::from_raw(ptr) };
+        data.copy_from_slice(&received);
+        let got = status.count(f32::equivalent_datatype()) as usize;
+        ensure!(
+            got == data.len(),
+            "rank {from} sent {got} values where {} were expected",
+            data.len()
+        );
+        Ok(())
+    }
+
     fn all_reduce_sum(&self, data: &mut [f32]) -> Result<()> {
         let mine = data.to_vec();
         if self.deadline.is_none() {
@@ -236,6 +266,10 @@ impl Collective for SharedMpiWorld {
 
     fn receive(&self, from: usize, data: &mut [f32]) -> Result<()> {
         self.lock().receive(from, data)
+    }
+
+    fn receive_waiting(&self, from: usize, data: &mut [f32]) -> Result<()> {
+        self.lock().receive_waiting(from, data)
     }
 
     fn all_reduce_sum(&self, data: &mut [f32]) -> Result<()> {
