@@ -132,6 +132,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
     let max_positions = checkpoint.input_limit.max_tokens;
     let context = max_positions.min(PREFLIGHT_CONTEXT);
     let vars = args.template.vars(&checkpoint);
+    let ranked = world.is_some();
     let (replier, compile_time, draft_length): (Box<dyn Replier>, _, _) = match world {
         Some(world) => {
             let turns = RankedTurns::load(&args, &checkpoint, context, world)?;
@@ -155,7 +156,8 @@ pub fn run(args: Args) -> Result<ExitCode> {
         conversation: Conversation::new(args.template.system_prompt.clone()),
         style: if args.hide_thinking {
             ThinkingStyle::Hidden
-        } else if std::io::stdout().is_terminal() {
+        } else if !ranked && std::io::stdout().is_terminal() {
+            // (Under mpirun stdout is the launcher's pseudo-terminal whatever it writes to.)
             ThinkingStyle::Dim
         } else {
             ThinkingStyle::Plain
