@@ -17,6 +17,7 @@ mod common;
 use common::ranks::{argmax, assert_same_tokens_on_every_rank, bits, mpi_world, prompt, say};
 
 use candle_core::{Device, Tensor};
+use qwen_gdn_collective::World;
 use qwen_gdn_model::expert_parallel::ExpertParallel;
 use qwen_gdn_model::pipeline::Pipeline;
 use qwen_gdn_model::prompt_cache::lookup_on_every_rank;
@@ -24,7 +25,6 @@ use qwen_gdn_model::split_plan::SplitPlan;
 use qwen_gdn_model::tensor_and_experts::TensorAndExperts;
 use qwen_gdn_model::tensor_parallel::TensorParallel;
 use qwen_gdn_model::{Cache, Config, Model, PromptCache, RunOptions};
-use qwen_gdn_collective::World;
 use std::time::Duration;
 
 /// How long a rank waits for another before it gives up.
@@ -114,12 +114,12 @@ fn request(
     model: &Model,
     ids: &[u32],
     mut cache: Cache,
-    mut snapshot: Option<&mut PromptCache>,
+    snapshot: Option<&mut PromptCache>,
 ) -> anyhow::Result<Run> {
     let (last, head) = ids.split_last().unwrap();
     if cache.offset < PREFIX {
         plan.prefill(model, &head[cache.offset..PREFIX], &mut cache)?;
-        if let Some(pc) = snapshot.as_deref_mut() {
+        if let Some(pc) = snapshot {
             pc.insert(&ids[..PREFIX], &cache)?;
         }
     }
@@ -204,7 +204,10 @@ fn prompt_cache_resumes_bit_for_bit_on_every_rank() {
             plan.ready(&mut model).unwrap();
             let at = format!("{name}, {kind}, rank {rank}");
             let mut pc = PromptCache::new(1 << 40);
-            must(request(&plan, &model, &a, model.new_cache(), Some(&mut pc)), &at);
+            must(
+                request(&plan, &model, &a, model.new_cache(), Some(&mut pc)),
+                &at,
+            );
             assert_eq!(pc.snapshot_lengths(), [PREFIX], "{name}: {kind}");
             let shard_bytes = must(world.all_gather_u64(pc.bytes()), &at);
 
@@ -213,7 +216,12 @@ fn prompt_cache_resumes_bit_for_bit_on_every_rank() {
             assert_eq!((cached, cache.offset), (PREFIX, PREFIX), "{name}: {kind}");
             let resumed = must(request(&plan, &model, &b, cache, None), &at);
             let cold = must(request(&plan, &model, &b, model.new_cache(), None), &at);
-            assert_same(name, &format!("{kind}: resumed vs cold over ranks"), &resumed, &cold);
+            assert_same(
+                name,
+                &format!("{kind}: resumed vs cold over ranks"),
+                &resumed,
+                &cold,
+            );
             assert_same_tokens_on_every_rank(world.as_ref(), name, &resumed.tokens);
             if plan.reports(rank) {
                 let (want, whole_bytes) = one_process.get_or_insert_with(|| {
@@ -223,7 +231,12 @@ fn prompt_cache_resumes_bit_for_bit_on_every_rank() {
                     let b = request(&Plan::Single, &whole, &b, whole.new_cache(), None).unwrap();
                     (b, pc.bytes())
                 });
-                assert_same(name, &format!("{kind}: resumed vs one process"), &resumed, want);
+                assert_same(
+                    name,
+                    &format!("{kind}: resumed vs one process"),
+                    &resumed,
+                    want,
+                );
                 // Each rank kept its own shard: the pipeline's stages' layers add up to the
                 // whole state (each holding the prefix's tokens), a head split's are smaller.
                 let token_bytes = (PREFIX * 4) as u64;

@@ -34,6 +34,9 @@ use std::ops::ControlFlow;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
+/// Rank 0's consumer of the reply's text (`Break`: nobody reads it any more).
+type OnText<'a> = &'a mut dyn FnMut(&str) -> ControlFlow<()>;
+
 const END: u32 = 0;
 const TURN: u32 = 1;
 
@@ -53,7 +56,12 @@ pub struct RankedTurns {
 impl RankedTurns {
     /// Loads this rank's share of the model under `args`' plan over `world` (the layout line
     /// printed), with a prompt cache of the same budget on every rank.
-    pub fn load(args: &Args, checkpoint: &Checkpoint, context: usize, world: World) -> Result<Self> {
+    pub fn load(
+        args: &Args,
+        checkpoint: &Checkpoint,
+        context: usize,
+        world: World,
+    ) -> Result<Self> {
         let config = Config::from_dir(&checkpoint.dir)?;
         let plan = RankPlan::new(args.ranks.parallel, world, &config)?;
         eprint_line(&plan.layout_line());
@@ -93,7 +101,7 @@ impl RankedTurns {
         prompt: &PromptTokens,
         seed: u64,
         cancel: Option<&AtomicBool>,
-        mut on_text: Option<&mut dyn FnMut(&str) -> ControlFlow<()>>,
+        mut on_text: Option<OnText>,
     ) -> Result<Outcome> {
         let start = Instant::now();
         let ids = &prompt.ids;
@@ -134,15 +142,9 @@ impl RankedTurns {
             .picks()
             .then(|| Sampler::new(self.sampler.clone(), Some(seed)));
         let mut outcome = Outcome {
-            prompt_tokens: ids.len(),
             cached_tokens: cached,
             prefilled_tokens: ids.len() - cached,
-            generated: 0,
-            finish: FinishReason::Cancelled,
-            prompt_time: None,
-            generation_time: None,
-            tokens: Vec::new(),
-            speculation: None,
+            ..Outcome::started(ids.len())
         };
         let mut history = vec![last];
         let mut stream = TokenStream::new();

@@ -24,17 +24,17 @@ impl RankPlan {
     /// This rank's share of `config`'s model under the plan `kind` over `world`.
     pub fn new(kind: ParallelKind, world: World, config: &Config) -> Result<Self> {
         Ok(match kind {
-            ParallelKind::Pipeline => {
-                Self::Pipeline(Pipeline::new(world.clone(), config.num_hidden_layers)?, world)
-            }
+            ParallelKind::Pipeline => Self::Pipeline(
+                Pipeline::new(world.clone(), config.num_hidden_layers)?,
+                world,
+            ),
             ParallelKind::Experts => Self::Split(
                 Box::new(ExpertParallel::new(world.clone(), config.num_experts)?),
                 world,
             ),
-            ParallelKind::Tensor => Self::Split(
-                Box::new(TensorParallel::new(world.clone(), config)?),
-                world,
-            ),
+            ParallelKind::Tensor => {
+                Self::Split(Box::new(TensorParallel::new(world.clone(), config)?), world)
+            }
             ParallelKind::TensorExperts => Self::Split(
                 Box::new(TensorAndExperts::new(world.clone(), config)?),
                 world,
