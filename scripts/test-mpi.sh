@@ -179,12 +179,14 @@ for model in models/qwen3-next-tiny-4bit models/qwen3.5-tiny-4bit; do
         want=$(timeout 120 "$qwen_gdn" "${run[@]}" <<<"$turns" 2>"$one")
         [ "$(counts "$one" | tail -1 | grep -o '[0-9]* cached')" != "0 cached" ] \
             || { cat "$one"; echo "FAIL: $model: one process's second turn missed the prompt cache"; exit 1; }
-        got2=$(timeout 120 "$qwen_gdn" "${run[@]}" --ranks 2 <<<"$turns" 2>"$log")
+        got2=$(timeout 120 "$qwen_gdn" "${run[@]}" --ranks 2 <<<"$turns" 2>"$log") \
+            || { cat "$log"; echo "FAIL: $model: chat --ranks 2 failed"; exit 1; }
         [ "$(counts "$log")" = "$(counts "$one")" ] \
             || { cat "$one" "$log"; echo "FAIL: $model: chat --ranks 2 cached other counts"; exit 1; }
         plan=tensor-experts
         [ "$model" = models/qwen3.5-tiny-4bit ] && plan=tensor
-        got3=$(timeout 120 "${mpirun[@]}" -np 3 "$qwen_gdn" "${run[@]}" --parallel $plan <<<"$turns" 2>"$log")
+        got3=$(timeout 120 "${mpirun[@]}" -np 3 "$qwen_gdn" "${run[@]}" --parallel $plan <<<"$turns" 2>"$log") \
+            || { cat "$log"; echo "FAIL: $model: chat on 3 ranks ($plan) failed"; exit 1; }
         [ "$(counts "$log")" = "$(counts "$one")" ] \
             || { cat "$one" "$log"; echo "FAIL: $model: chat on 3 ranks ($plan) cached other counts"; exit 1; }
         if [ "$got2" != "$want" ] || [ "$got3" != "$want" ]; then

@@ -119,7 +119,9 @@ impl MpiWorld {
             .immediate_receive_into(StaticScope, buf);
         let me = self.rank();
         let status = self.finish_within(request, deadline, |s| {
-            format!("rank {me}: nothing from rank {from} within {s} s (it died or the link stalled)")
+            format!(
+                "rank {me}: nothing from rank {from} within {s} s (it died or the link stalled)"
+            )
         })?;
         // SAFETY: the request completed, so MPI no longer writes the buffer, and `ptr` is the
         // only way left to it.

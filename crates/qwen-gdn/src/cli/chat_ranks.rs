@@ -27,7 +27,7 @@ use crate::text::stream::TokenStream;
 use crate::ui::output::eprint_line;
 use anyhow::{ensure, Context, Result};
 use candle_core::Tensor;
-use qwen_gdn_collective::World;
+use qwen_gdn_collective::{ensure_same_fingerprint, World};
 use qwen_gdn_model::prompt_cache::{lookup_on_every_rank, ChunkedPrefill, PrefillPiece};
 use qwen_gdn_model::{Config, Model, PromptCache};
 use std::ops::ControlFlow;
@@ -107,6 +107,23 @@ impl RankedTurns {
         let ids = &prompt.ids;
         let (&last, _) = ids.split_last().context("the prompt has no tokens")?;
         let world = self.plan.world().clone();
+        // Every rank must cut the prefill at the same places and stop at the same token, or
+        // their transfers would no longer match (ranks may be started with other flags).
+        let turn = format!(
+            "{:?} {:?} {} {:?} {} {:?} {seed}",
+            ids,
+            prompt.boundaries,
+            self.prefill_chunk,
+            self.snapshot_every,
+            self.max_tokens,
+            self.sampler
+        );
+        ensure_same_fingerprint(
+            world.as_ref(),
+            fnv1a(turn.as_bytes()),
+            "turn (prompt, message boundaries, --prefill-chunk-size, --prompt-cache-every, \
+             --max-tokens, sampling)",
+        )?;
         let (cached, mut cache) =
             lookup_on_every_rank(&mut self.prompt_cache, world.as_ref(), ids)?
                 .unwrap_or_else(|| (0, self.model.new_cache()));
@@ -196,6 +213,13 @@ impl RankedTurns {
         outcome.generation_time = outcome.prompt_time.map(|p| start.elapsed() - p);
         Ok(outcome)
     }
+}
+
+/// FNV-1a of `bytes`: the same on every rank, whatever build it runs.
+fn fnv1a(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    })
 }
 
 /// The sampler's pick from `logits` `[1, vocab]` (f32).
