@@ -9,8 +9,12 @@
 #     experts_mpi.rs: every MoE fixture bit for bit one process's) and its faults;
 #  3c. the tensor-parallel plan's gate on 2 and 3 ranks (tests/tensor_mpi.rs: every hybrid
 #     fixture bit for bit one process's, the MoE ones with their experts split too);
+#  3d. the prompt cache over ranks on 2 and 3 ranks (tests/prompt_cache_mpi.rs: each rank's
+#     shard snapshotted and restored, a resumed request bit for bit a cold one, every plan);
 #  4. `qwen-gdn generate --ranks 2` and `mpirun -n 3 qwen-gdn generate` (the `mpi` build):
-#     the same text as one process, with the layout printed.
+#     the same text as one process, with the layout printed;
+#  5. `qwen-gdn chat --ranks 2` and `mpirun -n 3 qwen-gdn chat`: two turns print what one
+#     process prints, the second resumed from the prompt cache as far; SIGTERM ends every rank.
 # Installs Open MPI from Debian when missing (CI runs as root on a fresh machine); bindgen also
 # needs libclang. Each run is bounded by a timeout so that a stuck rank fails the job instead
 # of hanging it.
@@ -108,6 +112,15 @@ for ranks in 2 3; do
     timeout 300 "${mpirun[@]}" -np "$ranks" "$tensor" --test-threads=1 --nocapture
 done
 
+# The prompt cache over ranks: each rank snapshots its own shard of the state (every plan, every
+# hybrid fixture); a request resumed from the shards is bit for bit the cold one over ranks and
+# in one process, and when one rank lost its snapshot every rank misses.
+prompt_cache=$(test_binary qwen-gdn-model mpi prompt_cache_mpi)
+for ranks in 2 3; do
+    echo "prompt_cache_mpi on $ranks ranks"
+    timeout 120 "${mpirun[@]}" -np "$ranks" "$prompt_cache" --test-threads=1 --nocapture
+done
+
 # generate over ranks prints what one process prints (greedy, the tied-head fixture and one with
 # an untied head), and the layout.
 qwen_gdn=$(built qwen-gdn build --locked -p qwen-gdn --features mpi --bin qwen-gdn)
@@ -150,3 +163,66 @@ for plan in "experts:^expert parallel, rank 1 of 2 on .*: experts 4..8 of 8 in e
         echo "generate --parallel $kind on $model ($sampling): 2 and 3 ranks print what one process prints"
     done
 done
+
+# chat over ranks: rank 0 holds the session and broadcasts each turn; two turns (greedy, and
+# sampled with a seed) print what one process prints, and the second turn resumes from the
+# prompt cache (every rank's shard) as far as one process does: the same "Prompt: N tokens,
+# C cached" lines, C > 0.
+counts() { grep -o '^Prompt: [0-9]* tokens, [0-9]* cached' "$1"; }
+one=$(mktemp)
+trap 'rm -f "$log" "$one"' EXIT
+for model in models/qwen3-next-tiny-4bit models/qwen3.5-tiny-4bit; do
+    for sampling in "--temp 0" "--temp 0.8 --seed 7"; do
+        # shellcheck disable=SC2206 # the sampling flags are words
+        run=(chat --model "$model" --max-tokens 12 --verbose $sampling)
+        turns=$'Hello there\nTell me more\n'
+        want=$(timeout 120 "$qwen_gdn" "${run[@]}" <<<"$turns" 2>"$one")
+        [ "$(counts "$one" | tail -1 | grep -o '[0-9]* cached')" != "0 cached" ] \
+            || { cat "$one"; echo "FAIL: $model: one process's second turn missed the prompt cache"; exit 1; }
+        got2=$(timeout 120 "$qwen_gdn" "${run[@]}" --ranks 2 <<<"$turns" 2>"$log") \
+            || { cat "$log"; echo "FAIL: $model: chat --ranks 2 failed"; exit 1; }
+        [ "$(counts "$log")" = "$(counts "$one")" ] \
+            || { cat "$one" "$log"; echo "FAIL: $model: chat --ranks 2 cached other counts"; exit 1; }
+        plan=tensor-experts
+        [ "$model" = models/qwen3.5-tiny-4bit ] && plan=tensor
+        got3=$(timeout 120 "${mpirun[@]}" -np 3 "$qwen_gdn" "${run[@]}" --parallel $plan <<<"$turns" 2>"$log") \
+            || { cat "$log"; echo "FAIL: $model: chat on 3 ranks ($plan) failed"; exit 1; }
+        [ "$(counts "$log")" = "$(counts "$one")" ] \
+            || { cat "$one" "$log"; echo "FAIL: $model: chat on 3 ranks ($plan) cached other counts"; exit 1; }
+        if [ "$got2" != "$want" ] || [ "$got3" != "$want" ]; then
+            printf 'one process: %q\n2 ranks:     %q\n3 ranks:     %q\n' "$want" "$got2" "$got3"
+            echo "FAIL: $model ($sampling): chat over ranks differs from one process"; exit 1
+        fi
+        echo "chat on $model ($sampling): pipeline on 2 ranks and $plan on 3 print what one process prints, $(counts "$log" | tail -1)"
+    done
+done
+
+# SIGTERM to `chat --ranks 2` waiting for a message ends every rank (each with its one line)
+# within 10 s, leaving no process of the job behind.
+fifo=$(mktemp -u)
+mkfifo "$fifo"
+exec 3<>"$fifo"
+"$qwen_gdn" chat --model models/qwen3-next-tiny-4bit --ranks 2 <"$fifo" >/dev/null 2>"$log" &
+parent=$!
+for _ in $(seq 120); do
+    [ "$(grep -c '^pipeline stage' "$log")" = 2 ] && break
+    sleep 0.5
+done
+sleep 1 # past the load, into the wait for a message
+start=$(date +%s)
+kill -TERM "$parent"
+status=0
+timeout 10 tail --pid="$parent" -f /dev/null || status=$?
+exec 3>&-
+rm -f "$fifo"
+left=$(pgrep -f "$qwen_gdn chat --model models/qwen3-next-tiny-4bit" || true)
+if [ "$status" -ne 0 ] || [ -n "$left" ]; then
+    cat "$log"; echo "FAIL: SIGTERM did not end chat --ranks 2 within 10 s (left: ${left:-none})"
+    [ -n "$left" ] && kill -KILL $left
+    exit 1
+fi
+for rank in 0 1; do
+    [ "$(grep -c "^error: rank $rank: " "$log")" = 1 ] \
+        || { cat "$log"; echo "FAIL: SIGTERM: rank $rank did not end with its one line"; exit 1; }
+done
+echo "SIGTERM ended chat --ranks 2 and its ranks after $(( $(date +%s) - start ))s"

@@ -17,6 +17,12 @@ pub trait Collective {
     fn send(&self, to: usize, data: &[f32]) -> Result<()>;
     /// Receives exactly `data.len()` values from rank `from` into `data`.
     fn receive(&self, from: usize, data: &mut [f32]) -> Result<()>;
+    /// [`Collective::receive`] with no deadline, for a rank that waits on a person rather than
+    /// on another rank's work (`chat --ranks`: the next message typed on rank 0). A rank that
+    /// dies meanwhile still ends the job: the launcher stops every rank.
+    fn receive_waiting(&self, from: usize, data: &mut [f32]) -> Result<()> {
+        self.receive(from, data)
+    }
     /// Element-wise sum of `data` over all ranks, left in `data` on every rank.
     fn all_reduce_sum(&self, data: &mut [f32]) -> Result<()>;
     /// Every rank's `value`, in rank order, on every rank.

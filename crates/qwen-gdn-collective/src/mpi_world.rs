@@ -61,12 +61,21 @@ impl MpiWorld {
     /// [`MpiWorld::set_deadline`]).
     fn finish<B: ?Sized>(
         &self,
-        mut request: Request<'static, B, StaticScope>,
+        request: Request<'static, B, StaticScope>,
         what: impl Fn(u64) -> String,
     ) -> Result<Status> {
-        let Some(deadline) = self.deadline else {
-            return Ok(request.wait());
-        };
+        self.finish_within(request, self.deadline, what)
+    }
+
+    /// [`MpiWorld::finish`] with `deadline` (`None`: polls for as long as it takes, the core
+    /// given back between polls, where MPI's own wait would spin it).
+    fn finish_within<B: ?Sized>(
+        &self,
+        mut request: Request<'static, B, StaticScope>,
+        deadline: Option<Duration>,
+        what: impl Fn(u64) -> String,
+    ) -> Result<Status> {
+        let deadline = deadline.unwrap_or(Duration::MAX);
         let start = Instant::now();
         let mut polls = 0u32;
         loop {
@@ -79,14 +88,46 @@ impl MpiWorld {
                 bail!("{}", what(deadline.as_secs()));
             }
             // Spin briefly (a decode step's activation arrives within microseconds of being
-            // sent), then give the core back: ranks may share cores with each other.
+            // sent), then give the core back: ranks may share cores with each other; past a
+            // second (a rank waiting on a person) wake up less often.
             polls += 1;
             if polls < 1000 {
                 std::hint::spin_loop();
-            } else {
+            } else if start.elapsed() < Duration::from_secs(1) {
                 std::thread::sleep(Duration::from_micros(50));
+            } else {
+                std::thread::sleep(Duration::from_millis(1));
             }
         }
+    }
+
+    /// A receive polled until it completes or `deadline` passes, into a buffer of its own, so
+    /// that a receive from a dead rank can be abandoned (MPI may write the buffer until the
+    /// request completes).
+    fn receive_polled(
+        &self,
+        from: usize,
+        data: &mut [f32],
+        deadline: Option<Duration>,
+    ) -> Result<()> {
+        let peer = self.peer(from)?;
+        let buf: &'static mut [f32] = Box::leak(vec![0f32; data.len()].into_boxed_slice());
+        let ptr: *mut [f32] = buf;
+        let request = self
+            .world
+            .process_at_rank(peer)
+            .immediate_receive_into(StaticScope, buf);
+        let me = self.rank();
+        let status = self.finish_within(request, deadline, |s| {
+            format!(
+                "rank {me}: nothing from rank {from} within {s} s (it died or the link stalled)"
+            )
+        })?;
+        // SAFETY: the request completed, so MPI no longer writes the buffer, and `ptr` is the
+        // only way left to it.
+        let got = unsafe { Box::from_raw(ptr) };
+        data.copy_from_slice(&got);
+        expect_count(from, &status, data.len())
     }
 
     fn peer(&self, rank: usize) -> Result<Rank> {
@@ -133,33 +174,20 @@ impl Collective for MpiWorld {
     }
 
     fn receive(&self, from: usize, data: &mut [f32]) -> Result<()> {
-        let peer = self.peer(from)?;
-        let status = if self.deadline.is_none() {
-            self.world.process_at_rank(peer).receive_into(data)
-        } else {
-            let buf: &'static mut [f32] = Box::leak(vec![0f32; data.len()].into_boxed_slice());
-            let ptr: *mut [f32] = buf;
-            let request = self
-                .world
-                .process_at_rank(peer)
-                .immediate_receive_into(StaticScope, buf);
-            let me = self.rank();
-            let status = self.finish(request, |s| {
-                format!("rank {me}: nothing from rank {from} within {s} s (it died or the link stalled)")
-            })?;
-            // SAFETY: the request completed, so MPI no longer writes the buffer, and `ptr` is
-            // the only way left to it.
-            let got = unsafe { Box::from_raw(ptr) };
-            data.copy_from_slice(&got);
-            status
-        };
-        let got = status.count(f32::equivalent_datatype()) as usize;
-        ensure!(
-            got == data.len(),
-            "rank {from} sent {got} values where {} were expected",
-            data.len()
-        );
-        Ok(())
+        match self.deadline {
+            None => {
+                let peer = self.peer(from)?;
+                let status = self.world.process_at_rank(peer).receive_into(data);
+                expect_count(from, &status, data.len())
+            }
+            Some(_) => self.receive_polled(from, data, self.deadline),
+        }
+    }
+
+    fn receive_waiting(&self, from: usize, data: &mut [f32]) -> Result<()> {
+        // Polled rather than MPI's blocking wait, which spins a core for as long as the
+        // person takes.
+        self.receive_polled(from, data, None)
     }
 
     fn all_reduce_sum(&self, data: &mut [f32]) -> Result<()> {
@@ -201,6 +229,16 @@ impl Collective for MpiWorld {
     }
 }
 
+/// An error unless `status` (of a receive from rank `from`) counts `expected` values.
+fn expect_count(from: usize, status: &Status, expected: usize) -> Result<()> {
+    let got = status.count(f32::equivalent_datatype()) as usize;
+    ensure!(
+        got == expected,
+        "rank {from} sent {got} values where {expected} were expected"
+    );
+    Ok(())
+}
+
 /// The MPI world shared by threads: every call takes a lock, so MPI sees one call at a time,
 /// as the serialized threading [`MpiWorld::init`] asks for allows from any thread.
 pub struct SharedMpiWorld(std::sync::Mutex<MpiWorld>);
@@ -236,6 +274,10 @@ impl Collective for SharedMpiWorld {
 
     fn receive(&self, from: usize, data: &mut [f32]) -> Result<()> {
         self.lock().receive(from, data)
+    }
+
+    fn receive_waiting(&self, from: usize, data: &mut [f32]) -> Result<()> {
+        self.lock().receive_waiting(from, data)
     }
 
     fn all_reduce_sum(&self, data: &mut [f32]) -> Result<()> {

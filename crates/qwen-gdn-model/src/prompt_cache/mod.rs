@@ -6,18 +6,20 @@
 //! be cut back to a shorter prefix: a request can resume only from a position where the whole
 //! state was copied.
 
+mod across_ranks;
 mod file;
 mod identity;
 mod index;
 mod prefill;
 mod snapshot;
 
+pub use across_ranks::lookup_on_every_rank;
 pub use file::{
     load_cache, load_snapshot, read_snapshot_header, save_snapshot, SnapshotHeader,
     SNAPSHOT_FORMAT, SNAPSHOT_FORMAT_VERSION,
 };
 pub use identity::ModelIdentity;
-pub use prefill::{prefill_with_snapshots, ChunkedPrefill};
+pub use prefill::{prefill_with_snapshots, ChunkedPrefill, PrefillPiece};
 pub use snapshot::{LayerSnapshot, Snapshot};
 
 use crate::Cache;

@@ -79,7 +79,24 @@ impl ChunkedPrefill {
             tokens.len(),
             self.end
         );
-        let pos = cache.offset;
+        match self.next_piece(cache.offset)? {
+            None => return Ok(true),
+            Some(PrefillPiece::Chunk(range)) => {
+                model.prefill(&tokens[range.clone()], cache, range.len())?;
+            }
+            Some(PrefillPiece::AloneThenSnapshot(stop)) => {
+                model.forward_last(&tokens[stop - 1..stop], cache)?;
+                pc.insert(&tokens[..stop], cache)?;
+            }
+        }
+        // A snapshot at the end is taken by the piece that reaches it.
+        Ok(cache.offset == self.end)
+    }
+
+    /// The piece to run when the cache holds `pos` tokens, `None` once it holds them all: what
+    /// [`ChunkedPrefill::step`] runs, for a caller whose forward calls go elsewhere (a
+    /// pipeline's stages, `qwen-gdn chat --ranks`).
+    pub fn next_piece(&self, pos: usize) -> Result<Option<PrefillPiece>> {
         ensure!(
             pos <= self.end,
             "prefill: the cache is past the prompt's end"
@@ -88,23 +105,29 @@ impl ChunkedPrefill {
             // Past the last snapshot: plain chunks up to the end.
             (pos < self.end).then_some(self.end)
         }) else {
-            return Ok(true);
+            return Ok(None);
         };
         let snapshot = self.stops.contains(&stop);
         // The token before a snapshot runs alone, as the last token of a prompt does (see
         // the module's doc): a snapshot is then the same state whether it was taken at a
         // boundary or at a prompt's end.
         let chunks_end = if snapshot { stop - 1 } else { stop };
-        if pos < chunks_end {
-            let end = (pos + self.chunk).min(chunks_end);
-            model.prefill(&tokens[pos..end], cache, end - pos)?;
+        Ok(Some(if pos < chunks_end {
+            PrefillPiece::Chunk(pos..(pos + self.chunk).min(chunks_end))
         } else {
-            model.forward_last(&tokens[stop - 1..stop], cache)?;
-            pc.insert(&tokens[..stop], cache)?;
-        }
-        // A snapshot at the end is taken by the piece that reaches it.
-        Ok(cache.offset == self.end)
+            PrefillPiece::AloneThenSnapshot(stop)
+        }))
     }
+}
+
+/// One piece of a [`ChunkedPrefill`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PrefillPiece {
+    /// These positions' tokens, run as one prefill chunk.
+    Chunk(std::ops::Range<usize>),
+    /// The token before this position run alone (through the decode path), then the cache
+    /// snapshotted at this position.
+    AloneThenSnapshot(usize),
 }
 
 /// The positions in `(start, end]` to snapshot at, in order.

@@ -1,17 +1,21 @@
 //! `qwen-gdn chat`: an interactive conversation, like mlx_lm.chat. Each turn renders the whole
 //! conversation through the chat template and hands it to the engine, whose prompt cache
-//! resumes from the longest prefix it holds, so only the new tokens are prefilled.
+//! resumes from the longest prefix it holds, so only the new tokens are prefilled. Over ranks
+//! (`--ranks N`, or under `mpirun`) rank 0 runs this session and hands each turn to the ranks
+//! (chat_ranks.rs).
 
 use crate::cli::chat_command::{self, Input, HELP};
+use crate::cli::chat_ranks::{follow_turns, RankedReplies, RankedTurns};
 use crate::cli::conversation::Conversation;
 use crate::cli::prompt_cache_args::PromptCacheArgs;
+use crate::cli::ranks::RankArgs;
 use crate::cli::sampling_args::SamplingArgs;
 use crate::cli::speculation_args::{stats_line, SpeculationArgs};
 use crate::cli::template_args::TemplateArgs;
 use crate::engine::{
     render_conversation, Engine, FinishReason, GenerateParams, Outcome, PromptTokens,
 };
-use crate::load::ModelArgs;
+use crate::load::{Checkpoint, ModelArgs};
 use crate::text::chat_template::ChatTemplate;
 use crate::ui::chat_input::{Line, LineReader};
 use crate::ui::output::eprint_line;
@@ -41,13 +45,13 @@ const PREFLIGHT_CONTEXT: usize = 32 * 1024;
 )]
 pub struct Args {
     #[command(flatten)]
-    model: ModelArgs,
+    pub(crate) model: ModelArgs,
     #[command(flatten)]
-    sampling: SamplingArgs,
+    pub(crate) sampling: SamplingArgs,
     #[command(flatten)]
     template: TemplateArgs,
     #[command(flatten)]
-    prompt_cache: PromptCacheArgs,
+    pub(crate) prompt_cache: PromptCacheArgs,
     #[command(flatten)]
     speculation: SpeculationArgs,
     /// Leave the model's thinking (<think>…</think>) out of the replies shown; it is still
@@ -58,6 +62,46 @@ pub struct Args {
     /// memory and what speculative decoding did to stderr
     #[arg(long)]
     verbose: bool,
+    #[command(flatten)]
+    pub(crate) ranks: RankArgs,
+}
+
+/// Who writes the replies: the engine in this process, or the ranks of a job (rank 0's side,
+/// chat_ranks.rs).
+pub trait Replier {
+    fn checkpoint(&self) -> &Checkpoint;
+    /// [`Engine::generate`]'s contract.
+    fn generate(
+        &mut self,
+        prompt: &PromptTokens,
+        params: &GenerateParams,
+        cancel: &AtomicBool,
+        on_text: &mut dyn FnMut(&str) -> ControlFlow<()>,
+    ) -> Result<Outcome>;
+    /// Whether a failed turn ends the session (rather than being reported and skipped).
+    fn errors_end_session(&self) -> bool {
+        false
+    }
+    /// The session is over.
+    fn end(&mut self) -> Result<()> {
+        Ok(())
+    }
+}
+
+impl Replier for Engine {
+    fn checkpoint(&self) -> &Checkpoint {
+        Engine::checkpoint(self)
+    }
+
+    fn generate(
+        &mut self,
+        prompt: &PromptTokens,
+        params: &GenerateParams,
+        cancel: &AtomicBool,
+        on_text: &mut dyn FnMut(&str) -> ControlFlow<()>,
+    ) -> Result<Outcome> {
+        Engine::generate(self, prompt, params, cancel, on_text)
+    }
 }
 
 /// Set while a reply is being generated; Ctrl-C then stops the reply instead of the session.
@@ -66,6 +110,13 @@ static GENERATING: AtomicBool = AtomicBool::new(false);
 static CANCEL: AtomicBool = AtomicBool::new(false);
 
 pub fn run(args: Args) -> Result<ExitCode> {
+    if let Some(ranks) = args.ranks.ranks {
+        return crate::cli::ranks::spawn_under_mpirun(ranks);
+    }
+    let world = crate::cli::ranks::launched_world(args.ranks.rank_timeout)?;
+    if world.is_some() && args.speculation.requested() {
+        bail!("speculative decoding is not supported over ranks yet");
+    }
     if args.template.ignore_chat_template {
         bail!("--ignore-chat-template: chat renders the conversation through the chat template");
     }
@@ -80,31 +131,33 @@ pub fn run(args: Args) -> Result<ExitCode> {
     })?;
     let max_positions = checkpoint.input_limit.max_tokens;
     let context = max_positions.min(PREFLIGHT_CONTEXT);
-    let mut model = args.model.load_model(&checkpoint, context)?;
-    let (draft_length, drafter) =
-        args.speculation
-            .prepare(&mut model, &args.model, &checkpoint, context)?;
-    let compile_time = model.warm_up()?;
-    let prompt_cache = args.prompt_cache.prompt_cache(model.device());
     let vars = args.template.vars(&checkpoint);
-    let mut engine = Engine::new(
-        checkpoint,
-        model,
-        args.model.prefill_chunk_size,
-        prompt_cache,
-        args.prompt_cache.prompt_cache_every,
-    )?;
-    engine.set_drafter(drafter);
-    engine.set_draft_length(draft_length.clone())?;
+    let ranked = world.is_some();
+    let (replier, compile_time, draft_length): (Box<dyn Replier>, _, _) = match world {
+        Some(world) => {
+            let turns = RankedTurns::load(&args, &checkpoint, context, world)?;
+            if turns.rank() != 0 {
+                follow_turns(&checkpoint, turns)?;
+                return Ok(ExitCode::SUCCESS);
+            }
+            let replies = RankedReplies::new(checkpoint, turns);
+            (Box::new(replies), Duration::ZERO, None)
+        }
+        None => {
+            let (engine, compile_time, draft_length) = load_engine(&args, checkpoint, context)?;
+            (Box::new(engine), compile_time, draft_length)
+        }
+    };
     let mut session = Session {
         vars,
         template,
-        engine,
+        replier,
         draft_length,
         conversation: Conversation::new(args.template.system_prompt.clone()),
         style: if args.hide_thinking {
             ThinkingStyle::Hidden
-        } else if std::io::stdout().is_terminal() {
+        } else if !ranked && std::io::stdout().is_terminal() {
+            // (Under mpirun stdout is the launcher's pseudo-terminal whatever it writes to.)
             ThinkingStyle::Dim
         } else {
             ThinkingStyle::Plain
@@ -114,70 +167,111 @@ pub fn run(args: Args) -> Result<ExitCode> {
         args: &args,
     };
     install_ctrl_c()?;
-    let mut reader = LineReader::new(session.engine.checkpoint().input_limit.max_bytes)?;
-    if reader.is_terminal() {
-        if !compile_time.is_zero() {
-            eprint_line(&format!(
-                "Warm-up (GPU kernel compilation): {:.3} s",
-                compile_time.as_secs_f64()
-            ));
-        }
-        eprint_line(&format!(
-            "Chatting with {}. /help lists the commands; Ctrl-C stops a reply, Ctrl-D leaves.",
-            args.model.model
-        ));
-    }
-    loop {
-        let line = match reader.read(">> ")? {
-            Line::Text(line) => line,
-            Line::Interrupted | Line::End => break,
-            Line::Invalid(problem) => {
-                eprint_line(&format!("error: {problem}"));
-                continue;
-            }
-            Line::TooLong => {
-                let limit = &session.engine.checkpoint().input_limit;
-                return Err(limit.too_long(
-                    "a line of stdin",
-                    &format!("more than {} bytes", limit.max_bytes),
+    let mut reader = LineReader::new(session.replier.checkpoint().input_limit.max_bytes)?;
+    let result = session.talk(&mut reader, compile_time);
+    // The other ranks end with the session, however it ended.
+    let ended = session.replier.end();
+    result?;
+    ended?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The model and its engine in this process, and the warm-up's compile time.
+fn load_engine(
+    args: &Args,
+    checkpoint: Checkpoint,
+    context: usize,
+) -> Result<(Engine, Duration, Option<DraftLength>)> {
+    let mut model = args.model.load_model(&checkpoint, context)?;
+    let (draft_length, drafter) =
+        args.speculation
+            .prepare(&mut model, &args.model, &checkpoint, context)?;
+    let compile_time = model.warm_up()?;
+    let prompt_cache = args.prompt_cache.prompt_cache(model.device());
+    let mut engine = Engine::new(
+        checkpoint,
+        model,
+        args.model.prefill_chunk_size,
+        prompt_cache,
+        args.prompt_cache.prompt_cache_every,
+    )?;
+    engine.set_drafter(drafter);
+    engine.set_draft_length(draft_length.clone())?;
+    Ok((engine, compile_time, draft_length))
+}
+
+impl Session<'_> {
+    /// The session's loop: a line read, a command or a message's turn, until the end.
+    fn talk(&mut self, reader: &mut LineReader, compile_time: Duration) -> Result<()> {
+        if reader.is_terminal() {
+            if !compile_time.is_zero() {
+                eprint_line(&format!(
+                    "Warm-up (GPU kernel compilation): {:.3} s",
+                    compile_time.as_secs_f64()
                 ));
             }
-            Line::Binary => bail!("a line of stdin holds a NUL byte: chat reads lines of text"),
-        };
-        match chat_command::parse(&line) {
-            Err(problem) => eprint_line(&format!("error: {problem}")),
-            Ok(Input::Nothing) => {}
-            Ok(Input::Exit) => break,
-            Ok(Input::Help) => eprint_line(HELP),
-            Ok(Input::Reset) => {
-                session.conversation.reset();
-                eprint_line("(conversation reset)");
-            }
-            Ok(Input::Save(path)) => match session.conversation.save(&path) {
-                Ok(()) => eprint_line(&format!(
-                    "(saved {} messages to {})",
-                    session.conversation.messages().len(),
-                    path.display()
-                )),
-                Err(e) => eprint_line(&format!("error: {}", one_line(&e))),
-            },
-            Ok(Input::Message(text)) => {
-                if let Err(e) = session.turn(&text) {
-                    eprint_line(&format!("error: {}", one_line(&e)));
+            eprint_line(&format!(
+                "Chatting with {}. /help lists the commands; Ctrl-C stops a reply, Ctrl-D leaves.",
+                self.args.model.model
+            ));
+        }
+        loop {
+            let line = match reader.read(">> ")? {
+                Line::Text(line) => line,
+                Line::Interrupted | Line::End => break,
+                Line::Invalid(problem) => {
+                    eprint_line(&format!("error: {problem}"));
+                    continue;
                 }
-                if session.stdout_closed {
-                    break;
+                Line::TooLong => {
+                    let limit = &self.replier.checkpoint().input_limit;
+                    return Err(limit.too_long(
+                        "a line of stdin",
+                        &format!("more than {} bytes", limit.max_bytes),
+                    ));
+                }
+                Line::Binary => {
+                    bail!("a line of stdin holds a NUL byte: chat reads lines of text")
+                }
+            };
+            match chat_command::parse(&line) {
+                Err(problem) => eprint_line(&format!("error: {problem}")),
+                Ok(Input::Nothing) => {}
+                Ok(Input::Exit) => break,
+                Ok(Input::Help) => eprint_line(HELP),
+                Ok(Input::Reset) => {
+                    self.conversation.reset();
+                    eprint_line("(conversation reset)");
+                }
+                Ok(Input::Save(path)) => match self.conversation.save(&path) {
+                    Ok(()) => eprint_line(&format!(
+                        "(saved {} messages to {})",
+                        self.conversation.messages().len(),
+                        path.display()
+                    )),
+                    Err(e) => eprint_line(&format!("error: {}", one_line(&e))),
+                },
+                Ok(Input::Message(text)) => {
+                    if let Err(e) = self.turn(&text) {
+                        if self.replier.errors_end_session() {
+                            return Err(e);
+                        }
+                        eprint_line(&format!("error: {}", one_line(&e)));
+                    }
+                    if self.stdout_closed {
+                        break;
+                    }
                 }
             }
         }
+        Ok(())
     }
-    Ok(ExitCode::SUCCESS)
 }
 
 struct Session<'a> {
     template: ChatTemplate,
     vars: Map<String, Json>,
-    engine: Engine,
+    replier: Box<dyn Replier>,
     /// Speculative decoding's draft length, for the stats line.
     draft_length: Option<DraftLength>,
     conversation: Conversation,
@@ -203,7 +297,7 @@ impl Session<'_> {
 
     fn reply(&mut self) -> Result<()> {
         let (prompt, thinking) = self.render()?;
-        let limit = &self.engine.checkpoint().input_limit;
+        let limit = &self.replier.checkpoint().input_limit;
         let max_positions = limit.max_tokens;
         // One position is left for the reply's first token.
         limit.check_fits(prompt.ids.len() + 1, CONVERSATION)?;
@@ -222,7 +316,7 @@ impl Session<'_> {
         CANCEL.store(false, Ordering::SeqCst);
         GENERATING.store(true, Ordering::SeqCst);
         let outcome = self
-            .engine
+            .replier
             .generate(&prompt, &params, &CANCEL, &mut |piece| {
                 reply.push_str(piece);
                 match display.push(piece) {
@@ -272,7 +366,7 @@ impl Session<'_> {
     /// inside a thinking block (it ends with an open `<think>`).
     fn render(&self) -> Result<(PromptTokens, bool)> {
         let messages = self.conversation.messages();
-        let checkpoint = self.engine.checkpoint();
+        let checkpoint = self.replier.checkpoint();
         // The text is checked against the context before the boundaries are worked out (each
         // costs a rendering and a tokenization of a prefix).
         let text = self.template.render(messages, None, true, &self.vars)?;

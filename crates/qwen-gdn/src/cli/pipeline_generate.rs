@@ -6,132 +6,20 @@
 //!   ([`ExpertParallel`]); every rank computes the same logits and its sampler (same seed)
 //!   picks the same token, which the ranks check against each other every step.
 //!
-//! Rank 0 streams the text and prints the stats. The prompt cache and speculative decoding
-//! are single-process features and are refused here.
+//! Rank 0 streams the text and prints the stats. The plan itself is `rank_plan.rs`. A prompt
+//! cache file and speculative decoding are single-process features and are refused here.
 
 use crate::cli::generate::{encode_prompt, print_stats, Args};
-use crate::cli::ranks::ParallelKind;
+use crate::cli::rank_plan::RankPlan;
 use crate::engine::eos_ids;
 use crate::engine::sampler::Sampler;
 use crate::text::stream::TokenStream;
 use crate::ui::output::{emit, eprint_line};
-use anyhow::ensure;
 use anyhow::{bail, Result};
-use candle_core::Tensor;
 use qwen_gdn_collective::World;
-use qwen_gdn_model::expert_parallel::ExpertParallel;
-use qwen_gdn_model::pipeline::Pipeline;
-use qwen_gdn_model::split_plan::SplitPlan;
-use qwen_gdn_model::tensor_and_experts::TensorAndExperts;
-use qwen_gdn_model::tensor_parallel::TensorParallel;
-use qwen_gdn_model::{Cache, Config, Model, ModelPart};
+use qwen_gdn_model::Config;
 use std::process::ExitCode;
 use std::time::Instant;
-
-/// The plan this rank runs: a pipeline stage, or a share of every layer (expert or tensor
-/// parallel), where every rank has the logits.
-enum RankPlan {
-    Pipeline(Pipeline),
-    Split(Box<dyn SplitPlan>, World),
-}
-
-impl RankPlan {
-    fn layout_line(&self, host: &str) -> String {
-        match self {
-            Self::Pipeline(p) => p.layout_line(host),
-            Self::Split(e, _) => e.layout_line(host),
-        }
-    }
-
-    fn rank(&self) -> usize {
-        match self {
-            Self::Pipeline(p) => p.rank(),
-            Self::Split(e, _) => e.rank(),
-        }
-    }
-
-    fn part(&self, layers: usize) -> ModelPart {
-        match self {
-            Self::Pipeline(p) => p.part(layers),
-            Self::Split(e, _) => e.part(),
-        }
-    }
-
-    /// Whether this rank has logits to pick tokens from.
-    fn picks(&self) -> bool {
-        match self {
-            Self::Pipeline(p) => p.is_last(),
-            Self::Split(..) => true,
-        }
-    }
-
-    /// The sampler's seed: `asked`, or under a split plan (where every rank samples the same
-    /// logits and must draw the same token) rank 0's random one, on every rank.
-    fn seed(&self, asked: Option<u64>) -> Result<Option<u64>> {
-        match (self, asked) {
-            (Self::Split(_, world), None) => {
-                Ok(Some(world.all_gather_u64(rand::random::<u64>())?[0]))
-            }
-            _ => Ok(asked),
-        }
-    }
-
-    /// Ready `model` (loaded with [`RankPlan::part`]) and check every rank agrees on it.
-    fn ready(&self, model: &mut Model) -> Result<()> {
-        match self {
-            Self::Pipeline(p) => p.ensure_agreement(model),
-            Self::Split(e, _) => {
-                e.apply(model)?;
-                e.ensure_agreement(model)
-            }
-        }
-    }
-
-    fn prefill(
-        &self,
-        model: &Model,
-        tokens: &[u32],
-        cache: &mut Cache,
-        chunk: usize,
-    ) -> Result<()> {
-        match self {
-            Self::Pipeline(p) => p.prefill(model, tokens, cache, chunk),
-            Self::Split(..) => model.prefill(tokens, cache, chunk),
-        }
-    }
-
-    fn forward_last(
-        &self,
-        model: &Model,
-        tokens: &[u32],
-        cache: &mut Cache,
-    ) -> Result<Option<Tensor>> {
-        match self {
-            Self::Pipeline(p) => p.forward_last(model, tokens, cache),
-            Self::Split(..) => Ok(Some(model.forward_last(tokens, cache)?)),
-        }
-    }
-
-    /// The token every rank continues with (`chosen` where this rank picked one).
-    fn share_token(&self, chosen: Option<u32>) -> Result<u32> {
-        match self {
-            Self::Pipeline(p) => p.share_token(chosen),
-            Self::Split(_, world) => {
-                let token = chosen.ok_or_else(|| anyhow::anyhow!("a rank picked no token"))?;
-                let all = world.all_gather_u64(u64::from(token))?;
-                let differ = all.iter().position(|&t| t != u64::from(token));
-                ensure!(
-                    differ.is_none(),
-                    "rank {} picked token {} where rank {} picked {token}: the ranks' logits differ",
-                    differ.unwrap_or(0),
-                    all[differ.unwrap_or(0)],
-                    self.rank()
-                );
-                Ok(token)
-            }
-        }
-    }
-}
 
 /// `generate`: in one process, as a pipeline stage when `mpirun` started this process among
 /// several, or, with `--ranks N`, by starting `mpirun -n N` of this binary.
@@ -160,22 +48,8 @@ fn run(args: &Args, world: World) -> Result<ExitCode> {
     let context = ids.len() + args.sampling.max_tokens;
     let config = Config::from_dir(&checkpoint.dir)?;
     let layers = config.num_hidden_layers;
-    let pipeline = match args.ranks.parallel {
-        ParallelKind::Pipeline => RankPlan::Pipeline(Pipeline::new(world, layers)?),
-        ParallelKind::Experts => RankPlan::Split(
-            Box::new(ExpertParallel::new(world.clone(), config.num_experts)?),
-            world,
-        ),
-        ParallelKind::Tensor => RankPlan::Split(
-            Box::new(TensorParallel::new(world.clone(), &config)?),
-            world,
-        ),
-        ParallelKind::TensorExperts => RankPlan::Split(
-            Box::new(TensorAndExperts::new(world.clone(), &config)?),
-            world,
-        ),
-    };
-    eprint_line(&pipeline.layout_line(&host_name()));
+    let pipeline = RankPlan::new(args.ranks.parallel, world, &config)?;
+    eprint_line(&pipeline.layout_line());
     let mut model = args
         .model
         .load_model_part(&checkpoint, context, pipeline.part(layers))?;
@@ -241,16 +115,4 @@ fn run(args: &Args, world: World) -> Result<ExitCode> {
         }
     }
     Ok(ExitCode::SUCCESS)
-}
-
-/// This host's name, for the layout line.
-fn host_name() -> String {
-    let mut buf = [0u8; 256];
-    // SAFETY: the buffer is valid for its length; the name is cut at its first NUL below.
-    let ok = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) } == 0;
-    let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
-    match ok && end > 0 {
-        true => String::from_utf8_lossy(&buf[..end]).into_owned(),
-        false => "this host".into(),
-    }
 }

@@ -105,16 +105,48 @@ pub fn spawn_under_mpirun(ranks: u32) -> Result<ExitCode> {
         mpirun.arg("--oversubscribe");
     }
     mpirun.args(["-n", &ranks.to_string()]).arg(exe).args(args);
-    let status = match mpirun.status() {
-        Ok(status) => status,
+    let mut child = match mpirun.spawn() {
+        Ok(child) => child,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
             bail!("--ranks: mpirun is not on PATH (install Open MPI: apt install openmpi-bin, brew install open-mpi)")
         }
         Err(e) => bail!("--ranks: cannot start mpirun: {e}"),
     };
+    forward_termination_to(child.id());
+    let status = child.wait().context("--ranks: waiting for mpirun")?;
     Ok(match status.code() {
         Some(0) => ExitCode::SUCCESS,
         Some(code) => ExitCode::from(u8::try_from(code).unwrap_or(1)),
         None => ExitCode::FAILURE,
     })
+}
+
+/// The `mpirun` this process started, for [`forward_signal`].
+static MPIRUN: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(0);
+
+/// A SIGTERM sent to this process (a service manager stopping `serve`/`chat --ranks`) goes on
+/// to `mpirun`, which stops every rank, instead of ending this process alone and leaving the
+/// job running without it. (Ctrl-C reaches `mpirun` itself: it is in the terminal's group.)
+fn forward_termination_to(pid: u32) {
+    let Ok(pid) = i32::try_from(pid) else {
+        return;
+    };
+    MPIRUN.store(pid, std::sync::atomic::Ordering::SeqCst);
+    // SAFETY: the handler only reads an atomic and calls kill, both async-signal-safe.
+    unsafe {
+        libc::signal(
+            libc::SIGTERM,
+            forward_signal as extern "C" fn(libc::c_int) as libc::sighandler_t,
+        );
+    }
+}
+
+extern "C" fn forward_signal(signal: libc::c_int) {
+    let pid = MPIRUN.load(std::sync::atomic::Ordering::SeqCst);
+    if pid > 0 {
+        // SAFETY: kill is async-signal-safe; the pid is our own child's.
+        unsafe {
+            libc::kill(pid, signal);
+        }
+    }
 }

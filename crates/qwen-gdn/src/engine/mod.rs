@@ -105,6 +105,24 @@ pub struct Outcome {
     pub speculation: Option<SpecStats>,
 }
 
+impl Outcome {
+    /// A generation of a prompt of `prompt_tokens` that has not run yet (cancelled, should it
+    /// end before a token).
+    pub fn started(prompt_tokens: usize) -> Self {
+        Self {
+            prompt_tokens,
+            cached_tokens: 0,
+            prefilled_tokens: 0,
+            generated: 0,
+            finish: FinishReason::Cancelled,
+            prompt_time: None,
+            generation_time: None,
+            tokens: Vec::new(),
+            speculation: None,
+        }
+    }
+}
+
 /// A loaded model with its tokenizer, stop tokens and prompt cache.
 pub struct Engine {
     checkpoint: Checkpoint,
