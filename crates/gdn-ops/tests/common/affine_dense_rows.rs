@@ -180,7 +180,11 @@ pub fn split_k_matches_dequantize_and_repeats_its_bits(dev: &Device) {
         random_matrix(&mut rng, 4, 32, [1, 300, 1024], DType::F16),
         random_matrix(&mut rng, 8, 64, [1, 2048, 1024], DType::BF16),
     ];
-    assert_eq!(slicing(1536, 2048), (2, 16), "a slice of two steps is covered");
+    assert_eq!(
+        slicing(1536, 2048),
+        (2, 16),
+        "a slice of two steps is covered"
+    );
     let mut worst = [0f64; 2];
     for m in matrices {
         let w = AffineTensor::upload(&m, dev).unwrap();
@@ -197,10 +201,20 @@ pub fn split_k_matches_dequantize_and_repeats_its_bits(dev: &Device) {
                 };
                 let want = run(DenseRows::Dequantize);
                 let got = run(DenseRows::SplitK);
-                assert_eq!(got, run(DenseRows::Auto), "auto takes split-K at {rows} rows");
+                assert_eq!(
+                    got,
+                    run(DenseRows::Auto),
+                    "auto takes split-K at {rows} rows"
+                );
                 let again = run(DenseRows::SplitK);
-                let differ = got.iter().zip(&again).position(|(a, b)| a.to_bits() != b.to_bits());
-                assert!(differ.is_none(), "split-K differs between runs at {differ:?}");
+                let differ = got
+                    .iter()
+                    .zip(&again)
+                    .position(|(a, b)| a.to_bits() != b.to_bits());
+                assert!(
+                    differ.is_none(),
+                    "split-K differs between runs at {differ:?}"
+                );
                 let scale = want.iter().fold(0f64, |a, v| a.max(v.abs() as f64));
                 let err = got
                     .iter()

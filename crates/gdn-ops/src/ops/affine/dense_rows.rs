@@ -240,7 +240,10 @@ mod tests {
             DenseRows::Dequantize.path(5, 151_936, true, true),
             DenseRows::Dequantize
         );
-        assert_eq!(DenseRows::SplitK.path(5, 2048, true, true), DenseRows::SplitK);
+        assert_eq!(
+            DenseRows::SplitK.path(5, 2048, true, true),
+            DenseRows::SplitK
+        );
         assert_eq!(
             DenseRows::SplitK.path(16, 2048, true, false),
             DenseRows::Dequantize

@@ -49,7 +49,14 @@ pub fn grouped_matmul_t(m: &AffineTensor, x: &Tensor, offsets: &[u32]) -> Result
         Tensor::from_vec(schedule, tiles * 3, x.device())?
     };
     with_float_types!(x.dtype(), m.scales.dtype(), OP, |X, S| {
-        grouped_as::<X, S>(m, &x, &schedule, [tiles, tile_pairs, row_blocks], (0, 1), &dev)
+        grouped_as::<X, S>(
+            m,
+            &x,
+            &schedule,
+            [tiles, tile_pairs, row_blocks],
+            (0, 1),
+            &dev,
+        )
     })
 }
 
@@ -169,7 +176,11 @@ where
         unsafe { launch(args, geometry) }?;
     }
     if let Some(partial) = &partial {
-        let sum = Kernel::load(dev, &SOURCE, &kernel_instance("affine_split_sum", &[X::DTYPE], OP)?)?;
+        let sum = Kernel::load(
+            dev,
+            &SOURCE,
+            &kernel_instance("affine_split_sum", &[X::DTYPE], OP)?,
+        )?;
         let (n32, slices32) = (n as u32, slices as u32);
         let mut args = sum.args();
         args.arg(partial).arg(&y).arg(&n32).arg(&slices32);

@@ -58,9 +58,7 @@ impl AffineTensor {
         };
         let device = self.device();
         profile::kernel("affine_split_k", device, traffic, || match device {
-            Device::Cpu => {
-                launches::cpu_twin(|| super::cpu::grouped_products(self, x, &offsets))
-            }
+            Device::Cpu => launches::cpu_twin(|| super::cpu::grouped_products(self, x, &offsets)),
             #[cfg(feature = "cuda")]
             Device::Cuda(_) if self.has_split_kernel(x) => super::cuda::split_matmul_t(self, x),
             _ => self.grouped_matmul_t(x, &offsets),
