@@ -479,9 +479,15 @@ __device__ void split_sum_kernel(const float* __restrict__ partial, X* __restric
                                            blockIdx.y, affine_grouped_smem);                                  \
   }
 
+// Split-K's launch aims at two blocks per SM (ops/affine_grouped/split_k.rs, TARGET_BLOCKS):
+// the registers must allow them (128 a thread; the bf16 body uses 128 unbounded).
+#ifndef AFFINE_GROUPED_SPLIT_MIN_BLOCKS
+#define AFFINE_GROUPED_SPLIT_MIN_BLOCKS 2
+#endif
+
 // Split-K: the same body, each block's f32 partial sums into partial (grid z: the slice).
 #define AFFINE_GROUPED_SPLIT_ENTRY(XN, XT, SN, ST)                                                            \
-  extern "C" __global__ void __launch_bounds__(affine_grouped::kThreads, AFFINE_GROUPED_MIN_BLOCKS)        \
+  extern "C" __global__ void __launch_bounds__(affine_grouped::kThreads, AFFINE_GROUPED_SPLIT_MIN_BLOCKS)  \
       affine_grouped_split_##XN##_##SN(                                                                      \
       const uint32_t* packed, const ST* scales, const ST* biases, const XT* x, const uint32_t* tiles,       \
       float* partial, const AffineGroupedParams p) {                                                          \

@@ -21,7 +21,7 @@ const SOURCE: KernelSource = cuda_source!("affine_grouped");
 /// Threads per block of the split-K sum: `kSumThreads` of kernels/affine_grouped.cu.
 pub const SUM_THREADS: usize = 256;
 
-// SAFETY: `AffineGroupedParams` is `repr(C)` of eight u32, as the kernel's struct.
+// SAFETY: `AffineGroupedParams` is `repr(C)` of nine u32, as the kernel's struct.
 unsafe impl DeviceRepr for AffineGroupedParams {}
 
 /// The products of checked inputs (`grouped_matmul_t` checked the offsets, and
@@ -139,6 +139,7 @@ where
     // every slice's plane of the workspace, then the sum every element of y).
     let y = unsafe { dev.alloc::<X>(n)? };
     let partial = if split {
+        // SAFETY: every block of every slice writes its plane's rows (the body's store).
         Some(unsafe { dev.alloc::<f32>(slices * n)? })
     } else {
         None
