@@ -25,6 +25,23 @@ fn matrices(rng: &mut Rng) -> Vec<AffineMatrix> {
     ]
 }
 
+/// `xs` as `[xs.len() / cols, cols]` activations of `dtype` on `dev`.
+fn activations(xs: &[f32], cols: usize, dtype: DType, dev: &Device) -> Tensor {
+    Tensor::from_slice(xs, (xs.len() / cols, cols), dev)
+        .unwrap()
+        .to_dtype(dtype)
+        .unwrap()
+}
+
+/// The largest |got - want| relative to the largest |want|.
+fn error_of_max(got: &[f32], want: impl Iterator<Item = f64> + Clone) -> f64 {
+    let scale = want.clone().fold(0f64, |a, v| a.max(v.abs()));
+    got.iter()
+        .zip(want)
+        .fold(0f64, |a, (&g, w)| a.max((g as f64 - w).abs()))
+        / scale
+}
+
 /// `x W^T` in f64 from the dequantized matrix.
 fn reference(m: &AffineMatrix, x: &[f32], rows: usize) -> Vec<f64> {
     let mut w = vec![0f32; m.cols];
@@ -51,23 +68,15 @@ pub fn every_path_matches_the_dequantized_reference(dev: &Device) {
         for rows in [MATVEC_MAX_ROWS + 1, 8, 9, 16, 33, DENSE_ROWS_MAX] {
             let xs: Vec<f32> = (0..rows * m.cols).map(|_| rng.uniform(-1.0, 1.0)).collect();
             for (d, dtype) in [DType::F32, DType::BF16].into_iter().enumerate() {
-                let x = Tensor::from_slice(&xs, (rows, m.cols), dev)
-                    .unwrap()
-                    .to_dtype(dtype)
-                    .unwrap();
+                let x = activations(&xs, m.cols, dtype, dev);
                 // The reference sees the x the kernels see.
                 let x_seen = values(&x);
                 let want = reference(&m, &x_seen, rows);
-                let scale = want.iter().fold(0f64, |a, v| a.max(v.abs()));
                 let tol = if dtype == DType::F32 { 1e-5 } else { 2e-2 };
                 for (k, (name, choice)) in DenseRows::NAMED.into_iter().enumerate() {
                     let _path = scope(choice);
                     let got = values(&w.matmul_t(&x).unwrap());
-                    let err = got
-                        .iter()
-                        .zip(&want)
-                        .fold(0f64, |a, (&g, &w)| a.max((g as f64 - w).abs()))
-                        / scale;
+                    let err = error_of_max(&got, want.iter().copied());
                     worst[d][k] = worst[d][k].max(err);
                     assert!(
                         err <= tol,
@@ -102,10 +111,7 @@ pub fn row_products_give_each_row_what_it_gets_alone(dev: &Device) {
         ] {
             let _path = scope(choice);
             let xs: Vec<f32> = (0..rows * m.cols).map(|_| rng.uniform(-1.0, 1.0)).collect();
-            let x = Tensor::from_slice(&xs, (rows, m.cols), dev)
-                .unwrap()
-                .to_dtype(DType::BF16)
-                .unwrap();
+            let x = activations(&xs, m.cols, DType::BF16, dev);
             let all = values(&w.matmul_t(&x).unwrap());
             for r in 0..rows {
                 let one = values(&w.matmul_t(&x.narrow(0, r, 1).unwrap()).unwrap());
@@ -139,10 +145,7 @@ pub fn one_pass_rows_give_each_row_its_bits_alone(dev: &Device) {
         for rows in 2..=8 {
             for dtype in [DType::F32, DType::BF16] {
                 let xs: Vec<f32> = (0..rows * m.cols).map(|_| rng.uniform(-1.0, 1.0)).collect();
-                let x = Tensor::from_slice(&xs, (rows, m.cols), dev)
-                    .unwrap()
-                    .to_dtype(dtype)
-                    .unwrap();
+                let x = activations(&xs, m.cols, dtype, dev);
                 let all = values(&w.matmul_t(&x).unwrap());
                 for r in 0..rows {
                     let one = values(&w.matmul_t(&x.narrow(0, r, 1).unwrap()).unwrap());
@@ -191,10 +194,7 @@ pub fn split_k_matches_dequantize_and_repeats_its_bits(dev: &Device) {
         for rows in [9, 16, 33, DENSE_ROWS_MAX] {
             let xs: Vec<f32> = (0..rows * m.cols).map(|_| rng.uniform(-1.0, 1.0)).collect();
             for (d, dtype) in [DType::F32, DType::BF16].into_iter().enumerate() {
-                let x = Tensor::from_slice(&xs, (rows, m.cols), dev)
-                    .unwrap()
-                    .to_dtype(dtype)
-                    .unwrap();
+                let x = activations(&xs, m.cols, dtype, dev);
                 let run = |choice| {
                     let _path = scope(choice);
                     values(&w.matmul_t(&x).unwrap())
@@ -215,12 +215,7 @@ pub fn split_k_matches_dequantize_and_repeats_its_bits(dev: &Device) {
                     differ.is_none(),
                     "split-K differs between runs at {differ:?}"
                 );
-                let scale = want.iter().fold(0f64, |a, v| a.max(v.abs() as f64));
-                let err = got
-                    .iter()
-                    .zip(&want)
-                    .fold(0f64, |a, (&g, &w)| a.max((g as f64 - w as f64).abs()))
-                    / scale;
+                let err = error_of_max(&got, want.iter().map(|&w| w as f64));
                 worst[d] = worst[d].max(err);
                 let tol = if dtype == DType::F32 { 1e-5 } else { 2e-2 };
                 assert!(
