@@ -41,6 +41,16 @@
 // Pair rows past count are zero in shared memory and never written; weight rows past rows are
 // zero and never written.
 //
+// SPLIT-K (the dense products of 9..64 rows, issue 29: one group, one tile): with
+// p.slice_steps > 0 the columns are cut into slices of slice_steps steps of kTileK, blockIdx.z
+// the slice; entry points affine_grouped_split_<x>_<s> write each block's f32 partial tile into
+// partial [slices, P, rows] (slice z at z * P * rows) instead of y, and affine_split_sum_<x>
+// adds the slices in order 0, 1, .. (the same bits every run: no float atomics) into y in X.
+// A matrix of 2 048 outputs has 16 row blocks: cut into 16 slices it fills the GPU's SMs.
+// LAUNCH (split): grid (tiles, ceil(rows / kTileN), slices); the sum: grid (ceil(P * rows /
+//   kSumThreads), 1, 1), block (kSumThreads, 1, 1); slices = ceil(steps / slice_steps), every
+//   slice holding at least one step (the host's choice).
+//
 // Compile for candle: nvcc -ptx -arch=sm_90 -O3 kernels/affine_grouped.cu (sm_80+: bf16 wmma,
 // cp.async).
 // The body (affine_grouped::grouped_kernel) takes its thread and block indices and its shared
@@ -263,7 +273,9 @@ struct TensorAccum {
     }
   }
 
-  __device__ void store(H* y, const AffineGroupedParams& p, uint32_t first, uint32_t count, uint32_t n0,
+  // y in H (one slice: the products) or f32 (a split-K slice's partial sums).
+  template <typename Y>
+  __device__ void store(Y* y, const AffineGroupedParams& p, uint32_t first, uint32_t count, uint32_t n0,
                         int tid, unsigned char* smem) {
     float* stage = reinterpret_cast<float*>(smem);
     const int m0 = row0(tid), c0 = col0(tid);
@@ -281,12 +293,14 @@ struct TensorAccum {
       const uint32_t m = at / kPerRow, n = n0 + at % kPerRow * kVec;
       if (m >= count || n >= p.rows) continue;
       const float* src = stage + m * kLdOut + at % kPerRow * kVec;
-      H* dst = y + (size_t)(first + m) * p.rows + n;
-      if (aligned) {
+      Y* dst = y + (size_t)(first + m) * p.rows + n;
+      if constexpr (sizeof(Y) == 4) {
+        for (uint32_t i = 0; i < (uint32_t)kVec && n + i < p.rows; ++i) dst[i] = src[i];
+      } else if (aligned) {
         *reinterpret_cast<uint4*>(dst) = make_uint4(pack2<H>(src[0], src[1]), pack2<H>(src[2], src[3]),
                                                     pack2<H>(src[4], src[5]), pack2<H>(src[6], src[7]));
       } else {
-        for (uint32_t i = 0; i < (uint32_t)kVec && n + i < p.rows; ++i) dst[i] = from_f32<H>(src[i]);
+        for (uint32_t i = 0; i < (uint32_t)kVec && n + i < p.rows; ++i) dst[i] = from_f32<Y>(src[i]);
       }
     }
   }
@@ -310,6 +324,7 @@ struct Block {
   const X* __restrict__ x;
   AffineGroupedParams p;
   uint32_t e, first, count, n0;
+  uint32_t step0, step_end;  // the steps of kTileK columns this block walks (its slice)
   int tid;
   bool words_aligned;
 
@@ -348,33 +363,33 @@ struct Block {
     dequantize_span<BITS, X, S>(in, n0 + n >= p.rows, ws + n * kLdK + k);
   }
 
-  __device__ void run(X* y, unsigned char* smem) const {
+  template <typename Y>
+  __device__ void run(Y* y, unsigned char* smem) const {
     if (count > (uint32_t)TM) return;
     switch (p.bits) {
-      case 4: walk<4>(y, smem); break;
-      case 8: walk<8>(y, smem); break;
-      default: walk<2>(y, smem); break;
+      case 4: walk<4, Y>(y, smem); break;
+      case 8: walk<8, Y>(y, smem); break;
+      default: walk<2, Y>(y, smem); break;
     }
   }
 
-  template <uint32_t BITS>
-  __device__ void walk(X* y, unsigned char* smem) const {
+  template <uint32_t BITS, typename Y>
+  __device__ void walk(Y* y, unsigned char* smem) const {
     constexpr int kStages = stages<X>();
     X* base = reinterpret_cast<X*>(smem);
     auto xs = [&](int s) { return base + s * kStageElems; };
     auto ws = [&](int s) { return base + s * kStageElems + kTileM * kLdK; };
-    const uint32_t steps = (p.cols + kTileK - 1) / kTileK;
     typename AccumFor<X, TM>::type acc;
     acc.zero();
     WeightSpan span;
-    copy_x(xs(0), 0);
+    copy_x(xs(0), step0 * kTileK);
     __pipeline_commit();
-    load_span<BITS>(0, span);
-    store_span_at<BITS>(ws(0), 0, span);
-    for (uint32_t i = 0; i < steps; ++i) {
-      const int cur = kStages == 2 ? int(i % 2) : 0, next = kStages == 2 ? 1 - cur : 0;
+    load_span<BITS>(step0 * kTileK, span);
+    store_span_at<BITS>(ws(0), step0 * kTileK, span);
+    for (uint32_t i = step0; i < step_end; ++i) {
+      const int cur = kStages == 2 ? int((i - step0) % 2) : 0, next = kStages == 2 ? 1 - cur : 0;
       const uint32_t k0 = i * kTileK;
-      const bool more = i + 1 < steps;
+      const bool more = i + 1 < step_end;
       if (more) load_span<BITS>(k0 + kTileK, span);  // in flight during the product
       __pipeline_wait_prior(0);
       __syncthreads();  // stage cur complete; every thread done with stage next's last product
@@ -400,12 +415,13 @@ struct Block {
 
 // The body of every entry point: block (tile, row_block) of the grid, re-linearized so that
 // consecutive blocks take the row blocks of one tile (they share its x tile in L2).
-template <typename X, typename S>
+// Y is X (y, the products) or float (split-K: grid_slice's partial sums, p.slice_steps > 0).
+template <typename X, typename S, typename Y = X>
 __device__ void grouped_kernel(const uint32_t* __restrict__ packed, const S* __restrict__ scales,
                                const S* __restrict__ biases, const X* __restrict__ x,
-                               const uint32_t* __restrict__ tiles, X* __restrict__ y, const AffineGroupedParams p,
+                               const uint32_t* __restrict__ tiles, Y* __restrict__ y, const AffineGroupedParams p,
                                const int tid, const unsigned grid_tile, const unsigned grid_row_block,
-                               unsigned char* smem) {
+                               unsigned char* smem, const unsigned grid_slice = 0) {
   const uint32_t row_blocks = (p.rows + kTileN - 1) / kTileN;
   const uint64_t linear = (uint64_t)grid_row_block * p.tiles + grid_tile;
   const uint32_t tile = uint32_t(linear / row_blocks), row_block = uint32_t(linear % row_blocks);
@@ -416,11 +432,33 @@ __device__ void grouped_kernel(const uint32_t* __restrict__ packed, const S* __r
   if (e >= p.experts || count == 0 || first > p.pairs || count > p.pairs - first) return;
   const bool words_aligned = reinterpret_cast<uintptr_t>(packed) % 16 == 0;
   const uint32_t n0 = row_block * kTileN;
-  switch (p.tile_pairs) {
-    case 16: Block<X, S, 16>{packed, scales, biases, x, p, e, first, count, n0, tid, words_aligned}.run(y, smem); break;
-    case 32: Block<X, S, 32>{packed, scales, biases, x, p, e, first, count, n0, tid, words_aligned}.run(y, smem); break;
-    default: Block<X, S, kTileM>{packed, scales, biases, x, p, e, first, count, n0, tid, words_aligned}.run(y, smem); break;
+  const uint32_t steps = (p.cols + kTileK - 1) / kTileK;
+  uint32_t step0 = 0, step_end = steps;
+  if (p.slice_steps > 0) {
+    // Slice grid_slice's steps, and its partial sums' plane of the workspace.
+    step0 = grid_slice * p.slice_steps;
+    if (step0 >= steps) return;  // no such slice (the host launches none)
+    step_end = step0 + p.slice_steps < steps ? step0 + p.slice_steps : steps;
+    y += (size_t)grid_slice * p.pairs * p.rows;
   }
+  switch (p.tile_pairs) {
+    case 16: Block<X, S, 16>{packed, scales, biases, x, p, e, first, count, n0, step0, step_end, tid, words_aligned}.run(y, smem); break;
+    case 32: Block<X, S, 32>{packed, scales, biases, x, p, e, first, count, n0, step0, step_end, tid, words_aligned}.run(y, smem); break;
+    default: Block<X, S, kTileM>{packed, scales, biases, x, p, e, first, count, n0, step0, step_end, tid, words_aligned}.run(y, smem); break;
+  }
+}
+
+constexpr int kSumThreads = 256;
+
+// Split-K's second launch: y[i] = X(partial[0][i] + partial[1][i] + ...), the slices in order,
+// so that the sum's bits do not depend on which block finished first.
+template <typename X>
+__device__ void split_sum_kernel(const float* __restrict__ partial, X* __restrict__ y, const uint32_t n,
+                                 const uint32_t slices, const uint64_t i) {
+  if (i >= n) return;
+  float sum = partial[i];
+  for (uint32_t s = 1; s < slices; ++s) sum += partial[(size_t)s * n + i];
+  y[i] = from_f32<X>(sum);
 }
 
 }  // namespace affine_grouped
@@ -441,10 +479,41 @@ __device__ void grouped_kernel(const uint32_t* __restrict__ packed, const S* __r
                                            blockIdx.y, affine_grouped_smem);                                  \
   }
 
-#define AFFINE_GROUPED_FOR_SCALES(XN, XT)         \
-  AFFINE_GROUPED_ENTRY(XN, XT, f32, float)        \
-  AFFINE_GROUPED_ENTRY(XN, XT, f16, __half)       \
-  AFFINE_GROUPED_ENTRY(XN, XT, bf16, __nv_bfloat16)
+// Split-K's launch aims at two blocks per SM (ops/affine_grouped/split_k.rs, TARGET_BLOCKS):
+// the registers must allow them (128 a thread; the bf16 body uses 128 unbounded).
+#ifndef AFFINE_GROUPED_SPLIT_MIN_BLOCKS
+#define AFFINE_GROUPED_SPLIT_MIN_BLOCKS 2
+#endif
+
+// Split-K: the same body, each block's f32 partial sums into partial (grid z: the slice).
+#define AFFINE_GROUPED_SPLIT_ENTRY(XN, XT, SN, ST)                                                            \
+  extern "C" __global__ void __launch_bounds__(affine_grouped::kThreads, AFFINE_GROUPED_SPLIT_MIN_BLOCKS)  \
+      affine_grouped_split_##XN##_##SN(                                                                      \
+      const uint32_t* packed, const ST* scales, const ST* biases, const XT* x, const uint32_t* tiles,       \
+      float* partial, const AffineGroupedParams p) {                                                          \
+    extern __shared__ __align__(128) unsigned char affine_grouped_smem[];                                     \
+    affine_grouped::grouped_kernel<XT, ST, float>(packed, scales, biases, x, tiles, partial, p, threadIdx.x,  \
+                                                  blockIdx.x, blockIdx.y, affine_grouped_smem, blockIdx.z);   \
+  }
+
+#define AFFINE_GROUPED_FOR_SCALES(XN, XT)               \
+  AFFINE_GROUPED_ENTRY(XN, XT, f32, float)              \
+  AFFINE_GROUPED_ENTRY(XN, XT, f16, __half)             \
+  AFFINE_GROUPED_ENTRY(XN, XT, bf16, __nv_bfloat16)     \
+  AFFINE_GROUPED_SPLIT_ENTRY(XN, XT, f32, float)        \
+  AFFINE_GROUPED_SPLIT_ENTRY(XN, XT, f16, __half)       \
+  AFFINE_GROUPED_SPLIT_ENTRY(XN, XT, bf16, __nv_bfloat16)
+
+#define AFFINE_SPLIT_SUM_ENTRY(XN, XT)                                                                       \
+  extern "C" __global__ void __launch_bounds__(affine_grouped::kSumThreads)                                 \
+      affine_split_sum_##XN(const float* partial, XT* y, const uint32_t n, const uint32_t slices) {          \
+    affine_grouped::split_sum_kernel<XT>(partial, y, n, slices,                                               \
+                                         (uint64_t)blockIdx.x * affine_grouped::kSumThreads + threadIdx.x);  \
+  }
+
+AFFINE_SPLIT_SUM_ENTRY(f32, float)
+AFFINE_SPLIT_SUM_ENTRY(f16, __half)
+AFFINE_SPLIT_SUM_ENTRY(bf16, __nv_bfloat16)
 
 AFFINE_GROUPED_FOR_SCALES(f32, float)
 AFFINE_GROUPED_FOR_SCALES(f16, __half)

@@ -7,7 +7,9 @@
 // schedule.
 //
 // stdin, little-endian: "AGQCUDA1", then u32 experts, rows, cols, bits, group_size, pairs,
-// tiles, tile_pairs, x_type, scale_type (0 f32, 1 f16, 2 bf16), then u32 packed [E * rows, cols * bits / 32],
+// tiles, tile_pairs, slice_steps (0: one launch writing y; > 0: split-K, the split entry's
+// body over grid z = slices into an f32 workspace, then the shipped fixed-order sum,
+// affine_grouped::split_sum_kernel, into y), x_type, scale_type (0 f32, 1 f16, 2 bf16), then u32 packed [E * rows, cols * bits / 32],
 // f32 scales and biases [E * rows, cols / group_size] (exact in the scale type), f32 x
 // [pairs, cols] (exact in the x type), u32 schedule [tiles, 3].
 // stdout: f32 y [pairs, rows]. Every element must be written (the schedule covers every pair).
@@ -54,27 +56,55 @@ void run(const Case& c) {
   Buffer<S> biases("biases", c.biases, Kind::kInput);
   Buffer<X> x("x", c.x, Kind::kInput);
   Buffer<uint> tiles("tiles", c.tiles, Kind::kInput);
-  Buffer<X> y("y", std::size_t(p.pairs) * p.rows, Kind::kOutput);
+  const std::size_t n = std::size_t(p.pairs) * p.rows;
+  Buffer<X> y("y", n, Kind::kOutput);
   const std::size_t floats = affine_grouped::kSmemBytes / 4;
   BlockShared shared(floats);
-  const uint3 groups{p.tiles, (p.rows + affine_grouped::kTileN - 1) / affine_grouped::kTileN, 1};
-  metal_emu::dispatch_threadgroups(groups, uint3{affine_grouped::kThreads, 1, 1}, [&](const metal_emu::ThreadIds& id) {
-    shared.poison(id);
-    affine_grouped::grouped_kernel<X, S>(packed.data(), scales.data(), biases.data(), x.data(), tiles.data(), y.data(),
-                                         p, int(id.thread_index_in_threadgroup), id.threadgroup_position_in_grid.x,
-                                         id.threadgroup_position_in_grid.y, reinterpret_cast<unsigned char*>(shared.smem));
-  });
-  guarded::check_all(packed, scales, biases, x, tiles, shared, y);
+  const std::uint32_t row_blocks = (p.rows + affine_grouped::kTileN - 1) / affine_grouped::kTileN;
+  const auto ids = [](const metal_emu::ThreadIds& id) {
+    return std::make_pair(int(id.thread_index_in_threadgroup), id.threadgroup_position_in_grid);
+  };
+  if (p.slice_steps == 0) {
+    metal_emu::dispatch_threadgroups(uint3{p.tiles, row_blocks, 1}, uint3{affine_grouped::kThreads, 1, 1},
+                                     [&](const metal_emu::ThreadIds& id) {
+      shared.poison(id);
+      const auto [tid, g] = ids(id);
+      affine_grouped::grouped_kernel<X, S>(packed.data(), scales.data(), biases.data(), x.data(), tiles.data(),
+                                           y.data(), p, tid, g.x, g.y, reinterpret_cast<unsigned char*>(shared.smem));
+    });
+    guarded::check_all(packed, scales, biases, x, tiles, shared, y);
+  } else {
+    // The host's slice count: every slice holds at least one step.
+    const std::uint32_t steps = (p.cols + affine_grouped::kTileK - 1) / affine_grouped::kTileK;
+    const std::uint32_t slices = (steps + p.slice_steps - 1) / p.slice_steps;
+    Buffer<float> partial("partial", std::size_t(slices) * n, Kind::kOutput);
+    metal_emu::dispatch_threadgroups(uint3{p.tiles, row_blocks, slices}, uint3{affine_grouped::kThreads, 1, 1},
+                                     [&](const metal_emu::ThreadIds& id) {
+      shared.poison(id);
+      const auto [tid, g] = ids(id);
+      affine_grouped::grouped_kernel<X, S, float>(packed.data(), scales.data(), biases.data(), x.data(), tiles.data(),
+                                                  partial.data(), p, tid, g.x, g.y,
+                                                  reinterpret_cast<unsigned char*>(shared.smem), g.z);
+    });
+    const std::uint32_t sum_blocks = std::uint32_t((n + affine_grouped::kSumThreads - 1) / affine_grouped::kSumThreads);
+    metal_emu::dispatch_threadgroups(uint3{sum_blocks, 1, 1}, uint3{affine_grouped::kSumThreads, 1, 1},
+                                     [&](const metal_emu::ThreadIds& id) {
+      affine_grouped::split_sum_kernel<X>(partial.data(), y.data(), std::uint32_t(n), slices,
+                                          std::uint64_t(id.threadgroup_position_in_grid.x) * affine_grouped::kSumThreads +
+                                              id.thread_index_in_threadgroup);
+    });
+    guarded::check_all(packed, scales, biases, x, tiles, shared, partial, y);
+  }
   y.write_f32();
 }
 
 }  // namespace
 
 int main() {
-  const auto h = guarded::start<10>("affine_grouped_cuda_harness", "AGQCUDA1");
+  const auto h = guarded::start<11>("affine_grouped_cuda_harness", "AGQCUDA1");
   Case c;
-  c.p = AffineGroupedParams{h[1], h[2], h[3], h[4], h[0], h[5], h[6], h[7]};
-  const std::uint32_t x_type = h[8], scale_type = h[9];
+  c.p = AffineGroupedParams{h[1], h[2], h[3], h[4], h[0], h[5], h[6], h[7], h[8]};
+  const std::uint32_t x_type = h[9], scale_type = h[10];
   const AffineGroupedParams& p = c.p;
   // The host side's contract (ops/affine_grouped/cuda.rs checks it).
   if (p.bits != 2 && p.bits != 4 && p.bits != 8) guarded::die("bits must be 2, 4 or 8");

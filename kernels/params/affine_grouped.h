@@ -13,6 +13,7 @@ struct AffineGroupedParams {
   unsigned int pairs;       // P: rows of x and y
   unsigned int tiles;       // entries of the tile schedule (the grid's x extent)
   unsigned int tile_pairs;  // pairs per tile at most: 16, 32 or 64
+  unsigned int slice_steps; // split-K: steps of 64 columns per slice (grid z); 0: one slice
 };
 
 #endif

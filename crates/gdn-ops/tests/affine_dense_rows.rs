@@ -24,6 +24,11 @@ fn one_pass_rows_give_each_row_its_bits_alone() {
 }
 
 #[test]
-fn only_the_dequantizing_path_launches_twice() {
-    check::only_the_dequantizing_path_launches_twice(&Device::Cpu);
+fn split_k_matches_dequantize_and_repeats_its_bits() {
+    check::split_k_matches_dequantize_and_repeats_its_bits(&Device::Cpu);
+}
+
+#[test]
+fn each_path_launches_what_it_should() {
+    check::each_path_launches_what_it_should(&Device::Cpu);
 }

@@ -13,7 +13,11 @@
 //! Gate: every element within 1 ulp of the activation type at the twin's value plus 1e-5 of
 //! max |y| (both sides round the same weights once and sum in f32, in different orders), and
 //! every element written (the harness fails on an unwritten one). The cases: the op's
-//! (tests/common/affine_grouped.rs) that the kernel covers, some at every tile height.
+//! (tests/common/affine_grouped.rs) that the kernel covers, some at every tile height; and the
+//! split-K dense case (`ops/affine_grouped/split_k.rs`: one matrix, 9–64 rows, the body over
+//! column slices into an f32 workspace, every plane of which must be written, then the shipped
+//! fixed-order sum) at the host's slicing and at forced ones (uneven last slice, a last step
+//! of 32 columns).
 
 mod common;
 mod emu;
@@ -25,6 +29,7 @@ use common::affine_grouped::{
 };
 use common::{close, failures, random_matrix, values, Input, Rng, Ty};
 use gdn_ops::ops::affine::AffineTensor;
+use gdn_ops::ops::affine_grouped::split_k::slicing;
 use gdn_ops::ops::affine_grouped::{
     tile_pairs_for, tile_schedule, SMEM_BYTES, SPAN_COLS, THREADS, TILE_COLS, TILE_PAIRS,
     TILE_PAIRS_CHOICES, TILE_ROWS,
@@ -39,6 +44,8 @@ struct Case {
     index: usize,
     /// The tile height, or `None` for the host's choice.
     tile_pairs: Option<usize>,
+    /// Split-K steps per slice (0: the one-launch kernel).
+    slice_steps: usize,
 }
 
 /// Runs the kernel's body on one case; `None` when it matches the twin.
@@ -62,6 +69,7 @@ fn check(case: &Case) -> Option<String> {
         pairs,
         schedule.len() / 3,
         tile_pairs,
+        case.slice_steps,
     ] {
         input.u32(v as u32);
     }
@@ -70,7 +78,10 @@ fn check(case: &Case) -> Option<String> {
     schedule.iter().for_each(|&t| {
         input.u32(t);
     });
-    let what = format!("{} tiles of {tile_pairs}", c.label());
+    let what = match case.slice_steps {
+        0 => format!("{} tiles of {tile_pairs}", c.label()),
+        s => format!("{} split-K slices of {s} steps", c.label()),
+    };
     match HARNESS.run(&input.0) {
         Err(e) => Some(format!("{what}: {e}")),
         Ok(got) => {
@@ -108,10 +119,54 @@ fn cases() -> Vec<Case> {
                 op: op.clone(),
                 index,
                 tile_pairs,
+                slice_steps: 0,
             });
         }
     }
     cases
+}
+
+/// The split-K dense case: one matrix times 9, 16, 33 and 64 rows (tile heights 16, 32, 64),
+/// 4 and 8 bits, groups 32 and 64, f32, bf16 and f16 activations; at the host's slicing
+/// ([`slicing`]: one step a slice on these small matrices) and at forced cuts (an uneven last
+/// slice, a last step of 32 columns, one slice).
+fn split_cases() -> Vec<Case> {
+    let mut cases = vec![];
+    let shapes = [
+        // (x, scales, bits, group, rows, cols, rows of x, forced slice steps)
+        (Ty::Bf16, Ty::Bf16, 4, 64, 200, 320, 16, Some(2)),
+        (Ty::F32, Ty::F32, 8, 32, 72, 288, 9, None),
+        (Ty::Bf16, Ty::Bf16, 4, 64, 136, 256, 64, None),
+        (Ty::F32, Ty::Bf16, 4, 32, 130, 288, 33, Some(3)),
+        (Ty::F16, Ty::F16, 8, 64, 40, 384, 16, Some(6)),
+        (Ty::Bf16, Ty::F32, 8, 32, 100, 224, 33, None),
+        (Ty::F32, Ty::F16, 4, 64, 64, 256, 64, None),
+    ];
+    for (i, (x, scales, bits, group, rows, cols, n, forced)) in shapes.into_iter().enumerate() {
+        let op = OpCase {
+            x,
+            scales,
+            bits,
+            group,
+            rows,
+            cols,
+            counts: vec![n],
+        };
+        let slice_steps = forced.unwrap_or_else(|| slicing(rows, cols).0);
+        cases.push(Case {
+            op,
+            index: 1000 + i,
+            tile_pairs: None,
+            slice_steps,
+        });
+    }
+    cases
+}
+
+#[test]
+fn split_k_matches_the_cpu_twin() {
+    let cases = split_cases();
+    common::assert_no_failures(&failures(&cases, check), cases.len(), "split-K cases fail");
 }
 
 #[test]
@@ -161,6 +216,7 @@ fn kernel_abi_in_source() {
             "pairs",
             "tiles",
             "tile_pairs",
+            "slice_steps",
         ],
     );
     assert!(flat.contains("#include \"params/affine_grouped.h\""));
@@ -170,6 +226,18 @@ fn kernel_abi_in_source() {
         ),
         "the entry points take (packed, scales, biases, x, tiles, y, AffineGroupedParams p), as affine_grouped/cuda.rs pushes them"
     );
+    assert!(
+        flat.contains(
+            "const uint32_t* packed, const ST* scales, const ST* biases, const XT* x, const uint32_t* tiles, \\ float* partial, const AffineGroupedParams p)"
+        ),
+        "the split entry points take (packed, scales, biases, x, tiles, partial, p), as affine_grouped/cuda.rs pushes them"
+    );
+    assert!(
+        flat.contains("affine_split_sum_##XN(const float* partial, XT* y, const uint32_t n, const uint32_t slices)"),
+        "the sum takes (partial, y, n, slices), as affine_grouped/cuda.rs pushes them"
+    );
+    assert!(flat.contains("constexpr int kSumThreads = 256;"));
+    assert_eq!(gdn_ops::ops::affine_grouped::split_k::TARGET_BLOCKS, 264);
     for (xn, xt) in [
         ("f32", "float"),
         ("f16", "__half"),

@@ -1,7 +1,8 @@
 //! A quantized matrix times 5–64 activation rows (a batched decode step's dense products,
 //! issue 29) on each path of `DenseRows` on CUDA (tests/common/affine_dense_rows.rs): every
 //! path against the dequantized f64 reference (the streamed row products, the grouped GEMM's
-//! one-tile launch, the dequantization and cuBLAS); the row products bit for bit what each row
+//! one-tile launch and its split-K, the dequantization and cuBLAS); split-K against the
+//! dequantizing path and its bits on a second run; the row products bit for bit what each row
 //! gets alone; the launches each path costs. Built only with the `cuda` feature and run on the
 //! GPU machine; without a CUDA device every test fails.
 #![cfg(feature = "cuda")]
@@ -27,6 +28,11 @@ fn one_pass_rows_give_each_row_its_bits_alone() {
 }
 
 #[test]
-fn only_the_dequantizing_path_launches_twice() {
-    check::only_the_dequantizing_path_launches_twice(&gpu());
+fn split_k_matches_dequantize_and_repeats_its_bits() {
+    check::split_k_matches_dequantize_and_repeats_its_bits(&gpu());
+}
+
+#[test]
+fn each_path_launches_what_it_should() {
+    check::each_path_launches_what_it_should(&gpu());
 }

@@ -3,7 +3,7 @@
 //! step (issue 29: the in/out projections, the router, the shared expert and the head of B
 //! sequences at once).
 //!
-//! Three ways, none of which makes a dequantized copy of the matrix:
+//! Four ways, none of which makes a dequantized copy of the matrix:
 //! - [`DenseRows::RowProducts`]: the decode products with one output row per activation row
 //!   (`x_div` = 1). Each row runs exactly the sums it runs alone, so a batched step's row is
 //!   bit for bit its single-sequence step's. Each row unpacks the whole matrix again (from L2
@@ -14,6 +14,10 @@
 //!   dequantized once, the products on tensor cores. Its grid is one block per 128 output
 //!   rows, so it fills the GPU only on tall matrices (the head); the sums differ from the
 //!   decode products' (within the f32 gate, not bit for bit).
+//! - [`DenseRows::SplitK`]: the same GEMM with its columns cut into slices so that a matrix
+//!   of any height gets ~2 blocks per SM (`ops/affine_grouped/split_k.rs`): f32 partial sums
+//!   per slice, added in a fixed order by a second launch (the same bits every run). CUDA and
+//!   the CPU twin; Metal has no split kernel and keeps `Auto`'s former choice.
 //! - [`DenseRows::Dequantize`]: the whole matrix dequantized into x's dtype and a dense GEMM,
 //!   every step (what ran before; ~4× the packed bytes written and read again, 2 launches).
 //!
@@ -35,7 +39,8 @@ pub const DENSE_ROWS_MAX: usize = crate::ops::affine::GATHER_MAX_TOKENS;
 /// plus two launches a product for the dequantizing path: they break even near 7 rows.
 pub const AUTO_ROW_PRODUCTS_MAX: usize = 8;
 
-/// Output rows from which [`DenseRows::Auto`] takes the grouped GEMM: 128 blocks of its 128
+/// Output rows from which [`DenseRows::Auto`] takes the grouped GEMM where there is no split
+/// kernel (Metal): 128 blocks of its 128
 /// rows, about one block per SM of an H100/H200 (132). Below it the GEMM's few blocks walk
 /// the columns alone (a 2 048-row out-projection: 16 blocks) and the dequantizing path's full
 /// grids win; above it (the 151 936-row head) it reads 155 MB once where the dequantizing path
@@ -45,8 +50,9 @@ pub const AUTO_GROUPED_MIN_OUTPUTS: usize = 128 * 128;
 /// How [`super::AffineTensor::matmul_t`] runs 5..=[`DENSE_ROWS_MAX`] rows.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum DenseRows {
-    /// Row products up to [`AUTO_ROW_PRODUCTS_MAX`] rows, then the grouped GEMM on matrices
-    /// of at least [`AUTO_GROUPED_MIN_OUTPUTS`] rows, else dequantize.
+    /// Row products up to [`AUTO_ROW_PRODUCTS_MAX`] rows, then the split-K GEMM where the
+    /// device has it; elsewhere the grouped GEMM on matrices of at least
+    /// [`AUTO_GROUPED_MIN_OUTPUTS`] rows, else dequantize.
     #[default]
     Auto,
     /// Dequantize and a dense GEMM (the reference the others are tested against).
@@ -61,16 +67,19 @@ pub enum DenseRows {
     /// grid of one block row per activation row (`gdn.in_proj` over 4 rows 38.7 µs a call
     /// against 29.7; docs/perf-notes-gpu.md, "rows8"), and Metal's is not measured.
     OnePass,
+    /// The grouped GEMM split over column slices, where the device has it (else dequantize).
+    SplitK,
 }
 
 impl DenseRows {
     /// Every choice, with its name in `QWEN_GDN_DENSE_ROWS`.
-    pub const NAMED: [(&'static str, DenseRows); 5] = [
+    pub const NAMED: [(&'static str, DenseRows); 6] = [
         ("auto", DenseRows::Auto),
         ("dequantize", DenseRows::Dequantize),
         ("rows", DenseRows::RowProducts),
         ("grouped", DenseRows::Grouped),
         ("one-pass", DenseRows::OnePass),
+        ("split", DenseRows::SplitK),
     ];
 
     fn code(self) -> u8 {
@@ -80,6 +89,7 @@ impl DenseRows {
             DenseRows::RowProducts => 2,
             DenseRows::Grouped => 3,
             DenseRows::OnePass => 4,
+            DenseRows::SplitK => 5,
         }
     }
 
@@ -89,6 +99,7 @@ impl DenseRows {
             2 => DenseRows::RowProducts,
             3 => DenseRows::Grouped,
             4 => DenseRows::OnePass,
+            5 => DenseRows::SplitK,
             _ => DenseRows::Auto,
         }
     }
@@ -99,20 +110,23 @@ impl DenseRows {
         match self {
             DenseRows::Auto | DenseRows::OnePass => AUTO_ROW_PRODUCTS_MAX,
             DenseRows::RowProducts => DENSE_ROWS_MAX,
-            DenseRows::Dequantize | DenseRows::Grouped => crate::ops::affine::MATVEC_MAX_ROWS,
+            DenseRows::Dequantize | DenseRows::Grouped | DenseRows::SplitK => {
+                crate::ops::affine::MATVEC_MAX_ROWS
+            }
         }
     }
 
     /// The path for `x_rows` activation rows (in `MATVEC_MAX_ROWS < x_rows <= DENSE_ROWS_MAX`)
-    /// of a matrix of `outputs` rows; `grouped` says whether the grouped kernel takes this
-    /// matrix, input and device. Never `Auto`; `Grouped` falls back to `Dequantize` where the
-    /// kernel is missing.
-    pub fn path(self, x_rows: usize, outputs: usize, grouped: bool) -> DenseRows {
+    /// of a matrix of `outputs` rows; `grouped` and `split` say whether the grouped and the
+    /// split-K kernels take this matrix, input and device. Never `Auto`; `Grouped` and
+    /// `SplitK` fall back to `Dequantize` where their kernel is missing.
+    pub fn path(self, x_rows: usize, outputs: usize, grouped: bool, split: bool) -> DenseRows {
         debug_assert!(x_rows <= DENSE_ROWS_MAX);
         match self {
             DenseRows::Auto | DenseRows::OnePass if x_rows <= AUTO_ROW_PRODUCTS_MAX => {
                 DenseRows::RowProducts
             }
+            DenseRows::Auto | DenseRows::OnePass | DenseRows::SplitK if split => DenseRows::SplitK,
             DenseRows::Auto | DenseRows::OnePass | DenseRows::Grouped
                 if grouped
                     && (self == DenseRows::Grouped || outputs >= AUTO_GROUPED_MIN_OUTPUTS) =>
@@ -176,14 +190,19 @@ mod tests {
     use super::*;
 
     #[test]
-    fn auto_takes_row_products_then_the_gemm_on_tall_matrices() {
+    fn auto_takes_row_products_then_the_split_gemm() {
         let auto = DenseRows::Auto;
-        assert_eq!(auto.path(5, 2048, true), DenseRows::RowProducts);
-        assert_eq!(auto.path(8, 151_936, true), DenseRows::RowProducts);
-        assert_eq!(auto.path(9, 151_936, true), DenseRows::Grouped);
-        assert_eq!(auto.path(64, 151_936, true), DenseRows::Grouped);
-        assert_eq!(auto.path(16, 12_352, true), DenseRows::Dequantize);
-        assert_eq!(auto.path(16, 151_936, false), DenseRows::Dequantize);
+        assert_eq!(auto.path(5, 2048, true, true), DenseRows::RowProducts);
+        assert_eq!(auto.path(8, 151_936, true, true), DenseRows::RowProducts);
+        // 9..=64 rows: split-K on every height where the kernel exists (CUDA, the CPU twin).
+        assert_eq!(auto.path(9, 2048, true, true), DenseRows::SplitK);
+        assert_eq!(auto.path(16, 12_352, true, true), DenseRows::SplitK);
+        assert_eq!(auto.path(64, 151_936, true, true), DenseRows::SplitK);
+        // No split kernel (Metal): the grouped GEMM on tall matrices, else dequantize.
+        assert_eq!(auto.path(9, 151_936, true, false), DenseRows::Grouped);
+        assert_eq!(auto.path(64, 151_936, true, false), DenseRows::Grouped);
+        assert_eq!(auto.path(16, 12_352, true, false), DenseRows::Dequantize);
+        assert_eq!(auto.path(16, 151_936, false, false), DenseRows::Dequantize);
     }
 
     #[test]
@@ -206,16 +225,27 @@ mod tests {
     #[test]
     fn forced_choices_hold_where_the_kernel_exists() {
         assert_eq!(
-            DenseRows::RowProducts.path(64, 2048, true),
+            DenseRows::RowProducts.path(64, 2048, true, true),
             DenseRows::RowProducts
         );
-        assert_eq!(DenseRows::Grouped.path(5, 2048, true), DenseRows::Grouped);
         assert_eq!(
-            DenseRows::Grouped.path(5, 2048, false),
+            DenseRows::Grouped.path(5, 2048, true, true),
+            DenseRows::Grouped
+        );
+        assert_eq!(
+            DenseRows::Grouped.path(5, 2048, false, false),
             DenseRows::Dequantize
         );
         assert_eq!(
-            DenseRows::Dequantize.path(5, 151_936, true),
+            DenseRows::Dequantize.path(5, 151_936, true, true),
+            DenseRows::Dequantize
+        );
+        assert_eq!(
+            DenseRows::SplitK.path(5, 2048, true, true),
+            DenseRows::SplitK
+        );
+        assert_eq!(
+            DenseRows::SplitK.path(16, 2048, true, false),
             DenseRows::Dequantize
         );
         for (_, c) in DenseRows::NAMED {

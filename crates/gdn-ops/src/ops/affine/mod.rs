@@ -156,7 +156,12 @@ impl AffineTensor {
         let path = if x_rows <= MATVEC_MAX_ROWS {
             DenseRows::RowProducts
         } else if x_rows <= DENSE_ROWS_MAX {
-            dense_rows().path(x_rows, self.rows, self.has_grouped_kernel(&x2))
+            dense_rows().path(
+                x_rows,
+                self.rows,
+                self.has_grouped_kernel(&x2),
+                self.has_split_kernel(&x2),
+            )
         } else {
             // Prefill: dequantizing once beats reading the packed weights per row.
             DenseRows::Dequantize
@@ -164,6 +169,7 @@ impl AffineTensor {
         let y = match path {
             DenseRows::RowProducts => self.products(&x2, None, 1, x_rows)?,
             DenseRows::Grouped => self.grouped_matmul_t(&x2, &[0, x_rows as u32])?,
+            DenseRows::SplitK => self.split_matmul_t(&x2)?,
             _ => {
                 let w = self.dequantize(None, self.rows, x.dtype())?;
                 launches::candle_op(x2.matmul(&w.t()?))?

@@ -19,6 +19,7 @@ pub(crate) mod cpu;
 pub mod cuda;
 #[cfg(any(feature = "metal", target_os = "macos"))]
 pub mod metal;
+pub mod split_k;
 pub mod tiles;
 
 use crate::launches;
@@ -58,6 +59,8 @@ pub struct AffineGroupedParams {
     pub pairs: u32,
     pub tiles: u32,
     pub tile_pairs: u32,
+    /// Split-K: steps of [`TILE_COLS`] columns per slice (grid z); 0: one slice writing y.
+    pub slice_steps: u32,
 }
 
 /// The tile height for checked offsets: the smallest of [`TILE_PAIRS_CHOICES`] that holds the

@@ -1,0 +1,102 @@
+//! Split-K for the grouped GEMM's dense case (issue 29): one matrix times 9–64 activation rows
+//! (a batched decode step's projections) as [`AffineTensor::split_matmul_t`].
+//!
+//! The grouped GEMM (`kernels/affine_grouped.cu`) gives a block 128 output rows and walks all
+//! the columns: a 2 048-row out-projection gets 16 blocks for the H200's 132 SMs. Here the
+//! columns are cut into slices of whole 64-column steps, one block per (row block, slice),
+//! each writing its f32 partial sums into a workspace `[slices, rows_x, outputs]`, and a second
+//! launch (`affine_split_sum_*`) adds the slices in order 0, 1, … into y: the same bits every
+//! run (no float atomics), within the f32 gate of the dequantizing path (other sum orders).
+//!
+//! The CPU twin is the grouped GEMM's ([`super::cpu`]: dequantize, round into x's dtype,
+//! multiply in f32); the slicing is the kernel's and its emulation's
+//! (tests/affine_grouped_cuda_emulation.rs runs the shipped body sliced against the twin).
+
+use super::{TILE_COLS, TILE_ROWS};
+use crate::launches;
+use crate::ops::affine::AffineTensor;
+use crate::profile::{self, elems_bytes, Traffic};
+use anyhow::Result;
+use candle_core::{DType, Device, Tensor};
+
+/// Blocks a split launch aims at: two per SM of an H100/H200 (132 SMs), so that one block's
+/// dequantization overlaps the other's loads.
+pub const TARGET_BLOCKS: usize = 264;
+
+/// The cut of `cols` columns for a matrix of `rows` outputs: `(slice_steps, slices)`, each
+/// slice `slice_steps` steps of [`TILE_COLS`] columns (the last may hold fewer), every slice at
+/// least one step. `slices` = 1 means one launch writing y directly (the plain grouped GEMM).
+pub fn slicing(rows: usize, cols: usize) -> (usize, usize) {
+    let steps = cols.div_ceil(TILE_COLS).max(1);
+    let row_blocks = rows.div_ceil(TILE_ROWS).max(1);
+    let wanted = TARGET_BLOCKS.div_ceil(row_blocks).clamp(1, steps);
+    let slice_steps = steps.div_ceil(wanted);
+    (slice_steps, steps.div_ceil(slice_steps))
+}
+
+impl AffineTensor {
+    /// `x Wᵀ` for a single matrix and 2-D `x` `[n, cols]` (n ≤ the grouped GEMM's tile,
+    /// [`super::TILE_PAIRS`]) by the split-K grouped GEMM where the device has it
+    /// ([`Self::has_split_kernel`]): CUDA runs `affine_grouped_split_*` and the fixed-order sum,
+    /// the CPU the twin; elsewhere the grouped path.
+    pub fn split_matmul_t(&self, x: &Tensor) -> Result<Tensor> {
+        let n = x.dim(0)?;
+        let offsets = [0, n as u32];
+        let (_, slices) = slicing(self.rows, self.cols);
+        // Bytes moved: x and the packed matrix read once, the f32 partial sums written and
+        // read once more when there are several slices, y written.
+        let traffic = || {
+            let partials = if slices > 1 {
+                2 * slices * n * self.rows * 4
+            } else {
+                0
+            };
+            Ok(Traffic::new()
+                .read_all(x)
+                .read(self.rows * self.row_bytes() + partials)
+                .write(elems_bytes(n * self.rows, x.dtype())))
+        };
+        let device = self.device();
+        profile::kernel("affine_split_k", device, traffic, || match device {
+            Device::Cpu => launches::cpu_twin(|| super::cpu::grouped_products(self, x, &offsets)),
+            #[cfg(feature = "cuda")]
+            Device::Cuda(_) if self.has_split_kernel(x) => super::cuda::split_matmul_t(self, x),
+            _ => self.grouped_matmul_t(x, &offsets),
+        })
+    }
+
+    /// Whether [`Self::split_matmul_t`] runs the split kernel (or, on the CPU, its twin) for
+    /// `x` on this device: the grouped kernel's shapes and dtypes and 16-byte aligned x on
+    /// CUDA. Metal has no split kernel yet (its dense rows keep the grouped GEMM on tall
+    /// matrices, else the dequantizing path).
+    pub fn has_split_kernel(&self, x: &Tensor) -> bool {
+        match self.device() {
+            Device::Cpu => matches!(x.dtype(), DType::F32 | DType::F16 | DType::BF16),
+            #[cfg(feature = "cuda")]
+            Device::Cuda(_) => self.has_grouped_kernel(x),
+            _ => false,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slices_fill_the_gpu_and_hold_whole_steps() {
+        // Qwen3-Next-80B: in_proj 12 352 × 2 048 (97 row blocks, 32 steps), out_proj
+        // 2 048 × 4 096 (16 row blocks, 64 steps), the head 151 936 × 2 048 (one slice).
+        assert_eq!(slicing(12_352, 2048), (11, 3));
+        assert_eq!(slicing(2048, 4096), (4, 16));
+        assert_eq!(slicing(151_936, 2048), (32, 1));
+        // Fewer steps than wanted slices: one step a slice; 32 columns: one step.
+        assert_eq!(slicing(200, 256), (1, 4));
+        assert_eq!(slicing(72, 32), (1, 1));
+        for (rows, cols) in [(12_352, 2048), (2048, 4096), (9216, 2048), (200, 1024)] {
+            let (slice_steps, slices) = slicing(rows, cols);
+            let steps = cols.div_ceil(TILE_COLS);
+            assert!(slices * slice_steps >= steps && (slices - 1) * slice_steps < steps);
+        }
+    }
+}
