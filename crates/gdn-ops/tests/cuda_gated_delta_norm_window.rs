@@ -7,7 +7,8 @@
 //!   after every token; speculative greedy must equal plain greedy exactly;
 //! - against the CPU twin with the plain op's CUDA gates (tests/cuda_gated_delta_norm.rs):
 //!   max |got − want| / max |want|, f32 to 2e-5, an f16/bf16 output twice the dtype's
-//!   tolerance, a bf16 state the dtype's.
+//!   tolerance, a bf16 state the dtype's; the output of a bf16 state twice the state's (it is
+//!   read from the rounded state).
 //!
 //! Built only with the `cuda` feature and run on the GPU machine.
 #![cfg(feature = "cuda")]
@@ -42,7 +43,12 @@ fn window_kernel_is_t_one_token_launches_bit_for_bit() {
                 for bad in differences(&got, &steps) {
                     failures.push(format!("{what}: against one-token launches: {bad}"));
                 }
-                let mut worst = vec![("out", rel_max(&got.out, &twin.out), 2.0 * tolerance(dtype))];
+                // The output is read from the state rounded to StT after every token: with a
+                // bf16 state it carries the state's rounding (one element rounded the other
+                // way on the two sides moves an f32 output by ~4e-4 of its max at T = 37,
+                // measured on the H200), so its gate is the coarser of the two dtypes'.
+                let out_tol = 2.0 * tolerance(dtype).max(tolerance(st));
+                let mut worst = vec![("out", rel_max(&got.out, &twin.out), out_tol)];
                 for (a, b) in got.states.iter().zip(&twin.states) {
                     worst.push(("state", rel_max(a, b), tolerance(st)));
                 }
