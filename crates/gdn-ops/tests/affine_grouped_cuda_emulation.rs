@@ -29,7 +29,7 @@ use common::affine_grouped::{
 };
 use common::{close, failures, random_matrix, values, Input, Rng, Ty};
 use gdn_ops::ops::affine::AffineTensor;
-use gdn_ops::ops::affine_grouped::split_k::slicing;
+use gdn_ops::ops::affine_grouped::slicing::slicing;
 use gdn_ops::ops::affine_grouped::{
     tile_pairs_for, tile_schedule, SMEM_BYTES, SPAN_COLS, THREADS, TILE_COLS, TILE_PAIRS,
     TILE_PAIRS_CHOICES, TILE_ROWS,
@@ -237,7 +237,7 @@ fn kernel_abi_in_source() {
         "the sum takes (partial, y, n, slices), as affine_grouped/cuda.rs pushes them"
     );
     assert!(flat.contains("constexpr int kSumThreads = 256;"));
-    assert_eq!(gdn_ops::ops::affine_grouped::split_k::TARGET_BLOCKS, 264);
+    assert_eq!(gdn_ops::ops::affine_grouped::slicing::TARGET_BLOCKS, 264);
     for (xn, xt) in [
         ("f32", "float"),
         ("f16", "__half"),

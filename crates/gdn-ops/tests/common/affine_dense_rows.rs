@@ -12,7 +12,7 @@ use gdn_ops::ops::affine::dense_rows_scope as scope;
 use gdn_ops::ops::affine::{
     AffineMatrix, AffineTensor, DenseRows, DENSE_ROWS_MAX, MATVEC_MAX_ROWS,
 };
-use gdn_ops::ops::affine_grouped::split_k::slicing;
+use gdn_ops::ops::affine_grouped::slicing::slicing;
 
 /// The matrices: Qwen3-Next's 4-bit group 64 and the router's 8-bit group 32 (both on every
 /// kernel), and a 3-bit one (no grouped kernel on CUDA: its `Grouped` dequantizes); output

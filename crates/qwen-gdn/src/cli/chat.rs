@@ -4,18 +4,16 @@
 //! (`--ranks N`, or under `mpirun`) rank 0 runs this session and hands each turn to the ranks
 //! (chat_ranks.rs).
 
+use crate::cli::chat_args::Args;
 use crate::cli::chat_command::{self, Input, HELP};
 use crate::cli::chat_ranks::{follow_turns, RankedReplies, RankedTurns};
 use crate::cli::conversation::Conversation;
-use crate::cli::prompt_cache_args::PromptCacheArgs;
-use crate::cli::ranks::RankArgs;
-use crate::cli::sampling_args::SamplingArgs;
-use crate::cli::speculation_args::{stats_line, SpeculationArgs};
-use crate::cli::template_args::TemplateArgs;
+use crate::cli::replier::Replier;
+use crate::cli::speculation_args::stats_line;
 use crate::engine::{
     render_conversation, Engine, FinishReason, GenerateParams, Outcome, PromptTokens,
 };
-use crate::load::{Checkpoint, ModelArgs};
+use crate::load::Checkpoint;
 use crate::text::chat_template::ChatTemplate;
 use crate::ui::chat_input::{Line, LineReader};
 use crate::ui::output::eprint_line;
@@ -33,76 +31,6 @@ use std::time::Duration;
 /// the hundreds of thousands of positions these models declare, and checking for all of them
 /// would refuse models that chat comfortably.
 const PREFLIGHT_CONTEXT: usize = 32 * 1024;
-
-#[derive(clap::Args)]
-#[command(
-    allow_negative_numbers = true,
-    after_help = "Type a message and press Enter. /help lists the commands (/reset, /save \
-                  <file>, /exit). Ctrl-C stops the reply being written and keeps the \
-                  conversation; at the prompt, Ctrl-C or Ctrl-D leaves.\nWhen stdin is not a \
-                  terminal, each line is a message or a command, and the replies (each ending \
-                  with a newline) are all that goes to stdout."
-)]
-pub struct Args {
-    #[command(flatten)]
-    pub(crate) model: ModelArgs,
-    #[command(flatten)]
-    pub(crate) sampling: SamplingArgs,
-    #[command(flatten)]
-    template: TemplateArgs,
-    #[command(flatten)]
-    pub(crate) prompt_cache: PromptCacheArgs,
-    #[command(flatten)]
-    speculation: SpeculationArgs,
-    /// Leave the model's thinking (<think>…</think>) out of the replies shown; it is still
-    /// part of the conversation as the chat template keeps it
-    #[arg(long)]
-    hide_thinking: bool,
-    /// After each reply, print the prompt tokens (cached and prefilled), the speeds, the peak
-    /// memory and what speculative decoding did to stderr
-    #[arg(long)]
-    verbose: bool,
-    #[command(flatten)]
-    pub(crate) ranks: RankArgs,
-}
-
-/// Who writes the replies: the engine in this process, or the ranks of a job (rank 0's side,
-/// chat_ranks.rs).
-pub trait Replier {
-    fn checkpoint(&self) -> &Checkpoint;
-    /// [`Engine::generate`]'s contract.
-    fn generate(
-        &mut self,
-        prompt: &PromptTokens,
-        params: &GenerateParams,
-        cancel: &AtomicBool,
-        on_text: &mut dyn FnMut(&str) -> ControlFlow<()>,
-    ) -> Result<Outcome>;
-    /// Whether a failed turn ends the session (rather than being reported and skipped).
-    fn errors_end_session(&self) -> bool {
-        false
-    }
-    /// The session is over.
-    fn end(&mut self) -> Result<()> {
-        Ok(())
-    }
-}
-
-impl Replier for Engine {
-    fn checkpoint(&self) -> &Checkpoint {
-        Engine::checkpoint(self)
-    }
-
-    fn generate(
-        &mut self,
-        prompt: &PromptTokens,
-        params: &GenerateParams,
-        cancel: &AtomicBool,
-        on_text: &mut dyn FnMut(&str) -> ControlFlow<()>,
-    ) -> Result<Outcome> {
-        Engine::generate(self, prompt, params, cancel, on_text)
-    }
-}
 
 /// Set while a reply is being generated; Ctrl-C then stops the reply instead of the session.
 static GENERATING: AtomicBool = AtomicBool::new(false);

@@ -18,8 +18,9 @@
 //! waited for. An error during a turn ends the session on every rank (the ranks could no
 //! longer be in step).
 
-use crate::cli::chat::{Args, Replier};
+use crate::cli::chat_args::Args;
 use crate::cli::rank_plan::RankPlan;
+use crate::cli::replier::Replier;
 use crate::engine::sampler::{Sampler, SamplerConfig};
 use crate::engine::{eos_ids, FinishReason, GenerateParams, Outcome, PromptTokens};
 use crate::load::Checkpoint;

@@ -7,6 +7,7 @@ pub mod arg_ranges;
 mod bench;
 mod cache_prompt;
 mod chat;
+mod chat_args;
 mod chat_command;
 mod chat_ranks;
 mod compare_state;
@@ -22,6 +23,7 @@ pub mod prompt_cache_args;
 mod prompt_cache_file;
 mod rank_plan;
 mod ranks;
+mod replier;
 pub mod sampling_args;
 pub mod speculation_args;
 pub mod template_args;
@@ -54,7 +56,7 @@ enum Command {
     /// (like mlx_lm.cache_prompt).
     CachePrompt(cache_prompt::Args),
     /// Chat with the model in the terminal, keeping the conversation (like mlx_lm.chat).
-    Chat(chat::Args),
+    Chat(chat_args::Args),
     /// Serve the model over an OpenAI-compatible HTTP API (like mlx_lm.server, vLLM).
     Serve(serve::Args),
 }

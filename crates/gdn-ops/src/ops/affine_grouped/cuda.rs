@@ -4,7 +4,7 @@
 //! ([`split_matmul_t`], `super::split_k`) runs the same body over column slices, then the
 //! fixed-order sum of the slices.
 
-use super::split_k::slicing;
+use super::slicing::slicing;
 use super::{tile_pairs_for, tile_schedule, AffineGroupedParams, SMEM_BYTES, THREADS, TILE_ROWS};
 use crate::backend::cuda::{
     config, cuda_device, cuda_source, launch, tensor, with_float_types, Element, Held, Kernel,

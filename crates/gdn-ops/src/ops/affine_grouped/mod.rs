@@ -19,6 +19,7 @@ pub(crate) mod cpu;
 pub mod cuda;
 #[cfg(any(feature = "metal", target_os = "macos"))]
 pub mod metal;
+pub mod slicing;
 pub mod split_k;
 pub mod tiles;
 
