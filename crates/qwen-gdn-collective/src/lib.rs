@@ -11,7 +11,7 @@ mod layer_split;
 #[cfg(feature = "mpi")]
 mod mpi_world;
 
-pub use agreement::ensure_same_fingerprint;
+pub use agreement::{ensure_same_fingerprint, fnv1a};
 pub use collective::{Collective, World};
 pub use layer_split::{split_experts, split_heads, split_layers, Stage};
 #[cfg(feature = "mpi")]

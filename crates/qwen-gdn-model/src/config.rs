@@ -24,7 +24,7 @@ pub use limits::{
     MAX_WIDTH,
 };
 pub use quantization::QuantSpec;
-pub(crate) use quantization::{read_quantization, Quantization};
+pub(crate) use quantization::{declared_spec, read_quantization, Quantization};
 
 use crate::weights::files::read_json_text;
 use anyhow::{anyhow, bail, Context, Result};
@@ -194,6 +194,14 @@ impl Config {
         } else {
             LayerKind::LinearAttention
         }
+    }
+
+    /// The spec config.json declares for `module_path` ([`declared_spec`]).
+    pub fn declared_spec_for(&self, module_path: &str) -> Option<QuantSpec> {
+        declared_spec(
+            (&self.quantization, &self.quantization_overrides),
+            module_path,
+        )
     }
 
     /// The quantization declared for a module path (as spelled in the checkpoint), if any.

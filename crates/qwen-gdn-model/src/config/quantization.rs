@@ -42,6 +42,20 @@ fn positive_integer<'de, D: Deserializer<'de>>(d: D) -> Result<Option<usize>, D:
 
 pub type Quantization = (Option<QuantSpec>, Vec<(String, Option<QuantSpec>)>);
 
+/// The spec `quantization` declares for `module_path`: its override where it has one that
+/// quantizes, else the global spec (an override leaving the module unquantized declares
+/// nothing of its own).
+pub fn declared_spec(
+    (global, overrides): (&Option<QuantSpec>, &[(String, Option<QuantSpec>)]),
+    module_path: &str,
+) -> Option<QuantSpec> {
+    overrides
+        .iter()
+        .find(|(p, _)| p == module_path)
+        .and_then(|(_, s)| *s)
+        .or(*global)
+}
+
 /// The global spec (`None` for an unquantized checkpoint) and the per-module overrides.
 pub fn read_quantization(root: &Map<String, Value>, origin: &str) -> Result<Quantization> {
     let (key, block) = match (root.get("quantization"), root.get("quantization_config")) {

@@ -11,7 +11,7 @@
 use super::PromptCache;
 use crate::Cache;
 use anyhow::{ensure, Result};
-use qwen_gdn_collective::Collective;
+use qwen_gdn_collective::{fnv1a, Collective};
 
 /// [`PromptCache::lookup`] made by every rank of `world` with the same `tokens`: a cache
 /// restored from this rank's shard at the prefix length every rank hit at, or `None` on every
@@ -40,13 +40,7 @@ pub fn lookup_on_every_rank(
 
 /// FNV-1a over the token ids (the ranks compare keys, not the tokens themselves).
 fn tokens_hash(tokens: &[u32]) -> u64 {
-    tokens
-        .iter()
-        .flat_map(|t| t.to_le_bytes())
-        .fold(0xcbf2_9ce4_8422_2325, |h, b| {
-            (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
-        })
-        ^ tokens.len() as u64
+    fnv1a(tokens.iter().flat_map(|t| t.to_le_bytes())) ^ tokens.len() as u64
 }
 
 #[cfg(test)]

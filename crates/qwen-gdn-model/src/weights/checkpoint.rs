@@ -18,7 +18,7 @@ use super::drafter_folder::DrafterFolder;
 use super::files::{read_json_text, ModelFolder};
 use super::matrix::{FloatData, FloatMatrix, Matrix};
 use super::random_weights::{self, Fill, MatrixLayout};
-use crate::config::{Config, Family, QuantSpec, Quantization};
+use crate::config::{declared_spec, Config, Family, QuantSpec, Quantization};
 use crate::LoadProgress;
 use anyhow::{anyhow, bail, ensure, Context, Result};
 use candle_core::{Device, Tensor};
@@ -1047,15 +1047,8 @@ impl Checkpoint {
         }
         let module_path = w.original.trim_end_matches(".weight");
         let declared = match &self.declared_quantization {
-            Some((global, overrides)) => overrides
-                .iter()
-                .find(|(p, _)| p == module_path)
-                .and_then(|(_, s)| *s)
-                .or(*global),
-            None => config
-                .quant_spec_for(module_path)
-                .flatten()
-                .or(config.quantization),
+            Some((global, overrides)) => declared_spec((global, overrides), module_path),
+            None => config.declared_spec_for(module_path),
         };
         if let Some(spec) = declared {
             if (spec.bits, spec.group_size) != (bits, group_size) {

@@ -28,7 +28,7 @@ use crate::text::stream::TokenStream;
 use crate::ui::output::eprint_line;
 use anyhow::{ensure, Context, Result};
 use candle_core::Tensor;
-use qwen_gdn_collective::{ensure_same_fingerprint, World};
+use qwen_gdn_collective::{ensure_same_fingerprint, fnv1a, World};
 use qwen_gdn_model::prompt_cache::{lookup_on_every_rank, ChunkedPrefill, PrefillPiece};
 use qwen_gdn_model::{Config, Model, PromptCache};
 use std::ops::ControlFlow;
@@ -121,7 +121,7 @@ impl RankedTurns {
         );
         ensure_same_fingerprint(
             world.as_ref(),
-            fnv1a(turn.as_bytes()),
+            fnv1a(turn.bytes()),
             "turn (prompt, message boundaries, --prefill-chunk-size, --prompt-cache-every, \
              --max-tokens, sampling)",
         )?;
@@ -214,13 +214,6 @@ impl RankedTurns {
         outcome.generation_time = outcome.prompt_time.map(|p| start.elapsed() - p);
         Ok(outcome)
     }
-}
-
-/// FNV-1a of `bytes`: the same on every rank, whatever build it runs.
-fn fnv1a(bytes: &[u8]) -> u64 {
-    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| {
-        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
-    })
 }
 
 /// The sampler's pick from `logits` `[1, vocab]` (f32).

@@ -27,10 +27,10 @@ impl AffineTensor {
     pub fn split_matmul_t(&self, x: &Tensor) -> Result<Tensor> {
         let n = x.dim(0)?;
         let offsets = [0, n as u32];
-        let (_, slices) = slicing(self.rows, self.cols);
         // Bytes moved: x and the packed matrix read once, the f32 partial sums written and
         // read once more when there are several slices, y written.
         let traffic = || {
+            let (_, slices) = slicing(self.rows, self.cols);
             let partials = if slices > 1 {
                 2 * slices * n * self.rows * 4
             } else {

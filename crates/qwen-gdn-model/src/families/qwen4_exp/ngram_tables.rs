@@ -203,7 +203,7 @@ fn check_declared_quantization(
     );
     let (bits, group_size) = RowFormat::affine_layout(&what, shape, &scales, shape[0], width)?;
     let module = weight.original.trim_end_matches(".weight");
-    if let Some(spec) = cfg.quant_spec_for(module).flatten().or(cfg.quantization) {
+    if let Some(spec) = cfg.declared_spec_for(module) {
         ensure!(
             (spec.bits, spec.group_size) == (bits, group_size),
             "{what}: stored as {bits}-bit group {group_size}, but config.json declares {}-bit group {}",
