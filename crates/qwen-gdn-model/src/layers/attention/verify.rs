@@ -2,9 +2,11 @@
 //! tokens of one sequence at positions `p .. p + T` (the step's token and its drafts). The
 //! q/k/v product and the o-projection run once over the T rows; the prep (norms, RoPE, KV
 //! append) once for the T rows through the slot kernel (`attn_prep_slots`: every row writes
-//! its own position of the same KV buffers); then `attn_decode` per row, row `t` attending
-//! to positions `0 ..= p + t`: the causal rule inside the window is the decode kernel's own
-//! length, and each row is bit for bit the decode step's at that position. Where the device
+//! its own position of the same KV buffers); then the attention of all T rows in one launch of
+//! the batched step's slot kernel (`attn_decode_slots`, every row's table entry naming the same
+//! buffers), row `t` attending to positions `0 ..= p + t`: the causal rule inside the window is
+//! the decode kernel's own length, and each row is bit for bit the decode step's at that
+//! position (the slot kernel runs, for each row, the body its own launch runs). Where the device
 //! has no slot kernel (Metal) the rows run [`Attention::decode_attend_fused`] one after the
 //! other. A rejected draft's keys stay in the buffers, past the length the window keeps
 //! (`KvCache::truncate`), and are written over by the next pass.
@@ -14,7 +16,7 @@ use crate::cache::KvCache;
 use crate::candle_ops::cat;
 use anyhow::{ensure, Context, Result};
 use candle_core::Tensor;
-use gdn_ops::ops::{attn_decode, attn_prep_slots};
+use gdn_ops::ops::{attn_decode, attn_decode_slots, attn_prep_slots};
 
 impl Attention {
     /// The T tokens of one sequence, `x` `[T, H]` (input-normed), `positions[t]` the `[1]`
@@ -58,16 +60,16 @@ impl Attention {
             &vec![values.clone(); tokens],
         )?;
         cache.advance(tokens);
-        let mut outs = Vec::with_capacity(tokens);
-        for (row, pos) in positions.iter().enumerate() {
-            let (q, gate) = (q.narrow(0, row, 1)?, gate.narrow(0, row, 1)?);
-            let o = attn_decode::attn_decode(&q, &gate, &keys, &values, pos)?;
-            outs.push(o.reshape((1, nq * dh))?);
-        }
-        let o = match outs.len() {
-            1 => outs.remove(0),
-            _ => cat(&outs, 0)?,
+        let o = match tokens {
+            1 => attn_decode::attn_decode(&q, &gate, &keys, &values, &positions[0])?,
+            _ => attn_decode_slots::attn_decode_slots(
+                &q,
+                &gate,
+                &vec![keys.clone(); tokens],
+                &vec![values.clone(); tokens],
+                positions,
+            )?,
         };
-        self.decode_o_proj(&o)
+        self.decode_o_proj(&o.reshape((tokens, nq * dh))?)
     }
 }
