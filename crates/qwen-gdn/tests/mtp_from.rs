@@ -377,7 +377,8 @@ fn the_qwen4_exp_head_is_fetched_by_range_and_works() {
 /// mlx-vlm's separate drafter of Qwen3.8-Flash-Next's head as a Hub repo (the 4-bit fixture's
 /// folder served): its one shard's header shows no `mtp.*` tensors and no embedding, its
 /// config.json says `qwen4_exp_mtp`, so the whole (small) repo is fetched and lent as the head:
-/// the text and stats line of the folder given locally; offline, the cached copy serves.
+/// the text and stats line of the folder given locally, with `--mtp-from` and with
+/// `--draft-model`; offline, the cached copy serves.
 #[test]
 fn an_mlx_vlm_drafter_repo_is_fetched_whole_and_lends_the_head() {
     let tmp = tempfile::tempdir().unwrap();
@@ -395,6 +396,18 @@ fn an_mlx_vlm_drafter_repo_is_fetched_whole_and_lends_the_head() {
     );
     assert!(local.status.success(), "{}", stderr(&local));
     let out = generate_with(&home, &hub, &main, &["--mtp-from", REPO]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(out.stdout, local.stdout);
+    assert_eq!(speculative_line(&out), speculative_line(&local));
+    // As mlx-vlm's users type it, `--draft-model <repo>` (into an empty cache): the repo's
+    // config.json, fetched first, says drafter, so it lends the head instead of being loaded as
+    // a draft model.
+    let out = generate_with(
+        &tmp.path().join("home-draft"),
+        &hub,
+        &main,
+        &["--draft-model", REPO],
+    );
     assert!(out.status.success(), "{}", stderr(&out));
     assert_eq!(out.stdout, local.stdout);
     assert_eq!(speculative_line(&out), speculative_line(&local));

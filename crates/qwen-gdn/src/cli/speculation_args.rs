@@ -7,7 +7,6 @@ use crate::hub::{resolve_mtp_from, MtpSource};
 use crate::ui::output::eprint_line;
 use anyhow::{bail, Result};
 use qwen_gdn_model::speculative::{DraftLength, DrafterSource, SpecStats, ADAPTIVE_MAX};
-use qwen_gdn_model::weights::drafter_folder::declares_a_drafter;
 use qwen_gdn_model::{Model, MtpPrecision};
 use std::path::Path;
 
@@ -60,8 +59,8 @@ pub struct SpeculationArgs {
     mtp_keep_dtype: bool,
     /// Draft with this separate small model (a folder or Hub repo sharing the main model's
     /// tokenizer) instead of an MTP head, as mlx-lm's --draft-model; 2 draft tokens unless
-    /// --draft-tokens. A folder of mlx-vlm's MTP drafter (model_type qwen4_exp_mtp) is taken
-    /// as the head, as mlx-vlm's --draft-model does (the same as --mtp-from)
+    /// --draft-tokens. mlx-vlm's MTP drafter (model_type qwen4_exp_mtp), a folder or a Hub repo,
+    /// is taken as the head, as mlx-vlm's --draft-model does (the same as --mtp-from)
     #[arg(long, value_name = "FOLDER|REPO", conflicts_with_all = ["mtp_from", "no_mtp"])]
     pub draft_model: Option<String>,
 }
@@ -85,9 +84,15 @@ impl SpeculationArgs {
         main: &crate::load::Checkpoint,
         context: usize,
     ) -> Result<(Option<DraftLength>, DrafterSource)> {
-        let length = self.load(model, &main.dir)?;
+        // mlx-vlm's drafter (a folder or a Hub repo) given to --draft-model is the head, as
+        // mlx-vlm takes it; asked once (a repo's config.json is fetched for it).
+        let draft_is_head = match (&self.draft_model, self.no_mtp) {
+            (Some(source), false) => crate::hub::names_a_drafter(source)?,
+            _ => false,
+        };
+        let length = self.load(model, &main.dir, draft_is_head)?;
         // The draft model runs up to a step's drafts past the main model's positions.
-        let drafter = self.drafter(main_args, main, context + MAX_DRAFT_TOKENS)?;
+        let drafter = self.drafter(main_args, main, context + MAX_DRAFT_TOKENS, draft_is_head)?;
         Ok((length, drafter))
     }
 
@@ -98,9 +103,10 @@ impl SpeculationArgs {
         main_args: &crate::load::ModelArgs,
         main: &crate::load::Checkpoint,
         context: usize,
+        draft_is_head: bool,
     ) -> Result<DrafterSource> {
         Ok(match &self.draft_model {
-            Some(source) if !declares_a_drafter(Path::new(source)) => DrafterSource::Model {
+            Some(source) if !draft_is_head => DrafterSource::Model {
                 model: super::draft_model::load(source, main_args, main, context)?,
                 prefill_chunk: main_args.prefill_chunk_size,
             },
@@ -109,20 +115,23 @@ impl SpeculationArgs {
     }
 
     /// Where the head comes from other than the main checkpoint, and the flag that named it:
-    /// `--mtp-from`, or `--draft-model` of an MTP drafter folder.
-    fn head_source(&self) -> Option<(&str, &'static str)> {
+    /// `--mtp-from`, or `--draft-model` of an MTP drafter (`draft_is_head`).
+    fn head_source(&self, draft_is_head: bool) -> Option<(&str, &'static str)> {
         match (&self.mtp_from, &self.draft_model) {
             (Some(source), _) => Some((source, "--mtp-from")),
-            (None, Some(source)) if declares_a_drafter(Path::new(source)) => {
-                Some((source, "--draft-model"))
-            }
+            (None, Some(source)) if draft_is_head => Some((source, "--draft-model")),
             _ => None,
         }
     }
 
     /// Loads the head the flags ask for into `model` and returns the draft length, or `None`
     /// for plain decoding (a draft model is loaded by [`SpeculationArgs::drafter`]).
-    fn load(&self, model: &mut Model, checkpoint: &Path) -> Result<Option<DraftLength>> {
+    fn load(
+        &self,
+        model: &mut Model,
+        checkpoint: &Path,
+        draft_is_head: bool,
+    ) -> Result<Option<DraftLength>> {
         if !self.requested() {
             return Ok(None);
         }
@@ -131,7 +140,7 @@ impl SpeculationArgs {
             Some(DraftTokens::Fixed(n)) => DraftLength::Fixed(n),
             Some(DraftTokens::Auto) => DraftLength::adaptive(ADAPTIVE_MAX),
         };
-        let head_source = self.head_source();
+        let head_source = self.head_source(draft_is_head);
         if self.draft_model.is_some() && head_source.is_none() {
             return Ok(Some(k)); // the draft model drafts: no head to load
         }

@@ -18,7 +18,6 @@ mod names;
 use anyhow::{bail, Context, Result};
 use cache::RepoCache;
 use names::{check_repo_file, check_revision};
-#[cfg(feature = "hub")]
 use qwen_gdn_model::weights::drafter_folder::declares_a_drafter;
 use std::path::{Path, PathBuf};
 
@@ -79,6 +78,23 @@ pub fn resolve_mtp_from(source: &str) -> Result<MtpSource> {
     HubEnv::from_env()
         .mtp_head(source, "main")
         .with_context(|| format!("--mtp-from {source}"))
+}
+
+/// Whether `--draft-model`'s `source` is mlx-vlm's separate MTP drafter (config.json's
+/// `model_type: qwen4_exp_mtp`) rather than a model: a folder's config.json, or a Hub repo's,
+/// fetched alone (or read from the cache when offline or the Hub is away). Anything else
+/// (no such folder, no config.json) answers `false`, and loading it as a model says why.
+pub fn names_a_drafter(source: &str) -> Result<bool> {
+    let path = expand_home(source);
+    if path.is_dir() {
+        return Ok(declares_a_drafter(&path));
+    }
+    if path.exists() || !is_repo_id(source) {
+        return Ok(false);
+    }
+    HubEnv::from_env()
+        .repo_declares_a_drafter(source, "main")
+        .with_context(|| format!("--draft-model {source}"))
 }
 
 fn check_folder(dir: &Path) -> Result<()> {
@@ -156,6 +172,34 @@ impl HubEnv {
             });
         }
         self.download(repo, revision)
+    }
+
+    /// [`names_a_drafter`] for `repo@revision`: its config.json alone, from the Hub or the cache.
+    #[cfg(feature = "hub")]
+    fn repo_declares_a_drafter(&self, repo: &str, revision: &str) -> Result<bool> {
+        check_revision(revision)?;
+        let cache = RepoCache::new(&self.cache, repo);
+        let from_cache = || -> Result<bool> {
+            let commit = cache.commit_of(revision)?;
+            Ok(commit.is_some_and(|c| declares_a_drafter(&cache.snapshot(&c))))
+        };
+        if self.offline {
+            return from_cache();
+        }
+        let (http, listing) = match self.list(repo, revision)? {
+            Ok(listed) => listed,
+            Err(_away) => return from_cache(),
+        };
+        if !listing.files.contains("config.json") {
+            return Ok(false);
+        }
+        let config = download::fetch(&http, &cache, repo, &listing.commit, "config.json")?;
+        Ok(config.parent().is_some_and(declares_a_drafter))
+    }
+
+    #[cfg(not(feature = "hub"))]
+    fn repo_declares_a_drafter(&self, _repo: &str, _revision: &str) -> Result<bool> {
+        Ok(false)
     }
 
     #[cfg(not(feature = "hub"))]
