@@ -9,6 +9,8 @@
 #
 # 1. CUDA 13.0 nvcc, headers and libraries from PyPI wheels -> build/cuda/venv (1.2 GB, once).
 #    13.0 exactly: the device's driver (CUDA 13.0) may reject PTX from a newer nvcc.
+#    NCCL 2.28.3 from its wheel too (`--ranks N --device cuda`, the `nccl` feature): linked
+#    here, the GPU host's libnccl.so.2 (2.28 there) loaded at run time.
 # 2. A stub libcuda.so.1 and unversioned library names -> build/cuda/link, for linking only
 #    (no wheel ships libcuda; on the GPU machine the real driver library is found instead).
 # 3. CUDA_COMPUTE_CAP=90 (H100/H200), target dir build/cuda/target (kept between builds: candle's
@@ -32,6 +34,11 @@ if [ ! -x "$cuda/venv/nvcc-ok" ]; then
     nvidia-cublas==13.0.2.14 nvidia-curand==10.4.0.35 nvidia-cuda-nvrtc==13.0.88
   printf '#!/bin/sh\n' >"$cuda/venv/nvcc-ok" && chmod +x "$cuda/venv/nvcc-ok"
 fi
+if [ ! -x "$cuda/venv/nccl-ok" ]; then
+  "$cuda/venv/bin/pip" install -q nvidia-nccl-cu13==2.28.3
+  printf '#!/bin/sh\n' >"$cuda/venv/nccl-ok" && chmod +x "$cuda/venv/nccl-ok"
+fi
+nccl_lib=$("$cuda/venv/bin/python" -c 'import nvidia, os; print(os.path.join(list(nvidia.__path__)[0], "nccl", "lib"))')
 cu13=$("$cuda/venv/bin/python" -c 'import nvidia, os; print(os.path.join(list(nvidia.__path__)[0], "cu13"))')
 [ -x "$cu13/bin/nvcc" ] || { echo "build-cuda: no nvcc under $cu13" >&2; exit 1; }
 
@@ -49,6 +56,7 @@ fi
 for n in cudart:cudart.so.13 cublas:cublas.so.13 cublasLt:cublasLt.so.13 curand:curand.so.10 nvrtc:nvrtc.so.13; do
   ln -sf "$cu13/lib/lib${n#*:}" "$cuda/link/lib${n%%:*}.so"
 done
+ln -sf "$nccl_lib/libnccl.so.2" "$cuda/link/libnccl.so"
 
 export PATH=$cu13/bin:$PATH NVCC=$cu13/bin/nvcc CUDA_COMPUTE_CAP=90 CUDARC_CUDA_VERSION=13000
 export LIBRARY_PATH=$cuda/link CARGO_TARGET_DIR=$cuda/target
@@ -58,10 +66,12 @@ tests_json=$(mktemp)
 # CUDA op test of gdn-ops (tests/cuda_*.rs), the model tests that run the device plan on CUDA
 # (QWEN_GDN_TEST_DEVICE=cuda), and one CLI test, which makes cargo build the qwen-gdn binary.
 cuda_tests=$(cd crates/gdn-ops/tests && ls cuda_*.rs | sed 's/\.rs$//')
-model_tests="device_plan fused_decode fused_verify prompt_cache grouped_moe qwen4_exp conv_front batched_decode"
+# pipeline_mpi, experts_mpi and tensor_mpi: the plans' gates between processes, here as two NCCL
+# ranks (the test binary launches itself, one rank a GPU).
+model_tests="device_plan fused_decode fused_verify prompt_cache grouped_moe qwen4_exp conv_front batched_decode pipeline_mpi experts_mpi tensor_mpi"
 cargo test --release --locked --no-run --message-format=json \
   -p gdn-ops -p qwen-gdn-model -p qwen-gdn \
-  --features gdn-ops/cuda,qwen-gdn-model/cuda,qwen-gdn/cuda \
+  --features gdn-ops/cuda,qwen-gdn-model/cuda,qwen-gdn/cuda,qwen-gdn-model/nccl,qwen-gdn/nccl \
   $(for t in $cuda_tests $model_tests device_flags; do printf -- '--test %s ' "$t"; done) >"$tests_json"
 # CHECK_ONLY=1: stop here (a compile check of the CUDA code, without the slow packing).
 if [ "${CHECK_ONLY:-0}" = 1 ]; then
@@ -92,6 +102,6 @@ PY
 done
 rm -f "$tests_json"
 # Smoke test here: every library must load; with the stub driver CUDA itself then fails.
-if LD_LIBRARY_PATH=$cuda/link:$cu13/lib "$cuda/qwen-gdn" --version >/dev/null; then
+if LD_LIBRARY_PATH=$cuda/link:$cu13/lib:$nccl_lib "$cuda/qwen-gdn" --version >/dev/null; then
   echo "build-cuda: done; carry gpu-artefacts/cuda and run scripts/gpu/test-cuda.sh on the GPU machine"
 fi

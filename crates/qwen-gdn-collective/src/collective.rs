@@ -5,9 +5,9 @@ use anyhow::Result;
 /// One rank's view of the job: `size()` ranks numbered from 0, each owning one device.
 ///
 /// Buffers are host `f32` slices: the pipeline plan sends one activation `[S, H]` per stage
-/// boundary and step, which is small next to a layer's work. An NCCL implementation (cudarc)
-/// would take device buffers; it fits as a second implementor once the plans are generic over
-/// a buffer type, and the calls keep the same shape (peer, count, sum).
+/// boundary and step, which is small next to a layer's work. The NCCL implementation
+/// (`nccl_world.rs`) stages them through its GPU; plans that keep activations on the device
+/// would take device buffers, with calls of the same shape (peer, count, sum).
 pub trait Collective {
     /// This rank's number, `0..size()`.
     fn rank(&self) -> usize;

@@ -90,14 +90,18 @@ pub const ENGINE_VARS: [&str; 15] = [
 ];
 
 /// The other `QWEN_GDN_*` variables the project reads: the binary's (`serve --api-key`'s
-/// default, the chat template's budgets), its debug-build test hooks and the tests' and
-/// scripts' (`QWEN_GDN_TEST_*` is a prefix).
-pub const OTHER_VARS: [&str; 5] = [
+/// default, the chat template's budgets), those a `--ranks` launcher sets in each rank of an
+/// NCCL job, its debug-build test hooks and the tests' and scripts' (`QWEN_GDN_TEST_*` is a
+/// prefix).
+pub const OTHER_VARS: [&str; 8] = [
     "QWEN_GDN_API_KEY",
     "QWEN_GDN_TEMPLATE_FUEL",
     "QWEN_GDN_TEMPLATE_BYTES",
     "QWEN_GDN_MODELS_DIR",
     "QWEN_GDN_SHARED",
+    qwen_gdn_collective::RANK_VAR,
+    qwen_gdn_collective::RANKS_VAR,
+    qwen_gdn_collective::NCCL_ID_VAR,
 ];
 
 /// How to load and run a model.

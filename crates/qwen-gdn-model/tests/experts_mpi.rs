@@ -10,10 +10,12 @@
 //! line (`rank R: ...`) and exit code 3 within the deadline; the script checks.
 //! One test function: MPI is initialized once per process.
 
+#![cfg(any(feature = "mpi", feature = "nccl"))]
+
 mod common;
 
 use common::ranks::{
-    assert_bit_for_bit, assert_same_tokens_on_every_rank, fault, greedy, mpi_world, prompt, say,
+    assert_bit_for_bit, assert_same_tokens_on_every_rank, fault, greedy, prompt, rank_world, say,
 };
 
 use candle_core::Device;
@@ -29,7 +31,7 @@ const CHUNK: usize = 5;
 
 #[test]
 fn expert_parallel_equals_one_rank() {
-    let world = mpi_world(DEADLINE);
+    let world = rank_world(DEADLINE);
     let (rank, ranks) = (world.rank(), world.size());
     let fault = fault("EXPERTS_TEST_FAULT");
     let moe = common::CHECKPOINTS

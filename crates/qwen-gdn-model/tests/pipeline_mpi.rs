@@ -6,12 +6,16 @@
 //! `PIPELINE_TEST_FAULT=die:<rank>:<step>` or `stall:<rank>:<step>` makes that rank exit or
 //! hang at that decode step of the first fixture: every other rank must then end with one
 //! line (`rank R: ...`) and exit code 3 within the deadline ([`DEADLINE`]); the script checks.
+//! On the GPU machine the same test runs as two NCCL ranks, one a GPU, with
+//! `QWEN_GDN_TEST_DEVICE=cuda` (every stage and the reference on CUDA).
 //! One test function: MPI is initialized once per process.
+
+#![cfg(any(feature = "mpi", feature = "nccl"))]
 
 mod common;
 
 use common::ranks::{
-    argmax, assert_bit_for_bit, assert_same_tokens_on_every_rank, fault, mpi_world, prompt, say,
+    argmax, assert_bit_for_bit, assert_same_tokens_on_every_rank, fault, prompt, rank_world, say,
 };
 
 use candle_core::{Device, Tensor};
@@ -48,8 +52,25 @@ fn generate(
     Ok((tokens, logits))
 }
 
+/// The options of a stage (`part`), and of the one-process reference (`ModelPart::Whole`): a
+/// stage's decode step runs the composed layers (not the device plan's fused step, which spans
+/// the whole model), so on a GPU the reference composes too; on the CPU in f32 (the reference
+/// plan) the switch changes nothing.
+fn stage_options(part: ModelPart) -> RunOptions {
+    RunOptions {
+        part,
+        fused_decode: false,
+        ..common::run_options()
+    }
+}
+
 fn one_rank(dir: &std::path::Path, prompt: &[u32]) -> (Vec<u32>, Vec<Tensor>) {
-    let model = Model::load(dir, &Device::Cpu, &common::run_options()).unwrap();
+    let model = Model::load(
+        dir,
+        &common::device_under_test(),
+        &stage_options(ModelPart::Whole),
+    )
+    .unwrap();
     let mut cache = model.new_cache();
     let cache = std::cell::RefCell::new(&mut cache);
     generate(
@@ -96,7 +117,7 @@ fn pipelined(
 
 #[test]
 fn pipeline_equals_one_rank() {
-    let world = mpi_world(DEADLINE);
+    let world = rank_world(DEADLINE);
     let (rank, ranks) = (world.rank(), world.size());
     let fault = fault("PIPELINE_TEST_FAULT");
     for name in common::CHECKPOINTS {
@@ -105,11 +126,8 @@ fn pipeline_equals_one_rank() {
         let layers = cfg.num_hidden_layers;
         let pipeline = Pipeline::new(world.clone(), layers).unwrap();
         let part = pipeline.part(layers);
-        let opts = RunOptions {
-            part: part.clone(),
-            ..common::run_options()
-        };
-        let model = Model::load(&dir, &Device::Cpu, &opts)
+        let opts = stage_options(part.clone());
+        let model = Model::load(&dir, &common::device_under_test(), &opts)
             .unwrap_or_else(|e| panic!("{name}, rank {rank}: {e:#}"));
         assert_eq!(model.layers().len(), part.layers(layers).len(), "{name}");
         pipeline.ensure_agreement(&model).unwrap();

@@ -12,9 +12,11 @@
 //!
 //! One test function: MPI is initialized once per process.
 
+#![cfg(any(feature = "mpi", feature = "nccl"))]
+
 mod common;
 
-use common::ranks::{argmax, assert_same_tokens_on_every_rank, bits, mpi_world, prompt, say};
+use common::ranks::{argmax, assert_same_tokens_on_every_rank, bits, prompt, rank_world, say};
 
 use candle_core::{Device, Tensor};
 use qwen_gdn_collective::World;
@@ -181,7 +183,7 @@ fn plans(world: &World, cfg: &Config) -> Vec<(&'static str, Plan)> {
 
 #[test]
 fn prompt_cache_resumes_bit_for_bit_on_every_rank() {
-    let world = mpi_world(DEADLINE);
+    let world = rank_world(DEADLINE);
     let (rank, ranks) = (world.rank(), world.size());
     for name in common::CHECKPOINTS {
         let dir = common::models_dir().join(name);

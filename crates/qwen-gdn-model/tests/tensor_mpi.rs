@@ -10,10 +10,12 @@
 //! expert plan's, whose faults `experts_mpi` injects.)
 //! One test function: MPI is initialized once per process.
 
+#![cfg(any(feature = "mpi", feature = "nccl"))]
+
 mod common;
 
 use common::ranks::{
-    assert_bit_for_bit, assert_same_tokens_on_every_rank, greedy, mpi_world, prompt, say,
+    assert_bit_for_bit, assert_same_tokens_on_every_rank, greedy, prompt, rank_world, say,
 };
 
 use candle_core::Device;
@@ -30,7 +32,7 @@ const CHUNK: usize = 5;
 
 #[test]
 fn tensor_parallel_equals_one_rank() {
-    let world = mpi_world(DEADLINE);
+    let world = rank_world(DEADLINE);
     let (rank, ranks) = (world.rank(), world.size());
     for name in common::CHECKPOINTS {
         let dir = common::models_dir().join(name);

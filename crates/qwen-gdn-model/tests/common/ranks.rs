@@ -1,4 +1,4 @@
-//! What the tests run under `mpirun` share (`pipeline_mpi`, `experts_mpi`): the f32 logits'
+//! What the tests run between processes (under `mpirun`, or as NCCL ranks) share (`pipeline_mpi`, `experts_mpi`): the f32 logits'
 //! bits, the greedy pick, one-write lines on the merged stderr, the prompt, and the injected
 //! fault of the dead-or-stalled-rank runs.
 
@@ -48,21 +48,44 @@ pub fn prompt(vocab: usize, len: usize) -> Vec<u32> {
     (0..len).map(|i| ((i * 7919 + 11) % vocab) as u32).collect()
 }
 
-/// This process's rank of the `mpirun` job, its reductions bounded by `deadline`, shared as
-/// the plans hold it. A failed check on one rank then ends the process at once, without MPI's
-/// finalize: mpirun stops the job, instead of the other ranks waiting forever in the next
-/// collective.
-#[cfg(feature = "mpi")]
-pub fn mpi_world(deadline: std::time::Duration) -> qwen_gdn_collective::World {
+/// This process's rank of the job, its collectives bounded by `deadline`, shared as the plans
+/// hold it: an `mpirun` job's (the `mpi` feature, scripts/test-mpi.sh), or one of the NCCL ranks
+/// this test binary starts of itself, one a GPU (the `nccl` feature on the GPU machine:
+/// `QWEN_GDN_TEST_RANKS` ranks, 2 unless set; the first process launches and ends with the
+/// job's exit code). A failed check on one rank then ends the process at once: the launcher
+/// stops the job, instead of the other ranks waiting forever in the next collective.
+#[cfg(any(feature = "mpi", feature = "nccl"))]
+pub fn rank_world(deadline: std::time::Duration) -> qwen_gdn_collective::World {
     let report = std::panic::take_hook();
     std::panic::set_hook(Box::new(move |info| {
         report(info);
         std::process::exit(101);
     }));
-    let mut world = qwen_gdn_collective::MpiWorld::init().unwrap();
-    world.set_deadline(Some(deadline));
-    world.end_with_one_line_when_stopped();
-    std::sync::Arc::new(qwen_gdn_collective::SharedMpiWorld::new(world))
+    #[cfg(feature = "nccl")]
+    {
+        match qwen_gdn_collective::NcclRankEnv::from_env().unwrap() {
+            Some(env) => {
+                let world = qwen_gdn_collective::NcclWorld::join(&env).unwrap();
+                world.set_deadline(Some(deadline));
+                world.end_with_one_line_when_stopped();
+                std::sync::Arc::new(world)
+            }
+            None => {
+                let ranks = std::env::var("QWEN_GDN_TEST_RANKS").map_or(2, |n| n.parse().unwrap());
+                let exe = std::env::current_exe().unwrap();
+                let args: Vec<String> = std::env::args().skip(1).collect();
+                let code = qwen_gdn_collective::run_nccl_job(ranks, &exe, &args).unwrap();
+                std::process::exit(code);
+            }
+        }
+    }
+    #[cfg(not(feature = "nccl"))]
+    {
+        let mut world = qwen_gdn_collective::MpiWorld::init().unwrap();
+        world.set_deadline(Some(deadline));
+        world.end_with_one_line_when_stopped();
+        std::sync::Arc::new(qwen_gdn_collective::SharedMpiWorld::new(world))
+    }
 }
 
 /// Greedy generation on `model`: all but the last prompt token prefilled in chunks, then

@@ -39,7 +39,7 @@ static CANCEL: AtomicBool = AtomicBool::new(false);
 
 pub fn run(args: Args) -> Result<ExitCode> {
     if let Some(ranks) = args.ranks.ranks {
-        return crate::cli::ranks::spawn_under_mpirun(ranks);
+        return crate::cli::ranks::spawn_ranks(ranks, args.model.device);
     }
     let world = crate::cli::ranks::launched_world(args.ranks.rank_timeout)?;
     if world.is_some() && args.speculation.requested() {

@@ -25,7 +25,7 @@ use std::time::Instant;
 /// several, or, with `--ranks N`, by starting `mpirun -n N` of this binary.
 pub fn dispatch(args: Args) -> Result<ExitCode> {
     if let Some(ranks) = args.ranks.ranks {
-        return crate::cli::ranks::spawn_under_mpirun(ranks);
+        return crate::cli::ranks::spawn_ranks(ranks, args.model.device);
     }
     match crate::cli::ranks::launched_world(args.ranks.rank_timeout)? {
         Some(world) => run(&args, world),

@@ -1,17 +1,21 @@
-//! How `generate` runs over ranks: under `mpirun -n N` (a build with the `mpi` feature), each
-//! process is one rank of the plan `--parallel` names (a pipeline stage, or a share of the
-//! experts); `--ranks N` on one host starts `mpirun -n N` of this very binary with the same
-//! arguments.
+//! How `generate` and `chat` run over ranks: under `mpirun -n N` (a build with the `mpi`
+//! feature), or as ranks of an NCCL job on one host's CUDA GPUs (a build with the `nccl`
+//! feature), each process is one rank of the plan `--parallel` names (a pipeline stage, or a
+//! share of every layer). `--ranks N` on one host starts the ranks itself: with `--device cuda`
+//! one a GPU over NCCL (`qwen_gdn_collective::run_nccl_job`), otherwise `mpirun -n N` of this
+//! very binary with the same arguments.
 
+use crate::load::DeviceChoice;
 use anyhow::{bail, Context, Result};
 use qwen_gdn_collective::World;
 use std::process::ExitCode;
 
 #[derive(clap::Args)]
 pub struct RankArgs {
-    /// Run as a pipeline of N processes on this host (layers split between them): starts
-    /// `mpirun -n N` of this binary (needs Open MPI and a build with the `mpi` feature).
-    /// Across hosts, start the binary under `mpirun` yourself
+    /// Run as N processes on this host, the model split between them by `--parallel`: with
+    /// `--device cuda`, one a GPU over NCCL (a build with the `nccl` feature); otherwise under
+    /// `mpirun -n N` (Open MPI and a build with the `mpi` feature). Across hosts, start the
+    /// binary under `mpirun` yourself
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=1024))]
     pub ranks: Option<u32>,
     /// How the model is split over the ranks: `pipeline` (each rank a contiguous range of
@@ -49,9 +53,12 @@ fn launched_size() -> usize {
         .unwrap_or(1)
 }
 
-/// This process's rank of the job `mpirun` started, when it started more than one; `None`
-/// when the run is a single process.
+/// This process's rank of the job `mpirun` or an NCCL launcher started, when it started more
+/// than one; `None` when the run is a single process.
 pub fn launched_world(rank_timeout: u64) -> Result<Option<World>> {
+    if let Some(env) = qwen_gdn_collective::NcclRankEnv::from_env()? {
+        return nccl_world(&env, rank_timeout).map(Some);
+    }
     if launched_size() <= 1 {
         return Ok(None);
     }
@@ -78,13 +85,36 @@ pub fn launched_world(rank_timeout: u64) -> Result<Option<World>> {
     }
 }
 
-/// `--ranks N`: runs this binary again under `mpirun -n N` with the same arguments minus
-/// `--ranks`, and ends with its exit status.
-pub fn spawn_under_mpirun(ranks: u32) -> Result<ExitCode> {
-    if !cfg!(feature = "mpi") {
-        bail!("--ranks needs a qwen-gdn built with MPI (cargo build --release --features mpi)");
+/// This rank of the NCCL job `env` describes, on this process's CUDA GPU.
+#[cfg(feature = "nccl")]
+fn nccl_world(env: &qwen_gdn_collective::NcclRankEnv, rank_timeout: u64) -> Result<World> {
+    let world = qwen_gdn_collective::NcclWorld::join(env)?;
+    world.set_deadline(Some(std::time::Duration::from_secs(rank_timeout)));
+    world.end_with_one_line_when_stopped();
+    Ok(std::sync::Arc::new(world))
+}
+
+#[cfg(not(feature = "nccl"))]
+fn nccl_world(env: &qwen_gdn_collective::NcclRankEnv, _rank_timeout: u64) -> Result<World> {
+    bail!(
+        "started as rank {} of an NCCL job of {}, but this qwen-gdn was built without NCCL (scripts/gpu/build-cuda.sh)",
+        env.rank,
+        env.ranks
+    )
+}
+
+/// `--ranks N`: runs this binary again as N ranks with the same arguments minus `--ranks`
+/// (over NCCL, one a GPU, for `--device cuda`; under `mpirun` otherwise) and ends with the
+/// job's exit status.
+pub fn spawn_ranks(ranks: u32, device: DeviceChoice) -> Result<ExitCode> {
+    if device == DeviceChoice::Cuda {
+        return spawn_nccl_job(ranks);
     }
-    let exe = std::env::current_exe().context("--ranks: finding this binary")?;
+    spawn_under_mpirun(ranks)
+}
+
+/// This process's arguments without `--ranks N`: what every rank it starts runs.
+fn rank_args() -> Vec<String> {
     let mut args = vec![];
     let mut rest = std::env::args().skip(1);
     while let Some(arg) = rest.next() {
@@ -94,6 +124,28 @@ pub fn spawn_under_mpirun(ranks: u32) -> Result<ExitCode> {
             args.push(arg);
         }
     }
+    args
+}
+
+#[cfg(feature = "nccl")]
+fn spawn_nccl_job(ranks: u32) -> Result<ExitCode> {
+    let exe = std::env::current_exe().context("--ranks: finding this binary")?;
+    let code = qwen_gdn_collective::run_nccl_job(ranks as usize, &exe, &rank_args())?;
+    Ok(ExitCode::from(u8::try_from(code).unwrap_or(1)))
+}
+
+#[cfg(not(feature = "nccl"))]
+fn spawn_nccl_job(_ranks: u32) -> Result<ExitCode> {
+    bail!("--ranks with --device cuda needs a qwen-gdn built with NCCL (scripts/gpu/build-cuda.sh)")
+}
+
+/// `--ranks N` under `mpirun -n N`.
+fn spawn_under_mpirun(ranks: u32) -> Result<ExitCode> {
+    if !cfg!(feature = "mpi") {
+        bail!("--ranks needs a qwen-gdn built with MPI (cargo build --release --features mpi)");
+    }
+    let exe = std::env::current_exe().context("--ranks: finding this binary")?;
+    let args = rank_args();
     let mut mpirun = std::process::Command::new("mpirun");
     // Open MPI refuses root unless told, and more ranks than cores unless told.
     // SAFETY: geteuid has no preconditions.
