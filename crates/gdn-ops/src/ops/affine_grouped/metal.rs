@@ -118,7 +118,7 @@ fn launch(
     }
     let tiles = tile_schedule(offsets);
     let dev = metal_device(&a.packed, OP)?;
-    let pipeline = pipeline(&dev, &SOURCE, &name)?;
+    let gemm = pipeline(&dev, &SOURCE, &name)?;
     let sum = match split {
         Some(_) => Some(pipeline(
             &dev,
@@ -166,7 +166,7 @@ fn launch(
     let written = from_start(partial.as_ref().unwrap_or(&y));
     encode(
         &dev,
-        &pipeline,
+        &gemm,
         &reads_then_writes(
             &[&packed, &scales, &biases, &x_buf, &tiles_buf],
             &[&written],
