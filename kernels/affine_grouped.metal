@@ -32,6 +32,17 @@
 // bits in {2, 3, 4, 5, 6, 8}, group_size a multiple of 32, K a multiple of group_size, and
 // tiles that lie inside x with expert < E and at most 32 rows; a tile that does not is
 // skipped (its rows of y stay unwritten), since the kernel cannot report it.
+//
+// Split-K (issue 29: one matrix times 9-64 rows of a batched decode step, E = 1; as the CUDA
+// twin kernels/affine_grouped.cu): with p.slice_cols > 0 the columns are cut into slices of
+// slice_cols (whole 64-column steps of the CUDA kernel: ops/affine_grouped/slicing.rs, the
+// same cut on both backends), threadgroup z the slice; the entries affine_grouped_split_<x>_<s>
+// write each threadgroup's float output tile into partial [slices, P, R] (slice z at z * P * R)
+// instead of y, and affine_split_sum_<x> adds the slices in order 0, 1, .. into y in InT (the
+// same bits every run: no float atomics). Dispatch: threadgroups (ceil(R / 32), tiles, slices)
+// as above; the sum: threadgroups (ceil(P * R / kSumThreads), 1, 1) of kSumThreads threads.
+// A slice starts at a multiple of 64 columns, so each 32-column step still lies in one group.
+//
 // simdgroup matrices need MSL 2.3 (macOS 11); the bfloat entry points exist only with
 // __HAVE_BFLOAT__ (MSL 3.1, macOS 14).
 
@@ -51,6 +62,7 @@ enum : uint {
   kOutFloats = kTileM * kTileN,
   kStageValues = kTileM * kTileK,
   kScratchBytes = kOutFloats * 4 + 2 * kStageValues * 4,
+  kSumThreads = 256,  // threads per threadgroup of affine_split_sum_* (SPLIT_SUM_THREADS)
 };
 
 // The 8 codes of one row at columns [j0, j0 + 8) (j0 a multiple of 8), as floats. As
@@ -90,17 +102,21 @@ inline Codes8 grouped_codes8(const device uint* row, uint j0) {
   return r;
 }
 
-template <typename InT, typename ScT, uint BITS>
+// OutT: InT (y, the products) or float (a split-K slice's partial sums over columns
+// [k_begin, k_end)).
+template <typename InT, typename ScT, typename OutT, uint BITS>
 inline void affine_grouped_tile(
     const device uint* w,
     const device ScT* scales,
     const device ScT* biases,
     const device InT* x,
-    device InT* y,
+    device OutT* y,
     constant AffineGroupedParams& p,
     GroupedTile tile,
     threadgroup float* scratch,
     uint n0,
+    uint k_begin,
+    uint k_end,
     uint tid,
     uint sg) {
   const uint K = p.cols;
@@ -135,7 +151,7 @@ inline void affine_grouped_tile(
     }
   }
 
-  for (uint k0 = 0; k0 < K; k0 += kTileK) {
+  for (uint k0 = k_begin; k0 < k_end; k0 += kTileK) {
     // Stage: the x tile as it is, the weight tile dequantized (both zero outside).
     for (uint t = 0; t < kValuesPerThread; ++t) {
       xs[r * kTileK + c8 + t] = x_live ? x_row[k0 + c8 + t] : InT(0.0f);
@@ -191,24 +207,24 @@ inline void affine_grouped_tile(
   }
   threadgroup_barrier(mem_flags::mem_threadgroup);
   if (x_live) {
-    device InT* y_row = y + ulong(tile.row_begin + r) * R;
+    device OutT* y_row = y + ulong(tile.row_begin + r) * R;
     for (uint t = 0; t < kValuesPerThread; ++t) {
       const uint n = n0 + c8 + t;
       if (n < R) {
-        y_row[n] = static_cast<InT>(out_tile[r * kTileN + c8 + t]);
+        y_row[n] = static_cast<OutT>(out_tile[r * kTileN + c8 + t]);
       }
     }
   }
 }
 
-template <typename InT, typename ScT>
+template <typename InT, typename ScT, typename OutT>
 inline void affine_grouped_impl(
     const device uint* w,
     const device ScT* scales,
     const device ScT* biases,
     const device InT* x,
     const device GroupedTile* tiles,
-    device InT* y,
+    device OutT* y,
     constant AffineGroupedParams& p,
     threadgroup float* scratch,
     uint3 group,
@@ -217,6 +233,18 @@ inline void affine_grouped_impl(
   const uint n0 = group.x * kTileN;
   if (group.y >= p.tiles || n0 >= p.rows) {
     return;  // the whole threadgroup: no barrier is left waiting
+  }
+  // The columns this threadgroup walks: all of them, or split-K slice group.z's (whose plane
+  // of the partial sums it writes).
+  uint k_begin = 0;
+  uint k_end = p.cols;
+  if (p.slice_cols > 0) {
+    k_begin = group.z * p.slice_cols;
+    if (k_begin >= p.cols) {
+      return;  // no such slice (the host dispatches none)
+    }
+    k_end = min(p.cols, k_begin + p.slice_cols);
+    y += ulong(group.z) * p.x_rows * p.rows;
   }
   GroupedTile tile;
   tile.expert = tiles[group.y].expert;
@@ -229,12 +257,12 @@ inline void affine_grouped_impl(
     return;
   }
   switch (p.bits) {
-    case 2: affine_grouped_tile<InT, ScT, 2>(w, scales, biases, x, y, p, tile, scratch, n0, tid, sg); break;
-    case 3: affine_grouped_tile<InT, ScT, 3>(w, scales, biases, x, y, p, tile, scratch, n0, tid, sg); break;
-    case 4: affine_grouped_tile<InT, ScT, 4>(w, scales, biases, x, y, p, tile, scratch, n0, tid, sg); break;
-    case 5: affine_grouped_tile<InT, ScT, 5>(w, scales, biases, x, y, p, tile, scratch, n0, tid, sg); break;
-    case 6: affine_grouped_tile<InT, ScT, 6>(w, scales, biases, x, y, p, tile, scratch, n0, tid, sg); break;
-    case 8: affine_grouped_tile<InT, ScT, 8>(w, scales, biases, x, y, p, tile, scratch, n0, tid, sg); break;
+    case 2: affine_grouped_tile<InT, ScT, OutT, 2>(w, scales, biases, x, y, p, tile, scratch, n0, k_begin, k_end, tid, sg); break;
+    case 3: affine_grouped_tile<InT, ScT, OutT, 3>(w, scales, biases, x, y, p, tile, scratch, n0, k_begin, k_end, tid, sg); break;
+    case 4: affine_grouped_tile<InT, ScT, OutT, 4>(w, scales, biases, x, y, p, tile, scratch, n0, k_begin, k_end, tid, sg); break;
+    case 5: affine_grouped_tile<InT, ScT, OutT, 5>(w, scales, biases, x, y, p, tile, scratch, n0, k_begin, k_end, tid, sg); break;
+    case 6: affine_grouped_tile<InT, ScT, OutT, 6>(w, scales, biases, x, y, p, tile, scratch, n0, k_begin, k_end, tid, sg); break;
+    case 8: affine_grouped_tile<InT, ScT, OutT, 8>(w, scales, biases, x, y, p, tile, scratch, n0, k_begin, k_end, tid, sg); break;
     default: break;  // unsupported width: a host bug, y left unwritten
   }
 }
@@ -254,8 +282,51 @@ inline void affine_grouped_impl(
       uint3 group [[threadgroup_position_in_grid]],                                \
       uint tid [[thread_index_in_threadgroup]],                                    \
       uint sg [[simdgroup_index_in_threadgroup]]) {                                \
-    affine_grouped_impl<InT, ScT>(w, scales, biases, x, tiles, y, p, scratch,      \
-                                  group, tid, sg);                                 \
+    affine_grouped_impl<InT, ScT, InT>(w, scales, biases, x, tiles, y, p, scratch, \
+                                       group, tid, sg);                            \
+  }
+
+// Split-K entry points affine_grouped_split_{InT}_{ScT}: the same body, each threadgroup's
+// float partial sums into partial (threadgroup z: the slice; p.slice_cols > 0).
+#define AFFINE_GROUPED_SPLIT(name, InT, ScT)                                       \
+  [[kernel]] void name(                                                            \
+      const device uint* w [[buffer(0)]],      /* [R, K*bits/32] */                \
+      const device ScT* scales [[buffer(1)]],  /* [R, K/group_size] */             \
+      const device ScT* biases [[buffer(2)]],  /* [R, K/group_size] */             \
+      const device InT* x [[buffer(3)]],       /* [P, K] */                        \
+      const device GroupedTile* tiles [[buffer(4)]], /* [tiles] */                 \
+      device float* partial [[buffer(5)]],     /* [slices, P, R] */                \
+      constant AffineGroupedParams& p [[buffer(6)]],                               \
+      threadgroup float* scratch [[threadgroup(0)]],                               \
+      uint3 group [[threadgroup_position_in_grid]],                                \
+      uint tid [[thread_index_in_threadgroup]],                                    \
+      uint sg [[simdgroup_index_in_threadgroup]]) {                                \
+    affine_grouped_impl<InT, ScT, float>(w, scales, biases, x, tiles, partial, p,  \
+                                         scratch, group, tid, sg);                 \
+  }
+
+// Split-K's second dispatch: y[i] = InT(partial[0][i] + partial[1][i] + ...), the slices in
+// order, so that the sum's bits do not depend on which threadgroup finished first.
+template <typename InT>
+inline void affine_split_sum_impl(
+    const device float* partial, device InT* y, constant AffineSplitSumParams& p, uint i) {
+  if (i >= p.n) {
+    return;
+  }
+  float sum = partial[i];
+  for (uint s = 1; s < p.slices; ++s) {
+    sum += partial[ulong(s) * p.n + i];
+  }
+  y[i] = static_cast<InT>(sum);
+}
+
+#define AFFINE_SPLIT_SUM(name, InT)                                                \
+  [[kernel]] void name(                                                            \
+      const device float* partial [[buffer(0)]], /* [slices, n] */                 \
+      device InT* y [[buffer(1)]],               /* [n] */                         \
+      constant AffineSplitSumParams& p [[buffer(2)]],                              \
+      uint i [[thread_position_in_grid]]) {                                        \
+    affine_split_sum_impl<InT>(partial, y, p, i);                                  \
   }
 
 AFFINE_GROUPED_QMM(affine_grouped_qmm_f32_f32, float, float)
@@ -268,4 +339,19 @@ AFFINE_GROUPED_QMM(affine_grouped_qmm_f16_bf16, half, bfloat)
 AFFINE_GROUPED_QMM(affine_grouped_qmm_bf16_f32, bfloat, float)
 AFFINE_GROUPED_QMM(affine_grouped_qmm_bf16_f16, bfloat, half)
 AFFINE_GROUPED_QMM(affine_grouped_qmm_bf16_bf16, bfloat, bfloat)
+#endif
+
+AFFINE_GROUPED_SPLIT(affine_grouped_split_f32_f32, float, float)
+AFFINE_GROUPED_SPLIT(affine_grouped_split_f32_f16, float, half)
+AFFINE_GROUPED_SPLIT(affine_grouped_split_f16_f32, half, float)
+AFFINE_GROUPED_SPLIT(affine_grouped_split_f16_f16, half, half)
+AFFINE_SPLIT_SUM(affine_split_sum_f32, float)
+AFFINE_SPLIT_SUM(affine_split_sum_f16, half)
+#if defined(__HAVE_BFLOAT__)
+AFFINE_GROUPED_SPLIT(affine_grouped_split_f32_bf16, float, bfloat)
+AFFINE_GROUPED_SPLIT(affine_grouped_split_f16_bf16, half, bfloat)
+AFFINE_GROUPED_SPLIT(affine_grouped_split_bf16_f32, bfloat, float)
+AFFINE_GROUPED_SPLIT(affine_grouped_split_bf16_f16, bfloat, half)
+AFFINE_GROUPED_SPLIT(affine_grouped_split_bf16_bf16, bfloat, bfloat)
+AFFINE_SPLIT_SUM(affine_split_sum_bf16, bfloat)
 #endif

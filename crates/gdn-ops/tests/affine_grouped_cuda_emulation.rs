@@ -29,7 +29,6 @@ use common::affine_grouped::{
 };
 use common::{close, failures, random_matrix, values, Input, Rng, Ty};
 use gdn_ops::ops::affine::AffineTensor;
-use gdn_ops::ops::affine_grouped::slicing::slicing;
 use gdn_ops::ops::affine_grouped::{
     tile_pairs_for, tile_schedule, SMEM_BYTES, SPAN_COLS, THREADS, TILE_COLS, TILE_PAIRS,
     TILE_PAIRS_CHOICES, TILE_ROWS,
@@ -126,41 +125,18 @@ fn cases() -> Vec<Case> {
     cases
 }
 
-/// The split-K dense case: one matrix times 9, 16, 33 and 64 rows (tile heights 16, 32, 64),
-/// 4 and 8 bits, groups 32 and 64, f32, bf16 and f16 activations; at the host's slicing
-/// ([`slicing`]: one step a slice on these small matrices) and at forced cuts (an uneven last
-/// slice, a last step of 32 columns, one slice).
+/// The split-K dense cases (tests/common/affine_grouped.rs, shared with the Metal kernel's
+/// emulation).
 fn split_cases() -> Vec<Case> {
-    let mut cases = vec![];
-    let shapes = [
-        // (x, scales, bits, group, rows, cols, rows of x, forced slice steps)
-        (Ty::Bf16, Ty::Bf16, 4, 64, 200, 320, 16, Some(2)),
-        (Ty::F32, Ty::F32, 8, 32, 72, 288, 9, None),
-        (Ty::Bf16, Ty::Bf16, 4, 64, 136, 256, 64, None),
-        (Ty::F32, Ty::Bf16, 4, 32, 130, 288, 33, Some(3)),
-        (Ty::F16, Ty::F16, 8, 64, 40, 384, 16, Some(6)),
-        (Ty::Bf16, Ty::F32, 8, 32, 100, 224, 33, None),
-        (Ty::F32, Ty::F16, 4, 64, 64, 256, 64, None),
-    ];
-    for (i, (x, scales, bits, group, rows, cols, n, forced)) in shapes.into_iter().enumerate() {
-        let op = OpCase {
-            x,
-            scales,
-            bits,
-            group,
-            rows,
-            cols,
-            counts: vec![n],
-        };
-        let slice_steps = forced.unwrap_or_else(|| slicing(rows, cols).0);
-        cases.push(Case {
-            op,
-            index: 1000 + i,
+    common::affine_grouped::split_cases()
+        .into_iter()
+        .map(|c| Case {
+            op: c.op,
+            index: c.index,
             tile_pairs: None,
-            slice_steps,
-        });
-    }
-    cases
+            slice_steps: c.slice_steps,
+        })
+        .collect()
 }
 
 #[test]

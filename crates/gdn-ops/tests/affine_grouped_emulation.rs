@@ -17,18 +17,29 @@
 //!
 //! The harness guards every buffer: a read past an input faults, and a row of y left
 //! unwritten (a tile the schedule or the kernel dropped) fails the case.
+//!
+//! The split-K entries (`affine_grouped_split_*` over column slices into a float workspace,
+//! every plane of which must be written, then the fixed-order sum `affine_split_sum_*`) run
+//! the split-K cases the CUDA body's emulation runs (tests/common/affine_grouped.rs, the same
+//! cuts), against the same reference and against the CPU twin
+//! (`AffineTensor::split_matmul_t` on the CPU), as tests/affine_grouped_cuda_emulation.rs
+//! gates the CUDA body.
 
 mod common;
 mod emu;
 
-use common::affine_grouped::{cases as op_cases, inputs, seed, Case as OpCase, EMULATION_MAX_WORK};
-use common::{Input, Ty, TYPES};
-use gdn_ops::ops::affine::AffineMatrix;
+use candle_core::Device;
+use common::affine_grouped::{
+    cases as op_cases, inputs, seed, split_cases, Case as OpCase, EMULATION_MAX_WORK,
+};
+use common::{close, values, Input, Ty, TYPES};
+use gdn_ops::ops::affine::{AffineMatrix, AffineTensor};
 use gdn_ops::ops::affine_grouped::check_offsets;
 use gdn_ops::ops::affine_grouped::tiles::{
-    tile_schedule, AffineGroupedParams, GroupedTile, GROUPED_SCRATCH_BYTES, GROUPED_THREADS,
-    GROUPED_TILE_COLS, GROUPED_TILE_ROWS,
+    tile_schedule, AffineGroupedParams, AffineSplitSumParams, GroupedTile, GROUPED_SCRATCH_BYTES,
+    GROUPED_THREADS, GROUPED_TILE_COLS, GROUPED_TILE_ROWS, SPLIT_SUM_THREADS,
 };
+use gdn_ops::ops::affine_grouped::TILE_COLS;
 
 static HARNESS: emu::Harness =
     emu::Harness::metal_with("affine_grouped_harness", &["-ffp-contract=off"]);
@@ -40,24 +51,32 @@ struct Case {
     /// `[P, cols]`, rounded to `vt`.
     x: Vec<f32>,
     offsets: Vec<u32>,
+    /// Split-K: columns a slice (the split entries and the sum); 0: the one-pass entry.
+    slice_cols: usize,
     label: String,
 }
 
 /// Case `i` of the op's cases.
 fn case(i: usize, c: &OpCase) -> Case {
+    sliced_case(i, c, 0)
+}
+
+/// Case `i`'s inputs (`seed(i)`) on the split entries with slices of `slice_cols` (0: the
+/// one-pass entry).
+fn sliced_case(i: usize, c: &OpCase, slice_cols: usize) -> Case {
     let x = inputs(c, seed(i));
+    let entry = match slice_cols {
+        0 => "affine_grouped_qmm".to_string(),
+        n => format!("affine_grouped_split ({n} columns a slice)"),
+    };
     Case {
         vt: c.x,
         st: c.scales,
         m: x.m,
         x: x.x,
         offsets: x.offsets,
-        label: format!(
-            "affine_grouped_qmm_{}_{} {}",
-            c.x.name(),
-            c.scales.name(),
-            c.label()
-        ),
+        slice_cols,
+        label: format!("{entry} {}_{} {}", c.x.name(), c.scales.name(), c.label()),
     }
 }
 
@@ -66,7 +85,7 @@ fn run_harness(c: &Case) -> Result<Vec<f32>, String> {
     let p = *c.offsets.last().unwrap() as usize;
     check_offsets(&c.offsets, m.experts, p).map_err(|e| e.to_string())?;
     let tiles = tile_schedule(&c.offsets);
-    let mut input = Input::new(b"AGQEMU01");
+    let mut input = Input::new(b"AGQEMU02");
     for h in [
         c.vt.code(),
         c.st.code(),
@@ -77,6 +96,7 @@ fn run_harness(c: &Case) -> Result<Vec<f32>, String> {
         m.group_size as u32,
         p as u32,
         tiles.len() as u32,
+        c.slice_cols as u32,
     ] {
         input.u32(h);
     }
@@ -175,6 +195,35 @@ fn shipped_grouped_kernel_matches_the_per_expert_reference() {
     );
 }
 
+/// The split-K entries and their sum on the split-K cases the CUDA body's emulation runs, at
+/// the same cuts: within the reference's gate ([`check`]) and within 1 ulp of the activation
+/// type at the CPU twin's value plus 1e-5 of max |y| (the CUDA body's gate: both round the
+/// same weights once and sum in f32, in other orders).
+#[test]
+fn split_k_matches_the_cpu_twin() {
+    HARNESS.path();
+    let jobs: Vec<(Case, Vec<f32>)> = split_cases()
+        .into_iter()
+        .map(|s| {
+            let c = sliced_case(s.index, &s.op, s.slice_steps * TILE_COLS);
+            let twin = AffineTensor::upload(&c.m, &Device::Cpu).unwrap();
+            let x = inputs(&s.op, seed(s.index)).x_tensor(&s.op);
+            let want = values(&twin.split_matmul_t(&x).unwrap());
+            (c, want)
+        })
+        .collect();
+    assert!(jobs
+        .iter()
+        .any(|(c, _)| c.m.cols.div_ceil(c.slice_cols) > 2));
+    let failures = common::failures(&jobs, |(c, want)| match run_harness(c) {
+        Err(e) => Some(format!("[{}] {e}", c.label)),
+        Ok(y) => check(c, &y)
+            .or_else(|| close(&c.label, &y, want, c.vt, 1.0, 1e-5))
+            .map(|bad| format!("[{}] {bad}", c.label)),
+    });
+    common::assert_no_failures(&failures, jobs.len(), "split-K launches disagree");
+}
+
 /// What the C++ build cannot see: the buffer indices (attributes, ignored by clang), the
 /// parameter structs the Rust side mirrors, and the host's launch constants.
 #[test]
@@ -190,9 +239,16 @@ fn kernel_abi_in_source() {
             "group_size",
             "x_rows",
             "tiles",
+            "slice_cols",
         ],
     );
-    assert_eq!(std::mem::size_of::<AffineGroupedParams>(), 7 * 4);
+    assert_eq!(std::mem::size_of::<AffineGroupedParams>(), 8 * 4);
+    emu::assert_params(
+        "affine_grouped_metal.h",
+        "AffineSplitSumParams",
+        &["n", "slices"],
+    );
+    assert_eq!(std::mem::size_of::<AffineSplitSumParams>(), 2 * 4);
     emu::assert_params(
         "affine_grouped_metal.h",
         "GroupedTile",
@@ -206,11 +262,18 @@ fn kernel_abi_in_source() {
         "#define AFFINE_GROUPED_QMM(",
         &["w", "scales", "biases", "x", "tiles", "y", "p"],
     );
+    emu::assert_buffers(
+        &flat,
+        "#define AFFINE_GROUPED_SPLIT(",
+        &["w", "scales", "biases", "x", "tiles", "partial", "p"],
+    );
+    emu::assert_buffers(&flat, "#define AFFINE_SPLIT_SUM(", &["partial", "y", "p"]);
     assert!(flat.contains("threadgroup float* scratch [[threadgroup(0)]]"));
     for (name, value) in [
         ("kTileM", GROUPED_TILE_ROWS),
         ("kTileN", GROUPED_TILE_COLS),
         ("kThreads", GROUPED_THREADS),
+        ("kSumThreads", SPLIT_SUM_THREADS),
     ] {
         let decl = format!("{name} = {value},");
         assert!(flat.contains(&decl), "kernel lacks `{decl}`");
@@ -230,6 +293,20 @@ fn kernel_abi_in_source() {
                 st.msl()
             );
             assert!(flat.contains(&line), "missing `{line}`");
+            let split = format!(
+                "AFFINE_GROUPED_SPLIT(affine_grouped_split_{}_{}, {}, {})",
+                vt.name(),
+                st.name(),
+                vt.msl(),
+                st.msl()
+            );
+            assert!(flat.contains(&split), "missing `{split}`");
         }
+        let sum = format!(
+            "AFFINE_SPLIT_SUM(affine_split_sum_{}, {})",
+            vt.name(),
+            vt.msl()
+        );
+        assert!(flat.contains(&sum), "missing `{sum}`");
     }
 }

@@ -355,6 +355,40 @@ mod device_fused_rows {
     }
 }
 
+/// Split-K forced on every dense product past 8 rows (`QWEN_GDN_DENSE_ROWS=split`): `auto`
+/// keeps the fixtures' small matrices on the row products (`dense_rows.rs`'s short-matrix
+/// rule), so this is where the fused batched step still runs the split kernel over its steps
+/// of 9 and 10 rows: each sequence's tokens, and its logits within the shared products' gate.
+fn device_fused_split_k(name: &str) {
+    use gdn_ops::ops::affine::{dense_rows_scope, DenseRows};
+    let model = load_on(name, &device_plan(DType::F32), &device_under_test());
+    assert!(
+        model.fused_decode(),
+        "{name}: the device plan decodes fused"
+    );
+    let _split = dense_rows_scope(DenseRows::SplitK);
+    let diff = compare(name, &model);
+    eprintln!("{name}: fused batch, split-K dense products, vs alone: {diff:e}");
+    assert!(
+        diff <= 5e-5,
+        "{name}: the batched step on split-K differs by {diff:e}"
+    );
+}
+
+/// The 4-bit Qwen3.5 fixtures (the Qwen3-Next one has a known near-tie under shared products
+/// on CUDA: `device_fused::qwen3_next_4bit`).
+mod device_fused_split_k {
+    #[test]
+    fn qwen35_dense_4bit_tied() {
+        super::device_fused_split_k("qwen3.5-tiny-4bit")
+    }
+
+    #[test]
+    fn qwen35_moe_4bit() {
+        super::device_fused_split_k("qwen3.5-moe-tiny-4bit")
+    }
+}
+
 /// `BatchMoe::Grouped`: the fused batched step runs its MoE blocks on the prefill's
 /// expert-grouped products (composed ops, routing read back) instead of the gathered kernels;
 /// each sequence still gets its own tokens and logits within the shared products' gate

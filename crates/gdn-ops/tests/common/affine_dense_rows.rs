@@ -170,7 +170,7 @@ pub fn one_pass_rows_give_each_row_its_bits_alone(dev: &Device) {
     }
 }
 
-/// Split-K (`split`, and `auto` from 9 rows) against the dequantizing path at 9, 16, 33 and
+/// Split-K (`split`, and `auto` from 9 rows past the short matrices) against the dequantizing path at 9, 16, 33 and
 /// 64 rows, 4 and 8 bits, groups 32 and 64, f32 and bf16 activations, on matrices cut into
 /// several slices (two steps a slice on the 1 536 × 2 048 one): within 1e-5 of max |y| in f32
 /// (2e-2 in bf16: both round x, the weights and y once), and the same bits on a second run
@@ -201,10 +201,15 @@ pub fn split_k_matches_dequantize_and_repeats_its_bits(dev: &Device) {
                 };
                 let want = run(DenseRows::Dequantize);
                 let got = run(DenseRows::SplitK);
+                // Auto: split-K, or the row products on a short matrix (the router's rule).
+                let auto = DenseRows::Auto.path(rows, [m.rows, m.cols], true, true);
+                assert!(matches!(auto, DenseRows::SplitK | DenseRows::RowProducts));
                 assert_eq!(
-                    got,
                     run(DenseRows::Auto),
-                    "auto takes split-K at {rows} rows"
+                    run(auto),
+                    "auto takes {auto:?} at {rows} rows of [{}, {}]",
+                    m.rows,
+                    m.cols
                 );
                 let again = run(DenseRows::SplitK);
                 let differ = got
@@ -254,10 +259,10 @@ pub fn each_path_launches_what_it_should(dev: &Device) {
     assert_eq!(launched(DenseRows::Grouped, 16), 1);
     assert_eq!(launched(DenseRows::Dequantize, 16), 2);
     assert_eq!(launched(DenseRows::Auto, 8), 1, "auto: row products");
-    // 200 × 256: four slices of one step on CUDA (the GEMM and the sum); no split kernel on
-    // Metal (dequantize: two launches); the CPU twin one.
+    // 200 × 256: four slices of one step on CUDA and Metal (the GEMM and the sum); the CPU
+    // twin one. Auto keeps so short a matrix on the row products (one launch).
     let split = if dev.is_cpu() { 1 } else { 2 };
     assert_eq!(launched(DenseRows::SplitK, 16), split);
-    assert_eq!(launched(DenseRows::Auto, 16), split, "auto: split-K");
+    assert_eq!(launched(DenseRows::Auto, 16), 1, "auto: row products");
     assert_eq!(launched(DenseRows::RowProducts, DENSE_ROWS_MAX + 1), 2);
 }

@@ -155,6 +155,49 @@ pub fn cases() -> Vec<Case> {
     out
 }
 
+/// A split-K dense case (`ops/affine_grouped/split_k.rs`: one matrix, 9–64 rows, the grouped
+/// body over column slices into an f32 workspace, then the fixed-order sum), run by the CUDA
+/// body's and the Metal kernel's emulations alike.
+pub struct SplitCase {
+    /// One expert: `counts` = `[rows of x]`.
+    pub op: Case,
+    /// Its inputs' seed index (as [`seed`]'s `i`).
+    pub index: usize,
+    /// Steps of 64 columns a slice: the host's cut (`slicing`), or a forced one.
+    pub slice_steps: usize,
+}
+
+/// 9, 16, 33 and 64 rows (the CUDA tile heights 16, 32, 64; Metal's one or two 32-row tiles),
+/// 4 and 8 bits, groups 32 and 64, f32, bf16 and f16 activations; at the host's slicing
+/// ([`slicing`]: one step a slice on these small matrices) and at forced cuts (an uneven last
+/// slice, a last step of 32 columns, one slice).
+///
+/// [`slicing`]: gdn_ops::ops::affine_grouped::slicing::slicing
+pub fn split_cases() -> Vec<SplitCase> {
+    let shapes = [
+        // (x, scales, bits, group, rows, cols, rows of x, forced slice steps)
+        (Ty::Bf16, Ty::Bf16, 4, 64, 200, 320, 16, Some(2)),
+        (Ty::F32, Ty::F32, 8, 32, 72, 288, 9, None),
+        (Ty::Bf16, Ty::Bf16, 4, 64, 136, 256, 64, None),
+        (Ty::F32, Ty::Bf16, 4, 32, 130, 288, 33, Some(3)),
+        (Ty::F16, Ty::F16, 8, 64, 40, 384, 16, Some(6)),
+        (Ty::Bf16, Ty::F32, 8, 32, 100, 224, 33, None),
+        (Ty::F32, Ty::F16, 4, 64, 64, 256, 64, None),
+    ];
+    let slicing = gdn_ops::ops::affine_grouped::slicing::slicing;
+    shapes
+        .into_iter()
+        .enumerate()
+        .map(
+            |(i, (x, scales, bits, group, rows, cols, n, forced))| SplitCase {
+                op: case((x, scales), (bits, group), [rows, cols], &[n]),
+                index: 1000 + i,
+                slice_steps: forced.unwrap_or_else(|| slicing(rows, cols).0),
+            },
+        )
+        .collect()
+}
+
 /// The inputs' seed of case `i` of [`cases`]: the same on every backend.
 pub fn seed(i: usize) -> u64 {
     super::random::case_seed(104_729, i, 0)

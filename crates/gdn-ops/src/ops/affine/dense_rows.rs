@@ -16,8 +16,8 @@
 //!   decode products' (within the f32 gate, not bit for bit).
 //! - [`DenseRows::SplitK`]: the same GEMM with its columns cut into slices so that a matrix
 //!   of any height gets ~2 blocks per SM (`ops/affine_grouped/split_k.rs`): f32 partial sums
-//!   per slice, added in a fixed order by a second launch (the same bits every run). CUDA and
-//!   the CPU twin; Metal has no split kernel and keeps `Auto`'s former choice.
+//!   per slice, added in a fixed order by a second launch (the same bits every run). CUDA,
+//!   Metal (`kernels/affine_grouped.metal`'s split entries) and the CPU twin.
 //! - [`DenseRows::Dequantize`]: the whole matrix dequantized into x's dtype and a dense GEMM,
 //!   every step (what ran before; ~4× the packed bytes written and read again, 2 launches).
 //!
@@ -47,12 +47,25 @@ pub const AUTO_ROW_PRODUCTS_MAX: usize = 8;
 /// writes and reads ~620 MB twice.
 pub const AUTO_GROUPED_MIN_OUTPUTS: usize = 128 * 128;
 
+/// Weights × activation rows up to which [`DenseRows::Auto`] keeps a product of more than
+/// [`AUTO_ROW_PRODUCTS_MAX`] rows on the row products rather than split-K: short matrices
+/// such as the router (513 × 2 048), whose split launch is nearly all fixed cost. Measured on
+/// the H200 (docs/perf-notes-gpu.md, "Split-K dense products" and "The verify pass of 4
+/// tokens"): split-K costs the router 15.8 µs a call at 16 rows (two launches, 32 slices of one
+/// step each and their partial planes, for 1 M weights), while the row products cost about
+/// 6 µs plus 0.29 ns a weight and row (the router 7.0 µs at 4 rows, the 25 M-weight
+/// in-projection 29.7 µs at 4 rows). They break even near (15.8 − 6) µs / 0.29 ns ≈ 34 M
+/// weight-rows: the router up to 32 rows; the in- and out-projections (25 M, 8.4 M weights)
+/// never past 8 rows.
+pub const AUTO_ROW_PRODUCTS_MAX_WEIGHT_ROWS: usize = 34_000_000;
+
 /// How [`super::AffineTensor::matmul_t`] runs 5..=[`DENSE_ROWS_MAX`] rows.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum DenseRows {
-    /// Row products up to [`AUTO_ROW_PRODUCTS_MAX`] rows, then the split-K GEMM where the
-    /// device has it; elsewhere the grouped GEMM on matrices of at least
-    /// [`AUTO_GROUPED_MIN_OUTPUTS`] rows, else dequantize.
+    /// Row products up to [`AUTO_ROW_PRODUCTS_MAX`] rows, and on short matrices up to
+    /// [`AUTO_ROW_PRODUCTS_MAX_WEIGHT_ROWS`]; then the split-K GEMM where the device has it;
+    /// elsewhere the grouped GEMM on matrices of at least [`AUTO_GROUPED_MIN_OUTPUTS`] rows,
+    /// else dequantize.
     #[default]
     Auto,
     /// Dequantize and a dense GEMM (the reference the others are tested against).
@@ -117,13 +130,21 @@ impl DenseRows {
     }
 
     /// The path for `x_rows` activation rows (in `MATVEC_MAX_ROWS < x_rows <= DENSE_ROWS_MAX`)
-    /// of a matrix of `outputs` rows; `grouped` and `split` say whether the grouped and the
-    /// split-K kernels take this matrix, input and device. Never `Auto`; `Grouped` and
-    /// `SplitK` fall back to `Dequantize` where their kernel is missing.
-    pub fn path(self, x_rows: usize, outputs: usize, grouped: bool, split: bool) -> DenseRows {
+    /// of a matrix of `outputs` rows and `cols` columns; `grouped` and `split` say whether the
+    /// grouped and the split-K kernels take this matrix, input and device. Never `Auto`;
+    /// `Grouped` and `SplitK` fall back to `Dequantize` where their kernel is missing.
+    pub fn path(
+        self,
+        x_rows: usize,
+        [outputs, cols]: [usize; 2],
+        grouped: bool,
+        split: bool,
+    ) -> DenseRows {
         debug_assert!(x_rows <= DENSE_ROWS_MAX);
         match self {
-            DenseRows::Auto | DenseRows::OnePass if x_rows <= AUTO_ROW_PRODUCTS_MAX => {
+            DenseRows::Auto | DenseRows::OnePass
+                if x_rows <= AUTO_ROW_PRODUCTS_MAX || short_matrix(x_rows, outputs, cols) =>
+            {
                 DenseRows::RowProducts
             }
             DenseRows::Auto | DenseRows::OnePass | DenseRows::SplitK if split => DenseRows::SplitK,
@@ -137,6 +158,13 @@ impl DenseRows {
             _ => DenseRows::Dequantize,
         }
     }
+}
+
+/// Whether `x_rows` rows of an `outputs × cols` matrix cost the row products less than a
+/// split-K launch: at most [`AUTO_ROW_PRODUCTS_MAX_WEIGHT_ROWS`] weight-rows (the router;
+/// every backend alike, the split launch's fixed cost being its two launches and its partials).
+fn short_matrix(x_rows: usize, outputs: usize, cols: usize) -> bool {
+    outputs.saturating_mul(cols).saturating_mul(x_rows) <= AUTO_ROW_PRODUCTS_MAX_WEIGHT_ROWS
 }
 
 static CHOICE: AtomicU8 = AtomicU8::new(0);
@@ -192,17 +220,92 @@ mod tests {
     #[test]
     fn auto_takes_row_products_then_the_split_gemm() {
         let auto = DenseRows::Auto;
-        assert_eq!(auto.path(5, 2048, true, true), DenseRows::RowProducts);
-        assert_eq!(auto.path(8, 151_936, true, true), DenseRows::RowProducts);
-        // 9..=64 rows: split-K on every height where the kernel exists (CUDA, the CPU twin).
-        assert_eq!(auto.path(9, 2048, true, true), DenseRows::SplitK);
-        assert_eq!(auto.path(16, 12_352, true, true), DenseRows::SplitK);
-        assert_eq!(auto.path(64, 151_936, true, true), DenseRows::SplitK);
-        // No split kernel (Metal): the grouped GEMM on tall matrices, else dequantize.
-        assert_eq!(auto.path(9, 151_936, true, false), DenseRows::Grouped);
-        assert_eq!(auto.path(64, 151_936, true, false), DenseRows::Grouped);
-        assert_eq!(auto.path(16, 12_352, true, false), DenseRows::Dequantize);
-        assert_eq!(auto.path(16, 151_936, false, false), DenseRows::Dequantize);
+        assert_eq!(
+            auto.path(5, [2048, 4096], true, true),
+            DenseRows::RowProducts
+        );
+        assert_eq!(
+            auto.path(8, [151_936, 2048], true, true),
+            DenseRows::RowProducts
+        );
+        // 9..=64 rows: split-K where the kernel exists (CUDA, Metal, the CPU twin).
+        assert_eq!(auto.path(9, [2048, 4096], true, true), DenseRows::SplitK);
+        assert_eq!(auto.path(16, [12_352, 2048], true, true), DenseRows::SplitK);
+        assert_eq!(
+            auto.path(64, [151_936, 2048], true, true),
+            DenseRows::SplitK
+        );
+        // No split kernel (a format it does not take): the grouped GEMM on tall matrices, else
+        // dequantize.
+        assert_eq!(
+            auto.path(9, [151_936, 2048], true, false),
+            DenseRows::Grouped
+        );
+        assert_eq!(
+            auto.path(64, [151_936, 2048], true, false),
+            DenseRows::Grouped
+        );
+        assert_eq!(
+            auto.path(16, [12_352, 2048], true, false),
+            DenseRows::Dequantize
+        );
+        assert_eq!(
+            auto.path(16, [151_936, 2048], false, false),
+            DenseRows::Dequantize
+        );
+    }
+
+    #[test]
+    fn short_matrices_keep_the_row_products_past_eight_rows() {
+        // Qwen3-Next-80B at B = 16: the router (513 × 2 048, 17 M weight-rows) on the row
+        // products, the in-projection (12 352 × 2 048) on split-K, on CUDA and Metal alike.
+        let (router, in_proj) = ([513, 2048], [12_352, 2048]);
+        for grouped in [true, false] {
+            assert_eq!(
+                DenseRows::Auto.path(16, router, grouped, true),
+                DenseRows::RowProducts
+            );
+            assert_eq!(
+                DenseRows::Auto.path(16, in_proj, grouped, true),
+                DenseRows::SplitK
+            );
+        }
+        // The router up to 32 rows (33.6 M weight-rows at 32, 34.6 M at 33: split-K from 33).
+        assert_eq!(
+            DenseRows::Auto.path(32, router, true, true),
+            DenseRows::RowProducts
+        );
+        assert_eq!(
+            DenseRows::Auto.path(33, router, true, true),
+            DenseRows::SplitK
+        );
+        assert_eq!(
+            DenseRows::Auto.path(64, router, true, true),
+            DenseRows::SplitK
+        );
+        assert_eq!(
+            DenseRows::OnePass.path(16, router, true, true),
+            DenseRows::RowProducts
+        );
+        // No split kernel: the same rule first.
+        assert_eq!(
+            DenseRows::Auto.path(16, router, true, false),
+            DenseRows::RowProducts
+        );
+        // The out-projection (2 048 × 4 096) is split from 9 rows.
+        assert_eq!(
+            DenseRows::Auto.path(9, [2048, 4096], true, true),
+            DenseRows::SplitK
+        );
+        // `split` forces split-K on every matrix (for measuring), `dequantize` its path.
+        assert_eq!(
+            DenseRows::SplitK.path(16, router, true, true),
+            DenseRows::SplitK
+        );
+        assert_eq!(
+            DenseRows::Dequantize.path(16, router, true, true),
+            DenseRows::Dequantize
+        );
     }
 
     #[test]
@@ -225,27 +328,27 @@ mod tests {
     #[test]
     fn forced_choices_hold_where_the_kernel_exists() {
         assert_eq!(
-            DenseRows::RowProducts.path(64, 2048, true, true),
+            DenseRows::RowProducts.path(64, [2048, 4096], true, true),
             DenseRows::RowProducts
         );
         assert_eq!(
-            DenseRows::Grouped.path(5, 2048, true, true),
+            DenseRows::Grouped.path(5, [2048, 4096], true, true),
             DenseRows::Grouped
         );
         assert_eq!(
-            DenseRows::Grouped.path(5, 2048, false, false),
+            DenseRows::Grouped.path(5, [2048, 4096], false, false),
             DenseRows::Dequantize
         );
         assert_eq!(
-            DenseRows::Dequantize.path(5, 151_936, true, true),
+            DenseRows::Dequantize.path(5, [151_936, 2048], true, true),
             DenseRows::Dequantize
         );
         assert_eq!(
-            DenseRows::SplitK.path(5, 2048, true, true),
+            DenseRows::SplitK.path(5, [2048, 4096], true, true),
             DenseRows::SplitK
         );
         assert_eq!(
-            DenseRows::SplitK.path(16, 2048, true, false),
+            DenseRows::SplitK.path(16, [2048, 4096], true, false),
             DenseRows::Dequantize
         );
         for (_, c) in DenseRows::NAMED {

@@ -158,7 +158,7 @@ impl AffineTensor {
         } else if x_rows <= DENSE_ROWS_MAX {
             dense_rows().path(
                 x_rows,
-                self.rows,
+                [self.rows, self.cols],
                 self.has_grouped_kernel(&x2),
                 self.has_split_kernel(&x2),
             )

@@ -1,11 +1,13 @@
 //! How the split-K grouped GEMM ([`super::split_k`]) cuts a matrix's columns into slices: the
-//! host's launch (`super::cuda`) and the emulation tests use the same cut, so it sits apart from
-//! both.
+//! hosts' launches (`super::cuda`, `super::metal`: one cut for both backends, so that a product
+//! slices alike everywhere) and the emulation tests use the same cut, so it sits apart from all.
 
 use super::{TILE_COLS, TILE_ROWS};
 
 /// Blocks a split launch aims at: two per SM of an H100/H200 (132 SMs), so that one block's
-/// dequantization overlaps the other's loads.
+/// dequantization overlaps the other's loads. Metal's threadgroups are a quarter of a CUDA
+/// block's outputs (32 rows, not 128), so the same cut gives it four times as many: ~1 000
+/// for Qwen3-Next's projections, several per core of the largest Apple GPU (80 cores).
 pub const TARGET_BLOCKS: usize = 264;
 
 /// The cut of `cols` columns for a matrix of `rows` outputs: `(slice_steps, slices)`, each

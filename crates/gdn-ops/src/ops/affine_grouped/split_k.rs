@@ -10,7 +10,8 @@
 //!
 //! The CPU twin is the grouped GEMM's ([`super::cpu`]: dequantize, round into x's dtype,
 //! multiply in f32); the slicing is the kernel's and its emulation's
-//! (tests/affine_grouped_cuda_emulation.rs runs the shipped body sliced against the twin).
+//! (tests/affine_grouped_cuda_emulation.rs and tests/affine_grouped_emulation.rs run the
+//! shipped CUDA and Metal bodies sliced against the twin).
 
 use super::slicing::slicing;
 use crate::launches;
@@ -22,8 +23,8 @@ use candle_core::{DType, Device, Tensor};
 impl AffineTensor {
     /// `x Wᵀ` for a single matrix and 2-D `x` `[n, cols]` (n ≤ the grouped GEMM's tile,
     /// [`super::TILE_PAIRS`]) by the split-K grouped GEMM where the device has it
-    /// ([`Self::has_split_kernel`]): CUDA runs `affine_grouped_split_*` and the fixed-order sum,
-    /// the CPU the twin; elsewhere the grouped path.
+    /// ([`Self::has_split_kernel`]): CUDA and Metal run `affine_grouped_split_*` and the
+    /// fixed-order sum, the CPU the twin; elsewhere the grouped path.
     pub fn split_matmul_t(&self, x: &Tensor) -> Result<Tensor> {
         let n = x.dim(0)?;
         let offsets = [0, n as u32];
@@ -46,19 +47,27 @@ impl AffineTensor {
             Device::Cpu => launches::cpu_twin(|| super::cpu::grouped_products(self, x, &offsets)),
             #[cfg(feature = "cuda")]
             Device::Cuda(_) if self.has_split_kernel(x) => super::cuda::split_matmul_t(self, x),
+            #[cfg(any(feature = "metal", target_os = "macos"))]
+            Device::Metal(_) if self.has_split_kernel(x) => super::metal::split_matmul_t(self, x),
             _ => self.grouped_matmul_t(x, &offsets),
         })
     }
 
     /// Whether [`Self::split_matmul_t`] runs the split kernel (or, on the CPU, its twin) for
-    /// `x` on this device: the grouped kernel's shapes and dtypes and 16-byte aligned x on
-    /// CUDA. Metal has no split kernel yet (its dense rows keep the grouped GEMM on tall
-    /// matrices, else the dequantizing path).
+    /// `x` on this device: the grouped kernel's shapes and dtypes, and 16-byte aligned x on
+    /// CUDA; on Metal the formats of `kernels/affine_grouped.metal` (its split entries) and
+    /// float activations.
     pub fn has_split_kernel(&self, x: &Tensor) -> bool {
         match self.device() {
             Device::Cpu => matches!(x.dtype(), DType::F32 | DType::F16 | DType::BF16),
             #[cfg(feature = "cuda")]
             Device::Cuda(_) => self.has_grouped_kernel(x),
+            #[cfg(any(feature = "metal", target_os = "macos"))]
+            Device::Metal(_) => {
+                self.experts == 1
+                    && super::metal::supports(self)
+                    && matches!(x.dtype(), DType::F32 | DType::F16 | DType::BF16)
+            }
             _ => false,
         }
     }

@@ -1,5 +1,5 @@
-//! The launch contract of the grouped quantized matmul kernel (`kernels/affine_grouped.metal`):
-//! its tile sizes, its parameter and tile structs (mirrors of `kernels/params/affine_grouped_metal.h`),
+//! The launch contract of the grouped quantized matmul kernel (`kernels/affine_grouped.metal`,
+//! its split-K entries and their sum included): its tile sizes, its parameter and tile structs (mirrors of `kernels/params/affine_grouped_metal.h`),
 //! and the tile schedule the host builds from offsets checked by
 //! [`check_offsets`](super::check_offsets).
 //! Backend-neutral, so that the emulation test feeds the kernel the schedule the host builds.
@@ -16,6 +16,8 @@ pub const GROUPED_THREADS: usize = 128;
 /// (each 32 × 32, sized for f32).
 pub const GROUPED_SCRATCH_BYTES: usize =
     (GROUPED_TILE_ROWS * GROUPED_TILE_COLS + 2 * GROUPED_TILE_ROWS * 32) * 4;
+/// Threads per threadgroup of the split-K sum (`affine_split_sum_*`), `kSumThreads`.
+pub const SPLIT_SUM_THREADS: usize = 256;
 
 /// `AffineGroupedParams` of kernels/params/affine_grouped_metal.h, field for field.
 #[repr(C)]
@@ -28,6 +30,18 @@ pub struct AffineGroupedParams {
     pub group_size: u32,
     pub x_rows: u32,
     pub tiles: u32,
+    /// Split-K: columns per slice (threadgroups along z, [`super::slicing::slicing`]'s cut in
+    /// columns); 0: one pass writing y.
+    pub slice_cols: u32,
+}
+
+/// `AffineSplitSumParams` of kernels/params/affine_grouped_metal.h: the split-K sum's
+/// `n` = P × R outputs over `slices` planes.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AffineSplitSumParams {
+    pub n: u32,
+    pub slices: u32,
 }
 
 /// `GroupedTile` of kernels/params/affine_grouped_metal.h: rows `row_begin..row_end` of x, all of
