@@ -22,11 +22,13 @@ mod prompt_args;
 pub mod prompt_cache_args;
 mod prompt_cache_file;
 mod rank_plan;
-mod ranks;
+pub mod ranked_turns;
+pub mod ranks;
 mod replier;
 pub mod sampling_args;
 pub mod speculation_args;
 pub mod template_args;
+mod turn_message;
 
 use crate::serve;
 use crate::ui::output;

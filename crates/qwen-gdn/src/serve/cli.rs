@@ -2,6 +2,7 @@
 
 use super::request_log::LogFormat;
 use crate::cli::prompt_cache_args::PromptCacheArgs;
+use crate::cli::ranks::RankArgs;
 use crate::cli::speculation_args::SpeculationArgs;
 use crate::load::{positive_usize, ModelArgs};
 use std::time::Duration;
@@ -76,6 +77,9 @@ pub struct Args {
     /// object per HTTP request (method, path, status, tokens, timings)
     #[arg(long, value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
+    // Over ranks, rank 0 serves and runs each request with the others, one at a time.
+    #[command(flatten)]
+    pub ranks: RankArgs,
 }
 
 /// A duration in seconds (fractions allowed), above zero and at most a day.
