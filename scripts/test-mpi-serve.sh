@@ -89,7 +89,8 @@ echo "serve --ranks 2 (pipeline): plain, streamed and the cached second turn as 
 # 400 tokens, and the ranks answer the next request in step.
 client leave "$first" 400 >/dev/null
 text() { python3 -c 'import json,sys; print(json.loads(sys.stdin.readline())["text"])'; }
-after=$(client plain "$first" 16 | text)
+after=$(client plain "$first" 16 | text) \
+    || { cat "$tmp/two.log"; fail "the request after a client left was not answered"; }
 [ "$after" = "$(text <"$tmp/want")" ] || { cat "$tmp/two.log"; fail "the request after a client left differs: $after"; }
 cancelled=$(grep -c "generated, cancelled" "$tmp/two.log" || true)
 [ "$cancelled" = 1 ] || { cat "$tmp/two.log"; fail "the client that left did not cancel its turn"; }

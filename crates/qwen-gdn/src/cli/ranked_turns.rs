@@ -354,8 +354,18 @@ fn sample(sampler: &mut Sampler, logits: &Tensor, history: &[u32]) -> Result<u32
     Ok(sampler.sample(&mut row, history))
 }
 
-/// Every rank but 0: runs each turn rank 0 announces until it ends the session.
+/// Every rank but 0: runs each turn rank 0 announces until it ends the session. A failed
+/// turn ends this process with its one line and without finalizing MPI (which waits for
+/// every rank, while rank 0 still serves): the launcher then stops the other ranks.
 pub fn follow_turns(checkpoint: &Checkpoint, mut turns: RankedTurns) -> Result<()> {
+    if let Err(e) = follow(checkpoint, &mut turns) {
+        crate::cli::print_error(&e);
+        std::process::exit(1);
+    }
+    Ok(())
+}
+
+fn follow(checkpoint: &Checkpoint, turns: &mut RankedTurns) -> Result<()> {
     let world = turns.world().clone();
     let receive = |n: usize, waiting: bool| -> Result<Vec<u32>> {
         let mut bits = vec![0f32; n];
