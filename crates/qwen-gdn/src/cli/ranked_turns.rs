@@ -150,10 +150,17 @@ impl RankedTurns {
         Ok(())
     }
 
-    /// One turn on this rank, in step with the others. Rank 0 passes the sink of the text
-    /// and the cancel; the other ranks pass none. `params.seed` is set (the same on every
-    /// rank); the stop strings are rank 0's alone.
-    fn run(
+    /// The sampler's seed every rank uses: `asked`, or under a split plan (where every rank
+    /// samples) rank 0's random one.
+    pub fn seed(&self, asked: Option<u64>) -> Result<Option<u64>> {
+        self.plan.seed(asked)
+    }
+
+    /// One turn on this rank, in step with the others, which run it with the same prompt and
+    /// `params` (announced by [`RankedTurns::lead`], or read by every rank from the same
+    /// command line as `generate` does). Rank 0 passes the sink of the text and the cancel;
+    /// the other ranks pass none. The stop strings are rank 0's alone.
+    pub fn run(
         &mut self,
         checkpoint: &Checkpoint,
         prompt: &PromptTokens,
