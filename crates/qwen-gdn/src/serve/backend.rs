@@ -342,11 +342,6 @@ impl Backend for EngineBackend {
     }
 
     fn prompt_cache_stats(&mut self) -> Option<PromptCacheStats> {
-        let cache = self.engine.prompt_cache_mut();
-        Some(PromptCacheStats {
-            bytes: cache.bytes(),
-            budget: cache.budget(),
-            entries: cache.len(),
-        })
+        Some(PromptCacheStats::of(self.engine.prompt_cache_mut()))
     }
 }

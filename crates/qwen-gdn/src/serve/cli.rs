@@ -19,7 +19,10 @@ use std::time::Duration;
                   drafts, the model verifies) while it is the only one decoding, and in the \
                   batch's plain steps while others are.\nSlow and idle \
                   clients are closed after --header-timeout, --body-timeout and \
-                  --keep-alive-timeout; the cap on connections is printed at start.\nCtrl-C stops \
+                  --keep-alive-timeout; the cap on connections is printed at start.\nWith \
+                  --ranks N (or under mpirun) rank 0 serves and runs each request with the \
+                  other ranks, one at a time (no batching over ranks); logprobs, \
+                  response_format and forced tool calls are answered 400 there.\nCtrl-C stops \
                   accepting connections and lets running requests finish; a second Ctrl-C exits \
                   at once."
 )]

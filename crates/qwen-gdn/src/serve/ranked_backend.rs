@@ -177,11 +177,6 @@ impl Backend for RankedBackend {
     }
 
     fn prompt_cache_stats(&mut self) -> Option<PromptCacheStats> {
-        let cache = self.turns.prompt_cache();
-        Some(PromptCacheStats {
-            bytes: cache.bytes(),
-            budget: cache.budget(),
-            entries: cache.len(),
-        })
+        Some(PromptCacheStats::of(self.turns.prompt_cache()))
     }
 }
