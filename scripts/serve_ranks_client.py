@@ -1,12 +1,13 @@
 #!/usr/bin/env python3
 """A client of `qwen-gdn serve` for scripts/test-mpi-serve.sh (standard library only).
 
-    serve_ranks_client.py URL MODE MESSAGES_JSON MAX_TOKENS
+    serve_ranks_client.py URL MODE MESSAGES_JSON MAX_TOKENS [EXTRA_JSON]
 
 URL is the server's /v1 base; MODE is `plain` (one response), `stream` (server-sent events,
 the deltas joined) or `leave` (streamed, the connection closed after the first piece of
 text). Prints one JSON line: {"text": ..., "cached": ..., "finish": ...} (`leave`: the
-first piece only). Greedy (temperature 0)."""
+first piece only). Greedy (temperature 0) unless EXTRA_JSON (fields added to the request,
+e.g. stop strings, a temperature and a seed) says otherwise."""
 
 import json
 import sys
@@ -29,6 +30,8 @@ def main():
         "max_tokens": int(max_tokens),
         "temperature": 0,
     }
+    if len(sys.argv) > 5:
+        body.update(json.loads(sys.argv[5]))
     if mode == "plain":
         with post(url, body) as response:
             reply = json.load(response)

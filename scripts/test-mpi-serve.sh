@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # `serve` over ranks (run by scripts/test-mpi.sh with the `mpi` build of qwen-gdn as $1; alone:
 # `bash scripts/test-mpi-serve.sh target/debug/qwen-gdn`), greedy, on qwen3-next-tiny-4bit:
-#  1. one process's `serve` answers three requests (a plain chat completion, the same one
-#     streamed, and a second turn behind it, whose prefix the prompt cache holds);
+#  1. one process's `serve` answers five requests (a plain chat completion, the same one
+#     streamed, a second turn behind it, whose prefix the prompt cache holds, the first with a
+#     stop string from the middle of its reply, and the first sampled with a seed);
 #  2. `serve --ranks 2` (pipeline) and `mpirun -np 3 serve --parallel tensor-experts` answer
-#     them with the same text, the streamed one too, and the repeated prefix hits the prompt
+#     them with the same text and finish, the streamed ones too, and the repeated prefix hits the prompt
 #     cache of every rank's shard (as many cached tokens as one process);
 #  3. a client that leaves mid-stream cancels the turn on every rank (the next request is
 #     still answered in step, with the same text);
@@ -62,20 +63,26 @@ no_orphans() {
 
 client() { timeout 120 python3 scripts/serve_ranks_client.py "$url" "$@"; }
 first='[{"role": "user", "content": "Hello there"}]'
-# The three requests; their replies, one JSON line each, into $1.
+# The requests; their replies, one JSON line each, into $1: the first turn plain and streamed,
+# the second turn behind it (the prompt cache), the first with a stop string from the middle of
+# its reply (rank 0 ends the turn on every rank), and sampled with a seed.
 requests() {
-    local out=$1 reply
+    local out=$1 reply stop
     client plain "$first" 16 >"$out"
     client stream "$first" 16 >>"$out"
     reply=$(head -1 "$out" | python3 -c 'import json,sys; print(json.dumps(json.load(sys.stdin)["text"]))')
     client plain "[{\"role\": \"user\", \"content\": \"Hello there\"}, {\"role\": \"assistant\", \"content\": $reply}, {\"role\": \"user\", \"content\": \"Tell me more\"}]" 16 >>"$out"
+    stop=$(head -1 "$out" | python3 -c 'import json,sys; t = json.load(sys.stdin)["text"]; print(json.dumps([t[len(t) // 2:len(t) // 2 + 3]]))')
+    client plain "$first" 16 "{\"stop\": $stop}" >>"$out"
+    client stream "$first" 16 '{"temperature": 0.8, "seed": 7}' >>"$out"
 }
 
 start "$tmp/one.log" "$qwen_gdn" serve --model "$model" --port 0
 requests "$tmp/want"
 stop
-last_cached=$(tail -1 "$tmp/want" | python3 -c 'import json,sys; print(json.load(sys.stdin)["cached"])')
+last_cached=$(sed -n 3p "$tmp/want" | python3 -c 'import json,sys; print(json.load(sys.stdin)["cached"])')
 [ "$last_cached" -gt 0 ] || { cat "$tmp/want"; fail "one process's second turn missed the prompt cache"; }
+sed -n 4p "$tmp/want" | grep -q '"finish": "stop"' || { cat "$tmp/want"; fail "one process's request with a stop string did not stop"; }
 
 # 2 ranks, pipeline; each piece of text slowed, so that a client can leave mid-stream.
 start "$tmp/two.log" env QWEN_GDN_TEST_TOKEN_DELAY_MS=20 "$qwen_gdn" serve --model "$model" --port 0 --ranks 2
@@ -83,7 +90,8 @@ grep -q "^qwen-gdn serve: over 2 ranks (--parallel pipeline), one request at a t
     || { cat "$tmp/two.log"; fail "no line for the one-at-a-time path over 2 ranks"; }
 requests "$tmp/two"
 cmp -s "$tmp/want" "$tmp/two" || { cat "$tmp/want" "$tmp/two"; fail "serve --ranks 2 answered other than one process"; }
-echo "serve --ranks 2 (pipeline): plain, streamed and the cached second turn as one process ($(tail -1 "$tmp/two"))"
+echo "serve --ranks 2 (pipeline): plain, streamed, the cached second turn, a stop string and seeded sampling as one process:"
+sed 's/^/    /' "$tmp/two"
 
 # A client that leaves mid-stream: the turn ends (cancelled) on every rank, long before its
 # 400 tokens, and the ranks answer the next request in step.
@@ -110,7 +118,7 @@ echo "SIGTERM ended serve --ranks 2 and its ranks after $(( $(date +%s) - starte
 start "$tmp/three.log" "${mpirun[@]}" -np 3 "$qwen_gdn" serve --model "$model" --port 0 --parallel tensor-experts
 requests "$tmp/three"
 cmp -s "$tmp/want" "$tmp/three" || { cat "$tmp/want" "$tmp/three"; fail "serve on 3 ranks (tensor-experts) answered other than one process"; }
-echo "serve on 3 ranks (tensor-experts): plain, streamed and the cached second turn as one process"
+echo "serve on 3 ranks (tensor-experts): plain, streamed, the cached second turn, a stop string and seeded sampling as one process"
 
 # Rank 1 killed: the launcher stops the others; rank 0's server ends with one line.
 rank1=
