@@ -30,6 +30,7 @@ fail() { echo "FAIL: serve over ranks: $*"; exit 1; }
 start() {
     local log=$1
     shift
+    : >"$log" # there before the background job opens it, for the grep below
     "$@" 2>"$log" &
     pid=$!
     for _ in $(seq 480); do
