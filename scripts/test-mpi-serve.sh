@@ -8,7 +8,8 @@
 #     them with the same text and finish, the streamed ones too, and the repeated prefix hits the prompt
 #     cache of every rank's shard (as many cached tokens as one process);
 #  3. a client that leaves mid-stream cancels the turn on every rank (the next request is
-#     still answered in step, with the same text);
+#     still answered in step, with the same text); logprobs are answered 400 over ranks and
+#     --max-batch 4 is refused in one line;
 #  4. SIGTERM to `serve --ranks 2` ends every rank, each with its one line, within 10 s,
 #     leaving no process of the job; killing rank 1 of the 3 ends rank 0's server with one
 #     line within 10 s.
@@ -94,6 +95,13 @@ cmp -s "$tmp/want" "$tmp/two" || { cat "$tmp/want" "$tmp/two"; fail "serve --ran
 echo "serve --ranks 2 (pipeline): plain, streamed, the cached second turn, a stop string and seeded sampling as one process:"
 sed 's/^/    /' "$tmp/two"
 
+# What needs the model outside the turn is refused in one answer naming the parameter.
+status=$(curl -s -o "$tmp/refused" -w '%{http_code}' "$url/chat/completions" \
+    -H 'content-type: application/json' \
+    -d '{"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4, "logprobs": true}')
+[ "$status" = 400 ] && grep -q '"param":"logprobs"' "$tmp/refused" \
+    || { cat "$tmp/refused"; fail "logprobs over ranks: status $status, not a 400 naming logprobs"; }
+
 # A client that leaves mid-stream: the turn ends (cancelled) on every rank, long before its
 # 400 tokens, and the ranks answer the next request in step.
 client leave "$first" 400 >/dev/null
@@ -114,6 +122,12 @@ for rank in 0 1; do
         || { cat "$tmp/two.log"; fail "SIGTERM: rank $rank did not end with its one line"; }
 done
 echo "SIGTERM ended serve --ranks 2 and its ranks after $(( $(date +%s) - started ))s"
+
+# Batching over ranks is refused before the ranks start, in one line.
+status=0
+"$qwen_gdn" serve --model "$model" --port 0 --ranks 2 --max-batch 4 2>"$tmp/refused" || status=$?
+[ "$status" -ne 0 ] && [ "$(wc -l <"$tmp/refused")" = 1 ] && grep -q "^error: --max-batch: over ranks" "$tmp/refused" \
+    || { cat "$tmp/refused"; fail "--max-batch 4 --ranks 2: exit $status, not one line"; }
 
 # 3 ranks under mpirun, experts and heads split.
 start "$tmp/three.log" "${mpirun[@]}" -np 3 "$qwen_gdn" serve --model "$model" --port 0 --parallel tensor-experts

@@ -47,6 +47,7 @@ pub use cli::Args;
 
 pub fn run(args: Args) -> Result<ExitCode> {
     if let Some(ranks) = args.ranks.ranks {
+        ranked_backend::check_args(&args)?;
         return crate::cli::ranks::spawn_under_mpirun(ranks);
     }
     // Settings first: a mistake in them is reported before the model is loaded.

@@ -23,6 +23,18 @@ use anyhow::{bail, Result};
 use qwen_gdn_collective::World;
 use std::ops::ControlFlow;
 
+/// The flags a server over ranks refuses (checked by `--ranks` before it starts the ranks, so
+/// that the line is printed once).
+pub fn check_args(args: &Args) -> Result<()> {
+    if args.speculation.requested() {
+        bail!("speculative decoding is not supported over ranks yet");
+    }
+    if args.max_batch.is_some_and(|n| n > 1) {
+        bail!("--max-batch: over ranks the server runs one request at a time (no batching over ranks yet)");
+    }
+    Ok(())
+}
+
 /// This rank's share of the model under `args`' plan over `world`: rank 0's backend, or, on
 /// the other ranks, `None` once rank 0 ended the job (they run its requests until then).
 pub fn load(
@@ -31,12 +43,7 @@ pub fn load(
     context: usize,
     world: World,
 ) -> Result<Option<RankedBackend>> {
-    if args.speculation.requested() {
-        bail!("speculative decoding is not supported over ranks yet");
-    }
-    if args.max_batch.is_some_and(|n| n > 1) {
-        bail!("--max-batch: over ranks the server runs one request at a time (no batching over ranks yet)");
-    }
+    check_args(args)?;
     let setup = RankSetup {
         parallel: args.ranks.parallel,
         model: &args.model,
