@@ -14,7 +14,10 @@
 #  4. `qwen-gdn generate --ranks 2` and `mpirun -n 3 qwen-gdn generate` (the `mpi` build):
 #     the same text as one process, with the layout printed;
 #  5. `qwen-gdn chat --ranks 2` and `mpirun -n 3 qwen-gdn chat`: two turns print what one
-#     process prints, the second resumed from the prompt cache as far; SIGTERM ends every rank.
+#     process prints, the second resumed from the prompt cache as far; SIGTERM ends every rank;
+#  6. `serve --ranks 2` and `mpirun -n 3 qwen-gdn serve` (scripts/test-mpi-serve.sh): plain and
+#     streamed completions as one process's, the prompt cache across ranks, a client leaving
+#     mid-stream, SIGTERM, and a rank killed.
 # Installs Open MPI from Debian when missing (CI runs as root on a fresh machine); bindgen also
 # needs libclang. Each run is bounded by a timeout so that a stuck rank fails the job instead
 # of hanging it.
@@ -226,3 +229,6 @@ for rank in 0 1; do
         || { cat "$log"; echo "FAIL: SIGTERM: rank $rank did not end with its one line"; exit 1; }
 done
 echo "SIGTERM ended chat --ranks 2 and its ranks after $(( $(date +%s) - start ))s"
+
+# serve over ranks: rank 0 serves HTTP and leads each request over the ranks.
+bash scripts/test-mpi-serve.sh "$qwen_gdn"

@@ -6,8 +6,9 @@
 
 use crate::cli::chat_args::Args;
 use crate::cli::chat_command::{self, Input, HELP};
-use crate::cli::chat_ranks::{follow_turns, RankedReplies, RankedTurns};
+use crate::cli::chat_ranks::{rank_setup, RankedReplies};
 use crate::cli::conversation::Conversation;
+use crate::cli::ranked_turns::{follow_turns, RankedTurns};
 use crate::cli::replier::Replier;
 use crate::cli::speculation_args::stats_line;
 use crate::engine::{
@@ -63,7 +64,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
     let ranked = world.is_some();
     let (replier, compile_time, draft_length): (Box<dyn Replier>, _, _) = match world {
         Some(world) => {
-            let turns = RankedTurns::load(&args, &checkpoint, context, world)?;
+            let turns = RankedTurns::load(&rank_setup(&args), &checkpoint, context, world)?;
             if turns.rank() != 0 {
                 follow_turns(&checkpoint, turns)?;
                 return Ok(ExitCode::SUCCESS);

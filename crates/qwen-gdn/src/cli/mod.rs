@@ -22,11 +22,13 @@ mod prompt_args;
 pub mod prompt_cache_args;
 mod prompt_cache_file;
 mod rank_plan;
-mod ranks;
+pub mod ranked_turns;
+pub mod ranks;
 mod replier;
 pub mod sampling_args;
 pub mod speculation_args;
 pub mod template_args;
+mod turn_message;
 
 use crate::serve;
 use crate::ui::output;
@@ -93,20 +95,25 @@ pub fn main() -> ExitCode {
     match result {
         Ok(code) => code,
         Err(e) => {
-            // A pipeline rank's own error is its one last line (no launcher-stop line after).
-            qwen_gdn_collective::ending_with_own_line();
-            // `{:#}` joins the context chain with ": "; any newline inside a message
-            // (e.g. from a template error) is folded so that the error stays one line.
-            output::eprint_line(&format!(
-                "error: {}",
-                format!("{e:#}")
-                    .split_whitespace()
-                    .collect::<Vec<_>>()
-                    .join(" ")
-            ));
+            print_error(&e);
             ExitCode::FAILURE
         }
     }
+}
+
+/// Prints `e` as this process's last line, `error: ...`.
+pub fn print_error(e: &anyhow::Error) {
+    // A pipeline rank's own error is its one last line (no launcher-stop line after).
+    qwen_gdn_collective::ending_with_own_line();
+    // `{:#}` joins the context chain with ": "; any newline inside a message (e.g. from a
+    // template error) is folded so that the error stays one line.
+    output::eprint_line(&format!(
+        "error: {}",
+        format!("{e:#}")
+            .split_whitespace()
+            .collect::<Vec<_>>()
+            .join(" ")
+    ));
 }
 
 /// clap's errors span several lines (usage, tips); scripts and users get one line instead,

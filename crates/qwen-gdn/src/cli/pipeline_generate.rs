@@ -6,20 +6,20 @@
 //!   ([`ExpertParallel`]); every rank computes the same logits and its sampler (same seed)
 //!   picks the same token, which the ranks check against each other every step.
 //!
-//! Rank 0 streams the text and prints the stats. The plan itself is `rank_plan.rs`. A prompt
-//! cache file and speculative decoding are single-process features and are refused here.
+//! Rank 0 streams the text and prints the stats. The loop is the one `chat` and `serve` run over
+//! ranks (ranked_turns.rs: one turn, without the prompt cache; every rank has read the prompt
+//! itself, so nothing is broadcast); the plan itself is `rank_plan.rs`. A prompt cache file and
+//! speculative decoding are single-process features and are refused here.
 
 use crate::cli::generate::{encode_prompt, print_stats, Args};
-use crate::cli::rank_plan::RankPlan;
-use crate::engine::eos_ids;
-use crate::engine::sampler::Sampler;
-use crate::text::stream::TokenStream;
-use crate::ui::output::{emit, eprint_line};
+use crate::cli::prompt_cache_args::PromptCacheArgs;
+use crate::cli::ranked_turns::{RankSetup, RankedTurns};
+use crate::engine::{FinishReason, GenerateParams, PromptTokens, ReplySink};
+use crate::ui::output::emit;
 use anyhow::{bail, Result};
 use qwen_gdn_collective::World;
-use qwen_gdn_model::Config;
+use std::ops::ControlFlow;
 use std::process::ExitCode;
-use std::time::Instant;
 
 /// `generate`: in one process, as a pipeline stage when `mpirun` started this process among
 /// several, or, with `--ranks N`, by starting `mpirun -n N` of this binary.
@@ -46,73 +46,76 @@ fn run(args: &Args, world: World) -> Result<ExitCode> {
     let ids = encode_prompt(args, &checkpoint, &prompt, &what)?;
     limit.check_fits(ids.len(), &what)?;
     let context = ids.len() + args.sampling.max_tokens;
-    let config = Config::from_dir(&checkpoint.dir)?;
-    let layers = config.num_hidden_layers;
-    let pipeline = RankPlan::new(args.ranks.parallel, world, &config)?;
-    eprint_line(&pipeline.layout_line());
-    let mut model = args
-        .model
-        .load_model_part(&checkpoint, context, pipeline.part(layers))?;
-    pipeline.ready(&mut model)?;
-    let eos = eos_ids(&checkpoint, &model.config().eos_token_id)?;
-    let max_positions = model.config().max_position_embeddings;
-    let seed = pipeline.seed(args.sampling.seed)?;
-    let mut sampler = pipeline
-        .picks()
-        .then(|| Sampler::new(args.sampling.sampler(), seed));
-    let printer = pipeline.rank() == 0;
-    let mut out = std::io::stdout().lock();
-    if printer && args.verbose {
-        emit(&mut out, "==========\n")?;
+    // One turn, without the prompt cache (a budget of 0 keeps nothing).
+    let no_cache = PromptCacheArgs {
+        prompt_cache_every: None,
+        prompt_cache_bytes: Some(0),
+    };
+    let setup = RankSetup {
+        parallel: args.ranks.parallel,
+        model: &args.model,
+        prompt_cache: &no_cache,
+    };
+    let mut turns = RankedTurns::load(&setup, &checkpoint, context, world)?;
+    let params = GenerateParams {
+        max_tokens: args.sampling.max_tokens,
+        sampler: args.sampling.sampler(),
+        seed: turns.seed(args.sampling.seed)?,
+        stop_strings: Vec::new(),
+    };
+    let prompt = PromptTokens::plain(ids);
+    if turns.rank() != 0 {
+        turns.run(&checkpoint, &prompt, &params, None)?;
+        return Ok(ExitCode::SUCCESS);
     }
-
-    let start = Instant::now();
-    let mut cache = model.new_cache();
-    let (&last, head) = ids.split_last().expect("the prompt has tokens");
-    pipeline.prefill(&model, head, &mut cache, args.model.prefill_chunk_size)?;
-    let mut history = ids.clone();
-    let mut stream = TokenStream::new();
-    let (mut next, mut generated, mut first_token_at) = (last, 0, None);
-    let mut printing = printer;
-    while generated < args.sampling.max_tokens && cache.offset < max_positions {
-        let logits = pipeline.forward_last(&model, &[next], &mut cache)?;
-        let chosen = match (logits, sampler.as_mut()) {
-            (Some(logits), Some(sampler)) => {
-                let mut row = logits.flatten_all()?.to_vec1::<f32>()?;
-                Some(sampler.sample(&mut row, &history))
-            }
-            _ => None,
-        };
-        let token = pipeline.share_token(chosen)?;
-        first_token_at.get_or_insert_with(Instant::now);
-        if eos.contains(&token) {
-            break;
-        }
-        generated += 1;
-        history.push(token);
-        if printing {
-            if let Some(text) = stream.push(&checkpoint.tokenizer, token)? {
-                // A closed stdout stops the printing, not the other ranks' loop.
-                printing = emit(&mut out, &text)?;
-            }
-        }
-        next = token;
+    let mut sink = Stdout {
+        out: std::io::stdout().lock(),
+        error: None,
+    };
+    if args.verbose {
+        emit(&mut sink.out, "==========\n")?;
     }
-    if printer {
-        if printing {
-            emit(&mut out, &stream.finish(&checkpoint.tokenizer)?)?;
-        }
-        emit(&mut out, if args.verbose { "\n==========\n" } else { "\n" })?;
-        drop(out);
-        if args.verbose {
-            let first = first_token_at.unwrap_or_else(Instant::now);
-            print_stats(
-                ids.len(),
-                Some(first - start),
-                generated,
-                (generated > 1).then(|| first.elapsed()),
-            );
-        }
+    let outcome = turns.run(&checkpoint, &prompt, &params, Some(&mut sink))?;
+    if let Some(e) = sink.error {
+        return Err(e);
+    }
+    let mut out = sink.out;
+    emit(&mut out, if args.verbose { "\n==========\n" } else { "\n" })?;
+    drop(out);
+    if args.verbose {
+        // The end-of-sequence token is not part of the text, nor counted.
+        let eos = outcome.finish == FinishReason::Stop;
+        let generated = outcome.generated - usize::from(eos);
+        print_stats(
+            prompt.ids.len(),
+            outcome.prompt_time,
+            generated,
+            outcome.generation_time.filter(|_| generated > 1),
+        );
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Rank 0's text on stdout. A closed stdout ends the turn on every rank; another write error
+/// too, kept to be reported.
+struct Stdout<'a> {
+    out: std::io::StdoutLock<'a>,
+    error: Option<anyhow::Error>,
+}
+
+impl ReplySink for Stdout<'_> {
+    fn text(&mut self, text: &str) -> ControlFlow<()> {
+        match emit(&mut self.out, text) {
+            Ok(true) => ControlFlow::Continue(()),
+            Ok(false) => ControlFlow::Break(()),
+            Err(e) => {
+                self.error = Some(e);
+                ControlFlow::Break(())
+            }
+        }
+    }
+
+    fn cancelled(&self) -> bool {
+        false
+    }
 }

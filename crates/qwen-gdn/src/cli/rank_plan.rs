@@ -17,7 +17,7 @@ use qwen_gdn_model::{Cache, Config, Model, ModelPart};
 /// parallel), where every rank has the logits.
 pub enum RankPlan {
     Pipeline(Pipeline, World),
-    Split(Box<dyn SplitPlan>, World),
+    Split(Box<dyn SplitPlan + Send>, World),
 }
 
 impl RankPlan {

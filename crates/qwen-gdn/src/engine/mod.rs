@@ -293,9 +293,9 @@ impl Engine {
 }
 
 /// A caller's text callback and cancel flag as a reply's sink.
-struct Callback<'a> {
-    on_text: &'a mut dyn FnMut(&str) -> ControlFlow<()>,
-    cancel: &'a AtomicBool,
+pub struct Callback<'a> {
+    pub on_text: &'a mut dyn FnMut(&str) -> ControlFlow<()>,
+    pub cancel: &'a AtomicBool,
 }
 
 impl ReplySink for Callback<'_> {

@@ -7,44 +7,28 @@
 use super::choices::choice_seed;
 use super::error::ApiError;
 use super::job::{
-    Drafts, Event, Finish, JobSpec, LogprobRequest, Logprobs, Prompt, PromptInfo, TokenScore, Usage,
+    Drafts, Event, Finish, JobSpec, LogprobRequest, Logprobs, Sampling, TokenScore, Usage,
 };
 use super::metrics::PromptCacheStats;
 use super::model_facts::ModelFacts;
+use super::prompt_encoder::PromptEncoder;
 use super::scheduler::{prompt_text, Backend, JobId, JobOutput, JobResult};
-use super::structured_output::Grammars;
 use super::test_hooks;
-use super::tool_call_grammar::tool_call_grammar;
 use crate::engine::constraint::LogitsConstraint;
 use crate::engine::logprobs::TokenLogprob;
 use crate::engine::sampler::SamplerConfig;
 use crate::engine::{
-    isolated, render_conversation, Engine, FinishReason, GenerateParams, NewReply, Outcome,
-    PromptTokens, Replies, ReplySink,
+    isolated, Engine, FinishReason, GenerateParams, NewReply, Outcome, Replies, ReplySink,
 };
-use crate::text::chat_template::{ChatTemplate, TemplateLimit};
-use crate::text::reasoning::ReasoningMode;
-use crate::text::special_tokens::special_tokens;
-use crate::tool_calls::{ToolCallFormat, ToolChoice};
+use crate::load::Checkpoint;
 use anyhow::Result;
-use serde_json::{Map, Value as Json};
 use std::collections::HashMap;
 use std::ops::ControlFlow;
 
-/// Bytes a chat template may add around the messages and tools.
-const TEMPLATE_OVERHEAD: usize = 1 << 20;
-
 pub struct EngineBackend {
     engine: Engine,
-    template: Option<ChatTemplate>,
-    /// The tool-call format the template teaches (None: it shows none, so a call cannot be
-    /// forced).
-    call_format: Option<ToolCallFormat>,
-    /// Template variables every chat gets (special tokens, enable_thinking when the
-    /// vocabulary has think tags, as `generate` does); chat_template_kwargs override them.
-    base_vars: Map<String, Json>,
-    /// Structured output's automata, or why there are none (read from tokenizer.json).
-    grammars: std::result::Result<Grammars, String>,
+    /// The prompts' rendering, tokenization and constraints.
+    prompts: PromptEncoder,
     /// The jobs' replies, generated together.
     replies: Replies<'static, JobId, JobSink>,
     jobs: HashMap<JobId, RunningJob>,
@@ -52,176 +36,12 @@ pub struct EngineBackend {
 
 impl EngineBackend {
     pub fn new(engine: Engine) -> Result<Self> {
-        let checkpoint = engine.checkpoint();
-        let max_bytes = usize::try_from(checkpoint.input_limit.max_bytes).unwrap_or(usize::MAX);
-        let template =
-            ChatTemplate::from_dir(&checkpoint.dir, checkpoint.tokenizer_config.as_ref())?
-                .map(|t| t.limit_output(max_bytes.saturating_add(TEMPLATE_OVERHEAD)));
-        let mut base_vars = special_tokens(checkpoint.tokenizer_config.as_ref());
-        let tokenizer = &checkpoint.tokenizer;
-        if tokenizer.token_to_id("<think>").is_some() && tokenizer.token_to_id("</think>").is_some()
-        {
-            base_vars.insert("enable_thinking".into(), true.into());
-        }
-        let call_format = template
-            .as_ref()
-            .and_then(|t| ToolCallFormat::detect(&t.source()));
-        let grammars = Grammars::new(&checkpoint.dir, engine.eos()).map_err(|e| format!("{e:#}"));
+        let prompts = PromptEncoder::new(engine.checkpoint(), engine.eos())?;
         Ok(Self {
             engine,
-            template,
-            call_format,
-            base_vars,
-            grammars,
+            prompts,
             replies: Replies::new(),
             jobs: HashMap::new(),
-        })
-    }
-
-    /// The prompt's tokens, what the output parser must know about its end, and the grammar of
-    /// the call when `tool_choice` forces one (serve/tool_call_grammar.rs).
-    /// `structured`: the reply is constrained to a format, so an open thinking block is closed
-    /// (the constraint starts with the answer).
-    fn encode(
-        &self,
-        prompt: &Prompt,
-        structured: bool,
-    ) -> Result<(PromptTokens, PromptInfo, Option<String>), ApiError> {
-        let checkpoint = self.engine.checkpoint();
-        let (limit, tokenizer) = (&checkpoint.input_limit, &checkpoint.tokenizer);
-        let too_long = |e: anyhow::Error| ApiError::context_length(format!("{e:#}"));
-        let (mut tokens, text, tool_choice, tools) = match prompt {
-            Prompt::Text(text) => {
-                // Tokenizes at most about a context's worth before giving up.
-                limit
-                    .check_tokens(tokenizer, text, "the prompt")
-                    .map_err(too_long)?;
-                let ids = tokenizer
-                    .encode(text.as_str(), true)
-                    .map_err(|e| ApiError::invalid(format!("tokenizing the prompt: {e}")))?
-                    .get_ids()
-                    .to_vec();
-                (PromptTokens::plain(ids), text.clone(), None, None)
-            }
-            Prompt::Chat {
-                messages,
-                tools,
-                template_vars,
-                tool_choice,
-            } => {
-                let template = self.template.as_ref().ok_or_else(|| {
-                    ApiError::invalid("this model has no chat template; use /v1/completions")
-                })?;
-                let mut vars = self.base_vars.clone();
-                vars.extend(template_vars.clone());
-                // A template that runs out of its limits is the server's fault (500); one that
-                // refuses the messages (raise_exception, a missing field) the request's (400).
-                let template_error = |e: anyhow::Error| {
-                    let message = format!("the chat template failed: {e:#}");
-                    if e.downcast_ref::<TemplateLimit>().is_some() {
-                        ApiError::internal(message)
-                    } else {
-                        ApiError::invalid(message)
-                    }
-                };
-                let text = template
-                    .render(messages, tools.as_ref(), true, &vars)
-                    .map_err(template_error)?;
-                limit
-                    .check_tokens(tokenizer, &text, "the prompt")
-                    .map_err(too_long)?;
-                let tokens =
-                    render_conversation(template, tokenizer, messages, tools.as_ref(), true, &vars)
-                        .map_err(template_error)?;
-                (tokens, text, Some(tool_choice), tools.as_ref())
-            }
-        };
-        let mut info = PromptInfo {
-            prompt_tokens: 0,
-            reasoning: match tool_choice {
-                Some(_) => ReasoningMode::from_prompt(&text),
-                None => ReasoningMode::Off,
-            },
-            forced_opening: None,
-        };
-        let function = match tool_choice {
-            Some(ToolChoice::Required) => Some(None),
-            Some(ToolChoice::Function(name)) => Some(Some(name.as_str())),
-            _ => None,
-        };
-        let mut call_grammar = None;
-        if let (Some(function), Some(format)) = (function, self.call_format) {
-            // The Qwen templates have no tool_choice: a call is forced by writing its opening
-            // after the generation prompt, and the rest of it is constrained to the grammar of
-            // a call to the request's tools (or, with no automaton for this vocabulary, only
-            // the opening is written, the function's name included). An open thinking block is
-            // closed first (as the template does with thinking off), so the call is the answer.
-            let mut appended = String::new();
-            if text.trim_end().ends_with("<think>") {
-                appended.push_str("\n</think>\n\n");
-            }
-            info.reasoning = ReasoningMode::from_prompt(&(text.clone() + &appended));
-            let opening = if self.grammars.is_ok() {
-                let tools = tools
-                    .and_then(Json::as_array)
-                    .map_or(&[][..], Vec::as_slice);
-                call_grammar = Some(tool_call_grammar(format, tools, function));
-                format.call_opening(None)
-            } else {
-                format.call_opening(function)
-            };
-            appended.push_str(&opening);
-            let ids = tokenizer
-                .encode(appended.as_str(), false)
-                .map_err(|e| ApiError::invalid(format!("tokenizing the prompt: {e}")))?;
-            tokens.ids.extend_from_slice(ids.get_ids());
-            info.forced_opening = Some(opening);
-        } else if structured && tool_choice.is_some() && text.trim_end().ends_with("<think>") {
-            let closing = "\n</think>\n\n";
-            info.reasoning = ReasoningMode::from_prompt(&(text.clone() + closing));
-            let ids = tokenizer
-                .encode(closing, false)
-                .map_err(|e| ApiError::invalid(format!("tokenizing the prompt: {e}")))?;
-            tokens.ids.extend_from_slice(ids.get_ids());
-        }
-        if tokens.ids.is_empty() {
-            return Err(ApiError::invalid("the prompt has no tokens"));
-        }
-        info.prompt_tokens = tokens.ids.len();
-        // At least one position must be left to generate into.
-        limit
-            .check_fits(tokens.ids.len() + 1, "the prompt")
-            .map_err(too_long)?;
-        Ok((tokens, info, call_grammar))
-    }
-
-    /// Which of `stops` ended a generation that stopped by itself: the engine drops the stop
-    /// string from the text, so it is found again in the decoded tokens (the earliest one,
-    /// as the engine stops at the first). None: an end-of-sequence token ended it.
-    fn stop_string_hit(&self, stops: &[String], tokens: &[u32]) -> Option<usize> {
-        if stops.is_empty() {
-            return None;
-        }
-        let text = self
-            .engine
-            .checkpoint()
-            .tokenizer
-            .decode(tokens, false)
-            .ok()?;
-        stops
-            .iter()
-            .enumerate()
-            .filter_map(|(i, stop)| text.find(stop.as_str()).map(|at| (at, i)))
-            .min()
-            .map(|(_, i)| i)
-    }
-
-    fn grammars(&self) -> Result<&Grammars, ApiError> {
-        self.grammars.as_ref().map_err(|why| {
-            ApiError::invalid_param(
-                "response_format",
-                format!("structured output is not available for this model: {why}"),
-            )
         })
     }
 
@@ -280,18 +100,7 @@ impl EngineBackend {
 
     /// What the Ollama API's /api/tags and /api/show tell about the model.
     pub fn model_facts(&self) -> ModelFacts {
-        let checkpoint = self.engine.checkpoint();
-        let config = crate::load::read_json_opt(&checkpoint.dir.join("config.json"))
-            .ok()
-            .flatten()
-            .unwrap_or_default();
-        ModelFacts::read(
-            &checkpoint.dir,
-            &config,
-            self.template.as_ref().map(|t| t.source()),
-            self.call_format.is_some(),
-            self.base_vars.contains_key("enable_thinking"),
-        )
+        self.prompts.model_facts(self.engine.checkpoint())
     }
 
     /// [`test_hooks::FORCE_OUTPUT_ENV`]: the forced text, sent a few characters at a time
@@ -338,32 +147,83 @@ impl EngineBackend {
     /// The job's end from the engine's outcome: the stop string that ended it and the
     /// log-probabilities when asked for (sent as events), its finish and usage.
     fn conclude(&self, job: RunningJob, outcome: Outcome) -> JobResult {
-        let usage = Usage {
-            prompt_tokens: job.prompt.len(),
-            cached_tokens: outcome.cached_tokens,
-            completion_tokens: outcome.generated,
-            drafts: outcome.speculation.as_ref().map(|s| Drafts {
-                steps: s.steps,
-                proposed: s.drafted,
-                accepted: s.accepted,
-            }),
-        };
-        if outcome.finish == FinishReason::Stop {
-            if let Some(index) = self.stop_string_hit(&job.stop, &outcome.tokens) {
-                let _ = job.output.send(Event::StopString(index));
-            }
-        }
-        if let (Some(asked), false) = (job.logprobs, outcome.finish == FinishReason::Cancelled) {
-            let logprobs = self.logprobs(&job.prompt, &outcome.tokens, asked)?;
+        let cancelled = outcome.finish == FinishReason::Cancelled;
+        let tokens = outcome.tokens.clone();
+        let ended = ended(
+            self.engine.checkpoint(),
+            &job.output,
+            &job.stop,
+            job.prompt.len(),
+            outcome,
+        );
+        if let (Some(asked), false) = (job.logprobs, cancelled) {
+            let logprobs = self.logprobs(&job.prompt, &tokens, asked)?;
             let _ = job.output.send(Event::Logprobs(logprobs));
         }
-        let finish = match outcome.finish {
-            FinishReason::Stop => Finish::Stop,
-            FinishReason::Length | FinishReason::ContextFull => Finish::Length,
-            FinishReason::Cancelled => Finish::Cancelled,
-        };
-        Ok((finish, usage))
+        Ok(ended)
     }
+}
+
+/// A generation's end from the engine's outcome: the stop string that ended it (sent as an
+/// event through `output`), its finish and usage. `stops`: the job's stop strings.
+pub(super) fn ended(
+    checkpoint: &Checkpoint,
+    output: &JobOutput,
+    stops: &[String],
+    prompt_tokens: usize,
+    outcome: Outcome,
+) -> (Finish, Usage) {
+    let usage = Usage {
+        prompt_tokens,
+        cached_tokens: outcome.cached_tokens,
+        completion_tokens: outcome.generated,
+        drafts: outcome.speculation.as_ref().map(|s| Drafts {
+            steps: s.steps,
+            proposed: s.drafted,
+            accepted: s.accepted,
+        }),
+    };
+    if outcome.finish == FinishReason::Stop {
+        if let Some(index) = stop_string_hit(checkpoint, stops, &outcome.tokens) {
+            let _ = output.send(Event::StopString(index));
+        }
+    }
+    let finish = match outcome.finish {
+        FinishReason::Stop => Finish::Stop,
+        FinishReason::Length | FinishReason::ContextFull => Finish::Length,
+        FinishReason::Cancelled => Finish::Cancelled,
+    };
+    (finish, usage)
+}
+
+/// The sampler of a request's settings.
+pub(super) fn sampler_config(s: &Sampling) -> SamplerConfig {
+    SamplerConfig {
+        temp: s.temperature,
+        top_p: s.top_p,
+        min_p: s.min_p,
+        top_k: s.top_k,
+        repetition_penalty: s.repetition_penalty,
+        presence_penalty: s.presence_penalty,
+        frequency_penalty: s.frequency_penalty,
+        repetition_context_size: 20,
+    }
+}
+
+/// Which of `stops` ended a generation that stopped by itself: the engine drops the stop
+/// string from the text, so it is found again in the decoded tokens (the earliest one, as the
+/// engine stops at the first). None: an end-of-sequence token ended it.
+fn stop_string_hit(checkpoint: &Checkpoint, stops: &[String], tokens: &[u32]) -> Option<usize> {
+    if stops.is_empty() {
+        return None;
+    }
+    let text = checkpoint.tokenizer.decode(tokens, false).ok()?;
+    stops
+        .iter()
+        .enumerate()
+        .filter_map(|(i, stop)| text.find(stop.as_str()).map(|at| (at, i)))
+        .min()
+        .map(|(_, i)| i)
 }
 
 impl Backend for EngineBackend {
@@ -372,13 +232,18 @@ impl Backend for EngineBackend {
         job: &JobSpec,
         choices: Vec<(JobId, JobOutput)>,
     ) -> Result<Option<(Finish, Usage)>, ApiError> {
-        let (prompt, info, call_grammar) = self.encode(&job.prompt, job.format.is_some())?;
+        let (prompt, info, call_grammar) =
+            (self.prompts).encode(self.engine.checkpoint(), &job.prompt, job.format.is_some())?;
         // A forced call is the whole reply: `response_format` (which shapes content) has
         // nothing left to constrain. The grammar is compiled once; each choice decodes on its
         // own copy of the automaton (its own place in the grammar).
         let grammar = match (call_grammar, &job.format) {
-            (Some(grammar), _) => Some(self.grammars()?.tool_call_constraint(grammar)?),
-            (None, Some(format)) => Some(self.grammars()?.constraint(format, "response_format")?),
+            (Some(grammar), _) => Some(self.prompts.grammars()?.tool_call_constraint(grammar)?),
+            (None, Some(format)) => Some(
+                self.prompts
+                    .grammars()?
+                    .constraint(format, "response_format")?,
+            ),
             (None, None) => None,
         };
         let text = prompt_text(&job.prompt);
@@ -414,16 +279,7 @@ impl Backend for EngineBackend {
             return Ok(Some((Finish::Stop, usage)));
         }
         let s = &job.sampling;
-        let sampler = SamplerConfig {
-            temp: s.temperature,
-            top_p: s.top_p,
-            min_p: s.min_p,
-            top_k: s.top_k,
-            repetition_penalty: s.repetition_penalty,
-            presence_penalty: s.presence_penalty,
-            frequency_penalty: s.frequency_penalty,
-            repetition_context_size: 20,
-        };
+        let sampler = sampler_config(s);
         let replies = choices
             .iter()
             .zip(constraints)
@@ -486,11 +342,6 @@ impl Backend for EngineBackend {
     }
 
     fn prompt_cache_stats(&mut self) -> Option<PromptCacheStats> {
-        let cache = self.engine.prompt_cache_mut();
-        Some(PromptCacheStats {
-            bytes: cache.bytes(),
-            budget: cache.budget(),
-            entries: cache.len(),
-        })
+        Some(PromptCacheStats::of(self.engine.prompt_cache_mut()))
     }
 }

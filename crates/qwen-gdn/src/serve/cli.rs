@@ -2,6 +2,7 @@
 
 use super::request_log::LogFormat;
 use crate::cli::prompt_cache_args::PromptCacheArgs;
+use crate::cli::ranks::RankArgs;
 use crate::cli::speculation_args::SpeculationArgs;
 use crate::load::{positive_usize, ModelArgs};
 use std::time::Duration;
@@ -18,7 +19,10 @@ use std::time::Duration;
                   drafts, the model verifies) while it is the only one decoding, and in the \
                   batch's plain steps while others are.\nSlow and idle \
                   clients are closed after --header-timeout, --body-timeout and \
-                  --keep-alive-timeout; the cap on connections is printed at start.\nCtrl-C stops \
+                  --keep-alive-timeout; the cap on connections is printed at start.\nWith \
+                  --ranks N (or under mpirun) rank 0 serves and runs each request with the \
+                  other ranks, one at a time (no batching over ranks); logprobs, \
+                  response_format and forced tool calls are answered 400 there.\nCtrl-C stops \
                   accepting connections and lets running requests finish; a second Ctrl-C exits \
                   at once."
 )]
@@ -76,6 +80,9 @@ pub struct Args {
     /// object per HTTP request (method, path, status, tokens, timings)
     #[arg(long, value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
+    // Over ranks, rank 0 serves and runs each request with the others, one at a time.
+    #[command(flatten)]
+    pub ranks: RankArgs,
 }
 
 /// A duration in seconds (fractions allowed), above zero and at most a day.

@@ -21,6 +21,16 @@ pub struct PromptCacheStats {
     pub entries: usize,
 }
 
+impl PromptCacheStats {
+    pub fn of(cache: &qwen_gdn_model::PromptCache) -> Self {
+        Self {
+            bytes: cache.bytes(),
+            budget: cache.budget(),
+            entries: cache.len(),
+        }
+    }
+}
+
 pub struct Metrics {
     registry: Registry,
     requests: Family<Labels, Counter>,

@@ -25,6 +25,8 @@ mod ollama;
 mod openai;
 mod page;
 mod posted;
+mod prompt_encoder;
+mod ranked_backend;
 mod request_log;
 mod routes;
 mod scheduler;
@@ -44,10 +46,15 @@ use std::sync::Arc;
 pub use cli::Args;
 
 pub fn run(args: Args) -> Result<ExitCode> {
+    if let Some(ranks) = args.ranks.ranks {
+        ranked_backend::check_args(&args)?;
+        return crate::cli::ranks::spawn_ranks(ranks, args.model.device);
+    }
     // Settings first: a mistake in them is reported before the model is loaded.
     let api_key = auth::configured_key(args.api_key.as_deref())?;
     let descriptors = connection_cap::descriptor_limit();
     let cap = connection_cap::ConnectionCap::choose(args.max_connections, descriptors)?;
+    let world = crate::cli::ranks::launched_world(args.ranks.rank_timeout)?;
     let checkpoint = args.model.open()?;
     let context = checkpoint.input_limit.max_tokens;
     let generation_config = read_json_opt(&checkpoint.dir.join("generation_config.json"))?;
@@ -68,51 +75,29 @@ pub fn run(args: Args) -> Result<ExitCode> {
         context,
         max_choices: 1, // --max-batch, once the model is loaded
     };
-    let mut model = args.model.load_model(&checkpoint, context)?;
-    let (draft_length, drafter) =
-        args.speculation
-            .prepare(&mut model, &args.model, &checkpoint, context)?;
-    let compile_time = model.warm_up()?;
-    if !compile_time.is_zero() {
-        eprint_line(&format!(
-            "Warm-up (GPU kernel compilation): {:.3} s",
-            compile_time.as_secs_f64()
-        ));
-    }
-    let device = model.device().clone();
-    let max_batch = max_batch(args.max_batch, &model, &device, context);
-    limits.max_choices = max_batch;
-    let mut engine = Engine::new(
-        checkpoint,
-        model,
-        args.model.prefill_chunk_size,
-        args.prompt_cache.prompt_cache(&device),
-        args.prompt_cache.prompt_cache_every,
-    )?;
-    if let Some(length) = &draft_length {
-        // `--draft-model` of an MTP drafter folder lends a head, not a model.
-        let with = match (&drafter, &args.speculation.draft_model) {
-            (DrafterSource::Model { .. }, Some(source)) => format!("the draft model {source}"),
-            _ => "the MTP head".to_string(),
-        };
-        eprint_line(&format!(
-            "qwen-gdn serve: speculative decoding with {with}, {length} (a request alone in \
-             the batch)"
-        ));
-    }
-    engine.set_drafter(drafter);
-    engine.set_draft_length(draft_length)?;
-    let backend = backend::EngineBackend::new(engine)?;
-    let model = backend.model_facts();
     let metrics = Arc::new(metrics::Metrics::new());
     let text_log = args.log_format == request_log::LogFormat::Text;
-    let scheduler = scheduler::Scheduler::start_reporting(
-        backend,
-        max_batch,
-        args.queue_size,
-        metrics.clone(),
-        text_log,
-    );
+    let (queue_size, reporting) = (args.queue_size, metrics.clone());
+    let (scheduler, model) = match world {
+        Some(world) => {
+            let Some(backend) = ranked_backend::load(&args, checkpoint, context, world)? else {
+                return Ok(ExitCode::SUCCESS); // a rank but 0: rank 0 ended the job
+            };
+            let model = backend.model_facts();
+            let start = scheduler::Scheduler::start_reporting;
+            (start(backend, 1, queue_size, reporting, text_log), model)
+        }
+        None => {
+            let (backend, max_batch) = load_engine(&args, checkpoint, context)?;
+            limits.max_choices = max_batch;
+            let model = backend.model_facts();
+            let start = scheduler::Scheduler::start_reporting;
+            (
+                start(backend, max_batch, queue_size, reporting, text_log),
+                model,
+            )
+        }
+    };
     let state = Arc::new(state::AppState {
         scheduler,
         limits,
@@ -171,6 +156,49 @@ pub fn run(args: Args) -> Result<ExitCode> {
     })?;
     eprint_line("qwen-gdn serve: stopped");
     Ok(ExitCode::SUCCESS)
+}
+
+/// The model and its engine in this process, as the server's backend, and --max-batch (or the
+/// default for the memory left).
+fn load_engine(
+    args: &Args,
+    checkpoint: crate::load::Checkpoint,
+    context: usize,
+) -> Result<(backend::EngineBackend, usize)> {
+    let mut model = args.model.load_model(&checkpoint, context)?;
+    let (draft_length, drafter) =
+        args.speculation
+            .prepare(&mut model, &args.model, &checkpoint, context)?;
+    let compile_time = model.warm_up()?;
+    if !compile_time.is_zero() {
+        eprint_line(&format!(
+            "Warm-up (GPU kernel compilation): {:.3} s",
+            compile_time.as_secs_f64()
+        ));
+    }
+    let device = model.device().clone();
+    let max_batch = max_batch(args.max_batch, &model, &device, context);
+    let mut engine = Engine::new(
+        checkpoint,
+        model,
+        args.model.prefill_chunk_size,
+        args.prompt_cache.prompt_cache(&device),
+        args.prompt_cache.prompt_cache_every,
+    )?;
+    if let Some(length) = &draft_length {
+        // `--draft-model` of an MTP drafter folder lends a head, not a model.
+        let with = match (&drafter, &args.speculation.draft_model) {
+            (DrafterSource::Model { .. }, Some(source)) => format!("the draft model {source}"),
+            _ => "the MTP head".to_string(),
+        };
+        eprint_line(&format!(
+            "qwen-gdn serve: speculative decoding with {with}, {length} (a request alone in \
+             the batch)"
+        ));
+    }
+    engine.set_drafter(drafter);
+    engine.set_draft_length(draft_length)?;
+    Ok((backend::EngineBackend::new(engine)?, max_batch))
 }
 
 /// `--max-batch`, or the default for the memory free after loading `model` (printed).
