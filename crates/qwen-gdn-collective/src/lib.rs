@@ -13,6 +13,8 @@ mod layer_split;
 mod mpi_world;
 #[cfg(feature = "nccl")]
 mod nccl_world;
+#[cfg(any(feature = "mpi", feature = "nccl"))]
+mod poll_pause;
 mod rank_env;
 mod rank_gpus;
 #[cfg(feature = "nccl")]

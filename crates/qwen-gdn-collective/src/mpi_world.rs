@@ -1,5 +1,6 @@
 //! [`Collective`] on MPI (Open MPI here, Homebrew's on a Mac) through rsmpi.
 
+use crate::poll_pause::PollPause;
 use crate::Collective;
 use anyhow::{anyhow, bail, ensure, Result};
 use mpi::collective::SystemOperation;
@@ -9,7 +10,7 @@ use mpi::request::{Request, StaticScope};
 use mpi::topology::{Communicator, SimpleCommunicator};
 use mpi::traits::{CommunicatorCollectives, Destination, Source};
 use mpi::Rank;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// The MPI world of this process. MPI allows one initialization per process, so there is one
 /// `MpiWorld` per process; dropping it finalizes MPI.
@@ -76,28 +77,17 @@ impl MpiWorld {
         what: impl Fn(u64) -> String,
     ) -> Result<Status> {
         let deadline = deadline.unwrap_or(Duration::MAX);
-        let start = Instant::now();
-        let mut polls = 0u32;
+        let mut pause = PollPause::new();
         loop {
             match request.test() {
                 Ok(status) => return Ok(status),
                 Err(pending) => request = pending,
             }
-            if start.elapsed() > deadline {
+            if pause.elapsed() > deadline {
                 std::mem::forget(request);
                 bail!("{}", what(deadline.as_secs()));
             }
-            // Spin briefly (a decode step's activation arrives within microseconds of being
-            // sent), then give the core back: ranks may share cores with each other; past a
-            // second (a rank waiting on a person) wake up less often.
-            polls += 1;
-            if polls < 1000 {
-                std::hint::spin_loop();
-            } else if start.elapsed() < Duration::from_secs(1) {
-                std::thread::sleep(Duration::from_micros(50));
-            } else {
-                std::thread::sleep(Duration::from_millis(1));
-            }
+            pause.pause();
         }
     }
 

@@ -13,13 +13,14 @@
 //! one line naming the ranks (a rank that died, or a stalled link) and refuses the communicator
 //! from then on; the launcher stops the other ranks once this one has ended.
 
+use crate::poll_pause::PollPause;
 use crate::rank_env::NcclRankEnv;
 use crate::Collective;
 use anyhow::{anyhow, bail, ensure, Context, Result};
 use cudarc::driver::{CudaContext, CudaSlice, CudaStream};
 use cudarc::nccl::{Comm, Id, ReduceOp};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// A new communicator id for a job, in the hex form [`crate::rank_env::NCCL_ID_VAR`] carries
 /// (NCCL's bootstrap address: the launcher makes it, every rank joins with it).
@@ -139,31 +140,21 @@ impl Inner {
             .stream
             .record_event(None)
             .map_err(|e| anyhow!("NCCL: recording an event: {e:?}"))?;
-        let start = Instant::now();
-        let mut polls = 0u32;
+        let mut pause = PollPause::new();
         loop {
             match done.try_is_complete() {
                 Ok(true) => return Ok(()),
                 Ok(false) => {}
                 Err(e) => bail!("NCCL operation failed on the GPU: {e:?}"),
             }
-            if deadline.is_some_and(|d| start.elapsed() > d) {
+            if deadline.is_some_and(|d| pause.elapsed() > d) {
                 // The kernel waiting for the peer never ends by itself: the communicator is
                 // refused from now on, and the caller ends the process (which frees the GPU;
                 // dropping a cudarc `Comm` would abort it).
                 self.broken = true;
                 bail!("{}", what(deadline.map_or(0, |d| d.as_secs())));
             }
-            // Spin briefly (a decode step's activation arrives within microseconds), then give
-            // the core back, less often past a second (a rank waiting on a person).
-            polls += 1;
-            if polls < 1000 {
-                std::hint::spin_loop();
-            } else if start.elapsed() < Duration::from_secs(1) {
-                std::thread::sleep(Duration::from_micros(50));
-            } else {
-                std::thread::sleep(Duration::from_millis(1));
-            }
+            pause.pause();
         }
     }
 
