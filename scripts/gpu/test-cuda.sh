@@ -10,7 +10,8 @@
 #    device plan against transformers on its two fixtures (qwen4_exp device_plan), and its
 #    fused step (QSA selection on the device, no read-back) against its composed step
 #    (qwen4_exp fused_decode);
-# 4. `qwen-gdn eval --device cuda --compare-state-dtype bf16` on every tiny checkpoint.
+# 4. on a machine with 2 GPUs or more, the parallel plans between two NCCL ranks;
+# 5. `qwen-gdn eval --device cuda --compare-state-dtype bf16` on every tiny checkpoint.
 # Logs go to $OUT (or gpu-artefacts/out); the last lines are a summary. Exit 1 if any step fails.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -67,6 +68,29 @@ step "device plan, grouped:1, vs mlx-lm" device_plan_grouped.txt env QWEN_GDN_TE
 step "qwen4_exp device plan vs transformers" qwen4_exp.txt env QWEN_GDN_TEST_DEVICE=cuda \
   QWEN_GDN_MODELS_DIR="$PWD/models" "$bin/qwen4_exp" device_plan fused_decode --test-threads=1 \
   --nocapture || fail=1
+# The parallel plans between two NCCL ranks, one GPU each (issue 31; a machine with 2 GPUs or
+# more): each test binary launches itself as two ranks (tests/common/ranks.rs). The pipeline
+# with its stages and reference on CUDA, bit for bit; the expert and tensor plans on the CPU
+# with NCCL carrying their sums, bit for bit; a rank stalled at decode step 3 ends the job with
+# the other's one line within its deadline.
+if [ "$(nvidia-smi -L | wc -l)" -ge 2 ]; then
+  step "pipeline over 2 NCCL ranks (CUDA)" nccl_pipeline.txt env QWEN_GDN_TEST_DEVICE=cuda \
+    QWEN_GDN_MODELS_DIR="$PWD/models" "$bin/pipeline_mpi" --test-threads=1 --nocapture || fail=1
+  for plan in experts tensor; do
+    step "$plan over 2 NCCL ranks" "nccl_$plan.txt" env QWEN_GDN_MODELS_DIR="$PWD/models" \
+      "$bin/${plan}_mpi" --test-threads=1 --nocapture || fail=1
+  done
+  PIPELINE_TEST_FAULT=stall:1:3 QWEN_GDN_TEST_DEVICE=cuda QWEN_GDN_MODELS_DIR="$PWD/models" \
+    timeout 60 "$bin/pipeline_mpi" --test-threads=1 --nocapture >"$OUT/nccl_fault.txt" 2>&1
+  rc=$?
+  if [ $rc -ne 0 ] && [ $rc -ne 124 ] && [ "$(grep -c '^error: rank 0: ' "$OUT/nccl_fault.txt")" = 1 ]; then
+    summary+=("$(printf '%-34s %s' "a stalled NCCL rank" "PASS  (rc $rc, rank 0's one line)")")
+  else
+    summary+=("$(printf '%-34s %s' "a stalled NCCL rank" "FAIL rc=$rc (nccl_fault.txt)")"); fail=1
+  fi
+else
+  summary+=("$(printf '%-34s %s' "NCCL ranks" "skipped: one GPU on this machine")")
+fi
 for m in qwen3-next-tiny-4bit qwen3.5-tiny-4bit qwen3.5-moe-tiny-4bit qwen3-next-tiny-bf16 qwen3.5-moe-tiny-hf qwen4-exp-tiny-hf qwen4-exp-tiny-4bit; do
   python3 -c "import json,sys; print(json.load(open('models/reference/$m.json'))['text'])" >"/tmp/$m.txt"
   # The gate's PASS/FAIL is reported, not required: random tiny models are more sensitive than
