@@ -6,6 +6,7 @@
 
 mod agreement;
 mod collective;
+mod launched_children;
 #[cfg(any(feature = "mpi", feature = "nccl"))]
 mod launcher_stop;
 mod layer_split;
@@ -22,6 +23,7 @@ mod rank_launch;
 
 pub use agreement::{ensure_same_fingerprint, fnv1a};
 pub use collective::{Collective, World};
+pub use launched_children::forward_sigterm_to;
 pub use layer_split::{split_experts, split_heads, split_layers, Stage};
 #[cfg(feature = "mpi")]
 pub use mpi_world::{MpiWorld, SharedMpiWorld};
@@ -33,9 +35,8 @@ pub use rank_gpus::rank_gpus;
 pub use rank_launch::run_nccl_job;
 
 /// Call before printing this process's own last line (an error) and exiting: a launcher's
-/// SIGTERM arriving after it then adds no second line (see
-/// `MpiWorld::end_with_one_line_when_stopped`; without the `mpi` or `nccl` feature, nothing to
-/// do).
+/// SIGTERM arriving after it then adds no second line (see `MpiWorld::launched`; without the
+/// `mpi` or `nccl` feature, nothing to do).
 pub fn ending_with_own_line() {
     #[cfg(any(feature = "mpi", feature = "nccl"))]
     launcher_stop::mute();

@@ -43,9 +43,18 @@ impl MpiWorld {
         })
     }
 
+    /// This process's rank of the `mpirun` job as the plans hold it: every send, receive and
+    /// sum bounded by `deadline`, and a launcher's SIGTERM ending the rank with one line.
+    pub fn launched(deadline: Duration) -> Result<crate::World> {
+        let mut world = Self::init()?;
+        world.set_deadline(Some(deadline));
+        world.end_with_one_line_when_stopped();
+        Ok(std::sync::Arc::new(SharedMpiWorld::new(world)))
+    }
+
     /// From now on, a SIGTERM from the launcher (which stops every rank once one has ended)
     /// ends this rank with one line naming it, exit code 143 (`launcher_stop.rs`).
-    pub fn end_with_one_line_when_stopped(&self) {
+    fn end_with_one_line_when_stopped(&self) {
         crate::launcher_stop::install(self.rank());
     }
 
@@ -53,7 +62,7 @@ impl MpiWorld {
     /// with one line naming both ranks (a rank that died or a link that stalled), instead of
     /// blocking forever. The transfer is then abandoned: its buffer is leaked, since MPI may
     /// still touch it, and the caller is expected to end the process.
-    pub fn set_deadline(&mut self, deadline: Option<Duration>) {
+    fn set_deadline(&mut self, deadline: Option<Duration>) {
         self.deadline = deadline;
     }
 

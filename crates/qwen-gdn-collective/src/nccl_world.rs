@@ -16,8 +16,8 @@
 use crate::poll_pause::PollPause;
 use crate::rank_env::NcclRankEnv;
 use crate::Collective;
-use anyhow::{anyhow, bail, ensure, Context, Result};
-use cudarc::driver::{CudaContext, CudaSlice, CudaStream};
+use anyhow::{anyhow, bail, ensure, Result};
+use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DeviceRepr, ValidAsZeroBits};
 use cudarc::nccl::{Comm, Id, ReduceOp};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
@@ -58,7 +58,7 @@ impl NcclWorld {
     /// Joins the job `env` describes on CUDA device 0 (this rank's GPU). Blocks until every rank
     /// has joined; a rank that never comes is the launcher's to end (it stops the job when any
     /// rank exits).
-    pub fn join(env: &NcclRankEnv) -> Result<Self> {
+    fn join(env: &NcclRankEnv) -> Result<Self> {
         let context = CudaContext::new(0)
             .map_err(|e| anyhow!("rank {}: no CUDA device for NCCL ({e:?})", env.rank))?;
         let stream = context
@@ -84,16 +84,25 @@ impl NcclWorld {
         })
     }
 
+    /// This rank of the NCCL job `env` describes as the plans hold it: every operation bounded
+    /// by `deadline`, and a launcher's SIGTERM ending the rank with one line.
+    pub fn launched(env: &NcclRankEnv, deadline: Duration) -> Result<crate::World> {
+        let world = Self::join(env)?;
+        world.set_deadline(Some(deadline));
+        world.end_with_one_line_when_stopped();
+        Ok(Arc::new(world))
+    }
+
     /// From now on, a SIGTERM from the launcher (which stops every rank once one has ended)
     /// ends this rank with one line naming it, exit code 143 (`launcher_stop.rs`).
-    pub fn end_with_one_line_when_stopped(&self) {
+    fn end_with_one_line_when_stopped(&self) {
         crate::launcher_stop::install(self.rank);
     }
 
     /// From now on an operation that its peers do not complete within `deadline` fails with one
     /// line naming the ranks, and the communicator is refused after it (the caller is expected
     /// to end the process).
-    pub fn set_deadline(&self, deadline: Option<Duration>) {
+    fn set_deadline(&self, deadline: Option<Duration>) {
         self.lock().deadline = deadline;
     }
 
@@ -116,18 +125,25 @@ impl Inner {
     fn usable(&self, me: usize) -> Result<()> {
         ensure!(
             !self.broken,
-            "rank {me}: the NCCL communicator was aborted after an earlier timeout"
+            "rank {me}: the NCCL communicator is out of step after an earlier timeout"
         );
         Ok(())
     }
 
-    fn upload(&self, data: &[f32]) -> Result<CudaSlice<f32>> {
+    fn upload<T: DeviceRepr>(&self, data: &[T]) -> Result<CudaSlice<T>> {
         self.stream
             .clone_htod(data)
             .map_err(|e| anyhow!("NCCL staging copy to the GPU: {e:?}"))
     }
 
-    fn download(&self, buf: &CudaSlice<f32>, data: &mut [f32]) -> Result<()> {
+    /// A zeroed device buffer of `len` values, for NCCL to write into.
+    fn receiving<T: DeviceRepr + ValidAsZeroBits>(&self, len: usize) -> Result<CudaSlice<T>> {
+        self.stream
+            .alloc_zeros::<T>(len)
+            .map_err(|e| anyhow!("NCCL receive buffer: {e:?}"))
+    }
+
+    fn download<T: DeviceRepr>(&self, buf: &CudaSlice<T>, data: &mut [T]) -> Result<()> {
         self.stream
             .memcpy_dtoh(buf, data)
             .map_err(|e| anyhow!("NCCL staging copy from the GPU: {e:?}"))
@@ -167,10 +183,7 @@ impl Inner {
         deadline: Option<Duration>,
     ) -> Result<()> {
         self.usable(me)?;
-        let mut buf = self
-            .stream
-            .alloc_zeros::<f32>(data.len())
-            .map_err(|e| anyhow!("NCCL receive buffer: {e:?}"))?;
+        let mut buf = self.receiving::<f32>(data.len())?;
         self.comm
             .recv(&mut buf, peer)
             .map_err(|e| anyhow!("rank {me}: NCCL receive from rank {from}: {e:?}"))?;
@@ -239,14 +252,8 @@ impl Collective for NcclWorld {
         let me = self.rank;
         let mut inner = self.lock();
         inner.usable(me)?;
-        let mine = inner
-            .stream
-            .clone_htod(&[value])
-            .map_err(|e| anyhow!("NCCL staging copy to the GPU: {e:?}"))?;
-        let mut all = inner
-            .stream
-            .alloc_zeros::<u64>(self.size)
-            .map_err(|e| anyhow!("NCCL gather buffer: {e:?}"))?;
+        let mine = inner.upload(&[value])?;
+        let mut all = inner.receiving::<u64>(self.size)?;
         inner
             .comm
             .all_gather(&mine, &mut all)
@@ -256,11 +263,7 @@ impl Collective for NcclWorld {
             format!("rank {me}: a gather over every rank did not complete within {s} s (a rank died or a link stalled)")
         })?;
         let mut out = vec![0u64; self.size];
-        inner
-            .stream
-            .memcpy_dtoh(&all, &mut out)
-            .map_err(|e| anyhow!("NCCL staging copy from the GPU: {e:?}"))
-            .context("all-gather")?;
+        inner.download(&all, &mut out)?;
         Ok(out)
     }
 }

@@ -5,12 +5,14 @@
 //! - The launcher makes the job's NCCL id and hands it to every rank with its rank number
 //!   ([`crate::nccl_world::NcclRankEnv`]); each rank sees only its own GPU
 //!   (`CUDA_VISIBLE_DEVICES`, taken from the launcher's own list when it has one).
-//! - A SIGTERM to the launcher goes on to every rank; Ctrl-C reaches them from the terminal.
+//! - A SIGTERM to the launcher goes on to every rank (`launched_children.rs`); Ctrl-C reaches
+//!   them from the terminal.
 //! - When one rank ends with a failure (its own error, or a crash), the launcher stops the others
 //!   (SIGTERM: each ends with its one line, `launcher_stop.rs`), and after [`GRACE`] kills what
 //!   is left, so that no rank waits forever for the one that is gone. The job's exit status is
 //!   the first failing rank's.
 
+use crate::launched_children::{forward_sigterm_to, signal_children, MAX_CHILDREN};
 use crate::nccl_world::new_job_id;
 use crate::rank_env::{NCCL_ID_VAR, RANKS_VAR, RANK_VAR};
 use crate::rank_gpus::rank_gpus;
@@ -18,32 +20,23 @@ use anyhow::{bail, ensure, Context, Result};
 use std::os::unix::process::ExitStatusExt;
 use std::path::Path;
 use std::process::{Child, Command};
-use std::sync::atomic::{AtomicI32, Ordering};
 use std::time::{Duration, Instant};
 
 /// How long the other ranks get to end after the launcher stopped them.
 const GRACE: Duration = Duration::from_secs(10);
 
-/// The most ranks one host starts (one a GPU: hosts have at most 16).
-const MAX_LOCAL_RANKS: usize = 64;
-
-/// The ranks' process ids, for [`forward_signal`] (0: not started). A fixed array of atomics:
-/// a signal handler may read nothing else.
-static RANK_PIDS: [AtomicI32; MAX_LOCAL_RANKS] = [const { AtomicI32::new(0) }; MAX_LOCAL_RANKS];
-
 /// Runs `program args` as `ranks` ranks of one NCCL job on this host's GPUs and returns the
 /// job's exit code (0 when every rank succeeded).
 pub fn run_nccl_job(ranks: usize, program: &Path, args: &[String]) -> Result<i32> {
     ensure!(
-        (1..=MAX_LOCAL_RANKS).contains(&ranks),
-        "--ranks {ranks}: one host runs 1 to {MAX_LOCAL_RANKS} ranks"
+        (1..=MAX_CHILDREN).contains(&ranks),
+        "--ranks {ranks}: one host runs 1 to {MAX_CHILDREN} ranks"
     );
     let host_devices = cudarc::driver::CudaContext::device_count()
         .map_err(|e| anyhow::anyhow!("--ranks: no CUDA driver ({e:?})"))?;
     let visible = std::env::var("CUDA_VISIBLE_DEVICES").ok();
     let gpus = rank_gpus(ranks, visible.as_deref(), host_devices.max(0) as usize)?;
     let id = new_job_id()?;
-    forward_termination();
     let mut children: Vec<Child> = Vec::with_capacity(ranks);
     for (rank, gpu) in gpus.iter().enumerate() {
         let mut command = Command::new(program);
@@ -55,11 +48,11 @@ pub fn run_nccl_job(ranks: usize, program: &Path, args: &[String]) -> Result<i32
             .env("CUDA_VISIBLE_DEVICES", gpu);
         match command.spawn() {
             Ok(child) => {
-                RANK_PIDS[rank].store(child.id() as i32, Ordering::SeqCst);
+                forward_sigterm_to(child.id());
                 children.push(child);
             }
             Err(e) => {
-                stop_ranks(libc::SIGKILL);
+                signal_children(libc::SIGKILL);
                 bail!(
                     "--ranks: cannot start rank {rank} ({}): {e}",
                     program.display()
@@ -98,40 +91,13 @@ fn wait_for_job(mut children: Vec<Child>) -> Result<i32> {
             }
         }
         if failed.is_some() && stopped_at.is_none() && codes.iter().any(Option::is_none) {
-            stop_ranks(libc::SIGTERM);
+            signal_children(libc::SIGTERM);
             stopped_at = Some(Instant::now());
         }
         if stopped_at.is_some_and(|t| t.elapsed() > GRACE) {
-            stop_ranks(libc::SIGKILL);
+            signal_children(libc::SIGKILL);
         }
         std::thread::sleep(Duration::from_millis(20));
     }
     Ok(failed.unwrap_or(0))
-}
-
-/// Sends `signal` to every rank started so far (one that has ended already ignores it: its
-/// zombie is not reaped until `try_wait` has seen it, so its pid is not reused meanwhile).
-fn stop_ranks(signal: libc::c_int) {
-    for pid in &RANK_PIDS {
-        let pid = pid.load(Ordering::SeqCst);
-        if pid > 0 {
-            // SAFETY: kill has no memory preconditions; the pid is our own child's.
-            unsafe { libc::kill(pid, signal) };
-        }
-    }
-}
-
-/// A SIGTERM to the launcher (a service manager stopping `serve --ranks`) goes on to every rank,
-/// and the launcher goes on waiting for them to end. (Ctrl-C reaches the ranks themselves: they
-/// stay in the terminal's process group, where rank 0 of `chat` reads its input.)
-fn forward_termination() {
-    let handler: extern "C" fn(libc::c_int) = forward_signal;
-    // SAFETY: the handler only reads atomics and calls kill, both async-signal-safe.
-    unsafe {
-        libc::signal(libc::SIGTERM, handler as libc::sighandler_t);
-    }
-}
-
-extern "C" fn forward_signal(signal: libc::c_int) {
-    stop_ranks(signal);
 }

@@ -64,12 +64,7 @@ pub fn rank_world(deadline: std::time::Duration) -> qwen_gdn_collective::World {
     #[cfg(feature = "nccl")]
     {
         match qwen_gdn_collective::NcclRankEnv::from_env().unwrap() {
-            Some(env) => {
-                let world = qwen_gdn_collective::NcclWorld::join(&env).unwrap();
-                world.set_deadline(Some(deadline));
-                world.end_with_one_line_when_stopped();
-                std::sync::Arc::new(world)
-            }
+            Some(env) => qwen_gdn_collective::NcclWorld::launched(&env, deadline).unwrap(),
             None => {
                 let ranks = std::env::var("QWEN_GDN_TEST_RANKS").map_or(2, |n| n.parse().unwrap());
                 let exe = std::env::current_exe().unwrap();
@@ -81,10 +76,7 @@ pub fn rank_world(deadline: std::time::Duration) -> qwen_gdn_collective::World {
     }
     #[cfg(not(feature = "nccl"))]
     {
-        let mut world = qwen_gdn_collective::MpiWorld::init().unwrap();
-        world.set_deadline(Some(deadline));
-        world.end_with_one_line_when_stopped();
-        std::sync::Arc::new(qwen_gdn_collective::SharedMpiWorld::new(world))
+        qwen_gdn_collective::MpiWorld::launched(deadline).unwrap()
     }
 }
 

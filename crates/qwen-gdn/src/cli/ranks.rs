@@ -64,16 +64,9 @@ pub fn launched_world(rank_timeout: u64) -> Result<Option<World>> {
     }
     #[cfg(feature = "mpi")]
     {
-        use qwen_gdn_collective::Collective;
-        let mut world = qwen_gdn_collective::MpiWorld::init()?;
-        world.set_deadline(Some(std::time::Duration::from_secs(rank_timeout)));
-        world.end_with_one_line_when_stopped();
-        if world.size() <= 1 {
-            return Ok(None);
-        }
-        Ok(Some(std::sync::Arc::new(
-            qwen_gdn_collective::SharedMpiWorld::new(world),
-        )))
+        let world =
+            qwen_gdn_collective::MpiWorld::launched(std::time::Duration::from_secs(rank_timeout))?;
+        Ok((world.size() > 1).then_some(world))
     }
     #[cfg(not(feature = "mpi"))]
     {
@@ -88,10 +81,7 @@ pub fn launched_world(rank_timeout: u64) -> Result<Option<World>> {
 /// This rank of the NCCL job `env` describes, on this process's CUDA GPU.
 #[cfg(feature = "nccl")]
 fn nccl_world(env: &qwen_gdn_collective::NcclRankEnv, rank_timeout: u64) -> Result<World> {
-    let world = qwen_gdn_collective::NcclWorld::join(env)?;
-    world.set_deadline(Some(std::time::Duration::from_secs(rank_timeout)));
-    world.end_with_one_line_when_stopped();
-    Ok(std::sync::Arc::new(world))
+    qwen_gdn_collective::NcclWorld::launched(env, std::time::Duration::from_secs(rank_timeout))
 }
 
 #[cfg(not(feature = "nccl"))]
@@ -164,41 +154,11 @@ fn spawn_under_mpirun(ranks: u32) -> Result<ExitCode> {
         }
         Err(e) => bail!("--ranks: cannot start mpirun: {e}"),
     };
-    forward_termination_to(child.id());
+    qwen_gdn_collective::forward_sigterm_to(child.id());
     let status = child.wait().context("--ranks: waiting for mpirun")?;
     Ok(match status.code() {
         Some(0) => ExitCode::SUCCESS,
         Some(code) => ExitCode::from(u8::try_from(code).unwrap_or(1)),
         None => ExitCode::FAILURE,
     })
-}
-
-/// The `mpirun` this process started, for [`forward_signal`].
-static MPIRUN: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(0);
-
-/// A SIGTERM sent to this process (a service manager stopping `serve`/`chat --ranks`) goes on
-/// to `mpirun`, which stops every rank, instead of ending this process alone and leaving the
-/// job running without it. (Ctrl-C reaches `mpirun` itself: it is in the terminal's group.)
-fn forward_termination_to(pid: u32) {
-    let Ok(pid) = i32::try_from(pid) else {
-        return;
-    };
-    MPIRUN.store(pid, std::sync::atomic::Ordering::SeqCst);
-    // SAFETY: the handler only reads an atomic and calls kill, both async-signal-safe.
-    unsafe {
-        libc::signal(
-            libc::SIGTERM,
-            forward_signal as extern "C" fn(libc::c_int) as libc::sighandler_t,
-        );
-    }
-}
-
-extern "C" fn forward_signal(signal: libc::c_int) {
-    let pid = MPIRUN.load(std::sync::atomic::Ordering::SeqCst);
-    if pid > 0 {
-        // SAFETY: kill is async-signal-safe; the pid is our own child's.
-        unsafe {
-            libc::kill(pid, signal);
-        }
-    }
 }
