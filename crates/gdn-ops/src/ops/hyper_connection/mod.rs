@@ -84,8 +84,11 @@ pub fn inject_row_threads(rows: usize, cols: usize, sms: usize) -> usize {
 /// Threads of a block of the elementwise kernels (`hc_act`, `hc_mix`), one value each.
 pub const MIX_THREADS: usize = 256;
 
-/// Warps (simdgroups) of a `hc_up_mix` block, one output value `x[n, j]` each.
-pub const UP_MIX_WARPS: usize = 8;
+/// Warps (simdgroups) of a `hc_up_mix` block, one output value `x[n, j]` each, the `S`
+/// streams' dots side by side in a warp (32 / S lanes a stream, S rounded up to a power of two). 4: at the release
+/// (H = 2 560) 640 blocks of 128 threads, all resident at once on the H200's 132 SMs at the
+/// kernel's 78 registers a thread (6 blocks an SM), where 8 made 320 blocks on fewer SMs.
+pub const UP_MIX_WARPS: usize = 4;
 
 /// The widest low-rank activation `hc_up_mix` holds in a block's shared memory (32 KB of f32).
 pub const MAX_RANK: usize = 8192;
