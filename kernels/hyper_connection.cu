@@ -63,8 +63,136 @@ __device__ __forceinline__ float sigmoid(float x) { return 1.f / (1.f + expf(-x)
 
 using cuda_block_sum::block_sum;
 
-// One stream row (token n = row / S, stream s = row % S), with the thread and block indices
-// and the shared scratch as arguments.
+// Slots of a MoE block's outputs loaded together in hc_inject_norm's slot sum at PER columns a
+// thread (each column's sum still adds them in slot order): 4 up to 3 columns a thread (12
+// loads in flight), 1 from 4 (within the 64 registers of a 1 024-thread block: more spilled).
+template <uint32_t PER>
+__device__ constexpr uint32_t slots_together() {
+  return PER <= 3 ? 4 : 1;
+}
+
+// One stream row (token n = row / S, stream s = row % S), PER columns a thread (PER >=
+// ceil(H / threads): the loops are unrolled, so a thread walks only the columns it may hold —
+// a decode step's 1 024 threads a row hold 3 of H = 2 560, where kPer = 8 unrolled made 8
+// predicated slots of every load and product), with the thread and block indices and the
+// shared scratch as arguments.
+template <typename T, uint32_t PER>
+__device__ __forceinline__ void inject_norm_cols(const T* __restrict__ hs, const T* __restrict__ y,
+                                                 const T* __restrict__ gate,
+                                                 const float* __restrict__ weight,
+                                                 const float* __restrict__ slot_weights,
+                                                 T* __restrict__ sum,
+                                                 T* __restrict__ normed, const HcInjectNormParams& p,
+                                                 uint32_t row, uint32_t tid, uint32_t threads,
+                                                 float* warp_sums) {
+  const uint32_t n = row / p.streams, s = row % p.streams;
+  const size_t base = (size_t)row * p.cols;
+  const bool inject = p.has_inject != 0;
+  float v[PER];
+#pragma unroll
+  for (uint32_t k = 0; k < PER; ++k) {
+    const uint32_t j = tid + k * threads;
+    v[k] = j < p.cols ? to_f32(hs[base + j]) : 0.f;
+  }
+  if (inject) {
+    // gate is [N, S]: this row's logit.
+    const float g = rounded<T>(to_f32(gate[row]) / (float)p.streams);
+    const float w = rounded<T>(2.f * rounded<T>(sigmoid(g)));
+    float yv[PER];
+    if (p.slots == 0) {
+#pragma unroll
+      for (uint32_t k = 0; k < PER; ++k) {
+        const uint32_t j = tid + k * threads;
+        yv[k] = j < p.cols ? to_f32(y[(size_t)n * p.cols + j]) : 0.f;
+      }
+    } else {
+      // moe_combine's sum over the slots, in order, rounded once.
+      const T* slot_rows = y + (size_t)n * p.slots * p.cols;
+      const float* slot_w = slot_weights + (size_t)n * p.slots;
+      constexpr uint32_t kSlotsTogether = slots_together<PER>();
+      if constexpr (kSlotsTogether == 1) {
+        // A column at a time, its K loads one after the other (the registers of PER >= 4).
+#pragma unroll
+        for (uint32_t k = 0; k < PER; ++k) {
+          const uint32_t j = tid + k * threads;
+          float acc = 0.f;
+          if (j < p.cols)
+            for (uint32_t k2 = 0; k2 < p.slots; ++k2)
+              acc = fmaf(slot_w[k2], to_f32(slot_rows[(size_t)k2 * p.cols + j]), acc);
+          yv[k] = rounded<T>(acc);
+        }
+      } else {
+        // The slots outer and the columns inner, kSlotsTogether slots at a time: their PER
+        // columns' loads in flight together.
+        float acc[PER];
+#pragma unroll
+        for (uint32_t k = 0; k < PER; ++k) acc[k] = 0.f;
+        uint32_t k2 = 0;
+        for (; k2 + kSlotsTogether <= p.slots; k2 += kSlotsTogether) {
+          float yk[kSlotsTogether][PER];
+#pragma unroll
+          for (uint32_t u = 0; u < kSlotsTogether; ++u) {
+#pragma unroll
+            for (uint32_t k = 0; k < PER; ++k) {
+              const uint32_t j = tid + k * threads;
+              yk[u][k] = j < p.cols ? to_f32(slot_rows[(size_t)(k2 + u) * p.cols + j]) : 0.f;
+            }
+          }
+#pragma unroll
+          for (uint32_t u = 0; u < kSlotsTogether; ++u) {
+            const float sw = slot_w[k2 + u];
+#pragma unroll
+            for (uint32_t k = 0; k < PER; ++k) acc[k] = fmaf(sw, yk[u][k], acc[k]);
+          }
+        }
+        for (; k2 < p.slots; ++k2) {
+          const float sw = slot_w[k2];
+#pragma unroll
+          for (uint32_t k = 0; k < PER; ++k) {
+            const uint32_t j = tid + k * threads;
+            if (j < p.cols) acc[k] = fmaf(sw, to_f32(slot_rows[(size_t)k2 * p.cols + j]), acc[k]);
+          }
+        }
+#pragma unroll
+        for (uint32_t k = 0; k < PER; ++k) yv[k] = rounded<T>(acc[k]);
+      }
+    }
+#pragma unroll
+    for (uint32_t k = 0; k < PER; ++k) {
+      const uint32_t j = tid + k * threads;
+      // Rounded before it is squared: the norm sees the stored sum.
+      if (j < p.cols) v[k] = rounded<T>(v[k] + rounded<T>(w * yv[k]));
+    }
+  }
+  if (p.has_norm != 0) {
+    // The norm's weights are loaded before the reduction waits, not after it.
+    float wt[PER];
+#pragma unroll
+    for (uint32_t k = 0; k < PER; ++k) {
+      const uint32_t j = tid + k * threads;
+      wt[k] = j < p.cols ? weight[(size_t)s * p.cols + j] : 0.f;
+    }
+    float squares = 0.f;
+#pragma unroll
+    for (uint32_t k = 0; k < PER; ++k) squares = fmaf(v[k], v[k], squares);
+    const float inv = rsqrtf(block_sum(squares, warp_sums, tid, threads) / (float)p.cols + p.eps);
+#pragma unroll
+    for (uint32_t k = 0; k < PER; ++k) {
+      const uint32_t j = tid + k * threads;
+      if (j < p.cols) normed[base + j] = from_f32<T>(v[k] * inv * wt[k]);
+    }
+  }
+  if (inject) {
+#pragma unroll
+    for (uint32_t k = 0; k < PER; ++k) {
+      const uint32_t j = tid + k * threads;
+      if (j < p.cols) sum[base + j] = from_f32<T>(v[k]);
+    }
+  }
+}
+
+// One stream row (see inject_norm_cols), at the fewest columns a thread that cover H: 1, 2, 3,
+// 4 or kPer.
 template <typename T>
 __device__ __forceinline__ void inject_norm_body(const T* __restrict__ hs, const T* __restrict__ y,
                                                  const T* __restrict__ gate,
@@ -75,63 +203,26 @@ __device__ __forceinline__ void inject_norm_body(const T* __restrict__ hs, const
                                                  uint32_t row, uint32_t tid, uint32_t threads,
                                                  float* warp_sums) {
   if (row >= p.tokens * p.streams) return;  // the whole block
-  const uint32_t n = row / p.streams, s = row % p.streams;
-  const size_t base = (size_t)row * p.cols;
-  const bool inject = p.has_inject != 0;
-  float v[kPer];
-#pragma unroll
-  for (uint32_t k = 0; k < kPer; ++k) {
-    const uint32_t j = tid + k * threads;
-    v[k] = j < p.cols ? to_f32(hs[base + j]) : 0.f;
-  }
-  if (inject) {
-    // gate is [N, S]: this row's logit.
-    const float g = rounded<T>(to_f32(gate[row]) / (float)p.streams);
-    const float w = rounded<T>(2.f * rounded<T>(sigmoid(g)));
-#pragma unroll
-    for (uint32_t k = 0; k < kPer; ++k) {
-      const uint32_t j = tid + k * threads;
-      if (j >= p.cols) continue;
-      float yj;
-      if (p.slots == 0) {
-        yj = to_f32(y[(size_t)n * p.cols + j]);
-      } else {
-        // moe_combine's sum over the slots, in order, rounded once.
-        float acc = 0.f;
-        for (uint32_t k2 = 0; k2 < p.slots; ++k2) {
-          const size_t r = (size_t)n * p.slots + k2;
-          acc = fmaf(slot_weights[r], to_f32(y[r * p.cols + j]), acc);
-        }
-        yj = rounded<T>(acc);
-      }
-      // Rounded before it is squared: the norm sees the stored sum.
-      v[k] = rounded<T>(v[k] + rounded<T>(w * yj));
-    }
-  }
-  if (p.has_norm != 0) {
-    // The norm's weights are loaded before the reduction waits, not after it.
-    float wt[kPer];
-#pragma unroll
-    for (uint32_t k = 0; k < kPer; ++k) {
-      const uint32_t j = tid + k * threads;
-      wt[k] = j < p.cols ? weight[(size_t)s * p.cols + j] : 0.f;
-    }
-    float squares = 0.f;
-#pragma unroll
-    for (uint32_t k = 0; k < kPer; ++k) squares = fmaf(v[k], v[k], squares);
-    const float inv = rsqrtf(block_sum(squares, warp_sums, tid, threads) / (float)p.cols + p.eps);
-#pragma unroll
-    for (uint32_t k = 0; k < kPer; ++k) {
-      const uint32_t j = tid + k * threads;
-      if (j < p.cols) normed[base + j] = from_f32<T>(v[k] * inv * wt[k]);
-    }
-  }
-  if (inject) {
-#pragma unroll
-    for (uint32_t k = 0; k < kPer; ++k) {
-      const uint32_t j = tid + k * threads;
-      if (j < p.cols) sum[base + j] = from_f32<T>(v[k]);
-    }
+  switch ((p.cols + threads - 1) / threads) {
+    case 1:
+      inject_norm_cols<T, 1>(hs, y, gate, weight, slot_weights, sum, normed, p, row, tid, threads,
+                             warp_sums);
+      break;
+    case 2:
+      inject_norm_cols<T, 2>(hs, y, gate, weight, slot_weights, sum, normed, p, row, tid, threads,
+                             warp_sums);
+      break;
+    case 3:
+      inject_norm_cols<T, 3>(hs, y, gate, weight, slot_weights, sum, normed, p, row, tid, threads,
+                             warp_sums);
+      break;
+    case 4:
+      inject_norm_cols<T, 4>(hs, y, gate, weight, slot_weights, sum, normed, p, row, tid, threads,
+                             warp_sums);
+      break;
+    default:
+      inject_norm_cols<T, kPer>(hs, y, gate, weight, slot_weights, sum, normed, p, row, tid,
+                                threads, warp_sums);
   }
 }
 
@@ -330,7 +421,8 @@ __device__ void run_inject_norm(const T* hs, const T* y, const T* gate, const fl
 }  // namespace hyper_connection
 
 #define HC_ENTRIES(TN, T)                                                                     \
-  extern "C" __global__ void hc_inject_norm_##TN(const T* hs, const T* y, const T* gate,      \
+  extern "C" __global__ void __launch_bounds__(1024)                                          \
+      hc_inject_norm_##TN(const T* hs, const T* y, const T* gate,                             \
                                                  const float* weight,                         \
                                                  const float* slot_weights, T* sum,           \
                                                  T* normed, const HcInjectNormParams p) {     \
