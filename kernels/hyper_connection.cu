@@ -33,8 +33,9 @@
 //     warp the S streams' dots run side by side, L lanes each (up_mix_groups).
 //
 // A decode step's residual is 4 streams of a few thousand values: the composed ops spent 25
-// launches a hyper-connection on them. Each thread of hc_inject_norm holds its kPer columns of
-// its stream in registers between the injection and the norm (as add_rms_norm.cu does).
+// launches a hyper-connection on them. Each thread of hc_inject_norm holds its PER <= kPer
+// columns of its stream in registers between the injection and the norm (as add_rms_norm.cu
+// does), PER = ceil(H / threads) rounded up to 1, 2, 3, 4 or kPer.
 //
 // Compile for candle:  nvcc -ptx -arch=sm_90 -O3 -I kernels kernels/hyper_connection.cu
 
