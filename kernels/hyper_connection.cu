@@ -72,20 +72,34 @@ __device__ constexpr uint32_t slots_together() {
   return PER <= 3 ? 4 : 1;
 }
 
+// hc_inject_norm's buffers (see the entry points).
+template <typename T>
+struct InjectBuffers {
+  const T* hs;
+  const T* y;
+  const T* gate;
+  const float* weight;
+  const float* slot_weights;
+  T* sum;
+  T* normed;
+};
+
 // One stream row (token n = row / S, stream s = row % S), PER columns a thread (PER >=
 // ceil(H / threads): the loops are unrolled, so a thread walks only the columns it may hold —
 // a decode step's 1 024 threads a row hold 3 of H = 2 560, where kPer = 8 unrolled made 8
 // predicated slots of every load and product), with the thread and block indices and the
 // shared scratch as arguments.
 template <typename T, uint32_t PER>
-__device__ __forceinline__ void inject_norm_cols(const T* __restrict__ hs, const T* __restrict__ y,
-                                                 const T* __restrict__ gate,
-                                                 const float* __restrict__ weight,
-                                                 const float* __restrict__ slot_weights,
-                                                 T* __restrict__ sum,
-                                                 T* __restrict__ normed, const HcInjectNormParams& p,
-                                                 uint32_t row, uint32_t tid, uint32_t threads,
-                                                 float* warp_sums) {
+__device__ __forceinline__ void inject_norm_cols(const InjectBuffers<T>& b,
+                                                 const HcInjectNormParams& p, uint32_t row,
+                                                 uint32_t tid, uint32_t threads, float* warp_sums) {
+  const T* __restrict__ hs = b.hs;
+  const T* __restrict__ y = b.y;
+  const T* __restrict__ gate = b.gate;
+  const float* __restrict__ weight = b.weight;
+  const float* __restrict__ slot_weights = b.slot_weights;
+  T* __restrict__ sum = b.sum;
+  T* __restrict__ normed = b.normed;
   const uint32_t n = row / p.streams, s = row % p.streams;
   const size_t base = (size_t)row * p.cols;
   const bool inject = p.has_inject != 0;
@@ -204,26 +218,13 @@ __device__ __forceinline__ void inject_norm_body(const T* __restrict__ hs, const
                                                  uint32_t row, uint32_t tid, uint32_t threads,
                                                  float* warp_sums) {
   if (row >= p.tokens * p.streams) return;  // the whole block
+  const InjectBuffers<T> b{hs, y, gate, weight, slot_weights, sum, normed};
   switch ((p.cols + threads - 1) / threads) {
-    case 1:
-      inject_norm_cols<T, 1>(hs, y, gate, weight, slot_weights, sum, normed, p, row, tid, threads,
-                             warp_sums);
-      break;
-    case 2:
-      inject_norm_cols<T, 2>(hs, y, gate, weight, slot_weights, sum, normed, p, row, tid, threads,
-                             warp_sums);
-      break;
-    case 3:
-      inject_norm_cols<T, 3>(hs, y, gate, weight, slot_weights, sum, normed, p, row, tid, threads,
-                             warp_sums);
-      break;
-    case 4:
-      inject_norm_cols<T, 4>(hs, y, gate, weight, slot_weights, sum, normed, p, row, tid, threads,
-                             warp_sums);
-      break;
-    default:
-      inject_norm_cols<T, kPer>(hs, y, gate, weight, slot_weights, sum, normed, p, row, tid,
-                                threads, warp_sums);
+    case 1: inject_norm_cols<T, 1>(b, p, row, tid, threads, warp_sums); break;
+    case 2: inject_norm_cols<T, 2>(b, p, row, tid, threads, warp_sums); break;
+    case 3: inject_norm_cols<T, 3>(b, p, row, tid, threads, warp_sums); break;
+    case 4: inject_norm_cols<T, 4>(b, p, row, tid, threads, warp_sums); break;
+    default: inject_norm_cols<T, kPer>(b, p, row, tid, threads, warp_sums);
   }
 }
 
@@ -313,18 +314,31 @@ __device__ __forceinline__ float up_word(uint32_t word, float scale, float bias,
   return fmaf(scale, qa, fmaf(bias, sa, acc));
 }
 
+// hc_up_mix's buffers (see the entry points).
+template <typename X, typename S>
+struct UpMixBuffers {
+  const uint32_t* packed;
+  const S* scales;
+  const S* biases;
+  const X* d;
+  const X* normed;
+  X* x;
+};
+
 // Output x[n, j] of one warp at BITS; every thread of the block first writes its share of
 // token n's activations into `act` (R floats, 16-byte aligned), so the whole block calls this.
 // The round-0 loads (weights, scales, biases, the normed value) are issued before the
 // activations are computed, so that their latency hides behind the expf and the barrier.
 template <uint32_t BITS, typename X, typename S>
-__device__ __forceinline__ void up_mix_bits(const uint32_t* __restrict__ packed,
-                                            const S* __restrict__ scales,
-                                            const S* __restrict__ biases, const X* __restrict__ d,
-                                            const X* __restrict__ normed, X* __restrict__ x,
-                                            const HcUpMixParams& p, uint32_t n, uint32_t j,
-                                            uint32_t tid, uint32_t threads, uint32_t lane,
-                                            float* act) {
+__device__ __forceinline__ void up_mix_bits(const UpMixBuffers<X, S>& b, const HcUpMixParams& p,
+                                            uint32_t n, uint32_t j, uint32_t tid,
+                                            uint32_t threads, uint32_t lane, float* act) {
+  const uint32_t* __restrict__ packed = b.packed;
+  const S* __restrict__ scales = b.scales;
+  const S* __restrict__ biases = b.biases;
+  const X* __restrict__ d = b.d;
+  const X* __restrict__ normed = b.normed;
+  X* __restrict__ x = b.x;
   constexpr uint32_t PER_WORD = 32 / BITS;
   const uint32_t groups = up_mix_groups(p.streams), lanes = 32 / groups;
   const uint32_t g = lane / lanes, q = lane % lanes;
@@ -389,15 +403,11 @@ __device__ __forceinline__ void up_mix_body(const uint32_t* __restrict__ packed,
                                             const HcUpMixParams& p, uint32_t n, uint32_t j,
                                             uint32_t tid, uint32_t threads, uint32_t lane,
                                             float* act) {
+  const UpMixBuffers<X, S> b{packed, scales, biases, d, normed, x};
   switch (p.bits) {
-    case 4:
-      up_mix_bits<4, X, S>(packed, scales, biases, d, normed, x, p, n, j, tid, threads, lane, act);
-      break;
-    case 8:
-      up_mix_bits<8, X, S>(packed, scales, biases, d, normed, x, p, n, j, tid, threads, lane, act);
-      break;
-    default:
-      up_mix_bits<2, X, S>(packed, scales, biases, d, normed, x, p, n, j, tid, threads, lane, act);
+    case 4: up_mix_bits<4, X, S>(b, p, n, j, tid, threads, lane, act); break;
+    case 8: up_mix_bits<8, X, S>(b, p, n, j, tid, threads, lane, act); break;
+    default: up_mix_bits<2, X, S>(b, p, n, j, tid, threads, lane, act);
   }
 }
 

@@ -213,49 +213,43 @@ fn check(c: &Case) -> Option<String> {
 
 #[test]
 fn shipped_hyper_connection_kernels_match_the_cpu_twin() {
-    let mut cases = vec![];
-    for (index, shape, ty) in runs(&TYPES) {
-        let forms = FORMS.iter().map(|&(i, n)| Kernel::InjectNorm(i, n));
-        let slots = [Kernel::InjectSlots(true), Kernel::InjectSlots(false)];
-        for kernel in forms.chain(slots).chain([Kernel::Mix, Kernel::Act]) {
-            cases.push(Case {
-                index,
-                shape,
-                ty,
-                kernel,
-                source: Source::Metal,
-            });
-        }
-    }
-    HARNESS.path();
-    let failures: Vec<String> = failures(&cases, |c| {
-        check(c).map(|e| format!("{:?} {} {:?}: {e}", c.kernel, c.ty.name(), c.shape))
-    });
-    common::assert_no_failures(&failures, cases.len(), "cases fail");
+    run_cases(Source::Metal, &[Kernel::Mix, Kernel::Act]);
 }
 
 /// `inject_norm_body` of kernels/hyper_connection.cu at the H200's geometry (a thread a column
 /// up to 1 024 for a decode step's few rows), every form, against the twin with the Metal
-/// kernel's gates.
+/// kernel's gates (`sum` allowing the `.cu` body's fused multiply-adds).
 #[test]
 fn shipped_cuda_inject_norm_body_matches_the_cpu_twin() {
+    run_cases(Source::Cuda, &[]);
+}
+
+/// Every case in every injection form, and in the kernels `more`, on `source`'s harness.
+fn run_cases(source: Source, more: &[Kernel]) {
     let mut cases = vec![];
     for (index, shape, ty) in runs(&TYPES) {
         let forms = FORMS.iter().map(|&(i, n)| Kernel::InjectNorm(i, n));
         let slots = [Kernel::InjectSlots(true), Kernel::InjectSlots(false)];
-        for kernel in forms.chain(slots) {
+        for kernel in forms.chain(slots).chain(more.iter().copied()) {
             cases.push(Case {
                 index,
                 shape,
                 ty,
                 kernel,
-                source: Source::Cuda,
+                source,
             });
         }
     }
-    CUDA_HARNESS.path();
+    source.harness().path();
     let failures: Vec<String> = failures(&cases, |c| {
-        check(c).map(|e| format!("cuda {:?} {} {:?}: {e}", c.kernel, c.ty.name(), c.shape))
+        let what = format!(
+            "{:?} {:?} {} {:?}",
+            c.source,
+            c.kernel,
+            c.ty.name(),
+            c.shape
+        );
+        check(c).map(|e| format!("{what}: {e}"))
     });
     common::assert_no_failures(&failures, cases.len(), "cases fail");
 }
