@@ -4,7 +4,9 @@
 //! block's slots), `hc_act_{f32,f16,bf16}`, `hc_mix_{f32,f16,bf16}`
 //! and `hc_up_mix_<x>_<s>` (every activation and scale type), and compared with the
 //! CPU twin ([`gdn_ops::ops::hyper_connection`]) over the op's cases
-//! (tests/common/hyper_connection.rs).
+//! (tests/common/hyper_connection.rs). The `.cu` bodies of `hc_inject_norm` and `hc_up_mix`
+//! (kernels/hyper_connection.cu, through kernels/emu/hyper_connection_cuda_harness.cpp and the
+//! CUDA stand-ins) run on the same cases at the CUDA host's geometry.
 //!
 //! Needs Debian's `clang-19` and `libclang-rt-19-dev`; without them this test fails, never
 //! skips. `GDN_EMU_CXX` overrides the compiler.
