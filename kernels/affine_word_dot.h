@@ -1,9 +1,9 @@
 // One lane's share of a packed MLX affine row's dot product with x, for the widths that put
 // whole values in a word (2, 4, 8 bits): the lane takes every 32nd word of the row, and since
 // a group spans whole words, each word needs one scale and one bias: s * sum(q x) + b *
-// sum(x), as MLX's qmv computes it. Shared by kernels/affine.cu's decode products and
-// kernels/hyper_connection.cu's hc_up_mix (x there is f32 in shared memory), so that both sum
-// in the same order. Include after cuda_convert.h.
+// sum(x), as MLX's qmv computes it (kernels/affine.cu's decode products; kernels/
+// hyper_connection.cu's hc_up_mix sums each word the same way, its words split among fewer
+// lanes). Include after cuda_convert.h.
 #pragma once
 
 namespace affine_word_dot {

@@ -9,7 +9,8 @@
 //   hc_act:         a[i] = InT(silu(InT(d[i] / S)))     (d: the down product's output)
 //   hc_mix:         x[n,j] = InT((1/S) * sum_s InT(InT(sigmoid(u[n,s,j])) * normed[n,s,j]))
 //   hc_up_mix:      hc_act, u[n,s,j] = InT(W[s*H+j] . a[n]) with the affine up matrix W
-//                   [S*H, R] (f32 products and sums, affine.cu's per-word order), then hc_mix
+//                   [S*H, R] (f32 products and sums, affine_word_dot.h's per-word sum; the
+//                   words split among L lanes a stream), then hc_mix (streams in order)
 //
 // ENTRY POINTS (extern "C"; <t> in {f32, f16, bf16}):
 //   hc_inject_norm_<t>(hs, y, gate, weight (f32), slot_weights (f32), sum, normed,
@@ -25,14 +26,16 @@
 //   hc_mix_<t>(up, normed, x, HcMixParams p)
 //     block = 256 threads (MIX_THREADS), one output value each; grid = ceil(N * H / 256).
 //   hc_up_mix_<t>_<s>(packed, scales, biases, d, normed, x, HcUpMixParams p)
-//     <s>: the up matrix's scale and bias type. block = (32, W = 8) (UP_MIX_WARPS), one warp
+//     <s>: the up matrix's scale and bias type. block = (32, W = 4) (UP_MIX_WARPS), one warp
 //     per output value x[n, j], j = blockIdx.x * W + threadIdx.y, n = blockIdx.y; grid =
 //     (ceil(H / W), N); dynamic shared memory R floats (the token's activations, recomputed
-//     by every block). bits 2, 4 or 8, groups of whole words, R <= 8192 (MAX_RANK).
+//     by every block). bits 2, 4 or 8, groups of whole words, R <= 8192 (MAX_RANK). Within a
+//     warp the S streams' dots run side by side, L lanes each (up_mix_groups).
 //
 // A decode step's residual is 4 streams of a few thousand values: the composed ops spent 25
-// launches a hyper-connection on them. Each thread of hc_inject_norm holds its kPer columns of
-// its stream in registers between the injection and the norm (as add_rms_norm.cu does).
+// launches a hyper-connection on them. Each thread of hc_inject_norm holds its PER <= kPer
+// columns of its stream in registers between the injection and the norm (as add_rms_norm.cu
+// does), PER = ceil(H / threads) rounded up to 1, 2, 3, 4 or kPer.
 //
 // Compile for candle:  nvcc -ptx -arch=sm_90 -O3 -I kernels kernels/hyper_connection.cu
 
@@ -43,7 +46,6 @@
 #include "params/hyper_connection.h"
 #include "cuda_block_sum.h"
 #include "cuda_convert.h"
-#include "affine_word_dot.h"
 
 namespace hyper_connection {
 
@@ -62,8 +64,150 @@ __device__ __forceinline__ float sigmoid(float x) { return 1.f / (1.f + expf(-x)
 
 using cuda_block_sum::block_sum;
 
-// One stream row (token n = row / S, stream s = row % S), with the thread and block indices
-// and the shared scratch as arguments.
+// Slots of a MoE block's outputs loaded together in hc_inject_norm's slot sum at PER columns a
+// thread (each column's sum still adds them in slot order): 4 up to 3 columns a thread (12
+// loads in flight), 1 from 4 (within the 64 registers of a 1 024-thread block: more spilled).
+template <uint32_t PER>
+__device__ constexpr uint32_t slots_together() {
+  return PER <= 3 ? 4 : 1;
+}
+
+// hc_inject_norm's buffers (see the entry points).
+template <typename T>
+struct InjectBuffers {
+  const T* hs;
+  const T* y;
+  const T* gate;
+  const float* weight;
+  const float* slot_weights;
+  T* sum;
+  T* normed;
+};
+
+// One stream row (token n = row / S, stream s = row % S), PER columns a thread (PER >=
+// ceil(H / threads): the loops are unrolled, so a thread walks only the columns it may hold —
+// a decode step's 1 024 threads a row hold 3 of H = 2 560, where kPer = 8 unrolled made 8
+// predicated slots of every load and product), with the thread and block indices and the
+// shared scratch as arguments.
+template <typename T, uint32_t PER>
+__device__ __forceinline__ void inject_norm_cols(const InjectBuffers<T>& b,
+                                                 const HcInjectNormParams& p, uint32_t row,
+                                                 uint32_t tid, uint32_t threads, float* warp_sums) {
+  const T* __restrict__ hs = b.hs;
+  const T* __restrict__ y = b.y;
+  const T* __restrict__ gate = b.gate;
+  const float* __restrict__ weight = b.weight;
+  const float* __restrict__ slot_weights = b.slot_weights;
+  T* __restrict__ sum = b.sum;
+  T* __restrict__ normed = b.normed;
+  const uint32_t n = row / p.streams, s = row % p.streams;
+  const size_t base = (size_t)row * p.cols;
+  const bool inject = p.has_inject != 0;
+  float v[PER];
+#pragma unroll
+  for (uint32_t k = 0; k < PER; ++k) {
+    const uint32_t j = tid + k * threads;
+    v[k] = j < p.cols ? to_f32(hs[base + j]) : 0.f;
+  }
+  if (inject) {
+    // gate is [N, S]: this row's logit.
+    const float g = rounded<T>(to_f32(gate[row]) / (float)p.streams);
+    const float w = rounded<T>(2.f * rounded<T>(sigmoid(g)));
+    float yv[PER];
+    if (p.slots == 0) {
+#pragma unroll
+      for (uint32_t k = 0; k < PER; ++k) {
+        const uint32_t j = tid + k * threads;
+        yv[k] = j < p.cols ? to_f32(y[(size_t)n * p.cols + j]) : 0.f;
+      }
+    } else {
+      // moe_combine's sum over the slots, in order, rounded once.
+      const T* slot_rows = y + (size_t)n * p.slots * p.cols;
+      const float* slot_w = slot_weights + (size_t)n * p.slots;
+      constexpr uint32_t kSlotsTogether = slots_together<PER>();
+      if constexpr (kSlotsTogether == 1) {
+        // A column at a time, its K loads one after the other (the registers of PER >= 4).
+#pragma unroll
+        for (uint32_t k = 0; k < PER; ++k) {
+          const uint32_t j = tid + k * threads;
+          float acc = 0.f;
+          if (j < p.cols)
+            for (uint32_t k2 = 0; k2 < p.slots; ++k2)
+              acc = fmaf(slot_w[k2], to_f32(slot_rows[(size_t)k2 * p.cols + j]), acc);
+          yv[k] = rounded<T>(acc);
+        }
+      } else {
+        // The slots outer and the columns inner, kSlotsTogether slots at a time: their PER
+        // columns' loads in flight together.
+        float acc[PER];
+#pragma unroll
+        for (uint32_t k = 0; k < PER; ++k) acc[k] = 0.f;
+        uint32_t k2 = 0;
+        for (; k2 + kSlotsTogether <= p.slots; k2 += kSlotsTogether) {
+          float yk[kSlotsTogether][PER];
+#pragma unroll
+          for (uint32_t u = 0; u < kSlotsTogether; ++u) {
+#pragma unroll
+            for (uint32_t k = 0; k < PER; ++k) {
+              const uint32_t j = tid + k * threads;
+              yk[u][k] = j < p.cols ? to_f32(slot_rows[(size_t)(k2 + u) * p.cols + j]) : 0.f;
+            }
+          }
+#pragma unroll
+          for (uint32_t u = 0; u < kSlotsTogether; ++u) {
+            const float sw = slot_w[k2 + u];
+#pragma unroll
+            for (uint32_t k = 0; k < PER; ++k) acc[k] = fmaf(sw, yk[u][k], acc[k]);
+          }
+        }
+        for (; k2 < p.slots; ++k2) {
+          const float sw = slot_w[k2];
+#pragma unroll
+          for (uint32_t k = 0; k < PER; ++k) {
+            const uint32_t j = tid + k * threads;
+            if (j < p.cols) acc[k] = fmaf(sw, to_f32(slot_rows[(size_t)k2 * p.cols + j]), acc[k]);
+          }
+        }
+#pragma unroll
+        for (uint32_t k = 0; k < PER; ++k) yv[k] = rounded<T>(acc[k]);
+      }
+    }
+#pragma unroll
+    for (uint32_t k = 0; k < PER; ++k) {
+      const uint32_t j = tid + k * threads;
+      // Rounded before it is squared: the norm sees the stored sum.
+      if (j < p.cols) v[k] = rounded<T>(v[k] + rounded<T>(w * yv[k]));
+    }
+  }
+  if (p.has_norm != 0) {
+    // The norm's weights are loaded before the reduction waits, not after it.
+    float wt[PER];
+#pragma unroll
+    for (uint32_t k = 0; k < PER; ++k) {
+      const uint32_t j = tid + k * threads;
+      wt[k] = j < p.cols ? weight[(size_t)s * p.cols + j] : 0.f;
+    }
+    float squares = 0.f;
+#pragma unroll
+    for (uint32_t k = 0; k < PER; ++k) squares = fmaf(v[k], v[k], squares);
+    const float inv = rsqrtf(block_sum(squares, warp_sums, tid, threads) / (float)p.cols + p.eps);
+#pragma unroll
+    for (uint32_t k = 0; k < PER; ++k) {
+      const uint32_t j = tid + k * threads;
+      if (j < p.cols) normed[base + j] = from_f32<T>(v[k] * inv * wt[k]);
+    }
+  }
+  if (inject) {
+#pragma unroll
+    for (uint32_t k = 0; k < PER; ++k) {
+      const uint32_t j = tid + k * threads;
+      if (j < p.cols) sum[base + j] = from_f32<T>(v[k]);
+    }
+  }
+}
+
+// One stream row (see inject_norm_cols), at the fewest columns a thread that cover H: 1, 2, 3,
+// 4 or kPer.
 template <typename T>
 __device__ __forceinline__ void inject_norm_body(const T* __restrict__ hs, const T* __restrict__ y,
                                                  const T* __restrict__ gate,
@@ -74,63 +218,13 @@ __device__ __forceinline__ void inject_norm_body(const T* __restrict__ hs, const
                                                  uint32_t row, uint32_t tid, uint32_t threads,
                                                  float* warp_sums) {
   if (row >= p.tokens * p.streams) return;  // the whole block
-  const uint32_t n = row / p.streams, s = row % p.streams;
-  const size_t base = (size_t)row * p.cols;
-  const bool inject = p.has_inject != 0;
-  float v[kPer];
-#pragma unroll
-  for (uint32_t k = 0; k < kPer; ++k) {
-    const uint32_t j = tid + k * threads;
-    v[k] = j < p.cols ? to_f32(hs[base + j]) : 0.f;
-  }
-  if (inject) {
-    // gate is [N, S]: this row's logit.
-    const float g = rounded<T>(to_f32(gate[row]) / (float)p.streams);
-    const float w = rounded<T>(2.f * rounded<T>(sigmoid(g)));
-#pragma unroll
-    for (uint32_t k = 0; k < kPer; ++k) {
-      const uint32_t j = tid + k * threads;
-      if (j >= p.cols) continue;
-      float yj;
-      if (p.slots == 0) {
-        yj = to_f32(y[(size_t)n * p.cols + j]);
-      } else {
-        // moe_combine's sum over the slots, in order, rounded once.
-        float acc = 0.f;
-        for (uint32_t k2 = 0; k2 < p.slots; ++k2) {
-          const size_t r = (size_t)n * p.slots + k2;
-          acc = fmaf(slot_weights[r], to_f32(y[r * p.cols + j]), acc);
-        }
-        yj = rounded<T>(acc);
-      }
-      // Rounded before it is squared: the norm sees the stored sum.
-      v[k] = rounded<T>(v[k] + rounded<T>(w * yj));
-    }
-  }
-  if (p.has_norm != 0) {
-    // The norm's weights are loaded before the reduction waits, not after it.
-    float wt[kPer];
-#pragma unroll
-    for (uint32_t k = 0; k < kPer; ++k) {
-      const uint32_t j = tid + k * threads;
-      wt[k] = j < p.cols ? weight[(size_t)s * p.cols + j] : 0.f;
-    }
-    float squares = 0.f;
-#pragma unroll
-    for (uint32_t k = 0; k < kPer; ++k) squares = fmaf(v[k], v[k], squares);
-    const float inv = rsqrtf(block_sum(squares, warp_sums, tid, threads) / (float)p.cols + p.eps);
-#pragma unroll
-    for (uint32_t k = 0; k < kPer; ++k) {
-      const uint32_t j = tid + k * threads;
-      if (j < p.cols) normed[base + j] = from_f32<T>(v[k] * inv * wt[k]);
-    }
-  }
-  if (inject) {
-#pragma unroll
-    for (uint32_t k = 0; k < kPer; ++k) {
-      const uint32_t j = tid + k * threads;
-      if (j < p.cols) sum[base + j] = from_f32<T>(v[k]);
-    }
+  const InjectBuffers<T> b{hs, y, gate, weight, slot_weights, sum, normed};
+  switch ((p.cols + threads - 1) / threads) {
+    case 1: inject_norm_cols<T, 1>(b, p, row, tid, threads, warp_sums); break;
+    case 2: inject_norm_cols<T, 2>(b, p, row, tid, threads, warp_sums); break;
+    case 3: inject_norm_cols<T, 3>(b, p, row, tid, threads, warp_sums); break;
+    case 4: inject_norm_cols<T, 4>(b, p, row, tid, threads, warp_sums); break;
+    default: inject_norm_cols<T, kPer>(b, p, row, tid, threads, warp_sums);
   }
 }
 
@@ -157,18 +251,150 @@ __device__ __forceinline__ void mix_body(const T* __restrict__ up, const T* __re
   x[i] = from_f32<T>(acc / (float)p.streams);
 }
 
-// One lane's share of an up row's dot product with the activations in shared memory, as
-// affine.cu's decode products sum it (kernels/affine_word_dot.h).
-template <uint32_t BITS, typename S>
-__device__ __forceinline__ float up_lane_dot(const uint32_t* row, const S* row_scales,
-                                             const S* row_biases, const float* act,
-                                             const HcUpMixParams& p, uint32_t lane) {
-  return affine_word_dot::lane_dot<BITS>(row, row_scales, row_biases, act, p.rank, p.group_size,
-                                         lane);
+// hc_up_mix splits a warp's lanes among the streams: G = the power of two >= min(S, 32) lane
+// groups of L = 32 / G lanes, group g taking stream s = r * G + g in round r (one round at the
+// release: S = 4, G = 4 groups of L = 8 lanes). The S dots of an output are in flight together
+// instead of one after the other, and a lane walks R * bits / 32 / L words (5 at the release)
+// rather than 1.25 of each of the S rows.
+__device__ __forceinline__ uint32_t up_mix_groups(uint32_t streams) {
+  uint32_t g = 1;
+  while (g < streams && g < 32) g <<= 1;
+  return g;
 }
 
-// Output x[n, j] of one warp; every thread of the block first writes its share of token n's
-// activations into `act` (R floats), so the whole block calls this.
+// A lane's first words of its row, loaded before they are used: kUpAhead words, their scales and
+// biases (every load of a lane issued before the first is waited on; the rest of a long row, past
+// kUpAhead * L words, is loaded as it is summed).
+constexpr uint32_t kUpAhead = 6;
+
+struct UpAhead {
+  uint32_t word[kUpAhead];
+  float scale[kUpAhead], bias[kUpAhead];
+  float normed;
+};
+
+// Lane q's words q, q + L, ... of one up row (row_words) with their groups' scales and biases.
+template <uint32_t BITS, typename S>
+__device__ __forceinline__ void up_load_ahead(UpAhead& ahead, const uint32_t* row_words,
+                                              const S* row_scales, const S* row_biases,
+                                              uint32_t words, uint32_t group_size, uint32_t q,
+                                              uint32_t lanes) {
+  constexpr uint32_t PER_WORD = 32 / BITS;
+#pragma unroll
+  for (uint32_t i = 0; i < kUpAhead; ++i) {
+    const uint32_t w = q + i * lanes;
+    if (w < words) {
+      const uint32_t g = w * PER_WORD / group_size;
+      ahead.word[i] = row_words[w];
+      ahead.scale[i] = to_f32(row_scales[g]);
+      ahead.bias[i] = to_f32(row_biases[g]);
+    }
+  }
+}
+
+// One word's s * sum(q a) + b * sum(a) added to acc, as kernels/affine_word_dot.h sums it, with
+// the activations read four at a time from shared memory (j0 is a multiple of 4: 16-byte
+// aligned).
+template <uint32_t BITS>
+__device__ __forceinline__ float up_word(uint32_t word, float scale, float bias, const float* act,
+                                         uint32_t j0, float acc) {
+  constexpr uint32_t PER_WORD = 32 / BITS, MASK = (1u << BITS) - 1u;
+  const float4* a4 = reinterpret_cast<const float4*>(act + j0);
+  float qa = 0.f, sa = 0.f;
+#pragma unroll
+  for (uint32_t v = 0; v < PER_WORD / 4; ++v) {
+    const float4 a = a4[v];
+    const float av[4] = {a.x, a.y, a.z, a.w};
+#pragma unroll
+    for (uint32_t k = 0; k < 4; ++k) {
+      qa = fmaf((float)((word >> ((v * 4 + k) * BITS)) & MASK), av[k], qa);
+      sa += av[k];
+    }
+  }
+  return fmaf(scale, qa, fmaf(bias, sa, acc));
+}
+
+// hc_up_mix's buffers (see the entry points).
+template <typename X, typename S>
+struct UpMixBuffers {
+  const uint32_t* packed;
+  const S* scales;
+  const S* biases;
+  const X* d;
+  const X* normed;
+  X* x;
+};
+
+// Output x[n, j] of one warp at BITS; every thread of the block first writes its share of
+// token n's activations into `act` (R floats, 16-byte aligned), so the whole block calls this.
+// The round-0 loads (weights, scales, biases, the normed value) are issued before the
+// activations are computed, so that their latency hides behind the expf and the barrier.
+template <uint32_t BITS, typename X, typename S>
+__device__ __forceinline__ void up_mix_bits(const UpMixBuffers<X, S>& b, const HcUpMixParams& p,
+                                            uint32_t n, uint32_t j, uint32_t tid,
+                                            uint32_t threads, uint32_t lane, float* act) {
+  const uint32_t* __restrict__ packed = b.packed;
+  const S* __restrict__ scales = b.scales;
+  const S* __restrict__ biases = b.biases;
+  const X* __restrict__ d = b.d;
+  const X* __restrict__ normed = b.normed;
+  X* __restrict__ x = b.x;
+  constexpr uint32_t PER_WORD = 32 / BITS;
+  const uint32_t groups = up_mix_groups(p.streams), lanes = 32 / groups;
+  const uint32_t g = lane / lanes, q = lane % lanes;
+  const uint32_t words = p.rank / PER_WORD, row_groups = p.rank / p.group_size;
+  const bool live = j < p.cols;  // a whole warp
+  UpAhead ahead;
+  // Stream s = r * G + g's row of output j: its loads ahead.
+  auto load = [&](uint32_t r) {
+    const uint32_t s = r * groups + g;
+    if (!live || s >= p.streams) return;
+    const size_t row = (size_t)s * p.cols + j;
+    up_load_ahead<BITS, S>(ahead, packed + row * words, scales + row * row_groups,
+                           biases + row * row_groups, words, p.group_size, q, lanes);
+    ahead.normed = to_f32(normed[((size_t)n * p.streams + s) * p.cols + j]);
+  };
+  load(0);
+  for (uint32_t k = tid; k < p.rank; k += threads) {
+    const float t = rounded<X>(to_f32(d[(size_t)n * p.rank + k]) / (float)p.streams);
+    act[k] = rounded<X>(t / (1.f + expf(-t)));
+  }
+  __syncthreads();
+  if (!live) return;  // a whole warp, after the barrier
+  const uint32_t rounds = (p.streams + groups - 1) / groups;
+  float acc = 0.f;
+  for (uint32_t r = 0; r < rounds; ++r) {
+    if (r > 0) load(r);
+    const uint32_t s = r * groups + g;
+    float dot = 0.f;
+    if (s < p.streams) {
+#pragma unroll
+      for (uint32_t i = 0; i < kUpAhead; ++i) {
+        const uint32_t w = q + i * lanes;
+        if (w < words)
+          dot = up_word<BITS>(ahead.word[i], ahead.scale[i], ahead.bias[i], act, w * PER_WORD, dot);
+      }
+      const size_t row = (size_t)s * p.cols + j;
+      for (uint32_t w = q + kUpAhead * lanes; w < words; w += lanes) {
+        const uint32_t gi = w * PER_WORD / p.group_size;
+        dot = up_word<BITS>(packed[row * words + w], to_f32(scales[row * row_groups + gi]),
+                            to_f32(biases[row * row_groups + gi]), act, w * PER_WORD, dot);
+      }
+    }
+    // The group's lanes summed (the xor stays inside a group of L lanes).
+    for (uint32_t o = lanes / 2; o > 0; o >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, o);
+    const float term =
+        s < p.streams ? rounded<X>(rounded<X>(sigmoid(rounded<X>(dot))) * ahead.normed) : 0.f;
+    // The streams' terms added in stream order, as hc_mix adds them.
+    for (uint32_t gg = 0; gg < groups; ++gg) {
+      const float t = __shfl_sync(0xffffffffu, term, gg * lanes);
+      if (r * groups + gg < p.streams) acc += t;
+    }
+  }
+  if (lane == 0) x[(size_t)n * p.cols + j] = from_f32<X>(acc / (float)p.streams);
+}
+
+// Output x[n, j] of one warp (see up_mix_bits).
 template <typename X, typename S>
 __device__ __forceinline__ void up_mix_body(const uint32_t* __restrict__ packed,
                                             const S* __restrict__ scales,
@@ -177,39 +403,21 @@ __device__ __forceinline__ void up_mix_body(const uint32_t* __restrict__ packed,
                                             const HcUpMixParams& p, uint32_t n, uint32_t j,
                                             uint32_t tid, uint32_t threads, uint32_t lane,
                                             float* act) {
-  for (uint32_t k = tid; k < p.rank; k += threads) {
-    const float t = rounded<X>(to_f32(d[(size_t)n * p.rank + k]) / (float)p.streams);
-    act[k] = rounded<X>(t / (1.f + expf(-t)));
+  const UpMixBuffers<X, S> b{packed, scales, biases, d, normed, x};
+  switch (p.bits) {
+    case 4: up_mix_bits<4, X, S>(b, p, n, j, tid, threads, lane, act); break;
+    case 8: up_mix_bits<8, X, S>(b, p, n, j, tid, threads, lane, act); break;
+    default: up_mix_bits<2, X, S>(b, p, n, j, tid, threads, lane, act);
   }
-  __syncthreads();
-  if (j >= p.cols) return;  // a whole warp, after the barrier
-  const uint32_t words = p.rank * p.bits / 32, groups = p.rank / p.group_size;
-  float acc = 0.f;
-  for (uint32_t s = 0; s < p.streams; ++s) {
-    const size_t row = (size_t)s * p.cols + j;
-    const uint32_t* row_words = packed + row * words;
-    const S* row_scales = scales + row * groups;
-    const S* row_biases = biases + row * groups;
-    float dot;
-    switch (p.bits) {
-      case 4: dot = up_lane_dot<4>(row_words, row_scales, row_biases, act, p, lane); break;
-      case 8: dot = up_lane_dot<8>(row_words, row_scales, row_biases, act, p, lane); break;
-      default: dot = up_lane_dot<2>(row_words, row_scales, row_biases, act, p, lane);
-    }
-    for (int o = 16; o > 0; o >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, o);
-    const size_t at = ((size_t)n * p.streams + s) * p.cols + j;
-    acc += rounded<X>(rounded<X>(sigmoid(rounded<X>(dot))) * to_f32(normed[at]));
-  }
-  if (lane == 0) x[(size_t)n * p.cols + j] = from_f32<X>(acc / (float)p.streams);
 }
 
 template <typename X, typename S>
 __device__ void run_up_mix(const uint32_t* packed, const S* scales, const S* biases, const X* d,
                            const X* normed, X* x, const HcUpMixParams p) {
-  extern __shared__ float act[];
+  extern __shared__ __align__(16) float hc_up_mix_act[];
   up_mix_body<X, S>(packed, scales, biases, d, normed, x, p, blockIdx.y,
                     blockIdx.x * blockDim.y + threadIdx.y, threadIdx.y * 32 + threadIdx.x,
-                    blockDim.x * blockDim.y, threadIdx.x, act);
+                    blockDim.x * blockDim.y, threadIdx.x, hc_up_mix_act);
 }
 
 template <typename T>
@@ -224,7 +432,8 @@ __device__ void run_inject_norm(const T* hs, const T* y, const T* gate, const fl
 }  // namespace hyper_connection
 
 #define HC_ENTRIES(TN, T)                                                                     \
-  extern "C" __global__ void hc_inject_norm_##TN(const T* hs, const T* y, const T* gate,      \
+  extern "C" __global__ void __launch_bounds__(1024)                                          \
+      hc_inject_norm_##TN(const T* hs, const T* y, const T* gate,                             \
                                                  const float* weight,                         \
                                                  const float* slot_weights, T* sum,           \
                                                  T* normed, const HcInjectNormParams p) {     \

@@ -19,11 +19,13 @@
 // Launch, hc_act: threadgroups (ceil(len / 256), 1, 1) of (256, 1, 1) threads, one value each.
 // Launch, hc_mix: threadgroups (ceil(N * H / 256), 1, 1) of (256, 1, 1) threads, one output
 // value each.
-// Launch, hc_up_mix: threadgroups (ceil(H / 8), N, 1) of (32 * 8, 1, 1) threads (UP_MIX_WARPS
-// simdgroups, one output value x[n, j] each, j = tg.x * 8 + simdgroup), threadgroup memory of
-// R floats at index 0 (token n's activations, which every threadgroup recomputes). Lane l of
-// a simdgroup takes every 32nd packed word of a row, s * sum(q a) + b * sum(a) a word, and
-// simd_sum adds the lanes (another order than the CPU twin's, within rounding).
+// Launch, hc_up_mix: threadgroups (ceil(H / 4), N, 1) of (32 * 4, 1, 1) threads (UP_MIX_WARPS
+// simdgroups, one output value x[n, j] each, j = tg.x * 4 + simdgroup), threadgroup memory of
+// R floats at index 0 (token n's activations, which every threadgroup recomputes). A
+// simdgroup's lanes split among the streams (L = 32 / G lanes a stream, G the power of two >=
+// min(S, 32)); lane q of a stream's group takes every L-th packed word of its row, s * sum(q a)
+// + b * sum(a) a word, and xor shuffles add the group's lanes (another order than the CPU
+// twin's, within rounding); the streams' terms are then added in stream order.
 //
 // Host obligations: H <= kPer * 1024 = 8192. Without an injection (has_inject == 0) y, gate
 // and sum are never touched, without a norm (has_norm == 0) weight and normed neither: bind
@@ -154,7 +156,35 @@ inline void hc_mix_impl(
   x[i] = InT(acc / float(p.streams));
 }
 
-// One lane's share of an up row's dot product with the activations in threadgroup memory.
+// hc_up_mix splits a simdgroup's lanes among the streams, as kernels/hyper_connection.cu does:
+// G = the power of two >= min(S, 32) lane groups of L = 32 / G lanes, group g taking stream
+// s = r * G + g in round r (one round at the release: S = 4, 4 groups of 8 lanes), so that the
+// S dots of an output are summed side by side.
+inline uint hc_up_mix_groups(uint streams) {
+  uint g = 1;
+  while (g < streams && g < 32) {
+    g <<= 1;
+  }
+  return g;
+}
+
+// One packed word's s * sum(q a) + b * sum(a) added to acc (the CUDA kernel's per-word order).
+template <uint BITS>
+inline float hc_up_word(uint word, float scale, float bias, threadgroup float* act, uint j0,
+                        float acc) {
+  constexpr uint kPerWord = 32 / BITS;
+  constexpr uint kMask = (1u << BITS) - 1u;
+  float qa = 0.0f;
+  float sa = 0.0f;
+  for (uint k = 0; k < kPerWord; ++k) {
+    const float av = act[j0 + k];
+    qa = fma(float((word >> (k * BITS)) & kMask), av, qa);
+    sa += av;
+  }
+  return fma(scale, qa, fma(bias, sa, acc));
+}
+
+// Lane q's share (words q, q + L, ...) of one up row's dot product with the activations.
 template <uint BITS, typename ScT>
 inline float hc_up_lane_dot(
     const device uint* row,
@@ -162,23 +192,15 @@ inline float hc_up_lane_dot(
     const device ScT* row_biases,
     threadgroup float* act,
     constant HcUpMixParams& p,
-    uint lane) {
+    uint q,
+    uint lanes) {
   constexpr uint kPerWord = 32 / BITS;
-  constexpr uint kMask = (1u << BITS) - 1u;
   const uint words = p.rank / kPerWord;
   float acc = 0.0f;
-  for (uint w = lane; w < words; w += 32) {
-    const uint word = row[w];
+  for (uint w = q; w < words; w += lanes) {
     const uint j0 = w * kPerWord;
     const uint g = j0 / p.group_size;
-    float qa = 0.0f;
-    float sa = 0.0f;
-    for (uint k = 0; k < kPerWord; ++k) {
-      const float av = act[j0 + k];
-      qa = fma(float((word >> (k * BITS)) & kMask), av, qa);
-      sa += av;
-    }
-    acc = fma(float(row_scales[g]), qa, fma(float(row_biases[g]), sa, acc));
+    acc = hc_up_word<BITS>(row[w], float(row_scales[g]), float(row_biases[g]), act, j0, acc);
   }
   return acc;
 }
@@ -208,25 +230,46 @@ inline void hc_up_mix_impl(
   if (j >= p.cols) {
     return;  // a whole simdgroup, after the barrier
   }
+  const uint groups = hc_up_mix_groups(p.streams);
+  const uint lanes = 32 / groups;
+  const uint g = lane / lanes;
+  const uint q = lane % lanes;
   const uint words = p.rank * p.bits / 32;
-  const uint groups = p.rank / p.group_size;
+  const uint row_groups = p.rank / p.group_size;
+  const uint rounds = (p.streams + groups - 1) / groups;
   float acc = 0.0f;
-  for (uint s = 0; s < p.streams; ++s) {
-    const ulong row = ulong(s) * p.cols + j;
-    const device uint* row_words = packed + row * words;
-    const device ScT* row_scales = scales + row * groups;
-    const device ScT* row_biases = biases + row * groups;
-    float dot;
-    if (p.bits == 4) {
-      dot = hc_up_lane_dot<4, ScT>(row_words, row_scales, row_biases, act, p, lane);
-    } else if (p.bits == 8) {
-      dot = hc_up_lane_dot<8, ScT>(row_words, row_scales, row_biases, act, p, lane);
-    } else {
-      dot = hc_up_lane_dot<2, ScT>(row_words, row_scales, row_biases, act, p, lane);
+  for (uint r = 0; r < rounds; ++r) {
+    const uint s = r * groups + g;
+    float dot = 0.0f;
+    float term = 0.0f;
+    if (s < p.streams) {
+      const ulong row = ulong(s) * p.cols + j;
+      const device uint* row_words = packed + row * words;
+      const device ScT* row_scales = scales + row * row_groups;
+      const device ScT* row_biases = biases + row * row_groups;
+      if (p.bits == 4) {
+        dot = hc_up_lane_dot<4, ScT>(row_words, row_scales, row_biases, act, p, q, lanes);
+      } else if (p.bits == 8) {
+        dot = hc_up_lane_dot<8, ScT>(row_words, row_scales, row_biases, act, p, q, lanes);
+      } else {
+        dot = hc_up_lane_dot<2, ScT>(row_words, row_scales, row_biases, act, p, q, lanes);
+      }
     }
-    dot = simd_sum(dot);
-    const ulong at = (ulong(n) * p.streams + s) * p.cols + j;
-    acc += float(InT(float(InT(hc_sigmoid(float(InT(dot))))) * float(normed[at])));
+    // The group's lanes summed (the xor stays inside a group of L lanes).
+    for (uint o = lanes / 2; o > 0; o >>= 1) {
+      dot += simd_shuffle_xor(dot, ushort(o));
+    }
+    if (s < p.streams) {
+      const ulong at = (ulong(n) * p.streams + s) * p.cols + j;
+      term = float(InT(float(InT(hc_sigmoid(float(InT(dot))))) * float(normed[at])));
+    }
+    // The streams' terms added in stream order, as hc_mix adds them.
+    for (uint gg = 0; gg < groups; ++gg) {
+      const float t = simd_shuffle(term, ushort(gg * lanes));
+      if (r * groups + gg < p.streams) {
+        acc += t;
+      }
+    }
   }
   if (lane == 0) {
     x[ulong(n) * p.cols + j] = InT(acc / float(p.streams));

@@ -4,7 +4,9 @@
 //! block's slots), `hc_act_{f32,f16,bf16}`, `hc_mix_{f32,f16,bf16}`
 //! and `hc_up_mix_<x>_<s>` (every activation and scale type), and compared with the
 //! CPU twin ([`gdn_ops::ops::hyper_connection`]) over the op's cases
-//! (tests/common/hyper_connection.rs).
+//! (tests/common/hyper_connection.rs). The `.cu` bodies of `hc_inject_norm` and `hc_up_mix`
+//! (kernels/hyper_connection.cu, through kernels/emu/hyper_connection_cuda_harness.cpp and the
+//! CUDA stand-ins) run on the same cases at the CUDA host's geometry.
 //!
 //! Needs Debian's `clang-19` and `libclang-rt-19-dev`; without them this test fails, never
 //! skips. `GDN_EMU_CXX` overrides the compiler.
@@ -25,11 +27,50 @@ use common::hyper_connection::{
 use common::{close, failures, tensor, values, Input, Ty, TYPES};
 use gdn_ops::ops::affine::AffineTensor;
 use gdn_ops::ops::hyper_connection::{
-    hc_act, hc_inject_norm, hc_inject_slots_norm, hc_mix, hc_up_mix, row_threads, HcActParams,
-    HcInjectNormParams, HcMixParams, HcUpMixParams, MIX_THREADS, UP_MIX_WARPS,
+    hc_act, hc_inject_norm, hc_inject_slots_norm, hc_mix, hc_up_mix, inject_row_threads,
+    row_threads, HcActParams, HcInjectNormParams, HcMixParams, HcUpMixParams, MIX_THREADS,
+    UP_MIX_WARPS,
 };
 
 static HARNESS: emu::Harness = emu::Harness::metal("hyper_connection_harness");
+/// The `.cu` bodies of `hc_inject_norm` and `hc_up_mix` (kernels/emu/hyper_connection_cuda_harness.cpp:
+/// the same input and output as the Metal harness).
+static CUDA_HARNESS: emu::Harness = emu::Harness::cuda("hyper_connection_cuda_harness");
+
+/// The SMs `inject_row_threads` sees on the H200 (the CUDA injection's geometry there).
+const H200_SMS: usize = 132;
+
+/// Which kernel file a case runs.
+#[derive(Debug, Clone, Copy)]
+enum Source {
+    Metal,
+    Cuda,
+}
+
+impl Source {
+    fn harness(self) -> &'static emu::Harness {
+        match self {
+            Source::Metal => &HARNESS,
+            Source::Cuda => &CUDA_HARNESS,
+        }
+    }
+    /// The allowance on `sum` past one ulp, in max |sum|: the `.cu` body sums a MoE block's
+    /// slots with fused multiply-adds (the twin and the Metal kernel round each product), as
+    /// tests/cuda_hyper_connection.rs allows on the GPU.
+    fn sum_rel(self) -> f32 {
+        match self {
+            Source::Metal => 0.0,
+            Source::Cuda => 1e-6,
+        }
+    }
+    /// Threads of the injection's block for `rows` stream rows of `cols`, as the host takes them.
+    fn inject_threads(self, rows: usize, cols: usize) -> usize {
+        match self {
+            Source::Metal => row_threads(cols),
+            Source::Cuda => inject_row_threads(rows, cols, H200_SMS),
+        }
+    }
+}
 
 const EPS: f32 = 1e-6;
 
@@ -38,6 +79,7 @@ struct Case {
     shape: (usize, usize, usize),
     ty: Ty,
     kernel: Kernel,
+    source: Source,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -81,12 +123,14 @@ fn header(input: &mut Input, c: &Case, inject: bool, norm: bool, threads: usize)
 
 fn check(c: &Case) -> Option<String> {
     let (n, s, h) = c.shape;
+    let harness = c.source.harness();
+    let inject_threads = c.source.inject_threads(n * s, h);
     let x = inputs(c.shape, c.ty, seed(c.index, c.ty));
     let mut input = Input::new(b"HCONEMU1");
     if let Kernel::Act = c.kernel {
         header(&mut input, c, false, false, MIX_THREADS);
         input.f32s(&x.down);
-        let got = match HARNESS.run(&input.0) {
+        let got = match harness.run(&input.0) {
             Ok(v) => v,
             Err(e) => return Some(e),
         };
@@ -94,13 +138,13 @@ fn check(c: &Case) -> Option<String> {
         return close("a", &got, &want, c.ty, 1.0, 0.0);
     }
     if let Kernel::InjectSlots(norm) = c.kernel {
-        header(&mut input, c, true, norm, row_threads(h));
+        header(&mut input, c, true, norm, inject_threads);
         input.f32s(&x.hs).f32s(&x.slot_down).f32s(&x.gate);
         if norm {
             input.f32s(&x.weight);
         }
         input.f32s(&x.slot_weights);
-        let got = match HARNESS.run(&input.0) {
+        let got = match harness.run(&input.0) {
             Ok(v) => v,
             Err(e) => return Some(e),
         };
@@ -116,14 +160,14 @@ fn check(c: &Case) -> Option<String> {
             return Some(format!("{} values printed", got.len()));
         }
         let (got_sum, got_normed) = got.split_at(len);
-        return close("sum", got_sum, &values(&sum), c.ty, 1.0, 0.0).or_else(|| {
+        return close("sum", got_sum, &values(&sum), c.ty, 1.0, c.source.sum_rel()).or_else(|| {
             normed.and_then(|nd| close("normed", got_normed, &values(&nd), c.ty, 1.0, 1e-5))
         });
     }
     let Kernel::InjectNorm(inject, norm) = c.kernel else {
         header(&mut input, c, false, false, MIX_THREADS);
         input.f32s(&x.up).f32s(&x.normed);
-        let got = match HARNESS.run(&input.0) {
+        let got = match harness.run(&input.0) {
             Ok(v) => v,
             Err(e) => return Some(e),
         };
@@ -132,7 +176,7 @@ fn check(c: &Case) -> Option<String> {
         let want = values(&hc_mix(&up, &normed, s).unwrap());
         return close("x", &got, &want, c.ty, 1.0, 0.0);
     };
-    header(&mut input, c, inject, norm, row_threads(h));
+    header(&mut input, c, inject, norm, inject_threads);
     input.f32s(&x.hs);
     if inject {
         input.f32s(&x.y).f32s(&x.gate);
@@ -140,7 +184,7 @@ fn check(c: &Case) -> Option<String> {
     if norm {
         input.f32s(&x.weight);
     }
-    let got = match HARNESS.run(&input.0) {
+    let got = match harness.run(&input.0) {
         Ok(v) => v,
         Err(e) => return Some(e),
     };
@@ -162,7 +206,7 @@ fn check(c: &Case) -> Option<String> {
     }
     let (got_sum, got_normed) = got.split_at(if inject { len } else { 0 });
     let sum_err = inject
-        .then(|| close("sum", got_sum, &values(&sum), c.ty, 1.0, 0.0))
+        .then(|| close("sum", got_sum, &values(&sum), c.ty, 1.0, c.source.sum_rel()))
         .flatten();
     sum_err.or_else(|| {
         normed.and_then(|nd| close("normed", got_normed, &values(&nd), c.ty, 1.0, 1e-5))
@@ -171,28 +215,49 @@ fn check(c: &Case) -> Option<String> {
 
 #[test]
 fn shipped_hyper_connection_kernels_match_the_cpu_twin() {
+    run_cases(Source::Metal, &[Kernel::Mix, Kernel::Act]);
+}
+
+/// `inject_norm_body` of kernels/hyper_connection.cu at the H200's geometry (a thread a column
+/// up to 1 024 for a decode step's few rows), every form, against the twin with the Metal
+/// kernel's gates (`sum` allowing the `.cu` body's fused multiply-adds).
+#[test]
+fn shipped_cuda_inject_norm_body_matches_the_cpu_twin() {
+    run_cases(Source::Cuda, &[]);
+}
+
+/// Every case in every injection form, and in the kernels `more`, on `source`'s harness.
+fn run_cases(source: Source, more: &[Kernel]) {
     let mut cases = vec![];
     for (index, shape, ty) in runs(&TYPES) {
         let forms = FORMS.iter().map(|&(i, n)| Kernel::InjectNorm(i, n));
         let slots = [Kernel::InjectSlots(true), Kernel::InjectSlots(false)];
-        for kernel in forms.chain(slots).chain([Kernel::Mix, Kernel::Act]) {
+        for kernel in forms.chain(slots).chain(more.iter().copied()) {
             cases.push(Case {
                 index,
                 shape,
                 ty,
                 kernel,
+                source,
             });
         }
     }
-    HARNESS.path();
+    source.harness().path();
     let failures: Vec<String> = failures(&cases, |c| {
-        check(c).map(|e| format!("{:?} {} {:?}: {e}", c.kernel, c.ty.name(), c.shape))
+        let what = format!(
+            "{:?} {:?} {} {:?}",
+            c.source,
+            c.kernel,
+            c.ty.name(),
+            c.shape
+        );
+        check(c).map(|e| format!("{what}: {e}"))
     });
     common::assert_no_failures(&failures, cases.len(), "cases fail");
 }
 
 /// `hc_up_mix` case `c` at `ty` on the emulator against the twin.
-fn check_up_mix(i: usize, c: &UpMixCase, ty: Ty) -> Option<String> {
+fn check_up_mix(i: usize, c: &UpMixCase, ty: Ty, source: Source) -> Option<String> {
     let (n, s, h, r) = (c.tokens, c.streams, c.cols, c.rank);
     let x = up_mix_inputs(c, ty, up_mix_seed(i, ty));
     let mut input = Input::new(b"HCONEMU1");
@@ -219,7 +284,7 @@ fn check_up_mix(i: usize, c: &UpMixCase, ty: Ty) -> Option<String> {
         .f32s(&x.m.biases().to_f32_vec())
         .f32s(&x.d)
         .f32s(&x.normed);
-    let got = match HARNESS.run(&input.0) {
+    let got = match source.harness().run(&input.0) {
         Ok(v) => v,
         Err(e) => return Some(e),
     };
@@ -235,7 +300,21 @@ fn shipped_up_mix_kernel_matches_the_cpu_twin() {
     let cases = up_mix_runs(&TYPES);
     HARNESS.path();
     let failures: Vec<String> = failures(&cases, |(i, c, ty)| {
-        check_up_mix(*i, c, *ty).map(|e| format!("up_mix {} {c:?}: {e}", ty.name()))
+        check_up_mix(*i, c, *ty, Source::Metal).map(|e| format!("up_mix {} {c:?}: {e}", ty.name()))
+    });
+    common::assert_no_failures(&failures, cases.len(), "cases fail");
+}
+
+/// `up_mix_body` of kernels/hyper_connection.cu (the streams' dots side by side in a warp, the
+/// first words loaded before the activations' barrier) at the host's geometry, every
+/// activation and scale type, against the twin.
+#[test]
+fn shipped_cuda_up_mix_body_matches_the_cpu_twin() {
+    let cases = up_mix_runs(&TYPES);
+    CUDA_HARNESS.path();
+    let failures: Vec<String> = failures(&cases, |(i, c, ty)| {
+        check_up_mix(*i, c, *ty, Source::Cuda)
+            .map(|e| format!("cuda up_mix {} {c:?}: {e}", ty.name()))
     });
     common::assert_no_failures(&failures, cases.len(), "cases fail");
 }

@@ -3,7 +3,8 @@
 // emulation (kernels/emu/metal_emu.h):
 // a block is a threadgroup of fibers, a warp a simdgroup, __syncthreads a threadgroup barrier,
 // __syncwarp a simdgroup barrier, __shfl_up_sync simd_shuffle_up (the same semantics: lanes
-// below the offset keep their value), __shfl_xor_sync simd_shuffle_xor (full-warp masks only);
+// below the offset keep their value), __shfl_xor_sync simd_shuffle_xor and __shfl_sync
+// simd_shuffle (full-warp masks only);
 // wmma is in mma.h beside this file, cp.async (__pipeline_memcpy_async, deferred to the
 // thread's __pipeline_wait_prior) in cuda_pipeline_primitives.h. A kernel's body takes its
 // thread and block indices and its shared memory as arguments (the entry points pass
@@ -30,6 +31,7 @@
 #define __syncwarp() metal::simdgroup_barrier(metal::mem_flags::mem_threadgroup)
 #define __shfl_up_sync(mask, value, offset) metal::simd_shuffle_up(value, offset)
 #define __shfl_xor_sync(mask, value, offset) metal::simd_shuffle_xor(value, offset)
+#define __shfl_sync(mask, value, lane) metal::simd_shuffle(value, lane)
 
 // CUDA's integer min for device code.
 inline unsigned min(unsigned a, unsigned b) { return a < b ? a : b; }
@@ -37,6 +39,9 @@ inline unsigned min(unsigned a, unsigned b) { return a < b ? a : b; }
 // Rounded float arithmetic that the compiler may not contract into an FMA (each its own call).
 inline float __fmul_rn(float a, float b) { return a * b; }
 inline float __fadd_rn(float a, float b) { return a + b; }
+
+// CUDA's reciprocal square root (its rounding within an ulp of this).
+inline float rsqrtf(float x) { return 1.0f / std::sqrt(x); }
 
 // Bit casts between float and its 32 bits.
 namespace cuda_emu {

@@ -9,7 +9,9 @@ use gdn_ops::ops::affine::AffineMatrix;
 
 /// `(tokens N, streams S, H)`: Qwen3.8-Flash-Next's release (4 streams of 2560) and the tiny
 /// fixture's (4 of 64) as a decode step passes them, a prefill chunk, the widest stream
-/// (8192), streams not a multiple of 32 wide, one stream, one column.
+/// (8192), streams not a multiple of 32 wide, one stream, one column, and 2 048 and 4 000
+/// (the CUDA injection's 1 024 threads a row holding 2 and 4 columns each; 2 560 holds 3,
+/// 8 192 8).
 pub fn cases() -> Vec<(usize, usize, usize)> {
     vec![
         (1, 4, 2560),
@@ -20,6 +22,8 @@ pub fn cases() -> Vec<(usize, usize, usize)> {
         (3, 2, 33),
         (1, 1, 100),
         (2, 4, 1),
+        (1, 2, 2048),
+        (1, 2, 4000),
     ]
 }
 
@@ -46,8 +50,10 @@ pub struct Inputs {
     pub slot_weights: Vec<f32>,
 }
 
-/// The slots of the MoE outputs `hc_inject_slots_norm` is tested with.
-pub const SLOTS: usize = 3;
+/// The slots of the MoE outputs `hc_inject_slots_norm` is tested with: the release's 11 (10
+/// routed experts and the shared one), so that the CUDA kernel's slot sum runs both its
+/// 4-slots-at-a-time loop and the rest.
+pub const SLOTS: usize = 11;
 
 pub fn inputs((n, s, h): (usize, usize, usize), ty: Ty, seed: u64) -> Inputs {
     let mut rng = Rng::new(seed);

@@ -1,6 +1,7 @@
 //! CUDA host side of `kernels/hyper_connection.cu`: `hc_inject_norm` one block per stream
-//! row (a thread a column when the rows are fewer than the SMs: [`inject_row_threads`]), `hc_act` and `hc_mix` one thread per output value, `hc_up_mix` one warp per output
-//! value.
+//! row (a thread a column when the rows are fewer than the SMs: [`inject_row_threads`]),
+//! `hc_act` and `hc_mix` one thread per output value, `hc_up_mix` one warp per output value
+//! (its lanes split among the streams).
 
 use super::{
     inject_row_threads, ActInputs, InjectInputs, MixInputs, MAX_COLS, MIX_THREADS, PER_THREAD,

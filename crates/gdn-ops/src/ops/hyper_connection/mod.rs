@@ -73,7 +73,11 @@ pub use super::add_rms_norm::{row_threads, MAX_COLS, PER_THREAD};
 /// [`row_threads`] walking [`PER_THREAD`] columns (with a MoE block's K = 11 slots, 88 loads a
 /// thread) — 10.9 µs a call on the H200 for ~70 KB a row. With fewer rows than SMs a row's
 /// block takes a thread a column up to 1 024 (the kernel guards every column past `cols`): at
-/// H = 2 560 three columns a thread, a third of the serial loads, three times the warps.
+/// H = 2 560 three columns a thread, a third of the serial loads, three times the warps. The
+/// CUDA kernel walks only the columns a thread holds (`ceil(cols / threads)`: 1, 2, 3, 4 or
+/// 8, each unrolled), not [`PER_THREAD`] predicated slots, and sums a MoE block's slots 4 at
+/// a time across them (ncu, fifteenth session: the 4 SMs were issue-bound, ~640 instructions
+/// a warp).
 pub fn inject_row_threads(rows: usize, cols: usize, sms: usize) -> usize {
     if rows >= sms {
         return row_threads(cols);
@@ -84,8 +88,12 @@ pub fn inject_row_threads(rows: usize, cols: usize, sms: usize) -> usize {
 /// Threads of a block of the elementwise kernels (`hc_act`, `hc_mix`), one value each.
 pub const MIX_THREADS: usize = 256;
 
-/// Warps (simdgroups) of a `hc_up_mix` block, one output value `x[n, j]` each.
-pub const UP_MIX_WARPS: usize = 8;
+/// Warps (simdgroups) of a `hc_up_mix` block, one output value `x[n, j]` each, the `S`
+/// streams' dots side by side in a warp (32 / S lanes a stream, S rounded up to a power of
+/// two). 4: at the release (H = 2 560) 640 blocks of 128 threads, all resident at once on the
+/// H200's 132 SMs at the kernel's 78 registers a thread (6 blocks an SM), where 8 made 320
+/// blocks on fewer SMs.
+pub const UP_MIX_WARPS: usize = 4;
 
 /// The widest low-rank activation `hc_up_mix` holds in a block's shared memory (32 KB of f32).
 pub const MAX_RANK: usize = 8192;
