@@ -46,6 +46,7 @@
 #include "params/hyper_connection.h"
 #include "cuda_block_sum.h"
 #include "cuda_convert.h"
+#include "affine_word_dot.h"
 
 namespace hyper_connection {
 
@@ -126,7 +127,8 @@ __device__ __forceinline__ void inject_norm_cols(const InjectBuffers<T>& b,
       const float* slot_w = slot_weights + (size_t)n * p.slots;
       constexpr uint32_t kSlotsTogether = slots_together<PER>();
       if constexpr (kSlotsTogether == 1) {
-        // A column at a time, its K loads one after the other (the registers of PER >= 4).
+        // A column at a time, its K loads one after the other: at PER >= 4 the slots-outer loop
+        // below, even one slot at a time, spills under the 64 registers of a 1 024-thread block.
 #pragma unroll
         for (uint32_t k = 0; k < PER; ++k) {
           const uint32_t j = tid + k * threads;
@@ -292,26 +294,24 @@ __device__ __forceinline__ void up_load_ahead(UpAhead& ahead, const uint32_t* ro
   }
 }
 
-// One word's s * sum(q a) + b * sum(a) added to acc, as kernels/affine_word_dot.h sums it, with
-// the activations read four at a time from shared memory (j0 is a multiple of 4: 16-byte
-// aligned).
+// One word's s * sum(q a) + b * sum(a) added to acc (affine_word_dot.h's word_sum, the order
+// the decode products add in), the activations read four at a time from shared memory (j0 is
+// a multiple of 4: 16-byte aligned).
 template <uint32_t BITS>
 __device__ __forceinline__ float up_word(uint32_t word, float scale, float bias, const float* act,
                                          uint32_t j0, float acc) {
-  constexpr uint32_t PER_WORD = 32 / BITS, MASK = (1u << BITS) - 1u;
+  constexpr uint32_t PER_WORD = 32 / BITS;
   const float4* a4 = reinterpret_cast<const float4*>(act + j0);
-  float qa = 0.f, sa = 0.f;
+  float av[PER_WORD];
 #pragma unroll
   for (uint32_t v = 0; v < PER_WORD / 4; ++v) {
     const float4 a = a4[v];
-    const float av[4] = {a.x, a.y, a.z, a.w};
-#pragma unroll
-    for (uint32_t k = 0; k < 4; ++k) {
-      qa = fmaf((float)((word >> ((v * 4 + k) * BITS)) & MASK), av[k], qa);
-      sa += av[k];
-    }
+    av[4 * v] = a.x;
+    av[4 * v + 1] = a.y;
+    av[4 * v + 2] = a.z;
+    av[4 * v + 3] = a.w;
   }
-  return fmaf(scale, qa, fmaf(bias, sa, acc));
+  return affine_word_dot::word_sum<BITS>(word, scale, bias, av, acc);
 }
 
 // hc_up_mix's buffers (see the entry points).
