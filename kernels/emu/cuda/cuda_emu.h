@@ -39,6 +39,9 @@ inline unsigned min(unsigned a, unsigned b) { return a < b ? a : b; }
 // Rounded float arithmetic that the compiler may not contract into an FMA (each its own call).
 inline float __fmul_rn(float a, float b) { return a * b; }
 inline float __fadd_rn(float a, float b) { return a + b; }
+inline float __fsub_rn(float a, float b) { return a - b; }
+inline float __fdiv_rn(float a, float b) { return a / b; }
+inline float __fsqrt_rn(float x) { return std::sqrt(x); }
 
 // CUDA's reciprocal square root (its rounding within an ulp of this).
 inline float rsqrtf(float x) { return 1.0f / std::sqrt(x); }

@@ -18,6 +18,7 @@ pub mod gdn_conv_prep;
 pub mod gdn_conv_prep_slots;
 pub mod greedy_pick;
 pub mod hyper_connection;
+pub mod indexer_pool;
 pub mod moe_combine;
 pub mod moe_route;
 

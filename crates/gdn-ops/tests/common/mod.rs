@@ -41,6 +41,7 @@ pub mod gpu;
 pub mod greedy_pick;
 pub mod harness_input;
 pub mod hyper_connection;
+pub mod indexer_pool;
 pub mod moe_combine;
 pub mod moe_route;
 pub mod parallel;

@@ -20,10 +20,12 @@
 
 use super::{IndexerCache, QsaIndexer};
 use crate::candle_ops::{cat, full, matmul, write_at, zeros};
+use crate::layers::rope::PartialRope;
 use crate::tensor::{cast, contiguous};
 use anyhow::{ensure, Context, Result};
 use candle_core::{DType, Device, Tensor};
 use gdn_ops::launches::{candle_op, read_back};
+use gdn_ops::ops::indexer_pool::{self, PoolCall};
 
 /// Block keys the device buffer grows by when full: 64 blocks of the release config's 4
 /// tokens are the KV cache's step of 256 positions.
@@ -183,6 +185,19 @@ pub struct IndexerValues {
 }
 
 impl IndexerValues {
+    /// The values of the token at position `offset` for keys of `di` values pooled into
+    /// blocks of `c` tokens, rotated by `rope` ([`QsaIndexer::step_values`]).
+    fn at(rope: &PartialRope, di: usize, c: usize, offset: usize) -> Self {
+        let blocks = offset / c;
+        let (cos, sin) = rope.angles(blocks * c);
+        Self {
+            tail_row: vec![(offset % c) as u32; di],
+            block_row: vec![blocks as u32; di],
+            cos,
+            sin,
+        }
+    }
+
     /// Uploaded to `device` (new tensors).
     pub fn upload(&self, device: &Device) -> Result<IndexerInputs> {
         let row = |v: &[u32]| Tensor::from_slice(v, (1, v.len()), device);
@@ -212,27 +227,17 @@ impl QsaIndexer {
     /// tokens): its key goes to tail row `offset mod c`, the tail pooled to block row
     /// `offset div c`, rotated at that block's first position.
     pub fn step_values(&self, offset: usize) -> IndexerValues {
-        let (di, c) = (self.qsa.head_dim, self.qsa.compress_ratio);
-        let blocks = offset / c;
-        let (cos, sin) = self.rope.angles(blocks * c);
-        IndexerValues {
-            tail_row: vec![(offset % c) as u32; di],
-            block_row: vec![blocks as u32; di],
-            cos,
-            sin,
-        }
+        IndexerValues::at(
+            &self.rope,
+            self.qsa.head_dim,
+            self.qsa.compress_ratio,
+            offset,
+        )
     }
 
     /// Whether [`QsaIndexer::select_on_device`] can run: the device plan's copy.
     pub fn selects_on_device(&self) -> bool {
         self.device_norms.is_some()
-    }
-
-    /// `1 + w`-weighted RMSNorm of the rows of `x` `[rows, Di]` (f32) on the device.
-    fn norm_rows(&self, x: &Tensor, w: &Tensor) -> Result<Tensor> {
-        let ms = candle_op(candle_op(x.sqr())?.mean_keepdim(1))?;
-        let inv = candle_op(candle_op((ms + self.eps as f64)?.sqrt())?.recip())?;
-        candle_op(candle_op(x.broadcast_mul(&inv))?.broadcast_mul(w))
     }
 
     /// Whether a step at position `offset` sees every key (the selection returns no mask).
@@ -278,7 +283,7 @@ impl QsaIndexer {
             cache.device = Some(keys);
         }
         let keys = cache.device.as_mut().expect("set above");
-        let qk = cast(&self.proj.forward(x)?, DType::F32)?;
+        let proj = self.proj.forward(x)?;
         // The key of this token joins the tail; the tail pooled (mean, norm, RoPE at the
         // block's first position) goes to the next block's row, a block once the tail is full.
         ensure!(
@@ -288,21 +293,13 @@ impl QsaIndexer {
             keys.tail_len
         );
         keys.reserve_next_block()?;
-        candle_op(keys.tail.scatter_set(
-            &step.tail_row,
-            &contiguous(&qk.narrow(1, n * di, di)?)?,
-            0,
-        ))?;
-        let pooled = candle_op(keys.tail.mean_keepdim(0))?;
-        let normed = self.norm_rows(&pooled, k_norm)?.reshape((1, 1, 1, di))?;
-        let pooled = self
-            .rope
-            .rotate(&normed, &step.cos, &step.sin)?
-            .reshape((1, di))?;
-        candle_op(
-            keys.buf
-                .scatter_set(&step.block_row, &contiguous(&pooled)?, 0),
-        )?;
+        let layer = PoolLayer {
+            key_offset: n * di,
+            norm: k_norm,
+            rope: &self.rope,
+            eps: self.eps,
+        };
+        pool_step(&layer, &proj, keys, step)?;
         cache.advance_on_device(c);
         let keys = cache.device.as_ref().expect("set above");
         let (t, k) = (offset, self.qsa.block_topk());
@@ -312,8 +309,9 @@ impl QsaIndexer {
             return Ok(None);
         }
         // Queries: per head norm, then RoPE at the token's position.
+        let qk = cast(&proj, DType::F32)?;
         let q = contiguous(&qk.narrow(1, 0, n * di)?)?.reshape((n, di))?;
-        let q = self.norm_rows(&q, q_norm)?.reshape((1, n, 1, di))?;
+        let q = norm_rows(&q, q_norm, self.eps)?.reshape((1, n, 1, di))?;
         let q = self.rope.forward(&q, t)?.reshape((n, di))?;
         let scores = matmul(&q, &keys.buf.narrow(0, 0, m)?.t()?)?; // [n, m]
         let scale = 1.0 / (di as f64).sqrt();
@@ -331,6 +329,86 @@ impl QsaIndexer {
         let mask = candle_op(open.log())?;
         Ok(Some(cast(&mask, x.dtype())?.reshape((1, t + 1))?))
     }
+}
+
+/// `1 + w`-weighted RMSNorm of the rows of `x` `[rows, Di]` (f32) on the device.
+fn norm_rows(x: &Tensor, w: &Tensor, eps: f32) -> Result<Tensor> {
+    let ms = candle_op(candle_op(x.sqr())?.mean_keepdim(1))?;
+    let inv = candle_op(candle_op((ms + eps as f64)?.sqrt())?.recip())?;
+    candle_op(candle_op(x.broadcast_mul(&inv))?.broadcast_mul(w))
+}
+
+/// What a step's pooling takes from its layer: where the key sits in the projection row, the
+/// key norm's `1 + w` (f32 on the device), the rotation and the norm's epsilon.
+struct PoolLayer<'a> {
+    key_offset: usize,
+    norm: &'a Tensor,
+    rope: &'a PartialRope,
+    eps: f32,
+}
+
+/// One step's pooling: the key of the projection row `qk` `[1, (n + 1)·Di]` joins the tail at
+/// the step's tail row, and the tail pooled (mean, norm, RoPE at the block's first position)
+/// goes to the step's block row. One launch (`indexer_pool`) where its kernels take the
+/// shape; the composed ops otherwise, named once on stderr on a GPU.
+fn pool_step(
+    layer: &PoolLayer,
+    qk: &Tensor,
+    keys: &DeviceIndexKeys,
+    step: &IndexerInputs,
+) -> Result<()> {
+    let di = keys.tail.dim(1)?;
+    if !indexer_pool::supports(di, layer.rope.dims(), qk.dtype()) {
+        if !qk.device().is_cpu() {
+            static ONCE: std::sync::Once = std::sync::Once::new();
+            ONCE.call_once(|| {
+                eprintln!(
+                    "note: the QSA indexer's {di}-value keys (rotated over {}) are pooled by \
+                     composed ops: indexer_pool has no kernel for them",
+                    layer.rope.dims()
+                )
+            });
+        }
+        return pool_step_composed(layer, qk, keys, step);
+    }
+    indexer_pool::indexer_pool(&PoolCall {
+        qk: &contiguous(qk)?,
+        key_offset: layer.key_offset,
+        tail: &keys.tail,
+        blocks: &keys.buf,
+        tail_row: &step.tail_row,
+        block_row: &step.block_row,
+        cos: &step.cos,
+        sin: &step.sin,
+        norm: layer.norm,
+        eps: layer.eps,
+    })
+}
+
+/// [`pool_step`] in candle ops (13 launches on a GPU): the reference the kernel replaced.
+fn pool_step_composed(
+    layer: &PoolLayer,
+    qk: &Tensor,
+    keys: &DeviceIndexKeys,
+    step: &IndexerInputs,
+) -> Result<()> {
+    let di = keys.tail.dim(1)?;
+    let key = cast(
+        &contiguous(&qk.narrow(1, layer.key_offset, di)?)?,
+        DType::F32,
+    )?;
+    candle_op(keys.tail.scatter_set(&step.tail_row, &key, 0))?;
+    let pooled = candle_op(keys.tail.mean_keepdim(0))?;
+    let normed = norm_rows(&pooled, layer.norm, layer.eps)?.reshape((1, 1, 1, di))?;
+    let pooled = layer
+        .rope
+        .rotate(&normed, &step.cos, &step.sin)?
+        .reshape((1, di))?;
+    candle_op(
+        keys.buf
+            .scatter_set(&step.block_row, &contiguous(&pooled)?, 0),
+    )?;
+    Ok(())
 }
 
 /// `[m]` f32: 1 for the `k` blocks the host's order puts first (highest score, the earlier
@@ -354,6 +432,71 @@ pub fn kept_blocks(scores: &Tensor, k: usize) -> Result<Tensor> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The one-launch pooling (`indexer_pool`, its CPU twin here) writes what the composed
+    /// ops it replaced write, over several steps of the release config's shapes (4 query
+    /// heads of 128 before the key, blocks of 4, RoPE over 64 values) from a bf16 projection:
+    /// the tail bit for bit, the block rows within 4 ulps of their largest value (the norm's
+    /// squares are summed in another order); one launch against the composed ops' 13.
+    /// Catches a wrong key offset, norm, rotation or row.
+    #[test]
+    fn one_launch_pooling_matches_the_composed_ops() {
+        let (n, di, c) = (4usize, 128usize, 4usize);
+        let dev = &Device::Cpu;
+        let rope = PartialRope::new(64, 10_000.0);
+        let mut seed = 0x51ed_2701_u32;
+        let mut next = |n: usize| -> Vec<f32> {
+            (0..n)
+                .map(|_| {
+                    seed ^= seed << 13;
+                    seed ^= seed >> 17;
+                    seed ^= seed << 5;
+                    (seed % 20_001) as f32 / 5_000.0 - 2.0
+                })
+                .collect()
+        };
+        let norm =
+            Tensor::from_vec(next(di).iter().map(|v| 1.0 + v / 4.0).collect(), di, dev).unwrap();
+        let layer = PoolLayer {
+            key_offset: n * di,
+            norm: &norm,
+            rope: &rope,
+            eps: 1e-6,
+        };
+        let fresh = || -> DeviceIndexKeys {
+            DeviceIndexKeys::upload(&vec![vec![0.5; di]; 3], &[vec![-0.25; di]], (di, c), dev)
+                .unwrap()
+        };
+        let (fused, composed) = (fresh(), fresh());
+        for offset in 13..23 {
+            let qk = Tensor::from_vec(next((n + 1) * di), (1, (n + 1) * di), dev)
+                .unwrap()
+                .to_dtype(DType::BF16)
+                .unwrap();
+            let step = IndexerValues::at(&rope, di, c, offset).upload(dev).unwrap();
+            let launches = |f: &dyn Fn() -> Result<()>| {
+                let before = gdn_ops::launches::count();
+                f().unwrap();
+                gdn_ops::launches::count() - before
+            };
+            // One launch where the composed ops took 13 (counted as on a GPU).
+            assert_eq!(launches(&|| pool_step(&layer, &qk, &fused, &step)), 1);
+            assert_eq!(
+                launches(&|| pool_step_composed(&layer, &qk, &composed, &step)),
+                13
+            );
+            let flat = |t: &Tensor| t.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+            assert_eq!(flat(&fused.tail), flat(&composed.tail), "tail at {offset}");
+            let (got, want) = (flat(&fused.buf), flat(&composed.buf));
+            let scale = want.iter().fold(0f32, |m, v| m.max(v.abs()));
+            for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+                assert!(
+                    (g - w).abs() <= 4.0 * f32::EPSILON * scale,
+                    "block value {i} at {offset}: {g} against {w}"
+                );
+            }
+        }
+    }
 
     /// The host's rule ([`QsaIndexer::select`]): a stable sort by score, highest first, the
     /// earlier block first among equals; its first `k` blocks.
