@@ -21,6 +21,17 @@
 //     (MAX_COLS on the host).
 //     Without an injection y, gate and sum are never touched; without a norm weight and
 //     normed neither; slot_weights only with slots > 0: pass any valid pointer.
+//   hc_inject_norm_cluster_<t>(same arguments): a stream row over the kClusterBlocks = 8
+//     blocks of a thread-block cluster (sm_90), the decode form (ops/hyper_connection/mod.rs
+//     inject_uses_cluster): block c of row r = blockIdx.x / 8 takes columns [c * span, (c + 1) *
+//     span), span = ceil(H / 8), block = inject_cluster_threads (a thread a column: 320 at H =
+//     2 560), grid = N * S * 8. sum is the one-block kernel's bit for bit (a column's
+//     arithmetic does not depend on the split); the norm's sum of squares is summed per block,
+//     then the 8 partials in rank order through distributed shared memory: a fixed order (the
+//     same bits run to run, in every block), not the one-block kernel's. Why: one block a row
+//     put a decode step's 4 rows on 4 of 132 SMs, a load → block reduce → store latency chain
+//     of 6.4–6.8 µs (9.0 with a MoE block's slots) under Nsight Compute (docs/perf-notes-gpu.md,
+//     issue 25).
 //   hc_act_<t>(d, a, HcActParams p)
 //     block = 256 threads (MIX_THREADS), one value each; grid = ceil(len / 256).
 //   hc_mix_<t>(up, normed, x, HcMixParams p)
@@ -39,6 +50,9 @@
 //
 // Compile for candle:  nvcc -ptx -arch=sm_90 -O3 -I kernels kernels/hyper_connection.cu
 
+#ifndef HYPER_CONNECTION_NO_CLUSTER
+#include <cooperative_groups.h>
+#endif
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <stdint.h>
@@ -66,11 +80,13 @@ __device__ __forceinline__ float sigmoid(float x) { return 1.f / (1.f + expf(-x)
 using cuda_block_sum::block_sum;
 
 // Slots of a MoE block's outputs loaded together in hc_inject_norm's slot sum at PER columns a
-// thread (each column's sum still adds them in slot order): 4 up to 3 columns a thread (12
-// loads in flight), 1 from 4 (within the 64 registers of a 1 024-thread block: more spilled).
+// thread (each column's sum still adds them in slot order): 12 at one column a thread (a
+// cluster's block at the release: a decode step's 11 slots in one round trip, the tail
+// predicated), 4 up to 3 columns a thread (12 loads in flight), 1 from 4 (within the 64
+// registers of a 1 024-thread block: more spilled).
 template <uint32_t PER>
 __device__ constexpr uint32_t slots_together() {
-  return PER <= 3 ? 4 : 1;
+  return PER == 1 ? 12 : PER <= 3 ? 4 : 1;
 }
 
 // hc_inject_norm's buffers (see the entry points).
@@ -85,15 +101,21 @@ struct InjectBuffers {
   T* normed;
 };
 
-// One stream row (token n = row / S, stream s = row % S), PER columns a thread (PER >=
-// ceil(H / threads): the loops are unrolled, so a thread walks only the columns it may hold —
-// a decode step's 1 024 threads a row hold 3 of H = 2 560, where kPer = 8 unrolled made 8
-// predicated slots of every load and product), with the thread and block indices and the
-// shared scratch as arguments.
-template <typename T, uint32_t PER>
+// The columns [first, end) of one stream row (token n = row / S, stream s = row % S) that one
+// block holds, PER columns a thread (PER >= ceil((end - first) / threads): the loops are
+// unrolled, so a thread walks only the columns it may hold — a decode step's 1 024 threads a
+// row hold 3 of H = 2 560, where kPer = 8 unrolled made 8 predicated slots of every load and
+// product), with the thread index and the shared scratch as arguments. The one-block kernel
+// passes the whole row; a cluster's block its share (hc_inject_norm_cluster_*). The norm's sum
+// of squares: the block's (block_sum), then row_squares(block's sum) the row's — the block's
+// own sum for the one-block kernel, the cluster's partials in rank order for a cluster — so
+// that both kernels run this one body, on the GPU and on the emulator alike.
+template <typename T, uint32_t PER, typename RowSquares>
 __device__ __forceinline__ void inject_norm_cols(const InjectBuffers<T>& b,
                                                  const HcInjectNormParams& p, uint32_t row,
-                                                 uint32_t tid, uint32_t threads, float* warp_sums) {
+                                                 uint32_t first, uint32_t end, uint32_t tid,
+                                                 uint32_t threads, float* warp_sums,
+                                                 RowSquares row_squares) {
   const T* __restrict__ hs = b.hs;
   const T* __restrict__ y = b.y;
   const T* __restrict__ gate = b.gate;
@@ -107,8 +129,8 @@ __device__ __forceinline__ void inject_norm_cols(const InjectBuffers<T>& b,
   float v[PER];
 #pragma unroll
   for (uint32_t k = 0; k < PER; ++k) {
-    const uint32_t j = tid + k * threads;
-    v[k] = j < p.cols ? to_f32(hs[base + j]) : 0.f;
+    const uint32_t j = first + tid + k * threads;
+    v[k] = j < end ? to_f32(hs[base + j]) : 0.f;
   }
   if (inject) {
     // gate is [N, S]: this row's logit.
@@ -118,8 +140,8 @@ __device__ __forceinline__ void inject_norm_cols(const InjectBuffers<T>& b,
     if (p.slots == 0) {
 #pragma unroll
       for (uint32_t k = 0; k < PER; ++k) {
-        const uint32_t j = tid + k * threads;
-        yv[k] = j < p.cols ? to_f32(y[(size_t)n * p.cols + j]) : 0.f;
+        const uint32_t j = first + tid + k * threads;
+        yv[k] = j < end ? to_f32(y[(size_t)n * p.cols + j]) : 0.f;
       }
     } else {
       // moe_combine's sum over the slots, in order, rounded once.
@@ -131,13 +153,31 @@ __device__ __forceinline__ void inject_norm_cols(const InjectBuffers<T>& b,
         // below, even one slot at a time, spills under the 64 registers of a 1 024-thread block.
 #pragma unroll
         for (uint32_t k = 0; k < PER; ++k) {
-          const uint32_t j = tid + k * threads;
+          const uint32_t j = first + tid + k * threads;
           float acc = 0.f;
-          if (j < p.cols)
+          if (j < end)
             for (uint32_t k2 = 0; k2 < p.slots; ++k2)
               acc = fmaf(slot_w[k2], to_f32(slot_rows[(size_t)k2 * p.cols + j]), acc);
           yv[k] = rounded<T>(acc);
         }
+      } else if constexpr (PER == 1) {
+        // One column: kSlotsTogether slots' loads in flight together, the last batch's missing
+        // slots neither loaded nor added.
+        const uint32_t j = first + tid;
+        float acc = 0.f;
+        for (uint32_t k2 = 0; k2 < p.slots; k2 += kSlotsTogether) {
+          float yk[kSlotsTogether], sw[kSlotsTogether];
+#pragma unroll
+          for (uint32_t u = 0; u < kSlotsTogether; ++u) {
+            const bool used = k2 + u < p.slots;
+            sw[u] = used ? slot_w[k2 + u] : 0.f;
+            yk[u] = used && j < end ? to_f32(slot_rows[(size_t)(k2 + u) * p.cols + j]) : 0.f;
+          }
+#pragma unroll
+          for (uint32_t u = 0; u < kSlotsTogether; ++u)
+            if (k2 + u < p.slots) acc = fmaf(sw[u], yk[u], acc);
+        }
+        yv[0] = rounded<T>(acc);
       } else {
         // The slots outer and the columns inner, kSlotsTogether slots at a time: their PER
         // columns' loads in flight together.
@@ -151,8 +191,8 @@ __device__ __forceinline__ void inject_norm_cols(const InjectBuffers<T>& b,
           for (uint32_t u = 0; u < kSlotsTogether; ++u) {
 #pragma unroll
             for (uint32_t k = 0; k < PER; ++k) {
-              const uint32_t j = tid + k * threads;
-              yk[u][k] = j < p.cols ? to_f32(slot_rows[(size_t)(k2 + u) * p.cols + j]) : 0.f;
+              const uint32_t j = first + tid + k * threads;
+              yk[u][k] = j < end ? to_f32(slot_rows[(size_t)(k2 + u) * p.cols + j]) : 0.f;
             }
           }
 #pragma unroll
@@ -166,8 +206,8 @@ __device__ __forceinline__ void inject_norm_cols(const InjectBuffers<T>& b,
           const float sw = slot_w[k2];
 #pragma unroll
           for (uint32_t k = 0; k < PER; ++k) {
-            const uint32_t j = tid + k * threads;
-            if (j < p.cols) acc[k] = fmaf(sw, to_f32(slot_rows[(size_t)k2 * p.cols + j]), acc[k]);
+            const uint32_t j = first + tid + k * threads;
+            if (j < end) acc[k] = fmaf(sw, to_f32(slot_rows[(size_t)k2 * p.cols + j]), acc[k]);
           }
         }
 #pragma unroll
@@ -176,9 +216,9 @@ __device__ __forceinline__ void inject_norm_cols(const InjectBuffers<T>& b,
     }
 #pragma unroll
     for (uint32_t k = 0; k < PER; ++k) {
-      const uint32_t j = tid + k * threads;
+      const uint32_t j = first + tid + k * threads;
       // Rounded before it is squared: the norm sees the stored sum.
-      if (j < p.cols) v[k] = rounded<T>(v[k] + rounded<T>(w * yv[k]));
+      if (j < end) v[k] = rounded<T>(v[k] + rounded<T>(w * yv[k]));
     }
   }
   if (p.has_norm != 0) {
@@ -186,30 +226,50 @@ __device__ __forceinline__ void inject_norm_cols(const InjectBuffers<T>& b,
     float wt[PER];
 #pragma unroll
     for (uint32_t k = 0; k < PER; ++k) {
-      const uint32_t j = tid + k * threads;
-      wt[k] = j < p.cols ? weight[(size_t)s * p.cols + j] : 0.f;
+      const uint32_t j = first + tid + k * threads;
+      wt[k] = j < end ? weight[(size_t)s * p.cols + j] : 0.f;
     }
     float squares = 0.f;
 #pragma unroll
     for (uint32_t k = 0; k < PER; ++k) squares = fmaf(v[k], v[k], squares);
-    const float inv = rsqrtf(block_sum(squares, warp_sums, tid, threads) / (float)p.cols + p.eps);
+    const float total = row_squares(block_sum(squares, warp_sums, tid, threads));
+    const float inv = rsqrtf(total / (float)p.cols + p.eps);
 #pragma unroll
     for (uint32_t k = 0; k < PER; ++k) {
-      const uint32_t j = tid + k * threads;
-      if (j < p.cols) normed[base + j] = from_f32<T>(v[k] * inv * wt[k]);
+      const uint32_t j = first + tid + k * threads;
+      if (j < end) normed[base + j] = from_f32<T>(v[k] * inv * wt[k]);
     }
   }
   if (inject) {
 #pragma unroll
     for (uint32_t k = 0; k < PER; ++k) {
-      const uint32_t j = tid + k * threads;
-      if (j < p.cols) sum[base + j] = from_f32<T>(v[k]);
+      const uint32_t j = first + tid + k * threads;
+      if (j < end) sum[base + j] = from_f32<T>(v[k]);
     }
   }
 }
 
-// One stream row (see inject_norm_cols), at the fewest columns a thread that cover H: 1, 2, 3,
-// 4 or kPer.
+// The columns [first, end) of one stream row (see inject_norm_cols), at the fewest columns a
+// thread that cover them: 1, 2, 3, 4 or kPer (a cluster's block left without columns takes 1:
+// it only adds its zero to the row's sum of squares).
+template <typename T, typename RowSquares>
+__device__ __forceinline__ void inject_norm_span(const InjectBuffers<T>& b,
+                                                 const HcInjectNormParams& p, uint32_t row,
+                                                 uint32_t first, uint32_t end, uint32_t tid,
+                                                 uint32_t threads, float* warp_sums,
+                                                 RowSquares row_squares) {
+  switch ((end - first + threads - 1) / threads) {
+    case 0:
+    case 1: inject_norm_cols<T, 1>(b, p, row, first, end, tid, threads, warp_sums, row_squares); break;
+    case 2: inject_norm_cols<T, 2>(b, p, row, first, end, tid, threads, warp_sums, row_squares); break;
+    case 3: inject_norm_cols<T, 3>(b, p, row, first, end, tid, threads, warp_sums, row_squares); break;
+    case 4: inject_norm_cols<T, 4>(b, p, row, first, end, tid, threads, warp_sums, row_squares); break;
+    default: inject_norm_cols<T, kPer>(b, p, row, first, end, tid, threads, warp_sums, row_squares);
+  }
+}
+
+// One stream row a block (hc_inject_norm_*): the whole row, its block's sum of squares the
+// row's.
 template <typename T>
 __device__ __forceinline__ void inject_norm_body(const T* __restrict__ hs, const T* __restrict__ y,
                                                  const T* __restrict__ gate,
@@ -221,13 +281,49 @@ __device__ __forceinline__ void inject_norm_body(const T* __restrict__ hs, const
                                                  float* warp_sums) {
   if (row >= p.tokens * p.streams) return;  // the whole block
   const InjectBuffers<T> b{hs, y, gate, weight, slot_weights, sum, normed};
-  switch ((p.cols + threads - 1) / threads) {
-    case 1: inject_norm_cols<T, 1>(b, p, row, tid, threads, warp_sums); break;
-    case 2: inject_norm_cols<T, 2>(b, p, row, tid, threads, warp_sums); break;
-    case 3: inject_norm_cols<T, 3>(b, p, row, tid, threads, warp_sums); break;
-    case 4: inject_norm_cols<T, 4>(b, p, row, tid, threads, warp_sums); break;
-    default: inject_norm_cols<T, kPer>(b, p, row, tid, threads, warp_sums);
-  }
+  inject_norm_span<T>(b, p, row, 0, p.cols, tid, threads, warp_sums,
+                      [](float block_squares) { return block_squares; });
+}
+
+// Blocks of a stream row's cluster in hc_inject_norm_cluster_* (CLUSTER_BLOCKS on the host).
+constexpr uint32_t kClusterBlocks = 8;
+
+// The block of rank `rank` in a stream row's cluster of `blocks`: its columns [first, end),
+// ceil(H / blocks) each (the last ones fewer, or none).
+struct ClusterSpan {
+  uint32_t first, end;
+};
+__device__ __forceinline__ ClusterSpan cluster_span(uint32_t cols, uint32_t blocks, uint32_t rank) {
+  const uint32_t span = (cols + blocks - 1) / blocks;
+  const uint32_t first = min(cols, rank * span);
+  return {first, min(cols, first + span)};
+}
+
+// The row's sum of squares from its cluster's BLOCKS partial sums, partial(c) that of rank c,
+// added in rank order: every block of the cluster gets the same bits, run after run.
+template <uint32_t BLOCKS, typename Partial>
+__device__ __forceinline__ float in_rank_order(Partial partial) {
+  float total = 0.f;
+#pragma unroll
+  for (uint32_t c = 0; c < BLOCKS; ++c) total += partial(c);
+  return total;
+}
+
+// Block `block` of hc_inject_norm_cluster_*'s grid: rank block % kClusterBlocks of stream row
+// block / kClusterBlocks, its cluster_span; row_squares(the block's sum of squares) returns
+// the row's (the kernel: through distributed shared memory; the emulator, which runs no
+// clusters, from the partials of a first pass: kernels/emu/hyper_connection_cuda_harness.cpp).
+template <typename T, typename RowSquares>
+__device__ __forceinline__ void inject_norm_cluster_body(
+    const T* __restrict__ hs, const T* __restrict__ y, const T* __restrict__ gate,
+    const float* __restrict__ weight, const float* __restrict__ slot_weights, T* __restrict__ sum,
+    T* __restrict__ normed, const HcInjectNormParams& p, uint32_t block, uint32_t tid,
+    uint32_t threads, float* warp_sums, RowSquares row_squares) {
+  const uint32_t row = block / kClusterBlocks, rank = block % kClusterBlocks;
+  if (row >= p.tokens * p.streams) return;  // the whole cluster
+  const InjectBuffers<T> b{hs, y, gate, weight, slot_weights, sum, normed};
+  const ClusterSpan cols = cluster_span(p.cols, kClusterBlocks, rank);
+  inject_norm_span<T>(b, p, row, cols.first, cols.end, tid, threads, warp_sums, row_squares);
 }
 
 // One value of the low-rank mixer's activation.
@@ -429,7 +525,52 @@ __device__ void run_inject_norm(const T* hs, const T* y, const T* gate, const fl
                       blockDim.x, warp_sums);
 }
 
+#ifndef HYPER_CONNECTION_NO_CLUSTER
+// One stream row over a cluster of kClusterBlocks blocks (sm_90; see
+// inject_norm_cluster_body): each block's partial sum of squares read by the others through
+// distributed shared memory.
+template <typename T>
+__device__ void run_inject_norm_cluster(const T* hs, const T* y, const T* gate,
+                                        const float* weight, const float* slot_weights, T* sum,
+                                        T* normed, const HcInjectNormParams p) {
+  __shared__ float warp_sums[32];
+  __shared__ float block_squares;  // read by the cluster's other blocks
+  // The whole cluster (the grid is whole clusters, a row each): no block waits at the barrier
+  // below for one that left.
+  if (blockIdx.x / kClusterBlocks >= p.tokens * p.streams) return;
+  cooperative_groups::cluster_group cluster = cooperative_groups::this_cluster();
+  auto row_squares = [&](float own) {
+    if (threadIdx.x == 0) block_squares = own;
+    cluster.sync();
+    const float total = in_rank_order<kClusterBlocks>(
+        [&](uint32_t c) { return *cluster.map_shared_rank(&block_squares, c); });
+    // No block may leave while another still reads its block_squares: arrive now, wait after
+    // the stores.
+    cluster.barrier_arrive();
+    return total;
+  };
+  inject_norm_cluster_body<T>(hs, y, gate, weight, slot_weights, sum, normed, p, blockIdx.x,
+                              threadIdx.x, blockDim.x, warp_sums, row_squares);
+  if (p.has_norm != 0) cluster.barrier_wait();  // the whole cluster: it arrived in row_squares
+}
+#endif
+
 }  // namespace hyper_connection
+
+#ifndef HYPER_CONNECTION_NO_CLUSTER
+#define HC_INJECT_CLUSTER(TN, T)                                                              \
+  extern "C" __global__ void __cluster_dims__(hyper_connection::kClusterBlocks, 1, 1)         \
+      __launch_bounds__(1024) hc_inject_norm_cluster_##TN(                                    \
+          const T* hs, const T* y, const T* gate, const float* weight,                        \
+          const float* slot_weights, T* sum, T* normed, const HcInjectNormParams p) {         \
+    hyper_connection::run_inject_norm_cluster<T>(hs, y, gate, weight, slot_weights, sum,      \
+                                                 normed, p);                                  \
+  }
+
+HC_INJECT_CLUSTER(f32, float)
+HC_INJECT_CLUSTER(f16, __half)
+HC_INJECT_CLUSTER(bf16, __nv_bfloat16)
+#endif
 
 #define HC_ENTRIES(TN, T)                                                                     \
   extern "C" __global__ void __launch_bounds__(1024)                                          \

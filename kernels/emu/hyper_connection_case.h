@@ -34,13 +34,15 @@ inline Case read(const char* harness) {
   std::memcpy(&c.eps, &h[7], 4);
   c.threads = h[8];
   c.slots = h[9];
-  if (c.kernel > 3 || c.type > 2 || c.tokens == 0 || c.streams == 0 || c.cols == 0 ||
+  if (c.kernel > 4 || c.type > 2 || c.tokens == 0 || c.streams == 0 || c.cols == 0 ||
       c.has_inject > 1 || c.has_norm > 1)
     guarded::die("bad header");
   if (c.threads == 0 || c.threads % 32 != 0 || c.threads > 1024)
     guarded::die("threads must be whole simdgroups, at most 1024");
-  if (c.kernel == 0) {
-    if (c.cols > 8 * c.threads) guarded::die("a row's threads hold 8 columns each");
+  // Kernel 4: hc_inject_norm_cluster (the CUDA harness only), a row over 8 blocks.
+  if (c.kernel == 0 || c.kernel == 4) {
+    const uint blocks = c.kernel == 4 ? 8 : 1;
+    if ((c.cols + blocks - 1) / blocks > 8 * c.threads) guarded::die("a block's threads hold 8 columns each");
     if (!c.has_inject && !c.has_norm) guarded::die("neither an injection nor a norm");
     if (c.slots && !c.has_inject) guarded::die("slots without an injection");
   }

@@ -6,18 +6,34 @@
 // N), R floats of shared memory (NaN before each block). Used by
 // crates/gdn-ops/tests/hyper_connection_emulation.rs.
 //
+// hc_inject_norm_cluster (kernel 4, inject_norm_cluster_body) a row over kClusterBlocks blocks
+// of the given threads (the host's inject_cluster_threads), 32 floats of shared memory a
+// block; the emulator runs no clusters, so the blocks' partial sums of squares are exchanged
+// as distributed shared memory would, over two passes of the grid: the first records each
+// block's partial (its outputs, normalised by the partial alone, are all written again), the
+// second gives every block the row's partials in rank order (in_rank_order, the kernel's
+// sum) and checks that the block's own partial came out as in the first. What this leaves
+// unchecked is the cluster API alone: __cluster_dims__, this_cluster().sync(),
+// map_shared_rank and the arrive/wait that keeps a block's shared memory alive.
+//
 // stdin and stdout: those of kernels/emu/hyper_connection_harness.cpp (the Metal kernels'), so
-// that one test drives both; kernels 0 (hc_inject_norm) and 3 (hc_up_mix) only (hc_act and
-// hc_mix are one value a thread: nothing a warp shares).
+// that one test drives both; kernels 0 (hc_inject_norm), 3 (hc_up_mix) and 4 only (hc_act
+// and hc_mix are one value a thread: nothing a warp shares).
 //
 // Build: clang++-19 -std=c++17 -O2 --rtlib=compiler-rt -I kernels/emu/cuda -I kernels/emu
 //        kernels/emu/hyper_connection_cuda_harness.cpp
 
 #include "guarded_buffer.h"
 
+#include <limits>
+#include <vector>
+
 #include "cuda_emu.h"
 #include "block_shared.h"
 
+// The emulator runs no thread-block clusters: the cluster entry points are left out (their
+// column work is inject_norm_cols, which the one-block body runs here).
+#define HYPER_CONNECTION_NO_CLUSTER
 #include "../hyper_connection.cu"
 
 // The entry points' extern __shared__ array: never used here (the bodies get BlockShared's).
@@ -48,6 +64,38 @@ void run_inject(const Case& c) {
   b.normed.write_f32();
 }
 
+template <class T>
+void run_inject_cluster(const Case& c) {
+  hyper_connection_case::Inject<T> b(c);
+  constexpr uint kBlocks = hyper_connection::kClusterBlocks;
+  const std::size_t rows = b.rows(c);
+  BlockShared shared(32);
+  std::vector<float> partials(rows * kBlocks, std::numeric_limits<float>::quiet_NaN());
+  for (int pass = 0; pass < 2; ++pass) {
+    metal_emu::dispatch_threadgroups(uint3{uint(rows * kBlocks), 1, 1}, uint3{c.threads, 1, 1}, [&](const metal_emu::ThreadIds& id) {
+      shared.poison(id);
+      const uint block = id.threadgroup_position_in_grid.x, tid = id.thread_index_in_threadgroup;
+      const float* row_partials = &partials[std::size_t(block / kBlocks) * kBlocks];
+      auto row_squares = [&](float own) {
+        if (pass == 0) {
+          if (tid == 0) partials[block] = own;
+          return own;
+        }
+        if (own != partials[block]) guarded::die("a block's partial sum changed between the passes");
+        return hyper_connection::in_rank_order<kBlocks>([&](uint rank) { return row_partials[rank]; });
+      };
+      hyper_connection::inject_norm_cluster_body<T>(
+          b.hs.data(), c.has_inject ? b.y.data() : nullptr, c.has_inject ? b.gate.data() : nullptr,
+          c.has_norm ? b.weight.data() : nullptr, c.slots ? b.slot_weights.data() : nullptr,
+          c.has_inject ? b.sum.data() : nullptr, c.has_norm ? b.normed.data() : nullptr, b.params, block, tid,
+          c.threads, shared.smem, row_squares);
+    });
+  }
+  guarded::check_all(b.hs, b.y, b.gate, b.weight, b.slot_weights, b.sum, b.normed, shared);
+  b.sum.write_f32();
+  b.normed.write_f32();
+}
+
 template <class T, class S>
 void run_up_mix(const Case& c, const hyper_connection_case::UpMixShape& u) {
   hyper_connection_case::UpMix<T, S> b(c, u);
@@ -70,11 +118,16 @@ void run_up_mix(const Case& c, const hyper_connection_case::UpMixShape& u) {
 
 int main() {
   const Case c = hyper_connection_case::read("hyper_connection_cuda_harness");
-  if (c.kernel != 0 && c.kernel != 3) guarded::die("the CUDA harness runs hc_inject_norm and hc_up_mix");
+  if (c.kernel != 0 && c.kernel != 3 && c.kernel != 4)
+    guarded::die("the CUDA harness runs hc_inject_norm, hc_up_mix and hc_inject_norm_cluster");
   guarded::by_code<float, __half, __nv_bfloat16>(c.type, "unknown type", [&](auto t) {
     using T = typename decltype(t)::type;
     if (c.kernel == 0) {
       run_inject<T>(c);
+      return;
+    }
+    if (c.kernel == 4) {
+      run_inject_cluster<T>(c);
       return;
     }
     const hyper_connection_case::UpMixShape u = hyper_connection_case::read_up_mix_shape();

@@ -168,9 +168,11 @@ int main() {
   } else if (c.kernel == 2) {
     guarded::by_type(c.type, hc_act_f32, hc_act_f16, hc_act_bf16,
                      [&](auto t, auto k) { run_act<typename decltype(t)::type>(c, k); });
-  } else {
+  } else if (c.kernel == 1) {
     guarded::by_type(c.type, hc_mix_f32, hc_mix_f16, hc_mix_bf16,
                      [&](auto t, auto k) { run_mix<typename decltype(t)::type>(c, k); });
+  } else {
+    guarded::die("the Metal kernels have no cluster form");
   }
   return guarded::finish();
 }

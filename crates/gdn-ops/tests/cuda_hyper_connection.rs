@@ -5,6 +5,10 @@
 //! only with the `cuda` feature and run on the GPU machine (scripts/gpu/test-cuda.sh); without
 //! a CUDA device every test fails.
 //!
+//! `hc_inject_norm` runs on the kernel the host picks (at the decode shapes a stream row over
+//! a thread-block cluster, `hc_inject_norm_cluster_*`); the cluster kernel is also compared
+//! with the one-block kernel it splits.
+//!
 //! Gates: `sum`, `a` and `x` within 1 ulp of InT (`expf` may differ from the host's in its last
 //! bit); `normed` within 1 ulp plus 1e-5 of max |normed|; `hc_up_mix`'s `x` within 2 ulps
 //! plus 1e-5 of max |x| of the twin's and of the three CUDA kernels it replaces (the
@@ -20,7 +24,8 @@ use common::hyper_connection::{
 use common::{close, gpu, tensor, values, TYPES};
 use gdn_ops::ops::affine::AffineTensor;
 use gdn_ops::ops::hyper_connection::{
-    hc_act, hc_inject_norm, hc_inject_slots_norm, hc_mix, hc_up_mix,
+    hc_act, hc_inject_norm, hc_inject_norm_with, hc_inject_slots_norm, hc_mix, hc_up_mix,
+    inject_uses_cluster, InjectKernel,
 };
 
 const EPS: f32 = 1e-6;
@@ -115,6 +120,87 @@ fn cuda_hyper_connection_matches_the_cpu_twin() {
             failures.push(format!("hc_act_{} N={n} S={s} R={h}: {e}", ty.name()));
         }
     }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// The GPU's streaming multiprocessors, as the host's choice of kernel reads them.
+fn gpu_sms(gpu: &Device) -> usize {
+    use candle_core::cuda_backend::cudarc::driver::sys::CUdevice_attribute;
+    let Device::Cuda(dev) = gpu else {
+        panic!("not a CUDA device")
+    };
+    let attribute = CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT;
+    dev.cuda_stream().context().attribute(attribute).unwrap() as usize
+}
+
+/// `hc_inject_norm_cluster_*` (a stream row over a cluster of blocks, the decode form) on
+/// every case `inject_uses_cluster` gives it — the release's decode step (1 token, 4 streams
+/// of 2 560) among them, a block's output and a MoE block's 11 slots injected, every form
+/// and type — against the CPU twin (the gates above) and against the one-block kernel: `sum`
+/// bit for bit (a column's arithmetic does not depend on the split), `normed` within 1 ulp
+/// of f16/bf16 and 16 of f32 (only the sum of squares is added in another order: per block,
+/// then the 8 partials in rank order; a partial from the wrong rank is off by O(1/8) of the
+/// sum), and the same bits on a second call (a fixed order).
+#[test]
+fn cuda_inject_cluster_matches_the_twin_and_one_block() {
+    let gpu = gpu();
+    let sms = gpu_sms(&gpu);
+    let on_gpu = |t: &Tensor| t.to_device(&gpu).unwrap();
+    let mut failures = vec![];
+    let mut clustered = vec![];
+    for (i, (n, s, h), ty) in runs(&TYPES) {
+        if !inject_uses_cluster(n * s, h, sms, InjectKernel::Auto) {
+            continue;
+        }
+        clustered.push((n, s, h));
+        let x = inputs((n, s, h), ty, seed(i, ty));
+        let hs = tensor(&x.hs, &[n, s * h], ty);
+        let y = tensor(&x.y, &[n, h], ty);
+        let g = tensor(&x.gate, &[n, s], ty);
+        let w = Tensor::from_vec(x.weight.clone(), (s, h), &Device::Cpu).unwrap();
+        let down = tensor(&x.slot_down, &[n, SLOTS, h], ty);
+        let sw = Tensor::from_vec(x.slot_weights.clone(), (n, SLOTS), &Device::Cpu).unwrap();
+        let (hs_g, y_g, g_g, w_g) = (on_gpu(&hs), on_gpu(&y), on_gpu(&g), on_gpu(&w));
+        let (down_g, sw_g) = (on_gpu(&down), on_gpu(&sw));
+        // (label, y, slot weights, inject, norm): a block's output in every form, a MoE
+        // block's slots with and without the norm.
+        let plain = FORMS.map(|(inject, norm)| ("y", &y, &y_g, None, inject, norm));
+        let slots =
+            [true, false].map(|norm| ("slots", &down, &down_g, Some((&sw, &sw_g)), true, norm));
+        for (what, y, y_g, slot_w, inject, norm) in plain.into_iter().chain(slots) {
+            let label = format!(
+                "hc_inject_norm_cluster_{} N={n} S={s} H={h} {what} inject={inject} norm={norm}",
+                ty.name()
+            );
+            let call = |hs, y, g, sw, w, kernel| {
+                let inject = inject.then_some((y, g));
+                hc_inject_norm_with(hs, inject, sw, norm.then_some((w, EPS)), s, kernel).unwrap()
+            };
+            let want = call(&hs, y, &g, slot_w.map(|w| w.0), &w, InjectKernel::Auto);
+            let on = |kernel| call(&hs_g, y_g, &g_g, slot_w.map(|w| w.1), &w_g, kernel);
+            let (cluster, one) = (on(InjectKernel::Auto), on(InjectKernel::OneBlock));
+            if let Some(e) = injection_off(cluster.clone(), want, ty) {
+                failures.push(format!("{label}: against the twin: {e}"));
+            }
+            if values(&cluster.0) != values(&one.0) {
+                failures.push(format!("{label}: sum differs from the one-block kernel's"));
+            }
+            if let (Some(c), Some(o)) = (&cluster.1, &one.1) {
+                let ulps = if ty == common::Ty::F32 { 16.0 } else { 1.0 };
+                let (c, o) = (values(c), values(o));
+                if let Some(e) = close("normed vs one block", &c, &o, ty, ulps, 0.0) {
+                    failures.push(format!("{label}: {e}"));
+                }
+                if values(&on(InjectKernel::Auto).1.unwrap()) != c {
+                    failures.push(format!("{label}: normed differs run to run"));
+                }
+            }
+        }
+    }
+    assert!(
+        clustered.contains(&(1, 4, 2560)),
+        "the release's decode shape did not take the cluster kernel ({sms} SMs)"
+    );
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 

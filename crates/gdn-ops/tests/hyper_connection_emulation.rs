@@ -6,7 +6,9 @@
 //! CPU twin ([`gdn_ops::ops::hyper_connection`]) over the op's cases
 //! (tests/common/hyper_connection.rs). The `.cu` bodies of `hc_inject_norm` and `hc_up_mix`
 //! (kernels/hyper_connection.cu, through kernels/emu/hyper_connection_cuda_harness.cpp and the
-//! CUDA stand-ins) run on the same cases at the CUDA host's geometry.
+//! CUDA stand-ins) run on the same cases at the CUDA host's geometry, and the injection's
+//! cluster form (`hc_inject_norm_cluster_*`'s body, the blocks' partial sums exchanged by the
+//! harness in two passes) on the cases the host gives it.
 //!
 //! Needs Debian's `clang-19` and `libclang-rt-19-dev`; without them this test fails, never
 //! skips. `GDN_EMU_CXX` overrides the compiler.
@@ -27,9 +29,9 @@ use common::hyper_connection::{
 use common::{close, failures, tensor, values, Input, Ty, TYPES};
 use gdn_ops::ops::affine::AffineTensor;
 use gdn_ops::ops::hyper_connection::{
-    hc_act, hc_inject_norm, hc_inject_slots_norm, hc_mix, hc_up_mix, inject_row_threads,
-    row_threads, HcActParams, HcInjectNormParams, HcMixParams, HcUpMixParams, MIX_THREADS,
-    UP_MIX_WARPS,
+    hc_act, hc_inject_norm, hc_inject_slots_norm, hc_mix, hc_up_mix, inject_cluster_threads,
+    inject_row_threads, inject_uses_cluster, row_threads, HcActParams, HcInjectNormParams,
+    HcMixParams, HcUpMixParams, InjectKernel, MIX_THREADS, UP_MIX_WARPS,
 };
 
 static HARNESS: emu::Harness = emu::Harness::metal("hyper_connection_harness");
@@ -45,13 +47,23 @@ const H200_SMS: usize = 132;
 enum Source {
     Metal,
     Cuda,
+    /// The `.cu` file's cluster form of the injection (`inject_norm_cluster_body`, the
+    /// harness exchanging the blocks' partial sums as distributed shared memory would).
+    CudaCluster,
 }
 
 impl Source {
     fn harness(self) -> &'static emu::Harness {
         match self {
             Source::Metal => &HARNESS,
-            Source::Cuda => &CUDA_HARNESS,
+            Source::Cuda | Source::CudaCluster => &CUDA_HARNESS,
+        }
+    }
+    /// The harness's kernel code of an injection: 4, the CUDA harness's cluster form, or 0.
+    fn inject_code(self) -> u32 {
+        match self {
+            Source::CudaCluster => 4,
+            Source::Metal | Source::Cuda => 0,
         }
     }
     /// The allowance on `sum` past one ulp, in max |sum|: the `.cu` body sums a MoE block's
@@ -60,7 +72,7 @@ impl Source {
     fn sum_rel(self) -> f32 {
         match self {
             Source::Metal => 0.0,
-            Source::Cuda => 1e-6,
+            Source::Cuda | Source::CudaCluster => 1e-6,
         }
     }
     /// Threads of the injection's block for `rows` stream rows of `cols`, as the host takes them.
@@ -68,6 +80,7 @@ impl Source {
         match self {
             Source::Metal => row_threads(cols),
             Source::Cuda => inject_row_threads(rows, cols, H200_SMS),
+            Source::CudaCluster => inject_cluster_threads(cols),
         }
     }
 }
@@ -93,9 +106,9 @@ enum Kernel {
 }
 
 impl Kernel {
-    fn code(self) -> u32 {
+    fn code(self, source: Source) -> u32 {
         match self {
-            Kernel::InjectNorm(..) | Kernel::InjectSlots(_) => 0,
+            Kernel::InjectNorm(..) | Kernel::InjectSlots(_) => source.inject_code(),
             Kernel::Mix => 1,
             Kernel::Act => 2,
         }
@@ -109,7 +122,7 @@ fn header(input: &mut Input, c: &Case, inject: bool, norm: bool, threads: usize)
     };
     let (n, s, h) = c.shape;
     input
-        .u32(c.kernel.code())
+        .u32(c.kernel.code(c.source))
         .u32(c.ty.code())
         .u32(n as u32)
         .u32(s as u32)
@@ -226,10 +239,32 @@ fn shipped_cuda_inject_norm_body_matches_the_cpu_twin() {
     run_cases(Source::Cuda, &[]);
 }
 
+/// `inject_norm_cluster_body` of kernels/hyper_connection.cu (a stream row over a cluster's 8
+/// blocks, each block's partial sum of squares, the 8 added in rank order) at the host's
+/// geometry, on the cases the H200 gives it (the release's decode step among them), every
+/// form, against the twin with the one-block body's gates. A partial from the wrong rank
+/// fails here (off by O(1/8) of the row's sum of squares).
+#[test]
+fn shipped_cuda_inject_cluster_body_matches_the_cpu_twin() {
+    let clustered = |&(n, s, h): &(usize, usize, usize)| {
+        inject_uses_cluster(n * s, h, H200_SMS, InjectKernel::Auto)
+    };
+    assert!(
+        clustered(&(1, 4, 2560)),
+        "the release's decode is not clustered"
+    );
+    run_cases_where(Source::CudaCluster, &[], clustered);
+}
+
 /// Every case in every injection form, and in the kernels `more`, on `source`'s harness.
 fn run_cases(source: Source, more: &[Kernel]) {
+    run_cases_where(source, more, |_| true);
+}
+
+/// [`run_cases`] on the shapes `take` keeps.
+fn run_cases_where(source: Source, more: &[Kernel], take: impl Fn(&(usize, usize, usize)) -> bool) {
     let mut cases = vec![];
-    for (index, shape, ty) in runs(&TYPES) {
+    for (index, shape, ty) in runs(&TYPES).into_iter().filter(|(_, s, _)| take(s)) {
         let forms = FORMS.iter().map(|&(i, n)| Kernel::InjectNorm(i, n));
         let slots = [Kernel::InjectSlots(true), Kernel::InjectSlots(false)];
         for kernel in forms.chain(slots).chain(more.iter().copied()) {

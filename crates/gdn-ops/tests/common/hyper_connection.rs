@@ -11,7 +11,8 @@ use gdn_ops::ops::affine::AffineMatrix;
 /// fixture's (4 of 64) as a decode step passes them, a prefill chunk, the widest stream
 /// (8192), streams not a multiple of 32 wide, one stream, one column, and 2 048 and 4 000
 /// (the CUDA injection's 1 024 threads a row holding 2 and 4 columns each; 2 560 holds 3,
-/// 8 192 8).
+/// 8 192 8), and 1 100 (a CUDA cluster's block of 138 columns, not whole warps, the last
+/// block 134).
 pub fn cases() -> Vec<(usize, usize, usize)> {
     vec![
         (1, 4, 2560),
@@ -24,6 +25,7 @@ pub fn cases() -> Vec<(usize, usize, usize)> {
         (2, 4, 1),
         (1, 2, 2048),
         (1, 2, 4000),
+        (1, 3, 1100),
     ]
 }
 

@@ -1,10 +1,12 @@
 //! CUDA host side of `kernels/hyper_connection.cu`: `hc_inject_norm` one block per stream
-//! row (a thread a column when the rows are fewer than the SMs: [`inject_row_threads`]),
+//! row (a thread a column when the rows are fewer than the SMs: [`inject_row_threads`]), or
+//! at decode each row over a thread-block cluster ([`inject_uses_cluster`]),
 //! `hc_act` and `hc_mix` one thread per output value, `hc_up_mix` one warp per output value
 //! (its lanes split among the streams).
 
 use super::{
-    inject_row_threads, ActInputs, InjectInputs, MixInputs, MAX_COLS, MIX_THREADS, PER_THREAD,
+    inject_cluster_threads, inject_row_threads, inject_uses_cluster, ActInputs, InjectInputs,
+    MixInputs, INJECT_CLUSTER_BLOCKS, MAX_COLS, MIX_THREADS, PER_THREAD,
 };
 use super::{HcActParams, HcInjectNormParams, HcMixParams, HcUpMixParams};
 use super::{UpMixInputs, UP_MIX_WARPS};
@@ -43,7 +45,14 @@ fn run_inject_norm<T: Element>(
         cols <= MAX_COLS && cols <= PER_THREAD * 1024,
         "{OP}: {cols} columns exceed the kernel's {MAX_COLS}"
     );
-    let kernel = Kernel::typed(dev, &SOURCE, "hc_inject_norm", &[T::DTYPE], OP)?;
+    let sms = sms(dev)?;
+    let cluster = inject_uses_cluster(rows, cols, sms, inputs.kernel);
+    let name = if cluster {
+        "hc_inject_norm_cluster"
+    } else {
+        "hc_inject_norm"
+    };
+    let kernel = Kernel::typed(dev, &SOURCE, name, &[T::DTYPE], OP)?;
     let len = rows * cols;
     // SAFETY: the kernel writes every element of sum with an injection, of normed with a norm.
     let sum = match inputs.inject {
@@ -88,11 +97,18 @@ fn run_inject_norm<T: Element>(
             (None, None) => unreachable!("checked in mod.rs: an injection or a norm"),
         };
         args.arg(&p);
-        let threads = inject_row_threads(rows, cols, sms(dev)?) as u32;
-        let geometry = config((rows as u32, 1, 1), (threads, 1, 1), 0);
-        // SAFETY: arguments in the order and types of `hc_inject_norm_*` in
-        // kernels/hyper_connection.cu; hs, sum and normed hold N·S·H elements, y N·H (N·K·H
-        // with K slots), the gate logits N·S, the weight S·H (f32), the slot weights N·K.
+        // A cluster's block takes an INJECT_CLUSTER_BLOCKS-th of a row; the grid is whole
+        // clusters (the kernel's __cluster_dims__), a row each.
+        let (blocks, threads) = if cluster {
+            (rows * INJECT_CLUSTER_BLOCKS, inject_cluster_threads(cols))
+        } else {
+            (rows, inject_row_threads(rows, cols, sms))
+        };
+        let geometry = config((blocks as u32, 1, 1), (threads as u32, 1, 1), 0);
+        // SAFETY: arguments in the order and types of `hc_inject_norm_*` and
+        // `hc_inject_norm_cluster_*` in kernels/hyper_connection.cu (the same); hs, sum and
+        // normed hold N·S·H elements, y N·H (N·K·H with K slots), the gate logits N·S, the
+        // weight S·H (f32), the slot weights N·K. Both kernels guard every column past H.
         unsafe { launch(args, geometry) }?;
     }
     let shape = inputs.hs.shape().clone();

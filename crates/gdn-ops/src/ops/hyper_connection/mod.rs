@@ -46,7 +46,9 @@
 //! values against the `S` weight rows of `R` each it reads per output).
 //!
 //! Kernels: `kernels/hyper_connection.{metal,cu}` (`hc_inject_norm_<t>`: one block per
-//! stream row of [`row_threads`] threads holding [`PER_THREAD`] values each; `hc_mix_<t>`:
+//! stream row of [`row_threads`] threads holding [`PER_THREAD`] values each, on CUDA at
+//! decode a row over a cluster of [`INJECT_CLUSTER_BLOCKS`] blocks,
+//! `hc_inject_norm_cluster_<t>` ([`inject_uses_cluster`]); `hc_mix_<t>`:
 //! [`MIX_THREADS`] threads a block, one output value each; `hc_up_mix_<t>_<s>`:
 //! [`UP_MIX_WARPS`] warps a block, one output value each, the token's activations in shared
 //! memory); [`cpu`] is the twin both match.
@@ -83,6 +85,47 @@ pub fn inject_row_threads(rows: usize, cols: usize, sms: usize) -> usize {
         return row_threads(cols);
     }
     (cols.div_ceil(32) * 32).clamp(row_threads(cols), 1024)
+}
+
+/// Which kernel takes an injection/norm call ([`hc_inject_norm_with`]). Only CUDA has a choice;
+/// the other backends run their one kernel whatever is asked.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum InjectKernel {
+    /// On CUDA, a stream row over a cluster of blocks where [`inject_uses_cluster`] says so,
+    /// else one block a row.
+    #[default]
+    Auto,
+    /// One block a stream row always: the cluster kernel's reference, and the A/B switch.
+    OneBlock,
+}
+
+/// Blocks of a stream row's cluster in `hc_inject_norm_cluster_*` (`kClusterBlocks` in
+/// kernels/hyper_connection.cu; 8, the portable cluster size's most).
+pub const INJECT_CLUSTER_BLOCKS: usize = 8;
+
+/// The narrowest stream the cluster form takes: 128 columns a block of the cluster. Below, one
+/// block's reduction is short and the cluster's barriers would be most of the call.
+pub const INJECT_CLUSTER_MIN_COLS: usize = 128 * INJECT_CLUSTER_BLOCKS;
+
+/// Whether a CUDA call of `rows` stream rows of `cols` on a GPU of `sms` SMs runs
+/// `hc_inject_norm_cluster_*` (each row over [`INJECT_CLUSTER_BLOCKS`] blocks of a cluster,
+/// sm_90): where every block of every cluster has an SM of its own and a row is at least
+/// [`INJECT_CLUSTER_MIN_COLS`] wide, unless `kernel` asks for one block. Why: a decode step's 4
+/// stream rows on 4 of the H200's 132 SMs are one load → block reduce → store latency chain
+/// each (6.4–6.8 µs a call under Nsight Compute, 9.0 with a MoE block's 11 slots); over 32
+/// SMs each block holds a thread's worth of a row (docs/perf-notes-gpu.md, issue 25).
+pub fn inject_uses_cluster(rows: usize, cols: usize, sms: usize, kernel: InjectKernel) -> bool {
+    kernel == InjectKernel::Auto
+        && rows * INJECT_CLUSTER_BLOCKS <= sms
+        && (INJECT_CLUSTER_MIN_COLS..=MAX_COLS).contains(&cols)
+}
+
+/// Threads of a block of `hc_inject_norm_cluster_*` for a row of `cols`: a thread a column of
+/// the block's `ceil(cols / INJECT_CLUSTER_BLOCKS)` (whole warps; at most 1 024 since `cols`
+/// is at most [`MAX_COLS`]), as [`inject_row_threads`] takes them for few rows — at the
+/// release 320 threads of one column each.
+pub fn inject_cluster_threads(cols: usize) -> usize {
+    (cols.div_ceil(INJECT_CLUSTER_BLOCKS).div_ceil(32) * 32).clamp(32, 1024)
 }
 
 /// Threads of a block of the elementwise kernels (`hc_act`, `hc_mix`), one value each.
@@ -150,6 +193,9 @@ pub(crate) struct InjectInputs {
     /// `[S, H]` f32.
     pub weight: Option<Tensor>,
     pub params: HcInjectNormParams,
+    /// The kernel asked for: only the CUDA backend has a choice to read it for.
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    pub kernel: InjectKernel,
 }
 
 /// The inputs of one [`hc_mix`] call after the checks (contiguous).
@@ -229,7 +275,7 @@ pub fn hc_inject_norm(
     norm: Option<(&Tensor, f32)>,
     streams: usize,
 ) -> Result<(Tensor, Option<Tensor>)> {
-    inject_norm(hs, inject, None, norm, streams)
+    hc_inject_norm_with(hs, inject, None, norm, streams, InjectKernel::Auto)
 }
 
 /// [`hc_inject_norm`] of a MoE block's output given by its slots: `down` `[N, K, H]` and
@@ -240,16 +286,26 @@ pub fn hc_inject_slots_norm(
     norm: Option<(&Tensor, f32)>,
     streams: usize,
 ) -> Result<(Tensor, Option<Tensor>)> {
-    inject_norm(hs, Some((down, g)), Some(weights), norm, streams)
+    hc_inject_norm_with(
+        hs,
+        Some((down, g)),
+        Some(weights),
+        norm,
+        streams,
+        InjectKernel::Auto,
+    )
 }
 
-/// Both injections: `y` `[N, H]` alone, or `[N, K, H]` with `slot_weights` `[N, K]`.
-fn inject_norm(
+/// Both injections on the kernel `kernel` asks for (CUDA; the same maths on every backend):
+/// `inject = (y, g)` with `y` `[N, H]` alone, or `[N, K, H]` with `slot_weights` `[N, K]`
+/// ([`hc_inject_norm`], [`hc_inject_slots_norm`]).
+pub fn hc_inject_norm_with(
     hs: &Tensor,
     inject: Option<(&Tensor, &Tensor)>,
     slot_weights: Option<&Tensor>,
     norm: Option<(&Tensor, f32)>,
     streams: usize,
+    kernel: InjectKernel,
 ) -> Result<(Tensor, Option<Tensor>)> {
     const OP: &str = "hc_inject_norm";
     let (tokens, cols) = streams_shape(OP, "hs", hs, streams)?;
@@ -329,6 +385,7 @@ fn inject_norm(
             eps: norm.map_or(0.0, |n| n.1),
             slots: slots as u32,
         },
+        kernel,
     };
     let device = hs.device();
     let (sum, normed): (Option<Tensor>, Option<Tensor>) = profile::kernel(
@@ -507,5 +564,34 @@ mod geometry_tests {
         assert_eq!(inject_row_threads(4, 8192, 132), 1024);
         // Prefill (many rows): PER_THREAD columns a thread, as before.
         assert_eq!(inject_row_threads(512 * 4, 2560, 132), 320);
+    }
+
+    #[test]
+    fn decode_stream_rows_take_a_cluster_each() {
+        let auto = InjectKernel::Auto;
+        // Release decode: 4 rows of 2 560 over 32 of the H200's SMs, 320 threads a block.
+        assert!(inject_uses_cluster(4, 2560, 132, auto));
+        assert_eq!(inject_cluster_threads(2560), 320);
+        // Asked for one block: the reference and the A/B switch.
+        assert!(!inject_uses_cluster(4, 2560, 132, InjectKernel::OneBlock));
+        // 16 rows fill 128 SMs; 17 would not fit one wave.
+        assert!(inject_uses_cluster(16, 2560, 132, auto));
+        assert!(!inject_uses_cluster(17, 2560, 132, auto));
+        // A GPU of fewer SMs than a cluster's blocks a row.
+        assert!(!inject_uses_cluster(4, 2560, 24, auto));
+        // Narrow streams (the tiny fixture's 64) keep one block.
+        assert!(!inject_uses_cluster(4, 64, 132, auto));
+        assert!(!inject_uses_cluster(
+            4,
+            INJECT_CLUSTER_MIN_COLS - 1,
+            132,
+            auto
+        ));
+        assert!(inject_uses_cluster(4, INJECT_CLUSTER_MIN_COLS, 132, auto));
+        // The widest stream: 1 024 columns a block, a thread each.
+        assert!(inject_uses_cluster(2, MAX_COLS, 132, auto));
+        assert_eq!(inject_cluster_threads(MAX_COLS), 1024);
+        // A block's share not whole warps: 1 100 → 138 columns, 160 threads.
+        assert_eq!(inject_cluster_threads(1100), 160);
     }
 }
