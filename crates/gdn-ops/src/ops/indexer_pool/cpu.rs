@@ -3,15 +3,12 @@
 //! xor butterfly, each product and sum rounded on its own as `__fmul_rn`/`__fadd_rn` round).
 
 use super::{IndexerPoolParams, PoolCall};
+use crate::backend::f32_values as values;
 use anyhow::Result;
-use candle_core::{CpuStorage, DType, InplaceOp1, Layout, Tensor};
+use candle_core::{CpuStorage, InplaceOp1, Layout, Tensor};
 
 /// Lanes of the kernels' warp (simdgroup).
 const LANES: usize = 32;
-
-fn values(t: &Tensor) -> Result<Vec<f32>> {
-    Ok(t.flatten_all()?.to_dtype(DType::F32)?.to_vec1::<f32>()?)
-}
 
 fn first_u32(t: &Tensor) -> Result<usize> {
     Ok(t.flatten_all()?.narrow(0, 0, 1)?.to_vec1::<u32>()?[0] as usize)
