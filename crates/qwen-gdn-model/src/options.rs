@@ -18,7 +18,7 @@ use crate::{LoadProgress, Plan};
 use anyhow::{bail, Result};
 use candle_core::{DType, Device};
 use gdn_ops::ops::affine::q8_interleaved::Q8Layout;
-use gdn_ops::ops::affine::DenseRows;
+use gdn_ops::ops::affine::{DecodeProducts, DenseRows};
 use gdn_ops::ops::moe_combine::CombineKernel;
 use gdn_ops::ops::moe_route::RouteKernel;
 use gdn_ops::simd::Level;
@@ -69,9 +69,13 @@ pub const VERIFY_WINDOW_VAR: &str = "QWEN_GDN_VERIFY_WINDOW";
 /// quantized GEMM with one group) or `dequantize` (a dequantized copy and a GEMM, the
 /// reference). See `gdn_ops::ops::affine::dense_rows`.
 pub const DENSE_ROWS_VAR: &str = "QWEN_GDN_DENSE_ROWS";
+/// The decode products' kernels on CUDA: `auto` (the tensor-core kernels where they take the
+/// product, else the streamed ones) or `streamed` (the streamed ones only, the reference). See
+/// `gdn_ops::ops::affine::decode_products`.
+pub const DECODE_PRODUCTS_VAR: &str = "QWEN_GDN_DECODE_PRODUCTS";
 
 /// The engine switches [`RunOptions::from_env`] reads.
-pub const ENGINE_VARS: [&str; 15] = [
+pub const ENGINE_VARS: [&str; 16] = [
     GDN_PREFILL_VAR,
     CPU_LEVEL_VAR,
     Q8_LAYOUT_VAR,
@@ -87,6 +91,7 @@ pub const ENGINE_VARS: [&str; 15] = [
     VERIFY_VAR,
     VERIFY_WINDOW_VAR,
     DENSE_ROWS_VAR,
+    DECODE_PRODUCTS_VAR,
 ];
 
 /// The other `QWEN_GDN_*` variables the project reads: the binary's (`serve --api-key`'s
@@ -159,6 +164,9 @@ pub struct RunOptions {
     /// `QWEN_GDN_DENSE_ROWS`: how quantized products of 5–64 rows run (process-wide, set by
     /// [`crate::Model::load`]).
     pub dense_rows: DenseRows,
+    /// `QWEN_GDN_DECODE_PRODUCTS`: the decode products' kernels on CUDA (process-wide, set by
+    /// [`crate::Model::load`]).
+    pub decode_products: DecodeProducts,
     /// The part of the model to load: all of it, or one pipeline stage's (set by the
     /// pipeline plan, `crate::pipeline`, never from the environment).
     pub part: crate::ModelPart,
@@ -187,6 +195,7 @@ impl Default for RunOptions {
             moe_combine: CombineKernel::Auto,
             moe_route: RouteKernel::Auto,
             dense_rows: DenseRows::Auto,
+            decode_products: DecodeProducts::Auto,
             part: crate::ModelPart::Whole,
         }
     }
@@ -328,6 +337,9 @@ impl RunOptions {
         if let Some(t) = text(DENSE_ROWS_VAR)? {
             o.dense_rows = choice(DENSE_ROWS_VAR, &t, &DenseRows::NAMED)?;
         }
+        if let Some(t) = text(DECODE_PRODUCTS_VAR)? {
+            o.decode_products = choice(DECODE_PRODUCTS_VAR, &t, &DecodeProducts::NAMED)?;
+        }
         if let Some(t) = text(VERIFY_VAR)? {
             o.fused_verify = choice(VERIFY_VAR, &t, &[("fused", true), ("composed", false)])?;
         }
@@ -363,8 +375,9 @@ impl RunOptions {
     }
 
     /// Sets the switches that belong to the process, not to one model: the CPU copies
-    /// (chosen deep in every CPU kernel), the CPU pool's spinners and the quantized products'
-    /// path for 5–64 rows (a leaf under every layer). The last load wins.
+    /// (chosen deep in every CPU kernel), the CPU pool's spinners, the quantized products'
+    /// path for 5–64 rows and the decode products' kernels (leaves under every layer). The last
+    /// load wins.
     /// A level the CPU lacks (set in the options by hand, not read by [`Self::from_env`], which
     /// refuses it) is an error naming the missing feature.
     pub(crate) fn apply_process_wide(&self) -> Result<()> {
@@ -372,6 +385,7 @@ impl RunOptions {
             .map_err(|why| anyhow::anyhow!("{CPU_LEVEL_VAR}: {why}"))?;
         gdn_ops::threads::set_spin_budget(self.spin);
         gdn_ops::ops::affine::set_dense_rows(self.dense_rows);
+        gdn_ops::ops::affine::set_decode_products(self.decode_products);
         Ok(())
     }
 }

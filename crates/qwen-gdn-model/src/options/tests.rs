@@ -31,6 +31,7 @@ fn nothing_set_is_the_default() {
     assert_eq!(o.moe_combine, CombineKernel::Auto);
     assert_eq!(o.moe_route, RouteKernel::Auto);
     assert_eq!(o.dense_rows, DenseRows::Auto);
+    assert_eq!(o.decode_products, DecodeProducts::Auto);
     assert!(o.fused_verify && d.fused_verify);
     assert_eq!(
         (o.verify_window, d.verify_window),
@@ -68,8 +69,18 @@ fn every_switch_takes_its_values() {
         (VERIFY_VAR, "composed"),
         (VERIFY_WINDOW_VAR, "per-token"),
         (DENSE_ROWS_VAR, "rows"),
+        (DECODE_PRODUCTS_VAR, "streamed"),
     ])
     .unwrap();
+    assert_eq!(o.decode_products, DecodeProducts::Streamed);
+    for (name, choice) in DecodeProducts::NAMED {
+        assert_eq!(
+            from(&[(DECODE_PRODUCTS_VAR, name)])
+                .unwrap()
+                .decode_products,
+            choice
+        );
+    }
     assert!(!o.fused_verify);
     assert_eq!(o.verify_window, VerifyWindow::PerToken);
     assert_eq!(o.dense_rows, DenseRows::RowProducts);
@@ -130,7 +141,7 @@ fn every_switch_takes_its_values() {
 
 #[test]
 fn a_bad_value_is_one_line_naming_the_variable_and_the_values() {
-    let cases: [(&str, &str, &[&str]); 14] = [
+    let cases: [(&str, &str, &[&str]); 15] = [
         (GDN_PREFILL_VAR, "chunk", &["recurrent", "chunked"]),
         (
             CPU_LEVEL_VAR,
@@ -148,6 +159,7 @@ fn a_bad_value_is_one_line_naming_the_variable_and_the_values() {
         (MOE_ROUTE_VAR, "threadgroup", &["warp", "block"]),
         (VERIFY_VAR, "on", &["fused", "composed"]),
         (VERIFY_WINDOW_VAR, "batched", &["one-launch", "per-token"]),
+        (DECODE_PRODUCTS_VAR, "tensor", &["auto", "streamed"]),
         (
             DENSE_ROWS_VAR,
             "gemm",

@@ -2,7 +2,10 @@
 //! [`AffineTensor`] (direct products for few activation rows, row dequantization for the
 //! rest), with the same meaning as the CPU twin in `affine_tensor.rs`.
 
-use super::{split, stream, wide, AffineParams, AffineTensor, ProductKind, Products};
+use super::{
+    decode_products, mma, split, stream, wide, AffineParams, AffineTensor, DecodeProducts,
+    ProductKind, Products,
+};
 use crate::backend::cuda::{
     config, cuda_device, cuda_source, launch, tensor, view_or, with_float_types, Element, Held,
     Kernel, KernelSource,
@@ -17,6 +20,8 @@ const SOURCE: KernelSource = cuda_source!("affine");
 const STREAM_SOURCE: KernelSource = cuda_source!("affine_stream");
 /// The one-pass row entries (opt-in): a module of their own, JIT-compiled only where used.
 const STREAM_ROWS_SOURCE: KernelSource = cuda_source!("affine_stream_rows");
+/// The tensor-core decode products (kernels/affine_mma.cu).
+const MMA_SOURCE: KernelSource = cuda_source!("affine_mma");
 
 // SAFETY: `AffineParams` is `repr(C)` of seven u32, as the kernel's struct.
 unsafe impl DeviceRepr for AffineParams {}
@@ -107,9 +112,20 @@ where
     let y_cols = call.width(m);
     let swiglu = kind == ProductKind::Swiglu;
     let dense = !swiglu && ids.is_none() && x_div == 1;
+    // One activation row, or gathered expert rows: a decode step's products. Dense products of
+    // more rows (a verify pass, a batched step) keep their own paths below.
+    let decode = out_rows == 1 || ids.is_some();
     let geometry = if wide_fits::<X>(m, x) {
         let lpr = wide::lanes_per_row(m.bits, m.cols);
-        if dense
+        if decode
+            && decode_products() == DecodeProducts::Auto
+            && mma::covers(m.bits, m.group_size, m.cols, X::DTYPE)
+            && scale_pairs_aligned(m)
+        {
+            Geometry::Mma {
+                launch: mma::launch(m.group_size, m.cols, y_cols, out_rows, swiglu, sms(dev)?),
+            }
+        } else if dense
             && super::dense_rows::one_pass()
             && stream::pass_covers(m.bits, m.group_size, m.cols, out_rows)
         {
@@ -137,6 +153,7 @@ where
     };
     let kind_name = if swiglu { "swiglu" } else { "products" };
     let (source, name) = match geometry {
+        Geometry::Mma { .. } => (&MMA_SOURCE, format!("affine_mma_{kind_name}_b4")),
         Geometry::Pass { launch, .. } => (
             &STREAM_ROWS_SOURCE,
             format!(
@@ -166,6 +183,17 @@ where
     };
     let pass_shared = stream::pass_shared_bytes(m.bits, m.cols, out_rows);
     let kernel = match geometry {
+        // The rings of 8 warps take ~87 KB at 6 144 columns: past the default 48 KB a block the
+        // launch fails unless the kernel's limit is raised.
+        Geometry::Mma { launch } => {
+            let bytes = mma::shared_bytes(m.group_size, m.cols, launch.warps);
+            let instance = kernel_instance(&name, &[X::DTYPE, S::DTYPE], OP)?;
+            if bytes > DEFAULT_SHARED_BYTES {
+                Kernel::load_with_shared(dev, source, &instance, bytes)?
+            } else {
+                Kernel::load(dev, source, &instance)?
+            }
+        }
         // Past the default 48 KB a block the launch fails unless the kernel's limit is raised.
         Geometry::Pass { .. } if pass_shared > DEFAULT_SHARED_BYTES => {
             let instance = kernel_instance(&name, &[X::DTYPE, S::DTYPE], OP)?;
@@ -197,6 +225,12 @@ where
         }
         let lpr_arg;
         let blocks = match geometry {
+            // The tensor-core kernels take no lanes-per-row.
+            Geometry::Mma { launch } => config(
+                (launch.blocks_x as u32, out_rows as u32, 1),
+                (32 * launch.warps as u32, 1, 1),
+                mma::shared_bytes(m.group_size, m.cols, launch.warps),
+            ),
             Geometry::Pass { lpr, launch } => {
                 lpr_arg = lpr as u32;
                 args.arg(&lpr_arg);
@@ -239,7 +273,8 @@ where
         // `affine_products_swiglu_*` (and, with the trailing lanes-per-row, `affine_wide_*`) in
         // kernels/affine.cu (the streamed ones, `affine_stream_*` in kernels/affine_stream.cu,
         // take the wide ones' arguments, `affine_stream_rows_*` the same without ids and
-        // experts, the split ones the products' arguments); x holds (out_rows - 1) / x_div + 1
+        // experts, the split ones the products' arguments, `affine_mma_*` the products'
+        // arguments: the wide ones' without lanes-per-row); x holds (out_rows - 1) / x_div + 1
         // rows of cols values; the wide and streamed kernels' 16-byte loads were checked to be aligned
         // (`wide_fits`).
         unsafe { launch(args, blocks) }?;
@@ -250,6 +285,9 @@ where
 /// Which products kernel a launch takes.
 #[derive(Clone, Copy)]
 enum Geometry {
+    /// `affine_mma_*`: the tensor-core decode products (see [`mma`]); their own sums, within
+    /// bf16 tolerance of the others'.
+    Mma { launch: mma::Launch },
     /// `affine_products*`: one warp per output row, any width (the reference for the rest).
     WarpPerRow,
     /// `affine_wide_*`: `lpr` lanes per row, `rows` outputs per row group (see [`wide`]).
@@ -272,6 +310,14 @@ fn wide_fits<X: WithDType>(m: &AffineTensor, x: &Tensor) -> bool {
         && m.packed.layout().start_offset().is_multiple_of(4)
         && (x.layout().start_offset() * x_bytes).is_multiple_of(16)
         && (m.cols * x_bytes).is_multiple_of(16)
+}
+
+/// Whether a pair of scales (biases) of an even group starts on twice its size, as the
+/// tensor-core kernels' copies of a pair need: the scales' and biases' views start on an even
+/// element (the row's group count is even, [`mma::covers`]).
+fn scale_pairs_aligned(m: &AffineTensor) -> bool {
+    m.scales.layout().start_offset().is_multiple_of(2)
+        && m.biases.layout().start_offset().is_multiple_of(2)
 }
 
 /// The device's streaming multiprocessors (the wide kernels size their grids by it), read once

@@ -13,11 +13,13 @@
 pub(crate) mod cpu;
 #[cfg(feature = "cuda")]
 pub mod cuda;
+pub mod decode_products;
 pub mod dense_rows;
 pub mod group_params;
 pub mod matrix;
 #[cfg(any(feature = "metal", target_os = "macos"))]
 pub mod metal;
+pub mod mma;
 pub mod packing;
 pub mod q8;
 pub mod q8_interleaved;
@@ -36,6 +38,8 @@ use crate::launches;
 use crate::profile::{self, elems_bytes, tensor_bytes, Traffic};
 use anyhow::{bail, ensure, Result};
 use candle_core::{DType, Device, Tensor};
+pub use decode_products::scope as decode_products_scope;
+pub use decode_products::{decode_products, set_decode_products, DecodeProducts};
 pub use dense_rows::scope as dense_rows_scope;
 pub use dense_rows::{dense_rows, set_dense_rows, DenseRows, DENSE_ROWS_MAX};
 pub use group_params::GroupParams;
