@@ -65,6 +65,7 @@ constexpr uint32_t kSuperCols = 128;  // columns of a super-step: a row's 4 lane
 #endif
 constexpr uint32_t kBatch = AFFINE_MMA_BATCH;    // super-steps a ring stage holds
 constexpr uint32_t kStages = AFFINE_MMA_STAGES;  // ring stages a warp: items in flight while one is summed
+static_assert(kBatch == 1 || kBatch == 2 || kBatch == 4, "the super-steps' sums are added in pairs");
 
 // (a & mask) | magic in one LOP3.
 __device__ __forceinline__ uint32_t and_or(uint32_t a, uint32_t mask, uint32_t magic) {
@@ -306,12 +307,22 @@ __device__ __forceinline__ void body(const uint32_t* __restrict__ packed, const 
       // 2t + 1 of it to its two rows.
       const uint32_t m = macro_end_in(b);
       if (m > 0) {
-        // The super-steps' accumulators in order (a group's columns lie in one or two of them).
+        // The super-steps' accumulators in order (a group's columns lie in one or two of them),
+        // summed in pairs: (c0 + c1) + (c2 + c3) at kBatch 4, c0 + c1 at 2. Only kBatch of
+        // them exist: c[2], c[3] at kBatch 2 would be out of bounds, undefined (nvcc 13 then
+        // compiled the body with no mma at all; clang refuses it).
         float cm[4];
 #pragma unroll
         for (uint32_t r = 0; r < 4; ++r) {
-          cm[r] = (c[0][r] + c[1][r]) + (c[2][r] + c[3][r]);
-          c[0][r] = c[1][r] = c[2][r] = c[3][r] = 0.f;
+          float sums[kBatch];
+#pragma unroll
+          for (uint32_t k = 0; k < kBatch; ++k) sums[k] = c[k][r], c[k][r] = 0.f;
+#pragma unroll
+          for (uint32_t width = kBatch; width > 1; width /= 2) {
+#pragma unroll
+            for (uint32_t k = 0; k < width / 2; ++k) sums[k] = sums[2 * k] + sums[2 * k + 1];
+          }
+          cm[r] = sums[0];
         }
 #pragma unroll
         for (uint32_t u = 0; u < 2; ++u) {

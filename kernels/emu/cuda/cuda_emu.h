@@ -1,6 +1,6 @@
 // Just enough CUDA to run the bodies of kernels/gated_delta_chunk.cu, kernels/affine_grouped.cu,
-// kernels/attn_decode.cu, kernels/moe_route.cu (and others) on the CPU, on top of the Metal
-// emulation (kernels/emu/metal_emu.h):
+// kernels/attn_decode.cu, kernels/moe_route.cu, kernels/affine_mma.cu (and others) on the CPU,
+// on top of the Metal emulation (kernels/emu/metal_emu.h):
 // a block is a threadgroup of fibers, a warp a simdgroup, __syncthreads a threadgroup barrier,
 // __syncwarp a simdgroup barrier, __shfl_up_sync simd_shuffle_up (the same semantics: lanes
 // below the offset keep their value), __shfl_xor_sync simd_shuffle_xor and __shfl_sync
@@ -83,6 +83,18 @@ inline float4 make_float4(float x, float y, float z, float w) {
 // Bit counts: set bits, and the 1-based position of the lowest one (0 for none).
 inline int __popc(unsigned x) { return __builtin_popcount(x); }
 inline int __ffs(unsigned x) { return __builtin_ffs(int(x)); }
+// Leading zero bits (32 for 0, as CUDA's __clz; __builtin_clz leaves 0 undefined): the
+// affine_mma kernels' log2 of the group size.
+inline int __clz(int x) { return x == 0 ? 32 : __builtin_clz(unsigned(x)); }
+
+// PRMT without a mode, as CUDA's __byte_perm: byte n of the result is byte (s >> 4n) & 7 of
+// the eight bytes (y << 32) | x (the affine_mma kernels' interleaving of x's bf16 values).
+inline unsigned __byte_perm(unsigned x, unsigned y, unsigned s) {
+  const unsigned long long bytes = (static_cast<unsigned long long>(y) << 32) | x;
+  unsigned r = 0;
+  for (unsigned n = 0; n < 4; ++n) r |= unsigned((bytes >> (8 * ((s >> (4 * n)) & 7u))) & 0xFFu) << (8 * n);
+  return r;
+}
 
 // The warp reductions in hardware (REDUX) and the vote (full-warp masks only): rendezvous of
 // the 32 lanes as the simdgroup functions are, each call site its own.
