@@ -61,7 +61,7 @@ constexpr uint32_t kSuperCols = 128;  // columns of a super-step: a row's 4 lane
 #define AFFINE_MMA_BATCH 2
 #endif
 #ifndef AFFINE_MMA_STAGES
-#define AFFINE_MMA_STAGES 3
+#define AFFINE_MMA_STAGES 2
 #endif
 constexpr uint32_t kBatch = AFFINE_MMA_BATCH;    // super-steps a ring stage holds
 constexpr uint32_t kStages = AFFINE_MMA_STAGES;  // ring stages a warp: items in flight while one is summed

@@ -30,7 +30,7 @@ from affine_stream_cuda import launch_shared, run_stream, full_blocks  # noqa: E
 from gdn_cuda import Module  # noqa: E402
 
 MAX_WARPS = 8
-STAGES = 3
+STAGES = 2
 BATCH = 2
 RAISED = set()
 
@@ -40,9 +40,9 @@ def stage_bytes():
 
 
 def auto_warps(cols, group):
-    """crates/gdn-ops/src/ops/affine/mma.rs `warps`, mirrored: a warp a macro step of 8 groups,
-    at most 8, a power of two."""
-    macros = max(1, min(8, -(-cols // (8 * group))))
+    """crates/gdn-ops/src/ops/affine/mma.rs `warps`, mirrored: a warp a whole macro step of 8
+    groups, at most 8, a power of two."""
+    macros = max(1, min(8, cols // (8 * group)))
     return 1 << (macros.bit_length() - 1)
 
 

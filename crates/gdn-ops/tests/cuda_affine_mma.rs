@@ -114,7 +114,7 @@ fn the_affine_cases_they_take_match_the_twin() {
     let mut taken = 0;
     for kind in [Kind::Products, Kind::Swiglu] {
         for (i, c) in affine::cases_of(kind) {
-            if !mma::covers(c.bits, c.group, c.cols, c.x.dtype()) {
+            if !mma::preferred(c.bits, c.group, c.cols, c.outputs(), c.x.dtype()) {
                 continue;
             }
             check(&dev, i, &c);

@@ -119,7 +119,7 @@ where
         let lpr = wide::lanes_per_row(m.bits, m.cols);
         if decode
             && decode_products() == DecodeProducts::Auto
-            && mma::covers(m.bits, m.group_size, m.cols, X::DTYPE)
+            && mma::preferred(m.bits, m.group_size, m.cols, y_cols, X::DTYPE)
             && scale_pairs_aligned(m)
         {
             Geometry::Mma {

@@ -18,12 +18,21 @@ const SUPER_COLS: usize = 128;
 /// Super-steps a ring stage holds (`kBatch`, `AFFINE_MMA_BATCH`).
 const BATCH: usize = 2;
 /// Ring stages a warp (`kStages`, `AFFINE_MMA_STAGES`).
-const STAGES: usize = 3;
+const STAGES: usize = 2;
 /// Bytes of one stage: the weights of 2 rows × 32 lanes × 16 bytes a super-step, and 4 × 32
 /// scale or bias pairs of 8 bytes (`sizeof(Stage<SC>)`).
 const STAGE_BYTES: usize = BATCH * 2 * 32 * 16 + 4 * 32 * 8;
 /// Most warps a block (`kMaxWarps`: the kernels' launch bound).
 pub const MAX_WARPS: usize = 16;
+
+/// Whether the tensor-core kernels take this product from the streamed ones on CUDA: where they
+/// cover it, unless the streamed kernels fill every lane's chunk steps (2 048 or 4 096 columns
+/// at 4 bits: Qwen3-Next-80B's projections, where the two measured within ±5% on the H200) and
+/// the matrix is not a head-sized one (≥ 16 384 rows: the tensor cores' 28% faster there).
+pub fn preferred(bits: usize, group_size: usize, cols: usize, outputs: usize, x: DType) -> bool {
+    covers(bits, group_size, cols, x)
+        && !(super::stream::fills_lanes(bits, group_size, cols) && outputs < 16_384)
+}
 
 /// Whether the tensor-core kernels take this product: 4-bit weights in groups of 64 or 128, an
 /// even count of groups a row (a lane copies a pair of scales at once), whole super-steps of
@@ -46,10 +55,11 @@ pub fn tile_outputs(swiglu: bool) -> usize {
     }
 }
 
-/// Warps splitting a tile's columns: one a macro step of 8 groups, at most 8, a power of two
-/// (measured on the H200: 512 columns 1, 2 048–2 560 4, 4 096–6 144 8).
+/// Warps splitting a tile's columns: one a whole macro step of 8 groups, at most 8, a power of
+/// two (measured on the H200: 512–640 columns 1, 2 048–2 560 4, 4 096–6 144 8; a warp on a
+/// partial step only unbalances the split).
 pub fn warps(group_size: usize, cols: usize) -> usize {
-    let macros = cols.div_ceil(8 * group_size).clamp(1, 8);
+    let macros = (cols / (8 * group_size)).clamp(1, 8);
     1 << macros.ilog2()
 }
 
@@ -110,6 +120,21 @@ mod tests {
     }
 
     #[test]
+    fn the_streamed_kernels_keep_the_matrices_they_fill() {
+        // Qwen3-Next-80B: the 2 048- and 4 096-column projections stay streamed, the head and
+        // the experts' down (512 columns, one chunk step a lane) go to the tensor cores.
+        assert!(!preferred(4, 64, 2048, 12352, DType::BF16));
+        assert!(!preferred(4, 64, 4096, 2048, DType::BF16));
+        assert!(preferred(4, 64, 2048, 151_936, DType::BF16));
+        assert!(preferred(4, 64, 512, 2048, DType::BF16));
+        // Qwen3.8-Flash-Next: every product (2 560 and 640 columns leave lanes idle, 6 144 is
+        // past the streamed kernels).
+        for (cols, outputs) in [(2560, 16480), (2560, 640), (6144, 2560), (640, 2560)] {
+            assert!(preferred(4, 64, cols, outputs, DType::BF16), "{cols}");
+        }
+    }
+
+    #[test]
     fn launches_at_the_decode_shapes_are_the_measured_ones() {
         let at = |cols, outputs, out_rows, swiglu| {
             let l = launch(64, cols, outputs, out_rows, swiglu, 132);
@@ -127,7 +152,7 @@ mod tests {
         assert_eq!(at(2560, 16480, 1, false), (4, 528));
         assert_eq!(at(6144, 2560, 1, false), (8, 160));
         assert_eq!(at(2560, 640, 11, true), (4, 48));
-        assert_eq!(at(640, 2560, 11, false), (2, 96));
+        assert_eq!(at(640, 2560, 11, false), (1, 160));
         // Fewer tiles than the target: every tile its block.
         assert_eq!(at(2048, 40, 1, false), (4, 3));
     }
@@ -141,6 +166,6 @@ mod tests {
             // 227 KB a block at most on an H100/H200.
             assert!(shared_bytes(64, cols, w) <= 227 * 1024, "{cols}");
         }
-        assert_eq!(shared_bytes(64, 2048, 4), 4 * 3 * 3072 + 4096 + 128 + 512);
+        assert_eq!(shared_bytes(64, 2048, 4), 4 * 2 * 3072 + 4096 + 128 + 512);
     }
 }

@@ -43,6 +43,19 @@ pub fn covers(bits: usize, group_size: usize, cols: usize) -> bool {
         && (group_size / chunk_values(bits)).is_power_of_two()
 }
 
+/// Whether the streamed kernels cover a matrix with every lane's chunk steps used (the chunks a
+/// row are exactly lanes × steps, at least 2 steps): their best case (2 048 or 4 096 columns
+/// at 4 bits), against which the tensor-core kernels gain nothing measurable
+/// ([`super::mma::preferred`]).
+pub fn fills_lanes(bits: usize, group_size: usize, cols: usize) -> bool {
+    if !covers(bits, group_size, cols) {
+        return false;
+    }
+    let lpr = wide::lanes_per_row(bits, cols);
+    let steps = steps(bits, cols, lpr);
+    steps >= 2 && cols / chunk_values(bits) == lpr * steps
+}
+
 /// Dynamic shared memory of a block: x of one output row in f32 and each chunk's sum.
 pub fn shared_bytes(bits: usize, cols: usize) -> usize {
     4 * (cols + cols / chunk_values(bits))
@@ -168,6 +181,11 @@ mod tests {
         assert_eq!(steps(4, 512, 16), 1);
         assert_eq!(steps(4, 2304, 32), 4, "72 chunks: 3 a lane, rounded up");
         assert_eq!(shared_bytes(4, 2048), 4 * (2048 + 64));
+        assert!(fills_lanes(4, 64, 2048) && fills_lanes(4, 64, 4096));
+        assert!(!fills_lanes(4, 64, 2560), "80 chunks on 32 lanes × 4 steps");
+        assert!(!fills_lanes(4, 64, 512), "one step a lane");
+        assert!(!fills_lanes(4, 64, 640), "20 chunks on 16 lanes × 2 steps");
+        assert!(!fills_lanes(4, 64, 6144), "not streamed");
     }
 
     #[test]
