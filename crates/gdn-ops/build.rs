@@ -20,6 +20,10 @@ fn main() {
         std::env::var("CUDA_COMPUTE_CAP").unwrap_or_else(|_| "90".into())
     );
     let kernels = Path::new("../../kernels");
+    // The directory itself (cargo scans it whole): a new .cu file reruns the script too, which
+    // its per-file lines below cannot see (the seventeenth session's affine_mma.cu was not
+    // compiled until this line).
+    println!("cargo:rerun-if-changed={}", kernels.display());
     // The parameter headers and the conversions every .cu includes.
     println!(
         "cargo:rerun-if-changed={}",
