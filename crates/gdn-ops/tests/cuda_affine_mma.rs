@@ -124,3 +124,63 @@ fn the_affine_cases_they_take_match_the_twin() {
     assert!(taken > 0, "no affine case is a tensor-core one");
     eprintln!("{taken} affine cases on the tensor cores");
 }
+
+/// A product of several rows (a verify pass's, a batched step's row products; two tokens'
+/// gathered experts) gives each row the bits it gets alone on the tensor cores, as speculative
+/// decoding and batching need.
+#[test]
+fn rows_get_their_bits_alone() {
+    let dev = gpu();
+    let _s = scope(DecodeProducts::Auto);
+    let ty = (Ty::Bf16, Ty::Bf16);
+    let dense = affine::Case::new(
+        Kind::Products,
+        ty,
+        (4, 64),
+        [1, 1000, 2560],
+        4,
+        Gather::Dense,
+    );
+    let experts = affine::Case::new(
+        Kind::Swiglu,
+        ty,
+        (4, 64),
+        [16, 1280, 2560],
+        2,
+        Gather::PerToken { slots: 11 },
+    );
+    for (i, c) in [dense, experts].iter().enumerate() {
+        assert!(mma::preferred(
+            c.bits,
+            c.group,
+            c.cols,
+            c.outputs(),
+            DType::BF16
+        ));
+        let x = affine::inputs(c, affine::seed(100 + i));
+        let w = gdn_ops::ops::affine::AffineTensor::upload(&x.m, &dev).unwrap();
+        let all = bits(&x.run(c, &w, &dev));
+        let per_token = all.len() / c.tokens;
+        for t in 0..c.tokens {
+            let ids = (c.gather != Gather::Dense)
+                .then(|| x.ids[t * c.slots()..(t + 1) * c.slots()].to_vec());
+            let one = affine::Case {
+                tokens: 1,
+                ids,
+                ..c.clone()
+            };
+            let xt = affine::Inputs {
+                m: x.m.clone(),
+                x: x.x[t * c.cols..(t + 1) * c.cols].to_vec(),
+                ids: one.ids.clone().unwrap_or_default(),
+            };
+            let alone = bits(&xt.run(&one, &w, &dev));
+            assert_eq!(
+                alone,
+                all[t * per_token..(t + 1) * per_token],
+                "{} token {t}",
+                c.label()
+            );
+        }
+    }
+}

@@ -112,13 +112,13 @@ where
     let y_cols = call.width(m);
     let swiglu = kind == ProductKind::Swiglu;
     let dense = !swiglu && ids.is_none() && x_div == 1;
-    // One activation row, or gathered expert rows: a decode step's products. Dense products of
-    // more rows (a verify pass, a batched step) keep their own paths below.
-    let decode = out_rows == 1 || ids.is_some();
     let geometry = if wide_fits::<X>(m, x) {
         let lpr = wide::lanes_per_row(m.bits, m.cols);
-        if decode
-            && decode_products() == DecodeProducts::Auto
+        // Every row count a product of this matrix takes (one token, a verify pass's or a
+        // batched step's row products, gathered experts): each output row's sums do not depend
+        // on the others, so a row gets the bits it gets alone, as speculative decoding and
+        // batching need. (Not the one-pass rows: their sums are the streamed kernels'.)
+        if decode_products() == DecodeProducts::Auto
             && mma::preferred(m.bits, m.group_size, m.cols, y_cols, X::DTYPE)
             && scale_pairs_aligned(m)
         {
