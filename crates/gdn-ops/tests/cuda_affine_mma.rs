@@ -12,7 +12,8 @@
 mod common;
 
 use candle_core::{DType, Device, Tensor};
-use common::affine::{self, Gather, Kind, Ty};
+use common::affine::{self, Gather, Kind};
+use common::dtype::Ty;
 use common::{assert_rel_err, gpu, rel_l2, values};
 use gdn_ops::ops::affine::{decode_products_scope as scope, mma, DecodeProducts};
 
