@@ -89,24 +89,30 @@ fn decode_shapes() -> Vec<affine::Case> {
     ]
 }
 
+/// At every decode shape `auto` is within tolerance and repeats its bits; where it prefers the
+/// tensor cores their sums round differently from the streamed kernels' somewhere (evidence
+/// that they ran: a shape this large always has an output on a rounding boundary), and where it
+/// keeps the streamed kernels (Qwen3-Next-80B's 2 048- and 4 096-column projections) the bits
+/// are theirs. (The H200 run of the seventeenth session had the first form of this test, which
+/// expected the tensor cores on all 9 shapes: it failed at that final count, as the rule
+/// implies with 3 shapes streamed, after every shape passed the tolerance and repeat checks.
+/// This form has not run on a GPU yet.)
 #[test]
 fn decode_shapes_match_the_twin_and_the_streamed_kernels() {
     let dev = gpu();
-    let mut differed = 0;
+    let mut on_tensor_cores = 0;
     for (i, c) in decode_shapes().iter().enumerate() {
         assert!(
             mma::covers(c.bits, c.group, c.cols, DType::BF16),
             "{}",
             c.label()
         );
-        differed += usize::from(check(&dev, i, c));
+        let preferred = mma::preferred(c.bits, c.group, c.cols, c.outputs(), DType::BF16);
+        let differed = check(&dev, i, c);
+        assert_eq!(differed, preferred, "{}: auto's kernel", c.label());
+        on_tensor_cores += usize::from(preferred);
     }
-    // The tensor-core sums round differently somewhere on every shape this large.
-    assert_eq!(
-        differed,
-        decode_shapes().len(),
-        "the tensor-core kernels ran"
-    );
+    assert_eq!(on_tensor_cores, 6, "the shapes on the tensor cores");
 }
 
 #[test]
