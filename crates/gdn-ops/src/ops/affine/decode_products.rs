@@ -5,9 +5,6 @@
 //! like [`super::DenseRows`]; a [`scope`] overrides it on one thread (the tests). Other
 //! backends run their own products whatever the choice.
 
-use std::cell::Cell;
-use std::sync::atomic::{AtomicU8, Ordering};
-
 /// The decode products' kernel family on CUDA.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum DecodeProducts {
@@ -42,43 +39,7 @@ impl DecodeProducts {
     }
 }
 
-static CHOICE: AtomicU8 = AtomicU8::new(0);
-
-thread_local! {
-    /// A [`scope`]'s choice on this thread, over the process's.
-    static SCOPED: Cell<Option<DecodeProducts>> = const { Cell::new(None) };
-}
-
-/// Sets the process's choice (the last model load wins).
-pub fn set_decode_products(choice: DecodeProducts) {
-    CHOICE.store(choice.code(), Ordering::Relaxed);
-}
-
-/// The choice in force on this thread: a [`scope`]'s, else the process's.
-pub fn decode_products() -> DecodeProducts {
-    SCOPED
-        .get()
-        .unwrap_or_else(|| DecodeProducts::from_code(CHOICE.load(Ordering::Relaxed)))
-}
-
-/// Runs this thread's decode products on `choice` until the guard drops.
-pub fn scope(choice: DecodeProducts) -> Scope {
-    Scope {
-        before: SCOPED.replace(Some(choice)),
-    }
-}
-
-/// The guard of [`scope`].
-#[must_use = "the choice holds while the guard lives"]
-pub struct Scope {
-    before: Option<DecodeProducts>,
-}
-
-impl Drop for Scope {
-    fn drop(&mut self) {
-        SCOPED.set(self.before);
-    }
-}
+super::process_choice::process_choice!(DecodeProducts, set_decode_products, decode_products);
 
 #[cfg(test)]
 mod tests {

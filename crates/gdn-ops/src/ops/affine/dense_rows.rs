@@ -26,9 +26,6 @@
 //! `RunOptions` (`QWEN_GDN_DENSE_ROWS`), like the CPU level: the products are leaves under
 //! every layer. A [`scope`] overrides it on one thread (the tests).
 
-use std::cell::Cell;
-use std::sync::atomic::{AtomicU8, Ordering};
-
 /// Most activation rows the choice covers: a batched decode step's (the gathered expert
 /// products' bound too). More rows are a prefill chunk's and dequantize once.
 pub const DENSE_ROWS_MAX: usize = crate::ops::affine::GATHER_MAX_TOKENS;
@@ -167,50 +164,12 @@ fn short_matrix(x_rows: usize, outputs: usize, cols: usize) -> bool {
     outputs.saturating_mul(cols).saturating_mul(x_rows) <= AUTO_ROW_PRODUCTS_MAX_WEIGHT_ROWS
 }
 
-static CHOICE: AtomicU8 = AtomicU8::new(0);
-
-thread_local! {
-    /// A [`scope`]'s choice on this thread, over the process's.
-    static SCOPED: Cell<Option<DenseRows>> = const { Cell::new(None) };
-}
+super::process_choice::process_choice!(DenseRows, set_dense_rows, dense_rows);
 
 /// Whether dense products of 2..=8 rows run in one pass over the weights on this thread
 /// ([`DenseRows::OnePass`]).
 pub fn one_pass() -> bool {
     dense_rows() == DenseRows::OnePass
-}
-
-/// Sets the process's choice (the last model load wins, as for the CPU level).
-pub fn set_dense_rows(choice: DenseRows) {
-    CHOICE.store(choice.code(), Ordering::Relaxed);
-}
-
-/// The choice in force on this thread: a [`scope`]'s, else the process's.
-pub fn dense_rows() -> DenseRows {
-    SCOPED
-        .get()
-        .unwrap_or_else(|| DenseRows::from_code(CHOICE.load(Ordering::Relaxed)))
-}
-
-/// Runs this thread's products on `choice` until the guard drops (then the choice before it):
-/// how a test compares the paths while other threads load models, each load setting the
-/// process's choice.
-pub fn scope(choice: DenseRows) -> Scope {
-    Scope {
-        before: SCOPED.replace(Some(choice)),
-    }
-}
-
-/// The guard of [`scope`].
-#[must_use = "the choice holds while the guard lives"]
-pub struct Scope {
-    before: Option<DenseRows>,
-}
-
-impl Drop for Scope {
-    fn drop(&mut self) {
-        SCOPED.set(self.before);
-    }
 }
 
 #[cfg(test)]

@@ -21,6 +21,7 @@ pub mod matrix;
 pub mod metal;
 pub mod mma;
 pub mod packing;
+mod process_choice;
 pub mod q8;
 pub mod q8_interleaved;
 #[cfg(target_arch = "x86_64")]
