@@ -87,17 +87,12 @@ fn judge(
         Ok(got) => got,
     };
     if let Some(bad) = case.bad_id {
-        let outputs = case.op.outputs();
-        let span = bad * outputs..(bad + 1) * outputs;
-        if let Some(i) = got[span.clone()].iter().position(|v| !v.is_nan()) {
-            return Some(format!(
-                "{what}: output row {bad} has an out-of-range expert id, yet [{i}] = {}",
-                got[span.start + i]
-            ));
+        // The rest must match the twin: the row is dropped on both sides.
+        if let Some(failure) =
+            affine::drop_nan_row(what, bad, case.op.outputs(), &mut got, &mut want)
+        {
+            return Some(failure);
         }
-        // The rest must match the twin: drop the row on both sides.
-        got.drain(span.clone());
-        want.drain(span);
     }
     let result = close(what, &got, &want, case.op.x, 1.0, 1e-5);
     if result.is_none() {

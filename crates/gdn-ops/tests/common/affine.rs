@@ -447,3 +447,25 @@ pub fn send_matrix(input: &mut Input, (x, scales): (Ty, Ty), m: &AffineMatrix) {
         .f32s(&m.scales().to_f32_vec())
         .f32s(&m.biases().to_f32_vec());
 }
+
+/// A gathered product's output row `bad` (an out-of-range expert id) must be all NaN; it is
+/// then dropped from `got` and `want` so that the rest can be compared with the twin. Returns
+/// the failure, if any.
+pub fn drop_nan_row(
+    what: &str,
+    bad: usize,
+    outputs: usize,
+    got: &mut Vec<f32>,
+    want: &mut Vec<f32>,
+) -> Option<String> {
+    let span = bad * outputs..(bad + 1) * outputs;
+    if let Some(i) = got[span.clone()].iter().position(|v| !v.is_nan()) {
+        return Some(format!(
+            "{what}: output row {bad} has an out-of-range expert id, yet [{i}] = {}",
+            got[span.start + i]
+        ));
+    }
+    got.drain(span.clone());
+    want.drain(span);
+    None
+}
