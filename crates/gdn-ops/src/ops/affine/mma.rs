@@ -6,9 +6,10 @@
 //! A warp takes 16 weight rows (8 SwiGLU outputs) and a range of columns, unpacks each 4-bit
 //! value into a bf16 pair with ~0.9 instructions (the streamed kernels spend 3) and lets one
 //! `mma.sync` m16n8k16 add 256 products; its weights and scales stream through a ring of
-//! `cp.async` stages in shared memory. On the H200 they take the decode shapes of both models
-//! 1.3–2.1× faster than the streamed kernels (docs/perf-notes-gpu.md, "The decode products on
-//! the tensor cores"). Their sums are not the streamed kernels' bits (f32 on the tensor core,
+//! `cp.async` stages in shared memory. Alone on the H200 they run Qwen3.8-Flash-Next's decode
+//! products 1.2–1.4× faster than the streamed kernels, the 80B's head 1.4× and its experts'
+//! down 1.1×, and tie (±5%) on the 80B's 2 048- and 4 096-column projections
+//! (docs/perf-notes-gpu.md, "The decode products on the tensor cores"; see [`preferred`]). Their sums are not the streamed kernels' bits (f32 on the tensor core,
 //! another order): the tests hold them to the CPU twin within bf16 tolerance.
 
 use candle_core::DType;
@@ -77,9 +78,9 @@ pub struct Launch {
 }
 
 /// Warps a block and the grid's width: `16 / warps` blocks an SM over the `out_rows` grid rows
-/// (about 16 warps an SM), never more than the tiles. Measured on the H200 at both models'
-/// decode shapes (docs/perf-notes-gpu.md): within 6% of the fastest grid everywhere but the
-/// head (12%, one launch a step).
+/// (about 16 warps an SM), never more than the tiles. On the H200 (call 10 of the seventeenth
+/// session, timed with 3 ring stages; the shipped 2 not timed at this grid alone) this grid was
+/// within 8% of the fastest one measured at Qwen3.8's shapes and 12% on the 80B's head.
 pub fn launch(
     group_size: usize,
     cols: usize,
